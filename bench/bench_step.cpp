@@ -1,0 +1,98 @@
+// Training-step benchmark: forward + loss + backward + AdamW step of mlp:256,1024,1024,10 at batch
+// 256 on one rank, timed beside the same step in PyTorch (bench/torch_step.py, same init, data and
+// thread count) when /usr/bin/python3 has torch. Prints the ratio dtlab/torch (goal <= 1.0).
+// Usage: dtlab-bench-step [--model SPEC] [--batch B] [--steps N] [--threads T]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/model.h"
+#include "engine/core/ops.h"
+#include "engine/core/optim.h"
+
+using namespace dtlab;
+
+int main(int argc, char** argv) {
+  std::string spec_text = "mlp:256,1024,1024,10";
+  int64_t B = 256, steps = 50, warmup = 5;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--model") spec_text = v;
+    else if (k == "--batch") B = std::stoll(v);
+    else if (k == "--steps") steps = std::stoll(v);
+    else if (k == "--threads") threads = std::stoi(v);
+    else {
+      std::fprintf(stderr, "dtlab-bench-step: unknown flag %s; flags are --model --batch --steps --threads\n", k.c_str());
+      return 2;
+    }
+  }
+  ModelSpec spec = ModelSpec::parse(spec_text);
+  set_compute_threads(threads);
+  const int64_t D = spec.in_features(), K = spec.out_features();
+  std::vector<float> x(B * D);
+  std::vector<int64_t> y(B);
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t j = 0; j < D; j++) x[b * D + j] = static_cast<float>(std::sin(0.01 * (b * D + j)));
+    y[b] = b % K;
+  }
+  MemoryTracker mem;
+  Model model(spec, &mem, 0);
+  OptimizerConfig oc;
+  oc.kind = OptimizerKind::AdamW;
+  oc.lr = 1e-3;
+  oc.weight_decay = 0.01;
+  Optimizer opt(oc, model.num_params(), &mem);
+  std::vector<float> probs(B * K), dlogits(B * K);
+  std::vector<double> times;
+  float first_loss = 0;
+  for (int64_t i = 0; i < warmup + steps; i++) {
+    auto t0 = std::chrono::steady_clock::now();
+    model.zero_grad();
+    const float* logits = model.forward(x.data(), B);
+    float loss = cross_entropy_forward(probs.data(), logits, y.data(), B, K);
+    cross_entropy_backward(dlogits.data(), probs.data(), y.data(), B, K, 1.0f / B);
+    model.backward(dlogits.data());
+    opt.step(model.params(), model.grads());
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i == 0) first_loss = loss;
+    if (i >= warmup) times.push_back(dt);
+  }
+  std::sort(times.begin(), times.end());
+  double med = 1e3 * times[times.size() / 2];
+  std::printf("train step of %s, batch %lld, adamw, %d threads, median of %lld steps\n",
+              spec.str().c_str(), static_cast<long long>(B), threads, static_cast<long long>(steps));
+  std::printf("  dtlab   %8.3f ms/step  (min %.3f)  %10.0f samples/s  first loss %.6f\n", med,
+              1e3 * times[0], B / (med / 1e3), first_loss);
+
+  std::string cmd = "/usr/bin/python3 " DTLAB_SOURCE_DIR "/bench/torch_step.py " + spec.str() + " " +
+                    std::to_string(B) + " " + std::to_string(steps) + " " + std::to_string(warmup) +
+                    " " + std::to_string(threads) + " 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string out;
+  if (f) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, f)) out += buf;
+    pclose(f);
+  }
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  if (j.is_discarded() || j.contains("error") || !j.contains("median_ms")) {
+    std::printf("  pytorch  not measured: /usr/bin/python3 with torch is not available (apt-get install python3-torch)\n");
+    return 0;
+  }
+  double tmed = j["median_ms"].get<double>();
+  std::printf("  pytorch %8.3f ms/step  (min %.3f)  %10.0f samples/s  first loss %.6f  (torch %s, %d threads)\n",
+              tmed, j["min_ms"].get<double>(), B / (tmed / 1e3), j["first_loss"].get<double>(),
+              j["torch"].get<std::string>().c_str(), j["threads"].get<int>());
+  std::printf("  ratio dtlab/torch: %.3f (goal <= 1.0; same init, data and thread count; first-loss diff %.2e)\n",
+              med / tmed, std::fabs(first_loss - j["first_loss"].get<double>()));
+  return 0;
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""PyTorch reference for bench/bench_step.cpp: the same model, init, data and optimizer, timed the
+same way. Prints one JSON object. Usage: torch_step.py SPEC BATCH STEPS WARMUP THREADS"""
+import json, math, sys, time
+
+try:
+    import torch
+except ImportError:
+    print(json.dumps({"error": "torch not available"}))
+    sys.exit(0)
+
+spec, batch, steps, warmup, threads = sys.argv[1], *map(int, sys.argv[2:6])
+torch.set_num_threads(threads)
+dims = [int(d) for d in spec.split(":")[1].split(",")]
+torch.manual_seed(0)
+layers = []
+for i in range(len(dims) - 1):
+    layers.append(torch.nn.Linear(dims[i], dims[i + 1]))
+    if i + 2 < len(dims):
+        layers.append(torch.nn.ReLU())
+model = torch.nn.Sequential(*layers)
+# Deterministic input shared with the C++ side: x[b, j] = sin(0.01 * (b * D + j)), y[b] = b % K.
+D, K = dims[0], dims[-1]
+x = torch.tensor([[math.sin(0.01 * (b * D + j)) for j in range(D)] for b in range(batch)], dtype=torch.float32)
+y = torch.tensor([b % K for b in range(batch)], dtype=torch.int64)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+loss_fn = torch.nn.CrossEntropyLoss()
+times, first_loss = [], None
+for i in range(warmup + steps):
+    t0 = time.perf_counter()
+    opt.zero_grad(set_to_none=False)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    opt.step()
+    dt = time.perf_counter() - t0
+    if first_loss is None:
+        first_loss = loss.item()
+    if i >= warmup:
+        times.append(dt)
+times.sort()
+print(json.dumps({"median_ms": 1e3 * times[len(times) // 2], "min_ms": 1e3 * times[0],
+                  "first_loss": first_loss, "torch": torch.__version__, "threads": torch.get_num_threads()}))

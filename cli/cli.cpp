@@ -1,0 +1,110 @@
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+
+#include "cli/cli.h"
+#include "cli/commands.h"
+#include "engine/core/check.h"
+
+namespace dtlab::cli {
+
+namespace {
+
+// CLI11's messages are accurate but terse; end each with where to look, as one sentence.
+std::string explain(const CLI::ParseError& e, const std::string& command) {
+  std::string msg = e.what();
+  while (!msg.empty() && (msg.back() == '\n' || msg.back() == '.')) msg.pop_back();
+  std::string help = command.empty() ? "dtlab-cli --help" : "dtlab-cli " + command + " --help";
+  return msg + "; run '" + help + "' for the list of flags";
+}
+
+}  // namespace
+
+CLI::Validator whole_number(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        int64_t v = 0;
+        auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (text.empty() || ec != std::errc() || ptr != text.data() + text.size())
+          return "'" + text + "' is not a whole number";
+        if (v < lo || v > hi)
+          return std::to_string(v) + " is out of range; use " + std::to_string(lo) + " to " +
+                 std::to_string(hi);
+        return "";
+      },
+      "INT in [" + std::to_string(lo) + ".." + std::to_string(hi) + "]");
+}
+
+CLI::Validator real_number(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        char* end = nullptr;
+        double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
+          return "'" + text + "' is not a number";
+        if (v < lo || v > hi) {
+          std::ostringstream os;
+          os << text << " is out of range; use " << lo << " to " << hi;
+          return os.str();
+        }
+        return "";
+      },
+      "NUMBER");
+}
+
+int run_cli(const std::vector<std::string>& args, Streams io) {
+  CLI::App app{"dtlab-cli: train, inspect and benchmark dtlab's engine without the GUI.",
+               "dtlab-cli"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "dtlab 0.1.0");
+  std::map<CLI::App*, Runner> runners;
+  auto add = [&](Runner (*fn)(CLI::App&), const char* name, const char* desc) {
+    CLI::App* sub = app.add_subcommand(name, desc);
+    runners[sub] = fn(*sub);
+  };
+  add(add_train_command, "train", "Train a model and print one line per logged step");
+  add(add_eval_command, "eval", "Evaluate a checkpoint on a data set (loss, accuracy, logits)");
+  add(add_sampler_command, "sampler", "Print each rank's indices from PyTorch's DistributedSampler");
+
+  // CLI11 wants argv order reversed when given a vector.
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  std::string command;
+  for (const auto& a : args)
+    if (a == "train" || a == "eval" || a == "sampler") { command = a; break; }
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    CLI::App* target = &app;
+    for (auto* sub : app.get_subcommands()) target = sub;
+    io.out << target->help();
+    return 0;
+  } catch (const CLI::CallForVersion& e) {
+    io.out << e.what() << "\n";
+    return 0;
+  } catch (const CLI::RequiredError& e) {
+    if (args.empty() || std::string(e.what()).find("subcommand") != std::string::npos) {
+      io.err << "dtlab-cli: give a subcommand (train, eval or sampler); run 'dtlab-cli --help' for usage\n";
+      return 2;
+    }
+    io.err << "dtlab-cli: " << explain(e, command) << "\n";
+    return 2;
+  } catch (const CLI::ParseError& e) {
+    io.err << "dtlab-cli: " << explain(e, command) << "\n";
+    return 2;
+  }
+  try {
+    for (auto* sub : app.get_subcommands()) return runners.at(sub)(io);
+    return 2;
+  } catch (const Error& e) {  // bad input found after parsing (files, specs, combinations)
+    io.err << "dtlab-cli: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    io.err << "dtlab-cli: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace dtlab::cli

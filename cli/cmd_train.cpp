@@ -1,0 +1,178 @@
+// dtlab-cli train: one training run, printed as it goes (human lines or JSON Lines).
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "engine/core/check.h"
+#include "engine/io/checkpoint.h"
+#include "engine/train/train.h"
+
+namespace dtlab::cli {
+
+namespace {
+
+struct TrainArgs {
+  TrainConfig cfg;
+  std::string model = "mlp:2,64,64,3";
+  CLI::Option* model_opt = nullptr;
+  std::string optimizer = "adamw";
+  double lr = 0, momentum = 0, weight_decay = 0;
+  bool json = false;
+  int64_t log_every = 0;
+  CLI::Option *lr_opt = nullptr, *wd_opt = nullptr, *momentum_opt = nullptr, *steps_opt = nullptr,
+              *epochs_opt = nullptr;
+};
+
+std::string human_bytes(int64_t b) {
+  char buf[32];
+  if (b < 1024) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
+  else if (b < (1 << 20)) std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  else if (b < (1LL << 30)) std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
+  else std::snprintf(buf, sizeof buf, "%.2f GiB", b / 1073741824.0);
+  return buf;
+}
+
+std::string with_commas(int64_t v) {
+  std::string s = std::to_string(v), out;
+  int n = 0;
+  for (auto it = s.rbegin(); it != s.rend(); ++it) {
+    if (n && n % 3 == 0 && *it != '-') out.insert(out.begin(), ',');
+    out.insert(out.begin(), *it);
+    n++;
+  }
+  return out;
+}
+
+// Fills the optimizer config; torch's defaults except the learning rate, which torch does not
+// choose for SGD and which at 1e-3 would make the demo slow for AdamW.
+void finish_config(TrainArgs& a) {
+  TrainConfig& c = a.cfg;
+  // Continuing from a checkpoint without --model: take the model the checkpoint holds.
+  std::string spec = a.model;
+  if (!c.init_path.empty() && a.model_opt->count() == 0) {
+    CheckpointInfo info = read_checkpoint_info(c.init_path);
+    if (!info.model_spec.empty()) spec = info.model_spec;
+  }
+  c.model = ModelSpec::parse(spec);
+  c.optimizer.kind = parse_optimizer_kind(a.optimizer);
+  const bool sgd = c.optimizer.kind == OptimizerKind::SGD;
+  if (!sgd && a.momentum_opt->count() > 0)
+    throw Error("--momentum applies to --optimizer sgd; AdamW keeps its own moments (betas 0.9, 0.999)");
+  c.optimizer.lr = a.lr_opt->count() ? a.lr : (sgd ? 0.1 : 0.01);
+  c.optimizer.weight_decay = a.wd_opt->count() ? a.weight_decay : (sgd ? 0.0 : 0.01);
+  c.optimizer.momentum = sgd ? a.momentum : 0.0;
+  if (a.steps_opt->count() == 0 && a.epochs_opt->count() == 0) c.steps = 300;
+}
+
+int run_train(TrainArgs& a, Streams& io) {
+  finish_config(a);
+  Trainer trainer(a.cfg);
+  const TrainConfig& c = trainer.config();
+  const Dataset& ds = trainer.dataset();
+  const int64_t total = trainer.total_steps();
+  const int64_t every = a.log_every > 0 ? a.log_every : std::max<int64_t>(1, total / 20);
+  const bool bar = io.terminal && !a.json;
+
+  if (!a.json) {
+    io.out << "dtlab train: " << c.model.str() << " (" << with_commas(c.model.num_params())
+           << " parameters) on " << ds.name << " (" << with_commas(ds.n) << " samples, " << ds.d
+           << " features, " << ds.num_classes << " classes)\n";
+    io.out << "  strategy " << c.strategy << ", world " << c.world_size << ", batch " << c.batch
+           << ", " << total << " steps (" << trainer.batches_per_epoch() << " batches per epoch), "
+           << c.optimizer.str() << ", seed " << c.seed << ", shuffle "
+           << (c.shuffle ? "on" : "off") << (c.drop_last ? ", drop_last" : "") << "\n";
+    if (!c.init_path.empty()) io.out << "  initialized from " << c.init_path << "\n";
+    io.out.flush();
+  }
+
+  auto on_step = [&](const StepReport& r) {
+    if (a.json) {
+      nlohmann::json j = {{"step", r.step},         {"epoch", r.epoch},
+                          {"loss", r.loss},         {"accuracy", r.accuracy},
+                          {"batch", r.batch_size},  {"samples_per_sec", r.samples_per_sec},
+                          {"step_ms", r.step_seconds * 1e3}};
+      io.out << j.dump() << "\n";
+      return;
+    }
+    if (r.step % every == 0 || r.step == 1 || r.step == r.total_steps) {
+      char line[200];
+      std::snprintf(line, sizeof line, "step %*lld/%lld  epoch %3lld  loss %.4f  acc %5.1f%%  %s samples/s",
+                    static_cast<int>(std::to_string(r.total_steps).size()),
+                    static_cast<long long>(r.step), static_cast<long long>(r.total_steps),
+                    static_cast<long long>(r.epoch), r.loss, 100.0 * r.accuracy,
+                    with_commas(static_cast<int64_t>(std::llround(r.samples_per_sec))).c_str());
+      if (bar) io.err << "\r\033[K" << std::flush;
+      io.out << line << "\n" << std::flush;
+    }
+    if (bar) {
+      const int width = 30;
+      int filled = static_cast<int>(width * r.step / r.total_steps);
+      io.err << "\r[" << std::string(filled, '#') << std::string(width - filled, '.') << "] "
+             << r.step << "/" << r.total_steps << std::flush;
+    }
+  };
+  TrainSummary s = trainer.run(on_step);
+  if (bar) io.err << "\r\033[K" << std::flush;
+
+  if (a.json) {
+    nlohmann::json j = {{"summary", true},
+                        {"steps", s.steps},
+                        {"seconds", s.seconds},
+                        {"samples_per_sec", s.samples_per_sec},
+                        {"train_loss", s.eval_loss},
+                        {"train_accuracy", s.eval_accuracy},
+                        {"peak_bytes", s.memory.total_peak}};
+    if (!c.save_path.empty()) j["saved"] = c.save_path;
+    io.out << j.dump() << "\n";
+    return 0;
+  }
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "done: %lld steps in %.2f s (%s samples/s); training set: loss %.4f, accuracy %.1f%% (%lld/%lld)",
+                static_cast<long long>(s.steps), s.seconds,
+                with_commas(static_cast<int64_t>(std::llround(s.samples_per_sec))).c_str(),
+                s.eval_loss, 100.0 * s.eval_accuracy, static_cast<long long>(s.eval_correct),
+                static_cast<long long>(s.eval_samples));
+  io.out << line << "\n";
+  io.out << "memory (rank 0, peak):";
+  for (int i = 0; i < kNumMemCategories; i++) {
+    if (s.memory.peak[i] == 0) continue;
+    io.out << (i ? ", " : " ") << mem_category_name(static_cast<MemCategory>(i)) << " "
+           << human_bytes(s.memory.peak[i]);
+  }
+  io.out << "; total " << human_bytes(s.memory.total_peak) << "\n";
+  if (!c.save_path.empty())
+    io.out << "saved " << c.save_path << " (step " << s.start_step + s.steps << ")\n";
+  return 0;
+}
+
+}  // namespace
+
+Runner add_train_command(CLI::App& app) {
+  auto a = std::make_shared<TrainArgs>();
+  TrainConfig& c = a->cfg;
+  app.add_option("--strategy", c.strategy, "Parallel strategy (this version: single)")->capture_default_str();
+  app.add_option("--world", c.world_size, "Number of ranks (for strategies that use several)")->check(whole_number(1, 1024));
+  a->model_opt = app.add_option("--model", a->model, "Model spec mlp:D0,D1,...,Dk (with --init: the checkpoint's)")->capture_default_str();
+  app.add_option("--data", c.data, "spiral | blobs | PATH.npz (with options, e.g. spiral:classes=4,points=500)")->capture_default_str();
+  app.add_option("--batch", c.batch, "Batch size per rank")->check(whole_number(1, int64_t{1} << 24))->capture_default_str();
+  a->steps_opt = app.add_option("--steps", c.steps, "Number of optimizer steps (default 300)")->check(whole_number(1, int64_t{1} << 40));
+  a->epochs_opt = app.add_option("--epochs", c.epochs, "Number of epochs")->check(whole_number(1, int64_t{1} << 30));
+  a->steps_opt->excludes(a->epochs_opt);
+  app.add_option("--optimizer", a->optimizer, "sgd | adamw")->capture_default_str();
+  a->lr_opt = app.add_option("--lr", a->lr, "Learning rate (default 0.1 for sgd, 0.01 for adamw)")->check(real_number(1e-12, 1e6));
+  a->momentum_opt = app.add_option("--momentum", a->momentum, "SGD momentum (default 0)")->check(real_number(0, 0.999999));
+  a->wd_opt = app.add_option("--weight-decay", a->weight_decay, "Weight decay (default 0 for sgd, 0.01 for adamw, as torch)")->check(real_number(0, 1e6));
+  app.add_option("--seed", c.seed, "Seed for the model init (torch.manual_seed) and the sampler")->check(whole_number(0, (int64_t{1} << 32) - 1))->capture_default_str();
+  app.add_flag("--shuffle,!--no-shuffle", c.shuffle, "Shuffle each epoch (default on)");
+  app.add_flag("--drop-last", c.drop_last, "Drop the last partial batch of each epoch");
+  app.add_option("--init", c.init_path, "Start from a safetensors checkpoint")->check(CLI::ExistingFile);
+  app.add_option("--save", c.save_path, "Write a safetensors checkpoint at the end (atomic)");
+  app.add_flag("--json", a->json, "Print JSON Lines: one object per step, then a summary");
+  app.add_option("--log-every", a->log_every, "Print every N steps (default: about 20 lines)")->check(whole_number(1, int64_t{1} << 40));
+  app.add_option("--threads", c.threads, "BLAS threads (default: OpenBLAS's choice)")->check(whole_number(0, 256));
+  return [a](Streams& io) { return run_train(*a, io); };
+}
+
+}  // namespace dtlab::cli

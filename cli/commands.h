@@ -1,0 +1,22 @@
+// Registration of dtlab-cli's subcommands; each lives in its own cmd_<name>.cpp and adds its flags
+// to the CLI11 app, returning the function that runs it once parsing succeeded.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+
+#include "cli/cli.h"
+
+namespace dtlab::cli {
+
+using Runner = std::function<int(Streams&)>;
+
+// Validators whose failures read as a sentence ("'abc' is not a whole number"), unlike CLI11's
+// stock Range on text.
+CLI::Validator whole_number(int64_t lo, int64_t hi);
+CLI::Validator real_number(double lo, double hi);
+
+Runner add_train_command(CLI::App& app);
+Runner add_sampler_command(CLI::App& app);
+Runner add_eval_command(CLI::App& app);
+
+}  // namespace dtlab::cli

@@ -1,0 +1,11 @@
+// dtlab-cli entry point: everything lives in run_cli() (cli/cli.cpp).
+#include <unistd.h>
+
+#include <iostream>
+
+#include "cli/cli.h"
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  return dtlab::cli::run_cli(args, {std::cout, std::cerr, isatty(STDERR_FILENO) == 1});
+}

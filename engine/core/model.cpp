@@ -1,0 +1,176 @@
+#include "engine/core/model.h"
+
+#include <charconv>
+#include <cmath>
+#include <random>
+
+#include "engine/core/check.h"
+#include "engine/core/ops.h"
+
+namespace dtlab {
+
+ModelSpec ModelSpec::parse(std::string_view text) {
+  const std::string_view how = "; write it as mlp:D0,D1,...,Dk, e.g. mlp:2,64,64,3";
+  if (text.substr(0, 4) != "mlp:")
+    throw Error("model '" + std::string(text) + "' is not a known model" + std::string(how));
+  ModelSpec spec;
+  std::string_view rest = text.substr(4);
+  while (true) {
+    size_t comma = rest.find(',');
+    std::string_view part = rest.substr(0, comma);
+    int64_t v = 0;
+    auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    if (part.empty() || ec != std::errc() || ptr != part.data() + part.size())
+      throw Error("model '" + std::string(text) + "' has '" + std::string(part) +
+                  "' where a layer width belongs" + std::string(how));
+    if (v < 1 || v > (1 << 20))
+      throw Error("model '" + std::string(text) + "' has width " + std::to_string(v) +
+                  "; widths must be between 1 and 1048576");
+    spec.dims.push_back(v);
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  if (spec.dims.size() < 2)
+    throw Error("model '" + std::string(text) + "' needs at least an input and an output width" +
+                std::string(how));
+  return spec;
+}
+
+std::string ModelSpec::str() const {
+  std::string s = "mlp:";
+  for (size_t i = 0; i < dims.size(); i++) s += (i ? "," : "") + std::to_string(dims[i]);
+  return s;
+}
+
+int64_t ModelSpec::num_params() const {
+  int64_t n = 0;
+  for (size_t i = 0; i + 1 < dims.size(); i++) n += dims[i + 1] * dims[i] + dims[i + 1];
+  return n;
+}
+
+Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed)
+    : spec_(spec), tracker_(tracker) {
+  DTLAB_CHECK(spec.dims.size() >= 2, "a model needs an input and an output width");
+  int64_t offset = 0;
+  int n_linear = static_cast<int>(spec.dims.size()) - 1;
+  for (int l = 0; l < n_linear; l++) {
+    int seq = 2 * l;  // Sequential index: Linear at even positions, ReLU after each but the last
+    int64_t in = spec.dims[l], out = spec.dims[l + 1];
+    Layer lin{LayerKind::Linear, seq, in, out, static_cast<int>(params_.size()),
+              static_cast<int>(params_.size()) + 1};
+    params_.push_back({std::to_string(seq) + ".weight", {out, in}, offset, out * in});
+    offset += out * in;
+    params_.push_back({std::to_string(seq) + ".bias", {out}, offset, out});
+    offset += out;
+    layers_.push_back(lin);
+    if (l + 1 < n_linear) layers_.push_back({LayerKind::ReLU, seq + 1, out, out});
+  }
+  flat_params_ = Tensor({offset}, MemCategory::Parameters, tracker);
+  flat_grads_ = Tensor({offset}, MemCategory::Gradients, tracker);
+  for (auto& p : params_) {
+    p.data = flat_params_.f32() + p.offset;
+    p.grad = flat_grads_.f32() + p.offset;
+  }
+  init_like_torch(*this, seed);
+}
+
+int Model::find_parameter(std::string_view name) const {
+  for (size_t i = 0; i < params_.size(); i++)
+    if (params_[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+void Model::zero_grad() {
+  for (auto& p : params_) std::fill(p.grad, p.grad + p.numel, 0.0f);
+}
+
+void Model::layer_forward(int i, float* out, const float* in, int64_t B) {
+  const Layer& L = layer(i);
+  if (L.kind == LayerKind::Linear) {
+    linear_forward(out, in, params_[L.weight].data, params_[L.bias].data, B, L.in_features,
+                   L.out_features);
+  } else {
+    relu_forward(out, in, B * L.out_features);
+  }
+}
+
+void Model::layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out,
+                           int64_t B) {
+  const Layer& L = layer(i);
+  if (L.kind == LayerKind::Linear) {
+    linear_backward(dinp, params_[L.weight].grad, params_[L.bias].grad, dout, in,
+                    params_[L.weight].data, B, L.in_features, L.out_features);
+  } else if (dinp) {
+    relu_backward(dinp, dout, out, B * L.out_features);
+  }
+}
+
+void Model::ensure_activations(int64_t B) {
+  batch_ = B;
+  if (B <= capacity_ && !acts_.empty()) return;  // a smaller (last) batch reuses the buffers
+  acts_.clear();
+  int64_t widest = 0;
+  for (const Layer& L : layers_) {
+    acts_.emplace_back(Shape{B, L.out_features}, MemCategory::Activations, tracker_);
+    widest = std::max({widest, L.in_features, L.out_features});
+  }
+  for (auto& d : dbuf_) d = Tensor({B, widest}, MemCategory::Activations, tracker_);
+  capacity_ = B;
+}
+
+const float* Model::forward(const float* x, int64_t B) {
+  ensure_activations(B);
+  input_ = x;
+  const float* in = x;
+  for (int i = 0; i < num_layers(); i++) {
+    layer_forward(i, acts_[i].f32(), in, B);
+    in = acts_[i].f32();
+  }
+  return in;
+}
+
+void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
+  DTLAB_CHECK(input_ != nullptr, "backward() called before forward()");
+  const float* dout = dlogits;
+  int buf = 0;
+  for (int i = num_layers() - 1; i >= 0; i--) {
+    const float* in = i > 0 ? acts_[i - 1].f32() : input_;
+    float* dinp = i > 0 ? dbuf_[buf].f32() : nullptr;  // no input gradient for the data
+    layer_backward(i, dinp, dout, in, acts_[i].f32(), batch_);
+    const Layer& L = layer(i);
+    if (L.kind == LayerKind::Linear && on_grad_ready) {
+      on_grad_ready(L.weight);
+      on_grad_ready(L.bias);
+    }
+    dout = dinp;
+    buf ^= 1;
+  }
+}
+
+void init_like_torch(Model& model, uint64_t seed) {
+  // torch's CPU generator is an mt19937 seeded with the low 32 bits; uniform_(a, b) on float32
+  // takes one 32-bit draw per element, keeps 24 bits, and computes x * (b - a) + a with b - a in
+  // float and the rest in double (at::uniform_real_distribution), then rounds to float.
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  auto uniform = [&](float* out, int64_t n, double lo, double hi) {
+    float from = static_cast<float>(lo), to = static_cast<float>(hi);
+    for (int64_t i = 0; i < n; i++) {
+      double x = static_cast<double>(gen() & ((1u << 24) - 1)) * (1.0 / (1u << 24));
+      out[i] = static_cast<float>(x * static_cast<double>(to - from) + from);
+    }
+  };
+  auto& params = model.parameters();
+  for (int i = 0; i < model.num_layers(); i++) {
+    const Layer& L = model.layer(i);
+    if (L.kind != LayerKind::Linear) continue;
+    double fan_in = static_cast<double>(L.in_features);
+    // kaiming_uniform_(w, a=sqrt(5)): gain = sqrt(2 / (1 + a^2)), bound = sqrt(3) * gain / sqrt(fan_in)
+    double gain = std::sqrt(2.0 / (1.0 + 5.0));
+    double wbound = std::sqrt(3.0) * (gain / std::sqrt(fan_in));
+    uniform(params[L.weight].data, params[L.weight].numel, -wbound, wbound);
+    double bbound = 1.0 / std::sqrt(fan_in);
+    uniform(params[L.bias].data, params[L.bias].numel, -bbound, bbound);
+  }
+}
+
+}  // namespace dtlab

@@ -1,0 +1,101 @@
+// The model: `mlp:D0,D1,...,Dk`, a Linear/ReLU stack laid out exactly like
+// torch.nn.Sequential(Linear(D0,D1), ReLU(), ..., Linear(Dk-1,Dk)): same parameter names
+// ("0.weight" (D1, D0), "0.bias", "2.weight", ...), order, layouts, and the same initial values as
+// torch.manual_seed(seed) followed by that constructor (torch's mt19937 stream, kaiming_uniform_
+// with a=sqrt(5), bias uniform in +-1/sqrt(fan_in)).
+//
+// Parameters and gradients live in two flat buffers in parameters() order, so an optimizer (or a
+// sharded one) works on one contiguous range and a checkpoint is a set of views. Each Parameter's
+// `grad` pointer can be rebound (DDP's gradient_as_bucket_view) and the kernels follow it.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/core/tensor.h"
+
+namespace dtlab {
+
+struct ModelSpec {
+  std::vector<int64_t> dims;  // D0 (input features) ... Dk (classes)
+
+  // Parses "mlp:2,64,64,3"; throws dtlab::Error with a how-to-fix sentence on bad text.
+  static ModelSpec parse(std::string_view text);
+  std::string str() const;  // "mlp:2,64,64,3"
+  int64_t in_features() const { return dims.front(); }
+  int64_t out_features() const { return dims.back(); }
+  int64_t num_params() const;
+};
+
+struct Parameter {
+  std::string name;   // torch state_dict key, e.g. "2.weight"
+  Shape shape;        // "N.weight": (out, in); "N.bias": (out,)
+  int64_t offset = 0; // first element in the flat parameter/gradient buffers
+  int64_t numel = 0;
+  float* data = nullptr;  // params() + offset
+  float* grad = nullptr;  // grads() + offset unless rebound
+};
+
+enum class LayerKind : uint8_t { Linear, ReLU };
+
+struct Layer {
+  LayerKind kind;
+  int seq_index;              // position in torch.nn.Sequential (the N in "N.weight")
+  int64_t in_features;
+  int64_t out_features;
+  int weight = -1, bias = -1; // indices into parameters(); -1 for ReLU
+};
+
+class Model {
+ public:
+  // Called during backward() once a parameter's gradient is final for this pass, in the order
+  // gradients are produced (last layer first; weight before bias within a layer).
+  using GradReadyHook = std::function<void(int param_index)>;
+
+  Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed);
+
+  const ModelSpec& spec() const { return spec_; }
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  const Layer& layer(int i) const { return layers_[static_cast<size_t>(i)]; }
+  std::vector<Parameter>& parameters() { return params_; }
+  const std::vector<Parameter>& parameters() const { return params_; }
+  int find_parameter(std::string_view name) const;  // -1 if absent
+  int64_t num_params() const { return flat_params_.numel(); }
+  float* params() { return flat_params_.f32(); }
+  const float* params() const { return flat_params_.f32(); }
+  float* grads() { return flat_grads_.f32(); }
+  void zero_grad();  // zeroes every parameter's current grad target
+
+  // One layer, (B, in) -> (B, out). Buffers belong to the caller (pipeline stages, FSDP units).
+  void layer_forward(int i, float* out, const float* in, int64_t B);
+  // dinp may be null (first layer). `in`/`out` are the layer's forward input and output.
+  void layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out,
+                      int64_t B);
+
+  // Whole model with activations owned here (tracked as activations; they grow to the largest
+  // batch seen and are reused for smaller ones). `x` (B, D0) must stay alive until backward() returns.
+  const float* forward(const float* x, int64_t B);  // returns logits (B, Dk)
+  void backward(const float* dlogits, const GradReadyHook& on_grad_ready = {});
+  int64_t batch() const { return batch_; }
+
+ private:
+  void ensure_activations(int64_t B);
+  ModelSpec spec_;
+  MemoryTracker* tracker_;
+  std::vector<Layer> layers_;
+  std::vector<Parameter> params_;
+  Tensor flat_params_;  // (P,)
+  Tensor flat_grads_;   // (P,)
+  std::vector<Tensor> acts_;  // acts_[i]: output of layer i, (B, out_i)
+  Tensor dbuf_[2];            // ping-pong activation gradients, (B, max width)
+  const float* input_ = nullptr;
+  int64_t batch_ = 0;     // rows of the current forward
+  int64_t capacity_ = 0;  // rows the activation buffers hold
+};
+
+// torch.manual_seed(seed) + nn.Linear's reset_parameters, value for value.
+void init_like_torch(Model& model, uint64_t seed);
+
+}  // namespace dtlab

@@ -1,0 +1,58 @@
+// Optimizers with exactly torch's update formulas (torch.optim.SGD with nesterov off, and
+// torch.optim.AdamW), over ONE contiguous range of parameters: the whole flat parameter buffer for
+// a replicated model, or a rank's shard for ZeRO/FSDP, which is why they take raw pointers.
+// State is created lazily on the first step, as torch does, so memory views show it appearing then.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "engine/core/tensor.h"
+
+namespace dtlab {
+
+enum class OptimizerKind : uint8_t { SGD, AdamW };
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::AdamW;
+  double lr = 1e-3;
+  double weight_decay = 0.0;  // SGD: added to the gradient (L2); AdamW: decoupled decay
+  double momentum = 0.0;      // SGD
+  double dampening = 0.0;     // SGD
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // AdamW
+
+  std::string str() const;  // "adamw(lr=0.01, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01)"
+};
+
+OptimizerKind parse_optimizer_kind(std::string_view name);  // "sgd" | "adamw"; dtlab::Error otherwise
+const char* optimizer_name(OptimizerKind k);
+
+class Optimizer {
+ public:
+  // Manages `numel` contiguous parameters; state tensors are charged to `tracker` (may be null).
+  Optimizer(const OptimizerConfig& config, int64_t numel, MemoryTracker* tracker);
+
+  // One update of params[0, numel) from grads[0, numel).
+  void step(float* params, const float* grads);
+
+  const OptimizerConfig& config() const { return config_; }
+  void set_lr(double lr) { config_.lr = lr; }
+  int64_t numel() const { return numel_; }
+  int64_t steps_taken() const { return steps_; }
+  // Bytes of state per parameter once created: SGD with momentum 4, AdamW 8, plain SGD 0.
+  int64_t state_bytes_per_param() const;
+  const Tensor& momentum_buffer() const { return state_a_; }  // SGD (empty until first step)
+  const Tensor& exp_avg() const { return state_a_; }          // AdamW
+  const Tensor& exp_avg_sq() const { return state_b_; }       // AdamW
+
+ private:
+  void step_sgd(float* params, const float* grads);
+  void step_adamw(float* params, const float* grads);
+  OptimizerConfig config_;
+  int64_t numel_;
+  MemoryTracker* tracker_;
+  int64_t steps_ = 0;
+  Tensor state_a_, state_b_;
+};
+
+}  // namespace dtlab

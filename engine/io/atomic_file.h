@@ -1,0 +1,37 @@
+// Files that appear whole or not at all: bytes go to PATH.tmp.<pid>.<n> in the same directory,
+// which is fsync'ed and renamed over PATH on commit() (then the directory is synced). Destroyed
+// without commit() (an error, an exception), the temp file is removed: nothing half-written stays.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace dtlab {
+
+// An owned POSIX file descriptor.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() { close(); }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int close();  // 0 or errno; close errors can report delayed write failures
+};
+
+// Errors are dtlab::Error sentences that start with the target path.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string target);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* buf, size_t n);
+  void commit();
+
+ private:
+  std::string target_, tmp_;
+  Fd fd_{-1};
+  bool committed_ = false;
+};
+
+}  // namespace dtlab

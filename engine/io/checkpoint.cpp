@@ -1,0 +1,92 @@
+#include "engine/io/checkpoint.h"
+
+#include <charconv>
+#include <cstring>
+#include <vector>
+
+#include "engine/core/check.h"
+#include "engine/io/safetensors.h"
+
+namespace dtlab {
+namespace {
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw Error(path + ": " + what);
+}
+
+// Reads "step" and "model" from the metadata; the spec comes back normalized (ModelSpec::str()).
+CheckpointInfo info_from(const std::string& path, const std::map<std::string, std::string>& metadata) {
+  CheckpointInfo info;
+  info.metadata = metadata;
+  if (auto it = metadata.find("step"); it != metadata.end()) {
+    const std::string& s = it->second;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), info.step);
+    if (ec != std::errc() || end != s.data() + s.size() || info.step < 0)
+      fail(path, "metadata \"step\" is '" + s + "', not a non-negative integer; the file is corrupt");
+  }
+  if (auto it = metadata.find("model"); it != metadata.end()) {
+    try {
+      info.model_spec = ModelSpec::parse(it->second).str();
+    } catch (const Error&) {
+      fail(path, "metadata \"model\" is '" + it->second + "', not a model spec like mlp:2,64,3; the file is corrupt");
+    }
+  }
+  return info;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const Model& model, int64_t step,
+                     const std::map<std::string, std::string>& extra) {
+  std::map<std::string, std::string> metadata = extra;
+  for (const char* key : {"format", "step", "model"})
+    DTLAB_CHECK(!extra.contains(key), std::string("checkpoint metadata key '") + key + "' is reserved; pick another name");
+  metadata["format"] = "dtlab";
+  metadata["step"] = std::to_string(step);
+  metadata["model"] = model.spec().str();
+
+  std::vector<TensorView> views;
+  for (const Parameter& p : model.parameters()) views.push_back({p.name, DType::F32, p.shape, p.data});
+  save_safetensors(path, views, metadata);
+}
+
+CheckpointInfo load_checkpoint(const std::string& path, Model& model) {
+  // The file in memory is the temporary: every check below runs before any parameter is written.
+  SafetensorsFile file = load_safetensors(path);
+  CheckpointInfo info = info_from(path, file.metadata);
+  const std::string spec = model.spec().str();
+  if (!info.model_spec.empty() && info.model_spec != spec)
+    fail(path, "holds a checkpoint of " + info.model_spec + " but the model is " + spec + "; rerun with --model " +
+                   info.model_spec + " to load it");
+
+  std::vector<const SafetensorsEntry*> sources;
+  for (const Parameter& p : model.parameters()) {
+    const SafetensorsEntry* e = file.find(p.name);
+    if (!e) fail(path, "has no tensor '" + p.name + "', which " + spec + " needs; was it saved from a different model?");
+    if (e->dtype != DType::F32)
+      fail(path, "'" + p.name + "' has dtype " + dtype_name(e->dtype) + " but dtlab parameters are F32; save it as float32");
+    if (e->shape != p.shape)
+      fail(path, "'" + p.name + "' has shape " + shape_str(e->shape) + " but " + spec + " needs " + shape_str(p.shape));
+    sources.push_back(e);
+  }
+  std::vector<std::string> extras;
+  for (const SafetensorsEntry& e : file.entries)
+    if (model.find_parameter(e.name) < 0) extras.push_back("'" + e.name + "'");
+  if (!extras.empty()) {
+    std::string list;
+    for (size_t i = 0; i < extras.size() && i < 3; i++) list += (i ? ", " : "") + extras[i];
+    if (extras.size() > 3) list += " and " + std::to_string(extras.size() - 3) + " more";
+    fail(path, "holds tensors that " + spec + " does not have (" + list + "); was it saved from a different model?");
+  }
+
+  std::vector<Parameter>& params = model.parameters();
+  for (size_t i = 0; i < params.size(); i++)
+    std::memcpy(params[i].data, file.bytes(*sources[i]), static_cast<size_t>(params[i].numel) * sizeof(float));
+  return info;
+}
+
+CheckpointInfo read_checkpoint_info(const std::string& path) {
+  return info_from(path, load_safetensors_header(path).metadata);
+}
+
+}  // namespace dtlab

@@ -1,0 +1,30 @@
+// Model checkpoints: a safetensors file holding every parameter under its torch state_dict name
+// (so `model.load_state_dict(safetensors.torch.load_file(path))` works in PyTorch), plus metadata
+// "format": "dtlab", "step" and "model" (the spec, e.g. "mlp:2,64,3").
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "engine/core/model.h"
+
+namespace dtlab {
+
+struct CheckpointInfo {
+  int64_t step = 0;        // 0 when the file has no "step" (e.g. saved by PyTorch)
+  std::string model_spec;  // empty when the file has no "model"
+  std::map<std::string, std::string> metadata;  // everything in "__metadata__", the above included
+};
+
+// Atomic (see save_safetensors). `extra` adds metadata; it may not reuse "format", "step", "model".
+void save_checkpoint(const std::string& path, const Model& model, int64_t step,
+                     const std::map<std::string, std::string>& extra = {});
+
+// Validates the whole file against the model before writing a single value, so a failed load
+// (dtlab::Error, one sentence naming the path) leaves the model untouched.
+CheckpointInfo load_checkpoint(const std::string& path, Model& model);
+
+// Metadata only, without reading the tensor data (e.g. to learn the spec before building a model).
+CheckpointInfo read_checkpoint_info(const std::string& path);
+
+}  // namespace dtlab

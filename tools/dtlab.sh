@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# dtlab quick start, the two commands of README.md:
+#   bash tools/dtlab.sh run    install what is missing, build, run the demo
+#   bash tools/dtlab.sh test   install what is missing, build, run every test (CTest)
+# Missing Debian packages are installed with apt-get (needs root). Build dir: $DTLAB_BUILD_DIR or build/.
+set -euo pipefail
+
+mode=${1:-run}
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${DTLAB_BUILD_DIR:-$root/build}
+jobs=$(nproc 2>/dev/null || echo 2)
+
+# What the engine, CLI and tests build against (CMakeLists.txt says why each is there).
+packages=(cmake make g++ pkg-config zlib1g-dev libopenblas-dev nlohmann-json3-dev libcli11-dev doctest-dev)
+
+case "$mode" in
+  run|test) ;;
+  *) echo "tools/dtlab.sh: unknown mode '$mode'; use 'run' (build and run the demo) or 'test' (build and run the tests)" >&2
+     exit 2 ;;
+esac
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "tools/dtlab.sh: missing Debian packages: ${missing[*]}; run this script as root (or: sudo apt-get install ${missing[*]})" >&2
+    exit 2
+  fi
+  echo "== installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+echo "== building in $build"
+mkdir -p "$build"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >"$build/configure.log" 2>&1 || {
+  cat "$build/configure.log" >&2; exit 1; }
+grep -- "-- dtlab:" "$build/configure.log" || true
+cmake --build "$build" -j "$jobs"
+
+if [[ $mode == test ]]; then
+  echo "== running tests"
+  cd "$build"
+  exec ctest --output-on-failure -j "$jobs" --timeout 600
+fi
+
+echo "== demo: one rank trains mlp:2,64,64,3 on the spiral data set"
+exec "$build/bin/dtlab-cli" train --strategy single --model mlp:2,64,64,3 --data spiral --steps 300
