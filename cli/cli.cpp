@@ -2,6 +2,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <sstream>
 
@@ -55,6 +56,18 @@ CLI::Validator real_number(double lo, double hi) {
       "NUMBER");
 }
 
+CLI::Validator existing_file() {
+  return CLI::Validator(
+      [](std::string& path) -> std::string {
+        std::error_code ec;
+        if (!std::filesystem::exists(path, ec)) return "'" + path + "' does not exist; check the path";
+        if (std::filesystem::is_directory(path, ec))
+          return "'" + path + "' is a directory; give a .safetensors file";
+        return "";
+      },
+      "FILE");
+}
+
 int run_cli(const std::vector<std::string>& args, Streams io) {
   CLI::App app{"dtlab-cli: train, inspect and benchmark dtlab's engine without the GUI.",
                "dtlab-cli"};
@@ -79,14 +92,17 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
   } catch (const CLI::CallForHelp&) {
     CLI::App* target = &app;
     for (auto* sub : app.get_subcommands()) target = sub;
-    io.out << target->help();
+    io.out << (target == &app ? app.help() : target->help("dtlab-cli"));
     return 0;
   } catch (const CLI::CallForVersion& e) {
     io.out << e.what() << "\n";
     return 0;
   } catch (const CLI::RequiredError& e) {
     if (args.empty() || std::string(e.what()).find("subcommand") != std::string::npos) {
-      io.err << "dtlab-cli: give a subcommand (train, eval or sampler); run 'dtlab-cli --help' for usage\n";
+      if (command.empty() && !args.empty())
+        io.err << "dtlab-cli: '" << args[0] << "' is not a subcommand; use train, eval or sampler (see 'dtlab-cli --help')\n";
+      else
+        io.err << "dtlab-cli: give a subcommand (train, eval or sampler); run 'dtlab-cli --help' for usage\n";
       return 2;
     }
     io.err << "dtlab-cli: " << explain(e, command) << "\n";
@@ -99,7 +115,9 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
     for (auto* sub : app.get_subcommands()) return runners.at(sub)(io);
     return 2;
   } catch (const Error& e) {  // bad input found after parsing (files, specs, combinations)
-    io.err << "dtlab-cli: " << e.what() << "\n";
+    std::string msg = e.what();
+    if (!msg.empty() && msg.back() == '.') msg.pop_back();  // one style: no final period
+    io.err << "dtlab-cli: " << msg << "\n";
     return 2;
   } catch (const std::exception& e) {
     io.err << "dtlab-cli: internal error: " << e.what() << "\n";

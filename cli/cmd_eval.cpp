@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "engine/core/check.h"
 #include "engine/core/ops.h"
+#include "engine/io/atomic_file.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/npy.h"
 #include "engine/train/train.h"
@@ -22,6 +23,7 @@ struct EvalArgs {
 };
 
 int run_eval(const EvalArgs& a, Streams& io) {
+  if (!a.logits.empty()) check_output_path("--logits", a.logits);
   set_compute_threads(a.threads);
   CheckpointInfo info = read_checkpoint_info(a.init);
   std::string spec_text = !a.model.empty() ? a.model : info.model_spec;
@@ -29,12 +31,7 @@ int run_eval(const EvalArgs& a, Streams& io) {
     throw Error(a.init + " does not say which model it holds; give --model mlp:D0,...,Dk");
   ModelSpec spec = ModelSpec::parse(spec_text);
   Dataset ds = make_dataset(a.data, spec.in_features(), spec.out_features());
-  if (ds.d != spec.in_features())
-    throw Error("data " + ds.name + " has " + std::to_string(ds.d) + " features but " + spec.str() +
-                " takes " + std::to_string(spec.in_features()) + " inputs");
-  if (ds.num_classes > spec.out_features())
-    throw Error("data " + ds.name + " has " + std::to_string(ds.num_classes) + " classes but " +
-                spec.str() + " has only " + std::to_string(spec.out_features()) + " outputs");
+  check_data_fits_model(ds, spec);
   Model model(spec, nullptr, 0);
   load_checkpoint(a.init, model);
   std::vector<float> logits(a.logits.empty() ? 0 : static_cast<size_t>(ds.n * spec.out_features()));
@@ -63,7 +60,7 @@ int run_eval(const EvalArgs& a, Streams& io) {
 
 Runner add_eval_command(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
-  app.add_option("--init", a->init, "Checkpoint (safetensors) to evaluate")->required()->check(CLI::ExistingFile);
+  app.add_option("--init", a->init, "Checkpoint (safetensors) to evaluate")->required()->check(existing_file());
   app.add_option("--model", a->model, "Model spec (default: the one stored in the checkpoint)");
   app.add_option("--data", a->data, "spiral | blobs | PATH.npz, as for train")->capture_default_str();
   app.add_option("--batch", a->batch, "Rows per forward pass")->check(whole_number(1, int64_t{1} << 24))->capture_default_str();

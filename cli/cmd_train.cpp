@@ -44,8 +44,8 @@ std::string with_commas(int64_t v) {
   return out;
 }
 
-// Fills the optimizer config; torch's defaults except the learning rate, which torch does not
-// choose for SGD and which at 1e-3 would make the demo slow for AdamW.
+// Fills what depends on other flags: the model (from --init when --model is absent) and the
+// optimizer's defaults, which differ per optimizer.
 void finish_config(TrainArgs& a) {
   TrainConfig& c = a.cfg;
   // Continuing from a checkpoint without --model: take the model the checkpoint holds.
@@ -55,13 +55,13 @@ void finish_config(TrainArgs& a) {
     if (!info.model_spec.empty()) spec = info.model_spec;
   }
   c.model = ModelSpec::parse(spec);
-  c.optimizer.kind = parse_optimizer_kind(a.optimizer);
+  c.optimizer = default_optimizer_config(parse_optimizer_kind(a.optimizer));
   const bool sgd = c.optimizer.kind == OptimizerKind::SGD;
   if (!sgd && a.momentum_opt->count() > 0)
     throw Error("--momentum applies to --optimizer sgd; AdamW keeps its own moments (betas 0.9, 0.999)");
-  c.optimizer.lr = a.lr_opt->count() ? a.lr : (sgd ? 0.1 : 0.01);
-  c.optimizer.weight_decay = a.wd_opt->count() ? a.weight_decay : (sgd ? 0.0 : 0.01);
-  c.optimizer.momentum = sgd ? a.momentum : 0.0;
+  if (a.lr_opt->count()) c.optimizer.lr = a.lr;
+  if (a.wd_opt->count()) c.optimizer.weight_decay = a.weight_decay;
+  if (sgd) c.optimizer.momentum = a.momentum;
   if (a.steps_opt->count() == 0 && a.epochs_opt->count() == 0) c.steps = 300;
 }
 
@@ -167,7 +167,7 @@ Runner add_train_command(CLI::App& app) {
   app.add_option("--seed", c.seed, "Seed for the model init (torch.manual_seed) and the sampler")->check(whole_number(0, (int64_t{1} << 32) - 1))->capture_default_str();
   app.add_flag("--shuffle,!--no-shuffle", c.shuffle, "Shuffle each epoch (default on)");
   app.add_flag("--drop-last", c.drop_last, "Drop the last partial batch of each epoch");
-  app.add_option("--init", c.init_path, "Start from a safetensors checkpoint")->check(CLI::ExistingFile);
+  app.add_option("--init", c.init_path, "Start from a safetensors checkpoint")->check(existing_file());
   app.add_option("--save", c.save_path, "Write a safetensors checkpoint at the end (atomic)");
   app.add_flag("--json", a->json, "Print JSON Lines: one object per step, then a summary");
   app.add_option("--log-every", a->log_every, "Print every N steps (default: about 20 lines)")->check(whole_number(1, int64_t{1} << 40));

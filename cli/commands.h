@@ -14,6 +14,7 @@ using Runner = std::function<int(Streams&)>;
 // stock Range on text.
 CLI::Validator whole_number(int64_t lo, int64_t hi);
 CLI::Validator real_number(double lo, double hi);
+CLI::Validator existing_file();
 
 Runner add_train_command(CLI::App& app);
 Runner add_sampler_command(CLI::App& app);

@@ -78,7 +78,9 @@ double max_rel_diff(const float* a, const Vec& b, const char* what) {
   double worst = 0;
   for (size_t i = 0; i < b.size(); i++)
     worst = std::max(worst, std::fabs(a[i] - b[i]) / std::max(1.0, std::fabs(b[i])));
-  std::string msg = std::string(what) + ": max difference " + std::to_string(worst);
+  char num[32];
+  std::snprintf(num, sizeof num, "%.3g", worst);
+  std::string msg = std::string(what) + ": max difference " + num;
   MESSAGE(msg);
   return worst;
 }

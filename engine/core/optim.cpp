@@ -14,6 +14,14 @@ OptimizerKind parse_optimizer_kind(std::string_view name) {
   throw Error("optimizer '" + std::string(name) + "' is not supported; use sgd or adamw");
 }
 
+OptimizerConfig default_optimizer_config(OptimizerKind kind) {
+  OptimizerConfig c;
+  c.kind = kind;
+  c.lr = kind == OptimizerKind::SGD ? 0.1 : 0.01;
+  c.weight_decay = kind == OptimizerKind::SGD ? 0.0 : 0.01;
+  return c;
+}
+
 const char* optimizer_name(OptimizerKind k) { return k == OptimizerKind::SGD ? "sgd" : "adamw"; }
 
 std::string OptimizerConfig::str() const {

@@ -24,6 +24,10 @@ struct OptimizerConfig {
   std::string str() const;  // "adamw(lr=0.01, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01)"
 };
 
+// dtlab's defaults: torch's, except the learning rate, which torch does not choose for SGD and which
+// at torch's 1e-3 makes AdamW slow for a classroom demo: SGD lr 0.1, wd 0; AdamW lr 0.01, wd 0.01.
+OptimizerConfig default_optimizer_config(OptimizerKind kind);
+
 OptimizerKind parse_optimizer_kind(std::string_view name);  // "sgd" | "adamw"; dtlab::Error otherwise
 const char* optimizer_name(OptimizerKind k);
 

@@ -339,8 +339,9 @@ Dataset load_npz(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
     const bool relative = std::filesystem::path(path).is_relative();
-    z.fail_file(relative ? "does not exist (relative to " + std::filesystem::current_path(ec).string() + ")"
-                    : "does not exist");
+    z.fail_file(std::string("does not exist") +
+                (relative ? " (relative to " + std::filesystem::current_path(ec).string() + ")" : "") +
+                "; check the path, or use --data spiral or blobs");
   }
   if (std::filesystem::is_directory(path, ec)) z.fail_file("is a directory, not a .npz file");
   std::ifstream f(path, std::ios::binary);

@@ -39,6 +39,22 @@ int write_all(int fd, const void* buf, size_t n) {
 
 }  // namespace
 
+void check_output_path(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (path.empty()) throw Error(flag + " needs a file path");
+  if (fs::is_directory(path, ec) || path.back() == '/')
+    throw Error(flag + " " + path + " is a directory; give a file path such as " +
+                (fs::path(path) / "out").string());
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  if (!fs::is_directory(dir, ec))
+    throw Error(flag + " " + path + ": directory " + dir.string() + " does not exist; create it first");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw Error(flag + " " + path + ": directory " + dir.string() + " is not writable (" +
+                os_reason(errno) + ")");
+}
+
 int Fd::close() {
   if (fd < 0) return 0;
   int rc = ::close(std::exchange(fd, -1));

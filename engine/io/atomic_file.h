@@ -7,6 +7,10 @@
 
 namespace dtlab {
 
+// Checks, before any work starts, that `path` can be written atomically: not a directory, and its
+// directory exists and is writable. Throws dtlab::Error naming `flag` (e.g. "--save").
+void check_output_path(const std::string& flag, const std::string& path);
+
 // An owned POSIX file descriptor.
 struct Fd {
   int fd = -1;

@@ -8,6 +8,7 @@
 #include "engine/core/ops.h"
 #include "engine/data/loader.h"
 #include "engine/data/sampler.h"
+#include "engine/io/atomic_file.h"
 #include "engine/io/checkpoint.h"
 
 namespace dtlab {
@@ -34,16 +35,21 @@ void validate(const TrainConfig& c) {
   if (c.optimizer.weight_decay < 0) throw Error("--weight-decay must be 0 or more");
   if (c.optimizer.momentum < 0 || c.optimizer.momentum >= 1)
     throw Error("--momentum must be in [0, 1)");
-  if (!c.save_path.empty()) {
-    auto dir = std::filesystem::path(c.save_path).parent_path();
-    if (dir.empty()) dir = ".";
-    if (!std::filesystem::is_directory(dir))
-      throw Error("--save " + c.save_path + ": directory " + dir.string() +
-                  " does not exist; create it first");
-  }
+  if (!c.save_path.empty()) check_output_path("--save", c.save_path);
 }
 
 }  // namespace
+
+void check_data_fits_model(const Dataset& ds, const ModelSpec& spec) {
+  if (ds.d != spec.in_features())
+    throw Error("data " + ds.name + " has " + std::to_string(ds.d) + " features but " + spec.str() +
+                " takes " + std::to_string(spec.in_features()) + " inputs; make the first width " +
+                std::to_string(ds.d));
+  if (ds.num_classes > spec.out_features())
+    throw Error("data " + ds.name + " has " + std::to_string(ds.num_classes) + " classes but " +
+                spec.str() + " has " + std::to_string(spec.out_features()) +
+                " outputs; make the last width at least " + std::to_string(ds.num_classes));
+}
 
 EvalResult evaluate(Model& model, const Dataset& ds, int64_t batch, float* logits_out) {
   const int64_t C = model.spec().out_features();
@@ -72,14 +78,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config), memory_(0) {
       make_dataset(config_.data, spec.in_features(), spec.out_features()));
   const Dataset& ds = *dataset_;
   if (ds.n == 0) throw Error("data " + config_.data + " holds no samples");
-  if (ds.d != spec.in_features())
-    throw Error("data " + config_.data + " has " + std::to_string(ds.d) + " features but " +
-                spec.str() + " takes " + std::to_string(spec.in_features()) +
-                " inputs; make the first width " + std::to_string(ds.d));
-  if (ds.num_classes > spec.out_features())
-    throw Error("data " + config_.data + " has " + std::to_string(ds.num_classes) +
-                " classes but " + spec.str() + " has " + std::to_string(spec.out_features()) +
-                " outputs; make the last width at least " + std::to_string(ds.num_classes));
+  check_data_fits_model(ds, spec);
   // Same count a DataLoader over a one-rank DistributedSampler gives.
   batches_per_epoch_ = config_.drop_last ? ds.n / config_.batch
                                          : (ds.n + config_.batch - 1) / config_.batch;

@@ -22,7 +22,7 @@ struct TrainConfig {
   int64_t batch = 64;       // per rank
   int64_t steps = 0;        // exactly one of steps / epochs is > 0
   int64_t epochs = 0;
-  OptimizerConfig optimizer;
+  OptimizerConfig optimizer = default_optimizer_config(OptimizerKind::AdamW);
   uint64_t seed = 0;        // model init (torch.manual_seed) and the sampler's seed
   bool shuffle = true;
   bool drop_last = false;
@@ -53,6 +53,10 @@ struct TrainSummary {
   MemoryStats memory;             // rank 0
   int64_t start_step = 0;         // from --init's metadata
 };
+
+// dtlab::Error unless the data's features equal the model's input width and its classes fit the
+// output width.
+void check_data_fits_model(const Dataset& data, const ModelSpec& spec);
 
 struct EvalResult {
   float loss = 0;       // mean cross-entropy over the data set

@@ -1,0 +1,428 @@
+// dtlab-cli driven in-process through run_cli(): exit codes, the one-sentence error contract (exit 2,
+// one "dtlab-cli: " line on stderr, nothing on stdout), the sampler's printed indices (torch's
+// values), JSON Lines output, and the checkpoint flow train --save -> eval / train --init.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/cli.h"
+#include "engine/data/dataset.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct CliResult {
+  int code = -1;
+  std::string out, err;
+};
+
+CliResult run(const std::vector<std::string>& args, bool terminal = false) {
+  std::ostringstream out, err;
+  CliResult r;
+  r.code = dtlab::cli::run_cli(args, {out, err, terminal});
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+std::string joined(const std::vector<std::string>& args) {
+  std::string s;
+  for (const auto& a : args) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
+// The bad-input contract: exit 2, nothing on stdout, exactly one line on stderr that starts with
+// "dtlab-cli: " and contains `expect`.
+void check_usage_error(const std::vector<std::string>& args, const std::string& expect) {
+  CliResult r = run(args);
+  INFO("args: ", joined(args));
+  INFO("stderr: ", r.err);
+  CHECK(r.code == 2);
+  CHECK(r.out.empty());
+  CHECK(r.err.rfind("dtlab-cli: ", 0) == 0);
+  REQUIRE(!r.err.empty());
+  CHECK(r.err.back() == '\n');
+  CHECK(r.err.find('\n') == r.err.size() - 1);  // one line
+  CHECK(r.err.find(expect) != std::string::npos);
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream is(text);
+  for (std::string line; std::getline(is, line);) lines.push_back(line);
+  return lines;
+}
+
+std::vector<json> json_lines(const std::string& text) {
+  std::vector<json> v;
+  for (const auto& line : lines_of(text)) v.push_back(json::parse(line));
+  return v;
+}
+
+// A fresh directory under the system temp dir, removed with everything in it.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path = fs::temp_directory_path() /
+           ("dtlab_test_cli_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+  bool empty() const { return fs::is_empty(path); }
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST_SUITE("cli") {
+  TEST_CASE("no subcommand, unknown subcommand") {
+    check_usage_error({}, "give a subcommand (train, eval or sampler)");
+    // CLI11 reports a missing subcommand before the stray word, so the message is the same.
+    check_usage_error({"frob"}, "'frob' is not a subcommand; use train, eval or sampler");
+  }
+
+  TEST_CASE("unknown flag and stray argument") {
+    check_usage_error({"train", "--bogus"}, "--bogus");
+    check_usage_error({"train", "--bogus"}, "run 'dtlab-cli train --help'");
+    check_usage_error({"train", "extra"}, "not expected: extra");
+    check_usage_error({"sampler", "--n", "10", "--bogus"}, "run 'dtlab-cli sampler --help'");
+  }
+
+  TEST_CASE("non-numeric and out-of-range values") {
+    check_usage_error({"train", "--batch", "abc"}, "--batch: 'abc' is not a whole number");
+    check_usage_error({"train", "--batch", "0"}, "--batch: 0 is out of range; use 1 to");
+    check_usage_error({"train", "--batch", "1.5"}, "'1.5' is not a whole number");
+    check_usage_error({"train", "--lr", "0"}, "--lr: 0 is out of range");
+    check_usage_error({"train", "--lr", "x"}, "--lr: 'x' is not a number");
+    check_usage_error({"train", "--lr", "nan"}, "'nan' is not a number");
+    check_usage_error({"train", "--momentum", "1"}, "--momentum: 1 is out of range; use 0 to");
+    check_usage_error({"train", "--seed", "-1"}, "--seed: -1 is out of range");
+    check_usage_error({"train", "--steps", "0"}, "--steps: 0 is out of range");
+    check_usage_error({"train", "--epochs", "0"}, "--epochs: 0 is out of range");
+    check_usage_error({"train", "--weight-decay", "-0.1"}, "--weight-decay: -0.1 is out of range");
+    check_usage_error({"eval", "--batch", "0"}, "--batch: 0 is out of range");
+  }
+
+  TEST_CASE("flag combinations") {
+    check_usage_error({"train", "--steps", "5", "--epochs", "2"}, "--steps excludes --epochs");
+    check_usage_error({"train", "--optimizer", "adam"}, "optimizer 'adam' is not supported; use sgd or adamw");
+    check_usage_error({"train", "--momentum", "0.9"}, "--momentum applies to --optimizer sgd");
+    check_usage_error({"train", "--optimizer", "adamw", "--momentum", "0"}, "--momentum applies to --optimizer sgd");
+    check_usage_error({"train", "--world", "4"}, "--strategy single runs one rank, but --world is 4");
+    check_usage_error({"train", "--strategy", "ddp"}, "strategy 'ddp' is not available in this version");
+  }
+
+  TEST_CASE("model and data specs") {
+    check_usage_error({"train", "--model", "mlp:3,8,3", "--data", "spiral"},
+                      "has 2 features but mlp:3,8,3 takes 3 inputs");
+    check_usage_error({"train", "--model", "mlp:2,8,2", "--data", "spiral:classes=3"},
+                      "has 3 classes but mlp:2,8,2 has 2 outputs");
+    check_usage_error({"train", "--model", "mlp:2"}, "model 'mlp:2' needs at least an input and an output width");
+    check_usage_error({"train", "--model", "foo"}, "model 'foo' is not a known model");
+    check_usage_error({"train", "--model", "mlp:2,x,3"}, "has 'x' where a layer width belongs");
+    check_usage_error({"train", "--model", "mlp:2,0,3"}, "has width 0");
+    check_usage_error({"train", "--data", "foo"}, "unknown data spec 'foo'");
+    check_usage_error({"train", "--data", "spiral:bogus=1"}, "unknown key 'bogus'");
+  }
+
+  TEST_CASE("missing files and unusable paths") {
+    TempDir dir;
+    check_usage_error({"train", "--data", dir.file("missing.npz")}, "missing.npz does not exist");
+    check_usage_error({"train", "--init", dir.file("missing.safetensors")}, "missing.safetensors' does not exist; check the path");
+    check_usage_error({"eval", "--init", dir.file("missing.safetensors")}, "missing.safetensors' does not exist; check the path");
+    check_usage_error({"train", "--init", dir.path.string()}, "is a directory; give a .safetensors file");
+
+    const std::string nowhere = (dir.path / "no_such_dir" / "a.safetensors").string();
+    check_usage_error({"train", "--steps", "1", "--save", nowhere}, "does not exist; create it first");
+    CHECK(!fs::exists(dir.path / "no_such_dir"));
+    CHECK(dir.empty());  // no directory, checkpoint or temp file was created
+
+    {  // a file that is not a checkpoint
+      std::ofstream(dir.file("garbage.safetensors")) << "garbage, long enough to hold a header length";
+      check_usage_error({"train", "--init", dir.file("garbage.safetensors")}, "garbage.safetensors: header length");
+      check_usage_error({"eval", "--init", dir.file("garbage.safetensors")}, "not a safetensors file");
+    }
+  }
+
+  TEST_CASE("--drop-last with a batch larger than the data set") {
+    check_usage_error({"train", "--batch", "5000", "--drop-last"},
+                      "--batch 5000 is larger than the 3000 samples of spiral, so --drop-last leaves no batch");
+  }
+
+  TEST_CASE("sampler and eval errors") {
+    check_usage_error({"sampler", "--n", "10", "--rank", "4", "--world", "4"},
+                      "--rank 4 is out of range for --world 4; ranks are 0..3");
+    check_usage_error({"sampler", "--world", "4"}, "--n is required");
+    check_usage_error({"sampler"}, "--n is required");
+    check_usage_error({"sampler", "--n", "300000000", "--shuffle"}, "torch.randperm");
+    check_usage_error({"eval"}, "--init is required");
+    check_usage_error({"eval", "--data", "spiral"}, "--init is required");
+  }
+
+  TEST_CASE("sampler prints torch's DistributedSampler indices") {
+    SUBCASE("padding by wrap-around") {
+      CliResult r = run({"sampler", "--n", "10", "--world", "4"});
+      CHECK(r.code == 0);
+      CHECK(r.err.empty());
+      std::vector<std::string> ranks;
+      for (const auto& line : lines_of(r.out))
+        if (line.rfind("rank ", 0) == 0) ranks.push_back(line);
+      CHECK(ranks == std::vector<std::string>{"rank 0: [0,4,8]", "rank 1: [1,5,9]", "rank 2: [2,6,0]",
+                                              "rank 3: [3,7,1]"});
+      CHECK(r.out.find("2 repeated by wrap-around padding") != std::string::npos);
+    }
+    SUBCASE("--drop-last") {
+      CliResult r = run({"sampler", "--n", "10", "--world", "4", "--drop-last"});
+      CHECK(r.code == 0);
+      std::vector<std::string> ranks;
+      for (const auto& line : lines_of(r.out))
+        if (line.rfind("rank ", 0) == 0) ranks.push_back(line);
+      CHECK(ranks == std::vector<std::string>{"rank 0: [0,4]", "rank 1: [1,5]", "rank 2: [2,6]", "rank 3: [3,7]"});
+      CHECK(r.out.find("2 dropped by drop_last") != std::string::npos);
+    }
+    SUBCASE("--rank prints one rank") {
+      CliResult r = run({"sampler", "--n", "10", "--world", "4", "--rank", "2"});
+      CHECK(r.code == 0);
+      CHECK(r.out.find("rank 2: [2,6,0]") != std::string::npos);
+      CHECK(r.out.find("rank 0:") == std::string::npos);
+    }
+    SUBCASE("--shuffle --json: torch's values for seed 0, epoch 0") {
+      CliResult r = run({"sampler", "--n", "10", "--world", "4", "--shuffle", "--json"});
+      CHECK(r.code == 0);
+      CHECK(r.err.empty());
+      REQUIRE(lines_of(r.out).size() == 1);
+      json j = json::parse(r.out);
+      CHECK(j["n"] == 10);
+      CHECK(j["world"] == 4);
+      CHECK(j["shuffle"] == true);
+      CHECK(j["num_samples"] == 3);
+      CHECK(j["total_size"] == 12);
+      const std::vector<std::vector<int64_t>> want = {{4, 3, 6}, {1, 9, 2}, {7, 0, 4}, {5, 8, 1}};
+      REQUIRE(j["ranks"].size() == 4);
+      for (int r = 0; r < 4; r++) {
+        CHECK(j["ranks"][r]["rank"] == r);
+        CHECK(j["ranks"][r]["indices"].get<std::vector<int64_t>>() == want[static_cast<size_t>(r)]);
+      }
+    }
+  }
+
+  TEST_CASE("--help and --version") {
+    CliResult r = run({"train", "--help"});
+    CHECK(r.code == 0);
+    CHECK(r.err.empty());
+    CHECK(r.out.find("--batch") != std::string::npos);
+    CHECK(r.out.find("--drop-last") != std::string::npos);
+
+    r = run({"--help"});
+    CHECK(r.code == 0);
+    for (const char* sub : {"train", "eval", "sampler"}) CHECK(r.out.find(sub) != std::string::npos);
+
+    r = run({"sampler", "--help"});
+    CHECK(r.code == 0);
+    CHECK(r.out.find("--world") != std::string::npos);
+
+    r = run({"--version"});
+    CHECK(r.code == 0);
+    CHECK(r.out.find("dtlab") != std::string::npos);
+  }
+
+  TEST_CASE("train --json: one object per step, then a summary") {
+    CliResult r = run({"train", "--steps", "5", "--json"});
+    REQUIRE(r.code == 0);
+    CHECK(r.err.empty());
+    std::vector<json> objs = json_lines(r.out);
+    REQUIRE(objs.size() == 6);
+    for (int i = 0; i < 5; i++) {
+      const json& j = objs[static_cast<size_t>(i)];
+      for (const char* key : {"step", "epoch", "loss", "accuracy"}) CHECK(j.contains(key));
+      CHECK(j["step"] == i + 1);
+      CHECK(j["epoch"] == 0);
+      CHECK(j["batch"] == 64);
+      CHECK(j["loss"].get<double>() > 0);
+      CHECK(j["accuracy"].get<double>() >= 0);
+      CHECK(j["accuracy"].get<double>() <= 1);
+      CHECK(!j.contains("summary"));
+    }
+    const json& s = objs.back();
+    CHECK(s["summary"] == true);
+    CHECK(s["steps"] == 5);
+    CHECK(s.contains("train_loss"));
+    CHECK(s.contains("train_accuracy"));
+    CHECK(s["peak_bytes"].get<int64_t>() > 0);
+    CHECK(!s.contains("saved"));
+  }
+
+  TEST_CASE("train prints a header, step lines and the done line") {
+    CliResult r = run({"train", "--steps", "5"});
+    REQUIRE(r.code == 0);
+    CHECK(r.err.empty());  // no terminal: no progress bar
+    CHECK(r.out.rfind("dtlab train: mlp:2,64,64,3 (4,547 parameters) on spiral", 0) == 0);
+    CHECK(r.out.find("adamw(lr=0.01") != std::string::npos);
+    CHECK(r.out.find("weight_decay=0.01") != std::string::npos);
+    CHECK(r.out.find("step 1/5") != std::string::npos);
+    CHECK(r.out.find("step 5/5") != std::string::npos);
+    CHECK(r.out.find("\ndone: 5 steps in ") != std::string::npos);
+    CHECK(r.out.find("memory (rank 0, peak): parameters") != std::string::npos);
+
+    SUBCASE("sgd defaults") {
+      CliResult s = run({"train", "--steps", "1", "--optimizer", "sgd", "--momentum", "0.9"});
+      REQUIRE(s.code == 0);
+      CHECK(s.out.find("sgd(lr=0.1") != std::string::npos);
+    }
+    SUBCASE("a terminal gets a progress bar on stderr") {
+      CliResult t = run({"train", "--steps", "5"}, true);
+      REQUIRE(t.code == 0);
+      CHECK(t.err.find("] 5/5") != std::string::npos);
+      CHECK(t.out.find("done: 5 steps") != std::string::npos);
+      CHECK(t.out.find('\r') == std::string::npos);
+    }
+  }
+
+  TEST_CASE("checkpoint flow: train --save, eval --init, train --init") {
+    TempDir dir;
+    const std::string ckpt = dir.file("a.safetensors");
+    CliResult tr = run({"train", "--model", "mlp:2,16,3", "--steps", "20", "--save", ckpt, "--json"});
+    REQUIRE(tr.code == 0);
+    CHECK(tr.err.empty());
+    std::vector<json> objs = json_lines(tr.out);
+    REQUIRE(objs.size() == 21);
+    const json summary = objs.back();
+    CHECK(summary["saved"] == ckpt);
+    REQUIRE(fs::exists(ckpt));
+    for (const auto& e : fs::directory_iterator(dir.path))  // the atomic save left no temp file
+      CHECK(e.path().filename() == "a.safetensors");
+
+    SUBCASE("eval gives the train summary's loss and accuracy") {
+      CliResult ev = run({"eval", "--init", ckpt, "--json"});
+      REQUIRE(ev.code == 0);
+      CHECK(ev.err.empty());
+      json e = json::parse(ev.out);
+      CHECK(e["model"] == "mlp:2,16,3");
+      CHECK(e["step"] == 20);
+      CHECK(e["samples"] == 3000);
+      CHECK(e["accuracy"].get<double>() == summary["train_accuracy"].get<double>());
+      CHECK(e["loss"].get<double>() == doctest::Approx(summary["train_loss"].get<double>()).epsilon(1e-5));
+      // Same chunking as the trainer's final evaluation: the same float, bit for bit.
+      CliResult ev64 = run({"eval", "--init", ckpt, "--json", "--batch", "64"});
+      REQUIRE(ev64.code == 0);
+      json e64 = json::parse(ev64.out);
+      CHECK(e64["loss"].get<double>() == summary["train_loss"].get<double>());
+      CHECK(e64["accuracy"].get<double>() == summary["train_accuracy"].get<double>());
+    }
+
+    SUBCASE("eval human output") {
+      CliResult ev = run({"eval", "--init", ckpt});
+      REQUIRE(ev.code == 0);
+      CHECK(ev.out.find("eval: mlp:2,16,3 from " + ckpt + " (step 20) on spiral") != std::string::npos);
+    }
+
+    SUBCASE("eval --model must match the checkpoint") {
+      check_usage_error({"eval", "--init", ckpt, "--model", "mlp:2,8,3"}, "rerun with --model mlp:2,16,3");
+      check_usage_error({"train", "--init", ckpt, "--model", "mlp:2,64,64,3", "--steps", "1"},
+                        "holds a checkpoint of mlp:2,16,3");
+      check_usage_error({"eval", "--init", ckpt, "--data", "blobs:dim=4"}, "has 4 features but mlp:2,16,3");
+    }
+
+    SUBCASE("eval --logits writes (N, K) float32 .npy") {
+      const std::string npy = dir.file("l.npy");
+      CliResult ev = run({"eval", "--init", ckpt, "--logits", npy, "--json"});
+      REQUIRE(ev.code == 0);
+      json e = json::parse(ev.out);
+      CHECK(e["logits"] == npy);
+      const std::string bytes = read_bytes(npy);
+      REQUIRE(bytes.size() > 10);
+      CHECK(bytes.compare(0, 6, "\x93NUMPY") == 0);
+      CHECK(bytes[6] == 1);  // format version 1.0
+      CHECK(bytes[7] == 0);
+      const size_t header_len = static_cast<unsigned char>(bytes[8]) | (static_cast<unsigned char>(bytes[9]) << 8);
+      const size_t data_start = 10 + header_len;
+      CHECK(data_start % 64 == 0);
+      CHECK(data_start == 128);
+      const int64_t N = 3000, K = 3;
+      REQUIRE(bytes.size() == data_start + static_cast<size_t>(N * K) * 4);
+      const std::string header = bytes.substr(10, header_len);
+      CHECK(header.find("'descr': '<f4'") != std::string::npos);
+      CHECK(header.find("'fortran_order': False") != std::string::npos);
+      CHECK(header.find("'shape': (3000, 3)") != std::string::npos);
+      CHECK(header.back() == '\n');
+
+      // The logits' argmax agrees with the reported number of correct rows.
+      dtlab::Dataset ds = dtlab::make_dataset("spiral", 2, 3);
+      REQUIRE(ds.n == N);
+      std::vector<float> logits(static_cast<size_t>(N * K));
+      std::memcpy(logits.data(), bytes.data() + data_start, logits.size() * sizeof(float));
+      int64_t correct = 0;
+      for (int64_t i = 0; i < N; i++) {
+        const float* row = logits.data() + i * K;
+        int64_t best = 0;
+        for (int64_t k = 1; k < K; k++)
+          if (row[k] > row[best]) best = k;
+        correct += best == ds.y[static_cast<size_t>(i)];
+      }
+      CHECK(correct == e["correct"].get<int64_t>());
+    }
+
+    SUBCASE("eval --logits into a missing directory") {
+      check_usage_error({"eval", "--init", ckpt, "--logits", (dir.path / "nope" / "l.npy").string()},
+                        "directory " + (dir.path / "nope").string() + " does not exist; create it first");
+      CHECK(!fs::exists(dir.path / "nope"));
+      check_usage_error({"eval", "--init", ckpt, "--logits", dir.path.string()},
+                        "is a directory; give a file path");
+    }
+
+    SUBCASE("train --init adopts the checkpoint's model and continues its step count") {
+      const std::string next = dir.file("b.safetensors");
+      CliResult cont = run({"train", "--init", ckpt, "--steps", "1", "--save", next});
+      REQUIRE(cont.code == 0);
+      CHECK(cont.err.empty());
+      CHECK(cont.out.rfind("dtlab train: mlp:2,16,3 (99 parameters)", 0) == 0);
+      CHECK(cont.out.find("initialized from " + ckpt) != std::string::npos);
+      CHECK(cont.out.find("saved " + next + " (step 21)") != std::string::npos);
+
+      CliResult ev = run({"eval", "--init", next, "--json"});
+      REQUIRE(ev.code == 0);
+      json e = json::parse(ev.out);
+      CHECK(e["model"] == "mlp:2,16,3");
+      CHECK(e["step"] == 21);
+
+      // The first batch is the same (same seed and epoch), so the loaded weights show in its loss.
+      CliResult fresh = run({"train", "--model", "mlp:2,16,3", "--steps", "1", "--json"});
+      CliResult loaded = run({"train", "--init", ckpt, "--steps", "1", "--json"});
+      REQUIRE(fresh.code == 0);
+      REQUIRE(loaded.code == 0);
+      const double fresh_loss = json_lines(fresh.out).front()["loss"].get<double>();
+      const double loaded_loss = json_lines(loaded.out).front()["loss"].get<double>();
+      CHECK(fresh_loss == objs.front()["loss"].get<double>());  // fresh init = the first run's step 1
+      CHECK(loaded_loss < fresh_loss - 0.1);
+    }
+  }
+
+  // Output paths are checked before any work, so a bad one never costs a training run.
+  TEST_CASE("--save or --logits naming a directory is rejected before training") {
+    TempDir dir;
+    check_usage_error({"train", "--steps", "1", "--save", dir.path.string()}, "is a directory; give a file path");
+    check_usage_error({"train", "--steps", "1", "--save", dir.path.string() + "/"}, "is a directory; give a file path");
+    CHECK(dir.empty());
+  }
+}
