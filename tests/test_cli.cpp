@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cli/cli.h"
+#include "tests/test_util.h"
 #include "engine/data/dataset.h"
 
 namespace fs = std::filesystem;
@@ -70,23 +71,7 @@ std::vector<json> json_lines(const std::string& text) {
   return v;
 }
 
-// A fresh directory under the system temp dir, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("dtlab_test_cli_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  bool empty() const { return fs::is_empty(path); }
-};
+using dtlab::test::TempDir;
 
 std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

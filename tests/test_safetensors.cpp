@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "tests/test_util.h"
 #include "engine/core/check.h"
 #include "engine/core/model.h"
 #include "engine/io/checkpoint.h"
@@ -21,27 +22,7 @@ using namespace dtlab;
 
 namespace {
 
-// A fresh directory under the system temp dir, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("dtlab_test_safetensors_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  std::set<std::string> listing() const {
-    std::set<std::string> names;
-    for (const auto& e : fs::directory_iterator(path)) names.insert(e.path().filename().string());
-    return names;
-  }
-};
+using dtlab::test::TempDir;
 
 std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -12,6 +12,7 @@
 #include <numeric>
 #include <vector>
 
+#include "tests/test_util.h"
 #include "engine/core/check.h"
 #include "engine/core/memory.h"
 #include "engine/data/dataset.h"
@@ -70,21 +71,7 @@ std::vector<uint32_t> loss_bits(const Run& r) {
   return v;
 }
 
-// A fresh directory under the system temp dir, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("dtlab_test_train_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dtlab::test::TempDir;
 
 }  // namespace
 

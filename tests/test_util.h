@@ -1,0 +1,38 @@
+// Helpers shared by the test suites.
+#pragma once
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <set>
+#include <string>
+
+namespace dtlab::test {
+
+// A fresh directory under the system temp dir, removed with everything in it.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& tag = "dtlab_test") {
+    static std::atomic<int> counter{0};
+    path = std::filesystem::temp_directory_path() /
+           (tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path / name).string(); }
+  bool empty() const { return std::filesystem::is_empty(path); }
+  std::set<std::string> listing() const {
+    std::set<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(path))
+      names.insert(e.path().filename().string());
+    return names;
+  }
+};
+
+}  // namespace dtlab::test
