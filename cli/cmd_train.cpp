@@ -1,4 +1,5 @@
 // dtlab-cli train: one training run, printed as it goes (human lines or JSON Lines).
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -30,6 +31,13 @@ std::string human_bytes(int64_t b) {
   else if (b < (1 << 20)) std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
   else if (b < (1LL << 30)) std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
   else std::snprintf(buf, sizeof buf, "%.2f GiB", b / 1073741824.0);
+  return buf;
+}
+
+std::string human_seconds(double s) {
+  char buf[32];
+  if (s < 1.0) std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
+  else std::snprintf(buf, sizeof buf, "%.2f s", s);
   return buf;
 }
 
@@ -86,6 +94,7 @@ int run_train(TrainArgs& a, Streams& io) {
     io.out.flush();
   }
 
+  auto last_draw = std::chrono::steady_clock::time_point{};
   auto on_step = [&](const StepReport& r) {
     if (a.json) {
       nlohmann::json j = {{"step", r.step},         {"epoch", r.epoch},
@@ -105,11 +114,17 @@ int run_train(TrainArgs& a, Streams& io) {
       if (bar) io.err << "\r\033[K" << std::flush;
       io.out << line << "\n" << std::flush;
     }
-    if (bar) {
+    // Redraw at most 10 times a second: a fast run would otherwise spend its time on the terminal.
+    auto now = std::chrono::steady_clock::now();
+    if (bar && (now - last_draw > std::chrono::milliseconds(100) || r.step == r.total_steps)) {
+      last_draw = now;
       const int width = 30;
       int filled = static_cast<int>(width * r.step / r.total_steps);
-      io.err << "\r[" << std::string(filled, '#') << std::string(width - filled, '.') << "] "
-             << r.step << "/" << r.total_steps << std::flush;
+      char tail[96];
+      std::snprintf(tail, sizeof tail, "] %lld/%lld  loss %.4f", static_cast<long long>(r.step),
+                    static_cast<long long>(r.total_steps), r.loss);
+      io.err << "\r[" << std::string(filled, '#') << std::string(width - filled, '.') << tail
+             << std::flush;
     }
   };
   TrainSummary s = trainer.run(on_step);
@@ -129,8 +144,8 @@ int run_train(TrainArgs& a, Streams& io) {
   }
   char line[256];
   std::snprintf(line, sizeof line,
-                "done: %lld steps in %.2f s (%s samples/s); training set: loss %.4f, accuracy %.1f%% (%lld/%lld)",
-                static_cast<long long>(s.steps), s.seconds,
+                "done: %lld steps in %s (%s samples/s); training set: loss %.4f, accuracy %.1f%% (%lld/%lld)",
+                static_cast<long long>(s.steps), human_seconds(s.seconds).c_str(),
                 with_commas(static_cast<int64_t>(std::llround(s.samples_per_sec))).c_str(),
                 s.eval_loss, 100.0 * s.eval_accuracy, static_cast<long long>(s.eval_correct),
                 static_cast<long long>(s.eval_samples));
@@ -167,7 +182,7 @@ Runner add_train_command(CLI::App& app) {
   app.add_option("--seed", c.seed, "Seed for the model init (torch.manual_seed) and the sampler")->check(whole_number(0, (int64_t{1} << 32) - 1))->capture_default_str();
   app.add_flag("--shuffle,!--no-shuffle", c.shuffle, "Shuffle each epoch (default on)");
   app.add_flag("--drop-last", c.drop_last, "Drop the last partial batch of each epoch");
-  app.add_option("--init", c.init_path, "Start from a safetensors checkpoint")->check(existing_file());
+  app.add_option("--init", c.init_path, "Start from a safetensors checkpoint's parameters (the optimizer state starts fresh)")->check(existing_file());
   app.add_option("--save", c.save_path, "Write a safetensors checkpoint at the end (atomic)");
   app.add_flag("--json", a->json, "Print JSON Lines: one object per step, then a summary");
   app.add_option("--log-every", a->log_every, "Print every N steps (default: about 20 lines)")->check(whole_number(1, int64_t{1} << 40));
