@@ -17,6 +17,7 @@
 #include "engine/core/model.h"
 #include "engine/core/ops.h"
 #include "engine/core/optim.h"
+#include "engine/trace/context.h"
 
 using namespace dtlab;
 
@@ -52,9 +53,12 @@ int main(int argc, char** argv) {
   oc.weight_decay = 0.01;
   Optimizer opt(oc, model.num_params(), &mem);
   std::vector<float> probs(B * K), dlogits(B * K);
-  std::vector<double> times;
-  float first_loss = 0;
-  for (int64_t i = 0; i < warmup + steps; i++) {
+  // Instrumentation as training uses it: per-layer compute events, memory events, modeled clock.
+  TraceRecorder recorder(1);
+  CostModel cost(find_profile("nvlink8"), 1);
+  RankContext ctx(0, &recorder, &cost, nullptr, &mem);
+  auto step = [&](bool record) {
+    model.set_observer(record ? &ctx : nullptr);
     auto t0 = std::chrono::steady_clock::now();
     model.zero_grad();
     const float* logits = model.forward(x.data(), B);
@@ -62,16 +66,30 @@ int main(int argc, char** argv) {
     cross_entropy_backward(dlogits.data(), probs.data(), y.data(), B, K, 1.0f / B);
     model.backward(dlogits.data());
     opt.step(model.params(), model.grads());
-    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (i == 0) first_loss = loss;
-    if (i >= warmup) times.push_back(dt);
+    return std::make_pair(loss, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  };
+  std::vector<double> times, times_rec;
+  float first_loss = 0;
+  for (int64_t i = 0; i < warmup; i++) {
+    float l = step(false).first;
+    if (i == 0) first_loss = l;
   }
+  // Recording off and on in alternating blocks of the same run, so drift hits both alike.
+  for (int64_t i = 0; i < steps; i++) {
+    times.push_back(step(false).second);
+    times_rec.push_back(step(true).second);
+  }
+  model.set_observer(nullptr);
+  std::sort(times_rec.begin(), times_rec.end());
   std::sort(times.begin(), times.end());
   double med = 1e3 * times[times.size() / 2];
   std::printf("train step of %s, batch %lld, adamw, %d threads, median of %lld steps\n",
               spec.str().c_str(), static_cast<long long>(B), threads, static_cast<long long>(steps));
   std::printf("  dtlab   %8.3f ms/step  (min %.3f)  %10.0f samples/s  first loss %.6f\n", med,
               1e3 * times[0], B / (med / 1e3), first_loss);
+  double med_rec = 1e3 * times_rec[times_rec.size() / 2];
+  std::printf("  dtlab with trace recording %8.3f ms/step: overhead %+.2f%% (goal <= 3%%; %llu events recorded)\n",
+              med_rec, 100.0 * (med_rec - med) / med, static_cast<unsigned long long>(recorder.all_events().size() + recorder.dropped(0)));
 
   // PyTorch's intra-op threads (torch.set_num_threads) do not bound OpenBLAS's own pool, so a
   // "1-thread" torch can still run its GEMMs on every core, and with both pools at T the two

@@ -8,6 +8,7 @@
 
 #include "cli/cli.h"
 #include "cli/commands.h"
+#include "engine/comm/communicator.h"
 #include "engine/core/check.h"
 
 namespace dtlab::cli {
@@ -80,19 +81,24 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
   };
   add(add_train_command, "train", "Train a model and print one line per logged step");
   add(add_eval_command, "eval", "Evaluate a checkpoint on a data set (loss, accuracy, logits)");
+  add(add_bench_command, "bench", "Benchmark collectives (nccl-tests style)");
   add(add_sampler_command, "sampler", "Print each rank's indices from PyTorch's DistributedSampler");
 
   // CLI11 wants argv order reversed when given a vector.
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   std::string command;
   for (const auto& a : args)
-    if (a == "train" || a == "eval" || a == "sampler") { command = a; break; }
+    if (a == "train" || a == "eval" || a == "sampler" || a == "bench") { command = a; break; }
   try {
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {
     CLI::App* target = &app;
-    for (auto* sub : app.get_subcommands()) target = sub;
-    io.out << (target == &app ? app.help() : target->help("dtlab-cli"));
+    std::string prefix = "dtlab-cli";
+    while (!target->get_subcommands().empty()) {
+      if (target != &app) prefix += " " + target->get_name();
+      target = target->get_subcommands().front();
+    }
+    io.out << (target == &app ? app.help() : target->help(prefix));
     return 0;
   } catch (const CLI::CallForVersion& e) {
     io.out << e.what() << "\n";
@@ -100,9 +106,9 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
   } catch (const CLI::RequiredError& e) {
     if (args.empty() || std::string(e.what()).find("subcommand") != std::string::npos) {
       if (command.empty() && !args.empty())
-        io.err << "dtlab-cli: '" << args[0] << "' is not a subcommand; use train, eval or sampler (see 'dtlab-cli --help')\n";
+        io.err << "dtlab-cli: '" << args[0] << "' is not a subcommand; use train, eval, bench or sampler (see 'dtlab-cli --help')\n";
       else
-        io.err << "dtlab-cli: give a subcommand (train, eval or sampler); run 'dtlab-cli --help' for usage\n";
+        io.err << "dtlab-cli: give a subcommand (train, eval, bench or sampler); run 'dtlab-cli --help' for usage\n";
       return 2;
     }
     io.err << "dtlab-cli: " << explain(e, command) << "\n";
@@ -114,6 +120,9 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
   try {
     for (auto* sub : app.get_subcommands()) return runners.at(sub)(io);
     return 2;
+  } catch (const CommError& e) {  // a collective failed: the watchdog's or desync diagnosis
+    io.err << "dtlab-cli: " << e.what() << "\n";
+    return 3;
   } catch (const Error& e) {  // bad input found after parsing (files, specs, combinations)
     std::string msg = e.what();
     if (!msg.empty() && msg.back() == '.') msg.pop_back();  // one style: no final period

@@ -21,6 +21,7 @@ struct TrainArgs {
   double lr = 0, momentum = 0, weight_decay = 0;
   bool json = false;
   int64_t log_every = 0;
+  std::string trace_clock = "wall";
   CLI::Option *lr_opt = nullptr, *wd_opt = nullptr, *momentum_opt = nullptr, *steps_opt = nullptr,
               *epochs_opt = nullptr;
 };
@@ -71,6 +72,10 @@ void finish_config(TrainArgs& a) {
   if (a.wd_opt->count()) c.optimizer.weight_decay = a.weight_decay;
   if (sgd) c.optimizer.momentum = a.momentum;
   if (a.steps_opt->count() == 0 && a.epochs_opt->count() == 0) c.steps = 300;
+  if (a.trace_clock != "wall" && a.trace_clock != "modeled")
+    throw Error("--trace-clock " + a.trace_clock + " is not a clock; use wall or modeled");
+  c.trace_modeled = a.trace_clock == "modeled";
+  find_profile(c.profile);  // a bad name fails here, before any work
 }
 
 int run_train(TrainArgs& a, Streams& io) {
@@ -157,6 +162,7 @@ int run_train(TrainArgs& a, Streams& io) {
            << human_bytes(s.memory.peak[i]);
   }
   io.out << "; total " << human_bytes(s.memory.total_peak) << "\n";
+  if (!c.trace_path.empty()) io.out << "trace written to " << c.trace_path << " (open it in ui.perfetto.dev)\n";
   if (!c.save_path.empty())
     io.out << "saved " << c.save_path << " (step " << s.start_step + s.steps << ")\n";
   return 0;
@@ -185,6 +191,9 @@ Runner add_train_command(CLI::App& app) {
   app.add_option("--init", c.init_path, "Start from a safetensors checkpoint's parameters (the optimizer state starts fresh)")->check(existing_file());
   app.add_option("--save", c.save_path, "Write a safetensors checkpoint at the end (atomic)");
   app.add_flag("--json", a->json, "Print JSON Lines: one object per step, then a summary");
+  app.add_option("--trace", c.trace_path, "Write a Chrome trace (Perfetto, chrome://tracing) of the run");
+  app.add_option("--trace-clock", a->trace_clock, "Timeline of --trace: wall or modeled")->capture_default_str();
+  app.add_option("--profile", c.profile, "Hardware profile of the modeled clock: nvlink8, pcie8, ib2x4, eth2x4, this")->capture_default_str();
   app.add_option("--log-every", a->log_every, "Print every N steps (default: about 20 lines)")->check(whole_number(1, int64_t{1} << 40));
   app.add_option("--threads", c.threads, "BLAS threads (default: OpenBLAS's choice)")->check(whole_number(0, 256));
   return [a](Streams& io) { return run_train(*a, io); };

@@ -19,5 +19,6 @@ CLI::Validator existing_file();
 Runner add_train_command(CLI::App& app);
 Runner add_sampler_command(CLI::App& app);
 Runner add_eval_command(CLI::App& app);
+Runner add_bench_command(CLI::App& app);
 
 }  // namespace dtlab::cli

@@ -84,8 +84,22 @@ void Model::zero_grad() {
   for (auto& p : params_) std::fill(p.grad, p.grad + p.numel, 0.0f);
 }
 
+double Model::layer_forward_flops(int i, int64_t B) const {
+  const Layer& L = layer(i);
+  if (L.kind == LayerKind::ReLU) return static_cast<double>(B * L.out_features);
+  return 2.0 * B * L.in_features * L.out_features + static_cast<double>(B * L.out_features);
+}
+
+double Model::layer_backward_flops(int i, int64_t B, bool input_grad) const {
+  const Layer& L = layer(i);
+  if (L.kind == LayerKind::ReLU) return input_grad ? static_cast<double>(B * L.out_features) : 0.0;
+  double gemm = 2.0 * B * L.in_features * L.out_features;
+  return gemm * (input_grad ? 2 : 1) + static_cast<double>(B * L.out_features);
+}
+
 void Model::layer_forward(int i, float* out, const float* in, int64_t B) {
   const Layer& L = layer(i);
+  ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, B));
   if (L.kind == LayerKind::Linear) {
     linear_forward(out, in, params_[L.weight].data, params_[L.bias].data, B, L.in_features,
                    L.out_features);
@@ -97,6 +111,8 @@ void Model::layer_forward(int i, float* out, const float* in, int64_t B) {
 void Model::layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out,
                            int64_t B) {
   const Layer& L = layer(i);
+  ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
+                     layer_backward_flops(i, B, dinp != nullptr));
   if (L.kind == LayerKind::Linear) {
     linear_backward(dinp, params_[L.weight].grad, params_[L.bias].grad, dout, in,
                     params_[L.weight].data, B, L.in_features, L.out_features);

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/core/observer.h"
 #include "engine/core/tensor.h"
 
 namespace dtlab {
@@ -80,6 +81,13 @@ class Model {
   void backward(const float* dlogits, const GradReadyHook& on_grad_ready = {});
   int64_t batch() const { return batch_; }
 
+  // Instrumentation: every layer_forward/layer_backward is reported (null: none).
+  void set_observer(ComputeObserver* obs) { observer_ = obs; }
+  ComputeObserver* observer() const { return observer_; }
+  // FLOPs the cost model charges (multiply-adds count 2).
+  double layer_forward_flops(int i, int64_t B) const;
+  double layer_backward_flops(int i, int64_t B, bool input_grad) const;
+
  private:
   void ensure_activations(int64_t B);
   ModelSpec spec_;
@@ -91,6 +99,7 @@ class Model {
   std::vector<Tensor> acts_;  // acts_[i]: output of layer i, (B, out_i)
   Tensor dbuf_[2];            // ping-pong activation gradients, (B, max width)
   const float* input_ = nullptr;
+  ComputeObserver* observer_ = nullptr;
   int64_t batch_ = 0;     // rows of the current forward
   int64_t capacity_ = 0;  // rows the activation buffers hold
 };

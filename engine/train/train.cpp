@@ -10,6 +10,7 @@
 #include "engine/data/sampler.h"
 #include "engine/io/atomic_file.h"
 #include "engine/io/checkpoint.h"
+#include "engine/trace/export.h"
 
 namespace dtlab {
 
@@ -36,6 +37,7 @@ void validate(const TrainConfig& c) {
   if (c.optimizer.momentum < 0 || c.optimizer.momentum >= 1)
     throw Error("--momentum must be in [0, 1)");
   if (!c.save_path.empty()) check_output_path("--save", c.save_path);
+  if (!c.trace_path.empty()) check_output_path("--trace", c.trace_path);
 }
 
 }  // namespace
@@ -72,6 +74,11 @@ EvalResult evaluate(Model& model, const Dataset& ds, int64_t batch, float* logit
 
 Trainer::Trainer(const TrainConfig& config) : config_(config), memory_(0) {
   validate(config_);
+  // Instrumentation is always on (it costs well under 3% of a step, see bench/bench_step.cpp); the
+  // trace file is only written when asked for.
+  recorder_ = std::make_unique<TraceRecorder>(1);
+  cost_ = std::make_unique<CostModel>(find_profile(config_.profile), 1);
+  ctx_ = std::make_unique<RankContext>(0, recorder_.get(), cost_.get(), nullptr, &memory_);
   set_compute_threads(config_.threads);
   const ModelSpec& spec = config_.model;
   dataset_ = std::make_unique<Dataset>(
@@ -89,10 +96,13 @@ Trainer::Trainer(const TrainConfig& config) : config_(config), memory_(0) {
   total_steps_ = config_.steps > 0 ? config_.steps : config_.epochs * batches_per_epoch_;
 
   model_ = std::make_unique<Model>(spec, &memory_, config_.seed);
+  model_->set_observer(ctx_.get());
   if (!config_.init_path.empty()) start_step_ = load_checkpoint(config_.init_path, *model_).step;
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (model_) model_->set_observer(nullptr);
+}
 
 TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step) {
   const Dataset& ds = *dataset_;
@@ -128,13 +138,29 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
     }
     auto t0 = Clock::now();
     const int64_t B = batch.size;
+    ctx_->begin_iteration(static_cast<int32_t>(step - 1), 0);
     const float* logits = model.forward(batch.x.data(), B);
-    float loss = cross_entropy_forward(probs.f32(), logits, batch.y.data(), B, C);
-    int64_t correct = count_correct(logits, batch.y.data(), B, C);
-    model.zero_grad();
-    cross_entropy_backward(dlogits.f32(), probs.f32(), batch.y.data(), B, C, 1.0f / B);
+    float loss;
+    int64_t correct;
+    {
+      ComputeScope scope(ctx_.get(), ComputeKind::Loss, -1, 5.0 * B * C);
+      loss = cross_entropy_forward(probs.f32(), logits, batch.y.data(), B, C);
+      correct = count_correct(logits, batch.y.data(), B, C);
+    }
+    {
+      ComputeScope scope(ctx_.get(), ComputeKind::ZeroGrad, -1, 0.0);
+      model.zero_grad();
+    }
+    {
+      ComputeScope scope(ctx_.get(), ComputeKind::LossBackward, -1, 2.0 * B * C);
+      cross_entropy_backward(dlogits.f32(), probs.f32(), batch.y.data(), B, C, 1.0f / B);
+    }
     model.backward(dlogits.f32());
-    opt.step(model.params(), model.grads());
+    {
+      ComputeScope scope(ctx_.get(), ComputeKind::OptimizerStep, -1, 10.0 * model.num_params());
+      opt.step(model.params(), model.grads());
+    }
+    ctx_->end_iteration();
     double dt = seconds_since(t0);
     samples += B;
 
@@ -154,12 +180,20 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   sum.samples_per_sec = sum.seconds > 0 ? samples / sum.seconds : 0;
   sum.memory = memory_.stats();
 
+  model.set_observer(nullptr);  // evaluation is not part of the training trace
   EvalResult ev = evaluate(model, ds, config_.batch);
+  model.set_observer(ctx_.get());
   sum.eval_loss = ev.loss;
   sum.eval_accuracy = ev.accuracy;
   sum.eval_correct = ev.correct;
   sum.eval_samples = ev.samples;
 
+  if (!config_.trace_path.empty()) {
+    TraceExportOptions opt;
+    opt.clock = config_.trace_modeled ? TraceClock::Modeled : TraceClock::Wall;
+    opt.title = "dtlab train " + config_.model.str() + " on " + ds.name;
+    export_chrome_trace(config_.trace_path, recorder_->all_events(), opt);
+  }
   if (!config_.save_path.empty())
     save_checkpoint(config_.save_path, model, start_step_ + total_steps_,
                     {{"optimizer", config_.optimizer.str()}, {"data", config_.data},

@@ -11,6 +11,7 @@
 #include "engine/core/model.h"
 #include "engine/core/optim.h"
 #include "engine/data/dataset.h"
+#include "engine/trace/context.h"
 
 namespace dtlab {
 
@@ -29,6 +30,9 @@ struct TrainConfig {
   std::string init_path;    // safetensors to start from
   std::string save_path;    // safetensors written at the end (atomically)
   int threads = 0;          // BLAS threads; 0 = library default
+  std::string trace_path;   // Chrome trace JSON written at the end (atomically)
+  bool trace_modeled = false;  // trace timeline on the modeled clock instead of wall time
+  std::string profile = "nvlink8";  // hardware profile of the modeled clock
 };
 
 struct StepReport {
@@ -81,12 +85,17 @@ class Trainer {
   int64_t total_steps() const { return total_steps_; }
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
   MemoryTracker& memory() { return memory_; }
+  TraceRecorder& recorder() { return *recorder_; }
+  RankContext& context() { return *ctx_; }
 
   TrainSummary run(const std::function<void(const StepReport&)>& on_step = {});
 
  private:
   TrainConfig config_;
   MemoryTracker memory_;
+  std::unique_ptr<TraceRecorder> recorder_;
+  std::unique_ptr<CostModel> cost_;
+  std::unique_ptr<RankContext> ctx_;
   std::unique_ptr<Dataset> dataset_;
   std::unique_ptr<Model> model_;
   int64_t total_steps_ = 0;

@@ -1,0 +1,242 @@
+// dtlab-cli bench collectives: an nccl-tests-style sweep over message sizes for one collective on
+// the threads backend, with the single-thread memcpy bandwidth measured in the same run as the
+// yardstick (a ring step is a fused read-reduce-write, so memcpy is the ceiling that matters).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "cli/commands.h"
+#include "engine/comm/threads_backend.h"
+#include "engine/core/check.h"
+
+namespace dtlab::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchArgs {
+  std::string op = "allreduce";
+  std::string algo = "ring";
+  int world = 4;
+  int64_t min_bytes = 1024, max_bytes = 64 << 20;
+  int iters = 0;  // 0: chosen per size
+  int warmup = 2;
+  int root = 0;
+  std::string profile;
+  std::vector<std::string> faults;
+  double timeout_s = 120;
+  bool json = false;
+};
+
+CollectiveOp parse_op(const std::string& s) {
+  if (s == "allreduce") return CollectiveOp::AllReduce;
+  if (s == "reducescatter") return CollectiveOp::ReduceScatter;
+  if (s == "allgather") return CollectiveOp::AllGather;
+  if (s == "broadcast") return CollectiveOp::Broadcast;
+  throw Error("--op " + s + " is not benchmarked; use allreduce, reducescatter, allgather or broadcast");
+}
+
+// nccl-tests' bus bandwidth factors (doc/PERFORMANCE.md).
+double bus_factor(CollectiveOp op, int n) {
+  switch (op) {
+    case CollectiveOp::AllReduce: return 2.0 * (n - 1) / n;
+    case CollectiveOp::ReduceScatter:
+    case CollectiveOp::AllGather: return static_cast<double>(n - 1) / n;
+    default: return 1.0;
+  }
+}
+
+// Best of a few single-thread memcpy runs over `bytes` (at least 16 MiB so caches do not flatter it).
+double memcpy_gbps(int64_t bytes) {
+  size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 16 << 20));
+  std::vector<char> a(n, 1), b(n, 2);
+  double best = 0;
+  for (int i = 0; i < 4; i++) {
+    auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(n) / s / 1e9);
+    std::swap(a, b);
+  }
+  return best;
+}
+
+struct Buffers {
+  std::vector<std::vector<float>> in, out;
+};
+
+// One call of the collective on `rank`; S bytes total in the nccl-tests sense.
+WorkPtr issue(Communicator& c, CollectiveOp op, Algorithm algo, Buffers& b, int rank, int64_t S, int n, int root) {
+  float* in = b.in[static_cast<size_t>(rank)].data();
+  float* out = b.out[static_cast<size_t>(rank)].data();
+  switch (op) {
+    case CollectiveOp::AllReduce: return c.all_reduce(out, S / 4, DType::F32, ReduceOp::Sum, algo);
+    case CollectiveOp::ReduceScatter: return c.reduce_scatter(out, in, S / 4 / n, DType::F32, ReduceOp::Sum, algo);
+    case CollectiveOp::AllGather: return c.all_gather(out, in, S / 4 / n, DType::F32, algo);
+    default: return c.broadcast(out, S / 4, DType::F32, root, algo);
+  }
+}
+
+// Fills inputs with small integers (exact sums), runs once, and counts wrong elements on all ranks.
+int64_t check(ThreadsWorld& w, CollectiveOp op, Algorithm algo, Buffers& b, int64_t S, int n, int root) {
+  int64_t count = S / 4, per = count / n;
+  auto value = [](int r, int64_t i) { return static_cast<float>((r + 1) + (i % 13)); };
+  for (int r = 0; r < n; r++) {
+    auto& in = b.in[static_cast<size_t>(r)];
+    auto& out = b.out[static_cast<size_t>(r)];
+    if (op == CollectiveOp::AllReduce || op == CollectiveOp::Broadcast)
+      for (int64_t i = 0; i < count; i++) out[static_cast<size_t>(i)] = value(r, i);
+    else if (op == CollectiveOp::ReduceScatter)
+      for (int64_t i = 0; i < per * n; i++) in[static_cast<size_t>(i)] = value(r, i);
+    else
+      for (int64_t i = 0; i < per; i++) in[static_cast<size_t>(i)] = value(r, i);
+  }
+  w.run([&](int r, Communicator& c, RankContext&) { issue(c, op, algo, b, r, S, n, root)->wait(); });
+  int64_t wrong = 0;
+  for (int r = 0; r < n; r++) {
+    const auto& out = b.out[static_cast<size_t>(r)];
+    if (op == CollectiveOp::AllReduce) {
+      for (int64_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int q = 0; q < n; q++) want += value(q, i);
+        wrong += out[static_cast<size_t>(i)] != want;
+      }
+    } else if (op == CollectiveOp::Broadcast) {
+      for (int64_t i = 0; i < count; i++) wrong += out[static_cast<size_t>(i)] != value(root, i);
+    } else if (op == CollectiveOp::ReduceScatter) {
+      for (int64_t i = 0; i < per; i++) {
+        float want = 0;
+        for (int q = 0; q < n; q++) want += value(q, r * per + i);
+        wrong += out[static_cast<size_t>(i)] != want;
+      }
+    } else {
+      for (int q = 0; q < n; q++)
+        for (int64_t i = 0; i < per; i++) wrong += out[static_cast<size_t>(q * per + i)] != value(q, i);
+    }
+  }
+  return wrong;
+}
+
+int run_bench(const BenchArgs& a, Streams& io) {
+  const CollectiveOp op = parse_op(a.op);
+  const Algorithm algo = parse_algorithm(a.algo);
+  const int n = a.world;
+  if (a.min_bytes > a.max_bytes)
+    throw Error("--min-bytes " + std::to_string(a.min_bytes) + " is larger than --max-bytes " + std::to_string(a.max_bytes));
+  if (a.root >= n) throw Error("--root " + std::to_string(a.root) + " is out of range for --world " + std::to_string(n));
+  WorldOptions opt;
+  opt.record = false;  // like nccl-tests: measure the collective, not the profiler
+  opt.timeout_s = a.timeout_s;
+  for (const auto& f : a.faults) opt.faults.push_back(parse_fault(f));
+  if (op == CollectiveOp::AllReduce) opt.allreduce_algo = algo;
+  std::unique_ptr<CostModel> model;
+  if (!a.profile.empty()) model = std::make_unique<CostModel>(find_profile(a.profile), n);
+  ThreadsWorld w(n, opt);
+
+  // Sizes: powers of two from min to max (nccl-tests -f 2), rounded to whole elements per rank.
+  const int64_t align = 4 * (op == CollectiveOp::ReduceScatter || op == CollectiveOp::AllGather ? n : 1);
+  std::vector<int64_t> sizes;
+  for (int64_t s = a.min_bytes; s <= a.max_bytes; s *= 2) {
+    int64_t S = std::max(align, s / align * align);
+    if (sizes.empty() || sizes.back() != S) sizes.push_back(S);
+  }
+  Buffers b;
+  const int64_t top = sizes.back() / 4;
+  b.in.assign(static_cast<size_t>(n), std::vector<float>(static_cast<size_t>(top), 0.0f));
+  b.out.assign(static_cast<size_t>(n), std::vector<float>(static_cast<size_t>(top), 0.0f));
+
+  const double mem_gbps = memcpy_gbps(sizes.back());
+  const double factor = bus_factor(op, n);
+  nlohmann::json rows = nlohmann::json::array();
+  if (!a.json) {
+    io.out << "# dtlab-cli bench collectives: " << a.op << ", " << algorithm_name(algo) << ", world " << n
+           << ", threads backend (one thread and one comm worker per rank)\n";
+    io.out << "# busbw = algbw * " << (op == CollectiveOp::AllReduce ? "2(n-1)/n" : op == CollectiveOp::Broadcast ? "1" : "(n-1)/n")
+           << " (nccl-tests); single-thread memcpy in this run: " << mem_gbps << " GB/s\n";
+    char head[256];
+    std::snprintf(head, sizeof head, "#%12s %12s %6s %6s %6s %10s %8s %8s %7s", "size", "count", "type", "redop",
+                  "root", "time", "algbw", "busbw", "#wrong");
+    io.out << head << (model ? "   model(us) model busbw" : "") << "\n";
+    std::snprintf(head, sizeof head, "#%12s %12s %6s %6s %6s %10s %8s %8s %7s", "(B)", "(elements)", "", "", "",
+                  "(us)", "(GB/s)", "(GB/s)", "");
+    io.out << head << (model ? "   (" + a.profile + ")" : "") << "\n";
+  }
+  double busbw_sum = 0;
+  int64_t wrong_total = 0;
+  for (int64_t S : sizes) {
+    int64_t wrong = check(w, op, algo, b, S, n, a.root);
+    wrong_total += wrong;
+    int iters = a.iters > 0 ? a.iters : static_cast<int>(std::clamp<int64_t>((256 << 20) / std::max<int64_t>(S, 1), 5, 200));
+    double seconds = 0;
+    w.run([&](int r, Communicator& c, RankContext&) {
+      for (int i = 0; i < a.warmup; i++) issue(c, op, algo, b, r, S, n, a.root)->wait();
+      c.barrier()->wait();
+      auto t0 = Clock::now();
+      WorkPtr last;
+      for (int i = 0; i < iters; i++) last = issue(c, op, algo, b, r, S, n, a.root);
+      last->wait();
+      c.barrier()->wait();
+      if (r == 0) seconds = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+    });
+    double algbw = static_cast<double>(S) / seconds / 1e9, busbw = algbw * factor;
+    busbw_sum += busbw;
+    double model_s = model ? model->collective_time(op, algo, static_cast<double>(S)) : 0;
+    if (a.json) {
+      nlohmann::json row = {{"size", S}, {"count", S / 4}, {"time_us", seconds * 1e6}, {"algbw", algbw},
+                            {"busbw", busbw}, {"wrong", wrong}};
+      if (model) row["model_us"] = model_s * 1e6;
+      rows.push_back(row);
+      continue;
+    }
+    char line[256];
+    std::snprintf(line, sizeof line, " %12lld %12lld %6s %6s %6d %10.1f %8.2f %8.2f %7lld", static_cast<long long>(S),
+                  static_cast<long long>(S / 4), "float", op == CollectiveOp::AllReduce || op == CollectiveOp::ReduceScatter ? "sum" : "none",
+                  op == CollectiveOp::Broadcast ? a.root : -1, seconds * 1e6, algbw, busbw, static_cast<long long>(wrong));
+    io.out << line;
+    if (model) {
+      std::snprintf(line, sizeof line, "  %10.1f %8.1f", model_s * 1e6, static_cast<double>(S) / model_s / 1e9 * factor);
+      io.out << line;
+    }
+    io.out << "\n" << std::flush;
+  }
+  double avg = busbw_sum / static_cast<double>(sizes.size());
+  if (a.json) {
+    nlohmann::json j = {{"op", a.op}, {"algo", algorithm_name(algo)}, {"world", n}, {"rows", rows},
+                        {"avg_busbw", avg}, {"memcpy_gbps", mem_gbps}, {"wrong", wrong_total}};
+    io.out << j.dump() << "\n";
+  } else {
+    char line[160];
+    std::snprintf(line, sizeof line, "# Out of bounds values : %lld %s\n# Avg bus bandwidth    : %.3f GB/s (%.2fx single-thread memcpy)\n",
+                  static_cast<long long>(wrong_total), wrong_total ? "ERROR" : "OK", avg, avg / mem_gbps);
+    io.out << line;
+  }
+  return wrong_total ? 1 : 0;
+}
+
+}  // namespace
+
+Runner add_bench_command(CLI::App& app) {
+  app.require_subcommand(1);
+  CLI::App* coll = app.add_subcommand("collectives", "nccl-tests-style sweep of one collective over message sizes");
+  auto a = std::make_shared<BenchArgs>();
+  coll->add_option("--op", a->op, "allreduce | reducescatter | allgather | broadcast")->capture_default_str();
+  coll->add_option("--algo", a->algo, "ring | tree | naive (all-reduce, broadcast)")->capture_default_str();
+  coll->add_option("--world", a->world, "Number of ranks")->check(whole_number(1, 64))->capture_default_str();
+  coll->add_option("--min-bytes", a->min_bytes, "Smallest message (bytes)")->check(whole_number(4, int64_t{1} << 31))->capture_default_str();
+  coll->add_option("--max-bytes", a->max_bytes, "Largest message (bytes)")->check(whole_number(4, int64_t{1} << 31))->capture_default_str();
+  coll->add_option("--iters", a->iters, "Timed iterations per size (default: by size)")->check(whole_number(1, 100000));
+  coll->add_option("--warmup", a->warmup, "Untimed iterations per size")->check(whole_number(0, 1000))->capture_default_str();
+  coll->add_option("--root", a->root, "Broadcast root")->check(whole_number(0, 63))->capture_default_str();
+  coll->add_option("--profile", a->profile, "Also print modeled time on a hardware profile (nvlink8, pcie8, ib2x4, eth2x4, this)");
+  coll->add_option("--fault", a->faults, "Inject a fault: skip:rank=R,collective=K or delay:rank=R,collective=K,ms=M");
+  coll->add_option("--timeout", a->timeout_s, "Watchdog timeout in seconds")->check(real_number(0.01, 3600))->capture_default_str();
+  coll->add_flag("--json", a->json, "Print one JSON object");
+  return [a](Streams& io) { return run_bench(*a, io); };
+}
+
+}  // namespace dtlab::cli

@@ -1,0 +1,95 @@
+// The Communicator: what a rank calls to talk to the others. Calls are asynchronous: each returns a
+// Work handle at once and the rank's communication worker (its "comm stream") runs the operations
+// in issue order, so communication overlaps compute until wait(). Backends (threads now; cuda and
+// nccl later) implement this interface; DDP, FSDP and pipelines only see this file.
+//
+// Buffer contracts follow torch.distributed / NCCL:
+//   all_reduce(buf, count)             in place, every rank ends with the reduction
+//   reduce_scatter(out, in, count)     in: count * world elements; out: count, block `rank` reduced
+//   all_gather(out, in, count)         in: count; out: count * world, block r from rank r
+//   broadcast(buf, count, root)        root's buf copied to everyone
+//   reduce(buf, count, op, root)       result in root's buf; other ranks' bufs left unchanged
+//   all_to_all(out, in, count)         block j of rank i's in -> block i of rank j's out
+//   send/recv(buf, count, peer, tag)   point to point; sends are buffered (never block the worker)
+// Buffers must stay valid and untouched until the Work completes.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "engine/core/check.h"
+#include "engine/core/tensor.h"
+
+namespace dtlab {
+
+enum class ReduceOp : uint8_t { Sum, Avg, Max };
+enum class CollectiveOp : uint8_t {
+  AllReduce,
+  ReduceScatter,
+  AllGather,
+  Broadcast,
+  Reduce,
+  Barrier,
+  Send,
+  Recv,
+  AllToAll,
+  // new values go at the end
+};
+// Default: the communicator's configured algorithm for that op (ring for all-reduce,
+// reduce-scatter and all-gather; tree for broadcast and reduce).
+enum class Algorithm : uint8_t { Default, Ring, Tree, Naive };
+
+// PyTorch profiler spellings ("allreduce", "reduce_scatter", "allgather", "broadcast", ...).
+const char* collective_name(CollectiveOp op);
+const char* algorithm_name(Algorithm a);  // "default", "ring", "tree", "naive"
+const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
+Algorithm parse_algorithm(std::string_view text);  // dtlab::Error on unknown names
+
+// A failed collective: watchdog timeout, desync between ranks, or an aborted world. The message is
+// the full diagnosis (which collective, which ranks arrived, which are missing and what they do).
+struct CommError : Error {
+  using Error::Error;
+};
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual bool is_completed() const = 0;
+  // Blocks until the operation finished; throws CommError if it failed. Never waits forever: the
+  // watchdog fails every collective that is not complete within the configured timeout.
+  virtual void wait() = 0;
+  virtual uint64_t seq() const = 0;  // this rank's sequence number of the operation
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual const char* backend_name() const = 0;
+
+  virtual WorkPtr all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op,
+                             Algorithm algo = Algorithm::Default) = 0;
+  virtual WorkPtr reduce_scatter(void* out, const void* in, int64_t count, DType dtype, ReduceOp op,
+                                 Algorithm algo = Algorithm::Default) = 0;
+  virtual WorkPtr all_gather(void* out, const void* in, int64_t count, DType dtype,
+                             Algorithm algo = Algorithm::Default) = 0;
+  virtual WorkPtr broadcast(void* buf, int64_t count, DType dtype, int root,
+                            Algorithm algo = Algorithm::Default) = 0;
+  virtual WorkPtr reduce(void* buf, int64_t count, DType dtype, ReduceOp op, int root,
+                         Algorithm algo = Algorithm::Default) = 0;
+  virtual WorkPtr barrier() = 0;
+  virtual WorkPtr send(const void* buf, int64_t count, DType dtype, int peer, int tag = 0) = 0;
+  virtual WorkPtr recv(void* buf, int64_t count, DType dtype, int peer, int tag = 0) = 0;
+  virtual WorkPtr all_to_all(void* out, const void* in, int64_t count_per_rank, DType dtype) = 0;
+
+  // float32 conveniences
+  WorkPtr all_reduce(float* buf, int64_t count, ReduceOp op = ReduceOp::Sum,
+                     Algorithm algo = Algorithm::Default) {
+    return all_reduce(buf, count, DType::F32, op, algo);
+  }
+};
+
+}  // namespace dtlab

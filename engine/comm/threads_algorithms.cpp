@@ -1,0 +1,381 @@
+// The collective algorithms of the threads backend, one rank's part each, step by step.
+//
+// Ring (all-reduce, reduce-scatter, all-gather) follows NCCL's chunk order (REFERENCE.md §4): at
+// reduce-scatter step s the rank at ring position r receives chunk (r-2-s) mod n from its
+// predecessor and reduces it into its own; after n-1 steps chunk r is final; at all-gather step s it
+// receives chunk (r-1-s) mod n. The receiver reads the predecessor's chunk in place (a fused
+// receive-reduce: no staging copy) and two counters per rank keep the ring safe without a global
+// barrier: done (what a rank has finished, so its successor may read it) and consumed (what its
+// successor has finished reading, so it may overwrite it). All-reduce cuts each step into slices
+// (as NCCL does) so a successor reduces a slice while it is still in cache and all ranks stay busy.
+//
+// Tree (binomial broadcast and reduce) and naive (gather to rank 0, then send back) are the
+// teaching comparisons; each of their steps ends in a barrier of all ranks.
+#include <algorithm>
+#include <cstring>
+
+#include "engine/comm/threads_internal.h"
+
+namespace dtlab::threads {
+
+namespace {
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+int ceil_log2(int n) {
+  int l = 0;
+  while ((1 << l) < n) l++;
+  return l;
+}
+
+// Chunk c of an all-reduce buffer: sizes differ by at most one element, empty when count < n.
+int64_t chunk_begin(int64_t count, int n, int c) { return count * c / n; }
+
+template <class T>
+void reduce_into(T* dst, const T* src, int64_t len, ReduceOp op) {
+  if (op == ReduceOp::Max) {
+    for (int64_t i = 0; i < len; i++) dst[i] = std::max(dst[i], src[i]);
+  } else {
+    for (int64_t i = 0; i < len; i++) dst[i] += src[i];
+  }
+}
+
+template <class T>
+void reduce_to(T* dst, const T* a, const T* b, int64_t len, ReduceOp op) {
+  if (op == ReduceOp::Max) {
+    for (int64_t i = 0; i < len; i++) dst[i] = std::max(a[i], b[i]);
+  } else {
+    for (int64_t i = 0; i < len; i++) dst[i] = a[i] + b[i];
+  }
+}
+
+template <class T>
+void finish_avg(T* buf, int64_t len, ReduceOp op, int n) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (op != ReduceOp::Avg || n == 1) return;
+    const float inv = 1.0f / static_cast<float>(n);
+    for (int64_t i = 0; i < len; i++) buf[i] *= inv;
+  }
+}
+
+template <class T>
+void copy(T* dst, const T* src, int64_t len) {
+  if (len > 0 && dst != src) std::memcpy(dst, src, static_cast<size_t>(len) * sizeof(T));
+}
+
+std::vector<std::pair<int, int>> ring_pairs(int n) {
+  std::vector<std::pair<int, int>> v;
+  for (int r = 0; r < n; r++) v.push_back({r, (r + 1) % n});
+  return v;
+}
+
+// Shared step plumbing: gate, timing, event.
+struct Stepper_ {
+  Call& c;
+  World& w;
+  explicit Stepper_(Call& call) : c(call), w(*call.world) {}
+  int64_t begin(int step) {
+    if (!w.step_gate(c, step)) throw CommError(w.abort_reason_);
+    return w.recorder_->now_ns();
+  }
+};
+
+template <class T>
+T* as(void* p) { return static_cast<T*>(p); }
+template <class T>
+const T* as(const void* p) { return static_cast<const T*>(p); }
+
+// ---- ring ----
+
+template <class T>
+void ring_allreduce(Call& c) {
+  Stepper_ st(c);
+  Rendezvous& rv = *c.rv;
+  const int n = c.n, r = c.rank, pred = mod(r - 1, n), J = rv.slices;
+  const int64_t count = rv.desc.count;
+  const int64_t slice = (chunk_begin(count, n, 1) + 1 + J - 1) / J;  // elements per slice
+  const double chunk_bytes = static_cast<double>(count * sizeof(T)) / n;  // the model's n/p
+  const auto pairs = ring_pairs(n);
+  T* mine = as<T>(rv.buf[static_cast<size_t>(r)]);
+  const T* theirs = as<T>(rv.buf[static_cast<size_t>(pred)]);
+  for (int s = 0; s < rv.steps; s++) {
+    int64_t wall0 = st.begin(s);
+    const bool rs = s < n - 1;
+    const int k = rs ? mod(r - 2 - s, n) : mod(r - 1 - (s - (n - 1)), n);
+    const int64_t lo = chunk_begin(count, n, k), hi = chunk_begin(count, n, k + 1);
+    for (int j = 0; j < J; j++) {
+      const int64_t unit = static_cast<int64_t>(s) * J + j;
+      st.w.ring_wait_ready(c, unit);
+      const int64_t a = std::min(hi, lo + j * slice), b = std::min(hi, a + slice);
+      if (rs) {
+        reduce_into(mine + a, theirs + a, b - a, rv.desc.reduce);
+        if (s == n - 2) finish_avg(mine + a, b - a, rv.desc.reduce, n);  // chunk r is now final
+      } else {
+        copy(mine + a, theirs + a, b - a);
+      }
+      st.w.ring_mark_done(c, unit);
+    }
+    st.w.finish_step(c, s, rs ? RingPhase::ReduceScatter : RingPhase::AllGather, k, pred, r,
+                     (hi - lo) * static_cast<int64_t>(sizeof(T)), pairs, chunk_bytes, rs, wall0);
+  }
+  if (n == 1) finish_avg(mine, count, rv.desc.reduce, 1);
+  st.w.ring_wait_drained(c);
+}
+
+template <class T>
+void ring_reduce_scatter(Call& c) {
+  Stepper_ st(c);
+  Rendezvous& rv = *c.rv;
+  const int n = c.n, r = c.rank, pred = mod(r - 1, n);
+  const int64_t count = rv.desc.count;
+  const auto pairs = ring_pairs(n);
+  T* out = as<T>(rv.buf[static_cast<size_t>(r)]);
+  const T* in = as<T>(rv.in[static_cast<size_t>(r)]);
+  if (n == 1) {
+    copy(out, in, count);
+    finish_avg(out, count, rv.desc.reduce, 1);
+    return;
+  }
+  // Two partial-sum slots: the one written at step s, the one the successor reads at step s.
+  Tensor scratch({2 * std::max<int64_t>(count, 1) * static_cast<int64_t>(sizeof(T)) / 4},
+                 MemCategory::CommBuffers, c.ctx->memory());
+  {
+    std::lock_guard<std::mutex> lock(st.w.mu_);
+    rv.scratch[static_cast<size_t>(r)] = scratch.raw();
+  }
+  const T* pred_in = as<T>(rv.in[static_cast<size_t>(pred)]);
+  for (int s = 0; s < rv.steps; s++) {
+    int64_t wall0 = st.begin(s);
+    st.w.ring_wait_ready(c, s);
+    const int k = mod(r - 2 - s, n);
+    // From step 1 on the predecessor's partial sums are in its scratch, whose pointer it published
+    // under the lock before finishing step 0 (so ring_wait_ready ordered this read after it).
+    const T* src = s == 0 ? pred_in + k * count
+                          : as<T>(static_cast<const void*>(rv.scratch[static_cast<size_t>(pred)])) + ((s - 1) % 2) * count;
+    T* dst = s == n - 2 ? out : as<T>(scratch.raw()) + (s % 2) * count;
+    reduce_to(dst, in + k * count, src, count, rv.desc.reduce);
+    if (s == n - 2) finish_avg(out, count, rv.desc.reduce, n);
+    st.w.ring_mark_done(c, s);
+    st.w.finish_step(c, s, RingPhase::ReduceScatter, k, pred, r, count * static_cast<int64_t>(sizeof(T)),
+                     pairs, static_cast<double>(count * sizeof(T)), true, wall0);
+  }
+  st.w.ring_wait_drained(c);  // the successor has read our scratch: now it may go
+}
+
+template <class T>
+void ring_all_gather(Call& c) {
+  Stepper_ st(c);
+  Rendezvous& rv = *c.rv;
+  const int n = c.n, r = c.rank, pred = mod(r - 1, n);
+  const int64_t count = rv.desc.count;
+  const auto pairs = ring_pairs(n);
+  T* out = as<T>(rv.buf[static_cast<size_t>(r)]);
+  copy(out + r * count, as<T>(rv.in[static_cast<size_t>(r)]), count);  // never read by others
+  const T* pred_in = as<T>(rv.in[static_cast<size_t>(pred)]);
+  const T* pred_out = as<T>(static_cast<const void*>(rv.buf[static_cast<size_t>(pred)]));
+  for (int s = 0; s < rv.steps; s++) {
+    int64_t wall0 = st.begin(s);
+    st.w.ring_wait_ready(c, s);
+    const int k = mod(r - 1 - s, n);
+    copy(out + k * count, s == 0 ? pred_in : pred_out + k * count, count);
+    st.w.ring_mark_done(c, s);
+    st.w.finish_step(c, s, RingPhase::AllGather, k, pred, r, count * static_cast<int64_t>(sizeof(T)),
+                     pairs, static_cast<double>(count * sizeof(T)), false, wall0);
+  }
+  st.w.ring_wait_drained(c);
+}
+
+// ---- tree (binomial) ----
+
+// Binomial broadcast of `count` elements from `root`, reading each sender's `bufs` entry in place.
+template <class T>
+void tree_broadcast_steps(Call& c, int root, int first_step, std::vector<void*>& bufs) {
+  Stepper_ st(c);
+  const int n = c.n, r = c.rank, v = mod(r - root, n);
+  const int64_t count = c.rv->desc.count;
+  const double bytes = static_cast<double>(count * sizeof(T));
+  for (int k = 0; k < ceil_log2(n); k++) {
+    const int half = 1 << k, s = first_step + k;
+    int64_t wall0 = st.begin(s);
+    std::vector<std::pair<int, int>> pairs;
+    for (int u = 0; u < half && u + half < n; u++) pairs.push_back({mod(u + root, n), mod(u + half + root, n)});
+    int src = -1;
+    if (v >= half && v < 2 * half) {
+      src = mod(v - half + root, n);
+      copy(as<T>(bufs[static_cast<size_t>(r)]), as<T>(static_cast<const void*>(bufs[static_cast<size_t>(src)])), count);
+    }
+    st.w.step_barrier(c);
+    st.w.finish_step(c, s, RingPhase::Broadcast, -1, src, src >= 0 ? r : -1,
+                     src >= 0 ? count * static_cast<int64_t>(sizeof(T)) : 0, pairs, bytes, false, wall0);
+  }
+}
+
+// Binomial reduce into `root`; non-root ranks accumulate in scratch so their buffers stay unchanged.
+template <class T>
+void tree_reduce_steps(Call& c, int root, Tensor& acc_storage) {
+  Stepper_ st(c);
+  Rendezvous& rv = *c.rv;
+  const int n = c.n, r = c.rank, v = mod(r - root, n);
+  const int64_t count = rv.desc.count;
+  const double bytes = static_cast<double>(count * sizeof(T));
+  void* acc = rv.buf[static_cast<size_t>(r)];
+  if (v != 0) {
+    acc_storage = Tensor({std::max<int64_t>(count, 1) * static_cast<int64_t>(sizeof(T)) / 4 + 1},
+                         MemCategory::CommBuffers, c.ctx->memory());
+    copy(as<T>(acc_storage.raw()), as<T>(static_cast<const void*>(acc)), count);
+    acc = acc_storage.raw();
+  }
+  {
+    std::lock_guard<std::mutex> lock(st.w.mu_);
+    rv.scratch[static_cast<size_t>(r)] = acc;
+  }
+  st.w.step_barrier(c);  // every accumulator is in place before the first step reads one
+  for (int k = 0; k < ceil_log2(n); k++) {
+    const int half = 1 << k;
+    int64_t wall0 = st.begin(k);
+    std::vector<std::pair<int, int>> pairs;
+    for (int u = 0; u + half < n; u += 2 * half) pairs.push_back({mod(u + half + root, n), mod(u + root, n)});
+    int src = -1;
+    if (v % (2 * half) == 0 && v + half < n) {
+      src = mod(v + half + root, n);
+      reduce_into(as<T>(acc), as<T>(static_cast<const void*>(rv.scratch[static_cast<size_t>(src)])), count, rv.desc.reduce);
+    }
+    st.w.step_barrier(c);
+    st.w.finish_step(c, k, RingPhase::Reduce, -1, src, src >= 0 ? r : -1,
+                     src >= 0 ? count * static_cast<int64_t>(sizeof(T)) : 0, pairs, bytes, true, wall0);
+  }
+  if (v == 0) finish_avg(as<T>(acc), count, rv.desc.reduce, n);
+}
+
+// ---- naive ----
+
+// Root takes each other rank's buffer in turn (reducing or just receiving), one message per step.
+template <class T>
+void naive_gather_steps(Call& c, int root, bool reduce, int first_step) {
+  Stepper_ st(c);
+  Rendezvous& rv = *c.rv;
+  const int n = c.n, r = c.rank;
+  const int64_t count = rv.desc.count;
+  for (int i = 1; i < n; i++) {
+    const int s = first_step + i - 1, src = mod(root + i, n);
+    int64_t wall0 = st.begin(s);
+    if (r == root) reduce_into(as<T>(rv.buf[static_cast<size_t>(r)]),
+                               as<T>(static_cast<const void*>(rv.buf[static_cast<size_t>(src)])), count, rv.desc.reduce);
+    st.w.step_barrier(c);
+    st.w.finish_step(c, s, RingPhase::Gather, -1, src, root, r == root ? count * static_cast<int64_t>(sizeof(T)) : 0,
+                     {{src, root}}, static_cast<double>(count * sizeof(T)), reduce, wall0);
+  }
+}
+
+template <class T>
+void naive_send_steps(Call& c, int root, int first_step) {
+  Stepper_ st(c);
+  Rendezvous& rv = *c.rv;
+  const int n = c.n, r = c.rank;
+  const int64_t count = rv.desc.count;
+  for (int i = 1; i < n; i++) {
+    const int s = first_step + i - 1, dst = mod(root + i, n);
+    int64_t wall0 = st.begin(s);
+    if (r == dst) copy(as<T>(rv.buf[static_cast<size_t>(r)]), as<T>(static_cast<const void*>(rv.buf[static_cast<size_t>(root)])), count);
+    st.w.step_barrier(c);
+    st.w.finish_step(c, s, RingPhase::Broadcast, -1, root, dst, r == dst ? count * static_cast<int64_t>(sizeof(T)) : 0,
+                     {{root, dst}}, static_cast<double>(count * sizeof(T)), false, wall0);
+  }
+}
+
+template <class T>
+void all_to_all(Call& c) {
+  Stepper_ st(c);
+  Rendezvous& rv = *c.rv;
+  const int n = c.n, r = c.rank;
+  const int64_t count = rv.desc.count;
+  T* out = as<T>(rv.buf[static_cast<size_t>(r)]);
+  copy(out + r * count, as<T>(rv.in[static_cast<size_t>(r)]) + r * count, count);
+  for (int s = 1; s < n; s++) {
+    int64_t wall0 = st.begin(s - 1);
+    const int src = mod(r - s, n);
+    copy(out + src * count, as<T>(rv.in[static_cast<size_t>(src)]) + r * count, count);
+    std::vector<std::pair<int, int>> pairs;
+    for (int u = 0; u < n; u++) pairs.push_back({u, mod(u + s, n)});
+    st.w.step_barrier(c);
+    st.w.finish_step(c, s - 1, RingPhase::None, src, src, r, count * static_cast<int64_t>(sizeof(T)), pairs,
+                     static_cast<double>(count * sizeof(T)), false, wall0);
+  }
+}
+
+template <class T>
+void dispatch(Call& c) {
+  const CollDesc& d = c.rv->desc;
+  if (c.n == 1) {  // nothing moves; out-of-place ops still copy, avg divides by one
+    if (d.op == CollectiveOp::ReduceScatter || d.op == CollectiveOp::AllGather || d.op == CollectiveOp::AllToAll)
+      copy(as<T>(c.rv->buf[0]), as<T>(c.rv->in[0]), d.count);
+    return;
+  }
+  switch (d.op) {
+    case CollectiveOp::AllReduce:
+      if (d.algo == Algorithm::Ring) return ring_allreduce<T>(c);
+      if (d.algo == Algorithm::Naive) {
+        naive_gather_steps<T>(c, 0, true, 0);
+        if (c.rank == 0) finish_avg(as<T>(c.rv->buf[0]), d.count, d.reduce, c.n);
+        c.world->step_barrier(c);  // rank 0's average is final before anyone copies it
+        return naive_send_steps<T>(c, 0, c.n - 1);
+      } else {
+        Tensor acc;
+        tree_reduce_steps<T>(c, 0, acc);
+        c.world->step_barrier(c);  // rank 0's result is final before anyone reads it
+        return tree_broadcast_steps<T>(c, 0, ceil_log2(c.n), c.rv->buf);
+      }
+    case CollectiveOp::ReduceScatter: return ring_reduce_scatter<T>(c);
+    case CollectiveOp::AllGather: return ring_all_gather<T>(c);
+    case CollectiveOp::Broadcast:
+      if (d.algo == Algorithm::Naive) return naive_send_steps<T>(c, d.root, 0);
+      return tree_broadcast_steps<T>(c, d.root, 0, c.rv->buf);
+    case CollectiveOp::Reduce:
+      if (d.algo == Algorithm::Naive) {
+        naive_gather_steps<T>(c, d.root, true, 0);
+        if (c.rank == d.root) finish_avg(as<T>(c.rv->buf[static_cast<size_t>(d.root)]), d.count, d.reduce, c.n);
+        return;
+      } else {
+        Tensor acc;
+        tree_reduce_steps<T>(c, d.root, acc);
+        c.world->step_barrier(c);  // keep our accumulator alive until every reader is done
+        return;
+      }
+    case CollectiveOp::AllToAll: return all_to_all<T>(c);
+    case CollectiveOp::Barrier: return;
+    default: return;
+  }
+}
+
+}  // namespace
+
+int algorithm_steps(const CollDesc& d, int n) {
+  if (n == 1) return 0;
+  switch (d.op) {
+    case CollectiveOp::AllReduce:
+      if (d.algo == Algorithm::Ring) return 2 * (n - 1);
+      if (d.algo == Algorithm::Naive) return 2 * (n - 1);
+      return 2 * ceil_log2(n);
+    case CollectiveOp::ReduceScatter:
+    case CollectiveOp::AllGather:
+    case CollectiveOp::AllToAll: return n - 1;
+    case CollectiveOp::Broadcast:
+    case CollectiveOp::Reduce: return d.algo == Algorithm::Naive ? n - 1 : ceil_log2(n);
+    default: return 0;
+  }
+}
+
+int algorithm_slices(const CollDesc& d, int n) {
+  if (d.op != CollectiveOp::AllReduce || d.algo != Algorithm::Ring || n == 1) return 1;
+  // Slices of about 256 KiB: small enough to be read back from cache by the successor, large
+  // enough that the hand-off costs little next to the reduction.
+  const int64_t chunk_bytes = (d.count / n + 1) * dtype_size(d.dtype);
+  return static_cast<int>(std::clamp<int64_t>(chunk_bytes / (256 << 10), 1, 4096));
+}
+
+void run_collective(Call& c) {
+  if (c.rv->desc.dtype == DType::F32) dispatch<float>(c);
+  else dispatch<int64_t>(c);
+}
+
+}  // namespace dtlab::threads

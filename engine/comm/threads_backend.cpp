@@ -1,0 +1,755 @@
+#include "engine/comm/threads_backend.h"
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+#include "engine/comm/threads_internal.h"
+
+namespace dtlab {
+
+using Clock = std::chrono::steady_clock;
+
+Fault parse_fault(std::string_view text) {
+  const std::string how =
+      "; write skip:rank=R,collective=K or delay:rank=R,collective=K,ms=M";
+  Fault f;
+  size_t colon = text.find(':');
+  std::string_view kind = text.substr(0, colon);
+  if (kind == "skip") f.kind = FaultKind::Skip;
+  else if (kind == "delay") f.kind = FaultKind::Delay;
+  else throw Error("fault '" + std::string(text) + "' has unknown kind '" + std::string(kind) + "'" + how);
+  if (colon == std::string_view::npos) throw Error("fault '" + std::string(text) + "' names no rank" + how);
+  bool has_rank = false, has_seq = false, has_ms = false;
+  std::string_view rest = text.substr(colon + 1);
+  while (!rest.empty()) {
+    size_t comma = rest.find(',');
+    std::string_view kv = rest.substr(0, comma);
+    size_t eq = kv.find('=');
+    std::string_view key = kv.substr(0, eq);
+    int64_t v = -1;
+    if (eq != std::string_view::npos) {
+      std::string_view val = kv.substr(eq + 1);
+      auto [p, ec] = std::from_chars(val.data(), val.data() + val.size(), v);
+      if (ec != std::errc() || p != val.data() + val.size() || v < 0) v = -1;
+    }
+    if (v < 0) throw Error("fault '" + std::string(text) + "' has a bad part '" + std::string(kv) + "'" + how);
+    if (key == "rank") f.rank = static_cast<int>(v), has_rank = true;
+    else if (key == "collective") f.seq = static_cast<uint64_t>(v), has_seq = true;
+    else if (key == "ms" && f.kind == FaultKind::Delay) f.delay_s = v / 1000.0, has_ms = true;
+    else throw Error("fault '" + std::string(text) + "' has unknown key '" + std::string(key) + "'" + how);
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  if (!has_rank || !has_seq || (f.kind == FaultKind::Delay && !has_ms))
+    throw Error("fault '" + std::string(text) + "' is incomplete" + how);
+  return f;
+}
+
+namespace threads {
+
+namespace {
+
+const char* dtype_word(DType d) { return d == DType::F32 ? "float32" : "int64"; }
+
+std::string human_bytes(int64_t b) {
+  char buf[32];
+  if (b < 1024) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
+  else if (b < (1 << 20)) std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  else std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
+  return buf;
+}
+
+std::string rank_list(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); i++) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+}  // namespace
+
+std::string describe(const CollDesc& d, uint64_t seq) {
+  std::string s = "#" + std::to_string(seq) + " " + collective_name(d.op);
+  if (d.op == CollectiveOp::Barrier) return s;
+  s += " of " + std::to_string(d.count) + " " + dtype_word(d.dtype) + " (";
+  bool reduces = d.op == CollectiveOp::AllReduce || d.op == CollectiveOp::ReduceScatter ||
+                 d.op == CollectiveOp::Reduce;
+  if (reduces) s += std::string(reduce_op_name(d.reduce)) + ", ";
+  if (d.root >= 0) s += "root " + std::to_string(d.root) + ", ";
+  return s + algorithm_name(d.algo) + ")";
+}
+
+int64_t payload_bytes(const CollDesc& d, int n) {
+  int64_t elem = dtype_size(d.dtype);
+  switch (d.op) {
+    case CollectiveOp::ReduceScatter:
+    case CollectiveOp::AllGather:
+    case CollectiveOp::AllToAll: return d.count * n * elem;
+    case CollectiveOp::Barrier: return 0;
+    default: return d.count * elem;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Work handles and the per-rank communicator with its worker thread.
+
+class WorkImpl : public Work {
+ public:
+  WorkImpl(uint64_t seq, RankContext* ctx, std::string what)
+      : seq_(seq), ctx_(ctx), what_(std::move(what)) {}
+  bool is_completed() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  void wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!done_ && ctx_) {
+      lock.unlock();
+      ctx_->set_activity("waiting for " + what_);  // what the watchdog reports of this thread
+      lock.lock();
+    }
+    cv_.wait(lock, [&] { return done_; });
+    if (!error_.empty()) throw CommError(error_);
+    lock.unlock();
+    if (ctx_) ctx_->advance_compute_clock(model_end_);  // the compute lane waited for the comm lane
+  }
+  uint64_t seq() const override { return seq_; }
+  void finish(double model_end, std::string error = {}) {
+    std::lock_guard<std::mutex> lock(mu_);
+    model_end_ = model_end;
+    error_ = std::move(error);
+    done_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  uint64_t seq_;
+  RankContext* ctx_;
+  std::string what_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  double model_end_ = 0;
+  std::string error_;
+};
+
+struct Job {
+  std::shared_ptr<WorkImpl> work;
+  CollDesc desc;
+  uint64_t seq = 0;
+  bool p2p = false;
+  int peer = -1, tag = 0;
+  void* buf = nullptr;
+  const void* in = nullptr;
+  double issue_model = 0;
+};
+
+class RankComm : public Communicator {
+ public:
+  RankComm(World* w, int rank) : w_(w), rank_(rank), worker_([this] { loop(); }) {}
+  ~RankComm() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  int rank() const override { return rank_; }
+  int world_size() const override { return w_->n_; }
+  const char* backend_name() const override { return "threads"; }
+
+  WorkPtr all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, Algorithm algo) override {
+    return collective({CollectiveOp::AllReduce, resolve(CollectiveOp::AllReduce, algo), op, dt, count, -1}, buf, buf);
+  }
+  WorkPtr reduce_scatter(void* out, const void* in, int64_t count, DType dt, ReduceOp op, Algorithm algo) override {
+    return collective({CollectiveOp::ReduceScatter, resolve(CollectiveOp::ReduceScatter, algo), op, dt, count, -1}, out, in);
+  }
+  WorkPtr all_gather(void* out, const void* in, int64_t count, DType dt, Algorithm algo) override {
+    return collective({CollectiveOp::AllGather, resolve(CollectiveOp::AllGather, algo), ReduceOp::Sum, dt, count, -1}, out, in);
+  }
+  WorkPtr broadcast(void* buf, int64_t count, DType dt, int root, Algorithm algo) override {
+    check_rank(root, "broadcast root");
+    return collective({CollectiveOp::Broadcast, resolve(CollectiveOp::Broadcast, algo), ReduceOp::Sum, dt, count, root}, buf, buf);
+  }
+  WorkPtr reduce(void* buf, int64_t count, DType dt, ReduceOp op, int root, Algorithm algo) override {
+    check_rank(root, "reduce root");
+    return collective({CollectiveOp::Reduce, resolve(CollectiveOp::Reduce, algo), op, dt, count, root}, buf, buf);
+  }
+  WorkPtr barrier() override {
+    return collective({CollectiveOp::Barrier, Algorithm::Ring, ReduceOp::Sum, DType::F32, 0, -1}, nullptr, nullptr);
+  }
+  WorkPtr all_to_all(void* out, const void* in, int64_t count, DType dt) override {
+    return collective({CollectiveOp::AllToAll, Algorithm::Naive, ReduceOp::Sum, dt, count, -1}, out, in);
+  }
+  WorkPtr send(const void* buf, int64_t count, DType dt, int peer, int tag) override {
+    return p2p(CollectiveOp::Send, const_cast<void*>(buf), count, dt, peer, tag);
+  }
+  WorkPtr recv(void* buf, int64_t count, DType dt, int peer, int tag) override {
+    return p2p(CollectiveOp::Recv, buf, count, dt, peer, tag);
+  }
+
+ private:
+  void check_rank(int r, const char* what) const {
+    if (r < 0 || r >= w_->n_)
+      throw Error(std::string(what) + " " + std::to_string(r) + " is out of range for world size " +
+                  std::to_string(w_->n_));
+  }
+  Algorithm resolve(CollectiveOp op, Algorithm a) const {
+    if (a == Algorithm::Default) {
+      if (op == CollectiveOp::AllReduce) a = w_->opt_.allreduce_algo;
+      else if (op == CollectiveOp::Broadcast) a = w_->opt_.broadcast_algo;
+      else if (op == CollectiveOp::Reduce) a = w_->opt_.reduce_algo;
+      else a = Algorithm::Ring;
+    }
+    if ((op == CollectiveOp::ReduceScatter || op == CollectiveOp::AllGather) && a != Algorithm::Ring)
+      throw Error(std::string(collective_name(op)) + " runs only the ring algorithm; drop --algo or use ring");
+    return a;
+  }
+
+  WorkPtr collective(CollDesc d, void* buf, const void* in) {
+    if (d.count < 0) throw Error("a collective's count cannot be negative");
+    if (d.dtype == DType::I64 && d.reduce == ReduceOp::Avg)
+      throw Error("avg is defined for float32 only; reduce int64 with sum or max");
+    Job j;
+    j.desc = d;
+    j.seq = next_seq_++;
+    j.buf = buf;
+    j.in = in;
+    return enqueue(std::move(j), CollectiveOp::AllReduce);
+  }
+
+  WorkPtr p2p(CollectiveOp op, void* buf, int64_t count, DType dt, int peer, int tag) {
+    check_rank(peer, op == CollectiveOp::Send ? "send peer" : "recv peer");
+    if (peer == rank_) throw Error("rank " + std::to_string(rank_) + " cannot send to or receive from itself");
+    Job j;
+    j.p2p = true;
+    j.desc = {op, Algorithm::Naive, ReduceOp::Sum, dt, count, peer};
+    j.seq = next_p2p_++;
+    j.peer = peer;
+    j.tag = tag;
+    j.buf = buf;
+    return enqueue(std::move(j), op);
+  }
+
+  WorkPtr enqueue(Job j, CollectiveOp) {
+    RankContext* ctx = w_->ctx_[static_cast<size_t>(rank_)].get();
+    j.issue_model = ctx->compute_clock();
+    j.work = std::make_shared<WorkImpl>(
+        j.seq, ctx, j.p2p ? std::string(collective_name(j.desc.op)) + " #" + std::to_string(j.seq) + " with rank " + std::to_string(j.peer)
+                          : describe(j.desc, j.seq));
+    if (!j.p2p) {
+      Event e;
+      e.kind = EventKind::CollectiveIssue;
+      e.lane = Lane::Compute;
+      e.wall_begin_ns = e.wall_end_ns = w_->recorder_->now_ns();
+      e.model_begin = e.model_end = j.issue_model;
+      fill_info(e.coll, j);
+      ctx->record(e);
+    }
+    WorkPtr w = j.work;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(j));
+    }
+    cv_.notify_one();
+    return w;
+  }
+
+  void fill_info(CollectiveInfo& info, const Job& j) const {
+    int n = w_->n_;
+    info.op = j.desc.op;
+    info.algo = j.desc.algo;
+    info.reduce = j.desc.reduce;
+    info.dtype = j.desc.dtype;
+    info.root = static_cast<int16_t>(j.desc.root);
+    info.group_size = static_cast<int16_t>(j.p2p ? 2 : n);
+    info.seq = j.seq;
+    int64_t c = j.desc.count;
+    info.in_count = j.desc.op == CollectiveOp::ReduceScatter || j.desc.op == CollectiveOp::AllToAll ? c * n : c;
+    info.out_count = j.desc.op == CollectiveOp::AllGather || j.desc.op == CollectiveOp::AllToAll ? c * n : c;
+    info.bytes = payload_bytes(j.desc, j.p2p ? 1 : n);
+  }
+
+  // The comm lane's clock moves to the op's end, and the op becomes a Collective event.
+  double finish_job(const Job& j, RankContext* ctx, int64_t wall0, double begin, double end) {
+    ctx->set_comm_clock(end);
+    Event e;
+    e.kind = EventKind::Collective;
+    e.lane = Lane::Comm;
+    e.wall_begin_ns = wall0;
+    e.wall_end_ns = w_->recorder_->now_ns();
+    e.model_begin = begin;
+    e.model_end = end;
+    fill_info(e.coll, j);
+    ctx->record(e);
+    return end;
+  }
+
+  void loop() {
+    while (true) {
+      Job j;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        j = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      double end = 0;
+      std::string err;
+      try {
+        if (w_->aborted()) throw CommError(w_->abort_reason_);
+        end = j.p2p ? run_p2p(j) : run_collective_job(j);
+      } catch (const CommError& e) {
+        err = e.what();
+      } catch (const std::exception& e) {
+        err = "rank " + std::to_string(rank_) + ": " + e.what();
+        w_->abort(err);
+      }
+      w_->set_comm_activity(rank_, err.empty() ? "idle" : "failed");
+      j.work->finish(end, err);
+    }
+  }
+
+  double run_collective_job(Job& j) {
+    RankContext* ctx = w_->ctx_[static_cast<size_t>(rank_)].get();
+    const std::string what = describe(j.desc, j.seq);
+    double late = 0;  // a delay fault also shows on the modeled clock, as a straggler would
+    for (const Fault& f : w_->opt_.faults) {
+      if (f.rank != rank_ || f.seq != j.seq) continue;
+      if (f.kind == FaultKind::Skip) {
+        std::lock_guard<std::mutex> lock(w_->mu_);
+        w_->skipped_[static_cast<size_t>(rank_)] = "it skipped #" + std::to_string(j.seq) + " (fault injection)";
+        return ctx->comm_clock();
+      }
+      w_->set_comm_activity(rank_, "delayed before " + what + " (fault injection)");
+      late += f.delay_s;
+      std::unique_lock<std::mutex> lock(w_->mu_);
+      w_->cv_.wait_for(lock, std::chrono::duration<double>(f.delay_s), [&] { return w_->aborted_; });
+    }
+    double arrive_t = std::max(ctx->comm_clock(), j.issue_model) + late;
+    int64_t wall0 = w_->recorder_->now_ns();
+    Rendezvous& rv = w_->arrive(rank_, j.seq, j.desc, j.buf, j.in, arrive_t);
+    w_->set_comm_activity(rank_, "at the gate of " + what);
+    if (!w_->stepper_->gate(rank_, 1, GateKind::Collective, GatePos{static_cast<int64_t>(j.seq), -1},
+                            ctx->iteration(), arrive_t))
+      w_->fail(w_->abort_reason_);
+    w_->set_comm_activity(rank_, "in " + what + ", waiting for the other ranks to arrive");
+    const double start = w_->wait_all_arrived(rank_, rv);
+    Call c{w_, &rv, rank_, w_->n_, ctx, start};
+    w_->set_comm_activity(rank_, "in " + what);
+    run_collective(c);
+    double dur = w_->cost_->collective_time(j.desc.op, j.desc.algo, static_cast<double>(payload_bytes(j.desc, w_->n_)));
+    double end = rv.steps > 0 ? c.model_t : start + dur;
+    double begin = start;
+    w_->leave(rv);
+    return finish_job(j, ctx, wall0, begin, end);
+  }
+
+  // Sends are eager (copied into the peer's mailbox, as gloo does), so they never block the worker;
+  // a receive waits for its message under the watchdog.
+  double run_p2p(Job& j) {
+    RankContext* ctx = w_->ctx_[static_cast<size_t>(rank_)].get();
+    size_t bytes = static_cast<size_t>(j.desc.count * dtype_size(j.desc.dtype));
+    int64_t wall0 = w_->recorder_->now_ns();
+    double begin = std::max(ctx->comm_clock(), j.issue_model);
+    const Link& link = w_->cost_->link(j.desc.op == CollectiveOp::Send ? rank_ : j.peer,
+                                       j.desc.op == CollectiveOp::Send ? j.peer : rank_);
+    double end = begin + link.alpha + static_cast<double>(bytes) * link.beta;
+    if (j.desc.op == CollectiveOp::Send) {
+      std::vector<uint8_t> msg(bytes);
+      if (bytes) std::memcpy(msg.data(), j.buf, bytes);
+      std::lock_guard<std::mutex> lock(w_->mu_);
+      w_->mailbox_[{rank_, j.peer, j.tag}].push_back(std::move(msg));
+      w_->cv_.notify_all();
+    } else {
+      std::string what = "recv #" + std::to_string(j.seq) + " of " + std::to_string(j.desc.count) +
+                         " elements from rank " + std::to_string(j.peer) + " (tag " + std::to_string(j.tag) + ")";
+      w_->set_comm_activity(rank_, "in " + what);
+      std::unique_lock<std::mutex> lock(w_->mu_);
+      auto key = std::make_tuple(j.peer, rank_, j.tag);
+      auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(w_->opt_.timeout_s));
+      bool ok = w_->cv_.wait_until(lock, deadline, [&] {
+        return w_->aborted_ || !w_->mailbox_[key].empty();
+      });
+      if (w_->aborted_) throw CommError(w_->abort_reason_);
+      if (!ok) {
+        std::string msg = "watchdog: " + what + " on rank " + std::to_string(rank_) +
+                          " did not complete within " + std::to_string(w_->opt_.timeout_s) +
+                          " s; rank " + std::to_string(j.peer) + " is " +
+                          w_->comm_activity_[static_cast<size_t>(j.peer)] + " (compute: " +
+                          w_->ctx_[static_cast<size_t>(j.peer)]->activity() + ")";
+        lock.unlock();
+        w_->fail(msg);
+      }
+      std::vector<uint8_t> msg = std::move(w_->mailbox_[key].front());
+      w_->mailbox_[key].pop_front();
+      lock.unlock();
+      if (msg.size() != bytes) {
+        w_->fail("recv on rank " + std::to_string(rank_) + " expected " + std::to_string(bytes) +
+                 " bytes from rank " + std::to_string(j.peer) + " (tag " + std::to_string(j.tag) +
+                 ") but the matching send carried " + std::to_string(msg.size()));
+      }
+      if (bytes) std::memcpy(j.buf, msg.data(), bytes);
+    }
+    return finish_job(j, ctx, wall0, begin, end);
+  }
+
+  World* w_;
+  int rank_;
+  uint64_t next_seq_ = 0, next_p2p_ = 0;  // touched only by the issuing (rank) thread
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// World: shared state, rendezvous, watchdog.
+
+World::World(int n, WorldOptions opt) : n_(n), opt_(std::move(opt)) {
+  if (n < 1 || n > 64) throw Error("world size " + std::to_string(n) + " is out of range; use 1 to 64");
+  if (!(opt_.timeout_s > 0)) throw Error("the collective timeout must be positive");
+  for (const Fault& f : opt_.faults)
+    if (f.rank < 0 || f.rank >= n)
+      throw Error("fault names rank " + std::to_string(f.rank) + " but ranks are 0.." + std::to_string(n - 1));
+  recorder_ = std::make_unique<TraceRecorder>(n, opt_.trace_capacity);
+  recorder_->set_enabled(opt_.record);
+  cost_ = std::make_unique<CostModel>(find_profile(opt_.profile), n);
+  stepper_ = std::make_unique<Stepper>(n, opt_.start_paused);
+  comm_activity_.assign(static_cast<size_t>(n), "idle");
+  for (int r = 0; r < n; r++) {
+    rank_mu_.push_back(std::make_unique<std::mutex>());
+    rank_cv_.push_back(std::make_unique<std::condition_variable>());
+  }
+  skipped_.assign(static_cast<size_t>(n), "");
+  for (int r = 0; r < n; r++) {
+    memory_.push_back(std::make_unique<MemoryTracker>(r));
+    ctx_.push_back(std::make_unique<RankContext>(r, recorder_.get(), cost_.get(), stepper_.get(),
+                                                 memory_.back().get()));
+  }
+  for (int r = 0; r < n; r++) comms_.push_back(std::make_unique<RankComm>(this, r));
+}
+
+World::~World() {
+  abort("the world is shutting down");
+  comms_.clear();  // joins the workers before the contexts they use go away
+}
+
+bool World::aborted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return aborted_;
+}
+
+void World::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_) {
+      aborted_ = true;
+      abort_reason_ = reason;
+    }
+  }
+  aborted_flag_.store(true);
+  cv_.notify_all();
+  for (size_t r = 0; r < rank_cv_.size(); r++) {
+    { std::lock_guard<std::mutex> lock(*rank_mu_[r]); }
+    rank_cv_[r]->notify_all();
+  }
+  stepper_->abort();
+}
+
+void World::fail(const std::string& msg) {
+  abort(msg);
+  throw CommError(msg);
+}
+
+void World::set_comm_activity(int rank, std::string what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  comm_activity_[static_cast<size_t>(rank)] = std::move(what);
+}
+
+Rendezvous& World::arrive(int rank, uint64_t seq, const CollDesc& d, void* buf, const void* in,
+                          double model_t) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (aborted_) throw CommError(abort_reason_);
+  auto [it, fresh] = rv_.try_emplace(seq);
+  Rendezvous& rv = it->second;
+  if (fresh) {
+    rv.desc = d;
+    rv.seq = seq;
+    rv.world = n_;
+    rv.buf.assign(static_cast<size_t>(n_), nullptr);
+    rv.in.assign(static_cast<size_t>(n_), nullptr);
+    rv.scratch.assign(static_cast<size_t>(n_), nullptr);
+    rv.arrival_model.assign(static_cast<size_t>(n_), 0.0);
+    rv.done = std::vector<std::atomic<int64_t>>(static_cast<size_t>(n_));
+    rv.steps_finished.assign(static_cast<size_t>(n_), 0);
+    rv.consumed = std::vector<std::atomic<int64_t>>(static_cast<size_t>(n_));
+    rv.left = n_;
+    rv.steps = algorithm_steps(d, n_);
+    rv.slices = algorithm_slices(d, n_);
+  } else if (!(rv.desc == d)) {
+    std::string msg = "desync: collective #" + std::to_string(seq) + " differs across ranks: rank " +
+                      std::to_string(rv.arrivals.front()) + " called " + describe(rv.desc, seq) +
+                      " but rank " + std::to_string(rank) + " called " + describe(d, seq) +
+                      "; every rank must issue the same collectives in the same order";
+    lock.unlock();
+    fail(msg);
+  }
+  rv.arrivals.push_back(rank);
+  rv.buf[static_cast<size_t>(rank)] = buf;
+  rv.in[static_cast<size_t>(rank)] = in;
+  rv.arrival_model[static_cast<size_t>(rank)] = model_t;
+  cv_.notify_all();
+  return rv;
+}
+
+std::string World::diagnose_missing(const Rendezvous& rv) {
+  std::vector<int> missing;
+  for (int r = 0; r < n_; r++)
+    if (std::find(rv.arrivals.begin(), rv.arrivals.end(), r) == rv.arrivals.end()) missing.push_back(r);
+  std::ostringstream os;
+  os << "watchdog: collective " << describe(rv.desc, rv.seq) << ", "
+     << human_bytes(payload_bytes(rv.desc, n_)) << ", did not complete within " << opt_.timeout_s
+     << " s: ranks " << rank_list(rv.arrivals) << " arrived (in that order); "
+     << (missing.size() == 1 ? "rank " : "ranks ") << rank_list(missing) << " missing";
+  for (int r : missing) {
+    os << "; rank " << r << " is " << comm_activity_[static_cast<size_t>(r)] << " on its comm worker and "
+       << ctx_[static_cast<size_t>(r)]->activity() << " on its compute thread";
+    if (!skipped_[static_cast<size_t>(r)].empty()) os << " (" << skipped_[static_cast<size_t>(r)] << ")";
+  }
+  return os.str();
+}
+
+double World::wait_all_arrived(int rank, Rendezvous& rv) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(opt_.timeout_s));
+  bool ok = cv_.wait_until(lock, deadline, [&] {
+    return aborted_ || static_cast<int>(rv.arrivals.size()) == n_;
+  });
+  if (aborted_) throw CommError(abort_reason_);
+  if (!ok) {
+    std::string msg = diagnose_missing(rv);
+    lock.unlock();
+    fail(msg);
+  }
+  // The collective starts (on the modeled clock) when the last rank arrives.
+  return *std::max_element(rv.arrival_model.begin(), rv.arrival_model.end());
+}
+
+void World::leave(Rendezvous& rv) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--rv.left == 0) rv_.erase(rv.seq);
+}
+
+// The watchdog's message for a collective that stalled inside its algorithm.
+static std::string stall_message(World& w, Rendezvous& rv, int rank, const char* what) {
+  std::ostringstream os;
+  os << "watchdog: collective " << describe(rv.desc, rv.seq) << " stalled: rank " << rank << " waited "
+     << w.opt_.timeout_s << " s for " << what << "; steps done per rank:";
+  for (int r = 0; r < w.n_; r++) os << " " << r << "=" << rv.steps_finished[static_cast<size_t>(r)];
+  return os.str();
+}
+
+// Waits on `cv` (with the world lock held), under the watchdog, until `pred` holds.
+template <class Pred>
+static void bounded_wait(World& w, std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                         Rendezvous& rv, int rank, const char* what, Pred pred) {
+  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(w.opt_.timeout_s));
+  bool ok = cv.wait_until(lock, deadline, [&] { return w.aborted_ || pred(); });
+  if (w.aborted_) throw CommError(w.abort_reason_);
+  if (!ok) {
+    std::string msg = stall_message(w, rv, rank, what);
+    lock.unlock();
+    w.fail(msg);
+  }
+}
+
+// A ring wait: a few yields first (with more ranks than cores the neighbour often just needs the
+// core), then sleep on this rank's own condition variable, under the watchdog.
+template <class Pred>
+void World::ring_wait(Call& c, Pred ready, const char* what) {
+  for (int i = 0; i < 8; i++) {
+    if (ready() || aborted_flag_.load()) break;
+    std::this_thread::yield();
+  }
+  if (!ready()) {
+    std::unique_lock<std::mutex> lock(*rank_mu_[static_cast<size_t>(c.rank)]);
+    auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(opt_.timeout_s));
+    bool ok = rank_cv_[static_cast<size_t>(c.rank)]->wait_until(lock, deadline, [&] { return aborted_flag_.load() || ready(); });
+    lock.unlock();
+    if (!ok && !aborted_flag_.load()) {
+      std::string msg;
+      {
+        std::lock_guard<std::mutex> wlock(mu_);
+        msg = stall_message(*this, *c.rv, c.rank, what);
+      }
+      fail(msg);
+    }
+  }
+  if (aborted_flag_.load()) {
+    std::lock_guard<std::mutex> wlock(mu_);
+    throw CommError(abort_reason_);
+  }
+}
+
+// Unit u = step * slices + slice. Before working on u a rank needs the predecessor's result for the
+// same slice one step earlier (done), and its successor to have finished reading what this rank
+// sent one step earlier (consumed), because the chunk it writes may be one the successor still reads.
+void World::ring_wait_ready(Call& c, int64_t unit) {
+  const int pred = (c.rank - 1 + n_) % n_;
+  const int64_t need = unit - c.rv->slices + 1;
+  auto ready = [&] {
+    return c.rv->done[static_cast<size_t>(pred)].load(std::memory_order_acquire) >= need &&
+           c.rv->consumed[static_cast<size_t>(c.rank)].load(std::memory_order_acquire) >= need;
+  };
+  ring_wait(c, ready, "its ring neighbours");
+}
+
+void World::ring_mark_done(Call& c, int64_t unit) {
+  const int pred = (c.rank - 1 + n_) % n_, succ = (c.rank + 1) % n_;
+  c.rv->done[static_cast<size_t>(c.rank)].store(unit + 1, std::memory_order_release);
+  c.rv->consumed[static_cast<size_t>(pred)].store(unit + 1, std::memory_order_release);
+  for (int t : {succ, pred}) {
+    // Taking the waiter's mutex orders this store before its predicate check: no lost wake-up.
+    { std::lock_guard<std::mutex> lock(*rank_mu_[static_cast<size_t>(t)]); }
+    rank_cv_[static_cast<size_t>(t)]->notify_one();
+  }
+}
+
+void World::ring_wait_drained(Call& c) {
+  const int64_t total = static_cast<int64_t>(c.rv->steps) * c.rv->slices;
+  ring_wait(c, [&] { return c.rv->consumed[static_cast<size_t>(c.rank)].load(std::memory_order_acquire) >= total; },
+            "its successor to finish reading");
+}
+
+void World::step_barrier(Call& c) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Rendezvous& rv = *c.rv;
+  int64_t gen = rv.barrier_gen;
+  if (++rv.barrier_count == n_) {
+    rv.barrier_count = 0;
+    rv.barrier_gen++;
+    cv_.notify_all();
+    return;
+  }
+  bounded_wait(*this, cv_, lock, rv, c.rank, "the other ranks to finish the step", [&] { return rv.barrier_gen != gen; });
+}
+
+bool World::step_gate(Call& c, int step) {
+  return stepper_->gate(c.rank, 1, GateKind::RingStep, GatePos{static_cast<int64_t>(c.rv->seq), step},
+                        c.ctx->iteration(), c.model_t);
+}
+
+void World::finish_step(Call& c, int step, RingPhase phase, int chunk, int src, int dst, int64_t bytes,
+                        const std::vector<std::pair<int, int>>& transfers, double model_bytes,
+                        bool reduce, int64_t wall_begin) {
+  double dt = cost_->step_time(transfers, model_bytes, reduce);
+  Event e;
+  e.kind = EventKind::RingStep;
+  e.lane = Lane::Comm;
+  e.wall_begin_ns = wall_begin;
+  e.wall_end_ns = recorder_->now_ns();
+  e.model_begin = c.model_t;
+  e.model_end = c.model_t + dt;
+  e.step = RingStepInfo{c.rv->seq, phase, static_cast<int16_t>(step), static_cast<int16_t>(c.rv->steps),
+                        static_cast<int16_t>(chunk), static_cast<int16_t>(src), static_cast<int16_t>(dst), bytes};
+  c.ctx->record(e);
+  c.model_t += dt;
+  std::lock_guard<std::mutex> lock(mu_);
+  c.rv->steps_finished[static_cast<size_t>(c.rank)] = step + 1;
+}
+
+}  // namespace threads
+
+// ---------------------------------------------------------------------------------------------
+// The public facade.
+
+struct ThreadsWorld::Impl {
+  threads::World world;
+  Impl(int n, WorldOptions o) : world(n, std::move(o)) {}
+};
+
+ThreadsWorld::ThreadsWorld(int world_size, WorldOptions options)
+    : impl_(std::make_unique<Impl>(world_size, std::move(options))) {}
+ThreadsWorld::~ThreadsWorld() = default;
+
+int ThreadsWorld::world_size() const { return impl_->world.n_; }
+const WorldOptions& ThreadsWorld::options() const { return impl_->world.opt_; }
+Communicator& ThreadsWorld::comm(int rank) { return *impl_->world.comms_.at(static_cast<size_t>(rank)); }
+RankContext& ThreadsWorld::context(int rank) { return *impl_->world.ctx_.at(static_cast<size_t>(rank)); }
+MemoryTracker& ThreadsWorld::memory(int rank) { return *impl_->world.memory_.at(static_cast<size_t>(rank)); }
+TraceRecorder& ThreadsWorld::recorder() { return *impl_->world.recorder_; }
+Stepper& ThreadsWorld::stepper() { return *impl_->world.stepper_; }
+const CostModel& ThreadsWorld::cost() const { return *impl_->world.cost_; }
+void ThreadsWorld::abort(const std::string& reason) { impl_->world.abort(reason); }
+
+void ThreadsWorld::run(const std::function<void(int, Communicator&, RankContext&)>& fn) {
+  threads::World& w = impl_->world;
+  std::vector<std::string> errors(static_cast<size_t>(w.n_));
+  std::vector<char> comm_error(static_cast<size_t>(w.n_), 0);  // not vector<bool>: ranks write it at once
+  std::vector<std::thread> ts;
+  for (int r = 0; r < w.n_; r++) {
+    ts.emplace_back([&, r] {
+      try {
+        fn(r, comm(r), context(r));
+      } catch (const CommError& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+        comm_error[static_cast<size_t>(r)] = 1;
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+        w.abort("rank " + std::to_string(r) + " failed: " + e.what());
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  // The world's own abort reason is the root cause (the watchdog's or desync diagnosis).
+  std::string root;
+  {
+    std::lock_guard<std::mutex> lock(w.mu_);
+    root = w.aborted_ ? w.abort_reason_ : "";
+  }
+  for (int r = 0; r < w.n_; r++) {
+    if (errors[static_cast<size_t>(r)].empty()) continue;
+    if (!comm_error[static_cast<size_t>(r)]) throw Error("rank " + std::to_string(r) + ": " + errors[static_cast<size_t>(r)]);
+  }
+  for (int r = 0; r < w.n_; r++)
+    if (!errors[static_cast<size_t>(r)].empty()) throw CommError(root.empty() ? errors[static_cast<size_t>(r)] : root);
+}
+
+WorldStatus ThreadsWorld::status() const {
+  threads::World& w = impl_->world;
+  WorldStatus s;
+  std::lock_guard<std::mutex> lock(w.mu_);
+  for (const auto& [seq, rv] : w.rv_) {
+    CollectiveStatus c;
+    c.seq = seq;
+    c.op = rv.desc.op;
+    c.algo = rv.desc.algo;
+    c.dtype = rv.desc.dtype;
+    c.bytes = threads::payload_bytes(rv.desc, w.n_);
+    c.arrived = rv.arrivals;
+    for (int r = 0; r < w.n_; r++)
+      if (std::find(rv.arrivals.begin(), rv.arrivals.end(), r) == rv.arrivals.end()) c.missing.push_back(r);
+    c.steps = rv.steps;
+    c.steps_done = *std::min_element(rv.steps_finished.begin(), rv.steps_finished.end());
+    s.in_flight.push_back(std::move(c));
+  }
+  for (int r = 0; r < w.n_; r++) {
+    s.compute_activity.push_back(w.ctx_[static_cast<size_t>(r)]->activity());
+    s.comm_activity.push_back(w.comm_activity_[static_cast<size_t>(r)]);
+  }
+  s.failed = w.aborted_;
+  s.error = w.abort_reason_;
+  return s;
+}
+
+}  // namespace dtlab

@@ -1,0 +1,129 @@
+// Internals of the threads backend shared by threads_backend.cpp (world, workers, rendezvous,
+// watchdog) and threads_algorithms.cpp (the step-by-step collective algorithms).
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/comm/threads_backend.h"
+
+namespace dtlab::threads {
+
+// What every rank must agree on for one collective.
+struct CollDesc {
+  CollectiveOp op = CollectiveOp::AllReduce;
+  Algorithm algo = Algorithm::Ring;
+  ReduceOp reduce = ReduceOp::Sum;
+  DType dtype = DType::F32;
+  int64_t count = 0;  // the call's count argument
+  int root = -1;
+  bool operator==(const CollDesc&) const = default;
+};
+std::string describe(const CollDesc& d, uint64_t seq);  // "#5 allreduce of 1000 float32 (sum, ring)"
+int64_t payload_bytes(const CollDesc& d, int world_size);  // S, nccl-tests convention
+
+// One collective as seen by all ranks: created by the first rank to arrive, erased by the last
+// to leave. Guarded by the world mutex.
+struct Rendezvous {
+  CollDesc desc;
+  uint64_t seq = 0;
+  int world = 0;
+  std::vector<int> arrivals;                // in order
+  std::vector<void*> buf;                   // per rank: in-place or output buffer
+  std::vector<const void*> in;              // per rank: input buffer (out-of-place ops)
+  std::vector<void*> scratch;               // per rank: scratch (reduce-scatter partials, tree accumulators)
+  std::vector<double> arrival_model;        // per rank: modeled time of arrival
+  // Ring protocol, per rank, in units (step * slices + slice). Atomics: a neighbour polls them
+  // without the world lock, which every slice hand-off would otherwise contend for.
+  std::vector<std::atomic<int64_t>> done, consumed;
+  int slices = 1;                           // units per ring step (all-reduce pipelines slices)
+  std::vector<int> steps_finished;          // per rank, every algorithm (for status())
+  int barrier_count = 0;                    // step barrier (tree, naive, all-to-all)
+  int64_t barrier_gen = 0;
+  int left = 0;                             // ranks still inside
+  int steps = 0;
+};
+
+class World;
+
+// One rank's side of a running collective: what an algorithm needs.
+struct Call {
+  World* world;
+  Rendezvous* rv;
+  int rank;
+  int n;
+  RankContext* ctx;
+  double model_t;  // running modeled time of this collective's steps
+};
+
+class World {
+ public:
+  World(int n, WorldOptions opt);
+  ~World();
+
+  // Rendezvous and waiting (every wait is bounded by the watchdog).
+  Rendezvous& arrive(int rank, uint64_t seq, const CollDesc& d, void* buf, const void* in,
+                     double model_t);
+  double wait_all_arrived(int rank, Rendezvous& rv);  // returns the modeled start
+  void leave(Rendezvous& rv);
+  // Ring neighbour protocol (see threads_algorithms.cpp).
+  void ring_wait_ready(Call& c, int64_t unit);
+  void ring_mark_done(Call& c, int64_t unit);
+  void ring_wait_drained(Call& c);
+  template <class Pred>
+  void ring_wait(Call& c, Pred ready, const char* what);
+  void step_barrier(Call& c);
+
+  // Gate before step `step` of the current collective; false if aborted.
+  bool step_gate(Call& c, int step);
+  // Charges one step on the modeled clock and records it.
+  void finish_step(Call& c, int step, RingPhase phase, int chunk, int src, int dst, int64_t bytes,
+                   const std::vector<std::pair<int, int>>& transfers, double model_bytes, bool reduce,
+                   int64_t wall_begin);
+
+  [[noreturn]] void fail(const std::string& msg);  // abort the world and throw CommError
+  void abort(const std::string& reason);
+  bool aborted() const;
+  void set_comm_activity(int rank, std::string what);
+  std::string diagnose_missing(const Rendezvous& rv);  // call with mu_ held
+
+  int n_;
+  WorldOptions opt_;
+  std::unique_ptr<TraceRecorder> recorder_;
+  std::unique_ptr<CostModel> cost_;
+  std::unique_ptr<Stepper> stepper_;
+  std::vector<std::unique_ptr<MemoryTracker>> memory_;
+  std::vector<std::unique_ptr<RankContext>> ctx_;
+  std::vector<std::unique_ptr<Communicator>> comms_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  // Ring waits sleep on their own rank's mutex and condition variable: only neighbours wake them.
+  std::vector<std::unique_ptr<std::mutex>> rank_mu_;
+  std::vector<std::unique_ptr<std::condition_variable>> rank_cv_;
+  std::atomic<bool> aborted_flag_{false};  // mirrors aborted_ for lock-free checks
+  std::map<uint64_t, Rendezvous> rv_;
+  std::vector<std::string> comm_activity_;
+  std::vector<std::string> skipped_;  // per rank: a note about injected faults
+  bool aborted_ = false;
+  std::string abort_reason_;
+  // point to point: (src, dst, tag) -> queued messages
+  std::map<std::tuple<int, int, int>, std::deque<std::vector<uint8_t>>> mailbox_;
+};
+
+// Number of steps the algorithm takes for this collective on n ranks.
+int algorithm_steps(const CollDesc& d, int n);
+// Units each step is cut into so that neighbours work on one chunk in a pipeline (1 if not sliced).
+int algorithm_slices(const CollDesc& d, int n);
+// Algorithms: run one rank's part of the collective `c.rv` (all ranks have arrived).
+void run_collective(Call& c);
+
+}  // namespace dtlab::threads

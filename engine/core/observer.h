@@ -1,0 +1,34 @@
+// A hook for instrumentation: the model reports each compute op here, and engine/trace turns the
+// reports into events and modeled time. Lives in core so the model needs no trace include.
+#pragma once
+#include <cstdint>
+
+namespace dtlab {
+
+enum class ComputeKind : uint8_t { LayerForward, LayerBackward, Loss, LossBackward, OptimizerStep, ZeroGrad, Other };
+
+class ComputeObserver {
+ public:
+  virtual ~ComputeObserver() = default;
+  // `layer`: torch Sequential index or -1; `flops`: what the op costs, for the modeled clock.
+  virtual void compute_begin(ComputeKind kind, int layer, double flops) = 0;
+  virtual void compute_end() = 0;
+};
+
+// RAII pair of compute_begin/compute_end; a null observer costs one branch.
+class ComputeScope {
+ public:
+  ComputeScope(ComputeObserver* obs, ComputeKind kind, int layer, double flops) : obs_(obs) {
+    if (obs_) obs_->compute_begin(kind, layer, flops);
+  }
+  ~ComputeScope() {
+    if (obs_) obs_->compute_end();
+  }
+  ComputeScope(const ComputeScope&) = delete;
+  ComputeScope& operator=(const ComputeScope&) = delete;
+
+ private:
+  ComputeObserver* obs_;
+};
+
+}  // namespace dtlab

@@ -1,0 +1,121 @@
+#include "engine/trace/context.h"
+
+#include <algorithm>
+
+namespace dtlab {
+
+RankContext::RankContext(int rank, TraceRecorder* recorder, const CostModel* cost, Stepper* stepper,
+                         MemoryTracker* memory)
+    : rank_(rank), recorder_(recorder), cost_(cost), stepper_(stepper), memory_(memory) {
+  if (memory_ && recorder_) {
+    memory_->set_listener([this](MemCategory c, int64_t delta, const MemoryStats& s) {
+      Event e;
+      e.kind = delta > 0 ? EventKind::MemAlloc : EventKind::MemFree;
+      e.lane = Lane::Compute;
+      e.wall_begin_ns = e.wall_end_ns = recorder_->now_ns();
+      e.model_begin = e.model_end = compute_clock();
+      e.mem = MemInfo{c, delta > 0 ? delta : -delta, s.current_of(c), s.total_current};
+      record(e);
+    });
+  }
+}
+
+RankContext::~RankContext() {
+  if (memory_ && recorder_) memory_->set_listener({});
+}
+
+void RankContext::record(Event& e) {
+  if (!recorder_ || !recorder_->enabled()) return;
+  e.rank = rank_;
+  e.iteration = iteration();
+  recorder_->record(e);
+}
+
+void RankContext::compute_begin(ComputeKind kind, int layer, double flops) {
+  open_kind_ = kind;
+  open_layer_ = layer;
+  open_flops_ = flops;
+  open_wall_ = recorder_ ? recorder_->now_ns() : 0;
+  open_model_ = compute_clock();
+  set_activity(std::string(compute_kind_name(kind)) + (layer >= 0 ? " " + std::to_string(layer) : ""));
+}
+
+void RankContext::compute_end() {
+  double dur = cost_ ? cost_->compute_time(open_flops_) : 0.0;
+  double end;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    compute_clock_ = std::max(compute_clock_, open_model_ + dur);
+    end = compute_clock_;
+  }
+  if (recorder_ && recorder_->enabled()) {
+    Event e;
+    e.kind = EventKind::Compute;
+    e.lane = Lane::Compute;
+    e.wall_begin_ns = open_wall_;
+    e.wall_end_ns = recorder_->now_ns();
+    e.model_begin = open_model_;
+    e.model_end = end;
+    e.compute = ComputeInfo{open_kind_, static_cast<int16_t>(open_layer_), open_flops_};
+    record(e);
+  }
+}
+
+bool RankContext::begin_iteration(int32_t iteration, uint64_t next_collective_seq) {
+  iteration_.store(iteration, std::memory_order_relaxed);
+  bool ok = true;
+  if (stepper_) {
+    set_activity("at the start of iteration " + std::to_string(iteration));
+    ok = stepper_->gate(rank_, 0, GateKind::Iteration,
+                        GatePos{static_cast<int64_t>(next_collective_seq), -2}, iteration,
+                        compute_clock());
+  }
+  iter_wall_ = recorder_ ? recorder_->now_ns() : 0;
+  iter_model_ = compute_clock();
+  return ok;
+}
+
+void RankContext::end_iteration() {
+  if (recorder_ && recorder_->enabled()) {
+    Event e;
+    e.kind = EventKind::Iteration;
+    e.lane = Lane::Compute;
+    e.wall_begin_ns = iter_wall_;
+    e.wall_end_ns = recorder_->now_ns();
+    e.model_begin = iter_model_;
+    e.model_end = std::max(compute_clock(), comm_clock());
+    record(e);
+  }
+}
+
+double RankContext::compute_clock() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return compute_clock_;
+}
+
+void RankContext::advance_compute_clock(double t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  compute_clock_ = std::max(compute_clock_, t);
+}
+
+double RankContext::comm_clock() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return comm_clock_;
+}
+
+void RankContext::set_comm_clock(double t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  comm_clock_ = t;
+}
+
+void RankContext::set_activity(std::string what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  activity_ = std::move(what);
+}
+
+std::string RankContext::activity() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return activity_;
+}
+
+}  // namespace dtlab

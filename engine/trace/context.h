@@ -1,0 +1,75 @@
+// RankContext: one rank's instrumentation hub. It is the model's ComputeObserver (compute events and
+// the compute lane's modeled clock), listens to the rank's memory tracker (memory events), carries
+// the comm lane's modeled clock, the current iteration, and a line saying what the rank is doing
+// (for the watchdog's diagnosis). Every pointer may be null: a plain run records nothing.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "engine/core/memory.h"
+#include "engine/core/observer.h"
+#include "engine/trace/cost_model.h"
+#include "engine/trace/recorder.h"
+#include "engine/trace/stepper.h"
+
+namespace dtlab {
+
+class RankContext : public ComputeObserver {
+ public:
+  RankContext(int rank, TraceRecorder* recorder, const CostModel* cost, Stepper* stepper,
+              MemoryTracker* memory);
+  ~RankContext() override;
+  RankContext(const RankContext&) = delete;
+  RankContext& operator=(const RankContext&) = delete;
+
+  int rank() const { return rank_; }
+  TraceRecorder* recorder() const { return recorder_; }
+  const CostModel* cost() const { return cost_; }
+  Stepper* stepper() const { return stepper_; }
+  MemoryTracker* memory() const { return memory_; }
+
+  // ComputeObserver: records a Compute event and advances the compute lane's modeled clock.
+  void compute_begin(ComputeKind kind, int layer, double flops) override;
+  void compute_end() override;
+
+  // Iterations: begin_iteration passes the rank's iteration gate (k = the next collective it will
+  // issue) and opens an Iteration event; end_iteration closes it. Returns false if aborted.
+  bool begin_iteration(int32_t iteration, uint64_t next_collective_seq);
+  void end_iteration();
+  int32_t iteration() const { return iteration_.load(std::memory_order_relaxed); }
+
+  // Modeled clocks (seconds). The compute lane is advanced by compute ops and by waiting for
+  // collectives; the comm lane by the collectives the comm worker runs.
+  double compute_clock() const;
+  void advance_compute_clock(double t);  // max(current, t)
+  double comm_clock() const;
+  void set_comm_clock(double t);
+
+  void set_activity(std::string what);
+  std::string activity() const;
+
+  void record(Event& e);  // fills rank and iteration, then records (no-op without a recorder)
+
+ private:
+  int rank_;
+  TraceRecorder* recorder_;
+  const CostModel* cost_;
+  Stepper* stepper_;
+  MemoryTracker* memory_;
+  std::atomic<int32_t> iteration_{-1};
+  mutable std::mutex mu_;
+  double compute_clock_ = 0, comm_clock_ = 0;
+  std::string activity_ = "idle";
+  // the open compute op (compute ops do not nest) and iteration
+  ComputeKind open_kind_ = ComputeKind::Other;
+  int open_layer_ = -1;
+  double open_flops_ = 0;
+  int64_t open_wall_ = 0;
+  double open_model_ = 0;
+  int64_t iter_wall_ = 0;
+  double iter_model_ = 0;
+};
+
+}  // namespace dtlab

@@ -1,0 +1,401 @@
+// Hardware profiles and the alpha-beta(-gamma) cost formulas of REFERENCE.md §4. The built-in
+// profiles are seed figures for real clusters; "this" is measured on the machine we run on so the
+// modeled clock can also be compared with the wall clock.
+#include "engine/trace/cost_model.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <thread>
+
+#include "engine/core/check.h"
+
+namespace dtlab {
+
+namespace {
+
+// Seed figures. Effective (achieved, one direction) rather than datasheet numbers, because the
+// lessons compare schedules, and an optimistic link would hide the communication we want to show.
+//  - NVLink: A100 NVLink3 is 300 GB/s per direction; ~3 us per message (kernel launch + sync).
+//  - PCIe 4.0 x16: 32 GB/s raw, ~24 GB/s achieved; ~5 us per message through the host bridge.
+//  - InfiniBand HDR: 200 Gb/s = 25 GB/s; ~10 us per message across nodes (NIC + proxy thread).
+//  - 25 GbE: 25 Gb/s = 3.125 GB/s; ~30 us per message through the TCP stack.
+constexpr Link kNvlink{3e-6, 1.0 / 300e9};
+constexpr Link kPcie{5e-6, 1.0 / 24e9};
+constexpr Link kInfiniband{10e-6, 1.0 / 25e9};
+constexpr Link kEthernet{30e-6, 1.0 / 3.125e9};
+// Reducing n bytes reads two float streams (2n) and writes one (n) from HBM at ~3 TB/s, so the
+// reduction costs 3n / 3e12 s: gamma = 1e-12 s per byte of result.
+constexpr double kHbmGamma = 3.0 / 3e12;
+// An A100-class rank: 312 TFLOP/s bf16 peak, of which training matmuls sustain about a third.
+constexpr double kGpuFlops = 100e12;
+
+HardwareProfile make_profile(const char* name, const char* description, int nodes,
+                             int gpus_per_node, Link intra, Link inter) {
+  HardwareProfile p;
+  p.name = name;
+  p.description = description;
+  p.nodes = nodes;
+  p.gpus_per_node = gpus_per_node;
+  p.intra = intra;
+  p.inter = inter;
+  p.gamma = kHbmGamma;
+  p.flops_per_s = kGpuFlops;
+  return p;
+}
+
+// ceil(log2 p): the rounds of a binomial tree (the number of ranks holding data doubles each round).
+int ceil_log2(int p) {
+  int rounds = 0;
+  for (int reach = 1; reach < p; reach *= 2) ++rounds;
+  return rounds;
+}
+
+// True if x bounds a transfer more than y: larger beta first (bytes dominate large collectives),
+// then larger alpha.
+bool slower(const Link& x, const Link& y) {
+  if (x.beta != y.beta) return x.beta > y.beta;
+  return x.alpha > y.alpha;
+}
+
+// The slowest link between any two ranks of the world (tree, all-to-all, point to point). Only
+// two kinds exist: intra is used iff some node holds two ranks, inter iff the world spans nodes.
+// (Deciding that directly keeps this O(1); collective_time runs for every collective charged.)
+Link slowest_link(const CostModel& m) {
+  const int p = m.world_size();
+  const bool has_intra = std::min(m.profile().gpus_per_node, p) >= 2;
+  const bool has_inter = m.node_of(p - 1) > 0;
+  if (has_intra && has_inter)
+    return slower(m.profile().inter, m.profile().intra) ? m.profile().inter : m.profile().intra;
+  return has_inter ? m.profile().inter : m.profile().intra;
+}
+
+// The slowest link from or to rank 0 (the hub of the naive algorithms; with no root in
+// collective_time's signature, rank 0 stands for the root).
+Link slowest_link_at_root(const CostModel& m) {
+  Link worst = m.link(0, 1 % m.world_size());
+  for (int r = 1; r < m.world_size(); ++r) {
+    if (slower(m.link(0, r), worst)) worst = m.link(0, r);
+    if (slower(m.link(r, 0), worst)) worst = m.link(r, 0);
+  }
+  return worst;
+}
+
+// ---- measuring "this" machine ----
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Guards a timing that came out zero (coarse clock) so every figure stays positive.
+double positive(double seconds) { return std::max(seconds, 1e-12); }
+
+// beta: one copy of a buffer too large for cache, single thread, best of a few (the best run is the
+// one least disturbed by other processes).
+double measure_copy_beta(std::vector<float>& src, std::vector<float>& dst) {
+  const double bytes = double(src.size()) * sizeof(float);
+  double best = std::numeric_limits<double>::infinity();
+  for (int rep = 0; rep < 3; ++rep) {
+    auto t0 = Clock::now();
+    std::memcpy(dst.data(), src.data(), src.size() * sizeof(float));
+    best = std::min(best, seconds_since(t0));
+  }
+  return positive(best) / bytes;
+}
+
+// alpha: what one message costs with no payload, i.e. waking another thread and being woken back.
+// Two threads ping-pong a token through a mutex and a condition variable; one hand-off is half a
+// round trip. Bounded by a round count and a time budget, so a busy machine cannot stall startup.
+double measure_handoff_alpha() {
+  std::mutex mu;
+  std::condition_variable cv;
+  int turn = 0;  // 0: main's turn, 1: partner's turn, -1: partner must exit
+  std::thread partner([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return turn != 0; });
+      if (turn < 0) return;
+      turn = 0;
+      cv.notify_one();
+    }
+  });
+  auto round_trip = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    turn = 1;
+    cv.notify_one();
+    cv.wait(lock, [&] { return turn == 0; });
+  };
+  for (int i = 0; i < 20; ++i) round_trip();  // warm up: the partner thread is scheduled in
+  constexpr int kMaxRounds = 1000;
+  constexpr double kBudget = 0.1;  // seconds
+  int rounds = 0;
+  auto t0 = Clock::now();
+  while (rounds < kMaxRounds && (rounds % 64 != 0 || seconds_since(t0) < kBudget)) {
+    round_trip();
+    ++rounds;
+  }
+  const double elapsed = seconds_since(t0);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    turn = -1;
+  }
+  cv.notify_one();
+  partner.join();
+  return positive(elapsed) / rounds / 2;
+}
+
+// gamma: out = a + b over streams too large for cache, timed per byte of the result, the unit the
+// formulas charge (the reduce in a ring step produces n/p bytes from two n/p-byte inputs).
+double measure_reduce_gamma(const float* a, const float* b, float* out, size_t count) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int rep = 0; rep < 3; ++rep) {
+    auto t0 = Clock::now();
+    for (size_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
+    best = std::min(best, seconds_since(t0));
+  }
+  // Read the result so the compiler cannot drop the loop.
+  volatile float sink = out[count / 2];
+  (void)sink;
+  return positive(best) / (double(count) * sizeof(float));
+}
+
+// flops: a 512^3 sgemm through the same OpenBLAS the engine's matmuls use, best of a few after a
+// warm-up (the first call spins up OpenBLAS's thread pool).
+double measure_sgemm_flops() {
+  constexpr int n = 512;
+  std::vector<float> A(size_t(n) * n, 0.5f), B(size_t(n) * n, 0.25f), C(size_t(n) * n, 0.0f);
+  auto sgemm = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A.data(), n, B.data(), n,
+                0.0f, C.data(), n);
+  };
+  sgemm();
+  double best = std::numeric_limits<double>::infinity();
+  for (int rep = 0; rep < 3; ++rep) {
+    auto t0 = Clock::now();
+    sgemm();
+    best = std::min(best, seconds_since(t0));
+  }
+  return 2.0 * n * n * n / positive(best);
+}
+
+HardwareProfile measure_this_machine() {
+  // 64 MiB per buffer: well past any last-level cache. Filled first so page faults (first touch)
+  // are not timed as bandwidth.
+  constexpr size_t kFloats = (size_t(64) << 20) / sizeof(float);
+  std::vector<float> src(kFloats, 1.0f), dst(kFloats, 0.0f);
+
+  Link link;
+  link.beta = measure_copy_beta(src, dst);
+  link.alpha = measure_handoff_alpha();
+  // Two 32 MiB inputs (the halves of src) into a 32 MiB result (half of dst).
+  const double gamma = measure_reduce_gamma(src.data(), src.data() + kFloats / 2, dst.data(),
+                                            kFloats / 2);
+  const double flops = measure_sgemm_flops();
+
+  // Ranks are threads sharing one memory: one "node" with room for any world the GUI offers.
+  HardwareProfile p;
+  p.name = "this";
+  p.nodes = 1;
+  p.gpus_per_node = 64;
+  p.intra = link;
+  p.inter = link;
+  p.gamma = gamma;
+  p.flops_per_s = flops;
+  char text[160];
+  std::snprintf(text, sizeof text, "this machine: %u threads, memcpy %.1f GB/s, hand-off %.1f us",
+                std::thread::hardware_concurrency(), 1e-9 / link.beta, link.alpha * 1e6);
+  p.description = text;
+  return p;
+}
+
+}  // namespace
+
+const std::vector<HardwareProfile>& builtin_profiles() {
+  // Single-node profiles set inter = intra, so a world larger than the node still gets sensible
+  // (if optimistic) links instead of zeros.
+  static const std::vector<HardwareProfile> profiles = {
+      make_profile("nvlink8", "8 GPUs, NVLink 300 GB/s", 1, 8, kNvlink, kNvlink),
+      make_profile("pcie8", "8 GPUs, PCIe 24 GB/s", 1, 8, kPcie, kPcie),
+      make_profile("ib2x4", "2 nodes x 4 GPUs, NVLink inside, InfiniBand 25 GB/s between", 2, 4,
+                   kNvlink, kInfiniband),
+      make_profile("eth2x4", "2 nodes x 4 GPUs, NVLink inside, 25 GbE (3.1 GB/s) between", 2, 4,
+                   kNvlink, kEthernet),
+  };
+  return profiles;
+}
+
+const HardwareProfile& this_machine_profile() {
+  // A function-local static: measured on first use, once, even with several threads asking.
+  static const HardwareProfile profile = measure_this_machine();
+  return profile;
+}
+
+HardwareProfile find_profile(std::string_view name) {
+  if (name == "this") return this_machine_profile();
+  std::string names;
+  for (const auto& p : builtin_profiles()) {
+    if (p.name == name) return p;
+    names += p.name + ", ";
+  }
+  throw Error("hardware profile '" + std::string(name) + "' is not known; use one of " + names +
+              "this");
+}
+
+// ---- closed forms (REFERENCE.md §4); one rank has nobody to talk to, so p <= 1 costs nothing ----
+
+double ring_allgather_time(int p, double n, double a, double b) {
+  if (p <= 1) return 0;
+  return (p - 1) * a + double(p - 1) / p * n * b;
+}
+
+double ring_reduce_scatter_time(int p, double n, double a, double b, double g) {
+  if (p <= 1) return 0;
+  return (p - 1) * a + double(p - 1) / p * n * (b + g);
+}
+
+double ring_allreduce_time(int p, double n, double a, double b, double g) {
+  if (p <= 1) return 0;
+  const double f = double(p - 1) / p;
+  return 2 * (p - 1) * a + 2 * f * n * b + f * n * g;
+}
+
+double binomial_broadcast_time(int p, double n, double a, double b) {
+  if (p <= 1) return 0;
+  return ceil_log2(p) * (a + n * b);
+}
+
+double binomial_reduce_time(int p, double n, double a, double b, double g) {
+  if (p <= 1) return 0;
+  return ceil_log2(p) * (a + n * b + n * g);
+}
+
+double tree_allreduce_time(int p, double n, double a, double b, double g) {
+  return binomial_reduce_time(p, n, a, b, g) + binomial_broadcast_time(p, n, a, b);
+}
+
+double naive_allreduce_time(int p, double n, double a, double b, double g) {
+  if (p <= 1) return 0;
+  // Rank 0 receives and reduces the p-1 buffers one after another, then sends the sum back to each.
+  return (p - 1) * (a + n * b + n * g) + (p - 1) * (a + n * b);
+}
+
+// ---- CostModel ----
+
+CostModel::CostModel(HardwareProfile profile, int world_size)
+    : profile_(std::move(profile)), world_size_(world_size) {
+  DTLAB_CHECK(world_size_ >= 1, "a cost model needs at least one rank; pass the world size");
+  DTLAB_CHECK(profile_.gpus_per_node >= 1, "profile '" + profile_.name + "' has no GPUs per node");
+}
+
+int CostModel::node_of(int rank) const { return rank / profile_.gpus_per_node; }
+
+const Link& CostModel::link(int src, int dst) const {
+  return node_of(src) == node_of(dst) ? profile_.intra : profile_.inter;
+}
+
+Link CostModel::ring_link() const {
+  Link worst = link(0, 1 % world_size_);  // p = 1: link(0, 0), the node's own link
+  for (int r = 1; r < world_size_; ++r) {
+    const Link& l = link(r, (r + 1) % world_size_);
+    if (slower(l, worst)) worst = l;
+  }
+  return worst;
+}
+
+double CostModel::step_time(const std::vector<std::pair<int, int>>& transfers, double bytes,
+                            bool reduce) const {
+  double worst = 0;
+  for (const auto& [src, dst] : transfers) {
+    DTLAB_CHECK(src >= 0 && src < world_size_ && dst >= 0 && dst < world_size_,
+                "step_time got a rank outside the world; check the algorithm's peer arithmetic");
+    const Link& l = link(src, dst);
+    worst = std::max(worst, l.alpha + bytes * l.beta + (reduce ? bytes * profile_.gamma : 0.0));
+  }
+  return worst;
+}
+
+double CostModel::collective_time(CollectiveOp op, Algorithm algo, double bytes) const {
+  const int p = world_size_;
+  if (p <= 1) return 0;
+  const double S = bytes;
+  const double g = profile_.gamma;
+  if (algo == Algorithm::Default)
+    algo = (op == CollectiveOp::Broadcast || op == CollectiveOp::Reduce) ? Algorithm::Tree
+                                                                         : Algorithm::Ring;
+  switch (op) {
+    case CollectiveOp::AllReduce: {
+      if (algo == Algorithm::Ring) {
+        const Link l = ring_link();
+        return ring_allreduce_time(p, S, l.alpha, l.beta, g);
+      }
+      if (algo == Algorithm::Tree) {
+        const Link l = slowest_link(*this);
+        return tree_allreduce_time(p, S, l.alpha, l.beta, g);
+      }
+      const Link l = slowest_link_at_root(*this);
+      return naive_allreduce_time(p, S, l.alpha, l.beta, g);
+    }
+    case CollectiveOp::ReduceScatter:
+    case CollectiveOp::AllGather: {
+      const bool reduce = op == CollectiveOp::ReduceScatter;
+      if (algo != Algorithm::Naive) {
+        // There is no tree form of these (NCCL only rings them), so Tree is charged as Ring.
+        const Link l = ring_link();
+        return reduce ? ring_reduce_scatter_time(p, S, l.alpha, l.beta, g)
+                      : ring_allgather_time(p, S, l.alpha, l.beta);
+      }
+      // Naive goes through rank 0, one message at a time. Reduce-scatter: every full buffer in
+      // (and reduced), then each rank's block out. All-gather: each block in, then the whole out.
+      const Link l = slowest_link_at_root(*this);
+      const double block = S / p;
+      if (reduce) return (p - 1) * (l.alpha + S * l.beta + S * g) + (p - 1) * (l.alpha + block * l.beta);
+      return (p - 1) * (l.alpha + block * l.beta) + (p - 1) * (l.alpha + S * l.beta);
+    }
+    case CollectiveOp::Broadcast:
+    case CollectiveOp::Reduce: {
+      const bool reduce = op == CollectiveOp::Reduce;
+      if (algo == Algorithm::Tree) {
+        const Link l = slowest_link(*this);
+        return reduce ? binomial_reduce_time(p, S, l.alpha, l.beta, g)
+                      : binomial_broadcast_time(p, S, l.alpha, l.beta);
+      }
+      // Naive: the root sends (receives and reduces) p-1 whole messages one after another. Ring:
+      // a chain r -> r+1 without pipelining, p-1 hops of the whole message: the same count of
+      // messages, but bounded by the ring's slowest hop.
+      const Link l = algo == Algorithm::Ring ? ring_link() : slowest_link_at_root(*this);
+      return (p - 1) * (l.alpha + S * l.beta + (reduce ? S * g : 0.0));
+    }
+    case CollectiveOp::Barrier:
+      // An all-reduce of nothing: only the 2(p-1) message latencies remain.
+      return 2 * (p - 1) * ring_link().alpha;
+    case CollectiveOp::Send:
+    case CollectiveOp::Recv: {
+      // No peer in this signature, so charge the worst link the message could take.
+      const Link l = slowest_link(*this);
+      return l.alpha + S * l.beta;
+    }
+    case CollectiveOp::AllToAll: {
+      // Each rank sends a block of S/p to each of the p-1 others, one after another.
+      const Link l = slowest_link(*this);
+      return (p - 1) * (l.alpha + S / p * l.beta);
+    }
+  }
+  DTLAB_CHECK(false, "collective_time does not know this CollectiveOp; add a case for it");
+  return 0;
+}
+
+double CostModel::compute_time(double flops) const {
+  DTLAB_CHECK(profile_.flops_per_s > 0, "profile '" + profile_.name + "' has no compute rate");
+  return flops / profile_.flops_per_s;
+}
+
+}  // namespace dtlab

@@ -1,0 +1,45 @@
+// Printable names for trace event tags; views, the exporter and test messages share these spellings.
+#include "engine/trace/event.h"
+
+namespace dtlab {
+
+const char* event_kind_name(EventKind k) {
+  switch (k) {
+    case EventKind::Compute: return "compute";
+    case EventKind::CollectiveIssue: return "collective_issue";
+    case EventKind::Collective: return "collective";
+    case EventKind::RingStep: return "ring_step";
+    case EventKind::MemAlloc: return "mem_alloc";
+    case EventKind::MemFree: return "mem_free";
+    case EventKind::Iteration: return "iteration";
+    case EventKind::Gate: return "gate";
+  }
+  return "?";
+}
+
+const char* compute_kind_name(ComputeKind k) {
+  switch (k) {
+    case ComputeKind::LayerForward: return "forward";
+    case ComputeKind::LayerBackward: return "backward";
+    case ComputeKind::Loss: return "loss";
+    case ComputeKind::LossBackward: return "loss_backward";
+    case ComputeKind::OptimizerStep: return "optimizer_step";
+    case ComputeKind::ZeroGrad: return "zero_grad";
+    case ComputeKind::Other: return "other";
+  }
+  return "?";
+}
+
+const char* ring_phase_name(RingPhase p) {
+  switch (p) {
+    case RingPhase::None: return "none";
+    case RingPhase::ReduceScatter: return "reduce-scatter";
+    case RingPhase::AllGather: return "all-gather";
+    case RingPhase::Reduce: return "reduce";
+    case RingPhase::Broadcast: return "broadcast";
+    case RingPhase::Gather: return "gather";
+  }
+  return "?";
+}
+
+}  // namespace dtlab

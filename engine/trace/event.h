@@ -1,0 +1,85 @@
+// Trace events: everything the engine does that a view can show. One plain struct for every kind
+// (fixed size, no allocation when recording), tagged by EventKind; fields not used by a kind are 0.
+// Times: `wall_ns` since the recorder started (steady clock); `model_begin`/`model_end` in seconds
+// on the modeled clock of the hardware profile (cost_model.h).
+#pragma once
+#include <cstdint>
+
+#include "engine/comm/communicator.h"
+#include "engine/core/memory.h"
+#include "engine/core/observer.h"  // ComputeKind
+
+namespace dtlab {
+
+enum class EventKind : uint8_t {
+  Compute,         // a compute op, [begin, end]; `compute` says which
+  CollectiveIssue, // the rank's compute thread issued the op (instant)
+  Collective,      // the comm worker ran it, [begin, end]
+  RingStep,        // one step of a ring/tree/naive algorithm, nested in its Collective, [begin, end]
+  MemAlloc,        // instant; `mem`
+  MemFree,         // instant; `mem`
+  Iteration,       // one training iteration, [begin, end]
+  Gate,            // the rank waited at a stepper gate, [begin, end]
+  // new values go at the end
+};
+
+enum class Lane : uint8_t { Compute, Comm };
+enum class RingPhase : uint8_t { None, ReduceScatter, AllGather, Reduce, Broadcast, Gather };
+
+const char* event_kind_name(EventKind k);
+const char* compute_kind_name(ComputeKind k);  // "forward", "backward", "loss", ...
+const char* ring_phase_name(RingPhase p);      // "reduce-scatter", "all-gather", ...
+
+struct ComputeInfo {
+  ComputeKind kind;
+  int16_t layer;   // Sequential index, or -1
+  double flops;    // what the cost model charges
+};
+
+struct CollectiveInfo {
+  CollectiveOp op;
+  Algorithm algo;  // resolved (never Default)
+  ReduceOp reduce;
+  DType dtype;
+  int16_t root;    // broadcast/reduce root, send/recv peer, else -1
+  int16_t group_size;
+  uint64_t seq;    // per-rank collective sequence number (same on every rank for one collective)
+  int64_t in_count, out_count;  // elements ("In msg nelems", "Out msg nelems")
+  int64_t bytes;   // payload size S used for algbw (nccl-tests convention)
+};
+
+struct RingStepInfo {
+  uint64_t seq;    // the collective's sequence number
+  RingPhase phase;
+  int16_t step;    // 0 .. steps-1 within the collective
+  int16_t steps;   // total steps of this algorithm (2(n-1) for ring all-reduce)
+  int16_t chunk;   // chunk index moved (or -1)
+  int16_t src, dst;
+  int64_t bytes;   // bytes this rank received in this step
+};
+
+struct MemInfo {
+  MemCategory category;
+  int64_t bytes;        // size of this allocation or free
+  int64_t current;      // category total after it
+  int64_t total;        // all categories after it
+};
+
+struct Event {
+  uint64_t order = 0;     // global sequence across ranks: the order events were recorded
+  int64_t wall_begin_ns = 0, wall_end_ns = 0;
+  double model_begin = 0, model_end = 0;
+  int32_t rank = 0;
+  int32_t iteration = -1;
+  EventKind kind = EventKind::Compute;
+  Lane lane = Lane::Compute;
+  union {
+    ComputeInfo compute;
+    CollectiveInfo coll;
+    RingStepInfo step;
+    MemInfo mem;
+  };
+  Event() : coll{} {}
+};
+
+}  // namespace dtlab

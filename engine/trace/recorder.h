@@ -1,0 +1,60 @@
+// The trace recorder: per-rank bounded event buffers. Recording is a lock of the rank's own buffer
+// and a copy of one Event (no allocation), so it can stay on in every run. A long run keeps the most
+// recent `capacity` events per rank plus one aggregate per iteration, so memory stays flat.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "engine/trace/event.h"
+
+namespace dtlab {
+
+struct IterationAggregate {
+  int32_t iteration = 0;
+  int64_t events = 0;
+  double compute_wall_s = 0, comm_wall_s = 0;    // summed durations of Compute / Collective events
+  double compute_model_s = 0, comm_model_s = 0;
+  int64_t comm_bytes = 0;                        // bytes received in algorithm steps
+  int64_t collectives = 0;
+  int64_t peak_memory = 0;                       // highest total seen in memory events
+};
+
+class TraceRecorder {
+ public:
+  explicit TraceRecorder(int world_size, size_t capacity_per_rank = size_t{1} << 16);
+
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+  void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
+  int world_size() const { return static_cast<int>(ranks_.size()); }
+  int64_t now_ns() const;  // wall clock since construction
+
+  // Stamps e.order and appends it to e.rank's buffer (dropping the oldest when full).
+  void record(Event& e);
+
+  std::vector<Event> events(int rank) const;  // the kept window, oldest first
+  std::vector<Event> all_events() const;      // every rank's window, merged by `order`
+  uint64_t dropped(int rank) const;           // events that fell out of the window
+  std::vector<IterationAggregate> aggregates(int rank) const;
+  void clear();
+
+ private:
+  struct RankBuffer {
+    mutable std::mutex mu;
+    std::vector<Event> ring;  // capacity slots
+    size_t head = 0, size = 0;
+    uint64_t dropped = 0;
+    std::deque<IterationAggregate> iters;
+  };
+  void aggregate(RankBuffer& b, const Event& e);
+  size_t capacity_;
+  std::vector<std::unique_ptr<RankBuffer>> ranks_;
+  std::atomic<uint64_t> next_order_{0};
+  std::atomic<bool> enabled_{true};
+  int64_t start_ns_;
+};
+
+}  // namespace dtlab

@@ -1,0 +1,91 @@
+// The stepper: lets a person pause the ranks and advance them one ring step, one collective or one
+// iteration at a time. Ranks call gate() at three kinds of points; each gate has a position in the
+// one order every rank follows:
+//     iteration gate before issuing collective k   (k, -2)     compute lane
+//     collective gate before running collective k  (k, -1)     comm lane
+//     ring step s of collective k                  (k,  s)     comm lane
+// While paused, a gate opens iff its position <= `allowed`. `allowed` never drops below the furthest
+// gate any rank has passed, so a rank never waits inside a collective for a peer held at a gate:
+// pausing can never deadlock, and the watchdog only ever sees real hangs.
+// Commands: run (optionally paced: `speed` modeled seconds per wall second), pause, step(kind):
+//   step(RingStep)   release the pending ring step (or collective start); stop at the next ring
+//                    step or collective gate
+//   step(Collective) release the pending collective; stop at the next collective gate
+//   step(Iteration)  release the pending iteration; stop at the next iteration gate
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dtlab {
+
+enum class GateKind : uint8_t { RingStep, Collective, Iteration };
+const char* gate_kind_name(GateKind k);
+
+struct GatePos {
+  int64_t seq = 0;   // collective sequence number
+  int32_t sub = 0;   // -2 iteration gate, -1 collective gate, >= 0 ring step
+  auto operator<=>(const GatePos&) const = default;
+};
+
+struct RankGateState {
+  bool blocked = false;  // waiting at a gate right now
+  GateKind kind = GateKind::Collective;
+  GatePos pos;
+  int32_t iteration = -1;
+  int lane = 0;          // 0 compute, 1 comm
+};
+
+struct StepperState {
+  bool paused = false;
+  double speed = 0;                       // 0: as fast as possible
+  GatePos allowed;                        // while paused: gates at or before this are open
+  GatePos frontier;                       // furthest gate any rank has passed
+  std::vector<RankGateState> gates;       // per rank and lane: index rank * 2 + lane
+  uint64_t generation = 0;                // bumps on every command and gate change
+};
+
+class Stepper {
+ public:
+  explicit Stepper(int world_size, bool start_paused = false);
+
+  void run(double speed = 0);
+  void pause();
+  void step(GateKind kind);
+  void abort();  // releases every gate for good (the world is shutting down or failed)
+
+  // Called by rank threads. Blocks while the gate is closed; paces a running world when speed > 0
+  // (`model_time` is the rank's modeled clock at the gate). Returns false once aborted.
+  bool gate(int rank, int lane, GateKind kind, GatePos pos, int32_t iteration, double model_time);
+
+  StepperState state() const;
+  bool paused() const;
+  // Waits until every rank is blocked at a gate or `timeout` passed; for tests and scripted runs.
+  bool wait_until_all_blocked(int lanes_per_rank_min, std::chrono::milliseconds timeout) const;
+
+ private:
+  bool open_locked(GateKind kind, GatePos pos) const;
+  bool stops_locked(GateKind kind) const;  // would a closed gate of this kind hold a rank now?
+  void release_open_gates_locked();        // gates a command opened no longer count as blocked
+  int world_size_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool paused_;
+  bool aborted_ = false;
+  double speed_ = 0;
+  GatePos allowed_{-1, 0};
+  GatePos frontier_{-1, 0};
+  GateKind stop_kind_ = GateKind::RingStep;  // which kinds block, with pause_all_
+  bool pause_all_ = true;                    // pause(): every kind blocks
+  std::vector<RankGateState> gates_;
+  uint64_t generation_ = 0;
+  int credits_ = 0;  // step commands given while no rank waited: each opens the next gate reached
+  // pacing: wall time at which modeled time `pace_model0_` was current
+  std::chrono::steady_clock::time_point pace_wall0_;
+  double pace_model0_ = -1;
+};
+
+}  // namespace dtlab
