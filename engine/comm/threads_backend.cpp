@@ -574,9 +574,10 @@ static void bounded_wait(World& w, std::condition_variable& cv, std::unique_lock
 
 // A ring wait: a few yields first (with more ranks than cores the neighbour often just needs the
 // core), then sleep on this rank's own condition variable, under the watchdog.
+constexpr int kRingYields = 8;
 template <class Pred>
 void World::ring_wait(Call& c, Pred ready, const char* what) {
-  for (int i = 0; i < 8; i++) {
+  for (int i = 0; i < kRingYields; i++) {
     if (ready() || aborted_flag_.load()) break;
     std::this_thread::yield();
   }
