@@ -87,8 +87,14 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
   // CLI11 wants argv order reversed when given a vector.
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   std::string command;
-  for (const auto& a : args)
-    if (a == "train" || a == "eval" || a == "sampler" || a == "bench") { command = a; break; }
+  for (size_t i = 0; i < args.size(); i++) {
+    const std::string& a = args[i];
+    if (a == "train" || a == "eval" || a == "sampler" || a == "bench") {
+      command = a;
+      if (a == "bench" && i + 1 < args.size() && args[i + 1] == "collectives") command += " collectives";
+      break;
+    }
+  }
   try {
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {
@@ -105,7 +111,9 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
     return 0;
   } catch (const CLI::RequiredError& e) {
     if (args.empty() || std::string(e.what()).find("subcommand") != std::string::npos) {
-      if (command.empty() && !args.empty())
+      if (command == "bench")
+        io.err << "dtlab-cli: bench needs to know what to measure; use 'dtlab-cli bench collectives' (see 'dtlab-cli bench --help')\n";
+      else if (command.empty() && !args.empty())
         io.err << "dtlab-cli: '" << args[0] << "' is not a subcommand; use train, eval, bench or sampler (see 'dtlab-cli --help')\n";
       else
         io.err << "dtlab-cli: give a subcommand (train, eval, bench or sampler); run 'dtlab-cli --help' for usage\n";

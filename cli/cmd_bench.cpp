@@ -21,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchArgs {
   std::string op = "allreduce";
-  std::string algo = "ring";
+  std::string algo = "default";
   int world = 4;
   int64_t min_bytes = 1024, max_bytes = 64 << 20;
   int iters = 0;  // 0: chosen per size
@@ -125,6 +125,8 @@ int64_t check(ThreadsWorld& w, CollectiveOp op, Algorithm algo, Buffers& b, int6
 int run_bench(const BenchArgs& a, Streams& io) {
   const CollectiveOp op = parse_op(a.op);
   const Algorithm algo = parse_algorithm(a.algo);
+  check_algorithm(op, algo);
+  const Algorithm shown = algo != Algorithm::Default ? algo : op == CollectiveOp::Broadcast ? Algorithm::Tree : Algorithm::Ring;
   const int n = a.world;
   if (a.min_bytes > a.max_bytes)
     throw Error("--min-bytes " + std::to_string(a.min_bytes) + " is larger than --max-bytes " + std::to_string(a.max_bytes));
@@ -133,7 +135,7 @@ int run_bench(const BenchArgs& a, Streams& io) {
   opt.record = false;  // like nccl-tests: measure the collective, not the profiler
   opt.timeout_s = a.timeout_s;
   for (const auto& f : a.faults) opt.faults.push_back(parse_fault(f));
-  if (op == CollectiveOp::AllReduce) opt.allreduce_algo = algo;
+  if (op == CollectiveOp::AllReduce && algo != Algorithm::Default) opt.allreduce_algo = algo;
   std::unique_ptr<CostModel> model;
   if (!a.profile.empty()) model = std::make_unique<CostModel>(find_profile(a.profile), n);
   ThreadsWorld w(n, opt);
@@ -154,7 +156,7 @@ int run_bench(const BenchArgs& a, Streams& io) {
   const double factor = bus_factor(op, n);
   nlohmann::json rows = nlohmann::json::array();
   if (!a.json) {
-    io.out << "# dtlab-cli bench collectives: " << a.op << ", " << algorithm_name(algo) << ", world " << n
+    io.out << "# dtlab-cli bench collectives: " << a.op << ", " << algorithm_name(shown) << ", world " << n
            << ", threads backend (one thread and one comm worker per rank)\n";
     io.out << "# busbw = algbw * " << (op == CollectiveOp::AllReduce ? "2(n-1)/n" : op == CollectiveOp::Broadcast ? "1" : "(n-1)/n")
            << " (nccl-tests); single-thread memcpy in this run: " << mem_gbps << " GB/s\n";
@@ -185,7 +187,7 @@ int run_bench(const BenchArgs& a, Streams& io) {
     });
     double algbw = static_cast<double>(S) / seconds / 1e9, busbw = algbw * factor;
     busbw_sum += busbw;
-    double model_s = model ? model->collective_time(op, algo, static_cast<double>(S)) : 0;
+    double model_s = model ? model->collective_time(op, shown, static_cast<double>(S)) : 0;
     if (a.json) {
       nlohmann::json row = {{"size", S}, {"count", S / 4}, {"time_us", seconds * 1e6}, {"algbw", algbw},
                             {"busbw", busbw}, {"wrong", wrong}};
@@ -206,7 +208,7 @@ int run_bench(const BenchArgs& a, Streams& io) {
   }
   double avg = busbw_sum / static_cast<double>(sizes.size());
   if (a.json) {
-    nlohmann::json j = {{"op", a.op}, {"algo", algorithm_name(algo)}, {"world", n}, {"rows", rows},
+    nlohmann::json j = {{"op", a.op}, {"algo", algorithm_name(shown)}, {"world", n}, {"rows", rows},
                         {"avg_busbw", avg}, {"memcpy_gbps", mem_gbps}, {"wrong", wrong_total}};
     io.out << j.dump() << "\n";
   } else {
@@ -225,7 +227,7 @@ Runner add_bench_command(CLI::App& app) {
   CLI::App* coll = app.add_subcommand("collectives", "nccl-tests-style sweep of one collective over message sizes");
   auto a = std::make_shared<BenchArgs>();
   coll->add_option("--op", a->op, "allreduce | reducescatter | allgather | broadcast")->capture_default_str();
-  coll->add_option("--algo", a->algo, "ring | tree | naive (all-reduce, broadcast)")->capture_default_str();
+  coll->add_option("--algo", a->algo, "ring | tree | naive (default: ring, tree for broadcast)")->capture_default_str();
   coll->add_option("--world", a->world, "Number of ranks")->check(whole_number(1, 64))->capture_default_str();
   coll->add_option("--min-bytes", a->min_bytes, "Smallest message (bytes)")->check(whole_number(4, int64_t{1} << 31))->capture_default_str();
   coll->add_option("--max-bytes", a->max_bytes, "Largest message (bytes)")->check(whole_number(4, int64_t{1} << 31))->capture_default_str();

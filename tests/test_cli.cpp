@@ -410,4 +410,61 @@ TEST_SUITE("cli") {
     check_usage_error({"train", "--steps", "1", "--save", dir.path.string() + "/"}, "is a directory; give a file path");
     CHECK(dir.empty());
   }
+
+  TEST_CASE("bench collectives: errors, a clean sweep, and a hang that exits 3 with the diagnosis") {
+    check_usage_error({"bench"}, "bench needs to know what to measure; use 'dtlab-cli bench collectives'");
+    check_usage_error({"bench", "collectives", "--op", "gather"}, "--op gather is not benchmarked");
+    check_usage_error({"bench", "collectives", "--algo", "fast"}, "algorithm 'fast' is not known");
+    check_usage_error({"bench", "collectives", "--op", "reducescatter", "--algo", "tree"},
+                      "reduce_scatter does not run the tree algorithm; use ring");
+    check_usage_error({"bench", "collectives", "--op", "broadcast", "--algo", "ring"},
+                      "broadcast does not run the ring algorithm; use tree or naive");
+    check_usage_error({"bench", "collectives", "--min-bytes", "100", "--max-bytes", "10"}, "is larger than --max-bytes");
+    check_usage_error({"bench", "collectives", "--fault", "skip:rank=9,collective=1"}, "fault names rank 9");
+    check_usage_error({"bench", "collectives", "--world", "0"}, "run 'dtlab-cli bench collectives --help'");
+
+    CliResult ok = run({"bench", "collectives", "--world", "3", "--min-bytes", "1024", "--max-bytes", "8192", "--iters", "2"});
+    INFO("stdout: ", ok.out);
+    CHECK(ok.code == 0);
+    CHECK(ok.out.find("#wrong") != std::string::npos);
+    CHECK(ok.out.find("# Out of bounds values : 0 OK") != std::string::npos);
+    CHECK(ok.out.find("Avg bus bandwidth") != std::string::npos);
+    CliResult js = run({"bench", "collectives", "--op", "allgather", "--world", "4", "--min-bytes", "4096",
+                        "--max-bytes", "16384", "--iters", "2", "--json"});
+    REQUIRE(js.code == 0);
+    json j = json::parse(js.out);
+    CHECK(j["rows"].size() == 3);
+    CHECK(j["wrong"] == 0);
+
+    // A rank that skips a collective: the watchdog names it, the CLI exits 3 instead of hanging.
+    CliResult hang = run({"bench", "collectives", "--world", "4", "--min-bytes", "1024", "--max-bytes", "1024",
+                          "--iters", "3", "--fault", "skip:rank=2,collective=1", "--timeout", "0.5"});
+    INFO("stderr: ", hang.err);
+    CHECK(hang.code == 3);
+    CHECK(hang.err.rfind("dtlab-cli: watchdog: collective #1", 0) == 0);
+    CHECK(hang.err.find("rank 2 missing") != std::string::npos);
+    CHECK(hang.err.find("fault injection") != std::string::npos);
+  }
+
+  TEST_CASE("train --trace writes a Chrome trace with compute and memory tracks") {
+    TempDir dir;
+    std::string path = dir.file("t.json");
+    CliResult r = run({"train", "--steps", "3", "--trace", path, "--trace-clock", "modeled", "--profile", "pcie8"});
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("trace written to " + path) != std::string::npos);
+    std::ifstream f(path);
+    json t = json::parse(f);
+    int forward = 0, counters = 0, iterations = 0;
+    for (const auto& e : t["traceEvents"]) {
+      std::string name = e.value("name", "");
+      if (e["ph"] == "X" && name.rfind("forward", 0) == 0) forward++;
+      if (e["ph"] == "X" && name.rfind("iteration", 0) == 0) iterations++;
+      if (e["ph"] == "C") counters++;
+    }
+    CHECK(forward == 3 * 5);  // Linear ReLU Linear ReLU Linear, three steps
+    CHECK(iterations == 3);
+    CHECK(counters > 0);
+    check_usage_error({"train", "--trace-clock", "sideways"}, "--trace-clock sideways is not a clock; use wall or modeled");
+    check_usage_error({"train", "--profile", "mars"}, "hardware profile 'mars' is not known");
+  }
 }

@@ -45,6 +45,9 @@ const char* collective_name(CollectiveOp op);
 const char* algorithm_name(Algorithm a);  // "default", "ring", "tree", "naive"
 const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
 Algorithm parse_algorithm(std::string_view text);  // dtlab::Error on unknown names
+// dtlab::Error unless the op runs that algorithm: all-reduce ring|tree|naive; reduce-scatter and
+// all-gather ring; broadcast and reduce tree|naive; Default is always fine.
+void check_algorithm(CollectiveOp op, Algorithm algo);
 
 // A failed collective: watchdog timeout, desync between ranks, or an aborted world. The message is
 // the full diagnosis (which collective, which ranks arrived, which are missing and what they do).

@@ -46,4 +46,23 @@ Algorithm parse_algorithm(std::string_view text) {
   throw Error("algorithm '" + std::string(text) + "' is not known; use ring, tree or naive");
 }
 
+void check_algorithm(CollectiveOp op, Algorithm algo) {
+  if (algo == Algorithm::Default) return;
+  const char* allowed = nullptr;
+  switch (op) {
+    case CollectiveOp::ReduceScatter:
+    case CollectiveOp::AllGather:
+      if (algo != Algorithm::Ring) allowed = "ring";
+      break;
+    case CollectiveOp::Broadcast:
+    case CollectiveOp::Reduce:
+      if (algo == Algorithm::Ring) allowed = "tree or naive";
+      break;
+    default: break;
+  }
+  if (allowed)
+    throw Error(std::string(collective_name(op)) + " does not run the " + algorithm_name(algo) +
+                " algorithm; use " + allowed);
+}
+
 }  // namespace dtlab

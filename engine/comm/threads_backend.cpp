@@ -204,8 +204,7 @@ class RankComm : public Communicator {
       else if (op == CollectiveOp::Reduce) a = w_->opt_.reduce_algo;
       else a = Algorithm::Ring;
     }
-    if ((op == CollectiveOp::ReduceScatter || op == CollectiveOp::AllGather) && a != Algorithm::Ring)
-      throw Error(std::string(collective_name(op)) + " runs only the ring algorithm; drop --algo or use ring");
+    check_algorithm(op, a);
     return a;
   }
 
