@@ -16,6 +16,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/comm/threads_backend.h"
@@ -594,6 +595,37 @@ TEST_CASE("reduce_scatter and tree reduce charge comm buffers while running and 
     }
     CHECK(allocs[0] >= 1);                  // reduce_scatter
     CHECK(allocs[1] == (r == 1 ? 0 : 1));   // tree reduce: non-roots accumulate in scratch
+  }
+}
+
+
+// Regression: a rank that fails mid-collective used to unwind (freeing its scratch, failing its
+// Work so its caller freed the buffer) while neighbours still read that memory. Now it waits for
+// them to leave the algorithm first; ASan/TSan builds would flag the old behaviour here.
+TEST_CASE("aborting the world during large collectives frees nothing a neighbour still reads") {
+  for (int round = 0; round < (quick() ? 2 : 5); round++) {
+    ThreadsWorld w(4, options(10));
+    std::thread stopper([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5 + 7 * round));
+      w.abort("stopped by the test");
+    });
+    std::string msg;
+    try {
+      w.run([](int r, Communicator& c, RankContext&) {
+        for (int k = 0; k < 50; k++) {
+          std::vector<float> in(1 << 20, float(r)), out((1 << 20) / 4);
+          c.reduce_scatter(out.data(), in.data(), (1 << 20) / 4, DType::F32, ReduceOp::Sum)->wait();
+          std::vector<float> buf(1 << 18, 1.0f);
+          c.all_reduce(buf.data(), 1 << 18)->wait();
+        }
+      });
+    } catch (const CommError& e) {
+      msg = e.what();
+    }
+    stopper.join();
+    CHECK(msg == "stopped by the test");
+    CHECK(w.status().failed);  // (in_flight keeps what was pending: the post-mortem view)
+    CHECK(w.status().error == "stopped by the test");
   }
 }
 

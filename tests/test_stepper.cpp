@@ -126,7 +126,7 @@ RankFn allreduce_loop(int iterations, int64_t count, std::atomic<int>& wrong) {
     std::vector<float> buf(static_cast<size_t>(count));
     for (int it = 0; it < iterations; it++) {
       std::fill(buf.begin(), buf.end(), float(r + 1));
-      ctx.begin_iteration(it, static_cast<uint64_t>(it));
+      ctx.begin_iteration(it, c.collectives_issued());
       c.all_reduce(buf.data(), count, DType::F32, ReduceOp::Sum, Algorithm::Ring)->wait();
       ctx.end_iteration();
       const int n = c.world_size();
@@ -163,7 +163,7 @@ TEST_CASE("paused world: step by iteration, collective and ring step, then run t
   SUBCASE("iteration, then collective by collective, then ring step by ring step") {
     // step(Iteration): all of iteration 0, stopping at iteration 1's gate.
     w.stepper().step(GateKind::Iteration);
-    REQUIRE(wait_blocked_at(w, 0, GateKind::Iteration, GatePos{1, -2}));
+    REQUIRE(wait_blocked_at(w, 0, GateKind::Iteration, GatePos{1, -2, 1}));
     CHECK(counts_are(w, EventKind::Collective, 1));
     CHECK(counts_are(w, EventKind::RingStep, size_t(steps)));
     CHECK(counts_are(w, EventKind::Iteration, 1));
@@ -270,7 +270,7 @@ TEST_CASE("wait_until_all_blocked after a step reports the next gates, not the r
     w.stepper().step(GateKind::Iteration);
     if (k < 2) {
       REQUIRE(w.stepper().wait_until_all_blocked(1, kPatienceMs));
-      CHECK(all_blocked_at(w, 0, GateKind::Iteration, GatePos{k + 1, -2}));
+      CHECK(all_blocked_at(w, 0, GateKind::Iteration, GatePos{k + 1, -2, k + 1}));
     }
   }
   w.stepper().run();
@@ -341,15 +341,13 @@ TEST_CASE("determinism: the same program twice, free-running or stepped, gives t
   auto program = [](int r, Communicator& c, RankContext& ctx) {
     const int n = c.world_size();
     std::vector<float> a(1001, float(r)), in(static_cast<size_t>(300 * n), 1.0f), out(300);
-    uint64_t seq = 0;
     for (int it = 0; it < 2; it++) {
-      ctx.begin_iteration(it, seq);
+      ctx.begin_iteration(it, c.collectives_issued());
       c.all_reduce(a.data(), 1001, DType::F32, ReduceOp::Sum, Algorithm::Ring)->wait();
       c.all_reduce(a.data(), 1001, DType::F32, ReduceOp::Max, Algorithm::Tree)->wait();
       c.reduce_scatter(out.data(), in.data(), 300, DType::F32, ReduceOp::Sum)->wait();
       c.broadcast(a.data(), 1001, DType::F32, 1, Algorithm::Naive)->wait();
       c.reduce(a.data(), 1001, DType::F32, ReduceOp::Sum, 2, Algorithm::Tree)->wait();
-      seq += 5;
       ctx.end_iteration();
     }
   };
@@ -422,7 +420,7 @@ TEST_CASE("pause() in the middle of a running world holds it without tripping th
     for (int it = 0;; it++) {
       std::fill(buf.begin(), buf.end() - 1, float(r + 1));
       buf.back() = float(stop.load());
-      ctx.begin_iteration(it, static_cast<uint64_t>(it));
+      ctx.begin_iteration(it, c.collectives_issued());
       c.all_reduce(buf.data(), 4097)->wait();
       ctx.end_iteration();
       for (size_t i = 0; i + 1 < buf.size(); i++) wrong += buf[i] != float(n * (n + 1) / 2);

@@ -72,6 +72,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   virtual const char* backend_name() const = 0;
+  // Collectives this rank has issued so far (the next one's sequence number); call from the rank's
+  // own thread. The stepper's iteration gates use it to place themselves in the global order.
+  virtual uint64_t collectives_issued() const = 0;
 
   virtual WorkPtr all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op,
                              Algorithm algo = Algorithm::Default) = 0;

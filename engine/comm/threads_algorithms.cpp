@@ -75,7 +75,7 @@ struct Stepper_ {
   World& w;
   explicit Stepper_(Call& call) : c(call), w(*call.world) {}
   int64_t begin(int step) {
-    if (!w.step_gate(c, step)) throw CommError(w.abort_reason_);
+    if (!w.step_gate(c, step)) w.fail_aborted();
     return w.recorder_->now_ns();
   }
 };
@@ -118,7 +118,6 @@ void ring_allreduce(Call& c) {
     st.w.finish_step(c, s, rs ? RingPhase::ReduceScatter : RingPhase::AllGather, k, pred, r,
                      (hi - lo) * static_cast<int64_t>(sizeof(T)), pairs, chunk_bytes, rs, wall0);
   }
-  if (n == 1) finish_avg(mine, count, rv.desc.reduce, 1);
   st.w.ring_wait_drained(c);
 }
 

@@ -62,6 +62,12 @@ std::string human_bytes(int64_t b) {
   return buf;
 }
 
+std::string seconds_text(double s) {
+  std::ostringstream os;
+  os << s << " s";
+  return os.str();
+}
+
 std::string rank_list(const std::vector<int>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); i++) s += (i ? ", " : "") + std::to_string(v[i]);
@@ -113,7 +119,10 @@ class WorkImpl : public Work {
     cv_.wait(lock, [&] { return done_; });
     if (!error_.empty()) throw CommError(error_);
     lock.unlock();
-    if (ctx_) ctx_->advance_compute_clock(model_end_);  // the compute lane waited for the comm lane
+    if (ctx_) {
+      ctx_->advance_compute_clock(model_end_);  // the compute lane waited for the comm lane
+      ctx_->set_activity("running (after " + what_ + ")");
+    }
   }
   uint64_t seq() const override { return seq_; }
   void finish(double model_end, std::string error = {}) {
@@ -144,6 +153,7 @@ struct Job {
   void* buf = nullptr;
   const void* in = nullptr;
   double issue_model = 0;
+  int32_t iteration = -1;  // compute lane's iteration at issue
 };
 
 class RankComm : public Communicator {
@@ -159,6 +169,7 @@ class RankComm : public Communicator {
   }
   int rank() const override { return rank_; }
   int world_size() const override { return w_->n_; }
+  uint64_t collectives_issued() const override { return next_seq_; }
   const char* backend_name() const override { return "threads"; }
 
   WorkPtr all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, Algorithm algo) override {
@@ -222,6 +233,7 @@ class RankComm : public Communicator {
 
   WorkPtr p2p(CollectiveOp op, void* buf, int64_t count, DType dt, int peer, int tag) {
     check_rank(peer, op == CollectiveOp::Send ? "send peer" : "recv peer");
+    if (count < 0) throw Error("a send or recv count cannot be negative");
     if (peer == rank_) throw Error("rank " + std::to_string(rank_) + " cannot send to or receive from itself");
     Job j;
     j.p2p = true;
@@ -236,6 +248,7 @@ class RankComm : public Communicator {
   WorkPtr enqueue(Job j, CollectiveOp) {
     RankContext* ctx = w_->ctx_[static_cast<size_t>(rank_)].get();
     j.issue_model = ctx->compute_clock();
+    j.iteration = ctx->iteration();
     j.work = std::make_shared<WorkImpl>(
         j.seq, ctx, j.p2p ? std::string(collective_name(j.desc.op)) + " #" + std::to_string(j.seq) + " with rank " + std::to_string(j.peer)
                           : describe(j.desc, j.seq));
@@ -282,6 +295,7 @@ class RankComm : public Communicator {
     e.wall_end_ns = w_->recorder_->now_ns();
     e.model_begin = begin;
     e.model_end = end;
+    e.iteration = j.iteration;
     fill_info(e.coll, j);
     ctx->record(e);
     return end;
@@ -334,13 +348,23 @@ class RankComm : public Communicator {
     Rendezvous& rv = w_->arrive(rank_, j.seq, j.desc, j.buf, j.in, arrive_t);
     w_->set_comm_activity(rank_, "at the gate of " + what);
     if (!w_->stepper_->gate(rank_, 1, GateKind::Collective, GatePos{static_cast<int64_t>(j.seq), -1},
-                            ctx->iteration(), arrive_t))
-      w_->fail(w_->abort_reason_);
+                            j.iteration, arrive_t))
+      w_->fail_aborted();
     w_->set_comm_activity(rank_, "in " + what + ", waiting for the other ranks to arrive");
     const double start = w_->wait_all_arrived(rank_, rv);
-    Call c{w_, &rv, rank_, w_->n_, ctx, start};
+    Call c{w_, &rv, rank_, w_->n_, ctx, start, j.iteration};
     w_->set_comm_activity(rank_, "in " + what);
-    run_collective(c);
+    w_->enter_algorithm(rv);
+    try {
+      run_collective(c);
+    } catch (const std::exception& e) {
+      // Neighbours may still be reading this rank's buffers (or scratch about to be freed by the
+      // unwinding): stop them, then wait until every rank is out of the algorithm.
+      if (!w_->aborted()) w_->abort("rank " + std::to_string(rank_) + " failed in " + what + ": " + e.what());
+      w_->exit_algorithm(rv, true);
+      throw;
+    }
+    w_->exit_algorithm(rv, false);
     double dur = w_->cost_->collective_time(j.desc.op, j.desc.algo, static_cast<double>(payload_bytes(j.desc, w_->n_)));
     double end = rv.steps > 0 ? c.model_t : start + dur;
     double begin = start;
@@ -359,8 +383,10 @@ class RankComm : public Communicator {
                                        j.desc.op == CollectiveOp::Send ? j.peer : rank_);
     double end = begin + link.alpha + static_cast<double>(bytes) * link.beta;
     if (j.desc.op == CollectiveOp::Send) {
-      std::vector<uint8_t> msg(bytes);
-      if (bytes) std::memcpy(msg.data(), j.buf, bytes);
+      World::Message msg;
+      msg.data.resize(bytes);
+      msg.model_sent = begin;
+      if (bytes) std::memcpy(msg.data.data(), j.buf, bytes);
       std::lock_guard<std::mutex> lock(w_->mu_);
       w_->mailbox_[{rank_, j.peer, j.tag}].push_back(std::move(msg));
       w_->cv_.notify_all();
@@ -370,24 +396,32 @@ class RankComm : public Communicator {
       w_->set_comm_activity(rank_, "in " + what);
       std::unique_lock<std::mutex> lock(w_->mu_);
       auto key = std::make_tuple(j.peer, rank_, j.tag);
-      auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(w_->opt_.timeout_s));
-      bool ok = w_->cv_.wait_until(lock, deadline, [&] {
-        return w_->aborted_ || !w_->mailbox_[key].empty();
-      });
+      // Point to point has no stepper gate, so the peer may legitimately be held at one: the
+      // watchdog's clock does not run while the stepper is paused.
+      const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(w_->opt_.timeout_s));
+      auto deadline = Clock::now() + timeout;
+      bool ok = false;
+      while (true) {
+        ok = w_->cv_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)),
+                                [&] { return w_->aborted_ || !w_->mailbox_[key].empty(); });
+        if (ok || Clock::now() >= deadline) break;
+        if (w_->stepper_->paused()) deadline = Clock::now() + timeout;
+      }
       if (w_->aborted_) throw CommError(w_->abort_reason_);
       if (!ok) {
         std::string msg = "watchdog: " + what + " on rank " + std::to_string(rank_) +
-                          " did not complete within " + std::to_string(w_->opt_.timeout_s) +
-                          " s; rank " + std::to_string(j.peer) + " is " +
+ " did not complete within " + seconds_text(w_->opt_.timeout_s) +
+                          "; rank " + std::to_string(j.peer) + " is " +
                           w_->comm_activity_[static_cast<size_t>(j.peer)] + " (compute: " +
                           w_->ctx_[static_cast<size_t>(j.peer)]->activity() + ")";
         lock.unlock();
         w_->fail(msg);
       }
-      std::vector<uint8_t> msg = std::move(w_->mailbox_[key].front());
+      World::Message m = std::move(w_->mailbox_[key].front());
       w_->mailbox_[key].pop_front();
       lock.unlock();
+      std::vector<uint8_t>& msg = m.data;
+      end = std::max(begin, m.model_sent) + link.alpha + static_cast<double>(bytes) * link.beta;
       if (msg.size() != bytes) {
         w_->fail("recv on rank " + std::to_string(rank_) + " expected " + std::to_string(bytes) +
                  " bytes from rank " + std::to_string(j.peer) + " (tag " + std::to_string(j.tag) +
@@ -465,6 +499,31 @@ void World::abort(const std::string& reason) {
 void World::fail(const std::string& msg) {
   abort(msg);
   throw CommError(msg);
+}
+
+void World::fail_aborted() {
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reason = aborted_ ? abort_reason_ : "stepping was stopped (the stepper was aborted)";
+  }
+  fail(reason);
+}
+
+void World::enter_algorithm(Rendezvous& rv) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rv.running++;
+}
+
+void World::exit_algorithm(Rendezvous& rv, bool failed) {
+  std::unique_lock<std::mutex> lock(mu_);
+  rv.running--;
+  cv_.notify_all();
+  if (!failed) return;
+  // Every other rank in the algorithm sees the abort within one slice or step; the bound only
+  // guards against a rank stuck in something that never checks it.
+  cv_.wait_for(lock, std::chrono::duration<double>(opt_.timeout_s), [&] { return rv.running == 0; });
+  if (--rv.left == 0) rv_.erase(rv.seq);
 }
 
 void World::set_comm_activity(int rank, std::string what) {
@@ -646,7 +705,7 @@ void World::step_barrier(Call& c) {
 
 bool World::step_gate(Call& c, int step) {
   return stepper_->gate(c.rank, 1, GateKind::RingStep, GatePos{static_cast<int64_t>(c.rv->seq), step},
-                        c.ctx->iteration(), c.model_t);
+                        c.iteration, c.model_t);
 }
 
 void World::finish_step(Call& c, int step, RingPhase phase, int chunk, int src, int dst, int64_t bytes,
@@ -662,6 +721,7 @@ void World::finish_step(Call& c, int step, RingPhase phase, int chunk, int src, 
   e.model_end = c.model_t + dt;
   e.step = RingStepInfo{c.rv->seq, phase, static_cast<int16_t>(step), static_cast<int16_t>(c.rv->steps),
                         static_cast<int16_t>(chunk), static_cast<int16_t>(src), static_cast<int16_t>(dst), bytes};
+  e.iteration = c.iteration;
   c.ctx->record(e);
   c.model_t += dt;
   std::lock_guard<std::mutex> lock(mu_);
@@ -701,6 +761,7 @@ void ThreadsWorld::run(const std::function<void(int, Communicator&, RankContext&
     ts.emplace_back([&, r] {
       try {
         fn(r, comm(r), context(r));
+        context(r).set_activity("returned from its rank function");
       } catch (const CommError& e) {
         errors[static_cast<size_t>(r)] = e.what();
         comm_error[static_cast<size_t>(r)] = 1;

@@ -49,6 +49,7 @@ struct Rendezvous {
   int barrier_count = 0;                    // step barrier (tree, naive, all-to-all)
   int64_t barrier_gen = 0;
   int left = 0;                             // ranks still inside
+  int running = 0;                          // ranks inside run_collective (reading peers' memory)
   int steps = 0;
 };
 
@@ -61,7 +62,8 @@ struct Call {
   int rank;
   int n;
   RankContext* ctx;
-  double model_t;  // running modeled time of this collective's steps
+  double model_t;     // running modeled time of this collective's steps
+  int32_t iteration;  // the iteration the op was issued in (events go there)
 };
 
 class World {
@@ -74,6 +76,10 @@ class World {
                      double model_t);
   double wait_all_arrived(int rank, Rendezvous& rv);  // returns the modeled start
   void leave(Rendezvous& rv);
+  // Bracket run_collective; on failure exit_algorithm waits for the other ranks to leave the
+  // algorithm (so none reads memory about to be freed) and gives up this rank's place.
+  void enter_algorithm(Rendezvous& rv);
+  void exit_algorithm(Rendezvous& rv, bool failed);
   // Ring neighbour protocol (see threads_algorithms.cpp).
   void ring_wait_ready(Call& c, int64_t unit);
   void ring_mark_done(Call& c, int64_t unit);
@@ -90,6 +96,7 @@ class World {
                    int64_t wall_begin);
 
   [[noreturn]] void fail(const std::string& msg);  // abort the world and throw CommError
+  [[noreturn]] void fail_aborted();                // after a gate refused: throw the abort reason
   void abort(const std::string& reason);
   bool aborted() const;
   void set_comm_activity(int rank, std::string what);
@@ -116,7 +123,11 @@ class World {
   bool aborted_ = false;
   std::string abort_reason_;
   // point to point: (src, dst, tag) -> queued messages
-  std::map<std::tuple<int, int, int>, std::deque<std::vector<uint8_t>>> mailbox_;
+  struct Message {
+    std::vector<uint8_t> data;
+    double model_sent = 0;  // sender's modeled time: the transfer cannot start before it
+  };
+  std::map<std::tuple<int, int, int>, std::deque<Message>> mailbox_;
 };
 
 // Number of steps the algorithm takes for this collective on n ranks.

@@ -22,8 +22,8 @@ void MemoryTracker::update(MemCategory c, int64_t delta) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     int i = static_cast<int>(c);
+    DTLAB_CHECK(stats_.current[i] + delta >= 0, "memory tracker freed more bytes than were allocated");
     stats_.current[i] += delta;
-    DTLAB_CHECK(stats_.current[i] >= 0, "memory tracker freed more bytes than were allocated");
     stats_.total_current += delta;
     if (stats_.current[i] > stats_.peak[i]) stats_.peak[i] = stats_.current[i];
     if (stats_.total_current > stats_.total_peak) stats_.total_peak = stats_.total_current;

@@ -27,7 +27,7 @@ RankContext::~RankContext() {
 void RankContext::record(Event& e) {
   if (!recorder_ || !recorder_->enabled()) return;
   e.rank = rank_;
-  e.iteration = iteration();
+  if (e.iteration < 0) e.iteration = iteration();  // comm-lane events carry their issue iteration
   recorder_->record(e);
 }
 
@@ -67,7 +67,7 @@ bool RankContext::begin_iteration(int32_t iteration, uint64_t next_collective_se
   if (stepper_) {
     set_activity("at the start of iteration " + std::to_string(iteration));
     ok = stepper_->gate(rank_, 0, GateKind::Iteration,
-                        GatePos{static_cast<int64_t>(next_collective_seq), -2}, iteration,
+                        GatePos{static_cast<int64_t>(next_collective_seq), -2, iteration}, iteration,
                         compute_clock());
   }
   iter_wall_ = recorder_ ? recorder_->now_ns() : 0;

@@ -34,8 +34,9 @@ class RankContext : public ComputeObserver {
   void compute_begin(ComputeKind kind, int layer, double flops) override;
   void compute_end() override;
 
-  // Iterations: begin_iteration passes the rank's iteration gate (k = the next collective it will
-  // issue) and opens an Iteration event; end_iteration closes it. Returns false if aborted.
+  // Iterations: begin_iteration passes the rank's iteration gate (next_collective_seq: the rank's
+  // Communicator::collectives_issued()) and opens an Iteration event; end_iteration closes it.
+  // Returns false if aborted.
   bool begin_iteration(int32_t iteration, uint64_t next_collective_seq);
   void end_iteration();
   int32_t iteration() const { return iteration_.load(std::memory_order_relaxed); }

@@ -58,8 +58,10 @@ void Stepper::step(GateKind kind) {
       found = true;
     }
   }
-  if (found) allowed_ = std::max({allowed_, frontier_, pending});
-  else if (any) allowed_ = std::max({allowed_, frontier_, latest});
+  // Whatever some rank already passed stays open for all (the no-deadlock rule), whichever branch.
+  allowed_ = std::max(allowed_, frontier_);
+  if (found) allowed_ = std::max(allowed_, pending);
+  else if (any) allowed_ = std::max(allowed_, latest);
   else credits_++;
   release_open_gates_locked();
   generation_++;
@@ -98,7 +100,7 @@ bool Stepper::gate(int rank, int lane, GateKind kind, GatePos pos, int32_t itera
   std::unique_lock<std::mutex> lock(mu_);
   if (!open_locked(kind, pos) && credits_ > 0) {  // a step given before anyone got here
     credits_--;
-    allowed_ = std::max(allowed_, pos);
+    allowed_ = std::max({allowed_, frontier_, pos});
   }
   if (!open_locked(kind, pos)) {
     RankGateState& g = gates_[static_cast<size_t>(rank) * 2 + static_cast<size_t>(lane)];

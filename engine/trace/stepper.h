@@ -1,7 +1,7 @@
 // The stepper: lets a person pause the ranks and advance them one ring step, one collective or one
 // iteration at a time. Ranks call gate() at three kinds of points; each gate has a position in the
 // one order every rank follows:
-//     iteration gate before issuing collective k   (k, -2)     compute lane
+//     iteration gate i before issuing collective k (k, -2, i)  compute lane
 //     collective gate before running collective k  (k, -1)     comm lane
 //     ring step s of collective k                  (k,  s)     comm lane
 // While paused, a gate opens iff its position <= `allowed`. `allowed` never drops below the furthest
@@ -28,6 +28,7 @@ const char* gate_kind_name(GateKind k);
 struct GatePos {
   int64_t seq = 0;   // collective sequence number
   int32_t sub = 0;   // -2 iteration gate, -1 collective gate, >= 0 ring step
+  int32_t iter = 0;  // iteration gates: the iteration (orders iterations that issue no collective)
   auto operator<=>(const GatePos&) const = default;
 };
 
