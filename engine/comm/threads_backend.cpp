@@ -593,7 +593,15 @@ double World::wait_all_arrived(int rank, Rendezvous& rv) {
   });
   if (aborted_) throw CommError(abort_reason_);
   if (!ok) {
-    std::string msg = diagnose_missing(rv);
+    // Diagnose the oldest collective still missing ranks: later ones stall only because of it
+    // (a rank that skipped #1 waits alone in #2 while the others wait for it in #1).
+    const Rendezvous* oldest = &rv;
+    for (const auto& [seq, other] : rv_)
+      if (static_cast<int>(other.arrivals.size()) < n_) {
+        oldest = &other;
+        break;
+      }
+    std::string msg = diagnose_missing(*oldest);
     lock.unlock();
     fail(msg);
   }
