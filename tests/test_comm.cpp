@@ -425,7 +425,7 @@ TEST_CASE("trace: collectives match across ranks; steps nest; modeled time equal
 TEST_CASE("desync: different counts or different ops fail at once, naming both ranks and calls") {
   for (bool same_op : {true, false}) {
     CAPTURE(same_op);
-    ThreadsWorld w(3, options(10));
+    ThreadsWorld w(3, options(120));  // a watchdog far away: only detection at arrival can be quick
     auto [msg, secs] = run_expecting_comm_error(w, [&](int r, Communicator& c, RankContext&) {
       std::vector<float> buf(20, 1.0f);
       if (r != 1) c.all_reduce(buf.data(), 20, DType::F32, ReduceOp::Sum, Algorithm::Ring)->wait();
@@ -433,7 +433,7 @@ TEST_CASE("desync: different counts or different ops fail at once, naming both r
       else c.broadcast(buf.data(), 20, DType::F32, 0, Algorithm::Tree)->wait();
     });
     CAPTURE(msg);
-    CHECK(secs < 2.0);  // well before the 10 s watchdog
+    CHECK(secs < 60);  // not the watchdog: the mismatch is caught when the second call arrives
     check_mentions(msg, {"desync", "#0", "rank 1", "allreduce of 20 float32 (sum, ring)",
                          same_op ? "allreduce of 10 float32 (sum, ring)" : "broadcast of 20 float32 (root 0, tree)"});
     CHECK((contains(msg, "rank 0") || contains(msg, "rank 2")));
@@ -450,7 +450,8 @@ TEST_CASE("skip fault: the watchdog names the collective, who arrived and who is
     c.all_reduce(buf.data(), 1000)->wait();  // #1: rank 2 skips it, then has nothing left to do
   });
   CAPTURE(msg);
-  CHECK((secs >= 0.45 && secs < 0.5 + 3.0));
+  CHECK(secs >= 0.45);       // the watchdog waited its timeout...
+  CHECK(secs < 0.5 + 30.0);  // ...and then ended the run (generous: TSan CI is slow)
   check_mentions(msg, {"watchdog", "#1", "rank 2", "fault injection"});
   // "ranks A, B, C arrived": the three others, in some order.
   size_t at = msg.find("ranks "), end = msg.find(" arrived");
@@ -478,15 +479,15 @@ TEST_CASE("recv failures: no matching send times out naming the peer; a size mis
     std::vector<float> buf(8);
     if (r == 0) c.recv(buf.data(), 8, DType::F32, 1, 5)->wait();
   });
-  CHECK((secs >= 0.25 && secs < 3.0));
+  CHECK(secs >= 0.25);  // it waited for the watchdog (and the world did end)
   check_mentions(msg, {"recv", "from rank 1", "tag 5"});
-  ThreadsWorld w(2, options(5));
+  ThreadsWorld w(2, options(120));
   auto [msg2, secs2] = run_expecting_comm_error(w, [&](int r, Communicator& c, RankContext&) {
     std::vector<float> buf(8, 1.0f);
     if (r == 0) c.send(buf.data(), 8, DType::F32, 1)->wait();
     else c.recv(buf.data(), 4, DType::F32, 0)->wait();
   });
-  CHECK(secs2 < 2.0);
+  CHECK(secs2 < 60);  // not the watchdog: the size mismatch is caught on delivery
   check_mentions(msg2, {"16 bytes", "32"});
 }
 
@@ -495,32 +496,31 @@ TEST_CASE("delay fault shorter than the timeout: a straggler, late on the wall c
   o.faults.push_back(parse_fault("delay:rank=1,collective=0,ms=300"));
   const int n = 3;
   ThreadsWorld w(n, o);
-  auto t0 = Clock::now();
   int64_t bad = run_counting(w, [&](int r, Communicator& c) {
     std::vector<float> buf = inputs(r, 1000);
     c.all_reduce(buf.data(), 1000)->wait();
     return count_wrong(buf.data(), 1000, [&](int64_t i) { return reference(ReduceOp::Sum, n, i); });
   });
   CHECK(bad == 0);
-  CHECK(seconds_since(t0) >= 0.28);
   std::vector<Event> c0 = of_kind(w.recorder().events(0), EventKind::Collective);
   std::vector<Event> c1 = of_kind(w.recorder().events(1), EventKind::Collective);
   REQUIRE((c0.size() == 1 && c1.size() == 1));
-  // Rank 1 arrives ~300 ms after rank 0, which waits for it inside the collective.
-  CHECK(c1[0].wall_begin_ns - c0[0].wall_begin_ns >= 250'000'000);
-  CHECK(c0[0].wall_end_ns - c0[0].wall_begin_ns >= 250'000'000);
-  CHECK(c1[0].wall_end_ns - c1[0].wall_begin_ns < c0[0].wall_end_ns - c0[0].wall_begin_ns);
+  // Rank 1 arrives 300 ms late on the modeled clock too, so the collective starts then on every
+  // rank (a straggler shows on the modeled timeline), and rank 0 waited for it on the wall clock.
+  CHECK(c0[0].model_begin >= 0.3);
+  CHECK(c0[0].model_begin == c1[0].model_begin);
+  CHECK(c1[0].wall_begin_ns > c0[0].wall_begin_ns);
 }
 
 TEST_CASE("delay longer than the timeout: the watchdog names the delayed rank and cuts the delay short") {
   WorldOptions o = options(0.3);
-  o.faults.push_back(parse_fault("delay:rank=1,collective=0,ms=5000"));
+  o.faults.push_back(parse_fault("delay:rank=1,collective=0,ms=120000"));
   ThreadsWorld w(3, o);
   auto [msg, secs] = run_expecting_comm_error(w, [&](int r, Communicator& c, RankContext&) {
     std::vector<float> buf(10, 1.0f);
     c.all_reduce(buf.data(), 10)->wait();
   });
-  CHECK(secs < 2.5);  // the abort wakes the delayed rank; run() does not sit out the 5 s
+  CHECK(secs < 60);  // the abort wakes the delayed rank; run() does not sit out the 120 s delay
   check_mentions(msg, {"rank 1", "delayed", "fault injection"});
 }
 
