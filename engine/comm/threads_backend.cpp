@@ -253,11 +253,8 @@ class RankComm : public Communicator {
         j.seq, ctx, j.p2p ? std::string(collective_name(j.desc.op)) + " #" + std::to_string(j.seq) + " with rank " + std::to_string(j.peer)
                           : describe(j.desc, j.seq));
     if (!j.p2p) {
-      Event e;
-      e.kind = EventKind::CollectiveIssue;
-      e.lane = Lane::Compute;
-      e.wall_begin_ns = e.wall_end_ns = w_->recorder_->now_ns();
-      e.model_begin = e.model_end = j.issue_model;
+      const int64_t now = w_->recorder_->now_ns();
+      Event e(EventKind::CollectiveIssue, Lane::Compute, now, now, j.issue_model, j.issue_model);
       fill_info(e.coll, j);
       ctx->record(e);
     }
@@ -288,13 +285,7 @@ class RankComm : public Communicator {
   // The comm lane's clock moves to the op's end, and the op becomes a Collective event.
   double finish_job(const Job& j, RankContext* ctx, int64_t wall0, double begin, double end) {
     ctx->set_comm_clock(end);
-    Event e;
-    e.kind = EventKind::Collective;
-    e.lane = Lane::Comm;
-    e.wall_begin_ns = wall0;
-    e.wall_end_ns = w_->recorder_->now_ns();
-    e.model_begin = begin;
-    e.model_end = end;
+    Event e(EventKind::Collective, Lane::Comm, wall0, w_->recorder_->now_ns(), begin, end);
     e.iteration = j.iteration;
     fill_info(e.coll, j);
     ctx->record(e);
@@ -720,13 +711,7 @@ void World::finish_step(Call& c, int step, RingPhase phase, int chunk, int src, 
                         const std::vector<std::pair<int, int>>& transfers, double model_bytes,
                         bool reduce, int64_t wall_begin) {
   double dt = cost_->step_time(transfers, model_bytes, reduce);
-  Event e;
-  e.kind = EventKind::RingStep;
-  e.lane = Lane::Comm;
-  e.wall_begin_ns = wall_begin;
-  e.wall_end_ns = recorder_->now_ns();
-  e.model_begin = c.model_t;
-  e.model_end = c.model_t + dt;
+  Event e(EventKind::RingStep, Lane::Comm, wall_begin, recorder_->now_ns(), c.model_t, c.model_t + dt);
   e.step = RingStepInfo{c.rv->seq, phase, static_cast<int16_t>(step), static_cast<int16_t>(c.rv->steps),
                         static_cast<int16_t>(chunk), static_cast<int16_t>(src), static_cast<int16_t>(dst), bytes};
   e.iteration = c.iteration;

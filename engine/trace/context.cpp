@@ -9,11 +9,9 @@ RankContext::RankContext(int rank, TraceRecorder* recorder, const CostModel* cos
     : rank_(rank), recorder_(recorder), cost_(cost), stepper_(stepper), memory_(memory) {
   if (memory_ && recorder_) {
     memory_->set_listener([this](MemCategory c, int64_t delta, const MemoryStats& s) {
-      Event e;
-      e.kind = delta > 0 ? EventKind::MemAlloc : EventKind::MemFree;
-      e.lane = Lane::Compute;
-      e.wall_begin_ns = e.wall_end_ns = recorder_->now_ns();
-      e.model_begin = e.model_end = compute_clock();
+      const int64_t now = recorder_->now_ns();
+      const double t = compute_clock();
+      Event e(delta > 0 ? EventKind::MemAlloc : EventKind::MemFree, Lane::Compute, now, now, t, t);
       e.mem = MemInfo{c, delta > 0 ? delta : -delta, s.current_of(c), s.total_current};
       record(e);
     });
@@ -49,13 +47,7 @@ void RankContext::compute_end() {
     end = compute_clock_;
   }
   if (recorder_ && recorder_->enabled()) {
-    Event e;
-    e.kind = EventKind::Compute;
-    e.lane = Lane::Compute;
-    e.wall_begin_ns = open_wall_;
-    e.wall_end_ns = recorder_->now_ns();
-    e.model_begin = open_model_;
-    e.model_end = end;
+    Event e(EventKind::Compute, Lane::Compute, open_wall_, recorder_->now_ns(), open_model_, end);
     e.compute = ComputeInfo{open_kind_, static_cast<int16_t>(open_layer_), open_flops_};
     record(e);
   }
@@ -77,13 +69,8 @@ bool RankContext::begin_iteration(int32_t iteration, uint64_t next_collective_se
 
 void RankContext::end_iteration() {
   if (recorder_ && recorder_->enabled()) {
-    Event e;
-    e.kind = EventKind::Iteration;
-    e.lane = Lane::Compute;
-    e.wall_begin_ns = iter_wall_;
-    e.wall_end_ns = recorder_->now_ns();
-    e.model_begin = iter_model_;
-    e.model_end = std::max(compute_clock(), comm_clock());
+    Event e(EventKind::Iteration, Lane::Compute, iter_wall_, recorder_->now_ns(), iter_model_,
+            std::max(compute_clock(), comm_clock()));
     record(e);
   }
 }

@@ -80,6 +80,10 @@ struct Event {
     MemInfo mem;
   };
   Event() : coll{} {}
+  // A span [begin, end] on both clocks (an instant when begin == end); the payload is the caller's.
+  Event(EventKind k, Lane l, int64_t wall_begin, int64_t wall_end, double model_b, double model_e)
+      : wall_begin_ns(wall_begin), wall_end_ns(wall_end), model_begin(model_b), model_end(model_e),
+        kind(k), lane(l), coll{} {}
 };
 
 }  // namespace dtlab
