@@ -169,7 +169,7 @@ TEST_CASE("whole-model backward matches finite differences of a double reference
   m.zero_grad();
   std::vector<int> ready;
   m.backward(dz.data(), [&](int p) { ready.push_back(p); });
-  CHECK(ready == std::vector<int>{4, 5, 2, 3, 0, 1});  // last layer first, weight before bias
+  CHECK(ready == std::vector<int>{5, 4, 3, 2, 1, 0});  // last layer first, bias before weight (torch)
 
   Vec theta(m.params(), m.params() + m.num_params());
   Vec xd = to_double(x);

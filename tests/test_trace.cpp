@@ -311,7 +311,7 @@ TEST_SUITE("trace") {
   }
 
   TEST_CASE("export: names, lanes, instants and metadata") {
-    json t = json::parse(chrome_trace_json(two_rank_trace(), {.clock = TraceClock::Wall, .title = "demo"}));
+    json t = json::parse(chrome_trace_json(two_rank_trace(), {.clock = TraceClock::Wall, .title = "demo", .labels = {}}));
     CHECK(t["otherData"]["title"] == "demo");
     std::map<std::string, json> by_name;  // rank 0's events by name
     for (const json& x : t["traceEvents"])
@@ -367,7 +367,7 @@ TEST_SUITE("trace") {
   }
 
   TEST_CASE("export: the modeled clock uses model seconds") {
-    json t = json::parse(chrome_trace_json(two_rank_trace(), {.clock = TraceClock::Modeled, .title = ""}));
+    json t = json::parse(chrome_trace_json(two_rank_trace(), {.clock = TraceClock::Modeled, .title = "", .labels = {}}));
     CHECK(t["otherData"]["clock"] == "modeled");
     int found = 0;
     for (const json& x : t["traceEvents"])
@@ -383,17 +383,17 @@ TEST_SUITE("trace") {
     dtlab::test::TempDir dir("dtlab_trace");
     std::vector<Event> ev = two_rank_trace();
     std::string path = dir.file("trace.json");
-    export_chrome_trace(path, ev, {.title = "t"});
+    export_chrome_trace(path, ev, {.title = "t", .labels = {}});
     std::ifstream in(path);
     std::stringstream ss;
     ss << in.rdbuf();
-    CHECK(ss.str() == chrome_trace_json(ev, {.title = "t"}));
+    CHECK(ss.str() == chrome_trace_json(ev, {.title = "t", .labels = {}}));
     CHECK(dir.listing() == std::set<std::string>{"trace.json"});  // no temp file left behind
     CHECK_THROWS_AS(export_chrome_trace(dir.path.string(), ev, {}), dtlab::Error);
     CHECK_THROWS_AS(export_chrome_trace(dir.file("missing/trace.json"), ev, {}), dtlab::Error);
 
     // A user-typed title with quotes and invalid UTF-8 still gives valid JSON.
-    json odd = json::parse(chrome_trace_json(ev, {.title = "a \"b\" \xff"}));
+    json odd = json::parse(chrome_trace_json(ev, {.title = "a \"b\" \xff", .labels = {}}));
     CHECK(odd["otherData"]["title"].get<std::string>().substr(0, 6) == "a \"b\" ");
 
     json empty = json::parse(chrome_trace_json({}, {}));

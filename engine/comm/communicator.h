@@ -55,6 +55,12 @@ struct CommError : Error {
   using Error::Error;
 };
 
+// When the communication worker ran an operation: wall clock (the recorder's ns) and modeled clock.
+struct WorkTimes {
+  int64_t wall_begin_ns = 0, wall_end_ns = 0;
+  double model_begin = 0, model_end = 0;
+};
+
 class Work {
  public:
   virtual ~Work() = default;
@@ -63,6 +69,7 @@ class Work {
   // watchdog fails every collective that is not complete within the configured timeout.
   virtual void wait() = 0;
   virtual uint64_t seq() const = 0;  // this rank's sequence number of the operation
+  virtual WorkTimes times() const = 0;  // meaningful once completed
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "engine/comm/threads_internal.h"
+#include "engine/core/format.h"
 
 namespace dtlab {
 
@@ -53,14 +54,6 @@ namespace threads {
 namespace {
 
 const char* dtype_word(DType d) { return d == DType::F32 ? "float32" : "int64"; }
-
-std::string human_bytes(int64_t b) {
-  char buf[32];
-  if (b < 1024) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
-  else if (b < (1 << 20)) std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
-  else std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
-  return buf;
-}
 
 std::string seconds_text(double s) {
   std::ostringstream os;
@@ -120,14 +113,18 @@ class WorkImpl : public Work {
     if (!error_.empty()) throw CommError(error_);
     lock.unlock();
     if (ctx_) {
-      ctx_->advance_compute_clock(model_end_);  // the compute lane waited for the comm lane
+      ctx_->advance_compute_clock(times_.model_end);  // the compute lane waited for the comm lane
       ctx_->set_activity("running (after " + what_ + ")");
     }
   }
   uint64_t seq() const override { return seq_; }
-  void finish(double model_end, std::string error = {}) {
+  WorkTimes times() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    model_end_ = model_end;
+    return times_;
+  }
+  void finish(const WorkTimes& t, std::string error = {}) {
+    std::lock_guard<std::mutex> lock(mu_);
+    times_ = t;
     error_ = std::move(error);
     done_ = true;
     cv_.notify_all();
@@ -140,7 +137,7 @@ class WorkImpl : public Work {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
-  double model_end_ = 0;
+  WorkTimes times_;
   std::string error_;
 };
 
@@ -283,13 +280,14 @@ class RankComm : public Communicator {
   }
 
   // The comm lane's clock moves to the op's end, and the op becomes a Collective event.
-  double finish_job(const Job& j, RankContext* ctx, int64_t wall0, double begin, double end) {
+  WorkTimes finish_job(const Job& j, RankContext* ctx, int64_t wall0, double begin, double end) {
     ctx->set_comm_clock(end);
-    Event e(EventKind::Collective, Lane::Comm, wall0, w_->recorder_->now_ns(), begin, end);
+    WorkTimes t{wall0, w_->recorder_->now_ns(), begin, end};
+    Event e(EventKind::Collective, Lane::Comm, t.wall_begin_ns, t.wall_end_ns, begin, end);
     e.iteration = j.iteration;
     fill_info(e.coll, j);
     ctx->record(e);
-    return end;
+    return t;
   }
 
   void loop() {
@@ -302,11 +300,11 @@ class RankComm : public Communicator {
         j = std::move(queue_.front());
         queue_.pop_front();
       }
-      double end = 0;
+      WorkTimes times;
       std::string err;
       try {
         if (w_->aborted()) throw CommError(w_->abort_reason_);
-        end = j.p2p ? run_p2p(j) : run_collective_job(j);
+        times = j.p2p ? run_p2p(j) : run_collective_job(j);
       } catch (const CommError& e) {
         err = e.what();
       } catch (const std::exception& e) {
@@ -314,11 +312,11 @@ class RankComm : public Communicator {
         w_->abort(err);
       }
       w_->set_comm_activity(rank_, err.empty() ? "idle" : "failed");
-      j.work->finish(end, err);
+      j.work->finish(times, err);
     }
   }
 
-  double run_collective_job(Job& j) {
+  WorkTimes run_collective_job(Job& j) {
     RankContext* ctx = w_->ctx_[static_cast<size_t>(rank_)].get();
     const std::string what = describe(j.desc, j.seq);
     double late = 0;  // a delay fault also shows on the modeled clock, as a straggler would
@@ -327,7 +325,8 @@ class RankComm : public Communicator {
       if (f.kind == FaultKind::Skip) {
         std::lock_guard<std::mutex> lock(w_->mu_);
         w_->skipped_[static_cast<size_t>(rank_)] = "it skipped #" + std::to_string(j.seq) + " (fault injection)";
-        return ctx->comm_clock();
+        const int64_t now = w_->recorder_->now_ns();
+        return WorkTimes{now, now, ctx->comm_clock(), ctx->comm_clock()};
       }
       w_->set_comm_activity(rank_, "delayed before " + what + " (fault injection)");
       late += f.delay_s;
@@ -365,7 +364,7 @@ class RankComm : public Communicator {
 
   // Sends are eager (copied into the peer's mailbox, as gloo does), so they never block the worker;
   // a receive waits for its message under the watchdog.
-  double run_p2p(Job& j) {
+  WorkTimes run_p2p(Job& j) {
     RankContext* ctx = w_->ctx_[static_cast<size_t>(rank_)].get();
     size_t bytes = static_cast<size_t>(j.desc.count * dtype_size(j.desc.dtype));
     int64_t wall0 = w_->recorder_->now_ns();
@@ -758,6 +757,8 @@ void ThreadsWorld::run(const std::function<void(int, Communicator&, RankContext&
       } catch (const CommError& e) {
         errors[static_cast<size_t>(r)] = e.what();
         comm_error[static_cast<size_t>(r)] = 1;
+        // A diagnosis raised above the communicator (DDP's reducer watchdog) ends the run too.
+        w.abort(e.what());
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
         w.abort("rank " + std::to_string(r) + " failed: " + e.what());

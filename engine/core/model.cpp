@@ -84,6 +84,53 @@ void Model::zero_grad() {
   for (auto& p : params_) std::fill(p.grad, p.grad + p.numel, 0.0f);
 }
 
+void Model::release_gradient_storage() {
+  if (flat_grads_.empty()) return;
+  const float* begin = flat_grads_.f32();
+  const float* end = begin + flat_grads_.numel();
+  for (const auto& p : params_)
+    DTLAB_CHECK(!(p.grad >= begin && p.grad < end),
+                "release_gradient_storage() while " + p.name + "'s gradient still lives there");
+  flat_grads_ = Tensor();
+}
+
+void Model::set_skipped_layer(int seq_index) {
+  if (seq_index < 0) {
+    skipped_seq_ = -1;
+    return;
+  }
+  for (const Layer& L : layers_) {
+    if (L.seq_index != seq_index) continue;
+    if (L.kind != LayerKind::Linear)
+      throw Error("layer " + std::to_string(seq_index) + " of " + spec_.str() +
+                  " is a ReLU; the skip branch bypasses a Linear (an even index)");
+    if (L.in_features != L.out_features)
+      throw Error("layer " + std::to_string(seq_index) + " of " + spec_.str() + " maps " +
+                  std::to_string(L.in_features) + " to " + std::to_string(L.out_features) +
+                  " features, so bypassing it would change the width; pick a square hidden Linear "
+                  "(equal widths on both sides, e.g. layer 2 of mlp:2,64,64,64,3)");
+    skipped_seq_ = seq_index;
+    return;
+  }
+  throw Error(spec_.str() + " has no layer " + std::to_string(seq_index) + "; its Linear layers are 0, 2, ..., " +
+              std::to_string(2 * (static_cast<int>(spec_.dims.size()) - 2)));
+}
+
+bool Model::layer_skipped(int i) const {
+  if (skipped_seq_ < 0) return false;
+  const Layer& L = layers_[static_cast<size_t>(i)];
+  return L.seq_index == skipped_seq_ || (L.kind == LayerKind::ReLU && L.seq_index == skipped_seq_ + 1);
+}
+
+bool Model::parameter_used(int p) const {
+  if (skipped_seq_ < 0) return true;
+  for (int i = 0; i < num_layers(); i++) {
+    const Layer& L = layers_[static_cast<size_t>(i)];
+    if (L.weight == p || L.bias == p) return !layer_skipped(i);
+  }
+  return true;
+}
+
 double Model::layer_forward_flops(int i, int64_t B) const {
   const Layer& L = layer(i);
   if (L.kind == LayerKind::ReLU) return static_cast<double>(B * L.out_features);
@@ -137,8 +184,11 @@ void Model::ensure_activations(int64_t B) {
 const float* Model::forward(const float* x, int64_t B) {
   ensure_activations(B);
   input_ = x;
+  layer_in_.assign(layers_.size(), nullptr);
   const float* in = x;
   for (int i = 0; i < num_layers(); i++) {
+    layer_in_[static_cast<size_t>(i)] = in;
+    if (layer_skipped(i)) continue;  // the branch: this block's output is its input
     layer_forward(i, acts_[i].f32(), in, B);
     in = acts_[i].f32();
   }
@@ -148,18 +198,20 @@ const float* Model::forward(const float* x, int64_t B) {
 void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
   DTLAB_CHECK(input_ != nullptr, "backward() called before forward()");
   const float* dout = dlogits;
-  int buf = 0;
+  int first = 0;  // the first computed layer needs no input gradient (its input is the data)
+  while (first < num_layers() && layer_skipped(first)) first++;
   for (int i = num_layers() - 1; i >= 0; i--) {
-    const float* in = i > 0 ? acts_[i - 1].f32() : input_;
-    float* dinp = i > 0 ? dbuf_[buf].f32() : nullptr;  // no input gradient for the data
+    if (layer_skipped(i)) continue;  // the gradient passes through the bypass unchanged
+    const float* in = layer_in_[static_cast<size_t>(i)];
+    // Ping-pong between the two buffers, never writing the one `dout` points into.
+    float* dinp = i > first ? (dout == dbuf_[0].f32() ? dbuf_[1].f32() : dbuf_[0].f32()) : nullptr;
     layer_backward(i, dinp, dout, in, acts_[i].f32(), batch_);
     const Layer& L = layer(i);
     if (L.kind == LayerKind::Linear && on_grad_ready) {
-      on_grad_ready(L.weight);
       on_grad_ready(L.bias);
+      on_grad_ready(L.weight);
     }
     dout = dinp;
-    buf ^= 1;
   }
 }
 

@@ -52,7 +52,8 @@ struct Layer {
 class Model {
  public:
   // Called during backward() once a parameter's gradient is final for this pass, in the order
-  // gradients are produced (last layer first; weight before bias within a layer).
+  // gradients are produced: last layer first, bias before weight within a layer (torch's autograd
+  // order for Linear, as DDP's rebuilt buckets show: "5 4 3 2 1 0").
   using GradReadyHook = std::function<void(int param_index)>;
 
   Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed);
@@ -66,8 +67,21 @@ class Model {
   int64_t num_params() const { return flat_params_.numel(); }
   float* params() { return flat_params_.f32(); }
   const float* params() const { return flat_params_.f32(); }
-  float* grads() { return flat_grads_.f32(); }
+  // The flat gradient buffer; null once release_gradient_storage() gave it up.
+  float* grads() { return flat_grads_.empty() ? nullptr : flat_grads_.f32(); }
   void zero_grad();  // zeroes every parameter's current grad target
+  // After every Parameter::grad was rebound elsewhere (DDP's gradient_as_bucket_view), frees the
+  // model's own gradient buffer: that is the memory the option saves.
+  void release_gradient_storage();
+
+  // A branch in the model (the "unused parameters" lesson): while set, forward() bypasses the
+  // Linear at Sequential index `seq_index` and the ReLU after it (output = input), so that layer's
+  // parameters get no gradient. The Linear must be square. -1 clears it.
+  void set_skipped_layer(int seq_index);
+  int skipped_layer() const { return skipped_seq_; }
+  // Did the last forward() use parameter p? (What DDP's find_unused_parameters learns by walking
+  // the autograd graph from the outputs.)
+  bool parameter_used(int p) const;
 
   // One layer, (B, in) -> (B, out). Buffers belong to the caller (pipeline stages, FSDP units).
   void layer_forward(int i, float* out, const float* in, int64_t B);
@@ -98,7 +112,10 @@ class Model {
   Tensor flat_grads_;   // (P,)
   std::vector<Tensor> acts_;  // acts_[i]: output of layer i, (B, out_i)
   Tensor dbuf_[2];            // ping-pong activation gradients, (B, max width)
+  bool layer_skipped(int i) const;  // layer i bypassed in the current forward
   const float* input_ = nullptr;
+  int skipped_seq_ = -1;
+  std::vector<const float*> layer_in_;  // each layer's input in the last forward
   ComputeObserver* observer_ = nullptr;
   int64_t batch_ = 0;     // rows of the current forward
   int64_t capacity_ = 0;  // rows the activation buffers hold

@@ -46,24 +46,46 @@ int64_t Optimizer::state_bytes_per_param() const {
 }
 
 void Optimizer::step(float* params, const float* grads) {
+  step(std::vector<Segment>{{params, grads, 0, numel_}});
+}
+
+void Optimizer::step(const std::vector<Segment>& segments) {
+  int64_t covered = 0;
+  for (const Segment& s : segments) {
+    DTLAB_CHECK(s.offset >= 0 && s.numel >= 0 && s.offset + s.numel <= numel_,
+                "optimizer segment outside the managed range");
+    covered += s.numel;
+  }
+  DTLAB_CHECK(covered == numel_, "optimizer segments do not cover the managed range");
   steps_++;
-  if (config_.kind == OptimizerKind::SGD) step_sgd(params, grads);
-  else step_adamw(params, grads);
+  const bool first = state_a_.empty();  // SGD's momentum buffer starts as a copy of d_p
+  ensure_state();
+  for (const Segment& s : segments) {
+    if (config_.kind == OptimizerKind::SGD) step_sgd(s.params, s.grads, s.offset, s.numel, first);
+    else step_adamw(s.params, s.grads, s.offset, s.numel);
+  }
+}
+
+void Optimizer::ensure_state() {
+  if (!state_a_.empty()) return;
+  if (config_.kind == OptimizerKind::AdamW) {
+    state_a_ = Tensor({numel_}, MemCategory::OptimizerState, tracker_);
+    state_b_ = Tensor({numel_}, MemCategory::OptimizerState, tracker_);
+  } else if (config_.momentum != 0.0) {
+    state_a_ = Tensor({numel_}, MemCategory::OptimizerState, tracker_);
+  }
 }
 
 // Each line mirrors one tensor op of torch's _single_tensor_sgd / _single_tensor_adamw, with the
 // Python-side scalars computed in double and rounded to float where the op consumes them, so the
 // float32 roundings happen where torch's do.
-void Optimizer::step_sgd(float* p, const float* g) {
+void Optimizer::step_sgd(float* p, const float* g, int64_t offset, int64_t n, bool first) {
   const float lr = static_cast<float>(config_.lr);
   const float wd = static_cast<float>(config_.weight_decay);
   const float mom = static_cast<float>(config_.momentum);
   const float damp1 = static_cast<float>(1.0 - config_.dampening);
-  const bool first = state_a_.empty();
-  if (mom != 0.0f && first)
-    state_a_ = Tensor({numel_}, MemCategory::OptimizerState, tracker_);
-  float* buf = state_a_.empty() ? nullptr : state_a_.f32();
-  for (int64_t i = 0; i < numel_; i++) {
+  float* buf = state_a_.empty() ? nullptr : state_a_.f32() + offset;
+  for (int64_t i = 0; i < n; i++) {
     float d = g[i];
     if (wd != 0.0f) d = d + wd * p[i];           // d_p = d_p.add(param, alpha=weight_decay)
     if (buf) {
@@ -75,11 +97,7 @@ void Optimizer::step_sgd(float* p, const float* g) {
   }
 }
 
-void Optimizer::step_adamw(float* p, const float* g) {
-  if (state_a_.empty()) {
-    state_a_ = Tensor({numel_}, MemCategory::OptimizerState, tracker_);
-    state_b_ = Tensor({numel_}, MemCategory::OptimizerState, tracker_);
-  }
+void Optimizer::step_adamw(float* p, const float* g, int64_t offset, int64_t n) {
   const double t = static_cast<double>(steps_);
   const float decay = static_cast<float>(1.0 - config_.lr * config_.weight_decay);
   const float b1 = static_cast<float>(config_.beta1), b2 = static_cast<float>(config_.beta2);
@@ -90,9 +108,9 @@ void Optimizer::step_adamw(float* p, const float* g) {
   const float neg_step_size = static_cast<float>(-(config_.lr / bc1));
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   const float eps = static_cast<float>(config_.eps);
-  float* m = state_a_.f32();
-  float* v = state_b_.f32();
-  for (int64_t i = 0; i < numel_; i++) {
+  float* m = state_a_.f32() + offset;
+  float* v = state_b_.f32() + offset;
+  for (int64_t i = 0; i < n; i++) {
     p[i] = p[i] * decay;                          // param.mul_(1 - lr * weight_decay)
     m[i] = m[i] * b1 + one_b1 * g[i];             // exp_avg.mul_(beta1).add_(grad, alpha=1-beta1)
     v[i] = v[i] * b2 + one_b2 * g[i] * g[i];      // exp_avg_sq.mul_(beta2).addcmul_(g, g, 1-beta2)

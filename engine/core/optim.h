@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "engine/core/tensor.h"
 
@@ -38,6 +39,15 @@ class Optimizer {
 
   // One update of params[0, numel) from grads[0, numel).
   void step(float* params, const float* grads);
+  // One update where the gradients are not contiguous (DDP's gradient_as_bucket_view: each
+  // parameter's gradient lives in its bucket). Segment i covers elements [offset, offset + numel)
+  // of the managed range; together the segments must cover it exactly once.
+  struct Segment {
+    float* params;
+    const float* grads;
+    int64_t offset, numel;
+  };
+  void step(const std::vector<Segment>& segments);
 
   const OptimizerConfig& config() const { return config_; }
   void set_lr(double lr) { config_.lr = lr; }
@@ -50,8 +60,9 @@ class Optimizer {
   const Tensor& exp_avg_sq() const { return state_b_; }       // AdamW
 
  private:
-  void step_sgd(float* params, const float* grads);
-  void step_adamw(float* params, const float* grads);
+  void ensure_state();
+  void step_sgd(float* params, const float* grads, int64_t offset, int64_t n, bool first);
+  void step_adamw(float* params, const float* grads, int64_t offset, int64_t n);
   OptimizerConfig config_;
   int64_t numel_;
   MemoryTracker* tracker_;

@@ -13,6 +13,11 @@ const char* event_kind_name(EventKind k) {
     case EventKind::MemFree: return "mem_free";
     case EventKind::Iteration: return "iteration";
     case EventKind::Gate: return "gate";
+    case EventKind::BucketAssigned: return "bucket_assigned";
+    case EventKind::GradReady: return "grad_ready";
+    case EventKind::BucketReady: return "bucket_ready";
+    case EventKind::BucketLaunch: return "bucket_launch";
+    case EventKind::BucketAllReduce: return "bucket_allreduce";
   }
   return "?";
 }

@@ -20,6 +20,12 @@ enum class EventKind : uint8_t {
   MemFree,         // instant; `mem`
   Iteration,       // one training iteration, [begin, end]
   Gate,            // the rank waited at a stepper gate, [begin, end]
+  // DDP's reducer (engine/parallel/ddp.h); `bucket`
+  BucketAssigned,  // a bucket of the current assignment (instant; at construction and rebuild)
+  GradReady,       // a parameter's gradient is final for this backward pass (instant)
+  BucketReady,     // every gradient of the bucket is in it (instant)
+  BucketLaunch,    // the bucket's all-reduce was issued (instant; `seq` names the collective)
+  BucketAllReduce, // the bucket's all-reduce on the comm lane, [begin, end]
   // new values go at the end
 };
 
@@ -58,6 +64,19 @@ struct RingStepInfo {
   int64_t bytes;   // bytes this rank received in this step
 };
 
+// DDP bucket events. Names (the bucket's parameter list, or one parameter's name) are interned in
+// the recorder: TraceRecorder::label(label).
+struct BucketInfo {
+  int16_t bucket;       // index in launch order (bucket 0 is all-reduced first)
+  int16_t num_buckets;
+  int32_t param;        // GradReady: index into the model's parameters(); else -1
+  int32_t label;        // TraceRecorder label id: "2.weight" (GradReady) or "2.bias, 2.weight"
+  int32_t generation;   // assignment: 0 at construction, 1 after the rebuild
+  int32_t num_params;   // parameters in the bucket
+  int64_t bytes;        // GradReady: the parameter's gradient bytes; else the bucket's
+  uint64_t seq;         // BucketLaunch / BucketAllReduce: the all-reduce's collective number
+};
+
 struct MemInfo {
   MemCategory category;
   int64_t bytes;        // size of this allocation or free
@@ -78,6 +97,7 @@ struct Event {
     CollectiveInfo coll;
     RingStepInfo step;
     MemInfo mem;
+    BucketInfo bucket;
   };
   Event() : coll{} {}
   // A span [begin, end] on both clocks (an instant when begin == end); the payload is the caller's.

@@ -44,7 +44,8 @@ Span span_of(const Event& e, TraceClock clock) {
 // Tie-break for spans that start and end together: outer ones first.
 int nest_depth(EventKind k) {
   switch (k) {
-    case EventKind::Iteration: return 0;
+    case EventKind::Iteration:
+    case EventKind::BucketAllReduce: return 0;  // outside the collective it labels
     case EventKind::Compute:
     case EventKind::Collective: return 1;
     case EventKind::RingStep:
@@ -176,6 +177,39 @@ void issue_event(JsonOut& j, const Event& e, Span s) {
       .field("bytes", e.coll.bytes).close().close();
 }
 
+std::string_view label_of(const TraceExportOptions& opt, int32_t id) {
+  if (id < 0 || static_cast<size_t>(id) >= opt.labels.size()) return {};
+  return opt.labels[static_cast<size_t>(id)];
+}
+
+// DDP's reducer: instants on the compute lane, and the bucket's all-reduce as a span on the comm
+// lane around the collective it ran as.
+void bucket_event(JsonOut& j, const Event& e, Span s, const TraceExportOptions& opt) {
+  const BucketInfo& b = e.bucket;
+  const std::string_view names = label_of(opt, b.label);
+  std::string name;
+  switch (e.kind) {
+    case EventKind::BucketAssigned: name = "bucket " + std::to_string(b.bucket) + " assigned"; break;
+    case EventKind::GradReady: name = "grad ready " + std::string(names); break;
+    case EventKind::BucketReady: name = "bucket " + std::to_string(b.bucket) + " ready"; break;
+    case EventKind::BucketLaunch: name = "launch bucket " + std::to_string(b.bucket); break;
+    default: name = "DDP bucket " + std::to_string(b.bucket); break;
+  }
+  if (e.kind == EventKind::BucketAllReduce) {
+    span_head(j, name, "ddp", e.rank, kCommTid, s);
+  } else {
+    j.open().field("name", name).field("cat", "ddp").field("ph", "i").field("s", "t")
+        .field("pid", e.rank).field("tid", kComputeTid).field("ts", s.ts);
+  }
+  j.open("args").field("bucket", b.bucket).field("num_buckets", b.num_buckets).field("bytes", b.bytes);
+  if (e.kind == EventKind::GradReady) j.field("param", b.param).field("name", names);
+  else j.field("params", names).field("num_params", b.num_params);
+  if (e.kind == EventKind::BucketLaunch || e.kind == EventKind::BucketAllReduce) j.field("seq", b.seq);
+  j.field("generation", b.generation);
+  if (e.iteration >= 0) j.field("iteration", e.iteration);
+  j.close().close();
+}
+
 void memory_event(JsonOut& j, const Event& e, Span s, const std::array<int64_t, kNumMemCategories>& current) {
   j.open().field("name", "memory").field("cat", "memory").field("ph", "C").field("pid", e.rank).field("ts", s.ts)
       .open("args");
@@ -304,6 +338,11 @@ void write_chrome_trace(const std::vector<Event>& events, const TraceExportOptio
         if (e.iteration >= 0) j.open("args").field("iteration", e.iteration).close();
         j.close();
         break;
+      case EventKind::BucketAssigned:
+      case EventKind::GradReady:
+      case EventKind::BucketReady:
+      case EventKind::BucketLaunch:
+      case EventKind::BucketAllReduce: bucket_event(j, e, s, opt); break;
     }
     w.done();
   }

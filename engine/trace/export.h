@@ -16,6 +16,7 @@ enum class TraceClock : uint8_t { Wall, Modeled };
 struct TraceExportOptions {
   TraceClock clock = TraceClock::Wall;
   std::string title;  // shown in the viewer's metadata ("otherData"); empty for none
+  std::vector<std::string> labels;  // the recorder's labels (TraceRecorder::labels()), for names
 };
 
 // Writes atomically: the file appears whole or not at all. Throws dtlab::Error on a bad path.

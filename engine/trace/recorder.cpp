@@ -141,4 +141,23 @@ void TraceRecorder::clear() {
   }
 }
 
+int32_t TraceRecorder::intern(std::string_view text) {
+  std::lock_guard<std::mutex> lock(labels_mu_);
+  for (size_t i = 0; i < labels_.size(); ++i)
+    if (labels_[i] == text) return static_cast<int32_t>(i);
+  labels_.emplace_back(text);
+  return static_cast<int32_t>(labels_.size() - 1);
+}
+
+std::string TraceRecorder::label(int32_t id) const {
+  std::lock_guard<std::mutex> lock(labels_mu_);
+  if (id < 0 || static_cast<size_t>(id) >= labels_.size()) return {};
+  return labels_[static_cast<size_t>(id)];
+}
+
+std::vector<std::string> TraceRecorder::labels() const {
+  std::lock_guard<std::mutex> lock(labels_mu_);
+  return labels_;
+}
+
 }  // namespace dtlab

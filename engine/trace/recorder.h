@@ -7,6 +7,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/trace/event.h"
@@ -39,7 +41,13 @@ class TraceRecorder {
   std::vector<Event> all_events() const;      // every rank's window, merged by `order`
   uint64_t dropped(int rank) const;           // events that fell out of the window
   std::vector<IterationAggregate> aggregates(int rank) const;
-  void clear();
+  void clear();  // events and aggregates; labels stay valid
+
+  // Strings events refer to by id (parameter and bucket names): events stay fixed-size. Interning
+  // the same text twice gives the same id. Thread-safe; meant for setup-time text, not per event.
+  int32_t intern(std::string_view text);
+  std::string label(int32_t id) const;   // "" for an unknown id
+  std::vector<std::string> labels() const;
 
  private:
   struct RankBuffer {
@@ -54,6 +62,8 @@ class TraceRecorder {
   std::vector<std::unique_ptr<RankBuffer>> ranks_;
   std::atomic<uint64_t> next_order_{0};
   std::atomic<bool> enabled_{true};
+  mutable std::mutex labels_mu_;
+  std::vector<std::string> labels_;
   int64_t start_ns_;
 };
 

@@ -151,6 +151,11 @@ bool Stepper::paused() const {
   return paused_;
 }
 
+bool Stepper::aborted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return aborted_;
+}
+
 bool Stepper::wait_until_all_blocked(int lanes_per_rank_min, std::chrono::milliseconds timeout) const {
   std::unique_lock<std::mutex> lock(mu_);
   return cv_.wait_for(lock, timeout, [&] {

@@ -64,6 +64,7 @@ class Stepper {
 
   StepperState state() const;
   bool paused() const;
+  bool aborted() const;
   // Waits until every rank is blocked at a gate or `timeout` passed; for tests and scripted runs.
   bool wait_until_all_blocked(int lanes_per_rank_min, std::chrono::milliseconds timeout) const;
 
