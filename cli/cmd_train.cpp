@@ -2,10 +2,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "engine/core/check.h"
+#include "engine/core/format.h"
 #include "engine/io/checkpoint.h"
 #include "engine/train/train.h"
 
@@ -22,18 +24,14 @@ struct TrainArgs {
   bool json = false;
   int64_t log_every = 0;
   std::string trace_clock = "wall";
+  double bucket_cap_mb = 25, first_bucket_mb = 1;
+  bool static_buckets = false;
+  std::vector<std::string> faults;
+  CLI::Option *bucket_opt = nullptr, *first_bucket_opt = nullptr, *find_unused_opt = nullptr,
+              *view_opt = nullptr, *static_opt = nullptr;
   CLI::Option *lr_opt = nullptr, *wd_opt = nullptr, *momentum_opt = nullptr, *steps_opt = nullptr,
               *epochs_opt = nullptr;
 };
-
-std::string human_bytes(int64_t b) {
-  char buf[32];
-  if (b < 1024) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
-  else if (b < (1 << 20)) std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
-  else if (b < (1LL << 30)) std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
-  else std::snprintf(buf, sizeof buf, "%.2f GiB", b / 1073741824.0);
-  return buf;
-}
 
 std::string human_seconds(double s) {
   char buf[32];
@@ -76,6 +74,20 @@ void finish_config(TrainArgs& a) {
     throw Error("--trace-clock " + a.trace_clock + " is not a clock; use wall or modeled");
   c.trace_modeled = a.trace_clock == "modeled";
   find_profile(c.profile);  // a bad name fails here, before any work
+  if (c.strategy != "ddp") {
+    for (CLI::Option* o : {a.bucket_opt, a.first_bucket_opt, a.find_unused_opt, a.view_opt, a.static_opt})
+      if (o->count() > 0)
+        throw Error(o->get_name() + " configures DDP's buckets; add --strategy ddp --world N");
+  }
+  // torch: bucket_cap_mb * 1024 * 1024 bytes (MB here means MiB, as in torch).
+  c.ddp.bucket_cap_bytes = static_cast<int64_t>(a.bucket_cap_mb * 1048576.0);
+  c.ddp.first_bucket_bytes = static_cast<int64_t>(a.first_bucket_mb * 1048576.0);
+  if (c.ddp.bucket_cap_bytes < 1) throw Error("--bucket-cap-mb is too small: a bucket must hold at least 1 byte");
+  if (c.ddp.first_bucket_bytes < 1) throw Error("--first-bucket-mb is too small: a bucket must hold at least 1 byte");
+  c.ddp.rebuild_buckets = !a.static_buckets;
+  for (const std::string& f : a.faults) c.faults.push_back(parse_fault(f));
+  if (!c.faults.empty() && c.strategy != "ddp")
+    throw Error("--fault injects into the ranks' collectives; add --strategy ddp --world N");
 }
 
 int run_train(TrainArgs& a, Streams& io) {
@@ -95,6 +107,22 @@ int run_train(TrainArgs& a, Streams& io) {
            << ", " << total << " steps (" << trainer.batches_per_epoch() << " batches per epoch), "
            << c.optimizer.str() << ", seed " << c.seed << ", shuffle "
            << (c.shuffle ? "on" : "off") << (c.drop_last ? ", drop_last" : "") << "\n";
+    if (c.accum > 1 || c.world_size > 1)
+      io.out << "  effective batch " << trainer.effective_batch() << " = " << c.batch << " per rank x "
+             << c.world_size << (c.world_size == 1 ? " rank" : " ranks") << " x " << c.accum
+             << " accumulation " << (c.accum == 1 ? "step" : "steps") << "\n";
+    if (c.skip_layer >= 0)
+      io.out << "  branch: every " << c.skip_every << (c.skip_every == 1 ? " step" : " steps")
+             << " the forward bypasses layer " << c.skip_layer << " (its parameters get no gradient)\n";
+    if (c.strategy == "ddp") {
+      io.out << "  DDP: bucket cap " << human_bytes(c.ddp.bucket_cap_bytes) << ", first bucket "
+             << human_bytes(c.ddp.first_bucket_bytes)
+             << (c.ddp.find_unused_parameters ? ", find_unused_parameters" : "")
+             << (c.ddp.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "")
+             << (c.ddp.rebuild_buckets && !c.ddp.find_unused_parameters ? ", buckets rebuilt after iteration 1" : ", static buckets")
+             << "; all-reduce order:\n";
+      for (const std::string& line : trainer.planned_buckets()) io.out << "    " << line << "\n";
+    }
     if (!c.init_path.empty()) io.out << "  initialized from " << c.init_path << "\n";
     io.out.flush();
   }
@@ -104,8 +132,11 @@ int run_train(TrainArgs& a, Streams& io) {
     if (a.json) {
       nlohmann::json j = {{"step", r.step},         {"epoch", r.epoch},
                           {"loss", r.loss},         {"accuracy", r.accuracy},
-                          {"batch", r.batch_size},  {"samples_per_sec", r.samples_per_sec},
+                          {"batch", r.batch_size},  {"samples", r.samples},
+                          {"samples_per_sec", r.samples_per_sec},
                           {"step_ms", r.step_seconds * 1e3}};
+      if (r.overlap >= 0) j["overlap"] = r.overlap;
+      if (c.skip_layer >= 0) j["branch_taken"] = r.branch_taken;
       io.out << j.dump() << "\n";
       return;
     }
@@ -116,6 +147,10 @@ int run_train(TrainArgs& a, Streams& io) {
                     static_cast<long long>(r.step), static_cast<long long>(r.total_steps),
                     static_cast<long long>(r.epoch), r.loss, 100.0 * r.accuracy,
                     with_commas(static_cast<int64_t>(std::llround(r.samples_per_sec))).c_str());
+      if (r.overlap >= 0) {
+        const size_t len = std::strlen(line);
+        std::snprintf(line + len, sizeof line - len, "  overlap %3.0f%%", 100.0 * r.overlap);
+      }
       if (bar) io.err << "\r\033[K" << std::flush;
       io.out << line << "\n" << std::flush;
     }
@@ -142,7 +177,22 @@ int run_train(TrainArgs& a, Streams& io) {
                         {"samples_per_sec", s.samples_per_sec},
                         {"train_loss", s.eval_loss},
                         {"train_accuracy", s.eval_accuracy},
-                        {"peak_bytes", s.memory.total_peak}};
+                        {"peak_bytes", s.memory.total_peak},
+                        {"effective_batch", s.effective_batch}};
+    if (c.strategy == "ddp") {
+      j["world"] = c.world_size;
+      j["overlap"] = s.mean_overlap;
+      j["buckets"] = s.buckets;
+      j["buckets_rebuilt"] = s.buckets_rebuilt;
+      nlohmann::json mem = nlohmann::json::array();
+      for (const MemoryStats& m : s.rank_memory) {
+        nlohmann::json r;
+        for (int i = 0; i < kNumMemCategories; i++) r[std::string(mem_category_name(static_cast<MemCategory>(i)))] = m.current[static_cast<size_t>(i)];
+        r["peak"] = m.total_peak;
+        mem.push_back(r);
+      }
+      j["rank_memory"] = mem;
+    }
     if (!c.save_path.empty()) j["saved"] = c.save_path;
     io.out << j.dump() << "\n";
     return 0;
@@ -155,7 +205,17 @@ int run_train(TrainArgs& a, Streams& io) {
                 s.eval_loss, 100.0 * s.eval_accuracy, static_cast<long long>(s.eval_correct),
                 static_cast<long long>(s.eval_samples));
   io.out << line << "\n";
-  io.out << "memory (rank 0, peak):";
+  if (c.strategy == "ddp") {
+    char ov[96];
+    std::snprintf(ov, sizeof ov, "mean overlap %.0f%% of all-reduce time hidden behind backward (modeled, %s)",
+                  100.0 * s.mean_overlap, c.profile.c_str());
+    io.out << ov << "\n";
+    if (s.buckets_rebuilt) {
+      io.out << "buckets rebuilt after iteration 1 in gradient-ready order:\n";
+      for (const std::string& b : s.buckets) io.out << "    " << b << "\n";
+    }
+  }
+  io.out << "memory (rank 0, peak of the last iteration):";
   for (int i = 0; i < kNumMemCategories; i++) {
     if (s.memory.peak[i] == 0) continue;
     io.out << (i ? ", " : " ") << mem_category_name(static_cast<MemCategory>(i)) << " "
@@ -173,7 +233,7 @@ int run_train(TrainArgs& a, Streams& io) {
 Runner add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   TrainConfig& c = a->cfg;
-  app.add_option("--strategy", c.strategy, "Parallel strategy (this version: single)")->capture_default_str();
+  app.add_option("--strategy", c.strategy, "Parallel strategy: single | ddp")->capture_default_str();
   app.add_option("--world", c.world_size, "Number of ranks (for strategies that use several)")->check(whole_number(1, 1024));
   a->model_opt = app.add_option("--model", a->model, "Model spec mlp:D0,D1,...,Dk (with --init: the checkpoint's)")->capture_default_str();
   app.add_option("--data", c.data, "spiral | blobs | PATH.npz (with options, e.g. spiral:classes=4,points=500)")->capture_default_str();
@@ -196,6 +256,16 @@ Runner add_train_command(CLI::App& app) {
   app.add_option("--profile", c.profile, "Hardware profile of the modeled clock: nvlink8, pcie8, ib2x4, eth2x4, this")->capture_default_str();
   app.add_option("--log-every", a->log_every, "Print every N steps (default: about 20 lines)")->check(whole_number(1, int64_t{1} << 40));
   app.add_option("--threads", c.threads, "BLAS threads (default: OpenBLAS's choice)")->check(whole_number(0, 256));
+  app.add_option("--accum", c.accum, "Gradient accumulation: micro-batches per optimizer step (DDP's no_sync for all but the last)")->check(whole_number(1, 1 << 20))->capture_default_str();
+  a->bucket_opt = app.add_option("--bucket-cap-mb", a->bucket_cap_mb, "DDP bucket cap in MiB (torch's bucket_cap_mb)")->check(real_number(0, 1 << 20))->capture_default_str();
+  a->first_bucket_opt = app.add_option("--first-bucket-mb", a->first_bucket_mb, "DDP first bucket cap in MiB")->check(real_number(0, 1 << 20))->capture_default_str();
+  a->find_unused_opt = app.add_flag("--find-unused-parameters", c.ddp.find_unused_parameters, "DDP marks parameters the forward did not use as ready");
+  a->view_opt = app.add_flag("--gradient-as-bucket-view", c.ddp.gradient_as_bucket_view, "Gradients live in DDP's buckets (saves one gradient-sized buffer)");
+  a->static_opt = app.add_flag("--static-buckets", a->static_buckets, "Keep DDP's construction-time buckets (no rebuild after iteration 1)");
+  app.add_option("--skip-layer", c.skip_layer, "Model branch: bypass this square Linear (Sequential index) on every --skip-every-th step")->check(whole_number(0, 1 << 20));
+  app.add_option("--skip-every", c.skip_every, "Period of the --skip-layer branch in steps")->check(whole_number(1, int64_t{1} << 40))->capture_default_str();
+  app.add_option("--timeout", c.timeout_s, "Watchdog: seconds before a stuck collective or DDP bucket fails, diagnosed")->check(real_number(0.001, 1e6))->capture_default_str();
+  app.add_option("--fault", a->faults, "Inject a fault: skip:rank=R,collective=K or delay:rank=R,collective=K,ms=M (repeatable)");
   return [a](Streams& io) { return run_train(*a, io); };
 }
 

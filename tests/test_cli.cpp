@@ -115,7 +115,7 @@ TEST_SUITE("cli") {
     check_usage_error({"train", "--momentum", "0.9"}, "--momentum applies to --optimizer sgd");
     check_usage_error({"train", "--optimizer", "adamw", "--momentum", "0"}, "--momentum applies to --optimizer sgd");
     check_usage_error({"train", "--world", "4"}, "--strategy single runs one rank, but --world is 4");
-    check_usage_error({"train", "--strategy", "ddp"}, "strategy 'ddp' is not available in this version");
+    check_usage_error({"train", "--strategy", "fsdp"}, "strategy 'fsdp' is not available in this version; use --strategy single or ddp");
   }
 
   TEST_CASE("model and data specs") {
@@ -152,7 +152,7 @@ TEST_SUITE("cli") {
 
   TEST_CASE("--drop-last with a batch larger than the data set") {
     check_usage_error({"train", "--batch", "5000", "--drop-last"},
-                      "--batch 5000 is larger than the 3000 samples of spiral, so --drop-last leaves no batch");
+                      "--batch 5000 is larger than the 3000 samples each rank gets from spiral, so --drop-last leaves no batch");
   }
 
   TEST_CASE("sampler and eval errors") {
@@ -268,7 +268,7 @@ TEST_SUITE("cli") {
     CHECK(r.out.find("step 1/5") != std::string::npos);
     CHECK(r.out.find("step 5/5") != std::string::npos);
     CHECK(r.out.find("\ndone: 5 steps in ") != std::string::npos);
-    CHECK(r.out.find("memory (rank 0, peak): parameters") != std::string::npos);
+    CHECK(r.out.find("memory (rank 0, peak of the last iteration): parameters") != std::string::npos);
 
     SUBCASE("sgd defaults") {
       CliResult s = run({"train", "--steps", "1", "--optimizer", "sgd", "--momentum", "0.9"});

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "engine/core/check.h"
+#include "engine/core/format.h"
 #include "engine/core/ops.h"
 #include "engine/data/loader.h"
 #include "engine/data/sampler.h"
@@ -23,19 +24,28 @@ double seconds_since(Clock::time_point t0) {
 }
 
 void validate(const TrainConfig& c) {
-  if (c.strategy != "single")
-    throw Error("strategy '" + c.strategy +
-                "' is not available in this version; use --strategy single");
-  if (c.world_size != 1)
+  if (c.strategy != "single" && c.strategy != "ddp")
+    throw Error("strategy '" + c.strategy + "' is not available in this version; use --strategy single or ddp");
+  if (c.strategy == "single" && c.world_size != 1)
     throw Error("--strategy single runs one rank, but --world is " + std::to_string(c.world_size) +
-                "; drop --world or set it to 1");
+                "; drop --world, set it to 1, or use --strategy ddp");
+  if (c.world_size < 1 || c.world_size > 64)
+    throw Error("--world " + std::to_string(c.world_size) + " is out of range; use 1 to 64 ranks");
   if (c.batch < 1) throw Error("--batch must be at least 1 (got " + std::to_string(c.batch) + ")");
+  if (c.accum < 1) throw Error("--accum must be at least 1 (got " + std::to_string(c.accum) + ")");
   if ((c.steps > 0) == (c.epochs > 0))
     throw Error("give exactly one of --steps K or --epochs E, each at least 1");
   if (!(c.optimizer.lr > 0)) throw Error("--lr must be greater than 0");
   if (c.optimizer.weight_decay < 0) throw Error("--weight-decay must be 0 or more");
   if (c.optimizer.momentum < 0 || c.optimizer.momentum >= 1)
     throw Error("--momentum must be in [0, 1)");
+  if (c.skip_layer >= 0 && c.skip_every < 1)
+    throw Error("--skip-every must be at least 1 (got " + std::to_string(c.skip_every) + ")");
+  if (!(c.timeout_s > 0)) throw Error("--timeout must be greater than 0 seconds");
+  if (c.strategy == "ddp") {
+    if (c.ddp.bucket_cap_bytes < 1) throw Error("--bucket-cap-mb is too small: a bucket must hold at least 1 byte");
+    if (c.ddp.first_bucket_bytes < 1) throw Error("--first-bucket-mb is too small: a bucket must hold at least 1 byte");
+  }
   if (!c.save_path.empty()) check_output_path("--save", c.save_path);
   if (!c.trace_path.empty()) check_output_path("--trace", c.trace_path);
 }
@@ -72,13 +82,31 @@ EvalResult evaluate(Model& model, const Dataset& ds, int64_t batch, float* logit
   return r;
 }
 
-Trainer::Trainer(const TrainConfig& config) : config_(config), memory_(0) {
+Trainer::Trainer(const TrainConfig& config) : config_(config) {
   validate(config_);
+  const int N = config_.world_size;
+  const bool ddp = config_.strategy == "ddp";
   // Instrumentation is always on (it costs well under 3% of a step, see bench/bench_step.cpp); the
   // trace file is only written when asked for.
-  recorder_ = std::make_unique<TraceRecorder>(1);
-  cost_ = std::make_unique<CostModel>(find_profile(config_.profile), 1);
-  ctx_ = std::make_unique<RankContext>(0, recorder_.get(), cost_.get(), nullptr, &memory_);
+  if (ddp) {
+    WorldOptions wo;
+    wo.timeout_s = config_.timeout_s;
+    wo.profile = config_.profile;
+    wo.start_paused = config_.start_paused;
+    wo.faults = config_.faults;
+    world_ = std::make_unique<ThreadsWorld>(N, wo);
+    mem0_ = &world_->memory(0);
+    recorder0_ = &world_->recorder();
+    ctx0_ = &world_->context(0);
+  } else {
+    memory_ = std::make_unique<MemoryTracker>(0);
+    recorder_ = std::make_unique<TraceRecorder>(1);
+    cost_ = std::make_unique<CostModel>(find_profile(config_.profile), 1);
+    ctx_ = std::make_unique<RankContext>(0, recorder_.get(), cost_.get(), nullptr, memory_.get());
+    mem0_ = memory_.get();
+    recorder0_ = recorder_.get();
+    ctx0_ = ctx_.get();
+  }
   set_compute_threads(config_.threads);
   const ModelSpec& spec = config_.model;
   dataset_ = std::make_unique<Dataset>(
@@ -86,103 +114,87 @@ Trainer::Trainer(const TrainConfig& config) : config_(config), memory_(0) {
   const Dataset& ds = *dataset_;
   if (ds.n == 0) throw Error("data " + config_.data + " holds no samples");
   check_data_fits_model(ds, spec);
-  // Same count a DataLoader over a one-rank DistributedSampler gives.
-  batches_per_epoch_ = config_.drop_last ? ds.n / config_.batch
-                                         : (ds.n + config_.batch - 1) / config_.batch;
+  // Same count a DataLoader over this rank's DistributedSampler gives.
+  SamplerConfig sc;
+  sc.n = ds.n;
+  sc.world_size = N;
+  const int64_t per_rank = DistributedSampler(sc).num_samples();
+  batches_per_epoch_ = config_.drop_last ? per_rank / config_.batch
+                                         : (per_rank + config_.batch - 1) / config_.batch;
   if (batches_per_epoch_ == 0)
     throw Error("--batch " + std::to_string(config_.batch) + " is larger than the " +
-                std::to_string(ds.n) + " samples of " + config_.data +
+                std::to_string(per_rank) + " samples each rank gets from " + config_.data +
                 ", so --drop-last leaves no batch; use a smaller --batch");
-  total_steps_ = config_.steps > 0 ? config_.steps : config_.epochs * batches_per_epoch_;
+  // --epochs E runs E epochs of micro-batches, `accum` of them per optimizer step.
+  total_steps_ = config_.steps > 0 ? config_.steps : config_.epochs * batches_per_epoch_ / config_.accum;
+  if (total_steps_ < 1)
+    throw Error("--epochs " + std::to_string(config_.epochs) + " gives " +
+                std::to_string(config_.epochs * batches_per_epoch_) + " micro-batches, fewer than --accum " +
+                std::to_string(config_.accum) + "; use more epochs or a smaller --accum");
 
-  model_ = std::make_unique<Model>(spec, &memory_, config_.seed);
-  model_->set_observer(ctx_.get());
-  if (!config_.init_path.empty()) start_step_ = load_checkpoint(config_.init_path, *model_).step;
+  for (int r = 0; r < N; r++) {
+    // Each rank builds its replica as a separate process would. Rank r > 0 seeds with seed + r, so
+    // the replicas really differ until DDP broadcasts rank 0's parameters.
+    MemoryTracker* mem = ddp ? &world_->memory(r) : memory_.get();
+    models_.push_back(std::make_unique<Model>(spec, mem, config_.seed + static_cast<uint64_t>(r)));
+    if (config_.skip_layer >= 0) {
+      models_.back()->set_skipped_layer(config_.skip_layer);  // validates the layer
+      models_.back()->set_skipped_layer(-1);
+    }
+    if (!config_.init_path.empty()) start_step_ = load_checkpoint(config_.init_path, *models_.back()).step;
+    models_.back()->set_observer(ddp ? &world_->context(r) : ctx_.get());
+  }
 }
 
 Trainer::~Trainer() {
-  if (model_) model_->set_observer(nullptr);
+  for (auto& m : models_) m->set_observer(nullptr);
+}
+
+std::vector<std::string> Trainer::planned_buckets() const {
+  if (!world_) return {};
+  const Model& m = *models_[0];
+  std::vector<int64_t> bytes;
+  for (const auto& p : m.parameters()) bytes.push_back(p.numel * static_cast<int64_t>(sizeof(float)));
+  BucketAssignment a = initial_bucket_assignment(bytes, config_.ddp.first_bucket_bytes, config_.ddp.bucket_cap_bytes);
+  std::vector<std::string> lines;
+  for (size_t b = 0; b < a.buckets.size(); b++) {
+    std::string names;
+    int64_t total = 0;
+    for (int p : a.buckets[b]) {
+      names += (names.empty() ? "" : ", ") + m.parameters()[static_cast<size_t>(p)].name;
+      total += bytes[static_cast<size_t>(p)];
+    }
+    lines.push_back("bucket " + std::to_string(b) + ": " + names + " (" + human_bytes(total) + ")");
+  }
+  return lines;
 }
 
 TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step) {
   const Dataset& ds = *dataset_;
-  Model& model = *model_;
-  const int64_t C = config_.model.out_features();
-  Optimizer opt(config_.optimizer, model.num_params(), &memory_);
-
-  SamplerConfig sc;
-  sc.n = ds.n;
-  sc.world_size = 1;
-  sc.rank = 0;
-  sc.shuffle = config_.shuffle;
-  sc.seed = config_.seed;
-  sc.drop_last = false;  // one rank: nothing to pad or drop at the sampler level
-  DistributedSampler sampler(sc);
-  DataLoader loader(ds, sampler, config_.batch, config_.drop_last);
-
-  Tensor probs({config_.batch, C}, MemCategory::Activations, &memory_);
-  Tensor dlogits({config_.batch, C}, MemCategory::Activations, &memory_);
-
   TrainSummary sum;
   sum.start_step = start_step_;
-  int64_t epoch = 0, samples = 0;
-  loader.start_epoch(epoch);
-  sum.epochs_started = 1;
-  Batch batch;
+  sum.effective_batch = effective_batch();
+  rank_memory_.assign(static_cast<size_t>(config_.world_size), MemoryStats{});
+  total_samples_ = 0;
   auto t_start = Clock::now();
-  for (int64_t step = 1; step <= total_steps_; step++) {
-    if (!loader.next(batch)) {  // epoch exhausted: the user's loop calls set_epoch(epoch + 1)
-      loader.start_epoch(++epoch);
-      sum.epochs_started++;
-      DTLAB_CHECK(loader.next(batch), "a fresh epoch produced no batch");
-    }
-    auto t0 = Clock::now();
-    const int64_t B = batch.size;
-    ctx_->begin_iteration(static_cast<int32_t>(step - 1), 0);
-    const float* logits = model.forward(batch.x.data(), B);
-    float loss;
-    int64_t correct;
-    {
-      ComputeScope scope(ctx_.get(), ComputeKind::Loss, -1, 5.0 * B * C);
-      loss = cross_entropy_forward(probs.f32(), logits, batch.y.data(), B, C);
-      correct = count_correct(logits, batch.y.data(), B, C);
-    }
-    {
-      ComputeScope scope(ctx_.get(), ComputeKind::ZeroGrad, -1, 0.0);
-      model.zero_grad();
-    }
-    {
-      ComputeScope scope(ctx_.get(), ComputeKind::LossBackward, -1, 2.0 * B * C);
-      cross_entropy_backward(dlogits.f32(), probs.f32(), batch.y.data(), B, C, 1.0f / B);
-    }
-    model.backward(dlogits.f32());
-    {
-      ComputeScope scope(ctx_.get(), ComputeKind::OptimizerStep, -1, 10.0 * model.num_params());
-      opt.step(model.params(), model.grads());
-    }
-    ctx_->end_iteration();
-    double dt = seconds_since(t0);
-    samples += B;
-
-    StepReport r;
-    r.step = step;
-    r.total_steps = total_steps_;
-    r.epoch = epoch;
-    r.batch_size = B;
-    r.loss = loss;
-    r.accuracy = static_cast<double>(correct) / static_cast<double>(B);
-    r.step_seconds = dt;
-    r.samples_per_sec = dt > 0 ? B / dt : 0;
-    if (on_step) on_step(r);
+  if (world_) {
+    world_->run([&](int rank, Communicator& comm, RankContext& ctx) {
+      run_rank(rank, &comm, &ctx, sum, on_step);
+    });
+  } else {
+    run_rank(0, nullptr, ctx_.get(), sum, on_step);
   }
   sum.seconds = seconds_since(t_start);
   sum.steps = total_steps_;
-  sum.samples_per_sec = sum.seconds > 0 ? samples / sum.seconds : 0;
-  sum.memory = memory_.stats();
+  sum.samples_per_sec = sum.seconds > 0 ? total_samples_ / sum.seconds : 0;
+  sum.rank_memory = rank_memory_;
+  sum.memory = rank_memory_[0];
 
+  Model& model = *models_[0];
+  ComputeObserver* obs = model.observer();
   model.set_observer(nullptr);  // evaluation is not part of the training trace
   EvalResult ev = evaluate(model, ds, config_.batch);
-  model.set_observer(ctx_.get());
+  model.set_observer(obs);
   sum.eval_loss = ev.loss;
   sum.eval_accuracy = ev.accuracy;
   sum.eval_correct = ev.correct;
@@ -191,14 +203,143 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   if (!config_.trace_path.empty()) {
     TraceExportOptions opt;
     opt.clock = config_.trace_modeled ? TraceClock::Modeled : TraceClock::Wall;
-    opt.title = "dtlab train " + config_.model.str() + " on " + ds.name;
-    export_chrome_trace(config_.trace_path, recorder_->all_events(), opt);
+    opt.title = "dtlab train --strategy " + config_.strategy + " " + config_.model.str() + " on " + ds.name;
+    opt.labels = recorder0_->labels();
+    export_chrome_trace(config_.trace_path, recorder0_->all_events(), opt);
   }
-  if (!config_.save_path.empty())
+  return sum;
+}
+
+void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSummary& sum,
+                       const std::function<void(const StepReport&)>& on_step) {
+  const Dataset& ds = *dataset_;
+  Model& model = *models_[static_cast<size_t>(rank)];
+  MemoryTracker& mem = world_ ? world_->memory(rank) : *memory_;
+  const int N = config_.world_size;
+  const int64_t C = config_.model.out_features();
+  const int64_t A = config_.accum;
+
+  std::unique_ptr<DistributedDataParallel> ddp;
+  if (comm) {
+    DdpOptions o = config_.ddp;
+    o.timeout_s = config_.timeout_s;
+    ddp = std::make_unique<DistributedDataParallel>(model, *comm, ctx, o);
+  }
+  Optimizer opt(config_.optimizer, model.num_params(), &mem);
+
+  SamplerConfig sc;
+  sc.n = ds.n;
+  sc.world_size = N;
+  sc.rank = rank;
+  sc.shuffle = config_.shuffle;
+  sc.seed = config_.seed;
+  sc.drop_last = false;  // torch's default: pad by wrapping around so every rank gets as many
+  DistributedSampler sampler(sc);
+  DataLoader loader(ds, sampler, config_.batch, config_.drop_last);
+
+  Tensor probs({config_.batch, C}, MemCategory::Activations, &mem);
+  Tensor dlogits({config_.batch, C}, MemCategory::Activations, &mem);
+
+  int64_t epoch = 0;
+  loader.start_epoch(epoch);
+  int64_t epochs_started = 1;
+  double overlap_sum = 0;
+  int64_t overlap_n = 0;
+  Batch batch;
+  for (int64_t step = 1; step <= total_steps_; step++) {
+    const int32_t iter = static_cast<int32_t>(step - 1);
+    if (ctx && !ctx->begin_iteration(iter, comm ? comm->collectives_issued() : 0))
+      throw CommError("rank " + std::to_string(rank) + " stopped before iteration " + std::to_string(iter) + ": the run was aborted");
+    mem.reset_peaks();
+    auto t0 = Clock::now();
+    const bool branch = config_.skip_layer >= 0 && step % config_.skip_every == 0;
+    model.set_skipped_layer(branch ? config_.skip_layer : -1);
+    double loss_sum = 0;
+    int64_t correct = 0, samples = 0;
+    {
+      ComputeScope scope(ctx, ComputeKind::ZeroGrad, -1, 0.0);
+      model.zero_grad();
+    }
+    for (int64_t micro = 0; micro < A; micro++) {
+      if (!loader.next(batch)) {  // epoch exhausted: the user's loop calls set_epoch(epoch + 1)
+        loader.start_epoch(++epoch);
+        epochs_started++;
+        DTLAB_CHECK(loader.next(batch), "a fresh epoch produced no batch");
+      }
+      const int64_t B = batch.size;
+      if (ddp) ddp->before_forward();
+      const float* logits = model.forward(batch.x.data(), B);
+      {
+        ComputeScope scope(ctx, ComputeKind::Loss, -1, 5.0 * B * C);
+        loss_sum += static_cast<double>(cross_entropy_forward(probs.f32(), logits, batch.y.data(), B, C)) * B;
+        correct += count_correct(logits, batch.y.data(), B, C);
+      }
+      samples += B;
+      {
+        // The mean over the micro-batch, divided by the number of micro-batches (loss / accum).
+        ComputeScope scope(ctx, ComputeKind::LossBackward, -1, 2.0 * B * C);
+        cross_entropy_backward(dlogits.f32(), probs.f32(), batch.y.data(), B, C,
+                               1.0f / static_cast<float>(B * A));
+      }
+      const bool sync = micro == A - 1;  // no_sync() for the first A - 1 micro-batches
+      if (ddp) ddp->prepare_for_backward(sync);
+      model.backward(dlogits.f32(), ddp ? ddp->grad_ready_hook() : Model::GradReadyHook{});
+      if (ddp) ddp->finalize_backward();
+    }
+    {
+      ComputeScope scope(ctx, ComputeKind::OptimizerStep, -1, 10.0 * model.num_params());
+      if (ddp) opt.step(ddp->optimizer_segments());
+      else opt.step(model.params(), model.grads());
+    }
+    double overlap = ddp ? ddp->last_stats().overlap() : -1;
+    // Every rank computes its own loss; the reported figures are the all-reduced means (no
+    // rank-0-only synchronisation).
+    double m[4] = {loss_sum, static_cast<double>(correct), static_cast<double>(samples), overlap};
+    if (comm) {
+      float f[4] = {static_cast<float>(m[0]), static_cast<float>(m[1]), static_cast<float>(m[2]),
+                    static_cast<float>(m[3])};
+      comm->all_reduce(f, 4, ReduceOp::Sum)->wait();
+      for (int i = 0; i < 4; i++) m[i] = f[i];
+    }
+    if (ctx) ctx->end_iteration();
+    const double dt = seconds_since(t0);
+    rank_memory_[static_cast<size_t>(rank)] = mem.stats();
+    if (rank != 0) continue;
+    total_samples_ += m[2];
+    if (ddp) {
+      overlap_sum += m[3] / N;
+      overlap_n++;
+    }
+    StepReport r;
+    r.step = step;
+    r.total_steps = total_steps_;
+    r.epoch = epoch;
+    r.batch_size = batch.size;
+    r.samples = static_cast<int64_t>(m[2]);
+    r.loss = m[2] > 0 ? static_cast<float>(m[0] / m[2]) : 0.0f;
+    r.accuracy = m[2] > 0 ? m[1] / m[2] : 0.0;
+    r.step_seconds = dt;
+    r.samples_per_sec = dt > 0 ? m[2] / dt : 0;
+    r.overlap = ddp ? m[3] / N : -1;
+    r.branch_taken = branch;
+    if (on_step) on_step(r);
+  }
+  model.set_skipped_layer(-1);
+  if (rank == 0) {
+    sum.epochs_started = epochs_started;
+    sum.mean_overlap = overlap_n ? overlap_sum / static_cast<double>(overlap_n) : -1;
+    if (ddp) {
+      sum.buckets = ddp->describe_buckets();
+      sum.buckets_rebuilt = ddp->rebuilt();
+    }
+  }
+  // Rank 0 writes the checkpoint; the barrier keeps every rank from reading it (or exiting) early.
+  if (!config_.save_path.empty() && rank == 0)
     save_checkpoint(config_.save_path, model, start_step_ + total_steps_,
                     {{"optimizer", config_.optimizer.str()}, {"data", config_.data},
-                     {"seed", std::to_string(config_.seed)}});
-  return sum;
+                     {"seed", std::to_string(config_.seed)}, {"strategy", config_.strategy},
+                     {"world", std::to_string(N)}});
+  if (comm && !config_.save_path.empty()) comm->barrier()->wait();
 }
 
 }  // namespace dtlab

@@ -1,6 +1,9 @@
-// A training run: data -> sampler -> loader -> model -> loss -> backward -> optimizer, one rank
-// ("single" strategy). Front ends (CLI, app) configure it with TrainConfig, call run() and receive a
-// StepReport per step; later strategies (ddp, fsdp, pipeline) plug in beside run_single().
+// A training run: data -> sampler -> loader -> model -> loss -> backward -> optimizer. Strategies:
+//   single  one rank, in the calling thread
+//   ddp     N ranks of the threads backend, each with its own model replica, sampler shard and
+//           optimizer, gradients averaged by DistributedDataParallel (engine/parallel/ddp.h)
+// Front ends (CLI, app) configure it with TrainConfig, call run() and receive a StepReport per step.
+// Both strategies run the same per-rank loop, so `single` is exactly DDP's one-rank reference.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -10,7 +13,9 @@
 #include "engine/core/memory.h"
 #include "engine/core/model.h"
 #include "engine/core/optim.h"
+#include "engine/comm/threads_backend.h"
 #include "engine/data/dataset.h"
+#include "engine/parallel/ddp.h"
 #include "engine/trace/context.h"
 
 namespace dtlab {
@@ -33,6 +38,17 @@ struct TrainConfig {
   std::string trace_path;   // Chrome trace JSON written at the end (atomically)
   bool trace_modeled = false;  // trace timeline on the modeled clock instead of wall time
   std::string profile = "nvlink8";  // hardware profile of the modeled clock
+  int64_t accum = 1;        // gradient accumulation: micro-batches per optimizer step (no_sync)
+  // The model's branch (unused-parameters lesson): on every `skip_every`-th step the forward
+  // bypasses the square Linear at Sequential index `skip_layer` (and its ReLU). -1: no branch.
+  int skip_layer = -1;
+  int64_t skip_every = 2;
+  // ddp
+  DdpOptions ddp;
+  // threads backend (ddp)
+  double timeout_s = 30;    // watchdog
+  bool start_paused = false;  // stepper starts paused (the app)
+  std::vector<Fault> faults;
 };
 
 struct StepReport {
@@ -40,10 +56,13 @@ struct StepReport {
   int64_t total_steps = 0;
   int64_t epoch = 0;        // the sampler's epoch (set_epoch value)
   int64_t batch_size = 0;   // this step's batch (the last one of an epoch may be partial)
-  float loss = 0;           // mean cross-entropy of this batch
-  double accuracy = 0;      // fraction of this batch classified correctly (before the update)
+  float loss = 0;           // mean cross-entropy over the step's samples on every rank
+  double accuracy = 0;      // fraction of them classified correctly (before the update)
   double step_seconds = 0;  // wall time of forward + backward + step
-  double samples_per_sec = 0;
+  double samples_per_sec = 0;  // all ranks together
+  int64_t samples = 0;      // this step's samples over every rank and micro-batch
+  double overlap = -1;      // ddp: share of all-reduce time hidden behind backward (modeled), mean over ranks
+  bool branch_taken = false;  // the model's skip branch was taken this step
 };
 
 struct TrainSummary {
@@ -55,7 +74,12 @@ struct TrainSummary {
   double eval_accuracy = 0;
   int64_t eval_correct = 0, eval_samples = 0;
   MemoryStats memory;             // rank 0
+  std::vector<MemoryStats> rank_memory;  // per rank, at the end: current, and peaks of the last iteration
   int64_t start_step = 0;         // from --init's metadata
+  int64_t effective_batch = 0;    // per-rank batch x world x accum
+  double mean_overlap = -1;       // ddp: mean over synchronised steps
+  std::vector<std::string> buckets;  // ddp: the final bucket assignment, one line per bucket
+  bool buckets_rebuilt = false;
 };
 
 // dtlab::Error unless the data's features equal the model's input width and its classes fit the
@@ -81,23 +105,40 @@ class Trainer {
 
   const TrainConfig& config() const { return config_; }
   const Dataset& dataset() const { return *dataset_; }
-  Model& model() { return *model_; }
+  Model& model() { return *models_[0]; }  // rank 0's replica
+  Model& rank_model(int rank) { return *models_.at(static_cast<size_t>(rank)); }
   int64_t total_steps() const { return total_steps_; }
-  int64_t batches_per_epoch() const { return batches_per_epoch_; }
-  MemoryTracker& memory() { return memory_; }
-  TraceRecorder& recorder() { return *recorder_; }
-  RankContext& context() { return *ctx_; }
+  int64_t batches_per_epoch() const { return batches_per_epoch_; }  // per rank
+  int64_t effective_batch() const { return config_.batch * config_.world_size * config_.accum; }
+  MemoryTracker& memory() { return *mem0_; }  // rank 0
+  TraceRecorder& recorder() { return *recorder0_; }
+  RankContext& context() { return *ctx0_; }   // rank 0
+  ThreadsWorld* world() { return world_.get(); }  // ddp: the ranks (stepper, status); else null
+  // ddp: the initial bucket assignment, one line per bucket (known before run()).
+  std::vector<std::string> planned_buckets() const;
 
+  // Runs every step; on_step is called on rank 0's thread after each optimizer step.
   TrainSummary run(const std::function<void(const StepReport&)>& on_step = {});
 
  private:
+  struct RankState;
+  void run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSummary& sum,
+                const std::function<void(const StepReport&)>& on_step);
   TrainConfig config_;
-  MemoryTracker memory_;
+  // single
+  std::unique_ptr<MemoryTracker> memory_;
   std::unique_ptr<TraceRecorder> recorder_;
   std::unique_ptr<CostModel> cost_;
   std::unique_ptr<RankContext> ctx_;
+  // ddp
+  std::unique_ptr<ThreadsWorld> world_;
+  MemoryTracker* mem0_ = nullptr;
+  TraceRecorder* recorder0_ = nullptr;
+  RankContext* ctx0_ = nullptr;
   std::unique_ptr<Dataset> dataset_;
-  std::unique_ptr<Model> model_;
+  std::vector<std::unique_ptr<Model>> models_;
+  std::vector<MemoryStats> rank_memory_;
+  double total_samples_ = 0;  // rank 0's count of every rank's samples
   int64_t total_steps_ = 0;
   int64_t batches_per_epoch_ = 0;
   int64_t start_step_ = 0;

@@ -1,0 +1,370 @@
+#include "engine/parallel/ddp.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "engine/core/check.h"
+#include "engine/core/format.h"
+
+namespace dtlab {
+
+namespace {
+
+std::string join_names(const Model& m, const std::vector<int>& params) {
+  std::string s;
+  for (size_t i = 0; i < params.size(); i++)
+    s += (i ? ", " : "") + m.parameters()[static_cast<size_t>(params[i])].name;
+  return s;
+}
+
+double overlap_of(double a0, double a1, double b0, double b1) {
+  return std::max(0.0, std::min(a1, b1) - std::max(a0, b0));
+}
+
+}  // namespace
+
+BucketAssignment compute_bucket_assignment_by_size(const std::vector<int64_t>& bytes,
+                                                   const std::vector<int64_t>& limits,
+                                                   const std::vector<int>& order) {
+  DTLAB_CHECK(!limits.empty(), "bucket assignment needs at least one size limit");
+  std::vector<int> walk = order;
+  if (walk.empty())
+    for (size_t i = 0; i < bytes.size(); i++) walk.push_back(static_cast<int>(i));
+  DTLAB_CHECK(walk.size() == bytes.size(), "bucket assignment order does not cover every tensor");
+  BucketAssignment out;
+  std::vector<int> open;
+  int64_t open_bytes = 0;
+  size_t limit = 0;
+  for (int i : walk) {
+    DTLAB_CHECK(i >= 0 && static_cast<size_t>(i) < bytes.size(), "bucket assignment index out of range");
+    open.push_back(i);
+    open_bytes += bytes[static_cast<size_t>(i)];
+    if (open_bytes >= limits[limit]) {
+      out.buckets.push_back(std::move(open));
+      out.size_limits.push_back(limits[limit]);
+      open.clear();
+      open_bytes = 0;
+      if (limit + 1 < limits.size()) limit++;
+    }
+  }
+  if (!open.empty()) {
+    out.buckets.push_back(std::move(open));
+    out.size_limits.push_back(limits[limit]);
+  }
+  if (order.empty()) {
+    // Sort by smallest index (each bucket's first entry, since the walk was ascending).
+    std::vector<size_t> idx(out.buckets.size());
+    for (size_t i = 0; i < idx.size(); i++) idx[i] = i;
+    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+      return *std::min_element(out.buckets[a].begin(), out.buckets[a].end()) <
+             *std::min_element(out.buckets[b].begin(), out.buckets[b].end());
+    });
+    BucketAssignment sorted;
+    for (size_t i : idx) {
+      sorted.buckets.push_back(out.buckets[i]);
+      sorted.size_limits.push_back(out.size_limits[i]);
+    }
+    out = std::move(sorted);
+  }
+  return out;
+}
+
+BucketAssignment initial_bucket_assignment(const std::vector<int64_t>& bytes,
+                                           int64_t first_bucket_bytes, int64_t bucket_cap_bytes) {
+  BucketAssignment a = compute_bucket_assignment_by_size(bytes, {first_bucket_bytes, bucket_cap_bytes});
+  std::reverse(a.buckets.begin(), a.buckets.end());
+  std::reverse(a.size_limits.begin(), a.size_limits.end());
+  return a;
+}
+
+BucketAssignment rebuilt_bucket_assignment(const std::vector<int64_t>& bytes,
+                                           const std::vector<int>& ready_order,
+                                           int64_t first_bucket_bytes, int64_t bucket_cap_bytes) {
+  DTLAB_CHECK(!ready_order.empty() || bytes.empty(), "a rebuild needs the gradient-ready order");
+  return compute_bucket_assignment_by_size(bytes, {first_bucket_bytes, bucket_cap_bytes}, ready_order);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& comm, RankContext* ctx,
+                                                 const DdpOptions& opt)
+    : model_(model), comm_(comm), ctx_(ctx), opt_(opt), world_(comm.world_size()) {
+  if (opt_.bucket_cap_bytes < 1) throw Error("the DDP bucket cap must be at least 1 byte; raise --bucket-cap-mb");
+  if (opt_.first_bucket_bytes < 1) throw Error("the first DDP bucket cap must be at least 1 byte; raise --first-bucket-mb");
+  if (!(opt_.timeout_s > 0)) throw Error("the DDP timeout must be positive");
+  const auto& ps = model_.parameters();
+  for (const auto& p : ps) param_label_.push_back(ctx_ && ctx_->recorder() ? ctx_->recorder()->intern(p.name) : -1);
+  if (ctx_) ctx_->set_activity("constructing DDP: checking parameter shapes across ranks");
+  verify_shapes();
+  // Every rank starts from rank 0's parameters (torch's _sync_module_states).
+  if (ctx_) ctx_->set_activity("constructing DDP: broadcasting parameters from rank 0");
+  comm_.broadcast(model_.params(), model_.num_params(), DType::F32, 0)->wait();
+
+  std::vector<int64_t> bytes;
+  for (const auto& p : ps) bytes.push_back(p.numel * static_cast<int64_t>(sizeof(float)));
+  assign(initial_bucket_assignment(bytes, opt_.first_bucket_bytes, opt_.bucket_cap_bytes));
+  hook_ = [this](int p) { mark_ready(p); };
+  if (ctx_) ctx_->set_activity("running");
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  // Never leave the model pointing into buffers that are about to go away.
+  if (opt_.gradient_as_bucket_view) {
+    for (auto& p : model_.parameters()) p.grad = nullptr;
+  }
+}
+
+void DistributedDataParallel::verify_shapes() {
+  // torch's _verify_param_shape_across_processes: every rank shares a signature of its
+  // parameters; a mismatch is a usage error, named with the first rank that differs.
+  const auto& ps = model_.parameters();
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the shapes
+  auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; i++) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const auto& p : ps) {
+    mix(p.shape.size());
+    for (int64_t d : p.shape) mix(static_cast<uint64_t>(d));
+  }
+  int64_t mine[2] = {static_cast<int64_t>(ps.size()), static_cast<int64_t>(h >> 1)};
+  std::vector<int64_t> all(static_cast<size_t>(2 * world_));
+  comm_.all_gather(all.data(), mine, 2, DType::I64)->wait();
+  for (int r = 1; r < world_; r++) {
+    if (all[2 * r] == all[0] && all[2 * r + 1] == all[1]) continue;
+    throw Error("DDP: rank " + std::to_string(r) + "'s model has " + std::to_string(all[2 * r]) +
+                " parameters with shapes that differ from rank 0's (" + std::to_string(all[0]) +
+                " parameters); every rank must wrap the same model");
+  }
+}
+
+void DistributedDataParallel::assign(const BucketAssignment& a) {
+  auto& ps = model_.parameters();
+  std::vector<DdpBucket> fresh(a.buckets.size());
+  bucket_of_.assign(ps.size(), -1);
+  slot_of_.assign(ps.size(), -1);
+  MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
+  for (size_t b = 0; b < a.buckets.size(); b++) {
+    DdpBucket& bk = fresh[b];
+    bk.params = a.buckets[b];
+    bk.size_limit = a.size_limits[b];
+    for (size_t s = 0; s < bk.params.size(); s++) {
+      const int p = bk.params[s];
+      DTLAB_CHECK(bucket_of_[static_cast<size_t>(p)] < 0, "a parameter assigned to two buckets");
+      bucket_of_[static_cast<size_t>(p)] = static_cast<int>(b);
+      slot_of_[static_cast<size_t>(p)] = static_cast<int>(s);
+      bk.offsets.push_back(bk.numel);
+      bk.numel += ps[static_cast<size_t>(p)].numel;
+    }
+    bk.bytes = bk.numel * static_cast<int64_t>(sizeof(float));
+    bk.buffer = Tensor({bk.numel}, MemCategory::CommBuffers, mem);
+    bk.names = join_names(model_, bk.params);
+    bk.label = ctx_ && ctx_->recorder() ? ctx_->recorder()->intern(bk.names) : -1;
+  }
+  for (size_t p = 0; p < ps.size(); p++)
+    DTLAB_CHECK(bucket_of_[p] >= 0, "parameter " + ps[p].name + " is in no bucket");
+  if (opt_.gradient_as_bucket_view) {
+    // Each .grad becomes its slice of the bucket, keeping what it holds (torch copies the old
+    // gradient into the new view on a rebuild).
+    for (size_t p = 0; p < ps.size(); p++) {
+      DdpBucket& bk = fresh[static_cast<size_t>(bucket_of_[p])];
+      float* view = bk.buffer.f32() + bk.offsets[static_cast<size_t>(slot_of_[p])];
+      if (ps[p].grad) std::copy(ps[p].grad, ps[p].grad + ps[p].numel, view);
+      ps[p].grad = view;
+    }
+    model_.release_gradient_storage();
+  }
+  buckets_ = std::move(fresh);  // frees the previous buckets after the copy above
+  ready_.assign(ps.size(), 0);
+  for (int b = 0; b < static_cast<int>(buckets_.size()); b++) record_bucket(EventKind::BucketAssigned, b);
+}
+
+void DistributedDataParallel::record_bucket(EventKind kind, int bucket, int param) {
+  if (!ctx_ || !ctx_->recorder()) return;
+  const DdpBucket& bk = buckets_[static_cast<size_t>(bucket)];
+  const int64_t now = ctx_->recorder()->now_ns();
+  const double t = ctx_->compute_clock();
+  Event e(kind, Lane::Compute, now, now, t, t);
+  e.bucket.bucket = static_cast<int16_t>(bucket);
+  e.bucket.num_buckets = static_cast<int16_t>(buckets_.size());
+  e.bucket.param = param;
+  e.bucket.generation = generation_;
+  e.bucket.num_params = static_cast<int32_t>(bk.params.size());
+  if (param >= 0) {
+    e.bucket.label = param_label_[static_cast<size_t>(param)];
+    e.bucket.bytes = model_.parameters()[static_cast<size_t>(param)].numel * static_cast<int64_t>(sizeof(float));
+  } else {
+    e.bucket.label = bk.label;
+    e.bucket.bytes = bk.bytes;
+  }
+  e.bucket.seq = bk.work ? bk.work->seq() : 0;
+  ctx_->record(e);
+}
+
+void DistributedDataParallel::before_forward() {
+  if (!rebuild_due_) return;
+  rebuild_due_ = false;
+  // Rank 0's gradient-ready order decides, broadcast to every rank (torch's sync_bucket_indices).
+  const int P = static_cast<int>(model_.parameters().size());
+  if (ctx_) ctx_->set_activity("rebuilding DDP buckets: broadcasting rank 0's gradient order");
+  std::vector<int64_t> order(static_cast<size_t>(P), -1);
+  for (size_t i = 0; i < ready_order_.size() && i < order.size(); i++) order[i] = ready_order_[i];
+  comm_.broadcast(order.data(), P, DType::I64, 0)->wait();
+  std::vector<int> ready(order.begin(), order.end());
+  std::vector<int> sorted = ready;
+  std::sort(sorted.begin(), sorted.end());
+  for (int i = 0; i < P; i++)
+    DTLAB_CHECK(sorted[static_cast<size_t>(i)] == i, "rank 0's gradient-ready order misses a parameter");
+  std::vector<int64_t> bytes;
+  for (const auto& p : model_.parameters()) bytes.push_back(p.numel * static_cast<int64_t>(sizeof(float)));
+  generation_++;
+  assign(rebuilt_bucket_assignment(bytes, ready, opt_.first_bucket_bytes, opt_.bucket_cap_bytes));
+  if (ctx_) ctx_->set_activity("running");
+}
+
+void DistributedDataParallel::prepare_for_backward(bool sync) {
+  syncing_ = sync;
+  if (!sync) return;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (auto& bk : buckets_) {
+    bk.pending = static_cast<int>(bk.params.size());
+    bk.launched = false;
+    bk.work.reset();
+  }
+  next_launch_ = 0;
+  pass_iteration_ = ctx_ ? ctx_->iteration() : -1;
+  stats_ = DdpIterationStats{};
+  stats_.iteration = pass_iteration_;
+  stats_.backward_begin = ctx_ ? ctx_->compute_clock() : 0;
+  if (opt_.find_unused_parameters) {
+    // torch walks the autograd graph from the outputs; what it cannot reach is ready at once.
+    for (int p = 0; p < static_cast<int>(model_.parameters().size()); p++)
+      if (!model_.parameter_used(p)) mark_ready(p);
+  }
+}
+
+void DistributedDataParallel::mark_ready(int p) {
+  if (!syncing_) return;  // no_sync: gradients accumulate in .grad
+  DTLAB_CHECK(!ready_[static_cast<size_t>(p)],
+              "DDP: parameter " + model_.parameters()[static_cast<size_t>(p)].name +
+                  " was marked ready twice in one backward pass");
+  ready_[static_cast<size_t>(p)] = 1;
+  const int b = bucket_of_[static_cast<size_t>(p)];
+  DdpBucket& bk = buckets_[static_cast<size_t>(b)];
+  Parameter& prm = model_.parameters()[static_cast<size_t>(p)];
+  float* dst = bk.buffer.f32() + bk.offsets[static_cast<size_t>(slot_of_[static_cast<size_t>(p)])];
+  const float scale = 1.0f / static_cast<float>(world_);
+  // Average as it goes in: grad / world_size, then a SUM all-reduce (torch's div_factor).
+  if (opt_.gradient_as_bucket_view) {
+    for (int64_t i = 0; i < prm.numel; i++) dst[i] = dst[i] * scale;
+  } else {
+    for (int64_t i = 0; i < prm.numel; i++) dst[i] = prm.grad[i] * scale;
+  }
+  if (generation_ == 0 && opt_.rebuild_buckets && !opt_.find_unused_parameters) ready_order_.push_back(p);
+  record_bucket(EventKind::GradReady, b, p);
+  if (--bk.pending == 0) {
+    record_bucket(EventKind::BucketReady, b);
+    launch_ready_buckets();
+  }
+}
+
+void DistributedDataParallel::launch_ready_buckets() {
+  // "Ignore this bucket if it's not its turn": all-reduces go out strictly in bucket order, so
+  // every rank issues them in the same order whatever order its gradients arrived in.
+  while (next_launch_ < static_cast<int>(buckets_.size()) &&
+         buckets_[static_cast<size_t>(next_launch_)].pending == 0) {
+    DdpBucket& bk = buckets_[static_cast<size_t>(next_launch_)];
+    bk.work = comm_.all_reduce(bk.buffer.f32(), bk.numel, ReduceOp::Sum);
+    bk.launched = true;
+    record_bucket(EventKind::BucketLaunch, next_launch_);
+    next_launch_++;
+  }
+}
+
+void DistributedDataParallel::finalize_backward() {
+  if (!syncing_) return;
+  syncing_ = false;
+  stats_.backward_end = ctx_ ? ctx_->compute_clock() : 0;
+  for (int b = 0; b < static_cast<int>(buckets_.size()); b++) {
+    DdpBucket& bk = buckets_[static_cast<size_t>(b)];
+    if (!bk.launched) stall(b);
+    bk.work->wait();
+    const WorkTimes t = bk.work->times();
+    stats_.comm_seconds += t.model_end - t.model_begin;
+    stats_.overlapped_seconds += overlap_of(t.model_begin, t.model_end, stats_.backward_begin, stats_.backward_end);
+    stats_.wall_comm_seconds += static_cast<double>(t.wall_end_ns - t.wall_begin_ns) * 1e-9;
+    stats_.bytes += bk.bytes;
+    if (ctx_ && ctx_->recorder()) {
+      Event e(EventKind::BucketAllReduce, Lane::Comm, t.wall_begin_ns, t.wall_end_ns, t.model_begin, t.model_end);
+      e.bucket = BucketInfo{static_cast<int16_t>(b), static_cast<int16_t>(buckets_.size()), -1, bk.label,
+                            generation_, static_cast<int32_t>(bk.params.size()), bk.bytes, bk.work->seq()};
+      ctx_->record(e);
+    }
+    if (!opt_.gradient_as_bucket_view) {
+      auto& ps = model_.parameters();
+      for (size_t s = 0; s < bk.params.size(); s++) {
+        Parameter& prm = ps[static_cast<size_t>(bk.params[s])];
+        const float* src = bk.buffer.f32() + bk.offsets[s];
+        std::copy(src, src + prm.numel, prm.grad);
+      }
+    }
+  }
+  if (generation_ == 0 && opt_.rebuild_buckets && !opt_.find_unused_parameters &&
+      ready_order_.size() == model_.parameters().size())
+    rebuild_due_ = true;
+}
+
+void DistributedDataParallel::stall(int bucket) {
+  // As in torch, nothing errors right away: the rank waits for a bucket whose gradients will never
+  // come, and the watchdog ends the wait with the diagnosis.
+  const DdpBucket& bk = buckets_[static_cast<size_t>(bucket)];
+  std::vector<int> missing;
+  for (int p : bk.params)
+    if (!ready_[static_cast<size_t>(p)]) missing.push_back(p);
+  const std::string names = join_names(model_, missing);
+  std::string later;
+  for (int b = bucket + 1; b < static_cast<int>(buckets_.size()); b++)
+    later += (later.empty() ? "" : ", ") + std::to_string(b);
+  if (ctx_) ctx_->set_activity("waiting for DDP bucket " + std::to_string(bucket) + ", which never became ready (" + names + " got no gradient)");
+  using Clock = std::chrono::steady_clock;
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt_.timeout_s));
+  auto deadline = Clock::now() + timeout;
+  Stepper* stepper = ctx_ ? ctx_->stepper() : nullptr;
+  while (Clock::now() < deadline) {
+    if (stepper && stepper->aborted())
+      throw CommError("rank " + std::to_string(comm_.rank()) + " stopped waiting for DDP bucket " +
+                      std::to_string(bucket) + ": the run was aborted");
+    if (stepper && stepper->paused()) deadline = Clock::now() + timeout;  // a paused world is not hung
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", opt_.timeout_s);
+  throw CommError(
+      "watchdog: DDP on rank " + std::to_string(comm_.rank()) + " waited " + secs + " s in iteration " +
+      std::to_string(pass_iteration_) + " for bucket " + std::to_string(bucket) + " of " +
+      std::to_string(buckets_.size()) + " (" + bk.names + "), which never became ready: " +
+      (missing.size() == 1 ? "parameter " : "parameters ") + names +
+      " received no gradient in this backward pass (the forward did not use them), so its all-reduce" +
+      (later.empty() ? "" : " and those of bucket " + later + " after it") +
+      " never launched; pass --find-unused-parameters (DDP's find_unused_parameters=True) or make "
+      "every parameter take part in the loss");
+}
+
+std::vector<Optimizer::Segment> DistributedDataParallel::optimizer_segments() {
+  std::vector<Optimizer::Segment> segs;
+  for (auto& p : model_.parameters()) segs.push_back({p.data, p.grad, p.offset, p.numel});
+  return segs;
+}
+
+std::vector<std::string> DistributedDataParallel::describe_buckets() const {
+  std::vector<std::string> lines;
+  for (size_t b = 0; b < buckets_.size(); b++)
+    lines.push_back("bucket " + std::to_string(b) + ": " + buckets_[b].names + " (" + human_bytes(buckets_[b].bytes) + ")");
+  return lines;
+}
+
+}  // namespace dtlab

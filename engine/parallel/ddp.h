@@ -1,0 +1,157 @@
+// DistributedDataParallel, rebuilt from PyTorch's reducer (torch/csrc/distributed/c10d/reducer.cpp
+// and nn/parallel/distributed.py) so the classroom sees its real behaviour:
+//   - construction checks that every rank holds the same parameter shapes, broadcasts rank 0's
+//     parameters, and assigns parameters to buckets with compute_bucket_assignment_by_size
+//     (first bucket cap, then bucket cap; reversed, so bucket 0 holds the LAST parameters);
+//   - during backward a hook fires per parameter as its gradient becomes final; the gradient is
+//     multiplied by 1/world_size as it is copied into its bucket; a bucket whose gradients are all
+//     in is launched, strictly in bucket order, as an asynchronous SUM all-reduce on the rank's
+//     communication worker, so it overlaps the rest of backward;
+//   - finalize_backward() waits for every bucket (the optimizer step needs the averaged gradients);
+//   - gradient_as_bucket_view: each .grad IS its slice of the bucket (one gradient-sized buffer less);
+//   - after the first synchronised backward the buckets are rebuilt once in the order gradients
+//     actually became ready (rank 0's assignment broadcast to all), unless static buckets are asked
+//     for or find_unused_parameters is on (as torch does);
+//   - find_unused_parameters: parameters the forward did not use are marked ready at the start of
+//     backward; without it their bucket never launches and the rank stalls until the watchdog names
+//     the bucket and the parameters;
+//   - no_sync (gradient accumulation): prepare_for_backward(false) lets gradients accumulate locally.
+//
+// One difference from torch >= 1.13, kept on purpose: torch starts a find_unused_parameters=False run
+// with ONE bucket for iteration 1 and only then builds sized buckets; dtlab uses the sized assignment
+// from the first iteration so the buckets are visible at once, as torch <= 1.12 did.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/comm/communicator.h"
+#include "engine/core/model.h"
+#include "engine/core/optim.h"
+#include "engine/core/tensor.h"
+#include "engine/trace/context.h"
+
+namespace dtlab {
+
+inline constexpr int64_t kDefaultFirstBucketBytes = int64_t{1} << 20;  // torch kDefaultFirstBucketBytes
+inline constexpr int64_t kDefaultBucketBytesCap = int64_t{25} << 20;   // bucket_cap_mb=25
+
+struct BucketAssignment {
+  std::vector<std::vector<int>> buckets;  // parameter indices, bucket 0 first
+  std::vector<int64_t> size_limits;       // the limit each bucket was filled against
+};
+
+// torch's compute_bucket_assignment_by_size for one dtype and device. Walks the tensors in `order`
+// (empty: 0, 1, ..., n-1), adding bytes[i] to the open bucket; when its total reaches the current
+// limit (>=) the bucket closes and the next limit applies (the last one repeats). Leftovers form a
+// last bucket. With an empty `order` the buckets are then sorted by their smallest index; with an
+// explicit order (the gradient-ready order of a rebuild) they stay in walk order.
+BucketAssignment compute_bucket_assignment_by_size(const std::vector<int64_t>& bytes,
+                                                   const std::vector<int64_t>& limits,
+                                                   const std::vector<int>& order = {});
+// DDP's assignment at construction: the above over the parameters in model order with limits
+// {first_bucket_bytes, bucket_cap_bytes}, reversed (bucket 0 holds the last parameters).
+BucketAssignment initial_bucket_assignment(const std::vector<int64_t>& bytes,
+                                           int64_t first_bucket_bytes, int64_t bucket_cap_bytes);
+// The rebuild after iteration 1: the same limits over the gradient-ready order, not reversed.
+BucketAssignment rebuilt_bucket_assignment(const std::vector<int64_t>& bytes,
+                                           const std::vector<int>& ready_order,
+                                           int64_t first_bucket_bytes, int64_t bucket_cap_bytes);
+
+struct DdpOptions {
+  int64_t bucket_cap_bytes = kDefaultBucketBytesCap;
+  int64_t first_bucket_bytes = kDefaultFirstBucketBytes;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+  bool rebuild_buckets = true;  // false: keep the construction-time buckets (--static-buckets)
+  double timeout_s = 30;        // how long finalize_backward() waits for a bucket that never launches
+};
+
+struct DdpBucket {
+  std::vector<int> params;       // indices into model.parameters(), in layout order
+  std::vector<int64_t> offsets;  // element offset of each parameter in `buffer`
+  int64_t numel = 0;
+  int64_t bytes = 0;
+  int64_t size_limit = 0;
+  Tensor buffer;                 // CommBuffers: the flat gradients, all-reduced in place
+  std::string names;             // "4.bias, 4.weight"
+  int32_t label = -1;            // `names` interned in the recorder
+  // this backward pass
+  int pending = 0;               // gradients not yet ready
+  bool launched = false;
+  WorkPtr work;
+};
+
+// One synchronised backward pass, on the modeled clock of the rank's hardware profile.
+struct DdpIterationStats {
+  int32_t iteration = -1;
+  double backward_begin = 0, backward_end = 0;  // compute lane
+  double comm_seconds = 0;        // the buckets' all-reduces on the comm lane
+  double overlapped_seconds = 0;  // the part of comm_seconds inside [backward_begin, backward_end]
+  double wall_comm_seconds = 0;
+  int64_t bytes = 0;              // all-reduced this pass
+  // Share of communication hidden behind backward compute (1 when there was no communication).
+  double overlap() const { return comm_seconds > 0 ? overlapped_seconds / comm_seconds : 1.0; }
+};
+
+class DistributedDataParallel {
+ public:
+  // Collective: every rank constructs its DDP at the same point. `ctx` may be null (no events,
+  // no modeled clock, no pause-aware stall).
+  DistributedDataParallel(Model& model, Communicator& comm, RankContext* ctx, const DdpOptions& opt);
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // Before each forward: rebuilds the buckets once, when due (a collective on every rank).
+  void before_forward();
+  // Before each backward; sync = false inside no_sync() (gradients accumulate locally). With
+  // find_unused_parameters, marks the parameters the last forward did not use as ready.
+  void prepare_for_backward(bool sync = true);
+  // Pass to Model::backward().
+  const Model::GradReadyHook& grad_ready_hook() const { return hook_; }
+  // After backward: on a synchronised pass waits for every bucket and leaves each parameter's
+  // .grad holding the average over ranks. Throws CommError when a bucket never became ready
+  // (after timeout_s) or a collective failed.
+  void finalize_backward();
+
+  // For Optimizer::step: each parameter with its current .grad (inside the buckets with
+  // gradient_as_bucket_view).
+  std::vector<Optimizer::Segment> optimizer_segments();
+
+  const std::vector<DdpBucket>& buckets() const { return buckets_; }
+  int generation() const { return generation_; }  // 0, or 1 after the rebuild
+  bool rebuilt() const { return generation_ > 0; }
+  const DdpIterationStats& last_stats() const { return stats_; }
+  const DdpOptions& options() const { return opt_; }
+  // "bucket 0: 4.bias, 4.weight (780 B)" lines, for printing.
+  std::vector<std::string> describe_buckets() const;
+
+ private:
+  void verify_shapes();
+  void assign(const BucketAssignment& a);
+  void mark_ready(int p);
+  void launch_ready_buckets();
+  [[noreturn]] void stall(int bucket);
+  void record_bucket(EventKind kind, int bucket, int param = -1);
+
+  Model& model_;
+  Communicator& comm_;
+  RankContext* ctx_;
+  DdpOptions opt_;
+  int world_;
+  std::vector<DdpBucket> buckets_;
+  std::vector<int> bucket_of_, slot_of_;  // per parameter
+  std::vector<int32_t> param_label_;
+  std::vector<char> ready_;               // per parameter, this pass
+  int next_launch_ = 0;
+  bool syncing_ = false;                  // inside a synchronised backward
+  int generation_ = 0;
+  bool rebuild_due_ = false;
+  std::vector<int> ready_order_;          // the first synchronised pass's gradient order
+  int32_t pass_iteration_ = -1;
+  DdpIterationStats stats_;
+  Model::GradReadyHook hook_;
+};
+
+}  // namespace dtlab

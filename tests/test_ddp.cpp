@@ -1,0 +1,383 @@
+// DistributedDataParallel (engine/parallel/ddp): torch's bucket assignment, equivalence with one rank
+// on the combined batch (with and without accumulation), the unused-parameter stall and its
+// diagnosis, memory arithmetic, the reducer's events, and the construction-time checks.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/comm/threads_backend.h"
+#include "engine/core/check.h"
+#include "engine/io/checkpoint.h"
+#include "engine/parallel/ddp.h"
+#include "engine/train/train.h"
+#include "tests/test_util.h"
+
+using namespace dtlab;
+
+namespace {
+
+using Buckets = std::vector<std::vector<int>>;
+
+// mlp:2,64,64,3 as torch lays it out: 0.weight 512 B, 0.bias 256 B, 2.weight 16384 B, 2.bias 256 B,
+// 4.weight 768 B, 4.bias 12 B (18188 B in all).
+const std::vector<int64_t> kMlpBytes = {512, 256, 16384, 256, 768, 12};
+
+TrainConfig ddp_config(int world, int64_t batch, int64_t steps) {
+  TrainConfig c;
+  c.strategy = "ddp";
+  c.world_size = world;
+  c.model = ModelSpec::parse("mlp:2,64,64,3");
+  c.data = "spiral";
+  c.batch = batch;
+  c.steps = steps;
+  c.optimizer.kind = OptimizerKind::AdamW;
+  c.optimizer.lr = 0.01;
+  c.optimizer.weight_decay = 0.01;
+  c.seed = 3;
+  // Small caps so the 18 KB model spreads over several buckets and their all-reduces overlap.
+  c.ddp.bucket_cap_bytes = 4096;
+  c.ddp.first_bucket_bytes = 1024;
+  c.timeout_s = 20;
+  return c;
+}
+
+TrainConfig single_like(const TrainConfig& d, int64_t batch) {
+  TrainConfig c = d;
+  c.strategy = "single";
+  c.world_size = 1;
+  c.batch = batch;
+  c.accum = 1;
+  return c;
+}
+
+double max_abs_diff(const Model& a, const Model& b) {
+  REQUIRE(a.num_params() == b.num_params());
+  double d = 0;
+  for (int64_t i = 0; i < a.num_params(); i++)
+    d = std::max(d, static_cast<double>(std::fabs(a.params()[i] - b.params()[i])));
+  return d;
+}
+
+struct Trained {
+  TrainSummary summary;
+  std::vector<StepReport> steps;
+};
+
+Trained train(Trainer& t) {
+  Trained r;
+  r.summary = t.run([&](const StepReport& s) { r.steps.push_back(s); });
+  return r;
+}
+
+}  // namespace
+
+TEST_SUITE("ddp") {
+  TEST_CASE("bucket assignment follows torch's compute_bucket_assignment_by_size") {
+    SUBCASE("the 1 MiB first bucket takes the first parameters, then bucket 0 holds the last") {
+      // Walk 0..5 against {1 MiB, 25 MiB}: nothing reaches 1 MiB, so one bucket of everything.
+      BucketAssignment a = initial_bucket_assignment(kMlpBytes, kDefaultFirstBucketBytes, kDefaultBucketBytesCap);
+      CHECK(a.buckets == Buckets{{0, 1, 2, 3, 4, 5}});
+      CHECK(a.size_limits == std::vector<int64_t>{kDefaultFirstBucketBytes});
+    }
+    SUBCASE("torch 1.13, find_unused_parameters=True, first bucket 600 B, cap 0.01 MB") {
+      // Measured with Debian torch 1.13 (bucket_sizes "1036, 16384, 768"): walk 512+256 = 768 >= 600
+      // closes {0,1}; 16384 >= 10485 closes {2}; {3,4,5} is left over. Reversed: bucket 0 = {3,4,5}.
+      BucketAssignment a = initial_bucket_assignment(kMlpBytes, 600, 10485);
+      CHECK(a.buckets == Buckets{{3, 4, 5}, {2}, {0, 1}});
+      CHECK(a.size_limits == std::vector<int64_t>{10485, 10485, 600});
+    }
+    SUBCASE("the rebuild walks the gradient-ready order and keeps it (torch 1.13: '5 4, 3 2, 1 0')") {
+      BucketAssignment a = rebuilt_bucket_assignment(kMlpBytes, {5, 4, 3, 2, 1, 0}, 600, 10485);
+      CHECK(a.buckets == Buckets{{5, 4}, {3, 2}, {1, 0}});  // 780, 16640 and 768 bytes
+      CHECK(a.size_limits == std::vector<int64_t>{600, 10485, 10485});
+    }
+    SUBCASE("a parameter larger than the cap gets a bucket of its own") {
+      // Walk: 100 | 5000 >= 1000 closes {0,1}; 5000 >= 4000 closes {2}; 10 + 3000 + 2000 closes
+      // {3,4,5}; {6} is left over.
+      std::vector<int64_t> bytes = {100, 5000, 5000, 10, 3000, 2000, 8};
+      BucketAssignment a = compute_bucket_assignment_by_size(bytes, {1000, 4000});
+      CHECK(a.buckets == Buckets{{0, 1}, {2}, {3, 4, 5}, {6}});
+      CHECK(a.size_limits == std::vector<int64_t>{1000, 4000, 4000, 4000});
+      BucketAssignment r = initial_bucket_assignment(bytes, 1000, 4000);
+      CHECK(r.buckets == Buckets{{6}, {3, 4, 5}, {2}, {0, 1}});
+    }
+    SUBCASE("the limit is reached with >=, and the last limit repeats") {
+      BucketAssignment a = compute_bucket_assignment_by_size({4, 4, 4, 4, 4}, {4, 8});
+      CHECK(a.buckets == Buckets{{0}, {1, 2}, {3, 4}});
+    }
+    SUBCASE("an explicit order is not re-sorted") {
+      BucketAssignment a = compute_bucket_assignment_by_size({8, 8, 8}, {8}, {2, 0, 1});
+      CHECK(a.buckets == Buckets{{2}, {0}, {1}});
+    }
+  }
+
+  TEST_CASE("DDP on N ranks equals one rank on the combined batch") {
+    for (int world : {2, 3, 4}) {
+      for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
+        for (int64_t accum : {int64_t{1}, int64_t{2}}) {
+          CAPTURE(world);
+          CAPTURE(optimizer_name(kind));
+          CAPTURE(accum);
+          TrainConfig d = ddp_config(world, 16, 20);
+          d.accum = accum;
+          d.optimizer = default_optimizer_config(kind);
+          if (kind == OptimizerKind::SGD) d.optimizer.momentum = 0.9;
+          Trainer ddp(d);
+          Trained got = train(ddp);
+          // One rank sees the union of the ranks' (micro-)batches: rank r's sampler takes every
+          // N-th index of the same permutation, so N x b x A consecutive indices per step.
+          Trainer one(single_like(d, 16 * world * accum));
+          Trained want = train(one);
+          for (int r = 0; r < world; r++) {
+            CAPTURE(r);
+            CHECK(max_abs_diff(ddp.rank_model(r), one.model()) <= 1e-5);
+          }
+          REQUIRE(got.steps.size() == want.steps.size());
+          for (size_t s = 0; s < got.steps.size(); s++) {
+            CHECK(got.steps[s].samples == 16 * world * accum);
+            CHECK(got.steps[s].loss == doctest::Approx(want.steps[s].loss).epsilon(1e-5));
+            CHECK(got.steps[s].accuracy == doctest::Approx(want.steps[s].accuracy));
+          }
+          CHECK(got.summary.effective_batch == 16 * world * accum);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("gradient_as_bucket_view and static buckets change memory and layout, not the result") {
+    TrainConfig base = ddp_config(2, 16, 12);
+    Trainer ref(base);
+    train(ref);
+    for (int variant = 0; variant < 2; variant++) {
+      TrainConfig c = base;
+      if (variant == 0) c.ddp.gradient_as_bucket_view = true;
+      else c.ddp.rebuild_buckets = false;
+      CAPTURE(variant);
+      Trainer t(c);
+      Trained r = train(t);
+      CHECK(max_abs_diff(t.model(), ref.model()) <= 1e-6);
+      CHECK(r.summary.buckets_rebuilt == (variant == 0));
+    }
+  }
+
+  TEST_CASE("memory per rank matches the arithmetic") {
+    // mlp:2,64,64,3: P = 4547 floats. Batch 16: activations are each layer's output
+    // (16 x (64+64+64+64+3)), two gradient ping-pong buffers (16 x 64 each), and the loss's
+    // probabilities and logit gradients (16 x 3 each).
+    const int64_t P = 4547 * 4;
+    const int64_t acts = (16 * (64 * 4 + 3) + 2 * 16 * 64 + 2 * 16 * 3) * 4;
+    for (bool view : {false, true}) {
+      CAPTURE(view);
+      TrainConfig c = ddp_config(3, 16, 4);
+      c.ddp.gradient_as_bucket_view = view;
+      Trainer t(c);
+      TrainSummary s = t.run();
+      REQUIRE(s.rank_memory.size() == 3);
+      for (const MemoryStats& m : s.rank_memory) {
+        CHECK(m.current_of(MemCategory::Parameters) == P);
+        CHECK(m.current_of(MemCategory::Gradients) == (view ? 0 : P));  // the view saves a copy
+        CHECK(m.current_of(MemCategory::OptimizerState) == 2 * P);      // AdamW: exp_avg, exp_avg_sq
+        CHECK(m.current_of(MemCategory::CommBuffers) == P);             // the buckets
+        CHECK(m.current_of(MemCategory::Activations) == acts);
+        // The last iteration allocates nothing new: its peak is what it holds.
+        CHECK(m.total_peak == m.total_current);
+        CHECK(m.total_current == (view ? 4 : 5) * P + acts);
+      }
+    }
+  }
+
+  TEST_CASE("a parameter the forward skips: the stall is diagnosed without the flag, trained with it") {
+    TrainConfig c = ddp_config(2, 16, 6);
+    c.model = ModelSpec::parse("mlp:2,32,32,32,3");
+    c.skip_layer = 2;
+    c.skip_every = 2;  // steps 2, 4, 6 bypass Linear 2
+    c.timeout_s = 0.5;
+    SUBCASE("without find_unused_parameters the watchdog names the bucket and its parameters") {
+      // After the rebuild (ready order 6.b 6.w 4.b 4.w | 2.b 2.w | 0.b 0.w) bucket 1 holds layer 2.
+      Trainer t(c);
+      std::string msg;
+      try {
+        t.run();
+      } catch (const CommError& e) {
+        msg = e.what();
+      }
+      INFO(msg);
+      CHECK(msg.find("watchdog: DDP on rank ") == 0);
+      CHECK(msg.find("in iteration 1 for bucket 1 of 3 (2.bias, 2.weight), which never became ready") != std::string::npos);
+      CHECK(msg.find("parameters 2.bias, 2.weight received no gradient") != std::string::npos);
+      CHECK(msg.find("those of bucket 2 after it never launched") != std::string::npos);
+      CHECK(msg.find("--find-unused-parameters") != std::string::npos);
+    }
+    SUBCASE("with find_unused_parameters every step completes") {
+      c.ddp.find_unused_parameters = true;
+      c.steps = 40;
+      Trainer t(c);
+      Trained r = train(t);
+      REQUIRE(r.steps.size() == 40);
+      CHECK(r.steps[1].branch_taken);
+      CHECK_FALSE(r.steps[2].branch_taken);
+      CHECK_FALSE(r.summary.buckets_rebuilt);  // torch does not rebuild with find_unused_parameters
+      CHECK(r.steps.back().loss < r.steps.front().loss);
+      for (int k = 1; k < 2; k++) CHECK(max_abs_diff(t.rank_model(k), t.model()) == 0.0);
+    }
+  }
+
+  TEST_CASE("reducer events: gradients ready in backward order, buckets launched in index order") {
+    TrainConfig c = ddp_config(2, 16, 3);
+    c.accum = 2;  // the first micro-batch of each step runs under no_sync: no bucket traffic
+    Trainer t(c);
+    TrainSummary s = t.run();
+    TraceRecorder& rec = t.recorder();
+    for (int rank = 0; rank < 2; rank++) {
+      CAPTURE(rank);
+      std::vector<Event> ev = rec.events(rank);
+      std::vector<int> ready_iter2;
+      std::vector<int> launches_iter2;
+      int assigned_gen0 = 0, assigned_gen1 = 0, launches = 0, allreduces = 0;
+      int64_t allreduced_bytes_iter2 = 0;
+      for (const Event& e : ev) {
+        if (e.kind == EventKind::BucketAssigned) (e.bucket.generation == 0 ? assigned_gen0 : assigned_gen1)++;
+        if (e.kind == EventKind::BucketLaunch) launches++;
+        if (e.kind == EventKind::BucketAllReduce) allreduces++;
+        if (e.iteration != 2) continue;
+        if (e.kind == EventKind::GradReady) {
+          ready_iter2.push_back(e.bucket.param);
+          CHECK(rec.label(e.bucket.label) == t.model().parameters()[static_cast<size_t>(e.bucket.param)].name);
+        }
+        if (e.kind == EventKind::BucketLaunch) launches_iter2.push_back(e.bucket.bucket);
+        if (e.kind == EventKind::BucketAllReduce) {
+          allreduced_bytes_iter2 += e.bucket.bytes;
+          CHECK(e.lane == Lane::Comm);
+          CHECK(e.model_end >= e.model_begin);
+        }
+      }
+      CHECK(ready_iter2 == std::vector<int>{5, 4, 3, 2, 1, 0});  // once per step, not per micro-batch
+      // Rebuilt after iteration 1 with limits {1024, 4096} over the ready order: 12 + 768 + 256
+      // reaches 1024; 16384 reaches 4096; 256 + 512 is left over.
+      CHECK(launches_iter2 == std::vector<int>{0, 1, 2});
+      CHECK(allreduced_bytes_iter2 == 4547 * 4);
+      // At construction: 512 + 256 + 16384 reaches 1024 and {2.bias, 4.weight, 4.bias} is left over.
+      CHECK(assigned_gen0 == 2);
+      CHECK(assigned_gen1 == 3);
+      CHECK(launches == 2 + 3 + 3);
+      CHECK(allreduces == launches);
+    }
+    CHECK(s.buckets == std::vector<std::string>{"bucket 0: 4.bias, 4.weight, 2.bias (1.0 KiB)",
+                                                "bucket 1: 2.weight (16.0 KiB)",
+                                                "bucket 2: 0.bias, 0.weight (768 B)"});
+    CHECK(s.mean_overlap >= 0.0);
+    CHECK(s.mean_overlap <= 1.0);
+  }
+
+  TEST_CASE("construction broadcasts rank 0's parameters and rejects different models") {
+    SUBCASE("replicas seeded differently end up equal to rank 0's") {
+      ThreadsWorld w(3);
+      std::vector<std::unique_ptr<Model>> models;
+      for (int r = 0; r < 3; r++)
+        models.push_back(std::make_unique<Model>(ModelSpec::parse("mlp:3,8,2"), &w.memory(r), 10 + r));
+      std::vector<float> rank0(models[0]->params(), models[0]->params() + models[0]->num_params());
+      CHECK(max_abs_diff(*models[1], *models[0]) > 0);
+      w.run([&](int r, Communicator& comm, RankContext& ctx) {
+        DistributedDataParallel ddp(*models[static_cast<size_t>(r)], comm, &ctx, DdpOptions{});
+      });
+      for (int r = 0; r < 3; r++)
+        CHECK(std::memcmp(models[static_cast<size_t>(r)]->params(), rank0.data(), rank0.size() * sizeof(float)) == 0);
+    }
+    SUBCASE("a rank with other shapes is named") {
+      ThreadsWorld w(2);
+      Model a(ModelSpec::parse("mlp:3,8,2"), &w.memory(0), 1);
+      Model b(ModelSpec::parse("mlp:3,9,2"), &w.memory(1), 1);
+      std::string msg;
+      try {
+        w.run([&](int r, Communicator& comm, RankContext& ctx) {
+          DistributedDataParallel ddp(r == 0 ? a : b, comm, &ctx, DdpOptions{});
+        });
+      } catch (const Error& e) {
+        msg = e.what();
+      }
+      CHECK(msg.find("DDP: rank 1's model has 4 parameters with shapes that differ from rank 0's") != std::string::npos);
+      CHECK(msg.find("every rank must wrap the same model") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("a paused DDP run advances one collective per step command") {
+    // What the app does: the world starts paused and the user presses "next collective".
+    TrainConfig c = ddp_config(2, 16, 2);
+    c.start_paused = true;
+    Trainer t(c);
+    std::atomic<bool> done{false};
+    std::string error;
+    std::thread runner([&] {
+      try {
+        t.run();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      done = true;
+    });
+    Stepper& st = t.world()->stepper();
+    int commands = 0;
+    bool saw_bucket_in_flight = false;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!done && commands < 200 && std::chrono::steady_clock::now() < give_up) {
+      if (!st.wait_until_all_blocked(1, std::chrono::milliseconds(50))) continue;
+      WorldStatus ws = t.world()->status();
+      for (const CollectiveStatus& cs : ws.in_flight)
+        if (cs.op == CollectiveOp::AllReduce && cs.bytes > 1000) saw_bucket_in_flight = true;
+      st.step(GateKind::Collective);
+      commands++;
+    }
+    if (!done) t.world()->abort("the test gave up stepping");  // never leave the runner waiting
+    runner.join();
+    CHECK(error.empty());
+    // Construction: all-gather of shapes + parameter broadcast; iteration 0: 2 buckets + the loss
+    // all-reduce; the rebuild's broadcast; iteration 1: 3 buckets + the loss all-reduce.
+    CHECK(commands >= 10);
+    CHECK(saw_bucket_in_flight);
+  }
+
+  TEST_CASE("rank 0 saves the checkpoint and every rank can load it") {
+    test::TempDir dir;
+    TrainConfig c = ddp_config(2, 16, 5);
+    c.save_path = dir.file("ddp.safetensors");
+    Trainer t(c);
+    t.run();
+    CHECK(dir.listing() == std::set<std::string>{"ddp.safetensors"});  // one file, no temp left
+    CheckpointInfo info = read_checkpoint_info(c.save_path);
+    CHECK(info.step == 5);
+    TrainConfig d = ddp_config(3, 16, 1);
+    d.init_path = c.save_path;
+    Trainer next(d);
+    for (int r = 0; r < 3; r++) CHECK(max_abs_diff(next.rank_model(r), t.model()) == 0.0);
+  }
+
+  TEST_CASE("configuration errors name the fix") {
+    auto message = [](const TrainConfig& c) {
+      try {
+        Trainer t(c);
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    TrainConfig c = ddp_config(2, 16, 1);
+    c.accum = 0;
+    CHECK(message(c) == "--accum must be at least 1 (got 0)");
+    c = ddp_config(2, 16, 1);
+    c.skip_layer = 0;  // Linear 0 maps 2 -> 64
+    CHECK(message(c).find("bypassing it would change the width") != std::string::npos);
+    c = ddp_config(2, 16, 1);
+    c.skip_layer = 1;
+    CHECK(message(c).find("is a ReLU") != std::string::npos);
+    c = ddp_config(2, 16, 1);
+    c.strategy = "single";
+    CHECK(message(c).find("use --strategy ddp") != std::string::npos);
+  }
+}
