@@ -215,7 +215,13 @@ int run_train(TrainArgs& a, Streams& io) {
       for (const std::string& b : s.buckets) io.out << "    " << b << "\n";
     }
   }
-  io.out << "memory (rank 0, peak of the last iteration):";
+  bool same = true;
+  for (const MemoryStats& m : s.rank_memory)
+    same = same && m.current == s.memory.current && m.peak == s.memory.peak;
+  if (s.rank_memory.size() > 1 && same)
+    io.out << "memory (each of the " << s.rank_memory.size() << " ranks, peak of the last iteration):";
+  else
+    io.out << "memory (rank 0, peak of the last iteration):";
   for (int i = 0; i < kNumMemCategories; i++) {
     if (s.memory.peak[i] == 0) continue;
     io.out << (i ? ", " : " ") << mem_category_name(static_cast<MemCategory>(i)) << " "

@@ -467,4 +467,78 @@ TEST_SUITE("cli") {
     check_usage_error({"train", "--trace-clock", "sideways"}, "--trace-clock sideways is not a clock; use wall or modeled");
     check_usage_error({"train", "--profile", "mars"}, "hardware profile 'mars' is not known");
   }
+
+  TEST_CASE("train --strategy ddp: buckets at start, overlap per step, JSON fields, errors") {
+    CliResult r = run({"train", "--strategy", "ddp", "--world", "2", "--steps", "4", "--batch", "16",
+                       "--bucket-cap-mb", "0.004", "--first-bucket-mb", "0.001", "--accum", "2", "--log-every", "2"});
+    INFO("stdout: ", r.out);
+    INFO("stderr: ", r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("effective batch 64 = 16 per rank x 2 ranks x 2 accumulation steps") != std::string::npos);
+    // 0.001 MiB = 1048 B: 512 + 256 + 16384 closes the first bucket; the rest is left over.
+    CHECK(r.out.find("    bucket 0: 2.bias, 4.weight, 4.bias (1.0 KiB)\n    bucket 1: 0.weight, 0.bias, 2.weight (16.8 KiB)\n") != std::string::npos);
+    CHECK(r.out.find("step 2/4") != std::string::npos);
+    CHECK(r.out.find("overlap") != std::string::npos);
+    CHECK(r.out.find("buckets rebuilt after iteration 1 in gradient-ready order:") != std::string::npos);
+
+    CliResult j = run({"train", "--strategy", "ddp", "--world", "3", "--steps", "2", "--batch", "8", "--json",
+                       "--gradient-as-bucket-view", "--static-buckets"});
+    REQUIRE(j.code == 0);
+    std::vector<json> v = json_lines(j.out);
+    REQUIRE(v.size() == 3);
+    CHECK(v[0]["samples"] == 24);
+    CHECK(v[0].contains("overlap"));
+    CHECK(v[2]["summary"] == true);
+    CHECK(v[2]["world"] == 3);
+    CHECK(v[2]["effective_batch"] == 24);
+    CHECK(v[2]["buckets_rebuilt"] == false);
+    CHECK(v[2]["buckets"].size() == 1);
+    REQUIRE(v[2]["rank_memory"].size() == 3);
+    CHECK(v[2]["rank_memory"][1]["gradients"] == 0);  // the gradients live in the buckets
+    CHECK(v[2]["rank_memory"][1]["communication buffers"] == 4547 * 4);
+
+    check_usage_error({"train", "--bucket-cap-mb", "1"}, "--bucket-cap-mb configures DDP's buckets; add --strategy ddp --world N");
+    check_usage_error({"train", "--strategy", "ddp", "--bucket-cap-mb", "0.0000001"}, "--bucket-cap-mb is too small");
+    check_usage_error({"train", "--strategy", "ddp", "--accum", "0"}, "--accum");
+    check_usage_error({"train", "--strategy", "ddp", "--world", "65"}, "--world 65 is out of range; use 1 to 64 ranks");
+    check_usage_error({"train", "--strategy", "ddp", "--fault", "skip:rank=9"}, "fault 'skip:rank=9' is incomplete");
+    check_usage_error({"train", "--model", "mlp:2,64,64,3", "--skip-layer", "0"}, "bypassing it would change the width");
+  }
+
+  TEST_CASE("train --strategy ddp: a skipped layer without --find-unused-parameters exits 3 naming the bucket") {
+    CliResult r = run({"train", "--strategy", "ddp", "--world", "2", "--model", "mlp:2,32,32,32,3", "--steps", "4",
+                       "--skip-layer", "2", "--timeout", "0.3"});
+    INFO("stderr: ", r.err);
+    CHECK(r.code == 3);
+    CHECK(r.err.rfind("dtlab-cli: watchdog: DDP on rank ", 0) == 0);
+    CHECK(r.err.find("parameters 2.bias, 2.weight received no gradient") != std::string::npos);
+    CliResult ok = run({"train", "--strategy", "ddp", "--world", "2", "--model", "mlp:2,32,32,32,3", "--steps", "4",
+                        "--skip-layer", "2", "--find-unused-parameters", "--timeout", "0.3"});
+    CHECK(ok.code == 0);
+    CHECK(ok.out.find("branch: every 2 steps the forward bypasses layer 2") != std::string::npos);
+  }
+
+  TEST_CASE("train --strategy ddp --trace names buckets and parameters") {
+    TempDir dir;
+    std::string path = dir.file("ddp.json");
+    CliResult r = run({"train", "--strategy", "ddp", "--world", "2", "--steps", "2", "--batch", "8",
+                       "--bucket-cap-mb", "0.004", "--first-bucket-mb", "0.001", "--trace", path});
+    REQUIRE(r.code == 0);
+    std::ifstream f(path);
+    json t = json::parse(f);
+    int grad_ready = 0, bucket_spans = 0;
+    bool named = false;
+    for (const auto& e : t["traceEvents"]) {
+      if (e.value("cat", "") != "ddp") continue;
+      std::string name = e.value("name", "");
+      if (name.rfind("grad ready ", 0) == 0) grad_ready++;
+      if (e["ph"] == "X") {
+        bucket_spans++;
+        if (e["args"]["params"] == "2.bias, 4.weight, 4.bias") named = true;
+      }
+    }
+    CHECK(grad_ready == 2 * 2 * 6);  // two ranks, two steps, six parameters
+    CHECK(bucket_spans == 2 * (2 + 2));
+    CHECK(named);
+  }
 }

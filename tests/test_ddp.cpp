@@ -151,6 +151,17 @@ TEST_SUITE("ddp") {
     }
   }
 
+  TEST_CASE("the README's DDP demo reaches 95% on spiral") {
+    // dtlab-cli train --strategy ddp --world 4 --model mlp:2,64,64,3 --data spiral --steps 300
+    TrainConfig c = ddp_config(4, 64, 300);
+    c.seed = 0;
+    c.ddp = DdpOptions{};  // torch's default caps
+    Trainer t(c);
+    TrainSummary s = t.run();
+    CHECK(s.eval_accuracy >= 0.95);
+    CHECK(s.effective_batch == 256);
+  }
+
   TEST_CASE("gradient_as_bucket_view and static buckets change memory and layout, not the result") {
     TrainConfig base = ddp_config(2, 16, 12);
     Trainer ref(base);

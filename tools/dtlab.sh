@@ -45,17 +45,18 @@ if [[ $mode == test ]]; then
   # The threaded parts (communicator, stepper, recorder) under ThreadSanitizer first: a data race
   # fails CI even when the results happen to come out right. Then every test through CTest.
   tsan=${DTLAB_TSAN_BUILD_DIR:-$root/build-tsan}
-  echo "== ThreadSanitizer build in $tsan (suites comm, stepper, trace)"
+  echo "== ThreadSanitizer build in $tsan (suites comm, stepper, trace, ddp)"
   mkdir -p "$tsan"
   cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTLAB_SANITIZE=thread >"$tsan/configure.log" 2>&1 || {
     cat "$tsan/configure.log" >&2; exit 1; }
   cmake --build "$tsan" -j "$jobs" --target dtlab_tests
   DTLAB_TEST_QUICK=1 OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-    "$tsan/bin/dtlab_tests" -ts='comm,stepper,trace'
+    "$tsan/bin/dtlab_tests" -ts='comm,stepper,trace,ddp'
   echo "== running tests"
   cd "$build"
   exec ctest --output-on-failure -j "$jobs" --timeout 600
 fi
 
-echo "== demo: one rank trains mlp:2,64,64,3 on the spiral data set"
-exec "$build/bin/dtlab-cli" train --strategy single --model mlp:2,64,64,3 --data spiral --steps 300
+echo "== demo: DDP on 4 ranks trains mlp:2,64,64,3 on the spiral data set (small buckets, so several overlap)"
+exec "$build/bin/dtlab-cli" train --strategy ddp --world 4 --model mlp:2,64,64,3 --data spiral --steps 300 \
+  --bucket-cap-mb 0.004 --first-bucket-mb 0.001
