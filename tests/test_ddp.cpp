@@ -287,6 +287,41 @@ TEST_SUITE("ddp") {
     CHECK(s.mean_overlap <= 1.0);
   }
 
+  TEST_CASE("the reported overlap is what the trace shows, on the modeled clock") {
+    // Big enough layers that backward compute is comparable to the all-reduces on nvlink8.
+    TrainConfig c = ddp_config(2, 512, 3);
+    c.model = ModelSpec::parse("mlp:2,512,512,512,3");
+    c.ddp.bucket_cap_bytes = 512 * 1024;
+    c.ddp.first_bucket_bytes = 10 * 1024;
+    c.profile = "nvlink8";
+    Trainer t(c);
+    Trained r = train(t);
+    for (int32_t iter = 0; iter < 3; iter++) {
+      double mean = 0;
+      for (int rank = 0; rank < 2; rank++) {
+        double b0 = 1e300, b1 = -1e300, comm = 0, hidden = 0;
+        std::vector<std::pair<double, double>> spans;
+        for (const Event& e : t.recorder().events(rank)) {
+          if (e.iteration != iter) continue;
+          if (e.kind == EventKind::Compute && e.compute.kind == ComputeKind::LayerBackward) {
+            b0 = std::min(b0, e.model_begin);
+            b1 = std::max(b1, e.model_end);
+          }
+          if (e.kind == EventKind::BucketAllReduce) spans.push_back({e.model_begin, e.model_end});
+        }
+        for (auto [x0, x1] : spans) {
+          comm += x1 - x0;
+          hidden += std::max(0.0, std::min(x1, b1) - std::max(x0, b0));
+        }
+        mean += hidden / comm / 2;
+      }
+      CAPTURE(iter);
+      CHECK(r.steps[static_cast<size_t>(iter)].overlap == doctest::Approx(mean).epsilon(1e-5));
+      CHECK(r.steps[static_cast<size_t>(iter)].overlap > 0.05);  // some all-reduce really hides
+      CHECK(r.steps[static_cast<size_t>(iter)].overlap < 1.0);   // the last bucket cannot
+    }
+  }
+
   TEST_CASE("construction broadcasts rank 0's parameters and rejects different models") {
     SUBCASE("replicas seeded differently end up equal to rank 0's") {
       ThreadsWorld w(3);
