@@ -41,16 +41,6 @@ CollectiveOp parse_op(const std::string& s) {
   throw Error("--op " + s + " is not benchmarked; use allreduce, reducescatter, allgather or broadcast");
 }
 
-// nccl-tests' bus bandwidth factors (doc/PERFORMANCE.md).
-double bus_factor(CollectiveOp op, int n) {
-  switch (op) {
-    case CollectiveOp::AllReduce: return 2.0 * (n - 1) / n;
-    case CollectiveOp::ReduceScatter:
-    case CollectiveOp::AllGather: return static_cast<double>(n - 1) / n;
-    default: return 1.0;
-  }
-}
-
 // Best of a few single-thread memcpy runs over `bytes` (at least 16 MiB so caches do not flatter it).
 double memcpy_gbps(int64_t bytes) {
   size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 16 << 20));
@@ -153,7 +143,7 @@ int run_bench(const BenchArgs& a, Streams& io) {
   b.out.assign(static_cast<size_t>(n), std::vector<float>(static_cast<size_t>(top), 0.0f));
 
   const double mem_gbps = memcpy_gbps(sizes.back());
-  const double factor = bus_factor(op, n);
+  const double factor = bus_bandwidth_factor(op, n);
   nlohmann::json rows = nlohmann::json::array();
   if (!a.json) {
     io.out << "# dtlab-cli bench collectives: " << a.op << ", " << algorithm_name(shown) << ", world " << n

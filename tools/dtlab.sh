@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # dtlab quick start, the two commands of README.md:
-#   bash tools/dtlab.sh run    install what is missing, build, run the demo
+#   bash tools/dtlab.sh run    install what is missing, build, open the lab (dtlab); without a
+#                              display: say how to get one, then run the CLI demo
 #   bash tools/dtlab.sh test   install what is missing, build, run every test (CTest)
 # Missing Debian packages are installed with apt-get (needs root). Build dir: $DTLAB_BUILD_DIR or build/.
 set -euo pipefail
@@ -11,7 +12,8 @@ build=${DTLAB_BUILD_DIR:-$root/build}
 jobs=$(nproc 2>/dev/null || echo 2)
 
 # What the engine, CLI and tests build against (CMakeLists.txt says why each is there).
-packages=(cmake make g++ pkg-config zlib1g-dev libopenblas-dev nlohmann-json3-dev libcli11-dev doctest-dev)
+packages=(cmake make g++ pkg-config zlib1g-dev libopenblas-dev nlohmann-json3-dev libcli11-dev doctest-dev
+          libglfw3-dev libimgui-dev libstb-dev libgl-dev fonts-dejavu-core xvfb xauth)
 
 case "$mode" in
   run|test) ;;
@@ -57,6 +59,13 @@ if [[ $mode == test ]]; then
   exec ctest --output-on-failure -j "$jobs" --timeout 600
 fi
 
+if [[ -n "${DISPLAY:-}${WAYLAND_DISPLAY:-}" && -x "$build/bin/dtlab" ]]; then
+  echo "== the lab: $build/bin/dtlab (Space run/pause, C next collective, R next ring step, I next iteration)"
+  exec "$build/bin/dtlab"
+fi
+echo "== no display here (DISPLAY is not set), so the lab's window cannot open. To see it, run"
+echo "     xvfb-run -a $build/bin/dtlab --screenshot lab.png     (a picture of the lab, headless)"
+echo "   or run 'bash tools/dtlab.sh run' on a machine with a screen. Meanwhile, the same engine on the command line:"
 echo "== demo: DDP on 4 ranks trains mlp:2,64,64,3 on the spiral data set (small buckets, so several overlap)"
 exec "$build/bin/dtlab-cli" train --strategy ddp --world 4 --model mlp:2,64,64,3 --data spiral --steps 300 \
   --bucket-cap-mb 0.004 --first-bucket-mb 0.001

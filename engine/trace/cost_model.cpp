@@ -398,4 +398,14 @@ double CostModel::compute_time(double flops) const {
   return flops / profile_.flops_per_s;
 }
 
+double bus_bandwidth_factor(CollectiveOp op, int n) {
+  switch (op) {
+    case CollectiveOp::AllReduce: return 2.0 * (n - 1) / n;
+    case CollectiveOp::ReduceScatter:
+    case CollectiveOp::AllGather:
+    case CollectiveOp::AllToAll: return static_cast<double>(n - 1) / n;
+    default: return 1.0;
+  }
+}
+
 }  // namespace dtlab

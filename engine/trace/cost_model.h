@@ -37,6 +37,10 @@ const HardwareProfile& this_machine_profile();
 // "nvlink8", "pcie8", "ib2x4", "eth2x4" or "this"; dtlab::Error listing the names otherwise.
 HardwareProfile find_profile(std::string_view name);
 
+// nccl-tests' bus bandwidth factor (doc/PERFORMANCE.md): busbw = algbw x factor; all-reduce
+// 2(n-1)/n, reduce-scatter and all-gather (n-1)/n, the others 1.
+double bus_bandwidth_factor(CollectiveOp op, int n);
+
 // Closed forms (p ranks, n bytes, per-message a, per-byte b, per-byte reduction g).
 double ring_allgather_time(int p, double n, double a, double b);
 double ring_reduce_scatter_time(int p, double n, double a, double b, double g);

@@ -106,6 +106,19 @@ std::vector<Event> TraceRecorder::events(int rank) const {
   return out;
 }
 
+size_t TraceRecorder::events_since(int rank, uint64_t min_order, std::vector<Event>& out) const {
+  DTLAB_CHECK(rank >= 0 && rank < world_size(), "rank outside the recorder's world");
+  const RankBuffer& b = *ranks_[static_cast<size_t>(rank)];
+  std::lock_guard<std::mutex> lock(b.mu);
+  if (b.size == 0) return 0;
+  // The window is sorted by `order`: walk back from the newest to the first one wanted.
+  const size_t first = (b.head + capacity_ - b.size) % capacity_;
+  size_t n = 0;
+  while (n < b.size && b.ring[(first + b.size - 1 - n) % capacity_].order >= min_order) ++n;
+  for (size_t i = b.size - n; i < b.size; ++i) out.push_back(b.ring[(first + i) % capacity_]);
+  return n;
+}
+
 std::vector<Event> TraceRecorder::all_events() const {
   std::vector<Event> out;
   for (int r = 0; r < world_size(); ++r) {

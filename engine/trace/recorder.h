@@ -39,6 +39,9 @@ class TraceRecorder {
 
   std::vector<Event> events(int rank) const;  // the kept window, oldest first
   std::vector<Event> all_events() const;      // every rank's window, merged by `order`
+  // Appends this rank's kept events with order >= min_order, oldest first; returns how many. A
+  // viewer polling each frame passes one more than the last order it saw, so it copies only news.
+  size_t events_since(int rank, uint64_t min_order, std::vector<Event>& out) const;
   uint64_t dropped(int rank) const;           // events that fell out of the window
   std::vector<IterationAggregate> aggregates(int rank) const;
   void clear();  // events and aggregates; labels stay valid

@@ -102,7 +102,8 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
     memory_ = std::make_unique<MemoryTracker>(0);
     recorder_ = std::make_unique<TraceRecorder>(1);
     cost_ = std::make_unique<CostModel>(find_profile(config_.profile), 1);
-    ctx_ = std::make_unique<RankContext>(0, recorder_.get(), cost_.get(), nullptr, memory_.get());
+    stepper_ = std::make_unique<Stepper>(1, config_.start_paused);
+    ctx_ = std::make_unique<RankContext>(0, recorder_.get(), cost_.get(), stepper_.get(), memory_.get());
     mem0_ = memory_.get();
     recorder0_ = recorder_.get();
     ctx0_ = ctx_.get();
@@ -144,6 +145,11 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
     if (!config_.init_path.empty()) start_step_ = load_checkpoint(config_.init_path, *models_.back()).step;
     models_.back()->set_observer(ddp ? &world_->context(r) : ctx_.get());
   }
+}
+
+void Trainer::abort(const std::string& reason) {
+  if (world_) world_->abort(reason);
+  else stepper_->abort();
 }
 
 Trainer::~Trainer() {

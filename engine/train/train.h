@@ -114,6 +114,11 @@ class Trainer {
   TraceRecorder& recorder() { return *recorder0_; }
   RankContext& context() { return *ctx0_; }   // rank 0
   ThreadsWorld* world() { return world_.get(); }  // ddp: the ranks (stepper, status); else null
+  // Pauses and steps the run (ddp: the world's stepper; single: the trainer's own, with
+  // iteration gates only).
+  Stepper& stepper() { return world_ ? world_->stepper() : *stepper_; }
+  // Ends a run in progress from another thread: every wait returns and run() throws CommError.
+  void abort(const std::string& reason);
   // ddp: the initial bucket assignment, one line per bucket (known before run()).
   std::vector<std::string> planned_buckets() const;
 
@@ -130,6 +135,7 @@ class Trainer {
   std::unique_ptr<TraceRecorder> recorder_;
   std::unique_ptr<CostModel> cost_;
   std::unique_ptr<RankContext> ctx_;
+  std::unique_ptr<Stepper> stepper_;
   // ddp
   std::unique_ptr<ThreadsWorld> world_;
   MemoryTracker* mem0_ = nullptr;

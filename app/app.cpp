@@ -1,0 +1,644 @@
+#include "app/app.h"
+
+#include <GL/gl.h>
+#include <GLFW/glfw3.h>
+#include <imgui.h>
+#include <imgui_impl_glfw.h>
+#include <imgui_impl_opengl3.h>
+#include <stb_image_write.h>
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "app/session.h"
+#include "app/views/views.h"
+#include "engine/core/check.h"
+#include "engine/core/format.h"
+#include "engine/io/atomic_file.h"
+
+namespace dtlab::app {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kNumViews };
+const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data"};
+const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data"};
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+std::string config_dir(const AppOptions& o) {
+  if (!o.config_dir.empty()) return o.config_dir;
+  if (const char* x = std::getenv("XDG_CONFIG_HOME"); x && *x) return std::string(x) + "/dtlab";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.config/dtlab";
+  return {};
+}
+
+const char* first_existing(std::initializer_list<const char*> paths) {
+  for (const char* p : paths)
+    if (std::filesystem::exists(p)) return p;
+  return nullptr;
+}
+
+class App {
+ public:
+  explicit App(AppOptions& o) : opt_(o) {}
+  int run();
+
+ private:
+  bool init_window();
+  void init_imgui();
+  void apply_style();
+  void frame();
+  void handle_keys();
+  void toolbar();
+  void config_panel();
+  void views();
+  bool script_tick();  // false: quit
+  bool save_screenshot(const std::string& path);
+  void restart(const TrainConfig& c);
+
+  AppOptions& opt_;
+  std::unique_ptr<Session> session_;
+  GLFWwindow* win_ = nullptr;
+  std::unique_ptr<GlResources> gl_;
+  ViewContext ctx_;
+  std::string ini_path_;
+  ImFont* font_normal_ = nullptr;
+  ImFont* font_large_ = nullptr;
+  bool presentation_ = false;
+  int solo_ = -1;             // a view filling the work area, or -1 for the tiled layout
+  bool relayout_ = false;     // place the windows at their tiled positions this frame
+  std::string config_error_;
+  TrainConfig edit_;          // the configuration panel's working copy
+  double start_time_ = 0;
+  // scripted runs
+  size_t script_pos_ = 0;
+  Clock::time_point script_until_{};
+  bool script_waiting_ = false;
+  bool script_running_ = false;
+  std::string pending_shot_;
+  int shot_frames_ = 0;
+  int exit_code_ = 0;
+  bool quit_ = false;
+};
+
+bool App::init_window() {
+  const char* display = std::getenv("DISPLAY");
+  const char* wayland = std::getenv("WAYLAND_DISPLAY");
+  if ((!display || !*display) && (!wayland || !*wayland)) {
+    std::fprintf(stderr,
+                 "dtlab: no display (DISPLAY is not set); run the lab under a virtual display with "
+                 "`xvfb-run -a build/bin/dtlab`, or use the command line: `build/bin/dtlab-cli train --strategy ddp --world 4`\n");
+    return false;
+  }
+  glfwSetErrorCallback([](int code, const char* what) { std::fprintf(stderr, "dtlab: GLFW error %d: %s\n", code, what); });
+  if (!glfwInit()) {
+    std::fprintf(stderr, "dtlab: cannot open the display '%s'; check DISPLAY, or run `xvfb-run -a build/bin/dtlab`\n",
+                 display ? display : "");
+    return false;
+  }
+  glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
+  glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 3);
+  glfwWindowHint(GLFW_OPENGL_PROFILE, GLFW_OPENGL_CORE_PROFILE);
+  glfwWindowHint(GLFW_OPENGL_FORWARD_COMPAT, GLFW_TRUE);
+  win_ = glfwCreateWindow(opt_.width, opt_.height, "dtlab — distributed training lab", nullptr, nullptr);
+  if (!win_) {
+    std::fprintf(stderr, "dtlab: this display offers no OpenGL 3.3 core context; update the graphics driver or run under `xvfb-run -a` (Mesa)\n");
+    glfwTerminate();
+    return false;
+  }
+  glfwMakeContextCurrent(win_);
+  // Scripts, screenshots and the frame benchmark run as fast as they can; people get vsync.
+  glfwSwapInterval(opt_.script.empty() && opt_.screenshot.empty() && opt_.bench_frames == 0 ? 1 : 0);
+  return true;
+}
+
+void App::init_imgui() {
+  IMGUI_CHECKVERSION();
+  ImGui::CreateContext();
+  ImGuiIO& io = ImGui::GetIO();
+  // The layout lives in the user's config directory, never the working directory.
+  std::string dir = config_dir(opt_);
+  io.IniFilename = nullptr;
+  if (!dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (!ec) {
+      ini_path_ = dir + "/imgui.ini";
+      io.IniFilename = ini_path_.c_str();
+    }
+  }
+  // Scripted runs (tests, README screenshots) always start from the tiled layout.
+  if (!opt_.script.empty() || !opt_.screenshot.empty() || opt_.bench_frames) io.IniFilename = nullptr;
+  const char* sans = first_existing({"/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+                                     "/usr/share/fonts/TTF/DejaVuSans.ttf"});
+  if (sans) {
+    font_normal_ = io.Fonts->AddFontFromFileTTF(sans, 16.0f);
+    font_large_ = io.Fonts->AddFontFromFileTTF(sans, 28.0f);
+  }
+  if (!font_normal_) {
+    std::fprintf(stderr, "dtlab: DejaVu Sans not found (apt-get install fonts-dejavu-core); using ImGui's built-in font\n");
+    font_normal_ = io.Fonts->AddFontDefault();
+    ImFontConfig big;
+    big.SizePixels = 26.0f;
+    font_large_ = io.Fonts->AddFontDefault(&big);
+  }
+  ImGui_ImplGlfw_InitForOpenGL(win_, true);
+  ImGui_ImplOpenGL3_Init("#version 330 core");
+  presentation_ = opt_.presentation;
+  apply_style();
+}
+
+void App::apply_style() {
+  ImGuiStyle& st = ImGui::GetStyle();
+  st = ImGuiStyle();
+  ImGui::StyleColorsDark(&st);
+  st.WindowRounding = 4;
+  st.FrameRounding = 3;
+  st.WindowPadding = ImVec2(8, 6);
+  if (presentation_) {
+    // High contrast for projectors: black background, white text, bright frames.
+    st.Colors[ImGuiCol_WindowBg] = ImVec4(0, 0, 0, 1);
+    st.Colors[ImGuiCol_ChildBg] = ImVec4(0, 0, 0, 1);
+    st.Colors[ImGuiCol_Text] = ImVec4(1, 1, 1, 1);
+    st.Colors[ImGuiCol_Border] = ImVec4(0.8f, 0.8f, 0.8f, 1);
+    st.Colors[ImGuiCol_TitleBgActive] = ImVec4(0.1f, 0.3f, 0.7f, 1);
+    st.Colors[ImGuiCol_FrameBg] = ImVec4(0.2f, 0.2f, 0.25f, 1);
+    st.WindowBorderSize = 2;
+    st.FrameBorderSize = 1;
+  }
+  ImGui::GetIO().FontDefault = presentation_ ? font_large_ : font_normal_;
+  ctx_.presentation = presentation_;
+}
+
+void App::restart(const TrainConfig& c) {
+  try {
+    session_->restart(c);
+    config_error_.clear();
+  } catch (const Error& e) {
+    config_error_ = e.what();
+  }
+}
+
+void App::handle_keys() {
+  ImGuiIO& io = ImGui::GetIO();
+  if (io.WantTextInput) return;
+  // ImGui 1.86's GLFW backend indexes keys by GLFW key code.
+  auto key = [&](int glfw_key) { return ImGui::IsKeyPressed(glfw_key, false); };
+  if (key(GLFW_KEY_SPACE)) {
+    if (session_->paused()) session_->run(session_->speed());
+    else session_->pause();
+  }
+  if (key(GLFW_KEY_R)) session_->step(GateKind::RingStep);
+  if (key(GLFW_KEY_C)) session_->step(GateKind::Collective);
+  if (key(GLFW_KEY_I)) session_->step(GateKind::Iteration);
+  if (key(GLFW_KEY_BACKSPACE)) restart(session_->config());
+  if (key(GLFW_KEY_P)) {
+    presentation_ = !presentation_;
+    apply_style();
+    relayout_ = true;
+  }
+  if (key(GLFW_KEY_M)) ctx_.modeled_clock = !ctx_.modeled_clock;
+  for (int v = 0; v < kNumViews; v++)
+    if (key(GLFW_KEY_1 + v)) solo_ = solo_ == v ? -1 : v, relayout_ = true;
+  if (key(GLFW_KEY_0)) solo_ = -1, relayout_ = true;
+}
+
+void App::toolbar() {
+  const ImGuiViewport* vp = ImGui::GetMainViewport();
+  ImGui::SetNextWindowPos(vp->WorkPos);
+  ImGui::SetNextWindowSize(ImVec2(vp->WorkSize.x, 0));
+  ImGui::Begin("##toolbar", nullptr,
+               ImGuiWindowFlags_NoTitleBar | ImGuiWindowFlags_NoResize | ImGuiWindowFlags_NoMove |
+                   ImGuiWindowFlags_NoSavedSettings | ImGuiWindowFlags_AlwaysAutoResize | ImGuiWindowFlags_NoScrollbar);
+  const Snapshot& s = session_->snapshot();
+  const bool paused = session_->paused();
+  if (ImGui::Button(paused ? "Run (Space)" : "Pause (Space)")) {
+    if (paused) session_->run(session_->speed());
+    else session_->pause();
+  }
+  ImGui::SameLine();
+  if (ImGui::Button("Ring step (R)")) session_->step(GateKind::RingStep);
+  ImGui::SameLine();
+  if (ImGui::Button("Collective (C)")) session_->step(GateKind::Collective);
+  ImGui::SameLine();
+  if (ImGui::Button("Iteration (I)")) session_->step(GateKind::Iteration);
+  ImGui::SameLine();
+  if (ImGui::Button("Reset (Bksp)")) restart(session_->config());
+  ImGui::SameLine();
+  // Speed: modeled seconds per wall second, on a log slider (0 = as fast as possible).
+  float speed = static_cast<float>(session_->speed());
+  ImGui::SetNextItemWidth(ImGui::GetFontSize() * 9);
+  if (ImGui::SliderFloat("##speed", &speed, 0.0f, 1.0f, speed == 0 ? "speed: full" : "%.2e model s/s",
+                         ImGuiSliderFlags_Logarithmic)) {
+    if (paused) session_->pause();
+    session_->run(speed);
+    if (paused) session_->pause();
+  }
+  if (ImGui::IsItemHovered()) ImGui::SetTooltip("Modeled seconds per wall second while running (0: full speed)");
+  ImGui::SameLine();
+  ImGui::Checkbox("Modeled clock (M)", &ctx_.modeled_clock);
+  ImGui::SameLine();
+  if (ImGui::Checkbox("Presentation (P)", &presentation_)) {
+    apply_style();
+    relayout_ = true;
+  }
+  ImGui::SameLine();
+  ImGui::SetNextItemWidth(ImGui::GetFontSize() * 7);
+  const char* solo_label = solo_ < 0 ? "all views" : kViewTitles[solo_];
+  if (ImGui::BeginCombo("##view", solo_label)) {
+    if (ImGui::Selectable("all views (0)", solo_ < 0)) solo_ = -1, relayout_ = true;
+    for (int v = 0; v < kNumViews; v++) {
+      std::string item = std::string(kViewTitles[v]) + " (" + std::to_string(v + 1) + ")";
+      if (ImGui::Selectable(item.c_str(), solo_ == v)) solo_ = v, relayout_ = true;
+    }
+    ImGui::EndCombo();
+  }
+  ImGui::SameLine();
+  // Status: where the run stands.
+  std::string status;
+  if (!s.error.empty()) status = "FAILED (see Collective)";
+  else if (s.finished) status = "finished";
+  else if (paused) {
+    status = "paused";
+    const auto& g = s.stepper.gates;
+    for (size_t i = 0; i < g.size(); i++)
+      if (g[i].blocked) {
+        const RankGateState& b = g[i];
+        status += b.kind == GateKind::Iteration ? " before iteration " + std::to_string(b.iteration)
+                  : b.kind == GateKind::Collective ? " before collective #" + std::to_string(b.pos.seq)
+                                                   : " before step " + std::to_string(b.pos.sub + 1) + " of #" + std::to_string(b.pos.seq);
+        break;
+      }
+  } else status = "running";
+  ImGui::Text("step %lld/%lld  iteration %d  %s", static_cast<long long>(s.step),
+              static_cast<long long>(s.total_steps), s.iteration, status.c_str());
+  ImGui::End();
+}
+
+void App::config_panel() {
+  ImGui::Begin("Run");
+  ImGui::PushItemWidth(std::max(ImGui::GetFontSize() * 6, ImGui::GetContentRegionAvail().x - ImGui::GetFontSize() * 8));
+  TrainConfig& c = edit_;
+  bool changed = false;
+  const char* strategies[] = {"single", "ddp"};
+  int si = c.strategy == "ddp" ? 1 : 0;
+  if (ImGui::Combo("strategy", &si, strategies, 2)) {
+    c.strategy = strategies[si];
+    if (c.strategy == "single") c.world_size = 1;
+    else if (c.world_size < 2) c.world_size = 4;
+    changed = true;
+  }
+  int world = c.world_size;
+  ImGui::BeginDisabled(c.strategy == "single");
+  ImGui::SliderInt("world", &world, 1, 16);
+  if (ImGui::IsItemDeactivatedAfterEdit()) c.world_size = world, changed = true;
+  ImGui::EndDisabled();
+  const char* presets[] = {"mlp:2,16,16,3", "mlp:2,64,64,3", "mlp:2,64,64,64,64,3", "mlp:2,256,256,3"};
+  const std::string cur = c.model.str();
+  if (ImGui::BeginCombo("model", cur.c_str())) {
+    for (const char* p : presets)
+      if (ImGui::Selectable(p, cur == p)) c.model = ModelSpec::parse(p), changed = true;
+    ImGui::EndCombo();
+  }
+  int batch = static_cast<int>(c.batch);
+  if (ImGui::InputInt("batch/rank", &batch) && batch >= 1) c.batch = batch;
+  if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
+  int accum = static_cast<int>(c.accum);
+  if (ImGui::InputInt("accum", &accum) && accum >= 1) c.accum = accum;
+  if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
+  ImGui::BeginDisabled(c.strategy != "ddp");
+  float cap_kib = static_cast<float>(c.ddp.bucket_cap_bytes) / 1024.0f;
+  float first_kib = static_cast<float>(c.ddp.first_bucket_bytes) / 1024.0f;
+  if (ImGui::InputFloat("bucket KiB", &cap_kib, 1, 16, "%.1f") && cap_kib > 0) c.ddp.bucket_cap_bytes = static_cast<int64_t>(cap_kib * 1024);
+  if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
+  if (ImGui::InputFloat("first KiB", &first_kib, 1, 16, "%.1f") && first_kib > 0) c.ddp.first_bucket_bytes = static_cast<int64_t>(first_kib * 1024);
+  if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
+  if (ImGui::Checkbox("find_unused_parameters", &c.ddp.find_unused_parameters)) changed = true;
+  ImGui::EndDisabled();
+  const char* opts[] = {"sgd", "adamw"};
+  int oi = c.optimizer.kind == OptimizerKind::AdamW ? 1 : 0;
+  if (ImGui::Combo("optimizer", &oi, opts, 2)) c.optimizer = default_optimizer_config(parse_optimizer_kind(opts[oi])), changed = true;
+  const char* profiles[] = {"nvlink8", "pcie8", "ib2x4", "eth2x4", "this"};
+  int pi = 0;
+  for (int i = 0; i < 5; i++)
+    if (c.profile == profiles[i]) pi = i;
+  if (ImGui::Combo("hardware", &pi, profiles, 5)) c.profile = profiles[pi], changed = true;
+  int clock = ctx_.modeled_clock ? 0 : 1;
+  if (ImGui::RadioButton("modeled clock", &clock, 0)) ctx_.modeled_clock = true;
+  ImGui::SameLine();
+  if (ImGui::RadioButton("wall clock", &clock, 1)) ctx_.modeled_clock = false;
+  if (changed) {
+    c.start_paused = session_->paused();
+    restart(c);
+    edit_ = session_->config();
+  }
+  if (!config_error_.empty()) {
+    ImGui::PushStyleColor(ImGuiCol_Text, IM_COL32(255, 90, 90, 255));
+    ImGui::TextWrapped("%s", config_error_.c_str());
+    ImGui::PopStyleColor();
+  }
+  ImGui::Separator();
+  const RunConfigView& rc = session_->snapshot().config;
+  ImGui::TextWrapped("%s on %s, %s; effective batch %lld", rc.model.c_str(), rc.data.c_str(), rc.optimizer.c_str(),
+                     static_cast<long long>(rc.batch * rc.world * rc.accum));
+  ImGui::TextDisabled("Space run/pause  R ring step  C collective  I iteration  Bksp reset  1-6 one view  0 all  P presentation  M clock");
+  ImGui::PopItemWidth();
+  ImGui::End();
+}
+
+void App::views() {
+  const ImGuiViewport* vp = ImGui::GetMainViewport();
+  const float top = vp->WorkPos.y + ImGui::GetFrameHeightWithSpacing() + ImGui::GetStyle().WindowPadding.y * 2;
+  const float W = vp->WorkSize.x, H = vp->WorkPos.y + vp->WorkSize.y - top, x0 = vp->WorkPos.x;
+  struct Rect { float x, y, w, h; };
+  // The tiled layout: run settings and the collective inspector on the left, ring and buckets in
+  // the middle, memory on the right, timeline and data along the bottom.
+  const Rect tiles[kNumViews] = {
+      {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // ring
+      {x0 + 0.60f * W, top, 0.40f * W, 0.32f * H},             // buckets
+      {x0 + 0.20f * W, top + 0.56f * H, 0.55f * W, 0.44f * H},  // timeline
+      {x0 + 0.60f * W, top + 0.32f * H, 0.40f * W, 0.24f * H},  // memory
+      {x0, top + 0.42f * H, 0.20f * W, 0.58f * H},              // inspector
+      {x0 + 0.75f * W, top + 0.56f * H, 0.25f * W, 0.44f * H},  // data
+  };
+  const Rect run_tile = {x0, top, 0.20f * W, 0.42f * H};
+  const ImGuiCond cond = relayout_ ? ImGuiCond_Always : ImGuiCond_FirstUseEver;
+  if (solo_ < 0) {
+    ImGui::SetNextWindowPos(ImVec2(run_tile.x, run_tile.y), cond);
+    ImGui::SetNextWindowSize(ImVec2(run_tile.w, run_tile.h), cond);
+    config_panel();
+  }
+  const Snapshot& s = session_->snapshot();
+  bool set_epoch = ctx_.data_set_epoch;
+  for (int v = 0; v < kNumViews; v++) {
+    if (solo_ >= 0 && solo_ != v) continue;
+    if (solo_ == v) {
+      ImGui::SetNextWindowPos(ImVec2(x0, top), ImGuiCond_Always);
+      ImGui::SetNextWindowSize(ImVec2(W, H), ImGuiCond_Always);
+    } else {
+      ImGui::SetNextWindowPos(ImVec2(tiles[v].x, tiles[v].y), cond);
+      ImGui::SetNextWindowSize(ImVec2(tiles[v].w, tiles[v].h), cond);
+    }
+    ImGui::Begin(kViewTitles[v], nullptr, solo_ == v ? ImGuiWindowFlags_NoSavedSettings : 0);
+    switch (v) {
+      case kRing: draw_ring_view(s, ctx_); break;
+      case kBuckets: draw_bucket_view(s, ctx_); break;
+      case kTimeline: draw_timeline_view(s, ctx_); break;
+      case kMemory: draw_memory_view(s, ctx_); break;
+      case kInspector: draw_inspector_view(s, ctx_); break;
+      case kData: draw_data_view(s, ctx_); break;
+    }
+    ImGui::End();
+  }
+  if (ctx_.data_set_epoch != set_epoch) session_->set_data_set_epoch(ctx_.data_set_epoch);
+  relayout_ = false;
+}
+
+bool App::save_screenshot(const std::string& path) {
+  int w = 0, h = 0;
+  glfwGetFramebufferSize(win_, &w, &h);
+  std::vector<unsigned char> px(static_cast<size_t>(w) * static_cast<size_t>(h) * 4);
+  glPixelStorei(GL_PACK_ALIGNMENT, 1);
+  glReadBuffer(GL_BACK);
+  glReadPixels(0, 0, w, h, GL_RGBA, GL_UNSIGNED_BYTE, px.data());
+  // OpenGL's rows start at the bottom; PNG's at the top. Alpha is made opaque.
+  std::vector<unsigned char> flipped(px.size());
+  const size_t row = static_cast<size_t>(w) * 4;
+  for (int y = 0; y < h; y++)
+    std::copy(px.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(h - 1 - y) * row),
+              px.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(h - y) * row),
+              flipped.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(y) * row));
+  for (size_t i = 3; i < flipped.size(); i += 4) flipped[i] = 255;
+  std::vector<unsigned char> png;
+  stbi_write_png_to_func([](void* ctx, void* data, int size) {
+    auto* out = static_cast<std::vector<unsigned char>*>(ctx);
+    out->insert(out->end(), static_cast<unsigned char*>(data), static_cast<unsigned char*>(data) + size);
+  }, &png, w, h, 4, flipped.data(), static_cast<int>(row));
+  try {
+    check_output_path("screenshot", path);
+    AtomicFile f(path);  // whole file or nothing
+    f.write(png.data(), png.size());
+    f.commit();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "dtlab: %s\n", e.what());
+    return false;
+  }
+  // What the picture shows, in words: scripts and tests check the state they stopped at.
+  const Snapshot& sn = session_->snapshot();
+  std::string state = "iteration " + std::to_string(sn.iteration) + ", step " + std::to_string(sn.step);
+  if (sn.collective.valid) {
+    const CollectiveView& cv = sn.collective;
+    state += "; collective #" + std::to_string(cv.seq) + " " + collective_name(cv.op) + " " + algorithm_name(cv.algo) +
+             ", " + std::to_string(cv.steps_done) + " of " + std::to_string(cv.steps) + " steps done";
+    if (cv.steps_done < cv.steps) state += ", next " + std::string(ring_phase_name(cv.phase));
+  }
+  if (!sn.buckets.empty()) {
+    state += "; buckets";
+    for (const BucketView& b : sn.buckets) state += " " + std::to_string(b.index) + ":" + bucket_state_name(b.state);
+  }
+  std::printf("screenshot %s (%dx%d): %s\n", path.c_str(), w, h, state.c_str());
+  std::fflush(stdout);
+  return true;
+}
+
+// One script command per call once the previous one is complete. Step commands block until the
+// world is still again (every rank at a gate, or the run over), so a screenshot shows that state.
+bool App::script_tick() {
+  if (!pending_shot_.empty()) return true;  // the screenshot is taken at the end of a frame
+  if (script_waiting_) {
+    if (Clock::now() < script_until_) return true;
+    script_waiting_ = false;
+    if (script_running_) {
+      session_->pause();
+      session_->wait_settled(std::chrono::seconds(20));
+      script_running_ = false;
+    }
+  }
+  if (script_pos_ >= opt_.script.size()) return false;  // a script ends the app when it runs out
+  const ScriptCommand& c = opt_.script[script_pos_++];
+  auto settle = [&]() {
+    if (!session_->wait_settled(std::chrono::seconds(20))) {
+      std::fprintf(stderr, "dtlab: script command %d: the ranks did not come to rest within 20 s\n", c.line);
+      exit_code_ = 1;
+      return false;
+    }
+    return true;
+  };
+  switch (c.kind) {
+    case ScriptCommand::StepRing:
+    case ScriptCommand::StepCollective:
+    case ScriptCommand::StepIteration: {
+      const GateKind k = c.kind == ScriptCommand::StepRing ? GateKind::RingStep
+                         : c.kind == ScriptCommand::StepCollective ? GateKind::Collective : GateKind::Iteration;
+      if (!session_->paused()) session_->pause();
+      for (int i = 0; i < c.count; i++) {
+        if (!settle()) return false;
+        session_->step(k);
+      }
+      if (!settle()) return false;
+      break;
+    }
+    case ScriptCommand::Run:
+      session_->run(session_->speed());
+      if (c.seconds > 0) {
+        script_running_ = true;
+        script_waiting_ = true;
+        script_until_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(c.seconds));
+      }
+      break;
+    case ScriptCommand::Wait:
+      script_waiting_ = true;
+      script_until_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(c.seconds));
+      break;
+    case ScriptCommand::Pause:
+      session_->pause();
+      if (!settle()) return false;
+      break;
+    case ScriptCommand::View:
+      solo_ = -1;
+      for (int v = 0; v < kNumViews; v++)
+        if (c.arg == kViewNames[v]) solo_ = v;
+      relayout_ = true;
+      break;
+    case ScriptCommand::Screenshot:
+      pending_shot_ = c.arg;
+      shot_frames_ = 3;  // let the layout and the views' render targets settle first
+      break;
+    case ScriptCommand::Speed: {
+      const bool was_paused = session_->paused();
+      session_->run(c.value);
+      if (was_paused) session_->pause();
+      break;
+    }
+    case ScriptCommand::Presentation:
+      presentation_ = c.arg == "on";
+      apply_style();
+      relayout_ = true;
+      break;
+    case ScriptCommand::Clock: ctx_.modeled_clock = c.arg == "modeled"; break;
+    case ScriptCommand::SetEpoch:
+      ctx_.data_set_epoch = c.arg == "on";
+      session_->set_data_set_epoch(ctx_.data_set_epoch);
+      break;
+    case ScriptCommand::Reset: restart(session_->config()); break;
+    case ScriptCommand::Quit: return false;
+  }
+  return true;
+}
+
+void App::frame() {
+  glfwPollEvents();
+  session_->update();
+  ImGui_ImplOpenGL3_NewFrame();
+  ImGui_ImplGlfw_NewFrame();
+  ImGui::NewFrame();
+  ctx_.time = glfwGetTime() - start_time_;
+  handle_keys();
+  toolbar();
+  views();
+  ImGui::Render();
+  int w = 0, h = 0;
+  glfwGetFramebufferSize(win_, &w, &h);
+  glViewport(0, 0, w, h);
+  glClearColor(0.06f, 0.06f, 0.07f, 1.0f);
+  glClear(GL_COLOR_BUFFER_BIT);
+  ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
+  if (!pending_shot_.empty() && --shot_frames_ <= 0) {
+    if (!save_screenshot(pending_shot_)) {
+      exit_code_ = 1;
+      quit_ = true;
+    }
+    pending_shot_.clear();
+  }
+  glfwSwapBuffers(win_);
+}
+
+int App::run() {
+  try {
+    session_ = std::make_unique<Session>(opt_.train);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "dtlab: %s\n", e.what());
+    return 2;
+  }
+  edit_ = session_->config();
+  // The frame benchmark measures a live run: the engine steps (slowly, so it shares the cores
+  // fairly) while the views redraw.
+  if (opt_.bench_frames && !opt_.running) opt_.running = true, opt_.speed = opt_.speed > 0 ? opt_.speed : 1e-4;
+  if (opt_.running) session_->run(opt_.speed);
+  else if (opt_.speed > 0) {
+    session_->run(opt_.speed);
+    session_->pause();
+  }
+  if (!init_window()) return 2;
+  init_imgui();
+  gl_ = std::make_unique<GlResources>(DTLAB_SHADER_DIR);
+  ctx_.gl = gl_.get();
+  ctx_.modeled_clock = opt_.modeled_clock;
+  start_time_ = glfwGetTime();
+  const bool scripted = !opt_.script.empty();
+  std::vector<double> cpu_ms, wall_ms;
+  int frames = 0;
+  while (!glfwWindowShouldClose(win_) && !quit_) {
+    const double c0 = thread_cpu_seconds();
+    const auto w0 = Clock::now();
+    frame();
+    frames++;
+    cpu_ms.push_back((thread_cpu_seconds() - c0) * 1e3);
+    wall_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - w0).count());
+    if (scripted && frames >= 2 && !script_tick() && pending_shot_.empty()) break;
+    if (!opt_.screenshot.empty() && frames == opt_.frames) {
+      pending_shot_ = opt_.screenshot;
+      shot_frames_ = 1;
+      frame();
+      break;
+    }
+    if (opt_.bench_frames && frames >= opt_.bench_frames) break;
+  }
+  if (opt_.bench_frames) {
+    // Skip the first frames (font atlas upload, first shader builds).
+    const size_t skip = std::min<size_t>(10, cpu_ms.size() / 10);
+    auto stats = [&](std::vector<double> v, double& med, double& p95) {
+      v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(skip));
+      std::sort(v.begin(), v.end());
+      med = v.empty() ? 0 : v[v.size() / 2];
+      p95 = v.empty() ? 0 : v[std::min(v.size() - 1, v.size() * 95 / 100)];
+    };
+    double cm = 0, cp = 0, wm = 0, wp = 0;
+    stats(cpu_ms, cm, cp);
+    stats(wall_ms, wm, wp);
+    std::printf("frame benchmark: %d frames, world %d, %dx%d: CPU ms per frame (UI thread) median %.2f, p95 %.2f; wall ms per frame median %.2f, p95 %.2f\n",
+                frames, opt_.train.world_size, opt_.width, opt_.height, cm, cp, wm, wp);
+  }
+  session_.reset();  // stops the engine before the GL context goes
+  gl_.reset();
+  ImGui_ImplOpenGL3_Shutdown();
+  ImGui_ImplGlfw_Shutdown();
+  ImGui::DestroyContext();
+  glfwDestroyWindow(win_);
+  glfwTerminate();
+  return exit_code_;
+}
+
+}  // namespace
+
+int run_app(AppOptions& options) {
+  App app(options);
+  return app.run();
+}
+
+}  // namespace dtlab::app

@@ -1,0 +1,112 @@
+#include "app/options.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "engine/core/check.h"
+
+namespace dtlab::app {
+
+namespace {
+
+// The lab's model presets: small enough to step through by hand, several buckets with small caps.
+std::string preset_model(const std::string& name) {
+  if (name == "tiny") return "mlp:2,16,16,3";
+  if (name == "small") return "mlp:2,64,64,3";
+  if (name == "deep") return "mlp:2,64,64,64,64,3";
+  if (name == "wide") return "mlp:2,256,256,3";
+  return name;
+}
+
+}  // namespace
+
+int parse_app_options(int argc, char** argv, AppOptions& o) {
+  CLI::App app{"dtlab: step through distributed training, collective by collective", "dtlab"};
+  TrainConfig& c = o.train;
+  c.strategy = "ddp";
+  c.world_size = 4;
+  c.steps = 1000;
+  c.batch = 32;
+  c.optimizer = default_optimizer_config(OptimizerKind::AdamW);
+  // Small caps so the lesson model shows several buckets.
+  c.ddp.bucket_cap_bytes = 4096;
+  c.ddp.first_bucket_bytes = 1024;
+  c.start_paused = true;
+  c.timeout_s = 60;
+  std::string model = "small", optimizer = "adamw", script_file, run_cmds, clock = "modeled";
+  double bucket_mb = 4096.0 / 1048576.0, first_mb = 1024.0 / 1048576.0, lr = 0;
+  app.add_option("--strategy", c.strategy, "single | ddp")->capture_default_str();
+  app.add_option("--world", c.world_size, "Ranks, 1 to 16")->check(CLI::Range(1, 16))->capture_default_str();
+  app.add_option("--model", model, "Preset tiny|small|deep|wide or mlp:D0,...,Dk")->capture_default_str();
+  app.add_option("--data", c.data, "spiral | blobs | PATH.npz")->capture_default_str();
+  app.add_option("--batch", c.batch, "Batch per rank")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
+  app.add_option("--steps", c.steps, "Optimizer steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 40))->capture_default_str();
+  app.add_option("--accum", c.accum, "Gradient accumulation micro-batches")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--optimizer", optimizer, "sgd | adamw")->capture_default_str();
+  auto* lr_opt = app.add_option("--lr", lr, "Learning rate")->check(CLI::Range(1e-12, 1e6));
+  app.add_option("--bucket-cap-mb", bucket_mb, "DDP bucket cap in MiB (lab default 0.004)")->check(CLI::Range(1e-9, 1e6));
+  app.add_option("--first-bucket-mb", first_mb, "DDP first bucket cap in MiB (lab default 0.001)")->check(CLI::Range(1e-9, 1e6));
+  app.add_flag("--find-unused-parameters", c.ddp.find_unused_parameters, "DDP marks unused parameters ready");
+  app.add_option("--skip-layer", c.skip_layer, "Model branch: bypass this square Linear every --skip-every steps");
+  app.add_option("--skip-every", c.skip_every, "Period of the branch")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--profile", c.profile, "Hardware profile: nvlink8, pcie8, ib2x4, eth2x4, this")->capture_default_str();
+  app.add_option("--seed", c.seed, "Seed")->capture_default_str();
+  app.add_option("--timeout", c.timeout_s, "Watchdog seconds")->check(CLI::Range(0.001, 1e6))->capture_default_str();
+  app.add_option("--clock", clock, "Timeline clock: modeled or wall")->capture_default_str();
+  app.add_option("--script", script_file, "Run the commands in FILE (one per line)")->check(CLI::ExistingFile);
+  app.add_option("--run", run_cmds, "Run commands, separated by ';' (e.g. \"step collective 3; screenshot a.png; quit\")");
+  app.add_option("--screenshot", o.screenshot, "Save PATH.png after --frames frames, then quit");
+  app.add_option("--frames", o.frames, "Frames before --screenshot")->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--bench-frames", o.bench_frames, "Render N frames and print median and p95 CPU ms per frame")->check(CLI::Range(1, 1000000));
+  app.add_flag("--presentation", o.presentation, "Large fonts and high contrast (projectors)");
+  app.add_flag("--running", o.running, "Start running instead of paused");
+  app.add_option("--speed", o.speed, "Modeled seconds per wall second while running (0: full speed)")->check(CLI::Range(0.0, 1e6));
+  app.add_option("--width", o.width, "Window width")->check(CLI::Range(320, 8192))->capture_default_str();
+  app.add_option("--height", o.height, "Window height")->check(CLI::Range(240, 8192))->capture_default_str();
+  app.add_option("--config-dir", o.config_dir, "Where the window layout (imgui.ini) is kept");
+  app.set_version_flag("--version", "dtlab 0.1.0");
+  try {
+    app.parse(argc, argv);
+    if (clock != "modeled" && clock != "wall") throw Error("--clock " + clock + " is not a clock; use modeled or wall");
+    o.modeled_clock = clock == "modeled";
+    c.model = ModelSpec::parse(preset_model(model));
+    c.optimizer = default_optimizer_config(parse_optimizer_kind(optimizer));
+    if (lr_opt->count()) c.optimizer.lr = lr;
+    c.ddp.bucket_cap_bytes = static_cast<int64_t>(bucket_mb * 1048576.0);
+    c.ddp.first_bucket_bytes = static_cast<int64_t>(first_mb * 1048576.0);
+    if (c.ddp.bucket_cap_bytes < 1 || c.ddp.first_bucket_bytes < 1)
+      throw Error("bucket caps must hold at least 1 byte; raise --bucket-cap-mb / --first-bucket-mb");
+    if (c.strategy == "single" && c.world_size != 1) c.world_size = 1;
+    find_profile(c.profile);
+    if (!script_file.empty() && !run_cmds.empty()) throw Error("give --script FILE or --run \"commands\", not both");
+    if (!script_file.empty()) {
+      std::ifstream f(script_file);
+      std::stringstream ss;
+      ss << f.rdbuf();
+      o.script = parse_script(ss.str(), script_file);
+    } else if (!run_cmds.empty()) {
+      o.script = parse_script(run_cmds, "--run");
+    }
+    if (!o.screenshot.empty() && !o.script.empty()) throw Error("--screenshot is a one-shot; inside a script use the screenshot command");
+    if (!o.screenshot.empty() && o.screenshot.size() < 5) throw Error("--screenshot needs a PATH.png");
+    c.start_paused = !o.running;
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return -1;
+  } catch (const CLI::CallForVersion&) {
+    std::printf("dtlab 0.1.0\n");
+    return -1;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "dtlab: %s; see dtlab --help\n", e.what());
+    return 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "dtlab: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
+
+}  // namespace dtlab::app

@@ -1,0 +1,102 @@
+#include "app/script.h"
+
+#include <algorithm>
+#include <charconv>
+#include <sstream>
+
+#include "engine/core/check.h"
+
+namespace dtlab::app {
+
+namespace {
+
+const char* kUsage =
+    "commands: step ring|collective|iteration [N], run [SECONDS]s, pause, wait SECONDSs, "
+    "view ring|buckets|timeline|memory|inspector|data|all, screenshot PATH.png, speed X, "
+    "presentation on|off, clock modeled|wall, set_epoch on|off, reset, quit";
+
+std::vector<std::string> words(const std::string& s) {
+  std::vector<std::string> w;
+  std::istringstream is(s);
+  for (std::string x; is >> x;) w.push_back(x);
+  return w;
+}
+
+bool parse_double(std::string t, double& out, bool seconds) {
+  if (seconds && !t.empty() && t.back() == 's') t.pop_back();
+  const char* b = t.data();
+  auto [p, ec] = std::from_chars(b, b + t.size(), out);
+  return ec == std::errc() && p == b + t.size() && out >= 0;
+}
+
+}  // namespace
+
+const std::vector<std::string>& view_names() {
+  static const std::vector<std::string> names = {"ring", "buckets", "timeline", "memory", "inspector", "data", "all"};
+  return names;
+}
+
+std::vector<ScriptCommand> parse_script(const std::string& text, const std::string& origin) {
+  std::vector<ScriptCommand> out;
+  std::string norm = text;
+  std::replace(norm.begin(), norm.end(), ';', '\n');
+  std::istringstream is(norm);
+  int line_no = 0;
+  for (std::string line; std::getline(is, line);) {
+    line_no++;
+    if (auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    std::vector<std::string> w = words(line);
+    if (w.empty()) continue;
+    auto fail = [&](const std::string& what) -> void {
+      throw Error(origin + " command " + std::to_string(line_no) + " '" + line + "': " + what + "; " + kUsage);
+    };
+    ScriptCommand c;
+    c.line = line_no;
+    const std::string& k = w[0];
+    if (k == "step") {
+      if (w.size() < 2 || w.size() > 3) fail("step needs what to step");
+      if (w[1] == "ring") c.kind = ScriptCommand::StepRing;
+      else if (w[1] == "collective") c.kind = ScriptCommand::StepCollective;
+      else if (w[1] == "iteration") c.kind = ScriptCommand::StepIteration;
+      else fail("step takes ring, collective or iteration");
+      if (w.size() == 3) {
+        double n = 0;
+        if (!parse_double(w[2], n, false) || n < 1 || n != static_cast<int>(n) || n > 100000) fail("the count must be a whole number from 1");
+        c.count = static_cast<int>(n);
+      }
+    } else if (k == "run" || k == "wait") {
+      c.kind = k == "run" ? ScriptCommand::Run : ScriptCommand::Wait;
+      if (w.size() > 2 || (k == "wait" && w.size() != 2)) fail(k + " takes one duration like 0.5s");
+      if (w.size() == 2 && !parse_double(w[1], c.seconds, true)) fail("'" + w[1] + "' is not a duration like 0.5s");
+    } else if (k == "pause" || k == "quit" || k == "reset") {
+      if (w.size() != 1) fail(k + " takes no argument");
+      c.kind = k == "pause" ? ScriptCommand::Pause : k == "quit" ? ScriptCommand::Quit : ScriptCommand::Reset;
+    } else if (k == "view") {
+      if (w.size() != 2 || std::find(view_names().begin(), view_names().end(), w[1]) == view_names().end())
+        fail("view takes one of ring, buckets, timeline, memory, inspector, data, all");
+      c.kind = ScriptCommand::View;
+      c.arg = w[1];
+    } else if (k == "screenshot") {
+      if (w.size() != 2) fail("screenshot takes one PATH.png");
+      c.kind = ScriptCommand::Screenshot;
+      c.arg = w[1];
+    } else if (k == "speed") {
+      if (w.size() != 2 || !parse_double(w[1], c.value, false)) fail("speed takes modeled seconds per wall second, e.g. 0.001");
+      c.kind = ScriptCommand::Speed;
+    } else if (k == "presentation" || k == "set_epoch") {
+      if (w.size() != 2 || (w[1] != "on" && w[1] != "off")) fail(k + " takes on or off");
+      c.kind = k == "presentation" ? ScriptCommand::Presentation : ScriptCommand::SetEpoch;
+      c.arg = w[1];
+    } else if (k == "clock") {
+      if (w.size() != 2 || (w[1] != "modeled" && w[1] != "wall")) fail("clock takes modeled or wall");
+      c.kind = ScriptCommand::Clock;
+      c.arg = w[1];
+    } else {
+      fail("unknown command '" + k + "'");
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace dtlab::app

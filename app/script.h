@@ -1,0 +1,28 @@
+// Scripted runs (demos and headless tests): `dtlab --run "step collective 3; screenshot a.png; quit"`
+// or `--script FILE` (one command per line, # comments). Parsed up front, so a typo fails with one
+// sentence before any window opens.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace dtlab::app {
+
+struct ScriptCommand {
+  enum Kind { StepRing, StepCollective, StepIteration, Run, Pause, View, Screenshot, Wait, Speed,
+              Presentation, Clock, SetEpoch, Reset, Quit };
+  Kind kind = Quit;
+  int count = 1;        // step commands: how many
+  double seconds = 0;   // run / wait: how long (run 0 = run on)
+  double value = 0;     // speed
+  std::string arg;      // view name, screenshot path, on/off, clock name
+  int line = 0;         // where it came from, for messages
+};
+
+// The view names `view` accepts (and the app's windows): ring, buckets, timeline, memory,
+// inspector, data, all.
+const std::vector<std::string>& view_names();
+
+// Parses commands separated by newlines or ';'. Throws dtlab::Error naming the line and the fix.
+std::vector<ScriptCommand> parse_script(const std::string& text, const std::string& origin);
+
+}  // namespace dtlab::app

@@ -1,0 +1,635 @@
+// Data view: the dataset as a scatter of its first two features, each sample colored by the rank
+// the DistributedSampler hands it to in the shown epoch (or by its class), with the set_epoch switch
+// that shows the classic bug (every epoch repeats epoch 0's split), and the loss and accuracy curves.
+// The scatter renders with the 'points' GLSL program into a render target; the vertex buffer is
+// refilled only when the assignment or the coloring changes. Without GL it draws with ImDrawList.
+#include <GL/gl.h>
+#include <GL/glext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "app/views/views.h"
+
+namespace dtlab::app {
+
+namespace {
+
+enum class ColorBy : int { Rank = 0, Class = 1 };
+
+constexpr ImU32 kScatterBg = IM_COL32(22, 24, 28, 255);
+constexpr ImU32 kLossColor = IM_COL32(255, 138, 101, 255);
+constexpr ImU32 kAccuracyColor = IM_COL32(96, 210, 160, 255);
+constexpr ImU32 kGridColor = IM_COL32(255, 255, 255, 30);
+
+struct PointVertex {
+  float x, y;   // data coordinates
+  ImU32 color;  // RGBA bytes (IM_COL32 layout)
+  float group;  // owner rank or class
+};
+
+// Where the data sits in the panel: data coordinates to pixels (y up), aspect kept.
+struct Fit {
+  float cx = 0, cy = 0;  // data center
+  float px = 1;          // pixels per data unit
+  ImVec2 mid;            // panel center, screen pixels
+  ImVec2 to_screen(float x, float y) const { return ImVec2(mid.x + (x - cx) * px, mid.y - (y - cy) * px); }
+};
+
+// Everything the view keeps between frames.
+struct DataViewState {
+  ColorBy color_by = ColorBy::Rank;
+  bool log_loss = true;
+  int highlight = -1;  // legend entry under the mouse last frame, -1: none
+
+  // What the vertex buffer holds, to refill it only when this changes.
+  int64_t key_n = -1, key_epoch = -1;
+  bool key_set_epoch = true;
+  ColorBy key_color_by = ColorBy::Rank;
+  int key_world = 0, key_classes = 0;
+  std::vector<float> key_xy;
+  std::vector<int16_t> key_owner;
+  std::vector<int32_t> key_label;
+  uint64_t version = 0;  // bumps on every refill
+  std::vector<PointVertex> vertices;
+  float min_x = 0, max_x = 1, min_y = 0, max_y = 1;
+
+  // The split before the current one, to count how many samples changed rank.
+  std::vector<int16_t> prev_owner;
+  int64_t prev_epoch = -1, shown_epoch = -1;
+  int64_t moved = -1;  // -1: nothing to compare with yet
+
+  // GL objects (made on first use; left to the driver at exit, when the context is already gone).
+  GlResources* gl = nullptr;
+  GLuint vao = 0, vbo = 0;
+  uint64_t uploaded_version = 0;
+  // What the render target holds, to redraw it only when this changes.
+  uint64_t drawn_version = 0;
+  int drawn_w = 0, drawn_h = 0, drawn_highlight = -2;
+  float drawn_point = 0;
+};
+
+DataViewState& state() {
+  static DataViewState st;
+  return st;
+}
+
+int world_of(const Snapshot& s) {
+  int world = std::max(1, s.config.world);
+  for (int16_t o : s.data.owner) world = std::max(world, static_cast<int>(o) + 1);
+  return world;
+}
+
+int group_of(const DataView& d, ColorBy by, size_t i) {
+  if (by == ColorBy::Class) return i < d.label.size() ? d.label[i] : -1;
+  return i < d.owner.size() ? d.owner[i] : -1;
+}
+
+ImU32 color_of_group(int group, ColorBy by, int world, int classes) {
+  return by == ColorBy::Class ? rank_color(group, classes) : rank_color(group, world);
+}
+
+// Refills the CPU vertex array when the data, the split or the coloring changed; tracks how many
+// samples changed owner between consecutive splits.
+void refresh_points(const Snapshot& s, DataViewState& st) {
+  const DataView& d = s.data;
+  const int world = world_of(s);
+  const bool same = st.key_n == d.n && st.key_epoch == d.epoch && st.key_set_epoch == d.set_epoch &&
+                    st.key_color_by == st.color_by && st.key_world == world && st.key_classes == d.classes &&
+                    st.key_xy == d.xy && st.key_owner == d.owner && st.key_label == d.label;
+  if (same) return;
+
+  if (st.key_owner != d.owner || st.key_n != d.n) {
+    // A new split: compare it with the previous one of the same data set.
+    if (!st.key_owner.empty() && st.key_owner.size() == d.owner.size() && st.key_xy == d.xy) {
+      st.moved = 0;
+      for (size_t i = 0; i < d.owner.size(); i++) st.moved += st.key_owner[i] != d.owner[i];
+      st.prev_epoch = st.shown_epoch;
+    } else {
+      st.moved = -1;
+      st.prev_epoch = -1;
+    }
+  } else if (st.key_epoch != d.epoch) {
+    // The epoch advanced and the split did not change (set_epoch off): nothing moved.
+    st.moved = 0;
+    st.prev_epoch = st.shown_epoch;
+  }
+  st.shown_epoch = d.epoch;
+
+  st.key_n = d.n;
+  st.key_epoch = d.epoch;
+  st.key_set_epoch = d.set_epoch;
+  st.key_color_by = st.color_by;
+  st.key_world = world;
+  st.key_classes = d.classes;
+  st.key_xy = d.xy;
+  st.key_owner = d.owner;
+  st.key_label = d.label;
+  st.version++;
+
+  const size_t n = std::min(static_cast<size_t>(std::max<int64_t>(d.n, 0)), d.xy.size() / 2);
+  st.vertices.resize(n);
+  st.min_x = st.min_y = 1e30f;
+  st.max_x = st.max_y = -1e30f;
+  for (size_t i = 0; i < n; i++) {
+    const int g = group_of(d, st.color_by, i);
+    PointVertex& v = st.vertices[i];
+    v.x = d.xy[2 * i];
+    v.y = d.xy[2 * i + 1];
+    v.color = color_of_group(g, st.color_by, world, d.classes);
+    v.group = static_cast<float>(g);
+    st.min_x = std::min(st.min_x, v.x);
+    st.max_x = std::max(st.max_x, v.x);
+    st.min_y = std::min(st.min_y, v.y);
+    st.max_y = std::max(st.max_y, v.y);
+  }
+  if (n == 0) st.min_x = st.min_y = 0, st.max_x = st.max_y = 1;
+}
+
+Fit fit_points(const DataViewState& st, ImVec2 pos, ImVec2 size, float pad_px) {
+  Fit f;
+  const float dx = std::max(st.max_x - st.min_x, 1e-6f), dy = std::max(st.max_y - st.min_y, 1e-6f);
+  f.cx = 0.5f * (st.min_x + st.max_x);
+  f.cy = 0.5f * (st.min_y + st.max_y);
+  // A 6% margin around the data, plus room for a point's radius, same scale on both axes.
+  const float w = std::max(size.x - 2 * pad_px, 1.0f), h = std::max(size.y - 2 * pad_px, 1.0f);
+  f.px = std::min(w / (dx * 1.12f), h / (dy * 1.12f));
+  f.mid = ImVec2(pos.x + size.x * 0.5f, pos.y + size.y * 0.5f);
+  return f;
+}
+
+// Saves the GL state the scatter pass touches and puts it back, so ImGui's renderer and the other
+// views find what they left.
+struct GlStateGuard {
+  GLint program = 0, vao = 0, array_buffer = 0;
+  GLint blend_src_rgb = 0, blend_dst_rgb = 0, blend_src_a = 0, blend_dst_a = 0;
+  GLboolean blend = GL_FALSE, scissor = GL_FALSE, depth = GL_FALSE, point_size = GL_FALSE;
+  GLfloat clear[4] = {0, 0, 0, 0};
+  GlStateGuard() {
+    glGetIntegerv(GL_CURRENT_PROGRAM, &program);
+    glGetIntegerv(GL_VERTEX_ARRAY_BINDING, &vao);
+    glGetIntegerv(GL_ARRAY_BUFFER_BINDING, &array_buffer);
+    glGetIntegerv(GL_BLEND_SRC_RGB, &blend_src_rgb);
+    glGetIntegerv(GL_BLEND_DST_RGB, &blend_dst_rgb);
+    glGetIntegerv(GL_BLEND_SRC_ALPHA, &blend_src_a);
+    glGetIntegerv(GL_BLEND_DST_ALPHA, &blend_dst_a);
+    glGetFloatv(GL_COLOR_CLEAR_VALUE, clear);
+    blend = glIsEnabled(GL_BLEND);
+    scissor = glIsEnabled(GL_SCISSOR_TEST);
+    depth = glIsEnabled(GL_DEPTH_TEST);
+    point_size = glIsEnabled(GL_PROGRAM_POINT_SIZE);
+  }
+  ~GlStateGuard() {
+    glUseProgram(static_cast<GLuint>(program));
+    glBindVertexArray(static_cast<GLuint>(vao));
+    glBindBuffer(GL_ARRAY_BUFFER, static_cast<GLuint>(array_buffer));
+    glBlendFuncSeparate(static_cast<GLenum>(blend_src_rgb), static_cast<GLenum>(blend_dst_rgb),
+                        static_cast<GLenum>(blend_src_a), static_cast<GLenum>(blend_dst_a));
+    glClearColor(clear[0], clear[1], clear[2], clear[3]);
+    auto set = [](GLenum cap, GLboolean on) { on ? glEnable(cap) : glDisable(cap); };
+    set(GL_BLEND, blend);
+    set(GL_SCISSOR_TEST, scissor);
+    set(GL_DEPTH_TEST, depth);
+    set(GL_PROGRAM_POINT_SIZE, point_size);
+  }
+};
+
+// Renders the scatter into the "data" render target with the 'points' program and returns its
+// texture, or 0 when GL or the program is unavailable (the caller then draws with ImDrawList).
+unsigned render_points_gl(DataViewState& st, ViewContext& ctx, ImVec2 size, const Fit& fit, float point_px) {
+  if (!ctx.gl) return 0;
+  ShaderProgram* prog = ctx.gl->program("points");
+  if (!prog || !prog->id()) return 0;
+
+  const float fb_scale = std::max(ImGui::GetIO().DisplayFramebufferScale.x, 1.0f);
+  const int w = std::max(1, static_cast<int>(std::lround(size.x * fb_scale)));
+  const int h = std::max(1, static_cast<int>(std::lround(size.y * fb_scale)));
+  RenderTarget& target = ctx.gl->target("data");
+
+  GlStateGuard guard;
+  if (st.gl != ctx.gl || !st.vao) {
+    // First use, or a new set of GL resources: (re)make the buffers.
+    if (st.vao) glDeleteVertexArrays(1, &st.vao);
+    if (st.vbo) glDeleteBuffers(1, &st.vbo);
+    glGenVertexArrays(1, &st.vao);
+    glGenBuffers(1, &st.vbo);
+    glBindVertexArray(st.vao);
+    glBindBuffer(GL_ARRAY_BUFFER, st.vbo);
+    const GLsizei stride = sizeof(PointVertex);
+    glEnableVertexAttribArray(0);
+    glVertexAttribPointer(0, 2, GL_FLOAT, GL_FALSE, stride, reinterpret_cast<void*>(offsetof(PointVertex, x)));
+    glEnableVertexAttribArray(1);
+    glVertexAttribPointer(1, 4, GL_UNSIGNED_BYTE, GL_TRUE, stride, reinterpret_cast<void*>(offsetof(PointVertex, color)));
+    glEnableVertexAttribArray(2);
+    glVertexAttribPointer(2, 1, GL_FLOAT, GL_FALSE, stride, reinterpret_cast<void*>(offsetof(PointVertex, group)));
+    st.gl = ctx.gl;
+    st.uploaded_version = 0;
+    st.drawn_version = 0;
+  }
+  if (st.uploaded_version != st.version) {
+    glBindBuffer(GL_ARRAY_BUFFER, st.vbo);
+    glBufferData(GL_ARRAY_BUFFER, static_cast<GLsizeiptr>(st.vertices.size() * sizeof(PointVertex)),
+                 st.vertices.data(), GL_STATIC_DRAW);
+    st.uploaded_version = st.version;
+  }
+
+  // The target keeps its picture between frames: draw only when something visible changed.
+  const bool unchanged = st.drawn_version == st.version && st.drawn_w == w && st.drawn_h == h &&
+                         st.drawn_highlight == st.highlight && st.drawn_point == point_px &&
+                         target.width() == w && target.height() == h;
+  if (!unchanged) {
+    target.begin(w, h);
+    glDisable(GL_SCISSOR_TEST);
+    glDisable(GL_DEPTH_TEST);
+    const ImVec4 bg = ImGui::ColorConvertU32ToFloat4(kScatterBg);
+    glClearColor(bg.x, bg.y, bg.z, 1.0f);
+    glClear(GL_COLOR_BUFFER_BIT);
+    glEnable(GL_BLEND);
+    // Color blends as usual; alpha accumulates to 1 so ImGui shows the texture opaque.
+    glBlendFuncSeparate(GL_SRC_ALPHA, GL_ONE_MINUS_SRC_ALPHA, GL_ONE, GL_ONE_MINUS_SRC_ALPHA);
+    glEnable(GL_PROGRAM_POINT_SIZE);
+    glUseProgram(prog->id());
+    glUniform2f(prog->uniform("u_center"), fit.cx, fit.cy);
+    glUniform2f(prog->uniform("u_scale"), 2.0f * fit.px / size.x, 2.0f * fit.px / size.y);
+    glUniform1f(prog->uniform("u_point_size"), point_px * fb_scale);
+    glUniform1f(prog->uniform("u_highlight"), static_cast<float>(st.highlight));
+    glBindVertexArray(st.vao);
+    const GLsizei count = static_cast<GLsizei>(st.vertices.size());
+    if (st.highlight < 0) {
+      glUniform1i(prog->uniform("u_pass"), 0);
+      glDrawArrays(GL_POINTS, 0, count);
+    } else {
+      // Dimmed samples first, so the highlighted group sits on top.
+      glUniform1i(prog->uniform("u_pass"), 1);
+      glDrawArrays(GL_POINTS, 0, count);
+      glUniform1i(prog->uniform("u_pass"), 2);
+      glDrawArrays(GL_POINTS, 0, count);
+    }
+    target.end();
+    st.drawn_version = st.version;
+    st.drawn_w = w;
+    st.drawn_h = h;
+    st.drawn_highlight = st.highlight;
+    st.drawn_point = point_px;
+  }
+  return target.texture();
+}
+
+// The same picture with ImDrawList, for when GL or the shader is unavailable.
+void draw_points_fallback(const DataViewState& st, ImDrawList* dl, const Fit& fit, float point_px) {
+  const float r = point_px * 0.5f;
+  const int segments = r < 4 ? 8 : 12;
+  for (int pass = 0; pass < 2; pass++) {
+    for (const PointVertex& v : st.vertices) {
+      const bool dim = st.highlight >= 0 && static_cast<int>(v.group) != st.highlight;
+      if (st.highlight >= 0 && dim != (pass == 0)) continue;
+      if (st.highlight < 0 && pass == 1) continue;
+      ImVec4 c = ImGui::ColorConvertU32ToFloat4(v.color);
+      if (dim) c = ImVec4(c.x * 0.55f, c.y * 0.55f, c.z * 0.55f, c.w * 0.6f);
+      dl->AddCircleFilled(fit.to_screen(v.x, v.y), dim ? r * 0.75f : r, ImGui::ColorConvertFloat4ToU32(c), segments);
+    }
+  }
+}
+
+// The scatter panel: the points, a frame, axis names, and a tooltip for the sample under the mouse.
+void draw_scatter(const Snapshot& s, ViewContext& ctx, DataViewState& st, ImVec2 size) {
+  const float font = ImGui::GetFontSize();
+  const ImVec2 pos = ImGui::GetCursorScreenPos();
+  ImGui::InvisibleButton("##data_scatter", size);
+  const bool hovered = ImGui::IsItemHovered();
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+
+  // Point size: about half the spacing the samples would have spread evenly, within readable bounds.
+  const float n = static_cast<float>(std::max<size_t>(st.vertices.size(), 1));
+  const float point_px = std::round(std::clamp(0.5f * std::sqrt(size.x * size.y / n), std::max(4.0f, font * 0.3f), font * 0.8f));
+  const Fit fit = fit_points(st, pos, size, point_px);
+
+  const unsigned tex = render_points_gl(st, ctx, size, fit, point_px);
+  if (tex) {
+    dl->AddImage(reinterpret_cast<ImTextureID>(static_cast<intptr_t>(tex)), pos, ImVec2(pos.x + size.x, pos.y + size.y),
+                 ImVec2(0, 1), ImVec2(1, 0));
+  } else {
+    dl->AddRectFilled(pos, ImVec2(pos.x + size.x, pos.y + size.y), kScatterBg);
+    dl->PushClipRect(pos, ImVec2(pos.x + size.x, pos.y + size.y), true);
+    draw_points_fallback(st, dl, fit, point_px);
+    dl->PopClipRect();
+  }
+  dl->AddRect(pos, ImVec2(pos.x + size.x, pos.y + size.y), ImGui::GetColorU32(ImGuiCol_Border));
+  const ImU32 dim_text = ImGui::GetColorU32(ImGuiCol_TextDisabled);
+  dl->AddText(ImVec2(pos.x + font * 0.4f, pos.y + size.y - font * 1.4f), dim_text, "x: feature 0   y: feature 1");
+  if (!tex) dl->AddText(ImVec2(pos.x + font * 0.4f, pos.y + font * 0.3f), dim_text, "(drawn without the points shader)");
+
+  if (!hovered || st.vertices.empty()) return;
+  // The nearest sample within a few pixels.
+  const ImVec2 m = ImGui::GetIO().MousePos;
+  const float reach = std::max(point_px, font * 0.6f);
+  float best = reach * reach;
+  int found = -1;
+  for (size_t i = 0; i < st.vertices.size(); i++) {
+    const ImVec2 p = fit.to_screen(st.vertices[i].x, st.vertices[i].y);
+    const float d2 = (p.x - m.x) * (p.x - m.x) + (p.y - m.y) * (p.y - m.y);
+    if (d2 < best) best = d2, found = static_cast<int>(i);
+  }
+  if (found < 0) return;
+  const size_t i = static_cast<size_t>(found);
+  const ImVec2 p = fit.to_screen(st.vertices[i].x, st.vertices[i].y);
+  dl->AddCircle(p, point_px * 0.5f + 3, ImGui::GetColorU32(ImGuiCol_Text), 16, 2.0f);
+  const DataView& d = s.data;
+  ImGui::BeginTooltip();
+  ImGui::Text("sample %d  (%.3f, %.3f)", found, st.vertices[i].x, st.vertices[i].y);
+  if (i < d.label.size()) ImGui::Text("class %d", d.label[i]);
+  const int owner = i < d.owner.size() ? d.owner[i] : -1;
+  if (owner >= 0) {
+    ImGui::PushStyleColor(ImGuiCol_Text, rank_color(owner, world_of(s)));
+    ImGui::Text("rank %d trains on it in epoch %lld", owner, static_cast<long long>(d.epoch));
+    ImGui::PopStyleColor();
+  } else {
+    ImGui::TextDisabled("no rank trains on it this epoch (dropped by drop_last)");
+  }
+  ImGui::EndTooltip();
+}
+
+// The legend: one swatch per rank (or class) with its sample count; hovering one highlights it.
+void draw_legend(const Snapshot& s, DataViewState& st) {
+  const DataView& d = s.data;
+  const int world = world_of(s);
+  const int groups = st.color_by == ColorBy::Class ? std::max(d.classes, 1) : world;
+  std::vector<int64_t> counts(static_cast<size_t>(groups), 0);
+  int64_t none = 0;
+  for (size_t i = 0; i < static_cast<size_t>(std::max<int64_t>(d.n, 0)); i++) {
+    const int g = group_of(d, st.color_by, i);
+    if (g >= 0 && g < groups) counts[static_cast<size_t>(g)]++;
+    else none++;
+  }
+  const float font = ImGui::GetFontSize();
+  const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
+  const char* noun = st.color_by == ColorBy::Class ? "class" : "rank";
+  // "rank 3: 375" per entry when that fits in two lines, else "ranks" once and "3: 375" entries.
+  float full_w = 0;
+  for (int g = 0; g < groups; g++) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%s %d: %lld", noun, g, static_cast<long long>(counts[static_cast<size_t>(g)]));
+    full_w += font * 2.1f + ImGui::CalcTextSize(text).x;
+  }
+  const bool compact = full_w > 2 * ImGui::GetContentRegionAvail().x;
+  if (compact) {
+    ImGui::TextUnformatted(st.color_by == ColorBy::Class ? "classes" : "ranks");
+    ImGui::SameLine(0, font * 0.6f);
+  }
+  int highlight = -1;
+  for (int g = 0; g < groups; g++) {
+    char text[64];
+    const long long count = static_cast<long long>(counts[static_cast<size_t>(g)]);
+    if (compact) std::snprintf(text, sizeof text, "%d: %lld", g, count);
+    else std::snprintf(text, sizeof text, "%s %d: %lld", noun, g, count);
+    const float w = font * 1.1f + ImGui::CalcTextSize(text).x;
+    if (g > 0) {
+      ImGui::SameLine(0, compact ? font * 0.6f : font);
+      if (ImGui::GetCursorScreenPos().x + w > right) ImGui::NewLine();
+    }
+    const ImVec2 p = ImGui::GetCursorScreenPos();
+    const float line = ImGui::GetTextLineHeight();
+    ImGui::PushID(g);
+    ImGui::InvisibleButton("##legend", ImVec2(w, line));
+    ImGui::PopID();
+    const bool over = ImGui::IsItemHovered();
+    if (over) {
+      highlight = g;
+      ImGui::SetTooltip("%s %d: %lld samples%s", noun, g, count, st.color_by == ColorBy::Rank ? " this epoch" : "");
+    }
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    const ImU32 c = color_of_group(g, st.color_by, world, d.classes);
+    dl->AddCircleFilled(ImVec2(p.x + font * 0.4f, p.y + line * 0.5f), font * 0.38f, c, 16);
+    dl->AddText(ImVec2(p.x + font * 1.1f, p.y), over ? ImGui::GetColorU32(ImGuiCol_Text) : c, text);
+  }
+  if (none > 0) {
+    ImGui::SameLine(0, font);
+    ImGui::TextDisabled("unused: %lld", static_cast<long long>(none));
+  }
+  st.highlight = highlight;
+}
+
+// One curve of the training history in [pos, pos + size]: title with the latest value, grid, axes
+// with their range, and a cursor with the value under the mouse. `log` plots log10(value).
+void draw_curve(const char* id, const char* title, const std::vector<StepPoint>& h, float (*value)(const StepPoint&),
+                bool* log_switch, bool percent, ImU32 color, ImVec2 size) {
+  const float font = ImGui::GetFontSize();
+  const bool log = log_switch && *log_switch;
+  const ImVec2 top = ImGui::GetCursorScreenPos();
+  char buf[96];
+  if (h.empty()) std::snprintf(buf, sizeof buf, "%s", title);
+  else {
+    char v[32];
+    const double last = value(h.back());
+    if (percent) std::snprintf(v, sizeof v, "%.1f%%", 100.0 * last);
+    else std::snprintf(v, sizeof v, "%.4g", last);
+    std::snprintf(buf, sizeof buf, "%s %s  (step %lld)", title, v, static_cast<long long>(h.back().step));
+  }
+  ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(color), "%s", buf);
+  if (log_switch) {
+    ImGui::SameLine(0, font);
+    ImGui::PushID(id);
+    ImGui::PushStyleVar(ImGuiStyleVar_FramePadding, ImVec2(ImGui::GetStyle().FramePadding.x, 0));
+    ImGui::Checkbox("log scale", log_switch);
+    ImGui::PopStyleVar();
+    ImGui::PopID();
+  }
+  const ImVec2 pos = ImGui::GetCursorScreenPos();
+  const ImVec2 plot(size.x, std::max(size.y - (pos.y - top.y), 1.0f));
+  ImGui::InvisibleButton(id, plot);
+  const bool hovered = ImGui::IsItemHovered();
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const ImU32 text = ImGui::GetColorU32(ImGuiCol_Text), dim = ImGui::GetColorU32(ImGuiCol_TextDisabled);
+
+  const float axis_w = ImGui::CalcTextSize("0.000").x + font * 0.5f;
+  const ImVec2 a(pos.x + axis_w, pos.y + font * 0.3f);
+  const ImVec2 b(pos.x + plot.x - font * 0.5f, pos.y + plot.y - ImGui::GetTextLineHeight() - font * 0.2f);
+  if (b.x - a.x < font * 3 || b.y - a.y < font) return;
+  dl->AddRectFilled(a, b, IM_COL32(255, 255, 255, 8));
+  dl->AddRect(a, b, kGridColor);
+  if (h.empty()) {
+    dl->AddText(ImVec2(a.x + font * 0.5f, a.y + font * 0.3f), dim, "no steps yet");
+    return;
+  }
+
+  auto t = [&](float v) { return log ? std::log10(std::max(v, 1e-6f)) : v; };
+  // Accuracy keeps 0..1 (with a little air); loss fits its range.
+  float lo = -0.04f, hi = 1.04f;
+  if (!percent) {
+    lo = 1e30f, hi = -1e30f;
+    for (const StepPoint& p : h) lo = std::min(lo, t(value(p))), hi = std::max(hi, t(value(p)));
+    if (hi - lo < 1e-6f) lo -= 0.5f, hi += 0.5f;
+    const float pad = (hi - lo) * 0.06f;
+    lo -= pad, hi += pad;
+  }
+  const int64_t s0 = h.front().step, s1 = std::max(h.back().step, s0 + 1);
+  auto x_of = [&](int64_t step) {
+    if (h.size() == 1) return 0.5f * (a.x + b.x);  // one step so far: in the middle, not on the frame
+    return a.x + (b.x - a.x) * static_cast<float>(step - s0) / static_cast<float>(s1 - s0);
+  };
+  auto y_of = [&](float tv) { return b.y - (b.y - a.y) * (tv - lo) / (hi - lo); };
+
+  // Grid at round values: decades on a log axis spanning one or more, 1-2-5 steps otherwise.
+  const bool room_for_labels = b.y - a.y >= 2.5f * ImGui::GetTextLineHeight();
+  auto label_at = [&](float tv) {
+    const float y = y_of(tv);
+    dl->AddLine(ImVec2(a.x, y), ImVec2(b.x, y), kGridColor);
+    if (!room_for_labels) return;
+    char l[32];
+    const double shown = log ? std::pow(10.0, static_cast<double>(tv)) : static_cast<double>(tv);
+    if (percent) std::snprintf(l, sizeof l, "%.0f%%", 100.0 * shown);
+    else std::snprintf(l, sizeof l, "%.3g", std::fabs(shown) < 1e-9 ? 0.0 : shown);
+    const ImVec2 ts = ImGui::CalcTextSize(l);
+    dl->AddText(ImVec2(a.x - ts.x - font * 0.25f, y - ts.y * 0.5f), dim, l);
+  };
+  if (log && hi - lo >= 0.8f) {
+    for (float d = std::ceil(lo); d <= hi; d += 1.0f) label_at(d);
+  } else if (percent) {
+    for (float v : {0.0f, 0.5f, 1.0f}) label_at(v);
+  } else {
+    // In log mode below a decade the ticks are round loss values, placed on the log axis.
+    const double vlo = log ? std::pow(10.0, static_cast<double>(lo)) : lo, vhi = log ? std::pow(10.0, static_cast<double>(hi)) : hi;
+    const double raw = (vhi - vlo) / 3.0, p10 = std::pow(10.0, std::floor(std::log10(raw)));
+    const double m = raw / p10, step = (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p10;
+    for (double v = std::ceil(vlo / step) * step; v <= vhi; v += step)
+      if (!log || v > 0) label_at(log ? std::log10(static_cast<float>(v)) : static_cast<float>(v));
+  }
+  char sx[32];
+  std::snprintf(sx, sizeof sx, "step %lld", static_cast<long long>(s0));
+  dl->AddText(ImVec2(a.x, b.y + font * 0.1f), dim, sx);
+  if (h.size() > 1) {
+    std::snprintf(sx, sizeof sx, "%lld", static_cast<long long>(h.back().step));
+    dl->AddText(ImVec2(b.x - ImGui::CalcTextSize(sx).x, b.y + font * 0.1f), dim, sx);
+  }
+
+  // The curve, averaged per pixel column when there are more steps than pixels.
+  const size_t columns = std::max<size_t>(static_cast<size_t>(b.x - a.x), 2);
+  const size_t stride = (h.size() + columns - 1) / columns;
+  std::vector<ImVec2> line;
+  line.reserve(h.size() / std::max<size_t>(stride, 1) + 1);
+  for (size_t i = 0; i < h.size(); i += std::max<size_t>(stride, 1)) {
+    const size_t e = std::min(h.size(), i + std::max<size_t>(stride, 1));
+    double sum = 0;
+    for (size_t j = i; j < e; j++) sum += t(value(h[j]));
+    line.push_back(ImVec2(x_of(h[(i + e - 1) / 2].step), y_of(static_cast<float>(sum / static_cast<double>(e - i)))));
+  }
+  dl->PushClipRect(a, b, true);
+  if (line.size() == 1) dl->AddCircleFilled(line[0], font * 0.2f, color);
+  else dl->AddPolyline(line.data(), static_cast<int>(line.size()), color, ImDrawFlags_None, std::max(2.0f, font * 0.12f));
+  dl->AddCircleFilled(line.back(), font * 0.22f, color);
+  dl->PopClipRect();
+
+  if (!hovered) return;
+  const float mx = ImGui::GetIO().MousePos.x;
+  const double f = std::clamp((mx - a.x) / (b.x - a.x), 0.0f, 1.0f);
+  const int64_t want = s0 + static_cast<int64_t>(std::llround(f * static_cast<double>(s1 - s0)));
+  const auto it = std::lower_bound(h.begin(), h.end(), want, [](const StepPoint& p, int64_t st) { return p.step < st; });
+  const StepPoint& p = it == h.end() ? h.back() : *it;
+  const float x = x_of(p.step);
+  dl->AddLine(ImVec2(x, a.y), ImVec2(x, b.y), IM_COL32(255, 255, 255, 90));
+  dl->AddCircle(ImVec2(x, y_of(t(value(p)))), font * 0.3f, text, 12, 2.0f);
+  ImGui::BeginTooltip();
+  ImGui::Text("step %lld", static_cast<long long>(p.step));
+  ImGui::Text("loss %.4f   accuracy %.1f%%", static_cast<double>(p.loss), 100.0 * p.accuracy);
+  if (p.samples_per_sec > 0) ImGui::TextDisabled("%.0f samples/s", p.samples_per_sec);
+  ImGui::EndTooltip();
+}
+
+float loss_of(const StepPoint& p) { return p.loss; }
+float accuracy_of(const StepPoint& p) { return static_cast<float>(p.accuracy); }
+
+// Loss over accuracy, stacked in [size], with the log-scale switch for the loss.
+void draw_history(const Snapshot& s, DataViewState& st, ImVec2 size) {
+  ImGui::BeginGroup();
+  const float each = (size.y - ImGui::GetStyle().ItemSpacing.y) * 0.5f;
+  draw_curve("##loss", "loss", s.history, loss_of, &st.log_loss, false, kLossColor, ImVec2(size.x, each));
+  draw_curve("##accuracy", "accuracy", s.history, accuracy_of, nullptr, true, kAccuracyColor, ImVec2(size.x, each));
+  ImGui::EndGroup();
+}
+
+}  // namespace
+
+void draw_data_view(const Snapshot& s, ViewContext& ctx) {
+  DataViewState& st = state();
+  const DataView& d = s.data;
+  const float font = ImGui::GetFontSize();
+
+  // ---- controls ----
+  ImGui::Checkbox("set_epoch(epoch) each epoch", &ctx.data_set_epoch);
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip("sampler.set_epoch(epoch) reseeds the DistributedSampler's shuffle every epoch.\n"
+                      "Without it every epoch repeats epoch 0's split and order.");
+  ImGui::SameLine(0, font * 1.5f);
+  ImGui::TextUnformatted("color by");
+  ImGui::SameLine();
+  int by = static_cast<int>(st.color_by);
+  ImGui::RadioButton("rank", &by, static_cast<int>(ColorBy::Rank));
+  ImGui::SameLine();
+  ImGui::RadioButton("class", &by, static_cast<int>(ColorBy::Class));
+  st.color_by = static_cast<ColorBy>(by);
+
+  if (!d.valid || d.n <= 0 || d.xy.size() < 2) {
+    ImGui::TextDisabled("No data set loaded yet.");
+    return;
+  }
+  refresh_points(s, st);
+
+  // ---- what the split is ----
+  const ImVec4 kWarn(1.0f, 0.72f, 0.3f, 1.0f);
+  ImGui::Text("Epoch %lld", static_cast<long long>(d.epoch));
+  ImGui::SameLine(0, font);
+  // The data set's short name; its parameters in the tooltip.
+  const std::string short_name = d.name.substr(0, d.name.find(':'));
+  ImGui::TextDisabled("%s: %lld samples, %d classes", short_name.c_str(), static_cast<long long>(d.n), d.classes);
+  if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", d.name.c_str());
+  if (!d.set_epoch) ImGui::TextColored(kWarn, "set_epoch off: every epoch reuses epoch 0's split");
+  if (st.moved >= 0 && st.prev_epoch >= 0 && st.prev_epoch != d.epoch) {
+    if (st.moved == 0)
+      ImGui::TextColored(kWarn, "Since epoch %lld no sample changed rank: each rank sees the same data again.",
+                         static_cast<long long>(st.prev_epoch));
+    else
+      ImGui::Text("Since epoch %lld, %lld of %lld samples (%.0f%%) changed rank.", static_cast<long long>(st.prev_epoch),
+                  static_cast<long long>(st.moved), static_cast<long long>(d.n),
+                  100.0 * static_cast<double>(st.moved) / static_cast<double>(d.n));
+  }
+  draw_legend(s, st);
+  ImGui::Spacing();
+
+  // ---- scatter beside the curves when the panel is wide, above them when tall, alone when small ----
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const ImVec2 spacing = ImGui::GetStyle().ItemSpacing;
+  const float min_scatter = font * 8;
+  // The data is about as wide as tall: the scatter gets a little more than a square.
+  const float plots_w = std::clamp(avail.x - avail.y * 1.2f, font * 14, font * 36);
+  const float plots_h = std::clamp(avail.y * 0.38f, font * 9, font * 20);
+  if (avail.x >= avail.y * 1.3f && avail.x - plots_w - spacing.x >= min_scatter) {
+    const ImVec2 scatter(avail.x - plots_w - spacing.x, std::max(avail.y, min_scatter));
+    draw_scatter(s, ctx, st, scatter);
+    ImGui::SameLine();
+    draw_history(s, st, ImVec2(plots_w, scatter.y));
+  } else if (avail.y - plots_h - spacing.y >= min_scatter) {
+    const ImVec2 scatter(std::max(avail.x, min_scatter), avail.y - plots_h - spacing.y);
+    draw_scatter(s, ctx, st, scatter);
+    draw_history(s, st, ImVec2(scatter.x, plots_h));
+  } else {
+    const float line = ImGui::GetTextLineHeightWithSpacing();
+    draw_scatter(s, ctx, st, ImVec2(std::max(avail.x, min_scatter), std::max(avail.y - line, min_scatter)));
+    if (s.history.empty()) {
+      ImGui::TextDisabled("no steps yet");
+    } else {
+      const StepPoint& p = s.history.back();
+      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kLossColor), "loss %.4g", static_cast<double>(p.loss));
+      ImGui::SameLine();
+      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kAccuracyColor), "accuracy %.1f%%", 100.0 * p.accuracy);
+      ImGui::SameLine();
+      ImGui::TextDisabled("step %lld (enlarge the panel for the curves)", static_cast<long long>(p.step));
+    }
+  }
+}
+
+}  // namespace dtlab::app

@@ -1,0 +1,392 @@
+// The inspector: everything known about the pending or current collective (what it is, who has
+// arrived, how far it got, what the cost model predicts and what it took), then one row per rank:
+// what its two threads do and at which stepper gate each waits. A failed run's watchdog diagnosis
+// comes first, in red, since it explains everything below it.
+#include <algorithm>
+#include <cfloat>
+#include <cinttypes>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "app/views/views.h"
+#include "engine/core/format.h"
+
+namespace dtlab::app {
+
+namespace {
+
+const ImVec4 kRed(0.95f, 0.33f, 0.28f, 1.0f);
+const ImVec4 kGreen(0.45f, 0.85f, 0.45f, 1.0f);
+const ImVec4 kAmber(1.0f, 0.72f, 0.3f, 1.0f);
+
+ImVec4 dim() { return ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled); }
+
+// "1,048,576"
+std::string with_commas(int64_t v) {
+  std::string digits = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < digits.size(); i++) {
+    if (i && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+// "12.5 µs", "1.250 ms", "2.000 s"
+std::string duration(double s) {
+  static const bool micro = ImGui::GetFont()->FindGlyphNoFallback(0x00B5) != nullptr;
+  char buf[48];
+  if (s < 1e-3) std::snprintf(buf, sizeof buf, "%.1f %s", s * 1e6, micro ? "\u00b5s" : "us");
+  else if (s < 1.0) std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
+  else std::snprintf(buf, sizeof buf, "%.3f s", s);
+  return buf;
+}
+
+const char* ordinal_suffix(int n) {
+  if (n % 100 >= 11 && n % 100 <= 13) return "th";
+  switch (n % 10) {
+    case 1: return "st";
+    case 2: return "nd";
+    case 3: return "rd";
+    default: return "th";
+  }
+}
+
+bool reduces(CollectiveOp op) {
+  return op == CollectiveOp::AllReduce || op == CollectiveOp::ReduceScatter || op == CollectiveOp::Reduce;
+}
+
+bool has_root(CollectiveOp op) { return op == CollectiveOp::Broadcast || op == CollectiveOp::Reduce; }
+
+// A two-column row of the collective table; the value is drawn by the caller.
+void key(const char* name) {
+  ImGui::TableNextRow();
+  ImGui::TableSetColumnIndex(0);
+  ImGui::TextColored(dim(), "%s", name);
+  ImGui::TableSetColumnIndex(1);
+}
+
+void ranks_inline(const std::vector<int>& ranks, int world, const char* none) {
+  if (ranks.empty()) {
+    ImGui::TextColored(dim(), "%s", none);
+    return;
+  }
+  for (size_t i = 0; i < ranks.size(); i++) {
+    if (i) ImGui::SameLine(0, ImGui::GetFontSize() * 0.45f);
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(rank_color(ranks[i], world)), "%d", ranks[i]);
+  }
+}
+
+void draw_error(const std::string& error) {
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const float pad = ImGui::GetFontSize() * 0.4f;
+  dl->ChannelsSplit(2);
+  dl->ChannelsSetCurrent(1);
+  ImGui::SetCursorPos(ImVec2(ImGui::GetCursorPosX() + pad, ImGui::GetCursorPosY() + pad));
+  ImGui::BeginGroup();
+  ImGui::PushTextWrapPos(ImGui::GetCursorPosX() + ImGui::GetContentRegionAvail().x - pad);
+  ImGui::TextColored(kRed, "The run failed");
+  ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1.0f, 0.78f, 0.74f, 1.0f));
+  ImGui::TextWrapped("%s", error.c_str());
+  ImGui::PopStyleColor();
+  ImGui::PopTextWrapPos();
+  ImGui::EndGroup();
+  dl->ChannelsSetCurrent(0);
+  const ImVec2 a = ImGui::GetItemRectMin(), b = ImGui::GetItemRectMax();
+  dl->AddRectFilled(ImVec2(a.x - pad, a.y - pad), ImVec2(b.x + pad, b.y + pad), IM_COL32(110, 22, 18, 200), pad);
+  dl->AddRect(ImVec2(a.x - pad, a.y - pad), ImVec2(b.x + pad, b.y + pad), ImGui::ColorConvertFloat4ToU32(kRed), pad, 0, 1.5f);
+  dl->ChannelsMerge();
+  ImGui::Dummy(ImVec2(0, pad));
+}
+
+void draw_collective(const CollectiveView& cv) {
+  const int N = cv.world;
+  const bool done = cv.steps_done >= cv.steps && !cv.in_flight;
+  ImGui::TextColored(ImVec4(1.0f, 0.85f, 0.45f, 1.0f), "%s", collective_name(cv.op));
+  ImGui::SameLine(0, ImGui::GetFontSize() * 0.35f);
+  ImGui::TextColored(dim(), "#%" PRIu64, cv.seq);
+  ImGui::SameLine(0, ImGui::GetFontSize() * 0.8f);
+  if (done) ImGui::TextColored(kGreen, "done");
+  else if (cv.in_flight) ImGui::TextColored(kAmber, "in flight");
+  else ImGui::TextColored(dim(), "issued, no rank started it yet");
+
+  const ImGuiTableFlags flags = ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_SizingFixedFit;
+  if (!ImGui::BeginTable("##collective", 2, flags)) return;
+  ImGui::TableSetupColumn("key", ImGuiTableColumnFlags_WidthFixed);
+  ImGui::TableSetupColumn("value", ImGuiTableColumnFlags_WidthStretch);
+  key("algorithm");
+  ImGui::TextUnformatted(algorithm_name(cv.algo));
+  key("dtype");
+  const int elem = cv.dtype == DType::I64 ? 8 : 4;
+  ImGui::Text("%s (%d B per element)", dtype_name(cv.dtype), elem);
+  key("reduce op");
+  if (reduces(cv.op)) ImGui::TextUnformatted(reduce_op_name(cv.reduce));
+  else ImGui::TextColored(dim(), "none (data is only copied)");
+  key("root");
+  if (has_root(cv.op) && cv.root >= 0) ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(rank_color(cv.root, N)), "rank %d", cv.root);
+  else ImGui::TextColored(dim(), "none (every rank is equal)");
+  key("count");
+  ImGui::Text("%s elements per rank", with_commas(cv.count).c_str());
+  key("payload");
+  ImGui::Text("%s", human_bytes(cv.bytes).c_str());
+  ImGui::SameLine();
+  ImGui::TextColored(dim(), "(%s B)", with_commas(cv.bytes).c_str());
+  if (!cv.label.empty()) {
+    key("DDP bucket");
+    ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(0.75f, 0.65f, 1.0f, 1.0f));
+    ImGui::TextWrapped("%s", cv.label.c_str());
+    ImGui::PopStyleColor();
+  }
+  key("arrived");
+  if (cv.in_flight) ranks_inline(cv.arrived, N, "nobody yet");
+  else ImGui::TextColored(dim(), done ? "every rank (finished)" : "nobody yet");
+  if (cv.in_flight && !cv.arrived.empty()) {
+    ImGui::SameLine();
+    ImGui::TextColored(dim(), "(in arrival order)");
+  }
+  key("missing");
+  if (cv.in_flight && !cv.missing.empty()) {
+    ImGui::TextColored(kRed, "waiting for");
+    ImGui::SameLine();
+    ranks_inline(cv.missing, N, "");
+  } else {
+    ImGui::TextColored(dim(), "none");
+  }
+  key("steps");
+  {
+    char overlay[48];
+    if (cv.steps == 0) std::snprintf(overlay, sizeof overlay, "none: one rank");
+    else std::snprintf(overlay, sizeof overlay, "%d / %d done", cv.steps_done, cv.steps);
+    const float frac = cv.steps > 0 ? static_cast<float>(cv.steps_done) / static_cast<float>(cv.steps) : 1.0f;
+    ImGui::ProgressBar(frac, ImVec2(-FLT_MIN, 0), overlay);
+    if (cv.steps_done < cv.steps) {
+      ImGui::TextColored(dim(), "next: step %d,", cv.steps_done + 1);
+      ImGui::SameLine();
+      ImGui::TextUnformatted(ring_phase_name(cv.phase));
+    }
+  }
+  key("predicted");
+  if (cv.predicted_s > 0) {
+    ImGui::Text("%s", duration(cv.predicted_s).c_str());
+    ImGui::SameLine();
+    ImGui::TextColored(dim(), "(cost model)");
+  } else {
+    ImGui::TextColored(dim(), "n/a");
+  }
+  key("algbw");
+  if (cv.algbw_gbs > 0) {
+    ImGui::Text("%.2f GB/s", cv.algbw_gbs);
+    ImGui::SameLine();
+    ImGui::TextColored(dim(), "(payload / time)");
+  } else {
+    ImGui::TextColored(dim(), "n/a");
+  }
+  key("busbw");
+  if (cv.busbw_gbs > 0) {
+    static const bool times = ImGui::GetFont()->FindGlyphNoFallback(0x00D7) != nullptr;
+    const double factor = cv.algbw_gbs > 0 ? cv.busbw_gbs / cv.algbw_gbs : 0.0;
+    ImGui::Text("%.2f GB/s", cv.busbw_gbs);
+    ImGui::SameLine();
+    ImGui::TextColored(dim(), "(algbw %s %.3g)", times ? "\u00d7" : "x", factor);
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip("bus bandwidth (nccl-tests): what each link carries, comparable across ranks and ops;\n"
+                        "algbw times %.3g for %s on %d ranks", factor, collective_name(cv.op), N);
+  } else {
+    ImGui::TextColored(dim(), "n/a");
+  }
+  key("measured");
+  if (cv.measured_s >= 0) {
+    ImGui::Text("%s", duration(cv.measured_s).c_str());
+    ImGui::SameLine();
+    ImGui::TextColored(dim(), "(wall clock, rank 0)");
+  } else {
+    ImGui::TextColored(dim(), done ? "n/a" : "when done");
+  }
+  ImGui::EndTable();
+}
+
+bool gate_blocked(const StepperState& st, int rank, int lane) {
+  const size_t i = static_cast<size_t>(rank * 2 + lane);
+  return i < st.gates.size() && st.gates[i].blocked;
+}
+
+// The stepper gate one rank's lane waits at, e.g. "ring step 3/6 #12"; `compact` leaves out the
+// collective's number when it is the one shown above, and says nothing for a lane at no gate.
+void gate_cell(const StepperState& st, int rank, int lane, const CollectiveView& cv, bool running, bool compact = false) {
+  const size_t i = static_cast<size_t>(rank * 2 + lane);
+  if (i >= st.gates.size() || !st.gates[i].blocked) {
+    if (!compact) ImGui::TextColored(dim(), "%s", i >= st.gates.size() || !running ? "-" : st.paused ? "not at a gate" : "running");
+    return;
+  }
+  const RankGateState& g = st.gates[i];
+  char buf[96], where[96];
+  if (g.pos.sub <= -2) {
+    std::snprintf(buf, sizeof buf, "%s %d", gate_kind_name(g.kind), g.pos.iter);
+    std::snprintf(where, sizeof where, "before issuing collective #%" PRId64 " in iteration %d", g.pos.seq, g.pos.iter);
+  } else if (g.pos.sub == -1) {
+    std::snprintf(buf, sizeof buf, "%s #%" PRId64, gate_kind_name(g.kind), g.pos.seq);
+    std::snprintf(where, sizeof where, "before running collective #%" PRId64, g.pos.seq);
+  } else {
+    const bool shown = cv.valid && static_cast<uint64_t>(g.pos.seq) == cv.seq && cv.steps > 0;
+    if (shown && compact) std::snprintf(buf, sizeof buf, "%s %d/%d", gate_kind_name(g.kind), g.pos.sub + 1, cv.steps);
+    else if (shown) std::snprintf(buf, sizeof buf, "%s %d/%d #%" PRId64, gate_kind_name(g.kind), g.pos.sub + 1, cv.steps, g.pos.seq);
+    else std::snprintf(buf, sizeof buf, "%s %d #%" PRId64, gate_kind_name(g.kind), g.pos.sub + 1, g.pos.seq);
+    std::snprintf(where, sizeof where, "before step %d of collective #%" PRId64, g.pos.sub + 1, g.pos.seq);
+  }
+  ImGui::TextColored(kAmber, "%s", buf);
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip("rank %d's %s waits at a %s gate %s\nuntil a step or run command opens it (position: seq %" PRId64 ", sub %d)", rank,
+                      lane == 0 ? "compute thread" : "comm worker", gate_kind_name(g.kind), where, g.pos.seq, g.pos.sub);
+}
+
+// One line per cell, clipped by its column; the whole text in a tooltip.
+void clipped(const std::string& text) {
+  ImGui::TextUnformatted(text.c_str());
+  if (ImGui::IsItemHovered() && ImGui::CalcTextSize(text.c_str()).x > ImGui::GetColumnWidth()) ImGui::SetTooltip("%s", text.c_str());
+}
+
+void rank_cell(int r, int world) {
+  const float fs = ImGui::GetFontSize(), sw = fs * 0.7f;
+  const ImVec2 p = ImGui::GetCursorScreenPos();
+  ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x, p.y + (fs - sw) * 0.5f), ImVec2(p.x + sw, p.y + (fs + sw) * 0.5f),
+                                            rank_color(r, world), sw * 0.25f);
+  ImGui::Dummy(ImVec2(sw, fs));
+  ImGui::SameLine(0, fs * 0.3f);
+  ImGui::Text("%d", r);
+}
+
+// Whether the rank reached the collective: "arrived 2nd", "missing", or "finished".
+void arrival_cell(const CollectiveView& cv, int r) {
+  if (cv.valid && cv.in_flight) {
+    const auto a = std::find(cv.arrived.begin(), cv.arrived.end(), r);
+    if (a != cv.arrived.end()) {
+      const int n = static_cast<int>(a - cv.arrived.begin()) + 1;
+      ImGui::TextColored(kGreen, "arrived %d%s", n, ordinal_suffix(n));
+    } else if (std::find(cv.missing.begin(), cv.missing.end(), r) != cv.missing.end()) {
+      ImGui::TextColored(kRed, "missing");
+    } else {
+      ImGui::TextColored(dim(), "-");
+    }
+  } else {
+    ImGui::TextColored(dim(), cv.valid && cv.steps_done >= cv.steps ? "finished" : "-");
+  }
+}
+
+void steps_cell(const CollectiveView& cv, int r) {
+  const size_t ur = static_cast<size_t>(r);
+  if (cv.valid && ur < cv.rank_steps_done.size()) {
+    const int d = cv.rank_steps_done[ur];
+    if (d >= cv.steps) ImGui::TextColored(kGreen, "%d/%d", d, cv.steps);
+    else ImGui::Text("%d/%d", d, cv.steps);
+  } else {
+    ImGui::TextColored(dim(), "-");
+  }
+}
+
+void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
+  const int N = std::max({1, s.config.world, static_cast<int>(s.stepper.gates.size() / 2), static_cast<int>(s.comm_activity.size())});
+  const StepperState& st = s.stepper;
+  ImGui::TextColored(dim(), "stepper:");
+  ImGui::SameLine();
+  if (st.paused) {
+    ImGui::TextColored(kAmber, "paused");
+    ImGui::SameLine();
+    ImGui::TextColored(dim(), "(open to #%" PRId64 ".%d, passed #%" PRId64 ".%d)", st.allowed.seq, st.allowed.sub, st.frontier.seq,
+                       st.frontier.sub);
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip("gates at or before #%" PRId64 ".%d are open; the furthest any rank has passed is #%" PRId64 ".%d\n"
+                        "(collective number . -2 iteration gate, -1 collective gate, 0.. ring step)",
+                        st.allowed.seq, st.allowed.sub, st.frontier.seq, st.frontier.sub);
+  } else if (s.running) {
+    if (st.speed > 0) ImGui::TextColored(kGreen, "running at %.3g modeled s per second", st.speed);
+    else ImGui::TextColored(kGreen, "running");
+  } else {
+    ImGui::TextColored(dim(), s.finished ? "finished" : "stopped");
+  }
+  if (s.iteration >= 0) {
+    ImGui::SameLine(0, ImGui::GetFontSize() * 0.8f);
+    ImGui::TextColored(dim(), "iteration %d, step %" PRId64 " of %" PRId64, s.iteration, s.step, s.total_steps);
+  }
+
+  const float fs = ImGui::GetFontSize();
+  const bool wide = ImGui::GetContentRegionAvail().x >= fs * 36;
+  ImGuiTableFlags flags = ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_BordersOuterH;
+  if (wide) {
+    // One line per rank; fixed columns fit their contents, the activities take the rest.
+    if (!ImGui::BeginTable("##ranks", 7, flags | ImGuiTableFlags_Resizable)) return;
+    ImGui::TableSetupColumn("rank", ImGuiTableColumnFlags_WidthFixed);
+    ImGui::TableSetupColumn("collective", ImGuiTableColumnFlags_WidthFixed);
+    ImGui::TableSetupColumn("steps", ImGuiTableColumnFlags_WidthFixed);
+    ImGui::TableSetupColumn("compute thread", ImGuiTableColumnFlags_WidthStretch, 1.0f);
+    ImGui::TableSetupColumn("comm worker", ImGuiTableColumnFlags_WidthStretch, 1.0f);
+    ImGui::TableSetupColumn("compute gate", ImGuiTableColumnFlags_WidthFixed);
+    ImGui::TableSetupColumn("comm gate", ImGuiTableColumnFlags_WidthFixed);
+    ImGui::TableHeadersRow();
+    for (int r = 0; r < N; r++) {
+      const size_t ur = static_cast<size_t>(r);
+      ImGui::TableNextRow();
+      ImGui::TableSetColumnIndex(0);
+      rank_cell(r, N);
+      ImGui::TableSetColumnIndex(1);
+      arrival_cell(cv, r);
+      ImGui::TableSetColumnIndex(2);
+      steps_cell(cv, r);
+      ImGui::TableSetColumnIndex(3);
+      clipped(ur < s.compute_activity.size() ? s.compute_activity[ur] : "-");
+      ImGui::TableSetColumnIndex(4);
+      clipped(ur < s.comm_activity.size() ? s.comm_activity[ur] : "-");
+      ImGui::TableSetColumnIndex(5);
+      gate_cell(st, r, 0, cv, s.running);
+      ImGui::TableSetColumnIndex(6);
+      gate_cell(st, r, 1, cv, s.running);
+    }
+    ImGui::EndTable();
+    return;
+  }
+  // Narrow panel: a rank per row, its state on the first line and what its threads do below.
+  if (!ImGui::BeginTable("##ranks_narrow", 2, flags)) return;
+  ImGui::TableSetupColumn("rank", ImGuiTableColumnFlags_WidthFixed);
+  ImGui::TableSetupColumn("state, gate, threads", ImGuiTableColumnFlags_WidthStretch);
+  ImGui::TableHeadersRow();
+  for (int r = 0; r < N; r++) {
+    const size_t ur = static_cast<size_t>(r);
+    ImGui::TableNextRow();
+    ImGui::TableSetColumnIndex(0);
+    rank_cell(r, N);
+    ImGui::TableSetColumnIndex(1);
+    arrival_cell(cv, r);
+    ImGui::SameLine(0, fs * 0.6f);
+    steps_cell(cv, r);
+    for (int lane : {1, 0}) {
+      if (!gate_blocked(st, r, lane)) continue;
+      ImGui::SameLine(0, fs * 0.6f);
+      if (lane == 0) {
+        ImGui::TextColored(dim(), "compute:");
+        ImGui::SameLine(0, fs * 0.25f);
+      }
+      gate_cell(st, r, lane, cv, s.running, true);
+    }
+    ImGui::PushStyleColor(ImGuiCol_Text, dim());
+    clipped("compute: " + (ur < s.compute_activity.size() ? s.compute_activity[ur] : std::string("-")));
+    clipped("comm: " + (ur < s.comm_activity.size() ? s.comm_activity[ur] : std::string("-")));
+    ImGui::PopStyleColor();
+  }
+  ImGui::EndTable();
+}
+
+}  // namespace
+
+void draw_inspector_view(const Snapshot& s, ViewContext& ctx) {
+  if (!s.error.empty()) draw_error(s.error);
+  const CollectiveView& cv = s.collective;
+  if (cv.valid) {
+    draw_collective(cv);
+  } else {
+    ImGui::TextColored(dim(), "No collective yet: press C (next collective) or Space (run).");
+  }
+  ImGui::Spacing();
+  ImGui::Separator();
+  draw_ranks(s, cv);
+}
+
+}  // namespace dtlab::app

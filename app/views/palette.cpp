@@ -1,0 +1,95 @@
+// The colors every view shares, so rank 2 is the same orange in the ring, the timeline and the data
+// scatter, and a state or a memory category reads the same wherever it appears. All are chosen to
+// stay readable on ImGui's dark background and on a projector.
+#include <algorithm>
+#include <cmath>
+
+#include "app/views/views.h"
+
+namespace dtlab::app {
+
+namespace {
+
+// Tableau 10 hues, lifted for a dark background, then six further hues that stay apart from
+// the first ten; ranks 0..7 (the usual worlds) get the most distinct ones.
+constexpr ImU32 kRankColors[16] = {
+    IM_COL32(78, 154, 232, 255),   // blue
+    IM_COL32(242, 142, 43, 255),   // orange
+    IM_COL32(98, 190, 90, 255),    // green
+    IM_COL32(229, 87, 89, 255),    // red
+    IM_COL32(178, 132, 224, 255),  // purple
+    IM_COL32(237, 201, 72, 255),   // yellow
+    IM_COL32(79, 193, 192, 255),   // teal
+    IM_COL32(255, 157, 167, 255),  // pink
+    IM_COL32(192, 138, 91, 255),   // brown
+    IM_COL32(170, 210, 60, 255),   // lime
+    IM_COL32(150, 210, 248, 255),  // sky
+    IM_COL32(226, 104, 208, 255),  // magenta
+    IM_COL32(140, 140, 255, 255),  // indigo
+    IM_COL32(255, 190, 130, 255),  // apricot
+    IM_COL32(150, 230, 180, 255),  // mint
+    IM_COL32(185, 180, 110, 255),  // olive
+};
+
+ImU32 with_alpha(ImU32 c, float alpha) {
+  const float a = std::clamp(alpha, 0.0f, 1.0f) * static_cast<float>((c >> IM_COL32_A_SHIFT) & 0xFF);
+  return (c & ~IM_COL32_A_MASK) | (static_cast<ImU32>(a + 0.5f) << IM_COL32_A_SHIFT);
+}
+
+ImU32 lerp_color(ImU32 a, ImU32 b, float t) {
+  t = std::clamp(t, 0.0f, 1.0f);
+  auto ch = [&](int shift) {
+    const float x = static_cast<float>((a >> shift) & 0xFF), y = static_cast<float>((b >> shift) & 0xFF);
+    return static_cast<ImU32>(x + (y - x) * t + 0.5f) << shift;
+  };
+  return ch(IM_COL32_R_SHIFT) | ch(IM_COL32_G_SHIFT) | ch(IM_COL32_B_SHIFT) | ch(IM_COL32_A_SHIFT);
+}
+
+}  // namespace
+
+ImU32 rank_color(int rank, int world, float alpha) {
+  if (rank < 0) return with_alpha(IM_COL32(128, 128, 128, 255), alpha);
+  (void)world;  // colors do not depend on the world size: rank 1 stays orange when the world grows
+  if (rank < 16) return with_alpha(kRankColors[rank % 16], alpha);
+  // Beyond the table: golden-ratio hue steps keep neighbours apart at any world size.
+  const float hue = std::fmod(0.58f + 0.618034f * static_cast<float>(rank), 1.0f);
+  float r, g, b;
+  ImGui::ColorConvertHSVtoRGB(hue, 0.55f, 0.95f, r, g, b);
+  return ImGui::ColorConvertFloat4ToU32(ImVec4(r, g, b, std::clamp(alpha, 0.0f, 1.0f)));
+}
+
+ImU32 bucket_state_color(BucketState s) {
+  switch (s) {
+    case BucketState::Empty: return IM_COL32(92, 96, 104, 255);         // grey: nothing yet
+    case BucketState::Filling: return IM_COL32(240, 160, 48, 255);      // amber: some gradients in
+    case BucketState::Ready: return IM_COL32(190, 214, 60, 255);        // yellow-green: all in, waiting
+    case BucketState::AllReducing: return IM_COL32(64, 146, 230, 255);  // blue: on the wire
+    case BucketState::Done: return IM_COL32(60, 190, 110, 255);         // green: averaged
+  }
+  return IM_COL32(128, 128, 128, 255);
+}
+
+ImU32 memory_category_color(MemCategory c) {
+  switch (c) {
+    case MemCategory::Parameters: return IM_COL32(91, 143, 249, 255);      // blue
+    case MemCategory::Gradients: return IM_COL32(246, 144, 61, 255);       // orange
+    case MemCategory::OptimizerState: return IM_COL32(160, 118, 222, 255); // purple
+    case MemCategory::Activations: return IM_COL32(90, 216, 166, 255);     // mint
+    case MemCategory::CommBuffers: return IM_COL32(246, 201, 22, 255);     // yellow
+    case MemCategory::Other: return IM_COL32(138, 143, 152, 255);          // grey
+  }
+  return IM_COL32(128, 128, 128, 255);
+}
+
+ImU32 contribution_color(int held, int world) {
+  constexpr ImU32 kEmpty = IM_COL32(58, 61, 66, 255);
+  constexpr ImU32 kFinal = IM_COL32(64, 200, 120, 255);
+  constexpr ImU32 kFew = IM_COL32(150, 84, 40, 255);    // only its own data: dim sienna
+  constexpr ImU32 kMost = IM_COL32(255, 206, 70, 255);  // one short of the sum: bright gold
+  if (held <= 0) return kEmpty;
+  if (held >= world) return kFinal;
+  const float t = world > 2 ? static_cast<float>(held - 1) / static_cast<float>(world - 2) : 0.0f;
+  return lerp_color(kFew, kMost, t);
+}
+
+}  // namespace dtlab::app

@@ -1,0 +1,856 @@
+// The ring view: the collective a paused world is about to step, drawn as ranks on a circle. Each
+// rank's buffer is a block of chunk cells colored by how many ranks' contributions they hold; the
+// transfers of the pending step travel along their edges as glowing chunks, rendered by the
+// ring_chunks GLSL program into a render target (ImDrawList drawing when the program is missing).
+// Everything shown comes from Snapshot::collective, which the Session derives from the trace.
+#include <GL/gl.h>
+#include <GL/glext.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "app/views/views.h"
+#include "engine/core/format.h"
+
+namespace dtlab::app {
+
+namespace {
+
+constexpr float kPi = 3.14159265358979f;
+
+ImVec2 operator+(ImVec2 a, ImVec2 b) { return ImVec2(a.x + b.x, a.y + b.y); }
+ImVec2 operator-(ImVec2 a, ImVec2 b) { return ImVec2(a.x - b.x, a.y - b.y); }
+ImVec2 operator*(ImVec2 a, float k) { return ImVec2(a.x * k, a.y * k); }
+float length(ImVec2 a) { return std::sqrt(a.x * a.x + a.y * a.y); }
+
+ImU32 with_alpha(ImU32 c, float a) {
+  ImVec4 v = ImGui::ColorConvertU32ToFloat4(c);
+  v.w *= a;
+  return ImGui::ColorConvertFloat4ToU32(v);
+}
+
+// Dark text on light fills, white on dark ones.
+ImU32 text_on(ImU32 fill) {
+  ImVec4 v = ImGui::ColorConvertU32ToFloat4(fill);
+  return 0.299f * v.x + 0.587f * v.y + 0.114f * v.z > 0.55f ? IM_COL32(18, 18, 22, 255) : IM_COL32(255, 255, 255, 255);
+}
+
+const ImU32 kMissingRed = IM_COL32(235, 70, 60, 255);
+
+ImU32 phase_color(RingPhase p) {
+  switch (p) {
+    case RingPhase::ReduceScatter:
+    case RingPhase::Reduce:
+    case RingPhase::Gather: return IM_COL32(255, 170, 70, 255);
+    case RingPhase::AllGather:
+    case RingPhase::Broadcast: return IM_COL32(90, 200, 235, 255);
+    case RingPhase::None: break;
+  }
+  return ImGui::GetColorU32(ImGuiCol_Text);
+}
+
+bool has_glyph(ImWchar c) { return ImGui::GetFont()->FindGlyphNoFallback(c) != nullptr; }
+
+// Ring edges r -> r+1 carry every step of these; the others draw only the transfers of a step.
+bool ring_edges(const CollectiveView& cv) {
+  return cv.algo == Algorithm::Ring && (cv.op == CollectiveOp::AllReduce || cv.op == CollectiveOp::ReduceScatter ||
+                                        cv.op == CollectiveOp::AllGather);
+}
+
+// One sentence on what the pending step does, for the header.
+const char* step_caption(const CollectiveView& cv) {
+  if (cv.steps == 0) return "a single rank has nothing to exchange: the collective returns at once";
+  if (cv.pending.empty()) return "done: every rank holds its result";
+  switch (cv.phase) {
+    case RingPhase::ReduceScatter: return "each rank sends one chunk to the next rank, which adds its own part to it";
+    case RingPhase::AllGather: return "each rank forwards a finished chunk to the next rank, which copies it";
+    case RingPhase::Reduce: return "partial sums move up the tree: each receiver adds what it gets";
+    case RingPhase::Broadcast:
+      return cv.algo == Algorithm::Naive ? "the result goes out to one rank per step, which copies it"
+                                         : "the result moves down the tree: each receiver copies it";
+    case RingPhase::Gather: return "one rank's buffer per step goes to the root, which adds it";
+    case RingPhase::None: break;
+  }
+  return "each rank sends a different chunk to each other rank";
+}
+
+// ---- layout ------------------------------------------------------------------------------------
+
+struct Layout {
+  ImVec2 center;
+  float radius = 0;      // ring radius (node centers)
+  float node_r = 0;
+  bool cells = false;    // buffer blocks shown
+  float cell = 0, cell_gap = 0;
+  int cols = 1, rows = 1;
+  ImVec2 block_size;
+  std::vector<ImVec2> node;   // node centers
+  std::vector<ImVec2> block;  // top-left of each rank's cell block
+};
+
+float node_radius(float ring_r, int n, float fs) {
+  if (n <= 1) return fs * 1.8f;
+  const float chord = 2.0f * ring_r * std::sin(kPi / static_cast<float>(n));
+  return std::clamp(chord * 0.3f, fs * 0.6f, fs * 2.0f);
+}
+
+// Places nodes (rank 0 at the top, clockwise) and, just outside each, its cell block.
+void place(Layout& L, int n) {
+  L.node.assign(static_cast<size_t>(n), L.center);
+  L.block.assign(static_cast<size_t>(n), L.center);
+  const float off = L.cells ? L.node_r * 0.25f + 3.0f : 0.0f;
+  for (int r = 0; r < n; r++) {
+    const float a = -kPi / 2 + 2 * kPi * static_cast<float>(r) / static_cast<float>(n);
+    const ImVec2 dir(std::cos(a), std::sin(a));
+    const ImVec2 p = n == 1 ? L.center : L.center + dir * L.radius;
+    L.node[static_cast<size_t>(r)] = p;
+    if (!L.cells) continue;
+    ImVec2 d = n == 1 ? ImVec2(0, 1) : dir;
+    const float support = std::fabs(d.x) * L.block_size.x * 0.5f + std::fabs(d.y) * L.block_size.y * 0.5f;
+    const ImVec2 bc = p + d * (L.node_r + off + support);
+    L.block[static_cast<size_t>(r)] = bc - L.block_size * 0.5f;
+  }
+}
+
+bool rects_overlap(ImVec2 a0, ImVec2 a1, ImVec2 b0, ImVec2 b1, float gap) {
+  return a0.x < b1.x + gap && b0.x < a1.x + gap && a0.y < b1.y + gap && b0.y < a1.y + gap;
+}
+
+bool rect_hits_circle(ImVec2 a0, ImVec2 a1, ImVec2 c, float r) {
+  const ImVec2 q(std::clamp(c.x, a0.x, a1.x), std::clamp(c.y, a0.y, a1.y));
+  return length(q - c) < r;
+}
+
+// Fits ring, nodes and blocks of `cols` columns of `cell`-sized cells (no blocks when cell is 0) in
+// the canvas; false when blocks would touch each other or other nodes.
+bool fit_layout(Layout& L, ImVec2 p0, ImVec2 size, int n, int chunks, float fs, int cols, float cell) {
+  L.center = p0 + size * 0.5f;
+  const float pad = fs * 0.5f;
+  L.cols = std::max(1, cols);
+  L.rows = (chunks + L.cols - 1) / L.cols;
+  L.cells = cell > 0;
+  L.cell = cell;
+  L.cell_gap = std::max(1.0f, cell * 0.12f);
+  L.block_size = L.cells ? ImVec2(L.cols * cell + (L.cols - 1) * L.cell_gap, L.rows * cell + (L.rows - 1) * L.cell_gap) : ImVec2(0, 0);
+  // Shrink the ring until every node and block lies inside the canvas.
+  float R = std::min(size.x, size.y) * 0.5f;
+  for (int it = 0; it < 6; it++) {
+    L.radius = std::max(R, 1.0f);
+    L.node_r = node_radius(L.radius, n, fs);
+    place(L, n);
+    float over = 0;
+    for (int r = 0; r < n; r++) {
+      const ImVec2 c = L.node[static_cast<size_t>(r)];
+      ImVec2 lo(c.x - L.node_r, c.y - L.node_r), hi(c.x + L.node_r, c.y + L.node_r);
+      if (L.cells) {
+        const ImVec2 b = L.block[static_cast<size_t>(r)];
+        lo = ImVec2(std::min(lo.x, b.x), std::min(lo.y, b.y));
+        hi = ImVec2(std::max(hi.x, b.x + L.block_size.x), std::max(hi.y, b.y + L.block_size.y));
+      }
+      over = std::max({over, p0.x + pad - lo.x, p0.y + pad - lo.y, hi.x - (p0.x + size.x - pad), hi.y - (p0.y + size.y - pad)});
+    }
+    if (over <= 0.5f) break;
+    R -= over + 1.0f;
+  }
+  if (!L.cells) return true;
+  if (n > 1 && L.radius < L.node_r * 1.6f) return false;
+  for (int i = 0; i < n; i++) {
+    const ImVec2 a0 = L.block[static_cast<size_t>(i)], a1 = a0 + L.block_size;
+    for (int j = 0; j < n; j++) {
+      if (j != i && rect_hits_circle(a0, a1, L.node[static_cast<size_t>(j)], L.node_r + fs * 0.2f)) return false;
+      const ImVec2 b0 = L.block[static_cast<size_t>(j)];
+      if (j > i && rects_overlap(a0, a1, b0, b0 + L.block_size, fs * 0.3f)) return false;
+    }
+  }
+  return true;
+}
+
+// Tries buffers as one, two or four rows of cells of every size from large to small and keeps the
+// largest cells that leave the ring at least `keep` of the size it has without them (the ring is
+// the picture; cells are its annotation), relaxing that when nothing fits; no cells as a last resort.
+Layout make_layout(ImVec2 p0, ImVec2 size, int n, int chunks, float fs, bool want_cells) {
+  Layout bare, L;
+  fit_layout(bare, p0, size, n, chunks, fs, 1, 0.0f);
+  if (!want_cells) return bare;
+  for (float keep : {0.72f, 0.6f, 0.45f, 0.3f}) {
+    Layout best;
+    bool found = false;
+    for (float cell = fs * (chunks == 1 ? 2.6f : 2.0f); cell >= fs * 0.42f && !found; cell *= 0.9f) {
+      for (int rows : {1, 2, 4}) {
+        if (rows > 1 && chunks < 2 * rows) continue;
+        if (!fit_layout(L, p0, size, n, chunks, fs, (chunks + rows - 1) / rows, cell) || L.radius < keep * bare.radius) continue;
+        if (!found || L.radius > best.radius) best = L;
+        found = true;
+      }
+    }
+    if (found) return best;
+  }
+  return bare;
+}
+
+// The layout search runs only when the canvas, the world or the font changed.
+const Layout& cached_layout(ImVec2 p0, ImVec2 size, int n, int chunks, float fs, bool want_cells) {
+  struct Key {
+    float x, y, w, h, fs;
+    int n, chunks;
+    bool cells;
+    bool operator==(const Key&) const = default;
+  };
+  static Key key{};
+  static Layout layout;
+  const Key k{p0.x, p0.y, size.x, size.y, fs, n, chunks, want_cells};
+  if (!(k == key) || layout.node.empty()) {
+    key = k;
+    layout = make_layout(p0, size, n, chunks, fs, want_cells);
+  }
+  return layout;
+}
+
+ImVec2 cell_pos(const Layout& L, int r, int c) {
+  const ImVec2 b = L.block[static_cast<size_t>(r)];
+  return ImVec2(b.x + static_cast<float>(c % L.cols) * (L.cell + L.cell_gap), b.y + static_cast<float>(c / L.cols) * (L.cell + L.cell_gap));
+}
+
+// ---- edges: quadratic curves bulging outwards, trimmed at the node borders ------------------------
+
+struct Curve {
+  ImVec2 a, ctrl, b;
+  float t0 = 0, t1 = 1;  // where the curve leaves the source node and reaches the destination's
+  ImVec2 at(float t) const {
+    const float u = 1 - t;
+    return a * (u * u) + ctrl * (2 * u * t) + b * (t * t);
+  }
+};
+
+Curve make_curve(ImVec2 a, ImVec2 b, float bulge, float trim_a, float trim_b) {
+  Curve c;
+  c.a = a;
+  c.b = b;
+  const ImVec2 d = b - a;
+  c.ctrl = (a + b) * 0.5f + ImVec2(d.y, -d.x) * bulge;  // left of a -> b: outwards on a clockwise ring
+  constexpr int kSamples = 64;
+  c.t0 = 0;
+  c.t1 = 1;
+  for (int i = 0; i <= kSamples; i++) {
+    const float t = static_cast<float>(i) / kSamples;
+    if (length(c.at(t) - a) >= trim_a) {
+      c.t0 = t;
+      break;
+    }
+  }
+  for (int i = kSamples; i >= 0; i--) {
+    const float t = static_cast<float>(i) / kSamples;
+    if (length(c.at(t) - b) >= trim_b) {
+      c.t1 = t;
+      break;
+    }
+  }
+  if (c.t1 < c.t0) c.t1 = c.t0;
+  return c;
+}
+
+void draw_curve(ImDrawList* dl, const Curve& c, ImU32 col, float thick, float arrow, bool dashed) {
+  constexpr int kSeg = 20;
+  // The line stops where the arrow head begins.
+  float t_end = c.t1;
+  if (arrow > 0) {
+    for (int i = kSeg; i >= 0; i--) {
+      const float t = c.t0 + (c.t1 - c.t0) * static_cast<float>(i) / kSeg;
+      if (length(c.at(t) - c.at(c.t1)) >= arrow * 0.8f) {
+        t_end = t;
+        break;
+      }
+    }
+  }
+  if (dashed) {
+    for (int i = 0; i < kSeg; i += 2) {
+      const float ta = c.t0 + (t_end - c.t0) * static_cast<float>(i) / kSeg;
+      const float tb = c.t0 + (t_end - c.t0) * static_cast<float>(i + 1) / kSeg;
+      dl->AddLine(c.at(ta), c.at(tb), col, thick);
+    }
+  } else {
+    for (int i = 0; i <= kSeg; i++) dl->PathLineTo(c.at(c.t0 + (t_end - c.t0) * static_cast<float>(i) / kSeg));
+    dl->PathStroke(col, 0, thick);
+  }
+  if (arrow > 0) {
+    const ImVec2 tip = c.at(c.t1);
+    ImVec2 dir = tip - c.at(t_end);
+    const float len = std::max(length(dir), 1e-3f);
+    dir = dir * (1.0f / len);
+    const ImVec2 perp(-dir.y, dir.x);
+    const ImVec2 base = tip - dir * arrow;
+    dl->AddTriangleFilled(tip, base + perp * (arrow * 0.5f), base - perp * (arrow * 0.5f), col);
+  }
+}
+
+void dashed_circle(ImDrawList* dl, ImVec2 c, float r, ImU32 col, float thick, int dashes, float spin) {
+  for (int i = 0; i < dashes; i++) {
+    const float a0 = spin + 2 * kPi * static_cast<float>(i) / static_cast<float>(dashes);
+    dl->PathArcTo(c, r, a0, a0 + kPi / static_cast<float>(dashes), 6);
+    dl->PathStroke(col, 0, thick);
+  }
+}
+
+void draw_check(ImDrawList* dl, ImVec2 p0, float w, float h, ImU32 col) {
+  const float s = std::min(w, h);
+  const ImVec2 o(p0.x + (w - s) * 0.5f, p0.y + (h - s) * 0.5f);
+  dl->PathLineTo(o + ImVec2(0.22f * s, 0.52f * s));
+  dl->PathLineTo(o + ImVec2(0.42f * s, 0.72f * s));
+  dl->PathLineTo(o + ImVec2(0.78f * s, 0.30f * s));
+  dl->PathStroke(col, 0, std::max(1.5f, s * 0.13f));
+}
+
+// Text centered on `c` at `size` pixels.
+void centered_text(ImDrawList* dl, float size, ImVec2 c, ImU32 col, const char* text) {
+  ImFont* font = ImGui::GetFont();
+  const ImVec2 ts = font->CalcTextSizeA(size, FLT_MAX, 0.0f, text);
+  dl->AddText(font, size, ImVec2(std::floor(c.x - ts.x * 0.5f), std::floor(c.y - ts.y * 0.5f)), col, text);
+}
+
+// ---- moving chunks ---------------------------------------------------------------------------------
+
+struct Sprite {
+  ImVec2 pos;    // screen pixels, center
+  float half;    // half side, pixels
+  ImVec4 color;  // straight RGBA
+  ImVec2 dir;    // unit direction of travel
+  float tail;    // streak length behind it, pixels
+};
+
+struct Chunk {
+  const StepTransfer* t;
+  ImVec2 pos;
+  float half;
+  int held;
+  ImU32 color;
+};
+
+void premultiplied_blend(const ImDrawList*, const ImDrawCmd*) {
+  glBlendFuncSeparate(GL_ONE, GL_ONE_MINUS_SRC_ALPHA, GL_ONE, GL_ONE_MINUS_SRC_ALPHA);
+}
+
+// Where one sprite's square lies on screen and in the target.
+struct Placed {
+  ImVec2 screen0, screen1, uv0, uv1;
+};
+
+// The ring_chunks pass: quads built on the CPU, drawn into the view's render target. Each sprite
+// gets its own cell of the target (an atlas), so the target holds only the chunks' surroundings,
+// not the whole ring, and the image ImGui blends is a few small squares. It saves and restores the
+// GL state it touches, since it runs while ImGui builds the frame. Its buffers live as long as the
+// GL context (the app), so they are never deleted.
+class ChunkPass {
+ public:
+  // Half side of a sprite's square: the glow reaches 3 half sides out, the streak at most 4 behind.
+  static float extent(float half) { return half * 5.0f; }
+
+  // Draws the sprites into the target; returns its texture (0 when it cannot) and, per sprite,
+  // where its square goes on screen and which part of the texture shows there.
+  unsigned render(GlResources& gl, const ShaderProgram& prog, float fb_scale, const std::vector<Sprite>& sprites, float time,
+                  std::vector<Placed>& placed) {
+    placed.clear();
+    if (sprites.empty() || prog.id() == 0) return 0;
+    float ext = 0;
+    for (const Sprite& s : sprites) ext = std::max(ext, extent(s.half));
+    const float cell = 2.0f * ext * fb_scale;
+    const int stride = static_cast<int>(std::ceil(cell)) + 2;
+    const int n = static_cast<int>(sprites.size());
+    const int cols = static_cast<int>(std::ceil(std::sqrt(static_cast<float>(n))));
+    const int rows = (n + cols - 1) / cols;
+    const int w = cols * stride, h = rows * stride;
+    verts_.clear();
+    for (int i = 0; i < n; i++) {
+      const Sprite& s = sprites[static_cast<size_t>(i)];
+      const ImVec2 origin(static_cast<float>((i % cols) * stride + 1), static_cast<float>((i / cols) * stride + 1));
+      placed.push_back({s.pos - ImVec2(ext, ext), s.pos + ImVec2(ext, ext),
+                        ImVec2(origin.x / static_cast<float>(w), 1.0f - origin.y / static_cast<float>(h)),
+                        ImVec2((origin.x + cell) / static_cast<float>(w), 1.0f - (origin.y + cell) / static_cast<float>(h))});
+      // A quad along the direction of travel: the glow's reach around the chunk, the streak behind.
+      const float half = s.half * fb_scale, reach = half * 3.0f, radius = half * 0.38f;
+      const float tail = std::min(s.tail, s.half * 4.0f) * fb_scale;
+      const ImVec2 c = origin + ImVec2(cell * 0.5f, cell * 0.5f), perp(-s.dir.y, s.dir.x);
+      const float ahead = reach, behind = std::max(reach, tail);
+      const ImVec2 q[4] = {s.dir * ahead + perp * reach, s.dir * ahead - perp * reach, s.dir * -behind - perp * reach,
+                           s.dir * -behind + perp * reach};
+      for (int i : {0, 1, 2, 0, 2, 3}) {
+        const ImVec2 l = q[i];
+        const float v[kFloats] = {c.x + l.x, c.y + l.y, l.x, l.y, half, radius, s.color.x, s.color.y, s.color.z, s.color.w,
+                                  s.dir.x, s.dir.y, tail};
+        verts_.insert(verts_.end(), v, v + kFloats);
+      }
+    }
+
+    GLint last_program = 0, last_vao = 0, last_buffer = 0;
+    GLint blend_src_rgb = 0, blend_dst_rgb = 0, blend_src_a = 0, blend_dst_a = 0, eq_rgb = 0, eq_a = 0;
+    GLfloat clear[4] = {0, 0, 0, 0};
+    glGetIntegerv(GL_CURRENT_PROGRAM, &last_program);
+    glGetIntegerv(GL_VERTEX_ARRAY_BINDING, &last_vao);
+    glGetIntegerv(GL_ARRAY_BUFFER_BINDING, &last_buffer);
+    glGetIntegerv(GL_BLEND_SRC_RGB, &blend_src_rgb);
+    glGetIntegerv(GL_BLEND_DST_RGB, &blend_dst_rgb);
+    glGetIntegerv(GL_BLEND_SRC_ALPHA, &blend_src_a);
+    glGetIntegerv(GL_BLEND_DST_ALPHA, &blend_dst_a);
+    glGetIntegerv(GL_BLEND_EQUATION_RGB, &eq_rgb);
+    glGetIntegerv(GL_BLEND_EQUATION_ALPHA, &eq_a);
+    glGetFloatv(GL_COLOR_CLEAR_VALUE, clear);
+    const GLboolean blend = glIsEnabled(GL_BLEND), scissor = glIsEnabled(GL_SCISSOR_TEST);
+    const GLboolean depth = glIsEnabled(GL_DEPTH_TEST), cull = glIsEnabled(GL_CULL_FACE);
+
+    if (!vao_) {
+      glGenVertexArrays(1, &vao_);
+      glGenBuffers(1, &vbo_);
+      glBindVertexArray(vao_);
+      glBindBuffer(GL_ARRAY_BUFFER, vbo_);
+      const GLsizei stride = kFloats * sizeof(float);
+      const int sizes[5] = {2, 2, 2, 4, 3};
+      size_t offset = 0;
+      for (GLuint i = 0; i < 5; i++) {
+        glEnableVertexAttribArray(i);
+        glVertexAttribPointer(i, sizes[i], GL_FLOAT, GL_FALSE, stride, reinterpret_cast<const void*>(offset * sizeof(float)));
+        offset += static_cast<size_t>(sizes[i]);
+      }
+    }
+    RenderTarget& target = gl.target("ring");
+    target.begin(w, h);
+    glDisable(GL_SCISSOR_TEST);
+    glDisable(GL_DEPTH_TEST);
+    glDisable(GL_CULL_FACE);
+    glClearColor(0, 0, 0, 0);
+    glClear(GL_COLOR_BUFFER_BIT);
+    if (!verts_.empty()) {
+      glEnable(GL_BLEND);
+      glBlendEquation(GL_FUNC_ADD);
+      glBlendFunc(GL_ONE, GL_ONE_MINUS_SRC_ALPHA);  // the shader writes premultiplied color
+      glUseProgram(prog.id());
+      if (prog.id() != uniforms_for_) {
+        uniforms_for_ = prog.id();
+        u_target_ = prog.uniform("u_target");
+        u_time_ = prog.uniform("u_time");
+      }
+      glUniform2f(u_target_, static_cast<float>(w), static_cast<float>(h));
+      glUniform1f(u_time_, time);
+      glBindVertexArray(vao_);
+      glBindBuffer(GL_ARRAY_BUFFER, vbo_);
+      glBufferData(GL_ARRAY_BUFFER, static_cast<GLsizeiptr>(verts_.size() * sizeof(float)), verts_.data(), GL_STREAM_DRAW);
+      glDrawArrays(GL_TRIANGLES, 0, static_cast<GLsizei>(verts_.size() / kFloats));
+    }
+    target.end();
+
+    glUseProgram(static_cast<GLuint>(last_program));
+    glBindVertexArray(static_cast<GLuint>(last_vao));
+    glBindBuffer(GL_ARRAY_BUFFER, static_cast<GLuint>(last_buffer));
+    glBlendEquationSeparate(static_cast<GLenum>(eq_rgb), static_cast<GLenum>(eq_a));
+    glBlendFuncSeparate(static_cast<GLenum>(blend_src_rgb), static_cast<GLenum>(blend_dst_rgb),
+                        static_cast<GLenum>(blend_src_a), static_cast<GLenum>(blend_dst_a));
+    glClearColor(clear[0], clear[1], clear[2], clear[3]);
+    if (blend) glEnable(GL_BLEND); else glDisable(GL_BLEND);
+    if (scissor) glEnable(GL_SCISSOR_TEST); else glDisable(GL_SCISSOR_TEST);
+    if (depth) glEnable(GL_DEPTH_TEST); else glDisable(GL_DEPTH_TEST);
+    if (cull) glEnable(GL_CULL_FACE); else glDisable(GL_CULL_FACE);
+    return target.texture();
+  }
+
+ private:
+  static constexpr int kFloats = 13;  // per vertex: pos, local, shape, color, motion
+  GLuint vao_ = 0, vbo_ = 0;
+  GLuint uniforms_for_ = 0;
+  GLint u_target_ = -1, u_time_ = -1;
+  std::vector<float> verts_;
+};
+
+// The same look with the draw list: a fading streak, layered translucent squares for the glow.
+void draw_sprites_fallback(ImDrawList* dl, const std::vector<Sprite>& sprites) {
+  for (const Sprite& s : sprites) {
+    const ImU32 base = ImGui::ColorConvertFloat4ToU32(ImVec4(s.color.x, s.color.y, s.color.z, 1.0f));
+    constexpr int kStreak = 6;
+    for (int i = 0; i < kStreak; i++) {
+      const float a = static_cast<float>(i) / kStreak, b = static_cast<float>(i + 1) / kStreak;
+      dl->AddLine(s.pos - s.dir * (s.tail * a), s.pos - s.dir * (s.tail * b), with_alpha(base, 0.5f * (1 - a) * (1 - a) * s.color.w),
+                  s.half * (1.3f - a));
+    }
+    for (int k = 3; k >= 1; k--) {
+      const float g = s.half * (1.0f + 0.35f * static_cast<float>(k));
+      dl->AddRectFilled(s.pos - ImVec2(g, g), s.pos + ImVec2(g, g), with_alpha(base, 0.12f * s.color.w), g * 0.5f);
+    }
+    dl->AddRectFilled(s.pos - ImVec2(s.half, s.half), s.pos + ImVec2(s.half, s.half), with_alpha(base, s.color.w), s.half * 0.38f);
+    dl->AddRect(s.pos - ImVec2(s.half, s.half), s.pos + ImVec2(s.half, s.half), with_alpha(IM_COL32(0, 0, 0, 110), s.color.w),
+                s.half * 0.38f, 0, std::max(1.0f, s.half * 0.15f));
+  }
+}
+
+// ---- pieces of the view ----------------------------------------------------------------------------
+
+void rank_list(const std::vector<int>& ranks, int world, ImU32 fallback) {
+  if (ranks.empty()) {
+    ImGui::SameLine(0, ImGui::GetFontSize() * 0.35f);
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(fallback), "none");
+    return;
+  }
+  for (size_t i = 0; i < ranks.size(); i++) {
+    ImGui::SameLine(0, ImGui::GetFontSize() * 0.35f);
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(rank_color(ranks[i], world)), "%d", ranks[i]);
+  }
+}
+
+void draw_header(const CollectiveView& cv) {
+  const float sp = ImGui::GetFontSize() * 0.9f;
+  const ImVec4 dim = ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled);
+  ImGui::TextColored(ImVec4(1.0f, 0.85f, 0.45f, 1.0f), "%s", collective_name(cv.op));
+  ImGui::SameLine(0, ImGui::GetFontSize() * 0.35f);
+  ImGui::TextColored(dim, "#%llu", static_cast<unsigned long long>(cv.seq));
+  ImGui::SameLine(0, sp);
+  ImGui::TextColored(dim, "algorithm");
+  ImGui::SameLine();
+  ImGui::TextUnformatted(algorithm_name(cv.algo));
+  ImGui::SameLine(0, sp);
+  ImGui::TextUnformatted(human_bytes(cv.bytes).c_str());
+  ImGui::SameLine(0, sp);
+  if (cv.steps == 0) {
+    ImGui::TextColored(dim, "no steps: one rank");
+  } else {
+    ImGui::TextColored(dim, "phase:");
+    ImGui::SameLine();
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(phase_color(cv.phase)), "%s", ring_phase_name(cv.phase));
+    ImGui::SameLine(0, sp);
+    if (cv.steps_done < cv.steps) ImGui::Text("step %d of %d", cv.steps_done + 1, cv.steps);
+    else ImGui::TextColored(ImVec4(0.45f, 0.85f, 0.45f, 1.0f), "done (%d steps)", cv.steps);
+  }
+  if (!cv.label.empty()) {
+    const float w = ImGui::CalcTextSize(cv.label.c_str()).x;
+    ImGui::SameLine(0, sp);
+    if (ImGui::GetContentRegionAvail().x < w) ImGui::NewLine();
+    ImGui::TextColored(ImVec4(0.75f, 0.65f, 1.0f, 1.0f), "%s", cv.label.c_str());
+  }
+  if (cv.in_flight && !cv.missing.empty()) {
+    ImGui::TextColored(dim, "arrived:");
+    rank_list(cv.arrived, cv.world, ImGui::GetColorU32(ImGuiCol_TextDisabled));
+    ImGui::SameLine(0, sp);
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kMissingRed), "waiting for rank%s", cv.missing.size() > 1 ? "s" : "");
+    rank_list(cv.missing, cv.world, kMissingRed);
+  }
+  ImGui::PushStyleColor(ImGuiCol_Text, dim);
+  ImGui::TextWrapped("%s", step_caption(cv));
+  ImGui::PopStyleColor();
+}
+
+// Legend along the bottom of the canvas: the contribution scale and the moving chunk.
+void draw_legend(ImDrawList* dl, ImVec2 p, int world, float fs, bool ring) {
+  ImFont* font = ImGui::GetFont();
+  const ImU32 text = ImGui::GetColorU32(ImGuiCol_TextDisabled);
+  const float sw = fs * 0.8f;
+  auto label = [&](const char* s) {
+    dl->AddText(font, fs, ImVec2(p.x, p.y + (sw - fs) * 0.5f), text, s);
+    p.x += font->CalcTextSizeA(fs, FLT_MAX, 0.0f, s).x + fs * 0.3f;
+  };
+  label("contributions held:");
+  for (int h = 0; h <= world; h++) {
+    const ImU32 c = h == 0 ? ImGui::GetColorU32(ImGuiCol_FrameBg) : contribution_color(h, world);
+    dl->AddRectFilled(p, p + ImVec2(sw, sw), c, sw * 0.2f);
+    if (h == 0) dl->AddRect(p, p + ImVec2(sw, sw), ImGui::GetColorU32(ImGuiCol_Border), sw * 0.2f);
+    if (h == world) draw_check(dl, p, sw, sw, text_on(c));
+    p.x += sw + 2.0f;
+  }
+  p.x += fs * 0.2f;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "0 .. %d (final)", world);
+  label(buf);
+  p.x += fs * 0.6f;
+  const ImU32 chunk = contribution_color(std::max(1, world / 2), world);
+  dl->AddRectFilled(p, p + ImVec2(sw, sw), chunk, sw * 0.38f);
+  p.x += sw + fs * 0.3f;
+  label(ring ? "moves next (number: chunk index)" : "moves next");
+}
+
+void draw_node(ImDrawList* dl, const Layout& L, int r, int world, float fs, ImU32 fill, bool outline_red, double time) {
+  const ImVec2 c = L.node[static_cast<size_t>(r)];
+  // An opaque disc first: a dimmed node hides the ring behind it, and its label contrasts with
+  // the color actually shown.
+  const ImVec4 bg = ImGui::GetStyleColorVec4(ImGuiCol_WindowBg), f = ImGui::ColorConvertU32ToFloat4(fill);
+  const ImU32 shown = ImGui::ColorConvertFloat4ToU32(ImVec4(bg.x + (f.x - bg.x) * f.w, bg.y + (f.y - bg.y) * f.w, bg.z + (f.z - bg.z) * f.w, 1.0f));
+  dl->AddCircleFilled(c, L.node_r, shown, 40);
+  dl->AddCircle(c, L.node_r, IM_COL32(0, 0, 0, 140), 40, std::max(1.0f, fs * 0.08f));
+  if (outline_red)
+    dashed_circle(dl, c, L.node_r + std::max(3.0f, fs * 0.22f), kMissingRed, std::max(2.0f, fs * 0.16f), 10,
+                  static_cast<float>(std::fmod(time * 0.8, 2.0 * kPi)));
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%d", r);
+  const float size = std::clamp(L.node_r * 1.15f, fs * 0.6f, fs * 1.5f);
+  centered_text(dl, size, c, text_on(shown), buf);
+}
+
+// One rank's buffer: chunk cells with their contribution counts.
+void draw_cells(ImDrawList* dl, const Layout& L, const CollectiveView& cv, int r, float fs) {
+  const int N = cv.world;
+  const auto& row = cv.cells[static_cast<size_t>(r)];
+  ImFont* font = ImGui::GetFont();
+  const float tsize = std::min(fs * 0.85f, L.cell * 0.62f);
+  const bool text = tsize >= fs * 0.65f;
+  const float round = L.cell * 0.18f;
+  for (int c = 0; c < cv.chunks && c < static_cast<int>(row.size()); c++) {
+    const ImVec2 p0 = cell_pos(L, r, c), p1 = p0 + ImVec2(L.cell, L.cell);
+    const int held = row[static_cast<size_t>(c)];
+    if (held <= 0) {
+      dl->AddRectFilled(p0, p1, ImGui::GetColorU32(ImGuiCol_FrameBg), round);
+      dl->AddRect(p0, p1, ImGui::GetColorU32(ImGuiCol_Border), round);
+      continue;
+    }
+    const ImU32 fill = contribution_color(held, N);
+    dl->AddRectFilled(p0, p1, fill, round);
+    if (held >= N) {
+      draw_check(dl, p0, L.cell, L.cell, text_on(fill));
+    } else if (text) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%d/%d", held, N);
+      if (font->CalcTextSizeA(tsize, FLT_MAX, 0.0f, buf).x > L.cell - 2.0f) std::snprintf(buf, sizeof buf, "%d", held);
+      if (font->CalcTextSizeA(tsize, FLT_MAX, 0.0f, buf).x <= L.cell - 2.0f)
+        centered_text(dl, tsize, (p0 + p1) * 0.5f, text_on(fill), buf);
+    }
+  }
+}
+
+// Rectangle in which the chunk cell of (rank, chunk) lies; chunk -1 (tree/naive) is the whole buffer.
+bool cell_rect(const Layout& L, const CollectiveView& cv, int r, int chunk, ImVec2& p0, ImVec2& p1) {
+  if (!L.cells || r < 0 || r >= cv.world) return false;
+  const int c = chunk < 0 ? 0 : chunk;
+  if (c >= cv.chunks) return false;
+  p0 = cell_pos(L, r, c);
+  p1 = p0 + ImVec2(L.cell, L.cell);
+  return true;
+}
+
+void node_tooltip(const Snapshot& s, const CollectiveView& cv, int r) {
+  ImGui::BeginTooltip();
+  ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(rank_color(r, cv.world)), "rank %d", r);
+  if (r < static_cast<int>(s.compute_activity.size())) ImGui::Text("compute: %s", s.compute_activity[static_cast<size_t>(r)].c_str());
+  if (r < static_cast<int>(s.comm_activity.size())) ImGui::Text("comm:    %s", s.comm_activity[static_cast<size_t>(r)].c_str());
+  if (cv.valid && r < static_cast<int>(cv.rank_steps_done.size()))
+    ImGui::Text("steps finished: %d of %d", cv.rank_steps_done[static_cast<size_t>(r)], cv.steps);
+  if (cv.valid && r < static_cast<int>(cv.cells.size())) {
+    std::string cells;
+    for (int h : cv.cells[static_cast<size_t>(r)]) cells += (cells.empty() ? "" : " ") + std::to_string(h);
+    ImGui::Text("contributions per chunk: %s", cells.c_str());
+  }
+  ImGui::EndTooltip();
+}
+
+}  // namespace
+
+void draw_ring_view(const Snapshot& s, ViewContext& ctx) {
+  const CollectiveView& cv = s.collective;
+  const float fs = ImGui::GetFontSize();
+  const int N = std::clamp(cv.valid ? cv.world : std::max(1, s.config.world), 1, 64);
+  const bool valid = cv.valid && static_cast<int>(cv.cells.size()) >= N;
+
+  if (valid) draw_header(cv);
+  else ImGui::TextDisabled("ring view: %d rank%s", N, N == 1 ? "" : "s");
+
+  // Canvas: the rest of the window; an invisible button owns the mouse.
+  const ImVec2 p0 = ImGui::GetCursorScreenPos();
+  ImVec2 size = ImGui::GetContentRegionAvail();
+  size.x = std::max(size.x, fs * 4);
+  size.y = std::max(size.y, fs * 4);
+  ImGui::InvisibleButton("##ring_canvas", size);
+  const bool hovered = ImGui::IsItemHovered();
+  const ImVec2 mouse = ImGui::GetIO().MousePos;
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  dl->PushClipRect(p0, p0 + size, true);
+
+  const float legend_h = valid ? fs * 1.5f : 0.0f;
+  const bool ring = valid && ring_edges(cv);
+  const Layout& L = cached_layout(p0, ImVec2(size.x, size.y - legend_h), N, valid ? cv.chunks : 1, fs, valid);
+
+  // The ring itself, faint, so every algorithm reads as the same world.
+  if (N > 1) dl->AddCircle(L.center, L.radius, ImGui::GetColorU32(ImGuiCol_Border, 0.6f), 96, std::max(1.0f, fs * 0.06f));
+
+  // Center: the step counter, and who the world waits for; under the edges, so moving chunks stay in view.
+  if (N > 1 || !valid) {
+    const float room = N > 1 ? (L.radius - L.node_r) * 1.6f : size.x;
+    const ImU32 text = ImGui::GetColorU32(ImGuiCol_Text);
+    ImFont* font = ImGui::GetFont();
+    if (!valid) {
+      const char* dash = has_glyph(0x2014) ? " \u2014 " : " - ";
+      const std::string hint = std::string("No collective yet") + dash + "press C (next collective) or Space (run)";
+      const float wrap = std::max(fs * 8, std::min(room, size.x - fs));
+      const ImVec2 ts = font->CalcTextSizeA(fs, FLT_MAX, wrap, hint.c_str());
+      // In the ring's middle; below the node when the world is one rank.
+      const float y = N > 1 ? L.center.y : L.center.y + L.node_r + fs * 1.2f + ts.y * 0.5f;
+      const ImVec2 tp(std::floor(L.center.x - ts.x * 0.5f), std::floor(y - ts.y * 0.5f));
+      dl->AddRectFilled(tp - ImVec2(fs * 0.6f, fs * 0.4f), tp + ts + ImVec2(fs * 0.6f, fs * 0.4f),
+                        ImGui::GetColorU32(ImGuiCol_PopupBg, 0.92f), fs * 0.4f);
+      dl->AddText(font, fs, tp, text, hint.c_str(), nullptr, wrap);
+    } else {
+      char big[32];
+      if (cv.steps_done < cv.steps) std::snprintf(big, sizeof big, "step %d/%d", cv.steps_done + 1, cv.steps);
+      else std::snprintf(big, sizeof big, "done");
+      const float bs = std::min(fs * 1.6f, room / 6.0f);
+      if (bs >= fs * 0.8f) {
+        // Lines of the center block, on a translucent plate so edges crossing it stay out of the way.
+        struct Line {
+          std::string text;
+          float size;
+          ImU32 color;
+        };
+        std::vector<Line> lines = {{big, bs, text}, {ring_phase_name(cv.phase), fs, phase_color(cv.phase)}};
+        if (cv.in_flight && !cv.missing.empty()) {
+          std::string w = "waiting for rank";
+          if (cv.missing.size() > 1) w += "s";
+          for (size_t i = 0; i < cv.missing.size(); i++) w += (i ? ", " : " ") + std::to_string(cv.missing[i]);
+          lines.push_back({w, fs, kMissingRed});
+        } else if (cv.steps_done >= cv.steps && cv.measured_s >= 0) {
+          char ms[48];
+          std::snprintf(ms, sizeof ms, "%.3f ms wall", cv.measured_s * 1e3);
+          lines.push_back({ms, fs, ImGui::GetColorU32(ImGuiCol_TextDisabled)});
+        }
+        float w = 0, h = 0;
+        for (const Line& l : lines) {
+          w = std::max(w, font->CalcTextSizeA(l.size, FLT_MAX, 0.0f, l.text.c_str()).x);
+          h += l.size;
+        }
+        ImVec2 p(L.center.x, L.center.y - h * 0.5f);
+        const ImVec2 m(fs * 0.5f, fs * 0.25f);
+        dl->AddRectFilled(ImVec2(p.x - w * 0.5f - m.x, p.y - m.y), ImVec2(p.x + w * 0.5f + m.x, p.y + h + m.y),
+                          ImGui::GetColorU32(ImGuiCol_WindowBg, 0.8f), fs * 0.4f);
+        for (const Line& l : lines) {
+          centered_text(dl, l.size, ImVec2(p.x, p.y + l.size * 0.5f), l.color, l.text.c_str());
+          p.y += l.size;
+        }
+      }
+    }
+  }
+
+  std::vector<Chunk> chunks;
+  if (valid && N > 1) {
+    const float thick = std::max(1.5f, fs * 0.12f), arrow = std::max(7.0f, fs * 0.7f);
+    const float trim = L.node_r + std::max(3.0f, fs * 0.25f);
+    const float bulge = N == 2 ? 0.22f : (ring ? 0.1f : 0.07f);
+    const ImU32 edge_active = ImGui::GetColorU32(ImGuiCol_Text, 0.75f);
+    const ImU32 edge_idle = ImGui::GetColorU32(ImGuiCol_Text, 0.28f);
+    auto curve_of = [&](int a, int b) {
+      return make_curve(L.node[static_cast<size_t>(a)], L.node[static_cast<size_t>(b)], bulge, trim, trim);
+    };
+    if (ring) {
+      for (int r = 0; r < N; r++)
+        draw_curve(dl, curve_of(r, (r + 1) % N), cv.pending.empty() ? edge_idle : edge_active, thick, arrow, false);
+    } else {
+      for (const StepTransfer& t : cv.last)
+        if (t.src >= 0 && t.dst >= 0 && t.src < N && t.dst < N) draw_curve(dl, curve_of(t.src, t.dst), edge_idle, thick * 0.8f, arrow * 0.8f, true);
+      for (const StepTransfer& t : cv.pending)
+        if (t.src >= 0 && t.dst >= 0 && t.src < N && t.dst < N)
+          draw_curve(dl, curve_of(t.src, t.dst), with_alpha(phase_color(t.phase), 0.9f), thick * 1.3f, arrow, false);
+    }
+
+    // What moves next, mid-edge: a chunk per pending transfer whose receiver has not taken it yet.
+    const float phase = static_cast<float>(ctx.time * 0.6 - std::floor(ctx.time * 0.6));
+    const float half = std::clamp(L.node_r * 0.4f, fs * 0.3f, fs * 0.8f);
+    for (const StepTransfer& t : cv.pending) {
+      if (t.src < 0 || t.dst < 0 || t.src >= N || t.dst >= N) continue;
+      if (t.dst < static_cast<int>(cv.rank_steps_done.size()) && cv.rank_steps_done[static_cast<size_t>(t.dst)] > cv.steps_done) continue;
+      const auto& src_cells = cv.cells[static_cast<size_t>(t.src)];
+      const int c = t.chunk < 0 ? 0 : t.chunk;
+      int held = c < static_cast<int>(src_cells.size()) ? src_cells[static_cast<size_t>(c)] : N;
+      if (t.phase == RingPhase::AllGather || t.phase == RingPhase::Broadcast || held <= 0) held = N;
+      const Curve cu = curve_of(t.src, t.dst);
+      chunks.push_back({&t, cu.at(cu.t0 + (cu.t1 - cu.t0) * phase), half, held, contribution_color(held, N)});
+    }
+
+    // Sprites: each chunk with a streak behind it, as long as the way it came (at most 4 half sides).
+    std::vector<Sprite> sprites;
+    for (const Chunk& ch : chunks) {
+      const Curve cu = curve_of(ch.t->src, ch.t->dst);
+      const float t = cu.t0 + (cu.t1 - cu.t0) * phase;
+      ImVec2 dir = cu.at(std::min(1.0f, t + 0.01f)) - cu.at(std::max(0.0f, t - 0.01f));
+      dir = dir * (1.0f / std::max(length(dir), 1e-4f));
+      const float tail = std::min(half * 4.0f, length(ch.pos - cu.at(cu.t0)));
+      sprites.push_back({ch.pos, half, ImGui::ColorConvertU32ToFloat4(ch.color), dir, tail});
+    }
+    if (!sprites.empty()) {
+      const ShaderProgram* prog = ctx.gl ? ctx.gl->program("ring_chunks") : nullptr;
+      unsigned tex = 0;
+      static std::vector<Placed> placed;
+      if (prog) {
+        static ChunkPass pass;
+        const float scale = std::max(1.0f, ImGui::GetIO().DisplayFramebufferScale.x);
+        tex = pass.render(*ctx.gl, *prog, scale, sprites, static_cast<float>(ctx.time), placed);
+      }
+      if (tex) {
+        // The target's texture is stored premultiplied; rows start at the bottom, hence the flipped v.
+        dl->AddCallback(premultiplied_blend, nullptr);
+        for (const Placed& pl : placed)
+          dl->AddImage(reinterpret_cast<ImTextureID>(static_cast<intptr_t>(tex)), pl.screen0, pl.screen1, pl.uv0, pl.uv1);
+        dl->AddCallback(ImDrawCallback_ResetRenderState, nullptr);
+      } else {
+        draw_sprites_fallback(dl, sprites);
+      }
+    }
+  }
+
+  // Nodes, their buffers, and the labels on the chunks.
+  for (int r = 0; r < N; r++) {
+    const bool missing = valid && cv.in_flight && std::find(cv.missing.begin(), cv.missing.end(), r) != cv.missing.end();
+    const ImU32 fill = rank_color(r, N, valid && !missing ? 1.0f : 0.45f);
+    draw_node(dl, L, r, N, fs, fill, missing, ctx.time);
+    if (valid && L.cells) draw_cells(dl, L, cv, r, fs);
+  }
+  if (valid && L.cells) {
+    // The cell a chunk leaves, and the one it lands in.
+    const float t = std::max(1.5f, fs * 0.12f);
+    for (const Chunk& ch : chunks) {
+      ImVec2 a0, a1;
+      if (cell_rect(L, cv, ch.t->src, ch.t->chunk, a0, a1))
+        dl->AddRect(a0 - ImVec2(t, t), a1 + ImVec2(t, t), ImGui::GetColorU32(ImGuiCol_Text), L.cell * 0.2f, 0, t);
+      if (cell_rect(L, cv, ch.t->dst, ch.t->chunk, a0, a1))
+        dl->AddRect(a0 - ImVec2(t, t), a1 + ImVec2(t, t), ImGui::GetColorU32(ImGuiCol_Text, 0.45f), L.cell * 0.2f, 0, t * 0.7f);
+    }
+  }
+  for (const Chunk& ch : chunks) {
+    if (ch.t->chunk < 0 || ch.half * 2 < fs * 0.7f) continue;
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%d", ch.t->chunk);
+    centered_text(dl, std::min(fs, ch.half * 1.45f), ch.pos, text_on(ch.color), buf);
+  }
+
+  if (valid && N > 1) draw_legend(dl, ImVec2(p0.x + fs * 0.3f, p0.y + size.y - legend_h + fs * 0.25f), N, fs, ring);
+  dl->PopClipRect();
+
+  // Tooltips: a node tells what its rank does; a cell what it holds; a chunk where it goes.
+  if (!hovered) return;
+  for (const Chunk& ch : chunks) {
+    if (std::fabs(mouse.x - ch.pos.x) <= ch.half * 1.2f && std::fabs(mouse.y - ch.pos.y) <= ch.half * 1.2f) {
+      ImGui::BeginTooltip();
+      if (ch.t->chunk >= 0) ImGui::Text("chunk %d: rank %d -> rank %d", ch.t->chunk, ch.t->src, ch.t->dst);
+      else ImGui::Text("buffer: rank %d -> rank %d", ch.t->src, ch.t->dst);
+      ImGui::Text("carries %d of %d contributions; the receiver %s it", ch.held, N, ch.t->reduce ? "adds" : "copies");
+      ImGui::EndTooltip();
+      return;
+    }
+  }
+  for (int r = 0; r < N; r++) {
+    if (length(mouse - L.node[static_cast<size_t>(r)]) <= L.node_r) {
+      node_tooltip(s, cv, r);
+      return;
+    }
+    if (!valid || !L.cells) continue;
+    for (int c = 0; c < cv.chunks; c++) {
+      ImVec2 a0, a1;
+      if (!cell_rect(L, cv, r, c, a0, a1)) continue;
+      if (mouse.x >= a0.x && mouse.x < a1.x && mouse.y >= a0.y && mouse.y < a1.y) {
+        const int held = cv.cells[static_cast<size_t>(r)][static_cast<size_t>(c)];
+        ImGui::BeginTooltip();
+        if (cv.chunks > 1) ImGui::Text("rank %d, chunk %d", r, c);
+        else ImGui::Text("rank %d's buffer", r);
+        if (held <= 0) ImGui::TextUnformatted("not received yet");
+        else if (held >= N) ImGui::TextUnformatted("final: holds every rank's contribution");
+        else ImGui::Text("holds %d of %d ranks' contributions", held, N);
+        ImGui::EndTooltip();
+        return;
+      }
+    }
+  }
+}
+
+}  // namespace dtlab::app

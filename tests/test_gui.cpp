@@ -1,0 +1,178 @@
+// The desktop app, tried as a person would: scripted runs under Xvfb stop at known states and take
+// screenshots, which are checked (size, not blank, the views' colors present), plus the
+// command-line contract (bad flags, bad scripts, no display: one sentence, exit 2). The Xvfb cases
+// skip with a message when xvfb-run is not installed (tools/dtlab.sh installs it).
+#ifdef DTLAB_HAVE_GUI
+#include <doctest/doctest.h>
+#include <stb_image.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "app/script.h"
+#include "app/views/views.h"
+#include "engine/core/check.h"
+#include "tests/test_util.h"
+
+using namespace dtlab;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+// Runs a shell command line, capturing stdout and stderr together.
+Result shell(const std::string& cmd) {
+  Result r;
+  std::string full = cmd + " 2>&1";
+  FILE* p = popen(full.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+bool have_xvfb() { return shell("command -v xvfb-run").code == 0; }
+
+// The app under a fresh virtual display of 1280x720, layout from a throwaway config dir.
+Result run_app(const std::string& args, const test::TempDir& dir) {
+  return shell("xvfb-run -a -s '-screen 0 1280x720x24' " DTLAB_APP_PATH " --width 1280 --height 720 --config-dir " +
+               dir.file("config") + " " + args);
+}
+
+struct Image {
+  int w = 0, h = 0;
+  std::vector<unsigned char> px;  // RGB
+  ImU32 at(int x, int y) const {
+    const unsigned char* p = &px[(static_cast<size_t>(y) * static_cast<size_t>(w) + static_cast<size_t>(x)) * 3];
+    return IM_COL32(p[0], p[1], p[2], 255);
+  }
+};
+
+Image load_png(const std::string& path) {
+  Image im;
+  int comp = 0;
+  unsigned char* data = stbi_load(path.c_str(), &im.w, &im.h, &comp, 3);
+  REQUIRE_MESSAGE(data != nullptr, "cannot read " << path);
+  im.px.assign(data, data + static_cast<size_t>(im.w) * static_cast<size_t>(im.h) * 3);
+  stbi_image_free(data);
+  return im;
+}
+
+// Pixels within `tol` (per channel) of color c.
+int count_near(const Image& im, ImU32 c, int tol = 24) {
+  const int r = static_cast<int>(c & 0xff), g = static_cast<int>((c >> 8) & 0xff), b = static_cast<int>((c >> 16) & 0xff);
+  int n = 0;
+  for (size_t i = 0; i + 2 < im.px.size(); i += 3)
+    if (std::abs(im.px[i] - r) <= tol && std::abs(im.px[i + 1] - g) <= tol && std::abs(im.px[i + 2] - b) <= tol) n++;
+  return n;
+}
+
+int distinct_colors(const Image& im) {
+  std::vector<uint32_t> seen;
+  for (size_t i = 0; i + 2 < im.px.size(); i += 97 * 3) {
+    uint32_t c = (uint32_t{im.px[i]} << 16) | (uint32_t{im.px[i + 1]} << 8) | im.px[i + 2];
+    if (std::find(seen.begin(), seen.end(), c) == seen.end()) seen.push_back(c);
+  }
+  return static_cast<int>(seen.size());
+}
+
+}  // namespace
+
+TEST_SUITE("gui") {
+  TEST_CASE("script parsing: commands, counts, durations, and one-sentence errors") {
+    auto cmds = app::parse_script("step collective 3; step ring\nrun 0.5s # comment\nview ring; screenshot a.png; quit", "--run");
+    REQUIRE(cmds.size() == 6);
+    CHECK(cmds[0].kind == app::ScriptCommand::StepCollective);
+    CHECK(cmds[0].count == 3);
+    CHECK(cmds[1].count == 1);
+    CHECK(cmds[2].seconds == doctest::Approx(0.5));
+    CHECK(cmds[3].arg == "ring");
+    CHECK(cmds[4].arg == "a.png");
+    auto message = [](const std::string& text) {
+      try {
+        app::parse_script(text, "--run");
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    CHECK(message("stepp ring").rfind("--run command 1 'stepp ring': unknown command 'stepp'; commands: step ring|collective|iteration", 0) == 0);
+    CHECK(message("step ring 0").find("the count must be a whole number from 1") != std::string::npos);
+    CHECK(message("view sideways").find("view takes one of ring, buckets") != std::string::npos);
+    CHECK(message("run fast").find("'fast' is not a duration like 0.5s") != std::string::npos);
+  }
+
+  TEST_CASE("bad flags, bad scripts and a missing display: one sentence, exit 2") {
+    test::TempDir dir;
+    Result r = shell(std::string("env -u DISPLAY -u WAYLAND_DISPLAY ") + DTLAB_APP_PATH + " --config-dir " + dir.file("c"));
+    CHECK(r.code == 2);
+    CHECK(r.out.rfind("dtlab: no display (DISPLAY is not set); run the lab under a virtual display with `xvfb-run -a build/bin/dtlab`", 0) == 0);
+    r = shell(std::string(DTLAB_APP_PATH) + " --world 17");
+    CHECK(r.code == 2);
+    CHECK(r.out.rfind("dtlab: --world: Value 17 not in range", 0) == 0);
+    r = shell(std::string(DTLAB_APP_PATH) + " --run 'step sideways'");
+    CHECK(r.code == 2);
+    CHECK(r.out.find("step takes ring, collective or iteration") != std::string::npos);
+    r = shell(std::string(DTLAB_APP_PATH) + " --model mlp:2,x");
+    CHECK(r.code == 2);
+    CHECK(r.out.rfind("dtlab: ", 0) == 0);
+    CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+  }
+
+  TEST_CASE("under Xvfb: a ring all-reduce stopped mid reduce-scatter") {
+    if (!have_xvfb()) {
+      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
+      return;
+    }
+    test::TempDir dir;
+    const std::string png = dir.file("ring.png");
+    // Construction is #0 (shape check) and #1 (parameter broadcast); #2 is bucket 0's all-reduce.
+    // Two collective steps reach its gate; a ring step starts it, a second finishes ring step 1.
+    Result r = run_app("--world 4 --run 'step collective 2; step ring 2; view ring; screenshot " + png + "; quit'", dir);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("(1280x720): iteration 0") != std::string::npos);
+    CHECK(r.out.find("collective #2 allreduce ring, 1 of 6 steps done, next reduce-scatter") != std::string::npos);
+    Image im = load_png(png);
+    CHECK(im.w == 1280);
+    CHECK(im.h == 720);
+    CHECK(distinct_colors(im) > 40);
+    // Every rank's node, and chunk cells holding partial sums (2 of 4 contributions).
+    for (int rank = 0; rank < 4; rank++) CHECK(count_near(im, app::rank_color(rank, 4)) > 30);
+    CHECK(count_near(im, app::contribution_color(2, 4)) > 30);
+    CHECK(count_near(im, app::contribution_color(1, 4)) > 30);
+  }
+
+  TEST_CASE("under Xvfb: buckets half all-reduced, the timeline, and the end of an iteration") {
+    if (!have_xvfb()) {
+      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
+      return;
+    }
+    test::TempDir dir;
+    const std::string mid = dir.file("mid.png"), end = dir.file("end.png");
+    Result r = run_app("--world 4 --run 'step collective 3; view all; screenshot " + mid +
+                       "; step iteration 2; screenshot " + end + "; quit'", dir);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    // Bucket 0's all-reduce has run, bucket 1's is next: the backward pass is being reduced.
+    CHECK(r.out.find("buckets 0:done 1:") != std::string::npos);
+    Image a = load_png(mid);
+    CHECK(distinct_colors(a) > 40);
+    CHECK(count_near(a, app::bucket_state_color(app::BucketState::Done)) > 30);
+    CHECK(count_near(a, app::memory_category_color(MemCategory::Parameters)) > 30);
+    Image b = load_png(end);
+    CHECK(distinct_colors(b) > 40);
+  }
+}
+#endif  // DTLAB_HAVE_GUI
