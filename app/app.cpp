@@ -146,9 +146,12 @@ void App::init_imgui() {
   if (!opt_.script.empty() || !opt_.screenshot.empty() || opt_.bench_frames) io.IniFilename = nullptr;
   const char* sans = first_existing({"/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
                                      "/usr/share/fonts/TTF/DejaVuSans.ttf"});
+  // Latin-1 plus what the views print: Greek (Σ, µ), punctuation (—, …), arrows, math, boxes, ✓.
+  static const ImWchar ranges[] = {0x0020, 0x00FF, 0x0370, 0x03FF, 0x2000, 0x206F, 0x2190, 0x21FF, 0x2200,
+                                   0x22FF, 0x2500, 0x25FF, 0x2700, 0x27BF, 0};
   if (sans) {
-    font_normal_ = io.Fonts->AddFontFromFileTTF(sans, 16.0f);
-    font_large_ = io.Fonts->AddFontFromFileTTF(sans, 28.0f);
+    font_normal_ = io.Fonts->AddFontFromFileTTF(sans, 16.0f, nullptr, ranges);
+    font_large_ = io.Fonts->AddFontFromFileTTF(sans, 28.0f, nullptr, ranges);
   }
   if (!font_normal_) {
     std::fprintf(stderr, "dtlab: DejaVu Sans not found (apt-get install fonts-dejavu-core); using ImGui's built-in font\n");

@@ -34,7 +34,7 @@ std::string with_commas(int64_t v) {
 
 // "12.5 µs", "1.250 ms", "2.000 s"
 std::string duration(double s) {
-  static const bool micro = ImGui::GetFont()->FindGlyphNoFallback(0x00B5) != nullptr;
+  const bool micro = ImGui::GetFont()->FindGlyphNoFallback(0x00B5) != nullptr;
   char buf[48];
   if (s < 1e-3) std::snprintf(buf, sizeof buf, "%.1f %s", s * 1e6, micro ? "\u00b5s" : "us");
   else if (s < 1.0) std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
@@ -85,7 +85,7 @@ void draw_error(const std::string& error) {
   ImGui::SetCursorPos(ImVec2(ImGui::GetCursorPosX() + pad, ImGui::GetCursorPosY() + pad));
   ImGui::BeginGroup();
   ImGui::PushTextWrapPos(ImGui::GetCursorPosX() + ImGui::GetContentRegionAvail().x - pad);
-  ImGui::TextColored(kRed, "The run failed");
+  ImGui::TextColored(ImVec4(1.0f, 0.55f, 0.5f, 1.0f), "The run failed");
   ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1.0f, 0.78f, 0.74f, 1.0f));
   ImGui::TextWrapped("%s", error.c_str());
   ImGui::PopStyleColor();
@@ -183,7 +183,7 @@ void draw_collective(const CollectiveView& cv) {
   }
   key("busbw");
   if (cv.busbw_gbs > 0) {
-    static const bool times = ImGui::GetFont()->FindGlyphNoFallback(0x00D7) != nullptr;
+    const bool times = ImGui::GetFont()->FindGlyphNoFallback(0x00D7) != nullptr;
     const double factor = cv.algbw_gbs > 0 ? cv.busbw_gbs / cv.algbw_gbs : 0.0;
     ImGui::Text("%.2f GB/s", cv.busbw_gbs);
     ImGui::SameLine();

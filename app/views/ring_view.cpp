@@ -475,7 +475,7 @@ void draw_sprites_fallback(ImDrawList* dl, const std::vector<Sprite>& sprites) {
     }
     for (int k = 3; k >= 1; k--) {
       const float g = s.half * (1.0f + 0.35f * static_cast<float>(k));
-      dl->AddRectFilled(s.pos - ImVec2(g, g), s.pos + ImVec2(g, g), with_alpha(base, 0.12f * s.color.w), g * 0.5f);
+      dl->AddRectFilled(s.pos - ImVec2(g, g), s.pos + ImVec2(g, g), with_alpha(base, 0.12f * s.color.w), g * 0.8f);
     }
     dl->AddRectFilled(s.pos - ImVec2(s.half, s.half), s.pos + ImVec2(s.half, s.half), with_alpha(base, s.color.w), s.half * 0.38f);
     dl->AddRect(s.pos - ImVec2(s.half, s.half), s.pos + ImVec2(s.half, s.half), with_alpha(IM_COL32(0, 0, 0, 110), s.color.w),
@@ -572,8 +572,8 @@ void draw_node(ImDrawList* dl, const Layout& L, int r, int world, float fs, ImU3
   // the color actually shown.
   const ImVec4 bg = ImGui::GetStyleColorVec4(ImGuiCol_WindowBg), f = ImGui::ColorConvertU32ToFloat4(fill);
   const ImU32 shown = ImGui::ColorConvertFloat4ToU32(ImVec4(bg.x + (f.x - bg.x) * f.w, bg.y + (f.y - bg.y) * f.w, bg.z + (f.z - bg.z) * f.w, 1.0f));
-  dl->AddCircleFilled(c, L.node_r, shown, 40);
-  dl->AddCircle(c, L.node_r, IM_COL32(0, 0, 0, 140), 40, std::max(1.0f, fs * 0.08f));
+  dl->AddCircleFilled(c, L.node_r, shown, 0);
+  dl->AddCircle(c, L.node_r, IM_COL32(0, 0, 0, 140), 0, std::max(1.0f, fs * 0.08f));
   if (outline_red)
     dashed_circle(dl, c, L.node_r + std::max(3.0f, fs * 0.22f), kMissingRed, std::max(2.0f, fs * 0.16f), 10,
                   static_cast<float>(std::fmod(time * 0.8, 2.0 * kPi)));
@@ -590,7 +590,8 @@ void draw_cells(ImDrawList* dl, const Layout& L, const CollectiveView& cv, int r
   ImFont* font = ImGui::GetFont();
   const float tsize = std::min(fs * 0.85f, L.cell * 0.62f);
   const bool text = tsize >= fs * 0.65f;
-  const float round = L.cell * 0.18f;
+  // Rounded corners only where they show: square cells cost a quarter of the vertices at 16 ranks.
+  const float round = L.cell >= fs * 1.4f ? L.cell * 0.18f : 0.0f;
   for (int c = 0; c < cv.chunks && c < static_cast<int>(row.size()); c++) {
     const ImVec2 p0 = cell_pos(L, r, c), p1 = p0 + ImVec2(L.cell, L.cell);
     const int held = row[static_cast<size_t>(c)];
@@ -837,9 +838,10 @@ void draw_ring_view(const Snapshot& s, ViewContext& ctx) {
     if (!valid || !L.cells) continue;
     for (int c = 0; c < cv.chunks; c++) {
       ImVec2 a0, a1;
-      if (!cell_rect(L, cv, r, c, a0, a1)) continue;
+      const auto& row = cv.cells[static_cast<size_t>(r)];
+      if (c >= static_cast<int>(row.size()) || !cell_rect(L, cv, r, c, a0, a1)) continue;
       if (mouse.x >= a0.x && mouse.x < a1.x && mouse.y >= a0.y && mouse.y < a1.y) {
-        const int held = cv.cells[static_cast<size_t>(r)][static_cast<size_t>(c)];
+        const int held = row[static_cast<size_t>(c)];
         ImGui::BeginTooltip();
         if (cv.chunks > 1) ImGui::Text("rank %d, chunk %d", r, c);
         else ImGui::Text("rank %d's buffer", r);

@@ -2,8 +2,9 @@
 // gradient-ready and launch ticks) and a comm lane (collectives, DDP bucket all-reduces, ring steps),
 // over faint iteration bands. The comm lane is lit where a bucket's all-reduce runs while backward
 // is still computing: the overlap DDP's buckets exist for. Wheel zooms around the cursor, dragging
-// pans; until then the view follows the latest iterations. Per frame the work is one pass over each
-// visible rank's events: spans outside the range are culled and spans under a pixel merge.
+// pans; until then the view follows the latest iterations. Each rank's rows are kept between frames
+// and extended with the new events only; drawing culls by binary search and merges spans under a
+// pixel, so a frame costs about what is on screen, whatever the window holds.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -336,11 +337,24 @@ struct Hover {
   const char* what = "";
 };
 
+// Axis-aligned lines as 1-px rectangles: crisp, and 4 vertices instead of an anti-aliased strip
+// (the vertices are what llvmpipe spends its time on).
+void vline(ImDrawList* dl, float x, float y0, float y1, ImU32 col, float w = 1.0f) {
+  dl->AddRectFilled(ImVec2(std::floor(x), y0), ImVec2(std::floor(x) + w, y1), col);
+}
+void hline(ImDrawList* dl, float x0, float x1, float y, ImU32 col) {
+  dl->AddRectFilled(ImVec2(x0, std::floor(y)), ImVec2(x1, std::floor(y) + 1), col);
+}
+
+// Diagonal stripes over [a, b], drawn without anti-aliasing (a paused lane can be screen wide).
 void hatch(ImDrawList* dl, ImVec2 a, ImVec2 b, ImU32 col, float spacing) {
+  const ImDrawListFlags flags = dl->Flags;
+  dl->Flags &= ~ImDrawListFlags_AntiAliasedLines;
   dl->PushClipRect(a, b, true);
   const float h = b.y - a.y;
   for (float x = a.x - h; x < b.x; x += spacing) dl->AddLine(ImVec2(x, b.y), ImVec2(x + h, a.y), col, 1.0f);
   dl->PopClipRect();
+  dl->Flags = flags;
 }
 
 // Text inside [x0, x1] at row y: the long label when it fits, else the short one, else nothing.
@@ -426,13 +440,15 @@ void draw_row(RowCtx& rc, SpanRange range, float y0, float y1, ColorFn color_of,
     flush();
     const Event& e = ev(*sp);
     const ImU32 col = color_of(*sp, e);
+    const bool border = xb - xa > 4.0f;  // a darker frame, as a rectangle under the body
+    if (border) rc.dl->AddRectFilled(ImVec2(xa, y0), ImVec2(xb, y1), darker(col, 0.55f));
+    const ImVec2 ia(border ? xa + 1 : xa, border ? y0 + 1 : y0), ib(border ? xb - 1 : xb, border ? y1 - 1 : y1);
     if (sp->in_flight) {  // still running: a lighter, hatched body
-      rc.dl->AddRectFilled(ImVec2(xa, y0), ImVec2(xb, y1), alpha(col, 0.45f));
-      hatch(rc.dl, ImVec2(xa, y0), ImVec2(xb, y1), alpha(col, 0.9f), 6.0f);
+      rc.dl->AddRectFilled(ia, ib, border ? darker(col, 0.5f) : alpha(col, 0.45f));
+      hatch(rc.dl, ia, ib, col, 6.0f);
     } else {
-      rc.dl->AddRectFilled(ImVec2(xa, y0), ImVec2(xb, y1), col);
+      rc.dl->AddRectFilled(ia, ib, col);
     }
-    if (xb - xa > 4.0f) rc.dl->AddRect(ImVec2(xa, y0), ImVec2(xb, y1), darker(col, 0.55f));
     if (xb - xa > rc.text_size) {
       longer[0] = shorter[0] = 0;
       label_of(*sp, e, longer, sizeof longer, shorter, sizeof shorter);
@@ -475,7 +491,7 @@ Layout make_layout(float fs, float stretch) {
   L.fs = fs;
   L.u = fs * stretch;
   const float u = L.u;
-  L.label_w = ImGui::CalcTextSize("rank 00 compute").x + 1.6f * fs;
+  L.label_w = ImGui::CalcTextSize("rank 00 compute").x + 2.3f * fs;  // room for the pause glyph
   L.compute_h = 1.72f * u;
   L.op0 = 0.14f * u, L.op1 = 1.24f * u;
   L.comm_h = 2.78f * u;
@@ -499,7 +515,7 @@ void draw_rank(const Snapshot& s, const RankCache& c, const Derived& d, int rank
     const float a = std::max(ax.x(it.b), ax.x0), b = std::min(ax.x(it.e), ax.x1);
     if (b <= a) continue;
     if (it.iter % 2) dl->AddRectFilled(ImVec2(a, yc), ImVec2(b, ye), IM_COL32(255, 255, 255, 13));
-    if (ax.x(it.b) >= ax.x0) dl->AddLine(ImVec2(a, yc), ImVec2(a, ye), IM_COL32(255, 255, 255, 60));
+    if (ax.x(it.b) >= ax.x0) vline(dl, a, yc, ye, IM_COL32(255, 255, 255, 60));
   }
   // Overlap: the comm lane lit where a bucket all-reduce runs under backward.
   for (const Interval& o : d.overlap) {
@@ -525,7 +541,7 @@ void draw_rank(const Snapshot& s, const RankCache& c, const Derived& d, int rank
            });
   const float strip0 = bar1 + 1, strip1 = ym - 1;
   draw_instants(rc, visible(c.grad_ready, t0, t1), strip0, ym, 0, [&](float x) {
-    dl->AddLine(ImVec2(x, strip0 + 1), ImVec2(x, strip1), kGradReady, 1.5f);
+    vline(dl, x - 0.5f, strip0 + 1, strip1, kGradReady, 2.0f);
   });
   const float wi = 0.22f * L.u, wl = 0.3f * L.u;
   draw_instants(rc, visible(c.issues, t0, t1), strip0, ym, wi, [&](float x) {
@@ -591,7 +607,7 @@ void draw_rank(const Snapshot& s, const RankCache& c, const Derived& d, int rank
       const float g0 = lane ? ym + L.co0 : bar0, g1 = lane ? ym + L.ri1 : bar1;
       dl->AddRectFilled(ImVec2(a, g0), ImVec2(b, g1), alpha(kPaused, 0.12f));
       hatch(dl, ImVec2(a, g0), ImVec2(b, g1), alpha(kPaused, 0.45f), 7.0f);
-      dl->AddLine(ImVec2(a, g0), ImVec2(a, g1), kPaused, 2.0f);
+      vline(dl, a, g0, g1, kPaused, 2.0f);
       const char* what = gate_kind_name(s.stepper.gates[gi].kind);
       char text[64];
       std::snprintf(text, sizeof text, "paused at %s gate", what);
@@ -624,13 +640,13 @@ void draw_rank_labels(const Snapshot& s, int rank, float x, float y, const Layou
   const float sub = tx + ImGui::CalcTextSize("rank 00 ").x;
   dl->AddText(ImVec2(sub, y + (L.op0 + L.op1 - fs) * 0.5f), dim, "compute");
   dl->AddText(ImVec2(sub, ym + (L.co0 + L.co1 - fs) * 0.5f), dim, "comm");
-  dl->AddLine(ImVec2(x + 0.3f * fs, ym), ImVec2(x + L.label_w, ym), IM_COL32(255, 255, 255, 30));
+  hline(dl, x + 0.3f * fs, x + L.label_w, ym, IM_COL32(255, 255, 255, 30));
   // Pause glyphs for lanes held at a gate, so stepping reads even when the hatch is off screen.
   if (s.stepper.paused)
     for (int lane = 0; lane < 2; lane++) {
       const size_t gi = static_cast<size_t>(rank * 2 + lane);
       if (gi >= s.stepper.gates.size() || !s.stepper.gates[gi].blocked) continue;
-      const float cy = lane ? ym + 0.5f * (L.co0 + L.co1) : y + 0.5f * (L.op0 + L.op1), px = x + L.label_w - 0.8f * fs;
+      const float cy = lane ? ym + 0.5f * (L.co0 + L.co1) : y + 0.5f * (L.op0 + L.op1), px = x + L.label_w - 0.6f * fs;
       const float h = 0.32f * fs, w = 0.14f * fs;
       dl->AddRectFilled(ImVec2(px - 2 * w, cy - h), ImVec2(px - w, cy + h), IM_COL32(210, 210, 215, 255));
       dl->AddRectFilled(ImVec2(px, cy - h), ImVec2(px + w, cy + h), IM_COL32(210, 210, 215, 255));
@@ -689,7 +705,7 @@ void draw_ruler(ImDrawList* dl, const Axis& ax, const Ticks& tk, float y0, float
   const double minor = tk.step / (std::fabs(tk.step / std::pow(10.0, std::floor(std::log10(tk.step))) - 2) < 1e-6 ? 4 : 5);
   for (double t = std::ceil(ax.t0 / minor) * minor; t <= ax.t1; t += minor) {
     const float x = std::floor(ax.x(t)) + 0.5f;
-    dl->AddLine(ImVec2(x, y1 - 0.25f * fs), ImVec2(x, y1), alpha(line, 0.6f));
+    vline(dl, x, y1 - 0.25f * fs, y1, alpha(line, 0.6f));
   }
   // Far from zero a label like "12345678 µs" is unreadable: label the first tick in full and the
   // others relative to it, as Tracy does.
@@ -697,7 +713,7 @@ void draw_ruler(ImDrawList* dl, const Axis& ax, const Ticks& tk, float y0, float
   for (int64_t k = tk.k0; k <= tk.k1; k++) {
     const double t = static_cast<double>(k) * tk.step;
     const float x = std::floor(ax.x(t)) + 0.5f;
-    dl->AddLine(ImVec2(x, y1 - 0.55f * fs), ImVec2(x, y1), line, 1.0f);
+    vline(dl, x, y1 - 0.55f * fs, y1, line);
     char buf[48];
     if (relative && k != tk.k0)
       std::snprintf(buf, sizeof buf, "+%.*f %s", tk.decimals, static_cast<double>(k - tk.k0) * tk.step * tk.scale, tk.unit);
@@ -819,7 +835,15 @@ void event_tooltip(const Snapshot& s, const Hover& h, float fs) {
         tip_row("cost", "%s", fmt_flops(e.compute.flops).c_str());
         break;
       case EventKind::Collective:
-      case EventKind::CollectiveIssue: tip_collective(e.coll); break;
+      case EventKind::CollectiveIssue:
+        tip_collective(e.coll);
+        if (!bucket_span)  // a DDP bucket's all-reduce says which bucket it carries
+          for (auto it = evs.rbegin(); it != evs.rend(); ++it)
+            if (it->kind == EventKind::BucketLaunch && it->bucket.seq == e.coll.seq) {
+              tip_row("carries", "DDP bucket %d: %s", it->bucket.bucket, label_of(s, it->bucket.label));
+              break;
+            }
+        break;
       case EventKind::RingStep:
         tip_row("phase", "%s", ring_phase_name(e.step.phase));
         tip_row("step", "%d of %d  (collective #%llu)", e.step.step + 1, e.step.steps, static_cast<unsigned long long>(e.step.seq));
@@ -937,7 +961,7 @@ void draw_timeline_view(const Snapshot& s, ViewContext& ctx) {
     } else if (t_max > t_min) {
       b = t_min, e = t_max;
     }
-    const double span = std::max(e - b, 1e-6);
+    const double span = std::max(e - b, 1e-9);
     g_view.t0 = b - 0.02 * span, g_view.t1 = e + 0.08 * span;
   };
   if (g_view.follow) follow_range();
@@ -976,7 +1000,7 @@ void draw_timeline_view(const Snapshot& s, ViewContext& ctx) {
   if ((header_hovered || canvas_hovered) && io.MouseWheel != 0) {
     const double tm = ax.t(std::clamp(io.MousePos.x, ax.x0, ax.x1));
     const double range = ax.t1 - ax.t0;
-    const double f = std::clamp(std::pow(1.25, -static_cast<double>(io.MouseWheel)), 50e-9 / range, 1e4 / range);
+    const double f = std::clamp(std::pow(1.25, -static_cast<double>(io.MouseWheel)), 1e-9 / range, 1e4 / range);
     g_view.t0 = tm - (tm - ax.t0) * f, g_view.t1 = tm + (ax.t1 - tm) * f;
     g_view.follow = false;
   }
@@ -1005,7 +1029,7 @@ void draw_timeline_view(const Snapshot& s, ViewContext& ctx) {
   dl->PushClipRect(ImVec2(ax.x0, wy0), ImVec2(ax.x1, wy1), true);
   for (int64_t k = ticks.k0; k <= ticks.k1; k++) {
     const float x = std::floor(ax.x(static_cast<double>(k) * ticks.step)) + 0.5f;
-    dl->AddLine(ImVec2(x, cp.y), ImVec2(x, cp.y + total_h), IM_COL32(255, 255, 255, 14));
+    vline(dl, x, cp.y, cp.y + total_h, IM_COL32(255, 255, 255, 14));
   }
   static Derived derived;
   const double t_lo = ax.t(ax.x0 - 4), t_hi = ax.t(ax.x1 + 4);
@@ -1018,8 +1042,7 @@ void draw_timeline_view(const Snapshot& s, ViewContext& ctx) {
     draw_rank(s, caches[static_cast<size_t>(r)], derived, r, y, L, rc);
   }
   if (canvas_hovered || header_hovered)
-    dl->AddLine(ImVec2(std::floor(mouse.x) + 0.5f, cp.y), ImVec2(std::floor(mouse.x) + 0.5f, cp.y + total_h),
-                IM_COL32(255, 255, 255, 90));
+    vline(dl, mouse.x, cp.y, cp.y + total_h, IM_COL32(255, 255, 255, 90));
   dl->PopClipRect();
   for (int r = 0; r < ranks; r++) {
     const float y = cp.y + static_cast<float>(r) * L.rank_h;
@@ -1060,7 +1083,7 @@ void draw_timeline_view(const Snapshot& s, ViewContext& ctx) {
     const float a = ax.x(it.b), b = ax.x(it.e);
     if (b < ax.x0 || a > ax.x1) continue;
     hdl->AddRectFilled(ImVec2(a, sy0 + 2), ImVec2(b, sy1 - 1), IM_COL32(255, 255, 255, it.iter % 2 ? 30 : 16));
-    hdl->AddLine(ImVec2(a, sy0 + 2), ImVec2(a, sy1 - 1), IM_COL32(255, 255, 255, 110));
+    vline(hdl, a, sy0 + 2, sy1 - 1, IM_COL32(255, 255, 255, 110));
     char text[64];
     const double ov = overlap_of(s, it.iter);
     if (!it.complete) std::snprintf(text, sizeof text, "iter %d (running)", it.iter);
@@ -1075,7 +1098,7 @@ void draw_timeline_view(const Snapshot& s, ViewContext& ctx) {
   }
   if (show_cursor) {
     const float x = std::floor(mouse.x) + 0.5f;
-    hdl->AddLine(ImVec2(x, hp.y), ImVec2(x, sy1), IM_COL32(255, 255, 255, 120));
+    vline(hdl, x, hp.y, sy1, IM_COL32(255, 255, 255, 120));
     hdl->AddRectFilled(ImVec2(cursor_x - 2, hp.y + 1), ImVec2(cursor_x + cursor_size.x + 4, hp.y + 1 + cursor_size.y),
                        IM_COL32(40, 44, 52, 240));
     hdl->AddText(ImVec2(cursor_x + 1, hp.y + 1 + 0.15f * fs), IM_COL32(255, 236, 140, 255), cursor_text.c_str());
