@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -82,6 +83,7 @@ class App {
   bool presentation_ = false;
   int solo_ = -1;             // a view filling the work area, or -1 for the tiled layout
   bool relayout_ = false;     // place the windows at their tiled positions this frame
+  float toolbar_h_ = 0;       // the toolbar's height last frame
   std::string config_error_;
   TrainConfig edit_;          // the configuration panel's working copy
   double start_time_ = 0;
@@ -271,8 +273,7 @@ void App::toolbar() {
     }
     ImGui::EndCombo();
   }
-  ImGui::SameLine();
-  // Status: where the run stands.
+  // Status: where the run stands (on a second line when large fonts leave no room).
   std::string status;
   if (!s.error.empty()) status = "FAILED (see Collective)";
   else if (s.finished) status = "finished";
@@ -288,8 +289,14 @@ void App::toolbar() {
         break;
       }
   } else status = "running";
-  ImGui::Text("step %lld/%lld  iteration %d  %s", static_cast<long long>(s.step),
-              static_cast<long long>(s.total_steps), s.iteration, status.c_str());
+  char line[256];
+  std::snprintf(line, sizeof line, "step %lld/%lld  iteration %d  %s", static_cast<long long>(s.step),
+                static_cast<long long>(s.total_steps), s.iteration, status.c_str());
+  ImGui::SameLine();
+  if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(line).x) ImGui::NewLine();
+  ImGui::TextUnformatted(line);
+  const float h = ImGui::GetWindowHeight();
+  if (h != toolbar_h_) relayout_ = toolbar_h_ > 0 || relayout_, toolbar_h_ = h;  // the tiles sit below it
   ImGui::End();
 }
 
@@ -366,7 +373,7 @@ void App::config_panel() {
 
 void App::views() {
   const ImGuiViewport* vp = ImGui::GetMainViewport();
-  const float top = vp->WorkPos.y + ImGui::GetFrameHeightWithSpacing() + ImGui::GetStyle().WindowPadding.y * 2;
+  const float top = vp->WorkPos.y + (toolbar_h_ > 0 ? toolbar_h_ : ImGui::GetFrameHeightWithSpacing() * 1.5f);
   const float W = vp->WorkSize.x, H = vp->WorkPos.y + vp->WorkSize.y - top, x0 = vp->WorkPos.x;
   struct Rect { float x, y, w, h; };
   // The tiled layout: run settings and the collective inspector on the left, ring and buckets in
@@ -549,6 +556,10 @@ void App::frame() {
   session_->update();
   ImGui_ImplOpenGL3_NewFrame();
   ImGui_ImplGlfw_NewFrame();
+  // Scripted runs own no mouse: Xvfb's pointer rests mid-screen and would leave a tooltip in every
+  // screenshot.
+  if (!opt_.script.empty() || !opt_.screenshot.empty() || opt_.bench_frames)
+    ImGui::GetIO().MousePos = ImVec2(-FLT_MAX, -FLT_MAX);
   ImGui::NewFrame();
   ctx_.time = glfwGetTime() - start_time_;
   handle_keys();

@@ -37,6 +37,7 @@ const char* bucket_state_name(BucketState s) {
     case BucketState::Empty: return "empty";
     case BucketState::Filling: return "filling";
     case BucketState::Ready: return "ready";
+    case BucketState::Launched: return "launched";
     case BucketState::AllReducing: return "all-reducing";
     case BucketState::Done: return "done";
   }
@@ -244,7 +245,7 @@ void Session::ingest(int rank, const Event& e) {
       // A bucket's all-reduce finished on rank 0's comm lane.
       if (rank == 0)
         for (BucketView& b : snap_.buckets)
-          if (b.state == BucketState::AllReducing && b.seq == e.coll.seq) {
+          if ((b.state == BucketState::Launched || b.state == BucketState::AllReducing) && b.seq == e.coll.seq) {
             b.state = BucketState::Done;
             b.allreduce_begin = e.model_begin;
             b.allreduce_end = e.model_end;
@@ -308,7 +309,7 @@ void Session::ingest(int rank, const Event& e) {
         b.seq = e.bucket.seq;
         // The comm worker may already have finished it (its Collective event came first).
         auto it = coll_done_.find(e.bucket.seq);
-        b.state = it != coll_done_.end() && !it->second.empty() && it->second[0] ? BucketState::Done : BucketState::AllReducing;
+        b.state = it != coll_done_.end() && !it->second.empty() && it->second[0] ? BucketState::Done : BucketState::Launched;
       } else {
         b.state = BucketState::Done;
         b.allreduce_begin = e.model_begin;
@@ -362,6 +363,10 @@ void Session::build_collective() {
       for (const BucketParam& p : b.params) names += (names.empty() ? "" : ", ") + p.name;
       cv.label = "DDP bucket " + std::to_string(b.index) + ": " + names;
     }
+  // A launched bucket whose all-reduce has ranks in it (or steps done) is on the wire.
+  for (BucketView& b : snap_.buckets)
+    if (b.state == BucketState::Launched && b.seq == cv.seq && (cv.in_flight || cv.steps_done > 0) && !all_done)
+      b.state = BucketState::AllReducing;
   // Cost model prediction.
   if (ThreadsWorld* w = trainer_->world()) {
     cv.predicted_s = w->cost().collective_time(cv.op, cv.algo, static_cast<double>(cv.bytes));

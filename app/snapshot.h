@@ -47,7 +47,9 @@ struct CollectiveView {
   std::string label;          // "DDP bucket 1: 2.bias, 2.weight" when the collective is a bucket
 };
 
-enum class BucketState : uint8_t { Empty, Filling, Ready, AllReducing, Done };
+// Launched: its all-reduce is issued and queued on the rank's comm worker behind earlier ones;
+// AllReducing: that all-reduce is running (ranks arrived, steps under way).
+enum class BucketState : uint8_t { Empty, Filling, Ready, Launched, AllReducing, Done };
 const char* bucket_state_name(BucketState s);
 
 struct BucketParam {

@@ -14,8 +14,8 @@ shot() {  # shot ARGS... ; the last argument is the script
 mkdir -p "$out"
 # Mid reduce-scatter of bucket 0's all-reduce (collective #2), 4 ranks.
 shot --world 4 "step collective 2; step ring 2; screenshot $out/lab.png; view ring; screenshot $out/ring.png; view inspector; screenshot $out/inspector.png; quit"
-# The first backward pass: bucket 0 reduced, bucket 1 next; then a few iterations for the timeline.
-shot --world 4 "step collective 3; view buckets; screenshot $out/buckets.png; step iteration 3; step collective 2; view timeline; screenshot $out/timeline.png; view memory; screenshot $out/memory.png; quit"
+# Iteration 1 (rebuilt buckets): bucket 0 reduced under backward, bucket 1 on the wire, 2 queued.
+shot --world 4 "step iteration 2; step collective 3; view buckets; screenshot $out/buckets.png; view timeline; screenshot $out/timeline.png; view memory; screenshot $out/memory.png; quit"
 # Data after a few epochs, and the lab in presentation mode at 8 ranks.
 shot --world 4 --batch 256 "step iteration 30; view data; screenshot $out/data.png; quit"
 shot --world 8 --presentation "step collective 2; step ring 3; view ring; screenshot $out/presentation.png; quit"

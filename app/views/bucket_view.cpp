@@ -19,6 +19,7 @@ const char* state_meaning(BucketState s) {
     case BucketState::Empty: return "no gradient of this backward pass yet";
     case BucketState::Filling: return "some gradients are in, the rest are still being computed";
     case BucketState::Ready: return "every gradient is in; it launches once the buckets before it have";
+    case BucketState::Launched: return "its all-reduce is issued, queued on the comm stream behind the buckets before it";
     case BucketState::AllReducing: return "its all-reduce is summing the gradients across ranks";
     case BucketState::Done: return "averaged across ranks: the optimizer may use it";
   }
@@ -54,7 +55,7 @@ void cell_text(ImDrawList* dl, ImVec2 a, ImVec2 b, ImVec2 at, ImU32 col, const c
 
 void draw_legend(float fs) {
   bool first = true;
-  for (BucketState st : {BucketState::Empty, BucketState::Filling, BucketState::Ready, BucketState::AllReducing,
+  for (BucketState st : {BucketState::Empty, BucketState::Filling, BucketState::Ready, BucketState::Launched, BucketState::AllReducing,
                          BucketState::Done}) {
     const char* name = bucket_state_name(st);
     const float w = 1.2f * fs + ImGui::CalcTextSize(name).x;

@@ -63,6 +63,7 @@ ImU32 bucket_state_color(BucketState s) {
     case BucketState::Empty: return IM_COL32(92, 96, 104, 255);         // grey: nothing yet
     case BucketState::Filling: return IM_COL32(240, 160, 48, 255);      // amber: some gradients in
     case BucketState::Ready: return IM_COL32(190, 214, 60, 255);        // yellow-green: all in, waiting
+    case BucketState::Launched: return IM_COL32(150, 120, 230, 255);    // violet: issued, queued
     case BucketState::AllReducing: return IM_COL32(64, 146, 230, 255);  // blue: on the wire
     case BucketState::Done: return IM_COL32(60, 190, 110, 255);         // green: averaged
   }
