@@ -42,6 +42,16 @@ std::string duration(double s) {
   return buf;
 }
 
+// Bandwidth with a unit that keeps three significant digits: a 12-byte bucket's all-reduce runs at
+// MB/s, not "0.00 GB/s".
+std::string bandwidth(double gbs) {
+  char buf[32];
+  if (gbs >= 1.0) std::snprintf(buf, sizeof buf, "%.2f GB/s", gbs);
+  else if (gbs >= 1e-3) std::snprintf(buf, sizeof buf, "%.3g MB/s", gbs * 1e3);
+  else std::snprintf(buf, sizeof buf, "%.3g KB/s", gbs * 1e6);
+  return buf;
+}
+
 const char* ordinal_suffix(int n) {
   if (n % 100 >= 11 && n % 100 <= 13) return "th";
   switch (n % 10) {
@@ -175,7 +185,7 @@ void draw_collective(const CollectiveView& cv) {
   }
   key("algbw");
   if (cv.algbw_gbs > 0) {
-    ImGui::Text("%.2f GB/s", cv.algbw_gbs);
+    ImGui::TextUnformatted(bandwidth(cv.algbw_gbs).c_str());
     ImGui::SameLine();
     ImGui::TextColored(dim(), "(payload / time)");
   } else {
@@ -185,7 +195,7 @@ void draw_collective(const CollectiveView& cv) {
   if (cv.busbw_gbs > 0) {
     const bool times = ImGui::GetFont()->FindGlyphNoFallback(0x00D7) != nullptr;
     const double factor = cv.algbw_gbs > 0 ? cv.busbw_gbs / cv.algbw_gbs : 0.0;
-    ImGui::Text("%.2f GB/s", cv.busbw_gbs);
+    ImGui::TextUnformatted(bandwidth(cv.busbw_gbs).c_str());
     ImGui::SameLine();
     ImGui::TextColored(dim(), "(algbw %s %.3g)", times ? "\u00d7" : "x", factor);
     if (ImGui::IsItemHovered())
