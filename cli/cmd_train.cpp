@@ -27,6 +27,8 @@ struct TrainArgs {
   double bucket_cap_mb = 25, first_bucket_mb = 1;
   bool static_buckets = false;
   std::vector<std::string> faults;
+  std::string sharding = "full", wrap = "layer", backward_prefetch = "pre";
+  CLI::Option *sharding_opt = nullptr, *wrap_opt = nullptr, *bp_opt = nullptr, *fp_opt = nullptr;
   CLI::Option *bucket_opt = nullptr, *first_bucket_opt = nullptr, *find_unused_opt = nullptr,
               *view_opt = nullptr, *static_opt = nullptr;
   CLI::Option *lr_opt = nullptr, *wd_opt = nullptr, *momentum_opt = nullptr, *steps_opt = nullptr,
@@ -86,8 +88,16 @@ void finish_config(TrainArgs& a) {
   if (c.ddp.first_bucket_bytes < 1) throw Error("--first-bucket-mb is too small: a bucket must hold at least 1 byte");
   c.ddp.rebuild_buckets = !a.static_buckets;
   for (const std::string& f : a.faults) c.faults.push_back(parse_fault(f));
-  if (!c.faults.empty() && c.strategy != "ddp")
-    throw Error("--fault injects into the ranks' collectives; add --strategy ddp --world N");
+  if (c.strategy != "fsdp") {
+    for (CLI::Option* o : {a.sharding_opt, a.wrap_opt, a.bp_opt, a.fp_opt})
+      if (o->count() > 0) throw Error(o->get_name() + " configures FSDP; add --strategy fsdp --world N");
+  }
+  c.fsdp.sharding = parse_sharding(a.sharding);
+  if (a.wrap != "layer" && a.wrap != "model") throw Error("--wrap " + a.wrap + " is not a wrap policy; use layer (one unit per Linear) or model");
+  c.fsdp.wrap_layers = a.wrap == "layer";
+  c.fsdp.backward_prefetch = parse_backward_prefetch(a.backward_prefetch);
+  if (!c.faults.empty() && c.strategy == "single")
+    throw Error("--fault injects into the ranks' collectives; add --strategy ddp (or fsdp) --world N");
 }
 
 int run_train(TrainArgs& a, Streams& io) {
@@ -123,6 +133,10 @@ int run_train(TrainArgs& a, Streams& io) {
              << "; all-reduce order:\n";
       for (const std::string& line : trainer.planned_buckets()) io.out << "    " << line << "\n";
     }
+    if (c.strategy == "fsdp")
+      io.out << "  FSDP: " << sharding_name(c.fsdp.sharding) << ", units: "
+             << (c.fsdp.wrap_layers ? "one per Linear layer" : "the whole model") << ", backward prefetch "
+             << backward_prefetch_name(c.fsdp.backward_prefetch) << (c.fsdp.forward_prefetch ? ", forward prefetch" : "") << "\n";
     if (!c.init_path.empty()) io.out << "  initialized from " << c.init_path << "\n";
     io.out.flush();
   }
@@ -239,7 +253,7 @@ int run_train(TrainArgs& a, Streams& io) {
 Runner add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   TrainConfig& c = a->cfg;
-  app.add_option("--strategy", c.strategy, "Parallel strategy: single | ddp")->capture_default_str();
+  app.add_option("--strategy", c.strategy, "Parallel strategy: single | ddp | fsdp")->capture_default_str();
   app.add_option("--world", c.world_size, "Number of ranks (for strategies that use several)")->check(whole_number(1, 1024));
   a->model_opt = app.add_option("--model", a->model, "Model spec mlp:D0,D1,...,Dk (with --init: the checkpoint's)")->capture_default_str();
   app.add_option("--data", c.data, "spiral | blobs | PATH.npz (with options, e.g. spiral:classes=4,points=500)")->capture_default_str();
@@ -267,6 +281,10 @@ Runner add_train_command(CLI::App& app) {
   a->first_bucket_opt = app.add_option("--first-bucket-mb", a->first_bucket_mb, "DDP first bucket cap in MiB")->check(real_number(0, 1 << 20))->capture_default_str();
   a->find_unused_opt = app.add_flag("--find-unused-parameters", c.ddp.find_unused_parameters, "DDP marks parameters the forward did not use as ready");
   a->view_opt = app.add_flag("--gradient-as-bucket-view", c.ddp.gradient_as_bucket_view, "Gradients live in DDP's buckets (saves one gradient-sized buffer)");
+  a->sharding_opt = app.add_option("--sharding", a->sharding, "FSDP: full | grad-op | no-shard | zero1")->capture_default_str();
+  a->wrap_opt = app.add_option("--wrap", a->wrap, "FSDP units: layer (one per Linear) | model")->capture_default_str();
+  a->bp_opt = app.add_option("--backward-prefetch", a->backward_prefetch, "FSDP: none | pre (BACKWARD_PRE) | post (BACKWARD_POST)")->capture_default_str();
+  a->fp_opt = app.add_flag("--forward-prefetch", c.fsdp.forward_prefetch, "FSDP: gather the next unit during this unit's forward");
   a->static_opt = app.add_flag("--static-buckets", a->static_buckets, "Keep DDP's construction-time buckets (no rebuild after iteration 1)");
   app.add_option("--skip-layer", c.skip_layer, "Model branch: bypass this square Linear (Sequential index) on every --skip-every-th step")->check(whole_number(0, 1 << 20));
   app.add_option("--skip-every", c.skip_every, "Period of the --skip-layer branch in steps")->check(whole_number(1, int64_t{1} << 40))->capture_default_str();

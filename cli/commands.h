@@ -20,5 +20,6 @@ Runner add_train_command(CLI::App& app);
 Runner add_sampler_command(CLI::App& app);
 Runner add_eval_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
+Runner add_plan_command(CLI::App& app);
 
 }  // namespace dtlab::cli

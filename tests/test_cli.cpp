@@ -82,9 +82,9 @@ std::string read_bytes(const std::string& path) {
 
 TEST_SUITE("cli") {
   TEST_CASE("no subcommand, unknown subcommand") {
-    check_usage_error({}, "give a subcommand (train, eval, bench or sampler)");
+    check_usage_error({}, "give a subcommand (train, eval, bench, sampler or plan)");
     // CLI11 reports a missing subcommand before the stray word, so the message is the same.
-    check_usage_error({"frob"}, "'frob' is not a subcommand; use train, eval, bench or sampler");
+    check_usage_error({"frob"}, "'frob' is not a subcommand; use train, eval, bench, sampler or plan");
   }
 
   TEST_CASE("unknown flag and stray argument") {
@@ -115,7 +115,7 @@ TEST_SUITE("cli") {
     check_usage_error({"train", "--momentum", "0.9"}, "--momentum applies to --optimizer sgd");
     check_usage_error({"train", "--optimizer", "adamw", "--momentum", "0"}, "--momentum applies to --optimizer sgd");
     check_usage_error({"train", "--world", "4"}, "--strategy single runs one rank, but --world is 4");
-    check_usage_error({"train", "--strategy", "fsdp"}, "strategy 'fsdp' is not available in this version; use --strategy single or ddp");
+    check_usage_error({"train", "--strategy", "pipeline"}, "strategy 'pipeline' is not available in this version; use --strategy single, ddp or fsdp");
   }
 
   TEST_CASE("model and data specs") {

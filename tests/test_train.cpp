@@ -282,7 +282,7 @@ TEST_SUITE("train") {
       CHECK_THROWS_AS(Trainer{c}, Error);
     };
     TrainConfig c = demo_config(1);
-    c.strategy = "fsdp";
+    c.strategy = "pipeline";
     rejects(c, "strategy");
     c = demo_config(1);
     c.world_size = 2;

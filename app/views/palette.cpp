@@ -78,6 +78,7 @@ ImU32 memory_category_color(MemCategory c) {
     case MemCategory::Activations: return IM_COL32(90, 216, 166, 255);     // mint
     case MemCategory::CommBuffers: return IM_COL32(246, 201, 22, 255);     // yellow
     case MemCategory::Other: return IM_COL32(138, 143, 152, 255);          // grey
+    case MemCategory::GatheredParameters: return IM_COL32(120, 200, 250, 255);  // light blue: unsharded params
   }
   return IM_COL32(128, 128, 128, 255);
 }

@@ -12,6 +12,7 @@ std::string_view mem_category_name(MemCategory c) {
     case MemCategory::Activations: return "activations";
     case MemCategory::CommBuffers: return "communication buffers";
     case MemCategory::Other: return "other";
+    case MemCategory::GatheredParameters: return "gathered parameters";
   }
   return "?";
 }

@@ -18,9 +18,10 @@ enum class MemCategory : uint8_t {
   Activations,
   CommBuffers,
   Other,
+  GatheredParameters,  // FSDP: a unit's unsharded parameters while they are gathered
   // new values go at the end
 };
-inline constexpr int kNumMemCategories = 6;
+inline constexpr int kNumMemCategories = 7;
 
 std::string_view mem_category_name(MemCategory c);  // "parameters", "gradients", ...
 

@@ -65,6 +65,7 @@ Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed)
     layers_.push_back(lin);
     if (l + 1 < n_linear) layers_.push_back({LayerKind::ReLU, seq + 1, out, out});
   }
+  num_params_ = offset;
   flat_params_ = Tensor({offset}, MemCategory::Parameters, tracker);
   flat_grads_ = Tensor({offset}, MemCategory::Gradients, tracker);
   for (auto& p : params_) {
@@ -81,7 +82,8 @@ int Model::find_parameter(std::string_view name) const {
 }
 
 void Model::zero_grad() {
-  for (auto& p : params_) std::fill(p.grad, p.grad + p.numel, 0.0f);
+  for (auto& p : params_)
+    if (p.grad) std::fill(p.grad, p.grad + p.numel, 0.0f);
 }
 
 void Model::release_gradient_storage() {
@@ -92,6 +94,22 @@ void Model::release_gradient_storage() {
     DTLAB_CHECK(!(p.grad >= begin && p.grad < end),
                 "release_gradient_storage() while " + p.name + "'s gradient still lives there");
   flat_grads_ = Tensor();
+}
+
+void Model::release_parameter_storage() {
+  for (auto& p : params_) p.data = p.grad = nullptr;
+  flat_params_ = Tensor();
+  flat_grads_ = Tensor();
+}
+
+void Model::restore_storage(const float* full) {
+  flat_params_ = Tensor({num_params_}, MemCategory::Parameters, tracker_);
+  flat_grads_ = Tensor({num_params_}, MemCategory::Gradients, tracker_);
+  std::copy(full, full + num_params_, flat_params_.f32());
+  for (auto& p : params_) {
+    p.data = flat_params_.f32() + p.offset;
+    p.grad = flat_grads_.f32() + p.offset;
+  }
 }
 
 void Model::set_skipped_layer(int seq_index) {
@@ -189,7 +207,9 @@ const float* Model::forward(const float* x, int64_t B) {
   for (int i = 0; i < num_layers(); i++) {
     layer_in_[static_cast<size_t>(i)] = in;
     if (layer_skipped(i)) continue;  // the branch: this block's output is its input
+    if (hooks_) hooks_->before_forward(i);
     layer_forward(i, acts_[i].f32(), in, B);
+    if (hooks_) hooks_->after_forward(i);
     in = acts_[i].f32();
   }
   return in;
@@ -205,7 +225,9 @@ void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
     const float* in = layer_in_[static_cast<size_t>(i)];
     // Ping-pong between the two buffers, never writing the one `dout` points into.
     float* dinp = i > first ? (dout == dbuf_[0].f32() ? dbuf_[1].f32() : dbuf_[0].f32()) : nullptr;
+    if (hooks_) hooks_->before_backward(i);
     layer_backward(i, dinp, dout, in, acts_[i].f32(), batch_);
+    if (hooks_) hooks_->after_backward(i);
     const Layer& L = layer(i);
     if (L.kind == LayerKind::Linear && on_grad_ready) {
       on_grad_ready(L.bias);

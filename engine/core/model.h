@@ -41,6 +41,17 @@ struct Parameter {
 
 enum class LayerKind : uint8_t { Linear, ReLU };
 
+// Called around every layer's forward and backward (FSDP gathers a unit's parameters before its
+// first layer runs and frees or reduce-scatters after its last).
+class LayerHooks {
+ public:
+  virtual ~LayerHooks() = default;
+  virtual void before_forward(int layer) {}
+  virtual void after_forward(int layer) {}
+  virtual void before_backward(int layer) {}
+  virtual void after_backward(int layer) {}
+};
+
 struct Layer {
   LayerKind kind;
   int seq_index;              // position in torch.nn.Sequential (the N in "N.weight")
@@ -64,15 +75,22 @@ class Model {
   std::vector<Parameter>& parameters() { return params_; }
   const std::vector<Parameter>& parameters() const { return params_; }
   int find_parameter(std::string_view name) const;  // -1 if absent
-  int64_t num_params() const { return flat_params_.numel(); }
-  float* params() { return flat_params_.f32(); }
-  const float* params() const { return flat_params_.f32(); }
+  int64_t num_params() const { return num_params_; }
+  float* params() { return flat_params_.empty() ? nullptr : flat_params_.f32(); }
+  const float* params() const { return flat_params_.empty() ? nullptr : flat_params_.f32(); }
   // The flat gradient buffer; null once release_gradient_storage() gave it up.
   float* grads() { return flat_grads_.empty() ? nullptr : flat_grads_.f32(); }
   void zero_grad();  // zeroes every parameter's current grad target
   // After every Parameter::grad was rebound elsewhere (DDP's gradient_as_bucket_view), frees the
   // model's own gradient buffer: that is the memory the option saves.
   void release_gradient_storage();
+  // FSDP: frees the model's own parameter (and gradient) buffers; every Parameter's data and grad
+  // then point wherever the sharding puts them (null while not gathered). restore_storage()
+  // allocates them again and copies `full` (the flat parameters) in.
+  void release_parameter_storage();
+  void restore_storage(const float* full);
+  bool owns_parameters() const { return !flat_params_.empty(); }
+  void set_layer_hooks(LayerHooks* h) { hooks_ = h; }
 
   // A branch in the model (the "unused parameters" lesson): while set, forward() bypasses the
   // Linear at Sequential index `seq_index` and the ReLU after it (output = input), so that layer's
@@ -117,6 +135,8 @@ class Model {
   int skipped_seq_ = -1;
   std::vector<const float*> layer_in_;  // each layer's input in the last forward
   ComputeObserver* observer_ = nullptr;
+  LayerHooks* hooks_ = nullptr;
+  int64_t num_params_ = 0;
   int64_t batch_ = 0;     // rows of the current forward
   int64_t capacity_ = 0;  // rows the activation buffers hold
 };

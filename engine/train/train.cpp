@@ -24,8 +24,13 @@ double seconds_since(Clock::time_point t0) {
 }
 
 void validate(const TrainConfig& c) {
-  if (c.strategy != "single" && c.strategy != "ddp")
-    throw Error("strategy '" + c.strategy + "' is not available in this version; use --strategy single or ddp");
+  if (c.strategy != "single" && c.strategy != "ddp" && c.strategy != "fsdp")
+    throw Error("strategy '" + c.strategy + "' is not available in this version; use --strategy single, ddp or fsdp");
+  if (c.strategy == "fsdp" && c.accum > 1)
+    throw Error("--accum with --strategy fsdp is not available in this version; use --strategy ddp for gradient accumulation");
+  if (c.strategy == "fsdp" && c.fsdp.sharding == Sharding::Hybrid)
+    throw Error("--sharding hybrid needs node-local process groups, which this version does not have yet; "
+                "use full, grad-op, no-shard or zero1");
   if (c.strategy == "single" && c.world_size != 1)
     throw Error("--strategy single runs one rank, but --world is " + std::to_string(c.world_size) +
                 "; drop --world, set it to 1, or use --strategy ddp");
@@ -85,7 +90,7 @@ EvalResult evaluate(Model& model, const Dataset& ds, int64_t batch, float* logit
 Trainer::Trainer(const TrainConfig& config) : config_(config) {
   validate(config_);
   const int N = config_.world_size;
-  const bool ddp = config_.strategy == "ddp";
+  const bool ddp = config_.strategy != "single";  // ddp and fsdp run on the threads world
   // Instrumentation is always on (it costs well under 3% of a step, see bench/bench_step.cpp); the
   // trace file is only written when asked for.
   if (ddp) {
@@ -226,7 +231,10 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
   const int64_t A = config_.accum;
 
   std::unique_ptr<DistributedDataParallel> ddp;
-  if (comm) {
+  std::unique_ptr<FullyShardedDataParallel> fsdp;
+  if (comm && config_.strategy == "fsdp") {
+    fsdp = std::make_unique<FullyShardedDataParallel>(model, *comm, ctx, config_.fsdp, config_.optimizer);
+  } else if (comm) {
     DdpOptions o = config_.ddp;
     o.timeout_s = config_.timeout_s;
     ddp = std::make_unique<DistributedDataParallel>(model, *comm, ctx, o);
@@ -264,7 +272,8 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
     int64_t correct = 0, samples = 0;
     {
       ComputeScope scope(ctx, ComputeKind::ZeroGrad, -1, 0.0);
-      model.zero_grad();
+      if (fsdp) fsdp->zero_grad();
+      else model.zero_grad();
     }
     for (int64_t micro = 0; micro < A; micro++) {
       if (!loader.next(batch)) {  // epoch exhausted: the user's loop calls set_epoch(epoch + 1)
@@ -291,10 +300,12 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
       if (ddp) ddp->prepare_for_backward(sync);
       model.backward(dlogits.f32(), ddp ? ddp->grad_ready_hook() : Model::GradReadyHook{});
       if (ddp) ddp->finalize_backward();
+      if (fsdp) fsdp->finalize_backward();
     }
     {
       ComputeScope scope(ctx, ComputeKind::OptimizerStep, -1, 10.0 * model.num_params());
-      if (ddp) opt.step(ddp->optimizer_segments());
+      if (fsdp) fsdp->step();
+      else if (ddp) opt.step(ddp->optimizer_segments());
       else opt.step(model.params(), model.grads());
     }
     double overlap = ddp ? ddp->last_stats().overlap() : -1;
@@ -331,6 +342,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
     if (on_step) on_step(r);
   }
   model.set_skipped_layer(-1);
+  if (fsdp) fsdp->materialize();  // every rank gathers the full parameters back (evaluation, --save)
   if (rank == 0) {
     sum.epochs_started = epochs_started;
     sum.mean_overlap = overlap_n ? overlap_sum / static_cast<double>(overlap_n) : -1;

@@ -2,6 +2,8 @@
 //   single  one rank, in the calling thread
 //   ddp     N ranks of the threads backend, each with its own model replica, sampler shard and
 //           optimizer, gradients averaged by DistributedDataParallel (engine/parallel/ddp.h)
+//   fsdp    N ranks, parameters/gradients/optimizer state sharded by FullyShardedDataParallel
+//           (engine/parallel/fsdp.h) or ZeRO-1
 // Front ends (CLI, app) configure it with TrainConfig, call run() and receive a StepReport per step.
 // Both strategies run the same per-rank loop, so `single` is exactly DDP's one-rank reference.
 #pragma once
@@ -16,6 +18,7 @@
 #include "engine/comm/threads_backend.h"
 #include "engine/data/dataset.h"
 #include "engine/parallel/ddp.h"
+#include "engine/parallel/fsdp.h"
 #include "engine/trace/context.h"
 
 namespace dtlab {
@@ -45,6 +48,8 @@ struct TrainConfig {
   int64_t skip_every = 2;
   // ddp
   DdpOptions ddp;
+  // fsdp
+  FsdpOptions fsdp;
   // threads backend (ddp)
   double timeout_s = 30;    // watchdog
   bool start_paused = false;  // stepper starts paused (the app)

@@ -1,0 +1,80 @@
+// Memory planner for data-parallel sharding: per-rank bytes of parameters, gradients and optimizer
+// state under DDP, ZeRO-1/2/3 and FSDP's strategies, by the ZeRO paper's formulas (REFERENCE §3).
+// A pure function of a few numbers, so `dtlab-cli plan` and the GUI can put the toy model the engine
+// really trains beside the same strategy at 7B. Activations and temporary buffers are not counted.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "engine/core/optim.h"  // OptimizerKind
+
+namespace dtlab {
+
+// Ordered by how much is sharded; the ZeRO stage each matches is zero_stage().
+enum class Sharding : uint8_t { NoShard, Zero1, ShardGradOp, FullShard, Hybrid };
+inline constexpr std::array<Sharding, 5> kAllShardings = {Sharding::NoShard, Sharding::Zero1,
+                                                          Sharding::ShardGradOp, Sharding::FullShard,
+                                                          Sharding::Hybrid};
+
+Sharding parse_sharding(std::string_view name);  // "no-shard" | "zero1" | "grad-op" | "full" | "hybrid"
+const char* sharding_flag(Sharding s);           // the name parse_sharding() takes: "grad-op"
+const char* sharding_name(Sharding s);           // torch's name: "SHARD_GRAD_OP"
+int zero_stage(Sharding s);                      // 0, 1, 2, 3, 3 (HYBRID_SHARD is stage 3 inside a group)
+
+// Fp32: dtlab's real engine, everything in float32. Mixed: the ZeRO paper's mixed-precision Adam,
+// fp16 parameters and gradients with the optimizer holding an fp32 master copy beside its state.
+enum class PlanDType : uint8_t { Fp32, Mixed };
+PlanDType parse_plan_dtype(std::string_view name);  // "fp32" | "mixed"
+const char* plan_dtype_name(PlanDType d);
+
+// Bytes each parameter costs per copy. Mixed AdamW is the paper's 2 + 2 + K with K = 12 (fp32
+// master, m, v); mixed SGD keeps the master copy (4) plus its momentum (4) if any. Fp32 matches
+// Optimizer::state_bytes_per_param(): AdamW 8, SGD with momentum 4, plain SGD 0.
+struct BytesPerParam {
+  int parameters = 0, gradients = 0, optimizer_state = 0;
+};
+BytesPerParam bytes_per_param(PlanDType dtype, OptimizerKind optimizer, bool sgd_momentum);
+
+struct MemoryPlanInput {
+  double params = 0;  // Ψ, a whole number of parameters (a double so 70B needs no care)
+  int world = 1;      // data-parallel ranks
+  int node_size = 0;  // HYBRID_SHARD's shard group (ranks per node); 0 = world. Ignored by the others.
+  Sharding sharding = Sharding::FullShard;
+  PlanDType dtype = PlanDType::Fp32;
+  OptimizerKind optimizer = OptimizerKind::AdamW;
+  bool sgd_momentum = false;
+  // FSDP unshards one unit (wrapped module) at a time: its full parameters, and in backward its
+  // full gradient until the reduce-scatter. Parameters of the largest unit; 0 = leave this out.
+  double largest_unit_params = 0;
+  int units_in_flight = 1;  // 2 when the next unit's all-gather is prefetched (BACKWARD_PRE)
+};
+
+// Bytes per rank. Sharded parts hold ceil(Ψ/N_d) elements per rank, as FSDP's flat parameter pads
+// the last shards; with Ψ divisible by N_d these are the paper's Ψ/N_d exactly.
+struct MemoryPlan {
+  int shard_ranks = 1;  // N_d: ranks the sharded parts are split over (1 for NO_SHARD)
+  double parameters = 0, gradients = 0, optimizer_state = 0;
+  double gathered = 0;  // unsharded parameters/gradients of the units in flight (stages 2 and 3)
+  double total = 0;     // the four above
+  // Bytes each rank sends per step with ring collectives (it receives as many). Convention: a ring
+  // all-reduce of Ψ elements sends 2(N-1)/N Ψ, an all-gather or reduce-scatter (N-1)/N Ψ. So
+  // stage 0 (all-reduce) and stages 1-2 (reduce-scatter gradients, all-gather updated parameters)
+  // move the paper's "2Ψ", stage 3 (all-gather in forward and again in backward, reduce-scatter)
+  // "3Ψ". HYBRID_SHARD: 3Ψ inside its group plus an all-reduce of its Ψ/N_d shard across groups.
+  double comm_bytes = 0;
+  double comm_cross_group_bytes = 0;  // HYBRID_SHARD: the part of comm_bytes that crosses groups
+  std::string formula;       // per-rank memory in the paper's notation: "2Ψ + (2+12)Ψ/N_d"
+  std::string comm_formula;  // "2Ψ", "3Ψ", "3Ψ + 2Ψ/N_d"
+};
+
+// Throws dtlab::Error (one sentence) for inputs that describe no real run.
+MemoryPlan plan_memory(const MemoryPlanInput& in);
+
+// "7.5e9", "7B", "70b", "125M", "350K", "1.3T", "4547" -> a whole number of parameters (>= 1).
+double parse_param_count(std::string_view text);
+// 7.5e9 -> "7.5B", 1.25e8 -> "125M", 4547 -> "4547": short, for headers and labels.
+std::string param_count_str(double params);
+
+}  // namespace dtlab
