@@ -305,12 +305,13 @@ void App::config_panel() {
   ImGui::PushItemWidth(std::max(ImGui::GetFontSize() * 6, ImGui::GetContentRegionAvail().x - ImGui::GetFontSize() * 8));
   TrainConfig& c = edit_;
   bool changed = false;
-  const char* strategies[] = {"single", "ddp"};
-  int si = c.strategy == "ddp" ? 1 : 0;
-  if (ImGui::Combo("strategy", &si, strategies, 2)) {
+  const char* strategies[] = {"single", "ddp", "fsdp"};
+  int si = c.strategy == "ddp" ? 1 : c.strategy == "fsdp" ? 2 : 0;
+  if (ImGui::Combo("strategy", &si, strategies, 3)) {
     c.strategy = strategies[si];
     if (c.strategy == "single") c.world_size = 1;
     else if (c.world_size < 2) c.world_size = 4;
+    if (c.strategy == "fsdp") c.accum = 1;  // the engine's FSDP has no gradient accumulation yet
     changed = true;
   }
   int world = c.world_size;
@@ -329,17 +330,44 @@ void App::config_panel() {
   if (ImGui::InputInt("batch/rank", &batch) && batch >= 1) c.batch = batch;
   if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
   int accum = static_cast<int>(c.accum);
+  ImGui::BeginDisabled(c.strategy == "fsdp");
   if (ImGui::InputInt("accum", &accum) && accum >= 1) c.accum = accum;
   if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
-  ImGui::BeginDisabled(c.strategy != "ddp");
-  float cap_kib = static_cast<float>(c.ddp.bucket_cap_bytes) / 1024.0f;
-  float first_kib = static_cast<float>(c.ddp.first_bucket_bytes) / 1024.0f;
-  if (ImGui::InputFloat("bucket KiB", &cap_kib, 1, 16, "%.1f") && cap_kib > 0) c.ddp.bucket_cap_bytes = static_cast<int64_t>(cap_kib * 1024);
-  if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
-  if (ImGui::InputFloat("first KiB", &first_kib, 1, 16, "%.1f") && first_kib > 0) c.ddp.first_bucket_bytes = static_cast<int64_t>(first_kib * 1024);
-  if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
-  if (ImGui::Checkbox("find_unused_parameters", &c.ddp.find_unused_parameters)) changed = true;
   ImGui::EndDisabled();
+  if (c.strategy != "fsdp") {  // DDP's buckets (shown disabled for single); fsdp shows its own options instead
+    ImGui::BeginDisabled(c.strategy != "ddp");
+    float cap_kib = static_cast<float>(c.ddp.bucket_cap_bytes) / 1024.0f;
+    float first_kib = static_cast<float>(c.ddp.first_bucket_bytes) / 1024.0f;
+    if (ImGui::InputFloat("bucket KiB", &cap_kib, 1, 16, "%.1f") && cap_kib > 0)
+      c.ddp.bucket_cap_bytes = static_cast<int64_t>(cap_kib * 1024);
+    if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
+    if (ImGui::InputFloat("first KiB", &first_kib, 1, 16, "%.1f") && first_kib > 0)
+      c.ddp.first_bucket_bytes = static_cast<int64_t>(first_kib * 1024);
+    if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
+    if (ImGui::Checkbox("find_unused_parameters", &c.ddp.find_unused_parameters)) changed = true;
+    ImGui::EndDisabled();
+  } else {
+    // FSDP's options (torch's names); HYBRID_SHARD is left out: the engine cannot run it yet.
+    if (ImGui::BeginCombo("sharding", sharding_name(c.fsdp.sharding))) {
+      for (Sharding sh : kAllShardings) {
+        if (sh == Sharding::Hybrid) continue;
+        if (ImGui::Selectable(sharding_name(sh), c.fsdp.sharding == sh) && c.fsdp.sharding != sh)
+          c.fsdp.sharding = sh, changed = true;
+      }
+      ImGui::EndCombo();
+    }
+    const char* wraps[] = {"per layer", "whole model"};
+    int wi = c.fsdp.wrap_layers ? 0 : 1;
+    if (ImGui::Combo("wrap", &wi, wraps, 2)) c.fsdp.wrap_layers = wi == 0, changed = true;
+    const BackwardPrefetch prefetches[] = {BackwardPrefetch::None, BackwardPrefetch::Pre, BackwardPrefetch::Post};
+    if (ImGui::BeginCombo("backward prefetch", backward_prefetch_name(c.fsdp.backward_prefetch))) {
+      for (BackwardPrefetch bp : prefetches)
+        if (ImGui::Selectable(backward_prefetch_name(bp), c.fsdp.backward_prefetch == bp) && c.fsdp.backward_prefetch != bp)
+          c.fsdp.backward_prefetch = bp, changed = true;
+      ImGui::EndCombo();
+    }
+    if (ImGui::Checkbox("forward prefetch", &c.fsdp.forward_prefetch)) changed = true;
+  }
   const char* opts[] = {"sgd", "adamw"};
   int oi = c.optimizer.kind == OptimizerKind::AdamW ? 1 : 0;
   if (ImGui::Combo("optimizer", &oi, opts, 2)) c.optimizer = default_optimizer_config(parse_optimizer_kind(opts[oi])), changed = true;
@@ -366,6 +394,9 @@ void App::config_panel() {
   const RunConfigView& rc = session_->snapshot().config;
   ImGui::TextWrapped("%s on %s, %s; effective batch %lld", rc.model.c_str(), rc.data.c_str(), rc.optimizer.c_str(),
                      static_cast<long long>(rc.batch * rc.world * rc.accum));
+  if (rc.strategy == "fsdp")
+    ImGui::TextWrapped("FSDP %s over %d ranks, units: %s", sharding_name(rc.sharding), rc.world,
+                       rc.wrap_layers ? "one per Linear" : "the whole model");
   ImGui::TextDisabled("Space run/pause  R ring step  C collective  I iteration  Bksp reset  1-6 one view  0 all  P presentation  M clock");
   ImGui::PopItemWidth();
   ImGui::End();

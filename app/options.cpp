@@ -41,8 +41,9 @@ int parse_app_options(int argc, char** argv, AppOptions& o) {
   c.start_paused = true;
   c.timeout_s = 60;
   std::string model = "wide", optimizer = "adamw", script_file, run_cmds, clock = "modeled";
+  std::string sharding = "full", wrap = "layer", backward_prefetch = "pre";
   double bucket_mb = 4096.0 / 1048576.0, first_mb = 1024.0 / 1048576.0, lr = 0;
-  app.add_option("--strategy", c.strategy, "single | ddp")->capture_default_str();
+  app.add_option("--strategy", c.strategy, "single | ddp | fsdp")->capture_default_str();
   app.add_option("--world", c.world_size, "Ranks, 1 to 16")->check(CLI::Range(1, 16))->capture_default_str();
   app.add_option("--model", model, "Preset tiny|small|deep|wide or mlp:D0,...,Dk")->capture_default_str();
   app.add_option("--data", c.data, "spiral | blobs | PATH.npz")->capture_default_str();
@@ -54,6 +55,10 @@ int parse_app_options(int argc, char** argv, AppOptions& o) {
   app.add_option("--bucket-cap-mb", bucket_mb, "DDP bucket cap in MiB (lab default 0.004)")->check(CLI::Range(1e-9, 1e6));
   app.add_option("--first-bucket-mb", first_mb, "DDP first bucket cap in MiB (lab default 0.001)")->check(CLI::Range(1e-9, 1e6));
   app.add_flag("--find-unused-parameters", c.ddp.find_unused_parameters, "DDP marks unused parameters ready");
+  auto* sharding_opt = app.add_option("--sharding", sharding, "FSDP: full | grad-op | no-shard | zero1")->capture_default_str();
+  auto* wrap_opt = app.add_option("--wrap", wrap, "FSDP units: layer (one per Linear) | model")->capture_default_str();
+  auto* bp_opt = app.add_option("--backward-prefetch", backward_prefetch, "FSDP: none | pre (BACKWARD_PRE) | post (BACKWARD_POST)")->capture_default_str();
+  auto* fp_opt = app.add_flag("--forward-prefetch", c.fsdp.forward_prefetch, "FSDP: gather the next unit during this unit's forward");
   app.add_option("--skip-layer", c.skip_layer, "Model branch: bypass this square Linear every --skip-every steps");
   app.add_option("--skip-every", c.skip_every, "Period of the branch")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--profile", c.profile, "Hardware profile: nvlink8, pcie8, ib2x4, eth2x4, this")->capture_default_str();
@@ -84,6 +89,19 @@ int parse_app_options(int argc, char** argv, AppOptions& o) {
     if (c.ddp.bucket_cap_bytes < 1 || c.ddp.first_bucket_bytes < 1)
       throw Error("bucket caps must hold at least 1 byte; raise --bucket-cap-mb / --first-bucket-mb");
     if (c.strategy == "single" && c.world_size != 1) c.world_size = 1;
+    if (c.strategy != "fsdp")
+      for (CLI::Option* f : {sharding_opt, wrap_opt, bp_opt, fp_opt})
+        if (f->count() > 0) throw Error(f->get_name() + " configures FSDP; add --strategy fsdp");
+    try {
+      c.fsdp.sharding = parse_sharding(sharding);
+    } catch (const Error&) {  // the engine's list names hybrid, which the lab cannot run yet
+      throw Error("--sharding " + sharding + " is not a sharding strategy; use full, grad-op, no-shard or zero1");
+    }
+    if (c.fsdp.sharding == Sharding::Hybrid)
+      throw Error("--sharding hybrid needs node-local process groups, which this version does not have yet; use full, grad-op, no-shard or zero1");
+    if (wrap != "layer" && wrap != "model") throw Error("--wrap " + wrap + " is not a wrap policy; use layer (one unit per Linear) or model");
+    c.fsdp.wrap_layers = wrap == "layer";
+    c.fsdp.backward_prefetch = parse_backward_prefetch(backward_prefetch);
     find_profile(c.profile);
     if (!script_file.empty() && !run_cmds.empty()) throw Error("give --script FILE or --run \"commands\", not both");
     if (!script_file.empty()) {

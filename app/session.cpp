@@ -111,6 +111,22 @@ void Session::reset_derived() {
   c.steps = trainer_->total_steps();
   c.bucket_cap_bytes = config_.ddp.bucket_cap_bytes;
   c.first_bucket_bytes = config_.ddp.first_bucket_bytes;
+  // Read before the run starts (FSDP releases the model's storage then; the counts stay).
+  const Model& model = trainer_->model();
+  c.sharding = config_.strategy == "fsdp" ? config_.fsdp.sharding : Sharding::NoShard;
+  c.num_params = model.num_params();
+  c.optimizer_kind = config_.optimizer.kind;
+  c.sgd_momentum = config_.optimizer.kind == OptimizerKind::SGD && config_.optimizer.momentum > 0;
+  c.wrap_layers = config_.fsdp.wrap_layers;
+  c.largest_unit_params = c.wrap_layers ? 0 : c.num_params;
+  if (c.wrap_layers)
+    for (int i = 0; i < model.num_layers(); i++) {
+      const Layer& l = model.layer(i);
+      if (l.kind == LayerKind::Linear) c.largest_unit_params = std::max(c.largest_unit_params, l.in_features * l.out_features + l.out_features);
+    }
+  // BACKWARD_PRE holds the next unit's parameters beside this unit's parameters and gradient.
+  // (Forward prefetch holds two units' parameters only, no more than one unit in backward.)
+  c.units_in_flight = config_.fsdp.backward_prefetch == BackwardPrefetch::Pre ? 2 : 1;
   snap_.total_steps = trainer_->total_steps();
 }
 

@@ -10,6 +10,8 @@
 #include "engine/comm/communicator.h"
 #include "engine/comm/plan.h"
 #include "engine/core/memory.h"
+#include "engine/core/optim.h"
+#include "engine/parallel/memory_plan.h"
 #include "engine/trace/event.h"
 #include "engine/trace/stepper.h"
 
@@ -102,6 +104,14 @@ struct RunConfigView {
   int world = 1;
   int64_t batch = 0, accum = 1, steps = 0;
   int64_t bucket_cap_bytes = 0, first_bucket_bytes = 0;
+  // What the memory planner needs to put the run beside the other strategies (plan_memory).
+  Sharding sharding = Sharding::NoShard;  // the run's: fsdp's setting; ddp and single are NO_SHARD
+  int64_t num_params = 0;                 // Ψ of the running model
+  OptimizerKind optimizer_kind = OptimizerKind::AdamW;
+  bool sgd_momentum = false;              // SGD keeps a momentum buffer
+  bool wrap_layers = true;                // FSDP units: one per Linear (else the whole model)
+  int64_t largest_unit_params = 0;        // the largest unit: biggest Linear (weight + bias) or Ψ
+  int units_in_flight = 1;                // 2 with BACKWARD_PRE (the next unit gathered early)
 };
 
 struct Snapshot {

@@ -1,14 +1,20 @@
 // Memory view: what each rank holds right now, as one stacked bar per rank (parameters, gradients,
 // optimizer state, activations, communication buffers, other), with the peak of the current
 // iteration marked. Every bar shares one scale (the largest peak over ranks), so sharding strategies
-// that cut a rank's footprint read as shorter bars at a glance.
+// that cut a rank's footprint read as shorter bars at a glance. Below them, "strategies compared":
+// the memory planner's per-rank bytes for the running model under NO_SHARD, ZeRO-1, SHARD_GRAD_OP
+// and FULL_SHARD, beside the same at 7.5B parameters (the ZeRO paper's figure).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <string>
 
 #include "app/views/views.h"
+#include "engine/core/check.h"
 #include "engine/core/format.h"
+#include "engine/parallel/memory_plan.h"
 
 namespace dtlab::app {
 
@@ -72,9 +78,8 @@ void draw_legend(const MemoryStats& st, int shown, bool hovered) {
   ImGui::Text("peak this iteration: %s", human_bytes(st.total_peak).c_str());
 }
 
-}  // namespace
-
-void draw_memory_view(const Snapshot& s, ViewContext& /*ctx*/) {
+// The live bars: what each rank holds now. `reserve_h` is kept free below them (the comparison).
+void draw_live_bars(const Snapshot& s, float reserve_h) {
   // The rank the legend details: the one under the mouse last frame, else rank 0.
   static int hovered_rank = -1;
 
@@ -108,7 +113,7 @@ void draw_memory_view(const Snapshot& s, ViewContext& /*ctx*/) {
   const float footer_h = ImGui::GetTextLineHeightWithSpacing();
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const float gap = std::max(3.0f, font * 0.35f);
-  const float fit_h = (avail.y - axis_h - footer_h - style.ItemSpacing.y) / static_cast<float>(world) - gap;
+  const float fit_h = (avail.y - reserve_h - axis_h - footer_h - style.ItemSpacing.y) / static_cast<float>(world) - gap;
   const float bar_h = std::clamp(fit_h, font * 0.9f, font * 2.2f);
   const float width = std::max(avail.x, label_w + numbers_w + font * 8);
   const ImVec2 origin = ImGui::GetCursorScreenPos();
@@ -202,6 +207,277 @@ void draw_memory_view(const Snapshot& s, ViewContext& /*ctx*/) {
 
   if (world > 1)
     ImGui::Text("All %d ranks: %s now, peaks sum to %s", world, human_bytes(sum_current).c_str(), human_bytes(sum_peak).c_str());
+}
+
+// ---- Strategies compared: the memory planner's per-rank bytes under each sharding ----
+
+constexpr int kNumCompared = 4;
+constexpr Sharding kCompared[kNumCompared] = {Sharding::NoShard, Sharding::Zero1, Sharding::ShardGradOp,
+                                              Sharding::FullShard};
+constexpr ImU32 kRunningBand = IM_COL32(255, 255, 255, 26);
+
+// Short row labels (sharding_name's ZeRO-1 carries a long note).
+const char* compared_label(Sharding sh) {
+  switch (sh) {
+    case Sharding::NoShard: return "NO_SHARD";
+    case Sharding::Zero1: return "ZeRO-1";
+    case Sharding::ShardGradOp: return "SHARD_GRAD_OP";
+    case Sharding::FullShard: return "FULL_SHARD";
+    default: return sharding_name(sh);
+  }
+}
+
+struct PlanSet {
+  bool ok = false;
+  std::string error;
+  std::array<MemoryPlan, kNumCompared> plans;
+};
+
+PlanSet plan_all(MemoryPlanInput in) {
+  PlanSet out;
+  try {
+    for (int i = 0; i < kNumCompared; i++) {
+      in.sharding = kCompared[i];
+      out.plans[static_cast<size_t>(i)] = plan_memory(in);
+    }
+    out.ok = true;
+  } catch (const Error& e) {
+    out.error = e.what();
+  }
+  return out;
+}
+
+// "120 GB", "31.4 GB", "1.9 GB": decimal gigabytes, as the ZeRO paper prints them.
+std::string paper_gb(double bytes) {
+  const double gb = bytes / 1e9;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, gb >= 100 ? "%.0f GB" : "%.1f GB", gb);
+  return buf;
+}
+
+std::string plan_bytes(double bytes, bool paper_units) {
+  return paper_units ? paper_gb(bytes) : human_bytes(static_cast<int64_t>(std::llround(bytes)));
+}
+
+struct PlanPart {
+  MemCategory category;
+  const char* name;
+  double MemoryPlan::*bytes;
+};
+constexpr PlanPart kPlanParts[] = {
+    {MemCategory::Parameters, "parameters", &MemoryPlan::parameters},
+    {MemCategory::Gradients, "gradients", &MemoryPlan::gradients},
+    {MemCategory::OptimizerState, "optimizer state", &MemoryPlan::optimizer_state},
+    {MemCategory::GatheredParameters, "gathered (a unit unsharded)", &MemoryPlan::gathered},
+};
+
+void draw_plan_legend() {
+  const float font = ImGui::GetFontSize();
+  const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
+  for (size_t i = 0; i < std::size(kPlanParts); i++) {
+    const float w = font * 1.2f + ImGui::CalcTextSize(kPlanParts[i].name).x;
+    if (i > 0) {
+      ImGui::SameLine(0, font * 1.2f);
+      if (ImGui::GetCursorScreenPos().x + w > right) ImGui::NewLine();
+    }
+    const ImVec2 p = ImGui::GetCursorScreenPos();
+    const float sw = font * 0.8f, dy = (ImGui::GetTextLineHeight() - sw) * 0.5f;
+    ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x, p.y + dy), ImVec2(p.x + sw, p.y + dy + sw),
+                                              memory_category_color(kPlanParts[i].category), font * 0.15f);
+    ImGui::Dummy(ImVec2(font * 1.2f, ImGui::GetTextLineHeight()));
+    ImGui::SameLine(0, 0);
+    ImGui::TextUnformatted(kPlanParts[i].name);
+  }
+}
+
+// One panel `width` wide: a title, a subtitle, a row per strategy [marker + name | stacked bar and
+// its total], then a footnote. Bars share the panel's own scale (its largest total); `running` is
+// the row to highlight.
+// Height of a panel's title and (wrapped) subtitle, so panels side by side start their rows level.
+float plan_header_height(const std::string& title, const std::string& subtitle, float width) {
+  const ImGuiStyle& style = ImGui::GetStyle();
+  return ImGui::CalcTextSize(title.c_str(), nullptr, false, width).y +
+         ImGui::CalcTextSize(subtitle.c_str(), nullptr, false, width).y + 2 * style.ItemSpacing.y;
+}
+
+void draw_plan_panel(const char* id, const std::string& title, const std::string& subtitle, const std::string& footnote,
+                     const PlanSet& set, int running, bool paper_units, float width, float header_h) {
+  const float font = ImGui::GetFontSize();
+  ImGui::BeginGroup();
+  ImGui::PushTextWrapPos(ImGui::GetCursorPosX() + width);
+  const float top = ImGui::GetCursorPosY();
+  ImGui::TextUnformatted(title.c_str());
+  ImGui::TextDisabled("%s", subtitle.c_str());
+  const float used = ImGui::GetCursorPosY() - top;
+  if (used < header_h) ImGui::Dummy(ImVec2(1, header_h - used - ImGui::GetStyle().ItemSpacing.y));
+  if (!set.ok) {
+    ImGui::TextWrapped("The planner cannot size this: %s", set.error.c_str());
+    ImGui::PopTextWrapPos();
+    ImGui::EndGroup();
+    return;
+  }
+  std::array<std::string, kNumCompared> totals;
+  float total_w = 0;
+  double scale = 0;
+  for (int i = 0; i < kNumCompared; i++) {
+    const MemoryPlan& p = set.plans[static_cast<size_t>(i)];
+    totals[static_cast<size_t>(i)] = plan_bytes(p.total, paper_units);
+    total_w = std::max(total_w, ImGui::CalcTextSize(totals[static_cast<size_t>(i)].c_str()).x);
+    scale = std::max(scale, p.total);
+  }
+  total_w += font * 0.8f;
+  const float label_w = ImGui::CalcTextSize("SHARD_GRAD_OP").x + font * 1.5f;
+  const float row_h = font * 1.3f, gap = std::max(3.0f, font * 0.45f);
+  const ImVec2 origin = ImGui::GetCursorScreenPos();
+  ImGui::InvisibleButton(id, ImVec2(width, static_cast<float>(kNumCompared) * (row_h + gap)));
+  const bool hovered = ImGui::IsItemHovered();
+  const ImVec2 mouse = ImGui::GetIO().MousePos;
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const float bar_x0 = origin.x + label_w;
+  const float bar_x1 = std::max(origin.x + width - total_w, bar_x0 + font * 2);
+  const double px_per_byte = scale > 0 ? (bar_x1 - bar_x0) / scale : 0;
+  const ImU32 text = ImGui::GetColorU32(ImGuiCol_Text), dim = ImGui::GetColorU32(ImGuiCol_Text, 0.72f);
+  const float rounding = font * 0.15f;
+  for (int i = 0; i < kNumCompared; i++) {
+    const MemoryPlan& p = set.plans[static_cast<size_t>(i)];
+    const bool is_running = i == running;
+    const float y0 = origin.y + static_cast<float>(i) * (row_h + gap) + gap * 0.5f, y1 = y0 + row_h;
+    const bool row_hovered = hovered && mouse.y >= y0 - gap * 0.5f && mouse.y < y1 + gap * 0.5f;
+    const float text_y = y0 + (row_h - ImGui::GetTextLineHeight()) * 0.5f;
+    if (is_running) {
+      dl->AddRectFilled(ImVec2(origin.x, y0 - gap * 0.45f), ImVec2(origin.x + width, y1 + gap * 0.45f), kRunningBand, rounding);
+      const float cy = 0.5f * (y0 + y1), r = font * 0.3f;
+      dl->AddTriangleFilled(ImVec2(origin.x + font * 0.2f, cy - r), ImVec2(origin.x + font * 0.2f, cy + r),
+                            ImVec2(origin.x + font * 0.2f + r * 1.6f, cy), text);
+    }
+    dl->AddText(ImVec2(origin.x + font * 0.95f, text_y), is_running ? text : dim, compared_label(kCompared[i]));
+    dl->AddRectFilled(ImVec2(bar_x0, y0), ImVec2(bar_x1, y1), kTrackColor, rounding);
+    double at = 0;
+    for (const PlanPart& part : kPlanParts) {
+      const double b = p.*part.bytes;
+      if (b <= 0) continue;
+      const float xa = bar_x0 + static_cast<float>(at * px_per_byte);
+      const float xb = std::max(bar_x0 + static_cast<float>((at + b) * px_per_byte), xa + 1.0f);
+      dl->AddRectFilled(ImVec2(xa, y0), ImVec2(xb, y1), memory_category_color(part.category));
+      if (xb - xa > 3) dl->AddLine(ImVec2(xb - 0.5f, y0), ImVec2(xb - 0.5f, y1), IM_COL32(0, 0, 0, 110), 1.0f);
+      at += b;
+    }
+    const float x_end = std::max(bar_x0 + static_cast<float>(at * px_per_byte), bar_x0 + 1.0f);
+    if (is_running)
+      dl->AddRect(ImVec2(bar_x0 - 1.5f, y0 - 1.5f), ImVec2(x_end + 1.5f, y1 + 1.5f), text, rounding, 0,
+                  std::max(1.5f, font * 0.1f));
+    dl->AddText(ImVec2(x_end + font * 0.45f, text_y), is_running ? text : dim, totals[static_cast<size_t>(i)].c_str());
+    if (row_hovered) dl->AddRect(ImVec2(bar_x0 - 1, y0 - 1), ImVec2(bar_x1 + 1, y1 + 1), ImGui::GetColorU32(ImGuiCol_Text, 0.5f), rounding);
+    if (!row_hovered) continue;
+    ImGui::BeginTooltip();
+    ImGui::Text("%s (ZeRO stage %d)%s", sharding_name(kCompared[i]), zero_stage(kCompared[i]),
+                is_running ? ": this run" : "");
+    const float value_x = ImGui::CalcTextSize("gathered (a unit unsharded)").x + font;
+    for (const PlanPart& part : kPlanParts) {
+      if (p.*part.bytes <= 0 && part.category == MemCategory::GatheredParameters) continue;
+      ImGui::TextUnformatted(part.name);
+      ImGui::SameLine(value_x);
+      ImGui::TextUnformatted(plan_bytes(p.*part.bytes, paper_units).c_str());
+    }
+    ImGui::TextUnformatted("total per rank");
+    ImGui::SameLine(value_x);
+    ImGui::Text("%s%s%s", totals[static_cast<size_t>(i)].c_str(), paper_units ? " = " : "",
+                paper_units ? human_bytes(static_cast<int64_t>(std::llround(p.total))).c_str() : "");
+    ImGui::TextDisabled("memory %s; sends %s per step (%s)", p.formula.c_str(), plan_bytes(p.comm_bytes, paper_units).c_str(),
+                        p.comm_formula.c_str());
+    ImGui::EndTooltip();
+  }
+  if (!footnote.empty()) ImGui::TextDisabled("%s", footnote.c_str());
+  ImGui::PopTextWrapPos();
+  ImGui::EndGroup();
+}
+
+// Below the live bars: the planner's per-rank bytes for the running model and world under each
+// strategy, beside the same strategies for a 7.5B model on 64 ranks (the ZeRO paper's Figure 1:
+// 120 / 31.4 / 16.6 / 1.9 GB), so "your toy model" and "a 7B model" read side by side.
+void draw_strategies_compared(const Snapshot& s) {
+  const RunConfigView& rc = s.config;
+  if (rc.num_params <= 0) return;
+  const float font = ImGui::GetFontSize();
+  ImGui::Spacing();
+  ImGui::Separator();
+  ImGui::TextUnformatted("Strategies compared");
+  ImGui::SameLine();
+  ImGui::PushTextWrapPos(0.0f);  // wraps at the window's edge in a narrow window
+  ImGui::TextDisabled("(per-rank bytes by the ZeRO paper's formulas; activations not counted; hover a bar)");
+  ImGui::PopTextWrapPos();
+  draw_plan_legend();
+  ImGui::Spacing();
+
+  // The run: ddp is NO_SHARD, single is NO_SHARD on one rank (nothing to shard).
+  const bool single = rc.strategy == "single";
+  MemoryPlanInput in;
+  in.params = static_cast<double>(rc.num_params);
+  in.world = single ? 1 : std::max(rc.world, 1);
+  in.dtype = PlanDType::Fp32;
+  in.optimizer = rc.optimizer_kind;
+  in.sgd_momentum = rc.sgd_momentum;
+  in.largest_unit_params = static_cast<double>(std::min(rc.largest_unit_params, rc.num_params));
+  in.units_in_flight = rc.units_in_flight == 2 ? 2 : 1;
+  // Planned once per configuration, not per frame.
+  static MemoryPlanInput cached_in;
+  static PlanSet cached;
+  static bool have_cached = false;
+  if (!have_cached || cached_in.params != in.params || cached_in.world != in.world ||
+      cached_in.optimizer != in.optimizer || cached_in.sgd_momentum != in.sgd_momentum ||
+      cached_in.largest_unit_params != in.largest_unit_params || cached_in.units_in_flight != in.units_in_flight) {
+    cached = plan_all(in);
+    cached_in = in;
+    have_cached = true;
+  }
+  static const PlanSet paper = [] {
+    MemoryPlanInput p;
+    p.params = 7.5e9;
+    p.world = 64;
+    p.dtype = PlanDType::Mixed;
+    p.optimizer = OptimizerKind::AdamW;
+    return plan_all(p);
+  }();
+  int running = 0;
+  for (int i = 0; i < kNumCompared; i++)
+    if (kCompared[i] == rc.sharding) running = i;
+
+  const char* opt = rc.optimizer_kind == OptimizerKind::AdamW ? "AdamW" : rc.sgd_momentum ? "SGD with momentum" : "SGD";
+  std::string title = "your model: " + param_count_str(in.params) + " parameters, " + std::to_string(in.world) +
+                      (in.world == 1 ? " rank" : " ranks");
+  std::string subtitle = std::string("fp32, ") + opt + "; this run: ";
+  if (single) subtitle += "single, one rank: nothing to shard, every strategy holds it all";
+  else if (rc.strategy == "ddp") subtitle += "ddp = NO_SHARD (every rank a full replica)";
+  else subtitle += sharding_name(rc.sharding);
+  std::string footnote;
+  if (in.world > 1 && in.largest_unit_params > 0)
+    footnote = "gathered: the largest unit (" + param_count_str(in.largest_unit_params) + " parameters, " +
+               (rc.wrap_layers ? "one Linear" : "the whole model") + ") unsharded" +
+               (in.units_in_flight == 2 ? ", twice with BACKWARD_PRE" : "") +
+               (rc.strategy == "fsdp" ? "" : " (FSDP's defaults)");
+
+  const float avail = ImGui::GetContentRegionAvail().x;
+  const float spacing = font * 1.5f;
+  const bool side_by_side = avail >= font * 46;
+  const float w = side_by_side ? (avail - spacing) * 0.5f : avail;
+  const std::string title7 = "the same at 7.5B parameters, 64 ranks, mixed precision";
+  const std::string subtitle7 = "fp16 weights and gradients, fp32 Adam (K = 12): the ZeRO paper's Figure 1";
+  const float header_h = side_by_side ? std::max(plan_header_height(title, subtitle, w), plan_header_height(title7, subtitle7, w)) : 0;
+  draw_plan_panel("##plan_run", title, subtitle, footnote, cached, running, false, w, header_h);
+  if (side_by_side) ImGui::SameLine(0, spacing);
+  else ImGui::Spacing();
+  draw_plan_panel("##plan_7b", title7, subtitle7, "GB = 1e9 bytes, as in the paper; units in flight not counted", paper,
+                  running, true, w, header_h);
+}
+}  // namespace
+
+void draw_memory_view(const Snapshot& s, ViewContext& /*ctx*/) {
+  // The comparison's height last frame, kept free below the live bars so both fit when they can.
+  static float compare_h = 0;
+  draw_live_bars(s, compare_h);
+  const float y0 = ImGui::GetCursorPosY();
+  draw_strategies_compared(s);
+  compare_h = ImGui::GetCursorPosY() - y0;
 }
 
 }  // namespace dtlab::app
