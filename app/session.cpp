@@ -195,7 +195,7 @@ const Snapshot& Session::update() {
     if (win.size() - cut > kMaxEventsPerRank) cut = win.size() - kMaxEventsPerRank;
     if (cut) win.erase(win.begin(), win.begin() + static_cast<std::ptrdiff_t>(cut));
   }
-  s.labels = rec.labels();
+  if (rec.label_count() != s.labels.size()) s.labels = rec.labels();
   s.clock_now_wall_ns = rec.now_ns();
   s.stepper = trainer_->stepper().state();
   s.running = !done_;

@@ -42,6 +42,24 @@ double nice_byte_step(double max_bytes, int target_ticks) {
   return std::max(nice * pow10 * unit, 1.0);
 }
 
+// One legend entry: a color swatch and its text, wrapping to the next line at the window's edge.
+void legend_entry(ImU32 color, const char* text, bool first, bool dim = false) {
+  const float font = ImGui::GetFontSize();
+  const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
+  const float w = font * 1.2f + ImGui::CalcTextSize(text).x;
+  if (!first) {
+    ImGui::SameLine(0, font * 1.2f);
+    if (ImGui::GetCursorScreenPos().x + w > right) ImGui::NewLine();
+  }
+  const ImVec2 p = ImGui::GetCursorScreenPos();
+  const float sw = font * 0.8f, dy = (ImGui::GetTextLineHeight() - sw) * 0.5f;
+  ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x, p.y + dy), ImVec2(p.x + sw, p.y + dy + sw), color, font * 0.15f);
+  ImGui::Dummy(ImVec2(font * 1.2f, ImGui::GetTextLineHeight()));
+  ImGui::SameLine(0, 0);
+  if (dim) ImGui::TextDisabled("%s", text);
+  else ImGui::TextUnformatted(text);
+}
+
 // The legend: one swatch per category with the bytes `shown` rank holds in it, wrapping to the
 // window width.
 void draw_legend(const MemoryStats& st, int shown, bool hovered) {
@@ -53,19 +71,7 @@ void draw_legend(const MemoryStats& st, int shown, bool hovered) {
     const MemCategory c = category_at(i);
     char text[96];
     std::snprintf(text, sizeof text, "%s %s", category_label(c).c_str(), human_bytes(st.current_of(c)).c_str());
-    const float w = font * 1.2f + ImGui::CalcTextSize(text).x;
-    if (i > 0) {
-      ImGui::SameLine(0, font * 1.2f);
-      if (ImGui::GetCursorScreenPos().x + w > right) ImGui::NewLine();
-    }
-    const ImVec2 p = ImGui::GetCursorScreenPos();
-    const float sw = font * 0.8f, dy = (ImGui::GetTextLineHeight() - sw) * 0.5f;
-    ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x, p.y + dy), ImVec2(p.x + sw, p.y + dy + sw),
-                                              memory_category_color(c), font * 0.15f);
-    ImGui::Dummy(ImVec2(font * 1.2f, ImGui::GetTextLineHeight()));
-    ImGui::SameLine(0, 0);
-    if (st.current_of(c) == 0) ImGui::TextDisabled("%s", text);
-    else ImGui::TextUnformatted(text);
+    legend_entry(memory_category_color(c), text, i == 0, st.current_of(c) == 0);
   }
   // The peak marker's key.
   ImGui::SameLine(0, font * 1.2f);
@@ -272,22 +278,8 @@ constexpr PlanPart kPlanParts[] = {
 };
 
 void draw_plan_legend() {
-  const float font = ImGui::GetFontSize();
-  const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
-  for (size_t i = 0; i < std::size(kPlanParts); i++) {
-    const float w = font * 1.2f + ImGui::CalcTextSize(kPlanParts[i].name).x;
-    if (i > 0) {
-      ImGui::SameLine(0, font * 1.2f);
-      if (ImGui::GetCursorScreenPos().x + w > right) ImGui::NewLine();
-    }
-    const ImVec2 p = ImGui::GetCursorScreenPos();
-    const float sw = font * 0.8f, dy = (ImGui::GetTextLineHeight() - sw) * 0.5f;
-    ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x, p.y + dy), ImVec2(p.x + sw, p.y + dy + sw),
-                                              memory_category_color(kPlanParts[i].category), font * 0.15f);
-    ImGui::Dummy(ImVec2(font * 1.2f, ImGui::GetTextLineHeight()));
-    ImGui::SameLine(0, 0);
-    ImGui::TextUnformatted(kPlanParts[i].name);
-  }
+  for (size_t i = 0; i < std::size(kPlanParts); i++)
+    legend_entry(memory_category_color(kPlanParts[i].category), kPlanParts[i].name, i == 0);
 }
 
 // One panel `width` wide: a title, a subtitle, a row per strategy [marker + name | stacked bar and

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/comm/plan.h"
 #include "engine/comm/threads_internal.h"
 
 namespace dtlab::threads {
@@ -349,19 +350,7 @@ void dispatch(Call& c) {
 }  // namespace
 
 int algorithm_steps(const CollDesc& d, int n) {
-  if (n == 1) return 0;
-  switch (d.op) {
-    case CollectiveOp::AllReduce:
-      if (d.algo == Algorithm::Ring) return 2 * (n - 1);
-      if (d.algo == Algorithm::Naive) return 2 * (n - 1);
-      return 2 * ceil_log2(n);
-    case CollectiveOp::ReduceScatter:
-    case CollectiveOp::AllGather:
-    case CollectiveOp::AllToAll: return n - 1;
-    case CollectiveOp::Broadcast:
-    case CollectiveOp::Reduce: return d.algo == Algorithm::Naive ? n - 1 : ceil_log2(n);
-    default: return 0;
-  }
+  return algorithm_step_count(d.op, d.algo, n);  // one schedule for the backend and the views
 }
 
 int algorithm_slices(const CollDesc& d, int n) {

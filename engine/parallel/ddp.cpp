@@ -86,6 +86,23 @@ BucketAssignment rebuilt_bucket_assignment(const std::vector<int64_t>& bytes,
   return compute_bucket_assignment_by_size(bytes, {first_bucket_bytes, bucket_cap_bytes}, ready_order);
 }
 
+std::vector<int64_t> parameter_bytes(const Model& model) {
+  std::vector<int64_t> bytes;
+  for (const auto& p : model.parameters()) bytes.push_back(p.numel * static_cast<int64_t>(sizeof(float)));
+  return bytes;
+}
+
+std::vector<std::string> describe_bucket_assignment(const Model& model, const BucketAssignment& a) {
+  const std::vector<int64_t> bytes = parameter_bytes(model);
+  std::vector<std::string> lines;
+  for (size_t b = 0; b < a.buckets.size(); b++) {
+    int64_t total = 0;
+    for (int p : a.buckets[b]) total += bytes[static_cast<size_t>(p)];
+    lines.push_back("bucket " + std::to_string(b) + ": " + join_names(model, a.buckets[b]) + " (" + human_bytes(total) + ")");
+  }
+  return lines;
+}
+
 // ---------------------------------------------------------------------------------------------
 
 DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& comm, RankContext* ctx,
@@ -102,9 +119,7 @@ DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& com
   if (ctx_) ctx_->set_activity("constructing DDP: broadcasting parameters from rank 0");
   comm_.broadcast(model_.params(), model_.num_params(), DType::F32, 0)->wait();
 
-  std::vector<int64_t> bytes;
-  for (const auto& p : ps) bytes.push_back(p.numel * static_cast<int64_t>(sizeof(float)));
-  assign(initial_bucket_assignment(bytes, opt_.first_bucket_bytes, opt_.bucket_cap_bytes));
+  assign(initial_bucket_assignment(parameter_bytes(model_), opt_.first_bucket_bytes, opt_.bucket_cap_bytes));
   hook_ = [this](int p) { mark_ready(p); };
   if (ctx_) ctx_->set_activity("running");
 }
@@ -179,6 +194,7 @@ void DistributedDataParallel::assign(const BucketAssignment& a) {
     model_.release_gradient_storage();
   }
   buckets_ = std::move(fresh);  // frees the previous buckets after the copy above
+  assignment_ = a;
   ready_.assign(ps.size(), 0);
   for (int b = 0; b < static_cast<int>(buckets_.size()); b++) record_bucket(EventKind::BucketAssigned, b);
 }
@@ -219,10 +235,8 @@ void DistributedDataParallel::before_forward() {
   std::sort(sorted.begin(), sorted.end());
   for (int i = 0; i < P; i++)
     DTLAB_CHECK(sorted[static_cast<size_t>(i)] == i, "rank 0's gradient-ready order misses a parameter");
-  std::vector<int64_t> bytes;
-  for (const auto& p : model_.parameters()) bytes.push_back(p.numel * static_cast<int64_t>(sizeof(float)));
   generation_++;
-  assign(rebuilt_bucket_assignment(bytes, ready, opt_.first_bucket_bytes, opt_.bucket_cap_bytes));
+  assign(rebuilt_bucket_assignment(parameter_bytes(model_), ready, opt_.first_bucket_bytes, opt_.bucket_cap_bytes));
   if (ctx_) ctx_->set_activity("running");
 }
 
@@ -360,11 +374,5 @@ std::vector<Optimizer::Segment> DistributedDataParallel::optimizer_segments() {
   return segs;
 }
 
-std::vector<std::string> DistributedDataParallel::describe_buckets() const {
-  std::vector<std::string> lines;
-  for (size_t b = 0; b < buckets_.size(); b++)
-    lines.push_back("bucket " + std::to_string(b) + ": " + buckets_[b].names + " (" + human_bytes(buckets_[b].bytes) + ")");
-  return lines;
-}
 
 }  // namespace dtlab

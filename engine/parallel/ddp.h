@@ -58,6 +58,11 @@ BucketAssignment rebuilt_bucket_assignment(const std::vector<int64_t>& bytes,
                                            const std::vector<int>& ready_order,
                                            int64_t first_bucket_bytes, int64_t bucket_cap_bytes);
 
+// Gradient bytes of each parameter, in model order: what the assignment walks.
+std::vector<int64_t> parameter_bytes(const Model& model);
+// "bucket 0: 4.bias, 4.weight (780 B)" per bucket, for printing.
+std::vector<std::string> describe_bucket_assignment(const Model& model, const BucketAssignment& a);
+
 struct DdpOptions {
   int64_t bucket_cap_bytes = kDefaultBucketBytesCap;
   int64_t first_bucket_bytes = kDefaultFirstBucketBytes;
@@ -124,8 +129,7 @@ class DistributedDataParallel {
   bool rebuilt() const { return generation_ > 0; }
   const DdpIterationStats& last_stats() const { return stats_; }
   const DdpOptions& options() const { return opt_; }
-  // "bucket 0: 4.bias, 4.weight (780 B)" lines, for printing.
-  std::vector<std::string> describe_buckets() const;
+  std::vector<std::string> describe_buckets() const { return describe_bucket_assignment(model_, assignment_); }
 
  private:
   void verify_shapes();
@@ -141,6 +145,7 @@ class DistributedDataParallel {
   DdpOptions opt_;
   int world_;
   std::vector<DdpBucket> buckets_;
+  BucketAssignment assignment_;           // what buckets_ was built from
   std::vector<int> bucket_of_, slot_of_;  // per parameter
   std::vector<int32_t> param_label_;
   std::vector<char> ready_;               // per parameter, this pass

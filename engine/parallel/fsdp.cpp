@@ -44,26 +44,6 @@ int fsdp_predivide_factor(int world) {
 
 namespace {
 
-int64_t optimizer_numel(const Model& m, const FsdpOptions& o, int world, int rank) {
-  const int64_t P = m.num_params();
-  switch (o.sharding) {
-    case Sharding::NoShard: return P;
-    case Sharding::Zero1: return flat_shard(P, world).real(rank);
-    default: break;
-  }
-  // Sharded: the sum of this rank's chunks (padding included: it stays zero).
-  int64_t n = 0;
-  if (o.wrap_layers) {
-    for (int i = 0; i < m.num_layers(); i++) {
-      const Layer& L = m.layer(i);
-      if (L.kind != LayerKind::Linear) continue;
-      n += flat_shard(m.parameters()[static_cast<size_t>(L.weight)].numel + m.parameters()[static_cast<size_t>(L.bias)].numel, world).chunk;
-    }
-    return n;
-  }
-  return flat_shard(P, world).chunk;
-}
-
 void scale(float* x, int64_t n, float s) {
   for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
@@ -77,8 +57,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
       ctx_(ctx),
       opt_(opt),
       world_(comm.world_size()),
-      rank_(comm.rank()),
-      optimizer_(optimizer, optimizer_numel(model, opt, comm.world_size(), comm.rank()), ctx ? ctx->memory() : nullptr) {
+      rank_(comm.rank()) {
   if (opt_.sharding == Sharding::Hybrid)
     throw Error("--sharding hybrid needs node-local process groups, which this version does not have yet; "
                 "use full, grad-op, no-shard or zero1");
@@ -118,6 +97,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
     shard_numel_ += u.split.chunk;
   }
   zero1_split_ = flat_shard(model_.num_params(), world_);
+  // Sharded strategies step their shards (padding included: it stays zero); ZeRO-1 its slice of the
+  // flat parameters; NO_SHARD everything.
+  const int64_t owned = sharded() ? shard_numel_
+                        : opt_.sharding == Sharding::Zero1 ? zero1_split_.real(rank_) : model_.num_params();
+  optimizer_.emplace(optimizer, owned, mem);
   if (sharded()) {
     shard_params_ = Tensor({shard_numel_}, MemCategory::Parameters, mem);
     shard_grads_ = Tensor({shard_numel_}, MemCategory::Gradients, mem);
@@ -249,11 +233,11 @@ void FullyShardedDataParallel::finalize_backward() {
 
 void FullyShardedDataParallel::step() {
   switch (opt_.sharding) {
-    case Sharding::NoShard: optimizer_.step(model_.params(), model_.grads()); return;
+    case Sharding::NoShard: optimizer_->step(model_.params(), model_.grads()); return;
     case Sharding::Zero1: {
       // Update this rank's slice with its optimizer shard, then everyone gathers the slices.
       const int64_t c = zero1_split_.chunk, real = zero1_split_.real(rank_);
-      if (real > 0) optimizer_.step(model_.params() + rank_ * c, model_.grads() + rank_ * c);
+      if (real > 0) optimizer_->step(model_.params() + rank_ * c, model_.grads() + rank_ * c);
       Tensor mine({c}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr);
       mine.zero();
       if (real > 0) std::copy(model_.params() + rank_ * c, model_.params() + rank_ * c + real, mine.f32());
@@ -262,7 +246,7 @@ void FullyShardedDataParallel::step() {
       std::copy(all.f32(), all.f32() + model_.num_params(), model_.params());
       return;
     }
-    default: optimizer_.step(shard_params_.f32(), shard_grads_.f32()); return;
+    default: optimizer_->step(shard_params_.f32(), shard_grads_.f32()); return;
   }
 }
 
@@ -271,7 +255,6 @@ void FullyShardedDataParallel::materialize() {
   attached_ = false;
   if (!sharded()) return;
   std::vector<float> full(static_cast<size_t>(model_.num_params()));
-  const auto& ps = model_.parameters();
   int64_t base = 0;
   for (Unit& u : units_) {
     gather(u);
@@ -279,7 +262,6 @@ void FullyShardedDataParallel::materialize() {
     base += u.split.numel;
     free_gathered(u);
   }
-  (void)ps;
   shard_params_ = Tensor();
   shard_grads_ = Tensor();
   model_.restore_storage(full.data());

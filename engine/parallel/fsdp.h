@@ -16,6 +16,7 @@
 // Not yet: HYBRID_SHARD (needs sub-communicators), sharded checkpoints.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -89,7 +90,6 @@ class FullyShardedDataParallel : public LayerHooks {
     WorkPtr gathering;             // its all-gather, until waited
     Tensor full_grad;              // Gradients (padded), during its backward and reduction
     WorkPtr reduce;
-    Tensor reduce_out;             // ZeRO-1 / NO_SHARD all-reduce buffer aliasing (unused otherwise)
   };
   bool sharded() const { return opt_.sharding == Sharding::FullShard || opt_.sharding == Sharding::ShardGradOp; }
   int unit_of_layer(int layer) const;
@@ -108,7 +108,7 @@ class FullyShardedDataParallel : public LayerHooks {
   std::vector<int> layer_unit_;   // per model layer: its unit, or -1 (ReLU)
   int64_t shard_numel_ = 0;
   Tensor shard_params_, shard_grads_;  // this rank's shards of every unit (sharded strategies)
-  Optimizer optimizer_;
+  std::optional<Optimizer> optimizer_;  // over what this rank owns; built once the units are known
   FlatShard zero1_split_;         // ZeRO-1: the whole flat parameter vector's split
   bool attached_ = true;
 };

@@ -168,6 +168,11 @@ std::string TraceRecorder::label(int32_t id) const {
   return labels_[static_cast<size_t>(id)];
 }
 
+size_t TraceRecorder::label_count() const {
+  std::lock_guard<std::mutex> lock(labels_mu_);
+  return labels_.size();
+}
+
 std::vector<std::string> TraceRecorder::labels() const {
   std::lock_guard<std::mutex> lock(labels_mu_);
   return labels_;

@@ -51,6 +51,7 @@ class TraceRecorder {
   int32_t intern(std::string_view text);
   std::string label(int32_t id) const;   // "" for an unknown id
   std::vector<std::string> labels() const;
+  size_t label_count() const;  // labels only grow: a viewer re-copies when this changes
 
  private:
   struct RankBuffer {

@@ -5,7 +5,6 @@
 #include <filesystem>
 
 #include "engine/core/check.h"
-#include "engine/core/format.h"
 #include "engine/core/ops.h"
 #include "engine/data/loader.h"
 #include "engine/data/sampler.h"
@@ -162,22 +161,10 @@ Trainer::~Trainer() {
 }
 
 std::vector<std::string> Trainer::planned_buckets() const {
-  if (!world_) return {};
+  if (config_.strategy != "ddp") return {};
   const Model& m = *models_[0];
-  std::vector<int64_t> bytes;
-  for (const auto& p : m.parameters()) bytes.push_back(p.numel * static_cast<int64_t>(sizeof(float)));
-  BucketAssignment a = initial_bucket_assignment(bytes, config_.ddp.first_bucket_bytes, config_.ddp.bucket_cap_bytes);
-  std::vector<std::string> lines;
-  for (size_t b = 0; b < a.buckets.size(); b++) {
-    std::string names;
-    int64_t total = 0;
-    for (int p : a.buckets[b]) {
-      names += (names.empty() ? "" : ", ") + m.parameters()[static_cast<size_t>(p)].name;
-      total += bytes[static_cast<size_t>(p)];
-    }
-    lines.push_back("bucket " + std::to_string(b) + ": " + names + " (" + human_bytes(total) + ")");
-  }
-  return lines;
+  return describe_bucket_assignment(
+      m, initial_bucket_assignment(parameter_bytes(m), config_.ddp.first_bucket_bytes, config_.ddp.bucket_cap_bytes));
 }
 
 TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step) {
