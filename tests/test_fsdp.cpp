@@ -37,6 +37,14 @@ double max_abs_diff(const Model& a, const Model& b) {
 
 const char* name(Sharding s) { return sharding_name(s); }
 
+// The DDP run every strategy must match: 20 steps, SGD with momentum 0.9 or AdamW.
+TrainConfig reference_config(int world, OptimizerKind kind) {
+  TrainConfig d = config("ddp", world, 20);
+  d.optimizer = default_optimizer_config(kind);
+  if (kind == OptimizerKind::SGD) d.optimizer.momentum = 0.9;
+  return d;
+}
+
 }  // namespace
 
 TEST_SUITE("fsdp") {
@@ -61,9 +69,7 @@ TEST_SUITE("fsdp") {
   TEST_CASE("every strategy trains to DDP's parameters") {
     for (int world : {2, 3, 4}) {
       for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
-        TrainConfig d = config("ddp", world, 20);
-        d.optimizer = default_optimizer_config(kind);
-        if (kind == OptimizerKind::SGD) d.optimizer.momentum = 0.9;
+        const TrainConfig d = reference_config(world, kind);
         Trainer ref(d);
         ref.run();
         for (Sharding sh : {Sharding::FullShard, Sharding::ShardGradOp, Sharding::NoShard, Sharding::Zero1}) {
@@ -158,6 +164,94 @@ TEST_SUITE("fsdp") {
       if (sh == Sharding::ShardGradOp)
         CHECK(m.peak_of(MemCategory::GatheredParameters) == (192 + 4160 + 196) * 4);  // every unit kept
       if (!sharded) CHECK(m.peak_of(MemCategory::GatheredParameters) == 0);
+    }
+  }
+
+  TEST_CASE("HYBRID_SHARD: shard inside node groups, replicate across them, equal to DDP") {
+    for (int world : {2, 3, 4}) {
+      for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
+        const TrainConfig d = reference_config(world, kind);
+        Trainer ref(d);
+        ref.run();
+        for (int node = 1; node <= world; node++) {
+          if (world % node != 0) continue;
+          CAPTURE(world);
+          CAPTURE(node);
+          CAPTURE(optimizer_name(kind));
+          TrainConfig f = d;
+          f.strategy = "fsdp";
+          f.fsdp.sharding = Sharding::Hybrid;
+          f.fsdp.node_size = node;
+          Trainer t(f);
+          TrainSummary s = t.run();
+          for (int r = 0; r < world; r++) CHECK(max_abs_diff(t.rank_model(r), ref.model()) <= 1e-5);
+          // Each rank keeps 1/node of every unit: 4547 parameters in chunks of ceil(n/node).
+          int64_t shard = 0;
+          for (int64_t n : {192, 4160, 195}) shard += (n + node - 1) / node;
+          CHECK(s.rank_memory[static_cast<size_t>(world - 1)].current_of(MemCategory::Parameters) == shard * 4);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("HYBRID_SHARD's node size: from the flag, else the profile's ranks per node") {
+    TrainConfig c = config("fsdp", 8, 1);
+    c.fsdp.sharding = Sharding::Hybrid;
+    c.profile = "ib2x4";  // 2 nodes of 4 ranks
+    Trainer t(c);
+    CHECK(t.config().fsdp.node_size == 4);
+    c.profile = "nvlink8";  // one node of 8: no groups to form
+    CHECK_THROWS_WITH_AS(Trainer{c}, doctest::Contains("pass --node-size K"), Error);
+    c.fsdp.node_size = 3;
+    CHECK_THROWS_WITH_AS(Trainer{c}, "--node-size 3 does not divide --world 8; HYBRID_SHARD needs equal node groups",
+                         Error);
+  }
+
+  TEST_CASE("each unit walks FSDP2's states; verbs per iteration follow the strategy") {
+    struct Want {
+      Sharding sharding;
+      int unshards, reshards, reductions;  // per unit and iteration
+    };
+    // FULL_SHARD gathers twice (forward, backward) and frees twice; SHARD_GRAD_OP once each.
+    for (Want w : {Want{Sharding::FullShard, 2, 2, 1}, Want{Sharding::ShardGradOp, 1, 1, 1},
+                   Want{Sharding::Hybrid, 2, 2, 1}, Want{Sharding::NoShard, 0, 0, 1}}) {
+      CAPTURE(name(w.sharding));
+      TrainConfig c = config("fsdp", 4, 3);
+      c.fsdp.sharding = w.sharding;
+      if (w.sharding == Sharding::Hybrid) c.fsdp.node_size = 2;
+      Trainer t(c);
+      t.run();
+      for (int rank = 0; rank < 4; rank++) {
+        int unshard[3] = {}, reshard[3] = {}, reduce[3] = {}, layout = 0;
+        std::string states;
+        for (const Event& e : t.recorder().events(rank)) {
+          if (e.kind != EventKind::FsdpUnit) continue;
+          if (e.fsdp.verb == FsdpVerb::Layout) {
+            layout++;
+            CHECK(e.fsdp.shard_world == (w.sharding == Sharding::Hybrid ? 2 : 4));
+          }
+          if (e.iteration != 1) continue;
+          const int u = e.fsdp.unit;
+          unshard[u] += e.fsdp.verb == FsdpVerb::Unshard;
+          reshard[u] += e.fsdp.verb == FsdpVerb::Reshard;
+          reduce[u] += e.fsdp.verb == FsdpVerb::ReduceGrad;
+          if (u == 1 && (e.fsdp.verb == FsdpVerb::Unsharded || e.fsdp.verb == FsdpVerb::ReduceGrad ||
+                         e.fsdp.verb == FsdpVerb::GradReduced))
+            states += std::string(fsdp_state_name(e.fsdp.state)) + " ";
+        }
+        CHECK(layout == 3);
+        for (int u = 0; u < 3; u++) {
+          CHECK(unshard[u] == w.unshards);
+          CHECK(reshard[u] == w.reshards);
+          CHECK(reduce[u] == w.reductions);
+        }
+        // The middle unit: gathered in FORWARD, again in PRE_BACKWARD (FULL_SHARD), reduced in
+        // POST_BACKWARD, and IDLE once the reduction is waited for.
+        if (w.sharding == Sharding::FullShard || w.sharding == Sharding::Hybrid)
+          CHECK(states == "FORWARD PRE_BACKWARD POST_BACKWARD IDLE ");
+        if (w.sharding == Sharding::ShardGradOp) CHECK(states == "FORWARD POST_BACKWARD IDLE ");
+        if (w.sharding == Sharding::NoShard) CHECK(states == "POST_BACKWARD IDLE ");
+      }
     }
   }
 }

@@ -57,10 +57,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
       ctx_(ctx),
       opt_(opt),
       world_(comm.world_size()),
-      rank_(comm.rank()) {
-  if (opt_.sharding == Sharding::Hybrid)
-    throw Error("--sharding hybrid needs node-local process groups, which this version does not have yet; "
-                "use full, grad-op, no-shard or zero1");
+      rank_(comm.rank()),
+      shard_comm_(&comm),
+      shard_world_(comm.world_size()),
+      shard_rank_(comm.rank()) {
+  if (opt_.sharding == Sharding::Hybrid) make_groups();
   MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
   // Every rank starts from rank 0's parameters (sync_module_states).
   comm_.broadcast(model_.params(), model_.num_params(), DType::F32, 0)->wait();
@@ -88,13 +89,16 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
   for (Unit& u : units_) {
     const int64_t base = ps[static_cast<size_t>(u.params.front())].offset;
     int64_t n = 0;
+    std::string names;
     for (int p : u.params) {
       u.offsets.push_back(ps[static_cast<size_t>(p)].offset - base);
       n += ps[static_cast<size_t>(p)].numel;
+      names += (names.empty() ? "" : ", ") + ps[static_cast<size_t>(p)].name;
     }
-    u.split = flat_shard(n, world_);
+    u.split = flat_shard(n, shard_world_);
     u.shard_offset = shard_numel_;
     shard_numel_ += u.split.chunk;
+    u.label = ctx_ && ctx_->recorder() ? ctx_->recorder()->intern(names) : -1;
   }
   zero1_split_ = flat_shard(model_.num_params(), world_);
   // Sharded strategies step their shards (padding included: it stays zero); ZeRO-1 its slice of the
@@ -109,12 +113,13 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
     shard_grads_.zero();
     for (Unit& u : units_) {
       const float* flat = ps[static_cast<size_t>(u.params.front())].data;
-      const int64_t real = u.split.real(rank_);
-      if (real > 0)
-        std::copy(flat + rank_ * u.split.chunk, flat + rank_ * u.split.chunk + real, shard_params_.f32() + u.shard_offset);
+      const int64_t real = u.split.real(shard_rank_);
+      const int64_t first = shard_rank_ * u.split.chunk;
+      if (real > 0) std::copy(flat + first, flat + first + real, shard_params_.f32() + u.shard_offset);
     }
     model_.release_parameter_storage();  // what FSDP saves: no rank holds the full model any more
   }
+  for (int u = 0; u < num_units(); u++) record(u, FsdpVerb::Layout);
   model_.set_layer_hooks(this);
 }
 
@@ -122,7 +127,49 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   if (attached_) model_.set_layer_hooks(nullptr);
 }
 
+void FullyShardedDataParallel::make_groups() {
+  const int K = opt_.node_size;
+  if (K < 1 || world_ % K != 0)
+    throw Error("HYBRID_SHARD needs a node size that divides the world size " + std::to_string(world_) +
+                " (got " + std::to_string(K) + "); pass --node-size K");
+  const int node = rank_ / K;
+  std::vector<int> in_node, across;
+  for (int i = 0; i < K; i++) in_node.push_back(node * K + i);
+  for (int j = 0; j < world_ / K; j++) across.push_back(j * K + rank_ % K);
+  group_executor_ = std::make_shared<GroupExecutor>();
+  // Tags above anything the rest of the engine sends with; one per group.
+  node_group_ = new_group(comm_, in_node, (1 << 20) + 2 * node * 1024, group_executor_);
+  replica_group_ = new_group(comm_, across, (1 << 21) + 2 * (rank_ % K) * 1024, group_executor_);
+  shard_comm_ = node_group_.get();
+  shard_world_ = K;
+  shard_rank_ = rank_ % K;
+}
+
 int FullyShardedDataParallel::unit_of_layer(int layer) const { return layer_unit_[static_cast<size_t>(layer)]; }
+
+void FullyShardedDataParallel::record(int unit, FsdpVerb verb, uint64_t seq) {
+  if (!ctx_ || !ctx_->recorder()) return;
+  const Unit& u = units_[static_cast<size_t>(unit)];
+  const int64_t now = ctx_->recorder()->now_ns();
+  const double t = ctx_->compute_clock();
+  Event e(EventKind::FsdpUnit, Lane::Compute, now, now, t, t);
+  e.fsdp = FsdpInfo{static_cast<int16_t>(unit), static_cast<int16_t>(units_.size()), u.state, verb,
+                    static_cast<int16_t>(shard_world_), u.label, u.split.numel, u.split.chunk, seq};
+  ctx_->record(e);
+}
+
+// FSDP2's transitions; anything else means the hooks ran out of order (a bug, not a user error).
+void FullyShardedDataParallel::set_state(int unit, FsdpState to) {
+  Unit& u = units_[static_cast<size_t>(unit)];
+  const FsdpState from = u.state;
+  const bool ok = (from == FsdpState::Idle && (to == FsdpState::Forward || to == FsdpState::PreBackward)) ||
+                  (from == FsdpState::Forward && to == FsdpState::Idle) ||
+                  (from == FsdpState::PreBackward && to == FsdpState::PostBackward) ||
+                  (from == FsdpState::PostBackward && to == FsdpState::Idle);
+  DTLAB_CHECK(ok, "FSDP unit " + std::to_string(unit) + " cannot go from " + fsdp_state_name(from) + " to " +
+                      fsdp_state_name(to) + "; the model's layer hooks ran out of order");
+  u.state = to;
+}
 
 void FullyShardedDataParallel::bind_params(Unit& u, const float* base) {
   auto& ps = model_.parameters();
@@ -130,58 +177,64 @@ void FullyShardedDataParallel::bind_params(Unit& u, const float* base) {
     ps[static_cast<size_t>(u.params[k])].data = base ? const_cast<float*>(base) + u.offsets[k] : nullptr;
 }
 
-void FullyShardedDataParallel::issue_gather(Unit& u) {
+void FullyShardedDataParallel::unshard(int unit) {
+  if (unit < 0 || unit >= num_units()) return;  // nothing to prefetch past either end
+  Unit& u = units_[static_cast<size_t>(unit)];
   if (!u.gathered.empty()) return;
   u.gathered = Tensor({u.split.padded}, MemCategory::GatheredParameters, ctx_ ? ctx_->memory() : nullptr);
-  u.gathering = comm_.all_gather(u.gathered.f32(), shard_params_.f32() + u.shard_offset, u.split.chunk, DType::F32);
+  const bool world_op = shard_comm_ == &comm_;
+  const uint64_t seq = world_op ? comm_.collectives_issued() : UINT64_MAX;
+  u.gathering = shard_comm_->all_gather(u.gathered.f32(), shard_params_.f32() + u.shard_offset, u.split.chunk, DType::F32);
+  record(unit, FsdpVerb::Unshard, seq);
 }
 
-void FullyShardedDataParallel::gather(Unit& u) {
-  issue_gather(u);
+void FullyShardedDataParallel::wait_for_unshard(int unit) {
+  unshard(unit);
+  Unit& u = units_[static_cast<size_t>(unit)];
   if (u.gathering) {
-    if (ctx_) ctx_->set_activity("FSDP: waiting for a unit's all-gather");
+    if (ctx_) ctx_->set_activity("FSDP: waiting for unit " + std::to_string(unit) + "'s all-gather");
     u.gathering->wait();
     u.gathering.reset();
+    record(unit, FsdpVerb::Unsharded);
   }
   bind_params(u, u.gathered.f32());
 }
 
-void FullyShardedDataParallel::prefetch(int unit) {
-  if (unit < 0 || unit >= static_cast<int>(units_.size())) return;
-  issue_gather(units_[static_cast<size_t>(unit)]);
-}
-
-void FullyShardedDataParallel::free_gathered(Unit& u) {
+void FullyShardedDataParallel::reshard(int unit) {
+  Unit& u = units_[static_cast<size_t>(unit)];
+  if (u.gathered.empty()) return;
   bind_params(u, nullptr);
   u.gathered = Tensor();
+  record(unit, FsdpVerb::Reshard);
 }
 
 void FullyShardedDataParallel::before_forward(int layer) {
   const int ui = unit_of_layer(layer);
-  if (ui < 0 || !sharded()) return;
-  Unit& u = units_[static_cast<size_t>(ui)];
-  if (layer != u.first_layer) return;
-  gather(u);
-  if (opt_.forward_prefetch) prefetch(ui + 1);  // the next unit's parameters arrive during this forward
+  if (ui < 0 || layer != units_[static_cast<size_t>(ui)].first_layer) return;
+  set_state(ui, FsdpState::Forward);
+  if (!sharded()) return;
+  wait_for_unshard(ui);
+  if (opt_.forward_prefetch) unshard(ui + 1);  // the next unit's parameters arrive during this forward
 }
 
 void FullyShardedDataParallel::after_forward(int layer) {
   const int ui = unit_of_layer(layer);
-  if (ui < 0 || !sharded()) return;
-  Unit& u = units_[static_cast<size_t>(ui)];
+  if (ui < 0 || layer != units_[static_cast<size_t>(ui)].last_layer) return;
   // FULL_SHARD reshards after forward; the root unit (the whole model) keeps its parameters for
   // the backward that follows at once, as torch's root FSDP instance does.
-  if (layer == u.last_layer && opt_.sharding == Sharding::FullShard && opt_.wrap_layers) free_gathered(u);
+  if (sharded() && reshard_after_forward()) reshard(ui);
+  set_state(ui, FsdpState::Idle);
 }
 
 void FullyShardedDataParallel::before_backward(int layer) {
   const int ui = unit_of_layer(layer);
-  if (ui < 0 || !sharded()) return;
+  if (ui < 0 || layer != units_[static_cast<size_t>(ui)].last_layer) return;
+  set_state(ui, FsdpState::PreBackward);
+  if (!sharded()) return;
   Unit& u = units_[static_cast<size_t>(ui)];
-  if (layer != u.last_layer) return;
-  gather(u);  // FULL_SHARD gathers again; SHARD_GRAD_OP still holds the forward's copy
+  wait_for_unshard(ui);  // FULL_SHARD gathers again; SHARD_GRAD_OP still holds the forward's copy
   // BACKWARD_PRE: the next unit's all-gather goes out before this unit's gradients are computed.
-  if (opt_.backward_prefetch == BackwardPrefetch::Pre) prefetch(ui - 1);
+  if (opt_.backward_prefetch == BackwardPrefetch::Pre) unshard(ui - 1);
   u.full_grad = Tensor({u.split.padded}, MemCategory::Gradients, ctx_ ? ctx_->memory() : nullptr);
   u.full_grad.zero();
   auto& ps = model_.parameters();
@@ -190,23 +243,33 @@ void FullyShardedDataParallel::before_backward(int layer) {
 
 void FullyShardedDataParallel::after_backward(int layer) {
   const int ui = unit_of_layer(layer);
-  if (ui < 0) return;
-  Unit& u = units_[static_cast<size_t>(ui)];
-  if (layer != u.first_layer) return;
+  if (ui < 0 || layer != units_[static_cast<size_t>(ui)].first_layer) return;
+  set_state(ui, FsdpState::PostBackward);
+  // BACKWARD_POST: after this unit's gradients, before its reduce-scatter.
+  if (sharded() && opt_.backward_prefetch == BackwardPrefetch::Post) unshard(ui - 1);
+  post_backward(ui);
+}
+
+void FullyShardedDataParallel::post_backward(int unit) {
+  Unit& u = units_[static_cast<size_t>(unit)];
   const float pre = 1.0f / static_cast<float>(fsdp_predivide_factor(world_));
   auto& ps = model_.parameters();
-  // BACKWARD_POST: after this unit's gradients, before its reduce-scatter.
-  if (sharded() && opt_.backward_prefetch == BackwardPrefetch::Post) prefetch(ui - 1);
+  const uint64_t seq = shard_comm_ == &comm_ ? comm_.collectives_issued() : UINT64_MAX;
   if (sharded()) {
     scale(u.full_grad.f32(), u.split.padded, pre);
-    u.reduce = comm_.reduce_scatter(shard_grads_.f32() + u.shard_offset, u.full_grad.f32(), u.split.chunk,
-                                    DType::F32, ReduceOp::Sum);
+    float* shard = shard_grads_.f32() + u.shard_offset;
+    u.reduce = shard_comm_->reduce_scatter(shard, u.full_grad.f32(), u.split.chunk, DType::F32, ReduceOp::Sum);
+    // HYBRID_SHARD: the node's reduced shard is then summed over the nodes holding the same shard
+    // (queued behind the reduce-scatter on the same group executor).
+    if (replica_group_) u.replicate = replica_group_->all_reduce(shard, u.split.chunk, DType::F32, ReduceOp::Sum);
     for (int p : u.params) ps[static_cast<size_t>(p)].grad = nullptr;
-    free_gathered(u);
+    record(unit, FsdpVerb::ReduceGrad, seq);
+    reshard(unit);
   } else {
     float* g = ps[static_cast<size_t>(u.params.front())].grad;
     scale(g, u.split.numel, pre);
     u.reduce = comm_.all_reduce(g, u.split.numel, ReduceOp::Sum);
+    record(unit, FsdpVerb::ReduceGrad, seq);
   }
 }
 
@@ -218,16 +281,20 @@ void FullyShardedDataParallel::zero_grad() {
 void FullyShardedDataParallel::finalize_backward() {
   const int f = fsdp_predivide_factor(world_);
   const float post = static_cast<float>(f) / static_cast<float>(world_);
-  for (Unit& u : units_) {
+  for (int ui = 0; ui < num_units(); ui++) {
+    Unit& u = units_[static_cast<size_t>(ui)];
     if (!u.reduce) continue;  // a unit the forward skipped: its gradient stays zero
     u.reduce->wait();
     u.reduce.reset();
+    if (u.replicate) u.replicate->wait(), u.replicate.reset();
     if (sharded()) {
       scale(shard_grads_.f32() + u.shard_offset, u.split.chunk, post);
       u.full_grad = Tensor();
     } else {
       scale(model_.parameters()[static_cast<size_t>(u.params.front())].grad, u.split.numel, post);
     }
+    set_state(ui, FsdpState::Idle);
+    record(ui, FsdpVerb::GradReduced);
   }
 }
 
@@ -250,17 +317,46 @@ void FullyShardedDataParallel::step() {
   }
 }
 
+std::vector<OwnedSlice> FullyShardedDataParallel::owned_slices() const {
+  std::vector<OwnedSlice> out;
+  const auto& ps = model_.parameters();
+  // The part of [begin, end) (flat coordinates of `params`, starting at `base`) inside each parameter.
+  auto cut = [&](const std::vector<int>& params, const std::vector<int64_t>& offsets, int64_t begin, int64_t end,
+                 const float* data) {
+    for (size_t k = 0; k < params.size(); k++) {
+      const int64_t p0 = offsets[k], p1 = p0 + ps[static_cast<size_t>(params[k])].numel;
+      const int64_t a = std::max(begin, p0), b = std::min(end, p1);
+      if (a < b) out.push_back({params[k], a - p0, b - a, data + (a - begin)});
+    }
+  };
+  if (sharded() && attached_) {
+    if (rank_ / shard_world_ != 0) return out;  // HYBRID_SHARD: the other nodes hold copies
+    for (const Unit& u : units_) {
+      const int64_t begin = shard_rank_ * u.split.chunk;
+      cut(u.params, u.offsets, begin, begin + u.split.real(shard_rank_), shard_params_.f32() + u.shard_offset);
+    }
+    return out;
+  }
+  std::vector<int> all;
+  std::vector<int64_t> offsets;
+  for (int p = 0; p < static_cast<int>(ps.size()); p++) all.push_back(p), offsets.push_back(ps[static_cast<size_t>(p)].offset);
+  const int64_t begin = rank_ * zero1_split_.chunk;
+  cut(all, offsets, begin, begin + zero1_split_.real(rank_), model_.params() + begin);
+  return out;
+}
+
 void FullyShardedDataParallel::materialize() {
   model_.set_layer_hooks(nullptr);
   attached_ = false;
   if (!sharded()) return;
   std::vector<float> full(static_cast<size_t>(model_.num_params()));
   int64_t base = 0;
-  for (Unit& u : units_) {
-    gather(u);
+  for (int ui = 0; ui < num_units(); ui++) {
+    Unit& u = units_[static_cast<size_t>(ui)];
+    wait_for_unshard(ui);
     std::copy(u.gathered.f32(), u.gathered.f32() + u.split.numel, full.begin() + base);
     base += u.split.numel;
-    free_gathered(u);
+    reshard(ui);
   }
   shard_params_ = Tensor();
   shard_grads_ = Tensor();

@@ -6,26 +6,34 @@
 //     again before its backward; reduce-scatter its gradient after, then free;
 //   - SHARD_GRAD_OP: the forward's gathered parameters stay until the unit's backward is done;
 //   - NO_SHARD: parameters and optimizer state replicated, each unit's gradient all-reduced;
+//   - HYBRID_SHARD: FULL_SHARD inside a node group of K ranks (shard r % K), replicated across the
+//     W/K groups: the shard's gradient is reduce-scattered in the node, then all-reduced across
+//     nodes among the ranks holding the same shard (process groups: engine/comm/group.h);
 //   - ZeRO-1: parameters replicated, gradients all-reduced, optimizer state sharded: each rank
 //     updates its slice of the flat parameters, then an all-gather brings everyone the result.
+// Each unit runs FSDP2's state machine (IDLE -> FORWARD -> IDLE -> PRE_BACKWARD -> POST_BACKWARD
+// -> IDLE) through verbs named as in torch (unshard, wait_for_unshard, reshard, post_backward);
+// every verb is recorded as an FsdpUnit event, so views draw who holds what, live.
 // Gradients are averaged the FSDP1 way: divided by f before the reduction and by W/f after (f
 // starts at 1 and doubles while W % f == 0 and W / f > f).
 // Prefetch (torch's options): forward_prefetch issues the next unit's all-gather before the current
 // unit's forward; backward_prefetch Pre issues the next (in backward order) unit's all-gather before
 // the current unit's gradient computation (most overlap, two gathered units live), Post after it.
-// Not yet: HYBRID_SHARD (needs sub-communicators), sharded checkpoints.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <vector>
 
 #include "engine/comm/communicator.h"
+#include "engine/comm/group.h"
 #include "engine/core/model.h"
 #include "engine/core/optim.h"
 #include "engine/core/tensor.h"
 #include "engine/parallel/memory_plan.h"
 #include "engine/trace/context.h"
+#include "engine/trace/event.h"
 
 namespace dtlab {
 
@@ -38,6 +46,16 @@ struct FsdpOptions {
   bool wrap_layers = true;  // one unit per Linear (auto-wrap); false: the whole model is one unit
   BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;  // torch's default
   bool forward_prefetch = false;
+  int node_size = 0;  // HYBRID_SHARD: ranks per shard group; must divide the world (> 0 for hybrid)
+};
+
+// A piece of one model parameter that a rank owns (its shard's part of the parameter, flattened):
+// what a sharded checkpoint stores per rank.
+struct OwnedSlice {
+  int param = 0;        // index into model.parameters()
+  int64_t offset = 0;   // first element, in the parameter's flattened (row-major) order
+  int64_t length = 0;
+  const float* data = nullptr;
 };
 
 // FSDP1's flat-parameter split of N elements over W ranks: chunk ceil(N/W); rank r holds
@@ -71,7 +89,13 @@ class FullyShardedDataParallel : public LayerHooks {
 
   int num_units() const { return static_cast<int>(units_.size()); }
   const FlatShard& unit_shard(int u) const { return units_[static_cast<size_t>(u)].split; }
+  FsdpState unit_state(int u) const { return units_[static_cast<size_t>(u)].state; }
   int64_t shard_numel() const { return shard_numel_; }
+  int shard_world() const { return shard_world_; }  // W, or K for HYBRID_SHARD
+  // The parameter values this rank owns (sharded: its shard of each unit; ZeRO-1 and NO_SHARD: its
+  // ZeRO-1 slice of the flat parameters; HYBRID_SHARD: its node-group shard, on the first node
+  // only, since the other nodes hold copies). Together the ranks' slices cover every parameter once.
+  std::vector<OwnedSlice> owned_slices() const;
 
   // LayerHooks
   void before_forward(int layer) override;
@@ -89,21 +113,40 @@ class FullyShardedDataParallel : public LayerHooks {
     Tensor gathered;               // GatheredParameters (padded), while gathered
     WorkPtr gathering;             // its all-gather, until waited
     Tensor full_grad;              // Gradients (padded), during its backward and reduction
-    WorkPtr reduce;
+    WorkPtr reduce;                // its gradient's reduce-scatter (or all-reduce)
+    WorkPtr replicate;             // HYBRID_SHARD: the shard gradient's all-reduce across nodes
+    FsdpState state = FsdpState::Idle;
+    int32_t label = -1;            // "0.weight, 0.bias" in the recorder
   };
-  bool sharded() const { return opt_.sharding == Sharding::FullShard || opt_.sharding == Sharding::ShardGradOp; }
+  bool sharded() const {
+    return opt_.sharding == Sharding::FullShard || opt_.sharding == Sharding::ShardGradOp ||
+           opt_.sharding == Sharding::Hybrid;
+  }
+  bool reshard_after_forward() const {
+    return (opt_.sharding == Sharding::FullShard || opt_.sharding == Sharding::Hybrid) && opt_.wrap_layers;
+  }
   int unit_of_layer(int layer) const;
-  void gather(Unit& u);        // issue (if not yet) and wait
-  void issue_gather(Unit& u);  // allocate and issue the all-gather; gather() waits for it
-  void prefetch(int unit);     // issue unit's all-gather early, if it is a unit and not gathered
+  // torch's verbs: unshard issues the all-gather (if not yet), wait_for_unshard binds the full
+  // parameters, reshard frees them, post_backward reduces the gradient.
+  void unshard(int unit);
+  void wait_for_unshard(int unit);
+  void reshard(int unit);
+  void post_backward(int unit);
+  void set_state(int unit, FsdpState to);
+  void record(int unit, FsdpVerb verb, uint64_t seq = UINT64_MAX);
   void bind_params(Unit& u, const float* base);
-  void free_gathered(Unit& u);
+  void make_groups();  // HYBRID_SHARD's node group and cross-node group
 
   Model& model_;
   Communicator& comm_;
   RankContext* ctx_;
   FsdpOptions opt_;
   int world_, rank_;
+  // Where the flat parameters are split: the world, or HYBRID_SHARD's node group.
+  std::shared_ptr<GroupExecutor> group_executor_;
+  std::unique_ptr<Communicator> node_group_, replica_group_;
+  Communicator* shard_comm_ = nullptr;
+  int shard_world_ = 1, shard_rank_ = 0;
   std::vector<Unit> units_;
   std::vector<int> layer_unit_;   // per model layer: its unit, or -1 (ReLU)
   int64_t shard_numel_ = 0;

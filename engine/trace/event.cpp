@@ -18,6 +18,7 @@ const char* event_kind_name(EventKind k) {
     case EventKind::BucketReady: return "bucket_ready";
     case EventKind::BucketLaunch: return "bucket_launch";
     case EventKind::BucketAllReduce: return "bucket_allreduce";
+    case EventKind::FsdpUnit: return "fsdp_unit";
   }
   return "?";
 }
@@ -43,6 +44,28 @@ const char* ring_phase_name(RingPhase p) {
     case RingPhase::Reduce: return "reduce";
     case RingPhase::Broadcast: return "broadcast";
     case RingPhase::Gather: return "gather";
+  }
+  return "?";
+}
+
+const char* fsdp_state_name(FsdpState s) {
+  switch (s) {
+    case FsdpState::Idle: return "IDLE";
+    case FsdpState::Forward: return "FORWARD";
+    case FsdpState::PreBackward: return "PRE_BACKWARD";
+    case FsdpState::PostBackward: return "POST_BACKWARD";
+  }
+  return "?";
+}
+
+const char* fsdp_verb_name(FsdpVerb v) {
+  switch (v) {
+    case FsdpVerb::Layout: return "layout";
+    case FsdpVerb::Unshard: return "unshard";
+    case FsdpVerb::Unsharded: return "unsharded";
+    case FsdpVerb::Reshard: return "reshard";
+    case FsdpVerb::ReduceGrad: return "reduce_grad";
+    case FsdpVerb::GradReduced: return "grad_reduced";
   }
   return "?";
 }

@@ -26,6 +26,8 @@ enum class EventKind : uint8_t {
   BucketReady,     // every gradient of the bucket is in it (instant)
   BucketLaunch,    // the bucket's all-reduce was issued (instant; `seq` names the collective)
   BucketAllReduce, // the bucket's all-reduce on the comm lane, [begin, end]
+  // FSDP's units (engine/parallel/fsdp.h); `fsdp`
+  FsdpUnit,        // a unit's verb (layout, unshard, reshard, reduce) and its state after it (instant)
   // new values go at the end
 };
 
@@ -77,6 +79,29 @@ struct BucketInfo {
   uint64_t seq;         // BucketLaunch / BucketAllReduce: the all-reduce's collective number
 };
 
+// FSDP2's per-unit training state (torch TrainingState) and the verbs that move it.
+enum class FsdpState : uint8_t { Idle, Forward, PreBackward, PostBackward };
+enum class FsdpVerb : uint8_t {
+  Layout,        // at construction: the unit's flat parameter (numel, chunk, label = its parameters)
+  Unshard,       // its all-gather was issued (seq)
+  Unsharded,     // the all-gather finished: the full parameters are bound
+  Reshard,       // the gathered parameters were freed
+  ReduceGrad,    // its gradient's reduce-scatter (all-reduce when not sharded) was issued (seq)
+  GradReduced,   // that reduction finished and was post-divided
+};
+const char* fsdp_state_name(FsdpState s);  // "IDLE", "FORWARD", "PRE_BACKWARD", "POST_BACKWARD"
+const char* fsdp_verb_name(FsdpVerb v);    // "layout", "unshard", ...
+
+struct FsdpInfo {
+  int16_t unit, num_units;
+  FsdpState state;      // after the verb
+  FsdpVerb verb;
+  int16_t shard_world;  // ranks a flat parameter is split over (the node group for HYBRID_SHARD)
+  int32_t label;        // Layout: "0.weight, 0.bias" (TraceRecorder label id)
+  int64_t numel, chunk; // the unit's flat parameter and its shard size (ceil(numel/shard_world))
+  uint64_t seq;         // Unshard/ReduceGrad: the collective's number on the world (UINT64_MAX: a group's)
+};
+
 struct MemInfo {
   MemCategory category;
   int64_t bytes;        // size of this allocation or free
@@ -98,6 +123,7 @@ struct Event {
     RingStepInfo step;
     MemInfo mem;
     BucketInfo bucket;
+    FsdpInfo fsdp;
   };
   Event() : coll{} {}
   // A span [begin, end] on both clocks (an instant when begin == end); the payload is the caller's.

@@ -210,6 +210,20 @@ void bucket_event(JsonOut& j, const Event& e, Span s, const TraceExportOptions& 
   j.close().close();
 }
 
+// FSDP unit verbs as instants on the compute lane: "unshard unit 1" with the state after it.
+void fsdp_event(JsonOut& j, const Event& e, Span s, const TraceExportOptions& opt) {
+  const FsdpInfo& f = e.fsdp;
+  std::string name = std::string(fsdp_verb_name(f.verb)) + " unit " + std::to_string(f.unit);
+  j.open().field("name", name).field("cat", "fsdp").field("ph", "i").field("s", "t")
+      .field("pid", e.rank).field("tid", kComputeTid).field("ts", s.ts);
+  j.open("args").field("unit", f.unit).field("state", fsdp_state_name(f.state)).field("numel", f.numel)
+      .field("chunk", f.chunk).field("shard_world", f.shard_world);
+  if (f.verb == FsdpVerb::Layout) j.field("params", label_of(opt, f.label));
+  if ((f.verb == FsdpVerb::Unshard || f.verb == FsdpVerb::ReduceGrad) && f.seq != UINT64_MAX) j.field("seq", f.seq);
+  if (e.iteration >= 0) j.field("iteration", e.iteration);
+  j.close().close();
+}
+
 void memory_event(JsonOut& j, const Event& e, Span s, const std::array<int64_t, kNumMemCategories>& current) {
   j.open().field("name", "memory").field("cat", "memory").field("ph", "C").field("pid", e.rank).field("ts", s.ts)
       .open("args");
@@ -343,6 +357,7 @@ void write_chrome_trace(const std::vector<Event>& events, const TraceExportOptio
       case EventKind::BucketReady:
       case EventKind::BucketLaunch:
       case EventKind::BucketAllReduce: bucket_event(j, e, s, opt); break;
+      case EventKind::FsdpUnit: fsdp_event(j, e, s, opt); break;
     }
     w.done();
   }

@@ -1,0 +1,267 @@
+#include "engine/comm/group.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "engine/core/check.h"
+
+namespace dtlab {
+
+struct GroupExecutor::Task : Work {
+  uint64_t seq_ = 0;
+  std::function<void()> fn;
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+  WorkTimes t;
+
+  bool is_completed() const override {
+    std::lock_guard<std::mutex> lock(mu);
+    return done;
+  }
+  void wait() override {
+    std::unique_lock<std::mutex> lock(mu);
+    // Bounded: the task's every receive is under the parent's watchdog, so it ends or fails.
+    cv.wait(lock, [&] { return done; });
+    if (error) std::rethrow_exception(error);
+  }
+  uint64_t seq() const override { return seq_; }
+  WorkTimes times() const override {
+    std::lock_guard<std::mutex> lock(mu);
+    return t;
+  }
+};
+
+GroupExecutor::GroupExecutor() : thread_([this] { loop(); }) {}
+
+GroupExecutor::~GroupExecutor() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+WorkPtr GroupExecutor::submit(uint64_t seq, std::function<void()> fn) {
+  auto task = std::make_shared<Task>();
+  task->seq_ = seq;
+  task->fn = std::move(fn);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(task);
+  }
+  cv_.notify_all();
+  return task;
+}
+
+void GroupExecutor::loop() {
+  for (;;) {
+    std::shared_ptr<Task> task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and nothing left
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      task->fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(task->mu);
+      task->done = true;
+      task->error = error;
+      task->fn = nullptr;
+    }
+    task->cv.notify_all();
+  }
+}
+
+namespace {
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+class GroupComm : public Communicator {
+ public:
+  GroupComm(Communicator& parent, std::vector<int> ranks, int tag, std::shared_ptr<GroupExecutor> ex)
+      : parent_(parent), ranks_(std::move(ranks)), tag_(tag), ex_(std::move(ex)) {
+    DTLAB_CHECK(ex_ != nullptr, "new_group needs a GroupExecutor");
+    DTLAB_CHECK(!ranks_.empty(), "a process group needs at least one rank");
+    std::vector<int> sorted = ranks_;
+    std::sort(sorted.begin(), sorted.end());
+    DTLAB_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+                "a process group lists a rank twice; give each rank once");
+    for (int r : ranks_)
+      DTLAB_CHECK(r >= 0 && r < parent.world_size(), "process group rank " + std::to_string(r) +
+                                                           " is outside the world of " + std::to_string(parent.world_size()));
+    auto it = std::find(ranks_.begin(), ranks_.end(), parent.rank());
+    DTLAB_CHECK(it != ranks_.end(), "rank " + std::to_string(parent.rank()) + " created a process group it is not in");
+    me_ = static_cast<int>(it - ranks_.begin());
+  }
+
+  int rank() const override { return me_; }
+  int world_size() const override { return static_cast<int>(ranks_.size()); }
+  const char* backend_name() const override { return parent_.backend_name(); }
+  uint64_t collectives_issued() const override { return seq_; }
+
+  WorkPtr all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, Algorithm algo) override {
+    check(dt, algo, CollectiveOp::AllReduce);
+    float* b = static_cast<float*>(buf);
+    return run([=, this] {
+      const int n = world_size();
+      const int64_t chunk = (count + n - 1) / n;
+      std::vector<float> padded(static_cast<size_t>(chunk * n), 0.0f);
+      std::copy(b, b + count, padded.begin());
+      std::vector<float> mine(static_cast<size_t>(chunk));
+      ring_reduce_scatter(mine.data(), padded.data(), chunk, op);
+      ring_all_gather(padded.data(), mine.data(), chunk);
+      std::copy(padded.begin(), padded.begin() + count, b);
+    });
+  }
+  WorkPtr reduce_scatter(void* out, const void* in, int64_t count, DType dt, ReduceOp op, Algorithm algo) override {
+    check(dt, algo, CollectiveOp::ReduceScatter);
+    return run([=, this] { ring_reduce_scatter(static_cast<float*>(out), static_cast<const float*>(in), count, op); });
+  }
+  WorkPtr all_gather(void* out, const void* in, int64_t count, DType dt, Algorithm algo) override {
+    check(dt, algo, CollectiveOp::AllGather);
+    return run([=, this] { ring_all_gather(static_cast<float*>(out), static_cast<const float*>(in), count); });
+  }
+  WorkPtr broadcast(void* buf, int64_t count, DType dt, int root, Algorithm algo) override {
+    check(dt, Algorithm::Default, CollectiveOp::Broadcast);
+    check_root(root);
+    return run([=, this] {
+      if (me_ == root) {
+        for (int r = 0; r < world_size(); r++)
+          if (r != root) p2p_send(buf, count, r);
+      } else {
+        p2p_recv(buf, count, root);
+      }
+    });
+  }
+  WorkPtr reduce(void* buf, int64_t count, DType dt, ReduceOp op, int root, Algorithm algo) override {
+    check(dt, Algorithm::Default, CollectiveOp::Reduce);
+    check_root(root);
+    float* b = static_cast<float*>(buf);
+    return run([=, this] {
+      if (me_ != root) return p2p_send(b, count, root);
+      std::vector<float> tmp(static_cast<size_t>(count));
+      for (int r = 0; r < world_size(); r++) {
+        if (r == root) continue;
+        p2p_recv(tmp.data(), count, r);
+        combine(b, tmp.data(), count, op);
+      }
+      if (op == ReduceOp::Avg) scale(b, count, 1.0f / static_cast<float>(world_size()));
+    });
+  }
+  WorkPtr barrier() override {
+    return run([this] {
+      float x = 0;
+      std::vector<float> all(ranks_.size());
+      ring_all_gather(all.data(), &x, 1);
+    });
+  }
+  WorkPtr send(const void* buf, int64_t count, DType dt, int peer, int tag) override {
+    check_root(peer);
+    return parent_.send(buf, count, dt, ranks_[static_cast<size_t>(peer)], tag_ + 1 + tag);
+  }
+  WorkPtr recv(void* buf, int64_t count, DType dt, int peer, int tag) override {
+    check_root(peer);
+    return parent_.recv(buf, count, dt, ranks_[static_cast<size_t>(peer)], tag_ + 1 + tag);
+  }
+  WorkPtr all_to_all(void* out, const void* in, int64_t count, DType dt) override {
+    check(dt, Algorithm::Default, CollectiveOp::AllToAll);
+    return run([=, this] {
+      const float* src = static_cast<const float*>(in);
+      float* dst = static_cast<float*>(out);
+      std::copy(src + me_ * count, src + (me_ + 1) * count, dst + me_ * count);
+      for (int r = 0; r < world_size(); r++)
+        if (r != me_) p2p_send(src + r * count, count, r);
+      for (int r = 0; r < world_size(); r++)
+        if (r != me_) p2p_recv(dst + r * count, count, r);
+    });
+  }
+
+ private:
+  void check(DType dt, Algorithm algo, CollectiveOp op) const {
+    if (dt != DType::F32)
+      throw Error(std::string("process-group ") + collective_name(op) + " supports float32 only");
+    if (algo != Algorithm::Default && algo != Algorithm::Ring)
+      throw Error(std::string("process-group ") + collective_name(op) + " runs the ring algorithm only, not " +
+                  algorithm_name(algo));
+  }
+  void check_root(int r) const {
+    if (r < 0 || r >= world_size())
+      throw Error("group rank " + std::to_string(r) + " is out of range for a group of " + std::to_string(world_size()));
+  }
+  WorkPtr run(std::function<void()> fn) { return ex_->submit(seq_++, std::move(fn)); }
+
+  // Sends are eager on every backend (see communicator.h), so send-then-receive never deadlocks.
+  void p2p_send(const void* buf, int64_t count, int to) {
+    parent_.send(buf, count, DType::F32, ranks_[static_cast<size_t>(to)], tag_)->wait();
+  }
+  void p2p_recv(void* buf, int64_t count, int from) {
+    parent_.recv(buf, count, DType::F32, ranks_[static_cast<size_t>(from)], tag_)->wait();
+  }
+  static void combine(float* acc, const float* x, int64_t n, ReduceOp op) {
+    if (op == ReduceOp::Max) {
+      for (int64_t i = 0; i < n; i++) acc[i] = std::max(acc[i], x[i]);
+    } else {
+      for (int64_t i = 0; i < n; i++) acc[i] += x[i];
+    }
+  }
+  static void scale(float* x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+  }
+
+  // in: n blocks of `count`; out: block me_ reduced over the group. Step s sends the running
+  // partial of block (me-1-s) to the successor and adds the predecessor's partial of block
+  // (me-2-s); after n-1 steps block me is complete.
+  void ring_reduce_scatter(float* out, const float* in, int64_t count, ReduceOp op) {
+    const int n = world_size();
+    std::vector<float> acc(in, in + count * n);
+    std::vector<float> tmp(static_cast<size_t>(count));
+    const int succ = mod(me_ + 1, n), pred = mod(me_ - 1, n);
+    for (int s = 0; s < n - 1; s++) {
+      const int send_block = mod(me_ - 1 - s, n), recv_block = mod(me_ - 2 - s, n);
+      p2p_send(acc.data() + send_block * count, count, succ);
+      p2p_recv(tmp.data(), count, pred);
+      combine(acc.data() + recv_block * count, tmp.data(), count, op);
+    }
+    std::copy(acc.data() + me_ * count, acc.data() + (me_ + 1) * count, out);
+    if (op == ReduceOp::Avg) scale(out, count, 1.0f / static_cast<float>(n));
+  }
+  // in: `count`; out: n blocks, block r from group rank r.
+  void ring_all_gather(float* out, const float* in, int64_t count) {
+    const int n = world_size();
+    if (out + me_ * count != in) std::memmove(out + me_ * count, in, static_cast<size_t>(count) * sizeof(float));
+    const int succ = mod(me_ + 1, n), pred = mod(me_ - 1, n);
+    for (int s = 0; s < n - 1; s++) {
+      p2p_send(out + mod(me_ - s, n) * count, count, succ);
+      p2p_recv(out + mod(me_ - s - 1, n) * count, count, pred);
+    }
+  }
+
+  Communicator& parent_;
+  std::vector<int> ranks_;
+  int tag_;
+  std::shared_ptr<GroupExecutor> ex_;
+  int me_ = 0;
+  uint64_t seq_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> new_group(Communicator& parent, std::vector<int> ranks, int tag,
+                                        std::shared_ptr<GroupExecutor> executor) {
+  return std::make_unique<GroupComm>(parent, std::move(ranks), tag, std::move(executor));
+}
+
+}  // namespace dtlab

@@ -1,0 +1,52 @@
+// Process groups: a Communicator over a subset of a parent communicator's ranks, as
+// torch.distributed.new_group gives, for HYBRID_SHARD's node groups (shard inside a node,
+// replicate across nodes). Any backend can host them: a group's collectives are ring algorithms
+// (reduce-scatter, all-gather, all-reduce = both) and direct sends (broadcast, reduce, all-to-all)
+// built on the parent's send/recv, each group on its own tag, so in the trace they appear as the
+// point-to-point transfers they are made of.
+//
+// One GroupExecutor thread per rank runs the operations of every group of that rank in the order
+// the rank issued them. Since every rank issues its group operations in the same program order,
+// no two groups can wait on each other (separate threads per group could interleave their sends
+// and receives differently on two ranks and deadlock). Every wait is bounded by the parent's
+// watchdog: a lost message fails the parent's recv, and the group's Work rethrows that diagnosis.
+#pragma once
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "engine/comm/communicator.h"
+
+namespace dtlab {
+
+class GroupExecutor {
+ public:
+  GroupExecutor();
+  ~GroupExecutor();  // finishes the queued operations first
+  GroupExecutor(const GroupExecutor&) = delete;
+  GroupExecutor& operator=(const GroupExecutor&) = delete;
+  // Runs fn on the executor thread after everything queued before it; the Work completes when fn
+  // returns and fails with fn's exception.
+  WorkPtr submit(uint64_t seq, std::function<void()> fn);
+
+ private:
+  void loop();
+  struct Task;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Task>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// Called on every rank of `ranks` (global ranks of the parent, in group-rank order; this rank must
+// be one of them). `tag` must be distinct per group and unused by other sends between the same
+// ranks. float32 only; algorithms: ring for reduce-scatter, all-gather and all-reduce.
+std::unique_ptr<Communicator> new_group(Communicator& parent, std::vector<int> ranks, int tag,
+                                        std::shared_ptr<GroupExecutor> executor);
+
+}  // namespace dtlab
