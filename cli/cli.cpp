@@ -84,13 +84,15 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
   add(add_bench_command, "bench", "Benchmark collectives (nccl-tests style)");
   add(add_sampler_command, "sampler", "Print each rank's indices from PyTorch's DistributedSampler");
   add(add_plan_command, "plan", "Per-rank memory and traffic of DDP, ZeRO and FSDP sharding (ZeRO paper formulas)");
+  add(add_schedule_command, "schedule", "Pipeline schedules (GPipe, 1F1B, interleaved, ZB-H1) as a grid, with bubbles and in-flight micro-batches");
 
   // CLI11 wants argv order reversed when given a vector.
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   std::string command;
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& a = args[i];
-    if (a == "train" || a == "eval" || a == "sampler" || a == "bench" || a == "plan") {
+    if (a == "train" || a == "eval" || a == "sampler" || a == "bench" || a == "plan" ||
+        a == "schedule") {
       command = a;
       if (a == "bench" && i + 1 < args.size() && args[i + 1] == "collectives") command += " collectives";
       break;

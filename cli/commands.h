@@ -21,5 +21,6 @@ Runner add_sampler_command(CLI::App& app);
 Runner add_eval_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
 Runner add_plan_command(CLI::App& app);
+Runner add_schedule_command(CLI::App& app);
 
 }  // namespace dtlab::cli
