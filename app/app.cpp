@@ -14,12 +14,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "app/lesson_runner.h"
 #include "app/session.h"
+#include "app/views/lesson_view.h"
 #include "app/views/views.h"
 #include "engine/core/check.h"
 #include "engine/core/format.h"
@@ -31,9 +34,22 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kNumViews };
-const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data"};
-const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data"};
+enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kNumViews };
+const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline"};
+const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline"};
+
+// The pipeline controls (Run panel, pipeline view) in and out of a run configuration.
+PipelineRequest pipeline_request_of(const TrainConfig& c) {
+  return {c.pipeline.schedule, c.pipeline.stages, c.pipeline.microbatches, c.pipeline.chunks, c.pipeline.fixed_costs.has_value()};
+}
+void apply_pipeline_request(TrainConfig& c, const PipelineRequest& r) {
+  c.strategy = "pipeline";
+  c.pipeline.schedule = r.kind;
+  c.pipeline.stages = r.stages, c.pipeline.microbatches = r.microbatches, c.pipeline.chunks = r.chunks;
+  if (r.unit_costs) c.pipeline.fixed_costs = ActionCosts{kUnitActionCost, kUnitActionCost, kUnitActionCost, kUnitActionCost, 0};
+  else c.pipeline.fixed_costs.reset();
+  fit_pipeline(c);
+}
 
 double thread_cpu_seconds() {
   timespec ts{};
@@ -69,6 +85,9 @@ class App {
   void config_panel();
   void views();
   bool script_tick();  // false: quit
+  void open_lesson(const std::string& name);
+  bool lesson_command(const ScriptCommand& c);
+  void lesson_panel(ImVec2 pos, ImVec2 size);
   bool save_screenshot(const std::string& path);
   void restart(const TrainConfig& c);
 
@@ -87,8 +106,13 @@ class App {
   std::string config_error_;
   TrainConfig edit_;          // the configuration panel's working copy
   double start_time_ = 0;
-  // scripted runs
-  size_t script_pos_ = 0;
+  // scripted runs: the script's commands, then (or, interactively, only) what lessons queue
+  std::deque<ScriptCommand> queue_;
+  bool scripted_ = false;     // --run, --script or --play: the app ends when the queue runs out
+  // lessons (app/lesson_runner.h)
+  std::unique_ptr<LessonRunner> lesson_;
+  std::string lesson_error_;  // a lesson file that does not parse, or the step that failed
+  bool show_lessons_ = false;  // the lesson panel on the left
   Clock::time_point script_until_{};
   bool script_waiting_ = false;
   bool script_running_ = false;
@@ -125,7 +149,7 @@ bool App::init_window() {
   }
   glfwMakeContextCurrent(win_);
   // Scripts, screenshots and the frame benchmark run as fast as they can; people get vsync.
-  glfwSwapInterval(opt_.script.empty() && opt_.screenshot.empty() && opt_.bench_frames == 0 ? 1 : 0);
+  glfwSwapInterval(opt_.script.empty() && opt_.screenshot.empty() && opt_.bench_frames == 0 && !opt_.play ? 1 : 0);
   return true;
 }
 
@@ -145,7 +169,7 @@ void App::init_imgui() {
     }
   }
   // Scripted runs (tests, README screenshots) always start from the tiled layout.
-  if (!opt_.script.empty() || !opt_.screenshot.empty() || opt_.bench_frames) io.IniFilename = nullptr;
+  if (!opt_.script.empty() || !opt_.screenshot.empty() || opt_.bench_frames || opt_.play) io.IniFilename = nullptr;
   const char* sans = first_existing({"/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
                                      "/usr/share/fonts/TTF/DejaVuSans.ttf"});
   // Latin-1 plus what the views print: Greek (Σ, µ), punctuation (—, …), arrows, math, boxes, ✓.
@@ -211,6 +235,7 @@ void App::handle_keys() {
   if (key(GLFW_KEY_R)) session_->step(GateKind::RingStep);
   if (key(GLFW_KEY_C)) session_->step(GateKind::Collective);
   if (key(GLFW_KEY_I)) session_->step(GateKind::Iteration);
+  if (key(GLFW_KEY_A)) session_->step(GateKind::Action);
   if (key(GLFW_KEY_BACKSPACE)) restart(session_->config());
   if (key(GLFW_KEY_P)) {
     presentation_ = !presentation_;
@@ -218,6 +243,13 @@ void App::handle_keys() {
     relayout_ = true;
   }
   if (key(GLFW_KEY_M)) ctx_.modeled_clock = !ctx_.modeled_clock;
+  if (key(GLFW_KEY_L)) show_lessons_ = !show_lessons_, relayout_ = true;
+  if (key(GLFW_KEY_N) && lesson_) {  // the presenter's one key: the lesson's next action or reveal
+    ScriptCommand c;
+    c.kind = ScriptCommand::Lesson;
+    c.arg = "demo";
+    queue_.push_back(c);
+  }
   for (int v = 0; v < kNumViews; v++)
     if (key(GLFW_KEY_1 + v)) solo_ = solo_ == v ? -1 : v, relayout_ = true;
   if (key(GLFW_KEY_0)) solo_ = -1, relayout_ = true;
@@ -242,6 +274,11 @@ void App::toolbar() {
   if (ImGui::Button("Collective (C)")) session_->step(GateKind::Collective);
   ImGui::SameLine();
   if (ImGui::Button("Iteration (I)")) session_->step(GateKind::Iteration);
+  if (s.pipeline.valid) {
+    ImGui::SameLine();
+    if (ImGui::Button("Action (A)")) session_->step(GateKind::Action);
+    if (ImGui::IsItemHovered()) ImGui::SetTooltip("One time step of the pipeline schedule: every rank's next action");
+  }
   ImGui::SameLine();
   if (ImGui::Button("Reset (Bksp)")) restart(session_->config());
   ImGui::SameLine();
@@ -258,10 +295,14 @@ void App::toolbar() {
   ImGui::SameLine();
   ImGui::Checkbox("Modeled clock (M)", &ctx_.modeled_clock);
   ImGui::SameLine();
+  if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize("Presentation (P)").x + ImGui::GetFrameHeight() * 2) ImGui::NewLine();
   if (ImGui::Checkbox("Presentation (P)", &presentation_)) {
     apply_style();
     relayout_ = true;
   }
+  ImGui::SameLine();
+  if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize("Lessons (L)").x + ImGui::GetFrameHeight() * 2) ImGui::NewLine();
+  if (ImGui::Checkbox("Lessons (L)", &show_lessons_)) relayout_ = true;
   ImGui::SameLine();
   ImGui::SetNextItemWidth(ImGui::GetFontSize() * 7);
   const char* solo_label = solo_ < 0 ? "all views" : kViewTitles[solo_];
@@ -279,15 +320,17 @@ void App::toolbar() {
   else if (s.finished) status = "finished";
   else if (paused) {
     status = "paused";
-    const auto& g = s.stepper.gates;
-    for (size_t i = 0; i < g.size(); i++)
-      if (g[i].blocked) {
-        const RankGateState& b = g[i];
-        status += b.kind == GateKind::Iteration ? " before iteration " + std::to_string(b.iteration)
-                  : b.kind == GateKind::Collective ? " before collective #" + std::to_string(b.pos.seq)
-                                                   : " before step " + std::to_string(b.pos.sub + 1) + " of #" + std::to_string(b.pos.seq);
-        break;
-      }
+    // The gate the next step opens: the earliest one a rank waits at.
+    const RankGateState* first = nullptr;
+    for (const RankGateState& g : s.stepper.gates)
+      if (g.blocked && (!first || g.pos < first->pos)) first = &g;
+    if (first) {
+      const RankGateState& b = *first;
+      status += b.kind == GateKind::Iteration ? " before iteration " + std::to_string(b.iteration)
+                : b.kind == GateKind::Action ? " before pipeline step " + std::to_string(b.pos.action) + " of iteration " + std::to_string(b.iteration)
+                : b.kind == GateKind::Collective ? " before collective #" + std::to_string(b.pos.seq)
+                                                 : " before step " + std::to_string(b.pos.sub + 1) + " of #" + std::to_string(b.pos.seq);
+    }
   } else status = "running";
   char line[256];
   std::snprintf(line, sizeof line, "step %lld/%lld  iteration %d  %s", static_cast<long long>(s.step),
@@ -305,19 +348,24 @@ void App::config_panel() {
   ImGui::PushItemWidth(std::max(ImGui::GetFontSize() * 6, ImGui::GetContentRegionAvail().x - ImGui::GetFontSize() * 8));
   TrainConfig& c = edit_;
   bool changed = false;
-  const char* strategies[] = {"single", "ddp", "fsdp"};
-  int si = c.strategy == "ddp" ? 1 : c.strategy == "fsdp" ? 2 : 0;
-  if (ImGui::Combo("strategy", &si, strategies, 3)) {
+  const char* strategies[] = {"single", "ddp", "fsdp", "pipeline"};
+  int si = c.strategy == "ddp" ? 1 : c.strategy == "fsdp" ? 2 : c.strategy == "pipeline" ? 3 : 0;
+  if (ImGui::Combo("strategy", &si, strategies, 4)) {
     c.strategy = strategies[si];
     if (c.strategy == "single") c.world_size = 1;
     else if (c.world_size < 2) c.world_size = 4;
     if (c.strategy == "fsdp") c.accum = 1;  // the engine's FSDP has no gradient accumulation yet
+    if (c.strategy == "pipeline") apply_pipeline_request(c, pipeline_request_of(c));
     changed = true;
   }
   int world = c.world_size;
-  ImGui::BeginDisabled(c.strategy == "single");
+  ImGui::BeginDisabled(c.strategy == "single" || c.strategy == "pipeline");  // a pipeline's world is p x dp
   ImGui::SliderInt("world", &world, 1, 16);
-  if (ImGui::IsItemDeactivatedAfterEdit()) c.world_size = world, changed = true;
+  if (ImGui::IsItemDeactivatedAfterEdit()) {
+    c.world_size = world, changed = true;
+    if (c.fsdp.sharding == Sharding::Hybrid && c.fsdp.node_size > 0 && world % c.fsdp.node_size != 0)
+      c.fsdp.node_size = world % 2 == 0 ? world / 2 : 1;
+  }
   ImGui::EndDisabled();
   const char* presets[] = {"mlp:2,16,16,3", "mlp:2,64,64,3", "mlp:2,64,64,64,64,3", "mlp:2,256,256,3"};
   const std::string cur = c.model.str();
@@ -334,7 +382,10 @@ void App::config_panel() {
   if (ImGui::InputInt("accum", &accum) && accum >= 1) c.accum = accum;
   if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
   ImGui::EndDisabled();
-  if (c.strategy != "fsdp") {  // DDP's buckets (shown disabled for single); fsdp shows its own options instead
+  if (c.strategy == "pipeline") {
+    PipelineRequest r = pipeline_request_of(c);
+    if (pipeline_controls(r, false)) apply_pipeline_request(c, r), changed = true;
+  } else if (c.strategy != "fsdp") {  // DDP's buckets (shown disabled for single); fsdp shows its own options instead
     ImGui::BeginDisabled(c.strategy != "ddp");
     float cap_kib = static_cast<float>(c.ddp.bucket_cap_bytes) / 1024.0f;
     float first_kib = static_cast<float>(c.ddp.first_bucket_bytes) / 1024.0f;
@@ -347,14 +398,29 @@ void App::config_panel() {
     if (ImGui::Checkbox("find_unused_parameters", &c.ddp.find_unused_parameters)) changed = true;
     ImGui::EndDisabled();
   } else {
-    // FSDP's options (torch's names); HYBRID_SHARD is left out: the engine cannot run it yet.
+    // FSDP's options (torch's names).
     if (ImGui::BeginCombo("sharding", sharding_name(c.fsdp.sharding))) {
       for (Sharding sh : kAllShardings) {
-        if (sh == Sharding::Hybrid) continue;
-        if (ImGui::Selectable(sharding_name(sh), c.fsdp.sharding == sh) && c.fsdp.sharding != sh)
+        if (ImGui::Selectable(sharding_name(sh), c.fsdp.sharding == sh) && c.fsdp.sharding != sh) {
           c.fsdp.sharding = sh, changed = true;
+          // HYBRID_SHARD needs node groups: start with two nodes when the world splits evenly.
+          c.fsdp.node_size = sh != Sharding::Hybrid ? 0 : c.world_size % 2 == 0 ? c.world_size / 2 : 1;
+        }
       }
       ImGui::EndCombo();
+    }
+    if (c.fsdp.sharding == Sharding::Hybrid) {
+      // Only divisors of the world make equal node groups.
+      std::vector<int> sizes;
+      for (int k = 1; k <= c.world_size; k++)
+        if (c.world_size % k == 0) sizes.push_back(k);
+      const std::string cur = std::to_string(c.fsdp.node_size) + " ranks per node";
+      if (ImGui::BeginCombo("node size", cur.c_str())) {
+        for (int k : sizes)
+          if (ImGui::Selectable((std::to_string(k) + " ranks per node").c_str(), k == c.fsdp.node_size) && k != c.fsdp.node_size)
+            c.fsdp.node_size = k, changed = true;
+        ImGui::EndCombo();
+      }
     }
     const char* wraps[] = {"per layer", "whole model"};
     int wi = c.fsdp.wrap_layers ? 0 : 1;
@@ -371,11 +437,11 @@ void App::config_panel() {
   const char* opts[] = {"sgd", "adamw"};
   int oi = c.optimizer.kind == OptimizerKind::AdamW ? 1 : 0;
   if (ImGui::Combo("optimizer", &oi, opts, 2)) c.optimizer = default_optimizer_config(parse_optimizer_kind(opts[oi])), changed = true;
-  const char* profiles[] = {"nvlink8", "pcie8", "ib2x4", "eth2x4", "this"};
+  const char* profiles[] = {"nvlink8", "pcie8", "ib2x4", "eth2x4", "this", "ideal"};
   int pi = 0;
-  for (int i = 0; i < 5; i++)
+  for (int i = 0; i < 6; i++)
     if (c.profile == profiles[i]) pi = i;
-  if (ImGui::Combo("hardware", &pi, profiles, 5)) c.profile = profiles[pi], changed = true;
+  if (ImGui::Combo("hardware", &pi, profiles, 6)) c.profile = profiles[pi], changed = true;
   int clock = ctx_.modeled_clock ? 0 : 1;
   if (ImGui::RadioButton("modeled clock", &clock, 0)) ctx_.modeled_clock = true;
   ImGui::SameLine();
@@ -397,7 +463,7 @@ void App::config_panel() {
   if (rc.strategy == "fsdp")
     ImGui::TextWrapped("FSDP %s over %d ranks, units: %s", sharding_name(rc.sharding), rc.world,
                        rc.wrap_layers ? "one per Linear" : "the whole model");
-  ImGui::TextDisabled("Space run/pause  R ring step  C collective  I iteration  Bksp reset  1-6 one view  0 all  P presentation  M clock");
+  ImGui::TextDisabled("Space run/pause  R ring step  C collective  I iteration  A pipeline action  Bksp reset  1-8 one view  0 all  P presentation  M clock  L lessons  N lesson: next step");
   ImGui::PopItemWidth();
   ImGui::End();
 }
@@ -405,7 +471,13 @@ void App::config_panel() {
 void App::views() {
   const ImGuiViewport* vp = ImGui::GetMainViewport();
   const float top = vp->WorkPos.y + (toolbar_h_ > 0 ? toolbar_h_ : ImGui::GetFrameHeightWithSpacing() * 1.5f);
-  const float W = vp->WorkSize.x, H = vp->WorkPos.y + vp->WorkSize.y - top, x0 = vp->WorkPos.x;
+  float W = vp->WorkSize.x, x0 = vp->WorkPos.x;
+  const float H = vp->WorkPos.y + vp->WorkSize.y - top;
+  if (show_lessons_) {  // the lesson panel takes the left of the work area; the views share the rest
+    const float lw = std::round(W * (presentation_ ? 0.40f : 0.30f));
+    lesson_panel(ImVec2(x0, top), ImVec2(lw, H));
+    x0 += lw, W -= lw;
+  }
   struct Rect { float x, y, w, h; };
   // The tiled layout: run settings and the collective inspector on the left, ring and buckets in
   // the middle, memory on the right, timeline and data along the bottom.
@@ -416,8 +488,12 @@ void App::views() {
       {x0 + 0.60f * W, top + 0.32f * H, 0.40f * W, 0.24f * H},  // memory
       {x0, top + 0.42f * H, 0.20f * W, 0.58f * H},              // inspector
       {x0 + 0.75f * W, top + 0.56f * H, 0.25f * W, 0.44f * H},  // data
+      {x0 + 0.60f * W, top, 0.40f * W, 0.32f * H},             // shards: the buckets' place (FSDP has no buckets)
+      {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // pipeline: the ring's place
   };
   const Rect run_tile = {x0, top, 0.20f * W, 0.42f * H};
+  static bool was_pipeline = false;  // the tiles differ for pipelines: lay them out again on a switch
+  if (was_pipeline != session_->snapshot().pipeline.valid) was_pipeline = !was_pipeline, relayout_ = true;
   const ImGuiCond cond = relayout_ ? ImGuiCond_Always : ImGuiCond_FirstUseEver;
   if (solo_ < 0) {
     ImGui::SetNextWindowPos(ImVec2(run_tile.x, run_tile.y), cond);
@@ -426,14 +502,21 @@ void App::views() {
   }
   const Snapshot& s = session_->snapshot();
   bool set_epoch = ctx_.data_set_epoch;
+  const bool fsdp = s.config.strategy == "fsdp", pipeline = s.pipeline.valid;
   for (int v = 0; v < kNumViews; v++) {
     if (solo_ >= 0 && solo_ != v) continue;
+    // Tiled, FSDP's shard map takes the buckets' tile; DDP and single runs keep the buckets.
+    if (solo_ < 0 && ((v == kBuckets && fsdp) || (v == kShards && !fsdp))) continue;
+    // A pipeline has no collective for the ring to draw and no buckets: the pipeline view takes
+    // the ring's tile, the memory view (activations per stage) grows into the buckets'.
+    if (solo_ < 0 && ((v == kRing && pipeline) || (v == kPipeline && !pipeline) || (v == kBuckets && pipeline))) continue;
+    const Rect t = pipeline && v == kMemory ? Rect{x0 + 0.60f * W, top, 0.40f * W, 0.56f * H} : tiles[v];
     if (solo_ == v) {
       ImGui::SetNextWindowPos(ImVec2(x0, top), ImGuiCond_Always);
       ImGui::SetNextWindowSize(ImVec2(W, H), ImGuiCond_Always);
     } else {
-      ImGui::SetNextWindowPos(ImVec2(tiles[v].x, tiles[v].y), cond);
-      ImGui::SetNextWindowSize(ImVec2(tiles[v].w, tiles[v].h), cond);
+      ImGui::SetNextWindowPos(ImVec2(t.x, t.y), cond);
+      ImGui::SetNextWindowSize(ImVec2(t.w, t.h), cond);
     }
     ImGui::Begin(kViewTitles[v], nullptr, solo_ == v ? ImGuiWindowFlags_NoSavedSettings : 0);
     switch (v) {
@@ -443,10 +526,21 @@ void App::views() {
       case kMemory: draw_memory_view(s, ctx_); break;
       case kInspector: draw_inspector_view(s, ctx_); break;
       case kData: draw_data_view(s, ctx_); break;
+      case kShards: draw_shard_view(s, ctx_); break;
+      case kPipeline: draw_pipeline_view(s, ctx_); break;
     }
     ImGui::End();
   }
   if (ctx_.data_set_epoch != set_epoch) session_->set_data_set_epoch(ctx_.data_set_epoch);
+  if (ctx_.pipeline_restart) {  // the pipeline view's controls, applied as the Run panel's
+    ctx_.pipeline_restart = false;
+    TrainConfig c = session_->config();
+    apply_pipeline_request(c, ctx_.pipeline);
+    c.start_paused = session_->paused();
+    restart(c);
+    ctx_.restart_error = config_error_;
+    edit_ = session_->config();
+  }
   relayout_ = false;
 }
 
@@ -492,6 +586,12 @@ bool App::save_screenshot(const std::string& path) {
     state += "; buckets";
     for (const BucketView& b : sn.buckets) state += " " + std::to_string(b.index) + ":" + bucket_state_name(b.state);
   }
+  if (const PipelineView& pv = sn.pipeline; pv.valid && pv.iteration >= 0) {
+    int done = 0;
+    for (int r = 0; r < pv.p; r++) done += static_cast<int>(pv.ranks[static_cast<size_t>(r)].done.size());
+    state += "; pipeline " + pv.plan.name + " iteration " + std::to_string(pv.iteration) +
+             (pv.complete ? " finished" : ", " + std::to_string(done) + " actions done");
+  }
   std::printf("screenshot %s (%dx%d): %s\n", path.c_str(), w, h, state.c_str());
   std::fflush(stdout);
   return true;
@@ -510,12 +610,16 @@ bool App::script_tick() {
       script_running_ = false;
     }
   }
-  if (script_pos_ >= opt_.script.size()) return false;  // a script ends the app when it runs out
-  const ScriptCommand& c = opt_.script[script_pos_++];
+  if (queue_.empty()) return !scripted_;  // a script ends the app when it runs out
+  const ScriptCommand c = queue_.front();
+  queue_.pop_front();
   auto settle = [&]() {
     if (!session_->wait_settled(std::chrono::seconds(20))) {
-      std::fprintf(stderr, "dtlab: script command %d: the ranks did not come to rest within 20 s\n", c.line);
-      exit_code_ = 1;
+      const std::string where = lesson_ ? lesson_->lesson().path + ":" : "script command ";
+      std::fprintf(stderr, "dtlab: %s%d: the ranks did not come to rest within 20 s\n", where.c_str(), c.line);
+      if (scripted_) exit_code_ = 1;
+      lesson_error_ = where + std::to_string(c.line) + ": the ranks did not come to rest within 20 s";
+      queue_.clear();
       return false;
     }
     return true;
@@ -523,15 +627,17 @@ bool App::script_tick() {
   switch (c.kind) {
     case ScriptCommand::StepRing:
     case ScriptCommand::StepCollective:
-    case ScriptCommand::StepIteration: {
+    case ScriptCommand::StepIteration:
+    case ScriptCommand::StepAction: {
       const GateKind k = c.kind == ScriptCommand::StepRing ? GateKind::RingStep
-                         : c.kind == ScriptCommand::StepCollective ? GateKind::Collective : GateKind::Iteration;
+                         : c.kind == ScriptCommand::StepCollective ? GateKind::Collective
+                         : c.kind == ScriptCommand::StepAction ? GateKind::Action : GateKind::Iteration;
       if (!session_->paused()) session_->pause();
       for (int i = 0; i < c.count; i++) {
-        if (!settle()) return false;
+        if (!settle()) return !scripted_;
         session_->step(k);
       }
-      if (!settle()) return false;
+      if (!settle()) return !scripted_;
       break;
     }
     case ScriptCommand::Run:
@@ -548,7 +654,7 @@ bool App::script_tick() {
       break;
     case ScriptCommand::Pause:
       session_->pause();
-      if (!settle()) return false;
+      if (!settle()) return !scripted_;
       break;
     case ScriptCommand::View:
       solo_ = -1;
@@ -578,8 +684,75 @@ bool App::script_tick() {
       break;
     case ScriptCommand::Reset: restart(session_->config()); break;
     case ScriptCommand::Quit: return false;
+    case ScriptCommand::Lesson: return lesson_command(c);
   }
   return true;
+}
+
+void App::open_lesson(const std::string& name) {
+  show_lessons_ = relayout_ = true;
+  lesson_.reset();
+  try {
+    // Scripted runs (tests, screenshots) leave the user's progress alone.
+    lesson_ = std::make_unique<LessonRunner>(load_lesson(name), opt_.play, scripted_ ? "" : progress_path());
+    lesson_error_.clear();
+  } catch (const Error& e) {  // the panel shows the sentence; the app goes on
+    lesson_error_ = e.what();
+    std::fprintf(stderr, "dtlab: %s\n", e.what());
+    if (opt_.play) exit_code_ = 2, quit_ = true;
+    return;
+  }
+  ScriptCommand c;
+  c.kind = ScriptCommand::Lesson;
+  c.arg = opt_.play ? "play" : "start";
+  queue_.push_front(c);
+}
+
+// `lesson ...`: open and close here, the rest in the runner, whose follow-up commands run before
+// anything else queued. A failure ends a scripted run (exit 1); interactively the panel shows it.
+bool App::lesson_command(const ScriptCommand& c) {
+  if (c.arg.rfind("open ", 0) == 0) {
+    open_lesson(c.arg.substr(5));
+    return !quit_;
+  }
+  if (c.arg == "close") {
+    lesson_.reset();
+    return true;
+  }
+  LessonRunner::Result r;
+  if (lesson_) r = lesson_->exec(c.arg, *session_);
+  else r.failure = "lesson " + c.arg + ": no lesson is open; open one first (lesson open NAME)";
+  edit_ = session_->config();
+  if (!r.failure.empty()) {
+    std::fprintf(stderr, "dtlab: %s\n", r.failure.c_str());
+    lesson_error_ = r.failure;
+    queue_.clear();
+    if (scripted_) exit_code_ = 1;
+    return !scripted_;
+  }
+  if (r.again) queue_.push_front(c);
+  queue_.insert(queue_.begin(), r.then.begin(), r.then.end());
+  return true;
+}
+
+void App::lesson_panel(ImVec2 pos, ImVec2 size) {
+  ImGui::SetNextWindowPos(pos, ImGuiCond_Always);
+  ImGui::SetNextWindowSize(size, ImGuiCond_Always);
+  ImGui::Begin("Lesson", nullptr, ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoResize | ImGuiWindowFlags_NoCollapse |
+                                      ImGuiWindowFlags_NoSavedSettings);
+  const LessonPanel panel{lesson_.get(), lesson_error_, !scripted_ && !queue_.empty()};
+  for (const std::string& cmd : draw_lesson_view(panel, session_->snapshot(), ctx_)) {
+    lesson_error_.clear();
+    if (cmd == "close") {
+      lesson_.reset();
+      continue;
+    }
+    ScriptCommand c;
+    c.kind = ScriptCommand::Lesson;
+    c.arg = cmd;
+    queue_.push_back(c);
+  }
+  ImGui::End();
 }
 
 void App::frame() {
@@ -589,7 +762,7 @@ void App::frame() {
   ImGui_ImplGlfw_NewFrame();
   // Scripted runs own no mouse: Xvfb's pointer rests mid-screen and would leave a tooltip in every
   // screenshot.
-  if (!opt_.script.empty() || !opt_.screenshot.empty() || opt_.bench_frames)
+  if (!opt_.script.empty() || !opt_.screenshot.empty() || opt_.bench_frames || opt_.play)
     ImGui::GetIO().MousePos = ImVec2(-FLT_MAX, -FLT_MAX);
   ImGui::NewFrame();
   ctx_.time = glfwGetTime() - start_time_;
@@ -621,6 +794,22 @@ int App::run() {
     return 2;
   }
   edit_ = session_->config();
+  queue_.assign(opt_.script.begin(), opt_.script.end());
+  scripted_ = !opt_.script.empty() || opt_.play;
+  if (!opt_.lesson.empty()) {
+    if (opt_.play) {  // a broken lesson fails before any window opens: exit 2 with file:line
+      try {
+        load_lesson(opt_.lesson);
+      } catch (const Error& e) {
+        std::fprintf(stderr, "dtlab: %s\n", e.what());
+        return 2;
+      }
+    }
+    ScriptCommand open;
+    open.kind = ScriptCommand::Lesson;
+    open.arg = "open " + opt_.lesson;
+    queue_.push_front(open);
+  }
   // The frame benchmark measures a live run: the engine steps (slowly, so it shares the cores
   // fairly) while the views redraw.
   if (opt_.bench_frames && !opt_.running) opt_.running = true, opt_.speed = opt_.speed > 0 ? opt_.speed : 1e-4;
@@ -634,8 +823,8 @@ int App::run() {
   gl_ = std::make_unique<GlResources>(DTLAB_SHADER_DIR);
   ctx_.gl = gl_.get();
   ctx_.modeled_clock = opt_.modeled_clock;
+  ctx_.pipeline_compare = opt_.compare;
   start_time_ = glfwGetTime();
-  const bool scripted = !opt_.script.empty();
   std::vector<double> cpu_ms, wall_ms;
   int frames = 0;
   while (!glfwWindowShouldClose(win_) && !quit_) {
@@ -645,7 +834,7 @@ int App::run() {
     frames++;
     cpu_ms.push_back((thread_cpu_seconds() - c0) * 1e3);
     wall_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - w0).count());
-    if (scripted && frames >= 2 && !script_tick() && pending_shot_.empty()) break;
+    if (frames >= 2 && !script_tick() && pending_shot_.empty()) break;
     if (!opt_.screenshot.empty() && frames == opt_.frames) {
       pending_shot_ = opt_.screenshot;
       shot_frames_ = 1;

@@ -1,12 +1,14 @@
 #include "app/options.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include "engine/core/check.h"
+#include "engine/parallel/pipeline.h"
 
 namespace dtlab::app {
 
@@ -23,7 +25,23 @@ std::string preset_model(const std::string& name) {
 
 }  // namespace
 
-int parse_app_options(int argc, char** argv, AppOptions& o) {
+void deepen_for_pipeline(TrainConfig& c) {
+  std::vector<int64_t>& d = c.model.dims;
+  const int64_t width = d.size() > 2 ? d[d.size() - 2] : 64;
+  while (static_cast<int>(d.size()) - 1 < c.pipeline.stages * c.pipeline.chunks) d.insert(d.end() - 1, width);
+}
+
+void fit_pipeline(TrainConfig& c) {
+  PipelineOptions& o = c.pipeline;
+  c.world_size = o.stages * o.dp;
+  c.accum = 1;
+  if (c.batch % o.microbatches != 0)
+    c.batch = std::max<int64_t>(1, (c.batch + o.microbatches / 2) / o.microbatches) * o.microbatches;
+  deepen_for_pipeline(c);
+  if (!o.split.empty() && static_cast<int>(o.split.size()) != o.stages * o.chunks) o.split.clear();
+}
+
+int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) {
   CLI::App app{"dtlab: step through distributed training, collective by collective", "dtlab"};
   TrainConfig& c = o.train;
   c.strategy = "ddp";
@@ -43,9 +61,9 @@ int parse_app_options(int argc, char** argv, AppOptions& o) {
   std::string model = "wide", optimizer = "adamw", script_file, run_cmds, clock = "modeled";
   std::string sharding = "full", wrap = "layer", backward_prefetch = "pre";
   double bucket_mb = 4096.0 / 1048576.0, first_mb = 1024.0 / 1048576.0, lr = 0;
-  app.add_option("--strategy", c.strategy, "single | ddp | fsdp")->capture_default_str();
-  app.add_option("--world", c.world_size, "Ranks, 1 to 16")->check(CLI::Range(1, 16))->capture_default_str();
-  app.add_option("--model", model, "Preset tiny|small|deep|wide or mlp:D0,...,Dk")->capture_default_str();
+  app.add_option("--strategy", c.strategy, "single | ddp | fsdp | pipeline")->capture_default_str();
+  auto* world_opt = app.add_option("--world", c.world_size, "Ranks, 1 to 16")->check(CLI::Range(1, 16))->capture_default_str();
+  auto* model_opt = app.add_option("--model", model, "Preset tiny|small|deep|wide or mlp:D0,...,Dk")->capture_default_str();
   app.add_option("--data", c.data, "spiral | blobs | PATH.npz")->capture_default_str();
   app.add_option("--batch", c.batch, "Batch per rank")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
   app.add_option("--steps", c.steps, "Optimizer steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 40))->capture_default_str();
@@ -55,13 +73,34 @@ int parse_app_options(int argc, char** argv, AppOptions& o) {
   app.add_option("--bucket-cap-mb", bucket_mb, "DDP bucket cap in MiB (lab default 0.004)")->check(CLI::Range(1e-9, 1e6));
   app.add_option("--first-bucket-mb", first_mb, "DDP first bucket cap in MiB (lab default 0.001)")->check(CLI::Range(1e-9, 1e6));
   app.add_flag("--find-unused-parameters", c.ddp.find_unused_parameters, "DDP marks unused parameters ready");
-  auto* sharding_opt = app.add_option("--sharding", sharding, "FSDP: full | grad-op | no-shard | zero1")->capture_default_str();
+  auto* sharding_opt = app.add_option("--sharding", sharding, "FSDP: full | grad-op | no-shard | hybrid | zero1")->capture_default_str();
+  auto* node_opt = app.add_option("--node-size", c.fsdp.node_size, "FSDP hybrid: ranks per shard group (default: the profile's ranks per node)")->check(CLI::Range(1, 64));
   auto* wrap_opt = app.add_option("--wrap", wrap, "FSDP units: layer (one per Linear) | model")->capture_default_str();
   auto* bp_opt = app.add_option("--backward-prefetch", backward_prefetch, "FSDP: none | pre (BACKWARD_PRE) | post (BACKWARD_POST)")->capture_default_str();
   auto* fp_opt = app.add_flag("--forward-prefetch", c.fsdp.forward_prefetch, "FSDP: gather the next unit during this unit's forward");
+  // Pipeline (dtlab-cli train's flags; the lab starts at p = 4, m = 8).
+  c.pipeline.stages = 4;
+  c.pipeline.microbatches = 8;
+  std::string schedule = "1f1b", split, compare;
+  bool unit_costs = false;
+  const std::vector<CLI::Option*> pipe_opts = {
+      app.add_option("--stages", c.pipeline.stages, "Pipeline: ranks per pipeline, p (the model is cut into p x --chunks stages)")
+          ->check(CLI::Range(1, 16))->capture_default_str(),
+      app.add_option("--microbatches", c.pipeline.microbatches, "Pipeline: micro-batches per batch, m (--batch must be a multiple)")
+          ->check(CLI::Range(1, 4096))->capture_default_str(),
+      app.add_option("--schedule", schedule, "Pipeline schedule: gpipe | 1f1b | interleaved | zb-h1")->capture_default_str(),
+      app.add_option("--chunks", c.pipeline.chunks, "Pipeline: stages per rank, v (interleaved)")->check(CLI::Range(1, 16))->capture_default_str(),
+      app.add_option("--dp", c.pipeline.dp, "Pipeline: data-parallel replicas, D (world = stages x dp)")->check(CLI::Range(1, 16))->capture_default_str(),
+      app.add_option("--split", split, "Pipeline: Linear layers per stage, e.g. 2,2,1 (default: balanced by parameter count)"),
+      app.add_flag("--unit-costs", unit_costs, "Pipeline: every F, B, I and W costs 1 ms of modeled time (with --profile ideal "
+                                               "the measured bubbles equal the formulas)"),
+      app.add_option("--compare", compare, "Pipeline view: simulate this schedule under the run's, with its action costs"),
+  };
   app.add_option("--skip-layer", c.skip_layer, "Model branch: bypass this square Linear every --skip-every steps");
   app.add_option("--skip-every", c.skip_every, "Period of the branch")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  app.add_option("--profile", c.profile, "Hardware profile: nvlink8, pcie8, ib2x4, eth2x4, this")->capture_default_str();
+  std::vector<std::string> faults;
+  app.add_option("--fault", faults, "Inject a fault (repeatable): skip:rank=R,collective=K or delay:rank=R,collective=K,ms=M");
+  app.add_option("--profile", c.profile, "Hardware profile: nvlink8, pcie8, ib2x4, eth2x4, this, ideal (free communication)")->capture_default_str();
   app.add_option("--seed", c.seed, "Seed")->capture_default_str();
   app.add_option("--timeout", c.timeout_s, "Watchdog seconds")->check(CLI::Range(0.001, 1e6))->capture_default_str();
   app.add_option("--clock", clock, "Timeline clock: modeled or wall")->capture_default_str();
@@ -76,6 +115,8 @@ int parse_app_options(int argc, char** argv, AppOptions& o) {
   app.add_option("--width", o.width, "Window width")->check(CLI::Range(320, 8192))->capture_default_str();
   app.add_option("--height", o.height, "Window height")->check(CLI::Range(240, 8192))->capture_default_str();
   app.add_option("--config-dir", o.config_dir, "Where the window layout (imgui.ini) is kept");
+  app.add_option("--lesson", o.lesson, "Open a lesson: NAME (lessons/*NAME.md) or PATH.md");
+  app.add_flag("--play", o.play, "With --lesson: play it headless, answering with the live figures; exit 1 on a failed step");
   app.set_version_flag("--version", "dtlab 0.1.0");
   try {
     app.parse(argc, argv);
@@ -90,19 +131,32 @@ int parse_app_options(int argc, char** argv, AppOptions& o) {
       throw Error("bucket caps must hold at least 1 byte; raise --bucket-cap-mb / --first-bucket-mb");
     if (c.strategy == "single" && c.world_size != 1) c.world_size = 1;
     if (c.strategy != "fsdp")
-      for (CLI::Option* f : {sharding_opt, wrap_opt, bp_opt, fp_opt})
+      for (CLI::Option* f : {sharding_opt, wrap_opt, bp_opt, fp_opt, node_opt})
         if (f->count() > 0) throw Error(f->get_name() + " configures FSDP; add --strategy fsdp");
-    try {
-      c.fsdp.sharding = parse_sharding(sharding);
-    } catch (const Error&) {  // the engine's list names hybrid, which the lab cannot run yet
-      throw Error("--sharding " + sharding + " is not a sharding strategy; use full, grad-op, no-shard or zero1");
+    c.fsdp.sharding = parse_sharding(sharding);
+    if (c.strategy != "pipeline") {
+      for (CLI::Option* f : pipe_opts)
+        if (f->count() > 0) throw Error(f->get_name() + " configures a pipeline; add --strategy pipeline --stages p");
+    } else {
+      c.pipeline.schedule = parse_schedule_kind(schedule);
+      if (!split.empty()) c.pipeline.split = parse_split(split);
+      if (!compare.empty()) o.compare = static_cast<int>(parse_schedule_kind(compare));
+      if (unit_costs) c.pipeline.fixed_costs = ActionCosts{kUnitActionCost, kUnitActionCost, kUnitActionCost, kUnitActionCost, 0};
+      if (world_opt->count() == 0) c.world_size = c.pipeline.stages * c.pipeline.dp;
+      if (c.world_size > 16)
+        throw Error("--stages x --dp is " + std::to_string(c.world_size) + " ranks; the lab runs at most 16");
+      if (model_opt->count() == 0) deepen_for_pipeline(c);  // the default model, cut into p x v stages
     }
-    if (c.fsdp.sharding == Sharding::Hybrid)
-      throw Error("--sharding hybrid needs node-local process groups, which this version does not have yet; use full, grad-op, no-shard or zero1");
+    if (node_opt->count() > 0 && c.fsdp.sharding != Sharding::Hybrid)
+      throw Error("--node-size sets HYBRID_SHARD's shard group; add --sharding hybrid");
     if (wrap != "layer" && wrap != "model") throw Error("--wrap " + wrap + " is not a wrap policy; use layer (one unit per Linear) or model");
     c.fsdp.wrap_layers = wrap == "layer";
     c.fsdp.backward_prefetch = parse_backward_prefetch(backward_prefetch);
     find_profile(c.profile);
+    for (const std::string& f : faults) c.faults.push_back(parse_fault(f));
+    if (!c.faults.empty() && c.strategy == "single")
+      throw Error("--fault injects into the ranks' collectives; add --strategy ddp (or fsdp) --world N");
+    if (o.play && o.lesson.empty()) throw Error("--play plays a lesson; add --lesson NAME");
     if (!script_file.empty() && !run_cmds.empty()) throw Error("give --script FILE or --run \"commands\", not both");
     if (!script_file.empty()) {
       std::ifstream f(script_file);
@@ -113,6 +167,7 @@ int parse_app_options(int argc, char** argv, AppOptions& o) {
       o.script = parse_script(run_cmds, "--run");
     }
     if (!o.screenshot.empty() && !o.script.empty()) throw Error("--screenshot is a one-shot; inside a script use the screenshot command");
+    if (o.play && !o.script.empty()) throw Error("--play plays the whole lesson; to stop at a step, drop --play and script `lesson goto N`");
     if (!o.screenshot.empty() && o.screenshot.size() < 5) throw Error("--screenshot needs a PATH.png");
     c.start_paused = !o.running;
   } catch (const CLI::CallForHelp&) {
@@ -122,10 +177,12 @@ int parse_app_options(int argc, char** argv, AppOptions& o) {
     std::printf("dtlab 0.1.0\n");
     return -1;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "dtlab: %s; see dtlab --help\n", e.what());
+    if (error) *error = e.what();
+    else std::fprintf(stderr, "dtlab: %s; see dtlab --help\n", e.what());
     return 2;
   } catch (const Error& e) {
-    std::fprintf(stderr, "dtlab: %s\n", e.what());
+    if (error) *error = e.what();
+    else std::fprintf(stderr, "dtlab: %s\n", e.what());
     return 2;
   }
   return 0;

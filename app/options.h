@@ -20,11 +20,23 @@ struct AppOptions {
   double speed = 0;                    // modeled seconds per wall second while running (0 = full speed)
   int width = 1600, height = 900;
   bool modeled_clock = true;
+  int compare = -1;                    // --compare SCHEDULE: the pipeline view's second schedule (a ScheduleKind)
   std::string config_dir;              // where imgui.ini lives (default: $XDG_CONFIG_HOME/dtlab)
+  std::string lesson;                  // --lesson NAME|PATH.md: open this lesson (app/lesson.h)
+  bool play = false;                   // --play: play the lesson headless, checking every step
 };
 
+// --unit-costs: every F, B, I and W of a pipeline costs this many modeled seconds (dtlab-cli's).
+constexpr double kUnitActionCost = 1e-3;
+// Gives a pipeline run's model more hidden layers (of its last hidden width) when it has fewer
+// Linear layers than the p x v stages.
+void deepen_for_pipeline(TrainConfig& c);
+// The Run panel's and the pipeline view's pipeline settings made runnable: world p x dp, no --accum,
+// the batch rounded to a multiple of the micro-batches, the model deepened, a stale --split dropped.
+void fit_pipeline(TrainConfig& c);
+
 // Parses argv; returns 0 to go on, -1 after --help/--version (exit 0), or 2 for bad input with the
-// sentence already printed to stderr.
-int parse_app_options(int argc, char** argv, AppOptions& out);
+// sentence printed to stderr, or stored in *error when given (a lesson's scenario uses the flags).
+int parse_app_options(int argc, char** argv, AppOptions& out, std::string* error = nullptr);
 
 }  // namespace dtlab::app

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <sstream>
 
+#include "app/lesson.h"
 #include "engine/core/check.h"
 
 namespace dtlab::app {
@@ -11,9 +12,10 @@ namespace dtlab::app {
 namespace {
 
 const char* kUsage =
-    "commands: step ring|collective|iteration [N], run [SECONDS]s, pause, wait SECONDSs, "
-    "view ring|buckets|timeline|memory|inspector|data|all, screenshot PATH.png, speed X, "
-    "presentation on|off, clock modeled|wall, set_epoch on|off, reset, quit";
+    "commands: step ring|collective|iteration|action [N], run [SECONDS]s, pause, wait SECONDSs, "
+    "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|all, screenshot PATH.png, speed X, "
+    "presentation on|off, clock modeled|wall, set_epoch on|off, reset, quit, "
+    "lesson open NAME|next|back|goto N|answer X|check|play|demo|close";
 
 std::vector<std::string> words(const std::string& s) {
   std::vector<std::string> w;
@@ -32,7 +34,7 @@ bool parse_double(std::string t, double& out, bool seconds) {
 }  // namespace
 
 const std::vector<std::string>& view_names() {
-  static const std::vector<std::string> names = {"ring", "buckets", "timeline", "memory", "inspector", "data", "all"};
+  static const std::vector<std::string> names = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "all"};
   return names;
 }
 
@@ -58,7 +60,8 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       if (w[1] == "ring") c.kind = ScriptCommand::StepRing;
       else if (w[1] == "collective") c.kind = ScriptCommand::StepCollective;
       else if (w[1] == "iteration") c.kind = ScriptCommand::StepIteration;
-      else fail("step takes ring, collective or iteration");
+      else if (w[1] == "action") c.kind = ScriptCommand::StepAction;
+      else fail("step takes ring, collective or iteration");  // or action (pipelines), as the usage says
       if (w.size() == 3) {
         double n = 0;
         if (!parse_double(w[2], n, false) || n < 1 || n != static_cast<int>(n) || n > 100000) fail("the count must be a whole number from 1");
@@ -73,7 +76,7 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       c.kind = k == "pause" ? ScriptCommand::Pause : k == "quit" ? ScriptCommand::Quit : ScriptCommand::Reset;
     } else if (k == "view") {
       if (w.size() != 2 || std::find(view_names().begin(), view_names().end(), w[1]) == view_names().end())
-        fail("view takes one of ring, buckets, timeline, memory, inspector, data, all");
+        fail("view takes one of ring, buckets, timeline, memory, inspector, data, shards, pipeline, all");
       c.kind = ScriptCommand::View;
       c.arg = w[1];
     } else if (k == "screenshot") {
@@ -91,6 +94,12 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       if (w.size() != 2 || (w[1] != "modeled" && w[1] != "wall")) fail("clock takes modeled or wall");
       c.kind = ScriptCommand::Clock;
       c.arg = w[1];
+    } else if (k == "lesson") {
+      c.kind = ScriptCommand::Lesson;
+      c.arg = line.substr(line.find("lesson") + 6);
+      c.arg.erase(0, c.arg.find_first_not_of(" \t"));
+      c.arg.erase(c.arg.find_last_not_of(" \t\r") + 1);
+      if (const std::string why = check_lesson_command(c.arg); !why.empty()) fail(why);
     } else {
       fail("unknown command '" + k + "'");
     }

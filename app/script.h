@@ -9,17 +9,19 @@ namespace dtlab::app {
 
 struct ScriptCommand {
   enum Kind { StepRing, StepCollective, StepIteration, Run, Pause, View, Screenshot, Wait, Speed,
-              Presentation, Clock, SetEpoch, Reset, Quit };
+              Presentation, Clock, SetEpoch, Reset, Quit,
+              Lesson,  // `lesson open NAME|next|back|goto N|answer X|check|play|demo|close` (app/lesson.h)
+              StepAction };  // `step action [N]`: N time steps of a pipeline schedule
   Kind kind = Quit;
   int count = 1;        // step commands: how many
   double seconds = 0;   // run / wait: how long (run 0 = run on)
   double value = 0;     // speed
-  std::string arg;      // view name, screenshot path, on/off, clock name
+  std::string arg;      // view name, screenshot path, on/off, clock name, lesson command
   int line = 0;         // where it came from, for messages
 };
 
 // The view names `view` accepts (and the app's windows): ring, buckets, timeline, memory,
-// inspector, data, all.
+// inspector, data, shards, pipeline, all.
 const std::vector<std::string>& view_names();
 
 // Parses commands separated by newlines or ';'. Throws dtlab::Error naming the line and the fix.

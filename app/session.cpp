@@ -98,7 +98,11 @@ void Session::reset_derived() {
   data_epoch_ = -1;
   snap_.events.assign(static_cast<size_t>(N), {});
   snap_.memory.assign(static_cast<size_t>(N), RankMemory{});
-  for (const auto& p : trainer_->model().parameters()) snap_.param_names.push_back(p.name);
+  param_numel_.clear();
+  for (const auto& p : trainer_->model().parameters()) {
+    snap_.param_names.push_back(p.name);
+    param_numel_[p.name] = p.numel;
+  }
   RunConfigView& c = snap_.config;
   c.strategy = config_.strategy;
   c.model = config_.model.str();
@@ -127,7 +131,9 @@ void Session::reset_derived() {
   // BACKWARD_PRE holds the next unit's parameters beside this unit's parameters and gradient.
   // (Forward prefetch holds two units' parameters only, no more than one unit in backward.)
   c.units_in_flight = config_.fsdp.backward_prefetch == BackwardPrefetch::Pre ? 2 : 1;
+  c.node_size = trainer_->config().fsdp.node_size;
   snap_.total_steps = trainer_->total_steps();
+  pipeline_.reset(trainer_->pipeline_plan(), N, snap_.pipeline);
 }
 
 void Session::run(double speed) {
@@ -205,6 +211,7 @@ const Snapshot& Session::update() {
     for (size_t i = s.history.size(); i < reports_.size(); i++) {
       const StepReport& r = reports_[i];
       s.history.push_back({r.step, r.loss, r.accuracy, r.overlap, r.samples_per_sec});
+      pipeline_.add_report(r);
     }
     s.step = reports_.empty() ? 0 : reports_.back().step;
   }
@@ -232,7 +239,53 @@ const Snapshot& Session::update() {
   }
   build_collective();
   build_data();
+  pipeline_.build(s.stepper, s.pipeline);
   return s;
+}
+
+void Session::ingest_unit(int rank, const FsdpInfo& f) {
+  const size_t N = static_cast<size_t>(config_.world_size), r = static_cast<size_t>(rank);
+  auto& units = snap_.units;
+  if (f.unit < 0 || f.unit >= f.num_units) return;
+  if (units.size() != static_cast<size_t>(f.num_units)) units.resize(static_cast<size_t>(f.num_units));
+  UnitView& u = units[static_cast<size_t>(f.unit)];
+  if (u.state.size() != N) {
+    u.index = f.unit;
+    u.state.assign(N, FsdpState::Idle);
+    u.gathered.assign(N, 0);
+    u.gathering.assign(N, 0);
+    u.reducing.assign(N, 0);
+  }
+  u.state[r] = f.state;
+  switch (f.verb) {
+    case FsdpVerb::Layout:
+      u.numel = f.numel;
+      u.chunk = f.chunk;
+      u.shard_world = f.shard_world;
+      if (u.names.empty()) {
+        int64_t at = 0;
+        for (const std::string& name : split_names(trainer_->recorder().label(f.label))) {
+          auto it = param_numel_.find(name);
+          const int64_t n = it == param_numel_.end() ? 0 : it->second;
+          u.names.push_back(name);
+          u.offsets.push_back(at);
+          u.sizes.push_back(n);
+          at += n;
+        }
+      }
+      break;
+    case FsdpVerb::Unshard:
+      u.gathering[r] = 1;
+      if (f.seq != UINT64_MAX) u.gather_seq = f.seq;
+      break;
+    case FsdpVerb::Unsharded: u.gathering[r] = 0, u.gathered[r] = 1; break;
+    case FsdpVerb::Reshard: u.gathered[r] = 0; break;
+    case FsdpVerb::ReduceGrad:
+      u.reducing[r] = 1;
+      if (f.seq != UINT64_MAX) u.reduce_seq = f.seq;
+      break;
+    case FsdpVerb::GradReduced: u.reducing[r] = 0; break;
+  }
 }
 
 void Session::ingest(int rank, const Event& e) {
@@ -255,6 +308,11 @@ void Session::ingest(int rank, const Event& e) {
       v[static_cast<size_t>(rank)] = 1;
       issued_.emplace(e.coll.seq, e.coll);
       if (rank == 0) coll_wall_s_[e.coll.seq] = static_cast<double>(e.wall_end_ns - e.wall_begin_ns) * 1e-9;
+      for (UnitView& u : snap_.units) {
+        if (u.gathering.size() <= static_cast<size_t>(rank)) continue;
+        if (u.gather_seq == e.coll.seq) u.gathering[static_cast<size_t>(rank)] = 0, u.gathered[static_cast<size_t>(rank)] = 1;
+        if (u.reduce_seq == e.coll.seq) u.reducing[static_cast<size_t>(rank)] = 0;
+      }
       if (e.coll.group_size > 1 && (shown_seq_ == UINT64_MAX || e.coll.seq > shown_seq_) &&
           algorithm_step_count(e.coll.op, e.coll.algo, N) > 0)
         shown_seq_ = e.coll.seq;
@@ -268,6 +326,8 @@ void Session::ingest(int rank, const Event& e) {
           }
       break;
     }
+    case EventKind::FsdpUnit: ingest_unit(rank, e.fsdp); break;
+    case EventKind::PipelineAction: pipeline_.ingest(rank, e); break;
     default: break;
   }
   if (rank != 0) return;
@@ -379,6 +439,12 @@ void Session::build_collective() {
       for (const BucketParam& p : b.params) names += (names.empty() ? "" : ", ") + p.name;
       cv.label = "DDP bucket " + std::to_string(b.index) + ": " + names;
     }
+  for (const UnitView& u : snap_.units) {
+    if (u.gather_seq != cv.seq && u.reduce_seq != cv.seq) continue;
+    std::string names;
+    for (const std::string& n : u.names) names += (names.empty() ? "" : ", ") + n;
+    cv.label = "FSDP unit " + std::to_string(u.index) + (u.gather_seq == cv.seq ? " unshard: " : " gradient: ") + names;
+  }
   // A launched bucket whose all-reduce has ranks in it (or steps done) is on the wire.
   for (BucketView& b : snap_.buckets)
     if (b.state == BucketState::Launched && b.seq == cv.seq && (cv.in_flight || cv.steps_done > 0) && !all_done)
@@ -453,7 +519,8 @@ void Session::build_data() {
   data_set_epoch_built_ = data_set_epoch_;
   d.set_epoch = data_set_epoch_;
   d.owner.assign(static_cast<size_t>(ds.n), -1);
-  const int N = config_.world_size;
+  // A pipeline's ranks share their replica's shard: the sampler splits over the replicas.
+  const int N = config_.strategy == "pipeline" ? config_.pipeline.dp : config_.world_size;
   for (int r = N - 1; r >= 0; r--) {  // lower ranks win for padded duplicates
     SamplerConfig sc;
     sc.n = ds.n;

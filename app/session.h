@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "app/pipeline_tracker.h"
 #include "app/snapshot.h"
 #include "engine/train/train.h"
 
@@ -55,6 +56,7 @@ class Session {
   void start();
   void stop();
   void ingest(int rank, const Event& e);
+  void ingest_unit(int rank, const FsdpInfo& f);
   void build_collective();
   void build_data();
   void reset_derived();
@@ -80,7 +82,9 @@ class Session {
   int32_t bucket_iteration_ = -1;
   int ready_counter_ = 0, launch_counter_ = 0;
   int64_t data_epoch_ = -1;
+  std::map<std::string, int64_t> param_numel_;  // parameter name -> elements (FSDP unit layouts)
   bool data_set_epoch_built_ = true;
+  PipelineTracker pipeline_;  // pipeline runs: the schedule as planned and as it ran
 };
 
 }  // namespace dtlab::app

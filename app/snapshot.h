@@ -73,6 +73,57 @@ struct BucketView {
   double allreduce_begin = 0, allreduce_end = 0;  // modeled seconds, once done
 };
 
+// FSDP: one unit's flat parameter and what each rank holds of it right now (from FsdpUnit events).
+struct UnitView {
+  int index = 0;
+  std::vector<std::string> names;       // its parameters, in flat order
+  std::vector<int64_t> offsets, sizes;  // each parameter's place in the flat parameter
+  int64_t numel = 0, chunk = 0;         // flat elements; shard size ceil(numel / shard_world)
+  int shard_world = 1;                  // ranks the flat parameter is split over (a node for HYBRID_SHARD)
+  std::vector<FsdpState> state;         // per rank
+  std::vector<uint8_t> gathered;        // per rank: full parameters materialized (GatheredParameters)
+  std::vector<uint8_t> gathering;       // per rank: its all-gather is under way
+  std::vector<uint8_t> reducing;        // per rank: its gradient's reduction is under way
+  uint64_t gather_seq = UINT64_MAX;     // the latest all-gather / reduction on the world (UINT64_MAX:
+  uint64_t reduce_seq = UINT64_MAX;     // none yet, or a process group's)
+};
+// Pipeline: the schedule as planned and as it ran, from PipelineAction events (the pipeline view).
+// An action's event is recorded when it ends, so the ones here are finished.
+struct PipelineActionView {
+  Action action;                              // stage, F/B/I/W, micro-batch
+  int step = 0;                               // its time step in the planned grid
+  double model_begin = 0, model_end = 0;      // modeled seconds: from its input's arrival to its end
+  int64_t wall_begin_ns = 0, wall_end_ns = 0;
+  int64_t bytes = 0;                          // the activation or gradient it sent
+};
+
+struct PipelineRankView {
+  int pipe_rank = 0, replica = 0;
+  std::vector<PipelineActionView> done;  // the shown iteration's finished actions, in order
+  int next = 0;              // index into the planned row's actions of its current one (done.size())
+  bool at_gate = false;      // paused at the gate before that action (else it runs or waits for input)
+  int peak_inflight = 0;     // shown iteration: most micro-batches between their F and their B or I
+  double bubble = -1;        // last finished iteration: idle / its replica's makespan (modeled); -1: none
+  double reported_bubble = -1;  // the runtime's StepReport.bubble of that iteration
+};
+
+struct PipelineView {
+  bool valid = false;
+  ScheduleKind kind = ScheduleKind::OneFOneB;
+  int p = 1, m = 1, v = 1, dp = 1;
+  bool unit_costs = false;            // every action costs the same fixed modeled time
+  PipelineSchedule plan;              // make_schedule(kind, p, m, v): [pipeline rank][time step]
+  int32_t iteration = -1;             // shown: the one under way, else the last finished
+  bool complete = false;              // every rank finished the shown iteration
+  int32_t bubble_iteration = -1;      // the iteration the measured bubbles are from
+  // Mean durations of F, B, I, W in the shown (else last) iteration, per clock; unmeasured types 1 s.
+  ActionCosts model_costs, wall_costs;
+  bool costs_measured = false;
+  BubbleFormula formula;              // formula_bubble(kind, p, m, v, model_costs)
+  std::vector<int> formula_peak;      // per pipeline rank: formula_peak_inflight
+  std::vector<PipelineRankView> ranks;  // world ranks (rank = replica * p + pipeline rank)
+};
+
 struct RankMemory {
   MemoryStats stats;          // current, and peaks of the current iteration
 };
@@ -112,6 +163,7 @@ struct RunConfigView {
   bool wrap_layers = true;                // FSDP units: one per Linear (else the whole model)
   int64_t largest_unit_params = 0;        // the largest unit: biggest Linear (weight + bias) or Ψ
   int units_in_flight = 1;                // 2 with BACKWARD_PRE (the next unit gathered early)
+  int node_size = 0;                      // HYBRID_SHARD: ranks per shard group
 };
 
 struct Snapshot {
@@ -134,6 +186,8 @@ struct Snapshot {
   CollectiveView collective;      // the current/last stepped collective
   std::vector<BucketView> buckets;  // rank 0's current assignment and states
   int bucket_generation = 0;
+  std::vector<UnitView> units;      // FSDP: every unit, every rank
+  PipelineView pipeline;            // pipeline runs
   std::vector<RankMemory> memory;   // per rank
   std::vector<StepPoint> history;   // per step (rank 0's report: all-reduced means)
   DataView data;

@@ -84,6 +84,7 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
   add(add_bench_command, "bench", "Benchmark collectives (nccl-tests style)");
   add(add_sampler_command, "sampler", "Print each rank's indices from PyTorch's DistributedSampler");
   add(add_plan_command, "plan", "Per-rank memory and traffic of DDP, ZeRO and FSDP sharding (ZeRO paper formulas)");
+  add(add_launch_command, "launch", "Start one process per rank, torchrun style: launch --nproc-per-node N -- train ...");
   add(add_schedule_command, "schedule", "Pipeline schedules (GPipe, 1F1B, interleaved, ZB-H1) as a grid, with bubbles and in-flight micro-batches");
 
   // CLI11 wants argv order reversed when given a vector.
@@ -91,7 +92,7 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
   std::string command;
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& a = args[i];
-    if (a == "train" || a == "eval" || a == "sampler" || a == "bench" || a == "plan" ||
+    if (a == "train" || a == "eval" || a == "sampler" || a == "bench" || a == "plan" || a == "launch" ||
         a == "schedule") {
       command = a;
       if (a == "bench" && i + 1 < args.size() && args[i + 1] == "collectives") command += " collectives";
@@ -117,9 +118,9 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
       if (command == "bench")
         io.err << "dtlab-cli: bench needs to know what to measure; use 'dtlab-cli bench collectives' (see 'dtlab-cli bench --help')\n";
       else if (command.empty() && !args.empty())
-        io.err << "dtlab-cli: '" << args[0] << "' is not a subcommand; use train, eval, bench, sampler or plan (see 'dtlab-cli --help')\n";
+        io.err << "dtlab-cli: '" << args[0] << "' is not a subcommand; use train, eval, bench, sampler, plan, schedule or launch (see 'dtlab-cli --help')\n";
       else
-        io.err << "dtlab-cli: give a subcommand (train, eval, bench, sampler or plan); run 'dtlab-cli --help' for usage\n";
+        io.err << "dtlab-cli: give a subcommand (train, eval, bench, sampler, plan, schedule or launch); run 'dtlab-cli --help' for usage\n";
       return 2;
     }
     io.err << "dtlab-cli: " << explain(e, command) << "\n";

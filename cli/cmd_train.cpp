@@ -1,4 +1,5 @@
 // dtlab-cli train: one training run, printed as it goes (human lines or JSON Lines).
+#include <filesystem>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -6,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/train_pipeline.h"
 #include "engine/core/check.h"
 #include "engine/core/format.h"
 #include "engine/io/checkpoint.h"
@@ -24,11 +26,14 @@ struct TrainArgs {
   bool json = false;
   int64_t log_every = 0;
   std::string trace_clock = "wall";
+  std::string device = "cpu";
+  CLI::Option* world_opt = nullptr;
   double bucket_cap_mb = 25, first_bucket_mb = 1;
   bool static_buckets = false;
   std::vector<std::string> faults;
+  PipelineArgs pipeline;
   std::string sharding = "full", wrap = "layer", backward_prefetch = "pre";
-  CLI::Option *sharding_opt = nullptr, *wrap_opt = nullptr, *bp_opt = nullptr, *fp_opt = nullptr;
+  CLI::Option *sharding_opt = nullptr, *wrap_opt = nullptr, *bp_opt = nullptr, *fp_opt = nullptr, *node_opt = nullptr;
   CLI::Option *bucket_opt = nullptr, *first_bucket_opt = nullptr, *find_unused_opt = nullptr,
               *view_opt = nullptr, *static_opt = nullptr;
   CLI::Option *lr_opt = nullptr, *wd_opt = nullptr, *momentum_opt = nullptr, *steps_opt = nullptr,
@@ -89,19 +94,31 @@ void finish_config(TrainArgs& a) {
   c.ddp.rebuild_buckets = !a.static_buckets;
   for (const std::string& f : a.faults) c.faults.push_back(parse_fault(f));
   if (c.strategy != "fsdp") {
-    for (CLI::Option* o : {a.sharding_opt, a.wrap_opt, a.bp_opt, a.fp_opt})
+    for (CLI::Option* o : {a.sharding_opt, a.wrap_opt, a.bp_opt, a.fp_opt, a.node_opt})
       if (o->count() > 0) throw Error(o->get_name() + " configures FSDP; add --strategy fsdp --world N");
   }
   c.fsdp.sharding = parse_sharding(a.sharding);
   if (a.wrap != "layer" && a.wrap != "model") throw Error("--wrap " + a.wrap + " is not a wrap policy; use layer (one unit per Linear) or model");
   c.fsdp.wrap_layers = a.wrap == "layer";
   c.fsdp.backward_prefetch = parse_backward_prefetch(a.backward_prefetch);
+  if (a.device == "cuda")
+    throw Error("--device cuda needs the CUDA engine, which this build does not have yet; use --device cpu");
+  if (a.device != "cpu") throw Error("--device " + a.device + " is not a device; use cpu or cuda");
+  if (c.backend == "socket") {  // one rank of a world of processes: rank and world from the launcher
+    c.socket = socket_options_from_env();
+    if (a.world_opt->count() == 0) c.world_size = c.socket.world_size;
+  }
+  finish_pipeline_config(a.pipeline, c, a.world_opt->count() > 0);
   if (!c.faults.empty() && c.strategy == "single")
     throw Error("--fault injects into the ranks' collectives; add --strategy ddp (or fsdp) --world N");
 }
 
-int run_train(TrainArgs& a, Streams& io) {
+int run_train(TrainArgs& a, Streams& given) {
   finish_config(a);
+  // Under `dtlab-cli launch` only rank 0 reports; the other ranks stay quiet unless they fail.
+  std::ostream discard(nullptr);
+  Streams quiet{discard, given.err, false};
+  Streams& io = a.cfg.backend == "socket" && a.cfg.socket.rank != 0 ? quiet : given;
   Trainer trainer(a.cfg);
   const TrainConfig& c = trainer.config();
   const Dataset& ds = trainer.dataset();
@@ -117,7 +134,8 @@ int run_train(TrainArgs& a, Streams& io) {
            << ", " << total << " steps (" << trainer.batches_per_epoch() << " batches per epoch), "
            << c.optimizer.str() << ", seed " << c.seed << ", shuffle "
            << (c.shuffle ? "on" : "off") << (c.drop_last ? ", drop_last" : "") << "\n";
-    if (c.accum > 1 || c.world_size > 1)
+    if (c.strategy == "pipeline") print_pipeline_header(io.out, trainer);
+    else if (c.accum > 1 || c.world_size > 1)
       io.out << "  effective batch " << trainer.effective_batch() << " = " << c.batch << " per rank x "
              << c.world_size << (c.world_size == 1 ? " rank" : " ranks") << " x " << c.accum
              << " accumulation " << (c.accum == 1 ? "step" : "steps") << "\n";
@@ -134,10 +152,16 @@ int run_train(TrainArgs& a, Streams& io) {
       for (const std::string& line : trainer.planned_buckets()) io.out << "    " << line << "\n";
     }
     if (c.strategy == "fsdp")
-      io.out << "  FSDP: " << sharding_name(c.fsdp.sharding) << ", units: "
+      io.out << "  FSDP: " << sharding_name(c.fsdp.sharding)
+             << (c.fsdp.sharding == Sharding::Hybrid
+                     ? " (node groups of " + std::to_string(trainer.config().fsdp.node_size) + " ranks)" : std::string())
+             << ", units: "
              << (c.fsdp.wrap_layers ? "one per Linear layer" : "the whole model") << ", backward prefetch "
              << backward_prefetch_name(c.fsdp.backward_prefetch) << (c.fsdp.forward_prefetch ? ", forward prefetch" : "") << "\n";
     if (!c.init_path.empty()) io.out << "  initialized from " << c.init_path << "\n";
+    if (c.backend == "socket")
+      io.out << "  backend socket: " << c.world_size << " processes, rank 0 at " << c.socket.master_addr << ":"
+             << c.socket.master_port << "\n";
     io.out.flush();
   }
 
@@ -151,6 +175,7 @@ int run_train(TrainArgs& a, Streams& io) {
                           {"step_ms", r.step_seconds * 1e3}};
       if (r.overlap >= 0) j["overlap"] = r.overlap;
       if (c.skip_layer >= 0) j["branch_taken"] = r.branch_taken;
+      if (!r.bubble.empty()) j["bubble"] = r.bubble;
       io.out << j.dump() << "\n";
       return;
     }
@@ -207,7 +232,9 @@ int run_train(TrainArgs& a, Streams& io) {
       }
       j["rank_memory"] = mem;
     }
+    if (c.strategy == "pipeline") j["pipeline"] = pipeline_json(s);
     if (!c.save_path.empty()) j["saved"] = c.save_path;
+    if (!c.save_sharded_path.empty()) j["saved_sharded"] = c.save_sharded_path;
     io.out << j.dump() << "\n";
     return 0;
   }
@@ -229,6 +256,7 @@ int run_train(TrainArgs& a, Streams& io) {
       for (const std::string& b : s.buckets) io.out << "    " << b << "\n";
     }
   }
+  if (c.strategy == "pipeline") print_pipeline_summary(io.out, trainer, s);
   bool same = true;
   for (const MemoryStats& m : s.rank_memory)
     same = same && m.current == s.memory.current && m.peak == s.memory.peak;
@@ -245,6 +273,9 @@ int run_train(TrainArgs& a, Streams& io) {
   if (!c.trace_path.empty()) io.out << "trace written to " << c.trace_path << " (open it in ui.perfetto.dev)\n";
   if (!c.save_path.empty())
     io.out << "saved " << c.save_path << " (step " << s.start_step + s.steps << ")\n";
+  if (!c.save_sharded_path.empty())
+    io.out << "saved a sharded checkpoint in " << c.save_sharded_path << " (one file per rank that owns "
+           << "parameters, and index.json; step " << s.start_step + s.steps << ")\n";
   return 0;
 }
 
@@ -253,8 +284,10 @@ int run_train(TrainArgs& a, Streams& io) {
 Runner add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   TrainConfig& c = a->cfg;
-  app.add_option("--strategy", c.strategy, "Parallel strategy: single | ddp | fsdp")->capture_default_str();
-  app.add_option("--world", c.world_size, "Number of ranks (for strategies that use several)")->check(whole_number(1, 1024));
+  app.add_option("--strategy", c.strategy, "Parallel strategy: single | ddp | fsdp | pipeline")->capture_default_str();
+  app.add_option("--backend", c.backend, "Where ranks run: threads (all in this process) | socket (one process per rank, as dtlab-cli launch starts them)")->capture_default_str();
+  app.add_option("--device", a->device, "cpu | cuda (the CUDA engine is not in this build yet)")->capture_default_str();
+  a->world_opt = app.add_option("--world", c.world_size, "Number of ranks (for strategies that use several)")->check(whole_number(1, 1024));
   a->model_opt = app.add_option("--model", a->model, "Model spec mlp:D0,D1,...,Dk (with --init: the checkpoint's)")->capture_default_str();
   app.add_option("--data", c.data, "spiral | blobs | PATH.npz (with options, e.g. spiral:classes=4,points=500)")->capture_default_str();
   app.add_option("--batch", c.batch, "Batch size per rank")->check(whole_number(1, int64_t{1} << 24))->capture_default_str();
@@ -268,12 +301,19 @@ Runner add_train_command(CLI::App& app) {
   app.add_option("--seed", c.seed, "Seed for the model init (torch.manual_seed) and the sampler")->check(whole_number(0, (int64_t{1} << 32) - 1))->capture_default_str();
   app.add_flag("--shuffle,!--no-shuffle", c.shuffle, "Shuffle each epoch (default on)");
   app.add_flag("--drop-last", c.drop_last, "Drop the last partial batch of each epoch");
-  app.add_option("--init", c.init_path, "Start from a safetensors checkpoint's parameters (the optimizer state starts fresh)")->check(existing_file());
+  app.add_option("--init", c.init_path, "Start from a checkpoint's parameters: a safetensors file or a --save-sharded directory (the optimizer state starts fresh)")
+      ->check(CLI::Validator(
+          [](std::string& path) -> std::string {
+            std::error_code ec;
+            return std::filesystem::exists(path, ec) ? "" : "'" + path + "' does not exist; check the path";
+          },
+          "PATH"));
   app.add_option("--save", c.save_path, "Write a safetensors checkpoint at the end (atomic)");
+  app.add_option("--save-sharded", c.save_sharded_path, "FSDP: write a sharded checkpoint directory at the end (one file per rank plus index.json)");
   app.add_flag("--json", a->json, "Print JSON Lines: one object per step, then a summary");
   app.add_option("--trace", c.trace_path, "Write a Chrome trace (Perfetto, chrome://tracing) of the run");
   app.add_option("--trace-clock", a->trace_clock, "Timeline of --trace: wall or modeled")->capture_default_str();
-  app.add_option("--profile", c.profile, "Hardware profile of the modeled clock: nvlink8, pcie8, ib2x4, eth2x4, this")->capture_default_str();
+  app.add_option("--profile", c.profile, "Hardware profile of the modeled clock: nvlink8, pcie8, ib2x4, eth2x4, this, ideal (free communication)")->capture_default_str();
   app.add_option("--log-every", a->log_every, "Print every N steps (default: about 20 lines)")->check(whole_number(1, int64_t{1} << 40));
   app.add_option("--threads", c.threads, "BLAS threads (default: OpenBLAS's choice)")->check(whole_number(0, 256));
   app.add_option("--accum", c.accum, "Gradient accumulation: micro-batches per optimizer step (DDP's no_sync for all but the last)")->check(whole_number(1, 1 << 20))->capture_default_str();
@@ -281,7 +321,8 @@ Runner add_train_command(CLI::App& app) {
   a->first_bucket_opt = app.add_option("--first-bucket-mb", a->first_bucket_mb, "DDP first bucket cap in MiB")->check(real_number(0, 1 << 20))->capture_default_str();
   a->find_unused_opt = app.add_flag("--find-unused-parameters", c.ddp.find_unused_parameters, "DDP marks parameters the forward did not use as ready");
   a->view_opt = app.add_flag("--gradient-as-bucket-view", c.ddp.gradient_as_bucket_view, "Gradients live in DDP's buckets (saves one gradient-sized buffer)");
-  a->sharding_opt = app.add_option("--sharding", a->sharding, "FSDP: full | grad-op | no-shard | zero1")->capture_default_str();
+  a->sharding_opt = app.add_option("--sharding", a->sharding, "FSDP: full | grad-op | no-shard | hybrid | zero1")->capture_default_str();
+  a->node_opt = app.add_option("--node-size", c.fsdp.node_size, "FSDP hybrid: ranks per shard group (default: the profile's ranks per node)")->check(whole_number(1, 64));
   a->wrap_opt = app.add_option("--wrap", a->wrap, "FSDP units: layer (one per Linear) | model")->capture_default_str();
   a->bp_opt = app.add_option("--backward-prefetch", a->backward_prefetch, "FSDP: none | pre (BACKWARD_PRE) | post (BACKWARD_POST)")->capture_default_str();
   a->fp_opt = app.add_flag("--forward-prefetch", c.fsdp.forward_prefetch, "FSDP: gather the next unit during this unit's forward");
@@ -289,6 +330,7 @@ Runner add_train_command(CLI::App& app) {
   app.add_option("--skip-layer", c.skip_layer, "Model branch: bypass this square Linear (Sequential index) on every --skip-every-th step")->check(whole_number(0, 1 << 20));
   app.add_option("--skip-every", c.skip_every, "Period of the --skip-layer branch in steps")->check(whole_number(1, int64_t{1} << 40))->capture_default_str();
   app.add_option("--timeout", c.timeout_s, "Watchdog: seconds before a stuck collective or DDP bucket fails, diagnosed")->check(real_number(0.001, 1e6))->capture_default_str();
+  add_pipeline_flags(app, a->pipeline, c);
   app.add_option("--fault", a->faults, "Inject a fault: skip:rank=R,collective=K or delay:rank=R,collective=K,ms=M (repeatable)");
   return [a](Streams& io) { return run_train(*a, io); };
 }

@@ -21,6 +21,7 @@ Runner add_sampler_command(CLI::App& app);
 Runner add_eval_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
 Runner add_plan_command(CLI::App& app);
+Runner add_launch_command(CLI::App& app);
 Runner add_schedule_command(CLI::App& app);
 
 }  // namespace dtlab::cli

@@ -82,9 +82,9 @@ std::string read_bytes(const std::string& path) {
 
 TEST_SUITE("cli") {
   TEST_CASE("no subcommand, unknown subcommand") {
-    check_usage_error({}, "give a subcommand (train, eval, bench, sampler or plan)");
+    check_usage_error({}, "give a subcommand (train, eval, bench, sampler, plan, schedule or launch)");
     // CLI11 reports a missing subcommand before the stray word, so the message is the same.
-    check_usage_error({"frob"}, "'frob' is not a subcommand; use train, eval, bench, sampler or plan");
+    check_usage_error({"frob"}, "'frob' is not a subcommand; use train, eval, bench, sampler, plan, schedule or launch");
   }
 
   TEST_CASE("unknown flag and stray argument") {
@@ -115,7 +115,7 @@ TEST_SUITE("cli") {
     check_usage_error({"train", "--momentum", "0.9"}, "--momentum applies to --optimizer sgd");
     check_usage_error({"train", "--optimizer", "adamw", "--momentum", "0"}, "--momentum applies to --optimizer sgd");
     check_usage_error({"train", "--world", "4"}, "--strategy single runs one rank, but --world is 4");
-    check_usage_error({"train", "--strategy", "pipeline"}, "strategy 'pipeline' is not available in this version; use --strategy single, ddp or fsdp");
+    check_usage_error({"train", "--strategy", "tensor"}, "strategy 'tensor' is not available in this version; use --strategy single, ddp, fsdp or pipeline");
   }
 
   TEST_CASE("model and data specs") {
@@ -136,7 +136,7 @@ TEST_SUITE("cli") {
     check_usage_error({"train", "--data", dir.file("missing.npz")}, "missing.npz does not exist");
     check_usage_error({"train", "--init", dir.file("missing.safetensors")}, "missing.safetensors' does not exist; check the path");
     check_usage_error({"eval", "--init", dir.file("missing.safetensors")}, "missing.safetensors' does not exist; check the path");
-    check_usage_error({"train", "--init", dir.path.string()}, "is a directory; give a .safetensors file");
+    check_usage_error({"train", "--init", dir.path.string()}, "has no index.json, so it is not a complete sharded checkpoint");
 
     const std::string nowhere = (dir.path / "no_such_dir" / "a.safetensors").string();
     check_usage_error({"train", "--steps", "1", "--save", nowhere}, "does not exist; create it first");

@@ -233,8 +233,13 @@ TEST_CASE("profiles") {
 
   CHECK_THROWS_WITH_AS(dtlab::find_profile("tpu"),
                        "hardware profile 'tpu' is not known; use one of nvlink8, pcie8, ib2x4, "
-                       "eth2x4, this",
+                       "eth2x4, this, ideal",
                        dtlab::Error);
+  const HardwareProfile ideal = dtlab::find_profile("ideal");
+  CHECK(ideal.intra.alpha == 0);
+  CHECK(ideal.inter.beta == 0);
+  CHECK(ideal.gamma == 0);
+  CHECK(ideal.flops_per_s > 0);
 }
 
 TEST_CASE("this machine is measured to positive finite figures") {

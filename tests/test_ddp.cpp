@@ -18,6 +18,7 @@
 #include "engine/parallel/ddp.h"
 #include "engine/train/train.h"
 #include "tests/test_util.h"
+#include "tests/train_util.h"
 
 using namespace dtlab;
 
@@ -48,33 +49,10 @@ TrainConfig ddp_config(int world, int64_t batch, int64_t steps) {
   return c;
 }
 
-TrainConfig single_like(const TrainConfig& d, int64_t batch) {
-  TrainConfig c = d;
-  c.strategy = "single";
-  c.world_size = 1;
-  c.batch = batch;
-  c.accum = 1;
-  return c;
-}
-
-double max_abs_diff(const Model& a, const Model& b) {
-  REQUIRE(a.num_params() == b.num_params());
-  double d = 0;
-  for (int64_t i = 0; i < a.num_params(); i++)
-    d = std::max(d, static_cast<double>(std::fabs(a.params()[i] - b.params()[i])));
-  return d;
-}
-
-struct Trained {
-  TrainSummary summary;
-  std::vector<StepReport> steps;
-};
-
-Trained train(Trainer& t) {
-  Trained r;
-  r.summary = t.run([&](const StepReport& s) { r.steps.push_back(s); });
-  return r;
-}
+using test::max_abs_diff;
+using test::single_like;
+using test::train;
+using test::Trained;
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 
 #include "engine/parallel/fsdp.h"
 #include "engine/train/train.h"
+#include "tests/train_util.h"
 
 using namespace dtlab;
 
@@ -28,12 +29,7 @@ TrainConfig config(const std::string& strategy, int world, int64_t steps) {
   return c;
 }
 
-double max_abs_diff(const Model& a, const Model& b) {
-  double d = 0;
-  for (int64_t i = 0; i < a.num_params(); i++)
-    d = std::max(d, static_cast<double>(std::fabs(a.params()[i] - b.params()[i])));
-  return d;
-}
+using test::max_abs_diff;
 
 const char* name(Sharding s) { return sharding_name(s); }
 

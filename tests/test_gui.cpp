@@ -23,24 +23,8 @@ using namespace dtlab;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
-
-// Runs a shell command line, capturing stdout and stderr together.
-Result shell(const std::string& cmd) {
-  Result r;
-  std::string full = cmd + " 2>&1";
-  FILE* p = popen(full.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = test::ShellResult;
+using test::shell;
 
 bool have_xvfb() { return shell("command -v xvfb-run").code == 0; }
 
@@ -173,6 +157,35 @@ TEST_SUITE("gui") {
     CHECK(count_near(a, app::memory_category_color(MemCategory::Parameters)) > 30);
     Image b = load_png(end);
     CHECK(distinct_colors(b) > 40);
+  }
+
+  TEST_CASE("under Xvfb: the pipeline view draws every schedule mid-iteration") {
+    if (!have_xvfb()) {
+      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
+      return;
+    }
+    test::TempDir dir;
+    for (const std::string sched : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
+      CAPTURE(sched);
+      const std::string png = dir.file(sched + ".png");
+      // Two iterations ran; the third stopped at time step 5 of its grid.
+      Result r = run_app("--strategy pipeline --stages 4 --microbatches 8 --unit-costs --profile ideal --schedule " + sched +
+                             (sched == "interleaved" ? " --chunks 2" : "") + " --run 'step iteration 2; step action 6; view pipeline; screenshot " +
+                             png + "; view all; screenshot " + dir.file("all.png") + "; quit'",
+                         dir);
+      INFO(r.out);
+      REQUIRE(r.code == 0);
+      CHECK(r.out.find("(1280x720): iteration 2") != std::string::npos);
+      CHECK(r.out.find("; pipeline " + std::string(schedule_kind_name(parse_schedule_kind(sched))) + " iteration 2, ") !=
+            std::string::npos);
+      Image im = load_png(png);
+      CHECK(distinct_colors(im) > 40);
+      // Forward blocks of micro-batch 0 in the plan strip and the Gantt.
+      CHECK(count_near(im, app::pipeline_action_color(ActionType::Forward, 0, 8), 10) > 100);
+    }
+    Result bad = shell(std::string(DTLAB_APP_PATH) + " --stages 4");
+    CHECK(bad.code == 2);
+    CHECK(bad.out.rfind("dtlab: --stages configures a pipeline; add --strategy pipeline --stages p", 0) == 0);
   }
 }
 #endif  // DTLAB_HAVE_GUI

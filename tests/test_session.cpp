@@ -1,10 +1,12 @@
 // The app's Session (app/session.h) without a window: a paused DDP run stepped by hand yields
-// snapshots whose ring cells, buckets and inspector fields match what the engine did.
+// snapshots whose ring cells, buckets and inspector fields match what the engine did; a pipeline run
+// stepped by iteration and by time step yields a Snapshot::pipeline that matches the runtime's.
 #ifdef DTLAB_HAVE_GUI
 #include <doctest/doctest.h>
 
 #include <chrono>
 
+#include "app/options.h"
 #include "app/session.h"
 
 using namespace dtlab;
@@ -26,6 +28,25 @@ TrainConfig lab_config(int world) {
   return c;
 }
 
+// p ranks, m micro-batches, every action 1 ms of modeled time, free links: the formulas hold exactly.
+TrainConfig pipe_config(ScheduleKind kind, int p, int m, int v = 1) {
+  TrainConfig c;
+  c.strategy = "pipeline";
+  c.pipeline.stages = p;
+  c.pipeline.microbatches = m;
+  c.pipeline.schedule = kind;
+  c.pipeline.chunks = v;
+  c.pipeline.fixed_costs = ActionCosts{kUnitActionCost, kUnitActionCost, kUnitActionCost, kUnitActionCost, 0};
+  c.world_size = p;
+  c.model = ModelSpec::parse("mlp:2,16,16,16,16,16,16,16,3");  // 8 Linear layers
+  c.batch = 16;
+  c.steps = 20;
+  c.profile = "ideal";
+  c.start_paused = true;
+  c.timeout_s = 60;
+  return c;
+}
+
 const Snapshot& step(Session& s, GateKind k, int times = 1) {
   for (int i = 0; i < times; i++) {
     REQUIRE(s.wait_settled(std::chrono::seconds(20)));
@@ -33,6 +54,14 @@ const Snapshot& step(Session& s, GateKind k, int times = 1) {
   }
   REQUIRE(s.wait_settled(std::chrono::seconds(20)));
   return s.update();
+}
+
+// The row's actions in order, idle slots dropped.
+std::vector<Action> row_actions(const PipelineSchedule& s, int rank) {
+  std::vector<Action> out;
+  for (const auto& a : s.order[static_cast<size_t>(rank)])
+    if (a) out.push_back(*a);
+  return out;
 }
 
 }  // namespace
@@ -92,6 +121,98 @@ TEST_SUITE("app") {
     CHECK(b.memory.size() == 3);
     CHECK_THROWS_AS(s.restart([] { TrainConfig bad = lab_config(2); bad.batch = 0; return bad; }()), Error);
     CHECK(s.config().world_size == 3);  // a rejected configuration keeps the run
+  }
+
+  TEST_CASE("pipeline snapshot: GPipe p=4 m=8 after one iteration, as the runtime ran it") {
+    Session s(pipe_config(ScheduleKind::GPipe, 4, 8));
+    const Snapshot& a = step(s, GateKind::Iteration);  // iteration 0 ran; at iteration 1's gate
+    const PipelineView& pv = a.pipeline;
+    REQUIRE(pv.valid);
+    CHECK(pv.iteration == 0);
+    CHECK(pv.complete);
+    CHECK(pv.bubble_iteration == 0);
+    const PipelineSchedule plan = make_schedule(ScheduleKind::GPipe, 4, 8);
+    CHECK(pv.plan.order == plan.order);
+    CHECK(pv.plan.name == "GPipe");
+    REQUIRE(pv.ranks.size() == 4);
+    const double formula = formula_bubble(ScheduleKind::GPipe, 4, 8).of_wall;  // 3/11
+    CHECK(pv.formula.of_wall == doctest::Approx(formula));
+    for (int r = 0; r < 4; r++) {
+      CAPTURE(r);
+      const PipelineRankView& rv = pv.ranks[static_cast<size_t>(r)];
+      REQUIRE(rv.done.size() == 16);
+      // PyTorch's ScheduleGPipe order: every forward in micro-batch order, then every backward.
+      std::vector<Action> ran;
+      for (const PipelineActionView& x : rv.done) ran.push_back(x.action);
+      CHECK(ran == row_actions(plan, r));
+      for (int k = 0; k < 8; k++) {
+        CHECK(action_str(rv.done[static_cast<size_t>(k)].action) == std::to_string(r) + "F" + std::to_string(k));
+        CHECK(action_str(rv.done[static_cast<size_t>(8 + k)].action) == std::to_string(r) + "B" + std::to_string(k));
+      }
+      CHECK(rv.done[3].model_end - rv.done[3].model_begin == doctest::Approx(1e-3));
+      CHECK(rv.done[0].bytes == (r < 3 ? 2 * 16 * 4 : 0));  // 2 rows of 16 floats sent on, none from the last stage
+      // The view measures the bubble from the events exactly as the runtime does from its records.
+      REQUIRE(rv.reported_bubble >= 0);
+      CHECK(rv.bubble == rv.reported_bubble);
+      CHECK(rv.bubble == doctest::Approx(formula).epsilon(1e-9));
+      CHECK(rv.peak_inflight == 8);
+      CHECK(pv.formula_peak[static_cast<size_t>(r)] == 8);
+      CHECK_FALSE(rv.at_gate);
+    }
+    CHECK(pv.costs_measured);
+    CHECK(pv.model_costs.forward == doctest::Approx(1e-3));
+  }
+
+  TEST_CASE("stepping a pipeline one time step at a time follows the planned grid") {
+    Session s(pipe_config(ScheduleKind::OneFOneB, 4, 4));
+    const PipelineSchedule plan = make_schedule(ScheduleKind::OneFOneB, 4, 4);
+    const int steps = num_steps(plan);  // 14, as the README prints it
+    REQUIRE(steps == 14);
+    const Snapshot& a = step(s, GateKind::Action);  // past iteration 0's gate, to the first action gates
+    for (const PipelineRankView& rv : a.pipeline.ranks) {
+      CHECK(rv.at_gate);
+      CHECK(rv.done.empty());
+    }
+    for (int t = 0; t < steps; t++) {
+      CAPTURE(t);
+      const Snapshot& b = step(s, GateKind::Action);
+      CHECK(b.pipeline.iteration == 0);
+      for (int r = 0; r < 4; r++) {
+        int planned = 0;
+        for (int u = 0; u <= t; u++) planned += plan.order[static_cast<size_t>(r)].size() > static_cast<size_t>(u) &&
+                                                plan.order[static_cast<size_t>(r)][static_cast<size_t>(u)].has_value();
+        CHECK(static_cast<int>(b.pipeline.ranks[static_cast<size_t>(r)].done.size()) == planned);
+        for (const PipelineActionView& x : b.pipeline.ranks[static_cast<size_t>(r)].done) CHECK(x.step <= t);
+      }
+    }
+    CHECK(s.snapshot().pipeline.complete);
+    // Iteration gates still work: the next iteration runs whole.
+    const Snapshot& c = step(s, GateKind::Iteration, 2);
+    CHECK(c.pipeline.iteration == 1);
+    CHECK(c.pipeline.complete);
+    // A restart while ranks wait at action gates ends the run cleanly and starts the new schedule.
+    step(s, GateKind::Action, 3);
+    s.restart(pipe_config(ScheduleKind::ZBH1, 2, 4));
+    const Snapshot& d = step(s, GateKind::Iteration);
+    CHECK(d.pipeline.plan.name == "ZB-H1");
+    CHECK(d.pipeline.ranks.size() == 2);
+    CHECK(d.pipeline.complete);
+  }
+
+  TEST_CASE("the lab fits a pipeline to its settings: world, batch, model depth") {
+    TrainConfig c;
+    c.batch = 64;
+    c.model = ModelSpec::parse("mlp:2,256,256,3");
+    c.pipeline.stages = 4;
+    c.pipeline.microbatches = 6;
+    c.pipeline.chunks = 2;
+    c.pipeline.dp = 2;
+    c.pipeline.split = {1, 2};
+    fit_pipeline(c);
+    CHECK(c.world_size == 8);
+    CHECK(c.batch == 66);  // the nearest multiple of 6
+    CHECK(c.model.str() == "mlp:2,256,256,256,256,256,256,256,3");  // 8 Linear layers for 4 x 2 stages
+    CHECK(c.pipeline.split.empty());  // 2 counts cannot cut 8 stages
   }
 }
 #endif  // DTLAB_HAVE_GUI

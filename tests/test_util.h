@@ -1,8 +1,10 @@
 // Helpers shared by the test suites.
 #pragma once
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -34,5 +36,23 @@ struct TempDir {
     return names;
   }
 };
+
+struct ShellResult {
+  int code = -1;  // exit code; -1 when the command could not run or did not exit normally
+  std::string out;
+};
+
+// Runs a shell command line, capturing stdout and stderr together.
+inline ShellResult shell(const std::string& cmd) {
+  ShellResult r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
 
 }  // namespace dtlab::test

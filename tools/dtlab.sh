@@ -13,7 +13,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 
 # What the engine, CLI and tests build against (CMakeLists.txt says why each is there).
 packages=(cmake make g++ pkg-config zlib1g-dev libopenblas-dev nlohmann-json3-dev libcli11-dev doctest-dev
-          libglfw3-dev libimgui-dev libstb-dev libgl-dev fonts-dejavu-core xvfb xauth)
+          libglfw3-dev libimgui-dev libstb-dev libmd4c-dev libgl-dev fonts-dejavu-core xvfb xauth)
 
 case "$mode" in
   run|test) ;;
@@ -47,13 +47,13 @@ if [[ $mode == test ]]; then
   # The threaded parts (communicator, stepper, recorder) under ThreadSanitizer first: a data race
   # fails CI even when the results happen to come out right. Then every test through CTest.
   tsan=${DTLAB_TSAN_BUILD_DIR:-$root/build-tsan}
-  echo "== ThreadSanitizer build in $tsan (suites comm, stepper, trace, ddp, app)"
+  echo "== ThreadSanitizer build in $tsan (suites comm, stepper, trace, ddp, fsdp, sharded_checkpoint, app)"
   mkdir -p "$tsan"
-  cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTLAB_SANITIZE=thread >"$tsan/configure.log" 2>&1 || {
+  cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTLAB_SANITIZE=thread -DDTLAB_CUDA=OFF >"$tsan/configure.log" 2>&1 || {
     cat "$tsan/configure.log" >&2; exit 1; }
   cmake --build "$tsan" -j "$jobs" --target dtlab_tests
   DTLAB_TEST_QUICK=1 OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-    "$tsan/bin/dtlab_tests" -ts='comm,stepper,trace,ddp,app'
+    "$tsan/bin/dtlab_tests" -ts='comm,stepper,trace,ddp,fsdp,sharded_checkpoint,app'
   echo "== running tests"
   cd "$build"
   exec ctest --output-on-failure -j "$jobs" --timeout 600

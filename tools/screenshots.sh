@@ -19,4 +19,17 @@ shot --world 4 "step iteration 2; step collective 3; view buckets; screenshot $o
 # Data after a few epochs, and the lab in presentation mode at 8 ranks.
 shot --world 4 --batch 256 "step iteration 30; view data; screenshot $out/data.png; quit"
 shot --world 8 --presentation "step collective 2; step ring 3; view ring; screenshot $out/presentation.png; quit"
+# FSDP FULL_SHARD on 4 ranks: the shard map one step into unit 2's gradient reduce-scatter
+# (collective #6), and the memory view comparing strategies for this model and at 7.5B.
+shot --strategy fsdp --world 4 "step collective 6; step ring 1; view shards; screenshot $out/fsdp_shards.png; view memory; screenshot $out/fsdp_memory.png; quit"
+# Lessons: a question, then the same step after the learner checked and the engine revealed.
+shot --lesson why_allreduce "lesson goto 4; screenshot $out/lesson_allreduce_question.png; lesson answer 4; lesson check; screenshot $out/lesson_allreduce_revealed.png; quit"
+shot --lesson pitfall_hangs "lesson goto 2; screenshot $out/lesson_hang_question.png; lesson answer 1; lesson check; screenshot $out/lesson_hang_revealed.png; quit"
+shot --lesson fsdp_zero "lesson goto 5; screenshot $out/lesson_fsdp_question.png; lesson answer 2; lesson check; screenshot $out/lesson_fsdp_revealed.png; quit"
+# Pipelines, p = 4, m = 8, every action 1 ms and free links (the schedules' shapes, not this
+# machine's speeds): GPipe as it ran over 1F1B simulated with the same costs (one bubble, 8 against
+# 4-3-2-1 micro-batches in flight), the reverse, then 1F1B stepped to time step 8 and its memory.
+pipe="--strategy pipeline --stages 4 --microbatches 8 --unit-costs --profile ideal"
+shot $pipe --schedule gpipe --compare 1f1b "step iteration 2; view pipeline; screenshot $out/pipeline_gpipe.png; quit"
+shot $pipe --schedule 1f1b --compare gpipe "step iteration 2; view pipeline; screenshot $out/pipeline_1f1b.png; step action 9; screenshot $out/pipeline_stepping.png; view memory; screenshot $out/pipeline_memory.png; quit"
 echo "pictures in $out"

@@ -26,16 +26,6 @@ const char* state_meaning(BucketState s) {
   return "";
 }
 
-ImU32 ink_on(ImU32 fill) {  // dark text on light fills, light text on dark ones
-  const ImVec4 c = ImGui::ColorConvertU32ToFloat4(fill);
-  return 0.299f * c.x + 0.587f * c.y + 0.114f * c.z > 0.5f ? IM_COL32(16, 18, 22, 255) : IM_COL32(236, 236, 240, 255);
-}
-
-ImU32 with_alpha(ImU32 c, float a) {
-  const ImU32 v = static_cast<ImU32>(a * static_cast<float>((c >> IM_COL32_A_SHIFT) & 0xFF) + 0.5f);
-  return (c & ~IM_COL32_A_MASK) | (std::min<ImU32>(v, 255) << IM_COL32_A_SHIFT);
-}
-
 // A rounded pill with the state's name; returns its width.
 float state_badge(ImDrawList* dl, ImVec2 p, BucketState st) {
   const char* name = bucket_state_name(st);

@@ -22,16 +22,6 @@ const ImVec4 kAmber(1.0f, 0.72f, 0.3f, 1.0f);
 
 ImVec4 dim() { return ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled); }
 
-// "1,048,576"
-std::string with_commas(int64_t v) {
-  std::string digits = std::to_string(v < 0 ? -v : v), out;
-  for (size_t i = 0; i < digits.size(); i++) {
-    if (i && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return v < 0 ? "-" + out : out;
-}
-
 // "12.5 µs", "1.250 ms", "2.000 s"
 std::string duration(double s) {
   const bool micro = ImGui::GetFont()->FindGlyphNoFallback(0x00B5) != nullptr;
@@ -142,7 +132,7 @@ void draw_collective(const CollectiveView& cv) {
   ImGui::SameLine();
   ImGui::TextColored(dim(), "(%s B)", with_commas(cv.bytes).c_str());
   if (!cv.label.empty()) {
-    key("DDP bucket");
+    key("carries");
     ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(0.75f, 0.65f, 1.0f, 1.0f));
     ImGui::TextWrapped("%s", cv.label.c_str());
     ImGui::PopStyleColor();

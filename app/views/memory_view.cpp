@@ -461,6 +461,46 @@ void draw_strategies_compared(const Snapshot& s) {
   draw_plan_panel("##plan_7b", title7, subtitle7, "GB = 1e9 bytes, as in the paper; units in flight not counted", paper,
                   running, true, w, header_h);
 }
+
+// Pipelines: each stage's activation memory (replica 0), beside the micro-batches it holds in flight,
+// so GPipe's m against 1F1B's p - r reads as bytes. (The ZeRO comparison does not apply: a stage's
+// rank holds only its own parameters.)
+void draw_pipeline_stages(const Snapshot& s) {
+  const PipelineView& pv = s.pipeline;
+  const float font = ImGui::GetFontSize();
+  ImGui::Spacing();
+  ImGui::Separator();
+  ImGui::TextUnformatted("Activations per stage");
+  ImGui::SameLine();
+  ImGui::PushTextWrapPos(0.0f);
+  ImGui::TextDisabled("(%s; peak this iteration; micro-batches in flight: measured, formula)", pv.plan.name.c_str());
+  ImGui::PopTextWrapPos();
+  int64_t scale = 1;
+  for (int r = 0; r < pv.p && r < static_cast<int>(s.memory.size()); r++)
+    scale = std::max(scale, s.memory[static_cast<size_t>(r)].stats.peak_of(MemCategory::Activations));
+  const float label_w = ImGui::CalcTextSize("stage 0,4 (rank 0)  ").x;
+  const float text_w = ImGui::CalcTextSize("000.0 KiB  in flight 16 (16)").x + font;
+  for (int r = 0; r < pv.p && r < static_cast<int>(s.memory.size()); r++) {
+    std::string stages;
+    for (int st = r; st < pv.p * pv.v; st += pv.p) stages += (stages.empty() ? "" : ",") + std::to_string(st);
+    const int64_t act = s.memory[static_cast<size_t>(r)].stats.peak_of(MemCategory::Activations);
+    const ImVec2 p = ImGui::GetCursorScreenPos();
+    char label[48], text[64];
+    std::snprintf(label, sizeof label, "stage %s (rank %d)", stages.c_str(), r);
+    std::snprintf(text, sizeof text, "%s  in flight %d (%d)", human_bytes(act).c_str(), pv.ranks[static_cast<size_t>(r)].peak_inflight,
+                  pv.formula_peak[static_cast<size_t>(r)]);
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    dl->AddText(p, rank_color(r, s.config.world), label);
+    const float bar_w = std::max(font * 3, ImGui::GetContentRegionAvail().x - label_w - text_w);
+    const float w = bar_w * static_cast<float>(act) / static_cast<float>(scale);
+    dl->AddRectFilled(ImVec2(p.x + label_w, p.y + 0.15f * font), ImVec2(p.x + label_w + bar_w, p.y + 0.95f * font), kTrackColor);
+    dl->AddRectFilled(ImVec2(p.x + label_w, p.y + 0.15f * font), ImVec2(p.x + label_w + w, p.y + 0.95f * font),
+                      memory_category_color(MemCategory::Activations));
+    dl->AddText(ImVec2(p.x + label_w + bar_w + 0.5f * font, p.y), ImGui::GetColorU32(ImGuiCol_Text), text);
+    ImGui::Dummy(ImVec2(label_w + bar_w + text_w, ImGui::GetTextLineHeightWithSpacing()));
+  }
+}
+
 }  // namespace
 
 void draw_memory_view(const Snapshot& s, ViewContext& /*ctx*/) {
@@ -468,7 +508,8 @@ void draw_memory_view(const Snapshot& s, ViewContext& /*ctx*/) {
   static float compare_h = 0;
   draw_live_bars(s, compare_h);
   const float y0 = ImGui::GetCursorPosY();
-  draw_strategies_compared(s);
+  if (s.pipeline.valid) draw_pipeline_stages(s);
+  else draw_strategies_compared(s);
   compare_h = ImGui::GetCursorPosY() - y0;
 }
 

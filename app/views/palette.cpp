@@ -3,6 +3,7 @@
 // stay readable on ImGui's dark background and on a projector.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "app/views/views.h"
 
@@ -31,11 +32,6 @@ constexpr ImU32 kRankColors[16] = {
     IM_COL32(185, 180, 110, 255),  // olive
 };
 
-ImU32 with_alpha(ImU32 c, float alpha) {
-  const float a = std::clamp(alpha, 0.0f, 1.0f) * static_cast<float>((c >> IM_COL32_A_SHIFT) & 0xFF);
-  return (c & ~IM_COL32_A_MASK) | (static_cast<ImU32>(a + 0.5f) << IM_COL32_A_SHIFT);
-}
-
 ImU32 lerp_color(ImU32 a, ImU32 b, float t) {
   t = std::clamp(t, 0.0f, 1.0f);
   auto ch = [&](int shift) {
@@ -46,6 +42,16 @@ ImU32 lerp_color(ImU32 a, ImU32 b, float t) {
 }
 
 }  // namespace
+
+ImU32 with_alpha(ImU32 c, float alpha) {
+  const float a = std::clamp(alpha, 0.0f, 1.0f) * static_cast<float>((c >> IM_COL32_A_SHIFT) & 0xFF);
+  return (c & ~IM_COL32_A_MASK) | (static_cast<ImU32>(a + 0.5f) << IM_COL32_A_SHIFT);
+}
+
+ImU32 ink_on(ImU32 fill) {
+  const ImVec4 c = ImGui::ColorConvertU32ToFloat4(fill);
+  return 0.299f * c.x + 0.587f * c.y + 0.114f * c.z > 0.5f ? IM_COL32(16, 18, 22, 255) : IM_COL32(236, 236, 240, 255);
+}
 
 ImU32 rank_color(int rank, int world, float alpha) {
   if (rank < 0) return with_alpha(IM_COL32(128, 128, 128, 255), alpha);
@@ -81,6 +87,40 @@ ImU32 memory_category_color(MemCategory c) {
     case MemCategory::GatheredParameters: return IM_COL32(120, 200, 250, 255);  // light blue: unsharded params
   }
   return IM_COL32(128, 128, 128, 255);
+}
+
+ImU32 pipeline_action_color(ActionType t, int mb, int microbatches) {
+  float hue = 0.60f;  // F: blue
+  if (t == ActionType::Backward) hue = 0.075f;            // orange
+  else if (t == ActionType::BackwardInput) hue = 0.985f;  // red
+  else if (t == ActionType::BackwardWeight) hue = 0.36f;  // green
+  const float k = microbatches > 1 ? static_cast<float>(mb) / static_cast<float>(microbatches - 1) : 0.0f;
+  float r, g, b;
+  ImGui::ColorConvertHSVtoRGB(hue, 0.38f + 0.37f * k, 0.98f - 0.30f * k, r, g, b);
+  return ImGui::ColorConvertFloat4ToU32(ImVec4(r, g, b, 1.0f));
+}
+
+void draw_hatch(ImDrawList* dl, ImVec2 a, ImVec2 b, ImU32 col, float spacing) {
+  const ImDrawListFlags flags = dl->Flags;
+  dl->Flags &= ~ImDrawListFlags_AntiAliasedLines;
+  dl->PushClipRect(a, b, true);
+  const float h = b.y - a.y;
+  for (float x = a.x - h; x < b.x; x += spacing) dl->AddLine(ImVec2(x, b.y), ImVec2(x + h, a.y), col, 1.0f);
+  dl->PopClipRect();
+  dl->Flags = flags;
+}
+
+std::string time_text(double s) {
+  const double a = std::fabs(s);
+  double v = s;
+  const char* unit = "s";
+  if (a < 1e-6) v = s * 1e9, unit = "ns";
+  else if (a < 1e-3) v = s * 1e6, unit = "\xC2\xB5s";
+  else if (a < 1) v = s * 1e3, unit = "ms";
+  const double av = std::fabs(v);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.*f %s", av >= 100 || a == 0 ? 0 : av >= 10 ? 1 : 2, v, unit);
+  return buf;
 }
 
 ImU32 contribution_color(int held, int world) {

@@ -28,11 +28,6 @@ ImVec2 operator-(ImVec2 a, ImVec2 b) { return ImVec2(a.x - b.x, a.y - b.y); }
 ImVec2 operator*(ImVec2 a, float k) { return ImVec2(a.x * k, a.y * k); }
 float length(ImVec2 a) { return std::sqrt(a.x * a.x + a.y * a.y); }
 
-ImU32 with_alpha(ImU32 c, float a) {
-  ImVec4 v = ImGui::ColorConvertU32ToFloat4(c);
-  v.w *= a;
-  return ImGui::ColorConvertFloat4ToU32(v);
-}
 
 // Dark text on light fills, white on dark ones.
 ImU32 text_on(ImU32 fill) {

@@ -93,20 +93,6 @@ struct Axis {
   double t(float px) const { return t0 + static_cast<double>(px - x0) / px_per_s; }
 };
 
-// "850 ns", "12.3 µs", "4.56 ms", "1.23 s"
-std::string fmt_time(double s) {
-  const double a = std::fabs(s);
-  double v = s;
-  const char* unit = "s";
-  if (a < 1e-6) v = s * 1e9, unit = "ns";
-  else if (a < 1e-3) v = s * 1e6, unit = "\xC2\xB5s";
-  else if (a < 1) v = s * 1e3, unit = "ms";
-  const double av = std::fabs(v);
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.*f %s", av >= 100 || a == 0 ? 0 : av >= 10 ? 1 : 2, v, unit);
-  return buf;
-}
-
 std::string fmt_flops(double f) {
   char buf[40];
   if (f >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GFLOP", f * 1e-9);
@@ -346,17 +332,6 @@ void hline(ImDrawList* dl, float x0, float x1, float y, ImU32 col) {
   dl->AddRectFilled(ImVec2(x0, std::floor(y)), ImVec2(x1, std::floor(y) + 1), col);
 }
 
-// Diagonal stripes over [a, b], drawn without anti-aliasing (a paused lane can be screen wide).
-void hatch(ImDrawList* dl, ImVec2 a, ImVec2 b, ImU32 col, float spacing) {
-  const ImDrawListFlags flags = dl->Flags;
-  dl->Flags &= ~ImDrawListFlags_AntiAliasedLines;
-  dl->PushClipRect(a, b, true);
-  const float h = b.y - a.y;
-  for (float x = a.x - h; x < b.x; x += spacing) dl->AddLine(ImVec2(x, b.y), ImVec2(x + h, a.y), col, 1.0f);
-  dl->PopClipRect();
-  dl->Flags = flags;
-}
-
 // Text inside [x0, x1] at row y: the long label when it fits, else the short one, else nothing.
 void span_label(ImDrawList* dl, float size, float x0, float x1, float y, const char* longer, const char* shorter) {
   const float room = x1 - x0 - 4.0f;
@@ -445,7 +420,7 @@ void draw_row(RowCtx& rc, SpanRange range, float y0, float y1, ColorFn color_of,
     const ImVec2 ia(border ? xa + 1 : xa, border ? y0 + 1 : y0), ib(border ? xb - 1 : xb, border ? y1 - 1 : y1);
     if (sp->in_flight) {  // still running: a lighter, hatched body
       rc.dl->AddRectFilled(ia, ib, border ? darker(col, 0.5f) : alpha(col, 0.45f));
-      hatch(rc.dl, ia, ib, col, 6.0f);
+      draw_hatch(rc.dl, ia, ib, col, 6.0f);
     } else {
       rc.dl->AddRectFilled(ia, ib, col);
     }
@@ -592,7 +567,7 @@ void draw_rank(const Snapshot& s, const RankCache& c, const Derived& d, int rank
     const bool comm = rc.evs[static_cast<size_t>(sp->idx)].lane == Lane::Comm;
     const float g0 = comm ? ym + L.co0 : bar0, g1 = comm ? ym + L.ri1 : bar1;
     dl->AddRectFilled(ImVec2(a, g0), ImVec2(b, g1), alpha(kPaused, 0.25f));
-    hatch(dl, ImVec2(a, g0), ImVec2(b, g1), alpha(kPaused, 0.8f), 5.0f);
+    draw_hatch(dl, ImVec2(a, g0), ImVec2(b, g1), alpha(kPaused, 0.8f), 5.0f);
     if (rc.mouse_in && rc.mouse.x >= a && rc.mouse.x <= b && rc.mouse.y >= g0 && rc.mouse.y <= g1)
       rc.hover.kind = Hover::Ev, rc.hover.span = *sp, rc.hover.rank = rank;
   }
@@ -606,7 +581,7 @@ void draw_rank(const Snapshot& s, const RankCache& c, const Derived& d, int rank
       if (b <= a) continue;
       const float g0 = lane ? ym + L.co0 : bar0, g1 = lane ? ym + L.ri1 : bar1;
       dl->AddRectFilled(ImVec2(a, g0), ImVec2(b, g1), alpha(kPaused, 0.12f));
-      hatch(dl, ImVec2(a, g0), ImVec2(b, g1), alpha(kPaused, 0.45f), 7.0f);
+      draw_hatch(dl, ImVec2(a, g0), ImVec2(b, g1), alpha(kPaused, 0.45f), 7.0f);
       vline(dl, a, g0, g1, kPaused, 2.0f);
       const char* what = gate_kind_name(s.stepper.gates[gi].kind);
       char text[64];
@@ -743,11 +718,11 @@ void tip_times(const Event& e) {
   const bool instant = e.model_begin == e.model_end && e.wall_begin_ns == e.wall_end_ns;
   const double wb = static_cast<double>(e.wall_begin_ns) * 1e-9, we = static_cast<double>(e.wall_end_ns) * 1e-9;
   if (instant) {
-    tip_row("modeled", "at %s", fmt_time(e.model_begin).c_str());
-    tip_row("wall", "at %s", fmt_time(wb).c_str());
+    tip_row("modeled", "at %s", time_text(e.model_begin).c_str());
+    tip_row("wall", "at %s", time_text(wb).c_str());
   } else {
-    tip_row("modeled", "%s  from %s", fmt_time(e.model_end - e.model_begin).c_str(), fmt_time(e.model_begin).c_str());
-    tip_row("wall", "%s  from %s", fmt_time(we - wb).c_str(), fmt_time(wb).c_str());
+    tip_row("modeled", "%s  from %s", time_text(e.model_end - e.model_begin).c_str(), time_text(e.model_begin).c_str());
+    tip_row("wall", "%s  from %s", time_text(we - wb).c_str(), time_text(wb).c_str());
   }
 }
 
@@ -824,9 +799,9 @@ void event_tooltip(const Snapshot& s, const Hover& h, float fs) {
     tip_row("rank", "%d", e.rank);
     tip_row("iteration", "%d", e.iteration);
     if (h.kind == Hover::Merged)
-      tip_row("span", "%s  from %s", fmt_time(sp.e - sp.b).c_str(), fmt_time(sp.b).c_str());
+      tip_row("span", "%s  from %s", time_text(sp.e - sp.b).c_str(), time_text(sp.b).c_str());
     else if (sp.in_flight)
-      tip_row("so far", "%s  (%d ring steps done)", fmt_time(sp.e - sp.b).c_str(), sp.steps_done);
+      tip_row("so far", "%s  (%d ring steps done)", time_text(sp.e - sp.b).c_str(), sp.steps_done);
     if (h.kind != Hover::Merged) tip_times(e);
     switch (e.kind) {
       case EventKind::Compute:
@@ -889,7 +864,7 @@ void legend_item(ImU32 col, const char* text, bool& first, int glyph = 0) {
     dl->AddTriangleFilled(ImVec2(p.x + 0.1f * fs, y0), ImVec2(p.x + 0.7f * fs, y0), ImVec2(p.x + 0.4f * fs, y1), col);
   } else if (glyph == 3) {  // hatch
     dl->AddRectFilled(ImVec2(p.x, y0), ImVec2(p.x + 0.8f * fs, y1), alpha(col, 0.25f));
-    hatch(dl, ImVec2(p.x, y0), ImVec2(p.x + 0.8f * fs, y1), col, 4.0f);
+    draw_hatch(dl, ImVec2(p.x, y0), ImVec2(p.x + 0.8f * fs, y1), col, 4.0f);
   } else if (glyph == 4) {  // overlap highlight
     dl->AddRectFilled(ImVec2(p.x, y0), ImVec2(p.x + 0.8f * fs, y1), alpha(col, 0.3f));
     dl->AddRectFilled(ImVec2(p.x, y0), ImVec2(p.x + 0.8f * fs, y0 + 3), col);
@@ -911,7 +886,7 @@ void draw_toolbar(ViewContext& ctx) {
   if (ImGui::RadioButton("wall clock", !ctx.modeled_clock)) ctx.modeled_clock = false;
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("Time as this machine's threads really took it");
   ImGui::SameLine();
-  ImGui::TextDisabled("%s in view", fmt_time(g_view.t1 - g_view.t0).c_str());
+  ImGui::TextDisabled("%s in view", time_text(g_view.t1 - g_view.t0).c_str());
   ImGui::SameLine();
   ImGui::TextDisabled("(?)");
   if (ImGui::IsItemHovered())
@@ -1057,13 +1032,13 @@ void draw_timeline_view(const Snapshot& s, ViewContext& ctx) {
     } else if (hover.kind == Hover::Overlap) {
       ImGui::BeginTooltip();
       ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kOverlap), "all-reduce hidden behind backward");
-      ImGui::Text("rank %d: %s, from %s", hover.rank, fmt_time(hover.span.e - hover.span.b).c_str(), fmt_time(hover.span.b).c_str());
+      ImGui::Text("rank %d: %s, from %s", hover.rank, time_text(hover.span.e - hover.span.b).c_str(), time_text(hover.span.b).c_str());
       ImGui::TextDisabled("A bucket's gradients are summed across ranks while backward is still\n"
                           "computing the earlier layers: this communication costs no step time.");
       ImGui::EndTooltip();
     } else if (hover.kind == Hover::Paused) {
       ImGui::SetTooltip("rank %d is held at a %s gate since %s.\nStep or run to release it.", hover.rank, hover.what,
-                        fmt_time(hover.span.b).c_str());
+                        time_text(hover.span.b).c_str());
     }
   }
   ImGui::EndChild();
@@ -1112,7 +1087,7 @@ void draw_timeline_view(const Snapshot& s, ViewContext& ctx) {
     ImGui::BeginTooltip();
     ImGui::Text("iteration %d%s", hovered_iter->iter, hovered_iter->complete ? "" : " (running)");
     ImGui::TextDisabled("rank 0, %s clock", ctx.modeled_clock ? "modeled" : "wall");
-    ImGui::Text("%s  from %s", fmt_time(hovered_iter->e - hovered_iter->b).c_str(), fmt_time(hovered_iter->b).c_str());
+    ImGui::Text("%s  from %s", time_text(hovered_iter->e - hovered_iter->b).c_str(), time_text(hovered_iter->b).c_str());
     if (ov >= 0) ImGui::Text("overlap %.0f%%: share of all-reduce time hidden behind backward", 100 * ov);
     ImGui::EndTooltip();
   }

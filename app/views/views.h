@@ -3,10 +3,22 @@
 #pragma once
 #include <imgui.h>
 
+#include <string>
+
 #include "app/gl.h"
 #include "app/snapshot.h"
 
 namespace dtlab::app {
+
+// The pipeline view's controls (the Run panel draws the same): a schedule and its sizes to run.
+struct PipelineRequest {
+  ScheduleKind kind = ScheduleKind::OneFOneB;
+  int stages = 4, microbatches = 8, chunks = 1;
+  bool unit_costs = false;  // every action 1 ms (--unit-costs)
+  bool operator==(const PipelineRequest&) const = default;
+};
+// Draws them; true once an edit is complete (a combo picked, a slider released, a box ticked).
+bool pipeline_controls(PipelineRequest& r, bool one_line);
 
 struct ViewContext {
   double time = 0;             // seconds since the app started (animation phase)
@@ -14,6 +26,12 @@ struct ViewContext {
   bool modeled_clock = true;   // timeline: modeled (true) or wall clock
   GlResources* gl = nullptr;   // shaders and render targets; a view falls back when a program is null
   bool data_set_epoch = true;  // data view's switch; the view may flip it, the app passes it on
+  // The pipeline view asks for a restart with `pipeline` (the app applies it, as the Run panel's
+  // settings, and leaves why it could not in restart_error).
+  bool pipeline_restart = false;
+  PipelineRequest pipeline;
+  std::string restart_error;
+  int pipeline_compare = -1;   // the pipeline view's "compare with": a ScheduleKind, or -1 (none)
 };
 
 void draw_ring_view(const Snapshot& s, ViewContext& ctx);
@@ -22,11 +40,21 @@ void draw_timeline_view(const Snapshot& s, ViewContext& ctx);
 void draw_memory_view(const Snapshot& s, ViewContext& ctx);
 void draw_inspector_view(const Snapshot& s, ViewContext& ctx);
 void draw_data_view(const Snapshot& s, ViewContext& ctx);
+void draw_shard_view(const Snapshot& s, ViewContext& ctx);
+void draw_pipeline_view(const Snapshot& s, ViewContext& ctx);
 
 // Shared colors, so a rank or a state reads the same in every view.
 ImU32 rank_color(int rank, int world, float alpha = 1.0f);
 ImU32 bucket_state_color(BucketState s);
 ImU32 memory_category_color(MemCategory c);
+ImU32 with_alpha(ImU32 c, float alpha);  // c with its alpha scaled by `alpha` (0..1)
+ImU32 ink_on(ImU32 fill);                 // dark text on light fills, light text on dark ones
+// Pipeline actions: F blue, B orange, I red, W green; later micro-batches darker.
+ImU32 pipeline_action_color(ActionType t, int mb, int microbatches);
+// Diagonal stripes over [a, b] (idle time, padding), without anti-aliasing.
+void draw_hatch(ImDrawList* dl, ImVec2 a, ImVec2 b, ImU32 col, float spacing);
+// "850 ns", "12.3 µs", "4.56 ms", "1.23 s"
+std::string time_text(double seconds);
 // A cell holding `held` of `world` contributions: partial sums warm up towards the final color.
 ImU32 contribution_color(int held, int world);
 

@@ -15,54 +15,12 @@
 #include <cstring>
 
 #include "engine/comm/plan.h"
+#include "engine/comm/reduce_kernels.h"
 #include "engine/comm/threads_internal.h"
 
 namespace dtlab::threads {
 
 namespace {
-
-int mod(int a, int n) { return ((a % n) + n) % n; }
-
-int ceil_log2(int n) {
-  int l = 0;
-  while ((1 << l) < n) l++;
-  return l;
-}
-
-// Chunk c of an all-reduce buffer: sizes differ by at most one element, empty when count < n.
-int64_t chunk_begin(int64_t count, int n, int c) { return count * c / n; }
-
-template <class T>
-void reduce_into(T* dst, const T* src, int64_t len, ReduceOp op) {
-  if (op == ReduceOp::Max) {
-    for (int64_t i = 0; i < len; i++) dst[i] = std::max(dst[i], src[i]);
-  } else {
-    for (int64_t i = 0; i < len; i++) dst[i] += src[i];
-  }
-}
-
-template <class T>
-void reduce_to(T* dst, const T* a, const T* b, int64_t len, ReduceOp op) {
-  if (op == ReduceOp::Max) {
-    for (int64_t i = 0; i < len; i++) dst[i] = std::max(a[i], b[i]);
-  } else {
-    for (int64_t i = 0; i < len; i++) dst[i] = a[i] + b[i];
-  }
-}
-
-template <class T>
-void finish_avg(T* buf, int64_t len, ReduceOp op, int n) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (op != ReduceOp::Avg || n == 1) return;
-    const float inv = 1.0f / static_cast<float>(n);
-    for (int64_t i = 0; i < len; i++) buf[i] *= inv;
-  }
-}
-
-template <class T>
-void copy(T* dst, const T* src, int64_t len) {
-  if (len > 0 && dst != src) std::memcpy(dst, src, static_cast<size_t>(len) * sizeof(T));
-}
 
 std::vector<std::pair<int, int>> ring_pairs(int n) {
   std::vector<std::pair<int, int>> v;
@@ -86,13 +44,34 @@ T* as(void* p) { return static_cast<T*>(p); }
 template <class T>
 const T* as(const void* p) { return static_cast<const T*>(p); }
 
+// Every byte moves through the world's DataMover (host memory, or a device for the cuda backend),
+// on behalf of the rank running this part of the algorithm.
+template <class T>
+constexpr DType dtype_of() { return std::is_same_v<T, float> ? DType::F32 : DType::I64; }
+template <class T>
+void copy_elems(Call& c, T* dst, const T* src, int64_t len) {
+  if (len > 0 && dst != src) c.world->mover_->copy(c.rank, dst, src, len * static_cast<int64_t>(sizeof(T)));
+}
+template <class T>
+void reduce_into(Call& c, T* dst, const T* src, int64_t len, ReduceOp op) {
+  c.world->mover_->reduce_into(c.rank, dst, src, len, dtype_of<T>(), op);
+}
+template <class T>
+void reduce_to(Call& c, T* dst, const T* a, const T* b, int64_t len, ReduceOp op) {
+  c.world->mover_->reduce_to(c.rank, dst, a, b, len, dtype_of<T>(), op);
+}
+template <class T>
+void finish_avg(Call& c, T* buf, int64_t len, ReduceOp op, int n) {
+  c.world->mover_->finish_avg(c.rank, buf, len, dtype_of<T>(), op, n);
+}
+
 // ---- ring ----
 
 template <class T>
 void ring_allreduce(Call& c) {
   Stepper_ st(c);
   Rendezvous& rv = *c.rv;
-  const int n = c.n, r = c.rank, pred = mod(r - 1, n), J = rv.slices;
+  const int n = c.n, r = c.rank, pred = ring_mod(r - 1, n), J = rv.slices;
   const int64_t count = rv.desc.count;
   const int64_t slice = (chunk_begin(count, n, 1) + 1 + J - 1) / J;  // elements per slice
   const double chunk_bytes = static_cast<double>(count * sizeof(T)) / n;  // the model's n/p
@@ -102,17 +81,17 @@ void ring_allreduce(Call& c) {
   for (int s = 0; s < rv.steps; s++) {
     int64_t wall0 = st.begin(s);
     const bool rs = s < n - 1;
-    const int k = rs ? mod(r - 2 - s, n) : mod(r - 1 - (s - (n - 1)), n);
+    const int k = rs ? ring_mod(r - 2 - s, n) : ring_mod(r - 1 - (s - (n - 1)), n);
     const int64_t lo = chunk_begin(count, n, k), hi = chunk_begin(count, n, k + 1);
     for (int j = 0; j < J; j++) {
       const int64_t unit = static_cast<int64_t>(s) * J + j;
       st.w.ring_wait_ready(c, unit);
       const int64_t a = std::min(hi, lo + j * slice), b = std::min(hi, a + slice);
       if (rs) {
-        reduce_into(mine + a, theirs + a, b - a, rv.desc.reduce);
-        if (s == n - 2) finish_avg(mine + a, b - a, rv.desc.reduce, n);  // chunk r is now final
+        reduce_into(c, mine + a, theirs + a, b - a, rv.desc.reduce);
+        if (s == n - 2) finish_avg(c, mine + a, b - a, rv.desc.reduce, n);  // chunk r is now final
       } else {
-        copy(mine + a, theirs + a, b - a);
+        copy_elems(c, mine + a, theirs + a, b - a);
       }
       st.w.ring_mark_done(c, unit);
     }
@@ -126,35 +105,35 @@ template <class T>
 void ring_reduce_scatter(Call& c) {
   Stepper_ st(c);
   Rendezvous& rv = *c.rv;
-  const int n = c.n, r = c.rank, pred = mod(r - 1, n);
+  const int n = c.n, r = c.rank, pred = ring_mod(r - 1, n);
   const int64_t count = rv.desc.count;
   const auto pairs = ring_pairs(n);
   T* out = as<T>(rv.buf[static_cast<size_t>(r)]);
   const T* in = as<T>(rv.in[static_cast<size_t>(r)]);
   if (n == 1) {
-    copy(out, in, count);
-    finish_avg(out, count, rv.desc.reduce, 1);
+    copy_elems(c, out, in, count);
+    finish_avg(c, out, count, rv.desc.reduce, 1);
     return;
   }
   // Two partial-sum slots: the one written at step s, the one the successor reads at step s.
-  Tensor scratch({2 * std::max<int64_t>(count, 1) * static_cast<int64_t>(sizeof(T)) / 4},
-                 MemCategory::CommBuffers, c.ctx->memory());
+  auto scratch = c.world->mover_->scratch(r, 2 * std::max<int64_t>(count, 1) * static_cast<int64_t>(sizeof(T)),
+                                          c.ctx->memory());
   {
     std::lock_guard<std::mutex> lock(st.w.mu_);
-    rv.scratch[static_cast<size_t>(r)] = scratch.raw();
+    rv.scratch[static_cast<size_t>(r)] = scratch->data();
   }
   const T* pred_in = as<T>(rv.in[static_cast<size_t>(pred)]);
   for (int s = 0; s < rv.steps; s++) {
     int64_t wall0 = st.begin(s);
     st.w.ring_wait_ready(c, s);
-    const int k = mod(r - 2 - s, n);
+    const int k = ring_mod(r - 2 - s, n);
     // From step 1 on the predecessor's partial sums are in its scratch, whose pointer it published
     // under the lock before finishing step 0 (so ring_wait_ready ordered this read after it).
     const T* src = s == 0 ? pred_in + k * count
                           : as<T>(static_cast<const void*>(rv.scratch[static_cast<size_t>(pred)])) + ((s - 1) % 2) * count;
-    T* dst = s == n - 2 ? out : as<T>(scratch.raw()) + (s % 2) * count;
-    reduce_to(dst, in + k * count, src, count, rv.desc.reduce);
-    if (s == n - 2) finish_avg(out, count, rv.desc.reduce, n);
+    T* dst = s == n - 2 ? out : as<T>(scratch->data()) + (s % 2) * count;
+    reduce_to(c, dst, in + k * count, src, count, rv.desc.reduce);
+    if (s == n - 2) finish_avg(c, out, count, rv.desc.reduce, n);
     st.w.ring_mark_done(c, s);
     st.w.finish_step(c, s, RingPhase::ReduceScatter, k, pred, r, count * static_cast<int64_t>(sizeof(T)),
                      pairs, static_cast<double>(count * sizeof(T)), true, wall0);
@@ -166,18 +145,18 @@ template <class T>
 void ring_all_gather(Call& c) {
   Stepper_ st(c);
   Rendezvous& rv = *c.rv;
-  const int n = c.n, r = c.rank, pred = mod(r - 1, n);
+  const int n = c.n, r = c.rank, pred = ring_mod(r - 1, n);
   const int64_t count = rv.desc.count;
   const auto pairs = ring_pairs(n);
   T* out = as<T>(rv.buf[static_cast<size_t>(r)]);
-  copy(out + r * count, as<T>(rv.in[static_cast<size_t>(r)]), count);  // never read by others
+  copy_elems(c, out + r * count, as<T>(rv.in[static_cast<size_t>(r)]), count);  // never read by others
   const T* pred_in = as<T>(rv.in[static_cast<size_t>(pred)]);
   const T* pred_out = as<T>(static_cast<const void*>(rv.buf[static_cast<size_t>(pred)]));
   for (int s = 0; s < rv.steps; s++) {
     int64_t wall0 = st.begin(s);
     st.w.ring_wait_ready(c, s);
-    const int k = mod(r - 1 - s, n);
-    copy(out + k * count, s == 0 ? pred_in : pred_out + k * count, count);
+    const int k = ring_mod(r - 1 - s, n);
+    copy_elems(c, out + k * count, s == 0 ? pred_in : pred_out + k * count, count);
     st.w.ring_mark_done(c, s);
     st.w.finish_step(c, s, RingPhase::AllGather, k, pred, r, count * static_cast<int64_t>(sizeof(T)),
                      pairs, static_cast<double>(count * sizeof(T)), false, wall0);
@@ -191,18 +170,18 @@ void ring_all_gather(Call& c) {
 template <class T>
 void tree_broadcast_steps(Call& c, int root, int first_step, std::vector<void*>& bufs) {
   Stepper_ st(c);
-  const int n = c.n, r = c.rank, v = mod(r - root, n);
+  const int n = c.n, r = c.rank, v = ring_mod(r - root, n);
   const int64_t count = c.rv->desc.count;
   const double bytes = static_cast<double>(count * sizeof(T));
   for (int k = 0; k < ceil_log2(n); k++) {
     const int half = 1 << k, s = first_step + k;
     int64_t wall0 = st.begin(s);
     std::vector<std::pair<int, int>> pairs;
-    for (int u = 0; u < half && u + half < n; u++) pairs.push_back({mod(u + root, n), mod(u + half + root, n)});
+    for (int u = 0; u < half && u + half < n; u++) pairs.push_back({ring_mod(u + root, n), ring_mod(u + half + root, n)});
     int src = -1;
     if (v >= half && v < 2 * half) {
-      src = mod(v - half + root, n);
-      copy(as<T>(bufs[static_cast<size_t>(r)]), as<T>(static_cast<const void*>(bufs[static_cast<size_t>(src)])), count);
+      src = ring_mod(v - half + root, n);
+      copy_elems(c, as<T>(bufs[static_cast<size_t>(r)]), as<T>(static_cast<const void*>(bufs[static_cast<size_t>(src)])), count);
     }
     st.w.step_barrier(c);
     st.w.finish_step(c, s, RingPhase::Broadcast, -1, src, src >= 0 ? r : -1,
@@ -212,18 +191,18 @@ void tree_broadcast_steps(Call& c, int root, int first_step, std::vector<void*>&
 
 // Binomial reduce into `root`; non-root ranks accumulate in scratch so their buffers stay unchanged.
 template <class T>
-void tree_reduce_steps(Call& c, int root, Tensor& acc_storage) {
+void tree_reduce_steps(Call& c, int root, std::unique_ptr<CommScratch>& acc_storage) {
   Stepper_ st(c);
   Rendezvous& rv = *c.rv;
-  const int n = c.n, r = c.rank, v = mod(r - root, n);
+  const int n = c.n, r = c.rank, v = ring_mod(r - root, n);
   const int64_t count = rv.desc.count;
   const double bytes = static_cast<double>(count * sizeof(T));
   void* acc = rv.buf[static_cast<size_t>(r)];
   if (v != 0) {
-    acc_storage = Tensor({std::max<int64_t>(count, 1) * static_cast<int64_t>(sizeof(T)) / 4 + 1},
-                         MemCategory::CommBuffers, c.ctx->memory());
-    copy(as<T>(acc_storage.raw()), as<T>(static_cast<const void*>(acc)), count);
-    acc = acc_storage.raw();
+    acc_storage = c.world->mover_->scratch(r, (std::max<int64_t>(count, 1) * static_cast<int64_t>(sizeof(T)) / 4 + 1) * 4,
+                                           c.ctx->memory());
+    copy_elems(c, as<T>(acc_storage->data()), as<T>(static_cast<const void*>(acc)), count);
+    acc = acc_storage->data();
   }
   {
     std::lock_guard<std::mutex> lock(st.w.mu_);
@@ -234,17 +213,17 @@ void tree_reduce_steps(Call& c, int root, Tensor& acc_storage) {
     const int half = 1 << k;
     int64_t wall0 = st.begin(k);
     std::vector<std::pair<int, int>> pairs;
-    for (int u = 0; u + half < n; u += 2 * half) pairs.push_back({mod(u + half + root, n), mod(u + root, n)});
+    for (int u = 0; u + half < n; u += 2 * half) pairs.push_back({ring_mod(u + half + root, n), ring_mod(u + root, n)});
     int src = -1;
     if (v % (2 * half) == 0 && v + half < n) {
-      src = mod(v + half + root, n);
-      reduce_into(as<T>(acc), as<T>(static_cast<const void*>(rv.scratch[static_cast<size_t>(src)])), count, rv.desc.reduce);
+      src = ring_mod(v + half + root, n);
+      reduce_into(c, as<T>(acc), as<T>(static_cast<const void*>(rv.scratch[static_cast<size_t>(src)])), count, rv.desc.reduce);
     }
     st.w.step_barrier(c);
     st.w.finish_step(c, k, RingPhase::Reduce, -1, src, src >= 0 ? r : -1,
                      src >= 0 ? count * static_cast<int64_t>(sizeof(T)) : 0, pairs, bytes, true, wall0);
   }
-  if (v == 0) finish_avg(as<T>(acc), count, rv.desc.reduce, n);
+  if (v == 0) finish_avg(c, as<T>(acc), count, rv.desc.reduce, n);
 }
 
 // ---- naive ----
@@ -257,9 +236,9 @@ void naive_gather_steps(Call& c, int root, bool reduce, int first_step) {
   const int n = c.n, r = c.rank;
   const int64_t count = rv.desc.count;
   for (int i = 1; i < n; i++) {
-    const int s = first_step + i - 1, src = mod(root + i, n);
+    const int s = first_step + i - 1, src = ring_mod(root + i, n);
     int64_t wall0 = st.begin(s);
-    if (r == root) reduce_into(as<T>(rv.buf[static_cast<size_t>(r)]),
+    if (r == root) reduce_into(c, as<T>(rv.buf[static_cast<size_t>(r)]),
                                as<T>(static_cast<const void*>(rv.buf[static_cast<size_t>(src)])), count, rv.desc.reduce);
     st.w.step_barrier(c);
     st.w.finish_step(c, s, RingPhase::Gather, -1, src, root, r == root ? count * static_cast<int64_t>(sizeof(T)) : 0,
@@ -274,9 +253,9 @@ void naive_send_steps(Call& c, int root, int first_step) {
   const int n = c.n, r = c.rank;
   const int64_t count = rv.desc.count;
   for (int i = 1; i < n; i++) {
-    const int s = first_step + i - 1, dst = mod(root + i, n);
+    const int s = first_step + i - 1, dst = ring_mod(root + i, n);
     int64_t wall0 = st.begin(s);
-    if (r == dst) copy(as<T>(rv.buf[static_cast<size_t>(r)]), as<T>(static_cast<const void*>(rv.buf[static_cast<size_t>(root)])), count);
+    if (r == dst) copy_elems(c, as<T>(rv.buf[static_cast<size_t>(r)]), as<T>(static_cast<const void*>(rv.buf[static_cast<size_t>(root)])), count);
     st.w.step_barrier(c);
     st.w.finish_step(c, s, RingPhase::Broadcast, -1, root, dst, r == dst ? count * static_cast<int64_t>(sizeof(T)) : 0,
                      {{root, dst}}, static_cast<double>(count * sizeof(T)), false, wall0);
@@ -290,13 +269,13 @@ void all_to_all(Call& c) {
   const int n = c.n, r = c.rank;
   const int64_t count = rv.desc.count;
   T* out = as<T>(rv.buf[static_cast<size_t>(r)]);
-  copy(out + r * count, as<T>(rv.in[static_cast<size_t>(r)]) + r * count, count);
+  copy_elems(c, out + r * count, as<T>(rv.in[static_cast<size_t>(r)]) + r * count, count);
   for (int s = 1; s < n; s++) {
     int64_t wall0 = st.begin(s - 1);
-    const int src = mod(r - s, n);
-    copy(out + src * count, as<T>(rv.in[static_cast<size_t>(src)]) + r * count, count);
+    const int src = ring_mod(r - s, n);
+    copy_elems(c, out + src * count, as<T>(rv.in[static_cast<size_t>(src)]) + r * count, count);
     std::vector<std::pair<int, int>> pairs;
-    for (int u = 0; u < n; u++) pairs.push_back({u, mod(u + s, n)});
+    for (int u = 0; u < n; u++) pairs.push_back({u, ring_mod(u + s, n)});
     st.w.step_barrier(c);
     st.w.finish_step(c, s - 1, RingPhase::None, src, src, r, count * static_cast<int64_t>(sizeof(T)), pairs,
                      static_cast<double>(count * sizeof(T)), false, wall0);
@@ -308,7 +287,7 @@ void dispatch(Call& c) {
   const CollDesc& d = c.rv->desc;
   if (c.n == 1) {  // nothing moves; out-of-place ops still copy, avg divides by one
     if (d.op == CollectiveOp::ReduceScatter || d.op == CollectiveOp::AllGather || d.op == CollectiveOp::AllToAll)
-      copy(as<T>(c.rv->buf[0]), as<T>(c.rv->in[0]), d.count);
+      copy_elems(c, as<T>(c.rv->buf[0]), as<T>(c.rv->in[0]), d.count);
     return;
   }
   switch (d.op) {
@@ -316,11 +295,11 @@ void dispatch(Call& c) {
       if (d.algo == Algorithm::Ring) return ring_allreduce<T>(c);
       if (d.algo == Algorithm::Naive) {
         naive_gather_steps<T>(c, 0, true, 0);
-        if (c.rank == 0) finish_avg(as<T>(c.rv->buf[0]), d.count, d.reduce, c.n);
+        if (c.rank == 0) finish_avg(c, as<T>(c.rv->buf[0]), d.count, d.reduce, c.n);
         c.world->step_barrier(c);  // rank 0's average is final before anyone copies it
         return naive_send_steps<T>(c, 0, c.n - 1);
       } else {
-        Tensor acc;
+        std::unique_ptr<CommScratch> acc;
         tree_reduce_steps<T>(c, 0, acc);
         c.world->step_barrier(c);  // rank 0's result is final before anyone reads it
         return tree_broadcast_steps<T>(c, 0, ceil_log2(c.n), c.rv->buf);
@@ -333,10 +312,10 @@ void dispatch(Call& c) {
     case CollectiveOp::Reduce:
       if (d.algo == Algorithm::Naive) {
         naive_gather_steps<T>(c, d.root, true, 0);
-        if (c.rank == d.root) finish_avg(as<T>(c.rv->buf[static_cast<size_t>(d.root)]), d.count, d.reduce, c.n);
+        if (c.rank == d.root) finish_avg(c, as<T>(c.rv->buf[static_cast<size_t>(d.root)]), d.count, d.reduce, c.n);
         return;
       } else {
-        Tensor acc;
+        std::unique_ptr<CommScratch> acc;
         tree_reduce_steps<T>(c, d.root, acc);
         c.world->step_barrier(c);  // keep our accumulator alive until every reader is done
         return;

@@ -53,14 +53,6 @@ namespace threads {
 
 namespace {
 
-const char* dtype_word(DType d) { return d == DType::F32 ? "float32" : "int64"; }
-
-std::string seconds_text(double s) {
-  std::ostringstream os;
-  os << s << " s";
-  return os.str();
-}
-
 std::string rank_list(const std::vector<int>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); i++) s += (i ? ", " : "") + std::to_string(v[i]);
@@ -69,254 +61,32 @@ std::string rank_list(const std::vector<int>& v) {
 
 }  // namespace
 
-std::string describe(const CollDesc& d, uint64_t seq) {
-  std::string s = "#" + std::to_string(seq) + " " + collective_name(d.op);
-  if (d.op == CollectiveOp::Barrier) return s;
-  s += " of " + std::to_string(d.count) + " " + dtype_word(d.dtype) + " (";
-  bool reduces = d.op == CollectiveOp::AllReduce || d.op == CollectiveOp::ReduceScatter ||
-                 d.op == CollectiveOp::Reduce;
-  if (reduces) s += std::string(reduce_op_name(d.reduce)) + ", ";
-  if (d.root >= 0) s += "root " + std::to_string(d.root) + ", ";
-  return s + algorithm_name(d.algo) + ")";
-}
-
-int64_t payload_bytes(const CollDesc& d, int n) {
-  int64_t elem = dtype_size(d.dtype);
-  switch (d.op) {
-    case CollectiveOp::ReduceScatter:
-    case CollectiveOp::AllGather:
-    case CollectiveOp::AllToAll: return d.count * n * elem;
-    case CollectiveOp::Barrier: return 0;
-    default: return d.count * elem;
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
-// Work handles and the per-rank communicator with its worker thread.
+// The per-rank communicator: the queue and worker are QueuedCommunicator's; a job runs here.
 
-class WorkImpl : public Work {
+class RankComm : public QueuedCommunicator {
  public:
-  WorkImpl(uint64_t seq, RankContext* ctx, std::string what)
-      : seq_(seq), ctx_(ctx), what_(std::move(what)) {}
-  bool is_completed() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
+  RankComm(World* w, int rank)
+      : QueuedCommunicator(rank, w->n_, w->ctx_[static_cast<size_t>(rank)].get(),
+                           {w->opt_.allreduce_algo, w->opt_.broadcast_algo, w->opt_.reduce_algo}),
+        w_(w), rank_(rank) {
+    start_worker();
   }
-  void wait() override {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!done_ && ctx_) {
-      lock.unlock();
-      ctx_->set_activity("waiting for " + what_);  // what the watchdog reports of this thread
-      lock.lock();
-    }
-    cv_.wait(lock, [&] { return done_; });
-    if (!error_.empty()) throw CommError(error_);
-    lock.unlock();
-    if (ctx_) {
-      ctx_->advance_compute_clock(times_.model_end);  // the compute lane waited for the comm lane
-      ctx_->set_activity("running (after " + what_ + ")");
-    }
-  }
-  uint64_t seq() const override { return seq_; }
-  WorkTimes times() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return times_;
-  }
-  void finish(const WorkTimes& t, std::string error = {}) {
-    std::lock_guard<std::mutex> lock(mu_);
-    times_ = t;
-    error_ = std::move(error);
-    done_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  uint64_t seq_;
-  RankContext* ctx_;
-  std::string what_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  WorkTimes times_;
-  std::string error_;
-};
-
-struct Job {
-  std::shared_ptr<WorkImpl> work;
-  CollDesc desc;
-  uint64_t seq = 0;
-  bool p2p = false;
-  int peer = -1, tag = 0;
-  void* buf = nullptr;
-  const void* in = nullptr;
-  double issue_model = 0;
-  int32_t iteration = -1;  // compute lane's iteration at issue
-};
-
-class RankComm : public Communicator {
- public:
-  RankComm(World* w, int rank) : w_(w), rank_(rank), worker_([this] { loop(); }) {}
-  ~RankComm() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();
-  }
-  int rank() const override { return rank_; }
-  int world_size() const override { return w_->n_; }
-  uint64_t collectives_issued() const override { return next_seq_; }
+  ~RankComm() override { stop_worker(); }
   const char* backend_name() const override { return "threads"; }
 
-  WorkPtr all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, Algorithm algo) override {
-    return collective({CollectiveOp::AllReduce, resolve(CollectiveOp::AllReduce, algo), op, dt, count, -1}, buf, buf);
-  }
-  WorkPtr reduce_scatter(void* out, const void* in, int64_t count, DType dt, ReduceOp op, Algorithm algo) override {
-    return collective({CollectiveOp::ReduceScatter, resolve(CollectiveOp::ReduceScatter, algo), op, dt, count, -1}, out, in);
-  }
-  WorkPtr all_gather(void* out, const void* in, int64_t count, DType dt, Algorithm algo) override {
-    return collective({CollectiveOp::AllGather, resolve(CollectiveOp::AllGather, algo), ReduceOp::Sum, dt, count, -1}, out, in);
-  }
-  WorkPtr broadcast(void* buf, int64_t count, DType dt, int root, Algorithm algo) override {
-    check_rank(root, "broadcast root");
-    return collective({CollectiveOp::Broadcast, resolve(CollectiveOp::Broadcast, algo), ReduceOp::Sum, dt, count, root}, buf, buf);
-  }
-  WorkPtr reduce(void* buf, int64_t count, DType dt, ReduceOp op, int root, Algorithm algo) override {
-    check_rank(root, "reduce root");
-    return collective({CollectiveOp::Reduce, resolve(CollectiveOp::Reduce, algo), op, dt, count, root}, buf, buf);
-  }
-  WorkPtr barrier() override {
-    return collective({CollectiveOp::Barrier, Algorithm::Ring, ReduceOp::Sum, DType::F32, 0, -1}, nullptr, nullptr);
-  }
-  WorkPtr all_to_all(void* out, const void* in, int64_t count, DType dt) override {
-    return collective({CollectiveOp::AllToAll, Algorithm::Naive, ReduceOp::Sum, dt, count, -1}, out, in);
-  }
-  WorkPtr send(const void* buf, int64_t count, DType dt, int peer, int tag) override {
-    return p2p(CollectiveOp::Send, const_cast<void*>(buf), count, dt, peer, tag);
-  }
-  WorkPtr recv(void* buf, int64_t count, DType dt, int peer, int tag) override {
-    return p2p(CollectiveOp::Recv, buf, count, dt, peer, tag);
-  }
-
  private:
-  void check_rank(int r, const char* what) const {
-    if (r < 0 || r >= w_->n_)
-      throw Error(std::string(what) + " " + std::to_string(r) + " is out of range for world size " +
-                  std::to_string(w_->n_));
+  WorkTimes run_job(CommJob& j) override {
+    MoverJob on_device(*w_->mover_, rank_, job_label(j.desc.op, j.seq));
+    if (w_->aborted()) throw CommError(w_->abort_reason_);
+    return j.p2p ? run_p2p(j) : run_collective_job(j);
   }
-  Algorithm resolve(CollectiveOp op, Algorithm a) const {
-    if (a == Algorithm::Default) {
-      if (op == CollectiveOp::AllReduce) a = w_->opt_.allreduce_algo;
-      else if (op == CollectiveOp::Broadcast) a = w_->opt_.broadcast_algo;
-      else if (op == CollectiveOp::Reduce) a = w_->opt_.reduce_algo;
-      else a = Algorithm::Ring;
-    }
-    check_algorithm(op, a);
-    return a;
+  void after_job(const std::string& error, bool internal) override {
+    if (internal) w_->abort(error);
+    w_->set_comm_activity(rank_, error.empty() ? "idle" : "failed");
   }
 
-  WorkPtr collective(CollDesc d, void* buf, const void* in) {
-    if (d.count < 0) throw Error("a collective's count cannot be negative");
-    if (d.dtype == DType::I64 && d.reduce == ReduceOp::Avg)
-      throw Error("avg is defined for float32 only; reduce int64 with sum or max");
-    Job j;
-    j.desc = d;
-    j.seq = next_seq_++;
-    j.buf = buf;
-    j.in = in;
-    return enqueue(std::move(j), CollectiveOp::AllReduce);
-  }
-
-  WorkPtr p2p(CollectiveOp op, void* buf, int64_t count, DType dt, int peer, int tag) {
-    check_rank(peer, op == CollectiveOp::Send ? "send peer" : "recv peer");
-    if (count < 0) throw Error("a send or recv count cannot be negative");
-    if (peer == rank_) throw Error("rank " + std::to_string(rank_) + " cannot send to or receive from itself");
-    Job j;
-    j.p2p = true;
-    j.desc = {op, Algorithm::Naive, ReduceOp::Sum, dt, count, peer};
-    j.seq = next_p2p_++;
-    j.peer = peer;
-    j.tag = tag;
-    j.buf = buf;
-    return enqueue(std::move(j), op);
-  }
-
-  WorkPtr enqueue(Job j, CollectiveOp) {
-    RankContext* ctx = w_->ctx_[static_cast<size_t>(rank_)].get();
-    j.issue_model = ctx->compute_clock();
-    j.iteration = ctx->iteration();
-    j.work = std::make_shared<WorkImpl>(
-        j.seq, ctx, j.p2p ? std::string(collective_name(j.desc.op)) + " #" + std::to_string(j.seq) + " with rank " + std::to_string(j.peer)
-                          : describe(j.desc, j.seq));
-    if (!j.p2p) {
-      const int64_t now = w_->recorder_->now_ns();
-      Event e(EventKind::CollectiveIssue, Lane::Compute, now, now, j.issue_model, j.issue_model);
-      fill_info(e.coll, j);
-      ctx->record(e);
-    }
-    WorkPtr w = j.work;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(j));
-    }
-    cv_.notify_one();
-    return w;
-  }
-
-  void fill_info(CollectiveInfo& info, const Job& j) const {
-    int n = w_->n_;
-    info.op = j.desc.op;
-    info.algo = j.desc.algo;
-    info.reduce = j.desc.reduce;
-    info.dtype = j.desc.dtype;
-    info.root = static_cast<int16_t>(j.desc.root);
-    info.group_size = static_cast<int16_t>(j.p2p ? 2 : n);
-    info.seq = j.seq;
-    int64_t c = j.desc.count;
-    info.in_count = j.desc.op == CollectiveOp::ReduceScatter || j.desc.op == CollectiveOp::AllToAll ? c * n : c;
-    info.out_count = j.desc.op == CollectiveOp::AllGather || j.desc.op == CollectiveOp::AllToAll ? c * n : c;
-    info.bytes = payload_bytes(j.desc, j.p2p ? 1 : n);
-  }
-
-  // The comm lane's clock moves to the op's end, and the op becomes a Collective event.
-  WorkTimes finish_job(const Job& j, RankContext* ctx, int64_t wall0, double begin, double end) {
-    ctx->set_comm_clock(end);
-    WorkTimes t{wall0, w_->recorder_->now_ns(), begin, end};
-    Event e(EventKind::Collective, Lane::Comm, t.wall_begin_ns, t.wall_end_ns, begin, end);
-    e.iteration = j.iteration;
-    fill_info(e.coll, j);
-    ctx->record(e);
-    return t;
-  }
-
-  void loop() {
-    while (true) {
-      Job j;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        j = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      WorkTimes times;
-      std::string err;
-      try {
-        if (w_->aborted()) throw CommError(w_->abort_reason_);
-        times = j.p2p ? run_p2p(j) : run_collective_job(j);
-      } catch (const CommError& e) {
-        err = e.what();
-      } catch (const std::exception& e) {
-        err = "rank " + std::to_string(rank_) + ": " + e.what();
-        w_->abort(err);
-      }
-      w_->set_comm_activity(rank_, err.empty() ? "idle" : "failed");
-      j.work->finish(times, err);
-    }
-  }
-
-  WorkTimes run_collective_job(Job& j) {
+  WorkTimes run_collective_job(CommJob& j) {
     RankContext* ctx = w_->ctx_[static_cast<size_t>(rank_)].get();
     const std::string what = describe(j.desc, j.seq);
     double late = 0;  // a delay fault also shows on the modeled clock, as a straggler would
@@ -359,12 +129,12 @@ class RankComm : public Communicator {
     double end = rv.steps > 0 ? c.model_t : start + dur;
     double begin = start;
     w_->leave(rv);
-    return finish_job(j, ctx, wall0, begin, end);
+    return finish_job(j, wall0, begin, end);
   }
 
   // Sends are eager (copied into the peer's mailbox, as gloo does), so they never block the worker;
   // a receive waits for its message under the watchdog.
-  WorkTimes run_p2p(Job& j) {
+  WorkTimes run_p2p(CommJob& j) {
     RankContext* ctx = w_->ctx_[static_cast<size_t>(rank_)].get();
     size_t bytes = static_cast<size_t>(j.desc.count * dtype_size(j.desc.dtype));
     int64_t wall0 = w_->recorder_->now_ns();
@@ -376,7 +146,7 @@ class RankComm : public Communicator {
       World::Message msg;
       msg.data.resize(bytes);
       msg.model_sent = begin;
-      if (bytes) std::memcpy(msg.data.data(), j.buf, bytes);
+      if (bytes) w_->mover_->copy(rank_, msg.data.data(), j.buf, static_cast<int64_t>(bytes));
       std::lock_guard<std::mutex> lock(w_->mu_);
       w_->mailbox_[{rank_, j.peer, j.tag}].push_back(std::move(msg));
       w_->cv_.notify_all();
@@ -417,25 +187,19 @@ class RankComm : public Communicator {
                  " bytes from rank " + std::to_string(j.peer) + " (tag " + std::to_string(j.tag) +
                  ") but the matching send carried " + std::to_string(msg.size()));
       }
-      if (bytes) std::memcpy(j.buf, msg.data(), bytes);
+      if (bytes) w_->mover_->copy(rank_, j.buf, msg.data(), static_cast<int64_t>(bytes));
     }
-    return finish_job(j, ctx, wall0, begin, end);
+    return finish_job(j, wall0, begin, end);
   }
 
   World* w_;
   int rank_;
-  uint64_t next_seq_ = 0, next_p2p_ = 0;  // touched only by the issuing (rank) thread
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;
-  bool stop_ = false;
-  std::thread worker_;
 };
 
 // ---------------------------------------------------------------------------------------------
 // World: shared state, rendezvous, watchdog.
 
-World::World(int n, WorldOptions opt) : n_(n), opt_(std::move(opt)) {
+World::World(int n, WorldOptions opt) : n_(n), opt_(std::move(opt)), mover_(opt_.mover ? opt_.mover : host_mover()) {
   if (n < 1 || n > 64) throw Error("world size " + std::to_string(n) + " is out of range; use 1 to 64");
   if (!(opt_.timeout_s > 0)) throw Error("the collective timeout must be positive");
   for (const Fault& f : opt_.faults)
@@ -540,7 +304,7 @@ Rendezvous& World::arrive(int rank, uint64_t seq, const CollDesc& d, void* buf, 
     rv.consumed = std::vector<std::atomic<int64_t>>(static_cast<size_t>(n_));
     rv.left = n_;
     rv.steps = algorithm_steps(d, n_);
-    rv.slices = algorithm_slices(d, n_);
+    rv.slices = mover_->slice_ring_steps() ? algorithm_slices(d, n_) : 1;
   } else if (!(rv.desc == d)) {
     std::string msg = "desync: collective #" + std::to_string(seq) + " differs across ranks: rank " +
                       std::to_string(rv.arrivals.front()) + " called " + describe(rv.desc, seq) +
@@ -790,7 +554,7 @@ WorldStatus ThreadsWorld::status() const {
     c.op = rv.desc.op;
     c.algo = rv.desc.algo;
     c.dtype = rv.desc.dtype;
-    c.bytes = threads::payload_bytes(rv.desc, w.n_);
+    c.bytes = payload_bytes(rv.desc, w.n_);
     c.arrived = rv.arrivals;
     for (int r = 0; r < w.n_; r++)
       if (std::find(rv.arrivals.begin(), rv.arrivals.end(), r) == rv.arrivals.end()) c.missing.push_back(r);

@@ -19,6 +19,8 @@
 
 namespace dtlab {
 
+class DataMover;  // engine/comm/data_mover.h
+
 enum class FaultKind : uint8_t { Skip, Delay };
 
 // Fault injection, for lessons that show a hang or a straggler on purpose.
@@ -42,6 +44,9 @@ struct WorldOptions {
   bool record = true;             // trace events
   size_t trace_capacity = size_t{1} << 16;
   bool start_paused = false;      // stepper starts paused (the GUI's default)
+  // Where the ranks' buffers live: null is host memory (memcpy and CPU loops); the cuda backend
+  // (engine/comm/cuda_backend.h) passes its device mover, and the algorithms stay the same.
+  std::shared_ptr<DataMover> mover;
 };
 
 // What the app and the watchdog see of a collective in flight.

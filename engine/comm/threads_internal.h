@@ -13,22 +13,11 @@
 #include <thread>
 #include <vector>
 
+#include "engine/comm/data_mover.h"
+#include "engine/comm/queued_comm.h"  // CollDesc, describe, payload_bytes
 #include "engine/comm/threads_backend.h"
 
 namespace dtlab::threads {
-
-// What every rank must agree on for one collective.
-struct CollDesc {
-  CollectiveOp op = CollectiveOp::AllReduce;
-  Algorithm algo = Algorithm::Ring;
-  ReduceOp reduce = ReduceOp::Sum;
-  DType dtype = DType::F32;
-  int64_t count = 0;  // the call's count argument
-  int root = -1;
-  bool operator==(const CollDesc&) const = default;
-};
-std::string describe(const CollDesc& d, uint64_t seq);  // "#5 allreduce of 1000 float32 (sum, ring)"
-int64_t payload_bytes(const CollDesc& d, int world_size);  // S, nccl-tests convention
 
 // One collective as seen by all ranks: created by the first rank to arrive, erased by the last
 // to leave. Guarded by the world mutex.
@@ -104,6 +93,7 @@ class World {
 
   int n_;
   WorldOptions opt_;
+  std::shared_ptr<DataMover> mover_;  // how the algorithms touch rank memory (WorldOptions::mover)
   std::unique_ptr<TraceRecorder> recorder_;
   std::unique_ptr<CostModel> cost_;
   std::unique_ptr<Stepper> stepper_;

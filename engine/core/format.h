@@ -2,10 +2,17 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dtlab {
 
 // "780 B", "16.0 KiB", "4.0 MiB", "1.25 GiB" (binary units, as torch and nvidia-smi print them).
 std::string human_bytes(int64_t bytes);
+// "1,048,576"
+std::string with_commas(int64_t v);
+// "0.5 s", "30 s": a timeout as diagnoses print it.
+std::string seconds_text(double s);
+// "rank 2" or "ranks 1, 3": the ranks a diagnosis names.
+std::string ranks_text(const std::vector<int>& ranks);
 
 }  // namespace dtlab

@@ -49,11 +49,16 @@ int64_t ModelSpec::num_params() const {
 }
 
 Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed)
-    : spec_(spec), tracker_(tracker) {
+    : Model(spec, tracker, seed, 0, static_cast<int>(spec.dims.size()) - 1) {}
+
+Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int first_linear, int end_linear)
+    : spec_(spec), tracker_(tracker), first_linear_(first_linear) {
   DTLAB_CHECK(spec.dims.size() >= 2, "a model needs an input and an output width");
   int64_t offset = 0;
   int n_linear = static_cast<int>(spec.dims.size()) - 1;
-  for (int l = 0; l < n_linear; l++) {
+  DTLAB_CHECK(0 <= first_linear && first_linear < end_linear && end_linear <= n_linear,
+              "a stage needs a non-empty range of the model's Linear layers");
+  for (int l = first_linear; l < end_linear; l++) {
     int seq = 2 * l;  // Sequential index: Linear at even positions, ReLU after each but the last
     int64_t in = spec.dims[l], out = spec.dims[l + 1];
     Layer lin{LayerKind::Linear, seq, in, out, static_cast<int>(params_.size()),
@@ -186,6 +191,26 @@ void Model::layer_backward(int i, float* dinp, const float* dout, const float* i
   }
 }
 
+void Model::layer_backward_input(int i, float* dinp, const float* dout, const float* out, int64_t B) {
+  const Layer& L = layer(i);
+  ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
+                     layer_backward_flops(i, B, true) - layer_backward_flops(i, B, false));
+  if (L.kind == LayerKind::Linear) {
+    linear_backward(dinp, nullptr, nullptr, dout, nullptr, params_[L.weight].data, B, L.in_features,
+                    L.out_features);
+  } else {
+    relu_backward(dinp, dout, out, B * L.out_features);
+  }
+}
+
+void Model::layer_backward_weight(int i, const float* dout, const float* in, int64_t B) {
+  const Layer& L = layer(i);
+  if (L.kind != LayerKind::Linear) return;  // a ReLU has no weights
+  ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, B, false));
+  linear_backward(nullptr, params_[L.weight].grad, params_[L.bias].grad, dout, in, nullptr, B,
+                  L.in_features, L.out_features);
+}
+
 void Model::ensure_activations(int64_t B) {
   batch_ = B;
   if (B <= capacity_ && !acts_.empty()) return;  // a smaller (last) batch reuses the buffers
@@ -242,6 +267,9 @@ void init_like_torch(Model& model, uint64_t seed) {
   // takes one 32-bit draw per element, keeps 24 bits, and computes x * (b - a) + a with b - a in
   // float and the rest in double (at::uniform_real_distribution), then rounds to float.
   std::mt19937 gen(static_cast<uint32_t>(seed));
+  const auto& dims = model.spec().dims;
+  for (int l = 0; l < model.first_linear(); l++)  // one draw per element of each earlier layer
+    gen.discard(static_cast<unsigned long long>(dims[l + 1] * dims[l] + dims[l + 1]));
   auto uniform = [&](float* out, int64_t n, double lo, double hi) {
     float from = static_cast<float>(lo), to = static_cast<float>(hi);
     for (int64_t i = 0; i < n; i++) {

@@ -68,8 +68,13 @@ class Model {
   using GradReadyHook = std::function<void(int param_index)>;
 
   Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed);
+  // A pipeline stage: only Linear layers [first_linear, end_linear) of `spec` (each with the ReLU
+  // after it), under the full model's names ("2.weight") and with the values the full model gets
+  // from the same seed. The flat buffers hold just these parameters, in the full model's order.
+  Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int first_linear, int end_linear);
 
   const ModelSpec& spec() const { return spec_; }
+  int first_linear() const { return first_linear_; }  // 0 unless a pipeline stage
   int num_layers() const { return static_cast<int>(layers_.size()); }
   const Layer& layer(int i) const { return layers_[static_cast<size_t>(i)]; }
   std::vector<Parameter>& parameters() { return params_; }
@@ -106,6 +111,11 @@ class Model {
   // dinp may be null (first layer). `in`/`out` are the layer's forward input and output.
   void layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out,
                       int64_t B);
+  // The same backward in two halves, as zero-bubble pipeline schedules run it: the input gradient
+  // first (I: it unblocks the previous stage), the weight gradient later (W: accumulated from the
+  // same `in` and `dout`, which the caller keeps until then). Together they equal layer_backward.
+  void layer_backward_input(int i, float* dinp, const float* dout, const float* out, int64_t B);
+  void layer_backward_weight(int i, const float* dout, const float* in, int64_t B);
 
   // Whole model with activations owned here (tracked as activations; they grow to the largest
   // batch seen and are reused for smaller ones). `x` (B, D0) must stay alive until backward() returns.
@@ -124,6 +134,7 @@ class Model {
   void ensure_activations(int64_t B);
   ModelSpec spec_;
   MemoryTracker* tracker_;
+  int first_linear_ = 0;
   std::vector<Layer> layers_;
   std::vector<Parameter> params_;
   Tensor flat_params_;  // (P,)
@@ -141,7 +152,8 @@ class Model {
   int64_t capacity_ = 0;  // rows the activation buffers hold
 };
 
-// torch.manual_seed(seed) + nn.Linear's reset_parameters, value for value.
+// torch.manual_seed(seed) + nn.Linear's reset_parameters, value for value (a pipeline stage skips
+// the draws of the layers before it).
 void init_like_torch(Model& model, uint64_t seed);
 
 }  // namespace dtlab

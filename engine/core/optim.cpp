@@ -76,47 +76,34 @@ void Optimizer::ensure_state() {
   }
 }
 
-// Each line mirrors one tensor op of torch's _single_tensor_sgd / _single_tensor_adamw, with the
-// Python-side scalars computed in double and rounded to float where the op consumes them, so the
-// float32 roundings happen where torch's do.
+SgdCoeffs sgd_coeffs(const OptimizerConfig& c) {
+  return {static_cast<float>(c.lr), static_cast<float>(c.weight_decay), static_cast<float>(c.momentum),
+          static_cast<float>(1.0 - c.dampening)};
+}
+
+// The Python-side scalars of torch's _single_tensor_adamw, computed in double and rounded to float
+// where the tensor ops consume them, so the float32 roundings happen where torch's do.
+AdamWCoeffs adamw_coeffs(const OptimizerConfig& c, int64_t step) {
+  const double t = static_cast<double>(step);
+  const double bc1 = 1.0 - std::pow(c.beta1, t);
+  const double bc2 = 1.0 - std::pow(c.beta2, t);
+  return {static_cast<float>(1.0 - c.lr * c.weight_decay),
+          static_cast<float>(c.beta1), static_cast<float>(c.beta2),
+          static_cast<float>(1.0 - c.beta1), static_cast<float>(1.0 - c.beta2),
+          static_cast<float>(-(c.lr / bc1)), static_cast<float>(std::sqrt(bc2)), static_cast<float>(c.eps)};
+}
+
 void Optimizer::step_sgd(float* p, const float* g, int64_t offset, int64_t n, bool first) {
-  const float lr = static_cast<float>(config_.lr);
-  const float wd = static_cast<float>(config_.weight_decay);
-  const float mom = static_cast<float>(config_.momentum);
-  const float damp1 = static_cast<float>(1.0 - config_.dampening);
+  const SgdCoeffs k = sgd_coeffs(config_);
   float* buf = state_a_.empty() ? nullptr : state_a_.f32() + offset;
-  for (int64_t i = 0; i < n; i++) {
-    float d = g[i];
-    if (wd != 0.0f) d = d + wd * p[i];           // d_p = d_p.add(param, alpha=weight_decay)
-    if (buf) {
-      if (first) buf[i] = d;                      // buf = clone(d_p)
-      else buf[i] = buf[i] * mom + damp1 * d;     // buf.mul_(momentum).add_(d_p, alpha=1-dampening)
-      d = buf[i];
-    }
-    p[i] = p[i] + (-lr) * d;                      // param.add_(d_p, alpha=-lr)
-  }
+  for (int64_t i = 0; i < n; i++) sgd_update(p[i], g[i], buf ? buf + i : nullptr, first, k);
 }
 
 void Optimizer::step_adamw(float* p, const float* g, int64_t offset, int64_t n) {
-  const double t = static_cast<double>(steps_);
-  const float decay = static_cast<float>(1.0 - config_.lr * config_.weight_decay);
-  const float b1 = static_cast<float>(config_.beta1), b2 = static_cast<float>(config_.beta2);
-  const float one_b1 = static_cast<float>(1.0 - config_.beta1);
-  const float one_b2 = static_cast<float>(1.0 - config_.beta2);
-  const double bc1 = 1.0 - std::pow(config_.beta1, t);
-  const double bc2 = 1.0 - std::pow(config_.beta2, t);
-  const float neg_step_size = static_cast<float>(-(config_.lr / bc1));
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float eps = static_cast<float>(config_.eps);
+  const AdamWCoeffs k = adamw_coeffs(config_, steps_);
   float* m = state_a_.f32() + offset;
   float* v = state_b_.f32() + offset;
-  for (int64_t i = 0; i < n; i++) {
-    p[i] = p[i] * decay;                          // param.mul_(1 - lr * weight_decay)
-    m[i] = m[i] * b1 + one_b1 * g[i];             // exp_avg.mul_(beta1).add_(grad, alpha=1-beta1)
-    v[i] = v[i] * b2 + one_b2 * g[i] * g[i];      // exp_avg_sq.mul_(beta2).addcmul_(g, g, 1-beta2)
-    float denom = std::sqrt(v[i]) / bc2_sqrt + eps;  // (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
-    p[i] = p[i] + neg_step_size * m[i] / denom;      // param.addcdiv_(exp_avg, denom, -step_size)
-  }
+  for (int64_t i = 0; i < n; i++) adamw_update(p[i], g[i], m[i], v[i], k);
 }
 
 }  // namespace dtlab

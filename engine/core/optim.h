@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/core/optim_math.h"
 #include "engine/core/tensor.h"
 
 namespace dtlab {
@@ -31,6 +32,11 @@ OptimizerConfig default_optimizer_config(OptimizerKind kind);
 
 OptimizerKind parse_optimizer_kind(std::string_view name);  // "sgd" | "adamw"; dtlab::Error otherwise
 const char* optimizer_name(OptimizerKind k);
+
+// The scalars of one step (`step` counts from 1), rounded to float where torch's ops consume them;
+// optim.cpp's loops and the CUDA kernels both use these with optim_math.h's element updates.
+SgdCoeffs sgd_coeffs(const OptimizerConfig& c);
+AdamWCoeffs adamw_coeffs(const OptimizerConfig& c, int64_t step);
 
 class Optimizer {
  public:

@@ -6,6 +6,7 @@
 
 #include "engine/core/check.h"
 #include "engine/io/safetensors.h"
+#include "engine/io/sharded_checkpoint.h"
 
 namespace dtlab {
 namespace {
@@ -14,8 +15,10 @@ namespace {
   throw Error(path + ": " + what);
 }
 
-// Reads "step" and "model" from the metadata; the spec comes back normalized (ModelSpec::str()).
-CheckpointInfo info_from(const std::string& path, const std::map<std::string, std::string>& metadata) {
+}  // namespace
+
+CheckpointInfo checkpoint_info_from(const std::string& path, const std::map<std::string, std::string>& metadata,
+                                    const Model* model) {
   CheckpointInfo info;
   info.metadata = metadata;
   if (auto it = metadata.find("step"); it != metadata.end()) {
@@ -31,10 +34,11 @@ CheckpointInfo info_from(const std::string& path, const std::map<std::string, st
       fail(path, "metadata \"model\" is '" + it->second + "', not a model spec like mlp:2,64,3; the file is corrupt");
     }
   }
+  if (model && !info.model_spec.empty() && info.model_spec != model->spec().str())
+    fail(path, "holds a checkpoint of " + info.model_spec + " but the model is " + model->spec().str() +
+                   "; rerun with --model " + info.model_spec + " to load it");
   return info;
 }
-
-}  // namespace
 
 void save_checkpoint(const std::string& path, const Model& model, int64_t step,
                      const std::map<std::string, std::string>& extra) {
@@ -53,11 +57,8 @@ void save_checkpoint(const std::string& path, const Model& model, int64_t step,
 CheckpointInfo load_checkpoint(const std::string& path, Model& model) {
   // The file in memory is the temporary: every check below runs before any parameter is written.
   SafetensorsFile file = load_safetensors(path);
-  CheckpointInfo info = info_from(path, file.metadata);
+  CheckpointInfo info = checkpoint_info_from(path, file.metadata, &model);
   const std::string spec = model.spec().str();
-  if (!info.model_spec.empty() && info.model_spec != spec)
-    fail(path, "holds a checkpoint of " + info.model_spec + " but the model is " + spec + "; rerun with --model " +
-                   info.model_spec + " to load it");
 
   std::vector<const SafetensorsEntry*> sources;
   for (const Parameter& p : model.parameters()) {
@@ -86,7 +87,8 @@ CheckpointInfo load_checkpoint(const std::string& path, Model& model) {
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& path) {
-  return info_from(path, load_safetensors_header(path).metadata);
+  if (is_checkpoint_dir(path)) return read_sharded_checkpoint_info(path);
+  return checkpoint_info_from(path, load_safetensors_header(path).metadata);
 }
 
 }  // namespace dtlab

@@ -25,6 +25,12 @@ void save_checkpoint(const std::string& path, const Model& model, int64_t step,
 CheckpointInfo load_checkpoint(const std::string& path, Model& model);
 
 // Metadata only, without reading the tensor data (e.g. to learn the spec before building a model).
+// A directory is read as a sharded checkpoint (sharded_checkpoint.h).
 CheckpointInfo read_checkpoint_info(const std::string& path);
+
+// "step" and "model" from a checkpoint's metadata, validated (errors name `path`); the spec comes
+// back normalized (ModelSpec::str()). With `model`, a checkpoint of another model is refused.
+CheckpointInfo checkpoint_info_from(const std::string& path, const std::map<std::string, std::string>& metadata,
+                                    const Model* model = nullptr);
 
 }  // namespace dtlab

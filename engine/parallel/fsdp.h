@@ -31,6 +31,7 @@
 #include "engine/core/model.h"
 #include "engine/core/optim.h"
 #include "engine/core/tensor.h"
+#include "engine/io/sharded_checkpoint.h"
 #include "engine/parallel/memory_plan.h"
 #include "engine/trace/context.h"
 #include "engine/trace/event.h"
@@ -49,14 +50,8 @@ struct FsdpOptions {
   int node_size = 0;  // HYBRID_SHARD: ranks per shard group; must divide the world (> 0 for hybrid)
 };
 
-// A piece of one model parameter that a rank owns (its shard's part of the parameter, flattened):
-// what a sharded checkpoint stores per rank.
-struct OwnedSlice {
-  int param = 0;        // index into model.parameters()
-  int64_t offset = 0;   // first element, in the parameter's flattened (row-major) order
-  int64_t length = 0;
-  const float* data = nullptr;
-};
+// A piece of one model parameter that a rank owns: what its sharded checkpoint file stores.
+using OwnedSlice = ParamSlice;
 
 // FSDP1's flat-parameter split of N elements over W ranks: chunk ceil(N/W); rank r holds
 // [r*chunk, min(N, (r+1)*chunk)) and zeros for the rest ("N=5, W=4 -> 2,2,1,0 real + padding").

@@ -50,16 +50,6 @@ int deps_of(const Action& a, int stages, Dep out[2]) {
   return 0;
 }
 
-double cost_of(ActionType t, const ActionCosts& c) {
-  switch (t) {
-    case ActionType::Forward: return c.forward;
-    case ActionType::Backward: return c.backward;
-    case ActionType::BackwardInput: return c.backward_input;
-    case ActionType::BackwardWeight: return c.backward_weight;
-    default: return 0;
-  }
-}
-
 using Orders = std::vector<std::vector<Action>>;  // [rank][k]: compute actions in order, no idles
 
 // Runs every rank's actions in order, each as early as its rank and dependencies allow. Stops when
@@ -205,6 +195,16 @@ std::string trim(std::string_view t) {
 }
 
 }  // namespace
+
+double cost_of(ActionType t, const ActionCosts& c) {
+  switch (t) {
+    case ActionType::Forward: return c.forward;
+    case ActionType::Backward: return c.backward;
+    case ActionType::BackwardInput: return c.backward_input;
+    case ActionType::BackwardWeight: return c.backward_weight;
+    default: return 0;
+  }
+}
 
 // ---- actions ----
 

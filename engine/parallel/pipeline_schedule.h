@@ -102,6 +102,7 @@ struct ActionCosts {
   double backward_input = 1, backward_weight = 1;  // T_I, T_W
   double hop_latency = 0;  // added to a dependency that crosses ranks (activation or gradient send)
 };
+double cost_of(ActionType t, const ActionCosts& c);  // T_F, T_B, T_I or T_W; 0 for send/recv actions
 
 // The bubble: idle time per rank over a step, as two ratios of the same idle time:
 //   of_ideal: idle / ideal, the ideal being the rank's compute alone (REFERENCE §5's "of ideal");

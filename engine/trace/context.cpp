@@ -67,6 +67,14 @@ bool RankContext::begin_iteration(int32_t iteration, uint64_t next_collective_se
   return ok;
 }
 
+bool RankContext::gate_action(int32_t step, uint64_t next_collective_seq, const std::string& what) {
+  if (!stepper_) return true;
+  set_activity("at the gate of pipeline action " + what);
+  const int32_t it = iteration();
+  return stepper_->gate(rank_, 0, GateKind::Action, GatePos{static_cast<int64_t>(next_collective_seq), -2, it, step}, it,
+                        compute_clock());
+}
+
 void RankContext::end_iteration() {
   if (recorder_ && recorder_->enabled()) {
     Event e(EventKind::Iteration, Lane::Compute, iter_wall_, recorder_->now_ns(), iter_model_,

@@ -39,6 +39,9 @@ class RankContext : public ComputeObserver {
   // Returns false if aborted.
   bool begin_iteration(int32_t iteration, uint64_t next_collective_seq);
   void end_iteration();
+  // Pipelines: the gate before the action at time step `step` of the schedule's grid (`what`: its
+  // name, for the rank's activity). Returns false if aborted.
+  bool gate_action(int32_t step, uint64_t next_collective_seq, const std::string& what);
   int32_t iteration() const { return iteration_.load(std::memory_order_relaxed); }
 
   // Modeled clocks (seconds). The compute lane is advanced by compute ops and by waiting for

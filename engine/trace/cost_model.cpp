@@ -241,13 +241,21 @@ const HardwareProfile& this_machine_profile() {
 
 HardwareProfile find_profile(std::string_view name) {
   if (name == "this") return this_machine_profile();
+  if (name == "ideal") {
+    // Not hardware: communication is free, so only compute (and who waits for whom) takes time.
+    // A pipeline with equal stage costs then shows exactly its schedule's bubble.
+    HardwareProfile p = make_profile("ideal", "free communication (alpha = beta = gamma = 0), 100 TFLOP/s per rank",
+                                     1, 64, Link{}, Link{});
+    p.gamma = 0;
+    return p;
+  }
   std::string names;
   for (const auto& p : builtin_profiles()) {
     if (p.name == name) return p;
     names += p.name + ", ";
   }
   throw Error("hardware profile '" + std::string(name) + "' is not known; use one of " + names +
-              "this");
+              "this, ideal");
 }
 
 // ---- closed forms (REFERENCE.md §4); one rank has nobody to talk to, so p <= 1 costs nothing ----

@@ -34,7 +34,8 @@ const std::vector<HardwareProfile>& builtin_profiles();
 // Measures this machine once (memcpy bandwidth, a thread hand-off latency, reduction bandwidth,
 // sgemm rate; well under a second) and caches the result.
 const HardwareProfile& this_machine_profile();
-// "nvlink8", "pcie8", "ib2x4", "eth2x4" or "this"; dtlab::Error listing the names otherwise.
+// "nvlink8", "pcie8", "ib2x4", "eth2x4", "this", or "ideal" (free communication: what a schedule
+// alone costs); dtlab::Error listing the names otherwise.
 HardwareProfile find_profile(std::string_view name);
 
 // nccl-tests' bus bandwidth factor (doc/PERFORMANCE.md): busbw = algbw x factor; all-reduce

@@ -19,6 +19,7 @@ const char* event_kind_name(EventKind k) {
     case EventKind::BucketLaunch: return "bucket_launch";
     case EventKind::BucketAllReduce: return "bucket_allreduce";
     case EventKind::FsdpUnit: return "fsdp_unit";
+    case EventKind::PipelineAction: return "pipeline_action";
   }
   return "?";
 }

@@ -8,6 +8,7 @@
 #include "engine/comm/communicator.h"
 #include "engine/core/memory.h"
 #include "engine/core/observer.h"  // ComputeKind
+#include "engine/parallel/pipeline_schedule.h"  // ActionType
 
 namespace dtlab {
 
@@ -28,6 +29,8 @@ enum class EventKind : uint8_t {
   BucketAllReduce, // the bucket's all-reduce on the comm lane, [begin, end]
   // FSDP's units (engine/parallel/fsdp.h); `fsdp`
   FsdpUnit,        // a unit's verb (layout, unshard, reshard, reduce) and its state after it (instant)
+  // The pipeline runtime (engine/parallel/pipeline.h); `pipe`
+  PipelineAction,  // one schedule action (F, B, I or W of a stage and micro-batch), [begin, end]
   // new values go at the end
 };
 
@@ -102,6 +105,22 @@ struct FsdpInfo {
   uint64_t seq;         // Unshard/ReduceGrad: the collective's number on the world (UINT64_MAX: a group's)
 };
 
+// A pipeline action on the compute lane: from the moment its input is there (the received
+// activation or gradient) to the end of its compute, its send issued. The gaps between a rank's
+// actions are its bubbles; the Recv collectives on the comm lane show what it waited for.
+struct PipelineActionInfo {
+  int16_t stage;         // model-order stage, 0 .. num_stages-1 (on rank stage % ranks)
+  int16_t mb;            // micro-batch
+  ActionType type;       // Forward, Backward, BackwardInput or BackwardWeight
+  int16_t step;          // the action's time step in the schedule's grid (format_schedule's row)
+  int16_t index;         // its position in this rank's action list
+  int16_t num_stages;    // p*v
+  int16_t microbatches;  // m
+  int16_t ranks;         // p: ranks per pipeline
+  int16_t replica;       // data-parallel replica (world rank / p)
+  int64_t bytes;         // activation or gradient bytes it sent (0: none, e.g. the last stage's F)
+};
+
 struct MemInfo {
   MemCategory category;
   int64_t bytes;        // size of this allocation or free
@@ -124,6 +143,7 @@ struct Event {
     MemInfo mem;
     BucketInfo bucket;
     FsdpInfo fsdp;
+    PipelineActionInfo pipe;
   };
   Event() : coll{} {}
   // A span [begin, end] on both clocks (an instant when begin == end); the payload is the caller's.

@@ -46,11 +46,12 @@ int nest_depth(EventKind k) {
   switch (k) {
     case EventKind::Iteration:
     case EventKind::BucketAllReduce: return 0;  // outside the collective it labels
+    case EventKind::PipelineAction: return 1;   // inside its iteration, around its layers' compute
     case EventKind::Compute:
-    case EventKind::Collective: return 1;
+    case EventKind::Collective: return 2;
     case EventKind::RingStep:
-    case EventKind::Gate: return 2;
-    default: return 3;  // instants and counters
+    case EventKind::Gate: return 3;
+    default: return 4;  // instants and counters
   }
 }
 
@@ -224,6 +225,23 @@ void fsdp_event(JsonOut& j, const Event& e, Span s, const TraceExportOptions& op
   j.close().close();
 }
 
+// A pipeline action as PyTorch prints it ("1F3", "0W2") on the compute lane, around its layers.
+void pipeline_event(JsonOut& j, const Event& e, Span s) {
+  const PipelineActionInfo& p = e.pipe;
+  span_head(j, action_str(Action{p.stage, p.type, p.mb}), "pipeline", e.rank, kComputeTid, s)
+      .open("args")
+      .field("stage", p.stage)
+      .field("microbatch", p.mb)
+      .field("step", p.step)
+      .field("index", p.index)
+      .field("stages", p.num_stages)
+      .field("microbatches", p.microbatches)
+      .field("replica", p.replica)
+      .field("bytes", p.bytes);
+  if (e.iteration >= 0) j.field("iteration", e.iteration);
+  j.close().close();
+}
+
 void memory_event(JsonOut& j, const Event& e, Span s, const std::array<int64_t, kNumMemCategories>& current) {
   j.open().field("name", "memory").field("cat", "memory").field("ph", "C").field("pid", e.rank).field("ts", s.ts)
       .open("args");
@@ -358,6 +376,7 @@ void write_chrome_trace(const std::vector<Event>& events, const TraceExportOptio
       case EventKind::BucketLaunch:
       case EventKind::BucketAllReduce: bucket_event(j, e, s, opt); break;
       case EventKind::FsdpUnit: fsdp_event(j, e, s, opt); break;
+      case EventKind::PipelineAction: pipeline_event(j, e, s); break;
     }
     w.done();
   }

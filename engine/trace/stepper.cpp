@@ -9,6 +9,7 @@ const char* gate_kind_name(GateKind k) {
     case GateKind::RingStep: return "ring step";
     case GateKind::Collective: return "collective";
     case GateKind::Iteration: return "iteration";
+    case GateKind::Action: return "pipeline action";
   }
   return "?";
 }
@@ -74,6 +75,8 @@ bool Stepper::stops_locked(GateKind kind) const {
     case GateKind::RingStep: return kind != GateKind::Iteration;
     case GateKind::Collective: return kind == GateKind::Collective;
     case GateKind::Iteration: return kind == GateKind::Iteration;
+    // Collective gates too: a rank done with its actions waits there, not inside the collective.
+    case GateKind::Action: return kind == GateKind::Action || kind == GateKind::Collective;
   }
   return true;
 }

@@ -4,6 +4,8 @@
 //     iteration gate i before issuing collective k (k, -2, i)  compute lane
 //     collective gate before running collective k  (k, -1)     comm lane
 //     ring step s of collective k                  (k,  s)     comm lane
+//     pipeline action at grid step t of iteration i (k, -2, i, t)  compute lane (before its input
+//       is received; a dependency is always at an earlier grid step, so it is never held back)
 // While paused, a gate opens iff its position <= `allowed`. `allowed` never drops below the furthest
 // gate any rank has passed, so a rank never waits inside a collective for a peer held at a gate:
 // pausing can never deadlock, and the watchdog only ever sees real hangs.
@@ -12,6 +14,8 @@
 //                    step or collective gate
 //   step(Collective) release the pending collective; stop at the next collective gate
 //   step(Iteration)  release the pending iteration; stop at the next iteration gate
+//   step(Action)     release the pending pipeline time step (every rank's action at that step of
+//                    the schedule's grid); stop at the next action or collective gate
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -22,13 +26,14 @@
 
 namespace dtlab {
 
-enum class GateKind : uint8_t { RingStep, Collective, Iteration };
+enum class GateKind : uint8_t { RingStep, Collective, Iteration, Action };
 const char* gate_kind_name(GateKind k);
 
 struct GatePos {
   int64_t seq = 0;   // collective sequence number
   int32_t sub = 0;   // -2 iteration gate, -1 collective gate, >= 0 ring step
   int32_t iter = 0;  // iteration gates: the iteration (orders iterations that issue no collective)
+  int32_t action = -1;  // action gates: the pipeline action's time step in the schedule's grid
   auto operator<=>(const GatePos&) const = default;
 };
 

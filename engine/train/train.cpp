@@ -10,6 +10,8 @@
 #include "engine/data/sampler.h"
 #include "engine/io/atomic_file.h"
 #include "engine/io/checkpoint.h"
+#include "engine/io/sharded_checkpoint.h"
+#include "engine/trace/cost_model.h"
 #include "engine/trace/export.h"
 
 namespace dtlab {
@@ -23,13 +25,33 @@ double seconds_since(Clock::time_point t0) {
 }
 
 void validate(const TrainConfig& c) {
-  if (c.strategy != "single" && c.strategy != "ddp" && c.strategy != "fsdp")
-    throw Error("strategy '" + c.strategy + "' is not available in this version; use --strategy single, ddp or fsdp");
+  if (c.strategy != "single" && c.strategy != "ddp" && c.strategy != "fsdp" && c.strategy != "pipeline")
+    throw Error("strategy '" + c.strategy + "' is not available in this version; use --strategy single, ddp, fsdp or pipeline");
+  if (c.strategy == "pipeline") {
+    if (c.backend != "threads") throw Error("--strategy pipeline runs on the threads backend; drop --backend " + c.backend);
+    if (c.accum > 1) throw Error("--accum with --strategy pipeline: the micro-batches are the accumulation; use --microbatches");
+    if (c.skip_layer >= 0) throw Error("--skip-layer is DDP's unused-parameters lesson; drop it with --strategy pipeline");
+  }
   if (c.strategy == "fsdp" && c.accum > 1)
     throw Error("--accum with --strategy fsdp is not available in this version; use --strategy ddp for gradient accumulation");
-  if (c.strategy == "fsdp" && c.fsdp.sharding == Sharding::Hybrid)
-    throw Error("--sharding hybrid needs node-local process groups, which this version does not have yet; "
-                "use full, grad-op, no-shard or zero1");
+  if (c.fsdp.node_size != 0 && (c.strategy != "fsdp" || c.fsdp.sharding != Sharding::Hybrid))
+    throw Error("--node-size sets HYBRID_SHARD's shard group; use it with --strategy fsdp --sharding hybrid");
+  if (c.strategy == "fsdp" && c.fsdp.sharding == Sharding::Hybrid && c.fsdp.node_size != 0 &&
+      (c.fsdp.node_size < 1 || c.world_size % c.fsdp.node_size != 0))
+    throw Error("--node-size " + std::to_string(c.fsdp.node_size) + " does not divide --world " +
+                std::to_string(c.world_size) + "; HYBRID_SHARD needs equal node groups");
+  if (c.backend != "threads" && c.backend != "socket")
+    throw Error("--backend " + c.backend + " is not a backend; use threads (ranks as threads of this process) or "
+                "socket (one process per rank, started by dtlab-cli launch)");
+  if (c.backend == "socket") {
+    if (c.strategy == "single")
+      throw Error("--backend socket runs one rank per process for --strategy ddp or fsdp; add --strategy ddp");
+    if (c.socket.world_size != c.world_size)
+      throw Error("--world " + std::to_string(c.world_size) + " disagrees with WORLD_SIZE=" +
+                  std::to_string(c.socket.world_size) + " from the launcher; drop --world under dtlab-cli launch");
+    if (!c.faults.empty())
+      throw Error("--fault injects into the threads backend's collectives; drop it with --backend socket");
+  }
   if (c.strategy == "single" && c.world_size != 1)
     throw Error("--strategy single runs one rank, but --world is " + std::to_string(c.world_size) +
                 "; drop --world, set it to 1, or use --strategy ddp");
@@ -51,6 +73,16 @@ void validate(const TrainConfig& c) {
     if (c.ddp.first_bucket_bytes < 1) throw Error("--first-bucket-mb is too small: a bucket must hold at least 1 byte");
   }
   if (!c.save_path.empty()) check_output_path("--save", c.save_path);
+  if (!c.save_sharded_path.empty()) {
+    if (c.strategy != "fsdp")
+      throw Error("--save-sharded writes each rank's FSDP shard; use it with --strategy fsdp, or --save for one full checkpoint");
+    const std::filesystem::path dir(c.save_sharded_path);
+    if (std::filesystem::exists(dir) && !std::filesystem::is_directory(dir))
+      throw Error("--save-sharded " + c.save_sharded_path + " is a file; give a directory (it is created if missing)");
+    const std::filesystem::path parent = dir.has_parent_path() ? dir.parent_path() : std::filesystem::path(".");
+    if (!std::filesystem::is_directory(parent))
+      throw Error("--save-sharded " + c.save_sharded_path + ": directory " + parent.string() + " does not exist; create it first");
+  }
   if (!c.trace_path.empty()) check_output_path("--trace", c.trace_path);
 }
 
@@ -88,8 +120,22 @@ EvalResult evaluate(Model& model, const Dataset& ds, int64_t batch, float* logit
 
 Trainer::Trainer(const TrainConfig& config) : config_(config) {
   validate(config_);
+  if (config_.strategy == "fsdp" && config_.fsdp.sharding == Sharding::Hybrid && config_.fsdp.node_size == 0) {
+    // HYBRID_SHARD's shard group defaults to a node of the hardware profile.
+    const int k = find_profile(config_.profile).gpus_per_node;
+    if (k >= config_.world_size || config_.world_size % k != 0)
+      throw Error("--sharding hybrid needs node groups, but profile " + config_.profile + " has " + std::to_string(k) +
+                  " ranks per node and --world is " + std::to_string(config_.world_size) +
+                  "; pass --node-size K (a divisor of the world) or a multi-node profile such as ib2x4");
+    config_.fsdp.node_size = k;
+  }
   const int N = config_.world_size;
-  const bool ddp = config_.strategy != "single";  // ddp and fsdp run on the threads world
+  const bool socket = config_.backend == "socket";            // this process runs one rank
+  const bool ddp = config_.strategy != "single" && !socket;  // ddp and fsdp on the threads world
+  const int me = socket ? config_.socket.rank : 0;
+  const bool pipeline = config_.strategy == "pipeline";
+  if (pipeline)
+    pipeline_ = std::make_unique<PipelinePlan>(plan_pipeline(config_.model, config_.pipeline, config_.batch, N));
   // Instrumentation is always on (it costs well under 3% of a step, see bench/bench_step.cpp); the
   // trace file is only written when asked for.
   if (ddp) {
@@ -103,11 +149,11 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
     recorder0_ = &world_->recorder();
     ctx0_ = &world_->context(0);
   } else {
-    memory_ = std::make_unique<MemoryTracker>(0);
-    recorder_ = std::make_unique<TraceRecorder>(1);
-    cost_ = std::make_unique<CostModel>(find_profile(config_.profile), 1);
-    stepper_ = std::make_unique<Stepper>(1, config_.start_paused);
-    ctx_ = std::make_unique<RankContext>(0, recorder_.get(), cost_.get(), stepper_.get(), memory_.get());
+    memory_ = std::make_unique<MemoryTracker>(me);
+    recorder_ = std::make_unique<TraceRecorder>(N);
+    cost_ = std::make_unique<CostModel>(find_profile(config_.profile), N);
+    stepper_ = std::make_unique<Stepper>(N, config_.start_paused);
+    ctx_ = std::make_unique<RankContext>(me, recorder_.get(), cost_.get(), stepper_.get(), memory_.get());
     mem0_ = memory_.get();
     recorder0_ = recorder_.get();
     ctx0_ = ctx_.get();
@@ -122,7 +168,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   // Same count a DataLoader over this rank's DistributedSampler gives.
   SamplerConfig sc;
   sc.n = ds.n;
-  sc.world_size = N;
+  sc.world_size = pipeline ? config_.pipeline.dp : N;  // a pipeline's ranks share their replica's shard
   const int64_t per_rank = DistributedSampler(sc).num_samples();
   batches_per_epoch_ = config_.drop_last ? per_rank / config_.batch
                                          : (per_rank + config_.batch - 1) / config_.batch;
@@ -137,16 +183,20 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
                 std::to_string(config_.epochs * batches_per_epoch_) + " micro-batches, fewer than --accum " +
                 std::to_string(config_.accum) + "; use more epochs or a smaller --accum");
 
-  for (int r = 0; r < N; r++) {
-    // Each rank builds its replica as a separate process would. Rank r > 0 seeds with seed + r, so
-    // the replicas really differ until DDP broadcasts rank 0's parameters.
-    MemoryTracker* mem = ddp ? &world_->memory(r) : memory_.get();
+  for (int r = me; r < (socket || pipeline ? me + 1 : N); r++) {
+    // Each rank builds its replica as a separate process would (socket: this process is one). Rank
+    // r > 0 seeds with seed + r, so the replicas really differ until DDP broadcasts rank 0's parameters.
+    // A pipeline's ranks build their stages in run(); this full copy, on no rank's tracker, holds
+    // the initial values (--init) and receives the trained stages for evaluation and --save.
+    MemoryTracker* mem = pipeline ? nullptr : ddp ? &world_->memory(r) : memory_.get();
     models_.push_back(std::make_unique<Model>(spec, mem, config_.seed + static_cast<uint64_t>(r)));
     if (config_.skip_layer >= 0) {
       models_.back()->set_skipped_layer(config_.skip_layer);  // validates the layer
       models_.back()->set_skipped_layer(-1);
     }
-    if (!config_.init_path.empty()) start_step_ = load_checkpoint(config_.init_path, *models_.back()).step;
+    if (!config_.init_path.empty())
+      start_step_ = (is_checkpoint_dir(config_.init_path) ? load_sharded_checkpoint(config_.init_path, *models_.back())
+                                                          : load_checkpoint(config_.init_path, *models_.back())).step;
     models_.back()->set_observer(ddp ? &world_->context(r) : ctx_.get());
   }
 }
@@ -177,8 +227,11 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   auto t_start = Clock::now();
   if (world_) {
     world_->run([&](int rank, Communicator& comm, RankContext& ctx) {
-      run_rank(rank, &comm, &ctx, sum, on_step);
+      if (pipeline_) run_pipeline_rank(rank, comm, ctx, sum, on_step);
+      else run_rank(rank, &comm, &ctx, sum, on_step);
     });
+  } else if (config_.backend == "socket") {
+    run_socket_rank(sum, on_step);
   } else {
     run_rank(0, nullptr, ctx_.get(), sum, on_step);
   }
@@ -186,7 +239,7 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   sum.steps = total_steps_;
   sum.samples_per_sec = sum.seconds > 0 ? total_samples_ / sum.seconds : 0;
   sum.rank_memory = rank_memory_;
-  sum.memory = rank_memory_[0];
+  sum.memory = rank_memory_[static_cast<size_t>(ctx0_->rank())];
 
   Model& model = *models_[0];
   ComputeObserver* obs = model.observer();
@@ -198,7 +251,7 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   sum.eval_correct = ev.correct;
   sum.eval_samples = ev.samples;
 
-  if (!config_.trace_path.empty()) {
+  if (!config_.trace_path.empty() && ctx0_->rank() == 0) {  // socket: rank 0's own events
     TraceExportOptions opt;
     opt.clock = config_.trace_modeled ? TraceClock::Modeled : TraceClock::Wall;
     opt.title = "dtlab train --strategy " + config_.strategy + " " + config_.model.str() + " on " + ds.name;
@@ -208,10 +261,29 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   return sum;
 }
 
+// One rank of a world of processes: join it (every rank's SocketCommunicator connects to every
+// other), run the same per-rank loop as the threads world, and on failure tell the peers why.
+void Trainer::run_socket_rank(TrainSummary& sum, const std::function<void(const StepReport&)>& on_step) {
+  SocketOptions so = config_.socket;
+  so.timeout_s = config_.timeout_s;
+  const int rank = so.rank;
+  ctx_->set_activity("joining the world at " + so.master_addr + ":" + std::to_string(so.master_port));
+  SocketCommunicator comm(so, ctx_.get());
+  try {
+    run_rank(rank, &comm, ctx_.get(), sum, on_step);
+  } catch (const CommError& e) {
+    comm.abort(e.what());  // a no-op when the communicator already failed with this diagnosis
+    throw;
+  } catch (const std::exception& e) {
+    comm.abort("rank " + std::to_string(rank) + " failed: " + e.what());
+    throw;
+  }
+}
+
 void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSummary& sum,
                        const std::function<void(const StepReport&)>& on_step) {
   const Dataset& ds = *dataset_;
-  Model& model = *models_[static_cast<size_t>(rank)];
+  Model& model = *models_[world_ ? static_cast<size_t>(rank) : 0];
   MemoryTracker& mem = world_ ? world_->memory(rank) : *memory_;
   const int N = config_.world_size;
   const int64_t C = config_.model.out_features();
@@ -329,6 +401,10 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
     if (on_step) on_step(r);
   }
   model.set_skipped_layer(-1);
+  // Each rank writes what it owns, before the shards are gathered back.
+  if (fsdp && !config_.save_sharded_path.empty())
+    save_sharded_checkpoint(config_.save_sharded_path, model, fsdp->owned_slices(), *comm,
+                            start_step_ + total_steps_, sharding_name(config_.fsdp.sharding));
   if (fsdp) fsdp->materialize();  // every rank gathers the full parameters back (evaluation, --save)
   if (rank == 0) {
     sum.epochs_started = epochs_started;
@@ -338,12 +414,16 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
       sum.buckets_rebuilt = ddp->rebuilt();
     }
   }
+  save_at_end(rank, model, comm);
+}
+
+void Trainer::save_at_end(int rank, const Model& model, Communicator* comm) {
   // Rank 0 writes the checkpoint; the barrier keeps every rank from reading it (or exiting) early.
   if (!config_.save_path.empty() && rank == 0)
     save_checkpoint(config_.save_path, model, start_step_ + total_steps_,
                     {{"optimizer", config_.optimizer.str()}, {"data", config_.data},
                      {"seed", std::to_string(config_.seed)}, {"strategy", config_.strategy},
-                     {"world", std::to_string(N)}});
+                     {"world", std::to_string(config_.world_size)}});
   if (comm && !config_.save_path.empty()) comm->barrier()->wait();
 }
 

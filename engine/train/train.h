@@ -4,6 +4,10 @@
 //           optimizer, gradients averaged by DistributedDataParallel (engine/parallel/ddp.h)
 //   fsdp    N ranks, parameters/gradients/optimizer state sharded by FullyShardedDataParallel
 //           (engine/parallel/fsdp.h) or ZeRO-1
+//   pipeline  p stages x D replicas, each rank running its row of a pipeline schedule over its
+//           stages (engine/parallel/pipeline.h), in its own loop (train_pipeline.cpp)
+// The ranks of ddp and fsdp are threads of this process (backend threads), or this process is one
+// rank of a world of processes started by `dtlab-cli launch` (backend socket).
 // Front ends (CLI, app) configure it with TrainConfig, call run() and receive a StepReport per step.
 // Both strategies run the same per-rank loop, so `single` is exactly DDP's one-rank reference.
 #pragma once
@@ -15,10 +19,12 @@
 #include "engine/core/memory.h"
 #include "engine/core/model.h"
 #include "engine/core/optim.h"
+#include "engine/comm/socket_backend.h"
 #include "engine/comm/threads_backend.h"
 #include "engine/data/dataset.h"
 #include "engine/parallel/ddp.h"
 #include "engine/parallel/fsdp.h"
+#include "engine/parallel/pipeline_stats.h"
 #include "engine/trace/context.h"
 
 namespace dtlab {
@@ -35,8 +41,9 @@ struct TrainConfig {
   uint64_t seed = 0;        // model init (torch.manual_seed) and the sampler's seed
   bool shuffle = true;
   bool drop_last = false;
-  std::string init_path;    // safetensors to start from
+  std::string init_path;    // safetensors to start from, or a sharded checkpoint's directory
   std::string save_path;    // safetensors written at the end (atomically)
+  std::string save_sharded_path;  // fsdp: a directory with one file per rank plus index.json
   int threads = 0;          // BLAS threads; 0 = library default
   std::string trace_path;   // Chrome trace JSON written at the end (atomically)
   bool trace_modeled = false;  // trace timeline on the modeled clock instead of wall time
@@ -50,10 +57,16 @@ struct TrainConfig {
   DdpOptions ddp;
   // fsdp
   FsdpOptions fsdp;
+  // pipeline: world_size must be pipeline.stages x pipeline.dp; `batch` is one replica's batch
+  PipelineOptions pipeline;
   // threads backend (ddp)
   double timeout_s = 30;    // watchdog
   bool start_paused = false;  // stepper starts paused (the app)
   std::vector<Fault> faults;
+  // Where the ranks run: "threads" (every rank a thread of this process) or "socket" (this process
+  // is rank socket.rank of a world of processes, started by `dtlab-cli launch`; ddp and fsdp only).
+  std::string backend = "threads";
+  SocketOptions socket;     // socket: this rank, the world (= world_size) and rank 0's address
 };
 
 struct StepReport {
@@ -68,6 +81,7 @@ struct StepReport {
   int64_t samples = 0;      // this step's samples over every rank and micro-batch
   double overlap = -1;      // ddp: share of all-reduce time hidden behind backward (modeled), mean over ranks
   bool branch_taken = false;  // the model's skip branch was taken this step
+  std::vector<double> bubble;  // pipeline: each world rank's bubble this step (modeled idle / makespan)
 };
 
 struct TrainSummary {
@@ -85,6 +99,7 @@ struct TrainSummary {
   double mean_overlap = -1;       // ddp: mean over synchronised steps
   std::vector<std::string> buckets;  // ddp: the final bucket assignment, one line per bucket
   bool buckets_rebuilt = false;
+  PipelineStats pipeline;         // pipeline: bubbles and in-flight micro-batches per rank
 };
 
 // dtlab::Error unless the data's features equal the model's input width and its classes fit the
@@ -110,11 +125,14 @@ class Trainer {
 
   const TrainConfig& config() const { return config_; }
   const Dataset& dataset() const { return *dataset_; }
-  Model& model() { return *models_[0]; }  // rank 0's replica
+  Model& model() { return *models_[0]; }  // rank 0's replica (socket: this process's rank's)
   Model& rank_model(int rank) { return *models_.at(static_cast<size_t>(rank)); }
   int64_t total_steps() const { return total_steps_; }
   int64_t batches_per_epoch() const { return batches_per_epoch_; }  // per rank
-  int64_t effective_batch() const { return config_.batch * config_.world_size * config_.accum; }
+  int64_t effective_batch() const {
+    return config_.batch * (pipeline_ ? config_.pipeline.dp : config_.world_size) * config_.accum;
+  }
+  const PipelinePlan* pipeline_plan() const { return pipeline_.get(); }  // pipeline: stages and schedule; else null
   MemoryTracker& memory() { return *mem0_; }  // rank 0
   TraceRecorder& recorder() { return *recorder0_; }
   RankContext& context() { return *ctx0_; }   // rank 0
@@ -134,8 +152,13 @@ class Trainer {
   struct RankState;
   void run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSummary& sum,
                 const std::function<void(const StepReport&)>& on_step);
+  void run_socket_rank(TrainSummary& sum, const std::function<void(const StepReport&)>& on_step);
+  void run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, TrainSummary& sum,
+                         const std::function<void(const StepReport&)>& on_step);
+  // Rank 0 writes --save from `model`; then every rank meets at a barrier.
+  void save_at_end(int rank, const Model& model, Communicator* comm);
   TrainConfig config_;
-  // single
+  // single, and socket (this process's one rank)
   std::unique_ptr<MemoryTracker> memory_;
   std::unique_ptr<TraceRecorder> recorder_;
   std::unique_ptr<CostModel> cost_;
@@ -147,6 +170,7 @@ class Trainer {
   TraceRecorder* recorder0_ = nullptr;
   RankContext* ctx0_ = nullptr;
   std::unique_ptr<Dataset> dataset_;
+  std::unique_ptr<PipelinePlan> pipeline_;  // pipeline: models_[0] is the full model, untracked, gathered at the end
   std::vector<std::unique_ptr<Model>> models_;
   std::vector<MemoryStats> rank_memory_;
   double total_samples_ = 0;  // rank 0's count of every rank's samples

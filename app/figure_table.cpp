@@ -1,0 +1,291 @@
+// The live-figure vocabulary: each figure's name, arguments, one line of help and how it is read
+// from the Snapshot (or computed by the engine's planner, step plans, cost model and schedules).
+#include "app/figure_table.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+
+#include "engine/comm/plan.h"
+#include "engine/core/check.h"
+#include "engine/parallel/memory_plan.h"
+#include "engine/parallel/pipeline_schedule.h"
+#include "engine/trace/cost_model.h"
+
+namespace dtlab::app {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& sentence) { throw Error(sentence); }
+
+int index_of(const Arg& a, size_t size, const char* what) {
+  const double v = a.num;
+  if (v != std::floor(v) || v < 0 || v >= static_cast<double>(size))
+    fail(std::string(what) + " " + format_figure(v) + " does not exist (there " + (size == 1 ? "is " : "are ") +
+         std::to_string(size) + ")");
+  return static_cast<int>(v);
+}
+
+const CollectiveView& collective(const Snapshot& s) {
+  if (!s.collective.valid) fail("no collective has run yet");
+  return s.collective;
+}
+
+const BucketView& bucket(const Snapshot& s, const Arg& i) {
+  if (s.buckets.empty()) fail("this run has no DDP buckets yet");
+  return s.buckets[static_cast<size_t>(index_of(i, s.buckets.size(), "bucket"))];
+}
+
+const MemoryStats& memory(const Snapshot& s, const Arg& r) {
+  return s.memory[static_cast<size_t>(index_of(r, s.memory.size(), "rank"))].stats;
+}
+
+const UnitView& unit(const Snapshot& s, const Arg& i) {
+  if (s.units.empty()) fail("this run has no FSDP units");
+  return s.units[static_cast<size_t>(index_of(i, s.units.size(), "unit"))];
+}
+
+const StepPoint& step_point(const Snapshot& s, const Arg& k) {
+  for (const StepPoint& p : s.history)
+    if (static_cast<double>(p.step) == k.num) return p;
+  fail("step " + format_figure(k.num) + " has not run (" + std::to_string(s.history.size()) + " steps so far)");
+}
+
+const StepPoint& last_step(const Snapshot& s) {
+  if (s.history.empty()) fail("no optimizer step has run yet");
+  return s.history.back();
+}
+
+// Bytes rank `rank` sent (or received) in collective #seq so far, from the engine's step events.
+double collective_bytes(const Snapshot& s, uint64_t seq, int rank, bool sent) {
+  int64_t b = 0;
+  for (size_t r = 0; r < s.events.size(); r++)
+    for (const Event& e : s.events[r])
+      if (e.kind == EventKind::RingStep && e.step.seq == seq &&
+          (sent ? e.step.src == rank : static_cast<int>(r) == rank))
+        b += e.step.bytes;
+  return static_cast<double>(b);
+}
+
+// Rank 0's events of iteration `iter` that `keep` accepts (the snapshot keeps the last few iterations).
+template <class Keep>
+double count_events(const Snapshot& s, double iter, Keep keep) {
+  if (s.events.empty()) return 0;
+  return static_cast<double>(std::count_if(s.events[0].begin(), s.events[0].end(), [&](const Event& e) {
+    return static_cast<double>(e.iteration) == iter && keep(e);
+  }));
+}
+
+// The watchdog's diagnosis names who arrived and who is missing: "ranks 0, 1 arrived (in that
+// order); ranks 2, 3 missing".
+std::vector<int> diagnosed_ranks(const Snapshot& s, bool missing) {
+  const std::string& e = s.error;
+  size_t at = missing ? e.find(" missing") : e.find(" arrived (in that order)");
+  if (at == std::string::npos) return {};
+  size_t from = missing ? e.rfind("; rank", at) : e.rfind(": ranks ", at);
+  if (from == std::string::npos) return {};
+  std::vector<int> out;
+  for (size_t i = from; i < at; i++)
+    if (std::isdigit(static_cast<unsigned char>(e[i]))) {
+      size_t j = i;
+      while (j < at && std::isdigit(static_cast<unsigned char>(e[j]))) j++;
+      out.push_back(std::stoi(e.substr(i, j - i)));
+      i = j;
+    }
+  return out;
+}
+
+Sharding sharding_arg(const Arg& a) { return parse_sharding(a.str); }
+
+double plan_field(const Args& a, double MemoryPlan::*field) {
+  MemoryPlanInput in;
+  in.params = a[0].num;
+  in.world = static_cast<int>(a[1].num);
+  in.sharding = sharding_arg(a[2]);
+  in.dtype = a.size() > 3 ? parse_plan_dtype(a[3].str) : PlanDType::Fp32;
+  in.optimizer = OptimizerKind::AdamW;
+  return plan_memory(in).*field;
+}
+
+// Bytes each rank sends in an all-reduce of `bytes` by the engine's own step plan.
+std::vector<double> algo_sent(const Args& a) {
+  const Algorithm algo = parse_algorithm(a[0].str);
+  const int n = static_cast<int>(a[1].num);
+  if (n < 1 || n > 64) fail("algo: world " + format_figure(a[1].num) + " is out of range 1..64");
+  const bool chunked = algo == Algorithm::Ring;
+  std::vector<double> sent(static_cast<size_t>(n), 0.0);
+  for (int s = 0; s < algorithm_step_count(CollectiveOp::AllReduce, algo, n); s++)
+    for (const StepTransfer& t : algorithm_step_plan(CollectiveOp::AllReduce, algo, n, 0, s))
+      sent[static_cast<size_t>(t.src)] += chunked ? a[2].num / n : a[2].num;
+  return sent;
+}
+
+// (KIND, P, M, ...): the generated schedule with v stages per rank.
+PipelineSchedule schedule_arg(const Args& a, int v) {
+  return make_schedule(parse_schedule_kind(a[0].str), static_cast<int>(a[1].num), static_cast<int>(a[2].num), v);
+}
+int chunks_arg(const Args& a) { return a.size() > 3 ? static_cast<int>(a[3].num) : 1; }
+
+}  // namespace
+
+const Snapshot& marked(const FigureScope& sc, const std::string& name) {
+  if (sc.marks)
+    if (auto it = sc.marks->find(name); it != sc.marks->end()) return it->second;
+  fail("no `mark " + name + "` has run before this");
+}
+
+const std::vector<Entry>& entries() {
+  using S = const Snapshot&;
+  using A = const Args&;
+  auto b = [](bool x) { return x ? 1.0 : 0.0; };
+  auto d = [](int64_t x) { return static_cast<double>(x); };
+  static const std::vector<Entry> table = {
+      // the run
+      {"world", "", "ranks in the run", [](S s, A) { return double(s.config.world); }},
+      {"batch", "", "samples per rank per micro-batch", [d](S s, A) { return d(s.config.batch); }},
+      {"accum", "", "micro-batches per optimizer step (gradient accumulation)", [d](S s, A) { return d(s.config.accum); }},
+      {"effective_batch", "", "batch x world x accum", [d](S s, A) { return d(s.config.batch * s.config.world * s.config.accum); }},
+      {"params", "", "parameters of the running model (Ψ)", [d](S s, A) { return d(s.config.num_params); }},
+      {"bucket_cap", "", "DDP bucket cap in bytes", [d](S s, A) { return d(s.config.bucket_cap_bytes); }},
+      {"step", "", "optimizer steps done", [d](S s, A) { return d(s.step); }},
+      {"iteration", "", "rank 0's current iteration (0-based)", [](S s, A) { return double(s.iteration); }},
+      {"epoch", "", "the sampler's epoch", [d](S s, A) { return d(s.data.epoch); }},
+      {"run.failed", "", "1 once the run failed (watchdog, desync)", [b](S s, A) { return b(!s.error.empty()); }},
+      {"run.finished", "", "1 once every step ran", [b](S s, A) { return b(s.finished); }},
+      {"watchdog.arrived", "", "ranks the watchdog saw arrive at the stuck collective", [](S s, A) { return double(diagnosed_ranks(s, false).size()); }},
+      {"watchdog.arrived[I]", "n", "the I-th rank to arrive there", [](S s, A a) { auto v = diagnosed_ranks(s, false); return double(v[static_cast<size_t>(index_of(a[0], v.size(), "arrived rank"))]); }},
+      {"watchdog.missing", "", "ranks the watchdog names missing (0 when none)", [](S s, A) { return double(diagnosed_ranks(s, true).size()); }},
+      {"watchdog.missing[I]", "n", "the I-th missing rank", [](S s, A a) { auto v = diagnosed_ranks(s, true); return double(v[static_cast<size_t>(index_of(a[0], v.size(), "missing rank"))]); }},
+      {"watchdog.bucket", "", "the DDP bucket the reducer waited for in vain (-1: none)", [](S s, A) {
+         size_t at = s.error.find(" for bucket ");
+         return at == std::string::npos ? -1.0 : std::atof(s.error.c_str() + at + 12); }},
+      // the collective the ring view shows
+      {"collective.seq", "", "its sequence number (#0 is the first of the run)", [d](S s, A) { return d(static_cast<int64_t>(collective(s).seq)); }},
+      {"collective.is(OP)", "s", "1 if it is OP: allreduce, allgather, reduce_scatter, broadcast, barrier, ...", [b](S s, A a) { return b(a[0].str == collective_name(collective(s).op)); }},
+      {"collective.bytes", "", "payload S in bytes (the whole buffer of an all-reduce)", [d](S s, A) { return d(collective(s).bytes); }},
+      {"collective.count", "", "elements per rank buffer", [d](S s, A) { return d(collective(s).count); }},
+      {"collective.steps", "", "algorithm steps: 2(n-1) for a ring all-reduce", [](S s, A) { return double(collective(s).steps); }},
+      {"collective.steps_done", "", "steps every rank has finished", [](S s, A) { return double(collective(s).steps_done); }},
+      {"collective.in_flight", "", "1 while some rank is inside it", [b](S s, A) { return b(collective(s).in_flight); }},
+      {"collective.arrived", "", "ranks that arrived (while in flight)", [](S s, A) { return double(collective(s).arrived.size()); }},
+      {"collective.arrived[I]", "n", "the I-th rank to arrive", [](S s, A a) { auto& v = collective(s).arrived; return double(v[static_cast<size_t>(index_of(a[0], v.size(), "arrived rank"))]); }},
+      {"collective.missing", "", "ranks not arrived yet", [](S s, A) { return double(collective(s).missing.size()); }},
+      {"collective.missing[I]", "n", "the I-th missing rank", [](S s, A a) { auto& v = collective(s).missing; return double(v[static_cast<size_t>(index_of(a[0], v.size(), "missing rank"))]); }},
+      {"collective.sent(R)", "n", "bytes rank R sent in it so far (from the engine's step events)", [](S s, A a) { return collective_bytes(s, collective(s).seq, static_cast<int>(a[0].num), true); }},
+      {"collective.received(R)", "n", "bytes rank R received in it so far", [](S s, A a) { return collective_bytes(s, collective(s).seq, static_cast<int>(a[0].num), false); }},
+      {"sent(SEQ, R)", "nn", "bytes rank R sent in collective #SEQ (of the last few iterations), e.g. once it finished", [](S s, A a) { return collective_bytes(s, static_cast<uint64_t>(a[0].num), static_cast<int>(a[1].num), true); }},
+      {"collective.bytes_per_rank", "", "bytes the busiest rank sent in it so far", [](S s, A) {
+         double m = 0;
+         for (int r = 0; r < collective(s).world; r++) m = std::max(m, collective_bytes(s, collective(s).seq, r, true));
+         return m; }},
+      {"collective.cell(R, C)", "nn", "ranks' contributions chunk C holds on rank R", [](S s, A a) {
+         const auto& cv = collective(s);
+         const auto& row = cv.cells[static_cast<size_t>(index_of(a[0], cv.cells.size(), "rank"))];
+         return double(row[static_cast<size_t>(index_of(a[1], row.size(), "chunk"))]); }},
+      {"collective.predicted_us", "", "the cost model's time on the run's hardware profile, µs", [](S s, A) { return collective(s).predicted_s * 1e6; }},
+      {"collective.algbw", "", "algorithm bandwidth, GB/s (bytes / time)", [](S s, A) { return collective(s).algbw_gbs; }},
+      {"collective.busbw", "", "bus bandwidth, GB/s (algbw x 2(n-1)/n for all-reduce)", [](S s, A) { return collective(s).busbw_gbs; }},
+      // DDP buckets (rank 0's reducer)
+      {"bucket.count", "", "DDP buckets", [](S s, A) { return double(s.buckets.size()); }},
+      {"bucket.of(NAME)", "s", "the bucket holding parameter NAME, e.g. \"2.weight\" (-1: none)", [](S s, A a) {
+         for (const BucketView& bv : s.buckets)
+           for (const BucketParam& p : bv.params)
+             if (p.name == a[0].str) return double(bv.index);
+         return -1.0; }},
+      {"bucket[I].bytes", "n", "its size in bytes", [d](S s, A a) { return d(bucket(s, a[0]).bytes); }},
+      {"bucket[I].params", "n", "parameters in it", [](S s, A a) { return double(bucket(s, a[0]).params.size()); }},
+      {"bucket[I].ready", "n", "1 once every gradient in it is ready (ready, launched, reducing or done)", [b](S s, A a) { return b(bucket(s, a[0]).state >= BucketState::Ready); }},
+      {"bucket[I].launched", "n", "1 once its all-reduce is issued", [b](S s, A a) { return b(bucket(s, a[0]).state >= BucketState::Launched); }},
+      {"bucket[I].done", "n", "1 once its all-reduce finished", [b](S s, A a) { return b(bucket(s, a[0]).state == BucketState::Done); }},
+      {"bucket[I].launch_order", "n", "its launch position in this backward pass (-1: not launched)", [](S s, A a) { return double(bucket(s, a[0]).launch_order); }},
+      {"buckets.ready", "", "buckets ready or further along", [](S s, A) { return double(std::count_if(s.buckets.begin(), s.buckets.end(), [](const BucketView& v) { return v.state >= BucketState::Ready; })); }},
+      {"buckets.done", "", "buckets whose all-reduce finished", [](S s, A) { return double(std::count_if(s.buckets.begin(), s.buckets.end(), [](const BucketView& v) { return v.state == BucketState::Done; })); }},
+      // memory per rank, bytes now
+      {"memory.rank[R].parameters", "n", "parameter bytes (FSDP: the shard)", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::Parameters)); }},
+      {"memory.rank[R].gradients", "n", "gradient bytes", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::Gradients)); }},
+      {"memory.rank[R].optimizer", "n", "optimizer state bytes", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::OptimizerState)); }},
+      {"memory.rank[R].activations", "n", "activation bytes", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::Activations)); }},
+      {"memory.rank[R].comm", "n", "communication buffers (DDP buckets)", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::CommBuffers)); }},
+      {"memory.rank[R].gathered", "n", "FSDP: unsharded parameters gathered now", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::GatheredParameters)); }},
+      {"memory.rank[R].total", "n", "everything the rank holds now", [d](S s, A a) { return d(memory(s, a[0]).total_current); }},
+      {"memory.rank[R].peak", "n", "the iteration's peak", [d](S s, A a) { return d(memory(s, a[0]).total_peak); }},
+      // training history (rank 0's reports: means over every rank's samples)
+      {"history.count", "", "optimizer steps reported", [](S s, A) { return double(s.history.size()); }},
+      {"history.last.loss", "", "loss of the last step (before its update)", [](S s, A) { return double(last_step(s).loss); }},
+      {"history.last.accuracy", "", "accuracy of the last step", [](S s, A) { return last_step(s).accuracy; }},
+      {"history.last.overlap", "", "share of all-reduce time hidden behind backward in the last step", [](S s, A) { return last_step(s).overlap; }},
+      {"count.micro_batches(I)", "n", "forward+backward passes rank 0 ran in iteration I (losses computed)", [](S s, A a) {
+         return count_events(s, a[0].num, [](const Event& e) { return e.kind == EventKind::Compute && e.compute.kind == ComputeKind::Loss; }); }},
+      {"count.bucket_allreduces(I)", "n", "bucket all-reduces rank 0 launched in iteration I", [](S s, A a) {
+         return count_events(s, a[0].num, [](const Event& e) { return e.kind == EventKind::BucketLaunch; }); }},
+      {"loss(K)", "n", "loss of step K (1-based)", [](S s, A a) { return double(step_point(s, a[0]).loss); }},
+      {"accuracy(K)", "n", "accuracy of step K", [](S s, A a) { return step_point(s, a[0]).accuracy; }},
+      // data and the DistributedSampler
+      {"data.n", "", "samples in the data set", [d](S s, A) { return d(s.data.n); }},
+      {"data.owned(R)", "n", "samples the sampler gives rank R in the shown epoch", [](S s, A a) { return double(std::count(s.data.owner.begin(), s.data.owner.end(), static_cast<int16_t>(a[0].num))); }},
+      {"data.set_epoch", "", "1 when set_epoch is called every epoch", [b](S s, A) { return b(s.data.set_epoch); }},
+      {"data.same_owner(MARK)", "s", "samples whose rank is the same now as when `mark MARK` ran", nullptr, [](const FigureScope& sc, A a) {
+         const auto& now = sc.now->data.owner;
+         const auto& then = marked(sc, a[0].str).data.owner;
+         double same = 0;
+         for (size_t i = 0; i < std::min(now.size(), then.size()); i++) same += now[i] == then[i] ? 1 : 0;
+         return same; }},
+      // FSDP units
+      {"unit.count", "", "FSDP units (flat parameters)", [](S s, A) { return double(s.units.size()); }},
+      {"unit[I].numel", "n", "elements of its flat parameter", [d](S s, A a) { return d(unit(s, a[0]).numel); }},
+      {"unit[I].shard", "n", "elements each rank keeps (ceil(numel / ranks))", [d](S s, A a) { return d(unit(s, a[0]).chunk); }},
+      {"unit[I].gathered", "n", "ranks holding its full parameters now", [](S s, A a) { auto& g = unit(s, a[0]).gathered; return double(std::count(g.begin(), g.end(), 1)); }},
+      // formulas, from the engine's planner, cost model, step plans and schedules
+      {"plan.total(P, N, SHARDING, DTYPE?)", "nns|s", "bytes per rank for P parameters on N ranks (AdamW; SHARDING no-shard, zero1, grad-op, full; DTYPE fp32 (default) or mixed)", [](S, A a) { return plan_field(a, &MemoryPlan::total); }},
+      {"plan.parameters(P, N, SHARDING, DTYPE?)", "nns|s", "of which parameters", [](S, A a) { return plan_field(a, &MemoryPlan::parameters); }},
+      {"plan.gradients(P, N, SHARDING, DTYPE?)", "nns|s", "of which gradients", [](S, A a) { return plan_field(a, &MemoryPlan::gradients); }},
+      {"plan.optimizer(P, N, SHARDING, DTYPE?)", "nns|s", "of which optimizer state", [](S, A a) { return plan_field(a, &MemoryPlan::optimizer_state); }},
+      {"plan.comm(P, N, SHARDING, DTYPE?)", "nns|s", "bytes each rank sends per step", [](S, A a) { return plan_field(a, &MemoryPlan::comm_bytes); }},
+      {"algo.steps(ALGO, N)", "sn", "steps of an all-reduce with ALGO (ring, tree, naive) on N ranks", [](S, A a) { return double(algorithm_step_count(CollectiveOp::AllReduce, parse_algorithm(a[0].str), static_cast<int>(a[1].num))); }},
+      {"algo.sent(ALGO, N, BYTES, R)", "snnn", "bytes rank R sends in an all-reduce of BYTES", [](S, A a) { auto v = algo_sent(a); return v[static_cast<size_t>(index_of(a[3], v.size(), "rank"))]; }},
+      {"algo.busiest(ALGO, N, BYTES)", "snn", "bytes the busiest rank sends in it", [](S, A a) { auto v = algo_sent(a); return *std::max_element(v.begin(), v.end()); }},
+      {"cost.allreduce_us(PROFILE, N, BYTES)", "snn", "ring all-reduce time on a hardware profile (nvlink8, pcie8, ib2x4, eth2x4), µs", [](S, A a) {
+         return CostModel(find_profile(a[0].str), static_cast<int>(a[1].num)).collective_time(CollectiveOp::AllReduce, Algorithm::Ring, a[2].num) * 1e6; }},
+      {"link.gbs(PROFILE, WHICH)", "ss", "bandwidth of a profile's \"intra\" (inside a node) or \"inter\" (between nodes) link, GB/s", [](S, A a) {
+         const HardwareProfile p = find_profile(a[0].str);
+         if (a[1].str != "intra" && a[1].str != "inter") fail("link.gbs takes \"intra\" or \"inter\", not \"" + a[1].str + "\"");
+         return 1.0 / (a[1].str == "intra" ? p.intra : p.inter).beta / 1e9; }},
+      {"schedule.bubble(KIND, P, M, V?)", "snn|n", "idle share of the makespan by formula: (p-1)/(m+p-1) for gpipe and 1f1b", [](S, A a) {
+         return formula_bubble(parse_schedule_kind(a[0].str), static_cast<int>(a[1].num), static_cast<int>(a[2].num), chunks_arg(a)).of_wall; }},
+      {"schedule.bubble_of_ideal(KIND, P, M, V?)", "snn|n", "idle over compute alone: (p-1)/m for gpipe and 1f1b", [](S, A a) {
+         return formula_bubble(parse_schedule_kind(a[0].str), static_cast<int>(a[1].num), static_cast<int>(a[2].num), chunks_arg(a)).of_ideal; }},
+      {"schedule.measured_bubble(KIND, P, M, V?)", "snn|n", "rank 0's idle share when the generated schedule is simulated", [](S, A a) { return simulate(schedule_arg(a, chunks_arg(a))).bubble.at(0); }},
+      {"schedule.steps(KIND, P, M, V?)", "snn|n", "time steps of the generated grid", [](S, A a) { return double(num_steps(schedule_arg(a, chunks_arg(a)))); }},
+      {"schedule.peak(KIND, P, M, R)", "snnn", "rank R's peak micro-batches in flight (activations held)", [](S, A a) { return double(measured_peak_inflight(schedule_arg(a, 1), static_cast<int>(a[3].num))); }},
+      // arithmetic
+      {"min(A, B)", "nn", "the smaller", [](S, A a) { return std::min(a[0].num, a[1].num); }},
+      {"max(A, B)", "nn", "the larger", [](S, A a) { return std::max(a[0].num, a[1].num); }},
+      {"abs(X)", "n", "absolute value", [](S, A a) { return std::fabs(a[0].num); }},
+      {"round(X)", "n", "nearest whole number", [](S, A a) { return std::round(a[0].num); }},
+  };
+  return table;
+}
+
+std::string signature_of(const std::string& name) {
+  std::string out;
+  int depth = 0;
+  for (char c : name) {
+    if (c == '[' || c == '(') {
+      if (depth++ == 0) out += c;
+    } else if (c == ']' || c == ')') {
+      if (--depth == 0) out += c;
+    } else if (depth == 0) {
+      out += c;
+    }
+  }
+  return out;
+}
+
+const Entry* find_entry(const std::string& sig) {
+  for (const Entry& e : entries())
+    if (signature_of(e.name) == sig) return &e;
+  return nullptr;
+}
+
+}  // namespace dtlab::app

@@ -1,0 +1,325 @@
+#include "app/figures.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+
+#include "app/figure_table.h"
+#include "engine/core/check.h"
+
+namespace dtlab::app {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& sentence) { throw Error(sentence); }
+
+}  // namespace
+
+// ---- the expression tree ----
+
+struct Figure::Node {
+  enum Kind { Num, Str, Path, Neg, Not, Bin, At } kind = Num;
+  double num = 0;
+  std::string str;                 // Str: the text; Path: its signature; Bin: the operator; At: the mark
+  const Entry* entry = nullptr;    // Path
+  std::vector<std::shared_ptr<const Node>> kids;  // Path: its arguments; Bin: (l, r); Neg/Not/At: (x)
+};
+
+namespace {
+
+using NodeP = std::shared_ptr<const Figure::Node>;
+
+class Parser {
+ public:
+  explicit Parser(const std::string& t) : t_(t) {}
+  NodeP parse() {
+    NodeP n = binary();
+    skip();
+    if (p_ < t_.size()) error("unexpected '" + t_.substr(p_, 1) + "'");
+    return n;
+  }
+
+ private:
+  [[noreturn]] void error(const std::string& what) {
+    fail(what + " at column " + std::to_string(p_ + 1) + " of '" + t_ + "'");
+  }
+  void skip() {
+    while (p_ < t_.size() && std::isspace(static_cast<unsigned char>(t_[p_]))) p_++;
+  }
+  bool eat(const char* tok) {
+    skip();
+    const size_t n = std::char_traits<char>::length(tok);
+    if (t_.compare(p_, n, tok) != 0) return false;
+    // "<" must not swallow the first half of "<=", "!" not of "!=".
+    if (n == 1 && p_ + 1 < t_.size() && t_[p_ + 1] == '=' && std::string("<>!=").find(tok[0]) != std::string::npos) return false;
+    p_ += n;
+    return true;
+  }
+  void expect(const char* tok) {
+    if (!eat(tok)) error(std::string("expected '") + tok + "'");
+  }
+  static NodeP bin(const std::string& op, NodeP l, NodeP r) {
+    auto n = std::make_shared<Figure::Node>();
+    n->kind = Figure::Node::Bin;
+    n->str = op;
+    n->kids = {std::move(l), std::move(r)};
+    return n;
+  }
+  // Binary operators, loosest first; each level joins operands of the next one, left to right.
+  NodeP binary(size_t level = 0) {
+    static const std::vector<std::vector<const char*>> kLevels = {
+        {"||"}, {"&&"}, {"==", "!=", "<=", ">=", "<", ">"}, {"+", "-"}, {"*", "/"}};
+    if (level == kLevels.size()) return unary();
+    NodeP l = binary(level + 1);
+    for (bool more = true; more;) {
+      more = false;
+      for (const char* op : kLevels[level])
+        if (eat(op)) {
+          l = bin(op, l, binary(level + 1));
+          more = true;
+          break;
+        }
+    }
+    return l;
+  }
+  NodeP unary() {
+    if (eat("-") || eat("!")) {
+      auto n = std::make_shared<Figure::Node>();
+      n->kind = t_[p_ - 1] == '-' ? Figure::Node::Neg : Figure::Node::Not;
+      n->kids = {unary()};
+      return n;
+    }
+    skip();
+    if (p_ >= t_.size()) error("a value is missing");
+    const char c = t_[p_];
+    if (eat("(")) {
+      NodeP n = binary();
+      expect(")");
+      return n;
+    }
+    if (std::isdigit(static_cast<unsigned char>(c)) || c == '.') return number();
+    if (c == '"' || c == '\'') return string();
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') return path();
+    error("unexpected '" + std::string(1, c) + "'");
+  }
+  NodeP number() {
+    const char* b = t_.c_str() + p_;
+    char* e = nullptr;
+    const double v = std::strtod(b, &e);
+    if (e == b) error("bad number");
+    p_ += static_cast<size_t>(e - b);
+    auto n = std::make_shared<Figure::Node>();
+    n->num = v;
+    return n;
+  }
+  NodeP string() {
+    const char q = t_[p_++];
+    const size_t end = t_.find(q, p_);
+    if (end == std::string::npos) error("the string is not closed");
+    auto n = std::make_shared<Figure::Node>();
+    n->kind = Figure::Node::Str;
+    n->str = t_.substr(p_, end - p_);
+    p_ = end + 1;
+    return n;
+  }
+  std::string name() {
+    skip();
+    const size_t b = p_;
+    while (p_ < t_.size() && (std::isalnum(static_cast<unsigned char>(t_[p_])) || t_[p_] == '_')) p_++;
+    if (b == p_) error("expected a name");
+    return t_.substr(b, p_ - b);
+  }
+  NodeP path() {
+    auto n = std::make_shared<Figure::Node>();
+    n->kind = Figure::Node::Path;
+    std::string sig = name();
+    if (sig == "at" && eat("(")) {  // at("mark", expr): expr on the snapshot `mark NAME` kept
+      NodeP m = string_arg();
+      expect(",");
+      n->kind = Figure::Node::At;
+      n->str = m->str;
+      n->kids = {binary()};
+      expect(")");
+      return n;
+    }
+    for (;;) {
+      if (eat(".")) {
+        sig += "." + name();
+      } else if (eat("[")) {
+        sig += "[]";
+        n->kids.push_back(binary());
+        expect("]");
+      } else if (eat("(")) {
+        sig += "()";
+        if (!eat(")")) {
+          do n->kids.push_back(arg());
+          while (eat(","));
+          expect(")");
+        }
+      } else {
+        break;
+      }
+    }
+    n->str = sig;
+    n->entry = find_entry(sig);
+    if (!n->entry) {
+      std::vector<std::string> sigs;
+      for (const Entry& e : entries()) sigs.push_back(signature_of(e.name));
+      const std::string near = closest_word(sig, sigs);
+      const Entry* e = near.empty() ? nullptr : find_entry(near);
+      fail("unknown live figure '" + sig + "'" +
+           (e ? "; did you mean '" + std::string(e->name) + "'?" : "; lessons/README.md lists the figures"));
+    }
+    const std::string types = n->entry->types;
+    const size_t bar = types.find('|');
+    const size_t required = bar == std::string::npos ? types.size() : bar;
+    const size_t most = types.size() - (bar == std::string::npos ? 0 : 1);
+    if (n->kids.size() < required || n->kids.size() > most)
+      fail("'" + sig + "' is written " + n->entry->name);
+    for (size_t i = 0, k = 0; i < types.size() && k < n->kids.size(); i++) {
+      if (types[i] == '|') continue;
+      const bool want_str = types[i] == 's';
+      if (want_str != (n->kids[k]->kind == Figure::Node::Str))
+        fail(std::string("argument ") + std::to_string(k + 1) + " of " + n->entry->name + (want_str ? " is a \"quoted\" name" : " is a number"));
+      k++;
+    }
+    return n;
+  }
+  NodeP string_arg() {
+    skip();
+    if (p_ >= t_.size() || (t_[p_] != '"' && t_[p_] != '\'')) error("expected a \"quoted\" name");
+    return string();
+  }
+  NodeP arg() {
+    skip();
+    if (p_ < t_.size() && (t_[p_] == '"' || t_[p_] == '\'')) return string();
+    return binary();
+  }
+
+  const std::string& t_;
+  size_t p_ = 0;
+};
+
+double eval_node(const Figure::Node& n, const FigureScope& sc);
+
+double eval_path(const Figure::Node& n, const FigureScope& sc) {
+  Args args;
+  for (const auto& k : n.kids) {
+    Arg a;
+    if (k->kind == Figure::Node::Str) a.is_str = true, a.str = k->str;
+    else a.num = eval_node(*k, sc);
+    args.push_back(a);
+  }
+  try {
+    return n.entry->scoped ? n.entry->scoped(sc, args) : n.entry->fn(*sc.now, args);
+  } catch (const Error& e) {
+    fail(n.str + ": " + e.what());
+  }
+}
+
+double eval_node(const Figure::Node& n, const FigureScope& sc) {
+  switch (n.kind) {
+    case Figure::Node::Num: return n.num;
+    case Figure::Node::Str: fail("\"" + n.str + "\" is a name, not a number");
+    case Figure::Node::Path: return eval_path(n, sc);
+    case Figure::Node::Neg: return -eval_node(*n.kids[0], sc);
+    case Figure::Node::Not: return eval_node(*n.kids[0], sc) == 0 ? 1 : 0;
+    case Figure::Node::At: {
+      FigureScope then{&marked(sc, n.str), sc.marks};
+      return eval_node(*n.kids[0], then);
+    }
+    case Figure::Node::Bin: break;
+  }
+  const double l = eval_node(*n.kids[0], sc);
+  if (n.str == "&&" && l == 0) return 0;
+  if (n.str == "||" && l != 0) return 1;
+  const double r = eval_node(*n.kids[1], sc);
+  const std::string& op = n.str;
+  if (op == "+") return l + r;
+  if (op == "-") return l - r;
+  if (op == "*") return l * r;
+  if (op == "/") {
+    if (r == 0) fail("division by zero in a figure");
+    return l / r;
+  }
+  if (op == "==") return l == r;
+  if (op == "!=") return l != r;
+  if (op == "<") return l < r;
+  if (op == "<=") return l <= r;
+  if (op == ">") return l > r;
+  if (op == ">=") return l >= r;
+  return (l != 0) && (r != 0);  // && and || with both sides evaluated
+}
+
+void explain_node(const Figure::Node& n, const FigureScope& sc, std::string& out) {
+  if (n.kind == Figure::Node::Path && n.entry && std::string(n.entry->types).empty()) {
+    std::string v;
+    try {
+      v = format_figure(eval_node(n, sc));
+    } catch (const Error&) {
+      v = "(none)";
+    }
+    const std::string item = n.str + " = " + v;
+    if (out.find(item) == std::string::npos) out += (out.empty() ? "" : ", ") + item;
+  }
+  if (n.kind != Figure::Node::At)
+    for (const auto& k : n.kids) explain_node(*k, sc, out);
+}
+
+}  // namespace
+
+Figure Figure::parse(const std::string& text) {
+  Figure f;
+  f.text_ = text;
+  f.root_ = Parser(text).parse();
+  return f;
+}
+
+double Figure::eval(const FigureScope& scope) const {
+  DTLAB_CHECK(root_ && scope.now, "evaluate a parsed figure on a snapshot");
+  return eval_node(*root_, scope);
+}
+
+std::string Figure::explain(const FigureScope& scope) const {
+  std::string out;
+  if (root_) explain_node(*root_, scope, out);
+  return out;
+}
+
+const std::vector<FigureInfo>& figure_vocabulary() {
+  static const std::vector<FigureInfo> v = [] {
+    std::vector<FigureInfo> out;
+    for (const Entry& e : entries()) out.push_back({e.name, e.help});
+    return out;
+  }();
+  return v;
+}
+
+std::string format_figure(double v) {
+  char buf[64];
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15) std::snprintf(buf, sizeof buf, "%.0f", v);
+  else std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+std::string closest_word(const std::string& word, const std::vector<std::string>& options) {
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); j++) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); i++) {
+      cur[0] = i;
+      for (size_t j = 1; j <= b.size(); j++)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      std::swap(prev, cur);
+    }
+    return prev[b.size()];
+  };
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const std::string& o : options)
+    if (const size_t dd = distance(word, o); dd < best_d) best = o, best_d = dd;
+  return best_d <= std::max<size_t>(1, word.size() / 3) ? best : "";
+}
+
+}  // namespace dtlab::app

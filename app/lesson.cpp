@@ -1,0 +1,430 @@
+#include "app/lesson.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace dtlab::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string> kHeaderKeys = {"title", "minutes", "summary", "scenario"};
+// dtlab flags a header may set as `key: value` (others are accepted too, through `scenario:`); the
+// list only feeds "did you mean". Flags about the window, scripts and lessons are refused below.
+const std::vector<std::string> kScenarioFlags = {
+    "strategy", "world", "model", "data", "batch", "steps", "accum", "optimizer", "lr", "bucket-cap-mb",
+    "first-bucket-mb", "find-unused-parameters", "sharding", "node-size", "wrap", "backward-prefetch",
+    "forward-prefetch", "skip-layer", "skip-every", "profile", "seed", "timeout", "clock", "fault"};
+const std::vector<std::string> kNotScenario = {"--script", "--run", "--screenshot", "--frames", "--bench-frames",
+                                               "--presentation", "--running", "--speed", "--width", "--height",
+                                               "--config-dir", "--lesson", "--play", "--help", "-h", "--version"};
+const std::vector<std::string> kQuestionKeys = {"ask", "choice", "answer", "expect", "tolerance", "unit", "reveal", "explain"};
+const std::vector<std::string> kActionWords = {"step", "run", "pause", "wait", "view", "clock", "set_epoch", "speed",
+                                               "presentation", "reset", "set", "inject", "scenario", "mark", "expect"};
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return {};
+  return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
+}
+
+std::vector<std::string> words(const std::string& s) {
+  std::vector<std::string> w;
+  std::istringstream is(s);
+  for (std::string x; is >> x;) w.push_back(x);
+  return w;
+}
+
+bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+
+// "key: value" with key a bare word; false for anything else.
+bool split_key(const std::string& line, std::string& key, std::string& value) {
+  const size_t colon = line.find(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  key = trim(line.substr(0, colon));
+  if (key.empty() || !std::all_of(key.begin(), key.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; }))
+    return false;
+  value = trim(line.substr(colon + 1));
+  return true;
+}
+
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& options) {
+  const std::string near = closest_word(word, options);
+  return near.empty() ? "" : "; did you mean '" + near + "'?";
+}
+
+// A scripted-run parse error says "ORIGIN command N 'line': WHAT; commands: ..."; a lesson wants WHAT.
+std::string script_reason(const std::string& message) {
+  size_t b = message.find("': ");
+  b = b == std::string::npos ? 0 : b + 3;
+  const size_t e = message.find("; commands:", b);
+  return message.substr(b, e == std::string::npos ? std::string::npos : e - b);
+}
+
+// ---- the question block ----
+
+double parse_number(const std::string& s, const std::string& what) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v)) throw Error(what + " '" + s + "' is not a number");
+  return v;
+}
+
+Question parse_question(const std::vector<std::pair<int, std::string>>& lines, int line, Lesson& lesson) {
+  Question q;
+  q.line = line;
+  std::string key, value;
+  std::vector<std::pair<int, std::string>> explain_lines;
+  auto at = [&](int l, auto&& f) {
+    try {
+      f();
+    } catch (const LessonError&) {
+      throw;
+    } catch (const Error& e) {
+      throw LessonError(lesson.path, l, e.what());
+    }
+  };
+  for (const auto& [l, raw] : lines) {
+    if (trim(raw).empty() || starts_with(trim(raw), "#")) continue;
+    if (std::isspace(static_cast<unsigned char>(raw[0]))) {  // a continuation of `ask:` or `explain:`
+      if (key == "ask") q.ask += " " + trim(raw);
+      else if (key == "explain") explain_lines.push_back({l, trim(raw)});
+      else throw LessonError(lesson.path, l, "only ask: and explain: continue on indented lines");
+      continue;
+    }
+    if (!split_key(raw, key, value) || std::find(kQuestionKeys.begin(), kQuestionKeys.end(), key) == kQuestionKeys.end())
+      throw LessonError(lesson.path, l, "unknown question key '" + (split_key(raw, key, value) ? key : trim(raw)) + "'" +
+                                            did_you_mean(key, kQuestionKeys) + " (keys: ask, choice, answer, expect, tolerance, unit, reveal, explain)");
+    at(l, [&] {
+      if (key == "ask") q.ask = value;
+      else if (key == "choice") {
+        Choice c;
+        const size_t eq = value.rfind(" = ");
+        c.text = trim(value.substr(0, eq));
+        c.value = Figure::parse(eq == std::string::npos ? std::to_string(q.choices.size() + 1) : trim(value.substr(eq + 3)));
+        q.choices.push_back(c);
+      } else if (key == "answer") q.answer = Figure::parse(value);
+      else if (key == "expect") q.expect = Figure::parse(value);
+      else if (key == "unit") q.unit = value;
+      else if (key == "tolerance") {
+        if (!value.empty() && value.back() == '%') q.tol_rel = parse_number(value.substr(0, value.size() - 1), "tolerance") / 100;
+        else q.tol_abs = parse_number(value, "tolerance");
+      } else if (key == "reveal") {
+        LessonAction a = parse_lesson_action(value);
+        a.line = l;
+        q.reveal.push_back(a);
+      } else if (key == "explain") {
+        explain_lines.push_back({l, value});
+      }
+    });
+  }
+  if (q.ask.empty()) throw LessonError(lesson.path, line, "the question has no ask: line");
+  q.ask_prose = parse_prose({{line, q.ask}}, lesson);
+  if (q.answer.empty()) throw LessonError(lesson.path, line, "the question has no answer: (the live figure to reveal, e.g. answer: collective.steps)");
+  if (q.choices.size() == 1) throw LessonError(lesson.path, line, "a multiple-choice question needs at least two choice: lines");
+  q.explain = parse_prose(explain_lines, lesson);
+  return q;
+}
+
+}  // namespace
+
+LessonError::LessonError(std::string f, int l, std::string s)
+    : Error(f + (l > 0 ? ":" + std::to_string(l) : "") + ": " + s), file(std::move(f)), line(l), sentence(std::move(s)) {}
+
+bool Question::close(double given, double live) const {
+  if (tol_abs >= 0 || tol_rel >= 0)
+    return std::fabs(given - live) <= std::max(tol_abs, 0.0) + std::max(tol_rel, 0.0) * std::fabs(live);
+  if (live == std::floor(live) && std::fabs(live) < 1e15) return given == live;
+  return std::fabs(given - live) <= 0.01 * std::fabs(live);
+}
+
+LessonAction parse_lesson_action(const std::string& text) {
+  LessonAction a;
+  a.text = trim(text);
+  std::vector<std::string> w = words(a.text);
+  if (w.empty()) throw Error("empty action");
+  const std::string rest = trim(a.text.substr(w[0].size()));
+  if (w[0] == "run" && w.size() >= 2 && w[1] == "until") {
+    a.kind = LessonAction::RunUntil;
+    std::string cond = trim(rest.substr(5));
+    const size_t by = cond.rfind(" by ");
+    if (by != std::string::npos) {
+      const std::string gate = trim(cond.substr(by + 4));
+      if (gate == "ring") a.by = GateKind::RingStep;
+      else if (gate == "iteration") a.by = GateKind::Iteration;
+      else if (gate != "collective") throw Error("run until ... by takes ring, collective or iteration, not '" + gate + "'");
+      cond = trim(cond.substr(0, by));
+    }
+    if (cond.empty()) throw Error("run until needs a condition, e.g. run until bucket[1].ready");
+    a.expr = Figure::parse(cond);
+  } else if (w[0] == "inject") {
+    // inject skip rank R collective K | inject delay rank R collective K ms M
+    const bool skip = w.size() == 6 && w[1] == "skip", delay = w.size() == 8 && w[1] == "delay" && w[6] == "ms";
+    if ((!skip && !delay) || w[2] != "rank" || w[4] != "collective")
+      throw Error("inject takes 'skip rank R collective K' or 'delay rank R collective K ms M'");
+    a.kind = LessonAction::Inject;
+    a.fault = parse_fault(w[1] + ":rank=" + w[3] + ",collective=" + w[5] + (delay ? ",ms=" + w[7] : ""));
+  } else if (w[0] == "scenario") {
+    a.kind = LessonAction::Scenario;
+    a.flags.assign(w.begin() + 1, w.end());
+  } else if (w[0] == "mark") {
+    if (w.size() != 2 || !std::all_of(w[1].begin(), w[1].end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }))
+      throw Error("mark takes one name of letters, digits and _");
+    a.kind = LessonAction::Mark;
+    a.name = w[1];
+  } else if (w[0] == "expect") {
+    if (rest.empty()) throw Error("expect needs a condition, e.g. expect run.failed");
+    a.kind = LessonAction::Expect;
+    a.expr = Figure::parse(rest);
+  } else if (w[0] == "screenshot" || w[0] == "quit" || w[0] == "lesson") {
+    throw Error("'" + w[0] + "' belongs in a --run script, not in a lesson");
+  } else if (std::find(kActionWords.begin(), kActionWords.end(), w[0]) != kActionWords.end()) {
+    // `set clock modeled` is the script's `clock modeled`.
+    std::string line = a.text;
+    if (w[0] == "set") {
+      const std::vector<std::string> settable = {"clock", "speed", "set_epoch", "presentation"};
+      if (w.size() < 2 || std::find(settable.begin(), settable.end(), w[1]) == settable.end())
+        throw Error("set takes clock, speed, set_epoch or presentation");
+      line = rest;
+    }
+    try {
+      std::vector<ScriptCommand> cmds = parse_script(line, "lesson");
+      DTLAB_CHECK(cmds.size() == 1, "one action per line");
+      a.script = cmds[0];
+    } catch (const Error& e) {
+      throw Error(script_reason(e.what()) + " (in '" + a.text + "')");
+    }
+  } else {
+    const std::string near = closest_word(w[0], kActionWords);
+    throw Error("unknown action '" + a.text + "'" + (near.empty() ? "; actions: step, run, run until, pause, wait, view, set, inject, scenario, mark, expect" : "; did you mean '" + near + (rest.empty() ? "" : " " + rest) + "'?"));
+  }
+  return a;
+}
+
+AppOptions lesson_options(const Lesson& lesson, const std::vector<std::string>& extra, int extra_line) {
+  std::vector<std::string> args = {"dtlab"};
+  std::vector<int> lines = {0};
+  // A flag in `extra` replaces the header's (with the values after it); --fault adds another fault.
+  std::vector<std::string> replaced;
+  for (const std::string& f : extra)
+    if (starts_with(f, "--") && f != "--fault") replaced.push_back(f);
+  bool skipping = false;
+  for (size_t i = 0; i < lesson.flags.size(); i++) {
+    const std::string& f = lesson.flags[i];
+    if (starts_with(f, "--")) skipping = std::find(replaced.begin(), replaced.end(), f) != replaced.end();
+    if (!skipping) args.push_back(f), lines.push_back(lesson.flag_lines[i]);
+  }
+  for (const std::string& f : extra) args.push_back(f), lines.push_back(extra_line);
+  const int header = lesson.flag_lines.empty() ? (extra_line ? extra_line : 1) : lesson.flag_lines.front();
+  for (size_t i = 1; i < args.size(); i++)
+    if (std::find(kNotScenario.begin(), kNotScenario.end(), args[i]) != kNotScenario.end())
+      throw LessonError(lesson.path, lines[i], args[i] + " is about the window, not the run; a scenario takes training flags such as --strategy, --world, --model, --fault");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  AppOptions o;
+  std::string error;
+  if (parse_app_options(static_cast<int>(argv.size()), argv.data(), o, &error) != 0) {
+    // Blame the flag the sentence names first.
+    size_t best = std::string::npos;
+    int line = header;
+    for (size_t i = 1; i < args.size(); i++) {
+      if (!starts_with(args[i], "--")) continue;
+      for (size_t at = error.find(args[i]); at != std::string::npos; at = error.find(args[i], at + 1)) {
+        const size_t end = at + args[i].size();
+        if ((end == error.size() || (!std::isalnum(static_cast<unsigned char>(error[end])) && error[end] != '-')) && at < best)
+          best = at, line = lines[i];
+      }
+    }
+    throw LessonError(lesson.path, line, "scenario: " + error);
+  }
+  o.train.start_paused = true;
+  return o;
+}
+
+Lesson parse_lesson(const std::string& text, const std::string& path) {
+  Lesson l;
+  l.path = path;
+  l.name = lesson_name(path);
+  std::vector<std::string> lines;
+  {
+    std::istringstream is(text);
+    for (std::string s; std::getline(is, s);) lines.push_back(s);
+  }
+  // Header: between the first two '---' lines.
+  size_t i = 0;
+  while (i < lines.size() && trim(lines[i]).empty()) i++;
+  if (i == lines.size() || trim(lines[i]) != "---")
+    throw LessonError(path, static_cast<int>(i + 1), "a lesson starts with its header between two '---' lines (title:, minutes:, scenario:)");
+  const int header_start = static_cast<int>(i + 1);
+  for (i++; i < lines.size() && trim(lines[i]) != "---"; i++) {
+    const int ln = static_cast<int>(i + 1);
+    const std::string t = trim(lines[i]);
+    if (t.empty() || t[0] == '#') continue;
+    std::string key, value;
+    if (!split_key(t, key, value)) throw LessonError(path, ln, "a header line is 'key: value', not '" + t + "'");
+    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
+    std::string flag = key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    if (key == "title") l.title = value;
+    else if (key == "summary") l.summary = value;
+    else if (key == "minutes") {
+      try {
+        const double m = parse_number(value, "minutes");
+        if (m < 1 || m > 60 || m != std::floor(m)) throw Error("minutes must be a whole number from 1 to 60");
+        l.minutes = static_cast<int>(m);
+      } catch (const Error& e) {
+        throw LessonError(path, ln, e.what());
+      }
+    } else if (key == "scenario") {
+      for (const std::string& w : words(value)) l.flags.push_back(w), l.flag_lines.push_back(ln);
+    } else if (std::find(kScenarioFlags.begin(), kScenarioFlags.end(), flag) != kScenarioFlags.end()) {
+      const bool on = value == "true" || value == "yes" || value == "on", off = value == "false" || value == "no" || value == "off";
+      if (!off) l.flags.push_back("--" + flag), l.flag_lines.push_back(ln);
+      if (!on && !off) l.flags.push_back(value), l.flag_lines.push_back(ln);
+    } else {
+      std::vector<std::string> known = kHeaderKeys;
+      known.insert(known.end(), kScenarioFlags.begin(), kScenarioFlags.end());
+      throw LessonError(path, ln, "unknown header key '" + key + "'" + did_you_mean(flag, known));
+    }
+  }
+  if (i == lines.size()) throw LessonError(path, header_start, "the header is not closed by a '---' line");
+  if (l.title.empty()) throw LessonError(path, header_start, "the header has no title:");
+  if (l.minutes == 0) throw LessonError(path, header_start, "the header has no minutes: (how long the lesson takes)");
+  lesson_options(l);  // the scenario must parse as dtlab's flags
+
+  // Body: '## ' starts a step; ```action and ```question blocks belong to the step they are in.
+  std::vector<std::vector<std::pair<int, std::string>>> prose;
+  auto step = [&]() -> LessonStep& {
+    if (l.steps.empty()) {  // text before the first '## ' is a step named after the lesson
+      l.steps.push_back(LessonStep{l.title, header_start, {}, {}, std::nullopt});
+      prose.emplace_back();
+    }
+    return l.steps.back();
+  };
+  std::string fence;  // the open fence of a prose code block ("```" or "~~~"), so its '## ' stays code
+  for (i++; i < lines.size(); i++) {
+    const int ln = static_cast<int>(i + 1);
+    const std::string& raw = lines[i];
+    const std::string t = trim(raw);
+    if (!fence.empty()) {
+      if (starts_with(t, fence) && trim(t.substr(fence.size())).empty()) fence.clear();
+      prose.back().push_back({ln, raw});
+      continue;
+    }
+    if (starts_with(raw, "## ")) {
+      l.steps.push_back(LessonStep{trim(raw.substr(3)), ln, {}, {}, std::nullopt});
+      prose.emplace_back();
+      continue;
+    }
+    if (starts_with(t, "```") || starts_with(t, "~~~")) {
+      const std::string mark = t.substr(0, 3), info = trim(t.substr(3));
+      if (info != "action" && info != "question") {
+        step();
+        fence = mark;
+        prose.back().push_back({ln, raw});
+        continue;
+      }
+      std::vector<std::pair<int, std::string>> body;
+      size_t j = i + 1;
+      for (; j < lines.size() && !(starts_with(trim(lines[j]), mark) && trim(lines[j]).size() == 3); j++)
+        body.push_back({static_cast<int>(j + 1), lines[j]});
+      if (j == lines.size()) throw LessonError(path, ln, "the ```" + info + " block is not closed by a ``` line");
+      LessonStep& s = step();
+      if (info == "action") {
+        for (const auto& [bl, text] : body) {
+          const std::string a = trim(text);
+          if (a.empty() || a[0] == '#') continue;
+          try {
+            LessonAction act = parse_lesson_action(a);
+            act.line = bl;
+            if (act.kind == LessonAction::Scenario) lesson_options(l, act.flags, bl);
+            s.actions.push_back(act);
+          } catch (const LessonError&) {
+            throw;
+          } catch (const Error& e) {
+            throw LessonError(path, bl, e.what());
+          }
+        }
+      } else {
+        if (s.question) throw LessonError(path, ln, "one question per step; start a new '## ' step for the next one");
+        s.question = parse_question(body, ln, l);
+        for (const LessonAction& a : s.question->reveal)
+          if (a.kind == LessonAction::Scenario) lesson_options(l, a.flags, a.line);
+      }
+      i = j;
+      continue;
+    }
+    if (!t.empty() || !l.steps.empty()) step();
+    if (!prose.empty()) prose.back().push_back({ln, raw});
+  }
+  if (!fence.empty()) throw LessonError(path, static_cast<int>(lines.size()), "a ``` code block is not closed");
+  if (l.steps.empty()) throw LessonError(path, header_start, "the lesson has no steps; start one with a '## ' heading");
+  for (size_t k = 0; k < l.steps.size(); k++) l.steps[k].prose = parse_prose(prose[k], l);
+  return l;
+}
+
+std::string lessons_dir() {
+  if (const char* d = std::getenv("DTLAB_LESSONS"); d && *d) return d;
+#ifdef DTLAB_LESSON_DIR
+  return DTLAB_LESSON_DIR;
+#else
+  return "lessons";
+#endif
+}
+
+std::vector<std::string> lesson_paths(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".md" && e.path().filename() != "README.md") out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string lesson_name(const std::string& path) {
+  std::string stem = fs::path(path).stem().string();
+  size_t k = 0;
+  while (k < stem.size() && std::isdigit(static_cast<unsigned char>(stem[k]))) k++;
+  if (k > 0 && k < stem.size() && (stem[k] == '_' || stem[k] == '-')) stem.erase(0, k + 1);
+  return stem;
+}
+
+Lesson load_lesson(const std::string& name_or_path) {
+  std::string path = name_or_path;
+  if (name_or_path.find('/') == std::string::npos && fs::path(name_or_path).extension() != ".md") {
+    std::vector<std::string> names;
+    path.clear();
+    for (const std::string& p : lesson_paths(lessons_dir())) {
+      names.push_back(lesson_name(p));
+      if (lesson_name(p) == name_or_path || fs::path(p).stem() == name_or_path) path = p;
+    }
+    if (path.empty())
+      throw LessonError(lessons_dir(), 0, "no lesson '" + name_or_path + "'" + did_you_mean(name_or_path, names));
+  }
+  std::ifstream f(path);
+  if (!f) throw LessonError(path, 0, "cannot read the lesson file");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_lesson(ss.str(), path);
+}
+
+std::string check_lesson_command(const std::string& arg) {
+  const std::vector<std::string> w = words(arg);
+  const std::string usage = "lesson takes open NAME, next, back, goto N, answer X, check, play, demo or close";
+  if (w.empty()) return usage;
+  const std::string& k = w[0];
+  if ((k == "open" || k == "answer") && w.size() != 2) return "lesson " + k + " takes one argument";
+  if (k == "goto" && (w.size() != 2 || std::atoi(w[1].c_str()) < 1)) return "lesson goto takes a step number from 1";
+  if (k == "open" || k == "answer" || k == "goto") return "";
+  for (const char* bare : {"next", "back", "check", "play", "demo", "close"})
+    if (k == bare) return w.size() == 1 ? "" : "lesson " + k + " takes no argument";
+  return "unknown lesson command '" + k + "'" + did_you_mean(k, {"open", "next", "back", "goto", "answer", "check", "play", "demo", "close"}) + "; " + usage;
+}
+
+}  // namespace dtlab::app

@@ -1,0 +1,37 @@
+// The pipeline view's data, kept by the Session: the planned schedule, and per iteration every rank's
+// finished actions from PipelineAction events (ingested as they arrive), turned once a frame into
+// Snapshot::pipeline. Measured bubbles use the runtime's own formula (pipeline_bubbles), so the view
+// and the StepReport agree to the bit.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "app/snapshot.h"
+#include "engine/train/train.h"
+
+namespace dtlab::app {
+
+class PipelineTracker {
+ public:
+  // `plan` null: not a pipeline run (the view stays invalid).
+  void reset(const PipelinePlan* plan, int world_size, PipelineView& out);
+  void ingest(int rank, const Event& e);  // PipelineAction events; others are ignored
+  void add_report(const StepReport& r);   // the runtime's bubbles of step r.step (iteration step - 1)
+  // Refreshes `out`: the shown iteration's actions, bubbles and costs when something arrived, and
+  // which ranks wait at an action gate (every frame).
+  void build(const StepperState& st, PipelineView& out);
+
+ private:
+  using Iteration = std::vector<std::vector<PipelineActionView>>;  // [world rank] finished actions
+  bool complete(const Iteration& it) const;
+  void measure(const Iteration& it, PipelineView& out) const;
+
+  int p_ = 1, world_ = 0;
+  std::vector<int> planned_;                 // per pipeline rank: actions in its row
+  std::map<int32_t, Iteration> iterations_;  // the last few, by iteration
+  std::map<int32_t, std::vector<double>> reported_;  // iteration -> StepReport.bubble
+  bool dirty_ = false;
+};
+
+}  // namespace dtlab::app

@@ -1,0 +1,336 @@
+// The lesson panel. Prose is laid out word by word (ImGui 1.86 wraps only single-style text), so
+// emphasis, code and live {{figures}} sit inline and still wrap at the panel's edge.
+#include "app/views/lesson_view.h"
+
+#include <imgui.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <map>
+
+namespace dtlab::app {
+
+namespace {
+
+constexpr ImU32 kText = IM_COL32(228, 228, 232, 255);
+constexpr ImU32 kDim = IM_COL32(160, 164, 172, 255);
+constexpr ImU32 kStrong = IM_COL32(255, 255, 255, 255);
+constexpr ImU32 kEm = IM_COL32(150, 200, 255, 255);
+constexpr ImU32 kCode = IM_COL32(255, 214, 140, 255);
+constexpr ImU32 kCodeBg = IM_COL32(50, 52, 60, 255);
+constexpr ImU32 kFigure = IM_COL32(120, 230, 160, 255);
+constexpr ImU32 kGood = IM_COL32(98, 200, 110, 255);
+constexpr ImU32 kBad = IM_COL32(240, 100, 100, 255);
+constexpr ImU32 kWarn = IM_COL32(245, 180, 70, 255);
+constexpr ImU32 kQuestionBg = IM_COL32(34, 44, 66, 255);
+
+// Lays spans out from the cursor, wrapping at `right` (screen x); ends on a new line.
+void draw_spans(const std::vector<Span>& spans, const LessonRunner* r, const Snapshot& s, float left, float right, ImU32 base) {
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const float line_h = ImGui::GetTextLineHeightWithSpacing();
+  const ImVec2 start = ImGui::GetCursorScreenPos();
+  float x = left, y = start.y;
+  bool line_start = true;
+  for (const Span& sp : spans) {
+    const std::string text = sp.figure >= 0 ? (r ? r->figure_text(sp.figure, s) : "—") : sp.text;
+    const ImU32 col = sp.figure >= 0 ? kFigure : (sp.style & Span::Code) ? kCode : (sp.style & Span::Strong) ? kStrong
+                      : (sp.style & (Span::Em | Span::Link)) ? kEm : base;
+    size_t i = 0;
+    while (i < text.size()) {
+      if (text[i] == '\n') {
+        x = left, y += line_h, line_start = true, i++;
+        continue;
+      }
+      // A word and the spaces after it.
+      size_t j = i;
+      while (j < text.size() && text[j] != ' ' && text[j] != '\n') j++;
+      size_t k = j;
+      while (k < text.size() && text[k] == ' ') k++;
+      const std::string word = text.substr(i, j - i);
+      const float w = ImGui::CalcTextSize(word.c_str()).x;
+      const float ws = ImGui::CalcTextSize(text.substr(i, k - i).c_str()).x;
+      if (!line_start && x + w > right) x = left, y += line_h;
+      if (!word.empty()) {
+        const ImVec2 p(x, y);
+        // Code keeps one background across its spaces ("seed + epoch"), up to the line's end.
+        const float bg = k < text.size() && x + ws <= right ? ws : w;
+        if (sp.style & Span::Code || sp.figure >= 0)
+          dl->AddRectFilled(ImVec2(p.x - 2, p.y), ImVec2(p.x + bg + 2, p.y + ImGui::GetTextLineHeight()), kCodeBg, 3);
+        dl->AddText(p, col, word.c_str());
+        if (sp.style & Span::Strong) dl->AddText(ImVec2(p.x + 1, p.y), col, word.c_str());  // no bold face: overstrike
+        if (sp.style & Span::Link) dl->AddLine(ImVec2(p.x, p.y + ImGui::GetTextLineHeight()), ImVec2(p.x + w, p.y + ImGui::GetTextLineHeight()), col);
+      }
+      x += ws;
+      line_start = false;
+      i = k;
+    }
+  }
+  ImGui::SetCursorScreenPos(start);
+  ImGui::Dummy(ImVec2(std::max(1.0f, right - left), y - start.y + line_h));
+}
+
+void draw_table(const Prose& prose, size_t& i, const LessonRunner* r, const Snapshot& s) {
+  size_t cols = 0, end = i;
+  while (end < prose.size() && prose[end].kind == Block::TableRow) cols = std::max(cols, prose[end++].cells.size());
+  if (cols > 0 && ImGui::BeginTable("##md_table", static_cast<int>(cols), ImGuiTableFlags_Borders | ImGuiTableFlags_RowBg)) {
+    for (; i < end; i++) {
+      ImGui::TableNextRow(prose[i].level ? ImGuiTableRowFlags_Headers : 0);
+      for (size_t c = 0; c < prose[i].cells.size(); c++) {
+        ImGui::TableSetColumnIndex(static_cast<int>(c));
+        const float left = ImGui::GetCursorScreenPos().x;
+        draw_spans(prose[i].cells[c], r, s, left, left + ImGui::GetContentRegionAvail().x, prose[i].level ? kStrong : kText);
+      }
+    }
+    ImGui::EndTable();
+  }
+  i = end;
+}
+
+// `margin`: space kept free at the right (inside a box).
+void draw_prose(const Prose& prose, const LessonRunner* r, const Snapshot& s, float margin = 0) {
+  const float indent = ImGui::GetFontSize() * 1.2f;
+  for (size_t i = 0; i < prose.size();) {
+    const Block& b = prose[i];
+    const float left = ImGui::GetCursorScreenPos().x, right = left + ImGui::GetContentRegionAvail().x - margin;
+    switch (b.kind) {
+      case Block::TableRow: draw_table(prose, i, r, s); continue;
+      case Block::Paragraph: draw_spans(b.spans, r, s, left, right, kText); break;
+      case Block::Heading:
+        ImGui::SetWindowFontScale(b.level <= 1 ? 1.3f : 1.12f);
+        draw_spans(b.spans, r, s, left, right, kStrong);
+        ImGui::SetWindowFontScale(1.0f);
+        break;
+      case Block::Item: {
+        const float at = left + indent * static_cast<float>(b.level - 1);
+        ImGui::GetWindowDrawList()->AddText(ImVec2(at, ImGui::GetCursorScreenPos().y), kDim, b.bullet.c_str());
+        draw_spans(b.spans, r, s, at + indent, right, kText);
+        break;
+      }
+      case Block::Quote: {
+        const ImVec2 p = ImGui::GetCursorScreenPos();
+        draw_spans(b.spans, r, s, left + indent, right, kDim);
+        ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x + 2, p.y), ImVec2(p.x + 5, ImGui::GetCursorScreenPos().y - 4), kEm);
+        break;
+      }
+      case Block::Code: {
+        std::string code = b.code;
+        while (!code.empty() && code.back() == '\n') code.pop_back();
+        const ImVec2 p = ImGui::GetCursorScreenPos(), sz = ImGui::CalcTextSize(code.c_str());
+        const float pad = ImGui::GetFontSize() * 0.4f;
+        ImGui::GetWindowDrawList()->AddRectFilled(p, ImVec2(right, p.y + sz.y + 2 * pad), kCodeBg, 4);
+        ImGui::GetWindowDrawList()->AddText(ImVec2(p.x + pad, p.y + pad), kCode, code.c_str());
+        ImGui::Dummy(ImVec2(right - left, sz.y + 2 * pad));
+        break;
+      }
+      case Block::Rule: ImGui::Separator(); break;
+    }
+    if (b.kind != Block::Item || i + 1 >= prose.size() || prose[i + 1].kind != Block::Item) ImGui::Spacing();
+    i++;
+  }
+}
+
+// The lessons on disk, with what this user reached in each (read when the list first shows).
+struct Catalog {
+  struct Entry {
+    std::string name, title, summary, error;
+    int minutes = 0, steps = 0;
+  };
+  std::vector<Entry> lessons;
+  std::map<std::string, LessonProgress> progress;
+  std::chrono::steady_clock::time_point loaded{};
+  void refresh() {
+    lessons.clear();
+    for (const std::string& p : lesson_paths(lessons_dir())) {
+      Entry e;
+      e.name = lesson_name(p);
+      try {
+        Lesson l = load_lesson(p);
+        e.title = l.title, e.summary = l.summary, e.minutes = l.minutes, e.steps = static_cast<int>(l.steps.size());
+      } catch (const Error& err) {
+        e.title = e.name, e.error = err.what();
+      }
+      lessons.push_back(e);
+    }
+    progress = load_progress(progress_path());
+    loaded = std::chrono::steady_clock::now();
+  }
+};
+
+std::vector<std::string> draw_catalog(const LessonPanel& panel) {
+  static Catalog cat;
+  std::vector<std::string> out;
+  if (cat.lessons.empty() || std::chrono::steady_clock::now() - cat.loaded > std::chrono::seconds(5)) cat.refresh();
+  ImGui::TextUnformatted("Lessons");
+  ImGui::TextDisabled("%s", lessons_dir().c_str());
+  if (!panel.error.empty()) {
+    ImGui::PushStyleColor(ImGuiCol_Text, kBad);
+    ImGui::TextWrapped("%s", panel.error.c_str());
+    ImGui::PopStyleColor();
+  }
+  ImGui::Separator();
+  for (const Catalog::Entry& e : cat.lessons) {
+    ImGui::PushID(e.name.c_str());
+    const auto it = cat.progress.find(e.name);
+    char status[64] = "";
+    if (it != cat.progress.end())
+      std::snprintf(status, sizeof status, it->second.completed ? "  ✓ done" : "  step %d of %d", it->second.step, it->second.steps);
+    if (ImGui::Button("Open")) out.push_back("open " + e.name);
+    if (it != cat.progress.end() && !it->second.completed && it->second.step > 1) {
+      ImGui::SameLine();
+      if (ImGui::Button("Resume")) out.push_back("open " + e.name), out.push_back("goto " + std::to_string(it->second.step));
+    }
+    ImGui::SameLine();
+    ImGui::Text("%s", e.title.c_str());
+    ImGui::SameLine();
+    ImGui::TextDisabled("%d min%s", e.minutes, status);
+    if (!e.error.empty()) {
+      ImGui::PushStyleColor(ImGuiCol_Text, kBad);
+      ImGui::TextWrapped("%s", e.error.c_str());
+      ImGui::PopStyleColor();
+    } else if (!e.summary.empty()) {
+      ImGui::Indent();
+      ImGui::PushStyleColor(ImGuiCol_Text, kDim);
+      ImGui::TextWrapped("%s", e.summary.c_str());
+      ImGui::PopStyleColor();
+      ImGui::Unindent();
+    }
+    ImGui::PopID();
+  }
+  return out;
+}
+
+void draw_question(const LessonRunner& r, int j, const Snapshot& s, bool busy, std::vector<std::string>& out) {
+  const Question& q = *r.lesson().steps[static_cast<size_t>(j)].question;
+  const LessonRunner::Answer& a = r.answer(j);
+  const ImVec2 top = ImGui::GetCursorScreenPos();
+  const float pad = ImGui::GetFontSize() * 0.5f;
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  dl->ChannelsSplit(2);  // the box behind, drawn once its height is known
+  dl->ChannelsSetCurrent(1);
+  ImGui::SetCursorScreenPos(ImVec2(top.x + pad, top.y + pad));
+  ImGui::BeginGroup();
+  const float left = top.x + pad, right = top.x + ImGui::GetContentRegionAvail().x - pad;
+  ImGui::PushStyleColor(ImGuiCol_Text, kEm);
+  ImGui::TextUnformatted("Question");
+  ImGui::PopStyleColor();
+  for (const Block& b : q.ask_prose) draw_spans(b.spans, &r, s, left, right, kStrong);
+  ImGui::BeginDisabled(a.revealed || busy);
+  if (!q.choices.empty()) {
+    int pick = a.given ? a.choice : -1;
+    for (size_t i = 0; i < q.choices.size(); i++) {
+      const bool right_one = a.revealed && a.live_choice == static_cast<int>(i);
+      if (right_one) ImGui::PushStyleColor(ImGuiCol_Text, kGood);
+      if (ImGui::RadioButton(q.choices[i].text.c_str(), &pick, static_cast<int>(i))) out.push_back("answer " + std::to_string(i + 1));
+      if (right_one) ImGui::PopStyleColor();
+    }
+  } else {
+    // The number being typed, per lesson step, until Check sends it.
+    static std::map<std::string, double> typed;
+    double& v = typed[r.lesson().path + "#" + std::to_string(j)];
+    if (a.given) v = a.number;
+    ImGui::SetNextItemWidth(ImGui::GetFontSize() * 10);
+    ImGui::InputDouble(q.unit.empty() ? "##answer" : q.unit.c_str(), &v, 0, 0, "%.6g");
+    if (ImGui::IsItemDeactivatedAfterEdit()) out.push_back("answer " + format_figure(v));
+    if (!a.revealed && ImGui::Button("Check")) out.push_back("answer " + format_figure(v)), out.push_back("check");
+    ImGui::SameLine();
+  }
+  if (!a.revealed) {
+    if (!q.choices.empty()) {
+      ImGui::BeginDisabled(!a.given);
+      if (ImGui::Button("Check")) out.push_back("check");
+      ImGui::EndDisabled();
+    }
+    ImGui::SameLine();
+    if (ImGui::Button("Reveal")) out.push_back("demo");
+  }
+  ImGui::EndDisabled();
+  if (a.revealed) {
+    ImGui::Spacing();
+    const std::string live = r.answer_text(j);
+    const std::string line = !a.checked ? "The engine says: " + live
+                             : a.correct ? "✓ Correct. The engine says: " + live
+                                         : "✗ Not quite. The engine says: " + live;
+    draw_spans({Span{line, Span::Plain, -1}}, &r, s, left, right, !a.checked ? kFigure : a.correct ? kGood : kBad);
+    // Name the figure the engine revealed, when it is one (not a constant) and short enough to read.
+    const std::string& f = q.answer.text();
+    const bool named = std::any_of(f.begin(), f.end(), [](char c) { return std::isalpha(static_cast<unsigned char>(c)); });
+    if (named) {
+      ImGui::PushStyleColor(ImGuiCol_Text, kDim);
+      if (f.size() <= 48) ImGui::TextWrapped("(%s, read from the live run)", f.c_str());
+      else ImGui::TextWrapped("(read from the live run)");
+      ImGui::PopStyleColor();
+    }
+    if (!a.note.empty()) {
+      ImGui::PushStyleColor(ImGuiCol_Text, kWarn);
+      ImGui::TextWrapped("%s", a.note.c_str());
+      ImGui::PopStyleColor();
+    }
+    if (!q.explain.empty()) {
+      ImGui::Spacing();
+      draw_prose(q.explain, &r, s, pad);
+    }
+  }
+  ImGui::EndGroup();
+  const ImVec2 bottom(top.x + ImGui::GetContentRegionAvail().x, ImGui::GetItemRectMax().y + pad);
+  dl->ChannelsSetCurrent(0);
+  dl->AddRectFilled(top, bottom, kQuestionBg, 6);
+  dl->ChannelsMerge();
+  ImGui::SetCursorScreenPos(ImVec2(top.x, bottom.y));
+  ImGui::Dummy(ImVec2(1, pad));
+}
+
+}  // namespace
+
+std::vector<std::string> draw_lesson_view(const LessonPanel& panel, const Snapshot& s, ViewContext& ctx) {
+  if (!panel.runner) return draw_catalog(panel);
+  std::vector<std::string> out;
+  const LessonRunner& r = *panel.runner;
+  const Lesson& l = r.lesson();
+  const int j = std::max(0, r.step());
+  const LessonStep& st = l.steps[static_cast<size_t>(j)];
+  ImGui::SetWindowFontScale(1.15f);
+  ImGui::TextUnformatted(l.title.c_str());
+  ImGui::SetWindowFontScale(1.0f);
+  char progress[128];
+  std::snprintf(progress, sizeof progress, "step %d of %d%s", j + 1, r.steps(), r.finished() ? " — done" : "");
+  ImGui::ProgressBar(static_cast<float>(j + (r.finished() ? 1 : 0)) / static_cast<float>(r.steps()), ImVec2(-1, 0), progress);
+  if (!panel.error.empty()) {
+    ImGui::PushStyleColor(ImGuiCol_Text, kBad);
+    ImGui::TextWrapped("%s", panel.error.c_str());
+    ImGui::PopStyleColor();
+  }
+  const float footer = ImGui::GetFrameHeightWithSpacing() * 2.0f;
+  ImGui::BeginChild("##lesson_body", ImVec2(0, -footer), false);
+  {
+    const float left = ImGui::GetCursorScreenPos().x;
+    ImGui::SetWindowFontScale(1.12f);
+    draw_spans({Span{st.title, Span::Strong, -1}}, &r, s, left, left + ImGui::GetContentRegionAvail().x, kStrong);
+    ImGui::SetWindowFontScale(1.0f);
+    ImGui::Spacing();
+    draw_prose(st.prose, &r, s);
+    if (st.question) draw_question(r, j, s, panel.busy, out);
+  }
+  ImGui::EndChild();
+  ImGui::Separator();
+  ImGui::BeginDisabled(panel.busy);
+  ImGui::BeginDisabled(j == 0);
+  if (ImGui::Button("< Back")) out.push_back("back");
+  ImGui::EndDisabled();
+  ImGui::SameLine();
+  const bool last = j + 1 >= r.steps();
+  ImGui::BeginDisabled(last && r.finished());
+  if (ImGui::Button(last ? "Finish" : "Next >")) out.push_back("next");
+  ImGui::EndDisabled();
+  ImGui::SameLine();
+  if (ImGui::Button("Restart")) out.push_back("goto 1");
+  ImGui::EndDisabled();
+  ImGui::SameLine();
+  if (ImGui::Button("Close")) out.push_back("close");
+  ImGui::SameLine();
+  ImGui::TextDisabled(panel.busy ? "running…" : ctx.presentation ? "N: next" : "N: next demo step");
+  return out;
+}
+
+}  // namespace dtlab::app

@@ -1,0 +1,248 @@
+#include "engine/comm/queued_comm.h"
+
+#include <algorithm>
+
+namespace dtlab {
+
+const char* dtype_word(DType d) { return d == DType::F32 ? "float32" : "int64"; }
+
+std::string describe(const CollDesc& d, uint64_t seq) {
+  std::string s = "#" + std::to_string(seq) + " " + collective_name(d.op);
+  if (d.op == CollectiveOp::Barrier) return s;
+  s += " of " + std::to_string(d.count) + " " + dtype_word(d.dtype) + " (";
+  bool reduces = d.op == CollectiveOp::AllReduce || d.op == CollectiveOp::ReduceScatter ||
+                 d.op == CollectiveOp::Reduce;
+  if (reduces) s += std::string(reduce_op_name(d.reduce)) + ", ";
+  if (d.root >= 0) s += "root " + std::to_string(d.root) + ", ";
+  return s + algorithm_name(d.algo) + ")";
+}
+
+int64_t payload_bytes(const CollDesc& d, int n) {
+  int64_t elem = dtype_size(d.dtype);
+  switch (d.op) {
+    case CollectiveOp::ReduceScatter:
+    case CollectiveOp::AllGather:
+    case CollectiveOp::AllToAll: return d.count * n * elem;
+    case CollectiveOp::Barrier: return 0;
+    default: return d.count * elem;
+  }
+}
+
+// A Work the comm worker completes; wait() also moves the compute lane's clock past the op.
+class AsyncWork : public Work {
+ public:
+  AsyncWork(uint64_t seq, RankContext* ctx, std::string what)
+      : seq_(seq), ctx_(ctx), what_(std::move(what)) {}
+  bool is_completed() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  void wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!done_ && ctx_) {
+      lock.unlock();
+      ctx_->set_activity("waiting for " + what_);  // what the watchdog reports of this thread
+      lock.lock();
+    }
+    cv_.wait(lock, [&] { return done_; });  // the backend bounds every job by its timeout
+    if (!error_.empty()) throw CommError(error_);
+    lock.unlock();
+    if (ctx_) {
+      ctx_->advance_compute_clock(times_.model_end);  // the compute lane waited for the comm lane
+      ctx_->set_activity("running (after " + what_ + ")");
+    }
+  }
+  uint64_t seq() const override { return seq_; }
+  WorkTimes times() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return times_;
+  }
+  void finish(const WorkTimes& t, std::string error = {}) {
+    std::lock_guard<std::mutex> lock(mu_);
+    times_ = t;
+    error_ = std::move(error);
+    done_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  uint64_t seq_;
+  RankContext* ctx_;
+  std::string what_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  WorkTimes times_;
+  std::string error_;
+};
+
+QueuedCommunicator::QueuedCommunicator(int rank, int world_size, RankContext* ctx, AlgorithmDefaults defaults)
+    : rank_(rank), world_size_(world_size), ctx_(ctx), defaults_(defaults) {}
+
+QueuedCommunicator::~QueuedCommunicator() { stop_worker(); }
+
+void QueuedCommunicator::start_worker() { worker_ = std::thread([this] { loop(); }); }
+
+void QueuedCommunicator::stop_worker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+int64_t QueuedCommunicator::now_ns() const {
+  return ctx_ && ctx_->recorder() ? ctx_->recorder()->now_ns() : 0;
+}
+
+std::string QueuedCommunicator::job_name(const CommJob& j) {
+  if (!j.p2p) return describe(j.desc, j.seq);
+  return std::string(collective_name(j.desc.op)) + " #" + std::to_string(j.seq) + " with rank " + std::to_string(j.peer);
+}
+
+WorkPtr QueuedCommunicator::all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, Algorithm algo) {
+  return collective({CollectiveOp::AllReduce, resolve(CollectiveOp::AllReduce, algo), op, dt, count, -1}, buf, buf);
+}
+WorkPtr QueuedCommunicator::reduce_scatter(void* out, const void* in, int64_t count, DType dt, ReduceOp op, Algorithm algo) {
+  return collective({CollectiveOp::ReduceScatter, resolve(CollectiveOp::ReduceScatter, algo), op, dt, count, -1}, out, in);
+}
+WorkPtr QueuedCommunicator::all_gather(void* out, const void* in, int64_t count, DType dt, Algorithm algo) {
+  return collective({CollectiveOp::AllGather, resolve(CollectiveOp::AllGather, algo), ReduceOp::Sum, dt, count, -1}, out, in);
+}
+WorkPtr QueuedCommunicator::broadcast(void* buf, int64_t count, DType dt, int root, Algorithm algo) {
+  check_rank(root, "broadcast root");
+  return collective({CollectiveOp::Broadcast, resolve(CollectiveOp::Broadcast, algo), ReduceOp::Sum, dt, count, root}, buf, buf);
+}
+WorkPtr QueuedCommunicator::reduce(void* buf, int64_t count, DType dt, ReduceOp op, int root, Algorithm algo) {
+  check_rank(root, "reduce root");
+  return collective({CollectiveOp::Reduce, resolve(CollectiveOp::Reduce, algo), op, dt, count, root}, buf, buf);
+}
+WorkPtr QueuedCommunicator::barrier() {
+  return collective({CollectiveOp::Barrier, Algorithm::Ring, ReduceOp::Sum, DType::F32, 0, -1}, nullptr, nullptr);
+}
+WorkPtr QueuedCommunicator::all_to_all(void* out, const void* in, int64_t count, DType dt) {
+  return collective({CollectiveOp::AllToAll, Algorithm::Naive, ReduceOp::Sum, dt, count, -1}, out, in);
+}
+WorkPtr QueuedCommunicator::send(const void* buf, int64_t count, DType dt, int peer, int tag) {
+  return p2p(CollectiveOp::Send, const_cast<void*>(buf), count, dt, peer, tag);
+}
+WorkPtr QueuedCommunicator::recv(void* buf, int64_t count, DType dt, int peer, int tag) {
+  return p2p(CollectiveOp::Recv, buf, count, dt, peer, tag);
+}
+
+void QueuedCommunicator::check_rank(int r, const char* what) const {
+  if (r < 0 || r >= world_size_)
+    throw Error(std::string(what) + " " + std::to_string(r) + " is out of range for world size " +
+                std::to_string(world_size_));
+}
+
+Algorithm QueuedCommunicator::resolve(CollectiveOp op, Algorithm a) const {
+  if (a == Algorithm::Default) {
+    if (op == CollectiveOp::AllReduce) a = defaults_.allreduce;
+    else if (op == CollectiveOp::Broadcast) a = defaults_.broadcast;
+    else if (op == CollectiveOp::Reduce) a = defaults_.reduce;
+    else a = Algorithm::Ring;
+  }
+  check_algorithm(op, a);
+  return a;
+}
+
+WorkPtr QueuedCommunicator::collective(CollDesc d, void* buf, const void* in) {
+  if (d.count < 0) throw Error("a collective's count cannot be negative");
+  if (d.dtype == DType::I64 && d.reduce == ReduceOp::Avg)
+    throw Error("avg is defined for float32 only; reduce int64 with sum or max");
+  CommJob j;
+  j.desc = d;
+  j.seq = next_seq_++;
+  j.buf = buf;
+  j.in = in;
+  return enqueue(std::move(j));
+}
+
+WorkPtr QueuedCommunicator::p2p(CollectiveOp op, void* buf, int64_t count, DType dt, int peer, int tag) {
+  check_rank(peer, op == CollectiveOp::Send ? "send peer" : "recv peer");
+  if (count < 0) throw Error("a send or recv count cannot be negative");
+  if (peer == rank_) throw Error("rank " + std::to_string(rank_) + " cannot send to or receive from itself");
+  CommJob j;
+  j.p2p = true;
+  j.desc = {op, Algorithm::Naive, ReduceOp::Sum, dt, count, peer};
+  j.seq = next_p2p_++;
+  j.peer = peer;
+  j.tag = tag;
+  j.buf = buf;
+  return enqueue(std::move(j));
+}
+
+WorkPtr QueuedCommunicator::enqueue(CommJob j) {
+  j.issue_model = ctx_ ? ctx_->compute_clock() : 0;
+  j.iteration = ctx_ ? ctx_->iteration() : -1;
+  j.work = std::make_shared<AsyncWork>(j.seq, ctx_, job_name(j));
+  if (!j.p2p && ctx_) {
+    const int64_t now = now_ns();
+    Event e(EventKind::CollectiveIssue, Lane::Compute, now, now, j.issue_model, j.issue_model);
+    fill_info(e.coll, j);
+    ctx_->record(e);
+  }
+  WorkPtr w = j.work;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(j));
+  }
+  cv_.notify_one();
+  return w;
+}
+
+void QueuedCommunicator::fill_info(CollectiveInfo& info, const CommJob& j) const {
+  const int n = world_size_;
+  info.op = j.desc.op;
+  info.algo = j.desc.algo;
+  info.reduce = j.desc.reduce;
+  info.dtype = j.desc.dtype;
+  info.root = static_cast<int16_t>(j.desc.root);
+  info.group_size = static_cast<int16_t>(j.p2p ? 2 : n);
+  info.seq = j.seq;
+  int64_t c = j.desc.count;
+  info.in_count = j.desc.op == CollectiveOp::ReduceScatter || j.desc.op == CollectiveOp::AllToAll ? c * n : c;
+  info.out_count = j.desc.op == CollectiveOp::AllGather || j.desc.op == CollectiveOp::AllToAll ? c * n : c;
+  info.bytes = payload_bytes(j.desc, j.p2p ? 1 : n);
+}
+
+WorkTimes QueuedCommunicator::finish_job(const CommJob& j, int64_t wall0, double begin, double end) {
+  WorkTimes t{wall0, now_ns(), begin, end};
+  if (!ctx_) return t;
+  ctx_->set_comm_clock(end);
+  Event e(EventKind::Collective, Lane::Comm, t.wall_begin_ns, t.wall_end_ns, begin, end);
+  e.iteration = j.iteration;
+  fill_info(e.coll, j);
+  ctx_->record(e);
+  return t;
+}
+
+void QueuedCommunicator::loop() {
+  while (true) {
+    CommJob j;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      j = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    WorkTimes times;
+    std::string err;
+    bool internal = false;
+    try {
+      times = run_job(j);
+    } catch (const CommError& e) {
+      err = e.what();
+    } catch (const std::exception& e) {
+      err = "rank " + std::to_string(rank_) + ": " + e.what();
+      internal = true;
+    }
+    after_job(err, internal);
+    j.work->finish(times, err);
+  }
+}
+
+}  // namespace dtlab

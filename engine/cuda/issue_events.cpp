@@ -1,0 +1,84 @@
+#include "engine/cuda/issue_events.h"
+
+#include "engine/cuda/device.h"
+
+namespace dtlab::cuda {
+
+IssueEvents::~IssueEvents() {
+  for (cudaEvent_t e : issued_) cudaEventDestroy(e);
+  for (cudaEvent_t e : spare_) cudaEventDestroy(e);
+}
+
+void IssueEvents::record() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cudaEvent_t e = nullptr;
+  if (spare_.empty()) {
+    DTLAB_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  } else {
+    e = spare_.back();
+    spare_.pop_back();
+  }
+  DTLAB_CUDA_CHECK(cudaEventRecord(e, compute_));
+  issued_.push_back(e);
+}
+
+void IssueEvents::forget_last() {
+  std::lock_guard<std::mutex> lock(mu_);
+  spare_.push_back(issued_.back());
+  issued_.pop_back();
+}
+
+cudaEvent_t IssueEvents::take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (issued_.empty()) return nullptr;
+  cudaEvent_t e = issued_.front();
+  issued_.pop_front();
+  return e;
+}
+
+void IssueEvents::recycle(cudaEvent_t e) {
+  // Re-recording it later is safe: a stream wait captures the event's state when it is enqueued.
+  std::lock_guard<std::mutex> lock(mu_);
+  spare_.push_back(e);
+}
+
+template <class F>
+WorkPtr IssueRecordingComm::issue(F call) {
+  events_.record();
+  try {
+    return call();
+  } catch (...) {
+    events_.forget_last();  // nothing was queued: no job will take this event
+    throw;
+  }
+}
+
+WorkPtr IssueRecordingComm::all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, Algorithm algo) {
+  return issue([&] { return inner_.all_reduce(buf, count, dt, op, algo); });
+}
+WorkPtr IssueRecordingComm::reduce_scatter(void* out, const void* in, int64_t count, DType dt, ReduceOp op, Algorithm algo) {
+  return issue([&] { return inner_.reduce_scatter(out, in, count, dt, op, algo); });
+}
+WorkPtr IssueRecordingComm::all_gather(void* out, const void* in, int64_t count, DType dt, Algorithm algo) {
+  return issue([&] { return inner_.all_gather(out, in, count, dt, algo); });
+}
+WorkPtr IssueRecordingComm::broadcast(void* buf, int64_t count, DType dt, int root, Algorithm algo) {
+  return issue([&] { return inner_.broadcast(buf, count, dt, root, algo); });
+}
+WorkPtr IssueRecordingComm::reduce(void* buf, int64_t count, DType dt, ReduceOp op, int root, Algorithm algo) {
+  return issue([&] { return inner_.reduce(buf, count, dt, op, root, algo); });
+}
+WorkPtr IssueRecordingComm::barrier() {
+  return issue([&] { return inner_.barrier(); });
+}
+WorkPtr IssueRecordingComm::send(const void* buf, int64_t count, DType dt, int peer, int tag) {
+  return issue([&] { return inner_.send(buf, count, dt, peer, tag); });
+}
+WorkPtr IssueRecordingComm::recv(void* buf, int64_t count, DType dt, int peer, int tag) {
+  return issue([&] { return inner_.recv(buf, count, dt, peer, tag); });
+}
+WorkPtr IssueRecordingComm::all_to_all(void* out, const void* in, int64_t count, DType dt) {
+  return issue([&] { return inner_.all_to_all(out, in, count, dt); });
+}
+
+}  // namespace dtlab::cuda

@@ -1,0 +1,80 @@
+#include "engine/cuda/ops.h"
+
+#include <string>
+
+#include "engine/cuda/device.h"
+#include "engine/cuda/kernels.h"
+
+namespace dtlab::cuda {
+
+namespace {
+
+void check_blas(cublasStatus_t st, const char* call, int line) {
+  if (st != CUBLAS_STATUS_SUCCESS) fail_library(__FILE__, line, call, cublasGetStatusString(st));
+}
+
+void check_launch(int line) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail_cuda(__FILE__, line, "kernel launch", e);
+}
+
+int i32(int64_t v) { return static_cast<int>(v); }
+
+}  // namespace
+
+// cuBLAS is column-major: a row-major (R, K) matrix is its column-major transpose (K, R) with
+// leading dimension K. So each row-major product X = A @ B is computed as X^T = B^T @ A^T, which
+// cuBLAS reads straight from the row-major storage; the transposes below follow from that.
+
+void linear_forward(const RankDevice& dev, float* out, const float* inp, const float* weight,
+                    const float* bias, int64_t B, int64_t C, int64_t OC) {
+  // Seed each row with the bias and let the GEMM accumulate on top (beta = 1), as ops.cpp does.
+  if (bias) launch_bias_fill(dev.compute(), out, bias, B, OC);
+  const float one = 1.0f, beta = bias ? 1.0f : 0.0f;
+  // out^T (OC, B) = weight (OC, C) [stored as (C, OC), so transposed] @ inp^T (C, B)
+  check_blas(cublasSgemm(dev.blas(), CUBLAS_OP_T, CUBLAS_OP_N, i32(OC), i32(B), i32(C), &one, weight,
+                         i32(C), inp, i32(C), &beta, out, i32(OC)),
+             "cublasSgemm (linear forward)", __LINE__);
+  check_launch(__LINE__);
+}
+
+void linear_backward(const RankDevice& dev, float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC) {
+  const float one = 1.0f, zero = 0.0f;
+  if (dinp) {  // dinp^T (C, B) = weight^T (C, OC) @ dout^T (OC, B)
+    check_blas(cublasSgemm(dev.blas(), CUBLAS_OP_N, CUBLAS_OP_N, i32(C), i32(B), i32(OC), &one, weight,
+                           i32(C), dout, i32(OC), &zero, dinp, i32(C)),
+               "cublasSgemm (linear d input)", __LINE__);
+  }
+  if (dweight) {  // dweight^T (C, OC) += inp^T (C, B) @ dout (B, OC)
+    check_blas(cublasSgemm(dev.blas(), CUBLAS_OP_N, CUBLAS_OP_T, i32(C), i32(OC), i32(B), &one, inp,
+                           i32(C), dout, i32(OC), &one, dweight, i32(C)),
+               "cublasSgemm (linear d weight)", __LINE__);
+  }
+  if (dbias) launch_bias_backward(dev.compute(), dbias, dout, B, OC);
+  check_launch(__LINE__);
+}
+
+void relu_forward(const RankDevice& dev, float* out, const float* inp, int64_t N) {
+  launch_relu_forward(dev.compute(), out, inp, N);
+  check_launch(__LINE__);
+}
+
+void relu_backward(const RankDevice& dev, float* dinp, const float* dout, const float* out, int64_t N) {
+  launch_relu_backward(dev.compute(), dinp, dout, out, N);
+  check_launch(__LINE__);
+}
+
+void cross_entropy_forward(const RankDevice& dev, float* probs, float* losses, float* loss,
+                           const float* logits, const int64_t* targets, int64_t B, int64_t C) {
+  launch_cross_entropy_forward(dev.compute(), probs, losses, loss, logits, targets, B, C);
+  check_launch(__LINE__);
+}
+
+void cross_entropy_backward(const RankDevice& dev, float* dlogits, const float* probs,
+                            const int64_t* targets, int64_t B, int64_t C, float scale) {
+  launch_cross_entropy_backward(dev.compute(), dlogits, probs, targets, B, C, scale);
+  check_launch(__LINE__);
+}
+
+}  // namespace dtlab::cuda

@@ -1,0 +1,162 @@
+#include "engine/io/sharded_checkpoint.h"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "engine/core/check.h"
+#include "engine/io/atomic_file.h"
+#include "engine/io/safetensors.h"
+
+namespace dtlab {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* kIndex = "index.json";
+constexpr const char* kFormat = "dtlab-sharded";
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) { throw Error(path + ": " + what); }
+
+std::string join(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
+
+std::string piece_name(const std::string& param, int64_t offset) { return param + "@" + std::to_string(offset); }
+
+// The index, parsed and checked for shape (not yet against a model).
+struct Index {
+  std::map<std::string, std::string> metadata;  // step, model, world, strategy, format
+  json params;
+};
+
+Index read_index(const std::string& dir) {
+  const std::string path = join(dir, kIndex);
+  if (!fs::is_directory(dir)) fail(dir, "is not a directory holding a sharded checkpoint");
+  std::ifstream in(path);
+  if (!in)
+    fail(dir, "has no index.json, so it is not a complete sharded checkpoint (was its save interrupted?); "
+              "save it again with --save-sharded");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    fail(path, std::string("is not valid JSON (") + e.what() + "); the checkpoint is corrupt");
+  }
+  if (!j.is_object() || j.value("format", "") != kFormat)
+    fail(path, std::string("is not a dtlab sharded checkpoint index (\"format\" must be \"") + kFormat + "\")");
+  Index idx;
+  for (const char* key : {"format", "step", "model", "world", "strategy"}) {
+    if (!j.contains(key)) continue;
+    const json& v = j[key];
+    idx.metadata[key] = v.is_string() ? v.get<std::string>() : v.dump();
+  }
+  if (!j.contains("params") || !j["params"].is_object()) fail(path, "has no \"params\" object; the checkpoint is corrupt");
+  idx.params = j["params"];
+  return idx;
+}
+
+}  // namespace
+
+std::string shard_file_name(int rank, int world) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "rank-%05d-of-%05d.safetensors", rank, world);
+  return buf;
+}
+
+bool is_checkpoint_dir(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec);
+}
+
+void save_sharded_checkpoint(const std::string& dir, const Model& model, const std::vector<ParamSlice>& slices,
+                             Communicator& comm, int64_t step, const std::string& strategy) {
+  const int rank = comm.rank(), world = comm.world_size();
+  const auto& params = model.parameters();
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) fail(dir, "cannot be created (" + ec.message() + "); choose a writable --save-sharded directory");
+    fs::remove(join(dir, kIndex), ec);  // from now until the new index, the directory is not loadable
+  }
+  comm.barrier()->wait();
+  if (!slices.empty()) {
+    std::vector<TensorView> views;
+    for (const ParamSlice& s : slices)
+      views.push_back({piece_name(params[static_cast<size_t>(s.param)].name, s.offset), DType::F32, {s.length}, s.data});
+    save_safetensors(join(dir, shard_file_name(rank, world)), views,
+                     {{"format", kFormat}, {"rank", std::to_string(rank)}, {"world", std::to_string(world)}});
+  }
+  comm.barrier()->wait();
+  if (rank == 0) {
+    // The index lists the pieces every rank wrote (read back from the files' headers).
+    json ps = json::object();
+    for (const Parameter& p : params) ps[p.name] = {{"shape", p.shape}, {"pieces", json::array()}};
+    for (int r = 0; r < world; r++) {
+      const std::string file = shard_file_name(r, world);
+      if (!fs::exists(join(dir, file))) continue;  // a rank that owns nothing (HYBRID_SHARD's copies)
+      for (const SafetensorsEntry& e : load_safetensors_header(join(dir, file)).entries) {
+        const size_t at = e.name.rfind('@');
+        const std::string name = e.name.substr(0, at);
+        ps[name]["pieces"].push_back({{"file", file}, {"tensor", e.name},
+                                      {"offset", std::stoll(e.name.substr(at + 1))}, {"length", e.shape.at(0)}});
+      }
+    }
+    json j = {{"format", kFormat}, {"step", step},          {"model", model.spec().str()},
+              {"world", world},    {"strategy", strategy}, {"params", ps}};
+    const std::string text = j.dump(1) + "\n";
+    AtomicFile f(join(dir, kIndex));
+    f.write(text.data(), text.size());
+    f.commit();
+  }
+  comm.barrier()->wait();  // nobody reads the directory before its index exists
+}
+
+CheckpointInfo read_sharded_checkpoint_info(const std::string& dir) {
+  Index idx = read_index(dir);
+  return checkpoint_info_from(join(dir, kIndex), idx.metadata);
+}
+
+CheckpointInfo load_sharded_checkpoint(const std::string& dir, Model& model) {
+  const std::string index_path = join(dir, kIndex);
+  Index idx = read_index(dir);
+  CheckpointInfo info = checkpoint_info_from(index_path, idx.metadata, &model);
+  const std::string spec = model.spec().str();
+  // Staged in full before any parameter is written: a bad piece leaves the model untouched.
+  std::vector<float> staged(static_cast<size_t>(model.num_params()));
+  std::vector<uint8_t> covered(staged.size(), 0);
+  std::map<std::string, SafetensorsFile> files;
+  for (const Parameter& p : model.parameters()) {
+    if (!idx.params.contains(p.name))
+      fail(index_path, "has no parameter '" + p.name + "', which " + spec + " needs; was it saved from a different model?");
+    const json& jp = idx.params[p.name];
+    if (!jp.contains("pieces") || !jp["pieces"].is_array()) fail(index_path, "'" + p.name + "' has no pieces list; the checkpoint is corrupt");
+    for (const json& piece : jp["pieces"]) {
+      const std::string file = piece.value("file", ""), tensor = piece.value("tensor", "");
+      const int64_t offset = piece.value("offset", int64_t{-1}), length = piece.value("length", int64_t{-1});
+      if (file.empty() || file.find('/') != std::string::npos || offset < 0 || length < 0 || offset + length > p.numel)
+        fail(index_path, "'" + p.name + "' lists a piece outside its " + std::to_string(p.numel) + " elements; the checkpoint is corrupt");
+      auto it = files.find(file);
+      if (it == files.end()) it = files.emplace(file, load_safetensors(join(dir, file))).first;
+      const SafetensorsEntry* e = it->second.find(tensor);
+      if (!e || e->dtype != DType::F32 || e->shape != Shape{length})
+        fail(join(dir, file), "has no float32 tensor '" + tensor + "' of " + std::to_string(length) +
+                                  " elements, which index.json lists; the checkpoint is incomplete");
+      const size_t at = static_cast<size_t>(p.offset + offset);
+      for (size_t i = at; i < at + static_cast<size_t>(length); i++) {
+        if (covered[i]) fail(index_path, "'" + p.name + "' element " + std::to_string(i - static_cast<size_t>(p.offset)) + " is in two pieces; the checkpoint is corrupt");
+        covered[i] = 1;
+      }
+      std::memcpy(staged.data() + at, it->second.bytes(*e), static_cast<size_t>(length) * sizeof(float));
+    }
+    for (int64_t i = 0; i < p.numel; i++)
+      if (!covered[static_cast<size_t>(p.offset + i)])
+        fail(index_path, "'" + p.name + "' element " + std::to_string(i) + " is in no piece; a rank's file is missing from the checkpoint");
+  }
+  std::copy(staged.begin(), staged.end(), model.params());
+  return info;
+}
+
+}  // namespace dtlab

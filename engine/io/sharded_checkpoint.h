@@ -1,0 +1,48 @@
+// Sharded checkpoints: each rank saves only what it owns, as torch's SHARDED_STATE_DICT does.
+// Layout of DIR:
+//   rank-00002-of-00004.safetensors   the rank's pieces: tensor "<param>@<offset>" is `length`
+//                                     elements of that parameter's flattened (row-major) values
+//   index.json                        {"format": "dtlab-sharded", "step", "model", "world",
+//                                      "strategy", "params": {name: {"shape", "pieces":
+//                                      [{"file", "tensor", "offset", "length"}]}}}
+// index.json is written last (after every rank's file is complete) and removed first, so a
+// directory whose save was interrupted holds no index and is refused, never half-loaded.
+// Loading reassembles every parameter from the pieces, whatever strategy, wrap policy or world
+// size wrote them, so a sharded checkpoint loads into any run; the full safetensors checkpoint
+// (checkpoint.h) stays the one to hand to PyTorch.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/comm/communicator.h"
+#include "engine/core/model.h"
+#include "engine/io/checkpoint.h"
+
+namespace dtlab {
+
+// A piece of one model parameter owned by a rank.
+struct ParamSlice {
+  int param = 0;        // index into model.parameters()
+  int64_t offset = 0;   // first element, in the parameter's flattened order
+  int64_t length = 0;
+  const float* data = nullptr;
+};
+
+// Collective (every rank of `comm` calls it): writes this rank's file (none when `slices` is
+// empty), then rank 0 writes the index. `strategy` is recorded for people ("FULL_SHARD").
+void save_sharded_checkpoint(const std::string& dir, const Model& model, const std::vector<ParamSlice>& slices,
+                             Communicator& comm, int64_t step, const std::string& strategy);
+
+// True when `path` is a directory (then it must be a sharded checkpoint).
+bool is_checkpoint_dir(const std::string& path);
+
+// Validates the index and every piece (names, shapes, coverage: each element exactly once) before
+// writing a single value; errors are one dtlab::Error sentence naming the file.
+CheckpointInfo load_sharded_checkpoint(const std::string& dir, Model& model);
+CheckpointInfo read_sharded_checkpoint_info(const std::string& dir);
+
+// The file name rank `rank` of `world` writes: "rank-00002-of-00004.safetensors".
+std::string shard_file_name(int rank, int world);
+
+}  // namespace dtlab

@@ -1,0 +1,450 @@
+#include "engine/parallel/pipeline.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <limits>
+
+#include "engine/core/check.h"
+#include "engine/core/format.h"
+#include "engine/core/ops.h"
+
+namespace dtlab {
+
+namespace {
+
+// Tags keep every message apart: one per (receiving stage, micro-batch, direction); a later
+// iteration reuses them, and each (sender, receiver, tag) queue delivers in order.
+constexpr int kActivationTag = 1 << 24;
+constexpr int kGatherTag = 1 << 23;  // + stage: the parameters gathered to rank 0 after training
+constexpr int kReplicaTag = 1 << 22;  // + 4 * pipeline rank: the data-parallel group of that rank
+
+int64_t linear_params(const ModelSpec& spec, int l) { return spec.dims[l + 1] * spec.dims[l] + spec.dims[l + 1]; }
+
+int num_linear(const ModelSpec& spec) { return static_cast<int>(spec.dims.size()) - 1; }
+
+// The largest stage's parameters in the best contiguous cut of `params` into `k` stages.
+int64_t best_max_stage(const std::vector<int64_t>& params, int k) {
+  const int L = static_cast<int>(params.size());
+  constexpr int64_t kInf = std::numeric_limits<int64_t>::max();
+  // best[j][i]: the first i layers in j stages
+  std::vector<std::vector<int64_t>> best(static_cast<size_t>(k + 1), std::vector<int64_t>(static_cast<size_t>(L + 1), kInf));
+  best[0][0] = 0;
+  for (int j = 1; j <= k; j++)
+    for (int i = j; i <= L; i++) {
+      int64_t tail = 0;
+      for (int cut = i - 1; cut >= j - 1; cut--) {
+        tail += params[static_cast<size_t>(cut)];
+        if (best[j - 1][cut] == kInf) continue;
+        best[j][i] = std::min(best[j][i], std::max(best[j - 1][cut], tail));
+      }
+    }
+  return best[k][L];
+}
+
+}  // namespace
+
+// ---- stages ----
+
+std::vector<int> parse_split(std::string_view text) {
+  const std::string how = "; write the Linear layers of each stage in model order, e.g. --split 2,2,1";
+  std::vector<int> counts;
+  std::string_view rest = text;
+  while (true) {
+    const size_t comma = rest.find(',');
+    const std::string_view part = rest.substr(0, comma);
+    int v = 0;
+    auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    if (part.empty() || ec != std::errc() || ptr != part.data() + part.size() || v < 1)
+      throw Error("--split '" + std::string(text) + "' has '" + std::string(part) +
+                  "' where a count of at least 1 belongs" + how);
+    counts.push_back(v);
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return counts;
+}
+
+std::vector<StageRange> partition_stages(const ModelSpec& spec, int num_stages, const std::vector<int>& split) {
+  const int L = num_linear(spec);
+  if (num_stages > L)
+    throw Error(spec.str() + " has " + std::to_string(L) + " Linear layers, fewer than the " + std::to_string(num_stages) +
+                " stages (--stages x --chunks); use a deeper model or fewer stages");
+  std::vector<StageRange> out;
+  if (!split.empty()) {
+    if (static_cast<int>(split.size()) != num_stages)
+      throw Error("--split gives " + std::to_string(split.size()) + " stages but the pipeline has " +
+                  std::to_string(num_stages) + " (--stages x --chunks); give one count per stage");
+    int first = 0;
+    for (int n : split) {
+      out.push_back({first, first + n});
+      first += n;
+    }
+    if (first != L)
+      throw Error("--split covers " + std::to_string(first) + " Linear layers but " + spec.str() + " has " +
+                  std::to_string(L) + "; the counts must add up to the model's Linear layers");
+    return out;
+  }
+  std::vector<int64_t> params;
+  for (int l = 0; l < L; l++) params.push_back(linear_params(spec, l));
+  const int64_t cap = best_max_stage(params, num_stages);
+  // Fill each stage up to the cap from the front, leaving one layer for every stage still to come.
+  int first = 0;
+  for (int s = 0; s < num_stages; s++) {
+    int end = first + 1;
+    int64_t sum = params[static_cast<size_t>(first)];
+    const int last_allowed = L - (num_stages - s - 1);
+    while (end < last_allowed && sum + params[static_cast<size_t>(end)] <= cap) sum += params[static_cast<size_t>(end++)];
+    if (s == num_stages - 1) end = L;
+    out.push_back({first, end});
+    first = end;
+  }
+  return out;
+}
+
+int64_t stage_num_params(const ModelSpec& spec, StageRange s) {
+  int64_t n = 0;
+  for (int l = s.first; l < s.end; l++) n += linear_params(spec, l);
+  return n;
+}
+
+int64_t stage_param_offset(const ModelSpec& spec, StageRange s) { return stage_num_params(spec, {0, s.first}); }
+
+std::string describe_stage(const ModelSpec& spec, StageRange s) {
+  const int last_seq = s.end == num_linear(spec) ? 2 * s.end - 2 : 2 * s.end - 1;
+  const int n = s.end - s.first;
+  return "Sequential " + std::to_string(2 * s.first) + "-" + std::to_string(last_seq) + " (" + std::to_string(n) +
+         " Linear), " + with_commas(stage_num_params(spec, s)) + " parameters";
+}
+
+std::vector<int> PipelinePlan::stages_of_rank(int pipe_rank) const {
+  std::vector<int> ids;
+  for (int k = 0; k < options.chunks; k++) ids.push_back(pipe_rank + k * options.stages);
+  return ids;
+}
+
+PipelinePlan plan_pipeline(const ModelSpec& spec, const PipelineOptions& opt, int64_t batch, int world_size) {
+  if (opt.stages < 1) throw Error("--stages must be at least 1 (got " + std::to_string(opt.stages) + ")");
+  if (opt.dp < 1) throw Error("--dp must be at least 1 (got " + std::to_string(opt.dp) + ")");
+  if (opt.microbatches < 1) throw Error("--microbatches must be at least 1 (got " + std::to_string(opt.microbatches) + ")");
+  if (opt.stages * opt.dp != world_size)
+    throw Error("--world " + std::to_string(world_size) + " is not --stages " + std::to_string(opt.stages) + " x --dp " +
+                std::to_string(opt.dp) + " = " + std::to_string(opt.stages * opt.dp) +
+                "; a pipeline run has one rank per stage per replica (drop --world)");
+  if (batch % opt.microbatches != 0)
+    throw Error("--batch " + std::to_string(batch) + " does not split into " + std::to_string(opt.microbatches) +
+                " equal micro-batches; use a multiple of --microbatches (--batch is one pipeline replica's batch)");
+  if (opt.fixed_costs) {
+    const ActionCosts& c = *opt.fixed_costs;
+    if (!(c.forward > 0 && c.backward > 0 && c.backward_input > 0 && c.backward_weight > 0))
+      throw Error("fixed pipeline action costs must be greater than 0");
+  }
+  PipelinePlan plan;
+  plan.options = opt;
+  plan.schedule = make_schedule(opt.schedule, opt.stages, opt.microbatches, opt.chunks);
+  plan.stages = partition_stages(spec, opt.stages * opt.chunks, opt.split);
+  return plan;
+}
+
+// ---- the runtime ----
+
+// One (stage, micro-batch) in flight: what its backward will need.
+struct PipelineRank::MicroBatch {
+  int64_t rows = 0, offset = 0;  // its rows of the batch
+  Tensor input;                  // stages > 0: the received activation (rows, in)
+  std::vector<Tensor> outs;      // each layer's output (rows, out_i)
+  Tensor probs;                  // last stage: the softmax (rows, C), from F to B
+  std::vector<Tensor> douts;     // after I: the gradient at each layer's output, until W
+  void release() {
+    input = Tensor();
+    outs.clear();
+    probs = Tensor();
+    douts.clear();
+  }
+};
+
+PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int rank, Communicator& comm,
+                           RankContext* ctx, MemoryTracker* memory, uint64_t seed, const OptimizerConfig& optimizer)
+    : plan_(plan), spec_(spec), rank_(rank), pipe_rank_(rank % plan.ranks()), replica_(rank / plan.ranks()),
+      comm_(comm), ctx_(ctx), memory_(memory), observer_(plan.options.fixed_costs ? nullptr : ctx) {
+  stage_ids_ = plan.stages_of_rank(pipe_rank_);
+  for (int s : stage_ids_) {
+    const StageRange r = plan.stages[static_cast<size_t>(s)];
+    models_.push_back(std::make_unique<Model>(spec, memory, seed, r.first, r.end));
+    models_.back()->set_observer(observer_);
+    optimizers_.push_back(std::make_unique<Optimizer>(optimizer, models_.back()->num_params(), memory));
+  }
+  mbs_.resize(stage_ids_.size() * static_cast<size_t>(plan.options.microbatches));
+  if (plan.options.dp > 1) {
+    std::vector<int> ranks;
+    for (int d = 0; d < plan.options.dp; d++) ranks.push_back(d * plan.ranks() + pipe_rank_);
+    executor_ = std::make_shared<GroupExecutor>();
+    dp_group_ = new_group(comm, ranks, kReplicaTag + 4 * pipe_rank_, executor_);
+  }
+}
+
+PipelineRank::~PipelineRank() {
+  // A failed iteration can leave sends queued on the comm worker: their buffers must outlive them.
+  for (auto& [work, buf] : sends_) {
+    try {
+      work->wait();
+    } catch (const std::exception&) {
+    }
+  }
+}
+
+int64_t PipelineRank::num_params() const {
+  int64_t n = 0;
+  for (const auto& m : models_) n += m->num_params();
+  return n;
+}
+
+PipelineRank::MicroBatch& PipelineRank::state(int stage, int mb) {
+  return mbs_[static_cast<size_t>((stage / plan_.ranks()) * plan_.options.microbatches + mb)];
+}
+
+int PipelineRank::peer_of(int stage) const { return replica_ * plan_.ranks() + rank_of_stage(stage, plan_.ranks()); }
+
+int PipelineRank::tag_of(int stage, int mb, Dir dir) const {
+  return kActivationTag + 2 * (stage * plan_.options.microbatches + mb) + dir;
+}
+
+void PipelineRank::load_parameters(const Model& full) {
+  DTLAB_CHECK(full.num_params() == spec_.num_params(), "load_parameters() needs the full model");
+  for (size_t k = 0; k < models_.size(); k++) {
+    const int64_t off = stage_param_offset(spec_, plan_.stages[static_cast<size_t>(stage_ids_[k])]);
+    std::copy(full.params() + off, full.params() + off + models_[k]->num_params(), models_[k]->params());
+  }
+}
+
+void PipelineRank::zero_grad() {
+  for (auto& m : models_) m->zero_grad();
+}
+
+void PipelineRank::step() {
+  for (size_t k = 0; k < models_.size(); k++) optimizers_[k]->step(models_[k]->params(), models_[k]->grads());
+}
+
+void PipelineRank::reduce_gradients() {
+  if (!dp_group_) return;
+  std::vector<WorkPtr> works;
+  for (auto& m : models_) works.push_back(dp_group_->all_reduce(m->grads(), m->num_params(), ReduceOp::Sum));
+  for (auto& w : works) w->wait();
+}
+
+void PipelineRank::gather_parameters(Model* full) {
+  if (replica_ != 0) return;  // the replicas hold the same parameters
+  DTLAB_CHECK(rank_ != 0 || full, "rank 0 gathers the stages into a full model; pass it");
+  const int S = static_cast<int>(plan_.stages.size());
+  for (size_t k = 0; k < models_.size(); k++) {
+    const int s = stage_ids_[k];
+    const Model& m = *models_[k];
+    const int64_t off = stage_param_offset(spec_, plan_.stages[static_cast<size_t>(s)]);
+    if (rank_ == 0)
+      std::copy(m.params(), m.params() + m.num_params(), full->params() + off);
+    else
+      comm_.send(m.params(), m.num_params(), DType::F32, 0, kGatherTag + s)->wait();
+  }
+  if (rank_ != 0) return;
+  for (int s = 0; s < S; s++) {
+    if (peer_of(s) == 0) continue;
+    const StageRange r = plan_.stages[static_cast<size_t>(s)];
+    comm_.recv(full->params() + stage_param_offset(spec_, r), stage_num_params(spec_, r), DType::F32, peer_of(s),
+               kGatherTag + s)->wait();
+  }
+}
+
+Tensor PipelineRank::receive(int stage, int mb, Dir dir, int64_t rows, int64_t width) {
+  const int from = peer_of(dir == kForward ? stage - 1 : stage + 1);
+  const int tag = tag_of(stage, mb, dir);
+  if (from == rank_) {  // both stages live here (one rank per pipeline): a hand-off, no message
+    auto it = local_.find(tag);
+    DTLAB_CHECK(it != local_.end(), "a stage's input is missing; the schedule runs an action before its dependency");
+    Tensor t = std::move(it->second);
+    local_.erase(it);
+    return t;
+  }
+  Tensor t({rows, width}, MemCategory::Activations, memory_);
+  comm_.recv(t.f32(), rows * width, DType::F32, from, tag)->wait();  // bounded by the watchdog
+  return t;
+}
+
+// Sends `data` to `stage` (its owner must keep it until the Work completes). Null when `stage`
+// lives on this rank: the data is copied into the hand-off instead.
+WorkPtr PipelineRank::send(int stage, int mb, Dir dir, const Tensor& data) {
+  const int to = peer_of(stage);
+  const int tag = tag_of(stage, mb, dir);
+  if (to == rank_) {
+    Tensor copy(data.shape(), MemCategory::Activations, memory_);
+    if (data.nbytes() > 0) std::memcpy(copy.raw(), data.raw(), static_cast<size_t>(data.nbytes()));
+    local_[tag] = std::move(copy);
+    return nullptr;
+  }
+  return comm_.send(data.f32(), data.numel(), DType::F32, to, tag);
+}
+
+const Tensor* PipelineRank::forward(int stage, int mb) {
+  MicroBatch& st = state(stage, mb);
+  Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
+  const float* in = stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32();
+  for (int i = 0; i < model.num_layers(); i++) {
+    st.outs.emplace_back(Shape{st.rows, model.layer(i).out_features}, MemCategory::Activations, memory_);
+    if (st.rows > 0) model.layer_forward(i, st.outs.back().f32(), in, st.rows);
+    in = st.outs.back().f32();
+  }
+  // The output stays here until this stage's backward, long after the next stage received it.
+  if (stage + 1 < static_cast<int>(plan_.stages.size())) return &st.outs.back();
+  const int64_t C = spec_.out_features();
+  st.probs = Tensor({st.rows, C}, MemCategory::Activations, memory_);
+  ComputeScope scope(observer_, ComputeKind::Loss, -1, 5.0 * st.rows * C);
+  it_.loss_sum += static_cast<double>(cross_entropy_forward(st.probs.f32(), in, y_ + st.offset, st.rows, C)) * st.rows;
+  it_.correct += static_cast<double>(count_correct(in, y_ + st.offset, st.rows, C));
+  it_.samples += static_cast<double>(st.rows);
+  return nullptr;
+}
+
+Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
+  MicroBatch& st = state(stage, mb);
+  Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
+  if (stage + 1 == static_cast<int>(plan_.stages.size())) {
+    const int64_t C = spec_.out_features();
+    dout = Tensor({st.rows, C}, MemCategory::Activations, memory_);
+    ComputeScope scope(observer_, ComputeKind::LossBackward, -1, 2.0 * st.rows * C);
+    cross_entropy_backward(dout.f32(), st.probs.f32(), y_ + st.offset, st.rows, C, loss_scale_);
+  }
+  st.probs = Tensor();
+  const int n = model.num_layers();
+  if (input_only) st.douts.resize(static_cast<size_t>(n));
+  for (int i = n - 1; i >= 0; i--) {
+    const Layer& L = model.layer(i);
+    const bool input_grad = i > 0 || stage > 0;  // the model's first layer has no input gradient
+    Tensor dinp = input_grad ? Tensor({st.rows, L.in_features}, MemCategory::Activations, memory_) : Tensor();
+    const float* in = i > 0 ? st.outs[static_cast<size_t>(i - 1)].f32()
+                            : (stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32());
+    const float* out = st.outs[static_cast<size_t>(i)].f32();
+    if (st.rows > 0 && !input_only) model.layer_backward(i, dinp.f32(), dout.f32(), in, out, st.rows);
+    if (st.rows > 0 && input_only && input_grad) model.layer_backward_input(i, dinp.f32(), dout.f32(), out, st.rows);
+    if (input_only) st.douts[static_cast<size_t>(i)] = std::move(dout);  // W needs it
+    dout = std::move(dinp);
+  }
+  if (!input_only) st.release();
+  return dout;  // the input gradient (empty on stage 0)
+}
+
+void PipelineRank::backward_weight(int stage, int mb) {
+  MicroBatch& st = state(stage, mb);
+  Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
+  DTLAB_CHECK(st.douts.size() == static_cast<size_t>(model.num_layers()), "W ran before its I; the schedule is wrong");
+  for (int i = 0; i < model.num_layers() && st.rows > 0; i++) {
+    const float* in = i > 0 ? st.outs[static_cast<size_t>(i - 1)].f32()
+                            : (stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32());
+    model.layer_backward_weight(i, st.douts[static_cast<size_t>(i)].f32(), in, st.rows);
+  }
+  st.release();
+}
+
+void PipelineRank::record_action(const Action& a, int step, int index, int64_t wall0, double model0, int64_t bytes) {
+  if (!ctx_) return;
+  const double model1 = ctx_->compute_clock();
+  const int t = static_cast<int>(a.type);
+  if (index == 0) it_.first_begin = model0;
+  it_.last_end = model1;
+  it_.busy += model1 - model0;
+  it_.time[t] += model1 - model0;
+  it_.count[t] += 1;
+  TraceRecorder* rec = ctx_->recorder();
+  if (!rec || !rec->enabled()) return;
+  Event e(EventKind::PipelineAction, Lane::Compute, wall0, rec->now_ns(), model0, model1);
+  e.pipe = PipelineActionInfo{static_cast<int16_t>(a.stage),
+                              static_cast<int16_t>(a.mb),
+                              a.type,
+                              static_cast<int16_t>(step),
+                              static_cast<int16_t>(index),
+                              static_cast<int16_t>(plan_.stages.size()),
+                              static_cast<int16_t>(plan_.options.microbatches),
+                              static_cast<int16_t>(plan_.ranks()),
+                              static_cast<int16_t>(replica_),
+                              bytes};
+  ctx_->record(e);
+}
+
+PipelineRankIteration PipelineRank::run_iteration(const float* x, const int64_t* y, int64_t B, float loss_scale) {
+  x_ = x;
+  y_ = y;
+  loss_scale_ = loss_scale;
+  it_ = {};
+  const int m = plan_.options.microbatches;
+  const int last = static_cast<int>(plan_.stages.size()) - 1;
+  for (int s : stage_ids_)
+    for (int mb = 0; mb < m; mb++) {  // torch.tensor_split: the first B % m micro-batches get one row more
+      MicroBatch& st = state(s, mb);
+      st.rows = B / m + (mb < B % m ? 1 : 0);
+      st.offset = mb * (B / m) + std::min<int64_t>(mb, B % m);
+    }
+  const auto& row = plan_.schedule.order[static_cast<size_t>(pipe_rank_)];
+  int index = 0, inflight = 0, inflight_w = 0;
+  for (size_t t = 0; t < row.size(); t++) {
+    if (!row[t]) continue;  // a bubble in the grid; the runtime simply waits for its input
+    const Action a = *row[t];
+    MicroBatch& st = state(a.stage, a.mb);
+    const Model& model = *models_[static_cast<size_t>(a.stage / plan_.ranks())];
+    // The stepper's action gate (the app steps a pipeline one grid step at a time), then the input.
+    if (ctx_ && !ctx_->gate_action(static_cast<int32_t>(t), comm_.collectives_issued(), action_str(a)))
+      throw CommError("rank " + std::to_string(rank_) + " stopped before pipeline action " + action_str(a) + ": the run was aborted");
+    // The action starts once its input is here: the wait before it is the bubble.
+    Tensor dout;
+    if (a.type == ActionType::Forward && a.stage > 0)
+      st.input = receive(a.stage, a.mb, kForward, st.rows, model.layer(0).in_features);
+    if ((a.type == ActionType::Backward || a.type == ActionType::BackwardInput) && a.stage < last)
+      dout = receive(a.stage, a.mb, kBackward, st.rows, model.layer(model.num_layers() - 1).out_features);
+    if (ctx_) ctx_->set_activity("pipeline action " + action_str(a));
+    const int64_t wall0 = ctx_ && ctx_->recorder() ? ctx_->recorder()->now_ns() : 0;
+    const double model0 = ctx_ ? ctx_->compute_clock() : 0;
+    // Compute, then (with fixed costs) charge the action's time, then send what it produced: the
+    // message leaves at the end of the compute on the modeled clock.
+    const auto& fixed = plan_.options.fixed_costs;
+    const auto charge = [&] {
+      if (ctx_ && fixed) ctx_->advance_compute_clock(model0 + cost_of(a.type, *fixed));
+    };
+    int64_t bytes = 0;
+    switch (a.type) {
+      case ActionType::Forward: {
+        const Tensor* out = forward(a.stage, a.mb);
+        charge();
+        if (out) send(a.stage + 1, a.mb, kForward, *out), bytes = out->nbytes();
+        inflight++, inflight_w++;
+        break;
+      }
+      case ActionType::Backward:
+      case ActionType::BackwardInput: {
+        const bool input_only = a.type == ActionType::BackwardInput;
+        Tensor dinp = backward(a.stage, a.mb, std::move(dout), input_only);
+        charge();
+        if (a.stage > 0) {
+          bytes = dinp.nbytes();
+          if (WorkPtr w = send(a.stage - 1, a.mb, kBackward, dinp)) sends_.emplace_back(std::move(w), std::move(dinp));
+        }
+        inflight--;
+        if (!input_only) inflight_w--;
+        break;
+      }
+      case ActionType::BackwardWeight:
+        backward_weight(a.stage, a.mb);
+        charge();
+        inflight_w--;
+        break;
+      default:
+        throw Error("the pipeline runtime runs F, B, I and W; " + action_str(a) + " is a communication action");
+    }
+    it_.peak_inflight = std::max<double>(it_.peak_inflight, inflight);
+    it_.peak_inflight_w = std::max<double>(it_.peak_inflight_w, inflight_w);
+    record_action(a, static_cast<int>(t), index++, wall0, model0, bytes);
+    // Input gradients already sent free their buffers (without a wait: nothing blocks on a send).
+    std::erase_if(sends_, [](const auto& s) { return s.first->is_completed(); });
+  }
+  for (auto& [work, buf] : sends_) work->wait();
+  sends_.clear();
+  return it_;
+}
+
+}  // namespace dtlab

@@ -1,0 +1,150 @@
+// Pipeline parallelism's runtime. The model's Linear layers are cut into p*v contiguous stages
+// (stage s on rank s % p, as pipeline_schedule.h places them); a rank holds only its stages: their
+// parameters, gradients, optimizer state and the activations of its micro-batches in flight, all in
+// its own MemoryTracker. It runs its row of the schedule action by action and talks to its
+// neighbours with the communicator's send/recv only:
+//   F     receive the previous stage's activation (stage 0: the micro-batch's rows), run the stage,
+//         send the output on (the last stage computes the loss instead);
+//   B     receive the output gradient (last stage: the loss gradient), run the stage's backward into
+//         the gradients, send the input gradient back;
+//   I, W  zero-bubble's halves of B: the input gradient (sent at once), the weight gradient later.
+// Gradients accumulate over the micro-batches; engine/train steps the optimizers once per iteration,
+// after all-reducing each stage's gradients among its data-parallel replicas.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/comm/communicator.h"
+#include "engine/comm/group.h"
+#include "engine/core/model.h"
+#include "engine/core/optim.h"
+#include "engine/parallel/pipeline_schedule.h"
+#include "engine/trace/context.h"
+
+namespace dtlab {
+
+struct PipelineOptions {
+  int stages = 2;        // p: ranks per pipeline (--stages)
+  int microbatches = 4;  // m: micro-batches per batch
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  int chunks = 1;        // v: stages per rank (interleaved); the model is cut into p*v stages
+  std::vector<int> split;  // Linear layers per stage in model order (p*v entries); empty: balanced
+  int dp = 1;            // D: data-parallel replicas; world = p*D, world rank = replica*p + pipeline rank
+  // Equal stages on purpose (lessons, tests): every F, B, I and W costs these modeled seconds instead
+  // of its FLOPs. With --profile ideal (free links) the measured bubble then equals formula_bubble().
+  std::optional<ActionCosts> fixed_costs;
+};
+
+// Linear layers [first, end) of the model, i.e. Sequential indices 2*first .. 2*end-1 (the model's
+// last Linear has no ReLU after it).
+struct StageRange {
+  int first = 0, end = 0;
+  bool operator==(const StageRange&) const = default;
+};
+
+std::vector<int> parse_split(std::string_view text);  // "2,2,1"; dtlab::Error (one sentence) otherwise
+// The stages' layer ranges: `split` as given, or (empty) the contiguous cut that minimises the
+// largest stage's parameter count. dtlab::Error when the model has fewer Linear layers than stages
+// or the split does not add up.
+std::vector<StageRange> partition_stages(const ModelSpec& spec, int num_stages, const std::vector<int>& split = {});
+int64_t stage_num_params(const ModelSpec& spec, StageRange s);
+// The stage's first element in the full model's flat parameter buffer: a stage's flat buffer is the
+// slice [offset, offset + stage_num_params) of the full model's.
+int64_t stage_param_offset(const ModelSpec& spec, StageRange s);
+std::string describe_stage(const ModelSpec& spec, StageRange s);  // "Sequential 0-3 (2 Linear), 4,352 parameters"
+
+// What every rank agrees on before training.
+struct PipelinePlan {
+  PipelineOptions options;
+  std::vector<StageRange> stages;  // p*v, model order
+  PipelineSchedule schedule;       // make_schedule(kind, p, m, v)
+  int ranks() const { return options.stages; }
+  std::vector<int> stages_of_rank(int pipe_rank) const;  // pipe_rank, pipe_rank + p, ...
+};
+// Checks the options against the model, the batch (a multiple of m) and the world (p*D ranks), and
+// generates the schedule; throws dtlab::Error with one sentence.
+PipelinePlan plan_pipeline(const ModelSpec& spec, const PipelineOptions& opt, int64_t batch, int world_size);
+
+// One rank's iteration, as plain doubles so that ranks can all-gather it bit for bit.
+struct PipelineRankIteration {
+  double loss_sum = 0, correct = 0, samples = 0;  // the last stage's samples; 0 on other ranks
+  double first_begin = 0, last_end = 0;           // modeled seconds: its first action's start, last one's end
+  double busy = 0;                                // its actions' modeled durations, summed
+  double time[4] = {}, count[4] = {};             // per ActionType F, B, I, W: modeled time and actions
+  double peak_inflight = 0;    // most (stage, mb) pairs between their F and their B or I
+  double peak_inflight_w = 0;  // ... between their F and their B or W: activations held
+};
+
+class PipelineRank {
+ public:
+  // `rank` is the world rank; its stages' models are built from `seed` with the full model's values.
+  PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int rank, Communicator& comm,
+               RankContext* ctx, MemoryTracker* memory, uint64_t seed, const OptimizerConfig& optimizer);
+  ~PipelineRank();
+  PipelineRank(const PipelineRank&) = delete;
+  PipelineRank& operator=(const PipelineRank&) = delete;
+
+  int pipe_rank() const { return pipe_rank_; }
+  int replica() const { return replica_; }
+  const std::vector<int>& stage_ids() const { return stage_ids_; }
+  Model& stage_model(int k) { return *models_.at(static_cast<size_t>(k)); }  // k-th stage it holds
+  int64_t num_params() const;  // of its stages
+
+  // Copies its stages' parameters out of a full model (--init).
+  void load_parameters(const Model& full);
+  void zero_grad();
+  // Runs this rank's row of the schedule on one batch: x (B, D0) read by the first stage, y (B,) by
+  // the last, cut into m micro-batches like torch.tensor_split (sizes differ by at most one). One
+  // sample's loss weighs loss_scale (1 / the step's samples over every replica), so the gradients
+  // accumulated over the micro-batches are those of the mean loss.
+  PipelineRankIteration run_iteration(const float* x, const int64_t* y, int64_t B, float loss_scale);
+  // Data parallelism: sums each stage's gradients over the D replicas that hold it (a process group
+  // of those ranks). With loss_scale over every replica's samples that sum is the average.
+  void reduce_gradients();
+  void step();  // one optimizer step per stage
+  // Replica 0 sends its stages' parameters to rank 0, which writes them into `full` (null elsewhere).
+  void gather_parameters(Model* full);
+
+ private:
+  struct MicroBatch;
+  enum Dir { kForward = 0, kBackward = 1 };
+  MicroBatch& state(int stage, int mb);
+  int peer_of(int stage) const;
+  int tag_of(int stage, int mb, Dir dir) const;
+  Tensor receive(int stage, int mb, Dir dir, int64_t rows, int64_t width);
+  WorkPtr send(int stage, int mb, Dir dir, const Tensor& data);
+  // forward returns the output to send (null on the last stage, which computes the loss);
+  // backward returns the input gradient to send (empty on stage 0).
+  const Tensor* forward(int stage, int mb);
+  Tensor backward(int stage, int mb, Tensor dout, bool input_only);
+  void backward_weight(int stage, int mb);
+  void record_action(const Action& a, int step, int index, int64_t wall0, double model0, int64_t bytes);
+
+  const PipelinePlan& plan_;
+  ModelSpec spec_;
+  int rank_, pipe_rank_, replica_;
+  Communicator& comm_;
+  RankContext* ctx_;
+  MemoryTracker* memory_;
+  ComputeObserver* observer_;  // ctx_, or null with fixed action costs
+  std::vector<int> stage_ids_;
+  std::vector<std::unique_ptr<Model>> models_;
+  std::vector<std::unique_ptr<Optimizer>> optimizers_;
+  std::vector<MicroBatch> mbs_;              // [k * m + mb] for the k-th stage held
+  std::vector<std::pair<WorkPtr, Tensor>> sends_;  // input gradients in flight, kept until sent
+  std::map<int, Tensor> local_;              // hand-offs between two stages of this rank (p = 1)
+  std::shared_ptr<GroupExecutor> executor_;
+  std::unique_ptr<Communicator> dp_group_;   // the ranks holding the same stages, D > 1
+  // the current iteration
+  const float* x_ = nullptr;
+  const int64_t* y_ = nullptr;
+  float loss_scale_ = 1;
+  PipelineRankIteration it_;
+};
+
+}  // namespace dtlab

@@ -1,0 +1,105 @@
+// The pipeline strategy's per-rank loop: the same data, loss and optimizer as the other strategies'
+// run_rank (train.cpp), but the forward and backward are this rank's row of the pipeline schedule
+// (engine/parallel/pipeline.h), so it gets its own loop.
+#include <chrono>
+#include <cstring>
+#include <type_traits>
+
+#include "engine/core/check.h"
+#include "engine/data/loader.h"
+#include "engine/data/sampler.h"
+#include "engine/train/train.h"
+
+namespace dtlab {
+
+namespace {
+
+constexpr int64_t kRecordFloats = sizeof(PipelineRankIteration) / sizeof(float);
+static_assert(sizeof(PipelineRankIteration) % sizeof(float) == 0 &&
+              std::is_trivially_copyable_v<PipelineRankIteration>);
+
+}  // namespace
+
+// World rank = replica * p + pipeline rank. Every rank of a replica reads the same batches (its
+// replica's DistributedSampler shard); the first stage takes the inputs, the last the labels.
+void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, TrainSummary& sum,
+                                const std::function<void(const StepReport&)>& on_step) {
+  const Dataset& ds = *dataset_;
+  const PipelinePlan& plan = *pipeline_;
+  const int N = config_.world_size, D = plan.options.dp;
+  MemoryTracker& mem = world_->memory(rank);
+  PipelineRank pipe(plan, config_.model, rank, comm, &ctx, &mem, config_.seed, config_.optimizer);
+  if (!config_.init_path.empty()) pipe.load_parameters(*models_[0]);
+  PipelineMeter meter(plan);
+
+  SamplerConfig sc;
+  sc.n = ds.n;
+  sc.world_size = D;
+  sc.rank = pipe.replica();
+  sc.shuffle = config_.shuffle;
+  sc.seed = config_.seed;
+  DistributedSampler sampler(sc);
+  DataLoader loader(ds, sampler, config_.batch, config_.drop_last);
+
+  int64_t epoch = 0, epochs_started = 1;
+  loader.start_epoch(epoch);
+  Batch batch;
+  std::vector<float> all(static_cast<size_t>(kRecordFloats * N));
+  std::vector<PipelineRankIteration> records(static_cast<size_t>(N));
+  for (int64_t step = 1; step <= total_steps_; step++) {
+    const int32_t iter = static_cast<int32_t>(step - 1);
+    if (!ctx.begin_iteration(iter, comm.collectives_issued()))
+      throw CommError("rank " + std::to_string(rank) + " stopped before iteration " + std::to_string(iter) + ": the run was aborted");
+    mem.reset_peaks();
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      ComputeScope scope(&ctx, ComputeKind::ZeroGrad, -1, 0.0);
+      pipe.zero_grad();
+    }
+    if (!loader.next(batch)) {  // epoch exhausted: the user's loop calls set_epoch(epoch + 1)
+      loader.start_epoch(++epoch);
+      epochs_started++;
+      DTLAB_CHECK(loader.next(batch), "a fresh epoch produced no batch");
+    }
+    // Every replica's batch has batch.size samples (the sampler pads), so the step's mean loss
+    // weighs each sample 1 / (D x batch.size).
+    const float scale = 1.0f / static_cast<float>(batch.size * D);
+    PipelineRankIteration mine = pipe.run_iteration(batch.x.data(), batch.y.data(), batch.size, scale);
+    pipe.reduce_gradients();
+    {
+      ComputeScope scope(&ctx, ComputeKind::OptimizerStep, -1, 10.0 * static_cast<double>(pipe.num_params()));
+      pipe.step();
+    }
+    // Every rank learns every rank's figures (one all-gather, bit for bit, no rank-0-only sync).
+    comm.all_gather(all.data(), reinterpret_cast<const float*>(&mine), kRecordFloats, DType::F32)->wait();
+    std::memcpy(static_cast<void*>(records.data()), all.data(), all.size() * sizeof(float));
+    ctx.end_iteration();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rank_memory_[static_cast<size_t>(rank)] = mem.stats();
+    std::vector<double> bubbles = meter.add(records);
+    if (rank != 0) continue;
+    double loss_sum = 0, correct = 0, samples = 0;
+    for (const PipelineRankIteration& r : records) loss_sum += r.loss_sum, correct += r.correct, samples += r.samples;
+    total_samples_ += samples;
+    StepReport r;
+    r.step = step;
+    r.total_steps = total_steps_;
+    r.epoch = epoch;
+    r.batch_size = batch.size;
+    r.samples = static_cast<int64_t>(samples);
+    r.loss = samples > 0 ? static_cast<float>(loss_sum / samples) : 0.0f;
+    r.accuracy = samples > 0 ? correct / samples : 0.0;
+    r.step_seconds = dt;
+    r.samples_per_sec = dt > 0 ? samples / dt : 0;
+    r.bubble = std::move(bubbles);
+    if (on_step) on_step(r);
+  }
+  pipe.gather_parameters(rank == 0 ? models_[0].get() : nullptr);
+  if (rank == 0) {
+    sum.epochs_started = epochs_started;
+    sum.pipeline = meter.stats();
+  }
+  save_at_end(rank, *models_[0], &comm);
+}
+
+}  // namespace dtlab

@@ -1,0 +1,363 @@
+// Lessons (app/lesson.h, app/lesson_runner.h, app/figures.h): every lesson in lessons/ parses;
+// broken files give "file:line: one sentence"; live figures evaluate on snapshots; a lesson runs on
+// a live Session exactly as the app runs it, and what it reveals equals the engine's figures;
+// progress survives a restart. Playing each lesson in the lab under Xvfb is CTest's lesson_<name>.
+#ifdef DTLAB_HAVE_GUI
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <deque>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "app/lesson_runner.h"
+#include "tests/test_util.h"
+
+using namespace dtlab;
+using namespace dtlab::app;
+
+namespace {
+
+const std::string kSource = DTLAB_SOURCE_DIR;
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The sentence a broken lesson fails with ("" when it parses).
+std::string lesson_error(const std::string& text, const std::string& path = "t.md") {
+  try {
+    parse_lesson(text, path);
+  } catch (const LessonError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A lesson header of 8 lines (one more per extra line), so a step's lines are easy to count.
+std::string header(const std::string& extra = "") {
+  return "---\ntitle: t\nminutes: 5\nstrategy: ddp\nworld: 4\nmodel: small\nprofile: nvlink8\n" + extra + "---\n";
+}
+
+// Runs commands the way the app's queue does: engine steps on the session, lesson commands through
+// the runner with their follow-ups first. Returns the first failure, "" when none.
+std::string drive(LessonRunner& r, Session& s, const std::vector<std::string>& lesson_cmds) {
+  std::deque<ScriptCommand> q;
+  for (const std::string& a : lesson_cmds) {
+    ScriptCommand c;
+    c.kind = ScriptCommand::Lesson;
+    c.arg = a;
+    q.push_back(c);
+  }
+  for (int guard = 0; !q.empty(); guard++) {
+    REQUIRE(guard < 100000);
+    const ScriptCommand c = q.front();
+    q.pop_front();
+    switch (c.kind) {
+      case ScriptCommand::StepRing:
+      case ScriptCommand::StepCollective:
+      case ScriptCommand::StepIteration: {
+        const GateKind k = c.kind == ScriptCommand::StepRing ? GateKind::RingStep
+                           : c.kind == ScriptCommand::StepCollective ? GateKind::Collective : GateKind::Iteration;
+        for (int i = 0; i < c.count; i++) {
+          REQUIRE(s.wait_settled(std::chrono::seconds(20)));
+          s.step(k);
+        }
+        REQUIRE(s.wait_settled(std::chrono::seconds(20)));
+        break;
+      }
+      case ScriptCommand::SetEpoch: s.set_data_set_epoch(c.arg == "on"); break;
+      case ScriptCommand::Lesson: {
+        LessonRunner::Result res = r.exec(c.arg, s);
+        if (!res.failure.empty()) return res.failure;
+        if (res.again) {  // the app comes back next frame
+          q.push_front(c);
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+        q.insert(q.begin(), res.then.begin(), res.then.end());
+        break;
+      }
+      default: break;  // views, clock, presentation: the window's business
+    }
+  }
+  return "";
+}
+
+// Bytes rank `src` sent in collective #seq, summed from the snapshot's step events here in the
+// test, independently of app/figures.cpp.
+int64_t bytes_sent(const Snapshot& s, uint64_t seq, int src) {
+  int64_t b = 0;
+  for (const auto& rank_events : s.events)
+    for (const Event& e : rank_events)
+      if (e.kind == EventKind::RingStep && e.step.seq == seq && e.step.src == src) b += e.step.bytes;
+  return b;
+}
+
+}  // namespace
+
+TEST_SUITE("lessons") {
+  TEST_CASE("the course: every lesson parses, takes 5 to 15 minutes and asks questions") {
+    const std::vector<std::string> paths = lesson_paths(kSource + "/lessons");
+    CHECK(paths.size() >= 10);
+    for (const std::string& p : paths) {
+      INFO(p);
+      Lesson l;
+      REQUIRE_NOTHROW(l = load_lesson(p));
+      CHECK(l.minutes >= 5);
+      CHECK(l.minutes <= 15);
+      CHECK(!l.summary.empty());
+      int questions = 0;
+      for (const LessonStep& st : l.steps) questions += st.question ? 1 : 0;
+      CHECK(questions >= 3);
+      CHECK(load_lesson(lesson_name(p)).path == p);  // found by its name too
+    }
+  }
+
+  TEST_CASE("lessons/README.md: its example parses and it documents every live figure") {
+    const std::string readme = read_file(kSource + "/lessons/README.md");
+    const size_t b = readme.find("````markdown\n"), e = readme.find("\n````", b + 13);
+    REQUIRE(b != std::string::npos);
+    REQUIRE(e != std::string::npos);
+    const Lesson l = parse_lesson(readme.substr(b + 13, e - b - 13), "README example");
+    CHECK(l.steps.size() == 1);
+    CHECK(l.steps[0].question.has_value());
+    for (const FigureInfo& f : figure_vocabulary()) {
+      INFO(f.name);
+      CHECK(readme.find("`" + f.name + "`") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("broken lesson files: file:line and one sentence saying what is wrong") {
+    const std::string dir = kSource + "/tests/data/lessons/";
+    auto error_of = [&](const std::string& file) {
+      try {
+        load_lesson(dir + file);
+      } catch (const LessonError& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    CHECK(error_of("broken_action.md") == dir + "broken_action.md:13: unknown action 'stp collective'; did you mean 'step collective'?");
+    CHECK(error_of("broken_figure.md") == dir + "broken_figure.md:16: unknown live figure 'collective.byte'; did you mean 'collective.bytes'?");
+    CHECK(error_of("broken_header.md").rfind(dir + "broken_header.md:5: scenario: --world: Value 17 not in range", 0) == 0);
+    CHECK(error_of("broken_question.md").rfind(dir + "broken_question.md:11: unknown question key 'anwser'; did you mean 'answer'?", 0) == 0);
+    // More mistakes, inline.
+    const std::string h = header();
+    CHECK(lesson_error("no header") == "t.md:1: a lesson starts with its header between two '---' lines (title:, minutes:, scenario:)");
+    CHECK(lesson_error("---\ntitle: t\n---\n## a\n") == "t.md:1: the header has no minutes: (how long the lesson takes)");
+    CHECK(lesson_error("---\ntitle: t\nminutes: 5\nwrld: 4\n---\n") == "t.md:4: unknown header key 'wrld'; did you mean 'world'?");
+    CHECK(lesson_error("---\ntitle: t\nminutes: 5\nscenario: --width 300\n---\n").rfind("t.md:4: --width is about the window", 0) == 0);
+    CHECK(lesson_error("---\ntitle: t\nminutes: 5\nstrategy: ddp\nsharding: full\n---\n") == "t.md:5: scenario: --sharding configures FSDP; add --strategy fsdp");
+    CHECK(lesson_error(h + "## a\n```action\nstep sideways\n```\n") == "t.md:11: step takes ring, collective or iteration (in 'step sideways')");
+    CHECK(lesson_error(h + "## a\n```action\ninject skip rank 9\n```\n").rfind("t.md:11: inject takes", 0) == 0);
+    CHECK(lesson_error(h + "## a\n```action\nrun until bucket[0].redy\n```\n") == "t.md:11: unknown live figure 'bucket[].redy'; did you mean 'bucket[I].ready'?");
+    CHECK(lesson_error(h + "## a\n```action\nscreenshot x.png\n```\n") == "t.md:11: 'screenshot' belongs in a --run script, not in a lesson");
+    CHECK(lesson_error(h + "## a\n```action\nscenario --world 99\n```\n").rfind("t.md:11: scenario: --world: Value 99 not in range", 0) == 0);
+    CHECK(lesson_error(h + "## a\n```question\nask: x?\n```\n") == "t.md:10: the question has no answer: (the live figure to reveal, e.g. answer: collective.steps)");
+    CHECK(lesson_error(h + "## a\n```question\nask: x?\nchoice: only\nanswer: 1\n```\n") == "t.md:10: a multiple-choice question needs at least two choice: lines");
+    CHECK(lesson_error(h + "## a\n```question\nask: x?\nanswer: 1\n```\n```question\nask: y?\nanswer: 2\n```\n") == "t.md:14: one question per step; start a new '## ' step for the next one");
+    CHECK(lesson_error(h + "## a\n```action\nstep ring\n") == "t.md:10: the ```action block is not closed by a ``` line");
+    CHECK(lesson_error(h + "## a\nThe value {{world + }} is\n") == "t.md:10: a value is missing at column 8 of 'world +'");
+    // A fenced code block in prose keeps its '## ' lines as code.
+    const Lesson ok = parse_lesson(h + "## a\n```python\n## not a step\n```\n## b\ntext\n", "t.md");
+    CHECK(ok.steps.size() == 2);
+  }
+
+  TEST_CASE("prose: md4c blocks and spans, with {{figures}} inline") {
+    const Lesson l = parse_lesson(header() +
+                                      "## Intro\nSome **bold**, *em* and `code`, with {{world}} ranks.\n\n- one\n- two\n\n"
+                                      "| a | b |\n|---|---|\n| 1 | 2 |\n\n> a quote\n\n```python\nx = 1\n```\n",
+                                  "t.md");
+    REQUIRE(l.steps.size() == 1);
+    const Prose& p = l.steps[0].prose;
+    REQUIRE(p.size() >= 7);
+    CHECK(p[0].kind == Block::Paragraph);
+    bool bold = false, em = false, code = false, fig = false;
+    for (const Span& s : p[0].spans) {
+      bold |= s.style == Span::Strong && s.text == "bold";
+      em |= s.style == Span::Em && s.text == "em";
+      code |= s.style == Span::Code && s.text == "code";
+      fig |= s.figure == 0;
+    }
+    CHECK((bold && em && code && fig));
+    CHECK(l.figures.size() == 1);
+    CHECK(p[1].kind == Block::Item);
+    CHECK(p[1].bullet == "•");
+    CHECK(p[3].kind == Block::TableRow);
+    CHECK(p[3].cells.size() == 2);
+    CHECK(p[5].kind == Block::Quote);
+    CHECK(p[6].kind == Block::Code);
+    CHECK(p[6].code == "x = 1\n");
+  }
+
+  TEST_CASE("live figures: parse errors, arithmetic, snapshots and the engine's formulas") {
+    auto parse_error = [](const std::string& t) {
+      try {
+        Figure::parse(t);
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    CHECK(parse_error("collective.byte") == "unknown live figure 'collective.byte'; did you mean 'collective.bytes'?");
+    CHECK(parse_error("memory.rank[0].paramters") == "unknown live figure 'memory.rank[].paramters'; did you mean 'memory.rank[R].parameters'?");
+    CHECK(parse_error("plan.total(7e9, 8)") == "'plan.total()' is written plan.total(P, N, SHARDING, DTYPE?)");
+    CHECK(parse_error("plan.total(7e9, 8, full)").rfind("unknown live figure 'full'", 0) == 0);
+    CHECK(parse_error("plan.total(7e9, \"8\", \"full\")") == "argument 2 of plan.total(P, N, SHARDING, DTYPE?) is a number");
+    CHECK(parse_error("(world") == "expected ')' at column 7 of '(world'");
+    Snapshot s;
+    s.config.world = 4;
+    s.config.batch = 16;
+    s.config.accum = 2;
+    s.config.num_params = 4547;
+    const FigureScope sc{&s, nullptr};
+    CHECK(Figure::parse("effective_batch").eval(sc) == 128);
+    CHECK(Figure::parse("2 * (world - 1) / world").eval(sc) == doctest::Approx(1.5));
+    CHECK(Figure::parse("world == 4 && !(batch > 16) || 0").eval(sc) == 1);
+    CHECK(Figure::parse("-world + 10 / 4").eval(sc) == doctest::Approx(-1.5));
+    CHECK_THROWS_WITH_AS(Figure::parse("collective.bytes").eval(sc), "collective.bytes: no collective has run yet", Error);
+    CHECK_THROWS_WITH_AS(Figure::parse("at(\"m\", world)").eval(sc), "no `mark m` has run before this", Error);
+    std::map<std::string, Snapshot> marks;
+    marks["m"] = s;
+    marks["m"].config.world = 8;
+    CHECK(Figure::parse("at(\"m\", world) / world").eval(FigureScope{&s, &marks}) == 2);
+    // The engine's formulas: ZeRO's 16 bytes per parameter, the ring's 2(n-1)/n, GPipe's bubble.
+    CHECK(Figure::parse("plan.total(7e9, 1, \"no-shard\") / 1e9").eval(sc) == doctest::Approx(112));
+    CHECK(Figure::parse("plan.total(7e9, 8, \"full\") / 1e9").eval(sc) == doctest::Approx(14));
+    CHECK(Figure::parse("algo.busiest(\"ring\", 8, 8e9) / 1e9").eval(sc) == doctest::Approx(14));
+    CHECK(Figure::parse("algo.busiest(\"naive\", 8, 8e9) / 1e9").eval(sc) == doctest::Approx(56));
+    CHECK(Figure::parse("schedule.bubble(\"1f1b\", 4, 8)").eval(sc) == doctest::Approx(3.0 / 11));
+    CHECK(Figure::parse("schedule.measured_bubble(\"gpipe\", 4, 8)").eval(sc) == doctest::Approx(3.0 / 11));
+    CHECK(Figure::parse("link.gbs(\"ib2x4\", \"inter\")").eval(sc) == doctest::Approx(25));
+    CHECK(format_figure(6) == "6");
+    CHECK(format_figure(0.272727) == "0.2727");
+    CHECK(closest_word("stp", {"step", "run", "view"}) == "step");
+    CHECK(closest_word("zzzz", {"step", "run"}).empty());
+  }
+
+  TEST_CASE("a lesson on a live Session: play reveals the engine's figures and a learner gets checked") {
+    const Lesson l = parse_lesson(header() +
+                                      "## Ring\n```action\nstep collective 2\n```\n"
+                                      "```question\nask: Steps?\nanswer: collective.steps\nexpect: 2 * (world - 1)\n```\n"
+                                      "## Bytes\n```question\nask: Bytes rank 2 sends?\nreveal: step ring 7\nanswer: sent(2, 2)\n"
+                                      "expect: 2 * (world - 1) / world * bucket[0].bytes\ntolerance: 1%\n```\n"
+                                      "## Which\n```question\nask: Which op?\nchoice: broadcast = collective.is(\"broadcast\")\n"
+                                      "choice: all-reduce = collective.is(\"allreduce\")\nanswer: 1\n```\n",
+                                  "t.md");
+    SUBCASE("played headless") {
+      Session s(lesson_options(l).train);
+      LessonRunner r(l, false, "");
+      REQUIRE(drive(r, s, {"play"}) == "");
+      CHECK(r.finished());
+      const Snapshot& snap = s.update();
+      CHECK(r.answer(0).live == 6);
+      CHECK(r.answer(0).correct);
+      // Rank 2's bytes, from the step events, counted here: equal to what the lesson revealed.
+      CHECK(r.answer(1).live == static_cast<double>(bytes_sent(snap, 2, 2)));
+      CHECK(r.answer(1).live == doctest::Approx(1.5 * static_cast<double>(snap.buckets[0].bytes)).epsilon(0.01));
+      CHECK(r.answer(2).live_choice == 1);
+      CHECK(r.answer_text(2) == "all-reduce");
+    }
+    SUBCASE("a learner answers, checks, goes back") {
+      Session s(lesson_options(l).train);
+      LessonRunner r(l, false, "");
+      REQUIRE(drive(r, s, {"start", "answer 5", "check"}) == "");
+      CHECK(r.step() == 0);
+      CHECK(r.answer(0).revealed);
+      CHECK(r.answer(0).checked);
+      CHECK(!r.answer(0).correct);
+      CHECK(r.answer(0).live == s.update().collective.steps);
+      REQUIRE(drive(r, s, {"next", "answer 1552", "check"}) == "");
+      CHECK(r.step() == 1);
+      CHECK(r.answer(1).correct);  // within the question's 1%
+      REQUIRE(drive(r, s, {"next", "answer 2", "check"}) == "");
+      CHECK(r.answer(2).correct);
+      REQUIRE(drive(r, s, {"back"}) == "");  // replayed from the scenario
+      CHECK(r.step() == 1);
+      CHECK(!r.answer(1).revealed);
+      CHECK(s.update().collective.seq == 2);
+      CHECK(drive(r, s, {"answer x"}) == "t.md:19: step 2 'Bytes': lesson answer: 'x' is not a number");
+    }
+    SUBCASE("the engine disagrees with the lesson: --play fails at the question") {
+      Lesson wrong = l;
+      wrong.steps[0].question->expect = Figure::parse("7");
+      Session s(lesson_options(wrong).train);
+      LessonRunner r(wrong, true, "");
+      CHECK(drive(r, s, {"play"}) == "t.md:13: step 1 'Ring': the engine revealed collective.steps = 6 but the lesson expects 7 = 7");
+    }
+  }
+
+  TEST_CASE("run until, inject and expect on a live Session") {
+    const Lesson l = parse_lesson(header("timeout: 1\n") +
+                                      "## Hang\n```action\ninject skip rank 3 collective 3\nrun until run.failed\n"
+                                      "expect watchdog.missing[0] == 3\n```\n"
+                                      "## Buckets\n```action\nscenario --timeout 30\nrun until bucket[1].launched\nexpect bucket[0].launched\n"
+                                      "expect run.failed\n```\n",
+                                  "t.md");
+    Session s(lesson_options(l).train);
+    LessonRunner r(l, true, "");
+    CHECK(drive(r, s, {"play"}) == "t.md:21: step 2 'Buckets': 'expect run.failed': this does not hold: run.failed = 0");
+    CHECK(s.update().buckets.at(1).state >= BucketState::Launched);
+  }
+
+  TEST_CASE("progress: saved atomically per lesson, read back, a damaged file ignored") {
+    test::TempDir dir;
+    const std::string path = dir.file("state/dtlab/progress.json");
+    CHECK(load_progress(path).empty());
+    save_progress(path, "why_allreduce", LessonProgress{3, 6, 2, 1, false});
+    save_progress(path, "fsdp_zero", LessonProgress{6, 6, 5, 5, true});
+    auto p = load_progress(path);
+    REQUIRE(p.size() == 2);
+    CHECK(p["why_allreduce"].step == 3);
+    CHECK(p["why_allreduce"].correct == 1);
+    CHECK(p["fsdp_zero"].completed);
+    { std::ofstream(path) << "{ not json"; }
+    CHECK(load_progress(path).empty());
+    save_progress(path, "why_allreduce", LessonProgress{4, 6, 3, 2, false});
+    CHECK(load_progress(path).at("why_allreduce").step == 4);
+    CHECK(dir.listing() == std::set<std::string>{"state"});
+  }
+
+  TEST_CASE("lesson commands in scripts, and --play with a broken file: exit 2 with file:line") {
+    CHECK(check_lesson_command("goto 3").empty());
+    CHECK(check_lesson_command("open why_allreduce").empty());
+    CHECK(check_lesson_command("goto 0") == "lesson goto takes a step number from 1");
+    CHECK(check_lesson_command("nxt").rfind("unknown lesson command 'nxt'; did you mean 'next'?", 0) == 0);
+    CHECK(check_lesson_command("_reveal 1").rfind("unknown lesson command '_reveal'", 0) == 0);
+    const std::vector<ScriptCommand> cmds = parse_script("lesson open why_allreduce; lesson goto 2; lesson answer 6; lesson check", "--run");
+    REQUIRE(cmds.size() == 4);
+    CHECK(cmds[1].kind == ScriptCommand::Lesson);
+    CHECK(cmds[2].arg == "answer 6");
+    // The app checks the file before it needs a display.
+    const std::string file = kSource + "/tests/data/lessons/broken_action.md";
+    test::ShellResult r = test::shell("env -u DISPLAY -u WAYLAND_DISPLAY " DTLAB_APP_PATH " --lesson " + file + " --play");
+    CHECK(r.code == 2);
+    CHECK(r.out == "dtlab: " + file + ":13: unknown action 'stp collective'; did you mean 'step collective'?\n");
+    r = test::shell(DTLAB_APP_PATH " --lesson no_such_lesson --play");
+    CHECK(r.code == 2);
+    CHECK(r.out.find(": no lesson 'no_such_lesson'") != std::string::npos);
+    r = test::shell(DTLAB_APP_PATH " --play");
+    CHECK(r.code == 2);
+    CHECK(r.out == "dtlab: --play plays a lesson; add --lesson NAME\n");
+  }
+
+  TEST_CASE("under Xvfb: a broken lesson shows its error in the panel and the lab keeps running") {
+    if (test::shell("command -v xvfb-run").code != 0) {
+      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
+      return;
+    }
+    test::TempDir dir;
+    const std::string file = kSource + "/tests/data/lessons/broken_figure.md", png = dir.file("broken.png");
+    test::ShellResult r = test::shell("xvfb-run -a -s '-screen 0 1280x720x24' " DTLAB_APP_PATH " --width 1280 --height 720 --config-dir " +
+                                      dir.file("c") + " --lesson " + file + " --run 'step collective 2; screenshot " + png + "; quit'");
+    INFO(r.out);
+    CHECK(r.code == 0);
+    CHECK(r.out.find(file + ":16: unknown live figure 'collective.byte'; did you mean 'collective.bytes'?") != std::string::npos);
+    CHECK(r.out.find("screenshot " + png) != std::string::npos);
+  }
+}
+#endif  // DTLAB_HAVE_GUI

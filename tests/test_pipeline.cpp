@@ -1,0 +1,434 @@
+// The pipeline runtime (engine/parallel/pipeline.h): stages balanced or split as given, a stage's
+// model equal to the full model's slice, the split backward (I + W = B), equality with one rank on
+// the same batch for every schedule, p and m (and with data-parallel replicas), measured bubbles
+// and in-flight micro-batches against the formulas, per-rank memory, events, checkpoints and the
+// CLI's one-sentence errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/cli.h"
+#include "engine/core/check.h"
+#include "engine/core/format.h"
+#include "engine/io/checkpoint.h"
+#include "engine/parallel/pipeline_stats.h"
+#include "engine/train/train.h"
+#include "tests/test_util.h"
+#include "tests/train_util.h"
+
+using namespace dtlab;
+
+namespace {
+
+const char* kModel4 = "mlp:2,16,16,16,3";                // 4 Linear layers: up to 4 stages
+const char* kModel8 = "mlp:2,16,16,16,16,16,16,16,3";    // 8 Linear layers: 4 ranks x 2 chunks
+
+TrainConfig pipeline_config(const char* model, ScheduleKind kind, int p, int m, int64_t batch, int v = 1, int dp = 1) {
+  TrainConfig c;
+  c.strategy = "pipeline";
+  c.model = ModelSpec::parse(model);
+  c.data = "spiral";
+  c.batch = batch;
+  c.steps = 20;
+  c.seed = 5;
+  c.optimizer = default_optimizer_config(OptimizerKind::AdamW);
+  c.pipeline.stages = p;
+  c.pipeline.microbatches = m;
+  c.pipeline.schedule = kind;
+  c.pipeline.chunks = v;
+  c.pipeline.dp = dp;
+  c.world_size = p * dp;
+  c.timeout_s = 20;
+  return c;
+}
+
+using test::max_abs_diff;
+using test::single_like;
+using test::train;
+using Run = test::Trained;
+
+// Trains the pipeline and compares it with `want` (one rank on the same samples); returns the
+// largest parameter difference.
+double check_equals_single(const TrainConfig& c, Trainer& one, const Run& want) {
+  Trainer pipe(c);
+  Run got = train(pipe);
+  const double diff = max_abs_diff(pipe.model(), one.model());
+  CHECK(diff <= 1e-5);
+  REQUIRE(got.steps.size() == want.steps.size());
+  for (size_t s = 0; s < got.steps.size(); s++) {
+    CHECK(got.steps[s].samples == want.steps[s].samples);
+    CHECK(got.steps[s].loss == doctest::Approx(want.steps[s].loss).epsilon(1e-5));
+    CHECK(got.steps[s].accuracy == doctest::Approx(want.steps[s].accuracy));
+  }
+  CHECK(got.summary.eval_loss == doctest::Approx(want.summary.eval_loss).epsilon(1e-5));
+  return diff;
+}
+
+struct CliResult {
+  int code = -1;
+  std::string out, err;
+};
+
+CliResult run_cli(const std::vector<std::string>& args) {
+  std::ostringstream out, err;
+  CliResult r;
+  r.code = cli::run_cli(args, {out, err, false});
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+}  // namespace
+
+TEST_SUITE("pipeline") {
+  TEST_CASE("stages are balanced by parameter count, or cut as --split says") {
+    // mlp:2,64,64,64,3: Linear layers of 192, 4160, 4160 and 195 parameters.
+    const ModelSpec spec = ModelSpec::parse("mlp:2,64,64,64,3");
+    CHECK(partition_stages(spec, 2) == std::vector<StageRange>{{0, 2}, {2, 4}});  // 4352 | 4355
+    CHECK(partition_stages(spec, 3) == std::vector<StageRange>{{0, 2}, {2, 3}, {3, 4}});
+    CHECK(partition_stages(spec, 4) == std::vector<StageRange>{{0, 1}, {1, 2}, {2, 3}, {3, 4}});
+    CHECK(partition_stages(spec, 3, {1, 2, 1}) == std::vector<StageRange>{{0, 1}, {1, 3}, {3, 4}});
+    CHECK(stage_num_params(spec, {0, 2}) == 4352);
+    CHECK(stage_param_offset(spec, {2, 4}) == 4352);
+    CHECK(describe_stage(spec, {0, 2}) == "Sequential 0-3 (2 Linear), 4,352 parameters");
+    CHECK(describe_stage(spec, {2, 4}) == "Sequential 4-6 (2 Linear), 4,355 parameters");
+    CHECK(parse_split("2,2,1") == std::vector<int>{2, 2, 1});
+    CHECK_THROWS_WITH_AS(parse_split("2,,1"),
+                         "--split '2,,1' has '' where a count of at least 1 belongs; write the Linear layers of each "
+                         "stage in model order, e.g. --split 2,2,1",
+                         Error);
+    CHECK_THROWS_WITH_AS(partition_stages(spec, 2, {2, 1}),
+                         "--split covers 3 Linear layers but mlp:2,64,64,64,3 has 4; the counts must add up to the "
+                         "model's Linear layers",
+                         Error);
+    CHECK_THROWS_WITH_AS(partition_stages(spec, 3, {2, 2}),
+                         "--split gives 2 stages but the pipeline has 3 (--stages x --chunks); give one count per stage",
+                         Error);
+    CHECK_THROWS_WITH_AS(partition_stages(spec, 5),
+                         "mlp:2,64,64,64,3 has 4 Linear layers, fewer than the 5 stages (--stages x --chunks); use a "
+                         "deeper model or fewer stages",
+                         Error);
+  }
+
+  TEST_CASE("a stage's model is the full model's slice, under the full model's names") {
+    const ModelSpec spec = ModelSpec::parse("mlp:3,8,5,7,2");
+    MemoryTracker mem;
+    Model full(spec, nullptr, 11);
+    Model stage(spec, &mem, 11, 1, 3);  // Linear 1 and 2: Sequential 2..5
+    REQUIRE(stage.num_params() == stage_num_params(spec, {1, 3}));
+    CHECK(stage.parameters().front().name == "2.weight");
+    CHECK(stage.parameters().back().name == "4.bias");
+    CHECK(stage.num_layers() == 4);  // Linear, ReLU, Linear, ReLU
+    const int64_t off = stage_param_offset(spec, {1, 3});
+    for (int64_t i = 0; i < stage.num_params(); i++) REQUIRE(stage.params()[i] == full.params()[off + i]);
+    CHECK(mem.stats().current_of(MemCategory::Parameters) == 4 * stage.num_params());
+    Model last(spec, nullptr, 11, 3, 4);
+    CHECK(last.num_layers() == 1);  // the model's last Linear has no ReLU after it
+  }
+
+  TEST_CASE("the split backward (I, then W) equals the full backward") {
+    const ModelSpec spec = ModelSpec::parse("mlp:6,5,4");
+    Model a(spec, nullptr, 1), b(spec, nullptr, 1);
+    const int64_t B = 7;
+    std::mt19937 gen(3);
+    std::normal_distribution<float> normal;
+    std::vector<float> x(B * 6), dout(B * 5), out(B * 5), d1(B * 6), d2(B * 6);
+    for (float& v : x) v = normal(gen);
+    for (float& v : dout) v = normal(gen);
+    a.zero_grad();
+    b.zero_grad();
+    a.layer_forward(0, out.data(), x.data(), B);
+    a.layer_backward(0, d1.data(), dout.data(), x.data(), out.data(), B);
+    b.layer_backward_input(0, d2.data(), dout.data(), out.data(), B);
+    for (int64_t i = 0; i < b.num_params(); i++) REQUIRE(b.grads()[i] == 0.0f);  // I leaves the weights alone
+    b.layer_backward_weight(0, dout.data(), x.data(), B);
+    for (size_t i = 0; i < d1.size(); i++) CHECK(d1[i] == d2[i]);
+    for (int64_t i = 0; i < a.num_params(); i++) CHECK(a.grads()[i] == b.grads()[i]);
+  }
+
+  TEST_CASE("every schedule, p in {2,3,4}, m in {1,4,8} equals one rank on the same batch after 20 steps") {
+    // One reference per model: the pipeline's batch of 24 on one rank.
+    TrainConfig base4 = pipeline_config(kModel4, ScheduleKind::GPipe, 2, 1, 24);
+    Trainer one4(single_like(base4, 24));
+    const Run want4 = train(one4);
+    TrainConfig base8 = pipeline_config(kModel8, ScheduleKind::GPipe, 2, 1, 24);
+    Trainer one8(single_like(base8, 24));
+    const Run want8 = train(one8);
+    int runs = 0;
+    double worst = 0;
+    for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::ZBH1, ScheduleKind::Interleaved1F1B})
+      for (int p : {2, 3, 4})
+        for (int m : {1, 4, 8}) {
+          const bool interleaved = kind == ScheduleKind::Interleaved1F1B;
+          if (interleaved && m % p != 0) continue;  // PyTorch's (and make_schedule's) rule
+          CAPTURE(schedule_kind_name(kind));
+          CAPTURE(p);
+          CAPTURE(m);
+          TrainConfig c = pipeline_config(interleaved ? kModel8 : kModel4, kind, p, m, 24, interleaved ? 2 : 1);
+          worst = std::max(worst, check_equals_single(c, interleaved ? one8 : one4, interleaved ? want8 : want4));
+          runs++;
+        }
+    CHECK(runs == 31);
+    MESSAGE(runs, " pipelines, largest parameter difference from one rank after 20 steps: ", worst);
+  }
+
+  TEST_CASE("SGD with momentum and AdamW, a hand-made split, and data-parallel replicas") {
+    SUBCASE("SGD with momentum, 1F1B, split 1,2,1") {
+      TrainConfig c = pipeline_config(kModel4, ScheduleKind::OneFOneB, 3, 4, 24);
+      c.optimizer = default_optimizer_config(OptimizerKind::SGD);
+      c.optimizer.momentum = 0.9;
+      c.pipeline.split = {1, 2, 1};
+      Trainer one(single_like(c, 24));
+      const Run want = train(one);
+      check_equals_single(c, one, want);
+    }
+    SUBCASE("an epoch's last batch, smaller than m, is cut like torch.tensor_split (some micro-batches empty)") {
+      // 102 samples in batches of 16: six full batches, then 6 rows for 8 micro-batches.
+      TrainConfig c = pipeline_config(kModel4, ScheduleKind::ZBH1, 3, 8, 16);
+      c.data = "spiral:points=34";
+      c.steps = 14;
+      Trainer one(single_like(c, 16));
+      const Run want = train(one);
+      REQUIRE(want.steps[6].batch_size == 6);
+      check_equals_single(c, one, want);
+    }
+    SUBCASE("--dp 2 equals one rank with twice the batch") {
+      for (ScheduleKind kind : {ScheduleKind::OneFOneB, ScheduleKind::ZBH1}) {
+        for (OptimizerKind opt : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
+          CAPTURE(schedule_kind_name(kind));
+          CAPTURE(optimizer_name(opt));
+          TrainConfig c = pipeline_config(kModel4, kind, 2, 4, 16, 1, 2);
+          c.optimizer = default_optimizer_config(opt);
+          if (opt == OptimizerKind::SGD) c.optimizer.momentum = 0.9;
+          // Replica d's sampler takes every 2nd index of the same permutation: one rank with batch
+          // 32 sees the union of the two replicas' batches.
+          Trainer one(single_like(c, 32));
+          const Run want = train(one);
+          check_equals_single(c, one, want);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("with equal action costs and free links the measured bubble equals the formula") {
+    struct Case {
+      ScheduleKind kind;
+      int v;
+      const char* model;
+    };
+    MESSAGE("p = 4, m = 8, every F, B, I, W 1 ms, profile ideal: bubble per rank, measured vs formula (of wall time)");
+    for (Case k : {Case{ScheduleKind::GPipe, 1, kModel4}, Case{ScheduleKind::OneFOneB, 1, kModel4},
+                   Case{ScheduleKind::Interleaved1F1B, 2, kModel8}, Case{ScheduleKind::ZBH1, 1, kModel4}}) {
+      CAPTURE(schedule_kind_name(k.kind));
+      TrainConfig c = pipeline_config(k.model, k.kind, 4, 8, 16, k.v);
+      c.steps = 3;
+      c.profile = "ideal";
+      c.pipeline.fixed_costs = ActionCosts{1e-3, 1e-3, 1e-3, 1e-3, 0};
+      Trainer t(c);
+      Run r = train(t);
+      const double formula = formula_bubble(k.kind, 4, 8, k.v, *c.pipeline.fixed_costs).of_wall;
+      const ScheduleTiming sim = simulate(t.pipeline_plan()->schedule, *c.pipeline.fixed_costs);
+      std::string line = std::string(schedule_kind_name(k.kind)) + ":";
+      REQUIRE(r.summary.pipeline.ranks.size() == 4);
+      for (const PipelineRankStats& s : r.summary.pipeline.ranks) {
+        CAPTURE(s.rank);
+        CHECK(s.bubble == doctest::Approx(formula).epsilon(1e-9));
+        CHECK(s.formula_bubble == doctest::Approx(formula).epsilon(1e-12));
+        CHECK(s.bubble == doctest::Approx(sim.bubble[static_cast<size_t>(s.rank)]).epsilon(1e-9));
+        char cell[64];
+        std::snprintf(cell, sizeof cell, "  rank %d %.4f vs %.4f", s.rank, s.bubble, formula);
+        line += cell;
+      }
+      for (const StepReport& s : r.steps) {
+        REQUIRE(s.bubble.size() == 4);
+        for (double b : s.bubble) CHECK(b == doctest::Approx(formula).epsilon(1e-9));
+      }
+      CHECK(r.summary.pipeline.makespan == doctest::Approx(sim.makespan).epsilon(1e-9));
+      MESSAGE(line);
+    }
+    // GPipe's (p-1)/(m+p-1) in numbers.
+    CHECK(formula_bubble(ScheduleKind::GPipe, 4, 8).of_wall == doctest::Approx(3.0 / 11.0));
+  }
+
+  TEST_CASE("measured peak in-flight micro-batches equal the formulas, and activation memory follows them") {
+    for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::ZBH1, ScheduleKind::Interleaved1F1B}) {
+      const bool interleaved = kind == ScheduleKind::Interleaved1F1B;
+      CAPTURE(schedule_kind_name(kind));
+      TrainConfig c = pipeline_config(interleaved ? kModel8 : kModel4, kind, 4, 8, 16, interleaved ? 2 : 1);
+      c.steps = 2;
+      Trainer t(c);
+      Run r = train(t);
+      for (const PipelineRankStats& s : r.summary.pipeline.ranks) {
+        CAPTURE(s.rank);
+        CHECK(s.peak_inflight == formula_peak_inflight(kind, s.pipe_rank, 4, 8, interleaved ? 2 : 1));
+        CHECK(s.peak_inflight == s.formula_peak_inflight);
+        CHECK(s.peak_inflight_w == s.formula_peak_inflight_w);
+        CHECK(s.peak_inflight == measured_peak_inflight(t.pipeline_plan()->schedule, s.pipe_rank));
+      }
+      if (kind == ScheduleKind::GPipe) {
+        // Rank 1 holds Linear 1 (16 -> 16): each micro-batch of 2 rows keeps its received input, the
+        // Linear's and the ReLU's outputs (3 x 2 x 16 floats) until its B; GPipe holds all 8 at once.
+        // The peak adds B's two gradient buffers of one micro-batch (2 x 2 x 16 floats).
+        CHECK(r.summary.rank_memory[1].peak_of(MemCategory::Activations) == (8 * 3 * 2 * 16 + 2 * 2 * 16) * 4);
+      }
+      if (kind == ScheduleKind::OneFOneB) {
+        // 1F1B holds min(p - r, m) = 3 micro-batches on rank 1.
+        CHECK(r.summary.rank_memory[1].peak_of(MemCategory::Activations) == (3 * 3 * 2 * 16 + 2 * 2 * 16) * 4);
+      }
+    }
+  }
+
+  TEST_CASE("each rank holds only its stages' parameters, gradients and optimizer state") {
+    TrainConfig c = pipeline_config("mlp:2,64,64,64,3", ScheduleKind::OneFOneB, 2, 4, 16);
+    c.steps = 2;
+    Trainer t(c);
+    TrainSummary s = t.run();
+    const ModelSpec& spec = c.model;
+    REQUIRE(s.rank_memory.size() == 2);
+    for (int r = 0; r < 2; r++) {
+      CAPTURE(r);
+      const int64_t bytes = 4 * stage_num_params(spec, t.pipeline_plan()->stages[static_cast<size_t>(r)]);
+      const MemoryStats& m = s.rank_memory[static_cast<size_t>(r)];
+      CHECK(m.current_of(MemCategory::Parameters) == bytes);
+      CHECK(m.current_of(MemCategory::Gradients) == bytes);
+      CHECK(m.current_of(MemCategory::OptimizerState) == 2 * bytes);  // AdamW's two moments
+      CHECK(m.current_of(MemCategory::Activations) == 0);              // nothing in flight after the step
+    }
+    CHECK(s.rank_memory[0].current_of(MemCategory::Parameters) == 4 * 4352);
+    CHECK(s.rank_memory[1].current_of(MemCategory::Parameters) == 4 * 4355);
+  }
+
+  TEST_CASE("every action is an event on the compute lane, and the trace shows them by PyTorch's names") {
+    test::TempDir dir;
+    TrainConfig c = pipeline_config(kModel4, ScheduleKind::ZBH1, 2, 4, 16);
+    c.steps = 2;
+    c.trace_path = dir.file("pipe.json");
+    Trainer t(c);
+    t.run();
+    const PipelineSchedule& sched = t.pipeline_plan()->schedule;
+    std::vector<int> per_rank(2, 0);
+    for (const Event& e : t.recorder().all_events()) {
+      if (e.kind != EventKind::PipelineAction) continue;
+      per_rank[static_cast<size_t>(e.rank)]++;
+      CHECK(e.lane == Lane::Compute);
+      CHECK(e.model_end >= e.model_begin);
+      CHECK(e.pipe.stage == e.rank);
+      CHECK(e.pipe.num_stages == 2);
+      CHECK(e.pipe.microbatches == 4);
+      const auto& cell = sched.order[static_cast<size_t>(e.rank)][static_cast<size_t>(e.pipe.step)];
+      REQUIRE(cell.has_value());
+      CHECK(*cell == Action{e.pipe.stage, e.pipe.type, e.pipe.mb});
+      // Sends: stage 0's F and stage 1's I carry 4 rows of 16 floats; the rest send nothing.
+      const bool sends = (e.pipe.stage == 0 && e.pipe.type == ActionType::Forward) ||
+                         (e.pipe.stage == 1 && e.pipe.type == ActionType::BackwardInput);
+      CHECK(e.pipe.bytes == (sends ? 4 * 16 * 4 : 0));
+    }
+    // 4 F, 4 I and 4 W per rank and iteration.
+    CHECK(per_rank == std::vector<int>{24, 24});
+    std::ifstream f(c.trace_path);
+    const std::string json((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    CHECK(json.find("\"name\":\"1W3\",\"cat\":\"pipeline\"") != std::string::npos);
+    CHECK(event_kind_name(EventKind::PipelineAction) == std::string("pipeline_action"));
+  }
+
+  TEST_CASE("--save gathers the stages into one checkpoint, and --init starts every stage from one") {
+    test::TempDir dir;
+    TrainConfig c = pipeline_config(kModel4, ScheduleKind::OneFOneB, 4, 4, 16);
+    c.steps = 5;
+    c.save_path = dir.file("pipe.safetensors");
+    Trainer t(c);
+    t.run();
+    Model loaded(c.model, nullptr, 99);
+    load_checkpoint(c.save_path, loaded);
+    CHECK(max_abs_diff(loaded, t.model()) == 0);
+
+    TrainConfig single = single_like(c, 16);
+    single.save_path = dir.file("single.safetensors");
+    Trainer one(single);
+    one.run();
+    CHECK(max_abs_diff(loaded, one.model()) <= 1e-5);
+
+    TrainConfig again = c;
+    again.save_path.clear();
+    again.init_path = c.save_path;
+    TrainConfig again_single = single_like(again, 16);
+    Trainer a(again), b(again_single);
+    a.run();
+    b.run();
+    CHECK(max_abs_diff(a.model(), b.model()) <= 1e-5);
+  }
+
+  TEST_CASE("bad configurations get one sentence") {
+    TrainConfig c = pipeline_config(kModel4, ScheduleKind::OneFOneB, 2, 4, 16, 1, 2);
+    c.world_size = 3;
+    CHECK_THROWS_WITH_AS(Trainer{c},
+                         "--world 3 is not --stages 2 x --dp 2 = 4; a pipeline run has one rank per stage per replica "
+                         "(drop --world)",
+                         Error);
+    c = pipeline_config(kModel4, ScheduleKind::OneFOneB, 2, 4, 18);
+    CHECK_THROWS_WITH_AS(Trainer{c},
+                         "--batch 18 does not split into 4 equal micro-batches; use a multiple of --microbatches "
+                         "(--batch is one pipeline replica's batch)",
+                         Error);
+    c = pipeline_config(kModel4, ScheduleKind::Interleaved1F1B, 2, 3, 18, 2);
+    CHECK_THROWS_WITH_AS(Trainer{c},
+                         "Interleaved 1F1B runs micro-batches in rounds of one per rank, so the micro-batches (3) must "
+                         "be a multiple of the ranks (2), as in PyTorch",
+                         Error);
+    c = pipeline_config(kModel4, ScheduleKind::OneFOneB, 2, 4, 16);
+    c.accum = 2;
+    CHECK_THROWS_WITH_AS(Trainer{c},
+                         "--accum with --strategy pipeline: the micro-batches are the accumulation; use --microbatches",
+                         Error);
+  }
+
+  TEST_CASE("dtlab-cli train --strategy pipeline: header, per-rank table, JSON, and flag errors") {
+    CliResult r = run_cli({"train", "--strategy", "pipeline", "--stages", "4", "--microbatches", "8", "--schedule",
+                           "gpipe", "--model", kModel4, "--batch", "16", "--steps", "3", "--unit-costs", "--profile",
+                           "ideal"});
+    INFO(r.out, r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("pipeline: GPipe, 4 stages on 4 ranks, 8 micro-batches of 2 samples, 1 replica; effective batch 16") !=
+          std::string::npos);
+    CHECK(r.out.find("stage 3 on rank 3: Sequential 6-6 (1 Linear), 51 parameters") != std::string::npos);
+    CHECK(r.out.find("27.3%    27.3%") != std::string::npos);  // (p-1)/(m+p-1) = 3/11, measured and formula
+
+    CliResult j = run_cli({"train", "--strategy", "pipeline", "--stages", "2", "--dp", "2", "--schedule", "zb-h1",
+                           "--model", kModel4, "--batch", "8", "--steps", "2", "--json"});
+    REQUIRE(j.code == 0);
+    std::istringstream lines(j.out);
+    std::string line, last;
+    int steps = 0;
+    while (std::getline(lines, line)) {
+      if (line.find("\"bubble\":[") != std::string::npos) steps++;
+      last = line;
+    }
+    CHECK(steps == 2);
+    CHECK(last.find("\"pipeline\":{") != std::string::npos);
+    CHECK(last.find("\"formula_peak_inflight_until_w\":2") != std::string::npos);
+
+    auto usage = [](const std::vector<std::string>& args, const std::string& expect) {
+      CliResult e = run_cli(args);
+      INFO(e.err);
+      CHECK(e.code == 2);
+      CHECK(e.out.empty());
+      CHECK(e.err.find(expect) != std::string::npos);
+      CHECK(e.err.find('\n') == e.err.size() - 1);
+    };
+    usage({"train", "--strategy", "ddp", "--world", "2", "--stages", "2"},
+          "--stages configures a pipeline; add --strategy pipeline --stages p");
+    usage({"train", "--microbatches", "4"}, "--microbatches configures a pipeline; add --strategy pipeline --stages p");
+    usage({"train", "--strategy", "pipeline", "--stages", "2", "--dp", "2", "--world", "3", "--model", kModel4},
+          "--world 3 is not --stages 2 x --dp 2 = 4");
+    usage({"train", "--strategy", "pipeline", "--stages", "2", "--split", "1,2", "--model", kModel4},
+          "--split covers 3 Linear layers but mlp:2,16,16,16,3 has 4");
+    usage({"train", "--strategy", "pipeline", "--schedule", "pipedream"}, "'pipedream' is not a pipeline schedule");
+  }
+}

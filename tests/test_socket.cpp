@@ -1,0 +1,459 @@
+// The socket backend checked against the threads backend: every collective on 2, 3 and 4 ranks
+// (each rank a thread with its own SocketCommunicator on loopback) must give the threads backend's
+// results bit for bit, on inputs whose float sums depend on the order of addition. Then its
+// diagnoses (a rank that never joins a collective, a desync, a failed peer, a rendezvous nobody
+// comes to) and the multi-process path: `dtlab-cli launch` of a 2-process DDP (and FSDP) run must
+// save the parameters and print the losses of the in-process run.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/cli.h"
+#include "engine/comm/socket_backend.h"
+#include "engine/comm/socket_mesh.h"
+#include "engine/comm/threads_backend.h"
+#include "engine/io/safetensors.h"
+#include "tests/test_util.h"
+
+using namespace dtlab;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Outputs = std::vector<std::vector<uint8_t>>;  // per rank: the bytes of every result, in order
+using Script = std::function<void(int rank, int n, Communicator& c, std::vector<uint8_t>& out)>;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+void check_mentions(const std::string& msg, std::initializer_list<std::string> parts) {
+  for (const std::string& part : parts) CHECK_MESSAGE(contains(msg, part), "missing '" << part << "' in: " << msg);
+}
+
+// Values of many magnitudes, so a sum in another order rounds differently.
+std::vector<float> inputs(int rank, int64_t len) {
+  std::vector<float> v(static_cast<size_t>(len));
+  for (int64_t i = 0; i < len; i++)
+    v[static_cast<size_t>(i)] = static_cast<float>(std::sin(1.7 * static_cast<double>(rank * 7919 + i)) *
+                                                   std::pow(10.0, static_cast<double>((i + rank) % 7) - 3.0));
+  return v;
+}
+
+template <class T>
+void keep(std::vector<uint8_t>& out, const std::vector<T>& v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+  out.insert(out.end(), p, p + v.size() * sizeof(T));
+}
+
+SocketOptions options(int rank, int n, int port, double timeout_s = 20) {
+  SocketOptions o;
+  o.rank = rank;
+  o.world_size = n;
+  o.master_port = port;
+  o.timeout_s = timeout_s;
+  return o;
+}
+
+// Runs fn on n threads, each joining one socket world on a fresh port; returns each rank's error.
+std::vector<std::string> run_socket(int n, double timeout_s,
+                                    const std::function<void(int, SocketCommunicator&)>& fn) {
+  const int port = pick_free_port("127.0.0.1");
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; r++)
+    ts.emplace_back([&, r] {
+      try {
+        SocketCommunicator c(options(r, n, port, timeout_s), nullptr);
+        fn(r, c);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return errors;
+}
+
+Outputs outputs_socket(int n, const Script& script) {
+  Outputs out(static_cast<size_t>(n));
+  auto errors = run_socket(n, 20, [&](int r, SocketCommunicator& c) { script(r, n, c, out[static_cast<size_t>(r)]); });
+  for (int r = 0; r < n; r++) REQUIRE_MESSAGE(errors[static_cast<size_t>(r)].empty(), "rank " << r << ": " << errors[static_cast<size_t>(r)]);
+  return out;
+}
+
+Outputs outputs_threads(int n, const Script& script) {
+  WorldOptions o;
+  o.record = false;
+  ThreadsWorld w(n, o);
+  Outputs out(static_cast<size_t>(n));
+  w.run([&](int r, Communicator& c, RankContext&) { script(r, n, c, out[static_cast<size_t>(r)]); });
+  return out;
+}
+
+// Every collective, every algorithm, counts that do not divide by the world.
+void every_collective(int r, int n, Communicator& c, std::vector<uint8_t>& out) {
+  for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{1001}, int64_t{65537}}) {
+    for (Algorithm algo : {Algorithm::Ring, Algorithm::Tree, Algorithm::Naive})
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
+        std::vector<float> buf = inputs(r, count);
+        c.all_reduce(buf.data(), count, DType::F32, op, algo)->wait();
+        keep(out, buf);
+      }
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      std::vector<float> in = inputs(r, count * n), rs(static_cast<size_t>(count));
+      c.reduce_scatter(rs.data(), in.data(), count, DType::F32, op)->wait();
+      keep(out, rs);
+    }
+    std::vector<float> mine = inputs(r, count), all(static_cast<size_t>(count * n));
+    c.all_gather(all.data(), mine.data(), count, DType::F32)->wait();
+    keep(out, all);
+    for (int root : {0, n - 1})
+      for (Algorithm algo : {Algorithm::Tree, Algorithm::Naive}) {
+        std::vector<float> b = inputs(r, count), red = inputs(r, count);
+        c.broadcast(b.data(), count, DType::F32, root, algo)->wait();
+        c.reduce(red.data(), count, DType::F32, ReduceOp::Avg, root, algo)->wait();
+        keep(out, b);
+        keep(out, red);  // non-root buffers must come back unchanged
+      }
+    std::vector<float> a2a_in = inputs(r, count * n), a2a(static_cast<size_t>(count * n));
+    c.all_to_all(a2a.data(), a2a_in.data(), count, DType::F32)->wait();
+    keep(out, a2a);
+  }
+  std::vector<int64_t> big = {int64_t{1} << 60, r + 1, -7 * r}, gathered(3 * static_cast<size_t>(n));
+  c.all_reduce(big.data(), 3, DType::I64, ReduceOp::Sum)->wait();
+  c.all_gather(gathered.data(), big.data(), 3, DType::I64)->wait();
+  keep(out, big);
+  keep(out, gathered);
+  c.barrier()->wait();
+  if (n == 1) return;
+  // Point to point: two tags to the successor, received in the other order.
+  const int succ = (r + 1) % n, pred = (r - 1 + n) % n;
+  std::vector<float> s7 = inputs(r, 5), s9 = inputs(r + 100, 3), r7(5), r9(3);
+  WorkPtr w7 = c.send(s7.data(), 5, DType::F32, succ, 7), w9 = c.send(s9.data(), 3, DType::F32, succ, 9);
+  c.recv(r9.data(), 3, DType::F32, pred, 9)->wait();
+  c.recv(r7.data(), 5, DType::F32, pred, 7)->wait();
+  w7->wait();
+  w9->wait();
+  keep(out, r7);
+  keep(out, r9);
+}
+
+void check_equal(const Outputs& a, const Outputs& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t r = 0; r < a.size(); r++) {
+    INFO("rank ", r);
+    REQUIRE(a[r].size() == b[r].size());
+    CHECK(std::memcmp(a[r].data(), b[r].data(), a[r].size()) == 0);
+  }
+}
+
+using test::ShellResult;
+
+// dtlab-cli with stdout and stderr together; `timeout` keeps a hang from stalling the suite.
+ShellResult cli_shell(const std::string& args) { return test::shell("timeout 60 " DTLAB_CLI_PATH " " + args); }
+
+std::vector<std::string> losses(const std::string& text) {
+  std::vector<std::string> v;
+  static const std::regex step(R"(^step +\d+/\d+ .* loss ([0-9.]+))");
+  std::istringstream is(text);
+  for (std::string line; std::getline(is, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, step)) v.push_back(m[1]);
+  }
+  return v;
+}
+
+// Largest |a - b| over every parameter of two checkpoints of the same model.
+double max_param_diff(const std::string& a_path, const std::string& b_path) {
+  SafetensorsFile a = load_safetensors(a_path), b = load_safetensors(b_path);
+  REQUIRE(a.entries.size() == b.entries.size());
+  double worst = 0;
+  for (const SafetensorsEntry& ea : a.entries) {
+    const SafetensorsEntry* eb = b.find(ea.name);
+    REQUIRE(eb != nullptr);
+    REQUIRE(ea.end - ea.begin == eb->end - eb->begin);
+    for (int64_t off = 0; off < ea.end - ea.begin; off += 4) {
+      float x, y;
+      std::memcpy(&x, static_cast<const uint8_t*>(a.bytes(ea)) + off, 4);
+      std::memcpy(&y, static_cast<const uint8_t*>(b.bytes(*eb)) + off, 4);
+      worst = std::max(worst, static_cast<double>(std::abs(x - y)));
+    }
+  }
+  return worst;
+}
+
+// launch -N 2 -- train FLAGS against the in-process train --world 2 FLAGS.
+void check_launch_equals_threads(const std::string& flags) {
+  test::TempDir dir("dtlab_launch");
+  auto t0 = Clock::now();
+  ShellResult launched = cli_shell("launch --nproc-per-node 2 -- train " + flags + " --log-every 1 --save " + dir.file("A.safetensors"));
+  INFO("launch output:\n", launched.out);
+  const double launch_s = seconds_since(t0);
+  ShellResult threads = cli_shell("train --world 2 " + flags + " --log-every 1 --save " + dir.file("B.safetensors"));
+  INFO("threads output:\n", threads.out);
+  REQUIRE(launched.code == 0);
+  REQUIRE(threads.code == 0);
+  CHECK(launch_s < 20);
+  CHECK(!contains(launched.out, "[rank 1]"));  // rank 1 stays quiet
+  CHECK(contains(launched.out, "backend socket: 2 processes"));
+  const std::vector<std::string> la = losses(launched.out), lb = losses(threads.out);
+  CHECK(la.size() == 20);
+  CHECK(la == lb);
+  CHECK(max_param_diff(dir.file("A.safetensors"), dir.file("B.safetensors")) == 0.0);  // bit for bit
+}
+
+struct EnvGuard {  // sets or clears variables for one test, then restores them
+  std::vector<std::pair<std::string, std::string>> saved;
+  std::vector<std::string> unset_after;
+  void set(const std::string& k, const char* v) {
+    if (const char* old = std::getenv(k.c_str())) saved.push_back({k, old});
+    else unset_after.push_back(k);
+    if (v) ::setenv(k.c_str(), v, 1);
+    else ::unsetenv(k.c_str());
+  }
+  ~EnvGuard() {
+    for (auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
+    for (auto& k : unset_after) ::unsetenv(k.c_str());
+  }
+};
+
+int run_cli_quiet(const std::vector<std::string>& args, std::string& err) {
+  std::ostringstream out, e;
+  int code = cli::run_cli(args, {out, e, false});
+  err = e.str();
+  CHECK(out.str().empty());
+  return code;
+}
+
+}  // namespace
+
+TEST_SUITE("socket") {
+
+TEST_CASE("every collective on 2, 3 and 4 processes' worth of ranks equals the threads backend bit for bit") {
+  for (int n : {2, 3, 4}) {
+    INFO("world ", n);
+    check_equal(outputs_socket(n, every_collective), outputs_threads(n, every_collective));
+  }
+}
+
+TEST_CASE("a world of one rank needs no peers and still copies and averages") {
+  check_equal(outputs_socket(1, every_collective), outputs_threads(1, every_collective));
+}
+
+TEST_CASE("ring all-reduce records 2(n-1) ring steps in NCCL's chunk order, then the collective") {
+  const int n = 3, port = pick_free_port("127.0.0.1");
+  TraceRecorder rec(n);
+  CostModel cost(find_profile("nvlink8"), n);
+  Stepper stepper(n);
+  std::vector<std::unique_ptr<MemoryTracker>> mem;
+  std::vector<std::unique_ptr<RankContext>> ctx;
+  for (int r = 0; r < n; r++) {
+    mem.push_back(std::make_unique<MemoryTracker>(r));
+    ctx.push_back(std::make_unique<RankContext>(r, &rec, &cost, &stepper, mem.back().get()));
+  }
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; r++)
+    ts.emplace_back([&, r] {
+      SocketCommunicator c(options(r, n, port), ctx[static_cast<size_t>(r)].get());
+      std::vector<float> buf = inputs(r, 300);
+      c.all_reduce(buf.data(), 300, ReduceOp::Sum)->wait();
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < n; r++) {
+    std::vector<int> chunks;
+    int collectives = 0;
+    double model_end = 0;
+    for (const Event& e : rec.events(r)) {
+      if (e.kind == EventKind::RingStep) chunks.push_back(e.step.chunk), model_end = e.model_end;
+      if (e.kind == EventKind::Collective) {
+        collectives++;
+        CHECK(e.model_end == model_end);  // the collective ends with its last step
+        CHECK(e.coll.bytes == 1200);
+      }
+    }
+    CHECK(collectives == 1);
+    // rank r receives chunk (r-2-s) mod n while reducing, then (r-1-s') mod n while gathering
+    std::vector<int> expect;
+    for (int s = 0; s < n - 1; s++) expect.push_back(((r - 2 - s) % n + 2 * n) % n);
+    for (int s = 0; s < n - 1; s++) expect.push_back(((r - 1 - s) % n + 2 * n) % n);
+    CHECK(chunks == expect);
+  }
+}
+
+TEST_CASE("a rank that never joins a collective: the others time out naming the collective and the peer") {
+  std::atomic<int> done{0};
+  auto t0 = Clock::now();
+  auto errors = run_socket(3, 0.5, [&](int r, SocketCommunicator& c) {
+    if (r == 2) {  // stays connected, never calls; leaves when the others have given up
+      while (done.load() < 2 && seconds_since(t0) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return;
+    }
+    std::vector<float> buf(1000, 1.0f);
+    try {
+      c.all_reduce(buf.data(), 1000, ReduceOp::Sum)->wait();
+    } catch (...) {
+      done++;
+      throw;
+    }
+  });
+  CHECK(seconds_since(t0) < 5);
+  for (int r : {0, 1}) {
+    INFO("rank ", r);
+    check_mentions(errors[static_cast<size_t>(r)],
+                   {"collective #0 allreduce of 1000 float32 (sum, ring) timed out after 0.5 s at step ", "waiting for data from rank"});
+  }
+  // Rank 0 waits on rank 2, which sent nothing: the root cause, which rank 1 hears from rank 0.
+  check_mentions(errors[0], {"rank 0: ", "from rank 2", "nothing has arrived from rank 2"});
+}
+
+TEST_CASE("recv with no matching send times out naming the peer and the tag") {
+  auto errors = run_socket(2, 0.5, [&](int r, SocketCommunicator& c) {
+    if (r == 1) return std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    float x[4];
+    c.recv(x, 4, DType::F32, 1, 3)->wait();
+  });
+  check_mentions(errors[0], {"rank 0: recv #0 of 4 float32 from rank 1 (tag 3) timed out after 0.5 s"});
+}
+
+TEST_CASE("desync: different calls fail at once on both ranks, naming both calls") {
+  auto t0 = Clock::now();
+  auto errors = run_socket(2, 10, [&](int r, SocketCommunicator& c) {
+    std::vector<float> buf(12, 1.0f);
+    c.all_reduce(buf.data(), r == 0 ? 10 : 12, ReduceOp::Sum)->wait();
+  });
+  CHECK(seconds_since(t0) < 5);  // not the 10 s timeout
+  for (const std::string& e : errors)
+    check_mentions(e, {"desync: collective #0 differs across ranks", "allreduce of 10 float32", "allreduce of 12 float32",
+                       "every rank must issue the same collectives in the same order"});
+}
+
+TEST_CASE("a rank that fails tells the others, which stop with its reason instead of timing out") {
+  auto t0 = Clock::now();
+  auto errors = run_socket(3, 10, [&](int r, SocketCommunicator& c) {
+    if (r == 1) {
+      c.abort("rank 1 failed: the data loader ran dry");
+      return;
+    }
+    std::vector<float> buf(100, 1.0f);
+    c.all_reduce(buf.data(), 100, ReduceOp::Sum)->wait();
+  });
+  CHECK(seconds_since(t0) < 5);
+  for (int r : {0, 2}) check_mentions(errors[static_cast<size_t>(r)], {"rank 1 failed: the data loader ran dry"});
+}
+
+TEST_CASE("rendezvous: nobody comes, or the ranks disagree on the world size") {
+  const int port = pick_free_port("127.0.0.1");
+  auto t0 = Clock::now();
+  try {
+    SocketCommunicator c(options(0, 3, port, 0.5), nullptr);
+    FAIL("the rendezvous should have timed out");
+  } catch (const CommError& e) {
+    check_mentions(e.what(), {"rank 0: the rendezvous on 127.0.0.1:" + std::to_string(port) + " timed out after 0.5 s",
+                              "ranks 1, 2 never connected"});
+  }
+  CHECK(seconds_since(t0) < 3);
+
+  const int port2 = pick_free_port("127.0.0.1");
+  std::string err0, err1;
+  std::thread t([&] {
+    try {
+      SocketCommunicator c(options(1, 3, port2, 5), nullptr);
+    } catch (const Error& e) {
+      err1 = e.what();
+    }
+  });
+  try {
+    SocketCommunicator c(options(0, 2, port2, 5), nullptr);
+  } catch (const Error& e) {
+    err0 = e.what();
+  }
+  t.join();
+  for (const std::string& e : {err0, err1})
+    check_mentions(e, {"rank 1 joined with WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2; give every rank the same WORLD_SIZE"});
+}
+
+TEST_CASE("socket_options_from_env reads torchrun's variables and names what is missing or malformed") {
+  EnvGuard env;
+  env.set("RANK", nullptr);
+  env.set("WORLD_SIZE", "4");
+  env.set("MASTER_ADDR", "127.0.0.1");
+  env.set("MASTER_PORT", nullptr);
+  env.set("LOCAL_RANK", nullptr);
+  try {
+    socket_options_from_env();
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    check_mentions(e.what(), {"(missing: RANK, MASTER_PORT)", "dtlab-cli launch --nproc-per-node N -- train"});
+  }
+  env.set("RANK", "4");
+  env.set("MASTER_PORT", "29511");
+  CHECK_THROWS_WITH_AS(socket_options_from_env(), doctest::Contains("RANK='4' is not a whole number in 0..3"), Error);
+  env.set("RANK", "2");
+  env.set("LOCAL_RANK", "0");
+  SocketOptions o = socket_options_from_env();
+  CHECK(o.rank == 2);
+  CHECK(o.world_size == 4);
+  CHECK(o.master_port == 29511);
+  CHECK(o.master_addr == "127.0.0.1");
+
+  // train --backend socket without them: one sentence, exit 2.
+  env.set("RANK", nullptr);
+  std::string err;
+  CHECK(run_cli_quiet({"train", "--strategy", "ddp", "--backend", "socket", "--steps", "1"}, err) == 2);
+  check_mentions(err, {"dtlab-cli: --backend socket runs one rank per process and needs RANK"});
+  CHECK(err.find('\n') == err.size() - 1);
+}
+
+TEST_CASE("train --device and --backend: cpu only for now, one sentence otherwise") {
+  std::string err;
+  CHECK(run_cli_quiet({"train", "--device", "cuda", "--steps", "1"}, err) == 2);
+  check_mentions(err, {"--device cuda needs the CUDA engine, which this build does not have yet; use --device cpu"});
+  CHECK(run_cli_quiet({"train", "--device", "tpu", "--steps", "1"}, err) == 2);
+  check_mentions(err, {"--device tpu is not a device; use cpu or cuda"});
+  CHECK(run_cli_quiet({"train", "--backend", "mpi", "--steps", "1"}, err) == 2);
+  check_mentions(err, {"--backend mpi is not a backend"});
+}
+
+TEST_CASE("launch: bad flags are one sentence and exit 2, before any process starts") {
+  std::string err;
+  CHECK(run_cli_quiet({"launch", "--nproc-per-node", "0", "--", "train"}, err) == 2);
+  check_mentions(err, {"--nproc-per-node", "out of range"});
+  CHECK(run_cli_quiet({"launch", "--nproc-per-node", "2", "--", "eval"}, err) == 2);
+  check_mentions(err, {"launch runs 'train' in every process"});
+  CHECK(run_cli_quiet({"launch", "--nproc-per-node", "2", "--nnodes", "2", "--", "train"}, err) == 2);
+  check_mentions(err, {"--nnodes 2 needs --master-port P"});
+  CHECK(run_cli_quiet({"launch", "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "2", "--master-port", "29500", "--", "train"}, err) == 2);
+  check_mentions(err, {"--node-rank 2 is out of range for --nnodes 2"});
+  CHECK(run_cli_quiet({"launch", "--nproc-per-node", "2", "--", "train", "--backend", "threads"}, err) == 2);
+  check_mentions(err, {"launch sets --backend socket itself"});
+  for (const std::string& e : {err}) CHECK(e.find('\n') == e.size() - 1);
+}
+
+TEST_CASE("launch: a 2-process DDP run on loopback equals the in-process run, losses and parameters") {
+  check_launch_equals_threads("--strategy ddp --model mlp:2,32,32,3 --data spiral --steps 20 --batch 16");
+}
+
+TEST_CASE("launch: a 2-process FSDP run equals the in-process run") {
+  check_launch_equals_threads("--strategy fsdp --model mlp:2,32,32,3 --data spiral --steps 20 --batch 16");
+}
+
+TEST_CASE("launch: a rank that fails stops the run with its sentence and its exit code") {
+  auto t0 = Clock::now();
+  ShellResult r = cli_shell("launch --nproc-per-node 2 -- train --strategy ddp --model mlp:2,x,3");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(seconds_since(t0) < 20);
+  check_mentions(r.out, {"dtlab-cli: ", "mlp:2,x,3", "dtlab-cli: launch: rank ", "exited with code 2"});
+}
+
+}  // TEST_SUITE
