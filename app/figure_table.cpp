@@ -46,6 +46,11 @@ const UnitView& unit(const Snapshot& s, const Arg& i) {
   return s.units[static_cast<size_t>(index_of(i, s.units.size(), "unit"))];
 }
 
+const PipelineRankView& pipe_rank(const Snapshot& s, const Arg& r) {
+  if (!s.pipeline.valid) fail("this run is not a pipeline; use --strategy pipeline");
+  return s.pipeline.ranks[static_cast<size_t>(index_of(r, s.pipeline.ranks.size(), "rank"))];
+}
+
 const StepPoint& step_point(const Snapshot& s, const Arg& k) {
   for (const StepPoint& p : s.history)
     if (static_cast<double>(p.step) == k.num) return p;
@@ -236,6 +241,16 @@ const std::vector<Entry>& entries() {
       {"unit[I].numel", "n", "elements of its flat parameter", [d](S s, A a) { return d(unit(s, a[0]).numel); }},
       {"unit[I].shard", "n", "elements each rank keeps (ceil(numel / ranks))", [d](S s, A a) { return d(unit(s, a[0]).chunk); }},
       {"unit[I].gathered", "n", "ranks holding its full parameters now", [](S s, A a) { auto& g = unit(s, a[0]).gathered; return double(std::count(g.begin(), g.end(), 1)); }},
+      // the live pipeline run
+      {"pipeline.bubble(R)", "n", "rank R's idle share of the last finished iteration, measured on the modeled clock", [](S s, A a) {
+         const double b = pipe_rank(s, a[0]).bubble;
+         if (b < 0) fail("no pipeline iteration has finished yet; step an iteration first");
+         return b; }},
+      {"pipeline.formula_bubble", "", "the running schedule's bubble by formula, with this run's action costs", [](S s, A) {
+         if (!s.pipeline.valid) fail("this run is not a pipeline; use --strategy pipeline");
+         return s.pipeline.formula.of_wall; }},
+      {"pipeline.peak(R)", "n", "rank R's most micro-batches in flight in the shown iteration", [](S s, A a) { return double(pipe_rank(s, a[0]).peak_inflight); }},
+      {"pipeline.actions_done(R)", "n", "actions rank R has finished in the shown iteration", [](S s, A a) { return double(pipe_rank(s, a[0]).done.size()); }},
       // formulas, from the engine's planner, cost model, step plans and schedules
       {"plan.total(P, N, SHARDING, DTYPE?)", "nns|s", "bytes per rank for P parameters on N ranks (AdamW; SHARDING no-shard, zero1, grad-op, full; DTYPE fp32 (default) or mixed)", [](S, A a) { return plan_field(a, &MemoryPlan::total); }},
       {"plan.parameters(P, N, SHARDING, DTYPE?)", "nns|s", "of which parameters", [](S, A a) { return plan_field(a, &MemoryPlan::parameters); }},
