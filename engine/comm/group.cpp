@@ -59,6 +59,11 @@ WorkPtr GroupExecutor::submit(uint64_t seq, std::function<void()> fn) {
   return task;
 }
 
+void GroupExecutor::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+}
+
 void GroupExecutor::loop() {
   for (;;) {
     std::shared_ptr<Task> task;
@@ -68,6 +73,7 @@ void GroupExecutor::loop() {
       if (queue_.empty()) return;  // stop_ and nothing left
       task = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
     std::exception_ptr error;
     try {
@@ -82,6 +88,11 @@ void GroupExecutor::loop() {
       task->fn = nullptr;
     }
     task->cv.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
+    }
+    idle_cv_.notify_all();
   }
 }
 
@@ -106,6 +117,8 @@ class GroupComm : public Communicator {
     DTLAB_CHECK(it != ranks_.end(), "rank " + std::to_string(parent.rank()) + " created a process group it is not in");
     me_ = static_cast<int>(it - ranks_.begin());
   }
+  // Queued operations capture this group; they finish (or fail under the watchdog) first.
+  ~GroupComm() override { ex_->drain(); }
 
   int rank() const override { return me_; }
   int world_size() const override { return static_cast<int>(ranks_.size()); }

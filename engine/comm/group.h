@@ -32,6 +32,9 @@ class GroupExecutor {
   // Runs fn on the executor thread after everything queued before it; the Work completes when fn
   // returns and fails with fn's exception.
   WorkPtr submit(uint64_t seq, std::function<void()> fn);
+  // Returns once everything submitted so far has run (bounded: every task's receives are under
+  // the parent's watchdog). A group calls it before it dies, so no queued task outlives its group.
+  void drain();
 
  private:
   void loop();
@@ -40,6 +43,8 @@ class GroupExecutor {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Task>> queue_;
   bool stop_ = false;
+  bool busy_ = false;  // a task is running
+  std::condition_variable idle_cv_;
   std::thread thread_;
 };
 
