@@ -162,6 +162,9 @@ int run_train(TrainArgs& a, Streams& given) {
     if (c.backend == "socket")
       io.out << "  backend socket: " << c.world_size << " processes, rank 0 at " << c.socket.master_addr << ":"
              << c.socket.master_port << "\n";
+    if (c.monitor_port != 0)
+      io.out << "  monitor: paused until a viewer attaches (up to " << seconds_text(c.monitor_wait_s)
+             << "): dtlab --attach " << c.socket.master_addr << ":" << c.monitor_port << "\n";
     io.out.flush();
   }
 
@@ -329,6 +332,8 @@ Runner add_train_command(CLI::App& app) {
   a->static_opt = app.add_flag("--static-buckets", a->static_buckets, "Keep DDP's construction-time buckets (no rebuild after iteration 1)");
   app.add_option("--skip-layer", c.skip_layer, "Model branch: bypass this square Linear (Sequential index) on every --skip-every-th step")->check(whole_number(0, 1 << 20));
   app.add_option("--skip-every", c.skip_every, "Period of the --skip-layer branch in steps")->check(whole_number(1, int64_t{1} << 40))->capture_default_str();
+  app.add_option("--monitor", c.monitor_port, "Under dtlab-cli launch: rank 0 serves the run to 'dtlab --attach MASTER_ADDR:PORT' on this port; the run starts paused")->check(whole_number(1, 65535));
+  app.add_option("--monitor-wait", c.monitor_wait_s, "Seconds a --monitor run waits for its viewer to attach")->check(real_number(0.001, 1e6))->capture_default_str();
   app.add_option("--timeout", c.timeout_s, "Watchdog: seconds before a stuck collective or DDP bucket fails, diagnosed")->check(real_number(0.001, 1e6))->capture_default_str();
   add_pipeline_flags(app, a->pipeline, c);
   app.add_option("--fault", a->faults, "Inject a fault: skip:rank=R,collective=K or delay:rank=R,collective=K,ms=M (repeatable)");

@@ -56,6 +56,15 @@ struct SocketCommunicator::Call {
   double model_t;  // running modeled time of this collective's steps
   std::string what;
   std::vector<bool> heard = std::vector<bool>(static_cast<size_t>(n));  // per peer: sent us a step already
+  SocketCommunicator* comm = nullptr;  // for its status
+
+  // The stepper's gate before ring step `step`.
+  void step_gate(int step) {
+    if (comm) comm->set_status("in " + what + at(step), static_cast<int64_t>(job.seq), step);
+    if (ctx && ctx->stepper() &&
+        !ctx->stepper()->gate(rank, 1, GateKind::RingStep, GatePos{static_cast<int64_t>(job.seq), step}, job.iteration, model_t))
+      throw CommError("rank " + std::to_string(rank) + ": the run was stopped in collective " + what + at(step));
+  }
 
   std::string who() const { return "rank " + std::to_string(rank) + ": collective " + what; }
   std::string at(int step) const {
@@ -212,6 +221,7 @@ void run_plan(SocketCommunicator::Call& c) {
 
   const double model_bytes = ring_ar ? static_cast<double>(count * esize) / n : static_cast<double>(count * esize);
   for (int s = 0; s < c.steps; s++) {
+    c.step_gate(s);
     const int64_t wall0 = c.now();
     const std::vector<StepTransfer> plan = algorithm_step_plan(d.op, d.algo, n, d.root, s);
     const StepTransfer* mine = nullptr;  // every schedule gives a rank at most one receive per step
@@ -286,12 +296,43 @@ void SocketCommunicator::after_job(const std::string& error, bool internal) {
 WorkTimes SocketCommunicator::run_collective(CommJob& j) {
   const int64_t wall0 = now_ns();
   const double begin = ctx() ? std::max(ctx()->comm_clock(), j.issue_model) : 0.0;
-  if (ctx()) ctx()->set_activity("running");
   Call c{*mesh_, j, ctx(), rank(), world_size(), algorithm_step_count(j.desc.op, j.desc.algo, world_size()),
          begin, describe(j.desc, j.seq)};
+  c.comm = this;
+  {
+    std::lock_guard<std::mutex> lock(status_mu_);
+    status_.desc = j.desc;
+    status_.steps = c.steps;
+  }
+  // The stepper's collective gate (the ring steps' gates are in run_plan): a launched world pauses
+  // and steps as the threads world does; with a viewer attached the gates are rank 0's to open.
+  set_status("at the gate of " + c.what, static_cast<int64_t>(j.seq), 0);
+  if (ctx() && ctx()->stepper() &&
+      !ctx()->stepper()->gate(rank(), 1, GateKind::Collective, GatePos{static_cast<int64_t>(j.seq), -1}, j.iteration, begin))
+    throw CommError("rank " + std::to_string(rank()) + ": the run was stopped at the gate of collective " + c.what);
+  set_status("in " + c.what, static_cast<int64_t>(j.seq), 0);
   if (j.desc.dtype == DType::F32) run_typed<float>(c);
   else run_typed<int64_t>(c);
+  {
+    std::lock_guard<std::mutex> lock(status_mu_);
+    status_.activity = "idle";
+    status_.current_seq = -1;
+    status_.done_seq = static_cast<int64_t>(j.seq);
+    status_.steps_done = c.steps;
+  }
   return finish_job(j, wall0, begin, c.model_t);
+}
+
+void SocketCommunicator::set_status(const std::string& activity, int64_t current, int steps_done) {
+  std::lock_guard<std::mutex> lock(status_mu_);
+  status_.activity = activity;
+  status_.current_seq = current;
+  status_.steps_done = steps_done;
+}
+
+SocketCommStatus SocketCommunicator::status() const {
+  std::lock_guard<std::mutex> lock(status_mu_);
+  return status_;
 }
 
 // Sends are eager (the peer's receiver thread takes them whenever they come, as gloo does); a

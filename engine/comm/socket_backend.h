@@ -31,6 +31,15 @@ struct SocketOptions {
 // present. dtlab::Error (one sentence naming what is missing or malformed) otherwise.
 SocketOptions socket_options_from_env();
 
+// What this rank's comm worker is doing, for a viewer (engine/monitor) and diagnoses.
+struct SocketCommStatus {
+  std::string activity = "idle";
+  int64_t current_seq = -1;  // the collective the worker is in (at its gate or running), else -1
+  int64_t done_seq = -1;     // the last collective it finished
+  CollDesc desc;             // current_seq's call
+  int steps_done = 0, steps = 0;
+};
+
 class SocketCommunicator : public QueuedCommunicator {
  public:
   // Joins the world: returns once connected to every other rank. `ctx` may be null.
@@ -39,6 +48,7 @@ class SocketCommunicator : public QueuedCommunicator {
   const char* backend_name() const override { return "socket"; }
   // Fails every pending and future operation here and on every peer with `reason`.
   void abort(const std::string& reason);
+  SocketCommStatus status() const;
 
   struct Call;  // one running collective (socket_backend.cpp)
 
@@ -47,7 +57,10 @@ class SocketCommunicator : public QueuedCommunicator {
   void after_job(const std::string& error, bool internal) override;
   WorkTimes run_collective(CommJob& j);
   WorkTimes run_p2p(CommJob& j);
+  void set_status(const std::string& activity, int64_t current, int steps_done);
   std::unique_ptr<SocketMesh> mesh_;
+  mutable std::mutex status_mu_;
+  SocketCommStatus status_;
 };
 
 }  // namespace dtlab

@@ -35,7 +35,7 @@ TraceRecorder::TraceRecorder(int world_size, size_t capacity_per_rank)
   }
 }
 
-int64_t TraceRecorder::now_ns() const { return steady_ns() - start_ns_; }
+int64_t TraceRecorder::now_ns() const { return steady_ns() - start_ns_.load(std::memory_order_relaxed); }
 
 void TraceRecorder::record(Event& e) {
   if (!enabled()) return;

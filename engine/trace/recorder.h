@@ -33,6 +33,11 @@ class TraceRecorder {
   void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
   int world_size() const { return static_cast<int>(ranks_.size()); }
   int64_t now_ns() const;  // wall clock since construction
+  // The steady clock's reading (ns since its epoch) at which wall_ns 0 falls. Processes on one
+  // machine share the steady clock, so a viewer shifts another process's events by the difference
+  // of the two starts; set_start_ns() makes a mirror recorder's now_ns() the remote one's.
+  int64_t start_ns() const { return start_ns_.load(std::memory_order_relaxed); }
+  void set_start_ns(int64_t ns) { start_ns_.store(ns, std::memory_order_relaxed); }
 
   // Stamps e.order and appends it to e.rank's buffer (dropping the oldest when full).
   void record(Event& e);
@@ -68,7 +73,7 @@ class TraceRecorder {
   std::atomic<bool> enabled_{true};
   mutable std::mutex labels_mu_;
   std::vector<std::string> labels_;
-  int64_t start_ns_;
+  std::atomic<int64_t> start_ns_;
 };
 
 }  // namespace dtlab

@@ -87,11 +87,16 @@ void Stepper::release_open_gates_locked() {
 }
 
 void Stepper::abort() {
-  std::lock_guard<std::mutex> lock(mu_);
-  aborted_ = true;
-  generation_++;
-  cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = true;
+    generation_++;
+    cv_.notify_all();
+  }
+  if (GateRelay* r = relay_.load()) r->cancel();
 }
+
+void Stepper::set_relay(GateRelay* relay) { relay_.store(relay); }
 
 bool Stepper::open_locked(GateKind kind, GatePos pos) const {
   if (aborted_ || !paused_ || pos <= allowed_) return true;
@@ -100,6 +105,7 @@ bool Stepper::open_locked(GateKind kind, GatePos pos) const {
 
 bool Stepper::gate(int rank, int lane, GateKind kind, GatePos pos, int32_t iteration,
                    double model_time) {
+  if (GateRelay* r = relay_.load()) return !aborted() && r->gate(rank, lane, kind, pos, iteration, model_time);
   std::unique_lock<std::mutex> lock(mu_);
   if (!open_locked(kind, pos) && credits_ > 0) {  // a step given before anyone got here
     credits_--;

@@ -17,6 +17,7 @@
 //   step(Action)     release the pending pipeline time step (every rank's action at that step of
 //                    the schedule's grid); stop at the next action or collective gate
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -54,6 +55,15 @@ struct StepperState {
   uint64_t generation = 0;                // bumps on every command and gate change
 };
 
+// Where a rank's gates go when the stepper that decides is in another process (a launched world:
+// rank 0's process holds it, engine/monitor). gate() forwards and returns the answer.
+class GateRelay {
+ public:
+  virtual ~GateRelay() = default;
+  virtual bool gate(int rank, int lane, GateKind kind, GatePos pos, int32_t iteration, double model_time) = 0;
+  virtual void cancel() = 0;  // every waiting and future gate returns false
+};
+
 class Stepper {
  public:
   explicit Stepper(int world_size, bool start_paused = false);
@@ -67,6 +77,10 @@ class Stepper {
   // (`model_time` is the rank's modeled clock at the gate). Returns false once aborted.
   bool gate(int rank, int lane, GateKind kind, GatePos pos, int32_t iteration, double model_time);
 
+  // From now on gate() asks `relay` instead of deciding here (null: decide here again). The relay
+  // must outlive its use; abort() cancels it.
+  void set_relay(GateRelay* relay);
+
   StepperState state() const;
   bool paused() const;
   bool aborted() const;
@@ -78,6 +92,7 @@ class Stepper {
   bool stops_locked(GateKind kind) const;  // would a closed gate of this kind hold a rank now?
   void release_open_gates_locked();        // gates a command opened no longer count as blocked
   int world_size_;
+  std::atomic<GateRelay*> relay_{nullptr};
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   bool paused_;

@@ -11,6 +11,8 @@
 #include "engine/io/atomic_file.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/sharded_checkpoint.h"
+#include "engine/monitor/monitor.h"
+#include "engine/train/config_json.h"
 #include "engine/trace/cost_model.h"
 #include "engine/trace/export.h"
 
@@ -51,7 +53,16 @@ void validate(const TrainConfig& c) {
                   std::to_string(c.socket.world_size) + " from the launcher; drop --world under dtlab-cli launch");
     if (!c.faults.empty())
       throw Error("--fault injects into the threads backend's collectives; drop it with --backend socket");
+    if (c.monitor_port != 0 && c.monitor_port == c.socket.master_port)
+      throw Error("--monitor " + std::to_string(c.monitor_port) + " is the launcher's rendezvous port (MASTER_PORT); "
+                  "pick another port for the viewer");
   }
+  if (c.monitor_port != 0 && c.backend != "socket")
+    throw Error("--monitor serves a launched world to a viewer; run it under 'dtlab-cli launch --nproc-per-node N -- train ... "
+                "--monitor PORT' (the dtlab window steps in-process runs itself)");
+  if (c.monitor_port < 0 || c.monitor_port > 65535)
+    throw Error("--monitor " + std::to_string(c.monitor_port) + " is not a port; use 1-65535");
+  if (!(c.monitor_wait_s > 0)) throw Error("--monitor-wait must be greater than 0 seconds");
   if (c.strategy == "single" && c.world_size != 1)
     throw Error("--strategy single runs one rank, but --world is " + std::to_string(c.world_size) +
                 "; drop --world, set it to 1, or use --strategy ddp");
@@ -152,7 +163,8 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
     memory_ = std::make_unique<MemoryTracker>(me);
     recorder_ = std::make_unique<TraceRecorder>(N);
     cost_ = std::make_unique<CostModel>(find_profile(config_.profile), N);
-    stepper_ = std::make_unique<Stepper>(N, config_.start_paused);
+    // A monitored world starts paused: its viewer (rank 0's hub) gives the first command.
+    stepper_ = std::make_unique<Stepper>(N, config_.start_paused || config_.monitor_port != 0);
     ctx_ = std::make_unique<RankContext>(me, recorder_.get(), cost_.get(), stepper_.get(), memory_.get());
     mem0_ = memory_.get();
     recorder0_ = recorder_.get();
@@ -267,17 +279,84 @@ void Trainer::run_socket_rank(TrainSummary& sum, const std::function<void(const 
   SocketOptions so = config_.socket;
   so.timeout_s = config_.timeout_s;
   const int rank = so.rank;
+  // With --monitor, rank 0 serves a viewer and the other ranks feed it; rank 0's stepper decides
+  // every rank's gates. Made before the rendezvous, so the feeds connect while the world forms.
+  std::mutex live_mu;  // guards `live`: the communicator while it exists
+  SocketCommunicator* live = nullptr;
+  auto status = [this, &live, &live_mu] {
+    RankMonitorStatus s;
+    s.compute_activity = ctx_->activity();
+    s.memory = memory_->stats();
+    std::lock_guard<std::mutex> lock(live_mu);
+    if (SocketCommunicator* c = live) {
+      const SocketCommStatus cs = c->status();
+      s.comm_activity = cs.activity;
+      s.current_seq = cs.current_seq;
+      s.done_seq = cs.done_seq;
+      s.desc = cs.desc;
+      s.steps_done = cs.steps_done;
+      s.steps = cs.steps;
+    }
+    return s;
+  };
+  std::unique_ptr<MonitorHub> hub;
+  std::unique_ptr<MonitorFeed> feed;
+  if (config_.monitor_port != 0) {
+    MonitorOptions mo;
+    mo.addr = so.master_addr;
+    mo.port = config_.monitor_port;
+    mo.rank = rank;
+    mo.world_size = so.world_size;
+    mo.timeout_s = config_.timeout_s;
+    mo.wait_s = config_.monitor_wait_s;
+    if (rank == 0) {
+      hub = std::make_unique<MonitorHub>(mo, *recorder_, *stepper_, train_config_to_json(config_), total_steps_, status,
+                                         [this, &live, &live_mu](const std::string& why) {
+                                           stepper_->abort();
+                                           std::lock_guard<std::mutex> lock(live_mu);
+                                           if (live) live->abort(why);
+                                         });
+    } else {
+      feed = std::make_unique<MonitorFeed>(mo, *recorder_, status);
+      stepper_->set_relay(feed.get());
+    }
+  }
+  struct Unrelay {
+    Stepper& s;
+    ~Unrelay() { s.set_relay(nullptr); }
+  } unrelay{*stepper_};
+  auto report = [&](const StepReport& r) {
+    if (hub) hub->add_report(r);
+    if (on_step) on_step(r);
+  };
   ctx_->set_activity("joining the world at " + so.master_addr + ":" + std::to_string(so.master_port));
-  SocketCommunicator comm(so, ctx_.get());
   try {
-    run_rank(rank, &comm, ctx_.get(), sum, on_step);
-  } catch (const CommError& e) {
-    comm.abort(e.what());  // a no-op when the communicator already failed with this diagnosis
-    throw;
+    SocketCommunicator comm(so, ctx_.get());
+    struct Live {  // `live` names the communicator exactly while it exists
+      std::mutex& mu;
+      SocketCommunicator*& p;
+      Live(std::mutex& m, SocketCommunicator*& ptr, SocketCommunicator* c) : mu(m), p(ptr) { std::lock_guard<std::mutex> l(mu); p = c; }
+      ~Live() { std::lock_guard<std::mutex> l(mu); p = nullptr; }
+    } live_guard(live_mu, live, &comm);
+    try {
+      run_rank(rank, &comm, ctx_.get(), sum, report);
+    } catch (const std::exception& e) {
+      const std::string why = hub ? hub->failure() : std::string();
+      if (!why.empty()) {
+        comm.abort(why);
+        throw Error(why);
+      }
+      // A no-op when the communicator already failed with this diagnosis.
+      comm.abort(dynamic_cast<const CommError*>(&e) ? std::string(e.what()) : "rank " + std::to_string(rank) + " failed: " + e.what());
+      throw;
+    }
   } catch (const std::exception& e) {
-    comm.abort("rank " + std::to_string(rank) + " failed: " + e.what());
+    if (hub) hub->finish(e.what());
     throw;
   }
+  ctx_->set_activity("finished");
+  if (feed) feed->finish();
+  if (hub) hub->finish("");
 }
 
 void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSummary& sum,

@@ -67,6 +67,12 @@ struct TrainConfig {
   // is rank socket.rank of a world of processes, started by `dtlab-cli launch`; ddp and fsdp only).
   std::string backend = "threads";
   SocketOptions socket;     // socket: this rank, the world (= world_size) and rank 0's address
+  std::string device = "cpu";  // where tensors live: "cpu" (this build's engine) or "cuda"
+  // socket: rank 0 serves a viewer (`dtlab --attach ADDR:PORT`) on this port and the other ranks
+  // feed it their events (engine/monitor); 0: no viewer. The run starts paused and waits up to
+  // monitor_wait_s for the viewer to attach.
+  int monitor_port = 0;
+  double monitor_wait_s = 300;
 };
 
 struct StepReport {

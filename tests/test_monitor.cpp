@@ -1,0 +1,209 @@
+// The monitor (engine/monitor): a launched world of processes seen and stepped from one viewer.
+// These tests start real `dtlab-cli launch` runs with --monitor and attach a MonitorClient, as the
+// dtlab window does: the world starts paused, steps one collective or one ring step at a time with
+// every rank's gates decided by rank 0's stepper, every rank's events reach the viewer, and the run
+// finishes when told to run. Bad use gets one sentence.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "engine/comm/socket_mesh.h"
+#include "engine/core/check.h"
+#include "engine/monitor/monitor.h"
+#include "engine/train/config_json.h"
+#include "engine/train/train.h"
+#include "tests/test_util.h"
+
+using namespace dtlab;
+
+namespace {
+
+using test::ShellResult;
+
+// Starts `dtlab-cli launch ... -- train ... --monitor PORT` in the background.
+std::future<ShellResult> launch_monitored(int nproc, const std::string& train_args, int port) {
+  const std::string cmd = "timeout 90 " DTLAB_CLI_PATH " launch --nproc-per-node " + std::to_string(nproc) +
+                          " -- train " + train_args + " --monitor " + std::to_string(port);
+  return std::async(std::launch::async, [cmd] { return test::shell(cmd); });
+}
+
+// Every rank waits at a gate (one of its lanes), as the stepper reports it through the hub.
+bool all_held(const StepperState& st, int world) {
+  if (static_cast<int>(st.gates.size()) != 2 * world || !st.paused) return false;
+  for (int r = 0; r < world; r++)
+    if (!st.gates[static_cast<size_t>(2 * r)].blocked && !st.gates[static_cast<size_t>(2 * r + 1)].blocked) return false;
+  return true;
+}
+
+// The comm lane's gate of rank r (what collective, which step) while it is held.
+GatePos comm_gate(const StepperState& st, int r) { return st.gates[static_cast<size_t>(2 * r + 1)].pos; }
+
+bool wait_held(MonitorClient& c, uint64_t after_generation) {
+  return c.wait_for([&](const StepperState& st, const std::vector<RankMonitorStatus>&) {
+    return st.generation > after_generation && all_held(st, c.world_size());
+  }, 30);
+}
+
+}  // namespace
+
+TEST_SUITE("monitor") {
+
+TEST_CASE("a run's configuration round-trips through JSON, every field") {
+  TrainConfig c;
+  c.strategy = "fsdp";
+  c.world_size = 4;
+  c.model = ModelSpec::parse("mlp:2,16,8,3");
+  c.data = "blobs";
+  c.batch = 7;
+  c.steps = 0;
+  c.epochs = 3;
+  c.optimizer = default_optimizer_config(OptimizerKind::SGD);
+  c.optimizer.momentum = 0.9;
+  c.seed = 42;
+  c.shuffle = false;
+  c.drop_last = true;
+  c.accum = 2;
+  c.skip_layer = 2;
+  c.ddp.bucket_cap_bytes = 1234;
+  c.fsdp.sharding = Sharding::Hybrid;
+  c.fsdp.node_size = 2;
+  c.fsdp.backward_prefetch = BackwardPrefetch::Post;
+  c.pipeline.schedule = ScheduleKind::ZBH1;
+  c.pipeline.split = {1, 2};
+  c.pipeline.fixed_costs = ActionCosts{1, 2, 1, 1, 0.5};
+  c.faults.push_back(Fault{FaultKind::Delay, 1, 5, 0.25});
+  c.backend = "socket";
+  c.socket.master_port = 4321;
+  c.socket.algorithms.allreduce = Algorithm::Tree;
+  c.monitor_port = 29777;
+  c.device = "cpu";
+  const std::string j = train_config_to_json(c);
+  const TrainConfig back = train_config_from_json(j);
+  CHECK(train_config_to_json(back) == j);
+  CHECK(back.model.str() == "mlp:2,16,8,3");
+  CHECK(back.fsdp.sharding == Sharding::Hybrid);
+  CHECK(back.pipeline.fixed_costs->backward == 2.0);
+  CHECK(back.faults.at(0).delay_s == 0.25);
+  CHECK(back.socket.algorithms.allreduce == Algorithm::Tree);
+
+  CHECK_THROWS_WITH_AS(train_config_from_json("{\"batch\": \"many\"}"), doctest::Contains("'batch' has the wrong type"), Error);
+  CHECK_THROWS_WITH_AS(train_config_from_json("[1]"), doctest::Contains("not a JSON object"), Error);
+}
+
+TEST_CASE("a launched 2-process DDP run is stepped from a viewer: collective by collective, ring step by ring step") {
+  const int port = pick_free_port("127.0.0.1");
+  auto run = launch_monitored(2, "--strategy ddp --model mlp:2,16,3 --data spiral --steps 3 --batch 16 --timeout 30", port);
+  MonitorClient c("127.0.0.1:" + std::to_string(port), 30);
+  CHECK(c.world_size() == 2);
+  CHECK(c.backend() == "socket");
+  CHECK(c.total_steps() == 3);
+  const TrainConfig cfg = train_config_from_json(c.config_json());
+  CHECK(cfg.strategy == "ddp");
+  CHECK(cfg.model.str() == "mlp:2,16,3");
+
+  // Paused from the start: both processes wait at DDP's first collective (#0, the parameter shape
+  // check), then #1 broadcasts rank 0's parameters.
+  REQUIRE(wait_held(c, 0));
+  StepperState st = c.stepper_state();
+  CHECK(comm_gate(st, 0) == GatePos{0, -1});
+  CHECK(comm_gate(st, 1) == GatePos{0, -1});
+  std::vector<RankMonitorStatus> ranks = c.ranks();
+  REQUIRE(ranks.size() == 2);
+  CHECK(ranks[1].connected);
+  CHECK(ranks[0].current_seq == 0);
+  CHECK(ranks[1].current_seq == 0);
+  INFO(ranks[1].comm_activity);
+  CHECK(ranks[1].comm_activity.find("at the gate of #0 allgather") != std::string::npos);
+  CHECK(ranks[1].memory.total_current > 0);  // rank 1's replica, counted in its own process
+
+  // One collective at a time: both ranks run #0 and stop at #1's gate, then at #2's (the first
+  // gradient bucket's all-reduce).
+  c.step(GateKind::Collective);
+  REQUIRE(wait_held(c, st.generation));
+  st = c.stepper_state();
+  CHECK(comm_gate(st, 0) == GatePos{1, -1});
+  CHECK(comm_gate(st, 1) == GatePos{1, -1});
+  CHECK(c.ranks()[1].desc.op == CollectiveOp::Broadcast);
+  c.step(GateKind::Collective);
+  REQUIRE(wait_held(c, st.generation));
+  st = c.stepper_state();
+  CHECK(comm_gate(st, 0) == GatePos{2, -1});
+  CHECK(comm_gate(st, 1) == GatePos{2, -1});
+  CHECK(c.ranks()[0].desc.op == CollectiveOp::AllReduce);
+
+  // Ring steps inside #2 (a ring all-reduce of 2 ranks has 2 steps): each step holds both again.
+  c.step(GateKind::RingStep);
+  REQUIRE(wait_held(c, st.generation));
+  st = c.stepper_state();
+  CHECK(comm_gate(st, 0) == GatePos{2, 0});
+  CHECK(comm_gate(st, 1) == GatePos{2, 0});
+  c.step(GateKind::RingStep);
+  REQUIRE(wait_held(c, st.generation));
+  st = c.stepper_state();
+  CHECK(comm_gate(st, 0) == GatePos{2, 1});
+  CHECK(comm_gate(st, 1) == GatePos{2, 1});
+
+  // Rank 1's events reached the viewer: its broadcast and its half of the ring's first step.
+  bool rank1_collective = false, rank1_step = false;
+  for (const Event& e : c.recorder().events(1)) {
+    rank1_collective = rank1_collective || (e.kind == EventKind::Collective && e.coll.seq == 1);
+    rank1_step = rank1_step || (e.kind == EventKind::RingStep && e.step.seq == 2 && e.step.step == 0 && e.step.bytes > 0);
+  }
+  CHECK(rank1_collective);
+  CHECK(rank1_step);
+  CHECK(c.recorder().label_count() > 0);  // DDP's bucket names, interned on rank 0
+
+  // Let it go: the run ends, and the viewer has every step's report.
+  c.run(0);
+  REQUIRE(c.wait_ended(60));
+  CHECK(c.error() == "");
+  const std::vector<StepReport> reports = c.reports();
+  REQUIRE(reports.size() == 3);
+  CHECK(reports.back().step == 3);
+  const ShellResult r = run.get();
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("dtlab --attach 127.0.0.1:" + std::to_string(port)) != std::string::npos);
+  CHECK(r.out.find("done: 3 steps") != std::string::npos);
+}
+
+TEST_CASE("one viewer at a time; a viewer that detaches lets the run finish on its own") {
+  const int port = pick_free_port("127.0.0.1");
+  auto run = launch_monitored(2, "--strategy fsdp --model mlp:2,16,3 --steps 4 --batch 16 --timeout 30", port);
+  {
+    MonitorClient first("127.0.0.1:" + std::to_string(port), 30);
+    REQUIRE(wait_held(first, 0));
+    CHECK_THROWS_WITH_AS(MonitorClient("127.0.0.1:" + std::to_string(port), 10),
+                         doctest::Contains("refused the viewer: a viewer is already attached to this run"), Error);
+  }  // detaches while the world is paused
+  const ShellResult r = run.get();
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("done: 4 steps") != std::string::npos);
+}
+
+TEST_CASE("a monitored run nobody attaches to fails with a sentence saying how to attach") {
+  const int port = pick_free_port("127.0.0.1");
+  auto run = launch_monitored(2, "--strategy ddp --model mlp:2,8,3 --steps 2 --timeout 20 --monitor-wait 0.5", port);
+  const ShellResult r = run.get();
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("no viewer attached to 127.0.0.1:" + std::to_string(port) + " within 0.5 s; start 'dtlab --attach 127.0.0.1:" +
+                   std::to_string(port)) != std::string::npos);
+}
+
+TEST_CASE("monitor misuse gets one sentence") {
+  ShellResult r = test::shell(DTLAB_CLI_PATH " train --strategy ddp --world 2 --steps 1 --monitor 29999");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("--monitor serves a launched world to a viewer; run it under 'dtlab-cli launch") != std::string::npos);
+  // Nothing listens on a port we just found free.
+  const int port = pick_free_port("127.0.0.1");
+  const std::string nobody = "nothing answers at 127.0.0.1:" + std::to_string(port);
+  CHECK_THROWS_WITH_AS(MonitorClient("127.0.0.1:" + std::to_string(port), 0.3), doctest::Contains(nobody.c_str()), Error);
+  CHECK_THROWS_WITH_AS(MonitorClient("localhost", 1), doctest::Contains("is not an address; write HOST:PORT"), Error);
+  CHECK_THROWS_WITH_AS(MonitorClient("127.0.0.1:99999", 1), doctest::Contains("is not a port (1-65535)"), Error);
+}
+
+}  // TEST_SUITE
