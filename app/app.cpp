@@ -280,7 +280,9 @@ void App::toolbar() {
     if (ImGui::IsItemHovered()) ImGui::SetTooltip("One time step of the pipeline schedule: every rank's next action");
   }
   ImGui::SameLine();
+  ImGui::BeginDisabled(session_->attached());
   if (ImGui::Button("Reset (Bksp)")) restart(session_->config());
+  ImGui::EndDisabled();
   ImGui::SameLine();
   // Speed: modeled seconds per wall second, on a log slider (0 = as fast as possible).
   float speed = static_cast<float>(session_->speed());
@@ -333,8 +335,9 @@ void App::toolbar() {
     }
   } else status = "running";
   char line[256];
-  std::snprintf(line, sizeof line, "step %lld/%lld  iteration %d  %s", static_cast<long long>(s.step),
-                static_cast<long long>(s.total_steps), s.iteration, status.c_str());
+  std::snprintf(line, sizeof line, "step %lld/%lld  iteration %d  %s  [%s/%s%s%s]", static_cast<long long>(s.step),
+                static_cast<long long>(s.total_steps), s.iteration, status.c_str(), s.config.device.c_str(),
+                s.config.backend.c_str(), s.config.attached.empty() ? "" : " @", s.config.attached.c_str());
   ImGui::SameLine();
   if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(line).x) ImGui::NewLine();
   ImGui::TextUnformatted(line);
@@ -343,9 +346,23 @@ void App::toolbar() {
   ImGui::End();
 }
 
+// Where the ranks run, in words, for the Run panel.
+static std::string backend_words(const RunConfigView& rc) {
+  const std::string n = std::to_string(rc.world) + (rc.world == 1 ? " rank" : " ranks");
+  if (rc.backend == "socket") return n + " as processes (dtlab-cli launch), collectives over TCP";
+  if (rc.backend == "cuda") return n + " sharing the GPU, collectives as device copies and reduction kernels";
+  if (rc.backend == "nccl") return n + ", one GPU each, collectives by NCCL (stepped one collective at a time)";
+  return n + " as threads of this process, each with its own memory";
+}
+
 void App::config_panel() {
   ImGui::Begin("Run");
   ImGui::PushItemWidth(std::max(ImGui::GetFontSize() * 6, ImGui::GetContentRegionAvail().x - ImGui::GetFontSize() * 8));
+  const RunConfigView& run = session_->snapshot().config;
+  if (!run.attached.empty())
+    ImGui::TextWrapped("Attached to a launched run at %s: %d processes. Its settings are the launch command's; the "
+                       "controls pause and step all of its ranks.", run.attached.c_str(), run.world);
+  ImGui::BeginDisabled(!run.attached.empty());
   TrainConfig& c = edit_;
   bool changed = false;
   const char* strategies[] = {"single", "ddp", "fsdp", "pipeline"};
@@ -451,6 +468,7 @@ void App::config_panel() {
     restart(c);
     edit_ = session_->config();
   }
+  ImGui::EndDisabled();
   if (!config_error_.empty()) {
     ImGui::PushStyleColor(ImGuiCol_Text, IM_COL32(255, 90, 90, 255));
     ImGui::TextWrapped("%s", config_error_.c_str());
@@ -463,6 +481,7 @@ void App::config_panel() {
   if (rc.strategy == "fsdp")
     ImGui::TextWrapped("FSDP %s over %d ranks, units: %s", sharding_name(rc.sharding), rc.world,
                        rc.wrap_layers ? "one per Linear" : "the whole model");
+  ImGui::TextWrapped("device %s, backend %s: %s", rc.device.c_str(), rc.backend.c_str(), backend_words(rc).c_str());
   ImGui::TextDisabled("Space run/pause  R ring step  C collective  I iteration  A pipeline action  Bksp reset  1-8 one view  0 all  P presentation  M clock  L lessons  N lesson: next step");
   ImGui::PopItemWidth();
   ImGui::End();
@@ -788,7 +807,7 @@ void App::frame() {
 
 int App::run() {
   try {
-    session_ = std::make_unique<Session>(opt_.train);
+    session_ = opt_.attach.empty() ? std::make_unique<Session>(opt_.train) : Session::attach(opt_.attach);
   } catch (const Error& e) {
     std::fprintf(stderr, "dtlab: %s\n", e.what());
     return 2;

@@ -1,5 +1,7 @@
 #include "app/options.h"
 
+#include "engine/monitor/monitor.h"
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -116,6 +118,7 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
   app.add_option("--height", o.height, "Window height")->check(CLI::Range(240, 8192))->capture_default_str();
   app.add_option("--config-dir", o.config_dir, "Where the window layout (imgui.ini) is kept");
   app.add_option("--lesson", o.lesson, "Open a lesson: NAME (lessons/*NAME.md) or PATH.md");
+  app.add_option("--attach", o.attach, "Show and step a launched run: HOST:PORT of its 'train --monitor PORT' (rank 0's host)");
   app.add_flag("--play", o.play, "With --lesson: play it headless, answering with the live figures; exit 1 on a failed step");
   app.set_version_flag("--version", "dtlab 0.1.0");
   try {
@@ -157,6 +160,12 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
     if (!c.faults.empty() && c.strategy == "single")
       throw Error("--fault injects into the ranks' collectives; add --strategy ddp (or fsdp) --world N");
     if (o.play && o.lesson.empty()) throw Error("--play plays a lesson; add --lesson NAME");
+    if (!o.attach.empty()) {
+      std::string host;
+      int port = 0;
+      parse_monitor_address(o.attach, host, port);
+      if (!o.lesson.empty()) throw Error("--attach shows a launched run and --lesson runs its own; drop one of them");
+    }
     if (!script_file.empty() && !run_cmds.empty()) throw Error("give --script FILE or --run \"commands\", not both");
     if (!script_file.empty()) {
       std::ifstream f(script_file);

@@ -24,6 +24,7 @@ struct AppOptions {
   std::string config_dir;              // where imgui.ini lives (default: $XDG_CONFIG_HOME/dtlab)
   std::string lesson;                  // --lesson NAME|PATH.md: open this lesson (app/lesson.h)
   bool play = false;                   // --play: play the lesson headless, checking every step
+  std::string attach;                  // --attach HOST:PORT: show and step a launched run (its --monitor)
 };
 
 // --unit-costs: every F, B, I and W of a pipeline costs this many modeled seconds (dtlab-cli's).

@@ -4,6 +4,7 @@
 
 #include "engine/core/check.h"
 #include "engine/data/sampler.h"
+#include "engine/train/config_json.h"
 
 namespace dtlab::app {
 
@@ -46,7 +47,31 @@ const char* bucket_state_name(BucketState s) {
 
 Session::Session(const TrainConfig& config) : config_(config) { start(); }
 
+std::unique_ptr<Session> Session::attach(const std::string& address, double timeout_s) {
+  std::unique_ptr<Session> s(new Session());
+  s->client_ = std::make_unique<MonitorClient>(address, timeout_s);
+  s->config_ = train_config_from_json(s->client_->config_json());
+  const TrainConfig& c = s->config_;
+  s->plan_model_ = std::make_unique<Model>(c.model, nullptr, c.seed);
+  s->plan_data_ = std::make_unique<Dataset>(make_dataset(c.data, c.model.in_features(), c.model.out_features()));
+  if (c.strategy == "pipeline")
+    s->plan_pipeline_ = std::make_unique<PipelinePlan>(plan_pipeline(c.model, c.pipeline, c.batch, c.world_size));
+  s->plan_cost_ = std::make_unique<CostModel>(find_profile(c.profile), c.world_size);
+  s->reset_derived();
+  return s;
+}
+
 Session::~Session() { stop(); }
+
+const Model& Session::model() const { return trainer_ ? trainer_->model() : *plan_model_; }
+const Dataset& Session::dataset() const { return trainer_ ? trainer_->dataset() : *plan_data_; }
+TraceRecorder& Session::recorder() { return trainer_ ? trainer_->recorder() : client_->recorder(); }
+StepperState Session::stepper_state() const { return trainer_ ? trainer_->stepper().state() : client_->stepper_state(); }
+const CostModel* Session::cost() const {
+  if (client_) return plan_cost_.get();
+  return trainer_->world() ? &trainer_->world()->cost() : nullptr;
+}
+bool Session::finished() const { return client_ ? client_->ended() : done_.load(); }
 
 void Session::start() {
   trainer_ = std::make_unique<Trainer>(config_);  // throws dtlab::Error on a bad configuration
@@ -76,6 +101,9 @@ void Session::stop() {
 }
 
 void Session::restart(const TrainConfig& config) {
+  if (client_)
+    throw Error("this window is attached to a launched run at " + client_->address() +
+                "; its configuration is the launch command's: start a new launch to change it");
   // Validate first: a rejected configuration keeps the current run.
   { Trainer probe(config); }
   stop();
@@ -99,24 +127,27 @@ void Session::reset_derived() {
   snap_.events.assign(static_cast<size_t>(N), {});
   snap_.memory.assign(static_cast<size_t>(N), RankMemory{});
   param_numel_.clear();
-  for (const auto& p : trainer_->model().parameters()) {
+  for (const auto& p : model().parameters()) {
     snap_.param_names.push_back(p.name);
     param_numel_[p.name] = p.numel;
   }
   RunConfigView& c = snap_.config;
   c.strategy = config_.strategy;
   c.model = config_.model.str();
-  c.data = trainer_->dataset().name;
+  c.data = dataset().name;
   c.optimizer = config_.optimizer.str();
   c.profile = config_.profile;
   c.world = N;
   c.batch = config_.batch;
   c.accum = config_.accum;
-  c.steps = trainer_->total_steps();
+  c.steps = client_ ? client_->total_steps() : trainer_->total_steps();
+  c.device = config_.device;
+  c.backend = client_ ? client_->backend() : config_.backend;
+  c.attached = client_ ? client_->address() : std::string();
   c.bucket_cap_bytes = config_.ddp.bucket_cap_bytes;
   c.first_bucket_bytes = config_.ddp.first_bucket_bytes;
   // Read before the run starts (FSDP releases the model's storage then; the counts stay).
-  const Model& model = trainer_->model();
+  const Model& model = this->model();
   c.sharding = config_.strategy == "fsdp" ? config_.fsdp.sharding : Sharding::NoShard;
   c.num_params = model.num_params();
   c.optimizer_kind = config_.optimizer.kind;
@@ -131,25 +162,36 @@ void Session::reset_derived() {
   // BACKWARD_PRE holds the next unit's parameters beside this unit's parameters and gradient.
   // (Forward prefetch holds two units' parameters only, no more than one unit in backward.)
   c.units_in_flight = config_.fsdp.backward_prefetch == BackwardPrefetch::Pre ? 2 : 1;
-  c.node_size = trainer_->config().fsdp.node_size;
-  snap_.total_steps = trainer_->total_steps();
-  pipeline_.reset(trainer_->pipeline_plan(), N, snap_.pipeline);
+  c.node_size = client_ ? config_.fsdp.node_size : trainer_->config().fsdp.node_size;
+  snap_.total_steps = c.steps;
+  pipeline_.reset(client_ ? plan_pipeline_.get() : trainer_->pipeline_plan(), N, snap_.pipeline);
 }
 
 void Session::run(double speed) {
   speed_ = speed;
-  trainer_->stepper().run(speed);
+  if (client_) command_generation_ = client_->stepper_state().generation, client_->run(speed);
+  else trainer_->stepper().run(speed);
 }
 
-void Session::pause() { trainer_->stepper().pause(); }
+void Session::pause() {
+  if (client_) command_generation_ = client_->stepper_state().generation, client_->pause();
+  else trainer_->stepper().pause();
+}
 
-void Session::step(GateKind kind) { trainer_->stepper().step(kind); }
+void Session::step(GateKind kind) {
+  if (client_) command_generation_ = client_->stepper_state().generation, client_->step(kind);
+  else trainer_->stepper().step(kind);
+}
 
-bool Session::paused() const { return trainer_->stepper().paused(); }
+bool Session::paused() const { return client_ ? client_->stepper_state().paused : trainer_->stepper().paused(); }
 
 bool Session::settled() const {
-  if (done_) return true;
-  StepperState st = trainer_->stepper().state();
+  if (finished()) return true;
+  StepperState st = stepper_state();
+  // Attached, a command takes a round trip: until a state newer than the command comes back, the
+  // one here is the old one.
+  if (client_ && (static_cast<int>(st.gates.size()) != 2 * config_.world_size || st.generation <= command_generation_))
+    return false;
   if (!st.paused) return false;
   const int N = config_.world_size;
   for (int r = 0; r < N; r++) {
@@ -177,7 +219,7 @@ bool Session::wait_settled(std::chrono::milliseconds timeout) const {
 const Snapshot& Session::update() {
   Snapshot& s = snap_;
   s.frame++;
-  TraceRecorder& rec = trainer_->recorder();
+  TraceRecorder& rec = recorder();
   const int N = config_.world_size;
   std::vector<Event> fresh;
   int32_t newest_iter = s.iteration;
@@ -203,7 +245,16 @@ const Snapshot& Session::update() {
   }
   if (rec.label_count() != s.labels.size()) s.labels = rec.labels();
   s.clock_now_wall_ns = rec.now_ns();
-  s.stepper = trainer_->stepper().state();
+  s.stepper = stepper_state();
+  if (client_ && s.stepper.gates.size() != static_cast<size_t>(2 * N)) s.stepper.gates.assign(static_cast<size_t>(2 * N), RankGateState{});
+  if (client_) {  // the run's reports and end, as they came over the wire
+    std::vector<StepReport> fresh_reports;
+    if (client_->report_count() > reports_.size()) fresh_reports = client_->reports();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = reports_.size(); i < fresh_reports.size(); i++) reports_.push_back(fresh_reports[i]);
+    if (client_->ended()) error_ = client_->error();
+    done_ = client_->ended();
+  }
   s.running = !done_;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -216,7 +267,9 @@ const Snapshot& Session::update() {
     s.step = reports_.empty() ? 0 : reports_.back().step;
   }
   s.finished = done_ && s.error.empty();
-  if (ThreadsWorld* w = trainer_->world()) {
+  if (client_) {
+    update_attached_status();
+  } else if (ThreadsWorld* w = trainer_->world()) {
     WorldStatus ws = w->status();
     s.compute_activity = ws.compute_activity;
     s.comm_activity = ws.comm_activity;
@@ -243,6 +296,34 @@ const Snapshot& Session::update() {
   return s;
 }
 
+// A launched world's status comes per rank (each process knows only itself): the activities and
+// memory as they are, and the collective in flight derived from where each comm worker is.
+void Session::update_attached_status() {
+  Snapshot& s = snap_;
+  const int N = config_.world_size;
+  const std::vector<RankMonitorStatus> ranks = client_->ranks();
+  if (static_cast<int>(ranks.size()) != N) return;
+  s.compute_activity.assign(static_cast<size_t>(N), "");
+  s.comm_activity.assign(static_cast<size_t>(N), "");
+  int64_t oldest = -1;  // the oldest collective some rank is in and some rank has not finished
+  for (int r = 0; r < N; r++) {
+    const RankMonitorStatus& st = ranks[static_cast<size_t>(r)];
+    s.compute_activity[static_cast<size_t>(r)] = st.connected || st.finished ? st.compute_activity : "not connected";
+    s.comm_activity[static_cast<size_t>(r)] = st.comm_activity;
+    s.memory[static_cast<size_t>(r)].stats = st.memory;
+    if (st.current_seq >= 0 && (oldest < 0 || st.current_seq < oldest)) oldest = st.current_seq;
+  }
+  s.collective.arrived.clear();
+  s.collective.missing.clear();
+  s.collective.in_flight = oldest >= 0;
+  if (oldest < 0) return;
+  shown_seq_ = static_cast<uint64_t>(oldest);
+  for (int r = 0; r < N; r++) {
+    const RankMonitorStatus& st = ranks[static_cast<size_t>(r)];
+    (st.current_seq == oldest || st.done_seq >= oldest ? s.collective.arrived : s.collective.missing).push_back(r);
+  }
+}
+
 void Session::ingest_unit(int rank, const FsdpInfo& f) {
   const size_t N = static_cast<size_t>(config_.world_size), r = static_cast<size_t>(rank);
   auto& units = snap_.units;
@@ -264,7 +345,7 @@ void Session::ingest_unit(int rank, const FsdpInfo& f) {
       u.shard_world = f.shard_world;
       if (u.names.empty()) {
         int64_t at = 0;
-        for (const std::string& name : split_names(trainer_->recorder().label(f.label))) {
+        for (const std::string& name : split_names(recorder().label(f.label))) {
           auto it = param_numel_.find(name);
           const int64_t n = it == param_numel_.end() ? 0 : it->second;
           u.names.push_back(name);
@@ -343,8 +424,8 @@ void Session::ingest(int rank, const Event& e) {
       b.index = e.bucket.bucket;
       b.generation = e.bucket.generation;
       b.bytes = e.bucket.bytes;
-      const auto& params = trainer_->model().parameters();
-      for (const std::string& name : split_names(trainer_->recorder().label(e.bucket.label))) {
+      const auto& params = model().parameters();
+      for (const std::string& name : split_names(recorder().label(e.bucket.label))) {
         BucketParam p;
         p.name = name;
         for (size_t i = 0; i < params.size(); i++)
@@ -450,8 +531,8 @@ void Session::build_collective() {
     if (b.state == BucketState::Launched && b.seq == cv.seq && (cv.in_flight || cv.steps_done > 0) && !all_done)
       b.state = BucketState::AllReducing;
   // Cost model prediction.
-  if (ThreadsWorld* w = trainer_->world()) {
-    cv.predicted_s = w->cost().collective_time(cv.op, cv.algo, static_cast<double>(cv.bytes));
+  if (const CostModel* cm = cost()) {
+    cv.predicted_s = cm->collective_time(cv.op, cv.algo, static_cast<double>(cv.bytes));
     cv.algbw_gbs = cv.predicted_s > 0 ? static_cast<double>(cv.bytes) / cv.predicted_s / 1e9 : 0;
     cv.busbw_gbs = cv.algbw_gbs * bus_bandwidth_factor(cv.op, N);
   }
@@ -493,7 +574,7 @@ void Session::build_collective() {
 
 void Session::build_data() {
   DataView& d = snap_.data;
-  const Dataset& ds = trainer_->dataset();
+  const Dataset& ds = dataset();
   if (!d.valid) {
     d.valid = true;
     d.name = ds.name;

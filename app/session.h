@@ -1,5 +1,7 @@
 // The Session runs one training run (engine/train Trainer) on a worker thread and turns what the
-// engine records into one Snapshot per frame. It is the only app file that touches engine objects;
+// engine records into one Snapshot per frame. Or it is attached to a launched world of processes
+// (engine/monitor: rank 0's hub), whose events, stepper and status arrive over a local socket: the
+// same Snapshot, the same controls. It is the only app file that touches engine objects;
 // views read the Snapshot. Restarting (a new configuration, or reset) aborts the run cleanly — every
 // rank's wait returns — joins the worker and starts a fresh Trainer.
 #pragma once
@@ -14,6 +16,7 @@
 
 #include "app/pipeline_tracker.h"
 #include "app/snapshot.h"
+#include "engine/monitor/monitor.h"
 #include "engine/train/train.h"
 
 namespace dtlab::app {
@@ -22,13 +25,18 @@ class Session {
  public:
   // Throws dtlab::Error for a configuration the engine rejects (before any thread starts).
   explicit Session(const TrainConfig& config);
+  // Attaches to a launched run's monitor at "HOST:PORT" (dtlab-cli launch ... -- train --monitor
+  // PORT). Throws dtlab::Error with a sentence when nothing answers or the run cannot be read.
+  static std::unique_ptr<Session> attach(const std::string& address, double timeout_s = 10);
   ~Session();
+  bool attached() const { return client_ != nullptr; }
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
   const TrainConfig& config() const { return config_; }
   // Stops the current run and starts `config` (same start state: paused or running). Throws
-  // dtlab::Error for a rejected configuration, keeping the current run.
+  // dtlab::Error for a rejected configuration, keeping the current run. Attached: dtlab::Error (the
+  // launch command owns the configuration).
   void restart(const TrainConfig& config);
   void reset() { restart(config_); }
 
@@ -50,9 +58,17 @@ class Session {
   bool settled() const;
   // Waits (polling the engine) until settled() or the timeout; for scripts and tests.
   bool wait_settled(std::chrono::milliseconds timeout) const;
-  bool finished() const { return done_.load(); }
+  bool finished() const;
 
  private:
+  Session() = default;  // attach()
+  // What the views need of the run, wherever it runs.
+  const Model& model() const;
+  const Dataset& dataset() const;
+  TraceRecorder& recorder();
+  StepperState stepper_state() const;
+  const CostModel* cost() const;
+  void update_attached_status();
   void start();
   void stop();
   void ingest(int rank, const Event& e);
@@ -63,6 +79,14 @@ class Session {
 
   TrainConfig config_;
   std::unique_ptr<Trainer> trainer_;
+  // attached: the connection, and what the run's configuration builds here (its model's parameter
+  // names and sizes, its data, its pipeline plan, its cost model); nothing of it trains
+  std::unique_ptr<MonitorClient> client_;
+  std::unique_ptr<Model> plan_model_;
+  std::unique_ptr<Dataset> plan_data_;
+  std::unique_ptr<PipelinePlan> plan_pipeline_;
+  std::unique_ptr<CostModel> plan_cost_;
+  uint64_t command_generation_ = 0;  // attached: the stepper state's generation when the last command went
   std::thread worker_;
   std::atomic<bool> done_{false};
   mutable std::mutex mu_;  // guards reports_, error_

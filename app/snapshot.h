@@ -164,6 +164,9 @@ struct RunConfigView {
   int64_t largest_unit_params = 0;        // the largest unit: biggest Linear (weight + bias) or Ψ
   int units_in_flight = 1;                // 2 with BACKWARD_PRE (the next unit gathered early)
   int node_size = 0;                      // HYBRID_SHARD: ranks per shard group
+  std::string device = "cpu";             // where the ranks' tensors live
+  std::string backend = "threads";        // threads | socket (a launched world) | cuda | nccl
+  std::string attached;                   // HOST:PORT of the launched run's monitor; "" for a run in this window
 };
 
 struct Snapshot {

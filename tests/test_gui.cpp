@@ -11,11 +11,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <string>
 
 #include "app/script.h"
 #include "app/views/views.h"
+#include "engine/comm/socket_mesh.h"
 #include "engine/core/check.h"
 #include "tests/test_util.h"
 
@@ -186,6 +188,42 @@ TEST_SUITE("gui") {
     Result bad = shell(std::string(DTLAB_APP_PATH) + " --stages 4");
     CHECK(bad.code == 2);
     CHECK(bad.out.rfind("dtlab: --stages configures a pipeline; add --strategy pipeline --stages p", 0) == 0);
+  }
+
+  TEST_CASE("under Xvfb: the window attaches to a launched 4-process run and steps it like its own") {
+    if (!have_xvfb()) {
+      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
+      return;
+    }
+    test::TempDir dir;
+    const int port = pick_free_port("127.0.0.1");
+    const std::string addr = "127.0.0.1:" + std::to_string(port);
+    auto launched = std::async(std::launch::async, [&] {
+      return shell("timeout 120 " DTLAB_CLI_PATH " launch --nproc-per-node 4 -- train --strategy ddp --model mlp:2,32,32,3 "
+                   "--steps 5 --batch 16 --monitor " + std::to_string(port));
+    });
+    // The same script as the in-process ring test above stops the launched world at the same place.
+    const std::string png = dir.file("attached.png");
+    Result r = run_app("--attach " + addr + " --run 'step collective 2; step ring 2; view ring; screenshot " + png + "; quit'", dir);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("collective #2 allreduce ring, 1 of 6 steps done, next reduce-scatter") != std::string::npos);
+    Image im = load_png(png);
+    for (int rank = 0; rank < 4; rank++) CHECK(count_near(im, app::rank_color(rank, 4)) > 30);
+    CHECK(count_near(im, app::contribution_color(2, 4)) > 30);
+    // The window let go of the run when it quit: the run finishes on its own.
+    const Result done = launched.get();
+    INFO(done.out);
+    CHECK(done.code == 0);
+    CHECK(done.out.find("done: 5 steps") != std::string::npos);
+
+    // Misuse: one sentence, exit 2.
+    Result bad = shell(std::string(DTLAB_APP_PATH) + " --attach localhost");
+    CHECK(bad.code == 2);
+    CHECK(bad.out.rfind("dtlab: 'localhost' is not an address; write HOST:PORT", 0) == 0);
+    bad = shell(std::string(DTLAB_APP_PATH) + " --attach " + addr);  // the run is over: nobody listens
+    CHECK(bad.code == 2);
+    CHECK(bad.out.rfind("dtlab: nothing answers at " + addr, 0) == 0);
   }
 }
 #endif  // DTLAB_HAVE_GUI
