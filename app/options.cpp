@@ -1,6 +1,7 @@
 #include "app/options.h"
 
 #include "engine/monitor/monitor.h"
+#include "engine/train/device_probe.h"
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -118,6 +119,9 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
   app.add_option("--height", o.height, "Window height")->check(CLI::Range(240, 8192))->capture_default_str();
   app.add_option("--config-dir", o.config_dir, "Where the window layout (imgui.ini) is kept");
   app.add_option("--lesson", o.lesson, "Open a lesson: NAME (lessons/*NAME.md) or PATH.md");
+  std::string device, backend;
+  app.add_option("--device", device, "cpu | cuda (default: cuda when a GPU is present and the strategy is single or ddp, else cpu; DTLAB_DEVICE sets it)");
+  app.add_option("--backend", backend, "threads | cuda (ranks share a GPU) | nccl (one GPU per rank); default: nccl with a GPU per rank, cuda with fewer, else threads");
   app.add_option("--attach", o.attach, "Show and step a launched run: HOST:PORT of its 'train --monitor PORT' (rank 0's host)");
   app.add_flag("--play", o.play, "With --lesson: play it headless, answering with the live figures; exit 1 on a failed step");
   app.set_version_flag("--version", "dtlab 0.1.0");
@@ -160,6 +164,22 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
     if (!c.faults.empty() && c.strategy == "single")
       throw Error("--fault injects into the ranks' collectives; add --strategy ddp (or fsdp) --world N");
     if (o.play && o.lesson.empty()) throw Error("--play plays a lesson; add --lesson NAME");
+    if (backend == "socket")
+      throw Error("--backend socket is how dtlab-cli launch runs one process per rank; to watch such a run, launch it "
+                  "with --monitor PORT and start dtlab --attach HOST:PORT");
+    {
+      // Where the ranks run. A lesson's scenario (error given) keeps the CPU engine its figures
+      // were written against unless it names --device.
+      DeviceQuery q;
+      q.device = device.empty() && error ? "cpu" : device;
+      q.backend = backend;
+      q.strategy = c.strategy;
+      q.ranks_on_node = c.world_size;
+      probe_devices(q);
+      const DeviceChoice dc = resolve_device(q);
+      c.device = dc.device;
+      c.backend = dc.backend;
+    }
     if (!o.attach.empty()) {
       std::string host;
       int port = 0;

@@ -126,6 +126,9 @@ struct PipelineView {
 
 struct RankMemory {
   MemoryStats stats;          // current, and peaks of the current iteration
+  // GPU runs: the rank's device as the driver counts it (cudaMemGetInfo: used = total - free, every
+  // context and process on the GPU); -1 on the CPU.
+  int64_t device_used = -1, device_total = -1;
 };
 
 struct StepPoint {

@@ -20,6 +20,9 @@ int main() {
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "engine/comm/cuda_backend.h"
@@ -115,6 +118,26 @@ void bench_step(const ModelSpec& spec, int64_t B, int64_t steps) {
   std::printf("  gpu/cpu speed-up %.1fx; first-loss difference %.2g\n", c / g, std::fabs(double(gpu_first_loss) - cpu_first_loss));
   std::printf("  device memory: %s charged to the rank (parameters, gradients, AdamW state, activations)\n",
               human_bytes(mem.stats().total_current).c_str());
+  // PyTorch on the same GPU, same model, init, data and optimizer (bench/torch_step.py cuda).
+  const std::string cmd = "/usr/bin/python3 " DTLAB_SOURCE_DIR "/bench/torch_step.py " + spec.str() + " " + std::to_string(B) +
+                          " " + std::to_string(steps) + " " + std::to_string(warmup) + " 1 cuda 2>/dev/null";
+  std::string out;
+  if (FILE* f = popen(cmd.c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, f)) out += buf;
+    pclose(f);
+  }
+  const auto j = nlohmann::json::parse(out, nullptr, false);
+  if (j.is_discarded() || j.contains("error") || !j.contains("median_ms")) {
+    std::printf("  pytorch (cuda) not measured: %s\n",
+                j.is_object() && j.contains("error") ? j["error"].get<std::string>().c_str() : "/usr/bin/python3 with torch is not available");
+    return;
+  }
+  const double t = j["median_ms"].get<double>();
+  std::printf("  pytorch (cuda) %8.3f ms/step  %10.0f samples/s  first loss %.6f  (torch %s)\n", t, double(B) / (t / 1e3),
+              j["first_loss"].get<double>(), j["torch"].get<std::string>().c_str());
+  std::printf("  ratio dtlab/torch on the GPU: %.3f (below 1: dtlab's step is faster); first-loss difference %.2g\n", g / t,
+              std::fabs(double(gpu_first_loss) - j["first_loss"].get<double>()));
 }
 
 // The device's own copy bandwidth: one stream, device to device, bytes / time (one direction).

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -11,7 +12,11 @@
 #include "engine/core/check.h"
 #include "engine/core/format.h"
 #include "engine/io/checkpoint.h"
+#include "engine/train/device_probe.h"
 #include "engine/train/train.h"
+#if DTLAB_HAVE_CUDA
+#include "engine/cuda/cuda_train.h"
+#endif
 
 namespace dtlab::cli {
 
@@ -26,8 +31,8 @@ struct TrainArgs {
   bool json = false;
   int64_t log_every = 0;
   std::string trace_clock = "wall";
-  std::string device = "cpu";
-  CLI::Option* world_opt = nullptr;
+  std::string device = "cpu", device_why;
+  CLI::Option *world_opt = nullptr, *device_opt = nullptr, *backend_opt = nullptr;
   double bucket_cap_mb = 25, first_bucket_mb = 1;
   bool static_buckets = false;
   std::vector<std::string> faults;
@@ -101,25 +106,39 @@ void finish_config(TrainArgs& a) {
   if (a.wrap != "layer" && a.wrap != "model") throw Error("--wrap " + a.wrap + " is not a wrap policy; use layer (one unit per Linear) or model");
   c.fsdp.wrap_layers = a.wrap == "layer";
   c.fsdp.backward_prefetch = parse_backward_prefetch(a.backward_prefetch);
-  if (a.device == "cuda")
-    throw Error("--device cuda needs the CUDA engine, which this build does not have yet; use --device cpu");
-  if (a.device != "cpu") throw Error("--device " + a.device + " is not a device; use cpu or cuda");
   if (c.backend == "socket") {  // one rank of a world of processes: rank and world from the launcher
     c.socket = socket_options_from_env();
     if (a.world_opt->count() == 0) c.world_size = c.socket.world_size;
   }
+  // Where the ranks run: what was asked, else the defaults of engine/train/device_select.h.
+  // DTLAB_DEVICE gives --device's default (the test suites pin cpu with it).
+  DeviceQuery q;
+  q.device = a.device_opt->count() ? a.device : "";
+  q.backend = a.backend_opt->count() ? c.backend : "";
+  q.strategy = c.strategy;
+  q.ranks_on_node = c.world_size;
+  if (c.backend == "socket") {
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    q.ranks_on_node = local ? std::max(1, std::atoi(local)) : 1;
+  }
+  probe_devices(q);
+  const DeviceChoice dc = resolve_device(q);
+  c.device = dc.device;
+  c.launched = dc.launched;
+  if (c.device == "cuda") c.backend = dc.backend;
+  a.device_why = dc.why;
   finish_pipeline_config(a.pipeline, c, a.world_opt->count() > 0);
   if (!c.faults.empty() && c.strategy == "single")
     throw Error("--fault injects into the ranks' collectives; add --strategy ddp (or fsdp) --world N");
 }
 
-int run_train(TrainArgs& a, Streams& given) {
-  finish_config(a);
+// Prints the run as it goes; `T` is Trainer (the CPU engine) or CudaTrainer (engine/cuda).
+template <class T>
+int report_run(TrainArgs& a, Streams& given, T& trainer) {
   // Under `dtlab-cli launch` only rank 0 reports; the other ranks stay quiet unless they fail.
   std::ostream discard(nullptr);
   Streams quiet{discard, given.err, false};
-  Streams& io = a.cfg.backend == "socket" && a.cfg.socket.rank != 0 ? quiet : given;
-  Trainer trainer(a.cfg);
+  Streams& io = a.cfg.launched && a.cfg.socket.rank != 0 ? quiet : given;
   const TrainConfig& c = trainer.config();
   const Dataset& ds = trainer.dataset();
   const int64_t total = trainer.total_steps();
@@ -134,8 +153,10 @@ int run_train(TrainArgs& a, Streams& given) {
            << ", " << total << " steps (" << trainer.batches_per_epoch() << " batches per epoch), "
            << c.optimizer.str() << ", seed " << c.seed << ", shuffle "
            << (c.shuffle ? "on" : "off") << (c.drop_last ? ", drop_last" : "") << "\n";
-    if (c.strategy == "pipeline") print_pipeline_header(io.out, trainer);
-    else if (c.accum > 1 || c.world_size > 1)
+    bool pipeline_printed = false;
+    if constexpr (std::is_same_v<T, Trainer>)
+      if (c.strategy == "pipeline") print_pipeline_header(io.out, trainer), pipeline_printed = true;
+    if (!pipeline_printed && (c.accum > 1 || c.world_size > 1))
       io.out << "  effective batch " << trainer.effective_batch() << " = " << c.batch << " per rank x "
              << c.world_size << (c.world_size == 1 ? " rank" : " ranks") << " x " << c.accum
              << " accumulation " << (c.accum == 1 ? "step" : "steps") << "\n";
@@ -159,6 +180,10 @@ int run_train(TrainArgs& a, Streams& given) {
              << (c.fsdp.wrap_layers ? "one per Linear layer" : "the whole model") << ", backward prefetch "
              << backward_prefetch_name(c.fsdp.backward_prefetch) << (c.fsdp.forward_prefetch ? ", forward prefetch" : "") << "\n";
     if (!c.init_path.empty()) io.out << "  initialized from " << c.init_path << "\n";
+    io.out << "  device " << c.device << ", backend " << c.backend << " (" << a.device_why << ")\n";
+#if DTLAB_HAVE_CUDA
+    if constexpr (std::is_same_v<T, CudaTrainer>) io.out << "  " << trainer.describe() << "\n";
+#endif
     if (c.backend == "socket")
       io.out << "  backend socket: " << c.world_size << " processes, rank 0 at " << c.socket.master_addr << ":"
              << c.socket.master_port << "\n";
@@ -259,7 +284,8 @@ int run_train(TrainArgs& a, Streams& given) {
       for (const std::string& b : s.buckets) io.out << "    " << b << "\n";
     }
   }
-  if (c.strategy == "pipeline") print_pipeline_summary(io.out, trainer, s);
+  if constexpr (std::is_same_v<T, Trainer>)
+    if (c.strategy == "pipeline") print_pipeline_summary(io.out, trainer, s);
   bool same = true;
   for (const MemoryStats& m : s.rank_memory)
     same = same && m.current == s.memory.current && m.peak == s.memory.peak;
@@ -282,14 +308,26 @@ int run_train(TrainArgs& a, Streams& given) {
   return 0;
 }
 
+int run_train(TrainArgs& a, Streams& io) {
+  finish_config(a);
+#if DTLAB_HAVE_CUDA
+  if (a.cfg.device == "cuda") {
+    CudaTrainer trainer(a.cfg);
+    return report_run(a, io, trainer);
+  }
+#endif
+  Trainer trainer(a.cfg);
+  return report_run(a, io, trainer);
+}
+
 }  // namespace
 
 Runner add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   TrainConfig& c = a->cfg;
   app.add_option("--strategy", c.strategy, "Parallel strategy: single | ddp | fsdp | pipeline")->capture_default_str();
-  app.add_option("--backend", c.backend, "Where ranks run: threads (all in this process) | socket (one process per rank, as dtlab-cli launch starts them)")->capture_default_str();
-  app.add_option("--device", a->device, "cpu | cuda (the CUDA engine is not in this build yet)")->capture_default_str();
+  a->backend_opt = app.add_option("--backend", c.backend, "Where ranks run: threads (all in this process) | cuda (threads sharing a GPU) | nccl (one GPU per rank) | socket (one process per rank, as dtlab-cli launch starts them); default: nccl with a GPU per rank, cuda with fewer GPUs, else threads");
+  a->device_opt = app.add_option("--device", a->device, "cpu | cuda (default: cuda when a GPU is present and the strategy is single or ddp, else cpu; DTLAB_DEVICE sets it)");
   a->world_opt = app.add_option("--world", c.world_size, "Number of ranks (for strategies that use several)")->check(whole_number(1, 1024));
   a->model_opt = app.add_option("--model", a->model, "Model spec mlp:D0,D1,...,Dk (with --init: the checkpoint's)")->capture_default_str();
   app.add_option("--data", c.data, "spiral | blobs | PATH.npz (with options, e.g. spiral:classes=4,points=500)")->capture_default_str();

@@ -35,6 +35,7 @@ TEST_CASE("cuda: skipped: built without CUDA" * doctest::test_suite("cuda")) {
 #include "engine/core/ops.h"
 #include "engine/core/optim.h"
 #include "engine/cuda/compute_timer.h"
+#include "engine/cuda/cuda_train.h"
 #include "engine/cuda/device.h"
 #include "engine/cuda/device_model.h"
 #include "engine/cuda/device_tensor.h"
@@ -533,6 +534,72 @@ TEST_CASE("cuda backend: world size limits and bad devices are one-sentence erro
   CHECK_THROWS_WITH_AS(CudaWorld(17), doctest::Contains("use 1 to 16"), Error);
   CHECK_THROWS_WITH_AS(CudaWorld(2, quiet_options(), {cuda::device_count()}), doctest::Contains("does not exist"), Error);
 }
+
+// ---- training on the GPU (engine/cuda/cuda_train.h) ----
+
+namespace {
+
+// Per-step losses and the final training-set loss of one run.
+struct RunLosses {
+  std::vector<float> steps;
+  float eval = 0;
+};
+
+template <class T>
+RunLosses train_losses(const TrainConfig& c) {
+  T t(c);
+  RunLosses out;
+  const TrainSummary s = t.run([&](const StepReport& r) { out.steps.push_back(r.loss); });
+  out.eval = s.eval_loss;
+  return out;
+}
+
+void check_follows_cpu(TrainConfig c, const std::string& backend, const std::string& what) {
+  c.device = "cpu";
+  c.backend = "threads";
+  const RunLosses cpu = train_losses<Trainer>(c);
+  c.device = "cuda";
+  c.backend = backend;
+  const RunLosses gpu = train_losses<CudaTrainer>(c);
+  REQUIRE(gpu.steps.size() == cpu.steps.size());
+  CHECK(max_diff(gpu.steps, cpu.steps, what + ": loss of every step") < 1e-4);
+  CHECK(max_diff({gpu.eval}, {cpu.eval}, what + ": training-set loss after the last step") < 1e-4);
+}
+
+}  // namespace
+
+TEST_CASE("train --device cuda: one rank, and DDP of 4 ranks sharing the GPU, follow the CPU engine step by step") {
+  DTLAB_REQUIRE_CUDA_DEVICE();
+  TrainConfig c;
+  c.model = ModelSpec::parse("mlp:2,32,32,3");
+  c.steps = 8;
+  c.batch = 16;
+  check_follows_cpu(c, "cuda", "single");
+  c.strategy = "ddp";
+  c.world_size = 4;
+  check_follows_cpu(c, "cuda", "ddp, cuda backend, 4 ranks");
+  c.optimizer = default_optimizer_config(OptimizerKind::SGD);
+  c.optimizer.momentum = 0.9;
+  c.accum = 2;
+  check_follows_cpu(c, "cuda", "ddp, SGD with momentum, accumulation 2");
+}
+
+#if DTLAB_HAVE_NCCL
+TEST_CASE("train --device cuda --backend nccl: DDP with one GPU per rank follows the CPU engine") {
+  DTLAB_REQUIRE_CUDA_DEVICE();
+  if (cuda::device_count() < 2) {
+    MESSAGE("skipped: needs 2 CUDA devices (this machine has " << cuda::device_count() << ")");
+    return;
+  }
+  TrainConfig c;
+  c.strategy = "ddp";
+  c.world_size = 2;
+  c.model = ModelSpec::parse("mlp:2,32,32,3");
+  c.steps = 8;
+  c.batch = 16;
+  check_follows_cpu(c, "nccl", "ddp, nccl backend, 2 GPUs");
+}
+#endif
 
 }  // TEST_SUITE
 

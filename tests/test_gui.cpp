@@ -110,6 +110,12 @@ TEST_SUITE("gui") {
     r = shell(std::string(DTLAB_APP_PATH) + " --run 'step sideways'");
     CHECK(r.code == 2);
     CHECK(r.out.find("step takes ring, collective or iteration") != std::string::npos);
+    r = shell(std::string(DTLAB_APP_PATH) + " --device tpu");
+    CHECK(r.code == 2);
+    CHECK(r.out.rfind("dtlab: --device tpu is not a device; use cpu or cuda", 0) == 0);
+    r = shell(std::string(DTLAB_APP_PATH) + " --backend socket");
+    CHECK(r.code == 2);
+    CHECK(r.out.find("launch it with --monitor PORT and start dtlab --attach HOST:PORT") != std::string::npos);
     r = shell(std::string(DTLAB_APP_PATH) + " --model mlp:2,x");
     CHECK(r.code == 2);
     CHECK(r.out.rfind("dtlab: ", 0) == 0);

@@ -20,6 +20,9 @@
 
 #include "cli/cli.h"
 #include "engine/comm/socket_backend.h"
+#if DTLAB_HAVE_CUDA
+#include "engine/cuda/device.h"
+#endif
 #include "engine/comm/socket_mesh.h"
 #include "engine/comm/threads_backend.h"
 #include "engine/io/safetensors.h"
@@ -414,10 +417,23 @@ TEST_CASE("socket_options_from_env reads torchrun's variables and names what is 
   CHECK(err.find('\n') == err.size() - 1);
 }
 
-TEST_CASE("train --device and --backend: cpu only for now, one sentence otherwise") {
+TEST_CASE("train --device and --backend: cuda where a GPU is, one sentence otherwise") {
   std::string err;
-  CHECK(run_cli_quiet({"train", "--device", "cuda", "--steps", "1"}, err) == 2);
-  check_mentions(err, {"--device cuda needs the CUDA engine, which this build does not have yet; use --device cpu"});
+  const int code = run_cli_quiet({"train", "--device", "cuda", "--steps", "1"}, err);
+#if DTLAB_HAVE_CUDA
+  if (cuda::cuda_available()) {
+    CHECK(code == 0);
+  } else {
+    CHECK(code == 2);
+    check_mentions(err, {"dtlab-cli: --device cuda: no CUDA device", "; use --device cpu"});
+  }
+#else
+  CHECK(code == 2);
+  check_mentions(err, {"--device cuda needs the CUDA engine, which this build does not have"});
+#endif
+  CHECK(run_cli_quiet({"train", "--strategy", "fsdp", "--world", "2", "--device", "cuda", "--steps", "1"}, err) == 2);
+  CHECK(run_cli_quiet({"train", "--backend", "nccl", "--device", "cpu", "--steps", "1"}, err) == 2);
+  check_mentions(err, {"--backend nccl moves device memory; add --device cuda"});
   CHECK(run_cli_quiet({"train", "--device", "tpu", "--steps", "1"}, err) == 2);
   check_mentions(err, {"--device tpu is not a device; use cpu or cuda"});
   CHECK(run_cli_quiet({"train", "--backend", "mpi", "--steps", "1"}, err) == 2);

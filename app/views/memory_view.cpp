@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <iterator>
 #include <string>
@@ -185,9 +186,15 @@ void draw_live_bars(const Snapshot& s, float reserve_h) {
     dl->AddLine(ImVec2(x_peak, y0 - gap * 0.45f), ImVec2(x_peak, y1 + gap * 0.45f), kPeakLine, peak_w);
     if (row_hovered) dl->AddRect(ImVec2(bar_x0 - 1, y0 - 1), ImVec2(bar_x1 + 1, y1 + 1), ImGui::GetColorU32(ImGuiCol_Text, 0.5f), rounding);
 
-    char numbers[80];
+    char numbers[160];
     std::snprintf(numbers, sizeof numbers, "%s  peak %s", human_bytes(st.total_current).c_str(),
                   human_bytes(st.total_peak).c_str());
+    const RankMemory& rm = s.memory[static_cast<size_t>(r)];
+    if (rm.device_total > 0) {  // the GPU's own figure beside what this rank's tracker counts
+      const size_t len = std::strlen(numbers);
+      std::snprintf(numbers + len, sizeof numbers - len, "  GPU %s / %s", human_bytes(rm.device_used).c_str(),
+                    human_bytes(rm.device_total).c_str());
+    }
     dl->AddText(ImVec2(bar_x1 + font * 0.6f, text_y), ImGui::GetColorU32(ImGuiCol_Text), numbers);
 
     if (!row_hovered) continue;
@@ -206,6 +213,9 @@ void draw_live_bars(const Snapshot& s, float reserve_h) {
       ImGui::Text("rank %d: %s now, peak %s this iteration", r, human_bytes(st.total_current).c_str(),
                   human_bytes(st.total_peak).c_str());
       ImGui::TextDisabled("%lld allocations, %lld frees", static_cast<long long>(st.allocations), static_cast<long long>(st.frees));
+      if (rm.device_total > 0)
+        ImGui::TextDisabled("its GPU: %s used of %s (the driver's figure: every context and process on the device)",
+                            human_bytes(rm.device_used).c_str(), human_bytes(rm.device_total).c_str());
     }
     ImGui::EndTooltip();
   }

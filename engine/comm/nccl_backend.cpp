@@ -325,6 +325,7 @@ RankContext& NcclWorld::context(int rank) { return impl_->world->context(rank); 
 MemoryTracker& NcclWorld::memory(int rank) { return impl_->world->memory(rank); }
 cuda::RankDevice& NcclWorld::device(int rank) { return *impl_->devices.at(static_cast<size_t>(rank)); }
 TraceRecorder& NcclWorld::recorder() { return impl_->world->recorder(); }
+ThreadsWorld& NcclWorld::world() { return *impl_->world; }
 Stepper& NcclWorld::stepper() { return impl_->world->stepper(); }
 void NcclWorld::abort(const std::string& reason) { impl_->world->abort(reason); }
 

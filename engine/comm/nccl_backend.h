@@ -41,6 +41,7 @@ class NcclWorld {
   cuda::RankDevice& device(int rank);
   TraceRecorder& recorder();
   Stepper& stepper();
+  ThreadsWorld& world();  // ranks, contexts, status() for the lab
   void abort(const std::string& reason);  // every rank's NCCL communicator is aborted
 
   // Runs fn on one thread per rank (bound to its device); rethrows the first failure, the watchdog's

@@ -92,6 +92,7 @@ std::string train_config_to_json(const TrainConfig& c) {
   for (const Fault& fl : c.faults)
     j["faults"].push_back({{"kind", fault_kind_flag(fl.kind)}, {"rank", fl.rank}, {"seq", fl.seq}, {"delay_s", fl.delay_s}});
   j["device"] = c.device;
+  j["launched"] = c.launched;
   j["backend"] = c.backend;
   const SocketOptions& s = c.socket;
   j["socket"] = {{"rank", s.rank},
@@ -199,6 +200,7 @@ TrainConfig train_config_from_json(const std::string& text) {
     }
   }
   get(j, "device", c.device);
+  get(j, "launched", c.launched);
   get(j, "backend", c.backend);
   if (j.contains("socket")) {
     const json& s = j["socket"];

@@ -57,6 +57,9 @@ void validate(const TrainConfig& c) {
       throw Error("--monitor " + std::to_string(c.monitor_port) + " is the launcher's rendezvous port (MASTER_PORT); "
                   "pick another port for the viewer");
   }
+  if (c.device != "cpu")
+    throw Error("--device " + c.device + " runs on the GPU engine (engine/cuda/cuda_train.h, dtlab-cli train --device cuda); "
+                "this engine runs --device cpu");
   if (c.monitor_port != 0 && c.backend != "socket")
     throw Error("--monitor serves a launched world to a viewer; run it under 'dtlab-cli launch --nproc-per-node N -- train ... "
                 "--monitor PORT' (the dtlab window steps in-process runs itself)");
@@ -465,16 +468,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
       overlap_sum += m[3] / N;
       overlap_n++;
     }
-    StepReport r;
-    r.step = step;
-    r.total_steps = total_steps_;
-    r.epoch = epoch;
-    r.batch_size = batch.size;
-    r.samples = static_cast<int64_t>(m[2]);
-    r.loss = m[2] > 0 ? static_cast<float>(m[0] / m[2]) : 0.0f;
-    r.accuracy = m[2] > 0 ? m[1] / m[2] : 0.0;
-    r.step_seconds = dt;
-    r.samples_per_sec = dt > 0 ? m[2] / dt : 0;
+    StepReport r = make_step_report(step, total_steps_, epoch, batch.size, m[0], m[1], m[2], dt);
     r.overlap = ddp ? m[3] / N : -1;
     r.branch_taken = branch;
     if (on_step) on_step(r);
@@ -494,6 +488,21 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
     }
   }
   save_at_end(rank, model, comm);
+}
+
+StepReport make_step_report(int64_t step, int64_t total_steps, int64_t epoch, int64_t batch_size, double loss_sum,
+                            double correct, double samples, double seconds) {
+  StepReport r;
+  r.step = step;
+  r.total_steps = total_steps;
+  r.epoch = epoch;
+  r.batch_size = batch_size;
+  r.samples = static_cast<int64_t>(samples);
+  r.loss = samples > 0 ? static_cast<float>(loss_sum / samples) : 0.0f;
+  r.accuracy = samples > 0 ? correct / samples : 0.0;
+  r.step_seconds = seconds;
+  r.samples_per_sec = seconds > 0 ? samples / seconds : 0;
+  return r;
 }
 
 void Trainer::save_at_end(int rank, const Model& model, Communicator* comm) {

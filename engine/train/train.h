@@ -67,7 +67,8 @@ struct TrainConfig {
   // is rank socket.rank of a world of processes, started by `dtlab-cli launch`; ddp and fsdp only).
   std::string backend = "threads";
   SocketOptions socket;     // socket: this rank, the world (= world_size) and rank 0's address
-  std::string device = "cpu";  // where tensors live: "cpu" (this build's engine) or "cuda"
+  std::string device = "cpu";  // where tensors live: "cpu" (this Trainer) or "cuda" (engine/cuda's CudaTrainer)
+  bool launched = false;       // one process per rank (dtlab-cli launch): backend socket, or nccl on cuda
   // socket: rank 0 serves a viewer (`dtlab --attach ADDR:PORT`) on this port and the other ranks
   // feed it their events (engine/monitor); 0: no viewer. The run starts paused and waits up to
   // monitor_wait_s for the viewer to attach.
@@ -89,6 +90,11 @@ struct StepReport {
   bool branch_taken = false;  // the model's skip branch was taken this step
   std::vector<double> bubble;  // pipeline: each world rank's bubble this step (modeled idle / makespan)
 };
+
+// Rank 0's report of one step from the sums every rank all-reduced: loss x samples, correct
+// predictions and samples, over `seconds` of wall time.
+StepReport make_step_report(int64_t step, int64_t total_steps, int64_t epoch, int64_t batch_size, double loss_sum,
+                            double correct, double samples, double seconds);
 
 struct TrainSummary {
   int64_t steps = 0;
