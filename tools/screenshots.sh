@@ -32,4 +32,12 @@ shot --lesson fsdp_zero "lesson goto 5; screenshot $out/lesson_fsdp_question.png
 pipe="--strategy pipeline --stages 4 --microbatches 8 --unit-costs --profile ideal"
 shot $pipe --schedule gpipe --compare 1f1b "step iteration 2; view pipeline; screenshot $out/pipeline_gpipe.png; quit"
 shot $pipe --schedule 1f1b --compare gpipe "step iteration 2; view pipeline; screenshot $out/pipeline_1f1b.png; step action 9; screenshot $out/pipeline_stepping.png; view memory; screenshot $out/pipeline_memory.png; quit"
+# A launched world of 4 processes (dtlab-cli launch ... --monitor), attached and stepped into the
+# reduce-scatter of bucket 0's all-reduce, as the first picture shows the in-process world.
+cli=${DTLAB_CLI:-$root/build/bin/dtlab-cli}
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+timeout 120 "$cli" launch --nproc-per-node 4 -- train --strategy ddp --model mlp:2,32,32,3 --steps 20 --batch 16 \
+  --monitor "$port" >/dev/null &
+shot --attach "127.0.0.1:$port" "step collective 2; step ring 2; screenshot $out/attached.png; quit"
+wait
 echo "pictures in $out"
