@@ -472,4 +472,18 @@ TEST_CASE("launch: a rank that fails stops the run with its sentence and its exi
   check_mentions(r.out, {"dtlab-cli: ", "mlp:2,x,3", "dtlab-cli: launch: rank ", "exited with code 2"});
 }
 
+TEST_CASE("launch: a rank that skips a collective (fault injection) is named by its peer's watchdog") {
+  auto t0 = Clock::now();
+  ShellResult r = cli_shell("launch --nproc-per-node 2 -- train --strategy ddp --model mlp:2,8,3 --steps 3 --timeout 2 "
+                            "--fault skip:rank=1,collective=2");
+  INFO(r.out);
+  CHECK(r.code == 3);
+  CHECK(seconds_since(t0) < 30);
+  // Rank 0 waited in #2 (bucket 0's all-reduce) for rank 1, which never came.
+  check_mentions(r.out, {"rank 0: collective #2 allreduce", "waiting for data from rank 1"});
+  // A delayed rank only arrives late: the run finishes.
+  r = cli_shell("launch --nproc-per-node 2 -- train --strategy ddp --model mlp:2,8,3 --steps 2 --fault delay:rank=1,collective=2,ms=300");
+  CHECK(r.code == 0);
+}
+
 }  // TEST_SUITE

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -266,7 +268,7 @@ void run_typed(SocketCommunicator::Call& c) {
 // ---------------------------------------------------------------------------------------------
 
 SocketCommunicator::SocketCommunicator(const SocketOptions& opt, RankContext* ctx)
-    : QueuedCommunicator(opt.rank, opt.world_size, ctx, opt.algorithms) {
+    : QueuedCommunicator(opt.rank, opt.world_size, ctx, opt.algorithms), faults_(opt.faults) {
   MeshOptions m;
   m.rank = opt.rank;
   m.world_size = opt.world_size;
@@ -303,6 +305,21 @@ WorkTimes SocketCommunicator::run_collective(CommJob& j) {
     std::lock_guard<std::mutex> lock(status_mu_);
     status_.desc = j.desc;
     status_.steps = c.steps;
+  }
+  // Fault injection, as in the threads backend: a skipped collective returns at once (its peers
+  // wait for this rank until their timeout names it); a delay arrives late.
+  for (const Fault& f : faults_) {
+    if (f.rank != rank() || f.seq != j.seq) continue;
+    if (f.kind == FaultKind::Skip) {
+      set_status("skipped " + c.what + " (fault injection)", -1, 0);
+      const double t = ctx() ? ctx()->comm_clock() : 0.0;
+      return WorkTimes{now_ns(), now_ns(), t, t};
+    }
+    set_status("delayed before " + c.what + " (fault injection)", -1, 0);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(f.delay_s);
+    while (std::chrono::steady_clock::now() < until && !mesh_->aborted())
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    c.model_t += f.delay_s;  // a straggler is late on the modeled clock too
   }
   // The stepper's collective gate (the ring steps' gates are in run_plan): a launched world pauses
   // and steps as the threads world does; with a viewer attached the gates are rank 0's to open.

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "engine/comm/queued_comm.h"
+#include "engine/comm/threads_backend.h"  // Fault
 
 namespace dtlab {
 
@@ -25,6 +26,7 @@ struct SocketOptions {
   int master_port = 29500;                // (MASTER_PORT)
   double timeout_s = 30;                  // every connect, accept and message wait
   AlgorithmDefaults algorithms;
+  std::vector<Fault> faults;              // this rank applies those naming it (the lessons' hang, straggler)
 };
 
 // The variables torchrun sets: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and LOCAL_RANK if
@@ -59,6 +61,7 @@ class SocketCommunicator : public QueuedCommunicator {
   WorkTimes run_p2p(CommJob& j);
   void set_status(const std::string& activity, int64_t current, int steps_done);
   std::unique_ptr<SocketMesh> mesh_;
+  std::vector<Fault> faults_;
   mutable std::mutex status_mu_;
   SocketCommStatus status_;
 };

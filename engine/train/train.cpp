@@ -51,8 +51,6 @@ void validate(const TrainConfig& c) {
     if (c.socket.world_size != c.world_size)
       throw Error("--world " + std::to_string(c.world_size) + " disagrees with WORLD_SIZE=" +
                   std::to_string(c.socket.world_size) + " from the launcher; drop --world under dtlab-cli launch");
-    if (!c.faults.empty())
-      throw Error("--fault injects into the threads backend's collectives; drop it with --backend socket");
     if (c.monitor_port != 0 && c.monitor_port == c.socket.master_port)
       throw Error("--monitor " + std::to_string(c.monitor_port) + " is the launcher's rendezvous port (MASTER_PORT); "
                   "pick another port for the viewer");
@@ -281,6 +279,7 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
 void Trainer::run_socket_rank(TrainSummary& sum, const std::function<void(const StepReport&)>& on_step) {
   SocketOptions so = config_.socket;
   so.timeout_s = config_.timeout_s;
+  so.faults = config_.faults;
   const int rank = so.rank;
   // With --monitor, rank 0 serves a viewer and the other ranks feed it; rank 0's stepper decides
   // every rank's gates. Made before the rendezvous, so the feeds connect while the world forms.
