@@ -575,8 +575,15 @@ void Session::build_collective() {
   if (all_done) std::fill(cv.rank_steps_done.begin(), cv.rank_steps_done.end(), cv.steps);
   cv.steps_done = *std::min_element(cv.rank_steps_done.begin(), cv.rank_steps_done.end());
   cv.in_flight = cv.in_flight && !all_done;
-  cv.last = algorithm_step_plan(cv.op, cv.algo, N, cv.root, cv.steps_done - 1);
-  cv.pending = algorithm_step_plan(cv.op, cv.algo, N, cv.root, cv.steps_done);
+  cv.opaque = config_.backend == "nccl";
+  cv.schematic_step = -1;
+  if (cv.opaque && cv.in_flight && cv.steps > 0) {  // two schematic steps a second
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    cv.schematic_step = static_cast<int>(static_cast<int64_t>(t * 2.0) % cv.steps);
+  }
+  const int shown_step = cv.schematic_step >= 0 ? cv.schematic_step : cv.steps_done;
+  cv.last = algorithm_step_plan(cv.op, cv.algo, N, cv.root, shown_step - 1);
+  cv.pending = algorithm_step_plan(cv.op, cv.algo, N, cv.root, shown_step);
   const auto& ph = cv.pending.empty() ? cv.last : cv.pending;
   cv.phase = ph.empty() ? RingPhase::None : ph.front().phase;
   auto wall = coll_wall_s_.find(cv.seq);

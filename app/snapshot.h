@@ -47,6 +47,11 @@ struct CollectiveView {
   double predicted_s = 0, algbw_gbs = 0, busbw_gbs = 0;
   double measured_s = -1;     // wall time, once done (rank 0)
   std::string label;          // "DDP bucket 1: 2.bias, 2.weight" when the collective is a bucket
+  // The backend runs the collective whole (NCCL: one kernel), so no step of it is observed. While it
+  // is in flight, `schematic_step` cycles through the algorithm's steps so the ring view can show
+  // NCCL's order, marked as a schematic; the cells stay what was observed.
+  bool opaque = false;
+  int schematic_step = -1;
 };
 
 // Launched: its all-reduce is issued and queued on the rank's comm worker behind earlier ones;

@@ -512,9 +512,13 @@ void draw_header(const CollectiveView& cv) {
     ImGui::SameLine();
     ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(phase_color(cv.phase)), "%s", ring_phase_name(cv.phase));
     ImGui::SameLine(0, sp);
-    if (cv.steps_done < cv.steps) ImGui::Text("step %d of %d", cv.steps_done + 1, cv.steps);
+    if (cv.schematic_step >= 0) ImGui::TextColored(dim, "step %d of %d (schematic)", cv.schematic_step + 1, cv.steps);
+    else if (cv.steps_done < cv.steps) ImGui::Text("step %d of %d", cv.steps_done + 1, cv.steps);
     else ImGui::TextColored(ImVec4(0.45f, 0.85f, 0.45f, 1.0f), "done (%d steps)", cv.steps);
   }
+  if (cv.opaque)
+    ImGui::TextColored(dim, "NCCL runs this collective inside one kernel: dtlab steps it whole. The arrows show "
+                            "the algorithm's order (NCCL's ring), not observed steps.");
   if (!cv.label.empty()) {
     const float w = ImGui::CalcTextSize(cv.label.c_str()).x;
     ImGui::SameLine(0, sp);
