@@ -47,13 +47,15 @@ if [[ $mode == test ]]; then
   # The threaded parts (communicator, stepper, recorder) under ThreadSanitizer first: a data race
   # fails CI even when the results happen to come out right. Then every test through CTest.
   tsan=${DTLAB_TSAN_BUILD_DIR:-$root/build-tsan}
-  echo "== ThreadSanitizer build in $tsan (suites comm, stepper, trace, ddp, fsdp, sharded_checkpoint, app)"
+  # The monitor suite starts ThreadSanitizer builds of dtlab-cli as the ranks of launched worlds:
+  # a race in a rank's hub or feed fails that rank, and with it the test.
+  echo "== ThreadSanitizer build in $tsan (suites comm, stepper, trace, ddp, fsdp, sharded_checkpoint, app, monitor)"
   mkdir -p "$tsan"
   cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTLAB_SANITIZE=thread -DDTLAB_CUDA=OFF >"$tsan/configure.log" 2>&1 || {
     cat "$tsan/configure.log" >&2; exit 1; }
-  cmake --build "$tsan" -j "$jobs" --target dtlab_tests
+  cmake --build "$tsan" -j "$jobs" --target dtlab_tests dtlab-cli
   DTLAB_TEST_QUICK=1 OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-    "$tsan/bin/dtlab_tests" -ts='comm,stepper,trace,ddp,fsdp,sharded_checkpoint,app'
+    "$tsan/bin/dtlab_tests" -ts='comm,stepper,trace,ddp,fsdp,sharded_checkpoint,app,monitor'
   echo "== running tests"
   cd "$build"
   exec ctest --output-on-failure -j "$jobs" --timeout 600
