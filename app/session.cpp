@@ -678,13 +678,7 @@ void Session::build_data() {
   // A pipeline's ranks share their replica's shard: the sampler splits over the replicas.
   const int N = config_.strategy == "pipeline" ? config_.pipeline.dp : config_.world_size;
   for (int r = N - 1; r >= 0; r--) {  // lower ranks win for padded duplicates
-    SamplerConfig sc;
-    sc.n = ds.n;
-    sc.world_size = N;
-    sc.rank = r;
-    sc.shuffle = config_.shuffle;
-    sc.seed = config_.seed;
-    DistributedSampler sampler(sc);
+    DistributedSampler sampler(rank_sampler_config(config_, ds.n, N, r));
     sampler.set_epoch(shown);
     for (int64_t i : sampler.indices()) d.owner[static_cast<size_t>(i)] = static_cast<int16_t>(r);
   }

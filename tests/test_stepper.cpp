@@ -460,3 +460,44 @@ TEST_CASE("a running stepper with speed > 0 paces the ranks and completes") {
 }
 
 }  // TEST_SUITE
+
+namespace {
+
+// A stand-in for the monitor's feed: records what it is asked, answers `open`.
+struct FakeRelay : dtlab::GateRelay {
+  std::vector<dtlab::GatePos> asked;
+  bool open = true, held = false, cancelled = false;
+  bool gate(int, int, dtlab::GateKind, dtlab::GatePos pos, int32_t, double) override {
+    asked.push_back(pos);
+    return open && !cancelled;
+  }
+  void cancel() override { cancelled = true; }
+  bool holding() const override { return held; }
+};
+
+}  // namespace
+
+TEST_SUITE("stepper") {
+
+TEST_CASE("a relayed stepper forwards its gates, reports the remote hold as paused, and cancels on abort") {
+  dtlab::Stepper st(2);
+  FakeRelay relay;
+  st.set_relay(&relay);
+  CHECK(st.gate(1, 1, dtlab::GateKind::Collective, dtlab::GatePos{3, -1}, 0, 0.0));
+  REQUIRE(relay.asked.size() == 1);
+  CHECK(relay.asked[0] == dtlab::GatePos{3, -1});
+  relay.open = false;
+  CHECK_FALSE(st.gate(1, 1, dtlab::GateKind::RingStep, dtlab::GatePos{3, 0}, 0, 0.0));
+  // Watchdogs ask paused(): with a relay it is "one of my gates waits for the deciding stepper".
+  CHECK_FALSE(st.paused());
+  relay.held = true;
+  CHECK(st.paused());
+  st.abort();
+  CHECK(relay.cancelled);
+  CHECK_FALSE(st.gate(1, 1, dtlab::GateKind::Collective, dtlab::GatePos{4, -1}, 0, 0.0));
+  CHECK(relay.asked.size() == 2);  // an aborted stepper does not ask
+  st.set_relay(nullptr);
+  CHECK_FALSE(st.paused());
+}
+
+}  // TEST_SUITE

@@ -10,8 +10,6 @@
 #include "engine/cuda/device_tensor.h"
 #include "engine/cuda/ops.h"
 #include "engine/cuda/optim.h"
-#include "engine/data/loader.h"
-#include "engine/data/sampler.h"
 #include "engine/io/checkpoint.h"
 #include "engine/parallel/ddp.h"
 #include "engine/trace/cost_model.h"
@@ -150,7 +148,6 @@ TrainSummary CudaTrainer::run(const std::function<void(const StepReport&)>& on_s
   TrainSummary sum;
   sum.effective_batch = effective_batch();
   rank_memory_.assign(static_cast<size_t>(N), MemoryStats{});
-  device_memory_.assign(static_cast<size_t>(N), cuda::DeviceMemory{});
   total_samples_ = 0;
   auto t_start = Clock::now();
   if (cuda_world_) {
@@ -223,17 +220,7 @@ void CudaTrainer::run_rank(int rank, Communicator* comm, RankContext* ctx, Memor
     buckets = bucket_ranges(host, config_.ddp);
   }
 
-  SamplerConfig sc;
-  sc.n = ds.n;
-  sc.world_size = N;
-  sc.rank = rank;
-  sc.shuffle = config_.shuffle;
-  sc.seed = config_.seed;
-  DistributedSampler sampler(sc);
-  DataLoader loader(ds, sampler, config_.batch, config_.drop_last);
-  int64_t epoch = 0, epochs_started = 1;
-  loader.start_epoch(epoch);
-  Batch batch;
+  RankBatches data(config_, ds, N, rank);
   const int64_t total = total_steps();
   for (int64_t step = 1; step <= total; step++) {
     const int32_t iter = static_cast<int32_t>(step - 1);
@@ -242,15 +229,11 @@ void CudaTrainer::run_rank(int rank, Communicator* comm, RankContext* ctx, Memor
     mem.reset_peaks();
     auto t0 = Clock::now();
     double loss_sum = 0;
-    int64_t correct = 0, samples = 0;
+    int64_t correct = 0, samples = 0, last_batch = 0;
     model.zero_grad();
     for (int64_t micro = 0; micro < A; micro++) {
-      if (!loader.next(batch)) {
-        loader.start_epoch(++epoch);
-        epochs_started++;
-        DTLAB_CHECK(loader.next(batch), "a fresh epoch produced no batch");
-      }
-      const int64_t B = batch.size;
+      const Batch& batch = data.next();
+      const int64_t B = last_batch = batch.size;
       copy_to_device(gx.raw(), batch.x.data(), B * D * 4, s);
       copy_to_device(gy.raw(), batch.y.data(), B * 8, s);
       const float* logits = model.forward(gx.f32(), B);
@@ -283,12 +266,11 @@ void CudaTrainer::run_rank(int rank, Communicator* comm, RankContext* ctx, Memor
     rank_memory_[static_cast<size_t>(rank)] = mem.stats();
     if (rank != 0) continue;
     total_samples_ += m[2];
-    if (on_step) on_step(make_step_report(step, total, epoch, batch.size, m[0], m[1], m[2], dt));
+    if (on_step) on_step(make_step_report(step, total, data.epoch(), last_batch, m[0], m[1], m[2], dt));
   }
-  device_memory_[static_cast<size_t>(rank)] = cuda::device_memory(dev.device());
   model.download_params(host);  // evaluation and --save read the host model
   if (rank == 0) {
-    sum.epochs_started = epochs_started;
+    sum.epochs_started = data.epochs_started();
     if (!buckets.empty()) sum.buckets = describe_bucket_assignment(host, initial_bucket_assignment(parameter_bytes(host), config_.ddp.first_bucket_bytes, config_.ddp.bucket_cap_bytes));
     if (!config_.save_path.empty())
       save_checkpoint(config_.save_path, host, total,

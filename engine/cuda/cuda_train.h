@@ -73,7 +73,6 @@ class CudaTrainer {
   std::unique_ptr<Stepper> stepper_;
   std::unique_ptr<RankContext> ctx_;
   std::vector<MemoryStats> rank_memory_;
-  std::vector<cuda::DeviceMemory> device_memory_;
   double total_samples_ = 0;
 };
 

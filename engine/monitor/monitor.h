@@ -87,11 +87,7 @@ class MonitorLink {
   std::atomic<bool> closed_{false};
 };
 
-// JSON forms of what crosses the wire (also used by tests).
-std::string status_to_json(const RankMonitorStatus& s);
-RankMonitorStatus status_from_json(const std::string& text);
-std::string stepper_state_to_json(const StepperState& s);
-StepperState stepper_state_from_json(const std::string& text);
+// JSON form of a step's report as it crosses the wire (the others are in monitor_internal.h).
 std::string step_report_to_json(const StepReport& r);
 StepReport step_report_from_json(const std::string& text);
 
@@ -177,6 +173,7 @@ class MonitorFeed : public GateRelay {
   ~MonitorFeed() override;
   bool gate(int rank, int lane, GateKind kind, GatePos pos, int32_t iteration, double model_time) override;
   void cancel() override;
+  bool holding() const override;
   // Sends the last events and Bye (the run ended here).
   void finish();
 
@@ -191,9 +188,10 @@ class MonitorFeed : public GateRelay {
   std::mutex send_mu_;  // orders flushes before gate requests
   EventPump pump_;
   std::string last_status_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   uint64_t next_id_ = 1;
+  int waiting_ = 0;  // gates of this process waiting for the hub's answer
   std::map<uint64_t, int> replies_;  // id -> 1 open, 0 refused
   bool cancelled_ = false;
   std::atomic<bool> stop_{false};

@@ -54,7 +54,7 @@ MonitorFeed::~MonitorFeed() {
 bool MonitorFeed::flush_locked() {
   if (!pump_.pump(*link_, {opt_.rank})) return false;
   if (!status_fn_) return true;
-  const std::string s = status_to_json(status_fn_());
+  const std::string s = status_json(status_fn_()).dump();
   if (s == last_status_) return true;
   last_status_ = s;
   return link_->send(MonitorMsg::Status, s);
@@ -113,7 +113,9 @@ bool MonitorFeed::gate(int rank, int lane, GateKind kind, GatePos pos, int32_t i
   }
   // The person at the viewer decides when this opens; a lost connection or an abort ends it.
   std::unique_lock<std::mutex> lock(mu_);
+  waiting_++;
   cv_.wait(lock, [&] { return cancelled_ || replies_.count(g.id); });
+  waiting_--;
   auto it = replies_.find(g.id);
   if (it == replies_.end()) return false;
   const bool ok = it->second != 0;
@@ -125,6 +127,11 @@ void MonitorFeed::cancel() {
   std::lock_guard<std::mutex> lock(mu_);
   cancelled_ = true;
   cv_.notify_all();
+}
+
+bool MonitorFeed::holding() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiting_ > 0;
 }
 
 void MonitorFeed::finish() {
@@ -198,9 +205,9 @@ void MonitorClient::read_loop() {
         }
         case MonitorMsg::Status: {
           const json j = json::parse(payload);
-          StepperState st = stepper_state_from_json(j.at("stepper").dump());
+          StepperState st = stepper_from(j.at("stepper"));
           std::vector<RankMonitorStatus> ranks;
-          for (const json& r : j.at("ranks")) ranks.push_back(status_from_json(r.dump()));
+          for (const json& r : j.at("ranks")) ranks.push_back(status_from(r));
           std::lock_guard<std::mutex> lock(mu_);
           stepper_ = std::move(st);
           if (ranks.size() == ranks_.size()) ranks_ = std::move(ranks);

@@ -204,7 +204,7 @@ void MonitorHub::feed_loop(std::shared_ptr<Feed> f) {
         }
         case MonitorMsg::Events: ingest_events(*f, payload); break;
         case MonitorMsg::Status: {
-          RankMonitorStatus s = status_from_json(payload);
+          RankMonitorStatus s = status_from(json::parse(payload));
           std::lock_guard<std::mutex> lock(mu_);
           RankMonitorStatus& mine = status_[static_cast<size_t>(f->rank)];
           s.connected = true;
@@ -306,8 +306,8 @@ void MonitorHub::viewer_loop(std::shared_ptr<MonitorLink> v) {
       last_gen = st.generation;
       last_status = tcp::now_s();
       json ranks = json::array();
-      for (const RankMonitorStatus& s : this->ranks()) ranks.push_back(json::parse(status_to_json(s)));
-      ok = v->send(MonitorMsg::Status, json{{"stepper", json::parse(stepper_state_to_json(st))}, {"ranks", ranks}}.dump());
+      for (const RankMonitorStatus& s : this->ranks()) ranks.push_back(status_json(s));
+      ok = v->send(MonitorMsg::Status, json{{"stepper", stepper_json(st)}, {"ranks", ranks}}.dump());
     }
     if (ok && ended) {
       v->send(MonitorMsg::End, json{{"error", error}}.dump());

@@ -1,7 +1,9 @@
 // What the monitor's hub, feed and client share beyond monitor.h.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json.hpp>
 
+#include "engine/monitor/monitor.h"
 #include "engine/trace/stepper.h"
 
 namespace dtlab {
@@ -18,6 +20,13 @@ struct GateWire {
   GatePos pos() const { return GatePos{seq, sub, iter, action}; }
 };
 static_assert(sizeof(GateWire) == 56, "GateWire is sent as raw bytes");
+
+// JSON values of what the Status messages carry; a viewer's Status nests them, so they stay values
+// (no text round trip) until the message is sent.
+nlohmann::json status_json(const RankMonitorStatus& s);
+RankMonitorStatus status_from(const nlohmann::json& j);
+nlohmann::json stepper_json(const StepperState& s);
+StepperState stepper_from(const nlohmann::json& j);
 
 // Polling period of the monitor's loops: events reach a viewer within about this.
 inline constexpr double kMonitorTickS = 0.02;

@@ -83,7 +83,7 @@ WaitEnd MonitorLink::recv(MonitorMsg& type, std::string& payload, double wait_s)
 
 // ---------------------------------------------------------------------------------------------
 
-std::string status_to_json(const RankMonitorStatus& s) {
+json status_json(const RankMonitorStatus& s) {
   json j = {{"compute", s.compute_activity},  {"comm", s.comm_activity},
             {"current_seq", s.current_seq},   {"done_seq", s.done_seq},
             {"op", static_cast<int>(s.desc.op)}, {"algo", static_cast<int>(s.desc.algo)},
@@ -94,11 +94,10 @@ std::string status_to_json(const RankMonitorStatus& s) {
             {"mem_current", s.memory.current}, {"mem_peak", s.memory.peak},
             {"mem_total", s.memory.total_current}, {"mem_total_peak", s.memory.total_peak},
             {"allocations", s.memory.allocations}, {"frees", s.memory.frees}};
-  return j.dump();
+  return j;
 }
 
-RankMonitorStatus status_from_json(const std::string& text) {
-  const json j = json::parse(text);
+RankMonitorStatus status_from(const json& j) {
   RankMonitorStatus s;
   s.compute_activity = j.at("compute").get<std::string>();
   s.comm_activity = j.at("comm").get<std::string>();
@@ -132,18 +131,16 @@ GatePos pos_from(const json& j) {
 
 }  // namespace
 
-std::string stepper_state_to_json(const StepperState& s) {
+json stepper_json(const StepperState& s) {
   json gates = json::array();
   for (const RankGateState& g : s.gates)
     gates.push_back({{"blocked", g.blocked}, {"kind", static_cast<int>(g.kind)}, {"pos", pos_json(g.pos)},
                      {"iteration", g.iteration}, {"lane", g.lane}});
-  json j = {{"paused", s.paused},  {"speed", s.speed}, {"allowed", pos_json(s.allowed)},
-            {"frontier", pos_json(s.frontier)}, {"gates", gates}, {"generation", s.generation}};
-  return j.dump();
+  return {{"paused", s.paused},  {"speed", s.speed}, {"allowed", pos_json(s.allowed)},
+          {"frontier", pos_json(s.frontier)}, {"gates", gates}, {"generation", s.generation}};
 }
 
-StepperState stepper_state_from_json(const std::string& text) {
-  const json j = json::parse(text);
+StepperState stepper_from(const json& j) {
   StepperState s;
   s.paused = j.at("paused").get<bool>();
   s.speed = j.at("speed").get<double>();

@@ -156,6 +156,7 @@ StepperState Stepper::state() const {
 }
 
 bool Stepper::paused() const {
+  if (GateRelay* r = relay_.load()) return r->holding();
   std::lock_guard<std::mutex> lock(mu_);
   return paused_;
 }

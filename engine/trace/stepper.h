@@ -62,6 +62,9 @@ class GateRelay {
   virtual ~GateRelay() = default;
   virtual bool gate(int rank, int lane, GateKind kind, GatePos pos, int32_t iteration, double model_time) = 0;
   virtual void cancel() = 0;  // every waiting and future gate returns false
+  // A gate of this process waits for the deciding stepper's answer: what paused() reports here,
+  // so watchdogs of this process do not take the remote pause for a hang.
+  virtual bool holding() const = 0;
 };
 
 class Stepper {
@@ -82,7 +85,7 @@ class Stepper {
   void set_relay(GateRelay* relay);
 
   StepperState state() const;
-  bool paused() const;
+  bool paused() const;  // with a relay: one of this process's gates is held by the deciding stepper
   bool aborted() const;
   // Waits until every rank is blocked at a gate or `timeout` passed; for tests and scripted runs.
   bool wait_until_all_blocked(int lanes_per_rank_min, std::chrono::milliseconds timeout) const;

@@ -381,25 +381,14 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
   }
   Optimizer opt(config_.optimizer, model.num_params(), &mem);
 
-  SamplerConfig sc;
-  sc.n = ds.n;
-  sc.world_size = N;
-  sc.rank = rank;
-  sc.shuffle = config_.shuffle;
-  sc.seed = config_.seed;
-  sc.drop_last = false;  // torch's default: pad by wrapping around so every rank gets as many
-  DistributedSampler sampler(sc);
-  DataLoader loader(ds, sampler, config_.batch, config_.drop_last);
+  RankBatches data(config_, ds, N, rank);
 
   Tensor probs({config_.batch, C}, MemCategory::Activations, &mem);
   Tensor dlogits({config_.batch, C}, MemCategory::Activations, &mem);
 
-  int64_t epoch = 0;
-  loader.start_epoch(epoch);
-  int64_t epochs_started = 1;
   double overlap_sum = 0;
   int64_t overlap_n = 0;
-  Batch batch;
+  int64_t last_batch = 0;  // the step's last micro-batch (the last of an epoch may be partial)
   for (int64_t step = 1; step <= total_steps_; step++) {
     const int32_t iter = static_cast<int32_t>(step - 1);
     if (ctx && !ctx->begin_iteration(iter, comm ? comm->collectives_issued() : 0))
@@ -416,12 +405,8 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
       else model.zero_grad();
     }
     for (int64_t micro = 0; micro < A; micro++) {
-      if (!loader.next(batch)) {  // epoch exhausted: the user's loop calls set_epoch(epoch + 1)
-        loader.start_epoch(++epoch);
-        epochs_started++;
-        DTLAB_CHECK(loader.next(batch), "a fresh epoch produced no batch");
-      }
-      const int64_t B = batch.size;
+      const Batch& batch = data.next();
+      const int64_t B = last_batch = batch.size;
       if (ddp) ddp->before_forward();
       const float* logits = model.forward(batch.x.data(), B);
       {
@@ -467,7 +452,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
       overlap_sum += m[3] / N;
       overlap_n++;
     }
-    StepReport r = make_step_report(step, total_steps_, epoch, batch.size, m[0], m[1], m[2], dt);
+    StepReport r = make_step_report(step, total_steps_, data.epoch(), last_batch, m[0], m[1], m[2], dt);
     r.overlap = ddp ? m[3] / N : -1;
     r.branch_taken = branch;
     if (on_step) on_step(r);
@@ -479,7 +464,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
                             start_step_ + total_steps_, sharding_name(config_.fsdp.sharding));
   if (fsdp) fsdp->materialize();  // every rank gathers the full parameters back (evaluation, --save)
   if (rank == 0) {
-    sum.epochs_started = epochs_started;
+    sum.epochs_started = data.epochs_started();
     sum.mean_overlap = overlap_n ? overlap_sum / static_cast<double>(overlap_n) : -1;
     if (ddp) {
       sum.buckets = ddp->describe_buckets();
@@ -487,6 +472,30 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
     }
   }
   save_at_end(rank, model, comm);
+}
+
+SamplerConfig rank_sampler_config(const TrainConfig& c, int64_t n, int world, int rank) {
+  SamplerConfig sc;
+  sc.n = n;
+  sc.world_size = world;
+  sc.rank = rank;
+  sc.shuffle = c.shuffle;
+  sc.seed = c.seed;
+  sc.drop_last = false;  // torch's default: pad by wrapping around so every rank gets as many
+  return sc;
+}
+
+RankBatches::RankBatches(const TrainConfig& c, const Dataset& data, int world, int rank)
+    : sampler_(rank_sampler_config(c, data.n, world, rank)), loader_(data, sampler_, c.batch, c.drop_last) {
+  loader_.start_epoch(0);
+}
+
+const Batch& RankBatches::next() {
+  if (!loader_.next(batch_)) {  // epoch exhausted: the user's loop calls set_epoch(epoch + 1)
+    loader_.start_epoch(++epoch_);
+    DTLAB_CHECK(loader_.next(batch_), "a fresh epoch produced no batch");
+  }
+  return batch_;
 }
 
 StepReport make_step_report(int64_t step, int64_t total_steps, int64_t epoch, int64_t batch_size, double loss_sum,

@@ -22,6 +22,8 @@
 #include "engine/comm/socket_backend.h"
 #include "engine/comm/threads_backend.h"
 #include "engine/data/dataset.h"
+#include "engine/data/loader.h"
+#include "engine/data/sampler.h"
 #include "engine/parallel/ddp.h"
 #include "engine/parallel/fsdp.h"
 #include "engine/parallel/pipeline_stats.h"
@@ -89,6 +91,29 @@ struct StepReport {
   double overlap = -1;      // ddp: share of all-reduce time hidden behind backward (modeled), mean over ranks
   bool branch_taken = false;  // the model's skip branch was taken this step
   std::vector<double> bubble;  // pipeline: each world rank's bubble this step (modeled idle / makespan)
+};
+
+// The DistributedSampler a rank of this run draws from: `world` shards of `n` samples, the run's
+// seed and shuffle, torch's padding (sampler drop_last false; the loader's --drop-last is separate).
+SamplerConfig rank_sampler_config(const TrainConfig& c, int64_t n, int world, int rank);
+
+// One rank's batches as a training loop takes them: the sampler and DataLoader above, moving to the
+// next epoch (the loop's sampler.set_epoch(epoch + 1)) when one runs out. Not movable: the loader
+// holds the sampler.
+class RankBatches {
+ public:
+  RankBatches(const TrainConfig& c, const Dataset& data, int world, int rank);
+  RankBatches(const RankBatches&) = delete;
+  RankBatches& operator=(const RankBatches&) = delete;
+  const Batch& next();
+  int64_t epoch() const { return epoch_; }
+  int64_t epochs_started() const { return epoch_ + 1; }
+
+ private:
+  DistributedSampler sampler_;
+  DataLoader loader_;
+  Batch batch_;
+  int64_t epoch_ = 0;
 };
 
 // Rank 0's report of one step from the sums every rank all-reduced: loss x samples, correct

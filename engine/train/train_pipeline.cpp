@@ -6,8 +6,6 @@
 #include <type_traits>
 
 #include "engine/core/check.h"
-#include "engine/data/loader.h"
-#include "engine/data/sampler.h"
 #include "engine/train/train.h"
 
 namespace dtlab {
@@ -32,18 +30,7 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
   if (!config_.init_path.empty()) pipe.load_parameters(*models_[0]);
   PipelineMeter meter(plan);
 
-  SamplerConfig sc;
-  sc.n = ds.n;
-  sc.world_size = D;
-  sc.rank = pipe.replica();
-  sc.shuffle = config_.shuffle;
-  sc.seed = config_.seed;
-  DistributedSampler sampler(sc);
-  DataLoader loader(ds, sampler, config_.batch, config_.drop_last);
-
-  int64_t epoch = 0, epochs_started = 1;
-  loader.start_epoch(epoch);
-  Batch batch;
+  RankBatches data(config_, ds, D, pipe.replica());  // a replica's ranks share its shard
   std::vector<float> all(static_cast<size_t>(kRecordFloats * N));
   std::vector<PipelineRankIteration> records(static_cast<size_t>(N));
   for (int64_t step = 1; step <= total_steps_; step++) {
@@ -56,11 +43,7 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
       ComputeScope scope(&ctx, ComputeKind::ZeroGrad, -1, 0.0);
       pipe.zero_grad();
     }
-    if (!loader.next(batch)) {  // epoch exhausted: the user's loop calls set_epoch(epoch + 1)
-      loader.start_epoch(++epoch);
-      epochs_started++;
-      DTLAB_CHECK(loader.next(batch), "a fresh epoch produced no batch");
-    }
+    const Batch& batch = data.next();
     // Every replica's batch has batch.size samples (the sampler pads), so the step's mean loss
     // weighs each sample 1 / (D x batch.size).
     const float scale = 1.0f / static_cast<float>(batch.size * D);
@@ -81,22 +64,13 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
     double loss_sum = 0, correct = 0, samples = 0;
     for (const PipelineRankIteration& r : records) loss_sum += r.loss_sum, correct += r.correct, samples += r.samples;
     total_samples_ += samples;
-    StepReport r;
-    r.step = step;
-    r.total_steps = total_steps_;
-    r.epoch = epoch;
-    r.batch_size = batch.size;
-    r.samples = static_cast<int64_t>(samples);
-    r.loss = samples > 0 ? static_cast<float>(loss_sum / samples) : 0.0f;
-    r.accuracy = samples > 0 ? correct / samples : 0.0;
-    r.step_seconds = dt;
-    r.samples_per_sec = dt > 0 ? samples / dt : 0;
+    StepReport r = make_step_report(step, total_steps_, data.epoch(), batch.size, loss_sum, correct, samples, dt);
     r.bubble = std::move(bubbles);
     if (on_step) on_step(r);
   }
   pipe.gather_parameters(rank == 0 ? models_[0].get() : nullptr);
   if (rank == 0) {
-    sum.epochs_started = epochs_started;
+    sum.epochs_started = data.epochs_started();
     sum.pipeline = meter.stats();
   }
   save_at_end(rank, *models_[0], &comm);
