@@ -120,7 +120,7 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
   app.add_option("--config-dir", o.config_dir, "Where the window layout (imgui.ini) is kept");
   app.add_option("--lesson", o.lesson, "Open a lesson: NAME (lessons/*NAME.md) or PATH.md");
   std::string device, backend;
-  app.add_option("--device", device, "cpu | cuda (default: cuda when a GPU is present and the strategy is single or ddp, else cpu; DTLAB_DEVICE sets it)");
+  app.add_option("--device", device, "cpu | cuda (default: cuda when a GPU is present, else cpu; DTLAB_DEVICE sets it)");
   app.add_option("--backend", backend, "threads | cuda (ranks share a GPU) | nccl (one GPU per rank); default: nccl with a GPU per rank, cuda with fewer, else threads");
   app.add_option("--attach", o.attach, "Show and step a launched run: HOST:PORT of its 'train --monitor PORT' (rank 0's host)");
   app.add_flag("--play", o.play, "With --lesson: play it headless, answering with the live figures; exit 1 on a failed step");

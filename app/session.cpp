@@ -1,14 +1,10 @@
 #include "app/session.h"
 
 #include <algorithm>
-#include <type_traits>
 
 #include "engine/core/check.h"
 #include "engine/data/sampler.h"
 #include "engine/train/config_json.h"
-#if DTLAB_HAVE_CUDA
-#include "engine/cuda/cuda_train.h"
-#endif
 
 namespace dtlab::app {
 
@@ -49,65 +45,6 @@ const char* bucket_state_name(BucketState s) {
   return "?";
 }
 
-// What the Session needs of a run in this process, whichever engine runs it.
-class Session::Engine {
- public:
-  virtual ~Engine() = default;
-  virtual TrainSummary run(const std::function<void(const StepReport&)>& on_step) = 0;
-  virtual void abort(const std::string& reason) = 0;
-  virtual const TrainConfig& config() const = 0;
-  virtual Model& model() = 0;
-  virtual const Dataset& dataset() const = 0;
-  virtual int64_t total_steps() const = 0;
-  virtual const PipelinePlan* pipeline_plan() const = 0;
-  virtual Stepper& stepper() = 0;
-  virtual TraceRecorder& recorder() = 0;
-  virtual ThreadsWorld* world() = 0;
-  virtual RankContext& context() = 0;
-  virtual MemoryTracker& memory() = 0;
-  // The GPU's own used and total bytes for `rank` (the device's figure, not the tracker's).
-  virtual bool device_memory(int rank, int64_t& used, int64_t& total) const { return false; }
-};
-
-template <class T>
-class Session::EngineOf : public Session::Engine {
- public:
-  explicit EngineOf(const TrainConfig& c) : t_(c) {}
-  TrainSummary run(const std::function<void(const StepReport&)>& on_step) override { return t_.run(on_step); }
-  void abort(const std::string& reason) override { t_.abort(reason); }
-  const TrainConfig& config() const override { return t_.config(); }
-  Model& model() override { return t_.model(); }
-  const Dataset& dataset() const override { return t_.dataset(); }
-  int64_t total_steps() const override { return t_.total_steps(); }
-  const PipelinePlan* pipeline_plan() const override { return t_.pipeline_plan(); }
-  Stepper& stepper() override { return t_.stepper(); }
-  TraceRecorder& recorder() override { return t_.recorder(); }
-  ThreadsWorld* world() override { return t_.world(); }
-  RankContext& context() override { return t_.context(); }
-  MemoryTracker& memory() override { return t_.memory(); }
-  bool device_memory(int rank, int64_t& used, int64_t& total) const override {
-#if DTLAB_HAVE_CUDA
-    if constexpr (std::is_same_v<T, CudaTrainer>) {
-      const cuda::DeviceMemory m = t_.device_memory(rank);
-      used = m.total_bytes - m.free_bytes;
-      total = m.total_bytes;
-      return true;
-    }
-#endif
-    return false;
-  }
-
- private:
-  mutable T t_;
-};
-
-std::unique_ptr<Session::Engine> Session::make_engine(const TrainConfig& config) {
-#if DTLAB_HAVE_CUDA
-  if (config.device == "cuda") return std::make_unique<EngineOf<CudaTrainer>>(config);
-#endif
-  return std::make_unique<EngineOf<Trainer>>(config);  // throws dtlab::Error on a bad configuration
-}
-
 Session::Session(const TrainConfig& config) : config_(config) { start(); }
 
 std::unique_ptr<Session> Session::attach(const std::string& address, double timeout_s) {
@@ -137,7 +74,7 @@ const CostModel* Session::cost() const {
 bool Session::finished() const { return client_ ? client_->ended() : done_.load(); }
 
 void Session::start() {
-  trainer_ = make_engine(config_);
+  trainer_ = std::make_unique<Trainer>(config_);  // throws dtlab::Error on a bad configuration
   done_ = false;
   reports_.clear();
   error_.clear();
@@ -168,7 +105,7 @@ void Session::restart(const TrainConfig& config) {
     throw Error("this window is attached to a launched run at " + client_->address() +
                 "; its configuration is the launch command's: start a new launch to change it");
   // Validate first: a rejected configuration keeps the current run.
-  make_engine(config).reset();
+  Trainer{config};
   stop();
   config_ = config;
   start();

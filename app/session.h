@@ -78,12 +78,7 @@ class Session {
   void reset_derived();
 
   TrainConfig config_;
-  // The run here: the CPU engine's Trainer, or the GPU engine's CudaTrainer (same accessors).
-  class Engine;
-  template <class T>
-  class EngineOf;
-  static std::unique_ptr<Engine> make_engine(const TrainConfig& config);
-  std::unique_ptr<Engine> trainer_;
+  std::unique_ptr<Trainer> trainer_;  // the run here, on whichever device it runs
   // attached: the connection, and what the run's configuration builds here (its model's parameter
   // names and sizes, its data, its pipeline plan, its cost model); nothing of it trains
   std::unique_ptr<MonitorClient> client_;

@@ -1,10 +1,16 @@
 // GPU benchmark, each figure beside a reference measured in the same run:
-//  1. the training step of bench_step's model (mlp:256,1024,1024,10, batch 256, AdamW) on the GPU,
-//     against the CPU engine's step (ratio = speed-up) with the first-step losses compared;
+//  1. a training step of the one Model on a CudaDevice (default: bench_step's model mlp:256,1024,1024,10,
+//     batch 256, AdamW) against PyTorch's step on the same GPU (bench/torch_step.py ... cuda; ratio
+//     dtlab/torch, first losses compared) and, when the model is small enough, the same Model on the
+//     CPU device (speed-up). --gemm switches to a GEMM-bound model (mlp:4096,16384,16384,4096, batch
+//     8192) and prints achieved TFLOP/s for both, so cuBLAS against torch is what the ratio measures;
 //  2. ring all-reduce of N ranks sharing the GPU (the cuda backend), nccl-tests columns (#wrong, algbw,
 //     busbw = algbw * 2(n-1)/n), against the device's own device-to-device copy bandwidth.
 // Without a CUDA device (or built without CUDA) it prints one line and exits 0.
-// Usage: dtlab-bench-cuda [--model SPEC] [--batch B] [--steps N] [--world N]
+// Usage: dtlab-bench-cuda [--gemm] [--model SPEC] [--batch B] [--steps N] [--cpu-steps N] [--world N]
+//   --gemm is a preset (--model mlp:4096,16384,16384,4096 --batch 8192 --steps 10; explicit flags win);
+//   --world 0 skips the all-reduce; --cpu-steps 0 skips the CPU reference (skipped by default when a
+//   step is over 200 GFLOP of GEMMs).
 #include <cstdio>
 #include <string>
 
@@ -20,20 +26,20 @@ int main() {
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <nlohmann/json.hpp>
-#include <string>
 #include <vector>
 
-#include "engine/comm/cuda_backend.h"
+#include "engine/core/device.h"
 #include "engine/core/format.h"
 #include "engine/core/model.h"
 #include "engine/core/ops.h"
 #include "engine/core/optim.h"
-#include "engine/cuda/device.h"
-#include "engine/cuda/device_model.h"
-#include "engine/cuda/ops.h"
-#include "engine/cuda/optim.h"
+#include "engine/core/tensor.h"
+#include "engine/cuda/cuda_device.h"
+#include "engine/cuda/runtime.h"
+#include "engine/cuda/platform.h"
 
 using namespace dtlab;
 using Clock = std::chrono::steady_clock;
@@ -47,78 +53,73 @@ double median(std::vector<double> v) {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// 1. One training step, GPU and CPU, same model, weights and data.
-void bench_step(const ModelSpec& spec, int64_t B, int64_t steps) {
-  const int64_t D = spec.in_features(), K = spec.out_features(), warmup = 5;
-  std::vector<float> x(static_cast<size_t>(B * D));
-  std::vector<int64_t> y(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; b++) {
-    for (int64_t j = 0; j < D; j++) x[size_t(b * D + j)] = static_cast<float>(std::sin(0.01 * double(b * D + j)));
-    y[size_t(b)] = b % K;
-  }
+// FLOPs of the GEMMs of one training step of an MLP: per Linear of W weights, forward 2BW, backward
+// 4BW (input and weight gradients), except the first Linear's input gradient, which nobody needs;
+// biases, ReLUs, loss and optimizer are left out. The same count for dtlab and torch.
+double step_flops(const ModelSpec& spec, int64_t B) {
+  double flops = 0;
+  for (size_t i = 0; i + 1 < spec.dims.size(); i++)
+    flops += (i == 0 ? 4.0 : 6.0) * double(B) * double(spec.dims[i]) * double(spec.dims[i + 1]);
+  return flops;
+}
+
+struct StepTimes {
+  std::vector<double> seconds;
+  float first_loss = 0;
+  int64_t tracked_bytes = 0;  // what the rank's tracker holds at the end
+};
+
+// Steps of the Model on `dev`, the trainer's per-step sequence (zero_grad, forward, loss with its
+// stats on the device, backward, optimizer step); each step ends when the device has finished it
+// (download of the loss stats, the trainer's one wait per step).
+StepTimes time_steps(Device& dev, const ModelSpec& spec, const std::vector<float>& x, const std::vector<int64_t>& y,
+                     int64_t B, int64_t warmup, int64_t steps) {
+  const int64_t D = spec.in_features(), K = spec.out_features();
   OptimizerConfig oc;
   oc.kind = OptimizerKind::AdamW;
   oc.lr = 1e-3;
-  oc.weight_decay = 0.01;
-
-  cuda::RankDevice dev(0, 0);
+  oc.weight_decay = 0.01;  // torch.optim.AdamW's defaults (torch_step.py)
   MemoryTracker mem;
-  Model host(spec, nullptr, 0);
-  cuda::DeviceModel model(host, &mem, dev);
-  cuda::DeviceOptimizer opt(oc, model.num_params(), &mem, dev);
-  cuda::DeviceTensor gx({B, D}, MemCategory::Activations, &mem, 0), gy({B}, MemCategory::Activations, &mem, 0, DType::I64);
-  cuda::upload(gx, x.data(), dev.compute());
-  cuda::upload(gy, y.data(), dev.compute());
-  cuda::DeviceTensor probs({B, K}, MemCategory::Activations, &mem, 0), dlogits({B, K}, MemCategory::Activations, &mem, 0);
-  cuda::DeviceTensor losses({B}, MemCategory::Activations, &mem, 0), loss({1}, MemCategory::Activations, &mem, 0);
-  auto gpu_step = [&] {
+  Model model(spec, &mem, 0, dev);
+  Optimizer opt(oc, model.num_params(), &mem, dev);
+  // The CPU reads the host vectors where they are; a GPU gets them uploaded once.
+  Tensor gx, gy;
+  const float* xp = x.data();
+  const int64_t* yp = y.data();
+  if (!dev.is_host()) {
+    gx = Tensor({B, D}, MemCategory::Activations, &mem, DType::F32, dev);
+    gy = Tensor({B}, MemCategory::Activations, &mem, DType::I64, dev);
+    dev.upload(gx.raw(), x.data(), gx.nbytes());
+    dev.upload(gy.raw(), y.data(), gy.nbytes());
+    xp = gx.f32();
+    yp = gy.i64();
+  }
+  Tensor probs({B, K}, MemCategory::Activations, &mem, DType::F32, dev);
+  Tensor dlogits({B, K}, MemCategory::Activations, &mem, DType::F32, dev);
+  Tensor stats({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::I64, dev);
+  double* const s = reinterpret_cast<double*>(stats.raw());
+  StepTimes out;
+  for (int64_t i = 0; i < warmup + steps; i++) {
     const auto t0 = Clock::now();
+    stats.zero();
     model.zero_grad();
-    const float* logits = model.forward(gx.f32(), B);
-    cuda::cross_entropy_forward(dev, probs.f32(), losses.f32(), loss.f32(), logits, gy.i64(), B, K);
-    cuda::cross_entropy_backward(dev, dlogits.f32(), probs.f32(), gy.i64(), B, K, 1.0f / float(B));
+    const float* logits = model.forward(xp, B);
+    dev.cross_entropy_forward(probs.f32(), s, logits, yp, B, K);
+    dev.cross_entropy_backward(dlogits.f32(), probs.f32(), yp, B, K, 1.0f / float(B));
     model.backward(dlogits.f32());
     opt.step(model.params(), model.grads());
-    dev.sync_compute();  // a step ends when the GPU has finished it
-    return seconds_since(t0);
-  };
-  float gpu_first_loss = 0;
-  for (int64_t i = 0; i < warmup; i++) {
-    gpu_step();
-    if (i == 0) cuda::download(&gpu_first_loss, loss, dev.compute());
+    double h[kLossStatsDoubles];
+    dev.download(h, s, sizeof h);  // a step ends when the device has finished it
+    const double dt = seconds_since(t0);
+    if (i == 0) out.first_loss = static_cast<float>(h[0] / double(B));
+    if (i >= warmup) out.seconds.push_back(dt);
   }
-  std::vector<double> gpu_times;
-  for (int64_t i = 0; i < steps; i++) gpu_times.push_back(gpu_step());
+  out.tracked_bytes = mem.stats().total_current;
+  return out;
+}
 
-  Model cpu(spec, nullptr, 0);
-  Optimizer cpu_opt(oc, cpu.num_params(), nullptr);
-  std::vector<float> cprobs(size_t(B * K)), cdl(size_t(B * K));
-  float cpu_first_loss = 0;
-  auto cpu_step = [&](float* loss_out) {
-    const auto t0 = Clock::now();
-    cpu.zero_grad();
-    const float* logits = cpu.forward(x.data(), B);
-    const float l = cross_entropy_forward(cprobs.data(), logits, y.data(), B, K);
-    if (loss_out) *loss_out = l;
-    cross_entropy_backward(cdl.data(), cprobs.data(), y.data(), B, K, 1.0f / float(B));
-    cpu.backward(cdl.data());
-    cpu_opt.step(cpu.params(), cpu.grads());
-    return seconds_since(t0);
-  };
-  cpu_step(&cpu_first_loss);
-  std::vector<double> cpu_times;
-  for (int64_t i = 0; i < std::min<int64_t>(steps, 20); i++) cpu_times.push_back(cpu_step(nullptr));
-
-  const double g = 1e3 * median(gpu_times), c = 1e3 * median(cpu_times);
-  std::printf("train step of %s, batch %lld, adamw, median of %lld GPU / %zu CPU steps\n", spec.str().c_str(),
-              static_cast<long long>(B), static_cast<long long>(steps), cpu_times.size());
-  std::printf("  gpu   %8.3f ms/step  %10.0f samples/s  first loss %.6f\n", g, double(B) / (g / 1e3), gpu_first_loss);
-  std::printf("  cpu   %8.3f ms/step  %10.0f samples/s  first loss %.6f  (%d BLAS threads)\n", c, double(B) / (c / 1e3),
-              cpu_first_loss, compute_threads());
-  std::printf("  gpu/cpu speed-up %.1fx; first-loss difference %.2g\n", c / g, std::fabs(double(gpu_first_loss) - cpu_first_loss));
-  std::printf("  device memory: %s charged to the rank (parameters, gradients, AdamW state, activations)\n",
-              human_bytes(mem.stats().total_current).c_str());
-  // PyTorch on the same GPU, same model, init, data and optimizer (bench/torch_step.py cuda).
+// PyTorch on the same GPU, same model, init, data and optimizer (bench/torch_step.py cuda).
+nlohmann::json torch_step(const ModelSpec& spec, int64_t B, int64_t steps, int64_t warmup) {
   const std::string cmd = "/usr/bin/python3 " DTLAB_SOURCE_DIR "/bench/torch_step.py " + spec.str() + " " + std::to_string(B) +
                           " " + std::to_string(steps) + " " + std::to_string(warmup) + " 1 cuda 2>/dev/null";
   std::string out;
@@ -127,17 +128,56 @@ void bench_step(const ModelSpec& spec, int64_t B, int64_t steps) {
     while (std::fgets(buf, sizeof buf, f)) out += buf;
     pclose(f);
   }
-  const auto j = nlohmann::json::parse(out, nullptr, false);
-  if (j.is_discarded() || j.contains("error") || !j.contains("median_ms")) {
+  return nlohmann::json::parse(out, nullptr, false);
+}
+
+// 1. One training step: the GPU, PyTorch on the GPU, and the CPU engine when asked or cheap.
+void bench_step(const ModelSpec& spec, int64_t B, int64_t steps, int64_t cpu_steps) {
+  const double flops = step_flops(spec, B);
+  // A GEMM-bound step warms up in two (cuBLAS picks its kernels on the first); small ones take five.
+  const int64_t D = spec.in_features(), K = spec.out_features(), warmup = flops > 1e12 ? 2 : 5;
+  std::vector<float> x(static_cast<size_t>(B * D));
+  std::vector<int64_t> y(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t j = 0; j < D; j++) x[size_t(b * D + j)] = static_cast<float>(std::sin(0.01 * double(b * D + j)));
+    y[size_t(b)] = b % K;
+  }
+  StepTimes g;
+  {
+    std::unique_ptr<Device> gpu = cuda::make_device(0, 0);
+    g = time_steps(*gpu, spec, x, y, B, warmup, steps);
+  }  // its memory goes back before PyTorch runs on the same GPU
+  const double gs = median(g.seconds);
+  std::printf("train step of %s, batch %lld, adamw, median of %lld steps after %lld warm-up (%.1f GFLOP of GEMMs per step)\n",
+              spec.str().c_str(), static_cast<long long>(B), static_cast<long long>(steps), static_cast<long long>(warmup),
+              flops / 1e9);
+  std::printf("  gpu   %9.3f ms/step  %10.0f samples/s  %7.2f TFLOP/s  first loss %.6f\n", 1e3 * gs, double(B) / gs,
+              flops / gs / 1e12, g.first_loss);
+  std::printf("  device memory: %s charged to the rank (parameters, gradients, AdamW state, activations)\n",
+              human_bytes(g.tracked_bytes).c_str());
+
+  if (cpu_steps > 0) {
+    const StepTimes c = time_steps(cpu_device(), spec, x, y, B, 1, cpu_steps);
+    const double cs = median(c.seconds);
+    std::printf("  cpu   %9.3f ms/step  %10.0f samples/s  %7.2f TFLOP/s  first loss %.6f  (%d BLAS threads)\n", 1e3 * cs,
+                double(B) / cs, flops / cs / 1e12, c.first_loss, compute_threads());
+    std::printf("  gpu/cpu speed-up %.1fx; first-loss difference %.2g\n", cs / gs,
+                std::fabs(double(g.first_loss) - c.first_loss));
+  } else {
+    std::printf("  cpu   not measured (%.0f GFLOP per step; --cpu-steps N measures it)\n", flops / 1e9);
+  }
+
+  const nlohmann::json j = torch_step(spec, B, steps, warmup);
+  if (j.is_discarded() || !j.is_object() || j.contains("error") || !j.contains("median_ms")) {
     std::printf("  pytorch (cuda) not measured: %s\n",
                 j.is_object() && j.contains("error") ? j["error"].get<std::string>().c_str() : "/usr/bin/python3 with torch is not available");
     return;
   }
-  const double t = j["median_ms"].get<double>();
-  std::printf("  pytorch (cuda) %8.3f ms/step  %10.0f samples/s  first loss %.6f  (torch %s)\n", t, double(B) / (t / 1e3),
-              j["first_loss"].get<double>(), j["torch"].get<std::string>().c_str());
-  std::printf("  ratio dtlab/torch on the GPU: %.3f (below 1: dtlab's step is faster); first-loss difference %.2g\n", g / t,
-              std::fabs(double(gpu_first_loss) - j["first_loss"].get<double>()));
+  const double ts = j["median_ms"].get<double>() / 1e3;
+  std::printf("  pytorch (cuda) %9.3f ms/step  %10.0f samples/s  %7.2f TFLOP/s  first loss %.6f  (torch %s)\n", 1e3 * ts,
+              double(B) / ts, flops / ts / 1e12, j["first_loss"].get<double>(), j["torch"].get<std::string>().c_str());
+  std::printf("  ratio dtlab/torch on the GPU: %.3f (below 1: dtlab's step is faster); first-loss difference %.2g\n", gs / ts,
+              std::fabs(double(g.first_loss) - j["first_loss"].get<double>()));
 }
 
 // The device's own copy bandwidth: one stream, device to device, bytes / time (one direction).
@@ -177,24 +217,25 @@ int64_t bench_allreduce(int n) {  // returns #wrong over all sizes
   o.record = false;
   o.trace_capacity = 16;
   o.timeout_s = 120;
-  CudaWorld w(n, o);
+  std::unique_ptr<RankWorld> w = cuda::make_cuda_world(n, o);
   int64_t total_wrong = 0;
   for (int64_t count : {int64_t{1} << 18, int64_t{1} << 22, int64_t{1} << 24}) {
     std::vector<double> times;
     std::vector<int64_t> wrong(size_t(n), 0);
-    w.run([&](int r, Communicator& c, RankContext& ctx, cuda::RankDevice& dev) {
-      cuda::DeviceTensor buf({count}, MemCategory::CommBuffers, ctx.memory(), dev.device());
+    w->run([&](int r, Communicator& c, RankContext& ctx, Device& dev) {
+      Tensor buf({count}, MemCategory::CommBuffers, ctx.memory(), DType::F32, dev);
       std::vector<float> host(static_cast<size_t>(count));
       for (int it = 0; it < 12; it++) {
         for (int64_t i = 0; i < count; i++) host[size_t(i)] = float((r + 1) * ((i % 7) + 1));  // small integers: exact sums
-        cuda::upload(buf, host.data(), dev.compute());
+        dev.upload(buf.raw(), host.data(), buf.nbytes());
+        dev.synchronize();  // the upload is not part of the timed collective
         c.barrier()->wait();
         const auto t0 = Clock::now();
         c.all_reduce(buf.f32(), count, DType::F32, ReduceOp::Sum, Algorithm::Ring)->wait();
         const double t = seconds_since(t0);
         if (r == 0 && it >= 2) times.push_back(t);
         if (it == 11) {
-          cuda::download(host.data(), buf, dev.compute());
+          dev.download(host.data(), buf.raw(), buf.nbytes());
           for (int64_t i = 0; i < count; i++)
             wrong[size_t(r)] += host[size_t(i)] != float(n * (n + 1) / 2 * ((i % 7) + 1));
         }
@@ -216,28 +257,53 @@ int64_t bench_allreduce(int n) {  // returns #wrong over all sizes
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string spec_text = "mlp:256,1024,1024,10";
-  int64_t B = 256, steps = 50;
+  std::string spec_text;
+  int64_t B = 0, steps = 0, cpu_steps = -1;  // 0 / empty: the preset's; cpu_steps -1: 20 when cheap, else 0
   int world = 4;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
-    if (k == "--model") spec_text = v;
-    else if (k == "--batch") B = std::stoll(v);
-    else if (k == "--steps") steps = std::stoll(v);
-    else if (k == "--world") world = std::stoi(v);
-    else {
-      std::fprintf(stderr, "dtlab-bench-cuda: unknown flag %s; flags are --model --batch --steps --world\n", k.c_str());
+  bool gemm = false;
+  for (int i = 1; i < argc; i++) {
+    const std::string k = argv[i];
+    if (k == "--gemm") {
+      gemm = true;
+      continue;
+    }
+    if (k != "--model" && k != "--batch" && k != "--steps" && k != "--cpu-steps" && k != "--world") {
+      std::fprintf(stderr, "dtlab-bench-cuda: unknown flag %s; flags are --gemm --model --batch --steps --cpu-steps --world\n",
+                   k.c_str());
       return 2;
     }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "dtlab-bench-cuda: %s needs a value\n", k.c_str());
+      return 2;
+    }
+    const std::string v = argv[++i];
+    char* end = nullptr;
+    const int64_t n = std::strtoll(v.c_str(), &end, 10);  // every flag but --model takes a whole number
+    if (k != "--model" && (v.empty() || *end != '\0')) {
+      std::fprintf(stderr, "dtlab-bench-cuda: %s %s is not a whole number\n", k.c_str(), v.c_str());
+      return 2;
+    }
+    if (k == "--model") spec_text = v;
+    else if (k == "--batch") B = n;
+    else if (k == "--steps") steps = n;
+    else if (k == "--cpu-steps") cpu_steps = n;
+    else world = static_cast<int>(n);
   }
+  // The presets: bench_step's model, or a GEMM-bound one where the GPU's FP32 peak, not its launch
+  // latency, decides (explicit flags win over either).
+  if (spec_text.empty()) spec_text = gemm ? "mlp:4096,16384,16384,4096" : "mlp:256,1024,1024,10";
+  if (B < 1) B = gemm ? 8192 : 256;
+  if (steps < 1) steps = gemm ? 10 : 50;
   if (!cuda::cuda_available()) {
     std::printf("dtlab-bench-cuda: skipped: %s\n", cuda::unavailable_reason().c_str());
     return 0;
   }
   try {
+    const ModelSpec spec = ModelSpec::parse(spec_text);
+    if (cpu_steps < 0) cpu_steps = step_flops(spec, B) <= 200e9 ? 20 : 0;
     std::printf("%s\n", cuda::runtime_summary().c_str());
-    bench_step(ModelSpec::parse(spec_text), B, steps);
-    if (bench_allreduce(world) > 0) {
+    bench_step(spec, B, steps, cpu_steps);
+    if (world > 0 && bench_allreduce(world) > 0) {
       std::fprintf(stderr, "dtlab-bench-cuda: the all-reduce gave wrong values (#wrong above)\n");
       return 1;
     }

@@ -14,9 +14,6 @@
 #include "engine/io/checkpoint.h"
 #include "engine/train/device_probe.h"
 #include "engine/train/train.h"
-#if DTLAB_HAVE_CUDA
-#include "engine/cuda/cuda_train.h"
-#endif
 
 namespace dtlab::cli {
 
@@ -132,9 +129,8 @@ void finish_config(TrainArgs& a) {
     throw Error("--fault injects into the ranks' collectives; add --strategy ddp (or fsdp) --world N");
 }
 
-// Prints the run as it goes; `T` is Trainer (the CPU engine) or CudaTrainer (engine/cuda).
-template <class T>
-int report_run(TrainArgs& a, Streams& given, T& trainer) {
+// Prints the run as it goes.
+int report_run(TrainArgs& a, Streams& given, Trainer& trainer) {
   // Under `dtlab-cli launch` only rank 0 reports; the other ranks stay quiet unless they fail.
   std::ostream discard(nullptr);
   Streams quiet{discard, given.err, false};
@@ -154,8 +150,7 @@ int report_run(TrainArgs& a, Streams& given, T& trainer) {
            << c.optimizer.str() << ", seed " << c.seed << ", shuffle "
            << (c.shuffle ? "on" : "off") << (c.drop_last ? ", drop_last" : "") << "\n";
     bool pipeline_printed = false;
-    if constexpr (std::is_same_v<T, Trainer>)
-      if (c.strategy == "pipeline") print_pipeline_header(io.out, trainer), pipeline_printed = true;
+    if (c.strategy == "pipeline") print_pipeline_header(io.out, trainer), pipeline_printed = true;
     if (!pipeline_printed && (c.accum > 1 || c.world_size > 1))
       io.out << "  effective batch " << trainer.effective_batch() << " = " << c.batch << " per rank x "
              << c.world_size << (c.world_size == 1 ? " rank" : " ranks") << " x " << c.accum
@@ -181,9 +176,7 @@ int report_run(TrainArgs& a, Streams& given, T& trainer) {
              << backward_prefetch_name(c.fsdp.backward_prefetch) << (c.fsdp.forward_prefetch ? ", forward prefetch" : "") << "\n";
     if (!c.init_path.empty()) io.out << "  initialized from " << c.init_path << "\n";
     io.out << "  device " << c.device << ", backend " << c.backend << " (" << a.device_why << ")\n";
-#if DTLAB_HAVE_CUDA
-    if constexpr (std::is_same_v<T, CudaTrainer>) io.out << "  " << trainer.describe() << "\n";
-#endif
+    if (c.device == "cuda") io.out << "  " << trainer.describe_placement() << "\n";
     if (c.backend == "socket")
       io.out << "  backend socket: " << c.world_size << " processes, rank 0 at " << c.socket.master_addr << ":"
              << c.socket.master_port << "\n";
@@ -284,8 +277,7 @@ int report_run(TrainArgs& a, Streams& given, T& trainer) {
       for (const std::string& b : s.buckets) io.out << "    " << b << "\n";
     }
   }
-  if constexpr (std::is_same_v<T, Trainer>)
-    if (c.strategy == "pipeline") print_pipeline_summary(io.out, trainer, s);
+  if (c.strategy == "pipeline") print_pipeline_summary(io.out, trainer, s);
   bool same = true;
   for (const MemoryStats& m : s.rank_memory)
     same = same && m.current == s.memory.current && m.peak == s.memory.peak;
@@ -310,12 +302,6 @@ int report_run(TrainArgs& a, Streams& given, T& trainer) {
 
 int run_train(TrainArgs& a, Streams& io) {
   finish_config(a);
-#if DTLAB_HAVE_CUDA
-  if (a.cfg.device == "cuda") {
-    CudaTrainer trainer(a.cfg);
-    return report_run(a, io, trainer);
-  }
-#endif
   Trainer trainer(a.cfg);
   return report_run(a, io, trainer);
 }
@@ -327,7 +313,7 @@ Runner add_train_command(CLI::App& app) {
   TrainConfig& c = a->cfg;
   app.add_option("--strategy", c.strategy, "Parallel strategy: single | ddp | fsdp | pipeline")->capture_default_str();
   a->backend_opt = app.add_option("--backend", c.backend, "Where ranks run: threads (all in this process) | cuda (threads sharing a GPU) | nccl (one GPU per rank) | socket (one process per rank, as dtlab-cli launch starts them); default: nccl with a GPU per rank, cuda with fewer GPUs, else threads");
-  a->device_opt = app.add_option("--device", a->device, "cpu | cuda (default: cuda when a GPU is present and the strategy is single or ddp, else cpu; DTLAB_DEVICE sets it)");
+  a->device_opt = app.add_option("--device", a->device, "cpu | cuda (default: cuda when a GPU is present, else cpu; DTLAB_DEVICE sets it)");
   a->world_opt = app.add_option("--world", c.world_size, "Number of ranks (for strategies that use several)")->check(whole_number(1, 1024));
   a->model_opt = app.add_option("--model", a->model, "Model spec mlp:D0,D1,...,Dk (with --init: the checkpoint's)")->capture_default_str();
   app.add_option("--data", c.data, "spiral | blobs | PATH.npz (with options, e.g. spiral:classes=4,points=500)")->capture_default_str();

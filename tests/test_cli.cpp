@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cli/cli.h"
+#include "tests/cli_util.h"
 #include "tests/test_util.h"
 #include "engine/data/dataset.h"
 
@@ -23,19 +24,9 @@ using nlohmann::json;
 
 namespace {
 
-struct CliResult {
-  int code = -1;
-  std::string out, err;
-};
+using dtlab::test::CliResult;
 
-CliResult run(const std::vector<std::string>& args, bool terminal = false) {
-  std::ostringstream out, err;
-  CliResult r;
-  r.code = dtlab::cli::run_cli(args, {out, err, terminal});
-  r.out = out.str();
-  r.err = err.str();
-  return r;
-}
+CliResult run(const std::vector<std::string>& args, bool terminal = false) { return dtlab::test::run_cli(args, terminal); }
 
 std::string joined(const std::vector<std::string>& args) {
   std::string s;

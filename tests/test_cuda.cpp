@@ -1,8 +1,10 @@
-// The CUDA engine against the CPU engine, llm.c style: every op and optimizer on random data on both,
-// each printing its max difference (relative to max(1, |cpu|); tolerance 1e-5), a whole training step
-// of the model, device memory in the rank's tracker, GPU-timed compute events; and the cuda backend
-// against the threads backend: every collective bit for bit (same algorithm, same additions in the
-// same order), ring steps in NCCL's order, one stepper gate per ring step.
+// The CUDA device (engine/cuda/cuda_device.h) against the CPU device, llm.c style: every method of the
+// device interface on random data on both, each printing its max difference (relative to
+// max(1, |cpu|); tolerance 1e-5), a whole training step of the one Model on the GPU, tensors on the
+// GPU in the rank's tracker, GPU-timed compute events; the cuda backend against the threads backend:
+// every collective bit for bit (same algorithm, same additions in the same order), ring steps in
+// NCCL's order, one stepper gate per ring step; and the one Trainer on --device cuda following the
+// CPU engine step by step. (tests/test_devices.cpp runs every strategy on both devices.)
 //
 // Skipping: doctest has no skip decided at run time, so without a device each case prints
 // "skipped: no CUDA device (...)" with MESSAGE and returns; CTest turns that line into a skipped test
@@ -24,34 +26,37 @@ TEST_CASE("cuda: skipped: built without CUDA" * doctest::test_suite("cuda")) {
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "tests/test_util.h"
 #include "engine/comm/cuda_backend.h"
 #include "engine/comm/plan.h"
+#include "engine/core/device.h"
 #include "engine/core/model.h"
 #include "engine/core/ops.h"
 #include "engine/core/optim.h"
-#include "engine/cuda/compute_timer.h"
-#include "engine/cuda/cuda_train.h"
-#include "engine/cuda/device.h"
-#include "engine/cuda/device_model.h"
-#include "engine/cuda/device_tensor.h"
-#include "engine/cuda/ops.h"
-#include "engine/cuda/optim.h"
+#include "engine/core/tensor.h"
+#include "engine/cuda/cuda_device.h"
+#include "engine/cuda/runtime.h"
+#include "engine/cuda/platform.h"
+#include "engine/trace/context.h"
+#include "engine/trace/cost_model.h"
 #include "engine/trace/event.h"
+#include "engine/train/train.h"
 
 using namespace dtlab;
-using cuda::DeviceTensor;
+using cuda::CudaDevice;
 using cuda::RankDevice;
 
 // Every GPU case starts with this: the reason is visible in doctest's output and in CTest's.
 #define DTLAB_REQUIRE_CUDA_DEVICE()                                     \
   do {                                                                  \
     if (!cuda::cuda_available()) {                                      \
-      MESSAGE(("skipped: " + cuda::unavailable_reason()));                \
+      MESSAGE(("skipped: " + cuda::unavailable_reason()));              \
       return;                                                           \
     }                                                                   \
   } while (0)
@@ -60,29 +65,39 @@ namespace {
 
 constexpr double kTol = 1e-5;
 
-std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(g);
-  return v;
-}
+using test::random_floats;
 
-DeviceTensor on_device(const void* host, Shape shape, const RankDevice& dev, DType dt = DType::F32,
-                       MemoryTracker* tracker = nullptr) {
-  DeviceTensor t(std::move(shape), MemCategory::Other, tracker, dev.device(), dt);
-  if (t.numel() > 0) cuda::upload(t, host, dev.compute());
+// Rank 0's place on GPU 0 as a Device, owning its streams and cuBLAS handle. Declare it before the
+// tensors that live on it: they free on its stream.
+std::unique_ptr<CudaDevice> gpu0() { return std::make_unique<CudaDevice>(std::make_unique<RankDevice>(0, 0)); }
+
+Tensor on_device(const void* host, Shape shape, Device& dev, DType dt = DType::F32, MemoryTracker* tracker = nullptr,
+                 MemCategory category = MemCategory::Other) {
+  Tensor t(std::move(shape), category, tracker, dt, dev);
+  dev.upload(t.raw(), host, t.nbytes());
   return t;
 }
-DeviceTensor on_device(const std::vector<float>& v, const RankDevice& dev) {
+Tensor on_device(const std::vector<float>& v, Device& dev) {
   return on_device(v.data(), {static_cast<int64_t>(v.size())}, dev);
 }
 
-std::vector<float> on_host(const DeviceTensor& t, const RankDevice& dev) {
+std::vector<float> on_host(const Tensor& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
-  if (!v.empty()) cuda::download(v.data(), t, dev.compute());
+  t.device().download(v.data(), t.raw(), t.nbytes());
   return v;
 }
+
+// The two doubles a loss leaves on the device (engine/core/device.h): loss x rows, correct rows.
+struct LossStats {
+  explicit LossStats(Device& dev) : t({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::I64, dev) {}
+  double* ptr() { return reinterpret_cast<double*>(t.raw()); }
+  std::vector<double> read() {
+    std::vector<double> h(kLossStatsDoubles);
+    t.device().download(h.data(), t.raw(), t.nbytes());
+    return h;
+  }
+  Tensor t;
+};
 
 // Max |gpu - cpu| / max(1, |cpu|), printed like llm.c's checkers.
 double max_diff(const std::vector<float>& gpu, const std::vector<float>& cpu, const std::string& what) {
@@ -100,44 +115,102 @@ double max_diff(const std::vector<float>& gpu, const std::vector<float>& cpu, co
 
 TEST_SUITE("cuda") {
 
-TEST_CASE("without a device: cuda_available() is false with a reason and the backend says so in one sentence") {
+TEST_CASE("without a device: cuda_available() is false with a reason, and every way in says so in one sentence") {
   if (cuda::cuda_available()) {
     CHECK(cuda::device_count() > 0);
     CHECK(cuda::unavailable_reason().empty());
+    CHECK(cuda::available());
     MESSAGE(cuda::runtime_summary());
     return;
   }
   CHECK(cuda::device_count() == 0);
+  CHECK(!cuda::available());
   CHECK(cuda::unavailable_reason().rfind("no CUDA device", 0) == 0);
   CHECK_THROWS_WITH_AS(CudaWorld(2), doctest::Contains("the cuda backend needs a CUDA device"), Error);
+  // The platform's doors (engine/cuda/platform.h), which the trainer and the lab use.
+  CHECK_THROWS_WITH_AS(cuda::make_cuda_world(2, {}), doctest::Contains("--backend cuda: no CUDA device"), Error);
+  CHECK_THROWS_WITH_AS(cuda::make_device(0, 0), doctest::Contains("--device cuda: no CUDA device"), Error);
+  // The CPU device has no device-side memory figure.
+  int64_t used = -1, total = -1;
+  CHECK(!cpu_device().memory_info(used, total));
+  CHECK(cpu_device().make_timer(nullptr).get() == nullptr);
   MESSAGE(("no device here, as expected in CI: " + cuda::runtime_summary()));
 }
 
-TEST_CASE("device tensors: charged to the rank's tracker while alive, the device's own figure beside it") {
+TEST_CASE("tensors on the GPU: charged to the rank's tracker while alive, the device's own figure beside it") {
   DTLAB_REQUIRE_CUDA_DEVICE();
-  RankDevice dev(0, 0);
+  auto gpu = gpu0();
+  Device& dev = *gpu;
+  CHECK(dev.kind() == DeviceKind::CUDA);
+  CHECK(!dev.is_host());
+  CHECK(dev.name() == "cuda:0");
   MemoryTracker mem;
   const cuda::DeviceMemory before = cuda::device_memory(0);
   CHECK(before.total_bytes > 0);
   {
-    DeviceTensor a({1000, 256}, MemCategory::Parameters, &mem, 0);
-    DeviceTensor b({300}, MemCategory::Activations, &mem, 0, DType::I64);
+    Tensor a({1000, 256}, MemCategory::Parameters, &mem, DType::F32, dev);
+    Tensor b({300}, MemCategory::Activations, &mem, DType::I64, dev);
+    CHECK(&a.device() == &dev);
     CHECK(mem.stats().current_of(MemCategory::Parameters) == 1000 * 256 * 4);
     CHECK(mem.stats().current_of(MemCategory::Activations) == 300 * 8);
-    CHECK(on_host(a, dev) == std::vector<float>(256000, 0.0f));  // zero-filled
-    DeviceTensor moved = std::move(a);
+    CHECK(on_host(a) == std::vector<float>(256000, 0.0f));  // zero-filled
+    Tensor moved = std::move(a);
     CHECK(a.empty());
+    CHECK(&moved.device() == &dev);
     CHECK(mem.stats().current_of(MemCategory::Parameters) == 1000 * 256 * 4);  // moved, not copied
-    const cuda::DeviceMemory during = cuda::device_memory(0);
-    MESSAGE("device 0: " << during.free_bytes << " of " << during.total_bytes << " bytes free");
+    int64_t used = 0, total = 0;
+    REQUIRE(dev.memory_info(used, total));
+    CHECK(total == before.total_bytes);
+    CHECK(used > 0);
+    MESSAGE("device 0: " << used << " of " << total << " bytes used");
   }
   CHECK(mem.stats().total_current == 0);
   CHECK(mem.stats().peak_of(MemCategory::Parameters) == 1000 * 256 * 4);
 }
 
+TEST_CASE("device memory: upload, copy, fill_zero and download round-trip, and scale, scale_copy and accumulate equal the CPU device") {
+  DTLAB_REQUIRE_CUDA_DEVICE();
+  auto gpu = gpu0();
+  Device& dev = *gpu;
+  const int64_t n = 100003;
+  std::vector<float> v = random_floats(size_t(n), 11);
+  std::vector<float> staged = v;
+  Tensor a({n}, MemCategory::Other, nullptr, DType::F32, dev), b({n}, MemCategory::Other, nullptr, DType::F32, dev);
+  dev.upload(a.raw(), staged.data(), a.nbytes());
+  std::fill(staged.begin(), staged.end(), -7.0f);  // the contract: the host buffer may be reused on return
+  dev.copy(b.raw(), a.raw(), a.nbytes());
+  CHECK(on_host(a) == v);
+  CHECK(on_host(b) == v);
+  dev.fill_zero(a.raw(), 100 * 4);  // the first 100 elements
+  std::vector<float> z = on_host(a);
+  CHECK(std::count(z.begin(), z.begin() + 100, 0.0f) == 100);
+  CHECK(std::equal(z.begin() + 100, z.end(), v.begin() + 100));
+
+  std::vector<float> want = v, want_copy(static_cast<size_t>(n), 0.0f);
+  cpu_device().scale(want.data(), n, 0.37f);
+  cpu_device().scale_copy(want_copy.data(), v.data(), n, -1.5f);
+  dev.scale(b.f32(), n, 0.37f);
+  dev.scale_copy(a.f32(), on_device(v, dev).f32(), n, -1.5f);  // the temporary frees after the kernel, in stream order
+  dev.synchronize();
+  CHECK(max_diff(on_host(b), want, "scale") == 0);
+  CHECK(max_diff(on_host(a), want_copy, "scale_copy") == 0);
+
+  // accumulate: what a process group adds a received partial with (sum, or max).
+  const std::vector<float> w = random_floats(size_t(n), 12);
+  for (bool max : {false, true}) {
+    std::vector<float> acc = v;
+    cpu_device().accumulate(acc.data(), w.data(), n, max);
+    Tensor g = on_device(v, dev), gw = on_device(w, dev);
+    dev.accumulate(g.f32(), gw.f32(), n, max);
+    CHECK(max_diff(on_host(g), acc, max ? "accumulate (max)" : "accumulate (sum)") == 0);
+  }
+  dev.bind_thread();  // another thread's work for this rank starts with it; harmless here
+}
+
 TEST_CASE("linear forward and backward match the CPU ops (cuBLAS transposes, bias, accumulation)") {
   DTLAB_REQUIRE_CUDA_DEVICE();
-  RankDevice dev(0, 0);
+  auto gpu = gpu0();
+  Device& dev = *gpu;
   const int64_t B = 37, C = 53, OC = 29;  // odd sizes: leading dimensions must be right
   auto x = random_floats(B * C, 1), w = random_floats(OC * C, 2), b = random_floats(OC, 3);
   auto dout = random_floats(B * OC, 4);
@@ -145,44 +218,50 @@ TEST_CASE("linear forward and backward match the CPU ops (cuBLAS transposes, bia
   linear_forward(out.data(), x.data(), w.data(), b.data(), B, C, OC);
   linear_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), B, C, OC);
 
-  DeviceTensor gx = on_device(x, dev), gw = on_device(w, dev), gb = on_device(b, dev), gdout = on_device(dout, dev);
-  DeviceTensor gout({B * OC}, MemCategory::Other, nullptr, 0), gdx({B * C}, MemCategory::Other, nullptr, 0);
-  DeviceTensor gdw = on_device(std::vector<float>(OC * C, 0.25f), dev), gdb = on_device(std::vector<float>(OC, -0.5f), dev);
-  cuda::linear_forward(dev, gout.f32(), gx.f32(), gw.f32(), gb.f32(), B, C, OC);
-  cuda::linear_backward(dev, gdx.f32(), gdw.f32(), gdb.f32(), gdout.f32(), gx.f32(), gw.f32(), B, C, OC);
-  CHECK(max_diff(on_host(gout, dev), out, "linear forward") < kTol);
-  CHECK(max_diff(on_host(gdx, dev), dx, "linear d input") < kTol);
-  CHECK(max_diff(on_host(gdw, dev), dw, "linear d weight (accumulated)") < kTol);
-  CHECK(max_diff(on_host(gdb, dev), db, "linear d bias (accumulated)") < kTol);
+  Tensor gx = on_device(x, dev), gw = on_device(w, dev), gb = on_device(b, dev), gdout = on_device(dout, dev);
+  Tensor gout({B * OC}, MemCategory::Other, nullptr, DType::F32, dev), gdx({B * C}, MemCategory::Other, nullptr, DType::F32, dev);
+  Tensor gdw = on_device(std::vector<float>(OC * C, 0.25f), dev), gdb = on_device(std::vector<float>(OC, -0.5f), dev);
+  dev.linear_forward(gout.f32(), gx.f32(), gw.f32(), gb.f32(), B, C, OC);
+  dev.linear_backward(gdx.f32(), gdw.f32(), gdb.f32(), gdout.f32(), gx.f32(), gw.f32(), B, C, OC);
+  CHECK(max_diff(on_host(gout), out, "linear forward") < kTol);
+  CHECK(max_diff(on_host(gdx), dx, "linear d input") < kTol);
+  CHECK(max_diff(on_host(gdw), dw, "linear d weight (accumulated)") < kTol);
+  CHECK(max_diff(on_host(gdb), db, "linear d bias (accumulated)") < kTol);
 
   // Without bias, and without an input gradient (the first layer).
   linear_forward(out.data(), x.data(), w.data(), nullptr, B, C, OC);
-  cuda::linear_forward(dev, gout.f32(), gx.f32(), gw.f32(), nullptr, B, C, OC);
-  CHECK(max_diff(on_host(gout, dev), out, "linear forward, no bias") < kTol);
+  dev.linear_forward(gout.f32(), gx.f32(), gw.f32(), nullptr, B, C, OC);
+  CHECK(max_diff(on_host(gout), out, "linear forward, no bias") < kTol);
   linear_backward(nullptr, dw.data(), nullptr, dout.data(), x.data(), w.data(), B, C, OC);
-  cuda::linear_backward(dev, nullptr, gdw.f32(), nullptr, gdout.f32(), gx.f32(), gw.f32(), B, C, OC);
-  CHECK(max_diff(on_host(gdw, dev), dw, "linear d weight, second accumulation") < kTol);
+  dev.linear_backward(nullptr, gdw.f32(), nullptr, gdout.f32(), gx.f32(), gw.f32(), B, C, OC);
+  CHECK(max_diff(on_host(gdw), dw, "linear d weight, second accumulation") < kTol);
+  // Zero-bubble's halves: the input gradient alone (no input, no weight gradient).
+  linear_backward(dx.data(), nullptr, nullptr, dout.data(), nullptr, w.data(), B, C, OC);
+  dev.linear_backward(gdx.f32(), nullptr, nullptr, gdout.f32(), nullptr, gw.f32(), B, C, OC);
+  CHECK(max_diff(on_host(gdx), dx, "linear d input alone") < kTol);
 }
 
 TEST_CASE("relu forward and backward equal the CPU ops exactly") {
   DTLAB_REQUIRE_CUDA_DEVICE();
-  RankDevice dev(0, 0);
+  auto gpu = gpu0();
+  Device& dev = *gpu;
   const int64_t N = 100003;
   auto x = random_floats(N, 5), dout = random_floats(N, 6);
   std::vector<float> out(N), dx(N);
   relu_forward(out.data(), x.data(), N);
   relu_backward(dx.data(), dout.data(), out.data(), N);
-  DeviceTensor gx = on_device(x, dev), gd = on_device(dout, dev);
-  DeviceTensor gout({N}, MemCategory::Other, nullptr, 0), gdx({N}, MemCategory::Other, nullptr, 0);
-  cuda::relu_forward(dev, gout.f32(), gx.f32(), N);
-  cuda::relu_backward(dev, gdx.f32(), gd.f32(), gout.f32(), N);
-  CHECK(max_diff(on_host(gout, dev), out, "relu forward") == 0);
-  CHECK(max_diff(on_host(gdx, dev), dx, "relu d input") == 0);
+  Tensor gx = on_device(x, dev), gd = on_device(dout, dev);
+  Tensor gout({N}, MemCategory::Other, nullptr, DType::F32, dev), gdx({N}, MemCategory::Other, nullptr, DType::F32, dev);
+  dev.relu_forward(gout.f32(), gx.f32(), N);
+  dev.relu_backward(gdx.f32(), gd.f32(), gout.f32(), N);
+  CHECK(max_diff(on_host(gout), out, "relu forward") == 0);
+  CHECK(max_diff(on_host(gdx), dx, "relu d input") == 0);
 }
 
-TEST_CASE("softmax cross-entropy (mean) forward and backward match the CPU ops") {
+TEST_CASE("softmax cross-entropy (mean) forward with on-device stats, and backward, match the CPU") {
   DTLAB_REQUIRE_CUDA_DEVICE();
-  RankDevice dev(0, 0);
+  auto gpu = gpu0();
+  Device& dev = *gpu;
   for (int64_t C : {int64_t{3}, int64_t{10}, int64_t{1000}}) {  // fewer classes than a warp, and many
     CAPTURE(C);
     const int64_t B = 65;
@@ -190,25 +269,42 @@ TEST_CASE("softmax cross-entropy (mean) forward and backward match the CPU ops")
     std::vector<int64_t> y(B);
     for (int64_t i = 0; i < B; i++) y[size_t(i)] = (i * 7) % C;
     z[0] = 1000.0f;  // large logits do not overflow (log-sum-exp with the max subtracted)
+    for (int64_t i = 1; i < B; i += 4) z[size_t(i * C + y[size_t(i)])] = 50.0f;  // some rows right, some wrong
     std::vector<float> probs(B * C), dz(B * C);
     const float loss = cross_entropy_forward(probs.data(), z.data(), y.data(), B, C);
+    const int64_t correct = count_correct(z.data(), y.data(), B, C);
     cross_entropy_backward(dz.data(), probs.data(), y.data(), B, C, 1.0f / B);
+    double cpu_stats[kLossStatsDoubles] = {0, 0};  // the CPU device's stats: what the trainer reads
+    std::vector<float> cpu_probs(B * C);
+    cpu_device().cross_entropy_forward(cpu_probs.data(), cpu_stats, z.data(), y.data(), B, C);
 
-    DeviceTensor gz = on_device(z, dev), gy = on_device(y.data(), {B}, dev, DType::I64);
-    DeviceTensor gp({B * C}, MemCategory::Other, nullptr, 0), gdz({B * C}, MemCategory::Other, nullptr, 0);
-    DeviceTensor glosses({B}, MemCategory::Other, nullptr, 0), gloss({1}, MemCategory::Other, nullptr, 0);
-    cuda::cross_entropy_forward(dev, gp.f32(), glosses.f32(), gloss.f32(), gz.f32(), gy.i64(), B, C);
-    cuda::cross_entropy_backward(dev, gdz.f32(), gp.f32(), gy.i64(), B, C, 1.0f / B);
+    Tensor gz = on_device(z, dev), gy = on_device(y.data(), {B}, dev, DType::I64);
+    Tensor gp({B * C}, MemCategory::Other, nullptr, DType::F32, dev), gdz({B * C}, MemCategory::Other, nullptr, DType::F32, dev);
+    LossStats stats(dev);
+    dev.cross_entropy_forward(gp.f32(), stats.ptr(), gz.f32(), gy.i64(), B, C);
+    dev.cross_entropy_backward(gdz.f32(), gp.f32(), gy.i64(), B, C, 1.0f / B);
     const std::string c = " (C=" + std::to_string(C) + ")";
-    CHECK(max_diff(on_host(gloss, dev), {loss}, "cross-entropy mean loss" + c) < kTol);
-    CHECK(max_diff(on_host(gp, dev), probs, "softmax" + c) < kTol);
-    CHECK(max_diff(on_host(gdz, dev), dz, "cross-entropy d logits" + c) < kTol);
+    std::vector<double> got = stats.read();
+    CHECK(max_diff({static_cast<float>(got[0] / double(B))}, {loss}, "cross-entropy mean loss (stats[0] / B)" + c) < kTol);
+    CHECK(max_diff({static_cast<float>(got[0])}, {static_cast<float>(cpu_stats[0])}, "stats[0] vs the CPU device" + c) < kTol);
+    CHECK(got[1] == double(correct));  // argmax, lowest index on ties, as torch.argmax
+    CHECK(cpu_stats[1] == double(correct));
+    CHECK(max_diff(on_host(gp), probs, "softmax" + c) < kTol);
+    CHECK(max_diff(on_host(gdz), dz, "cross-entropy d logits" + c) < kTol);
+    // The stats accumulate (micro-batches of one step) until zeroed.
+    dev.cross_entropy_forward(gp.f32(), stats.ptr(), gz.f32(), gy.i64(), B, C);
+    std::vector<double> twice = stats.read();
+    CHECK(twice[0] == doctest::Approx(2 * got[0]).epsilon(1e-12));
+    CHECK(twice[1] == 2 * double(correct));
+    stats.t.zero();
+    CHECK((stats.read() == std::vector<double>{0.0, 0.0}));
   }
 }
 
-TEST_CASE("SGD (momentum, dampening, weight decay) and AdamW steps match the CPU optimizer") {
+TEST_CASE("SGD (momentum, dampening, weight decay) and AdamW steps of an Optimizer on the GPU match the CPU optimizer") {
   DTLAB_REQUIRE_CUDA_DEVICE();
-  RankDevice dev(0, 0);
+  auto gpu = gpu0();
+  Device& dev = *gpu;
   const int64_t n = 100000;
   OptimizerConfig sgd = default_optimizer_config(OptimizerKind::SGD);
   sgd.momentum = 0.9, sgd.dampening = 0.1, sgd.weight_decay = 0.01;
@@ -218,25 +314,32 @@ TEST_CASE("SGD (momentum, dampening, weight decay) and AdamW steps match the CPU
     CAPTURE(oc.str());
     MemoryTracker cpu_mem, gpu_mem;
     Optimizer cpu(oc, n, &cpu_mem);
-    cuda::DeviceOptimizer gpu(oc, n, &gpu_mem, dev);
+    Optimizer on_gpu(oc, n, &gpu_mem, dev);
     std::vector<float> p = random_floats(n, 8);
-    DeviceTensor gp = on_device(p, dev);
+    Tensor gp = on_device(p, dev);
     for (int t = 0; t < 3; t++) {
       auto g = random_floats(n, 9 + t);
-      DeviceTensor gg = on_device(g, dev);
+      Tensor gg = on_device(g, dev);
       cpu.step(p.data(), g.data());
-      gpu.step(gp.f32(), gg.f32());
-      CHECK(max_diff(on_host(gp, dev), p, oc.str() + " step " + std::to_string(t + 1)) < kTol);
+      if (t < 2) {
+        on_gpu.step(gp.f32(), gg.f32());
+      } else {  // DDP's gradient_as_bucket_view: the gradients in two pieces
+        const int64_t half = n / 3;
+        on_gpu.step({{gp.f32() + half, gg.f32() + half, half, n - half}, {gp.f32(), gg.f32(), 0, half}});
+      }
+      CHECK(max_diff(on_host(gp), p, oc.str() + " step " + std::to_string(t + 1)) < kTol);
     }
-    CHECK(gpu.steps_taken() == 3);
+    CHECK(on_gpu.steps_taken() == 3);
     CHECK(gpu_mem.stats().current_of(MemCategory::OptimizerState) ==
           cpu_mem.stats().current_of(MemCategory::OptimizerState));  // lazy state, same size
+    if (!on_gpu.exp_avg().empty()) CHECK(&on_gpu.exp_avg().device() == &dev);  // the state lives on the GPU
   }
 }
 
-TEST_CASE("a training step of the model on the GPU matches the CPU model, with GPU-timed compute events") {
+TEST_CASE("a training step of the Model on the GPU matches the Model on the CPU, with GPU-timed compute events") {
   DTLAB_REQUIRE_CUDA_DEVICE();
-  RankDevice dev(0, 0);
+  auto gpu = gpu0();
+  Device& dev = *gpu;
   const ModelSpec spec = ModelSpec::parse("mlp:20,64,64,5");
   const int64_t B = 33, D = 20, K = 5;
   auto x = random_floats(B * D, 10);
@@ -244,48 +347,54 @@ TEST_CASE("a training step of the model on the GPU matches the CPU model, with G
   for (int64_t i = 0; i < B; i++) y[size_t(i)] = i % K;
   OptimizerConfig oc = default_optimizer_config(OptimizerKind::AdamW);
 
-  Model cpu(spec, nullptr, 42);
-  Optimizer cpu_opt(oc, cpu.num_params(), nullptr);
+  Model cpu(spec, nullptr, 42, cpu_device());
+  Optimizer cpu_opt(oc, cpu.num_params(), nullptr, cpu_device());
   std::vector<float> probs(B * K), dlogits(B * K);
-  float cpu_loss = 0;
 
-  Model host(spec, nullptr, 42);  // describes the layers for the device model
   TraceRecorder recorder(1);
   CostModel cost(find_profile("nvlink8"), 1);
   MemoryTracker mem;
   RankContext ctx(0, &recorder, &cost, nullptr, &mem);
-  cuda::DeviceModel gpu(host, &mem, dev);
-  cuda::DeviceOptimizer gpu_opt(oc, gpu.num_params(), &mem, dev);
-  cuda::DeviceComputeTimer timer(&ctx, dev.compute());
-  gpu.set_observer(&timer);
-  DeviceTensor gx = on_device(x, dev), gy = on_device(y.data(), {B}, dev, DType::I64);
-  DeviceTensor gprobs({B, K}, MemCategory::Activations, &mem, 0), gdlogits({B, K}, MemCategory::Activations, &mem, 0);
-  DeviceTensor glosses({B}, MemCategory::Activations, &mem, 0), gloss({1}, MemCategory::Activations, &mem, 0);
+  Model model(spec, &mem, 42, dev);
+  Optimizer opt(oc, model.num_params(), &mem, dev);
+  CHECK(&model.device() == &dev);
+  CHECK(model.host_params() == cpu.host_params());  // drawn on the host, uploaded: the same bits
+  std::unique_ptr<DeviceTimer> timer = dev.make_timer(&ctx);
+  REQUIRE(timer.get() != nullptr);
+  model.set_observer(timer.get());
+  Tensor gx = on_device(x, dev), gy = on_device(y.data(), {B}, dev, DType::I64);
+  Tensor gprobs({B, K}, MemCategory::Activations, &mem, DType::F32, dev);
+  Tensor gdlogits({B, K}, MemCategory::Activations, &mem, DType::F32, dev);
+  LossStats stats(dev);
   CHECK(mem.stats().current_of(MemCategory::Parameters) == spec.num_params() * 4);
+  CHECK(mem.stats().current_of(MemCategory::Gradients) == spec.num_params() * 4);
 
   for (int step = 0; step < 3; step++) {
     cpu.zero_grad();
     const float* logits = cpu.forward(x.data(), B);
-    cpu_loss = cross_entropy_forward(probs.data(), logits, y.data(), B, K);
+    const float cpu_loss = cross_entropy_forward(probs.data(), logits, y.data(), B, K);
     cross_entropy_backward(dlogits.data(), probs.data(), y.data(), B, K, 1.0f / B);
     cpu.backward(dlogits.data());
     cpu_opt.step(cpu.params(), cpu.grads());
 
-    gpu.zero_grad();
-    const float* glogits = gpu.forward(gx.f32(), B);
-    cuda::cross_entropy_forward(dev, gprobs.f32(), glosses.f32(), gloss.f32(), glogits, gy.i64(), B, K);
-    cuda::cross_entropy_backward(dev, gdlogits.f32(), gprobs.f32(), gy.i64(), B, K, 1.0f / B);
-    gpu.backward(gdlogits.f32());
-    gpu_opt.step(gpu.params(), gpu.grads());
-    CHECK(max_diff(on_host(gloss, dev), {cpu_loss}, "model loss, step " + std::to_string(step + 1)) < kTol);
+    model.zero_grad();
+    stats.t.zero();
+    const float* glogits = model.forward(gx.f32(), B);
+    dev.cross_entropy_forward(gprobs.f32(), stats.ptr(), glogits, gy.i64(), B, K);
+    dev.cross_entropy_backward(gdlogits.f32(), gprobs.f32(), gy.i64(), B, K, 1.0f / B);
+    model.backward(gdlogits.f32());
+    opt.step(model.params(), model.grads());
+    const std::vector<double> s = stats.read();
+    CHECK(max_diff({static_cast<float>(s[0] / double(B))}, {cpu_loss}, "model loss, step " + std::to_string(step + 1)) < kTol);
   }
-  Model back(spec, nullptr, 0);
-  gpu.download_params(back);
-  CHECK(max_diff(std::vector<float>(back.params(), back.params() + back.num_params()),
-                 std::vector<float>(cpu.params(), cpu.params() + cpu.num_params()), "model parameters after 3 AdamW steps") < kTol);
+  CHECK(max_diff(model.host_params(), cpu.host_params(), "model parameters after 3 AdamW steps") < kTol);
+  // upload_params puts host values back exactly.
+  const std::vector<float> back = cpu.host_params();
+  model.upload_params(back.data());
+  CHECK(model.host_params() == back);
 
   // 3 steps x (5 layers forward + 5 backward), each a Compute event timed by CUDA events.
-  const int flushed = timer.flush();
+  const int flushed = timer->flush();
   CHECK(flushed == 30);
   std::vector<Event> computes;
   for (const Event& e : recorder.events(0))
@@ -301,6 +410,7 @@ TEST_CASE("a training step of the model on the GPU matches the CPU model, with G
     if (i > 0) CHECK(computes[i].wall_begin_ns >= computes[i - 1].wall_end_ns - 1000);  // one stream: in order
   }
   CHECK(ctx.compute_clock() == doctest::Approx(computes.back().model_end));
+  model.set_observer(nullptr);
 }
 
 // ---- the cuda backend ----
@@ -392,38 +502,20 @@ WorldOptions quiet_options() {
   return o;
 }
 
-std::vector<std::vector<uint8_t>> run_threads(int n, int64_t count) {
+// The same program on any RankWorld: every buffer a Tensor on the rank's device (host memory on the
+// CPU, the GPU's on cuda), moved with the device's own upload and download.
+std::vector<std::vector<uint8_t>> run_world(RankWorld& w, int64_t count, std::string* backend = nullptr) {
+  const int n = w.world_size();
   std::vector<std::vector<uint8_t>> out(static_cast<size_t>(n));
-  ThreadsWorld w(n, quiet_options());
-  w.run([&](int r, Communicator& c, RankContext&) {
-    std::vector<std::vector<uint8_t>> storage;
-    RankMemory m{[&](int64_t bytes) { return static_cast<void*>(storage.emplace_back(size_t(bytes) + 8).data()); },
-                 [](void* d, const void* h, int64_t b) { std::memcpy(d, h, size_t(b)); },
-                 [](void* h, const void* s, int64_t b) { std::memcpy(h, s, size_t(b)); }};
-    storage.reserve(64);  // pointers handed out stay valid
-    collective_program(r, n, count, c, m, out[size_t(r)]);
-  });
-  return out;
-}
-
-std::vector<std::vector<uint8_t>> run_cuda(int n, int64_t count, std::string* backend = nullptr) {
-  std::vector<std::vector<uint8_t>> out(static_cast<size_t>(n));
-  CudaWorld w(n, quiet_options());
-  w.run([&](int r, Communicator& c, RankContext& ctx, RankDevice& dev) {
+  w.run([&](int r, Communicator& c, RankContext& ctx, Device& dev) {
     if (backend && r == 0) *backend = c.backend_name();
-    std::vector<DeviceTensor> storage;
+    std::vector<Tensor> storage;
     RankMemory m{[&](int64_t bytes) {
-                   storage.emplace_back(Shape{bytes / 4 + 2}, MemCategory::CommBuffers, ctx.memory(), dev.device());
+                   storage.emplace_back(Shape{bytes / 4 + 2}, MemCategory::CommBuffers, ctx.memory(), DType::F32, dev);
                    return storage.back().raw();
                  },
-                 [&](void* d, const void* h, int64_t b) {
-                   DTLAB_CUDA_CHECK(cudaMemcpyAsync(d, h, size_t(b), cudaMemcpyHostToDevice, dev.compute()));
-                   dev.sync_compute();
-                 },
-                 [&](void* h, const void* s, int64_t b) {
-                   DTLAB_CUDA_CHECK(cudaMemcpyAsync(h, s, size_t(b), cudaMemcpyDeviceToHost, dev.compute()));
-                   dev.sync_compute();
-                 }};
+                 [&](void* d, const void* h, int64_t b) { dev.upload(d, h, b); },  // not waited for: stream order
+                 [&](void* h, const void* s, int64_t b) { dev.download(h, s, b); }};
     collective_program(r, n, count, c, m, out[size_t(r)]);
   });
   return out;
@@ -438,8 +530,8 @@ TEST_CASE("cuda backend: every collective equals the threads backend bit for bit
       CAPTURE(n);
       CAPTURE(count);
       std::string backend;
-      auto want = run_threads(n, count);
-      auto got = run_cuda(n, count, &backend);
+      auto want = run_world(*make_threads_world(n, quiet_options()), count);
+      auto got = run_world(*cuda::make_cuda_world(n, quiet_options()), count, &backend);
       CHECK(backend == "cuda");
       int64_t wrong = 0;
       for (int r = 0; r < n; r++) {
@@ -461,12 +553,14 @@ TEST_CASE("cuda backend: ring all-reduce steps in NCCL's chunk order, one steppe
   o.record = true;
   o.trace_capacity = 1 << 12;
   o.start_paused = true;
-  CudaWorld w(n, o);
+  std::unique_ptr<RankWorld> w = cuda::make_cuda_world(n, o);
+  CHECK(std::string(w->backend()) == "cuda");
   std::string error;
   std::thread runner([&] {
     try {
-      w.run([&](int r, Communicator& c, RankContext& ctx, RankDevice& dev) {
-        DeviceTensor buf({count}, MemCategory::CommBuffers, ctx.memory(), dev.device());
+      w->run([&](int r, Communicator& c, RankContext& ctx, Device& dev) {
+        CHECK(dev.kind() == DeviceKind::CUDA);
+        Tensor buf({count}, MemCategory::CommBuffers, ctx.memory(), DType::F32, dev);
         c.all_reduce(buf.f32(), count, DType::F32, ReduceOp::Sum, Algorithm::Ring)->wait();
       });
     } catch (const std::exception& e) {
@@ -475,11 +569,11 @@ TEST_CASE("cuda backend: ring all-reduce steps in NCCL's chunk order, one steppe
   });
   auto ring_steps = [&](int r) {
     std::vector<Event> v;
-    for (const Event& e : w.world().recorder().events(r))
+    for (const Event& e : w->threads().recorder().events(r))
       if (e.kind == EventKind::RingStep) v.push_back(e);
     return v;
   };
-  Stepper& st = w.world().stepper();
+  Stepper& st = w->threads().stepper();
   const auto patience = std::chrono::milliseconds(20000);
   REQUIRE(st.wait_until_all_blocked(1, patience));  // every comm worker at collective #0's gate
   st.step(GateKind::RingStep);                       // up to the gate of ring step 0
@@ -489,7 +583,7 @@ TEST_CASE("cuda backend: ring all-reduce steps in NCCL's chunk order, one steppe
     st.step(GateKind::RingStep);
     REQUIRE(st.wait_until_all_blocked(1, patience));
     for (int r = 0; r < n; r++) CHECK(ring_steps(r).size() == size_t(s + 1));
-    WorldStatus ws = w.world().status();
+    WorldStatus ws = w->threads().status();
     REQUIRE(ws.in_flight.size() == 1);
     CHECK(ws.in_flight[0].steps_done == s + 1);
   }
@@ -513,18 +607,17 @@ TEST_CASE("cuda backend: compute enqueued before a call is finished before the c
   DTLAB_REQUIRE_CUDA_DEVICE();
   const int n = 2;
   const int64_t count = 1 << 20;
-  CudaWorld w(n, quiet_options());
+  std::unique_ptr<RankWorld> w = cuda::make_cuda_world(n, quiet_options());
   std::vector<std::vector<float>> out(n);
-  w.run([&](int r, Communicator& c, RankContext& ctx, RankDevice& dev) {
-    DeviceTensor x({count}, MemCategory::Activations, ctx.memory(), dev.device());
-    DeviceTensor buf({count}, MemCategory::Gradients, ctx.memory(), dev.device());
+  w->run([&](int r, Communicator& c, RankContext& ctx, Device& dev) {
+    Tensor x({count}, MemCategory::Activations, ctx.memory(), DType::F32, dev);
+    Tensor buf({count}, MemCategory::Gradients, ctx.memory(), DType::F32, dev);
     std::vector<float> ones(size_t(count), 1.0f + r);
-    DTLAB_CUDA_CHECK(cudaMemcpyAsync(x.raw(), ones.data(), size_t(count) * 4, cudaMemcpyHostToDevice, dev.compute()));
-    dev.sync_compute();
+    dev.upload(x.raw(), ones.data(), x.nbytes());
     // Enqueued, not waited for: the all-reduce must still see its result.
-    for (int k = 0; k < 20; k++) cuda::relu_forward(dev, buf.f32(), x.f32(), count);
+    for (int k = 0; k < 20; k++) dev.relu_forward(buf.f32(), x.f32(), count);
     c.all_reduce(buf.f32(), count, DType::F32, ReduceOp::Sum)->wait();
-    out[size_t(r)] = on_host(buf, dev);
+    out[size_t(r)] = on_host(buf);
   });
   for (int r = 0; r < n; r++) CHECK(std::count(out[size_t(r)].begin(), out[size_t(r)].end(), 3.0f) == count);
 }
@@ -533,9 +626,10 @@ TEST_CASE("cuda backend: world size limits and bad devices are one-sentence erro
   DTLAB_REQUIRE_CUDA_DEVICE();
   CHECK_THROWS_WITH_AS(CudaWorld(17), doctest::Contains("use 1 to 16"), Error);
   CHECK_THROWS_WITH_AS(CudaWorld(2, quiet_options(), {cuda::device_count()}), doctest::Contains("does not exist"), Error);
+  CHECK_THROWS_WITH_AS(cuda::make_device(0, cuda::device_count()), doctest::Contains("start fewer ranks per node"), Error);
 }
 
-// ---- training on the GPU (engine/cuda/cuda_train.h) ----
+// ---- the one Trainer on the GPU (engine/train/train.h, --device cuda) ----
 
 namespace {
 
@@ -545,9 +639,8 @@ struct RunLosses {
   float eval = 0;
 };
 
-template <class T>
 RunLosses train_losses(const TrainConfig& c) {
-  T t(c);
+  Trainer t(c);
   RunLosses out;
   const TrainSummary s = t.run([&](const StepReport& r) { out.steps.push_back(r.loss); });
   out.eval = s.eval_loss;
@@ -557,10 +650,10 @@ RunLosses train_losses(const TrainConfig& c) {
 void check_follows_cpu(TrainConfig c, const std::string& backend, const std::string& what) {
   c.device = "cpu";
   c.backend = "threads";
-  const RunLosses cpu = train_losses<Trainer>(c);
+  const RunLosses cpu = train_losses(c);
   c.device = "cuda";
   c.backend = backend;
-  const RunLosses gpu = train_losses<CudaTrainer>(c);
+  const RunLosses gpu = train_losses(c);
   REQUIRE(gpu.steps.size() == cpu.steps.size());
   CHECK(max_diff(gpu.steps, cpu.steps, what + ": loss of every step") < 1e-4);
   CHECK(max_diff({gpu.eval}, {cpu.eval}, what + ": training-set loss after the last step") < 1e-4);
@@ -582,6 +675,35 @@ TEST_CASE("train --device cuda: one rank, and DDP of 4 ranks sharing the GPU, fo
   c.optimizer.momentum = 0.9;
   c.accum = 2;
   check_follows_cpu(c, "cuda", "ddp, SGD with momentum, accumulation 2");
+  c.accum = 1;
+  c.ddp.gradient_as_bucket_view = true;
+  check_follows_cpu(c, "cuda", "ddp, gradient_as_bucket_view");
+}
+
+TEST_CASE("train --device cuda: every rank's tensors on its GPU, charged to its tracker, and the placement said") {
+  DTLAB_REQUIRE_CUDA_DEVICE();
+  TrainConfig c;
+  c.strategy = "ddp";
+  c.world_size = 2;
+  c.model = ModelSpec::parse("mlp:2,32,32,3");
+  c.steps = 2;
+  c.batch = 16;
+  c.device = "cuda";
+  c.backend = "cuda";
+  Trainer t(c);
+  for (int r = 0; r < 2; r++) {
+    CAPTURE(r);
+    CHECK(t.device(r).kind() == DeviceKind::CUDA);
+    CHECK(&t.rank_model(r).device() == &t.device(r));
+    int64_t used = 0, total = 0;
+    CHECK(t.device_memory(r, used, total));
+    CHECK(total > 0);
+  }
+  CHECK(t.describe_placement().find("sharing device 0") != std::string::npos);
+  const TrainSummary s = t.run();
+  CHECK(s.memory.peak_of(MemCategory::Parameters) == c.model.num_params() * 4);
+  CHECK(s.memory.peak_of(MemCategory::OptimizerState) == c.model.num_params() * 8);  // AdamW's two moments
+  MESSAGE(t.describe_placement());
 }
 
 #if DTLAB_HAVE_NCCL
@@ -598,6 +720,8 @@ TEST_CASE("train --device cuda --backend nccl: DDP with one GPU per rank follows
   c.steps = 8;
   c.batch = 16;
   check_follows_cpu(c, "nccl", "ddp, nccl backend, 2 GPUs");
+  c.strategy = "fsdp";
+  check_follows_cpu(c, "nccl", "fsdp (full shard), nccl backend, 2 GPUs");
 }
 #endif
 

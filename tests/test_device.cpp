@@ -36,9 +36,9 @@ TEST_CASE("defaults: nccl with a GPU per rank, cuda when ranks share, cpu withou
   CHECK(pick(machine(1, 1, "single")) == "cuda+cuda");
   CHECK(pick(machine(0, 4)) == "cpu+threads");
   CHECK(resolve_device(machine(0, 4)).why == "cpu: no CUDA device (cudaGetDeviceCount: no CUDA-capable device is detected)");
-  // The GPU engine runs single and ddp; the others stay on the CPU by default.
-  CHECK(pick(machine(8, 4, "fsdp")) == "cpu+threads");
-  CHECK(pick(machine(8, 4, "pipeline")) == "cpu+threads");
+  // One engine: every strategy goes where the GPUs are.
+  CHECK(pick(machine(8, 4, "fsdp")) == "cuda+nccl");
+  CHECK(pick(machine(1, 4, "pipeline")) == "cuda+cuda");
   // Without NCCL in the build, ranks share through the cuda backend.
   DeviceQuery q = machine(8, 4);
   q.nccl_built = false;
@@ -81,9 +81,11 @@ TEST_CASE("asked for by name: honoured, or one sentence saying how to fix it") {
   q = machine(0, 4);
   q.device = "cuda";
   CHECK_THROWS_WITH_AS(resolve_device(q), doctest::Contains("--device cuda: no CUDA device (cudaGetDeviceCount"), Error);
-  q = machine(8, 4, "fsdp");
-  q.device = "cuda";
-  CHECK_THROWS_WITH_AS(resolve_device(q), doctest::Contains("--strategy fsdp runs on the CPU engine only"), Error);
+  for (const char* strategy : {"fsdp", "pipeline"}) {  // only the missing device stops them
+    q = machine(0, 4, strategy);
+    q.device = "cuda";
+    CHECK_THROWS_WITH_AS(resolve_device(q), doctest::Contains("--device cuda: no CUDA device (cudaGetDeviceCount"), Error);
+  }
   q = machine(8, 4);
   q.device = "cuda";
   q.cuda_built = false;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_util.h"
 #include "engine/core/model.h"
 #include "engine/core/ops.h"
 
@@ -17,13 +18,7 @@ namespace {
 
 using Vec = std::vector<double>;
 
-std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(g);
-  return v;
-}
+using test::random_floats;
 
 Vec to_double(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/cli_util.h"
 #include "cli/cli.h"
 #include "engine/core/check.h"
 #include "engine/core/format.h"
@@ -71,19 +72,8 @@ double check_equals_single(const TrainConfig& c, Trainer& one, const Run& want) 
   return diff;
 }
 
-struct CliResult {
-  int code = -1;
-  std::string out, err;
-};
-
-CliResult run_cli(const std::vector<std::string>& args) {
-  std::ostringstream out, err;
-  CliResult r;
-  r.code = cli::run_cli(args, {out, err, false});
-  r.out = out.str();
-  r.err = err.str();
-  return r;
-}
+using test::CliResult;
+using test::run_cli;
 
 }  // namespace
 

@@ -21,7 +21,7 @@
 #include "cli/cli.h"
 #include "engine/comm/socket_backend.h"
 #if DTLAB_HAVE_CUDA
-#include "engine/cuda/device.h"
+#include "engine/cuda/runtime.h"
 #endif
 #include "engine/comm/socket_mesh.h"
 #include "engine/comm/threads_backend.h"

@@ -6,8 +6,10 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <random>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace dtlab::test {
 
@@ -53,6 +55,15 @@ inline ShellResult shell(const std::string& cmd) {
   int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// n floats uniform in [-scale, scale), the same for the same seed (op and parity tests).
+inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(g);
+  return v;
 }
 
 }  // namespace dtlab::test

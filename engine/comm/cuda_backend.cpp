@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "engine/comm/data_mover.h"
-#include "engine/cuda/device.h"
+#include "engine/cuda/runtime.h"
 #include "engine/cuda/issue_events.h"
 #include "engine/cuda/kernels.h"
 

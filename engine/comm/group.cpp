@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/core/check.h"
+#include "engine/core/tensor.h"
 
 namespace dtlab {
 
@@ -100,10 +101,12 @@ namespace {
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
+constexpr int64_t kF32 = static_cast<int64_t>(sizeof(float));
+
 class GroupComm : public Communicator {
  public:
-  GroupComm(Communicator& parent, std::vector<int> ranks, int tag, std::shared_ptr<GroupExecutor> ex)
-      : parent_(parent), ranks_(std::move(ranks)), tag_(tag), ex_(std::move(ex)) {
+  GroupComm(Communicator& parent, std::vector<int> ranks, int tag, std::shared_ptr<GroupExecutor> ex, Device& dev)
+      : parent_(parent), ranks_(std::move(ranks)), tag_(tag), ex_(std::move(ex)), dev_(dev) {
     DTLAB_CHECK(ex_ != nullptr, "new_group needs a GroupExecutor");
     DTLAB_CHECK(!ranks_.empty(), "a process group needs at least one rank");
     std::vector<int> sorted = ranks_;
@@ -131,12 +134,12 @@ class GroupComm : public Communicator {
     return run([=, this] {
       const int n = world_size();
       const int64_t chunk = (count + n - 1) / n;
-      std::vector<float> padded(static_cast<size_t>(chunk * n), 0.0f);
-      std::copy(b, b + count, padded.begin());
-      std::vector<float> mine(static_cast<size_t>(chunk));
-      ring_reduce_scatter(mine.data(), padded.data(), chunk, op);
-      ring_all_gather(padded.data(), mine.data(), chunk);
-      std::copy(padded.begin(), padded.begin() + count, b);
+      Tensor padded = scratch(chunk * n);  // zero-filled
+      dev_.copy(padded.f32(), b, count * kF32);
+      Tensor mine = scratch(chunk);
+      ring_reduce_scatter(mine.f32(), padded.f32(), chunk, op);
+      ring_all_gather(padded.f32(), mine.f32(), chunk);
+      dev_.copy(b, padded.f32(), count * kF32);
     });
   }
   WorkPtr reduce_scatter(void* out, const void* in, int64_t count, DType dt, ReduceOp op, Algorithm algo) override {
@@ -165,20 +168,19 @@ class GroupComm : public Communicator {
     float* b = static_cast<float*>(buf);
     return run([=, this] {
       if (me_ != root) return p2p_send(b, count, root);
-      std::vector<float> tmp(static_cast<size_t>(count));
+      Tensor tmp = scratch(count);
       for (int r = 0; r < world_size(); r++) {
         if (r == root) continue;
-        p2p_recv(tmp.data(), count, r);
-        combine(b, tmp.data(), count, op);
+        p2p_recv(tmp.f32(), count, r);
+        dev_.accumulate(b, tmp.f32(), count, op == ReduceOp::Max);
       }
-      if (op == ReduceOp::Avg) scale(b, count, 1.0f / static_cast<float>(world_size()));
+      if (op == ReduceOp::Avg) dev_.scale(b, count, 1.0f / static_cast<float>(world_size()));
     });
   }
   WorkPtr barrier() override {
     return run([this] {
-      float x = 0;
-      std::vector<float> all(ranks_.size());
-      ring_all_gather(all.data(), &x, 1);
+      Tensor all = scratch(world_size());
+      ring_all_gather(all.f32(), all.f32() + me_, 1);
     });
   }
   WorkPtr send(const void* buf, int64_t count, DType dt, int peer, int tag) override {
@@ -194,7 +196,7 @@ class GroupComm : public Communicator {
     return run([=, this] {
       const float* src = static_cast<const float*>(in);
       float* dst = static_cast<float*>(out);
-      std::copy(src + me_ * count, src + (me_ + 1) * count, dst + me_ * count);
+      dev_.copy(dst + me_ * count, src + me_ * count, count * kF32);
       for (int r = 0; r < world_size(); r++)
         if (r != me_) p2p_send(src + r * count, count, r);
       for (int r = 0; r < world_size(); r++)
@@ -214,7 +216,15 @@ class GroupComm : public Communicator {
     if (r < 0 || r >= world_size())
       throw Error("group rank " + std::to_string(r) + " is out of range for a group of " + std::to_string(world_size()));
   }
-  WorkPtr run(std::function<void()> fn) { return ex_->submit(seq_++, std::move(fn)); }
+  // The executor thread enqueues on the rank's device: it binds the device first.
+  WorkPtr run(std::function<void()> fn) {
+    return ex_->submit(seq_++, [this, fn = std::move(fn)] {
+      dev_.bind_thread();
+      fn();
+    });
+  }
+  // Untracked scratch on the group's device, zero-filled (the algorithms' partial sums).
+  Tensor scratch(int64_t n) const { return Tensor({n}, MemCategory::CommBuffers, nullptr, DType::F32, dev_); }
 
   // Sends are eager on every backend (see communicator.h), so send-then-receive never deadlocks.
   void p2p_send(const void* buf, int64_t count, int to) {
@@ -223,38 +233,29 @@ class GroupComm : public Communicator {
   void p2p_recv(void* buf, int64_t count, int from) {
     parent_.recv(buf, count, DType::F32, ranks_[static_cast<size_t>(from)], tag_)->wait();
   }
-  static void combine(float* acc, const float* x, int64_t n, ReduceOp op) {
-    if (op == ReduceOp::Max) {
-      for (int64_t i = 0; i < n; i++) acc[i] = std::max(acc[i], x[i]);
-    } else {
-      for (int64_t i = 0; i < n; i++) acc[i] += x[i];
-    }
-  }
-  static void scale(float* x, int64_t n, float s) {
-    for (int64_t i = 0; i < n; i++) x[i] *= s;
-  }
 
   // in: n blocks of `count`; out: block me_ reduced over the group. Step s sends the running
   // partial of block (me-1-s) to the successor and adds the predecessor's partial of block
   // (me-2-s); after n-1 steps block me is complete.
   void ring_reduce_scatter(float* out, const float* in, int64_t count, ReduceOp op) {
     const int n = world_size();
-    std::vector<float> acc(in, in + count * n);
-    std::vector<float> tmp(static_cast<size_t>(count));
+    Tensor acc = scratch(count * n);
+    dev_.copy(acc.f32(), in, count * n * kF32);
+    Tensor tmp = scratch(count);
     const int succ = mod(me_ + 1, n), pred = mod(me_ - 1, n);
     for (int s = 0; s < n - 1; s++) {
       const int send_block = mod(me_ - 1 - s, n), recv_block = mod(me_ - 2 - s, n);
-      p2p_send(acc.data() + send_block * count, count, succ);
-      p2p_recv(tmp.data(), count, pred);
-      combine(acc.data() + recv_block * count, tmp.data(), count, op);
+      p2p_send(acc.f32() + send_block * count, count, succ);
+      p2p_recv(tmp.f32(), count, pred);
+      dev_.accumulate(acc.f32() + recv_block * count, tmp.f32(), count, op == ReduceOp::Max);
     }
-    std::copy(acc.data() + me_ * count, acc.data() + (me_ + 1) * count, out);
-    if (op == ReduceOp::Avg) scale(out, count, 1.0f / static_cast<float>(n));
+    dev_.copy(out, acc.f32() + me_ * count, count * kF32);
+    if (op == ReduceOp::Avg) dev_.scale(out, count, 1.0f / static_cast<float>(n));
   }
   // in: `count`; out: n blocks, block r from group rank r.
   void ring_all_gather(float* out, const float* in, int64_t count) {
     const int n = world_size();
-    if (out + me_ * count != in) std::memmove(out + me_ * count, in, static_cast<size_t>(count) * sizeof(float));
+    dev_.copy(out + me_ * count, in, count * kF32);  // a no-op when `in` is already there
     const int succ = mod(me_ + 1, n), pred = mod(me_ - 1, n);
     for (int s = 0; s < n - 1; s++) {
       p2p_send(out + mod(me_ - s, n) * count, count, succ);
@@ -266,6 +267,7 @@ class GroupComm : public Communicator {
   std::vector<int> ranks_;
   int tag_;
   std::shared_ptr<GroupExecutor> ex_;
+  Device& dev_;  // where the group's buffers live (the parent moves that device's memory)
   int me_ = 0;
   uint64_t seq_ = 0;
 };
@@ -273,8 +275,8 @@ class GroupComm : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> new_group(Communicator& parent, std::vector<int> ranks, int tag,
-                                        std::shared_ptr<GroupExecutor> executor) {
-  return std::make_unique<GroupComm>(parent, std::move(ranks), tag, std::move(executor));
+                                        std::shared_ptr<GroupExecutor> executor, Device& device) {
+  return std::make_unique<GroupComm>(parent, std::move(ranks), tag, std::move(executor), device);
 }
 
 }  // namespace dtlab

@@ -12,7 +12,7 @@
 #include "engine/comm/data_mover.h"  // job_label
 #include "engine/comm/socket_mesh.h"
 #include "engine/cuda/compute_timer.h"  // NvtxRange
-#include "engine/cuda/device.h"
+#include "engine/cuda/runtime.h"
 #include "engine/cuda/issue_events.h"
 
 #define DTLAB_NCCL_CHECK(call)                                                                     \
@@ -68,7 +68,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 // One rank's communicator: the queue and worker are QueuedCommunicator's; a job is one NCCL call.
 class NcclRankComm : public QueuedCommunicator {
  public:
-  NcclRankComm(int rank, int n, RankContext* ctx, AlgorithmDefaults defaults, ncclComm_t comm, RankDevice& dev,
+  NcclRankComm(int rank, int n, RankContext* ctx, AlgorithmDefaults defaults, ncclComm_t comm, const RankDevice& dev,
                cuda::IssueEvents& issued, NcclWatch& watch, double timeout_s, std::vector<Fault> faults)
       : QueuedCommunicator(rank, n, ctx, defaults), comm_(comm), dev_(dev), issued_(issued), watch_(watch),
         timeout_s_(timeout_s), faults_(std::move(faults)) {
@@ -223,7 +223,7 @@ class NcclRankComm : public QueuedCommunicator {
   }
 
   ncclComm_t comm_;
-  RankDevice& dev_;
+  const RankDevice& dev_;
   cuda::IssueEvents& issued_;
   NcclWatch& watch_;
   double timeout_s_;
@@ -343,13 +343,15 @@ void NcclWorld::run(const std::function<void(int, Communicator&, RankContext&, c
 struct NcclProcess::Impl {
   std::unique_ptr<SocketMesh> mesh;
   std::unique_ptr<MeshWatch> watch;
-  std::unique_ptr<RankDevice> device;
+  const RankDevice* device = nullptr;
   std::unique_ptr<cuda::IssueEvents> issued;
   std::unique_ptr<NcclRankComm> inner;
   std::unique_ptr<cuda::IssueRecordingComm> comm;
 };
 
-NcclProcess::NcclProcess(const SocketOptions& opt, int device, RankContext* ctx) : impl_(std::make_unique<Impl>()) {
+NcclProcess::NcclProcess(const SocketOptions& opt, const RankDevice& rank_device, RankContext* ctx)
+    : impl_(std::make_unique<Impl>()) {
+  const int device = rank_device.device();
   if (device < 0 || device >= cuda::device_count())
     throw Error("the nccl backend needs GPU " + std::to_string(device) + " for rank " + std::to_string(opt.rank) +
                 " but " + (cuda::cuda_available() ? "this machine has " + std::to_string(cuda::device_count()) + " CUDA devices"
@@ -377,7 +379,8 @@ NcclProcess::NcclProcess(const SocketOptions& opt, int device, RankContext* ctx)
                       std::to_string(opt.timeout_s) + " s");
     std::memcpy(&id, msg.payload.data(), sizeof id);
   }
-  impl_->device = std::make_unique<RankDevice>(opt.rank, device);
+  impl_->device = &rank_device;
+  rank_device.bind();
   ncclComm_t comm = nullptr;
   DTLAB_NCCL_CHECK(ncclCommInitRank(&comm, opt.world_size, id, opt.rank));
   impl_->issued = std::make_unique<cuda::IssueEvents>(impl_->device->compute());
@@ -392,6 +395,6 @@ NcclProcess::~NcclProcess() {
 }
 
 Communicator& NcclProcess::comm() { return *impl_->comm; }
-cuda::RankDevice& NcclProcess::device() { return *impl_->device; }
+const cuda::RankDevice& NcclProcess::device() { return *impl_->device; }
 
 }  // namespace dtlab

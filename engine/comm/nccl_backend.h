@@ -56,15 +56,16 @@ class NcclWorld {
 
 class NcclProcess {
  public:
-  // Joins the world (TCP rendezvous, then ncclCommInitRank on `device`). `ctx` may be null; its
-  // stepper, if any, gates each collective. `timeout_s` bounds the rendezvous and every collective.
-  NcclProcess(const SocketOptions& opt, int device, RankContext* ctx);
+  // Joins the world (TCP rendezvous, then ncclCommInitRank on `device`'s GPU, ordered after its
+  // compute stream). `device` must outlive this. `ctx` may be null; its stepper, if any, gates each
+  // collective. `timeout_s` bounds the rendezvous and every collective.
+  NcclProcess(const SocketOptions& opt, const cuda::RankDevice& device, RankContext* ctx);
   ~NcclProcess();
   NcclProcess(const NcclProcess&) = delete;
   NcclProcess& operator=(const NcclProcess&) = delete;
 
   Communicator& comm();
-  cuda::RankDevice& device();
+  const cuda::RankDevice& device();
 
   struct Impl;
 

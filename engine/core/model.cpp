@@ -5,7 +5,6 @@
 #include <random>
 
 #include "engine/core/check.h"
-#include "engine/core/ops.h"
 
 namespace dtlab {
 
@@ -48,11 +47,12 @@ int64_t ModelSpec::num_params() const {
   return n;
 }
 
-Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed)
-    : Model(spec, tracker, seed, 0, static_cast<int>(spec.dims.size()) - 1) {}
+Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, Device& device)
+    : Model(spec, tracker, seed, 0, static_cast<int>(spec.dims.size()) - 1, device) {}
 
-Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int first_linear, int end_linear)
-    : spec_(spec), tracker_(tracker), first_linear_(first_linear) {
+Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int first_linear, int end_linear,
+             Device& device)
+    : spec_(spec), tracker_(tracker), device_(device), first_linear_(first_linear) {
   DTLAB_CHECK(spec.dims.size() >= 2, "a model needs an input and an output width");
   int64_t offset = 0;
   int n_linear = static_cast<int>(spec.dims.size()) - 1;
@@ -71,8 +71,8 @@ Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int f
     if (l + 1 < n_linear) layers_.push_back({LayerKind::ReLU, seq + 1, out, out});
   }
   num_params_ = offset;
-  flat_params_ = Tensor({offset}, MemCategory::Parameters, tracker);
-  flat_grads_ = Tensor({offset}, MemCategory::Gradients, tracker);
+  flat_params_ = Tensor({offset}, MemCategory::Parameters, tracker, DType::F32, device_);
+  flat_grads_ = Tensor({offset}, MemCategory::Gradients, tracker, DType::F32, device_);
   for (auto& p : params_) {
     p.data = flat_params_.f32() + p.offset;
     p.grad = flat_grads_.f32() + p.offset;
@@ -88,7 +88,23 @@ int Model::find_parameter(std::string_view name) const {
 
 void Model::zero_grad() {
   for (auto& p : params_)
-    if (p.grad) std::fill(p.grad, p.grad + p.numel, 0.0f);
+    if (p.grad) device_.fill_zero(p.grad, p.numel * static_cast<int64_t>(sizeof(float)));
+}
+
+void Model::download_params(float* host) const {
+  DTLAB_CHECK(owns_parameters(), "download_params() while the parameters are sharded; materialize them first");
+  device_.download(host, flat_params_.f32(), num_params_ * static_cast<int64_t>(sizeof(float)));
+}
+
+std::vector<float> Model::host_params() const {
+  std::vector<float> out(static_cast<size_t>(num_params_));
+  download_params(out.data());
+  return out;
+}
+
+void Model::upload_params(const float* host) {
+  DTLAB_CHECK(owns_parameters(), "upload_params() while the parameters are sharded");
+  device_.upload(flat_params_.f32(), host, num_params_ * static_cast<int64_t>(sizeof(float)));
 }
 
 void Model::release_gradient_storage() {
@@ -108,9 +124,9 @@ void Model::release_parameter_storage() {
 }
 
 void Model::restore_storage(const float* full) {
-  flat_params_ = Tensor({num_params_}, MemCategory::Parameters, tracker_);
-  flat_grads_ = Tensor({num_params_}, MemCategory::Gradients, tracker_);
-  std::copy(full, full + num_params_, flat_params_.f32());
+  flat_params_ = Tensor({num_params_}, MemCategory::Parameters, tracker_, DType::F32, device_);
+  flat_grads_ = Tensor({num_params_}, MemCategory::Gradients, tracker_, DType::F32, device_);
+  device_.copy(flat_params_.f32(), full, num_params_ * static_cast<int64_t>(sizeof(float)));
   for (auto& p : params_) {
     p.data = flat_params_.f32() + p.offset;
     p.grad = flat_grads_.f32() + p.offset;
@@ -171,10 +187,10 @@ void Model::layer_forward(int i, float* out, const float* in, int64_t B) {
   const Layer& L = layer(i);
   ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, B));
   if (L.kind == LayerKind::Linear) {
-    linear_forward(out, in, params_[L.weight].data, params_[L.bias].data, B, L.in_features,
-                   L.out_features);
+    device_.linear_forward(out, in, params_[L.weight].data, params_[L.bias].data, B, L.in_features,
+                           L.out_features);
   } else {
-    relu_forward(out, in, B * L.out_features);
+    device_.relu_forward(out, in, B * L.out_features);
   }
 }
 
@@ -184,10 +200,10 @@ void Model::layer_backward(int i, float* dinp, const float* dout, const float* i
   ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
                      layer_backward_flops(i, B, dinp != nullptr));
   if (L.kind == LayerKind::Linear) {
-    linear_backward(dinp, params_[L.weight].grad, params_[L.bias].grad, dout, in,
-                    params_[L.weight].data, B, L.in_features, L.out_features);
+    device_.linear_backward(dinp, params_[L.weight].grad, params_[L.bias].grad, dout, in,
+                            params_[L.weight].data, B, L.in_features, L.out_features);
   } else if (dinp) {
-    relu_backward(dinp, dout, out, B * L.out_features);
+    device_.relu_backward(dinp, dout, out, B * L.out_features);
   }
 }
 
@@ -196,10 +212,10 @@ void Model::layer_backward_input(int i, float* dinp, const float* dout, const fl
   ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
                      layer_backward_flops(i, B, true) - layer_backward_flops(i, B, false));
   if (L.kind == LayerKind::Linear) {
-    linear_backward(dinp, nullptr, nullptr, dout, nullptr, params_[L.weight].data, B, L.in_features,
-                    L.out_features);
+    device_.linear_backward(dinp, nullptr, nullptr, dout, nullptr, params_[L.weight].data, B, L.in_features,
+                            L.out_features);
   } else {
-    relu_backward(dinp, dout, out, B * L.out_features);
+    device_.relu_backward(dinp, dout, out, B * L.out_features);
   }
 }
 
@@ -207,8 +223,8 @@ void Model::layer_backward_weight(int i, const float* dout, const float* in, int
   const Layer& L = layer(i);
   if (L.kind != LayerKind::Linear) return;  // a ReLU has no weights
   ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, B, false));
-  linear_backward(nullptr, params_[L.weight].grad, params_[L.bias].grad, dout, in, nullptr, B,
-                  L.in_features, L.out_features);
+  device_.linear_backward(nullptr, params_[L.weight].grad, params_[L.bias].grad, dout, in, nullptr, B,
+                          L.in_features, L.out_features);
 }
 
 void Model::ensure_activations(int64_t B) {
@@ -217,10 +233,10 @@ void Model::ensure_activations(int64_t B) {
   acts_.clear();
   int64_t widest = 0;
   for (const Layer& L : layers_) {
-    acts_.emplace_back(Shape{B, L.out_features}, MemCategory::Activations, tracker_);
+    acts_.emplace_back(Shape{B, L.out_features}, MemCategory::Activations, tracker_, DType::F32, device_);
     widest = std::max({widest, L.in_features, L.out_features});
   }
-  for (auto& d : dbuf_) d = Tensor({B, widest}, MemCategory::Activations, tracker_);
+  for (auto& d : dbuf_) d = Tensor({B, widest}, MemCategory::Activations, tracker_, DType::F32, device_);
   capacity_ = B;
 }
 
@@ -268,6 +284,7 @@ void init_like_torch(Model& model, uint64_t seed) {
   // float and the rest in double (at::uniform_real_distribution), then rounds to float.
   std::mt19937 gen(static_cast<uint32_t>(seed));
   const auto& dims = model.spec().dims;
+  std::vector<float> host(static_cast<size_t>(model.num_params()));  // drawn here, then uploaded
   for (int l = 0; l < model.first_linear(); l++)  // one draw per element of each earlier layer
     gen.discard(static_cast<unsigned long long>(dims[l + 1] * dims[l] + dims[l + 1]));
   auto uniform = [&](float* out, int64_t n, double lo, double hi) {
@@ -285,10 +302,11 @@ void init_like_torch(Model& model, uint64_t seed) {
     // kaiming_uniform_(w, a=sqrt(5)): gain = sqrt(2 / (1 + a^2)), bound = sqrt(3) * gain / sqrt(fan_in)
     double gain = std::sqrt(2.0 / (1.0 + 5.0));
     double wbound = std::sqrt(3.0) * (gain / std::sqrt(fan_in));
-    uniform(params[L.weight].data, params[L.weight].numel, -wbound, wbound);
+    uniform(host.data() + params[L.weight].offset, params[L.weight].numel, -wbound, wbound);
     double bbound = 1.0 / std::sqrt(fan_in);
-    uniform(params[L.bias].data, params[L.bias].numel, -bbound, bbound);
+    uniform(host.data() + params[L.bias].offset, params[L.bias].numel, -bbound, bbound);
   }
+  model.upload_params(host.data());
 }
 
 }  // namespace dtlab

@@ -7,6 +7,11 @@
 // Parameters and gradients live in two flat buffers in parameters() order, so an optimizer (or a
 // sharded one) works on one contiguous range and a checkpoint is a set of views. Each Parameter's
 // `grad` pointer can be rebound (DDP's gradient_as_bucket_view) and the kernels follow it.
+//
+// Every buffer (parameters, gradients, activations) lives on the model's device and every layer runs
+// there (engine/core/device.h): the same model is the CPU engine's and the GPU's. Parameter pointers
+// and forward()/backward()'s arguments are that device's memory; download_params()/upload_params()
+// move the values to and from the host (checkpoints, evaluation, parity checks).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -35,8 +40,8 @@ struct Parameter {
   Shape shape;        // "N.weight": (out, in); "N.bias": (out,)
   int64_t offset = 0; // first element in the flat parameter/gradient buffers
   int64_t numel = 0;
-  float* data = nullptr;  // params() + offset
-  float* grad = nullptr;  // grads() + offset unless rebound
+  float* data = nullptr;  // params() + offset (device memory)
+  float* grad = nullptr;  // grads() + offset unless rebound (device memory)
 };
 
 enum class LayerKind : uint8_t { Linear, ReLU };
@@ -67,11 +72,18 @@ class Model {
   // order for Linear, as DDP's rebuilt buckets show: "5 4 3 2 1 0").
   using GradReadyHook = std::function<void(int param_index)>;
 
-  Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed);
+  Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, Device& device = cpu_device());
   // A pipeline stage: only Linear layers [first_linear, end_linear) of `spec` (each with the ReLU
   // after it), under the full model's names ("2.weight") and with the values the full model gets
   // from the same seed. The flat buffers hold just these parameters, in the full model's order.
-  Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int first_linear, int end_linear);
+  Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int first_linear, int end_linear,
+        Device& device = cpu_device());
+
+  Device& device() const { return device_; }
+  // All parameters, flat in parameters() order, to or from host memory (P floats).
+  void download_params(float* host) const;
+  std::vector<float> host_params() const;
+  void upload_params(const float* host);
 
   const ModelSpec& spec() const { return spec_; }
   int first_linear() const { return first_linear_; }  // 0 unless a pipeline stage
@@ -91,7 +103,7 @@ class Model {
   void release_gradient_storage();
   // FSDP: frees the model's own parameter (and gradient) buffers; every Parameter's data and grad
   // then point wherever the sharding puts them (null while not gathered). restore_storage()
-  // allocates them again and copies `full` (the flat parameters) in.
+  // allocates them again and copies `full` (the flat parameters, on the model's device) in.
   void release_parameter_storage();
   void restore_storage(const float* full);
   bool owns_parameters() const { return !flat_params_.empty(); }
@@ -134,6 +146,7 @@ class Model {
   void ensure_activations(int64_t B);
   ModelSpec spec_;
   MemoryTracker* tracker_;
+  Device& device_;
   int first_linear_ = 0;
   std::vector<Layer> layers_;
   std::vector<Parameter> params_;
@@ -153,7 +166,7 @@ class Model {
 };
 
 // torch.manual_seed(seed) + nn.Linear's reset_parameters, value for value (a pipeline stage skips
-// the draws of the layers before it).
+// the draws of the layers before it), drawn on the host and uploaded to the model's device.
 void init_like_torch(Model& model, uint64_t seed);
 
 }  // namespace dtlab

@@ -35,8 +35,8 @@ std::string OptimizerConfig::str() const {
   return buf;
 }
 
-Optimizer::Optimizer(const OptimizerConfig& config, int64_t numel, MemoryTracker* tracker)
-    : config_(config), numel_(numel), tracker_(tracker) {
+Optimizer::Optimizer(const OptimizerConfig& config, int64_t numel, MemoryTracker* tracker, Device& device)
+    : config_(config), numel_(numel), tracker_(tracker), device_(device) {
   DTLAB_CHECK(numel >= 0, "optimizer over a negative number of parameters");
 }
 
@@ -60,19 +60,24 @@ void Optimizer::step(const std::vector<Segment>& segments) {
   steps_++;
   const bool first = state_a_.empty();  // SGD's momentum buffer starts as a copy of d_p
   ensure_state();
-  for (const Segment& s : segments) {
-    if (config_.kind == OptimizerKind::SGD) step_sgd(s.params, s.grads, s.offset, s.numel, first);
-    else step_adamw(s.params, s.grads, s.offset, s.numel);
+  if (config_.kind == OptimizerKind::SGD) {
+    const SgdCoeffs k = sgd_coeffs(config_);
+    for (const Segment& s : segments)
+      device_.sgd_step(s.params, s.grads, state_a_.empty() ? nullptr : state_a_.f32() + s.offset, s.numel, k, first);
+  } else {
+    const AdamWCoeffs k = adamw_coeffs(config_, steps_);
+    for (const Segment& s : segments)
+      device_.adamw_step(s.params, s.grads, state_a_.f32() + s.offset, state_b_.f32() + s.offset, s.numel, k);
   }
 }
 
 void Optimizer::ensure_state() {
   if (!state_a_.empty()) return;
   if (config_.kind == OptimizerKind::AdamW) {
-    state_a_ = Tensor({numel_}, MemCategory::OptimizerState, tracker_);
-    state_b_ = Tensor({numel_}, MemCategory::OptimizerState, tracker_);
+    state_a_ = Tensor({numel_}, MemCategory::OptimizerState, tracker_, DType::F32, device_);
+    state_b_ = Tensor({numel_}, MemCategory::OptimizerState, tracker_, DType::F32, device_);
   } else if (config_.momentum != 0.0) {
-    state_a_ = Tensor({numel_}, MemCategory::OptimizerState, tracker_);
+    state_a_ = Tensor({numel_}, MemCategory::OptimizerState, tracker_, DType::F32, device_);
   }
 }
 
@@ -91,19 +96,6 @@ AdamWCoeffs adamw_coeffs(const OptimizerConfig& c, int64_t step) {
           static_cast<float>(c.beta1), static_cast<float>(c.beta2),
           static_cast<float>(1.0 - c.beta1), static_cast<float>(1.0 - c.beta2),
           static_cast<float>(-(c.lr / bc1)), static_cast<float>(std::sqrt(bc2)), static_cast<float>(c.eps)};
-}
-
-void Optimizer::step_sgd(float* p, const float* g, int64_t offset, int64_t n, bool first) {
-  const SgdCoeffs k = sgd_coeffs(config_);
-  float* buf = state_a_.empty() ? nullptr : state_a_.f32() + offset;
-  for (int64_t i = 0; i < n; i++) sgd_update(p[i], g[i], buf ? buf + i : nullptr, first, k);
-}
-
-void Optimizer::step_adamw(float* p, const float* g, int64_t offset, int64_t n) {
-  const AdamWCoeffs k = adamw_coeffs(config_, steps_);
-  float* m = state_a_.f32() + offset;
-  float* v = state_b_.f32() + offset;
-  for (int64_t i = 0; i < n; i++) adamw_update(p[i], g[i], m[i], v[i], k);
 }
 
 }  // namespace dtlab

@@ -2,6 +2,8 @@
 // torch.optim.AdamW), over ONE contiguous range of parameters: the whole flat parameter buffer for
 // a replicated model, or a rank's shard for ZeRO/FSDP, which is why they take raw pointers.
 // State is created lazily on the first step, as torch does, so memory views show it appearing then.
+// The update runs on the device the parameters live on (engine/core/device.h): the CPU's loops or one
+// CUDA kernel per range, both the element updates of optim_math.h.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -40,8 +42,8 @@ AdamWCoeffs adamw_coeffs(const OptimizerConfig& c, int64_t step);
 
 class Optimizer {
  public:
-  // Manages `numel` contiguous parameters; state tensors are charged to `tracker` (may be null).
-  Optimizer(const OptimizerConfig& config, int64_t numel, MemoryTracker* tracker);
+  // Manages `numel` contiguous parameters on `device`; state tensors are charged to `tracker` (may be null).
+  Optimizer(const OptimizerConfig& config, int64_t numel, MemoryTracker* tracker, Device& device = cpu_device());
 
   // One update of params[0, numel) from grads[0, numel).
   void step(float* params, const float* grads);
@@ -67,11 +69,10 @@ class Optimizer {
 
  private:
   void ensure_state();
-  void step_sgd(float* params, const float* grads, int64_t offset, int64_t n, bool first);
-  void step_adamw(float* params, const float* grads, int64_t offset, int64_t n);
   OptimizerConfig config_;
   int64_t numel_;
   MemoryTracker* tracker_;
+  Device& device_;
   int64_t steps_ = 0;
   Tensor state_a_, state_b_;
 };

@@ -9,7 +9,7 @@
 
 namespace dtlab {
 
-const char* dtype_name(DType d) { return d == DType::F32 ? "F32" : "I64"; }
+const char* dtype_name(DType d) { return d == DType::F32 ? "F32" : d == DType::I64 ? "I64" : "F64"; }
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
@@ -30,16 +30,12 @@ std::string shape_str(const Shape& s) {
   return out + ")";
 }
 
-Tensor::Tensor(Shape shape, MemCategory category, MemoryTracker* tracker, DType dtype)
-    : shape_(std::move(shape)), dtype_(dtype), category_(category), tracker_(tracker) {
+Tensor::Tensor(Shape shape, MemCategory category, MemoryTracker* tracker, DType dtype, Device& device)
+    : shape_(std::move(shape)), dtype_(dtype), category_(category), tracker_(tracker), device_(&device) {
   numel_ = shape_numel(shape_);
   int64_t bytes = nbytes();
   if (bytes > 0) {
-    // 64-byte alignment: whole cache lines, and AVX-512 loads never straddle them.
-    size_t padded = (static_cast<size_t>(bytes) + 63) & ~size_t(63);
-    data_ = std::aligned_alloc(64, padded);
-    if (!data_) throw std::bad_alloc();
-    std::memset(data_, 0, padded);
+    data_ = device_->allocate(bytes);  // zero-filled
     if (tracker_) tracker_->on_alloc(category_, bytes);
   }
 }
@@ -49,7 +45,7 @@ Tensor::~Tensor() { release(); }
 void Tensor::release() {
   if (data_) {
     if (tracker_) tracker_->on_free(category_, nbytes());
-    std::free(data_);
+    device_->release(data_);
     data_ = nullptr;
   }
 }
@@ -60,7 +56,8 @@ Tensor::Tensor(Tensor&& o) noexcept
       numel_(std::exchange(o.numel_, 0)),
       dtype_(o.dtype_),
       category_(o.category_),
-      tracker_(o.tracker_) {}
+      tracker_(o.tracker_),
+      device_(o.device_) {}
 
 Tensor& Tensor::operator=(Tensor&& o) noexcept {
   if (this != &o) {
@@ -71,12 +68,13 @@ Tensor& Tensor::operator=(Tensor&& o) noexcept {
     dtype_ = o.dtype_;
     category_ = o.category_;
     tracker_ = o.tracker_;
+    device_ = o.device_;
   }
   return *this;
 }
 
 void Tensor::zero() {
-  if (data_) std::memset(data_, 0, static_cast<size_t>(nbytes()));
+  if (data_) device_->fill_zero(data_, nbytes());
 }
 
 }  // namespace dtlab

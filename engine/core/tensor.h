@@ -1,19 +1,23 @@
-// Tensor: an owning, contiguous, 64-byte-aligned buffer of float32 (or int64) with a shape, whose
-// bytes are registered with a rank's MemoryTracker under a category for as long as it lives.
-// Deliberately small: ops are free functions over raw pointers (llm.c style); Tensor only owns.
+// Tensor: an owning, contiguous buffer of float32 (or int64) with a shape on one device (host memory,
+// 64-byte aligned, by default; a GPU's memory with the cuda device), whose bytes are registered with a
+// rank's MemoryTracker under a category for as long as it lives, so memory views count device memory
+// exactly as they count host memory. Deliberately small: ops are the device's methods over raw
+// pointers (llm.c style); Tensor only owns.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "engine/core/device.h"
 #include "engine/core/memory.h"
 
 namespace dtlab {
 
-enum class DType : uint8_t { F32, I64 };
+// F64 holds sums the host reads back (a step's loss on the device); collectives and files move F32/I64.
+enum class DType : uint8_t { F32, I64, F64 };
 
 inline int64_t dtype_size(DType d) { return d == DType::F32 ? 4 : 8; }
-const char* dtype_name(DType d);  // safetensors spelling: "F32", "I64"
+const char* dtype_name(DType d);  // safetensors spelling: "F32", "I64", "F64""
 
 using Shape = std::vector<int64_t>;
 int64_t shape_numel(const Shape& s);
@@ -23,7 +27,8 @@ class Tensor {
  public:
   Tensor() = default;
   // Zero-filled. `tracker` may be null (untracked scratch, e.g. in tests).
-  Tensor(Shape shape, MemCategory category, MemoryTracker* tracker, DType dtype = DType::F32);
+  Tensor(Shape shape, MemCategory category, MemoryTracker* tracker, DType dtype = DType::F32,
+         Device& device = cpu_device());
   ~Tensor();
   Tensor(Tensor&& o) noexcept;
   Tensor& operator=(Tensor&& o) noexcept;
@@ -34,6 +39,7 @@ class Tensor {
   const float* f32() const { return static_cast<const float*>(data_); }
   int64_t* i64() { return static_cast<int64_t*>(data_); }
   const int64_t* i64() const { return static_cast<const int64_t*>(data_); }
+  double* f64() { return static_cast<double*>(data_); }
   void* raw() { return data_; }
   const void* raw() const { return data_; }
 
@@ -44,6 +50,7 @@ class Tensor {
   DType dtype() const { return dtype_; }
   MemCategory category() const { return category_; }
   bool empty() const { return data_ == nullptr; }
+  Device& device() const { return *device_; }
   void zero();
 
  private:
@@ -54,6 +61,7 @@ class Tensor {
   DType dtype_ = DType::F32;
   MemCategory category_ = MemCategory::Other;
   MemoryTracker* tracker_ = nullptr;
+  Device* device_ = &cpu_device();
 };
 
 }  // namespace dtlab

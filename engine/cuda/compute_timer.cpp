@@ -2,7 +2,7 @@
 
 #include <nvtx3/nvToolsExt.h>
 
-#include "engine/cuda/device.h"
+#include "engine/cuda/runtime.h"
 
 namespace dtlab::cuda {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/observer.h"
+#include "engine/core/device.h"
 #include "engine/trace/context.h"
 
 namespace dtlab::cuda {
@@ -28,7 +28,7 @@ class NvtxRange {
 // "forward 2", "loss": what RankContext names a compute op.
 std::string compute_op_name(ComputeKind kind, int layer);
 
-class DeviceComputeTimer : public ComputeObserver {
+class DeviceComputeTimer : public DeviceTimer {
  public:
   // `ctx` receives the events; the stream must be idle now (it anchors the clocks).
   DeviceComputeTimer(RankContext* ctx, cudaStream_t stream);
@@ -39,7 +39,7 @@ class DeviceComputeTimer : public ComputeObserver {
   void compute_begin(ComputeKind kind, int layer, double flops) override;
   void compute_end() override;
   // Waits for the ops timed so far and records their events; returns how many.
-  int flush();
+  int flush() override;
 
  private:
   struct Op {

@@ -1,6 +1,6 @@
 #include "engine/cuda/issue_events.h"
 
-#include "engine/cuda/device.h"
+#include "engine/cuda/runtime.h"
 
 namespace dtlab::cuda {
 
@@ -44,6 +44,9 @@ void IssueEvents::recycle(cudaEvent_t e) {
 
 template <class F>
 WorkPtr IssueRecordingComm::issue(F call) {
+  // Event and job enter their queues together: a rank's process-group executor may issue on this
+  // communicator while the rank's own thread does.
+  std::lock_guard<std::mutex> lock(issue_mu_);
   events_.record();
   try {
     return call();

@@ -62,6 +62,7 @@ class IssueRecordingComm : public Communicator {
   Communicator& inner_;
   IssueEvents& events_;
   const char* backend_;
+  std::mutex issue_mu_;
 };
 
 }  // namespace dtlab::cuda

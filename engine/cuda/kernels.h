@@ -21,6 +21,10 @@ void launch_relu_backward(cudaStream_t s, float* dinp, const float* dout, const 
 // (summed in double in row order). A target outside [0, C) gives that row a NaN loss.
 void launch_cross_entropy_forward(cudaStream_t s, float* probs, float* losses, float* loss,
                                   const float* logits, const int64_t* targets, int64_t B, int64_t C);
+// stats[0] += loss[0] * B (in double), stats[1] += rows whose argmax (lowest index on ties) equals
+// the target. `scratch` (B floats) is overwritten; enqueue after launch_cross_entropy_forward.
+void launch_loss_stats(cudaStream_t s, double* stats, float* scratch, const float* loss, const float* logits,
+                       const int64_t* targets, int64_t B, int64_t C);
 // dlogits = (probs - onehot(targets)) * scale
 void launch_cross_entropy_backward(cudaStream_t s, float* dlogits, const float* probs,
                                    const int64_t* targets, int64_t B, int64_t C, float scale);
@@ -38,5 +42,6 @@ void launch_adamw_step(cudaStream_t s, float* params, const float* grads, float*
 void launch_reduce_f32(cudaStream_t s, float* dst, const float* a, const float* b, int64_t n, bool max);
 void launch_reduce_i64(cudaStream_t s, int64_t* dst, const int64_t* a, const int64_t* b, int64_t n, bool max);
 void launch_scale(cudaStream_t s, float* buf, float factor, int64_t n);  // Avg's last step
+void launch_scale_copy(cudaStream_t s, float* dst, const float* src, float factor, int64_t n);  // dst = src * factor
 
 }  // namespace dtlab::cuda

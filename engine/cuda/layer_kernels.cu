@@ -87,6 +87,40 @@ __global__ void mean_kernel(float* out, const float* v, int64_t n) {
   *out = n > 0 ? static_cast<float>(total / static_cast<double>(n)) : 0.0f;
 }
 
+// One block per row: the argmax (the lowest index among equal maxima, as torch.argmax) against the
+// target; hit[b] is 1 or 0.
+__global__ void argmax_hit_kernel(float* hit, const float* logits, const int64_t* targets, int64_t C) {
+  __shared__ float best_v[kBlock];
+  __shared__ int64_t best_i[kBlock];
+  const int64_t b = blockIdx.x;
+  const float* z = logits + b * C;
+  float v = -FLT_MAX;
+  int64_t idx = C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+    if (z[c] > v || idx == C) v = z[c], idx = c;  // ascending c: the first maximum wins within a thread
+  best_v[threadIdx.x] = v;
+  best_i[threadIdx.x] = idx;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      const float ov = best_v[threadIdx.x + half];
+      const int64_t oi = best_i[threadIdx.x + half];
+      if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x]))
+        best_v[threadIdx.x] = ov, best_i[threadIdx.x] = oi;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) hit[b] = best_i[0] == targets[b] ? 1.0f : 0.0f;
+}
+
+// The step's sums, in double like the CPU device (one thread: B is a batch).
+__global__ void loss_stats_kernel(double* stats, const float* hit, const float* loss, int64_t B) {
+  double correct = 0.0;
+  for (int64_t i = 0; i < B; i++) correct += static_cast<double>(hit[i]);
+  stats[0] += static_cast<double>(*loss) * static_cast<double>(B);
+  stats[1] += correct;
+}
+
 __global__ void cross_entropy_backward_kernel(float* dlogits, const float* probs, const int64_t* targets,
                                               int64_t B, int64_t C, float scale) {
   DTLAB_GRID_STRIDE(i, B * C) {
@@ -119,6 +153,12 @@ void launch_cross_entropy_forward(cudaStream_t s, float* probs, float* losses, f
                                   const float* logits, const int64_t* targets, int64_t B, int64_t C) {
   if (B > 0) cross_entropy_forward_kernel<<<static_cast<unsigned>(B), kBlock, 0, s>>>(probs, losses, logits, targets, C);
   mean_kernel<<<1, 1, 0, s>>>(loss, losses, B);
+}
+
+void launch_loss_stats(cudaStream_t s, double* stats, float* scratch, const float* loss, const float* logits,
+                       const int64_t* targets, int64_t B, int64_t C) {
+  if (B > 0) argmax_hit_kernel<<<static_cast<unsigned>(B), kBlock, 0, s>>>(scratch, logits, targets, C);
+  loss_stats_kernel<<<1, 1, 0, s>>>(stats, scratch, loss, B);
 }
 
 void launch_cross_entropy_backward(cudaStream_t s, float* dlogits, const float* probs,

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "engine/cuda/device.h"
+#include "engine/cuda/runtime.h"
 #include "engine/cuda/kernels.h"
 
 namespace dtlab::cuda {

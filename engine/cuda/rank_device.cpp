@@ -1,6 +1,6 @@
 #include "engine/cuda/rank_device.h"
 
-#include "engine/cuda/device.h"
+#include "engine/cuda/runtime.h"
 
 namespace dtlab::cuda {
 

@@ -19,6 +19,10 @@ __global__ void scale_kernel(float* buf, float factor, int64_t n) {
   DTLAB_GRID_STRIDE(i, n) buf[i] *= factor;
 }
 
+__global__ void scale_copy_kernel(float* dst, const float* src, float factor, int64_t n) {
+  DTLAB_GRID_STRIDE(i, n) dst[i] = src[i] * factor;
+}
+
 }  // namespace
 
 void launch_reduce_f32(cudaStream_t s, float* dst, const float* a, const float* b, int64_t n, bool max) {
@@ -31,6 +35,10 @@ void launch_reduce_i64(cudaStream_t s, int64_t* dst, const int64_t* a, const int
 
 void launch_scale(cudaStream_t s, float* buf, float factor, int64_t n) {
   if (n > 0) scale_kernel<<<grid_for(n), kBlock, 0, s>>>(buf, factor, n);
+}
+
+void launch_scale_copy(cudaStream_t s, float* dst, const float* src, float factor, int64_t n) {
+  if (n > 0) scale_copy_kernel<<<grid_for(n), kBlock, 0, s>>>(dst, src, factor, n);
 }
 
 }  // namespace dtlab::cuda

@@ -49,8 +49,11 @@ void save_checkpoint(const std::string& path, const Model& model, int64_t step,
   metadata["step"] = std::to_string(step);
   metadata["model"] = model.spec().str();
 
+  // Device parameters are written from a host copy.
+  const std::vector<float> host = model.device().is_host() ? std::vector<float>{} : model.host_params();
   std::vector<TensorView> views;
-  for (const Parameter& p : model.parameters()) views.push_back({p.name, DType::F32, p.shape, p.data});
+  for (const Parameter& p : model.parameters())
+    views.push_back({p.name, DType::F32, p.shape, host.empty() ? p.data : host.data() + p.offset});
   save_safetensors(path, views, metadata);
 }
 
@@ -81,8 +84,10 @@ CheckpointInfo load_checkpoint(const std::string& path, Model& model) {
   }
 
   std::vector<Parameter>& params = model.parameters();
+  std::vector<float> staged(static_cast<size_t>(model.num_params()));
   for (size_t i = 0; i < params.size(); i++)
-    std::memcpy(params[i].data, file.bytes(*sources[i]), static_cast<size_t>(params[i].numel) * sizeof(float));
+    std::memcpy(staged.data() + params[i].offset, file.bytes(*sources[i]), static_cast<size_t>(params[i].numel) * sizeof(float));
+  model.upload_params(staged.data());
   return info;
 }
 

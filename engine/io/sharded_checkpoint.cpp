@@ -83,9 +83,19 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
   }
   comm.barrier()->wait();
   if (!slices.empty()) {
+    // Slices on a device are written from host copies.
+    std::vector<std::vector<float>> host(model.device().is_host() ? 0 : slices.size());
     std::vector<TensorView> views;
-    for (const ParamSlice& s : slices)
-      views.push_back({piece_name(params[static_cast<size_t>(s.param)].name, s.offset), DType::F32, {s.length}, s.data});
+    for (size_t i = 0; i < slices.size(); i++) {
+      const ParamSlice& s = slices[i];
+      const float* data = s.data;
+      if (!host.empty()) {
+        host[i].resize(static_cast<size_t>(s.length));
+        model.device().download(host[i].data(), s.data, s.length * static_cast<int64_t>(sizeof(float)));
+        data = host[i].data();
+      }
+      views.push_back({piece_name(params[static_cast<size_t>(s.param)].name, s.offset), DType::F32, {s.length}, data});
+    }
     save_safetensors(join(dir, shard_file_name(rank, world)), views,
                      {{"format", kFormat}, {"rank", std::to_string(rank)}, {"world", std::to_string(world)}});
   }
@@ -155,7 +165,7 @@ CheckpointInfo load_sharded_checkpoint(const std::string& dir, Model& model) {
       if (!covered[static_cast<size_t>(p.offset + i)])
         fail(index_path, "'" + p.name + "' element " + std::to_string(i) + " is in no piece; a rank's file is missing from the checkpoint");
   }
-  std::copy(staged.begin(), staged.end(), model.params());
+  model.upload_params(staged.data());
   return info;
 }
 

@@ -148,7 +148,12 @@ void DistributedDataParallel::verify_shapes() {
   }
   int64_t mine[2] = {static_cast<int64_t>(ps.size()), static_cast<int64_t>(h >> 1)};
   std::vector<int64_t> all(static_cast<size_t>(2 * world_));
-  comm_.all_gather(all.data(), mine, 2, DType::I64)->wait();
+  // In the memory the communicator moves (a GPU's for cuda and nccl), then back on the host.
+  Device& dev = model_.device();
+  Tensor in({2}, MemCategory::Other, nullptr, DType::I64, dev), out({2 * world_}, MemCategory::Other, nullptr, DType::I64, dev);
+  dev.upload(in.raw(), mine, sizeof mine);
+  comm_.all_gather(out.raw(), in.raw(), 2, DType::I64)->wait();
+  dev.download(all.data(), out.raw(), out.nbytes());
   for (int r = 1; r < world_; r++) {
     if (all[2 * r] == all[0] && all[2 * r + 1] == all[1]) continue;
     throw Error("DDP: rank " + std::to_string(r) + "'s model has " + std::to_string(all[2 * r]) +
@@ -176,7 +181,7 @@ void DistributedDataParallel::assign(const BucketAssignment& a) {
       bk.numel += ps[static_cast<size_t>(p)].numel;
     }
     bk.bytes = bk.numel * static_cast<int64_t>(sizeof(float));
-    bk.buffer = Tensor({bk.numel}, MemCategory::CommBuffers, mem);
+    bk.buffer = Tensor({bk.numel}, MemCategory::CommBuffers, mem, DType::F32, model_.device());
     bk.names = join_names(model_, bk.params);
     bk.label = ctx_ && ctx_->recorder() ? ctx_->recorder()->intern(bk.names) : -1;
   }
@@ -188,7 +193,7 @@ void DistributedDataParallel::assign(const BucketAssignment& a) {
     for (size_t p = 0; p < ps.size(); p++) {
       DdpBucket& bk = fresh[static_cast<size_t>(bucket_of_[p])];
       float* view = bk.buffer.f32() + bk.offsets[static_cast<size_t>(slot_of_[p])];
-      if (ps[p].grad) std::copy(ps[p].grad, ps[p].grad + ps[p].numel, view);
+      if (ps[p].grad) model_.device().copy(view, ps[p].grad, ps[p].numel * static_cast<int64_t>(sizeof(float)));
       ps[p].grad = view;
     }
     model_.release_gradient_storage();
@@ -229,7 +234,11 @@ void DistributedDataParallel::before_forward() {
   if (ctx_) ctx_->set_activity("rebuilding DDP buckets: broadcasting rank 0's gradient order");
   std::vector<int64_t> order(static_cast<size_t>(P), -1);
   for (size_t i = 0; i < ready_order_.size() && i < order.size(); i++) order[i] = ready_order_[i];
-  comm_.broadcast(order.data(), P, DType::I64, 0)->wait();
+  Device& dev = model_.device();
+  Tensor staged({P}, MemCategory::Other, nullptr, DType::I64, dev);
+  dev.upload(staged.raw(), order.data(), staged.nbytes());
+  comm_.broadcast(staged.raw(), P, DType::I64, 0)->wait();
+  dev.download(order.data(), staged.raw(), staged.nbytes());
   std::vector<int> ready(order.begin(), order.end());
   std::vector<int> sorted = ready;
   std::sort(sorted.begin(), sorted.end());
@@ -272,12 +281,11 @@ void DistributedDataParallel::mark_ready(int p) {
   Parameter& prm = model_.parameters()[static_cast<size_t>(p)];
   float* dst = bk.buffer.f32() + bk.offsets[static_cast<size_t>(slot_of_[static_cast<size_t>(p)])];
   const float scale = 1.0f / static_cast<float>(world_);
-  // Average as it goes in: grad / world_size, then a SUM all-reduce (torch's div_factor).
-  if (opt_.gradient_as_bucket_view) {
-    for (int64_t i = 0; i < prm.numel; i++) dst[i] = dst[i] * scale;
-  } else {
-    for (int64_t i = 0; i < prm.numel; i++) dst[i] = prm.grad[i] * scale;
-  }
+  // Average as it goes in: grad / world_size, then a SUM all-reduce (torch's div_factor). On a GPU
+  // this is a kernel on the compute stream behind the layer's backward; the bucket's all-reduce is
+  // then ordered after it by an event (the communicator's), not by a host wait.
+  if (opt_.gradient_as_bucket_view) model_.device().scale(dst, prm.numel, scale);
+  else model_.device().scale_copy(dst, prm.grad, prm.numel, scale);
   if (generation_ == 0 && opt_.rebuild_buckets && !opt_.find_unused_parameters) ready_order_.push_back(p);
   record_bucket(EventKind::GradReady, b, p);
   if (--bk.pending == 0) {
@@ -322,8 +330,7 @@ void DistributedDataParallel::finalize_backward() {
       auto& ps = model_.parameters();
       for (size_t s = 0; s < bk.params.size(); s++) {
         Parameter& prm = ps[static_cast<size_t>(bk.params[s])];
-        const float* src = bk.buffer.f32() + bk.offsets[s];
-        std::copy(src, src + prm.numel, prm.grad);
+        model_.device().copy(prm.grad, bk.buffer.f32() + bk.offsets[s], prm.numel * static_cast<int64_t>(sizeof(float)));
       }
     }
   }

@@ -44,9 +44,7 @@ int fsdp_predivide_factor(int world) {
 
 namespace {
 
-void scale(float* x, int64_t n, float s) {
-  for (int64_t i = 0; i < n; i++) x[i] *= s;
-}
+constexpr int64_t kF32 = static_cast<int64_t>(sizeof(float));
 
 }  // namespace
 
@@ -105,17 +103,17 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
   // flat parameters; NO_SHARD everything.
   const int64_t owned = sharded() ? shard_numel_
                         : opt_.sharding == Sharding::Zero1 ? zero1_split_.real(rank_) : model_.num_params();
-  optimizer_.emplace(optimizer, owned, mem);
+  optimizer_.emplace(optimizer, owned, mem, dev());
   if (sharded()) {
-    shard_params_ = Tensor({shard_numel_}, MemCategory::Parameters, mem);
-    shard_grads_ = Tensor({shard_numel_}, MemCategory::Gradients, mem);
+    shard_params_ = Tensor({shard_numel_}, MemCategory::Parameters, mem, DType::F32, dev());
+    shard_grads_ = Tensor({shard_numel_}, MemCategory::Gradients, mem, DType::F32, dev());
     shard_params_.zero();
     shard_grads_.zero();
     for (Unit& u : units_) {
       const float* flat = ps[static_cast<size_t>(u.params.front())].data;
       const int64_t real = u.split.real(shard_rank_);
       const int64_t first = shard_rank_ * u.split.chunk;
-      if (real > 0) std::copy(flat + first, flat + first + real, shard_params_.f32() + u.shard_offset);
+      if (real > 0) dev().copy(shard_params_.f32() + u.shard_offset, flat + first, real * kF32);
     }
     model_.release_parameter_storage();  // what FSDP saves: no rank holds the full model any more
   }
@@ -138,8 +136,8 @@ void FullyShardedDataParallel::make_groups() {
   for (int j = 0; j < world_ / K; j++) across.push_back(j * K + rank_ % K);
   group_executor_ = std::make_shared<GroupExecutor>();
   // Tags above anything the rest of the engine sends with; one per group.
-  node_group_ = new_group(comm_, in_node, (1 << 20) + 2 * node * 1024, group_executor_);
-  replica_group_ = new_group(comm_, across, (1 << 21) + 2 * (rank_ % K) * 1024, group_executor_);
+  node_group_ = new_group(comm_, in_node, (1 << 20) + 2 * node * 1024, group_executor_, dev());
+  replica_group_ = new_group(comm_, across, (1 << 21) + 2 * (rank_ % K) * 1024, group_executor_, dev());
   shard_comm_ = node_group_.get();
   shard_world_ = K;
   shard_rank_ = rank_ % K;
@@ -181,7 +179,7 @@ void FullyShardedDataParallel::unshard(int unit) {
   if (unit < 0 || unit >= num_units()) return;  // nothing to prefetch past either end
   Unit& u = units_[static_cast<size_t>(unit)];
   if (!u.gathered.empty()) return;
-  u.gathered = Tensor({u.split.padded}, MemCategory::GatheredParameters, ctx_ ? ctx_->memory() : nullptr);
+  u.gathered = Tensor({u.split.padded}, MemCategory::GatheredParameters, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev());
   const bool world_op = shard_comm_ == &comm_;
   const uint64_t seq = world_op ? comm_.collectives_issued() : UINT64_MAX;
   u.gathering = shard_comm_->all_gather(u.gathered.f32(), shard_params_.f32() + u.shard_offset, u.split.chunk, DType::F32);
@@ -235,7 +233,7 @@ void FullyShardedDataParallel::before_backward(int layer) {
   wait_for_unshard(ui);  // FULL_SHARD gathers again; SHARD_GRAD_OP still holds the forward's copy
   // BACKWARD_PRE: the next unit's all-gather goes out before this unit's gradients are computed.
   if (opt_.backward_prefetch == BackwardPrefetch::Pre) unshard(ui - 1);
-  u.full_grad = Tensor({u.split.padded}, MemCategory::Gradients, ctx_ ? ctx_->memory() : nullptr);
+  u.full_grad = Tensor({u.split.padded}, MemCategory::Gradients, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev());
   u.full_grad.zero();
   auto& ps = model_.parameters();
   for (size_t k = 0; k < u.params.size(); k++) ps[static_cast<size_t>(u.params[k])].grad = u.full_grad.f32() + u.offsets[k];
@@ -256,7 +254,7 @@ void FullyShardedDataParallel::post_backward(int unit) {
   auto& ps = model_.parameters();
   const uint64_t seq = shard_comm_ == &comm_ ? comm_.collectives_issued() : UINT64_MAX;
   if (sharded()) {
-    scale(u.full_grad.f32(), u.split.padded, pre);
+    dev().scale(u.full_grad.f32(), u.split.padded, pre);
     float* shard = shard_grads_.f32() + u.shard_offset;
     u.reduce = shard_comm_->reduce_scatter(shard, u.full_grad.f32(), u.split.chunk, DType::F32, ReduceOp::Sum);
     // HYBRID_SHARD: the node's reduced shard is then summed over the nodes holding the same shard
@@ -267,7 +265,7 @@ void FullyShardedDataParallel::post_backward(int unit) {
     reshard(unit);
   } else {
     float* g = ps[static_cast<size_t>(u.params.front())].grad;
-    scale(g, u.split.numel, pre);
+    dev().scale(g, u.split.numel, pre);
     u.reduce = comm_.all_reduce(g, u.split.numel, ReduceOp::Sum);
     record(unit, FsdpVerb::ReduceGrad, seq);
   }
@@ -288,10 +286,10 @@ void FullyShardedDataParallel::finalize_backward() {
     u.reduce.reset();
     if (u.replicate) u.replicate->wait(), u.replicate.reset();
     if (sharded()) {
-      scale(shard_grads_.f32() + u.shard_offset, u.split.chunk, post);
+      dev().scale(shard_grads_.f32() + u.shard_offset, u.split.chunk, post);
       u.full_grad = Tensor();
     } else {
-      scale(model_.parameters()[static_cast<size_t>(u.params.front())].grad, u.split.numel, post);
+      dev().scale(model_.parameters()[static_cast<size_t>(u.params.front())].grad, u.split.numel, post);
     }
     set_state(ui, FsdpState::Idle);
     record(ui, FsdpVerb::GradReduced);
@@ -305,12 +303,11 @@ void FullyShardedDataParallel::step() {
       // Update this rank's slice with its optimizer shard, then everyone gathers the slices.
       const int64_t c = zero1_split_.chunk, real = zero1_split_.real(rank_);
       if (real > 0) optimizer_->step(model_.params() + rank_ * c, model_.grads() + rank_ * c);
-      Tensor mine({c}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr);
-      mine.zero();
-      if (real > 0) std::copy(model_.params() + rank_ * c, model_.params() + rank_ * c + real, mine.f32());
-      Tensor all({zero1_split_.padded}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr);
+      Tensor mine({c}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev());
+      if (real > 0) dev().copy(mine.f32(), model_.params() + rank_ * c, real * kF32);
+      Tensor all({zero1_split_.padded}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev());
       comm_.all_gather(all.f32(), mine.f32(), c, DType::F32)->wait();
-      std::copy(all.f32(), all.f32() + model_.num_params(), model_.params());
+      dev().copy(model_.params(), all.f32(), model_.num_params() * kF32);
       return;
     }
     default: optimizer_->step(shard_params_.f32(), shard_grads_.f32()); return;
@@ -349,18 +346,18 @@ void FullyShardedDataParallel::materialize() {
   model_.set_layer_hooks(nullptr);
   attached_ = false;
   if (!sharded()) return;
-  std::vector<float> full(static_cast<size_t>(model_.num_params()));
+  Tensor full({model_.num_params()}, MemCategory::Other, nullptr, DType::F32, dev());  // untracked staging
   int64_t base = 0;
   for (int ui = 0; ui < num_units(); ui++) {
     Unit& u = units_[static_cast<size_t>(ui)];
     wait_for_unshard(ui);
-    std::copy(u.gathered.f32(), u.gathered.f32() + u.split.numel, full.begin() + base);
+    dev().copy(full.f32() + base, u.gathered.f32(), u.split.numel * kF32);
     base += u.split.numel;
     reshard(ui);
   }
   shard_params_ = Tensor();
   shard_grads_ = Tensor();
-  model_.restore_storage(full.data());
+  model_.restore_storage(full.f32());
 }
 
 }  // namespace dtlab

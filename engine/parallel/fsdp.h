@@ -120,6 +120,7 @@ class FullyShardedDataParallel : public LayerHooks {
   bool reshard_after_forward() const {
     return (opt_.sharding == Sharding::FullShard || opt_.sharding == Sharding::Hybrid) && opt_.wrap_layers;
   }
+  Device& dev() const { return model_.device(); }  // where the shards, gathers and gradients live
   int unit_of_layer(int layer) const;
   // torch's verbs: unshard issues the all-gather (if not yet), wait_for_unshard binds the full
   // parameters, reshard frees them, post_backward reduces the gradient.

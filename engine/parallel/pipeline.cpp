@@ -164,22 +164,25 @@ struct PipelineRank::MicroBatch {
 };
 
 PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int rank, Communicator& comm,
-                           RankContext* ctx, MemoryTracker* memory, uint64_t seed, const OptimizerConfig& optimizer)
+                           RankContext* ctx, MemoryTracker* memory, uint64_t seed, const OptimizerConfig& optimizer,
+                           Device& device, ComputeObserver* observer)
     : plan_(plan), spec_(spec), rank_(rank), pipe_rank_(rank % plan.ranks()), replica_(rank / plan.ranks()),
-      comm_(comm), ctx_(ctx), memory_(memory), observer_(plan.options.fixed_costs ? nullptr : ctx) {
+      comm_(comm), ctx_(ctx), memory_(memory), device_(device),
+      observer_(plan.options.fixed_costs ? nullptr : observer ? observer : ctx),
+      stats_({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::F64, device) {
   stage_ids_ = plan.stages_of_rank(pipe_rank_);
   for (int s : stage_ids_) {
     const StageRange r = plan.stages[static_cast<size_t>(s)];
-    models_.push_back(std::make_unique<Model>(spec, memory, seed, r.first, r.end));
+    models_.push_back(std::make_unique<Model>(spec, memory, seed, r.first, r.end, device));
     models_.back()->set_observer(observer_);
-    optimizers_.push_back(std::make_unique<Optimizer>(optimizer, models_.back()->num_params(), memory));
+    optimizers_.push_back(std::make_unique<Optimizer>(optimizer, models_.back()->num_params(), memory, device));
   }
   mbs_.resize(stage_ids_.size() * static_cast<size_t>(plan.options.microbatches));
   if (plan.options.dp > 1) {
     std::vector<int> ranks;
     for (int d = 0; d < plan.options.dp; d++) ranks.push_back(d * plan.ranks() + pipe_rank_);
     executor_ = std::make_shared<GroupExecutor>();
-    dp_group_ = new_group(comm, ranks, kReplicaTag + 4 * pipe_rank_, executor_);
+    dp_group_ = new_group(comm, ranks, kReplicaTag + 4 * pipe_rank_, executor_, device_);
   }
 }
 
@@ -213,7 +216,7 @@ void PipelineRank::load_parameters(const Model& full) {
   DTLAB_CHECK(full.num_params() == spec_.num_params(), "load_parameters() needs the full model");
   for (size_t k = 0; k < models_.size(); k++) {
     const int64_t off = stage_param_offset(spec_, plan_.stages[static_cast<size_t>(stage_ids_[k])]);
-    std::copy(full.params() + off, full.params() + off + models_[k]->num_params(), models_[k]->params());
+    models_[k]->upload_params(full.params() + off);  // `full` is a host model
   }
 }
 
@@ -241,7 +244,7 @@ void PipelineRank::gather_parameters(Model* full) {
     const Model& m = *models_[k];
     const int64_t off = stage_param_offset(spec_, plan_.stages[static_cast<size_t>(s)]);
     if (rank_ == 0)
-      std::copy(m.params(), m.params() + m.num_params(), full->params() + off);
+      m.download_params(full->params() + off);  // `full` is a host model
     else
       comm_.send(m.params(), m.num_params(), DType::F32, 0, kGatherTag + s)->wait();
   }
@@ -249,8 +252,15 @@ void PipelineRank::gather_parameters(Model* full) {
   for (int s = 0; s < S; s++) {
     if (peer_of(s) == 0) continue;
     const StageRange r = plan_.stages[static_cast<size_t>(s)];
-    comm_.recv(full->params() + stage_param_offset(spec_, r), stage_num_params(spec_, r), DType::F32, peer_of(s),
-               kGatherTag + s)->wait();
+    const int64_t n = stage_num_params(spec_, r);
+    float* dst = full->params() + stage_param_offset(spec_, r);
+    if (device_.is_host()) {
+      comm_.recv(dst, n, DType::F32, peer_of(s), kGatherTag + s)->wait();
+    } else {  // the communicator moves device memory: receive there, then bring it to the host
+      Tensor staged({n}, MemCategory::Other, nullptr, DType::F32, device_);
+      comm_.recv(staged.f32(), n, DType::F32, peer_of(s), kGatherTag + s)->wait();
+      device_.download(dst, staged.f32(), n * static_cast<int64_t>(sizeof(float)));
+    }
   }
 }
 
@@ -264,7 +274,7 @@ Tensor PipelineRank::receive(int stage, int mb, Dir dir, int64_t rows, int64_t w
     local_.erase(it);
     return t;
   }
-  Tensor t({rows, width}, MemCategory::Activations, memory_);
+  Tensor t({rows, width}, MemCategory::Activations, memory_, DType::F32, device_);
   comm_.recv(t.f32(), rows * width, DType::F32, from, tag)->wait();  // bounded by the watchdog
   return t;
 }
@@ -275,8 +285,8 @@ WorkPtr PipelineRank::send(int stage, int mb, Dir dir, const Tensor& data) {
   const int to = peer_of(stage);
   const int tag = tag_of(stage, mb, dir);
   if (to == rank_) {
-    Tensor copy(data.shape(), MemCategory::Activations, memory_);
-    if (data.nbytes() > 0) std::memcpy(copy.raw(), data.raw(), static_cast<size_t>(data.nbytes()));
+    Tensor copy(data.shape(), MemCategory::Activations, memory_, DType::F32, device_);
+    device_.copy(copy.raw(), data.raw(), data.nbytes());
     local_[tag] = std::move(copy);
     return nullptr;
   }
@@ -288,17 +298,18 @@ const Tensor* PipelineRank::forward(int stage, int mb) {
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
   const float* in = stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32();
   for (int i = 0; i < model.num_layers(); i++) {
-    st.outs.emplace_back(Shape{st.rows, model.layer(i).out_features}, MemCategory::Activations, memory_);
+    st.outs.emplace_back(Shape{st.rows, model.layer(i).out_features}, MemCategory::Activations, memory_, DType::F32,
+                         device_);
     if (st.rows > 0) model.layer_forward(i, st.outs.back().f32(), in, st.rows);
     in = st.outs.back().f32();
   }
   // The output stays here until this stage's backward, long after the next stage received it.
   if (stage + 1 < static_cast<int>(plan_.stages.size())) return &st.outs.back();
   const int64_t C = spec_.out_features();
-  st.probs = Tensor({st.rows, C}, MemCategory::Activations, memory_);
+  st.probs = Tensor({st.rows, C}, MemCategory::Activations, memory_, DType::F32, device_);
   ComputeScope scope(observer_, ComputeKind::Loss, -1, 5.0 * st.rows * C);
-  it_.loss_sum += static_cast<double>(cross_entropy_forward(st.probs.f32(), in, y_ + st.offset, st.rows, C)) * st.rows;
-  it_.correct += static_cast<double>(count_correct(in, y_ + st.offset, st.rows, C));
+  // The loss and correct count accumulate on the device; run_iteration reads them once at its end.
+  device_.cross_entropy_forward(st.probs.f32(), stats_.f64(), in, y_ + st.offset, st.rows, C);
   it_.samples += static_cast<double>(st.rows);
   return nullptr;
 }
@@ -308,9 +319,9 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
   if (stage + 1 == static_cast<int>(plan_.stages.size())) {
     const int64_t C = spec_.out_features();
-    dout = Tensor({st.rows, C}, MemCategory::Activations, memory_);
+    dout = Tensor({st.rows, C}, MemCategory::Activations, memory_, DType::F32, device_);
     ComputeScope scope(observer_, ComputeKind::LossBackward, -1, 2.0 * st.rows * C);
-    cross_entropy_backward(dout.f32(), st.probs.f32(), y_ + st.offset, st.rows, C, loss_scale_);
+    device_.cross_entropy_backward(dout.f32(), st.probs.f32(), y_ + st.offset, st.rows, C, loss_scale_);
   }
   st.probs = Tensor();
   const int n = model.num_layers();
@@ -318,7 +329,8 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
   for (int i = n - 1; i >= 0; i--) {
     const Layer& L = model.layer(i);
     const bool input_grad = i > 0 || stage > 0;  // the model's first layer has no input gradient
-    Tensor dinp = input_grad ? Tensor({st.rows, L.in_features}, MemCategory::Activations, memory_) : Tensor();
+    Tensor dinp = input_grad ? Tensor({st.rows, L.in_features}, MemCategory::Activations, memory_, DType::F32, device_)
+                             : Tensor();
     const float* in = i > 0 ? st.outs[static_cast<size_t>(i - 1)].f32()
                             : (stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32());
     const float* out = st.outs[static_cast<size_t>(i)].f32();
@@ -373,6 +385,7 @@ PipelineRankIteration PipelineRank::run_iteration(const float* x, const int64_t*
   y_ = y;
   loss_scale_ = loss_scale;
   it_ = {};
+  stats_.zero();
   const int m = plan_.options.microbatches;
   const int last = static_cast<int>(plan_.stages.size()) - 1;
   for (int s : stage_ids_)
@@ -444,6 +457,10 @@ PipelineRankIteration PipelineRank::run_iteration(const float* x, const int64_t*
   }
   for (auto& [work, buf] : sends_) work->wait();
   sends_.clear();
+  double stats[kLossStatsDoubles];
+  device_.download(stats, stats_.raw(), sizeof stats);
+  it_.loss_sum = stats[0];
+  it_.correct = stats[1];
   return it_;
 }
 

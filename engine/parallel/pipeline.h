@@ -82,9 +82,12 @@ struct PipelineRankIteration {
 
 class PipelineRank {
  public:
-  // `rank` is the world rank; its stages' models are built from `seed` with the full model's values.
+  // `rank` is the world rank; its stages' models are built from `seed` with the full model's values,
+  // on `device` (every tensor of the rank lives there; `comm` moves that device's memory). Compute
+  // ops report to `observer` (the device's timer), or to `ctx` when it is null.
   PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int rank, Communicator& comm,
-               RankContext* ctx, MemoryTracker* memory, uint64_t seed, const OptimizerConfig& optimizer);
+               RankContext* ctx, MemoryTracker* memory, uint64_t seed, const OptimizerConfig& optimizer,
+               Device& device = cpu_device(), ComputeObserver* observer = nullptr);
   ~PipelineRank();
   PipelineRank(const PipelineRank&) = delete;
   PipelineRank& operator=(const PipelineRank&) = delete;
@@ -95,10 +98,10 @@ class PipelineRank {
   Model& stage_model(int k) { return *models_.at(static_cast<size_t>(k)); }  // k-th stage it holds
   int64_t num_params() const;  // of its stages
 
-  // Copies its stages' parameters out of a full model (--init).
+  // Copies its stages' parameters out of a full model on the host (--init).
   void load_parameters(const Model& full);
   void zero_grad();
-  // Runs this rank's row of the schedule on one batch: x (B, D0) read by the first stage, y (B,) by
+  // Runs this rank's row of the schedule on one batch (on the device): x (B, D0) read by the first stage, y (B,) by
   // the last, cut into m micro-batches like torch.tensor_split (sizes differ by at most one). One
   // sample's loss weighs loss_scale (1 / the step's samples over every replica), so the gradients
   // accumulated over the micro-batches are those of the mean loss.
@@ -107,7 +110,7 @@ class PipelineRank {
   // of those ranks). With loss_scale over every replica's samples that sum is the average.
   void reduce_gradients();
   void step();  // one optimizer step per stage
-  // Replica 0 sends its stages' parameters to rank 0, which writes them into `full` (null elsewhere).
+  // Replica 0 sends its stages' parameters to rank 0, which writes them into `full`, a host model (null elsewhere).
   void gather_parameters(Model* full);
 
  private:
@@ -131,7 +134,9 @@ class PipelineRank {
   Communicator& comm_;
   RankContext* ctx_;
   MemoryTracker* memory_;
-  ComputeObserver* observer_;  // ctx_, or null with fixed action costs
+  Device& device_;
+  ComputeObserver* observer_;  // the device's timer or ctx_, or null with fixed action costs
+  Tensor stats_;               // the iteration's loss sums on the device (kLossStatsDoubles doubles)
   std::vector<int> stage_ids_;
   std::vector<std::unique_ptr<Model>> models_;
   std::vector<std::unique_ptr<Optimizer>> optimizers_;

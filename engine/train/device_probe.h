@@ -6,7 +6,7 @@
 
 #include "engine/train/device_select.h"
 #if DTLAB_HAVE_CUDA
-#include "engine/cuda/device.h"
+#include "engine/cuda/runtime.h"
 #endif
 
 namespace dtlab {

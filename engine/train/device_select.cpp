@@ -6,8 +6,6 @@ namespace dtlab {
 
 namespace {
 
-bool gpu_strategy(const std::string& s) { return s == "single" || s == "ddp"; }
-
 std::string plural(int n, const char* one, const char* many) { return std::to_string(n) + " " + (n == 1 ? one : many); }
 
 }  // namespace
@@ -24,23 +22,20 @@ DeviceChoice resolve_device(const DeviceQuery& q) {
   const std::string ranks = plural(q.ranks_on_node, "rank", "ranks"), gpus = plural(q.gpus, "GPU", "GPUs");
 
   // The device.
-  if (q.device == "cpu" || (q.device.empty() && !gpu_backend && (q.gpus == 0 || !q.cuda_built || !gpu_strategy(q.strategy)))) {
+  if (q.device == "cpu" || (q.device.empty() && !gpu_backend && (q.gpus == 0 || !q.cuda_built))) {
     if (gpu_backend)
       throw Error("--backend " + q.backend + " moves device memory; add --device cuda, or use --backend threads on the CPU");
     c.device = "cpu";
     c.backend = c.launched ? "socket" : "threads";
     c.why = q.device == "cpu" ? "cpu, as asked"
             : !q.cuda_built ? "cpu: this build has no CUDA engine"
-            : q.gpus == 0   ? "cpu: " + q.no_gpu_reason
-                            : "cpu: the GPU engine runs --strategy single and ddp; " + q.strategy + " runs on the CPU";
+                            : "cpu: " + q.no_gpu_reason;
     return c;
   }
   if (!q.cuda_built)
     throw Error("--device cuda needs the CUDA engine, which this build does not have (CMake found no CUDA Toolkit); "
                 "use --device cpu or rebuild with CUDA");
   if (q.gpus == 0) throw Error("--device cuda: " + q.no_gpu_reason + "; use --device cpu");
-  if (!gpu_strategy(q.strategy))
-    throw Error("--strategy " + q.strategy + " runs on the CPU engine only; the GPU engine runs --strategy single and ddp (use --device cpu)");
   c.device = "cuda";
 
   // The backend.

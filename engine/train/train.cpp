@@ -15,6 +15,9 @@
 #include "engine/train/config_json.h"
 #include "engine/trace/cost_model.h"
 #include "engine/trace/export.h"
+#if DTLAB_HAVE_CUDA
+#include "engine/cuda/platform.h"
+#endif
 
 namespace dtlab {
 
@@ -26,11 +29,32 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// The in-process world of `backend`: threads on the CPU, or a GPU world from the CUDA build.
+std::unique_ptr<RankWorld> make_world(const std::string& backend, int n, const WorldOptions& wo) {
+  if (backend == "threads") return make_threads_world(n, wo);
+#if DTLAB_HAVE_CUDA
+  if (backend == "cuda") return cuda::make_cuda_world(n, wo);
+  if (backend == "nccl") return cuda::make_nccl_world(n, wo);
+#endif
+  throw Error("--backend " + backend + " needs the CUDA build of dtlab (this one is CPU only); use --device cpu");
+}
+
+// One rank's GPU, for a rank that runs alone in this process.
+std::unique_ptr<Device> make_gpu(int rank, int device) {
+#if DTLAB_HAVE_CUDA
+  return cuda::make_device(rank, device);
+#else
+  throw Error("--device cuda needs the CUDA build of dtlab (this one is CPU only); use --device cpu");
+#endif
+}
+
 void validate(const TrainConfig& c) {
   if (c.strategy != "single" && c.strategy != "ddp" && c.strategy != "fsdp" && c.strategy != "pipeline")
     throw Error("strategy '" + c.strategy + "' is not available in this version; use --strategy single, ddp, fsdp or pipeline");
   if (c.strategy == "pipeline") {
-    if (c.backend != "threads") throw Error("--strategy pipeline runs on the threads backend; drop --backend " + c.backend);
+    if (c.backend == "socket")
+      throw Error("--strategy pipeline runs in one process on the CPU (--backend threads), or launched on GPUs (--device cuda, nccl); "
+                  "drop dtlab-cli launch or add --device cuda");
     if (c.accum > 1) throw Error("--accum with --strategy pipeline: the micro-batches are the accumulation; use --microbatches");
     if (c.skip_layer >= 0) throw Error("--skip-layer is DDP's unused-parameters lesson; drop it with --strategy pipeline");
   }
@@ -42,12 +66,22 @@ void validate(const TrainConfig& c) {
       (c.fsdp.node_size < 1 || c.world_size % c.fsdp.node_size != 0))
     throw Error("--node-size " + std::to_string(c.fsdp.node_size) + " does not divide --world " +
                 std::to_string(c.world_size) + "; HYBRID_SHARD needs equal node groups");
-  if (c.backend != "threads" && c.backend != "socket")
-    throw Error("--backend " + c.backend + " is not a backend; use threads (ranks as threads of this process) or "
-                "socket (one process per rank, started by dtlab-cli launch)");
-  if (c.backend == "socket") {
+  if (c.device != "cpu" && c.device != "cuda")
+    throw Error("--device " + c.device + " is not a device; use cpu or cuda");
+  const bool gpu_backend = c.backend == "cuda" || c.backend == "nccl";
+  if (c.backend != "threads" && c.backend != "socket" && !gpu_backend)
+    throw Error("--backend " + c.backend + " is not a backend; use threads (ranks as threads of this process), "
+                "socket (one process per rank, started by dtlab-cli launch), cuda or nccl (with --device cuda)");
+  if (c.device == "cpu" && gpu_backend)
+    throw Error("--backend " + c.backend + " moves GPU memory; add --device cuda, or use --backend threads on the CPU");
+  if (c.device == "cuda" && !gpu_backend)
+    throw Error("--device cuda runs on --backend cuda (ranks share a GPU) or nccl (one GPU per rank), not " + c.backend);
+  if (c.device == "cuda" && c.launched && c.backend != "nccl")
+    throw Error("under dtlab-cli launch, --device cuda runs --backend nccl, one GPU per process");
+  const bool launched = c.backend == "socket" || c.launched;
+  if (launched) {
     if (c.strategy == "single")
-      throw Error("--backend socket runs one rank per process for --strategy ddp or fsdp; add --strategy ddp");
+      throw Error("dtlab-cli launch runs one rank per process for --strategy ddp, fsdp or pipeline; add --strategy ddp");
     if (c.socket.world_size != c.world_size)
       throw Error("--world " + std::to_string(c.world_size) + " disagrees with WORLD_SIZE=" +
                   std::to_string(c.socket.world_size) + " from the launcher; drop --world under dtlab-cli launch");
@@ -55,10 +89,7 @@ void validate(const TrainConfig& c) {
       throw Error("--monitor " + std::to_string(c.monitor_port) + " is the launcher's rendezvous port (MASTER_PORT); "
                   "pick another port for the viewer");
   }
-  if (c.device != "cpu")
-    throw Error("--device " + c.device + " runs on the GPU engine (engine/cuda/cuda_train.h, dtlab-cli train --device cuda); "
-                "this engine runs --device cpu");
-  if (c.monitor_port != 0 && c.backend != "socket")
+  if (c.monitor_port != 0 && !launched)
     throw Error("--monitor serves a launched world to a viewer; run it under 'dtlab-cli launch --nproc-per-node N -- train ... "
                 "--monitor PORT' (the dtlab window steps in-process runs itself)");
   if (c.monitor_port < 0 || c.monitor_port > 65535)
@@ -114,12 +145,30 @@ void check_data_fits_model(const Dataset& ds, const ModelSpec& spec) {
 EvalResult evaluate(Model& model, const Dataset& ds, int64_t batch, float* logits_out) {
   const int64_t C = model.spec().out_features();
   DTLAB_CHECK(batch > 0, "evaluate() needs a positive batch");
-  Tensor probs({std::min(batch, std::max<int64_t>(ds.n, 1)), C}, MemCategory::Activations, nullptr);
+  const int64_t rows = std::min(batch, std::max<int64_t>(ds.n, 1));
+  Tensor probs({rows, C}, MemCategory::Activations, nullptr);
+  // A device model reads its inputs from device memory and hands its logits back to the host.
+  Device& dev = model.device();
+  dev.bind_thread();
+  Tensor x_dev, logits_host;
+  if (!dev.is_host()) {
+    x_dev = Tensor({rows, ds.d}, MemCategory::Activations, nullptr, DType::F32, dev);
+    logits_host = Tensor({rows, C}, MemCategory::Activations, nullptr);
+  }
   EvalResult r;
   double loss_sum = 0;
   for (int64_t i = 0; i < ds.n; i += batch) {
     int64_t B = std::min(batch, ds.n - i);
-    const float* logits = model.forward(ds.x.data() + i * ds.d, B);
+    const float* x = ds.x.data() + i * ds.d;
+    if (!dev.is_host()) {
+      dev.upload(x_dev.f32(), x, B * ds.d * static_cast<int64_t>(sizeof(float)));
+      x = x_dev.f32();
+    }
+    const float* logits = model.forward(x, B);
+    if (!dev.is_host()) {
+      dev.download(logits_host.f32(), logits, B * C * static_cast<int64_t>(sizeof(float)));
+      logits = logits_host.f32();
+    }
     loss_sum += static_cast<double>(cross_entropy_forward(probs.f32(), logits, ds.y.data() + i, B, C)) * B;
     r.correct += count_correct(logits, ds.y.data() + i, B, C);
     if (logits_out) std::copy(logits, logits + B * C, logits_out + i * C);
@@ -142,25 +191,26 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
     config_.fsdp.node_size = k;
   }
   const int N = config_.world_size;
-  const bool socket = config_.backend == "socket";            // this process runs one rank
-  const bool ddp = config_.strategy != "single" && !socket;  // ddp and fsdp on the threads world
-  const int me = socket ? config_.socket.rank : 0;
+  launched_ = config_.backend == "socket" || config_.launched;  // this process runs one rank
+  const bool in_world = config_.strategy != "single" && !launched_;  // ranks as threads here
+  const int me = launched_ ? config_.socket.rank : 0;
   const bool pipeline = config_.strategy == "pipeline";
   if (pipeline)
     pipeline_ = std::make_unique<PipelinePlan>(plan_pipeline(config_.model, config_.pipeline, config_.batch, N));
   // Instrumentation is always on (it costs well under 3% of a step, see bench/bench_step.cpp); the
   // trace file is only written when asked for.
-  if (ddp) {
+  if (in_world) {
     WorldOptions wo;
     wo.timeout_s = config_.timeout_s;
     wo.profile = config_.profile;
     wo.start_paused = config_.start_paused;
     wo.faults = config_.faults;
-    world_ = std::make_unique<ThreadsWorld>(N, wo);
-    mem0_ = &world_->memory(0);
-    recorder0_ = &world_->recorder();
-    ctx0_ = &world_->context(0);
+    world_ = make_world(config_.backend, N, wo);
+    mem0_ = &world_->threads().memory(0);
+    recorder0_ = &world_->threads().recorder();
+    ctx0_ = &world_->threads().context(0);
   } else {
+    if (config_.device == "cuda") own_device_ = make_gpu(me, launched_ ? config_.socket.local_rank : 0);
     memory_ = std::make_unique<MemoryTracker>(me);
     recorder_ = std::make_unique<TraceRecorder>(N);
     cost_ = std::make_unique<CostModel>(find_profile(config_.profile), N);
@@ -196,13 +246,15 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
                 std::to_string(config_.epochs * batches_per_epoch_) + " micro-batches, fewer than --accum " +
                 std::to_string(config_.accum) + "; use more epochs or a smaller --accum");
 
-  for (int r = me; r < (socket || pipeline ? me + 1 : N); r++) {
+  for (int r = me; r < (launched_ || pipeline ? me + 1 : N); r++) {
     // Each rank builds its replica as a separate process would (socket: this process is one). Rank
     // r > 0 seeds with seed + r, so the replicas really differ until DDP broadcasts rank 0's parameters.
     // A pipeline's ranks build their stages in run(); this full copy, on no rank's tracker, holds
     // the initial values (--init) and receives the trained stages for evaluation and --save.
-    MemoryTracker* mem = pipeline ? nullptr : ddp ? &world_->memory(r) : memory_.get();
-    models_.push_back(std::make_unique<Model>(spec, mem, config_.seed + static_cast<uint64_t>(r)));
+    MemoryTracker* mem = pipeline ? nullptr : in_world ? &world_->threads().memory(r) : memory_.get();
+    Device& dev = pipeline ? cpu_device() : device(r);  // the pipeline's full copy stays on the host
+    dev.bind_thread();
+    models_.push_back(std::make_unique<Model>(spec, mem, config_.seed + static_cast<uint64_t>(r), dev));
     if (config_.skip_layer >= 0) {
       models_.back()->set_skipped_layer(config_.skip_layer);  // validates the layer
       models_.back()->set_skipped_layer(-1);
@@ -210,8 +262,35 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
     if (!config_.init_path.empty())
       start_step_ = (is_checkpoint_dir(config_.init_path) ? load_sharded_checkpoint(config_.init_path, *models_.back())
                                                           : load_checkpoint(config_.init_path, *models_.back())).step;
-    models_.back()->set_observer(ddp ? &world_->context(r) : ctx_.get());
+    models_.back()->set_observer(in_world ? &world_->threads().context(r) : ctx_.get());
   }
+}
+
+Device& Trainer::device(int rank) {
+  if (world_) return world_->device(rank);
+  return own_device_ ? *own_device_ : cpu_device();
+}
+
+bool Trainer::device_memory(int rank, int64_t& used, int64_t& total) {
+  return device(rank).memory_info(used, total);
+}
+
+std::string Trainer::describe_placement() const {
+  const int n = config_.world_size;
+  const std::string ranks = std::to_string(n) + (n == 1 ? " rank" : " ranks");
+  if (config_.device == "cpu")
+    return launched_ ? "cpu: rank " + std::to_string(config_.socket.rank) + " of " + ranks + " (one process each, socket backend)"
+                     : "cpu: " + ranks + (n > 1 ? " as threads of this process" : "");
+  std::string where = config_.strategy == "single" ? "one rank on device 0"
+                      : launched_ ? "this process is rank " + std::to_string(config_.socket.rank) + " on device " +
+                                        std::to_string(config_.socket.local_rank) + ", NCCL collectives"
+                      : config_.backend == "cuda" ? ranks + " as threads sharing device 0, ring collectives on device memory"
+                                                  : ranks + ", one GPU each, NCCL collectives";
+#if DTLAB_HAVE_CUDA
+  return cuda::runtime_summary() + "\n  " + where;
+#else
+  return where;
+#endif
 }
 
 void Trainer::abort(const std::string& reason) {
@@ -239,14 +318,15 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   total_samples_ = 0;
   auto t_start = Clock::now();
   if (world_) {
-    world_->run([&](int rank, Communicator& comm, RankContext& ctx) {
-      if (pipeline_) run_pipeline_rank(rank, comm, ctx, sum, on_step);
-      else run_rank(rank, &comm, &ctx, sum, on_step);
+    world_->run([&](int rank, Communicator& comm, RankContext& ctx, Device&) {
+      MemoryTracker& mem = world_->threads().memory(rank);
+      if (pipeline_) run_pipeline_rank(rank, comm, ctx, mem, sum, on_step);
+      else run_rank(rank, &comm, &ctx, mem, sum, on_step);
     });
-  } else if (config_.backend == "socket") {
-    run_socket_rank(sum, on_step);
+  } else if (launched_) {
+    run_launched_rank(sum, on_step);
   } else {
-    run_rank(0, nullptr, ctx_.get(), sum, on_step);
+    run_rank(0, nullptr, ctx_.get(), *memory_, sum, on_step);
   }
   sum.seconds = seconds_since(t_start);
   sum.steps = total_steps_;
@@ -274,9 +354,10 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   return sum;
 }
 
-// One rank of a world of processes: join it (every rank's SocketCommunicator connects to every
-// other), run the same per-rank loop as the threads world, and on failure tell the peers why.
-void Trainer::run_socket_rank(TrainSummary& sum, const std::function<void(const StepReport&)>& on_step) {
+// One rank of a world of processes: join it (socket: every rank's SocketCommunicator connects to
+// every other; nccl: ncclCommInitRank after the same TCP rendezvous), run the same per-rank loop as
+// an in-process world, and on failure tell the peers why.
+void Trainer::run_launched_rank(TrainSummary& sum, const std::function<void(const StepReport&)>& on_step) {
   SocketOptions so = config_.socket;
   so.timeout_s = config_.timeout_s;
   so.faults = config_.faults;
@@ -333,23 +414,41 @@ void Trainer::run_socket_rank(TrainSummary& sum, const std::function<void(const 
   };
   ctx_->set_activity("joining the world at " + so.master_addr + ":" + std::to_string(so.master_port));
   try {
-    SocketCommunicator comm(so, ctx_.get());
-    struct Live {  // `live` names the communicator exactly while it exists
+    // The socket communicator (CPU), or NCCL on this rank's GPU; `socket` is null for the latter,
+    // whose watchdog aborts the NCCL communicator itself.
+    std::unique_ptr<SocketCommunicator> socket;
+#if DTLAB_HAVE_CUDA
+    std::unique_ptr<cuda::LaunchedRank> nccl;
+#endif
+    Communicator* comm = nullptr;
+    if (config_.backend == "socket") {
+      socket = std::make_unique<SocketCommunicator>(so, ctx_.get());
+      comm = socket.get();
+    } else {
+#if DTLAB_HAVE_CUDA
+      nccl = cuda::join_nccl(so, *own_device_, ctx_.get());
+      comm = &nccl->comm();
+#endif
+    }
+    DTLAB_CHECK(comm, "a launched rank needs the socket or nccl backend");
+    struct Live {  // `live` names the socket communicator exactly while it exists
       std::mutex& mu;
       SocketCommunicator*& p;
       Live(std::mutex& m, SocketCommunicator*& ptr, SocketCommunicator* c) : mu(m), p(ptr) { std::lock_guard<std::mutex> l(mu); p = c; }
       ~Live() { std::lock_guard<std::mutex> l(mu); p = nullptr; }
-    } live_guard(live_mu, live, &comm);
+    } live_guard(live_mu, live, socket.get());
     try {
-      run_rank(rank, &comm, ctx_.get(), sum, report);
+      if (pipeline_) run_pipeline_rank(rank, *comm, *ctx_, *memory_, sum, report);
+      else run_rank(rank, comm, ctx_.get(), *memory_, sum, report);
     } catch (const std::exception& e) {
       const std::string why = hub ? hub->failure() : std::string();
       if (!why.empty()) {
-        comm.abort(why);
+        if (socket) socket->abort(why);
         throw Error(why);
       }
       // A no-op when the communicator already failed with this diagnosis.
-      comm.abort(dynamic_cast<const CommError*>(&e) ? std::string(e.what()) : "rank " + std::to_string(rank) + " failed: " + e.what());
+      if (socket)
+        socket->abort(dynamic_cast<const CommError*>(&e) ? std::string(e.what()) : "rank " + std::to_string(rank) + " failed: " + e.what());
       throw;
     }
   } catch (const std::exception& e) {
@@ -361,14 +460,25 @@ void Trainer::run_socket_rank(TrainSummary& sum, const std::function<void(const 
   if (hub) hub->finish("");
 }
 
-void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSummary& sum,
+void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTracker& mem, TrainSummary& sum,
                        const std::function<void(const StepReport&)>& on_step) {
   const Dataset& ds = *dataset_;
   Model& model = *models_[world_ ? static_cast<size_t>(rank) : 0];
-  MemoryTracker& mem = world_ ? world_->memory(rank) : *memory_;
+  Device& dev = model.device();
   const int N = config_.world_size;
-  const int64_t C = config_.model.out_features();
+  const int64_t D = config_.model.in_features(), C = config_.model.out_features();
   const int64_t A = config_.accum;
+  // On a GPU the ops are timed with events on the stream (the host only enqueues them); the CPU
+  // reports to the context directly.
+  std::unique_ptr<DeviceTimer> timer = dev.make_timer(ctx);
+  ComputeObserver* const obs = timer ? static_cast<ComputeObserver*>(timer.get()) : ctx;
+  ComputeObserver* const model_obs = model.observer();
+  model.set_observer(obs);
+  struct RestoreObserver {
+    Model& m;
+    ComputeObserver* o;
+    ~RestoreObserver() { m.set_observer(o); }
+  } restore{model, model_obs};
 
   std::unique_ptr<DistributedDataParallel> ddp;
   std::unique_ptr<FullyShardedDataParallel> fsdp;
@@ -379,12 +489,23 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
     o.timeout_s = config_.timeout_s;
     ddp = std::make_unique<DistributedDataParallel>(model, *comm, ctx, o);
   }
-  Optimizer opt(config_.optimizer, model.num_params(), &mem);
+  Optimizer opt(config_.optimizer, model.num_params(), &mem, dev);
 
   RankBatches data(config_, ds, N, rank);
 
-  Tensor probs({config_.batch, C}, MemCategory::Activations, &mem);
-  Tensor dlogits({config_.batch, C}, MemCategory::Activations, &mem);
+  Tensor probs({config_.batch, C}, MemCategory::Activations, &mem, DType::F32, dev);
+  Tensor dlogits({config_.batch, C}, MemCategory::Activations, &mem, DType::F32, dev);
+  // A device's batch is uploaded into these; the CPU reads the loader's rows where they are.
+  Tensor x_dev, y_dev;
+  if (!dev.is_host()) {
+    x_dev = Tensor({config_.batch, D}, MemCategory::Activations, &mem, DType::F32, dev);
+    y_dev = Tensor({config_.batch}, MemCategory::Activations, &mem, DType::I64, dev);
+  }
+  // The step's loss x samples and correct count, accumulated on the device (two doubles; read
+  // once per step), and the four figures every rank all-reduces, in memory the communicator moves.
+  Tensor loss_stats({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::F64, dev);
+  Tensor figures({4}, MemCategory::Other, nullptr, DType::F32, dev);
+  double* const stats = loss_stats.f64();
 
   double overlap_sum = 0;
   int64_t overlap_n = 0;
@@ -397,29 +518,35 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
     auto t0 = Clock::now();
     const bool branch = config_.skip_layer >= 0 && step % config_.skip_every == 0;
     model.set_skipped_layer(branch ? config_.skip_layer : -1);
-    double loss_sum = 0;
-    int64_t correct = 0, samples = 0;
+    int64_t samples = 0;
+    loss_stats.zero();
     {
-      ComputeScope scope(ctx, ComputeKind::ZeroGrad, -1, 0.0);
+      ComputeScope scope(obs, ComputeKind::ZeroGrad, -1, 0.0);
       if (fsdp) fsdp->zero_grad();
       else model.zero_grad();
     }
     for (int64_t micro = 0; micro < A; micro++) {
       const Batch& batch = data.next();
       const int64_t B = last_batch = batch.size;
+      const float* x = batch.x.data();
+      const int64_t* y = batch.y.data();
+      if (!dev.is_host()) {
+        dev.upload(x_dev.raw(), x, B * D * static_cast<int64_t>(sizeof(float)));
+        dev.upload(y_dev.raw(), y, B * static_cast<int64_t>(sizeof(int64_t)));
+        x = x_dev.f32();
+        y = y_dev.i64();
+      }
       if (ddp) ddp->before_forward();
-      const float* logits = model.forward(batch.x.data(), B);
+      const float* logits = model.forward(x, B);
       {
-        ComputeScope scope(ctx, ComputeKind::Loss, -1, 5.0 * B * C);
-        loss_sum += static_cast<double>(cross_entropy_forward(probs.f32(), logits, batch.y.data(), B, C)) * B;
-        correct += count_correct(logits, batch.y.data(), B, C);
+        ComputeScope scope(obs, ComputeKind::Loss, -1, 5.0 * B * C);
+        dev.cross_entropy_forward(probs.f32(), stats, logits, y, B, C);
       }
       samples += B;
       {
         // The mean over the micro-batch, divided by the number of micro-batches (loss / accum).
-        ComputeScope scope(ctx, ComputeKind::LossBackward, -1, 2.0 * B * C);
-        cross_entropy_backward(dlogits.f32(), probs.f32(), batch.y.data(), B, C,
-                               1.0f / static_cast<float>(B * A));
+        ComputeScope scope(obs, ComputeKind::LossBackward, -1, 2.0 * B * C);
+        dev.cross_entropy_backward(dlogits.f32(), probs.f32(), y, B, C, 1.0f / static_cast<float>(B * A));
       }
       const bool sync = micro == A - 1;  // no_sync() for the first A - 1 micro-batches
       if (ddp) ddp->prepare_for_backward(sync);
@@ -428,21 +555,26 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
       if (fsdp) fsdp->finalize_backward();
     }
     {
-      ComputeScope scope(ctx, ComputeKind::OptimizerStep, -1, 10.0 * model.num_params());
+      ComputeScope scope(obs, ComputeKind::OptimizerStep, -1, 10.0 * model.num_params());
       if (fsdp) fsdp->step();
       else if (ddp) opt.step(ddp->optimizer_segments());
       else opt.step(model.params(), model.grads());
     }
+    double loss_sums[kLossStatsDoubles];
+    dev.download(loss_sums, stats, sizeof loss_sums);  // the host's one wait for the device per step
     double overlap = ddp ? ddp->last_stats().overlap() : -1;
     // Every rank computes its own loss; the reported figures are the all-reduced means (no
     // rank-0-only synchronisation).
-    double m[4] = {loss_sum, static_cast<double>(correct), static_cast<double>(samples), overlap};
+    double m[4] = {loss_sums[0], loss_sums[1], static_cast<double>(samples), overlap};
     if (comm) {
       float f[4] = {static_cast<float>(m[0]), static_cast<float>(m[1]), static_cast<float>(m[2]),
                     static_cast<float>(m[3])};
-      comm->all_reduce(f, 4, ReduceOp::Sum)->wait();
+      dev.upload(figures.raw(), f, sizeof f);
+      comm->all_reduce(figures.f32(), 4, ReduceOp::Sum)->wait();
+      dev.download(f, figures.raw(), sizeof f);
       for (int i = 0; i < 4; i++) m[i] = f[i];
     }
+    if (timer) timer->flush();
     if (ctx) ctx->end_iteration();
     const double dt = seconds_since(t0);
     rank_memory_[static_cast<size_t>(rank)] = mem.stats();
@@ -463,6 +595,8 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSumm
     save_sharded_checkpoint(config_.save_sharded_path, model, fsdp->owned_slices(), *comm,
                             start_step_ + total_steps_, sharding_name(config_.fsdp.sharding));
   if (fsdp) fsdp->materialize();  // every rank gathers the full parameters back (evaluation, --save)
+  dev.synchronize();
+  if (timer) timer->flush();
   if (rank == 0) {
     sum.epochs_started = data.epochs_started();
     sum.mean_overlap = overlap_n ? overlap_sum / static_cast<double>(overlap_n) : -1;

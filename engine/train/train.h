@@ -1,13 +1,18 @@
 // A training run: data -> sampler -> loader -> model -> loss -> backward -> optimizer. Strategies:
 //   single  one rank, in the calling thread
-//   ddp     N ranks of the threads backend, each with its own model replica, sampler shard and
-//           optimizer, gradients averaged by DistributedDataParallel (engine/parallel/ddp.h)
+//   ddp     N ranks, each with its own model replica, sampler shard and optimizer, gradients
+//           averaged by DistributedDataParallel (engine/parallel/ddp.h)
 //   fsdp    N ranks, parameters/gradients/optimizer state sharded by FullyShardedDataParallel
 //           (engine/parallel/fsdp.h) or ZeRO-1
 //   pipeline  p stages x D replicas, each rank running its row of a pipeline schedule over its
 //           stages (engine/parallel/pipeline.h), in its own loop (train_pipeline.cpp)
-// The ranks of ddp and fsdp are threads of this process (backend threads), or this process is one
-// rank of a world of processes started by `dtlab-cli launch` (backend socket).
+// One trainer for every device: each rank's tensors live on its Device (engine/core/device.h), the
+// CPU or a GPU, and the strategies above are the same code on both. Where the ranks run:
+//   device cpu   backend threads (ranks as threads of this process), or socket (this process is one
+//                rank of a world started by `dtlab-cli launch`)
+//   device cuda  backend cuda (ranks as threads sharing the GPU, the step-by-step ring on device
+//                buffers) or nccl (one GPU per rank: threads here, or one process per rank under
+//                `dtlab-cli launch`); engine/cuda/platform.h makes those worlds.
 // Front ends (CLI, app) configure it with TrainConfig, call run() and receive a StepReport per step.
 // Both strategies run the same per-rank loop, so `single` is exactly DDP's one-rank reference.
 #pragma once
@@ -21,6 +26,7 @@
 #include "engine/core/optim.h"
 #include "engine/comm/socket_backend.h"
 #include "engine/comm/threads_backend.h"
+#include "engine/comm/world.h"
 #include "engine/data/dataset.h"
 #include "engine/data/loader.h"
 #include "engine/data/sampler.h"
@@ -69,7 +75,7 @@ struct TrainConfig {
   // is rank socket.rank of a world of processes, started by `dtlab-cli launch`; ddp and fsdp only).
   std::string backend = "threads";
   SocketOptions socket;     // socket: this rank, the world (= world_size) and rank 0's address
-  std::string device = "cpu";  // where tensors live: "cpu" (this Trainer) or "cuda" (engine/cuda's CudaTrainer)
+  std::string device = "cpu";  // where tensors live: "cpu" or "cuda"
   bool launched = false;       // one process per rank (dtlab-cli launch): backend socket, or nccl on cuda
   // socket: rank 0 serves a viewer (`dtlab --attach ADDR:PORT`) on this port and the other ranks
   // feed it their events (engine/monitor); 0: no viewer. The run starts paused and waits up to
@@ -149,8 +155,9 @@ struct EvalResult {
   int64_t correct = 0, samples = 0;
 };
 
-// Forward over the whole data set in chunks of `batch` rows (activations sized once). When
-// `logits` is given it receives (n, classes) outputs.
+// Forward over the whole data set in chunks of `batch` rows (activations sized once), on the model's
+// device (the loss and accuracy are computed on the host from the logits). When `logits` is given it
+// receives (n, classes) outputs.
 EvalResult evaluate(Model& model, const Dataset& data, int64_t batch, float* logits = nullptr);
 
 // Checks the configuration and prepares everything (data, model, optimizer); throws dtlab::Error
@@ -162,7 +169,7 @@ class Trainer {
 
   const TrainConfig& config() const { return config_; }
   const Dataset& dataset() const { return *dataset_; }
-  Model& model() { return *models_[0]; }  // rank 0's replica (socket: this process's rank's)
+  Model& model() { return *models_[0]; }  // rank 0's replica (launched: this process's rank's), on its device
   Model& rank_model(int rank) { return *models_.at(static_cast<size_t>(rank)); }
   int64_t total_steps() const { return total_steps_; }
   int64_t batches_per_epoch() const { return batches_per_epoch_; }  // per rank
@@ -173,10 +180,17 @@ class Trainer {
   MemoryTracker& memory() { return *mem0_; }  // rank 0
   TraceRecorder& recorder() { return *recorder0_; }
   RankContext& context() { return *ctx0_; }   // rank 0
-  ThreadsWorld* world() { return world_.get(); }  // ddp: the ranks (stepper, status); else null
-  // Pauses and steps the run (ddp: the world's stepper; single: the trainer's own, with
-  // iteration gates only).
-  Stepper& stepper() { return world_ ? world_->stepper() : *stepper_; }
+  // The in-process ranks (stepper, status, contexts); null for one rank here (single, launched).
+  ThreadsWorld* world() { return world_ ? &world_->threads() : nullptr; }
+  // Pauses and steps the run (a world's stepper; one rank: the trainer's own, with iteration gates
+  // only, or a launched world's, which rank 0's viewer drives).
+  Stepper& stepper() { return world_ ? world_->threads().stepper() : *stepper_; }
+  Device& device(int rank);  // where `rank`'s tensors live
+  // The device's own used and total bytes for `rank` (a GPU's cudaMemGetInfo); false on the CPU.
+  bool device_memory(int rank, int64_t& used, int64_t& total);
+  // One line (or two) saying where the ranks run: "cpu, 4 ranks as threads" or the CUDA runtime,
+  // devices and backend.
+  std::string describe_placement() const;
   // Ends a run in progress from another thread: every wait returns and run() throws CommError.
   void abort(const std::string& reason);
   // ddp: the initial bucket assignment, one line per bucket (known before run()).
@@ -187,22 +201,24 @@ class Trainer {
 
  private:
   struct RankState;
-  void run_rank(int rank, Communicator* comm, RankContext* ctx, TrainSummary& sum,
+  void run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTracker& mem, TrainSummary& sum,
                 const std::function<void(const StepReport&)>& on_step);
-  void run_socket_rank(TrainSummary& sum, const std::function<void(const StepReport&)>& on_step);
-  void run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, TrainSummary& sum,
+  void run_launched_rank(TrainSummary& sum, const std::function<void(const StepReport&)>& on_step);
+  void run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, MemoryTracker& mem, TrainSummary& sum,
                          const std::function<void(const StepReport&)>& on_step);
   // Rank 0 writes --save from `model`; then every rank meets at a barrier.
   void save_at_end(int rank, const Model& model, Communicator* comm);
   TrainConfig config_;
-  // single, and socket (this process's one rank)
+  bool launched_ = false;  // this process runs one rank of a launched world (socket, or nccl)
+  // one rank here (single, launched)
   std::unique_ptr<MemoryTracker> memory_;
   std::unique_ptr<TraceRecorder> recorder_;
   std::unique_ptr<CostModel> cost_;
   std::unique_ptr<RankContext> ctx_;
   std::unique_ptr<Stepper> stepper_;
-  // ddp
-  std::unique_ptr<ThreadsWorld> world_;
+  std::unique_ptr<Device> own_device_;  // its GPU (cuda); null on the CPU
+  // the in-process ranks (ddp, fsdp, pipeline); declared before the models, which free into it
+  std::unique_ptr<RankWorld> world_;
   MemoryTracker* mem0_ = nullptr;
   TraceRecorder* recorder0_ = nullptr;
   RankContext* ctx0_ = nullptr;

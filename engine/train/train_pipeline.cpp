@@ -20,17 +20,28 @@ static_assert(sizeof(PipelineRankIteration) % sizeof(float) == 0 &&
 
 // World rank = replica * p + pipeline rank. Every rank of a replica reads the same batches (its
 // replica's DistributedSampler shard); the first stage takes the inputs, the last the labels.
-void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, TrainSummary& sum,
+void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, MemoryTracker& mem, TrainSummary& sum,
                                 const std::function<void(const StepReport&)>& on_step) {
   const Dataset& ds = *dataset_;
   const PipelinePlan& plan = *pipeline_;
   const int N = config_.world_size, D = plan.options.dp;
-  MemoryTracker& mem = world_->memory(rank);
-  PipelineRank pipe(plan, config_.model, rank, comm, &ctx, &mem, config_.seed, config_.optimizer);
+  Device& dev = device(rank);
+  std::unique_ptr<DeviceTimer> timer = dev.make_timer(&ctx);  // a GPU's stream timing; null on the CPU
+  PipelineRank pipe(plan, config_.model, rank, comm, &ctx, &mem, config_.seed, config_.optimizer, dev, timer.get());
+  ComputeObserver* const obs = timer ? static_cast<ComputeObserver*>(timer.get()) : &ctx;
   if (!config_.init_path.empty()) pipe.load_parameters(*models_[0]);
   PipelineMeter meter(plan);
 
   RankBatches data(config_, ds, D, pipe.replica());  // a replica's ranks share its shard
+  // A device's batch is uploaded once per step; the stages read their micro-batches' rows there.
+  const int64_t F = config_.model.in_features();
+  Tensor x_dev, y_dev;
+  if (!dev.is_host()) {
+    x_dev = Tensor({config_.batch, F}, MemCategory::Activations, &mem, DType::F32, dev);
+    y_dev = Tensor({config_.batch}, MemCategory::Activations, &mem, DType::I64, dev);
+  }
+  Tensor gathered({kRecordFloats * N}, MemCategory::Other, nullptr, DType::F32, dev);
+  Tensor mine_dev({kRecordFloats}, MemCategory::Other, nullptr, DType::F32, dev);
   std::vector<float> all(static_cast<size_t>(kRecordFloats * N));
   std::vector<PipelineRankIteration> records(static_cast<size_t>(N));
   for (int64_t step = 1; step <= total_steps_; step++) {
@@ -40,22 +51,33 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
     mem.reset_peaks();
     const auto t0 = std::chrono::steady_clock::now();
     {
-      ComputeScope scope(&ctx, ComputeKind::ZeroGrad, -1, 0.0);
+      ComputeScope scope(obs, ComputeKind::ZeroGrad, -1, 0.0);
       pipe.zero_grad();
     }
     const Batch& batch = data.next();
     // Every replica's batch has batch.size samples (the sampler pads), so the step's mean loss
     // weighs each sample 1 / (D x batch.size).
     const float scale = 1.0f / static_cast<float>(batch.size * D);
-    PipelineRankIteration mine = pipe.run_iteration(batch.x.data(), batch.y.data(), batch.size, scale);
+    const float* x = batch.x.data();
+    const int64_t* y = batch.y.data();
+    if (!dev.is_host()) {
+      dev.upload(x_dev.raw(), x, batch.size * F * static_cast<int64_t>(sizeof(float)));
+      dev.upload(y_dev.raw(), y, batch.size * static_cast<int64_t>(sizeof(int64_t)));
+      x = x_dev.f32();
+      y = y_dev.i64();
+    }
+    PipelineRankIteration mine = pipe.run_iteration(x, y, batch.size, scale);
     pipe.reduce_gradients();
     {
-      ComputeScope scope(&ctx, ComputeKind::OptimizerStep, -1, 10.0 * static_cast<double>(pipe.num_params()));
+      ComputeScope scope(obs, ComputeKind::OptimizerStep, -1, 10.0 * static_cast<double>(pipe.num_params()));
       pipe.step();
     }
     // Every rank learns every rank's figures (one all-gather, bit for bit, no rank-0-only sync).
-    comm.all_gather(all.data(), reinterpret_cast<const float*>(&mine), kRecordFloats, DType::F32)->wait();
+    dev.upload(mine_dev.raw(), &mine, sizeof mine);
+    comm.all_gather(gathered.f32(), mine_dev.f32(), kRecordFloats, DType::F32)->wait();
+    dev.download(all.data(), gathered.raw(), gathered.nbytes());
     std::memcpy(static_cast<void*>(records.data()), all.data(), all.size() * sizeof(float));
+    if (timer) timer->flush();
     ctx.end_iteration();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rank_memory_[static_cast<size_t>(rank)] = mem.stats();
@@ -69,6 +91,8 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
     if (on_step) on_step(r);
   }
   pipe.gather_parameters(rank == 0 ? models_[0].get() : nullptr);
+  dev.synchronize();
+  if (timer) timer->flush();
   if (rank == 0) {
     sum.epochs_started = data.epochs_started();
     sum.pipeline = meter.stats();

@@ -1,4 +1,4 @@
-// The CUDA device layer: how many GPUs this process sees, a check that never crashes without a
+// The CUDA runtime layer: how many GPUs this process sees, a check that never crashes without a
 // driver or a GPU (cudaGetDeviceCount then returns an error code, which becomes the reason), each
 // device's own free/total memory, and the check macros every CUDA file uses (file:line, the call,
 // and the CUDA error's name and sentence).

@@ -1,4 +1,4 @@
-#include "engine/cuda/device.h"
+#include "engine/cuda/runtime.h"
 
 #include <cstdio>
 

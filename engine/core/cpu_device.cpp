@@ -1,0 +1,91 @@
+// The CPU implementation of the device interface (engine/core/device.h): host memory, the GEMMs of
+// ops.cpp (OpenBLAS) and the loops of ops.cpp and optim_math.h. Stateless, so one instance serves
+// every rank; the host clock is its clock, so it has no timer (ops report to the rank's context).
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "engine/core/device.h"
+#include "engine/core/ops.h"
+
+namespace dtlab {
+
+namespace {
+
+class CpuDevice final : public Device {
+ public:
+  DeviceKind kind() const override { return DeviceKind::CPU; }
+  std::string name() const override { return "cpu"; }
+
+  void* allocate(int64_t bytes) override {
+    // 64-byte alignment: whole cache lines, and AVX-512 loads never straddle them.
+    const size_t padded = (static_cast<size_t>(bytes) + 63) & ~size_t(63);
+    void* p = std::aligned_alloc(64, padded);
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, padded);
+    return p;
+  }
+  void release(void* p) override { std::free(p); }
+  void fill_zero(void* p, int64_t bytes) override {
+    if (bytes > 0) std::memset(p, 0, static_cast<size_t>(bytes));
+  }
+  void copy(void* dst, const void* src, int64_t bytes) override {
+    if (bytes > 0 && dst != src) std::memmove(dst, src, static_cast<size_t>(bytes));
+  }
+  void upload(void* dst, const void* src, int64_t bytes) override { copy(dst, src, bytes); }
+  void download(void* dst, const void* src, int64_t bytes) override { copy(dst, src, bytes); }
+
+  void scale(float* x, int64_t n, float s) override {
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+  }
+  void scale_copy(float* dst, const float* src, int64_t n, float s) override {
+    for (int64_t i = 0; i < n; i++) dst[i] = src[i] * s;
+  }
+  void accumulate(float* acc, const float* x, int64_t n, bool max) override {
+    if (max) {
+      for (int64_t i = 0; i < n; i++) acc[i] = std::max(acc[i], x[i]);
+    } else {
+      for (int64_t i = 0; i < n; i++) acc[i] += x[i];
+    }
+  }
+
+  void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t B, int64_t C,
+                      int64_t OC) override {
+    dtlab::linear_forward(out, inp, weight, bias, B, C, OC);
+  }
+  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, int64_t B, int64_t C, int64_t OC) override {
+    dtlab::linear_backward(dinp, dweight, dbias, dout, inp, weight, B, C, OC);
+  }
+  void relu_forward(float* out, const float* inp, int64_t N) override { dtlab::relu_forward(out, inp, N); }
+  void relu_backward(float* dinp, const float* dout, const float* out, int64_t N) override {
+    dtlab::relu_backward(dinp, dout, out, N);
+  }
+
+  void cross_entropy_forward(float* probs, double* stats, const float* logits, const int64_t* targets, int64_t B,
+                             int64_t C) override {
+    stats[0] += static_cast<double>(dtlab::cross_entropy_forward(probs, logits, targets, B, C)) * static_cast<double>(B);
+    stats[1] += static_cast<double>(count_correct(logits, targets, B, C));
+  }
+  void cross_entropy_backward(float* dlogits, const float* probs, const int64_t* targets, int64_t B, int64_t C,
+                              float scale) override {
+    dtlab::cross_entropy_backward(dlogits, probs, targets, B, C, scale);
+  }
+
+  void sgd_step(float* p, const float* g, float* buf, int64_t n, SgdCoeffs k, bool first) override {
+    for (int64_t i = 0; i < n; i++) sgd_update(p[i], g[i], buf ? buf + i : nullptr, first, k);
+  }
+  void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, AdamWCoeffs k) override {
+    for (int64_t i = 0; i < n; i++) adamw_update(p[i], g[i], m[i], v[i], k);
+  }
+};
+
+}  // namespace
+
+Device& cpu_device() {
+  static CpuDevice dev;
+  return dev;
+}
+
+}  // namespace dtlab

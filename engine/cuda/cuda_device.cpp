@@ -1,0 +1,148 @@
+#include "engine/cuda/cuda_device.h"
+
+#include "engine/cuda/compute_timer.h"
+#include "engine/cuda/runtime.h"
+#include "engine/cuda/kernels.h"
+#include "engine/cuda/ops.h"
+
+namespace dtlab::cuda {
+
+namespace {
+
+void check_launch(int line) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail_cuda(__FILE__, line, "kernel launch", e);
+}
+
+// Makes `device` current for a scope and restores the thread's previous device: a tensor may be
+// freed by a thread that works for another GPU.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+}  // namespace
+
+CudaDevice::CudaDevice(const RankDevice& rank) : rank_(rank) {}
+CudaDevice::CudaDevice(std::unique_ptr<RankDevice> owned) : owned_(std::move(owned)), rank_(*owned_) {}
+CudaDevice::~CudaDevice() {
+  loss_scratch_ = Tensor();  // frees on the stream before the stream goes
+  if (owned_) cudaStreamSynchronize(rank_.compute());
+}
+
+std::string CudaDevice::name() const { return "cuda:" + std::to_string(rank_.device()); }
+
+void* CudaDevice::allocate(int64_t bytes) {
+  DeviceGuard on(rank_.device());
+  void* p = nullptr;
+  DTLAB_CUDA_CHECK(cudaMallocAsync(&p, static_cast<size_t>(bytes), rank_.compute()));
+  DTLAB_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), rank_.compute()));
+  return p;
+}
+
+void CudaDevice::release(void* p) {
+  DeviceGuard on(rank_.device());
+  cudaFreeAsync(p, rank_.compute());  // after the work already enqueued that may still read it
+}
+
+void CudaDevice::fill_zero(void* p, int64_t bytes) {
+  if (bytes > 0) DTLAB_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), rank_.compute()));
+}
+
+void CudaDevice::copy(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0 && dst != src)
+    DTLAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, rank_.compute()));
+}
+
+void CudaDevice::upload(void* dst, const void* host_src, int64_t bytes) {
+  // From pageable memory the runtime stages the bytes before it returns, so `host_src` may change at
+  // once (CUDA's API synchronization rules for cudaMemcpyAsync); the copy itself stays in stream order.
+  if (bytes > 0)
+    DTLAB_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, rank_.compute()));
+}
+
+void CudaDevice::download(void* host_dst, const void* src, int64_t bytes) {
+  if (bytes > 0)
+    DTLAB_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, rank_.compute()));
+  DTLAB_CUDA_CHECK(cudaStreamSynchronize(rank_.compute()));
+}
+
+void CudaDevice::synchronize() { rank_.sync_compute(); }
+
+void CudaDevice::scale(float* x, int64_t n, float s) {
+  launch_scale(rank_.compute(), x, s, n);
+  check_launch(__LINE__);
+}
+
+void CudaDevice::scale_copy(float* dst, const float* src, int64_t n, float s) {
+  launch_scale_copy(rank_.compute(), dst, src, s, n);
+  check_launch(__LINE__);
+}
+
+void CudaDevice::accumulate(float* acc, const float* x, int64_t n, bool max) {
+  if (n > 0) launch_reduce_f32(rank_.compute(), acc, acc, x, n, max);
+  check_launch(__LINE__);
+}
+
+void CudaDevice::linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
+                                int64_t C, int64_t OC) {
+  cuda::linear_forward(rank_, out, inp, weight, bias, B, C, OC);
+}
+
+void CudaDevice::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                 const float* weight, int64_t B, int64_t C, int64_t OC) {
+  cuda::linear_backward(rank_, dinp, dweight, dbias, dout, inp, weight, B, C, OC);
+}
+
+void CudaDevice::relu_forward(float* out, const float* inp, int64_t N) { cuda::relu_forward(rank_, out, inp, N); }
+
+void CudaDevice::relu_backward(float* dinp, const float* dout, const float* out, int64_t N) {
+  cuda::relu_backward(rank_, dinp, dout, out, N);
+}
+
+void CudaDevice::cross_entropy_forward(float* probs, double* stats, const float* logits, const int64_t* targets,
+                                       int64_t B, int64_t C) {
+  if (loss_scratch_.numel() < B + 1) loss_scratch_ = Tensor({B + 1}, MemCategory::Other, nullptr, DType::F32, *this);
+  float* losses = loss_scratch_.f32();
+  float* mean = losses + B;
+  cuda::cross_entropy_forward(rank_, probs, losses, mean, logits, targets, B, C);
+  launch_loss_stats(rank_.compute(), stats, losses, mean, logits, targets, B, C);
+  check_launch(__LINE__);
+}
+
+void CudaDevice::cross_entropy_backward(float* dlogits, const float* probs, const int64_t* targets, int64_t B,
+                                        int64_t C, float scale) {
+  cuda::cross_entropy_backward(rank_, dlogits, probs, targets, B, C, scale);
+}
+
+void CudaDevice::sgd_step(float* params, const float* grads, float* buf, int64_t n, SgdCoeffs k, bool first) {
+  launch_sgd_step(rank_.compute(), params, grads, buf, n, k, first);
+  check_launch(__LINE__);
+}
+
+void CudaDevice::adamw_step(float* params, const float* grads, float* m, float* v, int64_t n, AdamWCoeffs k) {
+  launch_adamw_step(rank_.compute(), params, grads, m, v, n, k);
+  check_launch(__LINE__);
+}
+
+std::unique_ptr<DeviceTimer> CudaDevice::make_timer(RankContext* ctx) {
+  return std::make_unique<DeviceComputeTimer>(ctx, rank_.compute());
+}
+
+bool CudaDevice::memory_info(int64_t& used, int64_t& total) const {
+  const DeviceMemory m = device_memory(rank_.device());
+  used = m.total_bytes - m.free_bytes;
+  total = m.total_bytes;
+  return true;
+}
+
+}  // namespace dtlab::cuda

@@ -1,0 +1,63 @@
+// The CUDA implementation of the device interface (engine/core/device.h): one rank's place on a GPU.
+// Memory comes from the device's stream-ordered pool on the rank's compute stream (an allocation is
+// usable by later work on that stream, and a free waits for the work enqueued before it without
+// stopping the host); layers are cuBLAS GEMMs in plain FP32 (no TF32, torch's default) and the kernels
+// of engine/cuda/*.cu; everything is enqueued on the compute stream and returns at once. The rank's
+// comm stream belongs to its communicator, which orders itself after the compute stream with an event
+// per call (engine/cuda/issue_events.h): that is what lets DDP's all-reduces overlap the backward.
+#pragma once
+#include <memory>
+
+#include "engine/core/device.h"
+#include "engine/core/tensor.h"
+#include "engine/cuda/rank_device.h"
+
+namespace dtlab::cuda {
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(const RankDevice& rank);                 // uses `rank` (which must outlive it)
+  explicit CudaDevice(std::unique_ptr<RankDevice> owned);      // owns it
+  ~CudaDevice() override;
+
+  const RankDevice& rank_device() const { return rank_; }
+
+  DeviceKind kind() const override { return DeviceKind::CUDA; }
+  std::string name() const override;
+  void* allocate(int64_t bytes) override;
+  void release(void* p) override;
+  void fill_zero(void* p, int64_t bytes) override;
+  void copy(void* dst, const void* src, int64_t bytes) override;
+  void upload(void* dst, const void* host_src, int64_t bytes) override;
+  void download(void* host_dst, const void* src, int64_t bytes) override;
+  void synchronize() override;
+  void bind_thread() override { rank_.bind(); }
+
+  void scale(float* x, int64_t n, float s) override;
+  void scale_copy(float* dst, const float* src, int64_t n, float s) override;
+  void accumulate(float* acc, const float* x, int64_t n, bool max) override;
+
+  void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t B, int64_t C,
+                      int64_t OC) override;
+  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, int64_t B, int64_t C, int64_t OC) override;
+  void relu_forward(float* out, const float* inp, int64_t N) override;
+  void relu_backward(float* dinp, const float* dout, const float* out, int64_t N) override;
+  void cross_entropy_forward(float* probs, double* stats, const float* logits, const int64_t* targets, int64_t B,
+                             int64_t C) override;
+  void cross_entropy_backward(float* dlogits, const float* probs, const int64_t* targets, int64_t B, int64_t C,
+                              float scale) override;
+
+  void sgd_step(float* params, const float* grads, float* buf, int64_t n, SgdCoeffs k, bool first) override;
+  void adamw_step(float* params, const float* grads, float* m, float* v, int64_t n, AdamWCoeffs k) override;
+
+  std::unique_ptr<DeviceTimer> make_timer(RankContext* ctx) override;
+  bool memory_info(int64_t& used, int64_t& total) const override;
+
+ private:
+  std::unique_ptr<RankDevice> owned_;
+  const RankDevice& rank_;
+  Tensor loss_scratch_;  // (B + 1,) per-row losses, then hits; the last element the mean loss
+};
+
+}  // namespace dtlab::cuda
