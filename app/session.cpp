@@ -105,10 +105,21 @@ void Session::restart(const TrainConfig& config) {
     throw Error("this window is attached to a launched run at " + client_->address() +
                 "; its configuration is the launch command's: start a new launch to change it");
   // Validate first: a rejected configuration keeps the current run.
-  Trainer{config};
+  // A GPU run is checked on the CPU (the same configuration checks, no GPU world built beside the
+  // live one); its device is taken when it starts.
+  TrainConfig check = config;
+  if (check.device != "cpu") check.device = "cpu", check.backend = "threads", check.launched = false;
+  Trainer{check};
+  const TrainConfig previous = config_;
   stop();
   config_ = config;
-  start();
+  try {
+    start();
+  } catch (const std::exception&) {  // the device could not be had: the previous run comes back
+    config_ = previous;
+    start();
+    throw;
+  }
   if (speed_ > 0 || !config_.start_paused) run(speed_);
 }
 

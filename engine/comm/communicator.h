@@ -97,6 +97,15 @@ class Communicator {
   virtual WorkPtr send(const void* buf, int64_t count, DType dtype, int peer, int tag = 0) = 0;
   virtual WorkPtr recv(void* buf, int64_t count, DType dtype, int peer, int tag = 0) = 0;
   virtual WorkPtr all_to_all(void* out, const void* in, int64_t count_per_rank, DType dtype) = 0;
+  // A send to `to` and a receive from `from` that must progress together, as one operation: the
+  // Work completes when both have. Backends whose sends are buffered just issue the two (this
+  // default); NCCL's sends wait for the peer's receive, so it posts both in one ncclGroupStart/End
+  // (as torch's batch_isend_irecv), which is what lets two ranks exchange in a ring or a pipeline
+  // without each waiting on the other's send.
+  virtual WorkPtr send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf,
+                            int64_t recv_count, int from, int recv_tag, DType dtype);
+  // True when send_recv() is one operation of this backend (NCCL), not a send and a receive.
+  virtual bool send_recv_fused() const { return false; }
 
   // float32 conveniences
   WorkPtr all_reduce(float* buf, int64_t count, ReduceOp op = ReduceOp::Sum,

@@ -125,32 +125,6 @@ std::vector<int> checked_devices(int world_size, const std::vector<int>& devices
 
 // Ring steps read a neighbour's buffer in place, so every device must reach every other's memory,
 // both cudaMalloc'd buffers (peer access) and the stream-ordered pool's scratch (pool access).
-void connect_devices(const std::vector<int>& devices) {
-  for (int d : devices) {
-    DTLAB_CUDA_CHECK(cudaSetDevice(d));
-    cudaMemPool_t pool;
-    DTLAB_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, d));
-    uint64_t keep = UINT64_MAX;  // keep freed scratch in the pool instead of returning it each sync
-    DTLAB_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
-    for (int p : devices) {
-      if (p == d) continue;
-      int ok = 0;
-      DTLAB_CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, d, p));
-      if (!ok)
-        throw Error("CUDA devices " + std::to_string(d) + " and " + std::to_string(p) +
-                    " cannot access each other's memory (no peer access); run the cuda backend on one device");
-      cudaError_t e = cudaDeviceEnablePeerAccess(p, 0);
-      if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
-      else DTLAB_CUDA_CHECK(e);
-      cudaMemAccessDesc access{};
-      access.location.type = cudaMemLocationTypeDevice;
-      access.location.id = p;
-      access.flags = cudaMemAccessFlagsProtReadWrite;
-      DTLAB_CUDA_CHECK(cudaMemPoolSetAccess(pool, &access, 1));
-    }
-  }
-}
-
 }  // namespace
 
 struct CudaWorld::Impl {
@@ -164,7 +138,8 @@ CudaWorld::CudaWorld(int world_size, WorldOptions options, std::vector<int> devi
     : impl_(std::make_unique<Impl>()) {
   devices = checked_devices(world_size, devices);
   std::vector<int> used(devices.begin(), devices.begin() + std::min<size_t>(devices.size(), static_cast<size_t>(world_size)));
-  connect_devices(used);
+  // Peers must reach each other's pool memory (the mover copies between ranks' buffers).
+  cuda::prepare_pools(used, /*peers_required=*/true);
   std::vector<RankDevice*> raw;
   for (int r = 0; r < world_size; r++) {
     impl_->devices.push_back(std::make_unique<RankDevice>(r, devices[static_cast<size_t>(r) % devices.size()]));

@@ -196,13 +196,23 @@ class GroupComm : public Communicator {
     return run([=, this] {
       const float* src = static_cast<const float*>(in);
       float* dst = static_cast<float*>(out);
+      const int n = world_size();
       dev_.copy(dst + me_ * count, src + me_ * count, count * kF32);
-      for (int r = 0; r < world_size(); r++)
-        if (r != me_) p2p_send(src + r * count, count, r);
-      for (int r = 0; r < world_size(); r++)
-        if (r != me_) p2p_recv(dst + r * count, count, r);
+      // Round k: send to me + k, receive from me - k, paired (a ring shift of distance k).
+      for (int k = 1; k < n; k++) {
+        const int to = mod(me_ + k, n), from = mod(me_ - k, n);
+        p2p_exchange(src + to * count, to, dst + from * count, from, count);
+      }
     });
   }
+  WorkPtr send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf, int64_t recv_count,
+                    int from, int recv_tag, DType dt) override {
+    check_root(to);
+    check_root(from);
+    return parent_.send_recv(send_buf, send_count, ranks_[static_cast<size_t>(to)], tag_ + 1 + send_tag, recv_buf,
+                             recv_count, ranks_[static_cast<size_t>(from)], tag_ + 1 + recv_tag, dt);
+  }
+  bool send_recv_fused() const override { return parent_.send_recv_fused(); }
 
  private:
   void check(DType dt, Algorithm algo, CollectiveOp op) const {
@@ -233,6 +243,13 @@ class GroupComm : public Communicator {
   void p2p_recv(void* buf, int64_t count, int from) {
     parent_.recv(buf, count, DType::F32, ranks_[static_cast<size_t>(from)], tag_)->wait();
   }
+  // One ring step: the send and the receive as one operation (NCCL runs them in one group; a
+  // lone send there waits for the peer's receive, and every rank of a ring would wait on its own).
+  void p2p_exchange(const void* send_buf, int to, void* recv_buf, int from, int64_t count) {
+    parent_.send_recv(send_buf, count, ranks_[static_cast<size_t>(to)], tag_, recv_buf, count,
+                      ranks_[static_cast<size_t>(from)], tag_, DType::F32)
+        ->wait();
+  }
 
   // in: n blocks of `count`; out: block me_ reduced over the group. Step s sends the running
   // partial of block (me-1-s) to the successor and adds the predecessor's partial of block
@@ -245,8 +262,7 @@ class GroupComm : public Communicator {
     const int succ = mod(me_ + 1, n), pred = mod(me_ - 1, n);
     for (int s = 0; s < n - 1; s++) {
       const int send_block = mod(me_ - 1 - s, n), recv_block = mod(me_ - 2 - s, n);
-      p2p_send(acc.f32() + send_block * count, count, succ);
-      p2p_recv(tmp.f32(), count, pred);
+      p2p_exchange(acc.f32() + send_block * count, succ, tmp.f32(), pred, count);
       dev_.accumulate(acc.f32() + recv_block * count, tmp.f32(), count, op == ReduceOp::Max);
     }
     dev_.copy(out, acc.f32() + me_ * count, count * kF32);
@@ -257,10 +273,8 @@ class GroupComm : public Communicator {
     const int n = world_size();
     dev_.copy(out + me_ * count, in, count * kF32);  // a no-op when `in` is already there
     const int succ = mod(me_ + 1, n), pred = mod(me_ - 1, n);
-    for (int s = 0; s < n - 1; s++) {
-      p2p_send(out + mod(me_ - s, n) * count, count, succ);
-      p2p_recv(out + mod(me_ - s - 1, n) * count, count, pred);
-    }
+    for (int s = 0; s < n - 1; s++)
+      p2p_exchange(out + mod(me_ - s, n) * count, succ, out + mod(me_ - s - 1, n) * count, pred, count);
   }
 
   Communicator& parent_;

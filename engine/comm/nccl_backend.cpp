@@ -85,6 +85,12 @@ class NcclRankComm : public QueuedCommunicator {
     cudaFree(barrier_);
   }
   const char* backend_name() const override { return "nccl"; }
+  // NCCL's send waits for the peer's receive: a paired exchange is one group (one job).
+  bool send_recv_fused() const override { return true; }
+  WorkPtr send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf, int64_t recv_count,
+                    int from, int recv_tag, DType dt) override {
+    return fused_send_recv(send_buf, send_count, to, send_tag, recv_buf, recv_count, from, dt);
+  }
 
  private:
   WorkTimes run_job(CommJob& j) override {
@@ -157,7 +163,16 @@ class NcclRankComm : public QueuedCommunicator {
       case CollectiveOp::Broadcast: DTLAB_NCCL_CHECK(ncclBroadcast(j.buf, j.buf, c, t, root, comm_, s)); break;
       case CollectiveOp::Reduce: DTLAB_NCCL_CHECK(ncclReduce(j.buf, j.buf, c, t, op, root, comm_, s)); break;
       case CollectiveOp::Barrier: DTLAB_NCCL_CHECK(ncclAllReduce(barrier_, barrier_, 1, ncclFloat32, ncclSum, comm_, s)); break;
-      case CollectiveOp::Send: DTLAB_NCCL_CHECK(ncclSend(j.buf, c, t, j.peer, comm_, s)); break;
+      case CollectiveOp::Send:
+        if (j.fused) {  // send_recv: both in one group, so neither waits for the other's peer first
+          DTLAB_NCCL_CHECK(ncclGroupStart());
+          DTLAB_NCCL_CHECK(ncclSend(j.in, c, t, j.peer, comm_, s));
+          DTLAB_NCCL_CHECK(ncclRecv(j.buf, static_cast<size_t>(j.recv_count), t, j.recv_peer, comm_, s));
+          DTLAB_NCCL_CHECK(ncclGroupEnd());
+        } else {
+          DTLAB_NCCL_CHECK(ncclSend(j.buf, c, t, j.peer, comm_, s));
+        }
+        break;
       case CollectiveOp::Recv: DTLAB_NCCL_CHECK(ncclRecv(j.buf, c, t, j.peer, comm_, s)); break;
       case CollectiveOp::AllToAll: {  // one group of n sends and n receives (NCCL's all-to-all)
         const size_t block = c * static_cast<size_t>(dtype_size(j.desc.dtype));
@@ -303,6 +318,7 @@ NcclWorld::NcclWorld(int world_size, WorldOptions options) : impl_(std::make_uni
   std::vector<ncclComm_t> comms(static_cast<size_t>(world_size));
   std::vector<int> devs(static_cast<size_t>(world_size));
   for (int r = 0; r < world_size; r++) devs[static_cast<size_t>(r)] = r;
+  cuda::prepare_pools(devs, /*peers_required=*/false);  // before NCCL maps peers' buffers
   DTLAB_NCCL_CHECK(ncclCommInitAll(comms.data(), world_size, devs.data()));
   for (int r = 0; r < world_size; r++) {
     impl_->devices.push_back(std::make_unique<RankDevice>(r, r));

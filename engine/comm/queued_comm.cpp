@@ -98,6 +98,9 @@ int64_t QueuedCommunicator::now_ns() const {
 
 std::string QueuedCommunicator::job_name(const CommJob& j) {
   if (!j.p2p) return describe(j.desc, j.seq);
+  if (j.fused)
+    return "send #" + std::to_string(j.seq) + " to rank " + std::to_string(j.peer) + " with recv from rank " +
+           std::to_string(j.recv_peer);
   return std::string(collective_name(j.desc.op)) + " #" + std::to_string(j.seq) + " with rank " + std::to_string(j.peer);
 }
 
@@ -160,7 +163,7 @@ WorkPtr QueuedCommunicator::collective(CollDesc d, void* buf, const void* in) {
   return enqueue(std::move(j));
 }
 
-WorkPtr QueuedCommunicator::p2p(CollectiveOp op, void* buf, int64_t count, DType dt, int peer, int tag) {
+CommJob QueuedCommunicator::p2p_job(CollectiveOp op, int64_t count, DType dt, int peer, int tag) {
   check_rank(peer, op == CollectiveOp::Send ? "send peer" : "recv peer");
   if (count < 0) throw Error("a send or recv count cannot be negative");
   if (peer == rank_) throw Error("rank " + std::to_string(rank_) + " cannot send to or receive from itself");
@@ -170,7 +173,26 @@ WorkPtr QueuedCommunicator::p2p(CollectiveOp op, void* buf, int64_t count, DType
   j.seq = next_p2p_++;
   j.peer = peer;
   j.tag = tag;
+  return j;
+}
+
+WorkPtr QueuedCommunicator::p2p(CollectiveOp op, void* buf, int64_t count, DType dt, int peer, int tag) {
+  CommJob j = p2p_job(op, count, dt, peer, tag);
   j.buf = buf;
+  return enqueue(std::move(j));
+}
+
+WorkPtr QueuedCommunicator::fused_send_recv(const void* send_buf, int64_t send_count, int to, int send_tag,
+                                            void* recv_buf, int64_t recv_count, int from, DType dt) {
+  check_rank(from, "recv peer");
+  if (recv_count < 0) throw Error("a send or recv count cannot be negative");
+  if (from == rank_) throw Error("rank " + std::to_string(rank_) + " cannot send to or receive from itself");
+  CommJob j = p2p_job(CollectiveOp::Send, send_count, dt, to, send_tag);
+  j.fused = true;
+  j.in = send_buf;
+  j.buf = recv_buf;
+  j.recv_peer = from;
+  j.recv_count = recv_count;
   return enqueue(std::move(j));
 }
 

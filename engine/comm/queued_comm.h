@@ -49,6 +49,11 @@ struct CommJob {
   int peer = -1, tag = 0;
   void* buf = nullptr;
   const void* in = nullptr;
+  // A send fused with a receive (send_recv on a backend that runs them as one job): the send is
+  // `in` to `peer`, the receive `buf` from `recv_peer`.
+  bool fused = false;
+  int recv_peer = -1;
+  int64_t recv_count = 0;
   double issue_model = 0;  // compute lane's modeled clock at issue
   int32_t iteration = -1;  // compute lane's iteration at issue
 };
@@ -91,11 +96,15 @@ class QueuedCommunicator : public Communicator {
   RankContext* ctx() const { return ctx_; }
   // "#5 allreduce of ..." or "send #2 with rank 1".
   static std::string job_name(const CommJob& j);
+  // For backends that override send_recv() with one job: queues a Send job carrying the receive.
+  WorkPtr fused_send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf,
+                          int64_t recv_count, int from, DType dt);
 
  private:
   void check_rank(int r, const char* what) const;
   Algorithm resolve(CollectiveOp op, Algorithm a) const;
   WorkPtr collective(CollDesc d, void* buf, const void* in);
+  CommJob p2p_job(CollectiveOp op, int64_t count, DType dt, int peer, int tag);  // checked, numbered
   WorkPtr p2p(CollectiveOp op, void* buf, int64_t count, DType dt, int peer, int tag);
   WorkPtr enqueue(CommJob j);
   void fill_info(CollectiveInfo& info, const CommJob& j) const;

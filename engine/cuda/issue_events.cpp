@@ -80,6 +80,14 @@ WorkPtr IssueRecordingComm::send(const void* buf, int64_t count, DType dt, int p
 WorkPtr IssueRecordingComm::recv(void* buf, int64_t count, DType dt, int peer, int tag) {
   return issue([&] { return inner_.recv(buf, count, dt, peer, tag); });
 }
+WorkPtr IssueRecordingComm::send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf,
+                                      int64_t recv_count, int from, int recv_tag, DType dt) {
+  if (!inner_.send_recv_fused())
+    return Communicator::send_recv(send_buf, send_count, to, send_tag, recv_buf, recv_count, from, recv_tag, dt);
+  return issue([&] {
+    return inner_.send_recv(send_buf, send_count, to, send_tag, recv_buf, recv_count, from, recv_tag, dt);
+  });
+}
 WorkPtr IssueRecordingComm::all_to_all(void* out, const void* in, int64_t count, DType dt) {
   return issue([&] { return inner_.all_to_all(out, in, count, dt); });
 }

@@ -54,6 +54,10 @@ class IssueRecordingComm : public Communicator {
   WorkPtr send(const void* buf, int64_t count, DType dt, int peer, int tag) override;
   WorkPtr recv(void* buf, int64_t count, DType dt, int peer, int tag) override;
   WorkPtr all_to_all(void* out, const void* in, int64_t count, DType dt) override;
+  // One event when the inner backend runs it as one job (NCCL); else a send and a receive, an event each.
+  WorkPtr send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf, int64_t recv_count,
+                    int from, int recv_tag, DType dt) override;
+  bool send_recv_fused() const override { return inner_.send_recv_fused(); }
   using Communicator::all_reduce;
 
  private:

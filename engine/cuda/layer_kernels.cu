@@ -1,6 +1,7 @@
 // Layer kernels: bias, ReLU, softmax cross-entropy. Each mirrors its loop in engine/core/ops.cpp
 // (same order of additions where ops.cpp fixes one), so the parity tests stay near 1e-7.
 #include <cfloat>
+#include <cmath>
 
 #include "engine/cuda/kernels.h"
 #include "engine/cuda/launch.cuh"
@@ -87,30 +88,37 @@ __global__ void mean_kernel(float* out, const float* v, int64_t n) {
   *out = n > 0 ? static_cast<float>(total / static_cast<double>(n)) : 0.0f;
 }
 
-// One block per row: the argmax (the lowest index among equal maxima, as torch.argmax) against the
-// target; hit[b] is 1 or 0.
+// One block per row: the argmax as the CPU's count_correct finds it (best starts at column 0 and only a
+// strictly greater value replaces it), so NaNs are never picked, equal maxima go to the lowest index,
+// and a row whose column 0 is NaN answers 0; hit[b] is 1 or 0.
 __global__ void argmax_hit_kernel(float* hit, const float* logits, const int64_t* targets, int64_t C) {
   __shared__ float best_v[kBlock];
   __shared__ int64_t best_i[kBlock];
   const int64_t b = blockIdx.x;
   const float* z = logits + b * C;
-  float v = -FLT_MAX;
-  int64_t idx = C;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-    if (z[c] > v || idx == C) v = z[c], idx = c;  // ascending c: the first maximum wins within a thread
+  float v = -INFINITY;
+  int64_t idx = C;  // C: no candidate yet
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const float x = z[c];
+    if (x != x) continue;                 // NaN
+    if (idx == C || x > v) v = x, idx = c;  // ascending c: the first maximum wins within a thread
+  }
   best_v[threadIdx.x] = v;
   best_i[threadIdx.x] = idx;
   __syncthreads();
   for (int half = blockDim.x / 2; half > 0; half /= 2) {
     if (threadIdx.x < half) {
       const float ov = best_v[threadIdx.x + half];
-      const int64_t oi = best_i[threadIdx.x + half];
-      if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x]))
+      const int64_t oi = best_i[threadIdx.x + half], bi = best_i[threadIdx.x];
+      if (oi != C && (bi == C || ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < bi)))
         best_v[threadIdx.x] = ov, best_i[threadIdx.x] = oi;
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) hit[b] = best_i[0] == targets[b] ? 1.0f : 0.0f;
+  if (threadIdx.x == 0) {
+    const int64_t best = (best_i[0] == C || z[0] != z[0]) ? 0 : best_i[0];
+    hit[b] = best == targets[b] ? 1.0f : 0.0f;
+  }
 }
 
 // The step's sums, in double like the CPU device (one thread: B is a batch).

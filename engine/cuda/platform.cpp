@@ -65,6 +65,7 @@ std::unique_ptr<Device> make_device(int rank, int device) {
   if (device < 0 || device >= device_count())
     throw Error("rank " + std::to_string(rank) + " needs GPU " + std::to_string(device) + " but this machine has " +
                 std::to_string(device_count()) + "; start fewer ranks per node");
+  prepare_pools({device}, /*peers_required=*/false);
   return std::make_unique<CudaDevice>(std::make_unique<RankDevice>(rank, device));
 }
 

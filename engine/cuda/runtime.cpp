@@ -77,4 +77,35 @@ void fail_library(const char* file, int line, const char* call, const std::strin
   throw CudaError("CUDA error at " + std::string(file) + ":" + std::to_string(line) + ": " + call + ": " + what);
 }
 
+// Tensors come from each device's stream-ordered pool (engine/cuda/cuda_device.cpp).
+void prepare_pools(const std::vector<int>& devices, bool peers_required) {
+  for (int d : devices) {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    DTLAB_CUDA_CHECK(cudaSetDevice(d));
+    cudaMemPool_t pool;
+    DTLAB_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, d));
+    uint64_t keep = UINT64_MAX;  // keep freed scratch in the pool instead of returning it each sync
+    DTLAB_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    for (int p : devices) {
+      if (p == d) continue;
+      int ok = 0;
+      DTLAB_CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, d, p));
+      if (!ok && !peers_required) continue;  // NCCL then moves the data through its own buffers
+      if (!ok)
+        throw Error("CUDA devices " + std::to_string(d) + " and " + std::to_string(p) +
+                    " cannot access each other's memory (no peer access); run the cuda backend on one device");
+      cudaError_t e = cudaDeviceEnablePeerAccess(p, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+      else DTLAB_CUDA_CHECK(e);
+      cudaMemAccessDesc access{};
+      access.location.type = cudaMemLocationTypeDevice;
+      access.location.id = p;
+      access.flags = cudaMemAccessFlagsProtReadWrite;
+      DTLAB_CUDA_CHECK(cudaMemPoolSetAccess(pool, &access, 1));
+    }
+    cudaSetDevice(previous);
+  }
+}
+
 }  // namespace dtlab::cuda

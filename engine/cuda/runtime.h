@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/core/check.h"
 
@@ -42,6 +43,13 @@ DeviceMemory device_memory(int device);
 
 // "CUDA runtime 13.0, driver 13.0; device 0: NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)" or the reason.
 std::string runtime_summary();
+
+// Readies the devices' default memory pools, where every Tensor on a GPU comes from: freed memory
+// stays in the pool (no return to the driver at each synchronization), and each device's pool is
+// readable and writable by the others of `devices` with peer access enabled (the cuda backend's
+// copies and NCCL's direct peer path read other ranks' buffers). `peers_required`: throw a sentence
+// when two devices cannot reach each other (the cuda backend needs it; NCCL routes around it).
+void prepare_pools(const std::vector<int>& devices, bool peers_required);
 
 [[noreturn]] void fail_cuda(const char* file, int line, const char* call, cudaError_t e);
 [[noreturn]] void fail_library(const char* file, int line, const char* call, const std::string& what);

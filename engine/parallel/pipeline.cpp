@@ -170,6 +170,7 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
       comm_(comm), ctx_(ctx), memory_(memory), device_(device),
       observer_(plan.options.fixed_costs ? nullptr : observer ? observer : ctx),
       stats_({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::F64, device) {
+  fuse_p2p_ = plan.options.fuse_p2p || comm.send_recv_fused();
   stage_ids_ = plan.stages_of_rank(pipe_rank_);
   for (int s : stage_ids_) {
     const StageRange r = plan.stages[static_cast<size_t>(s)];
@@ -188,7 +189,10 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
 
 PipelineRank::~PipelineRank() {
   // A failed iteration can leave sends queued on the comm worker: their buffers must outlive them.
-  for (auto& [work, buf] : sends_) {
+  std::vector<WorkPtr> pending = fused_;
+  if (prefetched_) pending.push_back(prefetched_->work);
+  for (auto& [work, buf] : sends_) pending.push_back(work);
+  for (WorkPtr& work : pending) {
     try {
       work->wait();
     } catch (const std::exception&) {
@@ -267,6 +271,12 @@ void PipelineRank::gather_parameters(Model* full) {
 Tensor PipelineRank::receive(int stage, int mb, Dir dir, int64_t rows, int64_t width) {
   const int from = peer_of(dir == kForward ? stage - 1 : stage + 1);
   const int tag = tag_of(stage, mb, dir);
+  if (prefetched_ && prefetched_->tag == tag) {  // posted with the previous action's send
+    Prefetched p = std::move(*prefetched_);
+    prefetched_.reset();
+    p.work->wait();  // bounded by the watchdog
+    return std::move(p.data);
+  }
   if (from == rank_) {  // both stages live here (one rank per pipeline): a hand-off, no message
     auto it = local_.find(tag);
     DTLAB_CHECK(it != local_.end(), "a stage's input is missing; the schedule runs an action before its dependency");
@@ -280,8 +290,11 @@ Tensor PipelineRank::receive(int stage, int mb, Dir dir, int64_t rows, int64_t w
 }
 
 // Sends `data` to `stage` (its owner must keep it until the Work completes). Null when `stage`
-// lives on this rank: the data is copied into the hand-off instead.
-WorkPtr PipelineRank::send(int stage, int mb, Dir dir, const Tensor& data) {
+// lives on this rank: the data is copied into the hand-off instead. With fused point-to-point
+// (NCCL, where a send waits for the peer's receive) the receive of this rank's next action `next`
+// is posted with it as one operation, as torch's schedules batch_isend_irecv a step's messages: two
+// neighbours each sending before receiving (1F1B's steady state) would otherwise wait on each other.
+WorkPtr PipelineRank::send(int stage, int mb, Dir dir, const Tensor& data, const Action* next) {
   const int to = peer_of(stage);
   const int tag = tag_of(stage, mb, dir);
   if (to == rank_) {
@@ -289,6 +302,23 @@ WorkPtr PipelineRank::send(int stage, int mb, Dir dir, const Tensor& data) {
     device_.copy(copy.raw(), data.raw(), data.nbytes());
     local_[tag] = std::move(copy);
     return nullptr;
+  }
+  const int last = static_cast<int>(plan_.stages.size()) - 1;
+  if (fuse_p2p_ && next && !prefetched_) {
+    const bool fwd = next->type == ActionType::Forward && next->stage > 0;
+    const bool bwd = (next->type == ActionType::Backward || next->type == ActionType::BackwardInput) && next->stage < last;
+    const int from = fwd ? peer_of(next->stage - 1) : bwd ? peer_of(next->stage + 1) : rank_;
+    if (from != rank_) {
+      const Model& m = *models_[static_cast<size_t>(next->stage / plan_.ranks())];
+      const int64_t rows = state(next->stage, next->mb).rows;
+      const int64_t width = fwd ? m.layer(0).in_features : m.layer(m.num_layers() - 1).out_features;
+      Prefetched p{tag_of(next->stage, next->mb, fwd ? kForward : kBackward),
+                   Tensor({rows, width}, MemCategory::Activations, memory_, DType::F32, device_), nullptr};
+      p.work = comm_.send_recv(data.f32(), data.numel(), to, tag, p.data.f32(), rows * width, from, p.tag, DType::F32);
+      WorkPtr w = p.work;
+      prefetched_ = std::move(p);
+      return w;
+    }
   }
   return comm_.send(data.f32(), data.numel(), DType::F32, to, tag);
 }
@@ -420,11 +450,17 @@ PipelineRankIteration PipelineRank::run_iteration(const float* x, const int64_t*
       if (ctx_ && fixed) ctx_->advance_compute_clock(model0 + cost_of(a.type, *fixed));
     };
     int64_t bytes = 0;
+    const Action* next = nullptr;  // this rank's next action (its input may travel with this send)
+    for (size_t u = t + 1; u < row.size() && !next; u++)
+      if (row[u]) next = &*row[u];
     switch (a.type) {
       case ActionType::Forward: {
         const Tensor* out = forward(a.stage, a.mb);
         charge();
-        if (out) send(a.stage + 1, a.mb, kForward, *out), bytes = out->nbytes();
+        if (out) {
+          if (WorkPtr w = send(a.stage + 1, a.mb, kForward, *out, next); w && fuse_p2p_) fused_.push_back(std::move(w));
+          bytes = out->nbytes();
+        }
         inflight++, inflight_w++;
         break;
       }
@@ -435,7 +471,7 @@ PipelineRankIteration PipelineRank::run_iteration(const float* x, const int64_t*
         charge();
         if (a.stage > 0) {
           bytes = dinp.nbytes();
-          if (WorkPtr w = send(a.stage - 1, a.mb, kBackward, dinp)) sends_.emplace_back(std::move(w), std::move(dinp));
+          if (WorkPtr w = send(a.stage - 1, a.mb, kBackward, dinp, next)) sends_.emplace_back(std::move(w), std::move(dinp));
         }
         inflight--;
         if (!input_only) inflight_w--;
@@ -457,6 +493,9 @@ PipelineRankIteration PipelineRank::run_iteration(const float* x, const int64_t*
   }
   for (auto& [work, buf] : sends_) work->wait();
   sends_.clear();
+  for (WorkPtr& w : fused_) w->wait();  // forward sends that carried a receive
+  fused_.clear();
+  DTLAB_CHECK(!prefetched_, "a receive was posted for an action the schedule never ran");
   double stats[kLossStatsDoubles];
   device_.download(stats, stats_.raw(), sizeof stats);
   it_.loss_sum = stats[0];

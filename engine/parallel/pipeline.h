@@ -38,6 +38,9 @@ struct PipelineOptions {
   // Equal stages on purpose (lessons, tests): every F, B, I and W costs these modeled seconds instead
   // of its FLOPs. With --profile ideal (free links) the measured bubble then equals formula_bubble().
   std::optional<ActionCosts> fixed_costs;
+  // Post each send together with the receive of the rank's next action, as one operation. Always on
+  // where the communicator needs it (NCCL: send_recv_fused()); tests turn it on elsewhere.
+  bool fuse_p2p = false;
 };
 
 // Linear layers [first, end) of the model, i.e. Sequential indices 2*first .. 2*end-1 (the model's
@@ -120,7 +123,7 @@ class PipelineRank {
   int peer_of(int stage) const;
   int tag_of(int stage, int mb, Dir dir) const;
   Tensor receive(int stage, int mb, Dir dir, int64_t rows, int64_t width);
-  WorkPtr send(int stage, int mb, Dir dir, const Tensor& data);
+  WorkPtr send(int stage, int mb, Dir dir, const Tensor& data, const Action* next = nullptr);
   // forward returns the output to send (null on the last stage, which computes the loss);
   // backward returns the input gradient to send (empty on stage 0).
   const Tensor* forward(int stage, int mb);
@@ -143,6 +146,16 @@ class PipelineRank {
   std::vector<MicroBatch> mbs_;              // [k * m + mb] for the k-th stage held
   std::vector<std::pair<WorkPtr, Tensor>> sends_;  // input gradients in flight, kept until sent
   std::map<int, Tensor> local_;              // hand-offs between two stages of this rank (p = 1)
+  // Fused point-to-point (the communicator's send_recv_fused(), or PipelineOptions::fuse_p2p): the
+  // next action's input, posted with the previous send, and forward sends that carried one.
+  bool fuse_p2p_ = false;
+  struct Prefetched {
+    int tag = 0;
+    Tensor data;
+    WorkPtr work;
+  };
+  std::optional<Prefetched> prefetched_;
+  std::vector<WorkPtr> fused_;
   std::shared_ptr<GroupExecutor> executor_;
   std::unique_ptr<Communicator> dp_group_;   // the ranks holding the same stages, D > 1
   // the current iteration

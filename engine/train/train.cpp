@@ -465,6 +465,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
   const Dataset& ds = *dataset_;
   Model& model = *models_[world_ ? static_cast<size_t>(rank) : 0];
   Device& dev = model.device();
+  dev.bind_thread();  // run() may be called on any thread (the lab's worker)
   const int N = config_.world_size;
   const int64_t D = config_.model.in_features(), C = config_.model.out_features();
   const int64_t A = config_.accum;

@@ -26,6 +26,7 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
   const PipelinePlan& plan = *pipeline_;
   const int N = config_.world_size, D = plan.options.dp;
   Device& dev = device(rank);
+  dev.bind_thread();
   std::unique_ptr<DeviceTimer> timer = dev.make_timer(&ctx);  // a GPU's stream timing; null on the CPU
   PipelineRank pipe(plan, config_.model, rank, comm, &ctx, &mem, config_.seed, config_.optimizer, dev, timer.get());
   ComputeObserver* const obs = timer ? static_cast<ComputeObserver*>(timer.get()) : &ctx;

@@ -1,0 +1,42 @@
+// The Communicator's one default method: send_recv as a send and a receive.
+#include "engine/comm/communicator.h"
+
+#include <algorithm>
+
+namespace dtlab {
+
+namespace {
+
+// Both halves of a send_recv: complete when both are, the receive's sequence number and times.
+class PairWork final : public Work {
+ public:
+  PairWork(WorkPtr send, WorkPtr recv) : send_(std::move(send)), recv_(std::move(recv)) {}
+  bool is_completed() const override { return send_->is_completed() && recv_->is_completed(); }
+  void wait() override {
+    send_->wait();
+    recv_->wait();
+  }
+  uint64_t seq() const override { return recv_->seq(); }
+  WorkTimes times() const override {
+    WorkTimes s = send_->times(), r = recv_->times();
+    r.wall_begin_ns = std::min(s.wall_begin_ns, r.wall_begin_ns);
+    r.wall_end_ns = std::max(s.wall_end_ns, r.wall_end_ns);
+    r.model_begin = std::min(s.model_begin, r.model_begin);
+    r.model_end = std::max(s.model_end, r.model_end);
+    return r;
+  }
+
+ private:
+  WorkPtr send_, recv_;
+};
+
+}  // namespace
+
+WorkPtr Communicator::send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf,
+                                int64_t recv_count, int from, int recv_tag, DType dtype) {
+  WorkPtr s = send(send_buf, send_count, dtype, to, send_tag);
+  WorkPtr r = recv(recv_buf, recv_count, dtype, from, recv_tag);
+  return std::make_shared<PairWork>(std::move(s), std::move(r));
+}
+
+}  // namespace dtlab
