@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "engine/io/checkpoint.h"
 #include "engine/io/sharded_checkpoint.h"
@@ -108,6 +109,21 @@ TEST_SUITE("sharded_checkpoint") {
     CHECK_THROWS_WITH_AS(load_sharded_checkpoint(dir.file("s"), other),
                          doctest::Contains("holds a checkpoint of mlp:2,32,32,3 but the model is mlp:2,16,3"), Error);
 
+    {  // hostile offsets in index.json: near 2^63 (offset + length overflows), and fractional
+      const std::string index = dir.file("s/index.json");
+      std::ifstream in(index);
+      const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const size_t at = good.find("\"offset\":");
+      REQUIRE(at != std::string::npos);
+      const size_t end = good.find_first_of(",}", at);
+      for (const char* offset : {"9223372036854775800", "0.5"}) {
+        CAPTURE(offset);
+        std::ofstream(index) << good.substr(0, at) << "\"offset\":" << offset << good.substr(end);
+        CHECK_THROWS_WITH_AS(load_sharded_checkpoint(dir.file("s"), m), doctest::Contains("the checkpoint is corrupt"), Error);
+        CHECK(same_params(m, before));
+      }
+      std::ofstream(index) << good;
+    }
     std::filesystem::remove(dir.file("s/" + shard_file_name(1, 2)));
     CHECK_THROWS_WITH_AS(load_sharded_checkpoint(dir.file("s"), m), doctest::Contains("rank-00001-of-00002.safetensors"), Error);
     CHECK(same_params(m, before));

@@ -145,8 +145,14 @@ CheckpointInfo load_sharded_checkpoint(const std::string& dir, Model& model) {
     if (!jp.contains("pieces") || !jp["pieces"].is_array()) fail(index_path, "'" + p.name + "' has no pieces list; the checkpoint is corrupt");
     for (const json& piece : jp["pieces"]) {
       const std::string file = piece.value("file", ""), tensor = piece.value("tensor", "");
-      const int64_t offset = piece.value("offset", int64_t{-1}), length = piece.value("length", int64_t{-1});
-      if (file.empty() || file.find('/') != std::string::npos || offset < 0 || length < 0 || offset + length > p.numel)
+      // Whole numbers only (a fraction would be truncated), compared without adding them: an offset
+      // near 2^63 plus a length would overflow past the bounds check.
+      for (const char* key : {"offset", "length"})
+        if (!piece.contains(key) || !piece[key].is_number_integer())
+          fail(index_path, "'" + p.name + "' has a piece whose " + key + " is not a whole number; the checkpoint is corrupt");
+      const int64_t offset = piece["offset"].get<int64_t>(), length = piece["length"].get<int64_t>();
+      if (file.empty() || file.find('/') != std::string::npos || offset < 0 || length < 0 || offset > p.numel ||
+          length > p.numel - offset)
         fail(index_path, "'" + p.name + "' lists a piece outside its " + std::to_string(p.numel) + " elements; the checkpoint is corrupt");
       auto it = files.find(file);
       if (it == files.end()) it = files.emplace(file, load_safetensors(join(dir, file))).first;
