@@ -140,6 +140,7 @@ void split_figures(std::vector<Span>& spans) {
       const size_t o = s.text.find(kFigOpen, at);
       if (o == std::string::npos) break;
       const size_t c = s.text.find(kFigClose, o);
+      if (c == std::string::npos) break;  // parse_prose refuses the markers in a lesson's own text
       if (o > at) out.push_back(Span{s.text.substr(at, o - at), s.style, -1});
       const size_t num = o + kFigOpen.size();
       out.push_back(Span{"", s.style, std::atoi(s.text.substr(num, c - num).c_str())});
@@ -155,6 +156,12 @@ void split_figures(std::vector<Span>& spans) {
 Prose parse_prose(const std::vector<std::pair<int, std::string>>& lines, Lesson& lesson) {
   std::string text;
   for (const auto& [line, raw] : lines) {
+    // The two private-use characters mark where a figure goes in the text md4c sees: a lesson's own
+    // text may not contain them.
+    for (const std::string& mark : {kFigOpen, kFigClose})
+      if (raw.find(mark) != std::string::npos)
+        throw LessonError(lesson.path, line, std::string("the private-use character U+") + (mark == kFigOpen ? "E000" : "E001") +
+                                                 " is reserved for live figures; delete it from the text");
     std::string l = raw;
     for (size_t o = l.find("{{"); o != std::string::npos; o = l.find("{{", o)) {
       const size_t c = l.find("}}", o);

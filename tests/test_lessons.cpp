@@ -162,6 +162,11 @@ TEST_SUITE("lessons") {
     CHECK(lesson_error(h + "## a\n```question\nask: x?\nanswer: 1\n```\n```question\nask: y?\nanswer: 2\n```\n") == "t.md:14: one question per step; start a new '## ' step for the next one");
     CHECK(lesson_error(h + "## a\n```action\nstep ring\n") == "t.md:10: the ```action block is not closed by a ``` line");
     CHECK(lesson_error(h + "## a\nThe value {{world + }} is\n") == "t.md:10: a value is missing at column 8 of 'world +'");
+    // The figure markers (private use U+E000, U+E001) in a lesson's own text: refused, never looped on.
+    CHECK(lesson_error(h + "## a\nmarker \xEE\x80\x80 without its close {{world}}\n") ==
+          "t.md:10: the private-use character U+E000 is reserved for live figures; delete it from the text");
+    CHECK(lesson_error(h + "## a\nclose \xEE\x80\x81 alone\n") ==
+          "t.md:10: the private-use character U+E001 is reserved for live figures; delete it from the text");
     // A fenced code block in prose keeps its '## ' lines as code.
     const Lesson ok = parse_lesson(h + "## a\n```python\n## not a step\n```\n## b\ntext\n", "t.md");
     CHECK(ok.steps.size() == 2);
