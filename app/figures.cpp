@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "app/figure_table.h"
 #include "engine/core/check.h"
@@ -30,10 +31,18 @@ namespace {
 
 using NodeP = std::shared_ptr<const Figure::Node>;
 
+// A live figure is a short expression; these bounds keep the recursive parser, evaluation and the
+// tree's destruction far from the stack's limit whatever a lesson file holds.
+constexpr size_t kMaxFigureChars = 2000;
+constexpr int kMaxFigureDepth = 64;
+
 class Parser {
  public:
   explicit Parser(const std::string& t) : t_(t) {}
   NodeP parse() {
+    if (t_.size() > kMaxFigureChars)
+      fail("the live figure '" + t_.substr(0, 40) + "...' is " + std::to_string(t_.size()) + " characters long; keep it under " +
+           std::to_string(kMaxFigureChars));
     NodeP n = binary();
     skip();
     if (p_ < t_.size()) error("unexpected '" + t_.substr(p_, 1) + "'");
@@ -67,7 +76,17 @@ class Parser {
     return n;
   }
   // Binary operators, loosest first; each level joins operands of the next one, left to right.
+  // Counts the nesting of parentheses, arguments and unary operators while they are parsed.
+  struct Nest {
+    Parser& p;
+    explicit Nest(Parser& parser) : p(parser) {
+      if (++p.depth_ > kMaxFigureDepth) p.error("the expression nests deeper than " + std::to_string(kMaxFigureDepth) + " levels");
+    }
+    ~Nest() { p.depth_--; }
+  };
   NodeP binary(size_t level = 0) {
+    std::optional<Nest> nest;
+    if (level == 0) nest.emplace(*this);
     static const std::vector<std::vector<const char*>> kLevels = {
         {"||"}, {"&&"}, {"==", "!=", "<=", ">=", "<", ">"}, {"+", "-"}, {"*", "/"}};
     if (level == kLevels.size()) return unary();
@@ -84,6 +103,7 @@ class Parser {
     return l;
   }
   NodeP unary() {
+    Nest nest(*this);
     if (eat("-") || eat("!")) {
       auto n = std::make_shared<Figure::Node>();
       n->kind = t_[p_ - 1] == '-' ? Figure::Node::Neg : Figure::Node::Not;
@@ -199,6 +219,7 @@ class Parser {
 
   const std::string& t_;
   size_t p_ = 0;
+  int depth_ = 0;  // Nest levels open now
 };
 
 double eval_node(const Figure::Node& n, const FigureScope& sc);

@@ -224,6 +224,21 @@ TEST_SUITE("lessons") {
     CHECK(Figure::parse("2 * (world - 1) / world").eval(sc) == doctest::Approx(1.5));
     CHECK(Figure::parse("world == 4 && !(batch > 16) || 0").eval(sc) == 1);
     CHECK(Figure::parse("-world + 10 / 4").eval(sc) == doctest::Approx(-1.5));
+    // Hostile sizes: thousands deep or long is one sentence, not a stack overflow; the longest chain
+    // allowed parses, evaluates and is destroyed.
+    auto repeat = [](const std::string& x, int n) {
+      std::string r;
+      for (int i = 0; i < n; i++) r += x;
+      return r;
+    };
+    for (const std::string& deep : {repeat("(", 3000) + "1" + repeat(")", 3000), repeat("-", 5000) + "1", repeat("!", 100) + "1",
+                                    "plan.total(" + repeat("(", 40) + "1" + repeat(")", 40) + ", 8, \"full\")"}) {
+      CAPTURE(deep.substr(0, 20));
+      const std::string e = parse_error(deep);
+      CHECK((e.find("nests deeper than 64 levels") != std::string::npos || e.find("characters long; keep it under 2000") != std::string::npos));
+    }
+    CHECK(parse_error(repeat("1 + ", 4000) + "1").find("characters long; keep it under 2000") != std::string::npos);
+    CHECK(Figure::parse(repeat("1+", 999) + "1").eval(sc) == 1000);
     CHECK_THROWS_WITH_AS(Figure::parse("collective.bytes").eval(sc), "collective.bytes: no collective has run yet", Error);
     CHECK_THROWS_WITH_AS(Figure::parse("at(\"m\", world)").eval(sc), "no `mark m` has run before this", Error);
     std::map<std::string, Snapshot> marks;
