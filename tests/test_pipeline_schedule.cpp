@@ -419,6 +419,15 @@ TEST_CASE("CSV: PyTorch's layout, round trip, bad cells and mismatched sizes") {
   CHECK_THROWS_WITH_AS(load_csv(dir.file("bad.csv")), (dir.file("bad.csv") + ":2:3: '1X0' is not an action like 0F0 or 1B2").c_str(), Error);
   CHECK_THROWS_WITH_AS(load_csv(path, 3), ("'" + path + "' runs 4 stages, not 3").c_str(), Error);
   CHECK_THROWS_WITH_AS(load_csv(path, std::nullopt, 8), ("'" + path + "' runs 4 micro-batches, not 8").c_str(), Error);
+  // Hostile numbers: past int (it used to wrap to "-2147483648 stages"), and pairs that would make
+  // validate() allocate gigabytes.
+  write_file(dir.file("huge.csv"), "2147483647F0\n");
+  CHECK_THROWS_WITH_AS(load_csv(dir.file("huge.csv")),
+                       (dir.file("huge.csv") + ":1:1: '2147483647F0' names stage 2147483647; stages and micro-batches are numbered 0 to 65535").c_str(),
+                       Error);
+  write_file(dir.file("wide.csv"), "0F0,65535F65535\n");
+  CHECK_THROWS_WITH_AS(load_csv(dir.file("wide.csv")),
+                       "the schedule has 65536 stages x 65536 micro-batches; dtlab checks at most 4194304 (stage, micro-batch) pairs", Error);
   write_file(dir.file("uneven.csv"), "0F0,1F0,2F0,2B0,1B0,0B0\n");
   CHECK(load_csv(dir.file("uneven.csv")).chunks == 3);  // one rank may hold every stage
   write_file(dir.file("odd.csv"), "0F0,,,,2F0,2B0,,,,0B0\n,1F0,,,,,,1B0\n");

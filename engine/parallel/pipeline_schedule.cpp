@@ -239,6 +239,9 @@ Action parse_action(std::string_view text) {
   if (!digit_at(p)) throw bad();
   r = std::from_chars(p, end, a.mb);
   if (r.ec != std::errc() || r.ptr != end) throw bad();
+  if (a.stage > kMaxScheduleIndex || a.mb > kMaxScheduleIndex)
+    throw Error("'" + t + "' names " + (a.stage > kMaxScheduleIndex ? "stage " + std::to_string(a.stage) : "micro-batch " + std::to_string(a.mb)) +
+                "; stages and micro-batches are numbered 0 to " + std::to_string(kMaxScheduleIndex));
   return a;
 }
 
@@ -317,6 +320,9 @@ void validate(const PipelineSchedule& s) {
     throw Error("the schedule's sizes disagree: " + std::to_string(S) + " stages, " + std::to_string(s.ranks) +
                 " ranks with " + std::to_string(s.chunks) + " chunks each, " + std::to_string(s.order.size()) +
                 " rows; stages must be ranks x chunks with one row per rank");
+  if (static_cast<int64_t>(S) * M > kMaxScheduleCells)
+    throw Error("the schedule has " + std::to_string(S) + " stages x " + std::to_string(M) + " micro-batches; dtlab checks at most " +
+                std::to_string(kMaxScheduleCells) + " (stage, micro-batch) pairs");
   std::vector<Cell> cells(3ull * S * M);  // [phase][stage][mb]
   auto cell = [&](int stage, Phase ph, int mb) -> Cell& {
     return cells[(static_cast<size_t>(ph) * S + stage) * M + mb];

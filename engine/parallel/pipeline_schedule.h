@@ -27,7 +27,11 @@ struct Action {
 
 // Exactly PyTorch's _Action.__repr__: {stage}{F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B}{mb}: "1B2", "0SEND_F1".
 std::string action_str(const Action& a);
-// The reverse; throws dtlab::Error "'XYZ' is not an action like 0F0 or 1B2".
+// Bounds on what a schedule may name, so a file cannot make the checks allocate without limit: the
+// largest stage or micro-batch number, and the most (stage, micro-batch) pairs validate() checks.
+inline constexpr int kMaxScheduleIndex = 65535;
+inline constexpr int64_t kMaxScheduleCells = int64_t{1} << 22;
+// The reverse; throws dtlab::Error "'XYZ' is not an action like 0F0 or 1B2" (or names a bound above).
 Action parse_action(std::string_view text);
 bool is_compute(ActionType t);  // F, B, I, W (not the send/recv actions)
 
