@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -164,6 +165,7 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
     if (!c.faults.empty() && c.strategy == "single")
       throw Error("--fault injects into the ranks' collectives; add --strategy ddp (or fsdp) --world N");
     if (o.play && o.lesson.empty()) throw Error("--play plays a lesson; add --lesson NAME");
+    if (!std::isfinite(o.speed)) throw Error("--speed must be a number from 0 to 1000000 (modeled seconds per wall second)");
     if (backend == "socket")
       throw Error("--backend socket is how dtlab-cli launch runs one process per rank; to watch such a run, launch it "
                   "with --monitor PORT and start dtlab --attach HOST:PORT");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <sstream>
 
 #include "app/lesson.h"
@@ -24,11 +25,14 @@ std::vector<std::string> words(const std::string& s) {
   return w;
 }
 
+// Every wait a script or lesson asks for is bounded: an hour is longer than any demo step.
+constexpr double kMaxScriptSeconds = 3600;
+
 bool parse_double(std::string t, double& out, bool seconds) {
   if (seconds && !t.empty() && t.back() == 's') t.pop_back();
   const char* b = t.data();
   auto [p, ec] = std::from_chars(b, b + t.size(), out);
-  return ec == std::errc() && p == b + t.size() && out >= 0;
+  return ec == std::errc() && p == b + t.size() && std::isfinite(out) && out >= 0 && (!seconds || out <= kMaxScriptSeconds);
 }
 
 }  // namespace
@@ -70,7 +74,8 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
     } else if (k == "run" || k == "wait") {
       c.kind = k == "run" ? ScriptCommand::Run : ScriptCommand::Wait;
       if (w.size() > 2 || (k == "wait" && w.size() != 2)) fail(k + " takes one duration like 0.5s");
-      if (w.size() == 2 && !parse_double(w[1], c.seconds, true)) fail("'" + w[1] + "' is not a duration like 0.5s");
+      if (w.size() == 2 && !parse_double(w[1], c.seconds, true))
+        fail("'" + w[1] + "' is not a duration like 0.5s (0 to 3600 seconds)");
     } else if (k == "pause" || k == "quit" || k == "reset") {
       if (w.size() != 1) fail(k + " takes no argument");
       c.kind = k == "pause" ? ScriptCommand::Pause : k == "quit" ? ScriptCommand::Quit : ScriptCommand::Reset;

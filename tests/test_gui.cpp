@@ -97,6 +97,11 @@ TEST_SUITE("gui") {
     CHECK(message("step ring 0").find("the count must be a whole number from 1") != std::string::npos);
     CHECK(message("view sideways").find("view takes one of ring, buckets") != std::string::npos);
     CHECK(message("run fast").find("'fast' is not a duration like 0.5s") != std::string::npos);
+    for (const char* bad : {"wait 1000000000s", "wait infs", "run 1e300s", "wait nans", "run -1s", "speed inf", "speed nan"}) {
+      CAPTURE(bad);  // each bounded or refused, never a wait forever or a double-to-int overflow
+      CHECK(!message(bad).empty());
+    }
+    CHECK(message("wait 3600s").empty());
   }
 
   TEST_CASE("bad flags, bad scripts and a missing display: one sentence, exit 2") {
@@ -116,6 +121,11 @@ TEST_SUITE("gui") {
     r = shell(std::string(DTLAB_APP_PATH) + " --backend socket");
     CHECK(r.code == 2);
     CHECK(r.out.find("launch it with --monitor PORT and start dtlab --attach HOST:PORT") != std::string::npos);
+    for (const char* speed : {"nan", "inf"}) {
+      r = shell(std::string(DTLAB_APP_PATH) + " --speed " + speed);
+      CHECK(r.code == 2);
+      CHECK(r.out.rfind("dtlab: --speed", 0) == 0);  // nan passes CLI11's range check: ours names it
+    }
     r = shell(std::string(DTLAB_APP_PATH) + " --model mlp:2,x");
     CHECK(r.code == 2);
     CHECK(r.out.rfind("dtlab: ", 0) == 0);
