@@ -1,4 +1,5 @@
 #include "app/lesson.h"
+#include "app/script.h"
 
 #include <algorithm>
 #include <cctype>
@@ -409,9 +410,9 @@ Lesson load_lesson(const std::string& name_or_path) {
   }
   std::ifstream f(path);
   if (!f) throw LessonError(path, 0, "cannot read the lesson file");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parse_lesson(ss.str(), path);
+  std::string text;
+  if (!read_text_file(path, text)) throw LessonError(path, 0, "the lesson file is larger than 1 MiB; a lesson is a page of Markdown");
+  return parse_lesson(text, path);
 }
 
 std::string check_lesson_command(const std::string& arg) {

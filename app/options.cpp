@@ -190,10 +190,10 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
     }
     if (!script_file.empty() && !run_cmds.empty()) throw Error("give --script FILE or --run \"commands\", not both");
     if (!script_file.empty()) {
-      std::ifstream f(script_file);
-      std::stringstream ss;
-      ss << f.rdbuf();
-      o.script = parse_script(ss.str(), script_file);
+      std::string text;
+      if (!read_text_file(script_file, text))
+        throw Error("--script " + script_file + " is larger than 1 MiB; a script is a few lines of commands");
+      o.script = parse_script(text, script_file);
     } else if (!run_cmds.empty()) {
       o.script = parse_script(run_cmds, "--run");
     }

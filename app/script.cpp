@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <fstream>
 #include <cmath>
 #include <sstream>
 
@@ -36,6 +37,17 @@ bool parse_double(std::string t, double& out, bool seconds) {
 }
 
 }  // namespace
+
+bool read_text_file(const std::string& path, std::string& out, size_t max_bytes) {
+  out.clear();
+  std::ifstream f(path, std::ios::binary);
+  char buf[65536];
+  while (f.read(buf, sizeof buf) || f.gcount() > 0) {
+    out.append(buf, static_cast<size_t>(f.gcount()));
+    if (out.size() > max_bytes) return false;
+  }
+  return true;
+}
 
 const std::vector<std::string>& view_names() {
   static const std::vector<std::string> names = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "all"};

@@ -27,4 +27,9 @@ const std::vector<std::string>& view_names();
 // Parses commands separated by newlines or ';'. Throws dtlab::Error naming the line and the fix.
 std::vector<ScriptCommand> parse_script(const std::string& text, const std::string& origin);
 
+// A script or lesson file, read whole when it holds at most `max_bytes` (a device like /dev/zero
+// never ends): false when it is larger. Throws nothing; `out` holds what was read.
+inline constexpr size_t kMaxTextFileBytes = size_t{1} << 20;
+bool read_text_file(const std::string& path, std::string& out, size_t max_bytes = kMaxTextFileBytes);
+
 }  // namespace dtlab::app

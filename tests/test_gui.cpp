@@ -121,6 +121,12 @@ TEST_SUITE("gui") {
     r = shell(std::string(DTLAB_APP_PATH) + " --backend socket");
     CHECK(r.code == 2);
     CHECK(r.out.find("launch it with --monitor PORT and start dtlab --attach HOST:PORT") != std::string::npos);
+    r = shell(std::string(DTLAB_APP_PATH) + " --script /dev/zero");
+    CHECK(r.code == 2);
+    CHECK(r.out.rfind("dtlab: --script /dev/zero is larger than 1 MiB", 0) == 0);
+    r = shell(std::string(DTLAB_APP_PATH) + " --model mlp:1048576,1048576,1048576");
+    CHECK(r.code == 2);
+    CHECK(r.out.find("dtlab builds models of up to") != std::string::npos);
     for (const char* speed : {"nan", "inf"}) {
       r = shell(std::string(DTLAB_APP_PATH) + " --speed " + speed);
       CHECK(r.code == 2);

@@ -141,6 +141,9 @@ TEST_SUITE("lessons") {
       }
       return std::string();
     };
+    // A file that never ends is not read to its end.
+    CHECK_THROWS_WITH_AS(load_lesson("/dev/zero"), "/dev/zero: the lesson file is larger than 1 MiB; a lesson is a page of Markdown",
+                         LessonError);
     CHECK(error_of("broken_action.md") == dir + "broken_action.md:13: unknown action 'stp collective'; did you mean 'step collective'?");
     CHECK(error_of("broken_figure.md") == dir + "broken_figure.md:16: unknown live figure 'collective.byte'; did you mean 'collective.bytes'?");
     CHECK(error_of("broken_header.md").rfind(dir + "broken_header.md:5: scenario: --world: Value 17 not in range", 0) == 0);

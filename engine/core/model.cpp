@@ -32,6 +32,11 @@ ModelSpec ModelSpec::parse(std::string_view text) {
   if (spec.dims.size() < 2)
     throw Error("model '" + std::string(text) + "' needs at least an input and an output width" +
                 std::string(how));
+  // Checked before anything is allocated: a file or flag naming a huge model gets a sentence, not an
+  // allocation failure (or minutes of building it) first.
+  if (spec.num_params() > kMaxModelParams)
+    throw Error("model '" + std::string(text) + "' has " + std::to_string(spec.num_params()) + " parameters; dtlab builds models of up to " +
+                std::to_string(kMaxModelParams) + " (16 GiB of float32 per copy): use smaller widths");
   return spec;
 }
 

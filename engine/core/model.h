@@ -24,6 +24,9 @@
 
 namespace dtlab {
 
+// The largest model ModelSpec::parse accepts (parameters): 16 GiB of float32 for one copy.
+inline constexpr int64_t kMaxModelParams = int64_t{1} << 32;
+
 struct ModelSpec {
   std::vector<int64_t> dims;  // D0 (input features) ... Dk (classes)
 
