@@ -27,6 +27,15 @@ int index_of(const Arg& a, size_t size, const char* what) {
   return static_cast<int>(v);
 }
 
+// A count a formula sizes its work by (ranks, stages, micro-batches, chunks): a whole number in
+// [lo, hi], so a lesson cannot make it allocate without bound or overflow an int.
+int count_arg(const Arg& a, const char* what, int lo, int hi) {
+  if (!(a.num >= lo && a.num <= hi) || a.num != std::floor(a.num))
+    fail(std::string(what) + " " + format_figure(a.num) + " is not a whole number from " + std::to_string(lo) + " to " +
+         std::to_string(hi));
+  return static_cast<int>(a.num);
+}
+
 const CollectiveView& collective(const Snapshot& s) {
   if (!s.collective.valid) fail("no collective has run yet");
   return s.collective;
@@ -106,7 +115,7 @@ Sharding sharding_arg(const Arg& a) { return parse_sharding(a.str); }
 double plan_field(const Args& a, double MemoryPlan::*field) {
   MemoryPlanInput in;
   in.params = a[0].num;
-  in.world = static_cast<int>(a[1].num);
+  in.world = count_arg(a[1], "plan: world", 1, 1 << 20);
   in.sharding = sharding_arg(a[2]);
   in.dtype = a.size() > 3 ? parse_plan_dtype(a[3].str) : PlanDType::Fp32;
   in.optimizer = OptimizerKind::AdamW;
@@ -116,8 +125,7 @@ double plan_field(const Args& a, double MemoryPlan::*field) {
 // Bytes each rank sends in an all-reduce of `bytes` by the engine's own step plan.
 std::vector<double> algo_sent(const Args& a) {
   const Algorithm algo = parse_algorithm(a[0].str);
-  const int n = static_cast<int>(a[1].num);
-  if (n < 1 || n > 64) fail("algo: world " + format_figure(a[1].num) + " is out of range 1..64");
+  const int n = count_arg(a[1], "algo: world", 1, 64);
   const bool chunked = algo == Algorithm::Ring;
   std::vector<double> sent(static_cast<size_t>(n), 0.0);
   for (int s = 0; s < algorithm_step_count(CollectiveOp::AllReduce, algo, n); s++)
@@ -127,10 +135,12 @@ std::vector<double> algo_sent(const Args& a) {
 }
 
 // (KIND, P, M, ...): the generated schedule with v stages per rank.
+int stages_arg(const Args& a) { return count_arg(a[1], "schedule: P", 1, 64); }
+int microbatches_arg(const Args& a) { return count_arg(a[2], "schedule: M", 1, 1024); }
 PipelineSchedule schedule_arg(const Args& a, int v) {
-  return make_schedule(parse_schedule_kind(a[0].str), static_cast<int>(a[1].num), static_cast<int>(a[2].num), v);
+  return make_schedule(parse_schedule_kind(a[0].str), stages_arg(a), microbatches_arg(a), v);
 }
-int chunks_arg(const Args& a) { return a.size() > 3 ? static_cast<int>(a[3].num) : 1; }
+int chunks_arg(const Args& a) { return a.size() > 3 ? count_arg(a[3], "schedule: V", 1, 16) : 1; }
 
 }  // namespace
 
@@ -177,9 +187,9 @@ const std::vector<Entry>& entries() {
       {"collective.arrived[I]", "n", "the I-th rank to arrive", [](S s, A a) { auto& v = collective(s).arrived; return double(v[static_cast<size_t>(index_of(a[0], v.size(), "arrived rank"))]); }},
       {"collective.missing", "", "ranks not arrived yet", [](S s, A) { return double(collective(s).missing.size()); }},
       {"collective.missing[I]", "n", "the I-th missing rank", [](S s, A a) { auto& v = collective(s).missing; return double(v[static_cast<size_t>(index_of(a[0], v.size(), "missing rank"))]); }},
-      {"collective.sent(R)", "n", "bytes rank R sent in it so far (from the engine's step events)", [](S s, A a) { return collective_bytes(s, collective(s).seq, static_cast<int>(a[0].num), true); }},
-      {"collective.received(R)", "n", "bytes rank R received in it so far", [](S s, A a) { return collective_bytes(s, collective(s).seq, static_cast<int>(a[0].num), false); }},
-      {"sent(SEQ, R)", "nn", "bytes rank R sent in collective #SEQ (of the last few iterations), e.g. once it finished", [](S s, A a) { return collective_bytes(s, static_cast<uint64_t>(a[0].num), static_cast<int>(a[1].num), true); }},
+      {"collective.sent(R)", "n", "bytes rank R sent in it so far (from the engine's step events)", [](S s, A a) { return collective_bytes(s, collective(s).seq, count_arg(a[0], "rank", 0, 1 << 20), true); }},
+      {"collective.received(R)", "n", "bytes rank R received in it so far", [](S s, A a) { return collective_bytes(s, collective(s).seq, count_arg(a[0], "rank", 0, 1 << 20), false); }},
+      {"sent(SEQ, R)", "nn", "bytes rank R sent in collective #SEQ (of the last few iterations), e.g. once it finished", [](S s, A a) { return collective_bytes(s, static_cast<uint64_t>(count_arg(a[0], "collective #", 0, 1 << 30)), count_arg(a[1], "rank", 0, 1 << 20), true); }},
       {"collective.bytes_per_rank", "", "bytes the busiest rank sent in it so far", [](S s, A) {
          double m = 0;
          for (int r = 0; r < collective(s).world; r++) m = std::max(m, collective_bytes(s, collective(s).seq, r, true));
@@ -257,22 +267,22 @@ const std::vector<Entry>& entries() {
       {"plan.gradients(P, N, SHARDING, DTYPE?)", "nns|s", "of which gradients", [](S, A a) { return plan_field(a, &MemoryPlan::gradients); }},
       {"plan.optimizer(P, N, SHARDING, DTYPE?)", "nns|s", "of which optimizer state", [](S, A a) { return plan_field(a, &MemoryPlan::optimizer_state); }},
       {"plan.comm(P, N, SHARDING, DTYPE?)", "nns|s", "bytes each rank sends per step", [](S, A a) { return plan_field(a, &MemoryPlan::comm_bytes); }},
-      {"algo.steps(ALGO, N)", "sn", "steps of an all-reduce with ALGO (ring, tree, naive) on N ranks", [](S, A a) { return double(algorithm_step_count(CollectiveOp::AllReduce, parse_algorithm(a[0].str), static_cast<int>(a[1].num))); }},
+      {"algo.steps(ALGO, N)", "sn", "steps of an all-reduce with ALGO (ring, tree, naive) on N ranks", [](S, A a) { return double(algorithm_step_count(CollectiveOp::AllReduce, parse_algorithm(a[0].str), count_arg(a[1], "algo: world", 1, 64))); }},
       {"algo.sent(ALGO, N, BYTES, R)", "snnn", "bytes rank R sends in an all-reduce of BYTES", [](S, A a) { auto v = algo_sent(a); return v[static_cast<size_t>(index_of(a[3], v.size(), "rank"))]; }},
       {"algo.busiest(ALGO, N, BYTES)", "snn", "bytes the busiest rank sends in it", [](S, A a) { auto v = algo_sent(a); return *std::max_element(v.begin(), v.end()); }},
       {"cost.allreduce_us(PROFILE, N, BYTES)", "snn", "ring all-reduce time on a hardware profile (nvlink8, pcie8, ib2x4, eth2x4), µs", [](S, A a) {
-         return CostModel(find_profile(a[0].str), static_cast<int>(a[1].num)).collective_time(CollectiveOp::AllReduce, Algorithm::Ring, a[2].num) * 1e6; }},
+         return CostModel(find_profile(a[0].str), count_arg(a[1], "cost: world", 1, 1024)).collective_time(CollectiveOp::AllReduce, Algorithm::Ring, a[2].num) * 1e6; }},
       {"link.gbs(PROFILE, WHICH)", "ss", "bandwidth of a profile's \"intra\" (inside a node) or \"inter\" (between nodes) link, GB/s", [](S, A a) {
          const HardwareProfile p = find_profile(a[0].str);
          if (a[1].str != "intra" && a[1].str != "inter") fail("link.gbs takes \"intra\" or \"inter\", not \"" + a[1].str + "\"");
          return 1.0 / (a[1].str == "intra" ? p.intra : p.inter).beta / 1e9; }},
       {"schedule.bubble(KIND, P, M, V?)", "snn|n", "idle share of the makespan by formula: (p-1)/(m+p-1) for gpipe and 1f1b", [](S, A a) {
-         return formula_bubble(parse_schedule_kind(a[0].str), static_cast<int>(a[1].num), static_cast<int>(a[2].num), chunks_arg(a)).of_wall; }},
+         return formula_bubble(parse_schedule_kind(a[0].str), stages_arg(a), microbatches_arg(a), chunks_arg(a)).of_wall; }},
       {"schedule.bubble_of_ideal(KIND, P, M, V?)", "snn|n", "idle over compute alone: (p-1)/m for gpipe and 1f1b", [](S, A a) {
-         return formula_bubble(parse_schedule_kind(a[0].str), static_cast<int>(a[1].num), static_cast<int>(a[2].num), chunks_arg(a)).of_ideal; }},
+         return formula_bubble(parse_schedule_kind(a[0].str), stages_arg(a), microbatches_arg(a), chunks_arg(a)).of_ideal; }},
       {"schedule.measured_bubble(KIND, P, M, V?)", "snn|n", "rank 0's idle share when the generated schedule is simulated", [](S, A a) { return simulate(schedule_arg(a, chunks_arg(a))).bubble.at(0); }},
       {"schedule.steps(KIND, P, M, V?)", "snn|n", "time steps of the generated grid", [](S, A a) { return double(num_steps(schedule_arg(a, chunks_arg(a)))); }},
-      {"schedule.peak(KIND, P, M, R)", "snnn", "rank R's peak micro-batches in flight (activations held)", [](S, A a) { return double(measured_peak_inflight(schedule_arg(a, 1), static_cast<int>(a[3].num))); }},
+      {"schedule.peak(KIND, P, M, R)", "snnn", "rank R's peak micro-batches in flight (activations held)", [](S, A a) { return double(measured_peak_inflight(schedule_arg(a, 1), index_of(a[3], static_cast<size_t>(stages_arg(a)), "rank"))); }},
       // arithmetic
       {"min(A, B)", "nn", "the smaller", [](S, A a) { return std::min(a[0].num, a[1].num); }},
       {"max(A, B)", "nn", "the larger", [](S, A a) { return std::max(a[0].num, a[1].num); }},

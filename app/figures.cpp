@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <new>
 #include <optional>
 
 #include "app/figure_table.h"
@@ -224,18 +225,37 @@ class Parser {
 
 double eval_node(const Figure::Node& n, const FigureScope& sc);
 
+// Sizes beyond any machine (and beyond an int64's exact doubles) are refused before a formula sees them.
+constexpr double kMaxFigureArgument = 1e15;
+
+std::string format_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 double eval_path(const Figure::Node& n, const FigureScope& sc) {
   Args args;
   for (const auto& k : n.kids) {
     Arg a;
     if (k->kind == Figure::Node::Str) a.is_str = true, a.str = k->str;
     else a.num = eval_node(*k, sc);
+    if (!a.is_str && !(std::fabs(a.num) <= kMaxFigureArgument))
+      fail(n.str + ": argument " + std::to_string(args.size() + 1) + " is " + format_number(a.num) +
+           "; live figures take finite arguments up to 1e15");
     args.push_back(a);
   }
+  // Whatever the engine's formula throws for arguments a lesson chose (a world of 0 breaks an
+  // invariant, an index past a schedule's end is out of range) is one sentence in the panel, never an
+  // exception that ends the lab.
   try {
     return n.entry->scoped ? n.entry->scoped(sc, args) : n.entry->fn(*sc.now, args);
   } catch (const Error& e) {
     fail(n.str + ": " + e.what());
+  } catch (const std::bad_alloc&) {
+    fail(n.str + ": these arguments ask for more memory than this machine has; use smaller ones");
+  } catch (const std::exception& e) {
+    fail(n.str + ": cannot be computed for these arguments (" + e.what() + ")");
   }
 }
 

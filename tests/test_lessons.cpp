@@ -242,6 +242,20 @@ TEST_SUITE("lessons") {
     }
     CHECK(parse_error(repeat("1 + ", 4000) + "1").find("characters long; keep it under 2000") != std::string::npos);
     CHECK(Figure::parse(repeat("1+", 999) + "1").eval(sc) == 1000);
+    // Arguments a lesson may choose that break a formula's assumptions: one sentence (dtlab::Error,
+    // which the panel and Check show), never another exception that would end the lab.
+    for (const char* hostile : {"cost.allreduce_us(\"nvlink8\", 0, 1e6)", "schedule.peak(\"1f1b\", 4, 8, 9)",
+                                "schedule.peak(\"1f1b\", 4, 8, -1)", "algo.sent(\"ring\", 4, 1e6, 7)",
+                                "schedule.steps(\"gpipe\", 1e9, 1e9)", "algo.busiest(\"ring\", 1e300, 8)",
+                                "plan.total(1/0, 8, \"full\")", "algo.steps(\"ring\", 0)"}) {
+      CAPTURE(hostile);
+      try {
+        Figure::parse(hostile).eval(sc);
+      } catch (const Error&) {
+      } catch (const std::exception& e) {
+        FAIL_CHECK("not a dtlab::Error: " << e.what());
+      }
+    }
     CHECK_THROWS_WITH_AS(Figure::parse("collective.bytes").eval(sc), "collective.bytes: no collective has run yet", Error);
     CHECK_THROWS_WITH_AS(Figure::parse("at(\"m\", world)").eval(sc), "no `mark m` has run before this", Error);
     std::map<std::string, Snapshot> marks;
