@@ -57,6 +57,11 @@ CLI::Validator real_number(double lo, double hi) {
       "NUMBER");
 }
 
+CLI::Validator output_path() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string { return text.empty() ? "an empty path writes nothing; give a file name" : ""; }, "PATH");
+}
+
 CLI::Validator existing_file() {
   return CLI::Validator(
       [](std::string& path) -> std::string {

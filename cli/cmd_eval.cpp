@@ -64,7 +64,7 @@ Runner add_eval_command(CLI::App& app) {
   app.add_option("--model", a->model, "Model spec (default: the one stored in the checkpoint)");
   app.add_option("--data", a->data, "spiral | blobs | PATH.npz, as for train")->capture_default_str();
   app.add_option("--batch", a->batch, "Rows per forward pass")->check(whole_number(1, int64_t{1} << 24))->capture_default_str();
-  app.add_option("--logits", a->logits, "Write the logits (N, classes) as float32 .npy (atomic)");
+  app.add_option("--logits", a->logits, "Write the logits (N, classes) as float32 .npy (atomic)")->check(output_path());
   app.add_option("--threads", a->threads, "BLAS threads (default: OpenBLAS's choice)")->check(whole_number(0, 256));
   app.add_flag("--json", a->json, "Print one JSON object");
   return [a](Streams& io) { return run_eval(*a, io); };

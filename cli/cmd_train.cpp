@@ -314,7 +314,7 @@ Runner add_train_command(CLI::App& app) {
   app.add_option("--strategy", c.strategy, "Parallel strategy: single | ddp | fsdp | pipeline")->capture_default_str();
   a->backend_opt = app.add_option("--backend", c.backend, "Where ranks run: threads (all in this process) | cuda (threads sharing a GPU) | nccl (one GPU per rank) | socket (one process per rank, as dtlab-cli launch starts them); default: nccl with a GPU per rank, cuda with fewer GPUs, else threads");
   a->device_opt = app.add_option("--device", a->device, "cpu | cuda (default: cuda when a GPU is present, else cpu; DTLAB_DEVICE sets it)");
-  a->world_opt = app.add_option("--world", c.world_size, "Number of ranks (for strategies that use several)")->check(whole_number(1, 1024));
+  a->world_opt = app.add_option("--world", c.world_size, "Number of ranks (for strategies that use several)")->check(whole_number(1, 64));
   a->model_opt = app.add_option("--model", a->model, "Model spec mlp:D0,D1,...,Dk (with --init: the checkpoint's)")->capture_default_str();
   app.add_option("--data", c.data, "spiral | blobs | PATH.npz (with options, e.g. spiral:classes=4,points=500)")->capture_default_str();
   app.add_option("--batch", c.batch, "Batch size per rank")->check(whole_number(1, int64_t{1} << 24))->capture_default_str();
@@ -335,10 +335,10 @@ Runner add_train_command(CLI::App& app) {
             return std::filesystem::exists(path, ec) ? "" : "'" + path + "' does not exist; check the path";
           },
           "PATH"));
-  app.add_option("--save", c.save_path, "Write a safetensors checkpoint at the end (atomic)");
-  app.add_option("--save-sharded", c.save_sharded_path, "FSDP: write a sharded checkpoint directory at the end (one file per rank plus index.json)");
+  app.add_option("--save", c.save_path, "Write a safetensors checkpoint at the end (atomic)")->check(output_path());
+  app.add_option("--save-sharded", c.save_sharded_path, "FSDP: write a sharded checkpoint directory at the end (one file per rank plus index.json)")->check(output_path());
   app.add_flag("--json", a->json, "Print JSON Lines: one object per step, then a summary");
-  app.add_option("--trace", c.trace_path, "Write a Chrome trace (Perfetto, chrome://tracing) of the run");
+  app.add_option("--trace", c.trace_path, "Write a Chrome trace (Perfetto, chrome://tracing) of the run")->check(output_path());
   app.add_option("--trace-clock", a->trace_clock, "Timeline of --trace: wall or modeled")->capture_default_str();
   app.add_option("--profile", c.profile, "Hardware profile of the modeled clock: nvlink8, pcie8, ib2x4, eth2x4, this, ideal (free communication)")->capture_default_str();
   app.add_option("--log-every", a->log_every, "Print every N steps (default: about 20 lines)")->check(whole_number(1, int64_t{1} << 40));

@@ -15,6 +15,8 @@ using Runner = std::function<int(Streams&)>;
 CLI::Validator whole_number(int64_t lo, int64_t hi);
 CLI::Validator real_number(double lo, double hi);
 CLI::Validator existing_file();
+// An output path: an empty one would run and write nothing.
+CLI::Validator output_path();
 
 Runner add_train_command(CLI::App& app);
 Runner add_sampler_command(CLI::App& app);

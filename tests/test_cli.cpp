@@ -400,6 +400,13 @@ TEST_SUITE("cli") {
     check_usage_error({"train", "--steps", "1", "--save", dir.path.string()}, "is a directory; give a file path");
     check_usage_error({"train", "--steps", "1", "--save", dir.path.string() + "/"}, "is a directory; give a file path");
     CHECK(dir.empty());
+    // An empty path ran and wrote nothing, exit 0.
+    for (const char* flag : {"--save", "--trace", "--save-sharded"})
+      check_usage_error({"train", "--steps", "1", flag, ""}, std::string(flag) + ": an empty path writes nothing; give a file name");
+    check_usage_error({"eval", "--init", std::string(DTLAB_SOURCE_DIR) + "/README.md", "--logits", ""},
+                      "--logits: an empty path writes nothing; give a file name");
+    // --help's range for --world is the one the trainer takes.
+    check_usage_error({"train", "--world", "65"}, "--world: 65 is out of range; use 1 to 64");
   }
 
   TEST_CASE("bench collectives: errors, a clean sweep, and a hang that exits 3 with the diagnosis") {
@@ -491,7 +498,7 @@ TEST_SUITE("cli") {
     check_usage_error({"train", "--bucket-cap-mb", "1"}, "--bucket-cap-mb configures DDP's buckets; add --strategy ddp --world N");
     check_usage_error({"train", "--strategy", "ddp", "--bucket-cap-mb", "0.0000001"}, "--bucket-cap-mb is too small");
     check_usage_error({"train", "--strategy", "ddp", "--accum", "0"}, "--accum");
-    check_usage_error({"train", "--strategy", "ddp", "--world", "65"}, "--world 65 is out of range; use 1 to 64 ranks");
+    check_usage_error({"train", "--strategy", "ddp", "--world", "65"}, "--world: 65 is out of range; use 1 to 64");
     check_usage_error({"train", "--strategy", "ddp", "--fault", "skip:rank=9"}, "fault 'skip:rank=9' is incomplete");
     check_usage_error({"train", "--model", "mlp:2,64,64,3", "--skip-layer", "0"}, "bypassing it would change the width");
   }
