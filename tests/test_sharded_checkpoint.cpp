@@ -122,6 +122,13 @@ TEST_SUITE("sharded_checkpoint") {
         CHECK_THROWS_WITH_AS(load_sharded_checkpoint(dir.file("s"), m), doctest::Contains("the checkpoint is corrupt"), Error);
         CHECK(same_params(m, before));
       }
+      // A piece of the wrong JSON kind: the same sentence, not an internal error.
+      const size_t pieces = good.find("\"pieces\":");
+      REQUIRE(pieces != std::string::npos);
+      const size_t open = good.find('[', pieces);
+      std::ofstream(index) << good.substr(0, open + 1) << "7," << good.substr(open + 1);
+      CHECK_THROWS_WITH_AS(load_sharded_checkpoint(dir.file("s"), m), doctest::Contains("the checkpoint is corrupt"), Error);
+      CHECK(same_params(m, before));
       std::ofstream(index) << good;
     }
     std::filesystem::remove(dir.file("s/" + shard_file_name(1, 2)));

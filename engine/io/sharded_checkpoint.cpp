@@ -129,7 +129,23 @@ CheckpointInfo read_sharded_checkpoint_info(const std::string& dir) {
   return checkpoint_info_from(join(dir, kIndex), idx.metadata);
 }
 
+namespace {
+CheckpointInfo load_sharded(const std::string& dir, Model& model);
+}  // namespace
+
+// Any entry of index.json of the wrong JSON type (a piece that is not an object, a file name that is
+// a number) is the corrupt-checkpoint sentence, not an internal error.
 CheckpointInfo load_sharded_checkpoint(const std::string& dir, Model& model) {
+  try {
+    return load_sharded(dir, model);
+  } catch (const json::exception& e) {
+    fail(join(dir, kIndex), std::string("has an entry of the wrong kind (") + e.what() + "); the checkpoint is corrupt");
+  }
+}
+
+namespace {
+
+CheckpointInfo load_sharded(const std::string& dir, Model& model) {
   const std::string index_path = join(dir, kIndex);
   Index idx = read_index(dir);
   CheckpointInfo info = checkpoint_info_from(index_path, idx.metadata, &model);
@@ -174,5 +190,7 @@ CheckpointInfo load_sharded_checkpoint(const std::string& dir, Model& model) {
   model.upload_params(staged.data());
   return info;
 }
+
+}  // namespace
 
 }  // namespace dtlab
