@@ -159,6 +159,7 @@ TEST_SUITE("data") {
     CHECK(contains(npz_error("x_short.npz"),
                    "x is truncated: its shape (6, 3) needs 72 bytes but only 64 are stored"));
     CHECK(contains(npz_error("not_a_zip.npz"), "is not a .npz file"));
+    CHECK(contains(npz_error("duplicate_x.npz"), "holds two arrays named x; save it once with np.savez(path, x=x, y=y)"));
     CHECK(contains(npz_error("bzip2.npz"), "compression method 12"));
     CHECK(contains(npz_error("no_such_file.npz"), "no_such_file.npz does not exist"));
     for (const char* name : {"x_float64.npz", "truncated.npz", "not_a_zip.npz", "no_such_file.npz"})

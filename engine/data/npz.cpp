@@ -353,8 +353,13 @@ Dataset load_npz(const std::string& path) {
   const ZipEntry* ey = nullptr;
   std::string names;
   for (const ZipEntry& en : entries) {
-    if (en.name == "x.npy" && !ex) ex = &en;
-    if (en.name == "y.npy" && !ey) ey = &en;
+    for (auto [want, found] : {std::pair{"x.npy", &ex}, std::pair{"y.npy", &ey}}) {
+      if (en.name != want) continue;
+      // Two members of one name: np.load would take the last, a zip tool the first; neither is safe.
+      if (*found)
+        z.fail_file(std::string("holds two arrays named ") + want[0] + "; save it once with np.savez(path, x=x, y=y)");
+      *found = &en;
+    }
     const bool npy = en.name.size() > 4 && en.name.ends_with(".npy");
     names += (names.empty() ? "" : ", ") + (npy ? en.name.substr(0, en.name.size() - 4) : en.name);
   }

@@ -31,6 +31,15 @@ with zipfile.ZipFile("bzip2.npz", "w", compression=zipfile.ZIP_BZIP2) as z:
     z.writestr("x.npy", npy(x, (1, 0)))
     z.writestr("y.npy", npy(y, (1, 0)))
 
+# Two members named x.npy (zipfile warns, np.load takes the last one): ambiguous, so refused.
+import warnings
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    with zipfile.ZipFile("duplicate_x.npz", "w") as z:
+        z.writestr("x.npy", npy(x, (1, 0)))
+        z.writestr("y.npy", npy(y, (1, 0)))
+        z.writestr("x.npy", npy(x * 2, (1, 0)))
+
 # x's data cut short inside a valid zip (CRC matches): the .npy body is truncated.
 with zipfile.ZipFile("x_short.npz", "w") as z:
     z.writestr("x.npy", npy(x, (1, 0))[:-8])
