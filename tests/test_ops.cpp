@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -105,6 +106,20 @@ TEST_CASE("linear forward and backward match finite differences") {
   // Without bias the output is the bare product.
   linear_forward(out.data(), x.data(), w.data(), nullptr, B, C, OC);
   CHECK(max_rel_diff(out.data(), linear_ref(xd, wd, {}, B, C, OC), "linear forward, no bias") < 1e-5);
+}
+
+TEST_CASE("relu propagates NaN and keeps -0.0, as torch.relu and its threshold_backward do") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> x = {-0.0f, nan, -1.0f, 2.0f}, dout = {1, 2, 3, 4};
+  std::vector<float> out(4), dx(4);
+  relu_forward(out.data(), x.data(), 4);
+  CHECK(out[0] == 0.0f);
+  CHECK(std::signbit(out[0]));  // torch.relu(tensor(-0.)) is -0.
+  CHECK(std::isnan(out[1]));
+  CHECK(out[2] == 0.0f);
+  CHECK(out[3] == 2.0f);
+  relu_backward(dx.data(), dout.data(), out.data(), 4);
+  CHECK(dx == std::vector<float>{0, 2, 0, 4});  // out <= 0 ? 0 : grad: NaN is not <= 0
 }
 
 TEST_CASE("relu forward and backward match finite differences") {

@@ -45,12 +45,14 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
   }
 }
 
+// torch's rules exactly: relu is clamp_min(x, 0), so NaN propagates and -0.0 stays -0.0; its
+// backward is threshold_backward, `out <= 0 ? 0 : grad`, so a NaN output passes the gradient on.
 void relu_forward(float* out, const float* inp, int64_t N) {
-  for (int64_t i = 0; i < N; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+  for (int64_t i = 0; i < N; i++) out[i] = inp[i] < 0.0f ? 0.0f : inp[i];
 }
 
 void relu_backward(float* dinp, const float* dout, const float* out, int64_t N) {
-  for (int64_t i = 0; i < N; i++) dinp[i] = out[i] > 0.0f ? dout[i] : 0.0f;
+  for (int64_t i = 0; i < N; i++) dinp[i] = out[i] <= 0.0f ? 0.0f : dout[i];
 }
 
 float cross_entropy_forward(float* probs, const float* logits, const int64_t* targets,

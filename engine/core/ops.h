@@ -15,9 +15,9 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int64_t B, int64_t C, int64_t OC);
 
-// out = max(inp, 0)     (N)
+// out = max(inp, 0)     (N), as torch.relu: NaN propagates, -0.0 stays -0.0
 void relu_forward(float* out, const float* inp, int64_t N);
-// dinp = dout where out > 0, else 0. Uses the output (as torch's ReLU backward does).
+// dinp = 0 where out <= 0, else dout (torch's threshold_backward, so a NaN output passes dout on).
 void relu_backward(float* dinp, const float* dout, const float* out, int64_t N);
 
 // Softmax cross-entropy with mean reduction (torch.nn.functional.cross_entropy defaults).

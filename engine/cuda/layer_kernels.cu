@@ -24,11 +24,11 @@ __global__ void bias_backward_kernel(float* dbias, const float* dout, int64_t B,
 }
 
 __global__ void relu_forward_kernel(float* out, const float* inp, int64_t N) {
-  DTLAB_GRID_STRIDE(i, N) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+  DTLAB_GRID_STRIDE(i, N) out[i] = inp[i] < 0.0f ? 0.0f : inp[i];  // as ops.cpp: NaN and -0.0 pass
 }
 
 __global__ void relu_backward_kernel(float* dinp, const float* dout, const float* out, int64_t N) {
-  DTLAB_GRID_STRIDE(i, N) dinp[i] = out[i] > 0.0f ? dout[i] : 0.0f;
+  DTLAB_GRID_STRIDE(i, N) dinp[i] = out[i] <= 0.0f ? 0.0f : dout[i];  // threshold_backward, as ops.cpp
 }
 
 // Block-wide reduction of one value per thread (max or sum); every thread gets the result.
