@@ -91,7 +91,9 @@ Question parse_question(const std::vector<std::pair<int, std::string>>& lines, i
       throw LessonError(lesson.path, l, e.what());
     }
   };
-  for (const auto& [l, raw] : lines) {
+  for (const auto& entry : lines) {
+    const auto l = entry.first;  // a plain variable: the lambda below captures it (clang 14 cannot capture bindings)
+    const auto& raw = entry.second;
     if (trim(raw).empty() || starts_with(trim(raw), "#")) continue;
     if (std::isspace(static_cast<unsigned char>(raw[0]))) {  // a continuation of `ask:` or `explain:`
       if (key == "ask") q.ask += " " + trim(raw);

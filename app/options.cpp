@@ -101,6 +101,7 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
       app.add_option("--compare", compare, "Pipeline view: simulate this schedule under the run's, with its action costs"),
   };
   app.add_option("--skip-layer", c.skip_layer, "Model branch: bypass this square Linear every --skip-every steps");
+  app.add_flag("--allow-nonfinite", c.allow_nonfinite, "Train on when the loss becomes NaN or infinite (default: stop, diagnosed)");
   app.add_option("--skip-every", c.skip_every, "Period of the branch")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   std::vector<std::string> faults;
   app.add_option("--fault", faults, "Inject a fault (repeatable): skip:rank=R,collective=K or delay:rank=R,collective=K,ms=M");

@@ -356,6 +356,7 @@ Runner add_train_command(CLI::App& app) {
   a->static_opt = app.add_flag("--static-buckets", a->static_buckets, "Keep DDP's construction-time buckets (no rebuild after iteration 1)");
   app.add_option("--skip-layer", c.skip_layer, "Model branch: bypass this square Linear (Sequential index) on every --skip-every-th step")->check(whole_number(0, 1 << 20));
   app.add_option("--skip-every", c.skip_every, "Period of the --skip-layer branch in steps")->check(whole_number(1, int64_t{1} << 40))->capture_default_str();
+  app.add_flag("--allow-nonfinite", c.allow_nonfinite, "Train on when the loss becomes NaN or infinite (default: stop at that step, naming the rank and the first non-finite layer)");
   app.add_option("--monitor", c.monitor_port, "Under dtlab-cli launch: rank 0 serves the run to 'dtlab --attach MASTER_ADDR:PORT' on this port; the run starts paused")->check(whole_number(1, 65535));
   app.add_option("--monitor-wait", c.monitor_wait_s, "Seconds a --monitor run waits for its viewer to attach")->check(real_number(0.001, 1e6))->capture_default_str();
   app.add_option("--timeout", c.timeout_s, "Watchdog: seconds before a stuck collective or DDP bucket fails, diagnosed")->check(real_number(0.001, 1e6))->capture_default_str();

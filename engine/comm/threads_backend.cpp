@@ -512,6 +512,7 @@ void ThreadsWorld::run(const std::function<void(int, Communicator&, RankContext&
   threads::World& w = impl_->world;
   std::vector<std::string> errors(static_cast<size_t>(w.n_));
   std::vector<char> comm_error(static_cast<size_t>(w.n_), 0);  // not vector<bool>: ranks write it at once
+  std::vector<char> stopped(static_cast<size_t>(w.n_), 0);     // the rank raised RunStopped
   std::vector<std::thread> ts;
   for (int r = 0; r < w.n_; r++) {
     ts.emplace_back([&, r] {
@@ -522,6 +523,10 @@ void ThreadsWorld::run(const std::function<void(int, Communicator&, RankContext&
         errors[static_cast<size_t>(r)] = e.what();
         comm_error[static_cast<size_t>(r)] = 1;
         // A diagnosis raised above the communicator (DDP's reducer watchdog) ends the run too.
+        w.abort(e.what());
+      } catch (const RunStopped& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+        stopped[static_cast<size_t>(r)] = 1;
         w.abort(e.what());
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
@@ -536,6 +541,9 @@ void ThreadsWorld::run(const std::function<void(int, Communicator&, RankContext&
     std::lock_guard<std::mutex> lock(w.mu_);
     root = w.aborted_ ? w.abort_reason_ : "";
   }
+  // A stop every rank agreed on (RunStopped) is the run's sentence, not one rank's failure.
+  for (int r = 0; r < w.n_; r++)
+    if (stopped[static_cast<size_t>(r)]) throw RunStopped(errors[static_cast<size_t>(r)]);
   for (int r = 0; r < w.n_; r++) {
     if (errors[static_cast<size_t>(r)].empty()) continue;
     if (!comm_error[static_cast<size_t>(r)]) throw Error("rank " + std::to_string(r) + ": " + errors[static_cast<size_t>(r)]);

@@ -13,6 +13,12 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The whole run stops for one reason every rank found at once (the loss became non-finite): each
+// rank raises the same sentence, and a world reports it once, without blaming a rank for it.
+struct RunStopped : Error {
+  using Error::Error;
+};
+
 struct InternalError : std::logic_error {
   using std::logic_error::logic_error;
 };

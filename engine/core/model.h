@@ -137,6 +137,12 @@ class Model {
   const float* forward(const float* x, int64_t B);  // returns logits (B, Dk)
   void backward(const float* dlogits, const GradReadyHook& on_grad_ready = {});
   int64_t batch() const { return batch_; }
+  // The last forward()'s input (device memory, batch() rows) and layer i's output there; null
+  // before the first forward, and for a layer the branch bypassed.
+  const float* last_input() const { return input_; }
+  const float* layer_output(int i) const {
+    return input_ && !layer_skipped(i) ? acts_[static_cast<size_t>(i)].f32() : nullptr;
+  }
 
   // Instrumentation: every layer_forward/layer_backward is reported (null: none).
   void set_observer(ComputeObserver* obs) { observer_ = obs; }

@@ -63,6 +63,7 @@ std::string train_config_to_json(const TrainConfig& c) {
   j["accum"] = c.accum;
   j["skip_layer"] = c.skip_layer;
   j["skip_every"] = c.skip_every;
+  j["allow_nonfinite"] = c.allow_nonfinite;
   const DdpOptions& d = c.ddp;
   j["ddp"] = {{"bucket_cap_bytes", d.bucket_cap_bytes},
               {"first_bucket_bytes", d.first_bucket_bytes},
@@ -149,6 +150,7 @@ TrainConfig train_config_from_json(const std::string& text) {
   get(j, "accum", c.accum);
   get(j, "skip_layer", c.skip_layer);
   get(j, "skip_every", c.skip_every);
+  get(j, "allow_nonfinite", c.allow_nonfinite);
   if (j.contains("ddp")) {
     const json& d = j["ddp"];
     get(d, "bucket_cap_bytes", c.ddp.bucket_cap_bytes);

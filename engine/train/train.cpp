@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 
 #include "engine/core/check.h"
@@ -13,6 +14,7 @@
 #include "engine/io/sharded_checkpoint.h"
 #include "engine/monitor/monitor.h"
 #include "engine/train/config_json.h"
+#include "engine/train/nonfinite.h"
 #include "engine/trace/cost_model.h"
 #include "engine/trace/export.h"
 #if DTLAB_HAVE_CUDA
@@ -127,6 +129,28 @@ void validate(const TrainConfig& c) {
       throw Error("--save-sharded " + c.save_sharded_path + ": directory " + parent.string() + " does not exist; create it first");
   }
   if (!c.trace_path.empty()) check_output_path("--trace", c.trace_path);
+}
+
+// The loss of `step`, summed over the ranks (`reduced`), is non-finite: every rank learns which
+// rank's own loss (`local`) went non-finite and where its forward first holds a non-finite value
+// (one all-reduce of a code per rank), and raises the same sentence.
+[[noreturn]] void stop_on_nonfinite(int64_t step, double local, double reduced, int rank, int world,
+                                    Communicator* comm, const Model& model) {
+  const NonFiniteSite mine = std::isfinite(local) ? NonFiniteSite{} : find_nonfinite(model);
+  std::vector<float> codes(static_cast<size_t>(world), 0.0f);
+  codes[static_cast<size_t>(comm ? rank : 0)] = std::isfinite(local) ? 0.0f : std::max(mine.code(), 1.0f);
+  if (comm) {
+    Device& dev = model.device();
+    Tensor t({world}, MemCategory::Other, nullptr, DType::F32, dev);
+    dev.upload(t.raw(), codes.data(), t.nbytes());
+    comm->all_reduce(t.f32(), world, ReduceOp::Sum)->wait();
+    dev.download(codes.data(), t.raw(), t.nbytes());
+  }
+  for (int r = 0; r < world; r++)
+    if (codes[static_cast<size_t>(r)] > 0)
+      throw RunStopped(nonfinite_stop_message(step, reduced, comm ? r : rank, NonFiniteSite::decode(codes[static_cast<size_t>(r)]), model));
+  // No rank's own loss was non-finite: their sum overflowed.
+  throw RunStopped(nonfinite_stop_message(step, reduced, -1, NonFiniteSite{NonFiniteSite::Loss, -1}, model));
 }
 
 }  // namespace
@@ -575,6 +599,8 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
       dev.download(f, figures.raw(), sizeof f);
       for (int i = 0; i < 4; i++) m[i] = f[i];
     }
+    if (!config_.allow_nonfinite && !std::isfinite(m[0]))
+      stop_on_nonfinite(step, loss_sums[0], m[0], rank, comm ? N : 1, comm, model);
     if (timer) timer->flush();
     if (ctx) ctx->end_iteration();
     const double dt = seconds_since(t0);

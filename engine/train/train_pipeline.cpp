@@ -2,10 +2,12 @@
 // run_rank (train.cpp), but the forward and backward are this rank's row of the pipeline schedule
 // (engine/parallel/pipeline.h), so it gets its own loop.
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
 #include "engine/core/check.h"
+#include "engine/train/nonfinite.h"
 #include "engine/train/train.h"
 
 namespace dtlab {
@@ -78,6 +80,13 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
     comm.all_gather(gathered.f32(), mine_dev.f32(), kRecordFloats, DType::F32)->wait();
     dev.download(all.data(), gathered.raw(), gathered.nbytes());
     std::memcpy(static_cast<void*>(records.data()), all.data(), all.size() * sizeof(float));
+    // A non-finite loss stops every rank with the same sentence; the last stage of a replica
+    // computes its loss (where the values came from may be an earlier stage).
+    if (!config_.allow_nonfinite)
+      for (int r = 0; r < N; r++)
+        if (!std::isfinite(records[static_cast<size_t>(r)].loss_sum))
+          throw RunStopped(nonfinite_stop_message(step, records[static_cast<size_t>(r)].loss_sum, r, NonFiniteSite{},
+                                                  *models_[0]));
     if (timer) timer->flush();
     ctx.end_iteration();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

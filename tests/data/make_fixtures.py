@@ -40,6 +40,12 @@ with warnings.catch_warnings():
         z.writestr("y.npy", npy(y, (1, 0)))
         z.writestr("x.npy", npy(x * 2, (1, 0)))
 
+# 64 spiral-like rows with one NaN (row 41): with --batch 16 --world 2 and no shuffle it is in rank 1's
+# second batch, so training must stop at step 2 naming rank 1 and its input.
+xn = np.stack([np.cos(np.arange(64) * 0.3), np.sin(np.arange(64) * 0.3)], axis=1).astype(np.float32)
+xn[41, 1] = np.nan
+np.savez("nan_x.npz", x=xn, y=(np.arange(64) % 3).astype(np.int64))
+
 # x's data cut short inside a valid zip (CRC matches): the .npy body is truncated.
 with zipfile.ZipFile("x_short.npz", "w") as z:
     z.writestr("x.npy", npy(x, (1, 0))[:-8])
