@@ -4,8 +4,10 @@
 #include <new>
 
 #include "app/app.h"
+#include "engine/io/atomic_file.h"
 
 int main(int argc, char** argv) {
+  dtlab::remove_temp_files_on_signal();  // a save interrupted by a signal leaves no temp file
   try {
     dtlab::app::AppOptions options;
     int rc = dtlab::app::parse_app_options(argc, argv, options);

@@ -1,8 +1,10 @@
 #include "engine/io/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -37,7 +39,74 @@ int write_all(int fd, const void* buf, size_t n) {
   return 0;
 }
 
+// The temp files being written now, for a signal handler to remove (async-signal-safe: fixed
+// slots, atomics, unlink). A slot is 0 free, 1 being filled or emptied, 2 holding a path.
+constexpr size_t kTempSlots = 32, kTempPathMax = 4096;
+struct TempSlot {
+  std::atomic<int> state{0};
+  char path[kTempPathMax];
+};
+std::array<TempSlot, kTempSlots> g_temps;
+
+int register_temp(const std::string& path) {
+  if (path.size() >= kTempPathMax) return -1;
+  for (size_t i = 0; i < kTempSlots; i++) {
+    int expected = 0;
+    if (!g_temps[i].state.compare_exchange_strong(expected, 1)) continue;
+    std::memcpy(g_temps[i].path, path.c_str(), path.size() + 1);
+    g_temps[i].state.store(2);
+    return static_cast<int>(i);
+  }
+  return -1;  // more than kTempSlots saves at once: this one is only cleaned at the next save
+}
+
+void unregister_temp(int slot) {
+  if (slot >= 0) g_temps[static_cast<size_t>(slot)].state.store(0);
+}
+
+extern "C" void remove_temps_and_die(int sig) {
+  for (TempSlot& t : g_temps)
+    if (t.state.load() == 2) ::unlink(t.path);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+// "PATH.tmp.<pid>.<n>" left by a process that no longer runs (killed while saving): removed.
+void remove_stale_temps(const std::string& target) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path dir = fs::path(target).parent_path();
+  if (dir.empty()) dir = ".";
+  const std::string prefix = fs::path(target).filename().string() + ".tmp.";
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = name.substr(prefix.size());  // "<pid>.<n>"
+    const size_t dot = rest.find('.');
+    if (dot == 0 || dot == std::string::npos || dot + 1 == rest.size() ||
+        rest.find_first_not_of("0123456789.") != std::string::npos || rest.find('.', dot + 1) != std::string::npos)
+      continue;
+    const long pid = std::strtol(rest.substr(0, dot).c_str(), nullptr, 10);
+    if (pid <= 0 || pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // its writer may still run
+    fs::remove(it->path(), ec);
+    ec.clear();
+  }
+}
+
 }  // namespace
+
+void remove_temp_files_on_signal() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction sa {};
+    sa.sa_handler = remove_temps_and_die;
+    sigemptyset(&sa.sa_mask);
+    // Keep a handler someone else installed (the launcher forwards signals to its ranks).
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler != SIG_DFL) continue;
+    ::sigaction(sig, &sa, nullptr);
+  }
+}
 
 void check_output_path(const std::string& flag, const std::string& path) {
   namespace fs = std::filesystem;
@@ -64,15 +133,18 @@ int Fd::close() {
 AtomicFile::AtomicFile(std::string target) : target_(std::move(target)) {
   static std::atomic<uint64_t> counter{0};  // two saves in one process never share a temp name
   tmp_ = target_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  remove_stale_temps(target_);
   fd_.fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd_.fd < 0)
     fail(target_, "cannot save: cannot create temporary file " + tmp_ + " (" + os_reason(errno) +
                       "); check that the directory exists and is writable");
+  slot_ = register_temp(tmp_);
 }
 
 AtomicFile::~AtomicFile() {
   fd_.close();
   if (!committed_) ::unlink(tmp_.c_str());
+  unregister_temp(slot_);
 }
 
 void AtomicFile::write(const void* buf, size_t n) {
@@ -89,6 +161,7 @@ void AtomicFile::commit() {
   if (::rename(tmp_.c_str(), target_.c_str()) != 0)
     fail(target_, "cannot save: renaming " + tmp_ + " over it failed (" + os_reason(errno) + ")");
   committed_ = true;
+  unregister_temp(std::exchange(slot_, -1));
   // The rename itself lives in the directory; sync it so the new name survives a crash.
   std::string dir = std::filesystem::path(target_).parent_path().string();
   if (dir.empty()) dir = ".";

@@ -1,6 +1,9 @@
 // Files that appear whole or not at all: bytes go to PATH.tmp.<pid>.<n> in the same directory,
 // which is fsync'ed and renamed over PATH on commit() (then the directory is synced). Destroyed
 // without commit() (an error, an exception), the temp file is removed: nothing half-written stays.
+// A process killed while saving cannot remove its temp file: the next save of PATH removes every
+// PATH.tmp.<pid>.<n> whose process is gone, and remove_temp_files_on_signal() makes SIGINT, SIGTERM
+// and SIGHUP remove the ones being written before the process dies.
 #pragma once
 #include <cstddef>
 #include <string>
@@ -10,6 +13,10 @@ namespace dtlab {
 // Checks, before any work starts, that `path` can be written atomically: not a directory, and its
 // directory exists and is writable. Throws dtlab::Error naming `flag` (e.g. "--save").
 void check_output_path(const std::string& flag, const std::string& path);
+
+// Installs handlers for SIGINT, SIGTERM and SIGHUP (where none is installed) that remove the temp
+// files of saves in progress, then die of the signal as before. Front ends call it once at start.
+void remove_temp_files_on_signal();
 
 // An owned POSIX file descriptor.
 struct Fd {
@@ -35,6 +42,7 @@ class AtomicFile {
  private:
   std::string target_, tmp_;
   Fd fd_{-1};
+  int slot_ = -1;  // in the signal handler's table
   bool committed_ = false;
 };
 

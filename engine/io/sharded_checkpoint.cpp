@@ -1,10 +1,15 @@
 #include "engine/io/sharded_checkpoint.h"
 
+#include <fcntl.h>  // renameat2, RENAME_EXCHANGE (glibc 2.28+, with _GNU_SOURCE, which g++ and clang++ define)
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <nlohmann/json.hpp>
 
 #include "engine/core/check.h"
@@ -71,15 +76,97 @@ bool is_checkpoint_dir(const std::string& path) {
   return fs::is_directory(path, ec);
 }
 
+namespace {
+
+// DIR without trailing slashes ("ckpt/" -> "ckpt"), so its name and parent are what they look like.
+fs::path checkpoint_path(const std::string& dir) {
+  fs::path p = fs::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p;
+}
+
+// Where a save of DIR is written before the swap: ".NAME.saving" beside it (every rank derives the
+// same name, also in separate processes).
+fs::path staging_path(const fs::path& target) {
+  return target.parent_path() / ("." + target.filename().string() + ".saving");
+}
+
+// The names a sharded checkpoint's directory holds: index.json, rank files, and the temp files of
+// their atomic writes.
+bool is_checkpoint_file(const std::string& name) {
+  static const std::regex re(R"((index\.json|rank-\d{5}-of-\d{5}\.safetensors)(\.tmp\.\d+\.\d+)?)");
+  return std::regex_match(name, re);
+}
+
+void sync_directory(const fs::path& dir) {
+  const std::string d = dir.empty() ? "." : dir.string();
+  const int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// Puts the complete checkpoint at `staging` in place of `target`. With an old checkpoint there, the
+// two directories are exchanged atomically (renameat2 RENAME_EXCHANGE), so DIR is always one
+// complete checkpoint; a filesystem without the exchange gets two renames with the old one kept
+// aside as .NAME.old until the new one is in place.
+void swap_into_place(const fs::path& staging, const fs::path& target) {
+  std::error_code ec;
+  if (!fs::exists(target, ec)) {
+    if (::rename(staging.c_str(), target.c_str()) != 0)
+      fail(target.string(), std::string("cannot save: renaming ") + staging.string() + " into place failed (" +
+                                std::strerror(errno) + ")");
+  } else if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(staging, ec);  // now the old checkpoint
+  } else {
+    const fs::path old = target.parent_path() / ("." + target.filename().string() + ".old");
+    fs::remove_all(old, ec);
+    if (::rename(target.c_str(), old.c_str()) != 0 || ::rename(staging.c_str(), target.c_str()) != 0)
+      fail(target.string(), std::string("cannot save: moving the new checkpoint into place failed (") + std::strerror(errno) +
+                                "); the new one is in " + staging.string() + " and the last one in " + old.string());
+    fs::remove_all(old, ec);
+  }
+  sync_directory(target.parent_path());
+}
+
+}  // namespace
+
+void check_sharded_output_dir(const std::string& flag, const std::string& dir) {
+  std::error_code ec;
+  const fs::path target = checkpoint_path(dir);
+  if (fs::exists(target, ec) && !fs::is_directory(target, ec))
+    throw Error(flag + " " + dir + " is a file; give a directory (it is created if missing)");
+  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  if (!fs::is_directory(parent, ec))
+    throw Error(flag + " " + dir + ": directory " + parent.string() + " does not exist; create it first");
+  if (::access(parent.c_str(), W_OK) != 0)
+    throw Error(flag + " " + dir + ": directory " + parent.string() + " is not writable (" + std::strerror(errno) + ")");
+  // The save replaces the whole directory: it may only hold a sharded checkpoint's files.
+  if (!fs::is_directory(target, ec)) return;
+  for (fs::directory_iterator it(target, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!is_checkpoint_file(name))
+      throw Error(flag + " " + dir + " holds " + name + ", which is not part of a sharded checkpoint, and the save replaces the "
+                  "whole directory; give an empty or new directory");
+  }
+}
+
 void save_sharded_checkpoint(const std::string& dir, const Model& model, const std::vector<ParamSlice>& slices,
                              Communicator& comm, int64_t step, const std::string& strategy) {
   const int rank = comm.rank(), world = comm.world_size();
   const auto& params = model.parameters();
+  // Everything is written into a staging directory beside DIR and swapped in at the end: an
+  // interrupted save leaves the last good checkpoint where it was (and its staging directory,
+  // which the next save replaces).
+  const fs::path target = checkpoint_path(dir);
+  const fs::path staging_dir = staging_path(target);
+  const std::string staging = staging_dir.string();
   if (rank == 0) {
+    check_sharded_output_dir("--save-sharded", dir);
     std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) fail(dir, "cannot be created (" + ec.message() + "); choose a writable --save-sharded directory");
-    fs::remove(join(dir, kIndex), ec);  // from now until the new index, the directory is not loadable
+    fs::remove_all(staging_dir, ec);  // a save interrupted before
+    fs::create_directory(staging_dir, ec);
+    if (ec) fail(staging, "cannot be created (" + ec.message() + "); choose a writable --save-sharded directory");
   }
   comm.barrier()->wait();
   if (!slices.empty()) {
@@ -96,7 +183,7 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
       }
       views.push_back({piece_name(params[static_cast<size_t>(s.param)].name, s.offset), DType::F32, {s.length}, data});
     }
-    save_safetensors(join(dir, shard_file_name(rank, world)), views,
+    save_safetensors(join(staging, shard_file_name(rank, world)), views,
                      {{"format", kFormat}, {"rank", std::to_string(rank)}, {"world", std::to_string(world)}});
   }
   comm.barrier()->wait();
@@ -106,8 +193,8 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
     for (const Parameter& p : params) ps[p.name] = {{"shape", p.shape}, {"pieces", json::array()}};
     for (int r = 0; r < world; r++) {
       const std::string file = shard_file_name(r, world);
-      if (!fs::exists(join(dir, file))) continue;  // a rank that owns nothing (HYBRID_SHARD's copies)
-      for (const SafetensorsEntry& e : load_safetensors_header(join(dir, file)).entries) {
+      if (!fs::exists(join(staging, file))) continue;  // a rank that owns nothing (HYBRID_SHARD's copies)
+      for (const SafetensorsEntry& e : load_safetensors_header(join(staging, file)).entries) {
         const size_t at = e.name.rfind('@');
         const std::string name = e.name.substr(0, at);
         ps[name]["pieces"].push_back({{"file", file}, {"tensor", e.name},
@@ -117,11 +204,12 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
     json j = {{"format", kFormat}, {"step", step},          {"model", model.spec().str()},
               {"world", world},    {"strategy", strategy}, {"params", ps}};
     const std::string text = j.dump(1) + "\n";
-    AtomicFile f(join(dir, kIndex));
+    AtomicFile f(join(staging, kIndex));
     f.write(text.data(), text.size());
     f.commit();
+    swap_into_place(staging_dir, target);
   }
-  comm.barrier()->wait();  // nobody reads the directory before its index exists
+  comm.barrier()->wait();  // nobody reads the directory before the new checkpoint is in place
 }
 
 CheckpointInfo read_sharded_checkpoint_info(const std::string& dir) {

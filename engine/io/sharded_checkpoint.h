@@ -5,8 +5,9 @@
 //   index.json                        {"format": "dtlab-sharded", "step", "model", "world",
 //                                      "strategy", "params": {name: {"shape", "pieces":
 //                                      [{"file", "tensor", "offset", "length"}]}}}
-// index.json is written last (after every rank's file is complete) and removed first, so a
-// directory whose save was interrupted holds no index and is refused, never half-loaded.
+// A save writes everything into .DIR.saving beside DIR, index.json last, and then exchanges the two
+// directories atomically: DIR is always the last complete checkpoint, whenever the save is
+// interrupted. A directory without index.json (not a complete save) is refused, never half-loaded.
 // Loading reassembles every parameter from the pieces, whatever strategy, wrap policy or world
 // size wrote them, so a sharded checkpoint loads into any run; the full safetensors checkpoint
 // (checkpoint.h) stays the one to hand to PyTorch.
@@ -33,6 +34,11 @@ struct ParamSlice {
 // empty), then rank 0 writes the index. `strategy` is recorded for people ("FULL_SHARD").
 void save_sharded_checkpoint(const std::string& dir, const Model& model, const std::vector<ParamSlice>& slices,
                              Communicator& comm, int64_t step, const std::string& strategy);
+
+// Checks, before any work starts, that DIR can take a sharded save: a directory (or a new name)
+// whose parent exists and is writable, holding nothing but a sharded checkpoint's files (the save
+// replaces the whole directory). Throws dtlab::Error naming `flag`.
+void check_sharded_output_dir(const std::string& flag, const std::string& dir);
 
 // True when `path` is a directory (then it must be a sharded checkpoint).
 bool is_checkpoint_dir(const std::string& path);

@@ -121,12 +121,7 @@ void validate(const TrainConfig& c) {
   if (!c.save_sharded_path.empty()) {
     if (c.strategy != "fsdp")
       throw Error("--save-sharded writes each rank's FSDP shard; use it with --strategy fsdp, or --save for one full checkpoint");
-    const std::filesystem::path dir(c.save_sharded_path);
-    if (std::filesystem::exists(dir) && !std::filesystem::is_directory(dir))
-      throw Error("--save-sharded " + c.save_sharded_path + " is a file; give a directory (it is created if missing)");
-    const std::filesystem::path parent = dir.has_parent_path() ? dir.parent_path() : std::filesystem::path(".");
-    if (!std::filesystem::is_directory(parent))
-      throw Error("--save-sharded " + c.save_sharded_path + ": directory " + parent.string() + " does not exist; create it first");
+    check_sharded_output_dir("--save-sharded", c.save_sharded_path);
   }
   if (!c.trace_path.empty()) check_output_path("--trace", c.trace_path);
 }
