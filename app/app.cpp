@@ -718,7 +718,7 @@ void App::open_lesson(const std::string& name) {
   } catch (const Error& e) {  // the panel shows the sentence; the app goes on
     lesson_error_ = e.what();
     std::fprintf(stderr, "dtlab: %s\n", e.what());
-    if (opt_.play) exit_code_ = 2, quit_ = true;
+    if (scripted_) exit_code_ = 2, quit_ = true;  // a script's `lesson open` of a bad lesson ends it
     return;
   }
   ScriptCommand c;
@@ -816,13 +816,12 @@ int App::run() {
   queue_.assign(opt_.script.begin(), opt_.script.end());
   scripted_ = !opt_.script.empty() || opt_.play;
   if (!opt_.lesson.empty()) {
-    if (opt_.play) {  // a broken lesson fails before any window opens: exit 2 with file:line
-      try {
-        load_lesson(opt_.lesson);
-      } catch (const Error& e) {
-        std::fprintf(stderr, "dtlab: %s\n", e.what());
-        return 2;
-      }
+    // A missing or broken --lesson is bad input: exit 2 with file:line before any window opens.
+    try {
+      load_lesson(opt_.lesson);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "dtlab: %s\n", e.what());
+      return 2;
     }
     ScriptCommand open;
     open.kind = ScriptCommand::Lesson;

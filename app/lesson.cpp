@@ -407,8 +407,13 @@ Lesson load_lesson(const std::string& name_or_path) {
       names.push_back(lesson_name(p));
       if (lesson_name(p) == name_or_path || fs::path(p).stem() == name_or_path) path = p;
     }
-    if (path.empty())
-      throw LessonError(lessons_dir(), 0, "no lesson '" + name_or_path + "'" + did_you_mean(name_or_path, names));
+    if (path.empty()) {
+      std::string list;
+      for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+      const std::string hint = did_you_mean(name_or_path, names);
+      throw LessonError(lessons_dir(), 0, "no lesson '" + name_or_path + "'" +
+                                              (hint.empty() ? "; the lessons are " + list + ", or give a PATH.md" : hint));
+    }
   }
   std::ifstream f(path);
   if (!f) throw LessonError(path, 0, "cannot read the lesson file");

@@ -188,6 +188,17 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
       int port = 0;
       parse_monitor_address(o.attach, host, port);
       if (!o.lesson.empty()) throw Error("--attach shows a launched run and --lesson runs its own; drop one of them");
+      // A launched run's configuration is its ranks' (dtlab-cli train ... --monitor PORT): a flag
+      // that would configure this window's own run cannot change it, so it is refused, not ignored.
+      for (const char* flag : {"--strategy", "--world", "--model", "--data", "--batch", "--steps", "--accum", "--optimizer",
+                               "--lr", "--bucket-cap-mb", "--first-bucket-mb", "--find-unused-parameters", "--sharding",
+                               "--node-size", "--wrap", "--backward-prefetch", "--forward-prefetch", "--stages",
+                               "--microbatches", "--schedule", "--chunks", "--dp", "--split", "--unit-costs", "--skip-layer",
+                               "--skip-every", "--allow-nonfinite", "--fault", "--profile", "--seed", "--timeout",
+                               "--device", "--backend"})
+        if (app.count(flag) > 0)
+          throw Error(std::string("--attach shows a launched run as its ranks were started, so ") + flag +
+                      " cannot apply; give it to 'dtlab-cli train' under dtlab-cli launch, or drop it");
     }
     if (!script_file.empty() && !run_cmds.empty()) throw Error("give --script FILE or --run \"commands\", not both");
     if (!script_file.empty()) {

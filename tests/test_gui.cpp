@@ -136,6 +136,16 @@ TEST_SUITE("gui") {
     CHECK(r.code == 2);
     CHECK(r.out.rfind("dtlab: ", 0) == 0);
     CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+    // A launched run's configuration is its ranks': a run flag beside --attach is refused, not ignored.
+    r = shell(std::string(DTLAB_APP_PATH) + " --attach 127.0.0.1:9 --strategy fsdp");
+    CHECK(r.code == 2);
+    CHECK(r.out.rfind("dtlab: --attach shows a launched run as its ranks were started, so --strategy cannot apply", 0) == 0);
+    if (have_xvfb()) {  // a missing lesson is bad input, also with a script that would quit cleanly
+      r = run_app("--lesson nosuchlesson --run quit", dir);
+      CHECK(r.code == 2);
+      CHECK(r.out.find("no lesson 'nosuchlesson'; the lessons are ") != std::string::npos);
+      CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+    }
   }
 
   TEST_CASE("under Xvfb: a ring all-reduce stopped mid reduce-scatter") {
