@@ -43,8 +43,10 @@ struct Child {
   pid_t pid = -1;
   int out_fd = -1, err_fd = -1;
   std::string out_line, err_line;  // a partial line waiting for its end
+  std::string diagnosis;           // its last "dtlab-cli: ..." line on stderr, without the prefix
   bool exited = false;
   int code = 0;  // exit code, or 128 + signal
+  int stop_signal = 0;  // stopped (SIGSTOP, SIGTSTP, ...) and not continued: it runs nothing, answers no one
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -118,7 +120,8 @@ Child spawn(const std::string& exe, const LaunchArgs& a, int local, int world, i
 }
 
 // Copies what a rank wrote, a "[rank N] " prefix on each line. Returns false at end of stream.
-bool relay(int& fd, std::string& line, int rank, std::ostream& to) {
+// A "dtlab-cli: ..." line (the rank's error sentence) is kept in `diagnosis` when given.
+bool relay(int& fd, std::string& line, int rank, std::ostream& to, std::string* diagnosis = nullptr) {
   char buf[4096];
   ssize_t n = ::read(fd, buf, sizeof buf);
   if (n < 0 && errno == EINTR) return true;
@@ -127,6 +130,7 @@ bool relay(int& fd, std::string& line, int rank, std::ostream& to) {
     size_t nl;
     while ((nl = line.find('\n')) != std::string::npos) {
       to << "[rank " << rank << "] " << line.substr(0, nl + 1);
+      if (diagnosis && line.rfind("dtlab-cli: ", 0) == 0) *diagnosis = line.substr(11, nl - 11);
       line.erase(0, nl + 1);
     }
     to.flush();
@@ -137,6 +141,17 @@ bool relay(int& fd, std::string& line, int rank, std::ostream& to) {
   ::close(fd);
   fd = -1;
   return false;
+}
+
+// "SIGSTOP" for the stop signals a rank can get.
+std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGSTOP: return "SIGSTOP";
+    case SIGTSTP: return "SIGTSTP";
+    case SIGTTIN: return "SIGTTIN";
+    case SIGTTOU: return "SIGTTOU";
+    default: return "signal " + std::to_string(sig);
+  }
 }
 
 // Signals the ranks still running; returns them.
@@ -185,7 +200,7 @@ int run_launch(LaunchArgs& a, Streams& io) {
     for (size_t k = 0; k < fds.size(); k++) {
       if (!fds[k].revents) continue;
       Child& c = children[who[k].first];
-      if (who[k].second) relay(c.err_fd, c.err_line, c.rank, io.err);
+      if (who[k].second) relay(c.err_fd, c.err_line, c.rank, io.err, &c.diagnosis);
       else relay(c.out_fd, c.out_line, c.rank, io.out);
     }
     bool all_exited = true;
@@ -193,7 +208,14 @@ int run_launch(LaunchArgs& a, Streams& io) {
       Child& c = children[i];
       if (c.exited) continue;
       int status = 0;
-      if (::waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      const pid_t got = ::waitpid(c.pid, &status, WNOHANG | WUNTRACED | WCONTINUED);
+      if (got == c.pid && WIFSTOPPED(status)) {
+        c.stop_signal = WSTOPSIG(status);  // its peers' watchdogs will name it; so will the last line
+        all_exited = false;
+      } else if (got == c.pid && WIFCONTINUED(status)) {
+        c.stop_signal = 0;
+        all_exited = false;
+      } else if (got == c.pid) {
         c.exited = true;
         c.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         if (!any_exit) first_exit = Clock::now(), any_exit = true;
@@ -211,6 +233,10 @@ int run_launch(LaunchArgs& a, Streams& io) {
       stopping = true;
       stop_sent = Clock::now();
     }
+    if (stopping && !killed) {  // a stopped rank gets SIGTERM only once it runs again
+      for (Child& c : children)
+        if (!c.exited && c.stop_signal) ::kill(c.pid, SIGKILL);
+    }
     if (stopping && !killed && seconds_since(stop_sent) > kTermGraceS) {
       signal_all(children, SIGKILL);
       killed = true;
@@ -221,9 +247,24 @@ int run_launch(LaunchArgs& a, Streams& io) {
   if (failed >= 0) {
     const Child& c = children[static_cast<size_t>(failed)];
     std::ostringstream os;
-    os << "dtlab-cli: launch: rank " << c.rank
-       << (c.code > 128 ? " was killed by signal " + std::to_string(c.code - 128) : " exited with code " + std::to_string(c.code))
-       << (stopped.empty() ? "" : "; stopped " + ranks_text(stopped)) << "\n";
+    os << "dtlab-cli: launch: ";
+    // A rank stopped by a signal never fails by itself: its peers time out waiting for it. Name it first.
+    for (const Child& s : children)
+      if (s.stop_signal && &s != &c)
+        os << "rank " << s.rank << " was stopped by signal " << s.stop_signal << " (" << signal_name(s.stop_signal)
+           << ") and stopped answering; ";
+    os << "rank " << c.rank
+       << (c.code > 128 ? " was killed by signal " + std::to_string(c.code - 128) : " exited with code " + std::to_string(c.code));
+    // A failed collective (code 3): every rank of the world stops with the same root cause (the
+    // first diagnosis is sent to all), so a rank whose stderr passes through here tells it.
+    if (c.code == 3)
+      for (const Child& d : children)
+        if (d.code == 3 && !d.diagnosis.empty()) {
+          os << ": " << d.diagnosis;
+          break;
+        }
+    os
+       << (stopped.empty() ? "" : "; the launcher ended " + ranks_text(stopped)) << "\n";
     io.err << os.str() << std::flush;
     return c.code > 128 || c.code == 0 ? 1 : c.code;
   }

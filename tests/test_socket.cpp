@@ -6,12 +6,19 @@
 // save the parameters and print the losses of the in-process run.
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <future>
+#include <iterator>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -472,18 +479,59 @@ TEST_CASE("launch: a rank that fails stops the run with its sentence and its exi
   check_mentions(r.out, {"dtlab-cli: ", "mlp:2,x,3", "dtlab-cli: launch: rank ", "exited with code 2"});
 }
 
-TEST_CASE("launch: a rank that skips a collective (fault injection) is named by its peer's watchdog") {
+TEST_CASE("launch: a rank that skips a collective (fault injection) is named by every rank and the launcher") {
+  // Rank 0 waits in #2 (bucket 0's all-reduce) for rank 1, which went on to #3 and waits there for
+  // rank 0. Whichever watchdog fires first, the collective numbers say rank 1 skipped: every line
+  // blames rank 1, never rank 0. Twice at once, to run it under load as well.
   auto t0 = Clock::now();
-  ShellResult r = cli_shell("launch --nproc-per-node 2 -- train --strategy ddp --model mlp:2,8,3 --steps 3 --timeout 2 "
-                            "--fault skip:rank=1,collective=2");
+  const std::string cmd = "launch --nproc-per-node 2 -- train --strategy ddp --model mlp:2,8,3 --steps 3 --timeout 2 "
+                          "--fault skip:rank=1,collective=2";
+  auto other = std::async(std::launch::async, [&] { return cli_shell(cmd); });
+  for (ShellResult r : {cli_shell(cmd), other.get()}) {
+    INFO(r.out);
+    CHECK(r.code == 3);
+    const size_t last = r.out.rfind("dtlab-cli: launch: ");
+    REQUIRE(last != std::string::npos);
+    CHECK(r.out.find(": rank 1 skipped collective #2", last) != std::string::npos);
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);)
+      if (line.find("dtlab-cli: ") != std::string::npos) CHECK(line.find("rank 1 skipped collective #2") != std::string::npos);
+  }
+  CHECK(seconds_since(t0) < 30);
+  // A delayed rank only arrives late: the run finishes.
+  ShellResult r = cli_shell("launch --nproc-per-node 2 -- train --strategy ddp --model mlp:2,8,3 --steps 2 --fault delay:rank=1,collective=2,ms=300");
+  CHECK(r.code == 0);
+}
+
+TEST_CASE("launch: a rank stopped by SIGSTOP is named by the launcher, and the run ends") {
+  // Rank 1 of three is stopped mid-run: its peers' watchdogs fire, and the launcher, which sees the
+  // stop (waitpid WUNTRACED), names it, then ends it.
+  const std::string tag = "--steps 80000000 --seed " + std::to_string(::getpid());  // this test's ranks
+  auto launched = std::async(std::launch::async, [&] {
+    return cli_shell("launch --nproc-per-node 3 -- train --strategy ddp --model mlp:2,8,3 --timeout 2 " + tag);
+  });
+  pid_t rank1 = -1;
+  for (int tries = 0; tries < 200 && rank1 < 0; tries++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream cmdline(e.path() / "cmdline"), environ(e.path() / "environ");
+      std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+      std::replace(args.begin(), args.end(), '\0', ' ');
+      if (args.find(" train ") == std::string::npos || args.find(tag) == std::string::npos) continue;
+      for (std::string var; std::getline(environ, var, '\0');)
+        if (var == "RANK=1") rank1 = static_cast<pid_t>(std::stol(name));
+    }
+  }
+  REQUIRE(rank1 > 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let it train a little
+  ::kill(rank1, SIGSTOP);
+  const ShellResult r = launched.get();
   INFO(r.out);
   CHECK(r.code == 3);
-  CHECK(seconds_since(t0) < 30);
-  // Rank 0 waited in #2 (bucket 0's all-reduce) for rank 1, which never came.
-  check_mentions(r.out, {"rank 0: collective #2 allreduce", "waiting for data from rank 1"});
-  // A delayed rank only arrives late: the run finishes.
-  r = cli_shell("launch --nproc-per-node 2 -- train --strategy ddp --model mlp:2,8,3 --steps 2 --fault delay:rank=1,collective=2,ms=300");
-  CHECK(r.code == 0);
+  check_mentions(r.out, {"dtlab-cli: launch: rank 1 was stopped by signal 19 (SIGSTOP) and stopped answering",
+                         "waiting for data from rank 1"});
 }
 
 }  // TEST_SUITE

@@ -105,9 +105,24 @@ struct SocketCommunicator::Call {
     switch (end) {
       case WaitEnd::Ok: break;
       case WaitEnd::Aborted: throw CommError(mesh.abort_reason());
-      case WaitEnd::Timeout:
+      case WaitEnd::Timeout: {
+        // Who skipped a collective is clear from the collective numbers: a peer whose messages are
+        // for a later collective than this one went on without it; a peer still in one this rank
+        // skipped waits for this rank. Both ranks then name the same culprit.
+        const int64_t theirs = mesh.last_collective_seq(peer), mine = static_cast<int64_t>(job.seq);
+        const int64_t skipped = comm ? comm->skipped_before(job.seq) : -1;
+        if (theirs > mine)
+          throw CommError("rank " + std::to_string(peer) + " skipped collective " + what + ": rank " + std::to_string(rank) +
+                          " waited " + seconds_text(mesh.timeout_s()) + " in it" + at(step) + " for rank " +
+                          std::to_string(peer) + "'s data, but " + mesh.last_from(peer));
+        if (skipped >= 0 && theirs <= skipped)
+          throw CommError("rank " + std::to_string(rank) + " skipped collective #" + std::to_string(skipped) +
+                          " (fault injection): " + mesh.last_from(peer) + ", so rank " + std::to_string(peer) +
+                          " still waits in it, and rank " + std::to_string(rank) + "'s collective " + what +
+                          " timed out after " + seconds_text(mesh.timeout_s()) + at(step));
         throw CommError(who() + " timed out after " + seconds_text(mesh.timeout_s()) + at(step) +
                         " waiting for data from rank " + std::to_string(peer) + "; " + mesh.last_from(peer));
+      }
       case WaitEnd::Closed:
         throw CommError(who() + " lost rank " + std::to_string(peer) + at(step) +
                         ": it exited or failed before sending its data; " + mesh.last_from(peer));
@@ -312,6 +327,7 @@ WorkTimes SocketCommunicator::run_collective(CommJob& j) {
     if (f.rank != rank() || f.seq != j.seq) continue;
     if (f.kind == FaultKind::Skip) {
       set_status("skipped " + c.what + " (fault injection)", -1, 0);
+      skipped_.push_back(j.seq);
       const double t = ctx() ? ctx()->comm_clock() : 0.0;
       return WorkTimes{now_ns(), now_ns(), t, t};
     }
@@ -338,6 +354,13 @@ WorkTimes SocketCommunicator::run_collective(CommJob& j) {
     status_.steps_done = c.steps;
   }
   return finish_job(j, wall0, begin, c.model_t);
+}
+
+int64_t SocketCommunicator::skipped_before(uint64_t seq) const {
+  int64_t last = -1;
+  for (uint64_t s : skipped_)
+    if (s < seq) last = std::max(last, static_cast<int64_t>(s));
+  return last;
 }
 
 void SocketCommunicator::set_status(const std::string& activity, int64_t current, int steps_done) {

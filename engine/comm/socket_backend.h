@@ -60,8 +60,12 @@ class SocketCommunicator : public QueuedCommunicator {
   WorkTimes run_collective(CommJob& j);
   WorkTimes run_p2p(CommJob& j);
   void set_status(const std::string& activity, int64_t current, int steps_done);
+  // The latest collective before `seq` this rank skipped (fault injection), or -1. The comm
+  // worker's own record: only its thread reads and writes skipped_.
+  int64_t skipped_before(uint64_t seq) const;
   std::unique_ptr<SocketMesh> mesh_;
   std::vector<Fault> faults_;
+  std::vector<uint64_t> skipped_;
   mutable std::mutex status_mu_;
   SocketCommStatus status_;
 };

@@ -92,6 +92,7 @@ SocketMesh::SocketMesh(const MeshOptions& opt) : opt_(opt) {
   closed_.assign(static_cast<size_t>(n), false);
   closed_why_.assign(static_cast<size_t>(n), "");
   last_.assign(static_cast<size_t>(n), "");
+  last_seq_.assign(static_cast<size_t>(n), -1);
   for (int q = 0; q < n; q++) send_mu_.push_back(std::make_unique<std::mutex>());
   if (n > 1) {
     std::string why;
@@ -310,6 +311,11 @@ std::string SocketMesh::last_from(int peer) const {
   return s;
 }
 
+int64_t SocketMesh::last_collective_seq(int peer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_seq_[static_cast<size_t>(peer)];
+}
+
 void SocketMesh::abort(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -429,6 +435,7 @@ bool SocketMesh::read_ready(int peer) {
                 ? "step " + std::to_string(m.h.step + 1) + " of collective " + describe(m.h.desc(), m.h.seq)
                 : "send #" + std::to_string(m.h.seq) + " of " + std::to_string(m.h.count) + " " + dtype_word(m.h.dtype) +
                       " (tag " + std::to_string(m.h.tag) + ")";
+        if (m.h.kind == WireKind::Collective) last_seq_[static_cast<size_t>(peer)] = static_cast<int64_t>(m.h.seq);
         const int64_t id = m.h.kind == WireKind::Collective ? static_cast<int64_t>(m.h.seq) : m.h.tag;
         inbox_[std::make_tuple(m.h.kind, peer, id)].push_back(std::move(m));
       }

@@ -86,6 +86,8 @@ class SocketMesh {
   // What arrived last from `peer`, as a clause for diagnoses ("the last message from rank 0 was
   // step 1 of collective #4 allreduce of ...", or "nothing has arrived from rank 0").
   std::string last_from(int peer) const;
+  // The collective number of the last collective message from `peer`; -1 before the first.
+  int64_t last_collective_seq(int peer) const;
 
   // Marks the mesh failed with `reason` and sends it to every peer, whose waits then fail with it.
   void abort(const std::string& reason);
@@ -119,6 +121,7 @@ class SocketMesh {
   std::vector<bool> closed_;
   std::vector<std::string> closed_why_;
   std::vector<std::string> last_;
+  std::vector<int64_t> last_seq_;  // per peer: seq of its last collective message, -1 none
   bool aborted_ = false;
   std::string abort_reason_;
   std::thread receiver_;
