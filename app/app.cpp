@@ -635,9 +635,22 @@ bool App::script_tick() {
   auto settle = [&]() {
     if (!session_->wait_settled(std::chrono::seconds(20))) {
       const std::string where = lesson_ ? lesson_->lesson().path + ":" : "script command ";
-      std::fprintf(stderr, "dtlab: %s%d: the ranks did not come to rest within 20 s\n", where.c_str(), c.line);
+      // What the step waited for: the ranks not at a gate, and what each is doing.
+      const Snapshot& s = session_->update();
+      const StepperState& st = s.stepper;
+      std::string busy;
+      for (int r = 0; r < static_cast<int>(s.compute_activity.size()); r++) {
+        const size_t lane = static_cast<size_t>(r) * 2;
+        if (lane + 1 < st.gates.size() && (st.gates[lane].blocked || st.gates[lane + 1].blocked)) continue;
+        busy += (busy.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " " + s.compute_activity[static_cast<size_t>(r)];
+        if (static_cast<size_t>(r) < s.comm_activity.size() && s.comm_activity[static_cast<size_t>(r)] != "idle")
+          busy += ", its comm worker " + s.comm_activity[static_cast<size_t>(r)];
+      }
+      const std::string why = where + std::to_string(c.line) + ": the ranks did not come to rest at a gate within 20 s" +
+                              (busy.empty() ? std::string() : " (still running: " + busy + ")");
+      std::fprintf(stderr, "dtlab: %s\n", why.c_str());
       if (scripted_) exit_code_ = 1;
-      lesson_error_ = where + std::to_string(c.line) + ": the ranks did not come to rest within 20 s";
+      lesson_error_ = why;
       queue_.clear();
       return false;
     }
