@@ -148,6 +148,7 @@ bool App::init_window() {
     return false;
   }
   glfwMakeContextCurrent(win_);
+  keep_libraries_loaded();  // sanitizer builds: the GL driver stays loaded for LeakSanitizer's check at exit
   // Scripts, screenshots and the frame benchmark run as fast as they can; people get vsync.
   glfwSwapInterval(opt_.script.empty() && opt_.screenshot.empty() && opt_.bench_frames == 0 && !opt_.play ? 1 : 0);
   return true;

@@ -3,6 +3,9 @@
 #include <GL/gl.h>
 #include <GL/glext.h>
 
+#include <dlfcn.h>
+#include <link.h>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -123,6 +126,18 @@ ShaderProgram* GlResources::program(const std::string& name) {
     return nullptr;
   }
   return &p;
+}
+
+void keep_libraries_loaded() {
+#if DTLAB_ASAN
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void*) {
+        // RTLD_NOLOAD: only what is loaded already; RTLD_NODELETE: never unloaded from now on.
+        if (info->dlpi_name && info->dlpi_name[0]) dlopen(info->dlpi_name, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+        return 0;
+      },
+      nullptr);
+#endif
 }
 
 }  // namespace dtlab::app

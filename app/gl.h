@@ -57,4 +57,10 @@ class GlResources {
   std::map<std::string, RenderTarget> targets_;
 };
 
+// AddressSanitizer builds (DTLAB_ASAN): keeps every library loaded now (the GL driver's, once a
+// context exists) loaded until exit. glvnd unloads the driver at teardown, and LeakSanitizer's
+// check at exit then cannot read the driver's globals or name its frames, so the driver's own
+// allocations show up as "<unknown module>" leaks no suppression can match. Elsewhere a no-op.
+void keep_libraries_loaded();
+
 }  // namespace dtlab::app

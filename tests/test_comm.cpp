@@ -382,7 +382,9 @@ TEST_CASE("trace: collectives match across ranks; steps nest; modeled time equal
   std::map<uint64_t, std::vector<Event>> by_seq;  // seq -> one Collective event per rank
   for (const Event& e : of_kind(w.recorder().all_events(), EventKind::Collective)) by_seq[e.coll.seq].push_back(e);
   REQUIRE(by_seq.size() == kCollectives);
-  for (const auto& [seq, evs] : by_seq) {
+  for (const auto& entry : by_seq) {  // not a structured binding: CAPTURE's lambda uses it (clang 14)
+    const uint64_t seq = entry.first;
+    const std::vector<Event>& evs = entry.second;
     CAPTURE(seq);
     REQUIRE(evs.size() == size_t(n));
     std::set<int> ranks;
@@ -426,12 +428,14 @@ TEST_CASE("desync: different counts or different ops fail at once, naming both r
   for (bool same_op : {true, false}) {
     CAPTURE(same_op);
     ThreadsWorld w(3, options(120));  // a watchdog far away: only detection at arrival can be quick
-    auto [msg, secs] = run_expecting_comm_error(w, [&](int r, Communicator& c, RankContext&) {
+    auto result = run_expecting_comm_error(w, [&](int r, Communicator& c, RankContext&) {
       std::vector<float> buf(20, 1.0f);
       if (r != 1) c.all_reduce(buf.data(), 20, DType::F32, ReduceOp::Sum, Algorithm::Ring)->wait();
       else if (same_op) c.all_reduce(buf.data(), 10, DType::F32, ReduceOp::Sum, Algorithm::Ring)->wait();
       else c.broadcast(buf.data(), 20, DType::F32, 0, Algorithm::Tree)->wait();
     });
+    const std::string msg = result.first;  // plain variables: CAPTURE's lambda uses them (clang 14)
+    const double secs = result.second;
     CAPTURE(msg);
     CHECK(secs < 60);  // not the watchdog: the mismatch is caught when the second call arrives
     check_mentions(msg, {"desync", "#0", "rank 1", "allreduce of 20 float32 (sum, ring)",
@@ -444,11 +448,13 @@ TEST_CASE("skip fault: the watchdog names the collective, who arrived and who is
   WorldOptions o = options(0.5);
   o.faults.push_back(parse_fault("skip:rank=2,collective=1"));
   ThreadsWorld w(4, o);
-  auto [msg, secs] = run_expecting_comm_error(w, [&](int r, Communicator& c, RankContext&) {
+  auto result = run_expecting_comm_error(w, [&](int r, Communicator& c, RankContext&) {
     std::vector<float> buf(1000, 1.0f);
     c.all_reduce(buf.data(), 1000)->wait();
     c.all_reduce(buf.data(), 1000)->wait();  // #1: rank 2 skips it, then has nothing left to do
   });
+  const std::string msg = result.first;  // plain variables: CAPTURE's lambda uses them (clang 14)
+  const double secs = result.second;
   CAPTURE(msg);
   CHECK(secs >= 0.45);       // the watchdog waited its timeout...
   CHECK(secs < 0.5 + 30.0);  // ...and then ended the run (generous: TSan CI is slow)
