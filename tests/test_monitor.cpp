@@ -4,6 +4,8 @@
 // every rank's gates decided by rank 0's stepper, every rank's events reach the viewer, and the run
 // finishes when told to run. Bad use gets one sentence.
 #include <doctest/doctest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <future>
@@ -12,6 +14,7 @@
 #include "engine/comm/socket_mesh.h"
 #include "engine/core/check.h"
 #include "engine/monitor/monitor.h"
+#include "engine/monitor/monitor_internal.h"
 #include "engine/train/config_json.h"
 #include "engine/train/train.h"
 #include "tests/test_util.h"
@@ -90,6 +93,53 @@ TEST_CASE("a run's configuration round-trips through JSON, every field") {
 
   CHECK_THROWS_WITH_AS(train_config_from_json("{\"batch\": \"many\"}"), doctest::Contains("'batch' has the wrong type"), Error);
   CHECK_THROWS_WITH_AS(train_config_from_json("[1]"), doctest::Contains("not a JSON object"), Error);
+}
+
+TEST_CASE("malformed monitor messages are refused by their decoders, never misread") {
+  // Found by fuzz/monitor.cpp and while writing it: a number out of an int's range (undefined
+  // behavior in nlohmann's get<int>()), a labels "first" that made the hub write past its label map,
+  // and event times whose shift or difference overflowed. Each is now a refusal the loops drop.
+  RankMonitorStatus st;
+  nlohmann::json good = status_json(st);
+  CHECK(status_from(good).current_seq == -1);
+  for (const char* key : {"op", "current_seq", "steps"}) {
+    CAPTURE(key);
+    nlohmann::json bad = good;
+    bad[key] = 1e300;
+    CHECK_THROWS_AS(status_from(bad), Error);
+    bad[key] = 1.5;
+    CHECK_THROWS_AS(status_from(bad), Error);
+  }
+  CHECK(labels_from("{\"first\": 2, \"labels\": [\"0.weight\"]}").first == 2);
+  CHECK_THROWS_AS(labels_from("{\"first\": 18446744073709551615, \"labels\": [\"a\"]}"), Error);
+  CHECK_THROWS_AS(labels_from("{\"first\": -1, \"labels\": []}"), Error);
+  CHECK_THROWS_AS(feed_hello_from("{\"rank\": 1e300, \"world\": 2, \"start_ns\": 5}"), Error);
+  CHECK_THROWS_AS(feed_hello_from("{\"rank\": 1, \"world\": 2, \"start_ns\": -9223372036854775808}"), Error);
+  CHECK_THROWS_AS(hello_from("{\"config\": \"{}\", \"world\": 2147483647, \"total_steps\": 1, \"backend\": \"socket\", "
+                             "\"device\": \"cpu\", \"start_ns\": 5}"),
+                  Error);
+  CHECK(command_from("{\"cmd\": \"step\", \"kind\": 1}").kind == GateKind::Collective);
+  CHECK_THROWS_AS(command_from("{\"cmd\": \"step\", \"kind\": 1e300}"), Error);
+  CHECK_THROWS_AS(step_report_from_json("{\"step\": 1e300}"), Error);
+  Event e(EventKind::RingStep, Lane::Comm, 100, 200, 0, 1);
+  std::string payload(reinterpret_cast<const char*>(&e), sizeof e);
+  CHECK(events_from(payload + "tail").size() == 1);  // a partial event after the last is ignored
+  e.wall_end_ns = INT64_MAX;
+  CHECK_THROWS_AS(events_from(std::string(reinterpret_cast<const char*>(&e), sizeof e)), Error);
+
+  // A frame header claiming a gigabyte, then the stream ends: the link closes, having grown the
+  // payload by a megabyte at a time as bytes arrived (fuzz/monitor.cpp holds it to 128 MB).
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  MonitorLink link(fds[0], 1.0);
+  const uint8_t header[16] = {0x44, 0x4d, 0x4f, 0x4e, static_cast<uint8_t>(MonitorMsg::Events), 0, 0, 0, 0, 0, 0, 0x40, 0, 0, 0, 0};
+  REQUIRE(::write(fds[1], header, sizeof header) == static_cast<ssize_t>(sizeof header));
+  REQUIRE(::write(fds[1], "0123456789", 10) == 10);
+  ::close(fds[1]);
+  MonitorMsg type;
+  std::string got;
+  CHECK(link.recv(type, got, 1.0) == WaitEnd::Closed);
+  CHECK(got.size() <= (size_t{1} << 20));
 }
 
 TEST_CASE("a launched 2-process DDP run is stepped from a viewer: collective by collective, ring step by ring step") {

@@ -1,8 +1,6 @@
 // The monitor's two clients (engine/monitor/monitor.h): a rank's feed, and the viewer's mirror.
 #include <nlohmann/json.hpp>
 
-#include <cstring>
-
 #include "engine/comm/tcp.h"
 #include "engine/core/check.h"
 #include "engine/monitor/monitor.h"
@@ -77,9 +75,8 @@ void MonitorFeed::read_loop() {
     const WaitEnd end = link_->recv(type, payload, 0.1);
     if (end == WaitEnd::Timeout) continue;
     if (end != WaitEnd::Ok || type == MonitorMsg::Refused) break;
-    if (type != MonitorMsg::GateReply || payload.size() != sizeof(GateWire)) continue;
     GateWire g;
-    std::memcpy(&g, payload.data(), sizeof g);
+    if (type != MonitorMsg::GateReply || !gate_from(payload, g)) continue;
     std::lock_guard<std::mutex> lock(mu_);
     replies_[g.id] = g.ok;
     cv_.notify_all();
@@ -158,14 +155,14 @@ MonitorClient::MonitorClient(const std::string& address, double timeout_s) : add
   if (type == MonitorMsg::Refused) throw Error(address + " refused the viewer: " + payload);
   if (type != MonitorMsg::Hello) throw Error(address + " is not a dtlab run's monitor");
   try {
-    const json j = json::parse(payload);
-    config_json_ = j.at("config").get<std::string>();
-    world_ = j.at("world").get<int>();
-    total_steps_ = j.at("total_steps").get<int64_t>();
-    backend_ = j.at("backend").get<std::string>();
-    device_ = j.at("device").get<std::string>();
+    const HelloWire h = hello_from(payload);
+    config_json_ = h.config;
+    world_ = h.world;
+    total_steps_ = h.total_steps;
+    backend_ = h.backend;
+    device_ = h.device;
     rec_ = std::make_unique<TraceRecorder>(world_);
-    rec_->set_start_ns(j.at("start_ns").get<int64_t>());
+    rec_->set_start_ns(h.start_ns);
   } catch (const std::exception& e) {
     throw Error(address + " sent a greeting this dtlab cannot read (" + e.what() + "); run the same dtlab build on both sides");
   }
@@ -189,28 +186,18 @@ void MonitorClient::read_loop() {
     if (end != WaitEnd::Ok) break;
     try {
       switch (type) {
-        case MonitorMsg::Labels: {
-          const json j = json::parse(payload);
-          for (const json& l : j.at("labels")) rec_->intern(l.get<std::string>());
+        case MonitorMsg::Labels:
+          for (const std::string& l : labels_from(payload).labels) rec_->intern(l);
           break;
-        }
-        case MonitorMsg::Events: {
-          const size_t n = payload.size() / sizeof(Event);
-          for (size_t i = 0; i < n; i++) {
-            Event e;
-            std::memcpy(static_cast<void*>(&e), payload.data() + i * sizeof(Event), sizeof(Event));
+        case MonitorMsg::Events:
+          for (Event& e : events_from(payload))
             if (e.rank >= 0 && e.rank < world_) rec_->record(e);
-          }
           break;
-        }
         case MonitorMsg::Status: {
-          const json j = json::parse(payload);
-          StepperState st = stepper_from(j.at("stepper"));
-          std::vector<RankMonitorStatus> ranks;
-          for (const json& r : j.at("ranks")) ranks.push_back(status_from(r));
+          ViewerStatusWire v = viewer_status_from(payload);
           std::lock_guard<std::mutex> lock(mu_);
-          stepper_ = std::move(st);
-          if (ranks.size() == ranks_.size()) ranks_ = std::move(ranks);
+          stepper_ = std::move(v.stepper);
+          if (v.ranks.size() == ranks_.size()) ranks_ = std::move(v.ranks);
           cv_.notify_all();
           break;
         }
@@ -222,9 +209,9 @@ void MonitorClient::read_loop() {
           break;
         }
         case MonitorMsg::End: {
-          const json j = json::parse(payload);
+          std::string error = end_from(payload);
           std::lock_guard<std::mutex> lock(mu_);
-          error_ = j.at("error").get<std::string>();
+          error_ = std::move(error);
           ended_ = got_end = true;
           cv_.notify_all();
           break;

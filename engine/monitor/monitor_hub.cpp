@@ -2,8 +2,6 @@
 // workers per feed, and the viewer's loop.
 #include <unistd.h>
 
-#include <cstring>
-
 #include <nlohmann/json.hpp>
 
 #include "engine/comm/tcp.h"
@@ -127,11 +125,11 @@ void MonitorHub::accept_loop() {
       auto f = std::make_shared<Feed>();
       f->link = link;
       try {
-        const json j = json::parse(payload);
-        f->rank = j.at("rank").get<int>();
-        f->shift_ns = j.at("start_ns").get<int64_t>() - rec_.start_ns();
-        if (j.at("world").get<int>() != opt_.world_size || f->rank <= 0 || f->rank >= opt_.world_size)
-          throw Error("rank " + std::to_string(f->rank) + " of a world of " + std::to_string(j.at("world").get<int>()));
+        const FeedHelloWire h = feed_hello_from(payload);
+        f->rank = h.rank;
+        f->shift_ns = h.start_ns - rec_.start_ns();
+        if (h.world != opt_.world_size || f->rank <= 0 || f->rank >= opt_.world_size)
+          throw Error("rank " + std::to_string(f->rank) + " of a world of " + std::to_string(h.world));
       } catch (const std::exception& e) {
         link->send(MonitorMsg::Refused, std::string("rank 0's monitor expects ranks 1..") +
                                             std::to_string(opt_.world_size - 1) + "; got " + e.what());
@@ -161,10 +159,7 @@ void MonitorHub::accept_loop() {
 }
 
 void MonitorHub::ingest_events(Feed& f, const std::string& payload) {
-  const size_t n = payload.size() / sizeof(Event);
-  for (size_t i = 0; i < n; i++) {
-    Event e;
-    std::memcpy(static_cast<void*>(&e), payload.data() + i * sizeof(Event), sizeof(Event));
+  for (Event& e : events_from(payload)) {
     if (e.rank != f.rank) continue;  // a feed speaks for its own rank only
     e.wall_begin_ns += f.shift_ns;
     e.wall_end_ns += f.shift_ns;
@@ -194,11 +189,11 @@ void MonitorHub::feed_loop(std::shared_ptr<Feed> f) {
     try {
       switch (type) {
         case MonitorMsg::Labels: {
-          const json j = json::parse(payload);
-          size_t at = j.at("first").get<size_t>();
-          for (const json& l : j.at("labels")) {
+          const LabelsWire m = labels_from(payload);
+          size_t at = m.first;
+          for (const std::string& l : m.labels) {
             if (f->label_map.size() <= at) f->label_map.resize(at + 1, -1);
-            f->label_map[at++] = rec_.intern(l.get<std::string>());
+            f->label_map[at++] = rec_.intern(l);
           }
           break;
         }
@@ -214,8 +209,7 @@ void MonitorHub::feed_loop(std::shared_ptr<Feed> f) {
         }
         case MonitorMsg::GateRequest: {
           GateWire g;
-          if (payload.size() != sizeof g) break;
-          std::memcpy(&g, payload.data(), sizeof g);
+          if (!gate_from(payload, g)) break;
           const int lane = g.lane == 1 ? 1 : 0;
           std::lock_guard<std::mutex> lock(f->mu);
           f->pending[lane] = g;
@@ -265,11 +259,10 @@ void MonitorHub::gate_worker(std::shared_ptr<Feed> f, int lane) {
 
 void MonitorHub::command(const std::string& text) {
   try {
-    const json j = json::parse(text);
-    const std::string cmd = j.at("cmd").get<std::string>();
-    if (cmd == "run") stepper_.run(j.value("speed", 0.0));
-    else if (cmd == "pause") stepper_.pause();
-    else if (cmd == "step") stepper_.step(static_cast<GateKind>(j.at("kind").get<int>()));
+    const CommandWire c = command_from(text);
+    if (c.cmd == "run") stepper_.run(c.speed);
+    else if (c.cmd == "pause") stepper_.pause();
+    else if (c.cmd == "step") stepper_.step(c.kind);
   } catch (const std::exception&) {
   }
 }

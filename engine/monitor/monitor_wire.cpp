@@ -2,10 +2,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <poll.h>
 #include <type_traits>
+#include <utility>
 
 #include "engine/comm/tcp.h"
 #include "engine/core/check.h"
@@ -32,6 +36,30 @@ static_assert(sizeof(Frame) == 16, "Frame is sent as raw bytes");
 
 // Frames larger than this are a broken stream, not a message.
 constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 30;
+
+// What a decoder throws for a payload no dtlab run sends; the loops drop that message.
+[[noreturn]] void malformed(const std::string& what) { throw Error("malformed monitor message: " + what); }
+
+// A whole number of type T: a fraction, 1e300 or a value outside T is refused here, where nlohmann's
+// get<T>() would convert a double out of T's range (undefined behavior).
+template <class T>
+T whole(const json& v, const char* key) {
+  if (v.is_number_unsigned()) {
+    if (const uint64_t u = v.get<uint64_t>(); std::in_range<T>(u)) return static_cast<T>(u);
+  } else if (v.is_number_integer()) {
+    if (const int64_t i = v.get<int64_t>(); std::in_range<T>(i)) return static_cast<T>(i);
+  }
+  malformed(std::string("\"") + key + "\" is " + v.dump() + ", not a whole number in range");
+}
+template <class T>
+T whole_at(const json& j, const char* key) { return whole<T>(j.at(key), key); }
+
+// A recorder's start on the steady clock (ns since boot): receivers subtract two of them.
+int64_t start_ns_at(const json& j) {
+  const int64_t ns = whole_at<int64_t>(j, "start_ns");
+  if (ns < 0 || ns >= kMaxMonitorNs) malformed("\"start_ns\" is not a steady clock's reading");
+  return ns;
+}
 
 }  // namespace
 
@@ -72,10 +100,16 @@ WaitEnd MonitorLink::recv(MonitorMsg& type, std::string& payload, double wait_s)
     closed_ = true;
     return WaitEnd::Closed;
   }
-  payload.resize(f.bytes);
-  if (f.bytes && !tcp::read_all(fd_, payload.data(), f.bytes, deadline, why)) {
-    closed_ = true;
-    return WaitEnd::Closed;
+  // Grown as the bytes arrive: a header claiming a gigabyte costs only what the peer really sends.
+  constexpr uint64_t kChunk = uint64_t{1} << 20;
+  payload.clear();
+  while (payload.size() < f.bytes) {
+    const size_t have = payload.size(), n = static_cast<size_t>(std::min(kChunk, f.bytes - have));
+    payload.resize(have + n);
+    if (!tcp::read_all(fd_, payload.data() + have, n, deadline, why)) {
+      closed_ = true;
+      return WaitEnd::Closed;
+    }
   }
   type = f.type;
   return WaitEnd::Ok;
@@ -98,27 +132,34 @@ json status_json(const RankMonitorStatus& s) {
 }
 
 RankMonitorStatus status_from(const json& j) {
+  auto memory = [&](const char* key) {
+    std::array<int64_t, kNumMemCategories> out{};
+    const json& a = j.at(key);
+    if (!a.is_array() || a.size() != out.size()) malformed(std::string("\"") + key + "\" is not one number per memory category");
+    for (size_t i = 0; i < out.size(); i++) out[i] = whole<int64_t>(a[i], key);
+    return out;
+  };
   RankMonitorStatus s;
   s.compute_activity = j.at("compute").get<std::string>();
   s.comm_activity = j.at("comm").get<std::string>();
-  s.current_seq = j.at("current_seq").get<int64_t>();
-  s.done_seq = j.at("done_seq").get<int64_t>();
-  s.desc.op = static_cast<CollectiveOp>(j.at("op").get<int>());
-  s.desc.algo = static_cast<Algorithm>(j.at("algo").get<int>());
-  s.desc.reduce = static_cast<ReduceOp>(j.at("reduce").get<int>());
-  s.desc.dtype = static_cast<DType>(j.at("dtype").get<int>());
-  s.desc.count = j.at("count").get<int64_t>();
-  s.desc.root = j.at("root").get<int>();
-  s.steps_done = j.at("steps_done").get<int>();
-  s.steps = j.at("steps").get<int>();
+  s.current_seq = whole_at<int64_t>(j, "current_seq");
+  s.done_seq = whole_at<int64_t>(j, "done_seq");
+  s.desc.op = static_cast<CollectiveOp>(whole_at<uint8_t>(j, "op"));
+  s.desc.algo = static_cast<Algorithm>(whole_at<uint8_t>(j, "algo"));
+  s.desc.reduce = static_cast<ReduceOp>(whole_at<uint8_t>(j, "reduce"));
+  s.desc.dtype = static_cast<DType>(whole_at<uint8_t>(j, "dtype"));
+  s.desc.count = whole_at<int64_t>(j, "count");
+  s.desc.root = whole_at<int>(j, "root");
+  s.steps_done = whole_at<int>(j, "steps_done");
+  s.steps = whole_at<int>(j, "steps");
   s.connected = j.at("connected").get<bool>();
   s.finished = j.at("finished").get<bool>();
-  s.memory.current = j.at("mem_current").get<std::array<int64_t, kNumMemCategories>>();
-  s.memory.peak = j.at("mem_peak").get<std::array<int64_t, kNumMemCategories>>();
-  s.memory.total_current = j.at("mem_total").get<int64_t>();
-  s.memory.total_peak = j.at("mem_total_peak").get<int64_t>();
-  s.memory.allocations = j.at("allocations").get<int64_t>();
-  s.memory.frees = j.at("frees").get<int64_t>();
+  s.memory.current = memory("mem_current");
+  s.memory.peak = memory("mem_peak");
+  s.memory.total_current = whole_at<int64_t>(j, "mem_total");
+  s.memory.total_peak = whole_at<int64_t>(j, "mem_total_peak");
+  s.memory.allocations = whole_at<int64_t>(j, "allocations");
+  s.memory.frees = whole_at<int64_t>(j, "frees");
   return s;
 }
 
@@ -126,7 +167,8 @@ namespace {
 
 json pos_json(const GatePos& p) { return json::array({p.seq, p.sub, p.iter, p.action}); }
 GatePos pos_from(const json& j) {
-  return GatePos{j.at(0).get<int64_t>(), j.at(1).get<int32_t>(), j.at(2).get<int32_t>(), j.at(3).get<int32_t>()};
+  if (!j.is_array() || j.size() != 4) malformed("a gate position is not [seq, sub, iter, action]");
+  return GatePos{whole<int64_t>(j[0], "seq"), whole<int32_t>(j[1], "sub"), whole<int32_t>(j[2], "iter"), whole<int32_t>(j[3], "action")};
 }
 
 }  // namespace
@@ -146,14 +188,14 @@ StepperState stepper_from(const json& j) {
   s.speed = j.at("speed").get<double>();
   s.allowed = pos_from(j.at("allowed"));
   s.frontier = pos_from(j.at("frontier"));
-  s.generation = j.at("generation").get<uint64_t>();
+  s.generation = whole_at<uint64_t>(j, "generation");
   for (const json& g : j.at("gates")) {
     RankGateState r;
     r.blocked = g.at("blocked").get<bool>();
-    r.kind = static_cast<GateKind>(g.at("kind").get<int>());
+    r.kind = static_cast<GateKind>(whole_at<uint8_t>(g, "kind"));
     r.pos = pos_from(g.at("pos"));
-    r.iteration = g.at("iteration").get<int32_t>();
-    r.lane = g.at("lane").get<int>();
+    r.iteration = whole_at<int32_t>(g, "iteration");
+    r.lane = whole_at<int>(g, "lane");
     s.gates.push_back(r);
   }
   return s;
@@ -171,20 +213,107 @@ std::string step_report_to_json(const StepReport& r) {
 StepReport step_report_from_json(const std::string& text) {
   const json j = json::parse(text);
   StepReport r;
-  r.step = j.at("step").get<int64_t>();
-  r.total_steps = j.at("total_steps").get<int64_t>();
-  r.epoch = j.at("epoch").get<int64_t>();
-  r.batch_size = j.at("batch").get<int64_t>();
+  r.step = whole_at<int64_t>(j, "step");
+  r.total_steps = whole_at<int64_t>(j, "total_steps");
+  r.epoch = whole_at<int64_t>(j, "epoch");
+  r.batch_size = whole_at<int64_t>(j, "batch");
   r.loss = j.at("loss").get<float>();
   r.accuracy = j.at("accuracy").get<double>();
   r.step_seconds = j.at("step_seconds").get<double>();
   r.samples_per_sec = j.at("samples_per_sec").get<double>();
-  r.samples = j.at("samples").get<int64_t>();
+  r.samples = whole_at<int64_t>(j, "samples");
   r.overlap = j.at("overlap").get<double>();
   r.branch_taken = j.at("branch_taken").get<bool>();
   r.bubble = j.at("bubble").get<std::vector<double>>();
   return r;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Decoders of what arrives on a connection (monitor_internal.h).
+
+FeedHelloWire feed_hello_from(const std::string& payload) {
+  const json j = json::parse(payload);
+  FeedHelloWire h;
+  h.rank = whole_at<int>(j, "rank");
+  h.world = whole_at<int>(j, "world");
+  h.start_ns = start_ns_at(j);
+  return h;
+}
+
+HelloWire hello_from(const std::string& payload) {
+  const json j = json::parse(payload);
+  HelloWire h;
+  h.config = j.at("config").get<std::string>();
+  h.world = whole_at<int>(j, "world");
+  h.total_steps = whole_at<int64_t>(j, "total_steps");
+  h.backend = j.at("backend").get<std::string>();
+  h.device = j.at("device").get<std::string>();
+  h.start_ns = start_ns_at(j);
+  if (h.world < 1 || h.world > kMaxMonitorWorld)
+    malformed("a world of " + std::to_string(h.world) + " ranks; a launched world has 1 to " + std::to_string(kMaxMonitorWorld));
+  return h;
+}
+
+LabelsWire labels_from(const std::string& payload) {
+  const json j = json::parse(payload);
+  LabelsWire m;
+  m.first = whole_at<size_t>(j, "first");
+  m.labels = j.at("labels").get<std::vector<std::string>>();
+  if (m.first > kMaxMonitorLabels || m.labels.size() > kMaxMonitorLabels - m.first)
+    malformed("labels up to " + std::to_string(m.first) + " + " + std::to_string(m.labels.size()) + "; a run has at most " +
+              std::to_string(kMaxMonitorLabels));
+  return m;
+}
+
+std::vector<Event> events_from(const std::string& payload) {
+  std::vector<Event> out(payload.size() / sizeof(Event));
+  for (size_t i = 0; i < out.size(); i++) {
+    Event& e = out[i];
+    std::memcpy(static_cast<void*>(&e), payload.data() + i * sizeof(Event), sizeof(Event));
+    // Receivers shift wall times by a start difference, subtract them and add up ring step bytes:
+    // bounded here so none of that overflows.
+    auto in_range = [](int64_t v) { return v > -kMaxMonitorNs && v < kMaxMonitorNs; };
+    const bool ok = e.kind <= EventKind::PipelineAction && e.lane <= Lane::Comm && in_range(e.wall_begin_ns) &&
+                    in_range(e.wall_end_ns) && (e.kind != EventKind::RingStep || (e.step.bytes >= 0 && e.step.bytes <= kMaxMonitorStepBytes));
+    if (!ok) malformed("event " + std::to_string(i) + " is not one a recorder makes");
+  }
+  return out;
+}
+
+bool gate_from(const std::string& payload, GateWire& g) {
+  if (payload.size() != sizeof g) return false;
+  std::memcpy(&g, payload.data(), sizeof g);
+  return true;
+}
+
+ViewerStatusWire viewer_status_from(const std::string& payload) {
+  const json j = json::parse(payload);
+  ViewerStatusWire v;
+  v.stepper = stepper_from(j.at("stepper"));
+  const json& ranks = j.at("ranks");
+  if (!ranks.is_array()) malformed("\"ranks\" is not a list");
+  for (const json& r : ranks) v.ranks.push_back(status_from(r));
+  return v;
+}
+
+CommandWire command_from(const std::string& payload) {
+  const json j = json::parse(payload);
+  CommandWire c;
+  c.cmd = j.at("cmd").get<std::string>();
+  if (c.cmd == "run") {
+    c.speed = j.value("speed", 0.0);
+    if (!std::isfinite(c.speed) || c.speed < 0) malformed("run at speed " + std::to_string(c.speed));
+  } else if (c.cmd == "step") {
+    const int kind = whole_at<int>(j, "kind");
+    if (kind < 0 || kind > static_cast<int>(GateKind::Action)) malformed("step kind " + std::to_string(kind));
+    c.kind = static_cast<GateKind>(kind);
+  } else if (c.cmd != "pause") {
+    malformed("unknown command '" + c.cmd + "'");
+  }
+  return c;
+}
+
+std::string end_from(const std::string& payload) { return json::parse(payload).at("error").get<std::string>(); }
 
 // ---------------------------------------------------------------------------------------------
 
