@@ -129,6 +129,12 @@ TEST_SUITE("sharded_checkpoint") {
       std::ofstream(index) << good.substr(0, open + 1) << "7," << good.substr(open + 1);
       CHECK_THROWS_WITH_AS(load_sharded_checkpoint(dir.file("s"), m), doctest::Contains("the checkpoint is corrupt"), Error);
       CHECK(same_params(m, before));
+      // A "format" of another JSON kind (found by fuzz/sharded.cpp): both readers give the
+      // not-an-index sentence, not a JSON type error.
+      std::ofstream(index) << "{\"format\": 3, \"params\": {}}";
+      CHECK_THROWS_WITH_AS(read_sharded_checkpoint_info(dir.file("s")), doctest::Contains("is not a dtlab sharded checkpoint index"), Error);
+      CHECK_THROWS_WITH_AS(load_sharded_checkpoint(dir.file("s"), m), doctest::Contains("is not a dtlab sharded checkpoint index"), Error);
+      CHECK(same_params(m, before));
       std::ofstream(index) << good;
     }
     std::filesystem::remove(dir.file("s/" + shard_file_name(1, 2)));

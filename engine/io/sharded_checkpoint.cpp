@@ -50,7 +50,8 @@ Index read_index(const std::string& dir) {
   } catch (const json::exception& e) {
     fail(path, std::string("is not valid JSON (") + e.what() + "); the checkpoint is corrupt");
   }
-  if (!j.is_object() || j.value("format", "") != kFormat)
+  // Compared as JSON: a "format" that is not a string (a number, null) is another file, not a type error.
+  if (!j.is_object() || !j.contains("format") || j["format"] != kFormat)
     fail(path, std::string("is not a dtlab sharded checkpoint index (\"format\" must be \"") + kFormat + "\")");
   Index idx;
   for (const char* key : {"format", "step", "model", "world", "strategy"}) {
