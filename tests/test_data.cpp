@@ -164,6 +164,9 @@ TEST_SUITE("data") {
     CHECK(contains(npz_error("no_such_file.npz"), "no_such_file.npz does not exist"));
     for (const char* name : {"x_float64.npz", "truncated.npz", "not_a_zip.npz", "no_such_file.npz"})
       CHECK(npz_error(name).rfind(fixture(name), 0) == 0);
+    // An item size numpy never writes (found by fuzz/npz.cpp: the bits overflowed an int) is named as written.
+    const std::string huge = std::string(DTLAB_SOURCE_DIR) + "/fuzz/corpus/npz/crash_descr_itemsize.npz";
+    CHECK_THROWS_WITH_AS(load_npz(huge), (huge + ": x has dtype <f999999999; save it with x.astype(np.float32).").c_str(), Error);
   }
 
   TEST_CASE("loader: batch counts, the last partial batch, indices follow the sampler") {

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <charconv>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -293,8 +293,11 @@ std::string describe_dtype(const std::string& descr) {
   const std::string size = descr.substr(2);
   std::string name;
   if (kind == 'f' || kind == 'i' || kind == 'u' || kind == 'c') {
-    const int bits = std::atoi(size.c_str()) * 8;
-    name = (kind == 'f' ? "float" : kind == 'i' ? "int" : kind == 'u' ? "uint" : "complex") + std::to_string(bits);
+    // An item size numpy never writes ('<f999999999') is shown as written, not multiplied into an overflow.
+    int bytes = 0;
+    const auto [end, ec] = std::from_chars(size.data(), size.data() + size.size(), bytes);
+    if (ec != std::errc() || end != size.data() + size.size() || bytes < 1 || bytes > 64) return descr;
+    name = (kind == 'f' ? "float" : kind == 'i' ? "int" : kind == 'u' ? "uint" : "complex") + std::to_string(bytes * 8);
   } else if (kind == 'b') {
     name = "bool";
   } else if (kind == 'O') {
