@@ -238,7 +238,9 @@ const std::vector<Entry>& entries() {
       {"accuracy(K)", "n", "accuracy of step K", [](S s, A a) { return step_point(s, a[0]).accuracy; }},
       // data and the DistributedSampler
       {"data.n", "", "samples in the data set", [d](S s, A) { return d(s.data.n); }},
-      {"data.owned(R)", "n", "samples the sampler gives rank R in the shown epoch", [](S s, A a) { return double(std::count(s.data.owner.begin(), s.data.owner.end(), static_cast<int16_t>(a[0].num))); }},
+      {"data.owned(R)", "n", "samples the sampler gives rank R in the shown epoch", [](S s, A a) {
+         // Compared as numbers: R beyond an int16_t (or a fraction) owns nothing, and is never converted to one.
+         return double(std::count_if(s.data.owner.begin(), s.data.owner.end(), [&](int16_t o) { return o == a[0].num; })); }},
       {"data.set_epoch", "", "1 when set_epoch is called every epoch", [b](S s, A) { return b(s.data.set_epoch); }},
       {"data.same_owner(MARK)", "s", "samples whose rank is the same now as when `mark MARK` ran", nullptr, [](const FigureScope& sc, A a) {
          const auto& now = sc.now->data.owner;

@@ -225,9 +225,11 @@ AppOptions lesson_options(const Lesson& lesson, const std::vector<std::string>& 
   }
   for (const std::string& f : extra) args.push_back(f), lines.push_back(extra_line);
   const int header = lesson.flag_lines.empty() ? (extra_line ? extra_line : 1) : lesson.flag_lines.front();
-  for (size_t i = 1; i < args.size(); i++)
-    if (std::find(kNotScenario.begin(), kNotScenario.end(), args[i]) != kNotScenario.end())
-      throw LessonError(lesson.path, lines[i], args[i] + " is about the window, not the run; a scenario takes training flags such as --strategy, --world, --model, --fault");
+  for (size_t i = 1; i < args.size(); i++) {
+    const std::string flag = args[i].substr(0, args[i].find('='));  // the option parser reads --run=quit as --run quit
+    if (std::find(kNotScenario.begin(), kNotScenario.end(), flag) != kNotScenario.end())
+      throw LessonError(lesson.path, lines[i], flag + " is about the window, not the run; a scenario takes training flags such as --strategy, --world, --model, --fault");
+  }
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   AppOptions o;

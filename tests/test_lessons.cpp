@@ -154,6 +154,10 @@ TEST_SUITE("lessons") {
     CHECK(lesson_error("---\ntitle: t\n---\n## a\n") == "t.md:1: the header has no minutes: (how long the lesson takes)");
     CHECK(lesson_error("---\ntitle: t\nminutes: 5\nwrld: 4\n---\n") == "t.md:4: unknown header key 'wrld'; did you mean 'world'?");
     CHECK(lesson_error("---\ntitle: t\nminutes: 5\nscenario: --width 300\n---\n").rfind("t.md:4: --width is about the window", 0) == 0);
+    // Written --flag=value (found by fuzz/lesson.cpp: it slipped past the refusal, so a lesson could
+    // run a script or read one from any file): refused the same way.
+    CHECK(lesson_error("---\ntitle: t\nminutes: 5\nscenario: --run=quit\n---\n").rfind("t.md:4: --run is about the window", 0) == 0);
+    CHECK(lesson_error("---\ntitle: t\nminutes: 5\nscenario: --script=/dev/null\n---\n").rfind("t.md:4: --script is about the window", 0) == 0);
     CHECK(lesson_error("---\ntitle: t\nminutes: 5\nstrategy: ddp\nsharding: full\n---\n") == "t.md:5: scenario: --sharding configures FSDP; add --strategy fsdp");
     CHECK(lesson_error(h + "## a\n```action\nstep sideways\n```\n") == "t.md:11: step takes ring, collective or iteration (in 'step sideways')");
     CHECK(lesson_error(h + "## a\n```action\ninject skip rank 9\n```\n").rfind("t.md:11: inject takes", 0) == 0);
@@ -256,6 +260,12 @@ TEST_SUITE("lessons") {
         FAIL_CHECK("not a dtlab::Error: " << e.what());
       }
     }
+    // A rank beyond an int16_t owns nothing (found by fuzz/figure.cpp: it was converted to an
+    // int16_t, undefined behavior), as a fraction does.
+    s.data.owner = {0, 1, 0, 1};
+    CHECK(Figure::parse("data.owned(0)").eval(sc) == 2);
+    CHECK(Figure::parse("data.owned(40000)").eval(sc) == 0);
+    CHECK(Figure::parse("data.owned(0.5)").eval(sc) == 0);
     CHECK_THROWS_WITH_AS(Figure::parse("collective.bytes").eval(sc), "collective.bytes: no collective has run yet", Error);
     CHECK_THROWS_WITH_AS(Figure::parse("at(\"m\", world)").eval(sc), "no `mark m` has run before this", Error);
     std::map<std::string, Snapshot> marks;
