@@ -650,7 +650,7 @@ bool App::script_tick() {
       const std::string why = where + std::to_string(c.line) + ": the ranks did not come to rest at a gate within 20 s" +
                               (busy.empty() ? std::string() : " (still running: " + busy + ")");
       std::fprintf(stderr, "dtlab: %s\n", why.c_str());
-      if (scripted_) exit_code_ = 1;
+      if (scripted_) exit_code_ = std::max(exit_code_, 1);
       lesson_error_ = why;
       queue_.clear();
       return false;
@@ -732,7 +732,8 @@ void App::open_lesson(const std::string& name) {
   } catch (const Error& e) {  // the panel shows the sentence; the app goes on
     lesson_error_ = e.what();
     std::fprintf(stderr, "dtlab: %s\n", e.what());
-    if (scripted_) exit_code_ = 2, quit_ = true;  // a script's `lesson open` of a bad lesson ends it
+    if (scripted_) exit_code_ = 2;  // the script goes on (a screenshot shows the panel), and fails at the end
+    if (opt_.play) quit_ = true;
     return;
   }
   ScriptCommand c;
@@ -760,7 +761,7 @@ bool App::lesson_command(const ScriptCommand& c) {
     std::fprintf(stderr, "dtlab: %s\n", r.failure.c_str());
     lesson_error_ = r.failure;
     queue_.clear();
-    if (scripted_) exit_code_ = 1;
+    if (scripted_) exit_code_ = std::max(exit_code_, 1);
     return !scripted_;
   }
   if (r.again) queue_.push_front(c);
@@ -830,9 +831,16 @@ int App::run() {
   queue_.assign(opt_.script.begin(), opt_.script.end());
   scripted_ = !opt_.script.empty() || opt_.play;
   if (!opt_.lesson.empty()) {
-    // A missing or broken --lesson is bad input: exit 2 with file:line before any window opens.
+    // A missing or unreadable --lesson is bad input: exit 2 before any window opens; so is any
+    // error in a lesson to --play. A lesson with an error at a line opens, its panel showing the
+    // error where its author edits it (a scripted run still ends with exit 2).
     try {
       load_lesson(opt_.lesson);
+    } catch (const LessonError& e) {
+      if (opt_.play || e.line == 0) {
+        std::fprintf(stderr, "dtlab: %s\n", e.what());
+        return 2;
+      }
     } catch (const Error& e) {
       std::fprintf(stderr, "dtlab: %s\n", e.what());
       return 2;

@@ -14,6 +14,9 @@ jobs=$(nproc 2>/dev/null || echo 2)
 # What the engine, CLI and tests build against (CMakeLists.txt says why each is there).
 packages=(cmake make g++ pkg-config zlib1g-dev libopenblas-dev nlohmann-json3-dev libcli11-dev doctest-dev
           libglfw3-dev libimgui-dev libstb-dev libmd4c-dev libgl-dev fonts-dejavu-core xvfb xauth)
+# The tests also build with clang: AddressSanitizer + UndefinedBehaviorSanitizer and libFuzzer
+# (libclang-rt-14-dev holds their runtimes; llvm-14 the symbolizer their reports and suppressions need).
+test_packages=(clang libclang-rt-14-dev llvm-14)
 
 case "$mode" in
   run|test) ;;
@@ -21,6 +24,7 @@ case "$mode" in
      exit 2 ;;
 esac
 
+[[ $mode == test ]] && packages+=("${test_packages[@]}")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -57,8 +61,28 @@ if [[ $mode == test ]]; then
   DTLAB_TEST_QUICK=1 OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     "$tsan/bin/dtlab_tests" -ts='comm,stepper,trace,ddp,fsdp,sharded_checkpoint,app,monitor'
   echo "== running tests"
-  cd "$build"
-  exec ctest --output-on-failure -j "$jobs" --timeout 600
+  (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 600)
+
+  # Every test again under AddressSanitizer + UndefinedBehaviorSanitizer (clang): the ranks'
+  # processes, the lab under Xvfb and the lesson playthroughs included. Any report fails the test.
+  # Suppressions are for third-party code only (tools/sanitizers/). The same build directory holds
+  # the libFuzzer harnesses (fuzz/), run after the suite from copies of their committed corpora.
+  asan=${DTLAB_ASAN_BUILD_DIR:-$root/build-asan}
+  echo "== ASan+UBSan build in $asan (clang: every test, and the fuzzers)"
+  mkdir -p "$asan"
+  CC=clang CXX=clang++ cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+    -DDTLAB_SANITIZE=address -DDTLAB_CUDA=OFF -DDTLAB_FUZZ=ON >"$asan/configure.log" 2>&1 || {
+    cat "$asan/configure.log" >&2; exit 1; }
+  cmake --build "$asan" -j "$jobs" --target dtlab_tests dtlab-cli $(grep -q "desktop app ON" "$asan/configure.log" && echo dtlab)
+  DTLAB_FUZZ_BUILD=$asan bash "$root/tools/fuzz.sh" --build-only >/dev/null
+  symbolizer=$(command -v llvm-symbolizer-14 || command -v llvm-symbolizer || true)
+  sym=${symbolizer:+:external_symbolizer_path=$symbolizer}
+  echo "== running tests under ASan+UBSan"
+  (cd "$asan" && ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:detect_stack_use_after_return=0$sym" \
+     UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$root/tools/sanitizers/ubsan.supp$sym" \
+     ctest --output-on-failure -j "$jobs" --timeout 900)
+  echo "== fuzzing every parser (${DTLAB_FUZZ_SECONDS:-20} s each)"
+  exec env DTLAB_FUZZ_BUILD="$asan" bash "$root/tools/fuzz.sh" --run-only
 fi
 
 if [[ -n "${DISPLAY:-}${WAYLAND_DISPLAY:-}" && -x "$build/bin/dtlab" ]]; then
