@@ -14,9 +14,7 @@ bool any_nonfinite(Device& dev, const float* p, int64_t n) {
   if (!p || n <= 0) return false;
   std::vector<float> host(static_cast<size_t>(n));
   dev.download(host.data(), p, n * static_cast<int64_t>(sizeof(float)));
-  for (float v : host)
-    if (!std::isfinite(v)) return true;
-  return false;
+  return has_nonfinite(host.data(), n);
 }
 
 std::string layer_name(const Model& model, int i) {
@@ -27,6 +25,12 @@ std::string layer_name(const Model& model, int i) {
 }
 
 }  // namespace
+
+bool has_nonfinite(const float* p, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (!std::isfinite(p[i])) return true;
+  return false;
+}
 
 NonFiniteSite NonFiniteSite::decode(float code) {
   NonFiniteSite s;
@@ -59,13 +63,17 @@ NonFiniteSite find_nonfinite(const Model& model) {
 }
 
 std::string nonfinite_stop_message(int64_t step, double loss, int rank, const NonFiniteSite& site, const Model& model) {
+  // Bad input stops the step whatever the loss came out as (a ReLU can zero an infinity whose
+  // gradient is still NaN), so that sentence does not talk about the loss.
+  if (site.kind == NonFiniteSite::Input)
+    return "training stopped at step " + std::to_string(step) + (rank >= 0 ? " on rank " + std::to_string(rank) : std::string()) +
+           ": its input batch holds non-finite values (NaN or infinity in the data); clean the data, or pass "
+           "--allow-nonfinite to train on regardless";
   std::string msg = "training stopped at step " + std::to_string(step) + ": the loss became " +
                     (std::isnan(loss) ? std::string("nan") : loss > 0 ? std::string("inf") : std::string("-inf"));
   if (rank >= 0) msg += " on rank " + std::to_string(rank);
   const char* out = "; pass --allow-nonfinite to train on regardless";
   switch (site.kind) {
-    case NonFiniteSite::Input:
-      return msg + ", whose input batch holds non-finite values (NaN or infinity in the data); clean the data" + out;
     case NonFiniteSite::LayerOutput:
       if (site.layer >= 0 && site.layer < model.num_layers())
         return msg + ", where " + layer_name(model, site.layer) +

@@ -20,13 +20,17 @@ struct NonFiniteSite {
   static NonFiniteSite decode(float code);
 };
 
+// Any NaN or infinity among n host floats.
+bool has_nonfinite(const float* p, int64_t n);
+
 // Looks through `model`'s last forward on its device: the input batch, then each layer's output.
 // A finite forward (the loss itself overflowed, or an earlier micro-batch of an accumulated step
 // went bad) is Loss.
 NonFiniteSite find_nonfinite(const Model& model);
 
-// "training stopped at step 7: the loss became nan on rank 1, whose input batch holds non-finite
-// values; ..." One sentence with a way out (the site says which: the data, or --lr).
+// "training stopped at step 7 on rank 1: its input batch holds non-finite values ...", or "training
+// stopped at step 7: the loss became nan on rank 1, where layer 2 (Linear 64->64) is the first layer
+// whose output is non-finite ...". One sentence with a way out (the data, or --lr).
 std::string nonfinite_stop_message(int64_t step, double loss, int rank, const NonFiniteSite& site, const Model& model);
 
 }  // namespace dtlab

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <filesystem>
 
 #include "engine/core/check.h"
@@ -130,8 +131,10 @@ void validate(const TrainConfig& c) {
 // rank's own loss (`local`) went non-finite and where its forward first holds a non-finite value
 // (one all-reduce of a code per rank), and raises the same sentence.
 [[noreturn]] void stop_on_nonfinite(int64_t step, double local, double reduced, int rank, int world,
-                                    Communicator* comm, const Model& model) {
-  const NonFiniteSite mine = std::isfinite(local) ? NonFiniteSite{} : find_nonfinite(model);
+                                    Communicator* comm, const Model& model, bool input_bad) {
+  const NonFiniteSite mine = input_bad            ? NonFiniteSite{NonFiniteSite::Input, -1}
+                             : std::isfinite(local) ? NonFiniteSite{}
+                                                    : find_nonfinite(model);
   std::vector<float> codes(static_cast<size_t>(world), 0.0f);
   codes[static_cast<size_t>(comm ? rank : 0)] = std::isfinite(local) ? 0.0f : std::max(mine.code(), 1.0f);
   if (comm) {
@@ -539,6 +542,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
     const bool branch = config_.skip_layer >= 0 && step % config_.skip_every == 0;
     model.set_skipped_layer(branch ? config_.skip_layer : -1);
     int64_t samples = 0;
+    bool input_bad = false;  // a micro-batch of this step holds NaN or infinity (checked on the host)
     loss_stats.zero();
     {
       ComputeScope scope(obs, ComputeKind::ZeroGrad, -1, 0.0);
@@ -548,6 +552,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
     for (int64_t micro = 0; micro < A; micro++) {
       const Batch& batch = data.next();
       const int64_t B = last_batch = batch.size;
+      if (!config_.allow_nonfinite && !input_bad) input_bad = has_nonfinite(batch.x.data(), B * D);
       const float* x = batch.x.data();
       const int64_t* y = batch.y.data();
       if (!dev.is_host()) {
@@ -582,6 +587,9 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
     }
     double loss_sums[kLossStatsDoubles];
     dev.download(loss_sums, stats, sizeof loss_sums);  // the host's one wait for the device per step
+    // Non-finite input stops the step even when the loss comes out finite (a ReLU can zero an
+    // infinity whose gradient is still NaN): this rank's loss counts as NaN, so every rank sees it.
+    if (input_bad) loss_sums[0] = std::numeric_limits<double>::quiet_NaN();
     double overlap = ddp ? ddp->last_stats().overlap() : -1;
     // Every rank computes its own loss; the reported figures are the all-reduced means (no
     // rank-0-only synchronisation).
@@ -595,7 +603,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
       for (int i = 0; i < 4; i++) m[i] = f[i];
     }
     if (!config_.allow_nonfinite && !std::isfinite(m[0]))
-      stop_on_nonfinite(step, loss_sums[0], m[0], rank, comm ? N : 1, comm, model);
+      stop_on_nonfinite(step, loss_sums[0], m[0], rank, comm ? N : 1, comm, model, input_bad);
     if (timer) timer->flush();
     if (ctx) ctx->end_iteration();
     const double dt = seconds_since(t0);
@@ -670,6 +678,16 @@ StepReport make_step_report(int64_t step, int64_t total_steps, int64_t epoch, in
 }
 
 void Trainer::save_at_end(int rank, const Model& model, Communicator* comm) {
+  // A finite loss does not prove finite parameters (the last update can overflow): a run that ends
+  // with non-finite parameters stops, before anything is saved. Every rank holding the full model
+  // checks (a pipeline's rank 0; its other ranks then fail at the barrier, and the world reports this).
+  if (!config_.allow_nonfinite && (!pipeline_ || rank == 0)) {
+    const std::vector<float> p = model.host_params();
+    for (const Parameter& q : model.parameters())
+      if (has_nonfinite(p.data() + q.offset, q.numel))
+        throw RunStopped("training ended after step " + std::to_string(start_step_ + total_steps_) + " with non-finite values in " +
+                         q.name + " (the last update overflowed); lower --lr, or pass --allow-nonfinite to keep them");
+  }
   // Rank 0 writes the checkpoint; the barrier keeps every rank from reading it (or exiting) early.
   if (!config_.save_path.empty() && rank == 0)
     save_checkpoint(config_.save_path, model, start_step_ + total_steps_,

@@ -3,6 +3,7 @@
 // (engine/parallel/pipeline.h), so it gets its own loop.
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <type_traits>
 
@@ -70,6 +71,10 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
       y = y_dev.i64();
     }
     PipelineRankIteration mine = pipe.run_iteration(x, y, batch.size, scale);
+    // Non-finite input stops the step even if the loss comes out finite. A stage that computes no
+    // loss reports NaN for it instead of 0, so every rank learns which replica's batch was bad.
+    const bool input_bad = !config_.allow_nonfinite && has_nonfinite(batch.x.data(), batch.size * F);
+    if (input_bad && mine.samples == 0) mine.loss_sum = std::numeric_limits<double>::quiet_NaN();
     pipe.reduce_gradients();
     {
       ComputeScope scope(obs, ComputeKind::OptimizerStep, -1, 10.0 * static_cast<double>(pipe.num_params()));
@@ -84,9 +89,11 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
     // computes its loss (where the values came from may be an earlier stage).
     if (!config_.allow_nonfinite)
       for (int r = 0; r < N; r++)
-        if (!std::isfinite(records[static_cast<size_t>(r)].loss_sum))
-          throw RunStopped(nonfinite_stop_message(step, records[static_cast<size_t>(r)].loss_sum, r, NonFiniteSite{},
-                                                  *models_[0]));
+        if (!std::isfinite(records[static_cast<size_t>(r)].loss_sum)) {
+          // A rank without a loss of its own (samples 0) says its batch was bad.
+          const NonFiniteSite site{records[static_cast<size_t>(r)].samples == 0 ? NonFiniteSite::Input : NonFiniteSite::None, -1};
+          throw RunStopped(nonfinite_stop_message(step, records[static_cast<size_t>(r)].loss_sum, r, site, *models_[0]));
+        }
     if (timer) timer->flush();
     ctx.end_iteration();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -46,6 +46,11 @@ xn = np.stack([np.cos(np.arange(64) * 0.3), np.sin(np.arange(64) * 0.3)], axis=1
 xn[41, 1] = np.nan
 np.savez("nan_x.npz", x=xn, y=(np.arange(64) % 3).astype(np.int64))
 
+# 30 rows with x[0][0] = +inf (tests/test_nonfinite.cpp): mlp:2,4,3 with seed 0 hides it from the loss.
+xi = xn[:30].copy()  # rows 0..29: the NaN is in row 41
+xi[0, 0] = np.inf
+np.savez("inf_x.npz", x=xi, y=(np.arange(30) % 3).astype(np.int64))
+
 # x's data cut short inside a valid zip (CRC matches): the .npy body is truncated.
 with zipfile.ZipFile("x_short.npz", "w") as z:
     z.writestr("x.npy", npy(x, (1, 0))[:-8])
