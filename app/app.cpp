@@ -668,6 +668,12 @@ bool App::script_tick() {
       if (!session_->paused()) session_->pause();
       for (int i = 0; i < c.count; i++) {
         if (!settle()) return !scripted_;
+        if (session_->finished()) {  // nothing left to step: say so once, instead of stepping nothing c.count times
+          const std::string where = lesson_ ? lesson_->lesson().path + ":" : "script command ";
+          std::fprintf(stderr, "dtlab: %s%d: the run %s after %d of the %d steps asked for; the rest do nothing\n", where.c_str(),
+                       c.line, session_->update().error.empty() ? "finished" : "failed", i, c.count);
+          break;
+        }
         session_->step(k);
       }
       if (!settle()) return !scripted_;

@@ -1,5 +1,6 @@
 #include "app/lesson.h"
 #include "app/script.h"
+#include "engine/io/atomic_file.h"
 
 #include <algorithm>
 #include <cctype>
@@ -417,6 +418,7 @@ Lesson load_lesson(const std::string& name_or_path) {
                                               (hint.empty() ? "; the lessons are " + list + ", or give a PATH.md" : hint));
     }
   }
+  if (const std::string why = not_a_regular_file(path); !why.empty()) throw LessonError(path, 0, "the lesson " + why);
   std::ifstream f(path);
   if (!f) throw LessonError(path, 0, "cannot read the lesson file");
   std::string text;

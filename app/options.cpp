@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "engine/core/check.h"
+#include "engine/io/atomic_file.h"
 #include "engine/parallel/pipeline.h"
 
 namespace dtlab::app {
@@ -106,7 +107,8 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
   std::vector<std::string> faults;
   app.add_option("--fault", faults, "Inject a fault (repeatable): skip:rank=R,collective=K or delay:rank=R,collective=K,ms=M");
   app.add_option("--profile", c.profile, "Hardware profile: nvlink8, pcie8, ib2x4, eth2x4, this, ideal (free communication)")->capture_default_str();
-  app.add_option("--seed", c.seed, "Seed")->capture_default_str();
+  app.add_option("--seed", c.seed, "Seed (torch.manual_seed's 32-bit range, as dtlab-cli train)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{4294967295}))->capture_default_str();
   app.add_option("--timeout", c.timeout_s, "Watchdog seconds")->check(CLI::Range(0.001, 1e6))->capture_default_str();
   app.add_option("--clock", clock, "Timeline clock: modeled or wall")->capture_default_str();
   app.add_option("--script", script_file, "Run the commands in FILE (one per line)")->check(CLI::ExistingFile);
@@ -203,15 +205,19 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
     if (!script_file.empty() && !run_cmds.empty()) throw Error("give --script FILE or --run \"commands\", not both");
     if (!script_file.empty()) {
       std::string text;
+      if (const std::string why = not_a_regular_file(script_file); !why.empty()) throw Error("--script " + script_file + " " + why);
       if (!read_text_file(script_file, text))
         throw Error("--script " + script_file + " is larger than 1 MiB; a script is a few lines of commands");
       o.script = parse_script(text, script_file);
-    } else if (!run_cmds.empty()) {
+      if (o.script.empty())  // otherwise the lab would open interactively and never quit
+        throw Error("--script " + script_file + " holds no commands; write one per line, e.g. 'step collective 3' and 'quit'");
+    } else if (app.count("--run") > 0) {
       o.script = parse_script(run_cmds, "--run");
+      if (o.script.empty()) throw Error("--run holds no commands; give e.g. --run \"step collective 3; quit\"");
     }
     if (!o.screenshot.empty() && !o.script.empty()) throw Error("--screenshot is a one-shot; inside a script use the screenshot command");
     if (o.play && !o.script.empty()) throw Error("--play plays the whole lesson; to stop at a step, drop --play and script `lesson goto N`");
-    if (!o.screenshot.empty() && o.screenshot.size() < 5) throw Error("--screenshot needs a PATH.png");
+    if (app.count("--screenshot") > 0 && o.screenshot.size() < 5) throw Error("--screenshot needs a PATH.png");
     c.start_paused = !o.running;
   } catch (const CLI::CallForHelp&) {
     std::printf("%s", app.help().c_str());

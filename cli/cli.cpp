@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <new>
 #include <sstream>
 
 #include "cli/cli.h"
@@ -144,6 +145,9 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
     std::string msg = e.what();
     if (!msg.empty() && msg.back() == '.') msg.pop_back();  // one style: no final period
     io.err << "dtlab-cli: " << msg << "\n";
+    return 2;
+  } catch (const std::bad_alloc&) {  // a model, batch or data set larger than this machine's memory
+    io.err << "dtlab-cli: out of memory: the run asks for more than this machine has; use a smaller --model, --batch or --world\n";
     return 2;
   } catch (const std::exception& e) {
     io.err << "dtlab-cli: internal error: " << e.what() << "\n";

@@ -72,7 +72,8 @@ int run_sampler(const SamplerArgs& a, Streams& io) {
 
 Runner add_sampler_command(CLI::App& app) {
   auto a = std::make_shared<SamplerArgs>();
-  app.add_option("--n", a->n, "Dataset length N")->required()->check(whole_number(0, int64_t{1} << 32));
+  // 2^27: the sampler lists every index (1 GiB of them), as torch's does.
+  app.add_option("--n", a->n, "Dataset length N")->required()->check(whole_number(0, int64_t{1} << 27));
   app.add_option("--world", a->world, "World size W")->check(whole_number(1, 1 << 16));
   app.add_option("--rank", a->rank, "Print only this rank (default: all)")->check(whole_number(0, 1 << 16));
   app.add_option("--epoch", a->epoch, "Value passed to set_epoch()")->check(whole_number(0, int64_t{1} << 40));

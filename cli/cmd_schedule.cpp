@@ -171,7 +171,7 @@ Runner add_schedule_command(CLI::App& app) {
   a->mb_opt = app.add_option("--microbatches", a->microbatches, "Micro-batches m per step")->check(whole_number(1, 1024));
   a->chunks_opt = app.add_option("--chunks", a->chunks, "Interleaved: stages per rank v (default 2), placed looped: stage s on rank s % p")
                       ->check(whole_number(1, 16));
-  app.add_option("--csv", a->csv, "Save the schedule as PyTorch's CSV (one row per rank)");
+  app.add_option("--csv", a->csv, "Save the schedule as PyTorch's CSV (one row per rank)")->check(output_path());
   app.add_option("--load", a->load, "Read a schedule from CSV instead of generating one");
   app.add_flag("--json", a->json, "Print one JSON object");
   return [a](Streams& io) { return run_schedule(*a, io); };

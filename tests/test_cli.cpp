@@ -2,6 +2,7 @@
 // one "dtlab-cli: " line on stderr, nothing on stdout), the sampler's printed indices (torch's
 // values), JSON Lines output, and the checkpoint flow train --save -> eval / train --init.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -134,11 +135,35 @@ TEST_SUITE("cli") {
     CHECK(!fs::exists(dir.path / "no_such_dir"));
     CHECK(dir.empty());  // no directory, checkpoint or temp file was created
 
+    {  // FIFOs with no writer (an open would wait forever) and a directory where index.json belongs
+      REQUIRE(::mkfifo(dir.file("fifo").c_str(), 0600) == 0);
+      REQUIRE(::mkfifo(dir.file("fifo.npz").c_str(), 0600) == 0);
+      check_usage_error({"eval", "--init", dir.file("fifo")}, "is not a regular file");
+      check_usage_error({"schedule", "--load", dir.file("fifo")}, "is a FIFO (a named pipe), not a regular file");
+      check_usage_error({"train", "--data", dir.file("fifo.npz")}, "is a FIFO (a named pipe), not a regular file");
+      fs::create_directories(dir.path / "ck" / "index.json");
+      check_usage_error({"train", "--init", dir.file("ck")}, "index.json: is a directory, not a regular file");
+      fs::remove_all(dir.path / "ck");
+      fs::remove(dir.file("fifo"));
+      fs::remove(dir.file("fifo.npz"));
+    }
     {  // a file that is not a checkpoint
       std::ofstream(dir.file("garbage.safetensors")) << "garbage, long enough to hold a header length";
       check_usage_error({"train", "--init", dir.file("garbage.safetensors")}, "garbage.safetensors: header length");
       check_usage_error({"eval", "--init", dir.file("garbage.safetensors")}, "not a safetensors file");
     }
+  }
+
+  TEST_CASE("a model larger than memory is a sentence and exit 2, not an internal error") {
+    // 1.6G parameters under a 4 GiB address-space limit: std::bad_alloc while building the model.
+#if DTLAB_ASAN
+    MESSAGE("skipped: AddressSanitizer reserves terabytes of address space, so ulimit -v stops it from starting");
+    return;
+#endif
+    const dtlab::test::ShellResult r = dtlab::test::shell("ulimit -v 4194304; " DTLAB_CLI_PATH " train --batch 8 --steps 1 --model mlp:2,40000,40000,3");
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("dtlab-cli: out of memory: the run asks for more than this machine has") != std::string::npos);
   }
 
   TEST_CASE("--drop-last with a batch larger than the data set") {
@@ -151,7 +176,11 @@ TEST_SUITE("cli") {
                       "--rank 4 is out of range for --world 4; ranks are 0..3");
     check_usage_error({"sampler", "--world", "4"}, "--n is required");
     check_usage_error({"sampler"}, "--n is required");
-    check_usage_error({"sampler", "--n", "300000000", "--shuffle"}, "torch.randperm");
+    check_usage_error({"sampler", "--n", "4294967296", "--world", "65536", "--rank", "0"}, "out of range; use 0 to 134217728");
+    check_usage_error({"schedule", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--csv", ""},
+                      "--csv: an empty path writes nothing");
+    check_usage_error({"train", "--strategy", "ddp", "--world", "2", "--fault", "delay:rank=1,collective=1,ms=9223372036854775807"},
+                      "use at most ms=3600000 (an hour)");
     check_usage_error({"eval"}, "--init is required");
     check_usage_error({"eval", "--data", "spiral"}, "--init is required");
   }

@@ -121,9 +121,9 @@ TEST_SUITE("gui") {
     r = shell(std::string(DTLAB_APP_PATH) + " --backend socket");
     CHECK(r.code == 2);
     CHECK(r.out.find("launch it with --monitor PORT and start dtlab --attach HOST:PORT") != std::string::npos);
-    r = shell(std::string(DTLAB_APP_PATH) + " --script /dev/zero");
+    r = shell(std::string(DTLAB_APP_PATH) + " --script /dev/zero");  // endless: refused before a byte is read
     CHECK(r.code == 2);
-    CHECK(r.out.rfind("dtlab: --script /dev/zero is larger than 1 MiB", 0) == 0);
+    CHECK(r.out.rfind("dtlab: --script /dev/zero is a device, not a regular file", 0) == 0);
     r = shell(std::string(DTLAB_APP_PATH) + " --model mlp:1048576,1048576,1048576");
     CHECK(r.code == 2);
     CHECK(r.out.find("dtlab builds models of up to") != std::string::npos);
@@ -136,6 +136,23 @@ TEST_SUITE("gui") {
     CHECK(r.code == 2);
     CHECK(r.out.rfind("dtlab: ", 0) == 0);
     CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+    // Nothing to do is refused too: an empty --screenshot or script would open the lab and never quit.
+    for (const char* args : {" --screenshot ''", " --run ''", " --run ';;;'", " --seed -1", " --seed 4294967296"}) {
+      CAPTURE(args);
+      r = shell(std::string(DTLAB_APP_PATH) + args);
+      CHECK(r.code == 2);
+      CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+    }
+    std::ofstream(dir.file("comments.txt")) << "# only a comment\n\n";
+    r = shell(std::string(DTLAB_APP_PATH) + " --script " + dir.file("comments.txt"));
+    CHECK(r.code == 2);
+    CHECK(r.out.find("holds no commands") != std::string::npos);
+    if (have_xvfb()) {  // stepping past the end of the run returns at once and says so
+      r = run_app("--world 2 --model tiny --steps 3 --run 'step collective 100000; quit'", dir);
+      CHECK(r.code == 0);
+      CHECK(r.out.find("the run finished after ") != std::string::npos);
+      CHECK(r.out.find("of the 100000 steps asked for; the rest do nothing") != std::string::npos);
+    }
     // A launched run's configuration is its ranks': a run flag beside --attach is refused, not ignored.
     r = shell(std::string(DTLAB_APP_PATH) + " --attach 127.0.0.1:9 --strategy fsdp");
     CHECK(r.code == 2);

@@ -39,7 +39,11 @@ Fault parse_fault(std::string_view text) {
     if (v < 0) throw Error("fault '" + std::string(text) + "' has a bad part '" + std::string(kv) + "'" + how);
     if (key == "rank") f.rank = static_cast<int>(v), has_rank = true;
     else if (key == "collective") f.seq = static_cast<uint64_t>(v), has_seq = true;
-    else if (key == "ms" && f.kind == FaultKind::Delay) f.delay_s = v / 1000.0, has_ms = true;
+    else if (key == "ms" && f.kind == FaultKind::Delay) {
+      // An hour at most: longer is no lesson, and a deadline of now + 2^63 ms overflows the clock.
+      if (v > 3600000) throw Error("fault '" + std::string(text) + "' delays " + std::string(kv) + "; use at most ms=3600000 (an hour)");
+      f.delay_s = static_cast<double>(v) / 1000.0, has_ms = true;
+    }
     else throw Error("fault '" + std::string(text) + "' has unknown key '" + std::string(key) + "'" + how);
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/core/check.h"
+#include "engine/io/atomic_file.h"
 
 namespace dtlab {
 namespace {
@@ -347,6 +348,7 @@ Dataset load_npz(const std::string& path) {
                 "; check the path, or use --data spiral or blobs");
   }
   if (std::filesystem::is_directory(path, ec)) z.fail_file("is a directory, not a .npz file");
+  if (const std::string why = not_a_regular_file(path); !why.empty()) z.fail_file(why);
   std::ifstream f(path, std::ios::binary);
   if (!f) z.fail_file("cannot be opened for reading");
   z.bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());

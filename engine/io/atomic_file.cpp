@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
@@ -106,6 +107,18 @@ void remove_temp_files_on_signal() {
     if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler != SIG_DFL) continue;
     ::sigaction(sig, &sa, nullptr);
   }
+}
+
+std::string not_a_regular_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return "";
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO (a named pipe)"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                     : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                                   : "not a file";
+  if (S_ISDIR(st.st_mode)) return "is a directory, not a regular file; give the path of a file";
+  return std::string("is ") + kind + ", not a regular file; save its contents to a file and give that path";
 }
 
 void check_output_path(const std::string& flag, const std::string& path) {

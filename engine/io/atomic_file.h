@@ -18,6 +18,12 @@ void check_output_path(const std::string& flag, const std::string& path);
 // files of saves in progress, then die of the signal as before. Front ends call it once at start.
 void remove_temp_files_on_signal();
 
+// What keeps `path` from being read as a file, as a clause ("is a FIFO (a named pipe), not a regular
+// file; save its contents to a file and give that path"), or "" for a regular file or a path that does not exist
+// (the caller's own sentence covers that). A FIFO with no writer would block the open forever, and a
+// device such as /dev/zero never ends, so readers of input files check this before opening.
+std::string not_a_regular_file(const std::string& path);
+
 // An owned POSIX file descriptor.
 struct Fd {
   int fd = -1;

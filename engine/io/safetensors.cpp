@@ -197,7 +197,9 @@ SafetensorsFile parse_header(const std::string& path, const std::string& text, i
 }
 
 SafetensorsFile read_file(const std::string& path, bool with_data) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO with no writer returns at once (and is refused below) instead of
+  // waiting forever; a regular file reads the same either way.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.fd < 0) fail(path, "cannot open (" + os_reason(errno) + "); check the path and its permissions");
   struct stat st {};
   if (::fstat(fd.fd, &st) != 0) fail(path, "cannot stat (" + os_reason(errno) + ")");

@@ -40,6 +40,7 @@ struct Index {
 Index read_index(const std::string& dir) {
   const std::string path = join(dir, kIndex);
   if (!fs::is_directory(dir)) fail(dir, "is not a directory holding a sharded checkpoint");
+  if (const std::string why = not_a_regular_file(path); !why.empty()) fail(path, why + "; the checkpoint is corrupt");
   std::ifstream in(path);
   if (!in)
     fail(dir, "has no index.json, so it is not a complete sharded checkpoint (was its save interrupted?); "

@@ -495,6 +495,7 @@ PipelineSchedule load_csv(const std::string& path, std::optional<int> stages, st
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw Error("'" + path + "' does not exist; check the path");
   if (std::filesystem::is_directory(path, ec)) throw Error("'" + path + "' is a directory, not a schedule CSV");
+  if (const std::string why = not_a_regular_file(path); !why.empty()) throw Error("'" + path + "' " + why);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error("'" + path + "' cannot be opened for reading");
   std::vector<std::string> lines;
