@@ -119,6 +119,9 @@ Question parse_question(const std::vector<std::pair<int, std::string>>& lines, i
       else if (key == "tolerance") {
         if (!value.empty() && value.back() == '%') q.tol_rel = parse_number(value.substr(0, value.size() - 1), "tolerance") / 100;
         else q.tol_abs = parse_number(value, "tolerance");
+        // A negative tolerance would be ignored (the default comparison applies): refuse it.
+        if (!(std::max(q.tol_rel, q.tol_abs) >= 0 && std::isfinite(std::max(q.tol_rel, q.tol_abs))))
+          throw Error("tolerance: '" + value + "' is not 0 or more; write a number such as 0.01, or a percentage such as 5%");
       } else if (key == "reveal") {
         LessonAction a = parse_lesson_action(value);
         a.line = l;

@@ -141,9 +141,15 @@ TEST_SUITE("lessons") {
       }
       return std::string();
     };
-    // A file that never ends is not read to its end.
-    CHECK_THROWS_WITH_AS(load_lesson("/dev/zero"), "/dev/zero: the lesson file is larger than 1 MiB; a lesson is a page of Markdown",
+    // A file that never ends is not read at all (a device), and a long one not to its end.
+    CHECK_THROWS_WITH_AS(load_lesson("/dev/zero"), "/dev/zero: the lesson is a device, not a regular file; save its contents to a file and give that path",
                          LessonError);
+    {
+      test::TempDir big;
+      std::ofstream(big.file("big.md")) << std::string((1 << 20) + 1, '#');
+      CHECK_THROWS_WITH_AS(load_lesson(big.file("big.md")), (big.file("big.md") + ": the lesson file is larger than 1 MiB; a lesson is a page of Markdown").c_str(),
+                           LessonError);
+    }
     CHECK(error_of("broken_action.md") == dir + "broken_action.md:13: unknown action 'stp collective'; did you mean 'step collective'?");
     CHECK(error_of("broken_figure.md") == dir + "broken_figure.md:16: unknown live figure 'collective.byte'; did you mean 'collective.bytes'?");
     CHECK(error_of("broken_header.md").rfind(dir + "broken_header.md:5: scenario: --world: Value 17 not in range", 0) == 0);
@@ -160,6 +166,12 @@ TEST_SUITE("lessons") {
     CHECK(lesson_error("---\ntitle: t\nminutes: 5\nscenario: --script=/dev/null\n---\n").rfind("t.md:4: --script is about the window", 0) == 0);
     CHECK(lesson_error("---\ntitle: t\nminutes: 5\nstrategy: ddp\nsharding: full\n---\n") == "t.md:5: scenario: --sharding configures FSDP; add --strategy fsdp");
     CHECK(lesson_error(h + "## a\n```action\nstep sideways\n```\n") == "t.md:11: step takes ring, collective or iteration (in 'step sideways')");
+    // A negative tolerance would be ignored silently: refused at its line.
+    for (const char* tol : {"-1", "-5%"}) {
+      CAPTURE(tol);
+      CHECK(lesson_error(h + "## a\n```question\nask: n?\nanswer: world\ntolerance: " + tol + "\n```\n")
+                .find("t.md:13: tolerance: '" + std::string(tol) + "' is not 0 or more") != std::string::npos);
+    }
     CHECK(lesson_error(h + "## a\n```action\ninject skip rank 9\n```\n").rfind("t.md:11: inject takes", 0) == 0);
     CHECK(lesson_error(h + "## a\n```action\nrun until bucket[0].redy\n```\n") == "t.md:11: unknown live figure 'bucket[].redy'; did you mean 'bucket[I].ready'?");
     CHECK(lesson_error(h + "## a\n```action\nscreenshot x.png\n```\n") == "t.md:11: 'screenshot' belongs in a --run script, not in a lesson");

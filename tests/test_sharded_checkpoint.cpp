@@ -129,6 +129,31 @@ TEST_SUITE("sharded_checkpoint") {
       std::ofstream(index) << good.substr(0, open + 1) << "7," << good.substr(open + 1);
       CHECK_THROWS_WITH_AS(load_sharded_checkpoint(dir.file("s"), m), doctest::Contains("the checkpoint is corrupt"), Error);
       CHECK(same_params(m, before));
+      // Shapes are checked against the model (0.weight is (32, 2)): transposed, made up, malformed.
+      const size_t at_shape = good.find("\"shape\":", good.find("\"0.weight\""));
+      REQUIRE(at_shape != std::string::npos);
+      const std::string shape = good.substr(at_shape, good.find(']', at_shape) + 1 - at_shape);
+      for (const char* bad : {"[2,32]", "[32,2,1]", "[]", "[-32,2]", "[32.5,2]", "\"32,2\"", "null", "[1099511627776,1099511627776]"}) {
+        CAPTURE(bad);
+        std::ofstream(index) << good.substr(0, at_shape) << "\"shape\": " << bad << good.substr(at_shape + shape.size());
+        CHECK_THROWS_WITH_AS(load_sharded_checkpoint(dir.file("s"), m), doctest::Contains("the checkpoint is corrupt"), Error);
+        CHECK(same_params(m, before));
+      }
+      // A parameter the model does not have: another model's checkpoint.
+      const size_t params = good.find("\"params\": {");
+      REQUIRE(params != std::string::npos);
+      std::ofstream(index) << good.substr(0, params + 11) << "\"6.weight\": {\"shape\": [3, 3], \"pieces\": []}," << good.substr(params + 11);
+      CHECK_THROWS_WITH_AS(load_sharded_checkpoint(dir.file("s"), m), doctest::Contains("lists parameter '6.weight', which mlp:2,32,32,3 does not have"), Error);
+      // A piece file name with a NUL (the open would cut it there) or a path separator.
+      const std::string file = "\"file\": \"rank-00000-of-00002.safetensors\"";
+      const size_t at_file = good.find(file);
+      REQUIRE(at_file != std::string::npos);
+      for (const char* name : {"rank-00000-of-00002.safetensors\\u0000x", "../s/rank-00000-of-00002.safetensors"}) {
+        CAPTURE(name);
+        std::ofstream(index) << good.substr(0, at_file) << "\"file\": \"" << name << "\"" << good.substr(at_file + file.size());
+        CHECK_THROWS_WITH_AS(load_sharded_checkpoint(dir.file("s"), m), doctest::Contains("is not a plain file name"), Error);
+        CHECK(same_params(m, before));
+      }
       // A "format" of another JSON kind (found by fuzz/sharded.cpp): both readers give the
       // not-an-index sentence, not a JSON type error.
       std::ofstream(index) << "{\"format\": 3, \"params\": {}}";

@@ -244,10 +244,28 @@ CheckpointInfo load_sharded(const std::string& dir, Model& model) {
   std::vector<float> staged(static_cast<size_t>(model.num_params()));
   std::vector<uint8_t> covered(staged.size(), 0);
   std::map<std::string, SafetensorsFile> files;
+  // Every parameter the index lists is one the model has (an extra one means another model), ...
+  for (auto it = idx.params.begin(); it != idx.params.end(); ++it)
+    if (model.find_parameter(it.key()) < 0)
+      fail(index_path, "lists parameter '" + it.key().substr(0, 80) + "', which " + spec +
+                           " does not have; was it saved from a different model?");
   for (const Parameter& p : model.parameters()) {
     if (!idx.params.contains(p.name))
       fail(index_path, "has no parameter '" + p.name + "', which " + spec + " needs; was it saved from a different model?");
     const json& jp = idx.params[p.name];
+    // ... with the model's shape, written as a list of whole numbers (a transposed or made-up shape
+    // would load the same elements into the wrong places or hide a corrupt index).
+    if (!jp.contains("shape") || !jp["shape"].is_array())
+      fail(index_path, "'" + p.name + "' has no shape list; the checkpoint is corrupt");
+    Shape shape;
+    for (const json& d : jp["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+        fail(index_path, "'" + p.name + "' has a shape that is not a list of whole numbers; the checkpoint is corrupt");
+      shape.push_back(d.get<int64_t>());
+    }
+    if (shape != p.shape)
+      fail(index_path, "'" + p.name + "' has shape " + jp["shape"].dump() + " but " + spec + " needs " + json(p.shape).dump() +
+                           "; the checkpoint is corrupt");
     if (!jp.contains("pieces") || !jp["pieces"].is_array()) fail(index_path, "'" + p.name + "' has no pieces list; the checkpoint is corrupt");
     for (const json& piece : jp["pieces"]) {
       const std::string file = piece.value("file", ""), tensor = piece.value("tensor", "");
@@ -257,7 +275,11 @@ CheckpointInfo load_sharded(const std::string& dir, Model& model) {
         if (!piece.contains(key) || !piece[key].is_number_integer())
           fail(index_path, "'" + p.name + "' has a piece whose " + key + " is not a whole number; the checkpoint is corrupt");
       const int64_t offset = piece["offset"].get<int64_t>(), length = piece["length"].get<int64_t>();
-      if (file.empty() || file.find('/') != std::string::npos || offset < 0 || length < 0 || offset > p.numel ||
+      // A plain name in the directory: no path separator, and no NUL (the open would cut the name there).
+      if (file.empty() || file.find_first_of(std::string("/\0", 2)) != std::string::npos)
+        fail(index_path, "'" + p.name + "' has a piece whose file is not a plain file name in the checkpoint's directory; "
+                         "the checkpoint is corrupt");
+      if (offset < 0 || length < 0 || offset > p.numel ||
           length > p.numel - offset)
         fail(index_path, "'" + p.name + "' lists a piece outside its " + std::to_string(p.numel) + " elements; the checkpoint is corrupt");
       auto it = files.find(file);
