@@ -590,7 +590,7 @@ bool App::save_screenshot(const std::string& path) {
     f.write(png.data(), png.size());
     f.commit();
   } catch (const Error& e) {
-    std::fprintf(stderr, "dtlab: %s\n", e.what());
+    std::fprintf(stderr, "dtlab: %s\n", tidy_sentence(e.what()).c_str());
     return false;
   }
   // What the picture shows, in words: scripts and tests check the state they stopped at.
@@ -737,7 +737,7 @@ void App::open_lesson(const std::string& name) {
     lesson_error_.clear();
   } catch (const Error& e) {  // the panel shows the sentence; the app goes on
     lesson_error_ = e.what();
-    std::fprintf(stderr, "dtlab: %s\n", e.what());
+    std::fprintf(stderr, "dtlab: %s\n", tidy_sentence(e.what()).c_str());
     if (scripted_) exit_code_ = 2;  // the script goes on (a screenshot shows the panel), and fails at the end
     if (opt_.play) quit_ = true;
     return;
@@ -830,7 +830,7 @@ int App::run() {
   try {
     session_ = opt_.attach.empty() ? std::make_unique<Session>(opt_.train) : Session::attach(opt_.attach);
   } catch (const Error& e) {
-    std::fprintf(stderr, "dtlab: %s\n", e.what());
+    std::fprintf(stderr, "dtlab: %s\n", tidy_sentence(e.what()).c_str());
     return 2;
   }
   edit_ = session_->config();
@@ -844,11 +844,11 @@ int App::run() {
       load_lesson(opt_.lesson);
     } catch (const LessonError& e) {
       if (opt_.play || e.line == 0) {
-        std::fprintf(stderr, "dtlab: %s\n", e.what());
+        std::fprintf(stderr, "dtlab: %s\n", tidy_sentence(e.what()).c_str());
         return 2;
       }
     } catch (const Error& e) {
-      std::fprintf(stderr, "dtlab: %s\n", e.what());
+      std::fprintf(stderr, "dtlab: %s\n", tidy_sentence(e.what()).c_str());
       return 2;
     }
     ScriptCommand open;

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "engine/core/check.h"
+#include "engine/core/format.h"
 #include "engine/io/atomic_file.h"
 #include "engine/parallel/pipeline.h"
 
@@ -227,11 +228,11 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
     return -1;
   } catch (const CLI::ParseError& e) {
     if (error) *error = e.what();
-    else std::fprintf(stderr, "dtlab: %s; see dtlab --help\n", e.what());
+    else std::fprintf(stderr, "dtlab: %s; see dtlab --help\n", tidy_sentence(e.what()).c_str());
     return 2;
   } catch (const Error& e) {
     if (error) *error = e.what();
-    else std::fprintf(stderr, "dtlab: %s\n", e.what());
+    else std::fprintf(stderr, "dtlab: %s\n", tidy_sentence(e.what()).c_str());
     return 2;
   }
   return 0;

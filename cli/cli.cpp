@@ -9,6 +9,7 @@
 
 #include "cli/cli.h"
 #include "cli/commands.h"
+#include "engine/core/format.h"
 #include "engine/comm/communicator.h"
 #include "engine/core/check.h"
 
@@ -124,33 +125,33 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
       if (command == "bench")
         io.err << "dtlab-cli: bench needs to know what to measure; use 'dtlab-cli bench collectives' (see 'dtlab-cli bench --help')\n";
       else if (command.empty() && !args.empty())
-        io.err << "dtlab-cli: '" << args[0] << "' is not a subcommand; use train, eval, bench, sampler, plan, schedule or launch (see 'dtlab-cli --help')\n";
+        io.err << "dtlab-cli: '" << tidy_sentence(args[0]) << "' is not a subcommand; use train, eval, bench, sampler, plan, schedule or launch (see 'dtlab-cli --help')\n";
       else
         io.err << "dtlab-cli: give a subcommand (train, eval, bench, sampler, plan, schedule or launch); run 'dtlab-cli --help' for usage\n";
       return 2;
     }
-    io.err << "dtlab-cli: " << explain(e, command) << "\n";
+    io.err << "dtlab-cli: " << tidy_sentence(explain(e, command)) << "\n";
     return 2;
   } catch (const CLI::ParseError& e) {
-    io.err << "dtlab-cli: " << explain(e, command) << "\n";
+    io.err << "dtlab-cli: " << tidy_sentence(explain(e, command)) << "\n";
     return 2;
   }
   try {
     for (auto* sub : app.get_subcommands()) return runners.at(sub)(io);
     return 2;
   } catch (const CommError& e) {  // a collective failed: the watchdog's or desync diagnosis
-    io.err << "dtlab-cli: " << e.what() << "\n";
+    io.err << "dtlab-cli: " << tidy_sentence(e.what()) << "\n";
     return 3;
   } catch (const Error& e) {  // bad input found after parsing (files, specs, combinations)
     std::string msg = e.what();
     if (!msg.empty() && msg.back() == '.') msg.pop_back();  // one style: no final period
-    io.err << "dtlab-cli: " << msg << "\n";
+    io.err << "dtlab-cli: " << tidy_sentence(msg) << "\n";
     return 2;
   } catch (const std::bad_alloc&) {  // a model, batch or data set larger than this machine's memory
     io.err << "dtlab-cli: out of memory: the run asks for more than this machine has; use a smaller --model, --batch or --world\n";
     return 2;
   } catch (const std::exception& e) {
-    io.err << "dtlab-cli: internal error: " << e.what() << "\n";
+    io.err << "dtlab-cli: internal error: " << tidy_sentence(e.what()) << "\n";
     return 1;
   }
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cli/cli.h"
+#include "engine/core/format.h"
 #include "tests/cli_util.h"
 #include "tests/test_util.h"
 #include "engine/data/dataset.h"
@@ -84,6 +85,21 @@ TEST_SUITE("cli") {
     check_usage_error({"train", "--bogus"}, "run 'dtlab-cli train --help'");
     check_usage_error({"train", "extra"}, "not expected: extra");
     check_usage_error({"sampler", "--n", "10", "--bogus"}, "run 'dtlab-cli sampler --help'");
+  }
+
+  TEST_CASE("an error quoting hostile input stays one short printable line") {
+    // A 100 KB flag, binary bytes and a long spec: the quote is cut and escaped, the sentence kept.
+    const std::string huge(100000, 'a');
+    CliResult r = run({huge});
+    CHECK(r.code == 2);
+    CHECK(r.err.size() < 400);
+    CHECK(r.err.find("...aaaa") != std::string::npos);
+    CHECK(r.err.find("is not a subcommand") != std::string::npos);
+    CHECK(dtlab::tidy_sentence("bad \x01\xff byte") == "bad \\x01\\xff byte");
+    CHECK(dtlab::tidy_sentence("caf\xc3\xa9 stays") == "caf\xc3\xa9 stays");  // UTF-8 is text
+    const std::string cut = dtlab::tidy_sentence("model " + std::string(500, '3') + " is too deep");
+    CHECK(cut == "model " + std::string(80, '3') + "..." + std::string(20, '3') + " is too deep");
+    CHECK(dtlab::tidy_sentence(std::string(5000, 'x') + std::string(3000, ' ')).size() <= 2000);
   }
 
   TEST_CASE("non-numeric and out-of-range values") {

@@ -26,6 +26,51 @@ std::string ranks_text(const std::vector<int>& ranks) {
   return s;
 }
 
+namespace {
+
+// Length of the valid UTF-8 sequence starting at s[i] (2 to 4 bytes), or 0.
+size_t utf8_length(const std::string& s, size_t i) {
+  const auto b = static_cast<unsigned char>(s[i]);
+  const size_t n = b >= 0xF0 && b <= 0xF4 ? 4 : b >= 0xE0 ? 3 : b >= 0xC2 && b < 0xE0 ? 2 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; k++)
+    if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 0;
+  return n;
+}
+
+}  // namespace
+
+std::string tidy_sentence(const std::string& msg) {
+  // Escape what a terminal would not print as text.
+  std::string clean;
+  for (size_t i = 0; i < msg.size();) {
+    const auto b = static_cast<unsigned char>(msg[i]);
+    if (b >= 0x20 && b < 0x7F) {
+      clean += msg[i++];
+    } else if (size_t n = b >= 0x80 ? utf8_length(msg, i) : 0) {
+      clean.append(msg, i, n);
+      i += n;
+    } else {
+      static const char* hex = "0123456789abcdef";
+      clean += "\\x";
+      clean += hex[b >> 4];
+      clean += hex[b & 15];
+      i++;
+    }
+  }
+  // Shorten long words: the sentence around them is what the reader needs.
+  std::string out;
+  for (size_t i = 0; i < clean.size();) {
+    const size_t end = std::min(clean.find(' ', i), clean.size());
+    if (end - i > 120) out += clean.substr(i, 80) + "..." + clean.substr(end - 20, 20);
+    else out.append(clean, i, end - i);
+    if (end < clean.size()) out += ' ';
+    i = end + 1;
+  }
+  if (out.size() > 2000) out = out.substr(0, 1980) + " ... (cut)";
+  return out;
+}
+
 std::string with_commas(int64_t v) {
   std::string digits = std::to_string(v < 0 ? -v : v), out;
   for (size_t i = 0; i < digits.size(); i++) {
