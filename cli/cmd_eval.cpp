@@ -32,6 +32,7 @@ int run_eval(const EvalArgs& a, Streams& io) {
   ModelSpec spec = ModelSpec::parse(spec_text);
   Dataset ds = make_dataset(a.data, spec.in_features(), spec.out_features());
   check_data_fits_model(ds, spec);
+  check_checkpoint_size(a.init, spec);  // before allocating a model the file cannot fill
   Model model(spec, nullptr, 0);
   load_checkpoint(a.init, model);
   std::vector<float> logits(a.logits.empty() ? 0 : static_cast<size_t>(ds.n * spec.out_features()));

@@ -17,6 +17,7 @@
 
 #include "cli/cli.h"
 #include "engine/core/format.h"
+#include "engine/io/safetensors.h"
 #include "tests/cli_util.h"
 #include "tests/test_util.h"
 #include "engine/data/dataset.h"
@@ -162,6 +163,14 @@ TEST_SUITE("cli") {
       fs::remove_all(dir.path / "ck");
       fs::remove(dir.file("fifo"));
       fs::remove(dir.file("fifo.npz"));
+    }
+    {  // a tiny file whose metadata names a 400M-parameter model: refused before the model is built
+      const float one = 1.0f;
+      dtlab::save_safetensors(dir.file("liar.safetensors"), {{"0.weight", dtlab::DType::F32, {1, 1}, &one}},
+                              {{"model", "mlp:2,20000,20000,3"}});
+      check_usage_error({"eval", "--init", dir.file("liar.safetensors")},
+                        "holds 1 values, but mlp:2,20000,20000,3 has 400,140,003 parameters");
+      fs::remove(dir.file("liar.safetensors"));
     }
     {  // a file that is not a checkpoint
       std::ofstream(dir.file("garbage.safetensors")) << "garbage, long enough to hold a header length";

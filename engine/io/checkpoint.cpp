@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/core/check.h"
+#include "engine/core/format.h"
 #include "engine/io/safetensors.h"
 #include "engine/io/sharded_checkpoint.h"
 
@@ -89,6 +90,19 @@ CheckpointInfo load_checkpoint(const std::string& path, Model& model) {
     std::memcpy(staged.data() + params[i].offset, file.bytes(*sources[i]), static_cast<size_t>(params[i].numel) * sizeof(float));
   model.upload_params(staged.data());
   return info;
+}
+
+void check_checkpoint_size(const std::string& path, const ModelSpec& spec) {
+  if (is_checkpoint_dir(path)) return;
+  int64_t values = 0;
+  for (const SafetensorsEntry& e : load_safetensors_header(path).entries) {
+    int64_t n = 1;  // the header's shapes are checked against its byte ranges already: no overflow
+    for (int64_t d : e.shape) n *= d;
+    values += n;
+  }
+  if (values < spec.num_params())
+    throw Error(path + ": holds " + with_commas(values) + " values, but " + spec.str() + " has " + with_commas(spec.num_params()) +
+                " parameters; it is a checkpoint of a smaller model (pass --model with its spec)");
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& path) {

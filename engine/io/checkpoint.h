@@ -28,6 +28,11 @@ CheckpointInfo load_checkpoint(const std::string& path, Model& model);
 // A directory is read as a sharded checkpoint (sharded_checkpoint.h).
 CheckpointInfo read_checkpoint_info(const std::string& path);
 
+// Before building a model of `spec` to load `path` into (a safetensors file; directories are not
+// checked here): dtlab::Error when the file holds fewer values than the model has parameters, so a
+// small file whose metadata names a huge model is refused at once, not after allocating the model.
+void check_checkpoint_size(const std::string& path, const ModelSpec& spec);
+
 // "step" and "model" from a checkpoint's metadata, validated (errors name `path`); the spec comes
 // back normalized (ModelSpec::str()). With `model`, a checkpoint of another model is refused.
 CheckpointInfo checkpoint_info_from(const std::string& path, const std::map<std::string, std::string>& metadata,

@@ -268,6 +268,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
                 std::to_string(config_.epochs * batches_per_epoch_) + " micro-batches, fewer than --accum " +
                 std::to_string(config_.accum) + "; use more epochs or a smaller --accum");
 
+  if (!config_.init_path.empty()) check_checkpoint_size(config_.init_path, spec);  // before building the replicas
   for (int r = me; r < (launched_ || pipeline ? me + 1 : N); r++) {
     // Each rank builds its replica as a separate process would (socket: this process is one). Rank
     // r > 0 seeds with seed + r, so the replicas really differ until DDP broadcasts rank 0's parameters.
