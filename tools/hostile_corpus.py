@@ -1506,7 +1506,17 @@ def signal_runner(target, sig, delay=1.0):
                         ranks[rk] = k
                 time.sleep(0.05)
             time.sleep(delay)
-            victim = p.pid if target is None else ranks.get(target)
+            # The launcher is the ranks' parent: the case may run under a shell (the ulimit wrapper),
+            # and a signal to that shell would never reach dtlab-cli.
+            launcher = None
+            for k in ranks.values():
+                try:
+                    with open("/proc/%d/stat" % k) as f:
+                        st = f.read()
+                    launcher = int(st[st.rindex(")") + 2:].split()[1])
+                except (OSError, ValueError, IndexError):
+                    pass
+            victim = (launcher or p.pid) if target is None else ranks.get(target)
             if victim is None or p.poll() is not None:
                 res.note = "could not find rank %s among the launcher's children (found %s)" % (target, ranks)
                 return
