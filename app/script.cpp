@@ -80,7 +80,8 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       else fail("step takes ring, collective or iteration");  // or action (pipelines), as the usage says
       if (w.size() == 3) {
         double n = 0;
-        if (!parse_double(w[2], n, false) || n < 1 || n != static_cast<int>(n) || n > 100000) fail("the count must be a whole number from 1");
+        // Range first: converting 1e10 to int would be undefined behaviour.
+        if (!parse_double(w[2], n, false) || n < 1 || n > 100000 || n != std::floor(n)) fail("the count must be a whole number from 1");
         c.count = static_cast<int>(n);
       }
     } else if (k == "run" || k == "wait") {

@@ -567,7 +567,8 @@ TEST_CASE("parse_fault reads skip and delay faults and rejects the rest") {
   for (const char* bad : {"", "skip", "skip:", "crash:rank=1,collective=1", "skip:rank=1", "skip:collective=1",
                           "delay:rank=1,collective=2", "skip:rank=-1,collective=0", "skip:rank=x,collective=0",
                           "skip:rank=1,collective=2,ms=5", "skip:rank=1,,collective=2", "skip:rank=1;collective=2",
-                          "skip:rank=1,collective=2x", "skip:rank=,collective=2", "delay:rank=1,collective=2,ms=-5"})
+                          "skip:rank=1,collective=2x", "skip:rank=,collective=2", "delay:rank=1,collective=2,ms=-5",
+                          "skip:rank=4294967297,collective=1", "delay:rank=1,collective=2,ms=3600001"})
     CHECK_THROWS_AS_MESSAGE(parse_fault(bad), Error, "'" << bad << "'");
   std::string how;
   try { parse_fault("skip:rank=1"); } catch (const Error& e) { how = e.what(); }

@@ -95,6 +95,7 @@ TEST_SUITE("gui") {
     };
     CHECK(message("stepp ring").rfind("--run command 1 'stepp ring': unknown command 'stepp'; commands: step ring|collective|iteration", 0) == 0);
     CHECK(message("step ring 0").find("the count must be a whole number from 1") != std::string::npos);
+    CHECK(message("step ring 1e10").find("the count must be a whole number from 1") != std::string::npos);  // found by fuzz/script
     CHECK(message("view sideways").find("view takes one of ring, buckets") != std::string::npos);
     CHECK(message("run fast").find("'fast' is not a duration like 0.5s") != std::string::npos);
     for (const char* bad : {"wait 1000000000s", "wait infs", "run 1e300s", "wait nans", "run -1s", "speed inf", "speed nan"}) {

@@ -93,6 +93,12 @@ TEST_CASE("a run's configuration round-trips through JSON, every field") {
 
   CHECK_THROWS_WITH_AS(train_config_from_json("{\"batch\": \"many\"}"), doctest::Contains("'batch' has the wrong type"), Error);
   CHECK_THROWS_WITH_AS(train_config_from_json("[1]"), doctest::Contains("not a JSON object"), Error);
+  // Whole-number fields: a float, a number beyond the field's type or a negative for an unsigned one
+  // is refused (converting it would be undefined behaviour).
+  for (const char* bad : {"{\"world_size\": 1e300}", "{\"world_size\": 4294967297}", "{\"seed\": -1}", "{\"batch\": 2.5}"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(train_config_from_json(bad), doctest::Contains("is not a whole number in range"), Error);
+  }
 }
 
 TEST_CASE("malformed monitor messages are refused by their decoders, never misread") {

@@ -36,7 +36,8 @@ Fault parse_fault(std::string_view text) {
       auto [p, ec] = std::from_chars(val.data(), val.data() + val.size(), v);
       if (ec != std::errc() || p != val.data() + val.size() || v < 0) v = -1;
     }
-    if (v < 0) throw Error("fault '" + std::string(text) + "' has a bad part '" + std::string(kv) + "'" + how);
+    if (v < 0 || (key == "rank" && v > 65535))  // 4294967297 must not become rank 1
+      throw Error("fault '" + std::string(text) + "' has a bad part '" + std::string(kv) + "'" + how);
     if (key == "rank") f.rank = static_cast<int>(v), has_rank = true;
     else if (key == "collective") f.seq = static_cast<uint64_t>(v), has_seq = true;
     else if (key == "ms" && f.kind == FaultKind::Delay) {

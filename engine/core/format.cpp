@@ -45,7 +45,7 @@ std::string tidy_sentence(const std::string& msg) {
   std::string clean;
   for (size_t i = 0; i < msg.size();) {
     const auto b = static_cast<unsigned char>(msg[i]);
-    if (b >= 0x20 && b < 0x7F) {
+    if ((b >= 0x20 && b < 0x7F) || b == '\n') {  // a message may carry lines of its own (a schedule's grid)
       clean += msg[i++];
     } else if (size_t n = b >= 0x80 ? utf8_length(msg, i) : 0) {
       clean.append(msg, i, n);
@@ -61,10 +61,10 @@ std::string tidy_sentence(const std::string& msg) {
   // Shorten long words: the sentence around them is what the reader needs.
   std::string out;
   for (size_t i = 0; i < clean.size();) {
-    const size_t end = std::min(clean.find(' ', i), clean.size());
+    const size_t end = std::min(clean.find_first_of(" \n", i), clean.size());
     if (end - i > 120) out += clean.substr(i, 80) + "..." + clean.substr(end - 20, 20);
     else out.append(clean, i, end - i);
-    if (end < clean.size()) out += ' ';
+    if (end < clean.size()) out += clean[end];
     i = end + 1;
   }
   if (out.size() > 2000) out = out.substr(0, 1980) + " ... (cut)";

@@ -15,8 +15,8 @@ std::string seconds_text(double s);
 // "rank 2" or "ranks 1, 3": the ranks a diagnosis names.
 std::string ranks_text(const std::vector<int>& ranks);
 
-// An error sentence made fit to print on one terminal line, whatever input it quotes: control bytes
-// and bytes that are not UTF-8 become \xNN, a run of more than 120 characters without a space (a
+// An error sentence made fit to print, whatever input it quotes: control bytes (but newlines, which
+// a message may use for a grid of its own) and bytes that are not UTF-8 become \xNN, a run of more than 120 characters without a space (a
 // 100 KB flag, a binary cell, a model spec of 20000 layers) keeps its first 80 and last 20 around
 // "...", and the whole keeps at most 2000 bytes. Front ends pass every message they print through it.
 std::string tidy_sentence(const std::string& msg);

@@ -94,8 +94,15 @@ CheckpointInfo load_checkpoint(const std::string& path, Model& model) {
 
 void check_checkpoint_size(const std::string& path, const ModelSpec& spec) {
   if (is_checkpoint_dir(path)) return;
+  const SafetensorsFile header = load_safetensors_header(path);
+  // A file naming another model gets that sentence (it says which --model loads it)...
+  const CheckpointInfo info = checkpoint_info_from(path, header.metadata);
+  if (!info.model_spec.empty() && info.model_spec != spec.str())
+    fail(path, "holds a checkpoint of " + info.model_spec + " but the model is " + spec.str() +
+                   "; rerun with --model " + info.model_spec + " to load it");
+  // ... and one too small for the model it is to fill is refused before that model is allocated.
   int64_t values = 0;
-  for (const SafetensorsEntry& e : load_safetensors_header(path).entries) {
+  for (const SafetensorsEntry& e : header.entries) {
     int64_t n = 1;  // the header's shapes are checked against its byte ranges already: no overflow
     for (int64_t d : e.shape) n *= d;
     values += n;

@@ -1,5 +1,8 @@
 #include "engine/train/config_json.h"
 
+#include <limits>
+#include <type_traits>
+
 #include <nlohmann/json.hpp>
 
 #include "engine/core/check.h"
@@ -22,6 +25,18 @@ template <class T>
 void get(const json& j, const char* key, T& out) {
   auto it = j.find(key);
   if (it == j.end()) return;
+  // A whole-number field takes a JSON integer in T's range: nlohmann's get<int>() of 1e300 or of
+  // 2^40 is an out-of-range conversion (undefined behaviour), not an error.
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (it->is_number()) {
+    const bool fits = it->is_number_unsigned()  ? it->template get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                      : it->is_number_integer() ? it->template get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                                                      (std::is_unsigned_v<T> || it->template get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max()))
+                                                : false;
+      if (!fits)
+        throw Error(std::string("the run configuration's field '") + key + "' is not a whole number in range (" + it->dump().substr(0, 40) + ")");
+    }
+  }
   try {
     out = it->get<T>();
   } catch (const json::exception&) {
