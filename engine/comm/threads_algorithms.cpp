@@ -116,8 +116,9 @@ void ring_reduce_scatter(Call& c) {
     return;
   }
   // Two partial-sum slots: the one written at step s, the one the successor reads at step s.
-  auto scratch = c.world->mover_->scratch(r, 2 * std::max<int64_t>(count, 1) * static_cast<int64_t>(sizeof(T)),
-                                          c.ctx->memory());
+  c.scratch.push_back(c.world->mover_->scratch(r, 2 * std::max<int64_t>(count, 1) * static_cast<int64_t>(sizeof(T)),
+                                               c.ctx->memory()));
+  CommScratch* scratch = c.scratch.back().get();
   {
     std::lock_guard<std::mutex> lock(st.w.mu_);
     rv.scratch[static_cast<size_t>(r)] = scratch->data();
@@ -191,7 +192,7 @@ void tree_broadcast_steps(Call& c, int root, int first_step, std::vector<void*>&
 
 // Binomial reduce into `root`; non-root ranks accumulate in scratch so their buffers stay unchanged.
 template <class T>
-void tree_reduce_steps(Call& c, int root, std::unique_ptr<CommScratch>& acc_storage) {
+void tree_reduce_steps(Call& c, int root) {
   Stepper_ st(c);
   Rendezvous& rv = *c.rv;
   const int n = c.n, r = c.rank, v = ring_mod(r - root, n);
@@ -199,10 +200,10 @@ void tree_reduce_steps(Call& c, int root, std::unique_ptr<CommScratch>& acc_stor
   const double bytes = static_cast<double>(count * sizeof(T));
   void* acc = rv.buf[static_cast<size_t>(r)];
   if (v != 0) {
-    acc_storage = c.world->mover_->scratch(r, (std::max<int64_t>(count, 1) * static_cast<int64_t>(sizeof(T)) / 4 + 1) * 4,
-                                           c.ctx->memory());
-    copy_elems(c, as<T>(acc_storage->data()), as<T>(static_cast<const void*>(acc)), count);
-    acc = acc_storage->data();
+    c.scratch.push_back(c.world->mover_->scratch(r, (std::max<int64_t>(count, 1) * static_cast<int64_t>(sizeof(T)) / 4 + 1) * 4,
+                                                 c.ctx->memory()));
+    copy_elems(c, as<T>(c.scratch.back()->data()), as<T>(static_cast<const void*>(acc)), count);
+    acc = c.scratch.back()->data();
   }
   {
     std::lock_guard<std::mutex> lock(st.w.mu_);
@@ -299,8 +300,7 @@ void dispatch(Call& c) {
         c.world->step_barrier(c);  // rank 0's average is final before anyone copies it
         return naive_send_steps<T>(c, 0, c.n - 1);
       } else {
-        std::unique_ptr<CommScratch> acc;
-        tree_reduce_steps<T>(c, 0, acc);
+        tree_reduce_steps<T>(c, 0);
         c.world->step_barrier(c);  // rank 0's result is final before anyone reads it
         return tree_broadcast_steps<T>(c, 0, ceil_log2(c.n), c.rv->buf);
       }
@@ -315,9 +315,8 @@ void dispatch(Call& c) {
         if (c.rank == d.root) finish_avg(c, as<T>(c.rv->buf[static_cast<size_t>(d.root)]), d.count, d.reduce, c.n);
         return;
       } else {
-        std::unique_ptr<CommScratch> acc;
-        tree_reduce_steps<T>(c, d.root, acc);
-        c.world->step_barrier(c);  // keep our accumulator alive until every reader is done
+        tree_reduce_steps<T>(c, d.root);
+        c.world->step_barrier(c);  // every reader of our accumulator (kept in c.scratch) is done
         return;
       }
     case CollectiveOp::AllToAll: return all_to_all<T>(c);

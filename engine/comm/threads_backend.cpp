@@ -111,15 +111,23 @@ class RankComm : public QueuedCommunicator {
     double arrive_t = std::max(ctx->comm_clock(), j.issue_model) + late;
     int64_t wall0 = w_->recorder_->now_ns();
     Rendezvous& rv = w_->arrive(rank_, j.seq, j.desc, j.buf, j.in, arrive_t);
-    w_->set_comm_activity(rank_, "at the gate of " + what);
-    if (!w_->stepper_->gate(rank_, 1, GateKind::Collective, GatePos{static_cast<int64_t>(j.seq), -1},
-                            j.iteration, arrive_t))
-      w_->fail_aborted();
-    w_->set_comm_activity(rank_, "in " + what + ", waiting for the other ranks to arrive");
-    const double start = w_->wait_all_arrived(rank_, rv);
+    // From here on the other ranks know this rank's buffers: failing before the algorithm, it must
+    // not let its caller free them while a rank already in the algorithm reads them.
+    double start = 0;
+    try {
+      w_->set_comm_activity(rank_, "at the gate of " + what);
+      if (!w_->stepper_->gate(rank_, 1, GateKind::Collective, GatePos{static_cast<int64_t>(j.seq), -1},
+                              j.iteration, arrive_t))
+        w_->fail_aborted();
+      w_->set_comm_activity(rank_, "in " + what + ", waiting for the other ranks to arrive");
+      start = w_->wait_all_arrived(rank_, rv);
+      w_->set_comm_activity(rank_, "in " + what);
+      w_->enter_algorithm(rv);
+    } catch (...) {
+      w_->abandon(rv);
+      throw;
+    }
     Call c{w_, &rv, rank_, w_->n_, ctx, start, j.iteration};
-    w_->set_comm_activity(rank_, "in " + what);
-    w_->enter_algorithm(rv);
     try {
       run_collective(c);
     } catch (const std::exception& e) {
@@ -130,6 +138,7 @@ class RankComm : public QueuedCommunicator {
       throw;
     }
     w_->exit_algorithm(rv, false);
+    c.scratch.clear();  // every reader is done (the algorithms drain before returning): freed before the Collective event
     double dur = w_->cost_->collective_time(j.desc.op, j.desc.algo, static_cast<double>(payload_bytes(j.desc, w_->n_)));
     double end = rv.steps > 0 ? c.model_t : start + dur;
     double begin = start;
@@ -271,7 +280,14 @@ void World::fail_aborted() {
 
 void World::enter_algorithm(Rendezvous& rv) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_) throw CommError(abort_reason_);
   rv.running++;
+}
+
+void World::abandon(Rendezvous& rv) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Every rank in the algorithm sees the abort within one slice or step (as in exit_algorithm).
+  cv_.wait_for(lock, std::chrono::duration<double>(opt_.timeout_s), [&] { return rv.running == 0; });
 }
 
 void World::exit_algorithm(Rendezvous& rv, bool failed) {

@@ -53,6 +53,10 @@ struct Call {
   RankContext* ctx;
   double model_t;     // running modeled time of this collective's steps
   int32_t iteration;  // the iteration the op was issued in (events go there)
+  // Scratch the algorithm published to the other ranks (rv->scratch): owned by the Call, not by the
+  // algorithm's frame, so a rank that fails mid-algorithm keeps it alive until exit_algorithm has
+  // seen every rank leave; freeing it while unwinding let a neighbour read freed memory.
+  std::vector<std::unique_ptr<CommScratch>> scratch = {};
 };
 
 class World {
@@ -67,8 +71,14 @@ class World {
   void leave(Rendezvous& rv);
   // Bracket run_collective; on failure exit_algorithm waits for the other ranks to leave the
   // algorithm (so none reads memory about to be freed) and gives up this rank's place.
+  // enter_algorithm throws CommError instead once the world is aborted, so no rank starts reading
+  // after a peer may have given up its buffers.
   void enter_algorithm(Rendezvous& rv);
   void exit_algorithm(Rendezvous& rv, bool failed);
+  // A rank that arrived at rv but fails before entering its algorithm (aborted at a gate or while
+  // waiting for the others): waits until no rank is in the algorithm, where one may still read
+  // this rank's buffers, before its caller frees them.
+  void abandon(Rendezvous& rv);
   // Ring neighbour protocol (see threads_algorithms.cpp).
   void ring_wait_ready(Call& c, int64_t unit);
   void ring_mark_done(Call& c, int64_t unit);
