@@ -110,6 +110,72 @@ std::vector<int> diagnosed_ranks(const Snapshot& s, bool missing) {
   return out;
 }
 
+// The latest iteration every rank has finished (its Iteration event is recorded at its end); the
+// traffic figures read that one, whole.
+int32_t last_finished_iteration(const Snapshot& s) {
+  int32_t last = INT32_MAX;
+  for (const auto& rank_events : s.events) {
+    int32_t mine = -1;
+    for (const Event& e : rank_events)
+      if (e.kind == EventKind::Iteration) mine = std::max(mine, e.iteration);
+    last = std::min(last, mine);
+  }
+  if (s.events.empty() || last < 0) fail("no iteration has finished on every rank yet");
+  return last;
+}
+
+// Bytes each rank sent to each rank in iteration `it`, [src][dst]: the steps of collectives on the
+// world (recorded by the receiver) and point-to-point sends, which is what a process group's
+// collectives (HYBRID_SHARD's node and replica groups) are made of.
+std::vector<std::vector<double>> traffic_matrix(const Snapshot& s, int32_t it) {
+  const size_t n = s.events.size();
+  std::vector<std::vector<double>> m(n, std::vector<double>(n, 0.0));
+  for (size_t r = 0; r < n; r++)
+    for (const Event& e : s.events[r]) {
+      if (e.iteration != it) continue;
+      if (e.kind == EventKind::RingStep && e.step.src >= 0 && static_cast<size_t>(e.step.src) < n)
+        m[static_cast<size_t>(e.step.src)][r] += static_cast<double>(e.step.bytes);
+      else if (e.kind == EventKind::Collective && e.coll.op == CollectiveOp::Send && e.coll.root >= 0 &&
+               static_cast<size_t>(e.coll.root) < n)
+        m[r][static_cast<size_t>(e.coll.root)] += static_cast<double>(e.coll.bytes);
+    }
+  return m;
+}
+
+// Bytes rank `from` (every rank: -1) sent to ranks on another node of the run's hardware profile.
+double cross_node_bytes(const Snapshot& s, int from) {
+  const auto m = traffic_matrix(s, last_finished_iteration(s));
+  const CostModel cost(find_profile(s.config.profile), static_cast<int>(m.size()));
+  double b = 0;
+  for (size_t i = 0; i < m.size(); i++)
+    for (size_t j = 0; j < m.size(); j++)
+      if ((from < 0 || static_cast<int>(i) == from) && cost.node_of(static_cast<int>(i)) != cost.node_of(static_cast<int>(j)))
+        b += m[i][j];
+  return b;
+}
+
+// Float32 values rank `rank`'s file holds in a --save-sharded of this run, by the engine's rule
+// (FullyShardedDataParallel::owned_slices): a sharded strategy saves each unit's shard without its
+// zero padding, and under HYBRID_SHARD only the first node group writes (the others hold copies);
+// NO_SHARD and ZeRO-1 save the rank's ZeRO-1 slice of the flat parameters.
+double checkpoint_elements(const Snapshot& s, int rank) {
+  const RunConfigView& c = s.config;
+  if (c.strategy != "fsdp") fail("--save-sharded saves FSDP runs; this run's strategy is " + c.strategy);
+  const auto real = [](int64_t numel, int64_t chunk, int r) {
+    return std::clamp<int64_t>(numel - static_cast<int64_t>(r) * chunk, 0, chunk);
+  };
+  if (c.sharding == Sharding::NoShard || c.sharding == Sharding::Zero1) {
+    const int64_t chunk = (c.num_params + c.world - 1) / c.world;
+    return static_cast<double>(real(c.num_params, chunk, rank));
+  }
+  if (s.units.empty()) fail("this run has no FSDP units yet");
+  const int group = std::max(1, s.units[0].shard_world);
+  if (rank / group != 0) return 0;
+  int64_t n = 0;
+  for (const UnitView& u : s.units) n += real(u.numel, u.chunk, rank);
+  return static_cast<double>(n);
+}
+
 Sharding sharding_arg(const Arg& a) { return parse_sharding(a.str); }
 
 double plan_field(const Args& a, double MemoryPlan::*field) {
@@ -120,6 +186,18 @@ double plan_field(const Args& a, double MemoryPlan::*field) {
   in.dtype = a.size() > 3 ? parse_plan_dtype(a[3].str) : PlanDType::Fp32;
   in.optimizer = OptimizerKind::AdamW;
   return plan_memory(in).*field;
+}
+
+// HYBRID_SHARD's per-rank bytes: (P, N, K, DTYPE?), shard groups of K ranks.
+double plan_hybrid(const Args& a) {
+  MemoryPlanInput in;
+  in.params = a[0].num;
+  in.world = count_arg(a[1], "plan: world", 1, 1 << 20);
+  in.node_size = count_arg(a[2], "plan: node size", 1, 1 << 20);
+  in.sharding = Sharding::Hybrid;
+  in.dtype = a.size() > 3 ? parse_plan_dtype(a[3].str) : PlanDType::Fp32;
+  in.optimizer = OptimizerKind::AdamW;
+  return plan_memory(in).total;
 }
 
 // Bytes each rank sends in an all-reduce of `bytes` by the engine's own step plan.
@@ -253,6 +331,25 @@ const std::vector<Entry>& entries() {
       {"unit[I].numel", "n", "elements of its flat parameter", [d](S s, A a) { return d(unit(s, a[0]).numel); }},
       {"unit[I].shard", "n", "elements each rank keeps (ceil(numel / ranks))", [d](S s, A a) { return d(unit(s, a[0]).chunk); }},
       {"unit[I].gathered", "n", "ranks holding its full parameters now", [](S s, A a) { auto& g = unit(s, a[0]).gathered; return double(std::count(g.begin(), g.end(), 1)); }},
+      // what a sharded checkpoint of this run holds
+      {"checkpoint.elements(R)", "n", "float32 values rank R's file holds in a --save-sharded of this run: its shards without the padding (0: R writes no file)", [](S s, A a) {
+         return checkpoint_elements(s, index_of(a[0], static_cast<size_t>(std::max(1, s.config.world)), "rank")); }},
+      {"checkpoint.files", "", "rank files a --save-sharded of this run writes (index.json not counted)", [](S s, A) {
+         double files = 0;
+         for (int r = 0; r < s.config.world; r++) files += checkpoint_elements(s, r) > 0 ? 1 : 0;
+         return files; }},
+      // bytes on the wire, by link
+      {"traffic.sent(R, PEER)", "nn", "bytes rank R sent to rank PEER in the last iteration every rank finished (collective steps and point-to-point sends, process groups included)", [](S s, A a) {
+         const auto m = traffic_matrix(s, last_finished_iteration(s));
+         return m[static_cast<size_t>(index_of(a[0], m.size(), "rank"))][static_cast<size_t>(index_of(a[1], m.size(), "rank"))]; }},
+      {"traffic.cross_node(R)", "n", "bytes rank R sent to ranks on other nodes (of the run's hardware profile) in that iteration", [](S s, A a) {
+         return cross_node_bytes(s, index_of(a[0], s.events.size(), "rank")); }},
+      {"traffic.cross_node_total", "", "bytes all ranks together sent between nodes in that iteration", [](S s, A) { return cross_node_bytes(s, -1); }},
+      {"iteration.modeled_us", "", "rank 0's last finished iteration on the modeled clock, µs", [](S s, A) {
+         const int32_t it = last_finished_iteration(s);
+         for (const Event& e : s.events[0])
+           if (e.kind == EventKind::Iteration && e.iteration == it) return (e.model_end - e.model_begin) * 1e6;
+         fail("iteration " + std::to_string(it) + " is no longer in rank 0's recent events"); }},
       // the live pipeline run
       {"pipeline.bubble(R)", "n", "rank R's idle share of the last finished iteration, measured on the modeled clock", [](S s, A a) {
          const double b = pipe_rank(s, a[0]).bubble;
@@ -269,6 +366,7 @@ const std::vector<Entry>& entries() {
       {"plan.gradients(P, N, SHARDING, DTYPE?)", "nns|s", "of which gradients", [](S, A a) { return plan_field(a, &MemoryPlan::gradients); }},
       {"plan.optimizer(P, N, SHARDING, DTYPE?)", "nns|s", "of which optimizer state", [](S, A a) { return plan_field(a, &MemoryPlan::optimizer_state); }},
       {"plan.comm(P, N, SHARDING, DTYPE?)", "nns|s", "bytes each rank sends per step", [](S, A a) { return plan_field(a, &MemoryPlan::comm_bytes); }},
+      {"plan.hybrid(P, N, K, DTYPE?)", "nnn|s", "bytes per rank under HYBRID_SHARD: P parameters on N ranks, sharded in groups of K (AdamW)", [](S, A a) { return plan_hybrid(a); }},
       {"algo.steps(ALGO, N)", "sn", "steps of an all-reduce with ALGO (ring, tree, naive) on N ranks", [](S, A a) { return double(algorithm_step_count(CollectiveOp::AllReduce, parse_algorithm(a[0].str), count_arg(a[1], "algo: world", 1, 64))); }},
       {"algo.sent(ALGO, N, BYTES, R)", "snnn", "bytes rank R sends in an all-reduce of BYTES", [](S, A a) { auto v = algo_sent(a); return v[static_cast<size_t>(index_of(a[3], v.size(), "rank"))]; }},
       {"algo.busiest(ALGO, N, BYTES)", "snn", "bytes the busiest rank sends in it", [](S, A a) { auto v = algo_sent(a); return *std::max_element(v.begin(), v.end()); }},
