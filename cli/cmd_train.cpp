@@ -167,6 +167,11 @@ int report_run(TrainArgs& a, Streams& given, Trainer& trainer) {
              << "; all-reduce order:\n";
       for (const std::string& line : trainer.planned_buckets()) io.out << "    " << line << "\n";
     }
+    if (c.strategy == "dp")
+      io.out << "  DataParallel: rank 0 loads batches of " << c.batch * c.world_size << " and scatters "
+             << c.batch << " samples to each of the " << c.world_size << " devices; every forward broadcasts the "
+             << human_bytes(c.model.num_params() * static_cast<int64_t>(sizeof(float)))
+             << " of parameters from rank 0, every backward reduce-adds the gradients onto rank 0, which alone steps\n";
     if (c.strategy == "fsdp")
       io.out << "  FSDP: " << sharding_name(c.fsdp.sharding)
              << (c.fsdp.sharding == Sharding::Hybrid
@@ -239,11 +244,10 @@ int report_run(TrainArgs& a, Streams& given, Trainer& trainer) {
                         {"train_accuracy", s.eval_accuracy},
                         {"peak_bytes", s.memory.total_peak},
                         {"effective_batch", s.effective_batch}};
-    if (c.strategy == "ddp") {
+    if (c.strategy == "ddp" || c.strategy == "dp") {
       j["world"] = c.world_size;
       j["overlap"] = s.mean_overlap;
-      j["buckets"] = s.buckets;
-      j["buckets_rebuilt"] = s.buckets_rebuilt;
+      if (c.strategy == "ddp") j["buckets"] = s.buckets, j["buckets_rebuilt"] = s.buckets_rebuilt;
       nlohmann::json mem = nlohmann::json::array();
       for (const MemoryStats& m : s.rank_memory) {
         nlohmann::json r;
@@ -277,6 +281,12 @@ int report_run(TrainArgs& a, Streams& given, Trainer& trainer) {
       for (const std::string& b : s.buckets) io.out << "    " << b << "\n";
     }
   }
+  if (c.strategy == "dp" && s.mean_overlap >= 0) {
+    char ov[160];
+    std::snprintf(ov, sizeof ov, "mean overlap %.0f%% of the gradient reduce hidden behind backward (modeled, %s): "
+                  "it starts once every replica's backward has finished", 100.0 * s.mean_overlap, c.profile.c_str());
+    io.out << ov << "\n";
+  }
   if (c.strategy == "pipeline") print_pipeline_summary(io.out, trainer, s);
   bool same = true;
   for (const MemoryStats& m : s.rank_memory)
@@ -291,6 +301,13 @@ int report_run(TrainArgs& a, Streams& given, Trainer& trainer) {
            << human_bytes(s.memory.peak[i]);
   }
   io.out << "; total " << human_bytes(s.memory.total_peak) << "\n";
+  if (c.strategy == "dp" && s.rank_memory.size() > 1) {  // a replica: nothing of the model between iterations
+    const MemoryStats& m = s.rank_memory[1];
+    io.out << "memory (rank 1, a replica, peak of the last iteration):";
+    for (int i = 0; i < kNumMemCategories; i++)
+      if (m.peak[i] != 0) io.out << " " << mem_category_name(static_cast<MemCategory>(i)) << " " << human_bytes(m.peak[i]) << ",";
+    io.out << " total " << human_bytes(m.total_peak) << "; after it: " << human_bytes(m.total_current) << "\n";
+  }
   if (!c.trace_path.empty()) io.out << "trace written to " << c.trace_path << " (open it in ui.perfetto.dev)\n";
   if (!c.save_path.empty())
     io.out << "saved " << c.save_path << " (step " << s.start_step + s.steps << ")\n";
@@ -311,7 +328,7 @@ int run_train(TrainArgs& a, Streams& io) {
 Runner add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   TrainConfig& c = a->cfg;
-  app.add_option("--strategy", c.strategy, "Parallel strategy: single | ddp | fsdp | pipeline")->capture_default_str();
+  app.add_option("--strategy", c.strategy, "Parallel strategy: single | ddp | dp (torch.nn.DataParallel) | fsdp | pipeline")->capture_default_str();
   a->backend_opt = app.add_option("--backend", c.backend, "Where ranks run: threads (all in this process) | cuda (threads sharing a GPU) | nccl (one GPU per rank) | socket (one process per rank, as dtlab-cli launch starts them); default: nccl with a GPU per rank, cuda with fewer GPUs, else threads");
   a->device_opt = app.add_option("--device", a->device, "cpu | cuda (default: cuda when a GPU is present, else cpu; DTLAB_DEVICE sets it)");
   a->world_opt = app.add_option("--world", c.world_size, "Number of ranks (for strategies that use several)")->check(whole_number(1, 64));

@@ -131,7 +131,7 @@ void Model::release_parameter_storage() {
 void Model::restore_storage(const float* full) {
   flat_params_ = Tensor({num_params_}, MemCategory::Parameters, tracker_, DType::F32, device_);
   flat_grads_ = Tensor({num_params_}, MemCategory::Gradients, tracker_, DType::F32, device_);
-  device_.copy(flat_params_.f32(), full, num_params_ * static_cast<int64_t>(sizeof(float)));
+  if (full) device_.copy(flat_params_.f32(), full, num_params_ * static_cast<int64_t>(sizeof(float)));
   for (auto& p : params_) {
     p.data = flat_params_.f32() + p.offset;
     p.grad = flat_grads_.f32() + p.offset;

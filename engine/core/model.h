@@ -106,7 +106,8 @@ class Model {
   void release_gradient_storage();
   // FSDP: frees the model's own parameter (and gradient) buffers; every Parameter's data and grad
   // then point wherever the sharding puts them (null while not gathered). restore_storage()
-  // allocates them again and copies `full` (the flat parameters, on the model's device) in.
+  // allocates them again and copies `full` (the flat parameters, on the model's device) in; null
+  // leaves them for the caller to fill (DataParallel's replicas receive them by broadcast).
   void release_parameter_storage();
   void restore_storage(const float* full);
   bool owns_parameters() const { return !flat_params_.empty(); }

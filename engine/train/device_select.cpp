@@ -21,13 +21,15 @@ DeviceChoice resolve_device(const DeviceQuery& q) {
   const bool gpu_backend = q.backend == "cuda" || q.backend == "nccl";
   const std::string ranks = plural(q.ranks_on_node, "rank", "ranks"), gpus = plural(q.gpus, "GPU", "GPUs");
 
-  // The device.
-  if (q.device == "cpu" || (q.device.empty() && !gpu_backend && (q.gpus == 0 || !q.cuda_built))) {
+  // The device. DataParallel (dp) runs on the CPU engine only: by default there, whatever the GPUs.
+  const bool cpu_only = q.strategy == "dp" && !c.launched;
+  if (q.device == "cpu" || (q.device.empty() && !gpu_backend && (q.gpus == 0 || !q.cuda_built || cpu_only))) {
     if (gpu_backend)
       throw Error("--backend " + q.backend + " moves device memory; add --device cuda, or use --backend threads on the CPU");
     c.device = "cpu";
     c.backend = c.launched ? "socket" : "threads";
     c.why = q.device == "cpu" ? "cpu, as asked"
+            : cpu_only ? "cpu: --strategy dp runs on the CPU engine"
             : !q.cuda_built ? "cpu: this build has no CUDA engine"
                             : "cpu: " + q.no_gpu_reason;
     return c;

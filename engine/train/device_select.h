@@ -1,8 +1,8 @@
 // Where a run's ranks go when --device and --backend are not both given, as the issue of GPUs puts
 // it: cuda + nccl when every rank on this node can have its own GPU, cuda (ranks sharing a GPU)
 // when there is at least one, else cpu + threads (socket under dtlab-cli launch). Every strategy
-// runs on either device. Pure: the caller says how many GPUs there are, so CPU-only tests check
-// every rule.
+// but dp (torch.nn.DataParallel, CPU only, so cpu by default) runs on either device. Pure: the
+// caller says how many GPUs there are, so CPU-only tests check every rule.
 #pragma once
 #include <string>
 

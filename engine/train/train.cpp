@@ -52,8 +52,16 @@ std::unique_ptr<Device> make_gpu(int rank, int device) {
 }
 
 void validate(const TrainConfig& c) {
-  if (c.strategy != "single" && c.strategy != "ddp" && c.strategy != "fsdp" && c.strategy != "pipeline")
-    throw Error("strategy '" + c.strategy + "' is not available in this version; use --strategy single, ddp, fsdp or pipeline");
+  if (c.strategy != "single" && c.strategy != "ddp" && c.strategy != "dp" && c.strategy != "fsdp" && c.strategy != "pipeline")
+    throw Error("strategy '" + c.strategy + "' is not available in this version; use --strategy single, ddp, dp, fsdp or pipeline");
+  if (c.strategy == "dp") {
+    if (c.backend == "socket" || c.launched)
+      throw Error("--strategy dp drives every device from one process, as torch.nn.DataParallel does, so it cannot run "
+                  "one process per rank under dtlab-cli launch; use --strategy ddp there");
+    if (c.device != "cpu")
+      throw Error("--strategy dp runs on the CPU engine in this version; use --device cpu, or --strategy ddp on GPUs");
+    if (c.skip_layer >= 0) throw Error("--skip-layer is DDP's unused-parameters lesson; drop it with --strategy dp");
+  }
   if (c.strategy == "pipeline") {
     if (c.backend == "socket")
       throw Error("--strategy pipeline runs in one process on the CPU (--backend threads), or launched on GPUs (--device cuda, nccl); "
@@ -251,16 +259,19 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   if (ds.n == 0) throw Error("data " + config_.data + " holds no samples");
   check_data_fits_model(ds, spec);
   // Same count a DataLoader over this rank's DistributedSampler gives.
+  // DataParallel has one loader, rank 0's, whose batches hold every device's piece.
+  const bool dp = config_.strategy == "dp";
+  const int64_t loader_batch = dp ? config_.batch * N : config_.batch;
   SamplerConfig sc;
   sc.n = ds.n;
-  sc.world_size = pipeline ? config_.pipeline.dp : N;  // a pipeline's ranks share their replica's shard
+  sc.world_size = pipeline ? config_.pipeline.dp : dp ? 1 : N;  // a pipeline's ranks share their replica's shard
   const int64_t per_rank = DistributedSampler(sc).num_samples();
-  batches_per_epoch_ = config_.drop_last ? per_rank / config_.batch
-                                         : (per_rank + config_.batch - 1) / config_.batch;
+  batches_per_epoch_ = config_.drop_last ? per_rank / loader_batch : (per_rank + loader_batch - 1) / loader_batch;
   if (batches_per_epoch_ == 0)
-    throw Error("--batch " + std::to_string(config_.batch) + " is larger than the " +
-                std::to_string(per_rank) + " samples each rank gets from " + config_.data +
-                ", so --drop-last leaves no batch; use a smaller --batch");
+    throw Error("--batch " + std::to_string(config_.batch) + (dp ? " x --world " + std::to_string(N) : std::string()) +
+                " is larger than the " + std::to_string(per_rank) + " samples " + (dp ? "rank 0's loader" : "each rank") +
+                " gets from " + config_.data + ", so --drop-last leaves no batch; use a smaller --batch");
+  if (dp) check_dp_pieces(ds.n, loader_batch, config_.drop_last, N);
   // --epochs E runs E epochs of micro-batches, `accum` of them per optimizer step.
   total_steps_ = config_.steps > 0 ? config_.steps : config_.epochs * batches_per_epoch_ / config_.accum;
   if (total_steps_ < 1)
@@ -344,6 +355,7 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
     world_->run([&](int rank, Communicator& comm, RankContext& ctx, Device&) {
       MemoryTracker& mem = world_->threads().memory(rank);
       if (pipeline_) run_pipeline_rank(rank, comm, ctx, mem, sum, on_step);
+      else if (config_.strategy == "dp") run_dp_rank(rank, comm, ctx, mem, sum, on_step);
       else run_rank(rank, &comm, &ctx, mem, sum, on_step);
     });
   } else if (launched_) {
@@ -681,8 +693,9 @@ StepReport make_step_report(int64_t step, int64_t total_steps, int64_t epoch, in
 void Trainer::save_at_end(int rank, const Model& model, Communicator* comm) {
   // A finite loss does not prove finite parameters (the last update can overflow): a run that ends
   // with non-finite parameters stops, before anything is saved. Every rank holding the full model
-  // checks (a pipeline's rank 0; its other ranks then fail at the barrier, and the world reports this).
-  if (!config_.allow_nonfinite && (!pipeline_ || rank == 0)) {
+  // checks (a pipeline's or DataParallel's rank 0; the other ranks then fail at the barrier, and the
+  // world reports this).
+  if (!config_.allow_nonfinite && (rank == 0 || (!pipeline_ && config_.strategy != "dp"))) {
     const std::vector<float> p = model.host_params();
     for (const Parameter& q : model.parameters())
       if (has_nonfinite(p.data() + q.offset, q.numel))

@@ -6,6 +6,10 @@
 //           (engine/parallel/fsdp.h) or ZeRO-1
 //   pipeline  p stages x D replicas, each rank running its row of a pipeline schedule over its
 //           stages (engine/parallel/pipeline.h), in its own loop (train_pipeline.cpp)
+//   dp      torch.nn.DataParallel: N devices driven as one process, rank 0 holding the module, its
+//           optimizer and the one loader of batch x N samples, scattering each batch to the
+//           replicas it broadcasts every forward (engine/parallel/data_parallel.h), in its own loop
+//           (train_dp.cpp); in this process only, on the CPU
 // One trainer for every device: each rank's tensors live on its Device (engine/core/device.h), the
 // CPU or a GPU, and the strategies above are the same code on both. Where the ranks run:
 //   device cpu   backend threads (ranks as threads of this process), or socket (this process is one
@@ -30,6 +34,7 @@
 #include "engine/data/dataset.h"
 #include "engine/data/loader.h"
 #include "engine/data/sampler.h"
+#include "engine/parallel/data_parallel.h"
 #include "engine/parallel/ddp.h"
 #include "engine/parallel/fsdp.h"
 #include "engine/parallel/pipeline_stats.h"
@@ -42,7 +47,7 @@ struct TrainConfig {
   int world_size = 1;
   ModelSpec model = ModelSpec::parse("mlp:2,64,64,3");
   std::string data = "spiral";
-  int64_t batch = 64;       // per rank
+  int64_t batch = 64;       // per rank (dp: each device's piece; rank 0 loads batch x world)
   int64_t steps = 0;        // exactly one of steps / epochs is > 0
   int64_t epochs = 0;
   OptimizerConfig optimizer = default_optimizer_config(OptimizerKind::AdamW);
@@ -97,7 +102,8 @@ struct StepReport {
   double step_seconds = 0;  // wall time of forward + backward + step
   double samples_per_sec = 0;  // all ranks together
   int64_t samples = 0;      // this step's samples over every rank and micro-batch
-  double overlap = -1;      // ddp: share of all-reduce time hidden behind backward (modeled), mean over ranks
+  double overlap = -1;      // ddp: share of all-reduce time hidden behind backward (modeled), mean over ranks;
+                            // dp: share of rank 0's gradient reduce hidden behind its backward
   bool branch_taken = false;  // the model's skip branch was taken this step
   std::vector<double> bubble;  // pipeline: each world rank's bubble this step (modeled idle / makespan)
 };
@@ -142,7 +148,7 @@ struct TrainSummary {
   std::vector<MemoryStats> rank_memory;  // per rank, at the end: current, and peaks of the last iteration
   int64_t start_step = 0;         // from --init's metadata
   int64_t effective_batch = 0;    // per-rank batch x world x accum
-  double mean_overlap = -1;       // ddp: mean over synchronised steps
+  double mean_overlap = -1;       // ddp: mean over synchronised steps (dp: over steps)
   std::vector<std::string> buckets;  // ddp: the final bucket assignment, one line per bucket
   bool buckets_rebuilt = false;
   PipelineStats pipeline;         // pipeline: bubbles and in-flight micro-batches per rank
@@ -175,7 +181,7 @@ class Trainer {
   Model& model() { return *models_[0]; }  // rank 0's replica (launched: this process's rank's), on its device
   Model& rank_model(int rank) { return *models_.at(static_cast<size_t>(rank)); }
   int64_t total_steps() const { return total_steps_; }
-  int64_t batches_per_epoch() const { return batches_per_epoch_; }  // per rank
+  int64_t batches_per_epoch() const { return batches_per_epoch_; }  // per rank (dp: rank 0's loader)
   int64_t effective_batch() const {
     return config_.batch * (pipeline_ ? config_.pipeline.dp : config_.world_size) * config_.accum;
   }
@@ -207,6 +213,8 @@ class Trainer {
   void run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTracker& mem, TrainSummary& sum,
                 const std::function<void(const StepReport&)>& on_step);
   void run_launched_rank(TrainSummary& sum, const std::function<void(const StepReport&)>& on_step);
+  void run_dp_rank(int rank, Communicator& comm, RankContext& ctx, MemoryTracker& mem, TrainSummary& sum,
+                   const std::function<void(const StepReport&)>& on_step);
   void run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, MemoryTracker& mem, TrainSummary& sum,
                          const std::function<void(const StepReport&)>& on_step);
   // Rank 0 writes --save from `model`; then every rank meets at a barrier.

@@ -1,0 +1,260 @@
+#include "engine/parallel/data_parallel.h"
+
+#include <algorithm>
+
+#include "engine/core/check.h"
+#include "engine/core/format.h"
+
+namespace dtlab {
+
+namespace {
+
+// Point-to-point tags: Scatter of the input, Gather of the output, Scatter of the output gradient.
+constexpr int kTagInput = 1, kTagOutput = 2, kTagGrad = 3;
+
+double overlap_of(double a0, double a1, double b0, double b1) {
+  return std::max(0.0, std::min(a1, b1) - std::max(a0, b0));
+}
+
+// Grows `t` to hold `numel` floats (like the model's activations: sized once for the largest
+// forward, reused for smaller ones), charged to the rank as activations.
+void ensure(Tensor& t, int64_t numel, MemoryTracker* mem, Device& dev) {
+  if (!t.empty() && t.numel() >= numel) return;
+  t = Tensor();  // free before allocating, as a caching allocator would reuse the block
+  t = Tensor({std::max<int64_t>(numel, 1)}, MemCategory::Activations, mem, DType::F32, dev);
+}
+
+}  // namespace
+
+std::vector<int64_t> chunk_sizes(int64_t rows, int devices) {
+  DTLAB_CHECK(devices >= 1, "chunk_sizes needs at least one device");
+  std::vector<int64_t> out;
+  if (rows <= 0) return out;
+  const int64_t each = (rows + devices - 1) / devices;  // torch.chunk: split_size = ceil(rows / chunks)
+  for (int64_t at = 0; at < rows; at += each) out.push_back(std::min(each, rows - at));
+  return out;
+}
+
+namespace {
+
+// Consecutive tensors in groups of about `limit` bytes. close_after: add the tensor, then close the
+// group once it holds `limit` or more (take_tensors); otherwise close the group first when the
+// tensor would take it past `limit` (_take_tensors).
+std::vector<std::vector<int>> group_by_size(const std::vector<int64_t>& bytes, int64_t limit, bool close_after) {
+  DTLAB_CHECK(limit >= 1, "the coalescing buffer must hold at least 1 byte");
+  std::vector<std::vector<int>> out(1);
+  int64_t size = 0;
+  for (size_t i = 0; i < bytes.size(); i++) {
+    if (!close_after && size > 0 && size + bytes[i] > limit) out.emplace_back(), size = 0;
+    out.back().push_back(static_cast<int>(i));
+    size += bytes[i];
+    if (close_after && size >= limit && i + 1 < bytes.size()) out.emplace_back(), size = 0;
+  }
+  if (out.back().empty()) out.pop_back();
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> broadcast_coalesced_groups(const std::vector<int64_t>& bytes, int64_t limit) {
+  return group_by_size(bytes, limit, true);
+}
+
+std::vector<std::vector<int>> reduce_add_coalesced_groups(const std::vector<int64_t>& bytes, int64_t limit) {
+  return group_by_size(bytes, limit, false);
+}
+
+void check_dp_pieces(int64_t n, int64_t batch, bool drop_last, int world) {
+  const int64_t last = drop_last ? 0 : n % batch;  // a full batch of B x world rows splits evenly
+  if (last == 0) return;
+  const int pieces = static_cast<int>(chunk_sizes(last, world).size());
+  if (pieces == world) return;
+  throw Error("--strategy dp: the last batch of each epoch holds " + std::to_string(last) + " of the " + std::to_string(n) +
+              " samples, which torch.chunk cuts into " + std::to_string(pieces) + " pieces for " + std::to_string(world) +
+              " devices, leaving " + (world - pieces == 1 ? "one device" : std::to_string(world - pieces) + " devices") +
+              " without a replica (DataParallel then replicates onto fewer devices, which dtlab's dp does not model); "
+              "pass --drop-last or pick another --batch");
+}
+
+// ---------------------------------------------------------------------------------------------
+
+DataParallel::DataParallel(Model& model, Communicator& comm, RankContext* ctx, const DpOptions& opt)
+    : model_(model), comm_(comm), ctx_(ctx), opt_(opt), rank_(comm.rank()), world_(comm.world_size()) {
+  if (opt_.coalesce_bytes < 1) throw Error("the DataParallel coalescing buffer must hold at least 1 byte");
+  std::vector<int64_t> bytes;
+  for (const Parameter& p : model_.parameters()) bytes.push_back(p.numel * static_cast<int64_t>(sizeof(float)));
+  bcast_groups_ = broadcast_coalesced_groups(bytes, opt_.coalesce_bytes);
+  reduce_groups_ = reduce_add_coalesced_groups(bytes, opt_.coalesce_bytes);
+  if (rank_ == 0) {
+    DTLAB_CHECK(model_.owns_parameters(), "DataParallel's rank 0 holds the module's parameters");
+  } else if (model_.owns_parameters()) {
+    // Only device 0 holds the module; a replica exists from a forward's broadcast to its backward.
+    model_.release_parameter_storage();
+  }
+}
+
+DataParallel::Range DataParallel::range_of(const std::vector<int>& group) const {
+  const auto& ps = model_.parameters();
+  const Parameter& first = ps[static_cast<size_t>(group.front())];
+  const Parameter& last = ps[static_cast<size_t>(group.back())];
+  return {first.offset, last.offset + last.numel - first.offset};
+}
+
+int64_t DataParallel::piece_offset(int r) const {
+  int64_t at = 0;
+  for (int i = 0; i < r; i++) at += pieces_[static_cast<size_t>(i)];
+  return at;
+}
+
+void DataParallel::wait_all(std::vector<WorkPtr>& works) {
+  for (WorkPtr& w : works) w->wait();
+  works.clear();
+}
+
+const float* DataParallel::forward(const float* x, int64_t rows) {
+  DTLAB_CHECK(!in_forward_, "DataParallel::forward() called twice without backward()");
+  DTLAB_CHECK(rows >= 1, "DataParallel::forward() needs at least one row");
+  DTLAB_CHECK((rank_ == 0) == (x != nullptr), "DataParallel::forward(): rank 0, and only rank 0, passes the batch");
+  const int64_t D = model_.spec().in_features(), C = model_.spec().out_features();
+  stats_ = DpIterationStats{};
+  stats_.iteration = ctx_ ? ctx_->iteration() : -1;
+  rows_ = rows;
+  pieces_ = chunk_sizes(rows, world_);
+  stats_.replicas = replicas();
+  stats_.pieces = pieces_;
+  in_forward_ = true;
+  if (world_ == 1) {  // one device: DataParallel calls the module itself
+    x_ = x;
+    return model_.forward(x, rows);
+  }
+  if (replicas() < world_)
+    throw Error("DataParallel: a batch of " + std::to_string(rows) + " rows splits into " + std::to_string(replicas()) +
+                " pieces (torch.chunk), fewer than the " + std::to_string(world_) +
+                " devices, and dtlab's DataParallel replicates onto every device; use larger batches or fewer ranks");
+  Device& dev = model_.device();
+  MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
+  const int64_t mine = pieces_[static_cast<size_t>(rank_)];
+  std::vector<WorkPtr> works;
+
+  // 1. Scatter: piece r of the batch to rank r; rank 0's piece is a view of the batch.
+  if (ctx_) ctx_->set_activity(rank_ == 0 ? "DataParallel: scattering the batch to the devices"
+                                          : "DataParallel: receiving my piece of the batch from rank 0");
+  if (rank_ == 0) {
+    for (int r = 1; r < world_; r++)
+      works.push_back(comm_.send(x + piece_offset(r) * D, pieces_[static_cast<size_t>(r)] * D, DType::F32, r, kTagInput));
+    x_ = x;
+  } else {
+    ensure(x_piece_, mine * D, mem, dev);
+    works.push_back(comm_.recv(x_piece_.f32(), mine * D, DType::F32, 0, kTagInput));
+    x_ = x_piece_.f32();
+  }
+
+  // 2. Replicate: every parameter from rank 0, one broadcast per coalesced buffer, into storage the
+  // other ranks allocate for this forward's replica.
+  if (ctx_) ctx_->set_activity("DataParallel: replicating the module (broadcast of every parameter from rank 0)");
+  if (rank_ != 0) model_.restore_storage(nullptr);
+  for (const std::vector<int>& g : bcast_groups_) {
+    const Range rg = range_of(g);
+    works.push_back(comm_.broadcast(model_.params() + rg.offset, rg.count, DType::F32, 0, Algorithm::Naive));
+    stats_.broadcasts++;
+    stats_.parameter_bytes += rg.count * static_cast<int64_t>(sizeof(float));
+  }
+  wait_all(works);
+  if (rank_ != 0) model_.zero_grad();  // the replica's gradients start from nothing
+
+  // 3. parallel_apply: this rank's replica on its piece.
+  if (ctx_) ctx_->set_activity("DataParallel: forward of my replica");
+  const float* out = model_.forward(x_, mine);
+
+  // 4. Gather: every piece's output into one (rows, C) tensor on rank 0.
+  if (ctx_) ctx_->set_activity(rank_ == 0 ? "DataParallel: gathering the outputs" : "DataParallel: sending my output to rank 0");
+  if (rank_ == 0) {
+    ensure(gathered_, rows * C, mem, dev);
+    dev.copy(gathered_.f32(), out, mine * C * static_cast<int64_t>(sizeof(float)));  // torch's gather copies every piece in
+    for (int r = 1; r < world_; r++)
+      works.push_back(comm_.recv(gathered_.f32() + piece_offset(r) * C, pieces_[static_cast<size_t>(r)] * C, DType::F32, r,
+                                 kTagOutput));
+    wait_all(works);
+    if (ctx_) ctx_->set_activity("running");
+    return gathered_.f32();
+  }
+  works.push_back(comm_.send(out, mine * C, DType::F32, 0, kTagOutput));
+  wait_all(works);
+  if (ctx_) ctx_->set_activity("DataParallel: waiting for the output gradient from rank 0");
+  return nullptr;
+}
+
+void DataParallel::backward(const float* dlogits) {
+  DTLAB_CHECK(in_forward_, "DataParallel::backward() without a forward()");
+  DTLAB_CHECK((rank_ == 0) == (dlogits != nullptr), "DataParallel::backward(): rank 0, and only rank 0, passes the gradient");
+  in_forward_ = false;
+  if (world_ == 1) {
+    stats_.backward_begin = ctx_ ? ctx_->compute_clock() : 0;
+    model_.backward(dlogits);
+    stats_.backward_end = ctx_ ? ctx_->compute_clock() : 0;
+    return;
+  }
+  const int64_t C = model_.spec().out_features();
+  const int64_t mine = pieces_[static_cast<size_t>(rank_)];
+  std::vector<WorkPtr> works;
+
+  // 5. Gather's backward: the output gradient scattered in the forward's pieces (rank 0's a view).
+  if (rank_ == 0) {
+    if (ctx_) ctx_->set_activity("DataParallel: scattering the output gradient");
+    for (int r = 1; r < world_; r++)
+      works.push_back(comm_.send(dlogits + piece_offset(r) * C, pieces_[static_cast<size_t>(r)] * C, DType::F32, r, kTagGrad));
+  } else {
+    ensure(dlogits_piece_, mine * C, ctx_ ? ctx_->memory() : nullptr, model_.device());
+    works.push_back(comm_.recv(dlogits_piece_.f32(), mine * C, DType::F32, 0, kTagGrad));
+  }
+  wait_all(works);
+
+  // 6. Each replica's backward.
+  if (ctx_) ctx_->set_activity("DataParallel: backward of my replica");
+  stats_.backward_begin = ctx_ ? ctx_->compute_clock() : 0;
+  model_.backward(rank_ == 0 ? dlogits : dlogits_piece_.f32());
+  stats_.backward_end = ctx_ ? ctx_->compute_clock() : 0;
+
+  // 7. Broadcast's backward, ReduceAddCoalesced: every gradient summed onto rank 0's .grad, which
+  // already holds its own replica's (and earlier micro-batches') gradient.
+  if (ctx_) ctx_->set_activity("DataParallel: reduce-adding the gradients onto rank 0");
+  for (const std::vector<int>& g : reduce_groups_) {
+    const Range rg = range_of(g);
+    works.push_back(comm_.reduce(model_.grads() + rg.offset, rg.count, DType::F32, ReduceOp::Sum, 0, Algorithm::Naive));
+    stats_.reduces++;
+    stats_.reduced_bytes += rg.count * static_cast<int64_t>(sizeof(float));
+  }
+  for (WorkPtr& w : works) {
+    w->wait();
+    const WorkTimes t = w->times();
+    stats_.reduce_seconds += t.model_end - t.model_begin;
+    stats_.overlapped_seconds += overlap_of(t.model_begin, t.model_end, stats_.backward_begin, stats_.backward_end);
+  }
+  works.clear();
+  // The replica dies with the autograd graph that held it.
+  if (rank_ != 0) model_.release_parameter_storage();
+  if (ctx_) ctx_->set_activity("running");
+}
+
+std::vector<std::string> DataParallel::describe() const {
+  const auto& ps = model_.parameters();
+  auto names = [&](const std::vector<int>& g) {
+    std::string s;
+    for (size_t i = 0; i < g.size(); i++) s += (i ? ", " : "") + ps[static_cast<size_t>(g[i])].name;
+    return s;
+  };
+  auto size = [&](const std::vector<int>& g) {
+    int64_t n = 0;
+    for (int p : g) n += ps[static_cast<size_t>(p)].numel;
+    return human_bytes(n * static_cast<int64_t>(sizeof(float)));
+  };
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < bcast_groups_.size(); i++)
+    lines.push_back("replicate: broadcast " + names(bcast_groups_[i]) + " (" + size(bcast_groups_[i]) + ") from rank 0");
+  for (size_t i = 0; i < reduce_groups_.size(); i++)
+    lines.push_back("backward: reduce-add " + names(reduce_groups_[i]) + " gradients (" + size(reduce_groups_[i]) +
+                    ") onto rank 0");
+  return lines;
+}
+
+}  // namespace dtlab

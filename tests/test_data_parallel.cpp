@@ -1,0 +1,315 @@
+// torch.nn.DataParallel (engine/parallel/data_parallel, the dp strategy): torch.chunk's pieces and
+// the two coalescing rules, equivalence with one rank on the combined batch, the bytes every step
+// moves (read from the recorder's events), who holds what in memory, and the sentences for
+// combinations that make no sense.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/core/check.h"
+#include "engine/parallel/data_parallel.h"
+#include "engine/train/device_select.h"
+#include "engine/train/train.h"
+#include "tests/cli_util.h"
+#include "tests/train_util.h"
+
+using namespace dtlab;
+
+namespace {
+
+using Groups = std::vector<std::vector<int>>;
+
+// mlp:2,64,64,3: P = 4547 floats, S = 18188 bytes.
+constexpr int64_t kP = 4547, kS = kP * 4;
+
+TrainConfig dp_config(int world, int64_t batch, int64_t steps) {
+  TrainConfig c;
+  c.strategy = "dp";
+  c.world_size = world;
+  c.model = ModelSpec::parse("mlp:2,64,64,3");
+  c.data = "spiral";  // 3000 samples
+  c.batch = batch;
+  c.steps = steps;
+  c.optimizer = default_optimizer_config(OptimizerKind::AdamW);
+  c.seed = 3;
+  c.timeout_s = 20;
+  return c;
+}
+
+std::string error_of(const TrainConfig& c) {
+  try {
+    Trainer t(c);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+using test::max_abs_diff;
+using test::single_like;
+using test::train;
+using test::Trained;
+
+}  // namespace
+
+TEST_SUITE("data_parallel") {
+  TEST_CASE("the batch is cut as torch.chunk cuts it: ceil(rows / devices) rows a piece, maybe fewer pieces") {
+    CHECK(chunk_sizes(256, 4) == std::vector<int64_t>{64, 64, 64, 64});
+    CHECK(chunk_sizes(10, 4) == std::vector<int64_t>{3, 3, 3, 1});
+    CHECK(chunk_sizes(7, 4) == std::vector<int64_t>{2, 2, 2, 1});
+    CHECK(chunk_sizes(5, 4) == std::vector<int64_t>{2, 2, 1});  // three pieces for four devices
+    CHECK(chunk_sizes(3, 4) == std::vector<int64_t>{1, 1, 1});
+    CHECK(chunk_sizes(1, 4) == std::vector<int64_t>{1});
+    CHECK(chunk_sizes(9, 1) == std::vector<int64_t>{9});
+    CHECK(chunk_sizes(0, 3).empty());
+  }
+
+  TEST_CASE("replicate and ReduceAddCoalesced coalesce by different rules, both 10 MiB by default") {
+    // take_tensors (torch/csrc/utils/tensor_flatten.cpp, broadcast_coalesced): add, then close the
+    // group once it holds the limit or more. _take_tensors (torch/_utils.py, reduce_add_coalesced):
+    // close the group before a tensor that would take it past the limit.
+    CHECK(broadcast_coalesced_groups({4, 4, 4}, 8) == Groups{{0, 1}, {2}});
+    CHECK(reduce_add_coalesced_groups({4, 4, 4}, 8) == Groups{{0, 1}, {2}});
+    CHECK(broadcast_coalesced_groups({6, 4, 6}, 8) == Groups{{0, 1}, {2}});
+    CHECK(reduce_add_coalesced_groups({6, 4, 6}, 8) == Groups{{0}, {1}, {2}});
+    CHECK(broadcast_coalesced_groups({20, 2}, 8) == Groups{{0}, {1}});  // larger than the limit: alone
+    CHECK(reduce_add_coalesced_groups({2, 20, 2}, 8) == Groups{{0}, {1}, {2}});
+    CHECK(kDpCoalesceBytes == 10485760);
+    const std::vector<int64_t> mlp = {512, 256, 16384, 256, 768, 12};  // mlp:2,64,64,3: one buffer each way
+    CHECK(broadcast_coalesced_groups(mlp, kDpCoalesceBytes) == Groups{{0, 1, 2, 3, 4, 5}});
+    CHECK(reduce_add_coalesced_groups(mlp, kDpCoalesceBytes) == Groups{{0, 1, 2, 3, 4, 5}});
+  }
+
+  TEST_CASE("dp on N devices equals one rank on the combined batch") {
+    for (int world : {2, 3, 4}) {
+      for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
+        for (int64_t accum : {int64_t{1}, int64_t{2}}) {
+          CAPTURE(world);
+          CAPTURE(optimizer_name(kind));
+          CAPTURE(accum);
+          TrainConfig d = dp_config(world, 16, 12);  // 12 x 16 x 4 x 2 samples: inside the first epoch
+          d.accum = accum;
+          d.optimizer = default_optimizer_config(kind);
+          if (kind == OptimizerKind::SGD) d.optimizer.momentum = 0.9;
+          Trainer dp(d);
+          Trained got = train(dp);
+          // Rank 0's one loader takes 16 x world rows per micro-batch: the single run's batch is
+          // those of a step, in the same order.
+          Trainer one(single_like(d, 16 * world * accum));
+          Trained want = train(one);
+          CHECK(max_abs_diff(dp.model(), one.model()) <= 1e-5);
+          for (int r = 1; r < world; r++) CHECK_FALSE(dp.rank_model(r).owns_parameters());  // replicas are gone
+          REQUIRE(got.steps.size() == want.steps.size());
+          for (size_t s = 0; s < got.steps.size(); s++) {
+            CAPTURE(s);
+            CHECK(got.steps[s].samples == 16 * world * accum);
+            CHECK(std::fabs(got.steps[s].loss - want.steps[s].loss) <= 1e-5);
+            CHECK(got.steps[s].accuracy == doctest::Approx(want.steps[s].accuracy));
+          }
+          CHECK(got.summary.effective_batch == 16 * world * accum);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("one device: DataParallel calls the module itself, bit for bit the single run") {
+    TrainConfig d = dp_config(1, 32, 8);
+    Trainer dp(d);
+    Trained got = train(dp);
+    Trainer one(single_like(d, 32));
+    Trained want = train(one);
+    CHECK(max_abs_diff(dp.model(), one.model()) == 0);
+    for (size_t s = 0; s < got.steps.size(); s++) CHECK(got.steps[s].loss == want.steps[s].loss);
+  }
+
+  TEST_CASE("every step broadcasts and reduces every parameter, and scatters and gathers the activations") {
+    for (int world : {2, 3, 4}) {
+      CAPTURE(world);
+      const int64_t B = 16, D = 2, C = 3;  // a piece: 16 rows of 2 inputs in, 16 rows of 3 logits out
+      TrainConfig d = dp_config(world, B, 3);
+      Trainer t(d);
+      t.run();
+      const std::vector<Event> evs = t.recorder().all_events();
+      for (int32_t it = 0; it < 3; it++) {
+        CAPTURE(it);
+        // Per rank: collectives run, bytes received in collective steps (by the receiver's events,
+        // indexed by sender), point-to-point bytes sent and received.
+        std::map<int, std::vector<const Event*>> bcast, reduce;
+        std::vector<int64_t> sent(static_cast<size_t>(world), 0), received(static_cast<size_t>(world), 0);
+        std::vector<int64_t> p2p_sends(static_cast<size_t>(world), 0), p2p_recvs(static_cast<size_t>(world), 0);
+        int all_reduces = 0;
+        for (const Event& e : evs) {
+          if (e.iteration != it) continue;
+          const size_t r = static_cast<size_t>(e.rank);
+          if (e.kind == EventKind::Collective) {
+            if (e.coll.op == CollectiveOp::Broadcast) bcast[e.rank].push_back(&e);
+            if (e.coll.op == CollectiveOp::Reduce) reduce[e.rank].push_back(&e);
+            if (e.coll.op == CollectiveOp::AllReduce) all_reduces++;
+            if (e.coll.op == CollectiveOp::Send) sent[r] += e.coll.bytes, p2p_sends[r]++;
+            if (e.coll.op == CollectiveOp::Recv) received[r] += e.coll.bytes, p2p_recvs[r]++;
+          }
+          if (e.kind == EventKind::RingStep && e.step.bytes > 0) {
+            received[r] += e.step.bytes;
+            sent[static_cast<size_t>(e.step.src)] += e.step.bytes;
+          }
+        }
+        CHECK(all_reduces == 0);  // no all-reduce anywhere: DataParallel has no process group
+        for (int r = 0; r < world; r++) {
+          CAPTURE(r);
+          // One broadcast (replicate) and one reduce (ReduceAddCoalesced) of S bytes, rooted at 0,
+          // with PyTorch's copy path (naive: one copy per device).
+          REQUIRE(bcast[r].size() == 1);
+          REQUIRE(reduce[r].size() == 1);
+          CHECK(bcast[r][0]->coll.bytes == kS);
+          CHECK(reduce[r][0]->coll.bytes == kS);
+          CHECK(bcast[r][0]->coll.root == 0);
+          CHECK(reduce[r][0]->coll.root == 0);
+          CHECK(bcast[r][0]->coll.algo == Algorithm::Naive);
+          CHECK(reduce[r][0]->coll.algo == Algorithm::Naive);
+        }
+        const int64_t n1 = world - 1;
+        // Rank 0: the broadcast to every other device, the input pieces (B x D floats) and the
+        // output-gradient pieces (B x C floats) out; every gradient and output piece in.
+        CHECK(sent[0] == n1 * (kS + B * D * 4 + B * C * 4));
+        CHECK(received[0] == n1 * (kS + B * C * 4));
+        CHECK(p2p_sends[0] == 2 * n1);
+        CHECK(p2p_recvs[0] == n1);
+        for (int r = 1; r < world; r++) {
+          CAPTURE(r);
+          CHECK(sent[static_cast<size_t>(r)] == kS + B * C * 4);            // its gradients, its output
+          CHECK(received[static_cast<size_t>(r)] == kS + B * D * 4 + B * C * 4);  // the parameters, its pieces
+          CHECK(p2p_sends[static_cast<size_t>(r)] == 1);
+          CHECK(p2p_recvs[static_cast<size_t>(r)] == 2);
+        }
+        // Altogether: 2 (n-1) S for the parameters, as a ring all-reduce moves, plus the activations.
+        int64_t total = 0;
+        for (int64_t b : sent) total += b;
+        CHECK(total == 2 * n1 * kS + n1 * B * (D + 2 * C) * 4);
+      }
+    }
+  }
+
+  TEST_CASE("the gradient reduce starts after the last replica's backward: no overlap") {
+    TrainConfig d = dp_config(4, 16, 3);
+    d.profile = "nvlink8";
+    Trainer t(d);
+    Trained got = train(t);
+    for (const StepReport& r : got.steps) CHECK(r.overlap == 0.0);
+    CHECK(got.summary.mean_overlap == 0.0);
+    const std::vector<Event> evs = t.recorder().all_events();
+    for (int32_t it = 0; it < 3; it++) {
+      double last_backward = 0, reduce_begin = 1e30;
+      for (const Event& e : evs) {
+        if (e.iteration != it) continue;
+        if (e.kind == EventKind::Compute && e.compute.kind == ComputeKind::LayerBackward)
+          last_backward = std::max(last_backward, e.model_end);
+        if (e.kind == EventKind::Collective && e.coll.op == CollectiveOp::Reduce) reduce_begin = std::min(reduce_begin, e.model_begin);
+      }
+      CHECK(reduce_begin >= last_backward);
+    }
+  }
+
+  TEST_CASE("rank 0 holds the module, its gradients and the optimizer state; a replica nothing between steps") {
+    const int64_t B = 16;
+    for (OptimizerKind kind : {OptimizerKind::AdamW, OptimizerKind::SGD}) {
+      CAPTURE(optimizer_name(kind));
+      TrainConfig d = dp_config(3, B, 4);
+      d.optimizer = default_optimizer_config(kind);
+      d.optimizer.momentum = kind == OptimizerKind::SGD ? 0.9 : 0.0;
+      Trainer t(d);
+      TrainSummary s = t.run();
+      REQUIRE(s.rank_memory.size() == 3);
+      const MemoryStats& m0 = s.rank_memory[0];
+      CHECK(m0.current_of(MemCategory::Parameters) == kS);
+      CHECK(m0.current_of(MemCategory::Gradients) == kS);
+      CHECK(m0.current_of(MemCategory::OptimizerState) == (kind == OptimizerKind::AdamW ? 2 : 1) * kS);
+      CHECK(m0.current_of(MemCategory::CommBuffers) == 0);  // no buckets
+      // Rank 0's activations: its replica's layers for its piece (16 x (64+64+64+64+3)), the two
+      // gradient ping-pong buffers (16 x 64 each), and the whole batch's gathered logits, softmax
+      // and logit gradients (48 x 3 each).
+      const int64_t piece_acts = (B * (64 * 4 + 3) + 2 * B * 64) * 4;
+      CHECK(m0.current_of(MemCategory::Activations) == piece_acts + 3 * (3 * B) * 3 * 4);
+      for (int r = 1; r < 3; r++) {
+        CAPTURE(r);
+        const MemoryStats& m = s.rank_memory[static_cast<size_t>(r)];
+        CHECK(m.current_of(MemCategory::Parameters) == 0);
+        CHECK(m.current_of(MemCategory::Gradients) == 0);
+        CHECK(m.current_of(MemCategory::OptimizerState) == 0);
+        CHECK(m.peak_of(MemCategory::OptimizerState) == 0);
+        // Inside the iteration the replica existed: parameters and gradients, then freed.
+        CHECK(m.peak_of(MemCategory::Parameters) == kS);
+        CHECK(m.peak_of(MemCategory::Gradients) == kS);
+        // Its activations, plus the pieces rank 0 sent it (16 x 2 inputs, 16 x 3 output gradients).
+        CHECK(m.current_of(MemCategory::Activations) == piece_acts + (B * 2 + B * 3) * 4);
+      }
+    }
+  }
+
+  TEST_CASE("dp runs on the CPU by default, whatever GPUs the machine has") {
+    DeviceQuery q;
+    q.strategy = "dp";
+    q.ranks_on_node = 4;
+    q.gpus = 8;
+    q.cuda_built = q.nccl_built = true;
+    const DeviceChoice c = resolve_device(q);
+    CHECK(c.device == "cpu");
+    CHECK(c.backend == "threads");
+    CHECK(c.why == "cpu: --strategy dp runs on the CPU engine");
+    q.strategy = "ddp";
+    CHECK(resolve_device(q).device == "cuda");
+  }
+
+  TEST_CASE("combinations that make no sense are one sentence; the CLI exits 2") {
+    TrainConfig c = dp_config(2, 16, 1);
+    c.skip_layer = 2;
+    CHECK(error_of(c) == "--skip-layer is DDP's unused-parameters lesson; drop it with --strategy dp");
+    c = dp_config(2, 16, 1);
+    c.device = "cuda";
+    c.backend = "cuda";
+    CHECK(error_of(c) == "--strategy dp runs on the CPU engine in this version; use --device cpu, or --strategy ddp on GPUs");
+    c = dp_config(2, 16, 1);
+    c.backend = "socket";
+    CHECK(error_of(c).find("cannot run one process per rank under dtlab-cli launch; use --strategy ddp there") != std::string::npos);
+    // Batches of 16 x 4 = 64: every full batch splits evenly; the last one of an epoch may not.
+    c = dp_config(4, 16, 1);
+    c.data = "spiral:points=335";  // 1005 samples, batches of 64: the last holds 45 (pieces of 12: 12, 12, 12, 9)
+    CHECK(error_of(c).empty());
+    c.data = "spiral:points=337";  // 1011 samples: the last batch holds 51 (13, 13, 13, 12)
+    CHECK(error_of(c).empty());
+    c.data = "spiral:points=323";  // 969 samples: the last batch holds 9 (3, 3, 3: three pieces for four devices)
+    const std::string why = error_of(c);
+    CHECK(why.find("the last batch of each epoch holds 9 of the 969 samples, which torch.chunk cuts into 3 pieces for 4 "
+                   "devices, leaving one device without a replica") != std::string::npos);
+    c.drop_last = true;
+    CHECK(error_of(c).empty());
+
+    auto usage = [](const std::vector<std::string>& args, const std::string& expect) {
+      test::CliResult r = test::run_cli(args);
+      INFO("stderr: ", r.err);
+      CHECK(r.code == 2);
+      CHECK(r.out.empty());
+      CHECK(r.err.find('\n') == r.err.size() - 1);  // one line
+      CHECK(r.err.find(expect) != std::string::npos);
+    };
+    usage({"train", "--strategy", "dp", "--world", "2", "--steps", "1", "--sharding", "full"}, "configures FSDP");
+    usage({"train", "--strategy", "dp", "--world", "2", "--steps", "1", "--bucket-cap-mb", "1"}, "configures DDP's buckets");
+    usage({"train", "--strategy", "dp", "--world", "2", "--steps", "1", "--skip-layer", "2"}, "drop it with --strategy dp");
+    usage({"train", "--strategy", "dp", "--world", "4", "--steps", "1", "--data", "spiral:points=323", "--batch", "16"},
+          "without a replica");
+  }
+
+  TEST_CASE("dtlab-cli train --strategy dp prints what DataParallel does and what a replica holds") {
+    test::CliResult r = test::run_cli({"train", "--strategy", "dp", "--world", "3", "--batch", "16", "--steps", "4",
+                                       "--model", "mlp:2,64,64,3", "--device", "cpu"});
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("DataParallel: rank 0 loads batches of 48 and scatters 16 samples to each of the 3 devices") != std::string::npos);
+    CHECK(r.out.find("overlap   0%") != std::string::npos);
+    CHECK(r.out.find("memory (rank 1, a replica, peak of the last iteration):") != std::string::npos);
+    CHECK(r.out.find("after it: ") != std::string::npos);
+  }
+}
