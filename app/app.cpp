@@ -366,13 +366,14 @@ void App::config_panel() {
   ImGui::BeginDisabled(!run.attached.empty());
   TrainConfig& c = edit_;
   bool changed = false;
-  const char* strategies[] = {"single", "ddp", "fsdp", "pipeline"};
-  int si = c.strategy == "ddp" ? 1 : c.strategy == "fsdp" ? 2 : c.strategy == "pipeline" ? 3 : 0;
-  if (ImGui::Combo("strategy", &si, strategies, 4)) {
+  const char* strategies[] = {"single", "ddp", "fsdp", "pipeline", "dp"};
+  int si = c.strategy == "ddp" ? 1 : c.strategy == "fsdp" ? 2 : c.strategy == "pipeline" ? 3 : c.strategy == "dp" ? 4 : 0;
+  if (ImGui::Combo("strategy", &si, strategies, 5)) {
     c.strategy = strategies[si];
     if (c.strategy == "single") c.world_size = 1;
     else if (c.world_size < 2) c.world_size = 4;
     if (c.strategy == "fsdp") c.accum = 1;  // the engine's FSDP has no gradient accumulation yet
+    if (c.strategy == "dp") c.device = "cpu", c.backend = "threads";  // DataParallel runs on the CPU engine
     if (c.strategy == "pipeline") apply_pipeline_request(c, pipeline_request_of(c));
     changed = true;
   }
@@ -482,6 +483,10 @@ void App::config_panel() {
   if (rc.strategy == "fsdp")
     ImGui::TextWrapped("FSDP %s over %d ranks, units: %s", sharding_name(rc.sharding), rc.world,
                        rc.wrap_layers ? "one per Linear" : "the whole model");
+  if (rc.strategy == "dp")
+    ImGui::TextWrapped("DataParallel: rank 0 loads batches of %lld, scatters %lld to each of %d devices, broadcasts the "
+                       "parameters every forward and alone holds the optimizer", static_cast<long long>(rc.batch * rc.world),
+                       static_cast<long long>(rc.batch), rc.world);
   ImGui::TextWrapped("device %s, backend %s: %s", rc.device.c_str(), rc.backend.c_str(), backend_words(rc).c_str());
   ImGui::TextDisabled("Space run/pause  R ring step  C collective  I iteration  A pipeline action  Bksp reset  1-8 one view  0 all  P presentation  M clock  L lessons  N lesson: next step");
   ImGui::PopItemWidth();

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <numeric>
 
 #include "engine/comm/plan.h"
 #include "engine/core/check.h"
@@ -310,6 +311,8 @@ const std::vector<Entry>& entries() {
       {"history.last.overlap", "", "share of all-reduce time hidden behind backward in the last step", [](S s, A) { return last_step(s).overlap; }},
       {"count.micro_batches(I)", "n", "forward+backward passes rank 0 ran in iteration I (losses computed)", [](S s, A a) {
          return count_events(s, a[0].num, [](const Event& e) { return e.kind == EventKind::Compute && e.compute.kind == ComputeKind::Loss; }); }},
+      {"count.collectives(I, OP)", "ns", "collectives OP (broadcast, reduce, allreduce, ...) rank 0 ran in iteration I", [](S s, A a) {
+         return count_events(s, a[0].num, [&a](const Event& e) { return e.kind == EventKind::Collective && a[1].str == collective_name(e.coll.op); }); }},
       {"count.bucket_allreduces(I)", "n", "bucket all-reduces rank 0 launched in iteration I", [](S s, A a) {
          return count_events(s, a[0].num, [](const Event& e) { return e.kind == EventKind::BucketLaunch; }); }},
       {"loss(K)", "n", "loss of step K (1-based)", [](S s, A a) { return double(step_point(s, a[0]).loss); }},
@@ -345,6 +348,20 @@ const std::vector<Entry>& entries() {
       {"traffic.cross_node(R)", "n", "bytes rank R sent to ranks on other nodes (of the run's hardware profile) in that iteration", [](S s, A a) {
          return cross_node_bytes(s, index_of(a[0], s.events.size(), "rank")); }},
       {"traffic.cross_node_total", "", "bytes all ranks together sent between nodes in that iteration", [](S s, A) { return cross_node_bytes(s, -1); }},
+      {"traffic.sent_by(R)", "n", "bytes rank R sent to all ranks in that iteration", [](S s, A a) {
+         const auto m = traffic_matrix(s, last_finished_iteration(s));
+         const auto& row = m[static_cast<size_t>(index_of(a[0], m.size(), "rank"))];
+         return std::accumulate(row.begin(), row.end(), 0.0); }},
+      {"traffic.received_by(R)", "n", "bytes rank R received from all ranks in that iteration", [](S s, A a) {
+         const auto m = traffic_matrix(s, last_finished_iteration(s));
+         const size_t r = static_cast<size_t>(index_of(a[0], m.size(), "rank"));
+         double b = 0;
+         for (const auto& row : m) b += row[r];
+         return b; }},
+      {"traffic.total", "", "bytes all ranks together sent in that iteration", [](S s, A) {
+         double b = 0;
+         for (const auto& row : traffic_matrix(s, last_finished_iteration(s))) b += std::accumulate(row.begin(), row.end(), 0.0);
+         return b; }},
       {"iteration.modeled_us", "", "rank 0's last finished iteration on the modeled clock, µs", [](S s, A) {
          const int32_t it = last_finished_iteration(s);
          for (const Event& e : s.events[0])

@@ -67,7 +67,7 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
   std::string model = "wide", optimizer = "adamw", script_file, run_cmds, clock = "modeled";
   std::string sharding = "full", wrap = "layer", backward_prefetch = "pre";
   double bucket_mb = 4096.0 / 1048576.0, first_mb = 1024.0 / 1048576.0, lr = 0;
-  app.add_option("--strategy", c.strategy, "single | ddp | fsdp | pipeline")->capture_default_str();
+  app.add_option("--strategy", c.strategy, "single | ddp | dp (torch.nn.DataParallel) | fsdp | pipeline")->capture_default_str();
   auto* world_opt = app.add_option("--world", c.world_size, "Ranks, 1 to 16")->check(CLI::Range(1, 16))->capture_default_str();
   auto* model_opt = app.add_option("--model", model, "Preset tiny|small|deep|wide or mlp:D0,...,Dk")->capture_default_str();
   app.add_option("--data", c.data, "spiral | blobs | PATH.npz")->capture_default_str();

@@ -543,6 +543,10 @@ void Session::build_collective() {
       for (const BucketParam& p : b.params) names += (names.empty() ? "" : ", ") + p.name;
       cv.label = "DDP bucket " + std::to_string(b.index) + ": " + names;
     }
+  if (config_.strategy == "dp") {  // DataParallel's only collectives: replicate and ReduceAddCoalesced
+    if (cv.op == CollectiveOp::Broadcast) cv.label = "DataParallel replicate: every parameter from rank 0";
+    if (cv.op == CollectiveOp::Reduce) cv.label = "DataParallel backward: every gradient reduce-added onto rank 0";
+  }
   for (const UnitView& u : snap_.units) {
     if (u.gather_seq != cv.seq && u.reduce_seq != cv.seq) continue;
     std::string names;
@@ -623,6 +627,23 @@ void Session::build_data() {
   data_set_epoch_built_ = data_set_epoch_;
   d.set_epoch = data_set_epoch_;
   d.owner.assign(static_cast<size_t>(ds.n), -1);
+  if (config_.strategy == "dp") {
+    // DataParallel: rank 0's one loader (no DistributedSampler split) cuts its order into batches of
+    // batch x world; torch.chunk gives each device its piece of every batch.
+    DistributedSampler sampler(rank_sampler_config(config_, ds.n, 1, 0));
+    sampler.set_epoch(shown);
+    const std::vector<int64_t> order = sampler.indices();
+    const int64_t G = config_.batch * config_.world_size;
+    for (int64_t p = 0; p < static_cast<int64_t>(order.size()); p++) {
+      const int64_t rows = std::min(G, static_cast<int64_t>(order.size()) - p / G * G);
+      if (config_.drop_last && rows < G) break;
+      const std::vector<int64_t> pieces = chunk_sizes(rows, config_.world_size);
+      int64_t at = p % G, r = 0;
+      while (at >= pieces[static_cast<size_t>(r)]) at -= pieces[static_cast<size_t>(r++)];
+      d.owner[static_cast<size_t>(order[static_cast<size_t>(p)])] = static_cast<int16_t>(r);
+    }
+    return;
+  }
   // A pipeline's ranks share their replica's shard: the sampler splits over the replicas.
   const int N = config_.strategy == "pipeline" ? config_.pipeline.dp : config_.world_size;
   for (int r = N - 1; r >= 0; r--) {  // lower ranks win for padded duplicates

@@ -313,3 +313,48 @@ TEST_SUITE("data_parallel") {
     CHECK(r.out.find("after it: ") != std::string::npos);
   }
 }
+
+#ifdef DTLAB_HAVE_GUI
+#include <chrono>
+
+#include "app/figures.h"
+#include "app/session.h"
+
+TEST_SUITE("data_parallel") {
+  TEST_CASE("the lab: the ring view names DataParallel's collectives, the data view its pieces, the figures its bytes") {
+    TrainConfig c = dp_config(4, 64, 5);  // batches of 256: 11 full ones and 184 rows (4 x 46), 750 samples a device
+    c.model = ModelSpec::parse("mlp:2,64,64,3");
+    c.start_paused = true;
+    app::Session s(c);
+    auto step = [&](GateKind k) -> const app::Snapshot& {
+      REQUIRE(s.wait_settled(std::chrono::seconds(20)));
+      s.step(k);
+      REQUIRE(s.wait_settled(std::chrono::seconds(20)));
+      return s.update();
+    };
+    const app::Snapshot& a = step(GateKind::Collective);  // at the gate of #0: the first replicate
+    REQUIRE(a.collective.valid);
+    CHECK(a.collective.op == CollectiveOp::Broadcast);
+    CHECK(a.collective.label == "DataParallel replicate: every parameter from rank 0");
+    // Rank 1's replica exists from the broadcast on.
+    CHECK(a.memory[1].stats.current_of(MemCategory::Parameters) == kS);
+    const app::Snapshot& b = step(GateKind::Collective);  // #1: ReduceAddCoalesced
+    CHECK(b.collective.op == CollectiveOp::Reduce);
+    CHECK(b.collective.label == "DataParallel backward: every gradient reduce-added onto rank 0");
+    for (int r = 0; r < 4; r++) CHECK(std::count(b.data.owner.begin(), b.data.owner.end(), r) == 750);
+    const app::Snapshot& d = step(GateKind::Iteration);  // iteration 0 done
+    CHECK(d.memory[1].stats.current_of(MemCategory::Parameters) == 0);
+    // The figures the lesson reads: bytes per rank in the last finished iteration, collectives counted.
+    auto fig = [&](const std::string& f) { return app::Figure::parse(f).eval({&d, nullptr}); };
+    const int64_t in = 64 * 2 * 4, out = 64 * 3 * 4;  // one piece of the input, of the logits
+    CHECK(fig("traffic.sent_by(0)") == 3 * (kS + in + out));
+    CHECK(fig("traffic.sent_by(2)") == kS + out);
+    CHECK(fig("traffic.received_by(0)") == 3 * (kS + out));
+    CHECK(fig("traffic.received_by(3)") == kS + in + out);
+    CHECK(fig("traffic.total") == 2 * 3 * kS + 3 * (in + 2 * out));
+    CHECK(fig("count.collectives(0, \"broadcast\")") == 1);
+    CHECK(fig("count.collectives(0, \"reduce\")") == 1);
+    CHECK(fig("count.collectives(0, \"allreduce\")") == 0);
+  }
+}
+#endif

@@ -450,6 +450,7 @@ void draw_strategies_compared(const Snapshot& s) {
   std::string subtitle = std::string("fp32, ") + opt + "; this run: ";
   if (single) subtitle += "single, one rank: nothing to shard, every strategy holds it all";
   else if (rc.strategy == "ddp") subtitle += "ddp = NO_SHARD (every rank a full replica)";
+  else if (rc.strategy == "dp") subtitle += "dp: rank 0 as NO_SHARD; the others hold a replica only inside an iteration";
   else subtitle += sharding_name(rc.sharding);
   std::string footnote;
   if (in.world > 1 && in.largest_unit_params > 0)

@@ -60,7 +60,9 @@ bool ring_edges(const CollectiveView& cv) {
 // One sentence on what the pending step does, for the header.
 const char* step_caption(const CollectiveView& cv) {
   if (cv.steps == 0) return "a single rank has nothing to exchange: the collective returns at once";
-  if (cv.pending.empty()) return "done: every rank holds its result";
+  if (cv.pending.empty())
+    return cv.op == CollectiveOp::Reduce ? "done: the root holds the result; the other ranks' buffers are unchanged"
+                                         : "done: every rank holds its result";
   switch (cv.phase) {
     case RingPhase::ReduceScatter: return "each rank sends one chunk to the next rank, which adds its own part to it";
     case RingPhase::AllGather: return "each rank forwards a finished chunk to the next rank, which copies it";
