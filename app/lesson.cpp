@@ -21,8 +21,9 @@ const std::vector<std::string> kHeaderKeys = {"title", "minutes", "summary", "sc
 // list only feeds "did you mean". Flags about the window, scripts and lessons are refused below.
 const std::vector<std::string> kScenarioFlags = {
     "strategy", "world", "model", "data", "batch", "steps", "accum", "optimizer", "lr", "bucket-cap-mb",
-    "first-bucket-mb", "find-unused-parameters", "sharding", "node-size", "wrap", "backward-prefetch",
-    "forward-prefetch", "skip-layer", "skip-every", "profile", "seed", "timeout", "clock", "fault"};
+    "first-bucket-mb", "sized-first-iteration", "find-unused-parameters", "sharding", "node-size", "wrap",
+    "backward-prefetch", "forward-prefetch", "skip-layer", "skip-every", "skip-ranks", "profile", "seed", "timeout",
+    "clock", "fault"};
 const std::vector<std::string> kNotScenario = {"--script", "--run", "--screenshot", "--frames", "--bench-frames",
                                                "--presentation", "--running", "--speed", "--width", "--height",
                                                "--config-dir", "--lesson", "--play", "--help", "-h", "--version"};

@@ -76,8 +76,9 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
   app.add_option("--accum", c.accum, "Gradient accumulation micro-batches")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--optimizer", optimizer, "sgd | adamw")->capture_default_str();
   auto* lr_opt = app.add_option("--lr", lr, "Learning rate")->check(CLI::Range(1e-12, 1e6));
-  app.add_option("--bucket-cap-mb", bucket_mb, "DDP bucket cap in MiB (lab default 0.004)")->check(CLI::Range(1e-9, 1e6));
-  app.add_option("--first-bucket-mb", first_mb, "DDP first bucket cap in MiB (lab default 0.001)")->check(CLI::Range(1e-9, 1e6));
+  auto* bucket_opt = app.add_option("--bucket-cap-mb", bucket_mb, "DDP bucket cap in MiB (lab default 0.004)")->check(CLI::Range(1e-9, 1e6));
+  auto* first_opt = app.add_option("--first-bucket-mb", first_mb, "DDP first bucket cap in MiB (lab default 0.001; with only --bucket-cap-mb given, the cap, as torch)")->check(CLI::Range(1e-9, 1e6));
+  app.add_flag("--sized-first-iteration", c.ddp.sized_first_iteration, "DDP: sized buckets in iteration 1 too (torch uses one bucket there unless --find-unused-parameters)");
   app.add_flag("--find-unused-parameters", c.ddp.find_unused_parameters, "DDP marks unused parameters ready");
   auto* sharding_opt = app.add_option("--sharding", sharding, "FSDP: full | grad-op | no-shard | hybrid | zero1")->capture_default_str();
   auto* node_opt = app.add_option("--node-size", c.fsdp.node_size, "FSDP hybrid: ranks per shard group (default: the profile's ranks per node)")->check(CLI::Range(1, 64));
@@ -105,6 +106,7 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
   app.add_option("--skip-layer", c.skip_layer, "Model branch: bypass this square Linear every --skip-every steps");
   app.add_flag("--allow-nonfinite", c.allow_nonfinite, "Train on when the loss becomes NaN or infinite (default: stop, diagnosed)");
   app.add_option("--skip-every", c.skip_every, "Period of the branch")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--skip-ranks", c.skip_ranks, "Ranks whose forward takes the --skip-layer branch, e.g. 1,3 (default: every rank)")->delimiter(',')->check(CLI::Range(0, 15));
   std::vector<std::string> faults;
   app.add_option("--fault", faults, "Inject a fault (repeatable): skip:rank=R,collective=K or delay:rank=R,collective=K,ms=M");
   app.add_option("--profile", c.profile, "Hardware profile: nvlink8, pcie8, ib2x4, eth2x4, this, ideal (free communication)")->capture_default_str();
@@ -138,7 +140,9 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
     c.optimizer = default_optimizer_config(parse_optimizer_kind(optimizer));
     if (lr_opt->count()) c.optimizer.lr = lr;
     c.ddp.bucket_cap_bytes = static_cast<int64_t>(bucket_mb * 1048576.0);
-    c.ddp.first_bucket_bytes = static_cast<int64_t>(first_mb * 1048576.0);
+    // torch: an explicit bucket_cap_mb makes the first bucket as large as the others.
+    c.ddp.first_bucket_bytes = bucket_opt->count() > 0 && first_opt->count() == 0
+                                   ? c.ddp.bucket_cap_bytes : static_cast<int64_t>(first_mb * 1048576.0);
     if (c.ddp.bucket_cap_bytes < 1 || c.ddp.first_bucket_bytes < 1)
       throw Error("bucket caps must hold at least 1 byte; raise --bucket-cap-mb / --first-bucket-mb");
     if (c.strategy == "single" && c.world_size != 1) c.world_size = 1;
@@ -194,10 +198,11 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
       // A launched run's configuration is its ranks' (dtlab-cli train ... --monitor PORT): a flag
       // that would configure this window's own run cannot change it, so it is refused, not ignored.
       for (const char* flag : {"--strategy", "--world", "--model", "--data", "--batch", "--steps", "--accum", "--optimizer",
-                               "--lr", "--bucket-cap-mb", "--first-bucket-mb", "--find-unused-parameters", "--sharding",
+                               "--lr", "--bucket-cap-mb", "--first-bucket-mb", "--sized-first-iteration",
+                               "--find-unused-parameters", "--sharding",
                                "--node-size", "--wrap", "--backward-prefetch", "--forward-prefetch", "--stages",
                                "--microbatches", "--schedule", "--chunks", "--dp", "--split", "--unit-costs", "--skip-layer",
-                               "--skip-every", "--allow-nonfinite", "--fault", "--profile", "--seed", "--timeout",
+                               "--skip-every", "--skip-ranks", "--allow-nonfinite", "--fault", "--profile", "--seed", "--timeout",
                                "--device", "--backend"})
         if (app.count(flag) > 0)
           throw Error(std::string("--attach shows a launched run as its ranks were started, so ") + flag +

@@ -157,6 +157,8 @@ void Session::reset_derived() {
   c.attached = client_ ? client_->address() : std::string();
   c.bucket_cap_bytes = config_.ddp.bucket_cap_bytes;
   c.first_bucket_bytes = config_.ddp.first_bucket_bytes;
+  c.find_unused_parameters = config_.ddp.find_unused_parameters;
+  c.sized_first_iteration = config_.ddp.sized_first_iteration;
   // Read before the run starts (FSDP releases the model's storage then; the counts stay).
   const Model& model = this->model();
   c.sharding = config_.strategy == "fsdp" ? config_.fsdp.sharding : Sharding::NoShard;

@@ -163,6 +163,7 @@ struct RunConfigView {
   int world = 1;
   int64_t batch = 0, accum = 1, steps = 0;
   int64_t bucket_cap_bytes = 0, first_bucket_bytes = 0;
+  bool find_unused_parameters = false, sized_first_iteration = false;  // DDP: how iteration 1 is bucketed
   // What the memory planner needs to put the run beside the other strategies (plan_memory).
   Sharding sharding = Sharding::NoShard;  // the run's: fsdp's setting; ddp and single are NO_SHARD
   int64_t num_params = 0;                 // Ψ of the running model

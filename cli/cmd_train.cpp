@@ -37,7 +37,7 @@ struct TrainArgs {
   std::string sharding = "full", wrap = "layer", backward_prefetch = "pre";
   CLI::Option *sharding_opt = nullptr, *wrap_opt = nullptr, *bp_opt = nullptr, *fp_opt = nullptr, *node_opt = nullptr;
   CLI::Option *bucket_opt = nullptr, *first_bucket_opt = nullptr, *find_unused_opt = nullptr,
-              *view_opt = nullptr, *static_opt = nullptr;
+              *view_opt = nullptr, *static_opt = nullptr, *sized_first_opt = nullptr;
   CLI::Option *lr_opt = nullptr, *wd_opt = nullptr, *momentum_opt = nullptr, *steps_opt = nullptr,
               *epochs_opt = nullptr;
 };
@@ -84,13 +84,16 @@ void finish_config(TrainArgs& a) {
   c.trace_modeled = a.trace_clock == "modeled";
   find_profile(c.profile);  // a bad name fails here, before any work
   if (c.strategy != "ddp") {
-    for (CLI::Option* o : {a.bucket_opt, a.first_bucket_opt, a.find_unused_opt, a.view_opt, a.static_opt})
+    for (CLI::Option* o : {a.bucket_opt, a.first_bucket_opt, a.find_unused_opt, a.view_opt, a.static_opt, a.sized_first_opt})
       if (o->count() > 0)
         throw Error(o->get_name() + " configures DDP's buckets; add --strategy ddp --world N");
   }
   // torch: bucket_cap_mb * 1024 * 1024 bytes (MB here means MiB, as in torch).
   c.ddp.bucket_cap_bytes = static_cast<int64_t>(a.bucket_cap_mb * 1048576.0);
-  c.ddp.first_bucket_bytes = static_cast<int64_t>(a.first_bucket_mb * 1048576.0);
+  // Current torch: an explicit bucket_cap_mb makes the first bucket as large as the others
+  // (dtlab's --first-bucket-mb plays torch's dist._DEFAULT_FIRST_BUCKET_BYTES when given).
+  const bool first_from_cap = a.bucket_opt->count() > 0 && a.first_bucket_opt->count() == 0;
+  c.ddp.first_bucket_bytes = first_from_cap ? c.ddp.bucket_cap_bytes : static_cast<int64_t>(a.first_bucket_mb * 1048576.0);
   if (c.ddp.bucket_cap_bytes < 1) throw Error("--bucket-cap-mb is too small: a bucket must hold at least 1 byte");
   if (c.ddp.first_bucket_bytes < 1) throw Error("--first-bucket-mb is too small: a bucket must hold at least 1 byte");
   c.ddp.rebuild_buckets = !a.static_buckets;
@@ -157,14 +160,18 @@ int report_run(TrainArgs& a, Streams& given, Trainer& trainer) {
              << " accumulation " << (c.accum == 1 ? "step" : "steps") << "\n";
     if (c.skip_layer >= 0)
       io.out << "  branch: every " << c.skip_every << (c.skip_every == 1 ? " step" : " steps")
-             << " the forward bypasses layer " << c.skip_layer << " (its parameters get no gradient)\n";
+             << " the forward " << (c.skip_ranks.empty() ? std::string("of every rank") : "of " + ranks_text(c.skip_ranks))
+             << " bypasses layer " << c.skip_layer << " (its parameters get no gradient)\n";
     if (c.strategy == "ddp") {
       io.out << "  DDP: bucket cap " << human_bytes(c.ddp.bucket_cap_bytes) << ", first bucket "
              << human_bytes(c.ddp.first_bucket_bytes)
              << (c.ddp.find_unused_parameters ? ", find_unused_parameters" : "")
              << (c.ddp.gradient_as_bucket_view ? ", gradient_as_bucket_view" : "")
              << (c.ddp.rebuild_buckets && !c.ddp.find_unused_parameters ? ", buckets rebuilt after iteration 1" : ", static buckets")
-             << "; all-reduce order:\n";
+             << "; all-reduce order"
+             << (c.ddp.find_unused_parameters || c.ddp.sized_first_iteration ? ""
+                     : " in iteration 1 (one bucket, as torch does with find_unused_parameters=False)")
+             << ":\n";
       for (const std::string& line : trainer.planned_buckets()) io.out << "    " << line << "\n";
     }
     if (c.strategy == "dp")
@@ -371,8 +378,10 @@ Runner add_train_command(CLI::App& app) {
   a->bp_opt = app.add_option("--backward-prefetch", a->backward_prefetch, "FSDP: none | pre (BACKWARD_PRE) | post (BACKWARD_POST)")->capture_default_str();
   a->fp_opt = app.add_flag("--forward-prefetch", c.fsdp.forward_prefetch, "FSDP: gather the next unit during this unit's forward");
   a->static_opt = app.add_flag("--static-buckets", a->static_buckets, "Keep DDP's construction-time buckets (no rebuild after iteration 1)");
+  a->sized_first_opt = app.add_flag("--sized-first-iteration", c.ddp.sized_first_iteration, "DDP: sized buckets in iteration 1 too (torch uses one bucket there unless --find-unused-parameters)");
   app.add_option("--skip-layer", c.skip_layer, "Model branch: bypass this square Linear (Sequential index) on every --skip-every-th step")->check(whole_number(0, 1 << 20));
   app.add_option("--skip-every", c.skip_every, "Period of the --skip-layer branch in steps")->check(whole_number(1, int64_t{1} << 40))->capture_default_str();
+  app.add_option("--skip-ranks", c.skip_ranks, "Ranks whose forward takes the --skip-layer branch, e.g. 1,3 (default: every rank)")->delimiter(',')->check(whole_number(0, 1 << 20));
   app.add_flag("--allow-nonfinite", c.allow_nonfinite, "Train on when the loss becomes NaN or infinite (default: stop at that step, naming the rank and the first non-finite layer)");
   app.add_option("--monitor", c.monitor_port, "Under dtlab-cli launch: rank 0 serves the run to 'dtlab --attach MASTER_ADDR:PORT' on this port; the run starts paused")->check(whole_number(1, 65535));
   app.add_option("--monitor-wait", c.monitor_wait_s, "Seconds a --monitor run waits for its viewer to attach")->check(real_number(0.001, 1e6))->capture_default_str();

@@ -100,7 +100,7 @@ int64_t bytes_sent(const Snapshot& s, uint64_t seq, int src) {
 }  // namespace
 
 TEST_SUITE("lessons") {
-  TEST_CASE("the course: every lesson parses, takes 5 to 15 minutes and asks questions") {
+  TEST_CASE("the course: every lesson parses, takes 5 to 25 minutes and asks questions") {
     const std::vector<std::string> paths = lesson_paths(kSource + "/lessons");
     CHECK(paths.size() >= 10);
     for (const std::string& p : paths) {
@@ -108,7 +108,7 @@ TEST_SUITE("lessons") {
       Lesson l;
       REQUIRE_NOTHROW(l = load_lesson(p));
       CHECK(l.minutes >= 5);
-      CHECK(l.minutes <= 15);
+      CHECK(l.minutes <= 25);  // the interview drill's eleven questions are the longest play
       CHECK(!l.summary.empty());
       int questions = 0;
       for (const LessonStep& st : l.steps) questions += st.question ? 1 : 0;
@@ -330,7 +330,7 @@ TEST_SUITE("lessons") {
       CHECK(r.answer(0).checked);
       CHECK(!r.answer(0).correct);
       CHECK(r.answer(0).live == s.update().collective.steps);
-      REQUIRE(drive(r, s, {"next", "answer 1552", "check"}) == "");
+      REQUIRE(drive(r, s, {"next", "answer 27100", "check"}) == "");  // 1.5 x 18188 = 27282
       CHECK(r.step() == 1);
       CHECK(r.answer(1).correct);  // within the question's 1%
       REQUIRE(drive(r, s, {"next", "answer 2", "check"}) == "");

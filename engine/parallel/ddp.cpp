@@ -86,6 +86,13 @@ BucketAssignment rebuilt_bucket_assignment(const std::vector<int64_t>& bytes,
   return compute_bucket_assignment_by_size(bytes, {first_bucket_bytes, bucket_cap_bytes}, ready_order);
 }
 
+BucketAssignment construction_bucket_assignment(const std::vector<int64_t>& bytes, const DdpOptions& opt) {
+  if (opt.find_unused_parameters || opt.sized_first_iteration)
+    return initial_bucket_assignment(bytes, opt.first_bucket_bytes, opt.bucket_cap_bytes);
+  // torch: bucket_size_limits = [sys.maxsize] when find_unused_parameters=False (or static_graph).
+  return initial_bucket_assignment(bytes, INT64_MAX, INT64_MAX);
+}
+
 std::vector<int64_t> parameter_bytes(const Model& model) {
   std::vector<int64_t> bytes;
   for (const auto& p : model.parameters()) bytes.push_back(p.numel * static_cast<int64_t>(sizeof(float)));
@@ -110,7 +117,6 @@ DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& com
     : model_(model), comm_(comm), ctx_(ctx), opt_(opt), world_(comm.world_size()) {
   if (opt_.bucket_cap_bytes < 1) throw Error("the DDP bucket cap must be at least 1 byte; raise --bucket-cap-mb");
   if (opt_.first_bucket_bytes < 1) throw Error("the first DDP bucket cap must be at least 1 byte; raise --first-bucket-mb");
-  if (!(opt_.timeout_s > 0)) throw Error("the DDP timeout must be positive");
   const auto& ps = model_.parameters();
   for (const auto& p : ps) param_label_.push_back(ctx_ && ctx_->recorder() ? ctx_->recorder()->intern(p.name) : -1);
   if (ctx_) ctx_->set_activity("constructing DDP: checking parameter shapes across ranks");
@@ -119,7 +125,7 @@ DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& com
   if (ctx_) ctx_->set_activity("constructing DDP: broadcasting parameters from rank 0");
   comm_.broadcast(model_.params(), model_.num_params(), DType::F32, 0)->wait();
 
-  assign(initial_bucket_assignment(parameter_bytes(model_), opt_.first_bucket_bytes, opt_.bucket_cap_bytes));
+  assign(construction_bucket_assignment(parameter_bytes(model_), opt_));
   hook_ = [this](int p) { mark_ready(p); };
   if (ctx_) ctx_->set_activity("running");
 }
@@ -227,6 +233,7 @@ void DistributedDataParallel::record_bucket(EventKind kind, int bucket, int para
 }
 
 void DistributedDataParallel::before_forward() {
+  if (!unfinished_.empty()) throw CommError(unfinished_);
   if (!rebuild_due_) return;
   rebuild_due_ = false;
   // Rank 0's gradient-ready order decides, broadcast to every rank (torch's sync_bucket_indices).
@@ -313,7 +320,10 @@ void DistributedDataParallel::finalize_backward() {
   stats_.backward_end = ctx_ ? ctx_->compute_clock() : 0;
   for (int b = 0; b < static_cast<int>(buckets_.size()); b++) {
     DdpBucket& bk = buckets_[static_cast<size_t>(b)];
-    if (!bk.launched) stall(b);
+    if (!bk.launched) {
+      leave_unfinished(b);
+      return;
+    }
     bk.work->wait();
     const WorkTimes t = bk.work->times();
     stats_.comm_seconds += t.model_end - t.model_begin;
@@ -339,40 +349,29 @@ void DistributedDataParallel::finalize_backward() {
     rebuild_due_ = true;
 }
 
-void DistributedDataParallel::stall(int bucket) {
-  // As in torch, nothing errors right away: the rank waits for a bucket whose gradients will never
-  // come, and the watchdog ends the wait with the diagnosis.
+void DistributedDataParallel::leave_unfinished(int bucket) {
+  // torch: backward ends without this bucket (its hook never fired), nothing is copied back, and
+  // the reducer remembers that the reduction did not finish; the next forward raises. The buckets
+  // launched before it are waited for above, so this rank leaves no collective half-issued when
+  // every rank skipped the same parameters; a rank whose forward used them launched more and
+  // waits in that all-reduce instead (the hang the watchdog names).
   const DdpBucket& bk = buckets_[static_cast<size_t>(bucket)];
   std::vector<int> missing;
-  for (int p : bk.params)
-    if (!ready_[static_cast<size_t>(p)]) missing.push_back(p);
-  const std::string names = join_names(model_, missing);
+  for (size_t b = static_cast<size_t>(bucket); b < buckets_.size(); b++)
+    for (int p : buckets_[b].params)
+      if (!ready_[static_cast<size_t>(p)]) missing.push_back(p);
   std::string later;
   for (int b = bucket + 1; b < static_cast<int>(buckets_.size()); b++)
     later += (later.empty() ? "" : ", ") + std::to_string(b);
-  if (ctx_) ctx_->set_activity("waiting for DDP bucket " + std::to_string(bucket) + ", which never became ready (" + names + " got no gradient)");
-  using Clock = std::chrono::steady_clock;
-  const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt_.timeout_s));
-  auto deadline = Clock::now() + timeout;
-  Stepper* stepper = ctx_ ? ctx_->stepper() : nullptr;
-  while (Clock::now() < deadline) {
-    if (stepper && stepper->aborted())
-      throw CommError("rank " + std::to_string(comm_.rank()) + " stopped waiting for DDP bucket " +
-                      std::to_string(bucket) + ": the run was aborted");
-    if (stepper && stepper->paused()) deadline = Clock::now() + timeout;  // a paused world is not hung
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  char secs[32];
-  std::snprintf(secs, sizeof secs, "%g", opt_.timeout_s);
-  throw CommError(
-      "watchdog: DDP on rank " + std::to_string(comm_.rank()) + " waited " + secs + " s in iteration " +
-      std::to_string(pass_iteration_) + " for bucket " + std::to_string(bucket) + " of " +
-      std::to_string(buckets_.size()) + " (" + bk.names + "), which never became ready: " +
-      (missing.size() == 1 ? "parameter " : "parameters ") + names +
-      " received no gradient in this backward pass (the forward did not use them), so its all-reduce" +
-      (later.empty() ? "" : " and those of bucket " + later + " after it") +
-      " never launched; pass --find-unused-parameters (DDP's find_unused_parameters=True) or make "
-      "every parameter take part in the loss");
+  unfinished_ = "rank " + std::to_string(comm_.rank()) + ": DDP expected to have finished reduction in the prior iteration before starting a new one "
+                "(torch's error): in iteration " + std::to_string(pass_iteration_) + " " +
+                (missing.size() == 1 ? "parameter " : "parameters ") + join_names(model_, missing) +
+                " received no gradient (the forward did not use them), so bucket " + std::to_string(bucket) +
+                " of " + std::to_string(buckets_.size()) + " (" + bk.names + ")" +
+                (later.empty() ? "" : " and bucket " + later + " after it") +
+                " never launched its all-reduce; pass --find-unused-parameters (DDP's "
+                "find_unused_parameters=True) or make every parameter take part in the loss";
+  if (ctx_) ctx_->set_activity("DDP bucket " + std::to_string(bucket) + " never became ready: the reduction is unfinished");
 }
 
 std::vector<Optimizer::Segment> DistributedDataParallel::optimizer_segments() {

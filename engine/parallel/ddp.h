@@ -9,17 +9,24 @@
 //     communication worker, so it overlaps the rest of backward;
 //   - finalize_backward() waits for every bucket (the optimizer step needs the averaged gradients);
 //   - gradient_as_bucket_view: each .grad IS its slice of the bucket (one gradient-sized buffer less);
-//   - after the first synchronised backward the buckets are rebuilt once in the order gradients
-//     actually became ready (rank 0's assignment broadcast to all), unless static buckets are asked
-//     for or find_unused_parameters is on (as torch does);
+//   - at construction, with find_unused_parameters=False (torch's default) the assignment is ONE
+//     bucket holding every gradient (torch's _ddp_init_helper passes bucket_size_limits =
+//     [sys.maxsize]: the model's definition order may not be the order gradients arrive in);
+//     after the first synchronised backward the buckets are rebuilt once, sized {first bucket,
+//     cap}, in the order gradients actually became ready (rank 0's order broadcast to all), unless
+//     static buckets are asked for; with find_unused_parameters=True the sized assignment is used
+//     from the start and never rebuilt. When the cap is given explicitly (bucket_cap_mb=...),
+//     current torch makes the first bucket as large as the others; the callers apply that rule.
+//     `sized_first_iteration` is dtlab's labeled option to see sized buckets in iteration 1 too;
 //   - find_unused_parameters: parameters the forward did not use are marked ready at the start of
-//     backward; without it their bucket never launches and the rank stalls until the watchdog names
-//     the bucket and the parameters;
+//     backward. Without it a bucket whose gradient never comes is never launched: backward ends
+//     anyway, the reduction stays unfinished, and the NEXT forward fails with torch's "Expected to
+//     have finished reduction in the prior iteration" error, naming the parameters. Ranks whose
+//     forward did use them launched that all-reduce and wait in it: the hang, until the watchdog;
 //   - no_sync (gradient accumulation): prepare_for_backward(false) lets gradients accumulate locally.
 //
-// One difference from torch >= 1.13, kept on purpose: torch starts a find_unused_parameters=False run
-// with ONE bucket for iteration 1 and only then builds sized buckets; dtlab uses the sized assignment
-// from the first iteration so the buckets are visible at once, as torch <= 1.12 did.
+// Sources: docs/course_sources.md (torch/nn/parallel/distributed.py, _ddp_init_helper;
+// torch/csrc/distributed/c10d/reducer.cpp, rebuild_buckets and ensure_prior_reduction_finished).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -53,6 +60,12 @@ BucketAssignment compute_bucket_assignment_by_size(const std::vector<int64_t>& b
 // {first_bucket_bytes, bucket_cap_bytes}, reversed (bucket 0 holds the last parameters).
 BucketAssignment initial_bucket_assignment(const std::vector<int64_t>& bytes,
                                            int64_t first_bucket_bytes, int64_t bucket_cap_bytes);
+// What DDP assigns at construction: one bucket of every gradient (limit INT64_MAX, torch's
+// sys.maxsize) unless find_unused_parameters or sized_first_iteration ask for the sized assignment.
+struct DdpOptions;
+BucketAssignment construction_bucket_assignment(const std::vector<int64_t>& bytes, const DdpOptions& opt);
+// True for the one unlimited bucket of a find_unused_parameters=False first iteration.
+inline bool is_unlimited_bucket(int64_t size_limit) { return size_limit == INT64_MAX; }
 // The rebuild after iteration 1: the same limits over the gradient-ready order, not reversed.
 BucketAssignment rebuilt_bucket_assignment(const std::vector<int64_t>& bytes,
                                            const std::vector<int>& ready_order,
@@ -69,7 +82,9 @@ struct DdpOptions {
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
   bool rebuild_buckets = true;  // false: keep the construction-time buckets (--static-buckets)
-  double timeout_s = 30;        // how long finalize_backward() waits for a bucket that never launches
+  // Sized buckets from iteration 1 instead of torch's single first-iteration bucket (a lab option,
+  // labeled as such; older torch releases behaved this way).
+  bool sized_first_iteration = false;
 };
 
 struct DdpBucket {
@@ -108,16 +123,19 @@ class DistributedDataParallel {
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  // Before each forward: rebuilds the buckets once, when due (a collective on every rank).
+  // Before each forward: throws torch's "Expected to have finished reduction in the prior
+  // iteration" error when the last synchronised backward left a bucket unlaunched; otherwise
+  // rebuilds the buckets once, when due (a collective on every rank).
   void before_forward();
   // Before each backward; sync = false inside no_sync() (gradients accumulate locally). With
   // find_unused_parameters, marks the parameters the last forward did not use as ready.
   void prepare_for_backward(bool sync = true);
   // Pass to Model::backward().
   const Model::GradReadyHook& grad_ready_hook() const { return hook_; }
-  // After backward: on a synchronised pass waits for every bucket and leaves each parameter's
-  // .grad holding the average over ranks. Throws CommError when a bucket never became ready
-  // (after timeout_s) or a collective failed.
+  // After backward: on a synchronised pass waits for every launched bucket and leaves each
+  // parameter's .grad holding the average over ranks. A bucket that never became ready (a
+  // parameter without gradient) is not waited for, as in torch: the gradients stay local and the
+  // next before_forward() throws. Throws CommError when a collective failed.
   void finalize_backward();
 
   // For Optimizer::step: each parameter with its current .grad (inside the buckets with
@@ -136,7 +154,7 @@ class DistributedDataParallel {
   void assign(const BucketAssignment& a);
   void mark_ready(int p);
   void launch_ready_buckets();
-  [[noreturn]] void stall(int bucket);
+  void leave_unfinished(int bucket);
   void record_bucket(EventKind kind, int bucket, int param = -1);
 
   Model& model_;
@@ -154,6 +172,7 @@ class DistributedDataParallel {
   int generation_ = 0;
   bool rebuild_due_ = false;
   std::vector<int> ready_order_;          // the first synchronised pass's gradient order
+  std::string unfinished_;                // why the last reduction did not finish ("" when it did)
   int32_t pass_iteration_ = -1;
   DdpIterationStats stats_;
   Model::GradReadyHook hook_;

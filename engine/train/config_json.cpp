@@ -78,6 +78,7 @@ std::string train_config_to_json(const TrainConfig& c) {
   j["accum"] = c.accum;
   j["skip_layer"] = c.skip_layer;
   j["skip_every"] = c.skip_every;
+  j["skip_ranks"] = c.skip_ranks;
   j["allow_nonfinite"] = c.allow_nonfinite;
   const DdpOptions& d = c.ddp;
   j["ddp"] = {{"bucket_cap_bytes", d.bucket_cap_bytes},
@@ -85,7 +86,7 @@ std::string train_config_to_json(const TrainConfig& c) {
               {"find_unused_parameters", d.find_unused_parameters},
               {"gradient_as_bucket_view", d.gradient_as_bucket_view},
               {"rebuild_buckets", d.rebuild_buckets},
-              {"timeout_s", d.timeout_s}};
+              {"sized_first_iteration", d.sized_first_iteration}};
   const FsdpOptions& f = c.fsdp;
   j["fsdp"] = {{"sharding", sharding_flag(f.sharding)},
                {"wrap_layers", f.wrap_layers},
@@ -165,6 +166,16 @@ TrainConfig train_config_from_json(const std::string& text) {
   get(j, "accum", c.accum);
   get(j, "skip_layer", c.skip_layer);
   get(j, "skip_every", c.skip_every);
+  if (j.contains("skip_ranks")) {
+    const json& r = j["skip_ranks"];
+    if (!r.is_array()) throw Error("the run configuration's \"skip_ranks\" must be a list of ranks");
+    c.skip_ranks.clear();
+    for (const json& v : r) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (1 << 20))
+        throw Error("the run configuration's \"skip_ranks\" must hold whole numbers from 0 up");
+      c.skip_ranks.push_back(static_cast<int>(v.get<int64_t>()));
+    }
+  }
   get(j, "allow_nonfinite", c.allow_nonfinite);
   if (j.contains("ddp")) {
     const json& d = j["ddp"];
@@ -173,7 +184,7 @@ TrainConfig train_config_from_json(const std::string& text) {
     get(d, "find_unused_parameters", c.ddp.find_unused_parameters);
     get(d, "gradient_as_bucket_view", c.ddp.gradient_as_bucket_view);
     get(d, "rebuild_buckets", c.ddp.rebuild_buckets);
-    get(d, "timeout_s", c.ddp.timeout_s);
+    get(d, "sized_first_iteration", c.ddp.sized_first_iteration);
   }
   if (j.contains("fsdp")) {
     const json& f = j["fsdp"];

@@ -121,6 +121,12 @@ void validate(const TrainConfig& c) {
     throw Error("--momentum must be in [0, 1)");
   if (c.skip_layer >= 0 && c.skip_every < 1)
     throw Error("--skip-every must be at least 1 (got " + std::to_string(c.skip_every) + ")");
+  if (!c.skip_ranks.empty() && c.skip_layer < 0)
+    throw Error("--skip-ranks names the ranks that take the --skip-layer branch; give --skip-layer too, or drop --skip-ranks");
+  for (int r : c.skip_ranks)
+    if (r < 0 || r >= c.world_size)
+      throw Error("--skip-ranks names rank " + std::to_string(r) + ", but the world has ranks 0 to " +
+                  std::to_string(c.world_size - 1) + "; pick ranks in that range");
   if (!(c.timeout_s > 0)) throw Error("--timeout must be greater than 0 seconds");
   if (c.strategy == "ddp") {
     if (c.ddp.bucket_cap_bytes < 1) throw Error("--bucket-cap-mb is too small: a bucket must hold at least 1 byte");
@@ -339,8 +345,7 @@ Trainer::~Trainer() {
 std::vector<std::string> Trainer::planned_buckets() const {
   if (config_.strategy != "ddp") return {};
   const Model& m = *models_[0];
-  return describe_bucket_assignment(
-      m, initial_bucket_assignment(parameter_bytes(m), config_.ddp.first_bucket_bytes, config_.ddp.bucket_cap_bytes));
+  return describe_bucket_assignment(m, construction_bucket_assignment(parameter_bytes(m), config_.ddp));
 }
 
 TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step) {
@@ -521,9 +526,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
   if (comm && config_.strategy == "fsdp") {
     fsdp = std::make_unique<FullyShardedDataParallel>(model, *comm, ctx, config_.fsdp, config_.optimizer);
   } else if (comm) {
-    DdpOptions o = config_.ddp;
-    o.timeout_s = config_.timeout_s;
-    ddp = std::make_unique<DistributedDataParallel>(model, *comm, ctx, o);
+    ddp = std::make_unique<DistributedDataParallel>(model, *comm, ctx, config_.ddp);
   }
   Optimizer opt(config_.optimizer, model.num_params(), &mem, dev);
 
@@ -552,7 +555,8 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
       throw CommError("rank " + std::to_string(rank) + " stopped before iteration " + std::to_string(iter) + ": the run was aborted");
     mem.reset_peaks();
     auto t0 = Clock::now();
-    const bool branch = config_.skip_layer >= 0 && step % config_.skip_every == 0;
+    const bool branch = config_.skip_layer >= 0 && step % config_.skip_every == 0 &&
+                        (config_.skip_ranks.empty() || std::count(config_.skip_ranks.begin(), config_.skip_ranks.end(), rank) > 0);
     model.set_skipped_layer(branch ? config_.skip_layer : -1);
     int64_t samples = 0;
     bool input_bad = false;  // a micro-batch of this step holds NaN or infinity (checked on the host)

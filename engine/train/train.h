@@ -66,6 +66,7 @@ struct TrainConfig {
   // bypasses the square Linear at Sequential index `skip_layer` (and its ReLU). -1: no branch.
   int skip_layer = -1;
   int64_t skip_every = 2;
+  std::vector<int> skip_ranks;  // the ranks whose forward takes the branch; empty: every rank
   // A non-finite loss (NaN or infinity) stops the run with a diagnosis (engine/train/nonfinite.h)
   // unless this is set: then training goes on, as a plain PyTorch loop would.
   bool allow_nonfinite = false;
