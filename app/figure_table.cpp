@@ -251,8 +251,13 @@ const std::vector<Entry>& entries() {
       {"watchdog.arrived[I]", "n", "the I-th rank to arrive there", [](S s, A a) { auto v = diagnosed_ranks(s, false); return double(v[static_cast<size_t>(index_of(a[0], v.size(), "arrived rank"))]); }},
       {"watchdog.missing", "", "ranks the watchdog names missing (0 when none)", [](S s, A) { return double(diagnosed_ranks(s, true).size()); }},
       {"watchdog.missing[I]", "n", "the I-th missing rank", [](S s, A a) { auto v = diagnosed_ranks(s, true); return double(v[static_cast<size_t>(index_of(a[0], v.size(), "missing rank"))]); }},
-      {"watchdog.bucket", "", "the DDP bucket the reducer waited for in vain (-1: none)", [](S s, A) {
-         size_t at = s.error.find(" for bucket ");
+      {"run.error_has(TEXT)", "s", "1 if the run's error message contains TEXT, e.g. \"finished reduction\"", [b](S s, A a) {
+         return b(!a[0].str.empty() && s.error.find(a[0].str) != std::string::npos); }},
+      {"run.error_rank", "", "the rank the run's error names first (\"rank R: ...\"; -1: none)", [](S s, A) {
+         const size_t at = s.error.find("rank ");
+         return at == std::string::npos || at > 16 ? -1.0 : std::atof(s.error.c_str() + at + 5); }},
+      {"watchdog.bucket", "", "the DDP bucket that never launched its all-reduce (-1: none)", [](S s, A) {
+         size_t at = s.error.find(", so bucket ");
          return at == std::string::npos ? -1.0 : std::atof(s.error.c_str() + at + 12); }},
       // the collective the ring view shows
       {"collective.seq", "", "its sequence number (#0 is the first of the run)", [d](S s, A) { return d(static_cast<int64_t>(collective(s).seq)); }},
