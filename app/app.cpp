@@ -16,12 +16,15 @@
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "app/figures.h"
 #include "app/lesson_runner.h"
 #include "app/session.h"
+#include "app/spoilers.h"
 #include "app/views/lesson_view.h"
 #include "app/views/views.h"
 #include "engine/core/check.h"
@@ -118,6 +121,11 @@ class App {
   bool script_running_ = false;
   std::string pending_shot_;
   int shot_frames_ = 0;
+  // --check-spoilers: the text on screen just before each question's check, by step, until the
+  // revealed answer can be looked for in it.
+  std::map<int, std::vector<ScreenLine>> before_check_;
+  int capture_step_ = -1;  // capture the screen at the end of this frame for that step
+  void check_spoilers();
   int exit_code_ = 0;
   bool quit_ = false;
 };
@@ -536,6 +544,12 @@ void App::views() {
   const Snapshot& s = session_->snapshot();
   bool set_epoch = ctx_.data_set_epoch;
   const bool fsdp = s.config.strategy == "fsdp", pipeline = s.pipeline.valid;
+  // No spoilers: a view drawing a figure the pending question asks about is covered until Check.
+  bool hidden[kNumViews] = {};
+  if (lesson_)
+    for (const std::string& f : lesson_->pending_figures())
+      for (const std::string& name : views_drawing(f))
+        for (int v = 0; v < kNumViews; v++) hidden[v] = hidden[v] || name == kViewNames[v];
   for (int v = 0; v < kNumViews; v++) {
     if (solo_ >= 0 && solo_ != v) continue;
     // Tiled, FSDP's shard map takes the buckets' tile; DDP and single runs keep the buckets.
@@ -552,6 +566,19 @@ void App::views() {
       ImGui::SetNextWindowSize(ImVec2(t.w, t.h), cond);
     }
     ImGui::Begin(kViewTitles[v], nullptr, solo_ == v ? ImGuiWindowFlags_NoSavedSettings : 0);
+    if (hidden[v]) {  // the view would show the answer of the question waiting for Check
+      const ImVec2 avail = ImGui::GetContentRegionAvail(), at = ImGui::GetCursorScreenPos();
+      const char* l1 = "Hidden until you check";
+      const char* l2 = "this view shows the answer to the lesson's question";
+      const ImVec2 s1 = ImGui::CalcTextSize(l1), s2 = ImGui::CalcTextSize(l2);
+      ImDrawList* dl = ImGui::GetWindowDrawList();
+      dl->AddRectFilled(at, ImVec2(at.x + avail.x, at.y + avail.y), ImGui::GetColorU32(ImGuiCol_FrameBg));
+      dl->AddText(ImVec2(at.x + (avail.x - s1.x) * 0.5f, at.y + avail.y * 0.5f - s1.y), ImGui::GetColorU32(ImGuiCol_Text), l1);
+      dl->AddText(ImVec2(at.x + (avail.x - s2.x) * 0.5f, at.y + avail.y * 0.5f + 0.2f * s2.y),
+                  ImGui::GetColorU32(ImGuiCol_TextDisabled), l2);
+      ImGui::End();
+      continue;
+    }
     switch (v) {
       case kRing: draw_ring_view(s, ctx_); break;
       case kBuckets: draw_bucket_view(s, ctx_); break;
@@ -632,7 +659,32 @@ bool App::save_screenshot(const std::string& path) {
 
 // One script command per call once the previous one is complete. Step commands block until the
 // world is still again (every rank at a gate, or the run over), so a screenshot shows that state.
+// --check-spoilers: once a question's answer is revealed, was it on screen before the check?
+void App::check_spoilers() {
+  for (auto it = before_check_.begin(); it != before_check_.end();) {
+    const int j = it->first;
+    if (!lesson_ || capture_step_ == j || j >= lesson_->steps() || !lesson_->answer(j).revealed) {
+      ++it;
+      continue;
+    }
+    const LessonStep& st = lesson_->lesson().steps[static_cast<size_t>(j)];
+    const double live = lesson_->answer(j).live;
+    const std::string where = st.question && st.question->choices.empty() ? find_spoiler(it->second, answer_spellings(live)) : "";
+    if (!where.empty()) {
+      const std::string why = lesson_->lesson().path + ":" + std::to_string(st.question->line) + ": step " +
+                              std::to_string(j + 1) + " '" + st.title + "' shows its answer (" + format_figure(live) +
+                              ") before the check, in " + where +
+                              "; open that view in the question's reveal: or ask what the screen does not show";
+      std::fprintf(stderr, "dtlab: %s\n", why.c_str());
+      exit_code_ = std::max(exit_code_, 1);
+      lesson_error_ = why;
+    }
+    it = before_check_.erase(it);
+  }
+}
+
 bool App::script_tick() {
+  if (opt_.check_spoilers) check_spoilers();
   if (!pending_shot_.empty()) return true;  // the screenshot is taken at the end of a frame
   if (script_waiting_) {
     if (Clock::now() < script_until_) return true;
@@ -772,6 +824,15 @@ bool App::lesson_command(const ScriptCommand& c) {
     lesson_.reset();
     return true;
   }
+  if (opt_.check_spoilers && lesson_ && c.arg.rfind("_reveal ", 0) == 0) {
+    const int j = std::atoi(c.arg.c_str() + 8);
+    if (!before_check_.count(j)) {  // draw one frame of the step as the learner sees it, read it, then reveal
+      capture_step_ = j;
+      before_check_[j];
+      queue_.push_front(c);
+      return true;
+    }
+  }
   LessonRunner::Result r;
   if (lesson_) r = lesson_->exec(c.arg, *session_);
   else r.failure = "lesson " + c.arg + ": no lesson is open; open one first (lesson open NAME)";
@@ -823,6 +884,7 @@ void App::frame() {
   toolbar();
   views();
   ImGui::Render();
+  if (capture_step_ >= 0) before_check_[capture_step_] = screen_text(*ImGui::GetDrawData()), capture_step_ = -1;
   int w = 0, h = 0;
   glfwGetFramebufferSize(win_, &w, &h);
   glViewport(0, 0, w, h);

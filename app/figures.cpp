@@ -322,6 +322,19 @@ double Figure::eval(const FigureScope& scope) const {
   return eval_node(*root_, scope);
 }
 
+std::vector<std::string> Figure::names() const {
+  std::vector<std::string> out;
+  std::vector<const Node*> todo;
+  if (root_) todo.push_back(root_.get());
+  while (!todo.empty()) {
+    const Node* n = todo.back();
+    todo.pop_back();
+    if (n->kind == Node::Path && n->entry && std::find(out.begin(), out.end(), n->str) == out.end()) out.push_back(n->str);
+    for (const auto& k : n->kids) todo.push_back(k.get());
+  }
+  return out;
+}
+
 std::string Figure::explain(const FigureScope& scope) const {
   std::string out;
   if (root_) explain_node(*root_, scope, out);

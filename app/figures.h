@@ -39,6 +39,8 @@ class Figure {
   // The value of each live figure in it, for messages: "collective.steps = 6, world = 4".
   std::string explain(const FigureScope& scope) const;
   const std::string& text() const { return text_; }
+  // The live figures it reads, by signature ("collective.steps", "bucket[I].bytes"), each once.
+  std::vector<std::string> names() const;
   bool empty() const { return !root_; }
 
   struct Node;

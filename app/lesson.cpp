@@ -145,6 +145,35 @@ Question parse_question(const std::vector<std::pair<int, std::string>>& lines, i
 LessonError::LessonError(std::string f, int l, std::string s)
     : Error(f + (l > 0 ? ":" + std::to_string(l) : "") + ": " + s), file(std::move(f)), line(l), sentence(std::move(s)) {}
 
+bool Question::parse_answer(const std::string& typed, double& out) const {
+  std::string t;
+  for (char c : typed)
+    if (c != ' ' && c != '\t' && c != ',') t += c;  // "1,500" and "1 / 4" as written by hand
+  if (t.empty()) return false;
+  double scale = 1;
+  if (t.back() == '%') {
+    t.pop_back();
+    if (unit != "%") scale = 0.01;  // a share typed as a percentage
+  }
+  auto number = [](const std::string& s, double& v) {
+    if (s.empty()) return false;
+    char* end = nullptr;
+    v = std::strtod(s.c_str(), &end);
+    return end == s.c_str() + s.size() && std::isfinite(v);
+  };
+  const size_t slash = t.find('/');
+  double v = 0;
+  if (slash == std::string::npos) {
+    if (!number(t, v)) return false;
+  } else {
+    double a = 0, b = 0;
+    if (!number(t.substr(0, slash), a) || !number(t.substr(slash + 1), b) || b == 0) return false;
+    v = a / b;
+  }
+  out = v * scale;
+  return true;
+}
+
 bool Question::close(double given, double live) const {
   if (tol_abs >= 0 || tol_rel >= 0)
     return std::fabs(given - live) <= std::max(tol_abs, 0.0) + std::max(tol_rel, 0.0) * std::fabs(live);

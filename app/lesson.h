@@ -78,6 +78,9 @@ struct Question {
   Prose explain;
   // True when `given` counts as `live` under this question's tolerance.
   bool close(double given, double live) const;
+  // A learner's answer as typed: "0.25", "1/4", "25%" (a share: 0.25; with `unit: %`, just 25),
+  // "1,500", "3e9". False when it is not a number.
+  bool parse_answer(const std::string& text, double& out) const;
 };
 
 struct LessonStep {

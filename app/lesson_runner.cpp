@@ -200,6 +200,16 @@ LessonRunner::Result LessonRunner::act(const LessonAction& a, int step, const st
   return r;
 }
 
+std::vector<std::string> LessonRunner::pending_figures() const {
+  if (step_ < 0 || step_ >= steps() || finished_) return {};
+  const auto& q = lesson_.steps[static_cast<size_t>(step_)].question;
+  if (!q || answers_[static_cast<size_t>(step_)].revealed) return {};
+  std::vector<std::string> names = q->answer.names();
+  for (const Choice& c : q->choices)
+    for (const std::string& n : c.value.names()) names.push_back(n);
+  return names;
+}
+
 LessonRunner::Result LessonRunner::reveal(int j, Session& session) {
   Result r;
   const LessonStep& st = lesson_.steps[static_cast<size_t>(j)];
@@ -327,10 +337,10 @@ LessonRunner::Result LessonRunner::exec(const std::string& command, Session& ses
     Answer& a = answers_[static_cast<size_t>(step_)];
     if (k == "answer") {
       const std::string text = command.substr(command.find(w[1]));
-      char* end = nullptr;
-      const double v = std::strtod(text.c_str(), &end);
-      const bool number = end != text.c_str() && *end == '\0';
-      if (q.choices.empty() && !number) r.failure = where(step_, q.line) + "lesson answer: '" + text + "' is not a number";
+      double v = 0;
+      const bool number = q.parse_answer(text, v);
+      if (q.choices.empty() && !number)
+        r.failure = where(step_, q.line) + "lesson answer: '" + text + "' is not a number; write it as 0.25, 1/4 or 25%";
       else if (!q.choices.empty() && (!number || v < 1 || v > static_cast<double>(q.choices.size())))
         r.failure = where(step_, q.line) + "lesson answer: give a choice number from 1 to " + std::to_string(q.choices.size());
       else a.given = true, a.number = v, a.choice = static_cast<int>(v) - 1;

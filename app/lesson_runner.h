@@ -64,6 +64,9 @@ class LessonRunner {
   const LessonProgress& resume() const { return resume_; }  // as saved before this run opened it
   // A {{figure}} of the lesson's text on `s`; "—" while it has no value.
   std::string figure_text(int figure, const Snapshot& s) const;
+  // The live figures the current step's question asks about, while it waits for Check (or Reveal):
+  // the views drawing them stay covered (app/spoilers.h). Empty otherwise.
+  std::vector<std::string> pending_figures() const;
   // The revealed answer in words: "6 bytes", or the right choice's text.
   std::string answer_text(int step) const;
 

@@ -130,6 +130,7 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
   app.add_option("--device", device, "cpu | cuda (default: cuda when a GPU is present, else cpu; DTLAB_DEVICE sets it)");
   app.add_option("--backend", backend, "threads | cuda (ranks share a GPU) | nccl (one GPU per rank); default: nccl with a GPU per rank, cuda with fewer, else threads");
   app.add_option("--attach", o.attach, "Show and step a launched run: HOST:PORT of its 'train --monitor PORT' (rank 0's host)");
+  app.add_flag("--check-spoilers", o.check_spoilers, "With --play: fail when a question's answer is on screen before its check");
   app.add_flag("--play", o.play, "With --lesson: play it headless, answering with the live figures; exit 1 on a failed step");
   app.set_version_flag("--version", "dtlab 0.1.0");
   try {
@@ -173,6 +174,7 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
     if (!c.faults.empty() && c.strategy == "single")
       throw Error("--fault injects into the ranks' collectives; add --strategy ddp (or fsdp) --world N");
     if (o.play && o.lesson.empty()) throw Error("--play plays a lesson; add --lesson NAME");
+    if (o.check_spoilers && !o.play) throw Error("--check-spoilers checks a played lesson; add --play --lesson NAME");
     if (!std::isfinite(o.speed)) throw Error("--speed must be a number from 0 to 1000000 (modeled seconds per wall second)");
     if (backend == "socket")
       throw Error("--backend socket is how dtlab-cli launch runs one process per rank; to watch such a run, launch it "

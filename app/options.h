@@ -24,6 +24,7 @@ struct AppOptions {
   std::string config_dir;              // where imgui.ini lives (default: $XDG_CONFIG_HOME/dtlab)
   std::string lesson;                  // --lesson NAME|PATH.md: open this lesson (app/lesson.h)
   bool play = false;                   // --play: play the lesson headless, checking every step
+  bool check_spoilers = false;         // --check-spoilers: with --play, fail when the screen shows an answer before its check
   std::string attach;                  // --attach HOST:PORT: show and step a launched run (its --monitor)
 };
 

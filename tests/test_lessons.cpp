@@ -339,7 +339,7 @@ TEST_SUITE("lessons") {
       CHECK(r.step() == 1);
       CHECK(!r.answer(1).revealed);
       CHECK(s.update().collective.seq == 2);
-      CHECK(drive(r, s, {"answer x"}) == "t.md:19: step 2 'Bytes': lesson answer: 'x' is not a number");
+      CHECK(drive(r, s, {"answer x"}) == "t.md:19: step 2 'Bytes': lesson answer: 'x' is not a number; write it as 0.25, 1/4 or 25%");
     }
     SUBCASE("the engine disagrees with the lesson: --play fails at the question") {
       Lesson wrong = l;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Plays one lesson headless under Xvfb, as CTest's lesson_<name> tests do: every action must
-# succeed and every revealed answer must equal the engine's live figure (dtlab --lesson --play).
+# succeed, every revealed answer must equal the engine's live figure, and no answer may be on screen
+# before its check (dtlab --lesson --play --check-spoilers).
 #   tools/play_lesson.sh build/bin/dtlab lessons/03_why_allreduce.md
 # Exit 77 (CTest: skipped) when xvfb-run is not installed (apt-get install xvfb xauth).
 set -euo pipefail
@@ -11,4 +12,4 @@ if ! command -v xvfb-run >/dev/null; then
 fi
 cfg=$(mktemp -d)
 trap 'rm -rf "$cfg"' EXIT
-exec xvfb-run -a -s "-screen 0 1280x720x24" "$app" --width 1280 --height 720 --config-dir "$cfg" --lesson "$lesson" --play
+exec xvfb-run -a -s "-screen 0 1280x720x24" "$app" --width 1280 --height 720 --config-dir "$cfg" --lesson "$lesson" --play --check-spoilers

@@ -5,6 +5,7 @@
 #include <imgui.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -226,14 +227,19 @@ void draw_question(const LessonRunner& r, int j, const Snapshot& s, bool busy, s
       if (right_one) ImGui::PopStyleColor();
     }
   } else {
-    // The number being typed, per lesson step, until Check sends it.
-    static std::map<std::string, double> typed;
-    double& v = typed[r.lesson().path + "#" + std::to_string(j)];
-    if (a.given) v = a.number;
+    // The answer being typed, per lesson step, until Check sends it: a number, a fraction (1/4) or a
+    // percentage (25%), as a learner would write a share.
+    static std::map<std::string, std::array<char, 64>> typed;
+    std::array<char, 64>& buf = typed[r.lesson().path + "#" + std::to_string(j)];
+    if (a.given && buf[0] == '\0') std::snprintf(buf.data(), buf.size(), "%s", format_figure(a.number).c_str());
+    double parsed = 0;
+    const bool valid = q.parse_answer(buf.data(), parsed);
     ImGui::SetNextItemWidth(ImGui::GetFontSize() * 10);
-    ImGui::InputDouble(q.unit.empty() ? "##answer" : q.unit.c_str(), &v, 0, 0, "%.6g");
-    if (ImGui::IsItemDeactivatedAfterEdit()) out.push_back("answer " + format_figure(v));
-    if (!a.revealed && ImGui::Button("Check")) out.push_back("answer " + format_figure(v)), out.push_back("check");
+    ImGui::InputTextWithHint(q.unit.empty() ? "##answer" : q.unit.c_str(), "0.25, 1/4 or 25%", buf.data(), buf.size());
+    if (ImGui::IsItemDeactivatedAfterEdit() && valid) out.push_back(std::string("answer ") + buf.data());
+    ImGui::BeginDisabled(!valid);
+    if (!a.revealed && ImGui::Button("Check")) out.push_back(std::string("answer ") + buf.data()), out.push_back("check");
+    ImGui::EndDisabled();
     ImGui::SameLine();
   }
   if (!a.revealed) {

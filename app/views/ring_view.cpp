@@ -606,9 +606,10 @@ void draw_cells(ImDrawList* dl, const Layout& L, const CollectiveView& cv, int r
     if (held >= N) {
       draw_check(dl, p0, L.cell, L.cell, text_on(fill));
     } else if (text) {
+      // A count of contributions ("2": two ranks' values summed here), never "2/4", which reads as
+      // a fraction of the data.
       char buf[32];
-      std::snprintf(buf, sizeof buf, "%d/%d", held, N);
-      if (font->CalcTextSizeA(tsize, FLT_MAX, 0.0f, buf).x > L.cell - 2.0f) std::snprintf(buf, sizeof buf, "%d", held);
+      std::snprintf(buf, sizeof buf, "%d", held);
       if (font->CalcTextSizeA(tsize, FLT_MAX, 0.0f, buf).x <= L.cell - 2.0f)
         centered_text(dl, tsize, (p0 + p1) * 0.5f, text_on(fill), buf);
     }
