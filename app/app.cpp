@@ -669,7 +669,9 @@ void App::check_spoilers() {
     }
     const LessonStep& st = lesson_->lesson().steps[static_cast<size_t>(j)];
     const double live = lesson_->answer(j).live;
-    const std::string where = st.question && st.question->choices.empty() ? find_spoiler(it->second, answer_spellings(live)) : "";
+    // A whole number asked without a tolerance must be given exactly: "4.4 KiB" does not give 4544.
+    const bool exact = st.question && live == std::floor(live) && st.question->tol_abs < 0 && st.question->tol_rel < 0;
+    const std::string where = st.question && st.question->choices.empty() ? find_spoiler(it->second, answer_spellings(live, exact)) : "";
     if (!where.empty()) {
       const std::string why = lesson_->lesson().path + ":" + std::to_string(st.question->line) + ": step " +
                               std::to_string(j + 1) + " '" + st.title + "' shows its answer (" + format_figure(live) +

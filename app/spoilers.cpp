@@ -100,7 +100,7 @@ std::vector<ScreenLine> screen_text(const ImDrawData& data) {
   return out;
 }
 
-std::vector<std::string> answer_spellings(double v) {
+std::vector<std::string> answer_spellings(double v, bool exact) {
   std::vector<std::string> s;
   if (!std::isfinite(v)) return s;
   char buf[64];
@@ -110,7 +110,7 @@ std::vector<std::string> answer_spellings(double v) {
     const auto n = static_cast<int64_t>(v);
     s.push_back(std::to_string(n));
     if (a >= 1000) s.push_back(with_commas(n));
-    if (a >= 1024 && v > 0) s.push_back(human_bytes(n));
+    if (a >= 1024 && v > 0 && !exact) s.push_back(human_bytes(n));
     return s;
   }
   // A fraction worth telling apart has three significant digits: 0.273, 1.83, 26.25.

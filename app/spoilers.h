@@ -27,8 +27,9 @@ std::vector<ScreenLine> screen_text(const ImDrawData& data);
 
 // How a view may print the number v: "4547", "4,547", "17.8 KiB", "0.75", "75%", ... Empty when v
 // is too plain to tell apart from other numbers on screen (small whole numbers, 0.5): such answers
-// are not checked this way.
-std::vector<std::string> answer_spellings(double v);
+// are not checked this way. `exact`: the question takes only v itself (a whole number without a
+// tolerance), so a rounded spelling such as "4.4 KiB" gives nothing away and is left out.
+std::vector<std::string> answer_spellings(double v, bool exact = false);
 // The first line that shows one of `spellings` as a whole token (not inside a longer number), as
 // "Buckets: 'bucket 0: 4,547 B'"; "" when none does.
 std::string find_spoiler(const std::vector<ScreenLine>& lines, const std::vector<std::string>& spellings);

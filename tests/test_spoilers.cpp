@@ -86,6 +86,7 @@ TEST_SUITE("app") {
     CHECK(answer_spellings(4).empty());  // small whole numbers are everywhere
     CHECK(answer_spellings(0.5).empty());
     CHECK(answer_spellings(4547) == std::vector<std::string>{"4547", "4,547", "4.4 KiB"});
+    CHECK(answer_spellings(4547, true) == std::vector<std::string>{"4547", "4,547"});  // "4.4 KiB" is not 4547
     const std::vector<std::string> share = answer_spellings(0.2727);
     CHECK(std::find(share.begin(), share.end(), "0.27") != share.end());
     CHECK(std::find(share.begin(), share.end(), "27%") != share.end());
