@@ -569,7 +569,7 @@ void App::views() {
     if (hidden[v]) {  // the view would show the answer of the question waiting for Check
       const ImVec2 avail = ImGui::GetContentRegionAvail(), at = ImGui::GetCursorScreenPos();
       const char* l1 = "Hidden until you check";
-      const char* l2 = "this view shows the answer to the lesson's question";
+      const char* l2 = "(it shows the answer)";
       const ImVec2 s1 = ImGui::CalcTextSize(l1), s2 = ImGui::CalcTextSize(l2);
       ImDrawList* dl = ImGui::GetWindowDrawList();
       dl->AddRectFilled(at, ImVec2(at.x + avail.x, at.y + avail.y), ImGui::GetColorU32(ImGuiCol_FrameBg));
