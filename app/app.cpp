@@ -426,11 +426,11 @@ void App::config_panel() {
     // torch builds ONE bucket for iteration 1 (find_unused_parameters=False); this lab option shows
     // the sized buckets from the start instead, and says so.
     ImGui::BeginDisabled(c.ddp.find_unused_parameters);
-    if (ImGui::Checkbox("sized buckets in iteration 1 (not torch's default)", &c.ddp.sized_first_iteration)) changed = true;
+    if (ImGui::Checkbox("sized buckets in the first iteration (not torch's default)", &c.ddp.sized_first_iteration)) changed = true;
     ImGui::EndDisabled();
     if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
-      ImGui::SetTooltip("torch's DDP all-reduces every gradient as one bucket in iteration 1, then rebuilds\n"
-                        "sized buckets in the order gradients arrived. On: sized buckets from iteration 1.");
+      ImGui::SetTooltip("torch's DDP all-reduces every gradient as one bucket in the first iteration, then rebuilds\n"
+                        "sized buckets in the order gradients arrived. On: sized buckets from the first iteration.");
     ImGui::EndDisabled();
   } else {
     // FSDP's options (torch's names).

@@ -96,16 +96,17 @@ void draw_bucket_view(const Snapshot& s, ViewContext& ctx) {
   }
   ImGui::PushTextWrapPos(0.0f);  // narrow panels wrap rather than cut the explanation off
   if (s.bucket_generation == 0 && !s.config.find_unused_parameters && !s.config.sized_first_iteration)
-    ImGui::TextWrapped("Iteration 1: ONE bucket of every gradient, as torch's DDP builds with find_unused_parameters=False "
-                       "(the model's order need not be the order gradients arrive in); sized buckets are rebuilt after it");
+    ImGui::TextWrapped("The first iteration (iteration 0): ONE bucket of every gradient, as torch's DDP builds with "
+                       "find_unused_parameters=False (the model's order need not be the order gradients arrive in); "
+                       "sized buckets are rebuilt after it");
   else if (s.bucket_generation == 0 && s.config.find_unused_parameters)
     ImGui::TextWrapped("Generation 0: sized buckets from the start, parameters in reverse order of model.parameters() "
                        "(find_unused_parameters=True: never rebuilt)");
   else if (s.bucket_generation == 0)
-    ImGui::TextWrapped("Generation 0: sized buckets in iteration 1, a lab option (torch uses one bucket there), "
+    ImGui::TextWrapped("Generation 0: sized buckets in the first iteration, a lab option (torch uses one bucket there), "
                        "parameters in reverse order of model.parameters()");
   else
-    ImGui::TextWrapped("Generation %d: rebuilt after iteration 1, in the order gradients became ready", s.bucket_generation);
+    ImGui::TextWrapped("Generation %d: rebuilt after the first iteration (iteration 0), in the order gradients became ready", s.bucket_generation);
   ImGui::TextColored(ImVec4(1.0f, 0.86f, 0.45f, 1.0f), "bucket 0 holds the last layers: their gradients are ready first");
   ImGui::TextDisabled("%d buckets, %s in all (cap %s, first bucket %s)  \xC2\xB7  rank 0, iteration %d: %d of %d gradients ready",
                       static_cast<int>(s.buckets.size()), human_bytes(total).c_str(), human_bytes(s.config.bucket_cap_bytes).c_str(),
