@@ -107,9 +107,10 @@ void draw_bucket_view(const Snapshot& s, ViewContext& ctx) {
                        "parameters in reverse order of model.parameters()");
   else
     ImGui::TextWrapped("Generation %d: rebuilt after the first iteration (iteration 0), in the order gradients became ready", s.bucket_generation);
-  ImGui::TextColored(ImVec4(1.0f, 0.86f, 0.45f, 1.0f), "bucket 0 holds the last layers: their gradients are ready first");
-  ImGui::TextDisabled("%d buckets, %s in all (cap %s, first bucket %s)  \xC2\xB7  rank 0, iteration %d: %d of %d gradients ready",
-                      static_cast<int>(s.buckets.size()), human_bytes(total).c_str(), human_bytes(s.config.bucket_cap_bytes).c_str(),
+  if (s.buckets.size() > 1)
+    ImGui::TextColored(ImVec4(1.0f, 0.86f, 0.45f, 1.0f), "bucket 0 holds the last layers: their gradients are ready first");
+  ImGui::TextDisabled("%d %s, %s in all (cap %s, first bucket %s)  \xC2\xB7  rank 0, iteration %d: %d of %d gradients ready",
+                      static_cast<int>(s.buckets.size()), s.buckets.size() == 1 ? "bucket" : "buckets", human_bytes(total).c_str(), human_bytes(s.config.bucket_cap_bytes).c_str(),
                       human_bytes(s.config.first_bucket_bytes).c_str(), s.iteration, ready, params);
   ImGui::PopTextWrapPos();
   draw_legend(fs);
