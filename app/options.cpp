@@ -131,7 +131,7 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
   app.add_option("--backend", backend, "threads | cuda (ranks share a GPU) | nccl (one GPU per rank); default: nccl with a GPU per rank, cuda with fewer, else threads");
   app.add_option("--attach", o.attach, "Show and step a launched run: HOST:PORT of its 'train --monitor PORT' (rank 0's host)");
   app.add_flag("--check-spoilers", o.check_spoilers, "With --play: fail when a question's answer is on screen before its check");
-  app.add_flag("--play", o.play, "With --lesson: play it headless, answering with the live figures; exit 1 on a failed step");
+  app.add_flag("--play", o.play, "With --lesson: play it without a person (it still needs a display: xvfb-run -a), answering with the live figures; exit 1 on a failed step");
   app.set_version_flag("--version", "dtlab 0.1.0");
   try {
     app.parse(argc, argv);
