@@ -17,6 +17,7 @@ Usage: ddp_buckets_torch.py PATH/TO/dtlab-cli. Exit 77 (skip) without torch.
 import datetime
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -109,8 +110,16 @@ def torch_run(kwargs, mode="plain"):
 
 def torch_case(kwargs, mode="plain"):
     """torch_run in a fresh interpreter: back-to-back spawns in one process can stall gloo."""
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-case", json.dumps([kwargs, mode])],
-                       capture_output=True, text=True, timeout=120)
+    # Its own session, so a stalled run's spawned ranks are ended with it, not left spinning.
+    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--torch-case", json.dumps([kwargs, mode])],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise SystemExit(f"torch run {kwargs} {mode} took more than 120 s (gloo stalled); its processes were ended")
+    p = subprocess.CompletedProcess(p.args, p.returncode, out, err)
     if p.returncode != 0:
         raise SystemExit(f"torch run {kwargs} {mode} failed: {p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
