@@ -45,7 +45,7 @@ TrainConfig reference_config(int world, OptimizerKind kind) {
 
 TEST_SUITE("fsdp") {
   TEST_CASE("flat parameter split and FSDP1's averaging factors") {
-    FlatShard s = flat_shard(5, 4);  // REFERENCE: N=5, W=4 -> 2, 2, 1, 0 real + padding
+    FlatShard s = flat_shard(5, 4);  // docs/course_sources.md §11: N=5, W=4 -> 2, 2, 1, 0 real + padding
     CHECK(s.chunk == 2);
     CHECK(s.padded == 8);
     CHECK(s.real(0) == 2);

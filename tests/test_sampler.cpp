@@ -35,7 +35,7 @@ int64_t weighted_sum(const Idx& v) {  // sum((i + 1) * v[i]): catches reordering
 }  // namespace
 
 TEST_SUITE("sampler") {
-  TEST_CASE("REFERENCE example: N=10, W=4, no shuffle") {
+  TEST_CASE("the sampler example of docs/course_sources.md §1: N=10, W=4, no shuffle") {
     CHECK(all_ranks(10, 4, 0, 0, false, false) == std::vector<Idx>{{0, 4, 8}, {1, 5, 9}, {2, 6, 0}, {3, 7, 1}});
     CHECK(all_ranks(10, 4, 0, 0, true, false) == std::vector<Idx>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
     DistributedSampler s(SamplerConfig{.n = 10, .world_size = 4, .rank = 2, .shuffle = false});

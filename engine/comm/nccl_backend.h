@@ -8,7 +8,7 @@
 // clock still uses it) and point-to-point tags (messages between two ranks match in issue order);
 // a send completes when the peer receives, as with torch's NCCL backend.
 //
-// Two ways in, as in REFERENCE.md §4: NcclWorld, one process driving several GPUs
+// Two ways in, as in docs/course_sources.md §6: NcclWorld, one process driving several GPUs
 // (ncclCommInitAll; ranks are threads, like the other worlds), and NcclProcess, one process per rank
 // on any node (ncclGetUniqueId on rank 0, sent over the socket backend's TCP rendezvous at
 // MASTER_ADDR:MASTER_PORT, then ncclCommInitRank).

@@ -1,6 +1,6 @@
 // The collective algorithms of the threads backend, one rank's part each, step by step.
 //
-// Ring (all-reduce, reduce-scatter, all-gather) follows NCCL's chunk order (REFERENCE.md §4): at
+// Ring (all-reduce, reduce-scatter, all-gather) follows NCCL's chunk order (docs/course_sources.md §6): at
 // reduce-scatter step s the rank at ring position r receives chunk (r-2-s) mod n from its
 // predecessor and reduces it into its own; after n-1 steps chunk r is final; at all-gather step s it
 // receives chunk (r-1-s) mod n. The receiver reads the predecessor's chunk in place (a fused

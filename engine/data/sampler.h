@@ -1,5 +1,5 @@
 // DistributedSampler: which sample indices each data-parallel rank sees in an epoch, with exactly
-// PyTorch's semantics (torch/utils/data/distributed.py; REFERENCE.md §1), including its shuffle,
+// PyTorch's semantics (torch/utils/data/distributed.py; docs/course_sources.md §1), including its shuffle,
 // so an order shown in dtlab is the order torch would produce. DataLoader (loader.h) batches it.
 #pragma once
 #include <cstdint>

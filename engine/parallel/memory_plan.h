@@ -1,5 +1,5 @@
 // Memory planner for data-parallel sharding: per-rank bytes of parameters, gradients and optimizer
-// state under DDP, ZeRO-1/2/3 and FSDP's strategies, by the ZeRO paper's formulas (REFERENCE §3).
+// state under DDP, ZeRO-1/2/3 and FSDP's strategies, by the ZeRO paper's formulas (docs/course_sources.md §11).
 // A pure function of a few numbers, so `dtlab-cli plan` and the GUI can put the toy model the engine
 // really trains beside the same strategy at 7B. Activations and temporary buffers are not counted.
 #pragma once

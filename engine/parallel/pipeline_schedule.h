@@ -109,7 +109,7 @@ struct ActionCosts {
 double cost_of(ActionType t, const ActionCosts& c);  // T_F, T_B, T_I or T_W; 0 for send/recv actions
 
 // The bubble: idle time per rank over a step, as two ratios of the same idle time:
-//   of_ideal: idle / ideal, the ideal being the rank's compute alone (REFERENCE §5's "of ideal");
+//   of_ideal: idle / ideal, the ideal being the rank's compute alone (docs/course_sources.md §14's "of ideal");
 //   of_wall:  idle / (ideal + idle), the share of the makespan, comparable to simulate()'s bubble.
 // GPipe and 1F1B: idle (p-1)(T_F+T_B), ideal m(T_F+T_B): of_ideal (p-1)/m, of_wall (p-1)/(m+p-1).
 // Interleaved (costs per chunk): idle (p-1)(T_F+T_B), ideal vm(T_F+T_B): (p-1)/(vm), (p-1)/(vm+p-1).
@@ -130,8 +130,8 @@ BubbleFormula formula_bubble(ScheduleKind kind, int p, int m, int v = 1, const A
 // needs the layer inputs. For B-only schedules the two are the same.
 enum class InflightUntil : uint8_t { BackwardInput, BackwardWeight };
 // Peaks: GPipe m; 1F1B min(p-r, m); interleaved min((v-1)p + 2(p-r-1) + 1, vm) chunk-micro-batches,
-// about p + (p-1)/v stage-equivalents on rank 0 (REFERENCE §5); ZB-H1 min(p-r, m) until I (1F1B's,
-// which is ZB-H1's point) and min(p, m) on every rank until W (REFERENCE §5's "p").
+// about p + (p-1)/v stage-equivalents on rank 0 (docs/course_sources.md §14); ZB-H1 min(p-r, m) until I (1F1B's,
+// which is ZB-H1's point) and min(p, m) on every rank until W (docs/course_sources.md §14's "p").
 int formula_peak_inflight(ScheduleKind kind, int rank, int p, int m, int v = 1,
                           InflightUntil until = InflightUntil::BackwardInput);
 int measured_peak_inflight(const PipelineSchedule& s, int rank, InflightUntil until = InflightUntil::BackwardInput);

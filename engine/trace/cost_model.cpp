@@ -1,4 +1,4 @@
-// Hardware profiles and the alpha-beta(-gamma) cost formulas of REFERENCE.md §4. The built-in
+// Hardware profiles and the alpha-beta(-gamma) cost formulas of docs/course_sources.md §6. The built-in
 // profiles are seed figures for real clusters; "this" is measured on the machine we run on so the
 // modeled clock can also be compared with the wall clock.
 #include "engine/trace/cost_model.h"
@@ -258,7 +258,7 @@ HardwareProfile find_profile(std::string_view name) {
               "this, ideal");
 }
 
-// ---- closed forms (REFERENCE.md §4); one rank has nobody to talk to, so p <= 1 costs nothing ----
+// ---- closed forms (docs/course_sources.md §6); one rank has nobody to talk to, so p <= 1 costs nothing ----
 
 double ring_allgather_time(int p, double n, double a, double b) {
   if (p <= 1) return 0;

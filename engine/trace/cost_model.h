@@ -1,5 +1,5 @@
 // The modeled clock: hardware profiles (links with alpha-beta costs, a reduction cost, a compute
-// rate) and the alpha-beta formulas of REFERENCE.md §4, so a 2-core laptop can show what 8 GPUs on
+// rate) and the alpha-beta formulas of docs/course_sources.md §6, so a 2-core laptop can show what 8 GPUs on
 // NVLink or 2 nodes on Ethernet would do. Algorithms charge each step with step_time(); summed over
 // a collective's steps on uniform links that equals collective_time() (the closed formulas).
 #pragma once
@@ -29,7 +29,7 @@ struct HardwareProfile {
   double flops_per_s = 0;   // compute rate of one rank
 };
 
-// The built-in profiles (seed figures from REFERENCE.md §4), in display order.
+// The built-in profiles (seed figures from docs/course_sources.md §6), in display order.
 const std::vector<HardwareProfile>& builtin_profiles();
 // Measures this machine once (memcpy bandwidth, a thread hand-off latency, reduction bandwidth,
 // sgemm rate; well under a second) and caches the result.
