@@ -15,6 +15,7 @@
 #include "engine/io/sharded_checkpoint.h"
 #include "engine/monitor/monitor.h"
 #include "engine/train/config_json.h"
+#include "engine/train/iteration_gate.h"
 #include "engine/train/nonfinite.h"
 #include "engine/trace/cost_model.h"
 #include "engine/trace/export.h"
@@ -551,8 +552,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
   int64_t last_batch = 0;  // the step's last micro-batch (the last of an epoch may be partial)
   for (int64_t step = 1; step <= total_steps_; step++) {
     const int32_t iter = static_cast<int32_t>(step - 1);
-    if (ctx && !ctx->begin_iteration(iter, comm ? comm->collectives_issued() : 0))
-      throw CommError("rank " + std::to_string(rank) + " stopped before iteration " + std::to_string(iter) + ": the run was aborted");
+    enter_iteration(ctx, comm ? comm->collectives_issued() : 0, rank, iter);
     mem.reset_peaks();
     auto t0 = Clock::now();
     const bool branch = config_.skip_layer >= 0 && step % config_.skip_every == 0 &&

@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "engine/core/check.h"
+#include "engine/train/iteration_gate.h"
 #include "engine/train/nonfinite.h"
 #include "engine/train/train.h"
 
@@ -72,8 +73,7 @@ void Trainer::run_dp_rank(int rank, Communicator& comm, RankContext& ctx, Memory
   int64_t overlap_n = 0;
   for (int64_t step = 1; step <= total_steps_; step++) {
     const int32_t iter = static_cast<int32_t>(step - 1);
-    if (!ctx.begin_iteration(iter, comm.collectives_issued()))
-      throw CommError("rank " + std::to_string(rank) + " stopped before iteration " + std::to_string(iter) + ": the run was aborted");
+    enter_iteration(&ctx, comm.collectives_issued(), rank, iter);
     mem.reset_peaks();
     const auto t0 = std::chrono::steady_clock::now();
     int64_t samples = 0, last_batch = 0;

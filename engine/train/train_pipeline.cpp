@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "engine/core/check.h"
+#include "engine/train/iteration_gate.h"
 #include "engine/train/nonfinite.h"
 #include "engine/train/train.h"
 
@@ -50,8 +51,7 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
   std::vector<PipelineRankIteration> records(static_cast<size_t>(N));
   for (int64_t step = 1; step <= total_steps_; step++) {
     const int32_t iter = static_cast<int32_t>(step - 1);
-    if (!ctx.begin_iteration(iter, comm.collectives_issued()))
-      throw CommError("rank " + std::to_string(rank) + " stopped before iteration " + std::to_string(iter) + ": the run was aborted");
+    enter_iteration(&ctx, comm.collectives_issued(), rank, iter);
     mem.reset_peaks();
     const auto t0 = std::chrono::steady_clock::now();
     {
