@@ -252,7 +252,6 @@ TEST_SUITE("ddp") {
     SUBCASE("skipped on every rank: backward ends, the next forward raises, naming the parameters") {
       // After the rebuild (ready order 6.b 6.w 4.b 4.w | 2.b 2.w | 0.b 0.w) bucket 1 holds layer 2.
       Trainer t(c);
-      const auto t0 = std::chrono::steady_clock::now();
       const std::string msg = failure(t);
       INFO(msg);
       CHECK(msg.find("DDP expected to have finished reduction in the prior iteration before starting a new one (torch's error)") != std::string::npos);
@@ -260,7 +259,6 @@ TEST_SUITE("ddp") {
       CHECK(msg.find("bucket 1 of 3 (2.bias, 2.weight) and bucket 2 after it never launched its all-reduce") != std::string::npos);
       CHECK(msg.find("--find-unused-parameters") != std::string::npos);
       CHECK(msg.find("watchdog") == std::string::npos);  // nobody waited: every rank skipped alike
-      CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
     }
     SUBCASE("skipped on rank 1 only: the ranks' next collectives pair up wrongly") {
       // Rank 0 used layer 2 and launched bucket 1 (2.b, 2.w: 1056 floats) as all-reduce #6; rank 1
