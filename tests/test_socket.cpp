@@ -525,7 +525,9 @@ TEST_CASE("launch: a rank stopped by SIGSTOP is named by the launcher, and the r
     }
   }
   REQUIRE(rank1 > 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let it train a little
+  // Let every rank get past the rendezvous and train a little: under load (CI, 2 cores) starting
+  // three processes and connecting them took longer than 300 ms.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   ::kill(rank1, SIGSTOP);
   const ShellResult r = launched.get();
   INFO(r.out);
