@@ -92,6 +92,7 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
   add(add_sampler_command, "sampler", "Print each rank's indices from PyTorch's DistributedSampler");
   add(add_plan_command, "plan", "Per-rank memory and traffic of DDP, ZeRO and FSDP sharding (ZeRO paper formulas)");
   add(add_launch_command, "launch", "Start one process per rank, torchrun style: launch --nproc-per-node N -- train ...");
+  add(add_trace_command, "trace", "Read a multi-rank PyTorch profiler trace: trace summarize DIR|FILES");
   add(add_schedule_command, "schedule", "Pipeline schedules (GPipe, 1F1B, interleaved, ZB-H1) as a grid, with bubbles and in-flight micro-batches");
 
   // CLI11 wants argv order reversed when given a vector.
@@ -100,7 +101,7 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& a = args[i];
     if (a == "train" || a == "eval" || a == "sampler" || a == "bench" || a == "plan" || a == "launch" ||
-        a == "schedule") {
+        a == "schedule" || a == "trace") {
       command = a;
       if (a == "bench" && i + 1 < args.size() && args[i + 1] == "collectives") command += " collectives";
       break;
@@ -124,10 +125,12 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
     if (args.empty() || std::string(e.what()).find("subcommand") != std::string::npos) {
       if (command == "bench")
         io.err << "dtlab-cli: bench needs to know what to measure; use 'dtlab-cli bench collectives' (see 'dtlab-cli bench --help')\n";
+      else if (command == "trace")
+        io.err << "dtlab-cli: trace needs a verb; use 'dtlab-cli trace summarize DIR|FILES' (see 'dtlab-cli trace --help')\n";
       else if (command.empty() && !args.empty())
-        io.err << "dtlab-cli: '" << tidy_sentence(args[0]) << "' is not a subcommand; use train, eval, bench, sampler, plan, schedule or launch (see 'dtlab-cli --help')\n";
+        io.err << "dtlab-cli: '" << tidy_sentence(args[0]) << "' is not a subcommand; use train, eval, bench, sampler, plan, schedule, launch or trace (see 'dtlab-cli --help')\n";
       else
-        io.err << "dtlab-cli: give a subcommand (train, eval, bench, sampler, plan, schedule or launch); run 'dtlab-cli --help' for usage\n";
+        io.err << "dtlab-cli: give a subcommand (train, eval, bench, sampler, plan, schedule, launch or trace); run 'dtlab-cli --help' for usage\n";
       return 2;
     }
     io.err << "dtlab-cli: " << tidy_sentence(explain(e, command)) << "\n";

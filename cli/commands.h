@@ -25,5 +25,6 @@ Runner add_bench_command(CLI::App& app);
 Runner add_plan_command(CLI::App& app);
 Runner add_launch_command(CLI::App& app);
 Runner add_schedule_command(CLI::App& app);
+Runner add_trace_command(CLI::App& app);
 
 }  // namespace dtlab::cli

@@ -1,0 +1,197 @@
+// dtlab-cli trace summarize DIR|FILES: reads a multi-rank PyTorch profiler trace (engine/trace/
+// trace_import.h) and prints what the lab's views show of it: the ranks and how their clocks were
+// aligned, every collective across ranks (bytes, busy time, bandwidths, who arrived last and how
+// late), DDP's buckets per iteration, the per-rank time breakdown, and, with --model (or a
+// dtlab.json beside the traces), the same model run in dtlab under --profile beside it.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "engine/core/check.h"
+#include "engine/core/format.h"
+#include "engine/train/trace_compare.h"
+
+namespace dtlab::cli {
+
+namespace {
+
+struct TraceArgs {
+  std::vector<std::string> paths;
+  std::vector<int> ranks;
+  std::string model, profile = "this";
+  int64_t batch = 0;
+  bool json = false;
+};
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// Microseconds as nccl-tests and the profilers print them, or ms / s when large.
+std::string us(double v) {
+  const double a = std::fabs(v);
+  if (a < 1000) return fmt(a < 10 ? "%.3f us" : "%.1f us", v);
+  if (a < 1e6) return fmt("%.3f ms", v / 1e3);
+  return fmt("%.3f s", v / 1e6);
+}
+
+std::string pct(double part, double whole) { return whole > 0 ? fmt("%.1f%%", 100 * part / whole) : "-"; }
+
+// Left column left-aligned, the rest right-aligned; widths from the contents.
+void print_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows, const std::string& indent = "  ") {
+  std::vector<size_t> w;
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size(); i++) {
+      if (w.size() <= i) w.push_back(0);
+      w[i] = std::max(w[i], r[i].size());
+    }
+  for (const auto& r : rows) {
+    std::string line = indent;
+    for (size_t i = 0; i < r.size(); i++) {
+      const std::string pad(w[i] - r[i].size(), ' ');
+      line += i == 0 ? r[i] + pad : "  " + pad + r[i];
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << "\n";
+  }
+}
+
+// dtlab.json beside the traces (tools/record_torch_trace.py writes it): what ran.
+nlohmann::json run_metadata(const std::vector<std::string>& paths) {
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    const std::filesystem::path dir = std::filesystem::is_directory(p, ec) ? std::filesystem::path(p)
+                                                                            : std::filesystem::path(p).parent_path();
+    const std::filesystem::path meta = dir / "dtlab.json";
+    if (!std::filesystem::is_regular_file(meta, ec)) continue;
+    std::ifstream in(meta);
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      throw Error(meta.string() + " is not a JSON object: fix or remove it (it names the traced model: {\"model\": \"mlp:2,512,512,3\", \"batch\": 32}).");
+    return j;
+  }
+  return nlohmann::json::object();
+}
+
+int summarize(const TraceArgs& a, Streams& io) {
+  TraceImportOptions opt;
+  opt.ranks = a.ranks;
+  if (io.terminal)
+    opt.progress = [&](double f) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "\rreading traces: %3.0f%%", 100 * f);
+      io.err << buf << std::flush;
+    };
+  const nlohmann::json meta = run_metadata(a.paths);
+  const ImportedTrace tr = import_traces(a.paths, opt);
+  if (io.terminal) io.err << "\r                      \r" << std::flush;
+  std::ostream& out = io.out;
+  const int world = static_cast<int>(tr.ranks.size());
+
+  out << "dtlab trace: " << world << (world == 1 ? " rank" : " ranks") << ", " << trace_format_name(tr.format) << " format"
+      << (tr.backend.empty() ? std::string() : ", backend " + tr.backend) << ", " << tr.iterations << " iterations (ProfilerStep#N), "
+      << with_commas(tr.events) << " events, " << us(tr.duration_us) << " aligned\n";
+  for (const RankTrace& r : tr.ranks) out << "  rank " << r.rank << ": " << r.file << "\n";
+
+  out << "\nclock alignment: each rank's clock is mapped onto rank 0's, piecewise linearly between the ends of the\n"
+         "collectives every rank took part in (the end of a collective is one moment on every rank); timestamp\n"
+         "resolution "
+      << us(tr.resolution_us) << "\n";
+  std::vector<std::vector<std::string>> rows = {{"rank", "offset", "range over anchors", "anchors", "residual after"}};
+  for (const RankTrace& r : tr.ranks) {
+    const RankAlignment& al = r.alignment;
+    if (r.rank == 0) {
+      rows.push_back({"0", "reference", "-", std::to_string(al.anchors), "-"});
+      continue;
+    }
+    rows.push_back({std::to_string(r.rank), fmt("%+.3f us", al.offset_us),
+                    fmt("%+.3f", al.offset_min_us) + " .. " + fmt("%+.3f us", al.offset_max_us), std::to_string(al.anchors),
+                    fmt("%.3f us", al.residual_max_us)});
+  }
+  print_table(out, rows);
+
+  out << "\ncollectives (matched across ranks; busy = end - last rank's start; bandwidths as nccl-tests: algbw = bytes / busy,\n"
+         "busbw = algbw x "
+      << (world > 1 ? "2(n-1)/n for all-reduce" : "1") << "):\n";
+  rows = {{"#", "iter", "bucket", "op", "bytes", "busy", "algbw GB/s", "busbw GB/s", "last to arrive", "late by"}};
+  for (size_t i = 0; i < tr.collectives.size(); i++) {
+    const TraceCollective& c = tr.collectives[i];
+    rows.push_back({std::to_string(i), c.iteration >= 0 ? std::to_string(c.iteration) : "-",
+                    c.bucket >= 0 ? std::to_string(c.bucket) : "-", c.name,
+                    c.bytes >= 0 ? with_commas(c.bytes) : "not recorded", us(c.busy_us),
+                    c.algbw_gbs >= 0 ? fmt("%.3f", c.algbw_gbs) : "-", c.busbw_gbs >= 0 ? fmt("%.3f", c.busbw_gbs) : "-",
+                    world > 1 ? "rank " + std::to_string(c.last_rank) : "-",
+                    world > 1 ? us(c.last_arrival_us - c.first_arrival_us) : "-"});
+  }
+  if (tr.collectives.empty()) out << "  (none)\n";
+  else print_table(out, rows);
+
+  const std::vector<int> per_iter = tr.buckets_per_iteration();
+  if (!per_iter.empty()) {
+    std::string list;
+    for (int n : per_iter) list += (list.empty() ? "" : ", ") + std::to_string(n);
+    out << "\nDDP buckets (all-reduces per iteration, in launch order): " << list << "\n";
+  }
+
+  out << "\nbreakdown per rank (from its first to its last ProfilerStep; the columns sum to the wall time):\n";
+  rows = {{"rank", "wall", "compute", "overlapped comm", "exposed comm", "copies", "idle", "arrived last"}};
+  for (int r = 0; r < world; r++) {
+    const RankBreakdown& b = tr.breakdown[static_cast<size_t>(r)];
+    auto cell = [&](double v) { return us(v) + " (" + pct(v, b.wall_us) + ")"; };
+    rows.push_back({std::to_string(r), us(b.wall_us), cell(b.compute_us), cell(b.overlapped_us), cell(b.exposed_comm_us),
+                    cell(b.memcpy_us), cell(b.idle_us), std::to_string(b.straggled)});
+  }
+  print_table(out, rows);
+
+  std::string model = a.model;
+  if (model.empty() && meta.contains("model") && meta["model"].is_string()) model = meta["model"].get<std::string>();
+  int64_t batch = a.batch;
+  if (batch <= 0 && meta.contains("batch") && meta["batch"].is_number_integer()) batch = meta["batch"].get<int64_t>();
+  if (batch <= 0) batch = 32;
+  if (!model.empty()) {
+    TraceCompareOptions co;
+    co.model = model;
+    co.profile = a.profile;
+    co.batch = batch;
+    if (meta.contains("bucket_cap_mb") && meta["bucket_cap_mb"].is_number()) co.bucket_cap_mb = meta["bucket_cap_mb"].get<double>();
+    const TraceComparison cmp = compare_trace(tr, co);
+    out << "\ncompare: " << model << " trained by dtlab (ddp, world " << world << ", batch " << batch << ", profile " << a.profile
+        << "), buckets after the rebuild:\n";
+    for (const std::string& b : cmp.dtlab_buckets) out << "  " << b << "\n";
+    rows = {{"#", "iter", "bucket", "trace bytes", "dtlab bytes", "measured", "modeled", "measured / modeled"}};
+    for (const CompareRow& r : cmp.rows)
+      rows.push_back({std::to_string(r.collective), std::to_string(r.iteration), std::to_string(r.bucket),
+                      r.trace_bytes >= 0 ? with_commas(r.trace_bytes) : "not recorded",
+                      r.dtlab_bytes >= 0 ? with_commas(r.dtlab_bytes) : "no such bucket", us(r.measured_us),
+                      r.modeled_us >= 0 ? us(r.modeled_us) : "-", r.ratio >= 0 ? fmt("%.2fx", r.ratio) : "-"});
+    print_table(out, rows);
+    out << "  " << cmp.summary << (cmp.sizes_agree ? "" : "; the recorded sizes differ from dtlab's buckets: is --model the traced model?")
+        << "\n";
+  }
+  for (const std::string& w : tr.warnings) out << "note: " << w << "\n";
+  return 0;
+}
+
+}  // namespace
+
+Runner add_trace_command(CLI::App& app) {
+  auto a = std::make_shared<TraceArgs>();
+  app.require_subcommand(1);
+  CLI::App* sum = app.add_subcommand("summarize", "Read a multi-rank PyTorch profiler trace (Kineto or legacy; plain or gzip) and print its collectives, alignment and breakdown");
+  sum->add_option("paths", a->paths, "A directory of per-rank traces, or the files")->required();
+  sum->add_option("--ranks", a->ranks, "Rank of each file, in order, for traces that record none (legacy), e.g. 0,1")->delimiter(',');
+  sum->add_option("--model", a->model, "dtlab's spec of the traced model, to compare with a dtlab run (default: dtlab.json beside the traces)");
+  sum->add_option("--profile", a->profile, "Hardware profile of the dtlab run compared with: nvlink8, pcie8, ib2x4, eth2x4, this, ideal")->capture_default_str();
+  sum->add_option("--batch", a->batch, "Per-rank batch of the compared dtlab run (default: dtlab.json's, else 32)")->check(whole_number(1, int64_t{1} << 20));
+  return [a](Streams& io) { return summarize(*a, io); };
+}
+
+}  // namespace dtlab::cli

@@ -1,0 +1,931 @@
+// Import of PyTorch profiler traces (trace_import.h). Three passes:
+//  1. read: each file is streamed through zlib (gzread reads plain files as they are) into
+//     nlohmann's SAX parser; only complete events ("ph": "X") and distributedInfo are kept, as
+//     compact records, so no document tree of a 100 MB file is ever built;
+//  2. classify: per rank, spans into compute / communication / copies / issue ops / annotations, and
+//     the rank's collectives (issue op + communication span, with the sizes the format records);
+//  3. align and analyse: the k-th world-wide collective of every rank is one collective; its end is
+//     one moment on every rank, so each rank's clock is mapped onto rank 0's, piecewise linearly
+//     between those ends (clock offset and drift); then arrivals, bandwidths, DDP buckets and the
+//     per-rank time breakdown. Field names and their sources: docs/trace_formats.md.
+#include "engine/trace/trace_import.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <streambuf>
+#include <unordered_map>
+
+#include "engine/core/check.h"
+#include "engine/core/format.h"
+
+namespace dtlab {
+
+const char* trace_format_name(TraceFormat f) {
+  return f == TraceFormat::Kineto ? "kineto" : "legacy autograd profiler";
+}
+
+const char* span_class_name(SpanClass c) {
+  switch (c) {
+    case SpanClass::Compute: return "compute";
+    case SpanClass::Comm: return "communication";
+    case SpanClass::Memcpy: return "memory copy";
+    case SpanClass::Issue: return "collective issue";
+    case SpanClass::Annotation: return "annotation";
+  }
+  return "?";
+}
+
+double busbw_factor(const std::string& c, int n) {
+  if (n <= 1) return 1;
+  const double nn = n;
+  if (c == "allreduce") return 2 * (nn - 1) / nn;
+  if (c == "allgather" || c == "reduce_scatter" || c == "all_to_all" || c == "alltoall" ||
+      c == "alltoall_base" || c == "gather" || c == "scatter")
+    return (nn - 1) / nn;
+  return 1;  // broadcast, reduce, send/recv
+}
+
+std::vector<int> ImportedTrace::buckets_per_iteration() const {
+  std::map<int, int> per;
+  for (const RankTrace::Step& s : ranks.empty() ? std::vector<RankTrace::Step>{} : ranks[0].steps) per[s.number] = 0;
+  for (const TraceCollective& c : collectives)
+    if (c.bucket >= 0 && c.iteration >= 0) per[c.iteration]++;
+  std::vector<int> out;
+  for (const auto& [it, n] : per) out.push_back(n);
+  return out;
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------
+// 1. reading
+
+struct Cancelled {};
+
+// One complete event as the file has it (strings interned later).
+struct RawEvent {
+  std::string name, cat, pid, tid;
+  double ts = 0, dur = 0;
+  bool has_ts = false, has_dur = false;
+  bool complete = false;  // "ph": "X"
+  // args
+  std::string coll_name, dtype, pg_ranks;
+  int64_t in_nelems = -1, out_nelems = -1, group_size = -1, seq = -1;
+};
+
+struct RawFile {
+  std::string path;               // as given (for messages)
+  std::string display;            // file name
+  TraceFormat format = TraceFormat::Legacy;
+  int dist_rank = -1, dist_world = -1;
+  std::string backend;
+  std::vector<RawEvent> events;   // complete events only
+  int64_t all_events = 0;
+  bool fractional_ts = false;
+};
+
+// A streambuf over zlib's gzread: gzip and plain files alike; reports bytes read and honours cancel.
+class GzBuf : public std::streambuf {
+ public:
+  GzBuf(const std::string& path, std::function<void(int64_t)> on_read, const std::atomic<bool>* cancel)
+      : on_read_(std::move(on_read)), cancel_(cancel), buf_(1 << 16) {
+    f_ = gzopen(path.c_str(), "rb");
+    if (f_) gzbuffer(f_, 1 << 17);
+  }
+  ~GzBuf() override {
+    if (f_) gzclose(f_);
+  }
+  bool ok() const { return f_ != nullptr; }
+  std::string error;  // zlib's message, when reading failed
+
+ protected:
+  int_type underflow() override {
+    if (cancel_ && cancel_->load(std::memory_order_relaxed)) throw Cancelled{};
+    const int n = gzread(f_, buf_.data(), static_cast<unsigned>(buf_.size()));
+    if (n < 0) {
+      int code = 0;
+      const char* m = gzerror(f_, &code);
+      error = m ? m : "read error";
+      return traits_type::eof();
+    }
+    if (n == 0) {
+      int code = 0;
+      const char* m = gzerror(f_, &code);
+      if (code != Z_OK && code != Z_STREAM_END && m) error = m;
+      return traits_type::eof();
+    }
+    if (on_read_) on_read_(gzoffset(f_));
+    setg(buf_.data(), buf_.data(), buf_.data() + n);
+    return traits_type::to_int_type(buf_[0]);
+  }
+
+ private:
+  gzFile f_ = nullptr;
+  std::function<void(int64_t)> on_read_;
+  const std::atomic<bool>* cancel_;
+  std::vector<char> buf_;
+};
+
+// SAX handler: keeps complete events and distributedInfo, skips everything else.
+class TraceSax {
+ public:
+  explicit TraceSax(RawFile& f) : f_(f) {}
+  enum class Role : uint8_t { RootObject, Events, Event, Args, Dist, Other };
+
+  bool null() { return scalar_skip(); }
+  bool boolean(bool) { return scalar_skip(); }
+  bool number_integer(int64_t v) { return number(static_cast<double>(v), v, true); }
+  bool number_unsigned(uint64_t v) {
+    return number(static_cast<double>(v), v > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(v), true);
+  }
+  bool number_float(double v, const std::string&) { return number(v, static_cast<int64_t>(v), false); }
+  bool string(std::string& s) {
+    if (stack_.empty()) root_scalar_ = true;
+    else value(&s, 0, 0, false);
+    return true;
+  }
+  bool binary(json::binary_t&) { return scalar_skip(); }
+  bool key(std::string& k) {
+    key_ = k;
+    return true;
+  }
+  bool start_object(size_t) {
+    push(false);
+    return true;
+  }
+  bool end_object() {
+    if (stack_.back() == Role::Event) commit();
+    stack_.pop_back();
+    return true;
+  }
+  bool start_array(size_t) {
+    push(true);
+    return true;
+  }
+  bool end_array() {
+    stack_.pop_back();
+    return true;
+  }
+  bool parse_error(size_t pos, const std::string&, const nlohmann::detail::exception&) {
+    error_pos = static_cast<int64_t>(pos);
+    return false;
+  }
+
+  bool saw_events = false, root_array = false, root_object = false, root_scalar_ = false;
+  int64_t error_pos = -1;
+
+ private:
+  void push(bool array) {
+    Role r = Role::Other;
+    if (stack_.empty()) {
+      root_array = array;
+      root_object = !array;
+      r = array ? Role::Events : Role::RootObject;
+      if (array) f_.format = TraceFormat::Legacy;
+    } else {
+      const Role parent = stack_.back();
+      if (parent == Role::RootObject && array && key_ == "traceEvents") {
+        r = Role::Events;
+        f_.format = TraceFormat::Kineto;
+      } else if (parent == Role::RootObject && !array && key_ == "distributedInfo") {
+        r = Role::Dist;
+      } else if (parent == Role::Events && !array) {
+        r = Role::Event;
+        ev_ = RawEvent{};
+        saw_events = true;
+      } else if (parent == Role::Event && !array && key_ == "args") {
+        r = Role::Args;
+      }
+    }
+    stack_.push_back(r);
+    key_.clear();
+  }
+  bool scalar_skip() {
+    if (stack_.empty()) root_scalar_ = true;
+    return true;
+  }
+  bool number(double d, int64_t i, bool integral) {
+    if (stack_.empty()) {
+      root_scalar_ = true;
+      return true;
+    }
+    value(nullptr, d, i, integral);
+    return true;
+  }
+  // A scalar under key_ in the innermost container.
+  void value(const std::string* s, double d, int64_t i, bool integral) {
+    const Role r = stack_.back();
+    if (r == Role::Event) {
+      const std::string& k = key_;
+      if (k == "name") { if (s) ev_.name = *s; }
+      else if (k == "cat") { if (s) ev_.cat = *s; }
+      else if (k == "ph") { ev_.complete = s && *s == "X"; }
+      else if (k == "ts") {
+        if (!s) { ev_.ts = d; ev_.has_ts = true; if (!integral && d != std::floor(d)) f_.fractional_ts = true; }
+        else ev_.has_ts = parse_number(*s, ev_.ts);
+      } else if (k == "dur") {
+        if (!s) { ev_.dur = d; ev_.has_dur = true; }
+        else ev_.has_dur = parse_number(*s, ev_.dur);
+      } else if (k == "pid") { ev_.pid = s ? *s : std::to_string(i); }
+      else if (k == "tid") { ev_.tid = s ? *s : std::to_string(i); }
+    } else if (r == Role::Args) {
+      const std::string& k = key_;
+      if (k == "Collective name") { if (s) ev_.coll_name = *s; }
+      else if (k == "In msg nelems" || k == "In msg size") { ev_.in_nelems = s ? to_i64(*s) : i; }
+      else if (k == "Out msg nelems" || k == "Out msg size") { ev_.out_nelems = s ? to_i64(*s) : i; }
+      else if (k == "Group size") { ev_.group_size = s ? to_i64(*s) : i; }
+      else if (k == "dtype") { if (s) ev_.dtype = *s; }
+      else if (k == "Process Group Ranks") { if (s) ev_.pg_ranks = *s; }
+      else if (k == "Seq" || k == "seq") { ev_.seq = s ? to_i64(*s) : i; }
+    } else if (r == Role::Dist) {
+      if (key_ == "rank") f_.dist_rank = s ? static_cast<int>(to_i64(*s)) : static_cast<int>(i);
+      else if (key_ == "world_size") f_.dist_world = s ? static_cast<int>(to_i64(*s)) : static_cast<int>(i);
+      else if (key_ == "backend" && s) f_.backend = *s;
+    }
+  }
+  static bool parse_number(const std::string& s, double& out) {
+    char* end = nullptr;
+    out = std::strtod(s.c_str(), &end);
+    return end && end != s.c_str();
+  }
+  static int64_t to_i64(const std::string& s) {
+    char* end = nullptr;
+    const long long v = std::strtoll(s.c_str(), &end, 10);
+    return end && end != s.c_str() ? v : -1;
+  }
+  void commit() {
+    f_.all_events++;
+    if (ev_.complete && ev_.has_ts) {
+      if (!ev_.has_dur || ev_.dur < 0) ev_.dur = 0;
+      f_.events.push_back(std::move(ev_));
+    }
+    ev_ = RawEvent{};
+  }
+
+  RawFile& f_;
+  std::vector<Role> stack_;
+  std::string key_;
+  RawEvent ev_;
+};
+
+void parse_stream(std::istream& in, RawFile& f, const std::function<std::string()>& read_error) {
+  TraceSax sax(f);
+  bool ok = false;
+  try {
+    ok = json::sax_parse(in, &sax, json::input_format_t::json, true);
+  } catch (const Cancelled&) {
+    throw Error("cancelled");
+  }
+  const std::string zerr = read_error ? read_error() : "";
+  if (!zerr.empty())
+    throw Error(f.display + " could not be read to its end (" + zerr +
+                "): it is a truncated or corrupted gzip file; copy or export it again.");
+  if (!ok) {
+    if (!sax.root_array && !sax.root_object)
+      throw Error(f.display + " is not JSON: a PyTorch profiler trace is a JSON file written by "
+                  "export_chrome_trace (optionally gzipped).");
+    throw Error(f.display + " ends or breaks off at byte " + std::to_string(std::max<int64_t>(sax.error_pos, 0)) +
+                " before its JSON is complete: the file is truncated or corrupted (was the job still "
+                "writing it?); export the trace again.");
+  }
+  if (sax.root_scalar_ || (!sax.root_array && !sax.root_object) || (sax.root_object && f.format != TraceFormat::Kineto))
+    throw Error(f.display + " is JSON but not a PyTorch profiler trace: it has no \"traceEvents\" list "
+                "(Kineto) and is not an event list (legacy profiler).");
+  if (f.events.empty())
+    throw Error(f.display + " has no complete events (\"ph\": \"X\"): it is not a profiler trace of a run, "
+                "or the profiler recorded nothing (was the profiled region empty?).");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. classification
+
+bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+
+bool contains_ci(const std::string& s, const char* needle) {
+  const size_t n = std::strlen(needle);
+  if (s.size() < n) return false;
+  for (size_t i = 0; i + n <= s.size(); i++) {
+    size_t j = 0;
+    while (j < n && std::tolower(static_cast<unsigned char>(s[i + j])) == needle[j]) j++;
+    if (j == n) return true;
+  }
+  return false;
+}
+
+// c10d's names for a collective, from the op and span names PyTorch records.
+std::string c10d_name(std::string s) {
+  if (starts_with(s, "c10d::")) s = s.substr(6);
+  else if (starts_with(s, "gloo:")) s = s.substr(5);
+  else if (starts_with(s, "nccl:")) s = s.substr(5);
+  while (!s.empty() && s.back() == '_') s.pop_back();
+  while (!s.empty() && s.front() == '_') s.erase(s.begin());
+  static const std::map<std::string, std::string> alias = {
+      {"all_reduce", "allreduce"}, {"allreduce", "allreduce"}, {"all_gather", "allgather"},
+      {"allgather_base", "allgather"}, {"all_gather_into_tensor", "allgather"}, {"allgather", "allgather"},
+      {"allgather_into_tensor_coalesced", "allgather"},
+      {"reduce_scatter_base", "reduce_scatter"}, {"reduce_scatter_tensor", "reduce_scatter"},
+      {"reduce_scatter", "reduce_scatter"}, {"broadcast", "broadcast"}, {"reduce", "reduce"},
+      {"barrier", "barrier"}, {"alltoall_base", "all_to_all"}, {"alltoall", "all_to_all"},
+      {"all_to_all", "all_to_all"}, {"gather", "gather"}, {"scatter", "scatter"}, {"send", "send"},
+      {"recv", "recv"}, {"recv_any_source", "recv"}, {"allreduce_coalesced", "allreduce"}};
+  const auto it = alias.find(s);
+  return it == alias.end() ? s : it->second;
+}
+
+// From an NCCL kernel name ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)").
+std::string nccl_kernel_collective(const std::string& k) {
+  if (contains_ci(k, "allreduce")) return "allreduce";
+  if (contains_ci(k, "allgather")) return "allgather";
+  if (contains_ci(k, "reducescatter")) return "reduce_scatter";
+  if (contains_ci(k, "broadcast")) return "broadcast";
+  if (contains_ci(k, "sendrecv")) return "send/recv";
+  if (contains_ci(k, "reduce")) return "reduce";
+  return "nccl";
+}
+
+int64_t dtype_bytes(const std::string& d) {
+  static const std::map<std::string, int64_t> sizes = {
+      {"Float", 4}, {"float", 4}, {"Double", 8}, {"double", 8}, {"Half", 2}, {"BFloat16", 2},
+      {"Long", 8}, {"Int", 4}, {"Short", 2}, {"Char", 1}, {"Byte", 1}, {"Bool", 1},
+      {"Float8_e4m3fn", 1}, {"Float8_e5m2", 1}, {"ComplexFloat", 8}};
+  const auto it = sizes.find(d);
+  return it == sizes.end() ? -1 : it->second;
+}
+
+int64_t collective_bytes(const RankCollective& c) {
+  const int64_t es = dtype_bytes(c.dtype);
+  if (es < 0) return -1;
+  if (c.name == "allgather" || c.name == "gather") return c.out_nelems >= 0 ? c.out_nelems * es : -1;
+  return c.in_nelems >= 0 ? c.in_nelems * es : -1;
+}
+
+bool is_annotation(const RawEvent& e) {
+  return starts_with(e.name, "ProfilerStep#") || e.cat == "user_annotation" || e.cat == "gpu_user_annotation" ||
+         e.name == "DistributedDataParallel.forward" || starts_with(e.name, "Optimizer.") ||
+         starts_with(e.name, "## ");
+}
+
+bool is_issue(const RawEvent& e) {
+  return e.name == "record_param_comms" || starts_with(e.name, "c10d::") || starts_with(e.name, "nccl:");
+}
+
+struct Interner {
+  std::vector<std::string>& names;
+  std::unordered_map<std::string, int32_t> ids;
+  int32_t operator()(const std::string& s) {
+    const auto it = ids.find(s);
+    if (it != ids.end()) return it->second;
+    const int32_t id = static_cast<int32_t>(names.size());
+    names.push_back(s);
+    ids.emplace(s, id);
+    return id;
+  }
+};
+
+// Per-thread nesting depth (spans sorted by begin, longer first).
+void assign_depths(std::vector<TraceSpan>& spans) {
+  std::map<int32_t, std::vector<double>> open;  // thread -> ends of open spans
+  for (TraceSpan& s : spans) {
+    std::vector<double>& st = open[s.thread];
+    while (!st.empty() && st.back() <= s.raw_begin_us) st.pop_back();
+    s.depth = static_cast<int16_t>(std::min<size_t>(st.size(), 32767));
+    st.push_back(s.raw_begin_us + (s.end_us - s.begin_us));
+  }
+}
+
+// Builds a rank's spans and collectives on its own (raw) clock; alignment comes later.
+RankTrace classify(RawFile& f, int rank, Interner& intern, std::vector<std::string>& warnings) {
+  RankTrace r;
+  r.rank = rank;
+  r.file = f.path;
+  r.format = f.format;
+  r.backend = f.backend;
+  r.world_size = f.dist_world;
+  const bool gpu = std::any_of(f.events.begin(), f.events.end(), [](const RawEvent& e) { return e.cat == "kernel"; });
+  // Threads that run gloo's collectives (their other spans are gloo's, not compute).
+  std::map<std::string, int32_t> thread_ids;
+  auto thread_of = [&](const RawEvent& e) {
+    const std::string key = e.pid + "\x1f" + e.tid;
+    const auto it = thread_ids.find(key);
+    if (it != thread_ids.end()) return it->second;
+    const int32_t id = static_cast<int32_t>(r.threads.size());
+    const bool device = e.cat == "kernel" || e.cat == "gpu_memcpy" || e.cat == "gpu_memset";
+    r.threads.push_back(device ? "GPU " + e.pid + " / stream " + e.tid : "pid " + e.pid + " / tid " + e.tid);
+    thread_ids.emplace(key, id);
+    return id;
+  };
+  std::map<int32_t, bool> comm_thread;
+  for (const RawEvent& e : f.events)
+    if (starts_with(e.name, "gloo:")) comm_thread[thread_of(e)] = true;
+
+  struct Issue { size_t span; const RawEvent* e; };
+  std::vector<Issue> param_comms, c10d_ops;
+  std::vector<size_t> comm_spans;
+  for (const RawEvent& e : f.events) {
+    TraceSpan s;
+    s.raw_begin_us = e.ts;
+    s.begin_us = e.ts;
+    s.end_us = e.ts + e.dur;
+    s.thread = thread_of(e);
+    if (starts_with(e.name, "ProfilerStep#")) {
+      s.cls = SpanClass::Annotation;
+      s.lane = TraceLane::Annotation;
+      const int n = std::atoi(e.name.c_str() + std::strlen("ProfilerStep#"));
+      if (e.cat != "gpu_user_annotation") r.steps.push_back({n, e.ts, e.ts + e.dur});
+    } else if (e.cat == "kernel") {
+      const bool nccl = contains_ci(e.name, "nccl");
+      s.cls = nccl ? SpanClass::Comm : SpanClass::Compute;
+      s.lane = nccl ? TraceLane::Comm : TraceLane::Compute;
+    } else if (e.cat == "gpu_memcpy" || e.cat == "gpu_memset") {
+      s.cls = SpanClass::Memcpy;
+      s.lane = TraceLane::Memcpy;
+    } else if (starts_with(e.name, "gloo:")) {
+      s.cls = SpanClass::Comm;
+      s.lane = TraceLane::Comm;
+    } else if (is_issue(e)) {
+      s.cls = SpanClass::Issue;
+      s.lane = TraceLane::Comm;
+    } else if (is_annotation(e)) {
+      s.cls = SpanClass::Annotation;
+      s.lane = TraceLane::Annotation;
+    } else if (gpu || e.cat == "python_function") {
+      continue;  // host-side ops of a GPU run (the GPU's kernels are its compute); Python frames
+    } else if (comm_thread.count(s.thread)) {
+      continue;  // gloo's own bookkeeping on its worker thread
+    } else {
+      s.cls = SpanClass::Compute;
+      s.lane = TraceLane::Compute;
+    }
+    s.name = intern(e.name);
+    const size_t idx = r.spans.size();
+    r.spans.push_back(s);
+    if (s.cls == SpanClass::Comm) comm_spans.push_back(idx);
+    if (e.name == "record_param_comms" && !e.coll_name.empty()) param_comms.push_back({idx, &e});
+    else if (starts_with(e.name, "c10d::")) c10d_ops.push_back({idx, &e});
+  }
+
+  // Collectives: the issue ops in order, each paired with the k-th communication span.
+  auto by_begin = [&](const auto& a, const auto& b) { return r.spans[a.span].raw_begin_us < r.spans[b.span].raw_begin_us; };
+  std::sort(param_comms.begin(), param_comms.end(), by_begin);
+  std::sort(c10d_ops.begin(), c10d_ops.end(), by_begin);
+  std::sort(comm_spans.begin(), comm_spans.end(),
+            [&](size_t a, size_t b) { return r.spans[a].raw_begin_us < r.spans[b].raw_begin_us; });
+  std::vector<Issue>& issues = param_comms.empty() ? c10d_ops : param_comms;
+  // record_param_comms also marks ops that move no data on the wire of their own ("wait", "init").
+  issues.erase(std::remove_if(issues.begin(), issues.end(),
+                              [](const Issue& i) {
+                                const std::string n = i.e->coll_name.empty() ? c10d_name(i.e->name) : c10d_name(i.e->coll_name);
+                                return n == "wait" || n == "init" || n == "monitored_barrier";
+                              }),
+               issues.end());
+  const size_t n = comm_spans.size();
+  if (!issues.empty() && issues.size() != n)
+    warnings.push_back(fs::path(f.path).filename().string() + ": rank " + std::to_string(rank) + " issued " +
+                       std::to_string(issues.size()) + " collectives but " + std::to_string(n) +
+                       " ran on its communication lane; paired them in order.");
+  for (size_t k = 0; k < n; k++) {
+    TraceSpan& cs = r.spans[comm_spans[k]];
+    RankCollective c;
+    const std::string& span_name = intern.names[static_cast<size_t>(cs.name)];
+    c.name = starts_with(span_name, "gloo:") ? c10d_name(span_name) : nccl_kernel_collective(span_name);
+    if (k < issues.size()) {
+      const RawEvent& e = *issues[k].e;
+      const std::string named = !e.coll_name.empty() ? c10d_name(e.coll_name) : c10d_name(e.name);
+      if (!named.empty()) c.name = named;
+      c.in_nelems = e.in_nelems;
+      c.out_nelems = e.out_nelems;
+      c.dtype = e.dtype;
+      c.group_size = static_cast<int>(e.group_size);
+      c.seq = e.seq;
+      c.issue_us = r.spans[issues[k].span].raw_begin_us;
+      r.spans[issues[k].span].collective = static_cast<int32_t>(r.collectives.size());
+    }
+    c.bytes = collective_bytes(c);
+    c.begin_us = cs.raw_begin_us;
+    c.end_us = cs.end_us;
+    c.span = static_cast<int>(comm_spans[k]);
+    cs.collective = static_cast<int32_t>(r.collectives.size());
+    r.collectives.push_back(std::move(c));
+  }
+  std::sort(r.spans.begin(), r.spans.end(), [](const TraceSpan& a, const TraceSpan& b) {
+    if (a.raw_begin_us != b.raw_begin_us) return a.raw_begin_us < b.raw_begin_us;
+    return a.end_us - a.begin_us > b.end_us - b.begin_us;
+  });
+  for (size_t i = 0; i < r.spans.size(); i++)
+    if (r.spans[i].collective >= 0 && r.spans[i].cls == SpanClass::Comm)
+      r.collectives[static_cast<size_t>(r.spans[i].collective)].span = static_cast<int>(i);
+  assign_depths(r.spans);
+  std::sort(r.steps.begin(), r.steps.end(), [](const RankTrace::Step& a, const RankTrace::Step& b) { return a.begin_us < b.begin_us; });
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. alignment and analysis
+
+// Piecewise-linear map from a rank's raw clock to rank 0's, through (raw end, reference end) pairs.
+struct ClockMap {
+  std::vector<double> x, y;  // raw, reference (both increasing)
+  double operator()(double t) const {
+    if (x.empty()) return t;
+    if (t <= x.front()) return t + (y.front() - x.front());
+    if (t >= x.back()) return t + (y.back() - x.back());
+    const size_t i = static_cast<size_t>(std::upper_bound(x.begin(), x.end(), t) - x.begin());
+    const double f = (t - x[i - 1]) / (x[i] - x[i - 1]);
+    const double off = (y[i - 1] - x[i - 1]) + f * ((y[i] - x[i]) - (y[i - 1] - x[i - 1]));
+    return t + off;
+  }
+};
+
+// Lengths of a rank's time in each state over [b, e], from its spans on the aligned clock.
+void breakdown_of(const RankTrace& r, RankBreakdown& out) {
+  struct Edge { double t; int cls; int delta; };
+  std::vector<Edge> edges;
+  for (const TraceSpan& s : r.spans) {
+    int cls = -1;
+    if (s.cls == SpanClass::Compute) cls = 0;
+    else if (s.cls == SpanClass::Comm) cls = 1;
+    else if (s.cls == SpanClass::Memcpy) cls = 2;
+    if (cls < 0) continue;
+    const double b = std::max(s.begin_us, out.begin_us), e = std::min(s.end_us, out.end_us);
+    if (e <= b) continue;
+    edges.push_back({b, cls, +1});
+    edges.push_back({e, cls, -1});
+  }
+  std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) { return a.t < b.t; });
+  int active[3] = {0, 0, 0};
+  double t = out.begin_us;
+  auto account = [&](double until) {
+    const double len = until - t;
+    if (len <= 0) return;
+    if (active[0] > 0 && active[1] > 0) out.overlapped_us += len;
+    else if (active[0] > 0) out.compute_us += len;
+    else if (active[1] > 0) out.exposed_comm_us += len;
+    else if (active[2] > 0) out.memcpy_us += len;
+    else out.idle_us += len;
+  };
+  for (const Edge& e : edges) {
+    account(e.t);
+    t = std::max(t, e.t);
+    active[e.cls] += e.delta;
+  }
+  account(out.end_us);
+  out.wall_us = out.end_us - out.begin_us;
+}
+
+void analyse(ImportedTrace& tr) {
+  const int world = static_cast<int>(tr.ranks.size());
+  // World-wide collectives of each rank, in order (sub-group ones are shown per rank, not matched).
+  std::vector<std::vector<int>> wide(static_cast<size_t>(world));
+  int subgroup = 0;
+  for (int r = 0; r < world; r++) {
+    const RankTrace& rt = tr.ranks[static_cast<size_t>(r)];
+    for (size_t k = 0; k < rt.collectives.size(); k++) {
+      const int g = rt.collectives[k].group_size;
+      if (g < 0 || g == world) wide[static_cast<size_t>(r)].push_back(static_cast<int>(k));
+      else subgroup++;
+    }
+  }
+  if (subgroup > 0)
+    tr.warnings.push_back(std::to_string(subgroup) + " collectives ran on process groups smaller than the world; "
+                          "they are shown on their ranks' lanes but not matched across ranks.");
+  size_t common = wide.empty() ? 0 : wide[0].size();
+  for (int r = 1; r < world; r++) {
+    const size_t n = wide[static_cast<size_t>(r)].size();
+    if (n != wide[0].size())
+      tr.warnings.push_back("rank " + std::to_string(r) + " ran " + std::to_string(n) + " world-wide collectives and rank 0 ran " +
+                            std::to_string(wide[0].size()) + ": the profilers covered different windows (or a rank hung); "
+                            "matched the first " + std::to_string(std::min(n, common)) + ".");
+    common = std::min(common, n);
+  }
+  for (size_t k = 0; k < common && world > 1; k++) {
+    const RankCollective& c0 = tr.ranks[0].collectives[static_cast<size_t>(wide[0][k])];
+    for (int r = 1; r < world; r++) {
+      const RankCollective& c = tr.ranks[static_cast<size_t>(r)].collectives[static_cast<size_t>(wide[static_cast<size_t>(r)][k])];
+      if (c.name != c0.name || (c.bytes >= 0 && c0.bytes >= 0 && c.bytes != c0.bytes))
+        throw Error("collective " + std::to_string(k + 1) + " is " + c0.name +
+                    (c0.bytes >= 0 ? " of " + human_bytes(c0.bytes) : std::string()) + " in " +
+                    fs::path(tr.ranks[0].file).filename().string() + " but " + c.name +
+                    (c.bytes >= 0 ? " of " + human_bytes(c.bytes) : std::string()) + " in " +
+                    fs::path(tr.ranks[static_cast<size_t>(r)].file).filename().string() +
+                    ": these files are not the ranks of one run, or their profilers started at different "
+                    "iterations; open the traces of one run, recorded with the same schedule.");
+    }
+  }
+
+  // Clock maps: anchors where both clocks' ends increase.
+  for (int r = 0; r < world; r++) {
+    RankTrace& rt = tr.ranks[static_cast<size_t>(r)];
+    ClockMap map;
+    if (r > 0) {
+      double last_x = -INFINITY, last_y = -INFINITY;
+      std::vector<double> offs;
+      for (size_t k = 0; k < common; k++) {
+        const double y = tr.ranks[0].collectives[static_cast<size_t>(wide[0][k])].end_us;
+        const double x = rt.collectives[static_cast<size_t>(wide[static_cast<size_t>(r)][k])].end_us;
+        if (x <= last_x || y <= last_y) continue;
+        map.x.push_back(x);
+        map.y.push_back(y);
+        offs.push_back(y - x);
+        last_x = x;
+        last_y = y;
+      }
+      RankAlignment& a = rt.alignment;
+      a.anchors = static_cast<int>(offs.size());
+      if (!offs.empty()) {
+        double sum = 0;
+        for (double o : offs) sum += o;
+        a.offset_us = sum / static_cast<double>(offs.size());
+        a.offset_min_us = *std::min_element(offs.begin(), offs.end());
+        a.offset_max_us = *std::max_element(offs.begin(), offs.end());
+      } else if (!rt.spans.empty() && !tr.ranks[0].spans.empty()) {
+        // Nothing to align on: line up the first events.
+        a.offset_us = a.offset_min_us = a.offset_max_us = tr.ranks[0].spans.front().raw_begin_us - rt.spans.front().raw_begin_us;
+        map.x = {rt.spans.front().raw_begin_us};
+        map.y = {tr.ranks[0].spans.front().raw_begin_us};
+        tr.warnings.push_back("rank " + std::to_string(r) + " shares no collective with rank 0: its clock is lined up on its first event, not aligned.");
+      }
+    } else {
+      rt.alignment.anchors = static_cast<int>(common);
+    }
+    for (TraceSpan& s : rt.spans) {
+      const double dur = s.end_us - s.begin_us;
+      s.begin_us = map(s.raw_begin_us);
+      s.end_us = map(s.raw_begin_us + dur);
+      if (s.end_us < s.begin_us) s.end_us = s.begin_us;
+    }
+    for (RankCollective& c : rt.collectives) {
+      c.begin_us = map(c.begin_us);
+      c.end_us = map(c.end_us);
+    }
+    for (RankTrace::Step& st : rt.steps) {
+      st.begin_us = map(st.begin_us);
+      st.end_us = map(st.end_us);
+    }
+  }
+  // Issue times from the (aligned) issue spans; NaN until the clock is zeroed, then -1 for none.
+  for (RankTrace& rt : tr.ranks)
+    for (RankCollective& c : rt.collectives) c.issue_us = NAN;
+  for (RankTrace& rt : tr.ranks)
+    for (const TraceSpan& s : rt.spans)
+      if (s.cls == SpanClass::Issue && s.collective >= 0) rt.collectives[static_cast<size_t>(s.collective)].issue_us = s.begin_us;
+
+  // Zero the clock at the earliest event.
+  double t0 = INFINITY, t1 = -INFINITY;
+  for (const RankTrace& rt : tr.ranks)
+    for (const TraceSpan& s : rt.spans) {
+      t0 = std::min(t0, s.begin_us);
+      t1 = std::max(t1, s.end_us);
+    }
+  if (!std::isfinite(t0)) t0 = t1 = 0;
+  for (RankTrace& rt : tr.ranks) {
+    rt.first_us = INFINITY;
+    rt.last_us = -INFINITY;
+    for (TraceSpan& s : rt.spans) {
+      s.begin_us -= t0;
+      s.end_us -= t0;
+      rt.first_us = std::min(rt.first_us, s.begin_us);
+      rt.last_us = std::max(rt.last_us, s.end_us);
+    }
+    for (RankCollective& c : rt.collectives) {
+      c.issue_us = std::isnan(c.issue_us) ? -1 : c.issue_us - t0;
+      c.begin_us -= t0;
+      c.end_us -= t0;
+    }
+    for (RankTrace::Step& st : rt.steps) {
+      st.begin_us -= t0;
+      st.end_us -= t0;
+    }
+  }
+  tr.duration_us = t1 - t0;
+
+  // Iterations of each collective (by the step its issue, else its begin, falls in).
+  for (RankTrace& rt : tr.ranks)
+    for (RankCollective& c : rt.collectives) {
+      const double at = c.issue_us >= 0 ? c.issue_us : c.begin_us;
+      for (const RankTrace::Step& st : rt.steps)
+        if (at >= st.begin_us && at <= st.end_us) c.iteration = st.number;
+    }
+
+  // Matched collectives.
+  std::map<int, int> buckets_in;  // iteration -> all-reduces so far
+  for (size_t k = 0; k < common; k++) {
+    TraceCollective tc;
+    const RankCollective& c0 = tr.ranks[0].collectives[static_cast<size_t>(wide[0][k])];
+    tc.name = c0.name;
+    tc.bytes = c0.bytes;
+    tc.dtype = c0.dtype;
+    tc.iteration = c0.iteration;
+    tc.first_arrival_us = INFINITY;
+    tc.last_arrival_us = -INFINITY;
+    double last_begin = -INFINITY;
+    tc.end_us = -INFINITY;
+    for (int r = 0; r < world; r++) {
+      const int idx = wide[static_cast<size_t>(r)][k];
+      tc.rank_index.push_back(idx);
+      const RankCollective& c = tr.ranks[static_cast<size_t>(r)].collectives[static_cast<size_t>(idx)];
+      const double arrival = c.issue_us >= 0 ? c.issue_us : c.begin_us;
+      tc.first_arrival_us = std::min(tc.first_arrival_us, arrival);
+      if (arrival > tc.last_arrival_us) {
+        tc.last_arrival_us = arrival;
+        tc.last_rank = r;
+      }
+      last_begin = std::max(last_begin, c.begin_us);
+      tc.end_us = std::max(tc.end_us, c.end_us);
+    }
+    tc.busy_us = std::max(0.0, tc.end_us - last_begin);
+    if (tc.bytes >= 0 && tc.busy_us > 0) {
+      tc.algbw_gbs = static_cast<double>(tc.bytes) / (tc.busy_us * 1e3);
+      tc.busbw_gbs = tc.algbw_gbs * busbw_factor(tc.name, world);
+    }
+    if (tc.name == "allreduce" && tc.iteration >= 0) tc.bucket = buckets_in[tc.iteration]++;
+    tr.collectives.push_back(std::move(tc));
+  }
+
+  // Breakdown per rank.
+  tr.breakdown.assign(static_cast<size_t>(world), RankBreakdown{});
+  for (int r = 0; r < world; r++) {
+    const RankTrace& rt = tr.ranks[static_cast<size_t>(r)];
+    RankBreakdown& b = tr.breakdown[static_cast<size_t>(r)];
+    if (!rt.steps.empty()) {
+      b.begin_us = rt.steps.front().begin_us;
+      b.end_us = rt.steps.back().end_us;
+      for (const RankTrace::Step& st : rt.steps) b.end_us = std::max(b.end_us, st.end_us);
+    } else {
+      b.begin_us = rt.first_us;
+      b.end_us = rt.last_us;
+    }
+    breakdown_of(rt, b);
+  }
+  if (world > 1)
+    for (const TraceCollective& c : tr.collectives)
+      if (c.last_rank >= 0 && c.last_arrival_us - c.first_arrival_us > tr.resolution_us)
+        tr.breakdown[static_cast<size_t>(c.last_rank)].straggled++;
+
+  // Residuals after alignment.
+  for (int r = 1; r < world; r++) {
+    double worst = 0;
+    for (size_t k = 0; k < common; k++) {
+      const double e0 = tr.ranks[0].collectives[static_cast<size_t>(wide[0][k])].end_us;
+      const double er = tr.ranks[static_cast<size_t>(r)].collectives[static_cast<size_t>(wide[static_cast<size_t>(r)][k])].end_us;
+      worst = std::max(worst, std::fabs(er - e0));
+    }
+    tr.ranks[static_cast<size_t>(r)].alignment.residual_max_us = worst;
+  }
+  tr.iterations = tr.ranks.empty() ? 0 : static_cast<int>(tr.ranks[0].steps.size());
+}
+
+// Rank of a file: the explicit list, distributedInfo, or its name.
+int rank_from_name(const std::string& path) {
+  static const std::regex re("rank[_\\-]?([0-9]+)", std::regex::icase);
+  std::smatch m;
+  const std::string name = fs::path(path).filename().string();
+  if (std::regex_search(name, m, re)) return std::stoi(m[1].str());
+  return -1;
+}
+
+ImportedTrace assemble(std::vector<RawFile>& files, const TraceImportOptions& opt) {
+  if (!opt.ranks.empty() && opt.ranks.size() != files.size())
+    throw Error(std::to_string(opt.ranks.size()) + " ranks were given for " + std::to_string(files.size()) +
+                " trace files: give one rank per file, in the files' order.");
+  ImportedTrace tr;
+  std::vector<int> rank_of(files.size(), -1);
+  for (size_t i = 0; i < files.size(); i++) {
+    RawFile& f = files[i];
+    if (!opt.ranks.empty()) rank_of[i] = opt.ranks[i];
+    else if (f.dist_rank >= 0) rank_of[i] = f.dist_rank;
+    else rank_of[i] = rank_from_name(f.path);
+    if (rank_of[i] < 0)
+      throw Error(f.display + " records no rank (the legacy profiler does not, and it has no distributedInfo) "
+                  "and its name has none: name the files rank0.json, rank1.json, ... or give the ranks in "
+                  "order (dtlab-cli trace summarize --ranks 0,1,...; the lab's --trace-ranks).");
+  }
+  const int world = static_cast<int>(files.size());
+  std::vector<int> seen(files.size(), -1);
+  for (size_t i = 0; i < files.size(); i++) {
+    const int r = rank_of[i];
+    if (r >= world) {
+      std::vector<int> sorted(rank_of);
+      std::sort(sorted.begin(), sorted.end());
+      std::string list;
+      for (int x : sorted) list += (list.empty() ? "" : ", ") + std::to_string(x);
+      throw Error("the traces are of ranks " + list + ", but " + std::to_string(world) +
+                  " files make ranks 0 to " + std::to_string(world - 1) +
+                  ": open every rank's trace of the run (one file per rank).");
+    }
+    if (seen[static_cast<size_t>(r)] >= 0)
+      throw Error(files[i].display + " and " + files[static_cast<size_t>(seen[static_cast<size_t>(r)])].display +
+                  " are both rank " + std::to_string(r) + ": open one trace per rank.");
+    seen[static_cast<size_t>(r)] = static_cast<int>(i);
+    if (files[i].dist_world > 0 && files[i].dist_world != world)
+      throw Error(files[i].display + " says the job had world_size " + std::to_string(files[i].dist_world) + ", but " +
+                  std::to_string(world) + " trace files were given: open every rank's trace of the run.");
+  }
+  Interner intern{tr.names, {}};
+  tr.ranks.resize(files.size());
+  tr.format = files.empty() ? TraceFormat::Legacy : files[0].format;
+  double res = 1;
+  for (size_t r = 0; r < files.size(); r++) {
+    RawFile& f = files[static_cast<size_t>(seen[r])];
+    if (f.format != tr.format)
+      tr.warnings.push_back("the files mix the Kineto and legacy formats; read each as it is.");
+    tr.events += f.all_events;
+    if (f.fractional_ts) res = 0.001;
+    tr.ranks[r] = classify(f, static_cast<int>(r), intern, tr.warnings);
+    if (tr.backend.empty()) tr.backend = f.backend;
+    std::vector<RawEvent>().swap(f.events);
+  }
+  if (tr.backend.empty()) {
+    for (const RankTrace& rt : tr.ranks)
+      for (const TraceSpan& s : rt.spans)
+        if (s.cls == SpanClass::Comm && starts_with(tr.name(s.name), "gloo:")) tr.backend = "gloo";
+  }
+  tr.resolution_us = res;
+  analyse(tr);
+  return tr;
+}
+
+std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
+  if (paths.empty()) throw Error("no trace given: pass a directory of per-rank traces or the files themselves.");
+  std::vector<std::string> out;
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    if (fs::is_directory(p, ec)) {
+      std::vector<std::string> found;
+      for (const auto& e : fs::directory_iterator(p, ec)) {
+        const std::string name = e.path().filename().string();
+        const bool json = name.size() > 5 && (name.ends_with(".json") || name.ends_with(".json.gz"));
+        if (!json || name == "dtlab.json" || !e.is_regular_file()) continue;
+        found.push_back(e.path().string());
+      }
+      if (found.empty())
+        throw Error(p + " has no trace files (*.json or *.json.gz): give the directory the profiler wrote its per-rank traces to.");
+      std::sort(found.begin(), found.end());
+      out.insert(out.end(), found.begin(), found.end());
+    } else if (fs::is_regular_file(p, ec)) {
+      out.push_back(p);
+    } else {
+      throw Error(p + " does not exist: give a directory of per-rank traces or the trace files themselves.");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+ImportedTrace import_traces(const std::vector<std::string>& paths, const TraceImportOptions& opt) {
+  const std::vector<std::string> files = expand_paths(paths);
+  int64_t total = 0;
+  std::vector<int64_t> sizes;
+  for (const std::string& f : files) {
+    std::error_code ec;
+    const auto n = fs::file_size(f, ec);
+    sizes.push_back(ec ? 0 : static_cast<int64_t>(n));
+    total += sizes.back();
+  }
+  std::vector<RawFile> raw(files.size());
+  int64_t before = 0, reported = -(1 << 20);
+  for (size_t i = 0; i < files.size(); i++) {
+    RawFile& f = raw[i];
+    f.path = files[i];
+    f.display = files[i];
+    auto on_read = [&](int64_t at) {
+      if (!opt.progress || total <= 0) return;
+      const int64_t done = before + at;
+      if (done - reported < (1 << 20)) return;
+      reported = done;
+      opt.progress(std::min(1.0, static_cast<double>(done) / static_cast<double>(total)));
+    };
+    GzBuf buf(files[i], on_read, opt.cancel);
+    if (!buf.ok()) throw Error(files[i] + " cannot be opened: check the path and that it is readable.");
+    std::istream in(&buf);
+    parse_stream(in, f, [&] { return buf.error; });
+    before += sizes[i];
+  }
+  if (opt.progress) opt.progress(1.0);
+  return assemble(raw, opt);
+}
+
+ImportedTrace import_trace_texts(const std::vector<std::pair<std::string, std::string>>& texts,
+                                 const TraceImportOptions& opt) {
+  std::vector<RawFile> raw(texts.size());
+  for (size_t i = 0; i < texts.size(); i++) {
+    raw[i].path = raw[i].display = texts[i].first;
+    std::istringstream in(texts[i].second);
+    parse_stream(in, raw[i], nullptr);
+  }
+  return assemble(raw, opt);
+}
+
+}  // namespace dtlab

@@ -1,0 +1,232 @@
+// Import of PyTorch profiler traces (engine/trace/trace_import.h): synthetic traces whose every
+// number is known (alignment, arrivals, bandwidths, the breakdown), the committed fixtures (recorded
+// with torch's legacy profiler over gloo; Kineto ones written from PyTorch's fields), and bad files.
+#include <doctest/doctest.h>
+#include <zlib.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "engine/core/check.h"
+#include "engine/train/trace_compare.h"
+#include "tests/test_util.h"
+
+namespace fs = std::filesystem;
+using namespace dtlab;
+
+namespace {
+
+std::string span(const std::string& name, const std::string& cat, double ts, double dur, int pid, int tid,
+                 const std::string& args = "{}") {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, R"({"ph": "X", "cat": "%s", "name": "%s", "pid": %d, "tid": %d, "ts": %.3f, "dur": %.3f, "args": %s})",
+                cat.c_str(), name.c_str(), pid, tid, ts, dur, args.c_str());
+  return buf;
+}
+
+std::string comms(const char* coll, int64_t nelems, int group) {
+  return std::string(R"({"Collective name": ")") + coll + R"(", "In msg nelems": )" + std::to_string(nelems) +
+         R"(, "Out msg nelems": )" + std::to_string(nelems) + R"(, "Group size": )" + std::to_string(group) +
+         R"(, "dtype": "Float", "Process Group Ranks": "[0, 1]"})";
+}
+
+// Two ranks, one iteration, on clocks `offset` apart; times below are on the common clock (µs).
+// Rank 1 arrives 50 µs late to the first all-reduce.
+std::string kineto_rank(int rank, double offset) {
+  auto t = [&](double x) { return offset + x; };
+  const double late = rank == 1 ? 50 : 0;
+  std::vector<std::string> ev = {
+      span("ProfilerStep#7", "user_annotation", t(0), 1000, 1, 1),
+      span("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", t(0), 10, 0, 7),
+      span("void gemm_kernel<float>(...)", "kernel", t(10), 390, 0, 7),
+      span("record_param_comms", "cpu_op", t(300 + late), 5, 1, 1, comms("allreduce", 1000, 2)),
+      span("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", "kernel", t(310 + late),
+           290 - late, 0, 20),
+      span("void elementwise_kernel(...)", "kernel", t(600), 100, 0, 7),
+      span("record_param_comms", "cpu_op", t(720), 5, 1, 1, comms("allreduce", 256, 2)),
+      span("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", "kernel", t(730), 170, 0, 20),
+      span("aten::add_", "cpu_op", t(740), 3, 1, 1),  // host op of a GPU run: not compute
+  };
+  std::string s = R"({"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": )" + std::to_string(rank) +
+                  R"(, "world_size": 2}, "traceEvents": [)";
+  for (size_t i = 0; i < ev.size(); i++) s += (i ? ",\n" : "\n") + ev[i];
+  s += R"(, {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "GPU 0"}}], "displayTimeUnit": "ms"})";
+  return s;
+}
+
+// Legacy autograd profiler: a bare list, no rank, no sizes; gloo's span on its worker thread.
+std::string legacy_rank(double start, double late, int iterations) {
+  std::string s = "[";
+  double t = start;
+  for (int i = 0; i < iterations; i++) {
+    const std::vector<std::string> ev = {
+        span("ProfilerStep#" + std::to_string(i), "", t, 1000, 0, 1),
+        span("aten::addmm", "", t + 10, 200, 0, 1),
+        span("aten::mm", "", t + 20, 50, 0, 1),  // nested
+        span("c10d::allreduce_", "", t + 300 + late, 10, 0, 1),
+        span("gloo:all_reduce", "", t + 310 + late, 390 - late, 0, 3),
+        span("aten::relu", "", t + 400 + late, 100, 0, 1),
+        span("c10d::allreduce_", "", t + 720, 5, 0, 1),
+        span("gloo:all_reduce", "", t + 725, 175, 0, 2),
+    };
+    for (const std::string& e : ev) s += (s.size() > 1 ? ",\n" : "\n") + e;
+    t += 1000;
+  }
+  return s + "]";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+const fs::path kTraces = fs::path(DTLAB_SOURCE_DIR) / "tests" / "data" / "traces";
+
+}  // namespace
+
+TEST_SUITE("trace_import") {
+
+TEST_CASE("kineto: clocks aligned on the all-reduces' ends, arrivals, bandwidths and the breakdown") {
+  const ImportedTrace tr = import_trace_texts({{"a.json", kineto_rank(0, 1000000.0)}, {"b.json", kineto_rank(1, 5000000.5)}});
+  REQUIRE(tr.ranks.size() == 2);
+  CHECK(tr.format == TraceFormat::Kineto);
+  CHECK(tr.backend == "nccl");
+  CHECK(tr.resolution_us == doctest::Approx(0.001));
+  CHECK(tr.iterations == 1);
+  CHECK(tr.ranks[1].alignment.offset_us == doctest::Approx(-4000000.5));
+  CHECK(tr.ranks[1].alignment.anchors == 2);
+  CHECK(tr.ranks[1].alignment.residual_max_us <= tr.resolution_us);
+
+  REQUIRE(tr.collectives.size() == 2);
+  const TraceCollective& c = tr.collectives[0];
+  CHECK(c.name == "allreduce");
+  CHECK(c.bytes == 4000);  // 1000 Float
+  CHECK(c.iteration == 7);
+  CHECK(c.bucket == 0);
+  CHECK(tr.collectives[1].bucket == 1);
+  CHECK(tr.collectives[1].bytes == 1024);
+  CHECK(c.last_rank == 1);
+  CHECK(c.last_arrival_us - c.first_arrival_us == doctest::Approx(50).epsilon(1e-9));
+  CHECK(c.busy_us == doctest::Approx(240));            // end 600 - rank 1's start 360
+  CHECK(c.algbw_gbs == doctest::Approx(4000 / 240e3));  // bytes / busy
+  CHECK(c.busbw_gbs == doctest::Approx(c.algbw_gbs));   // 2(n-1)/n = 1 at n = 2
+  for (const TraceCollective& k : tr.collectives) {
+    const double e0 = tr.ranks[0].collectives[static_cast<size_t>(k.rank_index[0])].end_us;
+    const double e1 = tr.ranks[1].collectives[static_cast<size_t>(k.rank_index[1])].end_us;
+    CHECK(std::fabs(e0 - e1) <= tr.resolution_us);
+  }
+  CHECK(tr.buckets_per_iteration() == std::vector<int>{2});
+
+  // Rank 0 over its step [0, 1000]: copy 0-10; compute 10-400 and 600-700; comm 310-600, 730-900.
+  const RankBreakdown& b = tr.breakdown[0];
+  CHECK(b.wall_us == doctest::Approx(1000));
+  CHECK(b.memcpy_us == doctest::Approx(10));
+  CHECK(b.compute_us == doctest::Approx(300 + 100));
+  CHECK(b.overlapped_us == doctest::Approx(90));
+  CHECK(b.exposed_comm_us == doctest::Approx(200 + 170));
+  CHECK(b.idle_us == doctest::Approx(30 + 100));
+  for (const RankBreakdown& r : tr.breakdown)
+    CHECK(r.compute_us + r.overlapped_us + r.exposed_comm_us + r.memcpy_us + r.idle_us == doctest::Approx(r.wall_us));
+  CHECK(tr.breakdown[1].straggled == 1);
+  CHECK(tr.breakdown[0].straggled == 0);  // the second all-reduce: both arrived at once, no straggler
+}
+
+TEST_CASE("legacy: ranks from file names, no sizes, nested ops counted once") {
+  const ImportedTrace tr = import_trace_texts({{"dir/worker_rank1.json", legacy_rank(77, 40, 3)},
+                                               {"dir/worker_rank0.json", legacy_rank(5, 0, 3)}});
+  REQUIRE(tr.ranks.size() == 2);
+  CHECK(tr.format == TraceFormat::Legacy);
+  CHECK(tr.backend == "gloo");
+  CHECK(tr.ranks[0].file == "dir/worker_rank0.json");
+  CHECK(tr.ranks[1].alignment.offset_us == doctest::Approx(5 - 77));
+  CHECK(tr.buckets_per_iteration() == std::vector<int>{2, 2, 2});
+  REQUIRE(tr.collectives.size() == 6);
+  CHECK(tr.collectives[0].bytes == -1);
+  CHECK(tr.collectives[0].algbw_gbs < 0);
+  CHECK(tr.collectives[0].last_rank == 1);
+  CHECK(tr.collectives[0].last_arrival_us - tr.collectives[0].first_arrival_us == doctest::Approx(40));
+  // Rank 0 per iteration: compute 10-210 (mm nested) and 400-500; comm 310-700 and 725-900; the
+  // c10d op at 300 only issues (not compute).
+  const RankBreakdown& b = tr.breakdown[0];
+  CHECK(b.wall_us == doctest::Approx(3000));
+  CHECK(b.compute_us == doctest::Approx(3 * 200));
+  CHECK(b.overlapped_us == doctest::Approx(3 * 100));
+  CHECK(b.exposed_comm_us == doctest::Approx(3 * (290 + 175)));
+  CHECK(b.idle_us == doctest::Approx(3 * (10 + 100 + 25 + 100)));
+}
+
+TEST_CASE("bad traces: one sentence naming the file and what is wrong") {
+  const std::string good = kineto_rank(0, 0);
+  CHECK(contains(error_of([&] { import_trace_texts({{"r0.json", good.substr(0, good.size() / 2)}}); }),
+                 "r0.json ends or breaks off at byte"));
+  CHECK(contains(error_of([&] { import_trace_texts({{"r0.json", "\x89PNG\r\n"}}); }), "r0.json is not JSON"));
+  CHECK(contains(error_of([&] { import_trace_texts({{"r0.json", R"({"model": "x"})"}}); }),
+                 "r0.json is JSON but not a PyTorch profiler trace: it has no \"traceEvents\" list"));
+  CHECK(contains(error_of([&] { import_trace_texts({{"r0.json", "[]"}}); }), "r0.json has no complete events"));
+  CHECK(contains(error_of([&] { import_trace_texts({{"a.json", legacy_rank(0, 0, 1)}}); }),
+                 "a.json records no rank (the legacy profiler does not, and it has no distributedInfo) and its name has none"));
+  CHECK(contains(error_of([&] { import_trace_texts({{"rank0.json", legacy_rank(0, 0, 1)}, {"rank2.json", legacy_rank(0, 0, 1)}}); }),
+                 "the traces are of ranks 0, 2, but 2 files make ranks 0 to 1"));
+  CHECK(contains(error_of([&] { import_trace_texts({{"a_rank1.json", legacy_rank(0, 0, 1)}, {"b_rank1.json", legacy_rank(0, 0, 1)}}); }),
+                 "b_rank1.json and a_rank1.json are both rank 1"));
+  CHECK(contains(error_of([&] { import_trace_texts({{"a.json", kineto_rank(0, 0)}}); }),
+                 "a.json says the job had world_size 2, but 1 trace files were given"));
+  std::string other = kineto_rank(1, 0);
+  const size_t at = other.find(R"("Collective name": "allreduce", "In msg nelems": 1000)");
+  other.replace(at, 30, R"("Collective name": "allgather")");
+  CHECK(contains(error_of([&] { import_trace_texts({{"r0.json", good}, {"r1.json", other}}); }),
+                 "collective 1 is allreduce of 3.9 KiB in r0.json but allgather"));
+  CHECK(contains(error_of([&] { import_traces({"/nonexistent/dir"}); }), "/nonexistent/dir does not exist"));
+  // Explicit ranks: one per file.
+  TraceImportOptions two;
+  two.ranks = {0, 1};
+  CHECK(contains(error_of([&] { import_trace_texts({{"a.json", legacy_rank(0, 0, 1)}}, two); }),
+                 "2 ranks were given for 1 trace files"));
+}
+
+TEST_CASE("files: gzip and plain read alike; a truncated gzip is named") {
+  const fs::path dir = fs::temp_directory_path() / ("dtlab_trace_gz_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string r0 = kineto_rank(0, 1000000.0), r1 = kineto_rank(1, 5000000.5);
+  std::ofstream(dir / "rank0.json") << r0;
+  gzFile gz = gzopen((dir / "rank1.json.gz").c_str(), "wb");
+  gzwrite(gz, r1.data(), static_cast<unsigned>(r1.size()));
+  gzclose(gz);
+  std::ofstream(dir / "dtlab.json") << R"({"model": "mlp:2,8,3"})";  // metadata, not a rank
+  std::vector<double> progress;
+  TraceImportOptions opt;
+  opt.progress = [&](double f) { progress.push_back(f); };
+  const ImportedTrace tr = import_traces({dir.string()}, opt);
+  CHECK(tr.ranks.size() == 2);
+  CHECK(tr.collectives.size() == 2);
+  REQUIRE(!progress.empty());
+  CHECK(progress.back() == 1.0);
+  // Cut the gzip file short.
+  const std::string bytes = read_text(dir / "rank1.json.gz");
+  std::ofstream(dir / "rank1.json.gz", std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
+  const std::string err = error_of([&] { import_traces({dir.string()}); });
+  CHECK(contains(err, "rank1.json.gz"));
+  CHECK((contains(err, "truncated or corrupted") || contains(err, "ends or breaks off")));
+  std::atomic<bool> cancel{true};
+  TraceImportOptions cancelled;
+  cancelled.cancel = &cancel;
+  CHECK(contains(error_of([&] { import_traces({dir.string()}, cancelled); }), "cancelled"));
+  fs::remove_all(dir);
+}
+
+}  // TEST_SUITE
