@@ -37,6 +37,46 @@ int count_arg(const Arg& a, const char* what, int lo, int hi) {
   return static_cast<int>(a.num);
 }
 
+// The imported trace (dtlab --open, or a lesson's `open:`), fully loaded.
+const ImportedTrace& trace(const Snapshot& s) {
+  if (!s.trace) fail("no trace is open; open one with --open DIR (or a lesson's open: line) and wait for it to load");
+  return *s.trace;
+}
+
+const TraceCollective& trace_collective(const Snapshot& s, const Arg& k) {
+  const ImportedTrace& t = trace(s);
+  if (t.collectives.empty()) fail("the open trace has no collective every rank took part in");
+  return t.collectives[static_cast<size_t>(index_of(k, t.collectives.size(), "collective"))];
+}
+
+const RankBreakdown& trace_rank(const Snapshot& s, const Arg& r) {
+  const ImportedTrace& t = trace(s);
+  return t.breakdown[static_cast<size_t>(index_of(r, t.breakdown.size(), "rank"))];
+}
+
+// Index of bucket B's all-reduce in the I-th profiled iteration (0-based, rank 0's ProfilerStep order).
+int trace_bucket_collective(const Snapshot& s, const Arg& i, const Arg& b) {
+  const ImportedTrace& t = trace(s);
+  if (t.ranks.empty() || t.ranks[0].steps.empty()) fail("the open trace marks no iterations (no ProfilerStep#N)");
+  const int number = t.ranks[0].steps[static_cast<size_t>(index_of(i, t.ranks[0].steps.size(), "iteration"))].number;
+  int buckets = 0;
+  for (size_t k = 0; k < t.collectives.size(); k++)
+    if (t.collectives[k].iteration == number && t.collectives[k].bucket >= 0) {
+      if (t.collectives[k].bucket == b.num) return static_cast<int>(k);
+      buckets++;
+    }
+  fail("bucket " + format_figure(b.num) + " does not exist in that iteration (it has " + std::to_string(buckets) + ")");
+}
+
+// The rank with the most of `field` (ties: the lowest rank).
+double trace_argmax(const Snapshot& s, double RankBreakdown::*field) {
+  const ImportedTrace& t = trace(s);
+  int best = 0;
+  for (size_t r = 1; r < t.breakdown.size(); r++)
+    if (t.breakdown[r].*field > t.breakdown[static_cast<size_t>(best)].*field) best = static_cast<int>(r);
+  return best;
+}
+
 const CollectiveView& collective(const Snapshot& s) {
   if (!s.collective.valid) fail("no collective has run yet");
   return s.collective;
@@ -346,6 +386,39 @@ const std::vector<Entry>& entries() {
          double files = 0;
          for (int r = 0; r < s.config.world; r++) files += checkpoint_elements(s, r) > 0 ? 1 : 0;
          return files; }},
+      // an imported PyTorch profiler trace (dtlab --open): engine/trace/trace_import.h
+      {"trace.ranks", "", "ranks (files) of the open trace", [](S s, A) { return double(trace(s).ranks.size()); }},
+      {"trace.iterations", "", "iterations it marks (rank 0's ProfilerStep#N spans)", [](S s, A) { return double(trace(s).iterations); }},
+      {"trace.collectives", "", "collectives matched across every rank", [](S s, A) { return double(trace(s).collectives.size()); }},
+      {"trace.buckets(I)", "n", "DDP buckets (all-reduces) in the I-th profiled iteration (0-based)", [](S s, A a) {
+         const std::vector<int> per = trace(s).buckets_per_iteration();
+         return double(per.at(static_cast<size_t>(index_of(a[0], per.size(), "iteration")))); }},
+      {"trace.bucket_collective(I, B)", "nn", "index K of bucket B's all-reduce in iteration I (buckets in launch order)", [](S s, A a) {
+         return double(trace_bucket_collective(s, a[0], a[1])); }},
+      {"trace.bytes(K)", "n", "bytes of collective K (-1: the format records no sizes)", [](S s, A a) { return double(trace_collective(s, a[0]).bytes); }},
+      {"trace.busy_us(K)", "n", "µs collective K moved data with every rank present (end - last rank's start)", [](S s, A a) { return trace_collective(s, a[0]).busy_us; }},
+      {"trace.last_rank(K)", "n", "the rank that arrived last at collective K", [](S s, A a) { return double(trace_collective(s, a[0]).last_rank); }},
+      {"trace.late_us(K)", "n", "µs between the first and the last rank's arrival at collective K", [](S s, A a) {
+         const TraceCollective& c = trace_collective(s, a[0]);
+         return c.last_arrival_us - c.first_arrival_us; }},
+      {"trace.exposed_us(K, R)", "nn", "µs of collective K's communication on rank R with no compute beside it", [](S s, A a) {
+         const TraceCollective& c = trace_collective(s, a[0]);
+         const ImportedTrace& t = trace(s);
+         const int r = index_of(a[1], t.ranks.size(), "rank");
+         return t.ranks[static_cast<size_t>(r)].collectives[static_cast<size_t>(c.rank_index[static_cast<size_t>(r)])].exposed_us; }},
+      {"trace.rank[R].wall_us", "n", "µs of rank R's profiled steps (the breakdown's whole)", [](S s, A a) { return trace_rank(s, a[0]).wall_us; }},
+      {"trace.rank[R].compute_us", "n", "µs rank R computed with no communication beside it", [](S s, A a) { return trace_rank(s, a[0]).compute_us; }},
+      {"trace.rank[R].overlapped_us", "n", "µs of rank R's communication hidden behind its compute", [](S s, A a) { return trace_rank(s, a[0]).overlapped_us; }},
+      {"trace.rank[R].exposed_us", "n", "µs of rank R's communication with no compute beside it", [](S s, A a) { return trace_rank(s, a[0]).exposed_comm_us; }},
+      {"trace.rank[R].idle_us", "n", "µs rank R neither computed, communicated nor copied", [](S s, A a) { return trace_rank(s, a[0]).idle_us; }},
+      {"trace.rank[R].straggled", "n", "collectives rank R arrived last to", [](S s, A a) { return double(trace_rank(s, a[0]).straggled); }},
+      {"trace.most_exposed_rank", "", "the rank with the most exposed communication", [](S s, A) { return trace_argmax(s, &RankBreakdown::exposed_comm_us); }},
+      {"trace.straggler", "", "the rank that arrived last most often", [](S s, A) {
+         const ImportedTrace& t = trace(s);
+         int best = 0;
+         for (size_t r = 1; r < t.breakdown.size(); r++)
+           if (t.breakdown[r].straggled > t.breakdown[static_cast<size_t>(best)].straggled) best = static_cast<int>(r);
+         return double(best); }},
       // bytes on the wire, by link
       {"traffic.sent(R, PEER)", "nn", "bytes rank R sent to rank PEER in the last iteration every rank finished (collective steps and point-to-point sends, process groups included)", [](S s, A a) {
          const auto m = traffic_matrix(s, last_finished_iteration(s));

@@ -4,6 +4,7 @@
 // object is reachable from here, no lock is needed to read it.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "engine/parallel/memory_plan.h"
 #include "engine/trace/event.h"
 #include "engine/trace/stepper.h"
+#include "engine/trace/trace_import.h"
 
 namespace dtlab::app {
 
@@ -180,6 +182,9 @@ struct RunConfigView {
 
 struct Snapshot {
   uint64_t frame = 0;
+  // An imported PyTorch profiler trace (dtlab --open), once fully loaded; null otherwise. Immutable:
+  // shared with the views and the loader without a lock.
+  std::shared_ptr<const ImportedTrace> trace;
   RunConfigView config;
   // run state
   bool running = false;           // the engine thread is alive

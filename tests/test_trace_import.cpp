@@ -131,6 +131,10 @@ TEST_CASE("kineto: clocks aligned on the all-reduces' ends, arrivals, bandwidths
     CHECK(std::fabs(e0 - e1) <= tr.resolution_us);
   }
   CHECK(tr.buckets_per_iteration() == std::vector<int>{2});
+  // Of rank 0's first all-reduce (310-600), 400-600 ran beside no kernel; its second is all exposed.
+  CHECK(tr.ranks[0].collectives[0].exposed_us == doctest::Approx(200));
+  CHECK(tr.ranks[0].collectives[1].exposed_us == doctest::Approx(170));
+  CHECK(tr.ranks[1].collectives[0].exposed_us == doctest::Approx(200));  // 360-600 beside compute to 400
 
   // Rank 0 over its step [0, 1000]: copy 0-10; compute 10-400 and 600-700; comm 310-600, 730-900.
   const RankBreakdown& b = tr.breakdown[0];

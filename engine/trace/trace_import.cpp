@@ -548,6 +548,29 @@ struct ClockMap {
   }
 };
 
+// Merged [begin, end] intervals of a rank's compute spans (aligned clock).
+std::vector<std::pair<double, double>> compute_union(const RankTrace& r) {
+  std::vector<std::pair<double, double>> v;
+  for (const TraceSpan& s : r.spans)
+    if (s.cls == SpanClass::Compute && s.end_us > s.begin_us) v.emplace_back(s.begin_us, s.end_us);
+  std::sort(v.begin(), v.end());
+  std::vector<std::pair<double, double>> out;
+  for (const auto& iv : v) {
+    if (!out.empty() && iv.first <= out.back().second) out.back().second = std::max(out.back().second, iv.second);
+    else out.push_back(iv);
+  }
+  return out;
+}
+
+// Of [b, e], the time outside the merged intervals.
+double uncovered(const std::vector<std::pair<double, double>>& merged, double b, double e) {
+  double covered = 0;
+  auto it = std::lower_bound(merged.begin(), merged.end(), std::make_pair(b, -static_cast<double>(INFINITY)));
+  if (it != merged.begin()) --it;
+  for (; it != merged.end() && it->first < e; ++it) covered += std::max(0.0, std::min(e, it->second) - std::max(b, it->first));
+  return std::max(0.0, (e - b) - covered);
+}
+
 // Lengths of a rank's time in each state over [b, e], from its spans on the aligned clock.
 void breakdown_of(const RankTrace& r, RankBreakdown& out) {
   struct Edge { double t; int cls; int delta; };
@@ -767,6 +790,10 @@ void analyse(ImportedTrace& tr) {
       b.end_us = rt.last_us;
     }
     breakdown_of(rt, b);
+  }
+  for (RankTrace& rt : tr.ranks) {
+    const auto merged = compute_union(rt);
+    for (RankCollective& c : rt.collectives) c.exposed_us = uncovered(merged, c.begin_us, c.end_us);
   }
   if (world > 1)
     for (const TraceCollective& c : tr.collectives)

@@ -63,6 +63,7 @@ struct RankCollective {
   double begin_us = 0, end_us = 0;  // aligned: its communication span
   int iteration = -1;         // ProfilerStep number it falls in, or -1
   int span = -1;              // its Comm span in RankTrace::spans
+  double exposed_us = 0;      // of its communication span, the time no compute ran beside it
 };
 
 struct RankAlignment {
