@@ -97,7 +97,7 @@ int summarize(const TraceArgs& a, Streams& io) {
   const int world = static_cast<int>(tr.ranks.size());
 
   out << "dtlab trace: " << world << (world == 1 ? " rank" : " ranks") << ", " << trace_format_name(tr.format) << " format"
-      << (tr.backend.empty() ? std::string() : ", backend " + tr.backend) << ", " << tr.iterations << " iterations (ProfilerStep#N), "
+      << (tr.backend.empty() ? std::string() : ", backend " + tr.backend) << ", " << tr.iterations << (tr.iterations == 1 ? " iteration" : " iterations") << " (ProfilerStep#N), "
       << with_commas(tr.events) << " events, " << us(tr.duration_us) << " aligned\n";
   for (const RankTrace& r : tr.ranks) out << "  rank " << r.rank << ": " << r.file << "\n";
 
@@ -121,6 +121,8 @@ int summarize(const TraceArgs& a, Streams& io) {
   out << "\ncollectives (matched across ranks; busy = end - last rank's start; bandwidths as nccl-tests: algbw = bytes / busy,\n"
          "busbw = algbw x "
       << (world > 1 ? "2(n-1)/n for all-reduce" : "1") << "):\n";
+  // A straggler only when the last rank came later than the timestamps can tell apart.
+  auto late = [&](const TraceCollective& c) { return world > 1 && c.last_arrival_us - c.first_arrival_us > tr.resolution_us; };
   rows = {{"#", "iter", "bucket", "op", "bytes", "busy", "algbw GB/s", "busbw GB/s", "last to arrive", "late by"}};
   for (size_t i = 0; i < tr.collectives.size(); i++) {
     const TraceCollective& c = tr.collectives[i];
@@ -128,8 +130,8 @@ int summarize(const TraceArgs& a, Streams& io) {
                     c.bucket >= 0 ? std::to_string(c.bucket) : "-", c.name,
                     c.bytes >= 0 ? with_commas(c.bytes) : "not recorded", us(c.busy_us),
                     c.algbw_gbs >= 0 ? fmt("%.3f", c.algbw_gbs) : "-", c.busbw_gbs >= 0 ? fmt("%.3f", c.busbw_gbs) : "-",
-                    world > 1 ? "rank " + std::to_string(c.last_rank) : "-",
-                    world > 1 ? us(c.last_arrival_us - c.first_arrival_us) : "-"});
+                    late(c) ? "rank " + std::to_string(c.last_rank) : "-",
+                    late(c) ? us(c.last_arrival_us - c.first_arrival_us) : "together"});
   }
   if (tr.collectives.empty()) out << "  (none)\n";
   else print_table(out, rows);

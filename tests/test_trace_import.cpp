@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/core/check.h"
+#include "tests/cli_util.h"
 #include "engine/train/trace_compare.h"
 #include "tests/test_util.h"
 
@@ -230,6 +231,35 @@ TEST_CASE("files: gzip and plain read alike; a truncated gzip is named") {
   TraceImportOptions cancelled;
   cancelled.cancel = &cancel;
   CHECK(contains(error_of([&] { import_traces({dir.string()}, cancelled); }), "cancelled"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("dtlab-cli trace summarize: the tables, and bad input in one sentence with exit 2") {
+  const fs::path dir = fs::temp_directory_path() / ("dtlab_trace_cli_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "rank0.json") << kineto_rank(0, 1000000.0);
+  std::ofstream(dir / "rank1.json") << kineto_rank(1, 5000000.5);
+  const test::CliResult ok = test::run_cli({"trace", "summarize", dir.string()});
+  INFO(ok.err);
+  INFO(ok.out);
+  REQUIRE(ok.code == 0);
+  CHECK(contains(ok.out, "dtlab trace: 2 ranks, kineto format, backend nccl, 1 iteration ("));
+  CHECK(contains(ok.out, "  1     -4000000.500 us"));  // rank 1's clock offset
+  CHECK(contains(ok.out, "DDP buckets (all-reduces per iteration, in launch order): 2"));
+  CHECK(contains(ok.out, "allreduce  4,000"));
+  CHECK(contains(ok.out, "rank 1   50.0 us"));  // last to arrive, late by
+  CHECK(contains(ok.out, "-  together"));      // the second all-reduce: every rank at once
+
+  std::ofstream(dir / "rank1.json", std::ios::trunc) << R"({"traceEvents": [{"ph": "X", "name": "a")";
+  const test::CliResult bad = test::run_cli({"trace", "summarize", dir.string()});
+  CHECK(bad.code == 2);
+  CHECK(bad.out.empty());
+  CHECK(contains(bad.err, "rank1.json ends or breaks off at byte"));
+  CHECK(std::count(bad.err.begin(), bad.err.end(), '\n') == 1);
+
+  const test::CliResult none = test::run_cli({"trace"});
+  CHECK(none.code == 2);
+  CHECK(contains(none.err, "trace needs a verb; use 'dtlab-cli trace summarize DIR|FILES'"));
   fs::remove_all(dir);
 }
 
