@@ -58,7 +58,7 @@ const RankBreakdown& trace_rank(const Snapshot& s, const Arg& r) {
 int trace_bucket_collective(const Snapshot& s, const Arg& i, const Arg& b) {
   const ImportedTrace& t = trace(s);
   if (t.ranks.empty() || t.ranks[0].steps.empty()) fail("the open trace marks no iterations (no ProfilerStep#N)");
-  const int number = t.ranks[0].steps[static_cast<size_t>(index_of(i, t.ranks[0].steps.size(), "iteration"))].number;
+  const int number = index_of(i, t.ranks[0].steps.size(), "iteration");
   int buckets = 0;
   for (size_t k = 0; k < t.collectives.size(); k++)
     if (t.collectives[k].iteration == number && t.collectives[k].bucket >= 0) {

@@ -117,7 +117,7 @@ TEST_CASE("kineto: clocks aligned on the all-reduces' ends, arrivals, bandwidths
   const TraceCollective& c = tr.collectives[0];
   CHECK(c.name == "allreduce");
   CHECK(c.bytes == 4000);  // 1000 Float
-  CHECK(c.iteration == 7);
+  CHECK(c.iteration == 0);  // the first ProfilerStep span (#7)
   CHECK(c.bucket == 0);
   CHECK(tr.collectives[1].bucket == 1);
   CHECK(tr.collectives[1].bytes == 1024);
@@ -173,6 +173,21 @@ TEST_CASE("legacy: ranks from file names, no sizes, nested ops counted once") {
   CHECK(b.overlapped_us == doctest::Approx(3 * 100));
   CHECK(b.exposed_comm_us == doctest::Approx(3 * (290 + 175)));
   CHECK(b.idle_us == doctest::Approx(3 * (10 + 100 + 25 + 100)));
+}
+
+TEST_CASE("alignment: collectives that end in a different order on two ranks cannot all anchor; the residual says so") {
+  auto rank = [](double second_end) {
+    return "[" + span("ProfilerStep#0", "", 0, 2000, 0, 1) + "," + span("c10d::allreduce_", "", 100, 5, 0, 1) + "," +
+           span("gloo:all_reduce", "", 110, 590, 0, 2) + "," + span("c10d::allreduce_", "", 120, 5, 0, 1) + "," +
+           span("gloo:all_reduce", "", 130, second_end - 130, 0, 3) + "," + span("c10d::allreduce_", "", 1000, 5, 0, 1) +
+           "," + span("gloo:all_reduce", "", 1010, 490, 0, 2) + "]";
+  };
+  // Rank 0: the second all-reduce ends at 900, after the first (700); on rank 1 it ends at 650, before it.
+  const ImportedTrace tr = import_trace_texts({{"rank0.json", rank(900)}, {"rank1.json", rank(650)}});
+  CHECK(tr.ranks[1].alignment.anchors == 2);
+  CHECK(tr.ranks[1].alignment.residual_max_us == doctest::Approx(250));
+  REQUIRE(tr.warnings.size() == 1);
+  CHECK(contains(tr.warnings[0], "rank 1: 1 of 3 collectives ended in a different order than on rank 0"));
 }
 
 TEST_CASE("bad traces: one sentence naming the file and what is wrong") {
@@ -261,6 +276,45 @@ TEST_CASE("dtlab-cli trace summarize: the tables, and bad input in one sentence 
   CHECK(none.code == 2);
   CHECK(contains(none.err, "trace needs a verb; use 'dtlab-cli trace summarize DIR|FILES'"));
   fs::remove_all(dir);
+}
+
+TEST_CASE("committed traces: all-reduces per iteration (and sizes, where recorded) are DDP's buckets; ends aligned") {
+  // gloo_*: recorded with Debian's torch 1.13 (legacy profiler, gloo) by tools/record_torch_trace.py;
+  // kineto_*: written from PyTorch's documented fields by tests/data/traces/make_kineto_fixture.py.
+  for (const char* name : {"gloo_ddp_w2", "gloo_ddp_w4", "kineto_nccl_w2", "kineto_nccl_w4"}) {
+    INFO(std::string(name));
+    const ImportedTrace tr = import_traces({(kTraces / name).string()});
+    const bool kineto = std::string(name).starts_with("kineto");
+    CHECK(tr.format == (kineto ? TraceFormat::Kineto : TraceFormat::Legacy));
+    CHECK(tr.ranks.size() == (std::string(name).ends_with("w4") ? 4u : 2u));
+    TraceCompareOptions co;
+    co.model = "mlp:2,512,512,3";  // the traced torch.nn.Sequential
+    co.profile = "nvlink8";
+    const TraceComparison cmp = compare_trace(tr, co);
+    REQUIRE(cmp.dtlab_buckets.size() == 2);  // the 1 MiB first bucket closes after 2.weight
+    const std::vector<int> per = tr.buckets_per_iteration();
+    CHECK(per == std::vector<int>(3, 2));
+    REQUIRE(cmp.rows.size() == 6);
+    for (const CompareRow& r : cmp.rows) {
+      CHECK(r.dtlab_bytes == (r.bucket == 0 ? (512 * 512 + 512 + 3 * 512 + 3) * 4 : (2 * 512 + 512) * 4));
+      if (kineto) CHECK(r.trace_bytes == r.dtlab_bytes);
+      else CHECK(r.trace_bytes == -1);  // the legacy format records no sizes
+    }
+    CHECK(cmp.sizes_agree);
+    for (const TraceCollective& c : tr.collectives) {
+      double lo = INFINITY, hi = -INFINITY;
+      for (size_t r = 0; r < tr.ranks.size(); r++) {
+        const double e = tr.ranks[r].collectives[static_cast<size_t>(c.rank_index[r])].end_us;
+        lo = std::min(lo, e);
+        hi = std::max(hi, e);
+      }
+      CHECK(hi - lo <= tr.resolution_us);
+    }
+    for (const RankBreakdown& b : tr.breakdown) {
+      CHECK(b.wall_us > 0);
+      CHECK(b.compute_us + b.overlapped_us + b.exposed_comm_us + b.memcpy_us + b.idle_us == doctest::Approx(b.wall_us));
+    }
+  }
 }
 
 }  // TEST_SUITE

@@ -55,12 +55,9 @@ double busbw_factor(const std::string& c, int n) {
 }
 
 std::vector<int> ImportedTrace::buckets_per_iteration() const {
-  std::map<int, int> per;
-  for (const RankTrace::Step& s : ranks.empty() ? std::vector<RankTrace::Step>{} : ranks[0].steps) per[s.number] = 0;
+  std::vector<int> out(ranks.empty() ? 0 : ranks[0].steps.size(), 0);
   for (const TraceCollective& c : collectives)
-    if (c.bucket >= 0 && c.iteration >= 0) per[c.iteration]++;
-  std::vector<int> out;
-  for (const auto& [it, n] : per) out.push_back(n);
+    if (c.bucket >= 0 && c.iteration >= 0 && c.iteration < static_cast<int>(out.size())) out[static_cast<size_t>(c.iteration)]++;
   return out;
 }
 
@@ -647,23 +644,38 @@ void analyse(ImportedTrace& tr) {
     }
   }
 
-  // Clock maps: anchors where both clocks' ends increase.
+  // Clock maps. Collectives may end out of issue order (gloo runs two at once on its worker
+  // threads), so the pairs (this rank's end, rank 0's end) are sorted by rank 0's end and the longest
+  // run in which this rank's ends increase too is kept: a map through them is monotone.
   for (int r = 0; r < world; r++) {
     RankTrace& rt = tr.ranks[static_cast<size_t>(r)];
     ClockMap map;
     if (r > 0) {
-      double last_x = -INFINITY, last_y = -INFINITY;
-      std::vector<double> offs;
-      for (size_t k = 0; k < common; k++) {
-        const double y = tr.ranks[0].collectives[static_cast<size_t>(wide[0][k])].end_us;
-        const double x = rt.collectives[static_cast<size_t>(wide[static_cast<size_t>(r)][k])].end_us;
-        if (x <= last_x || y <= last_y) continue;
-        map.x.push_back(x);
-        map.y.push_back(y);
-        offs.push_back(y - x);
-        last_x = x;
-        last_y = y;
+      std::vector<std::pair<double, double>> pairs;  // (y: rank 0's end, x: this rank's end)
+      for (size_t k = 0; k < common; k++)
+        pairs.emplace_back(tr.ranks[0].collectives[static_cast<size_t>(wide[0][k])].end_us,
+                           rt.collectives[static_cast<size_t>(wide[static_cast<size_t>(r)][k])].end_us);
+      std::sort(pairs.begin(), pairs.end());
+      // Longest chain strictly increasing in both (O(n^2): a trace window has at most thousands).
+      const size_t n = pairs.size();
+      std::vector<int> len(n, 1), prev(n, -1);
+      int best = -1;
+      for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < i; j++)
+          if (pairs[j].first < pairs[i].first && pairs[j].second < pairs[i].second && len[j] + 1 > len[i]) {
+            len[i] = len[j] + 1;
+            prev[i] = static_cast<int>(j);
+          }
+        if (best < 0 || len[i] > len[static_cast<size_t>(best)]) best = static_cast<int>(i);
       }
+      std::vector<double> offs;
+      for (int i = best; i >= 0; i = prev[static_cast<size_t>(i)]) {
+        map.x.push_back(pairs[static_cast<size_t>(i)].second);
+        map.y.push_back(pairs[static_cast<size_t>(i)].first);
+        offs.push_back(pairs[static_cast<size_t>(i)].first - pairs[static_cast<size_t>(i)].second);
+      }
+      std::reverse(map.x.begin(), map.x.end());
+      std::reverse(map.y.begin(), map.y.end());
       RankAlignment& a = rt.alignment;
       a.anchors = static_cast<int>(offs.size());
       if (!offs.empty()) {
@@ -737,8 +749,8 @@ void analyse(ImportedTrace& tr) {
   for (RankTrace& rt : tr.ranks)
     for (RankCollective& c : rt.collectives) {
       const double at = c.issue_us >= 0 ? c.issue_us : c.begin_us;
-      for (const RankTrace::Step& st : rt.steps)
-        if (at >= st.begin_us && at <= st.end_us) c.iteration = st.number;
+      for (size_t i = 0; i < rt.steps.size(); i++)
+        if (at >= rt.steps[i].begin_us && at <= rt.steps[i].end_us) c.iteration = static_cast<int>(i);
     }
 
   // Matched collectives.
@@ -808,7 +820,13 @@ void analyse(ImportedTrace& tr) {
       const double er = tr.ranks[static_cast<size_t>(r)].collectives[static_cast<size_t>(wide[static_cast<size_t>(r)][k])].end_us;
       worst = std::max(worst, std::fabs(er - e0));
     }
-    tr.ranks[static_cast<size_t>(r)].alignment.residual_max_us = worst;
+    RankAlignment& al = tr.ranks[static_cast<size_t>(r)].alignment;
+    al.residual_max_us = worst;
+    if (al.anchors < static_cast<int>(common))
+      tr.warnings.push_back("rank " + std::to_string(r) + ": " + std::to_string(static_cast<int>(common) - al.anchors) + " of " +
+                            std::to_string(common) + " collectives ended in a different order than on rank 0, so they "
+                            "could not anchor its clock; their ends still differ by up to " +
+                            std::to_string(static_cast<int64_t>(std::llround(worst))) + " us after alignment.");
   }
   tr.iterations = tr.ranks.empty() ? 0 : static_cast<int>(tr.ranks[0].steps.size());
 }

@@ -61,7 +61,7 @@ struct RankCollective {
   int64_t seq = -1;           // the process group's sequence number, where recorded
   double issue_us = -1;       // aligned: when the rank issued it (its arrival); -1 when no issue op was seen
   double begin_us = 0, end_us = 0;  // aligned: its communication span
-  int iteration = -1;         // ProfilerStep number it falls in, or -1
+  int iteration = -1;         // index of the rank's ProfilerStep span it falls in (time order), or -1
   int span = -1;              // its Comm span in RankTrace::spans
   double exposed_us = 0;      // of its communication span, the time no compute ran beside it
 };
@@ -83,7 +83,7 @@ struct RankTrace {
   std::vector<TraceSpan> spans;   // sorted by begin_us, then longer first
   std::vector<RankCollective> collectives;  // in the order this rank ran them
   struct Step { int number; double begin_us, end_us; };
-  std::vector<Step> steps;        // ProfilerStep#N spans
+  std::vector<Step> steps;        // ProfilerStep#N spans, in time order
   RankAlignment alignment;
   double first_us = 0, last_us = 0;  // aligned extent of its events
 };
@@ -93,7 +93,7 @@ struct TraceCollective {
   std::string name;
   int64_t bytes = -1;            // -1: not recorded
   std::string dtype;
-  int iteration = -1;            // rank 0's ProfilerStep number, or -1
+  int iteration = -1;            // index of rank 0's ProfilerStep span (time order; torch 1.13's N lag and repeat), or -1
   int bucket = -1;               // DDP: an all-reduce in a backward pass, numbered in launch order per iteration
   std::vector<int> rank_index;   // per rank: index into RankTrace::collectives
   int last_rank = -1;            // arrived last (latest issue, else latest begin of its comm span)
@@ -125,7 +125,8 @@ struct ImportedTrace {
   int64_t events = 0;            // events read (all files)
   std::vector<std::string> warnings;  // things that were read but could not be used, one sentence each
   const std::string& name(int32_t id) const { return names[static_cast<size_t>(id)]; }
-  // Collectives (all-reduces) per iteration, as DDP's buckets; empty when no iteration was marked.
+  // All-reduces per iteration (rank 0's steps in time order), as DDP's buckets; empty when no
+  // iteration was marked.
   std::vector<int> buckets_per_iteration() const;
 };
 
