@@ -26,8 +26,10 @@ struct TraceArgs {
   std::vector<int> ranks;
   std::string model, profile = "this";
   int64_t batch = 0;
-  bool json = false;
+  bool all = false;
 };
+
+constexpr size_t kRowsShown = 24;  // collectives listed without --all
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -124,7 +126,8 @@ int summarize(const TraceArgs& a, Streams& io) {
   // A straggler only when the last rank came later than the timestamps can tell apart.
   auto late = [&](const TraceCollective& c) { return world > 1 && c.last_arrival_us - c.first_arrival_us > tr.resolution_us; };
   rows = {{"#", "iter", "bucket", "op", "bytes", "busy", "algbw GB/s", "busbw GB/s", "last to arrive", "late by"}};
-  for (size_t i = 0; i < tr.collectives.size(); i++) {
+  const size_t shown = a.all ? tr.collectives.size() : std::min(tr.collectives.size(), kRowsShown);
+  for (size_t i = 0; i < shown; i++) {
     const TraceCollective& c = tr.collectives[i];
     rows.push_back({std::to_string(i), c.iteration >= 0 ? std::to_string(c.iteration) : "-",
                     c.bucket >= 0 ? std::to_string(c.bucket) : "-", c.name,
@@ -135,11 +138,21 @@ int summarize(const TraceArgs& a, Streams& io) {
   }
   if (tr.collectives.empty()) out << "  (none)\n";
   else print_table(out, rows);
+  if (shown < tr.collectives.size())
+    out << "  ... " << with_commas(static_cast<int64_t>(tr.collectives.size() - shown)) << " more (--all lists every one)\n";
 
   const std::vector<int> per_iter = tr.buckets_per_iteration();
   if (!per_iter.empty()) {
+    // Runs of equal counts: "2 in iterations 0-343" rather than 344 numbers.
     std::string list;
-    for (int n : per_iter) list += (list.empty() ? "" : ", ") + std::to_string(n);
+    for (size_t i = 0; i < per_iter.size();) {
+      size_t j = i;
+      while (j + 1 < per_iter.size() && per_iter[j + 1] == per_iter[i]) j++;
+      list += (list.empty() ? "" : ", ") + std::to_string(per_iter[i]);
+      if (j > i) list += " (iterations " + std::to_string(i) + "-" + std::to_string(j) + ")";
+      else if (per_iter.size() > 1) list += " (iteration " + std::to_string(i) + ")";
+      i = j + 1;
+    }
     out << "\nDDP buckets (all-reduces per iteration, in launch order): " << list << "\n";
   }
 
@@ -169,7 +182,9 @@ int summarize(const TraceArgs& a, Streams& io) {
         << "), buckets after the rebuild:\n";
     for (const std::string& b : cmp.dtlab_buckets) out << "  " << b << "\n";
     rows = {{"#", "iter", "bucket", "trace bytes", "dtlab bytes", "measured", "modeled", "measured / modeled"}};
+    size_t listed = 0;
     for (const CompareRow& r : cmp.rows)
+      if (a.all || listed++ < kRowsShown)
       rows.push_back({std::to_string(r.collective), std::to_string(r.iteration), std::to_string(r.bucket),
                       r.trace_bytes >= 0 ? with_commas(r.trace_bytes) : "not recorded",
                       r.dtlab_bytes >= 0 ? with_commas(r.dtlab_bytes) : "no such bucket", us(r.measured_us),
@@ -192,6 +207,7 @@ Runner add_trace_command(CLI::App& app) {
   sum->add_option("--ranks", a->ranks, "Rank of each file, in order, for traces that record none (legacy), e.g. 0,1")->delimiter(',');
   sum->add_option("--model", a->model, "dtlab's spec of the traced model, to compare with a dtlab run (default: dtlab.json beside the traces)");
   sum->add_option("--profile", a->profile, "Hardware profile of the dtlab run compared with: nvlink8, pcie8, ib2x4, eth2x4, this, ideal")->capture_default_str();
+  sum->add_flag("--all", a->all, "List every collective (default: the first " + std::to_string(kRowsShown) + ")");
   sum->add_option("--batch", a->batch, "Per-rank batch of the compared dtlab run (default: dtlab.json's, else 32)")->check(whole_number(1, int64_t{1} << 20));
   return [a](Streams& io) { return summarize(*a, io); };
 }

@@ -260,7 +260,7 @@ TEST_CASE("dtlab-cli trace summarize: the tables, and bad input in one sentence 
   REQUIRE(ok.code == 0);
   CHECK(contains(ok.out, "dtlab trace: 2 ranks, kineto format, backend nccl, 1 iteration ("));
   CHECK(contains(ok.out, "  1     -4000000.500 us"));  // rank 1's clock offset
-  CHECK(contains(ok.out, "DDP buckets (all-reduces per iteration, in launch order): 2"));
+  CHECK(contains(ok.out, "DDP buckets (all-reduces per iteration, in launch order): 2\n"));
   CHECK(contains(ok.out, "allreduce  4,000"));
   CHECK(contains(ok.out, "rank 1   50.0 us"));  // last to arrive, late by
   CHECK(contains(ok.out, "-  together"));      // the second all-reduce: every rank at once
