@@ -38,6 +38,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kNumViews };
+// With --open the lab shows imported traces in its own four panels instead (app/views/trace_view.cpp).
+enum TraceViewId { kTraceTimeline, kTraceCollectives, kTraceBreakdown, kTraceCompare, kNumTraceViews };
+const char* kTraceViewTitles[kNumTraceViews] = {"Timeline", "Collectives", "Breakdown", "Compare"};
+const char* kTraceViewNames[kNumTraceViews] = {"timeline", "collectives", "breakdown", "compare"};
 const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline"};
 const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline"};
 
@@ -85,8 +89,15 @@ class App {
   void frame();
   void handle_keys();
   void toolbar();
+  void view_combo(const char* const* titles, int n);
   void config_panel();
   void views();
+  // --open: the imported-trace viewer (no training run; session_ stays null)
+  void trace_toolbar();
+  void trace_views();
+  bool trace_script(const ScriptCommand& c);  // false: quit
+  bool trace_wait_tick();                     // true while a `wait trace|compare` still waits
+  bool script_failure(const ScriptCommand& c, const std::string& why);
   bool script_tick();  // false: quit
   void open_lesson(const std::string& name);
   bool lesson_command(const ScriptCommand& c);
@@ -96,6 +107,12 @@ class App {
 
   AppOptions& opt_;
   std::unique_ptr<Session> session_;
+  std::unique_ptr<TraceLoader> traces_;   // --open only
+  const TraceSnapshot* trace_ = nullptr;  // this frame's view of it
+  TraceUi trace_ui_;
+  bool trace_waiting_ = false;            // a `wait trace|compare` in progress
+  ScriptCommand trace_wait_;
+  Clock::time_point trace_wait_until_{};
   GLFWwindow* win_ = nullptr;
   std::unique_ptr<GlResources> gl_;
   ViewContext ctx_;
@@ -237,6 +254,20 @@ void App::handle_keys() {
   if (io.WantTextInput) return;
   // ImGui 1.86's GLFW backend indexes keys by GLFW key code.
   auto key = [&](int glfw_key) { return ImGui::IsKeyPressed(glfw_key, false); };
+  auto solo_keys = [&](int views) {
+    for (int v = 0; v < views; v++)
+      if (key(GLFW_KEY_1 + v)) solo_ = solo_ == v ? -1 : v, relayout_ = true;
+    if (key(GLFW_KEY_0)) solo_ = -1, relayout_ = true;
+  };
+  if (key(GLFW_KEY_P)) {
+    presentation_ = !presentation_;
+    apply_style();
+    relayout_ = true;
+  }
+  if (traces_) {  // the trace viewer has no run to step
+    solo_keys(kNumTraceViews);
+    return;
+  }
   if (key(GLFW_KEY_SPACE)) {
     if (session_->paused()) session_->run(session_->speed());
     else session_->pause();
@@ -246,11 +277,6 @@ void App::handle_keys() {
   if (key(GLFW_KEY_I)) session_->step(GateKind::Iteration);
   if (key(GLFW_KEY_A)) session_->step(GateKind::Action);
   if (key(GLFW_KEY_BACKSPACE)) restart(session_->config());
-  if (key(GLFW_KEY_P)) {
-    presentation_ = !presentation_;
-    apply_style();
-    relayout_ = true;
-  }
   if (key(GLFW_KEY_M)) ctx_.modeled_clock = !ctx_.modeled_clock;
   if (key(GLFW_KEY_L)) show_lessons_ = !show_lessons_, relayout_ = true;
   if (key(GLFW_KEY_N) && lesson_) {  // the presenter's one key: the lesson's next action or reveal
@@ -259,18 +285,39 @@ void App::handle_keys() {
     c.arg = "demo";
     queue_.push_back(c);
   }
-  for (int v = 0; v < kNumViews; v++)
-    if (key(GLFW_KEY_1 + v)) solo_ = solo_ == v ? -1 : v, relayout_ = true;
-  if (key(GLFW_KEY_0)) solo_ = -1, relayout_ = true;
+  solo_keys(kNumViews);
 }
 
-void App::toolbar() {
+// The toolbar's "all views / one view" picker (keys 0 and 1..n).
+void App::view_combo(const char* const* titles, int n) {
+  ImGui::SetNextItemWidth(ImGui::GetFontSize() * 7);
+  if (ImGui::BeginCombo("##view", solo_ < 0 ? "all views" : titles[solo_])) {
+    if (ImGui::Selectable("all views (0)", solo_ < 0)) solo_ = -1, relayout_ = true;
+    for (int v = 0; v < n; v++) {
+      std::string item = std::string(titles[v]) + " (" + std::to_string(v + 1) + ")";
+      if (ImGui::Selectable(item.c_str(), solo_ == v)) solo_ = v, relayout_ = true;
+    }
+    ImGui::EndCombo();
+  }
+}
+
+// The toolbar window across the top; its height, once known, places the tiles below it.
+void begin_toolbar() {
   const ImGuiViewport* vp = ImGui::GetMainViewport();
   ImGui::SetNextWindowPos(vp->WorkPos);
   ImGui::SetNextWindowSize(ImVec2(vp->WorkSize.x, 0));
   ImGui::Begin("##toolbar", nullptr,
                ImGuiWindowFlags_NoTitleBar | ImGuiWindowFlags_NoResize | ImGuiWindowFlags_NoMove |
                    ImGuiWindowFlags_NoSavedSettings | ImGuiWindowFlags_AlwaysAutoResize | ImGuiWindowFlags_NoScrollbar);
+}
+void end_toolbar(float& toolbar_h, bool& relayout) {
+  const float h = ImGui::GetWindowHeight();
+  if (h != toolbar_h) relayout = toolbar_h > 0 || relayout, toolbar_h = h;  // the tiles sit below it
+  ImGui::End();
+}
+
+void App::toolbar() {
+  begin_toolbar();
   const Snapshot& s = session_->snapshot();
   const bool paused = session_->paused();
   if (ImGui::Button(paused ? "Run (Space)" : "Pause (Space)")) {
@@ -315,16 +362,7 @@ void App::toolbar() {
   if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize("Lessons (L)").x + ImGui::GetFrameHeight() * 2) ImGui::NewLine();
   if (ImGui::Checkbox("Lessons (L)", &show_lessons_)) relayout_ = true;
   ImGui::SameLine();
-  ImGui::SetNextItemWidth(ImGui::GetFontSize() * 7);
-  const char* solo_label = solo_ < 0 ? "all views" : kViewTitles[solo_];
-  if (ImGui::BeginCombo("##view", solo_label)) {
-    if (ImGui::Selectable("all views (0)", solo_ < 0)) solo_ = -1, relayout_ = true;
-    for (int v = 0; v < kNumViews; v++) {
-      std::string item = std::string(kViewTitles[v]) + " (" + std::to_string(v + 1) + ")";
-      if (ImGui::Selectable(item.c_str(), solo_ == v)) solo_ = v, relayout_ = true;
-    }
-    ImGui::EndCombo();
-  }
+  view_combo(kViewTitles, kNumViews);
   // Status: where the run stands (on a second line when large fonts leave no room).
   std::string status;
   if (!s.error.empty()) status = "FAILED (see Collective)";
@@ -350,9 +388,7 @@ void App::toolbar() {
   ImGui::SameLine();
   if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(line).x) ImGui::NewLine();
   ImGui::TextUnformatted(line);
-  const float h = ImGui::GetWindowHeight();
-  if (h != toolbar_h_) relayout_ = toolbar_h_ > 0 || relayout_, toolbar_h_ = h;  // the tiles sit below it
-  ImGui::End();
+  end_toolbar(toolbar_h_, relayout_);
 }
 
 // Where the ranks run, in words, for the Run panel.
@@ -510,6 +546,7 @@ void App::config_panel() {
 }
 
 void App::views() {
+  if (traces_) return trace_views();
   const ImGuiViewport* vp = ImGui::GetMainViewport();
   const float top = vp->WorkPos.y + (toolbar_h_ > 0 ? toolbar_h_ : ImGui::GetFrameHeightWithSpacing() * 1.5f);
   float W = vp->WorkSize.x, x0 = vp->WorkPos.x;
@@ -634,6 +671,14 @@ bool App::save_screenshot(const std::string& path) {
     return false;
   }
   // What the picture shows, in words: scripts and tests check the state they stopped at.
+  if (traces_) {
+    std::string state = trace_summary(*trace_);
+    if (trace_ui_.selected >= 0) state += "; collective " + std::to_string(trace_ui_.selected) + " selected";
+    if (trace_->comparison) state += "; compared on " + trace_->comparison->profile;
+    std::printf("screenshot %s (%dx%d): %s\n", path.c_str(), w, h, state.c_str());
+    std::fflush(stdout);
+    return true;
+  }
   const Snapshot& sn = session_->snapshot();
   std::string state = "iteration " + std::to_string(sn.iteration) + ", step " + std::to_string(sn.step);
   if (sn.collective.valid) {
@@ -688,6 +733,7 @@ void App::check_spoilers() {
 bool App::script_tick() {
   if (opt_.check_spoilers) check_spoilers();
   if (!pending_shot_.empty()) return true;  // the screenshot is taken at the end of a frame
+  if (trace_wait_tick()) return true;
   if (script_waiting_) {
     if (Clock::now() < script_until_) return true;
     script_waiting_ = false;
@@ -700,6 +746,7 @@ bool App::script_tick() {
   if (queue_.empty()) return !scripted_;  // a script ends the app when it runs out
   const ScriptCommand c = queue_.front();
   queue_.pop_front();
+  if (traces_) return trace_script(c);
   auto settle = [&]() {
     if (!session_->wait_settled(std::chrono::seconds(20))) {
       const std::string where = lesson_ ? lesson_->lesson().path + ":" : "script command ";
@@ -763,6 +810,7 @@ bool App::script_tick() {
       if (!settle()) return !scripted_;
       break;
     case ScriptCommand::View:
+      if (trace_command(c)) return script_failure(c, "view " + c.arg + " is a panel of imported traces; open them with dtlab --open DIR");
       solo_ = -1;
       for (int v = 0; v < kNumViews; v++)
         if (c.arg == kViewNames[v]) solo_ = v;
@@ -791,6 +839,11 @@ bool App::script_tick() {
     case ScriptCommand::Reset: restart(session_->config()); break;
     case ScriptCommand::Quit: return false;
     case ScriptCommand::Lesson: return lesson_command(c);
+    case ScriptCommand::WaitFor:
+    case ScriptCommand::Select:
+    case ScriptCommand::Compare:
+    case ScriptCommand::Zoom:  // options.cpp refuses these without --open; a lesson's actions come here
+      return script_failure(c, "this command works on imported traces; open them with dtlab --open DIR");
   }
   return true;
 }
@@ -871,9 +924,176 @@ void App::lesson_panel(ImVec2 pos, ImVec2 size) {
   ImGui::End();
 }
 
+// ---- --open: the imported-trace viewer. The loader reads on its own thread; each frame polls it once.
+
+void App::trace_toolbar() {
+  begin_toolbar();
+  const TraceSnapshot& t = *trace_;
+  const float fs = ImGui::GetFontSize();
+  if (t.load == TaskState::Running) {
+    char overlay[32];
+    std::snprintf(overlay, sizeof overlay, "%.0f%%", 100 * t.fraction);
+    ImGui::ProgressBar(static_cast<float>(t.fraction), ImVec2(8 * fs, 0), overlay);
+    ImGui::SameLine();
+    if (ImGui::Button("Cancel")) traces_->cancel();
+  } else {
+    if (ImGui::Button("Reload")) traces_->reopen();
+    if (ImGui::IsItemHovered()) ImGui::SetTooltip("Read the trace files again");
+  }
+  ImGui::SameLine();
+  if (ImGui::Checkbox("Presentation (P)", &presentation_)) {
+    apply_style();
+    relayout_ = true;
+  }
+  ImGui::SameLine();
+  view_combo(kTraceViewTitles, kNumTraceViews);
+  const std::string line = trace_summary(t);
+  ImGui::SameLine(0, 1.2f * fs);
+  if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(line.c_str()).x) ImGui::NewLine();
+  ImGui::TextUnformatted(line.c_str());
+  end_toolbar(toolbar_h_, relayout_);
+}
+
+void App::trace_views() {
+  const ImGuiViewport* vp = ImGui::GetMainViewport();
+  const float top = vp->WorkPos.y + (toolbar_h_ > 0 ? toolbar_h_ : ImGui::GetFrameHeightWithSpacing() * 1.5f);
+  const float W = vp->WorkSize.x, x0 = vp->WorkPos.x, H = vp->WorkPos.y + vp->WorkSize.y - top;
+  // The timeline across the top; below it the collectives, the breakdown and the comparison.
+  struct Rect { float x, y, w, h; };
+  const Rect tiles[kNumTraceViews] = {
+      {x0, top, W, 0.56f * H},
+      {x0, top + 0.56f * H, 0.38f * W, 0.44f * H},
+      {x0 + 0.38f * W, top + 0.56f * H, 0.32f * W, 0.44f * H},
+      {x0 + 0.70f * W, top + 0.56f * H, 0.30f * W, 0.44f * H},
+  };
+  const ImGuiCond cond = relayout_ ? ImGuiCond_Always : ImGuiCond_FirstUseEver;
+  for (int v = 0; v < kNumTraceViews; v++) {
+    if (solo_ >= 0 && solo_ != v) continue;
+    const Rect t = solo_ == v ? Rect{x0, top, W, H} : tiles[v];
+    ImGui::SetNextWindowPos(ImVec2(t.x, t.y), solo_ == v ? ImGuiCond_Always : cond);
+    ImGui::SetNextWindowSize(ImVec2(t.w, t.h), solo_ == v ? ImGuiCond_Always : cond);
+    const std::string title = std::string(kTraceViewTitles[v]) + "###trace_" + kTraceViewNames[v];
+    ImGui::Begin(title.c_str(), nullptr, solo_ == v ? ImGuiWindowFlags_NoSavedSettings : 0);
+    switch (v) {
+      case kTraceTimeline: draw_trace_timeline(*trace_, trace_ui_, ctx_); break;
+      case kTraceCollectives: draw_trace_collectives(*trace_, trace_ui_, ctx_); break;
+      case kTraceBreakdown: draw_trace_breakdown(*trace_, trace_ui_, ctx_); break;
+      case kTraceCompare: draw_trace_compare(*trace_, trace_ui_, ctx_); break;
+    }
+    ImGui::End();
+  }
+  relayout_ = false;
+  if (trace_ui_.reveal > 0) trace_ui_.reveal--;
+  // What the panels asked for.
+  if (trace_ui_.cancel) traces_->cancel();
+  if (trace_ui_.reopen) traces_->reopen();
+  if (trace_ui_.compare) {
+    TraceCompareOptions o;
+    o.model = trace_ui_.model, o.profile = trace_ui_.profile, o.batch = trace_ui_.batch, o.bucket_cap_mb = trace_ui_.bucket_cap_mb;
+    traces_->compare(o);
+  }
+  trace_ui_.cancel = trace_ui_.reopen = trace_ui_.compare = false;
+}
+
+// A script command that cannot do what it says: one sentence, and a scripted run ends with exit 1.
+bool App::script_failure(const ScriptCommand& c, const std::string& why) {
+  std::fprintf(stderr, "dtlab: script command %d: %s\n", c.line, tidy_sentence(why).c_str());
+  exit_code_ = std::max(exit_code_, 1);
+  queue_.clear();
+  return !scripted_;
+}
+
+// `wait trace|compare`: true while it still waits. When the task ends the outcome is printed; a
+// failed load is what the panels show, so the script goes on (and the run ends with exit 2).
+bool App::trace_wait_tick() {
+  if (!trace_waiting_) return false;
+  const TraceSnapshot& t = traces_->poll();
+  const bool load = trace_wait_.arg == "trace";
+  const TaskState st = load ? t.load : t.compare;
+  if (st == TaskState::Running) {
+    if (Clock::now() < trace_wait_until_) return true;
+    trace_waiting_ = false;
+    char why[200];
+    if (load)
+      std::snprintf(why, sizeof why, "the traces were still loading after %.0f s (%.0f%% of %s read); give wait trace a longer limit, e.g. wait trace 900s",
+                    trace_wait_.seconds, 100 * t.fraction, human_bytes(t.bytes).c_str());
+    else
+      std::snprintf(why, sizeof why, "the comparison was still running after %.0f s; give wait compare a longer limit", trace_wait_.seconds);
+    script_failure(trace_wait_, why);
+    return false;
+  }
+  trace_waiting_ = false;
+  if (load && st == TaskState::Done)
+    std::printf("trace loaded in %.1f s: %s\n", t.trace->load_s, trace_summary(t).c_str());
+  else if (!load && st == TaskState::Done)
+    std::printf("compare %s: %s\n", t.comparison->profile.c_str(), t.comparison->summary.c_str());
+  else if (st == TaskState::Failed || st == TaskState::Cancelled) {
+    const std::string& why = st == TaskState::Cancelled ? std::string("loading the traces was cancelled") : load ? t.error : t.compare_error;
+    std::fprintf(stderr, "dtlab: %s\n", tidy_sentence(why).c_str());
+    exit_code_ = std::max(exit_code_, 2);
+  }
+  std::fflush(stdout);
+  return false;
+}
+
+// The commands a script may give the trace viewer (options.cpp refused the live-run ones).
+bool App::trace_script(const ScriptCommand& c) {
+  const TraceSnapshot& t = traces_->poll();
+  switch (c.kind) {
+    case ScriptCommand::Wait:
+      script_waiting_ = true;
+      script_until_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(c.seconds));
+      return true;
+    case ScriptCommand::WaitFor:
+      if (c.arg == "compare" && t.compare == TaskState::Idle) return script_failure(c, "wait compare: no comparison was started; give compare [PROFILE] first");
+      trace_wait_ = c;
+      trace_waiting_ = true;
+      trace_wait_until_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(c.seconds));
+      return true;
+    case ScriptCommand::View:
+      solo_ = -1;
+      for (int v = 0; v < kNumTraceViews; v++)
+        if (c.arg == kTraceViewNames[v] || (c.arg == "inspector" && v == kTraceCollectives)) solo_ = v;
+      relayout_ = true;
+      return true;
+    case ScriptCommand::Screenshot:
+      pending_shot_ = c.arg;
+      shot_frames_ = 3;
+      return true;
+    case ScriptCommand::Presentation:
+      presentation_ = c.arg == "on";
+      apply_style();
+      relayout_ = true;
+      return true;
+    case ScriptCommand::Quit: return false;
+    default: break;
+  }
+  if (!t.trace) return script_failure(c, "no trace is loaded (" + std::string(task_state_name(t.load)) + "); put wait trace before it");
+  const ImportedTrace& tr = t.trace->trace;
+  if (c.kind == ScriptCommand::Select) {
+    if (c.count >= static_cast<int>(tr.collectives.size()))
+      return script_failure(c, "select collective " + std::to_string(c.count) + ": the trace holds " + std::to_string(tr.collectives.size()) +
+                                   " collectives, numbered from 0");
+    trace_ui_.selected = c.count, trace_ui_.reveal = 2;
+    const TraceCollective& k = tr.collectives[static_cast<size_t>(c.count)];
+    std::printf("selected collective %d: %s, iteration %d, bucket %d, last rank %d, %s late\n", c.count, k.name.c_str(), k.iteration,
+                k.bucket, k.last_rank, time_text((k.last_arrival_us - k.first_arrival_us) * 1e-6).c_str());
+  } else if (c.kind == ScriptCommand::Zoom) {
+    if (const std::string why = zoom_trace(t, trace_ui_, c.arg, c.count); !why.empty()) return script_failure(c, why);
+  } else if (c.kind == ScriptCommand::Compare) {
+    if (!c.arg.empty()) trace_ui_.profile = c.arg;
+    if (trace_ui_.model.empty()) return script_failure(c, "compare: the traced model is not known; give --trace-model SPEC or put dtlab.json beside the traces");
+    if (t.compare == TaskState::Running) return script_failure(c, "compare: a comparison is running already; wait compare first");
+    trace_ui_.compare = true;
+  }
+  std::fflush(stdout);
+  return true;
+}
+
 void App::frame() {
   glfwPollEvents();
-  session_->update();
+  if (traces_) trace_ = &traces_->poll();
+  else session_->update();
   ImGui_ImplOpenGL3_NewFrame();
   ImGui_ImplGlfw_NewFrame();
   // Scripted runs own no mouse: Xvfb's pointer rests mid-screen and would leave a tooltip in every
@@ -883,7 +1103,8 @@ void App::frame() {
   ImGui::NewFrame();
   ctx_.time = glfwGetTime() - start_time_;
   handle_keys();
-  toolbar();
+  if (traces_) trace_toolbar();
+  else toolbar();
   views();
   ImGui::Render();
   if (capture_step_ >= 0) before_check_[capture_step_] = screen_text(*ImGui::GetDrawData()), capture_step_ = -1;
@@ -904,13 +1125,19 @@ void App::frame() {
 }
 
 int App::run() {
-  try {
-    session_ = opt_.attach.empty() ? std::make_unique<Session>(opt_.train) : Session::attach(opt_.attach);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "dtlab: %s\n", tidy_sentence(e.what()).c_str());
-    return 2;
+  if (!opt_.open.empty()) {  // the trace viewer: no training run (options.cpp refused the flags of one)
+    traces_ = std::make_unique<TraceLoader>();
+    trace_ui_.profile = opt_.compare_profile, trace_ui_.model = opt_.trace_model;
+    trace_ui_.batch = opt_.trace_batch, trace_ui_.bucket_cap_mb = opt_.trace_bucket_cap_mb;
+  } else {
+    try {
+      session_ = opt_.attach.empty() ? std::make_unique<Session>(opt_.train) : Session::attach(opt_.attach);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "dtlab: %s\n", tidy_sentence(e.what()).c_str());
+      return 2;
+    }
+    edit_ = session_->config();
   }
-  edit_ = session_->config();
   queue_.assign(opt_.script.begin(), opt_.script.end());
   scripted_ = !opt_.script.empty() || opt_.play;
   if (!opt_.lesson.empty()) {
@@ -935,28 +1162,34 @@ int App::run() {
   }
   // The frame benchmark measures a live run: the engine steps (slowly, so it shares the cores
   // fairly) while the views redraw.
-  if (opt_.bench_frames && !opt_.running) opt_.running = true, opt_.speed = opt_.speed > 0 ? opt_.speed : 1e-4;
-  if (opt_.running) session_->run(opt_.speed);
-  else if (opt_.speed > 0) {
-    session_->run(opt_.speed);
-    session_->pause();
+  if (session_) {
+    if (opt_.bench_frames && !opt_.running) opt_.running = true, opt_.speed = opt_.speed > 0 ? opt_.speed : 1e-4;
+    if (opt_.running) session_->run(opt_.speed);
+    else if (opt_.speed > 0) {
+      session_->run(opt_.speed);
+      session_->pause();
+    }
   }
   if (!init_window()) return 2;
+  if (traces_) traces_->open(opt_.open, opt_.trace_ranks);
   init_imgui();
   gl_ = std::make_unique<GlResources>(DTLAB_SHADER_DIR);
   ctx_.gl = gl_.get();
   ctx_.modeled_clock = opt_.modeled_clock;
   ctx_.pipeline_compare = opt_.compare;
   start_time_ = glfwGetTime();
-  std::vector<double> cpu_ms, wall_ms;
-  int frames = 0;
+  std::vector<double> cpu_ms, wall_ms;            // the benchmark's frames
+  std::vector<double> load_cpu_ms, load_wall_ms;  // --open: the frames drawn while the traces loaded
+  int frames = 0, bench_frames = 0;
   while (!glfwWindowShouldClose(win_) && !quit_) {
+    const bool loading = traces_ && traces_->poll().load == TaskState::Running;
     const double c0 = thread_cpu_seconds();
     const auto w0 = Clock::now();
     frame();
     frames++;
-    cpu_ms.push_back((thread_cpu_seconds() - c0) * 1e3);
-    wall_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - w0).count());
+    (loading ? load_cpu_ms : cpu_ms).push_back((thread_cpu_seconds() - c0) * 1e3);
+    (loading ? load_wall_ms : wall_ms).push_back(std::chrono::duration<double, std::milli>(Clock::now() - w0).count());
+    bench_frames += loading ? 0 : 1;  // with --open, the benchmark's N frames draw the loaded trace
     if (frames >= 2 && !script_tick() && pending_shot_.empty()) break;
     if (!opt_.screenshot.empty() && frames == opt_.frames) {
       pending_shot_ = opt_.screenshot;
@@ -964,13 +1197,12 @@ int App::run() {
       frame();
       break;
     }
-    if (opt_.bench_frames && frames >= opt_.bench_frames) break;
+    if (opt_.bench_frames && bench_frames >= opt_.bench_frames) break;
   }
   if (opt_.bench_frames) {
-    // Skip the first frames (font atlas upload, first shader builds).
-    const size_t skip = std::min<size_t>(10, cpu_ms.size() / 10);
     auto stats = [&](std::vector<double> v, double& med, double& p95) {
-      v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(skip));
+      // Skip the first frames (font atlas upload, first shader builds).
+      v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(10, v.size() / 10)));
       std::sort(v.begin(), v.end());
       med = v.empty() ? 0 : v[v.size() / 2];
       p95 = v.empty() ? 0 : v[std::min(v.size() - 1, v.size() * 95 / 100)];
@@ -978,9 +1210,19 @@ int App::run() {
     double cm = 0, cp = 0, wm = 0, wp = 0;
     stats(cpu_ms, cm, cp);
     stats(wall_ms, wm, wp);
+    const int world = trace_ && trace_->trace ? static_cast<int>(trace_->trace->trace.ranks.size()) : opt_.train.world_size;
     std::printf("frame benchmark: %d frames, world %d, %dx%d: CPU ms per frame (UI thread) median %.2f, p95 %.2f; wall ms per frame median %.2f, p95 %.2f\n",
-                frames, opt_.train.world_size, opt_.width, opt_.height, cm, cp, wm, wp);
+                bench_frames, world, opt_.width, opt_.height, cm, cp, wm, wp);
+    if (traces_) {  // the UI kept drawing while the traces loaded on their own thread
+      const TraceSnapshot& t = traces_->poll();
+      stats(load_cpu_ms, cm, cp);
+      stats(load_wall_ms, wm, wp);
+      std::printf("trace load: %d files, %s, %s in %.2f s; %zu frames drawn while loading: wall ms per frame median %.2f, p95 %.2f; "
+                  "CPU ms per frame median %.2f, p95 %.2f\n", t.files, human_bytes(t.bytes).c_str(), task_state_name(t.load),
+                  t.elapsed_s, load_wall_ms.size(), wm, wp, cm, cp);
+    }
   }
+  traces_.reset();   // cancels a load and joins its threads
   session_.reset();  // stops the engine before the GL context goes
   gl_.reset();
   ImGui_ImplOpenGL3_Shutdown();

@@ -15,6 +15,8 @@
 #include "engine/core/format.h"
 #include "engine/io/atomic_file.h"
 #include "engine/parallel/pipeline.h"
+#include "engine/trace/cost_model.h"
+#include "app/trace_loader.h"
 
 namespace dtlab::app {
 
@@ -27,6 +29,75 @@ std::string preset_model(const std::string& name) {
   if (name == "deep") return "mlp:2,64,64,64,64,3";
   if (name == "wide") return "mlp:2,256,256,3";
   return name;
+}
+
+// The flags that configure the window's own training run: refused with --attach and --open, whose
+// runs were configured elsewhere.
+constexpr const char* kRunFlags[] = {
+    "--strategy", "--world", "--model", "--data", "--batch", "--steps", "--accum", "--optimizer", "--lr", "--bucket-cap-mb",
+    "--first-bucket-mb", "--sized-first-iteration", "--find-unused-parameters", "--sharding", "--node-size", "--wrap",
+    "--backward-prefetch", "--forward-prefetch", "--stages", "--microbatches", "--schedule", "--chunks", "--dp", "--split",
+    "--unit-costs", "--skip-layer", "--skip-every", "--skip-ranks", "--allow-nonfinite", "--fault", "--profile", "--seed",
+    "--timeout", "--device", "--backend"};
+
+// --open and its companions: the paths exist and hold traces, one rank per file, a known profile,
+// a model dtlab can build (given, or from the directory's dtlab.json); live-run flags and script
+// commands are refused, since no training runs.
+void check_open(const CLI::App& app, AppOptions& o) {
+  if (o.open.empty()) {
+    for (const char* flag : {"--trace-ranks", "--compare-profile", "--trace-model"})
+      if (app.count(flag) > 0) throw Error(std::string(flag) + " goes with --open DIR; add --open and the traces' directory");
+    for (const ScriptCommand& c : o.script)
+      if (trace_command(c))
+        throw Error("script command " + std::to_string(c.line) + " works on imported traces; add --open DIR");
+    return;
+  }
+  if (!o.attach.empty()) throw Error("--open shows recorded traces and --attach a launched run; drop one of them");
+  if (!o.lesson.empty() || o.play) throw Error("--open shows recorded traces and --lesson runs its own; drop one of them");
+  for (const char* flag : kRunFlags)
+    if (app.count(flag) > 0)
+      throw Error(std::string("--open shows a recorded job, so ") + flag + " cannot apply; drop it (--trace-model and "
+                  "--compare-profile set the Compare panel's run)");
+  for (const char* flag : {"--running", "--speed", "--clock", "--compare"})
+    if (app.count(flag) > 0) throw Error(std::string("--open shows a recorded job, so ") + flag + " cannot apply; drop it");
+  for (const ScriptCommand& c : o.script)
+    if (c.kind == ScriptCommand::View && !trace_command(c) && c.arg != "timeline" && c.arg != "inspector" && c.arg != "all")
+      throw Error("script command " + std::to_string(c.line) + " 'view " + c.arg + "' shows a live run; with --open the views are "
+                  "timeline, collectives, breakdown, compare and all");
+  for (const ScriptCommand& c : o.script)
+    if (live_command(c))
+      throw Error("script command " + std::to_string(c.line) + " steps a live run, and --open shows a recorded job; "
+                  "use wait trace, select collective K, zoom, compare, view, screenshot and quit");
+  const TraceFiles files = list_trace_files(o.open);
+  if (!o.trace_ranks.empty()) {
+    if (o.trace_ranks.size() != files.files.size())
+      throw Error("--trace-ranks names " + std::to_string(o.trace_ranks.size()) + (o.trace_ranks.size() == 1 ? " rank" : " ranks") +
+                  " for " + std::to_string(files.files.size()) + (files.files.size() == 1 ? " trace file" : " trace files") +
+                  "; give one rank per file, in the order " + (o.open.size() == 1 && files.files.size() > 1 ? "the files sort" : "given"));
+    std::vector<int> sorted = o.trace_ranks;
+    std::sort(sorted.begin(), sorted.end());
+    if (auto d = std::adjacent_find(sorted.begin(), sorted.end()); d != sorted.end())
+      throw Error("--trace-ranks gives rank " + std::to_string(*d) + " twice; each file is one rank");
+  }
+  if (o.compare_profile != "this" && o.compare_profile != "ideal") {
+    try {
+      find_profile(o.compare_profile);
+    } catch (const Error& e) {
+      throw Error(std::string("--compare-profile: ") + e.what());
+    }
+  }
+  const TraceMeta meta = read_trace_meta(o.open);
+  o.trace_batch = meta.batch;
+  o.trace_bucket_cap_mb = meta.bucket_cap_mb;
+  if (app.count("--trace-model") == 0) o.trace_model = meta.model;
+  if (!o.trace_model.empty()) {
+    const std::string where = app.count("--trace-model") > 0 ? "--trace-model" : meta.path + "'s model";
+    try {
+      o.trace_model = ModelSpec::parse(preset_model(o.trace_model)).str();
+    } catch (const Error& e) {
+      throw Error(where + ": " + e.what());
+    }
+  }
 }
 
 }  // namespace
@@ -130,6 +201,13 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
   app.add_option("--device", device, "cpu | cuda (default: cuda when a GPU is present, else cpu; DTLAB_DEVICE sets it)");
   app.add_option("--backend", backend, "threads | cuda (ranks share a GPU) | nccl (one GPU per rank); default: nccl with a GPU per rank, cuda with fewer, else threads");
   app.add_option("--attach", o.attach, "Show and step a launched run: HOST:PORT of its 'train --monitor PORT' (rank 0's host)");
+  app.add_option("--open", o.open, "Show a multi-rank job's PyTorch profiler traces: a directory of per-rank .json/.json.gz files, "
+                                   "or the files (repeatable)");
+  app.add_option("--trace-ranks", o.trace_ranks, "With --open: the rank of each file in order, for traces that record none (e.g. 0,1,2,3)")
+      ->delimiter(',')->check(CLI::Range(0, 4095));
+  app.add_option("--compare-profile", o.compare_profile, "With --open: the hardware profile dtlab models the traced all-reduces on")
+      ->capture_default_str();
+  app.add_option("--trace-model", o.trace_model, "With --open: the traced model as dtlab builds it, e.g. mlp:2,512,512,3 (default: dtlab.json's)");
   app.add_flag("--check-spoilers", o.check_spoilers, "With --play: fail when a question's answer is on screen before its check");
   app.add_flag("--play", o.play, "With --lesson: play it without a person (it still needs a display: xvfb-run -a), answering with the live figures; exit 1 on a failed step");
   app.set_version_flag("--version", "dtlab 0.1.0");
@@ -199,13 +277,7 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
       if (!o.lesson.empty()) throw Error("--attach shows a launched run and --lesson runs its own; drop one of them");
       // A launched run's configuration is its ranks' (dtlab-cli train ... --monitor PORT): a flag
       // that would configure this window's own run cannot change it, so it is refused, not ignored.
-      for (const char* flag : {"--strategy", "--world", "--model", "--data", "--batch", "--steps", "--accum", "--optimizer",
-                               "--lr", "--bucket-cap-mb", "--first-bucket-mb", "--sized-first-iteration",
-                               "--find-unused-parameters", "--sharding",
-                               "--node-size", "--wrap", "--backward-prefetch", "--forward-prefetch", "--stages",
-                               "--microbatches", "--schedule", "--chunks", "--dp", "--split", "--unit-costs", "--skip-layer",
-                               "--skip-every", "--skip-ranks", "--allow-nonfinite", "--fault", "--profile", "--seed", "--timeout",
-                               "--device", "--backend"})
+      for (const char* flag : kRunFlags)
         if (app.count(flag) > 0)
           throw Error(std::string("--attach shows a launched run as its ranks were started, so ") + flag +
                       " cannot apply; give it to 'dtlab-cli train' under dtlab-cli launch, or drop it");
@@ -226,6 +298,7 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
     if (!o.screenshot.empty() && !o.script.empty()) throw Error("--screenshot is a one-shot; inside a script use the screenshot command");
     if (o.play && !o.script.empty()) throw Error("--play plays the whole lesson; to stop at a step, drop --play and script `lesson goto N`");
     if (app.count("--screenshot") > 0 && o.screenshot.size() < 5) throw Error("--screenshot needs a PATH.png");
+    check_open(app, o);
     c.start_paused = !o.running;
   } catch (const CLI::CallForHelp&) {
     std::printf("%s", app.help().c_str());

@@ -26,6 +26,13 @@ struct AppOptions {
   bool play = false;                   // --play: play the lesson headless, checking every step
   bool check_spoilers = false;         // --check-spoilers: with --play, fail when the screen shows an answer before its check
   std::string attach;                  // --attach HOST:PORT: show and step a launched run (its --monitor)
+  // --open: the lab shows a recorded job's PyTorch profiler traces instead of a live run (app/trace_loader.h).
+  std::vector<std::string> open;       // --open PATH (repeatable): a directory of per-rank traces, or the files
+  std::vector<int> trace_ranks;        // --trace-ranks 0,1,...: each file's rank, for traces that record none
+  std::string compare_profile = "this";  // --compare-profile NAME: the Compare panel's hardware profile
+  std::string trace_model;             // --trace-model SPEC, else dtlab.json's "model"; "" when neither says
+  int64_t trace_batch = 32;            // dtlab.json's "batch" (per rank)
+  double trace_bucket_cap_mb = 25;     // dtlab.json's "bucket_cap_mb"
 };
 
 // --unit-costs: every F, B, I and W of a pipeline costs this many modeled seconds (dtlab-cli's).

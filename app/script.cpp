@@ -8,6 +8,7 @@
 
 #include "app/lesson.h"
 #include "engine/core/check.h"
+#include "engine/trace/cost_model.h"
 
 namespace dtlab::app {
 
@@ -17,7 +18,11 @@ const char* kUsage =
     "commands: step ring|collective|iteration|action [N], run [SECONDS]s, pause, wait SECONDSs, "
     "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|all, screenshot PATH.png, speed X, "
     "presentation on|off, clock modeled|wall, set_epoch on|off, reset, quit, "
-    "lesson open NAME|next|back|goto N|answer X|check|play|demo|close";
+    "lesson open NAME|next|back|goto N|answer X|check|play|demo|close; with --open: wait trace|compare [SECONDS]s, "
+    "select collective K, compare [PROFILE], zoom all|iteration N|collective K, view collectives|breakdown|compare";
+
+// The trace panels' own names, which `view` also takes.
+const char* kTraceViews[] = {"collectives", "breakdown", "compare"};
 
 std::vector<std::string> words(const std::string& s) {
   std::vector<std::string> w;
@@ -50,8 +55,32 @@ bool read_text_file(const std::string& path, std::string& out, size_t max_bytes)
 }
 
 const std::vector<std::string>& view_names() {
-  static const std::vector<std::string> names = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "all"};
+  static const std::vector<std::string> names = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "all",
+                                                 kTraceViews[0], kTraceViews[1], kTraceViews[2]};
   return names;
+}
+
+bool live_command(const ScriptCommand& c) {
+  switch (c.kind) {
+    case ScriptCommand::StepRing:
+    case ScriptCommand::StepCollective:
+    case ScriptCommand::StepIteration:
+    case ScriptCommand::StepAction:
+    case ScriptCommand::Run:
+    case ScriptCommand::Pause:
+    case ScriptCommand::Speed:
+    case ScriptCommand::Clock:
+    case ScriptCommand::SetEpoch:
+    case ScriptCommand::Reset:
+    case ScriptCommand::Lesson: return true;
+    default: return false;
+  }
+}
+
+bool trace_command(const ScriptCommand& c) {
+  if (c.kind == ScriptCommand::View) return std::find(std::begin(kTraceViews), std::end(kTraceViews), c.arg) != std::end(kTraceViews);
+  return c.kind == ScriptCommand::WaitFor || c.kind == ScriptCommand::Select || c.kind == ScriptCommand::Compare ||
+         c.kind == ScriptCommand::Zoom;
 }
 
 std::vector<ScriptCommand> parse_script(const std::string& text, const std::string& origin) {
@@ -84,6 +113,38 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
         if (!parse_double(w[2], n, false) || n < 1 || n > 100000 || n != std::floor(n)) fail("the count must be a whole number from 1");
         c.count = static_cast<int>(n);
       }
+    } else if (k == "wait" && w.size() >= 2 && (w[1] == "trace" || w[1] == "compare")) {
+      c.kind = ScriptCommand::WaitFor;
+      c.arg = w[1];
+      c.seconds = w[1] == "trace" ? 300 : 120;  // a 100 MB trace on two cores; a second or two of training
+      if (w.size() > 3 || (w.size() == 3 && !parse_double(w[2], c.seconds, true)))
+        fail("wait " + w[1] + " takes at most one limit like 60s (0 to 3600 seconds)");
+    } else if (k == "select") {
+      double n = 0;
+      if (w.size() != 3 || w[1] != "collective" || !parse_double(w[2], n, false) || n > 1e9 || n != std::floor(n))
+        fail("select takes 'collective K', K the collective's number from 0 (the # column)");
+      c.kind = ScriptCommand::Select;
+      c.count = static_cast<int>(n);
+    } else if (k == "compare") {
+      if (w.size() > 2) fail("compare takes at most a hardware profile");
+      c.kind = ScriptCommand::Compare;
+      if (w.size() == 2) {
+        c.arg = w[1];
+        try {
+          if (c.arg != "this" && c.arg != "ideal") find_profile(c.arg);  // "this" measures the machine: not here
+        } catch (const Error& e) {
+          fail(e.what());
+        }
+      }
+    } else if (k == "zoom") {
+      double n = 0;
+      const bool all = w.size() == 2 && w[1] == "all";
+      if (!all && (w.size() != 3 || (w[1] != "iteration" && w[1] != "collective") || !parse_double(w[2], n, false) || n > 1e9 ||
+                   n != std::floor(n)))
+        fail("zoom takes all, iteration N (rank 0's ProfilerSteps in time order, from 0) or collective K");
+      c.kind = ScriptCommand::Zoom;
+      c.arg = w[1];
+      c.count = static_cast<int>(n);
     } else if (k == "run" || k == "wait") {
       c.kind = k == "run" ? ScriptCommand::Run : ScriptCommand::Wait;
       if (w.size() > 2 || (k == "wait" && w.size() != 2)) fail(k + " takes one duration like 0.5s");
@@ -94,7 +155,8 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       c.kind = k == "pause" ? ScriptCommand::Pause : k == "quit" ? ScriptCommand::Quit : ScriptCommand::Reset;
     } else if (k == "view") {
       if (w.size() != 2 || std::find(view_names().begin(), view_names().end(), w[1]) == view_names().end())
-        fail("view takes one of ring, buckets, timeline, memory, inspector, data, shards, pipeline, all");
+        fail("view takes one of ring, buckets, timeline, memory, inspector, data, shards, pipeline, all (with --open: timeline, "
+             "collectives, breakdown, compare, all)");
       c.kind = ScriptCommand::View;
       c.arg = w[1];
     } else if (k == "screenshot") {

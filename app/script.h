@@ -11,7 +11,12 @@ struct ScriptCommand {
   enum Kind { StepRing, StepCollective, StepIteration, Run, Pause, View, Screenshot, Wait, Speed,
               Presentation, Clock, SetEpoch, Reset, Quit,
               Lesson,  // `lesson open NAME|next|back|goto N|answer X|check|play|demo|close` (app/lesson.h)
-              StepAction };  // `step action [N]`: N time steps of a pipeline schedule
+              StepAction,  // `step action [N]`: N time steps of a pipeline schedule
+              // Imported traces (dtlab --open):
+              WaitFor,     // `wait trace|compare [SECONDS]s`: until the load (or comparison) ends; seconds: the limit
+              Select,      // `select collective K`: count = K
+              Compare,     // `compare [PROFILE]`: start the Compare panel's run; arg: the profile ("" keeps the panel's)
+              Zoom };      // `zoom all|iteration N|collective K`: arg the what, count N or K
   Kind kind = Quit;
   int count = 1;        // step commands: how many
   double seconds = 0;   // run / wait: how long (run 0 = run on)
@@ -21,8 +26,13 @@ struct ScriptCommand {
 };
 
 // The view names `view` accepts (and the app's windows): ring, buckets, timeline, memory,
-// inspector, data, shards, pipeline, all.
+// inspector, data, shards, pipeline, all; with --open also collectives, breakdown, compare.
 const std::vector<std::string>& view_names();
+
+// Commands that drive a live run (step, run, pause, speed, clock, set_epoch, reset, lesson), and
+// those that need imported traces (wait trace, select, compare, zoom, the trace panels' views).
+bool live_command(const ScriptCommand& c);
+bool trace_command(const ScriptCommand& c);
 
 // Parses commands separated by newlines or ';'. Throws dtlab::Error naming the line and the fix.
 std::vector<ScriptCommand> parse_script(const std::string& text, const std::string& origin);

@@ -7,6 +7,7 @@
 
 #include "app/gl.h"
 #include "app/snapshot.h"
+#include "app/trace_loader.h"
 
 namespace dtlab::app {
 
@@ -42,6 +43,29 @@ void draw_inspector_view(const Snapshot& s, ViewContext& ctx);
 void draw_data_view(const Snapshot& s, ViewContext& ctx);
 void draw_shard_view(const Snapshot& s, ViewContext& ctx);
 void draw_pipeline_view(const Snapshot& s, ViewContext& ctx);
+
+// ---- imported traces (dtlab --open; app/views/trace_view.cpp): they draw from a TraceSnapshot.
+// What the trace panels share (the selection every panel shows, the timeline's range, the Compare
+// panel's choices) and what they ask of the app, which owns the loader.
+struct TraceUi {
+  int selected = -1;            // ImportedTrace::collectives index, or -1
+  int reveal = 0;               // frames in which the panels bring the selection into view (the app counts down)
+  bool fit = true;              // the timeline shows the whole run, until a zoom or a pan
+  double t0 = 0, t1 = 1;        // the timeline's range: µs on the aligned clock
+  std::string profile = "this", model;  // Compare: hardware profile and dtlab's model spec
+  int64_t batch = 32;
+  double bucket_cap_mb = 25;
+  bool cancel = false, reopen = false, compare = false;  // requests to the app
+};
+void draw_trace_timeline(const TraceSnapshot& t, TraceUi& ui, ViewContext& ctx);
+void draw_trace_collectives(const TraceSnapshot& t, TraceUi& ui, ViewContext& ctx);
+void draw_trace_breakdown(const TraceSnapshot& t, TraceUi& ui, ViewContext& ctx);
+void draw_trace_compare(const TraceSnapshot& t, TraceUi& ui, ViewContext& ctx);
+// "gloo_ddp_w4: 4 ranks, legacy autograd profiler, gloo, 3 iterations, 6 collectives" (or how the load stands).
+std::string trace_summary(const TraceSnapshot& t);
+// Puts rank 0's iteration n (its n-th ProfilerStep in time order, from 0), collective n or the whole run ("all")
+// in the timeline; the sentence saying why not when there is no such thing, else "".
+std::string zoom_trace(const TraceSnapshot& t, TraceUi& ui, const std::string& what, int n);
 
 // Shared colors, so a rank or a state reads the same in every view.
 ImU32 rank_color(int rank, int world, float alpha = 1.0f);
