@@ -37,7 +37,8 @@ ComputeHue hue_of(const std::string& name) {
   std::string s = name;
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   auto has = [&s](const char* w) { return s.find(w) != std::string::npos; };
-  if (has("backward")) return ComputeHue::Backward;
+  // The autograd engine's spans (evaluate_function: AddmmBackward0, AccumulateGrad) are backward.
+  if (has("backward") || has("autograd::engine") || has("accumulategrad")) return ComputeHue::Backward;
   if (has("optimizer") || has("sgd") || has("adam")) return ComputeHue::Optimizer;
   if (has("loss") || has("softmax") || has("nll")) return ComputeHue::Loss;
   return ComputeHue::Forward;

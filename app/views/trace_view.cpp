@@ -55,10 +55,11 @@ ImU32 hue_color(ComputeHue h) {
 }
 
 std::string us_text(double us) { return time_text(us * 1e-6); }
-// A point on the aligned clock, in the unit of its size, with the decimals `precision_us` resolves:
-// at 110 ms, "110.234 ms" to the µs where time_text's "110 ms" would say nothing.
-std::string at_text(double us, double precision_us) {
-  const double a = std::fabs(us);
+// A point on the aligned clock, in the unit of its size (or of `magnitude_us`, so a ruler's ticks
+// share one), with the decimals `precision_us` resolves: at 110 ms, "110.234 ms" to the µs where
+// time_text's "110 ms" would say nothing.
+std::string at_text(double us, double precision_us, double magnitude_us = 0) {
+  const double a = std::max(std::fabs(us), std::fabs(magnitude_us));
   const double scale = a < 1e3 ? 1 : a < 1e6 ? 1e-3 : 1e-6;
   const char* unit = a < 1e3 ? "\xC2\xB5s" : a < 1e6 ? "ms" : "s";
   const int dec = std::clamp(static_cast<int>(std::ceil(-std::log10(std::max(precision_us, 1e-6) * scale) - 1e-9)), 0, 6);
@@ -318,7 +319,7 @@ void draw_rank(Ctx& c, int r, float y, const Lanes& L, const TraceCollective* se
   auto ov = std::partition_point(ri.overlap.begin(), ri.overlap.end(), [t_lo](const auto& o) { return o.second < t_lo; });
   auto light = [&](float a, float b, double tb, double te) {
     b = std::max(b, a + 1);
-    dl->AddRectFilled(ImVec2(a, y + L.com0 + L.strip), ImVec2(b, y + L.com1), with_alpha(kOverlap, 0.2f));
+    dl->AddRectFilled(ImVec2(a, y + L.com0 + L.strip), ImVec2(b, y + L.com1), with_alpha(kOverlap, 0.12f));
     dl->AddRectFilled(ImVec2(a, y + L.com0), ImVec2(b, y + L.com0 + L.strip), kOverlap);
     if (c.mouse_in && c.mouse.x >= a && c.mouse.x <= b && c.mouse.y >= y + L.com0 && c.mouse.y <= y + L.com0 + L.strip)
       c.hover.kind = Hover::Overlap, c.hover.rank = r, c.hover.b = tb, c.hover.e = te;
@@ -339,11 +340,15 @@ void draw_rank(Ctx& c, int r, float y, const Lanes& L, const TraceCollective* se
   // so spans that ran at once do not hide each other.
   int threads[4] = {}, nth[4] = {};
   for (const TraceRow& row : ri.rows) threads[static_cast<int>(row.lane)]++;
+  std::pair<float, float> comm_band_of_thread[64];  // the comm sub-row each thread's spans take (threads beyond: the lane)
+  std::fill(std::begin(comm_band_of_thread), std::end(comm_band_of_thread), lane_band(L, TraceLane::Comm));
   for (const TraceRow& row : ri.rows) {
     const int lane = static_cast<int>(row.lane), k = threads[lane], i = nth[lane]++;
     const auto [a, b] = lane_band(L, row.lane);
     const float h = (b - a) / static_cast<float>(k);
-    draw_row(c, rt, row, y + a + static_cast<float>(i) * h, y + a + static_cast<float>(i + 1) * h - (k > 1 ? 1.0f : 0.0f));
+    const float r0 = a + static_cast<float>(i) * h, r1 = a + static_cast<float>(i + 1) * h - (k > 1 ? 1.0f : 0.0f);
+    if (row.lane == TraceLane::Comm && row.thread >= 0 && row.thread < 64) comm_band_of_thread[row.thread] = {r0, r1};
+    draw_row(c, rt, row, y + r0, y + r1);
   }
   // The selected collective: how long this rank waited for the last one to arrive, hatched over its spans.
   if (sel && static_cast<size_t>(r) < sel->rank_index.size() && sel->rank_index[static_cast<size_t>(r)] >= 0) {
@@ -352,7 +357,8 @@ void draw_rank(Ctx& c, int r, float y, const Lanes& L, const TraceCollective* se
     if (sel->last_arrival_us > from) {
       const float a = std::max(ax.x(from), ax.x0), b = std::min(ax.x(sel->last_arrival_us), ax.x1);
       if (b > a) {
-        const auto [g0, g1] = lane_band(L, TraceLane::Comm);
+        const int th = rc.span >= 0 ? rt.spans[static_cast<size_t>(rc.span)].thread : -1;
+        const auto [g0, g1] = th >= 0 && th < 64 ? comm_band_of_thread[th] : lane_band(L, TraceLane::Comm);
         dl->AddRectFilled(ImVec2(a, y + g0), ImVec2(b, y + g1), IM_COL32(0, 0, 0, 90));
         draw_hatch(dl, ImVec2(a, y + g0), ImVec2(b, y + g1), IM_COL32(255, 255, 255, 170), 6.0f);
       }
@@ -410,7 +416,8 @@ void draw_ruler(ImDrawList* dl, const Axis& ax, float y0, float y1, float fs) {
   for (int64_t k = k0; k <= k1; k++) {
     const float x = std::floor(ax.x(static_cast<double>(k) * step)) + 0.5f;
     vline(dl, x, y1 - 0.5f * fs, y1, line);
-    dl->AddText(ImVec2(x + 3, y0 + 0.12f * fs), text, at_text(static_cast<double>(k) * step, step).c_str());
+    dl->AddText(ImVec2(x + 3, y0 + 0.12f * fs), text,
+                at_text(static_cast<double>(k) * step, step, std::max(std::fabs(ax.t0), std::fabs(ax.t1))).c_str());
   }
 }
 
