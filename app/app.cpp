@@ -94,6 +94,8 @@ class App {
   void views();
   // --open: the imported-trace viewer (no training run; session_ stays null)
   void trace_toolbar();
+  void sync_lesson_traces();  // a lesson's `open:` traces: load them, or close them
+  void cover_view();
   void trace_views();
   bool trace_script(const ScriptCommand& c);  // false: quit
   bool trace_wait_tick();                     // true while a `wait trace|compare` still waits
@@ -107,7 +109,8 @@ class App {
 
   AppOptions& opt_;
   std::unique_ptr<Session> session_;
-  std::unique_ptr<TraceLoader> traces_;   // --open only
+  std::unique_ptr<TraceLoader> traces_;   // --open, or a lesson's `open:`
+  std::vector<std::string> lesson_traces_;  // what the lesson's scenario opened
   const TraceSnapshot* trace_ = nullptr;  // this frame's view of it
   TraceUi trace_ui_;
   bool trace_waiting_ = false;            // a `wait trace|compare` in progress
@@ -264,7 +267,14 @@ void App::handle_keys() {
     apply_style();
     relayout_ = true;
   }
-  if (traces_) {  // the trace viewer has no run to step
+  if (traces_) {  // the trace viewer has no run to step; a lesson reading a trace keeps L and N
+    if (key(GLFW_KEY_L) && lesson_) show_lessons_ = !show_lessons_, relayout_ = true;
+    if (key(GLFW_KEY_N) && lesson_) {
+      ScriptCommand c;
+      c.kind = ScriptCommand::Lesson;
+      c.arg = "demo";
+      queue_.push_back(c);
+    }
     solo_keys(kNumTraceViews);
     return;
   }
@@ -545,6 +555,19 @@ void App::config_panel() {
   ImGui::End();
 }
 
+// Covers the current window's contents: its view would show a pending question's answer.
+void App::cover_view() {
+  const ImVec2 avail = ImGui::GetContentRegionAvail(), at = ImGui::GetCursorScreenPos();
+  const char* l1 = "Hidden until you check";
+  const char* l2 = "(it shows the answer)";
+  const ImVec2 s1 = ImGui::CalcTextSize(l1), s2 = ImGui::CalcTextSize(l2);
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  dl->AddRectFilled(at, ImVec2(at.x + avail.x, at.y + avail.y), ImGui::GetColorU32(ImGuiCol_FrameBg));
+  dl->AddText(ImVec2(at.x + (avail.x - s1.x) * 0.5f, at.y + avail.y * 0.5f - s1.y), ImGui::GetColorU32(ImGuiCol_Text), l1);
+  dl->AddText(ImVec2(at.x + (avail.x - s2.x) * 0.5f, at.y + avail.y * 0.5f + 0.2f * s2.y),
+              ImGui::GetColorU32(ImGuiCol_TextDisabled), l2);
+}
+
 void App::views() {
   if (traces_) return trace_views();
   const ImGuiViewport* vp = ImGui::GetMainViewport();
@@ -604,15 +627,7 @@ void App::views() {
     }
     ImGui::Begin(kViewTitles[v], nullptr, solo_ == v ? ImGuiWindowFlags_NoSavedSettings : 0);
     if (hidden[v]) {  // the view would show the answer of the question waiting for Check
-      const ImVec2 avail = ImGui::GetContentRegionAvail(), at = ImGui::GetCursorScreenPos();
-      const char* l1 = "Hidden until you check";
-      const char* l2 = "(it shows the answer)";
-      const ImVec2 s1 = ImGui::CalcTextSize(l1), s2 = ImGui::CalcTextSize(l2);
-      ImDrawList* dl = ImGui::GetWindowDrawList();
-      dl->AddRectFilled(at, ImVec2(at.x + avail.x, at.y + avail.y), ImGui::GetColorU32(ImGuiCol_FrameBg));
-      dl->AddText(ImVec2(at.x + (avail.x - s1.x) * 0.5f, at.y + avail.y * 0.5f - s1.y), ImGui::GetColorU32(ImGuiCol_Text), l1);
-      dl->AddText(ImVec2(at.x + (avail.x - s2.x) * 0.5f, at.y + avail.y * 0.5f + 0.2f * s2.y),
-                  ImGui::GetColorU32(ImGuiCol_TextDisabled), l2);
+      cover_view();
       ImGui::End();
       continue;
     }
@@ -746,7 +761,9 @@ bool App::script_tick() {
   if (queue_.empty()) return !scripted_;  // a script ends the app when it runs out
   const ScriptCommand c = queue_.front();
   queue_.pop_front();
-  if (traces_) return trace_script(c);
+  // The trace viewer takes the trace commands, and every command when no run is beside it (a
+  // lesson reading a trace keeps its Session for the lesson's commands).
+  if (traces_ && (!session_ || trace_command(c))) return trace_script(c);
   auto settle = [&]() {
     if (!session_->wait_settled(std::chrono::seconds(20))) {
       const std::string where = lesson_ ? lesson_->lesson().path + ":" : "script command ";
@@ -892,6 +909,7 @@ bool App::lesson_command(const ScriptCommand& c) {
   if (lesson_) r = lesson_->exec(c.arg, *session_);
   else r.failure = "lesson " + c.arg + ": no lesson is open; open one first (lesson open NAME)";
   edit_ = session_->config();
+  sync_lesson_traces();
   if (!r.failure.empty()) {
     std::fprintf(stderr, "dtlab: %s\n", r.failure.c_str());
     lesson_error_ = r.failure;
@@ -957,7 +975,19 @@ void App::trace_toolbar() {
 void App::trace_views() {
   const ImGuiViewport* vp = ImGui::GetMainViewport();
   const float top = vp->WorkPos.y + (toolbar_h_ > 0 ? toolbar_h_ : ImGui::GetFrameHeightWithSpacing() * 1.5f);
-  const float W = vp->WorkSize.x, x0 = vp->WorkPos.x, H = vp->WorkPos.y + vp->WorkSize.y - top;
+  float W = vp->WorkSize.x, x0 = vp->WorkPos.x;
+  const float H = vp->WorkPos.y + vp->WorkSize.y - top;
+  if (show_lessons_ && session_) {  // a lesson reading a trace: its panel on the left, as beside a run
+    const float lw = std::round(W * (presentation_ ? 0.40f : 0.30f));
+    lesson_panel(ImVec2(x0, top), ImVec2(lw, H));
+    x0 += lw, W -= lw;
+  }
+  // No spoilers: the panels showing what the pending question asks are covered until Check.
+  bool hidden[kNumTraceViews] = {};
+  if (lesson_)
+    for (const std::string& f : lesson_->pending_figures())
+      for (const std::string& name : views_drawing(f))
+        for (int v = 0; v < kNumTraceViews; v++) hidden[v] = hidden[v] || name == kTraceViewNames[v];
   // The timeline across the top; below it the collectives, the breakdown and the comparison.
   struct Rect { float x, y, w, h; };
   const Rect tiles[kNumTraceViews] = {
@@ -974,6 +1004,11 @@ void App::trace_views() {
     ImGui::SetNextWindowSize(ImVec2(t.w, t.h), solo_ == v ? ImGuiCond_Always : cond);
     const std::string title = std::string(kTraceViewTitles[v]) + "###trace_" + kTraceViewNames[v];
     ImGui::Begin(title.c_str(), nullptr, solo_ == v ? ImGuiWindowFlags_NoSavedSettings : 0);
+    if (hidden[v]) {
+      cover_view();
+      ImGui::End();
+      continue;
+    }
     switch (v) {
       case kTraceTimeline: draw_trace_timeline(*trace_, trace_ui_, ctx_); break;
       case kTraceCollectives: draw_trace_collectives(*trace_, trace_ui_, ctx_); break;
@@ -1090,10 +1125,34 @@ bool App::trace_script(const ScriptCommand& c) {
   return true;
 }
 
+// A lesson whose scenario opens traces (`open:`): load them beside the lesson's Session, which hands
+// the loaded trace to the lesson's figures; close them when the scenario opens none.
+void App::sync_lesson_traces() {
+  if (!session_) return;
+  const std::vector<std::string> want = lesson_ ? lesson_->trace_scenario().open : std::vector<std::string>{};
+  if (want == lesson_traces_) return;
+  lesson_traces_ = want;
+  session_->set_trace(nullptr);
+  trace_ = nullptr;
+  traces_.reset();
+  if (want.empty()) return;
+  const LessonRunner::TraceScenario& ts = lesson_->trace_scenario();
+  traces_ = std::make_unique<TraceLoader>();
+  trace_ui_ = TraceUi{};
+  trace_ui_.profile = ts.profile, trace_ui_.model = ts.model, trace_ui_.batch = ts.batch, trace_ui_.bucket_cap_mb = ts.bucket_cap_mb;
+  traces_->open(ts.open, ts.ranks);
+  trace_ = &traces_->poll();
+  relayout_ = true;
+}
+
 void App::frame() {
   glfwPollEvents();
   if (traces_) trace_ = &traces_->poll();
-  else session_->update();
+  if (session_) {
+    // The loaded trace (never a part of it), aliased so it lives as long as the loader's copy.
+    if (traces_) session_->set_trace(trace_->trace ? std::shared_ptr<const ImportedTrace>(trace_->trace, &trace_->trace->trace) : nullptr);
+    session_->update();
+  }
   ImGui_ImplOpenGL3_NewFrame();
   ImGui_ImplGlfw_NewFrame();
   // Scripted runs own no mouse: Xvfb's pointer rests mid-screen and would leave a tooltip in every

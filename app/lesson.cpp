@@ -23,13 +23,14 @@ const std::vector<std::string> kScenarioFlags = {
     "strategy", "world", "model", "data", "batch", "steps", "accum", "optimizer", "lr", "bucket-cap-mb",
     "first-bucket-mb", "sized-first-iteration", "find-unused-parameters", "sharding", "node-size", "wrap",
     "backward-prefetch", "forward-prefetch", "skip-layer", "skip-every", "skip-ranks", "profile", "seed", "timeout",
-    "clock", "fault"};
+    "clock", "fault", "open", "trace-model", "trace-ranks", "compare-profile"};
 const std::vector<std::string> kNotScenario = {"--script", "--run", "--screenshot", "--frames", "--bench-frames",
                                                "--presentation", "--running", "--speed", "--width", "--height",
                                                "--config-dir", "--lesson", "--play", "--help", "-h", "--version"};
 const std::vector<std::string> kQuestionKeys = {"ask", "choice", "answer", "expect", "tolerance", "unit", "reveal", "explain"};
 const std::vector<std::string> kActionWords = {"step", "run", "pause", "wait", "view", "clock", "set_epoch", "speed",
-                                               "presentation", "reset", "set", "inject", "scenario", "mark", "expect"};
+                                               "presentation", "reset", "set", "inject", "scenario", "mark", "expect",
+                                               "select", "compare", "zoom"};  // the last three: an opened trace's
 
 std::string trim(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r");
@@ -322,6 +323,13 @@ Lesson parse_lesson(const std::string& text, const std::string& path) {
       }
     } else if (key == "scenario") {
       for (const std::string& w : words(value)) l.flags.push_back(w), l.flag_lines.push_back(ln);
+    } else if (key == "open") {
+      // A trace the lesson reads (dtlab --open): relative to the lesson file, so a lesson and the
+      // traces it ships with move together.
+      fs::path p(value);
+      if (p.is_relative()) p = (fs::path(path).parent_path() / p).lexically_normal();
+      l.flags.push_back("--open"), l.flag_lines.push_back(ln);
+      l.flags.push_back(p.string()), l.flag_lines.push_back(ln);
     } else if (std::find(kScenarioFlags.begin(), kScenarioFlags.end(), flag) != kScenarioFlags.end()) {
       const bool on = value == "true" || value == "yes" || value == "on", off = value == "false" || value == "no" || value == "off";
       if (!off) l.flags.push_back("--" + flag), l.flag_lines.push_back(ln);

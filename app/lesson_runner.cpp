@@ -122,6 +122,7 @@ LessonRunner::Result LessonRunner::apply_scenario(Session& session, int step, in
   Result r;
   try {
     AppOptions o = lesson_options(lesson_, extra_, line);
+    trace_scenario_ = TraceScenario{o.open, o.trace_ranks, o.trace_model, o.compare_profile, o.trace_batch, o.trace_bucket_cap_mb};
     session.restart(o.train);
     session.pause();
     session.update();

@@ -69,6 +69,17 @@ class LessonRunner {
   std::vector<std::string> pending_figures() const;
   // The revealed answer in words: "6 bytes", or the right choice's text.
   std::string answer_text(int step) const;
+  // The traces the applied scenario opens (its `open:` line, as dtlab --open), with their
+  // companions; `open` empty when it opens none. The app loads them and hands the Session the
+  // loaded trace, so the lesson's trace.* figures read it.
+  struct TraceScenario {
+    std::vector<std::string> open;
+    std::vector<int> ranks;
+    std::string model, profile = "this";
+    int64_t batch = 32;
+    double bucket_cap_mb = 25;
+  };
+  const TraceScenario& trace_scenario() const { return trace_scenario_; }
 
  private:
   std::string where(int step, int line) const;
@@ -87,6 +98,7 @@ class LessonRunner {
   std::vector<Answer> answers_;
   std::vector<std::string> extra_;   // scenario flags added by `scenario` and `inject` actions
   std::map<std::string, Snapshot> marks_;
+  TraceScenario trace_scenario_;
   struct Until {  // the `run until` in progress
     std::string key;
     int steps = 0;

@@ -48,7 +48,7 @@ void check_open(const CLI::App& app, AppOptions& o) {
     for (const char* flag : {"--trace-ranks", "--compare-profile", "--trace-model"})
       if (app.count(flag) > 0) throw Error(std::string(flag) + " goes with --open DIR; add --open and the traces' directory");
     for (const ScriptCommand& c : o.script)
-      if (trace_command(c))
+      if (trace_command(c) && o.lesson.empty())  // a lesson may open traces (its `open:` line)
         throw Error("script command " + std::to_string(c.line) + " works on imported traces; add --open DIR");
     return;
   }

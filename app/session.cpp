@@ -232,6 +232,7 @@ bool Session::wait_settled(std::chrono::milliseconds timeout) const {
 const Snapshot& Session::update() {
   Snapshot& s = snap_;
   s.frame++;
+  s.trace = trace_;
   TraceRecorder& rec = recorder();
   const int N = config_.world_size;
   std::vector<Event> fresh;

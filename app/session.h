@@ -47,6 +47,10 @@ class Session {
   bool paused() const;
   double speed() const { return speed_; }
 
+  // An imported trace the lab shows beside (or instead of) the run, for the figures that read it
+  // (trace.*); null for none. Fully loaded and immutable (app/trace_loader.h).
+  void set_trace(std::shared_ptr<const ImportedTrace> trace) { trace_ = std::move(trace); }
+
   // The data view's set_epoch switch.
   void set_data_set_epoch(bool on) { data_set_epoch_ = on; }
 
@@ -78,6 +82,7 @@ class Session {
   void reset_derived();
 
   TrainConfig config_;
+  std::shared_ptr<const ImportedTrace> trace_;
   std::unique_ptr<Trainer> trainer_;  // the run here, on whichever device it runs
   // attached: the connection, and what the run's configuration builds here (its model's parameter
   // names and sizes, its data, its pipeline plan, its cost model); nothing of it trains

@@ -24,6 +24,10 @@ std::vector<std::string> views_drawing(const std::string& sig) {
   if (starts("unit")) return {"shards", "memory"};
   if (starts("data")) return {"data"};
   if (starts("pipeline")) return {"pipeline", "timeline"};
+  // An imported trace's panels (app/views/trace_view.cpp) print its collectives, arrivals and
+  // breakdown everywhere; its counts (ranks, iterations, collectives) are in the toolbar anyway.
+  if (starts("trace.") && sig != "trace.ranks" && sig != "trace.iterations" && sig != "trace.collectives")
+    return {"timeline", "collectives", "breakdown", "compare"};
   return {};
 }
 

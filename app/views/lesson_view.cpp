@@ -264,8 +264,9 @@ void draw_question(const LessonRunner& r, int j, const Snapshot& s, bool busy, s
     const bool named = std::any_of(f.begin(), f.end(), [](char c) { return std::isalpha(static_cast<unsigned char>(c)); });
     if (named) {
       ImGui::PushStyleColor(ImGuiCol_Text, kDim);
-      if (f.size() <= 48) ImGui::TextWrapped("(%s, read from the live run)", f.c_str());
-      else ImGui::TextWrapped("(read from the live run)");
+      const char* from = f.rfind("trace.", 0) == 0 ? "the opened trace" : "the live run";
+      if (f.size() <= 48) ImGui::TextWrapped("(%s, read from %s)", f.c_str(), from);
+      else ImGui::TextWrapped("(read from %s)", from);
       ImGui::PopStyleColor();
     }
     if (!a.note.empty()) {
