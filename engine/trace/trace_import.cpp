@@ -418,7 +418,7 @@ RankTrace classify(RawFile& f, int rank, Interner& intern, std::vector<std::stri
     const auto it = thread_ids.find(key);
     if (it != thread_ids.end()) return it->second;
     const int32_t id = static_cast<int32_t>(r.threads.size());
-    const bool device = e.cat == "kernel" || e.cat == "gpu_memcpy" || e.cat == "gpu_memset";
+    const bool device = e.cat == "kernel" || e.cat == "gpu_memcpy" || e.cat == "gpu_memset" || e.cat == "gpu_user_annotation";
     r.threads.push_back(device ? "GPU " + e.pid + " / stream " + e.tid : "pid " + e.pid + " / tid " + e.tid);
     thread_ids.emplace(key, id);
     return id;
