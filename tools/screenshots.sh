@@ -26,6 +26,9 @@ shot --strategy fsdp --world 4 "step collective 6; step ring 1; view shards; scr
 shot --lesson why_allreduce "lesson goto 4; screenshot $out/lesson_allreduce_question.png; lesson answer 4; lesson check; screenshot $out/lesson_allreduce_revealed.png; quit"
 shot --lesson pitfall_hangs "lesson goto 2; screenshot $out/lesson_hang_question.png; lesson answer 1; lesson check; screenshot $out/lesson_hang_revealed.png; quit"
 shot --lesson fsdp_zero "lesson goto 5; screenshot $out/lesson_fsdp_question.png; lesson answer 2; lesson check; screenshot $out/lesson_fsdp_revealed.png; quit"
+# An imported 4-rank DDP trace (recorded with torch's profiler over gloo): the timeline with the
+# second iteration's last bucket selected, and the per-rank breakdown.
+shot --open "$root/tests/data/traces/gloo_ddp_w4" "wait trace; select collective 3; screenshot $out/trace_lab.png; view timeline; screenshot $out/trace_timeline.png; view breakdown; screenshot $out/trace_breakdown.png; quit"
 # Pipelines, p = 4, m = 8, every action 1 ms and free links (the schedules' shapes, not this
 # machine's speeds): GPipe as it ran over 1F1B simulated with the same costs (one bubble, 8 against
 # 4-3-2-1 micro-batches in flight), the reverse, then 1F1B stepped to time step 8 and its memory.
