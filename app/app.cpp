@@ -763,7 +763,7 @@ bool App::script_tick() {
   queue_.pop_front();
   // The trace viewer takes the trace commands, and every command when no run is beside it (a
   // lesson reading a trace keeps its Session for the lesson's commands).
-  if (traces_ && (!session_ || trace_command(c))) return trace_script(c);
+  if (traces_ && (!session_ || trace_command(c) || c.kind == ScriptCommand::View)) return trace_script(c);
   auto settle = [&]() {
     if (!session_->wait_settled(std::chrono::seconds(20))) {
       const std::string where = lesson_ ? lesson_->lesson().path + ":" : "script command ";
