@@ -185,7 +185,9 @@ TEST_CASE("alignment: collectives that end in a different order on two ranks can
   // Rank 0: the second all-reduce ends at 900, after the first (700); on rank 1 it ends at 650, before it.
   const ImportedTrace tr = import_trace_texts({{"rank0.json", rank(900)}, {"rank1.json", rank(650)}});
   CHECK(tr.ranks[1].alignment.anchors == 2);
-  CHECK(tr.ranks[1].alignment.residual_max_us == doctest::Approx(250));
+  // Either of the first two anchors may be kept; the other misses by 235 to 250 µs.
+  CHECK(tr.ranks[1].alignment.residual_max_us > 200);
+  CHECK(tr.ranks[1].alignment.residual_max_us <= 250 + 1e-9);
   REQUIRE(tr.warnings.size() == 1);
   CHECK(contains(tr.warnings[0], "rank 1: 1 of 3 collectives ended in a different order than on rank 0"));
 }

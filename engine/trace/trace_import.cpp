@@ -147,7 +147,7 @@ class TraceSax {
   bool number_unsigned(uint64_t v) {
     return number(static_cast<double>(v), v > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(v), true);
   }
-  bool number_float(double v, const std::string&) { return number(v, static_cast<int64_t>(v), false); }
+  bool number_float(double v, const std::string&) { return number(v, saturate(v), false); }
   bool string(std::string& s) {
     if (stack_.empty()) root_scalar_ = true;
     else value(&s, 0, 0, false);
@@ -247,11 +247,19 @@ class TraceSax {
       else if (k == "Process Group Ranks") { if (s) ev_.pg_ranks = *s; }
       else if (k == "Seq" || k == "seq") { ev_.seq = s ? to_i64(*s) : i; }
     } else if (r == Role::Dist) {
-      if (key_ == "rank") f_.dist_rank = s ? static_cast<int>(to_i64(*s)) : static_cast<int>(i);
-      else if (key_ == "world_size") f_.dist_world = s ? static_cast<int>(to_i64(*s)) : static_cast<int>(i);
+      if (key_ == "rank") f_.dist_rank = small(s ? to_i64(*s) : i);
+      else if (key_ == "world_size") f_.dist_world = small(s ? to_i64(*s) : i);
       else if (key_ == "backend" && s) f_.backend = *s;
     }
   }
+  // A JSON number as a whole number, without undefined behaviour for NaN, infinities or 1e300.
+  static int64_t saturate(double v) {
+    if (!(v == v)) return 0;
+    if (v >= 9.2e18) return INT64_MAX;
+    if (v <= -9.2e18) return INT64_MIN;
+    return static_cast<int64_t>(v);
+  }
+  static int small(int64_t v) { return v < -1 || v > INT32_MAX ? INT32_MAX : static_cast<int>(v); }  // a rank, a size
   static bool parse_number(const std::string& s, double& out) {
     char* end = nullptr;
     out = std::strtod(s.c_str(), &end);
@@ -264,8 +272,8 @@ class TraceSax {
   }
   void commit() {
     f_.all_events++;
-    if (ev_.complete && ev_.has_ts) {
-      if (!ev_.has_dur || ev_.dur < 0) ev_.dur = 0;
+    if (ev_.complete && ev_.has_ts && std::isfinite(ev_.ts)) {
+      if (!ev_.has_dur || !(ev_.dur >= 0) || !std::isfinite(ev_.ts + ev_.dur)) ev_.dur = 0;
       f_.events.push_back(std::move(ev_));
     }
     ev_ = RawEvent{};
@@ -504,7 +512,7 @@ RankTrace classify(RawFile& f, int rank, Interner& intern, std::vector<std::stri
       c.in_nelems = e.in_nelems;
       c.out_nelems = e.out_nelems;
       c.dtype = e.dtype;
-      c.group_size = static_cast<int>(e.group_size);
+      c.group_size = e.group_size < -1 || e.group_size > INT32_MAX ? INT32_MAX : static_cast<int>(e.group_size);
       c.seq = e.seq;
       c.issue_us = r.spans[issues[k].span].raw_begin_us;
       r.spans[issues[k].span].collective = static_cast<int32_t>(r.collectives.size());
@@ -655,19 +663,21 @@ void analyse(ImportedTrace& tr) {
       for (size_t k = 0; k < common; k++)
         pairs.emplace_back(tr.ranks[0].collectives[static_cast<size_t>(wide[0][k])].end_us,
                            rt.collectives[static_cast<size_t>(wide[static_cast<size_t>(r)][k])].end_us);
-      std::sort(pairs.begin(), pairs.end());
-      // Longest chain strictly increasing in both (O(n^2): a trace window has at most thousands).
+      // Longest chain strictly increasing in both, in O(n log n) (patience sorting): among equal
+      // reference ends the larger own end comes first, so no two of them can both be in a chain.
+      std::sort(pairs.begin(), pairs.end(), [](const auto& a, const auto& b) {
+        return a.first != b.first ? a.first < b.first : a.second > b.second;
+      });
       const size_t n = pairs.size();
-      std::vector<int> len(n, 1), prev(n, -1);
-      int best = -1;
+      std::vector<int> tails, prev(n, -1);  // tails[l]: index of the smallest end of a chain of length l+1
       for (size_t i = 0; i < n; i++) {
-        for (size_t j = 0; j < i; j++)
-          if (pairs[j].first < pairs[i].first && pairs[j].second < pairs[i].second && len[j] + 1 > len[i]) {
-            len[i] = len[j] + 1;
-            prev[i] = static_cast<int>(j);
-          }
-        if (best < 0 || len[i] > len[static_cast<size_t>(best)]) best = static_cast<int>(i);
+        const auto pos = std::lower_bound(tails.begin(), tails.end(), pairs[i].second,
+                                          [&](int t, double x) { return pairs[static_cast<size_t>(t)].second < x; });
+        if (pos != tails.begin()) prev[i] = *(pos - 1);
+        if (pos == tails.end()) tails.push_back(static_cast<int>(i));
+        else *pos = static_cast<int>(i);
       }
+      const int best = tails.empty() ? -1 : tails.back();
       std::vector<double> offs;
       for (int i = best; i >= 0; i = prev[static_cast<size_t>(i)]) {
         map.x.push_back(pairs[static_cast<size_t>(i)].second);
@@ -749,8 +759,10 @@ void analyse(ImportedTrace& tr) {
   for (RankTrace& rt : tr.ranks)
     for (RankCollective& c : rt.collectives) {
       const double at = c.issue_us >= 0 ? c.issue_us : c.begin_us;
-      for (size_t i = 0; i < rt.steps.size(); i++)
-        if (at >= rt.steps[i].begin_us && at <= rt.steps[i].end_us) c.iteration = static_cast<int>(i);
+      // The last step beginning at or before it (steps are in time order and do not overlap).
+      const auto it = std::upper_bound(rt.steps.begin(), rt.steps.end(), at,
+                                       [](double t, const RankTrace::Step& st) { return t < st.begin_us; });
+      if (it != rt.steps.begin() && at <= (it - 1)->end_us) c.iteration = static_cast<int>(it - 1 - rt.steps.begin());
     }
 
   // Matched collectives.
