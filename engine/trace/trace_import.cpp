@@ -410,6 +410,59 @@ void assign_depths(std::vector<TraceSpan>& spans) {
   }
 }
 
+// An op that issued a collective: its span in the rank's spans and the event it came from.
+struct Issue {
+  size_t span;
+  const RawEvent* e;
+};
+
+// The rank's collectives: the issue ops in order, each paired with the k-th communication span, with
+// the sizes the issue op records.
+void pair_collectives(RankTrace& r, const std::string& file, std::vector<Issue>& issues, std::vector<size_t>& comm_spans,
+                      const std::vector<std::string>& names, std::vector<std::string>& warnings) {
+  const int rank = r.rank;
+  std::sort(issues.begin(), issues.end(),
+            [&](const Issue& a, const Issue& b) { return r.spans[a.span].raw_begin_us < r.spans[b.span].raw_begin_us; });
+  std::sort(comm_spans.begin(), comm_spans.end(),
+            [&](size_t a, size_t b) { return r.spans[a].raw_begin_us < r.spans[b].raw_begin_us; });
+  // record_param_comms also marks ops that move no data on the wire of their own ("wait", "init").
+  issues.erase(std::remove_if(issues.begin(), issues.end(),
+                              [](const Issue& i) {
+                                const std::string n = i.e->coll_name.empty() ? c10d_name(i.e->name) : c10d_name(i.e->coll_name);
+                                return n == "wait" || n == "init" || n == "monitored_barrier";
+                              }),
+               issues.end());
+  const size_t n = comm_spans.size();
+  if (!issues.empty() && issues.size() != n)
+    warnings.push_back(fs::path(file).filename().string() + ": rank " + std::to_string(rank) + " issued " +
+                       std::to_string(issues.size()) + " collectives but " + std::to_string(n) +
+                       " ran on its communication lane; paired them in order.");
+  for (size_t k = 0; k < n; k++) {
+    TraceSpan& cs = r.spans[comm_spans[k]];
+    RankCollective c;
+    const std::string& span_name = names[static_cast<size_t>(cs.name)];
+    c.name = starts_with(span_name, "gloo:") ? c10d_name(span_name) : nccl_kernel_collective(span_name);
+    if (k < issues.size()) {
+      const RawEvent& e = *issues[k].e;
+      const std::string named = !e.coll_name.empty() ? c10d_name(e.coll_name) : c10d_name(e.name);
+      if (!named.empty()) c.name = named;
+      c.in_nelems = e.in_nelems;
+      c.out_nelems = e.out_nelems;
+      c.dtype = e.dtype;
+      c.group_size = e.group_size < -1 || e.group_size > INT32_MAX ? INT32_MAX : static_cast<int>(e.group_size);
+      c.seq = e.seq;
+      c.issue_us = r.spans[issues[k].span].raw_begin_us;
+      r.spans[issues[k].span].collective = static_cast<int32_t>(r.collectives.size());
+    }
+    c.bytes = collective_bytes(c);
+    c.begin_us = cs.raw_begin_us;
+    c.end_us = cs.end_us;
+    c.span = static_cast<int>(comm_spans[k]);
+    cs.collective = static_cast<int32_t>(r.collectives.size());
+    r.collectives.push_back(std::move(c));
+  }
+}
+
 // Builds a rank's spans and collectives on its own (raw) clock; alignment comes later.
 RankTrace classify(RawFile& f, int rank, Interner& intern, std::vector<std::string>& warnings) {
   RankTrace r;
@@ -435,7 +488,6 @@ RankTrace classify(RawFile& f, int rank, Interner& intern, std::vector<std::stri
   for (const RawEvent& e : f.events)
     if (starts_with(e.name, "gloo:")) comm_thread[thread_of(e)] = true;
 
-  struct Issue { size_t span; const RawEvent* e; };
   std::vector<Issue> param_comms, c10d_ops;
   std::vector<size_t> comm_spans;
   for (const RawEvent& e : f.events) {
@@ -481,49 +533,7 @@ RankTrace classify(RawFile& f, int rank, Interner& intern, std::vector<std::stri
     else if (starts_with(e.name, "c10d::")) c10d_ops.push_back({idx, &e});
   }
 
-  // Collectives: the issue ops in order, each paired with the k-th communication span.
-  auto by_begin = [&](const auto& a, const auto& b) { return r.spans[a.span].raw_begin_us < r.spans[b.span].raw_begin_us; };
-  std::sort(param_comms.begin(), param_comms.end(), by_begin);
-  std::sort(c10d_ops.begin(), c10d_ops.end(), by_begin);
-  std::sort(comm_spans.begin(), comm_spans.end(),
-            [&](size_t a, size_t b) { return r.spans[a].raw_begin_us < r.spans[b].raw_begin_us; });
-  std::vector<Issue>& issues = param_comms.empty() ? c10d_ops : param_comms;
-  // record_param_comms also marks ops that move no data on the wire of their own ("wait", "init").
-  issues.erase(std::remove_if(issues.begin(), issues.end(),
-                              [](const Issue& i) {
-                                const std::string n = i.e->coll_name.empty() ? c10d_name(i.e->name) : c10d_name(i.e->coll_name);
-                                return n == "wait" || n == "init" || n == "monitored_barrier";
-                              }),
-               issues.end());
-  const size_t n = comm_spans.size();
-  if (!issues.empty() && issues.size() != n)
-    warnings.push_back(fs::path(f.path).filename().string() + ": rank " + std::to_string(rank) + " issued " +
-                       std::to_string(issues.size()) + " collectives but " + std::to_string(n) +
-                       " ran on its communication lane; paired them in order.");
-  for (size_t k = 0; k < n; k++) {
-    TraceSpan& cs = r.spans[comm_spans[k]];
-    RankCollective c;
-    const std::string& span_name = intern.names[static_cast<size_t>(cs.name)];
-    c.name = starts_with(span_name, "gloo:") ? c10d_name(span_name) : nccl_kernel_collective(span_name);
-    if (k < issues.size()) {
-      const RawEvent& e = *issues[k].e;
-      const std::string named = !e.coll_name.empty() ? c10d_name(e.coll_name) : c10d_name(e.name);
-      if (!named.empty()) c.name = named;
-      c.in_nelems = e.in_nelems;
-      c.out_nelems = e.out_nelems;
-      c.dtype = e.dtype;
-      c.group_size = e.group_size < -1 || e.group_size > INT32_MAX ? INT32_MAX : static_cast<int>(e.group_size);
-      c.seq = e.seq;
-      c.issue_us = r.spans[issues[k].span].raw_begin_us;
-      r.spans[issues[k].span].collective = static_cast<int32_t>(r.collectives.size());
-    }
-    c.bytes = collective_bytes(c);
-    c.begin_us = cs.raw_begin_us;
-    c.end_us = cs.end_us;
-    c.span = static_cast<int>(comm_spans[k]);
-    cs.collective = static_cast<int32_t>(r.collectives.size());
-    r.collectives.push_back(std::move(c));
-  }
+  pair_collectives(r, f.path, param_comms.empty() ? c10d_ops : param_comms, comm_spans, intern.names, warnings);
   std::sort(r.spans.begin(), r.spans.end(), [](const TraceSpan& a, const TraceSpan& b) {
     if (a.raw_begin_us != b.raw_begin_us) return a.raw_begin_us < b.raw_begin_us;
     return a.end_us - a.begin_us > b.end_us - b.begin_us;
@@ -612,10 +622,20 @@ void breakdown_of(const RankTrace& r, RankBreakdown& out) {
   out.wall_us = out.end_us - out.begin_us;
 }
 
-void analyse(ImportedTrace& tr) {
-  const int world = static_cast<int>(tr.ranks.size());
-  // World-wide collectives of each rank, in order (sub-group ones are shown per rank, not matched).
-  std::vector<std::vector<int>> wide(static_cast<size_t>(world));
+// The world-wide collectives of each rank (sub-group ones are shown per rank, not matched), and how
+// many of them every rank has.
+struct Matching {
+  std::vector<std::vector<int>> wide;  // per rank: indices into its collectives
+  size_t common = 0;
+  int world = 0;
+};
+
+// Pairs the k-th world-wide collective of every rank; one sentence when they disagree.
+Matching match_collectives(ImportedTrace& tr) {
+  Matching m;
+  const int world = m.world = static_cast<int>(tr.ranks.size());
+  m.wide.assign(static_cast<size_t>(world), {});
+  auto& wide = m.wide;
   int subgroup = 0;
   for (int r = 0; r < world; r++) {
     const RankTrace& rt = tr.ranks[static_cast<size_t>(r)];
@@ -628,7 +648,8 @@ void analyse(ImportedTrace& tr) {
   if (subgroup > 0)
     tr.warnings.push_back(std::to_string(subgroup) + " collectives ran on process groups smaller than the world; "
                           "they are shown on their ranks' lanes but not matched across ranks.");
-  size_t common = wide.empty() ? 0 : wide[0].size();
+  size_t& common = m.common;
+  common = wide.empty() ? 0 : wide[0].size();
   for (int r = 1; r < world; r++) {
     const size_t n = wide[static_cast<size_t>(r)].size();
     if (n != wide[0].size())
@@ -652,17 +673,22 @@ void analyse(ImportedTrace& tr) {
     }
   }
 
-  // Clock maps. Collectives may end out of issue order (gloo runs two at once on its worker
-  // threads), so the pairs (this rank's end, rank 0's end) are sorted by rank 0's end and the longest
-  // run in which this rank's ends increase too is kept: a map through them is monotone.
+  return m;
+}
+
+// Maps each rank's clock onto rank 0's. Collectives may end out of issue order (gloo runs two at once
+// on its worker threads), so the pairs (this rank's end, rank 0's end) are sorted by rank 0's end and
+// the longest run in which this rank's ends increase too is kept: a map through them is monotone.
+void align_clocks(ImportedTrace& tr, const Matching& m) {
+  const int world = m.world;
   for (int r = 0; r < world; r++) {
     RankTrace& rt = tr.ranks[static_cast<size_t>(r)];
     ClockMap map;
     if (r > 0) {
       std::vector<std::pair<double, double>> pairs;  // (y: rank 0's end, x: this rank's end)
-      for (size_t k = 0; k < common; k++)
-        pairs.emplace_back(tr.ranks[0].collectives[static_cast<size_t>(wide[0][k])].end_us,
-                           rt.collectives[static_cast<size_t>(wide[static_cast<size_t>(r)][k])].end_us);
+      for (size_t k = 0; k < m.common; k++)
+        pairs.emplace_back(tr.ranks[0].collectives[static_cast<size_t>(m.wide[0][k])].end_us,
+                           rt.collectives[static_cast<size_t>(m.wide[static_cast<size_t>(r)][k])].end_us);
       // Longest chain strictly increasing in both, in O(n log n) (patience sorting): among equal
       // reference ends the larger own end comes first, so no two of them can both be in a chain.
       std::sort(pairs.begin(), pairs.end(), [](const auto& a, const auto& b) {
@@ -702,7 +728,7 @@ void analyse(ImportedTrace& tr) {
         tr.warnings.push_back("rank " + std::to_string(r) + " shares no collective with rank 0: its clock is lined up on its first event, not aligned.");
       }
     } else {
-      rt.alignment.anchors = static_cast<int>(common);
+      rt.alignment.anchors = static_cast<int>(m.common);
     }
     for (TraceSpan& s : rt.spans) {
       const double dur = s.end_us - s.begin_us;
@@ -719,6 +745,10 @@ void analyse(ImportedTrace& tr) {
       st.end_us = map(st.end_us);
     }
   }
+}
+
+// Issue times from the aligned issue spans, then every time shifted so the earliest event is 0.
+void zero_clock(ImportedTrace& tr) {
   // Issue times from the (aligned) issue spans; NaN until the clock is zeroed, then -1 for none.
   for (RankTrace& rt : tr.ranks)
     for (RankCollective& c : rt.collectives) c.issue_us = NAN;
@@ -755,7 +785,10 @@ void analyse(ImportedTrace& tr) {
   }
   tr.duration_us = t1 - t0;
 
-  // Iterations of each collective (by the step its issue, else its begin, falls in).
+}
+
+// Each collective's iteration: the step its issue (else its begin) falls in.
+void assign_iterations(ImportedTrace& tr) {
   for (RankTrace& rt : tr.ranks)
     for (RankCollective& c : rt.collectives) {
       const double at = c.issue_us >= 0 ? c.issue_us : c.begin_us;
@@ -765,11 +798,15 @@ void analyse(ImportedTrace& tr) {
       if (it != rt.steps.begin() && at <= (it - 1)->end_us) c.iteration = static_cast<int>(it - 1 - rt.steps.begin());
     }
 
-  // Matched collectives.
+}
+
+// One TraceCollective per matched k: arrivals, busy time, bandwidths, DDP's bucket number.
+void build_collectives(ImportedTrace& tr, const Matching& m) {
+  const int world = m.world;
   std::map<int, int> buckets_in;  // iteration -> all-reduces so far
-  for (size_t k = 0; k < common; k++) {
+  for (size_t k = 0; k < m.common; k++) {
     TraceCollective tc;
-    const RankCollective& c0 = tr.ranks[0].collectives[static_cast<size_t>(wide[0][k])];
+    const RankCollective& c0 = tr.ranks[0].collectives[static_cast<size_t>(m.wide[0][k])];
     tc.name = c0.name;
     tc.bytes = c0.bytes;
     tc.dtype = c0.dtype;
@@ -779,7 +816,7 @@ void analyse(ImportedTrace& tr) {
     double last_begin = -INFINITY;
     tc.end_us = -INFINITY;
     for (int r = 0; r < world; r++) {
-      const int idx = wide[static_cast<size_t>(r)][k];
+      const int idx = m.wide[static_cast<size_t>(r)][k];
       tc.rank_index.push_back(idx);
       const RankCollective& c = tr.ranks[static_cast<size_t>(r)].collectives[static_cast<size_t>(idx)];
       const double arrival = c.issue_us >= 0 ? c.issue_us : c.begin_us;
@@ -800,7 +837,11 @@ void analyse(ImportedTrace& tr) {
     tr.collectives.push_back(std::move(tc));
   }
 
-  // Breakdown per rank.
+}
+
+// Per rank: the breakdown of its profiled steps, each collective's exposed time, its straggles.
+void build_breakdowns(ImportedTrace& tr, const Matching& m) {
+  const int world = m.world;
   tr.breakdown.assign(static_cast<size_t>(world), RankBreakdown{});
   for (int r = 0; r < world; r++) {
     const RankTrace& rt = tr.ranks[static_cast<size_t>(r)];
@@ -824,22 +865,36 @@ void analyse(ImportedTrace& tr) {
       if (c.last_rank >= 0 && c.last_arrival_us - c.first_arrival_us > tr.resolution_us)
         tr.breakdown[static_cast<size_t>(c.last_rank)].straggled++;
 
-  // Residuals after alignment.
+}
+
+// How far each rank's ends still are from rank 0's after alignment; a warning for dropped anchors.
+void report_residuals(ImportedTrace& tr, const Matching& m) {
+  const int world = m.world;
   for (int r = 1; r < world; r++) {
     double worst = 0;
-    for (size_t k = 0; k < common; k++) {
-      const double e0 = tr.ranks[0].collectives[static_cast<size_t>(wide[0][k])].end_us;
-      const double er = tr.ranks[static_cast<size_t>(r)].collectives[static_cast<size_t>(wide[static_cast<size_t>(r)][k])].end_us;
+    for (size_t k = 0; k < m.common; k++) {
+      const double e0 = tr.ranks[0].collectives[static_cast<size_t>(m.wide[0][k])].end_us;
+      const double er = tr.ranks[static_cast<size_t>(r)].collectives[static_cast<size_t>(m.wide[static_cast<size_t>(r)][k])].end_us;
       worst = std::max(worst, std::fabs(er - e0));
     }
     RankAlignment& al = tr.ranks[static_cast<size_t>(r)].alignment;
     al.residual_max_us = worst;
-    if (al.anchors < static_cast<int>(common))
-      tr.warnings.push_back("rank " + std::to_string(r) + ": " + std::to_string(static_cast<int>(common) - al.anchors) + " of " +
-                            std::to_string(common) + " collectives ended in a different order than on rank 0, so they "
+    if (al.anchors < static_cast<int>(m.common))
+      tr.warnings.push_back("rank " + std::to_string(r) + ": " + std::to_string(static_cast<int>(m.common) - al.anchors) + " of " +
+                            std::to_string(m.common) + " collectives ended in a different order than on rank 0, so they "
                             "could not anchor its clock; their ends still differ by up to " +
                             std::to_string(static_cast<int64_t>(std::llround(worst))) + " us after alignment.");
   }
+}
+
+void analyse(ImportedTrace& tr) {
+  const Matching m = match_collectives(tr);
+  align_clocks(tr, m);
+  zero_clock(tr);
+  assign_iterations(tr);
+  build_collectives(tr, m);
+  build_breakdowns(tr, m);
+  report_residuals(tr, m);
   tr.iterations = tr.ranks.empty() ? 0 : static_cast<int>(tr.ranks[0].steps.size());
 }
 
