@@ -413,21 +413,12 @@ TEST_SUITE("ddp") {
     TrainConfig c = ddp_config(2, 16, 2);
     c.start_paused = true;
     Trainer t(c);
-    std::atomic<bool> done{false};
-    std::string error;
-    std::thread runner([&] {
-      try {
-        t.run();
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-      done = true;
-    });
+    test::BackgroundRun runner(t);
     Stepper& st = t.world()->stepper();
     int commands = 0;
     bool saw_bucket_in_flight = false;
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (!done && commands < 200 && std::chrono::steady_clock::now() < give_up) {
+    while (!runner.done() && commands < 200 && std::chrono::steady_clock::now() < give_up) {
       if (!st.wait_until_all_blocked(1, std::chrono::milliseconds(50))) continue;
       WorldStatus ws = t.world()->status();
       for (const CollectiveStatus& cs : ws.in_flight)
@@ -435,9 +426,8 @@ TEST_SUITE("ddp") {
       st.step(GateKind::Collective);
       commands++;
     }
-    if (!done) t.world()->abort("the test gave up stepping");  // never leave the runner waiting
-    runner.join();
-    CHECK(error.empty());
+    CHECK(runner.finish(std::chrono::seconds(0)));  // ended by the steps, not by the test giving up
+    CHECK(runner.error().empty());
     // Construction: all-gather of shapes + parameter broadcast; iteration 0: torch's one bucket +
     // the loss all-reduce; the rebuild's broadcast; iteration 1: 3 buckets + the loss all-reduce.
     CHECK(commands >= 9);

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -17,9 +18,11 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/cli_util.h"
+#include "tests/train_util.h"
 #include "cli/cli.h"
 #include "engine/parallel/memory_plan.h"
 #include "engine/parallel/pipeline_schedule.h"
@@ -71,6 +74,16 @@ TrainConfig base_config() {
   // Small buckets: DDP's 4.5K parameters go out in several all-reduces.
   c.ddp.bucket_cap_bytes = 4096;
   c.ddp.first_bucket_bytes = 1024;
+  return c;
+}
+
+// DDP on the cuda backend: `world` ranks sharing the GPU.
+TrainConfig cuda_ddp_config(int world) {
+  TrainConfig c = base_config();
+  c.strategy = "ddp";
+  c.world_size = world;
+  c.device = "cuda";
+  c.backend = "cuda";
   return c;
 }
 
@@ -221,35 +234,49 @@ TEST_CASE("devices: cuda: DDP's bucket all-reduces overlap the backward, and the
   }
   // tests/test_ddp.cpp's overlap setting: layers big enough that the backward's modeled time is
   // comparable to the all-reduces on nvlink8 (the table's small model hides none of them).
-  TrainConfig c = base_config();
-  c.strategy = "ddp";
-  c.world_size = 4;
+  TrainConfig c = cuda_ddp_config(4);
   c.model = ModelSpec::parse("mlp:2,512,512,512,3");
   c.batch = 512;
   c.steps = 3;
   c.ddp.bucket_cap_bytes = 512 * 1024;
   c.ddp.first_bucket_bytes = 10 * 1024;
   c.profile = "nvlink8";
-  c.device = "cuda";
-  c.backend = "cuda";
   Trainer t(c);
   std::vector<double> overlaps;
   t.run([&](const StepReport& r) { overlaps.push_back(r.overlap); });
   REQUIRE(overlaps.size() == 3);
-  for (size_t i = 0; i < overlaps.size(); i++) {
+  // Iteration 1 all-reduces the whole model as ONE bucket (torch's first iteration with
+  // find_unused_parameters=False, engine/parallel/ddp.h), launched after the last gradient: nothing
+  // hides. The rebuilt, sized buckets of iterations 2 and 3 launch during the backward.
+  CHECK(overlaps[0] == 0.0);
+  for (size_t i = 1; i < overlaps.size(); i++) {
     CAPTURE(i);
     CHECK(overlaps[i] > 0);
     CHECK(overlaps[i] < 1);  // the last bucket cannot hide
   }
+  // The same events as the CPU engine records for the same run: one GPU-timed span per layer's
+  // backward (4 Linear + 3 ReLU = 7 layers x 3 steps, flushed at each step's end) and the same
+  // number of bucket all-reduces (1 in iteration 1, then the rebuilt buckets).
+  TrainConfig cpu = c;
+  cpu.device = "cpu";
+  cpu.backend = "threads";
+  Trainer tc(cpu);
+  tc.run();
   for (int rank = 0; rank < c.world_size; rank++) {
     CAPTURE(rank);
-    int64_t buckets = 0, backward = 0;
+    int64_t buckets = 0, backward = 0, cpu_buckets = 0, cpu_backward = 0;
     for (const Event& e : t.recorder().events(rank)) {
       buckets += e.kind == EventKind::BucketAllReduce;
       backward += e.kind == EventKind::Compute && e.compute.kind == ComputeKind::LayerBackward;
     }
-    CHECK(buckets > 0);
-    CHECK(backward == 3 * 5);  // GPU-timed: 5 layers x 3 steps, flushed at each step's end
+    for (const Event& e : tc.recorder().events(rank)) {
+      cpu_buckets += e.kind == EventKind::BucketAllReduce;
+      cpu_backward += e.kind == EventKind::Compute && e.compute.kind == ComputeKind::LayerBackward;
+    }
+    CHECK(buckets > 3);  // more than one bucket an iteration after the rebuild
+    CHECK(buckets == cpu_buckets);
+    CHECK(backward == 3 * 7);
+    CHECK(backward == cpu_backward);
   }
   // On the wall clock (information, not a check: it depends on the GPU and the host): the share of
   // rank 0's all-reduce time that falls inside its GPU-timed backward, per step.
@@ -267,6 +294,48 @@ TEST_CASE("devices: cuda: DDP's bucket all-reduces overlap the backward, and the
     MESSAGE("step " << iter + 1 << ": modeled overlap " << num(overlaps[size_t(iter)]) << ", wall-clock "
                     << num(comm > 0 ? double(hidden) / double(comm) : 0.0) << " of " << num(comm / 1e3) << " us");
   }
+}
+
+TEST_CASE("devices: cuda: a paused run shows the GPU-timed forward and backward before its iteration ends" *
+          doctest::test_suite("cuda")) {
+  if (!present("cuda")) {
+    MESSAGE(("skipped: " + why_absent("cuda")));
+    return;
+  }
+  // The lab's case: held at the gate of iteration 0's bucket all-reduce (#2, after the shapes'
+  // all-gather #0 and the parameter broadcast #1), each rank's compute thread waits for it. The
+  // device timer hands its events over at the end of an iteration, which cannot come while the
+  // all-reduce is held: the spans there come from the wait's flush (RankContext::before_wait).
+  TrainConfig c = cuda_ddp_config(2);
+  c.steps = 2;
+  c.start_paused = true;
+  Trainer t(c);
+  test::BackgroundRun runner(t);
+  Stepper& st = t.stepper();
+  for (int i = 0; i < 2 && !runner.done(); i++) {
+    REQUIRE(st.wait_until_all_blocked(1, std::chrono::seconds(30)));
+    st.step(GateKind::Collective);
+  }
+  const int layers = t.model().num_layers();
+  auto count = [&](int rank, ComputeKind k) {
+    int64_t n = 0;
+    for (const Event& e : t.recorder().events(rank))
+      n += e.kind == EventKind::Compute && e.compute.kind == k && e.iteration == 0;
+    return n;
+  };
+  bool shown = false;
+  for (int tries = 0; tries < 3000 && !shown && !runner.done(); tries++) {
+    shown = count(0, ComputeKind::LayerBackward) == layers && count(1, ComputeKind::LayerBackward) == layers;
+    if (!shown) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  int64_t iterations_ended = 0;
+  for (const Event& e : t.recorder().events(0)) iterations_ended += e.kind == EventKind::Iteration;
+  CHECK(shown);
+  CHECK(iterations_ended == 0);  // still inside iteration 0: the spans did not come from its end
+  CHECK(count(0, ComputeKind::LayerForward) == layers);
+  st.run();
+  CHECK(runner.finish());
+  CHECK(runner.error().empty());
 }
 
 TEST_CASE("devices: train --device cuda without a GPU: exit 2 and one sentence, for fsdp and pipeline too") {
