@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/comm/threads_backend.h"
+#include "engine/core/device.h"
 #include "engine/trace/event.h"
 
 using namespace dtlab;
@@ -498,6 +499,64 @@ TEST_CASE("a relayed stepper forwards its gates, reports the remote hold as paus
   CHECK(relay.asked.size() == 2);  // an aborted stepper does not ask
   st.set_relay(nullptr);
   CHECK_FALSE(st.paused());
+}
+
+// A GPU rank's device timer stands in: it counts the flushes a wait asks for.
+struct CountingTimer : DeviceTimer {
+  std::atomic<int> flushes{0};
+  void compute_begin(ComputeKind, int, double) override {}
+  void compute_end() override {}
+  int flush() override { return ++flushes; }
+};
+
+TEST_CASE("a paused rank about to wait for its comm lane hands over its device timer's events; a running one does not") {
+  Stepper st(1, /*start_paused=*/true);
+  RankContext ctx(0, nullptr, nullptr, &st, nullptr);
+  CountingTimer t;
+  ctx.before_wait();  // nothing attached: nothing to do
+  {
+    const RankContext::TimerAttachment a(&ctx, &t);
+    ctx.before_wait();
+    CHECK(t.flushes == 1);
+    std::thread other([&] { ctx.before_wait(); });  // not the rank's thread: the timer is not its
+    other.join();
+    CHECK(t.flushes == 1);
+    st.run();
+    ctx.before_wait();  // running: no host synchronisation added to a wait
+    CHECK(t.flushes == 1);
+    st.pause();
+    ctx.before_wait();
+    CHECK(t.flushes == 2);
+  }
+  ctx.before_wait();  // detached at the attachment's end
+  CHECK(t.flushes == 2);
+}
+
+TEST_CASE("in a paused world, a rank waiting for a held collective has flushed its device timer first") {
+  const int n = 3;
+  ThreadsWorld w(n, paused_options());
+  std::vector<CountingTimer> timers(n);
+  std::atomic<int> waited{0};
+  Background bg(w, [&](int r, Communicator& c, RankContext& ctx) {
+    const RankContext::TimerAttachment a(&ctx, &timers[size_t(r)]);
+    std::vector<float> v(64, float(r));
+    WorkPtr work = c.all_reduce(v.data(), 64, DType::F32, ReduceOp::Sum);
+    work->wait();
+    waited++;
+  });
+  // The collective is held at its gate: every rank's compute thread is inside wait(), having
+  // flushed once on the way in; none got past it.
+  REQUIRE(eventually([&] {
+    for (const CountingTimer& t : timers)
+      if (t.flushes == 0) return false;
+    return true;
+  }));
+  CHECK(waited == 0);
+  w.stepper().run();
+  REQUIRE(bg.finish());
+  CHECK(bg.error() == "");
+  CHECK(waited == n);
+  for (const CountingTimer& t : timers) CHECK(t.flushes == 1);
 }
 
 }  // TEST_SUITE

@@ -42,6 +42,7 @@ class AsyncWork : public Work {
     if (!done_ && ctx_) {
       lock.unlock();
       ctx_->set_activity("waiting for " + what_);  // what the watchdog reports of this thread
+      ctx_->before_wait();  // a paused GPU rank shows the compute that already ran
       lock.lock();
     }
     cv_.wait(lock, [&] { return done_; });  // the backend bounds every job by its timeout

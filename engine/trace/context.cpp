@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "engine/core/device.h"
+
 namespace dtlab {
 
 RankContext::RankContext(int rank, TraceRecorder* recorder, const CostModel* cost, Stepper* stepper,
@@ -101,6 +103,23 @@ double RankContext::comm_clock() const {
 void RankContext::set_comm_clock(double t) {
   std::lock_guard<std::mutex> lock(mu_);
   comm_clock_ = t;
+}
+
+void RankContext::attach_timer(DeviceTimer* timer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  timer_ = timer;
+  timer_thread_ = std::this_thread::get_id();
+}
+
+void RankContext::before_wait() {
+  DeviceTimer* t = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (timer_ && timer_thread_ == std::this_thread::get_id()) t = timer_;
+  }
+  // Only the attaching thread gets here with a timer, and it detaches it itself: no other thread
+  // can use `t` meanwhile.
+  if (t && stepper_ && stepper_->paused()) t->flush();
 }
 
 void RankContext::set_activity(std::string what) {

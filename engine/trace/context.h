@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "engine/core/memory.h"
 #include "engine/core/observer.h"
@@ -15,6 +16,8 @@
 #include "engine/trace/stepper.h"
 
 namespace dtlab {
+
+class DeviceTimer;  // engine/core/device.h
 
 class RankContext : public ComputeObserver {
  public:
@@ -56,6 +59,28 @@ class RankContext : public ComputeObserver {
 
   void record(Event& e);  // fills rank and iteration, then records (no-op without a recorder)
 
+  // A GPU rank's compute events come from its device timer, which hands them over at the end of
+  // each iteration (engine/cuda/compute_timer.h). So that a paused run shows the forward and backward
+  // that already ran, the thread that attached `timer` (the rank's own; null detaches) calls
+  // before_wait() when it is about to block for the comm lane (a Work's wait()): while the stepper is
+  // paused, the timer's finished ops are recorded then. A running world is left alone (a wait there
+  // must not add a host synchronisation with the compute stream), as are other threads' waits.
+  void attach_timer(DeviceTimer* timer);
+  void before_wait();
+
+  // Detaches on scope exit: declare after the timer it attaches, so it goes first.
+  struct TimerAttachment {
+    RankContext* ctx;
+    TimerAttachment(RankContext* c, DeviceTimer* t) : ctx(t ? c : nullptr) {
+      if (ctx) ctx->attach_timer(t);
+    }
+    ~TimerAttachment() {
+      if (ctx) ctx->attach_timer(nullptr);
+    }
+    TimerAttachment(const TimerAttachment&) = delete;
+    TimerAttachment& operator=(const TimerAttachment&) = delete;
+  };
+
  private:
   int rank_;
   TraceRecorder* recorder_;
@@ -66,6 +91,8 @@ class RankContext : public ComputeObserver {
   mutable std::mutex mu_;
   double compute_clock_ = 0, comm_clock_ = 0;
   std::string activity_ = "idle";
+  DeviceTimer* timer_ = nullptr;  // attach_timer's, with its thread
+  std::thread::id timer_thread_;
   // the open compute op (compute ops do not nest) and iteration
   ComputeKind open_kind_ = ComputeKind::Other;
   int open_layer_ = -1;

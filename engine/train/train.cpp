@@ -513,6 +513,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
   // On a GPU the ops are timed with events on the stream (the host only enqueues them); the CPU
   // reports to the context directly.
   std::unique_ptr<DeviceTimer> timer = dev.make_timer(ctx);
+  const RankContext::TimerAttachment attached(ctx, timer.get());
   ComputeObserver* const obs = timer ? static_cast<ComputeObserver*>(timer.get()) : ctx;
   ComputeObserver* const model_obs = model.observer();
   model.set_observer(obs);

@@ -32,6 +32,7 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
   Device& dev = device(rank);
   dev.bind_thread();
   std::unique_ptr<DeviceTimer> timer = dev.make_timer(&ctx);  // a GPU's stream timing; null on the CPU
+  const RankContext::TimerAttachment attached(&ctx, timer.get());
   PipelineRank pipe(plan, config_.model, rank, comm, &ctx, &mem, config_.seed, config_.optimizer, dev, timer.get());
   ComputeObserver* const obs = timer ? static_cast<ComputeObserver*>(timer.get()) : &ctx;
   if (!config_.init_path.empty()) pipe.load_parameters(*models_[0]);
