@@ -211,15 +211,15 @@ int64_t bench_allreduce(int n) {  // returns #wrong over all sizes
   const double copy_bw = d2d_bandwidth(int64_t{256} << 20);
   std::printf("\nring all-reduce, cuda backend, %d ranks sharing GPU 0 (%s)\n", n, cuda::device_info(0).name.c_str());
   std::printf("  device-to-device copy bandwidth (reference): %.1f GB/s\n", copy_bw / 1e9);
-  std::printf("  %12s %12s %6s %6s %10s %10s %10s %8s %7s\n", "size(B)", "count", "type", "redop", "time(us)",
-              "algbw", "busbw", "#wrong", "/copy");
+  std::printf("  %12s %12s %6s %6s %10s %10s %10s %8s %7s %9s\n", "size(B)", "count", "type", "redop", "time(us)",
+              "algbw", "busbw", "#wrong", "/copy", "n*/copy");
   WorldOptions o;
   o.record = false;
   o.trace_capacity = 16;
   o.timeout_s = 120;
   std::unique_ptr<RankWorld> w = cuda::make_cuda_world(n, o);
   int64_t total_wrong = 0;
-  for (int64_t count : {int64_t{1} << 18, int64_t{1} << 22, int64_t{1} << 24}) {
+  for (int64_t count : {int64_t{1} << 18, int64_t{1} << 22, int64_t{1} << 24, int64_t{1} << 26}) {
     std::vector<double> times;
     std::vector<int64_t> wrong(size_t(n), 0);
     w->run([&](int r, Communicator& c, RankContext& ctx, Device& dev) {
@@ -246,11 +246,14 @@ int64_t bench_allreduce(int n) {  // returns #wrong over all sizes
     total_wrong += bad;
     const double t = median(times), bytes = double(count) * 4;
     const double algbw = bytes / t, busbw = algbw * 2.0 * (n - 1) / n;
-    std::printf("  %12.0f %12lld %6s %6s %10.1f %10.2f %10.2f %8lld %6.0f%%\n", bytes, static_cast<long long>(count),
-                "float", "sum", t * 1e6, algbw / 1e9, busbw / 1e9, static_cast<long long>(bad), 100.0 * busbw / copy_bw);
+    std::printf("  %12.0f %12lld %6s %6s %10.1f %10.2f %10.2f %8lld %6.0f%% %8.0f%%\n", bytes, static_cast<long long>(count),
+                "float", "sum", t * 1e6, algbw / 1e9, busbw / 1e9, static_cast<long long>(bad), 100.0 * busbw / copy_bw,
+                100.0 * n * busbw / copy_bw);
   }
   std::printf("  busbw = algbw * 2(n-1)/n (nccl-tests); every step is a device copy or a reduction kernel\n"
-              "  plus a host synchronization, so small sizes measure the stepping, large ones the memory\n");
+              "  plus a host synchronization, so small sizes measure the stepping, large ones the memory;\n"
+              "  n*/copy: the %d ranks share one GPU's memory, so their busbw summed is what the copy bandwidth\n"
+              "  bounds (one rank's busbw cannot pass 1/%d of it even with free reductions)\n", n, n);
   return total_wrong;
 }
 

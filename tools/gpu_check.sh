@@ -721,6 +721,8 @@ step_bench() {
   if [[ -z $t ]] && grep -q 'pytorch (cuda) not measured' "$log" && ((gpu)) && python3 -c 'import torch' 2>/dev/null; then
     local spec=mlp:256,1024,1024,10 batch=256 steps=50 a
     local args=("$@")
+    # --gemm is dtlab-bench-cuda's preset (bench/bench_cuda.cpp); explicit flags after it win there too.
+    for a in "${args[@]}"; do [[ $a == --gemm ]] && spec=mlp:4096,16384,16384,4096 batch=8192 steps=10; done
     for ((a = 0; a + 1 < ${#args[@]}; a++)); do
       case ${args[$a]} in --model) spec=${args[$((a + 1))]} ;; --batch) batch=${args[$((a + 1))]} ;; --steps) steps=${args[$((a + 1))]} ;; esac
     done
