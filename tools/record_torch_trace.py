@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """Record per-rank PyTorch profiler traces of a small DDP run, for dtlab's trace importer.
 
-Usage: tools/record_torch_trace.py --out DIR [--world 2] [--backend gloo|nccl] [--format legacy|kineto]
-                                   [--iterations 3] [--warmup 2] [--gzip]
+Usage: tools/record_torch_trace.py --out DIR [--world 2] [--backend gloo|nccl] [--device cpu|cuda]
+                                   [--format legacy|kineto] [--iterations 3] [--warmup 2] [--gzip]
 
 One process per rank (torch.multiprocessing.spawn) on localhost trains dtlab's "mlp:2,512,512,3"
 (nn.Sequential(Linear(2,512), ReLU(), Linear(512,512), ReLU(), Linear(512,3))) under
-DistributedDataParallel with the default bucket_cap_mb (25): batch 32 per rank, SGD lr 0.1,
-torch.manual_seed(0), each rank's data seeded by its rank. --warmup iterations run unprofiled first,
-so that DDP has rebuilt its buckets (iteration 1 all-reduces the whole model as one bucket; from
-iteration 2 on there are two: 4.*, 2.bias, 2.weight, capped by the 1 MiB first bucket, then 0.*),
-then --iterations iterations are profiled. Writes DIR/rank{R}.json (DIR/rank{R}.json.gz with --gzip),
-one Chrome trace per rank, and DIR/dtlab.json saying what ran.
+DistributedDataParallel with bucket_cap_mb=25 passed (the default's value): batch 32 per rank, SGD
+lr 0.1, torch.manual_seed(0), each rank's data seeded by its rank. --warmup iterations run
+unprofiled first, so that DDP has rebuilt its buckets (iteration 1 all-reduces the whole model as
+one bucket; from iteration 2 on torch 1.13 has two: 4.*, 2.bias, 2.weight, capped by the 1 MiB first
+bucket, then 0.*; torch 2.11, whose first bucket takes the given cap, keeps one), then --iterations iterations are profiled. Writes DIR/rank{R}.json (DIR/rank{R}.json.gz with --gzip),
+one Chrome trace per rank, and DIR/dtlab.json saying what ran (with DDP's own record of its bucket
+sizes, and the first bucket's cap this torch used: 1 MiB, or the cap where it takes the given
+bucket_cap_mb for the first bucket too, as torch 2.11 does).
 
 Formats (docs/trace_formats.md describes both field by field):
 - legacy: torch.autograd.profiler.profile(use_kineto=False), the only profiler a torch built without
@@ -20,9 +22,13 @@ Formats (docs/trace_formats.md describes both field by field):
   step itself; the legacy profiler has no steps, so this script mimics it: each profiled iteration
   runs inside torch.autograd.profiler.record_function("ProfilerStep#N").
 - kineto: torch.profiler.profile (needs a torch built with Kineto, e.g. a CUDA build), activities
-  CPU (+ CUDA with nccl), with a schedule so that the profiler writes "ProfilerStep#N" itself
+  CPU (+ CUDA on the GPU), with a schedule so that the profiler writes "ProfilerStep#N" itself
   (without a schedule torch.profiler records no step marks); export_chrome_trace per rank, which
   adds "distributedInfo" {backend, rank, world_size, ...}.
+Devices: nccl puts one rank per GPU (cuda:R). gloo runs on the CPU unless --device cuda, which puts the
+model and batches on GPU rank % (GPUs there), so that several gloo ranks can share one GPU (gloo
+all-reduces CUDA tensors through host memory; NCCL refuses two ranks on one device); with kineto the
+GPU's kernels and copies are then recorded too.
 In both formats N is the iteration's index in the run (0-based, warm-up included), so the profiled
 iterations are ProfilerStep#W .. ProfilerStep#W+I-1 for --warmup W and --iterations I.
 """
@@ -45,6 +51,8 @@ def parse_args(argv=None):
     ap.add_argument("--out", required=True, help="output directory (created if missing)")
     ap.add_argument("--world", type=int, default=2, help="ranks (default 2)")
     ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                    help="where the model runs (default: cuda with nccl, cpu with gloo)")
     ap.add_argument("--format", choices=("legacy", "kineto"), default="legacy")
     ap.add_argument("--iterations", type=int, default=3, help="profiled iterations (default 3)")
     ap.add_argument("--warmup", type=int, default=2, help="unprofiled iterations first (default 2)")
@@ -65,6 +73,12 @@ def parse_args(argv=None):
         ap.error("this torch was built without torch.distributed.")
     if a.backend == "gloo" and not dist.is_gloo_available():
         ap.error("--backend gloo: this torch was built without gloo.")
+    if a.device is None:
+        a.device = "cuda" if a.backend == "nccl" else "cpu"
+    if a.backend == "nccl" and a.device != "cuda":
+        ap.error("--backend nccl runs on the GPU: drop --device cpu, or use --backend gloo.")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda needs a CUDA build of torch and a GPU; this torch sees none.")
     if a.backend == "nccl":
         if not dist.is_nccl_available() or not torch.cuda.is_available():
             ap.error("--backend nccl needs a CUDA build of torch with NCCL and a GPU.")
@@ -121,13 +135,13 @@ def worker(rank, a, port, result_dir):
     torch.set_num_threads(1)
     dist.init_process_group(a.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=a.world)
-    cuda = a.backend == "nccl"
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    cuda = a.device == "cuda"
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     torch.manual_seed(0)  # DDP broadcasts rank 0's parameters at construction anyway
     model = build_model(torch).to(device)
-    ddp = DDP(model, device_ids=[rank] if cuda else None, bucket_cap_mb=BUCKET_CAP_MB)
+    ddp = DDP(model, device_ids=[device.index] if cuda else None, bucket_cap_mb=BUCKET_CAP_MB)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     loss_fn = torch.nn.CrossEntropyLoss()
     g = torch.Generator().manual_seed(rank)  # per-rank data
@@ -186,6 +200,12 @@ def worker(rank, a, port, result_dir):
 
     # What DDP did, for the summary line: its bucket sizes (bytes) at construction and after the rebuild.
     info = {"rank": rank}
+    # The first bucket's cap after the rebuild, as this torch chose it: 1 MiB
+    # (dist._DEFAULT_FIRST_BUCKET_BYTES), or the cap itself where bucket_cap_mb was given and this torch
+    # records that (bucket_bytes_cap_default False; torch 1.13 has no such attribute: always 1 MiB).
+    explicit = getattr(ddp, "bucket_bytes_cap_default", True) is False
+    first = ddp.bucket_bytes_cap if explicit else dist._DEFAULT_FIRST_BUCKET_BYTES
+    info["first_bucket_mb"] = first / 1048576
     try:
         logging = ddp._get_ddp_logging_data()
         info["bucket_sizes"] = logging.get("bucket_sizes")
@@ -217,10 +237,13 @@ def main(argv=None):
                 infos.append(json.load(f))
 
     cmd = ["tools/record_torch_trace.py", "--world", str(a.world), "--out", a.out,
-           "--backend", a.backend, "--format", a.format, "--iterations", str(a.iterations),
+           "--backend", a.backend, "--device", a.device, "--format", a.format, "--iterations", str(a.iterations),
            "--warmup", str(a.warmup)] + (["--gzip"] if a.gzip else [])
     meta = {"model": MODEL, "batch": BATCH, "world": a.world, "bucket_cap_mb": BUCKET_CAP_MB,
-            "backend": a.backend, "format": a.format, "torch": torch.__version__,
+            "backend": a.backend, "device": a.device, "format": a.format, "torch": torch.__version__,
+            "first_bucket_mb": infos[0]["first_bucket_mb"],
+            "bucket_sizes": infos[0].get("bucket_sizes"),
+            "rebuilt_bucket_sizes": infos[0].get("rebuilt_bucket_sizes"),
             "iterations": a.iterations, "warmup": a.warmup, "recorded_with": " ".join(cmd)}
     with open(os.path.join(a.out, "dtlab.json"), "w") as f:
         json.dump(meta, f, indent=1)
