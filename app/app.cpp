@@ -1025,6 +1025,7 @@ void App::trace_views() {
   if (trace_ui_.compare) {
     TraceCompareOptions o;
     o.model = trace_ui_.model, o.profile = trace_ui_.profile, o.batch = trace_ui_.batch, o.bucket_cap_mb = trace_ui_.bucket_cap_mb;
+    o.first_bucket_mb = trace_ui_.first_bucket_mb;
     traces_->compare(o);
   }
   trace_ui_.cancel = trace_ui_.reopen = trace_ui_.compare = false;
@@ -1140,6 +1141,7 @@ void App::sync_lesson_traces() {
   traces_ = std::make_unique<TraceLoader>();
   trace_ui_ = TraceUi{};
   trace_ui_.profile = ts.profile, trace_ui_.model = ts.model, trace_ui_.batch = ts.batch, trace_ui_.bucket_cap_mb = ts.bucket_cap_mb;
+  trace_ui_.first_bucket_mb = ts.first_bucket_mb;
   traces_->open(ts.open, ts.ranks);
   trace_ = &traces_->poll();
   relayout_ = true;
@@ -1188,6 +1190,7 @@ int App::run() {
     traces_ = std::make_unique<TraceLoader>();
     trace_ui_.profile = opt_.compare_profile, trace_ui_.model = opt_.trace_model;
     trace_ui_.batch = opt_.trace_batch, trace_ui_.bucket_cap_mb = opt_.trace_bucket_cap_mb;
+    trace_ui_.first_bucket_mb = opt_.trace_first_bucket_mb;
   } else {
     try {
       session_ = opt_.attach.empty() ? std::make_unique<Session>(opt_.train) : Session::attach(opt_.attach);

@@ -122,7 +122,8 @@ LessonRunner::Result LessonRunner::apply_scenario(Session& session, int step, in
   Result r;
   try {
     AppOptions o = lesson_options(lesson_, extra_, line);
-    trace_scenario_ = TraceScenario{o.open, o.trace_ranks, o.trace_model, o.compare_profile, o.trace_batch, o.trace_bucket_cap_mb};
+    trace_scenario_ = TraceScenario{o.open, o.trace_ranks, o.trace_model, o.compare_profile, o.trace_batch, o.trace_bucket_cap_mb,
+                                    o.trace_first_bucket_mb};
     session.restart(o.train);
     session.pause();
     session.update();

@@ -77,7 +77,7 @@ class LessonRunner {
     std::vector<int> ranks;
     std::string model, profile = "this";
     int64_t batch = 32;
-    double bucket_cap_mb = 25;
+    double bucket_cap_mb = 25, first_bucket_mb = 1;
   };
   const TraceScenario& trace_scenario() const { return trace_scenario_; }
 

@@ -89,6 +89,7 @@ void check_open(const CLI::App& app, AppOptions& o) {
   const TraceMeta meta = read_trace_meta(o.open);
   o.trace_batch = meta.batch;
   o.trace_bucket_cap_mb = meta.bucket_cap_mb;
+  o.trace_first_bucket_mb = meta.first_bucket_mb;
   if (app.count("--trace-model") == 0) o.trace_model = meta.model;
   if (!o.trace_model.empty()) {
     const std::string where = app.count("--trace-model") > 0 ? "--trace-model" : meta.path + "'s model";

@@ -33,6 +33,7 @@ struct AppOptions {
   std::string trace_model;             // --trace-model SPEC, else dtlab.json's "model"; "" when neither says
   int64_t trace_batch = 32;            // dtlab.json's "batch" (per rank)
   double trace_bucket_cap_mb = 25;     // dtlab.json's "bucket_cap_mb"
+  double trace_first_bucket_mb = 1;    // dtlab.json's "first_bucket_mb"
 };
 
 // --unit-costs: every F, B, I and W of a pipeline costs this many modeled seconds (dtlab-cli's).

@@ -106,6 +106,11 @@ TraceMeta read_trace_meta(const std::vector<std::string>& paths) {
       throw wrong("bucket_cap_mb", "a positive number of MiB");
     m.bucket_cap_mb = j["bucket_cap_mb"].get<double>();
   }
+  if (j.contains("first_bucket_mb")) {
+    if (!j["first_bucket_mb"].is_number() || !(j["first_bucket_mb"].get<double>() > 0) || j["first_bucket_mb"].get<double>() > 1e6)
+      throw wrong("first_bucket_mb", "a positive number of MiB");
+    m.first_bucket_mb = j["first_bucket_mb"].get<double>();
+  }
   return m;
 }
 

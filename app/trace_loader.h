@@ -25,6 +25,7 @@ struct TraceMeta {
   int64_t batch = 32;           // per rank
   int world = -1;
   double bucket_cap_mb = 25;    // torch's default
+  double first_bucket_mb = 1;   // torch's first bucket after the rebuild (TraceCompareOptions)
 };
 // Reads dtlab.json in the directory of --open (or beside its first file); a TraceMeta with an
 // empty path when there is none. Throws dtlab::Error (one sentence) for a file that is not JSON

@@ -177,6 +177,7 @@ int summarize(const TraceArgs& a, Streams& io) {
     co.profile = a.profile;
     co.batch = batch;
     if (meta.contains("bucket_cap_mb") && meta["bucket_cap_mb"].is_number()) co.bucket_cap_mb = meta["bucket_cap_mb"].get<double>();
+    if (meta.contains("first_bucket_mb") && meta["first_bucket_mb"].is_number()) co.first_bucket_mb = meta["first_bucket_mb"].get<double>();
     const TraceComparison cmp = compare_trace(tr, co);
     out << "\ncompare: " << model << " trained by dtlab (ddp, world " << world << ", batch " << batch << ", profile " << a.profile
         << "), buckets after the rebuild:\n";

@@ -98,6 +98,19 @@ std::string error_of(const std::function<void()>& f) {
 
 const fs::path kTraces = fs::path(DTLAB_SOURCE_DIR) / "tests" / "data" / "traces";
 
+// Aligned, every rank's end of every collective is the same moment within the timestamp resolution.
+void check_ends_aligned(const ImportedTrace& tr) {
+  for (const TraceCollective& c : tr.collectives) {
+    double lo = INFINITY, hi = -INFINITY;
+    for (size_t r = 0; r < tr.ranks.size(); r++) {
+      const double e = tr.ranks[r].collectives[static_cast<size_t>(c.rank_index[r])].end_us;
+      lo = std::min(lo, e);
+      hi = std::max(hi, e);
+    }
+    CHECK(hi - lo <= tr.resolution_us);
+  }
+}
+
 }  // namespace
 
 TEST_SUITE("trace_import") {
@@ -303,20 +316,59 @@ TEST_CASE("committed traces: all-reduces per iteration (and sizes, where recorde
       else CHECK(r.trace_bytes == -1);  // the legacy format records no sizes
     }
     CHECK(cmp.sizes_agree);
-    for (const TraceCollective& c : tr.collectives) {
-      double lo = INFINITY, hi = -INFINITY;
-      for (size_t r = 0; r < tr.ranks.size(); r++) {
-        const double e = tr.ranks[r].collectives[static_cast<size_t>(c.rank_index[r])].end_us;
-        lo = std::min(lo, e);
-        hi = std::max(hi, e);
-      }
-      CHECK(hi - lo <= tr.resolution_us);
-    }
+    check_ends_aligned(tr);
     for (const RankBreakdown& b : tr.breakdown) {
       CHECK(b.wall_us > 0);
       CHECK(b.compute_us + b.overlapped_us + b.exposed_comm_us + b.memcpy_us + b.idle_us == doctest::Approx(b.wall_us));
     }
   }
+}
+
+TEST_CASE("real Kineto traces from torch 2.11 on an H200: one bucket per iteration, gloo's GPU marks not counted, a one-rank NCCL job") {
+  // real_kineto_*: recorded by tools/record_torch_trace.py --format kineto with PyTorch 2.11.0+cu130 on
+  // one H200 (2026-11-27): nccl (one rank: NCCL refuses two ranks on one GPU), gloo with the ranks'
+  // models on the GPU (2 and 4 ranks sharing it) and gloo on the CPU. bucket_cap_mb=25 is passed, and
+  // torch 2.11 then makes the first bucket the cap too (dtlab.json: "first_bucket_mb": 25), so DDP
+  // all-reduces the whole model, 1,062,924 bytes, as one bucket every iteration.
+  const int64_t model_bytes = (2 * 512 + 512 + 512 * 512 + 512 + 512 * 3 + 3) * 4;
+  REQUIRE(model_bytes == 1062924);
+  struct Case { const char* name; int world; bool sizes; };
+  for (const Case& k : {Case{"real_kineto_nccl_cuda_w1", 1, true}, Case{"real_kineto_gloo_cuda_w2", 2, false},
+                        Case{"real_kineto_gloo_cuda_w4", 4, false}, Case{"real_kineto_gloo_cpu_w2", 2, false}}) {
+    INFO(std::string(k.name));
+    const ImportedTrace tr = import_traces({(kTraces / k.name).string()});
+    CHECK(tr.format == TraceFormat::Kineto);
+    REQUIRE(tr.ranks.size() == size_t(k.world));
+    for (size_t r = 0; r < tr.ranks.size(); r++) CHECK(tr.ranks[r].rank == int(r));  // from distributedInfo
+    // gloo on CUDA tensors: Kineto repeats each gloo:all_reduce as a gpu_user_annotation on the GPU
+    // stream; counted as collectives too, they made 2 per iteration and broke the pairing.
+    CHECK(tr.buckets_per_iteration() == std::vector<int>(3, 1));
+    REQUIRE(tr.collectives.size() == 3);
+    for (const TraceCollective& c : tr.collectives) {
+      CHECK(c.name == "allreduce");
+      CHECK(c.bytes == (k.sizes ? model_bytes : -1));  // gloo records no record_param_comms in 2.11
+      if (k.world == 1) CHECK(c.algbw_gbs == -1);      // issue-timed: no data moved, no bandwidth
+    }
+    for (const RankTrace& rt : tr.ranks)
+      for (const RankCollective& c : rt.collectives) CHECK(c.issue_timed == (k.world == 1));
+    check_ends_aligned(tr);
+    for (const RankBreakdown& b : tr.breakdown)
+      CHECK(b.compute_us + b.overlapped_us + b.exposed_comm_us + b.memcpy_us + b.idle_us == doctest::Approx(b.wall_us));
+    TraceCompareOptions co;
+    co.model = "mlp:2,512,512,3";
+    co.first_bucket_mb = 25;  // torch 2.11 with bucket_cap_mb given
+    const TraceComparison cmp = compare_trace(tr, co);
+    REQUIRE(cmp.dtlab_buckets.size() == 1);
+    REQUIRE(cmp.rows.size() == 3);
+    for (const CompareRow& r : cmp.rows) CHECK(r.dtlab_bytes == model_bytes);
+    CHECK(cmp.sizes_agree);
+    if (k.world == 1) CHECK(cmp.summary.find("one rank: its all-reduces move no data") == 0);
+  }
+  // The CLI reads "first_bucket_mb" from the recording's dtlab.json.
+  const test::CliResult r = test::run_cli({"trace", "summarize", (kTraces / "real_kineto_gloo_cuda_w4").string()});
+  CHECK(r.code == 0);
+  CHECK(r.out.find("bucket 0: 4.bias, 4.weight, 2.bias, 2.weight, 0.bias, 0.weight (1.0 MiB)") != std::string::npos);
+  CHECK(r.out.find("DDP buckets (all-reduces per iteration, in launch order): 1 (iterations 0-2)") != std::string::npos);
 }
 
 }  // TEST_SUITE

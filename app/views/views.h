@@ -54,7 +54,7 @@ struct TraceUi {
   double t0 = 0, t1 = 1;        // the timeline's range: µs on the aligned clock
   std::string profile = "this", model;  // Compare: hardware profile and dtlab's model spec
   int64_t batch = 32;
-  double bucket_cap_mb = 25;
+  double bucket_cap_mb = 25, first_bucket_mb = 1;  // the traced job's DDP buckets (dtlab.json)
   bool cancel = false, reopen = false, compare = false;  // requests to the app
 };
 void draw_trace_timeline(const TraceSnapshot& t, TraceUi& ui, ViewContext& ctx);

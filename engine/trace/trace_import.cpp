@@ -416,6 +416,18 @@ struct Issue {
   const RawEvent* e;
 };
 
+// What the op that issued a collective records of it: its name (where it has one), sizes, dtype,
+// group size and sequence number.
+void fill_from_issue(RankCollective& c, const RawEvent& e) {
+  const std::string named = !e.coll_name.empty() ? c10d_name(e.coll_name) : c10d_name(e.name);
+  if (!named.empty()) c.name = named;
+  c.in_nelems = e.in_nelems;
+  c.out_nelems = e.out_nelems;
+  c.dtype = e.dtype;
+  c.group_size = e.group_size < -1 || e.group_size > INT32_MAX ? INT32_MAX : static_cast<int>(e.group_size);
+  c.seq = e.seq;
+}
+
 // The rank's collectives: the issue ops in order, each paired with the k-th communication span, with
 // the sizes the issue op records.
 void pair_collectives(RankTrace& r, const std::string& file, std::vector<Issue>& issues, std::vector<size_t>& comm_spans,
@@ -432,6 +444,30 @@ void pair_collectives(RankTrace& r, const std::string& file, std::vector<Issue>&
                                 return n == "wait" || n == "init" || n == "monitored_barrier";
                               }),
                issues.end());
+  if (comm_spans.empty() && !issues.empty()) {
+    // Nothing ran on a communication lane: in a one-rank world NCCL launches no kernel (it copies
+    // within the device, or does nothing in place). The collectives are still the job's: list them,
+    // each timed by the op that issued it.
+    warnings.push_back(fs::path(file).filename().string() + ": rank " + std::to_string(rank) + " issued " +
+                       std::to_string(issues.size()) +
+                       " collectives but none ran on its communication lane (as in a one-rank world); "
+                       "each is timed by the op that issued it.");
+    for (const Issue& is : issues) {
+      const RawEvent& e = *is.e;
+      TraceSpan& sp = r.spans[is.span];
+      RankCollective c;
+      fill_from_issue(c, e);
+      c.issue_us = sp.raw_begin_us;
+      c.begin_us = sp.raw_begin_us;
+      c.end_us = sp.end_us;
+      c.bytes = collective_bytes(c);
+      c.span = static_cast<int>(is.span);
+      c.issue_timed = true;
+      sp.collective = static_cast<int32_t>(r.collectives.size());
+      r.collectives.push_back(std::move(c));
+    }
+    return;
+  }
   const size_t n = comm_spans.size();
   if (!issues.empty() && issues.size() != n)
     warnings.push_back(fs::path(file).filename().string() + ": rank " + std::to_string(rank) + " issued " +
@@ -443,14 +479,7 @@ void pair_collectives(RankTrace& r, const std::string& file, std::vector<Issue>&
     const std::string& span_name = names[static_cast<size_t>(cs.name)];
     c.name = starts_with(span_name, "gloo:") ? c10d_name(span_name) : nccl_kernel_collective(span_name);
     if (k < issues.size()) {
-      const RawEvent& e = *issues[k].e;
-      const std::string named = !e.coll_name.empty() ? c10d_name(e.coll_name) : c10d_name(e.name);
-      if (!named.empty()) c.name = named;
-      c.in_nelems = e.in_nelems;
-      c.out_nelems = e.out_nelems;
-      c.dtype = e.dtype;
-      c.group_size = e.group_size < -1 || e.group_size > INT32_MAX ? INT32_MAX : static_cast<int>(e.group_size);
-      c.seq = e.seq;
+      fill_from_issue(c, *issues[k].e);
       c.issue_us = r.spans[issues[k].span].raw_begin_us;
       r.spans[issues[k].span].collective = static_cast<int32_t>(r.collectives.size());
     }
@@ -484,9 +513,12 @@ RankTrace classify(RawFile& f, int rank, Interner& intern, std::vector<std::stri
     thread_ids.emplace(key, id);
     return id;
   };
+  // A gloo op is a span on gloo's worker thread; with CUDA tensors Kineto also projects it onto the
+  // GPU stream as a gpu_user_annotation, which is a mark there, not a second collective.
+  auto gloo_op = [](const RawEvent& e) { return starts_with(e.name, "gloo:") && e.cat != "gpu_user_annotation"; };
   std::map<int32_t, bool> comm_thread;
   for (const RawEvent& e : f.events)
-    if (starts_with(e.name, "gloo:")) comm_thread[thread_of(e)] = true;
+    if (gloo_op(e)) comm_thread[thread_of(e)] = true;
 
   std::vector<Issue> param_comms, c10d_ops;
   std::vector<size_t> comm_spans;
@@ -508,7 +540,7 @@ RankTrace classify(RawFile& f, int rank, Interner& intern, std::vector<std::stri
     } else if (e.cat == "gpu_memcpy" || e.cat == "gpu_memset") {
       s.cls = SpanClass::Memcpy;
       s.lane = TraceLane::Memcpy;
-    } else if (starts_with(e.name, "gloo:")) {
+    } else if (gloo_op(e)) {
       s.cls = SpanClass::Comm;
       s.lane = TraceLane::Comm;
     } else if (is_issue(e)) {
@@ -539,7 +571,8 @@ RankTrace classify(RawFile& f, int rank, Interner& intern, std::vector<std::stri
     return a.end_us - a.begin_us > b.end_us - b.begin_us;
   });
   for (size_t i = 0; i < r.spans.size(); i++)
-    if (r.spans[i].collective >= 0 && r.spans[i].cls == SpanClass::Comm)
+    if (r.spans[i].collective >= 0 &&
+        (r.spans[i].cls == SpanClass::Comm || r.collectives[static_cast<size_t>(r.spans[i].collective)].issue_timed))
       r.collectives[static_cast<size_t>(r.spans[i].collective)].span = static_cast<int>(i);
   assign_depths(r.spans);
   std::sort(r.steps.begin(), r.steps.end(), [](const RankTrace::Step& a, const RankTrace::Step& b) { return a.begin_us < b.begin_us; });
@@ -814,6 +847,7 @@ void build_collectives(ImportedTrace& tr, const Matching& m) {
     tc.first_arrival_us = INFINITY;
     tc.last_arrival_us = -INFINITY;
     double last_begin = -INFINITY;
+    bool moved = true;  // a device moved its data on some communication lane (not issue-timed)
     tc.end_us = -INFINITY;
     for (int r = 0; r < world; r++) {
       const int idx = m.wide[static_cast<size_t>(r)][k];
@@ -827,9 +861,11 @@ void build_collectives(ImportedTrace& tr, const Matching& m) {
       }
       last_begin = std::max(last_begin, c.begin_us);
       tc.end_us = std::max(tc.end_us, c.end_us);
+      moved = moved && !c.issue_timed;
     }
     tc.busy_us = std::max(0.0, tc.end_us - last_begin);
-    if (tc.bytes >= 0 && tc.busy_us > 0) {
+    // An issue-timed collective's span is the host's call, not data on a wire: no bandwidth.
+    if (moved && tc.bytes >= 0 && tc.busy_us > 0) {
       tc.algbw_gbs = static_cast<double>(tc.bytes) / (tc.busy_us * 1e3);
       tc.busbw_gbs = tc.algbw_gbs * busbw_factor(tc.name, world);
     }

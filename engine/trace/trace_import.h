@@ -62,7 +62,9 @@ struct RankCollective {
   double issue_us = -1;       // aligned: when the rank issued it (its arrival); -1 when no issue op was seen
   double begin_us = 0, end_us = 0;  // aligned: its communication span
   int iteration = -1;         // index of the rank's ProfilerStep span it falls in (time order), or -1
-  int span = -1;              // its Comm span in RankTrace::spans
+  int span = -1;              // its Comm span in RankTrace::spans (its Issue span when issue_timed)
+  bool issue_timed = false;   // no communication span ran for it (a one-rank world, where NCCL moves
+                              // nothing): begin/end are those of the op that issued it
   double exposed_us = 0;      // of its communication span, the time no compute ran beside it
 };
 
@@ -100,7 +102,8 @@ struct TraceCollective {
   double first_arrival_us = 0, last_arrival_us = 0;  // the spread: how late the last rank was
   double end_us = 0;             // latest end over ranks (aligned)
   double busy_us = 0;            // end - last arrival: the time the data moved, every rank present
-  double algbw_gbs = -1, busbw_gbs = -1;  // bytes / busy (nccl-tests' conventions); -1 without bytes
+  double algbw_gbs = -1, busbw_gbs = -1;  // bytes / busy (nccl-tests' conventions); -1 without bytes,
+                                          // or when a rank's is issue-timed (no data moved on a lane)
 };
 
 // Per rank, a partition of its wall time (first to last profiled step, or its whole trace when no

@@ -25,7 +25,7 @@ TraceComparison compare_trace(const ImportedTrace& trace, const TraceCompareOpti
                 "with DDP's buckets; record it with torch.profiler's step() (or tools/record_torch_trace.py).");
   const int world = static_cast<int>(trace.ranks.size());
   TrainConfig c;
-  c.strategy = world > 1 ? "ddp" : "single";
+  c.strategy = "ddp";  // a one-rank DDP job all-reduces its buckets too
   c.world_size = world;
   c.model = ModelSpec::parse(opt.model);
   c.batch = opt.batch;
@@ -33,7 +33,8 @@ TraceComparison compare_trace(const ImportedTrace& trace, const TraceCompareOpti
   c.profile = opt.profile;
   c.seed = 0;
   c.ddp.bucket_cap_bytes = static_cast<int64_t>(std::llround(opt.bucket_cap_mb * 1024 * 1024));
-  c.ddp.first_bucket_bytes = std::min(c.ddp.first_bucket_bytes, c.ddp.bucket_cap_bytes);
+  c.ddp.first_bucket_bytes =
+      std::min(static_cast<int64_t>(std::llround(opt.first_bucket_mb * 1024 * 1024)), c.ddp.bucket_cap_bytes);
   Trainer t(c);
   t.run();
   const std::vector<Event> evs = t.recorder().events(0);
@@ -77,7 +78,10 @@ TraceComparison compare_trace(const ImportedTrace& trace, const TraceCompareOpti
     out.rows.push_back(row);
   }
   char line[256];
-  if (ratios.empty()) {
+  if (ratios.empty() && world == 1 && !out.rows.empty()) {
+    std::snprintf(line, sizeof line, "one rank: its all-reduces move no data and dtlab models none of them; their sizes %s",
+                  out.sizes_agree ? "equal dtlab's buckets" : "differ from dtlab's buckets");
+  } else if (ratios.empty()) {
     std::snprintf(line, sizeof line, "no all-reduce of the trace pairs with one of dtlab's %zu buckets", buckets.size());
   } else {
     std::sort(ratios.begin(), ratios.end());

@@ -15,6 +15,10 @@ struct TraceCompareOptions {
   std::string profile = "this"; // hardware profile (cost_model.h): nvlink8, pcie8, ib2x4, eth2x4, this, ideal
   int64_t batch = 32;           // per rank
   double bucket_cap_mb = 25;    // torch's default
+  // The first bucket's cap after the rebuild: torch's 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES), or
+  // the cap itself where the job gave bucket_cap_mb and its torch makes that the first bucket's too
+  // (docs/course_sources.md section 2; dtlab.json's "first_bucket_mb" says which the job used).
+  double first_bucket_mb = 1;
 };
 
 struct CompareRow {
