@@ -538,9 +538,9 @@ std::string trace_summary(const TraceSnapshot& t) {
     case TaskState::Done: break;
   }
   const ImportedTrace& tr = t.trace->trace;
-  std::snprintf(buf, sizeof buf, "%s: %zu ranks, %s%s%s, %d iteration%s, %zu collectives", where.c_str(), tr.ranks.size(),
-                trace_format_name(tr.format), tr.backend.empty() ? "" : ", ", tr.backend.c_str(), tr.iterations,
-                tr.iterations == 1 ? "" : "s", tr.collectives.size());
+  std::snprintf(buf, sizeof buf, "%s: %zu rank%s, %s%s%s, %d iteration%s, %zu collective%s", where.c_str(), tr.ranks.size(),
+                tr.ranks.size() == 1 ? "" : "s", trace_format_name(tr.format), tr.backend.empty() ? "" : ", ", tr.backend.c_str(),
+                tr.iterations, tr.iterations == 1 ? "" : "s", tr.collectives.size(), tr.collectives.size() == 1 ? "" : "s");
   return buf;
 }
 
@@ -726,7 +726,8 @@ void draw_trace_collectives(const TraceSnapshot& t, TraceUi& ui, ViewContext& ct
   }
   if (ui.selected >= n) ui.selected = -1;
   const float fs = ImGui::GetFontSize(), row_h = ImGui::GetTextLineHeightWithSpacing();
-  ImGui::TextColored(dim(), "%d collectives on %d ranks. Click one to see it on every rank.", n, world);
+  ImGui::TextColored(dim(), "%d collective%s on %d rank%s. Click one to see it on every rank.", n, n == 1 ? "" : "s", world,
+                     world == 1 ? "" : "s");
   const float detail_h = ui.selected >= 0 ? (static_cast<float>(world) + 3.6f) * (row_h + 2) : 0;
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const float table_h = std::max(avail.y - detail_h, 6 * row_h);
@@ -982,8 +983,9 @@ void draw_trace_compare(const TraceSnapshot& t, TraceUi& ui, ViewContext& ctx) {
   }
   if (!t.comparison) {
     if (!running && t.compare != TaskState::Failed) {
-      ImGui::TextColored(dim(), "dtlab trains the same model with DDP on %zu ranks for a few iterations and models each bucket's "
-                                "all-reduce on the hardware profile, beside the one the trace measured.", tr.ranks.size());
+      ImGui::TextColored(dim(), "dtlab trains the same model with DDP on %zu rank%s for a few iterations and models each bucket's "
+                                "all-reduce on the hardware profile, beside the one the trace measured.", tr.ranks.size(),
+                         tr.ranks.size() == 1 ? "" : "s");
       if (ui.model.empty()) ImGui::TextColored(kAmber, "Give the traced model: --trace-model SPEC, dtlab.json's \"model\", or type it above.");
     }
     ImGui::PopTextWrapPos();
