@@ -164,6 +164,10 @@ LessonRunner::Result LessonRunner::act(const LessonAction& a, int step, const st
     case LessonAction::RunUntil: {
       const auto now = SteadyClock::now();
       if (until_.key != key) until_ = Until{key, 0, false, now, now};
+      // Asked before the snapshot is taken: a run that ended by then shows how it ended (its error
+      // is set before it counts as finished). Asked after, a run that failed in between read as
+      // "finished before this held" with a snapshot from before the failure (seen under load).
+      const bool ended = session.finished();
       const Snapshot& s = session.update();
       const FigureScope scope{&s, &marks_};
       bool holds = false;
@@ -177,7 +181,7 @@ LessonRunner::Result LessonRunner::act(const LessonAction& a, int step, const st
         until_.key.clear();
         break;
       }
-      if (!s.error.empty() || session.finished()) {
+      if (!s.error.empty() || ended) {
         r.failure = at + "the run " + (s.error.empty() ? "finished" : "failed (" + s.error + ")") + " before this held";
       } else if (!until_.free) {
         if (session.settled()) {
