@@ -7,9 +7,7 @@
 #include <fstream>
 #include <map>
 #include <new>
-#include <sstream>
 
-#include <nlohmann/json.hpp>
 
 #include "engine/core/check.h"
 #include "engine/io/atomic_file.h"
@@ -69,50 +67,6 @@ std::string failure_sentence(const std::exception_ptr& ep, const char* doing, co
 }
 
 }  // namespace
-
-TraceMeta read_trace_meta(const std::vector<std::string>& paths) {
-  TraceMeta m;
-  if (paths.empty()) return m;
-  std::error_code ec;
-  const fs::path first(paths[0]);
-  const fs::path p = (fs::is_directory(first, ec) ? first : first.parent_path()) / "dtlab.json";
-  if (!fs::is_regular_file(p, ec)) return m;
-  m.path = p.string();
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream text;
-  text << f.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    throw Error(m.path + " is not a JSON object; it describes the traced job, e.g. {\"model\": \"mlp:2,512,512,3\", \"batch\": 32}");
-  auto wrong = [&](const char* key, const char* what) {
-    return Error(m.path + ": \"" + key + "\" must be " + what + " (it is " + j[key].dump().substr(0, 40) + ")");
-  };
-  if (j.contains("model")) {
-    if (!j["model"].is_string()) throw wrong("model", "a model spec like \"mlp:2,512,512,3\"");
-    m.model = j["model"].get<std::string>();
-  }
-  if (j.contains("batch")) {
-    if (!j["batch"].is_number_integer() || j["batch"].get<int64_t>() < 1 || j["batch"].get<int64_t>() > (int64_t{1} << 20))
-      throw wrong("batch", "a whole number of samples per rank from 1");
-    m.batch = j["batch"].get<int64_t>();
-  }
-  if (j.contains("world")) {
-    if (!j["world"].is_number_integer() || j["world"].get<int64_t>() < 1 || j["world"].get<int64_t>() > 4096)
-      throw wrong("world", "a whole number of ranks from 1");
-    m.world = static_cast<int>(j["world"].get<int64_t>());
-  }
-  if (j.contains("bucket_cap_mb")) {
-    if (!j["bucket_cap_mb"].is_number() || !(j["bucket_cap_mb"].get<double>() > 0) || j["bucket_cap_mb"].get<double>() > 1e6)
-      throw wrong("bucket_cap_mb", "a positive number of MiB");
-    m.bucket_cap_mb = j["bucket_cap_mb"].get<double>();
-  }
-  if (j.contains("first_bucket_mb")) {
-    if (!j["first_bucket_mb"].is_number() || !(j["first_bucket_mb"].get<double>() > 0) || j["first_bucket_mb"].get<double>() > 1e6)
-      throw wrong("first_bucket_mb", "a positive number of MiB");
-    m.first_bucket_mb = j["first_bucket_mb"].get<double>();
-  }
-  return m;
-}
 
 TraceFiles list_trace_files(const std::vector<std::string>& paths) {
   TraceFiles out;

@@ -18,19 +18,9 @@
 
 namespace dtlab::app {
 
-// What a trace directory's dtlab.json says about the traced job; every field is optional.
-struct TraceMeta {
-  std::string path;             // the dtlab.json read, or "" when there was none
-  std::string model;            // "mlp:2,512,512,3"
-  int64_t batch = 32;           // per rank
-  int world = -1;
-  double bucket_cap_mb = 25;    // torch's default
-  double first_bucket_mb = 1;   // torch's first bucket after the rebuild (TraceCompareOptions)
-};
-// Reads dtlab.json in the directory of --open (or beside its first file); a TraceMeta with an
-// empty path when there is none. Throws dtlab::Error (one sentence) for a file that is not JSON
-// or holds a field of the wrong type.
-TraceMeta read_trace_meta(const std::vector<std::string>& paths);
+// dtlab.json beside the traces: engine/train/trace_compare.h (the CLI reads it the same way).
+using dtlab::TraceMeta;
+using dtlab::read_trace_meta;
 
 // The trace files --open names: a directory's *.json and *.json.gz but dtlab.json, sorted; files
 // as given. Throws dtlab::Error (one sentence) for a path that does not exist, is not a regular

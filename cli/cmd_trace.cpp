@@ -6,9 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,23 +64,6 @@ void print_table(std::ostream& out, const std::vector<std::vector<std::string>>&
   }
 }
 
-// dtlab.json beside the traces (tools/record_torch_trace.py writes it): what ran.
-nlohmann::json run_metadata(const std::vector<std::string>& paths) {
-  for (const std::string& p : paths) {
-    std::error_code ec;
-    const std::filesystem::path dir = std::filesystem::is_directory(p, ec) ? std::filesystem::path(p)
-                                                                            : std::filesystem::path(p).parent_path();
-    const std::filesystem::path meta = dir / "dtlab.json";
-    if (!std::filesystem::is_regular_file(meta, ec)) continue;
-    std::ifstream in(meta);
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-    if (j.is_discarded() || !j.is_object())
-      throw Error(meta.string() + " is not a JSON object: fix or remove it (it names the traced model: {\"model\": \"mlp:2,512,512,3\", \"batch\": 32}).");
-    return j;
-  }
-  return nlohmann::json::object();
-}
-
 int summarize(const TraceArgs& a, Streams& io) {
   TraceImportOptions opt;
   opt.ranks = a.ranks;
@@ -92,9 +73,16 @@ int summarize(const TraceArgs& a, Streams& io) {
       std::snprintf(buf, sizeof buf, "\rreading traces: %3.0f%%", 100 * f);
       io.err << buf << std::flush;
     };
-  const nlohmann::json meta = run_metadata(a.paths);
+  const TraceMeta meta = read_trace_meta(a.paths);  // dtlab.json beside the traces: what ran
   const ImportedTrace tr = import_traces(a.paths, opt);
   if (io.terminal) io.err << "\r                      \r" << std::flush;
+  // The comparison first: a bad model or dtlab.json is one sentence with nothing printed before it.
+  TraceCompareOptions co = compare_options(meta);
+  if (!a.model.empty()) co.model = a.model;
+  if (a.batch > 0) co.batch = a.batch;
+  co.profile = a.profile;
+  std::optional<TraceComparison> cmp;
+  if (!co.model.empty()) cmp = compare_trace(tr, co);
   std::ostream& out = io.out;
   const int world = static_cast<int>(tr.ranks.size());
 
@@ -166,32 +154,20 @@ int summarize(const TraceArgs& a, Streams& io) {
   }
   print_table(out, rows);
 
-  std::string model = a.model;
-  if (model.empty() && meta.contains("model") && meta["model"].is_string()) model = meta["model"].get<std::string>();
-  int64_t batch = a.batch;
-  if (batch <= 0 && meta.contains("batch") && meta["batch"].is_number_integer()) batch = meta["batch"].get<int64_t>();
-  if (batch <= 0) batch = 32;
-  if (!model.empty()) {
-    TraceCompareOptions co;
-    co.model = model;
-    co.profile = a.profile;
-    co.batch = batch;
-    if (meta.contains("bucket_cap_mb") && meta["bucket_cap_mb"].is_number()) co.bucket_cap_mb = meta["bucket_cap_mb"].get<double>();
-    if (meta.contains("first_bucket_mb") && meta["first_bucket_mb"].is_number()) co.first_bucket_mb = meta["first_bucket_mb"].get<double>();
-    const TraceComparison cmp = compare_trace(tr, co);
-    out << "\ncompare: " << model << " trained by dtlab (ddp, world " << world << ", batch " << batch << ", profile " << a.profile
+  if (cmp) {
+    out << "\ncompare: " << co.model << " trained by dtlab (ddp, world " << world << ", batch " << co.batch << ", profile " << a.profile
         << "), buckets after the rebuild:\n";
-    for (const std::string& b : cmp.dtlab_buckets) out << "  " << b << "\n";
+    for (const std::string& b : cmp->dtlab_buckets) out << "  " << b << "\n";
     rows = {{"#", "iter", "bucket", "trace bytes", "dtlab bytes", "measured", "modeled", "measured / modeled"}};
     size_t listed = 0;
-    for (const CompareRow& r : cmp.rows)
+    for (const CompareRow& r : cmp->rows)
       if (a.all || listed++ < kRowsShown)
       rows.push_back({std::to_string(r.collective), std::to_string(r.iteration), std::to_string(r.bucket),
                       r.trace_bytes >= 0 ? with_commas(r.trace_bytes) : "not recorded",
                       r.dtlab_bytes >= 0 ? with_commas(r.dtlab_bytes) : "no such bucket", us(r.measured_us),
                       r.modeled_us >= 0 ? us(r.modeled_us) : "-", r.ratio >= 0 ? fmt("%.2fx", r.ratio) : "-"});
     print_table(out, rows);
-    out << "  " << cmp.summary << (cmp.sizes_agree ? "" : "; the recorded sizes differ from dtlab's buckets: is --model the traced model?")
+    out << "  " << cmp->summary << (cmp->sizes_agree ? "" : "; the recorded sizes differ from dtlab's buckets: is --model the traced model?")
         << "\n";
   }
   for (const std::string& w : tr.warnings) out << "note: " << w << "\n";

@@ -287,6 +287,20 @@ TEST_CASE("dtlab-cli trace summarize: the tables, and bad input in one sentence 
   CHECK(contains(bad.err, "rank1.json ends or breaks off at byte"));
   CHECK(std::count(bad.err.begin(), bad.err.end(), '\n') == 1);
 
+  // A dtlab.json the comparison cannot use, or a model it cannot build: one sentence before any
+  // table (the comparison runs first), not tables and then an error about a flag nobody gave.
+  std::ofstream(dir / "rank1.json", std::ios::trunc) << kineto_rank(1, 5000000.5);
+  std::ofstream(dir / "dtlab.json") << R"({"model": "mlp:2,512,512,3", "first_bucket_mb": 0})";
+  const test::CliResult meta = test::run_cli({"trace", "summarize", dir.string()});
+  CHECK(meta.code == 2);
+  CHECK(meta.out.empty());
+  CHECK(contains(meta.err, "dtlab.json: \"first_bucket_mb\" must be a positive number of MiB (it is 0)"));
+  fs::remove(dir / "dtlab.json");
+  const test::CliResult model = test::run_cli({"trace", "summarize", dir.string(), "--model", "mlp:x"});
+  CHECK(model.code == 2);
+  CHECK(model.out.empty());
+  CHECK(contains(model.err, "model 'mlp:x' has 'x' where a layer width belongs"));
+
   const test::CliResult none = test::run_cli({"trace"});
   CHECK(none.code == 2);
   CHECK(contains(none.err, "trace needs a verb; use 'dtlab-cli trace summarize DIR|FILES'"));

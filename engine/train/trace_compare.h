@@ -41,6 +41,22 @@ struct TraceComparison {
   std::string summary;                     // one line: "measured/modeled median 3.2x over 6 all-reduces"
 };
 
+// What a trace directory's dtlab.json says about the traced job; every field is optional.
+struct TraceMeta {
+  std::string path;             // the dtlab.json read, or "" when there was none
+  std::string model;            // "mlp:2,512,512,3"
+  int64_t batch = 32;           // per rank
+  int world = -1;
+  double bucket_cap_mb = 25;    // torch's default
+  double first_bucket_mb = 1;   // torch's first bucket after the rebuild (TraceCompareOptions)
+};
+// Reads dtlab.json in the directory of the traces (or beside its first file); a TraceMeta with an
+// empty path when there is none. Throws dtlab::Error (one sentence) for a file that is not JSON
+// or holds a field of the wrong type.
+TraceMeta read_trace_meta(const std::vector<std::string>& paths);
+// The options of a comparison for the job dtlab.json describes (its defaults where it says nothing).
+TraceCompareOptions compare_options(const TraceMeta& meta);
+
 // Throws dtlab::Error (one sentence) for a bad model or profile, or a trace without iterations.
 TraceComparison compare_trace(const ImportedTrace& trace, const TraceCompareOptions& opt);
 
