@@ -10,8 +10,9 @@ DistributedDataParallel with bucket_cap_mb=25 passed (the default's value): batc
 lr 0.1, torch.manual_seed(0), each rank's data seeded by its rank. --warmup iterations run
 unprofiled first, so that DDP has rebuilt its buckets (iteration 1 all-reduces the whole model as
 one bucket; from iteration 2 on torch 1.13 has two: 4.*, 2.bias, 2.weight, capped by the 1 MiB first
-bucket, then 0.*; torch 2.11, whose first bucket takes the given cap, keeps one), then --iterations iterations are profiled. Writes DIR/rank{R}.json (DIR/rank{R}.json.gz with --gzip),
-one Chrome trace per rank, and DIR/dtlab.json saying what ran (with DDP's own record of its bucket
+bucket, then 0.*; torch 2.11, whose first bucket takes the given cap, keeps one), then
+--iterations iterations are profiled. Writes DIR/rank{R}.json (DIR/rank{R}.json.gz with --gzip), one
+Chrome trace per rank, and DIR/dtlab.json saying what ran (with DDP's own record of its bucket
 sizes, and the first bucket's cap this torch used: 1 MiB, or the cap where it takes the given
 bucket_cap_mb for the first bucket too, as torch 2.11 does).
 

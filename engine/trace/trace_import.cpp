@@ -847,7 +847,7 @@ void build_collectives(ImportedTrace& tr, const Matching& m) {
     tc.first_arrival_us = INFINITY;
     tc.last_arrival_us = -INFINITY;
     double last_begin = -INFINITY;
-    bool moved = true;  // a device moved its data on some communication lane (not issue-timed)
+    bool moved = true;  // every rank's part ran on its communication lane (none is issue-timed)
     tc.end_us = -INFINITY;
     for (int r = 0; r < world; r++) {
       const int idx = m.wide[static_cast<size_t>(r)][k];
