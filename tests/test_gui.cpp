@@ -32,8 +32,7 @@ bool have_xvfb() { return shell("command -v xvfb-run").code == 0; }
 
 // The app under a fresh virtual display of 1280x720, layout from a throwaway config dir.
 Result run_app(const std::string& args, const test::TempDir& dir) {
-  return shell("xvfb-run -a -s '-screen 0 1280x720x24' " DTLAB_APP_PATH " --width 1280 --height 720 --config-dir " +
-               dir.file("config") + " " + args);
+  return test::run_lab(dir.file("config"), args);
 }
 
 struct Image {

@@ -411,8 +411,8 @@ TEST_SUITE("lessons") {
     }
     test::TempDir dir;
     const std::string file = kSource + "/tests/data/lessons/broken_figure.md", png = dir.file("broken.png");
-    test::ShellResult r = test::shell("xvfb-run -a -s '-screen 0 1280x720x24' " DTLAB_APP_PATH " --width 1280 --height 720 --config-dir " +
-                                      dir.file("c") + " --lesson " + file + " --run 'step collective 2; screenshot " + png + "; quit'");
+    test::ShellResult r =
+        test::run_lab(dir.file("c"), "--lesson " + file + " --run 'step collective 2; screenshot " + png + "; quit'");
     INFO(r.out);
     CHECK(r.code == 2);  // the script ran on, and its exit code reports the bad lesson
     CHECK(r.out.find(file + ":16: unknown live figure 'collective.byte'; did you mean 'collective.bytes'?") != std::string::npos);

@@ -35,8 +35,7 @@ const std::string kTraces = std::string(DTLAB_SOURCE_DIR) + "/tests/data/traces"
 bool have_xvfb() { return shell("command -v xvfb-run").code == 0; }
 
 Result run_app(const std::string& args, const test::TempDir& dir) {
-  return shell("xvfb-run -a -s '-screen 0 1280x720x24' " DTLAB_APP_PATH " --width 1280 --height 720 --config-dir " + dir.file("config") +
-               " " + args);
+  return test::run_lab(dir.file("config"), args);
 }
 
 // Polls until the load (or comparison) is over, for at most `seconds`.

@@ -57,6 +57,17 @@ inline ShellResult shell(const std::string& cmd) {
   return r;
 }
 
+#ifdef DTLAB_APP_PATH
+// The lab under a fresh virtual display of 1280x720, its layout from `config_dir`. -noreset: without
+// it Xvfb resets when the lab disconnects and signals xvfb-run (SIGUSR1); a signal that lands while
+// xvfb-run removes its temporary directory makes it exit 5 ("problem while cleaning up temporary
+// directory") whatever the lab returned, which failed a GUI test now and then.
+inline ShellResult run_lab(const std::string& config_dir, const std::string& args) {
+  return shell("xvfb-run -a -s '-screen 0 1280x720x24 -noreset' " DTLAB_APP_PATH " --width 1280 --height 720 --config-dir " +
+               config_dir + " " + args);
+}
+#endif
+
 // n floats uniform in [-scale, scale), the same for the same seed (op and parity tests).
 inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 g(seed);

@@ -12,4 +12,4 @@ if ! command -v xvfb-run >/dev/null; then
 fi
 cfg=$(mktemp -d)
 trap 'rm -rf "$cfg"' EXIT
-exec xvfb-run -a -s "-screen 0 1280x720x24" "$app" --width 1280 --height 720 --config-dir "$cfg" --lesson "$lesson" --play --check-spoilers
+xvfb-run -a -s "-screen 0 1280x720x24 -noreset" "$app" --width 1280 --height 720 --config-dir "$cfg" --lesson "$lesson" --play --check-spoilers

@@ -9,7 +9,7 @@ cfg=$(mktemp -d)
 trap 'rm -rf "$cfg"' EXIT
 shot() {  # shot ARGS... ; the last argument is the script
   local script=${*: -1}
-  xvfb-run -a -s "-screen 0 1600x900x24" "$app" --width 1600 --height 900 --config-dir "$cfg" "${@:1:$#-1}" --run "$script"
+  xvfb-run -a -s "-screen 0 1600x900x24 -noreset" "$app" --width 1600 --height 900 --config-dir "$cfg" "${@:1:$#-1}" --run "$script"
 }
 mkdir -p "$out"
 # Mid reduce-scatter of bucket 0's all-reduce (collective #2), 4 ranks.
