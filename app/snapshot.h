@@ -13,6 +13,7 @@
 #include "engine/core/memory.h"
 #include "engine/core/optim.h"
 #include "engine/parallel/memory_plan.h"
+#include "engine/parallel/pipeline_schedule.h"
 #include "engine/trace/event.h"
 #include "engine/trace/stepper.h"
 #include "engine/trace/trace_import.h"

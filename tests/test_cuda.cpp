@@ -33,7 +33,7 @@ TEST_CASE("cuda: skipped: built without CUDA" * doctest::test_suite("cuda")) {
 #include <vector>
 
 #include "tests/test_util.h"
-#include "engine/comm/cuda_backend.h"
+#include "engine/cuda/cuda_backend.h"
 #include "engine/comm/plan.h"
 #include "engine/core/device.h"
 #include "engine/core/model.h"

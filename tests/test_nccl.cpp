@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/comm/nccl_backend.h"
+#include "engine/cuda/nccl_backend.h"
 #include "engine/comm/socket_mesh.h"  // pick_free_port
 #include "engine/core/tensor.h"
 #include "engine/cuda/cuda_device.h"

@@ -19,35 +19,10 @@
 #include <string_view>
 
 #include "engine/core/check.h"
+#include "engine/core/collective.h"  // CollectiveOp, ReduceOp, Algorithm
 #include "engine/core/tensor.h"
 
 namespace dtlab {
-
-enum class ReduceOp : uint8_t { Sum, Avg, Max };
-enum class CollectiveOp : uint8_t {
-  AllReduce,
-  ReduceScatter,
-  AllGather,
-  Broadcast,
-  Reduce,
-  Barrier,
-  Send,
-  Recv,
-  AllToAll,
-  // new values go at the end
-};
-// Default: the communicator's configured algorithm for that op (ring for all-reduce,
-// reduce-scatter and all-gather; tree for broadcast and reduce).
-enum class Algorithm : uint8_t { Default, Ring, Tree, Naive };
-
-// PyTorch profiler spellings ("allreduce", "reduce_scatter", "allgather", "broadcast", ...).
-const char* collective_name(CollectiveOp op);
-const char* algorithm_name(Algorithm a);  // "default", "ring", "tree", "naive"
-const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
-Algorithm parse_algorithm(std::string_view text);  // dtlab::Error on unknown names
-// dtlab::Error unless the op runs that algorithm: all-reduce ring|tree|naive; reduce-scatter and
-// all-gather ring; broadcast and reduce tree|naive; Default is always fine.
-void check_algorithm(CollectiveOp op, Algorithm algo);
 
 // A failed collective: watchdog timeout, desync between ranks, or an aborted world. The message is
 // the full diagnosis (which collective, which ranks arrived, which are missing and what they do).

@@ -1,7 +1,7 @@
 // How a backend's collective algorithms touch rank memory. The algorithms (threads_algorithms.cpp)
 // decide what moves where and in which step; a DataMover does the moving. The host mover copies with
 // memcpy and reduces with the loops of reduce_kernels.h; the cuda backend's mover
-// (engine/comm/cuda_backend.cpp) does device-to-device copies and a reduction kernel on the receiving
+// (engine/cuda/cuda_backend.cpp) does device-to-device copies and a reduction kernel on the receiving
 // rank's comm stream. Every call acts for `rank` (the rank whose buffer changes) and returns once its
 // result is visible to every other rank, so each algorithm step stays one stepper gate + one event
 // whatever the memory is.

@@ -45,7 +45,7 @@ struct WorldOptions {
   size_t trace_capacity = size_t{1} << 16;
   bool start_paused = false;      // stepper starts paused (the GUI's default)
   // Where the ranks' buffers live: null is host memory (memcpy and CPU loops); the cuda backend
-  // (engine/comm/cuda_backend.h) passes its device mover, and the algorithms stay the same.
+  // (engine/cuda/cuda_backend.h) passes its device mover, and the algorithms stay the same.
   std::shared_ptr<DataMover> mover;
 };
 

@@ -2,8 +2,8 @@
 // backend, so the trainer, the DDP reducer, FSDP and the pipeline runtime are written once:
 //   threads  ThreadsWorld: ranks as threads, host memory (cpu_device)
 //   cuda     CudaWorld: ranks as threads sharing the GPU(s), device memory, the same step-by-step
-//            algorithms on device buffers (engine/comm/cuda_backend.h; made by engine/cuda/platform.h)
-//   nccl     NcclWorld: one GPU per rank, NCCL's collectives (engine/comm/nccl_backend.h; likewise)
+//            algorithms on device buffers (engine/cuda/cuda_backend.h; made by engine/cuda/platform.h)
+//   nccl     NcclWorld: one GPU per rank, NCCL's collectives (engine/cuda/nccl_backend.h; likewise)
 // Every world keeps a ThreadsWorld underneath (rendezvous, stepper gates, recorder, contexts, memory
 // trackers, watchdog, status), which is what the lab's views read.
 #pragma once

@@ -80,4 +80,11 @@ std::string with_commas(int64_t v) {
   return v < 0 ? "-" + out : out;
 }
 
+std::string trim_blanks(std::string_view text) {
+  const auto b = text.find_first_not_of(" \t");
+  if (b == std::string_view::npos) return "";
+  const auto e = text.find_last_not_of(" \t");
+  return std::string(text.substr(b, e - b + 1));
+}
+
 }  // namespace dtlab

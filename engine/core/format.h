@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dtlab {
@@ -20,5 +21,7 @@ std::string ranks_text(const std::vector<int>& ranks);
 // 100 KB flag, a binary cell, a model spec of 20000 layers) keeps its first 80 and last 20 around
 // "...", and the whole keeps at most 2000 bytes. Front ends pass every message they print through it.
 std::string tidy_sentence(const std::string& msg);
+// TEXT without leading and trailing spaces and tabs.
+std::string trim_blanks(std::string_view text);
 
 }  // namespace dtlab

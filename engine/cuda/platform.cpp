@@ -4,11 +4,11 @@
 
 #include <vector>
 
-#include "engine/comm/cuda_backend.h"
+#include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_device.h"
 #include "engine/cuda/runtime.h"
 #if DTLAB_HAVE_NCCL
-#include "engine/comm/nccl_backend.h"
+#include "engine/cuda/nccl_backend.h"
 #endif
 
 namespace dtlab::cuda {

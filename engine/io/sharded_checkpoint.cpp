@@ -154,8 +154,8 @@ void check_sharded_output_dir(const std::string& flag, const std::string& dir) {
 }
 
 void save_sharded_checkpoint(const std::string& dir, const Model& model, const std::vector<ParamSlice>& slices,
-                             Communicator& comm, int64_t step, const std::string& strategy) {
-  const int rank = comm.rank(), world = comm.world_size();
+                             const SaveGroup& group, int64_t step, const std::string& strategy) {
+  const int rank = group.rank, world = group.world;
   const auto& params = model.parameters();
   // Everything is written into a staging directory beside DIR and swapped in at the end: an
   // interrupted save leaves the last good checkpoint where it was (and its staging directory,
@@ -170,7 +170,7 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
     fs::create_directory(staging_dir, ec);
     if (ec) fail(staging, "cannot be created (" + ec.message() + "); choose a writable --save-sharded directory");
   }
-  comm.barrier()->wait();
+  group.barrier();
   if (!slices.empty()) {
     // Slices on a device are written from host copies.
     std::vector<std::vector<float>> host(model.device().is_host() ? 0 : slices.size());
@@ -188,7 +188,7 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
     save_safetensors(join(staging, shard_file_name(rank, world)), views,
                      {{"format", kFormat}, {"rank", std::to_string(rank)}, {"world", std::to_string(world)}});
   }
-  comm.barrier()->wait();
+  group.barrier();
   if (rank == 0) {
     // The index lists the pieces every rank wrote (read back from the files' headers).
     json ps = json::object();
@@ -211,7 +211,7 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
     f.commit();
     swap_into_place(staging_dir, target);
   }
-  comm.barrier()->wait();  // nobody reads the directory before the new checkpoint is in place
+  group.barrier();  // nobody reads the directory before the new checkpoint is in place
 }
 
 CheckpointInfo read_sharded_checkpoint_info(const std::string& dir) {

@@ -13,10 +13,10 @@
 // (checkpoint.h) stays the one to hand to PyTorch.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
-#include "engine/comm/communicator.h"
 #include "engine/core/model.h"
 #include "engine/io/checkpoint.h"
 
@@ -30,10 +30,18 @@ struct ParamSlice {
   const float* data = nullptr;
 };
 
-// Collective (every rank of `comm` calls it): writes this rank's file (none when `slices` is
+// Where a collective save stands in its world: this rank, the world's size, and a barrier every
+// rank calls at the same points (a communicator's barrier; io sits below comm, so it takes a function).
+struct SaveGroup {
+  int rank = 0;
+  int world = 1;
+  std::function<void()> barrier;
+};
+
+// Collective (every rank of the group calls it): writes this rank's file (none when `slices` is
 // empty), then rank 0 writes the index. `strategy` is recorded for people ("FULL_SHARD").
 void save_sharded_checkpoint(const std::string& dir, const Model& model, const std::vector<ParamSlice>& slices,
-                             Communicator& comm, int64_t step, const std::string& strategy);
+                             const SaveGroup& group, int64_t step, const std::string& strategy);
 
 // Checks, before any work starts, that DIR can take a sharded save: a directory (or a new name)
 // whose parent exists and is writable, holding nothing but a sharded checkpoint's files (the save

@@ -33,7 +33,7 @@
 
 namespace dtlab {
 
-struct StepReport;  // engine/train/train.h
+struct StepReport;  // engine/monitor/step_report.h
 
 // What one rank is doing, as a viewer shows it.
 struct RankMonitorStatus {

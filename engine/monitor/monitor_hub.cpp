@@ -9,7 +9,7 @@
 #include "engine/core/format.h"
 #include "engine/monitor/monitor.h"
 #include "engine/monitor/monitor_internal.h"
-#include "engine/train/train.h"
+#include "engine/monitor/step_report.h"
 
 namespace dtlab {
 

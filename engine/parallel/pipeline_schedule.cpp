@@ -8,13 +8,12 @@
 #include <iterator>
 #include <limits>
 
+#include "engine/core/format.h"
 #include "engine/io/atomic_file.h"
 
 namespace dtlab {
 
 namespace {
-
-constexpr const char* kTypeText[] = {"F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B"};
 
 // What an action needs, in three kinds: B and I both play "the backward that passes the gradient
 // on" (an I-and-W schedule and a B schedule depend on each other's stages the same way).
@@ -187,13 +186,6 @@ std::string grid_label(int rank, int step) {
   throw ScheduleError(sentence, rank, step, format_schedule(s, step));
 }
 
-std::string trim(std::string_view t) {
-  const auto b = t.find_first_not_of(" \t");
-  if (b == std::string_view::npos) return "";
-  const auto e = t.find_last_not_of(" \t");
-  return std::string(t.substr(b, e - b + 1));
-}
-
 }  // namespace
 
 double cost_of(ActionType t, const ActionCosts& c) {
@@ -204,45 +196,6 @@ double cost_of(ActionType t, const ActionCosts& c) {
     case ActionType::BackwardWeight: return c.backward_weight;
     default: return 0;
   }
-}
-
-// ---- actions ----
-
-std::string action_str(const Action& a) {
-  return std::to_string(a.stage) + kTypeText[static_cast<int>(a.type)] + std::to_string(a.mb);
-}
-
-bool is_compute(ActionType t) { return static_cast<int>(t) <= static_cast<int>(ActionType::BackwardWeight); }
-
-Action parse_action(std::string_view text) {
-  const std::string t = trim(text);
-  const auto bad = [&] { return Error("'" + t + "' is not an action like 0F0 or 1B2"); };
-  const char* p = t.data();
-  const char* end = t.data() + t.size();
-  const auto digit_at = [&](const char* q) { return q < end && *q >= '0' && *q <= '9'; };
-  Action a;
-  if (!digit_at(p)) throw bad();
-  auto r = std::from_chars(p, end, a.stage);
-  if (r.ec != std::errc()) throw bad();
-  p = r.ptr;
-  int type = -1;
-  for (int i = 7; i >= 0; i--) {  // the long names first: SEND_F before F
-    const std::string_view name = kTypeText[i];
-    if (std::string_view(p, end - p).starts_with(name)) {
-      type = i;
-      p += name.size();
-      break;
-    }
-  }
-  if (type < 0) throw bad();
-  a.type = static_cast<ActionType>(type);
-  if (!digit_at(p)) throw bad();
-  r = std::from_chars(p, end, a.mb);
-  if (r.ec != std::errc() || r.ptr != end) throw bad();
-  if (a.stage > kMaxScheduleIndex || a.mb > kMaxScheduleIndex)
-    throw Error("'" + t + "' names " + (a.stage > kMaxScheduleIndex ? "stage " + std::to_string(a.stage) : "micro-batch " + std::to_string(a.mb)) +
-                "; stages and micro-batches are numbered 0 to " + std::to_string(kMaxScheduleIndex));
-  return a;
 }
 
 int num_steps(const PipelineSchedule& s) {
@@ -503,7 +456,7 @@ PipelineSchedule load_csv(const std::string& path, std::optional<int> stages, st
     if (!line.empty() && line.back() == '\r') line.pop_back();  // PyTorch's csv.writer ends rows with \r\n
     lines.push_back(line);
   }
-  while (!lines.empty() && trim(lines.back()).empty()) lines.pop_back();
+  while (!lines.empty() && trim_blanks(lines.back()).empty()) lines.pop_back();
   if (lines.empty()) throw Error("'" + path + "' holds no schedule; give one row of actions per rank (e.g. 0F0,0F1,,0B0)");
 
   PipelineSchedule s;
@@ -515,8 +468,8 @@ PipelineSchedule load_csv(const std::string& path, std::optional<int> stages, st
     size_t begin = 0;
     for (size_t col = 1;; col++) {
       const size_t comma = lines[r].find(',', begin);
-      std::string cell = trim(std::string_view(lines[r]).substr(begin, comma - begin));
-      if (cell.size() >= 2 && cell.front() == '"' && cell.back() == '"') cell = trim(cell.substr(1, cell.size() - 2));
+      std::string cell = trim_blanks(std::string_view(lines[r]).substr(begin, comma - begin));
+      if (cell.size() >= 2 && cell.front() == '"' && cell.back() == '"') cell = trim_blanks(cell.substr(1, cell.size() - 2));
       if (cell.empty()) {
         row.emplace_back();
       } else {

@@ -11,29 +11,14 @@
 #include <vector>
 
 #include "engine/core/check.h"
+#include "engine/core/pipeline_action.h"
 
 namespace dtlab {
 
-// PyTorch's _ComputationType, the part a pipeline runtime needs. B is the full backward; I
-// (input gradient) and W (weight gradient) are its two halves, which zero-bubble schedules split.
-enum class ActionType : uint8_t { Forward, Backward, BackwardInput, BackwardWeight, SendF, RecvF, SendB, RecvB };
 
-struct Action {
-  int stage = 0;
-  ActionType type = ActionType::Forward;
-  int mb = 0;  // micro-batch
-  bool operator==(const Action&) const = default;
-};
-
-// Exactly PyTorch's _Action.__repr__: {stage}{F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B}{mb}: "1B2", "0SEND_F1".
-std::string action_str(const Action& a);
-// Bounds on what a schedule may name, so a file cannot make the checks allocate without limit: the
-// largest stage or micro-batch number, and the most (stage, micro-batch) pairs validate() checks.
-inline constexpr int kMaxScheduleIndex = 65535;
+// The most (stage, micro-batch) pairs validate() checks, so a file cannot make the checks allocate
+// without limit (kMaxScheduleIndex, in pipeline_action.h, bounds each number).
 inline constexpr int64_t kMaxScheduleCells = int64_t{1} << 22;
-// The reverse; throws dtlab::Error "'XYZ' is not an action like 0F0 or 1B2" (or names a bound above).
-Action parse_action(std::string_view text);
-bool is_compute(ActionType t);  // F, B, I, W (not the send/recv actions)
 
 // Stages are numbered 0..p*v-1 in model order; looped placement (PyTorch's Interleaved1F1B) puts
 // stage s on rank s % p, so rank r holds stages r, r+p, r+2p, ...

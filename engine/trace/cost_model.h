@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/comm/communicator.h"
+#include "engine/core/collective.h"
 
 namespace dtlab {
 

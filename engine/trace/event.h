@@ -5,10 +5,11 @@
 #pragma once
 #include <cstdint>
 
-#include "engine/comm/communicator.h"
+#include "engine/core/collective.h"  // CollectiveOp, Algorithm, ReduceOp
 #include "engine/core/memory.h"
 #include "engine/core/observer.h"  // ComputeKind
-#include "engine/parallel/pipeline_schedule.h"  // ActionType
+#include "engine/core/pipeline_action.h"  // ActionType
+#include "engine/core/tensor.h"  // DType
 
 namespace dtlab {
 

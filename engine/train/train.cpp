@@ -640,7 +640,8 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
   model.set_skipped_layer(-1);
   // Each rank writes what it owns, before the shards are gathered back.
   if (fsdp && !config_.save_sharded_path.empty())
-    save_sharded_checkpoint(config_.save_sharded_path, model, fsdp->owned_slices(), *comm,
+    save_sharded_checkpoint(config_.save_sharded_path, model, fsdp->owned_slices(),
+                            {comm->rank(), comm->world_size(), [&] { comm->barrier()->wait(); }},
                             start_step_ + total_steps_, sharding_name(config_.fsdp.sharding));
   if (fsdp) fsdp->materialize();  // every rank gathers the full parameters back (evaluation, --save)
   dev.synchronize();

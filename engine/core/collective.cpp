@@ -1,8 +1,10 @@
-// Printable names for communicator enums. Collective names use the PyTorch profiler's spellings so a
+// Printable names for the collective enums. Collective names use the PyTorch profiler's spellings so a
 // dtlab trace and a torch.profiler trace of the same training step read alike.
+#include "engine/core/collective.h"
+
 #include <string>
 
-#include "engine/comm/communicator.h"
+#include "engine/core/check.h"
 
 namespace dtlab {
 

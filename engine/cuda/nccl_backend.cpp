@@ -1,4 +1,4 @@
-#include "engine/comm/nccl_backend.h"
+#include "engine/cuda/nccl_backend.h"
 
 #include <nccl.h>
 

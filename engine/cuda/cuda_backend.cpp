@@ -1,4 +1,4 @@
-#include "engine/comm/cuda_backend.h"
+#include "engine/cuda/cuda_backend.h"
 
 #include <nvtx3/nvToolsExt.h>
 
