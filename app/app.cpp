@@ -26,6 +26,7 @@
 #include "app/session.h"
 #include "app/spoilers.h"
 #include "app/views/lesson_view.h"
+#include "app/views/timeline_view.h"
 #include "app/views/views.h"
 #include "engine/core/check.h"
 #include "engine/core/format.h"
@@ -119,6 +120,8 @@ class App {
   GLFWwindow* win_ = nullptr;
   std::unique_ptr<GlResources> gl_;
   ViewContext ctx_;
+  // what the views keep between frames (app/views/*_view.h)
+  TimelineViewState timeline_view_;
   std::string ini_path_;
   ImFont* font_normal_ = nullptr;
   ImFont* font_large_ = nullptr;
@@ -634,7 +637,7 @@ void App::views() {
     switch (v) {
       case kRing: draw_ring_view(s, ctx_); break;
       case kBuckets: draw_bucket_view(s, ctx_); break;
-      case kTimeline: draw_timeline_view(s, ctx_); break;
+      case kTimeline: draw_timeline_view(s, timeline_view_, ctx_); break;
       case kMemory: draw_memory_view(s, ctx_); break;
       case kInspector: draw_inspector_view(s, ctx_); break;
       case kData: draw_data_view(s, ctx_); break;
