@@ -39,9 +39,7 @@ struct ViewContext {
 
 void draw_ring_view(const Snapshot& s, ViewContext& ctx);
 void draw_bucket_view(const Snapshot& s, ViewContext& ctx);
-void draw_memory_view(const Snapshot& s, ViewContext& ctx);
 void draw_inspector_view(const Snapshot& s, ViewContext& ctx);
-void draw_data_view(const Snapshot& s, ViewContext& ctx);
 void draw_shard_view(const Snapshot& s, ViewContext& ctx);
 void draw_pipeline_view(const Snapshot& s, ViewContext& ctx);
 
