@@ -25,7 +25,10 @@
 #include "app/lesson_runner.h"
 #include "app/session.h"
 #include "app/spoilers.h"
+#include "app/views/data_view.h"
 #include "app/views/lesson_view.h"
+#include "app/views/memory_view.h"
+#include "app/views/timeline_view.h"
 #include "app/views/views.h"
 #include "engine/core/check.h"
 #include "engine/core/format.h"
@@ -119,6 +122,11 @@ class App {
   GLFWwindow* win_ = nullptr;
   std::unique_ptr<GlResources> gl_;
   ViewContext ctx_;
+  // what the views keep between frames (app/views/*_view.h)
+  TimelineViewState timeline_view_;
+  MemoryViewState memory_view_;
+  DataViewState data_view_;
+  LessonViewState lesson_view_;
   std::string ini_path_;
   ImFont* font_normal_ = nullptr;
   ImFont* font_large_ = nullptr;
@@ -634,10 +642,10 @@ void App::views() {
     switch (v) {
       case kRing: draw_ring_view(s, ctx_); break;
       case kBuckets: draw_bucket_view(s, ctx_); break;
-      case kTimeline: draw_timeline_view(s, ctx_); break;
-      case kMemory: draw_memory_view(s, ctx_); break;
+      case kTimeline: draw_timeline_view(s, timeline_view_, ctx_); break;
+      case kMemory: draw_memory_view(s, memory_view_, ctx_); break;
       case kInspector: draw_inspector_view(s, ctx_); break;
-      case kData: draw_data_view(s, ctx_); break;
+      case kData: draw_data_view(s, data_view_, ctx_); break;
       case kShards: draw_shard_view(s, ctx_); break;
       case kPipeline: draw_pipeline_view(s, ctx_); break;
     }
@@ -928,7 +936,7 @@ void App::lesson_panel(ImVec2 pos, ImVec2 size) {
   ImGui::Begin("Lesson", nullptr, ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoResize | ImGuiWindowFlags_NoCollapse |
                                       ImGuiWindowFlags_NoSavedSettings);
   const LessonPanel panel{lesson_.get(), lesson_error_, !scripted_ && !queue_.empty()};
-  for (const std::string& cmd : draw_lesson_view(panel, session_->snapshot(), ctx_)) {
+  for (const std::string& cmd : draw_lesson_view(panel, lesson_view_, session_->snapshot(), ctx_)) {
     lesson_error_.clear();
     if (cmd == "close") {
       lesson_.reset();

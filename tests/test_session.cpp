@@ -8,25 +8,13 @@
 
 #include "app/options.h"
 #include "app/session.h"
+#include "tests/session_util.h"
 
 using namespace dtlab;
 using namespace dtlab::app;
+using namespace dtlab::test;
 
 namespace {
-
-TrainConfig lab_config(int world) {
-  TrainConfig c;
-  c.strategy = "ddp";
-  c.world_size = world;
-  c.model = ModelSpec::parse("mlp:2,64,64,3");
-  c.batch = 16;
-  c.steps = 50;
-  c.ddp.bucket_cap_bytes = 4096;
-  c.ddp.first_bucket_bytes = 1024;
-  c.start_paused = true;
-  c.timeout_s = 60;
-  return c;
-}
 
 // p ranks, m micro-batches, every action 1 ms of modeled time, free links: the formulas hold exactly.
 TrainConfig pipe_config(ScheduleKind kind, int p, int m, int v = 1) {
@@ -45,15 +33,6 @@ TrainConfig pipe_config(ScheduleKind kind, int p, int m, int v = 1) {
   c.start_paused = true;
   c.timeout_s = 60;
   return c;
-}
-
-const Snapshot& step(Session& s, GateKind k, int times = 1) {
-  for (int i = 0; i < times; i++) {
-    REQUIRE(s.wait_settled(std::chrono::seconds(20)));
-    s.step(k);
-  }
-  REQUIRE(s.wait_settled(std::chrono::seconds(20)));
-  return s.update();
 }
 
 // The row's actions in order, idle slots dropped.

@@ -14,24 +14,16 @@
 #include <string>
 #include <vector>
 
-#include "app/views/views.h"
+#include "app/views/data_view.h"
 
 namespace dtlab::app {
 
 namespace {
 
-enum class ColorBy : int { Rank = 0, Class = 1 };
-
 constexpr ImU32 kScatterBg = IM_COL32(22, 24, 28, 255);
 constexpr ImU32 kLossColor = IM_COL32(255, 138, 101, 255);
 constexpr ImU32 kAccuracyColor = IM_COL32(96, 210, 160, 255);
 constexpr ImU32 kGridColor = IM_COL32(255, 255, 255, 30);
-
-struct PointVertex {
-  float x, y;   // data coordinates
-  ImU32 color;  // RGBA bytes (IM_COL32 layout)
-  float group;  // owner rank or class
-};
 
 // Where the data sits in the panel: data coordinates to pixels (y up), aspect kept.
 struct Fit {
@@ -40,44 +32,6 @@ struct Fit {
   ImVec2 mid;            // panel center, screen pixels
   ImVec2 to_screen(float x, float y) const { return ImVec2(mid.x + (x - cx) * px, mid.y - (y - cy) * px); }
 };
-
-// Everything the view keeps between frames.
-struct DataViewState {
-  ColorBy color_by = ColorBy::Rank;
-  bool log_loss = true;
-  int highlight = -1;  // legend entry under the mouse last frame, -1: none
-
-  // What the vertex buffer holds, to refill it only when this changes.
-  int64_t key_n = -1, key_epoch = -1;
-  bool key_set_epoch = true;
-  ColorBy key_color_by = ColorBy::Rank;
-  int key_world = 0, key_classes = 0;
-  std::vector<float> key_xy;
-  std::vector<int16_t> key_owner;
-  std::vector<int32_t> key_label;
-  uint64_t version = 0;  // bumps on every refill
-  std::vector<PointVertex> vertices;
-  float min_x = 0, max_x = 1, min_y = 0, max_y = 1;
-
-  // The split before the current one, to count how many samples changed rank.
-  std::vector<int16_t> prev_owner;
-  int64_t prev_epoch = -1, shown_epoch = -1;
-  int64_t moved = -1;  // -1: nothing to compare with yet
-
-  // GL objects (made on first use; left to the driver at exit, when the context is already gone).
-  GlResources* gl = nullptr;
-  GLuint vao = 0, vbo = 0;
-  uint64_t uploaded_version = 0;
-  // What the render target holds, to redraw it only when this changes.
-  uint64_t drawn_version = 0;
-  int drawn_w = 0, drawn_h = 0, drawn_highlight = -2;
-  float drawn_point = 0;
-};
-
-DataViewState& state() {
-  static DataViewState st;
-  return st;
-}
 
 int world_of(const Snapshot& s) {
   int world = std::max(1, s.config.world);
@@ -414,13 +368,24 @@ void draw_legend(const Snapshot& s, DataViewState& st) {
   st.highlight = highlight;
 }
 
-// One curve of the training history in [pos, pos + size]: title with the latest value, grid, axes
-// with their range, and a cursor with the value under the mouse. `log` plots log10(value).
-void draw_curve(const char* id, const char* title, const std::vector<StepPoint>& h, float (*value)(const StepPoint&),
-                bool* log_switch, bool percent, ImU32 color, ImVec2 size) {
-  const float font = ImGui::GetFontSize();
-  const bool log = log_switch && *log_switch;
-  const ImVec2 top = ImGui::GetCursorScreenPos();
+// A curve's plot: its frame [a, b] and where a step and a value fall in it.
+struct CurvePlot {
+  ImVec2 a, b;
+  bool log = false;        // the value axis is log10(value)
+  float lo = 0, hi = 1;    // the value axis (log10 when log)
+  int64_t s0 = 0, s1 = 1;  // the step axis
+  bool one_step = false;   // one step so far: in the middle, not on the frame
+  float t(float v) const { return log ? std::log10(std::max(v, 1e-6f)) : v; }
+  float x_of(int64_t step) const {
+    if (one_step) return 0.5f * (a.x + b.x);
+    return a.x + (b.x - a.x) * static_cast<float>(step - s0) / static_cast<float>(s1 - s0);
+  }
+  float y_of(float tv) const { return b.y - (b.y - a.y) * (tv - lo) / (hi - lo); }
+};
+
+// The title line: the latest value, and the log-scale switch when the curve has one.
+void curve_title(const char* id, const char* title, const std::vector<StepPoint>& h, float (*value)(const StepPoint&),
+                 bool* log_switch, bool percent, ImU32 color) {
   char buf[96];
   if (h.empty()) std::snprintf(buf, sizeof buf, "%s", title);
   else {
@@ -432,52 +397,43 @@ void draw_curve(const char* id, const char* title, const std::vector<StepPoint>&
   }
   ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(color), "%s", buf);
   if (log_switch) {
-    ImGui::SameLine(0, font);
+    ImGui::SameLine(0, ImGui::GetFontSize());
     ImGui::PushID(id);
     ImGui::PushStyleVar(ImGuiStyleVar_FramePadding, ImVec2(ImGui::GetStyle().FramePadding.x, 0));
     ImGui::Checkbox("log scale", log_switch);
     ImGui::PopStyleVar();
     ImGui::PopID();
   }
-  const ImVec2 pos = ImGui::GetCursorScreenPos();
-  const ImVec2 plot(size.x, std::max(size.y - (pos.y - top.y), 1.0f));
-  ImGui::InvisibleButton(id, plot);
-  const bool hovered = ImGui::IsItemHovered();
-  ImDrawList* dl = ImGui::GetWindowDrawList();
-  const ImU32 text = ImGui::GetColorU32(ImGuiCol_Text), dim = ImGui::GetColorU32(ImGuiCol_TextDisabled);
+}
 
-  const float axis_w = ImGui::CalcTextSize("0.000").x + font * 0.5f;
-  const ImVec2 a(pos.x + axis_w, pos.y + font * 0.3f);
-  const ImVec2 b(pos.x + plot.x - font * 0.5f, pos.y + plot.y - ImGui::GetTextLineHeight() - font * 0.2f);
-  if (b.x - a.x < font * 3 || b.y - a.y < font) return;
-  dl->AddRectFilled(a, b, IM_COL32(255, 255, 255, 8));
-  dl->AddRect(a, b, kGridColor);
-  if (h.empty()) {
-    dl->AddText(ImVec2(a.x + font * 0.5f, a.y + font * 0.3f), dim, "no steps yet");
-    return;
-  }
-
-  auto t = [&](float v) { return log ? std::log10(std::max(v, 1e-6f)) : v; };
-  // Accuracy keeps 0..1 (with a little air); loss fits its range.
-  float lo = -0.04f, hi = 1.04f;
+// The axes of a non-empty history: accuracy keeps 0..1 (with a little air); loss fits its range.
+CurvePlot fit_curve(ImVec2 a, ImVec2 b, const std::vector<StepPoint>& h, float (*value)(const StepPoint&), bool log, bool percent) {
+  CurvePlot p;
+  p.a = a, p.b = b, p.log = log;
+  p.lo = -0.04f, p.hi = 1.04f;
   if (!percent) {
-    lo = 1e30f, hi = -1e30f;
-    for (const StepPoint& p : h) lo = std::min(lo, t(value(p))), hi = std::max(hi, t(value(p)));
-    if (hi - lo < 1e-6f) lo -= 0.5f, hi += 0.5f;
-    const float pad = (hi - lo) * 0.06f;
-    lo -= pad, hi += pad;
+    p.lo = 1e30f, p.hi = -1e30f;
+    for (const StepPoint& q : h) p.lo = std::min(p.lo, p.t(value(q))), p.hi = std::max(p.hi, p.t(value(q)));
+    if (p.hi - p.lo < 1e-6f) p.lo -= 0.5f, p.hi += 0.5f;
+    const float pad = (p.hi - p.lo) * 0.06f;
+    p.lo -= pad, p.hi += pad;
   }
-  const int64_t s0 = h.front().step, s1 = std::max(h.back().step, s0 + 1);
-  auto x_of = [&](int64_t step) {
-    if (h.size() == 1) return 0.5f * (a.x + b.x);  // one step so far: in the middle, not on the frame
-    return a.x + (b.x - a.x) * static_cast<float>(step - s0) / static_cast<float>(s1 - s0);
-  };
-  auto y_of = [&](float tv) { return b.y - (b.y - a.y) * (tv - lo) / (hi - lo); };
+  p.s0 = h.front().step, p.s1 = std::max(h.back().step, p.s0 + 1);
+  p.one_step = h.size() == 1;
+  return p;
+}
 
-  // Grid at round values: decades on a log axis spanning one or more, 1-2-5 steps otherwise.
+// Grid at round values: decades on a log axis spanning one or more, 1-2-5 steps otherwise; then
+// the steps the plot spans under it.
+void draw_curve_grid(ImDrawList* dl, const CurvePlot& p, const std::vector<StepPoint>& h, bool percent) {
+  const float font = ImGui::GetFontSize();
+  const ImU32 dim = ImGui::GetColorU32(ImGuiCol_TextDisabled);
+  const ImVec2 a = p.a, b = p.b;
+  const bool log = p.log;
+  const float lo = p.lo, hi = p.hi;
   const bool room_for_labels = b.y - a.y >= 2.5f * ImGui::GetTextLineHeight();
   auto label_at = [&](float tv) {
-    const float y = y_of(tv);
+    const float y = p.y_of(tv);
     dl->AddLine(ImVec2(a.x, y), ImVec2(b.x, y), kGridColor);
     if (!room_for_labels) return;
     char l[32];
@@ -500,44 +456,80 @@ void draw_curve(const char* id, const char* title, const std::vector<StepPoint>&
       if (!log || v > 0) label_at(log ? std::log10(static_cast<float>(v)) : static_cast<float>(v));
   }
   char sx[32];
-  std::snprintf(sx, sizeof sx, "step %lld", static_cast<long long>(s0));
+  std::snprintf(sx, sizeof sx, "step %lld", static_cast<long long>(p.s0));
   dl->AddText(ImVec2(a.x, b.y + font * 0.1f), dim, sx);
   if (h.size() > 1) {
     std::snprintf(sx, sizeof sx, "%lld", static_cast<long long>(h.back().step));
     dl->AddText(ImVec2(b.x - ImGui::CalcTextSize(sx).x, b.y + font * 0.1f), dim, sx);
   }
+}
 
-  // The curve, averaged per pixel column when there are more steps than pixels.
-  const size_t columns = std::max<size_t>(static_cast<size_t>(b.x - a.x), 2);
+// The curve, averaged per pixel column when there are more steps than pixels.
+void draw_curve_line(ImDrawList* dl, const CurvePlot& p, const std::vector<StepPoint>& h, float (*value)(const StepPoint&), ImU32 color) {
+  const float font = ImGui::GetFontSize();
+  const size_t columns = std::max<size_t>(static_cast<size_t>(p.b.x - p.a.x), 2);
   const size_t stride = (h.size() + columns - 1) / columns;
   std::vector<ImVec2> line;
   line.reserve(h.size() / std::max<size_t>(stride, 1) + 1);
   for (size_t i = 0; i < h.size(); i += std::max<size_t>(stride, 1)) {
     const size_t e = std::min(h.size(), i + std::max<size_t>(stride, 1));
     double sum = 0;
-    for (size_t j = i; j < e; j++) sum += t(value(h[j]));
-    line.push_back(ImVec2(x_of(h[(i + e - 1) / 2].step), y_of(static_cast<float>(sum / static_cast<double>(e - i)))));
+    for (size_t j = i; j < e; j++) sum += p.t(value(h[j]));
+    line.push_back(ImVec2(p.x_of(h[(i + e - 1) / 2].step), p.y_of(static_cast<float>(sum / static_cast<double>(e - i)))));
   }
-  dl->PushClipRect(a, b, true);
+  dl->PushClipRect(p.a, p.b, true);
   if (line.size() == 1) dl->AddCircleFilled(line[0], font * 0.2f, color);
   else dl->AddPolyline(line.data(), static_cast<int>(line.size()), color, ImDrawFlags_None, std::max(2.0f, font * 0.12f));
   dl->AddCircleFilled(line.back(), font * 0.22f, color);
   dl->PopClipRect();
+}
 
-  if (!hovered) return;
+// The step under the mouse: a line across the plot, a ring on the curve, and its numbers.
+void draw_curve_cursor(ImDrawList* dl, const CurvePlot& p, const std::vector<StepPoint>& h, float (*value)(const StepPoint&)) {
+  const float font = ImGui::GetFontSize();
   const float mx = ImGui::GetIO().MousePos.x;
-  const double f = std::clamp((mx - a.x) / (b.x - a.x), 0.0f, 1.0f);
-  const int64_t want = s0 + static_cast<int64_t>(std::llround(f * static_cast<double>(s1 - s0)));
-  const auto it = std::lower_bound(h.begin(), h.end(), want, [](const StepPoint& p, int64_t st) { return p.step < st; });
-  const StepPoint& p = it == h.end() ? h.back() : *it;
-  const float x = x_of(p.step);
-  dl->AddLine(ImVec2(x, a.y), ImVec2(x, b.y), IM_COL32(255, 255, 255, 90));
-  dl->AddCircle(ImVec2(x, y_of(t(value(p)))), font * 0.3f, text, 12, 2.0f);
+  const double f = std::clamp((mx - p.a.x) / (p.b.x - p.a.x), 0.0f, 1.0f);
+  const int64_t want = p.s0 + static_cast<int64_t>(std::llround(f * static_cast<double>(p.s1 - p.s0)));
+  const auto it = std::lower_bound(h.begin(), h.end(), want, [](const StepPoint& q, int64_t st) { return q.step < st; });
+  const StepPoint& q = it == h.end() ? h.back() : *it;
+  const float x = p.x_of(q.step);
+  dl->AddLine(ImVec2(x, p.a.y), ImVec2(x, p.b.y), IM_COL32(255, 255, 255, 90));
+  dl->AddCircle(ImVec2(x, p.y_of(p.t(value(q)))), font * 0.3f, ImGui::GetColorU32(ImGuiCol_Text), 12, 2.0f);
   ImGui::BeginTooltip();
-  ImGui::Text("step %lld", static_cast<long long>(p.step));
-  ImGui::Text("loss %.4f   accuracy %.1f%%", static_cast<double>(p.loss), 100.0 * p.accuracy);
-  if (p.samples_per_sec > 0) ImGui::TextDisabled("%.0f samples/s", p.samples_per_sec);
+  ImGui::Text("step %lld", static_cast<long long>(q.step));
+  ImGui::Text("loss %.4f   accuracy %.1f%%", static_cast<double>(q.loss), 100.0 * q.accuracy);
+  if (q.samples_per_sec > 0) ImGui::TextDisabled("%.0f samples/s", q.samples_per_sec);
   ImGui::EndTooltip();
+}
+
+// One curve of the training history in [pos, pos + size]: title with the latest value, grid, axes
+// with their range, and a cursor with the value under the mouse. `log` plots log10(value).
+void draw_curve(const char* id, const char* title, const std::vector<StepPoint>& h, float (*value)(const StepPoint&),
+                bool* log_switch, bool percent, ImU32 color, ImVec2 size) {
+  const float font = ImGui::GetFontSize();
+  const bool log = log_switch && *log_switch;
+  const ImVec2 top = ImGui::GetCursorScreenPos();
+  curve_title(id, title, h, value, log_switch, percent, color);
+  const ImVec2 pos = ImGui::GetCursorScreenPos();
+  const ImVec2 plot(size.x, std::max(size.y - (pos.y - top.y), 1.0f));
+  ImGui::InvisibleButton(id, plot);
+  const bool hovered = ImGui::IsItemHovered();
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+
+  const float axis_w = ImGui::CalcTextSize("0.000").x + font * 0.5f;
+  const ImVec2 a(pos.x + axis_w, pos.y + font * 0.3f);
+  const ImVec2 b(pos.x + plot.x - font * 0.5f, pos.y + plot.y - ImGui::GetTextLineHeight() - font * 0.2f);
+  if (b.x - a.x < font * 3 || b.y - a.y < font) return;
+  dl->AddRectFilled(a, b, IM_COL32(255, 255, 255, 8));
+  dl->AddRect(a, b, kGridColor);
+  if (h.empty()) {
+    dl->AddText(ImVec2(a.x + font * 0.5f, a.y + font * 0.3f), ImGui::GetColorU32(ImGuiCol_TextDisabled), "no steps yet");
+    return;
+  }
+  const CurvePlot p = fit_curve(a, b, h, value, log, percent);
+  draw_curve_grid(dl, p, h, percent);
+  draw_curve_line(dl, p, h, value, color);
+  if (hovered) draw_curve_cursor(dl, p, h, value);
 }
 
 float loss_of(const StepPoint& p) { return p.loss; }
@@ -554,8 +546,7 @@ void draw_history(const Snapshot& s, DataViewState& st, ImVec2 size) {
 
 }  // namespace
 
-void draw_data_view(const Snapshot& s, ViewContext& ctx) {
-  DataViewState& st = state();
+void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
   const DataView& d = s.data;
   const float font = ImGui::GetFontSize();
 

@@ -132,35 +132,7 @@ void draw_prose(const Prose& prose, const LessonRunner* r, const Snapshot& s, fl
   }
 }
 
-// The lessons on disk, with what this user reached in each (read when the list first shows).
-struct Catalog {
-  struct Entry {
-    std::string name, title, summary, error;
-    int minutes = 0, steps = 0;
-  };
-  std::vector<Entry> lessons;
-  std::map<std::string, LessonProgress> progress;
-  std::chrono::steady_clock::time_point loaded{};
-  void refresh() {
-    lessons.clear();
-    for (const std::string& p : lesson_paths(lessons_dir())) {
-      Entry e;
-      e.name = lesson_name(p);
-      try {
-        Lesson l = load_lesson(p);
-        e.title = l.title, e.summary = l.summary, e.minutes = l.minutes, e.steps = static_cast<int>(l.steps.size());
-      } catch (const Error& err) {
-        e.title = e.name, e.error = err.what();
-      }
-      lessons.push_back(e);
-    }
-    progress = load_progress(progress_path());
-    loaded = std::chrono::steady_clock::now();
-  }
-};
-
-std::vector<std::string> draw_catalog(const LessonPanel& panel) {
-  static Catalog cat;
+std::vector<std::string> draw_catalog(const LessonPanel& panel, LessonCatalog& cat) {
   std::vector<std::string> out;
   if (cat.lessons.empty() || std::chrono::steady_clock::now() - cat.loaded > std::chrono::seconds(5)) cat.refresh();
   ImGui::TextUnformatted("Lessons");
@@ -171,7 +143,7 @@ std::vector<std::string> draw_catalog(const LessonPanel& panel) {
     ImGui::PopStyleColor();
   }
   ImGui::Separator();
-  for (const Catalog::Entry& e : cat.lessons) {
+  for (const LessonCatalog::Entry& e : cat.lessons) {
     ImGui::PushID(e.name.c_str());
     const auto it = cat.progress.find(e.name);
     char status[64] = "";
@@ -202,7 +174,7 @@ std::vector<std::string> draw_catalog(const LessonPanel& panel) {
   return out;
 }
 
-void draw_question(const LessonRunner& r, int j, const Snapshot& s, bool busy, std::vector<std::string>& out) {
+void draw_question(const LessonRunner& r, int j, const Snapshot& s, bool busy, LessonViewState& view, std::vector<std::string>& out) {
   const Question& q = *r.lesson().steps[static_cast<size_t>(j)].question;
   const LessonRunner::Answer& a = r.answer(j);
   const ImVec2 top = ImGui::GetCursorScreenPos();
@@ -229,8 +201,7 @@ void draw_question(const LessonRunner& r, int j, const Snapshot& s, bool busy, s
   } else {
     // The answer being typed, per lesson step, until Check sends it: a number, a fraction (1/4) or a
     // percentage (25%), as a learner would write a share.
-    static std::map<std::string, std::array<char, 64>> typed;
-    std::array<char, 64>& buf = typed[r.lesson().path + "#" + std::to_string(j)];
+    std::array<char, 64>& buf = view.typed[r.lesson().path + "#" + std::to_string(j)];
     if (a.given && buf[0] == '\0') std::snprintf(buf.data(), buf.size(), "%s", format_figure(a.number).c_str());
     double parsed = 0;
     const bool valid = q.parse_answer(buf.data(), parsed);
@@ -290,8 +261,25 @@ void draw_question(const LessonRunner& r, int j, const Snapshot& s, bool busy, s
 
 }  // namespace
 
-std::vector<std::string> draw_lesson_view(const LessonPanel& panel, const Snapshot& s, ViewContext& ctx) {
-  if (!panel.runner) return draw_catalog(panel);
+void LessonCatalog::refresh() {
+  lessons.clear();
+  for (const std::string& p : lesson_paths(lessons_dir())) {
+    Entry e;
+    e.name = lesson_name(p);
+    try {
+      Lesson l = load_lesson(p);
+      e.title = l.title, e.summary = l.summary, e.minutes = l.minutes, e.steps = static_cast<int>(l.steps.size());
+    } catch (const Error& err) {
+      e.title = e.name, e.error = err.what();
+    }
+    lessons.push_back(e);
+  }
+  progress = load_progress(progress_path());
+  loaded = std::chrono::steady_clock::now();
+}
+
+std::vector<std::string> draw_lesson_view(const LessonPanel& panel, LessonViewState& view, const Snapshot& s, ViewContext& ctx) {
+  if (!panel.runner) return draw_catalog(panel, view.catalog);
   std::vector<std::string> out;
   const LessonRunner& r = *panel.runner;
   const Lesson& l = r.lesson();
@@ -317,7 +305,7 @@ std::vector<std::string> draw_lesson_view(const LessonPanel& panel, const Snapsh
     ImGui::SetWindowFontScale(1.0f);
     ImGui::Spacing();
     draw_prose(st.prose, &r, s);
-    if (st.question) draw_question(r, j, s, panel.busy, out);
+    if (st.question) draw_question(r, j, s, panel.busy, view, out);
   }
   ImGui::EndChild();
   ImGui::Separator();

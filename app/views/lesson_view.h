@@ -3,6 +3,9 @@
 // draws from the runner and the Snapshot and returns what the user asked for as a lesson command;
 // the app queues it like a script's, so the panel never drives the engine itself.
 #pragma once
+#include <array>
+#include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,8 +20,28 @@ struct LessonPanel {
   bool busy = false;               // lesson commands are still running
 };
 
+// The lessons on disk, with what this user reached in each (read when the list first shows, and
+// again every few seconds while it shows).
+struct LessonCatalog {
+  struct Entry {
+    std::string name, title, summary, error;
+    int minutes = 0, steps = 0;
+  };
+  std::vector<Entry> lessons;
+  std::map<std::string, LessonProgress> progress;
+  std::chrono::steady_clock::time_point loaded{};
+  void refresh();
+};
+
+// What the panel keeps between frames, which the app owns.
+struct LessonViewState {
+  LessonCatalog catalog;
+  // The answer being typed, per lesson step ("PATH#STEP"), until Check sends it.
+  std::map<std::string, std::array<char, 64>> typed;
+};
+
 // Draws into the current window; returns the commands for `lesson ...` the user asked for, in order
 // ("open why_allreduce", "answer 2", "check", "next").
-std::vector<std::string> draw_lesson_view(const LessonPanel& panel, const Snapshot& s, ViewContext& ctx);
+std::vector<std::string> draw_lesson_view(const LessonPanel& panel, LessonViewState& view, const Snapshot& s, ViewContext& ctx);
 
 }  // namespace dtlab::app

@@ -12,7 +12,7 @@
 #include <iterator>
 #include <string>
 
-#include "app/views/views.h"
+#include "app/views/memory_view.h"
 #include "engine/core/check.h"
 #include "engine/core/format.h"
 #include "engine/parallel/memory_plan.h"
@@ -85,11 +85,112 @@ void draw_legend(const MemoryStats& st, int shown, bool hovered) {
   ImGui::Text("peak this iteration: %s", human_bytes(st.total_peak).c_str());
 }
 
-// The live bars: what each rank holds now. `reserve_h` is kept free below them (the comparison).
-void draw_live_bars(const Snapshot& s, float reserve_h) {
-  // The rank the legend details: the one under the mouse last frame, else rank 0.
-  static int hovered_rank = -1;
+// Where the live bars go: [rank label | bar ......... | current / peak] per row, then the byte axis.
+struct BarLayout {
+  ImVec2 origin;
+  float bar_h = 0, gap = 0;
+  float bar_x0 = 0, bar_x1 = 0, px_per_byte = 0, rows_bottom = 0;
+  float x_of(double bytes) const { return bar_x0 + static_cast<float>(bytes) * px_per_byte; }
+};
 
+// Grid and axis labels, drawn first so bars draw over the grid lines.
+void draw_byte_grid(ImDrawList* dl, const BarLayout& lay, int64_t scale_bytes) {
+  const float font = ImGui::GetFontSize();
+  const double step = nice_byte_step(static_cast<double>(scale_bytes), std::max(2, static_cast<int>((lay.bar_x1 - lay.bar_x0) / (font * 7))));
+  for (double b = 0; b <= static_cast<double>(scale_bytes) * 1.0001; b += step) {
+    const float x = std::floor(lay.x_of(b)) + 0.5f;
+    dl->AddLine(ImVec2(x, lay.origin.y), ImVec2(x, lay.rows_bottom + font * 0.25f), kGridColor, 1.0f);
+    const std::string t = human_bytes(static_cast<int64_t>(b));
+    const float tw = ImGui::CalcTextSize(t.c_str()).x;
+    const float tx = std::clamp(x - tw * 0.5f, lay.origin.x, lay.bar_x1 - tw);
+    dl->AddText(ImVec2(tx, lay.rows_bottom + font * 0.3f), ImGui::GetColorU32(ImGuiCol_TextDisabled), t.c_str());
+  }
+}
+
+// A rank's bar under the mouse: its peak, the category hovered (or -1), or the whole rank.
+void rank_bar_tooltip(const RankMemory& rm, int r, bool on_peak, int hovered_cat) {
+  const MemoryStats& st = rm.stats;
+  ImGui::BeginTooltip();
+  if (on_peak) {
+    ImGui::Text("rank %d: peak this iteration %s", r, human_bytes(st.total_peak).c_str());
+    ImGui::TextDisabled("the most it held at one instant (not the sum of each category's peak)");
+  } else if (hovered_cat >= 0) {
+    const MemCategory c = category_at(hovered_cat);
+    const double share = 100.0 * static_cast<double>(st.current_of(c)) / static_cast<double>(std::max<int64_t>(st.total_current, 1));
+    ImGui::Text("rank %d: %s", r, category_label(c).c_str());
+    ImGui::Text("now  %s (%.0f%% of %s)", human_bytes(st.current_of(c)).c_str(), share, human_bytes(st.total_current).c_str());
+    ImGui::Text("peak %s this iteration", human_bytes(st.peak_of(c)).c_str());
+  } else {
+    ImGui::Text("rank %d: %s now, peak %s this iteration", r, human_bytes(st.total_current).c_str(),
+                human_bytes(st.total_peak).c_str());
+    ImGui::TextDisabled("%lld allocations, %lld frees", static_cast<long long>(st.allocations), static_cast<long long>(st.frees));
+    if (rm.device_total > 0)
+      ImGui::TextDisabled("its GPU: %s used of %s (the driver's figure: every context and process on the device)",
+                          human_bytes(rm.device_used).c_str(), human_bytes(rm.device_total).c_str());
+  }
+  ImGui::EndTooltip();
+}
+
+// Rank r's row: its label, its bar, its numbers, and its tooltip when hovered. True when the mouse
+// is on the row.
+bool draw_rank_bar(ImDrawList* dl, const Snapshot& s, int r, const BarLayout& lay, bool canvas_hovered) {
+  const float font = ImGui::GetFontSize();
+  const int world = static_cast<int>(s.memory.size());
+  const ImVec2 mouse = ImGui::GetIO().MousePos, origin = lay.origin;
+  const float bar_h = lay.bar_h, gap = lay.gap, bar_x0 = lay.bar_x0, bar_x1 = lay.bar_x1;
+  const RankMemory& rm = s.memory[static_cast<size_t>(r)];
+  const MemoryStats& st = rm.stats;
+  const float y0 = origin.y + static_cast<float>(r) * (bar_h + gap), y1 = y0 + bar_h;
+  const bool row_hovered = canvas_hovered && mouse.y >= y0 - gap * 0.5f && mouse.y < y1 + gap * 0.5f;
+
+  char label[16];
+  std::snprintf(label, sizeof label, "rank %d", r);
+  const float text_y = y0 + (bar_h - ImGui::GetTextLineHeight()) * 0.5f;
+  dl->AddRectFilled(ImVec2(origin.x, y0 + bar_h * 0.2f), ImVec2(origin.x + font * 0.25f, y1 - bar_h * 0.2f), rank_color(r, world));
+  dl->AddText(ImVec2(origin.x + font * 0.45f, text_y),
+              row_hovered ? ImGui::GetColorU32(ImGuiCol_Text) : rank_color(r, world), label);
+
+  // The track, the span up to this iteration's peak, then the categories stacked in enum order.
+  const float x_peak = lay.x_of(static_cast<double>(st.total_peak));
+  const float rounding = std::min(bar_h * 0.2f, font * 0.2f);
+  dl->AddRectFilled(ImVec2(bar_x0, y0), ImVec2(bar_x1, y1), kTrackColor, rounding);
+  if (st.total_peak > st.total_current) dl->AddRectFilled(ImVec2(bar_x0, y0), ImVec2(x_peak, y1), kPeakFill, rounding);
+  double at = 0;
+  int hovered_cat = -1;
+  for (int i = 0; i < kNumMemCategories; i++) {
+    const int64_t b = st.current[static_cast<size_t>(i)];
+    if (b <= 0) continue;
+    const float xa = lay.x_of(at), xb = std::max(lay.x_of(at + static_cast<double>(b)), xa + 1.0f);
+    dl->AddRectFilled(ImVec2(xa, y0), ImVec2(xb, y1), memory_category_color(category_at(i)));
+    if (xb - xa > 3) dl->AddLine(ImVec2(xb - 0.5f, y0), ImVec2(xb - 0.5f, y1), IM_COL32(0, 0, 0, 110), 1.0f);
+    // The bytes inside the segment when they fit, so the bars read without hovering.
+    const std::string t = human_bytes(b);
+    const ImVec2 ts = ImGui::CalcTextSize(t.c_str());
+    if (xb - xa >= ts.x + font * 0.6f && bar_h >= ts.y)
+      dl->AddText(ImVec2(0.5f * (xa + xb - ts.x), text_y), kSegmentText, t.c_str());
+    if (row_hovered && mouse.x >= xa && mouse.x < xb) hovered_cat = i;
+    at += static_cast<double>(b);
+  }
+  const float peak_w = std::max(2.0f, font * 0.14f);
+  dl->AddLine(ImVec2(x_peak, y0 - gap * 0.45f), ImVec2(x_peak, y1 + gap * 0.45f), kPeakLine, peak_w);
+  if (row_hovered) dl->AddRect(ImVec2(bar_x0 - 1, y0 - 1), ImVec2(bar_x1 + 1, y1 + 1), ImGui::GetColorU32(ImGuiCol_Text, 0.5f), rounding);
+
+  char numbers[160];
+  std::snprintf(numbers, sizeof numbers, "%s  peak %s", human_bytes(st.total_current).c_str(),
+                human_bytes(st.total_peak).c_str());
+  if (rm.device_total > 0) {  // the GPU's own figure beside what this rank's tracker counts
+    const size_t len = std::strlen(numbers);
+    std::snprintf(numbers + len, sizeof numbers - len, "  GPU %s / %s", human_bytes(rm.device_used).c_str(),
+                  human_bytes(rm.device_total).c_str());
+  }
+  dl->AddText(ImVec2(bar_x1 + font * 0.6f, text_y), ImGui::GetColorU32(ImGuiCol_Text), numbers);
+
+  if (row_hovered) rank_bar_tooltip(rm, r, std::fabs(mouse.x - x_peak) <= std::max(4.0f, font * 0.3f), hovered_cat);
+  return row_hovered;
+}
+
+// The live bars: what each rank holds now. `reserve_h` is kept free below them (the comparison).
+void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h) {
   const int world = static_cast<int>(s.memory.size());
   int64_t scale_bytes = 0, sum_current = 0, sum_peak = 0;
   for (const RankMemory& m : s.memory) {
@@ -101,14 +202,15 @@ void draw_live_bars(const Snapshot& s, float reserve_h) {
     ImGui::TextDisabled("No memory recorded yet: step the run to see what each rank allocates.");
     return;
   }
-  if (hovered_rank >= world) hovered_rank = -1;
-  const int shown = hovered_rank >= 0 ? hovered_rank : 0;
+  // The rank the legend details: the one under the mouse last frame, else rank 0.
+  if (view.hovered_rank >= world) view.hovered_rank = -1;
+  const int shown = view.hovered_rank >= 0 ? view.hovered_rank : 0;
 
   if (s.iteration >= 0) ImGui::Text("Iteration %d", s.iteration);
   else ImGui::TextUnformatted("Before the first iteration");
   ImGui::SameLine();
   ImGui::TextDisabled("(peaks restart every iteration; all bars share one scale)");
-  draw_legend(s.memory[static_cast<size_t>(shown)].stats, shown, hovered_rank >= 0);
+  draw_legend(s.memory[static_cast<size_t>(shown)].stats, shown, view.hovered_rank >= 0);
   ImGui::Spacing();
 
   // ---- layout: [rank label | bar ......... | current / peak] per row, then the byte axis ----
@@ -119,107 +221,26 @@ void draw_live_bars(const Snapshot& s, float reserve_h) {
   const float axis_h = ImGui::GetTextLineHeight() + font * 0.6f;
   const float footer_h = ImGui::GetTextLineHeightWithSpacing();
   const ImVec2 avail = ImGui::GetContentRegionAvail();
-  const float gap = std::max(3.0f, font * 0.35f);
-  const float fit_h = (avail.y - reserve_h - axis_h - footer_h - style.ItemSpacing.y) / static_cast<float>(world) - gap;
-  const float bar_h = std::clamp(fit_h, font * 0.9f, font * 2.2f);
+  BarLayout lay;
+  lay.gap = std::max(3.0f, font * 0.35f);
+  const float fit_h = (avail.y - reserve_h - axis_h - footer_h - style.ItemSpacing.y) / static_cast<float>(world) - lay.gap;
+  lay.bar_h = std::clamp(fit_h, font * 0.9f, font * 2.2f);
   const float width = std::max(avail.x, label_w + numbers_w + font * 8);
-  const ImVec2 origin = ImGui::GetCursorScreenPos();
-  const ImVec2 size(width, static_cast<float>(world) * (bar_h + gap) + axis_h);
+  lay.origin = ImGui::GetCursorScreenPos();
+  const ImVec2 size(width, static_cast<float>(world) * (lay.bar_h + lay.gap) + axis_h);
   ImGui::InvisibleButton("##memory_bars", size);
   const bool canvas_hovered = ImGui::IsItemHovered();
-  const ImVec2 mouse = ImGui::GetIO().MousePos;
 
   ImDrawList* dl = ImGui::GetWindowDrawList();
-  const float bar_x0 = origin.x + label_w;
-  const float bar_x1 = origin.x + width - numbers_w;
-  const float px_per_byte = (bar_x1 - bar_x0) / static_cast<float>(scale_bytes);
-  const float rows_bottom = origin.y + static_cast<float>(world) * (bar_h + gap);
-  auto x_of = [&](double bytes) { return bar_x0 + static_cast<float>(bytes) * px_per_byte; };
-
-  // Grid and axis labels first, so bars draw over the grid lines.
-  const double step = nice_byte_step(static_cast<double>(scale_bytes), std::max(2, static_cast<int>((bar_x1 - bar_x0) / (font * 7))));
-  for (double b = 0; b <= static_cast<double>(scale_bytes) * 1.0001; b += step) {
-    const float x = std::floor(x_of(b)) + 0.5f;
-    dl->AddLine(ImVec2(x, origin.y), ImVec2(x, rows_bottom + font * 0.25f), kGridColor, 1.0f);
-    const std::string t = human_bytes(static_cast<int64_t>(b));
-    const float tw = ImGui::CalcTextSize(t.c_str()).x;
-    const float tx = std::clamp(x - tw * 0.5f, origin.x, bar_x1 - tw);
-    dl->AddText(ImVec2(tx, rows_bottom + font * 0.3f), ImGui::GetColorU32(ImGuiCol_TextDisabled), t.c_str());
-  }
-
+  lay.bar_x0 = lay.origin.x + label_w;
+  lay.bar_x1 = lay.origin.x + width - numbers_w;
+  lay.px_per_byte = (lay.bar_x1 - lay.bar_x0) / static_cast<float>(scale_bytes);
+  lay.rows_bottom = lay.origin.y + static_cast<float>(world) * (lay.bar_h + lay.gap);
+  draw_byte_grid(dl, lay, scale_bytes);
   int new_hovered = -1;
-  for (int r = 0; r < world; r++) {
-    const MemoryStats& st = s.memory[static_cast<size_t>(r)].stats;
-    const float y0 = origin.y + static_cast<float>(r) * (bar_h + gap), y1 = y0 + bar_h;
-    const bool row_hovered = canvas_hovered && mouse.y >= y0 - gap * 0.5f && mouse.y < y1 + gap * 0.5f;
-    if (row_hovered) new_hovered = r;
-
-    char label[16];
-    std::snprintf(label, sizeof label, "rank %d", r);
-    const float text_y = y0 + (bar_h - ImGui::GetTextLineHeight()) * 0.5f;
-    dl->AddRectFilled(ImVec2(origin.x, y0 + bar_h * 0.2f), ImVec2(origin.x + font * 0.25f, y1 - bar_h * 0.2f), rank_color(r, world));
-    dl->AddText(ImVec2(origin.x + font * 0.45f, text_y),
-                row_hovered ? ImGui::GetColorU32(ImGuiCol_Text) : rank_color(r, world), label);
-
-    // The track, the span up to this iteration's peak, then the categories stacked in enum order.
-    const float x_peak = x_of(static_cast<double>(st.total_peak));
-    const float rounding = std::min(bar_h * 0.2f, font * 0.2f);
-    dl->AddRectFilled(ImVec2(bar_x0, y0), ImVec2(bar_x1, y1), kTrackColor, rounding);
-    if (st.total_peak > st.total_current) dl->AddRectFilled(ImVec2(bar_x0, y0), ImVec2(x_peak, y1), kPeakFill, rounding);
-    double at = 0;
-    int hovered_cat = -1;
-    for (int i = 0; i < kNumMemCategories; i++) {
-      const int64_t b = st.current[static_cast<size_t>(i)];
-      if (b <= 0) continue;
-      const float xa = x_of(at), xb = std::max(x_of(at + static_cast<double>(b)), xa + 1.0f);
-      dl->AddRectFilled(ImVec2(xa, y0), ImVec2(xb, y1), memory_category_color(category_at(i)));
-      if (xb - xa > 3) dl->AddLine(ImVec2(xb - 0.5f, y0), ImVec2(xb - 0.5f, y1), IM_COL32(0, 0, 0, 110), 1.0f);
-      // The bytes inside the segment when they fit, so the bars read without hovering.
-      const std::string t = human_bytes(b);
-      const ImVec2 ts = ImGui::CalcTextSize(t.c_str());
-      if (xb - xa >= ts.x + font * 0.6f && bar_h >= ts.y)
-        dl->AddText(ImVec2(0.5f * (xa + xb - ts.x), text_y), kSegmentText, t.c_str());
-      if (row_hovered && mouse.x >= xa && mouse.x < xb) hovered_cat = i;
-      at += static_cast<double>(b);
-    }
-    const float peak_w = std::max(2.0f, font * 0.14f);
-    dl->AddLine(ImVec2(x_peak, y0 - gap * 0.45f), ImVec2(x_peak, y1 + gap * 0.45f), kPeakLine, peak_w);
-    if (row_hovered) dl->AddRect(ImVec2(bar_x0 - 1, y0 - 1), ImVec2(bar_x1 + 1, y1 + 1), ImGui::GetColorU32(ImGuiCol_Text, 0.5f), rounding);
-
-    char numbers[160];
-    std::snprintf(numbers, sizeof numbers, "%s  peak %s", human_bytes(st.total_current).c_str(),
-                  human_bytes(st.total_peak).c_str());
-    const RankMemory& rm = s.memory[static_cast<size_t>(r)];
-    if (rm.device_total > 0) {  // the GPU's own figure beside what this rank's tracker counts
-      const size_t len = std::strlen(numbers);
-      std::snprintf(numbers + len, sizeof numbers - len, "  GPU %s / %s", human_bytes(rm.device_used).c_str(),
-                    human_bytes(rm.device_total).c_str());
-    }
-    dl->AddText(ImVec2(bar_x1 + font * 0.6f, text_y), ImGui::GetColorU32(ImGuiCol_Text), numbers);
-
-    if (!row_hovered) continue;
-    const bool on_peak = std::fabs(mouse.x - x_peak) <= std::max(4.0f, font * 0.3f);
-    ImGui::BeginTooltip();
-    if (on_peak) {
-      ImGui::Text("rank %d: peak this iteration %s", r, human_bytes(st.total_peak).c_str());
-      ImGui::TextDisabled("the most it held at one instant (not the sum of each category's peak)");
-    } else if (hovered_cat >= 0) {
-      const MemCategory c = category_at(hovered_cat);
-      const double share = 100.0 * static_cast<double>(st.current_of(c)) / static_cast<double>(std::max<int64_t>(st.total_current, 1));
-      ImGui::Text("rank %d: %s", r, category_label(c).c_str());
-      ImGui::Text("now  %s (%.0f%% of %s)", human_bytes(st.current_of(c)).c_str(), share, human_bytes(st.total_current).c_str());
-      ImGui::Text("peak %s this iteration", human_bytes(st.peak_of(c)).c_str());
-    } else {
-      ImGui::Text("rank %d: %s now, peak %s this iteration", r, human_bytes(st.total_current).c_str(),
-                  human_bytes(st.total_peak).c_str());
-      ImGui::TextDisabled("%lld allocations, %lld frees", static_cast<long long>(st.allocations), static_cast<long long>(st.frees));
-      if (rm.device_total > 0)
-        ImGui::TextDisabled("its GPU: %s used of %s (the driver's figure: every context and process on the device)",
-                            human_bytes(rm.device_used).c_str(), human_bytes(rm.device_total).c_str());
-    }
-    ImGui::EndTooltip();
-  }
-  hovered_rank = new_hovered;
+  for (int r = 0; r < world; r++)
+    if (draw_rank_bar(dl, s, r, lay, canvas_hovered)) new_hovered = r;
+  view.hovered_rank = new_hovered;
 
   if (world > 1)
     ImGui::Text("All %d ranks: %s now, peaks sum to %s", world, human_bytes(sum_current).c_str(), human_bytes(sum_peak).c_str());
@@ -227,7 +248,7 @@ void draw_live_bars(const Snapshot& s, float reserve_h) {
 
 // ---- Strategies compared: the memory planner's per-rank bytes under each sharding ----
 
-constexpr int kNumCompared = 4;
+constexpr int kNumCompared = static_cast<int>(std::tuple_size_v<decltype(MemoryPlanSet::plans)>);
 constexpr Sharding kCompared[kNumCompared] = {Sharding::NoShard, Sharding::Zero1, Sharding::ShardGradOp,
                                               Sharding::FullShard};
 constexpr ImU32 kRunningBand = IM_COL32(255, 255, 255, 26);
@@ -243,14 +264,8 @@ const char* compared_label(Sharding sh) {
   }
 }
 
-struct PlanSet {
-  bool ok = false;
-  std::string error;
-  std::array<MemoryPlan, kNumCompared> plans;
-};
-
-PlanSet plan_all(MemoryPlanInput in) {
-  PlanSet out;
+MemoryPlanSet plan_all(MemoryPlanInput in) {
+  MemoryPlanSet out;
   try {
     for (int i = 0; i < kNumCompared; i++) {
       in.sharding = kCompared[i];
@@ -303,7 +318,7 @@ float plan_header_height(const std::string& title, const std::string& subtitle, 
 }
 
 void draw_plan_panel(const char* id, const std::string& title, const std::string& subtitle, const std::string& footnote,
-                     const PlanSet& set, int running, bool paper_units, float width, float header_h) {
+                     const MemoryPlanSet& set, int running, bool paper_units, float width, float header_h) {
   const float font = ImGui::GetFontSize();
   ImGui::BeginGroup();
   ImGui::PushTextWrapPos(ImGui::GetCursorPosX() + width);
@@ -397,7 +412,7 @@ void draw_plan_panel(const char* id, const std::string& title, const std::string
 // Below the live bars: the planner's per-rank bytes for the running model and world under each
 // strategy, beside the same strategies for a 7.5B model on 64 ranks (the ZeRO paper's Figure 1:
 // 120 / 31.4 / 16.6 / 1.9 GB), so "your toy model" and "a 7B model" read side by side.
-void draw_strategies_compared(const Snapshot& s) {
+void draw_strategies_compared(const Snapshot& s, MemoryViewState& view) {
   const RunConfigView& rc = s.config;
   if (rc.num_params <= 0) return;
   const float font = ImGui::GetFontSize();
@@ -422,17 +437,15 @@ void draw_strategies_compared(const Snapshot& s) {
   in.largest_unit_params = static_cast<double>(std::min(rc.largest_unit_params, rc.num_params));
   in.units_in_flight = rc.units_in_flight == 2 ? 2 : 1;
   // Planned once per configuration, not per frame.
-  static MemoryPlanInput cached_in;
-  static PlanSet cached;
-  static bool have_cached = false;
-  if (!have_cached || cached_in.params != in.params || cached_in.world != in.world ||
-      cached_in.optimizer != in.optimizer || cached_in.sgd_momentum != in.sgd_momentum ||
-      cached_in.largest_unit_params != in.largest_unit_params || cached_in.units_in_flight != in.units_in_flight) {
-    cached = plan_all(in);
-    cached_in = in;
-    have_cached = true;
+  const MemoryPlanInput& was = view.plans_for;
+  if (!view.have_plans || was.params != in.params || was.world != in.world || was.optimizer != in.optimizer ||
+      was.sgd_momentum != in.sgd_momentum || was.largest_unit_params != in.largest_unit_params ||
+      was.units_in_flight != in.units_in_flight) {
+    view.plans = plan_all(in);
+    view.plans_for = in;
+    view.have_plans = true;
   }
-  static const PlanSet paper = [] {
+  static const MemoryPlanSet paper = [] {
     MemoryPlanInput p;
     p.params = 7.5e9;
     p.world = 64;
@@ -466,7 +479,7 @@ void draw_strategies_compared(const Snapshot& s) {
   const std::string title7 = "the same at 7.5B parameters, 64 ranks, mixed precision";
   const std::string subtitle7 = "fp16 weights and gradients, fp32 Adam (K = 12): the ZeRO paper's Figure 1";
   const float header_h = side_by_side ? std::max(plan_header_height(title, subtitle, w), plan_header_height(title7, subtitle7, w)) : 0;
-  draw_plan_panel("##plan_run", title, subtitle, footnote, cached, running, false, w, header_h);
+  draw_plan_panel("##plan_run", title, subtitle, footnote, view.plans, running, false, w, header_h);
   if (side_by_side) ImGui::SameLine(0, spacing);
   else ImGui::Spacing();
   draw_plan_panel("##plan_7b", title7, subtitle7, "GB = 1e9 bytes, as in the paper; units in flight not counted", paper,
@@ -514,14 +527,12 @@ void draw_pipeline_stages(const Snapshot& s) {
 
 }  // namespace
 
-void draw_memory_view(const Snapshot& s, ViewContext& /*ctx*/) {
-  // The comparison's height last frame, kept free below the live bars so both fit when they can.
-  static float compare_h = 0;
-  draw_live_bars(s, compare_h);
+void draw_memory_view(const Snapshot& s, MemoryViewState& view, ViewContext& /*ctx*/) {
+  draw_live_bars(s, view, view.compare_h);
   const float y0 = ImGui::GetCursorPosY();
   if (s.pipeline.valid) draw_pipeline_stages(s);
-  else draw_strategies_compared(s);
-  compare_h = ImGui::GetCursorPosY() - y0;
+  else draw_strategies_compared(s, view);
+  view.compare_h = ImGui::GetCursorPosY() - y0;
 }
 
 }  // namespace dtlab::app

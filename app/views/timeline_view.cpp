@@ -2,9 +2,9 @@
 // gradient-ready and launch ticks) and a comm lane (collectives, DDP bucket all-reduces, ring steps),
 // over faint iteration bands. The comm lane is lit where a bucket's all-reduce runs while backward
 // is still computing: the overlap DDP's buckets exist for. Wheel zooms around the cursor, dragging
-// pans; until then the view follows the latest iterations. Each rank's rows are kept between frames
-// and extended with the new events only; drawing culls by binary search and merges spans under a
-// pixel, so a frame costs about what is on screen, whatever the window holds.
+// pans; until then the view follows the latest iterations. Each rank's rows (app/timeline_index.h)
+// are kept between frames and extended with the new events only; drawing culls by binary search and
+// merges spans under a pixel, so a frame costs about what is on screen, whatever the window holds.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -13,9 +13,8 @@
 #include <string>
 #include <vector>
 
-#include <imgui_internal.h>  // SetItemUsingMouseWheel: over the timeline the wheel zooms, never scrolls
-
-#include "app/views/views.h"
+#include "app/views/timeline_canvas.h"
+#include "app/views/timeline_view.h"
 #include "engine/core/format.h"
 
 namespace dtlab::app {
@@ -68,31 +67,6 @@ const char* compute_short(ComputeKind k) {
   }
 }
 
-// ---- time: both clocks as seconds; the view range lives in file state, as Tracy keeps its zoom
-struct Clock {
-  bool modeled = true;
-  double begin(const Event& e) const { return modeled ? e.model_begin : static_cast<double>(e.wall_begin_ns) * 1e-9; }
-  double end(const Event& e) const { return modeled ? e.model_end : static_cast<double>(e.wall_end_ns) * 1e-9; }
-};
-
-struct TimelineState {
-  bool follow = true;    // track the latest iterations until the user zooms or pans
-  bool modeled = true;   // the clock t0/t1 are in
-  double t0 = 0, t1 = 1e-3;
-};
-TimelineState g_view;
-
-// Per-frame geometry shared by the ruler and every lane.
-struct Axis {
-  double t0 = 0, t1 = 1;
-  float x0 = 0, x1 = 1;
-  double px_per_s = 1;
-  float x(double t) const {  // clamped so a far-off time never overflows a float
-    return x0 + static_cast<float>(std::clamp((t - t0) * px_per_s, -1e6, 1e6));
-  }
-  double t(float px) const { return t0 + static_cast<double>(px - x0) / px_per_s; }
-};
-
 std::string fmt_flops(double f) {
   char buf[40];
   if (f >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GFLOP", f * 1e-9);
@@ -106,218 +80,11 @@ const char* label_of(const Snapshot& s, int32_t id) {
   return id >= 0 && id < static_cast<int32_t>(s.labels.size()) ? s.labels[static_cast<size_t>(id)].c_str() : "";
 }
 
-// Overlap DDP reported for iteration `iter` (StepPoint.step = iteration + 1); -1 when none.
-double overlap_of(const Snapshot& s, int32_t iter) {
-  const int64_t step = static_cast<int64_t>(iter) + 1;
-  const size_t guess = static_cast<size_t>(std::max<int64_t>(0, step - 1));
-  if (guess < s.history.size() && s.history[guess].step == step) return s.history[guess].overlap;
-  for (auto it = s.history.rbegin(); it != s.history.rend(); ++it)
-    if (it->step == step) return it->overlap;
-  return -1;
-}
-
-// ---- one rank's rows, kept across frames. The Session only appends events (and drops whole old
-// iterations from the front), so a frame scans only what is new; rows stay sorted by begin, and
-// culling is a binary search.
-struct Span {
-  double b = 0, e = 0;
-  double reach = 0;        // the furthest end of this span and every earlier one in its row
-  int32_t idx = -1;        // the event: s.events[rank][idx]
-  int32_t extra = -1;      // bucket spans made from a collective: the BucketLaunch naming the bucket
-  int16_t steps_done = 0;  // the collective in flight: ring steps finished
-  bool in_flight = false;
-};
-struct Interval { double b, e; };
-struct IterExtent { int32_t iter; double b, e; bool complete; };
-struct SeqIndex { uint64_t seq; int32_t idx; };
-
-struct RankCache {
-  // What was scanned: events [0, n) of a window whose first and n-th events were these.
-  size_t n = 0;
-  uint64_t front_order = 0, back_order = 0;
-  int64_t front_wall = 0, back_wall = 0;
-  bool modeled = true;
-  std::vector<Span> compute, coll, ring, gate, grad_ready, issues, launch_marks;
-  std::vector<SeqIndex> launches, bucket_allreduces;  // by collective seq
-  std::vector<Interval> backward;  // windows of consecutive layer-backward ops: what DDP overlaps with
-  bool in_backward = false;
-  std::vector<int32_t> ring_tail;  // ring steps since the last finished collective: the one in flight
-  std::vector<IterExtent> iters;   // finished ones from their Iteration events, the running one from its events
-  double frontier[2] = {-DBL_MAX, -DBL_MAX};  // where each lane's recorded work ends
-  double t_min = DBL_MAX, t_max = -DBL_MAX;
-  bool unsorted = false;
-
-  void reset(bool clock_modeled) {  // keeps the capacity: a rescan happens every iteration
-    n = 0;
-    modeled = clock_modeled;
-    for (auto* row : {&compute, &coll, &ring, &gate, &grad_ready, &issues, &launch_marks}) row->clear();
-    launches.clear(), bucket_allreduces.clear(), backward.clear(), ring_tail.clear(), iters.clear();
-    in_backward = unsorted = false;
-    frontier[0] = frontier[1] = -DBL_MAX;
-    t_min = DBL_MAX, t_max = -DBL_MAX;
-  }
-};
-
-void add_to_iteration(std::vector<IterExtent>& iters, const Event& e, double b, double en) {
-  if (e.iteration < 0) return;
-  const bool whole = e.kind == EventKind::Iteration;
-  for (auto it = iters.rbegin(); it != iters.rend(); ++it) {
-    if (it->iter != e.iteration) continue;
-    if (whole) *it = {e.iteration, b, en, true};
-    else if (!it->complete) it->b = std::min(it->b, b), it->e = std::max(it->e, en);
-    return;
-  }
-  iters.push_back({e.iteration, b, en, whole});
-}
-
-void push_span(RankCache& c, std::vector<Span>& row, double b, double e, size_t idx) {
-  if (!row.empty() && b < row.back().b) c.unsorted = true;
-  Span sp;
-  sp.b = b, sp.e = e, sp.idx = static_cast<int32_t>(idx);
-  sp.reach = row.empty() ? e : std::max(row.back().reach, e);
-  row.push_back(sp);
-}
-
-void push_seq(RankCache& c, std::vector<SeqIndex>& v, uint64_t seq, size_t idx) {
-  if (!v.empty() && seq < v.back().seq) c.unsorted = true;
-  v.push_back({seq, static_cast<int32_t>(idx)});
-}
-
-void scan_rank(RankCache& c, const std::vector<Event>& evs, const Clock& clk) {
-  const size_t n = evs.size();
-  const bool same = c.n > 0 && n >= c.n && c.modeled == clk.modeled && evs[0].order == c.front_order &&
-                    evs[0].wall_begin_ns == c.front_wall && evs[c.n - 1].order == c.back_order &&
-                    evs[c.n - 1].wall_end_ns == c.back_wall;
-  if (!same) c.reset(clk.modeled);  // the front was trimmed, a new run began or the clock changed
-  if (n == c.n) return;
-  for (size_t i = c.n; i < n; i++) {
-    const Event& e = evs[i];
-    const double b = clk.begin(e), en = clk.end(e);
-    c.t_min = std::min(c.t_min, b), c.t_max = std::max(c.t_max, en);
-    add_to_iteration(c.iters, e, b, en);
-    switch (e.kind) {
-      case EventKind::Compute:
-        c.frontier[0] = std::max(c.frontier[0], en);
-        if (e.compute.kind == ComputeKind::LayerBackward) {
-          if (!c.in_backward) c.backward.push_back({b, en}), c.in_backward = true;
-          else c.backward.back().e = std::max(c.backward.back().e, en);
-        } else {
-          c.in_backward = false;
-        }
-        push_span(c, c.compute, b, en, i);
-        break;
-      case EventKind::GradReady: push_span(c, c.grad_ready, b, b, i); break;
-      case EventKind::CollectiveIssue: push_span(c, c.issues, b, b, i); break;
-      case EventKind::BucketLaunch:
-        push_span(c, c.launch_marks, b, b, i);
-        push_seq(c, c.launches, e.bucket.seq, i);
-        break;
-      case EventKind::Collective:
-        c.frontier[1] = std::max(c.frontier[1], en);
-        c.ring_tail.clear();  // the comm worker is serial: the steps so far belonged to finished ops
-        push_span(c, c.coll, b, en, i);
-        break;
-      case EventKind::RingStep:
-        c.frontier[1] = std::max(c.frontier[1], en);
-        c.ring_tail.push_back(static_cast<int32_t>(i));
-        push_span(c, c.ring, b, en, i);
-        break;
-      case EventKind::BucketAllReduce: push_seq(c, c.bucket_allreduces, e.bucket.seq, i); break;
-      case EventKind::Gate: push_span(c, c.gate, b, en, i); break;
-      default: break;
-    }
-  }
-  if (c.unsorted) {  // not expected from the engine; stay correct if it ever happens
-    for (auto* row : {&c.compute, &c.coll, &c.ring, &c.gate, &c.grad_ready, &c.issues, &c.launch_marks}) {
-      std::stable_sort(row->begin(), row->end(), [](const Span& x, const Span& y) { return x.b < y.b; });
-      for (size_t i = 0; i < row->size(); i++) (*row)[i].reach = std::max((*row)[i].e, i ? (*row)[i - 1].reach : -DBL_MAX);
-    }
-    for (auto* v : {&c.launches, &c.bucket_allreduces})
-      std::stable_sort(v->begin(), v->end(), [](const SeqIndex& x, const SeqIndex& y) { return x.seq < y.seq; });
-    c.unsorted = false;
-  }
-  if (!std::is_sorted(c.iters.begin(), c.iters.end(), [](const IterExtent& x, const IterExtent& y) { return x.iter < y.iter; }))
-    std::sort(c.iters.begin(), c.iters.end(), [](const IterExtent& x, const IterExtent& y) { return x.iter < y.iter; });
-  c.n = n;
-  c.front_order = evs[0].order, c.front_wall = evs[0].wall_begin_ns;
-  c.back_order = evs[n - 1].order, c.back_wall = evs[n - 1].wall_end_ns;
-}
-
-// The spans of a row that reach into [t0, t1].
-struct SpanRange {
-  const Span* first;
-  const Span* last;
-};
-SpanRange visible(const std::vector<Span>& row, double t0, double t1) {
-  const Span* b = row.data();
-  const Span* e = b + row.size();
-  const Span* first = std::partition_point(b, e, [t0](const Span& sp) { return sp.reach < t0; });
-  return {first, std::partition_point(first, e, [t1](const Span& sp) { return sp.b <= t1; })};
-}
-
-const SeqIndex* find_seq(const std::vector<SeqIndex>& v, uint64_t seq) {
-  auto it = std::lower_bound(v.begin(), v.end(), seq, [](const SeqIndex& x, uint64_t s) { return x.seq < s; });
-  return it != v.end() && it->seq == seq ? &*it : nullptr;
-}
-
-// What one frame draws for a rank beyond its cached rows: bucket all-reduces (their own events,
-// or, while backward still runs and DDP has not recorded them yet, their collective with the
-// launch that names the bucket), the collective in flight, and the overlap with backward.
-struct Derived {
-  std::vector<Span> bucket, coll_tail;  // coll_tail: the in-flight collective, drawn after the row
-  std::vector<Interval> overlap;
-};
-
-void derive(const RankCache& c, const std::vector<Event>& evs, const Clock& clk, double t0, double t1, Derived& d) {
-  d.bucket.clear(), d.coll_tail.clear(), d.overlap.clear();
-  const SpanRange cr = visible(c.coll, t0, t1);
-  for (const Span* sp = cr.first; sp < cr.last; ++sp) {
-    const uint64_t seq = evs[static_cast<size_t>(sp->idx)].coll.seq;
-    Span bk = *sp;
-    if (const SeqIndex* ba = find_seq(c.bucket_allreduces, seq)) bk.idx = ba->idx;
-    else if (const SeqIndex* l = find_seq(c.launches, seq)) bk.extra = l->idx;
-    else continue;
-    d.bucket.push_back(bk);
-  }
-  if (!c.ring_tail.empty()) {
-    Span sp;
-    sp.b = DBL_MAX, sp.e = -DBL_MAX, sp.in_flight = true;
-    for (int32_t i : c.ring_tail) {
-      const Event& r = evs[static_cast<size_t>(i)];
-      sp.b = std::min(sp.b, clk.begin(r)), sp.e = std::max(sp.e, clk.end(r));
-      sp.steps_done = std::max<int16_t>(sp.steps_done, static_cast<int16_t>(r.step.step + 1));
-    }
-    const uint64_t seq = evs[static_cast<size_t>(c.ring_tail.back())].step.seq;
-    sp.idx = c.ring_tail.back();
-    for (auto it = c.issues.rbegin(); it != c.issues.rend(); ++it)
-      if (evs[static_cast<size_t>(it->idx)].coll.seq == seq) {
-        sp.idx = it->idx;
-        break;
-      }
-    sp.reach = sp.e;
-    if (sp.e >= t0 && sp.b <= t1) {
-      d.coll_tail.push_back(sp);
-      if (const SeqIndex* l = find_seq(c.launches, seq)) {
-        sp.extra = l->idx;
-        d.bucket.push_back(sp);
-      }
-    }
-  }
-  // Overlap: bucket all-reduce time inside a backward window (both lists sorted, windows disjoint).
-  auto w = std::partition_point(c.backward.begin(), c.backward.end(), [t0](const Interval& x) { return x.e < t0; });
-  for (const Span& bk : d.bucket) {
-    while (w != c.backward.end() && w->e <= bk.b) ++w;
-    for (auto v = w; v != c.backward.end() && v->b < bk.e; ++v) {
-      const double b = std::max(bk.b, v->b), e = std::min(bk.e, v->e);
-      if (e > b) d.overlap.push_back({b, e});
-    }
-  }
-}
 
 // ---- drawing
 struct Hover {
   enum Kind { None, Ev, Merged, Overlap, Paused } kind = None;
-  Span span;
+  RowSpan span;
   int count = 0;
   int rank = 0;
   const char* what = "";
@@ -349,7 +116,7 @@ void span_label(ImDrawList* dl, float size, float x0, float x1, float y, const c
 
 struct RowCtx {
   ImDrawList* dl;
-  const Axis& ax;
+  const TimeAxis& ax;
   const std::vector<Event>& evs;
   ImVec2 mouse;
   bool mouse_in;
@@ -363,15 +130,15 @@ struct RowCtx {
 // ops costs about one rectangle per pixel column.
 template <class ColorFn, class LabelFn>
 void draw_row(RowCtx& rc, SpanRange range, float y0, float y1, ColorFn color_of, LabelFn label_of) {
-  const Axis& ax = rc.ax;
+  const TimeAxis& ax = rc.ax;
   float run_x0 = 0, run_x1 = 0;
   int run_n = 0;
-  const Span* run_first = nullptr;
+  const RowSpan* run_first = nullptr;
   double run_b = 0, run_e = 0;
   auto hit = [&](float a, float b) {
     return rc.mouse_in && rc.mouse.x >= a - 1 && rc.mouse.x <= b + 1 && rc.mouse.y >= y0 && rc.mouse.y <= y1;
   };
-  auto ev = [&](const Span& sp) -> const Event& { return rc.evs[static_cast<size_t>(sp.idx)]; };
+  auto ev = [&](const RowSpan& sp) -> const Event& { return rc.evs[static_cast<size_t>(sp.idx)]; };
   auto flush = [&] {
     if (!run_n) return;
     const ImU32 col = color_of(*run_first, ev(*run_first));
@@ -391,7 +158,7 @@ void draw_row(RowCtx& rc, SpanRange range, float y0, float y1, ColorFn color_of,
   };
   const float clip0 = ax.x0 - 4, clip1 = ax.x1 + 4;
   char longer[96], shorter[48];
-  for (const Span* sp = range.first; sp < range.last; ++sp) {
+  for (const RowSpan* sp = range.first; sp < range.last; ++sp) {
     const float xa = std::max(ax.x(sp->b), clip0), xb = std::min(ax.x(sp->e), clip1);
     if (xb - xa < 1.0f) {
       if (run_n && xa <= run_x1 + 1.0f) {
@@ -403,9 +170,9 @@ void draw_row(RowCtx& rc, SpanRange range, float y0, float y1, ColorFn color_of,
       // Spans starting before the next pixel column join the run. Spans in a row do not overlap, so
       // all but the last of them also end there; the last is looked at normally.
       const double t_next = ax.t(run_x1 + 1.0f);
-      const Span* j = std::partition_point(sp + 1, range.last, [t_next](const Span& x) { return x.b <= t_next; });
+      const RowSpan* j = std::partition_point(sp + 1, range.last, [t_next](const RowSpan& x) { return x.b <= t_next; });
       if (j - sp > 2) {
-        const Span* last_narrow = j - 2;
+        const RowSpan* last_narrow = j - 2;
         run_n += static_cast<int>(last_narrow - sp);
         run_x1 = std::max(run_x1, std::min(ax.x(last_narrow->e), clip1)), run_e = std::max(run_e, last_narrow->e);
         sp = last_narrow;
@@ -438,14 +205,14 @@ void draw_row(RowCtx& rc, SpanRange range, float y0, float y1, ColorFn color_of,
 // Instants of one kind: one glyph per pixel column (a binary search skips the rest of the column).
 template <class GlyphFn>
 void draw_instants(RowCtx& rc, SpanRange range, float y0, float y1, float half_w, GlyphFn glyph) {
-  const Axis& ax = rc.ax;
-  for (const Span* sp = range.first; sp < range.last;) {
+  const TimeAxis& ax = rc.ax;
+  for (const RowSpan* sp = range.first; sp < range.last;) {
     const float x = std::floor(ax.x(sp->b)) + 0.5f;
     glyph(x);
     if (rc.mouse_in && std::fabs(rc.mouse.x - x) <= std::max(3.0f, half_w) && rc.mouse.y >= y0 && rc.mouse.y <= y1)
       rc.hover.kind = Hover::Ev, rc.hover.span = *sp, rc.hover.rank = rc.rank;
     const double t_next = ax.t(x + 0.5f);
-    sp = std::partition_point(sp + 1, range.last, [t_next](const Span& s) { return s.b < t_next; });
+    sp = std::partition_point(sp + 1, range.last, [t_next](const RowSpan& s) { return s.b < t_next; });
   }
 }
 
@@ -479,9 +246,9 @@ Layout make_layout(float fs, float stretch) {
   return L;
 }
 
-void draw_rank(const Snapshot& s, const RankCache& c, const Derived& d, int rank, float y, const Layout& L, RowCtx& rc) {
+void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int rank, float y, const Layout& L, RowCtx& rc) {
   ImDrawList* dl = rc.dl;
-  const Axis& ax = rc.ax;
+  const TimeAxis& ax = rc.ax;
   const float fs = L.fs;
   const float yc = y, ym = y + L.compute_h, ye = ym + L.comm_h;  // compute lane, comm lane, end
   // Iteration bands: every other iteration faintly lit (llvmpipe pays for every translucent
@@ -493,18 +260,18 @@ void draw_rank(const Snapshot& s, const RankCache& c, const Derived& d, int rank
     if (ax.x(it.b) >= ax.x0) vline(dl, a, yc, ye, IM_COL32(255, 255, 255, 60));
   }
   // Overlap: the comm lane lit where a bucket all-reduce runs under backward.
-  for (const Interval& o : d.overlap) {
+  for (const TimeInterval& o : d.overlap) {
     const float a = std::max(ax.x(o.b), ax.x0), b = std::max(std::min(ax.x(o.e), ax.x1), a + 1);
     dl->AddRectFilled(ImVec2(a, ym + L.ov1), ImVec2(b, ye), alpha(kOverlap, 0.22f));
     dl->AddRectFilled(ImVec2(a, ym + L.ov0), ImVec2(b, ym + L.ov1), kOverlap);
     if (rc.mouse_in && rc.mouse.x >= a && rc.mouse.x <= b && rc.mouse.y >= ym && rc.mouse.y <= ye)
-      rc.hover.kind = Hover::Overlap, rc.hover.span = Span{o.b, o.e}, rc.hover.rank = rank;
+      rc.hover.kind = Hover::Overlap, rc.hover.span = RowSpan{o.b, o.e}, rc.hover.rank = rank;
   }
   const double t0 = ax.t(ax.x0 - 4), t1 = ax.t(ax.x1 + 4);
   // Compute lane: ops, then instants in the strip under them.
   const float bar0 = yc + L.op0, bar1 = yc + L.op1;
-  draw_row(rc, visible(c.compute, t0, t1), bar0, bar1, [](const Span&, const Event& e) { return compute_color(e.compute.kind); },
-           [](const Span&, const Event& e, char* l, size_t ln, char* sh, size_t sn) {
+  draw_row(rc, visible_spans(c.compute, t0, t1), bar0, bar1, [](const RowSpan&, const Event& e) { return compute_color(e.compute.kind); },
+           [](const RowSpan&, const Event& e, char* l, size_t ln, char* sh, size_t sn) {
              const ComputeInfo& ci = e.compute;
              if (ci.layer >= 0) {
                std::snprintf(l, ln, "%s %d", compute_kind_name(ci.kind), ci.layer);
@@ -515,18 +282,18 @@ void draw_rank(const Snapshot& s, const RankCache& c, const Derived& d, int rank
              }
            });
   const float strip0 = bar1 + 1, strip1 = ym - 1;
-  draw_instants(rc, visible(c.grad_ready, t0, t1), strip0, ym, 0, [&](float x) {
+  draw_instants(rc, visible_spans(c.grad_ready, t0, t1), strip0, ym, 0, [&](float x) {
     vline(dl, x - 0.5f, strip0 + 1, strip1, kGradReady, 2.0f);
   });
   const float wi = 0.22f * L.u, wl = 0.3f * L.u;
-  draw_instants(rc, visible(c.issues, t0, t1), strip0, ym, wi, [&](float x) {
+  draw_instants(rc, visible_spans(c.issues, t0, t1), strip0, ym, wi, [&](float x) {
     dl->AddTriangleFilled(ImVec2(x - wi, strip0), ImVec2(x + wi, strip0), ImVec2(x, strip1 + 1), kCollective);
   });
-  draw_instants(rc, visible(c.launch_marks, t0, t1), strip0, ym, wl, [&](float x) {
+  draw_instants(rc, visible_spans(c.launch_marks, t0, t1), strip0, ym, wl, [&](float x) {
     dl->AddTriangleFilled(ImVec2(x - wl, strip0), ImVec2(x + wl, strip0), ImVec2(x, strip1 + 1), kBucket);
   });
   // Comm lane: collectives (and the one in flight), the bucket each all-reduce carries, ring steps.
-  auto coll_label = [](const Span& sp, const Event& e, char* l, size_t ln, char* sh, size_t sn) {
+  auto coll_label = [](const RowSpan& sp, const Event& e, char* l, size_t ln, char* sh, size_t sn) {
     const bool info = e.kind != EventKind::RingStep;
     const unsigned long long seq = info ? e.coll.seq : e.step.seq;
     const char* op = info ? collective_name(e.coll.op) : "collective";
@@ -534,23 +301,23 @@ void draw_rank(const Snapshot& s, const RankCache& c, const Derived& d, int rank
     else std::snprintf(l, ln, "%s #%llu %s", op, seq, algorithm_name(e.coll.algo));
     std::snprintf(sh, sn, "#%llu", seq);
   };
-  auto coll_color = [](const Span&, const Event&) { return kCollective; };
-  draw_row(rc, visible(c.coll, t0, t1), ym + L.co0, ym + L.co1, coll_color, coll_label);
+  auto coll_color = [](const RowSpan&, const Event&) { return kCollective; };
+  draw_row(rc, visible_spans(c.coll, t0, t1), ym + L.co0, ym + L.co1, coll_color, coll_label);
   draw_row(rc, SpanRange{d.coll_tail.data(), d.coll_tail.data() + d.coll_tail.size()}, ym + L.co0, ym + L.co1, coll_color,
            coll_label);
   const float text_size = rc.text_size;
   rc.text_size = std::min(0.8f * L.u, fs);
   const std::vector<Event>& evs = rc.evs;
   draw_row(rc, SpanRange{d.bucket.data(), d.bucket.data() + d.bucket.size()}, ym + L.bu0, ym + L.bu1,
-           [](const Span&, const Event&) { return kBucket; },
-           [&evs](const Span& sp, const Event& e, char* l, size_t ln, char* sh, size_t sn) {
+           [](const RowSpan&, const Event&) { return kBucket; },
+           [&evs](const RowSpan& sp, const Event& e, char* l, size_t ln, char* sh, size_t sn) {
              const Event& src = sp.extra >= 0 ? evs[static_cast<size_t>(sp.extra)] : e;
              std::snprintf(l, ln, "bucket %d", src.bucket.bucket);
              std::snprintf(sh, sn, "b%d", src.bucket.bucket);
            });
   rc.text_size = text_size;
-  draw_row(rc, visible(c.ring, t0, t1), ym + L.ri0, ym + L.ri1,
-           [](const Span&, const Event& e) {
+  draw_row(rc, visible_spans(c.ring, t0, t1), ym + L.ri0, ym + L.ri1,
+           [](const RowSpan&, const Event& e) {
              switch (e.step.phase) {
                case RingPhase::ReduceScatter:
                case RingPhase::Reduce: return kRingScatter;
@@ -559,10 +326,10 @@ void draw_rank(const Snapshot& s, const RankCache& c, const Derived& d, int rank
                default: return darker(kCollective, 0.8f);
              }
            },
-           [](const Span&, const Event&, char*, size_t, char*, size_t) {});
+           [](const RowSpan&, const Event&, char*, size_t, char*, size_t) {});
   // Gates: time a rank spent held by the stepper, hatched grey.
-  const SpanRange gates = visible(c.gate, t0, t1);
-  for (const Span* sp = gates.first; sp < gates.last; ++sp) {
+  const SpanRange gates = visible_spans(c.gate, t0, t1);
+  for (const RowSpan* sp = gates.first; sp < gates.last; ++sp) {
     const float a = std::max(ax.x(sp->b), ax.x0), b = std::max(std::min(ax.x(sp->e), ax.x1), a + 1);
     const bool comm = rc.evs[static_cast<size_t>(sp->idx)].lane == Lane::Comm;
     const float g0 = comm ? ym + L.co0 : bar0, g1 = comm ? ym + L.ri1 : bar1;
@@ -593,7 +360,7 @@ void draw_rank(const Snapshot& s, const RankCache& c, const Derived& d, int rank
         dl->AddText(tp, IM_COL32(220, 220, 226, 255), text);
       }
       if (rc.mouse_in && rc.mouse.x >= a && rc.mouse.x <= b && rc.mouse.y >= g0 && rc.mouse.y <= g1)
-        rc.hover.kind = Hover::Paused, rc.hover.span = Span{from, from}, rc.hover.rank = rank, rc.hover.what = what;
+        rc.hover.kind = Hover::Paused, rc.hover.span = RowSpan{from, from}, rc.hover.rank = rank, rc.hover.what = what;
     }
 }
 
@@ -602,11 +369,7 @@ void draw_rank_labels(const Snapshot& s, int rank, float x, float y, const Layou
   const float fs = L.fs;
   const int world = std::max(1, s.config.world);
   const float ym = y + L.compute_h, ye = ym + L.comm_h;
-  // One opaque fill: the window background tinted a tenth of the way towards the rank's color.
-  const ImVec4 bg = ImGui::GetStyleColorVec4(ImGuiCol_WindowBg), rc = ImGui::ColorConvertU32ToFloat4(rank_color(rank, world));
-  const ImVec4 tint(bg.x + 0.1f * (rc.x - bg.x), bg.y + 0.1f * (rc.y - bg.y), bg.z + 0.1f * (rc.z - bg.z), 1.0f);
-  dl->AddRectFilled(ImVec2(x, y), ImVec2(x + L.label_w, ye), ImGui::ColorConvertFloat4ToU32(tint));
-  dl->AddRectFilled(ImVec2(x, y), ImVec2(x + 0.3f * fs, ye), rank_color(rank, world));
+  draw_rank_label_bg(dl, rank, world, x, y, ye, L.label_w, fs);
   char name[32];
   std::snprintf(name, sizeof name, "rank %d", rank);
   const float tx = x + 0.6f * fs;
@@ -636,9 +399,9 @@ struct Ticks {
   int64_t k0 = 0, k1 = -1;  // tick indices in view: t = k * step
 };
 
-Ticks make_ticks(const Axis& ax, float fs) {
+Ticks make_ticks(const TimeAxis& ax, float fs) {
   Ticks t;
-  const double raw = 7.0 * fs / ax.px_per_s;
+  const double raw = 7.0 * fs / ax.px_per_unit;
   const double p10 = std::pow(10.0, std::floor(std::log10(raw)));
   const double m = raw / p10;
   t.step = (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p10;
@@ -674,7 +437,7 @@ std::string fmt_time_at(double t, double step) {
 }
 
 // `keep_out`: the x range of the cursor's time label, which tick labels give way to.
-void draw_ruler(ImDrawList* dl, const Axis& ax, const Ticks& tk, float y0, float y1, float fs, ImVec2 keep_out) {
+void draw_ruler(ImDrawList* dl, const TimeAxis& ax, const Ticks& tk, float y0, float y1, float fs, ImVec2 keep_out) {
   dl->AddRectFilled(ImVec2(ax.x0, y0), ImVec2(ax.x1, y1), ImGui::GetColorU32(ImGuiCol_FrameBg));
   const ImU32 line = ImGui::GetColorU32(ImGuiCol_Text, 0.55f), text = ImGui::GetColorU32(ImGuiCol_Text, 0.9f);
   const double minor = tk.step / (std::fabs(tk.step / std::pow(10.0, std::floor(std::log10(tk.step))) - 2) < 1e-6 ? 4 : 5);
@@ -746,7 +509,7 @@ void tip_bucket(const Snapshot& s, const BucketInfo& b, float fs) {
 }
 
 void event_tooltip(const Snapshot& s, const Hover& h, float fs) {
-  const Span& sp = h.span;
+  const RowSpan& sp = h.span;
   const std::vector<Event>& evs = s.events[static_cast<size_t>(h.rank)];
   const Event& e = evs[static_cast<size_t>(sp.idx)];
   const bool bucket_span = sp.extra >= 0 || e.kind == EventKind::BucketAllReduce;
@@ -876,8 +639,8 @@ void legend_item(ImU32 col, const char* text, bool& first, int glyph = 0) {
   ImGui::TextUnformatted(text);
 }
 
-void draw_toolbar(ViewContext& ctx) {
-  ImGui::Checkbox("Follow", &g_view.follow);
+void draw_toolbar(TimelineViewState& view, ViewContext& ctx) {
+  ImGui::Checkbox("Follow", &view.follow);
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("Keep the last two iterations in view (double-click the timeline to return here)");
   ImGui::SameLine();
   if (ImGui::RadioButton("modeled clock", ctx.modeled_clock)) ctx.modeled_clock = true;
@@ -886,7 +649,7 @@ void draw_toolbar(ViewContext& ctx) {
   if (ImGui::RadioButton("wall clock", !ctx.modeled_clock)) ctx.modeled_clock = false;
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("Time as this machine's threads really took it");
   ImGui::SameLine();
-  ImGui::TextDisabled("%s in view", time_text(g_view.t1 - g_view.t0).c_str());
+  ImGui::TextDisabled("%s in view", time_text(view.t1 - view.t0).c_str());
   ImGui::SameLine();
   ImGui::TextDisabled("(?)");
   if (ImGui::IsItemHovered())
@@ -907,152 +670,61 @@ void draw_toolbar(ViewContext& ctx) {
   legend_item(kPaused, "paused", first, 3);
 }
 
-}  // namespace
-
-void draw_timeline_view(const Snapshot& s, ViewContext& ctx) {
-  const float fs = ImGui::GetFontSize();
-  const Clock clock{ctx.modeled_clock};
-  if (g_view.modeled != ctx.modeled_clock) g_view.modeled = ctx.modeled_clock, g_view.follow = true;
+// The lanes: the tick grid, every rank on screen (its spans derived for the range in view), the
+// cursor's line, then the label column over them. What the mouse is over lands in `hover`.
+void draw_lanes(const Snapshot& s, TimelineViewState& view, const TimelineCanvas& c, const TimeAxis& ax, const Ticks& ticks,
+                const Layout& L, const EventClock& clock, Hover& hover) {
   const int ranks = static_cast<int>(s.events.size());
-
-  // Every rank's rows, brought up to date with what is new; then what "follow" shows: rank 0's
-  // last two iterations, to the end of everything recorded.
-  static std::vector<RankCache> caches;
-  if (caches.size() != static_cast<size_t>(ranks)) caches.assign(static_cast<size_t>(ranks), RankCache{});
-  double t_min = DBL_MAX, t_max = -DBL_MAX;
-  for (int r = 0; r < ranks; r++) {
-    RankCache& c = caches[static_cast<size_t>(r)];
-    scan_rank(c, s.events[static_cast<size_t>(r)], clock);
-    t_min = std::min(t_min, c.t_min), t_max = std::max(t_max, c.t_max);
-  }
-  static const std::vector<IterExtent> kNone;
-  const std::vector<IterExtent>& iters0 = ranks > 0 ? caches[0].iters : kNone;
-  if (!g_view.follow && t_max > -DBL_MAX && t_max < g_view.t0) g_view.follow = true;  // a new run restarted the clock
-  auto follow_range = [&] {
-    double b = 0, e = 1e-3;
-    if (!iters0.empty()) {
-      b = iters0.size() >= 2 ? iters0[iters0.size() - 2].b : iters0.back().b;
-      e = std::max(t_max, iters0.back().e);
-    } else if (t_max > t_min) {
-      b = t_min, e = t_max;
-    }
-    const double span = std::max(e - b, 1e-9);
-    g_view.t0 = b - 0.02 * span, g_view.t1 = e + 0.08 * span;
-  };
-  if (g_view.follow) follow_range();
-
-  draw_toolbar(ctx);
-
-  const float ruler_h = 1.45f * fs, strip_h = 1.35f * fs, header_h = ruler_h + strip_h;
-  ImVec2 avail = ImGui::GetContentRegionAvail();
-  const float natural = std::max(ranks, 1) * make_layout(fs, 1.0f).rank_h;
-  const Layout L = make_layout(fs, std::clamp((avail.y - header_h - 4) / natural, 1.0f, 1.6f));
-  avail.x = std::max(avail.x, L.label_w + 4 * fs);
-  avail.y = std::max(avail.y, header_h + L.rank_h);
-  const ImVec2 hp = ImGui::GetCursorScreenPos();
-  const ImGuiButtonFlags buttons = ImGuiButtonFlags_MouseButtonLeft | ImGuiButtonFlags_MouseButtonMiddle;
-  ImGui::InvisibleButton("##tl_header", ImVec2(avail.x, header_h), buttons);
-  ImGui::SetItemUsingMouseWheel();
-  const bool header_hovered = ImGui::IsItemHovered(), header_active = ImGui::IsItemActive();
-
-  ImGui::BeginChild("##tl_lanes", ImVec2(avail.x, avail.y - header_h), false, ImGuiWindowFlags_NoScrollWithMouse);
-  const ImVec2 cp = ImGui::GetCursorScreenPos();
-  const float cw = std::max(ImGui::GetContentRegionAvail().x, L.label_w + 4 * fs);
-  const float total_h = std::max(static_cast<float>(ranks) * L.rank_h, 1.0f);
-  ImGui::InvisibleButton("##tl_canvas", ImVec2(cw, std::max(total_h, ImGui::GetContentRegionAvail().y)), buttons);
-  ImGui::SetItemUsingMouseWheel();
-  const bool canvas_hovered = ImGui::IsItemHovered(), canvas_active = ImGui::IsItemActive();
-
-  // Input: wheel zooms around the cursor's time, dragging pans (and scrolls the ranks).
-  ImGuiIO& io = ImGui::GetIO();
-  Axis ax;
-  ax.x0 = cp.x + L.label_w, ax.x1 = cp.x + cw;
-  auto set_axis = [&] {
-    ax.t0 = g_view.t0, ax.t1 = g_view.t1;
-    ax.px_per_s = static_cast<double>(ax.x1 - ax.x0) / std::max(ax.t1 - ax.t0, 1e-12);
-  };
-  set_axis();
-  if ((header_hovered || canvas_hovered) && io.MouseWheel != 0) {
-    const double tm = ax.t(std::clamp(io.MousePos.x, ax.x0, ax.x1));
-    const double range = ax.t1 - ax.t0;
-    const double f = std::clamp(std::pow(1.25, -static_cast<double>(io.MouseWheel)), 1e-9 / range, 1e4 / range);
-    g_view.t0 = tm - (tm - ax.t0) * f, g_view.t1 = tm + (ax.t1 - tm) * f;
-    g_view.follow = false;
-  }
-  if ((header_active || canvas_active) &&
-      (ImGui::IsMouseDragging(ImGuiMouseButton_Left, 1.0f) || ImGui::IsMouseDragging(ImGuiMouseButton_Middle, 1.0f))) {
-    if (io.MouseDelta.x != 0) {
-      const double dt = -static_cast<double>(io.MouseDelta.x) / ax.px_per_s;
-      g_view.t0 += dt, g_view.t1 += dt;
-      g_view.follow = false;
-    }
-    if (canvas_active && io.MouseDelta.y != 0) ImGui::SetScrollY(ImGui::GetScrollY() - io.MouseDelta.y);
-  }
-  if ((header_hovered || canvas_hovered) && ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left)) {
-    g_view.follow = true;
-    follow_range();
-  }
-  set_axis();
-  const Ticks ticks = make_ticks(ax, fs);
-
-  // Lanes.
+  const float fs = L.fs, total_h = c.lanes_h;
+  const ImVec2 cp = c.lanes_pos, mouse = ImGui::GetIO().MousePos;
   ImDrawList* dl = ImGui::GetWindowDrawList();
-  const ImVec2 wp = ImGui::GetWindowPos();
-  const float wy0 = wp.y, wy1 = wp.y + ImGui::GetWindowHeight();
-  const ImVec2 mouse = io.MousePos;
-  Hover hover;
-  dl->PushClipRect(ImVec2(ax.x0, wy0), ImVec2(ax.x1, wy1), true);
+  dl->PushClipRect(ImVec2(ax.x0, c.window_y0), ImVec2(ax.x1, c.window_y1), true);
   for (int64_t k = ticks.k0; k <= ticks.k1; k++) {
     const float x = std::floor(ax.x(static_cast<double>(k) * ticks.step)) + 0.5f;
     vline(dl, x, cp.y, cp.y + total_h, IM_COL32(255, 255, 255, 14));
   }
-  static Derived derived;
   const double t_lo = ax.t(ax.x0 - 4), t_hi = ax.t(ax.x1 + 4);
   for (int r = 0; r < ranks; r++) {
     const float y = cp.y + static_cast<float>(r) * L.rank_h;
-    if (y > wy1 || y + L.rank_h < wy0) continue;  // scrolled out of the panel
+    if (!c.visible(y, L.rank_h)) continue;  // scrolled out of the panel
     const std::vector<Event>& evs = s.events[static_cast<size_t>(r)];
-    derive(caches[static_cast<size_t>(r)], evs, clock, t_lo, t_hi, derived);
-    RowCtx rc{dl, ax, evs, mouse, canvas_hovered, hover, r, fs};
-    draw_rank(s, caches[static_cast<size_t>(r)], derived, r, y, L, rc);
+    const RankRows& rows = view.index.ranks[static_cast<size_t>(r)];
+    derive_frame(rows, evs, clock, t_lo, t_hi, view.frame);
+    RowCtx rc{dl, ax, evs, mouse, c.canvas_hovered, hover, r, fs};
+    draw_rank(s, rows, view.frame, r, y, L, rc);
   }
-  if (canvas_hovered || header_hovered)
-    vline(dl, mouse.x, cp.y, cp.y + total_h, IM_COL32(255, 255, 255, 90));
+  if (c.hovered()) vline(dl, mouse.x, cp.y, cp.y + total_h, IM_COL32(255, 255, 255, 90));
   dl->PopClipRect();
   for (int r = 0; r < ranks; r++) {
     const float y = cp.y + static_cast<float>(r) * L.rank_h;
-    if (y > wy1 || y + L.rank_h < wy0) continue;
-    draw_rank_labels(s, r, cp.x, y, L, dl);
+    if (c.visible(y, L.rank_h)) draw_rank_labels(s, r, cp.x, y, L, dl);
   }
   if (ranks == 0) dl->AddText(ImVec2(ax.x0 + fs, cp.y + fs), ImGui::GetColorU32(ImGuiCol_TextDisabled), "No events yet.");
+}
 
-  if (canvas_hovered && !ImGui::IsMouseDragging(ImGuiMouseButton_Left, 1.0f)) {
-    if (hover.kind == Hover::Ev || hover.kind == Hover::Merged) {
-      event_tooltip(s, hover, fs);
-    } else if (hover.kind == Hover::Overlap) {
-      ImGui::BeginTooltip();
-      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kOverlap), "all-reduce hidden behind backward");
-      ImGui::Text("rank %d: %s, from %s", hover.rank, time_text(hover.span.e - hover.span.b).c_str(), time_text(hover.span.b).c_str());
-      ImGui::TextDisabled("A bucket's gradients are summed across ranks while backward is still\n"
-                          "computing the earlier layers: this communication costs no step time.");
-      ImGui::EndTooltip();
-    } else if (hover.kind == Hover::Paused) {
-      ImGui::SetTooltip("rank %d is held at a %s gate since %s.\nStep or run to release it.", hover.rank, hover.what,
-                        time_text(hover.span.b).c_str());
-    }
+// The tooltip for what the mouse is over in the lanes.
+void lane_tooltip(const Snapshot& s, const Hover& hover, float fs) {
+  if (hover.kind == Hover::Ev || hover.kind == Hover::Merged) {
+    event_tooltip(s, hover, fs);
+  } else if (hover.kind == Hover::Overlap) {
+    ImGui::BeginTooltip();
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kOverlap), "all-reduce hidden behind backward");
+    ImGui::Text("rank %d: %s, from %s", hover.rank, time_text(hover.span.e - hover.span.b).c_str(), time_text(hover.span.b).c_str());
+    ImGui::TextDisabled("A bucket's gradients are summed across ranks while backward is still\n"
+                        "computing the earlier layers: this communication costs no step time.");
+    ImGui::EndTooltip();
+  } else if (hover.kind == Hover::Paused) {
+    ImGui::SetTooltip("rank %d is held at a %s gate since %s.\nStep or run to release it.", hover.rank, hover.what,
+                      time_text(hover.span.b).c_str());
   }
-  ImGui::EndChild();
+}
 
-  // Header: the ruler and rank 0's iterations, on the parent window.
-  ImDrawList* hdl = ImGui::GetWindowDrawList();
-  hdl->PushClipRect(ImVec2(ax.x0, hp.y), ImVec2(ax.x1, hp.y + header_h), true);
-  const bool show_cursor = header_hovered || canvas_hovered;
-  const std::string cursor_text = show_cursor ? fmt_time_at(ax.t(mouse.x), 1.0 / ax.px_per_s) : std::string();
-  const ImVec2 cursor_size = ImGui::CalcTextSize(cursor_text.c_str());
-  const float cursor_x = std::min(std::floor(mouse.x) + 4.5f, ax.x1 - cursor_size.x - 6);
-  draw_ruler(hdl, ax, ticks, hp.y, hp.y + ruler_h, fs,
-             show_cursor ? ImVec2(cursor_x - 4, cursor_x + cursor_size.x + 6) : ImVec2(FLT_MAX, -FLT_MAX));
-  const float sy0 = hp.y + ruler_h, sy1 = hp.y + header_h;
+// Rank 0's iterations in the strip [sy0, sy0 + strip_h] under the ruler, each with the overlap DDP
+// reported for it; returns the one under the mouse, or null.
+const IterExtent* draw_iteration_strip(ImDrawList* hdl, const Snapshot& s, const std::vector<IterExtent>& iters0, const TimeAxis& ax,
+                                       float sy0, float strip_h, bool header_hovered, bool modeled_clock) {
+  const float fs = ImGui::GetFontSize(), sy1 = sy0 + strip_h;
+  const ImVec2 mouse = ImGui::GetIO().MousePos;
   const IterExtent* hovered_iter = nullptr;
   for (const IterExtent& it : iters0) {
     const float a = ax.x(it.b), b = ax.x(it.e);
@@ -1062,7 +734,7 @@ void draw_timeline_view(const Snapshot& s, ViewContext& ctx) {
     char text[64];
     const double ov = overlap_of(s, it.iter);
     if (!it.complete) std::snprintf(text, sizeof text, "iter %d (running)", it.iter);
-    else if (ov >= 0) std::snprintf(text, sizeof text, "iter %d \xC2\xB7 overlap %.0f%%%s", it.iter, 100 * ov, ctx.modeled_clock ? "" : " (modeled)");
+    else if (ov >= 0) std::snprintf(text, sizeof text, "iter %d \xC2\xB7 overlap %.0f%%%s", it.iter, 100 * ov, modeled_clock ? "" : " (modeled)");
     else std::snprintf(text, sizeof text, "iter %d", it.iter);
     const float tx = std::max(a, ax.x0) + 0.35f * fs;
     const ImVec4 clip(a, sy0, std::min(b, ax.x1), sy1);
@@ -1071,26 +743,81 @@ void draw_timeline_view(const Snapshot& s, ViewContext& ctx) {
                  nullptr, 0, &clip);
     if (header_hovered && mouse.x >= a && mouse.x <= b && mouse.y >= sy0) hovered_iter = &it;
   }
+  return hovered_iter;
+}
+
+void iteration_tooltip(const Snapshot& s, const IterExtent& it, bool modeled_clock) {
+  const double ov = overlap_of(s, it.iter);
+  ImGui::BeginTooltip();
+  ImGui::Text("iteration %d%s", it.iter, it.complete ? "" : " (running)");
+  ImGui::TextDisabled("rank 0, %s clock", modeled_clock ? "modeled" : "wall");
+  ImGui::Text("%s  from %s", time_text(it.e - it.b).c_str(), time_text(it.b).c_str());
+  if (ov >= 0) ImGui::Text("overlap %.0f%%: share of all-reduce time hidden behind backward", 100 * ov);
+  ImGui::EndTooltip();
+}
+
+// The header, on the parent window: the ruler with the cursor's time, and rank 0's iterations.
+void draw_header(const Snapshot& s, const std::vector<IterExtent>& iters0, const TimelineCanvas& c, const TimeAxis& ax,
+                 const Ticks& ticks, float ruler_h, float strip_h, bool modeled_clock) {
+  const float fs = ImGui::GetFontSize(), header_h = ruler_h + strip_h;
+  const ImVec2 hp = c.header_pos, mouse = ImGui::GetIO().MousePos;
+  ImDrawList* hdl = ImGui::GetWindowDrawList();
+  hdl->PushClipRect(ImVec2(ax.x0, hp.y), ImVec2(ax.x1, hp.y + header_h), true);
+  const bool show_cursor = c.hovered();
+  const std::string cursor_text = show_cursor ? fmt_time_at(ax.t(mouse.x), 1.0 / ax.px_per_unit) : std::string();
+  const ImVec2 cursor_size = ImGui::CalcTextSize(cursor_text.c_str());
+  const float cursor_x = cursor_chip_x(ax, mouse.x, cursor_size.x);
+  draw_ruler(hdl, ax, ticks, hp.y, hp.y + ruler_h, fs,
+             show_cursor ? ImVec2(cursor_x - 4, cursor_x + cursor_size.x + 6) : ImVec2(FLT_MAX, -FLT_MAX));
+  const float sy0 = hp.y + ruler_h, sy1 = hp.y + header_h;
+  const IterExtent* hovered_iter = draw_iteration_strip(hdl, s, iters0, ax, sy0, strip_h, c.header_hovered, modeled_clock);
   if (show_cursor) {
-    const float x = std::floor(mouse.x) + 0.5f;
-    vline(hdl, x, hp.y, sy1, IM_COL32(255, 255, 255, 120));
-    hdl->AddRectFilled(ImVec2(cursor_x - 2, hp.y + 1), ImVec2(cursor_x + cursor_size.x + 4, hp.y + 1 + cursor_size.y),
-                       IM_COL32(40, 44, 52, 240));
-    hdl->AddText(ImVec2(cursor_x + 1, hp.y + 1 + 0.15f * fs), IM_COL32(255, 236, 140, 255), cursor_text.c_str());
+    vline(hdl, std::floor(mouse.x) + 0.5f, hp.y, sy1, IM_COL32(255, 255, 255, 120));
+    draw_cursor_chip(hdl, cursor_text.c_str(), cursor_size, cursor_x, hp.y, 0.15f * fs);
   }
   hdl->PopClipRect();
-  hdl->AddText(ImVec2(hp.x + 0.3f * fs, hp.y + 0.2f * fs), ImGui::GetColorU32(ImGuiCol_TextDisabled),
-               ctx.modeled_clock ? "modeled" : "wall");
+  hdl->AddText(ImVec2(hp.x + 0.3f * fs, hp.y + 0.2f * fs), ImGui::GetColorU32(ImGuiCol_TextDisabled), modeled_clock ? "modeled" : "wall");
   hdl->AddText(ImVec2(hp.x + 0.3f * fs, sy0 + (strip_h - fs) * 0.5f + 1), ImGui::GetColorU32(ImGuiCol_TextDisabled), "rank 0");
-  if (hovered_iter && !ImGui::IsMouseDragging(ImGuiMouseButton_Left, 1.0f)) {
-    const double ov = overlap_of(s, hovered_iter->iter);
-    ImGui::BeginTooltip();
-    ImGui::Text("iteration %d%s", hovered_iter->iter, hovered_iter->complete ? "" : " (running)");
-    ImGui::TextDisabled("rank 0, %s clock", ctx.modeled_clock ? "modeled" : "wall");
-    ImGui::Text("%s  from %s", time_text(hovered_iter->e - hovered_iter->b).c_str(), time_text(hovered_iter->b).c_str());
-    if (ov >= 0) ImGui::Text("overlap %.0f%%: share of all-reduce time hidden behind backward", 100 * ov);
-    ImGui::EndTooltip();
+  if (hovered_iter && !ImGui::IsMouseDragging(ImGuiMouseButton_Left, 1.0f)) iteration_tooltip(s, *hovered_iter, modeled_clock);
+}
+
+}  // namespace
+
+void draw_timeline_view(const Snapshot& s, TimelineViewState& view, ViewContext& ctx) {
+  const float fs = ImGui::GetFontSize();
+  const EventClock clock{ctx.modeled_clock};
+  if (view.modeled != ctx.modeled_clock) view.modeled = ctx.modeled_clock, view.follow = true;
+  const int ranks = static_cast<int>(s.events.size());
+
+  // Every rank's rows, brought up to date with what is new; then what "follow" shows: rank 0's
+  // last two iterations, to the end of everything recorded.
+  view.index.update(s.events, clock);
+  const double t_max = view.index.t_max;
+  if (!view.follow && t_max > -DBL_MAX && t_max < view.t0) view.follow = true;  // a new run restarted the clock
+  if (view.follow) view.index.follow_range(view.t0, view.t1);
+
+  draw_toolbar(view, ctx);
+
+  const float ruler_h = 1.45f * fs, strip_h = 1.35f * fs, header_h = ruler_h + strip_h;
+  const float natural = std::max(ranks, 1) * make_layout(fs, 1.0f).rank_h;
+  const Layout L = make_layout(fs, std::clamp((ImGui::GetContentRegionAvail().y - header_h - 4) / natural, 1.0f, 1.6f));
+  const TimelineCanvas c = begin_timeline_canvas({"##tl_header", "##tl_lanes", "##tl_canvas"}, header_h, L.label_w, L.rank_h, ranks);
+
+  // Input: wheel zooms around the cursor's time, dragging pans (and scrolls the ranks).
+  TimeAxis ax = c.axis(view.t0, view.t1, 1e-12);
+  if (c.zoom_and_pan(ax, view.t0, view.t1, 1e-9, 1e4)) view.follow = false;
+  if (c.double_clicked()) {
+    view.follow = true;
+    view.index.follow_range(view.t0, view.t1);
   }
+  ax = c.axis(view.t0, view.t1, 1e-12);
+  const Ticks ticks = make_ticks(ax, fs);
+
+  Hover hover;
+  draw_lanes(s, view, c, ax, ticks, L, clock, hover);
+  if (c.canvas_hovered && !ImGui::IsMouseDragging(ImGuiMouseButton_Left, 1.0f)) lane_tooltip(s, hover, fs);
+  ImGui::EndChild();
+  draw_header(s, view.index.iterations0(), c, ax, ticks, ruler_h, strip_h, ctx.modeled_clock);
 }
 
 }  // namespace dtlab::app

@@ -13,8 +13,9 @@
 #include <string>
 #include <vector>
 
-#include <imgui_internal.h>  // SetItemUsingMouseWheel: over the timeline the wheel zooms
+#include <imgui_internal.h>  // IsMouseDragPastThreshold: a click, not the end of a drag, selects
 
+#include "app/views/timeline_canvas.h"
 #include "app/views/views.h"
 #include "engine/core/format.h"
 #include "engine/trace/cost_model.h"
@@ -115,15 +116,6 @@ bool trace_ready(const TraceSnapshot& t, TraceUi& ui, bool full) {
   return false;
 }
 
-// ---- the timeline's geometry: one axis (µs) for the ruler and every lane
-struct Axis {
-  double t0 = 0, t1 = 1;
-  float x0 = 0, x1 = 1;
-  double px_per_us = 1;
-  float x(double t) const { return x0 + static_cast<float>(std::clamp((t - t0) * px_per_us, -1e6, 1e6)); }
-  double t(float px) const { return t0 + static_cast<double>(px - x0) / px_per_us; }
-};
-
 // Rows of one rank, from the top of its block, in font units stretched to fill the panel.
 struct Lanes {
   float fs = 13, label_w = 100;
@@ -166,7 +158,7 @@ struct Hover {
 
 struct Ctx {
   ImDrawList* dl;
-  const Axis& ax;
+  const TimeAxis& ax;
   const ImportedTrace& tr;
   const TraceIndex& ix;
   ImVec2 mouse;
@@ -226,7 +218,7 @@ ImU32 span_color(const ImportedTrace& tr, const TraceIndex& ix, const TraceSpan&
 // One row's spans in [y0, y1]. Spans under a pixel merge into one dimmed block, and a binary search
 // skips the rest of their pixel column, so a zoomed-out 100 MB trace costs about a rectangle per pixel.
 void draw_row(Ctx& c, const RankTrace& rt, const TraceRow& row, float y0, float y1) {
-  const Axis& ax = c.ax;
+  const TimeAxis& ax = c.ax;
   const double t_lo = ax.t(ax.x0 - 2), t_hi = ax.t(ax.x1 + 2);
   const size_t first = static_cast<size_t>(std::partition_point(row.reach.begin(), row.reach.end(), [t_lo](double r) { return r < t_lo; }) -
                                            row.reach.begin());
@@ -298,7 +290,7 @@ void draw_rank(Ctx& c, int r, float y, const Lanes& L, const TraceCollective* se
   const RankTrace& rt = c.tr.ranks[static_cast<size_t>(r)];
   const RankIndex& ri = c.ix.ranks[static_cast<size_t>(r)];
   ImDrawList* dl = c.dl;
-  const Axis& ax = c.ax;
+  const TimeAxis& ax = c.ax;
   // Iterations: every other one faintly lit, a line where each begins (while they are apart).
   float last_line = -FLT_MAX;
   for (size_t i = 0; i < rt.steps.size(); i++) {
@@ -387,10 +379,7 @@ void draw_rank(Ctx& c, int r, float y, const Lanes& L, const TraceCollective* se
 void draw_rank_label(const ImportedTrace& tr, const TraceCollective* sel, int r, float x, float y, const Lanes& L, ImDrawList* dl) {
   const float fs = L.fs;
   const int world = static_cast<int>(tr.ranks.size());
-  const ImVec4 bg = ImGui::GetStyleColorVec4(ImGuiCol_WindowBg), rc = vec(rank_color(r, world));
-  const ImVec4 tint(bg.x + 0.1f * (rc.x - bg.x), bg.y + 0.1f * (rc.y - bg.y), bg.z + 0.1f * (rc.z - bg.z), 1.0f);
-  dl->AddRectFilled(ImVec2(x, y), ImVec2(x + L.label_w, y + L.cpy1), ImGui::ColorConvertFloat4ToU32(tint));
-  dl->AddRectFilled(ImVec2(x, y), ImVec2(x + 0.3f * fs, y + L.cpy1), rank_color(r, world));
+  draw_rank_label_bg(dl, r, world, x, y, y + L.cpy1, L.label_w, fs);
   const float tx = x + 0.6f * fs, sub = tx + ImGui::CalcTextSize("rank 00 ").x;
   char name[24];
   std::snprintf(name, sizeof name, "rank %d", tr.ranks[static_cast<size_t>(r)].rank);
@@ -406,9 +395,9 @@ void draw_rank_label(const ImportedTrace& tr, const TraceCollective* sel, int r,
 }
 
 // Ticks 1-2-5 apart, about seven font sizes, labelled as time_text prints times.
-void draw_ruler(ImDrawList* dl, const Axis& ax, float y0, float y1, float fs) {
+void draw_ruler(ImDrawList* dl, const TimeAxis& ax, float y0, float y1, float fs) {
   dl->AddRectFilled(ImVec2(ax.x0, y0), ImVec2(ax.x1, y1), ImGui::GetColorU32(ImGuiCol_FrameBg));
-  const double raw = 7.0 * fs / ax.px_per_us;
+  const double raw = 7.0 * fs / ax.px_per_unit;
   const double p10 = std::pow(10.0, std::floor(std::log10(raw))), m = raw / p10;
   const double step = (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p10;
   const ImU32 line = ImGui::GetColorU32(ImGuiCol_Text, 0.55f), text = ImGui::GetColorU32(ImGuiCol_Text, 0.9f);
@@ -519,6 +508,87 @@ void reveal_collective(const ImportedTrace& tr, TraceUi& ui) {
   ui.t0 = 0.5 * (b + e) - 0.5 * span, ui.t1 = ui.t0 + span, ui.fit = false;
 }
 
+// The whole run in view, with a 1% margin.
+void fit_range(const ImportedTrace& tr, TraceUi& ui) {
+  const double pad = 0.01 * std::max(tr.duration_us, 1.0);
+  ui.t0 = -pad, ui.t1 = tr.duration_us + pad;
+}
+
+// Toolbar: fit, what is in view, the legend.
+void draw_trace_toolbar(TraceUi& ui) {
+  if (ImGui::Button("Fit")) ui.fit = true;
+  if (ImGui::IsItemHovered()) ImGui::SetTooltip("The whole run (or double-click the timeline)");
+  ImGui::SameLine();
+  ImGui::TextDisabled("%s in view", us_text(ui.t1 - ui.t0).c_str());
+  ImGui::SameLine();
+  ImGui::TextDisabled("(?)");
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip("Wheel: zoom around the cursor.  Drag: pan.  Double-click: the whole run.\n"
+                      "Hover a span for its details; click a collective to select it on every rank.");
+  legend_item(kForward, "forward");
+  legend_item(kBackward, "backward");
+  legend_item(kOptimizer, "optimizer");
+  legend_item(kLoss, "loss");
+  legend_item(kComm, "communication");
+  legend_item(kMemcpy, "copies");
+  legend_item(kOverlap, "comm under compute", 1);
+  legend_item(kComm, "issued", 2);
+  legend_item(IM_COL32(255, 255, 255, 255), "waiting for the last rank", 3);
+}
+
+// The lanes: every rank on screen, the selected collective's last arrival and end across them,
+// the cursor's line, then the label column over them. What the mouse is over lands in `hover`.
+void draw_trace_lanes(const ImportedTrace& tr, const TraceIndex& ix, const TraceUi& ui, const TimelineCanvas& cv, const TimeAxis& ax,
+                      const Lanes& L, Hover& hover) {
+  const int ranks = static_cast<int>(tr.ranks.size());
+  const TraceCollective* sel = ui.selected >= 0 ? &tr.collectives[static_cast<size_t>(ui.selected)] : nullptr;
+  const ImVec2 cp = cv.lanes_pos, mouse = ImGui::GetIO().MousePos;
+  const float total_h = cv.lanes_h;
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  Ctx c{dl, ax, tr, ix, mouse, cv.canvas_hovered, hover, ui.selected};
+  dl->PushClipRect(ImVec2(ax.x0, cv.window_y0), ImVec2(ax.x1, cv.window_y1), true);
+  for (int r = 0; r < ranks; r++) {
+    const float y = cp.y + static_cast<float>(r) * L.rank_h;
+    if (cv.visible(y, L.rank_h)) draw_rank(c, r, y, L, sel);
+  }
+  if (sel) {  // where the last rank arrived and where the collective ended, across every rank
+    for (double at : {sel->last_arrival_us, sel->end_us}) {
+      const float x = std::floor(ax.x(at)) + 0.5f;
+      for (float y = cp.y; y < cp.y + total_h; y += 8) vline(dl, x, y, std::min(y + 4, cp.y + total_h), IM_COL32(255, 255, 255, 150));
+    }
+  }
+  if (cv.hovered()) vline(dl, mouse.x, cp.y, cp.y + total_h, IM_COL32(255, 255, 255, 90));
+  dl->PopClipRect();
+  for (int r = 0; r < ranks; r++) {
+    const float y = cp.y + static_cast<float>(r) * L.rank_h;
+    if (cv.visible(y, L.rank_h)) draw_rank_label(tr, sel, r, cp.x, y, L, dl);
+  }
+}
+
+void overlap_tooltip(const ImportedTrace& tr, const Hover& hover) {
+  ImGui::BeginTooltip();
+  ImGui::TextColored(vec(kOverlap), "communication under compute");
+  ImGui::Text("rank %d: %s, from %s", tr.ranks[static_cast<size_t>(hover.rank)].rank, us_text(hover.e - hover.b).c_str(), at_text(hover.b, 1).c_str());
+  ImGui::TextDisabled("Data moved while this rank computed: it cost no step time.");
+  ImGui::EndTooltip();
+}
+
+// The ruler, with the cursor's time.
+void draw_trace_header(const TimelineCanvas& cv, const TimeAxis& ax, float ruler_h) {
+  const float fs = ImGui::GetFontSize();
+  const ImVec2 hp = cv.header_pos, mouse = ImGui::GetIO().MousePos;
+  ImDrawList* hdl = ImGui::GetWindowDrawList();
+  hdl->PushClipRect(ImVec2(ax.x0, hp.y), ImVec2(ax.x1, hp.y + ruler_h), true);
+  draw_ruler(hdl, ax, hp.y, hp.y + ruler_h, fs);
+  if (cv.hovered()) {
+    const std::string at = at_text(ax.t(mouse.x), 1 / ax.px_per_unit);
+    const ImVec2 size = ImGui::CalcTextSize(at.c_str());
+    draw_cursor_chip(hdl, at.c_str(), size, cursor_chip_x(ax, mouse.x, size.x), hp.y, 0.12f * fs);
+  }
+  hdl->PopClipRect();
+  hdl->AddText(ImVec2(hp.x + 0.3f * fs, hp.y + 0.2f * fs), ImGui::GetColorU32(ImGuiCol_TextDisabled), "aligned clock");
+}
+
 }  // namespace
 
 std::string trace_summary(const TraceSnapshot& t) {
@@ -577,141 +647,41 @@ void draw_trace_timeline(const TraceSnapshot& t, TraceUi& ui, ViewContext& ctx) 
   const TraceIndex& ix = t.trace->index;
   const float fs = ImGui::GetFontSize();
   const int ranks = static_cast<int>(tr.ranks.size());
-  if (ui.fit) {
-    const double pad = 0.01 * std::max(tr.duration_us, 1.0);
-    ui.t0 = -pad, ui.t1 = tr.duration_us + pad;
-  }
+  if (ui.fit) fit_range(tr, ui);
   if (ui.selected >= static_cast<int>(tr.collectives.size())) ui.selected = -1;
   if (ui.reveal > 0 && ui.selected >= 0) reveal_collective(tr, ui);
-  const TraceCollective* sel = ui.selected >= 0 ? &tr.collectives[static_cast<size_t>(ui.selected)] : nullptr;
 
-  // Toolbar: fit, what is in view, the legend.
-  if (ImGui::Button("Fit")) ui.fit = true;
-  if (ImGui::IsItemHovered()) ImGui::SetTooltip("The whole run (or double-click the timeline)");
-  ImGui::SameLine();
-  ImGui::TextDisabled("%s in view", us_text(ui.t1 - ui.t0).c_str());
-  ImGui::SameLine();
-  ImGui::TextDisabled("(?)");
-  if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("Wheel: zoom around the cursor.  Drag: pan.  Double-click: the whole run.\n"
-                      "Hover a span for its details; click a collective to select it on every rank.");
-  legend_item(kForward, "forward");
-  legend_item(kBackward, "backward");
-  legend_item(kOptimizer, "optimizer");
-  legend_item(kLoss, "loss");
-  legend_item(kComm, "communication");
-  legend_item(kMemcpy, "copies");
-  legend_item(kOverlap, "comm under compute", 1);
-  legend_item(kComm, "issued", 2);
-  legend_item(IM_COL32(255, 255, 255, 255), "waiting for the last rank", 3);
+  draw_trace_toolbar(ui);
 
   const float ruler_h = 1.45f * fs;
-  ImVec2 avail = ImGui::GetContentRegionAvail();
   const float natural = std::max(ranks, 1) * make_lanes(fs, 1.0f).rank_h;
-  const Lanes L = make_lanes(fs, std::clamp((avail.y - ruler_h - 4) / natural, 0.7f, 2.2f));
-  avail.x = std::max(avail.x, L.label_w + 4 * fs);
-  avail.y = std::max(avail.y, ruler_h + L.rank_h);
-  const ImVec2 hp = ImGui::GetCursorScreenPos();
-  const ImGuiButtonFlags buttons = ImGuiButtonFlags_MouseButtonLeft | ImGuiButtonFlags_MouseButtonMiddle;
-  ImGui::InvisibleButton("##trace_ruler", ImVec2(avail.x, ruler_h), buttons);
-  ImGui::SetItemUsingMouseWheel();
-  const bool ruler_hovered = ImGui::IsItemHovered(), ruler_active = ImGui::IsItemActive();
+  const Lanes L = make_lanes(fs, std::clamp((ImGui::GetContentRegionAvail().y - ruler_h - 4) / natural, 0.7f, 2.2f));
+  const TimelineCanvas cv = begin_timeline_canvas({"##trace_ruler", "##trace_lanes", "##trace_canvas"}, ruler_h, L.label_w, L.rank_h, ranks);
 
-  ImGui::BeginChild("##trace_lanes", ImVec2(avail.x, avail.y - ruler_h), false, ImGuiWindowFlags_NoScrollWithMouse);
-  const ImVec2 cp = ImGui::GetCursorScreenPos();
-  const float cw = std::max(ImGui::GetContentRegionAvail().x, L.label_w + 4 * fs);
-  const float total_h = std::max(static_cast<float>(ranks) * L.rank_h, 1.0f);
-  const bool clicked = ImGui::InvisibleButton("##trace_canvas", ImVec2(cw, std::max(total_h, ImGui::GetContentRegionAvail().y)), buttons);
-  ImGui::SetItemUsingMouseWheel();
-  const bool canvas_hovered = ImGui::IsItemHovered(), canvas_active = ImGui::IsItemActive();
-
-  ImGuiIO& io = ImGui::GetIO();
-  Axis ax;
-  ax.x0 = cp.x + L.label_w, ax.x1 = cp.x + cw;
-  auto set_axis = [&] {
-    ax.t0 = ui.t0, ax.t1 = ui.t1;
-    ax.px_per_us = static_cast<double>(ax.x1 - ax.x0) / std::max(ax.t1 - ax.t0, 1e-6);
-  };
-  set_axis();
+  // Input: wheel zooms around the cursor, no closer than ten timestamp ticks across the panel, no
+  // further than ten runs; dragging pans.
+  TimeAxis ax = cv.axis(ui.t0, ui.t1, 1e-6);
   const double resolution = std::max(tr.resolution_us, 1e-3);
-  if ((ruler_hovered || canvas_hovered) && io.MouseWheel != 0) {
-    const double tm = ax.t(std::clamp(io.MousePos.x, ax.x0, ax.x1)), range = ax.t1 - ax.t0;
-    // No closer than ten timestamp ticks across the panel, no further than ten runs.
-    const double f = std::clamp(std::pow(1.25, -static_cast<double>(io.MouseWheel)), 10 * resolution / range,
-                                10 * std::max(tr.duration_us, 1.0) / range);
-    ui.t0 = tm - (tm - ax.t0) * f, ui.t1 = tm + (ax.t1 - tm) * f, ui.fit = false;
-  }
-  if ((ruler_active || canvas_active) &&
-      (ImGui::IsMouseDragging(ImGuiMouseButton_Left, 1.0f) || ImGui::IsMouseDragging(ImGuiMouseButton_Middle, 1.0f))) {
-    if (io.MouseDelta.x != 0) {
-      const double dt = -static_cast<double>(io.MouseDelta.x) / ax.px_per_us;
-      ui.t0 += dt, ui.t1 += dt, ui.fit = false;
-    }
-    if (canvas_active && io.MouseDelta.y != 0) ImGui::SetScrollY(ImGui::GetScrollY() - io.MouseDelta.y);
-  }
-  if ((ruler_hovered || canvas_hovered) && ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left)) {
+  if (cv.zoom_and_pan(ax, ui.t0, ui.t1, 10 * resolution, 10 * std::max(tr.duration_us, 1.0))) ui.fit = false;
+  if (cv.double_clicked()) {
     ui.fit = true;
-    const double pad = 0.01 * std::max(tr.duration_us, 1.0);
-    ui.t0 = -pad, ui.t1 = tr.duration_us + pad;
+    fit_range(tr, ui);
   }
-  set_axis();
+  ax = cv.axis(ui.t0, ui.t1, 1e-6);
 
-  ImDrawList* dl = ImGui::GetWindowDrawList();
-  const ImVec2 wp = ImGui::GetWindowPos();
-  const float wy0 = wp.y, wy1 = wp.y + ImGui::GetWindowHeight();
   Hover hover;
-  Ctx c{dl, ax, tr, ix, io.MousePos, canvas_hovered, hover, ui.selected};
-  dl->PushClipRect(ImVec2(ax.x0, wy0), ImVec2(ax.x1, wy1), true);
-  for (int r = 0; r < ranks; r++) {
-    const float y = cp.y + static_cast<float>(r) * L.rank_h;
-    if (y > wy1 || y + L.rank_h < wy0) continue;
-    draw_rank(c, r, y, L, sel);
-  }
-  if (sel) {  // where the last rank arrived and where the collective ended, across every rank
-    for (double at : {sel->last_arrival_us, sel->end_us}) {
-      const float x = std::floor(ax.x(at)) + 0.5f;
-      for (float y = cp.y; y < cp.y + total_h; y += 8) vline(dl, x, y, std::min(y + 4, cp.y + total_h), IM_COL32(255, 255, 255, 150));
-    }
-  }
-  if (canvas_hovered || ruler_hovered) vline(dl, io.MousePos.x, cp.y, cp.y + total_h, IM_COL32(255, 255, 255, 90));
-  dl->PopClipRect();
-  for (int r = 0; r < ranks; r++) {
-    const float y = cp.y + static_cast<float>(r) * L.rank_h;
-    if (y > wy1 || y + L.rank_h < wy0) continue;
-    draw_rank_label(tr, sel, r, cp.x, y, L, dl);
-  }
-
+  draw_trace_lanes(tr, ix, ui, cv, ax, L, hover);
   // A click on a collective (its span or its arrival mark) selects it everywhere; on nothing, clears.
-  if (clicked && !ImGui::IsMouseDragPastThreshold(ImGuiMouseButton_Left)) {
+  if (cv.clicked && !ImGui::IsMouseDragPastThreshold(ImGuiMouseButton_Left)) {
     ui.selected = collective_at(tr, ix, hover);
     ui.reveal = ui.selected >= 0 ? 2 : 0;  // the Collectives table scrolls to it
   }
-  if (canvas_hovered && !ImGui::IsMouseDragging(ImGuiMouseButton_Left, 1.0f)) {
-    if (hover.kind == Hover::Overlap) {
-      ImGui::BeginTooltip();
-      ImGui::TextColored(vec(kOverlap), "communication under compute");
-      ImGui::Text("rank %d: %s, from %s", tr.ranks[static_cast<size_t>(hover.rank)].rank, us_text(hover.e - hover.b).c_str(), at_text(hover.b, 1).c_str());
-      ImGui::TextDisabled("Data moved while this rank computed: it cost no step time.");
-      ImGui::EndTooltip();
-    } else if (hover.kind != Hover::None) {
-      span_tooltip(tr, ix, hover, ui.selected);
-    }
+  if (cv.canvas_hovered && !ImGui::IsMouseDragging(ImGuiMouseButton_Left, 1.0f)) {
+    if (hover.kind == Hover::Overlap) overlap_tooltip(tr, hover);
+    else if (hover.kind != Hover::None) span_tooltip(tr, ix, hover, ui.selected);
   }
   ImGui::EndChild();
-
-  // The ruler, with the cursor's time.
-  ImDrawList* hdl = ImGui::GetWindowDrawList();
-  hdl->PushClipRect(ImVec2(ax.x0, hp.y), ImVec2(ax.x1, hp.y + ruler_h), true);
-  draw_ruler(hdl, ax, hp.y, hp.y + ruler_h, fs);
-  if (ruler_hovered || canvas_hovered) {
-    const std::string at = at_text(ax.t(io.MousePos.x), 1 / ax.px_per_us);
-    const ImVec2 size = ImGui::CalcTextSize(at.c_str());
-    const float x = std::min(std::floor(io.MousePos.x) + 4.5f, ax.x1 - size.x - 6);
-    hdl->AddRectFilled(ImVec2(x - 2, hp.y + 1), ImVec2(x + size.x + 4, hp.y + 1 + size.y), IM_COL32(40, 44, 52, 240));
-    hdl->AddText(ImVec2(x + 1, hp.y + 1 + 0.12f * fs), IM_COL32(255, 236, 140, 255), at.c_str());
-  }
-  hdl->PopClipRect();
-  hdl->AddText(ImVec2(hp.x + 0.3f * fs, hp.y + 0.2f * fs), ImGui::GetColorU32(ImGuiCol_TextDisabled), "aligned clock");
+  draw_trace_header(cv, ax, ruler_h);
 }
 
 // ---- the collectives: one row each, and for the selected one every rank's arrival
@@ -962,11 +932,11 @@ void draw_trace_compare(const TraceSnapshot& t, TraceUi& ui, ViewContext& ctx) {
   }
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("The hardware profile dtlab's cost model charges the all-reduces on");
   ImGui::SameLine();
-  static char model[256] = "";
-  if (!ImGui::IsAnyItemActive() || std::string(model).empty()) std::snprintf(model, sizeof model, "%s", ui.model.c_str());
+  char* model = ui.model_text;
+  if (!ImGui::IsAnyItemActive() || std::string(model).empty()) std::snprintf(model, sizeof ui.model_text, "%s", ui.model.c_str());
   const float button_w = ImGui::CalcTextSize("Compare").x + 2 * ImGui::GetStyle().FramePadding.x + ImGui::GetStyle().ItemSpacing.x;
   ImGui::SetNextItemWidth(std::max(6 * fs, ImGui::GetContentRegionAvail().x - button_w));
-  if (ImGui::InputTextWithHint("##model", "model, e.g. mlp:2,512,512,3", model, sizeof model)) ui.model = model;
+  if (ImGui::InputTextWithHint("##model", "model, e.g. mlp:2,512,512,3", model, sizeof ui.model_text)) ui.model = model;
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("The traced model as dtlab builds it (--trace-model, or dtlab.json's \"model\")");
   ImGui::SameLine();
   ImGui::BeginDisabled(ui.model.empty());

@@ -1,5 +1,7 @@
 // The views: each draws one panel's contents into the current ImGui window from the Snapshot only.
-// View-local UI state (zoom, selection) lives in the view's own file.
+// What a view keeps between frames (zoom, selection, caches) is a state object the app owns and
+// passes in, declared beside the view in its header (timeline_view.h, memory_view.h, data_view.h,
+// lesson_view.h; TraceUi below for the trace panels), never a static.
 #pragma once
 #include <imgui.h>
 
@@ -37,10 +39,7 @@ struct ViewContext {
 
 void draw_ring_view(const Snapshot& s, ViewContext& ctx);
 void draw_bucket_view(const Snapshot& s, ViewContext& ctx);
-void draw_timeline_view(const Snapshot& s, ViewContext& ctx);
-void draw_memory_view(const Snapshot& s, ViewContext& ctx);
 void draw_inspector_view(const Snapshot& s, ViewContext& ctx);
-void draw_data_view(const Snapshot& s, ViewContext& ctx);
 void draw_shard_view(const Snapshot& s, ViewContext& ctx);
 void draw_pipeline_view(const Snapshot& s, ViewContext& ctx);
 
@@ -53,6 +52,7 @@ struct TraceUi {
   bool fit = true;              // the timeline shows the whole run, until a zoom or a pan
   double t0 = 0, t1 = 1;        // the timeline's range: µs on the aligned clock
   std::string profile = "this", model;  // Compare: hardware profile and dtlab's model spec
+  char model_text[256] = "";            // Compare: the model box's text while it is edited
   int64_t batch = 32;
   double bucket_cap_mb = 25, first_bucket_mb = 1;  // the traced job's DDP buckets (dtlab.json)
   bool cancel = false, reopen = false, compare = false;  // requests to the app
