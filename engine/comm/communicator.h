@@ -1,7 +1,8 @@
 // The Communicator: what a rank calls to talk to the others. Calls are asynchronous: each returns a
 // Work handle at once and the rank's communication worker (its "comm stream") runs the operations
-// in issue order, so communication overlaps compute until wait(). Backends (threads now; cuda and
-// nccl later) implement this interface; DDP, FSDP and pipelines only see this file.
+// in issue order, so communication overlaps compute until wait(). The backends (threads and socket
+// in engine/comm, cuda and nccl in engine/cuda) implement this interface; DDP, FSDP and pipelines
+// only see this file.
 //
 // Buffer contracts follow torch.distributed / NCCL:
 //   all_reduce(buf, count)             in place, every rank ends with the reduction

@@ -266,7 +266,26 @@ ScheduleError::ScheduleError(std::string sentence_, int rank_, int step_, const 
       rank(rank_),
       step(step_) {}
 
-void validate(const PipelineSchedule& s) {
+namespace {
+
+// The validation's view of a grid: which cell ran each (phase, stage, micro-batch), and where each
+// stage was first seen.
+struct CellTable {
+  int S, M;
+  std::vector<Cell> cells;       // [phase][stage][mb]
+  std::vector<Cell> stage_home;  // the first cell seen of each stage
+  CellTable(int S_, int M_) : S(S_), M(M_), cells(3ull * S_ * M_), stage_home(S_) {}
+  Cell& at(int stage, Phase ph, int mb) { return cells[(static_cast<size_t>(ph) * S + stage) * M + mb]; }
+  // The action a dependency names: the one the grid ran, or the one it should have.
+  std::string dep_name(const Dep& d, int mb) {
+    const Cell& c = at(d.stage, d.phase, mb);
+    if (c.rank >= 0) return action_str({d.stage, c.type, mb});
+    if (d.phase == kFwd) return action_str({d.stage, ActionType::Forward, mb});
+    return action_str({d.stage, ActionType::Backward, mb}) + " (or " + action_str({d.stage, ActionType::BackwardInput, mb}) + ")";
+  }
+};
+
+void check_sizes(const PipelineSchedule& s) {
   const int S = s.stages, M = s.microbatches;
   if (S < 1 || s.ranks < 1 || M < 1 || s.chunks < 1 || S != s.ranks * s.chunks ||
       static_cast<int>(s.order.size()) != s.ranks)
@@ -276,14 +295,11 @@ void validate(const PipelineSchedule& s) {
   if (static_cast<int64_t>(S) * M > kMaxScheduleCells)
     throw Error("the schedule has " + std::to_string(S) + " stages x " + std::to_string(M) + " micro-batches; dtlab checks at most " +
                 std::to_string(kMaxScheduleCells) + " (stage, micro-batch) pairs");
-  std::vector<Cell> cells(3ull * S * M);  // [phase][stage][mb]
-  auto cell = [&](int stage, Phase ph, int mb) -> Cell& {
-    return cells[(static_cast<size_t>(ph) * S + stage) * M + mb];
-  };
-  std::vector<Cell> stage_home(S);  // the first cell seen of each stage
-  const int steps = num_steps(s);
+}
 
-  // 1. cells, in time order (step by step, rank by rank) so the first failure is the earliest.
+// 1. cells, in time order (step by step, rank by rank) so the first failure is the earliest.
+void fill_cells(const PipelineSchedule& s, CellTable& table) {
+  const int S = s.stages, M = s.microbatches, steps = num_steps(s);
   for (int t = 0; t < steps; t++) {
     for (int r = 0; r < s.ranks; r++) {
       if (t >= static_cast<int>(s.order[r].size()) || !s.order[r][t]) continue;
@@ -295,27 +311,85 @@ void validate(const PipelineSchedule& s) {
         fail(s, r, t, at + " names stage " + std::to_string(a.stage) + ", but the schedule has stages 0 to " + std::to_string(S - 1));
       if (a.mb < 0 || a.mb >= M)
         fail(s, r, t, at + " names micro-batch " + std::to_string(a.mb) + ", but the schedule has micro-batches 0 to " + std::to_string(M - 1));
-      Cell& home = stage_home[a.stage];
+      Cell& home = table.stage_home[a.stage];
       if (home.rank < 0) home = {r, t, a.type};
       else if (home.rank != r)
         fail(s, r, t, at + " puts stage " + std::to_string(a.stage) + " on rank " + std::to_string(r) + ", but rank " +
                           std::to_string(home.rank) + " already runs it (" + action_str(*s.order[home.rank][home.step]) +
                           " at step " + std::to_string(home.step) + "); a stage lives on one rank");
-      Cell& c = cell(a.stage, phase_of(a.type), a.mb);
+      Cell& c = table.at(a.stage, phase_of(a.type), a.mb);
       if (c.rank >= 0)
         fail(s, r, t, at + " repeats " + action_str({a.stage, c.type, a.mb}) + " (" + where(c) +
                           "); each micro-batch runs F once and B (or I and W) once per stage");
       c = {r, t, a.type};
     }
   }
-  auto dep_name = [&](const Dep& d, int mb) {
-    const Cell& c = cell(d.stage, d.phase, mb);
-    if (c.rank >= 0) return action_str({d.stage, c.type, mb});
-    if (d.phase == kFwd) return action_str({d.stage, ActionType::Forward, mb});
-    return action_str({d.stage, ActionType::Backward, mb}) + " (or " + action_str({d.stage, ActionType::BackwardInput, mb}) + ")";
-  };
+}
+
+// 3. nothing missing (what others depend on was caught in 2: this is what nothing waits for).
+void check_complete(const PipelineSchedule& s, CellTable& table) {
+  const int S = s.stages, M = s.microbatches;
+  for (int st = 0; st < S; st++) {
+    const int home = table.stage_home[st].rank;
+    if (home < 0)
+      fail(s, -1, -1, "No rank runs stage " + std::to_string(st) + "; a schedule of " + std::to_string(S) +
+                          " stages needs every one of them on some rank");
+    for (int mb = 0; mb < M; mb++) {
+      const std::string never = "Rank " + std::to_string(home) + " never runs ";
+      if (table.at(st, kFwd, mb).rank < 0)
+        fail(s, home, -1, never + action_str({st, ActionType::Forward, mb}) + ", the forward of micro-batch " +
+                              std::to_string(mb) + " on stage " + std::to_string(st));
+      const Cell& b = table.at(st, kBwd, mb);
+      if (b.rank < 0)
+        fail(s, home, -1, never + "the backward of micro-batch " + std::to_string(mb) + " on stage " + std::to_string(st) +
+                              " (" + action_str({st, ActionType::Backward, mb}) + ", or " +
+                              action_str({st, ActionType::BackwardInput, mb}) + " and " +
+                              action_str({st, ActionType::BackwardWeight, mb}) + ")");
+      if (b.type == ActionType::BackwardInput && table.at(st, kWgt, mb).rank < 0)
+        fail(s, home, -1, never + action_str({st, ActionType::BackwardWeight, mb}) + ", the weight gradient that " +
+                              action_str({st, ActionType::BackwardInput, mb}) + " (step " + std::to_string(b.step) + ") leaves to do");
+    }
+  }
+}
+
+// 4. deadlock: run the per-rank orders; every rank left must be blocked.
+void check_deadlock(const PipelineSchedule& s, CellTable& table, const Orders& orders,
+                    const std::vector<std::vector<int>>& order_steps) {
+  const int S = s.stages, M = s.microbatches;
+  const OrderRun run = run_orders(orders, S, M, ActionCosts{});
+  if (run.complete(orders)) return;
+  std::string sentence = "Deadlock: ";
+  int first_rank = -1, first_step = num_steps(s);
+  for (int r = 0; r < s.ranks; r++) {
+    if (run.next[r] >= orders[r].size()) continue;
+    const Action& a = orders[r][run.next[r]];
+    const int t = order_steps[r][run.next[r]];
+    Dep deps[2];
+    const int n = deps_of(a, S, deps);
+    for (int i = 0; i < n; i++) {
+      if (!std::isnan(run.done_at(deps[i].stage, deps[i].phase, a.mb))) continue;
+      const Cell& d = table.at(deps[i].stage, deps[i].phase, a.mb);
+      if (first_rank >= 0) sentence += ", ";
+      sentence += "rank " + std::to_string(r) + " waits at step " + std::to_string(t) + " with " + action_str(a) +
+                  (d.rank == r ? " for its own later " + table.dep_name(deps[i], a.mb) + " (step " + std::to_string(d.step) + ")"
+                               : " for " + table.dep_name(deps[i], a.mb) + " (" + where(d) + ")");
+      if (t < first_step || first_rank < 0) first_step = t, first_rank = r;
+      break;
+    }
+  }
+  fail(s, first_rank, first_step, sentence + "; no rank can make progress");
+}
+
+}  // namespace
+
+void validate(const PipelineSchedule& s) {
+  check_sizes(s);
+  const int S = s.stages;
+  CellTable table(S, s.microbatches);
+  fill_cells(s, table);
 
   // 2. every dependency exists; 5 (timing) is checked on the same walk but reported after 3 and 4.
+  const int steps = num_steps(s);
   std::string late;
   int late_rank = -1, late_step = -1;
   Orders orders(s.ranks);
@@ -329,11 +403,11 @@ void validate(const PipelineSchedule& s) {
       Dep deps[2];
       const int n = deps_of(a, S, deps);
       for (int i = 0; i < n; i++) {
-        const Cell& d = cell(deps[i].stage, deps[i].phase, a.mb);
-        const std::string waits = grid_label(r, t) + action_str(a) + " waits for " + dep_name(deps[i], a.mb);
+        const Cell& d = table.at(deps[i].stage, deps[i].phase, a.mb);
+        const std::string waits = grid_label(r, t) + action_str(a) + " waits for " + table.dep_name(deps[i], a.mb);
         if (d.rank < 0) fail(s, r, t, waits + ", which no rank runs");
         if (a.type == ActionType::BackwardWeight && d.type == ActionType::Backward)
-          fail(s, r, t, grid_label(r, t) + action_str(a) + " comes with the full backward " + dep_name(deps[i], a.mb) +
+          fail(s, r, t, grid_label(r, t) + action_str(a) + " comes with the full backward " + table.dep_name(deps[i], a.mb) +
                             " (" + where(d) + "), which already computes the weight gradient; use I and W, or B alone");
         if (d.step >= t && late.empty()) {
           late = waits + ", which runs at step " + std::to_string(d.step) + " on rank " + std::to_string(d.rank) +
@@ -345,54 +419,8 @@ void validate(const PipelineSchedule& s) {
     }
   }
 
-  // 3. nothing missing (what others depend on was caught above: this is what nothing waits for).
-  for (int st = 0; st < S; st++) {
-    const int home = stage_home[st].rank;
-    if (home < 0)
-      fail(s, -1, -1, "No rank runs stage " + std::to_string(st) + "; a schedule of " + std::to_string(S) +
-                          " stages needs every one of them on some rank");
-    for (int mb = 0; mb < M; mb++) {
-      const std::string never = "Rank " + std::to_string(home) + " never runs ";
-      if (cell(st, kFwd, mb).rank < 0)
-        fail(s, home, -1, never + action_str({st, ActionType::Forward, mb}) + ", the forward of micro-batch " +
-                              std::to_string(mb) + " on stage " + std::to_string(st));
-      const Cell& b = cell(st, kBwd, mb);
-      if (b.rank < 0)
-        fail(s, home, -1, never + "the backward of micro-batch " + std::to_string(mb) + " on stage " + std::to_string(st) +
-                              " (" + action_str({st, ActionType::Backward, mb}) + ", or " +
-                              action_str({st, ActionType::BackwardInput, mb}) + " and " +
-                              action_str({st, ActionType::BackwardWeight, mb}) + ")");
-      if (b.type == ActionType::BackwardInput && cell(st, kWgt, mb).rank < 0)
-        fail(s, home, -1, never + action_str({st, ActionType::BackwardWeight, mb}) + ", the weight gradient that " +
-                              action_str({st, ActionType::BackwardInput, mb}) + " (step " + std::to_string(b.step) + ") leaves to do");
-    }
-  }
-
-  // 4. deadlock: run the per-rank orders; every rank left must be blocked.
-  const OrderRun run = run_orders(orders, S, M, ActionCosts{});
-  if (!run.complete(orders)) {
-    std::string sentence = "Deadlock: ";
-    int first_rank = -1, first_step = steps;
-    for (int r = 0; r < s.ranks; r++) {
-      if (run.next[r] >= orders[r].size()) continue;
-      const Action& a = orders[r][run.next[r]];
-      const int t = order_steps[r][run.next[r]];
-      Dep deps[2];
-      const int n = deps_of(a, S, deps);
-      for (int i = 0; i < n; i++) {
-        if (!std::isnan(run.done_at(deps[i].stage, deps[i].phase, a.mb))) continue;
-        const Cell& d = cell(deps[i].stage, deps[i].phase, a.mb);
-        if (first_rank >= 0) sentence += ", ";
-        sentence += "rank " + std::to_string(r) + " waits at step " + std::to_string(t) + " with " + action_str(a) +
-                    (d.rank == r ? " for its own later " + dep_name(deps[i], a.mb) + " (step " + std::to_string(d.step) + ")"
-                                 : " for " + dep_name(deps[i], a.mb) + " (" + where(d) + ")");
-        if (t < first_step || first_rank < 0) first_step = t, first_rank = r;
-        break;
-      }
-    }
-    fail(s, first_rank, first_step, sentence + "; no rank can make progress");
-  }
-
+  check_complete(s, table);
+  check_deadlock(s, table, orders, order_steps);
   // 5. timing.
   if (!late.empty()) fail(s, late_rank, late_step, late);
 }

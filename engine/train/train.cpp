@@ -166,6 +166,35 @@ void validate(const TrainConfig& c) {
   throw RunStopped(nonfinite_stop_message(step, reduced, -1, NonFiniteSite{NonFiniteSite::Loss, -1}, model));
 }
 
+// One rank's step buffers on its device.
+struct StepBuffers {
+  Tensor probs, dlogits;  // (B, C) softmax and the loss gradient
+  Tensor x_dev, y_dev;    // (B, D), (B): a device's batch is uploaded here; the CPU reads the loader's rows
+  // The step's loss x samples and correct count, accumulated on the device (two doubles; read
+  // once per step), and the four figures every rank all-reduces, in memory the communicator moves.
+  Tensor loss_stats, figures;
+  StepBuffers(int64_t B, int64_t D, int64_t C, MemoryTracker& mem, Device& dev)
+      : probs({B, C}, MemCategory::Activations, &mem, DType::F32, dev),
+        dlogits({B, C}, MemCategory::Activations, &mem, DType::F32, dev),
+        loss_stats({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::F64, dev),
+        figures({4}, MemCategory::Other, nullptr, DType::F32, dev) {
+    if (!dev.is_host()) {
+      x_dev = Tensor({B, D}, MemCategory::Activations, &mem, DType::F32, dev);
+      y_dev = Tensor({B}, MemCategory::Activations, &mem, DType::I64, dev);
+    }
+  }
+};
+
+// m[0..3] summed over every rank, through `figures` (4 floats on the rank's device).
+void sum_over_ranks(Communicator& comm, Tensor& figures, double m[4]) {
+  Device& dev = figures.device();
+  float f[4] = {static_cast<float>(m[0]), static_cast<float>(m[1]), static_cast<float>(m[2]), static_cast<float>(m[3])};
+  dev.upload(figures.raw(), f, sizeof f);
+  comm.all_reduce(figures.f32(), 4, ReduceOp::Sum)->wait();
+  dev.download(f, figures.raw(), sizeof f);
+  for (int i = 0; i < 4; i++) m[i] = f[i];
+}
+
 }  // namespace
 
 void check_data_fits_model(const Dataset& ds, const ModelSpec& spec) {
@@ -534,18 +563,8 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
 
   RankBatches data(config_, ds, N, rank);
 
-  Tensor probs({config_.batch, C}, MemCategory::Activations, &mem, DType::F32, dev);
-  Tensor dlogits({config_.batch, C}, MemCategory::Activations, &mem, DType::F32, dev);
-  // A device's batch is uploaded into these; the CPU reads the loader's rows where they are.
-  Tensor x_dev, y_dev;
-  if (!dev.is_host()) {
-    x_dev = Tensor({config_.batch, D}, MemCategory::Activations, &mem, DType::F32, dev);
-    y_dev = Tensor({config_.batch}, MemCategory::Activations, &mem, DType::I64, dev);
-  }
-  // The step's loss x samples and correct count, accumulated on the device (two doubles; read
-  // once per step), and the four figures every rank all-reduces, in memory the communicator moves.
-  Tensor loss_stats({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::F64, dev);
-  Tensor figures({4}, MemCategory::Other, nullptr, DType::F32, dev);
+  StepBuffers buf(config_.batch, D, C, mem, dev);
+  Tensor &probs = buf.probs, &dlogits = buf.dlogits, &x_dev = buf.x_dev, &y_dev = buf.y_dev, &loss_stats = buf.loss_stats;
   double* const stats = loss_stats.f64();
 
   double overlap_sum = 0;
@@ -612,14 +631,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
     // Every rank computes its own loss; the reported figures are the all-reduced means (no
     // rank-0-only synchronisation).
     double m[4] = {loss_sums[0], loss_sums[1], static_cast<double>(samples), overlap};
-    if (comm) {
-      float f[4] = {static_cast<float>(m[0]), static_cast<float>(m[1]), static_cast<float>(m[2]),
-                    static_cast<float>(m[3])};
-      dev.upload(figures.raw(), f, sizeof f);
-      comm->all_reduce(figures.f32(), 4, ReduceOp::Sum)->wait();
-      dev.download(f, figures.raw(), sizeof f);
-      for (int i = 0; i < 4; i++) m[i] = f[i];
-    }
+    if (comm) sum_over_ranks(*comm, buf.figures, m);
     if (!config_.allow_nonfinite && !std::isfinite(m[0]))
       stop_on_nonfinite(step, loss_sums[0], m[0], rank, comm ? N : 1, comm, model, input_bad);
     if (timer) timer->flush();
@@ -638,12 +650,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
     if (on_step) on_step(r);
   }
   model.set_skipped_layer(-1);
-  // Each rank writes what it owns, before the shards are gathered back.
-  if (fsdp && !config_.save_sharded_path.empty())
-    save_sharded_checkpoint(config_.save_sharded_path, model, fsdp->owned_slices(),
-                            {comm->rank(), comm->world_size(), [&] { comm->barrier()->wait(); }},
-                            start_step_ + total_steps_, sharding_name(config_.fsdp.sharding));
-  if (fsdp) fsdp->materialize();  // every rank gathers the full parameters back (evaluation, --save)
+  if (fsdp) finish_fsdp(*fsdp, model, *comm);
   dev.synchronize();
   if (timer) timer->flush();
   if (rank == 0) {
@@ -655,6 +662,15 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
     }
   }
   save_at_end(rank, model, comm);
+}
+
+void Trainer::finish_fsdp(FullyShardedDataParallel& fsdp, const Model& model, Communicator& comm) {
+  // Each rank writes what it owns, before the shards are gathered back.
+  if (!config_.save_sharded_path.empty())
+    save_sharded_checkpoint(config_.save_sharded_path, model, fsdp.owned_slices(),
+                            {comm.rank(), comm.world_size(), [&] { comm.barrier()->wait(); }},
+                            start_step_ + total_steps_, sharding_name(config_.fsdp.sharding));
+  fsdp.materialize();  // every rank gathers the full parameters back (evaluation, --save)
 }
 
 SamplerConfig rank_sampler_config(const TrainConfig& c, int64_t n, int world, int rank) {

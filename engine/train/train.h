@@ -203,6 +203,8 @@ class Trainer {
                    const std::function<void(const StepReport&)>& on_step);
   void run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, MemoryTracker& mem, TrainSummary& sum,
                          const std::function<void(const StepReport&)>& on_step);
+  // FSDP's end of a run: --save-sharded from the shards, then every rank gathers the full parameters.
+  void finish_fsdp(FullyShardedDataParallel& fsdp, const Model& model, Communicator& comm);
   // Rank 0 writes --save from `model`; then every rank meets at a barrier.
   void save_at_end(int rank, const Model& model, Communicator* comm);
   TrainConfig config_;
