@@ -1,5 +1,6 @@
-// dtlab's command line: the training run to show (the same options dtlab-cli train takes, for the
-// ones the lab uses) and how to show it (script, screenshot, frame benchmark, presentation mode).
+// dtlab's command line: the training run to show (dtlab-cli train's flags, defined once in
+// cli/train_flags.h, for the ones the lab uses) and how to show it (script, screenshot, frame
+// benchmark, presentation mode).
 #pragma once
 #include <string>
 #include <vector>
@@ -36,7 +37,8 @@ struct AppOptions {
   double trace_first_bucket_mb = 1;    // dtlab.json's "first_bucket_mb"
 };
 
-// --unit-costs: every F, B, I and W of a pipeline costs this many modeled seconds (dtlab-cli's).
+// --unit-costs: every F, B, I and W of a pipeline costs this many modeled seconds (cli::kUnitActionCost,
+// kept here so the app's headers need no CLI11).
 constexpr double kUnitActionCost = 1e-3;
 // Gives a pipeline run's model more hidden layers (of its last hidden width) when it has fewer
 // Linear layers than the p x v stages.

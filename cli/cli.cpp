@@ -1,11 +1,6 @@
 #include <CLI/CLI.hpp>
-#include <charconv>
-#include <cmath>
-#include <cstdlib>
-#include <filesystem>
 #include <map>
 #include <new>
-#include <sstream>
 
 #include "cli/cli.h"
 #include "cli/commands.h"
@@ -17,64 +12,11 @@ namespace dtlab::cli {
 
 namespace {
 
-// CLI11's messages are accurate but terse; end each with where to look, as one sentence.
 std::string explain(const CLI::ParseError& e, const std::string& command) {
-  std::string msg = e.what();
-  while (!msg.empty() && (msg.back() == '\n' || msg.back() == '.')) msg.pop_back();
-  std::string help = command.empty() ? "dtlab-cli --help" : "dtlab-cli " + command + " --help";
-  return msg + "; run '" + help + "' for the list of flags";
+  return parse_error_sentence(e, command.empty() ? "dtlab-cli --help" : "dtlab-cli " + command + " --help");
 }
 
 }  // namespace
-
-CLI::Validator whole_number(int64_t lo, int64_t hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& text) -> std::string {
-        int64_t v = 0;
-        auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (text.empty() || ec != std::errc() || ptr != text.data() + text.size())
-          return "'" + text + "' is not a whole number";
-        if (v < lo || v > hi)
-          return std::to_string(v) + " is out of range; use " + std::to_string(lo) + " to " +
-                 std::to_string(hi);
-        return "";
-      },
-      "INT in [" + std::to_string(lo) + ".." + std::to_string(hi) + "]");
-}
-
-CLI::Validator real_number(double lo, double hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& text) -> std::string {
-        char* end = nullptr;
-        double v = std::strtod(text.c_str(), &end);
-        if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
-          return "'" + text + "' is not a number";
-        if (v < lo || v > hi) {
-          std::ostringstream os;
-          os << text << " is out of range; use " << lo << " to " << hi;
-          return os.str();
-        }
-        return "";
-      },
-      "NUMBER");
-}
-
-CLI::Validator output_path() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string { return text.empty() ? "an empty path writes nothing; give a file name" : ""; }, "PATH");
-}
-
-CLI::Validator existing_file() {
-  return CLI::Validator(
-      [](std::string& path) -> std::string {
-        std::error_code ec;
-        if (!std::filesystem::exists(path, ec)) return "'" + path + "' does not exist; check the path";
-        if (std::filesystem::is_directory(path, ec))
-          return "'" + path + "' is a directory; give a .safetensors file";
-        return "";
-      },
-      "FILE");
-}
 
 int run_cli(const std::vector<std::string>& args, Streams io) {
   CLI::App app{"dtlab-cli: train, inspect and benchmark dtlab's engine without the GUI.",

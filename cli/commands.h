@@ -5,18 +5,11 @@
 #include <functional>
 
 #include "cli/cli.h"
+#include "cli/validators.h"
 
 namespace dtlab::cli {
 
 using Runner = std::function<int(Streams&)>;
-
-// Validators whose failures read as a sentence ("'abc' is not a whole number"), unlike CLI11's
-// stock Range on text.
-CLI::Validator whole_number(int64_t lo, int64_t hi);
-CLI::Validator real_number(double lo, double hi);
-CLI::Validator existing_file();
-// An output path: an empty one would run and write nothing.
-CLI::Validator output_path();
 
 Runner add_train_command(CLI::App& app);
 Runner add_sampler_command(CLI::App& app);

@@ -3,16 +3,11 @@
 #include <cmath>
 #include <cstdio>
 
-#include "cli/commands.h"
-#include "engine/core/check.h"
 #include "engine/core/format.h"
 
 namespace dtlab::cli {
 
 namespace {
-
-// --unit-costs: every action one modeled millisecond.
-constexpr double kUnitCost = 1e-3;
 
 std::string percent(double x) {
   char buf[32];
@@ -37,35 +32,6 @@ std::string model_time(double s) {
 }
 
 }  // namespace
-
-void add_pipeline_flags(CLI::App& app, PipelineArgs& a, TrainConfig& c) {
-  PipelineOptions& p = c.pipeline;
-  a.options = {
-      app.add_option("--stages", p.stages, "Pipeline: ranks per pipeline, p (the model is cut into p x --chunks stages)")
-          ->check(whole_number(1, 64))->capture_default_str(),
-      app.add_option("--microbatches", p.microbatches, "Pipeline: micro-batches per batch, m (--batch must be a multiple)")
-          ->check(whole_number(1, 4096))->capture_default_str(),
-      app.add_option("--schedule", a.schedule, "Pipeline schedule: gpipe | 1f1b | interleaved | zb-h1")->capture_default_str(),
-      app.add_option("--chunks", p.chunks, "Pipeline: stages per rank, v (interleaved)")->check(whole_number(1, 64))->capture_default_str(),
-      app.add_option("--dp", p.dp, "Pipeline: data-parallel replicas, D (world = stages x dp; rank = replica x p + stage rank)")
-          ->check(whole_number(1, 64))->capture_default_str(),
-      app.add_option("--split", a.split, "Pipeline: Linear layers per stage, e.g. 2,2,1 (default: balanced by parameter count)"),
-      app.add_flag("--unit-costs", a.unit_costs, "Pipeline: every F, B, I and W costs 1 ms of modeled time (equal stages; "
-                                                 "with --profile ideal the measured bubbles equal the formulas)"),
-  };
-}
-
-void finish_pipeline_config(const PipelineArgs& a, TrainConfig& c, bool world_given) {
-  if (c.strategy != "pipeline") {
-    for (CLI::Option* o : a.options)
-      if (o->count() > 0) throw Error(o->get_name() + " configures a pipeline; add --strategy pipeline --stages p");
-    return;
-  }
-  c.pipeline.schedule = parse_schedule_kind(a.schedule);
-  if (!a.split.empty()) c.pipeline.split = parse_split(a.split);
-  if (a.unit_costs) c.pipeline.fixed_costs = ActionCosts{kUnitCost, kUnitCost, kUnitCost, kUnitCost, 0};
-  if (!world_given) c.world_size = c.pipeline.stages * c.pipeline.dp;
-}
 
 void print_pipeline_header(std::ostream& out, const Trainer& trainer) {
   const PipelinePlan& plan = *trainer.pipeline_plan();

@@ -111,7 +111,7 @@ TEST_SUITE("gui") {
     CHECK(r.out.rfind("dtlab: no display (DISPLAY is not set); run the lab under a virtual display with `xvfb-run -a build/bin/dtlab`", 0) == 0);
     r = shell(std::string(DTLAB_APP_PATH) + " --world 17");
     CHECK(r.code == 2);
-    CHECK(r.out.rfind("dtlab: --world: Value 17 not in range", 0) == 0);
+    CHECK(r.out.rfind("dtlab: --world 17 is more ranks than the lab draws; use 1 to 16", 0) == 0);
     r = shell(std::string(DTLAB_APP_PATH) + " --run 'step sideways'");
     CHECK(r.code == 2);
     CHECK(r.out.find("step takes ring, collective or iteration") != std::string::npos);

@@ -152,7 +152,7 @@ TEST_SUITE("lessons") {
     }
     CHECK(error_of("broken_action.md") == dir + "broken_action.md:13: unknown action 'stp collective'; did you mean 'step collective'?");
     CHECK(error_of("broken_figure.md") == dir + "broken_figure.md:16: unknown live figure 'collective.byte'; did you mean 'collective.bytes'?");
-    CHECK(error_of("broken_header.md").rfind(dir + "broken_header.md:5: scenario: --world: Value 17 not in range", 0) == 0);
+    CHECK(error_of("broken_header.md").rfind(dir + "broken_header.md:5: scenario: --world 17 is more ranks than the lab draws; use 1 to 16", 0) == 0);
     CHECK(error_of("broken_question.md").rfind(dir + "broken_question.md:11: unknown question key 'anwser'; did you mean 'answer'?", 0) == 0);
     // More mistakes, inline.
     const std::string h = header();
@@ -164,7 +164,7 @@ TEST_SUITE("lessons") {
     // run a script or read one from any file): refused the same way.
     CHECK(lesson_error("---\ntitle: t\nminutes: 5\nscenario: --run=quit\n---\n").rfind("t.md:4: --run is about the window", 0) == 0);
     CHECK(lesson_error("---\ntitle: t\nminutes: 5\nscenario: --script=/dev/null\n---\n").rfind("t.md:4: --script is about the window", 0) == 0);
-    CHECK(lesson_error("---\ntitle: t\nminutes: 5\nstrategy: ddp\nsharding: full\n---\n") == "t.md:5: scenario: --sharding configures FSDP; add --strategy fsdp");
+    CHECK(lesson_error("---\ntitle: t\nminutes: 5\nstrategy: ddp\nsharding: full\n---\n") == "t.md:5: scenario: --sharding configures FSDP; add --strategy fsdp --world N");
     CHECK(lesson_error(h + "## a\n```action\nstep sideways\n```\n") == "t.md:11: step takes ring, collective or iteration (in 'step sideways')");
     // A negative tolerance would be ignored silently: refused at its line.
     for (const char* tol : {"-1", "-5%"}) {
@@ -175,7 +175,7 @@ TEST_SUITE("lessons") {
     CHECK(lesson_error(h + "## a\n```action\ninject skip rank 9\n```\n").rfind("t.md:11: inject takes", 0) == 0);
     CHECK(lesson_error(h + "## a\n```action\nrun until bucket[0].redy\n```\n") == "t.md:11: unknown live figure 'bucket[].redy'; did you mean 'bucket[I].ready'?");
     CHECK(lesson_error(h + "## a\n```action\nscreenshot x.png\n```\n") == "t.md:11: 'screenshot' belongs in a --run script, not in a lesson");
-    CHECK(lesson_error(h + "## a\n```action\nscenario --world 99\n```\n").rfind("t.md:11: scenario: --world: Value 99 not in range", 0) == 0);
+    CHECK(lesson_error(h + "## a\n```action\nscenario --world 99\n```\n").rfind("t.md:11: scenario: --world: 99 is out of range; use 1 to 64", 0) == 0);
     CHECK(lesson_error(h + "## a\n```question\nask: x?\n```\n") == "t.md:10: the question has no answer: (the live figure to reveal, e.g. answer: collective.steps)");
     CHECK(lesson_error(h + "## a\n```question\nask: x?\nchoice: only\nanswer: 1\n```\n") == "t.md:10: a multiple-choice question needs at least two choice: lines");
     CHECK(lesson_error(h + "## a\n```question\nask: x?\nanswer: 1\n```\n```question\nask: y?\nanswer: 2\n```\n") == "t.md:14: one question per step; start a new '## ' step for the next one");

@@ -1,0 +1,189 @@
+#include "cli/train_flags.h"
+
+#include "engine/core/check.h"
+#include "engine/parallel/pipeline.h"
+#include "engine/train/device_probe.h"
+#include "engine/trace/cost_model.h"
+
+namespace dtlab::cli {
+
+namespace {
+
+void add_run_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
+  auto& all = f.all;
+  all.push_back(app.add_option("--strategy", c.strategy, "Parallel strategy: single | ddp | dp (torch.nn.DataParallel) | fsdp | pipeline")
+                    ->capture_default_str());
+  f.world = app.add_option("--world", c.world_size, "Number of ranks (for strategies that use several)")
+                ->check(whole_number(1, kMaxRanks))->capture_default_str();
+  f.model_opt = app.add_option("--model", f.model, "Model: mlp:D0,D1,...,Dk (layer widths) or a preset tiny | small | deep | wide")
+                    ->capture_default_str();
+  all.insert(all.end(), {f.world, f.model_opt});
+  all.push_back(app.add_option("--data", c.data, "spiral | blobs | PATH.npz (with options, e.g. spiral:classes=4,points=500)")
+                    ->capture_default_str());
+  all.push_back(app.add_option("--batch", c.batch, "Batch size per rank")->check(whole_number(1, int64_t{1} << 20))->capture_default_str());
+  f.steps = app.add_option("--steps", c.steps, "Number of optimizer steps")->check(whole_number(1, int64_t{1} << 40))->capture_default_str();
+  all.push_back(f.steps);
+  all.push_back(app.add_option("--accum", c.accum, "Gradient accumulation: micro-batches per optimizer step (DDP's no_sync for all but the last)")
+                    ->check(whole_number(1, 1 << 20))->capture_default_str());
+  all.push_back(app.add_option("--optimizer", f.optimizer, "sgd | adamw")->capture_default_str());
+  f.lr_opt = app.add_option("--lr", f.lr, "Learning rate (default 0.1 for sgd, 0.01 for adamw)")->check(real_number(1e-12, 1e6));
+  all.push_back(f.lr_opt);
+}
+
+void add_ddp_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
+  f.bucket_cap = app.add_option("--bucket-cap-mb", f.bucket_cap_mb, "DDP bucket cap in MiB (torch's bucket_cap_mb)")
+                     ->check(real_number(0, 1e6))->capture_default_str();
+  f.first_bucket = app.add_option("--first-bucket-mb", f.first_bucket_mb,
+                                  "DDP first bucket cap in MiB (with only --bucket-cap-mb given, the cap, as torch)")
+                       ->check(real_number(0, 1e6))->capture_default_str();
+  f.ddp = {f.bucket_cap, f.first_bucket,
+           app.add_flag("--sized-first-iteration", c.ddp.sized_first_iteration,
+                        "DDP: sized buckets in iteration 1 too (torch uses one bucket there unless --find-unused-parameters)"),
+           app.add_flag("--find-unused-parameters", c.ddp.find_unused_parameters, "DDP marks parameters the forward did not use as ready")};
+  f.all.insert(f.all.end(), f.ddp.begin(), f.ddp.end());
+}
+
+void add_fsdp_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
+  f.node_size = app.add_option("--node-size", c.fsdp.node_size, "FSDP hybrid: ranks per shard group (default: the profile's ranks per node)")
+                    ->check(whole_number(1, kMaxRanks));
+  f.fsdp = {app.add_option("--sharding", f.sharding, "FSDP: full | grad-op | no-shard | hybrid | zero1")->capture_default_str(),
+            f.node_size,
+            app.add_option("--wrap", f.wrap, "FSDP units: layer (one per Linear) | model")->capture_default_str(),
+            app.add_option("--backward-prefetch", f.backward_prefetch, "FSDP: none | pre (BACKWARD_PRE) | post (BACKWARD_POST)")
+                ->capture_default_str(),
+            app.add_flag("--forward-prefetch", c.fsdp.forward_prefetch, "FSDP: gather the next unit during this unit's forward")};
+  f.all.insert(f.all.end(), f.fsdp.begin(), f.fsdp.end());
+}
+
+void add_pipeline_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
+  PipelineOptions& p = c.pipeline;
+  f.pipeline = {
+      app.add_option("--stages", p.stages, "Pipeline: ranks per pipeline, p (the model is cut into p x --chunks stages)")
+          ->check(whole_number(1, kMaxRanks))->capture_default_str(),
+      app.add_option("--microbatches", p.microbatches, "Pipeline: micro-batches per batch, m (--batch must be a multiple)")
+          ->check(whole_number(1, 4096))->capture_default_str(),
+      app.add_option("--schedule", f.schedule, "Pipeline schedule: gpipe | 1f1b | interleaved | zb-h1")->capture_default_str(),
+      app.add_option("--chunks", p.chunks, "Pipeline: stages per rank, v (interleaved)")->check(whole_number(1, kMaxRanks))->capture_default_str(),
+      app.add_option("--dp", p.dp, "Pipeline: data-parallel replicas, D (world = stages x dp; rank = replica x p + stage rank)")
+          ->check(whole_number(1, kMaxRanks))->capture_default_str(),
+      app.add_option("--split", f.split, "Pipeline: Linear layers per stage, e.g. 2,2,1 (default: balanced by parameter count)"),
+      app.add_flag("--unit-costs", f.unit_costs, "Pipeline: every F, B, I and W costs 1 ms of modeled time (equal stages; "
+                                                 "with --profile ideal the measured bubbles equal the formulas)"),
+  };
+  f.all.insert(f.all.end(), f.pipeline.begin(), f.pipeline.end());
+}
+
+void add_other_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
+  f.all.insert(f.all.end(), {
+      app.add_option("--skip-layer", c.skip_layer, "Model branch: bypass this square Linear (Sequential index) on every --skip-every-th step")
+          ->check(whole_number(0, 1 << 20)),
+      app.add_option("--skip-every", c.skip_every, "Period of the --skip-layer branch in steps")
+          ->check(whole_number(1, int64_t{1} << 40))->capture_default_str(),
+      app.add_option("--skip-ranks", c.skip_ranks, "Ranks whose forward takes the --skip-layer branch, e.g. 1,3 (default: every rank)")
+          ->delimiter(',')->check(whole_number(0, kMaxRanks - 1)),
+      app.add_flag("--allow-nonfinite", c.allow_nonfinite, "Train on when the loss becomes NaN or infinite (default: stop at that step, "
+                                                           "naming the rank and the first non-finite layer)"),
+      app.add_option("--fault", f.faults, "Inject a fault: skip:rank=R,collective=K or delay:rank=R,collective=K,ms=M (repeatable)"),
+      app.add_option("--profile", c.profile, "Hardware profile of the modeled clock: nvlink8, pcie8, ib2x4, eth2x4, this, ideal "
+                                             "(free communication)")->capture_default_str(),
+      app.add_option("--seed", c.seed, "Seed for the model init (torch.manual_seed) and the sampler")
+          ->check(whole_number(0, (int64_t{1} << 32) - 1))->capture_default_str(),
+      app.add_option("--timeout", c.timeout_s, "Watchdog: seconds before a stuck collective or DDP bucket fails, diagnosed")
+          ->check(real_number(0.001, 1e6))->capture_default_str(),
+      app.add_option("--device", f.device, "cpu | cuda (default: cuda when a GPU is present, else cpu; DTLAB_DEVICE sets it)"),
+      app.add_option("--backend", f.backend, "Where ranks run: threads (all in this process) | cuda (threads sharing a GPU) | nccl "
+                                             "(one GPU per rank) | socket (one process per rank, as dtlab-cli launch starts them); "
+                                             "default: nccl with a GPU per rank, cuda with fewer GPUs, else threads"),
+  });
+}
+
+// Each flag of `group` that was given needs `strategy`.
+void refuse_unless(bool strategy_given, const std::vector<CLI::Option*>& group, const std::string& why_and_fix) {
+  if (strategy_given) return;
+  for (const CLI::Option* o : group)
+    if (o->count() > 0) throw Error(o->get_name() + why_and_fix);
+}
+
+void finish_ddp(const TrainFlags& f, TrainConfig& c) {
+  refuse_unless(c.strategy == "ddp", f.ddp, " configures DDP's buckets; add --strategy ddp --world N");
+  // torch: bucket_cap_mb * 1024 * 1024 bytes (MB here means MiB, as in torch).
+  c.ddp.bucket_cap_bytes = static_cast<int64_t>(f.bucket_cap_mb * 1048576.0);
+  // Current torch: an explicit bucket_cap_mb makes the first bucket as large as the others
+  // (dtlab's --first-bucket-mb plays torch's dist._DEFAULT_FIRST_BUCKET_BYTES when given).
+  const bool first_from_cap = f.bucket_cap->count() > 0 && f.first_bucket->count() == 0;
+  c.ddp.first_bucket_bytes = first_from_cap ? c.ddp.bucket_cap_bytes : static_cast<int64_t>(f.first_bucket_mb * 1048576.0);
+  if (c.ddp.bucket_cap_bytes < 1) throw Error("--bucket-cap-mb is too small: a bucket must hold at least 1 byte");
+  if (c.ddp.first_bucket_bytes < 1) throw Error("--first-bucket-mb is too small: a bucket must hold at least 1 byte");
+}
+
+void finish_fsdp(const TrainFlags& f, TrainConfig& c) {
+  refuse_unless(c.strategy == "fsdp", f.fsdp, " configures FSDP; add --strategy fsdp --world N");
+  c.fsdp.sharding = parse_sharding(f.sharding);
+  if (f.node_size->count() > 0 && c.fsdp.sharding != Sharding::Hybrid)
+    throw Error("--node-size sets HYBRID_SHARD's shard group; add --sharding hybrid");
+  if (f.wrap != "layer" && f.wrap != "model") throw Error("--wrap " + f.wrap + " is not a wrap policy; use layer (one unit per Linear) or model");
+  c.fsdp.wrap_layers = f.wrap == "layer";
+  c.fsdp.backward_prefetch = parse_backward_prefetch(f.backward_prefetch);
+}
+
+void finish_pipeline(const TrainFlags& f, TrainConfig& c) {
+  refuse_unless(c.strategy == "pipeline", f.pipeline, " configures a pipeline; add --strategy pipeline --stages p");
+  if (c.strategy != "pipeline") return;
+  c.pipeline.schedule = parse_schedule_kind(f.schedule);
+  if (!f.split.empty()) c.pipeline.split = parse_split(f.split);
+  if (f.unit_costs) c.pipeline.fixed_costs = ActionCosts{kUnitActionCost, kUnitActionCost, kUnitActionCost, kUnitActionCost, 0};
+  if (f.world->count() == 0) c.world_size = c.pipeline.stages * c.pipeline.dp;
+}
+
+}  // namespace
+
+std::string model_preset_spec(const std::string& name) {
+  // The lab's presets: small enough to step through by hand, several buckets with small caps.
+  if (name == "tiny") return "mlp:2,16,16,3";
+  if (name == "small") return "mlp:2,64,64,3";
+  if (name == "deep") return "mlp:2,64,64,64,64,3";
+  if (name == "wide") return "mlp:2,256,256,3";
+  return name;
+}
+
+void add_train_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
+  add_run_flags(app, f, c);
+  add_ddp_flags(app, f, c);
+  add_fsdp_flags(app, f, c);
+  add_pipeline_flags(app, f, c);
+  add_other_flags(app, f, c);
+}
+
+void finish_train_flags(const TrainFlags& f, TrainConfig& c) {
+  c.model = ModelSpec::parse(model_preset_spec(f.model));
+  c.optimizer = default_optimizer_config(parse_optimizer_kind(f.optimizer));
+  if (f.lr_opt->count() > 0) c.optimizer.lr = f.lr;
+  find_profile(c.profile);  // a bad name fails here, before any work
+  finish_ddp(f, c);
+  for (const std::string& text : f.faults) c.faults.push_back(parse_fault(text));
+  finish_fsdp(f, c);
+  finish_pipeline(f, c);
+  if (c.strategy == "single") {
+    if (f.world->count() > 0 && c.world_size != 1)
+      throw Error("--strategy single runs one rank, but --world is " + std::to_string(c.world_size) +
+                  "; drop --world, set it to 1, or use --strategy ddp");
+    c.world_size = 1;
+    if (!c.faults.empty()) throw Error("--fault injects into the ranks' collectives; add --strategy ddp (or fsdp) --world N");
+  }
+}
+
+std::string choose_device(const TrainFlags& f, TrainConfig& c, int ranks_on_node, const std::string& fallback_device) {
+  DeviceQuery q;
+  q.device = f.device.empty() ? fallback_device : f.device;
+  q.backend = f.backend;
+  q.strategy = c.strategy;
+  q.ranks_on_node = ranks_on_node;
+  probe_devices(q);
+  const DeviceChoice dc = resolve_device(q);
+  c.device = dc.device;
+  c.backend = dc.backend;
+  c.launched = dc.launched;
+  return dc.why;
+}
+
+}  // namespace dtlab::cli

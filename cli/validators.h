@@ -1,0 +1,22 @@
+// Flag validators whose failures read as a sentence ("--batch: 'abc' is not a whole number"), unlike
+// CLI11's stock Range on text, and the sentence a parse error becomes. Shared by dtlab-cli's
+// subcommands and the dtlab window (through dtlab_train_flags, which neither the engine nor the
+// GUI code depends on).
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+namespace dtlab::cli {
+
+CLI::Validator whole_number(int64_t lo, int64_t hi);
+CLI::Validator real_number(double lo, double hi);
+CLI::Validator existing_file();
+// An output path: an empty one would run and write nothing.
+CLI::Validator output_path();
+
+// CLI11's message, accurate but terse, as one sentence ending with where to look:
+// "--world: 0 is out of range; use 1 to 64; run 'dtlab --help' for the list of flags".
+std::string parse_error_sentence(const CLI::ParseError& e, const std::string& help_command);
+
+}  // namespace dtlab::cli
