@@ -128,6 +128,9 @@ class App {
   float toolbar_h_ = 0;       // the toolbar's height last frame
   std::string config_error_;
   TrainConfig edit_;          // the configuration panel's working copy
+  bool was_pipeline_ = false;  // the tiles differ for pipelines: lay them out again on a switch
+  RingViewState ring_view_;    // what the ring and pipeline views keep between frames
+  PipelineViewState pipeline_view_;
   double start_time_ = 0;
   // scripted runs: the script's commands, then (or, interactively, only) what lessons queue
   std::deque<ScriptCommand> queue_;
@@ -593,8 +596,7 @@ void App::views() {
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // pipeline: the ring's place
   };
   const Rect run_tile = {x0, top, 0.20f * W, 0.42f * H};
-  static bool was_pipeline = false;  // the tiles differ for pipelines: lay them out again on a switch
-  if (was_pipeline != session_->snapshot().pipeline.valid) was_pipeline = !was_pipeline, relayout_ = true;
+  if (was_pipeline_ != session_->snapshot().pipeline.valid) was_pipeline_ = !was_pipeline_, relayout_ = true;
   const ImGuiCond cond = relayout_ ? ImGuiCond_Always : ImGuiCond_FirstUseEver;
   if (solo_ < 0) {
     ImGui::SetNextWindowPos(ImVec2(run_tile.x, run_tile.y), cond);
@@ -632,14 +634,14 @@ void App::views() {
       continue;
     }
     switch (v) {
-      case kRing: draw_ring_view(s, ctx_); break;
+      case kRing: draw_ring_view(s, ctx_, ring_view_); break;
       case kBuckets: draw_bucket_view(s, ctx_); break;
       case kTimeline: draw_timeline_view(s, ctx_); break;
       case kMemory: draw_memory_view(s, ctx_); break;
       case kInspector: draw_inspector_view(s, ctx_); break;
       case kData: draw_data_view(s, ctx_); break;
       case kShards: draw_shard_view(s, ctx_); break;
-      case kPipeline: draw_pipeline_view(s, ctx_); break;
+      case kPipeline: draw_pipeline_view(s, ctx_, pipeline_view_); break;
     }
     ImGui::End();
   }
