@@ -405,7 +405,7 @@ void App::toolbar() {
 }
 
 // Where the ranks run, in words, for the Run panel.
-static std::string backend_words(const RunConfigView& rc) {
+std::string backend_words(const RunConfigView& rc) {
   const std::string n = std::to_string(rc.world) + (rc.world == 1 ? " rank" : " ranks");
   if (rc.backend == "socket") return n + " as processes (dtlab-cli launch), collectives over TCP";
   if (rc.backend == "cuda") return n + " sharing the GPU, collectives as device copies and reduction kernels";
@@ -413,15 +413,10 @@ static std::string backend_words(const RunConfigView& rc) {
   return n + " as threads of this process, each with its own memory";
 }
 
-void App::config_panel() {
-  ImGui::Begin("Run");
-  ImGui::PushItemWidth(std::max(ImGui::GetFontSize() * 6, ImGui::GetContentRegionAvail().x - ImGui::GetFontSize() * 8));
-  const RunConfigView& run = session_->snapshot().config;
-  if (!run.attached.empty())
-    ImGui::TextWrapped("Attached to a launched run at %s: %d processes. Its settings are the launch command's; the "
-                       "controls pause and step all of its ranks.", run.attached.c_str(), run.world);
-  ImGui::BeginDisabled(!run.attached.empty());
-  TrainConfig& c = edit_;
+// The Run panel's controls edit `c`; each returns true once an edit is complete (the run restarts).
+
+// Strategy, world, model, batch and accumulation.
+bool strategy_controls(TrainConfig& c) {
   bool changed = false;
   const char* strategies[] = {"single", "ddp", "fsdp", "pipeline", "dp"};
   int si = c.strategy == "ddp" ? 1 : c.strategy == "fsdp" ? 2 : c.strategy == "pipeline" ? 3 : c.strategy == "dp" ? 4 : 0;
@@ -458,66 +453,76 @@ void App::config_panel() {
   if (ImGui::InputInt("accum", &accum) && accum >= 1) c.accum = accum;
   if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
   ImGui::EndDisabled();
-  if (c.strategy == "pipeline") {
-    PipelineRequest r = pipeline_request_of(c);
-    if (pipeline_controls(r, false)) apply_pipeline_request(c, r), changed = true;
-  } else if (c.strategy != "fsdp") {  // DDP's buckets (shown disabled for single); fsdp shows its own options instead
-    ImGui::BeginDisabled(c.strategy != "ddp");
-    float cap_kib = static_cast<float>(c.ddp.bucket_cap_bytes) / 1024.0f;
-    float first_kib = static_cast<float>(c.ddp.first_bucket_bytes) / 1024.0f;
-    if (ImGui::InputFloat("bucket KiB", &cap_kib, 1, 16, "%.1f") && cap_kib > 0)
-      c.ddp.bucket_cap_bytes = static_cast<int64_t>(cap_kib * 1024);
-    if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
-    if (ImGui::InputFloat("first KiB", &first_kib, 1, 16, "%.1f") && first_kib > 0)
-      c.ddp.first_bucket_bytes = static_cast<int64_t>(first_kib * 1024);
-    if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
-    if (ImGui::Checkbox("find_unused_parameters", &c.ddp.find_unused_parameters)) changed = true;
-    // torch builds ONE bucket for iteration 1 (find_unused_parameters=False); this lab option shows
-    // the sized buckets from the start instead, and says so.
-    ImGui::BeginDisabled(c.ddp.find_unused_parameters);
-    if (ImGui::Checkbox("sized buckets in the first iteration (not torch's default)", &c.ddp.sized_first_iteration)) changed = true;
-    ImGui::EndDisabled();
-    if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
-      ImGui::SetTooltip("torch's DDP all-reduces every gradient as one bucket in the first iteration, then rebuilds\n"
-                        "sized buckets in the order gradients arrived. On: sized buckets from the first iteration.");
-    ImGui::EndDisabled();
-  } else {
-    // FSDP's options (torch's names).
-    if (ImGui::BeginCombo("sharding", sharding_name(c.fsdp.sharding))) {
-      for (Sharding sh : kAllShardings) {
-        if (ImGui::Selectable(sharding_name(sh), c.fsdp.sharding == sh) && c.fsdp.sharding != sh) {
-          c.fsdp.sharding = sh, changed = true;
-          // HYBRID_SHARD needs node groups: start with two nodes when the world splits evenly.
-          c.fsdp.node_size = sh != Sharding::Hybrid ? 0 : c.world_size % 2 == 0 ? c.world_size / 2 : 1;
-        }
-      }
-      ImGui::EndCombo();
-    }
-    if (c.fsdp.sharding == Sharding::Hybrid) {
-      // Only divisors of the world make equal node groups.
-      std::vector<int> sizes;
-      for (int k = 1; k <= c.world_size; k++)
-        if (c.world_size % k == 0) sizes.push_back(k);
-      const std::string cur = std::to_string(c.fsdp.node_size) + " ranks per node";
-      if (ImGui::BeginCombo("node size", cur.c_str())) {
-        for (int k : sizes)
-          if (ImGui::Selectable((std::to_string(k) + " ranks per node").c_str(), k == c.fsdp.node_size) && k != c.fsdp.node_size)
-            c.fsdp.node_size = k, changed = true;
-        ImGui::EndCombo();
+  return changed;
+}
+
+// DDP's buckets (shown disabled for single).
+bool ddp_controls(TrainConfig& c) {
+  bool changed = false;
+  ImGui::BeginDisabled(c.strategy != "ddp");
+  float cap_kib = static_cast<float>(c.ddp.bucket_cap_bytes) / 1024.0f;
+  float first_kib = static_cast<float>(c.ddp.first_bucket_bytes) / 1024.0f;
+  if (ImGui::InputFloat("bucket KiB", &cap_kib, 1, 16, "%.1f") && cap_kib > 0)
+    c.ddp.bucket_cap_bytes = static_cast<int64_t>(cap_kib * 1024);
+  if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
+  if (ImGui::InputFloat("first KiB", &first_kib, 1, 16, "%.1f") && first_kib > 0)
+    c.ddp.first_bucket_bytes = static_cast<int64_t>(first_kib * 1024);
+  if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
+  if (ImGui::Checkbox("find_unused_parameters", &c.ddp.find_unused_parameters)) changed = true;
+  // torch builds ONE bucket for iteration 1 (find_unused_parameters=False); this lab option shows
+  // the sized buckets from the start instead, and says so.
+  ImGui::BeginDisabled(c.ddp.find_unused_parameters);
+  if (ImGui::Checkbox("sized buckets in the first iteration (not torch's default)", &c.ddp.sized_first_iteration)) changed = true;
+  ImGui::EndDisabled();
+  if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
+    ImGui::SetTooltip("torch's DDP all-reduces every gradient as one bucket in the first iteration, then rebuilds\n"
+                      "sized buckets in the order gradients arrived. On: sized buckets from the first iteration.");
+  ImGui::EndDisabled();
+  return changed;
+}
+
+// FSDP's options (torch's names).
+bool fsdp_controls(TrainConfig& c) {
+  bool changed = false;
+  if (ImGui::BeginCombo("sharding", sharding_name(c.fsdp.sharding))) {
+    for (Sharding sh : kAllShardings) {
+      if (ImGui::Selectable(sharding_name(sh), c.fsdp.sharding == sh) && c.fsdp.sharding != sh) {
+        c.fsdp.sharding = sh, changed = true;
+        // HYBRID_SHARD needs node groups: start with two nodes when the world splits evenly.
+        c.fsdp.node_size = sh != Sharding::Hybrid ? 0 : c.world_size % 2 == 0 ? c.world_size / 2 : 1;
       }
     }
-    const char* wraps[] = {"per layer", "whole model"};
-    int wi = c.fsdp.wrap_layers ? 0 : 1;
-    if (ImGui::Combo("wrap", &wi, wraps, 2)) c.fsdp.wrap_layers = wi == 0, changed = true;
-    const BackwardPrefetch prefetches[] = {BackwardPrefetch::None, BackwardPrefetch::Pre, BackwardPrefetch::Post};
-    if (ImGui::BeginCombo("backward prefetch", backward_prefetch_name(c.fsdp.backward_prefetch))) {
-      for (BackwardPrefetch bp : prefetches)
-        if (ImGui::Selectable(backward_prefetch_name(bp), c.fsdp.backward_prefetch == bp) && c.fsdp.backward_prefetch != bp)
-          c.fsdp.backward_prefetch = bp, changed = true;
-      ImGui::EndCombo();
-    }
-    if (ImGui::Checkbox("forward prefetch", &c.fsdp.forward_prefetch)) changed = true;
+    ImGui::EndCombo();
   }
+  if (c.fsdp.sharding == Sharding::Hybrid) {
+    // Only divisors of the world make equal node groups.
+    std::vector<int> sizes;
+    for (int k = 1; k <= c.world_size; k++)
+      if (c.world_size % k == 0) sizes.push_back(k);
+    const std::string cur = std::to_string(c.fsdp.node_size) + " ranks per node";
+    if (ImGui::BeginCombo("node size", cur.c_str())) {
+      for (int k : sizes)
+        if (ImGui::Selectable((std::to_string(k) + " ranks per node").c_str(), k == c.fsdp.node_size) && k != c.fsdp.node_size)
+          c.fsdp.node_size = k, changed = true;
+      ImGui::EndCombo();
+    }
+  }
+  const char* wraps[] = {"per layer", "whole model"};
+  int wi = c.fsdp.wrap_layers ? 0 : 1;
+  if (ImGui::Combo("wrap", &wi, wraps, 2)) c.fsdp.wrap_layers = wi == 0, changed = true;
+  const BackwardPrefetch prefetches[] = {BackwardPrefetch::None, BackwardPrefetch::Pre, BackwardPrefetch::Post};
+  if (ImGui::BeginCombo("backward prefetch", backward_prefetch_name(c.fsdp.backward_prefetch))) {
+    for (BackwardPrefetch bp : prefetches)
+      if (ImGui::Selectable(backward_prefetch_name(bp), c.fsdp.backward_prefetch == bp) && c.fsdp.backward_prefetch != bp)
+        c.fsdp.backward_prefetch = bp, changed = true;
+    ImGui::EndCombo();
+  }
+  if (ImGui::Checkbox("forward prefetch", &c.fsdp.forward_prefetch)) changed = true;
+  return changed;
+}
+
+bool optimizer_and_hardware_controls(TrainConfig& c) {
+  bool changed = false;
   const char* opts[] = {"sgd", "adamw"};
   int oi = c.optimizer.kind == OptimizerKind::AdamW ? 1 : 0;
   if (ImGui::Combo("optimizer", &oi, opts, 2)) c.optimizer = default_optimizer_config(parse_optimizer_kind(opts[oi])), changed = true;
@@ -526,6 +531,43 @@ void App::config_panel() {
   for (int i = 0; i < 6; i++)
     if (c.profile == profiles[i]) pi = i;
   if (ImGui::Combo("hardware", &pi, profiles, 6)) c.profile = profiles[pi], changed = true;
+  return changed;
+}
+
+// What runs now, in words, under the controls.
+void run_summary(const RunConfigView& rc) {
+  ImGui::TextWrapped("%s on %s, %s; effective batch %lld", rc.model.c_str(), rc.data.c_str(), rc.optimizer.c_str(),
+                     static_cast<long long>(rc.batch * rc.world * rc.accum));
+  if (rc.strategy == "fsdp")
+    ImGui::TextWrapped("FSDP %s over %d ranks, units: %s", sharding_name(rc.sharding), rc.world,
+                       rc.wrap_layers ? "one per Linear" : "the whole model");
+  if (rc.strategy == "dp")
+    ImGui::TextWrapped("DataParallel: rank 0 loads batches of %lld, scatters %lld to each of %d devices, broadcasts the "
+                       "parameters every forward and alone holds the optimizer", static_cast<long long>(rc.batch * rc.world),
+                       static_cast<long long>(rc.batch), rc.world);
+  ImGui::TextWrapped("device %s, backend %s: %s", rc.device.c_str(), rc.backend.c_str(), backend_words(rc).c_str());
+  ImGui::TextDisabled("Space run/pause  R ring step  C collective  I iteration  A pipeline action  Bksp reset  1-8 one view  0 all  P presentation  M clock  L lessons  N lesson: next step");
+}
+
+void App::config_panel() {
+  ImGui::Begin("Run");
+  ImGui::PushItemWidth(std::max(ImGui::GetFontSize() * 6, ImGui::GetContentRegionAvail().x - ImGui::GetFontSize() * 8));
+  const RunConfigView& run = session_->snapshot().config;
+  if (!run.attached.empty())
+    ImGui::TextWrapped("Attached to a launched run at %s: %d processes. Its settings are the launch command's; the "
+                       "controls pause and step all of its ranks.", run.attached.c_str(), run.world);
+  ImGui::BeginDisabled(!run.attached.empty());
+  TrainConfig& c = edit_;
+  bool changed = strategy_controls(c);
+  if (c.strategy == "pipeline") {
+    PipelineRequest r = pipeline_request_of(c);
+    if (pipeline_controls(r, false)) apply_pipeline_request(c, r), changed = true;
+  } else if (c.strategy != "fsdp") {  // fsdp shows its own options instead of DDP's buckets
+    changed |= ddp_controls(c);
+  } else {
+    changed |= fsdp_controls(c);
+  }
+  changed |= optimizer_and_hardware_controls(c);
   int clock = ctx_.modeled_clock ? 0 : 1;
   if (ImGui::RadioButton("modeled clock", &clock, 0)) ctx_.modeled_clock = true;
   ImGui::SameLine();
@@ -542,18 +584,7 @@ void App::config_panel() {
     ImGui::PopStyleColor();
   }
   ImGui::Separator();
-  const RunConfigView& rc = session_->snapshot().config;
-  ImGui::TextWrapped("%s on %s, %s; effective batch %lld", rc.model.c_str(), rc.data.c_str(), rc.optimizer.c_str(),
-                     static_cast<long long>(rc.batch * rc.world * rc.accum));
-  if (rc.strategy == "fsdp")
-    ImGui::TextWrapped("FSDP %s over %d ranks, units: %s", sharding_name(rc.sharding), rc.world,
-                       rc.wrap_layers ? "one per Linear" : "the whole model");
-  if (rc.strategy == "dp")
-    ImGui::TextWrapped("DataParallel: rank 0 loads batches of %lld, scatters %lld to each of %d devices, broadcasts the "
-                       "parameters every forward and alone holds the optimizer", static_cast<long long>(rc.batch * rc.world),
-                       static_cast<long long>(rc.batch), rc.world);
-  ImGui::TextWrapped("device %s, backend %s: %s", rc.device.c_str(), rc.backend.c_str(), backend_words(rc).c_str());
-  ImGui::TextDisabled("Space run/pause  R ring step  C collective  I iteration  A pipeline action  Bksp reset  1-8 one view  0 all  P presentation  M clock  L lessons  N lesson: next step");
+  run_summary(session_->snapshot().config);
   ImGui::PopItemWidth();
   ImGui::End();
 }
