@@ -2,7 +2,7 @@
 // rank's buffer is a block of chunk cells colored by how many ranks' contributions they hold; the
 // transfers of the pending step travel along their edges as glowing chunks, rendered by the
 // ring_chunks GLSL program into a render target (ImDrawList drawing when the program is missing).
-// Everything shown comes from Snapshot::collective, which the Session derives from the trace.
+// Everything shown comes from Snapshot::collective, which the SnapshotBuilder derives from the trace.
 #include <GL/gl.h>
 #include <GL/glext.h>
 
