@@ -136,6 +136,9 @@ class App {
   float toolbar_h_ = 0;       // the toolbar's height last frame
   std::string config_error_;
   TrainConfig edit_;          // the configuration panel's working copy
+  bool was_pipeline_ = false;  // the tiles differ for pipelines: lay them out again on a switch
+  RingViewState ring_view_;    // what the ring and pipeline views keep between frames
+  PipelineViewState pipeline_view_;
   double start_time_ = 0;
   // scripted runs: the script's commands, then (or, interactively, only) what lessons queue
   std::deque<ScriptCommand> queue_;
@@ -410,7 +413,7 @@ void App::toolbar() {
 }
 
 // Where the ranks run, in words, for the Run panel.
-static std::string backend_words(const RunConfigView& rc) {
+std::string backend_words(const RunConfigView& rc) {
   const std::string n = std::to_string(rc.world) + (rc.world == 1 ? " rank" : " ranks");
   if (rc.backend == "socket") return n + " as processes (dtlab-cli launch), collectives over TCP";
   if (rc.backend == "cuda") return n + " sharing the GPU, collectives as device copies and reduction kernels";
@@ -418,15 +421,10 @@ static std::string backend_words(const RunConfigView& rc) {
   return n + " as threads of this process, each with its own memory";
 }
 
-void App::config_panel() {
-  ImGui::Begin("Run");
-  ImGui::PushItemWidth(std::max(ImGui::GetFontSize() * 6, ImGui::GetContentRegionAvail().x - ImGui::GetFontSize() * 8));
-  const RunConfigView& run = session_->snapshot().config;
-  if (!run.attached.empty())
-    ImGui::TextWrapped("Attached to a launched run at %s: %d processes. Its settings are the launch command's; the "
-                       "controls pause and step all of its ranks.", run.attached.c_str(), run.world);
-  ImGui::BeginDisabled(!run.attached.empty());
-  TrainConfig& c = edit_;
+// The Run panel's controls edit `c`; each returns true once an edit is complete (the run restarts).
+
+// Strategy, world, model, batch and accumulation.
+bool strategy_controls(TrainConfig& c) {
   bool changed = false;
   const char* strategies[] = {"single", "ddp", "fsdp", "pipeline", "dp"};
   int si = c.strategy == "ddp" ? 1 : c.strategy == "fsdp" ? 2 : c.strategy == "pipeline" ? 3 : c.strategy == "dp" ? 4 : 0;
@@ -463,66 +461,76 @@ void App::config_panel() {
   if (ImGui::InputInt("accum", &accum) && accum >= 1) c.accum = accum;
   if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
   ImGui::EndDisabled();
-  if (c.strategy == "pipeline") {
-    PipelineRequest r = pipeline_request_of(c);
-    if (pipeline_controls(r, false)) apply_pipeline_request(c, r), changed = true;
-  } else if (c.strategy != "fsdp") {  // DDP's buckets (shown disabled for single); fsdp shows its own options instead
-    ImGui::BeginDisabled(c.strategy != "ddp");
-    float cap_kib = static_cast<float>(c.ddp.bucket_cap_bytes) / 1024.0f;
-    float first_kib = static_cast<float>(c.ddp.first_bucket_bytes) / 1024.0f;
-    if (ImGui::InputFloat("bucket KiB", &cap_kib, 1, 16, "%.1f") && cap_kib > 0)
-      c.ddp.bucket_cap_bytes = static_cast<int64_t>(cap_kib * 1024);
-    if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
-    if (ImGui::InputFloat("first KiB", &first_kib, 1, 16, "%.1f") && first_kib > 0)
-      c.ddp.first_bucket_bytes = static_cast<int64_t>(first_kib * 1024);
-    if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
-    if (ImGui::Checkbox("find_unused_parameters", &c.ddp.find_unused_parameters)) changed = true;
-    // torch builds ONE bucket for iteration 1 (find_unused_parameters=False); this lab option shows
-    // the sized buckets from the start instead, and says so.
-    ImGui::BeginDisabled(c.ddp.find_unused_parameters);
-    if (ImGui::Checkbox("sized buckets in the first iteration (not torch's default)", &c.ddp.sized_first_iteration)) changed = true;
-    ImGui::EndDisabled();
-    if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
-      ImGui::SetTooltip("torch's DDP all-reduces every gradient as one bucket in the first iteration, then rebuilds\n"
-                        "sized buckets in the order gradients arrived. On: sized buckets from the first iteration.");
-    ImGui::EndDisabled();
-  } else {
-    // FSDP's options (torch's names).
-    if (ImGui::BeginCombo("sharding", sharding_name(c.fsdp.sharding))) {
-      for (Sharding sh : kAllShardings) {
-        if (ImGui::Selectable(sharding_name(sh), c.fsdp.sharding == sh) && c.fsdp.sharding != sh) {
-          c.fsdp.sharding = sh, changed = true;
-          // HYBRID_SHARD needs node groups: start with two nodes when the world splits evenly.
-          c.fsdp.node_size = sh != Sharding::Hybrid ? 0 : c.world_size % 2 == 0 ? c.world_size / 2 : 1;
-        }
-      }
-      ImGui::EndCombo();
-    }
-    if (c.fsdp.sharding == Sharding::Hybrid) {
-      // Only divisors of the world make equal node groups.
-      std::vector<int> sizes;
-      for (int k = 1; k <= c.world_size; k++)
-        if (c.world_size % k == 0) sizes.push_back(k);
-      const std::string cur = std::to_string(c.fsdp.node_size) + " ranks per node";
-      if (ImGui::BeginCombo("node size", cur.c_str())) {
-        for (int k : sizes)
-          if (ImGui::Selectable((std::to_string(k) + " ranks per node").c_str(), k == c.fsdp.node_size) && k != c.fsdp.node_size)
-            c.fsdp.node_size = k, changed = true;
-        ImGui::EndCombo();
+  return changed;
+}
+
+// DDP's buckets (shown disabled for single).
+bool ddp_controls(TrainConfig& c) {
+  bool changed = false;
+  ImGui::BeginDisabled(c.strategy != "ddp");
+  float cap_kib = static_cast<float>(c.ddp.bucket_cap_bytes) / 1024.0f;
+  float first_kib = static_cast<float>(c.ddp.first_bucket_bytes) / 1024.0f;
+  if (ImGui::InputFloat("bucket KiB", &cap_kib, 1, 16, "%.1f") && cap_kib > 0)
+    c.ddp.bucket_cap_bytes = static_cast<int64_t>(cap_kib * 1024);
+  if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
+  if (ImGui::InputFloat("first KiB", &first_kib, 1, 16, "%.1f") && first_kib > 0)
+    c.ddp.first_bucket_bytes = static_cast<int64_t>(first_kib * 1024);
+  if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
+  if (ImGui::Checkbox("find_unused_parameters", &c.ddp.find_unused_parameters)) changed = true;
+  // torch builds ONE bucket for iteration 1 (find_unused_parameters=False); this lab option shows
+  // the sized buckets from the start instead, and says so.
+  ImGui::BeginDisabled(c.ddp.find_unused_parameters);
+  if (ImGui::Checkbox("sized buckets in the first iteration (not torch's default)", &c.ddp.sized_first_iteration)) changed = true;
+  ImGui::EndDisabled();
+  if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
+    ImGui::SetTooltip("torch's DDP all-reduces every gradient as one bucket in the first iteration, then rebuilds\n"
+                      "sized buckets in the order gradients arrived. On: sized buckets from the first iteration.");
+  ImGui::EndDisabled();
+  return changed;
+}
+
+// FSDP's options (torch's names).
+bool fsdp_controls(TrainConfig& c) {
+  bool changed = false;
+  if (ImGui::BeginCombo("sharding", sharding_name(c.fsdp.sharding))) {
+    for (Sharding sh : kAllShardings) {
+      if (ImGui::Selectable(sharding_name(sh), c.fsdp.sharding == sh) && c.fsdp.sharding != sh) {
+        c.fsdp.sharding = sh, changed = true;
+        // HYBRID_SHARD needs node groups: start with two nodes when the world splits evenly.
+        c.fsdp.node_size = sh != Sharding::Hybrid ? 0 : c.world_size % 2 == 0 ? c.world_size / 2 : 1;
       }
     }
-    const char* wraps[] = {"per layer", "whole model"};
-    int wi = c.fsdp.wrap_layers ? 0 : 1;
-    if (ImGui::Combo("wrap", &wi, wraps, 2)) c.fsdp.wrap_layers = wi == 0, changed = true;
-    const BackwardPrefetch prefetches[] = {BackwardPrefetch::None, BackwardPrefetch::Pre, BackwardPrefetch::Post};
-    if (ImGui::BeginCombo("backward prefetch", backward_prefetch_name(c.fsdp.backward_prefetch))) {
-      for (BackwardPrefetch bp : prefetches)
-        if (ImGui::Selectable(backward_prefetch_name(bp), c.fsdp.backward_prefetch == bp) && c.fsdp.backward_prefetch != bp)
-          c.fsdp.backward_prefetch = bp, changed = true;
-      ImGui::EndCombo();
-    }
-    if (ImGui::Checkbox("forward prefetch", &c.fsdp.forward_prefetch)) changed = true;
+    ImGui::EndCombo();
   }
+  if (c.fsdp.sharding == Sharding::Hybrid) {
+    // Only divisors of the world make equal node groups.
+    std::vector<int> sizes;
+    for (int k = 1; k <= c.world_size; k++)
+      if (c.world_size % k == 0) sizes.push_back(k);
+    const std::string cur = std::to_string(c.fsdp.node_size) + " ranks per node";
+    if (ImGui::BeginCombo("node size", cur.c_str())) {
+      for (int k : sizes)
+        if (ImGui::Selectable((std::to_string(k) + " ranks per node").c_str(), k == c.fsdp.node_size) && k != c.fsdp.node_size)
+          c.fsdp.node_size = k, changed = true;
+      ImGui::EndCombo();
+    }
+  }
+  const char* wraps[] = {"per layer", "whole model"};
+  int wi = c.fsdp.wrap_layers ? 0 : 1;
+  if (ImGui::Combo("wrap", &wi, wraps, 2)) c.fsdp.wrap_layers = wi == 0, changed = true;
+  const BackwardPrefetch prefetches[] = {BackwardPrefetch::None, BackwardPrefetch::Pre, BackwardPrefetch::Post};
+  if (ImGui::BeginCombo("backward prefetch", backward_prefetch_name(c.fsdp.backward_prefetch))) {
+    for (BackwardPrefetch bp : prefetches)
+      if (ImGui::Selectable(backward_prefetch_name(bp), c.fsdp.backward_prefetch == bp) && c.fsdp.backward_prefetch != bp)
+        c.fsdp.backward_prefetch = bp, changed = true;
+    ImGui::EndCombo();
+  }
+  if (ImGui::Checkbox("forward prefetch", &c.fsdp.forward_prefetch)) changed = true;
+  return changed;
+}
+
+bool optimizer_and_hardware_controls(TrainConfig& c) {
+  bool changed = false;
   const char* opts[] = {"sgd", "adamw"};
   int oi = c.optimizer.kind == OptimizerKind::AdamW ? 1 : 0;
   if (ImGui::Combo("optimizer", &oi, opts, 2)) c.optimizer = default_optimizer_config(parse_optimizer_kind(opts[oi])), changed = true;
@@ -531,6 +539,43 @@ void App::config_panel() {
   for (int i = 0; i < 6; i++)
     if (c.profile == profiles[i]) pi = i;
   if (ImGui::Combo("hardware", &pi, profiles, 6)) c.profile = profiles[pi], changed = true;
+  return changed;
+}
+
+// What runs now, in words, under the controls.
+void run_summary(const RunConfigView& rc) {
+  ImGui::TextWrapped("%s on %s, %s; effective batch %lld", rc.model.c_str(), rc.data.c_str(), rc.optimizer.c_str(),
+                     static_cast<long long>(rc.batch * rc.world * rc.accum));
+  if (rc.strategy == "fsdp")
+    ImGui::TextWrapped("FSDP %s over %d ranks, units: %s", sharding_name(rc.sharding), rc.world,
+                       rc.wrap_layers ? "one per Linear" : "the whole model");
+  if (rc.strategy == "dp")
+    ImGui::TextWrapped("DataParallel: rank 0 loads batches of %lld, scatters %lld to each of %d devices, broadcasts the "
+                       "parameters every forward and alone holds the optimizer", static_cast<long long>(rc.batch * rc.world),
+                       static_cast<long long>(rc.batch), rc.world);
+  ImGui::TextWrapped("device %s, backend %s: %s", rc.device.c_str(), rc.backend.c_str(), backend_words(rc).c_str());
+  ImGui::TextDisabled("Space run/pause  R ring step  C collective  I iteration  A pipeline action  Bksp reset  1-8 one view  0 all  P presentation  M clock  L lessons  N lesson: next step");
+}
+
+void App::config_panel() {
+  ImGui::Begin("Run");
+  ImGui::PushItemWidth(std::max(ImGui::GetFontSize() * 6, ImGui::GetContentRegionAvail().x - ImGui::GetFontSize() * 8));
+  const RunConfigView& run = session_->snapshot().config;
+  if (!run.attached.empty())
+    ImGui::TextWrapped("Attached to a launched run at %s: %d processes. Its settings are the launch command's; the "
+                       "controls pause and step all of its ranks.", run.attached.c_str(), run.world);
+  ImGui::BeginDisabled(!run.attached.empty());
+  TrainConfig& c = edit_;
+  bool changed = strategy_controls(c);
+  if (c.strategy == "pipeline") {
+    PipelineRequest r = pipeline_request_of(c);
+    if (pipeline_controls(r, false)) apply_pipeline_request(c, r), changed = true;
+  } else if (c.strategy != "fsdp") {  // fsdp shows its own options instead of DDP's buckets
+    changed |= ddp_controls(c);
+  } else {
+    changed |= fsdp_controls(c);
+  }
+  changed |= optimizer_and_hardware_controls(c);
   int clock = ctx_.modeled_clock ? 0 : 1;
   if (ImGui::RadioButton("modeled clock", &clock, 0)) ctx_.modeled_clock = true;
   ImGui::SameLine();
@@ -547,18 +592,7 @@ void App::config_panel() {
     ImGui::PopStyleColor();
   }
   ImGui::Separator();
-  const RunConfigView& rc = session_->snapshot().config;
-  ImGui::TextWrapped("%s on %s, %s; effective batch %lld", rc.model.c_str(), rc.data.c_str(), rc.optimizer.c_str(),
-                     static_cast<long long>(rc.batch * rc.world * rc.accum));
-  if (rc.strategy == "fsdp")
-    ImGui::TextWrapped("FSDP %s over %d ranks, units: %s", sharding_name(rc.sharding), rc.world,
-                       rc.wrap_layers ? "one per Linear" : "the whole model");
-  if (rc.strategy == "dp")
-    ImGui::TextWrapped("DataParallel: rank 0 loads batches of %lld, scatters %lld to each of %d devices, broadcasts the "
-                       "parameters every forward and alone holds the optimizer", static_cast<long long>(rc.batch * rc.world),
-                       static_cast<long long>(rc.batch), rc.world);
-  ImGui::TextWrapped("device %s, backend %s: %s", rc.device.c_str(), rc.backend.c_str(), backend_words(rc).c_str());
-  ImGui::TextDisabled("Space run/pause  R ring step  C collective  I iteration  A pipeline action  Bksp reset  1-8 one view  0 all  P presentation  M clock  L lessons  N lesson: next step");
+  run_summary(session_->snapshot().config);
   ImGui::PopItemWidth();
   ImGui::End();
 }
@@ -601,8 +635,7 @@ void App::views() {
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // pipeline: the ring's place
   };
   const Rect run_tile = {x0, top, 0.20f * W, 0.42f * H};
-  static bool was_pipeline = false;  // the tiles differ for pipelines: lay them out again on a switch
-  if (was_pipeline != session_->snapshot().pipeline.valid) was_pipeline = !was_pipeline, relayout_ = true;
+  if (was_pipeline_ != session_->snapshot().pipeline.valid) was_pipeline_ = !was_pipeline_, relayout_ = true;
   const ImGuiCond cond = relayout_ ? ImGuiCond_Always : ImGuiCond_FirstUseEver;
   if (solo_ < 0) {
     ImGui::SetNextWindowPos(ImVec2(run_tile.x, run_tile.y), cond);
@@ -640,14 +673,14 @@ void App::views() {
       continue;
     }
     switch (v) {
-      case kRing: draw_ring_view(s, ctx_); break;
+      case kRing: draw_ring_view(s, ctx_, ring_view_); break;
       case kBuckets: draw_bucket_view(s, ctx_); break;
       case kTimeline: draw_timeline_view(s, timeline_view_, ctx_); break;
       case kMemory: draw_memory_view(s, memory_view_, ctx_); break;
       case kInspector: draw_inspector_view(s, ctx_); break;
       case kData: draw_data_view(s, data_view_, ctx_); break;
       case kShards: draw_shard_view(s, ctx_); break;
-      case kPipeline: draw_pipeline_view(s, ctx_); break;
+      case kPipeline: draw_pipeline_view(s, ctx_, pipeline_view_); break;
     }
     ImGui::End();
   }

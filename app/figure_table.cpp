@@ -261,6 +261,293 @@ PipelineSchedule schedule_arg(const Args& a, int v) {
 }
 int chunks_arg(const Args& a) { return a.size() > 3 ? count_arg(a[3], "schedule: V", 1, 16) : 1; }
 
+// The table, one function per section; entries() joins them in this order.
+using S = const Snapshot&;
+using A = const Args&;
+
+// The run
+std::vector<Entry> run_entries() {
+  auto b = [](bool x) { return x ? 1.0 : 0.0; };
+  auto d = [](int64_t x) { return static_cast<double>(x); };
+  return {
+    {"world", "", "ranks in the run", [](S s, A) { return double(s.config.world); }},
+    {"batch", "", "samples per rank per micro-batch", [d](S s, A) { return d(s.config.batch); }},
+    {"accum", "", "micro-batches per optimizer step (gradient accumulation)", [d](S s, A) { return d(s.config.accum); }},
+    {"effective_batch", "", "batch x world x accum", [d](S s, A) { return d(s.config.batch * s.config.world * s.config.accum); }},
+    {"params", "", "parameters of the running model (Ψ)", [d](S s, A) { return d(s.config.num_params); }},
+    {"bucket_cap", "", "DDP bucket cap in bytes", [d](S s, A) { return d(s.config.bucket_cap_bytes); }},
+    {"step", "", "optimizer steps done", [d](S s, A) { return d(s.step); }},
+    {"iteration", "", "rank 0's current iteration (0-based)", [](S s, A) { return double(s.iteration); }},
+    {"epoch", "", "the sampler's epoch", [d](S s, A) { return d(s.data.epoch); }},
+    {"run.failed", "", "1 once the run failed (watchdog, desync)", [b](S s, A) { return b(!s.error.empty()); }},
+    {"run.finished", "", "1 once every step ran", [b](S s, A) { return b(s.finished); }},
+    {"watchdog.arrived", "", "ranks the watchdog saw arrive at the stuck collective", [](S s, A) { return double(diagnosed_ranks(s, false).size()); }},
+    {"watchdog.arrived[I]", "n", "the I-th rank to arrive there", [](S s, A a) { auto v = diagnosed_ranks(s, false); return double(v[static_cast<size_t>(index_of(a[0], v.size(), "arrived rank"))]); }},
+    {"watchdog.missing", "", "ranks the watchdog names missing (0 when none)", [](S s, A) { return double(diagnosed_ranks(s, true).size()); }},
+    {"watchdog.missing[I]", "n", "the I-th missing rank", [](S s, A a) { auto v = diagnosed_ranks(s, true); return double(v[static_cast<size_t>(index_of(a[0], v.size(), "missing rank"))]); }},
+    {"run.error_has(TEXT)", "s", "1 if the run's error message contains TEXT, e.g. \"finished reduction\"", [b](S s, A a) {
+       return b(!a[0].str.empty() && s.error.find(a[0].str) != std::string::npos); }},
+    {"run.error_rank", "", "the rank the run's error names first (\"rank R: ...\"; -1: none)", [](S s, A) {
+       const size_t at = s.error.find("rank ");
+       return at == std::string::npos || at > 16 ? -1.0 : std::atof(s.error.c_str() + at + 5); }},
+    {"watchdog.bucket", "", "the DDP bucket that never launched its all-reduce (-1: none)", [](S s, A) {
+       size_t at = s.error.find(", so bucket ");
+       return at == std::string::npos ? -1.0 : std::atof(s.error.c_str() + at + 12); }},
+  };
+}
+
+// The collective the ring view shows
+std::vector<Entry> collective_entries() {
+  auto b = [](bool x) { return x ? 1.0 : 0.0; };
+  auto d = [](int64_t x) { return static_cast<double>(x); };
+  return {
+    {"collective.seq", "", "its sequence number (#0 is the first of the run)", [d](S s, A) { return d(static_cast<int64_t>(collective(s).seq)); }},
+    {"collective.is(OP)", "s", "1 if it is OP: allreduce, allgather, reduce_scatter, broadcast, barrier, ...", [b](S s, A a) { return b(a[0].str == collective_name(collective(s).op)); }},
+    {"collective.bytes", "", "payload S in bytes (the whole buffer of an all-reduce)", [d](S s, A) { return d(collective(s).bytes); }},
+    {"collective.count", "", "elements per rank buffer", [d](S s, A) { return d(collective(s).count); }},
+    {"collective.steps", "", "algorithm steps: 2(n-1) for a ring all-reduce", [](S s, A) { return double(collective(s).steps); }},
+    {"collective.steps_done", "", "steps every rank has finished", [](S s, A) { return double(collective(s).steps_done); }},
+    {"collective.in_flight", "", "1 while some rank is inside it", [b](S s, A) { return b(collective(s).in_flight); }},
+    {"collective.arrived", "", "ranks that arrived (while in flight)", [](S s, A) { return double(collective(s).arrived.size()); }},
+    {"collective.arrived[I]", "n", "the I-th rank to arrive", [](S s, A a) { auto& v = collective(s).arrived; return double(v[static_cast<size_t>(index_of(a[0], v.size(), "arrived rank"))]); }},
+    {"collective.missing", "", "ranks not arrived yet", [](S s, A) { return double(collective(s).missing.size()); }},
+    {"collective.missing[I]", "n", "the I-th missing rank", [](S s, A a) { auto& v = collective(s).missing; return double(v[static_cast<size_t>(index_of(a[0], v.size(), "missing rank"))]); }},
+    {"collective.sent(R)", "n", "bytes rank R sent in it so far (from the engine's step events)", [](S s, A a) { return collective_bytes(s, collective(s).seq, count_arg(a[0], "rank", 0, 1 << 20), true); }},
+    {"collective.received(R)", "n", "bytes rank R received in it so far", [](S s, A a) { return collective_bytes(s, collective(s).seq, count_arg(a[0], "rank", 0, 1 << 20), false); }},
+    {"sent(SEQ, R)", "nn", "bytes rank R sent in collective #SEQ (of the last few iterations), e.g. once it finished", [](S s, A a) { return collective_bytes(s, static_cast<uint64_t>(count_arg(a[0], "collective #", 0, 1 << 30)), count_arg(a[1], "rank", 0, 1 << 20), true); }},
+    {"collective.bytes_per_rank", "", "bytes the busiest rank sent in it so far", [](S s, A) {
+       double m = 0;
+       for (int r = 0; r < collective(s).world; r++) m = std::max(m, collective_bytes(s, collective(s).seq, r, true));
+       return m; }},
+    {"collective.cell(R, C)", "nn", "ranks' contributions chunk C holds on rank R", [](S s, A a) {
+       const auto& cv = collective(s);
+       const auto& row = cv.cells[static_cast<size_t>(index_of(a[0], cv.cells.size(), "rank"))];
+       return double(row[static_cast<size_t>(index_of(a[1], row.size(), "chunk"))]); }},
+    {"collective.predicted_us", "", "the cost model's time on the run's hardware profile, µs", [](S s, A) { return collective(s).predicted_s * 1e6; }},
+    {"collective.algbw", "", "algorithm bandwidth, GB/s (bytes / time)", [](S s, A) { return collective(s).algbw_gbs; }},
+    {"collective.busbw", "", "bus bandwidth, GB/s (algbw x 2(n-1)/n for all-reduce)", [](S s, A) { return collective(s).busbw_gbs; }},
+  };
+}
+
+// DDP buckets (rank 0's reducer)
+std::vector<Entry> bucket_entries() {
+  auto b = [](bool x) { return x ? 1.0 : 0.0; };
+  auto d = [](int64_t x) { return static_cast<double>(x); };
+  return {
+    {"bucket.count", "", "DDP buckets", [](S s, A) { return double(s.buckets.size()); }},
+    {"bucket.of(NAME)", "s", "the bucket holding parameter NAME, e.g. \"2.weight\" (-1: none)", [](S s, A a) {
+       for (const BucketView& bv : s.buckets)
+         for (const BucketParam& p : bv.params)
+           if (p.name == a[0].str) return double(bv.index);
+       return -1.0; }},
+    {"bucket[I].bytes", "n", "its size in bytes", [d](S s, A a) { return d(bucket(s, a[0]).bytes); }},
+    {"bucket[I].params", "n", "parameters in it", [](S s, A a) { return double(bucket(s, a[0]).params.size()); }},
+    {"bucket[I].ready", "n", "1 once every gradient in it is ready (ready, launched, reducing or done)", [b](S s, A a) { return b(bucket(s, a[0]).state >= BucketState::Ready); }},
+    {"bucket[I].launched", "n", "1 once its all-reduce is issued", [b](S s, A a) { return b(bucket(s, a[0]).state >= BucketState::Launched); }},
+    {"bucket[I].done", "n", "1 once its all-reduce finished", [b](S s, A a) { return b(bucket(s, a[0]).state == BucketState::Done); }},
+    {"bucket[I].launch_order", "n", "its launch position in this backward pass (-1: not launched)", [](S s, A a) { return double(bucket(s, a[0]).launch_order); }},
+    {"buckets.ready", "", "buckets ready or further along", [](S s, A) { return double(std::count_if(s.buckets.begin(), s.buckets.end(), [](const BucketView& v) { return v.state >= BucketState::Ready; })); }},
+    {"buckets.done", "", "buckets whose all-reduce finished", [](S s, A) { return double(std::count_if(s.buckets.begin(), s.buckets.end(), [](const BucketView& v) { return v.state == BucketState::Done; })); }},
+  };
+}
+
+// Memory per rank, bytes now
+std::vector<Entry> memory_entries() {
+  auto d = [](int64_t x) { return static_cast<double>(x); };
+  return {
+    {"memory.rank[R].parameters", "n", "parameter bytes (FSDP: the shard)", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::Parameters)); }},
+    {"memory.rank[R].gradients", "n", "gradient bytes", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::Gradients)); }},
+    {"memory.rank[R].optimizer", "n", "optimizer state bytes", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::OptimizerState)); }},
+    {"memory.rank[R].activations", "n", "activation bytes", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::Activations)); }},
+    {"memory.rank[R].comm", "n", "communication buffers (DDP buckets)", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::CommBuffers)); }},
+    {"memory.rank[R].gathered", "n", "FSDP: unsharded parameters gathered now", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::GatheredParameters)); }},
+    {"memory.rank[R].total", "n", "everything the rank holds now", [d](S s, A a) { return d(memory(s, a[0]).total_current); }},
+    {"memory.rank[R].peak", "n", "the iteration's peak", [d](S s, A a) { return d(memory(s, a[0]).total_peak); }},
+  };
+}
+
+// Training history (rank 0's reports: means over every rank's samples)
+std::vector<Entry> history_entries() {
+  return {
+    {"history.count", "", "optimizer steps reported", [](S s, A) { return double(s.history.size()); }},
+    {"history.last.loss", "", "loss of the last step (before its update)", [](S s, A) { return double(last_step(s).loss); }},
+    {"history.last.accuracy", "", "accuracy of the last step", [](S s, A) { return last_step(s).accuracy; }},
+    {"history.last.overlap", "", "share of all-reduce time hidden behind backward in the last step", [](S s, A) { return last_step(s).overlap; }},
+    {"count.micro_batches(I)", "n", "forward+backward passes rank 0 ran in iteration I (losses computed)", [](S s, A a) {
+       return count_events(s, a[0].num, [](const Event& e) { return e.kind == EventKind::Compute && e.compute.kind == ComputeKind::Loss; }); }},
+    {"count.collectives(I, OP)", "ns", "collectives OP (broadcast, reduce, allreduce, ...) rank 0 ran in iteration I", [](S s, A a) {
+       return count_events(s, a[0].num, [&a](const Event& e) { return e.kind == EventKind::Collective && a[1].str == collective_name(e.coll.op); }); }},
+    {"count.bucket_allreduces(I)", "n", "bucket all-reduces rank 0 launched in iteration I", [](S s, A a) {
+       return count_events(s, a[0].num, [](const Event& e) { return e.kind == EventKind::BucketLaunch; }); }},
+    {"loss(K)", "n", "loss of step K (1-based)", [](S s, A a) { return double(step_point(s, a[0]).loss); }},
+    {"accuracy(K)", "n", "accuracy of step K", [](S s, A a) { return step_point(s, a[0]).accuracy; }},
+  };
+}
+
+// Data and the DistributedSampler
+std::vector<Entry> data_entries() {
+  auto b = [](bool x) { return x ? 1.0 : 0.0; };
+  auto d = [](int64_t x) { return static_cast<double>(x); };
+  return {
+    {"data.n", "", "samples in the data set", [d](S s, A) { return d(s.data.n); }},
+    {"data.owned(R)", "n", "samples the sampler gives rank R in the shown epoch", [](S s, A a) {
+       // Compared as numbers: R beyond an int16_t (or a fraction) owns nothing, and is never converted to one.
+       return double(std::count_if(s.data.owner.begin(), s.data.owner.end(), [&](int16_t o) { return o == a[0].num; })); }},
+    {"data.set_epoch", "", "1 when set_epoch is called every epoch", [b](S s, A) { return b(s.data.set_epoch); }},
+    {"data.same_owner(MARK)", "s", "samples whose rank is the same now as when `mark MARK` ran", nullptr, [](const FigureScope& sc, A a) {
+       const auto& now = sc.now->data.owner;
+       const auto& then = marked(sc, a[0].str).data.owner;
+       double same = 0;
+       for (size_t i = 0; i < std::min(now.size(), then.size()); i++) same += now[i] == then[i] ? 1 : 0;
+       return same; }},
+  };
+}
+
+// FSDP units
+std::vector<Entry> unit_entries() {
+  auto d = [](int64_t x) { return static_cast<double>(x); };
+  return {
+    {"unit.count", "", "FSDP units (flat parameters)", [](S s, A) { return double(s.units.size()); }},
+    {"unit[I].numel", "n", "elements of its flat parameter", [d](S s, A a) { return d(unit(s, a[0]).numel); }},
+    {"unit[I].shard", "n", "elements each rank keeps (ceil(numel / ranks))", [d](S s, A a) { return d(unit(s, a[0]).chunk); }},
+    {"unit[I].gathered", "n", "ranks holding its full parameters now", [](S s, A a) { auto& g = unit(s, a[0]).gathered; return double(std::count(g.begin(), g.end(), 1)); }},
+  };
+}
+
+// What a sharded checkpoint of this run holds
+std::vector<Entry> checkpoint_entries() {
+  return {
+    {"checkpoint.elements(R)", "n", "float32 values rank R's file holds in a --save-sharded of this run: its shards without the padding (0: R writes no file)", [](S s, A a) {
+       return checkpoint_elements(s, index_of(a[0], static_cast<size_t>(std::max(1, s.config.world)), "rank")); }},
+    {"checkpoint.files", "", "rank files a --save-sharded of this run writes (index.json not counted)", [](S s, A) {
+       double files = 0;
+       for (int r = 0; r < s.config.world; r++) files += checkpoint_elements(s, r) > 0 ? 1 : 0;
+       return files; }},
+  };
+}
+
+// An imported PyTorch profiler trace (dtlab --open): engine/trace/trace_import.h
+std::vector<Entry> trace_entries() {
+  return {
+    {"trace.ranks", "", "ranks (files) of the open trace", [](S s, A) { return double(trace(s).ranks.size()); }},
+    {"trace.iterations", "", "iterations it marks (rank 0's ProfilerStep#N spans)", [](S s, A) { return double(trace(s).iterations); }},
+    {"trace.collectives", "", "collectives matched across every rank", [](S s, A) { return double(trace(s).collectives.size()); }},
+    {"trace.buckets(I)", "n", "DDP buckets (all-reduces) in the I-th profiled iteration (0-based)", [](S s, A a) {
+       const std::vector<int> per = trace(s).buckets_per_iteration();
+       return double(per.at(static_cast<size_t>(index_of(a[0], per.size(), "iteration")))); }},
+    {"trace.bucket_collective(I, B)", "nn", "index K of bucket B's all-reduce in iteration I (buckets in launch order)", [](S s, A a) {
+       return double(trace_bucket_collective(s, a[0], a[1])); }},
+    {"trace.bytes(K)", "n", "bytes of collective K (-1: the format records no sizes)", [](S s, A a) { return double(trace_collective(s, a[0]).bytes); }},
+    {"trace.busy_us(K)", "n", "µs collective K moved data with every rank present (end - last rank's start)", [](S s, A a) { return trace_collective(s, a[0]).busy_us; }},
+    {"trace.last_rank(K)", "n", "the rank that arrived last at collective K", [](S s, A a) { return double(trace_collective(s, a[0]).last_rank); }},
+    {"trace.late_us(K)", "n", "µs between the first and the last rank's arrival at collective K", [](S s, A a) {
+       const TraceCollective& c = trace_collective(s, a[0]);
+       return c.last_arrival_us - c.first_arrival_us; }},
+    {"trace.exposed_us(K, R)", "nn", "µs of collective K's communication on rank R with no compute beside it", [](S s, A a) {
+       const TraceCollective& c = trace_collective(s, a[0]);
+       const ImportedTrace& t = trace(s);
+       const int r = index_of(a[1], t.ranks.size(), "rank");
+       return t.ranks[static_cast<size_t>(r)].collectives[static_cast<size_t>(c.rank_index[static_cast<size_t>(r)])].exposed_us; }},
+    {"trace.rank[R].wall_us", "n", "µs of rank R's profiled steps (the breakdown's whole)", [](S s, A a) { return trace_rank(s, a[0]).wall_us; }},
+    {"trace.rank[R].compute_us", "n", "µs rank R computed with no communication beside it", [](S s, A a) { return trace_rank(s, a[0]).compute_us; }},
+    {"trace.rank[R].overlapped_us", "n", "µs of rank R's communication hidden behind its compute", [](S s, A a) { return trace_rank(s, a[0]).overlapped_us; }},
+    {"trace.rank[R].exposed_us", "n", "µs of rank R's communication with no compute beside it", [](S s, A a) { return trace_rank(s, a[0]).exposed_comm_us; }},
+    {"trace.rank[R].idle_us", "n", "µs rank R neither computed, communicated nor copied", [](S s, A a) { return trace_rank(s, a[0]).idle_us; }},
+    {"trace.rank[R].straggled", "n", "collectives rank R arrived last to", [](S s, A a) { return double(trace_rank(s, a[0]).straggled); }},
+    {"trace.most_exposed_rank", "", "the rank with the most exposed communication", [](S s, A) { return trace_argmax(s, &RankBreakdown::exposed_comm_us); }},
+    {"trace.straggler", "", "the rank that arrived last most often", [](S s, A) {
+       const ImportedTrace& t = trace(s);
+       int best = 0;
+       for (size_t r = 1; r < t.breakdown.size(); r++)
+         if (t.breakdown[r].straggled > t.breakdown[static_cast<size_t>(best)].straggled) best = static_cast<int>(r);
+       return double(best); }},
+  };
+}
+
+// Bytes on the wire, by link
+std::vector<Entry> traffic_entries() {
+  return {
+    {"traffic.sent(R, PEER)", "nn", "bytes rank R sent to rank PEER in the last iteration every rank finished (collective steps and point-to-point sends, process groups included)", [](S s, A a) {
+       const auto m = traffic_matrix(s, last_finished_iteration(s));
+       return m[static_cast<size_t>(index_of(a[0], m.size(), "rank"))][static_cast<size_t>(index_of(a[1], m.size(), "rank"))]; }},
+    {"traffic.cross_node(R)", "n", "bytes rank R sent to ranks on other nodes (of the run's hardware profile) in that iteration", [](S s, A a) {
+       return cross_node_bytes(s, index_of(a[0], s.events.size(), "rank")); }},
+    {"traffic.cross_node_total", "", "bytes all ranks together sent between nodes in that iteration", [](S s, A) { return cross_node_bytes(s, -1); }},
+    {"traffic.sent_by(R)", "n", "bytes rank R sent to all ranks in that iteration", [](S s, A a) {
+       const auto m = traffic_matrix(s, last_finished_iteration(s));
+       const auto& row = m[static_cast<size_t>(index_of(a[0], m.size(), "rank"))];
+       return std::accumulate(row.begin(), row.end(), 0.0); }},
+    {"traffic.received_by(R)", "n", "bytes rank R received from all ranks in that iteration", [](S s, A a) {
+       const auto m = traffic_matrix(s, last_finished_iteration(s));
+       const size_t r = static_cast<size_t>(index_of(a[0], m.size(), "rank"));
+       double b = 0;
+       for (const auto& row : m) b += row[r];
+       return b; }},
+    {"traffic.total", "", "bytes all ranks together sent in that iteration", [](S s, A) {
+       double b = 0;
+       for (const auto& row : traffic_matrix(s, last_finished_iteration(s))) b += std::accumulate(row.begin(), row.end(), 0.0);
+       return b; }},
+    {"iteration.modeled_us", "", "rank 0's last finished iteration on the modeled clock, µs", [](S s, A) {
+       const int32_t it = last_finished_iteration(s);
+       for (const Event& e : s.events[0])
+         if (e.kind == EventKind::Iteration && e.iteration == it) return (e.model_end - e.model_begin) * 1e6;
+       fail("iteration " + std::to_string(it) + " is no longer in rank 0's recent events"); }},
+  };
+}
+
+// The live pipeline run
+std::vector<Entry> pipeline_entries() {
+  return {
+    {"pipeline.bubble(R)", "n", "rank R's idle share of the last finished iteration, measured on the modeled clock", [](S s, A a) {
+       const double b = pipe_rank(s, a[0]).bubble;
+       if (b < 0) fail("no pipeline iteration has finished yet; step an iteration first");
+       return b; }},
+    {"pipeline.formula_bubble", "", "the running schedule's bubble by formula, with this run's action costs", [](S s, A) {
+       if (!s.pipeline.valid) fail("this run is not a pipeline; use --strategy pipeline");
+       return s.pipeline.formula.of_wall; }},
+    {"pipeline.peak(R)", "n", "rank R's most micro-batches in flight in the shown iteration", [](S s, A a) { return double(pipe_rank(s, a[0]).peak_inflight); }},
+    {"pipeline.actions_done(R)", "n", "actions rank R has finished in the shown iteration", [](S s, A a) { return double(pipe_rank(s, a[0]).done.size()); }},
+  };
+}
+
+// Formulas, from the engine's planner, cost model, step plans and schedules
+std::vector<Entry> formula_entries() {
+  return {
+    {"plan.total(P, N, SHARDING, DTYPE?)", "nns|s", "bytes per rank for P parameters on N ranks (AdamW; SHARDING no-shard, zero1, grad-op, full; DTYPE fp32 (default) or mixed)", [](S, A a) { return plan_field(a, &MemoryPlan::total); }},
+    {"plan.parameters(P, N, SHARDING, DTYPE?)", "nns|s", "of which parameters", [](S, A a) { return plan_field(a, &MemoryPlan::parameters); }},
+    {"plan.gradients(P, N, SHARDING, DTYPE?)", "nns|s", "of which gradients", [](S, A a) { return plan_field(a, &MemoryPlan::gradients); }},
+    {"plan.optimizer(P, N, SHARDING, DTYPE?)", "nns|s", "of which optimizer state", [](S, A a) { return plan_field(a, &MemoryPlan::optimizer_state); }},
+    {"plan.comm(P, N, SHARDING, DTYPE?)", "nns|s", "bytes each rank sends per step", [](S, A a) { return plan_field(a, &MemoryPlan::comm_bytes); }},
+    {"plan.hybrid(P, N, K, DTYPE?)", "nnn|s", "bytes per rank under HYBRID_SHARD: P parameters on N ranks, sharded in groups of K (AdamW)", [](S, A a) { return plan_hybrid(a); }},
+    {"algo.steps(ALGO, N)", "sn", "steps of an all-reduce with ALGO (ring, tree, naive) on N ranks", [](S, A a) { return double(algorithm_step_count(CollectiveOp::AllReduce, parse_algorithm(a[0].str), count_arg(a[1], "algo: world", 1, 64))); }},
+    {"algo.sent(ALGO, N, BYTES, R)", "snnn", "bytes rank R sends in an all-reduce of BYTES", [](S, A a) { auto v = algo_sent(a); return v[static_cast<size_t>(index_of(a[3], v.size(), "rank"))]; }},
+    {"algo.busiest(ALGO, N, BYTES)", "snn", "bytes the busiest rank sends in it", [](S, A a) { auto v = algo_sent(a); return *std::max_element(v.begin(), v.end()); }},
+    {"cost.allreduce_us(PROFILE, N, BYTES)", "snn", "ring all-reduce time on a hardware profile (nvlink8, pcie8, ib2x4, eth2x4), µs", [](S, A a) {
+       return CostModel(find_profile(a[0].str), count_arg(a[1], "cost: world", 1, 1024)).collective_time(CollectiveOp::AllReduce, Algorithm::Ring, a[2].num) * 1e6; }},
+    {"link.gbs(PROFILE, WHICH)", "ss", "bandwidth of a profile's \"intra\" (inside a node) or \"inter\" (between nodes) link, GB/s", [](S, A a) {
+       const HardwareProfile p = find_profile(a[0].str);
+       if (a[1].str != "intra" && a[1].str != "inter") fail("link.gbs takes \"intra\" or \"inter\", not \"" + a[1].str + "\"");
+       return 1.0 / (a[1].str == "intra" ? p.intra : p.inter).beta / 1e9; }},
+    {"schedule.bubble(KIND, P, M, V?)", "snn|n", "idle share of the makespan by formula: (p-1)/(m+p-1) for gpipe and 1f1b", [](S, A a) {
+       return formula_bubble(parse_schedule_kind(a[0].str), stages_arg(a), microbatches_arg(a), chunks_arg(a)).of_wall; }},
+    {"schedule.bubble_of_ideal(KIND, P, M, V?)", "snn|n", "idle over compute alone: (p-1)/m for gpipe and 1f1b", [](S, A a) {
+       return formula_bubble(parse_schedule_kind(a[0].str), stages_arg(a), microbatches_arg(a), chunks_arg(a)).of_ideal; }},
+    {"schedule.measured_bubble(KIND, P, M, V?)", "snn|n", "rank 0's idle share when the generated schedule is simulated", [](S, A a) { return simulate(schedule_arg(a, chunks_arg(a))).bubble.at(0); }},
+    {"schedule.steps(KIND, P, M, V?)", "snn|n", "time steps of the generated grid", [](S, A a) { return double(num_steps(schedule_arg(a, chunks_arg(a)))); }},
+    {"schedule.peak(KIND, P, M, R)", "snnn", "rank R's peak micro-batches in flight (activations held)", [](S, A a) { return double(measured_peak_inflight(schedule_arg(a, 1), index_of(a[3], static_cast<size_t>(stages_arg(a)), "rank"))); }},
+  };
+}
+
+// Arithmetic
+std::vector<Entry> arithmetic_entries() {
+  return {
+    {"min(A, B)", "nn", "the smaller", [](S, A a) { return std::min(a[0].num, a[1].num); }},
+    {"max(A, B)", "nn", "the larger", [](S, A a) { return std::max(a[0].num, a[1].num); }},
+    {"abs(X)", "n", "absolute value", [](S, A a) { return std::fabs(a[0].num); }},
+    {"round(X)", "n", "nearest whole number", [](S, A a) { return std::round(a[0].num); }},
+  };
+}
+
 }  // namespace
 
 const Snapshot& marked(const FigureScope& sc, const std::string& name) {
@@ -270,220 +557,14 @@ const Snapshot& marked(const FigureScope& sc, const std::string& name) {
 }
 
 const std::vector<Entry>& entries() {
-  using S = const Snapshot&;
-  using A = const Args&;
-  auto b = [](bool x) { return x ? 1.0 : 0.0; };
-  auto d = [](int64_t x) { return static_cast<double>(x); };
-  static const std::vector<Entry> table = {
-      // the run
-      {"world", "", "ranks in the run", [](S s, A) { return double(s.config.world); }},
-      {"batch", "", "samples per rank per micro-batch", [d](S s, A) { return d(s.config.batch); }},
-      {"accum", "", "micro-batches per optimizer step (gradient accumulation)", [d](S s, A) { return d(s.config.accum); }},
-      {"effective_batch", "", "batch x world x accum", [d](S s, A) { return d(s.config.batch * s.config.world * s.config.accum); }},
-      {"params", "", "parameters of the running model (Ψ)", [d](S s, A) { return d(s.config.num_params); }},
-      {"bucket_cap", "", "DDP bucket cap in bytes", [d](S s, A) { return d(s.config.bucket_cap_bytes); }},
-      {"step", "", "optimizer steps done", [d](S s, A) { return d(s.step); }},
-      {"iteration", "", "rank 0's current iteration (0-based)", [](S s, A) { return double(s.iteration); }},
-      {"epoch", "", "the sampler's epoch", [d](S s, A) { return d(s.data.epoch); }},
-      {"run.failed", "", "1 once the run failed (watchdog, desync)", [b](S s, A) { return b(!s.error.empty()); }},
-      {"run.finished", "", "1 once every step ran", [b](S s, A) { return b(s.finished); }},
-      {"watchdog.arrived", "", "ranks the watchdog saw arrive at the stuck collective", [](S s, A) { return double(diagnosed_ranks(s, false).size()); }},
-      {"watchdog.arrived[I]", "n", "the I-th rank to arrive there", [](S s, A a) { auto v = diagnosed_ranks(s, false); return double(v[static_cast<size_t>(index_of(a[0], v.size(), "arrived rank"))]); }},
-      {"watchdog.missing", "", "ranks the watchdog names missing (0 when none)", [](S s, A) { return double(diagnosed_ranks(s, true).size()); }},
-      {"watchdog.missing[I]", "n", "the I-th missing rank", [](S s, A a) { auto v = diagnosed_ranks(s, true); return double(v[static_cast<size_t>(index_of(a[0], v.size(), "missing rank"))]); }},
-      {"run.error_has(TEXT)", "s", "1 if the run's error message contains TEXT, e.g. \"finished reduction\"", [b](S s, A a) {
-         return b(!a[0].str.empty() && s.error.find(a[0].str) != std::string::npos); }},
-      {"run.error_rank", "", "the rank the run's error names first (\"rank R: ...\"; -1: none)", [](S s, A) {
-         const size_t at = s.error.find("rank ");
-         return at == std::string::npos || at > 16 ? -1.0 : std::atof(s.error.c_str() + at + 5); }},
-      {"watchdog.bucket", "", "the DDP bucket that never launched its all-reduce (-1: none)", [](S s, A) {
-         size_t at = s.error.find(", so bucket ");
-         return at == std::string::npos ? -1.0 : std::atof(s.error.c_str() + at + 12); }},
-      // the collective the ring view shows
-      {"collective.seq", "", "its sequence number (#0 is the first of the run)", [d](S s, A) { return d(static_cast<int64_t>(collective(s).seq)); }},
-      {"collective.is(OP)", "s", "1 if it is OP: allreduce, allgather, reduce_scatter, broadcast, barrier, ...", [b](S s, A a) { return b(a[0].str == collective_name(collective(s).op)); }},
-      {"collective.bytes", "", "payload S in bytes (the whole buffer of an all-reduce)", [d](S s, A) { return d(collective(s).bytes); }},
-      {"collective.count", "", "elements per rank buffer", [d](S s, A) { return d(collective(s).count); }},
-      {"collective.steps", "", "algorithm steps: 2(n-1) for a ring all-reduce", [](S s, A) { return double(collective(s).steps); }},
-      {"collective.steps_done", "", "steps every rank has finished", [](S s, A) { return double(collective(s).steps_done); }},
-      {"collective.in_flight", "", "1 while some rank is inside it", [b](S s, A) { return b(collective(s).in_flight); }},
-      {"collective.arrived", "", "ranks that arrived (while in flight)", [](S s, A) { return double(collective(s).arrived.size()); }},
-      {"collective.arrived[I]", "n", "the I-th rank to arrive", [](S s, A a) { auto& v = collective(s).arrived; return double(v[static_cast<size_t>(index_of(a[0], v.size(), "arrived rank"))]); }},
-      {"collective.missing", "", "ranks not arrived yet", [](S s, A) { return double(collective(s).missing.size()); }},
-      {"collective.missing[I]", "n", "the I-th missing rank", [](S s, A a) { auto& v = collective(s).missing; return double(v[static_cast<size_t>(index_of(a[0], v.size(), "missing rank"))]); }},
-      {"collective.sent(R)", "n", "bytes rank R sent in it so far (from the engine's step events)", [](S s, A a) { return collective_bytes(s, collective(s).seq, count_arg(a[0], "rank", 0, 1 << 20), true); }},
-      {"collective.received(R)", "n", "bytes rank R received in it so far", [](S s, A a) { return collective_bytes(s, collective(s).seq, count_arg(a[0], "rank", 0, 1 << 20), false); }},
-      {"sent(SEQ, R)", "nn", "bytes rank R sent in collective #SEQ (of the last few iterations), e.g. once it finished", [](S s, A a) { return collective_bytes(s, static_cast<uint64_t>(count_arg(a[0], "collective #", 0, 1 << 30)), count_arg(a[1], "rank", 0, 1 << 20), true); }},
-      {"collective.bytes_per_rank", "", "bytes the busiest rank sent in it so far", [](S s, A) {
-         double m = 0;
-         for (int r = 0; r < collective(s).world; r++) m = std::max(m, collective_bytes(s, collective(s).seq, r, true));
-         return m; }},
-      {"collective.cell(R, C)", "nn", "ranks' contributions chunk C holds on rank R", [](S s, A a) {
-         const auto& cv = collective(s);
-         const auto& row = cv.cells[static_cast<size_t>(index_of(a[0], cv.cells.size(), "rank"))];
-         return double(row[static_cast<size_t>(index_of(a[1], row.size(), "chunk"))]); }},
-      {"collective.predicted_us", "", "the cost model's time on the run's hardware profile, µs", [](S s, A) { return collective(s).predicted_s * 1e6; }},
-      {"collective.algbw", "", "algorithm bandwidth, GB/s (bytes / time)", [](S s, A) { return collective(s).algbw_gbs; }},
-      {"collective.busbw", "", "bus bandwidth, GB/s (algbw x 2(n-1)/n for all-reduce)", [](S s, A) { return collective(s).busbw_gbs; }},
-      // DDP buckets (rank 0's reducer)
-      {"bucket.count", "", "DDP buckets", [](S s, A) { return double(s.buckets.size()); }},
-      {"bucket.of(NAME)", "s", "the bucket holding parameter NAME, e.g. \"2.weight\" (-1: none)", [](S s, A a) {
-         for (const BucketView& bv : s.buckets)
-           for (const BucketParam& p : bv.params)
-             if (p.name == a[0].str) return double(bv.index);
-         return -1.0; }},
-      {"bucket[I].bytes", "n", "its size in bytes", [d](S s, A a) { return d(bucket(s, a[0]).bytes); }},
-      {"bucket[I].params", "n", "parameters in it", [](S s, A a) { return double(bucket(s, a[0]).params.size()); }},
-      {"bucket[I].ready", "n", "1 once every gradient in it is ready (ready, launched, reducing or done)", [b](S s, A a) { return b(bucket(s, a[0]).state >= BucketState::Ready); }},
-      {"bucket[I].launched", "n", "1 once its all-reduce is issued", [b](S s, A a) { return b(bucket(s, a[0]).state >= BucketState::Launched); }},
-      {"bucket[I].done", "n", "1 once its all-reduce finished", [b](S s, A a) { return b(bucket(s, a[0]).state == BucketState::Done); }},
-      {"bucket[I].launch_order", "n", "its launch position in this backward pass (-1: not launched)", [](S s, A a) { return double(bucket(s, a[0]).launch_order); }},
-      {"buckets.ready", "", "buckets ready or further along", [](S s, A) { return double(std::count_if(s.buckets.begin(), s.buckets.end(), [](const BucketView& v) { return v.state >= BucketState::Ready; })); }},
-      {"buckets.done", "", "buckets whose all-reduce finished", [](S s, A) { return double(std::count_if(s.buckets.begin(), s.buckets.end(), [](const BucketView& v) { return v.state == BucketState::Done; })); }},
-      // memory per rank, bytes now
-      {"memory.rank[R].parameters", "n", "parameter bytes (FSDP: the shard)", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::Parameters)); }},
-      {"memory.rank[R].gradients", "n", "gradient bytes", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::Gradients)); }},
-      {"memory.rank[R].optimizer", "n", "optimizer state bytes", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::OptimizerState)); }},
-      {"memory.rank[R].activations", "n", "activation bytes", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::Activations)); }},
-      {"memory.rank[R].comm", "n", "communication buffers (DDP buckets)", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::CommBuffers)); }},
-      {"memory.rank[R].gathered", "n", "FSDP: unsharded parameters gathered now", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::GatheredParameters)); }},
-      {"memory.rank[R].total", "n", "everything the rank holds now", [d](S s, A a) { return d(memory(s, a[0]).total_current); }},
-      {"memory.rank[R].peak", "n", "the iteration's peak", [d](S s, A a) { return d(memory(s, a[0]).total_peak); }},
-      // training history (rank 0's reports: means over every rank's samples)
-      {"history.count", "", "optimizer steps reported", [](S s, A) { return double(s.history.size()); }},
-      {"history.last.loss", "", "loss of the last step (before its update)", [](S s, A) { return double(last_step(s).loss); }},
-      {"history.last.accuracy", "", "accuracy of the last step", [](S s, A) { return last_step(s).accuracy; }},
-      {"history.last.overlap", "", "share of all-reduce time hidden behind backward in the last step", [](S s, A) { return last_step(s).overlap; }},
-      {"count.micro_batches(I)", "n", "forward+backward passes rank 0 ran in iteration I (losses computed)", [](S s, A a) {
-         return count_events(s, a[0].num, [](const Event& e) { return e.kind == EventKind::Compute && e.compute.kind == ComputeKind::Loss; }); }},
-      {"count.collectives(I, OP)", "ns", "collectives OP (broadcast, reduce, allreduce, ...) rank 0 ran in iteration I", [](S s, A a) {
-         return count_events(s, a[0].num, [&a](const Event& e) { return e.kind == EventKind::Collective && a[1].str == collective_name(e.coll.op); }); }},
-      {"count.bucket_allreduces(I)", "n", "bucket all-reduces rank 0 launched in iteration I", [](S s, A a) {
-         return count_events(s, a[0].num, [](const Event& e) { return e.kind == EventKind::BucketLaunch; }); }},
-      {"loss(K)", "n", "loss of step K (1-based)", [](S s, A a) { return double(step_point(s, a[0]).loss); }},
-      {"accuracy(K)", "n", "accuracy of step K", [](S s, A a) { return step_point(s, a[0]).accuracy; }},
-      // data and the DistributedSampler
-      {"data.n", "", "samples in the data set", [d](S s, A) { return d(s.data.n); }},
-      {"data.owned(R)", "n", "samples the sampler gives rank R in the shown epoch", [](S s, A a) {
-         // Compared as numbers: R beyond an int16_t (or a fraction) owns nothing, and is never converted to one.
-         return double(std::count_if(s.data.owner.begin(), s.data.owner.end(), [&](int16_t o) { return o == a[0].num; })); }},
-      {"data.set_epoch", "", "1 when set_epoch is called every epoch", [b](S s, A) { return b(s.data.set_epoch); }},
-      {"data.same_owner(MARK)", "s", "samples whose rank is the same now as when `mark MARK` ran", nullptr, [](const FigureScope& sc, A a) {
-         const auto& now = sc.now->data.owner;
-         const auto& then = marked(sc, a[0].str).data.owner;
-         double same = 0;
-         for (size_t i = 0; i < std::min(now.size(), then.size()); i++) same += now[i] == then[i] ? 1 : 0;
-         return same; }},
-      // FSDP units
-      {"unit.count", "", "FSDP units (flat parameters)", [](S s, A) { return double(s.units.size()); }},
-      {"unit[I].numel", "n", "elements of its flat parameter", [d](S s, A a) { return d(unit(s, a[0]).numel); }},
-      {"unit[I].shard", "n", "elements each rank keeps (ceil(numel / ranks))", [d](S s, A a) { return d(unit(s, a[0]).chunk); }},
-      {"unit[I].gathered", "n", "ranks holding its full parameters now", [](S s, A a) { auto& g = unit(s, a[0]).gathered; return double(std::count(g.begin(), g.end(), 1)); }},
-      // what a sharded checkpoint of this run holds
-      {"checkpoint.elements(R)", "n", "float32 values rank R's file holds in a --save-sharded of this run: its shards without the padding (0: R writes no file)", [](S s, A a) {
-         return checkpoint_elements(s, index_of(a[0], static_cast<size_t>(std::max(1, s.config.world)), "rank")); }},
-      {"checkpoint.files", "", "rank files a --save-sharded of this run writes (index.json not counted)", [](S s, A) {
-         double files = 0;
-         for (int r = 0; r < s.config.world; r++) files += checkpoint_elements(s, r) > 0 ? 1 : 0;
-         return files; }},
-      // an imported PyTorch profiler trace (dtlab --open): engine/trace/trace_import.h
-      {"trace.ranks", "", "ranks (files) of the open trace", [](S s, A) { return double(trace(s).ranks.size()); }},
-      {"trace.iterations", "", "iterations it marks (rank 0's ProfilerStep#N spans)", [](S s, A) { return double(trace(s).iterations); }},
-      {"trace.collectives", "", "collectives matched across every rank", [](S s, A) { return double(trace(s).collectives.size()); }},
-      {"trace.buckets(I)", "n", "DDP buckets (all-reduces) in the I-th profiled iteration (0-based)", [](S s, A a) {
-         const std::vector<int> per = trace(s).buckets_per_iteration();
-         return double(per.at(static_cast<size_t>(index_of(a[0], per.size(), "iteration")))); }},
-      {"trace.bucket_collective(I, B)", "nn", "index K of bucket B's all-reduce in iteration I (buckets in launch order)", [](S s, A a) {
-         return double(trace_bucket_collective(s, a[0], a[1])); }},
-      {"trace.bytes(K)", "n", "bytes of collective K (-1: the format records no sizes)", [](S s, A a) { return double(trace_collective(s, a[0]).bytes); }},
-      {"trace.busy_us(K)", "n", "µs collective K moved data with every rank present (end - last rank's start)", [](S s, A a) { return trace_collective(s, a[0]).busy_us; }},
-      {"trace.last_rank(K)", "n", "the rank that arrived last at collective K", [](S s, A a) { return double(trace_collective(s, a[0]).last_rank); }},
-      {"trace.late_us(K)", "n", "µs between the first and the last rank's arrival at collective K", [](S s, A a) {
-         const TraceCollective& c = trace_collective(s, a[0]);
-         return c.last_arrival_us - c.first_arrival_us; }},
-      {"trace.exposed_us(K, R)", "nn", "µs of collective K's communication on rank R with no compute beside it", [](S s, A a) {
-         const TraceCollective& c = trace_collective(s, a[0]);
-         const ImportedTrace& t = trace(s);
-         const int r = index_of(a[1], t.ranks.size(), "rank");
-         return t.ranks[static_cast<size_t>(r)].collectives[static_cast<size_t>(c.rank_index[static_cast<size_t>(r)])].exposed_us; }},
-      {"trace.rank[R].wall_us", "n", "µs of rank R's profiled steps (the breakdown's whole)", [](S s, A a) { return trace_rank(s, a[0]).wall_us; }},
-      {"trace.rank[R].compute_us", "n", "µs rank R computed with no communication beside it", [](S s, A a) { return trace_rank(s, a[0]).compute_us; }},
-      {"trace.rank[R].overlapped_us", "n", "µs of rank R's communication hidden behind its compute", [](S s, A a) { return trace_rank(s, a[0]).overlapped_us; }},
-      {"trace.rank[R].exposed_us", "n", "µs of rank R's communication with no compute beside it", [](S s, A a) { return trace_rank(s, a[0]).exposed_comm_us; }},
-      {"trace.rank[R].idle_us", "n", "µs rank R neither computed, communicated nor copied", [](S s, A a) { return trace_rank(s, a[0]).idle_us; }},
-      {"trace.rank[R].straggled", "n", "collectives rank R arrived last to", [](S s, A a) { return double(trace_rank(s, a[0]).straggled); }},
-      {"trace.most_exposed_rank", "", "the rank with the most exposed communication", [](S s, A) { return trace_argmax(s, &RankBreakdown::exposed_comm_us); }},
-      {"trace.straggler", "", "the rank that arrived last most often", [](S s, A) {
-         const ImportedTrace& t = trace(s);
-         int best = 0;
-         for (size_t r = 1; r < t.breakdown.size(); r++)
-           if (t.breakdown[r].straggled > t.breakdown[static_cast<size_t>(best)].straggled) best = static_cast<int>(r);
-         return double(best); }},
-      // bytes on the wire, by link
-      {"traffic.sent(R, PEER)", "nn", "bytes rank R sent to rank PEER in the last iteration every rank finished (collective steps and point-to-point sends, process groups included)", [](S s, A a) {
-         const auto m = traffic_matrix(s, last_finished_iteration(s));
-         return m[static_cast<size_t>(index_of(a[0], m.size(), "rank"))][static_cast<size_t>(index_of(a[1], m.size(), "rank"))]; }},
-      {"traffic.cross_node(R)", "n", "bytes rank R sent to ranks on other nodes (of the run's hardware profile) in that iteration", [](S s, A a) {
-         return cross_node_bytes(s, index_of(a[0], s.events.size(), "rank")); }},
-      {"traffic.cross_node_total", "", "bytes all ranks together sent between nodes in that iteration", [](S s, A) { return cross_node_bytes(s, -1); }},
-      {"traffic.sent_by(R)", "n", "bytes rank R sent to all ranks in that iteration", [](S s, A a) {
-         const auto m = traffic_matrix(s, last_finished_iteration(s));
-         const auto& row = m[static_cast<size_t>(index_of(a[0], m.size(), "rank"))];
-         return std::accumulate(row.begin(), row.end(), 0.0); }},
-      {"traffic.received_by(R)", "n", "bytes rank R received from all ranks in that iteration", [](S s, A a) {
-         const auto m = traffic_matrix(s, last_finished_iteration(s));
-         const size_t r = static_cast<size_t>(index_of(a[0], m.size(), "rank"));
-         double b = 0;
-         for (const auto& row : m) b += row[r];
-         return b; }},
-      {"traffic.total", "", "bytes all ranks together sent in that iteration", [](S s, A) {
-         double b = 0;
-         for (const auto& row : traffic_matrix(s, last_finished_iteration(s))) b += std::accumulate(row.begin(), row.end(), 0.0);
-         return b; }},
-      {"iteration.modeled_us", "", "rank 0's last finished iteration on the modeled clock, µs", [](S s, A) {
-         const int32_t it = last_finished_iteration(s);
-         for (const Event& e : s.events[0])
-           if (e.kind == EventKind::Iteration && e.iteration == it) return (e.model_end - e.model_begin) * 1e6;
-         fail("iteration " + std::to_string(it) + " is no longer in rank 0's recent events"); }},
-      // the live pipeline run
-      {"pipeline.bubble(R)", "n", "rank R's idle share of the last finished iteration, measured on the modeled clock", [](S s, A a) {
-         const double b = pipe_rank(s, a[0]).bubble;
-         if (b < 0) fail("no pipeline iteration has finished yet; step an iteration first");
-         return b; }},
-      {"pipeline.formula_bubble", "", "the running schedule's bubble by formula, with this run's action costs", [](S s, A) {
-         if (!s.pipeline.valid) fail("this run is not a pipeline; use --strategy pipeline");
-         return s.pipeline.formula.of_wall; }},
-      {"pipeline.peak(R)", "n", "rank R's most micro-batches in flight in the shown iteration", [](S s, A a) { return double(pipe_rank(s, a[0]).peak_inflight); }},
-      {"pipeline.actions_done(R)", "n", "actions rank R has finished in the shown iteration", [](S s, A a) { return double(pipe_rank(s, a[0]).done.size()); }},
-      // formulas, from the engine's planner, cost model, step plans and schedules
-      {"plan.total(P, N, SHARDING, DTYPE?)", "nns|s", "bytes per rank for P parameters on N ranks (AdamW; SHARDING no-shard, zero1, grad-op, full; DTYPE fp32 (default) or mixed)", [](S, A a) { return plan_field(a, &MemoryPlan::total); }},
-      {"plan.parameters(P, N, SHARDING, DTYPE?)", "nns|s", "of which parameters", [](S, A a) { return plan_field(a, &MemoryPlan::parameters); }},
-      {"plan.gradients(P, N, SHARDING, DTYPE?)", "nns|s", "of which gradients", [](S, A a) { return plan_field(a, &MemoryPlan::gradients); }},
-      {"plan.optimizer(P, N, SHARDING, DTYPE?)", "nns|s", "of which optimizer state", [](S, A a) { return plan_field(a, &MemoryPlan::optimizer_state); }},
-      {"plan.comm(P, N, SHARDING, DTYPE?)", "nns|s", "bytes each rank sends per step", [](S, A a) { return plan_field(a, &MemoryPlan::comm_bytes); }},
-      {"plan.hybrid(P, N, K, DTYPE?)", "nnn|s", "bytes per rank under HYBRID_SHARD: P parameters on N ranks, sharded in groups of K (AdamW)", [](S, A a) { return plan_hybrid(a); }},
-      {"algo.steps(ALGO, N)", "sn", "steps of an all-reduce with ALGO (ring, tree, naive) on N ranks", [](S, A a) { return double(algorithm_step_count(CollectiveOp::AllReduce, parse_algorithm(a[0].str), count_arg(a[1], "algo: world", 1, 64))); }},
-      {"algo.sent(ALGO, N, BYTES, R)", "snnn", "bytes rank R sends in an all-reduce of BYTES", [](S, A a) { auto v = algo_sent(a); return v[static_cast<size_t>(index_of(a[3], v.size(), "rank"))]; }},
-      {"algo.busiest(ALGO, N, BYTES)", "snn", "bytes the busiest rank sends in it", [](S, A a) { auto v = algo_sent(a); return *std::max_element(v.begin(), v.end()); }},
-      {"cost.allreduce_us(PROFILE, N, BYTES)", "snn", "ring all-reduce time on a hardware profile (nvlink8, pcie8, ib2x4, eth2x4), µs", [](S, A a) {
-         return CostModel(find_profile(a[0].str), count_arg(a[1], "cost: world", 1, 1024)).collective_time(CollectiveOp::AllReduce, Algorithm::Ring, a[2].num) * 1e6; }},
-      {"link.gbs(PROFILE, WHICH)", "ss", "bandwidth of a profile's \"intra\" (inside a node) or \"inter\" (between nodes) link, GB/s", [](S, A a) {
-         const HardwareProfile p = find_profile(a[0].str);
-         if (a[1].str != "intra" && a[1].str != "inter") fail("link.gbs takes \"intra\" or \"inter\", not \"" + a[1].str + "\"");
-         return 1.0 / (a[1].str == "intra" ? p.intra : p.inter).beta / 1e9; }},
-      {"schedule.bubble(KIND, P, M, V?)", "snn|n", "idle share of the makespan by formula: (p-1)/(m+p-1) for gpipe and 1f1b", [](S, A a) {
-         return formula_bubble(parse_schedule_kind(a[0].str), stages_arg(a), microbatches_arg(a), chunks_arg(a)).of_wall; }},
-      {"schedule.bubble_of_ideal(KIND, P, M, V?)", "snn|n", "idle over compute alone: (p-1)/m for gpipe and 1f1b", [](S, A a) {
-         return formula_bubble(parse_schedule_kind(a[0].str), stages_arg(a), microbatches_arg(a), chunks_arg(a)).of_ideal; }},
-      {"schedule.measured_bubble(KIND, P, M, V?)", "snn|n", "rank 0's idle share when the generated schedule is simulated", [](S, A a) { return simulate(schedule_arg(a, chunks_arg(a))).bubble.at(0); }},
-      {"schedule.steps(KIND, P, M, V?)", "snn|n", "time steps of the generated grid", [](S, A a) { return double(num_steps(schedule_arg(a, chunks_arg(a)))); }},
-      {"schedule.peak(KIND, P, M, R)", "snnn", "rank R's peak micro-batches in flight (activations held)", [](S, A a) { return double(measured_peak_inflight(schedule_arg(a, 1), index_of(a[3], static_cast<size_t>(stages_arg(a)), "rank"))); }},
-      // arithmetic
-      {"min(A, B)", "nn", "the smaller", [](S, A a) { return std::min(a[0].num, a[1].num); }},
-      {"max(A, B)", "nn", "the larger", [](S, A a) { return std::max(a[0].num, a[1].num); }},
-      {"abs(X)", "n", "absolute value", [](S, A a) { return std::fabs(a[0].num); }},
-      {"round(X)", "n", "nearest whole number", [](S, A a) { return std::round(a[0].num); }},
-  };
+  static const std::vector<Entry> table = [] {
+    std::vector<Entry> t;
+    for (auto section : {&run_entries, &collective_entries, &bucket_entries, &memory_entries, &history_entries,
+                         &data_entries, &unit_entries, &checkpoint_entries, &trace_entries, &traffic_entries,
+                         &pipeline_entries, &formula_entries, &arithmetic_entries})
+      for (Entry& e : section()) t.push_back(std::move(e));
+    return t;
+  }();
   return table;
 }
 

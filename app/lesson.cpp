@@ -287,65 +287,90 @@ AppOptions lesson_options(const Lesson& lesson, const std::vector<std::string>& 
   return o;
 }
 
-Lesson parse_lesson(const std::string& text, const std::string& path) {
-  Lesson l;
-  l.path = path;
-  l.name = lesson_name(path);
-  std::vector<std::string> lines;
-  {
-    std::istringstream is(text);
-    for (std::string s; std::getline(is, s);) lines.push_back(s);
+namespace {
+
+// One 'key: value' line of the header.
+void parse_header_line(Lesson& l, const std::string& key, std::string value, int ln) {
+  const std::string& path = l.path;
+  if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
+  std::string flag = key;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  if (key == "title") l.title = value;
+  else if (key == "summary") l.summary = value;
+  else if (key == "minutes") {
+    try {
+      const double m = parse_number(value, "minutes");
+      if (m < 1 || m > 60 || m != std::floor(m)) throw Error("minutes must be a whole number from 1 to 60");
+      l.minutes = static_cast<int>(m);
+    } catch (const Error& e) {
+      throw LessonError(path, ln, e.what());
+    }
+  } else if (key == "scenario") {
+    for (const std::string& w : words(value)) l.flags.push_back(w), l.flag_lines.push_back(ln);
+  } else if (key == "open") {
+    // A trace the lesson reads (dtlab --open): relative to the lesson file, so a lesson and the
+    // traces it ships with move together.
+    fs::path p(value);
+    if (p.is_relative()) p = (fs::path(path).parent_path() / p).lexically_normal();
+    l.flags.push_back("--open"), l.flag_lines.push_back(ln);
+    l.flags.push_back(p.string()), l.flag_lines.push_back(ln);
+  } else if (std::find(kScenarioFlags.begin(), kScenarioFlags.end(), flag) != kScenarioFlags.end()) {
+    const bool on = value == "true" || value == "yes" || value == "on", off = value == "false" || value == "no" || value == "off";
+    if (!off) l.flags.push_back("--" + flag), l.flag_lines.push_back(ln);
+    if (!on && !off) l.flags.push_back(value), l.flag_lines.push_back(ln);
+  } else {
+    std::vector<std::string> known = kHeaderKeys;
+    known.insert(known.end(), kScenarioFlags.begin(), kScenarioFlags.end());
+    throw LessonError(path, ln, "unknown header key '" + key + "'" + did_you_mean(flag, known));
   }
-  // Header: between the first two '---' lines.
+}
+
+// Header: between the first two '---' lines. Returns the index of the closing one; `header_start`
+// gets the opening one's line number.
+size_t parse_header(const std::vector<std::string>& lines, Lesson& l, int& header_start) {
+  const std::string& path = l.path;
   size_t i = 0;
   while (i < lines.size() && trim(lines[i]).empty()) i++;
   if (i == lines.size() || trim(lines[i]) != "---")
     throw LessonError(path, static_cast<int>(i + 1), "a lesson starts with its header between two '---' lines (title:, minutes:, scenario:)");
-  const int header_start = static_cast<int>(i + 1);
+  header_start = static_cast<int>(i + 1);
   for (i++; i < lines.size() && trim(lines[i]) != "---"; i++) {
     const int ln = static_cast<int>(i + 1);
     const std::string t = trim(lines[i]);
     if (t.empty() || t[0] == '#') continue;
     std::string key, value;
     if (!split_key(t, key, value)) throw LessonError(path, ln, "a header line is 'key: value', not '" + t + "'");
-    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
-    std::string flag = key;
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    if (key == "title") l.title = value;
-    else if (key == "summary") l.summary = value;
-    else if (key == "minutes") {
-      try {
-        const double m = parse_number(value, "minutes");
-        if (m < 1 || m > 60 || m != std::floor(m)) throw Error("minutes must be a whole number from 1 to 60");
-        l.minutes = static_cast<int>(m);
-      } catch (const Error& e) {
-        throw LessonError(path, ln, e.what());
-      }
-    } else if (key == "scenario") {
-      for (const std::string& w : words(value)) l.flags.push_back(w), l.flag_lines.push_back(ln);
-    } else if (key == "open") {
-      // A trace the lesson reads (dtlab --open): relative to the lesson file, so a lesson and the
-      // traces it ships with move together.
-      fs::path p(value);
-      if (p.is_relative()) p = (fs::path(path).parent_path() / p).lexically_normal();
-      l.flags.push_back("--open"), l.flag_lines.push_back(ln);
-      l.flags.push_back(p.string()), l.flag_lines.push_back(ln);
-    } else if (std::find(kScenarioFlags.begin(), kScenarioFlags.end(), flag) != kScenarioFlags.end()) {
-      const bool on = value == "true" || value == "yes" || value == "on", off = value == "false" || value == "no" || value == "off";
-      if (!off) l.flags.push_back("--" + flag), l.flag_lines.push_back(ln);
-      if (!on && !off) l.flags.push_back(value), l.flag_lines.push_back(ln);
-    } else {
-      std::vector<std::string> known = kHeaderKeys;
-      known.insert(known.end(), kScenarioFlags.begin(), kScenarioFlags.end());
-      throw LessonError(path, ln, "unknown header key '" + key + "'" + did_you_mean(flag, known));
-    }
+    parse_header_line(l, key, value, ln);
   }
   if (i == lines.size()) throw LessonError(path, header_start, "the header is not closed by a '---' line");
   if (l.title.empty()) throw LessonError(path, header_start, "the header has no title:");
   if (l.minutes == 0) throw LessonError(path, header_start, "the header has no minutes: (how long the lesson takes)");
   lesson_options(l);  // the scenario must parse as dtlab's flags
+  return i;
+}
 
-  // Body: '## ' starts a step; ```action and ```question blocks belong to the step they are in.
+// An ```action block's lines: one lesson command each.
+void parse_action_block(const std::vector<std::pair<int, std::string>>& body, LessonStep& s, Lesson& l) {
+  for (const auto& [bl, text] : body) {
+    const std::string a = trim(text);
+    if (a.empty() || a[0] == '#') continue;
+    try {
+      LessonAction act = parse_lesson_action(a);
+      act.line = bl;
+      if (act.kind == LessonAction::Scenario) lesson_options(l, act.flags, bl);
+      s.actions.push_back(act);
+    } catch (const LessonError&) {
+      throw;
+    } catch (const Error& e) {
+      throw LessonError(l.path, bl, e.what());
+    }
+  }
+}
+
+// Body: '## ' starts a step; ```action and ```question blocks belong to the step they are in.
+// Starts after the header's closing line `i`.
+void parse_body(const std::vector<std::string>& lines, size_t i, int header_start, Lesson& l) {
+  const std::string& path = l.path;
   std::vector<std::vector<std::pair<int, std::string>>> prose;
   auto step = [&]() -> LessonStep& {
     if (l.steps.empty()) {  // text before the first '## ' is a step named after the lesson
@@ -384,20 +409,7 @@ Lesson parse_lesson(const std::string& text, const std::string& path) {
       if (j == lines.size()) throw LessonError(path, ln, "the ```" + info + " block is not closed by a ``` line");
       LessonStep& s = step();
       if (info == "action") {
-        for (const auto& [bl, text] : body) {
-          const std::string a = trim(text);
-          if (a.empty() || a[0] == '#') continue;
-          try {
-            LessonAction act = parse_lesson_action(a);
-            act.line = bl;
-            if (act.kind == LessonAction::Scenario) lesson_options(l, act.flags, bl);
-            s.actions.push_back(act);
-          } catch (const LessonError&) {
-            throw;
-          } catch (const Error& e) {
-            throw LessonError(path, bl, e.what());
-          }
-        }
+        parse_action_block(body, s, l);
       } else {
         if (s.question) throw LessonError(path, ln, "one question per step; start a new '## ' step for the next one");
         s.question = parse_question(body, ln, l);
@@ -413,6 +425,22 @@ Lesson parse_lesson(const std::string& text, const std::string& path) {
   if (!fence.empty()) throw LessonError(path, static_cast<int>(lines.size()), "a ``` code block is not closed");
   if (l.steps.empty()) throw LessonError(path, header_start, "the lesson has no steps; start one with a '## ' heading");
   for (size_t k = 0; k < l.steps.size(); k++) l.steps[k].prose = parse_prose(prose[k], l);
+}
+
+}  // namespace
+
+Lesson parse_lesson(const std::string& text, const std::string& path) {
+  Lesson l;
+  l.path = path;
+  l.name = lesson_name(path);
+  std::vector<std::string> lines;
+  {
+    std::istringstream is(text);
+    for (std::string s; std::getline(is, s);) lines.push_back(s);
+  }
+  int header_start = 0;
+  const size_t header_end = parse_header(lines, l, header_start);
+  parse_body(lines, header_end, header_start, l);
   return l;
 }
 

@@ -1,7 +1,7 @@
-// The pipeline view's data, kept by the Session: the planned schedule, and per iteration every rank's
-// finished actions from PipelineAction events (ingested as they arrive), turned once a frame into
-// Snapshot::pipeline. Measured bubbles use the runtime's own formula (pipeline_bubbles), so the view
-// and the StepReport agree to the bit.
+// The pipeline view's data, kept by the SnapshotBuilder: the planned schedule, and per iteration
+// every rank's finished actions from PipelineAction events (ingested as they arrive), turned once a
+// frame into Snapshot::pipeline. Measured bubbles use the runtime's own formula (pipeline_bubbles),
+// so the view and the StepReport agree to the bit.
 #pragma once
 #include <cstdint>
 #include <map>

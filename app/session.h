@@ -1,21 +1,19 @@
-// The Session runs one training run (engine/train Trainer) on a worker thread and turns what the
-// engine records into one Snapshot per frame. Or it is attached to a launched world of processes
-// (engine/monitor: rank 0's hub), whose events, stepper and status arrive over a local socket: the
-// same Snapshot, the same controls. It is the only app file that touches engine objects;
-// views read the Snapshot. Restarting (a new configuration, or reset) aborts the run cleanly — every
+// The Session runs one training run (engine/train Trainer) on a worker thread and, once a frame,
+// hands what the engine recorded to its SnapshotBuilder (app/snapshot_builder.h), which makes the
+// Snapshot the views read. Or it is attached to a launched world of processes (engine/monitor: rank
+// 0's hub), whose events, stepper and status arrive over a local socket: the same Snapshot, the same
+// controls. It and the builder are the only app files that touch engine objects. Restarting (a new configuration, or reset) aborts the run cleanly — every
 // rank's wait returns — joins the worker and starts a fresh Trainer.
 #pragma once
 #include <atomic>
 #include <chrono>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "app/pipeline_tracker.h"
-#include "app/snapshot.h"
+#include "app/snapshot_builder.h"
 #include "engine/monitor/monitor.h"
 #include "engine/train/train.h"
 
@@ -52,11 +50,11 @@ class Session {
   void set_trace(std::shared_ptr<const ImportedTrace> trace) { trace_ = std::move(trace); }
 
   // The data view's set_epoch switch.
-  void set_data_set_epoch(bool on) { data_set_epoch_ = on; }
+  void set_data_set_epoch(bool on) { builder_.set_data_set_epoch(on); }
 
   // Pulls what happened since the last call; call once per frame from the UI thread.
   const Snapshot& update();
-  const Snapshot& snapshot() const { return snap_; }
+  const Snapshot& snapshot() const { return builder_.snapshot(); }
 
   // True when every rank waits at a gate, or the run ended: nothing moves until a command.
   bool settled() const;
@@ -72,14 +70,10 @@ class Session {
   TraceRecorder& recorder();
   StepperState stepper_state() const;
   const CostModel* cost() const;
-  void update_attached_status();
+  void update_status();  // activities, memory and the collective in flight
   void start();
   void stop();
-  void ingest(int rank, const Event& e);
-  void ingest_unit(int rank, const FsdpInfo& f);
-  void build_collective();
-  void build_data();
-  void reset_derived();
+  void reset_builder();
 
   TrainConfig config_;
   std::shared_ptr<const ImportedTrace> trace_;
@@ -98,22 +92,8 @@ class Session {
   std::vector<StepReport> reports_;
   std::string error_;
   double speed_ = 0;
-  bool data_set_epoch_ = true;
 
-  // derived state, UI thread only
-  Snapshot snap_;
-  std::vector<uint64_t> next_order_;       // per rank: first recorder order not yet seen
-  std::map<uint64_t, CollectiveInfo> issued_;  // seq -> what was issued (rank 0's issue event)
-  std::map<uint64_t, std::vector<int>> coll_done_;  // seq -> per rank: 1 once its Collective event came
-  std::map<uint64_t, std::vector<int>> coll_steps_;  // seq -> per rank steps finished
-  std::map<uint64_t, double> coll_wall_s_;          // seq -> rank 0's wall duration
-  uint64_t shown_seq_ = UINT64_MAX;
-  int32_t bucket_iteration_ = -1;
-  int ready_counter_ = 0, launch_counter_ = 0;
-  int64_t data_epoch_ = -1;
-  std::map<std::string, int64_t> param_numel_;  // parameter name -> elements (FSDP unit layouts)
-  bool data_set_epoch_built_ = true;
-  PipelineTracker pipeline_;  // pipeline runs: the schedule as planned and as it ran
+  SnapshotBuilder builder_;  // UI thread only
 };
 
 }  // namespace dtlab::app

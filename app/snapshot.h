@@ -1,7 +1,8 @@
-// What the UI sees of the engine in one frame. The Session builds it once per frame from the live
-// run (recorder events, stepper state, world status, memory trackers, step reports); views read it
-// and nothing else, so every picture comes from what the engine really did. Plain data: no engine
-// object is reachable from here, no lock is needed to read it.
+// What the UI sees of the engine in one frame. The SnapshotBuilder (app/snapshot_builder.h) builds
+// it once per frame from what the Session hands it of the live run (recorder events, stepper state,
+// world status, memory trackers, step reports); views read it and nothing else, so every picture
+// comes from what the engine really did. Plain data: no engine object is reachable from here, no
+// lock is needed to read it.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -69,25 +69,21 @@ void draw_legend(float fs) {
   ImGui::TextDisabled("%s", key);
 }
 
-}  // namespace
-
-void draw_bucket_view(const Snapshot& s, ViewContext& ctx) {
-  const float fs = ImGui::GetFontSize();
-  if (s.buckets.empty()) {
-    if (s.config.strategy != "ddp") {
-      ImGui::TextUnformatted("Buckets exist with --strategy ddp.");
-      ImGui::TextDisabled("This run uses --strategy %s: no gradient is all-reduced in buckets.", s.config.strategy.c_str());
-      ImGui::PushTextWrapPos(0.0f);
-      ImGui::TextDisabled("DDP packs gradients into buckets in reverse layer order and all-reduces each bucket as "
-                          "soon as backward has filled it, overlapping communication with the rest of backward.");
-      ImGui::PopTextWrapPos();
-    } else {
-      ImGui::TextDisabled("Waiting for DDP to assign its buckets...");
-    }
-    return;
+void draw_no_buckets(const Snapshot& s) {
+  if (s.config.strategy != "ddp") {
+    ImGui::TextUnformatted("Buckets exist with --strategy ddp.");
+    ImGui::TextDisabled("This run uses --strategy %s: no gradient is all-reduced in buckets.", s.config.strategy.c_str());
+    ImGui::PushTextWrapPos(0.0f);
+    ImGui::TextDisabled("DDP packs gradients into buckets in reverse layer order and all-reduces each bucket as "
+                        "soon as backward has filled it, overlapping communication with the rest of backward.");
+    ImGui::PopTextWrapPos();
+  } else {
+    ImGui::TextDisabled("Waiting for DDP to assign its buckets...");
   }
+}
 
-  // ---- header: which assignment, why this order, the state legend
+// ---- header: which assignment, why this order, the state legend
+void draw_header(const Snapshot& s, float fs) {
   int64_t total = 0;
   int params = 0, ready = 0;
   for (const BucketView& b : s.buckets) {
@@ -115,14 +111,22 @@ void draw_bucket_view(const Snapshot& s, ViewContext& ctx) {
   ImGui::PopTextWrapPos();
   draw_legend(fs);
   ImGui::Separator();
+}
 
-  // ---- rows: header column, then the cells (wrapping when many small ones do not fit)
-  ImGui::BeginChild("##bucket_rows", ImVec2(0, 0), false);
-  ImDrawList* dl = ImGui::GetWindowDrawList();
-  const float head_w = std::max(13.0f * fs, ImGui::CalcTextSize("launch #0 \xC2\xB7 all-reduce #000").x + fs);
-  const float avail_w = ImGui::GetContentRegionAvail().x;
-  const float cells_w = std::max(avail_w - head_w - 0.5f * fs, 6.0f * fs);
-  const float cell_h = 2.35f * fs, gap = 3.0f;
+// ---- rows: header column, then the cells (wrapping when many small ones do not fit)
+struct RowLayout {
+  float fs = 16, head_w = 0, avail_w = 0, cells_w = 0, cell_h = 0, gap = 3.0f;
+  float min_w = 0;    // the narrowest cell: room for a parameter's name
+  double scale = 0;   // cell pixels per gradient byte
+};
+
+RowLayout row_layout(const Snapshot& s, float fs) {
+  RowLayout lay;
+  lay.fs = fs;
+  lay.head_w = std::max(13.0f * fs, ImGui::CalcTextSize("launch #0 \xC2\xB7 all-reduce #000").x + fs);
+  lay.avail_w = ImGui::GetContentRegionAvail().x;
+  lay.cells_w = std::max(lay.avail_w - lay.head_w - 0.5f * fs, 6.0f * fs);
+  lay.cell_h = 2.35f * fs;
   // Cells are as wide as their bytes, but never too narrow for a parameter's name.
   float name_w = 0;
   int64_t largest = 1;
@@ -130,144 +134,186 @@ void draw_bucket_view(const Snapshot& s, ViewContext& ctx) {
     largest = std::max(largest, b.bytes);
     for (const BucketParam& p : b.params) name_w = std::max(name_w, ImGui::CalcTextSize(p.name.c_str()).x);
   }
-  const float min_w = std::clamp(name_w + 0.7f * fs, 3.0f * fs, 7.0f * fs);
+  lay.min_w = std::clamp(name_w + 0.7f * fs, 3.0f * fs, 7.0f * fs);
   auto widest_row = [&](double px_per_byte) {
     float widest = 0;
     for (const BucketView& b : s.buckets) {
       float w = 0;
-      for (const BucketParam& p : b.params) w += std::max(min_w, static_cast<float>(static_cast<double>(p.bytes) * px_per_byte)) + gap;
-      widest = std::max(widest, w - gap);
+      for (const BucketParam& p : b.params) w += std::max(lay.min_w, static_cast<float>(static_cast<double>(p.bytes) * px_per_byte)) + lay.gap;
+      widest = std::max(widest, w - lay.gap);
     }
     return widest;
   };
   // The largest px per byte at which every bucket fits on one line (rows wrap only when the minimum
   // widths alone overflow).
-  double scale = static_cast<double>(cells_w) / static_cast<double>(largest);
-  if (widest_row(scale) > cells_w && widest_row(0) <= cells_w) {
-    double lo = 0, hi = scale;
+  lay.scale = static_cast<double>(lay.cells_w) / static_cast<double>(largest);
+  if (widest_row(lay.scale) > lay.cells_w && widest_row(0) <= lay.cells_w) {
+    double lo = 0, hi = lay.scale;
     for (int i = 0; i < 40; i++) {
       const double mid = 0.5 * (lo + hi);
-      (widest_row(mid) <= cells_w ? lo : hi) = mid;
+      (widest_row(mid) <= lay.cells_w ? lo : hi) = mid;
     }
-    scale = lo;
+    lay.scale = lo;
   }
+  return lay;
+}
+
+// What the mouse is over, for the tooltip drawn after every row.
+struct Hovered {
+  const BucketParam* param = nullptr;
+  const BucketView* param_bucket = nullptr;
+  const BucketView* bucket = nullptr;  // its header column
+};
+
+struct Cell {
+  ImVec2 a, b;  // relative to the row's first cell
+};
+
+// Header column: name, state, sizes, launch and all-reduce.
+void draw_row_header(ImDrawList* dl, const BucketView& b, const RowLayout& lay, ImVec2 p0, float row_h) {
+  const float fs = lay.fs;
+  dl->AddRectFilled(ImVec2(p0.x, p0.y), ImVec2(p0.x + 0.25f * fs, p0.y + row_h - 0.6f * fs), bucket_state_color(b.state));
+  char text[128];
+  std::snprintf(text, sizeof text, "bucket %d", b.index);
+  const float tx = p0.x + 0.6f * fs;
+  dl->AddText(ImVec2(tx, p0.y + 0.2f * fs), ImGui::GetColorU32(ImGuiCol_Text), text);
+  state_badge(dl, ImVec2(tx + ImGui::CalcTextSize("bucket 00 ").x + 0.3f * fs, p0.y + 0.1f * fs), b.state);
+  int ready_params = 0;
+  for (const BucketParam& p : b.params) ready_params += p.ready ? 1 : 0;
+  std::snprintf(text, sizeof text, "%s \xC2\xB7 %d of %d ready", human_bytes(b.bytes).c_str(), ready_params,
+                static_cast<int>(b.params.size()));
+  dl->AddText(ImVec2(tx, p0.y + 1.3f * fs), ImGui::GetColorU32(ImGuiCol_TextDisabled), text);
+  if (b.launch_order >= 0)
+    std::snprintf(text, sizeof text, "launch #%d \xC2\xB7 all-reduce #%llu", b.launch_order, static_cast<unsigned long long>(b.seq));
+  else
+    std::snprintf(text, sizeof text, "not launched yet");
+  dl->AddText(ImVec2(tx, p0.y + 2.35f * fs), ImGui::GetColorU32(ImGuiCol_TextDisabled), text);
+}
+
+// Cells: empty ones are outlines, ready ones take the bucket's state color.
+void draw_cells(ImDrawList* dl, const BucketView& b, const std::vector<Cell>& cells, ImVec2 c0, float fs, bool window_hovered,
+                Hovered& hovered) {
+  const ImU32 state_col = bucket_state_color(b.state);
+  char text[128];
+  for (size_t i = 0; i < b.params.size(); i++) {
+    const BucketParam& p = b.params[i];
+    const ImVec2 a(c0.x + cells[i].a.x, c0.y + cells[i].a.y), e(c0.x + cells[i].b.x, c0.y + cells[i].b.y);
+    const ImU32 fill = p.ready ? state_col : ImGui::GetColorU32(ImGuiCol_FrameBg);
+    dl->AddRectFilled(a, e, fill, 0.15f * fs);
+    dl->AddRect(a, e, p.ready ? with_alpha(IM_COL32(0, 0, 0, 255), 0.45f) : IM_COL32(120, 124, 134, 200), 0.15f * fs, 0,
+                p.ready ? 1.0f : 1.5f);
+    const ImU32 ink = p.ready ? ink_on(fill) : ImGui::GetColorU32(ImGuiCol_Text, 0.8f);
+    cell_text(dl, a, e, ImVec2(a.x + 0.3f * fs, a.y + 0.15f * fs), ink, p.name.c_str());
+    // Second line: ready order and size, or what of it fits.
+    if (p.ready) std::snprintf(text, sizeof text, "#%d \xC2\xB7 %s", p.ready_order, human_bytes(p.bytes).c_str());
+    else std::snprintf(text, sizeof text, "%s", human_bytes(p.bytes).c_str());
+    if (ImGui::CalcTextSize(text).x > e.x - a.x - 0.6f * fs) {
+      if (p.ready) std::snprintf(text, sizeof text, "#%d", p.ready_order);
+      else text[0] = 0;
+    }
+    cell_text(dl, a, e, ImVec2(a.x + 0.3f * fs, a.y + 1.15f * fs), with_alpha(ink, 0.8f), text);
+    if (window_hovered && ImGui::IsMouseHoveringRect(a, e)) hovered.param = &p, hovered.param_bucket = &b;
+  }
+}
+
+// While the all-reduce runs, stripes slide over the bucket's cells.
+void draw_allreduce_stripes(ImDrawList* dl, const std::vector<Cell>& cells, ImVec2 c0, float fs, double time) {
+  for (const Cell& cell : cells) {
+    const ImVec2 a(c0.x + cell.a.x, c0.y + cell.a.y), e(c0.x + cell.b.x, c0.y + cell.b.y);
+    dl->PushClipRect(a, e, true);
+    const float spacing = 1.2f * fs, h = e.y - a.y;
+    const float shift = std::fmod(static_cast<float>(time) * 2.0f * fs, spacing);
+    for (float sx = a.x - h - spacing + shift; sx < e.x; sx += spacing)
+      dl->AddLine(ImVec2(sx, e.y), ImVec2(sx + h, a.y), IM_COL32(255, 255, 255, 45), 0.3f * fs);
+    dl->PopClipRect();
+  }
+}
+
+void draw_bucket_row(ImDrawList* dl, const BucketView& b, const RowLayout& lay, double time, bool window_hovered, Hovered& hovered) {
+  const float fs = lay.fs;
+  const ImVec2 p0 = ImGui::GetCursorScreenPos();
+  // Lay the cells out first, so the row knows its height.
+  std::vector<Cell> cells;
+  cells.reserve(b.params.size());
+  float x = 0, y = 0;
+  for (const BucketParam& p : b.params) {
+    const float w = std::min(lay.cells_w, std::max(lay.min_w, static_cast<float>(static_cast<double>(p.bytes) * lay.scale)));
+    if (x > 0 && x + w > lay.cells_w) x = 0, y += lay.cell_h + lay.gap;
+    cells.push_back({ImVec2(x, y), ImVec2(x + w, y + lay.cell_h)});
+    x += w + lay.gap;
+  }
+  const float bar_h = 0.4f * fs;
+  const float cells_h = y + lay.cell_h + 0.3f * fs + bar_h;
+  const float row_h = std::max(cells_h, 3.4f * fs) + 0.6f * fs;
+  const ImVec2 c0(p0.x + lay.head_w, p0.y + 0.3f * fs);
+
+  draw_row_header(dl, b, lay, p0, row_h);
+  if (window_hovered && ImGui::IsMouseHoveringRect(p0, ImVec2(p0.x + lay.head_w, p0.y + row_h))) hovered.bucket = &b;
+  draw_cells(dl, b, cells, c0, fs, window_hovered, hovered);
+  if (b.state == BucketState::AllReducing) draw_allreduce_stripes(dl, cells, c0, fs, time);
+  // Progress: ready bytes of the bucket's bytes, under the cells.
+  int64_t ready_bytes = 0;
+  for (const BucketParam& p : b.params)
+    if (p.ready) ready_bytes += p.bytes;
+  const ImU32 state_col = bucket_state_color(b.state);
+  const float row_w = std::min(lay.cells_w, static_cast<float>(static_cast<double>(b.bytes) * lay.scale));
+  const float bar_w = std::max(row_w, cells.empty() ? 0.0f : cells.back().b.x);
+  const float by = c0.y + y + lay.cell_h + 0.3f * fs;
+  const double frac = b.bytes > 0 ? static_cast<double>(ready_bytes) / static_cast<double>(b.bytes) : 0.0;
+  dl->AddRectFilled(ImVec2(c0.x, by), ImVec2(c0.x + bar_w, by + bar_h), ImGui::GetColorU32(ImGuiCol_FrameBg), 0.2f * fs);
+  dl->AddRectFilled(ImVec2(c0.x, by), ImVec2(c0.x + bar_w * static_cast<float>(std::min(frac, 1.0)), by + bar_h), state_col,
+                    0.2f * fs);
+  ImGui::Dummy(ImVec2(lay.avail_w, row_h));
+  dl->AddLine(ImVec2(p0.x, p0.y + row_h - 0.3f * fs), ImVec2(p0.x + lay.avail_w, p0.y + row_h - 0.3f * fs),
+              IM_COL32(255, 255, 255, 22));
+}
+
+void param_tooltip(const BucketParam& p, const BucketView& b) {
+  ImGui::BeginTooltip();
+  ImGui::Text("%s", p.name.c_str());
+  ImGui::TextDisabled("bucket %d, parameter %d of the model", b.index, p.index);
+  ImGui::Text("gradient %s", human_bytes(p.bytes).c_str());
+  if (p.ready)
+    ImGui::Text("ready #%d in this backward pass (0 = first)", p.ready_order);
+  else
+    ImGui::TextDisabled("not ready yet in this backward pass");
+  ImGui::EndTooltip();
+}
+
+void bucket_tooltip(const BucketView& b) {
+  ImGui::BeginTooltip();
+  ImGui::Text("bucket %d \xC2\xB7 generation %d \xC2\xB7 %s", b.index, b.generation, human_bytes(b.bytes).c_str());
+  ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(bucket_state_color(b.state)), "%s", bucket_state_name(b.state));
+  ImGui::SameLine();
+  ImGui::TextDisabled("%s", state_meaning(b.state));
+  if (b.launch_order >= 0) ImGui::Text("launched #%d as all-reduce #%llu", b.launch_order, static_cast<unsigned long long>(b.seq));
+  if (b.state == BucketState::Done && b.allreduce_end > b.allreduce_begin) {
+    char t0[32], dt[32];
+    std::snprintf(t0, sizeof t0, "%.3f ms", b.allreduce_begin * 1e3);
+    std::snprintf(dt, sizeof dt, "%.3f ms", (b.allreduce_end - b.allreduce_begin) * 1e3);
+    ImGui::Text("all-reduce took %s (modeled), from %s", dt, t0);
+  }
+  ImGui::TextDisabled("Buckets launch strictly in order, so every rank issues the same all-reduces.");
+  ImGui::EndTooltip();
+}
+
+}  // namespace
+
+void draw_bucket_view(const Snapshot& s, ViewContext& ctx) {
+  const float fs = ImGui::GetFontSize();
+  if (s.buckets.empty()) {
+    draw_no_buckets(s);
+    return;
+  }
+  draw_header(s, fs);
+  ImGui::BeginChild("##bucket_rows", ImVec2(0, 0), false);
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const RowLayout lay = row_layout(s, fs);
   const bool window_hovered = ImGui::IsWindowHovered();
-  const BucketParam* hovered_param = nullptr;
-  const BucketView* hovered_bucket = nullptr;
-  const BucketView* hovered_param_bucket = nullptr;
-
-  for (const BucketView& b : s.buckets) {
-    const ImVec2 p0 = ImGui::GetCursorScreenPos();
-    const ImU32 state_col = bucket_state_color(b.state);
-    // Lay the cells out first, so the row knows its height.
-    struct Cell { ImVec2 a, b; };
-    std::vector<Cell> cells;
-    cells.reserve(b.params.size());
-    float x = 0, y = 0;
-    for (const BucketParam& p : b.params) {
-      const float w = std::min(cells_w, std::max(min_w, static_cast<float>(static_cast<double>(p.bytes) * scale)));
-      if (x > 0 && x + w > cells_w) x = 0, y += cell_h + gap;
-      cells.push_back({ImVec2(x, y), ImVec2(x + w, y + cell_h)});
-      x += w + gap;
-    }
-    const float bar_h = 0.4f * fs;
-    const float cells_h = y + cell_h + 0.3f * fs + bar_h;
-    const float row_h = std::max(cells_h, 3.4f * fs) + 0.6f * fs;
-    const ImVec2 c0(p0.x + head_w, p0.y + 0.3f * fs);
-
-    // Header column: name, state, sizes, launch and all-reduce.
-    dl->AddRectFilled(ImVec2(p0.x, p0.y), ImVec2(p0.x + 0.25f * fs, p0.y + row_h - 0.6f * fs), state_col);
-    char text[128];
-    std::snprintf(text, sizeof text, "bucket %d", b.index);
-    const float tx = p0.x + 0.6f * fs;
-    dl->AddText(ImVec2(tx, p0.y + 0.2f * fs), ImGui::GetColorU32(ImGuiCol_Text), text);
-    state_badge(dl, ImVec2(tx + ImGui::CalcTextSize("bucket 00 ").x + 0.3f * fs, p0.y + 0.1f * fs), b.state);
-    int64_t ready_bytes = 0;
-    int ready_params = 0;
-    for (const BucketParam& p : b.params)
-      if (p.ready) ready_bytes += p.bytes, ready_params++;
-    std::snprintf(text, sizeof text, "%s \xC2\xB7 %d of %d ready", human_bytes(b.bytes).c_str(), ready_params,
-                  static_cast<int>(b.params.size()));
-    dl->AddText(ImVec2(tx, p0.y + 1.3f * fs), ImGui::GetColorU32(ImGuiCol_TextDisabled), text);
-    if (b.launch_order >= 0)
-      std::snprintf(text, sizeof text, "launch #%d \xC2\xB7 all-reduce #%llu", b.launch_order, static_cast<unsigned long long>(b.seq));
-    else
-      std::snprintf(text, sizeof text, "not launched yet");
-    dl->AddText(ImVec2(tx, p0.y + 2.35f * fs), ImGui::GetColorU32(ImGuiCol_TextDisabled), text);
-    if (window_hovered && ImGui::IsMouseHoveringRect(p0, ImVec2(p0.x + head_w, p0.y + row_h))) hovered_bucket = &b;
-
-    // Cells: empty ones are outlines, ready ones take the bucket's state color.
-    for (size_t i = 0; i < b.params.size(); i++) {
-      const BucketParam& p = b.params[i];
-      const ImVec2 a(c0.x + cells[i].a.x, c0.y + cells[i].a.y), e(c0.x + cells[i].b.x, c0.y + cells[i].b.y);
-      const ImU32 fill = p.ready ? state_col : ImGui::GetColorU32(ImGuiCol_FrameBg);
-      dl->AddRectFilled(a, e, fill, 0.15f * fs);
-      dl->AddRect(a, e, p.ready ? with_alpha(IM_COL32(0, 0, 0, 255), 0.45f) : IM_COL32(120, 124, 134, 200), 0.15f * fs, 0,
-                  p.ready ? 1.0f : 1.5f);
-      const ImU32 ink = p.ready ? ink_on(fill) : ImGui::GetColorU32(ImGuiCol_Text, 0.8f);
-      cell_text(dl, a, e, ImVec2(a.x + 0.3f * fs, a.y + 0.15f * fs), ink, p.name.c_str());
-      // Second line: ready order and size, or what of it fits.
-      if (p.ready) std::snprintf(text, sizeof text, "#%d \xC2\xB7 %s", p.ready_order, human_bytes(p.bytes).c_str());
-      else std::snprintf(text, sizeof text, "%s", human_bytes(p.bytes).c_str());
-      if (ImGui::CalcTextSize(text).x > e.x - a.x - 0.6f * fs) {
-        if (p.ready) std::snprintf(text, sizeof text, "#%d", p.ready_order);
-        else text[0] = 0;
-      }
-      cell_text(dl, a, e, ImVec2(a.x + 0.3f * fs, a.y + 1.15f * fs), with_alpha(ink, 0.8f), text);
-      if (window_hovered && ImGui::IsMouseHoveringRect(a, e)) hovered_param = &p, hovered_param_bucket = &b;
-    }
-    // While the all-reduce runs, stripes slide over the bucket's cells.
-    if (b.state == BucketState::AllReducing)
-      for (const Cell& cell : cells) {
-        const ImVec2 a(c0.x + cell.a.x, c0.y + cell.a.y), e(c0.x + cell.b.x, c0.y + cell.b.y);
-        dl->PushClipRect(a, e, true);
-        const float spacing = 1.2f * fs, h = e.y - a.y;
-        const float shift = std::fmod(static_cast<float>(ctx.time) * 2.0f * fs, spacing);
-        for (float sx = a.x - h - spacing + shift; sx < e.x; sx += spacing)
-          dl->AddLine(ImVec2(sx, e.y), ImVec2(sx + h, a.y), IM_COL32(255, 255, 255, 45), 0.3f * fs);
-        dl->PopClipRect();
-      }
-    // Progress: ready bytes of the bucket's bytes, under the cells.
-    const float row_w = std::min(cells_w, static_cast<float>(static_cast<double>(b.bytes) * scale));
-    const float bar_w = std::max(row_w, cells.empty() ? 0.0f : cells.back().b.x);
-    const float by = c0.y + y + cell_h + 0.3f * fs;
-    const double frac = b.bytes > 0 ? static_cast<double>(ready_bytes) / static_cast<double>(b.bytes) : 0.0;
-    dl->AddRectFilled(ImVec2(c0.x, by), ImVec2(c0.x + bar_w, by + bar_h), ImGui::GetColorU32(ImGuiCol_FrameBg), 0.2f * fs);
-    dl->AddRectFilled(ImVec2(c0.x, by), ImVec2(c0.x + bar_w * static_cast<float>(std::min(frac, 1.0)), by + bar_h), state_col,
-                      0.2f * fs);
-    ImGui::Dummy(ImVec2(avail_w, row_h));
-    dl->AddLine(ImVec2(p0.x, p0.y + row_h - 0.3f * fs), ImVec2(p0.x + avail_w, p0.y + row_h - 0.3f * fs),
-                IM_COL32(255, 255, 255, 22));
-  }
-
-  if (hovered_param) {
-    const BucketParam& p = *hovered_param;
-    ImGui::BeginTooltip();
-    ImGui::Text("%s", p.name.c_str());
-    ImGui::TextDisabled("bucket %d, parameter %d of the model", hovered_param_bucket->index, p.index);
-    ImGui::Text("gradient %s", human_bytes(p.bytes).c_str());
-    if (p.ready)
-      ImGui::Text("ready #%d in this backward pass (0 = first)", p.ready_order);
-    else
-      ImGui::TextDisabled("not ready yet in this backward pass");
-    ImGui::EndTooltip();
-  } else if (hovered_bucket) {
-    const BucketView& b = *hovered_bucket;
-    ImGui::BeginTooltip();
-    ImGui::Text("bucket %d \xC2\xB7 generation %d \xC2\xB7 %s", b.index, b.generation, human_bytes(b.bytes).c_str());
-    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(bucket_state_color(b.state)), "%s", bucket_state_name(b.state));
-    ImGui::SameLine();
-    ImGui::TextDisabled("%s", state_meaning(b.state));
-    if (b.launch_order >= 0) ImGui::Text("launched #%d as all-reduce #%llu", b.launch_order, static_cast<unsigned long long>(b.seq));
-    if (b.state == BucketState::Done && b.allreduce_end > b.allreduce_begin) {
-      char t0[32], dt[32];
-      std::snprintf(t0, sizeof t0, "%.3f ms", b.allreduce_begin * 1e3);
-      std::snprintf(dt, sizeof dt, "%.3f ms", (b.allreduce_end - b.allreduce_begin) * 1e3);
-      ImGui::Text("all-reduce took %s (modeled), from %s", dt, t0);
-    }
-    ImGui::TextDisabled("Buckets launch strictly in order, so every rank issues the same all-reduces.");
-    ImGui::EndTooltip();
-  }
+  Hovered hovered;
+  for (const BucketView& b : s.buckets) draw_bucket_row(dl, b, lay, ctx.time, window_hovered, hovered);
+  if (hovered.param) param_tooltip(*hovered.param, *hovered.param_bucket);
+  else if (hovered.bucket) bucket_tooltip(*hovered.bucket);
   ImGui::EndChild();
 }
 

@@ -124,16 +124,15 @@ void ruler(ImDrawList* dl, float x0, float x1, float y, double T, float fs) {
 }
 
 // The simulated timetable of a schedule, per rank; cached (simulate() validates the whole grid).
-const std::vector<std::vector<Timed>>& simulated(const PipelineSchedule& s, const ActionCosts& c, int slot) {
-  struct Entry {
-    std::string key;
-    std::vector<std::vector<Timed>> rows;
-  };
-  static Entry cache[2];
+struct SimulatedRows {
+  std::string key;  // the schedule and costs it was simulated for
+  std::vector<std::vector<Timed>> rows;
+};
+
+const std::vector<std::vector<Timed>>& simulated(SimulatedRows& e, const PipelineSchedule& s, const ActionCosts& c) {
   char key[160];
   std::snprintf(key, sizeof key, "%s %d %d %d %.9g %.9g %.9g %.9g", s.name.c_str(), s.ranks, s.microbatches, s.chunks,
                 c.forward, c.backward, c.backward_input, c.backward_weight);
-  Entry& e = cache[slot];
   if (e.key != key) {
     e.key = key;
     e.rows.clear();
@@ -354,7 +353,21 @@ void hover_rows(const RowSet& set, int stages, bool simulated) {
     }
 }
 
-void draw_header(const PipelineView& pv, ViewContext& ctx) {
+}  // namespace
+
+// The pipeline view's state between frames: the simulated timetables of the shown schedule and of
+// the compared one, the controls' edit and the run it began from, the compared schedule.
+struct PipelineViewState::Impl {
+  SimulatedRows shown, compared;
+  PipelineRequest edit, seen;
+  PipelineSchedule other_plan;
+};
+PipelineViewState::PipelineViewState() : impl(std::make_unique<Impl>()) {}
+PipelineViewState::~PipelineViewState() = default;
+
+namespace {
+
+void draw_header(const PipelineView& pv, ViewContext& ctx, PipelineViewState::Impl& st) {
   const PipelineSchedule& s = pv.plan;
   ImGui::Text("%s: %d stages on %d ranks%s, %d micro-batches", s.name.c_str(), s.stages, pv.p,
               pv.v > 1 ? (" (" + std::to_string(pv.v) + " per rank)").c_str() : "", pv.m);
@@ -369,10 +382,9 @@ void draw_header(const PipelineView& pv, ViewContext& ctx) {
   else ImGui::TextDisabled("- iteration %d: %d of %d actions done", pv.iteration, done, total);
   if (pv.dp > 1) ImGui::TextDisabled("%d data-parallel replicas: showing replica 0 (ranks 0-%d)", pv.dp, pv.p - 1);
   // The controls: a new schedule or size restarts the run.
-  static PipelineRequest edit, seen;
   const PipelineRequest cur{pv.kind, pv.p, pv.m, pv.v, pv.unit_costs};
-  if (!(cur == seen)) edit = seen = cur;
-  if (pipeline_controls(edit, true) && !(edit == cur)) ctx.pipeline = edit, ctx.pipeline_restart = true;
+  if (!(cur == st.seen)) st.edit = st.seen = cur;
+  if (pipeline_controls(st.edit, true) && !(st.edit == cur)) ctx.pipeline = st.edit, ctx.pipeline_restart = true;
   if (!ctx.restart_error.empty()) {
     ImGui::PushTextWrapPos(0.0f);
     ImGui::TextColored(ImVec4(1.0f, 0.4f, 0.4f, 1.0f), "%s", ctx.restart_error.c_str());
@@ -431,7 +443,141 @@ bool pipeline_controls(PipelineRequest& r, bool one_line) {
   return done;
 }
 
-void draw_pipeline_view(const Snapshot& s, ViewContext& ctx) {
+namespace {
+
+// The shown iteration on the shown clock, per rank, from its first action: the finished actions as
+// they ran, then the ones not run yet where the plan puts them with this run's mean costs, shifted
+// so none starts before the rank's last one ended.
+struct LiveRows {
+  std::vector<std::vector<Timed>> timed;
+  std::vector<std::vector<int64_t>> bytes;  // what each finished action sent
+  std::vector<int> done;                    // finished actions per rank
+  std::vector<int> current;                 // the action under way per rank; -1 once complete
+};
+
+LiveRows live_rows(const PipelineView& pv, const std::vector<std::vector<Timed>>& sim, bool modeled) {
+  double t0 = 1e300;
+  for (int r = 0; r < pv.p; r++)
+    if (!pv.ranks[static_cast<size_t>(r)].done.empty()) {
+      const PipelineActionView& a = pv.ranks[static_cast<size_t>(r)].done.front();
+      t0 = std::min(t0, modeled ? a.model_begin : static_cast<double>(a.wall_begin_ns) * 1e-9);
+    }
+  LiveRows live;
+  live.timed.resize(static_cast<size_t>(pv.p));
+  live.bytes.resize(static_cast<size_t>(pv.p));
+  live.done.resize(static_cast<size_t>(pv.p));
+  live.current.assign(static_cast<size_t>(pv.p), -1);
+  for (int r = 0; r < pv.p; r++) {
+    const PipelineRankView& rv = pv.ranks[static_cast<size_t>(r)];
+    const auto& plan_row = sim[static_cast<size_t>(r)];
+    auto& timed = live.timed[static_cast<size_t>(r)];
+    double shift = 0;
+    for (const PipelineActionView& a : rv.done) {
+      const double b = (modeled ? a.model_begin : static_cast<double>(a.wall_begin_ns) * 1e-9) - t0;
+      const double e = (modeled ? a.model_end : static_cast<double>(a.wall_end_ns) * 1e-9) - t0;
+      timed.push_back({a.action, b, e});
+      live.bytes[static_cast<size_t>(r)].push_back(a.bytes);
+      const size_t k = timed.size() - 1;
+      if (k < plan_row.size()) shift = std::max(0.0, e - plan_row[k].end);
+    }
+    for (size_t k = rv.done.size(); k < plan_row.size(); k++)
+      timed.push_back({plan_row[k].action, plan_row[k].begin + shift, plan_row[k].end + shift});
+    live.done[static_cast<size_t>(r)] = static_cast<int>(rv.done.size());
+    if (!pv.complete) live.current[static_cast<size_t>(r)] = rv.next;
+  }
+  return live;
+}
+
+// The schedule to compare with (made again only when it changes), or null: none picked, or it
+// cannot be made at these sizes (`error` says why).
+const PipelineSchedule* compared_schedule(const PipelineView& pv, int compare, PipelineSchedule& other_plan, std::string& error) {
+  if (compare < 0 || compare >= 4 || kKinds[compare] == pv.kind) return nullptr;
+  const ScheduleKind k = kKinds[compare];
+  try {
+    if (other_plan.name != schedule_kind_name(k) || other_plan.ranks != pv.p || other_plan.microbatches != pv.m)
+      other_plan = make_schedule(k, pv.p, pv.m, k == ScheduleKind::Interleaved1F1B ? std::max(2, pv.v) : 1);
+    return &other_plan;
+  } catch (const Error& e) {
+    error = e.what();
+    return nullptr;
+  }
+}
+
+// The chart's title on the left, its right column's heading above that column, then the rows and the ruler.
+RowSet draw_live_chart(const PipelineView& pv, const LiveRows& live, const Geometry& g, ImVec2 origin, float avail_w,
+                       bool modeled, float pulse) {
+  std::vector<std::string> right;
+  for (int r = 0; r < pv.p; r++) {
+    const PipelineRankView& rv = pv.ranks[static_cast<size_t>(r)];
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s / %s  %d / %d", rv.bubble >= 0 ? percent(rv.bubble).c_str() : "-",
+                  percent(pv.formula.of_wall).c_str(), rv.peak_inflight, pv.formula_peak[static_cast<size_t>(r)]);
+    right.push_back(buf);
+  }
+  ImGui::SetCursorScreenPos(ImVec2(origin.x, ImGui::GetCursorScreenPos().y));
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const ImVec2 title = ImGui::GetCursorScreenPos();
+  const std::string what = std::string(pv.complete ? "as it ran" : "as it runs") + ", " + (modeled ? "modeled" : "wall") + " clock";
+  dl->AddText(title, ImGui::GetColorU32(ImGuiCol_TextDisabled), what.c_str());
+  const char* column = "bubble / formula  in-flight";
+  const float cx = std::max(g.x1 + 0.6f * g.fs, title.x + ImGui::CalcTextSize(what.c_str()).x + g.fs);
+  dl->AddText(ImVec2(cx, title.y), ImGui::GetColorU32(ImGuiCol_TextDisabled), column);
+  ImGui::Dummy(ImVec2(1, ImGui::GetTextLineHeight()));
+  const ImVec2 head = ImGui::GetCursorScreenPos();
+  RowSet set = layout_rows(live.timed, live.done, live.bytes, g, head.y, pv.complete);
+  draw_rows(set, g, head.y, pv.m, pv.v, right, live.current, pulse, true);
+  const float y = head.y + static_cast<float>(pv.p) * g.row_h;
+  ruler(dl, g.x0, g.x1, y + 2, g.T, g.fs);
+  ImGui::Dummy(ImVec2(avail_w, static_cast<float>(pv.p) * g.row_h + 1.6f * g.fs));
+  return set;
+}
+
+void compare_combo(const PipelineView& pv, int& compare, float fs) {
+  ImGui::SetNextItemWidth(fs * 9);
+  const char* cur_name = compare >= 0 && compare < 4 ? schedule_kind_name(kKinds[compare]) : "nothing";
+  if (ImGui::BeginCombo("compare with", cur_name)) {
+    if (ImGui::Selectable("nothing", compare < 0)) compare = -1;
+    for (int i = 0; i < 4; i++)
+      if (kKinds[i] != pv.kind && ImGui::Selectable(schedule_kind_name(kKinds[i]), compare == i)) compare = i;
+    ImGui::EndCombo();
+  }
+}
+
+// The other schedule, simulated with this run's costs: its bubble and peaks, its rows and ruler.
+void draw_comparison(const PipelineView& pv, const PipelineSchedule& other, const std::vector<std::vector<Timed>>& other_rows,
+                     const Geometry& g, float avail_w, float pulse) {
+  double end = 0;
+  for (const auto& row : other_rows)
+    for (const Timed& t : row) end = std::max(end, t.end);
+  std::vector<std::string> other_right;
+  std::string peaks;
+  double bubble_sum = 0;
+  for (int r = 0; r < pv.p; r++) {
+    double busy = 0;
+    for (const Timed& t : other_rows[static_cast<size_t>(r)]) busy += t.end - t.begin;
+    const int peak = measured_peak_inflight(other, r);
+    const double bubble = end > 0 ? (end - busy) / end : 0;
+    bubble_sum += bubble;
+    peaks += (r ? " " : "") + std::to_string(peak);
+    other_right.push_back(percent(bubble) + "  " + std::to_string(peak));
+  }
+  ImGui::SameLine();
+  ImGui::TextDisabled("%s simulated with this run's action costs: bubble %s, in-flight peaks %s", other.name.c_str(),
+                      percent(bubble_sum / pv.p).c_str(), peaks.c_str());
+  const float oy = ImGui::GetCursorScreenPos().y;
+  std::vector<int> other_done(static_cast<size_t>(pv.p));
+  for (int r = 0; r < pv.p; r++) other_done[static_cast<size_t>(r)] = static_cast<int>(other_rows[static_cast<size_t>(r)].size());
+  const RowSet cmp = layout_rows(other_rows, other_done, {}, g, oy, true);
+  draw_rows(cmp, g, oy, pv.m, other.chunks, other_right, {}, pulse, false);
+  ruler(ImGui::GetWindowDrawList(), g.x0, g.x1, oy + static_cast<float>(pv.p) * g.row_h + 2, g.T, g.fs);
+  ImGui::Dummy(ImVec2(avail_w, static_cast<float>(pv.p) * g.row_h + 1.6f * g.fs));
+  hover_rows(cmp, other.stages, true);
+}
+
+}  // namespace
+
+void draw_pipeline_view(const Snapshot& s, ViewContext& ctx, PipelineViewState& state) {
+  PipelineViewState::Impl& st = *state.impl;
   const PipelineView& pv = s.pipeline;
   if (!pv.valid) {
     ImGui::TextUnformatted("The pipeline view shows --strategy pipeline runs.");
@@ -443,7 +589,7 @@ void draw_pipeline_view(const Snapshot& s, ViewContext& ctx) {
   }
   const float fs = ImGui::GetFontSize();
   const float pulse = 0.45f + 0.55f * static_cast<float>(0.5 + 0.5 * std::sin(ctx.time * 6.0));
-  draw_header(pv, ctx);
+  draw_header(pv, ctx, st);
   draw_bubble_line(pv, ctx.modeled_clock);
   draw_legend(pv);
 
@@ -467,61 +613,22 @@ void draw_pipeline_view(const Snapshot& s, ViewContext& ctx) {
     ImGui::EndChild();
     return;
   }
-  // The shown iteration on the shown clock, from its first action; actions not run yet where the
-  // plan puts them with this run's mean costs, shifted so none starts before the rank's last one ended.
   const bool modeled = ctx.modeled_clock;
   const ActionCosts& costs = modeled ? pv.model_costs : pv.wall_costs;
-  const auto& sim = simulated(pv.plan, costs, 0);
-  double t0 = 1e300;
-  for (int r = 0; r < pv.p; r++)
-    if (!pv.ranks[static_cast<size_t>(r)].done.empty()) {
-      const PipelineActionView& a = pv.ranks[static_cast<size_t>(r)].done.front();
-      t0 = std::min(t0, modeled ? a.model_begin : static_cast<double>(a.wall_begin_ns) * 1e-9);
-    }
-  std::vector<std::vector<Timed>> timed(static_cast<size_t>(pv.p));
-  std::vector<std::vector<int64_t>> bytes(static_cast<size_t>(pv.p));
-  std::vector<int> done(static_cast<size_t>(pv.p)), current(static_cast<size_t>(pv.p), -1);
-  for (int r = 0; r < pv.p; r++) {
-    const PipelineRankView& rv = pv.ranks[static_cast<size_t>(r)];
-    const auto& plan_row = sim[static_cast<size_t>(r)];
-    double shift = 0;
-    for (const PipelineActionView& a : rv.done) {
-      const double b = (modeled ? a.model_begin : static_cast<double>(a.wall_begin_ns) * 1e-9) - t0;
-      const double e = (modeled ? a.model_end : static_cast<double>(a.wall_end_ns) * 1e-9) - t0;
-      timed[static_cast<size_t>(r)].push_back({a.action, b, e});
-      bytes[static_cast<size_t>(r)].push_back(a.bytes);
-      const size_t k = timed[static_cast<size_t>(r)].size() - 1;
-      if (k < plan_row.size()) shift = std::max(0.0, e - plan_row[k].end);
-    }
-    for (size_t k = rv.done.size(); k < plan_row.size(); k++)
-      timed[static_cast<size_t>(r)].push_back({plan_row[k].action, plan_row[k].begin + shift, plan_row[k].end + shift});
-    done[static_cast<size_t>(r)] = static_cast<int>(rv.done.size());
-    if (!pv.complete) current[static_cast<size_t>(r)] = rv.next;
-  }
+  const LiveRows live = live_rows(pv, simulated(st.shown, pv.plan, costs), modeled);
   // The comparison, simulated with the same costs.
   int& compare = ctx.pipeline_compare;
   std::string compare_error;
-  const PipelineSchedule* other = nullptr;
-  static PipelineSchedule other_plan;
-  if (compare >= 0 && compare < 4 && kKinds[compare] != pv.kind) {
-    const ScheduleKind k = kKinds[compare];
-    try {
-      if (other_plan.name != schedule_kind_name(k) || other_plan.ranks != pv.p || other_plan.microbatches != pv.m)
-        other_plan = make_schedule(k, pv.p, pv.m, k == ScheduleKind::Interleaved1F1B ? std::max(2, pv.v) : 1);
-      other = &other_plan;
-    } catch (const Error& e) {
-      compare_error = e.what();
-    }
-  }
+  const PipelineSchedule* other = compared_schedule(pv, compare, st.other_plan, compare_error);
   // Its stages hold v / v' of this run's stages each: its actions cost that much more.
   ActionCosts other_costs = costs;
   if (other) {
     const double k = static_cast<double>(pv.v) / other->chunks;
     for (double* c : {&other_costs.forward, &other_costs.backward, &other_costs.backward_input, &other_costs.backward_weight}) *c *= k;
   }
-  const std::vector<std::vector<Timed>>* other_rows = other ? &simulated(*other, other_costs, 1) : nullptr;
+  const std::vector<std::vector<Timed>>* other_rows = other ? &simulated(st.compared, *other, other_costs) : nullptr;
   g.T = 0;
-  for (const std::vector<std::vector<Timed>>* rows : {static_cast<const std::vector<std::vector<Timed>>*>(&timed), other_rows})
+  for (const std::vector<std::vector<Timed>>* rows : {&live.timed, other_rows})
     if (rows)
       for (const auto& row : *rows)
         for (const Timed& t : row) g.T = std::max(g.T, t.end);
@@ -530,71 +637,13 @@ void draw_pipeline_view(const Snapshot& s, ViewContext& ctx) {
   const int row_count = pv.p * (other ? 2 : 1);
   const float spare = ImGui::GetContentRegionAvail().y - 4.5f * fs - (other ? 2.5f * fs : 0);
   g.row_h = std::clamp(spare / static_cast<float>(row_count), 1.3f * fs, 2.4f * fs);
-
-  std::vector<std::string> right;
-  for (int r = 0; r < pv.p; r++) {
-    const PipelineRankView& rv = pv.ranks[static_cast<size_t>(r)];
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%s / %s  %d / %d", rv.bubble >= 0 ? percent(rv.bubble).c_str() : "-",
-                  percent(pv.formula.of_wall).c_str(), rv.peak_inflight, pv.formula_peak[static_cast<size_t>(r)]);
-    right.push_back(buf);
-  }
-  ImGui::SetCursorScreenPos(ImVec2(origin.x, ImGui::GetCursorScreenPos().y));
-  // The chart's title on the left, its right column's heading above that column.
-  ImDrawList* dl = ImGui::GetWindowDrawList();
-  const ImVec2 title = ImGui::GetCursorScreenPos();
-  const std::string what = std::string(pv.complete ? "as it ran" : "as it runs") + ", " + (modeled ? "modeled" : "wall") + " clock";
-  dl->AddText(title, ImGui::GetColorU32(ImGuiCol_TextDisabled), what.c_str());
-  const char* column = "bubble / formula  in-flight";
-  const float cx = std::max(g.x1 + 0.6f * fs, title.x + ImGui::CalcTextSize(what.c_str()).x + fs);
-  dl->AddText(ImVec2(cx, title.y), ImGui::GetColorU32(ImGuiCol_TextDisabled), column);
-  ImGui::Dummy(ImVec2(1, ImGui::GetTextLineHeight()));
-  const ImVec2 head = ImGui::GetCursorScreenPos();
-  const RowSet live = layout_rows(timed, done, bytes, g, head.y, pv.complete);
-  draw_rows(live, g, head.y, pv.m, pv.v, right, current, pulse, true);
-  float y = head.y + static_cast<float>(pv.p) * g.row_h;
-  ruler(dl, g.x0, g.x1, y + 2, g.T, fs);
-  ImGui::Dummy(ImVec2(avail_w, static_cast<float>(pv.p) * g.row_h + 1.6f * fs));
+  const RowSet live_set = draw_live_chart(pv, live, g, origin, avail_w, modeled, pulse);
 
   // ---- compare with another schedule
-  ImGui::SetNextItemWidth(fs * 9);
-  const char* cur_name = compare >= 0 && compare < 4 ? schedule_kind_name(kKinds[compare]) : "nothing";
-  if (ImGui::BeginCombo("compare with", cur_name)) {
-    if (ImGui::Selectable("nothing", compare < 0)) compare = -1;
-    for (int i = 0; i < 4; i++)
-      if (kKinds[i] != pv.kind && ImGui::Selectable(schedule_kind_name(kKinds[i]), compare == i)) compare = i;
-    ImGui::EndCombo();
-  }
+  compare_combo(pv, compare, fs);
   if (!compare_error.empty()) ImGui::TextColored(ImVec4(1.0f, 0.4f, 0.4f, 1.0f), "%s", compare_error.c_str());
-  if (other) {
-    double end = 0;
-    for (const auto& row : *other_rows)
-      for (const Timed& t : row) end = std::max(end, t.end);
-    std::vector<std::string> other_right;
-    std::string peaks;
-    double bubble_sum = 0;
-    for (int r = 0; r < pv.p; r++) {
-      double busy = 0;
-      for (const Timed& t : (*other_rows)[static_cast<size_t>(r)]) busy += t.end - t.begin;
-      const int peak = measured_peak_inflight(*other, r);
-      const double bubble = end > 0 ? (end - busy) / end : 0;
-      bubble_sum += bubble;
-      peaks += (r ? " " : "") + std::to_string(peak);
-      other_right.push_back(percent(bubble) + "  " + std::to_string(peak));
-    }
-    ImGui::SameLine();
-    ImGui::TextDisabled("%s simulated with this run's action costs: bubble %s, in-flight peaks %s", other->name.c_str(),
-                        percent(bubble_sum / pv.p).c_str(), peaks.c_str());
-    const float oy = ImGui::GetCursorScreenPos().y;
-    std::vector<int> other_done(static_cast<size_t>(pv.p));
-    for (int r = 0; r < pv.p; r++) other_done[static_cast<size_t>(r)] = static_cast<int>((*other_rows)[static_cast<size_t>(r)].size());
-    const RowSet cmp = layout_rows(*other_rows, other_done, {}, g, oy, true);
-    draw_rows(cmp, g, oy, pv.m, other->chunks, other_right, {}, pulse, false);
-    ruler(dl, g.x0, g.x1, oy + static_cast<float>(pv.p) * g.row_h + 2, g.T, fs);
-    ImGui::Dummy(ImVec2(avail_w, static_cast<float>(pv.p) * g.row_h + 1.6f * fs));
-    hover_rows(cmp, other->stages, true);
-  }
-  hover_rows(live, pv.plan.stages, false);
+  if (other) draw_comparison(pv, *other, *other_rows, g, avail_w, pulse);
+  hover_rows(live_set, pv.plan.stages, false);
   ImGui::EndChild();
 }
 

@@ -2,7 +2,7 @@
 // rank's buffer is a block of chunk cells colored by how many ranks' contributions they hold; the
 // transfers of the pending step travel along their edges as glowing chunks, rendered by the
 // ring_chunks GLSL program into a render target (ImDrawList drawing when the program is missing).
-// Everything shown comes from Snapshot::collective, which the Session derives from the trace.
+// Everything shown comes from Snapshot::collective, which the SnapshotBuilder derives from the trace.
 #include <GL/gl.h>
 #include <GL/glext.h>
 
@@ -191,21 +191,24 @@ Layout make_layout(ImVec2 p0, ImVec2 size, int n, int chunks, float fs, bool wan
 }
 
 // The layout search runs only when the canvas, the world or the font changed.
-const Layout& cached_layout(ImVec2 p0, ImVec2 size, int n, int chunks, float fs, bool want_cells) {
+struct LayoutCache {
   struct Key {
     float x, y, w, h, fs;
     int n, chunks;
     bool cells;
     bool operator==(const Key&) const = default;
   };
-  static Key key{};
-  static Layout layout;
-  const Key k{p0.x, p0.y, size.x, size.y, fs, n, chunks, want_cells};
-  if (!(k == key) || layout.node.empty()) {
-    key = k;
-    layout = make_layout(p0, size, n, chunks, fs, want_cells);
+  Key key{};
+  Layout layout;
+};
+
+const Layout& cached_layout(LayoutCache& cache, ImVec2 p0, ImVec2 size, int n, int chunks, float fs, bool want_cells) {
+  const LayoutCache::Key k{p0.x, p0.y, size.x, size.y, fs, n, chunks, want_cells};
+  if (!(k == cache.key) || cache.layout.node.empty()) {
+    cache.key = k;
+    cache.layout = make_layout(p0, size, n, chunks, fs, want_cells);
   }
-  return layout;
+  return cache.layout;
 }
 
 ImVec2 cell_pos(const Layout& L, int r, int c) {
@@ -641,9 +644,221 @@ void node_tooltip(const Snapshot& s, const CollectiveView& cv, int r) {
   ImGui::EndTooltip();
 }
 
+// No collective yet: a hint in the ring's middle (below the node when the world is one rank).
+void draw_hint(ImDrawList* dl, const Layout& L, int N, float room, float width, float fs) {
+  const char* dash = has_glyph(0x2014) ? " \u2014 " : " - ";
+  const std::string hint = std::string("No collective yet") + dash + "press C (next collective) or Space (run)";
+  const float wrap = std::max(fs * 8, std::min(room, width - fs));
+  ImFont* font = ImGui::GetFont();
+  const ImVec2 ts = font->CalcTextSizeA(fs, FLT_MAX, wrap, hint.c_str());
+  const float y = N > 1 ? L.center.y : L.center.y + L.node_r + fs * 1.2f + ts.y * 0.5f;
+  const ImVec2 tp(std::floor(L.center.x - ts.x * 0.5f), std::floor(y - ts.y * 0.5f));
+  dl->AddRectFilled(tp - ImVec2(fs * 0.6f, fs * 0.4f), tp + ts + ImVec2(fs * 0.6f, fs * 0.4f),
+                    ImGui::GetColorU32(ImGuiCol_PopupBg, 0.92f), fs * 0.4f);
+  dl->AddText(font, fs, tp, ImGui::GetColorU32(ImGuiCol_Text), hint.c_str(), nullptr, wrap);
+}
+
+// The step counter, the phase, and who the world waits for (or the wall time once done).
+void draw_step_counter(ImDrawList* dl, const Layout& L, const CollectiveView& cv, float room, float fs) {
+  char big[32];
+  if (cv.steps_done < cv.steps) std::snprintf(big, sizeof big, "step %d/%d", cv.steps_done + 1, cv.steps);
+  else std::snprintf(big, sizeof big, "done");
+  const float bs = std::min(fs * 1.6f, room / 6.0f);
+  if (bs < fs * 0.8f) return;
+  // Lines of the center block, on a translucent plate so edges crossing it stay out of the way.
+  struct Line {
+    std::string text;
+    float size;
+    ImU32 color;
+  };
+  std::vector<Line> lines = {{big, bs, ImGui::GetColorU32(ImGuiCol_Text)}, {ring_phase_name(cv.phase), fs, phase_color(cv.phase)}};
+  if (cv.in_flight && !cv.missing.empty()) {
+    std::string w = "waiting for rank";
+    if (cv.missing.size() > 1) w += "s";
+    for (size_t i = 0; i < cv.missing.size(); i++) w += (i ? ", " : " ") + std::to_string(cv.missing[i]);
+    lines.push_back({w, fs, kMissingRed});
+  } else if (cv.steps_done >= cv.steps && cv.measured_s >= 0) {
+    char ms[48];
+    std::snprintf(ms, sizeof ms, "%.3f ms wall", cv.measured_s * 1e3);
+    lines.push_back({ms, fs, ImGui::GetColorU32(ImGuiCol_TextDisabled)});
+  }
+  ImFont* font = ImGui::GetFont();
+  float w = 0, h = 0;
+  for (const Line& l : lines) {
+    w = std::max(w, font->CalcTextSizeA(l.size, FLT_MAX, 0.0f, l.text.c_str()).x);
+    h += l.size;
+  }
+  ImVec2 p(L.center.x, L.center.y - h * 0.5f);
+  const ImVec2 m(fs * 0.5f, fs * 0.25f);
+  dl->AddRectFilled(ImVec2(p.x - w * 0.5f - m.x, p.y - m.y), ImVec2(p.x + w * 0.5f + m.x, p.y + h + m.y),
+                    ImGui::GetColorU32(ImGuiCol_WindowBg, 0.8f), fs * 0.4f);
+  for (const Line& l : lines) {
+    centered_text(dl, l.size, ImVec2(p.x, p.y + l.size * 0.5f), l.color, l.text.c_str());
+    p.y += l.size;
+  }
+}
+
+// The edges between nodes: curves bulging outwards, trimmed at the node borders.
+struct Edges {
+  const Layout& L;
+  float bulge, trim;
+  Curve of(int a, int b) const {
+    return make_curve(L.node[static_cast<size_t>(a)], L.node[static_cast<size_t>(b)], bulge, trim, trim);
+  }
+};
+
+bool in_world(const StepTransfer& t, int N) { return t.src >= 0 && t.dst >= 0 && t.src < N && t.dst < N; }
+
+void draw_edges(ImDrawList* dl, const Edges& edges, const CollectiveView& cv, int N, bool ring, float fs) {
+  const float thick = std::max(1.5f, fs * 0.12f), arrow = std::max(7.0f, fs * 0.7f);
+  const ImU32 edge_active = ImGui::GetColorU32(ImGuiCol_Text, 0.75f);
+  const ImU32 edge_idle = ImGui::GetColorU32(ImGuiCol_Text, 0.28f);
+  if (ring) {
+    for (int r = 0; r < N; r++)
+      draw_curve(dl, edges.of(r, (r + 1) % N), cv.pending.empty() ? edge_idle : edge_active, thick, arrow, false);
+    return;
+  }
+  for (const StepTransfer& t : cv.last)
+    if (in_world(t, N)) draw_curve(dl, edges.of(t.src, t.dst), edge_idle, thick * 0.8f, arrow * 0.8f, true);
+  for (const StepTransfer& t : cv.pending)
+    if (in_world(t, N)) draw_curve(dl, edges.of(t.src, t.dst), with_alpha(phase_color(t.phase), 0.9f), thick * 1.3f, arrow, false);
+}
+
+// What moves next, mid-edge: a chunk per pending transfer whose receiver has not taken it yet.
+std::vector<Chunk> pending_chunks(const Edges& edges, const CollectiveView& cv, int N, float phase, float half) {
+  std::vector<Chunk> chunks;
+  for (const StepTransfer& t : cv.pending) {
+    if (!in_world(t, N)) continue;
+    if (t.dst < static_cast<int>(cv.rank_steps_done.size()) && cv.rank_steps_done[static_cast<size_t>(t.dst)] > cv.steps_done) continue;
+    const auto& src_cells = cv.cells[static_cast<size_t>(t.src)];
+    const int c = t.chunk < 0 ? 0 : t.chunk;
+    int held = c < static_cast<int>(src_cells.size()) ? src_cells[static_cast<size_t>(c)] : N;
+    if (t.phase == RingPhase::AllGather || t.phase == RingPhase::Broadcast || held <= 0) held = N;
+    const Curve cu = edges.of(t.src, t.dst);
+    chunks.push_back({&t, cu.at(cu.t0 + (cu.t1 - cu.t0) * phase), half, held, contribution_color(held, N)});
+  }
+  return chunks;
+}
+
 }  // namespace
 
-void draw_ring_view(const Snapshot& s, ViewContext& ctx) {
+// The ring view's state between frames: the searched layout, and the chunk sprites' render pass
+// (its buffers live as long as the GL context, the app's).
+struct RingViewState::Impl {
+  LayoutCache layout;
+  ChunkPass pass;
+  std::vector<Placed> placed;  // where each sprite's square of the target goes on screen
+};
+RingViewState::RingViewState() : impl(std::make_unique<Impl>()) {}
+RingViewState::~RingViewState() = default;
+
+namespace {
+
+// Sprites: each chunk with a streak behind it, as long as the way it came (at most 4 half sides),
+// rendered by the ring_chunks program, else with the draw list.
+void draw_chunk_sprites(ImDrawList* dl, const Edges& edges, const std::vector<Chunk>& chunks, float phase, float half,
+                        ViewContext& ctx, RingViewState::Impl& st) {
+  std::vector<Sprite> sprites;
+  for (const Chunk& ch : chunks) {
+    const Curve cu = edges.of(ch.t->src, ch.t->dst);
+    const float t = cu.t0 + (cu.t1 - cu.t0) * phase;
+    ImVec2 dir = cu.at(std::min(1.0f, t + 0.01f)) - cu.at(std::max(0.0f, t - 0.01f));
+    dir = dir * (1.0f / std::max(length(dir), 1e-4f));
+    const float tail = std::min(half * 4.0f, length(ch.pos - cu.at(cu.t0)));
+    sprites.push_back({ch.pos, half, ImGui::ColorConvertU32ToFloat4(ch.color), dir, tail});
+  }
+  if (sprites.empty()) return;
+  const ShaderProgram* prog = ctx.gl ? ctx.gl->program("ring_chunks") : nullptr;
+  unsigned tex = 0;
+  if (prog) {
+    const float scale = std::max(1.0f, ImGui::GetIO().DisplayFramebufferScale.x);
+    tex = st.pass.render(*ctx.gl, *prog, scale, sprites, static_cast<float>(ctx.time), st.placed);
+  }
+  if (tex) {
+    // The target's texture is stored premultiplied; rows start at the bottom, hence the flipped v.
+    dl->AddCallback(premultiplied_blend, nullptr);
+    for (const Placed& pl : st.placed)
+      dl->AddImage(reinterpret_cast<ImTextureID>(static_cast<intptr_t>(tex)), pl.screen0, pl.screen1, pl.uv0, pl.uv1);
+    dl->AddCallback(ImDrawCallback_ResetRenderState, nullptr);
+  } else {
+    draw_sprites_fallback(dl, sprites);
+  }
+}
+
+// Nodes, their buffers, the cells a chunk leaves and lands in, and the labels on the chunks.
+void draw_nodes(ImDrawList* dl, const Layout& L, const CollectiveView& cv, int N, bool valid, const std::vector<Chunk>& chunks,
+                float fs, double time) {
+  for (int r = 0; r < N; r++) {
+    const bool missing = valid && cv.in_flight && std::find(cv.missing.begin(), cv.missing.end(), r) != cv.missing.end();
+    const ImU32 fill = rank_color(r, N, valid && !missing ? 1.0f : 0.45f);
+    draw_node(dl, L, r, N, fs, fill, missing, time);
+    if (valid && L.cells) draw_cells(dl, L, cv, r, fs);
+  }
+  if (valid && L.cells) {
+    const float t = std::max(1.5f, fs * 0.12f);
+    for (const Chunk& ch : chunks) {
+      ImVec2 a0, a1;
+      if (cell_rect(L, cv, ch.t->src, ch.t->chunk, a0, a1))
+        dl->AddRect(a0 - ImVec2(t, t), a1 + ImVec2(t, t), ImGui::GetColorU32(ImGuiCol_Text), L.cell * 0.2f, 0, t);
+      if (cell_rect(L, cv, ch.t->dst, ch.t->chunk, a0, a1))
+        dl->AddRect(a0 - ImVec2(t, t), a1 + ImVec2(t, t), ImGui::GetColorU32(ImGuiCol_Text, 0.45f), L.cell * 0.2f, 0, t * 0.7f);
+    }
+  }
+  for (const Chunk& ch : chunks) {
+    if (ch.t->chunk < 0 || ch.half * 2 < fs * 0.7f) continue;
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%d", ch.t->chunk);
+    centered_text(dl, std::min(fs, ch.half * 1.45f), ch.pos, text_on(ch.color), buf);
+  }
+}
+
+// A cell's tooltip when the mouse is on one of rank r's cells; false when it is not.
+bool cell_tooltip(const Layout& L, const CollectiveView& cv, int r, int N, ImVec2 mouse) {
+  for (int c = 0; c < cv.chunks; c++) {
+    ImVec2 a0, a1;
+    const auto& row = cv.cells[static_cast<size_t>(r)];
+    if (c >= static_cast<int>(row.size()) || !cell_rect(L, cv, r, c, a0, a1)) continue;
+    if (mouse.x >= a0.x && mouse.x < a1.x && mouse.y >= a0.y && mouse.y < a1.y) {
+      const int held = row[static_cast<size_t>(c)];
+      ImGui::BeginTooltip();
+      if (cv.chunks > 1) ImGui::Text("rank %d, chunk %d", r, c);
+      else ImGui::Text("rank %d's buffer", r);
+      if (held <= 0) ImGui::TextUnformatted("not received yet");
+      else if (held >= N) ImGui::TextUnformatted("final: holds every rank's contribution");
+      else ImGui::Text("holds %d of %d ranks' contributions", held, N);
+      ImGui::EndTooltip();
+      return true;
+    }
+  }
+  return false;
+}
+
+// Tooltips: a node tells what its rank does; a cell what it holds; a chunk where it goes.
+void ring_tooltips(const Snapshot& s, const Layout& L, const std::vector<Chunk>& chunks, int N, bool valid, ImVec2 mouse) {
+  const CollectiveView& cv = s.collective;
+  for (const Chunk& ch : chunks) {
+    if (std::fabs(mouse.x - ch.pos.x) <= ch.half * 1.2f && std::fabs(mouse.y - ch.pos.y) <= ch.half * 1.2f) {
+      ImGui::BeginTooltip();
+      if (ch.t->chunk >= 0) ImGui::Text("chunk %d: rank %d -> rank %d", ch.t->chunk, ch.t->src, ch.t->dst);
+      else ImGui::Text("buffer: rank %d -> rank %d", ch.t->src, ch.t->dst);
+      ImGui::Text("carries %d of %d contributions; the receiver %s it", ch.held, N, ch.t->reduce ? "adds" : "copies");
+      ImGui::EndTooltip();
+      return;
+    }
+  }
+  for (int r = 0; r < N; r++) {
+    if (length(mouse - L.node[static_cast<size_t>(r)]) <= L.node_r) {
+      node_tooltip(s, cv, r);
+      return;
+    }
+    if (valid && L.cells && cell_tooltip(L, cv, r, N, mouse)) return;
+  }
+}
+
+}  // namespace
+
+void draw_ring_view(const Snapshot& s, ViewContext& ctx, RingViewState& state) {
+  RingViewState::Impl& st = *state.impl;
   const CollectiveView& cv = s.collective;
   const float fs = ImGui::GetFontSize();
   const int N = std::clamp(cv.valid ? cv.world : std::max(1, s.config.world), 1, 64);
@@ -665,7 +880,7 @@ void draw_ring_view(const Snapshot& s, ViewContext& ctx) {
 
   const float legend_h = valid ? fs * 1.5f : 0.0f;
   const bool ring = valid && ring_edges(cv);
-  const Layout& L = cached_layout(p0, ImVec2(size.x, size.y - legend_h), N, valid ? cv.chunks : 1, fs, valid);
+  const Layout& L = cached_layout(st.layout, p0, ImVec2(size.x, size.y - legend_h), N, valid ? cv.chunks : 1, fs, valid);
 
   // The ring itself, faint, so every algorithm reads as the same world.
   if (N > 1) dl->AddCircle(L.center, L.radius, ImGui::GetColorU32(ImGuiCol_Border, 0.6f), 96, std::max(1.0f, fs * 0.06f));
@@ -673,188 +888,24 @@ void draw_ring_view(const Snapshot& s, ViewContext& ctx) {
   // Center: the step counter, and who the world waits for; under the edges, so moving chunks stay in view.
   if (N > 1 || !valid) {
     const float room = N > 1 ? (L.radius - L.node_r) * 1.6f : size.x;
-    const ImU32 text = ImGui::GetColorU32(ImGuiCol_Text);
-    ImFont* font = ImGui::GetFont();
-    if (!valid) {
-      const char* dash = has_glyph(0x2014) ? " \u2014 " : " - ";
-      const std::string hint = std::string("No collective yet") + dash + "press C (next collective) or Space (run)";
-      const float wrap = std::max(fs * 8, std::min(room, size.x - fs));
-      const ImVec2 ts = font->CalcTextSizeA(fs, FLT_MAX, wrap, hint.c_str());
-      // In the ring's middle; below the node when the world is one rank.
-      const float y = N > 1 ? L.center.y : L.center.y + L.node_r + fs * 1.2f + ts.y * 0.5f;
-      const ImVec2 tp(std::floor(L.center.x - ts.x * 0.5f), std::floor(y - ts.y * 0.5f));
-      dl->AddRectFilled(tp - ImVec2(fs * 0.6f, fs * 0.4f), tp + ts + ImVec2(fs * 0.6f, fs * 0.4f),
-                        ImGui::GetColorU32(ImGuiCol_PopupBg, 0.92f), fs * 0.4f);
-      dl->AddText(font, fs, tp, text, hint.c_str(), nullptr, wrap);
-    } else {
-      char big[32];
-      if (cv.steps_done < cv.steps) std::snprintf(big, sizeof big, "step %d/%d", cv.steps_done + 1, cv.steps);
-      else std::snprintf(big, sizeof big, "done");
-      const float bs = std::min(fs * 1.6f, room / 6.0f);
-      if (bs >= fs * 0.8f) {
-        // Lines of the center block, on a translucent plate so edges crossing it stay out of the way.
-        struct Line {
-          std::string text;
-          float size;
-          ImU32 color;
-        };
-        std::vector<Line> lines = {{big, bs, text}, {ring_phase_name(cv.phase), fs, phase_color(cv.phase)}};
-        if (cv.in_flight && !cv.missing.empty()) {
-          std::string w = "waiting for rank";
-          if (cv.missing.size() > 1) w += "s";
-          for (size_t i = 0; i < cv.missing.size(); i++) w += (i ? ", " : " ") + std::to_string(cv.missing[i]);
-          lines.push_back({w, fs, kMissingRed});
-        } else if (cv.steps_done >= cv.steps && cv.measured_s >= 0) {
-          char ms[48];
-          std::snprintf(ms, sizeof ms, "%.3f ms wall", cv.measured_s * 1e3);
-          lines.push_back({ms, fs, ImGui::GetColorU32(ImGuiCol_TextDisabled)});
-        }
-        float w = 0, h = 0;
-        for (const Line& l : lines) {
-          w = std::max(w, font->CalcTextSizeA(l.size, FLT_MAX, 0.0f, l.text.c_str()).x);
-          h += l.size;
-        }
-        ImVec2 p(L.center.x, L.center.y - h * 0.5f);
-        const ImVec2 m(fs * 0.5f, fs * 0.25f);
-        dl->AddRectFilled(ImVec2(p.x - w * 0.5f - m.x, p.y - m.y), ImVec2(p.x + w * 0.5f + m.x, p.y + h + m.y),
-                          ImGui::GetColorU32(ImGuiCol_WindowBg, 0.8f), fs * 0.4f);
-        for (const Line& l : lines) {
-          centered_text(dl, l.size, ImVec2(p.x, p.y + l.size * 0.5f), l.color, l.text.c_str());
-          p.y += l.size;
-        }
-      }
-    }
+    if (!valid) draw_hint(dl, L, N, room, size.x, fs);
+    else draw_step_counter(dl, L, cv, room, fs);
   }
 
   std::vector<Chunk> chunks;
   if (valid && N > 1) {
-    const float thick = std::max(1.5f, fs * 0.12f), arrow = std::max(7.0f, fs * 0.7f);
-    const float trim = L.node_r + std::max(3.0f, fs * 0.25f);
-    const float bulge = N == 2 ? 0.22f : (ring ? 0.1f : 0.07f);
-    const ImU32 edge_active = ImGui::GetColorU32(ImGuiCol_Text, 0.75f);
-    const ImU32 edge_idle = ImGui::GetColorU32(ImGuiCol_Text, 0.28f);
-    auto curve_of = [&](int a, int b) {
-      return make_curve(L.node[static_cast<size_t>(a)], L.node[static_cast<size_t>(b)], bulge, trim, trim);
-    };
-    if (ring) {
-      for (int r = 0; r < N; r++)
-        draw_curve(dl, curve_of(r, (r + 1) % N), cv.pending.empty() ? edge_idle : edge_active, thick, arrow, false);
-    } else {
-      for (const StepTransfer& t : cv.last)
-        if (t.src >= 0 && t.dst >= 0 && t.src < N && t.dst < N) draw_curve(dl, curve_of(t.src, t.dst), edge_idle, thick * 0.8f, arrow * 0.8f, true);
-      for (const StepTransfer& t : cv.pending)
-        if (t.src >= 0 && t.dst >= 0 && t.src < N && t.dst < N)
-          draw_curve(dl, curve_of(t.src, t.dst), with_alpha(phase_color(t.phase), 0.9f), thick * 1.3f, arrow, false);
-    }
-
-    // What moves next, mid-edge: a chunk per pending transfer whose receiver has not taken it yet.
+    const Edges edges{L, N == 2 ? 0.22f : (ring ? 0.1f : 0.07f), L.node_r + std::max(3.0f, fs * 0.25f)};
+    draw_edges(dl, edges, cv, N, ring, fs);
     const float phase = static_cast<float>(ctx.time * 0.6 - std::floor(ctx.time * 0.6));
     const float half = std::clamp(L.node_r * 0.4f, fs * 0.3f, fs * 0.8f);
-    for (const StepTransfer& t : cv.pending) {
-      if (t.src < 0 || t.dst < 0 || t.src >= N || t.dst >= N) continue;
-      if (t.dst < static_cast<int>(cv.rank_steps_done.size()) && cv.rank_steps_done[static_cast<size_t>(t.dst)] > cv.steps_done) continue;
-      const auto& src_cells = cv.cells[static_cast<size_t>(t.src)];
-      const int c = t.chunk < 0 ? 0 : t.chunk;
-      int held = c < static_cast<int>(src_cells.size()) ? src_cells[static_cast<size_t>(c)] : N;
-      if (t.phase == RingPhase::AllGather || t.phase == RingPhase::Broadcast || held <= 0) held = N;
-      const Curve cu = curve_of(t.src, t.dst);
-      chunks.push_back({&t, cu.at(cu.t0 + (cu.t1 - cu.t0) * phase), half, held, contribution_color(held, N)});
-    }
-
-    // Sprites: each chunk with a streak behind it, as long as the way it came (at most 4 half sides).
-    std::vector<Sprite> sprites;
-    for (const Chunk& ch : chunks) {
-      const Curve cu = curve_of(ch.t->src, ch.t->dst);
-      const float t = cu.t0 + (cu.t1 - cu.t0) * phase;
-      ImVec2 dir = cu.at(std::min(1.0f, t + 0.01f)) - cu.at(std::max(0.0f, t - 0.01f));
-      dir = dir * (1.0f / std::max(length(dir), 1e-4f));
-      const float tail = std::min(half * 4.0f, length(ch.pos - cu.at(cu.t0)));
-      sprites.push_back({ch.pos, half, ImGui::ColorConvertU32ToFloat4(ch.color), dir, tail});
-    }
-    if (!sprites.empty()) {
-      const ShaderProgram* prog = ctx.gl ? ctx.gl->program("ring_chunks") : nullptr;
-      unsigned tex = 0;
-      static std::vector<Placed> placed;
-      if (prog) {
-        static ChunkPass pass;
-        const float scale = std::max(1.0f, ImGui::GetIO().DisplayFramebufferScale.x);
-        tex = pass.render(*ctx.gl, *prog, scale, sprites, static_cast<float>(ctx.time), placed);
-      }
-      if (tex) {
-        // The target's texture is stored premultiplied; rows start at the bottom, hence the flipped v.
-        dl->AddCallback(premultiplied_blend, nullptr);
-        for (const Placed& pl : placed)
-          dl->AddImage(reinterpret_cast<ImTextureID>(static_cast<intptr_t>(tex)), pl.screen0, pl.screen1, pl.uv0, pl.uv1);
-        dl->AddCallback(ImDrawCallback_ResetRenderState, nullptr);
-      } else {
-        draw_sprites_fallback(dl, sprites);
-      }
-    }
+    chunks = pending_chunks(edges, cv, N, phase, half);
+    draw_chunk_sprites(dl, edges, chunks, phase, half, ctx, st);
   }
-
-  // Nodes, their buffers, and the labels on the chunks.
-  for (int r = 0; r < N; r++) {
-    const bool missing = valid && cv.in_flight && std::find(cv.missing.begin(), cv.missing.end(), r) != cv.missing.end();
-    const ImU32 fill = rank_color(r, N, valid && !missing ? 1.0f : 0.45f);
-    draw_node(dl, L, r, N, fs, fill, missing, ctx.time);
-    if (valid && L.cells) draw_cells(dl, L, cv, r, fs);
-  }
-  if (valid && L.cells) {
-    // The cell a chunk leaves, and the one it lands in.
-    const float t = std::max(1.5f, fs * 0.12f);
-    for (const Chunk& ch : chunks) {
-      ImVec2 a0, a1;
-      if (cell_rect(L, cv, ch.t->src, ch.t->chunk, a0, a1))
-        dl->AddRect(a0 - ImVec2(t, t), a1 + ImVec2(t, t), ImGui::GetColorU32(ImGuiCol_Text), L.cell * 0.2f, 0, t);
-      if (cell_rect(L, cv, ch.t->dst, ch.t->chunk, a0, a1))
-        dl->AddRect(a0 - ImVec2(t, t), a1 + ImVec2(t, t), ImGui::GetColorU32(ImGuiCol_Text, 0.45f), L.cell * 0.2f, 0, t * 0.7f);
-    }
-  }
-  for (const Chunk& ch : chunks) {
-    if (ch.t->chunk < 0 || ch.half * 2 < fs * 0.7f) continue;
-    char buf[16];
-    std::snprintf(buf, sizeof buf, "%d", ch.t->chunk);
-    centered_text(dl, std::min(fs, ch.half * 1.45f), ch.pos, text_on(ch.color), buf);
-  }
+  draw_nodes(dl, L, cv, N, valid, chunks, fs, ctx.time);
 
   if (valid && N > 1) draw_legend(dl, ImVec2(p0.x + fs * 0.3f, p0.y + size.y - legend_h + fs * 0.25f), N, fs, ring);
   dl->PopClipRect();
-
-  // Tooltips: a node tells what its rank does; a cell what it holds; a chunk where it goes.
-  if (!hovered) return;
-  for (const Chunk& ch : chunks) {
-    if (std::fabs(mouse.x - ch.pos.x) <= ch.half * 1.2f && std::fabs(mouse.y - ch.pos.y) <= ch.half * 1.2f) {
-      ImGui::BeginTooltip();
-      if (ch.t->chunk >= 0) ImGui::Text("chunk %d: rank %d -> rank %d", ch.t->chunk, ch.t->src, ch.t->dst);
-      else ImGui::Text("buffer: rank %d -> rank %d", ch.t->src, ch.t->dst);
-      ImGui::Text("carries %d of %d contributions; the receiver %s it", ch.held, N, ch.t->reduce ? "adds" : "copies");
-      ImGui::EndTooltip();
-      return;
-    }
-  }
-  for (int r = 0; r < N; r++) {
-    if (length(mouse - L.node[static_cast<size_t>(r)]) <= L.node_r) {
-      node_tooltip(s, cv, r);
-      return;
-    }
-    if (!valid || !L.cells) continue;
-    for (int c = 0; c < cv.chunks; c++) {
-      ImVec2 a0, a1;
-      const auto& row = cv.cells[static_cast<size_t>(r)];
-      if (c >= static_cast<int>(row.size()) || !cell_rect(L, cv, r, c, a0, a1)) continue;
-      if (mouse.x >= a0.x && mouse.x < a1.x && mouse.y >= a0.y && mouse.y < a1.y) {
-        const int held = row[static_cast<size_t>(c)];
-        ImGui::BeginTooltip();
-        if (cv.chunks > 1) ImGui::Text("rank %d, chunk %d", r, c);
-        else ImGui::Text("rank %d's buffer", r);
-        if (held <= 0) ImGui::TextUnformatted("not received yet");
-        else if (held >= N) ImGui::TextUnformatted("final: holds every rank's contribution");
-        else ImGui::Text("holds %d of %d ranks' contributions", held, N);
-        ImGui::EndTooltip();
-        return;
-      }
-    }
-  }
+  if (hovered) ring_tooltips(s, L, chunks, N, valid, mouse);
 }
 
 }  // namespace dtlab::app

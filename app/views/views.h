@@ -5,6 +5,7 @@
 #pragma once
 #include <imgui.h>
 
+#include <memory>
 #include <string>
 
 #include "app/gl.h"
@@ -37,11 +38,27 @@ struct ViewContext {
   int pipeline_compare = -1;   // the pipeline view's "compare with": a ScheduleKind, or -1 (none)
 };
 
-void draw_ring_view(const Snapshot& s, ViewContext& ctx);
 void draw_bucket_view(const Snapshot& s, ViewContext& ctx);
 void draw_inspector_view(const Snapshot& s, ViewContext& ctx);
 void draw_shard_view(const Snapshot& s, ViewContext& ctx);
-void draw_pipeline_view(const Snapshot& s, ViewContext& ctx);
+
+// What the ring and pipeline views keep between frames (caches, an edit in progress): the app owns
+// one of each and passes it in; the view's file defines what is inside.
+struct RingViewState {
+  RingViewState();
+  ~RingViewState();
+  struct Impl;
+  std::unique_ptr<Impl> impl;
+};
+struct PipelineViewState {
+  PipelineViewState();
+  ~PipelineViewState();
+  struct Impl;
+  std::unique_ptr<Impl> impl;
+};
+
+void draw_ring_view(const Snapshot& s, ViewContext& ctx, RingViewState& state);
+void draw_pipeline_view(const Snapshot& s, ViewContext& ctx, PipelineViewState& state);
 
 // ---- imported traces (dtlab --open; app/views/trace_view.cpp): they draw from a TraceSnapshot.
 // What the trace panels share (the selection every panel shows, the timeline's range, the Compare

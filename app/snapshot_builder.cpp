@@ -1,0 +1,566 @@
+#include "app/snapshot_builder.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "engine/data/sampler.h"
+
+namespace dtlab::app {
+
+namespace {
+
+// Events kept per rank for the timeline: the last few iterations, bounded.
+constexpr int kKeepIterations = 6;
+constexpr size_t kMaxEventsPerRank = 40000;
+
+std::vector<std::string> split_names(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size() && !s.empty()) {
+    size_t comma = s.find(", ", pos);
+    out.push_back(s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    if (comma == std::string::npos) break;
+    pos = comma + 2;
+  }
+  return out;
+}
+
+bool ring_chunked(CollectiveOp op, Algorithm algo) {
+  return algo == Algorithm::Ring &&
+         (op == CollectiveOp::AllReduce || op == CollectiveOp::ReduceScatter || op == CollectiveOp::AllGather);
+}
+
+bool point_to_point(CollectiveOp op) { return op == CollectiveOp::Send || op == CollectiveOp::Recv; }
+
+}  // namespace
+
+const char* bucket_state_name(BucketState s) {
+  switch (s) {
+    case BucketState::Empty: return "empty";
+    case BucketState::Filling: return "filling";
+    case BucketState::Ready: return "ready";
+    case BucketState::Launched: return "launched";
+    case BucketState::AllReducing: return "all-reducing";
+    case BucketState::Done: return "done";
+  }
+  return "?";
+}
+
+void SnapshotBuilder::reset(const RunSources& run) {
+  run_ = run;
+  const TrainConfig& config = *run.config;
+  world_ = config.world_size;
+  snap_ = Snapshot{};
+  done_ = false;
+  epoch_ = 0;
+  const int N = world_;
+  next_order_.assign(static_cast<size_t>(N), 0);
+  issued_.clear();
+  coll_done_.clear();
+  coll_steps_.clear();
+  coll_wall_s_.clear();
+  shown_seq_ = UINT64_MAX;
+  bucket_iteration_ = -1;
+  ready_counter_ = launch_counter_ = 0;
+  data_epoch_ = -1;
+  snap_.events.assign(static_cast<size_t>(N), {});
+  snap_.memory.assign(static_cast<size_t>(N), RankMemory{});
+  param_numel_.clear();
+  const Model& model = *run.model;
+  for (const auto& p : model.parameters()) {
+    snap_.param_names.push_back(p.name);
+    param_numel_[p.name] = p.numel;
+  }
+  RunConfigView& c = snap_.config;
+  c.strategy = config.strategy;
+  c.model = config.model.str();
+  c.data = run.dataset->name;
+  c.optimizer = config.optimizer.str();
+  c.profile = config.profile;
+  c.world = N;
+  c.batch = config.batch;
+  c.accum = config.accum;
+  c.steps = run.total_steps;
+  c.device = config.device;
+  c.backend = run.backend;
+  c.attached = run.attached;
+  c.bucket_cap_bytes = config.ddp.bucket_cap_bytes;
+  c.first_bucket_bytes = config.ddp.first_bucket_bytes;
+  c.find_unused_parameters = config.ddp.find_unused_parameters;
+  c.sized_first_iteration = config.ddp.sized_first_iteration;
+  // Read before the run starts (FSDP releases the model's storage then; the counts stay).
+  c.sharding = config.strategy == "fsdp" ? config.fsdp.sharding : Sharding::NoShard;
+  c.num_params = model.num_params();
+  c.optimizer_kind = config.optimizer.kind;
+  c.sgd_momentum = config.optimizer.kind == OptimizerKind::SGD && config.optimizer.momentum > 0;
+  c.wrap_layers = config.fsdp.wrap_layers;
+  c.largest_unit_params = c.wrap_layers ? 0 : c.num_params;
+  if (c.wrap_layers)
+    for (int i = 0; i < model.num_layers(); i++) {
+      const Layer& l = model.layer(i);
+      if (l.kind == LayerKind::Linear) c.largest_unit_params = std::max(c.largest_unit_params, l.in_features * l.out_features + l.out_features);
+    }
+  // BACKWARD_PRE holds the next unit's parameters beside this unit's parameters and gradient.
+  // (Forward prefetch holds two units' parameters only, no more than one unit in backward.)
+  c.units_in_flight = config.fsdp.backward_prefetch == BackwardPrefetch::Pre ? 2 : 1;
+  c.node_size = run.node_size;
+  snap_.total_steps = c.steps;
+  pipeline_.reset(run.pipeline, N, snap_.pipeline);
+}
+
+void SnapshotBuilder::begin_frame(std::shared_ptr<const ImportedTrace> trace) {
+  snap_.frame++;
+  snap_.trace = std::move(trace);
+}
+
+void SnapshotBuilder::add_events(const TraceRecorder& rec) {
+  Snapshot& s = snap_;
+  std::vector<Event> fresh;
+  int32_t newest_iter = s.iteration;
+  for (int r = 0; r < world_; r++) {
+    fresh.clear();
+    rec.events_since(r, next_order_[static_cast<size_t>(r)], fresh);
+    auto& win = s.events[static_cast<size_t>(r)];
+    for (const Event& e : fresh) {
+      next_order_[static_cast<size_t>(r)] = std::max(next_order_[static_cast<size_t>(r)], e.order + 1);
+      ingest(rec, r, e);
+      win.push_back(e);
+      newest_iter = std::max(newest_iter, e.iteration);
+      s.clock_now_model = std::max(s.clock_now_model, e.model_end);
+    }
+  }
+  s.iteration = newest_iter;
+  trim_events(newest_iter);
+  if (rec.label_count() != s.labels.size()) s.labels = rec.labels();
+  s.clock_now_wall_ns = rec.now_ns();
+}
+
+// Keep the last few iterations per rank (and never more than a bound).
+void SnapshotBuilder::trim_events(int32_t newest_iter) {
+  for (auto& win : snap_.events) {
+    size_t cut = 0;
+    while (cut < win.size() && win[cut].iteration >= 0 && win[cut].iteration < newest_iter - kKeepIterations) cut++;
+    if (win.size() - cut > kMaxEventsPerRank) cut = win.size() - kMaxEventsPerRank;
+    if (cut) win.erase(win.begin(), win.begin() + static_cast<std::ptrdiff_t>(cut));
+  }
+}
+
+void SnapshotBuilder::set_stepper(StepperState st) { snap_.stepper = std::move(st); }
+
+void SnapshotBuilder::set_reports(const std::vector<StepReport>& reports, const std::string& error, bool done) {
+  Snapshot& s = snap_;
+  done_ = done;
+  s.running = !done;
+  s.error = error;
+  for (size_t i = s.history.size(); i < reports.size(); i++) {
+    const StepReport& r = reports[i];
+    s.history.push_back({r.step, r.loss, r.accuracy, r.overlap, r.samples_per_sec});
+    pipeline_.add_report(r);
+  }
+  s.step = reports.empty() ? 0 : reports.back().step;
+  epoch_ = reports.empty() ? 0 : reports.back().epoch;
+  s.finished = done && s.error.empty();
+}
+
+void SnapshotBuilder::set_world_status(const WorldStatus& ws) {
+  Snapshot& s = snap_;
+  s.compute_activity = ws.compute_activity;
+  s.comm_activity = ws.comm_activity;
+  // The collective a ring view draws: the oldest one in flight, else the newest that ran.
+  s.collective.in_flight = !ws.in_flight.empty();
+  if (!ws.in_flight.empty()) {
+    const CollectiveStatus& cs = ws.in_flight.front();
+    shown_seq_ = cs.seq;
+    s.collective.arrived = cs.arrived;
+    s.collective.missing = cs.missing;
+  } else {
+    s.collective.arrived.clear();
+    s.collective.missing.clear();
+  }
+}
+
+// A launched world's status comes per rank (each process knows only itself): the activities and
+// memory as they are, and the collective in flight derived from where each comm worker is.
+void SnapshotBuilder::set_rank_statuses(const std::vector<RankMonitorStatus>& ranks) {
+  Snapshot& s = snap_;
+  const int N = world_;
+  if (static_cast<int>(ranks.size()) != N) return;
+  s.compute_activity.assign(static_cast<size_t>(N), "");
+  s.comm_activity.assign(static_cast<size_t>(N), "");
+  int64_t oldest = -1;  // the oldest collective some rank is in and some rank has not finished
+  for (int r = 0; r < N; r++) {
+    const RankMonitorStatus& st = ranks[static_cast<size_t>(r)];
+    s.compute_activity[static_cast<size_t>(r)] = st.connected || st.finished ? st.compute_activity : "not connected";
+    s.comm_activity[static_cast<size_t>(r)] = st.comm_activity;
+    s.memory[static_cast<size_t>(r)].stats = st.memory;
+    if (st.current_seq >= 0 && (oldest < 0 || st.current_seq < oldest)) oldest = st.current_seq;
+  }
+  s.collective.arrived.clear();
+  s.collective.missing.clear();
+  s.collective.in_flight = oldest >= 0;
+  if (oldest < 0) return;
+  shown_seq_ = static_cast<uint64_t>(oldest);
+  for (int r = 0; r < N; r++) {
+    const RankMonitorStatus& st = ranks[static_cast<size_t>(r)];
+    (st.current_seq == oldest || st.done_seq >= oldest ? s.collective.arrived : s.collective.missing).push_back(r);
+  }
+}
+
+void SnapshotBuilder::set_activities(std::vector<std::string> compute, std::vector<std::string> comm) {
+  snap_.compute_activity = std::move(compute);
+  snap_.comm_activity = std::move(comm);
+}
+
+void SnapshotBuilder::set_memory(int rank, const MemoryStats& stats) {
+  if (rank >= 0 && rank < static_cast<int>(snap_.memory.size())) snap_.memory[static_cast<size_t>(rank)].stats = stats;
+}
+
+void SnapshotBuilder::set_device_memory(int rank, int64_t used, int64_t total) {
+  if (rank < 0 || rank >= static_cast<int>(snap_.memory.size())) return;
+  RankMemory& m = snap_.memory[static_cast<size_t>(rank)];
+  m.device_used = used;
+  m.device_total = total;
+}
+
+const Snapshot& SnapshotBuilder::finish_frame() {
+  build_collective();
+  build_data();
+  pipeline_.build(snap_.stepper, snap_.pipeline);
+  return snap_;
+}
+
+// ---- events ------------------------------------------------------------------------------------
+
+void SnapshotBuilder::ingest(const TraceRecorder& rec, int rank, const Event& e) {
+  const int N = world_;
+  switch (e.kind) {
+    case EventKind::CollectiveIssue:
+      if (!point_to_point(e.coll.op)) issued_.emplace(e.coll.seq, e.coll);
+      break;
+    case EventKind::RingStep: {
+      auto& v = coll_steps_[e.step.seq];
+      v.resize(static_cast<size_t>(N), 0);
+      v[static_cast<size_t>(rank)] = std::max(v[static_cast<size_t>(rank)], static_cast<int>(e.step.step) + 1);
+      if (shown_seq_ == UINT64_MAX || e.step.seq > shown_seq_) shown_seq_ = e.step.seq;
+      break;
+    }
+    case EventKind::Collective: ingest_collective(rank, e); break;
+    case EventKind::FsdpUnit: ingest_unit(rec, rank, e.fsdp); break;
+    case EventKind::PipelineAction: pipeline_.ingest(rank, e); break;
+    default: break;
+  }
+  if (rank == 0) ingest_bucket(rec, e);
+}
+
+void SnapshotBuilder::ingest_collective(int rank, const Event& e) {
+  const int N = world_;
+  if (point_to_point(e.coll.op)) return;
+  auto& v = coll_done_[e.coll.seq];
+  v.resize(static_cast<size_t>(N), 0);
+  v[static_cast<size_t>(rank)] = 1;
+  issued_.emplace(e.coll.seq, e.coll);
+  if (rank == 0) coll_wall_s_[e.coll.seq] = static_cast<double>(e.wall_end_ns - e.wall_begin_ns) * 1e-9;
+  for (UnitView& u : snap_.units) {
+    if (u.gathering.size() <= static_cast<size_t>(rank)) continue;
+    if (u.gather_seq == e.coll.seq) u.gathering[static_cast<size_t>(rank)] = 0, u.gathered[static_cast<size_t>(rank)] = 1;
+    if (u.reduce_seq == e.coll.seq) u.reducing[static_cast<size_t>(rank)] = 0;
+  }
+  if (e.coll.group_size > 1 && (shown_seq_ == UINT64_MAX || e.coll.seq > shown_seq_) &&
+      algorithm_step_count(e.coll.op, e.coll.algo, N) > 0)
+    shown_seq_ = e.coll.seq;
+  // A bucket's all-reduce finished on rank 0's comm lane.
+  if (rank == 0)
+    for (BucketView& b : snap_.buckets)
+      if ((b.state == BucketState::Launched || b.state == BucketState::AllReducing) && b.seq == e.coll.seq) {
+        b.state = BucketState::Done;
+        b.allreduce_begin = e.model_begin;
+        b.allreduce_end = e.model_end;
+      }
+}
+
+void SnapshotBuilder::ingest_unit(const TraceRecorder& rec, int rank, const FsdpInfo& f) {
+  const size_t N = static_cast<size_t>(world_), r = static_cast<size_t>(rank);
+  auto& units = snap_.units;
+  if (f.unit < 0 || f.unit >= f.num_units) return;
+  if (units.size() != static_cast<size_t>(f.num_units)) units.resize(static_cast<size_t>(f.num_units));
+  UnitView& u = units[static_cast<size_t>(f.unit)];
+  if (u.state.size() != N) {
+    u.index = f.unit;
+    u.state.assign(N, FsdpState::Idle);
+    u.gathered.assign(N, 0);
+    u.gathering.assign(N, 0);
+    u.reducing.assign(N, 0);
+  }
+  u.state[r] = f.state;
+  switch (f.verb) {
+    case FsdpVerb::Layout:
+      u.numel = f.numel;
+      u.chunk = f.chunk;
+      u.shard_world = f.shard_world;
+      if (u.names.empty()) {
+        int64_t at = 0;
+        for (const std::string& name : split_names(rec.label(f.label))) {
+          auto it = param_numel_.find(name);
+          const int64_t n = it == param_numel_.end() ? 0 : it->second;
+          u.names.push_back(name);
+          u.offsets.push_back(at);
+          u.sizes.push_back(n);
+          at += n;
+        }
+      }
+      break;
+    case FsdpVerb::Unshard:
+      u.gathering[r] = 1;
+      if (f.seq != UINT64_MAX) u.gather_seq = f.seq;
+      break;
+    case FsdpVerb::Unsharded: u.gathering[r] = 0, u.gathered[r] = 1; break;
+    case FsdpVerb::Reshard: u.gathered[r] = 0; break;
+    case FsdpVerb::ReduceGrad:
+      u.reducing[r] = 1;
+      if (f.seq != UINT64_MAX) u.reduce_seq = f.seq;
+      break;
+    case FsdpVerb::GradReduced: u.reducing[r] = 0; break;
+  }
+}
+
+void SnapshotBuilder::ingest_bucket(const TraceRecorder& rec, const Event& e) {
+  auto& buckets = snap_.buckets;
+  switch (e.kind) {
+    case EventKind::BucketAssigned: {
+      if (e.bucket.bucket == 0 || e.bucket.generation != snap_.bucket_generation) {
+        buckets.clear();
+        snap_.bucket_generation = e.bucket.generation;
+      }
+      BucketView b;
+      b.index = e.bucket.bucket;
+      b.generation = e.bucket.generation;
+      b.bytes = e.bucket.bytes;
+      const auto& params = run_.model->parameters();
+      for (const std::string& name : split_names(rec.label(e.bucket.label))) {
+        BucketParam p;
+        p.name = name;
+        for (size_t i = 0; i < params.size(); i++)
+          if (params[i].name == name) {
+            p.index = static_cast<int>(i);
+            p.bytes = params[i].numel * static_cast<int64_t>(sizeof(float));
+          }
+        b.params.push_back(p);
+      }
+      buckets.push_back(std::move(b));
+      bucket_iteration_ = -1;
+      break;
+    }
+    case EventKind::GradReady:
+    case EventKind::BucketReady:
+    case EventKind::BucketLaunch:
+    case EventKind::BucketAllReduce: {
+      if (e.iteration != bucket_iteration_) {  // a new backward pass: every bucket starts empty
+        bucket_iteration_ = e.iteration;
+        ready_counter_ = launch_counter_ = 0;
+        for (BucketView& b : buckets) {
+          b.state = BucketState::Empty;
+          b.launch_order = -1;
+          b.seq = 0;
+          for (BucketParam& p : b.params) p.ready = false, p.ready_order = -1;
+        }
+      }
+      if (e.bucket.bucket < 0 || e.bucket.bucket >= static_cast<int>(buckets.size())) break;
+      BucketView& b = buckets[static_cast<size_t>(e.bucket.bucket)];
+      if (e.kind == EventKind::GradReady) {
+        for (BucketParam& p : b.params)
+          if (p.index == e.bucket.param) p.ready = true, p.ready_order = ready_counter_++;
+        if (b.state == BucketState::Empty) b.state = BucketState::Filling;
+      } else if (e.kind == EventKind::BucketReady) {
+        b.state = BucketState::Ready;
+      } else if (e.kind == EventKind::BucketLaunch) {
+        b.launch_order = launch_counter_++;
+        b.seq = e.bucket.seq;
+        // The comm worker may already have finished it (its Collective event came first).
+        auto it = coll_done_.find(e.bucket.seq);
+        b.state = it != coll_done_.end() && !it->second.empty() && it->second[0] ? BucketState::Done : BucketState::Launched;
+      } else {
+        b.state = BucketState::Done;
+        b.allreduce_begin = e.model_begin;
+        b.allreduce_end = e.model_end;
+      }
+      break;
+    }
+    default: break;
+  }
+}
+
+// ---- the shown collective ------------------------------------------------------------------------
+
+void SnapshotBuilder::build_collective() {
+  CollectiveView& cv = snap_.collective;
+  const int N = world_;
+  auto it = issued_.find(shown_seq_);
+  if (shown_seq_ == UINT64_MAX || it == issued_.end()) {
+    cv.valid = false;
+    return;
+  }
+  const CollectiveInfo& info = it->second;
+  cv.valid = true;
+  cv.seq = shown_seq_;
+  cv.op = info.op;
+  cv.algo = info.algo;
+  cv.dtype = info.dtype;
+  cv.reduce = info.reduce;
+  cv.root = info.root;
+  cv.world = N;
+  cv.count = info.in_count;
+  cv.bytes = info.bytes;
+  cv.steps = algorithm_step_count(info.op, info.algo, N);
+  auto st = coll_steps_.find(cv.seq);
+  cv.rank_steps_done = st != coll_steps_.end() ? st->second : std::vector<int>(static_cast<size_t>(N), 0);
+  cv.rank_steps_done.resize(static_cast<size_t>(N), 0);
+  auto done = coll_done_.find(cv.seq);
+  bool all_done = done != coll_done_.end() && done->second.size() == static_cast<size_t>(N) &&
+                  std::all_of(done->second.begin(), done->second.end(), [](int d) { return d != 0; });
+  if (all_done) std::fill(cv.rank_steps_done.begin(), cv.rank_steps_done.end(), cv.steps);
+  cv.steps_done = *std::min_element(cv.rank_steps_done.begin(), cv.rank_steps_done.end());
+  cv.in_flight = cv.in_flight && !all_done;
+  cv.opaque = run_.config->backend == "nccl";
+  cv.schematic_step = -1;
+  if (cv.opaque && cv.in_flight && cv.steps > 0) {  // two schematic steps a second
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    cv.schematic_step = static_cast<int>(static_cast<int64_t>(t * 2.0) % cv.steps);
+  }
+  const int shown_step = cv.schematic_step >= 0 ? cv.schematic_step : cv.steps_done;
+  cv.last = algorithm_step_plan(cv.op, cv.algo, N, cv.root, shown_step - 1);
+  cv.pending = algorithm_step_plan(cv.op, cv.algo, N, cv.root, shown_step);
+  const auto& ph = cv.pending.empty() ? cv.last : cv.pending;
+  cv.phase = ph.empty() ? RingPhase::None : ph.front().phase;
+  auto wall = coll_wall_s_.find(cv.seq);
+  cv.measured_s = all_done && wall != coll_wall_s_.end() ? wall->second : -1;
+  label_collective(all_done);
+  // Cost model prediction.
+  if (const CostModel* cm = run_.cost) {
+    cv.predicted_s = cm->collective_time(cv.op, cv.algo, static_cast<double>(cv.bytes));
+    cv.algbw_gbs = cv.predicted_s > 0 ? static_cast<double>(cv.bytes) / cv.predicted_s / 1e9 : 0;
+    cv.busbw_gbs = cv.algbw_gbs * bus_bandwidth_factor(cv.op, N);
+  }
+  fill_cells();
+  if (all_done && cv.op == CollectiveOp::AllReduce)
+    for (auto& row : cv.cells) std::fill(row.begin(), row.end(), N);
+}
+
+// What the collective is for (a DDP bucket, DataParallel, an FSDP unit), and the bucket it moves.
+void SnapshotBuilder::label_collective(bool all_done) {
+  CollectiveView& cv = snap_.collective;
+  cv.label.clear();
+  for (const BucketView& b : snap_.buckets)
+    if (b.seq == cv.seq && b.seq != 0) {
+      std::string names;
+      for (const BucketParam& p : b.params) names += (names.empty() ? "" : ", ") + p.name;
+      cv.label = "DDP bucket " + std::to_string(b.index) + ": " + names;
+    }
+  if (run_.config->strategy == "dp") {  // DataParallel's only collectives: replicate and ReduceAddCoalesced
+    if (cv.op == CollectiveOp::Broadcast) cv.label = "DataParallel replicate: every parameter from rank 0";
+    if (cv.op == CollectiveOp::Reduce) cv.label = "DataParallel backward: every gradient reduce-added onto rank 0";
+  }
+  for (const UnitView& u : snap_.units) {
+    if (u.gather_seq != cv.seq && u.reduce_seq != cv.seq) continue;
+    std::string names;
+    for (const std::string& n : u.names) names += (names.empty() ? "" : ", ") + n;
+    cv.label = "FSDP unit " + std::to_string(u.index) + (u.gather_seq == cv.seq ? " unshard: " : " gradient: ") + names;
+  }
+  // A launched bucket whose all-reduce has ranks in it (or steps done) is on the wire.
+  for (BucketView& b : snap_.buckets)
+    if (b.state == BucketState::Launched && b.seq == cv.seq && (cv.in_flight || cv.steps_done > 0) && !all_done)
+      b.state = BucketState::AllReducing;
+}
+
+// Buffer cells from the steps every rank finished: what each chunk holds follows from the
+// algorithm's schedule (a ring reduce-scatter step s leaves s + 2 contributions in the chunk it
+// received; an all-gather step leaves a final chunk).
+void SnapshotBuilder::fill_cells() {
+  CollectiveView& cv = snap_.collective;
+  const int N = world_;
+  const bool ringy = ring_chunked(cv.op, cv.algo);
+  cv.chunks = ringy || cv.op == CollectiveOp::AllToAll ? N : 1;
+  cv.cells.assign(static_cast<size_t>(N), std::vector<int>(static_cast<size_t>(cv.chunks), 1));
+  if (cv.op == CollectiveOp::AllGather || cv.op == CollectiveOp::AllToAll) {  // each rank holds its own chunk
+    for (int r = 0; r < N; r++)
+      for (int c = 0; c < N; c++) cv.cells[static_cast<size_t>(r)][static_cast<size_t>(c)] = c == r ? N : 0;
+  }
+  if (cv.op == CollectiveOp::Broadcast)
+    for (int r = 0; r < N; r++) cv.cells[static_cast<size_t>(r)][0] = r == cv.root ? N : 0;
+  std::vector<int> held(static_cast<size_t>(N), 1);  // tree/naive: contributions per rank buffer
+  for (int s = 0; s < cv.steps; s++) {
+    for (const StepTransfer& t : algorithm_step_plan(cv.op, cv.algo, N, cv.root, s)) {
+      if (cv.rank_steps_done[static_cast<size_t>(t.dst)] <= s) continue;  // not yet on that rank
+      auto& cells = cv.cells[static_cast<size_t>(t.dst)];
+      if (ringy || cv.op == CollectiveOp::AllToAll) {
+        const bool rs = t.phase == RingPhase::ReduceScatter;
+        cells[static_cast<size_t>(t.chunk)] = rs ? s + 2 : N;
+      } else if (t.reduce) {
+        held[static_cast<size_t>(t.dst)] += held[static_cast<size_t>(t.src)];
+        cells[0] = held[static_cast<size_t>(t.dst)];
+      } else {
+        held[static_cast<size_t>(t.dst)] = N;
+        cells[0] = N;
+      }
+    }
+  }
+}
+
+// ---- the data view -----------------------------------------------------------------------------
+
+void SnapshotBuilder::build_data() {
+  DataView& d = snap_.data;
+  const Dataset& ds = *run_.dataset;
+  if (!d.valid) {
+    d.valid = true;
+    d.name = ds.name;
+    d.n = ds.n;
+    d.classes = static_cast<int>(ds.num_classes);
+    d.xy.resize(static_cast<size_t>(2 * ds.n));
+    d.label.resize(static_cast<size_t>(ds.n));
+    for (int64_t i = 0; i < ds.n; i++) {
+      d.xy[static_cast<size_t>(2 * i)] = ds.x[static_cast<size_t>(i * ds.d)];
+      d.xy[static_cast<size_t>(2 * i + 1)] = ds.d > 1 ? ds.x[static_cast<size_t>(i * ds.d + 1)] : 0.0f;
+      d.label[static_cast<size_t>(i)] = static_cast<int32_t>(ds.y[static_cast<size_t>(i)]);
+    }
+  }
+  const int64_t shown = data_set_epoch_ ? epoch_ : 0;  // without set_epoch every epoch repeats epoch 0's order
+  d.epoch = epoch_;
+  if (shown == data_epoch_ && data_set_epoch_ == data_set_epoch_built_) return;
+  data_epoch_ = shown;
+  data_set_epoch_built_ = data_set_epoch_;
+  d.set_epoch = data_set_epoch_;
+  d.owner.assign(static_cast<size_t>(ds.n), -1);
+  const TrainConfig& config = *run_.config;
+  if (config.strategy == "dp") {
+    assign_dp_owners(shown);
+    return;
+  }
+  // A pipeline's ranks share their replica's shard: the sampler splits over the replicas.
+  const int N = config.strategy == "pipeline" ? config.pipeline.dp : config.world_size;
+  for (int r = N - 1; r >= 0; r--) {  // lower ranks win for padded duplicates
+    DistributedSampler sampler(rank_sampler_config(config, ds.n, N, r));
+    sampler.set_epoch(shown);
+    for (int64_t i : sampler.indices()) d.owner[static_cast<size_t>(i)] = static_cast<int16_t>(r);
+  }
+}
+
+// DataParallel: rank 0's one loader (no DistributedSampler split) cuts its order into batches of
+// batch x world; torch.chunk gives each device its piece of every batch.
+void SnapshotBuilder::assign_dp_owners(int64_t shown) {
+  const TrainConfig& config = *run_.config;
+  DataView& d = snap_.data;
+  DistributedSampler sampler(rank_sampler_config(config, run_.dataset->n, 1, 0));
+  sampler.set_epoch(shown);
+  const std::vector<int64_t> order = sampler.indices();
+  const int64_t G = config.batch * config.world_size;
+  for (int64_t p = 0; p < static_cast<int64_t>(order.size()); p++) {
+    const int64_t rows = std::min(G, static_cast<int64_t>(order.size()) - p / G * G);
+    if (config.drop_last && rows < G) break;
+    const std::vector<int64_t> pieces = chunk_sizes(rows, config.world_size);
+    int64_t at = p % G, r = 0;
+    while (at >= pieces[static_cast<size_t>(r)]) at -= pieces[static_cast<size_t>(r++)];
+    d.owner[static_cast<size_t>(order[static_cast<size_t>(p)])] = static_cast<int16_t>(r);
+  }
+}
+
+}  // namespace dtlab::app

@@ -1,0 +1,90 @@
+// Turns what a run records into the Snapshot the views read (app/snapshot.h): every rank's events
+// as they arrive, the world's status, the step reports. It keeps what is derived from them (which
+// collective is shown and what its buffers hold, the buckets' states, FSDP units, the pipeline as it
+// ran, the data's owners) and knows nothing of threads or of where the run runs: the Session feeds it
+// once a frame from a Trainer or a monitor connection; a test feeds it a TraceRecorder it filled.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "app/pipeline_tracker.h"
+#include "app/snapshot.h"
+#include "engine/monitor/monitor.h"
+#include "engine/train/train.h"
+
+namespace dtlab::app {
+
+// What the builder reads of a run besides its events, fixed for the run's life. The objects must
+// outlive the builder's use of them (until the next reset).
+struct RunSources {
+  const TrainConfig* config = nullptr;
+  const Model* model = nullptr;            // parameter names and sizes (FSDP frees the storage; counts stay)
+  const Dataset* dataset = nullptr;
+  const PipelinePlan* pipeline = nullptr;  // pipeline runs; else null
+  const CostModel* cost = nullptr;         // the collective's prediction; null: none
+  int64_t total_steps = 0;
+  std::string backend;                     // threads | socket | cuda | nccl
+  std::string attached;                    // HOST:PORT of a launched run's monitor; "" for a run here
+  int node_size = 0;                       // HYBRID_SHARD: ranks per shard group
+};
+
+class SnapshotBuilder {
+ public:
+  // Starts over for a new run: an empty Snapshot with the run's configuration and parameters.
+  void reset(const RunSources& run);
+  const Snapshot& snapshot() const { return snap_; }
+  // The data view's set_epoch switch: false shows every epoch with epoch 0's order.
+  void set_data_set_epoch(bool on) { data_set_epoch_ = on; }
+
+  // One frame: begin_frame, then what the run reports, then finish_frame.
+  void begin_frame(std::shared_ptr<const ImportedTrace> trace);
+  void add_events(const TraceRecorder& rec);  // every rank's events since the last call
+  void set_stepper(StepperState st);
+  // Every report so far (only the new ones are read), the run's failure, and whether it ended.
+  void set_reports(const std::vector<StepReport>& reports, const std::string& error, bool done);
+  // The in-process world: activities, and which ranks the oldest collective in flight waits for.
+  void set_world_status(const WorldStatus& ws);
+  // A launched world: each rank's own status (activities, memory, the collective it is in).
+  void set_rank_statuses(const std::vector<RankMonitorStatus>& ranks);
+  void set_activities(std::vector<std::string> compute, std::vector<std::string> comm);
+  void set_memory(int rank, const MemoryStats& stats);
+  void set_device_memory(int rank, int64_t used, int64_t total);  // -1: not a GPU
+  // Derives the shown collective, the data's owners and the pipeline's rows.
+  const Snapshot& finish_frame();
+
+ private:
+  void ingest(const TraceRecorder& rec, int rank, const Event& e);
+  void ingest_collective(int rank, const Event& e);
+  void ingest_unit(const TraceRecorder& rec, int rank, const FsdpInfo& f);
+  void ingest_bucket(const TraceRecorder& rec, const Event& e);  // rank 0's reducer
+  void trim_events(int32_t newest_iter);
+  void build_collective();
+  void label_collective(bool all_done);
+  void fill_cells();
+  void build_data();
+  void assign_dp_owners(int64_t shown);
+
+  RunSources run_;
+  int world_ = 1;
+  Snapshot snap_;
+  bool done_ = false;                      // the run ended (from set_reports)
+  int64_t epoch_ = 0;                      // the last report's epoch
+  bool data_set_epoch_ = true;
+  std::vector<uint64_t> next_order_;       // per rank: first recorder order not yet seen
+  std::map<uint64_t, CollectiveInfo> issued_;  // seq -> what was issued (rank 0's issue event)
+  std::map<uint64_t, std::vector<int>> coll_done_;  // seq -> per rank: 1 once its Collective event came
+  std::map<uint64_t, std::vector<int>> coll_steps_;  // seq -> per rank steps finished
+  std::map<uint64_t, double> coll_wall_s_;          // seq -> rank 0's wall duration
+  uint64_t shown_seq_ = UINT64_MAX;
+  int32_t bucket_iteration_ = -1;
+  int ready_counter_ = 0, launch_counter_ = 0;
+  int64_t data_epoch_ = -1;
+  std::map<std::string, int64_t> param_numel_;  // parameter name -> elements (FSDP unit layouts)
+  bool data_set_epoch_built_ = true;
+  PipelineTracker pipeline_;  // pipeline runs: the schedule as planned and as it ran
+};
+
+}  // namespace dtlab::app

@@ -1,0 +1,314 @@
+// The SnapshotBuilder (app/snapshot_builder.h) without a run or a window: events recorded by hand
+// into a TraceRecorder, and world statuses and reports made up here, give the Snapshot the views
+// would draw: ring cells from the steps every rank finished, bucket states, FSDP units, the
+// collective in flight on a launched world, the event window, the data's owners, a clean reset.
+#ifdef DTLAB_HAVE_GUI
+#include <doctest/doctest.h>
+
+#include "app/snapshot_builder.h"
+
+using namespace dtlab;
+using namespace dtlab::app;
+
+namespace {
+
+// A 4-rank DDP run of a small MLP: what a Trainer would hand the builder, built without one.
+struct Rig {
+  TrainConfig config;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Dataset> data;
+  std::unique_ptr<CostModel> cost;
+  TraceRecorder rec{4};
+  SnapshotBuilder builder;
+
+  explicit Rig(const std::string& strategy = "ddp") {
+    config.strategy = strategy;
+    config.world_size = 4;
+    config.model = ModelSpec::parse("mlp:2,8,3");
+    config.batch = 16;
+    model = std::make_unique<Model>(config.model, nullptr, config.seed);
+    data = std::make_unique<Dataset>(make_dataset(config.data, 2, 3));
+    cost = std::make_unique<CostModel>(find_profile(config.profile), config.world_size);
+    builder.reset(sources());
+  }
+  RunSources sources() const {
+    RunSources run;
+    run.config = &config;
+    run.model = model.get();
+    run.dataset = data.get();
+    run.cost = cost.get();
+    run.total_steps = 50;
+    run.backend = "threads";
+    return run;
+  }
+  const std::string& param(int i) const { return model->parameters()[static_cast<size_t>(i)].name; }
+  void record(int rank, Event e, int32_t iteration = -1) {
+    e.rank = rank;
+    e.iteration = iteration;
+    rec.record(e);
+  }
+  // Pulls the recorded events; `in_flight`: the world's oldest collective still running.
+  const Snapshot& frame(int64_t in_flight = -1, std::vector<int> missing = {}) {
+    builder.begin_frame(nullptr);
+    builder.add_events(rec);
+    WorldStatus ws;
+    ws.compute_activity.assign(4, "idle");
+    ws.comm_activity.assign(4, "idle");
+    if (in_flight >= 0) {
+      CollectiveStatus cs;
+      cs.seq = static_cast<uint64_t>(in_flight);
+      for (int r = 0; r < 4; r++)
+        if (std::find(missing.begin(), missing.end(), r) == missing.end()) cs.arrived.push_back(r);
+      cs.missing = missing;
+      ws.in_flight.push_back(cs);
+    }
+    builder.set_world_status(ws);
+    return builder.finish_frame();
+  }
+};
+
+Event collective(EventKind kind, uint64_t seq, CollectiveOp op = CollectiveOp::AllReduce) {
+  Event e(kind, kind == EventKind::CollectiveIssue ? Lane::Compute : Lane::Comm, 0, 0, 0, 0);
+  e.coll.op = op;
+  e.coll.algo = Algorithm::Ring;
+  e.coll.reduce = ReduceOp::Sum;
+  e.coll.dtype = DType::F32;
+  e.coll.root = -1;
+  e.coll.group_size = 4;
+  e.coll.seq = seq;
+  e.coll.in_count = e.coll.out_count = 1024;
+  e.coll.bytes = 4096;
+  return e;
+}
+
+Event ring_step(uint64_t seq, int step) {
+  Event e(EventKind::RingStep, Lane::Comm, 0, 0, 0, 0);
+  e.step.seq = seq;
+  e.step.step = static_cast<int16_t>(step);
+  e.step.steps = 6;
+  e.step.chunk = -1;
+  return e;
+}
+
+Event bucket_event(EventKind kind, int bucket, int32_t label = -1, int32_t param = -1, uint64_t seq = 0) {
+  Event e(kind, Lane::Compute, 0, 0, 0, 0);
+  e.bucket.bucket = static_cast<int16_t>(bucket);
+  e.bucket.num_buckets = 2;
+  e.bucket.param = param;
+  e.bucket.label = label;
+  e.bucket.seq = seq;
+  return e;
+}
+
+Event unit_event(FsdpVerb verb, FsdpState state, int32_t label = -1, uint64_t seq = UINT64_MAX) {
+  Event e(EventKind::FsdpUnit, Lane::Compute, 0, 0, 0, 0);
+  e.fsdp.unit = 1;
+  e.fsdp.num_units = 2;
+  e.fsdp.verb = verb;
+  e.fsdp.state = state;
+  e.fsdp.shard_world = 4;
+  e.fsdp.label = label;
+  e.fsdp.numel = 27;
+  e.fsdp.chunk = 7;
+  e.fsdp.seq = seq;
+  return e;
+}
+
+}  // namespace
+
+TEST_SUITE("snapshot builder") {
+  TEST_CASE("ring all-reduce: cells hold s + 2 contributions after step s, on the ranks that took it") {
+    Rig rig;
+    rig.record(0, collective(EventKind::CollectiveIssue, 1));
+    for (int r = 0; r < 4; r++) rig.record(r, ring_step(1, 0));
+    for (int r = 0; r < 3; r++) rig.record(r, ring_step(1, 1));  // rank 3 has not taken step 1 yet
+    const Snapshot& a = rig.frame(1);
+    const CollectiveView& cv = a.collective;
+    REQUIRE(cv.valid);
+    CHECK(cv.seq == 1);
+    CHECK(cv.steps == 6);
+    CHECK(cv.rank_steps_done == std::vector<int>{2, 2, 2, 1});
+    CHECK(cv.steps_done == 1);  // the slowest rank's
+    CHECK(cv.in_flight);
+    CHECK(cv.phase == RingPhase::ReduceScatter);
+    CHECK(cv.pending.size() == 4);
+    CHECK(cv.chunks == 4);
+    // Step s leaves chunk (r - s - 2) mod 4 on rank r holding s + 2 contributions.
+    CHECK(cv.cells[0] == std::vector<int>{1, 3, 2, 1});
+    CHECK(cv.cells[3] == std::vector<int>{1, 2, 1, 1});
+    CHECK(cv.predicted_s > 0);
+    CHECK(cv.busbw_gbs == doctest::Approx(cv.algbw_gbs * 1.5));  // 2(n-1)/n
+    CHECK(cv.measured_s == -1);
+
+    Event done = collective(EventKind::Collective, 1);
+    done.wall_end_ns = 2'000'000;
+    for (int r = 0; r < 4; r++) rig.record(r, done);
+    const Snapshot& b = rig.frame();
+    CHECK(b.collective.steps_done == 6);
+    CHECK_FALSE(b.collective.in_flight);
+    CHECK(b.collective.pending.empty());
+    CHECK(b.collective.measured_s == doctest::Approx(0.002));  // rank 0's wall time
+    for (const auto& row : b.collective.cells) CHECK(row == std::vector<int>{4, 4, 4, 4});
+  }
+
+  TEST_CASE("buckets: assigned, filled in gradient order, launched, all-reduced; a new pass empties them") {
+    Rig rig;
+    const int32_t last = rig.rec.intern(rig.param(2) + ", " + rig.param(3));
+    const int32_t first = rig.rec.intern(rig.param(0) + ", " + rig.param(1));
+    rig.record(0, bucket_event(EventKind::BucketAssigned, 0, last));
+    rig.record(0, bucket_event(EventKind::BucketAssigned, 1, first));
+    rig.record(0, bucket_event(EventKind::GradReady, 0, -1, 3), 0);
+    rig.record(0, bucket_event(EventKind::GradReady, 0, -1, 2), 0);
+    rig.record(0, bucket_event(EventKind::BucketReady, 0), 0);
+    rig.record(0, bucket_event(EventKind::BucketLaunch, 0, -1, -1, 5), 0);
+    rig.record(0, collective(EventKind::CollectiveIssue, 5));
+    const Snapshot& a = rig.frame();
+    REQUIRE(a.buckets.size() == 2);
+    const BucketView& b0 = a.buckets[0];
+    REQUIRE(b0.params.size() == 2);
+    CHECK(b0.params[0].index == 2);
+    CHECK(b0.params[0].bytes == 3 * 8 * 4);  // 2.weight: (3, 8) floats
+    CHECK(b0.params[1].ready_order == 0);    // the bias's gradient came first
+    CHECK(b0.params[0].ready_order == 1);
+    CHECK(b0.state == BucketState::Launched);  // queued: no rank in it yet
+    CHECK(b0.launch_order == 0);
+    CHECK(a.buckets[1].state == BucketState::Empty);
+
+    rig.record(0, ring_step(5, 0));
+    const Snapshot& b = rig.frame(5);
+    CHECK(b.buckets[0].state == BucketState::AllReducing);
+    CHECK(b.collective.label == "DDP bucket 0: " + rig.param(2) + ", " + rig.param(3));
+    Event end = collective(EventKind::Collective, 5);
+    end.model_begin = 1.5, end.model_end = 2.5;
+    rig.record(0, end);
+    const Snapshot& c = rig.frame();
+    CHECK(c.buckets[0].state == BucketState::Done);
+    CHECK(c.buckets[0].allreduce_end == 2.5);
+
+    // The comm worker can finish an all-reduce before rank 0 records the bucket's launch.
+    rig.record(0, collective(EventKind::Collective, 7));
+    rig.record(0, bucket_event(EventKind::BucketLaunch, 1, -1, -1, 7), 0);
+    CHECK(rig.frame().buckets[1].state == BucketState::Done);
+
+    rig.record(0, bucket_event(EventKind::GradReady, 1, -1, 1), 1);  // iteration 1's backward
+    const Snapshot& d = rig.frame();
+    CHECK(d.buckets[0].state == BucketState::Empty);
+    CHECK(d.buckets[0].launch_order == -1);
+    CHECK(d.buckets[1].state == BucketState::Filling);
+    CHECK(d.buckets[1].params[1].ready_order == 0);
+  }
+
+  TEST_CASE("FSDP: a unit's layout from its parameters' names, its all-gather from the collective") {
+    Rig rig("fsdp");
+    const int32_t names = rig.rec.intern(rig.param(2) + ", " + rig.param(3));
+    for (int r = 0; r < 4; r++) rig.record(r, unit_event(FsdpVerb::Layout, FsdpState::Idle, names));
+    rig.record(0, collective(EventKind::CollectiveIssue, 9, CollectiveOp::AllGather));
+    rig.record(0, unit_event(FsdpVerb::Unshard, FsdpState::Forward, -1, 9));
+    const Snapshot& a = rig.frame(9, {1, 2, 3});
+    REQUIRE(a.units.size() == 2);
+    const UnitView& u = a.units[1];
+    CHECK(u.names == std::vector<std::string>{rig.param(2), rig.param(3)});
+    CHECK(u.offsets == std::vector<int64_t>{0, 24});
+    CHECK(u.sizes == std::vector<int64_t>{24, 3});
+    CHECK(u.chunk == 7);
+    CHECK(u.state[0] == FsdpState::Forward);
+    CHECK(u.gathering == std::vector<uint8_t>{1, 0, 0, 0});
+    CHECK(a.collective.missing == std::vector<int>{1, 2, 3});
+    CHECK(a.collective.label == "FSDP unit 1 unshard: " + rig.param(2) + ", " + rig.param(3));
+    CHECK(a.collective.cells[0] == std::vector<int>{4, 0, 0, 0});  // all-gather: its own chunk, final
+
+    rig.record(0, collective(EventKind::Collective, 9, CollectiveOp::AllGather));
+    const Snapshot& b = rig.frame();
+    CHECK(b.units[1].gathering[0] == 0);
+    CHECK(b.units[1].gathered[0] == 1);
+  }
+
+  TEST_CASE("a launched world: the collective in flight is the oldest one some rank is in") {
+    Rig rig;
+    rig.record(0, collective(EventKind::CollectiveIssue, 3));
+    std::vector<RankMonitorStatus> ranks(4);
+    ranks[0].connected = ranks[1].connected = ranks[3].connected = true;
+    ranks[0].current_seq = 3, ranks[1].current_seq = 4;
+    ranks[1].done_seq = 3, ranks[3].done_seq = 2;
+    ranks[1].memory.total_peak = 123;
+    rig.builder.begin_frame(nullptr);
+    rig.builder.add_events(rig.rec);
+    rig.builder.set_rank_statuses(ranks);
+    const Snapshot& s = rig.builder.finish_frame();
+    CHECK(s.compute_activity[2] == "not connected");
+    CHECK(s.compute_activity[0] == "starting");
+    CHECK(s.memory[1].stats.total_peak == 123);
+    CHECK(s.collective.in_flight);
+    CHECK(s.collective.seq == 3);
+    CHECK(s.collective.arrived == std::vector<int>{0, 1});
+    CHECK(s.collective.missing == std::vector<int>{2, 3});
+  }
+
+  TEST_CASE("events: the last six iterations per rank, each event once; labels and clocks follow") {
+    Rig rig;
+    for (int it = 0; it < 10; it++)
+      for (int k = 0; k < 2; k++) {
+        Event e(EventKind::Compute, Lane::Compute, it, it + 1, it, it + 0.5);
+        rig.record(1, e, it);
+      }
+    rig.rec.intern("a label");
+    const Snapshot& a = rig.frame();
+    CHECK(a.iteration == 9);
+    REQUIRE(a.events[1].size() == 14);  // iterations 3 .. 9
+    CHECK(a.events[1].front().iteration == 3);
+    CHECK(a.events[0].empty());
+    CHECK(a.clock_now_model == 9.5);
+    CHECK(a.labels == std::vector<std::string>{"a label"});
+    CHECK(rig.frame().events[1].size() == 14);  // nothing new: nothing added
+    CHECK(rig.builder.snapshot().frame == 2);
+  }
+
+  TEST_CASE("reports, the run's end, the data's owners per epoch, and a reset") {
+    Rig rig;
+    std::vector<StepReport> reports(2);
+    reports[0].step = 1, reports[1].step = 2;
+    reports[1].epoch = 1;
+    reports[1].loss = 0.5f;
+    rig.builder.set_reports(reports, "", false);
+    const Snapshot& a = rig.frame();
+    REQUIRE(a.history.size() == 2);
+    CHECK(a.history[1].loss == 0.5f);
+    CHECK(a.step == 2);
+    CHECK(a.running);
+    CHECK_FALSE(a.finished);
+    REQUIRE(a.data.valid);
+    CHECK(a.data.epoch == 1);
+    int owned[4] = {};
+    for (int16_t o : a.data.owner) {
+      REQUIRE(o >= 0);
+      owned[o]++;
+    }
+    CHECK(owned[0] == a.data.n / 4);
+    CHECK(owned[3] == a.data.n / 4);
+    const std::vector<int16_t> epoch1 = a.data.owner;
+    rig.builder.set_data_set_epoch(false);  // every epoch in epoch 0's order
+    const Snapshot& b = rig.frame();
+    CHECK_FALSE(b.data.set_epoch);
+    CHECK(b.data.epoch == 1);
+    CHECK(b.data.owner != epoch1);
+
+    rig.builder.set_reports(reports, "rank 2 timed out", true);
+    const Snapshot& c = rig.frame();
+    CHECK_FALSE(c.running);
+    CHECK_FALSE(c.finished);  // it ended with an error
+    CHECK(c.error == "rank 2 timed out");
+
+    rig.builder.reset(rig.sources());
+    const Snapshot& d = rig.builder.snapshot();
+    CHECK(d.frame == 0);
+    CHECK(d.history.empty());
+    CHECK_FALSE(d.collective.valid);
+    CHECK(d.events.size() == 4);
+    CHECK(d.param_names.size() == 4);
+    CHECK(d.config.world == 4);
+    CHECK(d.config.num_params == 2 * 8 + 8 + 8 * 3 + 3);
+    CHECK(d.total_steps == 50);
+  }
+}
+
+#endif  // DTLAB_HAVE_GUI
