@@ -1,6 +1,7 @@
 #include "engine/comm/socket_mesh.h"
 
 #include "engine/comm/tcp.h"
+#include "engine/comm/watchdog.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -126,7 +127,7 @@ SocketMesh::SocketMesh(const MeshOptions& opt) : opt_(opt) {
 
 void SocketMesh::rendezvous_master(int listen_fd) {
   const int n = opt_.world_size;
-  const double deadline = now_s() + opt_.timeout_s;
+  const double deadline = Deadline(opt_.timeout_s).at_s();  // in tcp's seconds, for its poll-based waits
   const std::string where = opt_.master_addr + ":" + std::to_string(opt_.master_port);
   std::vector<Hello> table(static_cast<size_t>(n));
   std::snprintf(table[0].ip, sizeof table[0].ip, "%s", opt_.master_addr.c_str());
@@ -176,7 +177,7 @@ void SocketMesh::rendezvous_master(int listen_fd) {
 
 void SocketMesh::rendezvous_peer(int listen_fd, int listen_port) {
   const int n = opt_.world_size, r = opt_.rank;
-  const double deadline = now_s() + opt_.timeout_s;
+  const double deadline = Deadline(opt_.timeout_s).at_s();  // in tcp's seconds, for its poll-based waits
   const std::string me = "rank " + std::to_string(r);
   const std::string where = opt_.master_addr + ":" + std::to_string(opt_.master_port);
   std::string why;
@@ -253,7 +254,8 @@ SocketMesh::~SocketMesh() {
     for (int q = 0; q < n; q++)
       if (fd_[static_cast<size_t>(q)] >= 0) ::shutdown(fd_[static_cast<size_t>(q)], SHUT_WR);
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::duration<double>(opt_.timeout_s), [&] {
+    Deadline deadline(opt_.timeout_s);
+    wait_under(cv_, lock, deadline, [&] {
       for (int q = 0; q < n; q++)
         if (q != opt_.rank && !closed_[static_cast<size_t>(q)]) return aborted_;
       return true;
@@ -273,7 +275,7 @@ SocketMesh::~SocketMesh() {
 bool SocketMesh::send(int peer, WireHeader h, const void* payload, std::string& why) {
   h.magic = kMagic;
   h.src = opt_.rank;
-  const double deadline = now_s() + opt_.timeout_s;
+  const double deadline = Deadline(opt_.timeout_s).at_s();  // in tcp's seconds, for its poll-based waits
   std::lock_guard<std::mutex> lock(*send_mu_[static_cast<size_t>(peer)]);
   const int fd = fd_[static_cast<size_t>(peer)];
   return write_all(fd, &h, sizeof h, deadline, h.bytes > 0 ? MSG_MORE : 0, why) &&
@@ -283,15 +285,13 @@ bool SocketMesh::send(int peer, WireHeader h, const void* payload, std::string& 
 WaitEnd SocketMesh::take(WireKind kind, int peer, int64_t id, WireMessage& out, double timeout_s) {
   const auto key = std::make_tuple(kind, peer, id);
   std::unique_lock<std::mutex> lock(mu_);
-  const double wait_s = timeout_s >= 0 ? timeout_s : opt_.timeout_s;
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(wait_s));
+  Deadline deadline(timeout_s >= 0 ? timeout_s : opt_.timeout_s);
   auto it = inbox_.find(key);
   auto has = [&] {
     it = inbox_.find(key);
     return it != inbox_.end() && !it->second.empty();
   };
-  cv_.wait_until(lock, deadline, [&] { return aborted_ || has() || closed_[static_cast<size_t>(peer)]; });
+  wait_under(cv_, lock, deadline, [&] { return aborted_ || has() || closed_[static_cast<size_t>(peer)]; });
   if (aborted_) return WaitEnd::Aborted;
   if (has()) {
     out = std::move(it->second.front());

@@ -4,14 +4,12 @@
 #include <charconv>
 #include <chrono>
 #include <cstring>
-#include <sstream>
 
 #include "engine/comm/threads_internal.h"
+#include "engine/comm/watchdog.h"
 #include "engine/core/format.h"
 
 namespace dtlab {
-
-using Clock = std::chrono::steady_clock;
 
 Fault parse_fault(std::string_view text) {
   const std::string how =
@@ -55,16 +53,6 @@ Fault parse_fault(std::string_view text) {
 }
 
 namespace threads {
-
-namespace {
-
-std::string rank_list(const std::vector<int>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); i++) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s;
-}
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // The per-rank communicator: the queue and worker are QueuedCommunicator's; a job runs here.
@@ -172,22 +160,11 @@ class RankComm : public QueuedCommunicator {
       auto key = std::make_tuple(j.peer, rank_, j.tag);
       // Point to point has no stepper gate, so the peer may legitimately be held at one: the
       // watchdog's clock does not run while the stepper is paused.
-      const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(w_->opt_.timeout_s));
-      auto deadline = Clock::now() + timeout;
-      bool ok = false;
-      while (true) {
-        ok = w_->cv_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)),
-                                [&] { return w_->aborted_ || !w_->mailbox_[key].empty(); });
-        if (ok || Clock::now() >= deadline) break;
-        if (w_->stepper_->paused()) deadline = Clock::now() + timeout;
-      }
+      Deadline deadline(w_->opt_.timeout_s, w_->stepper_.get());
+      bool ok = wait_under(w_->cv_, lock, deadline, [&] { return w_->aborted_ || !w_->mailbox_[key].empty(); });
       if (w_->aborted_) throw CommError(w_->abort_reason_);
       if (!ok) {
-        std::string msg = "watchdog: " + what + " on rank " + std::to_string(rank_) +
- " did not complete within " + seconds_text(w_->opt_.timeout_s) +
-                          "; rank " + std::to_string(j.peer) + " is " +
-                          w_->comm_activity_[static_cast<size_t>(j.peer)] + " (compute: " +
-                          w_->ctx_[static_cast<size_t>(j.peer)]->activity() + ")";
+        std::string msg = diagnose_recv(what, rank_, w_->opt_.timeout_s, w_->doing(j.peer));
         lock.unlock();
         w_->fail(msg);
       }
@@ -287,7 +264,8 @@ void World::enter_algorithm(Rendezvous& rv) {
 void World::abandon(Rendezvous& rv) {
   std::unique_lock<std::mutex> lock(mu_);
   // Every rank in the algorithm sees the abort within one slice or step (as in exit_algorithm).
-  cv_.wait_for(lock, std::chrono::duration<double>(opt_.timeout_s), [&] { return rv.running == 0; });
+  Deadline deadline(opt_.timeout_s);
+  wait_under(cv_, lock, deadline, [&] { return rv.running == 0; });
 }
 
 void World::exit_algorithm(Rendezvous& rv, bool failed) {
@@ -297,7 +275,8 @@ void World::exit_algorithm(Rendezvous& rv, bool failed) {
   if (!failed) return;
   // Every other rank in the algorithm sees the abort within one slice or step; the bound only
   // guards against a rank stuck in something that never checks it.
-  cv_.wait_for(lock, std::chrono::duration<double>(opt_.timeout_s), [&] { return rv.running == 0; });
+  Deadline deadline(opt_.timeout_s);
+  wait_under(cv_, lock, deadline, [&] { return rv.running == 0; });
   if (--rv.left == 0) rv_.erase(rv.seq);
 }
 
@@ -342,30 +321,22 @@ Rendezvous& World::arrive(int rank, uint64_t seq, const CollDesc& d, void* buf, 
   return rv;
 }
 
+RankDoing World::doing(int rank) const {
+  return RankDoing{rank, comm_activity_[static_cast<size_t>(rank)], ctx_[static_cast<size_t>(rank)]->activity(),
+                   skipped_[static_cast<size_t>(rank)]};
+}
+
 std::string World::diagnose_missing(const Rendezvous& rv) {
-  std::vector<int> missing;
-  for (int r = 0; r < n_; r++)
-    if (std::find(rv.arrivals.begin(), rv.arrivals.end(), r) == rv.arrivals.end()) missing.push_back(r);
-  std::ostringstream os;
-  os << "watchdog: collective " << describe(rv.desc, rv.seq) << ", "
-     << human_bytes(payload_bytes(rv.desc, n_)) << ", did not complete within " << opt_.timeout_s
-     << " s: ranks " << rank_list(rv.arrivals) << " arrived (in that order); "
-     << (missing.size() == 1 ? "rank " : "ranks ") << rank_list(missing) << " missing";
-  for (int r : missing) {
-    os << "; rank " << r << " is " << comm_activity_[static_cast<size_t>(r)] << " on its comm worker and "
-       << ctx_[static_cast<size_t>(r)]->activity() << " on its compute thread";
-    if (!skipped_[static_cast<size_t>(r)].empty()) os << " (" << skipped_[static_cast<size_t>(r)] << ")";
-  }
-  return os.str();
+  std::vector<RankDoing> missing;
+  for (int r : missing_ranks(rv.arrivals, n_)) missing.push_back(doing(r));
+  return dtlab::diagnose_missing(describe(rv.desc, rv.seq), payload_bytes(rv.desc, n_), opt_.timeout_s, rv.arrivals,
+                                 missing);
 }
 
 double World::wait_all_arrived(int rank, Rendezvous& rv) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(opt_.timeout_s));
-  bool ok = cv_.wait_until(lock, deadline, [&] {
-    return aborted_ || static_cast<int>(rv.arrivals.size()) == n_;
-  });
+  Deadline deadline(opt_.timeout_s);
+  bool ok = wait_under(cv_, lock, deadline, [&] { return aborted_ || static_cast<int>(rv.arrivals.size()) == n_; });
   if (aborted_) throw CommError(abort_reason_);
   if (!ok) {
     // Diagnose the oldest collective still missing ranks: later ones stall only because of it
@@ -391,20 +362,15 @@ void World::leave(Rendezvous& rv) {
 
 // The watchdog's message for a collective that stalled inside its algorithm.
 static std::string stall_message(World& w, Rendezvous& rv, int rank, const char* what) {
-  std::ostringstream os;
-  os << "watchdog: collective " << describe(rv.desc, rv.seq) << " stalled: rank " << rank << " waited "
-     << w.opt_.timeout_s << " s for " << what << "; steps done per rank:";
-  for (int r = 0; r < w.n_; r++) os << " " << r << "=" << rv.steps_finished[static_cast<size_t>(r)];
-  return os.str();
+  return diagnose_stall(describe(rv.desc, rv.seq), rank, w.opt_.timeout_s, what, rv.steps_finished);
 }
 
 // Waits on `cv` (with the world lock held), under the watchdog, until `pred` holds.
 template <class Pred>
 static void bounded_wait(World& w, std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
                          Rendezvous& rv, int rank, const char* what, Pred pred) {
-  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                     std::chrono::duration<double>(w.opt_.timeout_s));
-  bool ok = cv.wait_until(lock, deadline, [&] { return w.aborted_ || pred(); });
+  Deadline deadline(w.opt_.timeout_s);
+  bool ok = wait_under(cv, lock, deadline, [&] { return w.aborted_ || pred(); });
   if (w.aborted_) throw CommError(w.abort_reason_);
   if (!ok) {
     std::string msg = stall_message(w, rv, rank, what);
@@ -424,9 +390,8 @@ void World::ring_wait(Call& c, Pred ready, const char* what) {
   }
   if (!ready()) {
     std::unique_lock<std::mutex> lock(*rank_mu_[static_cast<size_t>(c.rank)]);
-    auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                       std::chrono::duration<double>(opt_.timeout_s));
-    bool ok = rank_cv_[static_cast<size_t>(c.rank)]->wait_until(lock, deadline, [&] { return aborted_flag_.load() || ready(); });
+    Deadline deadline(opt_.timeout_s);
+    bool ok = wait_under(*rank_cv_[static_cast<size_t>(c.rank)], lock, deadline, [&] { return aborted_flag_.load() || ready(); });
     lock.unlock();
     if (!ok && !aborted_flag_.load()) {
       std::string msg;
@@ -585,8 +550,7 @@ WorldStatus ThreadsWorld::status() const {
     c.dtype = rv.desc.dtype;
     c.bytes = payload_bytes(rv.desc, w.n_);
     c.arrived = rv.arrivals;
-    for (int r = 0; r < w.n_; r++)
-      if (std::find(rv.arrivals.begin(), rv.arrivals.end(), r) == rv.arrivals.end()) c.missing.push_back(r);
+    c.missing = missing_ranks(rv.arrivals, w.n_);
     c.steps = rv.steps;
     c.steps_done = *std::min_element(rv.steps_finished.begin(), rv.steps_finished.end());
     s.in_flight.push_back(std::move(c));

@@ -16,6 +16,7 @@
 #include "engine/comm/data_mover.h"
 #include "engine/comm/queued_comm.h"  // CollDesc, describe, payload_bytes
 #include "engine/comm/threads_backend.h"
+#include "engine/comm/watchdog.h"  // RankDoing
 
 namespace dtlab::threads {
 
@@ -100,6 +101,7 @@ class World {
   bool aborted() const;
   void set_comm_activity(int rank, std::string what);
   std::string diagnose_missing(const Rendezvous& rv);  // call with mu_ held
+  RankDoing doing(int rank) const;                     // what the watchdog says of it; mu_ held
 
   int n_;
   WorldOptions opt_;

@@ -11,6 +11,7 @@
 
 #include "engine/comm/data_mover.h"  // job_label
 #include "engine/comm/socket_mesh.h"
+#include "engine/comm/watchdog.h"
 #include "engine/cuda/compute_timer.h"  // NvtxRange
 #include "engine/cuda/runtime.h"
 #include "engine/cuda/issue_events.h"
@@ -33,7 +34,6 @@ std::string nccl_version() {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using cuda::RankDevice;
 
 // What a rank's watchdog shares with its world: one abort for everyone, and words for a diagnosis.
@@ -190,8 +190,7 @@ class NcclRankComm : public QueuedCommunicator {
   // The watchdog: poll the stream and NCCL's asynchronous error against the timeout (a paused
   // stepper stops its clock, as in the threads backend), and abort the communicator on expiry.
   void wait_done(const std::string& what) {
-    const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
-    auto deadline = Clock::now() + timeout;
+    Deadline deadline(timeout_s_, ctx() ? ctx()->stepper() : nullptr);
     std::string reason;
     for (int spins = 0;; spins++) {
       const cudaError_t q = cudaStreamQuery(dev_.comm());
@@ -211,9 +210,7 @@ class NcclRankComm : public QueuedCommunicator {
         abort_comm();
         throw CommError(reason);
       }
-      Stepper* st = ctx() ? ctx()->stepper() : nullptr;
-      if (st && st->paused()) deadline = Clock::now() + timeout;
-      if (Clock::now() >= deadline) {
+      if (deadline.expired()) {
         std::ostringstream os;
         os << "watchdog: collective " << what << " on rank " << rank() << " (GPU " << dev_.device()
            << ") did not complete within " << timeout_s_ << " s; NCCL does not say which peer it waits for"
