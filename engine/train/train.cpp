@@ -183,6 +183,26 @@ struct StepBuffers {
       y_dev = Tensor({B}, MemCategory::Activations, &mem, DType::I64, dev);
     }
   }
+  // The batch's rows where the device reads them: uploaded to a GPU, the loader's own on the CPU.
+  std::pair<const float*, const int64_t*> place(const Batch& batch, int64_t D) {
+    const int64_t B = batch.size;
+    if (x_dev.raw() == nullptr) return {batch.x.data(), batch.y.data()};
+    Device& dev = x_dev.device();
+    dev.upload(x_dev.raw(), batch.x.data(), B * D * static_cast<int64_t>(sizeof(float)));
+    dev.upload(y_dev.raw(), batch.y.data(), B * static_cast<int64_t>(sizeof(int64_t)));
+    return {x_dev.f32(), y_dev.i64()};
+  }
+  // Cross-entropy of `logits` (B, C) against `y` into loss_stats, and its gradient into dlogits.
+  void loss(ComputeObserver* obs, const float* logits, const int64_t* y, int64_t B, int64_t C, int64_t accum) {
+    Device& dev = probs.device();
+    {
+      ComputeScope scope(obs, ComputeKind::Loss, -1, 5.0 * B * C);
+      dev.cross_entropy_forward(probs.f32(), loss_stats.f64(), logits, y, B, C);
+    }
+    // The mean over the micro-batch, divided by the number of micro-batches (loss / accum).
+    ComputeScope scope(obs, ComputeKind::LossBackward, -1, 2.0 * B * C);
+    dev.cross_entropy_backward(dlogits.f32(), probs.f32(), y, B, C, 1.0f / static_cast<float>(B * accum));
+  }
 };
 
 // m[0..3] summed over every rank, through `figures` (4 floats on the rank's device).
@@ -564,8 +584,6 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
   RankBatches data(config_, ds, N, rank);
 
   StepBuffers buf(config_.batch, D, C, mem, dev);
-  Tensor &probs = buf.probs, &dlogits = buf.dlogits, &x_dev = buf.x_dev, &y_dev = buf.y_dev, &loss_stats = buf.loss_stats;
-  double* const stats = loss_stats.f64();
 
   double overlap_sum = 0;
   int64_t overlap_n = 0;
@@ -580,7 +598,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
     model.set_skipped_layer(branch ? config_.skip_layer : -1);
     int64_t samples = 0;
     bool input_bad = false;  // a micro-batch of this step holds NaN or infinity (checked on the host)
-    loss_stats.zero();
+    buf.loss_stats.zero();
     {
       ComputeScope scope(obs, ComputeKind::ZeroGrad, -1, 0.0);
       if (fsdp) fsdp->zero_grad();
@@ -590,29 +608,13 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
       const Batch& batch = data.next();
       const int64_t B = last_batch = batch.size;
       if (!config_.allow_nonfinite && !input_bad) input_bad = has_nonfinite(batch.x.data(), B * D);
-      const float* x = batch.x.data();
-      const int64_t* y = batch.y.data();
-      if (!dev.is_host()) {
-        dev.upload(x_dev.raw(), x, B * D * static_cast<int64_t>(sizeof(float)));
-        dev.upload(y_dev.raw(), y, B * static_cast<int64_t>(sizeof(int64_t)));
-        x = x_dev.f32();
-        y = y_dev.i64();
-      }
+      const auto [x, y] = buf.place(batch, D);
       if (ddp) ddp->before_forward();
-      const float* logits = model.forward(x, B);
-      {
-        ComputeScope scope(obs, ComputeKind::Loss, -1, 5.0 * B * C);
-        dev.cross_entropy_forward(probs.f32(), stats, logits, y, B, C);
-      }
+      buf.loss(obs, model.forward(x, B), y, B, C, A);
       samples += B;
-      {
-        // The mean over the micro-batch, divided by the number of micro-batches (loss / accum).
-        ComputeScope scope(obs, ComputeKind::LossBackward, -1, 2.0 * B * C);
-        dev.cross_entropy_backward(dlogits.f32(), probs.f32(), y, B, C, 1.0f / static_cast<float>(B * A));
-      }
       const bool sync = micro == A - 1;  // no_sync() for the first A - 1 micro-batches
       if (ddp) ddp->prepare_for_backward(sync);
-      model.backward(dlogits.f32(), ddp ? ddp->grad_ready_hook() : Model::GradReadyHook{});
+      model.backward(buf.dlogits.f32(), ddp ? ddp->grad_ready_hook() : Model::GradReadyHook{});
       if (ddp) ddp->finalize_backward();
       if (fsdp) fsdp->finalize_backward();
     }
@@ -623,7 +625,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
       else opt.step(model.params(), model.grads());
     }
     double loss_sums[kLossStatsDoubles];
-    dev.download(loss_sums, stats, sizeof loss_sums);  // the host's one wait for the device per step
+    dev.download(loss_sums, buf.loss_stats.f64(), sizeof loss_sums);  // the host's one wait for the device per step
     // Non-finite input stops the step even when the loss comes out finite (a ReLU can zero an
     // infinity whose gradient is still NaN): this rank's loss counts as NaN, so every rank sees it.
     if (input_bad) loss_sums[0] = std::numeric_limits<double>::quiet_NaN();
