@@ -27,8 +27,7 @@ std::vector<std::string> split_names(const std::string& s) {
 }
 
 bool ring_chunked(CollectiveOp op, Algorithm algo) {
-  return algo == Algorithm::Ring &&
-         (op == CollectiveOp::AllReduce || op == CollectiveOp::ReduceScatter || op == CollectiveOp::AllGather);
+  return algo == Algorithm::Ring && collective_traits(op).runs(Algorithm::Ring);
 }
 
 }  // namespace
