@@ -26,8 +26,7 @@ std::vector<std::string> split_names(const std::string& s) {
 }
 
 bool ring_chunked(CollectiveOp op, Algorithm algo) {
-  return algo == Algorithm::Ring &&
-         (op == CollectiveOp::AllReduce || op == CollectiveOp::ReduceScatter || op == CollectiveOp::AllGather);
+  return algo == Algorithm::Ring && collective_traits(op).runs(Algorithm::Ring);
 }
 
 bool point_to_point(CollectiveOp op) { return op == CollectiveOp::Send || op == CollectiveOp::Recv; }

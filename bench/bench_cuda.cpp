@@ -31,6 +31,7 @@ int main() {
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "engine/core/collective.h"
 #include "engine/core/device.h"
 #include "engine/core/format.h"
 #include "engine/core/model.h"
@@ -245,15 +246,16 @@ int64_t bench_allreduce(int n) {  // returns #wrong over all sizes
     for (int64_t v : wrong) bad += v;
     total_wrong += bad;
     const double t = median(times), bytes = double(count) * 4;
-    const double algbw = bytes / t, busbw = algbw * 2.0 * (n - 1) / n;
+    const double algbw = bytes / t, busbw = algbw * bus_bandwidth_factor(CollectiveOp::AllReduce, n);
     std::printf("  %12.0f %12lld %6s %6s %10.1f %10.2f %10.2f %8lld %6.0f%% %8.0f%%\n", bytes, static_cast<long long>(count),
                 "float", "sum", t * 1e6, algbw / 1e9, busbw / 1e9, static_cast<long long>(bad), 100.0 * busbw / copy_bw,
                 100.0 * n * busbw / copy_bw);
   }
-  std::printf("  busbw = algbw * 2(n-1)/n (nccl-tests); every step is a device copy or a reduction kernel\n"
+  std::printf("  busbw = algbw * %s (nccl-tests); every step is a device copy or a reduction kernel\n"
               "  plus a host synchronization, so small sizes measure the stepping, large ones the memory;\n"
               "  n*/copy: the %d ranks share one GPU's memory, so their busbw summed is what the copy bandwidth\n"
-              "  bounds (one rank's busbw cannot pass 1/%d of it even with free reductions)\n", n, n);
+              "  bounds (one rank's busbw cannot pass 1/%d of it even with free reductions)\n",
+              collective_traits(CollectiveOp::AllReduce).busbw_formula(), n, n);
   return total_wrong;
 }
 

@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "engine/comm/threads_backend.h"
 #include "engine/core/check.h"
+#include "engine/core/format.h"  // choice_list
 
 namespace dtlab::cli {
 
@@ -33,12 +34,20 @@ struct BenchArgs {
   bool json = false;
 };
 
+// The ops the sweep knows how to fill and check; --op takes their short names ("reducescatter").
+constexpr CollectiveOp kBenchedOps[] = {CollectiveOp::AllReduce, CollectiveOp::ReduceScatter, CollectiveOp::AllGather,
+                                        CollectiveOp::Broadcast};
+
+std::vector<std::string> benched_names() {
+  std::vector<std::string> names;
+  for (CollectiveOp op : kBenchedOps) names.push_back(collective_traits(op).short_name);
+  return names;
+}
+
 CollectiveOp parse_op(const std::string& s) {
-  if (s == "allreduce") return CollectiveOp::AllReduce;
-  if (s == "reducescatter") return CollectiveOp::ReduceScatter;
-  if (s == "allgather") return CollectiveOp::AllGather;
-  if (s == "broadcast") return CollectiveOp::Broadcast;
-  throw Error("--op " + s + " is not benchmarked; use allreduce, reducescatter, allgather or broadcast");
+  for (CollectiveOp op : kBenchedOps)
+    if (s == collective_traits(op).short_name) return op;
+  throw Error("--op " + s + " is not benchmarked; use " + choice_list(benched_names()));
 }
 
 // Best of a few single-thread memcpy runs over `bytes` (at least 16 MiB so caches do not flatter it).
@@ -60,33 +69,32 @@ struct Buffers {
   std::vector<std::vector<float>> in, out;
 };
 
-// One call of the collective on `rank`; S bytes total in the nccl-tests sense.
-WorkPtr issue(Communicator& c, CollectiveOp op, Algorithm algo, Buffers& b, int rank, int64_t S, int n, int root) {
+// The count argument of a call whose payload is S bytes of floats (S in the nccl-tests sense).
+int64_t call_count(CollectiveOp op, int64_t S, int n) { return S / 4 / collective_traits(op).payload_count(1, n); }
+
+// One call of the collective on `rank`, of `count` elements (call_count).
+WorkPtr issue(Communicator& c, CollectiveOp op, Algorithm algo, Buffers& b, int rank, int64_t count, int root) {
   float* in = b.in[static_cast<size_t>(rank)].data();
   float* out = b.out[static_cast<size_t>(rank)].data();
   switch (op) {
-    case CollectiveOp::AllReduce: return c.all_reduce(out, S / 4, DType::F32, ReduceOp::Sum, algo);
-    case CollectiveOp::ReduceScatter: return c.reduce_scatter(out, in, S / 4 / n, DType::F32, ReduceOp::Sum, algo);
-    case CollectiveOp::AllGather: return c.all_gather(out, in, S / 4 / n, DType::F32, algo);
-    default: return c.broadcast(out, S / 4, DType::F32, root, algo);
+    case CollectiveOp::AllReduce: return c.all_reduce(out, count, DType::F32, ReduceOp::Sum, algo);
+    case CollectiveOp::ReduceScatter: return c.reduce_scatter(out, in, count, DType::F32, ReduceOp::Sum, algo);
+    case CollectiveOp::AllGather: return c.all_gather(out, in, count, DType::F32, algo);
+    default: return c.broadcast(out, count, DType::F32, root, algo);
   }
 }
 
 // Fills inputs with small integers (exact sums), runs once, and counts wrong elements on all ranks.
 int64_t check(ThreadsWorld& w, CollectiveOp op, Algorithm algo, Buffers& b, int64_t S, int n, int root) {
+  const CollectiveTraits& t = collective_traits(op);
   int64_t count = S / 4, per = count / n;
+  const int64_t call = call_count(op, S, n), filled = t.in_count(call, n);
   auto value = [](int r, int64_t i) { return static_cast<float>((r + 1) + (i % 13)); };
   for (int r = 0; r < n; r++) {
-    auto& in = b.in[static_cast<size_t>(r)];
-    auto& out = b.out[static_cast<size_t>(r)];
-    if (op == CollectiveOp::AllReduce || op == CollectiveOp::Broadcast)
-      for (int64_t i = 0; i < count; i++) out[static_cast<size_t>(i)] = value(r, i);
-    else if (op == CollectiveOp::ReduceScatter)
-      for (int64_t i = 0; i < per * n; i++) in[static_cast<size_t>(i)] = value(r, i);
-    else
-      for (int64_t i = 0; i < per; i++) in[static_cast<size_t>(i)] = value(r, i);
+    auto& input = t.out_of_place ? b.in[static_cast<size_t>(r)] : b.out[static_cast<size_t>(r)];
+    for (int64_t i = 0; i < filled; i++) input[static_cast<size_t>(i)] = value(r, i);
   }
-  w.run([&](int r, Communicator& c, RankContext&) { issue(c, op, algo, b, r, S, n, root)->wait(); });
+  w.run([&](int r, Communicator& c, RankContext&) { issue(c, op, algo, b, r, call, root)->wait(); });
   int64_t wrong = 0;
   for (int r = 0; r < n; r++) {
     const auto& out = b.out[static_cast<size_t>(r)];
@@ -116,7 +124,8 @@ int run_bench(const BenchArgs& a, Streams& io) {
   const CollectiveOp op = parse_op(a.op);
   const Algorithm algo = parse_algorithm(a.algo);
   check_algorithm(op, algo);
-  const Algorithm shown = algo != Algorithm::Default ? algo : op == CollectiveOp::Broadcast ? Algorithm::Tree : Algorithm::Ring;
+  const CollectiveTraits& t = collective_traits(op);
+  const Algorithm shown = algo != Algorithm::Default ? algo : t.default_algorithm;
   const int n = a.world;
   if (a.min_bytes > a.max_bytes)
     throw Error("--min-bytes " + std::to_string(a.min_bytes) + " is larger than --max-bytes " + std::to_string(a.max_bytes));
@@ -131,7 +140,7 @@ int run_bench(const BenchArgs& a, Streams& io) {
   ThreadsWorld w(n, opt);
 
   // Sizes: powers of two from min to max (nccl-tests -f 2), rounded to whole elements per rank.
-  const int64_t align = 4 * (op == CollectiveOp::ReduceScatter || op == CollectiveOp::AllGather ? n : 1);
+  const int64_t align = 4 * t.payload_count(1, n);
   std::vector<int64_t> sizes;
   for (int64_t s = a.min_bytes; s <= a.max_bytes; s *= 2) {
     int64_t S = std::max(align, s / align * align);
@@ -143,12 +152,12 @@ int run_bench(const BenchArgs& a, Streams& io) {
   b.out.assign(static_cast<size_t>(n), std::vector<float>(static_cast<size_t>(top), 0.0f));
 
   const double mem_gbps = memcpy_gbps(sizes.back());
-  const double factor = bus_bandwidth_factor(op, n);
+  const double factor = t.busbw_factor(n);
   nlohmann::json rows = nlohmann::json::array();
   if (!a.json) {
     io.out << "# dtlab-cli bench collectives: " << a.op << ", " << algorithm_name(shown) << ", world " << n
            << ", threads backend (one thread and one comm worker per rank)\n";
-    io.out << "# busbw = algbw * " << (op == CollectiveOp::AllReduce ? "2(n-1)/n" : op == CollectiveOp::Broadcast ? "1" : "(n-1)/n")
+    io.out << "# busbw = algbw * " << t.busbw_formula()
            << " (nccl-tests); single-thread memcpy in this run: " << mem_gbps << " GB/s\n";
     char head[256];
     std::snprintf(head, sizeof head, "#%12s %12s %6s %6s %6s %10s %8s %8s %7s", "size", "count", "type", "redop",
@@ -161,16 +170,17 @@ int run_bench(const BenchArgs& a, Streams& io) {
   double busbw_sum = 0;
   int64_t wrong_total = 0;
   for (int64_t S : sizes) {
+    const int64_t call = call_count(op, S, n);
     int64_t wrong = check(w, op, algo, b, S, n, a.root);
     wrong_total += wrong;
     int iters = a.iters > 0 ? a.iters : static_cast<int>(std::clamp<int64_t>((256 << 20) / std::max<int64_t>(S, 1), 5, 200));
     double seconds = 0;
     w.run([&](int r, Communicator& c, RankContext&) {
-      for (int i = 0; i < a.warmup; i++) issue(c, op, algo, b, r, S, n, a.root)->wait();
+      for (int i = 0; i < a.warmup; i++) issue(c, op, algo, b, r, call, a.root)->wait();
       c.barrier()->wait();
       auto t0 = Clock::now();
       WorkPtr last;
-      for (int i = 0; i < iters; i++) last = issue(c, op, algo, b, r, S, n, a.root);
+      for (int i = 0; i < iters; i++) last = issue(c, op, algo, b, r, call, a.root);
       last->wait();
       c.barrier()->wait();
       if (r == 0) seconds = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
@@ -187,8 +197,8 @@ int run_bench(const BenchArgs& a, Streams& io) {
     }
     char line[256];
     std::snprintf(line, sizeof line, " %12lld %12lld %6s %6s %6d %10.1f %8.2f %8.2f %7lld", static_cast<long long>(S),
-                  static_cast<long long>(S / 4), "float", op == CollectiveOp::AllReduce || op == CollectiveOp::ReduceScatter ? "sum" : "none",
-                  op == CollectiveOp::Broadcast ? a.root : -1, seconds * 1e6, algbw, busbw, static_cast<long long>(wrong));
+                  static_cast<long long>(S / 4), "float", t.reduces ? "sum" : "none",
+                  t.has_root ? a.root : -1, seconds * 1e6, algbw, busbw, static_cast<long long>(wrong));
     io.out << line;
     if (model) {
       std::snprintf(line, sizeof line, "  %10.1f %8.1f", model_s * 1e6, static_cast<double>(S) / model_s / 1e9 * factor);
@@ -216,7 +226,9 @@ Runner add_bench_command(CLI::App& app) {
   app.require_subcommand(1);
   CLI::App* coll = app.add_subcommand("collectives", "nccl-tests-style sweep of one collective over message sizes");
   auto a = std::make_shared<BenchArgs>();
-  coll->add_option("--op", a->op, "allreduce | reducescatter | allgather | broadcast")->capture_default_str();
+  std::string ops;
+  for (const std::string& name : benched_names()) ops += (ops.empty() ? "" : " | ") + name;
+  coll->add_option("--op", a->op, ops)->capture_default_str();
   coll->add_option("--algo", a->algo, "ring | tree | naive (default: ring, tree for broadcast)")->capture_default_str();
   coll->add_option("--world", a->world, "Number of ranks")->check(whole_number(1, 64))->capture_default_str();
   coll->add_option("--min-bytes", a->min_bytes, "Smallest message (bytes)")->check(whole_number(4, int64_t{1} << 31))->capture_default_str();

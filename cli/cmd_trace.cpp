@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "engine/core/check.h"
+#include "engine/core/collective.h"
 #include "engine/core/format.h"
 #include "engine/train/trace_compare.h"
 
@@ -108,9 +109,10 @@ int summarize(const TraceArgs& a, Streams& io) {
   }
   print_table(out, rows);
 
+  const CollectiveTraits& all_reduce = collective_traits(CollectiveOp::AllReduce);
   out << "\ncollectives (matched across ranks; busy = end - last rank's start; bandwidths as nccl-tests: algbw = bytes / busy,\n"
          "busbw = algbw x "
-      << (world > 1 ? "2(n-1)/n for all-reduce" : "1") << "):\n";
+      << (world > 1 ? std::string(all_reduce.busbw_formula()) + " for " + all_reduce.display_name : "1") << "):\n";
   // A straggler only when the last rank came later than the timestamps can tell apart.
   auto late = [&](const TraceCollective& c) { return world > 1 && c.last_arrival_us - c.first_arrival_us > tr.resolution_us; };
   rows = {{"#", "iter", "bucket", "op", "bytes", "busy", "algbw GB/s", "busbw GB/s", "last to arrive", "late by"}};

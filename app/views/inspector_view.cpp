@@ -52,12 +52,6 @@ const char* ordinal_suffix(int n) {
   }
 }
 
-bool reduces(CollectiveOp op) {
-  return op == CollectiveOp::AllReduce || op == CollectiveOp::ReduceScatter || op == CollectiveOp::Reduce;
-}
-
-bool has_root(CollectiveOp op) { return op == CollectiveOp::Broadcast || op == CollectiveOp::Reduce; }
-
 // A two-column row of the collective table; the value is drawn by the caller.
 void key(const char* name) {
   ImGui::TableNextRow();
@@ -120,10 +114,10 @@ void draw_collective(const CollectiveView& cv) {
   const int elem = cv.dtype == DType::I64 ? 8 : 4;
   ImGui::Text("%s (%d B per element)", dtype_name(cv.dtype), elem);
   key("reduce op");
-  if (reduces(cv.op)) ImGui::TextUnformatted(reduce_op_name(cv.reduce));
+  if (collective_traits(cv.op).reduces) ImGui::TextUnformatted(reduce_op_name(cv.reduce));
   else ImGui::TextColored(dim(), "none (data is only copied)");
   key("root");
-  if (has_root(cv.op) && cv.root >= 0) ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(rank_color(cv.root, N)), "rank %d", cv.root);
+  if (collective_traits(cv.op).has_root && cv.root >= 0) ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(rank_color(cv.root, N)), "rank %d", cv.root);
   else ImGui::TextColored(dim(), "none (every rank is equal)");
   key("count");
   ImGui::Text("%s elements per rank", with_commas(cv.count).c_str());

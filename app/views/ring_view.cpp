@@ -53,8 +53,7 @@ bool has_glyph(ImWchar c) { return ImGui::GetFont()->FindGlyphNoFallback(c) != n
 
 // Ring edges r -> r+1 carry every step of these; the others draw only the transfers of a step.
 bool ring_edges(const CollectiveView& cv) {
-  return cv.algo == Algorithm::Ring && (cv.op == CollectiveOp::AllReduce || cv.op == CollectiveOp::ReduceScatter ||
-                                        cv.op == CollectiveOp::AllGather);
+  return cv.algo == Algorithm::Ring && collective_traits(cv.op).runs(Algorithm::Ring);
 }
 
 // One sentence on what the pending step does, for the header.

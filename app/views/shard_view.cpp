@@ -77,9 +77,10 @@ void draw_unit(const Snapshot& s, const UnitView& u, const Layout& L, double tim
   if (live != Live::None) {
     ImGui::SameLine();
     const CollectiveView& cv = s.collective;
+    const CollectiveOp op = live == Live::Gather ? CollectiveOp::AllGather : CollectiveOp::ReduceScatter;
     ImGui::TextColored(live == Live::Gather ? ImVec4(0.45f, 0.75f, 1.0f, 1.0f) : ImVec4(1.0f, 0.65f, 0.3f, 1.0f),
-                       "%s %s, step %d/%d", live == Live::Gather ? "all-gather" : "reduce-scatter",
-                       cv.in_flight ? "in flight" : "done", cv.steps_done, cv.steps);
+                       "%s %s, step %d/%d", collective_traits(op).display_name, cv.in_flight ? "in flight" : "done",
+                       cv.steps_done, cv.steps);
   }
 
   // ---- the flat parameter: owners' colors, parameter boundaries, padding

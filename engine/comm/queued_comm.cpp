@@ -10,22 +10,13 @@ std::string describe(const CollDesc& d, uint64_t seq) {
   std::string s = "#" + std::to_string(seq) + " " + collective_name(d.op);
   if (d.op == CollectiveOp::Barrier) return s;
   s += " of " + std::to_string(d.count) + " " + dtype_word(d.dtype) + " (";
-  bool reduces = d.op == CollectiveOp::AllReduce || d.op == CollectiveOp::ReduceScatter ||
-                 d.op == CollectiveOp::Reduce;
-  if (reduces) s += std::string(reduce_op_name(d.reduce)) + ", ";
+  if (collective_traits(d.op).reduces) s += std::string(reduce_op_name(d.reduce)) + ", ";
   if (d.root >= 0) s += "root " + std::to_string(d.root) + ", ";
   return s + algorithm_name(d.algo) + ")";
 }
 
 int64_t payload_bytes(const CollDesc& d, int n) {
-  int64_t elem = dtype_size(d.dtype);
-  switch (d.op) {
-    case CollectiveOp::ReduceScatter:
-    case CollectiveOp::AllGather:
-    case CollectiveOp::AllToAll: return d.count * n * elem;
-    case CollectiveOp::Barrier: return 0;
-    default: return d.count * elem;
-  }
+  return collective_traits(d.op).payload_count(d.count, n) * dtype_size(d.dtype);
 }
 
 // A Work the comm worker completes; wait() also moves the compute lane's clock past the op.
@@ -146,7 +137,7 @@ Algorithm QueuedCommunicator::resolve(CollectiveOp op, Algorithm a) const {
     if (op == CollectiveOp::AllReduce) a = defaults_.allreduce;
     else if (op == CollectiveOp::Broadcast) a = defaults_.broadcast;
     else if (op == CollectiveOp::Reduce) a = defaults_.reduce;
-    else a = Algorithm::Ring;
+    else a = collective_traits(op).default_algorithm;
   }
   check_algorithm(op, a);
   return a;
@@ -226,8 +217,8 @@ void QueuedCommunicator::fill_info(CollectiveInfo& info, const CommJob& j) const
   info.group_size = static_cast<int16_t>(j.p2p ? 2 : n);
   info.seq = j.seq;
   int64_t c = j.desc.count;
-  info.in_count = j.desc.op == CollectiveOp::ReduceScatter || j.desc.op == CollectiveOp::AllToAll ? c * n : c;
-  info.out_count = j.desc.op == CollectiveOp::AllGather || j.desc.op == CollectiveOp::AllToAll ? c * n : c;
+  info.in_count = collective_traits(j.desc.op).in_count(c, n);
+  info.out_count = collective_traits(j.desc.op).out_count(c, n);
   info.bytes = payload_bytes(j.desc, j.p2p ? 1 : n);
 }
 

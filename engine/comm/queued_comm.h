@@ -33,9 +33,9 @@ const char* dtype_word(DType d);                           // "float32", "int64"
 
 // Algorithm used when a call says Algorithm::Default.
 struct AlgorithmDefaults {
-  Algorithm allreduce = Algorithm::Ring;
-  Algorithm broadcast = Algorithm::Tree;
-  Algorithm reduce = Algorithm::Tree;
+  Algorithm allreduce = collective_traits(CollectiveOp::AllReduce).default_algorithm;
+  Algorithm broadcast = collective_traits(CollectiveOp::Broadcast).default_algorithm;
+  Algorithm reduce = collective_traits(CollectiveOp::Reduce).default_algorithm;
 };
 
 class AsyncWork;

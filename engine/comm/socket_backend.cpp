@@ -270,8 +270,7 @@ template <class T>
 void run_typed(SocketCommunicator::Call& c) {
   const CollDesc& d = c.job.desc;
   if (c.n == 1) {  // nothing moves; out-of-place ops still copy, avg divides by one
-    if (d.op == CollectiveOp::ReduceScatter || d.op == CollectiveOp::AllGather || d.op == CollectiveOp::AllToAll)
-      copy_elems(as<T>(c.job.buf), as<T>(c.job.in), d.count);
+    if (collective_traits(d.op).out_of_place) copy_elems(as<T>(c.job.buf), as<T>(c.job.in), d.count);
     return;
   }
   if (d.op == CollectiveOp::Barrier) return run_barrier(c);

@@ -287,8 +287,7 @@ template <class T>
 void dispatch(Call& c) {
   const CollDesc& d = c.rv->desc;
   if (c.n == 1) {  // nothing moves; out-of-place ops still copy, avg divides by one
-    if (d.op == CollectiveOp::ReduceScatter || d.op == CollectiveOp::AllGather || d.op == CollectiveOp::AllToAll)
-      copy_elems(c, as<T>(c.rv->buf[0]), as<T>(c.rv->in[0]), d.count);
+    if (collective_traits(d.op).out_of_place) copy_elems(c, as<T>(c.rv->buf[0]), as<T>(c.rv->in[0]), d.count);
     return;
   }
   switch (d.op) {

@@ -35,9 +35,9 @@ Fault parse_fault(std::string_view text);
 
 struct WorldOptions {
   // Algorithm used when a call says Algorithm::Default.
-  Algorithm allreduce_algo = Algorithm::Ring;
-  Algorithm broadcast_algo = Algorithm::Tree;
-  Algorithm reduce_algo = Algorithm::Tree;
+  Algorithm allreduce_algo = collective_traits(CollectiveOp::AllReduce).default_algorithm;
+  Algorithm broadcast_algo = collective_traits(CollectiveOp::Broadcast).default_algorithm;
+  Algorithm reduce_algo = collective_traits(CollectiveOp::Reduce).default_algorithm;
   double timeout_s = 30;          // watchdog: a collective not complete by then fails, diagnosed
   std::vector<Fault> faults;
   std::string profile = "nvlink8";  // hardware profile of the modeled clock

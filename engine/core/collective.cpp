@@ -1,26 +1,19 @@
-// Printable names for the collective enums. Collective names use the PyTorch profiler's spellings so a
-// dtlab trace and a torch.profiler trace of the same training step read alike.
+// Lookups in the collective table and printable names for the collective enums. Collective names use
+// the PyTorch profiler's spellings so a dtlab trace and a torch.profiler trace of the same training
+// step read alike.
 #include "engine/core/collective.h"
 
-#include <string>
+#include <vector>
 
-#include "engine/core/check.h"
+#include "engine/core/check.h"  // Error
+#include "engine/core/format.h"
 
 namespace dtlab {
 
-const char* collective_name(CollectiveOp op) {
-  switch (op) {
-    case CollectiveOp::AllReduce: return "allreduce";
-    case CollectiveOp::ReduceScatter: return "reduce_scatter";
-    case CollectiveOp::AllGather: return "allgather";
-    case CollectiveOp::Broadcast: return "broadcast";
-    case CollectiveOp::Reduce: return "reduce";
-    case CollectiveOp::Barrier: return "barrier";
-    case CollectiveOp::Send: return "send";
-    case CollectiveOp::Recv: return "recv";
-    case CollectiveOp::AllToAll: return "all_to_all";
-  }
-  return "?";
+std::optional<CollectiveOp> find_collective(std::string_view name) {
+  for (const CollectiveTraits& t : kCollectiveTable)
+    if (name == t.name) return t.op;
+  return std::nullopt;
 }
 
 const char* algorithm_name(Algorithm a) {
@@ -48,23 +41,18 @@ Algorithm parse_algorithm(std::string_view text) {
   throw Error("algorithm '" + std::string(text) + "' is not known; use ring, tree or naive");
 }
 
+std::string algorithm_choices(const CollectiveTraits& t) {
+  std::vector<std::string> names;
+  for (Algorithm a : {Algorithm::Ring, Algorithm::Tree, Algorithm::Naive})
+    if (t.runs(a)) names.push_back(algorithm_name(a));
+  return choice_list(names);
+}
+
 void check_algorithm(CollectiveOp op, Algorithm algo) {
-  if (algo == Algorithm::Default) return;
-  const char* allowed = nullptr;
-  switch (op) {
-    case CollectiveOp::ReduceScatter:
-    case CollectiveOp::AllGather:
-      if (algo != Algorithm::Ring) allowed = "ring";
-      break;
-    case CollectiveOp::Broadcast:
-    case CollectiveOp::Reduce:
-      if (algo == Algorithm::Ring) allowed = "tree or naive";
-      break;
-    default: break;
-  }
-  if (allowed)
-    throw Error(std::string(collective_name(op)) + " does not run the " + algorithm_name(algo) +
-                " algorithm; use " + allowed);
+  const CollectiveTraits& t = collective_traits(op);
+  if (algo == Algorithm::Default || t.algorithms == 0 || t.runs(algo)) return;
+  throw Error(std::string(t.name) + " does not run the " + algorithm_name(algo) + " algorithm; use " +
+              algorithm_choices(t));
 }
 
 }  // namespace dtlab

@@ -13,6 +13,8 @@ std::string human_bytes(int64_t bytes);
 std::string with_commas(int64_t v);
 // "0.5 s", "30 s": a timeout as diagnoses print it.
 std::string seconds_text(double s);
+// "a", "a or b", "a, b or c": the choices a message offers.
+std::string choice_list(const std::vector<std::string>& choices);
 // "rank 2" or "ranks 1, 3": the ranks a diagnosis names.
 std::string ranks_text(const std::vector<int>& ranks);
 

@@ -336,9 +336,8 @@ double CostModel::collective_time(CollectiveOp op, Algorithm algo, double bytes)
   if (p <= 1) return 0;
   const double S = bytes;
   const double g = profile_.gamma;
-  if (algo == Algorithm::Default)
-    algo = (op == CollectiveOp::Broadcast || op == CollectiveOp::Reduce) ? Algorithm::Tree
-                                                                         : Algorithm::Ring;
+  if (algo == Algorithm::Default) algo = collective_traits(op).default_algorithm;
+  const bool reduce = collective_traits(op).reduces;
   switch (op) {
     case CollectiveOp::AllReduce: {
       if (algo == Algorithm::Ring) {
@@ -354,7 +353,6 @@ double CostModel::collective_time(CollectiveOp op, Algorithm algo, double bytes)
     }
     case CollectiveOp::ReduceScatter:
     case CollectiveOp::AllGather: {
-      const bool reduce = op == CollectiveOp::ReduceScatter;
       if (algo != Algorithm::Naive) {
         // There is no tree form of these (NCCL only rings them), so Tree is charged as Ring.
         const Link l = ring_link();
@@ -370,7 +368,6 @@ double CostModel::collective_time(CollectiveOp op, Algorithm algo, double bytes)
     }
     case CollectiveOp::Broadcast:
     case CollectiveOp::Reduce: {
-      const bool reduce = op == CollectiveOp::Reduce;
       if (algo == Algorithm::Tree) {
         const Link l = slowest_link(*this);
         return reduce ? binomial_reduce_time(p, S, l.alpha, l.beta, g)
@@ -404,16 +401,6 @@ double CostModel::collective_time(CollectiveOp op, Algorithm algo, double bytes)
 double CostModel::compute_time(double flops) const {
   DTLAB_CHECK(profile_.flops_per_s > 0, "profile '" + profile_.name + "' has no compute rate");
   return flops / profile_.flops_per_s;
-}
-
-double bus_bandwidth_factor(CollectiveOp op, int n) {
-  switch (op) {
-    case CollectiveOp::AllReduce: return 2.0 * (n - 1) / n;
-    case CollectiveOp::ReduceScatter:
-    case CollectiveOp::AllGather:
-    case CollectiveOp::AllToAll: return static_cast<double>(n - 1) / n;
-    default: return 1.0;
-  }
 }
 
 }  // namespace dtlab

@@ -38,9 +38,8 @@ const HardwareProfile& this_machine_profile();
 // alone costs); dtlab::Error listing the names otherwise.
 HardwareProfile find_profile(std::string_view name);
 
-// nccl-tests' bus bandwidth factor (doc/PERFORMANCE.md): busbw = algbw x factor; all-reduce
-// 2(n-1)/n, reduce-scatter and all-gather (n-1)/n, the others 1.
-double bus_bandwidth_factor(CollectiveOp op, int n);
+// bus_bandwidth_factor(op, n), nccl-tests' busbw = algbw x factor, is a column of the collective
+// table (engine/core/collective.h); the cost model's algbw and the bench's both scale by it.
 
 // Closed forms (p ranks, n bytes, per-message a, per-byte b, per-byte reduction g).
 double ring_allgather_time(int p, double n, double a, double b);

@@ -58,10 +58,6 @@ int nest_depth(EventKind k) {
 // torch.profiler prints c10::ScalarType names.
 const char* pytorch_dtype(DType d) { return d == DType::F32 ? "Float" : "Long"; }
 
-bool is_reducing(CollectiveOp op) {
-  return op == CollectiveOp::AllReduce || op == CollectiveOp::ReduceScatter || op == CollectiveOp::Reduce;
-}
-
 // Appends one JSON object straight to the output buffer. An nlohmann object per event made a
 // 1M-event export take 5.6 s, mostly allocation; writing text directly takes 1.3 s, sort and
 // fsync included. Keys and names come from our own tables; user text (the title) goes through nlohmann.
@@ -146,7 +142,7 @@ void collective_event(JsonOut& j, const Event& e, Span s) {
       .field("algorithm", algorithm_name(c.algo))
       .field("seq", c.seq)
       .field("bytes", c.bytes);
-  if (is_reducing(c.op)) j.field("reduce_op", reduce_op_name(c.reduce));
+  if (collective_traits(c.op).reduces) j.field("reduce_op", reduce_op_name(c.reduce));
   if (c.root >= 0) j.field("root", c.root);
   if (e.iteration >= 0) j.field("iteration", e.iteration);
   j.close().close();

@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "engine/core/check.h"
+#include "engine/core/collective.h"
 #include "engine/core/format.h"
 
 namespace dtlab {
@@ -46,12 +47,11 @@ const char* span_class_name(SpanClass c) {
 
 double busbw_factor(const std::string& c, int n) {
   if (n <= 1) return 1;
-  const double nn = n;
-  if (c == "allreduce") return 2 * (nn - 1) / nn;
-  if (c == "allgather" || c == "reduce_scatter" || c == "all_to_all" || c == "alltoall" ||
-      c == "alltoall_base" || c == "gather" || c == "scatter")
-    return (nn - 1) / nn;
-  return 1;  // broadcast, reduce, send/recv
+  if (const std::optional<CollectiveOp> op = find_collective(c)) return bus_bandwidth_factor(*op, n);
+  // c10d names with no dtlab op (all-to-all's other spellings, gather, scatter): nccl-tests' (n-1)/n.
+  if (c == "alltoall" || c == "alltoall_base" || c == "gather" || c == "scatter")
+    return static_cast<double>(n - 1) / n;
+  return 1;  // send/recv and anything else
 }
 
 std::vector<int> ImportedTrace::buckets_per_iteration() const {

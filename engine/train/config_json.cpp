@@ -50,6 +50,11 @@ std::string get_text(const json& j, const char* key, const std::string& fallback
   return s;
 }
 
+// An algorithm by name; a missing key keeps `out` (the communicator's default).
+void get_algorithm(const json& j, const char* key, Algorithm& out) {
+  out = parse_algorithm(get_text(j, key, algorithm_name(out)));
+}
+
 }  // namespace
 
 std::string train_config_to_json(const TrainConfig& c) {
@@ -238,9 +243,9 @@ TrainConfig train_config_from_json(const std::string& text) {
     get(s, "master_addr", c.socket.master_addr);
     get(s, "master_port", c.socket.master_port);
     get(s, "timeout_s", c.socket.timeout_s);
-    c.socket.algorithms.allreduce = parse_algorithm(get_text(s, "allreduce", "ring"));
-    c.socket.algorithms.broadcast = parse_algorithm(get_text(s, "broadcast", "tree"));
-    c.socket.algorithms.reduce = parse_algorithm(get_text(s, "reduce", "tree"));
+    get_algorithm(s, "allreduce", c.socket.algorithms.allreduce);
+    get_algorithm(s, "broadcast", c.socket.algorithms.broadcast);
+    get_algorithm(s, "reduce", c.socket.algorithms.reduce);
   }
   get(j, "monitor_port", c.monitor_port);
   get(j, "monitor_wait_s", c.monitor_wait_s);
