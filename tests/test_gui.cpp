@@ -4,7 +4,6 @@
 // skip with a message when xvfb-run is not installed (tools/dtlab.sh installs it).
 #ifdef DTLAB_HAVE_GUI
 #include <doctest/doctest.h>
-#include <stb_image.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -19,6 +18,7 @@
 #include "app/views/views.h"
 #include "engine/comm/socket_mesh.h"
 #include "engine/core/check.h"
+#include "tests/png_util.h"
 #include "tests/test_util.h"
 
 using namespace dtlab;
@@ -26,6 +26,9 @@ using namespace dtlab;
 namespace {
 
 using Result = test::ShellResult;
+using test::count_near;
+using test::Image;
+using test::load_png;
 using test::shell;
 
 bool have_xvfb() { return shell("command -v xvfb-run").code == 0; }
@@ -33,34 +36,6 @@ bool have_xvfb() { return shell("command -v xvfb-run").code == 0; }
 // The app under a fresh virtual display of 1280x720, layout from a throwaway config dir.
 Result run_app(const std::string& args, const test::TempDir& dir) {
   return test::run_lab(dir.file("config"), args);
-}
-
-struct Image {
-  int w = 0, h = 0;
-  std::vector<unsigned char> px;  // RGB
-  ImU32 at(int x, int y) const {
-    const unsigned char* p = &px[(static_cast<size_t>(y) * static_cast<size_t>(w) + static_cast<size_t>(x)) * 3];
-    return IM_COL32(p[0], p[1], p[2], 255);
-  }
-};
-
-Image load_png(const std::string& path) {
-  Image im;
-  int comp = 0;
-  unsigned char* data = stbi_load(path.c_str(), &im.w, &im.h, &comp, 3);
-  REQUIRE_MESSAGE(data != nullptr, "cannot read " << path);
-  im.px.assign(data, data + static_cast<size_t>(im.w) * static_cast<size_t>(im.h) * 3);
-  stbi_image_free(data);
-  return im;
-}
-
-// Pixels within `tol` (per channel) of color c.
-int count_near(const Image& im, ImU32 c, int tol = 24) {
-  const int r = static_cast<int>(c & 0xff), g = static_cast<int>((c >> 8) & 0xff), b = static_cast<int>((c >> 16) & 0xff);
-  int n = 0;
-  for (size_t i = 0; i + 2 < im.px.size(); i += 3)
-    if (std::abs(im.px[i] - r) <= tol && std::abs(im.px[i + 1] - g) <= tol && std::abs(im.px[i + 2] - b) <= tol) n++;
-  return n;
 }
 
 int distinct_colors(const Image& im) {

@@ -5,7 +5,6 @@
 // with one sentence. The Xvfb cases skip with a message when xvfb-run is not installed.
 #ifdef DTLAB_HAVE_GUI
 #include <doctest/doctest.h>
-#include <stb_image.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +19,7 @@
 #include "app/trace_loader.h"
 #include "app/views/views.h"
 #include "engine/core/check.h"
+#include "tests/png_util.h"
 #include "tests/test_util.h"
 
 using namespace dtlab;
@@ -28,6 +28,9 @@ namespace fs = std::filesystem;
 namespace {
 
 using Result = test::ShellResult;
+using test::count_near;
+using test::Image;
+using test::load_png;
 using test::shell;
 
 const std::string kTraces = std::string(DTLAB_SOURCE_DIR) + "/tests/data/traces";
@@ -57,29 +60,6 @@ std::string read_file(const std::string& path) {
 }
 
 int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
-
-struct Image {
-  int w = 0, h = 0;
-  std::vector<unsigned char> px;  // RGB
-};
-
-Image load_png(const std::string& path) {
-  Image im;
-  int comp = 0;
-  unsigned char* data = stbi_load(path.c_str(), &im.w, &im.h, &comp, 3);
-  REQUIRE_MESSAGE(data != nullptr, "cannot read " << path);
-  im.px.assign(data, data + static_cast<size_t>(im.w) * static_cast<size_t>(im.h) * 3);
-  stbi_image_free(data);
-  return im;
-}
-
-int count_near(const Image& im, ImU32 c, int tol = 24) {
-  const int r = static_cast<int>(c & 0xff), g = static_cast<int>((c >> 8) & 0xff), b = static_cast<int>((c >> 16) & 0xff);
-  int n = 0;
-  for (size_t i = 0; i + 2 < im.px.size(); i += 3)
-    if (std::abs(im.px[i] - r) <= tol && std::abs(im.px[i + 1] - g) <= tol && std::abs(im.px[i + 2] - b) <= tol) n++;
-  return n;
-}
 
 }  // namespace
 
