@@ -19,7 +19,7 @@
 #include "app/trace_loader.h"
 #include "app/views/views.h"
 #include "engine/core/check.h"
-#include "tests/png_util.h"
+#include "tests/gui_util.h"
 #include "tests/test_util.h"
 
 using namespace dtlab;
@@ -28,18 +28,9 @@ namespace fs = std::filesystem;
 namespace {
 
 using Result = test::ShellResult;
-using test::count_near;
-using test::Image;
-using test::load_png;
 using test::shell;
 
 const std::string kTraces = std::string(DTLAB_SOURCE_DIR) + "/tests/data/traces";
-
-bool have_xvfb() { return shell("command -v xvfb-run").code == 0; }
-
-Result run_app(const std::string& args, const test::TempDir& dir) {
-  return test::run_lab(dir.file("config"), args);
-}
 
 // Polls until the load (or comparison) is over, for at most `seconds`.
 const app::TraceSnapshot& settle(app::TraceLoader& l, bool compare = false, double seconds = 60) {
@@ -222,13 +213,13 @@ TEST_SUITE("trace gui") {
   }
 
   TEST_CASE("trace viewer under Xvfb: gloo_ddp_w4 opens, draws every panel, selects a collective") {
-    if (!have_xvfb()) {
+    if (!test::have_xvfb()) {
       MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
       return;
     }
     test::TempDir dir("dtlab_trace_gui");
     const std::string all = dir.file("all.png"), breakdown = dir.file("breakdown.png");
-    const Result r = run_app("--open " + kTraces + "/gloo_ddp_w4 --run 'wait trace; select collective 1; screenshot " + all +
+    const Result r = test::run_app("--open " + kTraces + "/gloo_ddp_w4 --run 'wait trace; select collective 1; screenshot " + all +
                                  "; view breakdown; screenshot " + breakdown + "; quit'",
                              dir);
     INFO(r.out);
@@ -238,17 +229,17 @@ TEST_SUITE("trace gui") {
     CHECK(r.out.find("selected collective 1: allreduce") != std::string::npos);
     CHECK(r.out.find("(1280x720): gloo_ddp_w4: 4 ranks") != std::string::npos);
     CHECK(r.out.find("collective 1 selected") != std::string::npos);
-    const Image a = load_png(all);
+    const test::Image a = test::load_png(all);
     CHECK(a.w == 1280);
     CHECK(a.h == 720);
-    for (int rank = 0; rank < 4; rank++) CHECK(count_near(a, app::rank_color(rank, 4)) > 30);  // the lanes' rank labels
-    CHECK(count_near(a, IM_COL32(64, 190, 192, 255), 12) > 2000);  // the comm lanes' all-reduces (the live timeline's teal)
-    const Image b = load_png(breakdown);
-    CHECK(count_near(b, IM_COL32(255, 236, 110, 255), 12) > 2000);  // communication under compute, in the bars
+    for (int rank = 0; rank < 4; rank++) CHECK(test::count_near(a, app::rank_color(rank, 4)) > 30);  // the lanes' rank labels
+    CHECK(test::count_near(a, IM_COL32(64, 190, 192, 255), 12) > 2000);  // the comm lanes' all-reduces (the live timeline's teal)
+    const test::Image b = test::load_png(breakdown);
+    CHECK(test::count_near(b, IM_COL32(255, 236, 110, 255), 12) > 2000);  // communication under compute, in the bars
   }
 
   TEST_CASE("trace viewer under Xvfb: a truncated file shows its sentence, and the lab keeps running") {
-    if (!have_xvfb()) {
+    if (!test::have_xvfb()) {
       MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
       return;
     }
@@ -258,22 +249,22 @@ TEST_SUITE("trace gui") {
     std::ofstream(dir.file("job/rank0.json"), std::ios::binary) << text.substr(0, text.size() / 2);
     std::ofstream(dir.file("job/rank1.json"), std::ios::binary) << read_file(kTraces + "/gloo_ddp_w2/rank1.json");
     const std::string png = dir.file("error.png");
-    const Result r = run_app("--open " + dir.file("job") + " --run 'wait trace; screenshot " + png + "; wait 0.2s; quit'", dir);
+    const Result r = test::run_app("--open " + dir.file("job") + " --run 'wait trace; screenshot " + png + "; wait 0.2s; quit'", dir);
     INFO(r.out);
     CHECK(r.code == 2);  // the script went on to its screenshot and quit; the failed load makes the exit code
     CHECK(r.out.find("dtlab: " + dir.file("job/rank0.json")) != std::string::npos);
     CHECK(r.out.find("(1280x720): job: failed to open") != std::string::npos);
-    const Image im = load_png(png);
-    CHECK(count_near(im, IM_COL32(255, 107, 92, 255), 30) > 200);  // the sentence, in red
+    const test::Image im = test::load_png(png);
+    CHECK(test::count_near(im, IM_COL32(255, 107, 92, 255), 30) > 200);  // the sentence, in red
   }
 
   TEST_CASE("trace viewer under Xvfb: the frame benchmark counts the frames drawn while the traces load") {
-    if (!have_xvfb()) {
+    if (!test::have_xvfb()) {
       MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
       return;
     }
     test::TempDir dir("dtlab_trace_bench");
-    const Result r = run_app("--open " + kTraces + "/kineto_nccl_w4 --bench-frames 20", dir);
+    const Result r = test::run_app("--open " + kTraces + "/kineto_nccl_w4 --bench-frames 20", dir);
     INFO(r.out);
     REQUIRE(r.code == 0);
     CHECK(r.out.find("frame benchmark: 20 frames, world 4") != std::string::npos);

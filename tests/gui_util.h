@@ -1,5 +1,5 @@
-// Screenshots read back for the GUI suites (gui, trace gui): a PNG as RGB pixels, and how many of
-// them are near a view's color, so a test can say "the rank colors are on screen".
+// What the GUI suites (gui, trace gui) share: the lab run under Xvfb as a person would, and its
+// screenshots read back as RGB pixels, with how many are near a view's color ("the ranks are on screen").
 #pragma once
 #include <doctest/doctest.h>
 #include <imgui.h>
@@ -9,7 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_util.h"
+
 namespace dtlab::test {
+
+inline bool have_xvfb() { return shell("command -v xvfb-run").code == 0; }
+
+// The app under a fresh virtual display of 1280x720, layout from a throwaway config dir.
+inline ShellResult run_app(const std::string& args, const TempDir& dir) { return run_lab(dir.file("config"), args); }
 
 struct Image {
   int w = 0, h = 0;
