@@ -9,9 +9,21 @@
 #include <string>
 #include <vector>
 
+#include "app/script.h"
+#include "engine/core/check.h"
 #include "tests/test_util.h"
 
 namespace dtlab::test {
+
+// The sentence a --run script fails to parse with, or "" when it parses.
+inline std::string script_error(const std::string& text) {
+  try {
+    app::parse_script(text, "--run");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 inline bool have_xvfb() { return shell("command -v xvfb-run").code == 0; }
 

@@ -49,24 +49,16 @@ TEST_SUITE("gui") {
     CHECK(cmds[2].seconds == doctest::Approx(0.5));
     CHECK(cmds[3].arg == "ring");
     CHECK(cmds[4].arg == "a.png");
-    auto message = [](const std::string& text) {
-      try {
-        app::parse_script(text, "--run");
-      } catch (const Error& e) {
-        return std::string(e.what());
-      }
-      return std::string();
-    };
-    CHECK(message("stepp ring").rfind("--run command 1 'stepp ring': unknown command 'stepp'; commands: step ring|collective|iteration", 0) == 0);
-    CHECK(message("step ring 0").find("the count must be a whole number from 1") != std::string::npos);
-    CHECK(message("step ring 1e10").find("the count must be a whole number from 1") != std::string::npos);  // found by fuzz/script
-    CHECK(message("view sideways").find("view takes one of ring, buckets") != std::string::npos);
-    CHECK(message("run fast").find("'fast' is not a duration like 0.5s") != std::string::npos);
+    CHECK(test::script_error("stepp ring").rfind("--run command 1 'stepp ring': unknown command 'stepp'; commands: step ring|collective|iteration", 0) == 0);
+    CHECK(test::script_error("step ring 0").find("the count must be a whole number from 1") != std::string::npos);
+    CHECK(test::script_error("step ring 1e10").find("the count must be a whole number from 1") != std::string::npos);  // found by fuzz/script
+    CHECK(test::script_error("view sideways").find("view takes one of ring, buckets") != std::string::npos);
+    CHECK(test::script_error("run fast").find("'fast' is not a duration like 0.5s") != std::string::npos);
     for (const char* bad : {"wait 1000000000s", "wait infs", "run 1e300s", "wait nans", "run -1s", "speed inf", "speed nan"}) {
       CAPTURE(bad);  // each bounded or refused, never a wait forever or a double-to-int overflow
-      CHECK(!message(bad).empty());
+      CHECK(!test::script_error(bad).empty());
     }
-    CHECK(message("wait 3600s").empty());
+    CHECK(test::script_error("wait 3600s").empty());
   }
 
   TEST_CASE("bad flags, bad scripts and a missing display: one sentence, exit 2") {

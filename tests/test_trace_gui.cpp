@@ -168,19 +168,11 @@ TEST_SUITE("trace gui") {
     CHECK(cmds[6].arg == "all");
     for (const auto& c : cmds) CHECK(app::trace_command(c));
     CHECK(app::live_command(app::parse_script("step ring", "--run")[0]));
-    auto message = [](const std::string& text) {
-      try {
-        app::parse_script(text, "--run");
-      } catch (const Error& e) {
-        return std::string(e.what());
-      }
-      return std::string();
-    };
-    CHECK(message("select collective x").find("select takes 'collective K'") != std::string::npos);
-    CHECK(message("select bucket 1").find("select takes 'collective K'") != std::string::npos);
-    CHECK(message("compare xx").find("hardware profile 'xx' is not known") != std::string::npos);
-    CHECK(message("zoom sideways").find("zoom takes all, iteration N") != std::string::npos);
-    CHECK(message("wait trace forever").find("wait trace takes at most one limit") != std::string::npos);
+    CHECK(test::script_error("select collective x").find("select takes 'collective K'") != std::string::npos);
+    CHECK(test::script_error("select bucket 1").find("select takes 'collective K'") != std::string::npos);
+    CHECK(test::script_error("compare xx").find("hardware profile 'xx' is not known") != std::string::npos);
+    CHECK(test::script_error("zoom sideways").find("zoom takes all, iteration N") != std::string::npos);
+    CHECK(test::script_error("wait trace forever").find("wait trace takes at most one limit") != std::string::npos);
   }
 
   TEST_CASE("trace flags: bad values exit 2 with one sentence, before any window opens") {
