@@ -87,9 +87,7 @@ TEST_SUITE("data_parallel") {
 
   TEST_CASE("dp on N devices equals one rank on the combined batch") {
     // 12 x 16 x 4 x 2 samples: inside the first epoch
-    for_each_reference_case([](int world) { return dp_config(world, 16, 12); }, [](const TrainConfig& d) {
-      const int world = d.world_size;
-      const int64_t accum = d.accum;
+    for_each_reference_case([](int world) { return dp_config(world, 16, 12); }, [](const TrainConfig& d, int world, int64_t accum) {
       Trainer dp(d);
       Trained got = train(dp);
       // Rank 0's one loader takes 16 x world rows per micro-batch: the single run's batch is

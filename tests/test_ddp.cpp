@@ -141,9 +141,7 @@ TEST_SUITE("ddp") {
   }
 
   TEST_CASE("DDP on N ranks equals one rank on the combined batch") {
-    for_each_reference_case([](int world) { return ddp_config(world, 16, 20); }, [](const TrainConfig& d) {
-      const int world = d.world_size;
-      const int64_t accum = d.accum;
+    for_each_reference_case([](int world) { return ddp_config(world, 16, 20); }, [](const TrainConfig& d, int world, int64_t accum) {
       Trainer ddp(d);
       Trained got = train(ddp);
       // One rank sees the union of the ranks' (micro-)batches: rank r's sampler takes every

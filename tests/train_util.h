@@ -57,7 +57,7 @@ inline TrainConfig single_like(const TrainConfig& distributed, int64_t batch) {
 
 // The runs a strategy is held equal to its one-rank reference on: 2, 3 and 4 ranks, SGD with
 // momentum and AdamW, one and two micro-batches a step. `config(world)` gives the run's config;
-// `check(d)` gets it with the optimizer and accumulation set (d.world_size ranks, d.accum).
+// `check(d, world, accum)` gets it with the optimizer and accumulation set.
 template <class Config, class Check>
 void for_each_reference_case(Config config, Check check) {
   for (int world : {2, 3, 4}) {
@@ -70,7 +70,7 @@ void for_each_reference_case(Config config, Check check) {
         d.accum = accum;
         d.optimizer = default_optimizer_config(kind);
         if (kind == OptimizerKind::SGD) d.optimizer.momentum = 0.9;
-        check(d);
+        check(d, world, accum);
       }
     }
   }
