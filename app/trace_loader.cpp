@@ -42,17 +42,6 @@ ComputeHue hue_of(const std::string& name) {
   return ComputeHue::Forward;
 }
 
-// Merges intervals (sorted by begin) that touch or overlap.
-std::vector<std::pair<double, double>> merged(std::vector<std::pair<double, double>> v) {
-  std::sort(v.begin(), v.end());
-  std::vector<std::pair<double, double>> out;
-  for (const auto& iv : v) {
-    if (!out.empty() && iv.first <= out.back().second) out.back().second = std::max(out.back().second, iv.second);
-    else out.push_back(iv);
-  }
-  return out;
-}
-
 // The sentence a failed task shows; `doing` says what ran out of memory.
 std::string failure_sentence(const std::exception_ptr& ep, const char* doing, const char* fix) {
   try {
@@ -149,8 +138,8 @@ TraceIndex index_trace(const ImportedTrace& t) {
       ri.rows.push_back(std::move(row));
     }
     // Overlap: communication intersected with the union of compute (two sorted lists, one pass).
-    compute = merged(std::move(compute));
-    comm = merged(std::move(comm));
+    compute = merge_intervals(std::move(compute));
+    comm = merge_intervals(std::move(comm));
     for (size_t a = 0, b = 0; a < comm.size() && b < compute.size();) {
       const double lo = std::max(comm[a].first, compute[b].first), hi = std::min(comm[a].second, compute[b].second);
       if (hi > lo) ri.overlap.emplace_back(lo, hi);

@@ -56,28 +56,30 @@ void check_close(double got, double want) {
 TEST_SUITE("cost_model") {
 
 TEST_CASE("closed forms match hand-computed numbers") {
-  SUBCASE("p=4, n=1000, a=1us, b=1ns/B, g=0.1ns/B") {
-    const int p = 4;
-    const double n = 1000, a = 1e-6, b = 1e-9, g = 1e-10;
-    check_close(dtlab::ring_allgather_time(p, n, a, b), 3e-6 + 7.5e-7);
-    check_close(dtlab::ring_reduce_scatter_time(p, n, a, b, g), 3e-6 + 8.25e-7);
-    check_close(dtlab::ring_allreduce_time(p, n, a, b, g), 6e-6 + 1.5e-6 + 7.5e-8);
-    check_close(dtlab::binomial_broadcast_time(p, n, a, b), 2 * (1e-6 + 1e-6));
-    check_close(dtlab::binomial_reduce_time(p, n, a, b, g), 2 * (1e-6 + 1e-6 + 1e-7));
-    check_close(dtlab::tree_allreduce_time(p, n, a, b, g), 4.2e-6 + 4e-6);
-    check_close(dtlab::naive_allreduce_time(p, n, a, b, g), 3 * 2.1e-6 + 3 * 2e-6);
-  }
-  SUBCASE("p=5 (not a power of two), n=1e6, a=2us, b=0.1ns/B, g=0.01ns/B") {
-    const int p = 5;
-    const double n = 1e6, a = 2e-6, b = 1e-10, g = 1e-11;
-    check_close(dtlab::ring_allgather_time(p, n, a, b), 8e-6 + 8e-5);
-    check_close(dtlab::ring_reduce_scatter_time(p, n, a, b, g), 8e-6 + 8.8e-5);
-    check_close(dtlab::ring_allreduce_time(p, n, a, b, g), 16e-6 + 1.6e-4 + 8e-6);
-    // ceil(lg 5) = 3 rounds
-    check_close(dtlab::binomial_broadcast_time(p, n, a, b), 3 * (2e-6 + 1e-4));
-    check_close(dtlab::binomial_reduce_time(p, n, a, b, g), 3 * (2e-6 + 1e-4 + 1e-5));
-    check_close(dtlab::tree_allreduce_time(p, n, a, b, g), 3.36e-4 + 3.06e-4);
-    check_close(dtlab::naive_allreduce_time(p, n, a, b, g), 4 * 1.12e-4 + 4 * 1.02e-4);
+  struct Case {
+    const char* name;
+    int p;
+    double n, a, b, g;
+    double allgather, reduce_scatter, allreduce, broadcast, reduce, tree, naive;  // by hand
+  };
+  const Case cases[] = {
+      {"p=4, n=1000, a=1us, b=1ns/B, g=0.1ns/B", 4, 1000, 1e-6, 1e-9, 1e-10,  //
+       3e-6 + 7.5e-7, 3e-6 + 8.25e-7, 6e-6 + 1.5e-6 + 7.5e-8, 2 * (1e-6 + 1e-6), 2 * (1e-6 + 1e-6 + 1e-7), 4.2e-6 + 4e-6,
+       3 * 2.1e-6 + 3 * 2e-6},
+      // ceil(lg 5) = 3 rounds for the binomial trees
+      {"p=5 (not a power of two), n=1e6, a=2us, b=0.1ns/B, g=0.01ns/B", 5, 1e6, 2e-6, 1e-10, 1e-11,  //
+       8e-6 + 8e-5, 8e-6 + 8.8e-5, 16e-6 + 1.6e-4 + 8e-6, 3 * (2e-6 + 1e-4), 3 * (2e-6 + 1e-4 + 1e-5), 3.36e-4 + 3.06e-4,
+       4 * 1.12e-4 + 4 * 1.02e-4},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    check_close(dtlab::ring_allgather_time(c.p, c.n, c.a, c.b), c.allgather);
+    check_close(dtlab::ring_reduce_scatter_time(c.p, c.n, c.a, c.b, c.g), c.reduce_scatter);
+    check_close(dtlab::ring_allreduce_time(c.p, c.n, c.a, c.b, c.g), c.allreduce);
+    check_close(dtlab::binomial_broadcast_time(c.p, c.n, c.a, c.b), c.broadcast);
+    check_close(dtlab::binomial_reduce_time(c.p, c.n, c.a, c.b, c.g), c.reduce);
+    check_close(dtlab::tree_allreduce_time(c.p, c.n, c.a, c.b, c.g), c.tree);
+    check_close(dtlab::naive_allreduce_time(c.p, c.n, c.a, c.b, c.g), c.naive);
   }
 }
 

@@ -49,6 +49,7 @@ std::string error_of(const TrainConfig& c) {
   return "";
 }
 
+using test::for_each_reference_case;
 using test::max_abs_diff;
 using test::single_like;
 using test::train;
@@ -85,35 +86,25 @@ TEST_SUITE("data_parallel") {
   }
 
   TEST_CASE("dp on N devices equals one rank on the combined batch") {
-    for (int world : {2, 3, 4}) {
-      for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
-        for (int64_t accum : {int64_t{1}, int64_t{2}}) {
-          CAPTURE(world);
-          CAPTURE(optimizer_name(kind));
-          CAPTURE(accum);
-          TrainConfig d = dp_config(world, 16, 12);  // 12 x 16 x 4 x 2 samples: inside the first epoch
-          d.accum = accum;
-          d.optimizer = default_optimizer_config(kind);
-          if (kind == OptimizerKind::SGD) d.optimizer.momentum = 0.9;
-          Trainer dp(d);
-          Trained got = train(dp);
-          // Rank 0's one loader takes 16 x world rows per micro-batch: the single run's batch is
-          // those of a step, in the same order.
-          Trainer one(single_like(d, 16 * world * accum));
-          Trained want = train(one);
-          CHECK(max_abs_diff(dp.model(), one.model()) <= 1e-5);
-          for (int r = 1; r < world; r++) CHECK_FALSE(dp.rank_model(r).owns_parameters());  // replicas are gone
-          REQUIRE(got.steps.size() == want.steps.size());
-          for (size_t s = 0; s < got.steps.size(); s++) {
-            CAPTURE(s);
-            CHECK(got.steps[s].samples == 16 * world * accum);
-            CHECK(std::fabs(got.steps[s].loss - want.steps[s].loss) <= 1e-5);
-            CHECK(got.steps[s].accuracy == doctest::Approx(want.steps[s].accuracy));
-          }
-          CHECK(got.summary.effective_batch == 16 * world * accum);
-        }
+    // 12 x 16 x 4 x 2 samples: inside the first epoch
+    for_each_reference_case([](int world) { return dp_config(world, 16, 12); }, [](const TrainConfig& d, int world, int64_t accum) {
+      Trainer dp(d);
+      Trained got = train(dp);
+      // Rank 0's one loader takes 16 x world rows per micro-batch: the single run's batch is
+      // those of a step, in the same order.
+      Trainer one(single_like(d, 16 * world * accum));
+      Trained want = train(one);
+      CHECK(max_abs_diff(dp.model(), one.model()) <= 1e-5);
+      for (int r = 1; r < world; r++) CHECK_FALSE(dp.rank_model(r).owns_parameters());  // replicas are gone
+      REQUIRE(got.steps.size() == want.steps.size());
+      for (size_t s = 0; s < got.steps.size(); s++) {
+        CAPTURE(s);
+        CHECK(got.steps[s].samples == 16 * world * accum);
+        CHECK(std::fabs(got.steps[s].loss - want.steps[s].loss) <= 1e-5);
+        CHECK(got.steps[s].accuracy == doctest::Approx(want.steps[s].accuracy));
       }
-    }
+      CHECK(got.summary.effective_batch == 16 * world * accum);
+    });
   }
 
   TEST_CASE("one device: DataParallel calls the module itself, bit for bit the single run") {

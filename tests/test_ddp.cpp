@@ -31,16 +31,7 @@ using Buckets = std::vector<std::vector<int>>;
 const std::vector<int64_t> kMlpBytes = {512, 256, 16384, 256, 768, 12};
 
 TrainConfig ddp_config(int world, int64_t batch, int64_t steps) {
-  TrainConfig c;
-  c.strategy = "ddp";
-  c.world_size = world;
-  c.model = ModelSpec::parse("mlp:2,64,64,3");
-  c.data = "spiral";
-  c.batch = batch;
-  c.steps = steps;
-  c.optimizer.kind = OptimizerKind::AdamW;
-  c.optimizer.lr = 0.01;
-  c.optimizer.weight_decay = 0.01;
+  TrainConfig c = test::demo_config("ddp", world, batch, steps);
   c.seed = 3;
   // Small caps so the 18 KB model spreads over several buckets and their all-reduces overlap.
   c.ddp.bucket_cap_bytes = 4096;
@@ -49,6 +40,7 @@ TrainConfig ddp_config(int world, int64_t batch, int64_t steps) {
   return c;
 }
 
+using test::for_each_reference_case;
 using test::max_abs_diff;
 using test::single_like;
 using test::train;
@@ -149,36 +141,25 @@ TEST_SUITE("ddp") {
   }
 
   TEST_CASE("DDP on N ranks equals one rank on the combined batch") {
-    for (int world : {2, 3, 4}) {
-      for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
-        for (int64_t accum : {int64_t{1}, int64_t{2}}) {
-          CAPTURE(world);
-          CAPTURE(optimizer_name(kind));
-          CAPTURE(accum);
-          TrainConfig d = ddp_config(world, 16, 20);
-          d.accum = accum;
-          d.optimizer = default_optimizer_config(kind);
-          if (kind == OptimizerKind::SGD) d.optimizer.momentum = 0.9;
-          Trainer ddp(d);
-          Trained got = train(ddp);
-          // One rank sees the union of the ranks' (micro-)batches: rank r's sampler takes every
-          // N-th index of the same permutation, so N x b x A consecutive indices per step.
-          Trainer one(single_like(d, 16 * world * accum));
-          Trained want = train(one);
-          for (int r = 0; r < world; r++) {
-            CAPTURE(r);
-            CHECK(max_abs_diff(ddp.rank_model(r), one.model()) <= 1e-5);
-          }
-          REQUIRE(got.steps.size() == want.steps.size());
-          for (size_t s = 0; s < got.steps.size(); s++) {
-            CHECK(got.steps[s].samples == 16 * world * accum);
-            CHECK(got.steps[s].loss == doctest::Approx(want.steps[s].loss).epsilon(1e-5));
-            CHECK(got.steps[s].accuracy == doctest::Approx(want.steps[s].accuracy));
-          }
-          CHECK(got.summary.effective_batch == 16 * world * accum);
-        }
+    for_each_reference_case([](int world) { return ddp_config(world, 16, 20); }, [](const TrainConfig& d, int world, int64_t accum) {
+      Trainer ddp(d);
+      Trained got = train(ddp);
+      // One rank sees the union of the ranks' (micro-)batches: rank r's sampler takes every
+      // N-th index of the same permutation, so N x b x A consecutive indices per step.
+      Trainer one(single_like(d, 16 * world * accum));
+      Trained want = train(one);
+      for (int r = 0; r < world; r++) {
+        CAPTURE(r);
+        CHECK(max_abs_diff(ddp.rank_model(r), one.model()) <= 1e-5);
       }
-    }
+      REQUIRE(got.steps.size() == want.steps.size());
+      for (size_t s = 0; s < got.steps.size(); s++) {
+        CHECK(got.steps[s].samples == 16 * world * accum);
+        CHECK(got.steps[s].loss == doctest::Approx(want.steps[s].loss).epsilon(1e-5));
+        CHECK(got.steps[s].accuracy == doctest::Approx(want.steps[s].accuracy));
+      }
+      CHECK(got.summary.effective_batch == 16 * world * accum);
+    });
   }
 
   TEST_CASE("the README's DDP demo reaches 95% on spiral") {

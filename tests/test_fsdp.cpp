@@ -14,16 +14,7 @@ using namespace dtlab;
 namespace {
 
 TrainConfig config(const std::string& strategy, int world, int64_t steps) {
-  TrainConfig c;
-  c.strategy = strategy;
-  c.world_size = world;
-  c.model = ModelSpec::parse("mlp:2,64,64,3");  // units of 192, 4160 and 195 elements
-  c.data = "spiral";
-  c.batch = 16;
-  c.steps = steps;
-  c.optimizer.kind = OptimizerKind::AdamW;
-  c.optimizer.lr = 0.01;
-  c.optimizer.weight_decay = 0.01;
+  TrainConfig c = test::demo_config(strategy, world, 16, steps);  // FSDP units of 192, 4160 and 195 elements
   c.seed = 5;
   c.timeout_s = 20;
   return c;

@@ -4,7 +4,6 @@
 // skip with a message when xvfb-run is not installed (tools/dtlab.sh installs it).
 #ifdef DTLAB_HAVE_GUI
 #include <doctest/doctest.h>
-#include <stb_image.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -19,6 +18,7 @@
 #include "app/views/views.h"
 #include "engine/comm/socket_mesh.h"
 #include "engine/core/check.h"
+#include "tests/gui_util.h"
 #include "tests/test_util.h"
 
 using namespace dtlab;
@@ -28,42 +28,7 @@ namespace {
 using Result = test::ShellResult;
 using test::shell;
 
-bool have_xvfb() { return shell("command -v xvfb-run").code == 0; }
-
-// The app under a fresh virtual display of 1280x720, layout from a throwaway config dir.
-Result run_app(const std::string& args, const test::TempDir& dir) {
-  return test::run_lab(dir.file("config"), args);
-}
-
-struct Image {
-  int w = 0, h = 0;
-  std::vector<unsigned char> px;  // RGB
-  ImU32 at(int x, int y) const {
-    const unsigned char* p = &px[(static_cast<size_t>(y) * static_cast<size_t>(w) + static_cast<size_t>(x)) * 3];
-    return IM_COL32(p[0], p[1], p[2], 255);
-  }
-};
-
-Image load_png(const std::string& path) {
-  Image im;
-  int comp = 0;
-  unsigned char* data = stbi_load(path.c_str(), &im.w, &im.h, &comp, 3);
-  REQUIRE_MESSAGE(data != nullptr, "cannot read " << path);
-  im.px.assign(data, data + static_cast<size_t>(im.w) * static_cast<size_t>(im.h) * 3);
-  stbi_image_free(data);
-  return im;
-}
-
-// Pixels within `tol` (per channel) of color c.
-int count_near(const Image& im, ImU32 c, int tol = 24) {
-  const int r = static_cast<int>(c & 0xff), g = static_cast<int>((c >> 8) & 0xff), b = static_cast<int>((c >> 16) & 0xff);
-  int n = 0;
-  for (size_t i = 0; i + 2 < im.px.size(); i += 3)
-    if (std::abs(im.px[i] - r) <= tol && std::abs(im.px[i + 1] - g) <= tol && std::abs(im.px[i + 2] - b) <= tol) n++;
-  return n;
-}
-
-int distinct_colors(const Image& im) {
+int distinct_colors(const test::Image& im) {
   std::vector<uint32_t> seen;
   for (size_t i = 0; i + 2 < im.px.size(); i += 97 * 3) {
     uint32_t c = (uint32_t{im.px[i]} << 16) | (uint32_t{im.px[i + 1]} << 8) | im.px[i + 2];
@@ -84,24 +49,16 @@ TEST_SUITE("gui") {
     CHECK(cmds[2].seconds == doctest::Approx(0.5));
     CHECK(cmds[3].arg == "ring");
     CHECK(cmds[4].arg == "a.png");
-    auto message = [](const std::string& text) {
-      try {
-        app::parse_script(text, "--run");
-      } catch (const Error& e) {
-        return std::string(e.what());
-      }
-      return std::string();
-    };
-    CHECK(message("stepp ring").rfind("--run command 1 'stepp ring': unknown command 'stepp'; commands: step ring|collective|iteration", 0) == 0);
-    CHECK(message("step ring 0").find("the count must be a whole number from 1") != std::string::npos);
-    CHECK(message("step ring 1e10").find("the count must be a whole number from 1") != std::string::npos);  // found by fuzz/script
-    CHECK(message("view sideways").find("view takes one of ring, buckets") != std::string::npos);
-    CHECK(message("run fast").find("'fast' is not a duration like 0.5s") != std::string::npos);
+    CHECK(test::script_error("stepp ring").rfind("--run command 1 'stepp ring': unknown command 'stepp'; commands: step ring|collective|iteration", 0) == 0);
+    CHECK(test::script_error("step ring 0").find("the count must be a whole number from 1") != std::string::npos);
+    CHECK(test::script_error("step ring 1e10").find("the count must be a whole number from 1") != std::string::npos);  // found by fuzz/script
+    CHECK(test::script_error("view sideways").find("view takes one of ring, buckets") != std::string::npos);
+    CHECK(test::script_error("run fast").find("'fast' is not a duration like 0.5s") != std::string::npos);
     for (const char* bad : {"wait 1000000000s", "wait infs", "run 1e300s", "wait nans", "run -1s", "speed inf", "speed nan"}) {
       CAPTURE(bad);  // each bounded or refused, never a wait forever or a double-to-int overflow
-      CHECK(!message(bad).empty());
+      CHECK(!test::script_error(bad).empty());
     }
-    CHECK(message("wait 3600s").empty());
+    CHECK(test::script_error("wait 3600s").empty());
   }
 
   TEST_CASE("bad flags, bad scripts and a missing display: one sentence, exit 2") {
@@ -147,8 +104,8 @@ TEST_SUITE("gui") {
     r = shell(std::string(DTLAB_APP_PATH) + " --script " + dir.file("comments.txt"));
     CHECK(r.code == 2);
     CHECK(r.out.find("holds no commands") != std::string::npos);
-    if (have_xvfb()) {  // stepping past the end of the run returns at once and says so
-      r = run_app("--world 2 --model tiny --steps 3 --run 'step collective 100000; quit'", dir);
+    if (test::have_xvfb()) {  // stepping past the end of the run returns at once and says so
+      r = test::run_app("--world 2 --model tiny --steps 3 --run 'step collective 100000; quit'", dir);
       CHECK(r.code == 0);
       CHECK(r.out.find("the run finished after ") != std::string::npos);
       CHECK(r.out.find("of the 100000 steps asked for; the rest do nothing") != std::string::npos);
@@ -157,8 +114,8 @@ TEST_SUITE("gui") {
     r = shell(std::string(DTLAB_APP_PATH) + " --attach 127.0.0.1:9 --strategy fsdp");
     CHECK(r.code == 2);
     CHECK(r.out.rfind("dtlab: --attach shows a launched run as its ranks were started, so --strategy cannot apply", 0) == 0);
-    if (have_xvfb()) {  // a missing lesson is bad input, also with a script that would quit cleanly
-      r = run_app("--lesson nosuchlesson --run quit", dir);
+    if (test::have_xvfb()) {  // a missing lesson is bad input, also with a script that would quit cleanly
+      r = test::run_app("--lesson nosuchlesson --run quit", dir);
       CHECK(r.code == 2);
       CHECK(r.out.find("no lesson 'nosuchlesson'; the lessons are ") != std::string::npos);
       CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
@@ -166,7 +123,7 @@ TEST_SUITE("gui") {
   }
 
   TEST_CASE("under Xvfb: a ring all-reduce stopped mid reduce-scatter") {
-    if (!have_xvfb()) {
+    if (!test::have_xvfb()) {
       MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
       return;
     }
@@ -174,44 +131,44 @@ TEST_SUITE("gui") {
     const std::string png = dir.file("ring.png");
     // Construction is #0 (shape check) and #1 (parameter broadcast); #2 is bucket 0's all-reduce.
     // Two collective steps reach its gate; a ring step starts it, a second finishes ring step 1.
-    Result r = run_app("--world 4 --run 'step collective 2; step ring 2; view ring; screenshot " + png + "; quit'", dir);
+    Result r = test::run_app("--world 4 --run 'step collective 2; step ring 2; view ring; screenshot " + png + "; quit'", dir);
     INFO(r.out);
     REQUIRE(r.code == 0);
     CHECK(r.out.find("(1280x720): iteration 0") != std::string::npos);
     CHECK(r.out.find("collective #2 allreduce ring, 1 of 6 steps done, next reduce-scatter") != std::string::npos);
-    Image im = load_png(png);
+    test::Image im = test::load_png(png);
     CHECK(im.w == 1280);
     CHECK(im.h == 720);
     CHECK(distinct_colors(im) > 40);
     // Every rank's node, and chunk cells holding partial sums (2 of 4 contributions).
-    for (int rank = 0; rank < 4; rank++) CHECK(count_near(im, app::rank_color(rank, 4)) > 30);
-    CHECK(count_near(im, app::contribution_color(2, 4)) > 30);
-    CHECK(count_near(im, app::contribution_color(1, 4)) > 30);
+    for (int rank = 0; rank < 4; rank++) CHECK(test::count_near(im, app::rank_color(rank, 4)) > 30);
+    CHECK(test::count_near(im, app::contribution_color(2, 4)) > 30);
+    CHECK(test::count_near(im, app::contribution_color(1, 4)) > 30);
   }
 
   TEST_CASE("under Xvfb: buckets half all-reduced, the timeline, and the end of an iteration") {
-    if (!have_xvfb()) {
+    if (!test::have_xvfb()) {
       MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
       return;
     }
     test::TempDir dir;
     const std::string mid = dir.file("mid.png"), end = dir.file("end.png");
-    Result r = run_app("--world 4 --run 'step collective 3; view all; screenshot " + mid +
+    Result r = test::run_app("--world 4 --run 'step collective 3; view all; screenshot " + mid +
                        "; step iteration 2; screenshot " + end + "; quit'", dir);
     INFO(r.out);
     REQUIRE(r.code == 0);
     // Bucket 0's all-reduce has run, bucket 1's is next: the backward pass is being reduced.
     CHECK(r.out.find("buckets 0:done 1:") != std::string::npos);
-    Image a = load_png(mid);
+    test::Image a = test::load_png(mid);
     CHECK(distinct_colors(a) > 40);
-    CHECK(count_near(a, app::bucket_state_color(app::BucketState::Done)) > 30);
-    CHECK(count_near(a, app::memory_category_color(MemCategory::Parameters)) > 30);
-    Image b = load_png(end);
+    CHECK(test::count_near(a, app::bucket_state_color(app::BucketState::Done)) > 30);
+    CHECK(test::count_near(a, app::memory_category_color(MemCategory::Parameters)) > 30);
+    test::Image b = test::load_png(end);
     CHECK(distinct_colors(b) > 40);
   }
 
   TEST_CASE("under Xvfb: the pipeline view draws every schedule mid-iteration") {
-    if (!have_xvfb()) {
+    if (!test::have_xvfb()) {
       MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
       return;
     }
@@ -220,7 +177,7 @@ TEST_SUITE("gui") {
       CAPTURE(sched);
       const std::string png = dir.file(sched + ".png");
       // Two iterations ran; the third stopped at time step 5 of its grid.
-      Result r = run_app("--strategy pipeline --stages 4 --microbatches 8 --unit-costs --profile ideal --schedule " + sched +
+      Result r = test::run_app("--strategy pipeline --stages 4 --microbatches 8 --unit-costs --profile ideal --schedule " + sched +
                              (sched == "interleaved" ? " --chunks 2" : "") + " --run 'step iteration 2; step action 6; view pipeline; screenshot " +
                              png + "; view all; screenshot " + dir.file("all.png") + "; quit'",
                          dir);
@@ -229,10 +186,10 @@ TEST_SUITE("gui") {
       CHECK(r.out.find("(1280x720): iteration 2") != std::string::npos);
       CHECK(r.out.find("; pipeline " + std::string(schedule_kind_name(parse_schedule_kind(sched))) + " iteration 2, ") !=
             std::string::npos);
-      Image im = load_png(png);
+      test::Image im = test::load_png(png);
       CHECK(distinct_colors(im) > 40);
       // Forward blocks of micro-batch 0 in the plan strip and the Gantt.
-      CHECK(count_near(im, app::pipeline_action_color(ActionType::Forward, 0, 8), 10) > 100);
+      CHECK(test::count_near(im, app::pipeline_action_color(ActionType::Forward, 0, 8), 10) > 100);
     }
     Result bad = shell(std::string(DTLAB_APP_PATH) + " --stages 4");
     CHECK(bad.code == 2);
@@ -240,7 +197,7 @@ TEST_SUITE("gui") {
   }
 
   TEST_CASE("under Xvfb: the window attaches to a launched 4-process run and steps it like its own") {
-    if (!have_xvfb()) {
+    if (!test::have_xvfb()) {
       MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
       return;
     }
@@ -253,13 +210,13 @@ TEST_SUITE("gui") {
     });
     // The same script as the in-process ring test above stops the launched world at the same place.
     const std::string png = dir.file("attached.png");
-    Result r = run_app("--attach " + addr + " --run 'step collective 2; step ring 2; view ring; screenshot " + png + "; quit'", dir);
+    Result r = test::run_app("--attach " + addr + " --run 'step collective 2; step ring 2; view ring; screenshot " + png + "; quit'", dir);
     INFO(r.out);
     REQUIRE(r.code == 0);
     CHECK(r.out.find("collective #2 allreduce ring, 1 of 6 steps done, next reduce-scatter") != std::string::npos);
-    Image im = load_png(png);
-    for (int rank = 0; rank < 4; rank++) CHECK(count_near(im, app::rank_color(rank, 4)) > 30);
-    CHECK(count_near(im, app::contribution_color(2, 4)) > 30);
+    test::Image im = test::load_png(png);
+    for (int rank = 0; rank < 4; rank++) CHECK(test::count_near(im, app::rank_color(rank, 4)) > 30);
+    CHECK(test::count_near(im, app::contribution_color(2, 4)) > 30);
     // The window let go of the run when it quit: the run finishes on its own.
     const Result done = launched.get();
     INFO(done.out);

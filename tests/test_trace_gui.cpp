@@ -5,7 +5,6 @@
 // with one sentence. The Xvfb cases skip with a message when xvfb-run is not installed.
 #ifdef DTLAB_HAVE_GUI
 #include <doctest/doctest.h>
-#include <stb_image.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +19,7 @@
 #include "app/trace_loader.h"
 #include "app/views/views.h"
 #include "engine/core/check.h"
+#include "tests/gui_util.h"
 #include "tests/test_util.h"
 
 using namespace dtlab;
@@ -31,12 +31,6 @@ using Result = test::ShellResult;
 using test::shell;
 
 const std::string kTraces = std::string(DTLAB_SOURCE_DIR) + "/tests/data/traces";
-
-bool have_xvfb() { return shell("command -v xvfb-run").code == 0; }
-
-Result run_app(const std::string& args, const test::TempDir& dir) {
-  return test::run_lab(dir.file("config"), args);
-}
 
 // Polls until the load (or comparison) is over, for at most `seconds`.
 const app::TraceSnapshot& settle(app::TraceLoader& l, bool compare = false, double seconds = 60) {
@@ -57,29 +51,6 @@ std::string read_file(const std::string& path) {
 }
 
 int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
-
-struct Image {
-  int w = 0, h = 0;
-  std::vector<unsigned char> px;  // RGB
-};
-
-Image load_png(const std::string& path) {
-  Image im;
-  int comp = 0;
-  unsigned char* data = stbi_load(path.c_str(), &im.w, &im.h, &comp, 3);
-  REQUIRE_MESSAGE(data != nullptr, "cannot read " << path);
-  im.px.assign(data, data + static_cast<size_t>(im.w) * static_cast<size_t>(im.h) * 3);
-  stbi_image_free(data);
-  return im;
-}
-
-int count_near(const Image& im, ImU32 c, int tol = 24) {
-  const int r = static_cast<int>(c & 0xff), g = static_cast<int>((c >> 8) & 0xff), b = static_cast<int>((c >> 16) & 0xff);
-  int n = 0;
-  for (size_t i = 0; i + 2 < im.px.size(); i += 3)
-    if (std::abs(im.px[i] - r) <= tol && std::abs(im.px[i + 1] - g) <= tol && std::abs(im.px[i + 2] - b) <= tol) n++;
-  return n;
-}
 
 }  // namespace
 
@@ -197,19 +168,11 @@ TEST_SUITE("trace gui") {
     CHECK(cmds[6].arg == "all");
     for (const auto& c : cmds) CHECK(app::trace_command(c));
     CHECK(app::live_command(app::parse_script("step ring", "--run")[0]));
-    auto message = [](const std::string& text) {
-      try {
-        app::parse_script(text, "--run");
-      } catch (const Error& e) {
-        return std::string(e.what());
-      }
-      return std::string();
-    };
-    CHECK(message("select collective x").find("select takes 'collective K'") != std::string::npos);
-    CHECK(message("select bucket 1").find("select takes 'collective K'") != std::string::npos);
-    CHECK(message("compare xx").find("hardware profile 'xx' is not known") != std::string::npos);
-    CHECK(message("zoom sideways").find("zoom takes all, iteration N") != std::string::npos);
-    CHECK(message("wait trace forever").find("wait trace takes at most one limit") != std::string::npos);
+    CHECK(test::script_error("select collective x").find("select takes 'collective K'") != std::string::npos);
+    CHECK(test::script_error("select bucket 1").find("select takes 'collective K'") != std::string::npos);
+    CHECK(test::script_error("compare xx").find("hardware profile 'xx' is not known") != std::string::npos);
+    CHECK(test::script_error("zoom sideways").find("zoom takes all, iteration N") != std::string::npos);
+    CHECK(test::script_error("wait trace forever").find("wait trace takes at most one limit") != std::string::npos);
   }
 
   TEST_CASE("trace flags: bad values exit 2 with one sentence, before any window opens") {
@@ -242,13 +205,13 @@ TEST_SUITE("trace gui") {
   }
 
   TEST_CASE("trace viewer under Xvfb: gloo_ddp_w4 opens, draws every panel, selects a collective") {
-    if (!have_xvfb()) {
+    if (!test::have_xvfb()) {
       MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
       return;
     }
     test::TempDir dir("dtlab_trace_gui");
     const std::string all = dir.file("all.png"), breakdown = dir.file("breakdown.png");
-    const Result r = run_app("--open " + kTraces + "/gloo_ddp_w4 --run 'wait trace; select collective 1; screenshot " + all +
+    const Result r = test::run_app("--open " + kTraces + "/gloo_ddp_w4 --run 'wait trace; select collective 1; screenshot " + all +
                                  "; view breakdown; screenshot " + breakdown + "; quit'",
                              dir);
     INFO(r.out);
@@ -258,17 +221,17 @@ TEST_SUITE("trace gui") {
     CHECK(r.out.find("selected collective 1: allreduce") != std::string::npos);
     CHECK(r.out.find("(1280x720): gloo_ddp_w4: 4 ranks") != std::string::npos);
     CHECK(r.out.find("collective 1 selected") != std::string::npos);
-    const Image a = load_png(all);
+    const test::Image a = test::load_png(all);
     CHECK(a.w == 1280);
     CHECK(a.h == 720);
-    for (int rank = 0; rank < 4; rank++) CHECK(count_near(a, app::rank_color(rank, 4)) > 30);  // the lanes' rank labels
-    CHECK(count_near(a, IM_COL32(64, 190, 192, 255), 12) > 2000);  // the comm lanes' all-reduces (the live timeline's teal)
-    const Image b = load_png(breakdown);
-    CHECK(count_near(b, IM_COL32(255, 236, 110, 255), 12) > 2000);  // communication under compute, in the bars
+    for (int rank = 0; rank < 4; rank++) CHECK(test::count_near(a, app::rank_color(rank, 4)) > 30);  // the lanes' rank labels
+    CHECK(test::count_near(a, IM_COL32(64, 190, 192, 255), 12) > 2000);  // the comm lanes' all-reduces (the live timeline's teal)
+    const test::Image b = test::load_png(breakdown);
+    CHECK(test::count_near(b, IM_COL32(255, 236, 110, 255), 12) > 2000);  // communication under compute, in the bars
   }
 
   TEST_CASE("trace viewer under Xvfb: a truncated file shows its sentence, and the lab keeps running") {
-    if (!have_xvfb()) {
+    if (!test::have_xvfb()) {
       MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
       return;
     }
@@ -278,22 +241,22 @@ TEST_SUITE("trace gui") {
     std::ofstream(dir.file("job/rank0.json"), std::ios::binary) << text.substr(0, text.size() / 2);
     std::ofstream(dir.file("job/rank1.json"), std::ios::binary) << read_file(kTraces + "/gloo_ddp_w2/rank1.json");
     const std::string png = dir.file("error.png");
-    const Result r = run_app("--open " + dir.file("job") + " --run 'wait trace; screenshot " + png + "; wait 0.2s; quit'", dir);
+    const Result r = test::run_app("--open " + dir.file("job") + " --run 'wait trace; screenshot " + png + "; wait 0.2s; quit'", dir);
     INFO(r.out);
     CHECK(r.code == 2);  // the script went on to its screenshot and quit; the failed load makes the exit code
     CHECK(r.out.find("dtlab: " + dir.file("job/rank0.json")) != std::string::npos);
     CHECK(r.out.find("(1280x720): job: failed to open") != std::string::npos);
-    const Image im = load_png(png);
-    CHECK(count_near(im, IM_COL32(255, 107, 92, 255), 30) > 200);  // the sentence, in red
+    const test::Image im = test::load_png(png);
+    CHECK(test::count_near(im, IM_COL32(255, 107, 92, 255), 30) > 200);  // the sentence, in red
   }
 
   TEST_CASE("trace viewer under Xvfb: the frame benchmark counts the frames drawn while the traces load") {
-    if (!have_xvfb()) {
+    if (!test::have_xvfb()) {
       MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
       return;
     }
     test::TempDir dir("dtlab_trace_bench");
-    const Result r = run_app("--open " + kTraces + "/kineto_nccl_w4 --bench-frames 20", dir);
+    const Result r = test::run_app("--open " + kTraces + "/kineto_nccl_w4 --bench-frames 20", dir);
     INFO(r.out);
     REQUIRE(r.code == 0);
     CHECK(r.out.find("frame benchmark: 20 frames, world 4") != std::string::npos);

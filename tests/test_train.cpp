@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tests/test_util.h"
+#include "tests/train_util.h"
 #include "engine/core/check.h"
 #include "engine/core/memory.h"
 #include "engine/data/dataset.h"
@@ -27,22 +28,8 @@ namespace {
 
 constexpr int64_t kSpiralN = 3000;  // "spiral": 3 classes x 1000 points
 
-// The README demo: mlp:2,64,64,3 on spiral, AdamW(lr 0.01, weight decay 0.01), batch 64, seed 0.
-// Set explicitly: TrainConfig's optimizer defaults are torch's (lr 1e-3, no decay), not the CLI's.
-TrainConfig demo_config(int64_t steps = 300) {
-  TrainConfig c;
-  c.strategy = "single";
-  c.world_size = 1;
-  c.model = ModelSpec::parse("mlp:2,64,64,3");
-  c.data = "spiral";
-  c.batch = 64;
-  c.steps = steps;
-  c.optimizer.kind = OptimizerKind::AdamW;
-  c.optimizer.lr = 0.01;
-  c.optimizer.weight_decay = 0.01;
-  c.seed = 0;
-  return c;
-}
+// The README demo, on one rank with batches of 64.
+TrainConfig demo_config(int64_t steps = 300) { return test::demo_config("single", 1, 64, steps); }
 
 TrainConfig sgd_config(double momentum, int64_t steps) {
   TrainConfig c = demo_config(steps);

@@ -26,6 +26,23 @@ inline double max_abs_diff(const Model& a, const Model& b) {
   return d;
 }
 
+// The README demo's run: mlp:2,64,64,3 on spiral, AdamW(lr 0.01, weight decay 0.01), seed 0. Set
+// explicitly: TrainConfig's optimizer defaults are torch's (lr 1e-3, no decay), not the CLI's.
+inline TrainConfig demo_config(const std::string& strategy, int world, int64_t batch, int64_t steps) {
+  TrainConfig c;
+  c.strategy = strategy;
+  c.world_size = world;
+  c.model = ModelSpec::parse("mlp:2,64,64,3");
+  c.data = "spiral";
+  c.batch = batch;
+  c.steps = steps;
+  c.optimizer.kind = OptimizerKind::AdamW;
+  c.optimizer.lr = 0.01;
+  c.optimizer.weight_decay = 0.01;
+  c.seed = 0;
+  return c;
+}
+
 // The one-rank reference of a distributed run: same model, data, seed and optimizer, on one rank
 // with `batch` samples per step (the run's samples of a step over every rank).
 inline TrainConfig single_like(const TrainConfig& distributed, int64_t batch) {
@@ -36,6 +53,27 @@ inline TrainConfig single_like(const TrainConfig& distributed, int64_t batch) {
   c.accum = 1;
   c.pipeline = PipelineOptions{};
   return c;
+}
+
+// The runs a strategy is held equal to its one-rank reference on: 2, 3 and 4 ranks, SGD with
+// momentum and AdamW, one and two micro-batches a step. `config(world)` gives the run's config;
+// `check(d, world, accum)` gets it with the optimizer and accumulation set.
+template <class Config, class Check>
+void for_each_reference_case(Config config, Check check) {
+  for (int world : {2, 3, 4}) {
+    for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
+      for (int64_t accum : {int64_t{1}, int64_t{2}}) {
+        CAPTURE(world);
+        CAPTURE(optimizer_name(kind));
+        CAPTURE(accum);
+        TrainConfig d = config(world);
+        d.accum = accum;
+        d.optimizer = default_optimizer_config(kind);
+        if (kind == OptimizerKind::SGD) d.optimizer.momentum = 0.9;
+        check(d, world, accum);
+      }
+    }
+  }
 }
 
 struct Trained {

@@ -277,6 +277,21 @@ void steps_cell(const CollectiveView& cv, int r) {
   }
 }
 
+// Both layouts open a rank's row alike: its chip, then whether it reached the collective.
+void begin_rank_row(const CollectiveView& cv, int r, int world) {
+  ImGui::TableNextRow();
+  ImGui::TableSetColumnIndex(0);
+  rank_cell(r, world);
+  ImGui::TableSetColumnIndex(1);
+  arrival_cell(cv, r);
+}
+
+// What a rank's thread does now (its activity list), or "-" when it reported nothing.
+std::string activity_of(const std::vector<std::string>& activity, int r) {
+  const size_t ur = static_cast<size_t>(r);
+  return ur < activity.size() ? activity[ur] : "-";
+}
+
 void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
   const int N = std::max({1, s.config.world, static_cast<int>(s.stepper.gates.size() / 2), static_cast<int>(s.comm_activity.size())});
   const StepperState& st = s.stepper;
@@ -317,18 +332,13 @@ void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
     ImGui::TableSetupColumn("comm gate", ImGuiTableColumnFlags_WidthFixed);
     ImGui::TableHeadersRow();
     for (int r = 0; r < N; r++) {
-      const size_t ur = static_cast<size_t>(r);
-      ImGui::TableNextRow();
-      ImGui::TableSetColumnIndex(0);
-      rank_cell(r, N);
-      ImGui::TableSetColumnIndex(1);
-      arrival_cell(cv, r);
+      begin_rank_row(cv, r, N);
       ImGui::TableSetColumnIndex(2);
       steps_cell(cv, r);
       ImGui::TableSetColumnIndex(3);
-      clipped(ur < s.compute_activity.size() ? s.compute_activity[ur] : "-");
+      clipped(activity_of(s.compute_activity, r));
       ImGui::TableSetColumnIndex(4);
-      clipped(ur < s.comm_activity.size() ? s.comm_activity[ur] : "-");
+      clipped(activity_of(s.comm_activity, r));
       ImGui::TableSetColumnIndex(5);
       gate_cell(st, r, 0, cv, s.running);
       ImGui::TableSetColumnIndex(6);
@@ -343,12 +353,7 @@ void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
   ImGui::TableSetupColumn("state, gate, threads", ImGuiTableColumnFlags_WidthStretch);
   ImGui::TableHeadersRow();
   for (int r = 0; r < N; r++) {
-    const size_t ur = static_cast<size_t>(r);
-    ImGui::TableNextRow();
-    ImGui::TableSetColumnIndex(0);
-    rank_cell(r, N);
-    ImGui::TableSetColumnIndex(1);
-    arrival_cell(cv, r);
+    begin_rank_row(cv, r, N);
     ImGui::SameLine(0, fs * 0.6f);
     steps_cell(cv, r);
     for (int lane : {1, 0}) {
@@ -361,8 +366,8 @@ void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
       gate_cell(st, r, lane, cv, s.running, true);
     }
     ImGui::PushStyleColor(ImGuiCol_Text, dim());
-    clipped("compute: " + (ur < s.compute_activity.size() ? s.compute_activity[ur] : std::string("-")));
-    clipped("comm: " + (ur < s.comm_activity.size() ? s.comm_activity[ur] : std::string("-")));
+    clipped("compute: " + activity_of(s.compute_activity, r));
+    clipped("comm: " + activity_of(s.comm_activity, r));
     ImGui::PopStyleColor();
   }
   ImGui::EndTable();

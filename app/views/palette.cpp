@@ -53,6 +53,23 @@ ImU32 ink_on(ImU32 fill) {
   return 0.299f * c.x + 0.587f * c.y + 0.114f * c.z > 0.5f ? IM_COL32(16, 18, 22, 255) : IM_COL32(236, 236, 240, 255);
 }
 
+ImU32 darker(ImU32 c, float k) {
+  const ImVec4 v = ImGui::ColorConvertU32ToFloat4(c);
+  return ImGui::ColorConvertFloat4ToU32(ImVec4(v.x * k, v.y * k, v.z * k, v.w));
+}
+
+ImU32 work_color(Work w) {
+  switch (w) {
+    case Work::Forward: return IM_COL32(96, 148, 232, 255);            // blue
+    case Work::Backward: return IM_COL32(238, 128, 64, 255);           // orange
+    case Work::Loss: return IM_COL32(226, 196, 72, 255);               // yellow
+    case Work::Optimizer: return IM_COL32(112, 196, 104, 255);         // green
+    case Work::Communication: return IM_COL32(64, 190, 192, 255);      // teal
+    case Work::CommUnderCompute: return IM_COL32(255, 236, 110, 255);  // light yellow: hidden, as it should be
+  }
+  return IM_COL32(128, 128, 128, 255);
+}
+
 ImU32 rank_color(int rank, int world, float alpha) {
   if (rank < 0) return with_alpha(IM_COL32(128, 128, 128, 255), alpha);
   (void)world;  // colors do not depend on the world size: rank 1 stays orange when the world grows

@@ -21,17 +21,12 @@ namespace dtlab::app {
 
 namespace {
 
-// ---- colors: one per kind of work, so the legend holds for every rank (ranks own the lane chips)
-constexpr ImU32 kForward = IM_COL32(96, 148, 232, 255);
-constexpr ImU32 kBackward = IM_COL32(238, 128, 64, 255);
-constexpr ImU32 kLoss = IM_COL32(226, 196, 72, 255);
-constexpr ImU32 kOptimizer = IM_COL32(112, 196, 104, 255);
+// ---- colors: the kinds of work take the palette's work_color(), so the legend holds for every rank
+// (ranks own the lane chips); these are the live timeline's own
 constexpr ImU32 kOtherCompute = IM_COL32(128, 132, 142, 255);
-constexpr ImU32 kCollective = IM_COL32(64, 190, 192, 255);
 constexpr ImU32 kBucket = IM_COL32(206, 118, 222, 255);
 constexpr ImU32 kRingScatter = IM_COL32(36, 132, 140, 255);
 constexpr ImU32 kRingGather = IM_COL32(120, 222, 222, 255);
-constexpr ImU32 kOverlap = IM_COL32(255, 236, 110, 255);
 constexpr ImU32 kPaused = IM_COL32(150, 150, 156, 255);
 constexpr ImU32 kGradReady = IM_COL32(236, 236, 236, 220);
 constexpr ImU32 kSpanText = IM_COL32(16, 18, 22, 255);
@@ -40,18 +35,14 @@ ImU32 alpha(ImU32 c, float a) {
   const ImU32 v = static_cast<ImU32>(a * static_cast<float>((c >> IM_COL32_A_SHIFT) & 0xFF) + 0.5f);
   return (c & ~IM_COL32_A_MASK) | (std::min<ImU32>(v, 255) << IM_COL32_A_SHIFT);
 }
-ImU32 darker(ImU32 c, float k) {
-  ImVec4 v = ImGui::ColorConvertU32ToFloat4(c);
-  return ImGui::ColorConvertFloat4ToU32(ImVec4(v.x * k, v.y * k, v.z * k, v.w));
-}
 
 ImU32 compute_color(ComputeKind k) {
   switch (k) {
-    case ComputeKind::LayerForward: return kForward;
-    case ComputeKind::LayerBackward: return kBackward;
-    case ComputeKind::Loss: return kLoss;
-    case ComputeKind::LossBackward: return darker(kLoss, 0.82f);
-    case ComputeKind::OptimizerStep: return kOptimizer;
+    case ComputeKind::LayerForward: return work_color(Work::Forward);
+    case ComputeKind::LayerBackward: return work_color(Work::Backward);
+    case ComputeKind::Loss: return work_color(Work::Loss);
+    case ComputeKind::LossBackward: return darker(work_color(Work::Loss), 0.82f);
+    case ComputeKind::OptimizerStep: return work_color(Work::Optimizer);
     default: return kOtherCompute;
   }
 }
@@ -262,8 +253,8 @@ void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int ra
   // Overlap: the comm lane lit where a bucket all-reduce runs under backward.
   for (const TimeInterval& o : d.overlap) {
     const float a = std::max(ax.x(o.b), ax.x0), b = std::max(std::min(ax.x(o.e), ax.x1), a + 1);
-    dl->AddRectFilled(ImVec2(a, ym + L.ov1), ImVec2(b, ye), alpha(kOverlap, 0.22f));
-    dl->AddRectFilled(ImVec2(a, ym + L.ov0), ImVec2(b, ym + L.ov1), kOverlap);
+    dl->AddRectFilled(ImVec2(a, ym + L.ov1), ImVec2(b, ye), alpha(work_color(Work::CommUnderCompute), 0.22f));
+    dl->AddRectFilled(ImVec2(a, ym + L.ov0), ImVec2(b, ym + L.ov1), work_color(Work::CommUnderCompute));
     if (rc.mouse_in && rc.mouse.x >= a && rc.mouse.x <= b && rc.mouse.y >= ym && rc.mouse.y <= ye)
       rc.hover.kind = Hover::Overlap, rc.hover.span = RowSpan{o.b, o.e}, rc.hover.rank = rank;
   }
@@ -287,7 +278,7 @@ void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int ra
   });
   const float wi = 0.22f * L.u, wl = 0.3f * L.u;
   draw_instants(rc, visible_spans(c.issues, t0, t1), strip0, ym, wi, [&](float x) {
-    dl->AddTriangleFilled(ImVec2(x - wi, strip0), ImVec2(x + wi, strip0), ImVec2(x, strip1 + 1), kCollective);
+    dl->AddTriangleFilled(ImVec2(x - wi, strip0), ImVec2(x + wi, strip0), ImVec2(x, strip1 + 1), work_color(Work::Communication));
   });
   draw_instants(rc, visible_spans(c.launch_marks, t0, t1), strip0, ym, wl, [&](float x) {
     dl->AddTriangleFilled(ImVec2(x - wl, strip0), ImVec2(x + wl, strip0), ImVec2(x, strip1 + 1), kBucket);
@@ -301,7 +292,7 @@ void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int ra
     else std::snprintf(l, ln, "%s #%llu %s", op, seq, algorithm_name(e.coll.algo));
     std::snprintf(sh, sn, "#%llu", seq);
   };
-  auto coll_color = [](const RowSpan&, const Event&) { return kCollective; };
+  auto coll_color = [](const RowSpan&, const Event&) { return work_color(Work::Communication); };
   draw_row(rc, visible_spans(c.coll, t0, t1), ym + L.co0, ym + L.co1, coll_color, coll_label);
   draw_row(rc, SpanRange{d.coll_tail.data(), d.coll_tail.data() + d.coll_tail.size()}, ym + L.co0, ym + L.co1, coll_color,
            coll_label);
@@ -323,7 +314,7 @@ void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int ra
                case RingPhase::Reduce: return kRingScatter;
                case RingPhase::AllGather:
                case RingPhase::Broadcast: return kRingGather;
-               default: return darker(kCollective, 0.8f);
+               default: return darker(work_color(Work::Communication), 0.8f);
              }
            },
            [](const RowSpan&, const Event&, char*, size_t, char*, size_t) {});
@@ -530,16 +521,16 @@ void event_tooltip(const Snapshot& s, const Hover& h, float fs) {
           ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(compute_color(e.compute.kind)), "%s", compute_kind_name(e.compute.kind));
         break;
       case EventKind::Collective:
-        ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kCollective), "%s #%llu", collective_name(e.coll.op),
+        ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(work_color(Work::Communication)), "%s #%llu", collective_name(e.coll.op),
                            static_cast<unsigned long long>(e.coll.seq));
         break;
       case EventKind::CollectiveIssue:
-        ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kCollective), sp.in_flight ? "%s #%llu in flight" : "%s #%llu issued",
+        ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(work_color(Work::Communication)), sp.in_flight ? "%s #%llu in flight" : "%s #%llu issued",
                            collective_name(e.coll.op), static_cast<unsigned long long>(e.coll.seq));
         break;
       case EventKind::RingStep:
         if (sp.in_flight)
-          ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kCollective), "collective #%llu in flight",
+          ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(work_color(Work::Communication)), "collective #%llu in flight",
                              static_cast<unsigned long long>(e.step.seq));
         else
           ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kRingGather), "ring step %d of %d  (%s)", e.step.step + 1,
@@ -656,15 +647,15 @@ void draw_toolbar(TimelineViewState& view, ViewContext& ctx) {
     ImGui::SetTooltip("Wheel: zoom around the cursor.  Drag (left or middle): pan.\nDouble-click: follow the latest iterations again.\n"
                       "Hover a span for its details.");
   bool first = true;
-  legend_item(kForward, "forward", first);
-  legend_item(kBackward, "backward", first);
-  legend_item(kLoss, "loss", first);
-  legend_item(kOptimizer, "optimizer", first);
-  legend_item(kCollective, "collective", first);
+  legend_item(work_color(Work::Forward), "forward", first);
+  legend_item(work_color(Work::Backward), "backward", first);
+  legend_item(work_color(Work::Loss), "loss", first);
+  legend_item(work_color(Work::Optimizer), "optimizer", first);
+  legend_item(work_color(Work::Communication), "collective", first);
   legend_item(kBucket, "bucket all-reduce", first);
   legend_item(kRingScatter, "reduce-scatter", first);
   legend_item(kRingGather, "all-gather", first);
-  legend_item(kOverlap, "all-reduce under backward", first, 4);
+  legend_item(work_color(Work::CommUnderCompute), "all-reduce under backward", first, 4);
   legend_item(kGradReady, "grad ready", first, 1);
   legend_item(kBucket, "bucket launch", first, 2);
   legend_item(kPaused, "paused", first, 3);
@@ -708,7 +699,7 @@ void lane_tooltip(const Snapshot& s, const Hover& hover, float fs) {
     event_tooltip(s, hover, fs);
   } else if (hover.kind == Hover::Overlap) {
     ImGui::BeginTooltip();
-    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kOverlap), "all-reduce hidden behind backward");
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(work_color(Work::CommUnderCompute)), "all-reduce hidden behind backward");
     ImGui::Text("rank %d: %s, from %s", hover.rank, time_text(hover.span.e - hover.span.b).c_str(), time_text(hover.span.b).c_str());
     ImGui::TextDisabled("A bucket's gradients are summed across ranks while backward is still\n"
                         "computing the earlier layers: this communication costs no step time.");

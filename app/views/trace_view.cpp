@@ -24,14 +24,9 @@ namespace dtlab::app {
 
 namespace {
 
-// ---- colors: the live timeline's for the same kinds of work
-constexpr ImU32 kForward = IM_COL32(96, 148, 232, 255);
-constexpr ImU32 kBackward = IM_COL32(238, 128, 64, 255);
-constexpr ImU32 kLoss = IM_COL32(226, 196, 72, 255);
-constexpr ImU32 kOptimizer = IM_COL32(112, 196, 104, 255);
-constexpr ImU32 kComm = IM_COL32(64, 190, 192, 255);
+// ---- colors: the kinds of work take the palette's work_color(), as on the live timeline; these are
+// the trace's own
 constexpr ImU32 kMemcpy = IM_COL32(214, 172, 112, 255);
-constexpr ImU32 kOverlap = IM_COL32(255, 236, 110, 255);
 constexpr ImU32 kAnnotation = IM_COL32(150, 152, 164, 255);
 constexpr ImU32 kIdle = IM_COL32(120, 122, 130, 255);
 constexpr ImU32 kSelected = IM_COL32(255, 255, 255, 255);
@@ -39,19 +34,15 @@ constexpr ImU32 kSpanText = IM_COL32(16, 18, 22, 255);
 const ImVec4 kRed(1.0f, 0.42f, 0.36f, 1.0f);
 const ImVec4 kAmber(1.0f, 0.75f, 0.3f, 1.0f);
 
-ImU32 darker(ImU32 c, float k) {
-  const ImVec4 v = ImGui::ColorConvertU32ToFloat4(c);
-  return ImGui::ColorConvertFloat4ToU32(ImVec4(v.x * k, v.y * k, v.z * k, v.w));
-}
 ImVec4 vec(ImU32 c) { return ImGui::ColorConvertU32ToFloat4(c); }
 ImVec4 dim() { return ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled); }
 
 ImU32 hue_color(ComputeHue h) {
   switch (h) {
-    case ComputeHue::Backward: return kBackward;
-    case ComputeHue::Optimizer: return kOptimizer;
-    case ComputeHue::Loss: return kLoss;
-    default: return kForward;
+    case ComputeHue::Backward: return work_color(Work::Backward);
+    case ComputeHue::Optimizer: return work_color(Work::Optimizer);
+    case ComputeHue::Loss: return work_color(Work::Loss);
+    default: return work_color(Work::Forward);
   }
 }
 
@@ -208,10 +199,10 @@ void span_label(const Ctx& c, const RankTrace& rt, const TraceSpan& s, float xa,
 ImU32 span_color(const ImportedTrace& tr, const TraceIndex& ix, const TraceSpan& s) {
   switch (s.cls) {
     case SpanClass::Compute: return hue_color(ix.hue[static_cast<size_t>(s.name)]);
-    case SpanClass::Comm: return kComm;
+    case SpanClass::Comm: return work_color(Work::Communication);
     case SpanClass::Memcpy: return kMemcpy;
     case SpanClass::Annotation: return tr.name(s.name).rfind("ProfilerStep#", 0) == 0 ? kAnnotation : darker(kAnnotation, 0.8f);
-    default: return kComm;
+    default: return work_color(Work::Communication);
   }
 }
 
@@ -311,8 +302,8 @@ void draw_rank(Ctx& c, int r, float y, const Lanes& L, const TraceCollective* se
   auto ov = std::partition_point(ri.overlap.begin(), ri.overlap.end(), [t_lo](const auto& o) { return o.second < t_lo; });
   auto light = [&](float a, float b, double tb, double te) {
     b = std::max(b, a + 1);
-    dl->AddRectFilled(ImVec2(a, y + L.com0 + L.strip), ImVec2(b, y + L.com1), with_alpha(kOverlap, 0.12f));
-    dl->AddRectFilled(ImVec2(a, y + L.com0), ImVec2(b, y + L.com0 + L.strip), kOverlap);
+    dl->AddRectFilled(ImVec2(a, y + L.com0 + L.strip), ImVec2(b, y + L.com1), with_alpha(work_color(Work::CommUnderCompute), 0.12f));
+    dl->AddRectFilled(ImVec2(a, y + L.com0), ImVec2(b, y + L.com0 + L.strip), work_color(Work::CommUnderCompute));
     if (c.mouse_in && c.mouse.x >= a && c.mouse.x <= b && c.mouse.y >= y + L.com0 && c.mouse.y <= y + L.com0 + L.strip)
       c.hover.kind = Hover::Overlap, c.hover.rank = r, c.hover.b = tb, c.hover.e = te;
   };
@@ -369,7 +360,7 @@ void draw_rank(Ctx& c, int r, float y, const Lanes& L, const TraceCollective* se
     const bool selected = c.selected >= 0 && ri.collective_of[k] == c.selected;
     if (x - last_x < wi && !selected) continue;
     last_x = x;
-    dl->AddTriangleFilled(ImVec2(x - wi, ty0), ImVec2(x + wi, ty0), ImVec2(x, ty1), selected ? kSelected : darker(kComm, 0.8f));
+    dl->AddTriangleFilled(ImVec2(x - wi, ty0), ImVec2(x + wi, ty0), ImVec2(x, ty1), selected ? kSelected : darker(work_color(Work::Communication), 0.8f));
     if (c.mouse_in && std::fabs(c.mouse.x - x) <= std::max(3.0f, wi) && c.mouse.y >= ty0 && c.mouse.y <= ty1)
       c.hover.kind = Hover::Issue, c.hover.rank = r, c.hover.span = static_cast<int32_t>(k);
   }
@@ -447,7 +438,7 @@ void span_tooltip(const ImportedTrace& tr, const TraceIndex& ix, const Hover& h,
   ImGui::PushTextWrapPos(ImGui::GetFontSize() * 36);
   if (h.kind == Hover::Issue) {
     const RankCollective& rc = rt.collectives[static_cast<size_t>(h.span)];
-    ImGui::TextColored(vec(kComm), "rank %d issues %s at %s", rt.rank, rc.name.c_str(), at_text(rc.issue_us, 1).c_str());
+    ImGui::TextColored(vec(work_color(Work::Communication)), "rank %d issues %s at %s", rt.rank, rc.name.c_str(), at_text(rc.issue_us, 1).c_str());
   } else {
     if (h.kind == Hover::Merged) ImGui::Text("%d spans under one pixel (zoom in to tell them apart); the first:", h.count);
     const TraceSpan& s = rt.spans[static_cast<size_t>(h.span)];
@@ -525,14 +516,14 @@ void draw_trace_toolbar(TraceUi& ui) {
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip("Wheel: zoom around the cursor.  Drag: pan.  Double-click: the whole run.\n"
                       "Hover a span for its details; click a collective to select it on every rank.");
-  legend_item(kForward, "forward");
-  legend_item(kBackward, "backward");
-  legend_item(kOptimizer, "optimizer");
-  legend_item(kLoss, "loss");
-  legend_item(kComm, "communication");
+  legend_item(work_color(Work::Forward), "forward");
+  legend_item(work_color(Work::Backward), "backward");
+  legend_item(work_color(Work::Optimizer), "optimizer");
+  legend_item(work_color(Work::Loss), "loss");
+  legend_item(work_color(Work::Communication), "communication");
   legend_item(kMemcpy, "copies");
-  legend_item(kOverlap, "comm under compute", 1);
-  legend_item(kComm, "issued", 2);
+  legend_item(work_color(Work::CommUnderCompute), "comm under compute", 1);
+  legend_item(work_color(Work::Communication), "issued", 2);
   legend_item(IM_COL32(255, 255, 255, 255), "waiting for the last rank", 3);
 }
 
@@ -567,7 +558,7 @@ void draw_trace_lanes(const ImportedTrace& tr, const TraceIndex& ix, const Trace
 
 void overlap_tooltip(const ImportedTrace& tr, const Hover& hover) {
   ImGui::BeginTooltip();
-  ImGui::TextColored(vec(kOverlap), "communication under compute");
+  ImGui::TextColored(vec(work_color(Work::CommUnderCompute)), "communication under compute");
   ImGui::Text("rank %d: %s, from %s", tr.ranks[static_cast<size_t>(hover.rank)].rank, us_text(hover.e - hover.b).c_str(), at_text(hover.b, 1).c_str());
   ImGui::TextDisabled("Data moved while this rank computed: it cost no step time.");
   ImGui::EndTooltip();
@@ -753,7 +744,7 @@ void draw_trace_collectives(const TraceSnapshot& t, TraceUi& ui, ViewContext& ct
   }
   if (ui.selected < 0) return;
   const TraceCollective& c = tr.collectives[static_cast<size_t>(ui.selected)];
-  ImGui::TextColored(vec(kComm), "#%d %s", ui.selected, c.name.c_str());
+  ImGui::TextColored(vec(work_color(Work::Communication)), "#%d %s", ui.selected, c.name.c_str());
   if (c.bytes >= 0) {
     ImGui::SameLine(0, 0.6f * fs);
     ImGui::Text("%s %s", human_bytes(c.bytes).c_str(), c.dtype.c_str());
@@ -803,10 +794,10 @@ struct Part {
   double RankBreakdown::*us;
   bool hatch;
 };
-constexpr Part kParts[] = {
-    {"compute", kForward, &RankBreakdown::compute_us, false},
-    {"comm under compute", kOverlap, &RankBreakdown::overlapped_us, false},
-    {"exposed comm", kComm, &RankBreakdown::exposed_comm_us, false},
+const Part kParts[] = {
+    {"compute", work_color(Work::Forward), &RankBreakdown::compute_us, false},
+    {"comm under compute", work_color(Work::CommUnderCompute), &RankBreakdown::overlapped_us, false},
+    {"exposed comm", work_color(Work::Communication), &RankBreakdown::exposed_comm_us, false},
     {"copies", kMemcpy, &RankBreakdown::memcpy_us, false},
     {"idle", kIdle, &RankBreakdown::idle_us, true},
 };
@@ -962,7 +953,7 @@ void draw_trace_compare(const TraceSnapshot& t, TraceUi& ui, ViewContext& ctx) {
     return;
   }
   const TraceComparison& cmp = *t.comparison;
-  ImGui::TextColored(vec(kOverlap), "%s", cmp.summary.c_str());
+  ImGui::TextColored(vec(work_color(Work::CommUnderCompute)), "%s", cmp.summary.c_str());
   ImGui::TextColored(dim(), "%s on %d ranks, profile %s", cmp.model.c_str(), cmp.world, cmp.profile.c_str());
   if (!cmp.sizes_agree)
     ImGui::TextColored(kAmber, "The trace's all-reduce sizes differ from dtlab's buckets: is the model (or the bucket cap) the traced one?");

@@ -90,6 +90,10 @@ ImU32 bucket_state_color(BucketState s);
 ImU32 memory_category_color(MemCategory c);
 ImU32 with_alpha(ImU32 c, float alpha);  // c with its alpha scaled by `alpha` (0..1)
 ImU32 ink_on(ImU32 fill);                 // dark text on light fills, light text on dark ones
+ImU32 darker(ImU32 c, float k);           // c with its RGB scaled by `k` (0..1), alpha kept
+// The kinds of work a timeline draws, one hue each on the live timeline and on an imported trace's.
+enum class Work { Forward, Backward, Loss, Optimizer, Communication, CommUnderCompute };
+ImU32 work_color(Work w);
 // Pipeline actions: F blue, B orange, I red, W green; later micro-batches darker.
 ImU32 pipeline_action_color(ActionType t, int mb, int microbatches);
 // Diagonal stripes over [a, b] (idle time, padding), without anti-aliasing.

@@ -601,13 +601,7 @@ std::vector<std::pair<double, double>> compute_union(const RankTrace& r) {
   std::vector<std::pair<double, double>> v;
   for (const TraceSpan& s : r.spans)
     if (s.cls == SpanClass::Compute && s.end_us > s.begin_us) v.emplace_back(s.begin_us, s.end_us);
-  std::sort(v.begin(), v.end());
-  std::vector<std::pair<double, double>> out;
-  for (const auto& iv : v) {
-    if (!out.empty() && iv.first <= out.back().second) out.back().second = std::max(out.back().second, iv.second);
-    else out.push_back(iv);
-  }
-  return out;
+  return merge_intervals(std::move(v));
 }
 
 // Of [b, e], the time outside the merged intervals.
@@ -1063,6 +1057,16 @@ ImportedTrace import_traces(const std::vector<std::string>& paths, const TraceIm
   }
   if (opt.progress) opt.progress(1.0);
   return assemble(raw, opt);
+}
+
+std::vector<std::pair<double, double>> merge_intervals(std::vector<std::pair<double, double>> v) {
+  std::sort(v.begin(), v.end());
+  std::vector<std::pair<double, double>> out;
+  for (const auto& iv : v) {
+    if (!out.empty() && iv.first <= out.back().second) out.back().second = std::max(out.back().second, iv.second);
+    else out.push_back(iv);
+  }
+  return out;
 }
 
 ImportedTrace import_trace_texts(const std::vector<std::pair<std::string, std::string>>& texts,

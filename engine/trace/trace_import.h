@@ -151,6 +151,9 @@ ImportedTrace import_traces(const std::vector<std::string>& paths, const TraceIm
 ImportedTrace import_trace_texts(const std::vector<std::pair<std::string, std::string>>& files,
                                  const TraceImportOptions& opt = {});
 
+// Intervals [begin, end] merged where they touch or overlap, sorted by begin: a rank's busy time.
+std::vector<std::pair<double, double>> merge_intervals(std::vector<std::pair<double, double>> v);
+
 // nccl-tests' bus bandwidth factor for a collective named as c10d names it, over n ranks.
 double busbw_factor(const std::string& collective, int n);
 
