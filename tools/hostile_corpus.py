@@ -592,6 +592,16 @@ TRAIN_FLOAT_BAD = {
 
 
 def gen_flags(c):
+    gen_flags_cli(c)
+    gen_flags_train(c)
+    gen_flags_eval(c)
+    gen_flags_subcommands(c)
+    gen_flags_launch(c)
+    gen_flags_lab(c)
+
+
+def gen_flags_cli(c):
+    """The command line itself: subcommands at the top, flag syntax."""
     cat = "flags"
     # subcommands at the top
     for args, exp, name in (([], "error", "no subcommand"), (["bogus"], "error", "unknown subcommand"),
@@ -608,6 +618,11 @@ def gen_flags(c):
                             (["train"] + TINY + ["--epochs", "1"], "error", "steps and epochs"),
                             (tiny("--model", MODEL, "--model", MODEL), "error", "repeated model")):
         c.add(Case(cat, "cli " + name, args, exp))
+
+
+def gen_flags_train(c):
+    """train: bad numbers, bad strings and combinations, allowed boundaries."""
+    cat = "flags"
     # train: every numeric flag with bad values
     for opt, vals in TRAIN_INT_BAD.items():
         for v in vals:
@@ -691,6 +706,10 @@ def gen_flags(c):
                outputs=["keep.safetensors"], unchanged={"keep.safetensors": c.ckpt}),
           files={"keep.safetensors": c.ckpt})
 
+
+def gen_flags_eval(c):
+    """eval: its flags and a missing or unusable --init."""
+    cat = "flags"
     # eval
     ev = ["eval", "--init", "m.safetensors"]
     files = {"m.safetensors": c.ckpt}
@@ -705,6 +724,10 @@ def gen_flags(c):
                        (["eval", "--init", "missing.safetensors"], "missing init")):
         c.add(Case(cat, "eval " + name, args, "error"))
 
+
+def gen_flags_subcommands(c):
+    """The planning and measuring subcommands: sampler, plan, schedule, bench."""
+    cat = "flags"
     # sampler
     for extra, exp in ((["--n", "10", "--world", "4"], "ok"), (["--n", "-1"], "error"), (["--n", "4294967297"], "error"),
                        (["--n", "nan"], "error"), (["--n", "0", "--world", "4"], "either"), (["--n", "10", "--world", "0"], "error"),
@@ -761,6 +784,11 @@ def gen_flags(c):
                        (["--min-bytes", "5", "--max-bytes", "5"], "either"), (["--world", "64"], "ok")):
         args = ["bench", "collectives"] + merge(small, extra)
         c.add(Case(cat, "bench " + " ".join(extra), args, exp, codes=(2, 3)))
+
+
+def gen_flags_launch(c):
+    """launch: its own flags and the command it starts."""
+    cat = "flags"
     # launch (flags; faults are the multiprocess category)
     tr = ["--", "train", "--model", MODEL, "--batch", "8", "--steps", "1", "--timeout", "2"]
     for pre, post, exp in (([], tr, "error"), (["--nproc-per-node", "0"], tr, "error"),
@@ -780,6 +808,10 @@ def gen_flags(c):
                            (["--nproc-per-node", "2"], tr + ["--strategy", "ddp"], "ok")):
         c.add(Case(cat, "launch " + " ".join(pre + post[1:4]), ["launch"] + pre + post, exp, codes=(1, 2, 3), tidy="ranks"))
 
+
+def gen_flags_lab(c):
+    """dtlab (the lab): its own flags, started and quit at once."""
+    cat = "flags"
     # the lab's own flags: parse, start and quit
     base = ["--world", "2", "--model", "tiny", "--steps", "20"]
     gui = [
@@ -810,6 +842,8 @@ def gen_flags(c):
           files={"s.txt": "quit\n"})
     c.add(Case(cat, "dtlab --screenshot into missing dir", base + ["--screenshot", "nodir/x.png", "--frames", "2"], "error",
                prog="gui", codes=(1, 2), outputs=["nodir/x.png"]))
+
+
 
 
 # ---- 2. safetensors checkpoints ---------------------------------------------------------------
@@ -875,104 +909,131 @@ def st_reference(raw, base_header):
     return "either"
 
 
+def st_eval(c, name, data, exp, extra=()):
+    """A safetensors case: eval with data as the checkpoint, writing logits."""
+    c.add(Case("safetensors", name, ["eval", "--init", "in.safetensors", "--logits", "out.npy"] + list(extra), exp,
+               outputs=["out.npy"]), files={"in.safetensors": data})
+
+
+def st_train(c, name, data, exp):
+    """A safetensors case: train one step from data as the checkpoint, saving out.safetensors."""
+    c.add(Case("safetensors", "train " + name, ["train", "--init", "in.safetensors", "--steps", "1", "--batch", "8",
+                                               "--json", "--save", "out.safetensors"], exp,
+               outputs=["out.safetensors"], check=TRAIN_CHECK), files={"in.safetensors": data})
+
+
+def mutated(header, mut):
+    """A deep copy of the JSON header, changed by mut."""
+    h = json.loads(json.dumps(header))
+    mut(h)
+    return h
+
+
 def gen_safetensors(c):
-    cat = "safetensors"
-    H, D, raw = c.ckpt_header, c.ckpt_data, c.ckpt
-    hend = 8 + c.ckpt_hlen
+    st_eval(c, "valid checkpoint", c.ckpt, "ok")
+    st_train(c, "valid checkpoint", c.ckpt, "ok")
+    gen_safetensors_framing(c)
+    gen_safetensors_tensors(c)
+    gen_safetensors_header(c)
+    gen_safetensors_files(c)
+    gen_safetensors_bitflips(c)
 
-    def ev(name, data, exp, extra=()):
-        c.add(Case(cat, name, ["eval", "--init", "in.safetensors", "--logits", "out.npy"] + list(extra), exp,
-                   outputs=["out.npy"]), files={"in.safetensors": data})
 
-    def tr(name, data, exp):
-        c.add(Case(cat, "train " + name, ["train", "--init", "in.safetensors", "--steps", "1", "--batch", "8", "--json",
-                                          "--save", "out.safetensors"], exp, outputs=["out.safetensors"],
-                   check=TRAIN_CHECK), files={"in.safetensors": data})
-
-    def hdr(mut):
-        h = json.loads(json.dumps(H))
-        mut(h)
-        return h
-
-    ev("valid checkpoint", raw, "ok")
-    tr("valid checkpoint", raw, "ok")
+def gen_safetensors_framing(c):
+    """The framing: truncations, trailing bytes, the header length field."""
+    raw, hend = c.ckpt, 8 + c.ckpt_hlen
     # truncations
     for off in sorted(set([0, 1, 4, 7, 8, 9, 10, 50, hend // 2, hend - 1, hend, hend + 1, hend + 16, hend + 50,
                            len(raw) - 4, len(raw) - 1])):
-        ev("truncated at %d of %d" % (off, len(raw)), raw[:off], "error")
+        st_eval(c, "truncated at %d of %d" % (off, len(raw)), raw[:off], "error")
     for off in (8, hend - 3, hend + 20, len(raw) - 1):
-        tr("truncated at %d" % off, raw[:off], "error")
+        st_train(c, "truncated at %d" % off, raw[:off], "error")
     # trailing bytes
     for extra in (b"\x00", b"abcd", b"\x00" * (1 << 20)):
-        ev("%d trailing bytes" % len(extra), raw + extra, "error")
+        st_eval(c, "%d trailing bytes" % len(extra), raw + extra, "error")
     # header length field
     body = raw[8:]
     for n in (0, 1, 7, c.ckpt_hlen - 1, c.ckpt_hlen + 1, len(raw) - 8, len(raw) - 7, 2 ** 31, 2 ** 32, 2 ** 62, 2 ** 63,
               2 ** 64 - 1, 100_000_001):
-        ev("header length %d" % n, struct.pack("<Q", n) + body, "error")
+        st_eval(c, "header length %d" % n, struct.pack("<Q", n) + body, "error")
+
+
+def gen_safetensors_tensors(c):
+    """The tensor entries: dtypes, shapes, offsets, the set of tensors and their names."""
+    H, D = c.ckpt_header, c.ckpt_data
     # dtypes
     for v in ("F16", "BF16", "I64", "F64", "f32", "", 5, None, ["F32"], "F32\u0000"):
-        ev("dtype %r" % (v,), st_bytes(hdr(lambda h: h["0.weight"].__setitem__("dtype", v)), D), "error")
+        st_eval(c, "dtype %r" % (v,), st_bytes(mutated(H, lambda h: h["0.weight"].__setitem__("dtype", v)), D), "error")
     # shapes
     for v in ([4], [2, 4], [4, 2, 1], [-4, -2], [4.0, 2], [2 ** 62, 2 ** 62], [], "42", [True, 2], [8], [2 ** 64, 0],
               [0, 2]):
-        ev("shape %r" % (v,), st_bytes(hdr(lambda h: h["0.weight"].__setitem__("shape", v)), D), "error")
+        st_eval(c, "shape %r" % (v,), st_bytes(mutated(H, lambda h: h["0.weight"].__setitem__("shape", v)), D), "error")
     # offsets
     w0 = H["0.weight"]["data_offsets"]
     for v in ([0, 0], [w0[0], w0[1] + 1], [w0[1], w0[0]], [-32, 0], [0.0, 32.0], [0, 2 ** 64], [0, 2 ** 63],
               [w0[0] + 1, w0[1] + 1], "0,32", [0], [0, 32, 64], [2 ** 63 - 8, 2 ** 63 + 24]):
-        ev("offsets %r" % (v,), st_bytes(hdr(lambda h: h["0.weight"].__setitem__("data_offsets", v)), D), "error")
-    ev("data_offsets missing", st_bytes(hdr(lambda h: h["0.weight"].pop("data_offsets")), D), "error")
+        st_eval(c, "offsets %r" % (v,), st_bytes(mutated(H, lambda h: h["0.weight"].__setitem__("data_offsets", v)), D),
+                "error")
+    st_eval(c, "data_offsets missing", st_bytes(mutated(H, lambda h: h["0.weight"].pop("data_offsets")), D), "error")
     b0, b1 = H["0.bias"]["data_offsets"]
 
     def overlap(h):
         h["0.bias"]["data_offsets"] = [b0 - 8, b1 - 8]
-    ev("overlapping tensors", st_bytes(hdr(overlap), D), "error")
+    st_eval(c, "overlapping tensors", st_bytes(mutated(H, overlap), D), "error")
 
     def swap(h):  # 0.weight and 0.bias trade places: still a valid layout
         wl = w0[1] - w0[0]
         bl = b1 - b0
         h["0.bias"]["data_offsets"] = [w0[0], w0[0] + bl]
         h["0.weight"]["data_offsets"] = [w0[0] + bl, w0[0] + bl + wl]
-    ev("tensors at swapped places", st_bytes(hdr(swap), D), "either")
+    st_eval(c, "tensors at swapped places", st_bytes(mutated(H, swap), D), "either")
     # tensor set
-    ev("tensor 2.bias missing", st_bytes(hdr(lambda h: h.pop("2.bias")), D[:H["2.bias"]["data_offsets"][0]]), "error")
+    st_eval(c, "tensor 2.bias missing", st_bytes(mutated(H, lambda h: h.pop("2.bias")), D[:H["2.bias"]["data_offsets"][0]]),
+            "error")
 
     def extra_tensor(h):
         h["4.weight"] = {"dtype": "F32", "shape": [1], "data_offsets": [len(D), len(D) + 4]}
-    ev("extra tensor", st_bytes(hdr(extra_tensor), D + f32([1.0])), "error")
+    st_eval(c, "extra tensor", st_bytes(mutated(H, extra_tensor), D + f32([1.0])), "error")
 
     def rename(h):
         h["0.Weight"] = h.pop("0.weight")
-    ev("tensor renamed", st_bytes(hdr(rename), D), "error")
+    st_eval(c, "tensor renamed", st_bytes(mutated(H, rename), D), "error")
     text = json.dumps(H, separators=(",", ":")).encode()
     dup = text.replace(b'"0.bias":', b'"0.weight":', 1)
-    ev("duplicate tensor name", st_bytes(None, D, raw_header=dup), "error")
+    st_eval(c, "duplicate tensor name", st_bytes(None, D, raw_header=dup), "error")
 
     def empty_name(h):
         h[""] = h.pop("0.weight")
-    ev("empty tensor name", st_bytes(hdr(empty_name), D), "error")
+    st_eval(c, "empty tensor name", st_bytes(mutated(H, empty_name), D), "error")
 
     def nul_name(h):
         h["0.weight\u0000"] = h.pop("0.weight")
-    ev("tensor name with NUL", st_bytes(hdr(nul_name), D), "error")
+    st_eval(c, "tensor name with NUL", st_bytes(mutated(H, nul_name), D), "error")
 
     def long_name(h):
         h["w" * 100000] = h.pop("0.weight")
-    ev("100k-char tensor name", st_bytes(hdr(long_name), D), "error")
+    st_eval(c, "100k-char tensor name", st_bytes(mutated(H, long_name), D), "error")
+
+
+def gen_safetensors_header(c):
+    """The header as a whole: its metadata and its JSON structure."""
+    H, D = c.ckpt_header, c.ckpt_data
+    text = json.dumps(H, separators=(",", ":")).encode()
     # metadata
     for v, exp in (("mlp:2,100000,100000,3", "error"), ("mlp:2,4,4", "error"), ("mlp:", "error"), ("", "error"),
                    ("mlp:99999999999999999999", "error"), ("mlp:2,65536,65536,3", "error"), ("mlp:2,4,3 ", "either"),
                    ("mlp:2," + ",".join(["4"] * 20000) + ",3", "error")):
-        ev("metadata model %r" % v[:30], st_bytes(hdr(lambda h: h["__metadata__"].__setitem__("model", v)), D), exp)
+        st_eval(c, "metadata model %r" % v[:30],
+                st_bytes(mutated(H, lambda h: h["__metadata__"].__setitem__("model", v)), D), exp)
     for v, exp in (("-1", "error"), ("1e99", "error"), ("18446744073709551616", "error"), ("", "error"), ("x", "error"),
                    ("9223372036854775807", "either")):
-        ev("metadata step %r" % v, st_bytes(hdr(lambda h: h["__metadata__"].__setitem__("step", v)), D), exp)
+        st_eval(c, "metadata step %r" % v, st_bytes(mutated(H, lambda h: h["__metadata__"].__setitem__("step", v)), D),
+                exp)
     for v in ([], None, {"step": 1}, "meta", {"model": ["mlp:2,4,3"]}):
-        ev("metadata %r" % (v,), st_bytes(hdr(lambda h: h.__setitem__("__metadata__", v)), D), "error")
-    ev("metadata missing", st_bytes(hdr(lambda h: h.pop("__metadata__")), D), "either")
-    ev("metadata missing, --model given", st_bytes(hdr(lambda h: h.pop("__metadata__")), D), "ok",
-       extra=("--model", MODEL))
+        st_eval(c, "metadata %r" % (v,), st_bytes(mutated(H, lambda h: h.__setitem__("__metadata__", v)), D), "error")
+    st_eval(c, "metadata missing", st_bytes(mutated(H, lambda h: h.pop("__metadata__")), D), "either")
+    st_eval(c, "metadata missing, --model given", st_bytes(mutated(H, lambda h: h.pop("__metadata__")), D), "ok",
+            extra=("--model", MODEL))
     # header structure
     for rawh, name, exp in ((b"[]", "header is a list", "error"), (b'"str"', "header is a string", "error"),
                             (b"1", "header is a number", "error"), (b"null", "header is null", "error"),
@@ -986,7 +1047,12 @@ def gen_safetensors(c):
                             (text.replace(b'"spiral"', b'"spir\xffl"'), "invalid UTF-8 in metadata", "error"),
                             (text[:-1] + b",/*c*/}", "header with a comment", "error"),
                             (text.replace(b'"F32"', b'"\\u0046\\u0033\\u0032"'), "dtype written with escapes", "either")):
-        ev(name, st_bytes(None, D, raw_header=rawh, pad=False), exp)
+        st_eval(c, name, st_bytes(None, D, raw_header=rawh, pad=False), exp)
+
+
+def gen_safetensors_files(c):
+    """Special files as the checkpoint: empty, devices, a directory, a loop, a FIFO."""
+    cat = "safetensors"
     # special files
     c.add(Case(cat, "empty file", ["eval", "--init", "in.safetensors"], "error"), files={"in.safetensors": b""})
     for path, name in (("/dev/null", "/dev/null"), ("/dev/zero", "/dev/zero"), ("/dev/urandom", "/dev/urandom"),
@@ -997,6 +1063,11 @@ def gen_safetensors(c):
             os.symlink("loop", os.path.join(case.dir, "loop"))
         if path == "fifo":
             os.mkfifo(os.path.join(case.dir, "fifo"))
+
+
+def gen_safetensors_bitflips(c):
+    """Random damage at fixed seeds, judged by st_reference."""
+    H, raw, hend = c.ckpt_header, c.ckpt, 8 + c.ckpt_hlen
     # bit flips at fixed seeds: a flip in the header must be refused unless the file stays valid
     for seed in range(36):
         rnd = random.Random(1000 + seed)
@@ -1008,16 +1079,17 @@ def gen_safetensors(c):
         exp = st_reference(flipped, H)
         where = "header" if pos < hend else "data"
         if seed < 28:
-            ev("bit flip seed %d (byte %d bit %d, %s)" % (seed, pos, bit, where), flipped, exp)
+            st_eval(c, "bit flip seed %d (byte %d bit %d, %s)" % (seed, pos, bit, where), flipped, exp)
         else:
-            tr("bit flip seed %d (byte %d bit %d, %s)" % (seed, pos, bit, where), flipped,
-               "either" if exp != "error" else "error")
+            st_train(c, "bit flip seed %d (byte %d bit %d, %s)" % (seed, pos, bit, where), flipped,
+                     "either" if exp != "error" else "error")
     for seed in range(8):
         rnd = random.Random(2000 + seed)
         pos = rnd.randrange(len(raw) - 8)
         junk = bytes(rnd.randrange(256) for _ in range(8))
         bad = raw[:pos] + junk + raw[pos + 8:]
-        ev("8 random bytes at %d (seed %d)" % (pos, seed), bad, st_reference(bad, H))
+        st_eval(c, "8 random bytes at %d (seed %d)" % (pos, seed), bad, st_reference(bad, H))
+
 
 
 # ---- 3. sharded checkpoints -------------------------------------------------------------------
@@ -1121,81 +1193,109 @@ def gen_sharded(c):
 
 # ---- 4. npz data ------------------------------------------------------------------------------
 
-def gen_npz(c):
-    cat = "npz"
-    x, y = data_xy()
-    good = npz_xy(x, y)
-    train = ["train", "--model", MODEL, "--data", "in.npz", "--batch", "8", "--epochs", "1", "--no-shuffle", "--json",
+
+NPZ_TRAIN = ["train", "--model", MODEL, "--data", "in.npz", "--batch", "8", "--epochs", "1", "--no-shuffle", "--json",
              "--save", "out.safetensors"]
 
-    def tr(name, data, exp, extra=()):
-        allow = "--allow-nonfinite" in extra  # then non-finite losses and parameters are what was asked for
-        c.add(Case(cat, name, merge(train, extra), exp, outputs=["out.safetensors"], check=None if allow else TRAIN_CHECK),
-              files={"in.npz": data})
 
-    def ev(name, data, exp):
-        c.add(Case(cat, "eval " + name, ["eval", "--init", "m.safetensors", "--data", "in.npz", "--logits", "out.npy"], exp,
-                   outputs=["out.npy"]), files={"in.npz": data, "m.safetensors": c.ckpt})
+def npz_train(c, name, data, exp, extra=()):
+    """An npz case: train one epoch on data, saving out.safetensors."""
+    allow = "--allow-nonfinite" in extra  # then non-finite losses and parameters are what was asked for
+    c.add(Case("npz", name, merge(NPZ_TRAIN, extra), exp, outputs=["out.safetensors"],
+               check=None if allow else TRAIN_CHECK), files={"in.npz": data})
 
-    tr("valid npz", good, "ok")
-    tr("valid npz, deflated", npz_xy(x, y, compress=True), "ok")
-    ev("valid npz", good, "ok")
+
+def npz_eval(c, name, data, exp):
+    """An npz case: eval the base checkpoint on data, writing logits."""
+    c.add(Case("npz", "eval " + name, ["eval", "--init", "m.safetensors", "--data", "in.npz", "--logits", "out.npy"],
+               exp, outputs=["out.npy"]), files={"in.npz": data, "m.safetensors": c.ckpt})
+
+
+def patch_bytes(data, off, new):
+    """data with the bytes at off replaced by new."""
+    return data[:off] + new + data[off + len(new):]
+
+
+def gen_npz(c):
+    x, y = data_xy()
+    good = npz_xy(x, y)
+    npz_train(c, "valid npz", good, "ok")
+    npz_train(c, "valid npz, deflated", npz_xy(x, y, compress=True), "ok")
+    npz_eval(c, "valid npz", good, "ok")
+    gen_npz_zip(c, x, y, good)
+    gen_npz_headers(c, x, y)
+    gen_npz_values(c, x, y)
+
+
+def gen_npz_zip(c, x, y, good):
+    """The zip container: truncations, broken records, wrong members."""
     # truncations
     for off in sorted(set([0, 1, 4, 10, 30, 60, 100, len(good) // 3, len(good) // 2, len(good) - 100, len(good) - 40,
                            len(good) - 22, len(good) - 21, len(good) - 1])):
-        tr("truncated at %d of %d" % (off, len(good)), good[:off], "error")
+        npz_train(c, "truncated at %d of %d" % (off, len(good)), good[:off], "error")
     comp = npz_xy(x, y, compress=True)
     for off in (len(comp) // 3, len(comp) - 30):
-        tr("deflated, truncated at %d" % off, comp[:off], "error")
+        npz_train(c, "deflated, truncated at %d" % off, comp[:off], "error")
     # zip structure
     eocd = good.rfind(b"PK\x05\x06")
     cd = good.find(b"PK\x01\x02")
 
-    def patch(data, off, new):
-        return data[:off] + new + data[off + len(new):]
-    tr("local header signature broken", patch(good, 0, b"PK\x09\x09"), "error")
-    tr("central directory signature broken", patch(good, cd, b"PK\x09\x09"), "error")
-    tr("EOCD entry count 65535", patch(good, eocd + 10, struct.pack("<H", 65535)), "error")
-    tr("EOCD directory offset past end", patch(good, eocd + 16, struct.pack("<I", 0xFFFFFFF0)), "error")
-    tr("EOCD directory size huge", patch(good, eocd + 12, struct.pack("<I", 0xFFFFFFF0)), "error")
-    tr("compression method 99", patch(patch(good, cd + 10, struct.pack("<H", 99)), 8, struct.pack("<H", 99)), "error")
-    tr("encrypted flag", patch(patch(good, cd + 8, struct.pack("<H", 1)), 6, struct.pack("<H", 1)), "error")
-    tr("CRC wrong", patch(good, cd + 16, struct.pack("<I", 0xDEADBEEF)), "error")
-    tr("sizes 4 GiB in directory", patch(patch(good, cd + 20, struct.pack("<I", 0xFFFFFFFE)), cd + 24,
-                                         struct.pack("<I", 0xFFFFFFFE)), "error")
-    tr("name length huge", patch(good, cd + 28, struct.pack("<H", 65535)), "error")
-    tr("local offset past end", patch(good, cd + 42, struct.pack("<I", 0x7FFFFFFF)), "error")
-    tr("zip64 locator fake", good[:eocd] + b"PK\x06\x07" + struct.pack("<IQI", 0, 2 ** 62, 1) + good[eocd:], "error")
+    npz_train(c, "local header signature broken", patch_bytes(good, 0, b"PK\x09\x09"), "error")
+    npz_train(c, "central directory signature broken", patch_bytes(good, cd, b"PK\x09\x09"), "error")
+    npz_train(c, "EOCD entry count 65535", patch_bytes(good, eocd + 10, struct.pack("<H", 65535)), "error")
+    npz_train(c, "EOCD directory offset past end", patch_bytes(good, eocd + 16, struct.pack("<I", 0xFFFFFFF0)), "error")
+    npz_train(c, "EOCD directory size huge", patch_bytes(good, eocd + 12, struct.pack("<I", 0xFFFFFFF0)), "error")
+    npz_train(c, "compression method 99",
+              patch_bytes(patch_bytes(good, cd + 10, struct.pack("<H", 99)), 8, struct.pack("<H", 99)), "error")
+    npz_train(c, "encrypted flag",
+              patch_bytes(patch_bytes(good, cd + 8, struct.pack("<H", 1)), 6, struct.pack("<H", 1)), "error")
+    npz_train(c, "CRC wrong", patch_bytes(good, cd + 16, struct.pack("<I", 0xDEADBEEF)), "error")
+    npz_train(c, "sizes 4 GiB in directory",
+              patch_bytes(patch_bytes(good, cd + 20, struct.pack("<I", 0xFFFFFFFE)), cd + 24, struct.pack("<I", 0xFFFFFFFE)),
+              "error")
+    npz_train(c, "name length huge", patch_bytes(good, cd + 28, struct.pack("<H", 65535)), "error")
+    npz_train(c, "local offset past end", patch_bytes(good, cd + 42, struct.pack("<I", 0x7FFFFFFF)), "error")
+    npz_train(c, "zip64 locator fake", good[:eocd] + b"PK\x06\x07" + struct.pack("<IQI", 0, 2 ** 62, 1) + good[eocd:],
+              "error")
     ccd = comp.find(b"PK\x01\x02")
-    tr("deflate bomb size (4 GiB declared)", patch(comp, ccd + 24, struct.pack("<I", 0xFFFFFFFE)), "error")
+    npz_train(c, "deflate bomb size (4 GiB declared)", patch_bytes(comp, ccd + 24, struct.pack("<I", 0xFFFFFFFE)),
+              "error")
     mid = len(comp) // 4
-    tr("deflate stream corrupted", patch(comp, mid, bytes(b ^ 0x5A for b in comp[mid:mid + 6])), "error")
-    tr("not a zip at all", b"\x93NUMPY not a zip" * 10, "error")
-    tr("a single .npy", npy_bytes("<f4", (N_ROWS, N_FEAT), f32(x)), "error")
-    tr("empty zip", npz_bytes([]), "error")
+    npz_train(c, "deflate stream corrupted", patch_bytes(comp, mid, bytes(b ^ 0x5A for b in comp[mid:mid + 6])), "error")
+    npz_train(c, "not a zip at all", b"\x93NUMPY not a zip" * 10, "error")
+    npz_train(c, "a single .npy", npy_bytes("<f4", (N_ROWS, N_FEAT), f32(x)), "error")
+    npz_train(c, "empty zip", npz_bytes([]), "error")
     xn, yn = npy_bytes("<f4", (N_ROWS, N_FEAT), f32(x)), npy_bytes("<i8", (N_ROWS,), i64(y))
-    tr("y missing", npz_bytes([("x.npy", xn)]), "error")
-    tr("x missing", npz_bytes([("y.npy", yn)]), "error")
-    tr("x twice", npz_bytes([("x.npy", xn), ("x.npy", xn), ("y.npy", yn)]), "error")
-    tr("extra member", npz_bytes([("x.npy", xn), ("y.npy", yn), ("z.npy", yn)]), "either")
-    tr("members in a folder", npz_bytes([("a/x.npy", xn), ("a/y.npy", yn)]), "error")
+    npz_train(c, "y missing", npz_bytes([("x.npy", xn)]), "error")
+    npz_train(c, "x missing", npz_bytes([("y.npy", yn)]), "error")
+    npz_train(c, "x twice", npz_bytes([("x.npy", xn), ("x.npy", xn), ("y.npy", yn)]), "error")
+    npz_train(c, "extra member", npz_bytes([("x.npy", xn), ("y.npy", yn), ("z.npy", yn)]), "either")
+    npz_train(c, "members in a folder", npz_bytes([("a/x.npy", xn), ("a/y.npy", yn)]), "error")
+
+
+def gen_npz_headers(c, x, y):
+    """The .npy members: dtypes, header texts, shapes."""
+    xn, yn = npy_bytes("<f4", (N_ROWS, N_FEAT), f32(x)), npy_bytes("<i8", (N_ROWS,), i64(y))
     # npy headers
     for descr, var, exp in (("<f8", "x", "error"), (">f4", "x", "error"), ("<f2", "x", "error"), ("|b1", "x", "error"),
                             ("<i4", "y", "error"), ("<f4", "y", "error"), ("<u8", "y", "error"), ("|O", "x", "error")):
         if var == "x":
-            tr("x dtype %s" % descr, npz_bytes([("x.npy", npy_bytes(descr, (N_ROWS, N_FEAT), f32(x))), ("y.npy", yn)]), exp)
+            npz_train(c, "x dtype %s" % descr,
+                      npz_bytes([("x.npy", npy_bytes(descr, (N_ROWS, N_FEAT), f32(x))), ("y.npy", yn)]), exp)
         else:
-            tr("y dtype %s" % descr, npz_bytes([("x.npy", xn), ("y.npy", npy_bytes(descr, (N_ROWS,), i64(y)))]), exp)
-    tr("x fortran order", npz_bytes([("x.npy", npy_bytes("<f4", (N_ROWS, N_FEAT), f32(x), fortran=True)), ("y.npy", yn)]),
-       "either")
-    tr("npy bad magic", npz_bytes([("x.npy", npy_bytes("<f4", (N_ROWS, N_FEAT), f32(x), magic=b"\x93NUMPZ")), ("y.npy", yn)]),
-       "error")
-    tr("npy version 9.0", npz_bytes([("x.npy", npy_bytes("<f4", (N_ROWS, N_FEAT), f32(x), version=(9, 0))), ("y.npy", yn)]),
-       "error")
-    tr("npy version 2.0", npz_bytes([("x.npy", npy_bytes("<f4", (N_ROWS, N_FEAT), f32(x), version=(2, 0))), ("y.npy", yn)]),
-       "ok")
+            npz_train(c, "y dtype %s" % descr,
+                      npz_bytes([("x.npy", xn), ("y.npy", npy_bytes(descr, (N_ROWS,), i64(y)))]), exp)
+    npz_train(c, "x fortran order",
+              npz_bytes([("x.npy", npy_bytes("<f4", (N_ROWS, N_FEAT), f32(x), fortran=True)), ("y.npy", yn)]), "either")
+    npz_train(c, "npy bad magic",
+              npz_bytes([("x.npy", npy_bytes("<f4", (N_ROWS, N_FEAT), f32(x), magic=b"\x93NUMPZ")), ("y.npy", yn)]), "error")
+    npz_train(c, "npy version 9.0",
+              npz_bytes([("x.npy", npy_bytes("<f4", (N_ROWS, N_FEAT), f32(x), version=(9, 0))), ("y.npy", yn)]), "error")
+    npz_train(c, "npy version 2.0",
+              npz_bytes([("x.npy", npy_bytes("<f4", (N_ROWS, N_FEAT), f32(x), version=(2, 0))), ("y.npy", yn)]), "ok")
     hl = npy_bytes("<f4", (N_ROWS, N_FEAT), f32(x))
-    tr("npy header length 65535", npz_bytes([("x.npy", hl[:8] + struct.pack("<H", 65535) + hl[10:]), ("y.npy", yn)]), "error")
+    npz_train(c, "npy header length 65535",
+              npz_bytes([("x.npy", hl[:8] + struct.pack("<H", 65535) + hl[10:]), ("y.npy", yn)]), "error")
     for hdr_text, name in (("{'descr': '<f4', 'fortran_order': False}", "shape key missing"),
                            ("['descr', '<f4']", "header a list"), ("", "header empty"),
                            ("{'descr': '<f4', 'fortran_order': False, 'shape': (30, 2), 'shape': (3, 2)}", "shape twice"),
@@ -1203,16 +1303,22 @@ def gen_npz(c):
                            ("{'descr': '<f4', 'fortran_order': False, 'shape': (" + "(" * 10000 + "30" + ")" * 10000 + ", 2), }",
                             "shape nested 10000 deep"),
                            ("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (30,), }", "structured dtype")):
-        tr("npy " + name, npz_bytes([("x.npy", npy_bytes("<f4", (), f32(x), header=hdr_text)), ("y.npy", yn)]), "error")
+        npz_train(c, "npy " + name, npz_bytes([("x.npy", npy_bytes("<f4", (), f32(x), header=hdr_text)), ("y.npy", yn)]),
+                  "error")
     for shape, name in (((2 ** 40, 2), "x shape 2^40 x 2"), (((2 ** 62), (2 ** 62)), "x shape 2^62 x 2^62"),
                         ((-30, 2), "x shape negative"), ((N_ROWS * N_FEAT,), "x 1-D"), ((N_ROWS, N_FEAT, 1), "x 3-D"),
                         ((), "x scalar"), ((N_ROWS, 3), "x 3 features, body for 2"), ((0, 2), "x no rows"),
                         ((N_ROWS - 1, N_FEAT), "x one row fewer than y"), ((2 ** 63 - 1, 2), "x shape 2^63-1")):
-        tr(name, npz_bytes([("x.npy", npy_bytes("<f4", shape, f32(x))), ("y.npy", yn)]), "error")
-    tr("y shape (30, 1)", npz_bytes([("x.npy", xn), ("y.npy", npy_bytes("<i8", (N_ROWS, 1), i64(y)))]), "error")
-    tr("x and y empty", npz_xy([], [], xshape=(0, 2), yshape=(0,)), "error")
+        npz_train(c, name, npz_bytes([("x.npy", npy_bytes("<f4", shape, f32(x))), ("y.npy", yn)]), "error")
+    npz_train(c, "y shape (30, 1)", npz_bytes([("x.npy", xn), ("y.npy", npy_bytes("<i8", (N_ROWS, 1), i64(y)))]), "error")
+    npz_train(c, "x and y empty", npz_xy([], [], xshape=(0, 2), yshape=(0,)), "error")
     x3 = [v for i in range(N_ROWS) for v in (x[2 * i], x[2 * i + 1], 0.5)]
-    tr("x with 3 features for mlp:2", npz_bytes([("x.npy", npy_bytes("<f4", (N_ROWS, 3), f32(x3))), ("y.npy", yn)]), "error")
+    npz_train(c, "x with 3 features for mlp:2",
+              npz_bytes([("x.npy", npy_bytes("<f4", (N_ROWS, 3), f32(x3))), ("y.npy", yn)]), "error")
+
+
+def gen_npz_values(c, x, y):
+    """The values: non-finite inputs, denormals, labels out of range."""
     # values
     nan, inf = float("nan"), float("inf")
     for row, col, v, name in ((0, 0, nan, "NaN in row 0"), (N_ROWS - 1, 1, nan, "NaN in the last row"),
@@ -1224,27 +1330,28 @@ def gen_npz(c):
         xv = list(x)
         xv[row * N_FEAT + col] = v
         exp = "either" if math.isfinite(v) else "error"
-        tr(name, npz_xy(xv, y), exp)
+        npz_train(c, name, npz_xy(xv, y), exp)
         if row == N_ROWS - 1 and col == 0 and v == inf:
-            tr(name + " with --allow-nonfinite", npz_xy(xv, y), "either", extra=("--allow-nonfinite",))
-            ev(name, npz_xy(xv, y), "either")
+            npz_train(c, name + " with --allow-nonfinite", npz_xy(xv, y), "either", extra=("--allow-nonfinite",))
+            npz_eval(c, name, npz_xy(xv, y), "either")
     # one batch holding the whole set: a non-finite input whose loss stays finite (the ReLUs zero
     # it) still makes the update non-finite; the run must not end with exit 0 and NaN parameters
     for row, col, v in ((0, 0, inf), (N_ROWS - 1, 0, inf), (0, 1, -inf), (N_ROWS - 1, 0, nan)):
         xv = list(x)
         xv[row * N_FEAT + col] = v
-        tr("%s in row %d feature %d, whole set in one batch" % ({inf: "plus inf", -inf: "minus inf"}.get(v, "NaN"), row, col),
-           npz_xy(xv, y), "error", extra=("--batch", "30"))
-    tr("all NaN", npz_xy([nan] * len(x), y), "error")
-    tr("all NaN with --allow-nonfinite", npz_xy([nan] * len(x), y), "ok", extra=("--allow-nonfinite",))
-    tr("denormal values", npz_xy([1e-40] * len(x), y), "ok")
+        what = {inf: "plus inf", -inf: "minus inf"}.get(v, "NaN")
+        npz_train(c, "%s in row %d feature %d, whole set in one batch" % (what, row, col), npz_xy(xv, y), "error",
+                  extra=("--batch", "30"))
+    npz_train(c, "all NaN", npz_xy([nan] * len(x), y), "error")
+    npz_train(c, "all NaN with --allow-nonfinite", npz_xy([nan] * len(x), y), "ok", extra=("--allow-nonfinite",))
+    npz_train(c, "denormal values", npz_xy([1e-40] * len(x), y), "ok")
     for v, exp in ((-1, "error"), (3, "error"), (2 ** 62, "error"), (-(2 ** 63), "error"), (2 ** 31, "error")):
         yv = list(y)
         yv[7] = v
-        tr("label %d" % v, npz_xy(x, yv), exp)
+        npz_train(c, "label %d" % v, npz_xy(x, yv), exp)
         if v in (3, 2 ** 62):
-            ev("label %d" % v, npz_xy(x, yv), exp)
-    tr("labels all 0", npz_xy(x, [0] * N_ROWS), "ok")
+            npz_eval(c, "label %d" % v, npz_xy(x, yv), exp)
+    npz_train(c, "labels all 0", npz_xy(x, [0] * N_ROWS), "ok")
 
 
 # ---- 5. schedule CSV --------------------------------------------------------------------------
