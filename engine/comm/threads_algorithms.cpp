@@ -67,16 +67,28 @@ void finish_avg(Call& c, T* buf, int64_t len, ReduceOp op, int n) {
 
 // ---- ring ----
 
+// One rank's part of a ring collective: its step plumbing, its ring position (n ranks, this one r,
+// its predecessor pred), the element count, the ring's links and this rank's output buffer.
+template <class T>
+struct RingRank_ {
+  Stepper_ st;
+  Rendezvous& rv;
+  const int n, r, pred;
+  const int64_t count;
+  const std::vector<std::pair<int, int>> pairs;
+  T* out;
+  explicit RingRank_(Call& c)
+      : st(c), rv(*c.rv), n(c.n), r(c.rank), pred(ring_mod(c.rank - 1, c.n)), count(c.rv->desc.count),
+        pairs(ring_pairs(c.n)), out(as<T>(c.rv->buf[static_cast<size_t>(c.rank)])) {}
+};
+
 template <class T>
 void ring_allreduce(Call& c) {
-  Stepper_ st(c);
-  Rendezvous& rv = *c.rv;
-  const int n = c.n, r = c.rank, pred = ring_mod(r - 1, n), J = rv.slices;
-  const int64_t count = rv.desc.count;
+  RingRank_<T> rank(c);
+  auto& [st, rv, n, r, pred, count, pairs, mine] = rank;
+  const int J = rv.slices;
   const int64_t slice = (chunk_begin(count, n, 1) + 1 + J - 1) / J;  // elements per slice
   const double chunk_bytes = static_cast<double>(count * sizeof(T)) / n;  // the model's n/p
-  const auto pairs = ring_pairs(n);
-  T* mine = as<T>(rv.buf[static_cast<size_t>(r)]);
   const T* theirs = as<T>(rv.buf[static_cast<size_t>(pred)]);
   for (int s = 0; s < rv.steps; s++) {
     int64_t wall0 = st.begin(s);
@@ -103,12 +115,8 @@ void ring_allreduce(Call& c) {
 
 template <class T>
 void ring_reduce_scatter(Call& c) {
-  Stepper_ st(c);
-  Rendezvous& rv = *c.rv;
-  const int n = c.n, r = c.rank, pred = ring_mod(r - 1, n);
-  const int64_t count = rv.desc.count;
-  const auto pairs = ring_pairs(n);
-  T* out = as<T>(rv.buf[static_cast<size_t>(r)]);
+  RingRank_<T> rank(c);
+  auto& [st, rv, n, r, pred, count, pairs, out] = rank;
   const T* in = as<T>(rv.in[static_cast<size_t>(r)]);
   if (n == 1) {
     copy_elems(c, out, in, count);
@@ -144,12 +152,8 @@ void ring_reduce_scatter(Call& c) {
 
 template <class T>
 void ring_all_gather(Call& c) {
-  Stepper_ st(c);
-  Rendezvous& rv = *c.rv;
-  const int n = c.n, r = c.rank, pred = ring_mod(r - 1, n);
-  const int64_t count = rv.desc.count;
-  const auto pairs = ring_pairs(n);
-  T* out = as<T>(rv.buf[static_cast<size_t>(r)]);
+  RingRank_<T> rank(c);
+  auto& [st, rv, n, r, pred, count, pairs, out] = rank;
   copy_elems(c, out + r * count, as<T>(rv.in[static_cast<size_t>(r)]), count);  // never read by others
   const T* pred_in = as<T>(rv.in[static_cast<size_t>(pred)]);
   const T* pred_out = as<T>(static_cast<const void*>(rv.buf[static_cast<size_t>(pred)]));

@@ -1,6 +1,7 @@
 #include "engine/train/config_json.h"
 
 #include <limits>
+#include <optional>
 #include <type_traits>
 
 #include <nlohmann/json.hpp>
@@ -50,84 +51,186 @@ std::string get_text(const json& j, const char* key, const std::string& fallback
   return s;
 }
 
-// An algorithm by name; a missing key keeps `out` (the communicator's default).
-void get_algorithm(const json& j, const char* key, Algorithm& out) {
-  out = parse_algorithm(get_text(j, key, algorithm_name(out)));
+FaultKind parse_fault_kind(const std::string& kind) {
+  if (kind != "skip" && kind != "delay") throw Error("the run configuration's fault kind '" + kind + "' is not skip or delay");
+  return kind == "skip" ? FaultKind::Skip : FaultKind::Delay;
+}
+
+// The two directions of one field list (config_fields below). Writer fills a JSON object; Reader
+// reads what the object holds, in list order, so the first bad field is the first one reported.
+struct Writer {
+  json& j;
+  template <class T>
+  void field(const char* key, const T& v) { j[key] = v; }
+  // A field written as text: to_text(v); read back with from_text.
+  template <class T, class To, class From>
+  void text(const char* key, const T& v, To to_text, From) { j[key] = to_text(v); }
+  void rank_list(const char* key, const std::vector<int>& v) { j[key] = v; }
+  template <class T, class Fn>
+  void section(const char* key, T& v, Fn fields) {
+    json sub = json::object();
+    Writer w{sub};
+    fields(w, v);
+    j[key] = std::move(sub);
+  }
+  // A section written only when set.
+  template <class T, class Fn>
+  void optional_section(const char* key, const std::optional<T>& v, Fn fields) {
+    if (v) section(key, *v, fields);
+  }
+  template <class T, class Fn>
+  void list(const char* key, const std::vector<T>& v, Fn fields) {
+    j[key] = json::array();
+    for (const T& e : v) {
+      json sub = json::object();
+      Writer w{sub};
+      fields(w, e);
+      j[key].push_back(std::move(sub));
+    }
+  }
+};
+
+struct Reader {
+  const json& j;
+  template <class T>
+  void field(const char* key, T& v) { get(j, key, v); }
+  // A missing key keeps v.
+  template <class T, class To, class From>
+  void text(const char* key, T& v, To to_text, From from_text) { v = from_text(get_text(j, key, to_text(v))); }
+  void rank_list(const char* key, std::vector<int>& v) {
+    if (!j.contains(key)) return;
+    const json& r = *j.find(key);
+    if (!r.is_array()) throw Error("the run configuration's \"skip_ranks\" must be a list of ranks");
+    v.clear();
+    for (const json& e : r) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > (1 << 20))
+        throw Error("the run configuration's \"skip_ranks\" must hold whole numbers from 0 up");
+      v.push_back(static_cast<int>(e.get<int64_t>()));
+    }
+  }
+  template <class T, class Fn>
+  void section(const char* key, T& v, Fn fields) {
+    if (!j.contains(key)) return;
+    Reader r{*j.find(key)};
+    fields(r, v);
+  }
+  template <class T, class Fn>
+  void optional_section(const char* key, std::optional<T>& v, Fn fields) {
+    if (!j.contains(key)) return;
+    T fresh;
+    section(key, fresh, fields);
+    v = fresh;
+  }
+  template <class T, class Fn>
+  void list(const char* key, std::vector<T>& v, Fn fields) {
+    if (!j.contains(key)) return;
+    for (const json& e : *j.find(key)) {
+      T x;
+      Reader r{e};
+      fields(r, x);
+      v.push_back(x);
+    }
+  }
+};
+
+// Every field of a run configuration, once, for both directions: Io is Writer (C a const
+// TrainConfig) or Reader (C a TrainConfig).
+template <class Io, class C>
+void config_fields(Io& io, C& c) {
+  io.field("strategy", c.strategy);
+  io.field("world_size", c.world_size);
+  io.text("model", c.model, [](const ModelSpec& m) { return m.str(); }, ModelSpec::parse);
+  io.field("data", c.data);
+  io.field("batch", c.batch);
+  io.field("steps", c.steps);
+  io.field("epochs", c.epochs);
+  io.section("optimizer", c.optimizer, [](auto& o, auto& v) {
+    o.text("kind", v.kind, optimizer_name, parse_optimizer_kind);
+    o.field("lr", v.lr);
+    o.field("weight_decay", v.weight_decay);
+    o.field("momentum", v.momentum);
+    o.field("dampening", v.dampening);
+    o.field("beta1", v.beta1);
+    o.field("beta2", v.beta2);
+    o.field("eps", v.eps);
+  });
+  io.field("seed", c.seed);
+  io.field("shuffle", c.shuffle);
+  io.field("drop_last", c.drop_last);
+  io.field("init_path", c.init_path);
+  io.field("save_path", c.save_path);
+  io.field("save_sharded_path", c.save_sharded_path);
+  io.field("threads", c.threads);
+  io.field("trace_path", c.trace_path);
+  io.field("trace_modeled", c.trace_modeled);
+  io.field("profile", c.profile);
+  io.field("accum", c.accum);
+  io.field("skip_layer", c.skip_layer);
+  io.field("skip_every", c.skip_every);
+  io.rank_list("skip_ranks", c.skip_ranks);
+  io.field("allow_nonfinite", c.allow_nonfinite);
+  io.section("ddp", c.ddp, [](auto& d, auto& v) {
+    d.field("bucket_cap_bytes", v.bucket_cap_bytes);
+    d.field("first_bucket_bytes", v.first_bucket_bytes);
+    d.field("find_unused_parameters", v.find_unused_parameters);
+    d.field("gradient_as_bucket_view", v.gradient_as_bucket_view);
+    d.field("rebuild_buckets", v.rebuild_buckets);
+    d.field("sized_first_iteration", v.sized_first_iteration);
+  });
+  io.section("fsdp", c.fsdp, [](auto& f, auto& v) {
+    f.text("sharding", v.sharding, sharding_flag, parse_sharding);
+    f.field("wrap_layers", v.wrap_layers);
+    f.text("backward_prefetch", v.backward_prefetch, backward_prefetch_flag, parse_backward_prefetch);
+    f.field("forward_prefetch", v.forward_prefetch);
+    f.field("node_size", v.node_size);
+  });
+  io.section("pipeline", c.pipeline, [](auto& p, auto& v) {
+    p.field("stages", v.stages);
+    p.field("microbatches", v.microbatches);
+    p.text("schedule", v.schedule, schedule_kind_flag, parse_schedule_kind);
+    p.field("chunks", v.chunks);
+    p.field("split", v.split);
+    p.field("dp", v.dp);
+    p.optional_section("fixed_costs", v.fixed_costs, [](auto& fc, auto& a) {
+      fc.field("forward", a.forward);
+      fc.field("backward", a.backward);
+      fc.field("backward_input", a.backward_input);
+      fc.field("backward_weight", a.backward_weight);
+      fc.field("hop_latency", a.hop_latency);
+    });
+  });
+  io.field("timeout_s", c.timeout_s);
+  io.field("start_paused", c.start_paused);
+  io.list("faults", c.faults, [](auto& fl, auto& f) {
+    fl.text("kind", f.kind, fault_kind_flag, parse_fault_kind);
+    fl.field("rank", f.rank);
+    fl.field("seq", f.seq);
+    fl.field("delay_s", f.delay_s);
+  });
+  io.field("device", c.device);
+  io.field("launched", c.launched);
+  io.field("backend", c.backend);
+  io.section("socket", c.socket, [](auto& s, auto& v) {
+    s.field("rank", v.rank);
+    s.field("world_size", v.world_size);
+    s.field("local_rank", v.local_rank);
+    s.field("master_addr", v.master_addr);
+    s.field("master_port", v.master_port);
+    s.field("timeout_s", v.timeout_s);
+    s.text("allreduce", v.algorithms.allreduce, algorithm_name, parse_algorithm);
+    s.text("broadcast", v.algorithms.broadcast, algorithm_name, parse_algorithm);
+    s.text("reduce", v.algorithms.reduce, algorithm_name, parse_algorithm);
+  });
+  io.field("monitor_port", c.monitor_port);
+  io.field("monitor_wait_s", c.monitor_wait_s);
 }
 
 }  // namespace
 
 std::string train_config_to_json(const TrainConfig& c) {
   json j;
-  j["strategy"] = c.strategy;
-  j["world_size"] = c.world_size;
-  j["model"] = c.model.str();
-  j["data"] = c.data;
-  j["batch"] = c.batch;
-  j["steps"] = c.steps;
-  j["epochs"] = c.epochs;
-  const OptimizerConfig& o = c.optimizer;
-  j["optimizer"] = {{"kind", optimizer_name(o.kind)}, {"lr", o.lr},       {"weight_decay", o.weight_decay},
-                    {"momentum", o.momentum},         {"dampening", o.dampening}, {"beta1", o.beta1},
-                    {"beta2", o.beta2},               {"eps", o.eps}};
-  j["seed"] = c.seed;
-  j["shuffle"] = c.shuffle;
-  j["drop_last"] = c.drop_last;
-  j["init_path"] = c.init_path;
-  j["save_path"] = c.save_path;
-  j["save_sharded_path"] = c.save_sharded_path;
-  j["threads"] = c.threads;
-  j["trace_path"] = c.trace_path;
-  j["trace_modeled"] = c.trace_modeled;
-  j["profile"] = c.profile;
-  j["accum"] = c.accum;
-  j["skip_layer"] = c.skip_layer;
-  j["skip_every"] = c.skip_every;
-  j["skip_ranks"] = c.skip_ranks;
-  j["allow_nonfinite"] = c.allow_nonfinite;
-  const DdpOptions& d = c.ddp;
-  j["ddp"] = {{"bucket_cap_bytes", d.bucket_cap_bytes},
-              {"first_bucket_bytes", d.first_bucket_bytes},
-              {"find_unused_parameters", d.find_unused_parameters},
-              {"gradient_as_bucket_view", d.gradient_as_bucket_view},
-              {"rebuild_buckets", d.rebuild_buckets},
-              {"sized_first_iteration", d.sized_first_iteration}};
-  const FsdpOptions& f = c.fsdp;
-  j["fsdp"] = {{"sharding", sharding_flag(f.sharding)},
-               {"wrap_layers", f.wrap_layers},
-               {"backward_prefetch", backward_prefetch_flag(f.backward_prefetch)},
-               {"forward_prefetch", f.forward_prefetch},
-               {"node_size", f.node_size}};
-  const PipelineOptions& p = c.pipeline;
-  j["pipeline"] = {{"stages", p.stages},   {"microbatches", p.microbatches},
-                   {"schedule", schedule_kind_flag(p.schedule)},
-                   {"chunks", p.chunks},   {"split", p.split}, {"dp", p.dp}};
-  if (p.fixed_costs)
-    j["pipeline"]["fixed_costs"] = {{"forward", p.fixed_costs->forward},
-                                    {"backward", p.fixed_costs->backward},
-                                    {"backward_input", p.fixed_costs->backward_input},
-                                    {"backward_weight", p.fixed_costs->backward_weight},
-                                    {"hop_latency", p.fixed_costs->hop_latency}};
-  j["timeout_s"] = c.timeout_s;
-  j["start_paused"] = c.start_paused;
-  j["faults"] = json::array();
-  for (const Fault& fl : c.faults)
-    j["faults"].push_back({{"kind", fault_kind_flag(fl.kind)}, {"rank", fl.rank}, {"seq", fl.seq}, {"delay_s", fl.delay_s}});
-  j["device"] = c.device;
-  j["launched"] = c.launched;
-  j["backend"] = c.backend;
-  const SocketOptions& s = c.socket;
-  j["socket"] = {{"rank", s.rank},
-                 {"world_size", s.world_size},
-                 {"local_rank", s.local_rank},
-                 {"master_addr", s.master_addr},
-                 {"master_port", s.master_port},
-                 {"timeout_s", s.timeout_s},
-                 {"allreduce", algorithm_name(s.algorithms.allreduce)},
-                 {"broadcast", algorithm_name(s.algorithms.broadcast)},
-                 {"reduce", algorithm_name(s.algorithms.reduce)}};
-  j["monitor_port"] = c.monitor_port;
-  j["monitor_wait_s"] = c.monitor_wait_s;
+  Writer w{j};
+  config_fields(w, c);
   return j.dump();
 }
 
@@ -140,115 +243,8 @@ TrainConfig train_config_from_json(const std::string& text) {
   }
   if (!j.is_object()) throw Error("the run configuration is not a JSON object");
   TrainConfig c;
-  get(j, "strategy", c.strategy);
-  get(j, "world_size", c.world_size);
-  c.model = ModelSpec::parse(get_text(j, "model", c.model.str()));
-  get(j, "data", c.data);
-  get(j, "batch", c.batch);
-  get(j, "steps", c.steps);
-  get(j, "epochs", c.epochs);
-  if (j.contains("optimizer")) {
-    const json& o = j["optimizer"];
-    c.optimizer.kind = parse_optimizer_kind(get_text(o, "kind", "adamw"));
-    get(o, "lr", c.optimizer.lr);
-    get(o, "weight_decay", c.optimizer.weight_decay);
-    get(o, "momentum", c.optimizer.momentum);
-    get(o, "dampening", c.optimizer.dampening);
-    get(o, "beta1", c.optimizer.beta1);
-    get(o, "beta2", c.optimizer.beta2);
-    get(o, "eps", c.optimizer.eps);
-  }
-  get(j, "seed", c.seed);
-  get(j, "shuffle", c.shuffle);
-  get(j, "drop_last", c.drop_last);
-  get(j, "init_path", c.init_path);
-  get(j, "save_path", c.save_path);
-  get(j, "save_sharded_path", c.save_sharded_path);
-  get(j, "threads", c.threads);
-  get(j, "trace_path", c.trace_path);
-  get(j, "trace_modeled", c.trace_modeled);
-  get(j, "profile", c.profile);
-  get(j, "accum", c.accum);
-  get(j, "skip_layer", c.skip_layer);
-  get(j, "skip_every", c.skip_every);
-  if (j.contains("skip_ranks")) {
-    const json& r = j["skip_ranks"];
-    if (!r.is_array()) throw Error("the run configuration's \"skip_ranks\" must be a list of ranks");
-    c.skip_ranks.clear();
-    for (const json& v : r) {
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (1 << 20))
-        throw Error("the run configuration's \"skip_ranks\" must hold whole numbers from 0 up");
-      c.skip_ranks.push_back(static_cast<int>(v.get<int64_t>()));
-    }
-  }
-  get(j, "allow_nonfinite", c.allow_nonfinite);
-  if (j.contains("ddp")) {
-    const json& d = j["ddp"];
-    get(d, "bucket_cap_bytes", c.ddp.bucket_cap_bytes);
-    get(d, "first_bucket_bytes", c.ddp.first_bucket_bytes);
-    get(d, "find_unused_parameters", c.ddp.find_unused_parameters);
-    get(d, "gradient_as_bucket_view", c.ddp.gradient_as_bucket_view);
-    get(d, "rebuild_buckets", c.ddp.rebuild_buckets);
-    get(d, "sized_first_iteration", c.ddp.sized_first_iteration);
-  }
-  if (j.contains("fsdp")) {
-    const json& f = j["fsdp"];
-    c.fsdp.sharding = parse_sharding(get_text(f, "sharding", sharding_flag(c.fsdp.sharding)));
-    get(f, "wrap_layers", c.fsdp.wrap_layers);
-    c.fsdp.backward_prefetch = parse_backward_prefetch(get_text(f, "backward_prefetch", "pre"));
-    get(f, "forward_prefetch", c.fsdp.forward_prefetch);
-    get(f, "node_size", c.fsdp.node_size);
-  }
-  if (j.contains("pipeline")) {
-    const json& p = j["pipeline"];
-    get(p, "stages", c.pipeline.stages);
-    get(p, "microbatches", c.pipeline.microbatches);
-    c.pipeline.schedule = parse_schedule_kind(get_text(p, "schedule", schedule_kind_flag(c.pipeline.schedule)));
-    get(p, "chunks", c.pipeline.chunks);
-    get(p, "split", c.pipeline.split);
-    get(p, "dp", c.pipeline.dp);
-    if (p.contains("fixed_costs")) {
-      const json& fc = p["fixed_costs"];
-      ActionCosts a;
-      get(fc, "forward", a.forward);
-      get(fc, "backward", a.backward);
-      get(fc, "backward_input", a.backward_input);
-      get(fc, "backward_weight", a.backward_weight);
-      get(fc, "hop_latency", a.hop_latency);
-      c.pipeline.fixed_costs = a;
-    }
-  }
-  get(j, "timeout_s", c.timeout_s);
-  get(j, "start_paused", c.start_paused);
-  if (j.contains("faults")) {
-    for (const json& fl : j["faults"]) {
-      Fault f;
-      const std::string kind = get_text(fl, "kind", "skip");
-      if (kind != "skip" && kind != "delay") throw Error("the run configuration's fault kind '" + kind + "' is not skip or delay");
-      f.kind = kind == "skip" ? FaultKind::Skip : FaultKind::Delay;
-      get(fl, "rank", f.rank);
-      get(fl, "seq", f.seq);
-      get(fl, "delay_s", f.delay_s);
-      c.faults.push_back(f);
-    }
-  }
-  get(j, "device", c.device);
-  get(j, "launched", c.launched);
-  get(j, "backend", c.backend);
-  if (j.contains("socket")) {
-    const json& s = j["socket"];
-    get(s, "rank", c.socket.rank);
-    get(s, "world_size", c.socket.world_size);
-    get(s, "local_rank", c.socket.local_rank);
-    get(s, "master_addr", c.socket.master_addr);
-    get(s, "master_port", c.socket.master_port);
-    get(s, "timeout_s", c.socket.timeout_s);
-    get_algorithm(s, "allreduce", c.socket.algorithms.allreduce);
-    get_algorithm(s, "broadcast", c.socket.algorithms.broadcast);
-    get_algorithm(s, "reduce", c.socket.algorithms.reduce);
-  }
-  get(j, "monitor_port", c.monitor_port);
-  get(j, "monitor_wait_s", c.monitor_wait_s);
+  Reader r{j};
+  config_fields(r, c);
   return c;
 }
 
