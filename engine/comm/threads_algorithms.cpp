@@ -233,38 +233,39 @@ void tree_reduce_steps(Call& c, int root) {
 
 // ---- naive ----
 
-// Root takes each other rank's buffer in turn (reducing or just receiving), one message per step.
+// The naive algorithms, one message per step between the root and each other rank in turn:
+// gather (toward the root, which reduces or just receives each buffer) or send (from the root,
+// each other rank copying the root's buffer).
 template <class T>
-void naive_gather_steps(Call& c, int root, bool reduce, int first_step) {
+void naive_steps(Call& c, int root, bool gather, bool reduce, int first_step) {
   Stepper_ st(c);
   Rendezvous& rv = *c.rv;
   const int n = c.n, r = c.rank;
   const int64_t count = rv.desc.count;
   for (int i = 1; i < n; i++) {
-    const int s = first_step + i - 1, src = ring_mod(root + i, n);
+    const int s = first_step + i - 1, other = ring_mod(root + i, n);
+    const int src = gather ? other : root, dst = gather ? root : other;
     int64_t wall0 = st.begin(s);
-    if (r == root) reduce_into(c, as<T>(rv.buf[static_cast<size_t>(r)]),
-                               as<T>(static_cast<const void*>(rv.buf[static_cast<size_t>(src)])), count, rv.desc.reduce);
+    T* mine = as<T>(rv.buf[static_cast<size_t>(r)]);
+    const T* theirs = as<T>(static_cast<const void*>(rv.buf[static_cast<size_t>(src)]));
+    if (r == dst && gather) reduce_into(c, mine, theirs, count, rv.desc.reduce);
+    if (r == dst && !gather) copy_elems(c, mine, theirs, count);
     st.w.step_barrier(c);
-    st.w.finish_step(c, s, RingPhase::Gather, -1, src, root, r == root ? count * static_cast<int64_t>(sizeof(T)) : 0,
-                     {{src, root}}, static_cast<double>(count * sizeof(T)), reduce, wall0);
+    st.w.finish_step(c, s, gather ? RingPhase::Gather : RingPhase::Broadcast, -1, src, dst,
+                     r == dst ? count * static_cast<int64_t>(sizeof(T)) : 0, {{src, dst}},
+                     static_cast<double>(count * sizeof(T)), reduce, wall0);
   }
+}
+
+// Root takes each other rank's buffer in turn (reducing or just receiving).
+template <class T>
+void naive_gather_steps(Call& c, int root, bool reduce, int first_step) {
+  naive_steps<T>(c, root, true, reduce, first_step);
 }
 
 template <class T>
 void naive_send_steps(Call& c, int root, int first_step) {
-  Stepper_ st(c);
-  Rendezvous& rv = *c.rv;
-  const int n = c.n, r = c.rank;
-  const int64_t count = rv.desc.count;
-  for (int i = 1; i < n; i++) {
-    const int s = first_step + i - 1, dst = ring_mod(root + i, n);
-    int64_t wall0 = st.begin(s);
-    if (r == dst) copy_elems(c, as<T>(rv.buf[static_cast<size_t>(r)]), as<T>(static_cast<const void*>(rv.buf[static_cast<size_t>(root)])), count);
-    st.w.step_barrier(c);
-    st.w.finish_step(c, s, RingPhase::Broadcast, -1, root, dst, r == dst ? count * static_cast<int64_t>(sizeof(T)) : 0,
-                     {{root, dst}}, static_cast<double>(count * sizeof(T)), false, wall0);
-  }
+  naive_steps<T>(c, root, false, false, first_step);
 }
 
 template <class T>

@@ -39,16 +39,8 @@ constexpr double kGpuFlops = 100e12;
 
 HardwareProfile make_profile(const char* name, const char* description, int nodes,
                              int gpus_per_node, Link intra, Link inter) {
-  HardwareProfile p;
-  p.name = name;
-  p.description = description;
-  p.nodes = nodes;
-  p.gpus_per_node = gpus_per_node;
-  p.intra = intra;
-  p.inter = inter;
-  p.gamma = kHbmGamma;
-  p.flops_per_s = kGpuFlops;
-  return p;
+  return HardwareProfile{.name = name, .description = description, .gpus_per_node = gpus_per_node, .nodes = nodes,
+                         .intra = intra, .inter = inter, .gamma = kHbmGamma, .flops_per_s = kGpuFlops};
 }
 
 // ceil(log2 p): the rounds of a binomial tree (the number of ranks holding data doubles each round).

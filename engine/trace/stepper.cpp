@@ -145,14 +145,8 @@ bool Stepper::gate(int rank, int lane, GateKind kind, GatePos pos, int32_t itera
 
 StepperState Stepper::state() const {
   std::lock_guard<std::mutex> lock(mu_);
-  StepperState s;
-  s.paused = paused_;
-  s.speed = speed_;
-  s.allowed = allowed_;
-  s.frontier = frontier_;
-  s.gates = gates_;
-  s.generation = generation_;
-  return s;
+  return StepperState{.paused = paused_, .speed = speed_, .allowed = allowed_, .frontier = frontier_,
+                      .gates = gates_, .generation = generation_};
 }
 
 bool Stepper::paused() const {
