@@ -122,7 +122,7 @@ TEST_SUITE("collective_table") {
                       "broadcast does not run the ring algorithm; use tree or naive");
     CHECK_THROWS_WITH(dtlab::check_algorithm(CollectiveOp::Reduce, A::Ring),
                       "reduce does not run the ring algorithm; use tree or naive");
-    CHECK(dtlab::algorithm_choices(collective_traits(CollectiveOp::AllReduce)) == "ring, tree or naive");
+    CHECK(dtlab::algorithm_choices(collective_traits(CollectiveOp::AllReduce)) == "ring, tree, naive, dbtree, hierarchical or nvls");
     // Defaults: tree for broadcast and reduce, ring for the rest; the communicator's the same.
     for (CollectiveOp op : kAllOps) {
       const bool rooted = op == CollectiveOp::Broadcast || op == CollectiveOp::Reduce;

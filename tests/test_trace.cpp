@@ -119,7 +119,7 @@ TEST_SUITE("trace") {
     CHECK(parse_algorithm("tree") == Algorithm::Tree);
     CHECK(parse_algorithm("naive") == Algorithm::Naive);
     CHECK(parse_algorithm("default") == Algorithm::Default);
-    CHECK_THROWS_WITH_AS(parse_algorithm("butterfly"), "algorithm 'butterfly' is not known; use ring, tree or naive",
+    CHECK_THROWS_WITH_AS(parse_algorithm("butterfly"), "algorithm 'butterfly' is not known; use ring, tree, naive, dbtree, hierarchical or nvls",
                          dtlab::Error);
   }
 

@@ -32,7 +32,8 @@ void tree_reduce(std::vector<StepTransfer>& out, int n, int root, int k) {
 
 }  // namespace
 
-int algorithm_step_count(CollectiveOp op, Algorithm algo, int n) {
+int algorithm_step_count(CollectiveOp op, Algorithm algo, int n, int node_size) {
+  (void)node_size;
   if (n <= 1) return 0;
   switch (op) {
     case CollectiveOp::AllReduce: return algo == Algorithm::Tree ? 2 * ceil_log2(n) : 2 * (n - 1);
@@ -45,7 +46,8 @@ int algorithm_step_count(CollectiveOp op, Algorithm algo, int n) {
   }
 }
 
-std::vector<StepTransfer> algorithm_step_plan(CollectiveOp op, Algorithm algo, int n, int root, int s) {
+std::vector<StepTransfer> algorithm_step_plan(CollectiveOp op, Algorithm algo, int n, int root, int s, int node_size) {
+  (void)node_size;
   std::vector<StepTransfer> out;
   if (s < 0 || s >= algorithm_step_count(op, algo, n)) return out;
   switch (op) {

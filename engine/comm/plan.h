@@ -18,8 +18,11 @@ struct StepTransfer {
 };
 
 // Steps the algorithm takes with `world` ranks (0 with one rank). `algo` must be resolved (not Default).
-int algorithm_step_count(CollectiveOp op, Algorithm algo, int world);
+// `node_size`: ranks per node (the profile's gpus_per_node; 0 or >= world: one node), which only the
+// hierarchical all-reduce reads.
+int algorithm_step_count(CollectiveOp op, Algorithm algo, int world, int node_size = 0);
 // Transfers of step `step` (0-based); empty when out of range. `root`: broadcast/reduce root.
-std::vector<StepTransfer> algorithm_step_plan(CollectiveOp op, Algorithm algo, int world, int root, int step);
+std::vector<StepTransfer> algorithm_step_plan(CollectiveOp op, Algorithm algo, int world, int root, int step,
+                                              int node_size = 0);
 
 }  // namespace dtlab

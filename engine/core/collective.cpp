@@ -22,8 +22,36 @@ const char* algorithm_name(Algorithm a) {
     case Algorithm::Ring: return "ring";
     case Algorithm::Tree: return "tree";
     case Algorithm::Naive: return "naive";
+    case Algorithm::DoubleTree: return "dbtree";
+    case Algorithm::Hierarchical: return "hierarchical";
+    case Algorithm::InNetwork: return "nvls";
   }
   return "?";
+}
+
+const char* algorithm_display_name(Algorithm a) {
+  switch (a) {
+    case Algorithm::Tree: return "binomial tree";
+    case Algorithm::DoubleTree: return "double binary tree";
+    case Algorithm::InNetwork: return "in-network (NVLS/SHARP)";
+    default: return algorithm_name(a);
+  }
+}
+
+const char* protocol_name(Protocol p) {
+  switch (p) {
+    case Protocol::Default: return "default";
+    case Protocol::Simple: return "simple";
+    case Protocol::LL: return "ll";
+    case Protocol::LL128: return "ll128";
+  }
+  return "?";
+}
+
+Protocol parse_protocol(std::string_view text) {
+  for (Protocol p : {Protocol::Simple, Protocol::LL, Protocol::LL128, Protocol::Default})
+    if (text == protocol_name(p)) return p;
+  throw Error("protocol '" + std::string(text) + "' is not known; use simple, ll or ll128");
 }
 
 const char* reduce_op_name(ReduceOp op) {
@@ -36,14 +64,18 @@ const char* reduce_op_name(ReduceOp op) {
 }
 
 Algorithm parse_algorithm(std::string_view text) {
-  for (Algorithm a : {Algorithm::Ring, Algorithm::Tree, Algorithm::Naive, Algorithm::Default})
+  if (text == algorithm_name(Algorithm::Default)) return Algorithm::Default;
+  std::vector<std::string> names;
+  for (Algorithm a : kAlgorithms) {
     if (text == algorithm_name(a)) return a;
-  throw Error("algorithm '" + std::string(text) + "' is not known; use ring, tree or naive");
+    names.push_back(algorithm_name(a));
+  }
+  throw Error("algorithm '" + std::string(text) + "' is not known; use " + choice_list(names));
 }
 
 std::string algorithm_choices(const CollectiveTraits& t) {
   std::vector<std::string> names;
-  for (Algorithm a : {Algorithm::Ring, Algorithm::Tree, Algorithm::Naive})
+  for (Algorithm a : kAlgorithms)
     if (t.runs(a)) names.push_back(algorithm_name(a));
   return choice_list(names);
 }

@@ -30,7 +30,28 @@ enum class CollectiveOp : uint8_t {
 // Default: the communicator's configured algorithm for that op (the table's default_algorithm
 // unless configured otherwise: ring for all-reduce, reduce-scatter and all-gather; tree for
 // broadcast and reduce).
-enum class Algorithm : uint8_t { Default, Ring, Tree, Naive };
+// Tree is the binomial tree (broadcast, reduce; all-reduce as reduce then broadcast). The last three
+// are all-reduce only (docs/course_sources.md §6b):
+//   DoubleTree    NCCL's Tree: two binary trees (NCCL's ncclGetDtree), each carrying half of the
+//                 buffer, reduce up then broadcast down, pipelined in chunks;
+//   Hierarchical  reduce-scatter inside each node, all-reduce across nodes between the ranks holding
+//                 the same shard, all-gather inside each node;
+//   InNetwork     NVLS / SHARP: every rank sends its buffer to a switch that reduces it and sends the
+//                 result back (transfers to or from the switch name kNetworkSwitch as their peer).
+enum class Algorithm : uint8_t { Default, Ring, Tree, Naive, DoubleTree, Hierarchical, InNetwork };
+// Every Algorithm but Default, in display order.
+inline constexpr Algorithm kAlgorithms[] = {Algorithm::Ring, Algorithm::Tree, Algorithm::Naive, Algorithm::DoubleTree,
+                                            Algorithm::Hierarchical, Algorithm::InNetwork};
+// The peer of a transfer that goes to or comes from the in-network reducing switch (not a rank; -1
+// stays "no peer").
+inline constexpr int kNetworkSwitch = -2;
+
+// NCCL's protocols (docs/course_sources.md §6b), NCCL_PROTO's names in lower case: Simple (whole
+// buffers, a fence per step: full bandwidth, the highest latency), LL (8-byte lines of 4 data bytes
+// and a 4-byte flag: the lowest latency, half the bandwidth), LL128 (128-byte lines with 8 flag bytes:
+// low latency, 120/128 of the bandwidth). Default: the tuning model's choice.
+enum class Protocol : uint8_t { Default, Simple, LL, LL128 };
+inline constexpr Protocol kProtocols[] = {Protocol::Simple, Protocol::LL, Protocol::LL128};
 
 // A buffer's length in units of `count`, the element count a call passes (CollDesc::count).
 enum class Elements : uint8_t { Zero, Count, CountTimesWorld };
@@ -40,6 +61,8 @@ enum class BusBw : uint8_t { One, NMinus1OverN, TwoNMinus1OverN };
 constexpr uint8_t algorithm_bit(Algorithm a) { return static_cast<uint8_t>(1u << static_cast<unsigned>(a)); }
 constexpr uint8_t kRingTreeNaive =
     algorithm_bit(Algorithm::Ring) | algorithm_bit(Algorithm::Tree) | algorithm_bit(Algorithm::Naive);
+constexpr uint8_t kAllReduceAlgorithms = kRingTreeNaive | algorithm_bit(Algorithm::DoubleTree) |
+                                         algorithm_bit(Algorithm::Hierarchical) | algorithm_bit(Algorithm::InNetwork);
 
 struct CollectiveTraits {
   CollectiveOp op;
@@ -80,7 +103,7 @@ inline constexpr CollectiveTraits kCollectiveTable[] = {
     // op, name, display name, short name, NCCL call,
     //   algorithms, default, in, out, payload, out of place, reduces, has root, busbw, explanation
     {CollectiveOp::AllReduce, "allreduce", "all-reduce", "allreduce", "ncclAllReduce",
-     kRingTreeNaive, Algorithm::Ring, Elements::Count, Elements::Count, Elements::Count, false, true, false,
+     kAllReduceAlgorithms, Algorithm::Ring, Elements::Count, Elements::Count, Elements::Count, false, true, false,
      BusBw::TwoNMinus1OverN, "in place: every rank ends with the reduction of all ranks' buffers"},
     {CollectiveOp::ReduceScatter, "reduce_scatter", "reduce-scatter", "reducescatter", "ncclReduceScatter",
      algorithm_bit(Algorithm::Ring), Algorithm::Ring, Elements::CountTimesWorld, Elements::Count,
@@ -141,13 +164,18 @@ constexpr const char* collective_name(CollectiveOp op) { return collective_trait
 // nccl-tests' busbw = algbw x factor: all-reduce 2(n-1)/n; reduce-scatter, all-gather and
 // all-to-all (n-1)/n; the others 1.
 constexpr double bus_bandwidth_factor(CollectiveOp op, int n) { return collective_traits(op).busbw_factor(n); }
-const char* algorithm_name(Algorithm a);  // "default", "ring", "tree", "naive"
+// "default", "ring", "tree", "naive", "dbtree", "hierarchical", "nvls" (what --algo takes).
+const char* algorithm_name(Algorithm a);
+// Prose: "ring", "binomial tree", "naive", "double binary tree", "hierarchical", "in-network (NVLS/SHARP)".
+const char* algorithm_display_name(Algorithm a);
 const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
 Algorithm parse_algorithm(std::string_view text);  // dtlab::Error on unknown names
-// The algorithms an op runs as a choice: "ring", "tree or naive", "ring, tree or naive".
+const char* protocol_name(Protocol p);             // "default", "simple", "ll", "ll128"
+Protocol parse_protocol(std::string_view text);    // dtlab::Error on unknown names
+// The algorithms an op runs as a choice: "ring", "tree or naive", "ring, tree, naive, dbtree, ...".
 std::string algorithm_choices(const CollectiveTraits& t);
 // dtlab::Error unless the op runs that algorithm (the table's `algorithms`): all-reduce
-// ring|tree|naive; reduce-scatter and all-gather ring; broadcast and reduce tree|naive; Default,
+// every one; reduce-scatter and all-gather ring; broadcast and reduce tree|naive; Default,
 // and any choice for the ops with one fixed schedule, is always fine.
 void check_algorithm(CollectiveOp op, Algorithm algo);
 

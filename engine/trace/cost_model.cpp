@@ -288,6 +288,18 @@ double naive_allreduce_time(int p, double n, double a, double b, double g) {
   return (p - 1) * (a + n * b + n * g) + (p - 1) * (a + n * b);
 }
 
+const char* fabric_name(Fabric f) {
+  switch (f) {
+    case Fabric::SharedMemory: return "shared memory";
+    case Fabric::NVLink: return "NVLink";
+    case Fabric::NVSwitch: return "NVSwitch";
+    case Fabric::PCIe: return "PCIe";
+    case Fabric::InfiniBand: return "InfiniBand";
+    case Fabric::Ethernet: return "Ethernet";
+  }
+  return "?";
+}
+
 // ---- CostModel ----
 
 CostModel::CostModel(HardwareProfile profile, int world_size)

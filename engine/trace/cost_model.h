@@ -18,15 +18,26 @@ struct Link {
   double beta = 0;   // seconds per byte (1 / bandwidth)
 };
 
+// What carries the bytes: inside a node (shared memory for threads on one machine, NVLink point to
+// point, an NVSwitch, or a PCIe switch) and between nodes (InfiniBand or Ethernet NICs).
+enum class Fabric : uint8_t { SharedMemory, NVLink, NVSwitch, PCIe, InfiniBand, Ethernet };
+const char* fabric_name(Fabric f);  // "shared memory", "NVLink", "NVSwitch", "PCIe", "InfiniBand", "Ethernet"
+
 struct HardwareProfile {
-  std::string name;         // "nvlink8", "pcie8", "ib2x4", "eth2x4", "this"
+  std::string name;         // "nvlink8", "pcie8", "ib2x4", "eth2x4", "dgx-h100", "this", ...
   std::string description;  // "8 GPUs on NVLink (300 GB/s)", shown in the GUI
   int gpus_per_node = 8;    // ranks per node; rank r lives on node r / gpus_per_node
   int nodes = 1;
-  Link intra;               // between ranks of one node
-  Link inter;               // between nodes
+  Link intra;               // between ranks of one node (one GPU's port into the node's fabric)
+  Link inter;               // between nodes: one NIC (rail) of a node into the network
   double gamma = 0;         // seconds per byte reduced (one read-add of a float stream)
   double flops_per_s = 0;   // compute rate of one rank
+  Fabric intra_fabric = Fabric::NVLink;
+  Fabric inter_fabric = Fabric::InfiniBand;
+  int rails = 1;            // NICs per node; local GPU g sends off-node through NIC g % rails
+  // The fabric reduces in the switch (NVLink SHARP inside a node, SHARP on InfiniBand between
+  // nodes): the in-network all-reduce runs only on such profiles.
+  bool switch_reduces = false;
 };
 
 // The built-in profiles (seed figures from docs/course_sources.md §6), in display order.
