@@ -40,13 +40,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kNumViews };
+enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kTopology, kNumViews };
 // With --open the lab shows imported traces in its own four panels instead (app/views/trace_view.cpp).
 enum TraceViewId { kTraceTimeline, kTraceCollectives, kTraceBreakdown, kTraceCompare, kNumTraceViews };
 const char* kTraceViewTitles[kNumTraceViews] = {"Timeline", "Collectives", "Breakdown", "Compare"};
 const char* kTraceViewNames[kNumTraceViews] = {"timeline", "collectives", "breakdown", "compare"};
-const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline"};
-const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline"};
+const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline", "Topology"};
+const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology"};
 
 // The pipeline controls (Run panel, pipeline view) in and out of a run configuration.
 PipelineRequest pipeline_request_of(const TrainConfig& c) {
@@ -534,11 +534,12 @@ bool optimizer_and_hardware_controls(TrainConfig& c) {
   const char* opts[] = {"sgd", "adamw"};
   int oi = c.optimizer.kind == OptimizerKind::AdamW ? 1 : 0;
   if (ImGui::Combo("optimizer", &oi, opts, 2)) c.optimizer = default_optimizer_config(parse_optimizer_kind(opts[oi])), changed = true;
-  const char* profiles[] = {"nvlink8", "pcie8", "ib2x4", "eth2x4", "this", "ideal"};
-  int pi = 0;
-  for (int i = 0; i < 6; i++)
-    if (c.profile == profiles[i]) pi = i;
-  if (ImGui::Combo("hardware", &pi, profiles, 6)) c.profile = profiles[pi], changed = true;
+  static const std::vector<std::string> names = profile_names();
+  if (ImGui::BeginCombo("hardware", c.profile.c_str())) {
+    for (const std::string& name : names)
+      if (ImGui::Selectable(name.c_str(), c.profile == name) && c.profile != name) c.profile = name, changed = true;
+    ImGui::EndCombo();
+  }
   return changed;
 }
 
@@ -554,7 +555,7 @@ void run_summary(const RunConfigView& rc) {
                        "parameters every forward and alone holds the optimizer", static_cast<long long>(rc.batch * rc.world),
                        static_cast<long long>(rc.batch), rc.world);
   ImGui::TextWrapped("device %s, backend %s: %s", rc.device.c_str(), rc.backend.c_str(), backend_words(rc).c_str());
-  ImGui::TextDisabled("Space run/pause  R ring step  C collective  I iteration  A pipeline action  Bksp reset  1-8 one view  0 all  P presentation  M clock  L lessons  N lesson: next step");
+  ImGui::TextDisabled("Space run/pause  R ring step  C collective  I iteration  A pipeline action  Bksp reset  1-9 one view  0 all  P presentation  M clock  L lessons  N lesson: next step");
 }
 
 void App::config_panel() {
@@ -633,6 +634,7 @@ void App::views() {
       {x0 + 0.75f * W, top + 0.56f * H, 0.25f * W, 0.44f * H},  // data
       {x0 + 0.60f * W, top, 0.40f * W, 0.32f * H},             // shards: the buckets' place (FSDP has no buckets)
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // pipeline: the ring's place
+      {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // topology: shown alone (its key or `view topology`)
   };
   const Rect run_tile = {x0, top, 0.20f * W, 0.42f * H};
   if (was_pipeline_ != session_->snapshot().pipeline.valid) was_pipeline_ = !was_pipeline_, relayout_ = true;
@@ -658,6 +660,7 @@ void App::views() {
     // A pipeline has no collective for the ring to draw and no buckets: the pipeline view takes
     // the ring's tile, the memory view (activations per stage) grows into the buckets'.
     if (solo_ < 0 && ((v == kRing && pipeline) || (v == kPipeline && !pipeline) || (v == kBuckets && pipeline))) continue;
+    if (solo_ < 0 && v == kTopology) continue;  // no tile of its own: a picture of the machine wants the whole window
     const Rect t = pipeline && v == kMemory ? Rect{x0 + 0.60f * W, top, 0.40f * W, 0.56f * H} : tiles[v];
     if (solo_ == v) {
       ImGui::SetNextWindowPos(ImVec2(x0, top), ImGuiCond_Always);
@@ -681,6 +684,7 @@ void App::views() {
       case kData: draw_data_view(s, data_view_, ctx_); break;
       case kShards: draw_shard_view(s, ctx_); break;
       case kPipeline: draw_pipeline_view(s, ctx_, pipeline_view_); break;
+      case kTopology: draw_topology_view(s, ctx_); break;
     }
     ImGui::End();
   }

@@ -16,6 +16,7 @@
 #include "engine/parallel/memory_plan.h"
 #include "engine/parallel/pipeline_schedule.h"
 #include "engine/trace/event.h"
+#include "engine/trace/cost_model.h"
 #include "engine/trace/stepper.h"
 #include "engine/trace/trace_import.h"
 
@@ -56,6 +57,20 @@ struct CollectiveView {
   // NCCL's order, marked as a schematic; the cells stay what was observed.
   bool opaque = false;
   int schematic_step = -1;
+};
+
+// The topology view: the run's profile drawn as nodes of GPUs on their fabric, NIC rails and the
+// network, with the links the shown step of the collective crosses (CostModel::link_loads).
+struct TopologyView {
+  bool valid = false;               // the run has a cost model (a hardware profile)
+  HardwareProfile profile;
+  int world = 1;
+  int step = -1, steps = 0;         // the shown step: the pending one, else the last; -1: none
+  RingPhase phase = RingPhase::None;
+  std::vector<StepTransfer> transfers;  // that step's
+  double bytes = 0;                 // what each of its transfers moves (modeled)
+  double seconds = 0;               // its modeled time: the slowest link, with contention
+  std::vector<LinkLoad> links;      // the links it crosses, with their loads and times
 };
 
 // Launched: its all-reduce is issued and queued on the rank's comm worker behind earlier ones;
@@ -203,6 +218,7 @@ struct Snapshot {
   int64_t clock_now_wall_ns = 0;  // recorder's wall clock now
   // derived views
   CollectiveView collective;      // the current/last stepped collective
+  TopologyView topology;          // the profile and the links the collective's shown step uses
   std::vector<BucketView> buckets;  // rank 0's current assignment and states
   int bucket_generation = 0;
   std::vector<UnitView> units;      // FSDP: every unit, every rank

@@ -31,6 +31,51 @@ bool ring_chunked(CollectiveOp op, Algorithm algo) {
 
 bool point_to_point(CollectiveOp op) { return op == CollectiveOp::Send || op == CollectiveOp::Recv; }
 
+// What each transfer of a step moves on the modeled clock: a ring chunk S/n; the whole buffer
+// for the binomial tree and naive; a double-tree chunk S/2K; an in-network chunk S/K; hierarchical
+// S/G inside a node and S/(G N) across nodes (docs/course_sources.md §6b).
+double modeled_step_bytes(const CollectiveView& cv, const CostModel& cost, const std::vector<StepTransfer>& plan) {
+  const double S = static_cast<double>(cv.bytes), n = cv.world, K = kModelPipelineChunks;
+  const int G = cost.profile().gpus_per_node;
+  switch (cv.algo) {
+    case Algorithm::DoubleTree: return S / (2 * K);
+    case Algorithm::InNetwork: return S / K;
+    case Algorithm::Hierarchical: {
+      if (G <= 1 || G >= cv.world || cv.world % G != 0) return S / n;
+      const bool crosses = std::any_of(plan.begin(), plan.end(), [&](const StepTransfer& t) {
+        return cost.node_of(t.src) != cost.node_of(t.dst);
+      });
+      return crosses ? S / cv.world : S / G;
+    }
+    case Algorithm::Tree:
+    case Algorithm::Naive:
+      if (cv.op == CollectiveOp::AllReduce || cv.op == CollectiveOp::Broadcast || cv.op == CollectiveOp::Reduce) return S;
+      return S / n;
+    default: return cv.op == CollectiveOp::Broadcast || cv.op == CollectiveOp::Reduce ? S : S / n;
+  }
+}
+
+TopologyView build_topology(const CollectiveView& cv, const CostModel* cost) {
+  TopologyView t;
+  if (!cost) return t;
+  t.valid = true;
+  t.profile = cost->profile();
+  t.world = cost->world_size();
+  if (!cv.valid || cv.steps <= 0 || cv.world != t.world) return t;
+  const bool pending = !cv.pending.empty();
+  t.transfers = pending ? cv.pending : cv.last;
+  if (t.transfers.empty()) return t;
+  t.steps = cv.steps;
+  t.step = pending ? (cv.schematic_step >= 0 ? cv.schematic_step : cv.steps_done) : cv.steps_done - 1;
+  t.phase = t.transfers.front().phase;
+  t.bytes = modeled_step_bytes(cv, *cost, t.transfers);
+  std::vector<std::pair<int, int>> pairs;
+  for (const StepTransfer& x : t.transfers) pairs.emplace_back(x.src, x.dst);
+  t.links = cost->link_loads(pairs, t.bytes);
+  t.seconds = cost->step_time(pairs, t.bytes, t.transfers.front().reduce);
+  return t;
+}
+
 }  // namespace
 
 const char* bucket_state_name(BucketState s) {
@@ -223,6 +268,7 @@ void SnapshotBuilder::set_device_memory(int rank, int64_t used, int64_t total) {
 
 const Snapshot& SnapshotBuilder::finish_frame() {
   build_collective();
+  snap_.topology = build_topology(snap_.collective, run_.cost);
   build_data();
   pipeline_.build(snap_.stepper, snap_.pipeline);
   return snap_;

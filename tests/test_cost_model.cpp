@@ -218,7 +218,7 @@ TEST_CASE("default algorithms and the other collectives") {
 
 TEST_CASE("profiles") {
   const auto& profiles = dtlab::builtin_profiles();
-  REQUIRE(profiles.size() == 4);
+  REQUIRE(profiles.size() >= 4);  // the topology profiles follow (tests/test_topology.cpp)
   CHECK(profiles[0].name == "nvlink8");
   CHECK(profiles[1].name == "pcie8");
   CHECK(profiles[2].name == "ib2x4");
@@ -226,8 +226,8 @@ TEST_CASE("profiles") {
   for (const auto& p : profiles) {
     CAPTURE(p.name);
     CHECK(!p.description.empty());
-    CHECK(p.nodes * p.gpus_per_node == 8);
-    CHECK(p.gamma == doctest::Approx(1e-12));
+    CHECK(p.nodes * p.gpus_per_node >= 8);
+    CHECK(p.gamma == doctest::Approx(1e-12).epsilon(0.15));  // HBM2e to HBM3
     CHECK(p.flops_per_s > 0);
     CHECK(dtlab::find_profile(p.name).description == p.description);
   }
@@ -235,7 +235,7 @@ TEST_CASE("profiles") {
 
   CHECK_THROWS_WITH_AS(dtlab::find_profile("tpu"),
                        "hardware profile 'tpu' is not known; use one of nvlink8, pcie8, ib2x4, "
-                       "eth2x4, this, ideal",
+                       "eth2x4, dgx-h100, dgx-h100x2, dgx-h100x4, pcie-box, this, ideal",
                        dtlab::Error);
   const HardwareProfile ideal = dtlab::find_profile("ideal");
   CHECK(ideal.intra.alpha == 0);

@@ -140,6 +140,15 @@ std::string time_text(double s) {
   return buf;
 }
 
+ImU32 link_load_color(RingPhase p, int load) {
+  if (load >= 2) return IM_COL32(235, 70, 60, 255);
+  switch (p) {
+    case RingPhase::AllGather:
+    case RingPhase::Broadcast: return IM_COL32(90, 200, 235, 255);
+    default: return IM_COL32(255, 170, 70, 255);
+  }
+}
+
 ImU32 contribution_color(int held, int world) {
   constexpr ImU32 kEmpty = IM_COL32(58, 61, 66, 255);
   constexpr ImU32 kFinal = IM_COL32(64, 200, 120, 255);

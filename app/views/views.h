@@ -41,6 +41,7 @@ struct ViewContext {
 void draw_bucket_view(const Snapshot& s, ViewContext& ctx);
 void draw_inspector_view(const Snapshot& s, ViewContext& ctx);
 void draw_shard_view(const Snapshot& s, ViewContext& ctx);
+void draw_topology_view(const Snapshot& s, ViewContext& ctx);
 
 // What the ring and pipeline views keep between frames (caches, an edit in progress): the app owns
 // one of each and passes it in; the view's file defines what is inside.
@@ -100,6 +101,9 @@ ImU32 pipeline_action_color(ActionType t, int mb, int microbatches);
 void draw_hatch(ImDrawList* dl, ImVec2 a, ImVec2 b, ImU32 col, float spacing);
 // "850 ns", "12.3 µs", "4.56 ms", "1.23 s"
 std::string time_text(double seconds);
+// A link in the topology view carrying `load` transfers of a step in that phase: reduce orange,
+// broadcast blue, red where two or more transfers share it.
+ImU32 link_load_color(RingPhase phase, int load);
 // A cell holding `held` of `world` contributions: partial sums warm up towards the final color.
 ImU32 contribution_color(int held, int world);
 

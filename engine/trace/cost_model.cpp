@@ -14,6 +14,7 @@
 #include <limits>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "engine/core/check.h"
 
@@ -36,11 +37,42 @@ constexpr Link kEthernet{30e-6, 1.0 / 3.125e9};
 constexpr double kHbmGamma = 3.0 / 3e12;
 // An A100-class rank: 312 TFLOP/s bf16 peak, of which training matmuls sustain about a third.
 constexpr double kGpuFlops = 100e12;
+// The DGX-H100-like profiles (docs/course_sources.md §6b):
+//  - NVLink 4 through NVSwitch: 18 links x 25 GB/s = 450 GB/s per direction per GPU (900 GB/s
+//    bidirectional on the datasheet); NCCL's own topology model rates a Hopper NVLink at 20.6 GB/s
+//    (SM90_NVLINK_BW in src/graph/topo.h), 18 x 20.6 = 370 GB/s: the effective figure. ~3 us per
+//    message as on NVLink 3 (launch + sync dominate, not the wire).
+//  - InfiniBand NDR: 400 Gb/s = 50 GB/s per NIC and direction (line rate, as the HDR seed), one
+//    ConnectX-7 per GPU (8 rails); ~10 us per message as HDR (NIC + proxy thread).
+//  - HBM3 at 3.35 TB/s: gamma = 3n / 3.35e12. 989 TFLOP/s bf16 dense peak, a third sustained.
+//  - The PCIe box's NICs: 100 Gb/s Ethernet with RDMA (RoCE) = 12.5 GB/s, ~10 us per message as
+//    InfiniBand (RDMA, no TCP stack).
+constexpr Link kNvswitchH100{3e-6, 1.0 / 370e9};
+constexpr Link kRoce100{10e-6, 1.0 / 12.5e9};
+constexpr Link kInfinibandNdr{10e-6, 1.0 / 50e9};
+constexpr double kH100Gamma = 3.0 / 3.35e12;
+constexpr double kH100Flops = 330e12;
 
-HardwareProfile make_profile(const char* name, const char* description, int nodes,
-                             int gpus_per_node, Link intra, Link inter) {
+struct Topology {
+  Fabric intra_fabric, inter_fabric;
+  int rails;
+  bool switch_reduces;
+};
+
+HardwareProfile make_profile(const char* name, const char* description, int nodes, int gpus_per_node, Link intra,
+                             Link inter, Topology t) {
   return HardwareProfile{.name = name, .description = description, .gpus_per_node = gpus_per_node, .nodes = nodes,
-                         .intra = intra, .inter = inter, .gamma = kHbmGamma, .flops_per_s = kGpuFlops};
+                         .intra = intra, .inter = inter, .gamma = kHbmGamma, .flops_per_s = kGpuFlops,
+                         .intra_fabric = t.intra_fabric, .inter_fabric = t.inter_fabric, .rails = t.rails,
+                         .switch_reduces = t.switch_reduces};
+}
+
+HardwareProfile h100_profile(const char* name, const char* description, int nodes) {
+  HardwareProfile p = make_profile(name, description, nodes, 8, kNvswitchH100, kInfinibandNdr,
+                                   {Fabric::NVSwitch, Fabric::InfiniBand, 8, true});
+  p.gamma = kH100Gamma;
+  p.flops_per_s = kH100Flops;
+  return p;
 }
 
 // ceil(log2 p): the rounds of a binomial tree (the number of ranks holding data doubles each round).
@@ -78,6 +110,42 @@ Link slowest_link_at_root(const CostModel& m) {
     if (slower(m.link(r, 0), worst)) worst = m.link(r, 0);
   }
   return worst;
+}
+
+// NCCL's in-order binary tree rooted at 0 (ncclGetBtree, docs/course_sources.md §6b): a rank's
+// parent clears its lowest set bit and sets the next one up, or only clears it when that is out of range.
+int btree_parent(int n, int rank) {
+  if (rank == 0) return -1;
+  int bit = 1;
+  while (bit < n && (bit & rank) == 0) bit <<= 1;
+  const int up = (rank ^ bit) | (bit << 1);
+  return up < n ? up : rank ^ bit;
+}
+
+// Both trees' parents, heights (leaves 0) and depths (roots 0) over n ranks.
+struct DoubleTreeShape {
+  std::vector<int> parent[2], height[2], depth[2];
+  int max_height = 0;
+};
+
+DoubleTreeShape double_tree_shape(int n) {
+  DoubleTreeShape t;
+  for (int tree = 0; tree < 2; ++tree) {
+    t.parent[tree].resize(size_t(n));
+    t.height[tree].assign(size_t(n), 0);
+    t.depth[tree].assign(size_t(n), 0);
+    for (int r = 0; r < n; ++r) t.parent[tree][size_t(r)] = double_tree_parent(n, tree, r);
+    for (int r = 0; r < n; ++r) {
+      int d = 0;
+      for (int up = t.parent[tree][size_t(r)]; up >= 0; up = t.parent[tree][size_t(up)]) {
+        ++d;
+        t.height[tree][size_t(up)] = std::max(t.height[tree][size_t(up)], d);
+      }
+      t.depth[tree][size_t(r)] = d;
+      t.max_height = std::max(t.max_height, d);
+    }
+  }
+  return t;
 }
 
 // ---- measuring "this" machine ----
@@ -202,6 +270,8 @@ HardwareProfile measure_this_machine() {
   p.inter = link;
   p.gamma = gamma;
   p.flops_per_s = flops;
+  p.intra_fabric = p.inter_fabric = Fabric::SharedMemory;
+  p.rails = p.gpus_per_node;
   char text[160];
   std::snprintf(text, sizeof text, "this machine: %u threads, memcpy %.1f GB/s, hand-off %.1f us",
                 std::thread::hardware_concurrency(), 1e-9 / link.beta, link.alpha * 1e6);
@@ -213,14 +283,22 @@ HardwareProfile measure_this_machine() {
 
 const std::vector<HardwareProfile>& builtin_profiles() {
   // Single-node profiles set inter = intra, so a world larger than the node still gets sensible
-  // (if optimistic) links instead of zeros.
+  // (if optimistic) links instead of zeros. The four first profiles have one rail per GPU, so no
+  // ring, tree or naive step shares a NIC and their figures are those of the flat model before
+  // contention; pcie-box's two NICs for eight GPUs are where trees queue at the NIC.
   static const std::vector<HardwareProfile> profiles = {
-      make_profile("nvlink8", "8 GPUs, NVLink 300 GB/s", 1, 8, kNvlink, kNvlink),
-      make_profile("pcie8", "8 GPUs, PCIe 24 GB/s", 1, 8, kPcie, kPcie),
+      make_profile("nvlink8", "8 GPUs, NVLink 300 GB/s", 1, 8, kNvlink, kNvlink,
+                   {Fabric::NVSwitch, Fabric::NVSwitch, 8, false}),
+      make_profile("pcie8", "8 GPUs, PCIe 24 GB/s", 1, 8, kPcie, kPcie, {Fabric::PCIe, Fabric::PCIe, 8, false}),
       make_profile("ib2x4", "2 nodes x 4 GPUs, NVLink inside, InfiniBand 25 GB/s between", 2, 4,
-                   kNvlink, kInfiniband),
+                   kNvlink, kInfiniband, {Fabric::NVLink, Fabric::InfiniBand, 4, false}),
       make_profile("eth2x4", "2 nodes x 4 GPUs, NVLink inside, 25 GbE (3.1 GB/s) between", 2, 4,
-                   kNvlink, kEthernet),
+                   kNvlink, kEthernet, {Fabric::NVLink, Fabric::Ethernet, 4, false}),
+      h100_profile("dgx-h100", "DGX H100: 8 GPUs on NVSwitch 370 GB/s with NVLS, 8 x NDR 400 Gb/s rails", 1),
+      h100_profile("dgx-h100x2", "2 DGX H100 nodes: NVSwitch 370 GB/s inside, 8 x NDR 50 GB/s rails, SHARP", 2),
+      h100_profile("dgx-h100x4", "4 DGX H100 nodes: NVSwitch 370 GB/s inside, 8 x NDR 50 GB/s rails, SHARP", 4),
+      make_profile("pcie-box", "8 GPUs on PCIe 24 GB/s (no NVLink), 2 x 100 GbE RoCE NICs (12.5 GB/s)", 1, 8, kPcie,
+                   kRoce100, {Fabric::PCIe, Fabric::Ethernet, 2, false}),
   };
   return profiles;
 }
@@ -235,19 +313,26 @@ HardwareProfile find_profile(std::string_view name) {
   if (name == "this") return this_machine_profile();
   if (name == "ideal") {
     // Not hardware: communication is free, so only compute (and who waits for whom) takes time.
-    // A pipeline with equal stage costs then shows exactly its schedule's bubble.
+    // A pipeline with equal stage costs then shows exactly its schedule's bubble. Its switch
+    // reduces, so every algorithm runs on it.
     HardwareProfile p = make_profile("ideal", "free communication (alpha = beta = gamma = 0), 100 TFLOP/s per rank",
-                                     1, 64, Link{}, Link{});
+                                     1, 64, Link{}, Link{}, {Fabric::SharedMemory, Fabric::SharedMemory, 64, true});
     p.gamma = 0;
     return p;
   }
-  std::string names;
-  for (const auto& p : builtin_profiles()) {
+  for (const auto& p : builtin_profiles())
     if (p.name == name) return p;
-    names += p.name + ", ";
-  }
-  throw Error("hardware profile '" + std::string(name) + "' is not known; use one of " + names +
-              "this, ideal");
+  std::string names;
+  for (const std::string& n : profile_names()) names += (names.empty() ? "" : ", ") + n;
+  throw Error("hardware profile '" + std::string(name) + "' is not known; use one of " + names);
+}
+
+std::vector<std::string> profile_names() {
+  std::vector<std::string> names;
+  for (const auto& p : builtin_profiles()) names.push_back(p.name);
+  names.push_back("this");
+  names.push_back("ideal");
+  return names;
 }
 
 // ---- closed forms (docs/course_sources.md §6); one rank has nobody to talk to, so p <= 1 costs nothing ----
@@ -288,6 +373,39 @@ double naive_allreduce_time(int p, double n, double a, double b, double g) {
   return (p - 1) * (a + n * b + n * g) + (p - 1) * (a + n * b);
 }
 
+double hierarchical_allreduce_time(int local, int nodes, double n, Link intra, Link inter, int rail_load, double g) {
+  const double shard = n / local, piece = n / (double(local) * nodes);
+  return (local - 1) * (2 * intra.alpha + 2 * shard * intra.beta + shard * g) +
+         (nodes - 1) * (2 * inter.alpha + 2 * rail_load * piece * inter.beta + piece * g);
+}
+
+double in_network_allreduce_time(int p, double n, double a, double b) {
+  if (p <= 1) return 0;
+  const int K = kModelPipelineChunks;
+  return (K + 1) * (a + n / K * b);
+}
+
+int double_tree_parent(int n, int tree, int rank) {
+  if (tree == 0) return btree_parent(n, rank);
+  if (n % 2 == 1) {
+    const int up = btree_parent(n, (rank - 1 + n) % n);
+    return up < 0 ? -1 : (up + 1) % n;
+  }
+  const int up = btree_parent(n, n - 1 - rank);
+  return up < 0 ? -1 : n - 1 - up;
+}
+
+const char* link_kind_name(LinkKind k) {
+  switch (k) {
+    case LinkKind::PortOut: return "GPU port out";
+    case LinkKind::PortIn: return "GPU port in";
+    case LinkKind::RailOut: return "NIC out";
+    case LinkKind::RailIn: return "NIC in";
+    case LinkKind::Switch: return "switch";
+  }
+  return "?";
+}
+
 const char* fabric_name(Fabric f) {
   switch (f) {
     case Fabric::SharedMemory: return "shared memory";
@@ -323,16 +441,55 @@ Link CostModel::ring_link() const {
   return worst;
 }
 
+std::vector<LinkLoad> CostModel::link_loads(const std::vector<std::pair<int, int>>& transfers, double bytes) const {
+  std::vector<LinkLoad> links;
+  auto use = [&](LinkKind kind, int node, int index) {
+    for (LinkLoad& l : links)
+      if (l.kind == kind && l.node == node && l.index == index) return void(++l.load);
+    links.push_back({kind, node, index, 1, 0.0});
+  };
+  const int G = profile_.gpus_per_node, rails = std::max(1, profile_.rails);
+  const bool spans_nodes = node_of(world_size_ - 1) > 0;
+  auto rail = [&](int rank) { return rank % G % rails; };
+  auto valid = [&](int r) { return (r >= 0 && r < world_size_) || r == kNetworkSwitch; };
+  for (const auto& [src, dst] : transfers) {
+    DTLAB_CHECK(valid(src) && valid(dst) && (src >= 0 || dst >= 0),
+                "step_time got a rank outside the world; check the algorithm's peer arithmetic");
+    if (src == kNetworkSwitch || dst == kNetworkSwitch) {
+      const bool up = dst == kNetworkSwitch;
+      const int r = up ? src : dst;
+      use(up ? LinkKind::PortOut : LinkKind::PortIn, node_of(r), r);
+      if (spans_nodes) use(up ? LinkKind::RailOut : LinkKind::RailIn, node_of(r), rail(r));
+      use(LinkKind::Switch, spans_nodes ? -1 : node_of(r), 0);
+    } else if (node_of(src) == node_of(dst)) {
+      use(LinkKind::PortOut, node_of(src), src);
+      use(LinkKind::PortIn, node_of(dst), dst);
+    } else {
+      use(LinkKind::RailOut, node_of(src), rail(src));
+      use(LinkKind::RailIn, node_of(dst), rail(dst));
+    }
+  }
+  // The switch is non-blocking (its bandwidth is the sum of its ports): only its latency counts.
+  const Link switch_link{spans_nodes ? profile_.inter.alpha : profile_.intra.alpha, 0.0};
+  for (LinkLoad& l : links) {
+    const bool port = l.kind == LinkKind::PortOut || l.kind == LinkKind::PortIn;
+    const Link& f = l.kind == LinkKind::Switch ? switch_link : port ? profile_.intra : profile_.inter;
+    l.seconds = f.alpha + l.load * bytes * f.beta;
+  }
+  std::sort(links.begin(), links.end(), [](const LinkLoad& x, const LinkLoad& y) {
+    return std::tuple(x.kind, x.node, x.index) < std::tuple(y.kind, y.node, y.index);
+  });
+  return links;
+}
+
 double CostModel::step_time(const std::vector<std::pair<int, int>>& transfers, double bytes,
                             bool reduce) const {
   double worst = 0;
-  for (const auto& [src, dst] : transfers) {
-    DTLAB_CHECK(src >= 0 && src < world_size_ && dst >= 0 && dst < world_size_,
-                "step_time got a rank outside the world; check the algorithm's peer arithmetic");
-    const Link& l = link(src, dst);
-    worst = std::max(worst, l.alpha + bytes * l.beta + (reduce ? bytes * profile_.gamma : 0.0));
-  }
-  return worst;
+  for (const LinkLoad& l : link_loads(transfers, bytes)) worst = std::max(worst, l.seconds);
+  // Ranks reduce what they receive from ranks; what the switch sends back is already reduced.
+  const bool ranks_reduce =
+      reduce && std::any_of(transfers.begin(), transfers.end(), [](const auto& t) { return t.first >= 0 && t.second >= 0; });
+  return worst + (ranks_reduce ? bytes * profile_.gamma : 0.0);
 }
 
 double CostModel::collective_time(CollectiveOp op, Algorithm algo, double bytes) const {
@@ -352,6 +509,9 @@ double CostModel::collective_time(CollectiveOp op, Algorithm algo, double bytes)
         const Link l = slowest_link(*this);
         return tree_allreduce_time(p, S, l.alpha, l.beta, g);
       }
+      if (algo == Algorithm::DoubleTree) return double_tree_time(S);
+      if (algo == Algorithm::Hierarchical) return hierarchical_time(S);
+      if (algo == Algorithm::InNetwork) return in_network_time(S);
       const Link l = slowest_link_at_root(*this);
       return naive_allreduce_time(p, S, l.alpha, l.beta, g);
     }
@@ -400,6 +560,63 @@ double CostModel::collective_time(CollectiveOp op, Algorithm algo, double bytes)
   }
   DTLAB_CHECK(false, "collective_time does not know this CollectiveOp; add a case for it");
   return 0;
+}
+
+double CostModel::double_tree_time(double bytes) const {
+  // Both trees in the same steps (docs/course_sources.md §6b): in reduce step t a node of height h
+  // sends chunk t - h to its parent; in broadcast step t a node of depth d gets chunk t - d + 1.
+  const int K = kModelPipelineChunks, n = world_size_;
+  const DoubleTreeShape t = double_tree_shape(n);
+  const double chunk = bytes / (2.0 * K);
+  double total = 0;
+  std::vector<std::pair<int, int>> pairs;
+  for (int phase = 0; phase < 2; ++phase) {
+    const bool reduce = phase == 0;
+    for (int step = 0; step < K + t.max_height - 1; ++step) {
+      pairs.clear();
+      for (int tree = 0; tree < 2; ++tree)
+        for (int r = 0; r < n; ++r) {
+          const int up = t.parent[tree][size_t(r)];
+          const int c = reduce ? step - t.height[tree][size_t(r)] : step - t.depth[tree][size_t(r)] + 1;
+          if (up < 0 || c < 0 || c >= K) continue;
+          pairs.push_back(reduce ? std::pair{r, up} : std::pair{up, r});
+        }
+      total += step_time(pairs, chunk, reduce);
+    }
+  }
+  return total;
+}
+
+double CostModel::hierarchical_time(double bytes) const {
+  const int p = world_size_, G = profile_.gpus_per_node;
+  // One node, one rank per node, or no whole nodes: the stepped algorithm runs the ring (or refuses).
+  if (G <= 1 || G >= p || p % G != 0) {
+    const Link l = ring_link();
+    return ring_allreduce_time(p, bytes, l.alpha, l.beta, profile_.gamma);
+  }
+  const int N = p / G;
+  std::vector<std::pair<int, int>> intra, inter;  // one step of the rings inside the nodes, across them
+  for (int node = 0; node < N; ++node)
+    for (int l = 0; l < G; ++l) {
+      intra.emplace_back(node * G + l, node * G + (l + 1) % G);
+      inter.emplace_back(node * G + l, (node + 1) % N * G + l);
+    }
+  const double shard = bytes / G, piece = bytes / (double(G) * N);
+  return (G - 1) * (step_time(intra, shard, true) + step_time(intra, shard, false)) +
+         (N - 1) * (step_time(inter, piece, true) + step_time(inter, piece, false));
+}
+
+double CostModel::in_network_time(double bytes) const {
+  const int K = kModelPipelineChunks;
+  std::vector<std::pair<int, int>> up, down, both;
+  for (int r = 0; r < world_size_; ++r) {
+    up.emplace_back(r, kNetworkSwitch);
+    down.emplace_back(kNetworkSwitch, r);
+  }
+  both = up;
+  both.insert(both.end(), down.begin(), down.end());
+  const double chunk = bytes / K;
+  return step_time(up, chunk, true) + (K - 1) * step_time(both, chunk, true) + step_time(down, chunk, false);
 }
 
 double CostModel::compute_time(double flops) const {

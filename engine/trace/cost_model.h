@@ -1,7 +1,9 @@
 // The modeled clock: hardware profiles (links with alpha-beta costs, a reduction cost, a compute
 // rate) and the alpha-beta formulas of docs/course_sources.md §6, so a 2-core laptop can show what 8 GPUs on
-// NVLink or 2 nodes on Ethernet would do. Algorithms charge each step with step_time(); summed over
-// a collective's steps on uniform links that equals collective_time() (the closed formulas).
+// NVLink or 2 nodes on Ethernet would do. Algorithms charge each step with step_time(), which finds
+// the physical links a step's transfers cross (GPU ports, NIC rails, the reducing switch) and charges
+// the slowest with its contention; summed over a collective's steps on uniform links that equals
+// collective_time() (the closed formulas).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -45,9 +47,34 @@ const std::vector<HardwareProfile>& builtin_profiles();
 // Measures this machine once (memcpy bandwidth, a thread hand-off latency, reduction bandwidth,
 // sgemm rate; well under a second) and caches the result.
 const HardwareProfile& this_machine_profile();
-// "nvlink8", "pcie8", "ib2x4", "eth2x4", "this", or "ideal" (free communication: what a schedule
-// alone costs); dtlab::Error listing the names otherwise.
+// A built-in profile's name, "this", or "ideal" (free communication: what a schedule alone costs);
+// dtlab::Error listing the names otherwise.
 HardwareProfile find_profile(std::string_view name);
+// Every name find_profile takes, in display order: the built-in ones, then "this" and "ideal".
+std::vector<std::string> profile_names();
+
+// Chunks the pipelined all-reduces cut their buffer into (double tree: per tree; in-network: the
+// whole buffer); the same K as plan.h's kPipelineChunks (engine/comm), which the stepped algorithms use.
+inline constexpr int kModelPipelineChunks = 4;
+// The parent of `rank` in tree 0 or 1 of NCCL's double binary tree over n ranks (-1 at the root):
+// tree 0 is the in-order binary tree rooted at 0 (ncclGetBtree), tree 1 its mirror (n even) or
+// tree 0 shifted by one rank (n odd) (ncclGetDtree; docs/course_sources.md §6b).
+int double_tree_parent(int n, int tree, int rank);
+
+// The physical links of a topology (docs/course_sources.md §6b), each a resource that the transfers
+// of one step share: a GPU's port into its node's fabric (one per direction), a node's NIC rails (one
+// per direction; local GPU g uses rail g % rails) and the reducing switch (NVSwitch with NVLS inside a
+// node, the network switch with SHARP across nodes).
+enum class LinkKind : uint8_t { PortOut, PortIn, RailOut, RailIn, Switch };
+const char* link_kind_name(LinkKind k);  // "GPU port out", "GPU port in", "NIC out", "NIC in", "switch"
+struct LinkLoad {
+  LinkKind kind = LinkKind::PortOut;
+  int node = 0;         // the node it belongs to; -1: the network switch between nodes
+  int index = 0;        // ports: the rank; rails: the rail (NIC) of the node; switch: 0
+  int load = 0;         // transfers crossing it in the step
+  double seconds = 0;   // alpha + load x bytes x beta
+  bool operator==(const LinkLoad&) const = default;
+};
 
 // bus_bandwidth_factor(op, n), nccl-tests' busbw = algbw x factor, is a column of the collective
 // table (engine/core/collective.h); the cost model's algbw and the bench's both scale by it.
@@ -60,6 +87,16 @@ double binomial_broadcast_time(int p, double n, double a, double b);
 double binomial_reduce_time(int p, double n, double a, double b, double g);
 double tree_allreduce_time(int p, double n, double a, double b, double g);   // reduce + broadcast
 double naive_allreduce_time(int p, double n, double a, double b, double g);  // gather to 0 + reduce + send back
+// Hierarchical all-reduce over `nodes` nodes of `local` ranks: ring reduce-scatter inside (local - 1
+// steps of n / local), ring all-reduce across nodes on the shard (2(nodes - 1) steps of
+// n / (local nodes), the `local` rings sharing the rails: rail_load of them on the busiest NIC),
+// ring all-gather inside (local - 1 steps of n / local).
+double hierarchical_allreduce_time(int local, int nodes, double n, Link intra, Link inter, int rail_load, double g);
+// In-network: K + 1 steps of n / K (K = kModelPipelineChunks; each rank sends chunk t up and gets
+// chunk t - 1 back; the switch reduces, the ranks do not). `a`, `b`: the slowest link a chunk crosses.
+double in_network_allreduce_time(int p, double n, double a, double b);
+// The double binary tree has no formula this short: a rank sends in both trees and a parent hears
+// two children at once, so its steps' loads vary; CostModel::collective_time walks its steps.
 
 class CostModel {
  public:
@@ -72,8 +109,14 @@ class CostModel {
   Link ring_link() const;
 
   // One algorithm step in which every (src, dst) pair moves `bytes` concurrently; with `reduce`
-  // the receiver also reduces them. The step ends when its slowest transfer does.
+  // the receiving ranks also reduce them (a switch reduces at line rate: no gamma). A peer may be
+  // kNetworkSwitch. The step ends when its slowest link does, a link's time growing with its load.
   double step_time(const std::vector<std::pair<int, int>>& transfers, double bytes, bool reduce) const;
+  // The links such a step uses, each with its load and time, sorted by (kind, node, index). Where
+  // the transfer goes: ranks on one node, src's port out and dst's port in; on different nodes,
+  // src's NIC rail out and dst's NIC rail in; to or from the switch, the rank's port (and, when the
+  // world spans nodes, its rail), and the switch itself (non-blocking: its alpha only).
+  std::vector<LinkLoad> link_loads(const std::vector<std::pair<int, int>>& transfers, double bytes) const;
   // Whole collective of `bytes` (the payload S: the full buffer for all-reduce, broadcast and
   // reduce; the gathered/scattered total for all-gather and reduce-scatter), on the profile's
   // links as the algorithm uses them.
@@ -81,6 +124,10 @@ class CostModel {
   double compute_time(double flops) const;
 
  private:
+  double double_tree_time(double bytes) const;
+  double hierarchical_time(double bytes) const;
+  double in_network_time(double bytes) const;
+
   HardwareProfile profile_;
   int world_size_;
 };
