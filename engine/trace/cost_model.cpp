@@ -327,9 +327,12 @@ double CostModel::step_time(const std::vector<std::pair<int, int>>& transfers, d
                             bool reduce) const {
   double worst = 0;
   for (const auto& [src, dst] : transfers) {
-    DTLAB_CHECK(src >= 0 && src < world_size_ && dst >= 0 && dst < world_size_,
+    // A transfer to or from the in-network switch crosses the rank's own port into its node's fabric.
+    const bool via_switch = src == kNetworkSwitch || dst == kNetworkSwitch;
+    const int rank = src == kNetworkSwitch ? dst : src, peer = via_switch ? rank : dst;
+    DTLAB_CHECK(rank >= 0 && rank < world_size_ && peer >= 0 && peer < world_size_,
                 "step_time got a rank outside the world; check the algorithm's peer arithmetic");
-    const Link& l = link(src, dst);
+    const Link& l = via_switch ? profile_.intra : link(src, dst);
     worst = std::max(worst, l.alpha + bytes * l.beta + (reduce ? bytes * profile_.gamma : 0.0));
   }
   return worst;
