@@ -245,11 +245,11 @@ double plan_hybrid(const Args& a) {
 std::vector<double> algo_sent(const Args& a) {
   const Algorithm algo = parse_algorithm(a[0].str);
   const int n = count_arg(a[1], "algo: world", 1, 64);
-  const bool chunked = algo == Algorithm::Ring;
   std::vector<double> sent(static_cast<size_t>(n), 0.0);
   for (int s = 0; s < algorithm_step_count(CollectiveOp::AllReduce, algo, n); s++)
     for (const StepTransfer& t : algorithm_step_plan(CollectiveOp::AllReduce, algo, n, 0, s))
-      sent[static_cast<size_t>(t.src)] += chunked ? a[2].num / n : a[2].num;
+      if (t.src >= 0)  // the in-network switch is no rank
+        sent[static_cast<size_t>(t.src)] += t.chunk >= 0 && t.chunks > 0 ? a[2].num / t.chunks : a[2].num;
   return sent;
 }
 

@@ -33,6 +33,7 @@ struct CollectiveView {
   ReduceOp reduce = ReduceOp::Sum;
   int root = -1;
   int world = 1;
+  int node_size = 0;          // ranks per node of the run's profile (hierarchical all-reduce groups them)
   int64_t count = 0;          // elements per rank buffer (in_count)
   int64_t bytes = 0;          // payload (nccl-tests S)
   int steps = 0;              // total algorithm steps

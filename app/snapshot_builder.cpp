@@ -455,7 +455,8 @@ void SnapshotBuilder::build_collective() {
   cv.world = N;
   cv.count = info.in_count;
   cv.bytes = info.bytes;
-  cv.steps = algorithm_step_count(info.op, info.algo, N);
+  cv.node_size = run_.cost ? run_.cost->profile().gpus_per_node : 0;
+  cv.steps = algorithm_step_count(info.op, info.algo, N, cv.node_size);
   auto st = coll_steps_.find(cv.seq);
   cv.rank_steps_done = st != coll_steps_.end() ? st->second : std::vector<int>(static_cast<size_t>(N), 0);
   cv.rank_steps_done.resize(static_cast<size_t>(N), 0);
@@ -472,8 +473,8 @@ void SnapshotBuilder::build_collective() {
     cv.schematic_step = static_cast<int>(static_cast<int64_t>(t * 2.0) % cv.steps);
   }
   const int shown_step = cv.schematic_step >= 0 ? cv.schematic_step : cv.steps_done;
-  cv.last = algorithm_step_plan(cv.op, cv.algo, N, cv.root, shown_step - 1);
-  cv.pending = algorithm_step_plan(cv.op, cv.algo, N, cv.root, shown_step);
+  cv.last = algorithm_step_plan(cv.op, cv.algo, N, cv.root, shown_step - 1, cv.node_size);
+  cv.pending = algorithm_step_plan(cv.op, cv.algo, N, cv.root, shown_step, cv.node_size);
   const auto& ph = cv.pending.empty() ? cv.last : cv.pending;
   cv.phase = ph.empty() ? RingPhase::None : ph.front().phase;
   auto wall = coll_wall_s_.find(cv.seq);
@@ -522,6 +523,7 @@ void SnapshotBuilder::label_collective(bool all_done) {
 void SnapshotBuilder::fill_cells() {
   CollectiveView& cv = snap_.collective;
   const int N = world_;
+  if (planned_chunks(cv.algo, N, cv.node_size) > 0) return fill_planned_cells();
   const bool ringy = ring_chunked(cv.op, cv.algo);
   cv.chunks = ringy || cv.op == CollectiveOp::AllToAll ? N : 1;
   cv.cells.assign(static_cast<size_t>(N), std::vector<int>(static_cast<size_t>(cv.chunks), 1));
@@ -545,6 +547,29 @@ void SnapshotBuilder::fill_cells() {
       } else {
         held[static_cast<size_t>(t.dst)] = N;
         cells[0] = N;
+      }
+    }
+  }
+}
+
+// The double binary tree, hierarchical and in-network all-reduces: cells are the finest chunks
+// any of their transfers moves (2K, G x N = world, K), and what each holds follows from replaying
+// the plan's transfers over the steps each receiver finished (a reduce adds the sender's count, a
+// copy or the switch's answer brings the final value).
+void SnapshotBuilder::fill_planned_cells() {
+  CollectiveView& cv = snap_.collective;
+  const int N = world_, F = planned_chunks(cv.algo, N, cv.node_size);
+  cv.chunks = F;
+  cv.cells.assign(static_cast<size_t>(N), std::vector<int>(static_cast<size_t>(F), 1));
+  for (int s = 0; s < cv.steps; s++) {
+    const std::vector<std::vector<int>> before = cv.cells;  // a step's transfers read what was there before it
+    for (const StepTransfer& t : algorithm_step_plan(cv.op, cv.algo, N, cv.root, s, cv.node_size)) {
+      if (t.dst < 0 || cv.rank_steps_done[static_cast<size_t>(t.dst)] <= s) continue;
+      const auto [lo, hi] = fine_chunks(t, F);
+      for (int c = lo; c < hi; c++) {
+        int& held = cv.cells[static_cast<size_t>(t.dst)][static_cast<size_t>(c)];
+        if (t.src == kNetworkSwitch || !t.reduce) held = t.src == kNetworkSwitch ? N : before[static_cast<size_t>(t.src)][static_cast<size_t>(c)];
+        else held += before[static_cast<size_t>(t.src)][static_cast<size_t>(c)];
       }
     }
   }

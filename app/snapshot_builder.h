@@ -64,6 +64,7 @@ class SnapshotBuilder {
   void build_collective();
   void label_collective(bool all_done);
   void fill_cells();
+  void fill_planned_cells();
   void build_data();
   void assign_dp_owners(int64_t shown);
 

@@ -442,7 +442,8 @@ void collective_program(int r, int n, int64_t count, Communicator& c, RankMemory
   };
   const int64_t F = count * 4;
   uint32_t salt = 0;
-  for (Algorithm a : {Algorithm::Ring, Algorithm::Tree, Algorithm::Naive})
+  for (Algorithm a : {Algorithm::Ring, Algorithm::Tree, Algorithm::Naive, Algorithm::DoubleTree, Algorithm::Hierarchical,
+                      Algorithm::InNetwork})
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
       float* buf = fresh(count, ++salt);
       c.all_reduce(buf, count, DType::F32, op, a)->wait();
@@ -502,6 +503,15 @@ WorldOptions quiet_options() {
   return o;
 }
 
+// Nodes of 4 ranks with a switch that reduces: every all-reduce algorithm runs on it (hierarchical
+// with whole nodes for worlds 8 and 16, as one node up to 4).
+WorldOptions every_algorithm_options() {
+  WorldOptions o = quiet_options();
+  o.hardware = find_profile("ib2x4");
+  o.hardware->switch_reduces = true;
+  return o;
+}
+
 // The same program on any RankWorld: every buffer a Tensor on the rank's device (host memory on the
 // CPU, the GPU's on cuda), moved with the device's own upload and download.
 std::vector<std::vector<uint8_t>> run_world(RankWorld& w, int64_t count, std::string* backend = nullptr) {
@@ -530,8 +540,8 @@ TEST_CASE("cuda backend: every collective equals the threads backend bit for bit
       CAPTURE(n);
       CAPTURE(count);
       std::string backend;
-      auto want = run_world(*make_threads_world(n, quiet_options()), count);
-      auto got = run_world(*cuda::make_cuda_world(n, quiet_options()), count, &backend);
+      auto want = run_world(*make_threads_world(n, every_algorithm_options()), count);
+      auto got = run_world(*cuda::make_cuda_world(n, every_algorithm_options()), count, &backend);
       CHECK(backend == "cuda");
       int64_t wrong = 0;
       for (int r = 0; r < n; r++) {

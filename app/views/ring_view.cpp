@@ -37,6 +37,11 @@ ImU32 text_on(ImU32 fill) {
 
 const ImU32 kMissingRed = IM_COL32(235, 70, 60, 255);
 
+// The double binary tree's two trees and the hierarchical all-reduce's inter-node links get their
+// own colors, so a learner sees which tree or which kind of link a chunk travels on.
+const ImU32 kTreeColor[2] = {IM_COL32(255, 170, 70, 255), IM_COL32(170, 130, 255, 255)};
+const ImU32 kInterNodeColor = IM_COL32(235, 90, 160, 255);
+
 ImU32 phase_color(RingPhase p) {
   switch (p) {
     case RingPhase::ReduceScatter:
@@ -57,11 +62,35 @@ bool ring_edges(const CollectiveView& cv) {
 }
 
 // One sentence on what the pending step does, for the header.
+// Does transfer t cross between nodes (hierarchical all-reduce)?
+bool crosses_nodes(const CollectiveView& cv, const StepTransfer& t) {
+  const int G = hierarchical_node_size(cv.world, cv.node_size);
+  return t.src >= 0 && t.dst >= 0 && t.src / G != t.dst / G;
+}
+
+// The captions of the double binary tree, hierarchical and in-network steps; null for the others.
+const char* planned_caption(const CollectiveView& cv) {
+  const bool up = cv.phase == RingPhase::Reduce || cv.phase == RingPhase::ReduceScatter;
+  if (cv.algo == Algorithm::DoubleTree)
+    return up ? "two trees, each with half the buffer: partial sums of a chunk move up one level per step, the next chunk right behind"
+              : "the roots' final chunks move down both trees, one level per step: each receiver copies";
+  if (cv.algo == Algorithm::InNetwork)
+    return "each rank sends its next chunk to the switch, which reduces it for everyone, and gets the previous chunk back reduced";
+  if (cv.algo != Algorithm::Hierarchical) return nullptr;
+  const bool across = std::any_of(cv.pending.begin(), cv.pending.end(), [&](const StepTransfer& t) { return crosses_nodes(cv, t); });
+  if (across)
+    return up ? "across nodes, the ranks holding the same shard reduce-scatter it: only this shard's pieces cross the network"
+              : "across nodes, the same-shard ranks pass the finished pieces on round their ring";
+  return up ? "inside each node a ring reduce-scatter: every rank adds its neighbour's shard over the fast links"
+            : "inside each node a ring all-gather: the finished shards go round the node";
+}
+
 const char* step_caption(const CollectiveView& cv) {
   if (cv.steps == 0) return "a single rank has nothing to exchange: the collective returns at once";
   if (cv.pending.empty())
     return cv.op == CollectiveOp::Reduce ? "done: the root holds the result; the other ranks' buffers are unchanged"
                                          : "done: every rank holds its result";
+  if (const char* c = planned_caption(cv)) return c;
   switch (cv.phase) {
     case RingPhase::ReduceScatter: return "each rank sends one chunk to the next rank, which adds its own part to it";
     case RingPhase::AllGather: return "each rank forwards a finished chunk to the next rank, which copies it";
@@ -569,6 +598,24 @@ void draw_legend(ImDrawList* dl, ImVec2 p, int world, float fs, bool ring) {
   label(ring ? "moves next (number: chunk index)" : "moves next");
 }
 
+// What the colors of the double binary tree's and the hierarchical all-reduce's edges mean.
+void draw_algorithm_key(ImDrawList* dl, ImVec2 p, const CollectiveView& cv, float fs) {
+  struct Entry {
+    ImU32 color;
+    const char* text;
+  };
+  std::vector<Entry> entries;
+  if (cv.algo == Algorithm::DoubleTree)
+    entries = {{kTreeColor[0], "tree 0 (root 0): first half"}, {kTreeColor[1], "tree 1: second half"}};
+  if (cv.algo == Algorithm::Hierarchical && hierarchical_node_size(cv.world, cv.node_size) < cv.world)
+    entries = {{phase_color(RingPhase::ReduceScatter), "inside a node"}, {kInterNodeColor, "across nodes"}};
+  for (const Entry& e : entries) {
+    dl->AddLine(p + ImVec2(0, fs * 0.5f), p + ImVec2(fs * 1.2f, fs * 0.5f), e.color, std::max(2.0f, fs * 0.15f));
+    dl->AddText(p + ImVec2(fs * 1.5f, 0), ImGui::GetColorU32(ImGuiCol_TextDisabled), e.text);
+    p.y += fs * 1.2f;
+  }
+}
+
 void draw_node(ImDrawList* dl, const Layout& L, int r, int world, float fs, ImU32 fill, bool outline_red, double time) {
   const ImVec2 c = L.node[static_cast<size_t>(r)];
   // An opaque disc first: a dimmed node hides the ring behind it, and its label contrasts with
@@ -658,7 +705,7 @@ void draw_hint(ImDrawList* dl, const Layout& L, int N, float room, float width, 
 }
 
 // The step counter, the phase, and who the world waits for (or the wall time once done).
-void draw_step_counter(ImDrawList* dl, const Layout& L, const CollectiveView& cv, float room, float fs) {
+void draw_step_counter(ImDrawList* dl, const Layout& L, const CollectiveView& cv, float room, float fs, float dy) {
   char big[32];
   if (cv.steps_done < cv.steps) std::snprintf(big, sizeof big, "step %d/%d", cv.steps_done + 1, cv.steps);
   else std::snprintf(big, sizeof big, "done");
@@ -687,7 +734,7 @@ void draw_step_counter(ImDrawList* dl, const Layout& L, const CollectiveView& cv
     w = std::max(w, font->CalcTextSizeA(l.size, FLT_MAX, 0.0f, l.text.c_str()).x);
     h += l.size;
   }
-  ImVec2 p(L.center.x, L.center.y - h * 0.5f);
+  ImVec2 p(L.center.x, L.center.y - h * 0.5f + dy);
   const ImVec2 m(fs * 0.5f, fs * 0.25f);
   dl->AddRectFilled(ImVec2(p.x - w * 0.5f - m.x, p.y - m.y), ImVec2(p.x + w * 0.5f + m.x, p.y + h + m.y),
                     ImGui::GetColorU32(ImGuiCol_WindowBg, 0.8f), fs * 0.4f);
@@ -697,16 +744,64 @@ void draw_step_counter(ImDrawList* dl, const Layout& L, const CollectiveView& cv
   }
 }
 
-// The edges between nodes: curves bulging outwards, trimmed at the node borders.
+// The edges between nodes: curves bulging outwards, trimmed at the node borders. Transfers to or
+// from the in-network switch run straight between the rank and the switch in the ring's middle.
 struct Edges {
   const Layout& L;
   float bulge, trim;
+  float hub_trim = 0;  // the switch's half side (in-network all-reduce), else 0
   Curve of(int a, int b) const {
-    return make_curve(L.node[static_cast<size_t>(a)], L.node[static_cast<size_t>(b)], bulge, trim, trim);
+    const bool hub = a == kNetworkSwitch || b == kNetworkSwitch;
+    auto at = [&](int r) { return r == kNetworkSwitch ? L.center : L.node[static_cast<size_t>(r)]; };
+    // Up and down bulge to opposite sides, so a step's two transfers on one spoke stay apart.
+    return make_curve(at(a), at(b), hub ? 0.06f : bulge, a == kNetworkSwitch ? hub_trim : trim, b == kNetworkSwitch ? hub_trim : trim);
   }
 };
 
-bool in_world(const StepTransfer& t, int N) { return t.src >= 0 && t.dst >= 0 && t.src < N && t.dst < N; }
+bool in_world(const StepTransfer& t, int N) {
+  auto end = [&](int r) { return r == kNetworkSwitch || (r >= 0 && r < N); };
+  return end(t.src) && end(t.dst) && (t.src >= 0 || t.dst >= 0);
+}
+
+ImU32 transfer_color(const CollectiveView& cv, const StepTransfer& t) {
+  if (cv.algo == Algorithm::DoubleTree && t.chunk >= 0) return kTreeColor[t.chunk / kPipelineChunks % 2];
+  if (cv.algo == Algorithm::Hierarchical && crosses_nodes(cv, t)) return kInterNodeColor;
+  return phase_color(t.phase);
+}
+
+// Every edge of both trees, faint, under the step's transfers: the trees' shape.
+void draw_tree_structure(ImDrawList* dl, const Edges& edges, int N, float thick) {
+  for (int tree = 0; tree < 2; tree++)
+    for (int r = 0; r < N; r++) {
+      const int p = double_tree_links(N, tree, r).parent;
+      if (p >= 0) draw_curve(dl, edges.of(p, r), with_alpha(kTreeColor[tree], 0.3f), thick * 0.8f, 0.0f, false);
+    }
+}
+
+// Hierarchical all-reduce: each node's ranks (consecutive on the ring) under one band, labeled.
+void draw_node_groups(ImDrawList* dl, const Layout& L, const CollectiveView& cv, float fs) {
+  const int N = cv.world, G = hierarchical_node_size(N, cv.node_size);
+  if (G >= N || N % G != 0) return;
+  const float step = 2 * kPi / static_cast<float>(N);
+  for (int m = 0; m < N / G; m++) {
+    const float a0 = -kPi / 2 + step * (static_cast<float>(m * G) - 0.42f), a1 = -kPi / 2 + step * (static_cast<float>(m * G + G - 1) + 0.42f);
+    dl->PathArcTo(L.center, L.radius, a0, a1, 24);
+    dl->PathStroke(ImGui::GetColorU32(ImGuiCol_Text, 0.1f), 0, L.node_r * 2.9f);
+    const float am = (a0 + a1) * 0.5f, rr = L.radius - L.node_r * 2.2f;
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "node %d", m);
+    centered_text(dl, fs, L.center + ImVec2(std::cos(am), std::sin(am)) * rr, ImGui::GetColorU32(ImGuiCol_TextDisabled), buf);
+  }
+}
+
+// In-network all-reduce: the switch that reduces, a box in the ring's middle.
+void draw_switch(ImDrawList* dl, ImVec2 c, float half, float fs, bool busy) {
+  const ImVec2 h(half * 1.5f, half);
+  dl->AddRectFilled(c - h, c + h, ImGui::GetColorU32(ImGuiCol_FrameBg), half * 0.25f);
+  dl->AddRect(c - h, c + h, busy ? phase_color(RingPhase::Reduce) : ImGui::GetColorU32(ImGuiCol_Border), half * 0.25f, 0,
+              std::max(1.5f, fs * 0.12f));
+  centered_text(dl, std::min(fs, half * 0.9f), c, ImGui::GetColorU32(ImGuiCol_Text), "switch");
+}
 
 void draw_edges(ImDrawList* dl, const Edges& edges, const CollectiveView& cv, int N, bool ring, float fs) {
   const float thick = std::max(1.5f, fs * 0.12f), arrow = std::max(7.0f, fs * 0.7f);
@@ -717,10 +812,11 @@ void draw_edges(ImDrawList* dl, const Edges& edges, const CollectiveView& cv, in
       draw_curve(dl, edges.of(r, (r + 1) % N), cv.pending.empty() ? edge_idle : edge_active, thick, arrow, false);
     return;
   }
+  if (cv.algo == Algorithm::DoubleTree) draw_tree_structure(dl, edges, N, thick);
   for (const StepTransfer& t : cv.last)
     if (in_world(t, N)) draw_curve(dl, edges.of(t.src, t.dst), edge_idle, thick * 0.8f, arrow * 0.8f, true);
   for (const StepTransfer& t : cv.pending)
-    if (in_world(t, N)) draw_curve(dl, edges.of(t.src, t.dst), with_alpha(phase_color(t.phase), 0.9f), thick * 1.3f, arrow, false);
+    if (in_world(t, N)) draw_curve(dl, edges.of(t.src, t.dst), with_alpha(transfer_color(cv, t), 0.9f), thick * 1.3f, arrow, false);
 }
 
 // What moves next, mid-edge: a chunk per pending transfer whose receiver has not taken it yet.
@@ -728,10 +824,15 @@ std::vector<Chunk> pending_chunks(const Edges& edges, const CollectiveView& cv, 
   std::vector<Chunk> chunks;
   for (const StepTransfer& t : cv.pending) {
     if (!in_world(t, N)) continue;
-    if (t.dst < static_cast<int>(cv.rank_steps_done.size()) && cv.rank_steps_done[static_cast<size_t>(t.dst)] > cv.steps_done) continue;
-    const auto& src_cells = cv.cells[static_cast<size_t>(t.src)];
-    const int c = t.chunk < 0 ? 0 : t.chunk;
-    int held = c < static_cast<int>(src_cells.size()) ? src_cells[static_cast<size_t>(c)] : N;
+    if (t.dst >= 0 && t.dst < static_cast<int>(cv.rank_steps_done.size()) &&
+        cv.rank_steps_done[static_cast<size_t>(t.dst)] > cv.steps_done)
+      continue;
+    const int c = fine_chunks(t, cv.chunks).first;
+    int held = N;  // the switch sends back final chunks
+    if (t.src >= 0) {
+      const auto& src_cells = cv.cells[static_cast<size_t>(t.src)];
+      held = c < static_cast<int>(src_cells.size()) ? src_cells[static_cast<size_t>(c)] : N;
+    }
     if (t.phase == RingPhase::AllGather || t.phase == RingPhase::Broadcast || held <= 0) held = N;
     const Curve cu = edges.of(t.src, t.dst);
     chunks.push_back({&t, cu.at(cu.t0 + (cu.t1 - cu.t0) * phase), half, held, contribution_color(held, N)});
@@ -796,11 +897,14 @@ void draw_nodes(ImDrawList* dl, const Layout& L, const CollectiveView& cv, int N
   if (valid && L.cells) {
     const float t = std::max(1.5f, fs * 0.12f);
     for (const Chunk& ch : chunks) {
-      ImVec2 a0, a1;
-      if (cell_rect(L, cv, ch.t->src, ch.t->chunk, a0, a1))
-        dl->AddRect(a0 - ImVec2(t, t), a1 + ImVec2(t, t), ImGui::GetColorU32(ImGuiCol_Text), L.cell * 0.2f, 0, t);
-      if (cell_rect(L, cv, ch.t->dst, ch.t->chunk, a0, a1))
-        dl->AddRect(a0 - ImVec2(t, t), a1 + ImVec2(t, t), ImGui::GetColorU32(ImGuiCol_Text, 0.45f), L.cell * 0.2f, 0, t * 0.7f);
+      const auto [lo, hi] = ch.t->chunk < 0 ? std::pair<int, int>{-1, 0} : fine_chunks(*ch.t, cv.chunks);
+      for (int c = lo; c < hi; c++) {  // a chunk may span several cells (hierarchical's shards)
+        ImVec2 a0, a1;
+        if (cell_rect(L, cv, ch.t->src, c, a0, a1))
+          dl->AddRect(a0 - ImVec2(t, t), a1 + ImVec2(t, t), ImGui::GetColorU32(ImGuiCol_Text), L.cell * 0.2f, 0, t);
+        if (cell_rect(L, cv, ch.t->dst, c, a0, a1))
+          dl->AddRect(a0 - ImVec2(t, t), a1 + ImVec2(t, t), ImGui::GetColorU32(ImGuiCol_Text, 0.45f), L.cell * 0.2f, 0, t * 0.7f);
+      }
     }
   }
   for (const Chunk& ch : chunks) {
@@ -884,17 +988,24 @@ void draw_ring_view(const Snapshot& s, ViewContext& ctx, RingViewState& state) {
   // The ring itself, faint, so every algorithm reads as the same world.
   if (N > 1) dl->AddCircle(L.center, L.radius, ImGui::GetColorU32(ImGuiCol_Border, 0.6f), 96, std::max(1.0f, fs * 0.06f));
 
-  // Center: the step counter, and who the world waits for; under the edges, so moving chunks stay in view.
+  const bool hub = valid && N > 1 && cv.algo == Algorithm::InNetwork;
+  const float hub_half = std::clamp(L.radius * 0.12f, fs * 1.2f, fs * 2.4f);
+  if (valid && cv.algo == Algorithm::Hierarchical) draw_node_groups(dl, L, cv, fs);
+
+  // Center: the step counter, and who the world waits for; under the edges, so moving chunks stay in
+  // view (below the switch when there is one).
   if (N > 1 || !valid) {
     const float room = N > 1 ? (L.radius - L.node_r) * 1.6f : size.x;
     if (!valid) draw_hint(dl, L, N, room, size.x, fs);
-    else draw_step_counter(dl, L, cv, room, fs);
+    else draw_step_counter(dl, L, cv, room, fs, hub ? hub_half + fs * 3.0f : 0.0f);
   }
 
   std::vector<Chunk> chunks;
   if (valid && N > 1) {
-    const Edges edges{L, N == 2 ? 0.22f : (ring ? 0.1f : 0.07f), L.node_r + std::max(3.0f, fs * 0.25f)};
+    const Edges edges{L, N == 2 ? 0.22f : (ring ? 0.1f : 0.07f), L.node_r + std::max(3.0f, fs * 0.25f),
+                      hub ? hub_half * 1.1f : 0.0f};
     draw_edges(dl, edges, cv, N, ring, fs);
+    if (hub) draw_switch(dl, L.center, hub_half, fs, !cv.pending.empty());
     const float phase = static_cast<float>(ctx.time * 0.6 - std::floor(ctx.time * 0.6));
     const float half = std::clamp(L.node_r * 0.4f, fs * 0.3f, fs * 0.8f);
     chunks = pending_chunks(edges, cv, N, phase, half);
@@ -903,6 +1014,7 @@ void draw_ring_view(const Snapshot& s, ViewContext& ctx, RingViewState& state) {
   draw_nodes(dl, L, cv, N, valid, chunks, fs, ctx.time);
 
   if (valid && N > 1) draw_legend(dl, ImVec2(p0.x + fs * 0.3f, p0.y + size.y - legend_h + fs * 0.25f), N, fs, ring);
+  if (valid && N > 1) draw_algorithm_key(dl, p0 + ImVec2(fs * 0.3f, fs * 0.3f), cv, fs);
   dl->PopClipRect();
   if (hovered) ring_tooltips(s, L, chunks, N, valid, mouse);
 }

@@ -1,5 +1,10 @@
 #include "engine/comm/plan.h"
 
+#include <algorithm>
+#include <string>
+
+#include "engine/core/check.h"
+
 namespace dtlab {
 
 namespace {
@@ -13,7 +18,7 @@ int ceil_log2(int n) {
 }
 
 void ring(std::vector<StepTransfer>& out, int n, RingPhase phase, bool reduce, int (*chunk)(int r, int s, int n), int s) {
-  for (int r = 0; r < n; r++) out.push_back({mod(r - 1, n), r, chunk(r, s, n), phase, reduce});
+  for (int r = 0; r < n; r++) out.push_back({mod(r - 1, n), r, chunk(r, s, n), phase, reduce, n});
 }
 
 // Binomial tree rooted at `root` (virtual rank v = r - root): broadcast step k sends from v to
@@ -30,13 +35,155 @@ void tree_reduce(std::vector<StepTransfer>& out, int n, int root, int k) {
     out.push_back({mod(u + half + root, n), mod(u + root, n), -1, RingPhase::Reduce, true});
 }
 
+// ncclGetBtree's in-order binary tree over ranks 0..n-1 rooted at 0 (our own code, same tree): a
+// rank's lowest set bit `bit` says its level; its parent sets the next bit up (or, past the end,
+// clears its own), its children are r -/+ bit/2 (the right one the nearest that exists).
+void btree(int n, int r, int& parent, int child[2]) {
+  int bit = 1;
+  while (bit < n && !(bit & r)) bit <<= 1;
+  child[0] = child[1] = -1;
+  if (r == 0) {
+    parent = -1;
+    if (n > 1) child[0] = bit >> 1;
+    return;
+  }
+  parent = (r ^ bit) | (bit << 1);
+  if (parent >= n) parent = r ^ bit;
+  const int low = bit >> 1;
+  if (low == 0) return;
+  child[0] = r - low;
+  for (int l = low; l > 0; l >>= 1)
+    if (r + l < n) {
+      child[1] = r + l;
+      break;
+    }
+}
+
+// Tree `tree`'s links of rank r without heights: tree 1 relabels tree 0 (mirror or shift by one).
+TreeLinks raw_links(int n, int tree, int r) {
+  TreeLinks t;
+  if (tree == 0) {
+    btree(n, r, t.parent, t.child);
+    return t;
+  }
+  const bool odd = n % 2 == 1;
+  auto to0 = [&](int x) { return odd ? mod(x - 1, n) : n - 1 - x; };
+  auto from0 = [&](int x) { return x < 0 ? -1 : odd ? (x + 1) % n : n - 1 - x; };
+  btree(n, to0(r), t.parent, t.child);
+  t.parent = from0(t.parent);
+  t.child[0] = from0(t.child[0]);
+  t.child[1] = from0(t.child[1]);
+  return t;
+}
+
+int subtree_height(int n, int tree, int r) {
+  const TreeLinks t = raw_links(n, tree, r);
+  int h = 0;
+  for (int ch : t.child)
+    if (ch >= 0) h = std::max(h, 1 + subtree_height(n, tree, ch));
+  return h;
+}
+
+// Double binary tree step s (both trees at once). Reduce phase (K + H - 1 steps): a rank of height
+// h sends chunk c to its parent at step c + h, when its children's parts of c are in. Broadcast
+// phase (as many): the root's chunk c reaches depth d at that phase's step c + d - 1.
+void double_tree(std::vector<StepTransfer>& out, int n, int s) {
+  const int K = kPipelineChunks, H = ceil_log2(n), up = K + H - 1;
+  for (int tree = 0; tree < 2; tree++)
+    for (int r = 0; r < n; r++) {
+      const TreeLinks t = double_tree_links(n, tree, r);
+      if (t.parent < 0) continue;
+      const int c = s < up ? s - t.height : s - up - (t.depth - 1);
+      if (c < 0 || c >= K) continue;
+      if (s < up) out.push_back({r, t.parent, tree * K + c, RingPhase::Reduce, true, 2 * K});
+      else out.push_back({t.parent, r, tree * K + c, RingPhase::Broadcast, false, 2 * K});
+    }
+}
+
+// Hierarchical step s: a ring reduce-scatter inside every node (G - 1 steps, chunk k of G), a ring
+// all-reduce between the ranks of the same local index on their shard l (2 (N - 1) steps, piece j
+// of the shard is chunk l N + j of G N), a ring all-gather inside every node (G - 1 steps).
+void hierarchical(std::vector<StepTransfer>& out, int n, int G, int s) {
+  const int N = n / G;
+  for (int m = 0; m < N; m++)
+    for (int l = 0; l < G; l++) {
+      const int r = m * G + l;
+      int t = s;
+      if (t < G - 1) {
+        out.push_back({m * G + mod(l - 1, G), r, mod(l - 2 - t, G), RingPhase::ReduceScatter, true, G});
+        continue;
+      }
+      t -= G - 1;
+      const int across = mod(m - 1, N) * G + l;
+      if (t < N - 1) {
+        out.push_back({across, r, l * N + mod(m - 2 - t, N), RingPhase::ReduceScatter, true, G * N});
+        continue;
+      }
+      t -= N - 1;
+      if (t < N - 1) {
+        out.push_back({across, r, l * N + mod(m - 1 - t, N), RingPhase::AllGather, false, G * N});
+        continue;
+      }
+      t -= N - 1;
+      out.push_back({m * G + mod(l - 1, G), r, mod(l - 1 - t, G), RingPhase::AllGather, false, G});
+    }
+}
+
+// In-network step s: every rank sends chunk s to the switch (which reduces it) and receives the
+// reduced chunk s - 1 back.
+void in_network(std::vector<StepTransfer>& out, int n, int s) {
+  const int K = kPipelineChunks;
+  for (int r = 0; r < n && s < K; r++) out.push_back({r, kNetworkSwitch, s, RingPhase::Reduce, true, K});
+  for (int r = 0; r < n && s >= 1; r++) out.push_back({kNetworkSwitch, r, s - 1, RingPhase::Broadcast, false, K});
+}
+
 }  // namespace
 
+std::pair<int64_t, int64_t> transfer_elements(const StepTransfer& t, int64_t count) {
+  if (t.chunk < 0 || t.chunks <= 0) return {0, count};
+  return {count * t.chunk / t.chunks, count * (t.chunk + 1) / t.chunks};
+}
+
+int planned_chunks(Algorithm algo, int n, int node_size) {
+  (void)node_size;  // hierarchical's pieces are G x N = world whatever the node size
+  if (n <= 1) return 0;
+  if (algo == Algorithm::DoubleTree) return 2 * kPipelineChunks;
+  if (algo == Algorithm::Hierarchical) return n;
+  if (algo == Algorithm::InNetwork) return kPipelineChunks;
+  return 0;
+}
+
+std::pair<int, int> fine_chunks(const StepTransfer& t, int chunks) {
+  if (t.chunk < 0 || t.chunks <= 0) return {0, chunks};
+  const int per = std::max(1, chunks / t.chunks);
+  return {t.chunk * per, (t.chunk + 1) * per};
+}
+
+TreeLinks double_tree_links(int n, int tree, int r) {
+  TreeLinks t = raw_links(n, tree, r);
+  t.height = subtree_height(n, tree, r);
+  for (int p = t.parent; p >= 0; p = raw_links(n, tree, p).parent) t.depth++;
+  return t;
+}
+
+int double_tree_root(int n, int tree) { return tree == 0 || n <= 1 ? 0 : n % 2 == 1 ? 1 : n - 1; }
+
+int hierarchical_node_size(int n, int node_size) { return node_size <= 0 || node_size >= n ? n : node_size; }
+
 int algorithm_step_count(CollectiveOp op, Algorithm algo, int n, int node_size) {
-  (void)node_size;
   if (n <= 1) return 0;
   switch (op) {
-    case CollectiveOp::AllReduce: return algo == Algorithm::Tree ? 2 * ceil_log2(n) : 2 * (n - 1);
+    case CollectiveOp::AllReduce:
+      switch (algo) {
+        case Algorithm::Tree: return 2 * ceil_log2(n);
+        case Algorithm::DoubleTree: return 2 * (kPipelineChunks + ceil_log2(n) - 1);
+        case Algorithm::InNetwork: return kPipelineChunks + 1;
+        case Algorithm::Hierarchical: {
+          const int G = hierarchical_node_size(n, node_size);
+          return n % G != 0 ? 0 : 2 * (G - 1) + 2 * (n / G - 1);
+        }
+        default: return 2 * (n - 1);
+      }
     case CollectiveOp::ReduceScatter:
     case CollectiveOp::AllGather:
     case CollectiveOp::AllToAll: return n - 1;
@@ -47,12 +194,17 @@ int algorithm_step_count(CollectiveOp op, Algorithm algo, int n, int node_size) 
 }
 
 std::vector<StepTransfer> algorithm_step_plan(CollectiveOp op, Algorithm algo, int n, int root, int s, int node_size) {
-  (void)node_size;
   std::vector<StepTransfer> out;
-  if (s < 0 || s >= algorithm_step_count(op, algo, n)) return out;
+  if (s < 0 || s >= algorithm_step_count(op, algo, n, node_size)) return out;
   switch (op) {
     case CollectiveOp::AllReduce:
-      if (algo == Algorithm::Ring) {
+      if (algo == Algorithm::DoubleTree) {
+        double_tree(out, n, s);
+      } else if (algo == Algorithm::Hierarchical) {
+        hierarchical(out, n, hierarchical_node_size(n, node_size), s);
+      } else if (algo == Algorithm::InNetwork) {
+        in_network(out, n, s);
+      } else if (algo == Algorithm::Ring) {
         // Reduce-scatter: rank r adds its predecessor's chunk (r - 2 - s); after n - 1 steps chunk r
         // is final on rank r. All-gather: the final chunks travel on round the ring.
         if (s < n - 1) ring(out, n, RingPhase::ReduceScatter, true, [](int r, int st, int m) { return mod(r - 2 - st, m); }, s);
@@ -82,11 +234,29 @@ std::vector<StepTransfer> algorithm_step_plan(CollectiveOp op, Algorithm algo, i
       else tree_reduce(out, n, root, s);
       break;
     case CollectiveOp::AllToAll:
-      for (int r = 0; r < n; r++) out.push_back({mod(r - (s + 1), n), r, mod(r - (s + 1), n), RingPhase::None, false});
+      for (int r = 0; r < n; r++) out.push_back({mod(r - (s + 1), n), r, mod(r - (s + 1), n), RingPhase::None, false, n});
       break;
     default: break;
   }
   return out;
+}
+
+void check_algorithm_topology(Algorithm algo, int n, const HardwareProfile& p) {
+  if (algo == Algorithm::Hierarchical && p.gpus_per_node > 1 && p.gpus_per_node < n && n % p.gpus_per_node != 0) {
+    const int G = p.gpus_per_node;
+    throw Error("hierarchical all-reduce needs whole nodes: world " + std::to_string(n) + " is not a multiple of profile '" +
+                p.name + "''s " + std::to_string(G) + " GPUs per node; use a world of " + std::to_string(G) + ", " +
+                std::to_string(2 * G) + ", ... or another algorithm");
+  }
+  if (algo == Algorithm::InNetwork && !p.switch_reduces) {
+    std::string names;
+    for (const HardwareProfile& q : builtin_profiles())
+      if (q.switch_reduces) names += (names.empty() ? "" : ", ") + q.name;
+    throw Error("in-network all-reduce (nvls) needs a switch that reduces (NVLink SHARP or InfiniBand SHARP) and profile '" +
+                p.name + "' has none; " +
+                (names.empty() ? std::string("no built-in profile has one yet, so use") : "use a profile that has one (" + names + ") or") +
+                " another algorithm");
+  }
 }
 
 }  // namespace dtlab

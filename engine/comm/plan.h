@@ -3,26 +3,69 @@
 // paused world is about to take; what already happened comes from the RingStep events, and a test
 // checks that the two agree.
 #pragma once
+#include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "engine/comm/communicator.h"
-#include "engine/trace/event.h"  // RingPhase
+#include "engine/trace/cost_model.h"  // HardwareProfile
+#include "engine/trace/event.h"       // RingPhase
 
 namespace dtlab {
 
+// Chunks the double binary tree cuts each tree's half of the buffer into, and the in-network
+// all-reduce the whole buffer: the pipeline's depth (NCCL pipelines its trees the same way, in
+// chunks of a few hundred KiB; docs/course_sources.md §6b).
+inline constexpr int kPipelineChunks = 4;
+
 struct StepTransfer {
-  int src = -1, dst = -1;
-  int chunk = -1;       // ring algorithms: the chunk index moved (of world-size chunks); else -1
+  int src = -1, dst = -1;  // ranks; kNetworkSwitch for the in-network switch
+  int chunk = -1;       // the chunk moved, of `chunks` equal chunks of the buffer (chunk_begin); -1: all of it
   RingPhase phase = RingPhase::None;
   bool reduce = false;  // the receiver reduces (true) or copies (false)
+  int chunks = 0;       // how many chunks `chunk` counts in (0 when chunk is -1)
 };
+
+// Elements [begin, end) of a `count`-element buffer that transfer `t` moves (the whole buffer when
+// t.chunk is -1; chunk bounds as chunk_begin cuts them, so sizes differ by at most one element).
+std::pair<int64_t, int64_t> transfer_elements(const StepTransfer& t, int64_t count);
+
+// The finest chunks the transfers of the double binary tree (2K), hierarchical (world: G x N) and
+// in-network (K) all-reduces cut the buffer into, so a view can show every transfer as whole cells;
+// 0 for the other algorithms (ring chunks are the world's, tree and naive move whole buffers).
+int planned_chunks(Algorithm algo, int world, int node_size);
+// The finest chunks [begin, end) of `chunks` that transfer `t` moves (t.chunks divides `chunks`).
+std::pair<int, int> fine_chunks(const StepTransfer& t, int chunks);
 
 // Steps the algorithm takes with `world` ranks (0 with one rank). `algo` must be resolved (not Default).
 // `node_size`: ranks per node (the profile's gpus_per_node; 0 or >= world: one node), which only the
-// hierarchical all-reduce reads.
+// hierarchical all-reduce reads (0 steps when world is not a whole number of nodes).
+//   dbtree        2 (K + H - 1), K = kPipelineChunks, H = ceil(log2 world) (the trees' height)
+//   hierarchical  2 (G - 1) + 2 (N - 1), G ranks per node, N = world / G nodes
+//   nvls          K + 1
 int algorithm_step_count(CollectiveOp op, Algorithm algo, int world, int node_size = 0);
 // Transfers of step `step` (0-based); empty when out of range. `root`: broadcast/reduce root.
 std::vector<StepTransfer> algorithm_step_plan(CollectiveOp op, Algorithm algo, int world, int root, int step,
                                               int node_size = 0);
+
+// NCCL's double binary tree (src/graph/trees.cc, ncclGetDtree): tree 0 is the in-order binary tree
+// rooted at rank 0; tree 1 mirrors it (r -> world-1-r) for an even world and shifts it by one rank
+// for an odd one, so a rank that is an inner node in one tree is a leaf in the other.
+struct TreeLinks {
+  int parent = -1;           // -1 at the root
+  int child[2] = {-1, -1};   // -1: none
+  int height = 0;            // leaves 0
+  int depth = 0;             // root 0
+};
+TreeLinks double_tree_links(int world, int tree, int rank);
+int double_tree_root(int world, int tree);  // 0; world-1 (even) or 1 (odd)
+
+// The ranks per node the hierarchical all-reduce groups: node_size, or world when node_size is 0 or
+// at least world (one node).
+int hierarchical_node_size(int world, int node_size);
+
+// dtlab::Error, one sentence, unless all-reduce can run `algo` on `world` ranks of `profile`:
+// hierarchical needs whole nodes, in-network needs a switch that reduces.
+void check_algorithm_topology(Algorithm algo, int world, const HardwareProfile& profile);
 
 }  // namespace dtlab

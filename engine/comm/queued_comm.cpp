@@ -147,6 +147,7 @@ WorkPtr QueuedCommunicator::collective(CollDesc d, void* buf, const void* in) {
   if (d.count < 0) throw Error("a collective's count cannot be negative");
   if (d.dtype == DType::I64 && d.reduce == ReduceOp::Avg)
     throw Error("avg is defined for float32 only; reduce int64 with sum or max");
+  check_runs(d);
   CommJob j;
   j.desc = d;
   j.seq = next_seq_++;

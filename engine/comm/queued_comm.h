@@ -88,6 +88,9 @@ class QueuedCommunicator : public Communicator {
   // Runs one job on the worker thread. A CommError is the diagnosis the job's Work reports; any
   // other exception is an internal failure.
   virtual WorkTimes run_job(CommJob& job) = 0;
+  // Refuses a collective this backend cannot run (an algorithm it lacks, a topology that does not
+  // fit): dtlab::Error, thrown at the call on every rank, before any data moves.
+  virtual void check_runs(const CollDesc& d) const {}
   // After every job, on the worker: error empty on success; `internal` for non-CommError failures.
   virtual void after_job(const std::string& error, bool internal) {}
   // The comm lane's clock moves to `end` and the job becomes a Collective event.

@@ -300,6 +300,12 @@ SocketCommunicator::~SocketCommunicator() {
 
 void SocketCommunicator::abort(const std::string& reason) { mesh_->abort(reason); }
 
+void SocketCommunicator::check_runs(const CollDesc& d) const {
+  if (d.algo == Algorithm::DoubleTree || d.algo == Algorithm::Hierarchical || d.algo == Algorithm::InNetwork)
+    throw Error(std::string("the socket backend runs all-reduce as ring, tree or naive, not ") + algorithm_name(d.algo) +
+                "; dbtree, hierarchical and nvls run on the threads and cuda backends (--backend threads or cuda)");
+}
+
 WorkTimes SocketCommunicator::run_job(CommJob& j) {
   if (mesh_->aborted()) throw CommError(mesh_->abort_reason());
   return j.p2p ? run_p2p(j) : run_collective(j);

@@ -10,7 +10,8 @@
 // (as NCCL does) so a successor reduces a slice while it is still in cache and all ranks stay busy.
 //
 // Tree (binomial broadcast and reduce) and naive (gather to rank 0, then send back) are the
-// teaching comparisons; each of their steps ends in a barrier of all ranks.
+// teaching comparisons; each of their steps ends in a barrier of all ranks. So do the steps of the
+// double binary tree, hierarchical and in-network all-reduces, which run their plan (plan.h).
 #include <algorithm>
 #include <cstring>
 
@@ -288,6 +289,81 @@ void all_to_all(Call& c) {
   }
 }
 
+// ---- planned all-reduces: double binary tree, hierarchical, in-network ----
+
+// Where rank r's result becomes final at step s, so finish_avg divides it then: the root of a
+// double-tree chunk once its last child's part is in; under hierarchical the shard piece the rank
+// owns at the end of the reduce-scatters. Chunk -1: nothing this step.
+StepTransfer finished_at(Algorithm algo, int n, int G, int r, int s) {
+  StepTransfer f;
+  if (algo == Algorithm::DoubleTree) {
+    const int K = kPipelineChunks, c = s - (ceil_log2(n) - 1);
+    for (int tree = 0; tree < 2; tree++)
+      if (r == double_tree_root(n, tree) && c >= 0 && c < K) f.chunk = tree * K + c, f.chunks = 2 * K;
+  } else if (algo == Algorithm::Hierarchical) {
+    const int N = n / G;
+    if (s == (G - 1) + (N - 1) - 1) f.chunk = (r % G) * N + r / G, f.chunks = G * N;
+  }
+  return f;
+}
+
+// The switch's arithmetic for chunk `t`, done on the rank threads: rank r reduces slice r of the
+// chunk over every rank's buffer, in rank order (deterministic), into the switch buffer.
+template <class T>
+void switch_reduce(Call& c, T* sw, int t) {
+  Rendezvous& rv = *c.rv;
+  const int n = c.n;
+  const auto [lo, hi] = transfer_elements({0, kNetworkSwitch, t, RingPhase::Reduce, true, kPipelineChunks}, rv.desc.count);
+  const int64_t a = lo + chunk_begin(hi - lo, n, c.rank), b = lo + chunk_begin(hi - lo, n, c.rank + 1);
+  auto buf = [&](int q) { return as<T>(static_cast<const void*>(rv.buf[static_cast<size_t>(q)])) + a; };
+  reduce_to(c, sw + a, buf(0), buf(1), b - a, rv.desc.reduce);
+  for (int q = 2; q < n; q++) reduce_into(c, sw + a, buf(q), b - a, rv.desc.reduce);
+  finish_avg(c, sw + a, b - a, rv.desc.reduce, n);
+}
+
+// Runs the algorithm's plan (plan.h) step by step: each rank takes the transfers into it (reducing
+// into or copying over its own buffer, in place: no step reads a chunk another transfer of the same
+// step writes), then every rank meets at a barrier before the next step.
+template <class T>
+void planned_allreduce(Call& c) {
+  Stepper_ st(c);
+  Rendezvous& rv = *c.rv;
+  const CollDesc& d = rv.desc;
+  const int n = c.n, r = c.rank, G = hierarchical_node_size(n, rv.node_size);
+  T* mine = as<T>(rv.buf[static_cast<size_t>(r)]);
+  T* sw = nullptr;  // the switch's buffer (in-network), owned by rank 0's call
+  if (d.algo == Algorithm::InNetwork) {
+    if (r == 0) {
+      c.scratch.push_back(c.world->mover_->scratch(r, std::max<int64_t>(d.count, 1) * static_cast<int64_t>(sizeof(T)),
+                                                   c.ctx->memory()));
+      std::lock_guard<std::mutex> lock(st.w.mu_);
+      rv.scratch[0] = c.scratch.back()->data();
+    }
+    st.w.step_barrier(c);
+    std::lock_guard<std::mutex> lock(st.w.mu_);
+    sw = as<T>(rv.scratch[0]);
+  }
+  for (int s = 0; s < rv.steps; s++) {
+    const int64_t wall0 = st.begin(s);
+    const std::vector<StepTransfer> plan = algorithm_step_plan(d.op, d.algo, n, 0, s, rv.node_size);
+    for (const StepTransfer& t : plan) {
+      if (t.dst != r) continue;
+      const auto [lo, hi] = transfer_elements(t, d.count);
+      const T* from = t.src == kNetworkSwitch ? sw : as<T>(static_cast<const void*>(rv.buf[static_cast<size_t>(t.src)]));
+      if (t.reduce) reduce_into(c, mine + lo, from + lo, hi - lo, d.reduce);
+      else copy_elems(c, mine + lo, from + lo, hi - lo);
+    }
+    if (sw && s < kPipelineChunks) switch_reduce(c, sw, s);
+    const StepTransfer fin = finished_at(d.algo, n, G, r, s);
+    if (fin.chunk >= 0) {
+      const auto [lo, hi] = transfer_elements(fin, d.count);
+      finish_avg(c, mine + lo, hi - lo, d.reduce, n);
+    }
+    st.w.step_barrier(c);  // this step's reads are done before the next step writes
+    st.w.finish_plan_step(c, s, plan, wall0);
+  }
+}
+
 template <class T>
 void dispatch(Call& c) {
   const CollDesc& d = c.rv->desc;
@@ -298,6 +374,8 @@ void dispatch(Call& c) {
   switch (d.op) {
     case CollectiveOp::AllReduce:
       if (d.algo == Algorithm::Ring) return ring_allreduce<T>(c);
+      if (d.algo == Algorithm::DoubleTree || d.algo == Algorithm::Hierarchical || d.algo == Algorithm::InNetwork)
+        return planned_allreduce<T>(c);
       if (d.algo == Algorithm::Naive) {
         naive_gather_steps<T>(c, 0, true, 0);
         if (c.rank == 0) finish_avg(c, as<T>(c.rv->buf[0]), d.count, d.reduce, c.n);
@@ -331,8 +409,8 @@ void dispatch(Call& c) {
 
 }  // namespace
 
-int algorithm_steps(const CollDesc& d, int n) {
-  return algorithm_step_count(d.op, d.algo, n);  // one schedule for the backend and the views
+int algorithm_steps(const CollDesc& d, int n, int node_size) {
+  return algorithm_step_count(d.op, d.algo, n, node_size);  // one schedule for the backend and the views
 }
 
 int algorithm_slices(const CollDesc& d, int n) {

@@ -69,6 +69,9 @@ class RankComm : public QueuedCommunicator {
   const char* backend_name() const override { return "threads"; }
 
  private:
+  void check_runs(const CollDesc& d) const override {
+    if (d.op == CollectiveOp::AllReduce) check_algorithm_topology(d.algo, w_->n_, w_->cost_->profile());
+  }
   WorkTimes run_job(CommJob& j) override {
     MoverJob on_device(*w_->mover_, rank_, job_label(j.desc.op, j.seq));
     if (w_->aborted()) throw CommError(w_->abort_reason_);
@@ -198,7 +201,7 @@ World::World(int n, WorldOptions opt) : n_(n), opt_(std::move(opt)), mover_(opt_
       throw Error("fault names rank " + std::to_string(f.rank) + " but ranks are 0.." + std::to_string(n - 1));
   recorder_ = std::make_unique<TraceRecorder>(n, opt_.trace_capacity);
   recorder_->set_enabled(opt_.record);
-  cost_ = std::make_unique<CostModel>(find_profile(opt_.profile), n);
+  cost_ = std::make_unique<CostModel>(opt_.hardware ? *opt_.hardware : find_profile(opt_.profile), n);
   stepper_ = std::make_unique<Stepper>(n, opt_.start_paused);
   comm_activity_.assign(static_cast<size_t>(n), "idle");
   for (int r = 0; r < n; r++) {
@@ -303,7 +306,8 @@ Rendezvous& World::arrive(int rank, uint64_t seq, const CollDesc& d, void* buf, 
     rv.steps_finished.assign(static_cast<size_t>(n_), 0);
     rv.consumed = std::vector<std::atomic<int64_t>>(static_cast<size_t>(n_));
     rv.left = n_;
-    rv.steps = algorithm_steps(d, n_);
+    rv.node_size = cost_->profile().gpus_per_node;
+    rv.steps = algorithm_steps(d, n_, rv.node_size);
     rv.slices = mover_->slice_ring_steps() ? algorithm_slices(d, n_) : 1;
   } else if (!(rv.desc == d)) {
     std::string msg = "desync: collective #" + std::to_string(seq) + " differs across ranks: rank " +
@@ -456,18 +460,56 @@ bool World::step_gate(Call& c, int step) {
                         c.iteration, c.model_t);
 }
 
+namespace {
+
+// One RingStep event: what this rank moved in a step.
+struct StepRecord {
+  RingPhase phase;
+  int chunk, src, dst;
+  int64_t bytes;
+};
+
+}  // namespace
+
+// Records the step's events on [model_t, model_t + dt] and moves this rank's modeled clock on.
+static void record_step(World& w, Call& c, int step, const std::vector<StepRecord>& records, double dt,
+                        int64_t wall_begin) {
+  const int64_t wall_end = w.recorder_->now_ns();
+  for (const StepRecord& r : records) {
+    Event e(EventKind::RingStep, Lane::Comm, wall_begin, wall_end, c.model_t, c.model_t + dt);
+    e.step = RingStepInfo{c.rv->seq, r.phase, static_cast<int16_t>(step), static_cast<int16_t>(c.rv->steps),
+                          static_cast<int16_t>(r.chunk), static_cast<int16_t>(r.src), static_cast<int16_t>(r.dst), r.bytes};
+    e.iteration = c.iteration;
+    c.ctx->record(e);
+  }
+  c.model_t += dt;
+  std::lock_guard<std::mutex> lock(w.mu_);
+  c.rv->steps_finished[static_cast<size_t>(c.rank)] = step + 1;
+}
+
 void World::finish_step(Call& c, int step, RingPhase phase, int chunk, int src, int dst, int64_t bytes,
                         const std::vector<std::pair<int, int>>& transfers, double model_bytes,
                         bool reduce, int64_t wall_begin) {
-  double dt = cost_->step_time(transfers, model_bytes, reduce);
-  Event e(EventKind::RingStep, Lane::Comm, wall_begin, recorder_->now_ns(), c.model_t, c.model_t + dt);
-  e.step = RingStepInfo{c.rv->seq, phase, static_cast<int16_t>(step), static_cast<int16_t>(c.rv->steps),
-                        static_cast<int16_t>(chunk), static_cast<int16_t>(src), static_cast<int16_t>(dst), bytes};
-  e.iteration = c.iteration;
-  c.ctx->record(e);
-  c.model_t += dt;
-  std::lock_guard<std::mutex> lock(mu_);
-  c.rv->steps_finished[static_cast<size_t>(c.rank)] = step + 1;
+  record_step(*this, c, step, {{phase, chunk, src, dst, bytes}}, cost_->step_time(transfers, model_bytes, reduce),
+              wall_begin);
+}
+
+void World::finish_plan_step(Call& c, int step, const std::vector<StepTransfer>& plan, int64_t wall_begin) {
+  const int64_t count = c.rv->desc.count, esize = dtype_size(c.rv->desc.dtype);
+  std::vector<std::pair<int, int>> pairs;
+  std::vector<StepRecord> records;
+  bool reduce = false;
+  for (const StepTransfer& t : plan) {
+    pairs.push_back({t.src, t.dst});
+    reduce = reduce || t.reduce;
+    if (t.dst != c.rank && !(t.src == c.rank && t.dst == kNetworkSwitch)) continue;
+    const auto [lo, hi] = transfer_elements(t, count);
+    records.push_back({t.phase, t.chunk, t.src, t.dst, (hi - lo) * esize});
+  }
+  if (records.empty()) records.push_back({plan.empty() ? RingPhase::None : plan.front().phase, -1, -1, -1, 0});
+  // Every transfer of a step moves one chunk of the same size (up to an element): the model's S / chunks.
+  const double model_bytes = plan.empty() ? 0.0 : static_cast<double>(count * esize) / std::max(1, plan.front().chunks);
+  record_step(*this, c, step, records, cost_->step_time(pairs, model_bytes, reduce), wall_begin);
 }
 
 }  // namespace threads

@@ -7,6 +7,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,6 +42,9 @@ struct WorldOptions {
   double timeout_s = 30;          // watchdog: a collective not complete by then fails, diagnosed
   std::vector<Fault> faults;
   std::string profile = "nvlink8";  // hardware profile of the modeled clock
+  // A profile given whole, used instead of `profile` when set: a made-up topology (nodes of G GPUs,
+  // a switch that reduces) the built-in names do not cover.
+  std::optional<HardwareProfile> hardware;
   bool record = true;             // trace events
   size_t trace_capacity = size_t{1} << 16;
   bool start_paused = false;      // stepper starts paused (the GUI's default)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/comm/data_mover.h"
+#include "engine/comm/plan.h"  // StepTransfer
 #include "engine/comm/queued_comm.h"  // CollDesc, describe, payload_bytes
 #include "engine/comm/threads_backend.h"
 #include "engine/comm/watchdog.h"  // RankDoing
@@ -41,6 +42,7 @@ struct Rendezvous {
   int left = 0;                             // ranks still inside
   int running = 0;                          // ranks inside run_collective (reading peers' memory)
   int steps = 0;
+  int node_size = 0;                        // ranks per node (the profile's), for hierarchical all-reduce
 };
 
 class World;
@@ -94,6 +96,10 @@ class World {
   void finish_step(Call& c, int step, RingPhase phase, int chunk, int src, int dst, int64_t bytes,
                    const std::vector<std::pair<int, int>>& transfers, double model_bytes, bool reduce,
                    int64_t wall_begin);
+  // The same for a step of a planned algorithm (plan.h): charged by the plan's transfers, each
+  // carrying its chunk's share of the buffer; one event per planned transfer this rank receives or
+  // sends to the switch (bytes as transfer_elements cuts them), or one empty event when it has none.
+  void finish_plan_step(Call& c, int step, const std::vector<StepTransfer>& plan, int64_t wall_begin);
 
   [[noreturn]] void fail(const std::string& msg);  // abort the world and throw CommError
   [[noreturn]] void fail_aborted();                // after a gate refused: throw the abort reason
@@ -132,8 +138,8 @@ class World {
   std::map<std::tuple<int, int, int>, std::deque<Message>> mailbox_;
 };
 
-// Number of steps the algorithm takes for this collective on n ranks.
-int algorithm_steps(const CollDesc& d, int n);
+// Number of steps the algorithm takes for this collective on n ranks, `node_size` ranks per node.
+int algorithm_steps(const CollDesc& d, int n, int node_size);
 // Units each step is cut into so that neighbours work on one chunk in a pipeline (1 if not sliced).
 int algorithm_slices(const CollDesc& d, int n);
 // Algorithms: run one rank's part of the collective `c.rv` (all ranks have arrived).
