@@ -35,7 +35,7 @@ bool point_to_point(CollectiveOp op) { return op == CollectiveOp::Send || op == 
 // for the binomial tree and naive; a double-tree chunk S/2K; an in-network chunk S/K; hierarchical
 // S/G inside a node and S/(G N) across nodes (docs/course_sources.md §6b).
 double modeled_step_bytes(const CollectiveView& cv, const CostModel& cost, const std::vector<StepTransfer>& plan) {
-  const double S = static_cast<double>(cv.bytes), n = cv.world, K = kModelPipelineChunks;
+  const double S = static_cast<double>(cv.bytes), n = cv.world, K = kPipelineChunks;
   const int G = cost.profile().gpus_per_node;
   switch (cv.algo) {
     case Algorithm::DoubleTree: return S / (2 * K);

@@ -25,7 +25,7 @@ using Pairs = std::vector<std::pair<int, int>>;
 
 namespace {
 
-constexpr int K = dtlab::kModelPipelineChunks;
+constexpr int K = dtlab::kPipelineChunks;
 
 // Every link the same, `per_node` ranks a node, one rail per GPU (so no ring, tree or naive step
 // shares a link).

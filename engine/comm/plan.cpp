@@ -35,55 +35,6 @@ void tree_reduce(std::vector<StepTransfer>& out, int n, int root, int k) {
     out.push_back({mod(u + half + root, n), mod(u + root, n), -1, RingPhase::Reduce, true});
 }
 
-// ncclGetBtree's in-order binary tree over ranks 0..n-1 rooted at 0 (our own code, same tree): a
-// rank's lowest set bit `bit` says its level; its parent sets the next bit up (or, past the end,
-// clears its own), its children are r -/+ bit/2 (the right one the nearest that exists).
-void btree(int n, int r, int& parent, int child[2]) {
-  int bit = 1;
-  while (bit < n && !(bit & r)) bit <<= 1;
-  child[0] = child[1] = -1;
-  if (r == 0) {
-    parent = -1;
-    if (n > 1) child[0] = bit >> 1;
-    return;
-  }
-  parent = (r ^ bit) | (bit << 1);
-  if (parent >= n) parent = r ^ bit;
-  const int low = bit >> 1;
-  if (low == 0) return;
-  child[0] = r - low;
-  for (int l = low; l > 0; l >>= 1)
-    if (r + l < n) {
-      child[1] = r + l;
-      break;
-    }
-}
-
-// Tree `tree`'s links of rank r without heights: tree 1 relabels tree 0 (mirror or shift by one).
-TreeLinks raw_links(int n, int tree, int r) {
-  TreeLinks t;
-  if (tree == 0) {
-    btree(n, r, t.parent, t.child);
-    return t;
-  }
-  const bool odd = n % 2 == 1;
-  auto to0 = [&](int x) { return odd ? mod(x - 1, n) : n - 1 - x; };
-  auto from0 = [&](int x) { return x < 0 ? -1 : odd ? (x + 1) % n : n - 1 - x; };
-  btree(n, to0(r), t.parent, t.child);
-  t.parent = from0(t.parent);
-  t.child[0] = from0(t.child[0]);
-  t.child[1] = from0(t.child[1]);
-  return t;
-}
-
-int subtree_height(int n, int tree, int r) {
-  const TreeLinks t = raw_links(n, tree, r);
-  int h = 0;
-  for (int ch : t.child)
-    if (ch >= 0) h = std::max(h, 1 + subtree_height(n, tree, ch));
-  return h;
-}
-
 // Double binary tree step s (both trees at once). Reduce phase (K + H - 1 steps): a rank of height
 // h sends chunk c to its parent at step c + h, when its children's parts of c are in. Broadcast
 // phase (as many): the root's chunk c reaches depth d at that phase's step c + d - 1.
@@ -158,15 +109,6 @@ std::pair<int, int> fine_chunks(const StepTransfer& t, int chunks) {
   const int per = std::max(1, chunks / t.chunks);
   return {t.chunk * per, (t.chunk + 1) * per};
 }
-
-TreeLinks double_tree_links(int n, int tree, int r) {
-  TreeLinks t = raw_links(n, tree, r);
-  t.height = subtree_height(n, tree, r);
-  for (int p = t.parent; p >= 0; p = raw_links(n, tree, p).parent) t.depth++;
-  return t;
-}
-
-int double_tree_root(int n, int tree) { return tree == 0 || n <= 1 ? 0 : n % 2 == 1 ? 1 : n - 1; }
 
 int hierarchical_node_size(int n, int node_size) { return node_size <= 0 || node_size >= n ? n : node_size; }
 

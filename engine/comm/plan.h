@@ -8,15 +8,11 @@
 #include <vector>
 
 #include "engine/comm/communicator.h"
+#include "engine/core/double_tree.h"  // kPipelineChunks, double_tree_links
 #include "engine/trace/cost_model.h"  // HardwareProfile
 #include "engine/trace/event.h"       // RingPhase
 
 namespace dtlab {
-
-// Chunks the double binary tree cuts each tree's half of the buffer into, and the in-network
-// all-reduce the whole buffer: the pipeline's depth (NCCL pipelines its trees the same way, in
-// chunks of a few hundred KiB; docs/course_sources.md §6b).
-inline constexpr int kPipelineChunks = 4;
 
 struct StepTransfer {
   int src = -1, dst = -1;  // ranks; kNetworkSwitch for the in-network switch
@@ -47,18 +43,6 @@ int algorithm_step_count(CollectiveOp op, Algorithm algo, int world, int node_si
 // Transfers of step `step` (0-based); empty when out of range. `root`: broadcast/reduce root.
 std::vector<StepTransfer> algorithm_step_plan(CollectiveOp op, Algorithm algo, int world, int root, int step,
                                               int node_size = 0);
-
-// NCCL's double binary tree (src/graph/trees.cc, ncclGetDtree): tree 0 is the in-order binary tree
-// rooted at rank 0; tree 1 mirrors it (r -> world-1-r) for an even world and shifts it by one rank
-// for an odd one, so a rank that is an inner node in one tree is a leaf in the other.
-struct TreeLinks {
-  int parent = -1;           // -1 at the root
-  int child[2] = {-1, -1};   // -1: none
-  int height = 0;            // leaves 0
-  int depth = 0;             // root 0
-};
-TreeLinks double_tree_links(int world, int tree, int rank);
-int double_tree_root(int world, int tree);  // 0; world-1 (even) or 1 (odd)
 
 // The ranks per node the hierarchical all-reduce groups: node_size, or world when node_size is 0 or
 // at least world (one node).

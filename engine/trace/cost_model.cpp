@@ -112,16 +112,6 @@ Link slowest_link_at_root(const CostModel& m) {
   return worst;
 }
 
-// NCCL's in-order binary tree rooted at 0 (ncclGetBtree, docs/course_sources.md §6b): a rank's
-// parent clears its lowest set bit and sets the next one up, or only clears it when that is out of range.
-int btree_parent(int n, int rank) {
-  if (rank == 0) return -1;
-  int bit = 1;
-  while (bit < n && (bit & rank) == 0) bit <<= 1;
-  const int up = (rank ^ bit) | (bit << 1);
-  return up < n ? up : rank ^ bit;
-}
-
 // Both trees' parents, heights (leaves 0) and depths (roots 0) over n ranks.
 struct DoubleTreeShape {
   std::vector<int> parent[2], height[2], depth[2];
@@ -381,18 +371,8 @@ double hierarchical_allreduce_time(int local, int nodes, double n, Link intra, L
 
 double in_network_allreduce_time(int p, double n, double a, double b) {
   if (p <= 1) return 0;
-  const int K = kModelPipelineChunks;
+  const int K = kPipelineChunks;
   return (K + 1) * (a + n / K * b);
-}
-
-int double_tree_parent(int n, int tree, int rank) {
-  if (tree == 0) return btree_parent(n, rank);
-  if (n % 2 == 1) {
-    const int up = btree_parent(n, (rank - 1 + n) % n);
-    return up < 0 ? -1 : (up + 1) % n;
-  }
-  const int up = btree_parent(n, n - 1 - rank);
-  return up < 0 ? -1 : n - 1 - up;
 }
 
 const char* link_kind_name(LinkKind k) {
@@ -565,7 +545,7 @@ double CostModel::collective_time(CollectiveOp op, Algorithm algo, double bytes)
 double CostModel::double_tree_time(double bytes) const {
   // Both trees in the same steps (docs/course_sources.md §6b): in reduce step t a node of height h
   // sends chunk t - h to its parent; in broadcast step t a node of depth d gets chunk t - d + 1.
-  const int K = kModelPipelineChunks, n = world_size_;
+  const int K = kPipelineChunks, n = world_size_;
   const DoubleTreeShape t = double_tree_shape(n);
   const double chunk = bytes / (2.0 * K);
   double total = 0;
@@ -607,7 +587,7 @@ double CostModel::hierarchical_time(double bytes) const {
 }
 
 double CostModel::in_network_time(double bytes) const {
-  const int K = kModelPipelineChunks;
+  const int K = kPipelineChunks;
   std::vector<std::pair<int, int>> up, down, both;
   for (int r = 0; r < world_size_; ++r) {
     up.emplace_back(r, kNetworkSwitch);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/core/collective.h"
+#include "engine/core/double_tree.h"  // kPipelineChunks, double_tree_parent
 
 namespace dtlab {
 
@@ -53,14 +54,6 @@ HardwareProfile find_profile(std::string_view name);
 // Every name find_profile takes, in display order: the built-in ones, then "this" and "ideal".
 std::vector<std::string> profile_names();
 
-// Chunks the pipelined all-reduces cut their buffer into (double tree: per tree; in-network: the
-// whole buffer); the same K as plan.h's kPipelineChunks (engine/comm), which the stepped algorithms use.
-inline constexpr int kModelPipelineChunks = 4;
-// The parent of `rank` in tree 0 or 1 of NCCL's double binary tree over n ranks (-1 at the root):
-// tree 0 is the in-order binary tree rooted at 0 (ncclGetBtree), tree 1 its mirror (n even) or
-// tree 0 shifted by one rank (n odd) (ncclGetDtree; docs/course_sources.md §6b).
-int double_tree_parent(int n, int tree, int rank);
-
 // The physical links of a topology (docs/course_sources.md §6b), each a resource that the transfers
 // of one step share: a GPU's port into its node's fabric (one per direction), a node's NIC rails (one
 // per direction; local GPU g uses rail g % rails) and the reducing switch (NVSwitch with NVLS inside a
@@ -92,7 +85,7 @@ double naive_allreduce_time(int p, double n, double a, double b, double g);  // 
 // n / (local nodes), the `local` rings sharing the rails: rail_load of them on the busiest NIC),
 // ring all-gather inside (local - 1 steps of n / local).
 double hierarchical_allreduce_time(int local, int nodes, double n, Link intra, Link inter, int rail_load, double g);
-// In-network: K + 1 steps of n / K (K = kModelPipelineChunks; each rank sends chunk t up and gets
+// In-network: K + 1 steps of n / K (K = kPipelineChunks; each rank sends chunk t up and gets
 // chunk t - 1 back; the switch reduces, the ranks do not). `a`, `b`: the slowest link a chunk crosses.
 double in_network_allreduce_time(int p, double n, double a, double b);
 // The double binary tree has no formula this short: a rank sends in both trees and a parent hears
