@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/comm/threads_backend.h"
 #include "engine/core/check.h"
+#include "engine/trace/export.h"
 #include "engine/trace/tuning.h"
 
 using namespace dtlab;
@@ -148,7 +150,7 @@ TEST_CASE("tuning: explain names the pick, the runner-up, the size, the world an
   CHECK(small.find(" at 64 KiB on 8 ranks over 2 nodes: latency-bound") != std::string::npos);
   CHECK(explain(p, 8, CollectiveOp::AllReduce, double(1 << 30)).find("bandwidth-bound") != std::string::npos);
   const std::string forced = explain(p, 8, CollectiveOp::AllReduce, 8, Algorithm::Naive, Protocol::Simple);
-  CHECK(forced.rfind("naive/simple (forced): ", 0) == 0);
+  CHECK(forced.rfind("naive/simple (the run's choice): ", 0) == 0);
   CHECK(forced.find("; the tuner would pick ") != std::string::npos);
   CHECK(explain(p, 1, CollectiveOp::AllReduce, 8) == "one rank: nothing to communicate, so nothing to choose");
 }
@@ -168,4 +170,44 @@ TEST_CASE("tuning: --algo and --proto names") {
   CHECK(format_bytes(64 * 1024) == "64 KiB");
   CHECK(format_bytes(double(1 << 30)) == "1 GiB");
   CHECK(format_bytes(1536) == "1.5 KiB");
+}
+
+TEST_CASE("tuning: --algo auto and --proto reach the communicator, its events and its trace") {
+  WorldOptions opt;
+  opt.profile = "ib2x4";
+  opt.allreduce_algo = Algorithm::Default;  // auto
+  ThreadsWorld w(8, opt);
+  const HardwareProfile p = find_profile("ib2x4");
+  const int64_t small = 4, large = 1 << 20;  // floats
+  w.run([&](int, Communicator& c, RankContext&) {
+    std::vector<float> a(static_cast<size_t>(small), 1.0f), b(static_cast<size_t>(large), 1.0f);
+    c.all_reduce(a.data(), small, DType::F32, ReduceOp::Sum)->wait();
+    c.all_reduce(b.data(), large, DType::F32, ReduceOp::Sum)->wait();
+    CHECK(a[0] == 8.0f);
+    CHECK(b[static_cast<size_t>(large - 1)] == 8.0f);
+  });
+  std::vector<Event> colls;
+  for (const Event& e : w.recorder().events(0))
+    if (e.kind == EventKind::Collective) colls.push_back(e);
+  REQUIRE(colls.size() == 2);
+  for (const Event& e : colls) {
+    const Prediction want = select(p, 8, CollectiveOp::AllReduce, static_cast<double>(e.coll.bytes));
+    CHECK(e.coll.algo == want.algo);
+    CHECK(e.coll.proto == want.proto);
+  }
+  CHECK(colls[0].coll.algo != colls[1].coll.algo);  // tree at 16 B, hierarchical at 4 MiB on ib2x4
+  // The Chrome trace names the protocol beside the algorithm.
+  const std::string trace = chrome_trace_json(w.recorder().all_events());
+  CHECK(trace.find(std::string("\"protocol\":\"") + protocol_name(colls[0].coll.proto) + "\"") != std::string::npos);
+
+  // A forced protocol is every call's.
+  opt.allreduce_algo = Algorithm::Ring;
+  opt.protocol = Protocol::LL128;
+  ThreadsWorld forced(4, opt);
+  forced.run([&](int, Communicator& c, RankContext&) {
+    std::vector<float> a(64, 1.0f);
+    c.all_reduce(a.data(), 64, DType::F32, ReduceOp::Sum)->wait();
+  });
+  for (const Event& e : forced.recorder().events(0))
+    if (e.kind == EventKind::Collective) CHECK((e.coll.algo == Algorithm::Ring && e.coll.proto == Protocol::LL128));
 }

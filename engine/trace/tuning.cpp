@@ -261,7 +261,7 @@ std::string explain(const HardwareProfile& profile, int world, CollectiveOp op, 
   const bool forced = algo != Algorithm::Default || proto != Protocol::Default;
   if (forced) {
     const Prediction tuned = select(profile, world, op, bytes);
-    std::string s = pair_name(chosen) + " (forced): " + time_text(chosen.seconds) + where;
+    std::string s = pair_name(chosen) + " (the run's choice): " + time_text(chosen.seconds) + where;
     if (tuned.algo == chosen.algo && tuned.proto == chosen.proto) return s + "; the tuner picks the same";
     return s + "; the tuner would pick " + pair_name(tuned) + ": " + time_text(tuned.seconds);
   }

@@ -38,8 +38,9 @@ Prediction predict(const HardwareProfile& profile, int world, CollectiveOp op, A
 // best protocol.
 Prediction select(const HardwareProfile& profile, int world, CollectiveOp op, double bytes,
                   Algorithm algo = Algorithm::Default, Protocol proto = Protocol::Default);
-// "dbtree/ll: 19.6 us vs ring/ll 23.8 us at 64 KiB on 8 ranks over 2 nodes: latency-bound", for the
-// pick (with the forced values: what ran, and what the tuner would have picked).
+// "dbtree/ll: 25.4 us vs ring/ll 28.4 us at 32 KiB on 8 ranks over 2 nodes: latency-bound", for the
+// pick; with forced values, what ran and what the tuner would have picked ("ring/ll (the run's
+// choice): 23.8 us at 16 B on 8 ranks over 2 nodes: latency-bound; the tuner would pick tree/ll: 18.2 us").
 std::string explain(const HardwareProfile& profile, int world, CollectiveOp op, double bytes,
                     Algorithm algo = Algorithm::Default, Protocol proto = Protocol::Default);
 // dtlab::Error (one sentence: what, how to fix) for a forced choice the profile cannot run at all:
