@@ -40,13 +40,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kNumViews };
+enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kSweep, kNumViews };
 // With --open the lab shows imported traces in its own four panels instead (app/views/trace_view.cpp).
 enum TraceViewId { kTraceTimeline, kTraceCollectives, kTraceBreakdown, kTraceCompare, kNumTraceViews };
 const char* kTraceViewTitles[kNumTraceViews] = {"Timeline", "Collectives", "Breakdown", "Compare"};
 const char* kTraceViewNames[kNumTraceViews] = {"timeline", "collectives", "breakdown", "compare"};
-const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline"};
-const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline"};
+const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline", "Bus bandwidth"};
+const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "sweep"};
 
 // The pipeline controls (Run panel, pipeline view) in and out of a run configuration.
 PipelineRequest pipeline_request_of(const TrainConfig& c) {
@@ -633,6 +633,7 @@ void App::views() {
       {x0 + 0.75f * W, top + 0.56f * H, 0.25f * W, 0.44f * H},  // data
       {x0 + 0.60f * W, top, 0.40f * W, 0.32f * H},             // shards: the buckets' place (FSDP has no buckets)
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // pipeline: the ring's place
+      {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // sweep: shown alone (view sweep), never tiled
   };
   const Rect run_tile = {x0, top, 0.20f * W, 0.42f * H};
   if (was_pipeline_ != session_->snapshot().pipeline.valid) was_pipeline_ = !was_pipeline_, relayout_ = true;
@@ -654,7 +655,7 @@ void App::views() {
   for (int v = 0; v < kNumViews; v++) {
     if (solo_ >= 0 && solo_ != v) continue;
     // Tiled, FSDP's shard map takes the buckets' tile; DDP and single runs keep the buckets.
-    if (solo_ < 0 && ((v == kBuckets && fsdp) || (v == kShards && !fsdp))) continue;
+    if (solo_ < 0 && ((v == kBuckets && fsdp) || (v == kShards && !fsdp) || v == kSweep)) continue;
     // A pipeline has no collective for the ring to draw and no buckets: the pipeline view takes
     // the ring's tile, the memory view (activations per stage) grows into the buckets'.
     if (solo_ < 0 && ((v == kRing && pipeline) || (v == kPipeline && !pipeline) || (v == kBuckets && pipeline))) continue;
@@ -681,6 +682,7 @@ void App::views() {
       case kData: draw_data_view(s, data_view_, ctx_); break;
       case kShards: draw_shard_view(s, ctx_); break;
       case kPipeline: draw_pipeline_view(s, ctx_, pipeline_view_); break;
+      case kSweep: draw_sweep_view(s, ctx_); break;
     }
     ImGui::End();
   }
