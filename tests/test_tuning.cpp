@@ -11,6 +11,8 @@
 #include "engine/core/check.h"
 #include "engine/trace/export.h"
 #include "engine/trace/tuning.h"
+#include "engine/train/config_json.h"
+#include "engine/train/train.h"
 
 using namespace dtlab;
 
@@ -210,4 +212,19 @@ TEST_CASE("tuning: --algo auto and --proto reach the communicator, its events an
   });
   for (const Event& e : forced.recorder().events(0))
     if (e.kind == EventKind::Collective) CHECK((e.coll.algo == Algorithm::Ring && e.coll.proto == Protocol::LL128));
+}
+
+TEST_CASE("tuning: the run configuration keeps --algo and --proto (JSON, as dtlab-cli launch and the lab pass it)") {
+  TrainConfig c;
+  CHECK(c.algo == Algorithm::Ring);  // the lessons' pictures: ring unless asked
+  c.algo = Algorithm::Default;
+  c.proto = Protocol::LL128;
+  const std::string j = train_config_to_json(c);
+  CHECK(j.find("\"algo\":\"auto\"") != std::string::npos);
+  CHECK(j.find("\"proto\":\"ll128\"") != std::string::npos);
+  const TrainConfig back = train_config_from_json(j);
+  CHECK(back.algo == Algorithm::Default);
+  CHECK(back.proto == Protocol::LL128);
+  CHECK_THROWS_WITH(train_config_from_json("{\"algo\": \"fastest\"}"),
+                    "--algo fastest is not an algorithm; use auto, ring, tree, naive, dbtree, hierarchical or nvls");
 }
