@@ -40,13 +40,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kTopology, kNumViews };
+enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kTopology, kSweep, kNumViews };
 // With --open the lab shows imported traces in its own four panels instead (app/views/trace_view.cpp).
 enum TraceViewId { kTraceTimeline, kTraceCollectives, kTraceBreakdown, kTraceCompare, kNumTraceViews };
 const char* kTraceViewTitles[kNumTraceViews] = {"Timeline", "Collectives", "Breakdown", "Compare"};
 const char* kTraceViewNames[kNumTraceViews] = {"timeline", "collectives", "breakdown", "compare"};
-const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline", "Topology"};
-const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology"};
+const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline", "Topology", "Bus bandwidth"};
+const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep"};
 
 // The pipeline controls (Run panel, pipeline view) in and out of a run configuration.
 PipelineRequest pipeline_request_of(const TrainConfig& c) {
@@ -635,6 +635,7 @@ void App::views() {
       {x0 + 0.60f * W, top, 0.40f * W, 0.32f * H},             // shards: the buckets' place (FSDP has no buckets)
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // pipeline: the ring's place
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // topology: shown alone (its key or `view topology`)
+      {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // sweep: shown alone (view sweep), never tiled
   };
   const Rect run_tile = {x0, top, 0.20f * W, 0.42f * H};
   if (was_pipeline_ != session_->snapshot().pipeline.valid) was_pipeline_ = !was_pipeline_, relayout_ = true;
@@ -660,7 +661,8 @@ void App::views() {
     // A pipeline has no collective for the ring to draw and no buckets: the pipeline view takes
     // the ring's tile, the memory view (activations per stage) grows into the buckets'.
     if (solo_ < 0 && ((v == kRing && pipeline) || (v == kPipeline && !pipeline) || (v == kBuckets && pipeline))) continue;
-    if (solo_ < 0 && v == kTopology) continue;  // no tile of its own: a picture of the machine wants the whole window
+    // No tile of their own: a picture of the machine, and a plot over sizes, want the whole window.
+    if (solo_ < 0 && (v == kTopology || v == kSweep)) continue;
     const Rect t = pipeline && v == kMemory ? Rect{x0 + 0.60f * W, top, 0.40f * W, 0.56f * H} : tiles[v];
     if (solo_ == v) {
       ImGui::SetNextWindowPos(ImVec2(x0, top), ImGuiCond_Always);
@@ -685,6 +687,7 @@ void App::views() {
       case kShards: draw_shard_view(s, ctx_); break;
       case kPipeline: draw_pipeline_view(s, ctx_, pipeline_view_); break;
       case kTopology: draw_topology_view(s, ctx_); break;
+      case kSweep: draw_sweep_view(s, ctx_); break;
     }
     ImGui::End();
   }

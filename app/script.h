@@ -26,7 +26,7 @@ struct ScriptCommand {
 };
 
 // The view names `view` accepts (and the app's windows): ring, buckets, timeline, memory,
-// inspector, data, shards, pipeline, all; with --open also collectives, breakdown, compare.
+// inspector, data, shards, pipeline, sweep, all; with --open also collectives, breakdown, compare.
 const std::vector<std::string>& view_names();
 
 // Commands that drive a live run (step, run, pause, speed, clock, set_epoch, reset, lesson), and

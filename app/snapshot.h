@@ -29,6 +29,8 @@ struct CollectiveView {
   uint64_t seq = 0;
   CollectiveOp op = CollectiveOp::AllReduce;
   Algorithm algo = Algorithm::Ring;
+  Protocol proto = Protocol::Default;  // the tuning model's pick or the run's --proto
+  std::string why;            // the tuning model's explain(): why this pair, what it would pick if forced
   DType dtype = DType::F32;
   ReduceOp reduce = ReduceOp::Sum;
   int root = -1;
@@ -180,6 +182,8 @@ struct DataView {
 
 struct RunConfigView {
   std::string strategy, model, data, optimizer, profile;
+  Algorithm algo = Algorithm::Ring;    // --algo (Default: auto, the tuning model's pick per call)
+  Protocol proto = Protocol::Default;  // --proto (Default: auto)
   int world = 1;
   int64_t batch = 0, accum = 1, steps = 0;
   int64_t bucket_cap_bytes = 0, first_bucket_bytes = 0;

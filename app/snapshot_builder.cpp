@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "engine/data/sampler.h"
+#include "engine/trace/tuning.h"
 
 namespace dtlab::app {
 
@@ -121,6 +122,8 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.data = run.dataset->name;
   c.optimizer = config.optimizer.str();
   c.profile = config.profile;
+  c.algo = config.algo;
+  c.proto = config.proto;
   c.world = N;
   c.batch = config.batch;
   c.accum = config.accum;
@@ -449,6 +452,7 @@ void SnapshotBuilder::build_collective() {
   cv.seq = shown_seq_;
   cv.op = info.op;
   cv.algo = info.algo;
+  cv.proto = info.proto;
   cv.dtype = info.dtype;
   cv.reduce = info.reduce;
   cv.root = info.root;
@@ -485,6 +489,10 @@ void SnapshotBuilder::build_collective() {
     cv.predicted_s = cm->collective_time(cv.op, cv.algo, static_cast<double>(cv.bytes));
     cv.algbw_gbs = cv.predicted_s > 0 ? static_cast<double>(cv.bytes) / cv.predicted_s / 1e9 : 0;
     cv.busbw_gbs = cv.algbw_gbs * bus_bandwidth_factor(cv.op, N);
+    // The run forced the algorithm unless it is an all-reduce under --algo auto.
+    const bool tuned = cv.op == CollectiveOp::AllReduce && snap_.config.algo == Algorithm::Default;
+    cv.why = explain(cm->profile(), N, cv.op, static_cast<double>(cv.bytes), tuned ? Algorithm::Default : cv.algo,
+                     snap_.config.proto);
   }
   fill_cells();
   if (all_done && cv.op == CollectiveOp::AllReduce)

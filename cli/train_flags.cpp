@@ -4,6 +4,7 @@
 #include "engine/parallel/pipeline.h"
 #include "engine/train/device_probe.h"
 #include "engine/trace/cost_model.h"
+#include "engine/trace/tuning.h"
 
 namespace dtlab::cli {
 
@@ -86,6 +87,9 @@ void add_other_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
       app.add_option("--fault", f.faults, "Inject a fault: skip:rank=R,collective=K or delay:rank=R,collective=K,ms=M (repeatable)"),
       app.add_option("--profile", c.profile, "Hardware profile of the modeled clock: nvlink8, pcie8, ib2x4, eth2x4, this, ideal "
                                              "(free communication)")->capture_default_str(),
+      app.add_option("--algo", f.algo, "All-reduce algorithm (NCCL_ALGO): ring (default) | tree | naive | dbtree | hierarchical | "
+                                       "nvls | auto (the tuning model's pick per call, from its bytes, the profile and the world)"),
+      app.add_option("--proto", f.proto, "Protocol (NCCL_PROTO): auto (default: the tuning model's pick) | simple | ll | ll128"),
       app.add_option("--seed", c.seed, "Seed for the model init (torch.manual_seed) and the sampler")
           ->check(whole_number(0, (int64_t{1} << 32) - 1))->capture_default_str(),
       app.add_option("--timeout", c.timeout_s, "Watchdog: seconds before a stuck collective or DDP bucket fails, diagnosed")
@@ -158,7 +162,10 @@ void finish_train_flags(const TrainFlags& f, TrainConfig& c) {
   c.model = ModelSpec::parse(model_preset_spec(f.model));
   c.optimizer = default_optimizer_config(parse_optimizer_kind(f.optimizer));
   if (f.lr_opt->count() > 0) c.optimizer.lr = f.lr;
-  find_profile(c.profile);  // a bad name fails here, before any work
+  const HardwareProfile profile = find_profile(c.profile);  // a bad name fails here, before any work
+  if (!f.algo.empty()) c.algo = parse_algorithm_choice(f.algo);
+  if (!f.proto.empty()) c.proto = parse_protocol_choice(f.proto);
+  check_forced_choice(profile, CollectiveOp::AllReduce, c.algo, c.proto);
   finish_ddp(f, c);
   for (const std::string& text : f.faults) c.faults.push_back(parse_fault(text));
   finish_fsdp(f, c);

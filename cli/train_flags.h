@@ -31,6 +31,7 @@ struct TrainFlags {
   bool unit_costs = false;
   std::vector<std::string> faults;
   std::string device, backend;          // "" when not given
+  std::string algo, proto;              // --algo, --proto as given ("" when not given)
   // Whether a flag was given, and which flags belong to one strategy. A front end adds its own
   // flags of a strategy (dtlab-cli's --static-buckets, the lab's --compare) to that group, so
   // finish_train_flags refuses them with the others.

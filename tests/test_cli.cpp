@@ -466,7 +466,7 @@ TEST_SUITE("cli") {
   TEST_CASE("bench collectives: errors, a clean sweep, and a hang that exits 3 with the diagnosis") {
     check_usage_error({"bench"}, "bench needs to know what to measure; use 'dtlab-cli bench collectives'");
     check_usage_error({"bench", "collectives", "--op", "gather"}, "--op gather is not benchmarked");
-    check_usage_error({"bench", "collectives", "--algo", "fast"}, "algorithm 'fast' is not known");
+    check_usage_error({"bench", "collectives", "--algo", "fast"}, "--algo fast is not an algorithm; use auto, ring, tree");
     check_usage_error({"bench", "collectives", "--op", "reducescatter", "--algo", "tree"},
                       "reduce_scatter does not run the tree algorithm; use ring");
     check_usage_error({"bench", "collectives", "--op", "broadcast", "--algo", "ring"},
@@ -496,6 +496,52 @@ TEST_SUITE("cli") {
     CHECK(hang.err.rfind("dtlab-cli: watchdog: collective #1", 0) == 0);
     CHECK(hang.err.find("rank 2 missing") != std::string::npos);
     CHECK(hang.err.find("fault injection") != std::string::npos);
+  }
+
+  TEST_CASE("bench collectives --sweep: modeled and measured tables, crossovers, CSV, and bad ranges") {
+    check_usage_error({"bench", "collectives", "--sweep", "8B-1G"},
+                      "--sweep 8B-1G is not a size range; write MIN:MAX, e.g. --sweep 8B:1G");
+    check_usage_error({"bench", "collectives", "--sweep", "1G:8"}, "--sweep 1G:8 starts above where it ends; write the smaller size first");
+    check_usage_error({"bench", "collectives", "--sweep", "8X:1G"},
+                      "--sweep 8X:1G: '8X' is not a size; write sizes like 8B, 64K, 1G (K, M, G are 1024, 1024^2, 1024^3)");
+    check_usage_error({"bench", "collectives", "--sweep", "8:2T"}, "--sweep 8:2T: '2T' is larger than 1 TiB; sweep smaller sizes");
+    check_usage_error({"bench", "collectives", "--sweep", "8:1K", "--measured-max", "lots"}, "--measured-max: 'lots' is not a size");
+    check_usage_error({"bench", "collectives", "--sweep", "8:1K", "--proto", "ll256"}, "--proto ll256 is not a protocol");
+    check_usage_error({"bench", "collectives", "--sweep", "8:1K", "--algo", "nvls"}, "--algo nvls needs a profile whose switch reduces");
+
+    // ib2x4: every all-reduce algorithm but nvls modeled to 1 GiB and measured to 4 KiB.
+    CliResult r = run({"bench", "collectives", "--sweep", "8B:1G", "--profile", "ib2x4", "--measured-max", "4K", "--iters", "2"});
+    INFO("stdout: ", r.out);
+    REQUIRE(r.code == 0);
+    for (const char* want : {"# modeled for ib2x4 (", "8 ranks over 2 nodes), measured up to 4 KiB (--measured-max)",
+                             "# dbtree, MODELED for ib2x4", "# nvls: not modeled: nvls needs a switch that reduces",
+                             "# modeled crossovers: ", " -> dbtree at ", "# ring, MEASURED on this machine's threads backend",
+                             "# Out of bounds values : 0 OK"})
+      CHECK_MESSAGE(r.out.find(want) != std::string::npos, want);
+    // Measured rows end in #wrong; each is 0.
+    int measured = 0;
+    bool in_measured = false;
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("# ", 0) == 0) in_measured = line.find("MEASURED") != std::string::npos ? true : line.find("MODELED") != std::string::npos ? false : in_measured;
+      if (!in_measured || line.empty() || line[0] == '#') continue;
+      measured++;
+      CHECK(line.substr(line.find_last_not_of(' ')) == "0");
+    }
+    CHECK(measured == 5 * 10);  // ring, tree, naive, dbtree, hierarchical x 8 B .. 4 KiB
+
+    // CSV: the same rows, one header; --algo keeps one algorithm.
+    CliResult csv = run({"bench", "collectives", "--sweep", "1K:8K", "--profile", "nvlink8", "--algo", "ring", "--csv",
+                         "--measured-max", "2K", "--iters", "2"});
+    REQUIRE(csv.code == 0);
+    std::istringstream rows(csv.out);
+    std::string header, first;
+    std::getline(rows, header);
+    std::getline(rows, first);
+    CHECK(header == "section,algorithm,size,count,type,redop,root,proto,time_us,algbw_gbps,busbw_gbps,wrong");
+    CHECK(first.rfind("modeled,ring,1024,256,float,sum,-1,ll,", 0) == 0);
+    CHECK(csv.out.find("measured,ring,2048,512,float,sum,-1,") != std::string::npos);
+    CHECK(csv.out.find("dbtree") == std::string::npos);
   }
 
   TEST_CASE("train --trace writes a Chrome trace with compute and memory tracks") {

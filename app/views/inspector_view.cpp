@@ -93,6 +93,18 @@ void draw_error(const std::string& error) {
   ImGui::Dummy(ImVec2(0, pad));
 }
 
+// The protocol the call ran with and the tuning model's why (engine/trace/tuning.h's explain()).
+void tuning_rows(const CollectiveView& cv) {
+  key("protocol");
+  if (cv.proto == Protocol::Default) ImGui::TextColored(dim(), "not tuned (no cost model)");
+  else ImGui::TextUnformatted(protocol_name(cv.proto));
+  if (cv.why.empty()) return;
+  key("why");
+  ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(0.60f, 0.85f, 1.0f, 1.0f));
+  ImGui::TextWrapped("%s", cv.why.c_str());
+  ImGui::PopStyleColor();
+}
+
 void draw_collective(const CollectiveView& cv) {
   const int N = cv.world;
   const bool done = cv.steps_done >= cv.steps && !cv.in_flight;
@@ -110,6 +122,7 @@ void draw_collective(const CollectiveView& cv) {
   ImGui::TableSetupColumn("value", ImGuiTableColumnFlags_WidthStretch);
   key("algorithm");
   ImGui::TextUnformatted(algorithm_name(cv.algo));
+  tuning_rows(cv);
   key("dtype");
   const int elem = cv.dtype == DType::I64 ? 8 : 4;
   ImGui::Text("%s (%d B per element)", dtype_name(cv.dtype), elem);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "engine/trace/tuning.h"
+
 namespace dtlab {
 
 const char* dtype_word(DType d) { return d == DType::F32 ? "float32" : "int64"; }
@@ -134,7 +136,7 @@ void QueuedCommunicator::check_rank(int r, const char* what) const {
 
 Algorithm QueuedCommunicator::resolve(CollectiveOp op, Algorithm a) const {
   if (a == Algorithm::Default) {
-    if (op == CollectiveOp::AllReduce) a = defaults_.allreduce;
+    if (op == CollectiveOp::AllReduce) a = defaults_.allreduce;  // Default again: auto, tune() picks
     else if (op == CollectiveOp::Broadcast) a = defaults_.broadcast;
     else if (op == CollectiveOp::Reduce) a = defaults_.reduce;
     else a = collective_traits(op).default_algorithm;
@@ -147,6 +149,7 @@ WorkPtr QueuedCommunicator::collective(CollDesc d, void* buf, const void* in) {
   if (d.count < 0) throw Error("a collective's count cannot be negative");
   if (d.dtype == DType::I64 && d.reduce == ReduceOp::Avg)
     throw Error("avg is defined for float32 only; reduce int64 with sum or max");
+  tune(d);
   check_runs(d);
   CommJob j;
   j.desc = d;
@@ -154,6 +157,20 @@ WorkPtr QueuedCommunicator::collective(CollDesc d, void* buf, const void* in) {
   j.buf = buf;
   j.in = in;
   return enqueue(std::move(j));
+}
+
+void QueuedCommunicator::tune(CollDesc& d) const {
+  const CostModel* cost = ctx_ ? ctx_->cost() : nullptr;
+  if (!cost) {  // nothing to predict with: the table's algorithm, the protocol as forced
+    if (d.algo == Algorithm::Default) d.algo = collective_traits(d.op).default_algorithm;
+    d.proto = defaults_.protocol;
+    return;
+  }
+  // Every rank predicts the same from the same profile, world and bytes, so they agree.
+  const Prediction p = select(cost->profile(), world_size_, d.op, static_cast<double>(payload_bytes(d, world_size_)),
+                              d.algo, defaults_.protocol);
+  d.algo = p.algo;
+  d.proto = p.proto;
 }
 
 CommJob QueuedCommunicator::p2p_job(CollectiveOp op, int64_t count, DType dt, int peer, int tag) {
@@ -212,6 +229,7 @@ void QueuedCommunicator::fill_info(CollectiveInfo& info, const CommJob& j) const
   const int n = world_size_;
   info.op = j.desc.op;
   info.algo = j.desc.algo;
+  info.proto = j.desc.proto;
   info.reduce = j.desc.reduce;
   info.dtype = j.desc.dtype;
   info.root = static_cast<int16_t>(j.desc.root);

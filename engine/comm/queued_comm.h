@@ -25,17 +25,23 @@ struct CollDesc {
   DType dtype = DType::F32;
   int64_t count = 0;  // the call's count argument
   int root = -1;
+  // The protocol the tuning model (engine/trace/tuning.h) picked for this call's bytes, or the one
+  // forced (--proto); Default when the rank has no cost model. NCCL's protocols change how bytes go
+  // over the wire, not what a step computes: here it names the choice the views and trace show.
+  Protocol proto = Protocol::Default;
   bool operator==(const CollDesc&) const = default;
 };
 std::string describe(const CollDesc& d, uint64_t seq);  // "#5 allreduce of 1000 float32 (sum, ring)"
 int64_t payload_bytes(const CollDesc& d, int world_size);  // S, nccl-tests convention
 const char* dtype_word(DType d);                           // "float32", "int64"
 
-// Algorithm used when a call says Algorithm::Default.
+// Algorithm used when a call says Algorithm::Default. `allreduce` Default: the tuning model's pick
+// per call (--algo auto); `protocol` Default: its pick for the call's algorithm (--proto auto).
 struct AlgorithmDefaults {
   Algorithm allreduce = collective_traits(CollectiveOp::AllReduce).default_algorithm;
   Algorithm broadcast = collective_traits(CollectiveOp::Broadcast).default_algorithm;
   Algorithm reduce = collective_traits(CollectiveOp::Reduce).default_algorithm;
+  Protocol protocol = Protocol::Default;
 };
 
 class AsyncWork;
@@ -106,6 +112,7 @@ class QueuedCommunicator : public Communicator {
  private:
   void check_rank(int r, const char* what) const;
   Algorithm resolve(CollectiveOp op, Algorithm a) const;
+  void tune(CollDesc& d) const;  // auto algorithm and protocol: the tuning model's pick for d's bytes
   WorkPtr collective(CollDesc d, void* buf, const void* in);
   CommJob p2p_job(CollectiveOp op, int64_t count, DType dt, int peer, int tag);  // checked, numbered
   WorkPtr p2p(CollectiveOp op, void* buf, int64_t count, DType dt, int peer, int tag);

@@ -78,6 +78,7 @@ struct SocketCommunicator::Call {
     h.kind = WireKind::Collective;
     h.op = job.desc.op;
     h.algo = job.desc.algo;
+    h.proto = job.desc.proto;
     h.reduce = job.desc.reduce;
     h.dtype = job.desc.dtype;
     h.root = job.desc.root;

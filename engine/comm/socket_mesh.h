@@ -34,7 +34,8 @@ struct WireHeader {
   Algorithm algo = Algorithm::Ring;
   ReduceOp reduce = ReduceOp::Sum;
   DType dtype = DType::F32;
-  uint8_t pad[3] = {};
+  Protocol proto = Protocol::Default;
+  uint8_t pad[2] = {};
   int32_t root = -1;
   int32_t tag = 0;      // point to point
   int32_t step = 0;     // collectives: the algorithm step
@@ -44,7 +45,7 @@ struct WireHeader {
   int64_t count = 0;    // the call's count argument
   uint64_t bytes = 0;   // payload bytes that follow the header
   double model_t = 0;   // sender's modeled clock when it sent
-  CollDesc desc() const { return {op, algo, reduce, dtype, count, root}; }
+  CollDesc desc() const { return {op, algo, reduce, dtype, count, root, proto}; }
 };
 static_assert(sizeof(WireHeader) == 64, "WireHeader is sent as raw bytes");
 

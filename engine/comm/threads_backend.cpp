@@ -61,7 +61,7 @@ class RankComm : public QueuedCommunicator {
  public:
   RankComm(World* w, int rank)
       : QueuedCommunicator(rank, w->n_, w->ctx_[static_cast<size_t>(rank)].get(),
-                           {w->opt_.allreduce_algo, w->opt_.broadcast_algo, w->opt_.reduce_algo}),
+                           {w->opt_.allreduce_algo, w->opt_.broadcast_algo, w->opt_.reduce_algo, w->opt_.protocol}),
         w_(w), rank_(rank) {
     start_worker();
   }

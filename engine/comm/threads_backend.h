@@ -35,10 +35,12 @@ struct Fault {
 Fault parse_fault(std::string_view text);
 
 struct WorldOptions {
-  // Algorithm used when a call says Algorithm::Default.
+  // Algorithm used when a call says Algorithm::Default (allreduce_algo Default: the tuning model's
+  // pick per call, engine/trace/tuning.h), and the protocol (Default: the tuning model's).
   Algorithm allreduce_algo = collective_traits(CollectiveOp::AllReduce).default_algorithm;
   Algorithm broadcast_algo = collective_traits(CollectiveOp::Broadcast).default_algorithm;
   Algorithm reduce_algo = collective_traits(CollectiveOp::Reduce).default_algorithm;
+  Protocol protocol = Protocol::Default;
   double timeout_s = 30;          // watchdog: a collective not complete by then fails, diagnosed
   std::vector<Fault> faults;
   std::string profile = "nvlink8";  // hardware profile of the modeled clock

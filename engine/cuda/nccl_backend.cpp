@@ -307,7 +307,7 @@ NcclWorld::NcclWorld(int world_size, WorldOptions options) : impl_(std::make_uni
     throw Error("the nccl backend needs one GPU per rank: world size " + std::to_string(world_size) + " but " +
                 (have == 0 ? cuda::unavailable_reason() : "this machine has " + std::to_string(have) + " CUDA devices") +
                 " (NCCL refuses two ranks on one GPU; the cuda backend runs up to 16 ranks on one)");
-  const AlgorithmDefaults defaults{options.allreduce_algo, options.broadcast_algo, options.reduce_algo};
+  const AlgorithmDefaults defaults{options.allreduce_algo, options.broadcast_algo, options.reduce_algo, options.protocol};
   const double timeout_s = options.timeout_s;
   const std::vector<Fault> faults = options.faults;
   impl_->world = std::make_unique<ThreadsWorld>(world_size, std::move(options));

@@ -58,6 +58,7 @@ struct CollectiveInfo {
   uint64_t seq;    // per-rank collective sequence number (same on every rank for one collective)
   int64_t in_count, out_count;  // elements ("In msg nelems", "Out msg nelems")
   int64_t bytes;   // payload size S used for algbw (nccl-tests convention)
+  Protocol proto;  // what the tuning model picked or the run forced (Default: not tuned)
 };
 
 struct RingStepInfo {

@@ -140,6 +140,7 @@ void collective_event(JsonOut& j, const Event& e, Span s) {
       .field("Group size", c.group_size)
       .field("dtype", pytorch_dtype(c.dtype))
       .field("algorithm", algorithm_name(c.algo))
+      .field("protocol", protocol_name(c.proto))
       .field("seq", c.seq)
       .field("bytes", c.bytes);
   if (collective_traits(c.op).reduces) j.field("reduce_op", reduce_op_name(c.reduce));

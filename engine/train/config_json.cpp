@@ -8,6 +8,7 @@
 
 #include "engine/core/check.h"
 #include "engine/parallel/memory_plan.h"
+#include "engine/trace/tuning.h"
 
 namespace dtlab {
 
@@ -164,6 +165,8 @@ void config_fields(Io& io, C& c) {
   io.field("trace_path", c.trace_path);
   io.field("trace_modeled", c.trace_modeled);
   io.field("profile", c.profile);
+  io.text("algo", c.algo, algorithm_choice_name, parse_algorithm_choice);
+  io.text("proto", c.proto, protocol_choice_name, parse_protocol_choice);
   io.field("accum", c.accum);
   io.field("skip_layer", c.skip_layer);
   io.field("skip_every", c.skip_every);

@@ -289,6 +289,8 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
     WorldOptions wo;
     wo.timeout_s = config_.timeout_s;
     wo.profile = config_.profile;
+    wo.allreduce_algo = config_.algo;
+    wo.protocol = config_.proto;
     wo.start_paused = config_.start_paused;
     wo.faults = config_.faults;
     world_ = make_world(config_.backend, N, wo);
@@ -450,6 +452,8 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
 void Trainer::run_launched_rank(TrainSummary& sum, const std::function<void(const StepReport&)>& on_step) {
   SocketOptions so = config_.socket;
   so.timeout_s = config_.timeout_s;
+  so.algorithms.allreduce = config_.algo;
+  so.algorithms.protocol = config_.proto;
   so.faults = config_.faults;
   const int rank = so.rank;
   // With --monitor, rank 0 serves a viewer and the other ranks feed it; rank 0's stepper decides

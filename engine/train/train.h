@@ -62,6 +62,11 @@ struct TrainConfig {
   std::string trace_path;   // Chrome trace JSON written at the end (atomically)
   bool trace_modeled = false;  // trace timeline on the modeled clock instead of wall time
   std::string profile = "nvlink8";  // hardware profile of the modeled clock
+  // The all-reduce's algorithm and every collective's protocol (NCCL_ALGO / NCCL_PROTO): Default
+  // is "auto", the tuning model's pick per call (engine/trace/tuning.h). The algorithm stays ring
+  // unless asked, so a run's pictures stay those of the lessons.
+  Algorithm algo = collective_traits(CollectiveOp::AllReduce).default_algorithm;
+  Protocol proto = Protocol::Default;
   int64_t accum = 1;        // gradient accumulation: micro-batches per optimizer step (no_sync)
   // The model's branch (unused-parameters lesson): on every `skip_every`-th step the forward
   // bypasses the square Linear at Sequential index `skip_layer` (and its ReLU). -1: no branch.
