@@ -13,6 +13,7 @@
 #include "engine/parallel/memory_plan.h"
 #include "engine/parallel/pipeline_schedule.h"
 #include "engine/trace/cost_model.h"
+#include "engine/trace/tuning.h"
 
 namespace dtlab::app {
 
@@ -251,6 +252,38 @@ std::vector<double> algo_sent(const Args& a) {
       if (t.src >= 0)  // the in-network switch is no rank
         sent[static_cast<size_t>(t.src)] += t.chunk >= 0 && t.chunks > 0 ? a[2].num / t.chunks : a[2].num;
   return sent;
+}
+
+// (ALGO, PROFILE, N, BYTES): bytes the busiest rank sends from its node to another node in an
+// all-reduce of BYTES on N ranks of PROFILE (its nodes of gpus_per_node ranks), by the step plan.
+double algo_across(const Args& a) {
+  const Algorithm algo = parse_algorithm(a[0].str);
+  const HardwareProfile p = find_profile(a[1].str);
+  const int n = count_arg(a[2], "algo: world", 1, 64), G = p.gpus_per_node;
+  std::vector<double> sent(static_cast<size_t>(n), 0.0);
+  for (int s = 0; s < algorithm_step_count(CollectiveOp::AllReduce, algo, n, G); s++)
+    for (const StepTransfer& t : algorithm_step_plan(CollectiveOp::AllReduce, algo, n, 0, s, G))
+      if (t.src >= 0 && t.dst >= 0 && t.src / G != t.dst / G)
+        sent[static_cast<size_t>(t.src)] += t.chunk >= 0 && t.chunks > 0 ? a[3].num / t.chunks : a[3].num;
+  return *std::max_element(sent.begin(), sent.end());
+}
+
+// (ALGO, PROFILE, N, BYTES): the tuning model's prediction for an all-reduce at ALGO's best protocol.
+Prediction tuned(const Args& a) {
+  return select(find_profile(a[1].str), count_arg(a[2], "tune: world", 1, 1024), CollectiveOp::AllReduce, a[3].num,
+                parse_algorithm(a[0].str));
+}
+
+// (A, B, PROFILE, N): the smallest power of two from 8 B to 16 GiB at which B's predicted time is at
+// most A's (each at its best protocol): where A stops being the faster.
+double tune_crossover(const Args& a) {
+  const HardwareProfile p = find_profile(a[2].str);
+  const int n = count_arg(a[3], "tune: world", 1, 1024);
+  const Algorithm x = parse_algorithm(a[0].str), y = parse_algorithm(a[1].str);
+  for (double bytes = 8; bytes <= 16.0 * (1 << 30); bytes *= 2)
+    if (select(p, n, CollectiveOp::AllReduce, bytes, y).seconds <= select(p, n, CollectiveOp::AllReduce, bytes, x).seconds)
+      return bytes;
+  fail(a[1].str + " never catches up with " + a[0].str + " between 8 B and 16 GiB on " + a[2].str);
 }
 
 // (KIND, P, M, ...): the generated schedule with v stages per rank.
@@ -519,10 +552,14 @@ std::vector<Entry> formula_entries() {
     {"plan.optimizer(P, N, SHARDING, DTYPE?)", "nns|s", "of which optimizer state", [](S, A a) { return plan_field(a, &MemoryPlan::optimizer_state); }},
     {"plan.comm(P, N, SHARDING, DTYPE?)", "nns|s", "bytes each rank sends per step", [](S, A a) { return plan_field(a, &MemoryPlan::comm_bytes); }},
     {"plan.hybrid(P, N, K, DTYPE?)", "nnn|s", "bytes per rank under HYBRID_SHARD: P parameters on N ranks, sharded in groups of K (AdamW)", [](S, A a) { return plan_hybrid(a); }},
-    {"algo.steps(ALGO, N)", "sn", "steps of an all-reduce with ALGO (ring, tree, naive) on N ranks", [](S, A a) { return double(algorithm_step_count(CollectiveOp::AllReduce, parse_algorithm(a[0].str), count_arg(a[1], "algo: world", 1, 64))); }},
+    {"algo.steps(ALGO, N)", "sn", "steps of an all-reduce with ALGO (ring, tree, naive, dbtree, nvls) on N ranks", [](S, A a) { return double(algorithm_step_count(CollectiveOp::AllReduce, parse_algorithm(a[0].str), count_arg(a[1], "algo: world", 1, 64))); }},
     {"algo.sent(ALGO, N, BYTES, R)", "snnn", "bytes rank R sends in an all-reduce of BYTES", [](S, A a) { auto v = algo_sent(a); return v[static_cast<size_t>(index_of(a[3], v.size(), "rank"))]; }},
     {"algo.busiest(ALGO, N, BYTES)", "snn", "bytes the busiest rank sends in it", [](S, A a) { auto v = algo_sent(a); return *std::max_element(v.begin(), v.end()); }},
-    {"cost.allreduce_us(PROFILE, N, BYTES)", "snn", "ring all-reduce time on a hardware profile (nvlink8, pcie8, ib2x4, eth2x4), µs", [](S, A a) {
+    {"algo.across(ALGO, PROFILE, N, BYTES)", "ssnn", "bytes the busiest rank sends to other nodes in an all-reduce of BYTES on N ranks of PROFILE", [](S, A a) { return algo_across(a); }},
+    {"tune.us(ALGO, PROFILE, N, BYTES)", "ssnn", "the tuning model's all-reduce time with ALGO at its best protocol, µs", [](S, A a) { return tuned(a).seconds * 1e6; }},
+    {"tune.busbw(ALGO, PROFILE, N, BYTES)", "ssnn", "its bus bandwidth (nccl-tests' busbw), GB/s", [](S, A a) { return tuned(a).busbw / 1e9; }},
+    {"tune.crossover(A, B, PROFILE, N)", "sssn", "the smallest power-of-two all-reduce size at which B is predicted at least as fast as A, bytes", [](S, A a) { return tune_crossover(a); }},
+    {"cost.allreduce_us(PROFILE, N, BYTES)", "snn", "ring all-reduce time on a hardware profile (nvlink8, dgx-h100, ib2x4, ...), µs", [](S, A a) {
        return CostModel(find_profile(a[0].str), count_arg(a[1], "cost: world", 1, 1024)).collective_time(CollectiveOp::AllReduce, Algorithm::Ring, a[2].num) * 1e6; }},
     {"link.gbs(PROFILE, WHICH)", "ss", "bandwidth of a profile's \"intra\" (inside a node) or \"inter\" (between nodes) link, GB/s", [](S, A a) {
        const HardwareProfile p = find_profile(a[0].str);

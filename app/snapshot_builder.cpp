@@ -488,7 +488,7 @@ void SnapshotBuilder::build_collective() {
   if (const CostModel* cm = run_.cost) {
     cv.predicted_s = cm->collective_time(cv.op, cv.algo, static_cast<double>(cv.bytes));
     cv.algbw_gbs = cv.predicted_s > 0 ? static_cast<double>(cv.bytes) / cv.predicted_s / 1e9 : 0;
-    cv.busbw_gbs = cv.algbw_gbs * bus_bandwidth_factor(cv.op, N);
+    cv.busbw_gbs = cv.algbw_gbs * bus_bandwidth_factor(cv.op, N, cv.algo);
     // The run forced the algorithm unless it is an all-reduce under --algo auto.
     const bool tuned = cv.op == CollectiveOp::AllReduce && snap_.config.algo == Algorithm::Default;
     cv.why = explain(cm->profile(), N, cv.op, static_cast<double>(cv.bytes), tuned ? Algorithm::Default : cv.algo,

@@ -52,7 +52,7 @@ struct Sweep {
   void row(const char* section, Algorithm algo, const Row& r) {
     const CollectiveTraits& t = traits();
     const double algbw = r.seconds > 0 ? static_cast<double>(r.S) / r.seconds / 1e9 : 0;
-    const double busbw = algbw * t.busbw_factor(n);
+    const double busbw = algbw * bus_bandwidth_factor(t.op, n, algo);
     const long long S = r.S, count = r.S / 4;
     const int root = t.has_root ? a.root : -1;
     char line[256];
@@ -203,7 +203,9 @@ int run_sweep(const BenchArgs& a, Streams& io) {
   else
     io.out << "# dtlab-cli bench collectives --sweep " << format_bytes(static_cast<double>(lo)) << " to "
            << format_bytes(static_cast<double>(hi)) << ": " << a.op << ", " << n << " ranks; busbw = algbw * "
-           << s.traits().busbw_formula() << " (nccl-tests)\n# modeled for " << profile.name << " (" << profile.description
+           << s.traits().busbw_formula()
+           << (s.traits().op == CollectiveOp::AllReduce ? " ((n-1)/(n+1) for nvls, reduced in the network)" : "")
+           << " (nccl-tests)\n# modeled for " << profile.name << " (" << profile.description
            << "; " << n << " ranks over " << nodes << (nodes == 1 ? " node" : " nodes") << "), measured up to "
            << format_bytes(static_cast<double>(std::min(hi, measured_max))) << " (--measured-max)\n";
   const std::vector<Algorithm> offered = model_tables(s, bench_sizes(op, n, lo, hi));

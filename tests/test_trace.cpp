@@ -50,7 +50,7 @@ Event collective(int rank, int it, CollectiveOp op, uint64_t seq, int64_t count,
   Event e = span(EventKind::Collective, rank, it, b_ns, e_ns);
   e.lane = Lane::Comm;
   e.coll = CollectiveInfo{op, Algorithm::Ring, ReduceOp::Sum, dtype, static_cast<int16_t>(root), 2, seq,
-                          count, count, count * dtype_size(dtype)};
+                          count, count, count * dtype_size(dtype), Protocol::Default};
   return e;
 }
 

@@ -104,12 +104,12 @@ void draw_axes(ImDrawList* dl, const Plot& P) {
 // This run's all-reduces on rank 0: their payload and busbw on the modeled clock.
 void draw_run_dots(ImDrawList* dl, const Snapshot& s, const Plot& P) {
   if (s.events.empty()) return;
-  const double factor = bus_bandwidth_factor(CollectiveOp::AllReduce, s.config.world);
   for (const Event& e : s.events[0]) {
     if (e.kind != EventKind::Collective || e.coll.op != CollectiveOp::AllReduce || e.coll.bytes <= 0) continue;
     const double dt = e.model_end - e.model_begin;
     if (!(dt > 0)) continue;
-    const double busbw = static_cast<double>(e.coll.bytes) / dt / 1e9 * factor;
+    const double busbw =
+        static_cast<double>(e.coll.bytes) / dt / 1e9 * bus_bandwidth_factor(CollectiveOp::AllReduce, s.config.world, e.coll.algo);
     const ImVec2 c(P.x(static_cast<double>(e.coll.bytes)), P.y(busbw));
     dl->AddCircleFilled(c, 4.5f, algorithm_color(e.coll.algo));
     dl->AddCircle(c, 4.5f, IM_COL32(255, 255, 255, 220), 0, 1.2f);
@@ -183,10 +183,16 @@ void draw_sweep_view(const Snapshot& s, ViewContext&) {
   ImDrawList* dl = ImGui::GetWindowDrawList();
   draw_axes(dl, P);
   dl->PushClipRect(P.a, P.b, true);
+  // Labels that would run into the previous one step up a line, so close crossovers stay readable.
+  float row_end[8] = {};
   for (const auto& [bytes, what] : marks) {
     const float x = P.x(bytes);
     for (float y = P.a.y; y < P.b.y; y += 8) dl->AddLine(ImVec2(x, y), ImVec2(x, std::min(y + 4, P.b.y)), IM_COL32(255, 230, 120, 200));
-    dl->AddText(ImVec2(x + 3, P.b.y - fs * 1.3f), IM_COL32(255, 230, 120, 255), (what + " at " + format_bytes(bytes)).c_str());
+    const std::string label = what + " at " + format_bytes(bytes);
+    int row = 0;
+    while (row < 7 && row_end[row] > x) row++;
+    row_end[row] = x + 3 + ImGui::CalcTextSize(label.c_str()).x + fs * 0.5f;
+    dl->AddText(ImVec2(x + 3, P.b.y - fs * 1.3f * static_cast<float>(row + 1)), IM_COL32(255, 230, 120, 255), label.c_str());
   }
   for (const Curve& c : curves) {
     std::vector<ImVec2> line;

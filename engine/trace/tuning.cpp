@@ -212,7 +212,7 @@ Prediction predict(const HardwareProfile& profile, int world, CollectiveOp op, A
   else if (algo == Algorithm::Tree || algo == Algorithm::Naive) c = whole_buffer_cost(t, op, algo, proto);
   else c = ring_cost(t, op, proto);
   const double beta = c.beta / wire_efficiency(proto);
-  const double factor = traits.busbw_factor(t.n);
+  const double factor = bus_bandwidth_factor(op, t.n, algo);
   r.latency_s = c.latency;
   r.seconds = c.latency + bytes * beta;
   r.algbw = r.seconds > 0 ? bytes / r.seconds : 0;
