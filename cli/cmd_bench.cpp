@@ -251,7 +251,7 @@ Runner add_bench_command(CLI::App& app) {
   coll->add_option("--iters", a->iters, "Timed iterations per size (default: by size)")->check(whole_number(1, 100000));
   coll->add_option("--warmup", a->warmup, "Untimed iterations per size")->check(whole_number(0, 1000))->capture_default_str();
   coll->add_option("--root", a->root, "Broadcast root")->check(whole_number(0, 63))->capture_default_str();
-  coll->add_option("--profile", a->profile, "Also print modeled time on a hardware profile (nvlink8, pcie8, ib2x4, eth2x4, this)");
+  coll->add_option("--profile", a->profile, "Also print modeled time on a hardware profile (" + join(profile_names(), ", ") + ")");
   coll->add_option("--fault", a->faults, "Inject a fault: skip:rank=R,collective=K or delay:rank=R,collective=K,ms=M");
   coll->add_option("--timeout", a->timeout_s, "Watchdog timeout in seconds")->check(real_number(0.01, 3600))->capture_default_str();
   coll->add_flag("--json", a->json, "Print one JSON object");

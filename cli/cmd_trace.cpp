@@ -14,6 +14,7 @@
 #include "engine/core/check.h"
 #include "engine/core/collective.h"
 #include "engine/core/format.h"
+#include "engine/trace/cost_model.h"  // profile_names
 #include "engine/train/trace_compare.h"
 
 namespace dtlab::cli {
@@ -185,7 +186,7 @@ Runner add_trace_command(CLI::App& app) {
   sum->add_option("paths", a->paths, "A directory of per-rank traces, or the files")->required();
   sum->add_option("--ranks", a->ranks, "Rank of each file, in order, for traces that record none (legacy), e.g. 0,1")->delimiter(',');
   sum->add_option("--model", a->model, "dtlab's spec of the traced model, to compare with a dtlab run (default: dtlab.json beside the traces)");
-  sum->add_option("--profile", a->profile, "Hardware profile of the dtlab run compared with: nvlink8, pcie8, ib2x4, eth2x4, this, ideal")->capture_default_str();
+  sum->add_option("--profile", a->profile, "Hardware profile of the dtlab run compared with: " + join(profile_names(), ", "))->capture_default_str();
   sum->add_flag("--all", a->all, "List every collective (default: the first " + std::to_string(kRowsShown) + ")");
   sum->add_option("--batch", a->batch, "Per-rank batch of the compared dtlab run (default: dtlab.json's, else 32)")->check(whole_number(1, int64_t{1} << 20));
   return [a](Streams& io) { return summarize(*a, io); };

@@ -1,6 +1,7 @@
 #include "cli/train_flags.h"
 
 #include "engine/core/check.h"
+#include "engine/core/format.h"
 #include "engine/parallel/pipeline.h"
 #include "engine/train/device_probe.h"
 #include "engine/trace/cost_model.h"
@@ -85,8 +86,7 @@ void add_other_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
       app.add_flag("--allow-nonfinite", c.allow_nonfinite, "Train on when the loss becomes NaN or infinite (default: stop at that step, "
                                                            "naming the rank and the first non-finite layer)"),
       app.add_option("--fault", f.faults, "Inject a fault: skip:rank=R,collective=K or delay:rank=R,collective=K,ms=M (repeatable)"),
-      app.add_option("--profile", c.profile, "Hardware profile of the modeled clock: nvlink8, pcie8, ib2x4, eth2x4, this, ideal "
-                                             "(free communication)")->capture_default_str(),
+      app.add_option("--profile", c.profile, "Hardware profile of the modeled clock: " + join(profile_names(), ", ") + " (ideal: free communication)")->capture_default_str(),
       app.add_option("--algo", f.algo, "All-reduce algorithm (NCCL_ALGO): ring (default) | tree | naive | dbtree | hierarchical | "
                                        "nvls | auto (the tuning model's pick per call, from its bytes, the profile and the world)"),
       app.add_option("--proto", f.proto, "Protocol (NCCL_PROTO): auto (default: the tuning model's pick) | simple | ll | ll128"),

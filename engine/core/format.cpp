@@ -20,6 +20,12 @@ std::string seconds_text(double s) {
   return os.str();
 }
 
+std::string join(const std::vector<std::string>& items, std::string_view sep) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : std::string(sep)) + item;
+  return out;
+}
+
 std::string choice_list(const std::vector<std::string>& choices) {
   std::string s;
   for (size_t i = 0; i < choices.size(); i++)

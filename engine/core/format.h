@@ -15,6 +15,8 @@ std::string with_commas(int64_t v);
 std::string seconds_text(double s);
 // "a", "a or b", "a, b or c": the choices a message offers.
 std::string choice_list(const std::vector<std::string>& choices);
+// "a, b, c": the items with `sep` between them.
+std::string join(const std::vector<std::string>& items, std::string_view sep);
 // "rank 2" or "ranks 1, 3": the ranks a diagnosis names.
 std::string ranks_text(const std::vector<int>& ranks);
 

@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "engine/core/check.h"
+#include "engine/core/format.h"
 
 namespace dtlab {
 
@@ -312,9 +313,7 @@ HardwareProfile find_profile(std::string_view name) {
   }
   for (const auto& p : builtin_profiles())
     if (p.name == name) return p;
-  std::string names;
-  for (const std::string& n : profile_names()) names += (names.empty() ? "" : ", ") + n;
-  throw Error("hardware profile '" + std::string(name) + "' is not known; use one of " + names);
+  throw Error("hardware profile '" + std::string(name) + "' is not known; use one of " + join(profile_names(), ", "));
 }
 
 std::vector<std::string> profile_names() {
