@@ -140,6 +140,18 @@ std::string time_text(double s) {
   return buf;
 }
 
+ImU32 algorithm_color(Algorithm a) {
+  switch (a) {
+    case Algorithm::Ring: return IM_COL32(90, 170, 255, 255);
+    case Algorithm::Tree: return IM_COL32(120, 210, 120, 255);
+    case Algorithm::Naive: return IM_COL32(160, 160, 170, 255);
+    case Algorithm::DoubleTree: return IM_COL32(255, 170, 70, 255);
+    case Algorithm::Hierarchical: return IM_COL32(200, 130, 255, 255);
+    case Algorithm::InNetwork: return IM_COL32(250, 100, 110, 255);
+    default: return IM_COL32_WHITE;
+  }
+}
+
 ImU32 link_load_color(RingPhase p, int load) {
   if (load >= 2) return IM_COL32(235, 70, 60, 255);
   switch (p) {

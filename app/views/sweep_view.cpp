@@ -20,18 +20,6 @@ namespace {
 constexpr int kMinLog2 = 3, kMaxLog2 = 30;  // 8 B .. 1 GiB
 constexpr int kPerOctave = 4;               // curve samples per doubling
 
-ImU32 algorithm_color(Algorithm a) {
-  switch (a) {
-    case Algorithm::Ring: return IM_COL32(90, 170, 255, 255);
-    case Algorithm::Tree: return IM_COL32(120, 210, 120, 255);
-    case Algorithm::Naive: return IM_COL32(160, 160, 170, 255);
-    case Algorithm::DoubleTree: return IM_COL32(255, 170, 70, 255);
-    case Algorithm::Hierarchical: return IM_COL32(200, 130, 255, 255);
-    case Algorithm::InNetwork: return IM_COL32(250, 100, 110, 255);
-    default: return IM_COL32_WHITE;
-  }
-}
-
 struct Curve {
   Algorithm algo;
   std::vector<Prediction> points;  // at each sample size, the best protocol

@@ -106,6 +106,8 @@ std::string time_text(double seconds);
 // A link in the topology view carrying `load` transfers of a step in that phase: reduce orange,
 // broadcast blue, red where two or more transfers share it.
 ImU32 link_load_color(RingPhase phase, int load);
+// One color per all-reduce algorithm in the busbw plot (sweep_view.cpp).
+ImU32 algorithm_color(Algorithm a);
 // A cell holding `held` of `world` contributions: partial sums warm up towards the final color.
 ImU32 contribution_color(int held, int world);
 
