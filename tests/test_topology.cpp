@@ -146,7 +146,9 @@ TEST_CASE("profiles in display order, with their topologies") {
   CHECK(dtlab::find_profile("eth2x4").inter_fabric == Fabric::Ethernet);
   CHECK(dtlab::find_profile("ib2x4").intra_fabric == Fabric::NVLink);
 
-  for (auto [name, nodes] : {std::pair{"dgx-h100", 1}, std::pair{"dgx-h100x2", 2}, std::pair{"dgx-h100x4", 4}}) {
+  for (const auto& named : {std::pair{"dgx-h100", 1}, std::pair{"dgx-h100x2", 2}, std::pair{"dgx-h100x4", 4}}) {
+    const char* name = named.first;  // not a structured binding: clang 14 cannot capture one in CAPTURE's lambda
+    const int nodes = named.second;
     const HardwareProfile p = dtlab::find_profile(name);
     CAPTURE(name);
     CHECK(p.nodes == nodes);
