@@ -265,14 +265,13 @@ std::string explain(const HardwareProfile& profile, int world, CollectiveOp op, 
     if (tuned.algo == chosen.algo && tuned.proto == chosen.proto) return s + "; the tuner picks the same";
     return s + "; the tuner would pick " + pair_name(tuned) + ": " + time_text(tuned.seconds);
   }
-  const Prediction* other = nullptr;  // the fastest available pair of another algorithm
-  for (const Prediction& p : predict_all(profile, world, op, bytes))
+  // The fastest available pair of another algorithm (the predictions outlive the pointer into them).
+  const std::vector<Prediction> all = predict_all(profile, world, op, bytes);
+  const Prediction* other = nullptr;
+  for (const Prediction& p : all)
     if (p.available && p.algo != chosen.algo && (!other || p.seconds < other->seconds)) other = &p;
   std::string s = pair_name(chosen) + ": " + time_text(chosen.seconds);
-  if (other) {
-    const Prediction o = *other;
-    s += " vs " + pair_name(o) + " " + time_text(o.seconds);
-  }
+  if (other) s += " vs " + pair_name(*other) + " " + time_text(other->seconds);
   return s + where;
 }
 
