@@ -57,23 +57,32 @@ Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, Devic
 
 Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int first_linear, int end_linear,
              Device& device)
-    : spec_(spec), tracker_(tracker), device_(device), first_linear_(first_linear) {
+    : Model(spec, tracker, seed, first_linear, end_linear, device, TensorParallelSpec{}) {}
+
+Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int first_linear, int end_linear,
+             Device& device, const TensorParallelSpec& tp)
+    : spec_(spec), tp_(tp), tracker_(tracker), device_(device), first_linear_(first_linear) {
   DTLAB_CHECK(spec.dims.size() >= 2, "a model needs an input and an output width");
   int64_t offset = 0;
   int n_linear = static_cast<int>(spec.dims.size()) - 1;
   DTLAB_CHECK(0 <= first_linear && first_linear < end_linear && end_linear <= n_linear,
               "a stage needs a non-empty range of the model's Linear layers");
+  DTLAB_CHECK(tp.degree >= 1 && tp.rank >= 0 && tp.rank < tp.degree, "a tensor-parallel rank outside its group");
+  check_tp_widths(spec.dims, first_linear, end_linear, tp.degree);
+  const std::vector<TpRole> roles = tp_roles(first_linear, end_linear, tp.degree);
   for (int l = first_linear; l < end_linear; l++) {
     int seq = 2 * l;  // Sequential index: Linear at even positions, ReLU after each but the last
-    int64_t in = spec.dims[l], out = spec.dims[l + 1];
+    const TpRole role = roles[static_cast<size_t>(l - first_linear)];
+    const TpSlice sl = tp_slice(role, spec.dims[l + 1], spec.dims[l], tp.degree, tp.rank);
+    int64_t in = sl.col_end - sl.col_begin, out = sl.row_end - sl.row_begin;
     Layer lin{LayerKind::Linear, seq, in, out, static_cast<int>(params_.size()),
-              static_cast<int>(params_.size()) + 1};
+              static_cast<int>(params_.size()) + 1, role};
     params_.push_back({std::to_string(seq) + ".weight", {out, in}, offset, out * in});
     offset += out * in;
-    params_.push_back({std::to_string(seq) + ".bias", {out}, offset, out});
-    offset += out;
+    params_.push_back({std::to_string(seq) + ".bias", {sl.bias_numel()}, offset, sl.bias_numel()});
+    offset += sl.bias_numel();
     layers_.push_back(lin);
-    if (l + 1 < n_linear) layers_.push_back({LayerKind::ReLU, seq + 1, out, out});
+    if (l + 1 < n_linear) layers_.push_back({LayerKind::ReLU, seq + 1, out, out, -1, -1, role});
   }
   num_params_ = offset;
   flat_params_ = Tensor({offset}, MemCategory::Parameters, tracker, DType::F32, device_);
@@ -283,14 +292,13 @@ void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
   }
 }
 
-void init_like_torch(Model& model, uint64_t seed) {
+std::vector<float> torch_init_values(const ModelSpec& spec, uint64_t seed, int first_linear, int end_linear) {
   // torch's CPU generator is an mt19937 seeded with the low 32 bits; uniform_(a, b) on float32
   // takes one 32-bit draw per element, keeps 24 bits, and computes x * (b - a) + a with b - a in
   // float and the rest in double (at::uniform_real_distribution), then rounds to float.
   std::mt19937 gen(static_cast<uint32_t>(seed));
-  const auto& dims = model.spec().dims;
-  std::vector<float> host(static_cast<size_t>(model.num_params()));  // drawn here, then uploaded
-  for (int l = 0; l < model.first_linear(); l++)  // one draw per element of each earlier layer
+  const auto& dims = spec.dims;
+  for (int l = 0; l < first_linear; l++)  // one draw per element of each earlier layer
     gen.discard(static_cast<unsigned long long>(dims[l + 1] * dims[l] + dims[l + 1]));
   auto uniform = [&](float* out, int64_t n, double lo, double hi) {
     float from = static_cast<float>(lo), to = static_cast<float>(hi);
@@ -299,19 +307,56 @@ void init_like_torch(Model& model, uint64_t seed) {
       out[i] = static_cast<float>(x * static_cast<double>(to - from) + from);
     }
   };
-  auto& params = model.parameters();
-  for (int i = 0; i < model.num_layers(); i++) {
-    const Layer& L = model.layer(i);
-    if (L.kind != LayerKind::Linear) continue;
-    double fan_in = static_cast<double>(L.in_features);
+  int64_t total = 0;
+  for (int l = first_linear; l < end_linear; l++) total += dims[l + 1] * dims[l] + dims[l + 1];
+  std::vector<float> host(static_cast<size_t>(total));
+  float* p = host.data();
+  for (int l = first_linear; l < end_linear; l++) {
+    double fan_in = static_cast<double>(dims[l]);
     // kaiming_uniform_(w, a=sqrt(5)): gain = sqrt(2 / (1 + a^2)), bound = sqrt(3) * gain / sqrt(fan_in)
     double gain = std::sqrt(2.0 / (1.0 + 5.0));
     double wbound = std::sqrt(3.0) * (gain / std::sqrt(fan_in));
-    uniform(host.data() + params[L.weight].offset, params[L.weight].numel, -wbound, wbound);
+    uniform(p, dims[l + 1] * dims[l], -wbound, wbound);
+    p += dims[l + 1] * dims[l];
     double bbound = 1.0 / std::sqrt(fan_in);
-    uniform(host.data() + params[L.bias].offset, params[L.bias].numel, -bbound, bbound);
+    uniform(p, dims[l + 1], -bbound, bbound);
+    p += dims[l + 1];
   }
-  model.upload_params(host.data());
+  return host;
+}
+
+void shard_full_params(const Model& model, const float* full, float* local) {
+  const auto& dims = model.spec().dims;
+  const auto& params = model.parameters();
+  const TensorParallelSpec& tp = model.tensor_parallel();
+  const float* src = full;
+  for (int i = 0; i < model.num_layers(); i++) {
+    const Layer& L = model.layer(i);
+    if (L.kind != LayerKind::Linear) continue;
+    const int l = L.seq_index / 2;
+    const int64_t out = dims[static_cast<size_t>(l + 1)], in = dims[static_cast<size_t>(l)];
+    const TpSlice sl = tp_slice(L.tp, out, in, tp.degree, tp.rank);
+    float* w = local + params[static_cast<size_t>(L.weight)].offset;
+    for (int64_t r = sl.row_begin; r < sl.row_end; r++)
+      for (int64_t c = sl.col_begin; c < sl.col_end; c++) *w++ = src[r * in + c];
+    src += out * in;
+    float* b = local + params[static_cast<size_t>(L.bias)].offset;
+    for (int64_t r = sl.bias_begin; r < sl.bias_end; r++) *b++ = src[r];
+    src += out;
+  }
+}
+
+void init_like_torch(Model& model, uint64_t seed) {
+  const int first = model.first_linear();
+  const int end = first + (model.num_layers() + 1) / 2;
+  std::vector<float> full = torch_init_values(model.spec(), seed, first, end);
+  if (model.tensor_parallel().degree == 1) {
+    model.upload_params(full.data());
+    return;
+  }
+  std::vector<float> local(static_cast<size_t>(model.num_params()));
+  shard_full_params(model, full.data(), local.data());
+  model.upload_params(local.data());
 }
 
 }  // namespace dtlab

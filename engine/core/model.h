@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/core/mesh.h"
 #include "engine/core/observer.h"
 #include "engine/core/tensor.h"
 
@@ -49,6 +50,25 @@ struct Parameter {
 
 enum class LayerKind : uint8_t { Linear, ReLU };
 
+// Megatron tensor parallelism inside the model (engine/core/mesh.h has the split): this rank's place in
+// its TP group. degree 1 is the plain model.
+struct TensorParallelSpec {
+  int degree = 1;
+  int rank = 0;                    // in the TP group
+  bool sequence_parallel = false;  // g/f become reduce-scatter/all-gather along the batch rows
+};
+
+// The TP group's collectives as the model's layers need them: blocking, float32, sums, on the model's
+// device. Implemented above the core (engine/parallel/tensor_parallel.h) over a process group.
+// `layer` is the Sequential index of the layer that asks (for events and labels).
+class TensorParallelComm {
+ public:
+  virtual ~TensorParallelComm() = default;
+  virtual void all_reduce(float* buf, int64_t n, int layer) = 0;
+  virtual void all_gather(float* out, const float* in, int64_t n, int layer) = 0;      // out: n x degree
+  virtual void reduce_scatter(float* out, const float* in, int64_t n, int layer) = 0;  // in: n x degree
+};
+
 // Called around every layer's forward and backward (FSDP gathers a unit's parameters before its
 // first layer runs and frees or reduce-scatters after its last).
 class LayerHooks {
@@ -63,9 +83,10 @@ class LayerHooks {
 struct Layer {
   LayerKind kind;
   int seq_index;              // position in torch.nn.Sequential (the N in "N.weight")
-  int64_t in_features;
-  int64_t out_features;
+  int64_t in_features;         // this rank's widths: a column-parallel Linear's out_features and a
+  int64_t out_features;        // row-parallel one's in_features are the full width / TP degree
   int weight = -1, bias = -1; // indices into parameters(); -1 for ReLU
+  TpRole tp = TpRole::Replicated;  // Linear: its tensor-parallel split; ReLU: its Linear's
 };
 
 class Model {
@@ -81,6 +102,16 @@ class Model {
   // from the same seed. The flat buffers hold just these parameters, in the full model's order.
   Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int first_linear, int end_linear,
         Device& device = cpu_device());
+  // A tensor-parallel shard of that stage (or of the whole model: first 0, end spec.dims.size() - 1):
+  // each Linear holds tp_slice()'s part of the full model's values for the same seed, parameters()
+  // have the local shapes (names unchanged), and the layers call `set_tensor_parallel_comm`'s
+  // collectives (f, g) inside layer_forward/layer_backward, so forward() and backward() take and
+  // return the full batch's tensors on every TP rank exactly as the unsplit model does.
+  // dtlab::Error (check_tp_widths) when a split width does not divide by the degree.
+  Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int first_linear, int end_linear,
+        Device& device, const TensorParallelSpec& tp);
+  const TensorParallelSpec& tensor_parallel() const { return tp_; }
+  void set_tensor_parallel_comm(TensorParallelComm* c) { tp_comm_ = c; }
 
   Device& device() const { return device_; }
   // All parameters, flat in parameters() order, to or from host memory (P floats).
@@ -155,6 +186,8 @@ class Model {
  private:
   void ensure_activations(int64_t B);
   ModelSpec spec_;
+  TensorParallelSpec tp_;
+  TensorParallelComm* tp_comm_ = nullptr;
   MemoryTracker* tracker_;
   Device& device_;
   int first_linear_ = 0;
@@ -178,5 +211,11 @@ class Model {
 // torch.manual_seed(seed) + nn.Linear's reset_parameters, value for value (a pipeline stage skips
 // the draws of the layers before it), drawn on the host and uploaded to the model's device.
 void init_like_torch(Model& model, uint64_t seed);
+// The values behind it: the full (unsplit) parameters of Linear layers [first, end) in the full model's
+// flat order, on the host.
+std::vector<float> torch_init_values(const ModelSpec& spec, uint64_t seed, int first_linear, int end_linear);
+// Cuts a tensor-parallel shard's values out of the full stage's flat host parameters (the order above):
+// `local` receives model.num_params() floats in model.parameters() order.
+void shard_full_params(const Model& model, const float* full, float* local);
 
 }  // namespace dtlab

@@ -59,6 +59,9 @@ struct CollectiveInfo {
   int64_t in_count, out_count;  // elements ("In msg nelems", "Out msg nelems")
   int64_t bytes;   // payload size S used for algbw (nccl-tests convention)
   Protocol proto;  // what the tuning model picked or the run forced (Default: not tuned)
+  // The process group it ran in: 0 for the whole world, else 1 + the TraceRecorder label id of its
+  // name and global ranks ("tp0: 0,1"). A group's `seq` counts that group's collectives.
+  int32_t group;
 };
 
 struct RingStepInfo {

@@ -76,6 +76,10 @@ struct TrainConfig {
   // A non-finite loss (NaN or infinity) stops the run with a diagnosis (engine/train/nonfinite.h)
   // unless this is set: then training goes on, as a plain PyTorch loop would.
   bool allow_nonfinite = false;
+  // Tensor parallelism (Megatron's MLP split, engine/core/mesh.h): ranks per TP group, composed with
+  // every strategy; world = dp x stages x tp, laid out as torch's init_device_mesh (tp fastest).
+  int tp = 1;
+  bool sequence_parallel = false;  // --sequence-parallel: g/f as reduce-scatter/all-gather
   // ddp
   DdpOptions ddp;
   // fsdp
