@@ -1,5 +1,6 @@
 #include "engine/core/model.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <random>
@@ -197,43 +198,91 @@ double Model::layer_backward_flops(int i, int64_t B, bool input_grad) const {
   return gemm * (input_grad ? 2 : 1) + static_cast<double>(B * L.out_features);
 }
 
-void Model::layer_forward(int i, float* out, const float* in, int64_t B) {
-  const Layer& L = layer(i);
-  ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, B));
-  if (L.kind == LayerKind::Linear) {
-    device_.linear_forward(out, in, params_[L.weight].data, params_[L.bias].data, B, L.in_features,
-                           L.out_features);
-  } else {
-    device_.relu_forward(out, in, B * L.out_features);
+TensorParallelComm& Model::tp_comm() const {
+  DTLAB_CHECK(tp_comm_ != nullptr, "a tensor-parallel model runs only after set_tensor_parallel_comm()");
+  return *tp_comm_;
+}
+
+float* Model::scratch(Tensor& t, int64_t n) {
+  if (t.numel() < n) t = Tensor({n}, MemCategory::Activations, tracker_, DType::F32, device_);
+  return t.f32();
+}
+
+// out (B, OC) += bias in every row: a row-parallel Linear's bias, added once after g summed the partial
+// products (Megatron's RowParallelLinear). A K = 1 GEMM of a column of ones with the bias writes the
+// rows exactly (1 x b), on any device.
+void Model::add_bias_rows(float* out, const float* bias, int64_t B, int64_t OC) {
+  if (ones_.numel() < B) {
+    ones_ = Tensor({B}, MemCategory::Activations, tracker_, DType::F32, device_);
+    std::vector<float> host(static_cast<size_t>(B), 1.0f);
+    device_.upload(ones_.f32(), host.data(), B * static_cast<int64_t>(sizeof(float)));
   }
+  float* rows = scratch(scratch_, B * OC);
+  device_.linear_forward(rows, ones_.f32(), bias, nullptr, B, 1, OC);
+  device_.accumulate(out, rows, B * OC, false);
+}
+
+// Megatron's pairs without sequence parallelism (engine/core/mesh.h; docs/course_sources.md §6c): a
+// column-parallel Linear computes its slice of the outputs from the whole input (f: identity); a
+// row-parallel one computes a partial product from its slice of the inputs, g all-reduces it, and the
+// bias is added once. The collectives run outside the compute scopes: they are the comm lane's.
+void Model::layer_forward(int i, float* out, const float* in, int64_t B) {
+  DTLAB_CHECK(!sequence_parallel(),
+              "layer_forward() runs tensor parallelism without sequence parallelism; a sequence-parallel model "
+              "runs through forward()");
+  const Layer& L = layer(i);
+  const bool row = L.kind == LayerKind::Linear && L.tp == TpRole::Row;
+  {
+    ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, B));
+    if (L.kind == LayerKind::Linear) {
+      device_.linear_forward(out, in, params_[L.weight].data, row ? nullptr : params_[L.bias].data, B,
+                             L.in_features, L.out_features);
+    } else {
+      device_.relu_forward(out, in, B * L.out_features);
+    }
+  }
+  if (!row) return;
+  tp_comm().all_reduce(out, B * L.out_features, L.seq_index);  // g forward: sum the partial outputs
+  add_bias_rows(out, params_[L.bias].data, B, L.out_features);
 }
 
 void Model::layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out,
                            int64_t B) {
+  DTLAB_CHECK(!sequence_parallel(), "layer_backward() with sequence parallelism; it runs through backward()");
   const Layer& L = layer(i);
-  ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
-                     layer_backward_flops(i, B, dinp != nullptr));
-  if (L.kind == LayerKind::Linear) {
-    device_.linear_backward(dinp, params_[L.weight].grad, params_[L.bias].grad, dout, in,
-                            params_[L.weight].data, B, L.in_features, L.out_features);
-  } else if (dinp) {
-    device_.relu_backward(dinp, dout, out, B * L.out_features);
+  {
+    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
+                       layer_backward_flops(i, B, dinp != nullptr));
+    if (L.kind == LayerKind::Linear) {
+      device_.linear_backward(dinp, params_[L.weight].grad, params_[L.bias].grad, dout, in,
+                              params_[L.weight].data, B, L.in_features, L.out_features);
+    } else if (dinp) {
+      device_.relu_backward(dinp, dout, out, B * L.out_features);
+    }
   }
+  // f backward: each rank's input gradient covers its slice of the outputs; their sum is the whole.
+  if (dinp && L.kind == LayerKind::Linear && L.tp == TpRole::Column)
+    tp_comm().all_reduce(dinp, B * L.in_features, L.seq_index);
 }
 
 void Model::layer_backward_input(int i, float* dinp, const float* dout, const float* out, int64_t B) {
+  DTLAB_CHECK(!sequence_parallel(), "layer_backward_input() with sequence parallelism; it runs through backward()");
   const Layer& L = layer(i);
-  ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
-                     layer_backward_flops(i, B, true) - layer_backward_flops(i, B, false));
-  if (L.kind == LayerKind::Linear) {
-    device_.linear_backward(dinp, nullptr, nullptr, dout, nullptr, params_[L.weight].data, B, L.in_features,
-                            L.out_features);
-  } else {
-    device_.relu_backward(dinp, dout, out, B * L.out_features);
+  {
+    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
+                       layer_backward_flops(i, B, true) - layer_backward_flops(i, B, false));
+    if (L.kind == LayerKind::Linear) {
+      device_.linear_backward(dinp, nullptr, nullptr, dout, nullptr, params_[L.weight].data, B, L.in_features,
+                              L.out_features);
+    } else {
+      device_.relu_backward(dinp, dout, out, B * L.out_features);
+    }
   }
+  if (L.kind == LayerKind::Linear && L.tp == TpRole::Column) tp_comm().all_reduce(dinp, B * L.in_features, L.seq_index);
 }
 
 void Model::layer_backward_weight(int i, const float* dout, const float* in, int64_t B) {
+  DTLAB_CHECK(!sequence_parallel(), "layer_backward_weight() with sequence parallelism; it runs through backward()");
   const Layer& L = layer(i);
   if (L.kind != LayerKind::Linear) return;  // a ReLU has no weights
   ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, B, false));
@@ -241,16 +290,131 @@ void Model::layer_backward_weight(int i, const float* dout, const float* in, int
                           L.in_features, L.out_features);
 }
 
+// Sequence parallelism (Korthikanti et al. 2022; docs/course_sources.md §6c): outside the pairs each TP
+// rank holds rows [rank * Bl, (rank + 1) * Bl) of the batch padded to padded_ = degree * Bl rows (zero
+// rows whose output gradients are zero, so they add nothing); inside a pair (the column-parallel
+// Linear's output and its ReLU, the row-parallel Linear's input) every rank holds all padded_ rows.
+int64_t Model::sp_rows(int i, bool output) const {
+  const Layer& L = layer(i);
+  const bool all = L.tp == TpRole::Column ? (output || L.kind == LayerKind::ReLU)
+                                          : (L.tp == TpRole::Row && L.kind == LayerKind::Linear && !output);
+  return all ? padded_ : padded_ / tp_.degree;
+}
+
+int64_t Model::layer_output_rows(int i) const { return sequence_parallel() ? sp_rows(i, true) : batch_; }
+
+// This rank's rows of `src` (batch_ rows of `width`), zero-padded: Megatron's
+// scatter_to_sequence_parallel_region, a split without communication.
+const float* Model::sp_split_rows(Tensor& dst, const float* src, int64_t width) {
+  const int64_t local = padded_ / tp_.degree, begin = tp_.rank * local;
+  const int64_t n = std::clamp<int64_t>(batch_ - begin, 0, local);
+  float* d = scratch(dst, local * width);
+  const int64_t row_bytes = width * static_cast<int64_t>(sizeof(float));
+  if (n > 0) device_.copy(d, src + begin * width, n * row_bytes);
+  if (n < local) device_.fill_zero(d + n * width, (local - n) * row_bytes);
+  return d;
+}
+
+// f becomes an all-gather of the rows before the column-parallel Linear, g a reduce-scatter of the
+// partial outputs after the row-parallel one (each rank keeps its rows, then adds the bias).
+void Model::sp_layer_forward(int i, float* out, const float* in) {
+  const Layer& L = layer(i);
+  const int64_t all = padded_, local = padded_ / tp_.degree;
+  if (L.kind == LayerKind::ReLU) {
+    ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, sp_rows(i, true)));
+    device_.relu_forward(out, in, sp_rows(i, true) * L.out_features);
+    return;
+  }
+  const Parameter& w = params_[static_cast<size_t>(L.weight)];
+  const Parameter& b = params_[static_cast<size_t>(L.bias)];
+  if (L.tp == TpRole::Column) {
+    // Kept for the weight gradient. Megatron keeps this rank's rows instead and all-gathers them again
+    // in backward (less memory, one more all-gather); keeping them makes SP move exactly TP's bytes.
+    float* gathered = sp_gathered_[static_cast<size_t>(i)].f32();
+    tp_comm().all_gather(gathered, in, local * L.in_features, L.seq_index);
+    ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, all));
+    device_.linear_forward(out, gathered, w.data, b.data, all, L.in_features, L.out_features);
+  } else if (L.tp == TpRole::Row) {
+    float* partial = scratch(scratch_, all * L.out_features);
+    {
+      ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, all));
+      device_.linear_forward(partial, in, w.data, nullptr, all, L.in_features, L.out_features);
+    }
+    tp_comm().reduce_scatter(out, partial, local * L.out_features, L.seq_index);
+    add_bias_rows(out, b.data, local, L.out_features);
+  } else {
+    ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, local));
+    device_.linear_forward(out, in, w.data, b.data, local, L.in_features, L.out_features);
+  }
+}
+
+void Model::sp_layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out) {
+  const Layer& L = layer(i);
+  if (L.kind == LayerKind::Linear) return sp_linear_backward(i, dinp, dout, in);
+  if (!dinp) return;
+  const int64_t rows = sp_rows(i, true);
+  ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, rows, true));
+  device_.relu_backward(dinp, dout, out, rows * L.out_features);
+}
+
+// The conjugates backward: the column layer's input gradient is reduce-scattered (f), the row layer's
+// output gradient all-gathered (g). Parameters that saw only this rank's rows (the row layer's bias, a
+// replicated Linear) get partial gradients: computed apart, all-reduced over the TP group, then added
+// to the gradient (which may hold earlier micro-batches' sums), as Megatron all-reduces
+// sequence-parallel parameters' gradients.
+void Model::sp_linear_backward(int i, float* dinp, const float* dout, const float* in) {
+  const Layer& L = layer(i);
+  const int64_t all = padded_, local = padded_ / tp_.degree;
+  const Parameter& w = params_[static_cast<size_t>(L.weight)];
+  const Parameter& b = params_[static_cast<size_t>(L.bias)];
+  const int64_t rows = L.tp == TpRole::Replicated ? local : all;
+  const float* gout = dout;
+  if (L.tp == TpRole::Row) {
+    float* gathered = scratch(scratch_, all * L.out_features);
+    tp_comm().all_gather(gathered, dout, local * L.out_features, L.seq_index);
+    gout = gathered;
+  }
+  float* full_dinp = L.tp == TpRole::Column && dinp ? scratch(scratch_, all * L.in_features) : dinp;
+  const int64_t partial_n = L.tp == TpRole::Row ? b.numel : L.tp == TpRole::Replicated ? w.numel + b.numel : 0;
+  float* partial = partial_n ? scratch(grad_scratch_, partial_n) : nullptr;
+  if (partial) device_.fill_zero(partial, partial_n * static_cast<int64_t>(sizeof(float)));
+  {
+    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, rows, dinp != nullptr));
+    if (L.tp == TpRole::Column) {
+      device_.linear_backward(full_dinp, w.grad, b.grad, gout, sp_gathered_[static_cast<size_t>(i)].f32(), w.data, all,
+                              L.in_features, L.out_features);
+    } else if (L.tp == TpRole::Row) {
+      device_.linear_backward(dinp, w.grad, nullptr, gout, in, w.data, all, L.in_features, L.out_features);
+      device_.linear_backward(nullptr, nullptr, partial, dout, nullptr, nullptr, local, L.in_features, L.out_features);
+    } else {
+      device_.linear_backward(dinp, partial, partial + w.numel, dout, in, w.data, local, L.in_features, L.out_features);
+    }
+  }
+  if (L.tp == TpRole::Column && dinp) tp_comm().reduce_scatter(dinp, full_dinp, local * L.in_features, L.seq_index);
+  if (!partial) return;
+  tp_comm().all_reduce(partial, partial_n, L.seq_index);
+  if (L.tp == TpRole::Replicated) device_.accumulate(w.grad, partial, w.numel, false);
+  device_.accumulate(b.grad, partial + partial_n - b.numel, b.numel, false);
+}
+
 void Model::ensure_activations(int64_t B) {
   batch_ = B;
+  padded_ = sequence_parallel() ? (B + tp_.degree - 1) / tp_.degree * tp_.degree : B;
   if (B <= capacity_ && !acts_.empty()) return;  // a smaller (last) batch reuses the buffers
   acts_.clear();
-  int64_t widest = 0;
-  for (const Layer& L : layers_) {
-    acts_.emplace_back(Shape{B, L.out_features}, MemCategory::Activations, tracker_, DType::F32, device_);
-    widest = std::max({widest, L.in_features, L.out_features});
+  sp_gathered_.clear();
+  int64_t widest = 0;  // elements of the largest activation gradient
+  for (int i = 0; i < num_layers(); i++) {
+    const Layer& L = layer(i);
+    const int64_t rows_in = sequence_parallel() ? sp_rows(i, false) : B;
+    const int64_t rows_out = sequence_parallel() ? sp_rows(i, true) : B;
+    acts_.emplace_back(Shape{rows_out, L.out_features}, MemCategory::Activations, tracker_, DType::F32, device_);
+    const bool gather = sequence_parallel() && L.kind == LayerKind::Linear && L.tp == TpRole::Column;
+    sp_gathered_.push_back(gather ? Tensor({padded_, L.in_features}, MemCategory::Activations, tracker_, DType::F32, device_)
+                                  : Tensor());
+    widest = std::max({widest, rows_in * L.in_features, rows_out * L.out_features});
   }
-  for (auto& d : dbuf_) d = Tensor({B, widest}, MemCategory::Activations, tracker_, DType::F32, device_);
+  for (auto& d : dbuf_) d = Tensor({widest}, MemCategory::Activations, tracker_, DType::F32, device_);
   capacity_ = B;
 }
 
@@ -258,21 +422,31 @@ const float* Model::forward(const float* x, int64_t B) {
   ensure_activations(B);
   input_ = x;
   layer_in_.assign(layers_.size(), nullptr);
-  const float* in = x;
+  const bool sp = sequence_parallel();
+  const float* in = sp ? sp_split_rows(sp_x_, x, spec_.dims[static_cast<size_t>(first_linear_)]) : x;
   for (int i = 0; i < num_layers(); i++) {
     layer_in_[static_cast<size_t>(i)] = in;
     if (layer_skipped(i)) continue;  // the branch: this block's output is its input
     if (hooks_) hooks_->before_forward(i);
-    layer_forward(i, acts_[i].f32(), in, B);
+    if (sp) sp_layer_forward(i, acts_[i].f32(), in);
+    else layer_forward(i, acts_[i].f32(), in, B);
     if (hooks_) hooks_->after_forward(i);
     in = acts_[i].f32();
   }
-  return in;
+  if (!sp) return in;
+  // Every TP rank returns all rows (Megatron's gather_from_sequence_parallel_region; its backward is
+  // the split backward() starts with).
+  const Layer& last = layer(num_layers() - 1);
+  const int64_t local = padded_ / tp_.degree;
+  float* logits = scratch(sp_logits_, padded_ * last.out_features);
+  tp_comm().all_gather(logits, in, local * last.out_features, last.seq_index);
+  return logits;
 }
 
 void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
   DTLAB_CHECK(input_ != nullptr, "backward() called before forward()");
-  const float* dout = dlogits;
+  const bool sp = sequence_parallel();
+  const float* dout = sp ? sp_split_rows(sp_dlogits_, dlogits, layer(num_layers() - 1).out_features) : dlogits;
   int first = 0;  // the first computed layer needs no input gradient (its input is the data)
   while (first < num_layers() && layer_skipped(first)) first++;
   for (int i = num_layers() - 1; i >= 0; i--) {
@@ -281,7 +455,8 @@ void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
     // Ping-pong between the two buffers, never writing the one `dout` points into.
     float* dinp = i > first ? (dout == dbuf_[0].f32() ? dbuf_[1].f32() : dbuf_[0].f32()) : nullptr;
     if (hooks_) hooks_->before_backward(i);
-    layer_backward(i, dinp, dout, in, acts_[i].f32(), batch_);
+    if (sp) sp_layer_backward(i, dinp, dout, in, acts_[i].f32());
+    else layer_backward(i, dinp, dout, in, acts_[i].f32(), batch_);
     if (hooks_) hooks_->after_backward(i);
     const Layer& L = layer(i);
     if (L.kind == LayerKind::Linear && on_grad_ready) {

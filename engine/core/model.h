@@ -175,6 +175,10 @@ class Model {
   const float* layer_output(int i) const {
     return input_ && !layer_skipped(i) ? acts_[static_cast<size_t>(i)].f32() : nullptr;
   }
+  // Rows of layer_output(i): batch() unless sequence parallel, where a layer inside a pair (a
+  // column-parallel Linear and its ReLU) holds the padded batch and every other layer this rank's
+  // 1/degree of it (engine/core/mesh.h).
+  int64_t layer_output_rows(int i) const;
 
   // Instrumentation: every layer_forward/layer_backward is reported (null: none).
   void set_observer(ComputeObserver* obs) { observer_ = obs; }
@@ -185,6 +189,16 @@ class Model {
 
  private:
   void ensure_activations(int64_t B);
+  // Tensor parallelism (model.cpp: f and g around each pair; sequence parallel variants).
+  bool sequence_parallel() const { return tp_.degree > 1 && tp_.sequence_parallel; }
+  TensorParallelComm& tp_comm() const;
+  int64_t sp_rows(int i, bool output) const;  // layer i's input or output rows under sequence parallelism
+  float* scratch(Tensor& t, int64_t n);       // grows `t` to n floats on the model's device
+  void add_bias_rows(float* out, const float* bias, int64_t B, int64_t OC);
+  void sp_layer_forward(int i, float* out, const float* in);
+  void sp_layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out);
+  void sp_linear_backward(int i, float* dinp, const float* dout, const float* in);
+  const float* sp_split_rows(Tensor& dst, const float* src, int64_t width);
   ModelSpec spec_;
   TensorParallelSpec tp_;
   TensorParallelComm* tp_comm_ = nullptr;
@@ -206,6 +220,10 @@ class Model {
   int64_t num_params_ = 0;
   int64_t batch_ = 0;     // rows of the current forward
   int64_t capacity_ = 0;  // rows the activation buffers hold
+  int64_t padded_ = 0;    // sequence parallel: batch_ rounded up to a multiple of the TP degree
+  std::vector<Tensor> sp_gathered_;  // sequence parallel: each column-parallel Linear's gathered input
+  Tensor sp_x_, sp_dlogits_, sp_logits_;  // this rank's rows of the input and dlogits; all logits
+  Tensor scratch_, grad_scratch_, ones_;   // partial sums, partial gradients, a column of ones
 };
 
 // torch.manual_seed(seed) + nn.Linear's reset_parameters, value for value (a pipeline stage skips

@@ -1,0 +1,65 @@
+// Megatron tensor parallelism over a process group: the TP group's collectives as the model's layers
+// call them (engine/core/model.h runs f and g inside its layers), the full parameters gathered back
+// from the shards (checkpoints, parity checks), and the exact list of collectives one forward and
+// backward issues, with their bytes, for the planner, the lessons and the tests.
+// Facts and formulas: docs/course_sources.md §6c (Shoeybi et al. 2019; Korthikanti et al. 2022).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "engine/comm/communicator.h"
+#include "engine/core/model.h"
+
+namespace dtlab {
+
+// The TP group's collectives on a Communicator whose world is the TP group (a world of its own, or a
+// process group from new_group): each call issues the collective (float32, sum) and waits for it.
+class GroupTensorParallelComm : public TensorParallelComm {
+ public:
+  explicit GroupTensorParallelComm(Communicator& group) : group_(group) {}
+  void all_reduce(float* buf, int64_t n, int layer) override;
+  void all_gather(float* out, const float* in, int64_t n, int layer) override;
+  void reduce_scatter(float* out, const float* in, int64_t n, int layer) override;
+  Communicator& group() const { return group_; }
+  int last_layer() const { return last_layer_; }  // the Sequential index of the latest caller (-1: none)
+
+ private:
+  Communicator& group_;
+  int last_layer_ = -1;
+};
+
+// Collective over the TP group (every TP rank calls it): the FULL parameters of the shard's stage, in
+// the full model's flat order (what torch_init_values lays out and shard_full_params cuts), on the
+// host, on every TP rank. Degree 1: the model's own values. The shard must own its parameters.
+std::vector<float> gather_tensor_parallel_params(const Model& shard, Communicator& tp_group);
+
+// One collective a tensor-parallel layer issues per forward and backward, as the model issues it.
+struct TpCollective {
+  CollectiveOp op = CollectiveOp::AllReduce;
+  int layer = 0;          // Sequential index of the Linear that issues it
+  bool backward = false;  // issued during backward
+  int64_t count = 0;      // what the layer passes: all-reduce's buffer, all-gather's input and
+                          // reduce-scatter's output (this rank's part), in float32 elements
+  int64_t bytes = 0;      // the payload events record (nccl-tests' S): all-reduce count x 4 bytes,
+                          // all-gather and reduce-scatter count x degree x 4 bytes
+  const char* what = "";  // "g: sum the row-parallel partial outputs", ...
+};
+
+// Every TP collective of one forward and one backward of Linear layers [first, end) of `spec` on a
+// batch of B rows, in the order each TP rank issues them (forward in layer order, then backward in
+// reverse). `input_grad`: the stage's first layer computes its input gradient (a pipeline stage after
+// the first); Model::backward() never does, so the first column layer's f then moves nothing.
+//   without sequence parallelism, per pair: forward 1 all-reduce of B x out (g), backward 1 all-reduce
+//     of B x in (f, when the input gradient is needed);
+//   sequence parallel (rows padded to Bp = degree x ceil(B / degree), Bl = Bp / degree per rank):
+//     forward: all-gather Bl x in before each column layer, reduce-scatter Bl x out after each row
+//     layer, and one all-gather of the logits (Bl x classes) at the end of forward(); backward:
+//     per row layer an all-gather of Bl x out and an all-reduce of its bias gradient (out), per column
+//     layer a reduce-scatter of Bl x in (when needed), per replicated Linear an all-reduce of its
+//     weight and bias gradients.
+// Degree 1: none.
+std::vector<TpCollective> tp_collectives(const ModelSpec& spec, int first, int end, const TensorParallelSpec& tp,
+                                         int64_t B, bool input_grad);
+int64_t tp_collective_bytes(const std::vector<TpCollective>& list);  // the sum of their bytes
+
+}  // namespace dtlab
