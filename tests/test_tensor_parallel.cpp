@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/comm/group.h"
 #include "engine/comm/threads_backend.h"
 #include "engine/core/check.h"
 #include "engine/core/device.h"
@@ -151,6 +152,52 @@ TEST_SUITE("tensor_parallel") {
       CAPTURE(k.degree);
       CHECK(max_abs_diff(sp.full[0], tp.full[0]) <= 1e-5f);
       CHECK(max_abs_diff(sp.full[0], single) <= 1e-5f);
+    }
+  }
+
+  TEST_CASE("TP groups as process groups of a larger world, with gradient accumulation, equal one model") {
+    // World 4 as a mesh dp 2 x tp 2: TP groups {0, 1} and {2, 3} (new_group), each training the same
+    // batches in 2 micro-batches per step; sequence parallel sums its partial parameter gradients apart
+    // from the gradient the first micro-batch left.
+    const ModelSpec spec = ModelSpec::parse("mlp:4,32,32,32,32,5");
+    const std::vector<Batch> batches = make_batches(spec, {7, 5}, 12);
+    auto accumulate_step = [](Model& m, Optimizer& opt, const Batch& a, const Batch& b) {
+      Device& dev = m.device();
+      const int64_t C = m.spec().out_features();
+      m.zero_grad();
+      for (const Batch* mb : {&a, &b}) {
+        const float* logits = m.forward(mb->x.data(), mb->rows);
+        std::vector<float> probs(static_cast<size_t>(mb->rows * C)), dlogits(probs.size());
+        double stats[kLossStatsDoubles] = {0, 0};
+        dev.cross_entropy_forward(probs.data(), stats, logits, mb->y.data(), mb->rows, C);
+        dev.cross_entropy_backward(dlogits.data(), probs.data(), mb->y.data(), mb->rows, C, 1.0f / 12.0f);
+        m.backward(dlogits.data());
+      }
+      opt.step(m.params(), m.grads());
+    };
+    Model single(spec, nullptr, 5);
+    Optimizer single_opt(optimizer(OptimizerKind::SGD), single.num_params(), nullptr);
+    for (size_t s = 0; s + 1 < batches.size(); s += 2) accumulate_step(single, single_opt, batches[s], batches[s + 1]);
+    const std::vector<float> want = single.host_params();
+    for (bool sp : {false, true}) {
+      const MeshShape mesh{2, 1, 2};
+      ThreadsWorld world(4);
+      std::vector<std::vector<float>> got(4);
+      world.run([&](int rank, Communicator& comm, RankContext&) {
+        auto executor = std::make_shared<GroupExecutor>();
+        const std::vector<int> members = mesh_group(mesh, MeshDim::TP, rank);
+        std::unique_ptr<Communicator> group =
+            new_group(comm, members, 1000 + 16 * mesh_group_index(mesh, MeshDim::TP, rank), executor);
+        const int tp_rank = mesh_coord(mesh, rank).tp;
+        Model m(spec, nullptr, 5, 0, 5, cpu_device(), TensorParallelSpec{2, tp_rank, sp});
+        GroupTensorParallelComm tp(*group);
+        m.set_tensor_parallel_comm(&tp);
+        Optimizer opt(optimizer(OptimizerKind::SGD), m.num_params(), nullptr);
+        for (size_t s = 0; s + 1 < batches.size(); s += 2) accumulate_step(m, opt, batches[s], batches[s + 1]);
+        got[static_cast<size_t>(rank)] = gather_tensor_parallel_params(m, *group);
+      });
+      CAPTURE(sp);
+      for (int r = 0; r < 4; r++) CHECK(max_abs_diff(got[static_cast<size_t>(r)], want) <= 1e-5f);
     }
   }
 
