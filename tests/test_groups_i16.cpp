@@ -206,3 +206,54 @@ TEST_CASE("the Chrome trace names a group collective's group as torch.profiler d
   CHECK(c.group_size == 2);
 }
 
+#ifdef DTLAB_HAVE_GUI
+#include "app/snapshot_builder.h"
+
+// The lab's snapshot of a run whose last collective is a process group's: the ring view's
+// CollectiveView is that group's, in group ranks (its members are the ring), and the world's
+// collective before it does not hide it.
+TEST_CASE("the snapshot shows a group's collective on the ring of its members") {
+  TrainConfig config;
+  config.world_size = 4;
+  config.model = ModelSpec::parse("mlp:2,8,3");
+  const Model model(config.model, nullptr, config.seed);
+  const Dataset data = make_dataset(config.data, 2, 3);
+  const CostModel cost(find_profile(config.profile), 4);
+  ThreadsWorld w(4);
+  w.run([&](int rank, Communicator& comm, RankContext&) {
+    auto ex = std::make_shared<GroupExecutor>();
+    auto tp = new_group(comm, mesh_group({2, 1, 2}, MeshDim::TP, rank), 64, ex, cpu_device(), mesh_group_name({2, 1, 2}, MeshDim::TP, rank));
+    std::vector<float> x(8, 1.0f);
+    comm.all_reduce(x.data(), 8)->wait();  // world #0
+    tp->all_reduce(x.data(), 8)->wait();   // tp0 / tp1 #0, after it
+  });
+  app::RunSources run;
+  run.config = &config;
+  run.model = &model;
+  run.dataset = &data;
+  run.cost = &cost;
+  run.backend = "threads";
+  app::SnapshotBuilder b;
+  b.reset(run);
+  b.begin_frame(nullptr);
+  b.add_events(w.recorder());
+  b.set_world_status(WorldStatus{});
+  const app::CollectiveView& cv = b.finish_frame().collective;
+  REQUIRE(cv.valid);
+  REQUIRE(cv.group != 0);
+  CHECK(cv.seq == 0);
+  CHECK(cv.world == 2);
+  CHECK(cv.world_size == 4);
+  CHECK(cv.op == CollectiveOp::AllReduce);
+  CHECK(cv.steps == 2);
+  CHECK(cv.steps_done == 2);
+  CHECK_FALSE(cv.in_flight);
+  // Which TP group started last is a race; either is drawn on its own two ranks.
+  CHECK((cv.members == std::vector<int>{0, 1} || cv.members == std::vector<int>{2, 3}));
+  CHECK(cv.group_name == (cv.members[0] == 0 ? "tp0" : "tp1"));
+  REQUIRE(cv.cells.size() == 2);
+  for (const auto& row : cv.cells) CHECK(row == std::vector<int>{2, 2});
+  CHECK(cv.label.empty());
+  CHECK(cv.predicted_s > 0);  // the group's two steps on the profile's links
+}
+#endif  // DTLAB_HAVE_GUI
