@@ -113,12 +113,12 @@ const StepPoint& last_step(const Snapshot& s) {
   return s.history.back();
 }
 
-// Bytes rank `rank` sent (or received) in collective #seq so far, from the engine's step events.
+// Bytes rank `rank` sent (or received) in the world's collective #seq so far, from the engine's step events.
 double collective_bytes(const Snapshot& s, uint64_t seq, int rank, bool sent) {
   int64_t b = 0;
   for (size_t r = 0; r < s.events.size(); r++)
     for (const Event& e : s.events[r])
-      if (e.kind == EventKind::RingStep && e.step.seq == seq &&
+      if (e.kind == EventKind::RingStep && e.step.seq == seq && e.step.group == 0 &&
           (sent ? e.step.src == rank : static_cast<int>(r) == rank))
         b += e.step.bytes;
   return static_cast<double>(b);

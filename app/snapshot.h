@@ -26,7 +26,15 @@ namespace dtlab::app {
 struct CollectiveView {
   bool valid = false;
   bool in_flight = false;     // some rank has arrived and not every rank has finished
-  uint64_t seq = 0;
+  uint64_t seq = 0;           // the world's, or the process group's own counter
+  // A process group's collective (issue 16): CollectiveInfo::group, its name and global ranks
+  // ("tp0: ranks 0,1"). Then everything below is in group ranks (world = the group's size, cells
+  // and transfers indexed by group rank) and group rank i is global rank members[i]; for the
+  // world's collectives group is 0 and members is empty.
+  int32_t group = 0;
+  std::string group_name;     // "tp0"
+  std::vector<int> members;
+  int world_size = 0;         // every rank of the run (the group's members and the others)
   CollectiveOp op = CollectiveOp::AllReduce;
   Algorithm algo = Algorithm::Ring;
   Protocol proto = Protocol::Default;  // the tuning model's pick or the run's --proto

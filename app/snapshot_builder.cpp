@@ -36,7 +36,9 @@ bool point_to_point(CollectiveOp op) { return op == CollectiveOp::Send || op == 
 // for the binomial tree and naive; a double-tree chunk S/2K; an in-network chunk S/K; hierarchical
 // S/G inside a node and S/(G N) across nodes (docs/course_sources.md §6b).
 double modeled_step_bytes(const CollectiveView& cv, const CostModel& cost, const std::vector<StepTransfer>& plan) {
-  const double S = static_cast<double>(cv.bytes), n = cv.world, K = kPipelineChunks;
+  // A process group's collective moves S over its members (in_world_ranks keeps them).
+  const double S = static_cast<double>(cv.bytes), K = kPipelineChunks;
+  const double n = cv.members.empty() ? cv.world : static_cast<double>(cv.members.size());
   const int G = cost.profile().gpus_per_node;
   switch (cv.algo) {
     case Algorithm::DoubleTree: return S / (2 * K);
@@ -77,6 +79,41 @@ TopologyView build_topology(const CollectiveView& cv, const CostModel* cost) {
   return t;
 }
 
+// A process group's collective on the profile's links: its steps (group ranks mapped to global
+// ones, each moving S/n) one after the other, so a TP group inside a node runs at NVLink speed and
+// a DP group across nodes at the network's.
+double group_time(const CollectiveView& cv, const CostModel& cost) {
+  const int n = cv.world;
+  double t = 0;
+  for (int s = 0; s < cv.steps; s++) {
+    const std::vector<StepTransfer> plan = algorithm_step_plan(cv.op, cv.algo, n, cv.root, s);
+    std::vector<std::pair<int, int>> pairs;
+    bool reduce = false;
+    for (const StepTransfer& x : plan) {
+      if (x.src < 0 || x.dst < 0 || x.src >= n || x.dst >= n) continue;
+      pairs.emplace_back(cv.members[static_cast<size_t>(x.src)], cv.members[static_cast<size_t>(x.dst)]);
+      reduce = reduce || x.reduce;
+    }
+    if (!pairs.empty()) t += cost.step_time(pairs, modeled_step_bytes(cv, cost, plan), reduce);
+  }
+  return t;
+}
+
+// The topology view draws global ranks: a group's collective, mapped onto them.
+CollectiveView in_world_ranks(const CollectiveView& cv) {
+  CollectiveView w = cv;
+  auto map = [&](std::vector<StepTransfer>& v) {
+    for (StepTransfer& x : v) {
+      if (x.src >= 0 && x.src < cv.world) x.src = cv.members[static_cast<size_t>(x.src)];
+      if (x.dst >= 0 && x.dst < cv.world) x.dst = cv.members[static_cast<size_t>(x.dst)];
+    }
+  };
+  map(w.last);
+  map(w.pending);
+  w.world = cv.world_size;
+  return w;
+}
+
 }  // namespace
 
 const char* bucket_state_name(BucketState s) {
@@ -104,7 +141,12 @@ void SnapshotBuilder::reset(const RunSources& run) {
   coll_done_.clear();
   coll_steps_.clear();
   coll_wall_s_.clear();
+  coll_first_order_.clear();
+  group_ranks_.clear();
+  group_names_.clear();
   shown_seq_ = UINT64_MAX;
+  shown_group_ = 0;
+  shown_order_ = 0;
   bucket_iteration_ = -1;
   ready_counter_ = launch_counter_ = 0;
   data_epoch_ = -1;
@@ -218,6 +260,7 @@ void SnapshotBuilder::set_world_status(const WorldStatus& ws) {
   if (!ws.in_flight.empty()) {
     const CollectiveStatus& cs = ws.in_flight.front();
     shown_seq_ = cs.seq;
+    shown_group_ = 0;
     s.collective.arrived = cs.arrived;
     s.collective.missing = cs.missing;
   } else {
@@ -247,6 +290,7 @@ void SnapshotBuilder::set_rank_statuses(const std::vector<RankMonitorStatus>& ra
   s.collective.in_flight = oldest >= 0;
   if (oldest < 0) return;
   shown_seq_ = static_cast<uint64_t>(oldest);
+  shown_group_ = 0;
   for (int r = 0; r < N; r++) {
     const RankMonitorStatus& st = ranks[static_cast<size_t>(r)];
     (st.current_seq == oldest || st.done_seq >= oldest ? s.collective.arrived : s.collective.missing).push_back(r);
@@ -271,7 +315,8 @@ void SnapshotBuilder::set_device_memory(int rank, int64_t used, int64_t total) {
 
 const Snapshot& SnapshotBuilder::finish_frame() {
   build_collective();
-  snap_.topology = build_topology(snap_.collective, run_.cost);
+  const CollectiveView& cv = snap_.collective;
+  snap_.topology = build_topology(cv.group != 0 && cv.valid ? in_world_ranks(cv) : cv, run_.cost);
   build_data();
   pipeline_.build(snap_.stepper, snap_.pipeline);
   return snap_;
@@ -283,16 +328,21 @@ void SnapshotBuilder::ingest(const TraceRecorder& rec, int rank, const Event& e)
   const int N = world_;
   switch (e.kind) {
     case EventKind::CollectiveIssue:
-      if (!point_to_point(e.coll.op)) issued_.emplace(e.coll.seq, e.coll);
+      learn_group(rec, e.coll.group);
+      if (!point_to_point(e.coll.op)) issued_.emplace(CollKey{e.coll.group, e.coll.seq}, e.coll);
       break;
     case EventKind::RingStep: {
-      auto& v = coll_steps_[e.step.seq];
+      const CollKey k{e.step.group, e.step.seq};
+      auto& v = coll_steps_[k];
       v.resize(static_cast<size_t>(N), 0);
       v[static_cast<size_t>(rank)] = std::max(v[static_cast<size_t>(rank)], static_cast<int>(e.step.step) + 1);
-      if (shown_seq_ == UINT64_MAX || e.step.seq > shown_seq_) shown_seq_ = e.step.seq;
+      show_latest(k, e.order);
       break;
     }
-    case EventKind::Collective: ingest_collective(rank, e); break;
+    case EventKind::Collective:
+      learn_group(rec, e.coll.group);
+      ingest_collective(rank, e);
+      break;
     case EventKind::FsdpUnit: ingest_unit(rec, rank, e.fsdp); break;
     case EventKind::PipelineAction: pipeline_.ingest(rank, e); break;
     default: break;
@@ -300,22 +350,56 @@ void SnapshotBuilder::ingest(const TraceRecorder& rec, int rank, const Event& e)
   if (rank == 0) ingest_bucket(rec, e);
 }
 
+// A process group's name and ranks, read once from its label ("tp0: 0,1").
+void SnapshotBuilder::learn_group(const TraceRecorder& rec, int32_t group) {
+  if (group <= 0 || group_ranks_.count(group)) return;
+  std::string name;
+  std::vector<int> ranks;
+  if (!parse_group_label(rec.label(group - 1), name, ranks)) return;
+  for (int r : ranks)
+    if (r < 0 || r >= world_) return;
+  group_ranks_[group] = std::move(ranks);
+  group_names_[group] = std::move(name);
+}
+
+// The view follows the newest collective: within one group (or the world) the highest seq, across
+// groups the one whose first step or end was recorded last.
+void SnapshotBuilder::show_latest(CollKey k, uint64_t order) {
+  auto [it, fresh] = coll_first_order_.emplace(k, order);
+  if (!fresh) it->second = std::min(it->second, order);
+  const bool same = k.first == shown_group_;
+  if (shown_seq_ != UINT64_MAX && same && k.second == shown_seq_) {
+    shown_order_ = it->second;
+    return;
+  }
+  if (shown_seq_ == UINT64_MAX || (same ? k.second > shown_seq_ : it->second > shown_order_)) {
+    shown_group_ = k.first;
+    shown_seq_ = k.second;
+    shown_order_ = it->second;
+  }
+}
+
 void SnapshotBuilder::ingest_collective(int rank, const Event& e) {
   const int N = world_;
   if (point_to_point(e.coll.op)) return;
-  auto& v = coll_done_[e.coll.seq];
+  const CollKey k{e.coll.group, e.coll.seq};
+  auto& v = coll_done_[k];
   v.resize(static_cast<size_t>(N), 0);
   v[static_cast<size_t>(rank)] = 1;
-  issued_.emplace(e.coll.seq, e.coll);
-  if (rank == 0) coll_wall_s_[e.coll.seq] = static_cast<double>(e.wall_end_ns - e.wall_begin_ns) * 1e-9;
+  issued_.emplace(k, e.coll);
+  if (!coll_wall_s_.count(k) || rank == 0)
+    coll_wall_s_[k] = static_cast<double>(e.wall_end_ns - e.wall_begin_ns) * 1e-9;
+  if (e.coll.group != 0) {  // a process group's: FSDP units and DDP buckets name the world's
+    if (e.coll.group_size > 1 && algorithm_step_count(e.coll.op, e.coll.algo, e.coll.group_size) > 0)
+      show_latest(k, e.order);
+    return;
+  }
   for (UnitView& u : snap_.units) {
     if (u.gathering.size() <= static_cast<size_t>(rank)) continue;
     if (u.gather_seq == e.coll.seq) u.gathering[static_cast<size_t>(rank)] = 0, u.gathered[static_cast<size_t>(rank)] = 1;
     if (u.reduce_seq == e.coll.seq) u.reducing[static_cast<size_t>(rank)] = 0;
   }
-  if (e.coll.group_size > 1 && (shown_seq_ == UINT64_MAX || e.coll.seq > shown_seq_) &&
-      algorithm_step_count(e.coll.op, e.coll.algo, N) > 0)
-    shown_seq_ = e.coll.seq;
+  if (e.coll.group_size > 1 && algorithm_step_count(e.coll.op, e.coll.algo, N) > 0) show_latest(k, e.order);
   // A bucket's all-reduce finished on rank 0's comm lane.
   if (rank == 0)
     for (BucketView& b : snap_.buckets)
@@ -424,7 +508,7 @@ void SnapshotBuilder::ingest_bucket(const TraceRecorder& rec, const Event& e) {
         b.launch_order = launch_counter_++;
         b.seq = e.bucket.seq;
         // The comm worker may already have finished it (its Collective event came first).
-        auto it = coll_done_.find(e.bucket.seq);
+        auto it = coll_done_.find(CollKey{0, e.bucket.seq});
         b.state = it != coll_done_.end() && !it->second.empty() && it->second[0] ? BucketState::Done : BucketState::Launched;
       } else {
         b.state = BucketState::Done;
@@ -441,15 +525,31 @@ void SnapshotBuilder::ingest_bucket(const TraceRecorder& rec, const Event& e) {
 
 void SnapshotBuilder::build_collective() {
   CollectiveView& cv = snap_.collective;
-  const int N = world_;
-  auto it = issued_.find(shown_seq_);
-  if (shown_seq_ == UINT64_MAX || it == issued_.end()) {
+  const CollKey key{shown_group_, shown_seq_};
+  auto it = issued_.find(key);
+  const auto members = group_ranks_.find(shown_group_);
+  if (shown_seq_ == UINT64_MAX || it == issued_.end() || (shown_group_ != 0 && members == group_ranks_.end())) {
     cv.valid = false;
     return;
   }
   const CollectiveInfo& info = it->second;
   cv.valid = true;
   cv.seq = shown_seq_;
+  cv.group = shown_group_;
+  cv.members = shown_group_ != 0 ? members->second : std::vector<int>{};
+  cv.group_name = shown_group_ != 0 ? group_names_[shown_group_] : std::string();
+  cv.world_size = world_;
+  // A group's collective is drawn in group ranks: its own ring of members.
+  const int N = shown_group_ != 0 ? static_cast<int>(cv.members.size()) : world_;
+  auto to_group = [&](const std::vector<int>& per_rank) {
+    if (shown_group_ == 0) return per_rank;
+    std::vector<int> v(static_cast<size_t>(N), 0);
+    for (int i = 0; i < N; i++) {
+      const size_t g = static_cast<size_t>(cv.members[static_cast<size_t>(i)]);
+      v[static_cast<size_t>(i)] = g < per_rank.size() ? per_rank[g] : 0;
+    }
+    return v;
+  };
   cv.op = info.op;
   cv.algo = info.algo;
   cv.proto = info.proto;
@@ -461,14 +561,22 @@ void SnapshotBuilder::build_collective() {
   cv.bytes = info.bytes;
   cv.node_size = run_.cost ? run_.cost->profile().gpus_per_node : 0;
   cv.steps = algorithm_step_count(info.op, info.algo, N, cv.node_size);
-  auto st = coll_steps_.find(cv.seq);
-  cv.rank_steps_done = st != coll_steps_.end() ? st->second : std::vector<int>(static_cast<size_t>(N), 0);
+  auto st = coll_steps_.find(key);
+  cv.rank_steps_done = to_group(st != coll_steps_.end() ? st->second : std::vector<int>(static_cast<size_t>(world_), 0));
   cv.rank_steps_done.resize(static_cast<size_t>(N), 0);
-  auto done = coll_done_.find(cv.seq);
-  bool all_done = done != coll_done_.end() && done->second.size() == static_cast<size_t>(N) &&
-                  std::all_of(done->second.begin(), done->second.end(), [](int d) { return d != 0; });
+  auto done = coll_done_.find(key);
+  std::vector<int> done_ranks = to_group(done != coll_done_.end() ? done->second : std::vector<int>{});
+  bool all_done = done_ranks.size() == static_cast<size_t>(N) &&
+                  std::all_of(done_ranks.begin(), done_ranks.end(), [](int d) { return d != 0; });
   if (all_done) std::fill(cv.rank_steps_done.begin(), cv.rank_steps_done.end(), cv.steps);
   cv.steps_done = *std::min_element(cv.rank_steps_done.begin(), cv.rank_steps_done.end());
+  // The world's status says which world collective is in flight; a group's is in flight from its
+  // first step until every member finished (groups have no stepper gate: none waits to arrive).
+  if (shown_group_ != 0) {
+    cv.in_flight = !all_done && st != coll_steps_.end();
+    cv.arrived.clear();
+    cv.missing.clear();
+  }
   cv.in_flight = cv.in_flight && !all_done;
   cv.opaque = run_.config->backend == "nccl";
   cv.schematic_step = -1;
@@ -481,12 +589,12 @@ void SnapshotBuilder::build_collective() {
   cv.pending = algorithm_step_plan(cv.op, cv.algo, N, cv.root, shown_step, cv.node_size);
   const auto& ph = cv.pending.empty() ? cv.last : cv.pending;
   cv.phase = ph.empty() ? RingPhase::None : ph.front().phase;
-  auto wall = coll_wall_s_.find(cv.seq);
+  auto wall = coll_wall_s_.find(key);
   cv.measured_s = all_done && wall != coll_wall_s_.end() ? wall->second : -1;
   label_collective(all_done);
   // Cost model prediction.
   if (const CostModel* cm = run_.cost) {
-    cv.predicted_s = cm->collective_time(cv.op, cv.algo, static_cast<double>(cv.bytes));
+    cv.predicted_s = cv.group != 0 ? group_time(cv, *cm) : cm->collective_time(cv.op, cv.algo, static_cast<double>(cv.bytes));
     cv.algbw_gbs = cv.predicted_s > 0 ? static_cast<double>(cv.bytes) / cv.predicted_s / 1e9 : 0;
     cv.busbw_gbs = cv.algbw_gbs * bus_bandwidth_factor(cv.op, N, cv.algo);
     // The run forced the algorithm unless it is an all-reduce under --algo auto.
@@ -499,10 +607,12 @@ void SnapshotBuilder::build_collective() {
     for (auto& row : cv.cells) std::fill(row.begin(), row.end(), N);
 }
 
-// What the collective is for (a DDP bucket, DataParallel, an FSDP unit), and the bucket it moves.
+// What the collective is for (a DDP bucket, DataParallel, an FSDP unit, a process group), and the
+// bucket it moves.
 void SnapshotBuilder::label_collective(bool all_done) {
   CollectiveView& cv = snap_.collective;
   cv.label.clear();
+  if (cv.group != 0) return;  // buckets and units name the world's collectives; views name the group
   for (const BucketView& b : snap_.buckets)
     if (b.seq == cv.seq && b.seq != 0) {
       std::string names;
@@ -530,7 +640,7 @@ void SnapshotBuilder::label_collective(bool all_done) {
 // received; an all-gather step leaves a final chunk).
 void SnapshotBuilder::fill_cells() {
   CollectiveView& cv = snap_.collective;
-  const int N = world_;
+  const int N = cv.world;  // the group's size for a group's collective
   if (planned_chunks(cv.algo, N, cv.node_size) > 0) return fill_planned_cells();
   const bool ringy = ring_chunked(cv.op, cv.algo);
   cv.chunks = ringy || cv.op == CollectiveOp::AllToAll ? N : 1;
@@ -566,7 +676,7 @@ void SnapshotBuilder::fill_cells() {
 // copy or the switch's answer brings the final value).
 void SnapshotBuilder::fill_planned_cells() {
   CollectiveView& cv = snap_.collective;
-  const int N = world_, F = planned_chunks(cv.algo, N, cv.node_size);
+  const int N = cv.world, F = planned_chunks(cv.algo, N, cv.node_size);
   cv.chunks = F;
   cv.cells.assign(static_cast<size_t>(N), std::vector<int>(static_cast<size_t>(F), 1));
   for (int s = 0; s < cv.steps; s++) {

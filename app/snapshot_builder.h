@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "app/pipeline_tracker.h"
@@ -75,11 +76,21 @@ class SnapshotBuilder {
   int64_t epoch_ = 0;                      // the last report's epoch
   bool data_set_epoch_ = true;
   std::vector<uint64_t> next_order_;       // per rank: first recorder order not yet seen
-  std::map<uint64_t, CollectiveInfo> issued_;  // seq -> what was issued (rank 0's issue event)
-  std::map<uint64_t, std::vector<int>> coll_done_;  // seq -> per rank: 1 once its Collective event came
-  std::map<uint64_t, std::vector<int>> coll_steps_;  // seq -> per rank steps finished
-  std::map<uint64_t, double> coll_wall_s_;          // seq -> rank 0's wall duration
+  // Collectives are keyed by (group, seq): 0 for the world, else CollectiveInfo::group, whose seq
+  // counts that process group's own collectives.
+  using CollKey = std::pair<int32_t, uint64_t>;
+  std::map<CollKey, CollectiveInfo> issued_;  // what was issued (the first issue event seen)
+  std::map<CollKey, std::vector<int>> coll_done_;  // per global rank: 1 once its Collective event came
+  std::map<CollKey, std::vector<int>> coll_steps_;  // per global rank steps finished
+  std::map<CollKey, double> coll_wall_s_;          // the first member's wall duration
+  std::map<CollKey, uint64_t> coll_first_order_;   // the recorder order of its first step or end seen
+  std::map<int32_t, std::vector<int>> group_ranks_;  // group -> its global ranks (from its label)
+  std::map<int32_t, std::string> group_names_;       // group -> "tp0"
   uint64_t shown_seq_ = UINT64_MAX;
+  int32_t shown_group_ = 0;
+  uint64_t shown_order_ = 0;  // coll_first_order_ of the shown one
+  void show_latest(CollKey k, uint64_t order);  // shows k if it started after the shown one
+  void learn_group(const TraceRecorder& rec, int32_t group);
   int32_t bucket_iteration_ = -1;
   int ready_counter_ = 0, launch_counter_ = 0;
   int64_t data_epoch_ = -1;

@@ -143,7 +143,9 @@ void derive_frame(const RankRows& c, const std::vector<Event>& evs, const EventC
   d.bucket.clear(), d.coll_tail.clear(), d.overlap.clear();
   const SpanRange cr = visible_spans(c.coll, t0, t1);
   for (const RowSpan* sp = cr.first; sp < cr.last; ++sp) {
-    const uint64_t seq = evs[static_cast<size_t>(sp->idx)].coll.seq;
+    const Event& ce = evs[static_cast<size_t>(sp->idx)];
+    if (ce.coll.group != 0) continue;  // buckets are the world's all-reduces; a group counts its own
+    const uint64_t seq = ce.coll.seq;
     RowSpan bk = *sp;
     if (const SeqIndex* ba = find_seq(c.bucket_allreduces, seq)) bk.idx = ba->idx;
     else if (const SeqIndex* l = find_seq(c.launches, seq)) bk.extra = l->idx;
@@ -159,16 +161,17 @@ void derive_frame(const RankRows& c, const std::vector<Event>& evs, const EventC
       sp.steps_done = std::max<int16_t>(sp.steps_done, static_cast<int16_t>(r.step.step + 1));
     }
     const uint64_t seq = evs[static_cast<size_t>(c.ring_tail.back())].step.seq;
+    const int32_t group = evs[static_cast<size_t>(c.ring_tail.back())].step.group;
     sp.idx = c.ring_tail.back();
     for (auto it = c.issues.rbegin(); it != c.issues.rend(); ++it)
-      if (evs[static_cast<size_t>(it->idx)].coll.seq == seq) {
+      if (evs[static_cast<size_t>(it->idx)].coll.seq == seq && evs[static_cast<size_t>(it->idx)].coll.group == group) {
         sp.idx = it->idx;
         break;
       }
     sp.reach = sp.e;
     if (sp.e >= t0 && sp.b <= t1) {
       d.coll_tail.push_back(sp);
-      if (const SeqIndex* l = find_seq(c.launches, seq)) {
+      if (const SeqIndex* l = group == 0 ? find_seq(c.launches, seq) : nullptr) {
         sp.extra = l->idx;
         d.bucket.push_back(sp);
       }

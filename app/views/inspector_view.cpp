@@ -105,6 +105,17 @@ void tuning_rows(const CollectiveView& cv) {
   ImGui::PopStyleColor();
 }
 
+// "tp0: ranks 0,1", the process group a collective ran in.
+std::string group_text(const CollectiveView& cv) { return describe_group_label(group_label(cv.group_name, cv.members)); }
+const ImVec4 kGroupColor(0.75f, 0.65f, 1.0f, 1.0f);
+
+// Rank r's index in the shown collective's group (r itself for the world's); -1 outside the group.
+int group_index(const CollectiveView& cv, int r) {
+  if (cv.members.empty()) return r;
+  const auto it = std::find(cv.members.begin(), cv.members.end(), r);
+  return it == cv.members.end() ? -1 : static_cast<int>(it - cv.members.begin());
+}
+
 void draw_collective(const CollectiveView& cv) {
   const int N = cv.world;
   const bool done = cv.steps_done >= cv.steps && !cv.in_flight;
@@ -120,6 +131,9 @@ void draw_collective(const CollectiveView& cv) {
   if (!ImGui::BeginTable("##collective", 2, flags)) return;
   ImGui::TableSetupColumn("key", ImGuiTableColumnFlags_WidthFixed);
   ImGui::TableSetupColumn("value", ImGuiTableColumnFlags_WidthStretch);
+  key("group");
+  if (cv.group != 0) ImGui::TextColored(kGroupColor, "%s", group_text(cv).c_str());
+  else ImGui::TextColored(dim(), "the world (every rank)");
   key("algorithm");
   ImGui::TextUnformatted(algorithm_name(cv.algo));
   tuning_rows(cv);
@@ -130,7 +144,9 @@ void draw_collective(const CollectiveView& cv) {
   if (collective_traits(cv.op).reduces) ImGui::TextUnformatted(reduce_op_name(cv.reduce));
   else ImGui::TextColored(dim(), "none (data is only copied)");
   key("root");
-  if (collective_traits(cv.op).has_root && cv.root >= 0) ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(rank_color(cv.root, N)), "rank %d", cv.root);
+  if (collective_traits(cv.op).has_root && cv.root >= 0 && cv.group != 0)
+    ImGui::Text("rank %d of %s (rank %d)", cv.root, cv.group_name.c_str(), cv.members[static_cast<size_t>(std::min(cv.root, cv.world - 1))]);
+  else if (collective_traits(cv.op).has_root && cv.root >= 0) ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(rank_color(cv.root, N)), "rank %d", cv.root);
   else ImGui::TextColored(dim(), "none (every rank is equal)");
   key("count");
   ImGui::Text("%s elements per rank", with_commas(cv.count).c_str());
@@ -234,7 +250,7 @@ void gate_cell(const StepperState& st, int rank, int lane, const CollectiveView&
     std::snprintf(buf, sizeof buf, "%s #%" PRId64, gate_kind_name(g.kind), g.pos.seq);
     std::snprintf(where, sizeof where, "before running collective #%" PRId64, g.pos.seq);
   } else {
-    const bool shown = cv.valid && static_cast<uint64_t>(g.pos.seq) == cv.seq && cv.steps > 0;
+    const bool shown = cv.valid && cv.group == 0 && static_cast<uint64_t>(g.pos.seq) == cv.seq && cv.steps > 0;
     if (shown && compact) std::snprintf(buf, sizeof buf, "%s %d/%d", gate_kind_name(g.kind), g.pos.sub + 1, cv.steps);
     else if (shown) std::snprintf(buf, sizeof buf, "%s %d/%d #%" PRId64, gate_kind_name(g.kind), g.pos.sub + 1, cv.steps, g.pos.seq);
     else std::snprintf(buf, sizeof buf, "%s %d #%" PRId64, gate_kind_name(g.kind), g.pos.sub + 1, g.pos.seq);
@@ -264,7 +280,9 @@ void rank_cell(int r, int world) {
 
 // Whether the rank reached the collective: "arrived 2nd", "missing", or "finished".
 void arrival_cell(const CollectiveView& cv, int r) {
-  if (cv.valid && cv.in_flight) {
+  if (cv.valid && group_index(cv, r) < 0) {
+    ImGui::TextColored(dim(), "not in %s", cv.group_name.c_str());
+  } else if (cv.valid && cv.in_flight) {
     const auto a = std::find(cv.arrived.begin(), cv.arrived.end(), r);
     if (a != cv.arrived.end()) {
       const int n = static_cast<int>(a - cv.arrived.begin()) + 1;
@@ -280,8 +298,9 @@ void arrival_cell(const CollectiveView& cv, int r) {
 }
 
 void steps_cell(const CollectiveView& cv, int r) {
-  const size_t ur = static_cast<size_t>(r);
-  if (cv.valid && ur < cv.rank_steps_done.size()) {
+  const int g = group_index(cv, r);
+  const size_t ur = static_cast<size_t>(g);
+  if (cv.valid && g >= 0 && ur < cv.rank_steps_done.size()) {
     const int d = cv.rank_steps_done[ur];
     if (d >= cv.steps) ImGui::TextColored(kGreen, "%d/%d", d, cv.steps);
     else ImGui::Text("%d/%d", d, cv.steps);

@@ -513,6 +513,15 @@ void draw_sprites_fallback(ImDrawList* dl, const std::vector<Sprite>& sprites) {
 
 // ---- pieces of the view ----------------------------------------------------------------------------
 
+// A process group's collective is drawn on a ring of its members: node r is global rank
+// members[r], colored as that rank is everywhere else.
+int global_rank(const CollectiveView& cv, int r) {
+  return cv.members.empty() || r < 0 || r >= static_cast<int>(cv.members.size()) ? r : cv.members[static_cast<size_t>(r)];
+}
+ImU32 node_color(const CollectiveView& cv, int r, float alpha = 1.0f) {
+  return cv.members.empty() ? rank_color(r, cv.world, alpha) : rank_color(global_rank(cv, r), cv.world_size, alpha);
+}
+
 void rank_list(const std::vector<int>& ranks, int world, ImU32 fallback) {
   if (ranks.empty()) {
     ImGui::SameLine(0, ImGui::GetFontSize() * 0.35f);
@@ -557,6 +566,19 @@ void draw_header(const CollectiveView& cv) {
     ImGui::SameLine(0, sp);
     if (ImGui::GetContentRegionAvail().x < w) ImGui::NewLine();
     ImGui::TextColored(ImVec4(0.75f, 0.65f, 1.0f, 1.0f), "%s", cv.label.c_str());
+  }
+  if (cv.group != 0) {  // the group and its members; the ranks outside it take no part: listed, dimmed
+    std::string others;
+    for (int r = 0; r < cv.world_size; r++)
+      if (std::find(cv.members.begin(), cv.members.end(), r) == cv.members.end()) others += (others.empty() ? "" : " ") + std::to_string(r);
+    ImGui::TextColored(ImVec4(0.75f, 0.65f, 1.0f, 1.0f), "process group %s:", cv.group_name.c_str());
+    ImGui::SameLine(0, ImGui::GetFontSize() * 0.35f);
+    ImGui::TextColored(dim, "ranks");
+    rank_list(cv.members, cv.world_size, ImGui::GetColorU32(ImGuiCol_TextDisabled));
+    if (!others.empty()) {
+      ImGui::SameLine(0, sp);
+      ImGui::TextColored(dim, "(ranks %s are not in it)", others.c_str());
+    }
   }
   if (cv.in_flight && !cv.missing.empty()) {
     ImGui::TextColored(dim, "arrived:");
@@ -616,7 +638,8 @@ void draw_algorithm_key(ImDrawList* dl, ImVec2 p, const CollectiveView& cv, floa
   }
 }
 
-void draw_node(ImDrawList* dl, const Layout& L, int r, int world, float fs, ImU32 fill, bool outline_red, double time) {
+// Node r of the ring, labelled with its global rank `label`.
+void draw_node(ImDrawList* dl, const Layout& L, int r, int label, float fs, ImU32 fill, bool outline_red, double time) {
   const ImVec2 c = L.node[static_cast<size_t>(r)];
   // An opaque disc first: a dimmed node hides the ring behind it, and its label contrasts with
   // the color actually shown.
@@ -628,7 +651,7 @@ void draw_node(ImDrawList* dl, const Layout& L, int r, int world, float fs, ImU3
     dashed_circle(dl, c, L.node_r + std::max(3.0f, fs * 0.22f), kMissingRed, std::max(2.0f, fs * 0.16f), 10,
                   static_cast<float>(std::fmod(time * 0.8, 2.0 * kPi)));
   char buf[16];
-  std::snprintf(buf, sizeof buf, "%d", r);
+  std::snprintf(buf, sizeof buf, "%d", label);
   const float size = std::clamp(L.node_r * 1.15f, fs * 0.6f, fs * 1.5f);
   centered_text(dl, size, c, text_on(shown), buf);
 }
@@ -677,9 +700,11 @@ bool cell_rect(const Layout& L, const CollectiveView& cv, int r, int chunk, ImVe
 
 void node_tooltip(const Snapshot& s, const CollectiveView& cv, int r) {
   ImGui::BeginTooltip();
-  ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(rank_color(r, cv.world)), "rank %d", r);
-  if (r < static_cast<int>(s.compute_activity.size())) ImGui::Text("compute: %s", s.compute_activity[static_cast<size_t>(r)].c_str());
-  if (r < static_cast<int>(s.comm_activity.size())) ImGui::Text("comm:    %s", s.comm_activity[static_cast<size_t>(r)].c_str());
+  const int g = global_rank(cv, r);
+  ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(node_color(cv, r)), "rank %d", g);
+  if (cv.group != 0) ImGui::Text("rank %d of %s", r, cv.group_name.c_str());
+  if (g < static_cast<int>(s.compute_activity.size())) ImGui::Text("compute: %s", s.compute_activity[static_cast<size_t>(g)].c_str());
+  if (g < static_cast<int>(s.comm_activity.size())) ImGui::Text("comm:    %s", s.comm_activity[static_cast<size_t>(g)].c_str());
   if (cv.valid && r < static_cast<int>(cv.rank_steps_done.size()))
     ImGui::Text("steps finished: %d of %d", cv.rank_steps_done[static_cast<size_t>(r)], cv.steps);
   if (cv.valid && r < static_cast<int>(cv.cells.size())) {
@@ -890,8 +915,8 @@ void draw_nodes(ImDrawList* dl, const Layout& L, const CollectiveView& cv, int N
                 float fs, double time) {
   for (int r = 0; r < N; r++) {
     const bool missing = valid && cv.in_flight && std::find(cv.missing.begin(), cv.missing.end(), r) != cv.missing.end();
-    const ImU32 fill = rank_color(r, N, valid && !missing ? 1.0f : 0.45f);
-    draw_node(dl, L, r, N, fs, fill, missing, time);
+    const ImU32 fill = node_color(cv, r, valid && !missing ? 1.0f : 0.45f);
+    draw_node(dl, L, r, valid ? global_rank(cv, r) : r, fs, fill, missing, time);
     if (valid && L.cells) draw_cells(dl, L, cv, r, fs);
   }
   if (valid && L.cells) {
@@ -924,8 +949,8 @@ bool cell_tooltip(const Layout& L, const CollectiveView& cv, int r, int N, ImVec
     if (mouse.x >= a0.x && mouse.x < a1.x && mouse.y >= a0.y && mouse.y < a1.y) {
       const int held = row[static_cast<size_t>(c)];
       ImGui::BeginTooltip();
-      if (cv.chunks > 1) ImGui::Text("rank %d, chunk %d", r, c);
-      else ImGui::Text("rank %d's buffer", r);
+      if (cv.chunks > 1) ImGui::Text("rank %d, chunk %d", global_rank(cv, r), c);
+      else ImGui::Text("rank %d's buffer", global_rank(cv, r));
       if (held <= 0) ImGui::TextUnformatted("not received yet");
       else if (held >= N) ImGui::TextUnformatted("final: holds every rank's contribution");
       else ImGui::Text("holds %d of %d ranks' contributions", held, N);
@@ -942,8 +967,9 @@ void ring_tooltips(const Snapshot& s, const Layout& L, const std::vector<Chunk>&
   for (const Chunk& ch : chunks) {
     if (std::fabs(mouse.x - ch.pos.x) <= ch.half * 1.2f && std::fabs(mouse.y - ch.pos.y) <= ch.half * 1.2f) {
       ImGui::BeginTooltip();
-      if (ch.t->chunk >= 0) ImGui::Text("chunk %d: rank %d -> rank %d", ch.t->chunk, ch.t->src, ch.t->dst);
-      else ImGui::Text("buffer: rank %d -> rank %d", ch.t->src, ch.t->dst);
+      const int src = global_rank(cv, ch.t->src), dst = global_rank(cv, ch.t->dst);
+      if (ch.t->chunk >= 0) ImGui::Text("chunk %d: rank %d -> rank %d", ch.t->chunk, src, dst);
+      else ImGui::Text("buffer: rank %d -> rank %d", src, dst);
       ImGui::Text("carries %d of %d contributions; the receiver %s it", ch.held, N, ch.t->reduce ? "adds" : "copies");
       ImGui::EndTooltip();
       return;

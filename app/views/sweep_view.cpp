@@ -89,11 +89,12 @@ void draw_axes(ImDrawList* dl, const Plot& P) {
   dl->AddText(ImVec2(P.b.x - ImGui::CalcTextSize("message size").x, P.b.y + fs * 1.2f), ink, "message size");
 }
 
-// This run's all-reduces on rank 0: their payload and busbw on the modeled clock.
+// This run's all-reduces over the world on rank 0 (a process group's runs on fewer ranks): their payload
+// and busbw on the modeled clock.
 void draw_run_dots(ImDrawList* dl, const Snapshot& s, const Plot& P) {
   if (s.events.empty()) return;
   for (const Event& e : s.events[0]) {
-    if (e.kind != EventKind::Collective || e.coll.op != CollectiveOp::AllReduce || e.coll.bytes <= 0) continue;
+    if (e.kind != EventKind::Collective || e.coll.op != CollectiveOp::AllReduce || e.coll.bytes <= 0 || e.coll.group != 0) continue;
     const double dt = e.model_end - e.model_begin;
     if (!(dt > 0)) continue;
     const double busbw =

@@ -71,6 +71,13 @@ const char* label_of(const Snapshot& s, int32_t id) {
   return id >= 0 && id < static_cast<int32_t>(s.labels.size()) ? s.labels[static_cast<size_t>(id)].c_str() : "";
 }
 
+// A process group's name, "tp0" (CollectiveInfo::group, 0 for the world: "").
+std::string group_name_of(const Snapshot& s, int32_t group) {
+  std::string name;
+  std::vector<int> ranks;
+  return group > 0 && parse_group_label(label_of(s, group - 1), name, ranks) ? name : std::string();
+}
+
 
 // ---- drawing
 struct Hover {
@@ -284,13 +291,16 @@ void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int ra
     dl->AddTriangleFilled(ImVec2(x - wl, strip0), ImVec2(x + wl, strip0), ImVec2(x, strip1 + 1), kBucket);
   });
   // Comm lane: collectives (and the one in flight), the bucket each all-reduce carries, ring steps.
-  auto coll_label = [](const RowSpan& sp, const Event& e, char* l, size_t ln, char* sh, size_t sn) {
+  auto coll_label = [&s](const RowSpan& sp, const Event& e, char* l, size_t ln, char* sh, size_t sn) {
     const bool info = e.kind != EventKind::RingStep;
     const unsigned long long seq = info ? e.coll.seq : e.step.seq;
     const char* op = info ? collective_name(e.coll.op) : "collective";
-    if (sp.in_flight) std::snprintf(l, ln, "%s #%llu: %d steps done", op, seq, sp.steps_done);
-    else std::snprintf(l, ln, "%s #%llu %s", op, seq, algorithm_name(e.coll.algo));
-    std::snprintf(sh, sn, "#%llu", seq);
+    // A process group's collective says which group: "allreduce tp0 #3", its own count.
+    const std::string group = group_name_of(s, info ? e.coll.group : e.step.group);
+    const std::string g = group.empty() ? std::string() : " " + group;
+    if (sp.in_flight) std::snprintf(l, ln, "%s%s #%llu: %d steps done", op, g.c_str(), seq, sp.steps_done);
+    else std::snprintf(l, ln, "%s%s #%llu %s", op, g.c_str(), seq, algorithm_name(e.coll.algo));
+    std::snprintf(sh, sn, "%s#%llu", group.empty() ? "" : (group + " ").c_str(), seq);
   };
   auto coll_color = [](const RowSpan&, const Event&) { return work_color(Work::Communication); };
   draw_row(rc, visible_spans(c.coll, t0, t1), ym + L.co0, ym + L.co1, coll_color, coll_label);
@@ -565,8 +575,9 @@ void event_tooltip(const Snapshot& s, const Hover& h, float fs) {
         break;
       case EventKind::Collective:
       case EventKind::CollectiveIssue:
+        if (e.coll.group != 0) tip_row("group", "%s", describe_group_label(label_of(s, e.coll.group - 1)).c_str());
         tip_collective(e.coll);
-        if (!bucket_span)  // a DDP bucket's all-reduce says which bucket it carries
+        if (!bucket_span && e.coll.group == 0)  // a DDP bucket's all-reduce says which bucket it carries
           for (auto it = evs.rbegin(); it != evs.rend(); ++it)
             if (it->kind == EventKind::BucketLaunch && it->bucket.seq == e.coll.seq) {
               tip_row("carries", "DDP bucket %d: %s", it->bucket.bucket, label_of(s, it->bucket.label));
@@ -574,6 +585,7 @@ void event_tooltip(const Snapshot& s, const Hover& h, float fs) {
             }
         break;
       case EventKind::RingStep:
+        if (e.step.group != 0) tip_row("group", "%s", describe_group_label(label_of(s, e.step.group - 1)).c_str());
         tip_row("phase", "%s", ring_phase_name(e.step.phase));
         tip_row("step", "%d of %d  (collective #%llu)", e.step.step + 1, e.step.steps, static_cast<unsigned long long>(e.step.seq));
         if (e.step.chunk >= 0) tip_row("chunk", "%d", e.step.chunk);

@@ -25,6 +25,13 @@
 
 namespace dtlab {
 
+class RankContext;  // engine/trace/context.h
+
+// A process group's own transfers (the steps of its ring, engine/comm/group.h) carry this bit in
+// their tag: the group records them as its collective's RingStep events, so the backend records no
+// Send/Recv event for them (the trace shows the group's collective, not the point-to-point parts).
+inline constexpr int kGroupStepTag = 1 << 30;
+
 // A failed collective: watchdog timeout, desync between ranks, or an aborted world. The message is
 // the full diagnosis (which collective, which ranks arrived, which are missing and what they do).
 struct CommError : Error {
@@ -58,6 +65,9 @@ class Communicator {
   // Collectives this rank has issued so far (the next one's sequence number); call from the rank's
   // own thread. The stepper's iteration gates use it to place themselves in the global order.
   virtual uint64_t collectives_issued() const = 0;
+  // The rank's instrumentation (events, modeled clocks) that process groups built on this
+  // communicator record into; null when the rank records nothing.
+  virtual RankContext* trace_context() const { return nullptr; }
 
   virtual WorkPtr all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op,
                              Algorithm algo = Algorithm::Default) = 0;

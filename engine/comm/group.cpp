@@ -6,14 +6,17 @@
 #include <exception>
 #include <string>
 
+#include "engine/comm/queued_comm.h"  // CollDesc, payload_bytes
 #include "engine/core/check.h"
 #include "engine/core/tensor.h"
+#include "engine/trace/context.h"
 
 namespace dtlab {
 
 struct GroupExecutor::Task : Work {
   uint64_t seq_ = 0;
-  std::function<void()> fn;
+  std::function<WorkTimes()> fn;
+  RankContext* ctx = nullptr;
   mutable std::mutex mu;
   std::condition_variable cv;
   bool done = false;
@@ -29,6 +32,8 @@ struct GroupExecutor::Task : Work {
     // Bounded: the task's every receive is under the parent's watchdog, so it ends or fails.
     cv.wait(lock, [&] { return done; });
     if (error) std::rethrow_exception(error);
+    lock.unlock();
+    if (ctx) ctx->advance_compute_clock(t.model_end);  // the compute lane waited for the group's op
   }
   uint64_t seq() const override { return seq_; }
   WorkTimes times() const override {
@@ -48,10 +53,11 @@ GroupExecutor::~GroupExecutor() {
   thread_.join();
 }
 
-WorkPtr GroupExecutor::submit(uint64_t seq, std::function<void()> fn) {
+WorkPtr GroupExecutor::submit(uint64_t seq, std::function<WorkTimes()> fn, RankContext* ctx) {
   auto task = std::make_shared<Task>();
   task->seq_ = seq;
   task->fn = std::move(fn);
+  task->ctx = ctx;
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(task);
@@ -77,13 +83,15 @@ void GroupExecutor::loop() {
       busy_ = true;
     }
     std::exception_ptr error;
+    WorkTimes times;
     try {
-      task->fn();
+      times = task->fn();
     } catch (...) {
       error = std::current_exception();
     }
     {
       std::lock_guard<std::mutex> lock(task->mu);
+      task->t = times;
       task->done = true;
       task->error = error;
       task->fn = nullptr;
@@ -103,12 +111,25 @@ int mod(int a, int n) { return ((a % n) + n) % n; }
 
 constexpr int64_t kF32 = static_cast<int64_t>(sizeof(float));
 
+// What a group records of the operation its executor runs (one at a time): the Collective span
+// covers the steps, each step's span is its transfer's on the modeled clock.
+struct OpTrace {
+  CollectiveInfo info{};
+  int32_t iteration = -1;
+  int steps = 0, next_step = 0;
+  bool stepped = false;
+  WorkTimes span;
+};
+
 class GroupComm : public Communicator {
  public:
-  GroupComm(Communicator& parent, std::vector<int> ranks, int tag, std::shared_ptr<GroupExecutor> ex, Device& dev)
-      : parent_(parent), ranks_(std::move(ranks)), tag_(tag), ex_(std::move(ex)), dev_(dev) {
+  GroupComm(Communicator& parent, std::vector<int> ranks, int tag, std::shared_ptr<GroupExecutor> ex, Device& dev,
+            std::string name)
+      : parent_(parent), ranks_(std::move(ranks)), tag_(tag), ex_(std::move(ex)), dev_(dev),
+        ctx_(parent.trace_context()) {
     DTLAB_CHECK(ex_ != nullptr, "new_group needs a GroupExecutor");
     DTLAB_CHECK(!ranks_.empty(), "a process group needs at least one rank");
+    DTLAB_CHECK(tag_ >= 0 && tag_ < kGroupStepTag, "a process group's tag must be in [0, 2^30)");
     std::vector<int> sorted = ranks_;
     std::sort(sorted.begin(), sorted.end());
     DTLAB_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
@@ -119,6 +140,8 @@ class GroupComm : public Communicator {
     auto it = std::find(ranks_.begin(), ranks_.end(), parent.rank());
     DTLAB_CHECK(it != ranks_.end(), "rank " + std::to_string(parent.rank()) + " created a process group it is not in");
     me_ = static_cast<int>(it - ranks_.begin());
+    if (name.empty()) name = "group" + std::to_string(tag_);
+    if (ctx_ && ctx_->recorder()) group_ = 1 + ctx_->recorder()->intern(group_label(name, ranks_));
   }
   // Queued operations capture this group; they finish (or fail under the watchdog) first.
   ~GroupComm() override { ex_->drain(); }
@@ -131,7 +154,7 @@ class GroupComm : public Communicator {
   WorkPtr all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, Algorithm algo) override {
     check(dt, algo, CollectiveOp::AllReduce);
     float* b = static_cast<float*>(buf);
-    return run([=, this] {
+    return run({CollectiveOp::AllReduce, Algorithm::Ring, op, dt, count}, [=, this] {
       const int n = world_size();
       const int64_t chunk = (count + n - 1) / n;
       Tensor padded = scratch(chunk * n);  // zero-filled
@@ -144,21 +167,26 @@ class GroupComm : public Communicator {
   }
   WorkPtr reduce_scatter(void* out, const void* in, int64_t count, DType dt, ReduceOp op, Algorithm algo) override {
     check(dt, algo, CollectiveOp::ReduceScatter);
-    return run([=, this] { ring_reduce_scatter(static_cast<float*>(out), static_cast<const float*>(in), count, op); });
+    return run({CollectiveOp::ReduceScatter, Algorithm::Ring, op, dt, count}, [=, this] {
+      ring_reduce_scatter(static_cast<float*>(out), static_cast<const float*>(in), count, op);
+    });
   }
   WorkPtr all_gather(void* out, const void* in, int64_t count, DType dt, Algorithm algo) override {
     check(dt, algo, CollectiveOp::AllGather);
-    return run([=, this] { ring_all_gather(static_cast<float*>(out), static_cast<const float*>(in), count); });
+    return run({CollectiveOp::AllGather, Algorithm::Ring, ReduceOp::Sum, dt, count}, [=, this] {
+      ring_all_gather(static_cast<float*>(out), static_cast<const float*>(in), count);
+    });
   }
+  // Direct sends: step k moves the root's data to (or from) the k-th other rank.
   WorkPtr broadcast(void* buf, int64_t count, DType dt, int root, Algorithm algo) override {
     check(dt, Algorithm::Default, CollectiveOp::Broadcast);
     check_root(root);
-    return run([=, this] {
+    return run({CollectiveOp::Broadcast, Algorithm::Naive, ReduceOp::Sum, dt, count, root}, [=, this] {
       if (me_ == root) {
         for (int r = 0; r < world_size(); r++)
-          if (r != root) p2p_send(buf, count, r);
+          if (r != root) p2p_send(buf, count, r, RingPhase::Broadcast, turn(r, root));
       } else {
-        p2p_recv(buf, count, root);
+        p2p_recv(buf, count, root, RingPhase::Broadcast, turn(me_, root));
       }
     });
   }
@@ -166,19 +194,19 @@ class GroupComm : public Communicator {
     check(dt, Algorithm::Default, CollectiveOp::Reduce);
     check_root(root);
     float* b = static_cast<float*>(buf);
-    return run([=, this] {
-      if (me_ != root) return p2p_send(b, count, root);
+    return run({CollectiveOp::Reduce, Algorithm::Naive, op, dt, count, root}, [=, this] {
+      if (me_ != root) return p2p_send(b, count, root, RingPhase::Reduce, turn(me_, root));
       Tensor tmp = scratch(count);
       for (int r = 0; r < world_size(); r++) {
         if (r == root) continue;
-        p2p_recv(tmp.f32(), count, r);
+        p2p_recv(tmp.f32(), count, r, RingPhase::Reduce, turn(r, root));
         dev_.accumulate(b, tmp.f32(), count, op == ReduceOp::Max);
       }
       if (op == ReduceOp::Avg) dev_.scale(b, count, 1.0f / static_cast<float>(world_size()));
     });
   }
   WorkPtr barrier() override {
-    return run([this] {
+    return run({CollectiveOp::Barrier, Algorithm::Ring, ReduceOp::Sum, DType::F32, 0}, [this] {
       Tensor all = scratch(world_size());
       ring_all_gather(all.f32(), all.f32() + me_, 1);
     });
@@ -193,7 +221,7 @@ class GroupComm : public Communicator {
   }
   WorkPtr all_to_all(void* out, const void* in, int64_t count, DType dt) override {
     check(dt, Algorithm::Default, CollectiveOp::AllToAll);
-    return run([=, this] {
+    return run({CollectiveOp::AllToAll, Algorithm::Naive, ReduceOp::Sum, dt, count}, [=, this] {
       const float* src = static_cast<const float*>(in);
       float* dst = static_cast<float*>(out);
       const int n = world_size();
@@ -201,7 +229,7 @@ class GroupComm : public Communicator {
       // Round k: send to me + k, receive from me - k, paired (a ring shift of distance k).
       for (int k = 1; k < n; k++) {
         const int to = mod(me_ + k, n), from = mod(me_ - k, n);
-        p2p_exchange(src + to * count, to, dst + from * count, from, count);
+        p2p_exchange(src + to * count, to, dst + from * count, from, count, RingPhase::None, from);
       }
     });
   }
@@ -226,29 +254,112 @@ class GroupComm : public Communicator {
     if (r < 0 || r >= world_size())
       throw Error("group rank " + std::to_string(r) + " is out of range for a group of " + std::to_string(world_size()));
   }
-  // The executor thread enqueues on the rank's device: it binds the device first.
-  WorkPtr run(std::function<void()> fn) {
-    return ex_->submit(seq_++, [this, fn = std::move(fn)] {
-      dev_.bind_thread();
-      fn();
-    });
+  // Which step of a rooted operation moves group rank r's data (the root's turns, in rank order).
+  static int turn(int r, int root) { return r < root ? r : r - 1; }
+
+  CollectiveInfo info_of(const CollDesc& d, uint64_t seq) const {
+    const int n = world_size();
+    CollectiveInfo info{};
+    info.op = d.op;
+    info.algo = d.algo;
+    info.reduce = d.reduce;
+    info.dtype = d.dtype;
+    info.root = static_cast<int16_t>(d.root);
+    info.group_size = static_cast<int16_t>(n);
+    info.seq = seq;
+    info.in_count = collective_traits(d.op).in_count(d.count, n);
+    info.out_count = collective_traits(d.op).out_count(d.count, n);
+    info.bytes = payload_bytes(d, n);
+    info.proto = Protocol::Default;
+    info.group = group_;
+    return info;
   }
+  static int steps_of(CollectiveOp op, int n) {
+    if (op == CollectiveOp::AllReduce) return 2 * (n - 1);
+    return n - 1;
+  }
+
+  // The executor thread enqueues on the rank's device: it binds the device first. The issue is
+  // recorded on the calling (compute) thread, the Collective span once its steps ran.
+  WorkPtr run(const CollDesc& d, std::function<void()> fn) {
+    const uint64_t seq = seq_++;
+    OpTrace op;
+    op.info = info_of(d, seq);
+    op.steps = steps_of(d.op, world_size());
+    if (ctx_) {
+      op.iteration = ctx_->iteration();
+      const int64_t now = ctx_->recorder() ? ctx_->recorder()->now_ns() : 0;
+      const double t = ctx_->compute_clock();
+      Event e(EventKind::CollectiveIssue, Lane::Compute, now, now, t, t);
+      e.coll = op.info;
+      ctx_->record(e);
+    }
+    return ex_->submit(
+        seq,
+        [this, op, fn = std::move(fn)] {
+          dev_.bind_thread();
+          op_ = op;
+          fn();
+          return finish_op();
+        },
+        ctx_);
+  }
+  WorkTimes finish_op() {
+    if (!op_.stepped) {  // nothing moved (a group of one): an instant at the comm lane's clock
+      const double t = ctx_ ? ctx_->comm_clock() : 0;
+      const int64_t now = ctx_ && ctx_->recorder() ? ctx_->recorder()->now_ns() : 0;
+      op_.span = WorkTimes{now, now, t, t};
+    }
+    if (ctx_) {
+      Event e(EventKind::Collective, Lane::Comm, op_.span.wall_begin_ns, op_.span.wall_end_ns, op_.span.model_begin,
+              op_.span.model_end);
+      e.coll = op_.info;
+      e.iteration = op_.iteration;
+      ctx_->record(e);
+    }
+    return op_.span;
+  }
+  // One step of the running operation: a RingStep event on its transfer's span (global ranks).
+  void record_step(const WorkPtr& w, RingPhase phase, int chunk, int src, int dst, int64_t bytes, int step) {
+    const WorkTimes t = w->times();
+    if (!op_.stepped) op_.span = t;
+    op_.stepped = true;
+    op_.span.wall_begin_ns = std::min(op_.span.wall_begin_ns, t.wall_begin_ns);
+    op_.span.wall_end_ns = std::max(op_.span.wall_end_ns, t.wall_end_ns);
+    op_.span.model_begin = std::min(op_.span.model_begin, t.model_begin);
+    op_.span.model_end = std::max(op_.span.model_end, t.model_end);
+    if (!ctx_) return;
+    Event e(EventKind::RingStep, Lane::Comm, t.wall_begin_ns, t.wall_end_ns, t.model_begin, t.model_end);
+    e.step = RingStepInfo{op_.info.seq, phase, static_cast<int16_t>(step), static_cast<int16_t>(op_.steps),
+                          static_cast<int16_t>(chunk), static_cast<int16_t>(src), static_cast<int16_t>(dst), bytes,
+                          group_};
+    e.iteration = op_.iteration;
+    ctx_->record(e);
+  }
+  int global(int group_rank) const { return ranks_[static_cast<size_t>(group_rank)]; }
   // Untracked scratch on the group's device, zero-filled (the algorithms' partial sums).
   Tensor scratch(int64_t n) const { return Tensor({n}, MemCategory::CommBuffers, nullptr, DType::F32, dev_); }
 
   // Sends are eager on every backend (see communicator.h), so send-then-receive never deadlocks.
-  void p2p_send(const void* buf, int64_t count, int to) {
-    parent_.send(buf, count, DType::F32, ranks_[static_cast<size_t>(to)], tag_)->wait();
+  // A sending step records what this rank received: nothing.
+  void p2p_send(const void* buf, int64_t count, int to, RingPhase phase, int step) {
+    WorkPtr w = parent_.send(buf, count, DType::F32, global(to), tag_ | kGroupStepTag);
+    w->wait();
+    record_step(w, phase, -1, global(me_), global(to), 0, step);
   }
-  void p2p_recv(void* buf, int64_t count, int from) {
-    parent_.recv(buf, count, DType::F32, ranks_[static_cast<size_t>(from)], tag_)->wait();
+  void p2p_recv(void* buf, int64_t count, int from, RingPhase phase, int step) {
+    WorkPtr w = parent_.recv(buf, count, DType::F32, global(from), tag_ | kGroupStepTag);
+    w->wait();
+    record_step(w, phase, -1, global(from), global(me_), count * kF32, step);
   }
   // One ring step: the send and the receive as one operation (NCCL runs them in one group; a
   // lone send there waits for the peer's receive, and every rank of a ring would wait on its own).
-  void p2p_exchange(const void* send_buf, int to, void* recv_buf, int from, int64_t count) {
-    parent_.send_recv(send_buf, count, ranks_[static_cast<size_t>(to)], tag_, recv_buf, count,
-                      ranks_[static_cast<size_t>(from)], tag_, DType::F32)
-        ->wait();
+  void p2p_exchange(const void* send_buf, int to, void* recv_buf, int from, int64_t count, RingPhase phase,
+                    int chunk) {
+    WorkPtr w = parent_.send_recv(send_buf, count, global(to), tag_ | kGroupStepTag, recv_buf, count, global(from),
+                                  tag_ | kGroupStepTag, DType::F32);
+    w->wait();
+    record_step(w, phase, chunk, global(from), global(me_), count * kF32, op_.next_step++);
   }
 
   // in: n blocks of `count`; out: block me_ reduced over the group. Step s sends the running
@@ -262,7 +373,7 @@ class GroupComm : public Communicator {
     const int succ = mod(me_ + 1, n), pred = mod(me_ - 1, n);
     for (int s = 0; s < n - 1; s++) {
       const int send_block = mod(me_ - 1 - s, n), recv_block = mod(me_ - 2 - s, n);
-      p2p_exchange(acc.f32() + send_block * count, succ, tmp.f32(), pred, count);
+      p2p_exchange(acc.f32() + send_block * count, succ, tmp.f32(), pred, count, RingPhase::ReduceScatter, recv_block);
       dev_.accumulate(acc.f32() + recv_block * count, tmp.f32(), count, op == ReduceOp::Max);
     }
     dev_.copy(out, acc.f32() + me_ * count, count * kF32);
@@ -274,7 +385,8 @@ class GroupComm : public Communicator {
     dev_.copy(out + me_ * count, in, count * kF32);  // a no-op when `in` is already there
     const int succ = mod(me_ + 1, n), pred = mod(me_ - 1, n);
     for (int s = 0; s < n - 1; s++)
-      p2p_exchange(out + mod(me_ - s, n) * count, succ, out + mod(me_ - s - 1, n) * count, pred, count);
+      p2p_exchange(out + mod(me_ - s, n) * count, succ, out + mod(me_ - s - 1, n) * count, pred, count,
+                   RingPhase::AllGather, mod(me_ - s - 1, n));
   }
 
   Communicator& parent_;
@@ -282,15 +394,18 @@ class GroupComm : public Communicator {
   int tag_;
   std::shared_ptr<GroupExecutor> ex_;
   Device& dev_;  // where the group's buffers live (the parent moves that device's memory)
+  RankContext* ctx_;  // the parent's: where the group's events go (null: none)
+  int32_t group_ = 0;  // 1 + the recorder's label id of "name: ranks"
   int me_ = 0;
   uint64_t seq_ = 0;
+  OpTrace op_;  // the running operation's; touched only by the executor thread
 };
 
 }  // namespace
 
 std::unique_ptr<Communicator> new_group(Communicator& parent, std::vector<int> ranks, int tag,
-                                        std::shared_ptr<GroupExecutor> executor, Device& device) {
-  return std::make_unique<GroupComm>(parent, std::move(ranks), tag, std::move(executor), device);
+                                        std::shared_ptr<GroupExecutor> executor, Device& device, std::string name) {
+  return std::make_unique<GroupComm>(parent, std::move(ranks), tag, std::move(executor), device, std::move(name));
 }
 
 }  // namespace dtlab

@@ -2,8 +2,11 @@
 // torch.distributed.new_group gives, for HYBRID_SHARD's node groups (shard inside a node,
 // replicate across nodes). Any backend can host them: a group's collectives are ring algorithms
 // (reduce-scatter, all-gather, all-reduce = both) and direct sends (broadcast, reduce, all-to-all)
-// built on the parent's send/recv, each group on its own tag, so in the trace they appear as the
-// point-to-point transfers they are made of.
+// built on the parent's send/recv, each group on its own tag. In the trace they are collectives of
+// their group: each records, in the parent's RankContext, a CollectiveIssue and a Collective span
+// (CollectiveInfo::group names the group and its global ranks, `seq` counts the group's own
+// collectives) and one RingStep per transfer (global src/dst), whose span is the transfer's on the
+// modeled clock; the transfers themselves record no Send/Recv events (kGroupStepTag).
 //
 // One GroupExecutor thread per rank runs the operations of every group of that rank in the order
 // the rank issued them. Since every rank issues its group operations in the same program order,
@@ -16,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -31,8 +35,9 @@ class GroupExecutor {
   GroupExecutor(const GroupExecutor&) = delete;
   GroupExecutor& operator=(const GroupExecutor&) = delete;
   // Runs fn on the executor thread after everything queued before it; the Work completes when fn
-  // returns and fails with fn's exception.
-  WorkPtr submit(uint64_t seq, std::function<void()> fn);
+  // returns (its times are fn's result) and fails with fn's exception. Waiting for it moves `ctx`'s
+  // compute clock to the op's end, as waiting for any collective does (ctx may be null).
+  WorkPtr submit(uint64_t seq, std::function<WorkTimes()> fn, RankContext* ctx = nullptr);
   // Returns once everything submitted so far has run (bounded: every task's receives are under
   // the parent's watchdog). A group calls it before it dies, so no queued task outlives its group.
   void drain();
@@ -56,7 +61,10 @@ class GroupExecutor {
 // partial sums are added. On a GPU the executor thread enqueues those copies and additions on the
 // rank's compute stream beside the rank's own work: a rank must not write a buffer it handed to a
 // group operation until that operation's Work is waited for (FSDP and the pipeline never do).
+// `name` ("tp0", "dp1") names the group in events and views; "" gives "group<tag>". `tag` must be
+// below kGroupStepTag.
 std::unique_ptr<Communicator> new_group(Communicator& parent, std::vector<int> ranks, int tag,
-                                        std::shared_ptr<GroupExecutor> executor, Device& device = cpu_device());
+                                        std::shared_ptr<GroupExecutor> executor, Device& device = cpu_device(),
+                                        std::string name = "");
 
 }  // namespace dtlab

@@ -245,6 +245,7 @@ WorkTimes QueuedCommunicator::finish_job(const CommJob& j, int64_t wall0, double
   WorkTimes t{wall0, now_ns(), begin, end};
   if (!ctx_) return t;
   ctx_->set_comm_clock(end);
+  if (j.p2p && (j.tag & kGroupStepTag)) return t;  // a process group's ring step: the group records it
   Event e(EventKind::Collective, Lane::Comm, t.wall_begin_ns, t.wall_end_ns, begin, end);
   e.iteration = j.iteration;
   fill_info(e.coll, j);

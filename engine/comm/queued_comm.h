@@ -73,6 +73,7 @@ class QueuedCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   uint64_t collectives_issued() const override { return next_seq_; }
+  RankContext* trace_context() const override { return ctx_; }
 
   WorkPtr all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op, Algorithm algo) override;
   WorkPtr reduce_scatter(void* out, const void* in, int64_t count, DType dtype, ReduceOp op,

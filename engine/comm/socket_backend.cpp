@@ -155,7 +155,7 @@ struct SocketCommunicator::Call {
     Event e(EventKind::RingStep, Lane::Comm, wall0, now, model_t, model_t + dt);
     e.step = RingStepInfo{job.seq, phase, static_cast<int16_t>(step), static_cast<int16_t>(steps),
                           static_cast<int16_t>(in ? in->chunk : -1), static_cast<int16_t>(in ? in->src : -1),
-                          static_cast<int16_t>(in ? rank : -1), bytes_in};
+                          static_cast<int16_t>(in ? rank : -1), bytes_in, 0};
     e.iteration = job.iteration;
     ctx->record(e);
     model_t += dt;

@@ -478,7 +478,7 @@ static void record_step(World& w, Call& c, int step, const std::vector<StepRecor
   for (const StepRecord& r : records) {
     Event e(EventKind::RingStep, Lane::Comm, wall_begin, wall_end, c.model_t, c.model_t + dt);
     e.step = RingStepInfo{c.rv->seq, r.phase, static_cast<int16_t>(step), static_cast<int16_t>(c.rv->steps),
-                          static_cast<int16_t>(r.chunk), static_cast<int16_t>(r.src), static_cast<int16_t>(r.dst), r.bytes};
+                          static_cast<int16_t>(r.chunk), static_cast<int16_t>(r.src), static_cast<int16_t>(r.dst), r.bytes, 0};
     e.iteration = c.iteration;
     c.ctx->record(e);
   }

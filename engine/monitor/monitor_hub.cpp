@@ -166,6 +166,12 @@ void MonitorHub::ingest_events(Feed& f, const std::string& payload) {
     auto remap = [&](int32_t& id) {
       if (id >= 0 && static_cast<size_t>(id) < f.label_map.size()) id = f.label_map[static_cast<size_t>(id)];
     };
+    auto remap_group = [&](int32_t& group) {  // 0: the world; else 1 + a label id (a process group)
+      if (group <= 0) return;
+      int32_t id = group - 1;
+      remap(id);
+      group = id + 1;
+    };
     switch (e.kind) {
       case EventKind::BucketAssigned:
       case EventKind::GradReady:
@@ -173,6 +179,9 @@ void MonitorHub::ingest_events(Feed& f, const std::string& payload) {
       case EventKind::BucketLaunch:
       case EventKind::BucketAllReduce: remap(e.bucket.label); break;
       case EventKind::FsdpUnit: remap(e.fsdp.label); break;
+      case EventKind::CollectiveIssue:
+      case EventKind::Collective: remap_group(e.coll.group); break;
+      case EventKind::RingStep: remap_group(e.step.group); break;
       default: break;
     }
     rec_.record(e);

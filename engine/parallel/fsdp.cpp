@@ -136,8 +136,9 @@ void FullyShardedDataParallel::make_groups() {
   for (int j = 0; j < world_ / K; j++) across.push_back(j * K + rank_ % K);
   group_executor_ = std::make_shared<GroupExecutor>();
   // Tags above anything the rest of the engine sends with; one per group.
-  node_group_ = new_group(comm_, in_node, (1 << 20) + 2 * node * 1024, group_executor_, dev());
-  replica_group_ = new_group(comm_, across, (1 << 21) + 2 * (rank_ % K) * 1024, group_executor_, dev());
+  node_group_ = new_group(comm_, in_node, (1 << 20) + 2 * node * 1024, group_executor_, dev(), "shard" + std::to_string(node));
+  replica_group_ = new_group(comm_, across, (1 << 21) + 2 * (rank_ % K) * 1024, group_executor_, dev(),
+                             "replicate" + std::to_string(rank_ % K));
   shard_comm_ = node_group_.get();
   shard_world_ = K;
   shard_rank_ = rank_ % K;

@@ -183,7 +183,7 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
     std::vector<int> ranks;
     for (int d = 0; d < plan.options.dp; d++) ranks.push_back(d * plan.ranks() + pipe_rank_);
     executor_ = std::make_shared<GroupExecutor>();
-    dp_group_ = new_group(comm, ranks, kReplicaTag + 4 * pipe_rank_, executor_, device_);
+    dp_group_ = new_group(comm, ranks, kReplicaTag + 4 * pipe_rank_, executor_, device_, "dp" + std::to_string(pipe_rank_));
   }
 }
 

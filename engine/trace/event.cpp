@@ -3,6 +3,46 @@
 
 namespace dtlab {
 
+std::string group_label(std::string_view name, const std::vector<int>& ranks) {
+  std::string s(name);
+  s += ":";
+  for (size_t i = 0; i < ranks.size(); i++) s += (i ? "," : " ") + std::to_string(ranks[i]);
+  return s;
+}
+
+bool parse_group_label(std::string_view text, std::string& name, std::vector<int>& ranks) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return false;
+  std::vector<int> out;
+  int64_t v = -1;
+  for (char c : text.substr(colon + 1)) {
+    if (c >= '0' && c <= '9') {
+      v = (v < 0 ? 0 : v) * 10 + (c - '0');
+      if (v > 1 << 20) return false;
+    } else if (c == ',' || c == ' ') {
+      if (c == ',' && v < 0) return false;
+      if (v >= 0) out.push_back(static_cast<int>(v));
+      v = -1;
+    } else {
+      return false;
+    }
+  }
+  if (v >= 0) out.push_back(static_cast<int>(v));
+  if (out.empty()) return false;
+  name = std::string(text.substr(0, colon));
+  ranks = std::move(out);
+  return true;
+}
+
+std::string describe_group_label(std::string_view text) {
+  std::string name;
+  std::vector<int> ranks;
+  if (!parse_group_label(text, name, ranks)) return std::string(text);
+  std::string s = name + ": rank" + (ranks.size() == 1 ? " " : "s ");
+  for (size_t i = 0; i < ranks.size(); i++) s += (i ? "," : "") + std::to_string(ranks[i]);
+  return s;
+}
+
 const char* event_kind_name(EventKind k) {
   switch (k) {
     case EventKind::Compute: return "compute";

@@ -4,6 +4,9 @@
 // on the modeled clock of the hardware profile (cost_model.h).
 #pragma once
 #include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "engine/core/collective.h"  // CollectiveOp, Algorithm, ReduceOp
 #include "engine/core/memory.h"
@@ -42,6 +45,13 @@ const char* event_kind_name(EventKind k);
 const char* compute_kind_name(ComputeKind k);  // "forward", "backward", "loss", ...
 const char* ring_phase_name(RingPhase p);      // "reduce-scatter", "all-gather", ...
 
+// A process group's label text (CollectiveInfo::group names it): "tp0: 0,1", its name and global
+// ranks in group-rank order. parse_group_label reads it back; false for any other text.
+std::string group_label(std::string_view name, const std::vector<int>& ranks);
+bool parse_group_label(std::string_view text, std::string& name, std::vector<int>& ranks);
+// "tp0: ranks 0,1", how views name a group (the label text when it does not parse).
+std::string describe_group_label(std::string_view text);
+
 struct ComputeInfo {
   ComputeKind kind;
   int16_t layer;   // Sequential index, or -1
@@ -72,6 +82,7 @@ struct RingStepInfo {
   int16_t chunk;   // chunk index moved (or -1)
   int16_t src, dst;
   int64_t bytes;   // bytes this rank received in this step
+  int32_t group;   // the collective's process group, as CollectiveInfo::group (0: the world)
 };
 
 // DDP bucket events. Names (the bucket's parameter list, or one parameter's name) are interned in

@@ -130,7 +130,20 @@ void compute_event(JsonOut& j, const Event& e, Span s) {
   j.close().close();
 }
 
-void collective_event(JsonOut& j, const Event& e, Span s) {
+// A process group's collective (CollectiveInfo::group != 0) names its group as torch.profiler's
+// record_param_comms does (torch/csrc/profiler/util.h: "Process Group Name", "Process Group Ranks",
+// the global ranks written "[0, 1]"; docs/course_sources.md §6c). The world's collectives write none.
+void group_args(JsonOut& j, int32_t group, const TraceExportOptions& opt) {
+  if (group <= 0 || static_cast<size_t>(group - 1) >= opt.labels.size()) return;
+  std::string name;
+  std::vector<int> ranks;
+  if (!parse_group_label(opt.labels[static_cast<size_t>(group - 1)], name, ranks)) return;
+  std::string list = "[";
+  for (size_t i = 0; i < ranks.size(); i++) list += (i ? ", " : "") + std::to_string(ranks[i]);
+  j.field("Process Group Name", name).field("Process Group Ranks", list + "]");
+}
+
+void collective_event(JsonOut& j, const Event& e, Span s, const TraceExportOptions& opt) {
   const CollectiveInfo& c = e.coll;
   span_head(j, collective_name(c.op), "collective", e.rank, kCommTid, s).open("args");
   // The first five keys are torch.profiler's record_param_comms args, spelled as it spells them.
@@ -146,10 +159,11 @@ void collective_event(JsonOut& j, const Event& e, Span s) {
   if (collective_traits(c.op).reduces) j.field("reduce_op", reduce_op_name(c.reduce));
   if (c.root >= 0) j.field("root", c.root);
   if (e.iteration >= 0) j.field("iteration", e.iteration);
+  group_args(j, c.group, opt);
   j.close().close();
 }
 
-void ring_step_event(JsonOut& j, const Event& e, Span s) {
+void ring_step_event(JsonOut& j, const Event& e, Span s, const TraceExportOptions& opt) {
   const RingStepInfo& st = e.step;
   std::string name = st.phase == RingPhase::None ? "step " : std::string(ring_phase_name(st.phase)) + " step ";
   name += std::to_string(st.step);
@@ -162,17 +176,19 @@ void ring_step_event(JsonOut& j, const Event& e, Span s) {
       .field("src", st.src)
       .field("dst", st.dst)
       .field("bytes", st.bytes)
-      .field("phase", ring_phase_name(st.phase))
-      .close()
-      .close();
+      .field("phase", ring_phase_name(st.phase));
+  group_args(j, st.group, opt);
+  j.close().close();
 }
 
-void issue_event(JsonOut& j, const Event& e, Span s) {
+void issue_event(JsonOut& j, const Event& e, Span s, const TraceExportOptions& opt) {
   std::string name = std::string("issue ") + collective_name(e.coll.op) + " #" + std::to_string(e.coll.seq);
   j.open().field("name", name).field("cat", "collective_issue").field("ph", "i").field("s", "t")
       .field("pid", e.rank).field("tid", kComputeTid).field("ts", s.ts)
       .open("args").field("seq", e.coll.seq).field("Collective name", collective_name(e.coll.op))
-      .field("bytes", e.coll.bytes).close().close();
+      .field("bytes", e.coll.bytes);
+  group_args(j, e.coll.group, opt);
+  j.close().close();
 }
 
 std::string_view label_of(const TraceExportOptions& opt, int32_t id) {
@@ -354,9 +370,9 @@ void write_chrome_trace(const std::vector<Event>& events, const TraceExportOptio
     JsonOut j = w.next();
     switch (e.kind) {
       case EventKind::Compute: compute_event(j, e, s); break;
-      case EventKind::CollectiveIssue: issue_event(j, e, s); break;
-      case EventKind::Collective: collective_event(j, e, s); break;
-      case EventKind::RingStep: ring_step_event(j, e, s); break;
+      case EventKind::CollectiveIssue: issue_event(j, e, s, opt); break;
+      case EventKind::Collective: collective_event(j, e, s, opt); break;
+      case EventKind::RingStep: ring_step_event(j, e, s, opt); break;
       case EventKind::MemAlloc:
       case EventKind::MemFree: memory_event(j, e, s, samples[sample_of[i]]); break;
       case EventKind::Iteration:

@@ -78,7 +78,7 @@ struct RawEvent {
   bool has_ts = false, has_dur = false;
   bool complete = false;  // "ph": "X"
   // args
-  std::string coll_name, dtype, pg_ranks;
+  std::string coll_name, dtype, pg_ranks, pg_name;
   int64_t in_nelems = -1, out_nelems = -1, group_size = -1, seq = -1;
 };
 
@@ -245,6 +245,7 @@ class TraceSax {
       else if (k == "Group size") { ev_.group_size = s ? to_i64(*s) : i; }
       else if (k == "dtype") { if (s) ev_.dtype = *s; }
       else if (k == "Process Group Ranks") { if (s) ev_.pg_ranks = *s; }
+      else if (k == "Process Group Name") { ev_.pg_name = s ? *s : std::to_string(i); }
       else if (k == "Seq" || k == "seq") { ev_.seq = s ? to_i64(*s) : i; }
     } else if (r == Role::Dist) {
       if (key_ == "rank") f_.dist_rank = small(s ? to_i64(*s) : i);
@@ -416,6 +417,26 @@ struct Issue {
   const RawEvent* e;
 };
 
+// "[0, 1]" (torch.profiler's "Process Group Ranks") as ranks; empty when it is not such a list.
+std::vector<int> parse_rank_list(const std::string& text) {
+  std::vector<int> ranks;
+  int64_t v = -1;
+  for (char c : text) {
+    if (c >= '0' && c <= '9') {
+      v = (v < 0 ? 0 : v) * 10 + (c - '0');
+      if (v > INT32_MAX) return {};
+    } else if (c == ',' || c == ']') {
+      if (v < 0) return {};
+      ranks.push_back(static_cast<int>(v));
+      v = -1;
+      if (c == ']') break;
+    } else if (c != '[' && c != ' ') {
+      return {};
+    }
+  }
+  return ranks;
+}
+
 // What the op that issued a collective records of it: its name (where it has one), sizes, dtype,
 // group size and sequence number.
 void fill_from_issue(RankCollective& c, const RawEvent& e) {
@@ -426,6 +447,8 @@ void fill_from_issue(RankCollective& c, const RawEvent& e) {
   c.dtype = e.dtype;
   c.group_size = e.group_size < -1 || e.group_size > INT32_MAX ? INT32_MAX : static_cast<int>(e.group_size);
   c.seq = e.seq;
+  c.group_name = e.pg_name;
+  c.group_ranks = parse_rank_list(e.pg_ranks);
 }
 
 // The rank's collectives: the issue ops in order, each paired with the k-th communication span, with

@@ -59,6 +59,8 @@ struct RankCollective {
                               // out_nelems x size for all-gather, in_nelems x size for reduce-scatter; -1 unknown
   int group_size = -1;        // -1: not recorded (then taken to be the world)
   int64_t seq = -1;           // the process group's sequence number, where recorded
+  std::string group_name;     // "Process Group Name" ("" when not recorded): "tp0" from dtlab, "0" from torch
+  std::vector<int> group_ranks;  // "Process Group Ranks": global ranks (empty when not recorded)
   double issue_us = -1;       // aligned: when the rank issued it (its arrival); -1 when no issue op was seen
   double begin_us = 0, end_us = 0;  // aligned: its communication span
   int iteration = -1;         // index of the rank's ProfilerStep span it falls in (time order), or -1

@@ -1,0 +1,259 @@
+// Process-group collectives are collectives of their group (issue 16): on a DP x PP x TP mesh,
+// every rank builds one group per mesh dimension (torch init_device_mesh's groups) and runs
+// all-reduce, reduce-scatter and all-gather in each. The results are checked, and so are the
+// events: each Collective names its group (name and global ranks = mesh_group for that rank), its
+// size and nccl-tests bytes, the group's own sequence numbers, and every RingStep moves between
+// members of that group inside its collective's span. The Chrome trace names the group the way
+// torch.profiler does, and the importer reads it back.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/comm/group.h"
+#include "engine/comm/threads_backend.h"
+#include "engine/core/mesh.h"
+#include "engine/trace/export.h"
+#include "engine/trace/trace_import.h"
+
+using namespace dtlab;
+
+namespace {
+
+constexpr MeshDim kDims[] = {MeshDim::DP, MeshDim::PP, MeshDim::TP};
+constexpr int64_t kCount = 5;  // not a multiple of any group size: the all-reduce pads
+
+float value(int rank, int64_t i) { return static_cast<float>(rank * 100 + i + 1); }
+
+// Runs the three collectives in every group of every rank; returns nothing, checks the results.
+void run_groups(ThreadsWorld& w, const MeshShape& m) {
+  w.run([&](int rank, Communicator& comm, RankContext&) {
+    auto ex = std::make_shared<GroupExecutor>();
+    std::vector<std::unique_ptr<Communicator>> groups;
+    for (MeshDim d : kDims)
+      groups.push_back(new_group(comm, mesh_group(m, d, rank), 4096 * (static_cast<int>(d) + 1), ex, cpu_device(),
+                                 mesh_group_name(m, d, rank)));
+    for (MeshDim d : kDims) {
+      Communicator& g = *groups[static_cast<size_t>(d)];
+      const std::vector<int> members = mesh_group(m, d, rank);
+      const int n = g.world_size();
+      std::vector<float> ar(kCount), rs_in(static_cast<size_t>(kCount * n)), rs_out(kCount), ag_in(kCount),
+          ag_out(static_cast<size_t>(kCount * n));
+      for (int64_t i = 0; i < kCount; i++) ar[static_cast<size_t>(i)] = ag_in[static_cast<size_t>(i)] = value(rank, i);
+      for (int64_t i = 0; i < kCount * n; i++) rs_in[static_cast<size_t>(i)] = value(rank, i);
+      g.all_reduce(ar.data(), kCount)->wait();
+      g.reduce_scatter(rs_out.data(), rs_in.data(), kCount, DType::F32, ReduceOp::Sum)->wait();
+      g.all_gather(ag_out.data(), ag_in.data(), kCount, DType::F32)->wait();
+      for (int64_t i = 0; i < kCount; i++) {
+        float sum = 0, block = 0;
+        for (int r : members) sum += value(r, i), block += value(r, g.rank() * kCount + i);
+        CHECK(ar[static_cast<size_t>(i)] == sum);
+        CHECK(rs_out[static_cast<size_t>(i)] == block);
+        for (int k = 0; k < n; k++)
+          CHECK(ag_out[static_cast<size_t>(k * kCount + i)] == value(members[static_cast<size_t>(k)], i));
+      }
+    }
+  });
+}
+
+bool member(const std::vector<int>& ranks, int r) { return std::find(ranks.begin(), ranks.end(), r) != ranks.end(); }
+
+// The events of one rank: every group collective names its mesh group, with its size, bytes, seq
+// and steps; nothing else of the world's is recorded.
+void check_events(const TraceRecorder& rec, const MeshShape& m, int rank) {
+  std::map<std::string, std::vector<int>> expected;  // "tp1" -> its ranks
+  for (MeshDim d : kDims) expected[mesh_group_name(m, d, rank)] = mesh_group(m, d, rank);
+  std::map<std::string, int> collectives, issues;
+  std::map<std::pair<int32_t, uint64_t>, const Event*> spans;
+  const std::vector<Event> events = rec.events(rank);
+  for (const Event& e : events) {
+    CAPTURE(rank);
+    if (e.kind == EventKind::Collective || e.kind == EventKind::CollectiveIssue) {
+      REQUIRE(e.coll.group > 0);  // no world collective, no Send/Recv of the groups' steps
+      std::string name;
+      std::vector<int> ranks;
+      REQUIRE(parse_group_label(rec.label(e.coll.group - 1), name, ranks));
+      REQUIRE(expected.count(name) == 1);
+      CHECK(ranks == expected[name]);
+      const int n = static_cast<int>(ranks.size());
+      CHECK(e.coll.group_size == n);
+      const int nth = (e.kind == EventKind::Collective ? collectives : issues)[name]++;
+      CHECK(e.coll.seq == static_cast<uint64_t>(nth));  // the group's own counter
+      const CollectiveOp ops[] = {CollectiveOp::AllReduce, CollectiveOp::ReduceScatter, CollectiveOp::AllGather};
+      REQUIRE(nth < 3);
+      CHECK(e.coll.op == ops[nth]);
+      CHECK(e.coll.algo == Algorithm::Ring);
+      CHECK(e.coll.bytes == (nth == 0 ? kCount * 4 : kCount * n * 4));  // nccl-tests' S
+      if (e.kind == EventKind::Collective) spans[{e.coll.group, e.coll.seq}] = &e;
+    }
+  }
+  for (auto it = expected.begin(); it != expected.end(); ++it) {
+    CHECK(collectives[it->first] == 3);
+    CHECK(issues[it->first] == 3);
+  }
+  std::map<std::pair<int32_t, uint64_t>, int> steps;
+  for (const Event& e : events) {
+    if (e.kind != EventKind::RingStep) continue;
+    REQUIRE(e.step.group > 0);
+    std::string name;
+    std::vector<int> ranks;
+    REQUIRE(parse_group_label(rec.label(e.step.group - 1), name, ranks));
+    CHECK(member(ranks, e.step.src));
+    CHECK(member(ranks, e.step.dst));
+    CHECK(e.step.dst == rank);  // a ring step records what this rank received
+    CHECK(e.step.src != rank);
+    // The all-reduce (seq 0) moves padded chunks of ceil(count / n); the others `count` a step.
+    const int64_t n = static_cast<int64_t>(ranks.size());
+    CHECK(e.step.bytes == (e.step.seq == 0 ? (kCount + n - 1) / n : kCount) * 4);
+    const auto it = spans.find({e.step.group, e.step.seq});
+    REQUIRE(it != spans.end());
+    CHECK(it->second->model_begin <= e.model_begin);
+    CHECK(e.model_end <= it->second->model_end);
+    steps[{e.step.group, e.step.seq}]++;
+  }
+  for (auto it = spans.begin(); it != spans.end(); ++it) {
+    const int n = it->second->coll.group_size;
+    const int want = it->second->coll.op == CollectiveOp::AllReduce ? 2 * (n - 1) : n - 1;
+    CHECK(steps[it->first] == want);
+  }
+}
+
+void check_mesh(const MeshShape& m) {
+  WorldOptions opt;
+  opt.timeout_s = 30;
+  ThreadsWorld w(m.world(), opt);
+  run_groups(w, m);
+  for (int r = 0; r < m.world(); r++) check_events(w.recorder(), m, r);
+}
+
+}  // namespace
+
+TEST_CASE("group collectives on a 2 x 2 x 2 mesh carry their mesh group in events") { check_mesh({2, 2, 2}); }
+TEST_CASE("group collectives on a 4 x 1 x 2 mesh carry their mesh group in events") { check_mesh({4, 1, 2}); }
+TEST_CASE("group collectives on a 1 x 2 x 4 mesh carry their mesh group in events") { check_mesh({1, 2, 4}); }
+
+TEST_CASE("a group without a name is group<tag>; the world's collectives keep group 0") {
+  ThreadsWorld w(2);
+  w.run([&](int rank, Communicator& comm, RankContext&) {
+    auto ex = std::make_shared<GroupExecutor>();
+    auto g = new_group(comm, {0, 1}, 77, ex);
+    float x = 1;
+    g->all_reduce(&x, 1)->wait();
+    comm.all_reduce(&x, 1)->wait();
+    CHECK(x == 4);
+  });
+  int group = 0, world = 0;
+  for (const Event& e : w.recorder().events(0)) {
+    if (e.kind != EventKind::Collective) continue;
+    if (e.coll.group == 0) {
+      world++;
+    } else {
+      group++;
+      CHECK(w.recorder().label(e.coll.group - 1) == "group77: 0,1");
+    }
+  }
+  CHECK(group == 1);
+  CHECK(world == 1);
+  CHECK(describe_group_label("tp0: 0,1") == "tp0: ranks 0,1");
+  CHECK(describe_group_label("tp3: 5") == "tp3: rank 5");
+}
+
+TEST_CASE("the Chrome trace names a group collective's group as torch.profiler does, and the importer reads it") {
+  const MeshShape m{2, 1, 2};
+  ThreadsWorld w(4);
+  run_groups(w, m);
+  TraceExportOptions opt;
+  opt.labels = w.recorder().labels();
+  const nlohmann::json j = nlohmann::json::parse(chrome_trace_json(w.recorder().events(2), opt));
+  // Rank 2: tp1 = {2, 3}, dp0 = {0, 2}, pp2 = {2}.
+  std::map<std::string, std::string> ranks_of;
+  nlohmann::json tp_args;
+  for (const nlohmann::json& e : j["traceEvents"]) {
+    if (e.value("cat", "") != "collective") continue;
+    const nlohmann::json& a = e["args"];
+    REQUIRE(a.contains("Process Group Name"));
+    ranks_of[a["Process Group Name"].get<std::string>()] = a["Process Group Ranks"].get<std::string>();
+    if (a["Process Group Name"] == "tp1" && a["Collective name"] == "allreduce") tp_args = a;
+  }
+  CHECK(ranks_of["tp1"] == "[2, 3]");
+  CHECK(ranks_of["dp0"] == "[0, 2]");
+  CHECK(ranks_of["pp2"] == "[2]");
+  REQUIRE(!tp_args.is_null());
+  CHECK(tp_args["Group size"] == 2);
+  // Back through the importer: the exported args on a record_param_comms op of a torch trace.
+  auto rank_file = [&](int rank) {
+    nlohmann::json f;
+    f["schemaVersion"] = 1;
+    f["distributedInfo"] = {{"backend", "nccl"}, {"rank", rank}, {"world_size", 2}};
+    f["traceEvents"] = nlohmann::json::array(
+        {{{"ph", "X"}, {"cat", "user_annotation"}, {"name", "ProfilerStep#1"}, {"pid", 1}, {"tid", 1}, {"ts", 0.0}, {"dur", 1000.0}},
+         {{"ph", "X"}, {"cat", "cpu_op"}, {"name", "record_param_comms"}, {"pid", 1}, {"tid", 1}, {"ts", 100.0}, {"dur", 5.0},
+          {"args", tp_args}},
+         {{"ph", "X"}, {"cat", "kernel"}, {"name", "ncclDevKernel_AllReduce_Sum_f32_RING_LL"}, {"pid", 0}, {"tid", 20},
+          {"ts", 110.0}, {"dur", 50.0}}});
+    return f.dump();
+  };
+  const ImportedTrace tr = import_trace_texts({{"rank0.json", rank_file(0)}, {"rank1.json", rank_file(1)}});
+  REQUIRE(tr.ranks.size() == 2);
+  REQUIRE(tr.ranks[0].collectives.size() == 1);
+  const RankCollective& c = tr.ranks[0].collectives[0];
+  CHECK(c.name == "allreduce");
+  CHECK(c.group_name == "tp1");
+  CHECK(c.group_ranks == std::vector<int>{2, 3});
+  CHECK(c.group_size == 2);
+}
+
+#ifdef DTLAB_HAVE_GUI
+#include "app/snapshot_builder.h"
+
+// The lab's snapshot of a run whose last collective is a process group's: the ring view's
+// CollectiveView is that group's, in group ranks (its members are the ring), and the world's
+// collective before it does not hide it.
+TEST_CASE("the snapshot shows a group's collective on the ring of its members") {
+  TrainConfig config;
+  config.world_size = 4;
+  config.model = ModelSpec::parse("mlp:2,8,3");
+  const Model model(config.model, nullptr, config.seed);
+  const Dataset data = make_dataset(config.data, 2, 3);
+  const CostModel cost(find_profile(config.profile), 4);
+  ThreadsWorld w(4);
+  w.run([&](int rank, Communicator& comm, RankContext&) {
+    auto ex = std::make_shared<GroupExecutor>();
+    auto tp = new_group(comm, mesh_group({2, 1, 2}, MeshDim::TP, rank), 64, ex, cpu_device(), mesh_group_name({2, 1, 2}, MeshDim::TP, rank));
+    std::vector<float> x(8, 1.0f);
+    comm.all_reduce(x.data(), 8)->wait();  // world #0
+    tp->all_reduce(x.data(), 8)->wait();   // tp0 / tp1 #0, after it
+  });
+  app::RunSources run;
+  run.config = &config;
+  run.model = &model;
+  run.dataset = &data;
+  run.cost = &cost;
+  run.backend = "threads";
+  app::SnapshotBuilder b;
+  b.reset(run);
+  b.begin_frame(nullptr);
+  b.add_events(w.recorder());
+  b.set_world_status(WorldStatus{});
+  const app::CollectiveView& cv = b.finish_frame().collective;
+  REQUIRE(cv.valid);
+  REQUIRE(cv.group != 0);
+  CHECK(cv.seq == 0);
+  CHECK(cv.world == 2);
+  CHECK(cv.world_size == 4);
+  CHECK(cv.op == CollectiveOp::AllReduce);
+  CHECK(cv.steps == 2);
+  CHECK(cv.steps_done == 2);
+  CHECK_FALSE(cv.in_flight);
+  // Which TP group started last is a race; either is drawn on its own two ranks.
+  CHECK((cv.members == std::vector<int>{0, 1} || cv.members == std::vector<int>{2, 3}));
+  CHECK(cv.group_name == (cv.members[0] == 0 ? "tp0" : "tp1"));
+  REQUIRE(cv.cells.size() == 2);
+  for (const auto& row : cv.cells) CHECK(row == std::vector<int>{2, 2});
+  CHECK(cv.label.empty());
+  CHECK(cv.predicted_s > 0);  // the group's two steps on the profile's links
+}
+#endif  // DTLAB_HAVE_GUI
