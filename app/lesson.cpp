@@ -23,6 +23,7 @@ const std::vector<std::string> kScenarioFlags = {
     "strategy", "world", "model", "data", "batch", "steps", "accum", "optimizer", "lr", "bucket-cap-mb",
     "first-bucket-mb", "sized-first-iteration", "find-unused-parameters", "sharding", "node-size", "wrap",
     "backward-prefetch", "forward-prefetch", "skip-layer", "skip-every", "skip-ranks", "profile", "algo", "proto", "seed", "timeout",
+    "tp", "sequence-parallel", "stages", "dp", "microbatches", "schedule", "chunks", "split", "unit-costs",
     "clock", "fault", "open", "trace-model", "trace-ranks", "compare-profile"};
 const std::vector<std::string> kNotScenario = {"--script", "--run", "--screenshot", "--frames", "--bench-frames",
                                                "--presentation", "--running", "--speed", "--width", "--height",

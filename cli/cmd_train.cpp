@@ -125,14 +125,18 @@ void print_header(const TrainArgs& a, std::ostream& out, const Trainer& trainer)
   bool pipeline_printed = false;
   if (c.strategy == "pipeline") print_pipeline_header(out, trainer), pipeline_printed = true;
   if (!pipeline_printed && (c.accum > 1 || c.world_size > 1))
-    out << "  effective batch " << trainer.effective_batch() << " = " << c.batch << " per rank x "
-        << c.world_size << (c.world_size == 1 ? " rank" : " ranks") << " x " << c.accum
+    out << "  effective batch " << trainer.effective_batch() << " = " << c.batch
+        << (c.tp > 1 ? " per replica x " + std::to_string(trainer.mesh().dp) + (trainer.mesh().dp == 1 ? " replica" : " replicas")
+                     : " per rank x " + std::to_string(c.world_size) + (c.world_size == 1 ? " rank" : " ranks"))
+        << " x " << c.accum
         << " accumulation " << (c.accum == 1 ? "step" : "steps") << "\n";
   if (c.skip_layer >= 0)
     out << "  branch: every " << c.skip_every << (c.skip_every == 1 ? " step" : " steps")
         << " the forward " << (c.skip_ranks.empty() ? std::string("of every rank") : "of " + ranks_text(c.skip_ranks))
         << " bypasses layer " << c.skip_layer << " (its parameters get no gradient)\n";
   print_strategy_lines(out, trainer);
+  if (c.tp > 1)
+    for (const std::string& line : trainer.describe_mesh_lines()) out << "  " << line << "\n";
   if (!c.init_path.empty()) out << "  initialized from " << c.init_path << "\n";
   out << "  device " << c.device << ", backend " << c.backend << " (" << a.device_why << ")\n";
   if (c.device == "cuda") out << "  " << trainer.describe_placement() << "\n";

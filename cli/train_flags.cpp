@@ -90,6 +90,11 @@ void add_other_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
       app.add_option("--algo", f.algo, "All-reduce algorithm (NCCL_ALGO): ring (default) | tree | naive | dbtree | hierarchical | "
                                        "nvls | auto (the tuning model's pick per call, from its bytes, the profile and the world)"),
       app.add_option("--proto", f.proto, "Protocol (NCCL_PROTO): auto (default: the tuning model's pick) | simple | ll | ll128"),
+      app.add_option("--tp", c.tp, "Tensor parallelism: ranks per TP group, Megatron's column/row split of each Linear pair "
+                                   "(world = dp x stages x tp, tp fastest as torch's init_device_mesh)")
+          ->check(whole_number(1, kMaxRanks))->capture_default_str(),
+      app.add_flag("--sequence-parallel", c.sequence_parallel, "With --tp: activations outside the Linear pairs split by rows; "
+                                                               "the all-reduces become reduce-scatter + all-gather"),
       app.add_option("--seed", c.seed, "Seed for the model init (torch.manual_seed) and the sampler")
           ->check(whole_number(0, (int64_t{1} << 32) - 1))->capture_default_str(),
       app.add_option("--timeout", c.timeout_s, "Watchdog: seconds before a stuck collective or DDP bucket fails, diagnosed")
@@ -136,7 +141,7 @@ void finish_pipeline(const TrainFlags& f, TrainConfig& c) {
   c.pipeline.schedule = parse_schedule_kind(f.schedule);
   if (!f.split.empty()) c.pipeline.split = parse_split(f.split);
   if (f.unit_costs) c.pipeline.fixed_costs = ActionCosts{kUnitActionCost, kUnitActionCost, kUnitActionCost, kUnitActionCost, 0};
-  if (f.world->count() == 0) c.world_size = c.pipeline.stages * c.pipeline.dp;
+  if (f.world->count() == 0) c.world_size = c.pipeline.stages * c.pipeline.dp * c.tp;
 }
 
 }  // namespace

@@ -40,14 +40,7 @@ TrainConfig dp_config(int world, int64_t batch, int64_t steps) {
   return c;
 }
 
-std::string error_of(const TrainConfig& c) {
-  try {
-    Trainer t(c);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 using test::for_each_reference_case;
 using test::max_abs_diff;

@@ -43,6 +43,16 @@ inline TrainConfig demo_config(const std::string& strategy, int world, int64_t b
   return c;
 }
 
+// The sentence a Trainer's constructor refuses `c` with ("" when it accepts it).
+inline std::string error_of(const TrainConfig& c) {
+  try {
+    Trainer t(c);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // The one-rank reference of a distributed run: same model, data, seed and optimizer, on one rank
 // with `batch` samples per step (the run's samples of a step over every rank).
 inline TrainConfig single_like(const TrainConfig& distributed, int64_t batch) {

@@ -174,7 +174,7 @@ class GroupComm : public Communicator {
   WorkPtr all_gather(void* out, const void* in, int64_t count, DType dt, Algorithm algo) override {
     check(dt, algo, CollectiveOp::AllGather);
     return run({CollectiveOp::AllGather, Algorithm::Ring, ReduceOp::Sum, dt, count}, [=, this] {
-      ring_all_gather(static_cast<float*>(out), static_cast<const float*>(in), count);
+      ring_all_gather(static_cast<float*>(out), static_cast<const float*>(in), count * words(dt));
     });
   }
   // Direct sends: step k moves the root's data to (or from) the k-th other rank.
@@ -184,9 +184,9 @@ class GroupComm : public Communicator {
     return run({CollectiveOp::Broadcast, Algorithm::Naive, ReduceOp::Sum, dt, count, root}, [=, this] {
       if (me_ == root) {
         for (int r = 0; r < world_size(); r++)
-          if (r != root) p2p_send(buf, count, r, RingPhase::Broadcast, turn(r, root));
+          if (r != root) p2p_send(buf, count * words(dt), r, RingPhase::Broadcast, turn(r, root));
       } else {
-        p2p_recv(buf, count, root, RingPhase::Broadcast, turn(me_, root));
+        p2p_recv(buf, count * words(dt), root, RingPhase::Broadcast, turn(me_, root));
       }
     });
   }
@@ -243,9 +243,14 @@ class GroupComm : public Communicator {
   bool send_recv_fused() const override { return parent_.send_recv_fused(); }
 
  private:
+  // Copies move any dtype as its 4-byte words (DDP all-gathers its int64 parameter check); the
+  // reductions add float32 only.
+  static int64_t words(DType dt) { return dtype_size(dt) / kF32; }
   void check(DType dt, Algorithm algo, CollectiveOp op) const {
-    if (dt != DType::F32)
-      throw Error(std::string("process-group ") + collective_name(op) + " supports float32 only");
+    const bool copy = op == CollectiveOp::AllGather || op == CollectiveOp::Broadcast;
+    if (dt != DType::F32 && !(copy && dt == DType::I64))
+      throw Error(std::string("process-group ") + collective_name(op) + " supports float32 only" +
+                  (copy ? " and int64" : ""));
     if (algo != Algorithm::Default && algo != Algorithm::Ring)
       throw Error(std::string("process-group ") + collective_name(op) + " runs the ring algorithm only, not " +
                   algorithm_name(algo));

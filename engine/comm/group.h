@@ -56,8 +56,8 @@ class GroupExecutor {
 
 // Called on every rank of `ranks` (global ranks of the parent, in group-rank order; this rank must
 // be one of them). `tag` must be distinct per group and unused by other sends between the same
-// ranks. float32 only; algorithms: ring for reduce-scatter, all-gather and all-reduce. Buffers and
-// the algorithms' scratch live on `device` (the rank's: the parent moves its memory), where the
+// ranks. float32 (all-gather and broadcast also int64); algorithms: ring for reduce-scatter,
+// all-gather and all-reduce. Buffers and the algorithms' scratch live on `device` (the rank's: the parent moves its memory), where the
 // partial sums are added. On a GPU the executor thread enqueues those copies and additions on the
 // rank's compute stream beside the rank's own work: a rank must not write a buffer it handed to a
 // group operation until that operation's Work is waited for (FSDP and the pipeline never do).

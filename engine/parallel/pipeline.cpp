@@ -8,6 +8,7 @@
 #include "engine/core/check.h"
 #include "engine/core/format.h"
 #include "engine/core/ops.h"
+#include "engine/parallel/tensor_parallel.h"
 
 namespace dtlab {
 
@@ -165,25 +166,40 @@ struct PipelineRank::MicroBatch {
 
 PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int rank, Communicator& comm,
                            RankContext* ctx, MemoryTracker* memory, uint64_t seed, const OptimizerConfig& optimizer,
-                           Device& device, ComputeObserver* observer)
-    : plan_(plan), spec_(spec), rank_(rank), pipe_rank_(rank % plan.ranks()), replica_(rank / plan.ranks()),
+                           Device& device, ComputeObserver* observer, int tp)
+    : plan_(plan), spec_(spec), rank_(rank), tp_(tp), pipe_rank_(rank / tp % plan.ranks()),
+      replica_(rank / tp / plan.ranks()), tp_rank_(rank % tp),
       comm_(comm), ctx_(ctx), memory_(memory), device_(device),
       observer_(plan.options.fixed_costs ? nullptr : observer ? observer : ctx),
       stats_({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::F64, device) {
   fuse_p2p_ = plan.options.fuse_p2p || comm.send_recv_fused();
   stage_ids_ = plan.stages_of_rank(pipe_rank_);
+  if (plan.options.dp > 1 || (tp > 1 && tp < comm.world_size())) executor_ = std::make_shared<GroupExecutor>();
+  if (tp > 1) {
+    Communicator* group = &comm;  // the whole world is one TP group (one pipeline rank)
+    if (tp < comm.world_size()) {
+      std::vector<int> ranks;
+      for (int t = 0; t < tp; t++) ranks.push_back(rank - tp_rank_ + t);
+      tp_group_ = new_group(comm, ranks, kReplicaTag + 4 * pipe_rank_ + 1, executor_, device_,
+                            "tp" + std::to_string(rank / tp));
+      group = tp_group_.get();
+    }
+    tp_comm_ = std::make_unique<GroupTensorParallelComm>(*group);
+  }
   for (int s : stage_ids_) {
     const StageRange r = plan.stages[static_cast<size_t>(s)];
-    models_.push_back(std::make_unique<Model>(spec, memory, seed, r.first, r.end, device));
+    models_.push_back(std::make_unique<Model>(spec, memory, seed, r.first, r.end, device,
+                                              TensorParallelSpec{tp, tp_rank_, false}));
     models_.back()->set_observer(observer_);
+    models_.back()->set_tensor_parallel_comm(tp_comm_.get());
     optimizers_.push_back(std::make_unique<Optimizer>(optimizer, models_.back()->num_params(), memory, device));
   }
   mbs_.resize(stage_ids_.size() * static_cast<size_t>(plan.options.microbatches));
   if (plan.options.dp > 1) {
     std::vector<int> ranks;
-    for (int d = 0; d < plan.options.dp; d++) ranks.push_back(d * plan.ranks() + pipe_rank_);
-    executor_ = std::make_shared<GroupExecutor>();
-    dp_group_ = new_group(comm, ranks, kReplicaTag + 4 * pipe_rank_, executor_, device_, "dp" + std::to_string(pipe_rank_));
+    for (int d = 0; d < plan.options.dp; d++) ranks.push_back(world_rank(d, pipe_rank_));
+    dp_group_ = new_group(comm, ranks, kReplicaTag + 4 * pipe_rank_, executor_, device_,
+                          "dp" + std::to_string(pipe_rank_ * tp + tp_rank_));
   }
 }
 
@@ -210,7 +226,7 @@ PipelineRank::MicroBatch& PipelineRank::state(int stage, int mb) {
   return mbs_[static_cast<size_t>((stage / plan_.ranks()) * plan_.options.microbatches + mb)];
 }
 
-int PipelineRank::peer_of(int stage) const { return replica_ * plan_.ranks() + rank_of_stage(stage, plan_.ranks()); }
+int PipelineRank::peer_of(int stage) const { return world_rank(replica_, rank_of_stage(stage, plan_.ranks())); }
 
 int PipelineRank::tag_of(int stage, int mb, Dir dir) const {
   return kActivationTag + 2 * (stage * plan_.options.microbatches + mb) + dir;
@@ -220,7 +236,13 @@ void PipelineRank::load_parameters(const Model& full) {
   DTLAB_CHECK(full.num_params() == spec_.num_params(), "load_parameters() needs the full model");
   for (size_t k = 0; k < models_.size(); k++) {
     const int64_t off = stage_param_offset(spec_, plan_.stages[static_cast<size_t>(stage_ids_[k])]);
-    models_[k]->upload_params(full.params() + off);  // `full` is a host model
+    if (tp_ == 1) {
+      models_[k]->upload_params(full.params() + off);  // `full` is a host model
+      continue;
+    }
+    std::vector<float> local(static_cast<size_t>(models_[k]->num_params()));
+    shard_full_params(*models_[k], full.params() + off, local.data());
+    models_[k]->upload_params(local.data());
   }
 }
 
@@ -247,10 +269,15 @@ void PipelineRank::gather_parameters(Model* full) {
     const int s = stage_ids_[k];
     const Model& m = *models_[k];
     const int64_t off = stage_param_offset(spec_, plan_.stages[static_cast<size_t>(s)]);
-    if (rank_ == 0)
+    if (tp_ > 1) {  // the TP group puts its shards together; its first rank sends the stage on
+      const std::vector<float> stage = gather_tensor_parallel_params(m, tp_group_ ? *tp_group_ : comm_);
+      if (rank_ == 0) std::copy(stage.begin(), stage.end(), full->params() + off);
+      else if (tp_rank_ == 0) comm_.send(stage.data(), static_cast<int64_t>(stage.size()), DType::F32, 0, kGatherTag + s)->wait();
+    } else if (rank_ == 0) {
       m.download_params(full->params() + off);  // `full` is a host model
-    else
+    } else {
       comm_.send(m.params(), m.num_params(), DType::F32, 0, kGatherTag + s)->wait();
+    }
   }
   if (rank_ != 0) return;
   for (int s = 0; s < S; s++) {

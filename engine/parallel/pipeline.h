@@ -88,15 +88,20 @@ class PipelineRank {
   // `rank` is the world rank; its stages' models are built from `seed` with the full model's values,
   // on `device` (every tensor of the rank lives there; `comm` moves that device's memory). Compute
   // ops report to `observer` (the device's timer), or to `ctx` when it is null.
+  // `tp` > 1: each pipeline rank is a tensor-parallel group of `tp` neighbouring world ranks (torch's
+  // init_device_mesh order, engine/core/mesh.h): world rank = (replica x p + pipeline rank) x tp + tp
+  // index. Each holds its TP shard of its stages, and sends to and receives from the rank with its
+  // tp index in the next and previous stage.
   PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int rank, Communicator& comm,
                RankContext* ctx, MemoryTracker* memory, uint64_t seed, const OptimizerConfig& optimizer,
-               Device& device = cpu_device(), ComputeObserver* observer = nullptr);
+               Device& device = cpu_device(), ComputeObserver* observer = nullptr, int tp = 1);
   ~PipelineRank();
   PipelineRank(const PipelineRank&) = delete;
   PipelineRank& operator=(const PipelineRank&) = delete;
 
   int pipe_rank() const { return pipe_rank_; }
   int replica() const { return replica_; }
+  int tp_rank() const { return tp_rank_; }
   const std::vector<int>& stage_ids() const { return stage_ids_; }
   Model& stage_model(int k) { return *models_.at(static_cast<size_t>(k)); }  // k-th stage it holds
   int64_t num_params() const;  // of its stages
@@ -113,7 +118,8 @@ class PipelineRank {
   // of those ranks). With loss_scale over every replica's samples that sum is the average.
   void reduce_gradients();
   void step();  // one optimizer step per stage
-  // Replica 0 sends its stages' parameters to rank 0, which writes them into `full`, a host model (null elsewhere).
+  // Replica 0 sends its stages' parameters to rank 0, which writes them into `full`, a host model (null elsewhere);
+  // with tp > 1 each TP group first gathers its stages' shards (a collective of replica 0's ranks).
   void gather_parameters(Model* full);
 
  private:
@@ -121,6 +127,7 @@ class PipelineRank {
   enum Dir { kForward = 0, kBackward = 1 };
   MicroBatch& state(int stage, int mb);
   int peer_of(int stage) const;
+  int world_rank(int replica, int pipe_rank) const { return (replica * plan_.ranks() + pipe_rank) * tp_ + tp_rank_; }
   int tag_of(int stage, int mb, Dir dir) const;
   Tensor receive(int stage, int mb, Dir dir, int64_t rows, int64_t width);
   WorkPtr send(int stage, int mb, Dir dir, const Tensor& data, const Action* next = nullptr);
@@ -133,7 +140,7 @@ class PipelineRank {
 
   const PipelinePlan& plan_;
   ModelSpec spec_;
-  int rank_, pipe_rank_, replica_;
+  int rank_, tp_, pipe_rank_, replica_, tp_rank_;
   Communicator& comm_;
   RankContext* ctx_;
   MemoryTracker* memory_;
@@ -158,6 +165,8 @@ class PipelineRank {
   std::vector<WorkPtr> fused_;
   std::shared_ptr<GroupExecutor> executor_;
   std::unique_ptr<Communicator> dp_group_;   // the ranks holding the same stages, D > 1
+  std::unique_ptr<Communicator> tp_group_;   // tp > 1 and a world of more than one TP group
+  std::unique_ptr<TensorParallelComm> tp_comm_;  // the stages' f and g, over tp_group_ or the world
   // the current iteration
   const float* x_ = nullptr;
   const int64_t* y_ = nullptr;

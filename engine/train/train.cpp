@@ -16,6 +16,7 @@
 #include "engine/monitor/monitor.h"
 #include "engine/train/config_json.h"
 #include "engine/train/iteration_gate.h"
+#include "engine/train/mesh_rank.h"
 #include "engine/train/nonfinite.h"
 #include "engine/trace/cost_model.h"
 #include "engine/trace/export.h"
@@ -50,6 +51,35 @@ std::unique_ptr<Device> make_gpu(int rank, int device) {
 #else
   throw Error("--device cuda needs the CUDA build of dtlab (this one is CPU only); use --device cpu");
 #endif
+}
+
+// --tp and --sequence-parallel against the rest of the configuration (one sentence each).
+void validate_tensor_parallel(const TrainConfig& c) {
+  if (c.sequence_parallel && c.tp < 2)
+    throw Error("--sequence-parallel splits activations across the tensor-parallel group; add --tp 2 or more");
+  const bool pipeline = c.strategy == "pipeline";
+  const MeshShape m = resolve_mesh(c.world_size, c.tp, pipeline ? c.pipeline.stages : 1);
+  if (c.tp == 1) return;
+  if (c.strategy != "ddp" && c.strategy != "fsdp" && !pipeline)
+    throw Error("--tp splits each layer across the ranks of one replica; use it with --strategy ddp, fsdp or pipeline "
+                "(e.g. --strategy ddp --world " + std::to_string(c.tp) + " --tp " + std::to_string(c.tp) + ")");
+  if (c.backend != "threads" || c.device != "cpu")
+    throw Error("--tp runs its ranks as threads of this process on the CPU in this version; use --backend threads --device cpu");
+  if (pipeline && c.sequence_parallel)
+    throw Error("--sequence-parallel with --strategy pipeline is not available in this version; drop one of them");
+  if (pipeline && m.dp != c.pipeline.dp)
+    throw Error("--world " + std::to_string(c.world_size) + " with --tp " + std::to_string(c.tp) + " and --stages " +
+                std::to_string(c.pipeline.stages) + " leaves " + std::to_string(m.dp) + " data-parallel replicas, but --dp is " +
+                std::to_string(c.pipeline.dp) + "; set --dp " + std::to_string(m.dp) + " or drop --world");
+  if (!pipeline) check_tp_widths(c.model.dims, 0, static_cast<int>(c.model.dims.size()) - 1, c.tp);
+  if (c.strategy == "fsdp" && c.fsdp.sharding == Sharding::Hybrid)
+    throw Error("--sharding hybrid with --tp is not available in this version; the tensor-parallel groups already split "
+                "each node, so use --sharding full");
+  if (c.skip_layer >= 0) throw Error("--skip-layer is DDP's unused-parameters lesson; drop it with --tp");
+  if (!c.save_sharded_path.empty())
+    throw Error("--save-sharded with --tp is not available in this version; use --save for one full checkpoint");
+  if (!c.init_path.empty() && is_checkpoint_dir(c.init_path))
+    throw Error("--init from a sharded checkpoint with --tp is not available in this version; give a full .safetensors file");
 }
 
 void validate(const TrainConfig& c) {
@@ -133,6 +163,7 @@ void validate(const TrainConfig& c) {
     if (c.ddp.bucket_cap_bytes < 1) throw Error("--bucket-cap-mb is too small: a bucket must hold at least 1 byte");
     if (c.ddp.first_bucket_bytes < 1) throw Error("--first-bucket-mb is too small: a bucket must hold at least 1 byte");
   }
+  validate_tensor_parallel(c);
   if (!c.save_path.empty()) check_output_path("--save", c.save_path);
   if (!c.save_sharded_path.empty()) {
     if (c.strategy != "fsdp")
@@ -281,8 +312,11 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   const bool in_world = config_.strategy != "single" && !launched_;  // ranks as threads here
   const int me = launched_ ? config_.socket.rank : 0;
   const bool pipeline = config_.strategy == "pipeline";
-  if (pipeline)
-    pipeline_ = std::make_unique<PipelinePlan>(plan_pipeline(config_.model, config_.pipeline, config_.batch, N));
+  mesh_ = resolve_mesh(N, config_.tp, pipeline ? config_.pipeline.stages : 1);
+  if (pipeline)  // a TP group runs each pipeline rank's part: the pipeline sees dp x stages ranks
+    pipeline_ = std::make_unique<PipelinePlan>(plan_pipeline(config_.model, config_.pipeline, config_.batch, N / config_.tp));
+  if (pipeline && config_.tp > 1)  // Megatron pairs the Linear layers of each stage
+    for (const StageRange& s : pipeline_->stages) check_tp_widths(config_.model.dims, s.first, s.end, config_.tp);
   // Instrumentation is always on (it costs well under 3% of a step, see bench/bench_step.cpp); the
   // trace file is only written when asked for.
   if (in_world) {
@@ -322,7 +356,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   const int64_t loader_batch = dp ? config_.batch * N : config_.batch;
   SamplerConfig sc;
   sc.n = ds.n;
-  sc.world_size = pipeline ? config_.pipeline.dp : dp ? 1 : N;  // a pipeline's ranks share their replica's shard
+  sc.world_size = dp ? 1 : mesh_.dp;  // a pipeline's or a TP group's ranks share their replica's shard
   const int64_t per_rank = DistributedSampler(sc).num_samples();
   batches_per_epoch_ = config_.drop_last ? per_rank / loader_batch : (per_rank + loader_batch - 1) / loader_batch;
   if (batches_per_epoch_ == 0)
@@ -338,6 +372,10 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
                 std::to_string(config_.accum) + "; use more epochs or a smaller --accum");
 
   if (!config_.init_path.empty()) check_checkpoint_size(config_.init_path, spec);  // before building the replicas
+  if (config_.tp > 1 && !pipeline) {  // a pipeline builds its stages' shards in run()
+    build_tp_models(me, N, in_world);
+    return;
+  }
   for (int r = me; r < (launched_ || pipeline ? me + 1 : N); r++) {
     // Each rank builds its replica as a separate process would (socket: this process is one). Rank
     // r > 0 seeds with seed + r, so the replicas really differ until DDP broadcasts rank 0's parameters.
@@ -426,7 +464,7 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   sum.rank_memory = rank_memory_;
   sum.memory = rank_memory_[static_cast<size_t>(ctx0_->rank())];
 
-  Model& model = *models_[0];
+  Model& model = result_model();
   ComputeObserver* obs = model.observer();
   model.set_observer(nullptr);  // evaluation is not part of the training trace
   EvalResult ev = evaluate(model, ds, config_.batch);
@@ -576,16 +614,21 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
     ~RestoreObserver() { m.set_observer(o); }
   } restore{model, model_obs};
 
+  // --tp: the rank's TP group runs the model's f and g; DDP or FSDP work over its DP group (none
+  // when the mesh has one replica).
+  std::unique_ptr<MeshRank> mesh = config_.tp > 1 ? join_mesh(rank, *comm, model) : nullptr;
+  Communicator* const dp_comm = mesh ? mesh_dp_group(*mesh) : comm;
   std::unique_ptr<DistributedDataParallel> ddp;
   std::unique_ptr<FullyShardedDataParallel> fsdp;
-  if (comm && config_.strategy == "fsdp") {
-    fsdp = std::make_unique<FullyShardedDataParallel>(model, *comm, ctx, config_.fsdp, config_.optimizer);
-  } else if (comm) {
-    ddp = std::make_unique<DistributedDataParallel>(model, *comm, ctx, config_.ddp);
+  if (dp_comm && config_.strategy == "fsdp") {
+    fsdp = std::make_unique<FullyShardedDataParallel>(model, *dp_comm, ctx, config_.fsdp, config_.optimizer);
+  } else if (dp_comm) {
+    ddp = std::make_unique<DistributedDataParallel>(model, *dp_comm, ctx, config_.ddp);
   }
   Optimizer opt(config_.optimizer, model.num_params(), &mem, dev);
 
-  RankBatches data(config_, ds, N, rank);
+  const MeshCoord at = mesh_coord(mesh_, rank);
+  RankBatches data(config_, ds, mesh_.dp, at.dp);  // a TP group's ranks read their replica's batches
 
   StepBuffers buf(config_.batch, D, C, mem, dev);
 
@@ -636,7 +679,9 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
     double overlap = ddp ? ddp->last_stats().overlap() : -1;
     // Every rank computes its own loss; the reported figures are the all-reduced means (no
     // rank-0-only synchronisation).
+    // A TP group's ranks compute the same loss on the same batch: its first rank speaks for it.
     double m[4] = {loss_sums[0], loss_sums[1], static_cast<double>(samples), overlap};
+    if (at.tp != 0) m[0] = m[1] = m[2] = m[3] = 0;
     if (comm) sum_over_ranks(*comm, buf.figures, m);
     if (!config_.allow_nonfinite && !std::isfinite(m[0]))
       stop_on_nonfinite(step, loss_sums[0], m[0], rank, comm ? N : 1, comm, model, input_bad);
@@ -647,16 +692,17 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
     if (rank != 0) continue;
     total_samples_ += m[2];
     if (ddp) {
-      overlap_sum += m[3] / N;
+      overlap_sum += m[3] / mesh_.dp;
       overlap_n++;
     }
     StepReport r = make_step_report(step, total_steps_, data.epoch(), last_batch, m[0], m[1], m[2], dt);
-    r.overlap = ddp ? m[3] / N : -1;
+    r.overlap = ddp ? m[3] / mesh_.dp : -1;
     r.branch_taken = branch;
     if (on_step) on_step(r);
   }
   model.set_skipped_layer(-1);
-  if (fsdp) finish_fsdp(*fsdp, model, *comm);
+  if (fsdp) finish_fsdp(*fsdp, model, *dp_comm);
+  if (mesh) gather_full_model(rank, *mesh, model);  // rank 0's full_model_ gets every shard
   dev.synchronize();
   if (timer) timer->flush();
   if (rank == 0) {
@@ -667,7 +713,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
       sum.buckets_rebuilt = ddp->rebuilt();
     }
   }
-  save_at_end(rank, model, comm);
+  save_at_end(rank, mesh && rank == 0 ? *full_model_ : model, comm);
 }
 
 void Trainer::finish_fsdp(FullyShardedDataParallel& fsdp, const Model& model, Communicator& comm) {

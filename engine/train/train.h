@@ -26,6 +26,7 @@
 #include <string>
 
 #include "engine/core/memory.h"
+#include "engine/core/mesh.h"
 #include "engine/core/model.h"
 #include "engine/core/optim.h"
 #include "engine/comm/socket_backend.h"
@@ -174,11 +175,13 @@ class Trainer {
   const TrainConfig& config() const { return config_; }
   const Dataset& dataset() const { return *dataset_; }
   Model& model() { return *models_[0]; }  // rank 0's replica (launched: this process's rank's), on its device
+  // The model evaluated and saved at the end: rank 0's, or with --tp the full model gathered from the shards.
+  Model& result_model() { return full_model_ ? *full_model_ : *models_[0]; }
   Model& rank_model(int rank) { return *models_.at(static_cast<size_t>(rank)); }
   int64_t total_steps() const { return total_steps_; }
   int64_t batches_per_epoch() const { return batches_per_epoch_; }  // per rank (dp: rank 0's loader)
   int64_t effective_batch() const {
-    return config_.batch * (pipeline_ ? config_.pipeline.dp : config_.world_size) * config_.accum;
+    return config_.batch * mesh_.dp * config_.accum;  // a pipeline's or TP group's ranks share one batch
   }
   const PipelinePlan* pipeline_plan() const { return pipeline_.get(); }  // pipeline: stages and schedule; else null
   MemoryTracker& memory() { return *mem0_; }  // rank 0
@@ -199,12 +202,24 @@ class Trainer {
   void abort(const std::string& reason);
   // ddp: the initial bucket assignment, one line per bucket (known before run()).
   std::vector<std::string> planned_buckets() const;
+  // The device mesh: dp x pp x tp (pp = the pipeline's stages, else 1; tp = --tp).
+  const MeshShape& mesh() const { return mesh_; }
+  // What `dtlab-cli train` prints at the start of a --tp run: the mesh, its groups per dimension, and
+  // each Linear's split ("Linear 0 (2 -> 64): column-parallel, 32 output features per rank").
+  std::vector<std::string> describe_mesh_lines() const;
 
   // Runs every step; on_step is called on rank 0's thread after each optimizer step.
   TrainSummary run(const std::function<void(const StepReport&)>& on_step = {});
 
  private:
   struct RankState;
+  struct MeshRank;  // a rank's process groups in a --tp run (train_mesh.cpp)
+  std::unique_ptr<MeshRank> join_mesh(int rank, Communicator& world, Model& model);
+  static Communicator* mesh_dp_group(MeshRank& mr);  // null when the mesh has one replica
+  // --tp: the full model gathered from the TP shards at the end (evaluation, --save), and its start
+  // values (--init) cut into each rank's shard.
+  void build_tp_models(int first_rank, int end_rank, bool in_world);
+  void gather_full_model(int rank, MeshRank& mr, Model& shard);
   void run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTracker& mem, TrainSummary& sum,
                 const std::function<void(const StepReport&)>& on_step);
   void run_launched_rank(TrainSummary& sum, const std::function<void(const StepReport&)>& on_step);
@@ -233,6 +248,8 @@ class Trainer {
   std::unique_ptr<Dataset> dataset_;
   std::unique_ptr<PipelinePlan> pipeline_;  // pipeline: models_[0] is the full model, untracked, gathered at the end
   std::vector<std::unique_ptr<Model>> models_;
+  MeshShape mesh_;
+  std::unique_ptr<Model> full_model_;  // --tp: the unsplit model on the host, on no rank's tracker
   std::vector<MemoryStats> rank_memory_;
   double total_samples_ = 0;  // rank 0's count of every rank's samples
   int64_t total_steps_ = 0;

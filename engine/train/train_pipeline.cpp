@@ -20,6 +20,21 @@ constexpr int64_t kRecordFloats = sizeof(PipelineRankIteration) / sizeof(float);
 static_assert(sizeof(PipelineRankIteration) % sizeof(float) == 0 &&
               std::is_trivially_copyable_v<PipelineRankIteration>);
 
+// Every tp-th record: each TP group's first rank, in pipeline-rank order.
+std::vector<PipelineRankIteration> tp_leaders(const std::vector<PipelineRankIteration>& world, int tp) {
+  if (tp == 1) return world;
+  std::vector<PipelineRankIteration> leaders;
+  for (size_t r = 0; r < world.size(); r += static_cast<size_t>(tp)) leaders.push_back(world[r]);
+  return leaders;
+}
+
+// One value per pipeline rank, repeated for each of its TP group's world ranks.
+std::vector<double> per_world_rank(const std::vector<double>& per_pipe_rank, int tp) {
+  std::vector<double> out;
+  for (double v : per_pipe_rank) out.insert(out.end(), static_cast<size_t>(tp), v);
+  return out;
+}
+
 }  // namespace
 
 // World rank = replica * p + pipeline rank. Every rank of a replica reads the same batches (its
@@ -33,7 +48,7 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
   dev.bind_thread();
   std::unique_ptr<DeviceTimer> timer = dev.make_timer(&ctx);  // a GPU's stream timing; null on the CPU
   const RankContext::TimerAttachment attached(&ctx, timer.get());
-  PipelineRank pipe(plan, config_.model, rank, comm, &ctx, &mem, config_.seed, config_.optimizer, dev, timer.get());
+  PipelineRank pipe(plan, config_.model, rank, comm, &ctx, &mem, config_.seed, config_.optimizer, dev, timer.get(), config_.tp);
   ComputeObserver* const obs = timer ? static_cast<ComputeObserver*>(timer.get()) : &ctx;
   if (!config_.init_path.empty()) pipe.load_parameters(*models_[0]);
   PipelineMeter meter(plan);
@@ -99,10 +114,13 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
     ctx.end_iteration();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rank_memory_[static_cast<size_t>(rank)] = mem.stats();
-    std::vector<double> bubbles = meter.add(records);
+    // --tp: a TP group is one pipeline rank to the meter, and its ranks' losses are one loss.
+    std::vector<double> bubbles = meter.add(tp_leaders(records, config_.tp));
+    if (config_.tp > 1) bubbles = per_world_rank(bubbles, config_.tp);
     if (rank != 0) continue;
     double loss_sum = 0, correct = 0, samples = 0;
-    for (const PipelineRankIteration& r : records) loss_sum += r.loss_sum, correct += r.correct, samples += r.samples;
+    for (const PipelineRankIteration& r : tp_leaders(records, config_.tp))
+      loss_sum += r.loss_sum, correct += r.correct, samples += r.samples;
     total_samples_ += samples;
     StepReport r = make_step_report(step, total_steps_, data.epoch(), batch.size, loss_sum, correct, samples, dt);
     r.bubble = std::move(bubbles);

@@ -1,0 +1,117 @@
+// --tp: the device mesh of a run (engine/core/mesh.h), its process groups and the full model gathered
+// from the tensor-parallel shards. Each rank builds its TP shard of the model (the full model's values
+// for its replica's seed, cut by tp_slice), hands the model its TP group's collectives (f and g), and
+// runs DDP or FSDP over its DP group: the groups torch's init_device_mesh gives, tp fastest.
+#include "engine/core/format.h"
+#include "engine/io/checkpoint.h"
+#include "engine/train/mesh_rank.h"
+
+namespace dtlab {
+
+namespace {
+
+// Group tags: distinct from the pipeline's (engine/parallel/pipeline.cpp) and from any rank's sends.
+constexpr int kMeshTag = 1 << 21;
+
+std::string ranks_str(const std::vector<int>& ranks) {
+  std::vector<std::string> parts;
+  for (int r : ranks) parts.push_back(std::to_string(r));
+  return "[" + join(parts, ", ") + "]";
+}
+
+}  // namespace
+
+std::unique_ptr<Trainer::MeshRank> Trainer::join_mesh(int rank, Communicator& world, Model& model) {
+  auto mr = std::make_unique<MeshRank>();
+  Device& dev = model.device();
+  if (mesh_.tp == world.world_size()) {
+    mr->tp = &world;  // one TP group: its collectives are the world's, which the lab steps and animates
+  } else {
+    mr->executor = std::make_shared<GroupExecutor>();
+    mr->tp_group = new_group(world, mesh_group(mesh_, MeshDim::TP, rank), kMeshTag, mr->executor, dev,
+                             mesh_group_name(mesh_, MeshDim::TP, rank));
+    mr->tp = mr->tp_group.get();
+  }
+  if (mesh_.dp > 1) {
+    if (!mr->executor) mr->executor = std::make_shared<GroupExecutor>();
+    mr->dp_group = new_group(world, mesh_group(mesh_, MeshDim::DP, rank), kMeshTag + 1, mr->executor, dev,
+                             mesh_group_name(mesh_, MeshDim::DP, rank));
+  }
+  mr->tp_comm = std::make_unique<GroupTensorParallelComm>(*mr->tp);
+  mr->model = &model;
+  model.set_tensor_parallel_comm(mr->tp_comm.get());
+  return mr;
+}
+
+Communicator* Trainer::mesh_dp_group(MeshRank& mr) { return mr.dp_group.get(); }
+
+void Trainer::build_tp_models(int first_rank, int end_rank, bool in_world) {
+  const ModelSpec& spec = config_.model;
+  const int n_linear = static_cast<int>(spec.dims.size()) - 1;
+  // The unsplit model: its start values are replica 0's (and --init's), and at the end it receives
+  // the shards gathered back for evaluation and --save.
+  full_model_ = std::make_unique<Model>(spec, nullptr, config_.seed);
+  if (!config_.init_path.empty()) start_step_ = load_checkpoint(config_.init_path, *full_model_).step;
+  const std::vector<float> start = full_model_->host_params();
+  for (int r = first_rank; r < end_rank; r++) {
+    const MeshCoord at = mesh_coord(mesh_, r);
+    MemoryTracker* mem = in_world ? &world_->threads().memory(r) : memory_.get();
+    Device& dev = device(r);
+    dev.bind_thread();
+    // A replica's TP ranks cut one model (seed + its dp index), so their shards fit together; the
+    // replicas differ until DDP broadcasts replica 0's, as they do without --tp.
+    const TensorParallelSpec tp{config_.tp, at.tp, config_.sequence_parallel};
+    models_.push_back(std::make_unique<Model>(spec, mem, config_.seed + static_cast<uint64_t>(at.dp), 0, n_linear, dev, tp));
+    if (!config_.init_path.empty()) {
+      std::vector<float> local(static_cast<size_t>(models_.back()->num_params()));
+      shard_full_params(*models_.back(), start.data(), local.data());
+      models_.back()->upload_params(local.data());
+    }
+    models_.back()->set_observer(in_world ? &world_->threads().context(r) : ctx_.get());
+  }
+}
+
+void Trainer::gather_full_model(int rank, MeshRank& mr, Model& shard) {
+  const std::vector<float> full = gather_tensor_parallel_params(shard, *mr.tp);
+  if (rank == 0) full_model_->upload_params(full.data());
+}
+
+std::vector<std::string> Trainer::describe_mesh_lines() const {
+  std::vector<std::string> lines;
+  lines.push_back("mesh: " + describe_mesh(mesh_) + ", laid out as torch's init_device_mesh (\"dp\", \"pp\", \"tp\"): "
+                  "rank = (dp x " + std::to_string(mesh_.pp) + " + pp) x " + std::to_string(mesh_.tp) + " + tp");
+  for (MeshDim d : {MeshDim::TP, MeshDim::PP, MeshDim::DP}) {
+    if (mesh_.size(d) < 2) continue;
+    std::string line = std::string("  ") + mesh_dim_name(d) + " groups:";
+    const auto groups = mesh_groups(mesh_, d);
+    for (size_t g = 0; g < groups.size(); g++) line += " " + std::string(mesh_dim_name(d)) + std::to_string(g) + " " + ranks_str(groups[g]);
+    lines.push_back(line);
+  }
+  if (mesh_.tp < 2) return lines;
+  const auto& dims = config_.model.dims;
+  std::vector<std::pair<int, int>> stages;
+  if (pipeline_) {
+    for (const StageRange& s : pipeline_->stages) stages.push_back({s.first, s.end});
+  } else {
+    stages.push_back({0, static_cast<int>(dims.size()) - 1});
+  }
+  for (const auto& st : stages) {
+    const std::vector<TpRole> roles = tp_roles(st.first, st.second, mesh_.tp);
+    for (int l = st.first; l < st.second; l++) {
+      const TpRole role = roles[static_cast<size_t>(l - st.first)];
+      const int64_t in = dims[static_cast<size_t>(l)], out = dims[static_cast<size_t>(l + 1)];
+      std::string what = role == TpRole::Column ? std::to_string(out / mesh_.tp) + " of " + std::to_string(out) + " output features per rank"
+                         : role == TpRole::Row  ? std::to_string(in / mesh_.tp) + " of " + std::to_string(in) +
+                                                     " input features per rank, outputs summed by " +
+                                                     (config_.sequence_parallel ? "a reduce-scatter" : "an all-reduce")
+                                                : std::string("every rank holds all of it");
+      lines.push_back("  Linear " + std::to_string(2 * l) + " (" + std::to_string(in) + " -> " + std::to_string(out) + "): " +
+                      tp_role_name(role) + ", " + what);
+    }
+  }
+  if (config_.sequence_parallel)
+    lines.push_back("  sequence parallel: activations outside the pairs are split by rows across each tp group");
+  return lines;
+}
+
+}  // namespace dtlab

@@ -1,0 +1,173 @@
+// --tp in the trainer (engine/train/train_mesh.cpp, docs/course_sources.md §6c): tensor parallelism
+// composed with DDP, FSDP and the pipeline on the device mesh. Every layout trains to the parameters of
+// its reference (one TP rank per replica) within 1e-5 after 20 steps, saves the full unsharded state
+// dict under torch.nn.Sequential's names, and records its collectives in the mesh's groups.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <set>
+#include <string>
+
+#include "engine/core/check.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/safetensors.h"
+#include "engine/train/train.h"
+#include "tests/train_util.h"
+
+using namespace dtlab;
+
+namespace {
+
+// Two Linear pairs and a replicated last Linear at tp 2; a single pair plus the last at tp 4.
+TrainConfig mesh_config(const std::string& strategy, int world, int tp, OptimizerKind kind) {
+  TrainConfig c = test::demo_config(strategy, world, 16, 20);
+  c.model = ModelSpec::parse("mlp:2,32,32,32,32,3");
+  c.tp = tp;
+  c.seed = 3;
+  c.timeout_s = 20;
+  c.optimizer = default_optimizer_config(kind);
+  if (kind == OptimizerKind::SGD) c.optimizer.momentum = 0.9;
+  if (kind == OptimizerKind::AdamW) c.optimizer.lr = 0.01;
+  return c;
+}
+
+double max_diff(Model& a, Model& b) { return test::max_abs_diff(a, b); }
+
+using test::error_of;
+
+}  // namespace
+
+TEST_SUITE("mesh") {
+  TEST_CASE("tensor parallel alone (dp 1) trains to the one-rank model, with and without sequence parallelism") {
+    for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
+      TrainConfig one = mesh_config("single", 1, 1, kind);
+      Trainer ref(one);
+      ref.run();
+      for (int tp : {2, 4}) {
+        for (bool sp : {false, true}) {
+          CAPTURE(optimizer_name(kind));
+          CAPTURE(tp);
+          CAPTURE(sp);
+          TrainConfig c = mesh_config("ddp", tp, tp, kind);
+          c.sequence_parallel = sp;
+          Trainer t(c);
+          t.run();
+          CHECK(max_diff(t.result_model(), ref.result_model()) <= 1e-5);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("DDP x TP (world 4, tp 2) equals DDP on world 2; FSDP x TP equals it too") {
+    for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
+      Trainer ref(mesh_config("ddp", 2, 1, kind));
+      ref.run();
+      for (const char* strategy : {"ddp", "fsdp"}) {
+        CAPTURE(optimizer_name(kind));
+        CAPTURE(strategy);
+        Trainer t(mesh_config(strategy, 4, 2, kind));
+        t.run();
+        CHECK(max_diff(t.result_model(), ref.result_model()) <= 1e-5);
+      }
+    }
+  }
+
+  TEST_CASE("a 2 x 2 x 2 mesh (pipeline, dp 2, tp 2) equals DDP on world 2 and the pipeline without TP") {
+    for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
+      CAPTURE(optimizer_name(kind));
+      Trainer ddp(mesh_config("ddp", 2, 1, kind));
+      ddp.run();
+      TrainConfig p = mesh_config("pipeline", 4, 1, kind);
+      p.pipeline.stages = 2;
+      p.pipeline.dp = 2;
+      p.pipeline.microbatches = 4;
+      Trainer pipe(p);
+      pipe.run();
+      TrainConfig m = p;
+      m.world_size = 8;
+      m.tp = 2;
+      Trainer mesh(m);
+      CHECK(mesh.mesh() == MeshShape{2, 2, 2});
+      mesh.run();
+      CHECK(max_diff(mesh.result_model(), pipe.result_model()) <= 1e-5);
+      CHECK(max_diff(mesh.result_model(), ddp.result_model()) <= 1e-5);
+    }
+  }
+
+  TEST_CASE("--save writes the full unsharded state dict with torch.nn.Sequential names from every layout") {
+    const std::string dir = std::filesystem::temp_directory_path() / ("dtlab_mesh_save_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    struct Layout {
+      const char* strategy;
+      int world, tp, stages;
+    };
+    for (const Layout& l : {Layout{"ddp", 2, 2, 1}, Layout{"ddp", 4, 2, 1}, Layout{"fsdp", 4, 2, 1}, Layout{"pipeline", 8, 2, 2}}) {
+      CAPTURE(l.strategy);
+      CAPTURE(l.world);
+      TrainConfig c = mesh_config(l.strategy, l.world, l.tp, OptimizerKind::AdamW);
+      c.steps = 3;
+      if (l.stages > 1) c.pipeline.stages = l.stages, c.pipeline.dp = l.world / (l.stages * l.tp), c.pipeline.microbatches = 2;
+      c.save_path = dir + "/" + l.strategy + std::to_string(l.world) + ".safetensors";
+      Trainer t(c);
+      t.run();
+      const SafetensorsFile f = load_safetensors(c.save_path);
+      std::set<std::string> names;
+      for (const SafetensorsEntry& e : f.entries) names.insert(e.name);
+      CHECK(names == std::set<std::string>{"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias", "6.weight",
+                                           "6.bias", "8.weight", "8.bias"});
+      CHECK(f.find("2.weight")->shape == Shape{32, 32});
+      CHECK(f.find("0.weight")->shape == Shape{32, 2});
+      Model back(c.model, nullptr, 99);
+      load_checkpoint(c.save_path, back);
+      CHECK(max_diff(back, t.result_model()) == 0);
+    }
+    std::filesystem::remove_all(dir);
+  }
+
+  TEST_CASE("collectives carry the mesh's groups") {
+    TrainConfig c = mesh_config("ddp", 4, 2, OptimizerKind::AdamW);
+    c.steps = 2;
+    Trainer t(c);
+    t.run();
+    std::set<std::string> groups;
+    for (const Event& e : t.recorder().all_events()) {
+      if (e.kind != EventKind::Collective || e.rank != 0) continue;
+      groups.insert(e.coll.group == 0 ? std::string("world") : t.recorder().label(e.coll.group - 1));
+    }
+    // rank 0: its TP group {0, 1}, its DP group {0, 2}, and the world's loss report.
+    CHECK(groups == std::set<std::string>{"world", "tp0: 0,1", "dp0: 0,2"});
+  }
+
+  TEST_CASE("bad meshes get one sentence") {
+    TrainConfig c = mesh_config("ddp", 4, 3, OptimizerKind::AdamW);
+    CHECK(error_of(c) == "--world 4 is not a multiple of --tp 3 x --stages 1 = 3; the data-parallel degree is world / (tp x stages), "
+                         "so pick a world that divides");
+    c = mesh_config("ddp", 4, 4, OptimizerKind::AdamW);
+    c.model = ModelSpec::parse("mlp:2,30,30,3");
+    CHECK(error_of(c) == "--tp 4 splits the output features of Linear 0 (width 30) across the tensor-parallel group, but 30 is not "
+                         "divisible by 4; use hidden widths that are multiples of --tp");
+    c = mesh_config("dp", 2, 2, OptimizerKind::AdamW);
+    CHECK(error_of(c) == "--tp splits each layer across the ranks of one replica; use it with --strategy ddp, fsdp or pipeline "
+                         "(e.g. --strategy ddp --world 2 --tp 2)");
+    c = mesh_config("ddp", 2, 1, OptimizerKind::AdamW);
+    c.sequence_parallel = true;
+    CHECK(error_of(c) == "--sequence-parallel splits activations across the tensor-parallel group; add --tp 2 or more");
+    c = mesh_config("pipeline", 8, 2, OptimizerKind::AdamW);
+    c.pipeline.stages = 2;
+    c.pipeline.dp = 1;
+    CHECK(error_of(c) == "--world 8 with --tp 2 and --stages 2 leaves 2 data-parallel replicas, but --dp is 1; set --dp 2 or drop --world");
+  }
+
+  TEST_CASE("the run's header lists the mesh, its groups and each Linear's split") {
+    TrainConfig c = mesh_config("ddp", 4, 2, OptimizerKind::AdamW);
+    Trainer t(c);
+    const std::vector<std::string> lines = t.describe_mesh_lines();
+    REQUIRE(lines.size() == 8);
+    CHECK(lines[1] == "  tp groups: tp0 [0, 1] tp1 [2, 3]");
+    CHECK(lines[2] == "  dp groups: dp0 [0, 2] dp1 [1, 3]");
+    CHECK(lines[3] == "  Linear 0 (2 -> 32): column-parallel, 16 of 32 output features per rank");
+    CHECK(lines[4] == "  Linear 2 (32 -> 32): row-parallel, 16 of 32 input features per rank, outputs summed by an all-reduce");
+    CHECK(lines[7] == "  Linear 8 (32 -> 3): replicated, every rank holds all of it");
+  }
+}
