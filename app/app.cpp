@@ -40,13 +40,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kTopology, kSweep, kNumViews };
+enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kTopology, kSweep, kMesh, kNumViews };
 // With --open the lab shows imported traces in its own four panels instead (app/views/trace_view.cpp).
 enum TraceViewId { kTraceTimeline, kTraceCollectives, kTraceBreakdown, kTraceCompare, kNumTraceViews };
 const char* kTraceViewTitles[kNumTraceViews] = {"Timeline", "Collectives", "Breakdown", "Compare"};
 const char* kTraceViewNames[kNumTraceViews] = {"timeline", "collectives", "breakdown", "compare"};
-const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline", "Topology", "Bus bandwidth"};
-const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep"};
+const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline", "Topology", "Bus bandwidth", "Mesh"};
+const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep", "mesh"};
 
 // The pipeline controls (Run panel, pipeline view) in and out of a run configuration.
 PipelineRequest pipeline_request_of(const TrainConfig& c) {
@@ -269,7 +269,7 @@ void App::handle_keys() {
   // ImGui 1.86's GLFW backend indexes keys by GLFW key code.
   auto key = [&](int glfw_key) { return ImGui::IsKeyPressed(glfw_key, false); };
   auto solo_keys = [&](int views) {
-    for (int v = 0; v < views; v++)
+    for (int v = 0; v < std::min(views, 9); v++)  // keys 1..9; later views have no key
       if (key(GLFW_KEY_1 + v)) solo_ = solo_ == v ? -1 : v, relayout_ = true;
     if (key(GLFW_KEY_0)) solo_ = -1, relayout_ = true;
   };
@@ -315,7 +315,7 @@ void App::view_combo(const char* const* titles, int n) {
   if (ImGui::BeginCombo("##view", solo_ < 0 ? "all views" : titles[solo_])) {
     if (ImGui::Selectable("all views (0)", solo_ < 0)) solo_ = -1, relayout_ = true;
     for (int v = 0; v < n; v++) {
-      std::string item = std::string(titles[v]) + " (" + std::to_string(v + 1) + ")";
+      std::string item = std::string(titles[v]) + (v < 9 ? " (" + std::to_string(v + 1) + ")" : "");
       if (ImGui::Selectable(item.c_str(), solo_ == v)) solo_ = v, relayout_ = true;
     }
     ImGui::EndCombo();
@@ -636,6 +636,7 @@ void App::views() {
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // pipeline: the ring's place
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // topology: shown alone (its key or `view topology`)
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // sweep: shown alone (view sweep), never tiled
+      {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // mesh: shown alone (view mesh), never tiled
   };
   const Rect run_tile = {x0, top, 0.20f * W, 0.42f * H};
   if (was_pipeline_ != session_->snapshot().pipeline.valid) was_pipeline_ = !was_pipeline_, relayout_ = true;
@@ -662,7 +663,7 @@ void App::views() {
     // the ring's tile, the memory view (activations per stage) grows into the buckets'.
     if (solo_ < 0 && ((v == kRing && pipeline) || (v == kPipeline && !pipeline) || (v == kBuckets && pipeline))) continue;
     // No tile of their own: a picture of the machine, and a plot over sizes, want the whole window.
-    if (solo_ < 0 && (v == kTopology || v == kSweep)) continue;
+    if (solo_ < 0 && (v == kTopology || v == kSweep || v == kMesh)) continue;
     const Rect t = pipeline && v == kMemory ? Rect{x0 + 0.60f * W, top, 0.40f * W, 0.56f * H} : tiles[v];
     if (solo_ == v) {
       ImGui::SetNextWindowPos(ImVec2(x0, top), ImGuiCond_Always);
@@ -688,6 +689,7 @@ void App::views() {
       case kPipeline: draw_pipeline_view(s, ctx_, pipeline_view_); break;
       case kTopology: draw_topology_view(s, ctx_); break;
       case kSweep: draw_sweep_view(s, ctx_); break;
+      case kMesh: draw_mesh_view(s, ctx_); break;
     }
     ImGui::End();
   }

@@ -16,7 +16,7 @@ namespace {
 
 const char* kUsage =
     "commands: step ring|collective|iteration|action [N], run [SECONDS]s, pause, wait SECONDSs, "
-    "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|all, screenshot PATH.png, speed X, "
+    "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|all, screenshot PATH.png, speed X, "
     "presentation on|off, clock modeled|wall, set_epoch on|off, reset, quit, "
     "lesson open NAME|next|back|goto N|answer X|check|play|demo|close; with --open: wait trace|compare [SECONDS]s, "
     "select collective K, compare [PROFILE], zoom all|iteration N|collective K, view collectives|breakdown|compare";
@@ -55,7 +55,7 @@ bool read_text_file(const std::string& path, std::string& out, size_t max_bytes)
 }
 
 const std::vector<std::string>& view_names() {
-  static const std::vector<std::string> names = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep", "all",
+  static const std::vector<std::string> names = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep", "mesh", "all",
                                                  kTraceViews[0], kTraceViews[1], kTraceViews[2]};
   return names;
 }
@@ -155,7 +155,7 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       c.kind = k == "pause" ? ScriptCommand::Pause : k == "quit" ? ScriptCommand::Quit : ScriptCommand::Reset;
     } else if (k == "view") {
       if (w.size() != 2 || std::find(view_names().begin(), view_names().end(), w[1]) == view_names().end())
-        fail("view takes one of ring, buckets, timeline, memory, inspector, data, shards, pipeline, topology, sweep, all (with --open: timeline, "
+        fail("view takes one of ring, buckets, timeline, memory, inspector, data, shards, pipeline, topology, sweep, mesh, all (with --open: timeline, "
              "collectives, breakdown, compare, all)");
       c.kind = ScriptCommand::View;
       c.arg = w[1];

@@ -12,8 +12,10 @@
 #include "engine/comm/communicator.h"
 #include "engine/comm/plan.h"
 #include "engine/core/memory.h"
+#include "engine/core/mesh.h"
 #include "engine/core/optim.h"
 #include "engine/parallel/memory_plan.h"
+#include "engine/parallel/pipeline.h"
 #include "engine/parallel/pipeline_schedule.h"
 #include "engine/trace/event.h"
 #include "engine/trace/cost_model.h"
@@ -210,6 +212,30 @@ struct RunConfigView {
   std::string attached;                   // HOST:PORT of the launched run's monitor; "" for a run in this window
 };
 
+// A collective's process group as the mesh view lights it.
+struct MeshGroup {
+  bool valid = false;  // some collective (not a send/recv) has run
+  std::string name;    // "tp0" (the label's name), or "the world" (group 0)
+  std::vector<int> ranks;  // global ranks in group order
+  CollectiveOp op = CollectiveOp::AllReduce;
+  uint64_t order = 0;  // its Event::order: the newest wins
+};
+
+// The mesh view: the run's DP x PP x TP layout (engine/core/mesh.h) and the model each rank slices.
+struct MeshView {
+  MeshShape shape;                 // resolve_mesh(world, tp, stages); dp = world when that fails
+  bool sequence_parallel = false;
+  std::vector<int64_t> dims;       // the model spec D0..Dk: Linear l maps dims[l] -> dims[l+1]
+  // Linear layers of each (virtual) pipeline stage: p*v ranges, stage s holding ranges s, s+p, ...;
+  // one range of every Linear without a pipeline.
+  std::vector<StageRange> stages;
+  std::string error;               // why the world is no mesh of the run's tp and stages, else ""
+  // Per rank, what it holds of each Linear of its stage(s), weight then bias:
+  // "0.weight rows 32-63 of 64 (column-parallel)", "0.bias 32-63 of 64", ...
+  std::vector<std::vector<std::string>> slices;
+  MeshGroup group;                 // the newest Collective event's group (label "tp0: 0,1", or the world)
+};
+
 struct Snapshot {
   uint64_t frame = 0;
   // An imported PyTorch profiler trace (dtlab --open), once fully loaded; null otherwise. Immutable:
@@ -232,6 +258,7 @@ struct Snapshot {
   // derived views
   CollectiveView collective;      // the current/last stepped collective
   TopologyView topology;          // the profile and the links the collective's shown step uses
+  MeshView mesh;                  // the DP x PP x TP layout (the mesh view)
   std::vector<BucketView> buckets;  // rank 0's current assignment and states
   int bucket_generation = 0;
   std::vector<UnitView> units;      // FSDP: every unit, every rank

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include "engine/data/sampler.h"
 #include "engine/trace/tuning.h"
@@ -114,6 +115,93 @@ CollectiveView in_world_ranks(const CollectiveView& cv) {
   return w;
 }
 
+// "0.weight rows 32-63 of 64 (column-parallel)" and its bias line, for Linear l of a stage.
+void describe_linear(const std::vector<int64_t>& dims, int l, TpRole role, int degree, int tp_rank,
+                     std::vector<std::string>& out) {
+  const int64_t in = dims[static_cast<size_t>(l)], outf = dims[static_cast<size_t>(l) + 1];
+  const TpSlice s = tp_slice(role, outf, in, degree, tp_rank);
+  const std::string w = std::to_string(2 * l) + ".weight", b = std::to_string(2 * l) + ".bias";
+  auto range = [](int64_t begin, int64_t end, int64_t of) {
+    return std::to_string(begin) + "-" + std::to_string(end - 1) + " of " + std::to_string(of);
+  };
+  switch (role) {
+    case TpRole::Column:
+      out.push_back(w + " rows " + range(s.row_begin, s.row_end, outf) + " (column-parallel)");
+      out.push_back(b + " " + range(s.bias_begin, s.bias_end, outf));
+      break;
+    case TpRole::Row:
+      out.push_back(w + " columns " + range(s.col_begin, s.col_end, in) + " (row-parallel)");
+      out.push_back(b + " whole (added once, after the partial outputs are summed)");
+      break;
+    case TpRole::Replicated:
+      out.push_back(w + " whole, " + std::to_string(outf) + " x " + std::to_string(in) +
+                    (degree > 1 ? " (replicated in the tp group)" : ""));
+      out.push_back(b + " whole");
+      break;
+  }
+}
+
+// What `rank` holds of each Linear of its stage(s) (virtual stages v = pp, pp + p, ...).
+std::vector<std::string> rank_slices(const MeshView& mv, int rank) {
+  const MeshShape& m = mv.shape;
+  const MeshCoord c = mesh_coord(m, rank);
+  std::vector<std::string> out;
+  for (size_t v = static_cast<size_t>(c.pp); v < mv.stages.size(); v += static_cast<size_t>(m.pp)) {
+    const StageRange r = mv.stages[v];
+    const std::vector<TpRole> roles = tp_roles(r.first, r.end, m.tp);
+    for (int l = r.first; l < r.end; l++) describe_linear(mv.dims, l, roles[static_cast<size_t>(l - r.first)], m.tp, c.tp, out);
+  }
+  return out;
+}
+
+// The mesh of the run's --tp and pipeline stages over its world (engine/core/mesh.h).
+void reset_mesh(const TrainConfig& config, MeshView& m) {
+  const bool pipeline = config.strategy == "pipeline";
+  const int stages = pipeline ? config.pipeline.stages : 1;
+  m.sequence_parallel = config.sequence_parallel;
+  m.dims = config.model.dims;
+  try {
+    m.shape = resolve_mesh(config.world_size, config.tp, stages);
+  } catch (const Error& e) {
+    m.shape = MeshShape{config.world_size, 1, 1};
+    m.error = e.what();
+  }
+  const int linears = static_cast<int>(m.dims.size()) - 1;
+  m.stages = {StageRange{0, linears}};
+  if (pipeline && m.error.empty()) {
+    try {
+      m.stages = partition_stages(config.model, stages * std::max(1, config.pipeline.chunks), config.pipeline.split);
+    } catch (const Error&) {  // the run itself refuses such a split; draw the mesh without slices
+      m.stages.clear();
+    }
+  }
+  for (int r = 0; r < m.shape.world(); r++) m.slices.push_back(rank_slices(m, r));
+}
+
+// The newest collective's group, from its label "tp0: 0,1" (name, then global ranks in group
+// order); group 0 is the whole world. Sends and receives belong to no group the view draws.
+void note_mesh_group(const TraceRecorder& rec, const Event& e, MeshView& m) {
+  if (e.kind != EventKind::Collective || point_to_point(e.coll.op) || (m.group.valid && e.order <= m.group.order)) return;
+  MeshGroup g;
+  g.valid = true;
+  g.op = e.coll.op;
+  g.order = e.order;
+  const std::string text = e.coll.group > 0 ? rec.label(e.coll.group - 1) : "";
+  const size_t colon = text.find(':');
+  if (text.empty() || colon == std::string::npos) {
+    g.name = "the world";
+    for (int r = 0; r < m.shape.world(); r++) g.ranks.push_back(r);
+  } else {
+    g.name = text.substr(0, colon);
+    for (size_t pos = colon + 1; pos < text.size();) {  // "0,1" or "0, 1"
+      const size_t comma = std::min(text.find(',', pos), text.size());
+      g.ranks.push_back(std::atoi(text.substr(pos, comma - pos).c_str()));
+      pos = comma + 1;
+    }
+  }
+  m.group = std::move(g);
+}
+
 }  // namespace
 
 const char* bucket_state_name(BucketState s) {
@@ -195,7 +283,9 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.node_size = run.node_size;
   snap_.total_steps = c.steps;
   pipeline_.reset(run.pipeline, N, snap_.pipeline);
+  reset_mesh(config, snap_.mesh);
 }
+
 
 void SnapshotBuilder::begin_frame(std::shared_ptr<const ImportedTrace> trace) {
   snap_.frame++;
@@ -326,6 +416,7 @@ const Snapshot& SnapshotBuilder::finish_frame() {
 
 void SnapshotBuilder::ingest(const TraceRecorder& rec, int rank, const Event& e) {
   const int N = world_;
+  note_mesh_group(rec, e, snap_.mesh);
   switch (e.kind) {
     case EventKind::CollectiveIssue:
       learn_group(rec, e.coll.group);

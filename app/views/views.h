@@ -44,6 +44,8 @@ void draw_shard_view(const Snapshot& s, ViewContext& ctx);
 void draw_topology_view(const Snapshot& s, ViewContext& ctx);
 // The tuning model's all-reduce busbw against size for the run's profile and world (sweep_view.cpp).
 void draw_sweep_view(const Snapshot& s, ViewContext& ctx);
+// The DP x PP x TP mesh (mesh_view.cpp): ranks by coordinates, the latest collective's group lit.
+void draw_mesh_view(const Snapshot& s, ViewContext& ctx);
 
 // What the ring and pipeline views keep between frames (caches, an edit in progress): the app owns
 // one of each and passes it in; the view's file defines what is inside.
