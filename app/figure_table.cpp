@@ -1,6 +1,7 @@
 // The live-figure vocabulary: each figure's name, arguments, one line of help and how it is read
 // from the Snapshot (or computed by the engine's planner, step plans, cost model and schedules).
 #include "app/figure_table.h"
+#include "app/mesh_figures.h"
 
 #include <algorithm>
 #include <cctype>
@@ -334,8 +335,13 @@ std::vector<Entry> collective_entries() {
   auto b = [](bool x) { return x ? 1.0 : 0.0; };
   auto d = [](int64_t x) { return static_cast<double>(x); };
   return {
+    {"mesh.dp", "", "data-parallel replicas of the run's mesh (world / (tp x stages))", [](S s, A) { return double(s.mesh.shape.dp); }},
+    {"mesh.pp", "", "pipeline stages of the mesh (1 without a pipeline)", [](S s, A) { return double(s.mesh.shape.pp); }},
+    {"mesh.tp", "", "ranks per tensor-parallel group (--tp)", [](S s, A) { return double(s.mesh.shape.tp); }},
+    {"mesh.holds(R, NAME)", "ns", "elements of parameter NAME (\"2.weight\") rank R holds: its tensor-parallel slice (0: not in its stage)", [](S s, A a) { return mesh_holds(s, a[0].num, a[1].str); }},
     {"collective.seq", "", "its sequence number (#0 is the first of the run)", [d](S s, A) { return d(static_cast<int64_t>(collective(s).seq)); }},
     {"collective.is(OP)", "s", "1 if it is OP: allreduce, allgather, reduce_scatter, broadcast, barrier, ...", [b](S s, A a) { return b(a[0].str == collective_name(collective(s).op)); }},
+    {"collective.layer", "", "the layer (Sequential index) whose forward or backward rank 0 ran last before issuing it: a TP collective's f or g follows its layer (-1: none)", [](S s, A) { return collective_layer(s); }},
     {"collective.bytes", "", "payload S in bytes (the whole buffer of an all-reduce)", [d](S s, A) { return d(collective(s).bytes); }},
     {"collective.count", "", "elements per rank buffer", [d](S s, A) { return d(collective(s).count); }},
     {"collective.steps", "", "algorithm steps: 2(n-1) for a ring all-reduce", [](S s, A) { return double(collective(s).steps); }},
@@ -410,6 +416,8 @@ std::vector<Entry> history_entries() {
        return count_events(s, a[0].num, [](const Event& e) { return e.kind == EventKind::Compute && e.compute.kind == ComputeKind::Loss; }); }},
     {"count.collectives(I, OP)", "ns", "collectives OP (broadcast, reduce, allreduce, ...) rank 0 ran in iteration I", [](S s, A a) {
        return count_events(s, a[0].num, [&a](const Event& e) { return e.kind == EventKind::Collective && a[1].str == collective_name(e.coll.op); }); }},
+    {"count.group_collectives(I, OP, GROUP)", "nss", "collectives OP rank 0 ran in iteration I in its GROUP: tp, dp, pp (its mesh groups) or world", [](S s, A a) {
+       return count_group_collectives(s, a[0].num, a[1].str, a[2].str); }},
     {"count.bucket_allreduces(I)", "n", "bucket all-reduces rank 0 launched in iteration I", [](S s, A a) {
        return count_events(s, a[0].num, [](const Event& e) { return e.kind == EventKind::BucketLaunch; }); }},
     {"loss(K)", "n", "loss of step K (1-based)", [](S s, A a) { return double(step_point(s, a[0]).loss); }},
@@ -551,6 +559,7 @@ std::vector<Entry> formula_entries() {
     {"plan.gradients(P, N, SHARDING, DTYPE?)", "nns|s", "of which gradients", [](S, A a) { return plan_field(a, &MemoryPlan::gradients); }},
     {"plan.optimizer(P, N, SHARDING, DTYPE?)", "nns|s", "of which optimizer state", [](S, A a) { return plan_field(a, &MemoryPlan::optimizer_state); }},
     {"plan.comm(P, N, SHARDING, DTYPE?)", "nns|s", "bytes each rank sends per step", [](S, A a) { return plan_field(a, &MemoryPlan::comm_bytes); }},
+    {"plan.mesh(WHAT, SPEC)", "ss", "the 3-D planner (dtlab-cli plan --tp): WHAT tp, pp, dp (bytes a rank sends per step along it), spanning:tp (groups spanning nodes), slowest (bytes on the slowest link), rank_params, memory, nodes; SPEC \"params=7B world=64 tp=4 stages=4 layers=32 hidden=4096 seq=2048 micro_batch=1 micro_batches=8 dtype=mixed profile=dgx-h100x2\"", [](S, A a) { return plan_mesh_figure(a[0].str, a[1].str); }},
     {"plan.hybrid(P, N, K, DTYPE?)", "nnn|s", "bytes per rank under HYBRID_SHARD: P parameters on N ranks, sharded in groups of K (AdamW)", [](S, A a) { return plan_hybrid(a); }},
     {"algo.steps(ALGO, N)", "sn", "steps of an all-reduce with ALGO (ring, tree, naive, dbtree, nvls) on N ranks", [](S, A a) { return double(algorithm_step_count(CollectiveOp::AllReduce, parse_algorithm(a[0].str), count_arg(a[1], "algo: world", 1, 64))); }},
     {"algo.sent(ALGO, N, BYTES, R)", "snnn", "bytes rank R sends in an all-reduce of BYTES", [](S, A a) { auto v = algo_sent(a); return v[static_cast<size_t>(index_of(a[3], v.size(), "rank"))]; }},

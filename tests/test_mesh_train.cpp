@@ -171,3 +171,16 @@ TEST_SUITE("mesh") {
     CHECK(lines[7] == "  Linear 8 (32 -> 3): replicated, every rank holds all of it");
   }
 }
+
+TEST_SUITE("mesh") {
+  TEST_CASE("--tp with a strategy that has no replica to split gets the strategy's sentence first") {
+    TrainConfig c = mesh_config("single", 1, 2, OptimizerKind::AdamW);
+    CHECK(error_of(c) == "--tp splits each layer across the ranks of one replica; use it with --strategy ddp, fsdp or pipeline "
+                         "(e.g. --strategy ddp --world 2 --tp 2)");
+    c = mesh_config("pipeline", 4, 1, OptimizerKind::AdamW);
+    c.pipeline.stages = 2;
+    c.pipeline.dp = 1;
+    c.world_size = 3;  // without --tp the pipeline's own sentence stays
+    CHECK(error_of(c).rfind("--world 3 is not --stages 2 x --dp 1 = 2", 0) == 0);
+  }
+}

@@ -77,6 +77,9 @@ void draw_no_buckets(const Snapshot& s) {
     ImGui::TextDisabled("DDP packs gradients into buckets in reverse layer order and all-reduces each bucket as "
                         "soon as backward has filled it, overlapping communication with the rest of backward.");
     ImGui::PopTextWrapPos();
+  } else if (s.mesh.shape.tp > 1 && s.mesh.shape.dp == 1) {
+    ImGui::TextUnformatted("One replica: every rank is in the one tensor-parallel group (--tp = --world).");
+    ImGui::TextDisabled("No gradient is averaged across replicas, so DDP has no buckets; add ranks (--world 2 x --tp) for data parallelism.");
   } else {
     ImGui::TextDisabled("Waiting for DDP to assign its buckets...");
   }

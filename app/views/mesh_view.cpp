@@ -51,7 +51,7 @@ std::vector<Rect> layout(const MeshShape& m, ImVec2 p0, ImVec2 size, std::vector
   const int cols = m.dp <= 4 ? m.dp : static_cast<int>(std::ceil(std::sqrt(static_cast<double>(m.dp))));
   const int rows = (m.dp + cols - 1) / cols;
   // A stage: its title, the tp box's title, the cells; a replica: its title and its stages.
-  const float max_cell_w = fs * 10.0f, max_cell_h = fs * 4.0f;
+  const float max_cell_w = fs * 12.0f, max_cell_h = fs * 5.0f;
   const float max_rw = static_cast<float>(m.tp) * max_cell_w + gap * 4.0f;
   const float max_rh = title + static_cast<float>(m.pp) * (2.0f * title + max_cell_h + gap * 2.0f) + gap;
   const float rw = std::min(max_rw, (size.x - gap * static_cast<float>(cols + 1)) / static_cast<float>(cols));
@@ -76,25 +76,41 @@ std::vector<Rect> layout(const MeshShape& m, ImVec2 p0, ImVec2 size, std::vector
   return cells;
 }
 
-// The hovered rank's coordinates, its groups and its slices of the model.
-void rank_tooltip(const MeshView& mv, int rank) {
+// A rank's coordinates, its groups and its slices of the model, one line each (indented: details).
+std::vector<std::string> rank_lines(const MeshView& mv, int rank) {
   const MeshShape& m = mv.shape;
   const MeshCoord c = mesh_coord(m, rank);
-  ImGui::BeginTooltip();
-  ImGui::Text("rank %d: dp %d, pp %d, tp %d", rank, c.dp, c.pp, c.tp);
+  std::vector<std::string> lines{"rank " + std::to_string(rank) + ": dp " + std::to_string(c.dp) + ", pp " + std::to_string(c.pp) +
+                                 ", tp " + std::to_string(c.tp)};
   for (MeshDim d : {MeshDim::TP, MeshDim::PP, MeshDim::DP}) {
     if (m.size(d) < 2) continue;
     std::vector<std::string> ranks;
     for (int r : mesh_group(m, d, rank)) ranks.push_back(std::to_string(r));
-    ImGui::TextDisabled("%s: ranks %s", mesh_group_name(m, d, rank).c_str(), join(ranks, ", ").c_str());
+    lines.push_back("  " + mesh_group_name(m, d, rank) + ": ranks " + join(ranks, ", "));
   }
-  ImGui::Separator();
-  ImGui::TextUnformatted(mv.sequence_parallel ? "holds (sequence parallel: activations split by tokens too):" : "holds:");
+  lines.push_back(mv.sequence_parallel ? "holds (sequence parallel: activations split by tokens too):" : "holds:");
   if (static_cast<size_t>(rank) >= mv.slices.size() || mv.slices[static_cast<size_t>(rank)].empty())
-    ImGui::TextDisabled("(the model's split over the stages is not known)");
+    lines.push_back("  (the model's split over the stages is not known)");
   else
-    for (const std::string& line : mv.slices[static_cast<size_t>(rank)]) ImGui::BulletText("%s", line.c_str());
+    for (const std::string& line : mv.slices[static_cast<size_t>(rank)]) lines.push_back("  " + line);
+  return lines;
+}
+
+void rank_tooltip(const MeshView& mv, int rank) {
+  ImGui::BeginTooltip();
+  for (const std::string& line : rank_lines(mv, rank)) ImGui::TextUnformatted(line.c_str());
   ImGui::EndTooltip();
+}
+
+// Beside the grid, for a projector: the shown rank's lines (the hovered one, else the lit group's first).
+void rank_panel(ImDrawList* dl, const MeshView& mv, int rank, ImVec2 at, bool hovered) {
+  const float fs = ImGui::GetFontSize();
+  dl->AddText(at, kDim, hovered ? "hovered:" : "hover a rank to see what it holds; shown:");
+  at.y += fs * 1.4f;
+  for (const std::string& line : rank_lines(mv, rank)) {
+    dl->AddText(at, line.rfind("  ", 0) == 0 ? kDim : kText, line.c_str());
+    at.y += fs * 1.25f;
+  }
 }
 
 void header(const Snapshot& s, const MeshGroup& g) {
@@ -139,7 +155,9 @@ void draw_mesh_view(const Snapshot& s, ViewContext& ctx) {
   ImDrawList* dl = ImGui::GetWindowDrawList();
   const float fs = ImGui::GetFontSize();
   std::vector<Rect> replicas, stages, tp_boxes;
-  const std::vector<Rect> cells = layout(m, p0, avail, replicas, stages, tp_boxes);
+  // A wide window keeps its right part for the shown rank's slices.
+  const float panel_w = avail.x > fs * 60.0f ? std::min(fs * 30.0f, avail.x * 0.4f) : 0.0f;
+  const std::vector<Rect> cells = layout(m, p0, ImVec2(avail.x - panel_w, avail.y), replicas, stages, tp_boxes);
   for (int d = 0; d < m.dp; d++) titled_box(dl, replicas[static_cast<size_t>(d)], kBox, kBoxEdge, "dp replica " + std::to_string(d));
   for (int i = 0; i < m.dp * m.pp; i++) {
     const int first = i * m.tp;  // the tp group's lowest rank
@@ -165,8 +183,13 @@ void draw_mesh_view(const Snapshot& s, ViewContext& ctx) {
     if (hovered && c.contains(mouse)) hover = r;
   }
   if (g.valid) draw_group(dl, cells, g);
-  if (hover >= 0) {
-    dl->AddRect(cells[static_cast<size_t>(hover)].a, cells[static_cast<size_t>(hover)].b, kText, 4.0f, 0, 2.0f);
+  if (hover >= 0) dl->AddRect(cells[static_cast<size_t>(hover)].a, cells[static_cast<size_t>(hover)].b, kText, 4.0f, 0, 2.0f);
+  float right = p0.x;
+  for (const Rect& r : replicas) right = std::max(right, r.b.x);
+  if (panel_w > 0) {
+    const int shown = hover >= 0 ? hover : g.valid && !g.ranks.empty() ? g.ranks.front() : 0;
+    rank_panel(dl, mv, shown, ImVec2(right + fs * 1.5f, p0.y + fs * 0.6f), hover >= 0);
+  } else if (hover >= 0) {
     rank_tooltip(mv, hover);
   }
 }

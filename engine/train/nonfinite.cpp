@@ -52,7 +52,7 @@ NonFiniteSite find_nonfinite(const Model& model) {
     return s;
   }
   for (int i = 0; i < model.num_layers(); i++) {
-    if (any_nonfinite(dev, model.layer_output(i), B * model.layer(i).out_features)) {
+    if (any_nonfinite(dev, model.layer_output(i), model.layer_output_rows(i) * model.layer(i).out_features)) {
       s.kind = NonFiniteSite::LayerOutput;
       s.layer = i;
       return s;

@@ -57,12 +57,12 @@ std::unique_ptr<Device> make_gpu(int rank, int device) {
 void validate_tensor_parallel(const TrainConfig& c) {
   if (c.sequence_parallel && c.tp < 2)
     throw Error("--sequence-parallel splits activations across the tensor-parallel group; add --tp 2 or more");
+  if (c.tp == 1) return;  // (a pipeline's world is checked against its stages by plan_pipeline)
   const bool pipeline = c.strategy == "pipeline";
-  const MeshShape m = resolve_mesh(c.world_size, c.tp, pipeline ? c.pipeline.stages : 1);
-  if (c.tp == 1) return;
   if (c.strategy != "ddp" && c.strategy != "fsdp" && !pipeline)
     throw Error("--tp splits each layer across the ranks of one replica; use it with --strategy ddp, fsdp or pipeline "
                 "(e.g. --strategy ddp --world " + std::to_string(c.tp) + " --tp " + std::to_string(c.tp) + ")");
+  const MeshShape m = resolve_mesh(c.world_size, c.tp, pipeline ? c.pipeline.stages : 1);
   if (c.backend != "threads" || c.device != "cpu")
     throw Error("--tp runs its ranks as threads of this process on the CPU in this version; use --backend threads --device cpu");
   if (pipeline && c.sequence_parallel)
@@ -236,6 +236,13 @@ struct StepBuffers {
   }
 };
 
+// Gives a model its observer back when the rank's loop ends.
+struct RestoreObserver {
+  Model& m;
+  ComputeObserver* o;
+  ~RestoreObserver() { m.set_observer(o); }
+};
+
 // m[0..3] summed over every rank, through `figures` (4 floats on the rank's device).
 void sum_over_ranks(Communicator& comm, Tensor& figures, double m[4]) {
   Device& dev = figures.device();
@@ -312,9 +319,9 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   const bool in_world = config_.strategy != "single" && !launched_;  // ranks as threads here
   const int me = launched_ ? config_.socket.rank : 0;
   const bool pipeline = config_.strategy == "pipeline";
-  mesh_ = resolve_mesh(N, config_.tp, pipeline ? config_.pipeline.stages : 1);
   if (pipeline)  // a TP group runs each pipeline rank's part: the pipeline sees dp x stages ranks
     pipeline_ = std::make_unique<PipelinePlan>(plan_pipeline(config_.model, config_.pipeline, config_.batch, N / config_.tp));
+  mesh_ = resolve_mesh(N, config_.tp, pipeline ? config_.pipeline.stages : 1);
   if (pipeline && config_.tp > 1)  // Megatron pairs the Linear layers of each stage
     for (const StageRange& s : pipeline_->stages) check_tp_widths(config_.model.dims, s.first, s.end, config_.tp);
   // Instrumentation is always on (it costs well under 3% of a step, see bench/bench_step.cpp); the
@@ -608,11 +615,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
   ComputeObserver* const obs = timer ? static_cast<ComputeObserver*>(timer.get()) : ctx;
   ComputeObserver* const model_obs = model.observer();
   model.set_observer(obs);
-  struct RestoreObserver {
-    Model& m;
-    ComputeObserver* o;
-    ~RestoreObserver() { m.set_observer(o); }
-  } restore{model, model_obs};
+  const RestoreObserver restore{model, model_obs};
 
   // --tp: the rank's TP group runs the model's f and g; DDP or FSDP work over its DP group (none
   // when the mesh has one replica).
