@@ -44,8 +44,17 @@ struct ShellResult {
   std::string out;
 };
 
-// Runs a shell command line, capturing stdout and stderr together.
-inline ShellResult shell(const std::string& cmd) {
+// LeakSanitizer's own stop-the-world tracer sometimes crashes at a process's exit (google/sanitizers
+// #1353: "Tracer caught signal 11" then "LeakSanitizer has encountered a fatal error"), most often in
+// the lab under Xvfb with Mesa's threads. That is the sanitizer failing, not a leak (a leak prints
+// "ERROR: LeakSanitizer: detected memory leaks"), so such a run is retried; a real report never is.
+inline bool lsan_tracer_crashed(const std::string& out) {
+  return out.find("Tracer caught signal") != std::string::npos &&
+         out.find("LeakSanitizer has encountered a fatal error") != std::string::npos &&
+         out.find("detected memory leaks") == std::string::npos;
+}
+
+inline ShellResult shell_once(const std::string& cmd) {
   ShellResult r;
   FILE* p = popen((cmd + " 2>&1").c_str(), "r");
   if (!p) return r;
@@ -54,6 +63,14 @@ inline ShellResult shell(const std::string& cmd) {
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
   int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// Runs a shell command line, capturing stdout and stderr together (retried up to twice when only
+// LeakSanitizer's tracer crashed at exit, above).
+inline ShellResult shell(const std::string& cmd) {
+  ShellResult r = shell_once(cmd);
+  for (int retry = 0; retry < 2 && r.code != 0 && lsan_tracer_crashed(r.out); retry++) r = shell_once(cmd);
   return r;
 }
 
