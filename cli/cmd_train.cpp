@@ -14,6 +14,7 @@
 #include "engine/core/check.h"
 #include "engine/core/format.h"
 #include "engine/io/checkpoint.h"
+#include "engine/parallel/memory_plan.h"
 #include "engine/train/train.h"
 
 namespace dtlab::cli {
@@ -253,6 +254,18 @@ void print_memory(std::ostream& out, const TrainConfig& c, const TrainSummary& s
   }
 }
 
+// --activation-checkpointing: the measured activations beside the planner's prediction for the model's
+// own buffers with and without it (the loss adds its probabilities and their gradient, 2 x B x C floats).
+void print_checkpointing(std::ostream& out, const TrainConfig& c, const TrainSummary& s) {
+  const int64_t with = mlp_activation_bytes(c.model, c.batch, true);
+  const int64_t without = mlp_activation_bytes(c.model, c.batch, false);
+  const int64_t loss = 2 * c.batch * c.model.out_features() * static_cast<int64_t>(sizeof(float));
+  out << "activation checkpointing: activations peak " << human_bytes(s.memory.peak[static_cast<int>(MemCategory::Activations)])
+      << "; predicted " << human_bytes(with + loss) << " (" << human_bytes(without + loss) << " without, "
+      << (without >= with ? human_bytes(without - with) + " saved" : human_bytes(with - without) + " more") << "; the model's buffers for a batch of " << c.batch
+      << " plus the loss's 2 x batch x classes floats)\n";
+}
+
 void print_summary(std::ostream& out, const Trainer& trainer, const TrainSummary& s) {
   const TrainConfig& c = trainer.config();
   char line[256];
@@ -281,6 +294,7 @@ void print_summary(std::ostream& out, const Trainer& trainer, const TrainSummary
   }
   if (c.strategy == "pipeline") print_pipeline_summary(out, trainer, s);
   print_memory(out, c, s);
+  if (c.activation_checkpointing) print_checkpointing(out, c, s);
   if (!c.trace_path.empty()) out << "trace written to " << c.trace_path << " (open it in ui.perfetto.dev)\n";
   if (!c.save_path.empty())
     out << "saved " << c.save_path << " (step " << s.start_step + s.steps << ")\n";

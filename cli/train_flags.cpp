@@ -103,6 +103,9 @@ void add_other_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
       app.add_option("--backend", f.backend, "Where ranks run: threads (all in this process) | cuda (threads sharing a GPU) | nccl "
                                              "(one GPU per rank) | socket (one process per rank, as dtlab-cli launch starts them); "
                                              "default: nccl with a GPU per rank, cuda with fewer GPUs, else threads"),
+      app.add_flag("--activation-checkpointing", c.activation_checkpointing,
+                   "torch.utils.checkpoint per Linear+ReLU block: forward keeps only block inputs, backward recomputes "
+                   "each block first (same results, less activation memory, more compute)"),
   });
 }
 

@@ -227,13 +227,17 @@ void Model::add_bias_rows(float* out, const float* bias, int64_t B, int64_t OC) 
 // row-parallel one computes a partial product from its slice of the inputs, g all-reduces it, and the
 // bias is added once. The collectives run outside the compute scopes: they are the comm lane's.
 void Model::layer_forward(int i, float* out, const float* in, int64_t B) {
+  forward_layer_as(i, out, in, B, ComputeKind::LayerForward);
+}
+
+void Model::forward_layer_as(int i, float* out, const float* in, int64_t B, ComputeKind kind) {
   DTLAB_CHECK(!sequence_parallel(),
               "layer_forward() runs tensor parallelism without sequence parallelism; a sequence-parallel model "
               "runs through forward()");
   const Layer& L = layer(i);
   const bool row = L.kind == LayerKind::Linear && L.tp == TpRole::Row;
   {
-    ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, B));
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, B));
     if (L.kind == LayerKind::Linear) {
       device_.linear_forward(out, in, params_[L.weight].data, row ? nullptr : params_[L.bias].data, B,
                              L.in_features, L.out_features);
@@ -400,22 +404,29 @@ void Model::sp_linear_backward(int i, float* dinp, const float* dout, const floa
 void Model::ensure_activations(int64_t B) {
   batch_ = B;
   padded_ = sequence_parallel() ? (B + tp_.degree - 1) / tp_.degree * tp_.degree : B;
-  if (B <= capacity_ && !acts_.empty()) return;  // a smaller (last) batch reuses the buffers
+  // A smaller (last) batch reuses the buffers.
+  if (B <= capacity_ && !acts_.empty() && checkpointed_alloc_ == checkpointing_) return;
   acts_.clear();
+  recompute_ = Tensor();
   sp_gathered_.clear();
   int64_t widest = 0;  // elements of the largest activation gradient
+  int64_t recompute_width = 0;  // checkpointing: elements of the widest block output
   for (int i = 0; i < num_layers(); i++) {
     const Layer& L = layer(i);
     const int64_t rows_in = sequence_parallel() ? sp_rows(i, false) : B;
     const int64_t rows_out = sequence_parallel() ? sp_rows(i, true) : B;
-    acts_.emplace_back(Shape{rows_out, L.out_features}, MemCategory::Activations, tracker_, DType::F32, device_);
+    acts_.push_back(keeps_output(i) ? Tensor({rows_out, L.out_features}, MemCategory::Activations, tracker_, DType::F32, device_)
+                                    : Tensor());
+    if (checkpointing_) recompute_width = std::max(recompute_width, rows_out * L.out_features);
     const bool gather = sequence_parallel() && L.kind == LayerKind::Linear && L.tp == TpRole::Column;
     sp_gathered_.push_back(gather ? Tensor({padded_, L.in_features}, MemCategory::Activations, tracker_, DType::F32, device_)
                                   : Tensor());
     widest = std::max({widest, rows_in * L.in_features, rows_out * L.out_features});
   }
   for (auto& d : dbuf_) d = Tensor({widest}, MemCategory::Activations, tracker_, DType::F32, device_);
+  if (recompute_width > 0) recompute_ = Tensor({recompute_width}, MemCategory::Activations, tracker_, DType::F32, device_);
   capacity_ = B;
+  checkpointed_alloc_ = checkpointing_;
 }
 
 const float* Model::forward(const float* x, int64_t B) {
@@ -428,10 +439,11 @@ const float* Model::forward(const float* x, int64_t B) {
     layer_in_[static_cast<size_t>(i)] = in;
     if (layer_skipped(i)) continue;  // the branch: this block's output is its input
     if (hooks_) hooks_->before_forward(i);
-    if (sp) sp_layer_forward(i, acts_[i].f32(), in);
-    else layer_forward(i, acts_[i].f32(), in, B);
+    float* out = keeps_output(i) ? acts_[i].f32() : recompute_.f32();
+    if (sp) sp_layer_forward(i, out, in);
+    else layer_forward(i, out, in, B);
     if (hooks_) hooks_->after_forward(i);
-    in = acts_[i].f32();
+    in = out;
   }
   if (!sp) return in;
   // Every TP rank returns all rows (Megatron's gather_from_sequence_parallel_region; its backward is
@@ -454,9 +466,11 @@ void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
     const float* in = layer_in_[static_cast<size_t>(i)];
     // Ping-pong between the two buffers, never writing the one `dout` points into.
     float* dinp = i > first ? (dout == dbuf_[0].f32() ? dbuf_[1].f32() : dbuf_[0].f32()) : nullptr;
+    if (checkpointing_ && keeps_output(i)) recompute_block(i);  // a block's last layer: run it again first
+    const float* out = checkpointing_ ? recompute_.f32() : acts_[i].f32();
     if (hooks_) hooks_->before_backward(i);
-    if (sp) sp_layer_backward(i, dinp, dout, in, acts_[i].f32());
-    else layer_backward(i, dinp, dout, in, acts_[i].f32(), batch_);
+    if (sp) sp_layer_backward(i, dinp, dout, in, out);
+    else layer_backward(i, dinp, dout, in, out, batch_);
     if (hooks_) hooks_->after_backward(i);
     const Layer& L = layer(i);
     if (L.kind == LayerKind::Linear && on_grad_ready) {
@@ -464,6 +478,33 @@ void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
       on_grad_ready(L.weight);
     }
     dout = dinp;
+  }
+}
+
+void Model::set_activation_checkpointing(bool on) {
+  if (on && tp_.degree > 1)
+    throw Error("activation checkpointing does not run with tensor parallelism (--tp " + std::to_string(tp_.degree) +
+                "); drop --activation-checkpointing or --tp");
+  checkpointing_ = on;
+}
+
+bool Model::keeps_output(int i) const {
+  if (!checkpointing_ || i + 1 >= num_layers()) return true;
+  return layer(i).kind == LayerKind::ReLU;  // a Linear with a ReLU after it is inside its block
+}
+
+// torch.utils.checkpoint's recomputation (non-reentrant: triggered when backward first needs the
+// block's saved tensors): the block's Linear again from its kept input into recompute_, its ReLU in
+// place there (elementwise, so the values equal the forward's bit for bit). The ReLU's backward then
+// reads recompute_ as its output; the last Linear alone recomputes the logits, which its backward does
+// not read: the flops are what the run pays, as in torch.
+void Model::recompute_block(int last) {
+  const int first = layer(last).kind == LayerKind::ReLU ? last - 1 : last;
+  float* buf = recompute_.f32();
+  for (int i = first; i <= last; i++) {
+    if (hooks_) hooks_->before_recompute(i);
+    forward_layer_as(i, buf, i == first ? layer_in_[static_cast<size_t>(i)] : buf, batch_, ComputeKind::Recompute);
+    if (hooks_) hooks_->after_recompute(i);
   }
 }
 

@@ -78,6 +78,10 @@ class LayerHooks {
   virtual void after_forward(int layer) {}
   virtual void before_backward(int layer) {}
   virtual void after_backward(int layer) {}
+  // Around a layer's forward run again in backward (activation checkpointing); by default the
+  // forward's hooks (FSDP gathers the unit's parameters again, without prefetching the next unit).
+  virtual void before_recompute(int layer) { before_forward(layer); }
+  virtual void after_recompute(int layer) { after_forward(layer); }
 };
 
 struct Layer {
@@ -173,12 +177,25 @@ class Model {
   // before the first forward, and for a layer the branch bypassed.
   const float* last_input() const { return input_; }
   const float* layer_output(int i) const {
-    return input_ && !layer_skipped(i) ? acts_[static_cast<size_t>(i)].f32() : nullptr;
+    return input_ && !layer_skipped(i) && keeps_output(i) ? acts_[static_cast<size_t>(i)].f32() : nullptr;
   }
   // Rows of layer_output(i): batch() unless sequence parallel, where a layer inside a pair (a
   // column-parallel Linear and its ReLU) holds the padded batch and every other layer this rank's
   // 1/degree of it (engine/core/mesh.h).
   int64_t layer_output_rows(int i) const;
+
+  // Activation checkpointing (torch.utils.checkpoint, non-reentrant, per block: a Linear and the ReLU
+  // after it, the last Linear alone; docs/course_sources.md §6d). forward() keeps only each block's
+  // output (the next block's input; the first block's input is the caller's x); the Linear's output
+  // inside a block goes to one recompute buffer shared by every block. backward() runs each block's
+  // forward again into that buffer (reported as ComputeKind::Recompute, the hooks' before/after_recompute
+  // around it), then its backward: the same kernels in the same order, so the gradients are
+  // bit-identical. Not with tensor parallelism (dtlab::Error). layer_output(i) is null for a Linear
+  // inside a block while it is on.
+  void set_activation_checkpointing(bool on);
+  bool activation_checkpointing() const { return checkpointing_; }
+  // Is layer i's output kept from forward to backward? (Always, unless checkpointing.)
+  bool keeps_output(int i) const;
 
   // Instrumentation: every layer_forward/layer_backward is reported (null: none).
   void set_observer(ComputeObserver* obs) { observer_ = obs; }
@@ -189,6 +206,8 @@ class Model {
 
  private:
   void ensure_activations(int64_t B);
+  void forward_layer_as(int i, float* out, const float* in, int64_t B, ComputeKind kind);
+  void recompute_block(int last);  // checkpointing: the block ending at layer `last`, into recompute_
   // Tensor parallelism (model.cpp: f and g around each pair; sequence parallel variants).
   bool sequence_parallel() const { return tp_.degree > 1 && tp_.sequence_parallel; }
   TensorParallelComm& tp_comm() const;
@@ -211,6 +230,9 @@ class Model {
   Tensor flat_grads_;   // (P,)
   std::vector<Tensor> acts_;  // acts_[i]: output of layer i, (B, out_i)
   Tensor dbuf_[2];            // ping-pong activation gradients, (B, max width)
+  Tensor recompute_;          // checkpointing: a block's inner activation, (B, max width)
+  bool checkpointing_ = false;
+  bool checkpointed_alloc_ = false;  // the layout acts_ was allocated for
   bool layer_skipped(int i) const;  // layer i bypassed in the current forward
   const float* input_ = nullptr;
   int skipped_seq_ = -1;

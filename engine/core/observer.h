@@ -5,7 +5,8 @@
 
 namespace dtlab {
 
-enum class ComputeKind : uint8_t { LayerForward, LayerBackward, Loss, LossBackward, OptimizerStep, ZeroGrad, Other };
+// Recompute: a layer's forward run again in backward (activation checkpointing), charged as a forward.
+enum class ComputeKind : uint8_t { LayerForward, LayerBackward, Loss, LossBackward, OptimizerStep, ZeroGrad, Other, Recompute };
 
 class ComputeObserver {
  public:

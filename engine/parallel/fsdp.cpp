@@ -216,6 +216,20 @@ void FullyShardedDataParallel::before_forward(int layer) {
   if (opt_.forward_prefetch) unshard(ui + 1);  // the next unit's parameters arrive during this forward
 }
 
+void FullyShardedDataParallel::before_recompute(int layer) {
+  const int ui = unit_of_layer(layer);
+  if (ui < 0 || units_[static_cast<size_t>(ui)].state != FsdpState::Idle) return;
+  set_state(ui, FsdpState::Forward);
+  if (sharded()) wait_for_unshard(ui);
+}
+
+void FullyShardedDataParallel::after_recompute(int layer) {
+  const int ui = unit_of_layer(layer);
+  if (ui < 0 || units_[static_cast<size_t>(ui)].state != FsdpState::Forward) return;
+  if (sharded() && reshard_after_forward()) reshard(ui);
+  set_state(ui, FsdpState::Idle);
+}
+
 void FullyShardedDataParallel::after_forward(int layer) {
   const int ui = unit_of_layer(layer);
   if (ui < 0 || layer != units_[static_cast<size_t>(ui)].last_layer) return;

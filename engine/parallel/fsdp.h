@@ -97,6 +97,12 @@ class FullyShardedDataParallel : public LayerHooks {
   void after_forward(int layer) override;
   void before_backward(int layer) override;
   void after_backward(int layer) override;
+  // Activation checkpointing's recompute in backward: a unit not yet in its backward gathers its
+  // parameters again for the layer (and reshards after it, as after a forward; FSDP2 skips its
+  // pre-forward only once the unit's pre-backward ran); the next unit is not prefetched. A unit already
+  // in its backward (a whole-model unit) recomputes with the parameters it holds.
+  void before_recompute(int layer) override;
+  void after_recompute(int layer) override;
 
  private:
   struct Unit {

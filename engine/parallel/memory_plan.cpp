@@ -1,5 +1,6 @@
 #include "engine/parallel/memory_plan.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -242,6 +243,24 @@ std::string param_count_str(double params) {
     return buf;
   }
   return num_str(params);
+}
+
+}  // namespace dtlab
+
+namespace dtlab {
+
+int64_t mlp_activation_bytes(const ModelSpec& spec, int64_t batch, bool checkpointing) {
+  const auto& d = spec.dims;
+  const size_t n = d.size() - 1;  // Linear layers
+  int64_t kept = 0, inner = 0, widest_out = 0;
+  for (size_t l = 0; l < n; l++) {
+    kept += d[l + 1];                      // the block's output: its ReLU's, or the last Linear's
+    if (l + 1 < n) inner += d[l + 1];      // the Linear's output inside the block
+    widest_out = std::max(widest_out, d[l + 1]);
+  }
+  const int64_t widest = *std::max_element(d.begin(), d.end());
+  const int64_t floats = kept + (checkpointing ? widest_out : inner) + 2 * widest;
+  return floats * batch * static_cast<int64_t>(sizeof(float));
 }
 
 }  // namespace dtlab

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "engine/core/model.h"  // ModelSpec
 #include "engine/core/optim.h"  // OptimizerKind
 
 namespace dtlab {
@@ -76,5 +77,16 @@ MemoryPlan plan_memory(const MemoryPlanInput& in);
 double parse_param_count(std::string_view text);
 // 7.5e9 -> "7.5B", 1.25e8 -> "125M", 4547 -> "4547": short, for headers and labels.
 std::string param_count_str(double params);
+
+}  // namespace dtlab
+
+namespace dtlab {
+
+// Activation memory of the engine's Model for one batch (no tensor parallelism, no skipped layer):
+// exactly the bytes Model::forward() allocates as MemCategory::Activations (tested against the
+// tracker). Without checkpointing every layer's output (B, out) plus two activation-gradient buffers
+// of B x the widest width; with it (docs/course_sources.md §6d) only each Linear+ReLU block's output
+// (the ReLU's; the last Linear's) plus one recompute buffer of B x the widest output.
+int64_t mlp_activation_bytes(const ModelSpec& spec, int64_t batch, bool checkpointing);
 
 }  // namespace dtlab

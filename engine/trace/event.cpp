@@ -73,6 +73,7 @@ const char* compute_kind_name(ComputeKind k) {
     case ComputeKind::OptimizerStep: return "optimizer_step";
     case ComputeKind::ZeroGrad: return "zero_grad";
     case ComputeKind::Other: return "other";
+    case ComputeKind::Recompute: return "recompute";
   }
   return "?";
 }

@@ -164,6 +164,11 @@ void validate(const TrainConfig& c) {
     if (c.ddp.first_bucket_bytes < 1) throw Error("--first-bucket-mb is too small: a bucket must hold at least 1 byte");
   }
   validate_tensor_parallel(c);
+  if (c.activation_checkpointing && c.strategy == "pipeline")
+    throw Error("--activation-checkpointing is not available with --strategy pipeline in this version (its stages run "
+                "layer by layer); drop one of them");
+  if (c.activation_checkpointing && c.tp > 1)
+    throw Error("--activation-checkpointing is not available with --tp in this version; drop one of them");
   if (!c.save_path.empty()) check_output_path("--save", c.save_path);
   if (!c.save_sharded_path.empty()) {
     if (c.strategy != "fsdp")
@@ -392,6 +397,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
     Device& dev = pipeline ? cpu_device() : device(r);  // the pipeline's full copy stays on the host
     dev.bind_thread();
     models_.push_back(std::make_unique<Model>(spec, mem, config_.seed + static_cast<uint64_t>(r), dev));
+    models_.back()->set_activation_checkpointing(config_.activation_checkpointing && !pipeline);
     if (config_.skip_layer >= 0) {
       models_.back()->set_skipped_layer(config_.skip_layer);  // validates the layer
       models_.back()->set_skipped_layer(-1);

@@ -102,6 +102,9 @@ struct TrainConfig {
   // monitor_wait_s for the viewer to attach.
   int monitor_port = 0;
   double monitor_wait_s = 300;
+  // --activation-checkpointing: torch.utils.checkpoint per Linear+ReLU block (Model::
+  // set_activation_checkpointing); not with the pipeline or --tp.
+  bool activation_checkpointing = false;
 };
 
 // The DistributedSampler a rank of this run draws from: `world` shards of `n` samples, the run's
