@@ -37,7 +37,8 @@ void add_event(RankRows& c, const Event& e, size_t i, double b, double en) {
   switch (e.kind) {
     case EventKind::Compute:
       c.frontier[0] = std::max(c.frontier[0], en);
-      if (e.compute.kind == ComputeKind::LayerBackward) {
+      // A checkpointed block's recompute runs inside backward.
+      if (e.compute.kind == ComputeKind::LayerBackward || e.compute.kind == ComputeKind::Recompute) {
         if (!c.in_backward) c.backward.push_back({b, en}), c.in_backward = true;
         else c.backward.back().e = std::max(c.backward.back().e, en);
       } else {

@@ -24,6 +24,7 @@ namespace {
 // ---- colors: the kinds of work take the palette's work_color(), so the legend holds for every rank
 // (ranks own the lane chips); these are the live timeline's own
 constexpr ImU32 kOtherCompute = IM_COL32(128, 132, 142, 255);
+constexpr ImU32 kRecompute = IM_COL32(214, 84, 112, 255);  // activation checkpointing's forward again
 constexpr ImU32 kBucket = IM_COL32(206, 118, 222, 255);
 constexpr ImU32 kRingScatter = IM_COL32(36, 132, 140, 255);
 constexpr ImU32 kRingGather = IM_COL32(120, 222, 222, 255);
@@ -43,6 +44,7 @@ ImU32 compute_color(ComputeKind k) {
     case ComputeKind::Loss: return work_color(Work::Loss);
     case ComputeKind::LossBackward: return darker(work_color(Work::Loss), 0.82f);
     case ComputeKind::OptimizerStep: return work_color(Work::Optimizer);
+    case ComputeKind::Recompute: return kRecompute;
     default: return kOtherCompute;
   }
 }
@@ -54,6 +56,7 @@ const char* compute_short(ComputeKind k) {
     case ComputeKind::LossBackward: return "loss bwd";
     case ComputeKind::OptimizerStep: return "opt";
     case ComputeKind::ZeroGrad: return "zero";
+    case ComputeKind::Recompute: return "re";
     default: return "op";
   }
 }
@@ -661,6 +664,7 @@ void draw_toolbar(TimelineViewState& view, ViewContext& ctx) {
   bool first = true;
   legend_item(work_color(Work::Forward), "forward", first);
   legend_item(work_color(Work::Backward), "backward", first);
+  legend_item(kRecompute, "recompute", first);
   legend_item(work_color(Work::Loss), "loss", first);
   legend_item(work_color(Work::Optimizer), "optimizer", first);
   legend_item(work_color(Work::Communication), "collective", first);
