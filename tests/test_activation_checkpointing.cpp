@@ -12,6 +12,7 @@
 #include "engine/core/model.h"
 #include "engine/parallel/memory_plan.h"
 #include "engine/train/train.h"
+#include "tests/cli_util.h"
 #include "tests/train_util.h"
 
 using namespace dtlab;
@@ -215,5 +216,17 @@ TEST_SUITE("activation_checkpointing") {
     CHECK_THROWS_WITH(m.set_activation_checkpointing(true),
                       "activation checkpointing does not run with tensor parallelism (--tp 2); drop "
                       "--activation-checkpointing or --tp");
+  }
+  TEST_CASE("dtlab-cli train prints the activations' peak beside the prediction; the pipeline exits 2") {
+    const test::CliResult r = test::run_cli(
+        {"train", "--model", "mlp:2,64,64,64,3", "--steps", "3", "--activation-checkpointing"});
+    CHECK(r.code == 0);
+    // (4 x 64 kept + 64 recompute + 2 x 64 gradients) x 64 rows x 4 bytes, plus the loss's 2 x 64 x 3 floats.
+    CHECK(r.out.find("activation checkpointing: activations peak 98.2 KiB; predicted 98.2 KiB (130.2 KiB without, "
+                     "32.0 KiB saved;") != std::string::npos);
+    const test::CliResult p =
+        test::run_cli({"train", "--strategy", "pipeline", "--world", "2", "--steps", "1", "--activation-checkpointing"});
+    CHECK(p.code == 2);
+    CHECK(p.err.find("--activation-checkpointing is not available with --strategy pipeline") != std::string::npos);
   }
 }
