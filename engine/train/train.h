@@ -102,6 +102,11 @@ struct TrainConfig {
   // monitor_wait_s for the viewer to attach.
   int monitor_port = 0;
   double monitor_wait_s = 300;
+  // LoRA (engine/core/model.h's LoraSpec; rank 0: off): the base weights are frozen and only the
+  // adapters train, communicate and hold optimizer state. --save writes the adapters under peft's
+  // names, or with merge_lora the merged plain model.
+  LoraSpec lora;
+  bool merge_lora = false;
 };
 
 // The DistributedSampler a rank of this run draws from: `world` shards of `n` samples, the run's
