@@ -204,6 +204,24 @@ TEST_CASE("DDP buckets and FSDP reduce-scatters carry 4 x r x (in + out) bytes a
   }
 }
 
+TEST_CASE("DDP and FSDP with LoRA train every rank to the one-rank run's adapters") {
+  // Rank 1 builds its replica from seed + 1: the frozen base must still be rank 0's (as torch's DDP
+  // broadcasts frozen parameters too) and the adapters arrive by DDP's or FSDP's broadcast.
+  TrainConfig one = lora_config("single", 1, 12, 4);
+  one.batch = 32;
+  one.lora.layers = {0, 4};
+  Trainer ref(one);
+  ref.run();
+  for (const std::string strategy : {"ddp", "fsdp"}) {
+    CAPTURE(strategy);
+    TrainConfig c = lora_config(strategy, 2, 12, 4);
+    c.lora.layers = {0, 4};
+    Trainer t(c);
+    t.run();
+    for (int r = 0; r < 2; r++) CHECK(test::max_abs_diff(t.rank_model(r), ref.model()) <= 1e-5);
+  }
+}
+
 TEST_CASE("LoRA on spiral: the loss falls though the base never trains") {
   TrainConfig c = lora_config("single", 1, 400, 4);
   c.batch = 64;

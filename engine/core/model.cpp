@@ -472,8 +472,10 @@ void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
     if (hooks_) hooks_->after_backward(i);
     const Layer& L = layer(i);
     if (L.kind == LayerKind::Linear && on_grad_ready) {
-      on_grad_ready(L.bias);
-      on_grad_ready(L.weight);
+      // Bias before weight; under LoRA lora_B before lora_A (autograd reaches B first), and a frozen
+      // Linear has nothing to report.
+      const std::vector<int> ps = trainable_of(L);
+      for (auto it = ps.rbegin(); it != ps.rend(); ++it) on_grad_ready(*it);
     }
     dout = dinp;
   }
