@@ -274,8 +274,9 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.largest_unit_params = c.wrap_layers ? 0 : c.num_params;
   if (c.wrap_layers)
     for (int i = 0; i < model.num_layers(); i++) {
-      const Layer& l = model.layer(i);
-      if (l.kind == LayerKind::Linear) c.largest_unit_params = std::max(c.largest_unit_params, l.in_features * l.out_features + l.out_features);
+      int64_t unit = 0;  // the Linear's trainable parameters (under LoRA its adapters)
+      for (int p : model.trainable_of(model.layer(i))) unit += model.parameters()[static_cast<size_t>(p)].numel;
+      c.largest_unit_params = std::max(c.largest_unit_params, unit);
     }
   // BACKWARD_PRE holds the next unit's parameters beside this unit's parameters and gradient.
   // (Forward prefetch holds two units' parameters only, no more than one unit in backward.)

@@ -26,6 +26,9 @@ int run_eval(const EvalArgs& a, Streams& io) {
   if (!a.logits.empty()) check_output_path("--logits", a.logits);
   set_compute_threads(a.threads);
   CheckpointInfo info = read_checkpoint_info(a.init);
+  if (info.metadata.contains("lora_rank"))
+    throw Error(a.init + " holds LoRA adapters without their base model; train with --lora-rank R --merge-lora --save PATH "
+                "to write a whole model that eval reads");
   std::string spec_text = !a.model.empty() ? a.model : info.model_spec;
   if (spec_text.empty())
     throw Error(a.init + " does not say which model it holds; give --model mlp:D0,...,Dk");

@@ -109,6 +109,29 @@ void add_other_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
   });
 }
 
+// LoRA (peft's LoraConfig: r, lora_alpha default 8, adapters on every Linear unless listed;
+// docs/course_sources.md §6d).
+void add_lora_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
+  f.lora_rank_opt = app.add_option("--lora-rank", f.lora_rank, "LoRA: adapter rank r; freezes the base weights and trains only the adapters");
+  f.lora_alpha_opt = app.add_option("--lora-alpha", c.lora.alpha, "LoRA: alpha (scaling = alpha / r; peft's default 8)");
+  f.lora_layers_opt = app.add_option("--lora-layers", c.lora.layers, "LoRA: Sequential indices of the adapted Linears, e.g. 0,4 (default: every Linear)")
+                          ->delimiter(',');
+  f.merge_lora_opt = app.add_flag("--merge-lora", c.merge_lora, "LoRA: --save writes the merged weights (W + scaling B A), a plain torch.nn.Sequential state_dict");
+  for (CLI::Option* o : {f.lora_rank_opt, f.lora_alpha_opt, f.lora_layers_opt, f.merge_lora_opt}) f.all.push_back(o);
+}
+
+void finish_lora(const TrainFlags& f, TrainConfig& c) {
+  if (f.lora_rank_opt->count() == 0) {
+    for (const CLI::Option* o : {f.lora_alpha_opt, f.lora_layers_opt, f.merge_lora_opt})
+      if (o->count() > 0) throw Error(o->get_name() + " configures LoRA adapters; add --lora-rank R (e.g. --lora-rank 4)");
+    return;
+  }
+  c.lora.rank = f.lora_rank;
+  check_lora_spec(c.model, c.lora);
+  if (c.merge_lora && c.save_path.empty())
+    throw Error("--merge-lora says what --save writes; add --save PATH.safetensors");
+}
+
 // Each flag of `group` that was given needs `strategy`.
 void refuse_unless(bool strategy_given, const std::vector<CLI::Option*>& group, const std::string& why_and_fix) {
   if (strategy_given) return;
@@ -164,6 +187,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
   add_fsdp_flags(app, f, c);
   add_pipeline_flags(app, f, c);
   add_other_flags(app, f, c);
+  add_lora_flags(app, f, c);
 }
 
 void finish_train_flags(const TrainFlags& f, TrainConfig& c) {
@@ -178,6 +202,7 @@ void finish_train_flags(const TrainFlags& f, TrainConfig& c) {
   for (const std::string& text : f.faults) c.faults.push_back(parse_fault(text));
   finish_fsdp(f, c);
   finish_pipeline(f, c);
+  finish_lora(f, c);
   if (c.strategy == "single") {
     if (f.world->count() > 0 && c.world_size != 1)
       throw Error("--strategy single runs one rank, but --world is " + std::to_string(c.world_size) +

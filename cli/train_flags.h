@@ -39,6 +39,9 @@ struct TrainFlags {
   CLI::Option *bucket_cap = nullptr, *first_bucket = nullptr, *node_size = nullptr;
   std::vector<CLI::Option*> ddp, fsdp, pipeline;
   std::vector<CLI::Option*> all;        // every flag added here, in the order of --help
+  // LoRA (issue 17): --lora-rank, --lora-alpha, --lora-layers, --merge-lora
+  int lora_rank = 0;
+  CLI::Option *lora_rank_opt = nullptr, *lora_alpha_opt = nullptr, *lora_layers_opt = nullptr, *merge_lora_opt = nullptr;
 };
 
 // "tiny", "small", "deep" and "wide" as their mlp: specs; any other text as it is.

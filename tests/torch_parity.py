@@ -9,40 +9,9 @@ Checks, with Debian's python3-torch:
   3. the sampler: `dtlab-cli sampler --json` equals torch's DistributedSampler.
 Usage: torch_parity.py PATH/TO/dtlab-cli
 """
-import json, os, struct, subprocess, sys, tempfile
+import json, os, struct, sys, tempfile
 
-try:
-    import numpy as np
-    import torch
-except ImportError as e:
-    print(f"skipped: {e.name} is not installed (apt-get install python3-torch)")
-    sys.exit(77)
-
-CLI = sys.argv[1]
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-
-
-def cli(*args):
-    r = subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        sys.exit(f"dtlab-cli {' '.join(map(str, args))} failed ({r.returncode}): {r.stderr.strip()}")
-    return r.stdout
-
-
-def load_safetensors(path):  # the README's snippet
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
-    dtypes = {"F32": np.float32, "I64": np.int64}
-    return {k: torch.from_numpy(np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]],
-                                              dtype=dtypes[v["dtype"]]).reshape(v["shape"]).copy())
-            for k, v in header.items() if k != "__metadata__"}
+from torch_common import CLI, check, cli, failures, load_safetensors, np, torch  # noqa: F401 (exits 77 without torch)
 
 
 def sequential(dims):

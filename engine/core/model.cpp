@@ -180,22 +180,30 @@ bool Model::parameter_used(int p) const {
   if (skipped_seq_ < 0) return true;
   for (int i = 0; i < num_layers(); i++) {
     const Layer& L = layers_[static_cast<size_t>(i)];
-    if (L.weight == p || L.bias == p) return !layer_skipped(i);
+    const bool mine = lora() ? (L.lora_a == p || L.lora_b == p) : (L.weight == p || L.bias == p);
+    if (mine) return !layer_skipped(i);
   }
   return true;
 }
 
+// LoRA adds x A^T and (x A^T) B^T forward (and the scaled sum); backward recomputes x A^T and computes
+// dB, dt = ds B, dA and the input gradient dt A, but no frozen weight or bias gradient.
 double Model::layer_forward_flops(int i, int64_t B) const {
   const Layer& L = layer(i);
   if (L.kind == LayerKind::ReLU) return static_cast<double>(B * L.out_features);
-  return 2.0 * B * L.in_features * L.out_features + static_cast<double>(B * L.out_features);
+  const double lora = L.lora_a >= 0 ? 2.0 * B * lora_.rank * (L.in_features + L.out_features) + 2.0 * B * L.out_features : 0.0;
+  return 2.0 * B * L.in_features * L.out_features + static_cast<double>(B * L.out_features) + lora;
 }
 
 double Model::layer_backward_flops(int i, int64_t B, bool input_grad) const {
   const Layer& L = layer(i);
   if (L.kind == LayerKind::ReLU) return input_grad ? static_cast<double>(B * L.out_features) : 0.0;
   double gemm = 2.0 * B * L.in_features * L.out_features;
-  return gemm * (input_grad ? 2 : 1) + static_cast<double>(B * L.out_features);
+  if (!lora()) return gemm * (input_grad ? 2 : 1) + static_cast<double>(B * L.out_features);
+  if (L.lora_a < 0) return input_grad ? gemm : 0.0;
+  const double r = lora_.rank;
+  return (input_grad ? gemm + 2.0 * B * r * L.in_features : 0.0) + 2.0 * B * r * (2.0 * L.in_features + 2.0 * L.out_features) +
+         static_cast<double>(B * L.out_features);
 }
 
 TensorParallelComm& Model::tp_comm() const {
@@ -239,8 +247,9 @@ void Model::forward_layer_as(int i, float* out, const float* in, int64_t B, Comp
   {
     ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, B));
     if (L.kind == LayerKind::Linear) {
-      device_.linear_forward(out, in, params_[L.weight].data, row ? nullptr : params_[L.bias].data, B,
-                             L.in_features, L.out_features);
+      device_.linear_forward(out, in, weight_of(L).data, row ? nullptr : bias_of(L).data, B, L.in_features,
+                             L.out_features);
+      if (L.lora_a >= 0) lora_forward(L, out, in, B);
     } else {
       device_.relu_forward(out, in, B * L.out_features);
     }
@@ -258,8 +267,9 @@ void Model::layer_backward(int i, float* dinp, const float* dout, const float* i
     ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
                        layer_backward_flops(i, B, dinp != nullptr));
     if (L.kind == LayerKind::Linear) {
-      device_.linear_backward(dinp, params_[L.weight].grad, params_[L.bias].grad, dout, in,
-                              params_[L.weight].data, B, L.in_features, L.out_features);
+      device_.linear_backward(dinp, weight_of(L).grad, bias_of(L).grad, dout, in, weight_of(L).data, B,
+                              L.in_features, L.out_features);
+      if (L.lora_a >= 0) lora_backward(L, dinp, dout, in, B);
     } else if (dinp) {
       device_.relu_backward(dinp, dout, out, B * L.out_features);
     }
@@ -271,6 +281,7 @@ void Model::layer_backward(int i, float* dinp, const float* dout, const float* i
 
 void Model::layer_backward_input(int i, float* dinp, const float* dout, const float* out, int64_t B) {
   DTLAB_CHECK(!sequence_parallel(), "layer_backward_input() with sequence parallelism; it runs through backward()");
+  DTLAB_CHECK(!lora(), "layer_backward_input() under LoRA; split backward schedules do not run adapters");
   const Layer& L = layer(i);
   {
     ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
@@ -287,6 +298,7 @@ void Model::layer_backward_input(int i, float* dinp, const float* dout, const fl
 
 void Model::layer_backward_weight(int i, const float* dout, const float* in, int64_t B) {
   DTLAB_CHECK(!sequence_parallel(), "layer_backward_weight() with sequence parallelism; it runs through backward()");
+  DTLAB_CHECK(!lora(), "layer_backward_weight() under LoRA; split backward schedules do not run adapters");
   const Layer& L = layer(i);
   if (L.kind != LayerKind::Linear) return;  // a ReLU has no weights
   ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, B, false));
@@ -474,8 +486,10 @@ void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
     if (hooks_) hooks_->after_backward(i);
     const Layer& L = layer(i);
     if (L.kind == LayerKind::Linear && on_grad_ready) {
-      on_grad_ready(L.bias);
-      on_grad_ready(L.weight);
+      // Bias before weight; under LoRA lora_B before lora_A (autograd reaches B first), and a frozen
+      // Linear has nothing to report.
+      const std::vector<int> ps = trainable_of(L);
+      for (auto it = ps.rbegin(); it != ps.rend(); ++it) on_grad_ready(*it);
     }
     dout = dinp;
   }
@@ -508,35 +522,66 @@ void Model::recompute_block(int last) {
   }
 }
 
+namespace {
+
+// torch's CPU generator is an mt19937 seeded with the low 32 bits; uniform_(a, b) on float32
+// takes one 32-bit draw per element, keeps 24 bits, and computes x * (b - a) + a with b - a in
+// float and the rest in double (at::uniform_real_distribution), then rounds to float.
+void torch_uniform(std::mt19937& gen, float* out, int64_t n, double lo, double hi) {
+  float from = static_cast<float>(lo), to = static_cast<float>(hi);
+  for (int64_t i = 0; i < n; i++) {
+    double x = static_cast<double>(gen() & ((1u << 24) - 1)) * (1.0 / (1u << 24));
+    out[i] = static_cast<float>(x * static_cast<double>(to - from) + from);
+  }
+}
+
+// kaiming_uniform_(w, a=sqrt(5)): gain = sqrt(2 / (1 + a^2)), bound = sqrt(3) * gain / sqrt(fan_in)
+double kaiming_bound(int64_t fan_in) {
+  double gain = std::sqrt(2.0 / (1.0 + 5.0));
+  return std::sqrt(3.0) * (gain / std::sqrt(static_cast<double>(fan_in)));
+}
+
+}  // namespace
+
 std::vector<float> torch_init_values(const ModelSpec& spec, uint64_t seed, int first_linear, int end_linear) {
-  // torch's CPU generator is an mt19937 seeded with the low 32 bits; uniform_(a, b) on float32
-  // takes one 32-bit draw per element, keeps 24 bits, and computes x * (b - a) + a with b - a in
-  // float and the rest in double (at::uniform_real_distribution), then rounds to float.
   std::mt19937 gen(static_cast<uint32_t>(seed));
   const auto& dims = spec.dims;
   for (int l = 0; l < first_linear; l++)  // one draw per element of each earlier layer
     gen.discard(static_cast<unsigned long long>(dims[l + 1] * dims[l] + dims[l + 1]));
-  auto uniform = [&](float* out, int64_t n, double lo, double hi) {
-    float from = static_cast<float>(lo), to = static_cast<float>(hi);
-    for (int64_t i = 0; i < n; i++) {
-      double x = static_cast<double>(gen() & ((1u << 24) - 1)) * (1.0 / (1u << 24));
-      out[i] = static_cast<float>(x * static_cast<double>(to - from) + from);
-    }
-  };
+  auto uniform = [&](float* out, int64_t n, double lo, double hi) { torch_uniform(gen, out, n, lo, hi); };
   int64_t total = 0;
   for (int l = first_linear; l < end_linear; l++) total += dims[l + 1] * dims[l] + dims[l + 1];
   std::vector<float> host(static_cast<size_t>(total));
   float* p = host.data();
   for (int l = first_linear; l < end_linear; l++) {
     double fan_in = static_cast<double>(dims[l]);
-    // kaiming_uniform_(w, a=sqrt(5)): gain = sqrt(2 / (1 + a^2)), bound = sqrt(3) * gain / sqrt(fan_in)
-    double gain = std::sqrt(2.0 / (1.0 + 5.0));
-    double wbound = std::sqrt(3.0) * (gain / std::sqrt(fan_in));
+    double wbound = kaiming_bound(dims[l]);
     uniform(p, dims[l + 1] * dims[l], -wbound, wbound);
     p += dims[l + 1] * dims[l];
     double bbound = 1.0 / std::sqrt(fan_in);
     uniform(p, dims[l + 1], -bbound, bbound);
     p += dims[l + 1];
+  }
+  return host;
+}
+
+std::vector<float> lora_init_values(const ModelSpec& spec, const LoraSpec& lora, uint64_t seed, int first_linear,
+                                    int end_linear) {
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  gen.discard(static_cast<unsigned long long>(spec.num_params()));  // the base model's draws
+  const auto& dims = spec.dims;
+  const int64_t r = lora.rank;
+  std::vector<float> host;
+  for (int l = 0; l + 1 < static_cast<int>(dims.size()); l++) {
+    if (!lora.adapts(2 * l)) continue;
+    const int64_t in = dims[l], out = dims[l + 1];
+    gen.discard(static_cast<unsigned long long>(r * in + out * r));  // nn.Linear(in, r), nn.Linear(r, out)
+    if (l < first_linear || l >= end_linear) {
+      gen.discard(static_cast<unsigned long long>(r * in));
+      continue;
+    }
+    host.resize(host.size() + static_cast<size_t>(r * in));
+    torch_uniform(gen, host.data() + host.size() - r * in, r * in, -kaiming_bound(in), kaiming_bound(in));
   }
   return host;
 }

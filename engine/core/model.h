@@ -91,6 +91,18 @@ struct Layer {
   int64_t out_features;        // row-parallel one's in_features are the full width / TP degree
   int weight = -1, bias = -1; // indices into parameters(); -1 for ReLU
   TpRole tp = TpRole::Replicated;  // Linear: its tensor-parallel split; ReLU: its Linear's
+  int lora_a = -1, lora_b = -1;    // LoRA: this Linear's adapters in parameters(); -1 when not adapted
+};
+
+// LoRA (Hu et al. 2021; peft's LoraConfig defaults; docs/course_sources.md §6d): each adapted Linear
+// computes x W^T + b + scaling * (x A^T) B^T with W and b frozen, A (r, in) kaiming-uniform and B
+// (out, r) zero at the start, scaling = alpha / r.
+struct LoraSpec {
+  int rank = 0;              // r; 0: no LoRA
+  float alpha = 8.0f;        // peft's lora_alpha default
+  std::vector<int> layers;   // Sequential indices of the adapted Linears; empty: every Linear
+  float scaling() const { return alpha / static_cast<float>(rank); }
+  bool adapts(int seq_index) const;
 };
 
 class Model {
@@ -115,6 +127,23 @@ class Model {
   Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int first_linear, int end_linear,
         Device& device, const TensorParallelSpec& tp);
   const TensorParallelSpec& tensor_parallel() const { return tp_; }
+  // LoRA: freezes the current weights and biases (moved to a buffer tracked as parameters, with no
+  // gradient) and makes parameters() and the flat buffers hold only the adapters, "N.lora_A.weight"
+  // (r, in) and "N.lora_B.weight" (out, r) in layer order, so DDP, FSDP and the optimizers cover only
+  // them. A's values: lora_init_values(). dtlab::Error for a bad rank or layer list; call once, on a
+  // model without tensor parallelism that owns its parameters.
+  void enable_lora(const LoraSpec& lora, uint64_t seed);
+  bool lora() const { return lora_.rank > 0; }
+  const LoraSpec& lora_spec() const { return lora_; }
+  // The frozen "N.weight"/"N.bias" under LoRA (empty without): their data is device memory, grad null.
+  const std::vector<Parameter>& base_parameters() const { return base_; }
+  // The weight and bias a Linear computes with (frozen under LoRA), and its trainable parameters.
+  const Parameter& weight_of(const Layer& L) const { return lora() ? base_[L.weight] : params_[L.weight]; }
+  const Parameter& bias_of(const Layer& L) const { return lora() ? base_[L.bias] : params_[L.bias]; }
+  std::vector<int> trainable_of(const Layer& L) const;
+  // Host copy of the plain model's parameters (the torch.nn.Sequential layout): under LoRA each
+  // adapted weight is merged, W + scaling * B A (peft's merge_and_unload), the biases as they are.
+  std::vector<float> merged_params() const;
   void set_tensor_parallel_comm(TensorParallelComm* c) { tp_comm_ = c; }
 
   Device& device() const { return device_; }
@@ -218,8 +247,14 @@ class Model {
   void sp_layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out);
   void sp_linear_backward(int i, float* dinp, const float* dout, const float* in);
   const float* sp_split_rows(Tensor& dst, const float* src, int64_t width);
+  void lora_forward(const Layer& L, float* out, const float* in, int64_t B);
+  void lora_backward(const Layer& L, float* dinp, const float* dout, const float* in, int64_t B);
   ModelSpec spec_;
   TensorParallelSpec tp_;
+  LoraSpec lora_;
+  std::vector<Parameter> base_;  // LoRA: the frozen weights and biases, in frozen_
+  Tensor frozen_;
+  Tensor lora_t_, lora_d_;        // LoRA scratch: x A^T (B, r) and the scaled output gradient
   TensorParallelComm* tp_comm_ = nullptr;
   MemoryTracker* tracker_;
   Device& device_;
@@ -254,6 +289,16 @@ void init_like_torch(Model& model, uint64_t seed);
 // The values behind it: the full (unsplit) parameters of Linear layers [first, end) in the full model's
 // flat order, on the host.
 std::vector<float> torch_init_values(const ModelSpec& spec, uint64_t seed, int first_linear, int end_linear);
+// dtlab::Error with one sentence for a rank below 1, a non-positive alpha, or a listed index that is
+// not one of `spec`'s Linears.
+void check_lora_spec(const ModelSpec& spec, const LoraSpec& lora);
+// LoRA's A values for the adapted Linears of [first, end), in layer order, each (r, in) row-major:
+// the draws continue torch's stream after the whole base model (torch.manual_seed(seed);
+// Sequential(...); get_peft_model(...)), and per adapted layer in order peft's update_layer makes
+// them: nn.Linear(in, r) draws r*in, nn.Linear(r, out) draws out*r, then reset_lora_parameters
+// draws A again with kaiming_uniform_(a=sqrt(5)) (bound 1/sqrt(in)): that last draw is A; B is zeroed.
+std::vector<float> lora_init_values(const ModelSpec& spec, const LoraSpec& lora, uint64_t seed, int first_linear,
+                                    int end_linear);
 // Cuts a tensor-parallel shard's values out of the full stage's flat host parameters (the order above):
 // `local` receives model.num_params() floats in model.parameters() order.
 void shard_full_params(const Model& model, const float* full, float* local);

@@ -1,6 +1,7 @@
 #include "engine/io/checkpoint.h"
 
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -41,14 +42,45 @@ CheckpointInfo checkpoint_info_from(const std::string& path, const std::map<std:
   return info;
 }
 
-void save_checkpoint(const std::string& path, const Model& model, int64_t step,
-                     const std::map<std::string, std::string>& extra) {
+namespace {
+
+std::map<std::string, std::string> checkpoint_metadata(const Model& model, int64_t step,
+                                                       const std::map<std::string, std::string>& extra) {
   std::map<std::string, std::string> metadata = extra;
   for (const char* key : {"format", "step", "model"})
     DTLAB_CHECK(!extra.contains(key), std::string("checkpoint metadata key '") + key + "' is reserved; pick another name");
   metadata["format"] = "dtlab";
   metadata["step"] = std::to_string(step);
   metadata["model"] = model.spec().str();
+  return metadata;
+}
+
+}  // namespace
+
+void save_lora_checkpoint(const std::string& path, const Model& model, int64_t step,
+                          const std::map<std::string, std::string>& extra, bool merged) {
+  DTLAB_CHECK(model.lora(), "save_lora_checkpoint() on a model without LoRA; use save_checkpoint()");
+  std::map<std::string, std::string> metadata = checkpoint_metadata(model, step, extra);
+  std::vector<TensorView> views;
+  const std::vector<float> host = merged ? model.merged_params() : model.host_params();
+  if (merged) {
+    for (const Parameter& p : model.base_parameters()) views.push_back({p.name, DType::F32, p.shape, host.data() + p.offset});
+  } else {
+    const LoraSpec& l = model.lora_spec();
+    metadata["lora_rank"] = std::to_string(l.rank);
+    char alpha[32];
+    std::snprintf(alpha, sizeof alpha, "%g", static_cast<double>(l.alpha));
+    metadata["lora_alpha"] = alpha;
+    // peft's saved adapter keys: the PeftModel's state_dict names without the adapter name.
+    for (const Parameter& p : model.parameters())
+      views.push_back({"base_model.model." + p.name, DType::F32, p.shape, host.data() + p.offset});
+  }
+  save_safetensors(path, views, metadata);
+}
+
+void save_checkpoint(const std::string& path, const Model& model, int64_t step,
+                     const std::map<std::string, std::string>& extra) {
+  std::map<std::string, std::string> metadata = checkpoint_metadata(model, step, extra);
 
   // Device parameters are written from a host copy.
   const std::vector<float> host = model.device().is_host() ? std::vector<float>{} : model.host_params();

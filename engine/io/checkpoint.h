@@ -20,6 +20,12 @@ struct CheckpointInfo {
 void save_checkpoint(const std::string& path, const Model& model, int64_t step,
                      const std::map<std::string, std::string>& extra = {});
 
+// A LoRA model (model.h's enable_lora): the adapters under peft's keys ("base_model.model.0.lora_A.weight",
+// metadata lora_rank, lora_alpha), or with `merged` the plain model's "N.weight" = W + scaling * B A and
+// "N.bias", which load_checkpoint reads into a model without LoRA.
+void save_lora_checkpoint(const std::string& path, const Model& model, int64_t step,
+                          const std::map<std::string, std::string>& extra, bool merged);
+
 // Validates the whole file against the model before writing a single value, so a failed load
 // (dtlab::Error, one sentence naming the path) leaves the model untouched.
 CheckpointInfo load_checkpoint(const std::string& path, Model& model);

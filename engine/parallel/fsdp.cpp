@@ -68,9 +68,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
   if (opt_.wrap_layers) {
     for (int i = 0; i < model_.num_layers(); i++) {
       const Layer& L = model_.layer(i);
-      if (L.kind != LayerKind::Linear) continue;
       Unit u;
-      u.params = {L.weight, L.bias};
+      u.params = model_.trainable_of(L);  // under LoRA only the adapters: a frozen Linear is no unit
+      if (u.params.empty()) continue;
       u.first_layer = u.last_layer = i;
       layer_unit_[static_cast<size_t>(i)] = static_cast<int>(units_.size());
       units_.push_back(std::move(u));

@@ -82,7 +82,23 @@ void validate_tensor_parallel(const TrainConfig& c) {
     throw Error("--init from a sharded checkpoint with --tp is not available in this version; give a full .safetensors file");
 }
 
+// LoRA composes with single, ddp and fsdp; the rest is refused in one sentence.
+void validate_lora(const TrainConfig& c) {
+  if (c.lora.rank == 0) {
+    if (c.merge_lora) throw Error("--merge-lora merges LoRA adapters; add --lora-rank R");
+    return;
+  }
+  check_lora_spec(c.model, c.lora);
+  if (c.strategy == "pipeline" || c.strategy == "dp")
+    throw Error("--lora-rank with --strategy " + c.strategy + " is not available in this version; use --strategy single, ddp or fsdp");
+  if (c.tp > 1) throw Error("--lora-rank with --tp is not available in this version; drop --tp");
+  if (!c.save_sharded_path.empty())
+    throw Error("--save-sharded with --lora-rank is not available in this version; use --save for the adapters");
+  if (c.merge_lora && c.save_path.empty()) throw Error("--merge-lora says what --save writes; add --save PATH.safetensors");
+}
+
 void validate(const TrainConfig& c) {
+  validate_lora(c);
   if (c.strategy != "single" && c.strategy != "ddp" && c.strategy != "dp" && c.strategy != "fsdp" && c.strategy != "pipeline")
     throw Error("strategy '" + c.strategy + "' is not available in this version; use --strategy single, ddp, dp, fsdp or pipeline");
   if (c.strategy == "dp") {
@@ -405,6 +421,12 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
     if (!config_.init_path.empty())
       start_step_ = (is_checkpoint_dir(config_.init_path) ? load_sharded_checkpoint(config_.init_path, *models_.back())
                                                           : load_checkpoint(config_.init_path, *models_.back())).step;
+    if (config_.lora.rank > 0) {
+      // The frozen base is the same pretrained model on every rank (torch's DDP broadcasts frozen
+      // parameters too); the adapters start from seed + r like any replica's parameters.
+      if (r > 0 && config_.init_path.empty()) init_like_torch(*models_.back(), config_.seed);
+      models_.back()->enable_lora(config_.lora, config_.seed + static_cast<uint64_t>(r));
+    }
     models_.back()->set_observer(in_world ? &world_->threads().context(r) : ctx_.get());
   }
 }
@@ -786,11 +808,13 @@ void Trainer::save_at_end(int rank, const Model& model, Communicator* comm) {
                          q.name + " (the last update overflowed); lower --lr, or pass --allow-nonfinite to keep them");
   }
   // Rank 0 writes the checkpoint; the barrier keeps every rank from reading it (or exiting) early.
-  if (!config_.save_path.empty() && rank == 0)
-    save_checkpoint(config_.save_path, model, start_step_ + total_steps_,
-                    {{"optimizer", config_.optimizer.str()}, {"data", config_.data},
-                     {"seed", std::to_string(config_.seed)}, {"strategy", config_.strategy},
-                     {"world", std::to_string(config_.world_size)}});
+  const std::map<std::string, std::string> meta = {{"optimizer", config_.optimizer.str()}, {"data", config_.data},
+                                                   {"seed", std::to_string(config_.seed)}, {"strategy", config_.strategy},
+                                                   {"world", std::to_string(config_.world_size)}};
+  if (!config_.save_path.empty() && rank == 0) {
+    if (model.lora()) save_lora_checkpoint(config_.save_path, model, start_step_ + total_steps_, meta, config_.merge_lora);
+    else save_checkpoint(config_.save_path, model, start_step_ + total_steps_, meta);
+  }
   if (comm && !config_.save_path.empty()) comm->barrier()->wait();
 }
 

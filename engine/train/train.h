@@ -105,6 +105,11 @@ struct TrainConfig {
   // --activation-checkpointing: torch.utils.checkpoint per Linear+ReLU block (Model::
   // set_activation_checkpointing); not with the pipeline or --tp.
   bool activation_checkpointing = false;
+  // LoRA (engine/core/model.h's LoraSpec; rank 0: off): the base weights are frozen and only the
+  // adapters train, communicate and hold optimizer state. --save writes the adapters under peft's
+  // names, or with merge_lora the merged plain model.
+  LoraSpec lora;
+  bool merge_lora = false;
 };
 
 // The DistributedSampler a rank of this run draws from: `world` shards of `n` samples, the run's

@@ -1,0 +1,130 @@
+// LoRA inside the Model (model.h's LoraSpec; Hu et al. 2021, peft's LoraLayer; docs/course_sources.md §6d):
+// the frozen base moves to its own buffer, the adapters become the model's parameters, and an adapted
+// Linear adds scaling * (x A^T) B^T to its output.
+#include <algorithm>
+
+#include "engine/core/check.h"
+#include "engine/core/model.h"
+
+namespace dtlab {
+
+bool LoraSpec::adapts(int seq_index) const {
+  return rank > 0 && (layers.empty() || std::find(layers.begin(), layers.end(), seq_index) != layers.end());
+}
+
+void check_lora_spec(const ModelSpec& spec, const LoraSpec& lora) {
+  if (lora.rank < 1)
+    throw Error("--lora-rank " + std::to_string(lora.rank) + " is not a rank; give a whole number of at least 1, e.g. --lora-rank 4");
+  if (!(lora.alpha > 0.0f))
+    throw Error("--lora-alpha must be a positive number (peft's default is 8)");
+  const int last = 2 * (static_cast<int>(spec.dims.size()) - 2);
+  for (int seq : lora.layers)
+    if (seq < 0 || seq > last || seq % 2 != 0)
+      throw Error("--lora-layers names layer " + std::to_string(seq) + ", which is not a Linear of " + spec.str() +
+                  "; its Linear layers are 0, 2, ..., " + std::to_string(last));
+}
+
+void Model::enable_lora(const LoraSpec& lora, uint64_t seed) {
+  check_lora_spec(spec_, lora);
+  DTLAB_CHECK(!this->lora(), "enable_lora() called twice");
+  DTLAB_CHECK(tp_.degree == 1 && owns_parameters(), "LoRA runs on a model without tensor parallelism that owns its parameters");
+  lora_ = lora;
+  const int64_t base_bytes = num_params_ * static_cast<int64_t>(sizeof(float));
+  frozen_ = Tensor({num_params_}, MemCategory::Parameters, tracker_, DType::F32, device_);
+  device_.copy(frozen_.f32(), flat_params_.f32(), base_bytes);
+  base_ = params_;
+  for (Parameter& p : base_) {
+    p.data = frozen_.f32() + p.offset;
+    p.grad = nullptr;  // frozen: no gradient, no optimizer state
+  }
+  params_.clear();
+  int64_t offset = 0;
+  const int64_t r = lora.rank;
+  for (Layer& L : layers_) {
+    if (L.kind != LayerKind::Linear || !lora.adapts(L.seq_index)) continue;
+    const std::string n = std::to_string(L.seq_index);
+    L.lora_a = static_cast<int>(params_.size());
+    params_.push_back({n + ".lora_A.weight", {r, L.in_features}, offset, r * L.in_features});
+    offset += r * L.in_features;
+    L.lora_b = static_cast<int>(params_.size());
+    params_.push_back({n + ".lora_B.weight", {L.out_features, r}, offset, L.out_features * r});
+    offset += L.out_features * r;
+  }
+  num_params_ = offset;
+  restore_storage(nullptr);
+  const int end = first_linear_ + (num_layers() + 1) / 2;
+  const std::vector<float> a = lora_init_values(spec_, lora, seed, first_linear_, end);
+  std::vector<float> host(static_cast<size_t>(num_params_), 0.0f);  // B starts at zero
+  const float* src = a.data();
+  for (const Layer& L : layers_) {
+    if (L.lora_a < 0) continue;
+    const Parameter& A = params_[static_cast<size_t>(L.lora_a)];
+    std::copy(src, src + A.numel, host.begin() + A.offset);
+    src += A.numel;
+  }
+  upload_params(host.data());
+}
+
+std::vector<int> Model::trainable_of(const Layer& L) const {
+  if (L.kind != LayerKind::Linear) return {};
+  if (!lora()) return {L.weight, L.bias};
+  if (L.lora_a < 0) return {};
+  return {L.lora_a, L.lora_b};
+}
+
+// peft's merge: W + scaling * (B @ A), computed on the host in double and rounded once.
+std::vector<float> Model::merged_params() const {
+  if (!lora()) return host_params();
+  int64_t total = 0;
+  for (const Parameter& p : base_) total += p.numel;
+  std::vector<float> out(static_cast<size_t>(total));
+  device_.download(out.data(), frozen_.f32(), total * static_cast<int64_t>(sizeof(float)));
+  const std::vector<float> ad = host_params();
+  const int64_t r = lora_.rank;
+  const double s = lora_.scaling();
+  for (const Layer& L : layers_) {
+    if (L.lora_a < 0) continue;
+    const float* A = ad.data() + params_[static_cast<size_t>(L.lora_a)].offset;
+    const float* Bm = ad.data() + params_[static_cast<size_t>(L.lora_b)].offset;
+    float* W = out.data() + base_[static_cast<size_t>(L.weight)].offset;
+    for (int64_t o = 0; o < L.out_features; o++)
+      for (int64_t i = 0; i < L.in_features; i++) {
+        double acc = 0.0;
+        for (int64_t k = 0; k < r; k++) acc += static_cast<double>(Bm[o * r + k]) * A[k * L.in_features + i];
+        W[o * L.in_features + i] = static_cast<float>(W[o * L.in_features + i] + s * acc);
+      }
+  }
+  return out;
+}
+
+// out += scaling * (in A^T) B^T, as peft's Linear.forward: result + lora_B(lora_A(x)) * scaling.
+void Model::lora_forward(const Layer& L, float* out, const float* in, int64_t B) {
+  const Parameter& A = params_[static_cast<size_t>(L.lora_a)];
+  const Parameter& Bm = params_[static_cast<size_t>(L.lora_b)];
+  const int64_t r = lora_.rank;
+  float* t = scratch(lora_t_, 2 * B * r);
+  device_.linear_forward(t, in, A.data, nullptr, B, L.in_features, r);
+  float* u = scratch(lora_d_, B * L.out_features);
+  device_.linear_forward(u, t, Bm.data, nullptr, B, r, L.out_features);
+  device_.scale(u, B * L.out_features, lora_.scaling());
+  device_.accumulate(out, u, B * L.out_features, false);
+}
+
+// With ds = scaling * dout and t = in A^T (recomputed: a pipeline stage may run several micro-batches
+// before their backwards): dB += ds^T t, dt = ds B, dA += dt^T in, dinp += dt A.
+void Model::lora_backward(const Layer& L, float* dinp, const float* dout, const float* in, int64_t B) {
+  const Parameter& A = params_[static_cast<size_t>(L.lora_a)];
+  const Parameter& Bm = params_[static_cast<size_t>(L.lora_b)];
+  const int64_t r = lora_.rank;
+  float* t = scratch(lora_t_, 2 * B * r);
+  float* dt = t + B * r;
+  device_.linear_forward(t, in, A.data, nullptr, B, L.in_features, r);
+  float* ds = scratch(lora_d_, B * L.out_features);
+  device_.scale_copy(ds, dout, B * L.out_features, lora_.scaling());
+  device_.linear_backward(dt, Bm.grad, nullptr, ds, t, Bm.data, B, r, L.out_features);
+  float* dx = dinp ? scratch(scratch_, B * L.in_features) : nullptr;
+  device_.linear_backward(dx, A.grad, nullptr, dt, in, A.data, B, L.in_features, r);
+  if (dx) device_.accumulate(dinp, dx, B * L.in_features, false);
+}
+
+}  // namespace dtlab

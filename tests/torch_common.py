@@ -1,0 +1,36 @@
+"""What the torch checks run by CTest share: the skip when torch is absent (exit 77), dtlab-cli
+(argv[1]) as a function, and ok/FAIL lines collected in `failures`."""
+import json, struct, subprocess, sys
+
+try:
+    import numpy as np  # noqa: F401 (re-exported)
+    import torch  # noqa: F401 (re-exported)
+except ImportError as e:
+    print(f"skipped: {e.name} is not installed (apt-get install python3-torch)")
+    sys.exit(77)
+
+CLI = sys.argv[1]
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def cli(*args):
+    r = subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        sys.exit(f"dtlab-cli {' '.join(map(str, args))} failed ({r.returncode}): {r.stderr.strip()}")
+    return r.stdout
+
+
+def load_safetensors(path):  # the README's snippet
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    dtypes = {"F32": np.float32, "I64": np.int64}
+    return {k: torch.from_numpy(np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]],
+                                              dtype=dtypes[v["dtype"]]).reshape(v["shape"]).copy())
+            for k, v in header.items() if k != "__metadata__"}
