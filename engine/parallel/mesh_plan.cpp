@@ -123,9 +123,10 @@ MeshPlan plan_mesh(const MeshPlanInput& in, const HardwareProfile* profile) {
   dp.params = p.rank_params;
   dp.world = p.mesh.dp;
   dp.largest_unit_params = std::min(dp.largest_unit_params, p.rank_params);
+  dp.lora_params = std::ceil(in.memory.lora_params / (double(in.tp) * in.stages));  // adapters split alike
   p.memory = plan_memory(dp);
   p.layers_per_stage = in.shape.layers / in.stages;
-  p.activation_bytes = in.memory.dtype == PlanDType::Mixed ? 2 : 4;
+  p.activation_bytes = is_half(in.memory.dtype) ? 2 : 4;
   p.activation_elems = in.shape.micro_batch * in.shape.seq * in.shape.hidden;
   p.traffic[static_cast<int>(MeshDim::DP)] = dp_traffic(in, p);
   p.traffic[static_cast<int>(MeshDim::PP)] = pp_traffic(in, p);
