@@ -13,6 +13,7 @@
 #include "engine/core/check.h"
 #include "engine/parallel/memory_plan.h"
 #include "tests/cli_util.h"
+#include "tests/train_util.h"
 
 using namespace dtlab;
 using nlohmann::json;
@@ -197,6 +198,32 @@ TEST_CASE("plan: bad combinations of the memory flags are one sentence, exit 2")
   check_usage_error(with({"--activation-checkpointing", "--tp", "2", "--layers", "32", "--hidden", "4096", "--seq", "8", "--micro-batch", "1", "--heads", "4"}),
                     "--activation-checkpointing plans one rank's full stack of layers; leave out --tp and --stages");
   CHECK_THROWS_WITH_AS(plan_activations(0, 1, 1, 1, 1), doctest::Contains("at least 1"), Error);
+}
+
+TEST_CASE("the lab's \"this run\" against the planner: DDP and single runs hold exactly the planned bytes") {
+  // The memory view puts each rank's tracker beside plan_memory() for the running config; for
+  // replicas (NO_SHARD) the two must agree to the byte, in fp32 with AdamW and with plain SGD.
+  for (const char* strategy : {"ddp", "single"}) {
+    for (OptimizerKind kind : {OptimizerKind::AdamW, OptimizerKind::SGD}) {
+      CAPTURE(strategy);
+      CAPTURE(optimizer_name(kind));
+      TrainConfig c = test::demo_config(strategy, std::string(strategy) == "ddp" ? 4 : 1, 32, 2);
+      c.optimizer.kind = kind;
+      Trainer t(c);
+      const TrainSummary s = t.run();
+      MemoryPlanInput in;
+      in.params = 4547;
+      in.world = c.world_size;
+      in.sharding = Sharding::NoShard;
+      in.optimizer = kind;
+      const MemoryPlan p = plan_memory(in);
+      for (const MemoryStats& m : s.rank_memory) {
+        CHECK(m.peak_of(MemCategory::Parameters) == p.parameters);
+        CHECK(m.peak_of(MemCategory::Gradients) == p.gradients);
+        CHECK(m.peak_of(MemCategory::OptimizerState) == p.optimizer_state);
+      }
+    }
+  }
 }
 
 }  // TEST_SUITE
