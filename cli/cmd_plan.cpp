@@ -321,6 +321,7 @@ void print_lora_and_payload(const PlanArgs& a, const MemoryPlanInput& in, const 
   else if (in.lora_params > 0)
     io.out << "LoRA: Ψ_L = " << with_commas(std::llround(in.lora_params)) << " trainable parameters (" << pct
            << " of Ψ); the base is frozen: no gradients, no optimizer state\n";
+  if (a.mesh()) return;  // the mesh's dp row gives each group's share
   io.out << "Gradients per step: " << human_decimal(trained * b.gradients) << " (" << (in.lora_params > 0 ? "Ψ_L" : "Ψ")
          << " x " << b.gradients << " bytes, what DDP's all-reduce carries; a ring sends about twice that per rank)\n";
 }
@@ -413,7 +414,7 @@ void print_mesh_traffic(const PlanArgs& a, const MeshPlan& p, Sharding dp_shardi
          << "DP as " << sharding_name(dp_sharding) << "): L = " << s.layers << ", p = " << p.mesh.pp << ", t = " << p.mesh.tp
          << ", d = " << p.mesh.dp << ", m = " << s.micro_batches << ", b·s·h = " << s.micro_batch << "·" << s.seq << "·"
          << s.hidden << " = " << with_commas(p.activation_elems) << " elements, a = " << p.activation_bytes << " bytes each, g = "
-         << bytes_per_param(parse_plan_dtype(a.dtype), parse_optimizer_kind(a.optimizer), a.momentum).gradients
+         << bytes_per_param(parse_plan_dtype(a.precision_name()), parse_optimizer_kind(a.optimizer), a.momentum).gradients
          << " bytes per gradient\n";
   std::vector<std::vector<std::string>> rows = {{"dim", "size", "bytes", "formula", "what"}};
   if (!a.profile.empty()) rows[0].insert(rows[0].end(), {"link", "time at its bandwidth"});

@@ -151,6 +151,14 @@ TEST_CASE("plan --lora-rank: adapters on a Llama-7B shape, payload and sharding 
   CHECK(r.out.find("LoRA: r = 8 on 4 h x h projections in each of 32 layers (h = 4096): Ψ_L = L·n·r·2h = 8,388,608") != std::string::npos);
   CHECK(plan_json({"--params", "7B", "--world", "4", "--lora-rank", "8", "--lora-modules", "2", "--layers", "32", "--hidden", "4096"})
             ["lora"]["params"] == 4194304);
+  // On a mesh the adapters split over t·p like the base: DP all-reduces Ψ_L/(t·p) in bf16.
+  const json m = plan_json({"--params", "7B", "--world", "64", "--tp", "4", "--stages", "4", "--layers", "32", "--hidden", "4096",
+                            "--seq", "2048", "--micro-batch", "1", "--micro-batches", "8", "--precision", "bf16", "--lora-rank", "8",
+                            "--strategy", "no-shard"});
+  const json& dp = m["mesh"]["traffic"][0];
+  CHECK(dp["dim"] == "dp");
+  CHECK(dp["bytes"] == 2 * 3 * (8388608 / 16) * 2 / 4);
+  CHECK(dp["formula"] == "2(d-1)/d · Ψ_L/(t·p) · g");
 }
 
 TEST_CASE("plan --activation-checkpointing: Korthikanti et al.'s s·b·h·(34 + 5as/h) against 2·s·b·h") {

@@ -74,10 +74,10 @@ DimTraffic dp_traffic(const MeshPlanInput& in, const MeshPlan& p) {
   if (p.mesh.dp < 2) return d;
   if (in.memory.sharding == Sharding::NoShard) {
     d.what = "all-reduce of the rank's gradients (DDP)";
-    d.formula = "2(d-1)/d · Ψ/(t·p) · g";
+    d.formula = in.memory.lora_params > 0 ? "2(d-1)/d · Ψ_L/(t·p) · g" : "2(d-1)/d · Ψ/(t·p) · g";
   } else {
     d.what = std::string(sharding_name(in.memory.sharding)) + " over the dp group";
-    d.formula = p.memory.comm_formula + " (ring: ×(d-1)/d) with Ψ = Ψ/(t·p)";
+    d.formula = p.memory.comm_formula + " (ring: ×(d-1)/d) with Ψ = Ψ/(t·p)" + (in.memory.lora_params > 0 ? ", Ψ_L = Ψ_L/(t·p)" : "");
   }
   return d;
 }
