@@ -554,7 +554,7 @@ std::vector<Entry> pipeline_entries() {
 // Formulas, from the engine's planner, cost model, step plans and schedules
 std::vector<Entry> formula_entries() {
   return {
-    {"plan.total(P, N, SHARDING, DTYPE?)", "nns|s", "bytes per rank for P parameters on N ranks (AdamW; SHARDING no-shard, zero1, grad-op, full; DTYPE fp32 (default) or mixed)", [](S, A a) { return plan_field(a, &MemoryPlan::total); }},
+    {"plan.total(P, N, SHARDING, DTYPE?)", "nns|s", "bytes per rank for P parameters on N ranks (AdamW; SHARDING no-shard, zero1, grad-op, full; DTYPE fp32 (default), bf16, fp16 or mixed (= fp16))", [](S, A a) { return plan_field(a, &MemoryPlan::total); }},
     {"plan.parameters(P, N, SHARDING, DTYPE?)", "nns|s", "of which parameters", [](S, A a) { return plan_field(a, &MemoryPlan::parameters); }},
     {"plan.gradients(P, N, SHARDING, DTYPE?)", "nns|s", "of which gradients", [](S, A a) { return plan_field(a, &MemoryPlan::gradients); }},
     {"plan.optimizer(P, N, SHARDING, DTYPE?)", "nns|s", "of which optimizer state", [](S, A a) { return plan_field(a, &MemoryPlan::optimizer_state); }},

@@ -22,9 +22,14 @@ namespace {
 struct PlanArgs {
   double params = 0, unit_params = 0;
   int world = 1, node_size = 0;
-  std::string strategy = "all", dtype = "fp32", optimizer = "adamw";
+  std::string strategy = "all", dtype = "fp32", precision = "fp32", optimizer = "adamw", optimizer_dtype = "fp32";
   bool momentum = false, prefetch = false, json = false;
-  CLI::Option *node_size_opt = nullptr, *unit_opt = nullptr;
+  CLI::Option *node_size_opt = nullptr, *unit_opt = nullptr, *dtype_opt = nullptr, *precision_opt = nullptr;
+  // LoRA: --lora-rank on the transformer's shape, or --lora-params counted elsewhere.
+  int lora_rank = 0, lora_modules = 4, heads = 0;
+  double lora_params = 0;
+  CLI::Option *lora_modules_opt = nullptr, *lora_params_opt = nullptr, *heads_opt = nullptr;
+  bool activation_checkpointing = false;
   // The mesh (any of these given turns it on): tp x stages x dp = world.
   int tp = 1, stages = 1;
   bool sequence_parallel = false;
@@ -32,10 +37,23 @@ struct PlanArgs {
   std::string profile;
   std::vector<CLI::Option*> mesh_opts;   // --tp, --stages, --sequence-parallel, the shape, --profile
   std::vector<CLI::Option*> shape_opts;  // --layers, --hidden, --seq, --micro-batch
+  // The shape flags alone turn the mesh on, unless LoRA or activations are what they size.
   bool mesh() const {
-    for (CLI::Option* o : mesh_opts)
-      if (o->count()) return true;
+    const bool shape_for_other = lora_rank > 0 || activation_checkpointing;
+    for (CLI::Option* o : mesh_opts) {
+      const bool is_shape = std::find(shape_opts.begin(), shape_opts.end(), o) != shape_opts.end();
+      if (o->count() && !(is_shape && shape_for_other)) return true;
+    }
     return false;
+  }
+  // --precision, or the older --dtype (mixed = fp16)
+  std::string precision_name() const { return dtype_opt->count() ? dtype : precision; }
+  // Ψ_L: the adapters LoRA trains (0: full fine-tuning)
+  double lora_count() const {
+    // Without its shape (0 here) check_memory_flags() names what is missing.
+    if (lora_rank > 0 && shape.layers > 0 && shape.hidden > 0)
+      return lora_param_count(shape.layers, shape.hidden, lora_rank, lora_modules);
+    return lora_params;
   }
 };
 
@@ -105,11 +123,12 @@ void print_table(std::ostream& out, const std::vector<std::vector<std::string>>&
 
 // What the optimizer-state bytes hold, for the header: the number alone teaches little.
 std::string optimizer_state_note(const MemoryPlanInput& in) {
-  const bool mixed = in.dtype == PlanDType::Mixed;
+  const bool master = is_half(in.dtype) && !in.half_optimizer_state;
+  const std::string in_dtype = in.half_optimizer_state ? std::string(" in ") + plan_dtype_name(in.dtype) + ", no fp32 master copy" : "";
   std::vector<std::string> parts;
-  if (mixed) parts.push_back("fp32 master copy");
-  if (in.optimizer == OptimizerKind::AdamW) parts.push_back(mixed ? "m, v" : "AdamW m, v");
-  else if (in.sgd_momentum) parts.push_back("SGD momentum");
+  if (master) parts.push_back("fp32 master copy");
+  if (in.optimizer == OptimizerKind::AdamW) parts.push_back((master ? "m, v" : "AdamW m, v") + in_dtype);
+  else if (in.sgd_momentum) parts.push_back("SGD momentum" + in_dtype);
   if (parts.empty()) return "plain SGD keeps none";
   std::string s;
   for (const auto& p : parts) s += (s.empty() ? "" : ", ") + p;
@@ -126,7 +145,9 @@ MemoryPlanInput memory_input(const PlanArgs& a) {
   in.params = a.params;
   in.world = a.world;
   in.node_size = a.node_size;
-  in.dtype = parse_plan_dtype(a.dtype);
+  in.dtype = parse_plan_dtype(a.precision_name());
+  in.half_optimizer_state = a.optimizer_dtype == "half";
+  in.lora_params = a.lora_count();
   in.optimizer = parse_optimizer_kind(a.optimizer);
   in.sgd_momentum = a.momentum;
   in.largest_unit_params = a.unit_params;
@@ -136,6 +157,42 @@ MemoryPlanInput memory_input(const PlanArgs& a) {
 
 MeshPlanInput mesh_input(const PlanArgs& a, const MemoryPlanInput& in) {
   return MeshPlanInput{.memory = in, .tp = a.tp, .stages = a.stages, .sequence_parallel = a.sequence_parallel, .shape = a.shape};
+}
+
+std::vector<std::string> missing_of(const std::vector<CLI::Option*>& opts) {
+  std::vector<std::string> missing;
+  for (CLI::Option* o : opts)
+    if (o->count() == 0) missing.push_back(o->get_name());
+  return missing;
+}
+
+// --precision, --optimizer-dtype, LoRA and activation checkpointing: refuse combinations that
+// describe no run, in one sentence naming the flag.
+void check_memory_flags(const PlanArgs& a) {
+  if (a.dtype_opt->count() && a.precision_opt->count())
+    throw Error("give the precision once: --precision fp32|bf16|fp16 (--dtype mixed is the older name for fp16)");
+  if (a.optimizer_dtype != "fp32" && a.optimizer_dtype != "half")
+    throw Error("--optimizer-dtype '" + a.optimizer_dtype + "' is not known; use fp32 (the ZeRO paper's, with an fp32 master copy) or half (the course's)");
+  if (a.optimizer_dtype == "half" && !is_half(parse_plan_dtype(a.precision_name())))
+    throw Error("--optimizer-dtype half keeps the optimizer state in the training dtype; add --precision bf16 or fp16");
+  if (a.lora_rank > 0 && a.lora_params_opt->count())
+    throw Error("give LoRA's size once: --lora-rank with the shape flags, or --lora-params as a count");
+  if (a.lora_modules_opt->count() && a.lora_rank == 0)
+    throw Error("--lora-modules says how many projections per layer get adapters; add --lora-rank");
+  if (a.lora_rank > 0) {
+    const std::vector<std::string> missing = missing_of({a.shape_opts[0], a.shape_opts[1]});  // --layers, --hidden
+    if (!missing.empty())
+      throw Error("--lora-rank " + std::to_string(a.lora_rank) + " counts adapters on each layer's h x h projections; add " + join(missing, ", "));
+  }
+  if (a.heads_opt->count() && !a.activation_checkpointing)
+    throw Error("--heads sizes the attention's activations; add --activation-checkpointing");
+  if (!a.activation_checkpointing) return;
+  if (a.tp > 1 || a.stages > 1)
+    throw Error("--activation-checkpointing plans one rank's full stack of layers; leave out --tp and --stages");
+  std::vector<std::string> missing = missing_of(a.shape_opts);
+  if (a.heads_opt->count() == 0) missing.push_back("--heads");
+  if (!missing.empty())
+    throw Error("--activation-checkpointing counts activations of s x b x h per layer (Korthikanti et al.); add " + join(missing, ", "));
 }
 
 // Flags that only matter to some strategies: refuse them where they would be silently ignored.
@@ -154,14 +211,17 @@ std::vector<Sharding> check_flags(const PlanArgs& a, const MemoryPlanInput& in) 
     throw Error("--node-size sets HYBRID_SHARD's shard group; use it with --strategy hybrid or all");
   if (a.prefetch && a.unit_opt->count() == 0)
     throw Error("--prefetch counts the next unit's gathered parameters; give the largest unit's size with --unit-params");
+  check_memory_flags(a);
   // --tp 4 without the transformer's shape: name what is still missing.
-  std::vector<std::string> missing;
-  for (CLI::Option* o : a.shape_opts)
-    if (o->count() == 0) missing.push_back(o->get_name());
+  const std::vector<std::string> missing = missing_of(a.shape_opts);
   if ((a.tp > 1 || a.stages > 1) && !missing.empty())
     throw Error((a.tp > 1 ? "--tp " + std::to_string(a.tp) : "--stages " + std::to_string(a.stages)) +
                 " counts its traffic in activations of b x s x h elements per micro-batch; add " + join(missing, ", "));
   return strategies;
+}
+
+ActivationPlan activation_plan(const PlanArgs& a) {
+  return plan_activations(a.shape.layers, a.shape.hidden, a.shape.seq, a.shape.micro_batch, a.heads);
 }
 
 nlohmann::json mesh_json(const MeshPlan& p, const PlanArgs& a) {
@@ -190,11 +250,14 @@ nlohmann::json mesh_json(const MeshPlan& p, const PlanArgs& a) {
 
 void print_json(const PlanArgs& a, const MemoryPlanInput& in, const std::vector<Sharding>& strategies,
                 const std::vector<MemoryPlan>& plans, const MeshPlan* mesh, Streams& io) {
-  const BytesPerParam b = bytes_per_param(in.dtype, in.optimizer, in.sgd_momentum);
+  const BytesPerParam b = bytes_per_param(in.dtype, in.optimizer, in.sgd_momentum, in.half_optimizer_state);
   nlohmann::json j = {{"params", json_bytes(a.params)},
                       {"world", a.world},
                       {"node_size", a.node_size},
-                      {"dtype", plan_dtype_name(in.dtype)},
+                      {"dtype", is_half(in.dtype) ? "mixed" : "fp32"},
+                      {"precision", plan_dtype_name(in.dtype)},
+                      {"optimizer_dtype", in.half_optimizer_state ? "half" : "fp32"},
+                      {"grad_payload", json_bytes(plans.front().grad_payload)},
                       {"optimizer", optimizer_name(in.optimizer)},
                       {"momentum", a.momentum},
                       {"unit_params", json_bytes(a.unit_params)},
@@ -202,7 +265,17 @@ void print_json(const PlanArgs& a, const MemoryPlanInput& in, const std::vector<
                       {"bytes_per_param",
                        {{"parameters", b.parameters},
                         {"gradients", b.gradients},
-                        {"optimizer_state", b.optimizer_state}}}};
+                        {"optimizer_state", b.optimizer_state},
+                        {"master_weights", b.master_weights}}}};
+  if (in.lora_params > 0)
+    j["lora"] = {{"rank", a.lora_rank}, {"modules", a.lora_rank > 0 ? a.lora_modules : 0},
+                 {"params", json_bytes(in.lora_params)}, {"fraction", in.lora_params / a.params}};
+  if (a.activation_checkpointing) {
+    const ActivationPlan ap = activation_plan(a);
+    j["activations"] = {{"heads", a.heads}, {"per_layer", json_bytes(ap.per_layer)},
+                        {"per_layer_checkpointed", json_bytes(ap.per_layer_checkpointed)}, {"total", json_bytes(ap.total)},
+                        {"total_checkpointed", json_bytes(ap.total_checkpointed)}, {"saved", json_bytes(ap.saved)}};
+  }
   j["strategies"] = nlohmann::json::array();
   for (size_t i = 0; i < plans.size(); i++) {
     const MemoryPlan& p = plans[i];
@@ -224,17 +297,47 @@ void print_json(const PlanArgs& a, const MemoryPlanInput& in, const std::vector<
   io.out << j.dump() << "\n";
 }
 
+// "28.00 GB", "14.00 MB", "512 bytes": decimal units, as the course and the ZeRO paper write them.
+std::string human_decimal(double bytes) {
+  if (bytes < 1e3) return std::to_string(std::llround(bytes)) + " bytes";
+  const char* names[] = {"kB", "MB", "GB", "TB"};
+  int i = 0;
+  double scale = 1e3;
+  while (i < 3 && bytes >= scale * 1e3) scale *= 1e3, i++;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.2f %s", bytes / scale, names[i]);
+  return buf;
+}
+
+// LoRA's count, and the gradients one step reduces: the course's 28 GB / 14 GB / ~14 MB at 7B.
+void print_lora_and_payload(const PlanArgs& a, const MemoryPlanInput& in, const BytesPerParam& b, Streams& io) {
+  const double trained = in.lora_params > 0 ? in.lora_params : a.params;
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.3g%%", 100 * in.lora_params / a.params);
+  if (a.lora_rank > 0)
+    io.out << "LoRA: r = " << a.lora_rank << " on " << a.lora_modules << " h x h projections in each of " << a.shape.layers
+           << " layers (h = " << a.shape.hidden << "): Ψ_L = L·n·r·2h = " << with_commas(std::llround(in.lora_params))
+           << " trainable parameters (" << pct << " of Ψ); the base is frozen: no gradients, no optimizer state\n";
+  else if (in.lora_params > 0)
+    io.out << "LoRA: Ψ_L = " << with_commas(std::llround(in.lora_params)) << " trainable parameters (" << pct
+           << " of Ψ); the base is frozen: no gradients, no optimizer state\n";
+  if (a.mesh()) return;  // the mesh's dp row gives each group's share
+  io.out << "Gradients per step: " << human_decimal(trained * b.gradients) << " (" << (in.lora_params > 0 ? "Ψ_L" : "Ψ")
+         << " x " << b.gradients << " bytes, what DDP's all-reduce carries; a ring sends about twice that per rank)\n";
+}
+
 void print_header(const PlanArgs& a, const MemoryPlanInput& in, const MeshPlan* mesh, Streams& io) {
-  const BytesPerParam b = bytes_per_param(in.dtype, in.optimizer, in.sgd_momentum);
-  const char* precision = in.dtype == PlanDType::Mixed ? "fp16" : "fp32";
+  const BytesPerParam b = bytes_per_param(in.dtype, in.optimizer, in.sgd_momentum, in.half_optimizer_state);
+  const char* precision = plan_dtype_name(in.dtype);
   char psi[32];
   std::snprintf(psi, sizeof psi, "%.0f", a.params);
   io.out << "Memory per rank: " << param_count_str(a.params) << " parameters (Ψ = " << psi << "), " << a.world << (a.world == 1 ? " rank, " : " ranks, ")
-         << (in.dtype == PlanDType::Mixed ? "mixed precision" : "fp32") << ", "
+         << (is_half(in.dtype) ? std::string("mixed precision (") + precision + ")" : "fp32") << ", "
          << optimizer_name(in.optimizer) << (a.momentum ? " with momentum" : "") << "\n";
   io.out << "Bytes per parameter: parameters " << b.parameters << " (" << precision << "), gradients "
          << b.gradients << " (" << precision << "), optimizer state " << b.optimizer_state << " ("
          << optimizer_state_note(in) << ")\n";
+  print_lora_and_payload(a, in, b, io);
   const int dp = mesh ? mesh->mesh.dp : a.world;
   if (mesh)
     io.out << "Mesh: " << describe_mesh(mesh->mesh) << " (torch init_device_mesh order, tp fastest); each rank holds Ψ/(t·p) = "
@@ -251,6 +354,22 @@ void print_header(const PlanArgs& a, const MemoryPlanInput& in, const MeshPlan* 
            << " parameters) unsharded, " << in.units_in_flight
            << (in.units_in_flight == 1 ? " unit in flight (2 with --prefetch)" : " units in flight (prefetch)") << "\n";
   io.out << "\n";
+}
+
+// Korthikanti et al.'s activation memory, with and without full recomputation, and the saving.
+void print_activations(const PlanArgs& a, Streams& io) {
+  const ActivationPlan ap = activation_plan(a);
+  const TransformerShape& s = a.shape;
+  io.out << "\nActivations per rank (Korthikanti et al. 2022, 16-bit, no tensor parallelism; s = " << s.seq << ", b = "
+         << s.micro_batch << ", h = " << s.hidden << ", a = " << a.heads << ", L = " << s.layers << "):\n";
+  print_table(io.out,
+              {{"", "per layer", "all layers", "formula per layer"},
+               {"kept for backward", human_decimal(ap.per_layer), human_decimal(ap.total), "s·b·h·(34 + 5·a·s/h)"},
+               {"with checkpointing", human_decimal(ap.per_layer_checkpointed), human_decimal(ap.total_checkpointed),
+                "2·s·b·h (each layer's input; the rest recomputed in backward)"},
+               {"saved", human_decimal(ap.per_layer - ap.per_layer_checkpointed), human_decimal(ap.saved), ""}},
+              {false, true, true, false});
+  io.out << "Recomputation costs about one more forward pass per step; the peak also holds one layer's full activations while it is recomputed\n";
 }
 
 void print_memory_table(const std::vector<Sharding>& strategies, const std::vector<MemoryPlan>& plans, Streams& io) {
@@ -295,7 +414,7 @@ void print_mesh_traffic(const PlanArgs& a, const MeshPlan& p, Sharding dp_shardi
          << "DP as " << sharding_name(dp_sharding) << "): L = " << s.layers << ", p = " << p.mesh.pp << ", t = " << p.mesh.tp
          << ", d = " << p.mesh.dp << ", m = " << s.micro_batches << ", b·s·h = " << s.micro_batch << "·" << s.seq << "·"
          << s.hidden << " = " << with_commas(p.activation_elems) << " elements, a = " << p.activation_bytes << " bytes each, g = "
-         << bytes_per_param(parse_plan_dtype(a.dtype), parse_optimizer_kind(a.optimizer), a.momentum).gradients
+         << bytes_per_param(parse_plan_dtype(a.precision_name()), parse_optimizer_kind(a.optimizer), a.momentum).gradients
          << " bytes per gradient\n";
   std::vector<std::vector<std::string>> rows = {{"dim", "size", "bytes", "formula", "what"}};
   if (!a.profile.empty()) rows[0].insert(rows[0].end(), {"link", "time at its bandwidth"});
@@ -341,6 +460,7 @@ int run_plan(const PlanArgs& a, Streams& io) {
   print_header(a, in, mesh ? &mp : nullptr, io);
   print_memory_table(strategies, plans, io);
   if (mesh) print_mesh_traffic(a, mp, in.sharding, io);
+  if (a.activation_checkpointing) print_activations(a, io);
   return 0;
 }
 
@@ -355,8 +475,20 @@ Runner add_plan_command(CLI::App& app) {
       ->capture_default_str();
   a->node_size_opt = app.add_option("--node-size", a->node_size, "HYBRID_SHARD's shard group: ranks per node (default: the whole world)")
                          ->check(whole_number(1, 1 << 20));
-  app.add_option("--dtype", a->dtype, "fp32 (dtlab's engine) | mixed (the ZeRO paper: fp16 with fp32 Adam)")->capture_default_str();
+  a->precision_opt = app.add_option("--precision", a->precision, "fp32 (dtlab's engine) | bf16 | fp16: 2-byte parameters and gradients, fp32 master and Adam (2+2+12 = 16 bytes)")
+                         ->capture_default_str();
+  a->dtype_opt = app.add_option("--dtype", a->dtype, "The older name: fp32 | mixed (= --precision fp16)");
   app.add_option("--optimizer", a->optimizer, "adamw | sgd")->capture_default_str();
+  app.add_option("--optimizer-dtype", a->optimizer_dtype,
+                 "fp32 (the ZeRO paper's: fp32 master copy and state) | half (the course's: state in the training dtype, no master copy)")
+      ->capture_default_str();
+  app.add_option("--lora-rank", a->lora_rank, "LoRA rank r on each layer's h x h projections (needs --layers, --hidden)")->check(whole_number(1, 1 << 20));
+  a->lora_modules_opt = app.add_option("--lora-modules", a->lora_modules, "Projections per layer with adapters: 4 (q, k, v, o) or 2 (q, v: peft's Llama default)")
+                            ->check(whole_number(1, 64))->capture_default_str();
+  a->lora_params_opt = app.add_option("--lora-params", a->lora_params, "LoRA's trainable parameters as a count: 7M (the course's 0.1% of 7B)")->transform(param_count());
+  app.add_flag("--activation-checkpointing", a->activation_checkpointing,
+               "Activations with and without full recomputation (needs --layers, --hidden, --seq, --micro-batch, --heads)");
+  a->heads_opt = app.add_option("--heads", a->heads, "Attention heads a (for --activation-checkpointing)")->check(whole_number(1, 1 << 20));
   app.add_flag("--momentum", a->momentum, "SGD keeps a momentum buffer (4 bytes per parameter)");
   a->unit_opt = app.add_option("--unit-params", a->unit_params, "Parameters of the largest FSDP unit, counted unsharded while in flight")
                     ->transform(param_count());

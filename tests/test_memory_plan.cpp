@@ -294,7 +294,7 @@ TEST_CASE("memory plan: bad input is one sentence saying how to fix it") {
                        doctest::Contains("momentum applies to SGD"), Error);
   CHECK_THROWS_WITH_AS(parse_sharding("fsdp"),
                        doctest::Contains("'fsdp' is not known; use no-shard, zero1, grad-op, full or hybrid"), Error);
-  CHECK_THROWS_WITH_AS(parse_plan_dtype("bf16"), doctest::Contains("use fp32"), Error);
+  CHECK_THROWS_WITH_AS(parse_plan_dtype("fp8"), doctest::Contains("use fp32"), Error);
   for (const char* bad : {"7Q", "", "B", "inf", "nan", " 7B", "-5", "7e"})
     CHECK_THROWS_WITH_AS(parse_param_count(bad), doctest::Contains("is not a parameter count"), Error);
   CHECK_THROWS_WITH_AS(parse_param_count("0.5"), doctest::Contains("less than one parameter"), Error);
@@ -306,7 +306,7 @@ TEST_CASE("dtlab-cli plan: every strategy side by side") {
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK(r.err.empty());
-  CHECK(r.out.find("7.5B parameters (Ψ = 7500000000), 64 ranks, mixed precision, adamw") != std::string::npos);
+  CHECK(r.out.find("7.5B parameters (Ψ = 7500000000), 64 ranks, mixed precision (fp16), adamw") != std::string::npos);
   CHECK(r.out.find("optimizer state 12 (fp32 master copy, m, v)") != std::string::npos);
   CHECK(r.out.find("GB per rank (1 GB = 1e9 bytes)") != std::string::npos);
   const std::string no_shard = line_starting(r.out, "NO_SHARD ");
@@ -378,7 +378,7 @@ TEST_CASE("dtlab-cli plan: bad input") {
   check_plan_usage_error({"--params", "7Q", "--world", "64"}, "--params: '7Q' is not a parameter count");
   check_plan_usage_error(with({"--world", "0"}), "--world: 0 is out of range");
   check_plan_usage_error(with({"--strategy", "fsdp"}), "--strategy 'fsdp' is not known; use no-shard, zero1, grad-op, full, hybrid or all");
-  check_plan_usage_error(with({"--dtype", "bf16"}), "dtype 'bf16' is not known");
+  check_plan_usage_error(with({"--dtype", "fp8"}), "precision 'fp8' is not known");
   check_plan_usage_error(with({"--optimizer", "adam"}), "optimizer 'adam' is not supported; use sgd or adamw");
   check_plan_usage_error(with({"--momentum"}), "--momentum applies to --optimizer sgd");
   check_plan_usage_error(with({"--node-size", "6"}), "node size 6 does not divide world size 64");

@@ -409,6 +409,55 @@ void draw_plan_panel(const char* id, const std::string& title, const std::string
   ImGui::EndGroup();
 }
 
+// "this run" beside "planner": each planned category's peak this iteration on `rank`, against the
+// planner's bytes for the running strategy (the same MemoryPlan the panel below draws), so a
+// learner sees the formulas hold, or by how much padding or timing moves the live figure.
+void draw_run_vs_planner(const Snapshot& s, const MemoryPlan& plan, int rank, bool fsdp) {
+  if (rank < 0 || rank >= static_cast<int>(s.memory.size())) return;
+  ImGui::Spacing();
+  ImGui::Separator();
+  const MemoryStats& st = s.memory[static_cast<size_t>(rank)].stats;
+  const float font = ImGui::GetFontSize();
+  ImGui::Text("This run against the planner, rank %d", rank);
+  ImGui::SameLine();
+  ImGui::TextDisabled("(peak this iteration per category; hover a bar for another rank)");
+  const ImGuiTableFlags flags = ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_BordersInnerH | ImGuiTableFlags_RowBg;
+  if (!ImGui::BeginTable("##run_vs_plan", 4, flags)) return;
+  for (const char* head : {"", "this run", "planner", "difference"}) ImGui::TableSetupColumn(head, 0, head[0] ? font * 7 : 0);
+  ImGui::TableHeadersRow();
+  auto row = [](const char* name, ImU32 color, int64_t measured, double planned) {
+    ImGui::TableNextRow();
+    ImGui::TableNextColumn();
+    if (color) legend_entry(color, name, true);
+    else ImGui::TextUnformatted(name);
+    ImGui::TableNextColumn();
+    ImGui::TextUnformatted(human_bytes(measured).c_str());
+    ImGui::TableNextColumn();
+    ImGui::TextUnformatted(plan_bytes(planned, false).c_str());
+    ImGui::TableNextColumn();
+    const int64_t diff = measured - static_cast<int64_t>(std::llround(planned));
+    if (diff == 0) ImGui::TextDisabled("equal");
+    else ImGui::Text("%s%s", diff > 0 ? "+" : "-", human_bytes(diff > 0 ? diff : -diff).c_str());
+  };
+  int64_t measured_sum = 0;
+  int rows = 0;
+  for (const PlanPart& part : kPlanParts) {
+    const double planned = plan.*part.bytes;
+    const int64_t measured = st.peak_of(part.category);
+    if (planned <= 0 && measured <= 0) continue;  // e.g. nothing gathered outside FSDP
+    row(part.name, memory_category_color(part.category), measured, planned);
+    measured_sum += measured;
+    rows++;
+  }
+  if (rows > 1) row("sum of the rows", 0, measured_sum, plan.total);
+  ImGui::EndTable();
+  if (!fsdp) return;
+  ImGui::PushTextWrapPos(0.0f);
+  ImGui::TextDisabled("FSDP: the tracker counts a unit's unsharded gradient under gradients, the planner under gathered, "
+                        "which it sizes as the largest unit in flight (twice with BACKWARD_PRE); each peak is at its own instant.");
+  ImGui::PopTextWrapPos();
+}
+
 // Below the live bars: the planner's per-rank bytes for the running model and world under each
 // strategy, beside the same strategies for a 7.5B model on 64 ranks (the ZeRO paper's Figure 1:
 // 120 / 31.4 / 16.6 / 1.9 GB), so "your toy model" and "a 7B model" read side by side.
@@ -416,16 +465,6 @@ void draw_strategies_compared(const Snapshot& s, MemoryViewState& view) {
   const RunConfigView& rc = s.config;
   if (rc.num_params <= 0) return;
   const float font = ImGui::GetFontSize();
-  ImGui::Spacing();
-  ImGui::Separator();
-  ImGui::TextUnformatted("Strategies compared");
-  ImGui::SameLine();
-  ImGui::PushTextWrapPos(0.0f);  // wraps at the window's edge in a narrow window
-  ImGui::TextDisabled("(per-rank bytes by the ZeRO paper's formulas; activations not counted; hover a bar)");
-  ImGui::PopTextWrapPos();
-  draw_plan_legend();
-  ImGui::Spacing();
-
   // The run: ddp is NO_SHARD, single is NO_SHARD on one rank (nothing to shard).
   const bool single = rc.strategy == "single";
   MemoryPlanInput in;
@@ -456,6 +495,18 @@ void draw_strategies_compared(const Snapshot& s, MemoryViewState& view) {
   int running = 0;
   for (int i = 0; i < kNumCompared; i++)
     if (kCompared[i] == rc.sharding) running = i;
+  if (view.plans.ok && rc.sharding != Sharding::Hybrid)  // HYBRID_SHARD is not among the four rows
+    draw_run_vs_planner(s, view.plans.plans[static_cast<size_t>(running)], std::max(view.hovered_rank, 0),
+                        rc.strategy == "fsdp");
+  ImGui::Spacing();
+  ImGui::Separator();
+  ImGui::TextUnformatted("Strategies compared");
+  ImGui::SameLine();
+  ImGui::PushTextWrapPos(0.0f);  // wraps at the window's edge in a narrow window
+  ImGui::TextDisabled("(per-rank bytes by the ZeRO paper's formulas; activations not counted; hover a bar)");
+  ImGui::PopTextWrapPos();
+  draw_plan_legend();
+  ImGui::Spacing();
 
   const char* opt = rc.optimizer_kind == OptimizerKind::AdamW ? "AdamW" : rc.sgd_momentum ? "SGD with momentum" : "SGD";
   std::string title = "your model: " + param_count_str(in.params) + " parameters, " + std::to_string(in.world) +

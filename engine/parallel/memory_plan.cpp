@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "engine/core/check.h"
@@ -72,6 +73,13 @@ void validate(const MemoryPlanInput& in) {
                 std::to_string(in.units_in_flight));
   if (in.sgd_momentum && in.optimizer != OptimizerKind::SGD)
     throw Error("momentum applies to SGD; AdamW always keeps its two moments m and v");
+  if (in.half_optimizer_state && !is_half(in.dtype))
+    throw Error("a half-precision optimizer state needs a half training precision; use bf16 or fp16, or keep the state in fp32");
+  if (!is_whole(in.lora_params) || in.lora_params < 0 || in.lora_params >= in.params)
+    throw Error("LoRA's trainable parameters must be a whole number below the model's " + num_str(in.params) +
+                " (0 for full fine-tuning), not " + num_str(in.lora_params));
+  if (in.lora_params > 0 && in.largest_unit_params > 0)
+    throw Error("the gathered unit is not modelled with LoRA; leave out the largest unit's size");
 }
 
 }  // namespace
@@ -119,40 +127,108 @@ int zero_stage(Sharding s) {
 
 PlanDType parse_plan_dtype(std::string_view name) {
   if (name == "fp32") return PlanDType::Fp32;
-  if (name == "mixed") return PlanDType::Mixed;
-  throw Error("dtype '" + std::string(name) +
-              "' is not known; use fp32 (dtlab's engine) or mixed (the ZeRO paper's fp16 with fp32 Adam)");
+  if (name == "bf16") return PlanDType::Bf16;
+  if (name == "fp16" || name == "mixed") return PlanDType::Fp16;
+  throw Error("precision '" + std::string(name) +
+              "' is not known; use fp32 (dtlab's engine), bf16 or fp16 (mixed precision with fp32 Adam; mixed = fp16)");
 }
 
-const char* plan_dtype_name(PlanDType d) { return d == PlanDType::Mixed ? "mixed" : "fp32"; }
-
-BytesPerParam bytes_per_param(PlanDType dtype, OptimizerKind optimizer, bool sgd_momentum) {
-  // Optimizer state in fp32: AdamW's m and v, SGD's momentum buffer when it has one.
-  const int state = optimizer == OptimizerKind::AdamW ? 8 : (sgd_momentum ? 4 : 0);
-  if (dtype == PlanDType::Mixed) return {2, 2, 4 + state};  // + the fp32 master copy of the weights
-  return {4, 4, state};
+const char* plan_dtype_name(PlanDType d) {
+  switch (d) {
+    case PlanDType::Fp32: return "fp32";
+    case PlanDType::Fp16: return "fp16";
+    case PlanDType::Bf16: return "bf16";
+  }
+  return "?";
 }
+
+BytesPerParam bytes_per_param(PlanDType dtype, OptimizerKind optimizer, bool sgd_momentum, bool half_state) {
+  // Optimizer state: AdamW's m and v, SGD's momentum buffer when it has one, each one element.
+  const int elems = optimizer == OptimizerKind::AdamW ? 2 : (sgd_momentum ? 1 : 0);
+  if (!is_half(dtype)) return {4, 4, 4 * elems, 0};
+  if (half_state) return {2, 2, 2 * elems, 0};  // the course's: all in the training dtype, no master
+  return {2, 2, 4 + 4 * elems, 4};              // the paper's: + the fp32 master copy of the weights
+}
+
+namespace {
+
+// Memory formula in the paper's notation, one group per symbol: "2Ψ + (2+12)Ψ/N_d"; with LoRA
+// "2(Ψ+Ψ_L) + (2+12)Ψ_L". Sharding is monotone (params only if grads, grads only if optimizer),
+// so the whole groups come first.
+std::string memory_formula(const BytesPerParam& b, bool lora, const std::array<bool, 3>& sharded) {
+  const char* counts[3] = {lora ? "(Ψ+Ψ_L)" : "Ψ", lora ? "Ψ_L" : "Ψ", lora ? "Ψ_L" : "Ψ"};
+  const int bytes[3] = {b.parameters, b.gradients, b.optimizer_state};
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < 3; i++) {
+      if (sharded[static_cast<size_t>(i)] != (pass == 1)) continue;
+      const std::string sym = std::string(counts[i]) + (pass == 1 ? "/N_d" : "");
+      if (groups.empty() || groups.back().first != sym) groups.push_back({sym, {}});
+      groups.back().second.push_back(bytes[i]);
+    }
+  std::vector<std::string> terms;
+  for (const auto& [sym, b_list] : groups) terms.push_back(psi_term(b_list, sym.c_str()));
+  return joined_terms(terms);
+}
+
+// Communication, ring volumes per rank (see the header): (n-1)/n of the payload per all-gather
+// or reduce-scatter, twice that per all-reduce. Padding is left out: this is the paper's model.
+// `held`: parameters all-gathered (Ψ, or Ψ + Ψ_L with LoRA); `trained`: gradients reduced.
+void plan_comm(const MemoryPlanInput& in, const BytesPerParam& b, double held, double trained, MemoryPlan& p) {
+  auto ring = [](int n) { return n > 1 ? double(n - 1) / n : 0.0; };
+  const bool lora = in.lora_params > 0;
+  const int w = in.world, nd = p.shard_ranks;
+  const std::string three = lora ? "2(Ψ+Ψ_L) + Ψ_L" : "3Ψ";
+  switch (in.sharding) {
+    case Sharding::NoShard:  // all-reduce the gradients
+      p.comm_bytes = 2 * ring(w) * trained * b.gradients;
+      p.comm_formula = w > 1 ? (lora ? "2Ψ_L" : "2Ψ") : "0";
+      break;
+    case Sharding::Zero1:  // reduce-scatter the gradients, all-gather the updated parameters
+    case Sharding::ShardGradOp:
+      p.comm_bytes = ring(w) * trained * (b.gradients + b.parameters);
+      p.comm_formula = w > 1 ? (lora ? "2Ψ_L" : "2Ψ") : "0";
+      break;
+    case Sharding::FullShard:  // all-gather in forward, again in backward, reduce-scatter
+      p.comm_bytes = ring(w) * (2 * held * b.parameters + trained * b.gradients);
+      p.comm_formula = w > 1 ? three : "0";
+      break;
+    case Sharding::Hybrid: {  // FULL_SHARD inside the group, then all-reduce the shard across groups
+      const int groups = w / nd;
+      p.comm_cross_group_bytes = 2 * ring(groups) * (trained / nd) * b.gradients;
+      p.comm_bytes = ring(nd) * (2 * held * b.parameters + trained * b.gradients) + p.comm_cross_group_bytes;
+      const std::string across = lora ? "2Ψ_L" : "2Ψ";
+      p.comm_formula = joined_terms({nd > 1 ? three : "", groups > 1 ? (nd > 1 ? across + "/N_d" : across) : ""});
+      break;
+    }
+  }
+}
+
+}  // namespace
 
 MemoryPlan plan_memory(const MemoryPlanInput& in) {
   validate(in);
-  const BytesPerParam b = bytes_per_param(in.dtype, in.optimizer, in.sgd_momentum);
+  const BytesPerParam b = bytes_per_param(in.dtype, in.optimizer, in.sgd_momentum, in.half_optimizer_state);
   const Sharding s = in.sharding;
   const int stage = zero_stage(s);
-  const double psi = in.params;
+  const bool lora = in.lora_params > 0;
+  // What each rank holds and what it trains: the whole Ψ, or the frozen base plus the adapters.
+  const double held = in.params + in.lora_params, trained = lora ? in.lora_params : in.params;
 
   MemoryPlan p;
   p.shard_ranks = s == Sharding::NoShard ? 1
                   : s == Sharding::Hybrid && in.node_size > 0 ? in.node_size
                                                               : in.world;
   const int nd = p.shard_ranks;
-  // ceil(Ψ/N_d): FSDP pads its flat parameter so every rank's shard has the same length.
-  const double shard = std::ceil(psi / nd);
+  // ceil(x/N_d): FSDP pads its flat parameter so every rank's shard has the same length.
+  auto shard = [nd](double x) { return std::ceil(x / nd); };
 
   // Each stage shards one more kind of state: 1 the optimizer's, 2 the gradients, 3 the parameters.
   const bool shard_params = stage >= 3, shard_grads = stage >= 2, shard_optim = stage >= 1;
-  p.parameters = b.parameters * (shard_params ? shard : psi);
-  p.gradients = b.gradients * (shard_grads ? shard : psi);
-  p.optimizer_state = b.optimizer_state * (shard_optim ? shard : psi);
+  p.parameters = b.parameters * (shard_params ? shard(held) : held);
+  p.gradients = b.gradients * (shard_grads ? shard(trained) : trained);
+  p.optimizer_state = b.optimizer_state * (shard_optim ? shard(trained) : trained);
+  p.grad_payload = b.gradients * trained;
 
   // What a sharded rank holds whole for a while: stage 3 all-gathers a unit's parameters and, in
   // backward, holds its full gradient until the reduce-scatter; stage 2 keeps the parameters whole
@@ -169,40 +245,35 @@ MemoryPlan plan_memory(const MemoryPlanInput& in) {
                     psi_term(bytes, "Ψ_u");
   }
   p.total = p.parameters + p.gradients + p.optimizer_state + p.gathered;
-
-  std::vector<int> whole, sharded;
-  (shard_params ? sharded : whole).push_back(b.parameters);
-  (shard_grads ? sharded : whole).push_back(b.gradients);
-  (shard_optim ? sharded : whole).push_back(b.optimizer_state);
-  p.formula = joined_terms({psi_term(whole, "Ψ"), psi_term(sharded, "Ψ/N_d"), gathered_term});
-
-  // Communication, ring volumes per rank (see the header): (n-1)/n of the payload per all-gather
-  // or reduce-scatter, twice that per all-reduce. Padding is left out: this is the paper's model.
-  auto ring = [](int n) { return n > 1 ? double(n - 1) / n : 0.0; };
-  const int w = in.world;
-  switch (s) {
-    case Sharding::NoShard:  // all-reduce the gradients
-      p.comm_bytes = 2 * ring(w) * psi * b.gradients;
-      p.comm_formula = w > 1 ? "2Ψ" : "0";
-      break;
-    case Sharding::Zero1:  // reduce-scatter the gradients, all-gather the updated parameters
-    case Sharding::ShardGradOp:
-      p.comm_bytes = ring(w) * psi * (b.gradients + b.parameters);
-      p.comm_formula = w > 1 ? "2Ψ" : "0";
-      break;
-    case Sharding::FullShard:  // all-gather in forward, again in backward, reduce-scatter
-      p.comm_bytes = ring(w) * psi * (2 * b.parameters + b.gradients);
-      p.comm_formula = w > 1 ? "3Ψ" : "0";
-      break;
-    case Sharding::Hybrid: {  // FULL_SHARD inside the group, then all-reduce the shard across groups
-      const int groups = w / nd;
-      p.comm_cross_group_bytes = 2 * ring(groups) * (psi / nd) * b.gradients;
-      p.comm_bytes = ring(nd) * psi * (2 * b.parameters + b.gradients) + p.comm_cross_group_bytes;
-      p.comm_formula = joined_terms({nd > 1 ? "3Ψ" : "", groups > 1 ? (nd > 1 ? "2Ψ/N_d" : "2Ψ") : ""});
-      break;
-    }
-  }
+  p.formula = memory_formula(b, lora, {shard_params, shard_grads, shard_optim});
+  if (!gathered_term.empty()) p.formula += " + " + gathered_term;
+  plan_comm(in, b, held, trained, p);
   return p;
+}
+
+double lora_param_count(int layers, int64_t hidden, int rank, int modules) {
+  if (layers < 1 || hidden < 1 || rank < 1 || modules < 1)
+    throw Error("LoRA's count needs layers, hidden size, rank and modules of at least 1");
+  if (rank > hidden)
+    throw Error("LoRA rank " + std::to_string(rank) + " is larger than the hidden size " + std::to_string(hidden) +
+                "; a low-rank adapter needs r <= h");
+  // Each adapted h x h projection gets A (r x h) and B (h x r), no biases (peft: bias="none").
+  return double(layers) * modules * rank * 2.0 * double(hidden);
+}
+
+ActivationPlan plan_activations(int layers, int64_t hidden, int64_t seq, int64_t micro_batch, int heads) {
+  if (layers < 1 || hidden < 1 || seq < 1 || micro_batch < 1 || heads < 1)
+    throw Error("activation memory needs layers, hidden size, sequence length, micro-batch and heads of at least 1");
+  const double sbh = double(seq) * double(micro_batch) * double(hidden);
+  ActivationPlan a;
+  // Korthikanti et al. 2022, eq. (1): 34·sbh for the attention and MLP blocks' inputs, outputs
+  // and masks, plus 5·a·s²·b for the attention scores, softmax and its dropout mask.
+  a.per_layer = sbh * 34 + 5.0 * heads * double(seq) * double(seq) * double(micro_batch);
+  a.per_layer_checkpointed = 2 * sbh;  // only the layer's 16-bit input is kept
+  a.total = a.per_layer * layers;
+  a.total_checkpointed = a.per_layer_checkpointed * layers;
+  a.saved = a.total - a.total_checkpointed;
+  return a;
 }
 
 double parse_param_count(std::string_view text) {

@@ -24,19 +24,27 @@ const char* sharding_flag(Sharding s);           // the name parse_sharding() ta
 const char* sharding_name(Sharding s);           // torch's name: "SHARD_GRAD_OP"
 int zero_stage(Sharding s);                      // 0, 1, 2, 3, 3 (HYBRID_SHARD is stage 3 inside a group)
 
-// Fp32: dtlab's real engine, everything in float32. Mixed: the ZeRO paper's mixed-precision Adam,
-// fp16 parameters and gradients with the optimizer holding an fp32 master copy beside its state.
-enum class PlanDType : uint8_t { Fp32, Mixed };
-PlanDType parse_plan_dtype(std::string_view name);  // "fp32" | "mixed"
-const char* plan_dtype_name(PlanDType d);
+// The training precision (`plan --precision`). Fp32: dtlab's real engine, everything in float32.
+// Fp16, Bf16: mixed precision as the ZeRO paper counts it (§3.1): 2-byte parameters and gradients,
+// the optimizer holding an fp32 master copy beside its fp32 state. Mixed is the older `--dtype
+// mixed`, the paper's fp16; both half types cost the same bytes (docs/course_sources.md §6d).
+enum class PlanDType : uint8_t { Fp32, Fp16, Bf16, Mixed = Fp16 };
+PlanDType parse_plan_dtype(std::string_view name);  // "fp32" | "bf16" | "fp16" | "mixed" (= fp16)
+const char* plan_dtype_name(PlanDType d);           // "fp32" | "bf16" | "fp16"
+inline bool is_half(PlanDType d) { return d != PlanDType::Fp32; }
 
 // Bytes each parameter costs per copy. Mixed AdamW is the paper's 2 + 2 + K with K = 12 (fp32
 // master, m, v); mixed SGD keeps the master copy (4) plus its momentum (4) if any. Fp32 matches
 // Optimizer::state_bytes_per_param(): AdamW 8, SGD with momentum 4, plain SGD 0.
+// half_state: the course's accounting ("model 14 GB + gradients 14 GB + optimizer 28 GB" at 7B):
+// the optimizer's state kept in the 2-byte training dtype and no fp32 master copy, so AdamW costs
+// 2 + 2 + 4 = 8 bytes, not the paper's 16. Only meaningful with a half precision.
 struct BytesPerParam {
   int parameters = 0, gradients = 0, optimizer_state = 0;
+  int master_weights = 0;  // the fp32 master copy's share of optimizer_state (4 in mixed precision)
 };
-BytesPerParam bytes_per_param(PlanDType dtype, OptimizerKind optimizer, bool sgd_momentum);
+BytesPerParam bytes_per_param(PlanDType dtype, OptimizerKind optimizer, bool sgd_momentum,
+                              bool half_state = false);
 
 struct MemoryPlanInput {
   double params = 0;  // Ψ, a whole number of parameters (a double so 70B needs no care)
@@ -50,6 +58,11 @@ struct MemoryPlanInput {
   // full gradient until the reduce-scatter. Parameters of the largest unit; 0 = leave this out.
   double largest_unit_params = 0;
   int units_in_flight = 1;  // 2 when the next unit's all-gather is prefetched (BACKWARD_PRE)
+  bool half_optimizer_state = false;  // the course's accounting (see bytes_per_param)
+  // LoRA: Ψ_L adapter parameters trained beside the frozen base Ψ (0 = full fine-tuning, all Ψ
+  // trained). Parameters cost Ψ + Ψ_L; gradients, optimizer state and the gradient reduction
+  // cover only Ψ_L, as torch gives frozen weights (requires_grad=False) no .grad and no state.
+  double lora_params = 0;
 };
 
 // Bytes per rank. Sharded parts hold ceil(Ψ/N_d) elements per rank, as FSDP's flat parameter pads
@@ -66,12 +79,30 @@ struct MemoryPlan {
   // "3Ψ". HYBRID_SHARD: 3Ψ inside its group plus an all-reduce of its Ψ/N_d shard across groups.
   double comm_bytes = 0;
   double comm_cross_group_bytes = 0;  // HYBRID_SHARD: the part of comm_bytes that crosses groups
+  // The gradients one step reduces, whole (Ψ or Ψ_L times the gradient bytes): the course's "28 GB
+  // of gradients per step" in fp32, 14 GB in fp16. A ring all-reduce sends about twice this.
+  double grad_payload = 0;
   std::string formula;       // per-rank memory in the paper's notation: "2Ψ + (2+12)Ψ/N_d"
   std::string comm_formula;  // "2Ψ", "3Ψ", "3Ψ + 2Ψ/N_d"
 };
 
 // Throws dtlab::Error (one sentence) for inputs that describe no real run.
 MemoryPlan plan_memory(const MemoryPlanInput& in);
+
+// LoRA's trainable parameters on a transformer: `modules` h x h projections per layer (4: q, k,
+// v, o; peft's default for Llama is 2: q and v), each with A (r x h) and B (h x r): L·n·r·2h.
+double lora_param_count(int layers, int64_t hidden, int rank, int modules);
+
+// Activation memory of a transformer's layers, Korthikanti et al. 2022 (§4, Table 2), 16-bit
+// activations, no tensor or sequence parallelism: s·b·h·(34 + 5·a·s/h) bytes per layer kept for
+// backward, or 2·s·b·h (the layer's input) with full recomputation (activation checkpointing).
+struct ActivationPlan {
+  double per_layer = 0, per_layer_checkpointed = 0;  // bytes
+  double total = 0, total_checkpointed = 0;          // x layers
+  double saved = 0;                                  // total - total_checkpointed
+};
+// Throws dtlab::Error (one sentence) when a size is below 1.
+ActivationPlan plan_activations(int layers, int64_t hidden, int64_t seq, int64_t micro_batch, int heads);
 
 // "7.5e9", "7B", "70b", "125M", "350K", "1.3T", "4547" -> a whole number of parameters (>= 1).
 double parse_param_count(std::string_view text);

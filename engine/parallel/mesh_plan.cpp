@@ -74,10 +74,10 @@ DimTraffic dp_traffic(const MeshPlanInput& in, const MeshPlan& p) {
   if (p.mesh.dp < 2) return d;
   if (in.memory.sharding == Sharding::NoShard) {
     d.what = "all-reduce of the rank's gradients (DDP)";
-    d.formula = "2(d-1)/d · Ψ/(t·p) · g";
+    d.formula = in.memory.lora_params > 0 ? "2(d-1)/d · Ψ_L/(t·p) · g" : "2(d-1)/d · Ψ/(t·p) · g";
   } else {
     d.what = std::string(sharding_name(in.memory.sharding)) + " over the dp group";
-    d.formula = p.memory.comm_formula + " (ring: ×(d-1)/d) with Ψ = Ψ/(t·p)";
+    d.formula = p.memory.comm_formula + " (ring: ×(d-1)/d) with Ψ = Ψ/(t·p)" + (in.memory.lora_params > 0 ? ", Ψ_L = Ψ_L/(t·p)" : "");
   }
   return d;
 }
@@ -123,9 +123,10 @@ MeshPlan plan_mesh(const MeshPlanInput& in, const HardwareProfile* profile) {
   dp.params = p.rank_params;
   dp.world = p.mesh.dp;
   dp.largest_unit_params = std::min(dp.largest_unit_params, p.rank_params);
+  dp.lora_params = std::ceil(in.memory.lora_params / (double(in.tp) * in.stages));  // adapters split alike
   p.memory = plan_memory(dp);
   p.layers_per_stage = in.shape.layers / in.stages;
-  p.activation_bytes = in.memory.dtype == PlanDType::Mixed ? 2 : 4;
+  p.activation_bytes = is_half(in.memory.dtype) ? 2 : 4;
   p.activation_elems = in.shape.micro_batch * in.shape.seq * in.shape.hidden;
   p.traffic[static_cast<int>(MeshDim::DP)] = dp_traffic(in, p);
   p.traffic[static_cast<int>(MeshDim::PP)] = pp_traffic(in, p);
