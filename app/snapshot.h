@@ -200,7 +200,8 @@ struct RunConfigView {
   bool find_unused_parameters = false, sized_first_iteration = false;  // DDP: how iteration 1 is bucketed
   // What the memory planner needs to put the run beside the other strategies (plan_memory).
   Sharding sharding = Sharding::NoShard;  // the run's: fsdp's setting; ddp and single are NO_SHARD
-  int64_t num_params = 0;                 // Ψ of the running model
+  int64_t num_params = 0;                 // Ψ of the running model (under LoRA its trainable adapters)
+  int64_t frozen_params = 0;              // LoRA: the frozen base weights and biases (0 without LoRA)
   OptimizerKind optimizer_kind = OptimizerKind::AdamW;
   bool sgd_momentum = false;              // SGD keeps a momentum buffer
   bool wrap_layers = true;                // FSDP units: one per Linear (else the whole model)

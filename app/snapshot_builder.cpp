@@ -268,6 +268,7 @@ void SnapshotBuilder::reset(const RunSources& run) {
   // Read before the run starts (FSDP releases the model's storage then; the counts stay).
   c.sharding = config.strategy == "fsdp" ? config.fsdp.sharding : Sharding::NoShard;
   c.num_params = model.num_params();
+  c.frozen_params = model.lora() ? model.spec().num_params() : 0;
   c.optimizer_kind = config.optimizer.kind;
   c.sgd_momentum = config.optimizer.kind == OptimizerKind::SGD && config.optimizer.momentum > 0;
   c.wrap_layers = config.fsdp.wrap_layers;

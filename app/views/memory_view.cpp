@@ -468,18 +468,21 @@ void draw_strategies_compared(const Snapshot& s, MemoryViewState& view) {
   // The run: ddp is NO_SHARD, single is NO_SHARD on one rank (nothing to shard).
   const bool single = rc.strategy == "single";
   MemoryPlanInput in;
-  in.params = static_cast<double>(rc.num_params);
+  // Under LoRA the planner's Ψ is the frozen base and Ψ_L the adapters (FSDP units: not modelled).
+  const bool lora = rc.frozen_params > 0;
+  in.params = static_cast<double>(lora ? rc.frozen_params : rc.num_params);
+  in.lora_params = lora ? static_cast<double>(rc.num_params) : 0.0;
   in.world = single ? 1 : std::max(rc.world, 1);
   in.dtype = PlanDType::Fp32;
   in.optimizer = rc.optimizer_kind;
   in.sgd_momentum = rc.sgd_momentum;
-  in.largest_unit_params = static_cast<double>(std::min(rc.largest_unit_params, rc.num_params));
+  in.largest_unit_params = lora ? 0.0 : static_cast<double>(std::min(rc.largest_unit_params, rc.num_params));
   in.units_in_flight = rc.units_in_flight == 2 ? 2 : 1;
   // Planned once per configuration, not per frame.
   const MemoryPlanInput& was = view.plans_for;
   if (!view.have_plans || was.params != in.params || was.world != in.world || was.optimizer != in.optimizer ||
       was.sgd_momentum != in.sgd_momentum || was.largest_unit_params != in.largest_unit_params ||
-      was.units_in_flight != in.units_in_flight) {
+      was.units_in_flight != in.units_in_flight || was.lora_params != in.lora_params) {
     view.plans = plan_all(in);
     view.plans_for = in;
     view.have_plans = true;
@@ -495,7 +498,9 @@ void draw_strategies_compared(const Snapshot& s, MemoryViewState& view) {
   int running = 0;
   for (int i = 0; i < kNumCompared; i++)
     if (kCompared[i] == rc.sharding) running = i;
-  if (view.plans.ok && rc.sharding != Sharding::Hybrid)  // HYBRID_SHARD is not among the four rows
+  // HYBRID_SHARD is not among the four rows; FSDP under LoRA keeps the frozen base whole on every rank
+  // (only the adapters are units), which the planner's sharded Ψ + Ψ_L does not model.
+  if (view.plans.ok && rc.sharding != Sharding::Hybrid && !(lora && rc.strategy == "fsdp"))
     draw_run_vs_planner(s, view.plans.plans[static_cast<size_t>(running)], std::max(view.hovered_rank, 0),
                         rc.strategy == "fsdp");
   ImGui::Spacing();
@@ -509,8 +514,9 @@ void draw_strategies_compared(const Snapshot& s, MemoryViewState& view) {
   ImGui::Spacing();
 
   const char* opt = rc.optimizer_kind == OptimizerKind::AdamW ? "AdamW" : rc.sgd_momentum ? "SGD with momentum" : "SGD";
-  std::string title = "your model: " + param_count_str(in.params) + " parameters, " + std::to_string(in.world) +
-                      (in.world == 1 ? " rank" : " ranks");
+  std::string title = "your model: " + param_count_str(in.params) + " parameters" +
+                      (lora ? " frozen + " + param_count_str(in.lora_params) + " LoRA" : "") + ", " +
+                      std::to_string(in.world) + (in.world == 1 ? " rank" : " ranks");
   std::string subtitle = std::string("fp32, ") + opt + "; this run: ";
   if (single) subtitle += "single, one rank: nothing to shard, every strategy holds it all";
   else if (rc.strategy == "ddp") subtitle += "ddp = NO_SHARD (every rank a full replica)";
