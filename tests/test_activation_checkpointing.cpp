@@ -13,19 +13,12 @@
 #include "engine/parallel/memory_plan.h"
 #include "engine/train/train.h"
 #include "tests/cli_util.h"
+#include "tests/test_util.h"
 #include "tests/train_util.h"
 
 using namespace dtlab;
 
 namespace {
-
-std::vector<float> random_rows(int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = u(gen);
-  return v;
-}
 
 // One forward and backward of `spec` on a batch of B; the gradients, and the
 // Activations bytes the model's tracker saw (current after backward, peak).
@@ -38,8 +31,8 @@ Pass one_pass(const ModelSpec& spec, int64_t B, bool checkpointing) {
   MemoryTracker mem;
   Model m(spec, &mem, 3);
   m.set_activation_checkpointing(checkpointing);
-  const std::vector<float> x = random_rows(B * spec.in_features(), 7);
-  const std::vector<float> dl = random_rows(B * spec.out_features(), 11);
+  const std::vector<float> x = test::random_floats(static_cast<size_t>(B * spec.in_features()), 7);
+  const std::vector<float> dl = test::random_floats(static_cast<size_t>(B * spec.out_features()), 11);
   m.zero_grad();
   const float* logits = m.forward(x.data(), B);
   Pass p;

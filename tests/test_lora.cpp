@@ -17,6 +17,7 @@
 #include "engine/io/checkpoint.h"
 #include "engine/io/safetensors.h"
 #include "engine/train/train.h"
+#include "tests/test_util.h"
 #include "tests/train_util.h"
 
 using namespace dtlab;
@@ -36,14 +37,6 @@ int64_t adapter_bytes(const ModelSpec& spec, const LoraSpec& l) {
   for (size_t k = 0; k + 1 < spec.dims.size(); k++)
     if (l.adapts(2 * static_cast<int>(k))) n += l.rank * (spec.dims[k] + spec.dims[k + 1]);
   return 4 * n;
-}
-
-std::vector<float> random_values(int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = u(gen);
-  return v;
 }
 
 TrainConfig lora_config(const std::string& strategy, int world, int64_t steps, int r) {
@@ -87,7 +80,7 @@ TEST_CASE("B = 0 at init: the LoRA model's logits are the base model's, bit for 
   const ModelSpec spec = ModelSpec::parse("mlp:2,64,64,3");
   Model base(spec, nullptr, 3), adapted(spec, nullptr, 3);
   adapted.enable_lora(lora(8), 3);
-  const std::vector<float> x = random_values(10 * 2, 1);
+  const std::vector<float> x = test::random_floats(static_cast<size_t>(10 * 2), 1);
   const float* a = base.forward(x.data(), 10);
   const float* b = adapted.forward(x.data(), 10);
   for (int i = 0; i < 30; i++) CHECK(a[i] == b[i]);
@@ -101,11 +94,11 @@ TEST_CASE("adapter gradients equal scaling x dW A^T and scaling x B^T dW of the 
   l.alpha = 6.0f;  // scaling 2
   Model m(spec, nullptr, 7);
   m.enable_lora(l, 7);
-  m.upload_params(random_values(m.num_params(), 2).data());
+  m.upload_params(test::random_floats(static_cast<size_t>(m.num_params()), 2).data());
   Model plain(spec, nullptr, 0);
   plain.upload_params(m.merged_params().data());
   const int64_t B = 5;
-  const std::vector<float> x = random_values(B * 3, 3), g = random_values(B * 4, 4);
+  const std::vector<float> x = test::random_floats(static_cast<size_t>(B * 3), 3), g = test::random_floats(static_cast<size_t>(B * 4), 4);
   const float* lm = m.forward(x.data(), B);
   const float* lp = plain.forward(x.data(), B);
   for (int i = 0; i < B * 4; i++) CHECK(lm[i] == doctest::Approx(lp[i]).epsilon(1e-5));
@@ -140,9 +133,9 @@ TEST_CASE("a finite difference agrees with an adapter gradient") {
   const ModelSpec spec = ModelSpec::parse("mlp:2,8,3");
   Model m(spec, nullptr, 1);
   m.enable_lora(lora(2), 1);
-  std::vector<float> p = random_values(m.num_params(), 5);
+  std::vector<float> p = test::random_floats(static_cast<size_t>(m.num_params()), 5);
   m.upload_params(p.data());
-  const std::vector<float> x = random_values(4 * 2, 6), g = random_values(4 * 3, 7);
+  const std::vector<float> x = test::random_floats(static_cast<size_t>(4 * 2), 6), g = test::random_floats(static_cast<size_t>(4 * 3), 7);
   auto loss = [&](const std::vector<float>& q) {
     m.upload_params(q.data());
     const float* y = m.forward(x.data(), 4);
@@ -255,7 +248,7 @@ TEST_CASE("--save writes peft's adapter keys; --merge-lora a plain model with th
   t2.run();
   Model plain(c.model, nullptr, 99);
   load_checkpoint(c.save_path, plain);
-  const std::vector<float> x = random_values(32 * 2, 8);
+  const std::vector<float> x = test::random_floats(static_cast<size_t>(32 * 2), 8);
   const float* want = t2.model().forward(x.data(), 32);
   const std::vector<float> w(want, want + 32 * 3);
   const float* got = plain.forward(x.data(), 32);
