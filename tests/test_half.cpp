@@ -329,7 +329,7 @@ TEST_CASE("half: the edges of the formats, named (the values are the table's)") 
   CHECK(std::string(half_format_name(HalfFormat::FP16)) == "fp16");
 }
 
-TEST_CASE("half: every 16-bit pattern survives 16 -> float -> 16; NaNs become the format's NaN") {
+TEST_CASE("half: every 16-bit pattern survives 16 -> float -> 16, NaNs become the format's NaN") {
   for (HalfFormat fmt : kFormats) {
     int nans = 0;
     for (uint32_t p = 0; p < 65536; p++) {
