@@ -160,7 +160,7 @@ struct StepPrinter {
 
   void operator()(const StepReport& r) {
     if (json) return print_json(r);
-    if (r.step % every == 0 || r.step == 1 || r.step == r.total_steps) {
+    if (r.step % every == 0 || r.step == 1 || r.step == r.total_steps || r.step_skipped) {
       char line[200];
       std::snprintf(line, sizeof line, "step %*lld/%lld  epoch %3lld  loss %.4f  acc %5.1f%%  %s samples/s",
                     static_cast<int>(std::to_string(r.total_steps).size()),
@@ -170,6 +170,11 @@ struct StepPrinter {
       if (r.overlap >= 0) {
         const size_t len = std::strlen(line);
         std::snprintf(line + len, sizeof line - len, "  overlap %3.0f%%", 100.0 * r.overlap);
+      }
+      if (r.loss_scale > 0) {
+        const size_t len = std::strlen(line);
+        std::snprintf(line + len, sizeof line - len, "  scale %g%s", static_cast<double>(r.loss_scale),
+                      r.step_skipped ? "  SKIPPED: inf/NaN in the gradients, scale halved" : "");
       }
       if (bar) io.err << "\r\033[K" << std::flush;
       io.out << line << "\n" << std::flush;
@@ -197,6 +202,7 @@ struct StepPrinter {
     if (r.overlap >= 0) j["overlap"] = r.overlap;
     if (branch) j["branch_taken"] = r.branch_taken;
     if (!r.bubble.empty()) j["bubble"] = r.bubble;
+    if (r.loss_scale > 0) j["loss_scale"] = r.loss_scale, j["skipped"] = r.step_skipped;
     io.out << j.dump() << "\n";
   }
 };
@@ -224,6 +230,8 @@ void print_json_summary(std::ostream& out, const TrainConfig& c, const TrainSumm
     j["rank_memory"] = mem;
   }
   if (c.strategy == "pipeline") j["pipeline"] = pipeline_json(s);
+  j["precision"] = precision_name(c.precision);
+  if (c.precision == Precision::FP16) j["loss_scale"] = s.loss_scale, j["rank_skipped_steps"] = s.rank_skipped_steps;
   if (!c.save_path.empty()) j["saved"] = c.save_path;
   if (!c.save_sharded_path.empty()) j["saved_sharded"] = c.save_sharded_path;
   out << j.dump() << "\n";
@@ -266,6 +274,28 @@ void print_checkpointing(std::ostream& out, const TrainConfig& c, const TrainSum
       << " plus the loss's 2 x batch x classes floats)\n";
 }
 
+// --precision bf16/fp16: the bytes per parameter of each part (rank 0's memory at the end over its
+// parameter count), and fp16's loss scale and skipped steps.
+void print_precision(std::ostream& out, const TrainConfig& c, const TrainSummary& s) {
+  const double P = static_cast<double>(c.model.num_params());
+  auto per = [&](MemCategory k) { return static_cast<double>(s.memory.current_of(k)) / P; };
+  char line[256];
+  std::snprintf(line, sizeof line, "mixed precision %s: bytes per parameter: parameters %g, gradients %g, master weights %g, "
+                "optimizer state %g (total %g)", precision_name(c.precision), per(MemCategory::Parameters), per(MemCategory::Gradients),
+                per(MemCategory::MasterWeights), per(MemCategory::OptimizerState),
+                per(MemCategory::Parameters) + per(MemCategory::Gradients) + per(MemCategory::MasterWeights) + per(MemCategory::OptimizerState));
+  out << line << "\n";
+  if (c.precision != Precision::FP16 || s.rank_skipped_steps.empty()) return;
+  const std::vector<int64_t>& skipped = s.rank_skipped_steps.front();
+  bool same = true;
+  for (const auto& r : s.rank_skipped_steps) same = same && r == skipped;
+  std::string list;
+  for (int64_t k : skipped) list += (list.empty() ? "" : ", ") + std::to_string(k);
+  out << "loss scale " << s.loss_scale << " at the end; skipped steps (inf/NaN in the gradients): "
+      << (skipped.empty() ? "none" : list) << (same ? (s.rank_skipped_steps.size() > 1 ? ", on every rank" : "") : "; the ranks disagree")
+      << "\n";
+}
+
 void print_summary(std::ostream& out, const Trainer& trainer, const TrainSummary& s) {
   const TrainConfig& c = trainer.config();
   char line[256];
@@ -295,6 +325,7 @@ void print_summary(std::ostream& out, const Trainer& trainer, const TrainSummary
   if (c.strategy == "pipeline") print_pipeline_summary(out, trainer, s);
   print_memory(out, c, s);
   if (c.activation_checkpointing) print_checkpointing(out, c, s);
+  if (is_mixed(c.precision)) print_precision(out, c, s);
   if (!c.trace_path.empty()) out << "trace written to " << c.trace_path << " (open it in ui.perfetto.dev)\n";
   if (!c.save_path.empty())
     out << "saved " << c.save_path << " (step " << s.start_step + s.steps << ")\n";

@@ -120,6 +120,33 @@ void add_lora_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
   for (CLI::Option* o : {f.lora_rank_opt, f.lora_alpha_opt, f.lora_layers_opt, f.merge_lora_opt}) f.all.push_back(o);
 }
 
+// Mixed precision (docs/course_sources.md §6e): 16-bit parameters, activations and gradients with fp32
+// master weights and optimizer state; fp16 adds torch's GradScaler.
+void add_precision_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
+  f.all.insert(f.all.end(), {
+      app.add_option("--precision", f.precision, "fp32 | bf16 | fp16: mixed precision keeps parameters, activations and gradients "
+                                                 "in 16 bits and fp32 master weights and optimizer state (fp16 adds a loss scaler)")
+          ->capture_default_str(),
+      app.add_option("--reduce-dtype", f.reduce_dtype, "Mixed precision: the dtype DDP's buckets all-reduce in: the training "
+                                                       "dtype (default) or fp32"),
+      app.add_option("--inject-overflow", c.inject_overflow_steps, "fp16: on these steps (e.g. 3,7) one rank's gradients overflow "
+                                                                  "for real (its loss is scaled by a further 2^24); the scaler skips them")
+          ->delimiter(','),
+      app.add_option("--inject-overflow-rank", c.inject_overflow_rank, "fp16: the rank whose gradients --inject-overflow overflows (default 0)"),
+  });
+}
+
+void finish_precision(const TrainFlags& f, TrainConfig& c) {
+  c.precision = parse_precision(f.precision.c_str());
+  if (f.reduce_dtype.empty()) return;
+  if (!is_mixed(c.precision))
+    throw Error("--reduce-dtype chooses how 16-bit gradients are all-reduced; add --precision bf16 or fp16");
+  if (f.reduce_dtype != "fp32" && f.reduce_dtype != precision_name(c.precision))
+    throw Error("--reduce-dtype " + f.reduce_dtype + " is not one of this run's choices; use fp32 or " + precision_name(c.precision) +
+                " (the training dtype)");
+  c.ddp.reduce_fp32 = f.reduce_dtype == "fp32";
+}
+
 void finish_lora(const TrainFlags& f, TrainConfig& c) {
   if (f.lora_rank_opt->count() == 0) {
     for (const CLI::Option* o : {f.lora_alpha_opt, f.lora_layers_opt, f.merge_lora_opt})
@@ -188,6 +215,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
   add_pipeline_flags(app, f, c);
   add_other_flags(app, f, c);
   add_lora_flags(app, f, c);
+  add_precision_flags(app, f, c);
 }
 
 void finish_train_flags(const TrainFlags& f, TrainConfig& c) {
@@ -203,6 +231,7 @@ void finish_train_flags(const TrainFlags& f, TrainConfig& c) {
   finish_fsdp(f, c);
   finish_pipeline(f, c);
   finish_lora(f, c);
+  finish_precision(f, c);
   if (c.strategy == "single") {
     if (f.world->count() > 0 && c.world_size != 1)
       throw Error("--strategy single runs one rank, but --world is " + std::to_string(c.world_size) +

@@ -42,6 +42,8 @@ struct TrainFlags {
   // LoRA (issue 17): --lora-rank, --lora-alpha, --lora-layers, --merge-lora
   int lora_rank = 0;
   CLI::Option *lora_rank_opt = nullptr, *lora_alpha_opt = nullptr, *lora_layers_opt = nullptr, *merge_lora_opt = nullptr;
+  // Mixed precision (issue 17): --precision, --reduce-dtype
+  std::string precision = "fp32", reduce_dtype;
 };
 
 // "tiny", "small", "deep" and "wide" as their mlp: specs; any other text as it is.

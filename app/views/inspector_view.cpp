@@ -138,7 +138,7 @@ void draw_collective(const CollectiveView& cv) {
   ImGui::TextUnformatted(algorithm_name(cv.algo));
   tuning_rows(cv);
   key("dtype");
-  const int elem = cv.dtype == DType::I64 ? 8 : 4;
+  const int elem = static_cast<int>(dtype_size(cv.dtype));
   ImGui::Text("%s (%d B per element)", dtype_name(cv.dtype), elem);
   key("reduce op");
   if (collective_traits(cv.op).reduces) ImGui::TextUnformatted(reduce_op_name(cv.reduce));

@@ -102,6 +102,7 @@ ImU32 memory_category_color(MemCategory c) {
     case MemCategory::CommBuffers: return IM_COL32(246, 201, 22, 255);     // yellow
     case MemCategory::Other: return IM_COL32(138, 143, 152, 255);          // grey
     case MemCategory::GatheredParameters: return IM_COL32(120, 200, 250, 255);  // light blue: unsharded params
+    case MemCategory::MasterWeights: return IM_COL32(40, 80, 190, 255);          // deep blue: fp32 copy of the params
   }
   return IM_COL32(128, 128, 128, 255);
 }

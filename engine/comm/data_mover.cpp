@@ -19,6 +19,8 @@ class HostScratch : public CommScratch {
 template <class F>
 void with_type(DType dt, F f) {
   if (dt == DType::F32) f(float{});
+  else if (dt == DType::BF16) f(Bf16Bits{});
+  else if (dt == DType::F16) f(Fp16Bits{});
   else f(int64_t{});
 }
 

@@ -6,7 +6,15 @@
 
 namespace dtlab {
 
-const char* dtype_word(DType d) { return d == DType::F32 ? "float32" : "int64"; }
+const char* dtype_word(DType d) {
+  switch (d) {
+    case DType::F32: return "float32";
+    case DType::BF16: return "bfloat16";
+    case DType::F16: return "float16";
+    case DType::F64: return "float64";
+    default: return "int64";
+  }
+}
 
 std::string describe(const CollDesc& d, uint64_t seq) {
   std::string s = "#" + std::to_string(seq) + " " + collective_name(d.op);
@@ -147,8 +155,8 @@ Algorithm QueuedCommunicator::resolve(CollectiveOp op, Algorithm a) const {
 
 WorkPtr QueuedCommunicator::collective(CollDesc d, void* buf, const void* in) {
   if (d.count < 0) throw Error("a collective's count cannot be negative");
-  if (d.dtype == DType::I64 && d.reduce == ReduceOp::Avg)
-    throw Error("avg is defined for float32 only; reduce int64 with sum or max");
+  if (d.dtype != DType::F32 && d.reduce == ReduceOp::Avg)
+    throw Error(std::string("avg is defined for float32 only; reduce ") + dtype_word(d.dtype) + " with sum or max");
   tune(d);
   check_runs(d);
   CommJob j;

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "engine/comm/communicator.h"
+#include "engine/core/half.h"
 
 namespace dtlab {
 
@@ -39,6 +40,23 @@ void reduce_to(T* dst, const T* a, const T* b, int64_t len, ReduceOp op) {
     for (int64_t i = 0; i < len; i++) dst[i] = a[i] + b[i];
   }
 }
+
+// 16-bit elements: each sum is computed in float and rounded once (NCCL's per-step bf16/fp16 sums).
+// Plain overloads, so they win over the templates above.
+inline void reduce_half(uint16_t* dst, const uint16_t* a, const uint16_t* b, int64_t len, ReduceOp op, HalfFormat f) {
+  for (int64_t i = 0; i < len; i++) {
+    const float x = half_to_float(a[i], f), y = half_to_float(b[i], f);
+    dst[i] = half_from_float(op == ReduceOp::Max ? std::max(x, y) : x + y, f);
+  }
+}
+inline void reduce_to(Bf16Bits* dst, const Bf16Bits* a, const Bf16Bits* b, int64_t len, ReduceOp op) {
+  reduce_half(&dst->bits, &a->bits, &b->bits, len, op, HalfFormat::BF16);
+}
+inline void reduce_to(Fp16Bits* dst, const Fp16Bits* a, const Fp16Bits* b, int64_t len, ReduceOp op) {
+  reduce_half(&dst->bits, &a->bits, &b->bits, len, op, HalfFormat::FP16);
+}
+inline void reduce_into(Bf16Bits* dst, const Bf16Bits* src, int64_t len, ReduceOp op) { reduce_to(dst, dst, src, len, op); }
+inline void reduce_into(Fp16Bits* dst, const Fp16Bits* src, int64_t len, ReduceOp op) { reduce_to(dst, dst, src, len, op); }
 
 // Avg is a sum followed by this, on the rank that holds the final value.
 template <class T>

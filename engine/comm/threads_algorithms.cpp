@@ -48,7 +48,12 @@ const T* as(const void* p) { return static_cast<const T*>(p); }
 // Every byte moves through the world's DataMover (host memory, or a device for the cuda backend),
 // on behalf of the rank running this part of the algorithm.
 template <class T>
-constexpr DType dtype_of() { return std::is_same_v<T, float> ? DType::F32 : DType::I64; }
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::F32;
+  else if constexpr (std::is_same_v<T, Bf16Bits>) return DType::BF16;
+  else if constexpr (std::is_same_v<T, Fp16Bits>) return DType::F16;
+  else return DType::I64;
+}
 template <class T>
 void copy_elems(Call& c, T* dst, const T* src, int64_t len) {
   if (len > 0 && dst != src) c.world->mover_->copy(c.rank, dst, src, len * static_cast<int64_t>(sizeof(T)));
@@ -422,8 +427,12 @@ int algorithm_slices(const CollDesc& d, int n) {
 }
 
 void run_collective(Call& c) {
-  if (c.rv->desc.dtype == DType::F32) dispatch<float>(c);
-  else dispatch<int64_t>(c);
+  switch (c.rv->desc.dtype) {
+    case DType::F32: return dispatch<float>(c);
+    case DType::BF16: return dispatch<Bf16Bits>(c);
+    case DType::F16: return dispatch<Fp16Bits>(c);
+    default: return dispatch<int64_t>(c);
+  }
 }
 
 }  // namespace dtlab::threads

@@ -12,6 +12,24 @@ namespace dtlab {
 
 enum class HalfFormat : uint8_t { BF16, FP16 };
 
+// --precision: what a run trains in. FP32 is every tensor float32; BF16/FP16 are mixed precision
+// (16-bit parameters, activations and gradients; fp32 master weights and optimizer state).
+enum class Precision : uint8_t { FP32, BF16, FP16 };
+inline bool is_mixed(Precision p) { return p != Precision::FP32; }
+inline HalfFormat half_format_of(Precision p) { return p == Precision::FP16 ? HalfFormat::FP16 : HalfFormat::BF16; }
+const char* precision_name(Precision p);  // "fp32", "bf16", "fp16"
+// "fp32" | "bf16" | "fp16"; dtlab::Error with the choices otherwise.
+Precision parse_precision(const char* text);
+
+// 16-bit elements as collectives move them (engine/comm): distinct types so a reduction knows the
+// format; the sum of two is the float sum rounded once, as NCCL's bf16/fp16 reductions do per step.
+struct Bf16Bits {
+  uint16_t bits;
+};
+struct Fp16Bits {
+  uint16_t bits;
+};
+
 inline uint32_t float_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);

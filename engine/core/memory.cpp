@@ -13,6 +13,7 @@ std::string_view mem_category_name(MemCategory c) {
     case MemCategory::CommBuffers: return "communication buffers";
     case MemCategory::Other: return "other";
     case MemCategory::GatheredParameters: return "gathered parameters";
+    case MemCategory::MasterWeights: return "master weights";
   }
   return "?";
 }

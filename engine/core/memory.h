@@ -19,9 +19,10 @@ enum class MemCategory : uint8_t {
   CommBuffers,
   Other,
   GatheredParameters,  // FSDP: a unit's unsharded parameters while they are gathered
+  MasterWeights,       // mixed precision: the fp32 copy of 16-bit parameters the optimizer updates
   // new values go at the end
 };
-inline constexpr int kNumMemCategories = 7;
+inline constexpr int kNumMemCategories = 8;
 
 std::string_view mem_category_name(MemCategory c);  // "parameters", "gradients", ...
 

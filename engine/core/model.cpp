@@ -102,12 +102,15 @@ int Model::find_parameter(std::string_view name) const {
 }
 
 void Model::zero_grad() {
-  for (auto& p : params_)
+  for (auto& p : params_) {
     if (p.grad) device_.fill_zero(p.grad, p.numel * static_cast<int64_t>(sizeof(float)));
+    if (p.grad16) device_.fill_zero(p.grad16, p.numel * 2);
+  }
 }
 
 void Model::download_params(float* host) const {
   DTLAB_CHECK(owns_parameters(), "download_params() while the parameters are sharded; materialize them first");
+  if (mixed()) return half_to_floats(host, flat_params_.u16(), num_params_, half_format());
   device_.download(host, flat_params_.f32(), num_params_ * static_cast<int64_t>(sizeof(float)));
 }
 
@@ -119,6 +122,7 @@ std::vector<float> Model::host_params() const {
 
 void Model::upload_params(const float* host) {
   DTLAB_CHECK(owns_parameters(), "upload_params() while the parameters are sharded");
+  if (mixed()) return half_from_floats(flat_params_.u16(), host, num_params_, half_format());
   device_.upload(flat_params_.f32(), host, num_params_ * static_cast<int64_t>(sizeof(float)));
 }
 
@@ -133,6 +137,7 @@ void Model::release_gradient_storage() {
 }
 
 void Model::release_parameter_storage() {
+  DTLAB_CHECK(!mixed(), "release_parameter_storage() on a mixed-precision model");
   for (auto& p : params_) p.data = p.grad = nullptr;
   flat_params_ = Tensor();
   flat_grads_ = Tensor();
@@ -239,6 +244,7 @@ void Model::layer_forward(int i, float* out, const float* in, int64_t B) {
 }
 
 void Model::forward_layer_as(int i, float* out, const float* in, int64_t B, ComputeKind kind) {
+  DTLAB_CHECK(!mixed(), "layer_forward() on a mixed-precision model; it runs through forward()");
   DTLAB_CHECK(!sequence_parallel(),
               "layer_forward() runs tensor parallelism without sequence parallelism; a sequence-parallel model "
               "runs through forward()");
@@ -262,6 +268,7 @@ void Model::forward_layer_as(int i, float* out, const float* in, int64_t B, Comp
 void Model::layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out,
                            int64_t B) {
   DTLAB_CHECK(!sequence_parallel(), "layer_backward() with sequence parallelism; it runs through backward()");
+  DTLAB_CHECK(!mixed(), "layer_backward() on a mixed-precision model; it runs through backward()");
   const Layer& L = layer(i);
   {
     ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
@@ -427,7 +434,7 @@ void Model::ensure_activations(int64_t B) {
     const Layer& L = layer(i);
     const int64_t rows_in = sequence_parallel() ? sp_rows(i, false) : B;
     const int64_t rows_out = sequence_parallel() ? sp_rows(i, true) : B;
-    acts_.push_back(keeps_output(i) ? Tensor({rows_out, L.out_features}, MemCategory::Activations, tracker_, DType::F32, device_)
+    acts_.push_back(keeps_output(i) ? Tensor({rows_out, L.out_features}, MemCategory::Activations, tracker_, param_dtype(), device_)
                                     : Tensor());
     if (checkpointing_) recompute_width = std::max(recompute_width, rows_out * L.out_features);
     const bool gather = sequence_parallel() && L.kind == LayerKind::Linear && L.tp == TpRole::Column;
@@ -435,13 +442,14 @@ void Model::ensure_activations(int64_t B) {
                                   : Tensor());
     widest = std::max({widest, rows_in * L.in_features, rows_out * L.out_features});
   }
-  for (auto& d : dbuf_) d = Tensor({widest}, MemCategory::Activations, tracker_, DType::F32, device_);
+  for (auto& d : dbuf_) d = Tensor({widest}, MemCategory::Activations, tracker_, param_dtype(), device_);
   if (recompute_width > 0) recompute_ = Tensor({recompute_width}, MemCategory::Activations, tracker_, DType::F32, device_);
   capacity_ = B;
   checkpointed_alloc_ = checkpointing_;
 }
 
 const float* Model::forward(const float* x, int64_t B) {
+  if (mixed()) return half_forward(x, B);
   ensure_activations(B);
   input_ = x;
   layer_in_.assign(layers_.size(), nullptr);
@@ -469,6 +477,7 @@ const float* Model::forward(const float* x, int64_t B) {
 
 void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
   DTLAB_CHECK(input_ != nullptr, "backward() called before forward()");
+  if (mixed()) return half_backward(dlogits, on_grad_ready);
   const bool sp = sequence_parallel();
   const float* dout = sp ? sp_split_rows(sp_dlogits_, dlogits, layer(num_layers() - 1).out_features) : dlogits;
   int first = 0;  // the first computed layer needs no input gradient (its input is the data)
@@ -496,6 +505,9 @@ void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
 }
 
 void Model::set_activation_checkpointing(bool on) {
+  if (on && mixed())
+    throw Error(std::string("activation checkpointing does not run with --precision ") + precision_name(precision_) +
+                " in this version; drop --activation-checkpointing or use --precision fp32");
   if (on && tp_.degree > 1)
     throw Error("activation checkpointing does not run with tensor parallelism (--tp " + std::to_string(tp_.degree) +
                 "); drop --activation-checkpointing or --tp");

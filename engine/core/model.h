@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/core/half.h"
 #include "engine/core/mesh.h"
 #include "engine/core/observer.h"
 #include "engine/core/tensor.h"
@@ -46,6 +47,9 @@ struct Parameter {
   int64_t numel = 0;
   float* data = nullptr;  // params() + offset (device memory)
   float* grad = nullptr;  // grads() + offset unless rebound (device memory)
+  // Mixed precision (Model::set_precision): the 16-bit parameter and gradient; data and grad are null.
+  uint16_t* data16 = nullptr;
+  uint16_t* grad16 = nullptr;
 };
 
 enum class LayerKind : uint8_t { Linear, ReLU };
@@ -203,10 +207,10 @@ class Model {
   void backward(const float* dlogits, const GradReadyHook& on_grad_ready = {});
   int64_t batch() const { return batch_; }
   // The last forward()'s input (device memory, batch() rows) and layer i's output there; null
-  // before the first forward, and for a layer the branch bypassed.
+  // before the first forward, for a layer the branch bypassed, and under mixed precision (16-bit).
   const float* last_input() const { return input_; }
   const float* layer_output(int i) const {
-    return input_ && !layer_skipped(i) && keeps_output(i) ? acts_[static_cast<size_t>(i)].f32() : nullptr;
+    return input_ && !mixed() && !layer_skipped(i) && keeps_output(i) ? acts_[static_cast<size_t>(i)].f32() : nullptr;
   }
   // Rows of layer_output(i): batch() unless sequence parallel, where a layer inside a pair (a
   // column-parallel Linear and its ReLU) holds the padded batch and every other layer this rank's
@@ -225,6 +229,26 @@ class Model {
   bool activation_checkpointing() const { return checkpointing_; }
   // Is layer i's output kept from forward to backward? (Always, unless checkpointing.)
   bool keeps_output(int i) const;
+
+  // Mixed precision (--precision bf16/fp16; docs/course_sources.md §6e), the layout behind the ZeRO
+  // paper's 16 bytes: parameters, gradients and activations are stored in 16 bits (the flat buffers
+  // and every Parameter's data16/grad16; data and grad become null), and the optimizer keeps the
+  // fp32 master weights (Optimizer::step_mixed). Each Linear converts its 16-bit operands to float32,
+  // runs the float32 GEMM (fp32 accumulation) and rounds its output once; ReLU works on the 16-bit
+  // values. forward() still takes the float32 batch (rounded to 16 bits first, as x.to(bfloat16)) and
+  // returns float32 logits (the 16-bit logits widened, so the loss runs in float32); backward() takes
+  // float32 dlogits (already multiplied by the loss scale) and rounds them to 16 bits.
+  // download_params()/upload_params() convert (checkpoints, evaluation). Call once, before DDP or
+  // an optimizer is built; dtlab::Error with one sentence where it does not run in this version (a
+  // GPU, tensor parallelism, LoRA, activation checkpointing, a pipeline stage's layer calls).
+  void set_precision(Precision p);
+  Precision precision() const { return precision_; }
+  bool mixed() const { return is_mixed(precision_); }
+  HalfFormat half_format() const { return half_format_of(precision_); }
+  DType param_dtype() const;  // F32, BF16 or F16
+  uint16_t* params16() { return mixed() && !flat_params_.empty() ? flat_params_.u16() : nullptr; }
+  const uint16_t* params16() const { return mixed() && !flat_params_.empty() ? flat_params_.u16() : nullptr; }
+  uint16_t* grads16() { return mixed() && !flat_grads_.empty() ? flat_grads_.u16() : nullptr; }
 
   // Instrumentation: every layer_forward/layer_backward is reported (null: none).
   void set_observer(ComputeObserver* obs) { observer_ = obs; }
@@ -247,6 +271,13 @@ class Model {
   void sp_layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out);
   void sp_linear_backward(int i, float* dinp, const float* dout, const float* in);
   const float* sp_split_rows(Tensor& dst, const float* src, int64_t width);
+  // Mixed precision (model_half.cpp).
+  const float* half_forward(const float* x, int64_t B);
+  void half_backward(const float* dlogits, const GradReadyHook& on_grad_ready);
+  void half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t B);
+  void half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out);
+  float* widen(Tensor& t, const uint16_t* src, int64_t n);  // src as float32 in scratch `t`
+  float* f32_scratch(Tensor& t, int64_t n);                  // n floats of fp32 compute scratch
   void lora_forward(const Layer& L, float* out, const float* in, int64_t B);
   void lora_backward(const Layer& L, float* dinp, const float* dout, const float* in, int64_t B);
   ModelSpec spec_;
@@ -281,6 +312,12 @@ class Model {
   std::vector<Tensor> sp_gathered_;  // sequence parallel: each column-parallel Linear's gathered input
   Tensor sp_x_, sp_dlogits_, sp_logits_;  // this rank's rows of the input and dlogits; all logits
   Tensor scratch_, grad_scratch_, ones_;   // partial sums, partial gradients, a column of ones
+  Precision precision_ = Precision::FP32;
+  // Mixed precision: the batch in 16 bits, the widened logits, each layer's 16-bit input, and the
+  // float32 operands and results of the layer running now (the GEMM's fp32 side, "other" memory).
+  Tensor x16_, logits32_;
+  std::vector<const uint16_t*> layer_in16_;
+  Tensor fa_, fb_, fc_, fd_, fe_;
 };
 
 // torch.manual_seed(seed) + nn.Linear's reset_parameters, value for value (a pipeline stage skips

@@ -1,5 +1,6 @@
 #include "engine/core/optim.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -68,6 +69,36 @@ void Optimizer::step(const std::vector<Segment>& segments) {
     const AdamWCoeffs k = adamw_coeffs(config_, steps_);
     for (const Segment& s : segments)
       device_.adamw_step(s.params, s.grads, state_a_.f32() + s.offset, state_b_.f32() + s.offset, s.numel, k);
+  }
+}
+
+void Optimizer::init_master(const uint16_t* params16, HalfFormat format) {
+  DTLAB_CHECK(device_.is_host(), "mixed-precision optimizer state lives on the CPU in this version");
+  format_ = format;
+  master_ = Tensor({numel_}, MemCategory::MasterWeights, tracker_, DType::F32, device_);
+  half_to_floats(master_.f32(), params16, numel_, format);
+}
+
+void Optimizer::step_mixed(uint16_t* params16, const uint16_t* grads16, float inv_scale) {
+  DTLAB_CHECK(!master_.empty(), "step_mixed() before init_master()");
+  steps_++;
+  const bool first = state_a_.empty();
+  ensure_state();
+  const SgdCoeffs ks = sgd_coeffs(config_);
+  const AdamWCoeffs ka = adamw_coeffs(config_, steps_);
+  constexpr int64_t kChunk = 2048;
+  float g[kChunk];
+  float* const master = master_.f32();
+  for (int64_t lo = 0; lo < numel_; lo += kChunk) {
+    const int64_t n = std::min(kChunk, numel_ - lo);
+    half_to_floats(g, grads16 + lo, n, format_);
+    if (inv_scale != 1.0f)
+      for (int64_t i = 0; i < n; i++) g[i] *= inv_scale;  // GradScaler.unscale_: grad * (1 / scale)
+    if (config_.kind == OptimizerKind::SGD)
+      device_.sgd_step(master + lo, g, state_a_.empty() ? nullptr : state_a_.f32() + lo, n, ks, first);
+    else
+      device_.adamw_step(master + lo, g, state_a_.f32() + lo, state_b_.f32() + lo, n, ka);
+    half_from_floats(params16 + lo, master + lo, n, format_);
   }
 }
 

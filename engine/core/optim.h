@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/core/half.h"
 #include "engine/core/optim_math.h"
 #include "engine/core/tensor.h"
 
@@ -57,6 +58,16 @@ class Optimizer {
   };
   void step(const std::vector<Segment>& segments);
 
+  // Mixed precision (--precision bf16/fp16; docs/course_sources.md §6e; Micikevicius et al.'s master
+  // copy): init_master() keeps a float32 copy of the 16-bit parameters (MemCategory::MasterWeights);
+  // step_mixed() then updates the master weights from the 16-bit gradients times `inv_scale` (the
+  // loss scaler's unscale; 1 without one), with the same element updates as step(), and rounds each
+  // updated master weight into params16. The gradients are widened in small chunks: no float32
+  // gradient buffer is allocated (2 + 2 + 4 + state bytes per parameter).
+  void init_master(const uint16_t* params16, HalfFormat format);
+  void step_mixed(uint16_t* params16, const uint16_t* grads16, float inv_scale);
+  const Tensor& master_weights() const { return master_; }
+
   const OptimizerConfig& config() const { return config_; }
   void set_lr(double lr) { config_.lr = lr; }
   int64_t numel() const { return numel_; }
@@ -75,6 +86,8 @@ class Optimizer {
   Device& device_;
   int64_t steps_ = 0;
   Tensor state_a_, state_b_;
+  Tensor master_;  // mixed precision: the float32 master weights
+  HalfFormat format_ = HalfFormat::BF16;
 };
 
 }  // namespace dtlab

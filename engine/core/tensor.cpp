@@ -9,7 +9,16 @@
 
 namespace dtlab {
 
-const char* dtype_name(DType d) { return d == DType::F32 ? "F32" : d == DType::I64 ? "I64" : "F64"; }
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::F32: return "F32";
+    case DType::I64: return "I64";
+    case DType::F64: return "F64";
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+  }
+  return "?";
+}
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;

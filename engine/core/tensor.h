@@ -14,10 +14,14 @@
 namespace dtlab {
 
 // F64 holds sums the host reads back (a step's loss on the device); collectives and files move F32/I64.
-enum class DType : uint8_t { F32, I64, F64 };
+// BF16 and F16 are mixed precision's 16-bit storage (engine/core/half.h): parameters, activations,
+// gradients and DDP's buckets under --precision bf16/fp16.
+enum class DType : uint8_t { F32, I64, F64, BF16, F16 };
 
-inline int64_t dtype_size(DType d) { return d == DType::F32 ? 4 : 8; }
-const char* dtype_name(DType d);  // safetensors spelling: "F32", "I64", "F64""
+inline int64_t dtype_size(DType d) {
+  return d == DType::F32 ? 4 : (d == DType::BF16 || d == DType::F16) ? 2 : 8;
+}
+const char* dtype_name(DType d);  // safetensors spelling: "F32", "I64", "F64", "BF16", "F16""
 
 using Shape = std::vector<int64_t>;
 int64_t shape_numel(const Shape& s);
@@ -40,6 +44,8 @@ class Tensor {
   int64_t* i64() { return static_cast<int64_t*>(data_); }
   const int64_t* i64() const { return static_cast<const int64_t*>(data_); }
   double* f64() { return static_cast<double*>(data_); }
+  uint16_t* u16() { return static_cast<uint16_t*>(data_); }  // BF16, F16: the bit patterns
+  const uint16_t* u16() const { return static_cast<const uint16_t*>(data_); }
   void* raw() { return data_; }
   const void* raw() const { return data_; }
 

@@ -82,8 +82,10 @@ void save_checkpoint(const std::string& path, const Model& model, int64_t step,
                      const std::map<std::string, std::string>& extra) {
   std::map<std::string, std::string> metadata = checkpoint_metadata(model, step, extra);
 
-  // Device parameters are written from a host copy.
-  const std::vector<float> host = model.device().is_host() ? std::vector<float>{} : model.host_params();
+  // Device parameters are written from a host copy, and so are 16-bit ones (--precision bf16/fp16: the
+  // file holds their float32 values, which torch.nn.Sequential loads as they are).
+  const bool direct = model.device().is_host() && !model.mixed();
+  const std::vector<float> host = direct ? std::vector<float>{} : model.host_params();
   std::vector<TensorView> views;
   for (const Parameter& p : model.parameters())
     views.push_back({p.name, DType::F32, p.shape, host.empty() ? p.data : host.data() + p.offset});

@@ -20,6 +20,8 @@ struct StepReport {
                             // dp: share of rank 0's gradient reduce hidden behind its backward
   bool branch_taken = false;  // the model's skip branch was taken this step
   std::vector<double> bubble;  // pipeline: each world rank's bubble this step (modeled idle / makespan)
+  float loss_scale = 0;        // fp16: the loss scale this step's gradients carried (0: no scaler)
+  bool step_skipped = false;   // fp16: the ranks found an inf/NaN and skipped the optimizer step
 };
 
 }  // namespace dtlab

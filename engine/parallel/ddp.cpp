@@ -95,7 +95,8 @@ BucketAssignment construction_bucket_assignment(const std::vector<int64_t>& byte
 
 std::vector<int64_t> parameter_bytes(const Model& model) {
   std::vector<int64_t> bytes;
-  for (const auto& p : model.parameters()) bytes.push_back(p.numel * static_cast<int64_t>(sizeof(float)));
+  const int64_t elem = dtype_size(model.param_dtype());
+  for (const auto& p : model.parameters()) bytes.push_back(p.numel * elem);
   return bytes;
 }
 
@@ -117,13 +118,17 @@ DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& com
     : model_(model), comm_(comm), ctx_(ctx), opt_(opt), world_(comm.world_size()) {
   if (opt_.bucket_cap_bytes < 1) throw Error("the DDP bucket cap must be at least 1 byte; raise --bucket-cap-mb");
   if (opt_.first_bucket_bytes < 1) throw Error("the first DDP bucket cap must be at least 1 byte; raise --first-bucket-mb");
+  if (model_.mixed() && opt_.gradient_as_bucket_view)
+    throw Error(std::string("--gradient-as-bucket-view does not run with --precision ") + precision_name(model_.precision()) +
+                " in this version; drop one of them");
   const auto& ps = model_.parameters();
   for (const auto& p : ps) param_label_.push_back(ctx_ && ctx_->recorder() ? ctx_->recorder()->intern(p.name) : -1);
   if (ctx_) ctx_->set_activity("constructing DDP: checking parameter shapes across ranks");
   verify_shapes();
   // Every rank starts from rank 0's parameters (torch's _sync_module_states).
   if (ctx_) ctx_->set_activity("constructing DDP: broadcasting parameters from rank 0");
-  comm_.broadcast(model_.params(), model_.num_params(), DType::F32, 0)->wait();
+  void* const params = model_.mixed() ? static_cast<void*>(model_.params16()) : static_cast<void*>(model_.params());
+  comm_.broadcast(params, model_.num_params(), model_.param_dtype(), 0)->wait();
 
   assign(construction_bucket_assignment(parameter_bytes(model_), opt_));
   hook_ = [this](int p) { mark_ready(p); };
@@ -186,8 +191,8 @@ void DistributedDataParallel::assign(const BucketAssignment& a) {
       bk.offsets.push_back(bk.numel);
       bk.numel += ps[static_cast<size_t>(p)].numel;
     }
-    bk.bytes = bk.numel * static_cast<int64_t>(sizeof(float));
-    bk.buffer = Tensor({bk.numel}, MemCategory::CommBuffers, mem, DType::F32, model_.device());
+    bk.bytes = bk.numel * dtype_size(bucket_dtype());
+    bk.buffer = Tensor({bk.numel}, MemCategory::CommBuffers, mem, bucket_dtype(), model_.device());
     bk.names = join_names(model_, bk.params);
     bk.label = ctx_ && ctx_->recorder() ? ctx_->recorder()->intern(bk.names) : -1;
   }
@@ -223,7 +228,7 @@ void DistributedDataParallel::record_bucket(EventKind kind, int bucket, int para
   e.bucket.num_params = static_cast<int32_t>(bk.params.size());
   if (param >= 0) {
     e.bucket.label = param_label_[static_cast<size_t>(param)];
-    e.bucket.bytes = model_.parameters()[static_cast<size_t>(param)].numel * static_cast<int64_t>(sizeof(float));
+    e.bucket.bytes = model_.parameters()[static_cast<size_t>(param)].numel * dtype_size(model_.param_dtype());
   } else {
     e.bucket.label = bk.label;
     e.bucket.bytes = bk.bytes;
@@ -286,13 +291,24 @@ void DistributedDataParallel::mark_ready(int p) {
   const int b = bucket_of_[static_cast<size_t>(p)];
   DdpBucket& bk = buckets_[static_cast<size_t>(b)];
   Parameter& prm = model_.parameters()[static_cast<size_t>(p)];
-  float* dst = bk.buffer.f32() + bk.offsets[static_cast<size_t>(slot_of_[static_cast<size_t>(p)])];
+  const int64_t at = bk.offsets[static_cast<size_t>(slot_of_[static_cast<size_t>(p)])];
   const float scale = 1.0f / static_cast<float>(world_);
   // Average as it goes in: grad / world_size, then a SUM all-reduce (torch's div_factor). On a GPU
   // this is a kernel on the compute stream behind the layer's backward; the bucket's all-reduce is
-  // then ordered after it by an event (the communicator's), not by a host wait.
-  if (opt_.gradient_as_bucket_view) model_.device().scale(dst, prm.numel, scale);
-  else model_.device().scale_copy(dst, prm.grad, prm.numel, scale);
+  // then ordered after it by an event (the communicator's), not by a host wait. A 16-bit gradient is
+  // divided in float and rounded into a 16-bit bucket (or kept in float32 for an fp32 reduce).
+  if (model_.mixed()) {
+    const HalfFormat f = model_.half_format();
+    for (int64_t k = 0; k < prm.numel; k++) {
+      const float v = half_to_float(prm.grad16[k], f) * scale;
+      if (bucket_dtype() == DType::F32) bk.buffer.f32()[at + k] = v;
+      else bk.buffer.u16()[at + k] = half_from_float(v, f);
+    }
+  } else if (opt_.gradient_as_bucket_view) {
+    model_.device().scale(bk.buffer.f32() + at, prm.numel, scale);
+  } else {
+    model_.device().scale_copy(bk.buffer.f32() + at, prm.grad, prm.numel, scale);
+  }
   if (generation_ == 0 && opt_.rebuild_buckets && !opt_.find_unused_parameters) ready_order_.push_back(p);
   record_bucket(EventKind::GradReady, b, p);
   if (--bk.pending == 0) {
@@ -307,7 +323,7 @@ void DistributedDataParallel::launch_ready_buckets() {
   while (next_launch_ < static_cast<int>(buckets_.size()) &&
          buckets_[static_cast<size_t>(next_launch_)].pending == 0) {
     DdpBucket& bk = buckets_[static_cast<size_t>(next_launch_)];
-    bk.work = comm_.all_reduce(bk.buffer.f32(), bk.numel, ReduceOp::Sum);
+    bk.work = comm_.all_reduce(bk.buffer.raw(), bk.numel, bk.buffer.dtype(), ReduceOp::Sum);
     bk.launched = true;
     record_bucket(EventKind::BucketLaunch, next_launch_);
     next_launch_++;
@@ -336,17 +352,30 @@ void DistributedDataParallel::finalize_backward() {
                             generation_, static_cast<int32_t>(bk.params.size()), bk.bytes, bk.work->seq()};
       ctx_->record(e);
     }
-    if (!opt_.gradient_as_bucket_view) {
-      auto& ps = model_.parameters();
-      for (size_t s = 0; s < bk.params.size(); s++) {
-        Parameter& prm = ps[static_cast<size_t>(bk.params[s])];
-        model_.device().copy(prm.grad, bk.buffer.f32() + bk.offsets[s], prm.numel * static_cast<int64_t>(sizeof(float)));
-      }
-    }
+    if (!opt_.gradient_as_bucket_view) copy_back(bk);
   }
   if (generation_ == 0 && opt_.rebuild_buckets && !opt_.find_unused_parameters &&
       ready_order_.size() == model_.parameters().size())
     rebuild_due_ = true;
+}
+
+DType DistributedDataParallel::bucket_dtype() const {
+  return model_.mixed() && !opt_.reduce_fp32 ? model_.param_dtype() : DType::F32;
+}
+
+// The averaged gradients back into each .grad (rounded to 16 bits from a float32 bucket).
+void DistributedDataParallel::copy_back(const DdpBucket& bk) {
+  auto& ps = model_.parameters();
+  for (size_t s = 0; s < bk.params.size(); s++) {
+    Parameter& prm = ps[static_cast<size_t>(bk.params[s])];
+    const int64_t at = bk.offsets[s];
+    if (!model_.mixed())
+      model_.device().copy(prm.grad, bk.buffer.f32() + at, prm.numel * static_cast<int64_t>(sizeof(float)));
+    else if (bk.buffer.dtype() == DType::F32)
+      half_from_floats(prm.grad16, bk.buffer.f32() + at, prm.numel, model_.half_format());
+    else
+      model_.device().copy(prm.grad16, bk.buffer.u16() + at, prm.numel * 2);
+  }
 }
 
 void DistributedDataParallel::leave_unfinished(int bucket) {

@@ -71,7 +71,8 @@ BucketAssignment rebuilt_bucket_assignment(const std::vector<int64_t>& bytes,
                                            const std::vector<int>& ready_order,
                                            int64_t first_bucket_bytes, int64_t bucket_cap_bytes);
 
-// Gradient bytes of each parameter, in model order: what the assignment walks.
+// Gradient bytes of each parameter, in model order: what the assignment walks (2 per element for a
+// 16-bit model).
 std::vector<int64_t> parameter_bytes(const Model& model);
 // "bucket 0: 4.bias, 4.weight (780 B)" per bucket, for printing.
 std::vector<std::string> describe_bucket_assignment(const Model& model, const BucketAssignment& a);
@@ -85,6 +86,11 @@ struct DdpOptions {
   // Sized buckets from iteration 1 instead of torch's single first-iteration bucket (a lab option,
   // labeled as such; older torch releases behaved this way).
   bool sized_first_iteration = false;
+  // Mixed precision (a 16-bit model): buckets hold and all-reduce the gradients in the training dtype
+  // (torch's DDP on a bf16 model; NCCL sums in 16 bits); true all-reduces them in float32 instead
+  // (--reduce-dtype fp32, as FSDP's MixedPrecision(reduce_dtype=float32) or a widening comm hook),
+  // rounding the average back into the 16-bit gradients. No effect on a float32 model.
+  bool reduce_fp32 = false;
 };
 
 struct DdpBucket {
@@ -156,6 +162,8 @@ class DistributedDataParallel {
   void launch_ready_buckets();
   void leave_unfinished(int bucket);
   void record_bucket(EventKind kind, int bucket, int param = -1);
+  void copy_back(const DdpBucket& bk);
+  DType bucket_dtype() const;
 
   Model& model_;
   Communicator& comm_;

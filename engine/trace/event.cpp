@@ -60,6 +60,7 @@ const char* event_kind_name(EventKind k) {
     case EventKind::BucketAllReduce: return "bucket_allreduce";
     case EventKind::FsdpUnit: return "fsdp_unit";
     case EventKind::PipelineAction: return "pipeline_action";
+    case EventKind::LossScale: return "loss_scale";
   }
   return "?";
 }

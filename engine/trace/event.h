@@ -35,6 +35,8 @@ enum class EventKind : uint8_t {
   FsdpUnit,        // a unit's verb (layout, unshard, reshard, reduce) and its state after it (instant)
   // The pipeline runtime (engine/parallel/pipeline.h); `pipe`
   PipelineAction,  // one schedule action (F, B, I or W of a stage and micro-batch), [begin, end]
+  // Mixed precision's loss scaler (engine/train/grad_scaler.h); `scaler`
+  LossScale,       // the step's decision after the ranks agreed on inf/NaN (instant)
   // new values go at the end
 };
 
@@ -137,6 +139,16 @@ struct PipelineActionInfo {
   int64_t bytes;         // activation or gradient bytes it sent (0: none, e.g. the last stage's F)
 };
 
+// fp16 GradScaler: the scale this step's gradients carried, whether this rank found an inf or NaN in
+// them, whether the ranks skipped the step (any rank found one), and the scale the next step uses.
+struct LossScaleInfo {
+  float scale;
+  float next_scale;
+  uint8_t found_inf;  // this rank's own finding
+  uint8_t skipped;    // agreed by every rank
+  int64_t growth_tracker;  // steps in a row without inf/NaN after this one
+};
+
 struct MemInfo {
   MemCategory category;
   int64_t bytes;        // size of this allocation or free
@@ -160,6 +172,7 @@ struct Event {
     BucketInfo bucket;
     FsdpInfo fsdp;
     PipelineActionInfo pipe;
+    LossScaleInfo scaler;
   };
   Event() : coll{} {}
   // A span [begin, end] on both clocks (an instant when begin == end); the payload is the caller's.

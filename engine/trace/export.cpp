@@ -56,7 +56,15 @@ int nest_depth(EventKind k) {
 }
 
 // torch.profiler prints c10::ScalarType names.
-const char* pytorch_dtype(DType d) { return d == DType::F32 ? "Float" : "Long"; }
+const char* pytorch_dtype(DType d) {
+  switch (d) {
+    case DType::F32: return "Float";
+    case DType::BF16: return "BFloat16";
+    case DType::F16: return "Half";
+    case DType::F64: return "Double";
+    default: return "Long";
+  }
+}
 
 // Appends one JSON object straight to the output buffer. An nlohmann object per event made a
 // 1M-event export take 5.6 s, mostly allocation; writing text directly takes 1.3 s, sort and
@@ -238,6 +246,17 @@ void fsdp_event(JsonOut& j, const Event& e, Span s, const TraceExportOptions& op
   j.close().close();
 }
 
+// The loss scaler's decision as an instant on the compute lane: "step skipped (inf/NaN)" or "loss scale".
+void loss_scale_event(JsonOut& j, const Event& e, Span s) {
+  const LossScaleInfo& l = e.scaler;
+  j.open().field("name", l.skipped ? "step skipped (inf/NaN)" : "loss scale").field("cat", "amp").field("ph", "i")
+      .field("s", "t").field("pid", e.rank).field("tid", kComputeTid).field("ts", s.ts);
+  j.open("args").field("scale", static_cast<double>(l.scale)).field("next_scale", static_cast<double>(l.next_scale))
+      .field("found_inf", static_cast<int>(l.found_inf)).field("skipped", static_cast<int>(l.skipped)).field("growth_tracker", l.growth_tracker);
+  if (e.iteration >= 0) j.field("iteration", e.iteration);
+  j.close().close();
+}
+
 // A pipeline action as PyTorch prints it ("1F3", "0W2") on the compute lane, around its layers.
 void pipeline_event(JsonOut& j, const Event& e, Span s) {
   const PipelineActionInfo& p = e.pipe;
@@ -390,6 +409,7 @@ void write_chrome_trace(const std::vector<Event>& events, const TraceExportOptio
       case EventKind::BucketAllReduce: bucket_event(j, e, s, opt); break;
       case EventKind::FsdpUnit: fsdp_event(j, e, s, opt); break;
       case EventKind::PipelineAction: pipeline_event(j, e, s); break;
+      case EventKind::LossScale: loss_scale_event(j, e, s); break;
     }
     w.done();
   }

@@ -97,8 +97,35 @@ void validate_lora(const TrainConfig& c) {
   if (c.merge_lora && c.save_path.empty()) throw Error("--merge-lora says what --save writes; add --save PATH.safetensors");
 }
 
+// Mixed precision runs single and ddp on the CPU engine's threads in this version.
+void validate_precision(const TrainConfig& c) {
+  if (!is_mixed(c.precision)) {
+    if (!c.inject_overflow_steps.empty())
+      throw Error("--inject-overflow makes fp16 gradients overflow; add --precision fp16");
+    if (c.ddp.reduce_fp32) throw Error("--reduce-dtype fp32 applies to 16-bit gradients; add --precision bf16 or fp16");
+    return;
+  }
+  const std::string flag = std::string("--precision ") + precision_name(c.precision);
+  if (c.strategy != "single" && c.strategy != "ddp")
+    throw Error(flag + " with --strategy " + c.strategy + " is not available in this version; use --strategy single or ddp");
+  if (c.device != "cpu" || c.backend != "threads" || c.launched)
+    throw Error(flag + " runs on the CPU engine's threads in this version; use --device cpu --backend threads");
+  if (c.tp > 1) throw Error(flag + " with --tp is not available in this version; drop --tp or use --precision fp32");
+  if (c.lora.rank > 0) throw Error(flag + " with --lora-rank is not available in this version; drop one of them");
+  if (c.activation_checkpointing)
+    throw Error(flag + " with --activation-checkpointing is not available in this version; drop one of them");
+  if (c.ddp.gradient_as_bucket_view)
+    throw Error(flag + " with --gradient-as-bucket-view is not available in this version; drop one of them");
+  if (!c.inject_overflow_steps.empty() && c.precision != Precision::FP16)
+    throw Error("--inject-overflow makes fp16 gradients overflow (bf16 has float32's range); use --precision fp16");
+  if (c.inject_overflow_rank < 0 || c.inject_overflow_rank >= c.world_size)
+    throw Error("--inject-overflow-rank " + std::to_string(c.inject_overflow_rank) + " is not a rank of this run; pick 0 to " +
+                std::to_string(c.world_size - 1));
+}
+
 void validate(const TrainConfig& c) {
   validate_lora(c);
+  validate_precision(c);
   if (c.strategy != "single" && c.strategy != "ddp" && c.strategy != "dp" && c.strategy != "fsdp" && c.strategy != "pipeline")
     throw Error("strategy '" + c.strategy + "' is not available in this version; use --strategy single, ddp, dp, fsdp or pipeline");
   if (c.strategy == "dp") {
@@ -245,7 +272,9 @@ struct StepBuffers {
     return {x_dev.f32(), y_dev.i64()};
   }
   // Cross-entropy of `logits` (B, C) against `y` into loss_stats, and its gradient into dlogits.
-  void loss(ComputeObserver* obs, const float* logits, const int64_t* y, int64_t B, int64_t C, int64_t accum) {
+  // `loss_scale`: fp16's GradScaler multiplies the loss (so its gradient) by it; 1 otherwise.
+  void loss(ComputeObserver* obs, const float* logits, const int64_t* y, int64_t B, int64_t C, int64_t accum,
+            float loss_scale = 1.0f) {
     Device& dev = probs.device();
     {
       ComputeScope scope(obs, ComputeKind::Loss, -1, 5.0 * B * C);
@@ -253,7 +282,8 @@ struct StepBuffers {
     }
     // The mean over the micro-batch, divided by the number of micro-batches (loss / accum).
     ComputeScope scope(obs, ComputeKind::LossBackward, -1, 2.0 * B * C);
-    dev.cross_entropy_backward(dlogits.f32(), probs.f32(), y, B, C, 1.0f / static_cast<float>(B * accum));
+    const float mean = 1.0f / static_cast<float>(B * accum);
+    dev.cross_entropy_backward(dlogits.f32(), probs.f32(), y, B, C, loss_scale == 1.0f ? mean : mean * loss_scale);
   }
 };
 
@@ -427,6 +457,8 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
       if (r > 0 && config_.init_path.empty()) init_like_torch(*models_.back(), config_.seed);
       models_.back()->enable_lora(config_.lora, config_.seed + static_cast<uint64_t>(r));
     }
+    // torch's model.to(torch.bfloat16) after construction (and --init): the 16-bit copy replaces the float32 one.
+    if (is_mixed(config_.precision)) models_.back()->set_precision(config_.precision);
     models_.back()->set_observer(in_world ? &world_->threads().context(r) : ctx_.get());
   }
 }
@@ -479,6 +511,8 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   sum.start_step = start_step_;
   sum.effective_batch = effective_batch();
   rank_memory_.assign(static_cast<size_t>(config_.world_size), MemoryStats{});
+  rank_skipped_.assign(static_cast<size_t>(config_.world_size), {});
+  loss_scale_ = 0;
   total_samples_ = 0;
   auto t_start = Clock::now();
   if (world_) {
@@ -498,6 +532,8 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   sum.samples_per_sec = sum.seconds > 0 ? total_samples_ / sum.seconds : 0;
   sum.rank_memory = rank_memory_;
   sum.memory = rank_memory_[static_cast<size_t>(ctx0_->rank())];
+  sum.rank_skipped_steps = rank_skipped_;
+  sum.loss_scale = loss_scale_;
 
   Model& model = result_model();
   ComputeObserver* obs = model.observer();
@@ -627,6 +663,31 @@ void Trainer::run_launched_rank(TrainSummary& sum, const std::function<void(cons
   if (hub) hub->finish("");
 }
 
+// fp16: the loss scale for this rank's step; --inject-overflow multiplies it by 2^24 on the chosen
+// steps and rank (65536 x 2^24 x the mean's 1/B is far beyond fp16's 65504: the gradients overflow).
+float Trainer::loss_scale_for(const GradScaler& scaler, int64_t step, int rank) const {
+  const bool inject = rank == config_.inject_overflow_rank &&
+                      std::count(config_.inject_overflow_steps.begin(), config_.inject_overflow_steps.end(), step) > 0;
+  return inject ? scaler.scale() * 16777216.0f : scaler.scale();
+}
+
+// GradScaler.step + update: this rank's inf/NaN check, the ranks' agreement (an all-reduce), the
+// scale's update, and the decision as a LossScale event. False: every rank skips this step.
+bool Trainer::scaler_allows_step(GradScaler& scaler, Model& model, Communicator* comm, RankContext* ctx) {
+  const bool found = GradScaler::local_found_inf(model);
+  const bool any = GradScaler::agree(comm, found, model.device());
+  const float before = scaler.scale();
+  scaler.update(any);
+  if (ctx && ctx->recorder()) {
+    const int64_t now = ctx->recorder()->now_ns();
+    const double t = ctx->compute_clock();
+    Event e(EventKind::LossScale, Lane::Compute, now, now, t, t);
+    e.scaler = LossScaleInfo{before, scaler.scale(), static_cast<uint8_t>(found), static_cast<uint8_t>(any), scaler.growth_tracker()};
+    ctx->record(e);
+  }
+  return !any;
+}
+
 void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTracker& mem, TrainSummary& sum,
                        const std::function<void(const StepReport&)>& on_step) {
   const Dataset& ds = *dataset_;
@@ -657,6 +718,8 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
     ddp = std::make_unique<DistributedDataParallel>(model, *dp_comm, ctx, config_.ddp);
   }
   Optimizer opt(config_.optimizer, model.num_params(), &mem, dev);
+  if (model.mixed()) opt.init_master(model.params16(), model.half_format());  // the fp32 master weights
+  std::unique_ptr<GradScaler> scaler = config_.precision == Precision::FP16 ? std::make_unique<GradScaler>() : nullptr;
 
   const MeshCoord at = mesh_coord(mesh_, rank);
   RankBatches data(config_, ds, mesh_.dp, at.dp);  // a TP group's ranks read their replica's batches
@@ -688,7 +751,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
       if (!config_.allow_nonfinite && !input_bad) input_bad = has_nonfinite(batch.x.data(), B * D);
       const auto [x, y] = buf.place(batch, D);
       if (ddp) ddp->before_forward();
-      buf.loss(obs, model.forward(x, B), y, B, C, A);
+      buf.loss(obs, model.forward(x, B), y, B, C, A, scaler ? loss_scale_for(*scaler, step, rank) : 1.0f);
       samples += B;
       const bool sync = micro == A - 1;  // no_sync() for the first A - 1 micro-batches
       if (ddp) ddp->prepare_for_backward(sync);
@@ -696,9 +759,13 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
       if (ddp) ddp->finalize_backward();
       if (fsdp) fsdp->finalize_backward();
     }
-    {
+    const float scale = scaler ? scaler->scale() : 0.0f;
+    const bool skipped = scaler && !scaler_allows_step(*scaler, model, dp_comm, ctx);
+    if (skipped) rank_skipped_[static_cast<size_t>(rank)].push_back(step);
+    if (!skipped) {
       ComputeScope scope(obs, ComputeKind::OptimizerStep, -1, 10.0 * model.num_params());
       if (fsdp) fsdp->step();
+      else if (model.mixed()) opt.step_mixed(model.params16(), model.grads16(), scaler ? 1.0f / scale : 1.0f);
       else if (ddp) opt.step(ddp->optimizer_segments());
       else opt.step(model.params(), model.grads());
     }
@@ -729,8 +796,11 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
     StepReport r = make_step_report(step, total_steps_, data.epoch(), last_batch, m[0], m[1], m[2], dt);
     r.overlap = ddp ? m[3] / mesh_.dp : -1;
     r.branch_taken = branch;
+    r.loss_scale = scale;
+    r.step_skipped = skipped;
     if (on_step) on_step(r);
   }
+  if (scaler && rank == 0) loss_scale_ = scaler->scale();
   model.set_skipped_layer(-1);
   if (fsdp) finish_fsdp(*fsdp, model, *dp_comm);
   if (mesh) gather_full_model(rank, *mesh, model);  // rank 0's full_model_ gets every shard

@@ -41,6 +41,7 @@
 #include "engine/parallel/pipeline_stats.h"
 #include "engine/trace/context.h"
 #include "engine/monitor/step_report.h"
+#include "engine/train/grad_scaler.h"
 
 namespace dtlab {
 
@@ -110,6 +111,14 @@ struct TrainConfig {
   // names, or with merge_lora the merged plain model.
   LoraSpec lora;
   bool merge_lora = false;
+  // --precision bf16/fp16: mixed precision (Model::set_precision, Optimizer::step_mixed; the DDP
+  // buckets' dtype is config.ddp.reduce_fp32's); single and ddp on the CPU engine's threads.
+  Precision precision = Precision::FP32;
+  // fp16: torch's GradScaler (engine/train/grad_scaler.h). --inject-overflow: on these steps rank
+  // inject_overflow_rank multiplies its loss gradient by a further 2^24, so its fp16 gradients really
+  // overflow (the lesson's and the test's forced overflow).
+  std::vector<int64_t> inject_overflow_steps;
+  int inject_overflow_rank = 0;
 };
 
 // The DistributedSampler a rank of this run draws from: `world` shards of `n` samples, the run's
@@ -156,6 +165,9 @@ struct TrainSummary {
   std::vector<std::string> buckets;  // ddp: the final bucket assignment, one line per bucket
   bool buckets_rebuilt = false;
   PipelineStats pipeline;         // pipeline: bubbles and in-flight micro-batches per rank
+  // fp16: the steps each rank skipped (the loss scaler found an inf or NaN) and the final scale.
+  std::vector<std::vector<int64_t>> rank_skipped_steps;
+  float loss_scale = 0;           // 0: no loss scaler
 };
 
 // dtlab::Error unless the data's features equal the model's input width and its classes fit the
@@ -259,6 +271,10 @@ class Trainer {
   MeshShape mesh_;
   std::unique_ptr<Model> full_model_;  // --tp: the unsplit model on the host, on no rank's tracker
   std::vector<MemoryStats> rank_memory_;
+  std::vector<std::vector<int64_t>> rank_skipped_;
+  float loss_scale_for(const GradScaler& scaler, int64_t step, int rank) const;
+  static bool scaler_allows_step(GradScaler& scaler, Model& model, Communicator* comm, RankContext* ctx);  // fp16: per rank, the steps its scaler skipped
+  float loss_scale_ = 0;
   double total_samples_ = 0;  // rank 0's count of every rank's samples
   int64_t total_steps_ = 0;
   int64_t batches_per_epoch_ = 0;

@@ -1,0 +1,147 @@
+// Mixed precision inside the model (--precision bf16/fp16; model.h's set_precision; sources in
+// docs/course_sources.md §6e). The 16-bit tensors are the model's memory; a Linear widens its 16-bit
+// operands to float32 scratch, runs the float32 kernels of the device (the GEMM accumulates in fp32,
+// as tensor cores and torch's CPU bf16 GEMM do) and rounds each result once to 16 bits.
+#include <algorithm>
+
+#include "engine/core/check.h"
+#include "engine/core/model.h"
+
+namespace dtlab {
+
+DType Model::param_dtype() const {
+  return precision_ == Precision::BF16 ? DType::BF16 : precision_ == Precision::FP16 ? DType::F16 : DType::F32;
+}
+
+void Model::set_precision(Precision p) {
+  if (p == precision_) return;
+  const std::string flag = std::string("--precision ") + precision_name(p);
+  if (!is_mixed(p) || mixed()) throw Error("a model's precision is set once, from fp32");
+  if (!device_.is_host())
+    throw Error(flag + " runs on the CPU engine in this version; use --device cpu (or --precision fp32 on " + device_.name() + ")");
+  if (tp_.degree > 1) throw Error(flag + " does not run with tensor parallelism in this version; drop --tp or use --precision fp32");
+  if (lora()) throw Error(flag + " does not run with LoRA in this version; drop --lora-rank or use --precision fp32");
+  if (checkpointing_)
+    throw Error(flag + " does not run with activation checkpointing in this version; drop --activation-checkpointing or use --precision fp32");
+  DTLAB_CHECK(owns_parameters(), "set_precision() on a model whose parameters are sharded");
+  const std::vector<float> values = host_params();  // the model as built (torch's init), then .to(dtype)
+  precision_ = p;
+  flat_params_ = Tensor();  // freed before the 16-bit copies exist: the model never holds both
+  flat_grads_ = Tensor();
+  flat_params_ = Tensor({num_params_}, MemCategory::Parameters, tracker_, param_dtype(), device_);
+  flat_grads_ = Tensor({num_params_}, MemCategory::Gradients, tracker_, param_dtype(), device_);
+  half_from_floats(flat_params_.u16(), values.data(), num_params_, half_format());
+  for (auto& q : params_) {
+    q.data = q.grad = nullptr;
+    q.data16 = flat_params_.u16() + q.offset;
+    q.grad16 = flat_grads_.u16() + q.offset;
+  }
+  acts_.clear();  // allocated again in 16 bits by the next forward
+  for (auto& d : dbuf_) d = Tensor();
+  capacity_ = 0;
+}
+
+float* Model::f32_scratch(Tensor& t, int64_t n) {
+  if (t.numel() < n) t = Tensor({n}, MemCategory::Other, tracker_, DType::F32, device_);
+  return t.f32();
+}
+
+float* Model::widen(Tensor& t, const uint16_t* src, int64_t n) {
+  float* dst = f32_scratch(t, n);
+  half_to_floats(dst, src, n, half_format());
+  return dst;
+}
+
+const float* Model::half_forward(const float* x, int64_t B) {
+  ensure_activations(B);
+  input_ = x;
+  const int64_t D = spec_.dims[static_cast<size_t>(first_linear_)];
+  if (x16_.numel() < B * D) x16_ = Tensor({B * D}, MemCategory::Activations, tracker_, param_dtype(), device_);
+  half_from_floats(x16_.u16(), x, B * D, half_format());  // the batch as x.to(dtype)
+  layer_in16_.assign(layers_.size(), nullptr);
+  const uint16_t* in = x16_.u16();
+  for (int i = 0; i < num_layers(); i++) {
+    layer_in16_[static_cast<size_t>(i)] = in;
+    if (layer_skipped(i)) continue;  // the branch: this block's output is its input
+    if (hooks_) hooks_->before_forward(i);
+    uint16_t* out = acts_[static_cast<size_t>(i)].u16();
+    half_layer_forward(i, out, in, B);
+    if (hooks_) hooks_->after_forward(i);
+    in = out;
+  }
+  const int64_t C = layer(num_layers() - 1).out_features;
+  if (logits32_.numel() < B * C) logits32_ = Tensor({B * C}, MemCategory::Activations, tracker_, DType::F32, device_);
+  half_to_floats(logits32_.f32(), in, B * C, half_format());  // the loss runs in float32
+  return logits32_.f32();
+}
+
+void Model::half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t B) {
+  const Layer& L = layer(i);
+  ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, B));
+  const int64_t n_out = B * L.out_features;
+  if (L.kind == LayerKind::ReLU) {
+    const HalfFormat f = half_format();
+    for (int64_t k = 0; k < n_out; k++) out[k] = half_to_float(in[k], f) < 0.0f ? uint16_t{0} : in[k];  // NaN stays
+    return;
+  }
+  const float* x = widen(fa_, in, B * L.in_features);
+  const float* w = widen(fb_, params_[L.weight].data16, L.out_features * L.in_features);
+  const float* b = widen(fc_, params_[L.bias].data16, L.out_features);
+  float* y = f32_scratch(fd_, n_out);
+  device_.linear_forward(y, x, w, b, B, L.in_features, L.out_features);
+  half_from_floats(out, y, n_out, half_format());
+}
+
+void Model::half_backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
+  const int64_t B = batch_;
+  const int64_t C = layer(num_layers() - 1).out_features;
+  int first = 0;  // the first computed layer needs no input gradient
+  while (first < num_layers() && layer_skipped(first)) first++;
+  uint16_t* d0 = dbuf_[0].u16();
+  half_from_floats(d0, dlogits, B * C, half_format());  // the (scaled) loss gradient in 16 bits
+  const uint16_t* dout = d0;
+  for (int i = num_layers() - 1; i >= 0; i--) {
+    if (layer_skipped(i)) continue;
+    uint16_t* dinp = i > first ? (dout == dbuf_[0].u16() ? dbuf_[1].u16() : dbuf_[0].u16()) : nullptr;
+    if (hooks_) hooks_->before_backward(i);
+    half_layer_backward(i, dinp, dout, layer_in16_[static_cast<size_t>(i)], acts_[static_cast<size_t>(i)].u16());
+    if (hooks_) hooks_->after_backward(i);
+    const Layer& L = layer(i);
+    if (L.kind == LayerKind::Linear && on_grad_ready) {
+      on_grad_ready(L.bias);
+      on_grad_ready(L.weight);
+    }
+    dout = dinp;
+  }
+}
+
+// Parameter gradients accumulate as torch's .grad does for 16-bit parameters: the float32 product is
+// added to the 16-bit gradient and the sum rounded once.
+void Model::half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out) {
+  const Layer& L = layer(i);
+  const int64_t B = batch_;
+  ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, B, dinp != nullptr));
+  const HalfFormat f = half_format();
+  const int64_t n_out = B * L.out_features;
+  if (L.kind == LayerKind::ReLU) {
+    if (!dinp) return;
+    for (int64_t k = 0; k < n_out; k++) dinp[k] = half_to_float(out[k], f) > 0.0f ? dout[k] : uint16_t{0};
+    return;
+  }
+  const int64_t nw = L.out_features * L.in_features;
+  const float* dy = widen(fa_, dout, n_out);
+  const float* x = widen(fb_, in, B * L.in_features);
+  const float* w = dinp ? widen(fc_, params_[L.weight].data16, nw) : nullptr;
+  float* dw = f32_scratch(fd_, nw + L.out_features);  // dW, then db
+  device_.fill_zero(dw, (nw + L.out_features) * static_cast<int64_t>(sizeof(float)));
+  float* dx = dinp ? f32_scratch(fe_, B * L.in_features) : nullptr;
+  device_.linear_backward(dx, dw, dw + nw, dy, x, w, B, L.in_features, L.out_features);
+  for (const int p : {L.weight, L.bias}) {
+    uint16_t* g = params_[p].grad16;
+    const float* add = p == L.weight ? dw : dw + nw;
+    for (int64_t k = 0; k < params_[p].numel; k++) g[k] = half_from_float(half_to_float(g[k], f) + add[k], f);
+  }
+  if (dinp) half_from_floats(dinp, dx, B * L.in_features, f);
+}
+
+}  // namespace dtlab

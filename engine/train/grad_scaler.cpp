@@ -1,0 +1,35 @@
+#include "engine/train/grad_scaler.h"
+
+#include "engine/core/check.h"
+
+namespace dtlab {
+
+bool GradScaler::local_found_inf(Model& model) {
+  DTLAB_CHECK(model.mixed() && model.grads16() != nullptr, "the loss scaler checks a mixed-precision model's gradients");
+  return !half_all_finite(model.grads16(), model.num_params(), model.half_format());
+}
+
+bool GradScaler::agree(Communicator* comm, bool found_inf, Device& dev) {
+  if (!comm || comm->world_size() == 1) return found_inf;
+  Tensor flag({1}, MemCategory::Other, nullptr, DType::F32, dev);
+  const float mine = found_inf ? 1.0f : 0.0f;
+  dev.upload(flag.f32(), &mine, sizeof mine);
+  comm->all_reduce(flag.f32(), 1, ReduceOp::Max)->wait();
+  float any = 0;
+  dev.download(&any, flag.f32(), sizeof any);
+  return any != 0.0f;
+}
+
+void GradScaler::update(bool found_inf) {
+  if (found_inf) {
+    scale_ = static_cast<float>(scale_ * config_.backoff_factor);
+    growth_tracker_ = 0;
+    return;
+  }
+  if (++growth_tracker_ == config_.growth_interval) {
+    scale_ = static_cast<float>(scale_ * config_.growth_factor);
+    growth_tracker_ = 0;
+  }
+}
+
+}  // namespace dtlab

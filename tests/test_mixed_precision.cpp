@@ -1,0 +1,213 @@
+// Mixed precision (--precision bf16/fp16; issue 17; docs/course_sources.md §6e): the memory layout
+// behind 2 + 2 + 12 bytes per parameter, 16-bit GEMMs that accumulate in float32 and round once, DDP's
+// buckets in the training dtype (or float32), the spiral demo's accuracy, and fp16's GradScaler: an
+// overflow on one rank skips exactly that step on every rank and halves the scale.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "engine/core/half.h"
+#include "engine/core/model.h"
+#include "engine/train/grad_scaler.h"
+#include "engine/train/train.h"
+#include "tests/train_util.h"
+
+using namespace dtlab;
+
+namespace {
+
+TrainConfig mixed(const std::string& strategy, int world, Precision p, int64_t steps, int64_t batch = 32) {
+  TrainConfig c = test::demo_config(strategy, world, batch, steps);
+  c.precision = p;
+  return c;
+}
+
+// Bytes one rank's bucket all-reduces moved in iteration `it`, and the dtype they moved.
+int64_t bucket_bytes(Trainer& t, int rank, int it, DType& dtype) {
+  std::vector<uint64_t> seqs;
+  for (const Event& e : t.recorder().events(rank))
+    if (e.kind == EventKind::BucketLaunch && e.iteration == it) seqs.push_back(e.bucket.seq);
+  int64_t moved = 0;
+  for (const Event& e : t.recorder().events(rank)) {
+    if (e.kind != EventKind::Collective || e.iteration != it) continue;
+    if (std::find(seqs.begin(), seqs.end(), e.coll.seq) == seqs.end()) continue;
+    moved += e.coll.bytes;
+    dtype = e.coll.dtype;
+  }
+  return moved;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 DDP with AdamW: every rank holds 2 + 2 + 4 + 8 bytes per parameter") {
+  for (const bool fp32_reduce : {false, true}) {
+    CAPTURE(fp32_reduce);
+    TrainConfig c = mixed("ddp", 2, Precision::BF16, 4);
+    c.ddp.reduce_fp32 = fp32_reduce;
+    Trainer t(c);
+    const TrainSummary s = t.run();
+    const int64_t P = c.model.num_params();
+    REQUIRE(s.rank_memory.size() == 2);
+    for (int r = 0; r < 2; r++) {
+      CAPTURE(r);
+      const MemoryStats& m = s.rank_memory[static_cast<size_t>(r)];
+      CHECK(m.current_of(MemCategory::Parameters) == 2 * P);
+      CHECK(m.current_of(MemCategory::Gradients) == 2 * P);
+      CHECK(m.current_of(MemCategory::MasterWeights) == 4 * P);
+      CHECK(m.current_of(MemCategory::OptimizerState) == 8 * P);
+      // The buckets: 16-bit gradients in the training dtype, or float32 for --reduce-dtype fp32.
+      CHECK(m.current_of(MemCategory::CommBuffers) == (fp32_reduce ? 4 : 2) * P);
+      DType dt = DType::I64;
+      CHECK(bucket_bytes(t, r, 2, dt) == (fp32_reduce ? 4 : 2) * P);
+      CHECK(dt == (fp32_reduce ? DType::F32 : DType::BF16));
+    }
+    // DDP keeps the replicas equal: the same 16-bit parameters on both ranks.
+    CHECK(t.rank_model(0).host_params() == t.rank_model(1).host_params());
+  }
+}
+
+TEST_CASE("a 16-bit Linear widens its operands, accumulates in float32 and rounds its output once") {
+  for (const Precision p : {Precision::BF16, Precision::FP16}) {
+    CAPTURE(precision_name(p));
+    const HalfFormat f = half_format_of(p);
+    const ModelSpec spec = ModelSpec::parse("mlp:5,16,16,3");
+    Model fp32(spec, nullptr, 7);
+    const std::vector<float> w32 = fp32.host_params();
+    Model m(spec, nullptr, 7);
+    m.set_precision(p);
+    const std::vector<float> w = m.host_params();
+    for (size_t k = 0; k < w.size(); k++) REQUIRE(w[k] == round_to_half(w32[k], f));  // model.to(dtype)
+    const int64_t B = 9;
+    std::vector<float> x(static_cast<size_t>(B * 5));
+    for (size_t k = 0; k < x.size(); k++) x[k] = std::sin(0.7f * static_cast<float>(k)) * 3.0f;
+    const float* logits = m.forward(x.data(), B);
+    // The reference in double from the rounded values, rounded once per Linear, as the model rounds.
+    std::vector<float> in(x.size());
+    for (size_t k = 0; k < x.size(); k++) in[k] = round_to_half(x[k], f);
+    int64_t width = 5;
+    for (const Parameter* prm = &m.parameters()[0]; prm <= &m.parameters().back(); prm += 2) {
+      const int64_t out_w = prm->shape[0];
+      std::vector<float> y(static_cast<size_t>(B * out_w));
+      for (int64_t b = 0; b < B; b++)
+        for (int64_t o = 0; o < out_w; o++) {
+          double acc = w[static_cast<size_t>(prm[1].offset + o)];
+          for (int64_t i = 0; i < width; i++)
+            acc += static_cast<double>(in[static_cast<size_t>(b * width + i)]) * w[static_cast<size_t>(prm->offset + o * width + i)];
+          float v = round_to_half(static_cast<float>(acc), f);
+          if (prm != &m.parameters().back() - 1 && v < 0) v = 0;  // the ReLU after every Linear but the last
+          y[static_cast<size_t>(b * out_w + o)] = v;
+        }
+      in = y;
+      width = out_w;
+    }
+    // float32 accumulation in the GEMM's order against double: equal, or one 16-bit step apart where
+    // the float32 sum lies within its rounding of a tie.
+    int off_by_one = 0;
+    for (size_t k = 0; k < in.size(); k++) {
+      const float ulp = std::fabs(round_to_half(in[k], f)) * (f == HalfFormat::BF16 ? 1.0f / 128 : 1.0f / 1024);
+      CHECK(std::fabs(logits[k] - in[k]) <= ulp);
+      off_by_one += logits[k] != in[k];
+      CHECK(logits[k] == round_to_half(logits[k], f));  // every logit is a 16-bit value
+    }
+    CHECK(off_by_one <= 1);
+  }
+}
+
+TEST_CASE("bf16 and fp16 train the spiral demo to at least 95% accuracy") {
+  for (const Precision p : {Precision::BF16, Precision::FP16}) {
+    for (const std::string strategy : {"single", "ddp"}) {
+      CAPTURE(precision_name(p));
+      CAPTURE(strategy);
+      TrainConfig c = mixed(strategy, strategy == "ddp" ? 2 : 1, p, 400, strategy == "ddp" ? 32 : 64);
+      const TrainSummary s = Trainer(c).run();
+      MESSAGE(precision_name(p) << " " << strategy << ": accuracy " << s.eval_accuracy << ", loss " << s.eval_loss);
+      CHECK(s.eval_accuracy >= 0.95);
+      if (p == Precision::FP16) {
+        CHECK(s.loss_scale == 65536.0f);  // no overflow in 400 steps, no growth before 2000
+        for (const auto& r : s.rank_skipped_steps) CHECK(r.empty());
+      }
+    }
+  }
+}
+
+TEST_CASE("fp16: an overflow on one rank skips exactly that step on every rank and halves the scale") {
+  for (const int world : {2, 4}) {
+    CAPTURE(world);
+    TrainConfig c = mixed("ddp", world, Precision::FP16, 9);
+    c.inject_overflow_steps = {3, 7, 8};
+    c.inject_overflow_rank = world - 1;
+    Trainer t(c);
+    const TrainSummary s = t.run();
+    REQUIRE(s.rank_skipped_steps.size() == static_cast<size_t>(world));
+    for (const auto& r : s.rank_skipped_steps) CHECK(r == std::vector<int64_t>{3, 7, 8});
+    CHECK(s.loss_scale == 65536.0f / 8);
+    for (int rank = 0; rank < world; rank++) {
+      CAPTURE(rank);
+      std::vector<float> scales;
+      std::vector<int> skipped_iters;
+      int optimizer_steps = 0;
+      for (const Event& e : t.recorder().events(rank)) {
+        if (e.kind == EventKind::LossScale) {
+          scales.push_back(e.scaler.scale);
+          if (e.scaler.skipped) skipped_iters.push_back(e.iteration);
+          if (rank == world - 1 && e.scaler.skipped) CHECK(e.scaler.found_inf == 1);  // its own overflow
+        }
+        if (e.kind == EventKind::Compute && e.compute.kind == ComputeKind::OptimizerStep) optimizer_steps++;
+      }
+      CHECK(skipped_iters == std::vector<int>{2, 6, 7});
+      CHECK(scales == std::vector<float>{65536, 65536, 65536, 32768, 32768, 32768, 32768, 16384, 8192});
+      CHECK(optimizer_steps == 6);
+    }
+  }
+}
+
+TEST_CASE("fp16: a skipped step leaves the weights and the optimizer as they were") {
+  TrainConfig a = mixed("ddp", 2, Precision::FP16, 4);
+  a.inject_overflow_steps = {3, 4};
+  TrainConfig b = mixed("ddp", 2, Precision::FP16, 2);
+  Trainer ta(a), tb(b);
+  ta.run();
+  tb.run();
+  CHECK(ta.rank_model(0).host_params() == tb.rank_model(0).host_params());
+  CHECK(ta.rank_model(1).host_params() == tb.rank_model(1).host_params());
+}
+
+TEST_CASE("GradScaler: torch's update rules (backoff 0.5 at once, growth 2 after 2000 clean steps)") {
+  GradScaler s;
+  CHECK(s.scale() == 65536.0f);
+  for (int i = 0; i < 1999; i++) s.update(false);
+  CHECK(s.scale() == 65536.0f);
+  CHECK(s.growth_tracker() == 1999);
+  s.update(false);
+  CHECK(s.scale() == 131072.0f);
+  CHECK(s.growth_tracker() == 0);
+  s.update(false);
+  s.update(true);
+  CHECK(s.scale() == 65536.0f);
+  CHECK(s.growth_tracker() == 0);
+  CHECK(s.inv_scale() == 1.0f / 65536.0f);
+}
+
+TEST_CASE("mixed precision refuses what it does not run with, in one sentence") {
+  TrainConfig c = mixed("fsdp", 2, Precision::BF16, 2);
+  CHECK(test::error_of(c) == "--precision bf16 with --strategy fsdp is not available in this version; use --strategy single or ddp");
+  c = mixed("ddp", 2, Precision::BF16, 2);
+  c.lora.rank = 4;
+  CHECK(test::error_of(c) == "--precision bf16 with --lora-rank is not available in this version; drop one of them");
+  c = mixed("ddp", 2, Precision::BF16, 2);
+  c.inject_overflow_steps = {1};
+  CHECK(test::error_of(c) == "--inject-overflow makes fp16 gradients overflow (bf16 has float32's range); use --precision fp16");
+  c = mixed("ddp", 2, Precision::FP16, 2);
+  c.inject_overflow_steps = {1};
+  c.inject_overflow_rank = 2;
+  CHECK(test::error_of(c) == "--inject-overflow-rank 2 is not a rank of this run; pick 0 to 1");
+  c = mixed("ddp", 2, Precision::FP32, 2);
+  c.ddp.reduce_fp32 = true;
+  CHECK(test::error_of(c) == "--reduce-dtype fp32 applies to 16-bit gradients; add --precision bf16 or fp16");
+  c = mixed("ddp", 2, Precision::FP16, 2);
+  c.activation_checkpointing = true;
+  CHECK(test::error_of(c) == "--precision fp16 with --activation-checkpointing is not available in this version; drop one of them");
+  CHECK_THROWS_WITH(parse_precision("fp8"), "precision 'fp8' is not known; use fp32, bf16 or fp16");
+}
