@@ -174,6 +174,8 @@ struct StepPoint {
   double accuracy = 0;
   double overlap = -1;
   double samples_per_sec = 0;
+  float loss_scale = 0;  // fp16: the scale this step's gradients carried (0: no loss scaler)
+  bool skipped = false;  // fp16: every rank skipped the optimizer step (inf/NaN in the gradients)
 };
 
 struct DataView {
@@ -211,6 +213,8 @@ struct RunConfigView {
   std::string device = "cpu";             // where the ranks' tensors live
   std::string backend = "threads";        // threads | socket (a launched world) | cuda | nccl
   std::string attached;                   // HOST:PORT of the launched run's monitor; "" for a run in this window
+  Precision precision = Precision::FP32;  // --precision (mixed: 16-bit parameters/gradients, fp32 master weights)
+  bool reduce_fp32 = false;               // --reduce-dtype fp32: DDP's buckets all-reduce in float32
 };
 
 // A collective's process group as the mesh view lights it.

@@ -265,6 +265,8 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.first_bucket_bytes = config.ddp.first_bucket_bytes;
   c.find_unused_parameters = config.ddp.find_unused_parameters;
   c.sized_first_iteration = config.ddp.sized_first_iteration;
+  c.precision = config.precision;
+  c.reduce_fp32 = config.ddp.reduce_fp32;
   // Read before the run starts (FSDP releases the model's storage then; the counts stay).
   c.sharding = config.strategy == "fsdp" ? config.fsdp.sharding : Sharding::NoShard;
   c.num_params = model.num_params();
@@ -335,7 +337,7 @@ void SnapshotBuilder::set_reports(const std::vector<StepReport>& reports, const 
   s.error = error;
   for (size_t i = s.history.size(); i < reports.size(); i++) {
     const StepReport& r = reports[i];
-    s.history.push_back({r.step, r.loss, r.accuracy, r.overlap, r.samples_per_sec});
+    s.history.push_back({r.step, r.loss, r.accuracy, r.overlap, r.samples_per_sec, r.loss_scale, r.step_skipped});
     pipeline_.add_report(r);
   }
   s.step = reports.empty() ? 0 : reports.back().step;
