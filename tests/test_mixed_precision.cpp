@@ -70,7 +70,8 @@ TEST_CASE("bf16 DDP with AdamW: every rank holds 2 + 2 + 4 + 8 bytes per paramet
 
 TEST_CASE("a 16-bit Linear widens its operands, accumulates in float32 and rounds its output once") {
   for (const Precision p : {Precision::BF16, Precision::FP16}) {
-    CAPTURE(precision_name(p));
+    const std::string name = precision_name(p);
+    CAPTURE(name);
     const HalfFormat f = half_format_of(p);
     const ModelSpec spec = ModelSpec::parse("mlp:5,16,16,3");
     Model fp32(spec, nullptr, 7);
@@ -118,11 +119,12 @@ TEST_CASE("a 16-bit Linear widens its operands, accumulates in float32 and round
 TEST_CASE("bf16 and fp16 train the spiral demo to at least 95% accuracy") {
   for (const Precision p : {Precision::BF16, Precision::FP16}) {
     for (const std::string strategy : {"single", "ddp"}) {
-      CAPTURE(precision_name(p));
+      const std::string name = precision_name(p);
+    CAPTURE(name);
       CAPTURE(strategy);
       TrainConfig c = mixed(strategy, strategy == "ddp" ? 2 : 1, p, 400, strategy == "ddp" ? 32 : 64);
       const TrainSummary s = Trainer(c).run();
-      MESSAGE(precision_name(p) << " " << strategy << ": accuracy " << s.eval_accuracy << ", loss " << s.eval_loss);
+      MESSAGE(name << " " << strategy << ": accuracy " << s.eval_accuracy << ", loss " << s.eval_loss);
       CHECK(s.eval_accuracy >= 0.95);
       if (p == Precision::FP16) {
         CHECK(s.loss_scale == 65536.0f);  // no overflow in 400 steps, no growth before 2000
