@@ -114,6 +114,16 @@ const StepPoint& last_step(const Snapshot& s) {
   return s.history.back();
 }
 
+// fp16: rank R's GradScaler decision in iteration I (its LossScale event, in the recent window).
+const LossScaleInfo& loss_scale_event(const Snapshot& s, const Arg& r, const Arg& i) {
+  if (s.config.precision != Precision::FP16) fail("this run has no loss scaler; train with --precision fp16");
+  const int rank = index_of(r, s.events.size(), "rank");
+  for (const Event& e : s.events[static_cast<size_t>(rank)])
+    if (e.kind == EventKind::LossScale && static_cast<double>(e.iteration) == i.num) return e.scaler;
+  fail("rank " + std::to_string(rank) + " has no loss-scale decision for iteration " + format_figure(i.num) +
+       " (not run yet, or older than the last few iterations)");
+}
+
 // Bytes rank `rank` sent (or received) in the world's collective #seq so far, from the engine's step events.
 double collective_bytes(const Snapshot& s, uint64_t seq, int rank, bool sent) {
   int64_t b = 0;
@@ -398,6 +408,7 @@ std::vector<Entry> memory_entries() {
     {"memory.rank[R].parameters", "n", "parameter bytes (FSDP: the shard)", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::Parameters)); }},
     {"memory.rank[R].gradients", "n", "gradient bytes", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::Gradients)); }},
     {"memory.rank[R].optimizer", "n", "optimizer state bytes", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::OptimizerState)); }},
+    {"memory.rank[R].master", "n", "mixed precision: the fp32 master weights the optimizer updates", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::MasterWeights)); }},
     {"memory.rank[R].activations", "n", "activation bytes", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::Activations)); }},
     {"memory.rank[R].comm", "n", "communication buffers (DDP buckets)", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::CommBuffers)); }},
     {"memory.rank[R].gathered", "n", "FSDP: unsharded parameters gathered now", [d](S s, A a) { return d(memory(s, a[0]).current_of(MemCategory::GatheredParameters)); }},
@@ -423,6 +434,28 @@ std::vector<Entry> history_entries() {
        return count_events(s, a[0].num, [](const Event& e) { return e.kind == EventKind::BucketLaunch; }); }},
     {"loss(K)", "n", "loss of step K (1-based)", [](S s, A a) { return double(step_point(s, a[0]).loss); }},
     {"accuracy(K)", "n", "accuracy of step K", [](S s, A a) { return step_point(s, a[0]).accuracy; }},
+  };
+}
+
+// Mixed precision and fp16's loss scaler (engine/train/grad_scaler.h; docs/course_sources.md §6e)
+std::vector<Entry> precision_entries() {
+  auto b = [](bool x) { return x ? 1.0 : 0.0; };
+  return {
+    {"run.precision_bytes", "", "bytes of a parameter, gradient and activation as the run trains: 2 (bf16, fp16) or 4 (fp32)", [](S s, A) {
+       return is_mixed(s.config.precision) ? 2.0 : 4.0; }},
+    {"scaler.scale", "", "fp16: the loss scale the last step's gradients carried (0: no loss scaler)", [](S s, A) { return double(last_step(s).loss_scale); }},
+    {"count.skipped_steps", "", "fp16: optimizer steps every rank skipped (inf/NaN in the gradients)", [](S s, A) {
+       return double(std::count_if(s.history.begin(), s.history.end(), [](const StepPoint& p) { return p.skipped; })); }},
+    {"scaler.last_skipped_step", "", "fp16: the last step skipped (1-based; -1: none)", [](S s, A) {
+       for (auto it = s.history.rbegin(); it != s.history.rend(); ++it)
+         if (it->skipped) return double(it->step);
+       return -1.0; }},
+    {"scaler.found_inf(R, I)", "nn", "fp16: 1 if rank R's own gradients held an inf/NaN in iteration I (before the ranks agreed)", [b](S s, A a) {
+       return b(loss_scale_event(s, a[0], a[1]).found_inf != 0); }},
+    {"scaler.skipped(R, I)", "nn", "fp16: 1 if rank R skipped its optimizer step in iteration I (the ranks' agreement)", [b](S s, A a) {
+       return b(loss_scale_event(s, a[0], a[1]).skipped != 0); }},
+    {"scaler.next_scale(R, I)", "nn", "fp16: the loss scale rank R's scaler set for the step after iteration I", [](S s, A a) {
+       return double(loss_scale_event(s, a[0], a[1]).next_scale); }},
   };
 }
 
@@ -607,7 +640,7 @@ const Snapshot& marked(const FigureScope& sc, const std::string& name) {
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> table = [] {
     std::vector<Entry> t;
-    for (auto section : {&run_entries, &collective_entries, &bucket_entries, &memory_entries, &history_entries,
+    for (auto section : {&run_entries, &collective_entries, &bucket_entries, &memory_entries, &history_entries, &precision_entries,
                          &data_entries, &unit_entries, &checkpoint_entries, &trace_entries, &traffic_entries,
                          &pipeline_entries, &formula_entries, &arithmetic_entries})
       for (Entry& e : section()) t.push_back(std::move(e));

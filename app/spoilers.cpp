@@ -21,6 +21,8 @@ std::vector<std::string> views_drawing(const std::string& sig) {
   if (starts("bucket")) return {"buckets"};  // bucket.of, bucket[I].*, bucket.count, buckets.*
   if (starts("history") || starts("loss(") || starts("accuracy(") || starts("iteration.modeled_us")) return {"timeline"};
   if (starts("memory")) return {"memory"};
+  // fp16's loss scaler: the timeline marks skipped steps and prints the scale.
+  if (starts("scaler.") || starts("count.skipped_steps")) return {"timeline"};
   if (starts("unit")) return {"shards", "memory"};
   if (starts("data")) return {"data"};
   if (starts("pipeline")) return {"pipeline", "timeline"};
