@@ -321,11 +321,10 @@ void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int ra
                std::snprintf(sh, sn, "%s", compute_short(ci.kind));
              }
            });
-  const float strip0 = bar1 + 1, strip1 = ym - 1;
+  const float strip0 = bar1 + 1, strip1 = ym - 1, wi = 0.22f * L.u, wl = 0.3f * L.u;
   draw_instants(rc, visible_spans(c.grad_ready, t0, t1), strip0, ym, 0, [&](float x) {
     vline(dl, x - 0.5f, strip0 + 1, strip1, kGradReady, 2.0f);
   });
-  const float wi = 0.22f * L.u, wl = 0.3f * L.u;
   draw_instants(rc, visible_spans(c.issues, t0, t1), strip0, ym, wi, [&](float x) {
     dl->AddTriangleFilled(ImVec2(x - wi, strip0), ImVec2(x + wi, strip0), ImVec2(x, strip1 + 1), work_color(Work::Communication));
   });
