@@ -47,6 +47,7 @@ void add_event(RankRows& c, const Event& e, size_t i, double b, double en) {
       push_span(c, c.compute, b, en, i);
       break;
     case EventKind::GradReady: push_span(c, c.grad_ready, b, b, i); break;
+    case EventKind::LossScale: push_span(c, c.loss_scale, b, b, i); break;
     case EventKind::CollectiveIssue: push_span(c, c.issues, b, b, i); break;
     case EventKind::BucketLaunch:
       push_span(c, c.launch_marks, b, b, i);
@@ -70,7 +71,7 @@ void add_event(RankRows& c, const Event& e, size_t i, double b, double en) {
 
 // Rows out of order: not expected from the engine; stay correct if it ever happens.
 void sort_rows(RankRows& c) {
-  for (auto* row : {&c.compute, &c.coll, &c.ring, &c.gate, &c.grad_ready, &c.issues, &c.launch_marks}) {
+  for (auto* row : {&c.compute, &c.coll, &c.ring, &c.gate, &c.grad_ready, &c.issues, &c.launch_marks, &c.loss_scale}) {
     std::stable_sort(row->begin(), row->end(), [](const RowSpan& x, const RowSpan& y) { return x.b < y.b; });
     for (size_t i = 0; i < row->size(); i++) (*row)[i].reach = std::max((*row)[i].e, i ? (*row)[i - 1].reach : -DBL_MAX);
   }
@@ -84,7 +85,7 @@ void sort_rows(RankRows& c) {
 void RankRows::reset(bool clock_modeled) {
   n = 0;
   modeled = clock_modeled;
-  for (auto* row : {&compute, &coll, &ring, &gate, &grad_ready, &issues, &launch_marks}) row->clear();
+  for (auto* row : {&compute, &coll, &ring, &gate, &grad_ready, &issues, &launch_marks, &loss_scale}) row->clear();
   launches.clear(), bucket_allreduces.clear(), backward.clear(), ring_tail.clear(), iters.clear();
   in_backward = unsorted = false;
   frontier[0] = frontier[1] = -DBL_MAX;

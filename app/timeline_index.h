@@ -45,6 +45,7 @@ struct RankRows {
   int64_t front_wall = 0, back_wall = 0;
   bool modeled = true;
   std::vector<RowSpan> compute, coll, ring, gate, grad_ready, issues, launch_marks;
+  std::vector<RowSpan> loss_scale;  // fp16 GradScaler decisions (instants; `scaler`)
   std::vector<SeqIndex> launches, bucket_allreduces;  // by collective seq
   std::vector<TimeInterval> backward;  // windows of consecutive layer-backward ops: what DDP overlaps with
   bool in_backward = false;

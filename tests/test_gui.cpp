@@ -167,6 +167,23 @@ TEST_SUITE("gui") {
     CHECK(distinct_colors(b) > 40);
   }
 
+  TEST_CASE("under Xvfb: fp16 with an injected overflow marks the skipped step on the timeline") {
+    if (!test::have_xvfb()) {
+      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
+      return;
+    }
+    test::TempDir dir;
+    const std::string png = dir.file("skip.png");
+    // Step 2's gradients overflow on rank 0: both ranks skip it (the flag and bar on each compute lane).
+    Result r = test::run_app("--strategy ddp --world 2 --precision fp16 --inject-overflow 2 --run 'step iteration 3; view timeline; "
+                             "screenshot " + png + "; quit'", dir);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    test::Image im = test::load_png(png);
+    CHECK(distinct_colors(im) > 40);
+    CHECK(test::count_near(im, app::skipped_step_color(), 12) > 60);
+  }
+
   TEST_CASE("under Xvfb: the pipeline view draws every schedule mid-iteration") {
     if (!test::have_xvfb()) {
       MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");

@@ -484,6 +484,36 @@ void draw_curve_line(ImDrawList* dl, const CurvePlot& p, const std::vector<StepP
   dl->PopClipRect();
 }
 
+// fp16 (--precision fp16): the loss scale the last step carried and how many steps were skipped,
+// after the loss curve's title.
+void loss_scale_readout(const std::vector<StepPoint>& h) {
+  if (h.empty()) return;
+  const auto skipped = std::count_if(h.begin(), h.end(), [](const StepPoint& q) { return q.skipped; });
+  ImGui::SameLine(0, ImGui::GetFontSize());
+  ImGui::TextDisabled("loss scale %.0f (fp16)", static_cast<double>(h.back().loss_scale));
+  if (skipped > 0) {
+    ImGui::SameLine();
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(skipped_step_color()), "%lld skipped", static_cast<long long>(skipped));
+  }
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip("fp16's GradScaler multiplies the loss by this scale so small gradients survive 16 bits.\n"
+                      "A step whose gradients hold an inf or NaN on any rank is skipped (red dots) and the scale halves.");
+}
+
+// Skipped steps (fp16): a red dot on the curve at each.
+void draw_skipped_steps(ImDrawList* dl, const CurvePlot& p, const std::vector<StepPoint>& h, float (*value)(const StepPoint&)) {
+  const float font = ImGui::GetFontSize(), pad = font * 0.4f;  // a dot at the plot's edge stays whole
+  dl->PushClipRect(ImVec2(p.a.x - pad, p.a.y - pad), ImVec2(p.b.x + pad, p.b.y + pad), true);
+  for (const StepPoint& q : h) {
+    if (!q.skipped) continue;
+    const float v = p.t(value(q));
+    const float y = std::isfinite(v) ? p.y_of(v) : p.a.y + font * 0.3f;  // a non-finite loss: at the top
+    dl->AddCircleFilled(ImVec2(p.x_of(q.step), y), font * 0.32f, skipped_step_color());
+    dl->AddCircle(ImVec2(p.x_of(q.step), y), font * 0.32f, IM_COL32(255, 255, 255, 200), 12, 1.5f);
+  }
+  dl->PopClipRect();
+}
+
 // The step under the mouse: a line across the plot, a ring on the curve, and its numbers.
 void draw_curve_cursor(ImDrawList* dl, const CurvePlot& p, const std::vector<StepPoint>& h, float (*value)(const StepPoint&)) {
   const float font = ImGui::GetFontSize();
@@ -499,17 +529,20 @@ void draw_curve_cursor(ImDrawList* dl, const CurvePlot& p, const std::vector<Ste
   ImGui::Text("step %lld", static_cast<long long>(q.step));
   ImGui::Text("loss %.4f   accuracy %.1f%%", static_cast<double>(q.loss), 100.0 * q.accuracy);
   if (q.samples_per_sec > 0) ImGui::TextDisabled("%.0f samples/s", q.samples_per_sec);
+  if (q.loss_scale > 0) ImGui::TextDisabled("loss scale %.0f", static_cast<double>(q.loss_scale));
+  if (q.skipped) ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(skipped_step_color()), "skipped: inf/NaN in the gradients");
   ImGui::EndTooltip();
 }
 
 // One curve of the training history in [pos, pos + size]: title with the latest value, grid, axes
 // with their range, and a cursor with the value under the mouse. `log` plots log10(value).
 void draw_curve(const char* id, const char* title, const std::vector<StepPoint>& h, float (*value)(const StepPoint&),
-                bool* log_switch, bool percent, ImU32 color, ImVec2 size) {
+                bool* log_switch, bool percent, ImU32 color, ImVec2 size, bool fp16 = false) {
   const float font = ImGui::GetFontSize();
   const bool log = log_switch && *log_switch;
   const ImVec2 top = ImGui::GetCursorScreenPos();
   curve_title(id, title, h, value, log_switch, percent, color);
+  if (fp16) loss_scale_readout(h);
   const ImVec2 pos = ImGui::GetCursorScreenPos();
   const ImVec2 plot(size.x, std::max(size.y - (pos.y - top.y), 1.0f));
   ImGui::InvisibleButton(id, plot);
@@ -529,6 +562,7 @@ void draw_curve(const char* id, const char* title, const std::vector<StepPoint>&
   const CurvePlot p = fit_curve(a, b, h, value, log, percent);
   draw_curve_grid(dl, p, h, percent);
   draw_curve_line(dl, p, h, value, color);
+  if (fp16) draw_skipped_steps(dl, p, h, value);
   if (hovered) draw_curve_cursor(dl, p, h, value);
 }
 
@@ -539,7 +573,8 @@ float accuracy_of(const StepPoint& p) { return static_cast<float>(p.accuracy); }
 void draw_history(const Snapshot& s, DataViewState& st, ImVec2 size) {
   ImGui::BeginGroup();
   const float each = (size.y - ImGui::GetStyle().ItemSpacing.y) * 0.5f;
-  draw_curve("##loss", "loss", s.history, loss_of, &st.log_loss, false, kLossColor, ImVec2(size.x, each));
+  draw_curve("##loss", "loss", s.history, loss_of, &st.log_loss, false, kLossColor, ImVec2(size.x, each),
+             s.config.precision == Precision::FP16);
   draw_curve("##accuracy", "accuracy", s.history, accuracy_of, nullptr, true, kAccuracyColor, ImVec2(size.x, each));
   ImGui::EndGroup();
 }

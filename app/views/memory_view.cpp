@@ -189,6 +189,25 @@ bool draw_rank_bar(ImDrawList* dl, const Snapshot& s, int r, const BarLayout& la
   return row_hovered;
 }
 
+// Mixed precision: what rank `r` holds per parameter, from its live bytes over Ψ, as the ZeRO paper
+// counts it (2 + 2 + 4 + 8 = 16 for AdamW; docs/course_sources.md §6d). Not under LoRA, where the
+// frozen base has no gradients or state and one Ψ does not divide them all.
+void draw_bytes_per_param(const Snapshot& s, int r) {
+  const RunConfigView& rc = s.config;
+  if (!is_mixed(rc.precision) || rc.num_params <= 0 || rc.frozen_params > 0) return;
+  const MemoryStats& st = s.memory[static_cast<size_t>(r)].stats;
+  const double psi = static_cast<double>(rc.num_params);
+  auto per = [&](MemCategory c) { return static_cast<double>(st.current_of(c)) / psi; };
+  const double p = per(MemCategory::Parameters), g = per(MemCategory::Gradients);
+  const double m = per(MemCategory::MasterWeights), o = per(MemCategory::OptimizerState);
+  ImGui::Text("bytes per parameter (%s, rank %d): parameters %.3g + gradients %.3g + master weights %.3g + optimizer state %.3g = %.3g",
+              precision_name(rc.precision), r, p, g, m, o, p + g + m + o);
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip("Each category's bytes now over the model's %s parameters.\n16-bit parameters and gradients, an fp32 master "
+                      "copy the optimizer updates,\nand AdamW's fp32 m and v: the ZeRO paper's 2 + 2 + K with K = 12.",
+                      param_count_str(psi).c_str());
+}
+
 // The live bars: what each rank holds now. `reserve_h` is kept free below them (the comparison).
 void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h) {
   const int world = static_cast<int>(s.memory.size());
@@ -211,6 +230,7 @@ void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h) {
   ImGui::SameLine();
   ImGui::TextDisabled("(peaks restart every iteration; all bars share one scale)");
   draw_legend(s.memory[static_cast<size_t>(shown)].stats, shown, view.hovered_rank >= 0);
+  draw_bytes_per_param(s, shown);
   ImGui::Spacing();
 
   // ---- layout: [rank label | bar ......... | current / peak] per row, then the byte axis ----
@@ -412,7 +432,7 @@ void draw_plan_panel(const char* id, const std::string& title, const std::string
 // "this run" beside "planner": each planned category's peak this iteration on `rank`, against the
 // planner's bytes for the running strategy (the same MemoryPlan the panel below draws), so a
 // learner sees the formulas hold, or by how much padding or timing moves the live figure.
-void draw_run_vs_planner(const Snapshot& s, const MemoryPlan& plan, int rank, bool fsdp) {
+void draw_run_vs_planner(const Snapshot& s, const MemoryPlan& plan, int rank, bool fsdp, bool mixed) {
   if (rank < 0 || rank >= static_cast<int>(s.memory.size())) return;
   ImGui::Spacing();
   ImGui::Separator();
@@ -443,14 +463,24 @@ void draw_run_vs_planner(const Snapshot& s, const MemoryPlan& plan, int rank, bo
   int rows = 0;
   for (const PlanPart& part : kPlanParts) {
     const double planned = plan.*part.bytes;
-    const int64_t measured = st.peak_of(part.category);
+    int64_t measured = st.peak_of(part.category);
+    const char* name = part.name;
+    // Mixed precision: the planner counts the fp32 master copy inside the optimizer's K = 12 (the
+    // ZeRO paper's accounting); the tracker keeps it apart, so this row adds the two.
+    if (mixed && part.category == MemCategory::OptimizerState) {
+      measured += st.peak_of(MemCategory::MasterWeights);
+      name = "optimizer state + master weights";
+    }
     if (planned <= 0 && measured <= 0) continue;  // e.g. nothing gathered outside FSDP
-    row(part.name, memory_category_color(part.category), measured, planned);
+    row(name, memory_category_color(part.category), measured, planned);
     measured_sum += measured;
     rows++;
   }
   if (rows > 1) row("sum of the rows", 0, measured_sum, plan.total);
   ImGui::EndTable();
+  if (mixed)
+    ImGui::TextDisabled("Mixed precision: the planner's optimizer state is K = 12 bytes per parameter, the fp32 master copy (4) "
+                        "included; the run's row adds its master weights to its optimizer state to compare like with like.");
   if (!fsdp) return;
   ImGui::PushTextWrapPos(0.0f);
   ImGui::TextDisabled("FSDP: the tracker counts a unit's unsharded gradient under gradients, the planner under gathered, "
@@ -473,7 +503,8 @@ void draw_strategies_compared(const Snapshot& s, MemoryViewState& view) {
   in.params = static_cast<double>(lora ? rc.frozen_params : rc.num_params);
   in.lora_params = lora ? static_cast<double>(rc.num_params) : 0.0;
   in.world = single ? 1 : std::max(rc.world, 1);
-  in.dtype = PlanDType::Fp32;
+  const bool mixed = is_mixed(rc.precision);
+  in.dtype = !mixed ? PlanDType::Fp32 : rc.precision == Precision::BF16 ? PlanDType::Bf16 : PlanDType::Fp16;
   in.optimizer = rc.optimizer_kind;
   in.sgd_momentum = rc.sgd_momentum;
   in.largest_unit_params = lora ? 0.0 : static_cast<double>(std::min(rc.largest_unit_params, rc.num_params));
@@ -482,7 +513,7 @@ void draw_strategies_compared(const Snapshot& s, MemoryViewState& view) {
   const MemoryPlanInput& was = view.plans_for;
   if (!view.have_plans || was.params != in.params || was.world != in.world || was.optimizer != in.optimizer ||
       was.sgd_momentum != in.sgd_momentum || was.largest_unit_params != in.largest_unit_params ||
-      was.units_in_flight != in.units_in_flight || was.lora_params != in.lora_params) {
+      was.units_in_flight != in.units_in_flight || was.lora_params != in.lora_params || was.dtype != in.dtype) {
     view.plans = plan_all(in);
     view.plans_for = in;
     view.have_plans = true;
@@ -502,7 +533,7 @@ void draw_strategies_compared(const Snapshot& s, MemoryViewState& view) {
   // (only the adapters are units), which the planner's sharded Ψ + Ψ_L does not model.
   if (view.plans.ok && rc.sharding != Sharding::Hybrid && !(lora && rc.strategy == "fsdp"))
     draw_run_vs_planner(s, view.plans.plans[static_cast<size_t>(running)], std::max(view.hovered_rank, 0),
-                        rc.strategy == "fsdp");
+                        rc.strategy == "fsdp", mixed);
   ImGui::Spacing();
   ImGui::Separator();
   ImGui::TextUnformatted("Strategies compared");
@@ -517,7 +548,8 @@ void draw_strategies_compared(const Snapshot& s, MemoryViewState& view) {
   std::string title = "your model: " + param_count_str(in.params) + " parameters" +
                       (lora ? " frozen + " + param_count_str(in.lora_params) + " LoRA" : "") + ", " +
                       std::to_string(in.world) + (in.world == 1 ? " rank" : " ranks");
-  std::string subtitle = std::string("fp32, ") + opt + "; this run: ";
+  std::string subtitle = std::string(mixed ? precision_name(rc.precision) : "fp32") + (mixed ? " mixed precision, " : ", ") + opt +
+                         "; this run: ";
   if (single) subtitle += "single, one rank: nothing to shard, every strategy holds it all";
   else if (rc.strategy == "ddp") subtitle += "ddp = NO_SHARD (every rank a full replica)";
   else if (rc.strategy == "dp") subtitle += "dp: rank 0 as NO_SHARD; the others hold a replica only inside an iteration";

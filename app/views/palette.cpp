@@ -107,6 +107,8 @@ ImU32 memory_category_color(MemCategory c) {
   return IM_COL32(128, 128, 128, 255);
 }
 
+ImU32 skipped_step_color() { return IM_COL32(232, 40, 40, 255); }
+
 ImU32 pipeline_action_color(ActionType t, int mb, int microbatches) {
   float hue = 0.60f;  // F: blue
   if (t == ActionType::Backward) hue = 0.075f;            // orange

@@ -31,6 +31,7 @@ constexpr ImU32 kRingGather = IM_COL32(120, 222, 222, 255);
 constexpr ImU32 kPaused = IM_COL32(150, 150, 156, 255);
 constexpr ImU32 kGradReady = IM_COL32(236, 236, 236, 220);
 constexpr ImU32 kSpanText = IM_COL32(16, 18, 22, 255);
+constexpr ImU32 kScaleTick = IM_COL32(150, 200, 150, 150);  // fp16: a loss scale decision that kept the step
 
 ImU32 alpha(ImU32 c, float a) {
   const ImU32 v = static_cast<ImU32>(a * static_cast<float>((c >> IM_COL32_A_SHIFT) & 0xFF) + 0.5f);
@@ -247,6 +248,44 @@ Layout make_layout(float fs, float stretch) {
   return L;
 }
 
+// fp16's GradScaler decisions on the compute lane. A skipped step: a red flag where the ranks agreed
+// to skip, and a red bar over the slot the optimizer step would have taken (to the iteration's end),
+// labelled when it fits; a kept step: a faint tick in the instants' strip.
+void draw_loss_scale(RowCtx& rc, const RankRows& c, SpanRange range, float yc, float bar0, float bar1, float strip0, float ym) {
+  ImDrawList* dl = rc.dl;
+  const TimeAxis& ax = rc.ax;
+  const float fs = rc.text_size;
+  for (const RowSpan* sp = range.first; sp < range.last; ++sp) {
+    const Event& e = rc.evs[static_cast<size_t>(sp->idx)];
+    const float x = std::floor(ax.x(sp->b)) + 0.5f;
+    if (!e.scaler.skipped) {
+      vline(dl, x - 0.5f, strip0 + 2, ym - 1, kScaleTick, 1.0f);
+      if (rc.mouse_in && std::fabs(rc.mouse.x - x) <= 3.0f && rc.mouse.y >= strip0 && rc.mouse.y <= ym)
+        rc.hover.kind = Hover::Ev, rc.hover.span = *sp, rc.hover.rank = rc.rank;
+      continue;
+    }
+    double end = sp->b;
+    for (const IterExtent& it : c.iters)
+      if (it.iter == e.iteration) end = std::max(end, it.e);
+    const float x1 = std::min(std::max(ax.x(end), x + 0.5f * fs), ax.x1 + 4);
+    dl->AddRectFilled(ImVec2(x, bar0), ImVec2(x1, bar1), alpha(skipped_step_color(), 0.35f));
+    draw_hatch(dl, ImVec2(x, bar0), ImVec2(x1, bar1), alpha(skipped_step_color(), 0.8f), 5.0f);
+    vline(dl, x - 1.0f, yc, ym, skipped_step_color(), 2.0f);
+    const float fh = 0.45f * (bar1 - bar0);  // the flag's pennant at the top of the line
+    dl->AddTriangleFilled(ImVec2(x, yc), ImVec2(x + 0.9f * fh, yc + 0.5f * fh), ImVec2(x, yc + fh), skipped_step_color());
+    char text[48];
+    std::snprintf(text, sizeof text, "step %d skipped", e.iteration + 1);
+    for (const char* t : {static_cast<const char*>(text), "skipped"}) {  // light text: the bar is dark red
+      const float tw = ImGui::CalcTextSize(t).x;
+      if (x + fh + tw + 4 > x1) continue;
+      dl->AddText(ImVec2(std::max(x + fh + 2, (x + x1 - tw) * 0.5f), bar0 + (bar1 - bar0 - fs) * 0.5f), IM_COL32(255, 255, 255, 240), t);
+      break;
+    }
+    if (rc.mouse_in && rc.mouse.x >= x - 3 && rc.mouse.x <= x1 && rc.mouse.y >= yc && rc.mouse.y <= ym)
+      rc.hover.kind = Hover::Ev, rc.hover.span = *sp, rc.hover.rank = rc.rank;
+  }
+}
+
 void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int rank, float y, const Layout& L, RowCtx& rc) {
   ImDrawList* dl = rc.dl;
   const TimeAxis& ax = rc.ax;
@@ -282,11 +321,10 @@ void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int ra
                std::snprintf(sh, sn, "%s", compute_short(ci.kind));
              }
            });
-  const float strip0 = bar1 + 1, strip1 = ym - 1;
+  const float strip0 = bar1 + 1, strip1 = ym - 1, wi = 0.22f * L.u, wl = 0.3f * L.u;
   draw_instants(rc, visible_spans(c.grad_ready, t0, t1), strip0, ym, 0, [&](float x) {
     vline(dl, x - 0.5f, strip0 + 1, strip1, kGradReady, 2.0f);
   });
-  const float wi = 0.22f * L.u, wl = 0.3f * L.u;
   draw_instants(rc, visible_spans(c.issues, t0, t1), strip0, ym, wi, [&](float x) {
     dl->AddTriangleFilled(ImVec2(x - wi, strip0), ImVec2(x + wi, strip0), ImVec2(x, strip1 + 1), work_color(Work::Communication));
   });
@@ -366,6 +404,7 @@ void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int ra
       if (rc.mouse_in && rc.mouse.x >= a && rc.mouse.x <= b && rc.mouse.y >= g0 && rc.mouse.y <= g1)
         rc.hover.kind = Hover::Paused, rc.hover.span = RowSpan{from, from}, rc.hover.rank = rank, rc.hover.what = what;
     }
+  draw_loss_scale(rc, c, visible_spans(c.loss_scale, t0, t1), yc, bar0, bar1, strip0, ym);  // over a gate's hatch
 }
 
 // The label column, drawn over whatever spans scrolled under it.
@@ -512,6 +551,16 @@ void tip_bucket(const Snapshot& s, const BucketInfo& b, float fs) {
   ImGui::PopTextWrapPos();
 }
 
+// GradScaler.update (docs/course_sources.md §6e): a skip halves the scale (backoff 0.5) and resets
+// the growth tracker; 2000 finite steps in a row double it.
+void tip_loss_scale(const LossScaleInfo& l) {
+  tip_row("this rank", "%s", l.found_inf ? "found an inf/NaN in its gradients" : "found its gradients finite");
+  tip_row("all ranks", "%s", l.skipped ? "skip the optimizer step (one found inf/NaN)" : "step");
+  tip_row("loss scale", "%.0f -> %.0f%s", static_cast<double>(l.scale), static_cast<double>(l.next_scale),
+          l.next_scale < l.scale ? "  (halved)" : l.next_scale > l.scale ? "  (doubled)" : "");
+  tip_row("growth tracker", "%lld finite steps in a row", static_cast<long long>(l.growth_tracker));
+}
+
 void event_tooltip(const Snapshot& s, const Hover& h, float fs) {
   const RowSpan& sp = h.span;
   const std::vector<Event>& evs = s.events[static_cast<size_t>(h.rank)];
@@ -557,6 +606,12 @@ void event_tooltip(const Snapshot& s, const Hover& h, float fs) {
         break;
       case EventKind::Gate:
         ImGui::Text("held at a stepper gate");
+        break;
+      case EventKind::LossScale:
+        if (e.scaler.skipped)
+          ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(skipped_step_color()), "step %d skipped: inf/NaN in the gradients", e.iteration + 1);
+        else
+          ImGui::Text("step %d: gradients finite, the optimizer steps", e.iteration + 1);
         break;
       default: ImGui::Text("%s", event_kind_name(e.kind)); break;
     }
@@ -604,6 +659,9 @@ void event_tooltip(const Snapshot& s, const Hover& h, float fs) {
         tip_row("all-reduce", "#%llu", static_cast<unsigned long long>(e.bucket.seq));
         tip_bucket(s, e.bucket, fs);
         break;
+      case EventKind::LossScale:
+        tip_loss_scale(e.scaler);
+        break;
       default: break;
     }
     if (bucket_span) {
@@ -645,7 +703,7 @@ void legend_item(ImU32 col, const char* text, bool& first, int glyph = 0) {
   ImGui::TextUnformatted(text);
 }
 
-void draw_toolbar(TimelineViewState& view, ViewContext& ctx) {
+void draw_toolbar(TimelineViewState& view, ViewContext& ctx, bool fp16) {
   ImGui::Checkbox("Follow", &view.follow);
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("Keep the last two iterations in view (double-click the timeline to return here)");
   ImGui::SameLine();
@@ -675,6 +733,7 @@ void draw_toolbar(TimelineViewState& view, ViewContext& ctx) {
   legend_item(kGradReady, "grad ready", first, 1);
   legend_item(kBucket, "bucket launch", first, 2);
   legend_item(kPaused, "paused", first, 3);
+  if (fp16) legend_item(skipped_step_color(), "skipped step (fp16)", first, 3);
 }
 
 // The lanes: the tick grid, every rank on screen (its spans derived for the range in view), the
@@ -803,7 +862,7 @@ void draw_timeline_view(const Snapshot& s, TimelineViewState& view, ViewContext&
   if (!view.follow && t_max > -DBL_MAX && t_max < view.t0) view.follow = true;  // a new run restarted the clock
   if (view.follow) view.index.follow_range(view.t0, view.t1);
 
-  draw_toolbar(view, ctx);
+  draw_toolbar(view, ctx, s.config.precision == Precision::FP16);
 
   const float ruler_h = 1.45f * fs, strip_h = 1.35f * fs, header_h = ruler_h + strip_h;
   const float natural = std::max(ranks, 1) * make_layout(fs, 1.0f).rank_h;

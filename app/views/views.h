@@ -93,6 +93,7 @@ std::string zoom_trace(const TraceSnapshot& t, TraceUi& ui, const std::string& w
 ImU32 rank_color(int rank, int world, float alpha = 1.0f);
 ImU32 bucket_state_color(BucketState s);
 ImU32 memory_category_color(MemCategory c);
+ImU32 skipped_step_color();  // fp16: a step the ranks skipped (inf/NaN in the gradients): timeline, loss curve
 ImU32 with_alpha(ImU32 c, float alpha);  // c with its alpha scaled by `alpha` (0..1)
 ImU32 ink_on(ImU32 fill);                 // dark text on light fills, light text on dark ones
 ImU32 darker(ImU32 c, float k);           // c with its RGB scaled by `k` (0..1), alpha kept
