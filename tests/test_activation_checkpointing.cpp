@@ -210,7 +210,7 @@ TEST_SUITE("activation_checkpointing") {
                       "activation checkpointing does not run with tensor parallelism (--tp 2); drop "
                       "--activation-checkpointing or --tp");
   }
-  TEST_CASE("dtlab-cli train prints the activations' peak beside the prediction; the pipeline exits 2") {
+  TEST_CASE("dtlab-cli train prints the activations' peak beside the prediction, the pipeline exits 2") {
     const test::CliResult r = test::run_cli(
         {"train", "--model", "mlp:2,64,64,64,3", "--steps", "3", "--activation-checkpointing"});
     CHECK(r.code == 0);

@@ -369,7 +369,7 @@ TEST_CASE("the socket backend refuses the new all-reduces in one sentence naming
   CHECK(buf[0] == 1.0f);
 }
 
-TEST_CASE("nvls charges a switch transfer by the rank's own link; every step costs time") {
+TEST_CASE("nvls charges a switch transfer by the rank's own link, every step costs time") {
   const int n = 4;
   ThreadsWorld w(n, options(topology(0), true));
   run_recorded(w, 4096, Algorithm::InNetwork);

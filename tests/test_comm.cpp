@@ -352,7 +352,7 @@ TEST_CASE("ring all_reduce: 2(n-1) steps in NCCL's chunk order, each rank moving
   }
 }
 
-TEST_CASE("trace: collectives match across ranks; steps nest; modeled time equals the closed forms") {
+TEST_CASE("trace: collectives match across ranks, steps nest, modeled time equals the closed forms") {
   const int n = 4;
   WorldOptions o = options(20, true);
   o.profile = "nvlink8";
@@ -479,7 +479,7 @@ TEST_CASE("run() rethrows a comm failure as CommError, every time") {
   CHECK(plain == 0);
 }
 
-TEST_CASE("recv failures: no matching send times out naming the peer; a size mismatch names both sizes") {
+TEST_CASE("recv failures: no matching send times out naming the peer, a size mismatch names both sizes") {
   ThreadsWorld lonely(2, options(0.3));
   auto [msg, secs] = run_expecting_comm_error(lonely, [&](int r, Communicator& c, RankContext&) {
     std::vector<float> buf(8);

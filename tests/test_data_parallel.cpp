@@ -197,7 +197,7 @@ TEST_SUITE("data_parallel") {
     }
   }
 
-  TEST_CASE("rank 0 holds the module, its gradients and the optimizer state; a replica nothing between steps") {
+  TEST_CASE("rank 0 holds the module, its gradients and the optimizer state, a replica nothing between steps") {
     const int64_t B = 16;
     for (OptimizerKind kind : {OptimizerKind::AdamW, OptimizerKind::SGD}) {
       CAPTURE(optimizer_name(kind));
@@ -247,7 +247,7 @@ TEST_SUITE("data_parallel") {
     CHECK(resolve_device(q).device == "cuda");
   }
 
-  TEST_CASE("combinations that make no sense are one sentence; the CLI exits 2") {
+  TEST_CASE("combinations that make no sense are one sentence, the CLI exits 2") {
     TrainConfig c = dp_config(2, 16, 1);
     c.skip_layer = 2;
     CHECK(error_of(c) == "--skip-layer is DDP's unused-parameters lesson; drop it with --strategy dp");

@@ -78,7 +78,7 @@ TEST_SUITE("fsdp") {
     }
   }
 
-  TEST_CASE("prefetch: without it one unit is gathered at a time; with it the next one joins") {
+  TEST_CASE("prefetch: without it one unit is gathered at a time, with it the next one joins") {
     for (BackwardPrefetch p : {BackwardPrefetch::None, BackwardPrefetch::Pre, BackwardPrefetch::Post}) {
       for (bool fwd : {false, true}) {
         CAPTURE(backward_prefetch_name(p));
@@ -194,7 +194,7 @@ TEST_SUITE("fsdp") {
                          Error);
   }
 
-  TEST_CASE("each unit walks FSDP2's states; verbs per iteration follow the strategy") {
+  TEST_CASE("each unit walks FSDP2's states, verbs per iteration follow the strategy") {
     struct Want {
       Sharding sharding;
       int unshards, reshards, reductions;  // per unit and iteration

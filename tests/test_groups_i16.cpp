@@ -135,7 +135,7 @@ TEST_CASE("group collectives on a 2 x 2 x 2 mesh carry their mesh group in event
 TEST_CASE("group collectives on a 4 x 1 x 2 mesh carry their mesh group in events") { check_mesh({4, 1, 2}); }
 TEST_CASE("group collectives on a 1 x 2 x 4 mesh carry their mesh group in events") { check_mesh({1, 2, 4}); }
 
-TEST_CASE("a group without a name is group<tag>; the world's collectives keep group 0") {
+TEST_CASE("a group without a name is group<tag>, the world's collectives keep group 0") {
   ThreadsWorld w(2);
   w.run([&](int rank, Communicator& comm, RankContext&) {
     auto ex = std::make_shared<GroupExecutor>();

@@ -229,7 +229,7 @@ TEST_CASE("LoRA on spiral: the loss falls though the base never trains") {
   CHECK(s.eval_accuracy > 0.9);
 }
 
-TEST_CASE("--save writes peft's adapter keys; --merge-lora a plain model with the LoRA model's logits") {
+TEST_CASE("--save writes peft's adapter keys, --merge-lora a plain model with the LoRA model's logits") {
   const std::string dir = "/tmp/dtlab_test_lora_" + std::to_string(::getpid());
   TrainConfig c = lora_config("single", 1, 20, 4);
   c.save_path = dir + "_adapters.safetensors";

@@ -95,7 +95,7 @@ TEST_SUITE("gui") {
     CHECK_FALSE(s.mesh.group.valid);  // no collective yet
   }
 
-  TEST_CASE("mesh snapshot: DDP x TP keeps an odd last Linear replicated; a world that does not divide says why") {
+  TEST_CASE("mesh snapshot: DDP x TP keeps an odd last Linear replicated, a world that does not divide says why") {
     MeshRig rig("ddp", "mlp:8,64,64,3", 4, 2, 1);
     const Snapshot& s = rig.frame();
     CHECK(s.mesh.shape == MeshShape{2, 1, 2});

@@ -59,7 +59,7 @@ TEST_SUITE("mesh") {
     }
   }
 
-  TEST_CASE("DDP x TP (world 4, tp 2) equals DDP on world 2; FSDP x TP equals it too") {
+  TEST_CASE("DDP x TP (world 4, tp 2) equals DDP on world 2, FSDP x TP equals it too") {
     for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
       Trainer ref(mesh_config("ddp", 2, 1, kind));
       ref.run();

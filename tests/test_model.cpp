@@ -33,7 +33,7 @@ TEST_CASE("parameter names, shapes and flat offsets follow torch.nn.Sequential")
   CHECK(m.find_parameter("1.weight") == -1);
 }
 
-TEST_CASE("init equals torch.manual_seed(0); Sequential(Linear(2,4), ReLU(), Linear(4,3)) bit for bit") {
+TEST_CASE("init equals torch.manual_seed(0), Sequential(Linear(2,4), ReLU(), Linear(4,3)) bit for bit") {
   // /usr/bin/python3: torch.manual_seed(0); m = nn.Sequential(nn.Linear(2,4), nn.ReLU(), nn.Linear(4,3));
   // [float.hex(x) for x in v.flatten().tolist()] for each state_dict entry.
   const std::vector<std::vector<double>> expected = {

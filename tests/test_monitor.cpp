@@ -225,7 +225,7 @@ TEST_CASE("a launched 2-process DDP run is stepped from a viewer: collective by 
   CHECK(r.out.find("done: 3 steps") != std::string::npos);
 }
 
-TEST_CASE("one viewer at a time; a viewer that detaches lets the run finish on its own") {
+TEST_CASE("one viewer at a time, a viewer that detaches lets the run finish on its own") {
   const int port = pick_free_port("127.0.0.1");
   auto run = launch_monitored(2, "--strategy fsdp --model mlp:2,16,3 --steps 4 --batch 16 --timeout 30", port);
   {

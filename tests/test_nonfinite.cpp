@@ -159,7 +159,7 @@ TEST_SUITE("nonfinite") {
     CHECK(s.reports.empty());
   }
 
-  TEST_CASE("an infinity the ReLUs hide from the loss still stops the step; an overflowing last update stops the run") {
+  TEST_CASE("an infinity the ReLUs hide from the loss still stops the step, an overflowing last update stops the run") {
     // inf_x.npz: 30 rows, x[0][0] = +inf. With seed 0 every first-layer weight on feature 0 is
     // negative, so the ReLUs turn the infinities into zeros and the loss is finite, but the weight
     // gradient is inf x 0 = NaN: the update would poison every parameter.

@@ -117,7 +117,7 @@ TEST_SUITE("sampler") {
     }
   }
 
-  TEST_CASE("set_epoch changes the order; the same epoch repeats it") {
+  TEST_CASE("set_epoch changes the order, the same epoch repeats it") {
     DistributedSampler s(SamplerConfig{.n = 100, .world_size = 4, .rank = 1, .seed = 3});
     const Idx e0 = s.indices();
     CHECK(s.indices() == e0);  // no set_epoch: every epoch identical (the classic pitfall)

@@ -136,7 +136,7 @@ TEST_SUITE("saves") {
     MESSAGE("killed " << killed << " of 16 saves; the checkpoint loaded after each");
   }
 
-  TEST_CASE("stale temp files of a killed save are removed by the next save; SIGTERM removes its own") {
+  TEST_CASE("stale temp files of a killed save are removed by the next save, SIGTERM removes its own") {
     test::TempDir dir;
     const std::string out = dir.file("model.safetensors");
     const long dead = dead_pid();

@@ -151,7 +151,7 @@ TEST_SUITE("snapshot builder") {
     for (const auto& row : b.collective.cells) CHECK(row == std::vector<int>{4, 4, 4, 4});
   }
 
-  TEST_CASE("buckets: assigned, filled in gradient order, launched, all-reduced; a new pass empties them") {
+  TEST_CASE("buckets: assigned, filled in gradient order, launched, all-reduced, a new pass empties them") {
     Rig rig;
     const int32_t last = rig.rec.intern(rig.param(2) + ", " + rig.param(3));
     const int32_t first = rig.rec.intern(rig.param(0) + ", " + rig.param(1));
@@ -244,7 +244,7 @@ TEST_SUITE("snapshot builder") {
     CHECK(s.collective.missing == std::vector<int>{2, 3});
   }
 
-  TEST_CASE("events: the last six iterations per rank, each event once; labels and clocks follow") {
+  TEST_CASE("events: the last six iterations per rank, each event once, labels and clocks follow") {
     Rig rig;
     for (int it = 0; it < 10; it++)
       for (int k = 0; k < 2; k++) {

@@ -509,7 +509,7 @@ struct CountingTimer : DeviceTimer {
   int flush() override { return ++flushes; }
 };
 
-TEST_CASE("a paused rank about to wait for its comm lane hands over its device timer's events; a running one does not") {
+TEST_CASE("a paused rank about to wait for its comm lane hands over its device timer's events, a running one does not") {
   Stepper st(1, /*start_paused=*/true);
   RankContext ctx(0, nullptr, nullptr, &st, nullptr);
   CountingTimer t;

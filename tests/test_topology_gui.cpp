@@ -14,7 +14,7 @@
 using namespace dtlab;
 
 TEST_SUITE("gui") {
-  TEST_CASE("script: view topology parses; the lab offers every profile") {
+  TEST_CASE("script: view topology parses, the lab offers every profile") {
     CHECK(test::script_error("view topology").empty());
     CHECK(test::script_error("view sideways").find("shards, pipeline, topology, sweep, mesh, all") != std::string::npos);
   }

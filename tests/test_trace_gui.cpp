@@ -55,7 +55,7 @@ int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), 
 }  // namespace
 
 TEST_SUITE("trace gui") {
-  TEST_CASE("trace loader: a whole trace indexed on its thread, or one sentence; dtlab.json read beside it") {
+  TEST_CASE("trace loader: a whole trace indexed on its thread, or one sentence, dtlab.json read beside it") {
     const std::string dir = kTraces + "/gloo_ddp_w4";
     const app::TraceFiles files = app::list_trace_files({dir});
     REQUIRE(files.files.size() == 4);  // rank0..3.json, not dtlab.json

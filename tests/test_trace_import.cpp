@@ -188,7 +188,7 @@ TEST_CASE("legacy: ranks from file names, no sizes, nested ops counted once") {
   CHECK(b.idle_us == doctest::Approx(3 * (10 + 100 + 25 + 100)));
 }
 
-TEST_CASE("alignment: collectives that end in a different order on two ranks cannot all anchor; the residual says so") {
+TEST_CASE("alignment: collectives that end in a different order on two ranks cannot all anchor, the residual says so") {
   auto rank = [](double second_end) {
     return "[" + span("ProfilerStep#0", "", 0, 2000, 0, 1) + "," + span("c10d::allreduce_", "", 100, 5, 0, 1) + "," +
            span("gloo:all_reduce", "", 110, 590, 0, 2) + "," + span("c10d::allreduce_", "", 120, 5, 0, 1) + "," +
@@ -234,7 +234,7 @@ TEST_CASE("bad traces: one sentence naming the file and what is wrong") {
                  "2 ranks were given for 1 trace files"));
 }
 
-TEST_CASE("files: gzip and plain read alike; a truncated gzip is named") {
+TEST_CASE("files: gzip and plain read alike, a truncated gzip is named") {
   const fs::path dir = fs::temp_directory_path() / ("dtlab_trace_gz_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string r0 = kineto_rank(0, 1000000.0), r1 = kineto_rank(1, 5000000.5);
@@ -307,7 +307,7 @@ TEST_CASE("dtlab-cli trace summarize: the tables, and bad input in one sentence 
   fs::remove_all(dir);
 }
 
-TEST_CASE("committed traces: all-reduces per iteration (and sizes, where recorded) are DDP's buckets; ends aligned") {
+TEST_CASE("committed traces: all-reduces per iteration (and sizes, where recorded) are DDP's buckets, ends aligned") {
   // gloo_*: recorded with Debian's torch 1.13 (legacy profiler, gloo) by tools/record_torch_trace.py;
   // kineto_*: written from PyTorch's documented fields by tests/data/traces/make_kineto_fixture.py.
   for (const char* name : {"gloo_ddp_w2", "gloo_ddp_w4", "kineto_nccl_w2", "kineto_nccl_w4"}) {

@@ -51,7 +51,7 @@ TEST_CASE("watchdog: paused time does not count, and the clock runs again after 
   CHECK(d.expired());
 }
 
-TEST_CASE("watchdog: a paused stepper stops the deadline; without a stepper it is a plain deadline") {
+TEST_CASE("watchdog: a paused stepper stops the deadline, without a stepper it is a plain deadline") {
   Stepper stepper(2, /*start_paused=*/true);
   Deadline held(0.2, &stepper);
   Deadline plain(0.2, static_cast<const Stepper*>(nullptr));
