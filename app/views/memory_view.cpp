@@ -206,6 +206,12 @@ void draw_bytes_per_param(const Snapshot& s, int r) {
     ImGui::SetTooltip("Each category's bytes now over the model's %s parameters.\n16-bit parameters and gradients, an fp32 master "
                       "copy the optimizer updates,\nand AdamW's fp32 m and v: the ZeRO paper's 2 + 2 + K with K = 12.",
                       param_count_str(psi).c_str());
+  // The grey "other" bar of a mixed run is real memory too: name it, so nobody reads it as a leak.
+  const int64_t scratch = st.current_of(MemCategory::Other);
+  if (scratch > 0)
+    ImGui::TextDisabled("other %s: the float32 scratch a 16-bit Linear runs in on the CPU (its widened operands and "
+                        "result, sized by the widest layer; a GPU's tensor cores keep these in registers)",
+                        human_bytes(scratch).c_str());
 }
 
 // The live bars: what each rank holds now. `reserve_h` is kept free below them (the comparison).
