@@ -10,6 +10,7 @@
 
 #include "engine/core/half.h"
 #include "engine/core/model.h"
+#include "engine/trace/export.h"
 #include "engine/train/grad_scaler.h"
 #include "engine/train/train.h"
 #include "tests/train_util.h"
@@ -161,6 +162,13 @@ TEST_CASE("fp16: an overflow on one rank skips exactly that step on every rank a
       CHECK(skipped_iters == std::vector<int>{2, 6, 7});
       CHECK(scales == std::vector<float>{65536, 65536, 65536, 32768, 32768, 32768, 32768, 16384, 8192});
       CHECK(optimizer_steps == 6);
+      // The Chrome trace: the decisions as instants, the buckets' all-reduces in torch's "Half".
+      const std::string trace = chrome_trace_json(t.recorder().events(rank));
+      int skipped_instants = 0;
+      for (size_t at = trace.find("\"step skipped (inf/NaN)\""); at != std::string::npos; at = trace.find("\"step skipped (inf/NaN)\"", at + 1))
+        skipped_instants++;
+      CHECK(skipped_instants == 3);
+      CHECK(trace.find("\"dtype\":\"Half\"") != std::string::npos);
     }
   }
 }
