@@ -688,6 +688,20 @@ bool Trainer::scaler_allows_step(GradScaler& scaler, Model& model, Communicator*
   return !any;
 }
 
+// The step's update: fp16's scaler decides first (every rank the same way), then the optimizer runs
+// on whatever holds the gradients (FSDP's shards, DDP's buckets, the model; mixed precision's master
+// weights, unscaled). False: the step was skipped.
+bool Trainer::optimizer_step(const StepParts& p) {
+  const float scale = p.scaler ? p.scaler->scale() : 0.0f;
+  if (p.scaler && !scaler_allows_step(*p.scaler, p.model, p.dp_comm, p.ctx)) return false;
+  ComputeScope scope(p.obs, ComputeKind::OptimizerStep, -1, 10.0 * p.model.num_params());
+  if (p.fsdp) p.fsdp->step();
+  else if (p.model.mixed()) p.opt.step_mixed(p.model.params16(), p.model.grads16(), p.scaler ? 1.0f / scale : 1.0f);
+  else if (p.ddp) p.opt.step(p.ddp->optimizer_segments());
+  else p.opt.step(p.model.params(), p.model.grads());
+  return true;
+}
+
 void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTracker& mem, TrainSummary& sum,
                        const std::function<void(const StepReport&)>& on_step) {
   const Dataset& ds = *dataset_;
@@ -760,15 +774,8 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
       if (fsdp) fsdp->finalize_backward();
     }
     const float scale = scaler ? scaler->scale() : 0.0f;
-    const bool skipped = scaler && !scaler_allows_step(*scaler, model, dp_comm, ctx);
+    const bool skipped = !optimizer_step({model, opt, ddp.get(), fsdp.get(), scaler.get(), dp_comm, ctx, obs});
     if (skipped) rank_skipped_[static_cast<size_t>(rank)].push_back(step);
-    if (!skipped) {
-      ComputeScope scope(obs, ComputeKind::OptimizerStep, -1, 10.0 * model.num_params());
-      if (fsdp) fsdp->step();
-      else if (model.mixed()) opt.step_mixed(model.params16(), model.grads16(), scaler ? 1.0f / scale : 1.0f);
-      else if (ddp) opt.step(ddp->optimizer_segments());
-      else opt.step(model.params(), model.grads());
-    }
     double loss_sums[kLossStatsDoubles];
     dev.download(loss_sums, buf.loss_stats.f64(), sizeof loss_sums);  // the host's one wait for the device per step
     // Non-finite input stops the step even when the loss comes out finite (a ReLU can zero an

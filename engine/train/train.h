@@ -273,7 +273,19 @@ class Trainer {
   std::vector<MemoryStats> rank_memory_;
   std::vector<std::vector<int64_t>> rank_skipped_;
   float loss_scale_for(const GradScaler& scaler, int64_t step, int rank) const;
-  static bool scaler_allows_step(GradScaler& scaler, Model& model, Communicator* comm, RankContext* ctx);  // fp16: per rank, the steps its scaler skipped
+  static bool scaler_allows_step(GradScaler& scaler, Model& model, Communicator* comm, RankContext* ctx);
+  // What one rank's optimizer step works with (run_rank's objects).
+  struct StepParts {
+    Model& model;
+    Optimizer& opt;
+    DistributedDataParallel* ddp;
+    FullyShardedDataParallel* fsdp;
+    GradScaler* scaler;
+    Communicator* dp_comm;
+    RankContext* ctx;
+    ComputeObserver* obs;
+  };
+  static bool optimizer_step(const StepParts& p);  // fp16: per rank, the steps its scaler skipped
   float loss_scale_ = 0;
   double total_samples_ = 0;  // rank 0's count of every rank's samples
   int64_t total_steps_ = 0;
