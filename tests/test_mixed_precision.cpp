@@ -42,7 +42,8 @@ int64_t bucket_bytes(Trainer& t, int rank, int it, DType& dtype) {
 
 }  // namespace
 
-TEST_CASE("bf16 DDP with AdamW: every rank holds 2 + 2 + 4 + 8 bytes per parameter") {
+// In the ddp suite: CI runs it under ThreadSanitizer (16-bit buckets, the found-inf all-reduce).
+TEST_CASE("bf16 DDP with AdamW: every rank holds 2 + 2 + 4 + 8 bytes per parameter" * doctest::test_suite("ddp")) {
   for (const bool fp32_reduce : {false, true}) {
     CAPTURE(fp32_reduce);
     TrainConfig c = mixed("ddp", 2, Precision::BF16, 4);
@@ -135,7 +136,8 @@ TEST_CASE("bf16 and fp16 train the spiral demo to at least 95% accuracy") {
   }
 }
 
-TEST_CASE("fp16: an overflow on one rank skips exactly that step on every rank and halves the scale") {
+// In the ddp suite: CI runs it under ThreadSanitizer (16-bit buckets, the found-inf all-reduce).
+TEST_CASE("fp16: an overflow on one rank skips exactly that step on every rank and halves the scale" * doctest::test_suite("ddp")) {
   for (const int world : {2, 4}) {
     CAPTURE(world);
     TrainConfig c = mixed("ddp", world, Precision::FP16, 9);
