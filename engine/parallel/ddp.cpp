@@ -299,10 +299,12 @@ void DistributedDataParallel::mark_ready(int p) {
   // divided in float and rounded into a 16-bit bucket (or kept in float32 for an fp32 reduce).
   if (model_.mixed()) {
     const HalfFormat f = model_.half_format();
-    for (int64_t k = 0; k < prm.numel; k++) {
-      const float v = half_to_float(prm.grad16[k], f) * scale;
-      if (bucket_dtype() == DType::F32) bk.buffer.f32()[at + k] = v;
-      else bk.buffer.u16()[at + k] = half_from_float(v, f);
+    if (bk.buffer.dtype() == DType::F32) {
+      float* dst = bk.buffer.f32() + at;
+      for (int64_t k = 0; k < prm.numel; k++) dst[k] = half_to_float(prm.grad16[k], f) * scale;
+    } else {
+      uint16_t* dst = bk.buffer.u16() + at;
+      for (int64_t k = 0; k < prm.numel; k++) dst[k] = half_from_float(half_to_float(prm.grad16[k], f) * scale, f);
     }
   } else if (opt_.gradient_as_bucket_view) {
     model_.device().scale(bk.buffer.f32() + at, prm.numel, scale);
