@@ -20,12 +20,12 @@ namespace dtlab::app {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& sentence) { throw Error(sentence); }
+[[noreturn]] void throw_sentence(const std::string& sentence) { throw Error(sentence); }
 
 int index_of(const Arg& a, size_t size, const char* what) {
   const double v = a.num;
   if (v != std::floor(v) || v < 0 || v >= static_cast<double>(size))
-    fail(std::string(what) + " " + format_figure(v) + " does not exist (there " + (size == 1 ? "is " : "are ") +
+    throw_sentence(std::string(what) + " " + format_figure(v) + " does not exist (there " + (size == 1 ? "is " : "are ") +
          std::to_string(size) + ")");
   return static_cast<int>(v);
 }
@@ -34,20 +34,20 @@ int index_of(const Arg& a, size_t size, const char* what) {
 // [lo, hi], so a lesson cannot make it allocate without bound or overflow an int.
 int count_arg(const Arg& a, const char* what, int lo, int hi) {
   if (!(a.num >= lo && a.num <= hi) || a.num != std::floor(a.num))
-    fail(std::string(what) + " " + format_figure(a.num) + " is not a whole number from " + std::to_string(lo) + " to " +
+    throw_sentence(std::string(what) + " " + format_figure(a.num) + " is not a whole number from " + std::to_string(lo) + " to " +
          std::to_string(hi));
   return static_cast<int>(a.num);
 }
 
 // The imported trace (dtlab --open, or a lesson's `open:`), fully loaded.
 const ImportedTrace& trace(const Snapshot& s) {
-  if (!s.trace) fail("no trace is open; open one with --open DIR (or a lesson's open: line) and wait for it to load");
+  if (!s.trace) throw_sentence("no trace is open; open one with --open DIR (or a lesson's open: line) and wait for it to load");
   return *s.trace;
 }
 
 const TraceCollective& trace_collective(const Snapshot& s, const Arg& k) {
   const ImportedTrace& t = trace(s);
-  if (t.collectives.empty()) fail("the open trace has no collective every rank took part in");
+  if (t.collectives.empty()) throw_sentence("the open trace has no collective every rank took part in");
   return t.collectives[static_cast<size_t>(index_of(k, t.collectives.size(), "collective"))];
 }
 
@@ -59,7 +59,7 @@ const RankBreakdown& trace_rank(const Snapshot& s, const Arg& r) {
 // Index of bucket B's all-reduce in the I-th profiled iteration (0-based, rank 0's ProfilerStep order).
 int trace_bucket_collective(const Snapshot& s, const Arg& i, const Arg& b) {
   const ImportedTrace& t = trace(s);
-  if (t.ranks.empty() || t.ranks[0].steps.empty()) fail("the open trace marks no iterations (no ProfilerStep#N)");
+  if (t.ranks.empty() || t.ranks[0].steps.empty()) throw_sentence("the open trace marks no iterations (no ProfilerStep#N)");
   const int number = index_of(i, t.ranks[0].steps.size(), "iteration");
   int buckets = 0;
   for (size_t k = 0; k < t.collectives.size(); k++)
@@ -67,7 +67,7 @@ int trace_bucket_collective(const Snapshot& s, const Arg& i, const Arg& b) {
       if (t.collectives[k].bucket == b.num) return static_cast<int>(k);
       buckets++;
     }
-  fail("bucket " + format_figure(b.num) + " does not exist in that iteration (it has " + std::to_string(buckets) + ")");
+  throw_sentence("bucket " + format_figure(b.num) + " does not exist in that iteration (it has " + std::to_string(buckets) + ")");
 }
 
 // The rank with the most of `field` (ties: the lowest rank).
@@ -80,12 +80,12 @@ double trace_argmax(const Snapshot& s, double RankBreakdown::*field) {
 }
 
 const CollectiveView& collective(const Snapshot& s) {
-  if (!s.collective.valid) fail("no collective has run yet");
+  if (!s.collective.valid) throw_sentence("no collective has run yet");
   return s.collective;
 }
 
 const BucketView& bucket(const Snapshot& s, const Arg& i) {
-  if (s.buckets.empty()) fail("this run has no DDP buckets yet");
+  if (s.buckets.empty()) throw_sentence("this run has no DDP buckets yet");
   return s.buckets[static_cast<size_t>(index_of(i, s.buckets.size(), "bucket"))];
 }
 
@@ -94,33 +94,33 @@ const MemoryStats& memory(const Snapshot& s, const Arg& r) {
 }
 
 const UnitView& unit(const Snapshot& s, const Arg& i) {
-  if (s.units.empty()) fail("this run has no FSDP units");
+  if (s.units.empty()) throw_sentence("this run has no FSDP units");
   return s.units[static_cast<size_t>(index_of(i, s.units.size(), "unit"))];
 }
 
 const PipelineRankView& pipe_rank(const Snapshot& s, const Arg& r) {
-  if (!s.pipeline.valid) fail("this run is not a pipeline; use --strategy pipeline");
+  if (!s.pipeline.valid) throw_sentence("this run is not a pipeline; use --strategy pipeline");
   return s.pipeline.ranks[static_cast<size_t>(index_of(r, s.pipeline.ranks.size(), "rank"))];
 }
 
 const StepPoint& step_point(const Snapshot& s, const Arg& k) {
   for (const StepPoint& p : s.history)
     if (static_cast<double>(p.step) == k.num) return p;
-  fail("step " + format_figure(k.num) + " has not run (" + std::to_string(s.history.size()) + " steps so far)");
+  throw_sentence("step " + format_figure(k.num) + " has not run (" + std::to_string(s.history.size()) + " steps so far)");
 }
 
 const StepPoint& last_step(const Snapshot& s) {
-  if (s.history.empty()) fail("no optimizer step has run yet");
+  if (s.history.empty()) throw_sentence("no optimizer step has run yet");
   return s.history.back();
 }
 
 // fp16: rank R's GradScaler decision in iteration I (its LossScale event, in the recent window).
 const LossScaleInfo& loss_scale_event(const Snapshot& s, const Arg& r, const Arg& i) {
-  if (s.config.precision != Precision::FP16) fail("this run has no loss scaler; train with --precision fp16");
+  if (s.config.precision != Precision::FP16) throw_sentence("this run has no loss scaler; train with --precision fp16");
   const int rank = index_of(r, s.events.size(), "rank");
   for (const Event& e : s.events[static_cast<size_t>(rank)])
     if (e.kind == EventKind::LossScale && static_cast<double>(e.iteration) == i.num) return e.scaler;
-  fail("rank " + std::to_string(rank) + " has no loss-scale decision for iteration " + format_figure(i.num) +
+  throw_sentence("rank " + std::to_string(rank) + " has no loss-scale decision for iteration " + format_figure(i.num) +
        " (not run yet, or older than the last few iterations)");
 }
 
@@ -173,7 +173,7 @@ int32_t last_finished_iteration(const Snapshot& s) {
       if (e.kind == EventKind::Iteration) mine = std::max(mine, e.iteration);
     last = std::min(last, mine);
   }
-  if (s.events.empty() || last < 0) fail("no iteration has finished on every rank yet");
+  if (s.events.empty() || last < 0) throw_sentence("no iteration has finished on every rank yet");
   return last;
 }
 
@@ -213,7 +213,7 @@ double cross_node_bytes(const Snapshot& s, int from) {
 // NO_SHARD and ZeRO-1 save the rank's ZeRO-1 slice of the flat parameters.
 double checkpoint_elements(const Snapshot& s, int rank) {
   const RunConfigView& c = s.config;
-  if (c.strategy != "fsdp") fail("--save-sharded saves FSDP runs; this run's strategy is " + c.strategy);
+  if (c.strategy != "fsdp") throw_sentence("--save-sharded saves FSDP runs; this run's strategy is " + c.strategy);
   const auto real = [](int64_t numel, int64_t chunk, int r) {
     return std::clamp<int64_t>(numel - static_cast<int64_t>(r) * chunk, 0, chunk);
   };
@@ -221,7 +221,7 @@ double checkpoint_elements(const Snapshot& s, int rank) {
     const int64_t chunk = (c.num_params + c.world - 1) / c.world;
     return static_cast<double>(real(c.num_params, chunk, rank));
   }
-  if (s.units.empty()) fail("this run has no FSDP units yet");
+  if (s.units.empty()) throw_sentence("this run has no FSDP units yet");
   const int group = std::max(1, s.units[0].shard_world);
   if (rank / group != 0) return 0;
   int64_t n = 0;
@@ -294,7 +294,7 @@ double tune_crossover(const Args& a) {
   for (double bytes = 8; bytes <= 16.0 * (1 << 30); bytes *= 2)
     if (select(p, n, CollectiveOp::AllReduce, bytes, y).seconds <= select(p, n, CollectiveOp::AllReduce, bytes, x).seconds)
       return bytes;
-  fail(a[1].str + " never catches up with " + a[0].str + " between 8 B and 16 GiB on " + a[2].str);
+  throw_sentence(a[1].str + " never catches up with " + a[0].str + " between 8 B and 16 GiB on " + a[2].str);
 }
 
 // (KIND, P, M, ...): the generated schedule with v stages per rank.
@@ -566,7 +566,7 @@ std::vector<Entry> traffic_entries() {
        const int32_t it = last_finished_iteration(s);
        for (const Event& e : s.events[0])
          if (e.kind == EventKind::Iteration && e.iteration == it) return (e.model_end - e.model_begin) * 1e6;
-       fail("iteration " + std::to_string(it) + " is no longer in rank 0's recent events"); }},
+       throw_sentence("iteration " + std::to_string(it) + " is no longer in rank 0's recent events"); }},
   };
 }
 
@@ -575,10 +575,10 @@ std::vector<Entry> pipeline_entries() {
   return {
     {"pipeline.bubble(R)", "n", "rank R's idle share of the last finished iteration, measured on the modeled clock", [](S s, A a) {
        const double b = pipe_rank(s, a[0]).bubble;
-       if (b < 0) fail("no pipeline iteration has finished yet; step an iteration first");
+       if (b < 0) throw_sentence("no pipeline iteration has finished yet; step an iteration first");
        return b; }},
     {"pipeline.formula_bubble", "", "the running schedule's bubble by formula, with this run's action costs", [](S s, A) {
-       if (!s.pipeline.valid) fail("this run is not a pipeline; use --strategy pipeline");
+       if (!s.pipeline.valid) throw_sentence("this run is not a pipeline; use --strategy pipeline");
        return s.pipeline.formula.of_wall; }},
     {"pipeline.peak(R)", "n", "rank R's most micro-batches in flight in the shown iteration", [](S s, A a) { return double(pipe_rank(s, a[0]).peak_inflight); }},
     {"pipeline.actions_done(R)", "n", "actions rank R has finished in the shown iteration", [](S s, A a) { return double(pipe_rank(s, a[0]).done.size()); }},
@@ -607,7 +607,7 @@ std::vector<Entry> formula_entries() {
        return CostModel(find_profile(a[0].str), count_arg(a[1], "cost: world", 1, 1024)).collective_time(CollectiveOp::AllReduce, Algorithm::Ring, a[2].num) * 1e6; }},
     {"link.gbs(PROFILE, WHICH)", "ss", "bandwidth of a profile's \"intra\" (inside a node) or \"inter\" (between nodes) link, GB/s", [](S, A a) {
        const HardwareProfile p = find_profile(a[0].str);
-       if (a[1].str != "intra" && a[1].str != "inter") fail("link.gbs takes \"intra\" or \"inter\", not \"" + a[1].str + "\"");
+       if (a[1].str != "intra" && a[1].str != "inter") throw_sentence("link.gbs takes \"intra\" or \"inter\", not \"" + a[1].str + "\"");
        return 1.0 / (a[1].str == "intra" ? p.intra : p.inter).beta / 1e9; }},
     {"schedule.bubble(KIND, P, M, V?)", "snn|n", "idle share of the makespan by formula: (p-1)/(m+p-1) for gpipe and 1f1b", [](S, A a) {
        return formula_bubble(parse_schedule_kind(a[0].str), stages_arg(a), microbatches_arg(a), chunks_arg(a)).of_wall; }},
@@ -634,7 +634,7 @@ std::vector<Entry> arithmetic_entries() {
 const Snapshot& marked(const FigureScope& sc, const std::string& name) {
   if (sc.marks)
     if (auto it = sc.marks->find(name); it != sc.marks->end()) return it->second;
-  fail("no `mark " + name + "` has run before this");
+  throw_sentence("no `mark " + name + "` has run before this");
 }
 
 const std::vector<Entry>& entries() {

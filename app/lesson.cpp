@@ -1,5 +1,6 @@
 #include "app/lesson.h"
 #include "app/script.h"
+#include "app/text.h"
 #include "engine/io/atomic_file.h"
 
 #include <algorithm>
@@ -32,19 +33,6 @@ const std::vector<std::string> kQuestionKeys = {"ask", "choice", "answer", "expe
 const std::vector<std::string> kActionWords = {"step", "run", "pause", "wait", "view", "clock", "set_epoch", "speed",
                                                "presentation", "reset", "set", "inject", "scenario", "mark", "expect",
                                                "select", "compare", "zoom"};  // the last three: an opened trace's
-
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r");
-  if (b == std::string::npos) return {};
-  return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
-}
-
-std::vector<std::string> words(const std::string& s) {
-  std::vector<std::string> w;
-  std::istringstream is(s);
-  for (std::string x; is >> x;) w.push_back(x);
-  return w;
-}
 
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "app/lesson.h"
+#include "app/text.h"
 
 namespace dtlab::app {
 
@@ -13,11 +14,6 @@ namespace {
 
 // {{expr}} becomes this marker around the figure's index, which md4c passes through as text.
 const std::string kFigOpen = "\xEE\x80\x80", kFigClose = "\xEE\x80\x81";
-
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r");
-  return b == std::string::npos ? std::string() : s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
-}
 
 struct ProseBuilder {
   Prose out;

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "app/text.h"
 #include "engine/io/atomic_file.h"
 
 namespace dtlab::app {
@@ -26,13 +27,6 @@ ScriptCommand lesson_cmd(const std::string& arg, int line = 0) {
   c.arg = arg;
   c.line = line;
   return c;
-}
-
-std::vector<std::string> words(const std::string& s) {
-  std::vector<std::string> w;
-  std::istringstream is(s);
-  for (std::string x; is >> x;) w.push_back(x);
-  return w;
 }
 
 std::string fault_flag(const Fault& f) {

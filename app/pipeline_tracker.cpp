@@ -7,7 +7,7 @@ namespace dtlab::app {
 
 namespace {
 
-constexpr size_t kKeepIterations = 3;
+constexpr size_t kKeepPipelineIterations = 3;
 
 // Mean durations per action type over `its` on one clock; types that did not run borrow from the
 // others (I and W halves of B, B their sum), so a schedule compared with this run can be timed too.
@@ -66,14 +66,14 @@ void PipelineTracker::ingest(int rank, const Event& e) {
   const PipelineActionInfo& pi = e.pipe;
   it[static_cast<size_t>(rank)].push_back({Action{pi.stage, pi.type, pi.mb}, pi.step, e.model_begin, e.model_end,
                                            e.wall_begin_ns, e.wall_end_ns, pi.bytes});
-  while (iterations_.size() > kKeepIterations) iterations_.erase(iterations_.begin());
+  while (iterations_.size() > kKeepPipelineIterations) iterations_.erase(iterations_.begin());
   dirty_ = true;
 }
 
 void PipelineTracker::add_report(const StepReport& r) {
   if (r.bubble.empty()) return;
   reported_[static_cast<int32_t>(r.step - 1)] = r.bubble;
-  while (reported_.size() > kKeepIterations) reported_.erase(reported_.begin());
+  while (reported_.size() > kKeepPipelineIterations) reported_.erase(reported_.begin());
   dirty_ = true;
 }
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "app/lesson.h"
+#include "app/text.h"
 #include "engine/core/check.h"
 #include "engine/trace/cost_model.h"
 
@@ -23,13 +24,6 @@ const char* kUsage =
 
 // The trace panels' own names, which `view` also takes.
 const char* kTraceViews[] = {"collectives", "breakdown", "compare"};
-
-std::vector<std::string> words(const std::string& s) {
-  std::vector<std::string> w;
-  std::istringstream is(s);
-  for (std::string x; is >> x;) w.push_back(x);
-  return w;
-}
 
 // Every wait a script or lesson asks for is bounded: an hour is longer than any demo step.
 constexpr double kMaxScriptSeconds = 3600;

@@ -18,18 +18,16 @@
 #include "engine/comm/socket_backend.h"
 #include "engine/comm/socket_mesh.h"  // pick_free_port
 #include "engine/comm/threads_backend.h"
+#include "comm_util.h"
+#include "test_util.h"
 
 using namespace dtlab;
+using namespace dtlab::test;
 
 namespace {
 
 constexpr int K = kPipelineChunks;
 constexpr Algorithm kNew[] = {Algorithm::DoubleTree, Algorithm::Hierarchical, Algorithm::InNetwork};
-
-bool quick() {
-  const char* q = std::getenv("DTLAB_TEST_QUICK");
-  return q && std::string(q) == "1";
-}
 
 // A made-up topology: nodes of `G` ranks (0: one node), with or without a switch that reduces.
 HardwareProfile topology(int G, bool switch_reduces = true) {
@@ -56,30 +54,6 @@ std::vector<int> node_sizes(int n) {
   for (int G = 1; G <= 4; G++)
     if (G < n && n % G == 0) v.push_back(G);
   return v;
-}
-
-float value(int rank, int64_t i) { return static_cast<float>(rank + 1 + i % 7); }
-
-double reference(ReduceOp op, int n, int64_t i) {
-  double acc = op == ReduceOp::Max ? -1e30 : 0.0;
-  for (int q = 0; q < n; q++) acc = op == ReduceOp::Max ? std::max(acc, double(value(q, i))) : acc + value(q, i);
-  return op == ReduceOp::Avg ? acc / n : acc;
-}
-
-// #wrong summed over ranks of a float all-reduce: exact for sum and max; avg may round like any division.
-int64_t allreduce_wrong(ThreadsWorld& w, int64_t count, ReduceOp op, Algorithm algo) {
-  const int n = w.world_size();
-  std::vector<int64_t> bad(static_cast<size_t>(n), 0);
-  w.run([&](int r, Communicator& c, RankContext&) {
-    std::vector<float> buf(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; i++) buf[size_t(i)] = value(r, i);
-    c.all_reduce(buf.data(), count, DType::F32, op, algo)->wait();
-    for (int64_t i = 0; i < count; i++) {
-      const double e = reference(op, n, i), tol = op == ReduceOp::Avg ? 1e-6 * std::abs(e) : 0.0;
-      bad[size_t(r)] += !(std::abs(double(buf[size_t(i)]) - e) <= tol);
-    }
-  });
-  return std::accumulate(bad.begin(), bad.end(), int64_t{0});
 }
 
 // Values near 2^58: any trip through float or double would lose the low bits.
@@ -194,9 +168,17 @@ TEST_CASE("step counts: dbtree 2(K+log2 n-1), hierarchical 2(G-1)+2(N-1), nvls K
   CHECK(algorithm_step_count(ar, Algorithm::Hierarchical, 16, 8) == 16);
 }
 
+// Under the sanitizers (DTLAB_TEST_QUICK=1) the three suites below run a few worlds (odd, even, a
+// power of two, more than 8) instead of all: they check the algorithms' arithmetic, which the Release
+// run covers for every world, while the sanitizers look for races and bad memory, which the smaller
+// worlds exercise the same way.
+namespace {
+std::vector<int> algorithm_worlds(std::vector<int> all, std::vector<int> quick_ones) { return quick() ? quick_ones : all; }
+}  // namespace
+
 TEST_CASE("dbtree, hierarchical and nvls all-reduce equal the serial reference: worlds 1-16, sum, avg, max") {
   const std::vector<int64_t> counts = {0, 1, 3, 7, 1000};
-  for (int n = 1; n <= 16; n++)
+  for (int n : algorithm_worlds({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, {1, 2, 3, 5, 8, 9}))
     for (Algorithm algo : kNew)
       for (const HardwareProfile& p : profiles_for(algo, n)) {
         ThreadsWorld w(n, options(p));
@@ -222,7 +204,7 @@ TEST_CASE("the new all-reduces on a large odd count (1000003 elements) equal the
 }
 
 TEST_CASE("the step plan is what the new all-reduces record, step by step and transfer by transfer") {
-  for (int n : {2, 3, 4, 5, 6, 7, 8, 9, 12, 16})
+  for (int n : algorithm_worlds({2, 3, 4, 5, 6, 7, 8, 9, 12, 16}, {2, 3, 8, 12}))
     for (Algorithm algo : kNew)
       for (const HardwareProfile& p : profiles_for(algo, n)) {
         const int G = p.gpus_per_node;
@@ -262,11 +244,11 @@ TEST_CASE("the step plan is what the new all-reduces record, step by step and tr
 }
 
 TEST_CASE("bytes per transfer match the closed forms: dbtree S/2K, hierarchical S/G and S/GN, nvls S/K") {
-  for (int n : {2, 3, 4, 7, 8, 12, 16})
+  for (int n : algorithm_worlds({2, 3, 4, 7, 8, 12, 16}, {2, 3, 8, 12}))
     for (Algorithm algo : kNew)
       for (const HardwareProfile& p : profiles_for(algo, n)) {
         const int G = std::min(p.gpus_per_node, n), N = n / G;
-        for (int64_t count : {int64_t{7}, int64_t{1000}, int64_t{4099}}) {
+        for (int64_t count : quick() ? std::vector<int64_t>{7, 4099} : std::vector<int64_t>{7, 1000, 4099}) {
           INFO(label(algo, n, G, count));
           ThreadsWorld w(n, options(p, true));
           run_recorded(w, count, algo);

@@ -21,17 +21,15 @@
 
 #include "engine/comm/threads_backend.h"
 #include "engine/trace/event.h"
+#include "comm_util.h"
+#include "test_util.h"
 
 using namespace dtlab;
+using namespace dtlab::test;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-bool quick() {
-  const char* q = std::getenv("DTLAB_TEST_QUICK");
-  return q && std::string(q) == "1";
-}
 
 constexpr int64_t kBig = (int64_t{1} << 20) + 3;  // odd, so ring chunks differ in size
 const std::vector<int> kWorlds = {1, 2, 3, 4, 5, 8};
@@ -54,42 +52,6 @@ std::vector<int64_t> counts(int n, int64_t big) {
 }
 
 std::vector<int> roots(int n) { return n == 1 ? std::vector<int>{0} : std::vector<int>{0, n - 1}; }
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// Rank r's input element i.
-float value(int rank, int64_t i) { return static_cast<float>(rank + 1 + i % 7); }
-
-// The serial reference: op over ranks 0..n-1 of value(q, i), in double.
-double reference(ReduceOp op, int n, int64_t i) {
-  double acc = op == ReduceOp::Max ? -1e30 : 0.0;
-  for (int q = 0; q < n; q++) acc = op == ReduceOp::Max ? std::max(acc, double(value(q, i))) : acc + value(q, i);
-  return op == ReduceOp::Avg ? acc / n : acc;
-}
-
-// #wrong: exact for sum and max; avg divides, so it may round like any float division.
-template <class F>
-int64_t count_wrong(const float* got, int64_t len, F expected, ReduceOp op = ReduceOp::Sum) {
-  int64_t bad = 0;
-  for (int64_t i = 0; i < len; i++) {
-    double e = expected(i), tol = op == ReduceOp::Avg ? 1e-6 * std::abs(e) : 0.0;
-    if (!(std::abs(double(got[i]) - e) <= tol)) bad++;
-  }
-  return bad;
-}
-
-std::vector<float> inputs(int rank, int64_t len) {
-  std::vector<float> v(static_cast<size_t>(len));
-  for (int64_t i = 0; i < len; i++) v[static_cast<size_t>(i)] = value(rank, i);
-  return v;
-}
-
-// Runs body on every rank of w; returns the #wrong summed over ranks.
-int64_t run_counting(ThreadsWorld& w, const std::function<int64_t(int, Communicator&)>& body) {
-  std::vector<int64_t> bad(static_cast<size_t>(w.world_size()), 0);
-  w.run([&](int r, Communicator& c, RankContext&) { bad[static_cast<size_t>(r)] = body(r, c); });
-  return std::accumulate(bad.begin(), bad.end(), int64_t{0});
-}
 
 std::string label(const char* what, const char* algo, const char* op, int n, int64_t count, int root = -1) {
   return std::string(what) + " " + algo + " " + op + " world " + std::to_string(n) + " count " +
@@ -117,20 +79,6 @@ std::pair<std::string, double> run_expecting_comm_error(
     msg = std::string("(not a CommError) ") + e.what();
   }
   return {msg, seconds_since(t0)};
-}
-
-int64_t allreduce_wrong(ThreadsWorld& w, int64_t count, ReduceOp op, Algorithm algo) {
-  return run_counting(w, [&](int r, Communicator& c) {
-    std::vector<float> buf = inputs(r, count);
-    c.all_reduce(buf.data(), count, DType::F32, op, algo)->wait();
-    return count_wrong(buf.data(), count, [&](int64_t i) { return reference(op, w.world_size(), i); }, op);
-  });
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-void check_mentions(const std::string& msg, std::initializer_list<std::string> parts) {
-  for (const std::string& part : parts) CHECK_MESSAGE(contains(msg, part), "missing '" << part << "' in: " << msg);
 }
 
 }  // namespace

@@ -12,12 +12,15 @@
 #include "engine/data/loader.h"
 #include "engine/data/npz.h"
 #include "engine/data/sampler.h"
+#include "test_util.h"
 
 #ifndef DTLAB_SOURCE_DIR
 #error "DTLAB_SOURCE_DIR must name the source tree (CMake defines it for dtlab_tests)"
 #endif
 
 using namespace dtlab;
+
+using dtlab::test::contains;
 
 namespace {
 
@@ -37,8 +40,6 @@ std::string npz_error(const char* name) {
   }
   return "";
 }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 

@@ -26,7 +26,7 @@ namespace {
 constexpr MeshDim kDims[] = {MeshDim::DP, MeshDim::PP, MeshDim::TP};
 constexpr int64_t kCount = 5;  // not a multiple of any group size: the all-reduce pads
 
-float value(int rank, int64_t i) { return static_cast<float>(rank * 100 + i + 1); }
+float group_value(int rank, int64_t i) { return static_cast<float>(rank * 100 + i + 1); }
 
 // Runs the three collectives in every group of every rank; returns nothing, checks the results.
 void run_groups(ThreadsWorld& w, const MeshShape& m) {
@@ -42,18 +42,18 @@ void run_groups(ThreadsWorld& w, const MeshShape& m) {
       const int n = g.world_size();
       std::vector<float> ar(kCount), rs_in(static_cast<size_t>(kCount * n)), rs_out(kCount), ag_in(kCount),
           ag_out(static_cast<size_t>(kCount * n));
-      for (int64_t i = 0; i < kCount; i++) ar[static_cast<size_t>(i)] = ag_in[static_cast<size_t>(i)] = value(rank, i);
-      for (int64_t i = 0; i < kCount * n; i++) rs_in[static_cast<size_t>(i)] = value(rank, i);
+      for (int64_t i = 0; i < kCount; i++) ar[static_cast<size_t>(i)] = ag_in[static_cast<size_t>(i)] = group_value(rank, i);
+      for (int64_t i = 0; i < kCount * n; i++) rs_in[static_cast<size_t>(i)] = group_value(rank, i);
       g.all_reduce(ar.data(), kCount)->wait();
       g.reduce_scatter(rs_out.data(), rs_in.data(), kCount, DType::F32, ReduceOp::Sum)->wait();
       g.all_gather(ag_out.data(), ag_in.data(), kCount, DType::F32)->wait();
       for (int64_t i = 0; i < kCount; i++) {
         float sum = 0, block = 0;
-        for (int r : members) sum += value(r, i), block += value(r, g.rank() * kCount + i);
+        for (int r : members) sum += group_value(r, i), block += group_value(r, g.rank() * kCount + i);
         CHECK(ar[static_cast<size_t>(i)] == sum);
         CHECK(rs_out[static_cast<size_t>(i)] == block);
         for (int k = 0; k < n; k++)
-          CHECK(ag_out[static_cast<size_t>(k * kCount + i)] == value(members[static_cast<size_t>(k)], i));
+          CHECK(ag_out[static_cast<size_t>(k * kCount + i)] == group_value(members[static_cast<size_t>(k)], i));
       }
     }
   });

@@ -13,20 +13,16 @@
 
 #include "app/lesson_runner.h"
 #include "tests/test_util.h"
+#include "test_util.h"
 
 using namespace dtlab;
 using namespace dtlab::app;
 
+using dtlab::test::read_file;
+
 namespace {
 
 const std::string kSource = DTLAB_SOURCE_DIR;
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // The sentence a broken lesson fails with ("" when it parses).
 std::string lesson_error(const std::string& text, const std::string& path = "t.md") {

@@ -14,9 +14,12 @@
 #include "engine/core/check.h"
 #include "engine/core/optim.h"
 #include "engine/parallel/memory_plan.h"
+#include "test_util.h"
 
 using namespace dtlab;
 using nlohmann::json;
+
+using dtlab::test::line_starting;
 
 namespace {
 
@@ -55,13 +58,6 @@ void check_plan_usage_error(const std::vector<std::string>& args, const std::str
   CHECK(r.err.rfind("dtlab-cli: ", 0) == 0);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   CHECK(r.err.find(expect) != std::string::npos);
-}
-
-std::string line_starting(const std::string& text, const std::string& prefix) {
-  std::istringstream is(text);
-  for (std::string line; std::getline(is, line);)
-    if (line.rfind(prefix, 0) == 0) return line;
-  return "";
 }
 
 }  // namespace

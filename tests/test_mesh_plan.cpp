@@ -13,9 +13,12 @@
 #include "engine/core/check.h"
 #include "engine/parallel/mesh_plan.h"
 #include "tests/cli_util.h"
+#include "test_util.h"
 
 using namespace dtlab;
 using nlohmann::json;
+
+using dtlab::test::line_starting;
 
 namespace {
 
@@ -42,13 +45,6 @@ test::CliResult plan_cli(std::vector<std::string> args) {
 const std::vector<std::string> kCourseArgs = {"--params", "7B", "--world", "64", "--tp", "4", "--stages", "4", "--layers", "32",
                                               "--hidden", "4096", "--seq", "2048", "--micro-batch", "1", "--micro-batches", "8",
                                               "--dtype", "mixed"};
-
-std::string line_starting(const std::string& text, const std::string& prefix) {
-  std::istringstream is(text);
-  for (std::string line; std::getline(is, line);)
-    if (line.rfind(prefix, 0) == 0) return line;
-  return "";
-}
 
 // The arguments with FLAG VALUE pairs set (replaced where given, else appended): CLI11 refuses a flag twice.
 std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& extra) {

@@ -45,7 +45,7 @@ bool have_gpus(int n) {
 
 float input(int r, int64_t i) { return float((r + 1) * (i % 5 + 1)); }
 
-std::vector<float> inputs(int r, int64_t count, int64_t offset = 0) {
+std::vector<float> nccl_inputs(int r, int64_t count, int64_t offset = 0) {
   std::vector<float> v(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; i++) v[size_t(i)] = input(r, offset + i);
   return v;
@@ -65,7 +65,7 @@ std::vector<float> on_host(const Tensor& t, int64_t count) {
 }
 
 // Relative difference within 1e-6 (NCCL's avg multiplies by 1/n before it adds).
-int64_t count_wrong(const std::vector<float>& got, const std::vector<float>& want) {
+int64_t nccl_count_wrong(const std::vector<float>& got, const std::vector<float>& want) {
   int64_t wrong = 0;
   for (size_t i = 0; i < want.size(); i++) wrong += std::abs(got[i] - want[i]) > 1e-6f * std::max(1.0f, std::abs(want[i]));
   return wrong;
@@ -106,34 +106,34 @@ TEST_CASE("nccl: every collective on one rank per GPU matches its closed form") 
     auto expect = [&](const Tensor& t, int64_t len, auto f) {
       std::vector<float> want(static_cast<size_t>(len));
       for (int64_t i = 0; i < len; i++) want[size_t(i)] = f(i);
-      bad += count_wrong(on_host(t, len), want);
+      bad += nccl_count_wrong(on_host(t, len), want);
     };
     const float tri = float(n * (n + 1) / 2);
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
-      Tensor b = on_device(inputs(r, count), dev);
+      Tensor b = on_device(nccl_inputs(r, count), dev);
       c.all_reduce(b.f32(), count, DType::F32, op)->wait();
       expect(b, count, [&](int64_t i) {
         const float base = float(i % 5 + 1);
         return op == ReduceOp::Sum ? tri * base : op == ReduceOp::Avg ? tri * base / float(n) : float(n) * base;
       });
     }
-    Tensor rs_in = on_device(inputs(r, count * n), dev), rs_out = on_device(std::vector<float>(size_t(count)), dev);
+    Tensor rs_in = on_device(nccl_inputs(r, count * n), dev), rs_out = on_device(std::vector<float>(size_t(count)), dev);
     c.reduce_scatter(rs_out.f32(), rs_in.f32(), count, DType::F32, ReduceOp::Sum)->wait();
     expect(rs_out, count, [&](int64_t i) { return tri * float((r * count + i) % 5 + 1); });
-    Tensor ag_in = on_device(inputs(r, count), dev), ag_out = on_device(std::vector<float>(size_t(count * n)), dev);
+    Tensor ag_in = on_device(nccl_inputs(r, count), dev), ag_out = on_device(std::vector<float>(size_t(count * n)), dev);
     c.all_gather(ag_out.f32(), ag_in.f32(), count, DType::F32)->wait();
     expect(ag_out, count * n, [&](int64_t i) { return input(int(i / count), i % count); });
-    Tensor bc = on_device(inputs(r, count), dev);
+    Tensor bc = on_device(nccl_inputs(r, count), dev);
     c.broadcast(bc.f32(), count, DType::F32, n - 1)->wait();
     expect(bc, count, [&](int64_t i) { return input(n - 1, i); });
-    Tensor rd = on_device(inputs(r, count), dev);
+    Tensor rd = on_device(nccl_inputs(r, count), dev);
     c.reduce(rd.f32(), count, DType::F32, ReduceOp::Max, 0)->wait();
     expect(rd, count, [&](int64_t i) { return r == 0 ? float(n * (i % 5 + 1)) : input(r, i); });
-    Tensor a2a_in = on_device(inputs(r, count * n), dev), a2a_out = on_device(std::vector<float>(size_t(count * n)), dev);
+    Tensor a2a_in = on_device(nccl_inputs(r, count * n), dev), a2a_out = on_device(std::vector<float>(size_t(count * n)), dev);
     c.all_to_all(a2a_out.f32(), a2a_in.f32(), count, DType::F32)->wait();
     expect(a2a_out, count * n, [&](int64_t i) { return input(int(i / count), r * count + i % count); });
     if (n > 1) {  // a ring of sends needs the receives in flight: sends complete when received
-      Tensor s = on_device(inputs(r, count), dev), rv = on_device(std::vector<float>(size_t(count)), dev);
+      Tensor s = on_device(nccl_inputs(r, count), dev), rv = on_device(std::vector<float>(size_t(count)), dev);
       WorkPtr recv = r % 2 ? c.recv(rv.f32(), count, DType::F32, (r - 1 + n) % n) : nullptr;
       WorkPtr send = c.send(s.f32(), count, DType::F32, (r + 1) % n);
       if (!recv) recv = c.recv(rv.f32(), count, DType::F32, (r - 1 + n) % n);
@@ -160,13 +160,13 @@ TEST_CASE("nccl: the world as the trainer sees it (make_nccl_world): one CudaDev
     CHECK(&dev == &w->device(r));
     CHECK(dev.name() == "cuda:" + std::to_string(r));
     Tensor b({1000}, MemCategory::Gradients, ctx.memory(), DType::F32, dev);
-    const std::vector<float> v = inputs(r, 1000);
+    const std::vector<float> v = nccl_inputs(r, 1000);
     dev.upload(b.raw(), v.data(), b.nbytes());
     dev.scale(b.f32(), 1000, 2.0f);  // enqueued on the compute stream; the all-reduce is ordered after it
     c.all_reduce(b.f32(), 1000, DType::F32, ReduceOp::Sum)->wait();
     std::vector<float> want(1000);
     for (int64_t i = 0; i < 1000; i++) want[size_t(i)] = 2.0f * float(n * (n + 1) / 2) * float(i % 5 + 1);
-    wrong[size_t(r)] = count_wrong(on_host(b, 1000), want);
+    wrong[size_t(r)] = nccl_count_wrong(on_host(b, 1000), want);
   });
   for (int r = 0; r < n; r++) CHECK(wrong[size_t(r)] == 0);
 }
@@ -182,7 +182,7 @@ TEST_CASE("nccl: the stepper holds each collective at one gate, then one step re
     try {
       w.run([&](int r, Communicator& c, RankContext&, RankDevice& rank_device) {
         CudaDevice dev(rank_device);
-        Tensor b = on_device(inputs(r, 100), dev);
+        Tensor b = on_device(nccl_inputs(r, 100), dev);
         for (int k = 0; k < 3; k++) c.all_reduce(b.f32(), 100, DType::F32, ReduceOp::Sum)->wait();
       });
     } catch (const std::exception& e) {
@@ -218,7 +218,7 @@ TEST_CASE("nccl: watchdog: a rank that skips a collective is named, and the comm
   try {
     w.run([&](int r, Communicator& c, RankContext&, RankDevice& rank_device) {
       CudaDevice dev(rank_device);
-      Tensor b = on_device(inputs(r, 1000), dev);
+      Tensor b = on_device(nccl_inputs(r, 1000), dev);
       c.all_reduce(b.f32(), 1000, DType::F32, ReduceOp::Sum)->wait();
       c.all_reduce(b.f32(), 1000, DType::F32, ReduceOp::Sum)->wait();
     });
@@ -251,7 +251,7 @@ TEST_CASE("nccl: one process per rank: the unique id crosses the TCP rendezvous,
           so.world_size = n;
           so.master_port = port;
           so.timeout_s = 30;
-          const std::vector<float> v = inputs(r, 1000);
+          const std::vector<float> v = nccl_inputs(r, 1000);
           if (via_platform) {
             std::unique_ptr<Device> dev = cuda::make_device(r, r);
             std::unique_ptr<cuda::LaunchedRank> joined = cuda::join_nccl(so, *dev, nullptr);
@@ -276,7 +276,7 @@ TEST_CASE("nccl: one process per rank: the unique id crosses the TCP rendezvous,
       CHECK(errors[size_t(r)] == "");
       std::vector<float> want(1000);
       for (int64_t i = 0; i < 1000; i++) want[size_t(i)] = 3.0f * float(i % 5 + 1);
-      CHECK(count_wrong(out[size_t(r)], want) == 0);
+      CHECK(nccl_count_wrong(out[size_t(r)], want) == 0);
     }
   }
 }

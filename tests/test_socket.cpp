@@ -34,8 +34,13 @@
 #include "engine/comm/threads_backend.h"
 #include "engine/io/safetensors.h"
 #include "tests/test_util.h"
+#include "test_util.h"
 
 using namespace dtlab;
+
+using dtlab::test::contains;
+using dtlab::test::check_mentions;
+using dtlab::test::seconds_since;
 
 namespace {
 
@@ -43,16 +48,8 @@ using Clock = std::chrono::steady_clock;
 using Outputs = std::vector<std::vector<uint8_t>>;  // per rank: the bytes of every result, in order
 using Script = std::function<void(int rank, int n, Communicator& c, std::vector<uint8_t>& out)>;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-void check_mentions(const std::string& msg, std::initializer_list<std::string> parts) {
-  for (const std::string& part : parts) CHECK_MESSAGE(contains(msg, part), "missing '" << part << "' in: " << msg);
-}
-
 // Values of many magnitudes, so a sum in another order rounds differently.
-std::vector<float> inputs(int rank, int64_t len) {
+std::vector<float> socket_inputs(int rank, int64_t len) {
   std::vector<float> v(static_cast<size_t>(len));
   for (int64_t i = 0; i < len; i++)
     v[static_cast<size_t>(i)] = static_cast<float>(std::sin(1.7 * static_cast<double>(rank * 7919 + i)) *
@@ -115,27 +112,27 @@ void every_collective(int r, int n, Communicator& c, std::vector<uint8_t>& out) 
   for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{1001}, int64_t{65537}}) {
     for (Algorithm algo : {Algorithm::Ring, Algorithm::Tree, Algorithm::Naive})
       for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
-        std::vector<float> buf = inputs(r, count);
+        std::vector<float> buf = socket_inputs(r, count);
         c.all_reduce(buf.data(), count, DType::F32, op, algo)->wait();
         keep(out, buf);
       }
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
-      std::vector<float> in = inputs(r, count * n), rs(static_cast<size_t>(count));
+      std::vector<float> in = socket_inputs(r, count * n), rs(static_cast<size_t>(count));
       c.reduce_scatter(rs.data(), in.data(), count, DType::F32, op)->wait();
       keep(out, rs);
     }
-    std::vector<float> mine = inputs(r, count), all(static_cast<size_t>(count * n));
+    std::vector<float> mine = socket_inputs(r, count), all(static_cast<size_t>(count * n));
     c.all_gather(all.data(), mine.data(), count, DType::F32)->wait();
     keep(out, all);
     for (int root : {0, n - 1})
       for (Algorithm algo : {Algorithm::Tree, Algorithm::Naive}) {
-        std::vector<float> b = inputs(r, count), red = inputs(r, count);
+        std::vector<float> b = socket_inputs(r, count), red = socket_inputs(r, count);
         c.broadcast(b.data(), count, DType::F32, root, algo)->wait();
         c.reduce(red.data(), count, DType::F32, ReduceOp::Avg, root, algo)->wait();
         keep(out, b);
         keep(out, red);  // non-root buffers must come back unchanged
       }
-    std::vector<float> a2a_in = inputs(r, count * n), a2a(static_cast<size_t>(count * n));
+    std::vector<float> a2a_in = socket_inputs(r, count * n), a2a(static_cast<size_t>(count * n));
     c.all_to_all(a2a.data(), a2a_in.data(), count, DType::F32)->wait();
     keep(out, a2a);
   }
@@ -148,7 +145,7 @@ void every_collective(int r, int n, Communicator& c, std::vector<uint8_t>& out) 
   if (n == 1) return;
   // Point to point: two tags to the successor, received in the other order.
   const int succ = (r + 1) % n, pred = (r - 1 + n) % n;
-  std::vector<float> s7 = inputs(r, 5), s9 = inputs(r + 100, 3), r7(5), r9(3);
+  std::vector<float> s7 = socket_inputs(r, 5), s9 = socket_inputs(r + 100, 3), r7(5), r9(3);
   WorkPtr w7 = c.send(s7.data(), 5, DType::F32, succ, 7), w9 = c.send(s9.data(), 3, DType::F32, succ, 9);
   c.recv(r9.data(), 3, DType::F32, pred, 9)->wait();
   c.recv(r7.data(), 5, DType::F32, pred, 7)->wait();
@@ -275,7 +272,7 @@ TEST_CASE("ring all-reduce records 2(n-1) ring steps in NCCL's chunk order, then
   for (int r = 0; r < n; r++)
     ts.emplace_back([&, r] {
       SocketCommunicator c(options(r, n, port), ctx[static_cast<size_t>(r)].get());
-      std::vector<float> buf = inputs(r, 300);
+      std::vector<float> buf = socket_inputs(r, 300);
       c.all_reduce(buf.data(), 300, ReduceOp::Sum)->wait();
     });
   for (auto& t : ts) t.join();

@@ -23,19 +23,19 @@ using namespace dtlab;
 
 namespace {
 
-struct Batch {
+struct TpBatch {
   std::vector<float> x;
   std::vector<int64_t> y;
   int64_t rows = 0;
 };
 
 // Deterministic batches; `rows` cycles through the given sizes (a short last batch reuses buffers).
-std::vector<Batch> make_batches(const ModelSpec& spec, const std::vector<int64_t>& rows, int steps) {
+std::vector<TpBatch> make_batches(const ModelSpec& spec, const std::vector<int64_t>& rows, int steps) {
   std::mt19937 gen(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<Batch> out;
+  std::vector<TpBatch> out;
   for (int s = 0; s < steps; s++) {
-    Batch b;
+    TpBatch b;
     b.rows = rows[static_cast<size_t>(s) % rows.size()];
     for (int64_t i = 0; i < b.rows * spec.in_features(); i++) b.x.push_back(u(gen));
     for (int64_t i = 0; i < b.rows; i++) b.y.push_back(static_cast<int64_t>(gen() % static_cast<uint32_t>(spec.out_features())));
@@ -51,7 +51,7 @@ OptimizerConfig optimizer(OptimizerKind kind) {
 }
 
 // One training step as the Trainer runs it: forward, mean cross-entropy, backward, optimizer step.
-void train_step(Model& m, Optimizer& opt, const Batch& b) {
+void train_step(Model& m, Optimizer& opt, const TpBatch& b) {
   Device& dev = m.device();
   const int64_t C = m.spec().out_features();
   m.zero_grad();
@@ -64,10 +64,10 @@ void train_step(Model& m, Optimizer& opt, const Batch& b) {
   opt.step(m.params(), m.grads());
 }
 
-std::vector<float> train_single(const ModelSpec& spec, OptimizerKind kind, const std::vector<Batch>& batches) {
+std::vector<float> train_single(const ModelSpec& spec, OptimizerKind kind, const std::vector<TpBatch>& batches) {
   Model m(spec, nullptr, 5);
   Optimizer opt(optimizer(kind), m.num_params(), nullptr);
-  for (const Batch& b : batches) train_step(m, opt, b);
+  for (const TpBatch& b : batches) train_step(m, opt, b);
   return m.host_params();
 }
 
@@ -76,7 +76,7 @@ struct TpRun {
   std::vector<std::vector<Event>> events;  // per rank: its Collective events of the training steps
 };
 
-TpRun train_tp(const ModelSpec& spec, int t, bool sp, OptimizerKind kind, const std::vector<Batch>& batches) {
+TpRun train_tp(const ModelSpec& spec, int t, bool sp, OptimizerKind kind, const std::vector<TpBatch>& batches) {
   ThreadsWorld world(t);
   TpRun run;
   run.full.resize(static_cast<size_t>(t));
@@ -85,7 +85,7 @@ TpRun train_tp(const ModelSpec& spec, int t, bool sp, OptimizerKind kind, const 
     GroupTensorParallelComm tp(comm);
     m.set_tensor_parallel_comm(&tp);
     Optimizer opt(optimizer(kind), m.num_params(), nullptr);
-    for (const Batch& b : batches) train_step(m, opt, b);
+    for (const TpBatch& b : batches) train_step(m, opt, b);
     run.full[static_cast<size_t>(rank)] = gather_tensor_parallel_params(m, comm);
   });
   for (int r = 0; r < t; r++) {
@@ -125,7 +125,7 @@ TEST_SUITE("tensor_parallel") {
     for (const ParityCase& k : kParityCases) {
       for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
         const ModelSpec spec = ModelSpec::parse(k.model);
-        const std::vector<Batch> batches = make_batches(spec, {16}, 20);
+        const std::vector<TpBatch> batches = make_batches(spec, {16}, 20);
         const std::vector<float> single = train_single(spec, kind, batches);
         const TpRun tp = train_tp(spec, k.degree, false, kind, batches);
         const std::string model = k.model, optim = optimizer_name(kind);
@@ -143,7 +143,7 @@ TEST_SUITE("tensor_parallel") {
     for (const ParityCase& k : kParityCases) {
       const ModelSpec spec = ModelSpec::parse(k.model);
       // 13 and 6 rows: neither divides by 4, 13 not by 2; the shorter batch reuses the buffers.
-      const std::vector<Batch> batches = make_batches(spec, {13, 6, 16}, 20);
+      const std::vector<TpBatch> batches = make_batches(spec, {13, 6, 16}, 20);
       const TpRun tp = train_tp(spec, k.degree, false, OptimizerKind::AdamW, batches);
       const TpRun sp = train_tp(spec, k.degree, true, OptimizerKind::AdamW, batches);
       const std::vector<float> single = train_single(spec, OptimizerKind::AdamW, batches);
@@ -160,12 +160,12 @@ TEST_SUITE("tensor_parallel") {
     // batches in 2 micro-batches per step; sequence parallel sums its partial parameter gradients apart
     // from the gradient the first micro-batch left.
     const ModelSpec spec = ModelSpec::parse("mlp:4,32,32,32,32,5");
-    const std::vector<Batch> batches = make_batches(spec, {7, 5}, 12);
-    auto accumulate_step = [](Model& m, Optimizer& opt, const Batch& a, const Batch& b) {
+    const std::vector<TpBatch> batches = make_batches(spec, {7, 5}, 12);
+    auto accumulate_step = [](Model& m, Optimizer& opt, const TpBatch& a, const TpBatch& b) {
       Device& dev = m.device();
       const int64_t C = m.spec().out_features();
       m.zero_grad();
-      for (const Batch* mb : {&a, &b}) {
+      for (const TpBatch* mb : {&a, &b}) {
         const float* logits = m.forward(mb->x.data(), mb->rows);
         std::vector<float> probs(static_cast<size_t>(mb->rows * C)), dlogits(probs.size());
         double stats[kLossStatsDoubles] = {0, 0};
@@ -206,7 +206,7 @@ TEST_SUITE("tensor_parallel") {
       for (bool sp : {false, true}) {
         const ModelSpec spec = ModelSpec::parse(k.model);
         const int n_linear = static_cast<int>(spec.dims.size()) - 1;
-        const std::vector<Batch> batches = make_batches(spec, {13}, 1);
+        const std::vector<TpBatch> batches = make_batches(spec, {13}, 1);
         const TpRun run = train_tp(spec, k.degree, sp, OptimizerKind::SGD, batches);
         const std::vector<TpCollective> want =
             tp_collectives(spec, 0, n_linear, TensorParallelSpec{k.degree, 0, sp}, 13, false);

@@ -21,16 +21,19 @@
 #include "engine/core/check.h"
 #include "tests/gui_util.h"
 #include "tests/test_util.h"
+#include "test_util.h"
 
 using namespace dtlab;
 namespace fs = std::filesystem;
+
+using dtlab::test::read_file;
 
 namespace {
 
 using Result = test::ShellResult;
 using test::shell;
 
-const std::string kTraces = std::string(DTLAB_SOURCE_DIR) + "/tests/data/traces";
+const std::string kTraceDir = std::string(DTLAB_SOURCE_DIR) + "/tests/data/traces";
 
 // Polls until the load (or comparison) is over, for at most `seconds`.
 const app::TraceSnapshot& settle(app::TraceLoader& l, bool compare = false, double seconds = 60) {
@@ -43,20 +46,13 @@ const app::TraceSnapshot& settle(app::TraceLoader& l, bool compare = false, doub
   return l.poll();
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
 
 }  // namespace
 
 TEST_SUITE("trace gui") {
   TEST_CASE("trace loader: a whole trace indexed on its thread, or one sentence, dtlab.json read beside it") {
-    const std::string dir = kTraces + "/gloo_ddp_w4";
+    const std::string dir = kTraceDir + "/gloo_ddp_w4";
     const app::TraceFiles files = app::list_trace_files({dir});
     REQUIRE(files.files.size() == 4);  // rank0..3.json, not dtlab.json
     CHECK(files.files[0].find("rank0.json") != std::string::npos);
@@ -65,7 +61,7 @@ TEST_SUITE("trace gui") {
     CHECK(meta.model == "mlp:2,512,512,3");
     CHECK(meta.batch == 32);
     CHECK(meta.world == 4);
-    CHECK(app::read_trace_meta({kTraces + "/kineto_nccl_w4"}).path.empty());
+    CHECK(app::read_trace_meta({kTraceDir + "/kineto_nccl_w4"}).path.empty());
 
     app::TraceLoader loader;
     loader.open({dir}, {});
@@ -128,7 +124,7 @@ TEST_SUITE("trace gui") {
 
   TEST_CASE("trace loader: the comparison runs on its own thread") {
     app::TraceLoader loader;
-    loader.open({kTraces + "/kineto_nccl_w2"}, {});
+    loader.open({kTraceDir + "/kineto_nccl_w2"}, {});
     REQUIRE(settle(loader).load == app::TaskState::Done);
     TraceCompareOptions o;
     o.model = "mlp:2,512,512,3";
@@ -177,7 +173,7 @@ TEST_SUITE("trace gui") {
 
   TEST_CASE("trace flags: bad values exit 2 with one sentence, before any window opens") {
     test::TempDir dir("dtlab_trace_flags");
-    const std::string w4 = kTraces + "/gloo_ddp_w4";
+    const std::string w4 = kTraceDir + "/gloo_ddp_w4";
     const struct {
       std::string args, starts;
     } cases[] = {
@@ -211,7 +207,7 @@ TEST_SUITE("trace gui") {
     }
     test::TempDir dir("dtlab_trace_gui");
     const std::string all = dir.file("all.png"), breakdown = dir.file("breakdown.png");
-    const Result r = test::run_app("--open " + kTraces + "/gloo_ddp_w4 --run 'wait trace; select collective 1; screenshot " + all +
+    const Result r = test::run_app("--open " + kTraceDir + "/gloo_ddp_w4 --run 'wait trace; select collective 1; screenshot " + all +
                                  "; view breakdown; screenshot " + breakdown + "; quit'",
                              dir);
     INFO(r.out);
@@ -236,10 +232,10 @@ TEST_SUITE("trace gui") {
       return;
     }
     test::TempDir dir("dtlab_trace_trunc");
-    const std::string text = read_file(kTraces + "/gloo_ddp_w2/rank0.json");
+    const std::string text = read_file(kTraceDir + "/gloo_ddp_w2/rank0.json");
     fs::create_directories(dir.file("job"));
     std::ofstream(dir.file("job/rank0.json"), std::ios::binary) << text.substr(0, text.size() / 2);
-    std::ofstream(dir.file("job/rank1.json"), std::ios::binary) << read_file(kTraces + "/gloo_ddp_w2/rank1.json");
+    std::ofstream(dir.file("job/rank1.json"), std::ios::binary) << read_file(kTraceDir + "/gloo_ddp_w2/rank1.json");
     const std::string png = dir.file("error.png");
     const Result r = test::run_app("--open " + dir.file("job") + " --run 'wait trace; screenshot " + png + "; wait 0.2s; quit'", dir);
     INFO(r.out);
@@ -256,7 +252,7 @@ TEST_SUITE("trace gui") {
       return;
     }
     test::TempDir dir("dtlab_trace_bench");
-    const Result r = test::run_app("--open " + kTraces + "/kineto_nccl_w4 --bench-frames 20", dir);
+    const Result r = test::run_app("--open " + kTraceDir + "/kineto_nccl_w4 --bench-frames 20", dir);
     INFO(r.out);
     REQUIRE(r.code == 0);
     CHECK(r.out.find("frame benchmark: 20 frames, world 4") != std::string::npos);

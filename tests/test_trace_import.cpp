@@ -15,9 +15,12 @@
 #include "tests/cli_util.h"
 #include "engine/train/trace_compare.h"
 #include "tests/test_util.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace dtlab;
+
+using dtlab::test::contains;
 
 namespace {
 
@@ -79,8 +82,6 @@ std::string legacy_rank(double start, double late, int iterations) {
   }
   return s + "]";
 }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

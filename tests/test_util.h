@@ -3,15 +3,54 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <doctest/doctest.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <initializer_list>
 #include <random>
+#include <sstream>
 #include <set>
 #include <string>
 #include <vector>
 
 namespace dtlab::test {
+
+// DTLAB_TEST_QUICK=1 (the sanitizer runs): suites drop their largest sizes.
+inline bool quick() {
+  const char* q = std::getenv("DTLAB_TEST_QUICK");
+  return q && std::string(q) == "1";
+}
+
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A file's bytes ("" when it cannot be read).
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Checks that `msg` mentions every one of `parts`, naming the missing one.
+inline void check_mentions(const std::string& msg, std::initializer_list<std::string> parts) {
+  for (const std::string& part : parts) CHECK_MESSAGE(contains(msg, part), "missing '" << part << "' in: " << msg);
+}
+
+// The first line of `text` that starts with `prefix`, or "".
+inline std::string line_starting(const std::string& text, const std::string& prefix) {
+  std::istringstream is(text);
+  for (std::string line; std::getline(is, line);)
+    if (line.rfind(prefix, 0) == 0) return line;
+  return "";
+}
 
 // A fresh directory under the system temp dir, removed with everything in it.
 struct TempDir {

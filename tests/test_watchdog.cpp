@@ -14,16 +14,17 @@
 
 #include "engine/comm/watchdog.h"
 #include "engine/trace/stepper.h"
+#include "test_util.h"
 
 using namespace dtlab;
+
+using dtlab::test::contains;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 

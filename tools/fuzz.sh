@@ -8,6 +8,7 @@
 #
 # Environment: DTLAB_FUZZ_BUILD   build directory (default build-asan; configured here if needed)
 #              DTLAB_FUZZ_SECONDS seconds per harness (default 20)
+#              DTLAB_FUZZ_JOBS    harnesses run side by side (default 1; each is one process on one core)
 # Reproduce a finding: BUILD/bin/dtlab-fuzz-NAME PATH (with the ASAN_OPTIONS/UBSAN_OPTIONS below).
 set -euo pipefail
 
@@ -15,6 +16,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${DTLAB_FUZZ_BUILD:-build-asan}
 [[ $build = /* ]] || build=$root/$build
 seconds=${DTLAB_FUZZ_SECONDS:-20}
+fuzz_jobs=${DTLAB_FUZZ_JOBS:-1}
 mode=all
 names=()
 for arg in "$@"; do
@@ -28,6 +30,10 @@ for arg in "$@"; do
 done
 if [[ ! $seconds =~ ^[1-9][0-9]*$ ]]; then
   echo "fuzz.sh: DTLAB_FUZZ_SECONDS must be a whole number of seconds, not '$seconds'" >&2
+  exit 2
+fi
+if [[ ! $fuzz_jobs =~ ^[1-9][0-9]*$ ]]; then
+  echo "fuzz.sh: DTLAB_FUZZ_JOBS must be a whole number of harnesses to run at once, not '$fuzz_jobs'" >&2
   exit 2
 fi
 if ((${#names[@]} == 0)); then
@@ -89,41 +95,59 @@ failed=()
 skipped=()
 total_execs=0
 start_all=$(date +%s)
-printf '%-12s %10s %6s %18s %18s  %s\n' harness execs secs "corpus before" "corpus after" result
-for n in "${names[@]}"; do
-  bin=$build/bin/dtlab-fuzz-$n
-  if [[ ! -x $bin ]]; then
-    skipped+=("$n")
-    printf '%-12s %10s %6s %18s %18s  %s\n' "$n" - - - - "skipped (not built: $bin)"
-    continue
-  fi
-  run=$out/$n
+
+# One harness on a copy of its corpus; its row of the table goes to $out/NAME/row, "failed" to
+# $out/NAME/failed, its execution count to $out/NAME/execs.
+fuzz_one() {
+  local n=$1 bin=$build/bin/dtlab-fuzz-$1 run=$out/$1
   rm -rf "$run"
   mkdir -p "$run/corpus"
   cp -r "$root/fuzz/corpus/$n/." "$run/corpus/" 2>/dev/null || true
+  local before after dict=() t0 rc=0 secs execs artifact result
   before="$(count_files "$run/corpus") files/$(count_bytes "$run/corpus") B"
-  dict=()
   [[ -f $root/fuzz/dict/$n.dict ]] && dict=(-dict="$root/fuzz/dict/$n.dict")
   t0=$(date +%s)
-  rc=0
   (cd "$run" && "$bin" "$run/corpus" -max_total_time="$seconds" -max_len="$(max_len_of "$n")" -timeout=10 \
       -rss_limit_mb=2048 $(extra_flags_of "$n") -artifact_prefix="$run/" -print_final_stats=1 "${dict[@]}" \
       </dev/null >"$run/log" 2>&1) || rc=$?
   secs=$(($(date +%s) - t0))
   execs=$(stat_of number_of_executed_units "$run/log")
-  total_execs=$((total_execs + ${execs:-0}))
+  echo "${execs:-0}" >"$run/execs"
   after="$(count_files "$run/corpus") files/$(count_bytes "$run/corpus") B"
   artifact=$(find "$run" -maxdepth 1 -type f \( -name 'crash-*' -o -name 'leak-*' -o -name 'timeout-*' -o -name 'oom-*' \) | head -1)
   if ((rc != 0)) || [[ -n $artifact ]]; then
-    failed+=("$n")
+    touch "$run/failed"
     result="FAILED (exit $rc)${artifact:+: reproducer $artifact}; log $run/log"
   else
     result=ok
   fi
-  printf '%-12s %10s %6s %18s %18s  %s\n' "$n" "${execs:-?}" "$secs" "$before" "$after" "$result"
+  printf '%-12s %10s %6s %18s %18s  %s\n' "$n" "${execs:-?}" "$secs" "$before" "$after" "$result" >"$run/row"
   if ((rc != 0)); then
-    grep -m1 -E 'ERROR: |runtime error|invariant broken|uncaught|Test unit written' "$run/log" | sed 's/^/    /' || true
+    grep -m1 -E 'ERROR: |runtime error|invariant broken|uncaught|Test unit written' "$run/log" | sed 's/^/    /' >>"$run/row" || true
   fi
+}
+
+printf '%-12s %10s %6s %18s %18s  %s\n' harness execs secs "corpus before" "corpus after" result
+runnable=()
+for n in "${names[@]}"; do
+  if [[ -x $build/bin/dtlab-fuzz-$n ]]; then runnable+=("$n"); else skipped+=("$n"); fi
+done
+# Up to $fuzz_jobs harnesses at once; rows are printed in the harnesses' order once all have run.
+running=0
+for n in "${runnable[@]}"; do
+  if ((running >= fuzz_jobs)); then wait -n || true; running=$((running - 1)); fi
+  fuzz_one "$n" &
+  running=$((running + 1))
+done
+wait || true
+for n in "${names[@]}"; do
+  if [[ ! -x $build/bin/dtlab-fuzz-$n ]]; then
+    printf '%-12s %10s %6s %18s %18s  %s\n' "$n" - - - - "skipped (not built: $build/bin/dtlab-fuzz-$n)"
+    continue
+  fi
+  cat "$out/$n/row" 2>/dev/null || { echo "$n: the harness's run left no result in $out/$n"; failed+=("$n"); continue; }
+  [[ -f $out/$n/failed ]] && failed+=("$n")
+  total_execs=$((total_execs + $(cat "$out/$n/execs" 2>/dev/null || echo 0)))
 done
 
 ran=$((${#names[@]} - ${#skipped[@]}))

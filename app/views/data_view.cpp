@@ -23,7 +23,7 @@ namespace {
 constexpr ImU32 kScatterBg = IM_COL32(22, 24, 28, 255);
 constexpr ImU32 kLossColor = IM_COL32(255, 138, 101, 255);
 constexpr ImU32 kAccuracyColor = IM_COL32(96, 210, 160, 255);
-constexpr ImU32 kGridColor = IM_COL32(255, 255, 255, 30);
+constexpr ImU32 kDataGrid = IM_COL32(255, 255, 255, 30);
 
 // Where the data sits in the panel: data coordinates to pixels (y up), aspect kept.
 struct Fit {
@@ -434,7 +434,7 @@ void draw_curve_grid(ImDrawList* dl, const CurvePlot& p, const std::vector<StepP
   const bool room_for_labels = b.y - a.y >= 2.5f * ImGui::GetTextLineHeight();
   auto label_at = [&](float tv) {
     const float y = p.y_of(tv);
-    dl->AddLine(ImVec2(a.x, y), ImVec2(b.x, y), kGridColor);
+    dl->AddLine(ImVec2(a.x, y), ImVec2(b.x, y), kDataGrid);
     if (!room_for_labels) return;
     char l[32];
     const double shown = log ? std::pow(10.0, static_cast<double>(tv)) : static_cast<double>(tv);
@@ -554,7 +554,7 @@ void draw_curve(const char* id, const char* title, const std::vector<StepPoint>&
   const ImVec2 b(pos.x + plot.x - font * 0.5f, pos.y + plot.y - ImGui::GetTextLineHeight() - font * 0.2f);
   if (b.x - a.x < font * 3 || b.y - a.y < font) return;
   dl->AddRectFilled(a, b, IM_COL32(255, 255, 255, 8));
-  dl->AddRect(a, b, kGridColor);
+  dl->AddRect(a, b, kDataGrid);
   if (h.empty()) {
     dl->AddText(ImVec2(a.x + font * 0.5f, a.y + font * 0.3f), ImGui::GetColorU32(ImGuiCol_TextDisabled), "no steps yet");
     return;

@@ -15,8 +15,8 @@ namespace dtlab::app {
 
 namespace {
 
-constexpr ImU32 kText = IM_COL32(228, 228, 232, 255);
-constexpr ImU32 kDim = IM_COL32(160, 164, 172, 255);
+constexpr ImU32 kLessonText = IM_COL32(228, 228, 232, 255);
+constexpr ImU32 kLessonDim = IM_COL32(160, 164, 172, 255);
 constexpr ImU32 kStrong = IM_COL32(255, 255, 255, 255);
 constexpr ImU32 kEm = IM_COL32(150, 200, 255, 255);
 constexpr ImU32 kCode = IM_COL32(255, 214, 140, 255);
@@ -81,7 +81,7 @@ void draw_table(const Prose& prose, size_t& i, const LessonRunner* r, const Snap
       for (size_t c = 0; c < prose[i].cells.size(); c++) {
         ImGui::TableSetColumnIndex(static_cast<int>(c));
         const float left = ImGui::GetCursorScreenPos().x;
-        draw_spans(prose[i].cells[c], r, s, left, left + ImGui::GetContentRegionAvail().x, prose[i].level ? kStrong : kText);
+        draw_spans(prose[i].cells[c], r, s, left, left + ImGui::GetContentRegionAvail().x, prose[i].level ? kStrong : kLessonText);
       }
     }
     ImGui::EndTable();
@@ -97,7 +97,7 @@ void draw_prose(const Prose& prose, const LessonRunner* r, const Snapshot& s, fl
     const float left = ImGui::GetCursorScreenPos().x, right = left + ImGui::GetContentRegionAvail().x - margin;
     switch (b.kind) {
       case Block::TableRow: draw_table(prose, i, r, s); continue;
-      case Block::Paragraph: draw_spans(b.spans, r, s, left, right, kText); break;
+      case Block::Paragraph: draw_spans(b.spans, r, s, left, right, kLessonText); break;
       case Block::Heading:
         ImGui::SetWindowFontScale(b.level <= 1 ? 1.3f : 1.12f);
         draw_spans(b.spans, r, s, left, right, kStrong);
@@ -105,13 +105,13 @@ void draw_prose(const Prose& prose, const LessonRunner* r, const Snapshot& s, fl
         break;
       case Block::Item: {
         const float at = left + indent * static_cast<float>(b.level - 1);
-        ImGui::GetWindowDrawList()->AddText(ImVec2(at, ImGui::GetCursorScreenPos().y), kDim, b.bullet.c_str());
-        draw_spans(b.spans, r, s, at + indent, right, kText);
+        ImGui::GetWindowDrawList()->AddText(ImVec2(at, ImGui::GetCursorScreenPos().y), kLessonDim, b.bullet.c_str());
+        draw_spans(b.spans, r, s, at + indent, right, kLessonText);
         break;
       }
       case Block::Quote: {
         const ImVec2 p = ImGui::GetCursorScreenPos();
-        draw_spans(b.spans, r, s, left + indent, right, kDim);
+        draw_spans(b.spans, r, s, left + indent, right, kLessonDim);
         ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x + 2, p.y), ImVec2(p.x + 5, ImGui::GetCursorScreenPos().y - 4), kEm);
         break;
       }
@@ -164,7 +164,7 @@ std::vector<std::string> draw_catalog(const LessonPanel& panel, LessonCatalog& c
       ImGui::PopStyleColor();
     } else if (!e.summary.empty()) {
       ImGui::Indent();
-      ImGui::PushStyleColor(ImGuiCol_Text, kDim);
+      ImGui::PushStyleColor(ImGuiCol_Text, kLessonDim);
       ImGui::TextWrapped("%s", e.summary.c_str());
       ImGui::PopStyleColor();
       ImGui::Unindent();
@@ -234,7 +234,7 @@ void draw_question(const LessonRunner& r, int j, const Snapshot& s, bool busy, L
     const std::string& f = q.answer.text();
     const bool named = std::any_of(f.begin(), f.end(), [](char c) { return std::isalpha(static_cast<unsigned char>(c)); });
     if (named) {
-      ImGui::PushStyleColor(ImGuiCol_Text, kDim);
+      ImGui::PushStyleColor(ImGuiCol_Text, kLessonDim);
       const char* from = f.rfind("trace.", 0) == 0 ? "the opened trace" : "the live run";
       if (f.size() <= 48) ImGui::TextWrapped("(%s, read from %s)", f.c_str(), from);
       else ImGui::TextWrapped("(read from %s)", from);

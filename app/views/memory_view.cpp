@@ -24,7 +24,7 @@ namespace {
 constexpr ImU32 kTrackColor = IM_COL32(255, 255, 255, 18);
 constexpr ImU32 kPeakFill = IM_COL32(255, 255, 255, 30);
 constexpr ImU32 kPeakLine = IM_COL32(255, 255, 255, 235);
-constexpr ImU32 kGridColor = IM_COL32(255, 255, 255, 28);
+constexpr ImU32 kMemoryGrid = IM_COL32(255, 255, 255, 28);
 constexpr ImU32 kSegmentText = IM_COL32(16, 18, 22, 235);  // dark text on the light category colors
 
 MemCategory category_at(int i) { return static_cast<MemCategory>(i); }
@@ -99,7 +99,7 @@ void draw_byte_grid(ImDrawList* dl, const BarLayout& lay, int64_t scale_bytes) {
   const double step = nice_byte_step(static_cast<double>(scale_bytes), std::max(2, static_cast<int>((lay.bar_x1 - lay.bar_x0) / (font * 7))));
   for (double b = 0; b <= static_cast<double>(scale_bytes) * 1.0001; b += step) {
     const float x = std::floor(lay.x_of(b)) + 0.5f;
-    dl->AddLine(ImVec2(x, lay.origin.y), ImVec2(x, lay.rows_bottom + font * 0.25f), kGridColor, 1.0f);
+    dl->AddLine(ImVec2(x, lay.origin.y), ImVec2(x, lay.rows_bottom + font * 0.25f), kMemoryGrid, 1.0f);
     const std::string t = human_bytes(static_cast<int64_t>(b));
     const float tw = ImGui::CalcTextSize(t.c_str()).x;
     const float tx = std::clamp(x - tw * 0.5f, lay.origin.x, lay.bar_x1 - tw);

@@ -16,12 +16,8 @@ namespace dtlab::app {
 
 namespace {
 
-const ImU32 kBox = IM_COL32(46, 50, 58, 255);
 const ImU32 kStageBox = IM_COL32(56, 61, 71, 255);
-const ImU32 kBoxEdge = IM_COL32(120, 126, 140, 255);
 const ImU32 kTpEdge = IM_COL32(110, 175, 215, 255);
-const ImU32 kText = IM_COL32(235, 236, 240, 255);
-const ImU32 kDim = IM_COL32(160, 165, 175, 255);
 const ImU32 kLit = IM_COL32(255, 255, 255, 255);
 
 struct Rect {
@@ -29,11 +25,6 @@ struct Rect {
   bool contains(ImVec2 p) const { return p.x >= a.x && p.x < b.x && p.y >= a.y && p.y < b.y; }
   ImVec2 center() const { return ImVec2((a.x + b.x) * 0.5f, (a.y + b.y) * 0.5f); }
 };
-
-void centered_text(ImDrawList* dl, ImVec2 c, ImU32 col, const std::string& s) {
-  const ImVec2 sz = ImGui::CalcTextSize(s.c_str());
-  dl->AddText(ImVec2(c.x - sz.x * 0.5f, c.y - sz.y * 0.5f), col, s.c_str());
-}
 
 // A titled box: the title in the top-left corner when it fits.
 void titled_box(ImDrawList* dl, const Rect& r, ImU32 fill, ImU32 edge, const std::string& title) {

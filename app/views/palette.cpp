@@ -120,6 +120,11 @@ ImU32 pipeline_action_color(ActionType t, int mb, int microbatches) {
   return ImGui::ColorConvertFloat4ToU32(ImVec4(r, g, b, 1.0f));
 }
 
+void centered_text(ImDrawList* dl, ImVec2 center, ImU32 col, const std::string& s) {
+  const ImVec2 sz = ImGui::CalcTextSize(s.c_str());
+  dl->AddText(ImVec2(center.x - sz.x * 0.5f, center.y - sz.y * 0.5f), col, s.c_str());
+}
+
 void draw_hatch(ImDrawList* dl, ImVec2 a, ImVec2 b, ImU32 col, float spacing) {
   const ImDrawListFlags flags = dl->Flags;
   dl->Flags &= ~ImDrawListFlags_AntiAliasedLines;

@@ -106,7 +106,7 @@ const char* step_caption(const CollectiveView& cv) {
 
 // ---- layout ------------------------------------------------------------------------------------
 
-struct Layout {
+struct RingLayout {
   ImVec2 center;
   float radius = 0;      // ring radius (node centers)
   float node_r = 0;
@@ -125,7 +125,7 @@ float node_radius(float ring_r, int n, float fs) {
 }
 
 // Places nodes (rank 0 at the top, clockwise) and, just outside each, its cell block.
-void place(Layout& L, int n) {
+void place(RingLayout& L, int n) {
   L.node.assign(static_cast<size_t>(n), L.center);
   L.block.assign(static_cast<size_t>(n), L.center);
   const float off = L.cells ? L.node_r * 0.25f + 3.0f : 0.0f;
@@ -153,7 +153,7 @@ bool rect_hits_circle(ImVec2 a0, ImVec2 a1, ImVec2 c, float r) {
 
 // Fits ring, nodes and blocks of `cols` columns of `cell`-sized cells (no blocks when cell is 0) in
 // the canvas; false when blocks would touch each other or other nodes.
-bool fit_layout(Layout& L, ImVec2 p0, ImVec2 size, int n, int chunks, float fs, int cols, float cell) {
+bool fit_layout(RingLayout& L, ImVec2 p0, ImVec2 size, int n, int chunks, float fs, int cols, float cell) {
   L.center = p0 + size * 0.5f;
   const float pad = fs * 0.5f;
   L.cols = std::max(1, cols);
@@ -198,12 +198,12 @@ bool fit_layout(Layout& L, ImVec2 p0, ImVec2 size, int n, int chunks, float fs, 
 // Tries buffers as one, two or four rows of cells of every size from large to small and keeps the
 // largest cells that leave the ring at least `keep` of the size it has without them (the ring is
 // the picture; cells are its annotation), relaxing that when nothing fits; no cells as a last resort.
-Layout make_layout(ImVec2 p0, ImVec2 size, int n, int chunks, float fs, bool want_cells) {
-  Layout bare, L;
+RingLayout make_layout(ImVec2 p0, ImVec2 size, int n, int chunks, float fs, bool want_cells) {
+  RingLayout bare, L;
   fit_layout(bare, p0, size, n, chunks, fs, 1, 0.0f);
   if (!want_cells) return bare;
   for (float keep : {0.72f, 0.6f, 0.45f, 0.3f}) {
-    Layout best;
+    RingLayout best;
     bool found = false;
     for (float cell = fs * (chunks == 1 ? 2.6f : 2.0f); cell >= fs * 0.42f && !found; cell *= 0.9f) {
       for (int rows : {1, 2, 4}) {
@@ -219,7 +219,7 @@ Layout make_layout(ImVec2 p0, ImVec2 size, int n, int chunks, float fs, bool wan
 }
 
 // The layout search runs only when the canvas, the world or the font changed.
-struct LayoutCache {
+struct RingLayoutCache {
   struct Key {
     float x, y, w, h, fs;
     int n, chunks;
@@ -227,11 +227,11 @@ struct LayoutCache {
     bool operator==(const Key&) const = default;
   };
   Key key{};
-  Layout layout;
+  RingLayout layout;
 };
 
-const Layout& cached_layout(LayoutCache& cache, ImVec2 p0, ImVec2 size, int n, int chunks, float fs, bool want_cells) {
-  const LayoutCache::Key k{p0.x, p0.y, size.x, size.y, fs, n, chunks, want_cells};
+const RingLayout& cached_layout(RingLayoutCache& cache, ImVec2 p0, ImVec2 size, int n, int chunks, float fs, bool want_cells) {
+  const RingLayoutCache::Key k{p0.x, p0.y, size.x, size.y, fs, n, chunks, want_cells};
   if (!(k == cache.key) || cache.layout.node.empty()) {
     cache.key = k;
     cache.layout = make_layout(p0, size, n, chunks, fs, want_cells);
@@ -239,14 +239,14 @@ const Layout& cached_layout(LayoutCache& cache, ImVec2 p0, ImVec2 size, int n, i
   return cache.layout;
 }
 
-ImVec2 cell_pos(const Layout& L, int r, int c) {
+ImVec2 cell_pos(const RingLayout& L, int r, int c) {
   const ImVec2 b = L.block[static_cast<size_t>(r)];
   return ImVec2(b.x + static_cast<float>(c % L.cols) * (L.cell + L.cell_gap), b.y + static_cast<float>(c / L.cols) * (L.cell + L.cell_gap));
 }
 
 // ---- edges: quadratic curves bulging outwards, trimmed at the node borders ------------------------
 
-struct Curve {
+struct RingCurve {
   ImVec2 a, ctrl, b;
   float t0 = 0, t1 = 1;  // where the curve leaves the source node and reaches the destination's
   ImVec2 at(float t) const {
@@ -255,8 +255,8 @@ struct Curve {
   }
 };
 
-Curve make_curve(ImVec2 a, ImVec2 b, float bulge, float trim_a, float trim_b) {
-  Curve c;
+RingCurve make_curve(ImVec2 a, ImVec2 b, float bulge, float trim_a, float trim_b) {
+  RingCurve c;
   c.a = a;
   c.b = b;
   const ImVec2 d = b - a;
@@ -282,7 +282,7 @@ Curve make_curve(ImVec2 a, ImVec2 b, float bulge, float trim_a, float trim_b) {
   return c;
 }
 
-void draw_curve(ImDrawList* dl, const Curve& c, ImU32 col, float thick, float arrow, bool dashed) {
+void draw_curve(ImDrawList* dl, const RingCurve& c, ImU32 col, float thick, float arrow, bool dashed) {
   constexpr int kSeg = 20;
   // The line stops where the arrow head begins.
   float t_end = c.t1;
@@ -334,7 +334,7 @@ void draw_check(ImDrawList* dl, ImVec2 p0, float w, float h, ImU32 col) {
 }
 
 // Text centered on `c` at `size` pixels.
-void centered_text(ImDrawList* dl, float size, ImVec2 c, ImU32 col, const char* text) {
+void centered_label(ImDrawList* dl, float size, ImVec2 c, ImU32 col, const char* text) {
   ImFont* font = ImGui::GetFont();
   const ImVec2 ts = font->CalcTextSizeA(size, FLT_MAX, 0.0f, text);
   dl->AddText(font, size, ImVec2(std::floor(c.x - ts.x * 0.5f), std::floor(c.y - ts.y * 0.5f)), col, text);
@@ -639,7 +639,7 @@ void draw_algorithm_key(ImDrawList* dl, ImVec2 p, const CollectiveView& cv, floa
 }
 
 // Node r of the ring, labelled with its global rank `label`.
-void draw_node(ImDrawList* dl, const Layout& L, int r, int label, float fs, ImU32 fill, bool outline_red, double time) {
+void draw_node(ImDrawList* dl, const RingLayout& L, int r, int label, float fs, ImU32 fill, bool outline_red, double time) {
   const ImVec2 c = L.node[static_cast<size_t>(r)];
   // An opaque disc first: a dimmed node hides the ring behind it, and its label contrasts with
   // the color actually shown.
@@ -653,11 +653,11 @@ void draw_node(ImDrawList* dl, const Layout& L, int r, int label, float fs, ImU3
   char buf[16];
   std::snprintf(buf, sizeof buf, "%d", label);
   const float size = std::clamp(L.node_r * 1.15f, fs * 0.6f, fs * 1.5f);
-  centered_text(dl, size, c, text_on(shown), buf);
+  centered_label(dl, size, c, text_on(shown), buf);
 }
 
 // One rank's buffer: chunk cells with their contribution counts.
-void draw_cells(ImDrawList* dl, const Layout& L, const CollectiveView& cv, int r, float fs) {
+void draw_cells(ImDrawList* dl, const RingLayout& L, const CollectiveView& cv, int r, float fs) {
   const int N = cv.world;
   const auto& row = cv.cells[static_cast<size_t>(r)];
   ImFont* font = ImGui::GetFont();
@@ -683,13 +683,13 @@ void draw_cells(ImDrawList* dl, const Layout& L, const CollectiveView& cv, int r
       char buf[32];
       std::snprintf(buf, sizeof buf, "%d", held);
       if (font->CalcTextSizeA(tsize, FLT_MAX, 0.0f, buf).x <= L.cell - 2.0f)
-        centered_text(dl, tsize, (p0 + p1) * 0.5f, text_on(fill), buf);
+        centered_label(dl, tsize, (p0 + p1) * 0.5f, text_on(fill), buf);
     }
   }
 }
 
 // Rectangle in which the chunk cell of (rank, chunk) lies; chunk -1 (tree/naive) is the whole buffer.
-bool cell_rect(const Layout& L, const CollectiveView& cv, int r, int chunk, ImVec2& p0, ImVec2& p1) {
+bool cell_rect(const RingLayout& L, const CollectiveView& cv, int r, int chunk, ImVec2& p0, ImVec2& p1) {
   if (!L.cells || r < 0 || r >= cv.world) return false;
   const int c = chunk < 0 ? 0 : chunk;
   if (c >= cv.chunks) return false;
@@ -716,7 +716,7 @@ void node_tooltip(const Snapshot& s, const CollectiveView& cv, int r) {
 }
 
 // No collective yet: a hint in the ring's middle (below the node when the world is one rank).
-void draw_hint(ImDrawList* dl, const Layout& L, int N, float room, float width, float fs) {
+void draw_hint(ImDrawList* dl, const RingLayout& L, int N, float room, float width, float fs) {
   const char* dash = has_glyph(0x2014) ? " \u2014 " : " - ";
   const std::string hint = std::string("No collective yet") + dash + "press C (next collective) or Space (run)";
   const float wrap = std::max(fs * 8, std::min(room, width - fs));
@@ -730,7 +730,7 @@ void draw_hint(ImDrawList* dl, const Layout& L, int N, float room, float width, 
 }
 
 // The step counter, the phase, and who the world waits for (or the wall time once done).
-void draw_step_counter(ImDrawList* dl, const Layout& L, const CollectiveView& cv, float room, float fs, float dy) {
+void draw_step_counter(ImDrawList* dl, const RingLayout& L, const CollectiveView& cv, float room, float fs, float dy) {
   char big[32];
   if (cv.steps_done < cv.steps) std::snprintf(big, sizeof big, "step %d/%d", cv.steps_done + 1, cv.steps);
   else std::snprintf(big, sizeof big, "done");
@@ -764,7 +764,7 @@ void draw_step_counter(ImDrawList* dl, const Layout& L, const CollectiveView& cv
   dl->AddRectFilled(ImVec2(p.x - w * 0.5f - m.x, p.y - m.y), ImVec2(p.x + w * 0.5f + m.x, p.y + h + m.y),
                     ImGui::GetColorU32(ImGuiCol_WindowBg, 0.8f), fs * 0.4f);
   for (const Line& l : lines) {
-    centered_text(dl, l.size, ImVec2(p.x, p.y + l.size * 0.5f), l.color, l.text.c_str());
+    centered_label(dl, l.size, ImVec2(p.x, p.y + l.size * 0.5f), l.color, l.text.c_str());
     p.y += l.size;
   }
 }
@@ -772,10 +772,10 @@ void draw_step_counter(ImDrawList* dl, const Layout& L, const CollectiveView& cv
 // The edges between nodes: curves bulging outwards, trimmed at the node borders. Transfers to or
 // from the in-network switch run straight between the rank and the switch in the ring's middle.
 struct Edges {
-  const Layout& L;
+  const RingLayout& L;
   float bulge, trim;
   float hub_trim = 0;  // the switch's half side (in-network all-reduce), else 0
-  Curve of(int a, int b) const {
+  RingCurve of(int a, int b) const {
     const bool hub = a == kNetworkSwitch || b == kNetworkSwitch;
     auto at = [&](int r) { return r == kNetworkSwitch ? L.center : L.node[static_cast<size_t>(r)]; };
     // Up and down bulge to opposite sides, so a step's two transfers on one spoke stay apart.
@@ -804,7 +804,7 @@ void draw_tree_structure(ImDrawList* dl, const Edges& edges, int N, float thick)
 }
 
 // Hierarchical all-reduce: each node's ranks (consecutive on the ring) under one band, labeled.
-void draw_node_groups(ImDrawList* dl, const Layout& L, const CollectiveView& cv, float fs) {
+void draw_node_groups(ImDrawList* dl, const RingLayout& L, const CollectiveView& cv, float fs) {
   const int N = cv.world, G = hierarchical_node_size(N, cv.node_size);
   if (G >= N || N % G != 0) return;
   const float step = 2 * kPi / static_cast<float>(N);
@@ -815,7 +815,7 @@ void draw_node_groups(ImDrawList* dl, const Layout& L, const CollectiveView& cv,
     const float am = (a0 + a1) * 0.5f, rr = L.radius - L.node_r * 2.2f;
     char buf[24];
     std::snprintf(buf, sizeof buf, "node %d", m);
-    centered_text(dl, fs, L.center + ImVec2(std::cos(am), std::sin(am)) * rr, ImGui::GetColorU32(ImGuiCol_TextDisabled), buf);
+    centered_label(dl, fs, L.center + ImVec2(std::cos(am), std::sin(am)) * rr, ImGui::GetColorU32(ImGuiCol_TextDisabled), buf);
   }
 }
 
@@ -825,7 +825,7 @@ void draw_switch(ImDrawList* dl, ImVec2 c, float half, float fs, bool busy) {
   dl->AddRectFilled(c - h, c + h, ImGui::GetColorU32(ImGuiCol_FrameBg), half * 0.25f);
   dl->AddRect(c - h, c + h, busy ? phase_color(RingPhase::Reduce) : ImGui::GetColorU32(ImGuiCol_Border), half * 0.25f, 0,
               std::max(1.5f, fs * 0.12f));
-  centered_text(dl, std::min(fs, half * 0.9f), c, ImGui::GetColorU32(ImGuiCol_Text), "switch");
+  centered_label(dl, std::min(fs, half * 0.9f), c, ImGui::GetColorU32(ImGuiCol_Text), "switch");
 }
 
 void draw_edges(ImDrawList* dl, const Edges& edges, const CollectiveView& cv, int N, bool ring, float fs) {
@@ -859,7 +859,7 @@ std::vector<Chunk> pending_chunks(const Edges& edges, const CollectiveView& cv, 
       held = c < static_cast<int>(src_cells.size()) ? src_cells[static_cast<size_t>(c)] : N;
     }
     if (t.phase == RingPhase::AllGather || t.phase == RingPhase::Broadcast || held <= 0) held = N;
-    const Curve cu = edges.of(t.src, t.dst);
+    const RingCurve cu = edges.of(t.src, t.dst);
     chunks.push_back({&t, cu.at(cu.t0 + (cu.t1 - cu.t0) * phase), half, held, contribution_color(held, N)});
   }
   return chunks;
@@ -870,7 +870,7 @@ std::vector<Chunk> pending_chunks(const Edges& edges, const CollectiveView& cv, 
 // The ring view's state between frames: the searched layout, and the chunk sprites' render pass
 // (its buffers live as long as the GL context, the app's).
 struct RingViewState::Impl {
-  LayoutCache layout;
+  RingLayoutCache layout;
   ChunkPass pass;
   std::vector<Placed> placed;  // where each sprite's square of the target goes on screen
 };
@@ -885,7 +885,7 @@ void draw_chunk_sprites(ImDrawList* dl, const Edges& edges, const std::vector<Ch
                         ViewContext& ctx, RingViewState::Impl& st) {
   std::vector<Sprite> sprites;
   for (const Chunk& ch : chunks) {
-    const Curve cu = edges.of(ch.t->src, ch.t->dst);
+    const RingCurve cu = edges.of(ch.t->src, ch.t->dst);
     const float t = cu.t0 + (cu.t1 - cu.t0) * phase;
     ImVec2 dir = cu.at(std::min(1.0f, t + 0.01f)) - cu.at(std::max(0.0f, t - 0.01f));
     dir = dir * (1.0f / std::max(length(dir), 1e-4f));
@@ -911,7 +911,7 @@ void draw_chunk_sprites(ImDrawList* dl, const Edges& edges, const std::vector<Ch
 }
 
 // Nodes, their buffers, the cells a chunk leaves and lands in, and the labels on the chunks.
-void draw_nodes(ImDrawList* dl, const Layout& L, const CollectiveView& cv, int N, bool valid, const std::vector<Chunk>& chunks,
+void draw_nodes(ImDrawList* dl, const RingLayout& L, const CollectiveView& cv, int N, bool valid, const std::vector<Chunk>& chunks,
                 float fs, double time) {
   for (int r = 0; r < N; r++) {
     const bool missing = valid && cv.in_flight && std::find(cv.missing.begin(), cv.missing.end(), r) != cv.missing.end();
@@ -936,12 +936,12 @@ void draw_nodes(ImDrawList* dl, const Layout& L, const CollectiveView& cv, int N
     if (ch.t->chunk < 0 || ch.half * 2 < fs * 0.7f) continue;
     char buf[16];
     std::snprintf(buf, sizeof buf, "%d", ch.t->chunk);
-    centered_text(dl, std::min(fs, ch.half * 1.45f), ch.pos, text_on(ch.color), buf);
+    centered_label(dl, std::min(fs, ch.half * 1.45f), ch.pos, text_on(ch.color), buf);
   }
 }
 
 // A cell's tooltip when the mouse is on one of rank r's cells; false when it is not.
-bool cell_tooltip(const Layout& L, const CollectiveView& cv, int r, int N, ImVec2 mouse) {
+bool cell_tooltip(const RingLayout& L, const CollectiveView& cv, int r, int N, ImVec2 mouse) {
   for (int c = 0; c < cv.chunks; c++) {
     ImVec2 a0, a1;
     const auto& row = cv.cells[static_cast<size_t>(r)];
@@ -962,7 +962,7 @@ bool cell_tooltip(const Layout& L, const CollectiveView& cv, int r, int N, ImVec
 }
 
 // Tooltips: a node tells what its rank does; a cell what it holds; a chunk where it goes.
-void ring_tooltips(const Snapshot& s, const Layout& L, const std::vector<Chunk>& chunks, int N, bool valid, ImVec2 mouse) {
+void ring_tooltips(const Snapshot& s, const RingLayout& L, const std::vector<Chunk>& chunks, int N, bool valid, ImVec2 mouse) {
   const CollectiveView& cv = s.collective;
   for (const Chunk& ch : chunks) {
     if (std::fabs(mouse.x - ch.pos.x) <= ch.half * 1.2f && std::fabs(mouse.y - ch.pos.y) <= ch.half * 1.2f) {
@@ -1009,7 +1009,7 @@ void draw_ring_view(const Snapshot& s, ViewContext& ctx, RingViewState& state) {
 
   const float legend_h = valid ? fs * 1.5f : 0.0f;
   const bool ring = valid && ring_edges(cv);
-  const Layout& L = cached_layout(st.layout, p0, ImVec2(size.x, size.y - legend_h), N, valid ? cv.chunks : 1, fs, valid);
+  const RingLayout& L = cached_layout(st.layout, p0, ImVec2(size.x, size.y - legend_h), N, valid ? cv.chunks : 1, fs, valid);
 
   // The ring itself, faint, so every algorithm reads as the same world.
   if (N > 1) dl->AddCircle(L.center, L.radius, ImGui::GetColorU32(ImGuiCol_Border, 0.6f), 96, std::max(1.0f, fs * 0.06f));

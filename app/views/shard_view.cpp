@@ -44,7 +44,7 @@ void hatch(ImDrawList* dl, ImVec2 a, ImVec2 b, ImU32 col) {
   dl->PopClipRect();
 }
 
-struct Layout {
+struct ShardLayout {
   float label_w, bar_x, bar_w, row_h, state_w;
 };
 
@@ -60,7 +60,7 @@ Live live_of(const Snapshot& s, const UnitView& u) {
   return Live::None;
 }
 
-void draw_unit(const Snapshot& s, const UnitView& u, const Layout& L, double time) {
+void draw_unit(const Snapshot& s, const UnitView& u, const ShardLayout& L, double time) {
   ImDrawList* dl = ImGui::GetWindowDrawList();
   const float fs = ImGui::GetFontSize();
   const int W = s.config.world, K = std::max(1, u.shard_world);
@@ -218,7 +218,7 @@ void draw_shard_view(const Snapshot& s, ViewContext& ctx) {
   ImGui::Separator();
 
   ImGui::BeginChild("units", ImVec2(0, 0), false);
-  Layout L;
+  ShardLayout L;
   const ImVec2 origin = ImGui::GetCursorScreenPos();
   L.label_w = ImGui::CalcTextSize(K < c.world ? "rank 00 (node 0)  " : "flat param  ").x;
   L.state_w = ImGui::CalcTextSize("post-backward ").x + 0.6f * fs;

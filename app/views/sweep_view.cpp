@@ -20,7 +20,7 @@ namespace {
 constexpr int kMinLog2 = 3, kMaxLog2 = 30;  // 8 B .. 1 GiB
 constexpr int kPerOctave = 4;               // curve samples per doubling
 
-struct Curve {
+struct SweepCurve {
   Algorithm algo;
   std::vector<Prediction> points;  // at each sample size, the best protocol
 };
@@ -40,12 +40,12 @@ struct Plot {
 
 double sample_bytes(int i) { return std::exp2(kMinLog2 + static_cast<double>(i) / kPerOctave); }
 
-std::vector<Curve> curves_for(const HardwareProfile& p, int n) {
-  std::vector<Curve> out;
+std::vector<SweepCurve> curves_for(const HardwareProfile& p, int n) {
+  std::vector<SweepCurve> out;
   const int samples = (kMaxLog2 - kMinLog2) * kPerOctave + 1;
   for (Algorithm a : kAlgorithms) {
     if (!select(p, n, CollectiveOp::AllReduce, 1, a).available) continue;
-    Curve c{a, {}};
+    SweepCurve c{a, {}};
     for (int i = 0; i < samples; i++) c.points.push_back(select(p, n, CollectiveOp::AllReduce, sample_bytes(i), a));
     out.push_back(std::move(c));
   }
@@ -53,7 +53,7 @@ std::vector<Curve> curves_for(const HardwareProfile& p, int n) {
 }
 
 // The sizes (powers of two, as the CLI's sweep) where the fastest algorithm changes.
-std::vector<std::pair<double, std::string>> crossovers(const std::vector<Curve>& curves) {
+std::vector<std::pair<double, std::string>> crossovers(const std::vector<SweepCurve>& curves) {
   std::vector<std::pair<double, std::string>> out;
   int prev = -1;
   for (int i = 0; i < static_cast<int>(curves.empty() ? 0 : curves[0].points.size()); i += kPerOctave) {
@@ -106,7 +106,7 @@ void draw_run_dots(ImDrawList* dl, const Snapshot& s, const Plot& P) {
 }
 
 // Under the mouse: every curve's busbw and protocol at that size.
-void hover_tooltip(const std::vector<Curve>& curves, const Plot& P) {
+void hover_tooltip(const std::vector<SweepCurve>& curves, const Plot& P) {
   const ImVec2 m = ImGui::GetIO().MousePos;
   if (m.x < P.a.x || m.x > P.b.x || m.y < P.a.y || m.y > P.b.y || curves.empty()) return;
   const double t = (m.x - P.a.x) / (P.b.x - P.a.x);
@@ -116,7 +116,7 @@ void hover_tooltip(const std::vector<Curve>& curves, const Plot& P) {
                                       IM_COL32(255, 255, 255, 90));
   ImGui::BeginTooltip();
   ImGui::Text("%s", format_bytes(sample_bytes(i)).c_str());
-  for (const Curve& c : curves) {
+  for (const SweepCurve& c : curves) {
     const Prediction& p = c.points[static_cast<size_t>(i)];
     ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(algorithm_color(c.algo)), "%-12s %-6s %9.3f GB/s  %s",
                        algorithm_name(c.algo), protocol_name(p.proto), p.busbw / 1e9, time_text(p.seconds).c_str());
@@ -124,10 +124,10 @@ void hover_tooltip(const std::vector<Curve>& curves, const Plot& P) {
   ImGui::EndTooltip();
 }
 
-void draw_legend(ImDrawList* dl, const std::vector<Curve>& curves, const Plot& P) {
+void draw_legend(ImDrawList* dl, const std::vector<SweepCurve>& curves, const Plot& P) {
   const float fs = ImGui::GetFontSize();
   ImVec2 at(P.a.x + fs * 0.5f, P.a.y + fs * 0.4f);
-  for (const Curve& c : curves) {
+  for (const SweepCurve& c : curves) {
     dl->AddLine(ImVec2(at.x, at.y + fs / 2), ImVec2(at.x + fs * 1.4f, at.y + fs / 2), algorithm_color(c.algo), 3.0f);
     dl->AddText(ImVec2(at.x + fs * 1.8f, at.y), IM_COL32(230, 230, 235, 255), algorithm_display_name(c.algo));
     at.y += fs * 1.2f;
@@ -153,7 +153,7 @@ void draw_sweep_view(const Snapshot& s, ViewContext&) {
   ImGui::Text("all-reduce busbw on %s, %d ranks over %d %s", profile.name.c_str(), n, nodes, nodes == 1 ? "node" : "nodes");
   ImGui::SameLine();
   ImGui::TextDisabled("(the tuning model, each algorithm at its best protocol; dots: this run's all-reduces, modeled clock)");
-  const std::vector<Curve> curves = curves_for(profile, n);
+  const std::vector<SweepCurve> curves = curves_for(profile, n);
   const auto marks = crossovers(curves);
   std::string xs;
   for (const auto& [bytes, what] : marks) xs += (xs.empty() ? "" : "; ") + what + " at " + format_bytes(bytes);
@@ -164,7 +164,7 @@ void draw_sweep_view(const Snapshot& s, ViewContext&) {
   const ImVec2 origin = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
   ImGui::InvisibleButton("##sweep", ImVec2(std::max(avail.x, 50.0f), std::max(avail.y, 50.0f)));
   double hi = 1e-3, lo = 1e30;
-  for (const Curve& c : curves)
+  for (const SweepCurve& c : curves)
     for (const Prediction& p : c.points) hi = std::max(hi, p.busbw / 1e9), lo = std::min(lo, p.busbw / 1e9);
   Plot P{ImVec2(origin.x + fs * 4.5f, origin.y + fs * 1.6f), ImVec2(origin.x + avail.x - fs, origin.y + avail.y - fs * 2.6f),
          std::floor(std::log10(std::max(lo, 1e-6))), std::ceil(std::log10(hi) + 0.05)};
@@ -183,7 +183,7 @@ void draw_sweep_view(const Snapshot& s, ViewContext&) {
     row_end[row] = x + 3 + ImGui::CalcTextSize(label.c_str()).x + fs * 0.5f;
     dl->AddText(ImVec2(x + 3, P.b.y - fs * 1.3f * static_cast<float>(row + 1)), IM_COL32(255, 230, 120, 255), label.c_str());
   }
-  for (const Curve& c : curves) {
+  for (const SweepCurve& c : curves) {
     std::vector<ImVec2> line;
     for (size_t i = 0; i < c.points.size(); i++) line.push_back(ImVec2(P.x(sample_bytes(static_cast<int>(i))), P.y(c.points[i].busbw / 1e9)));
     dl->AddPolyline(line.data(), static_cast<int>(line.size()), algorithm_color(c.algo), 0, 2.5f);

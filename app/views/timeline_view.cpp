@@ -220,7 +220,7 @@ void draw_instants(RowCtx& rc, SpanRange range, float y0, float y1, float half_w
 
 // Lane geometry in "lane units" u: the font size, stretched (up to 1.6x) when the ranks would
 // leave the panel half empty. Row offsets are from the top of their lane.
-struct Layout {
+struct TimelineLayout {
   float fs = 13, u = 13, label_w = 100;
   float compute_h = 0, comm_h = 0, gap = 0, rank_h = 0;
   float op0 = 0, op1 = 0;  // compute lane: ops (instants below, to the lane's end)
@@ -230,8 +230,8 @@ struct Layout {
   float ri0 = 0, ri1 = 0;  // ring steps
 };
 
-Layout make_layout(float fs, float stretch) {
-  Layout L;
+TimelineLayout make_layout(float fs, float stretch) {
+  TimelineLayout L;
   L.fs = fs;
   L.u = fs * stretch;
   const float u = L.u;
@@ -286,7 +286,7 @@ void draw_loss_scale(RowCtx& rc, const RankRows& c, SpanRange range, float yc, f
   }
 }
 
-void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int rank, float y, const Layout& L, RowCtx& rc) {
+void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int rank, float y, const TimelineLayout& L, RowCtx& rc) {
   ImDrawList* dl = rc.dl;
   const TimeAxis& ax = rc.ax;
   const float fs = L.fs;
@@ -408,7 +408,7 @@ void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int ra
 }
 
 // The label column, drawn over whatever spans scrolled under it.
-void draw_rank_labels(const Snapshot& s, int rank, float x, float y, const Layout& L, ImDrawList* dl) {
+void draw_rank_labels(const Snapshot& s, int rank, float x, float y, const TimelineLayout& L, ImDrawList* dl) {
   const float fs = L.fs;
   const int world = std::max(1, s.config.world);
   const float ym = y + L.compute_h, ye = ym + L.comm_h;
@@ -739,7 +739,7 @@ void draw_toolbar(TimelineViewState& view, ViewContext& ctx, bool fp16) {
 // The lanes: the tick grid, every rank on screen (its spans derived for the range in view), the
 // cursor's line, then the label column over them. What the mouse is over lands in `hover`.
 void draw_lanes(const Snapshot& s, TimelineViewState& view, const TimelineCanvas& c, const TimeAxis& ax, const Ticks& ticks,
-                const Layout& L, const EventClock& clock, Hover& hover) {
+                const TimelineLayout& L, const EventClock& clock, Hover& hover) {
   const int ranks = static_cast<int>(s.events.size());
   const float fs = L.fs, total_h = c.lanes_h;
   const ImVec2 cp = c.lanes_pos, mouse = ImGui::GetIO().MousePos;
@@ -866,7 +866,7 @@ void draw_timeline_view(const Snapshot& s, TimelineViewState& view, ViewContext&
 
   const float ruler_h = 1.45f * fs, strip_h = 1.35f * fs, header_h = ruler_h + strip_h;
   const float natural = std::max(ranks, 1) * make_layout(fs, 1.0f).rank_h;
-  const Layout L = make_layout(fs, std::clamp((ImGui::GetContentRegionAvail().y - header_h - 4) / natural, 1.0f, 1.6f));
+  const TimelineLayout L = make_layout(fs, std::clamp((ImGui::GetContentRegionAvail().y - header_h - 4) / natural, 1.0f, 1.6f));
   const TimelineCanvas c = begin_timeline_canvas({"##tl_header", "##tl_lanes", "##tl_canvas"}, header_h, L.label_w, L.rank_h, ranks);
 
   // Input: wheel zooms around the cursor's time, dragging pans (and scrolls the ranks).

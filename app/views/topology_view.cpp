@@ -17,10 +17,6 @@ namespace dtlab::app {
 namespace {
 
 const ImU32 kIdleLink = IM_COL32(92, 98, 110, 255);
-const ImU32 kBox = IM_COL32(46, 50, 58, 255);
-const ImU32 kBoxEdge = IM_COL32(120, 126, 140, 255);
-const ImU32 kText = IM_COL32(235, 236, 240, 255);
-const ImU32 kDim = IM_COL32(160, 165, 175, 255);
 
 const LinkLoad* find_link(const TopologyView& t, LinkKind kind, int node, int index) {
   for (const LinkLoad& l : t.links)
@@ -51,11 +47,6 @@ const char* fabric_box_name(Fabric f) {
     case Fabric::SharedMemory: return "shared memory";
     default: return fabric_name(f);
   }
-}
-
-void centered_text(ImDrawList* dl, ImVec2 center, ImU32 col, const std::string& s) {
-  const ImVec2 sz = ImGui::CalcTextSize(s.c_str());
-  dl->AddText(ImVec2(center.x - sz.x * 0.5f, center.y - sz.y * 0.5f), col, s.c_str());
 }
 
 // A labeled box; `lit` outlines it in that color.

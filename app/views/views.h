@@ -90,6 +90,13 @@ std::string trace_summary(const TraceSnapshot& t);
 std::string zoom_trace(const TraceSnapshot& t, TraceUi& ui, const std::string& what, int n);
 
 // Shared colors, so a rank or a state reads the same in every view.
+// The diagram views' boxes (mesh, topology): fill, edge, text and dimmed text.
+constexpr ImU32 kBox = IM_COL32(46, 50, 58, 255);
+constexpr ImU32 kBoxEdge = IM_COL32(120, 126, 140, 255);
+constexpr ImU32 kText = IM_COL32(235, 236, 240, 255);
+constexpr ImU32 kDim = IM_COL32(160, 165, 175, 255);
+// Draws `s` centered on `center` in the current font.
+void centered_text(ImDrawList* dl, ImVec2 center, ImU32 col, const std::string& s);
 ImU32 rank_color(int rank, int world, float alpha = 1.0f);
 ImU32 bucket_state_color(BucketState s);
 ImU32 memory_category_color(MemCategory c);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/comm/queued_comm.h"  // CollDesc, payload_bytes
+#include "engine/core/arith.h"
 #include "engine/core/check.h"
 #include "engine/core/tensor.h"
 #include "engine/trace/context.h"
@@ -106,8 +107,6 @@ void GroupExecutor::loop() {
 }
 
 namespace {
-
-int mod(int a, int n) { return ((a % n) + n) % n; }
 
 constexpr int64_t kF32 = static_cast<int64_t>(sizeof(float));
 
@@ -228,7 +227,7 @@ class GroupComm : public Communicator {
       dev_.copy(dst + me_ * count, src + me_ * count, count * kF32);
       // Round k: send to me + k, receive from me - k, paired (a ring shift of distance k).
       for (int k = 1; k < n; k++) {
-        const int to = mod(me_ + k, n), from = mod(me_ - k, n);
+        const int to = ring_mod(me_ + k, n), from = ring_mod(me_ - k, n);
         p2p_exchange(src + to * count, to, dst + from * count, from, count, RingPhase::None, from);
       }
     });
@@ -375,9 +374,9 @@ class GroupComm : public Communicator {
     Tensor acc = scratch(count * n);
     dev_.copy(acc.f32(), in, count * n * kF32);
     Tensor tmp = scratch(count);
-    const int succ = mod(me_ + 1, n), pred = mod(me_ - 1, n);
+    const int succ = ring_mod(me_ + 1, n), pred = ring_mod(me_ - 1, n);
     for (int s = 0; s < n - 1; s++) {
-      const int send_block = mod(me_ - 1 - s, n), recv_block = mod(me_ - 2 - s, n);
+      const int send_block = ring_mod(me_ - 1 - s, n), recv_block = ring_mod(me_ - 2 - s, n);
       p2p_exchange(acc.f32() + send_block * count, succ, tmp.f32(), pred, count, RingPhase::ReduceScatter, recv_block);
       dev_.accumulate(acc.f32() + recv_block * count, tmp.f32(), count, op == ReduceOp::Max);
     }
@@ -388,10 +387,10 @@ class GroupComm : public Communicator {
   void ring_all_gather(float* out, const float* in, int64_t count) {
     const int n = world_size();
     dev_.copy(out + me_ * count, in, count * kF32);  // a no-op when `in` is already there
-    const int succ = mod(me_ + 1, n), pred = mod(me_ - 1, n);
+    const int succ = ring_mod(me_ + 1, n), pred = ring_mod(me_ - 1, n);
     for (int s = 0; s < n - 1; s++)
-      p2p_exchange(out + mod(me_ - s, n) * count, succ, out + mod(me_ - s - 1, n) * count, pred, count,
-                   RingPhase::AllGather, mod(me_ - s - 1, n));
+      p2p_exchange(out + ring_mod(me_ - s, n) * count, succ, out + ring_mod(me_ - s - 1, n) * count, pred, count,
+                   RingPhase::AllGather, ring_mod(me_ - s - 1, n));
   }
 
   Communicator& parent_;

@@ -3,22 +3,15 @@
 #include <algorithm>
 #include <string>
 
+#include "engine/core/arith.h"
 #include "engine/core/check.h"
 
 namespace dtlab {
 
 namespace {
 
-int mod(int a, int n) { return ((a % n) + n) % n; }
-
-int ceil_log2(int n) {
-  int k = 0;
-  while ((1 << k) < n) k++;
-  return k;
-}
-
 void ring(std::vector<StepTransfer>& out, int n, RingPhase phase, bool reduce, int (*chunk)(int r, int s, int n), int s) {
-  for (int r = 0; r < n; r++) out.push_back({mod(r - 1, n), r, chunk(r, s, n), phase, reduce, n});
+  for (int r = 0; r < n; r++) out.push_back({ring_mod(r - 1, n), r, chunk(r, s, n), phase, reduce, n});
 }
 
 // Binomial tree rooted at `root` (virtual rank v = r - root): broadcast step k sends from v to
@@ -26,13 +19,13 @@ void ring(std::vector<StepTransfer>& out, int n, RingPhase phase, bool reduce, i
 void tree_broadcast(std::vector<StepTransfer>& out, int n, int root, int k) {
   const int half = 1 << k;
   for (int u = 0; u < half && u + half < n; u++)
-    out.push_back({mod(u + root, n), mod(u + half + root, n), -1, RingPhase::Broadcast, false});
+    out.push_back({ring_mod(u + root, n), ring_mod(u + half + root, n), -1, RingPhase::Broadcast, false});
 }
 
 void tree_reduce(std::vector<StepTransfer>& out, int n, int root, int k) {
   const int half = 1 << k;
   for (int u = 0; u + half < n; u += 2 * half)
-    out.push_back({mod(u + half + root, n), mod(u + root, n), -1, RingPhase::Reduce, true});
+    out.push_back({ring_mod(u + half + root, n), ring_mod(u + root, n), -1, RingPhase::Reduce, true});
 }
 
 // Double binary tree step s (both trees at once). Reduce phase (K + H - 1 steps): a rank of height
@@ -61,22 +54,22 @@ void hierarchical(std::vector<StepTransfer>& out, int n, int G, int s) {
       const int r = m * G + l;
       int t = s;
       if (t < G - 1) {
-        out.push_back({m * G + mod(l - 1, G), r, mod(l - 2 - t, G), RingPhase::ReduceScatter, true, G});
+        out.push_back({m * G + ring_mod(l - 1, G), r, ring_mod(l - 2 - t, G), RingPhase::ReduceScatter, true, G});
         continue;
       }
       t -= G - 1;
-      const int across = mod(m - 1, N) * G + l;
+      const int across = ring_mod(m - 1, N) * G + l;
       if (t < N - 1) {
-        out.push_back({across, r, l * N + mod(m - 2 - t, N), RingPhase::ReduceScatter, true, G * N});
+        out.push_back({across, r, l * N + ring_mod(m - 2 - t, N), RingPhase::ReduceScatter, true, G * N});
         continue;
       }
       t -= N - 1;
       if (t < N - 1) {
-        out.push_back({across, r, l * N + mod(m - 1 - t, N), RingPhase::AllGather, false, G * N});
+        out.push_back({across, r, l * N + ring_mod(m - 1 - t, N), RingPhase::AllGather, false, G * N});
         continue;
       }
       t -= N - 1;
-      out.push_back({m * G + mod(l - 1, G), r, mod(l - 1 - t, G), RingPhase::AllGather, false, G});
+      out.push_back({m * G + ring_mod(l - 1, G), r, ring_mod(l - 1 - t, G), RingPhase::AllGather, false, G});
     }
 }
 
@@ -149,8 +142,8 @@ std::vector<StepTransfer> algorithm_step_plan(CollectiveOp op, Algorithm algo, i
       } else if (algo == Algorithm::Ring) {
         // Reduce-scatter: rank r adds its predecessor's chunk (r - 2 - s); after n - 1 steps chunk r
         // is final on rank r. All-gather: the final chunks travel on round the ring.
-        if (s < n - 1) ring(out, n, RingPhase::ReduceScatter, true, [](int r, int st, int m) { return mod(r - 2 - st, m); }, s);
-        else ring(out, n, RingPhase::AllGather, false, [](int r, int st, int m) { return mod(r - 1 - (st - (m - 1)), m); }, s);
+        if (s < n - 1) ring(out, n, RingPhase::ReduceScatter, true, [](int r, int st, int m) { return ring_mod(r - 2 - st, m); }, s);
+        else ring(out, n, RingPhase::AllGather, false, [](int r, int st, int m) { return ring_mod(r - 1 - (st - (m - 1)), m); }, s);
       } else if (algo == Algorithm::Naive) {
         // Rank 0 gathers and reduces every buffer, then sends the result to each rank in turn.
         if (s < n - 1) out.push_back({s + 1, 0, -1, RingPhase::Gather, true});
@@ -162,21 +155,21 @@ std::vector<StepTransfer> algorithm_step_plan(CollectiveOp op, Algorithm algo, i
       }
       break;
     case CollectiveOp::ReduceScatter:
-      ring(out, n, RingPhase::ReduceScatter, true, [](int r, int st, int m) { return mod(r - 2 - st, m); }, s);
+      ring(out, n, RingPhase::ReduceScatter, true, [](int r, int st, int m) { return ring_mod(r - 2 - st, m); }, s);
       break;
     case CollectiveOp::AllGather:
-      ring(out, n, RingPhase::AllGather, false, [](int r, int st, int m) { return mod(r - 1 - st, m); }, s);
+      ring(out, n, RingPhase::AllGather, false, [](int r, int st, int m) { return ring_mod(r - 1 - st, m); }, s);
       break;
     case CollectiveOp::Broadcast:
-      if (algo == Algorithm::Naive) out.push_back({root, mod(root + s + 1, n), -1, RingPhase::Broadcast, false});
+      if (algo == Algorithm::Naive) out.push_back({root, ring_mod(root + s + 1, n), -1, RingPhase::Broadcast, false});
       else tree_broadcast(out, n, root, s);
       break;
     case CollectiveOp::Reduce:
-      if (algo == Algorithm::Naive) out.push_back({mod(root + s + 1, n), root, -1, RingPhase::Gather, true});
+      if (algo == Algorithm::Naive) out.push_back({ring_mod(root + s + 1, n), root, -1, RingPhase::Gather, true});
       else tree_reduce(out, n, root, s);
       break;
     case CollectiveOp::AllToAll:
-      for (int r = 0; r < n; r++) out.push_back({mod(r - (s + 1), n), r, mod(r - (s + 1), n), RingPhase::None, false, n});
+      for (int r = 0; r < n; r++) out.push_back({ring_mod(r - (s + 1), n), r, ring_mod(r - (s + 1), n), RingPhase::None, false, n});
       break;
     default: break;
   }

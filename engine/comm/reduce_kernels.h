@@ -2,6 +2,7 @@
 // by every backend: a collective adds the same numbers in the same order whichever backend moves
 // them, so a multi-process socket run equals the in-process threads run bit for bit.
 #pragma once
+#include "engine/core/arith.h"
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -11,14 +12,6 @@
 #include "engine/core/half.h"
 
 namespace dtlab {
-
-inline int ring_mod(int a, int n) { return ((a % n) + n) % n; }
-
-inline int ceil_log2(int n) {
-  int l = 0;
-  while ((1 << l) < n) l++;
-  return l;
-}
 
 // Chunk c of an all-reduce buffer: sizes differ by at most one element, empty when count < n.
 inline int64_t chunk_begin(int64_t count, int n, int c) { return count * c / n; }

@@ -1,3 +1,4 @@
+#include "engine/core/arith.h"
 #include "engine/core/double_tree.h"
 
 #include <algorithm>
@@ -5,8 +6,6 @@
 namespace dtlab {
 
 namespace {
-
-int mod(int a, int n) { return ((a % n) + n) % n; }
 
 // ncclGetBtree's in-order binary tree over ranks 0..n-1 rooted at 0 (our own code, same tree): a
 // rank's lowest set bit `bit` says its level; its parent sets the next bit up (or, past the end,
@@ -40,7 +39,7 @@ TreeLinks raw_links(int n, int tree, int r) {
     return t;
   }
   const bool odd = n % 2 == 1;
-  auto to0 = [&](int x) { return odd ? mod(x - 1, n) : n - 1 - x; };
+  auto to0 = [&](int x) { return odd ? ring_mod(x - 1, n) : n - 1 - x; };
   auto from0 = [&](int x) { return x < 0 ? -1 : odd ? (x + 1) % n : n - 1 - x; };
   btree(n, to0(r), t.parent, t.child);
   t.parent = from0(t.parent);

@@ -9,11 +9,6 @@ namespace dtlab::cuda {
 
 namespace {
 
-void check_launch(int line) {
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) fail_cuda(__FILE__, line, "kernel launch", e);
-}
-
 // Makes `device` current for a scope and restores the thread's previous device: a tensor may be
 // freed by a thread that works for another GPU.
 class DeviceGuard {
@@ -80,17 +75,17 @@ void CudaDevice::synchronize() { rank_.sync_compute(); }
 
 void CudaDevice::scale(float* x, int64_t n, float s) {
   launch_scale(rank_.compute(), x, s, n);
-  check_launch(__LINE__);
+  DTLAB_CUDA_CHECK_LAUNCH();
 }
 
 void CudaDevice::scale_copy(float* dst, const float* src, int64_t n, float s) {
   launch_scale_copy(rank_.compute(), dst, src, s, n);
-  check_launch(__LINE__);
+  DTLAB_CUDA_CHECK_LAUNCH();
 }
 
 void CudaDevice::accumulate(float* acc, const float* x, int64_t n, bool max) {
   if (n > 0) launch_reduce_f32(rank_.compute(), acc, acc, x, n, max);
-  check_launch(__LINE__);
+  DTLAB_CUDA_CHECK_LAUNCH();
 }
 
 void CudaDevice::linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
@@ -116,7 +111,7 @@ void CudaDevice::cross_entropy_forward(float* probs, double* stats, const float*
   float* mean = losses + B;
   cuda::cross_entropy_forward(rank_, probs, losses, mean, logits, targets, B, C);
   launch_loss_stats(rank_.compute(), stats, losses, mean, logits, targets, B, C);
-  check_launch(__LINE__);
+  DTLAB_CUDA_CHECK_LAUNCH();
 }
 
 void CudaDevice::cross_entropy_backward(float* dlogits, const float* probs, const int64_t* targets, int64_t B,
@@ -126,12 +121,12 @@ void CudaDevice::cross_entropy_backward(float* dlogits, const float* probs, cons
 
 void CudaDevice::sgd_step(float* params, const float* grads, float* buf, int64_t n, SgdCoeffs k, bool first) {
   launch_sgd_step(rank_.compute(), params, grads, buf, n, k, first);
-  check_launch(__LINE__);
+  DTLAB_CUDA_CHECK_LAUNCH();
 }
 
 void CudaDevice::adamw_step(float* params, const float* grads, float* m, float* v, int64_t n, AdamWCoeffs k) {
   launch_adamw_step(rank_.compute(), params, grads, m, v, n, k);
-  check_launch(__LINE__);
+  DTLAB_CUDA_CHECK_LAUNCH();
 }
 
 std::unique_ptr<DeviceTimer> CudaDevice::make_timer(RankContext* ctx) {

@@ -13,11 +13,6 @@ void check_blas(cublasStatus_t st, const char* call, int line) {
   if (st != CUBLAS_STATUS_SUCCESS) fail_library(__FILE__, line, call, cublasGetStatusString(st));
 }
 
-void check_launch(int line) {
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) fail_cuda(__FILE__, line, "kernel launch", e);
-}
-
 int i32(int64_t v) { return static_cast<int>(v); }
 
 }  // namespace
@@ -35,7 +30,7 @@ void linear_forward(const RankDevice& dev, float* out, const float* inp, const f
   check_blas(cublasSgemm(dev.blas(), CUBLAS_OP_T, CUBLAS_OP_N, i32(OC), i32(B), i32(C), &one, weight,
                          i32(C), inp, i32(C), &beta, out, i32(OC)),
              "cublasSgemm (linear forward)", __LINE__);
-  check_launch(__LINE__);
+  DTLAB_CUDA_CHECK_LAUNCH();
 }
 
 void linear_backward(const RankDevice& dev, float* dinp, float* dweight, float* dbias, const float* dout,
@@ -52,29 +47,29 @@ void linear_backward(const RankDevice& dev, float* dinp, float* dweight, float* 
                "cublasSgemm (linear d weight)", __LINE__);
   }
   if (dbias) launch_bias_backward(dev.compute(), dbias, dout, B, OC);
-  check_launch(__LINE__);
+  DTLAB_CUDA_CHECK_LAUNCH();
 }
 
 void relu_forward(const RankDevice& dev, float* out, const float* inp, int64_t N) {
   launch_relu_forward(dev.compute(), out, inp, N);
-  check_launch(__LINE__);
+  DTLAB_CUDA_CHECK_LAUNCH();
 }
 
 void relu_backward(const RankDevice& dev, float* dinp, const float* dout, const float* out, int64_t N) {
   launch_relu_backward(dev.compute(), dinp, dout, out, N);
-  check_launch(__LINE__);
+  DTLAB_CUDA_CHECK_LAUNCH();
 }
 
 void cross_entropy_forward(const RankDevice& dev, float* probs, float* losses, float* loss,
                            const float* logits, const int64_t* targets, int64_t B, int64_t C) {
   launch_cross_entropy_forward(dev.compute(), probs, losses, loss, logits, targets, B, C);
-  check_launch(__LINE__);
+  DTLAB_CUDA_CHECK_LAUNCH();
 }
 
 void cross_entropy_backward(const RankDevice& dev, float* dlogits, const float* probs,
                             const int64_t* targets, int64_t B, int64_t C, float scale) {
   launch_cross_entropy_backward(dev.compute(), dlogits, probs, targets, B, C, scale);
-  check_launch(__LINE__);
+  DTLAB_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace dtlab::cuda

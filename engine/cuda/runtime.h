@@ -61,3 +61,10 @@ void prepare_pools(const std::vector<int>& devices, bool peers_required);
     cudaError_t dtlab_e_ = (call);                                               \
     if (dtlab_e_ != cudaSuccess) ::dtlab::cuda::fail_cuda(__FILE__, __LINE__, #call, dtlab_e_); \
   } while (0)
+
+// After a kernel launch: a launch error (bad configuration, no kernel image for this GPU) as a sentence.
+#define DTLAB_CUDA_CHECK_LAUNCH()                                                              \
+  do {                                                                                         \
+    cudaError_t dtlab_e_ = cudaGetLastError();                                                 \
+    if (dtlab_e_ != cudaSuccess) ::dtlab::cuda::fail_cuda(__FILE__, __LINE__, "kernel launch", dtlab_e_); \
+  } while (0)

@@ -16,13 +16,12 @@
 #include "engine/core/check.h"
 
 namespace dtlab {
-namespace {
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw Error(path + ": " + what);
-}
+[[noreturn]] void fail_at(const std::string& path, const std::string& what) { throw Error(path + ": " + what); }
 
 std::string os_reason(int err) { return std::strerror(err); }
+
+namespace {
 
 // Returns 0 or errno.
 int write_all(int fd, const void* buf, size_t n) {
@@ -149,7 +148,7 @@ AtomicFile::AtomicFile(std::string target) : target_(std::move(target)) {
   remove_stale_temps(target_);
   fd_.fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd_.fd < 0)
-    fail(target_, "cannot save: cannot create temporary file " + tmp_ + " (" + os_reason(errno) +
+    fail_at(target_, "cannot save: cannot create temporary file " + tmp_ + " (" + os_reason(errno) +
                       "); check that the directory exists and is writable");
   slot_ = register_temp(tmp_);
 }
@@ -162,17 +161,17 @@ AtomicFile::~AtomicFile() {
 
 void AtomicFile::write(const void* buf, size_t n) {
   if (int err = write_all(fd_.fd, buf, n))
-    fail(target_, "cannot save: writing " + tmp_ + " failed (" + os_reason(err) + "); is the disk full?");
+    fail_at(target_, "cannot save: writing " + tmp_ + " failed (" + os_reason(err) + "); is the disk full?");
 }
 
 void AtomicFile::commit() {
   // fsync before rename: otherwise a crash can leave PATH renamed but with its blocks unwritten.
   if (::fsync(fd_.fd) != 0)
-    fail(target_, "cannot save: flushing " + tmp_ + " to disk failed (" + os_reason(errno) + ")");
+    fail_at(target_, "cannot save: flushing " + tmp_ + " to disk failed (" + os_reason(errno) + ")");
   if (int err = fd_.close())
-    fail(target_, "cannot save: closing " + tmp_ + " failed (" + os_reason(err) + ")");
+    fail_at(target_, "cannot save: closing " + tmp_ + " failed (" + os_reason(err) + ")");
   if (::rename(tmp_.c_str(), target_.c_str()) != 0)
-    fail(target_, "cannot save: renaming " + tmp_ + " over it failed (" + os_reason(errno) + ")");
+    fail_at(target_, "cannot save: renaming " + tmp_ + " over it failed (" + os_reason(errno) + ")");
   committed_ = true;
   unregister_temp(std::exchange(slot_, -1));
   // The rename itself lives in the directory; sync it so the new name survives a crash.
@@ -180,7 +179,7 @@ void AtomicFile::commit() {
   if (dir.empty()) dir = ".";
   Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.fd < 0 || (::fsync(dfd.fd) != 0 && errno != EINVAL))  // EINVAL: fs can't sync dirs
-    fail(target_, "saved, but syncing directory " + dir + " failed (" + os_reason(errno) + ")");
+    fail_at(target_, "saved, but syncing directory " + dir + " failed (" + os_reason(errno) + ")");
 }
 
 }  // namespace dtlab

@@ -24,6 +24,10 @@ void remove_temp_files_on_signal();
 // device such as /dev/zero never ends, so readers of input files check this before opening.
 std::string not_a_regular_file(const std::string& path);
 
+// The io layer's error sentences: "PATH: what" as a dtlab::Error, and strerror's text for an errno.
+[[noreturn]] void fail_at(const std::string& path, const std::string& what);
+std::string os_reason(int err);
+
 // An owned POSIX file descriptor.
 struct Fd {
   int fd = -1;

@@ -7,17 +7,11 @@
 
 #include "engine/core/check.h"
 #include "engine/core/format.h"
+#include "engine/io/atomic_file.h"
 #include "engine/io/safetensors.h"
 #include "engine/io/sharded_checkpoint.h"
 
 namespace dtlab {
-namespace {
-
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw Error(path + ": " + what);
-}
-
-}  // namespace
 
 CheckpointInfo checkpoint_info_from(const std::string& path, const std::map<std::string, std::string>& metadata,
                                     const Model* model) {
@@ -27,17 +21,17 @@ CheckpointInfo checkpoint_info_from(const std::string& path, const std::map<std:
     const std::string& s = it->second;
     auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), info.step);
     if (ec != std::errc() || end != s.data() + s.size() || info.step < 0)
-      fail(path, "metadata \"step\" is '" + s + "', not a non-negative integer; the file is corrupt");
+      fail_at(path, "metadata \"step\" is '" + s + "', not a non-negative integer; the file is corrupt");
   }
   if (auto it = metadata.find("model"); it != metadata.end()) {
     try {
       info.model_spec = ModelSpec::parse(it->second).str();
     } catch (const Error&) {
-      fail(path, "metadata \"model\" is '" + it->second + "', not a model spec like mlp:2,64,3; the file is corrupt");
+      fail_at(path, "metadata \"model\" is '" + it->second + "', not a model spec like mlp:2,64,3; the file is corrupt");
     }
   }
   if (model && !info.model_spec.empty() && info.model_spec != model->spec().str())
-    fail(path, "holds a checkpoint of " + info.model_spec + " but the model is " + model->spec().str() +
+    fail_at(path, "holds a checkpoint of " + info.model_spec + " but the model is " + model->spec().str() +
                    "; rerun with --model " + info.model_spec + " to load it");
   return info;
 }
@@ -101,11 +95,11 @@ CheckpointInfo load_checkpoint(const std::string& path, Model& model) {
   std::vector<const SafetensorsEntry*> sources;
   for (const Parameter& p : model.parameters()) {
     const SafetensorsEntry* e = file.find(p.name);
-    if (!e) fail(path, "has no tensor '" + p.name + "', which " + spec + " needs; was it saved from a different model?");
+    if (!e) fail_at(path, "has no tensor '" + p.name + "', which " + spec + " needs; was it saved from a different model?");
     if (e->dtype != DType::F32)
-      fail(path, "'" + p.name + "' has dtype " + dtype_name(e->dtype) + " but dtlab parameters are F32; save it as float32");
+      fail_at(path, "'" + p.name + "' has dtype " + dtype_name(e->dtype) + " but dtlab parameters are F32; save it as float32");
     if (e->shape != p.shape)
-      fail(path, "'" + p.name + "' has shape " + shape_str(e->shape) + " but " + spec + " needs " + shape_str(p.shape));
+      fail_at(path, "'" + p.name + "' has shape " + shape_str(e->shape) + " but " + spec + " needs " + shape_str(p.shape));
     sources.push_back(e);
   }
   std::vector<std::string> extras;
@@ -115,7 +109,7 @@ CheckpointInfo load_checkpoint(const std::string& path, Model& model) {
     std::string list;
     for (size_t i = 0; i < extras.size() && i < 3; i++) list += (i ? ", " : "") + extras[i];
     if (extras.size() > 3) list += " and " + std::to_string(extras.size() - 3) + " more";
-    fail(path, "holds tensors that " + spec + " does not have (" + list + "); was it saved from a different model?");
+    fail_at(path, "holds tensors that " + spec + " does not have (" + list + "); was it saved from a different model?");
   }
 
   std::vector<Parameter>& params = model.parameters();
@@ -132,7 +126,7 @@ void check_checkpoint_size(const std::string& path, const ModelSpec& spec) {
   // A file naming another model gets that sentence (it says which --model loads it)...
   const CheckpointInfo info = checkpoint_info_from(path, header.metadata);
   if (!info.model_spec.empty() && info.model_spec != spec.str())
-    fail(path, "holds a checkpoint of " + info.model_spec + " but the model is " + spec.str() +
+    fail_at(path, "holds a checkpoint of " + info.model_spec + " but the model is " + spec.str() +
                    "; rerun with --model " + info.model_spec + " to load it");
   // ... and one too small for the model it is to fill is refused before that model is allocated.
   int64_t values = 0;

@@ -29,12 +29,6 @@ using json = nlohmann::json;
 // The reference implementation's cap: a bigger header means a corrupt length or another format.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw Error(path + ": " + what);
-}
-
-std::string os_reason(int err) { return std::strerror(err); }
-
 std::string in_quotes(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 // Returns 0, errno, or -1 at an early end of file.
@@ -72,26 +66,26 @@ DType parse_dtype(const std::string& path, const std::string& name, const std::s
                                              "F6_E3M2", "F4",      "C64"};
   for (const char* other : kOtherDtypes)
     if (text == other)
-      fail(path, "tensor " + in_quotes(name) + " has dtype " + text +
+      fail_at(path, "tensor " + in_quotes(name) + " has dtype " + text +
                      ", which dtlab can't read; dtlab supports F32 and I64, so convert it first (e.g. "
                      "tensor.float() for weights)");
-  fail(path, "tensor " + in_quotes(name) + " has unknown dtype " + in_quotes(text) +
+  fail_at(path, "tensor " + in_quotes(name) + " has unknown dtype " + in_quotes(text) +
                  "; supported dtypes are F32 and I64");
 }
 
 SafetensorsEntry parse_entry(const std::string& path, const std::string& name, const json& v,
                              int64_t data_size) {
   if (!v.is_object())
-    fail(path, "entry " + in_quotes(name) + " is not an object; each tensor needs \"dtype\", \"shape\" and \"data_offsets\"");
+    fail_at(path, "entry " + in_quotes(name) + " is not an object; each tensor needs \"dtype\", \"shape\" and \"data_offsets\"");
   for (const char* key : {"dtype", "shape", "data_offsets"})
     if (!v.contains(key))
-      fail(path, "tensor " + in_quotes(name) + " lacks \"" + key +
+      fail_at(path, "tensor " + in_quotes(name) + " lacks \"" + key +
                      "\"; each tensor needs \"dtype\", \"shape\" and \"data_offsets\"");
   SafetensorsEntry e;
   e.name = name;
 
   const json& dt = v["dtype"];
-  if (!dt.is_string()) fail(path, "tensor " + in_quotes(name) + " has a \"dtype\" that is not a string");
+  if (!dt.is_string()) fail_at(path, "tensor " + in_quotes(name) + " has a \"dtype\" that is not a string");
 
   const json& sh = v["shape"];
   bool shape_ok = sh.is_array();
@@ -100,41 +94,41 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
     shape_ok = get_int(sh[i], d);
     e.shape.push_back(d);
   }
-  if (!shape_ok) fail(path, "tensor " + in_quotes(name) + " has a \"shape\" that is not a list of integers");
+  if (!shape_ok) fail_at(path, "tensor " + in_quotes(name) + " has a \"shape\" that is not a list of integers");
 
   const json& off = v["data_offsets"];
   if (!off.is_array() || off.size() != 2 || !get_int(off[0], e.begin) || !get_int(off[1], e.end) ||
       e.begin < 0 || e.end < 0)
-    fail(path, "tensor " + in_quotes(name) + " has \"data_offsets\" that are not two non-negative integers [begin, end]");
+    fail_at(path, "tensor " + in_quotes(name) + " has \"data_offsets\" that are not two non-negative integers [begin, end]");
 
   e.dtype = parse_dtype(path, name, dt.get<std::string>());
   int64_t nbytes = dtype_size(e.dtype);
   for (int64_t d : e.shape) {
     if (d < 0)
-      fail(path, "tensor " + in_quotes(name) + " has a negative dimension in shape " + sh.dump() +
+      fail_at(path, "tensor " + in_quotes(name) + " has a negative dimension in shape " + sh.dump() +
                      "; the header is corrupt");
     if (__builtin_mul_overflow(nbytes, d, &nbytes))
-      fail(path, "tensor " + in_quotes(name) + " has shape " + sh.dump() + ", too large to address; the header is corrupt");
+      fail_at(path, "tensor " + in_quotes(name) + " has shape " + sh.dump() + ", too large to address; the header is corrupt");
   }
   if (e.begin > e.end)
-    fail(path, "tensor " + in_quotes(name) + " has data_offsets [" + std::to_string(e.begin) + ", " +
+    fail_at(path, "tensor " + in_quotes(name) + " has data_offsets [" + std::to_string(e.begin) + ", " +
                    std::to_string(e.end) + "] with begin after end; they must be [begin, end] with begin <= end");
   if (e.end > data_size)
-    fail(path, "tensor " + in_quotes(name) + " has offsets out of range: it ends at byte " + std::to_string(e.end) +
+    fail_at(path, "tensor " + in_quotes(name) + " has offsets out of range: it ends at byte " + std::to_string(e.end) +
                    " but the data section holds " + std::to_string(data_size) + " bytes; file truncated?");
   if (e.end - e.begin != nbytes)
-    fail(path, "tensor " + in_quotes(name) + " spans " + std::to_string(e.end - e.begin) + " bytes but shape " +
+    fail_at(path, "tensor " + in_quotes(name) + " spans " + std::to_string(e.end - e.begin) + " bytes but shape " +
                    shape_str(e.shape) + " of " + dtype_name(e.dtype) + " needs " + std::to_string(nbytes) +
                    " bytes; the header is corrupt");
   return e;
 }
 
 void parse_metadata(const std::string& path, const json& v, std::map<std::string, std::string>& out) {
-  if (!v.is_object()) fail(path, "\"__metadata__\" is not an object; it must map strings to strings");
+  if (!v.is_object()) fail_at(path, "\"__metadata__\" is not an object; it must map strings to strings");
   for (const auto& [key, val] : v.items()) {
     if (!val.is_string()) {
       const char* article = val.is_array() || val.is_object() ? "an " : "a ";
-      fail(path, "\"__metadata__\" value for " + in_quotes(key) + " is " + article + val.type_name() +
+      fail_at(path, "\"__metadata__\" value for " + in_quotes(key) + " is " + article + val.type_name() +
                      ", not a string; safetensors metadata maps strings to strings");
     }
     out[key] = val.get<std::string>();
@@ -144,7 +138,7 @@ void parse_metadata(const std::string& path, const json& v, std::map<std::string
 SafetensorsFile parse_header(const std::string& path, const std::string& text, int64_t data_size) {
   // The reference library insists on '{' first; it also tells JSON apart from other binary files.
   if (text.empty() || text[0] != '{')
-    fail(path, "header does not start with '{'; this is not a safetensors file");
+    fail_at(path, "header does not start with '{'; this is not a safetensors file");
   // json objects keep the last of duplicate keys; catch duplicates so no tensor silently vanishes.
   std::set<std::string> seen;
   std::string duplicate;
@@ -159,11 +153,11 @@ SafetensorsFile parse_header(const std::string& path, const std::string& text, i
     std::string why = ex.what();
     if (auto close = why.find("] "); why.starts_with("[json.exception") && close != std::string::npos)
       why = why.substr(close + 2);  // drop the library's "[json.exception.parse_error.101] " tag
-    fail(path, "header is not valid JSON (" + why + "); the file is corrupt or not a safetensors file");
+    fail_at(path, "header is not valid JSON (" + why + "); the file is corrupt or not a safetensors file");
   }
-  if (!header.is_object()) fail(path, "header JSON is not an object; this is not a safetensors file");
+  if (!header.is_object()) fail_at(path, "header JSON is not an object; this is not a safetensors file");
   if (!duplicate.empty())
-    fail(path, "tensor name " + in_quotes(duplicate) + " appears twice in the header; the header is corrupt");
+    fail_at(path, "tensor name " + in_quotes(duplicate) + " appears twice in the header; the header is corrupt");
 
   SafetensorsFile file;
   for (const auto& [key, val] : header.items()) {
@@ -181,17 +175,17 @@ SafetensorsFile parse_header(const std::string& path, const std::string& text, i
   const SafetensorsEntry* prev = nullptr;
   for (const SafetensorsEntry& e : file.entries) {
     if (e.begin < pos)
-      fail(path, "tensors " + in_quotes(prev->name) + " and " + in_quotes(e.name) + " overlap in the data section (bytes " +
+      fail_at(path, "tensors " + in_quotes(prev->name) + " and " + in_quotes(e.name) + " overlap in the data section (bytes " +
                      std::to_string(e.begin) + ".." + std::to_string(pos) + "); the header is corrupt");
     if (e.begin > pos)
-      fail(path, "gap of " + std::to_string(e.begin - pos) + " bytes in the data section before tensor " +
+      fail_at(path, "gap of " + std::to_string(e.begin - pos) + " bytes in the data section before tensor " +
                      in_quotes(e.name) + " (bytes " + std::to_string(pos) + ".." + std::to_string(e.begin) +
                      " belong to no tensor); the header is corrupt");
     pos = e.end;
     prev = &e;
   }
   if (pos != data_size)
-    fail(path, "the tensors cover " + std::to_string(pos) + " of the " + std::to_string(data_size) +
+    fail_at(path, "the tensors cover " + std::to_string(pos) + " of the " + std::to_string(data_size) +
                    " bytes in the data section; the file has trailing bytes or a corrupt header");
   return file;
 }
@@ -200,29 +194,29 @@ SafetensorsFile read_file(const std::string& path, bool with_data) {
   // O_NONBLOCK: opening a FIFO with no writer returns at once (and is refused below) instead of
   // waiting forever; a regular file reads the same either way.
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (fd.fd < 0) fail(path, "cannot open (" + os_reason(errno) + "); check the path and its permissions");
+  if (fd.fd < 0) fail_at(path, "cannot open (" + os_reason(errno) + "); check the path and its permissions");
   struct stat st {};
-  if (::fstat(fd.fd, &st) != 0) fail(path, "cannot stat (" + os_reason(errno) + ")");
-  if (!S_ISREG(st.st_mode)) fail(path, "is not a regular file; pass the path of a .safetensors file");
+  if (::fstat(fd.fd, &st) != 0) fail_at(path, "cannot stat (" + os_reason(errno) + ")");
+  if (!S_ISREG(st.st_mode)) fail_at(path, "is not a regular file; pass the path of a .safetensors file");
   const int64_t size = st.st_size;
   if (size < 8)
-    fail(path, "file is only " + std::to_string(size) +
+    fail_at(path, "file is only " + std::to_string(size) +
                    " bytes, too short for a safetensors file (it starts with an 8-byte header length)");
 
   auto read_or_fail = [&](void* buf, size_t n) {
     int err = read_all(fd.fd, buf, n);
-    if (err == -1) fail(path, "file ended early while reading; was it being written?");
-    if (err != 0) fail(path, "read failed (" + os_reason(err) + ")");
+    if (err == -1) fail_at(path, "file ended early while reading; was it being written?");
+    if (err != 0) fail_at(path, "read failed (" + os_reason(err) + ")");
   };
   uint8_t len_bytes[8];
   read_or_fail(len_bytes, 8);
   uint64_t n = 0;
   for (int i = 7; i >= 0; i--) n = (n << 8) | len_bytes[i];
   if (n > kMaxHeaderBytes)
-    fail(path, "header length " + std::to_string(n) +
+    fail_at(path, "header length " + std::to_string(n) +
                    " exceeds the 100 MB limit; the file is truncated or not a safetensors file");
   if (n > uint64_t(size - 8))
-    fail(path, "header length " + std::to_string(n) + " is larger than the file (" + std::to_string(size) +
+    fail_at(path, "header length " + std::to_string(n) + " is larger than the file (" + std::to_string(size) +
                    " bytes); the file is truncated or not a safetensors file");
 
   std::string text(n, '\0');
@@ -257,10 +251,10 @@ void save_safetensors(const std::string& path, const std::vector<TensorView>& te
   int64_t offset = 0;
   for (const TensorView& t : tensors) {
     if (t.name == "__metadata__")
-      fail(path, "cannot save a tensor named '__metadata__'; that key holds the file's metadata");
-    if (!names.insert(t.name).second) fail(path, "cannot save two tensors named " + in_quotes(t.name));
+      fail_at(path, "cannot save a tensor named '__metadata__'; that key holds the file's metadata");
+    if (!names.insert(t.name).second) fail_at(path, "cannot save two tensors named " + in_quotes(t.name));
     for (int64_t d : t.shape)
-      if (d < 0) fail(path, "cannot save tensor " + in_quotes(t.name) + " with negative dimension in shape " + shape_str(t.shape));
+      if (d < 0) fail_at(path, "cannot save tensor " + in_quotes(t.name) + " with negative dimension in shape " + shape_str(t.shape));
     int64_t nbytes = shape_numel(t.shape) * dtype_size(t.dtype);
     DTLAB_CHECK(nbytes == 0 || t.data != nullptr, "TensorView '" + t.name + "' has no data pointer");
     nlohmann::ordered_json entry = nlohmann::ordered_json::object();
@@ -277,7 +271,7 @@ void save_safetensors(const std::string& path, const std::vector<TensorView>& te
   try {
     text = header.dump();
   } catch (const nlohmann::ordered_json::exception&) {
-    fail(path, "cannot save: tensor names and metadata must be valid UTF-8");
+    fail_at(path, "cannot save: tensor names and metadata must be valid UTF-8");
   }
   // Spaces are JSON whitespace; padding puts the data section on an 8-byte boundary.
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');

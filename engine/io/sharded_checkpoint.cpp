@@ -25,8 +25,6 @@ using json = nlohmann::json;
 constexpr const char* kIndex = "index.json";
 constexpr const char* kFormat = "dtlab-sharded";
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) { throw Error(path + ": " + what); }
-
 std::string join(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
 
 std::string piece_name(const std::string& param, int64_t offset) { return param + "@" + std::to_string(offset); }
@@ -39,28 +37,28 @@ struct Index {
 
 Index read_index(const std::string& dir) {
   const std::string path = join(dir, kIndex);
-  if (!fs::is_directory(dir)) fail(dir, "is not a directory holding a sharded checkpoint");
-  if (const std::string why = not_a_regular_file(path); !why.empty()) fail(path, why + "; the checkpoint is corrupt");
+  if (!fs::is_directory(dir)) fail_at(dir, "is not a directory holding a sharded checkpoint");
+  if (const std::string why = not_a_regular_file(path); !why.empty()) fail_at(path, why + "; the checkpoint is corrupt");
   std::ifstream in(path);
   if (!in)
-    fail(dir, "has no index.json, so it is not a complete sharded checkpoint (was its save interrupted?); "
+    fail_at(dir, "has no index.json, so it is not a complete sharded checkpoint (was its save interrupted?); "
               "save it again with --save-sharded");
   json j;
   try {
     j = json::parse(in);
   } catch (const json::exception& e) {
-    fail(path, std::string("is not valid JSON (") + e.what() + "); the checkpoint is corrupt");
+    fail_at(path, std::string("is not valid JSON (") + e.what() + "); the checkpoint is corrupt");
   }
   // Compared as JSON: a "format" that is not a string (a number, null) is another file, not a type error.
   if (!j.is_object() || !j.contains("format") || j["format"] != kFormat)
-    fail(path, std::string("is not a dtlab sharded checkpoint index (\"format\" must be \"") + kFormat + "\")");
+    fail_at(path, std::string("is not a dtlab sharded checkpoint index (\"format\" must be \"") + kFormat + "\")");
   Index idx;
   for (const char* key : {"format", "step", "model", "world", "strategy"}) {
     if (!j.contains(key)) continue;
     const json& v = j[key];
     idx.metadata[key] = v.is_string() ? v.get<std::string>() : v.dump();
   }
-  if (!j.contains("params") || !j["params"].is_object()) fail(path, "has no \"params\" object; the checkpoint is corrupt");
+  if (!j.contains("params") || !j["params"].is_object()) fail_at(path, "has no \"params\" object; the checkpoint is corrupt");
   idx.params = j["params"];
   return idx;
 }
@@ -116,7 +114,7 @@ void swap_into_place(const fs::path& staging, const fs::path& target) {
   std::error_code ec;
   if (!fs::exists(target, ec)) {
     if (::rename(staging.c_str(), target.c_str()) != 0)
-      fail(target.string(), std::string("cannot save: renaming ") + staging.string() + " into place failed (" +
+      fail_at(target.string(), std::string("cannot save: renaming ") + staging.string() + " into place failed (" +
                                 std::strerror(errno) + ")");
   } else if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
     fs::remove_all(staging, ec);  // now the old checkpoint
@@ -124,7 +122,7 @@ void swap_into_place(const fs::path& staging, const fs::path& target) {
     const fs::path old = target.parent_path() / ("." + target.filename().string() + ".old");
     fs::remove_all(old, ec);
     if (::rename(target.c_str(), old.c_str()) != 0 || ::rename(staging.c_str(), target.c_str()) != 0)
-      fail(target.string(), std::string("cannot save: moving the new checkpoint into place failed (") + std::strerror(errno) +
+      fail_at(target.string(), std::string("cannot save: moving the new checkpoint into place failed (") + std::strerror(errno) +
                                 "); the new one is in " + staging.string() + " and the last one in " + old.string());
     fs::remove_all(old, ec);
   }
@@ -168,7 +166,7 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
     std::error_code ec;
     fs::remove_all(staging_dir, ec);  // a save interrupted before
     fs::create_directory(staging_dir, ec);
-    if (ec) fail(staging, "cannot be created (" + ec.message() + "); choose a writable --save-sharded directory");
+    if (ec) fail_at(staging, "cannot be created (" + ec.message() + "); choose a writable --save-sharded directory");
   }
   group.barrier();
   if (!slices.empty()) {
@@ -229,7 +227,7 @@ CheckpointInfo load_sharded_checkpoint(const std::string& dir, Model& model) {
   try {
     return load_sharded(dir, model);
   } catch (const json::exception& e) {
-    fail(join(dir, kIndex), std::string("has an entry of the wrong kind (") + e.what() + "); the checkpoint is corrupt");
+    fail_at(join(dir, kIndex), std::string("has an entry of the wrong kind (") + e.what() + "); the checkpoint is corrupt");
   }
 }
 
@@ -247,57 +245,57 @@ CheckpointInfo load_sharded(const std::string& dir, Model& model) {
   // Every parameter the index lists is one the model has (an extra one means another model), ...
   for (auto it = idx.params.begin(); it != idx.params.end(); ++it)
     if (model.find_parameter(it.key()) < 0)
-      fail(index_path, "lists parameter '" + it.key().substr(0, 80) + "', which " + spec +
+      fail_at(index_path, "lists parameter '" + it.key().substr(0, 80) + "', which " + spec +
                            " does not have; was it saved from a different model?");
   for (const Parameter& p : model.parameters()) {
     if (!idx.params.contains(p.name))
-      fail(index_path, "has no parameter '" + p.name + "', which " + spec + " needs; was it saved from a different model?");
+      fail_at(index_path, "has no parameter '" + p.name + "', which " + spec + " needs; was it saved from a different model?");
     const json& jp = idx.params[p.name];
     // ... with the model's shape, written as a list of whole numbers (a transposed or made-up shape
     // would load the same elements into the wrong places or hide a corrupt index).
     if (!jp.contains("shape") || !jp["shape"].is_array())
-      fail(index_path, "'" + p.name + "' has no shape list; the checkpoint is corrupt");
+      fail_at(index_path, "'" + p.name + "' has no shape list; the checkpoint is corrupt");
     Shape shape;
     for (const json& d : jp["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0)
-        fail(index_path, "'" + p.name + "' has a shape that is not a list of whole numbers; the checkpoint is corrupt");
+        fail_at(index_path, "'" + p.name + "' has a shape that is not a list of whole numbers; the checkpoint is corrupt");
       shape.push_back(d.get<int64_t>());
     }
     if (shape != p.shape)
-      fail(index_path, "'" + p.name + "' has shape " + jp["shape"].dump() + " but " + spec + " needs " + json(p.shape).dump() +
+      fail_at(index_path, "'" + p.name + "' has shape " + jp["shape"].dump() + " but " + spec + " needs " + json(p.shape).dump() +
                            "; the checkpoint is corrupt");
-    if (!jp.contains("pieces") || !jp["pieces"].is_array()) fail(index_path, "'" + p.name + "' has no pieces list; the checkpoint is corrupt");
+    if (!jp.contains("pieces") || !jp["pieces"].is_array()) fail_at(index_path, "'" + p.name + "' has no pieces list; the checkpoint is corrupt");
     for (const json& piece : jp["pieces"]) {
       const std::string file = piece.value("file", ""), tensor = piece.value("tensor", "");
       // Whole numbers only (a fraction would be truncated), compared without adding them: an offset
       // near 2^63 plus a length would overflow past the bounds check.
       for (const char* key : {"offset", "length"})
         if (!piece.contains(key) || !piece[key].is_number_integer())
-          fail(index_path, "'" + p.name + "' has a piece whose " + key + " is not a whole number; the checkpoint is corrupt");
+          fail_at(index_path, "'" + p.name + "' has a piece whose " + key + " is not a whole number; the checkpoint is corrupt");
       const int64_t offset = piece["offset"].get<int64_t>(), length = piece["length"].get<int64_t>();
       // A plain name in the directory: no path separator, and no NUL (the open would cut the name there).
       if (file.empty() || file.find_first_of(std::string("/\0", 2)) != std::string::npos)
-        fail(index_path, "'" + p.name + "' has a piece whose file is not a plain file name in the checkpoint's directory; "
+        fail_at(index_path, "'" + p.name + "' has a piece whose file is not a plain file name in the checkpoint's directory; "
                          "the checkpoint is corrupt");
       if (offset < 0 || length < 0 || offset > p.numel ||
           length > p.numel - offset)
-        fail(index_path, "'" + p.name + "' lists a piece outside its " + std::to_string(p.numel) + " elements; the checkpoint is corrupt");
+        fail_at(index_path, "'" + p.name + "' lists a piece outside its " + std::to_string(p.numel) + " elements; the checkpoint is corrupt");
       auto it = files.find(file);
       if (it == files.end()) it = files.emplace(file, load_safetensors(join(dir, file))).first;
       const SafetensorsEntry* e = it->second.find(tensor);
       if (!e || e->dtype != DType::F32 || e->shape != Shape{length})
-        fail(join(dir, file), "has no float32 tensor '" + tensor + "' of " + std::to_string(length) +
+        fail_at(join(dir, file), "has no float32 tensor '" + tensor + "' of " + std::to_string(length) +
                                   " elements, which index.json lists; the checkpoint is incomplete");
       const size_t at = static_cast<size_t>(p.offset + offset);
       for (size_t i = at; i < at + static_cast<size_t>(length); i++) {
-        if (covered[i]) fail(index_path, "'" + p.name + "' element " + std::to_string(i - static_cast<size_t>(p.offset)) + " is in two pieces; the checkpoint is corrupt");
+        if (covered[i]) fail_at(index_path, "'" + p.name + "' element " + std::to_string(i - static_cast<size_t>(p.offset)) + " is in two pieces; the checkpoint is corrupt");
         covered[i] = 1;
       }
       std::memcpy(staged.data() + at, it->second.bytes(*e), static_cast<size_t>(length) * sizeof(float));
     }
     for (int64_t i = 0; i < p.numel; i++)
       if (!covered[static_cast<size_t>(p.offset + i)])
-        fail(index_path, "'" + p.name + "' element " + std::to_string(i) + " is in no piece; a rank's file is missing from the checkpoint");
+        fail_at(index_path, "'" + p.name + "' element " + std::to_string(i) + " is in no piece; a rank's file is missing from the checkpoint");
   }
   model.upload_params(staged.data());
   return info;

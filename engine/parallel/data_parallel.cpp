@@ -1,3 +1,4 @@
+#include "engine/core/arith.h"
 #include "engine/parallel/data_parallel.h"
 
 #include <algorithm>
@@ -11,10 +12,6 @@ namespace {
 
 // Point-to-point tags: Scatter of the input, Gather of the output, Scatter of the output gradient.
 constexpr int kTagInput = 1, kTagOutput = 2, kTagGrad = 3;
-
-double overlap_of(double a0, double a1, double b0, double b1) {
-  return std::max(0.0, std::min(a1, b1) - std::max(a0, b0));
-}
 
 // Grows `t` to hold `numel` floats (like the model's activations: sized once for the largest
 // forward, reused for smaller ones), charged to the rank as activations.

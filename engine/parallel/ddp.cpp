@@ -1,3 +1,4 @@
+#include "engine/core/arith.h"
 #include "engine/parallel/ddp.h"
 
 #include <algorithm>
@@ -17,10 +18,6 @@ std::string join_names(const Model& m, const std::vector<int>& params) {
   for (size_t i = 0; i < params.size(); i++)
     s += (i ? ", " : "") + m.parameters()[static_cast<size_t>(params[i])].name;
   return s;
-}
-
-double overlap_of(double a0, double a1, double b0, double b1) {
-  return std::max(0.0, std::min(a1, b1) - std::max(a0, b0));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Hardware profiles and the alpha-beta(-gamma) cost formulas of docs/course_sources.md §6. The built-in
 // profiles are seed figures for real clusters; "this" is measured on the machine we run on so the
 // modeled clock can also be compared with the wall clock.
+#include "engine/core/arith.h"
 #include "engine/trace/cost_model.h"
 
 #include <cblas.h>
@@ -54,14 +55,14 @@ constexpr Link kInfinibandNdr{10e-6, 1.0 / 50e9};
 constexpr double kH100Gamma = 3.0 / 3.35e12;
 constexpr double kH100Flops = 330e12;
 
-struct Topology {
+struct ProfileFabrics {
   Fabric intra_fabric, inter_fabric;
   int rails;
   bool switch_reduces;
 };
 
 HardwareProfile make_profile(const char* name, const char* description, int nodes, int gpus_per_node, Link intra,
-                             Link inter, Topology t) {
+                             Link inter, ProfileFabrics t) {
   return HardwareProfile{.name = name, .description = description, .gpus_per_node = gpus_per_node, .nodes = nodes,
                          .intra = intra, .inter = inter, .gamma = kHbmGamma, .flops_per_s = kGpuFlops,
                          .intra_fabric = t.intra_fabric, .inter_fabric = t.inter_fabric, .rails = t.rails,
@@ -74,13 +75,6 @@ HardwareProfile h100_profile(const char* name, const char* description, int node
   p.gamma = kH100Gamma;
   p.flops_per_s = kH100Flops;
   return p;
-}
-
-// ceil(log2 p): the rounds of a binomial tree (the number of ranks holding data doubles each round).
-int ceil_log2(int p) {
-  int rounds = 0;
-  for (int reach = 1; reach < p; reach *= 2) ++rounds;
-  return rounds;
 }
 
 // True if x bounds a transfer more than y: larger beta first (bytes dominate large collectives),

@@ -7,6 +7,7 @@
 // latencies are scaled so that a ring/simple hop costs exactly the profile's alpha (NCCL's tables are
 // for its hardware, the profiles are ours), the bandwidths come from the profile's betas, and the
 // protocols keep their wire efficiency (LL: 4 data bytes per 8-byte line; LL128: 120 per 128).
+#include "engine/core/arith.h"
 #include "engine/trace/tuning.h"
 
 #include <algorithm>
@@ -51,11 +52,6 @@ Hw hw_of(Fabric f) {
   return kPciHw;  // PCIe, and threads sharing memory
 }
 
-int ceil_log2(int p) {
-  int rounds = 0;
-  for (int reach = 1; reach < p; reach *= 2) ++rounds;
-  return rounds;
-}
 int floor_log2(int p) {
   int k = 0;
   while ((2 << k) <= p) ++k;
