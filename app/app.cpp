@@ -297,6 +297,8 @@ void App::handle_keys() {
   if (key(GLFW_KEY_C)) session_->step(GateKind::Collective);
   if (key(GLFW_KEY_I)) session_->step(GateKind::Iteration);
   if (key(GLFW_KEY_A)) session_->step(GateKind::Action);
+  if (key(GLFW_KEY_F)) session_->step(GateKind::Layer);
+  if (key(GLFW_KEY_B)) session_->step(GateKind::Grad);
   if (key(GLFW_KEY_BACKSPACE)) restart(session_->config());
   if (key(GLFW_KEY_M)) ctx_.modeled_clock = !ctx_.modeled_clock;
   if (key(GLFW_KEY_L)) show_lessons_ = !show_lessons_, relayout_ = true;
@@ -349,6 +351,14 @@ void App::toolbar() {
   if (ImGui::Button("Ring step (R)")) session_->step(GateKind::RingStep);
   ImGui::SameLine();
   if (ImGui::Button("Collective (C)")) session_->step(GateKind::Collective);
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip("The next communication operation: a collective of the world or of any process group, or a send/recv");
+  ImGui::SameLine();
+  if (ImGui::Button("Layer (F)")) session_->step(GateKind::Layer);
+  if (ImGui::IsItemHovered()) ImGui::SetTooltip("The next layer's forward or backward (every rank, or the focused rank alone)");
+  ImGui::SameLine();
+  if (ImGui::Button("Bucket (B)")) session_->step(GateKind::Grad);
+  if (ImGui::IsItemHovered()) ImGui::SetTooltip("Until the next gradient lands in a DDP bucket");
   ImGui::SameLine();
   if (ImGui::Button("Iteration (I)")) session_->step(GateKind::Iteration);
   if (s.pipeline.valid) {
@@ -390,17 +400,10 @@ void App::toolbar() {
   else if (s.finished) status = "finished";
   else if (paused) {
     status = "paused";
-    // The gate the next step opens: the earliest one a rank waits at.
-    const RankGateState* first = nullptr;
-    for (const RankGateState& g : s.stepper.gates)
-      if (g.blocked && (!first || g.pos < first->pos)) first = &g;
-    if (first) {
-      const RankGateState& b = *first;
-      status += b.kind == GateKind::Iteration ? " before iteration " + std::to_string(b.iteration)
-                : b.kind == GateKind::Action ? " before pipeline step " + std::to_string(b.pos.action) + " of iteration " + std::to_string(b.iteration)
-                : b.kind == GateKind::Collective ? " before collective #" + std::to_string(b.pos.seq)
-                                                 : " before step " + std::to_string(b.pos.sub + 1) + " of #" + std::to_string(b.pos.seq);
-    }
+    // The item the next step releases (engine/trace/stepper.h), else what the stepper waits for.
+    const PendingItem& p = s.stepper.pending;
+    if (p.valid) status += " before " + pending_text(p);
+    else if (!s.stepper.waiting.empty()) status += ": " + s.stepper.waiting;
   } else status = "running";
   char line[256];
   std::snprintf(line, sizeof line, "step %lld/%lld  iteration %d  %s  [%s/%s%s%s]", static_cast<long long>(s.step),
@@ -694,6 +697,10 @@ void App::views() {
     ImGui::End();
   }
   if (ctx_.data_set_epoch != set_epoch) session_->set_data_set_epoch(ctx_.data_set_epoch);
+  if (ctx_.focus_request) {  // the mesh view's click: every view follows that rank or group
+    ctx_.focus_request = false;
+    session_->set_focus(ctx_.focus_rank, ctx_.focus_group);
+  }
   if (ctx_.pipeline_restart) {  // the pipeline view's controls, applied as the Run panel's
     ctx_.pipeline_restart = false;
     TrainConfig c = session_->config();
@@ -822,13 +829,15 @@ bool App::script_tick() {
       const StepperState& st = s.stepper;
       std::string busy;
       for (int r = 0; r < static_cast<int>(s.compute_activity.size()); r++) {
-        const size_t lane = static_cast<size_t>(r) * 2;
-        if (lane + 1 < st.gates.size() && (st.gates[lane].blocked || st.gates[lane + 1].blocked)) continue;
+        const size_t lane = static_cast<size_t>(r) * kStepperLanes;
+        if (lane < st.gates.size() && st.gates[lane].blocked) continue;
+        if (static_cast<size_t>(r) < st.live.size() && !st.live[static_cast<size_t>(r)]) continue;
         busy += (busy.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " " + s.compute_activity[static_cast<size_t>(r)];
         if (static_cast<size_t>(r) < s.comm_activity.size() && s.comm_activity[static_cast<size_t>(r)] != "idle")
           busy += ", its comm worker " + s.comm_activity[static_cast<size_t>(r)];
       }
       const std::string why = where + std::to_string(c.line) + ": the ranks did not come to rest at a gate within 20 s" +
+                              (st.waiting.empty() ? std::string() : " (" + st.waiting + ")") +
                               (busy.empty() ? std::string() : " (still running: " + busy + ")");
       std::fprintf(stderr, "dtlab: %s\n", why.c_str());
       if (scripted_) exit_code_ = std::max(exit_code_, 1);
@@ -842,10 +851,14 @@ bool App::script_tick() {
     case ScriptCommand::StepRing:
     case ScriptCommand::StepCollective:
     case ScriptCommand::StepIteration:
-    case ScriptCommand::StepAction: {
+    case ScriptCommand::StepAction:
+    case ScriptCommand::StepLayer:
+    case ScriptCommand::StepBucket: {
       const GateKind k = c.kind == ScriptCommand::StepRing ? GateKind::RingStep
                          : c.kind == ScriptCommand::StepCollective ? GateKind::Collective
-                         : c.kind == ScriptCommand::StepAction ? GateKind::Action : GateKind::Iteration;
+                         : c.kind == ScriptCommand::StepAction ? GateKind::Action
+                         : c.kind == ScriptCommand::StepLayer ? GateKind::Layer
+                         : c.kind == ScriptCommand::StepBucket ? GateKind::Grad : GateKind::Iteration;
       if (!session_->paused()) session_->pause();
       for (int i = 0; i < c.count; i++) {
         if (!settle()) return !scripted_;
@@ -860,6 +873,13 @@ bool App::script_tick() {
       if (!settle()) return !scripted_;
       break;
     }
+    case ScriptCommand::Focus:
+      if (c.count >= session_->config().world_size)
+        return script_failure(c, "focus rank " + std::to_string(c.count) + " is not a rank of this world of " +
+                                     std::to_string(session_->config().world_size) + "; ranks are 0 to " +
+                                     std::to_string(session_->config().world_size - 1));
+      session_->set_focus(c.count, c.arg);
+      break;
     case ScriptCommand::Run:
       session_->run(session_->speed());
       if (c.seconds > 0) {

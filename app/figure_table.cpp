@@ -79,6 +79,24 @@ double trace_argmax(const Snapshot& s, double RankBreakdown::*field) {
   return best;
 }
 
+const PendingItem& held(const Snapshot& s) {
+  if (!s.held.valid) throw_sentence("the stepper holds nothing now: pause the run (or step it) first");
+  return s.held;
+}
+
+// The word a lesson names what the stepper holds by (held.is).
+std::string held_kind(const PendingItem& p) {
+  switch (p.kind) {
+    case GateKind::Collective: return p.gate.op.p2p || p.gate.op2.p2p ? "send" : "collective";
+    case GateKind::RingStep: return "ring";
+    case GateKind::Layer: return "layer";
+    case GateKind::Grad: return "bucket";
+    case GateKind::Action: return "action";
+    case GateKind::Iteration: return "iteration";
+  }
+  return "";
+}
+
 const CollectiveView& collective(const Snapshot& s) {
   if (!s.collective.valid) throw_sentence("no collective has run yet");
   return s.collective;
@@ -351,6 +369,13 @@ std::vector<Entry> collective_entries() {
     {"mesh.tp", "", "ranks per tensor-parallel group (--tp)", [](S s, A) { return double(s.mesh.shape.tp); }},
     {"mesh.holds(R, NAME)", "ns", "elements of parameter NAME (\"2.weight\") rank R holds: its tensor-parallel slice (0: not in its stage)", [](S s, A a) { return mesh_holds(s, a[0].num, a[1].str); }},
     {"collective.seq", "", "its sequence number (#0 is the first of the run)", [d](S s, A) { return d(static_cast<int64_t>(collective(s).seq)); }},
+    // What the stepper holds (issue 32): the item the next step releases, or the focus's next one.
+    {"held.bytes", "", "bytes of the operation the stepper holds (a collective's payload S, a send/recv's message)", [d](S s, A) { return d(held(s).gate.bytes); }},
+    {"held.members", "", "how many ranks take part in what the stepper holds", [](S s, A) { return double(held(s).members.size()); }},
+    {"held.member[I]", "n", "the I-th rank (in rank order) of what the stepper holds", [](S s, A a) { auto& v = held(s).members; return double(v[static_cast<size_t>(index_of(a[0], v.size(), "member"))]); }},
+    {"held.arrived", "", "how many of them are at its gate", [](S s, A) { return double(held(s).arrived.size()); }},
+    {"held.is(KIND)", "s", "1 if the stepper holds a KIND: collective (of any group), send (a send/recv), ring, layer, bucket, action, iteration", [b](S s, A a) { return b(held_kind(held(s)) == a[0].str); }},
+    {"held.in(GROUP)", "s", "1 if what the stepper holds is a collective of GROUP: world, tp0, dp1, ...", [b](S s, A a) { return b(held(s).gate.label.rfind(a[0].str + " #", 0) == 0); }},
     {"collective.is(OP)", "s", "1 if it is OP: allreduce, allgather, reduce_scatter, broadcast, barrier, ...", [b](S s, A a) { return b(a[0].str == collective_name(collective(s).op)); }},
     {"collective.layer", "", "the layer (Sequential index) whose forward or backward rank 0 ran last before issuing it: a TP collective's f or g follows its layer (-1: none)", [](S s, A) { return collective_layer(s); }},
     {"collective.bytes", "", "payload S in bytes (the whole buffer of an all-reduce)", [d](S s, A) { return d(collective(s).bytes); }},

@@ -30,7 +30,7 @@ const std::vector<std::string> kNotScenario = {"--script", "--run", "--screensho
                                                "--presentation", "--running", "--speed", "--width", "--height",
                                                "--config-dir", "--lesson", "--play", "--help", "-h", "--version"};
 const std::vector<std::string> kQuestionKeys = {"ask", "choice", "answer", "expect", "tolerance", "unit", "reveal", "explain"};
-const std::vector<std::string> kActionWords = {"step", "run", "pause", "wait", "view", "clock", "set_epoch", "speed",
+const std::vector<std::string> kActionWords = {"step", "focus", "run", "pause", "wait", "view", "clock", "set_epoch", "speed",
                                                "presentation", "reset", "set", "inject", "scenario", "mark", "expect",
                                                "select", "compare", "zoom"};  // the last three: an opened trace's
 
@@ -185,7 +185,10 @@ LessonAction parse_lesson_action(const std::string& text) {
       const std::string gate = trim(cond.substr(by + 4));
       if (gate == "ring") a.by = GateKind::RingStep;
       else if (gate == "iteration") a.by = GateKind::Iteration;
-      else if (gate != "collective") throw Error("run until ... by takes ring, collective or iteration, not '" + gate + "'");
+      else if (gate == "layer") a.by = GateKind::Layer;
+      else if (gate == "bucket") a.by = GateKind::Grad;
+      else if (gate != "collective")
+        throw Error("run until ... by takes ring, collective, layer, bucket or iteration, not '" + gate + "'");
       cond = trim(cond.substr(0, by));
     }
     if (cond.empty()) throw Error("run until needs a condition, e.g. run until bucket[1].ready");

@@ -105,7 +105,8 @@ void LessonRunner::actions(const std::vector<LessonAction>& acts, int step, char
       continue;
     }
     const ScriptCommand::Kind k = acts[i].script.kind;
-    if (k == ScriptCommand::StepRing || k == ScriptCommand::StepCollective || k == ScriptCommand::StepIteration)
+    if (k == ScriptCommand::StepRing || k == ScriptCommand::StepCollective || k == ScriptCommand::StepIteration ||
+        k == ScriptCommand::StepLayer || k == ScriptCommand::StepBucket)
       out.push_back(lesson_cmd("_guard " + key, acts[i].line));
     out.push_back(acts[i].script);
     out.back().line = acts[i].line;

@@ -103,8 +103,8 @@ void PipelineTracker::measure(const Iteration& it, PipelineView& out) const {
 void PipelineTracker::build(const StepperState& st, PipelineView& out) {
   if (!out.valid) return;
   for (size_t r = 0; r < out.ranks.size(); r++) {
-    const size_t g = r * 2;  // the compute lane's gate
-    out.ranks[r].at_gate = g < st.gates.size() && st.gates[g].blocked && st.gates[g].kind == GateKind::Action;
+    const size_t g = r * kStepperLanes;  // the compute lane's gate
+    out.ranks[r].at_gate = g < st.gates.size() && st.gates[g].blocked && st.gates[g].gate.kind == GateKind::Action;
   }
   if (!dirty_ || iterations_.empty()) return;
   dirty_ = false;

@@ -16,7 +16,8 @@ namespace dtlab::app {
 namespace {
 
 const char* kUsage =
-    "commands: step ring|collective|iteration|action [N], run [SECONDS]s, pause, wait SECONDSs, "
+    "commands: step ring|collective|layer|bucket|iteration|action [N], focus rank R|group NAME|none, run [SECONDS]s, "
+    "pause, wait SECONDSs, "
     "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|all, screenshot PATH.png, speed X, "
     "presentation on|off, clock modeled|wall, set_epoch on|off, reset, quit, "
     "lesson open NAME|next|back|goto N|answer X|check|play|demo|close; with --open: wait trace|compare [SECONDS]s, "
@@ -60,6 +61,9 @@ bool live_command(const ScriptCommand& c) {
     case ScriptCommand::StepCollective:
     case ScriptCommand::StepIteration:
     case ScriptCommand::StepAction:
+    case ScriptCommand::StepLayer:
+    case ScriptCommand::StepBucket:
+    case ScriptCommand::Focus:
     case ScriptCommand::Run:
     case ScriptCommand::Pause:
     case ScriptCommand::Speed:
@@ -100,12 +104,26 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       else if (w[1] == "collective") c.kind = ScriptCommand::StepCollective;
       else if (w[1] == "iteration") c.kind = ScriptCommand::StepIteration;
       else if (w[1] == "action") c.kind = ScriptCommand::StepAction;
-      else fail("step takes ring, collective or iteration");  // or action (pipelines), as the usage says
+      else if (w[1] == "layer") c.kind = ScriptCommand::StepLayer;
+      else if (w[1] == "bucket") c.kind = ScriptCommand::StepBucket;
+      else fail("step takes ring, collective, layer, bucket, iteration or action");
       if (w.size() == 3) {
         double n = 0;
         // Range first: converting 1e10 to int would be undefined behaviour.
         if (!parse_double(w[2], n, false) || n < 1 || n > 100000 || n != std::floor(n)) fail("the count must be a whole number from 1");
         c.count = static_cast<int>(n);
+      }
+    } else if (k == "focus") {
+      c.kind = ScriptCommand::Focus;
+      c.count = -1;
+      double n = 0;
+      if (w.size() == 2 && w[1] == "none") {
+      } else if (w.size() == 3 && w[1] == "rank" && parse_double(w[2], n, false) && n <= 1023 && n == std::floor(n)) {
+        c.count = static_cast<int>(n);
+      } else if (w.size() == 3 && w[1] == "group") {
+        c.arg = w[2];
+      } else {
+        fail("focus takes 'rank R' (a rank from 0), 'group NAME' (tp1, dp0, world...) or 'none'");
       }
     } else if (k == "wait" && w.size() >= 2 && (w[1] == "trace" || w[1] == "compare")) {
       c.kind = ScriptCommand::WaitFor;

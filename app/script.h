@@ -16,7 +16,10 @@ struct ScriptCommand {
               WaitFor,     // `wait trace|compare [SECONDS]s`: until the load (or comparison) ends; seconds: the limit
               Select,      // `select collective K`: count = K
               Compare,     // `compare [PROFILE]`: start the Compare panel's run; arg: the profile ("" keeps the panel's)
-              Zoom };      // `zoom all|iteration N|collective K`: arg the what, count N or K
+              Zoom,        // `zoom all|iteration N|collective K`: arg the what, count N or K
+              StepLayer,   // `step layer [N]`: N layers' forward or backward
+              StepBucket,  // `step bucket [N]`: until N more gradients landed in DDP buckets
+              Focus };     // `focus rank R|group NAME|none`: count R (-1 none), arg the group
   Kind kind = Quit;
   int count = 1;        // step commands: how many
   double seconds = 0;   // run / wait: how long (run 0 = run on)

@@ -115,6 +115,11 @@ void Session::step(GateKind kind) {
   else trainer_->stepper().step(kind);
 }
 
+void Session::set_focus(int rank, const std::string& group) {
+  if (client_) command_generation_ = client_->stepper_state().generation, client_->set_focus(rank, group);
+  else trainer_->stepper().set_focus(rank, group);
+}
+
 bool Session::paused() const { return client_ ? client_->stepper_state().paused : trainer_->stepper().paused(); }
 
 bool Session::settled() const {
@@ -122,16 +127,10 @@ bool Session::settled() const {
   StepperState st = stepper_state();
   // Attached, a command takes a round trip: until a state newer than the command comes back, the
   // one here is the old one.
-  if (client_ && (static_cast<int>(st.gates.size()) != 2 * config_.world_size || st.generation <= command_generation_))
+  if (client_ && (static_cast<int>(st.gates.size()) != kStepperLanes * config_.world_size || st.generation <= command_generation_))
     return false;
-  if (!st.paused) return false;
-  const int N = config_.world_size;
-  for (int r = 0; r < N; r++) {
-    // A rank is still if one of its lanes waits at a gate: its other lane is either waiting at a
-    // gate too, or waiting for that one (the compute lane in wait(), the comm worker idle).
-    if (!st.gates[static_cast<size_t>(r) * 2].blocked && !st.gates[static_cast<size_t>(r) * 2 + 1].blocked) return false;
-  }
-  return true;
+  // The stepper knows its next item once every live rank waits at a gate (engine/trace/stepper.h).
+  return st.paused && st.settled();
 }
 
 bool Session::wait_settled(std::chrono::milliseconds timeout) const {
@@ -152,7 +151,7 @@ const Snapshot& Session::update() {
   builder_.begin_frame(trace_);
   builder_.add_events(recorder());
   StepperState st = stepper_state();
-  const size_t gates = static_cast<size_t>(2 * config_.world_size);
+  const size_t gates = static_cast<size_t>(kStepperLanes * config_.world_size);
   if (client_ && st.gates.size() != gates) st.gates.assign(gates, RankGateState{});
   builder_.set_stepper(std::move(st));
   if (client_) {  // the run's reports and end, as they came over the wire

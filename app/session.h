@@ -42,6 +42,8 @@ class Session {
   void run(double speed = 0);
   void pause();
   void step(GateKind kind);
+  // The stepper's focus: a rank (-1 none) or a group by name ("tp1"; "" none), Stepper::set_focus.
+  void set_focus(int rank, const std::string& group);
   bool paused() const;
   double speed() const { return speed_; }
 
@@ -56,7 +58,8 @@ class Session {
   const Snapshot& update();
   const Snapshot& snapshot() const { return builder_.snapshot(); }
 
-  // True when every rank waits at a gate, or the run ended: nothing moves until a command.
+  // True when the paused world has settled on its next item (every live rank waits at a gate), or
+  // the run ended: nothing moves until a command.
   bool settled() const;
   // Waits (polling the engine) until settled() or the timeout; for scripts and tests.
   bool wait_settled(std::chrono::milliseconds timeout) const;

@@ -219,8 +219,8 @@ struct RunConfigView {
 
 // A collective's process group as the mesh view lights it.
 struct MeshGroup {
-  bool valid = false;  // some collective (not a send/recv) has run
-  std::string name;    // "tp0" (the label's name), or "the world" (group 0)
+  bool valid = false;  // some collective has run, or the stepper holds a send/recv
+  std::string name;    // "tp0" (the label's name), "the world" (group 0), or "send 0->2" (a held pair)
   std::vector<int> ranks;  // global ranks in group order
   CollectiveOp op = CollectiveOp::AllReduce;
   uint64_t order = 0;  // its Event::order: the newest wins
@@ -238,7 +238,7 @@ struct MeshView {
   // Per rank, what it holds of each Linear of its stage(s), weight then bias:
   // "0.weight rows 32-63 of 64 (column-parallel)", "0.bias 32-63 of 64", ...
   std::vector<std::vector<std::string>> slices;
-  MeshGroup group;                 // the newest Collective event's group (label "tp0: 0,1", or the world)
+  MeshGroup group;                 // the shown collective's group (label "tp0: 0,1", or the world), or the held send/recv's pair
 };
 
 struct Snapshot {
@@ -254,6 +254,10 @@ struct Snapshot {
   int64_t step = 0, total_steps = 0;
   int32_t iteration = -1;         // rank 0's current iteration
   StepperState stepper;           // paused, speed, per rank and lane: blocked at which gate
+  // What the stepper holds for the views: the focus's next item if it has one, else the pending
+  // item (engine/trace/stepper.h); invalid while the world runs or has not settled. When it is a
+  // collective, `collective` shows that one.
+  PendingItem held;
   std::vector<std::string> compute_activity, comm_activity;  // per rank
   // events: per rank, the recent window (last few iterations), oldest first
   std::vector<std::vector<Event>> events;

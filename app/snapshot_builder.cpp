@@ -178,31 +178,21 @@ void reset_mesh(const TrainConfig& config, MeshView& m) {
   for (int r = 0; r < m.shape.world(); r++) m.slices.push_back(rank_slices(m, r));
 }
 
-// The newest collective's group, from its label "tp0: 0,1" (name, then global ranks in group
-// order); group 0 is the whole world. Sends and receives belong to no group the view draws.
-void note_mesh_group(const TraceRecorder& rec, const Event& e, MeshView& m) {
-  if (e.kind != EventKind::Collective || point_to_point(e.coll.op) || (m.group.valid && e.order <= m.group.order)) return;
-  MeshGroup g;
-  g.valid = true;
-  g.op = e.coll.op;
-  g.order = e.order;
-  const std::string text = e.coll.group > 0 ? rec.label(e.coll.group - 1) : "";
-  const size_t colon = text.find(':');
-  if (text.empty() || colon == std::string::npos) {
-    g.name = "the world";
-    for (int r = 0; r < m.shape.world(); r++) g.ranks.push_back(r);
-  } else {
-    g.name = text.substr(0, colon);
-    for (size_t pos = colon + 1; pos < text.size();) {  // "0,1" or "0, 1"
-      const size_t comma = std::min(text.find(',', pos), text.size());
-      g.ranks.push_back(std::atoi(text.substr(pos, comma - pos).c_str()));
-      pos = comma + 1;
-    }
-  }
-  m.group = std::move(g);
-}
-
 }  // namespace
+
+std::string pending_text(const PendingItem& p) {
+  if (!p.valid) return "";
+  std::string who;
+  for (size_t i = 0; i < p.members.size(); i++) who += (i ? ", " : "") + std::to_string(p.members[i]);
+  who = (p.members.size() == 1 ? "rank " : "ranks ") + who;
+  std::string s = p.gate.label.empty() ? gate_kind_name(p.kind) : p.gate.label;
+  if (!p.missing.empty()) {
+    std::string missing;
+    for (size_t i = 0; i < p.missing.size(); i++) missing += (i ? ", " : "") + std::to_string(p.missing[i]);
+    return s + " [" + who + "; waiting for " + missing + "]";
+  }
+  return s + " [" + who + "]";
+}
 
 const char* bucket_state_name(BucketState s) {
   switch (s) {
@@ -408,7 +398,9 @@ void SnapshotBuilder::set_device_memory(int rank, int64_t used, int64_t total) {
 }
 
 const Snapshot& SnapshotBuilder::finish_frame() {
+  hold_stepped_op();
   build_collective();
+  light_mesh_group();
   const CollectiveView& cv = snap_.collective;
   snap_.topology = build_topology(cv.group != 0 && cv.valid ? in_world_ranks(cv) : cv, run_.cost);
   build_data();
@@ -416,11 +408,53 @@ const Snapshot& SnapshotBuilder::finish_frame() {
   return snap_;
 }
 
+namespace {
+
+bool is_collective_item(const PendingItem& p) {
+  return p.valid && (p.kind == GateKind::Collective || p.kind == GateKind::RingStep) && !p.gate.op.p2p && !p.gate.op2.p2p;
+}
+
+}  // namespace
+
+// One item at a time, the same in every view: the focus's next item, else the stepper's pending one.
+// A collective there is the one the Collective, Ring, Topology and Mesh views show.
+void SnapshotBuilder::hold_stepped_op() {
+  const StepperState& st = snap_.stepper;
+  snap_.held = st.focused.valid ? st.focused : st.pending;
+  held_ = is_collective_item(snap_.held);
+  if (!held_) return;
+  shown_group_ = snap_.held.gate.trace_group;
+  shown_seq_ = static_cast<uint64_t>(snap_.held.gate.op.seq);
+  snap_.collective.in_flight = true;  // its members are at its gate (or inside it, at a ring step)
+  snap_.collective.arrived = snap_.held.arrived;
+  snap_.collective.missing = snap_.held.missing;
+}
+
+void SnapshotBuilder::light_mesh_group() {
+  MeshGroup& g = snap_.mesh.group;
+  const PendingItem& h = snap_.held;
+  const CollectiveView& cv = snap_.collective;
+  g = MeshGroup{};
+  if (h.valid && (h.gate.op.p2p || h.gate.op2.p2p)) {  // a held send/recv: its pair (or chain)
+    g.valid = true;
+    g.name = h.gate.label.substr(0, h.gate.label.find(" ("));
+    g.ranks = h.members;
+    g.op = h.gate.coll;
+    return;
+  }
+  if (!cv.valid) return;
+  g.valid = true;
+  g.op = cv.op;
+  g.name = cv.group != 0 ? cv.group_name : "the world";
+  if (cv.group != 0) g.ranks = cv.members;
+  else
+    for (int r = 0; r < world_; r++) g.ranks.push_back(r);
+}
+
 // ---- events ------------------------------------------------------------------------------------
 
 void SnapshotBuilder::ingest(const TraceRecorder& rec, int rank, const Event& e) {
   const int N = world_;
-  note_mesh_group(rec, e, snap_.mesh);
   switch (e.kind) {
     case EventKind::CollectiveIssue:
       learn_group(rec, e.coll.group);
@@ -666,8 +700,8 @@ void SnapshotBuilder::build_collective() {
   if (all_done) std::fill(cv.rank_steps_done.begin(), cv.rank_steps_done.end(), cv.steps);
   cv.steps_done = *std::min_element(cv.rank_steps_done.begin(), cv.rank_steps_done.end());
   // The world's status says which world collective is in flight; a group's is in flight from its
-  // first step until every member finished (groups have no stepper gate: none waits to arrive).
-  if (shown_group_ != 0) {
+  // first step until every member finished. One the stepper holds says who arrived at its gate.
+  if (shown_group_ != 0 && !held_) {
     cv.in_flight = !all_done && st != coll_steps_.end();
     cv.arrived.clear();
     cv.missing.clear();

@@ -18,6 +18,10 @@
 
 namespace dtlab::app {
 
+// The stepper's held item in a line: "tp1 #3 allreduce of 4096 float32 (sum, ring) [ranks 2, 3]",
+// with the members still missing when there are ("... [ranks 0, 1; waiting for 1]").
+std::string pending_text(const PendingItem& p);
+
 // What the builder reads of a run besides its events, fixed for the run's life. The objects must
 // outlive the builder's use of them (until the next reset).
 struct RunSources {
@@ -86,10 +90,13 @@ class SnapshotBuilder {
   std::map<CollKey, uint64_t> coll_first_order_;   // the recorder order of its first step or end seen
   std::map<int32_t, std::vector<int>> group_ranks_;  // group -> its global ranks (from its label)
   std::map<int32_t, std::string> group_names_;       // group -> "tp0"
+  bool held_ = false;  // the shown collective is the one the stepper holds (snap_.held)
   uint64_t shown_seq_ = UINT64_MAX;
   int32_t shown_group_ = 0;
   uint64_t shown_order_ = 0;  // coll_first_order_ of the shown one
   void show_latest(CollKey k, uint64_t order);  // shows k if it started after the shown one
+  void hold_stepped_op();   // the stepper's held collective is the one the views show
+  void light_mesh_group();  // the mesh view lights the shown collective's group (or the held pair)
   void learn_group(const TraceRecorder& rec, int32_t group);
   int32_t bucket_iteration_ = -1;
   int ready_counter_ = 0, launch_counter_ = 0;

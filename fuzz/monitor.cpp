@@ -62,11 +62,7 @@ void decode(MonitorMsg type, const std::string& payload, TraceRecorder& rec, Fee
       else status_from(json::parse(payload));
       break;
     case MonitorMsg::GateRequest:
-    case MonitorMsg::GateReply: {
-      GateWire g;
-      if (gate_from(payload, g)) (void)g.pos();
-      break;
-    }
+    case MonitorMsg::GateReply: gate_from(payload); break;
     case MonitorMsg::Report: step_report_from_json(payload); break;
     case MonitorMsg::End: end_from(payload); break;
     case MonitorMsg::Command: command_from(payload); break;

@@ -585,13 +585,13 @@ TEST_CASE("cuda backend: ring all-reduce steps in NCCL's chunk order, one steppe
   };
   Stepper& st = w->threads().stepper();
   const auto patience = std::chrono::milliseconds(20000);
-  REQUIRE(st.wait_until_all_blocked(1, patience));  // every comm worker at collective #0's gate
+  REQUIRE(st.wait_until_settled(patience));  // every rank at collective #0's gate
   st.step(GateKind::RingStep);                       // up to the gate of ring step 0
-  REQUIRE(st.wait_until_all_blocked(1, patience));
+  REQUIRE(st.wait_until_settled(patience));
   for (int s = 0; s + 1 < steps; s++) {
     CAPTURE(s);
     st.step(GateKind::RingStep);
-    REQUIRE(st.wait_until_all_blocked(1, patience));
+    REQUIRE(st.wait_until_settled(patience));
     for (int r = 0; r < n; r++) CHECK(ring_steps(r).size() == size_t(s + 1));
     WorldStatus ws = w->threads().status();
     REQUIRE(ws.in_flight.size() == 1);

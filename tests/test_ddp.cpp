@@ -400,10 +400,9 @@ TEST_SUITE("ddp") {
     bool saw_bucket_in_flight = false;
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (!runner.done() && commands < 200 && std::chrono::steady_clock::now() < give_up) {
-      if (!st.wait_until_all_blocked(1, std::chrono::milliseconds(50))) continue;
-      WorldStatus ws = t.world()->status();
-      for (const CollectiveStatus& cs : ws.in_flight)
-        if (cs.op == CollectiveOp::AllReduce && cs.bytes > 1000) saw_bucket_in_flight = true;
+      if (!st.wait_until_settled(std::chrono::milliseconds(50))) continue;
+      const PendingItem p = st.state().pending;
+      if (p.valid && p.gate.coll == CollectiveOp::AllReduce && p.gate.bytes > 1000) saw_bucket_in_flight = true;
       st.step(GateKind::Collective);
       commands++;
     }

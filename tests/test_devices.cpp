@@ -313,7 +313,7 @@ TEST_CASE("devices: cuda: a paused run shows the GPU-timed forward and backward 
   test::BackgroundRun runner(t);
   Stepper& st = t.stepper();
   for (int i = 0; i < 2 && !runner.done(); i++) {
-    REQUIRE(st.wait_until_all_blocked(1, std::chrono::seconds(30)));
+    REQUIRE(st.wait_until_settled(std::chrono::seconds(30)));
     st.step(GateKind::Collective);
   }
   const int layers = t.model().num_layers();

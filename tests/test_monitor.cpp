@@ -10,6 +10,7 @@
 #include <chrono>
 #include <future>
 #include <thread>
+#include <tuple>
 
 #include "engine/comm/socket_mesh.h"
 #include "engine/core/check.h"
@@ -32,16 +33,16 @@ std::future<ShellResult> launch_monitored(int nproc, const std::string& train_ar
   return std::async(std::launch::async, [cmd] { return test::shell(cmd); });
 }
 
-// Every rank waits at a gate (one of its lanes), as the stepper reports it through the hub.
+// The stepper, as the hub reports it, has settled on its next item: every rank waits at a gate.
 bool all_held(const StepperState& st, int world) {
-  if (static_cast<int>(st.gates.size()) != 2 * world || !st.paused) return false;
-  for (int r = 0; r < world; r++)
-    if (!st.gates[static_cast<size_t>(2 * r)].blocked && !st.gates[static_cast<size_t>(2 * r + 1)].blocked) return false;
-  return true;
+  return static_cast<int>(st.gates.size()) == kStepperLanes * world && st.paused && st.settled();
 }
 
-// The comm lane's gate of rank r (what collective, which step) while it is held.
-GatePos comm_gate(const StepperState& st, int r) { return st.gates[static_cast<size_t>(2 * r + 1)].pos; }
+// What the next step releases: (kind, the world collective's number, the ring step or -1).
+std::tuple<GateKind, int64_t, int> held_at(const StepperState& st) {
+  const PendingItem& p = st.pending;
+  return {p.kind, p.gate.op.seq, p.kind == GateKind::RingStep ? p.gate.step : -1};
+}
 
 bool wait_held(MonitorClient& c, uint64_t after_generation) {
   return c.wait_for([&](const StepperState& st, const std::vector<RankMonitorStatus>&) {
@@ -163,15 +164,14 @@ TEST_CASE("a launched 2-process DDP run is stepped from a viewer: collective by 
   // check), then #1 broadcasts rank 0's parameters.
   REQUIRE(wait_held(c, 0));
   StepperState st = c.stepper_state();
-  CHECK(comm_gate(st, 0) == GatePos{0, -1});
-  CHECK(comm_gate(st, 1) == GatePos{0, -1});
+  CHECK(held_at(st) == std::make_tuple(GateKind::Collective, int64_t{0}, -1));
+  CHECK(st.pending.arrived == std::vector<int>{0, 1});
+  CHECK(st.pending.gate.coll == CollectiveOp::AllGather);
   std::vector<RankMonitorStatus> ranks = c.ranks();
   REQUIRE(ranks.size() == 2);
   CHECK(ranks[1].connected);
-  CHECK(ranks[0].current_seq == 0);
-  CHECK(ranks[1].current_seq == 0);
-  INFO(ranks[1].comm_activity);
-  CHECK(ranks[1].comm_activity.find("at the gate of #0 allgather") != std::string::npos);
+  INFO(ranks[1].compute_activity);
+  CHECK(ranks[1].compute_activity.find("at the gate of world #0 allgather") != std::string::npos);
   CHECK(ranks[1].memory.total_current > 0);  // rank 1's replica, counted in its own process
 
   // One collective at a time: both ranks run #0 and stop at #1's gate, then at #2's (the first
@@ -179,27 +179,24 @@ TEST_CASE("a launched 2-process DDP run is stepped from a viewer: collective by 
   c.step(GateKind::Collective);
   REQUIRE(wait_held(c, st.generation));
   st = c.stepper_state();
-  CHECK(comm_gate(st, 0) == GatePos{1, -1});
-  CHECK(comm_gate(st, 1) == GatePos{1, -1});
-  CHECK(c.ranks()[1].desc.op == CollectiveOp::Broadcast);
+  CHECK(held_at(st) == std::make_tuple(GateKind::Collective, int64_t{1}, -1));
+  CHECK(st.pending.gate.coll == CollectiveOp::Broadcast);
   c.step(GateKind::Collective);
   REQUIRE(wait_held(c, st.generation));
   st = c.stepper_state();
-  CHECK(comm_gate(st, 0) == GatePos{2, -1});
-  CHECK(comm_gate(st, 1) == GatePos{2, -1});
-  CHECK(c.ranks()[0].desc.op == CollectiveOp::AllReduce);
+  CHECK(held_at(st) == std::make_tuple(GateKind::Collective, int64_t{2}, -1));
+  CHECK(st.pending.gate.coll == CollectiveOp::AllReduce);
 
   // Ring steps inside #2 (a ring all-reduce of 2 ranks has 2 steps): each step holds both again.
   c.step(GateKind::RingStep);
   REQUIRE(wait_held(c, st.generation));
   st = c.stepper_state();
-  CHECK(comm_gate(st, 0) == GatePos{2, 0});
-  CHECK(comm_gate(st, 1) == GatePos{2, 0});
+  CHECK(held_at(st) == std::make_tuple(GateKind::RingStep, int64_t{2}, 0));
+  CHECK(st.gates[size_t(kStepperLanes + kCommLane)].blocked);  // rank 1's comm worker, in its own process
   c.step(GateKind::RingStep);
   REQUIRE(wait_held(c, st.generation));
   st = c.stepper_state();
-  CHECK(comm_gate(st, 0) == GatePos{2, 1});
-  CHECK(comm_gate(st, 1) == GatePos{2, 1});
+  CHECK(held_at(st) == std::make_tuple(GateKind::RingStep, int64_t{2}, 1));
 
   // Rank 1's events reached the viewer: its broadcast and its half of the ring's first step.
   bool rank1_collective = false, rank1_step = false;

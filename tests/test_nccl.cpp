@@ -195,11 +195,11 @@ TEST_CASE("nccl: the stepper holds each collective at one gate, then one step re
     return k;
   };
   const auto patience = std::chrono::milliseconds(20000);
-  REQUIRE(w.stepper().wait_until_all_blocked(1, patience));
+  REQUIRE(w.stepper().wait_until_settled(patience));
   CHECK(collectives() == 0);
   for (size_t k = 1; k <= 2; k++) {
     w.stepper().step(GateKind::Collective);
-    REQUIRE(w.stepper().wait_until_all_blocked(1, patience));
+    REQUIRE(w.stepper().wait_until_settled(patience));
     CHECK(collectives() == k);
   }
   w.stepper().run();

@@ -8,11 +8,13 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
+#include "engine/comm/group.h"
 #include "engine/comm/threads_backend.h"
 #include "engine/core/device.h"
 #include "engine/trace/event.h"
@@ -72,34 +74,24 @@ bool eventually(const std::function<bool()>& pred, double timeout_s = kPatience)
   return true;
 }
 
-// Every rank's gate on `lane` (0 compute, 1 comm) is blocked at (kind, pos).
-bool all_blocked_at(ThreadsWorld& w, int lane, GateKind kind, GatePos pos) {
+// The stepper's pending item is `kind` (for an operation: the world's collective #seq; for a ring
+// step: its step; for an iteration: which), with every one of its members at its gate.
+bool pending_is(ThreadsWorld& w, GateKind kind, int64_t seq = -1, int step = -1) {
   StepperState s = w.stepper().state();
-  for (int r = 0; r < w.world_size(); r++) {
-    const RankGateState& g = s.gates[static_cast<size_t>(r * 2 + lane)];
-    if (!g.blocked || g.kind != kind || g.pos != pos) return false;
-  }
-  return true;
+  const PendingItem& p = s.pending;
+  if (!p.valid || p.kind != kind || !p.missing.empty()) return false;
+  if (kind == GateKind::Iteration) return p.gate.iteration == seq;
+  if (kind == GateKind::Collective || kind == GateKind::RingStep)
+    if (p.gate.op.seq != seq || p.gate.op.group != 0) return false;
+  return kind != GateKind::RingStep || p.gate.step == step;
 }
 
-bool wait_blocked_at(ThreadsWorld& w, int lane, GateKind kind, GatePos pos) {
-  return eventually([&] { return all_blocked_at(w, lane, kind, pos); });
+bool wait_pending(ThreadsWorld& w, GateKind kind, int64_t seq = -1, int step = -1) {
+  return eventually([&] { return pending_is(w, kind, seq, step); });
 }
 
-// Every rank rests at a gate that is really closed (past `allowed`), not one just released whose
-// thread has not woken yet. Holds for ring-step and collective stops (iteration gates open there).
-bool settled(ThreadsWorld& w) {
-  StepperState s = w.stepper().state();
-  for (int r = 0; r < w.world_size(); r++) {
-    bool held = false;
-    for (int lane = 0; lane < 2; lane++) {
-      const RankGateState& g = s.gates[static_cast<size_t>(r * 2 + lane)];
-      held = held || (g.blocked && s.allowed < g.pos);
-    }
-    if (!held) return false;
-  }
-  return true;
-}
+// The world has settled on its next item (what the next step releases).
+bool settled(ThreadsWorld& w) { return w.stepper().state().settled(); }
 
 size_t count(ThreadsWorld& w, int rank, EventKind kind) {
   std::vector<Event> evs = w.recorder().events(rank);
@@ -127,7 +119,7 @@ RankFn allreduce_loop(int iterations, int64_t count, std::atomic<int>& wrong) {
     std::vector<float> buf(static_cast<size_t>(count));
     for (int it = 0; it < iterations; it++) {
       std::fill(buf.begin(), buf.end(), float(r + 1));
-      ctx.begin_iteration(it, c.collectives_issued());
+      ctx.begin_iteration(it);
       c.all_reduce(buf.data(), count, DType::F32, ReduceOp::Sum, Algorithm::Ring)->wait();
       ctx.end_iteration();
       const int n = c.world_size();
@@ -140,89 +132,91 @@ RankFn allreduce_loop(int iterations, int64_t count, std::atomic<int>& wrong) {
 
 TEST_SUITE("stepper") {
 
-TEST_CASE("paused world: step by iteration, collective and ring step, then run to the end") {
+TEST_CASE("paused world: step by iteration, operation and ring step, then run to the end") {
   const int n = 4, steps = 2 * (n - 1);
   ThreadsWorld w(n, paused_options());
   std::atomic<int> wrong{0};
   Background bg(w, allreduce_loop(3, 1000, wrong));
 
   // Every rank waits at its first iteration gate, before issuing collective #0.
-  REQUIRE(w.stepper().wait_until_all_blocked(1, kPatienceMs));
-  REQUIRE(wait_blocked_at(w, 0, GateKind::Iteration, GatePos{0, -2}));
+  REQUIRE(w.stepper().wait_until_settled(kPatienceMs));
+  REQUIRE(wait_pending(w, GateKind::Iteration, 0));
   StepperState s = w.stepper().state();
   CHECK(s.paused);
-  REQUIRE(s.gates.size() == size_t(2 * n));
+  REQUIRE(s.gates.size() == size_t(kStepperLanes * n));
   for (int r = 0; r < n; r++) {
-    CHECK(s.gates[size_t(r * 2)].iteration == 0);
-    CHECK(s.gates[size_t(r * 2)].lane == 0);
-    CHECK(!s.gates[size_t(r * 2 + 1)].blocked);  // nothing issued, the comm worker is idle
+    const RankGateState& g = s.gates[size_t(r * kStepperLanes)];
+    CHECK(g.blocked);
+    CHECK(g.gate.kind == GateKind::Iteration);
+    CHECK(g.gate.iteration == 0);
+    CHECK(g.lane == kComputeLane);
+    CHECK(!s.gates[size_t(r * kStepperLanes + kCommLane)].blocked);  // nothing issued, the comm worker is idle
   }
+  CHECK(s.pending.members == std::vector<int>{0, 1, 2, 3});
   CHECK(counts_are(w, EventKind::Collective, 0));
   CHECK(counts_are(w, EventKind::CollectiveIssue, 0));
   CHECK(w.status().in_flight.empty());
 
-  SUBCASE("iteration, then collective by collective, then ring step by ring step") {
+  SUBCASE("iteration, then operation by operation, then ring step by ring step") {
     // step(Iteration): all of iteration 0, stopping at iteration 1's gate.
     w.stepper().step(GateKind::Iteration);
-    REQUIRE(wait_blocked_at(w, 0, GateKind::Iteration, GatePos{1, -2, 1}));
+    REQUIRE(wait_pending(w, GateKind::Iteration, 1));
     CHECK(counts_are(w, EventKind::Collective, 1));
     CHECK(counts_are(w, EventKind::RingStep, size_t(steps)));
     CHECK(counts_are(w, EventKind::Iteration, 1));
-    CHECK(w.stepper().state().gates[0].iteration == 1);  // rank 0's compute lane
 
-    // step(Collective) from an iteration gate: up to collective #1's gate, which every rank has
-    // reached, so its rendezvous is complete while it waits there.
+    // step(Collective) from an iteration gate: up to collective #1's gate, which every rank reached
+    // (it issued the call, and waits for the others before any of them runs it).
     w.stepper().step(GateKind::Collective);
-    REQUIRE(wait_blocked_at(w, 1, GateKind::Collective, GatePos{1, -1}));
+    REQUIRE(wait_pending(w, GateKind::Collective, 1));
     CHECK(counts_are(w, EventKind::Collective, 1));
+    CHECK(counts_are(w, EventKind::CollectiveIssue, 2));
     for (int k = 1; k <= 2; k++) {
       CAPTURE(k);
-      WorldStatus st = w.status();
-      REQUIRE(st.in_flight.size() == 1);
-      CHECK(st.in_flight[0].seq == uint64_t(k));
-      CHECK(st.in_flight[0].op == CollectiveOp::AllReduce);
-      CHECK(st.in_flight[0].bytes == 4000);
-      CHECK(st.in_flight[0].missing.empty());
-      std::vector<int> arrived = st.in_flight[0].arrived;
-      std::sort(arrived.begin(), arrived.end());
-      CHECK(arrived == std::vector<int>{0, 1, 2, 3});
-      CHECK(st.in_flight[0].steps == steps);
-      CHECK(st.in_flight[0].steps_done == 0);
+      const PendingItem p = w.stepper().state().pending;
+      CHECK(p.gate.op.seq == k);
+      CHECK(p.gate.label.find("world #" + std::to_string(k) + " allreduce of 1000 float32") == 0);
+      CHECK(p.arrived == std::vector<int>{0, 1, 2, 3});
+      CHECK(p.members == std::vector<int>{0, 1, 2, 3});
+      CHECK(w.status().in_flight.empty());  // held before anyone runs it
       if (k == 2) break;
       // One step(Collective): exactly one more collective completes on every rank.
       w.stepper().step(GateKind::Collective);
-      REQUIRE(wait_blocked_at(w, 1, GateKind::Collective, GatePos{k + 1, -1}));
+      REQUIRE(wait_pending(w, GateKind::Collective, k + 1));
       CHECK(counts_are(w, EventKind::Collective, size_t(k + 1)));
       CHECK(counts_are(w, EventKind::RingStep, size_t((k + 1) * steps)));
     }
 
     // Collective #2 ring step by ring step: +1 RingStep event per rank per command.
-    w.stepper().step(GateKind::RingStep);  // releases the collective gate, stops before step 0
-    REQUIRE(wait_blocked_at(w, 1, GateKind::RingStep, GatePos{2, 0}));
+    w.stepper().step(GateKind::RingStep);  // releases the collective, stops before its step 0
+    REQUIRE(wait_pending(w, GateKind::RingStep, 2, 0));
     CHECK(counts_are(w, EventKind::RingStep, size_t(2 * steps)));
     for (int st = 0; st < 3; st++) {
       CAPTURE(st);
       w.stepper().step(GateKind::RingStep);
-      REQUIRE(wait_blocked_at(w, 1, GateKind::RingStep, GatePos{2, st + 1}));
+      REQUIRE(wait_pending(w, GateKind::RingStep, 2, st + 1));
       CHECK(counts_are(w, EventKind::RingStep, size_t(2 * steps + st + 1)));
       CHECK(counts_are(w, EventKind::Collective, 2));
       WorldStatus ws = w.status();
       REQUIRE(ws.in_flight.size() == 1);
       CHECK(ws.in_flight[0].steps_done == st + 1);
     }
-    StepperState mid = w.stepper().state();
-    CHECK(mid.frontier == GatePos{2, 2});
-    CHECK(mid.allowed == GatePos{2, 2});
+    const StepperState mid = w.stepper().state();
+    for (int r = 0; r < n; r++) {  // the comm workers wait at step 3 (from 0); the compute lanes inside wait()
+      CHECK(mid.gates[size_t(r * kStepperLanes + kCommLane)].blocked);
+      CHECK(mid.gates[size_t(r * kStepperLanes + kCommLane)].gate.step == 3);
+      CHECK(!mid.gates[size_t(r * kStepperLanes)].blocked);
+    }
   }
 
   SUBCASE("ring steps across a collective boundary land on the next collective's gate") {
     w.stepper().step(GateKind::RingStep);  // iteration gate -> collective #0's gate
-    REQUIRE(wait_blocked_at(w, 1, GateKind::Collective, GatePos{0, -1}));
+    REQUIRE(wait_pending(w, GateKind::Collective, 0));
     for (int st = 0; st <= steps; st++) {
       CAPTURE(st);
       w.stepper().step(GateKind::RingStep);
-      GatePos next = st < steps ? GatePos{0, st} : GatePos{1, -1};
-      REQUIRE(wait_blocked_at(w, 1, st < steps ? GateKind::RingStep : GateKind::Collective, next));
+      if (st < steps) REQUIRE(wait_pending(w, GateKind::RingStep, 0, st));
+      else REQUIRE(wait_pending(w, GateKind::Collective, 1));
       CHECK(counts_are(w, EventKind::RingStep, size_t(st)));
     }
     CHECK(counts_are(w, EventKind::Collective, 1));
@@ -238,40 +232,40 @@ TEST_CASE("paused world: step by iteration, collective and ring step, then run t
   CHECK(!w.stepper().state().paused);
 }
 
-// Regression: step() once left released gates marked blocked until their threads woke, so
-// wait_until_all_blocked() right after a step returned the old gates at once, and a second quick
-// step() picked a stale gate as pending and did nothing (two clicks, one ring step).
+// Regression: step() once left released gates marked blocked until their threads woke, so a second
+// quick step() picked a stale gate as pending and did nothing (two clicks, one ring step). Now
+// commands given while the world moves add up.
 TEST_CASE("two quick ring steps advance two ring steps") {
   ThreadsWorld w(4, paused_options());
   std::atomic<int> wrong{0};
   Background bg(w, allreduce_loop(1, 1000, wrong));
-  REQUIRE(w.stepper().wait_until_all_blocked(1, kPatienceMs));
+  REQUIRE(w.stepper().wait_until_settled(kPatienceMs));
   w.stepper().step(GateKind::RingStep);  // iteration gate -> collective gate
-  REQUIRE(wait_blocked_at(w, 1, GateKind::Collective, GatePos{0, -1}));
+  REQUIRE(wait_pending(w, GateKind::Collective, 0));
   w.stepper().step(GateKind::RingStep);
-  REQUIRE(wait_blocked_at(w, 1, GateKind::RingStep, GatePos{0, 0}));
+  REQUIRE(wait_pending(w, GateKind::RingStep, 0, 0));
   w.stepper().step(GateKind::RingStep);
   w.stepper().step(GateKind::RingStep);
-  CHECK(eventually([&] { return all_blocked_at(w, 1, GateKind::RingStep, GatePos{0, 2}); }, 2));
+  CHECK(wait_pending(w, GateKind::RingStep, 0, 2));
   w.stepper().run();
   REQUIRE(bg.finish());
 }
 
-// The same regression, seen through wait_until_all_blocked().
-TEST_CASE("wait_until_all_blocked after a step reports the next gates, not the released ones") {
+// The same regression, seen through wait_until_settled().
+TEST_CASE("wait_until_settled after a step reports the next item, not the released one") {
   ThreadsWorld w(4, paused_options());
   std::atomic<int> wrong{0};
   Background bg(w, allreduce_loop(3, 1000, wrong));
-  REQUIRE(w.stepper().wait_until_all_blocked(1, kPatienceMs));
+  REQUIRE(w.stepper().wait_until_settled(kPatienceMs));
   for (int k = 0; k < 3; k++) {
     CAPTURE(k);
     w.stepper().step(GateKind::Collective);
-    REQUIRE(w.stepper().wait_until_all_blocked(1, kPatienceMs));
-    CHECK(all_blocked_at(w, 1, GateKind::Collective, GatePos{k, -1}));
+    REQUIRE(w.stepper().wait_until_settled(kPatienceMs));
+    CHECK(pending_is(w, GateKind::Collective, k));
     w.stepper().step(GateKind::Iteration);
     if (k < 2) {
-      REQUIRE(w.stepper().wait_until_all_blocked(1, kPatienceMs));
-      CHECK(all_blocked_at(w, 0, GateKind::Iteration, GatePos{k + 1, -2, k + 1}));
+      REQUIRE(w.stepper().wait_until_settled(kPatienceMs));
+      CHECK(pending_is(w, GateKind::Iteration, k + 1));
     }
   }
   w.stepper().run();
@@ -290,17 +284,13 @@ TEST_CASE("tree and naive collectives step one algorithm step at a time, with th
       for (float v : buf) wrong += v != 2.0f;
     });
     const int steps = algo == Algorithm::Tree ? 3 : n - 1;
-    w.stepper().step(GateKind::RingStep);  // nothing blocked yet or at the collective gate
-    REQUIRE(eventually([&] {
-      return all_blocked_at(w, 1, GateKind::Collective, GatePos{0, -1}) ||
-             all_blocked_at(w, 1, GateKind::RingStep, GatePos{0, 0});
-    }));
-    if (all_blocked_at(w, 1, GateKind::Collective, GatePos{0, -1})) w.stepper().step(GateKind::RingStep);
-    REQUIRE(wait_blocked_at(w, 1, GateKind::RingStep, GatePos{0, 0}));
+    REQUIRE(wait_pending(w, GateKind::Collective, 0));  // every rank called it; none runs it yet
+    w.stepper().step(GateKind::RingStep);
+    REQUIRE(wait_pending(w, GateKind::RingStep, 0, 0));
     for (int st = 0; st + 1 < steps; st++) {
       CAPTURE(st);
       w.stepper().step(GateKind::RingStep);
-      REQUIRE(wait_blocked_at(w, 1, GateKind::RingStep, GatePos{0, st + 1}));
+      REQUIRE(wait_pending(w, GateKind::RingStep, 0, st + 1));
       CHECK(counts_are(w, EventKind::RingStep, size_t(st + 1)));
       WorldStatus ws = w.status();
       REQUIRE(ws.in_flight.size() == 1);
@@ -324,11 +314,11 @@ TEST_CASE("status steps_done advances for tree steps too") {
     std::vector<float> buf(100, float(r));
     c.broadcast(buf.data(), 100, DType::F32, 0, Algorithm::Tree)->wait();
   });
-  REQUIRE(w.stepper().wait_until_all_blocked(1, kPatienceMs));
+  REQUIRE(wait_pending(w, GateKind::Collective, 0));
   w.stepper().step(GateKind::RingStep);
-  REQUIRE(wait_blocked_at(w, 1, GateKind::RingStep, GatePos{0, 0}));
+  REQUIRE(wait_pending(w, GateKind::RingStep, 0, 0));
   w.stepper().step(GateKind::RingStep);
-  REQUIRE(wait_blocked_at(w, 1, GateKind::RingStep, GatePos{0, 1}));
+  REQUIRE(wait_pending(w, GateKind::RingStep, 0, 1));
   WorldStatus ws = w.status();
   REQUIRE(ws.in_flight.size() == 1);
   CHECK(ws.in_flight[0].steps_done == 1);
@@ -343,7 +333,7 @@ TEST_CASE("determinism: the same program twice, free-running or stepped, gives t
     const int n = c.world_size();
     std::vector<float> a(1001, float(r)), in(static_cast<size_t>(300 * n), 1.0f), out(300);
     for (int it = 0; it < 2; it++) {
-      ctx.begin_iteration(it, c.collectives_issued());
+      ctx.begin_iteration(it);
       c.all_reduce(a.data(), 1001, DType::F32, ReduceOp::Sum, Algorithm::Ring)->wait();
       c.all_reduce(a.data(), 1001, DType::F32, ReduceOp::Max, Algorithm::Tree)->wait();
       c.reduce_scatter(out.data(), in.data(), 300, DType::F32, ReduceOp::Sum)->wait();
@@ -392,15 +382,15 @@ TEST_CASE("paused longer than the watchdog timeout: no watchdog, the run complet
   ThreadsWorld w(n, paused_options(0.3));
   std::atomic<int> wrong{0};
   Background bg(w, allreduce_loop(2, 1000, wrong));
-  REQUIRE(w.stepper().wait_until_all_blocked(1, kPatienceMs));
+  REQUIRE(w.stepper().wait_until_settled(kPatienceMs));
   std::this_thread::sleep_for(std::chrono::milliseconds(400));  // at the iteration gate
   w.stepper().step(GateKind::Collective);
-  REQUIRE(wait_blocked_at(w, 1, GateKind::Collective, GatePos{0, -1}));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // rendezvous complete, held at its gate
+  REQUIRE(wait_pending(w, GateKind::Collective, 0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // every rank called it, held at its gate
   w.stepper().step(GateKind::RingStep);
-  REQUIRE(wait_blocked_at(w, 1, GateKind::RingStep, GatePos{0, 0}));
+  REQUIRE(wait_pending(w, GateKind::RingStep, 0, 0));
   w.stepper().step(GateKind::RingStep);
-  REQUIRE(wait_blocked_at(w, 1, GateKind::RingStep, GatePos{0, 1}));
+  REQUIRE(wait_pending(w, GateKind::RingStep, 0, 1));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // mid-ring
   CHECK(!w.status().failed);
   w.stepper().run();
@@ -421,7 +411,7 @@ TEST_CASE("pause() in the middle of a running world holds it without tripping th
     for (int it = 0;; it++) {
       std::fill(buf.begin(), buf.end() - 1, float(r + 1));
       buf.back() = float(stop.load());
-      ctx.begin_iteration(it, c.collectives_issued());
+      ctx.begin_iteration(it);
       c.all_reduce(buf.data(), 4097)->wait();
       ctx.end_iteration();
       for (size_t i = 0; i + 1 < buf.size(); i++) wrong += buf[i] != float(n * (n + 1) / 2);
@@ -431,7 +421,7 @@ TEST_CASE("pause() in the middle of a running world holds it without tripping th
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   w.stepper().pause();
   // Wherever the ranks were, each comes to rest at some gate on some lane.
-  CHECK((bg.done() || w.stepper().wait_until_all_blocked(1, kPatienceMs)));
+  CHECK((bg.done() || w.stepper().wait_until_settled(kPatienceMs)));
   std::this_thread::sleep_for(std::chrono::milliseconds(800));
   CHECK(!w.status().failed);
   CHECK(!bg.done());
@@ -466,15 +456,26 @@ namespace {
 
 // A stand-in for the monitor's feed: records what it is asked, answers `open`.
 struct FakeRelay : dtlab::GateRelay {
-  std::vector<dtlab::GatePos> asked;
+  std::vector<dtlab::GateInfo> asked;
+  std::vector<int> done;
   bool open = true, held = false, cancelled = false;
-  bool gate(int, int, dtlab::GateKind, dtlab::GatePos pos, int32_t, double) override {
-    asked.push_back(pos);
+  bool gate(int, int, const dtlab::GateInfo& g) override {
+    asked.push_back(g);
     return open && !cancelled;
   }
+  void rank_done(int rank) override { done.push_back(rank); }
   void cancel() override { cancelled = true; }
   bool holding() const override { return held; }
 };
+
+dtlab::GateInfo world_op_gate(int64_t seq, dtlab::GateKind kind = dtlab::GateKind::Collective, int step = -1) {
+  dtlab::GateInfo g;
+  g.kind = kind;
+  g.op.seq = seq;
+  g.op.members = 3;
+  g.step = step;
+  return g;
+}
 
 }  // namespace
 
@@ -484,18 +485,21 @@ TEST_CASE("a relayed stepper forwards its gates, reports the remote hold as paus
   dtlab::Stepper st(2);
   FakeRelay relay;
   st.set_relay(&relay);
-  CHECK(st.gate(1, 1, dtlab::GateKind::Collective, dtlab::GatePos{3, -1}, 0, 0.0));
+  CHECK(st.gate(1, 1, world_op_gate(3)));
   REQUIRE(relay.asked.size() == 1);
-  CHECK(relay.asked[0] == dtlab::GatePos{3, -1});
+  CHECK(relay.asked[0].op.seq == 3);
+  CHECK(relay.asked[0].kind == dtlab::GateKind::Collective);
   relay.open = false;
-  CHECK_FALSE(st.gate(1, 1, dtlab::GateKind::RingStep, dtlab::GatePos{3, 0}, 0, 0.0));
+  CHECK_FALSE(st.gate(1, 1, world_op_gate(3, dtlab::GateKind::RingStep, 0)));
+  st.rank_done(1);
+  CHECK(relay.done == std::vector<int>{1});
   // Watchdogs ask paused(): with a relay it is "one of my gates waits for the deciding stepper".
   CHECK_FALSE(st.paused());
   relay.held = true;
   CHECK(st.paused());
   st.abort();
   CHECK(relay.cancelled);
-  CHECK_FALSE(st.gate(1, 1, dtlab::GateKind::Collective, dtlab::GatePos{4, -1}, 0, 0.0));
+  CHECK_FALSE(st.gate(1, 1, world_op_gate(4)));
   CHECK(relay.asked.size() == 2);  // an aborted stepper does not ask
   st.set_relay(nullptr);
   CHECK_FALSE(st.paused());
@@ -532,7 +536,7 @@ TEST_CASE("a paused rank about to wait for its comm lane hands over its device t
   CHECK(t.flushes == 2);
 }
 
-TEST_CASE("in a paused world, a rank waiting for a held collective has flushed its device timer first") {
+TEST_CASE("in a paused world, a rank held before a collective has flushed its device timer first") {
   const int n = 3;
   ThreadsWorld w(n, paused_options());
   std::vector<CountingTimer> timers(n);
@@ -544,8 +548,8 @@ TEST_CASE("in a paused world, a rank waiting for a held collective has flushed i
     work->wait();
     waited++;
   });
-  // The collective is held at its gate: every rank's compute thread is inside wait(), having
-  // flushed once on the way in; none got past it.
+  // The collective is held at its gate: every rank's compute thread waits there, having flushed
+  // once on the way in; none got past it.
   REQUIRE(eventually([&] {
     for (const CountingTimer& t : timers)
       if (t.flushes == 0) return false;
@@ -557,6 +561,212 @@ TEST_CASE("in a paused world, a rank waiting for a held collective has flushed i
   CHECK(bg.error() == "");
   CHECK(waited == n);
   for (const CountingTimer& t : timers) CHECK(t.flushes == 1);
+}
+
+
+// ---- every process group, every send/recv, every layer and gradient (issue 32) ----
+
+namespace {
+
+// The items a world stops at, one step(kind) at a time until its program ends: each pending
+// item's label and the ranks at its gate.
+std::vector<std::pair<std::string, std::vector<int>>> step_through(ThreadsWorld& w, Background& bg, GateKind kind,
+                                                                  int most = 200) {
+  std::vector<std::pair<std::string, std::vector<int>>> seen;
+  for (int i = 0; i < most && !bg.done(); i++) {
+    if (!eventually([&] { return bg.done() || settled(w); })) break;
+    if (bg.done()) break;
+    const PendingItem p = w.stepper().state().pending;
+    seen.push_back({p.gate.label, p.arrived});
+    w.stepper().step(kind);
+  }
+  return seen;
+}
+
+}  // namespace
+
+TEST_CASE("process groups: each group collective pauses until its members arrive, its ring steps step among them") {
+  // Ranks {0,1} form tp0 and {2,3} tp1 (one tag, two groups); each iteration: a group all-reduce,
+  // then a world all-reduce.
+  const int n = 4;
+  ThreadsWorld w(n, paused_options());
+  std::atomic<int> wrong{0};
+  Background bg(w, [&](int r, Communicator& c, RankContext& ctx) {
+    auto ex = std::make_shared<GroupExecutor>();
+    const std::vector<int> mine = r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+    auto g = new_group(c, mine, 8, ex, cpu_device(), r < 2 ? "tp0" : "tp1");
+    std::vector<float> a(1000), b(10);
+    for (int it = 0; it < 2; it++) {
+      ctx.begin_iteration(it);
+      std::fill(a.begin(), a.end(), float(r));
+      g->all_reduce(a.data(), 1000, DType::F32, ReduceOp::Sum)->wait();
+      for (float v : a) wrong += v != float(mine[0] + mine[1]);
+      std::fill(b.begin(), b.end(), 1.0f);
+      c.all_reduce(b.data(), 10, DType::F32, ReduceOp::Sum, Algorithm::Ring)->wait();
+      for (float v : b) wrong += v != float(n);
+    }
+  });
+  REQUIRE(wait_pending(w, GateKind::Iteration, 0));
+  w.stepper().step(GateKind::Collective);  // the iteration gates open; stop at the first operation
+  const auto seen = step_through(w, bg, GateKind::Collective);
+  REQUIRE(bg.finish());
+  CHECK(bg.error() == "");
+  CHECK(wrong == 0);
+  // One global order: the lowest member first, a group's op before the world op its members then wait at.
+  const std::vector<std::pair<std::string, std::vector<int>>> want = {
+      {"tp0 #0 allreduce of 1000 float32 (sum, ring)", {0, 1}},
+      {"tp1 #0 allreduce of 1000 float32 (sum, ring)", {2, 3}},
+      {"world #0 allreduce of 10 float32 (sum, ring)", {0, 1, 2, 3}},
+      {"tp0 #1 allreduce of 1000 float32 (sum, ring)", {0, 1}},
+      {"tp1 #1 allreduce of 1000 float32 (sum, ring)", {2, 3}},
+      {"world #1 allreduce of 10 float32 (sum, ring)", {0, 1, 2, 3}},
+  };
+  REQUIRE(seen.size() == want.size());
+  for (size_t i = 0; i < want.size(); i++) {
+    CAPTURE(i);
+    CHECK(seen[i].first.rfind(want[i].first, 0) == 0);
+    CHECK(seen[i].second == want[i].second);
+  }
+}
+
+TEST_CASE("a group collective's ring steps are stepped among its members only") {
+  const int n = 4;
+  ThreadsWorld w(n, paused_options());
+  Background bg(w, [&](int r, Communicator& c, RankContext&) {
+    auto ex = std::make_shared<GroupExecutor>();
+    const std::vector<int> mine = r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+    auto g = new_group(c, mine, 8, ex, cpu_device(), r < 2 ? "tp0" : "tp1");
+    std::vector<float> a(1000, 1.0f);
+    g->all_reduce(a.data(), 1000, DType::F32, ReduceOp::Sum)->wait();
+  });
+  REQUIRE(w.stepper().wait_until_settled(kPatienceMs));
+  PendingItem p = w.stepper().state().pending;
+  CHECK(p.gate.label.rfind("tp0 #0 allreduce", 0) == 0);
+  CHECK(p.members == std::vector<int>{0, 1});
+  // Ring steps: tp0's two steps (2(n-1) for a group of 2), on the group lane of ranks 0 and 1.
+  for (int st = 0; st < 2; st++) {
+    CAPTURE(st);
+    w.stepper().step(GateKind::RingStep);
+    REQUIRE(eventually([&] {
+      const PendingItem q = w.stepper().state().pending;
+      return q.valid && q.kind == GateKind::RingStep && q.gate.step == st;
+    }));
+    p = w.stepper().state().pending;
+    CHECK(p.members == std::vector<int>{0, 1});
+    CHECK(p.gate.label.rfind("tp0 #0 allreduce", 0) == 0);
+    const StepperState s = w.stepper().state();
+    CHECK(s.gates[size_t(0 * kStepperLanes + kGroupLane)].blocked);
+    CHECK(s.gates[size_t(1 * kStepperLanes + kGroupLane)].blocked);
+    CHECK(!s.gates[size_t(2 * kStepperLanes + kGroupLane)].blocked);  // tp1 has not been released
+    CHECK(s.gates[size_t(2 * kStepperLanes)].blocked);                // still at its issue gate
+  }
+  w.stepper().step(GateKind::RingStep);  // tp0's last step; then tp1 is next
+  REQUIRE(eventually([&] {
+    const PendingItem q = w.stepper().state().pending;
+    return q.valid && q.kind == GateKind::Collective && q.gate.label.rfind("tp1 #0", 0) == 0;
+  }));
+  w.stepper().run();
+  REQUIRE(bg.finish());
+  CHECK(bg.error() == "");
+}
+
+TEST_CASE("a send and its receive pause as one operation, sends that cross go one ahead, never deadlock") {
+  ThreadsWorld w(3, paused_options());
+  Background bg(w, [&](int r, Communicator& c, RankContext&) {
+    std::vector<float> out(8, float(r)), in(8, -1.0f);
+    if (r == 0) {  // a pipeline's hand-off: 0 -> 1 -> 2
+      c.send(out.data(), 8, DType::F32, 1, 5)->wait();
+    } else if (r == 1) {
+      c.recv(in.data(), 8, DType::F32, 0, 5)->wait();
+      c.send(in.data(), 8, DType::F32, 2, 5)->wait();
+    } else {
+      c.recv(in.data(), 8, DType::F32, 1, 5)->wait();
+      if (in[0] != 0.0f) throw Error("rank 2 received the wrong data");
+    }
+    // Both send first, then receive (eager sends make this legal).
+    if (r < 2) {
+      const int peer = 1 - r;
+      WorkPtr s = c.send(out.data(), 8, DType::F32, peer, 6);
+      c.recv(in.data(), 8, DType::F32, peer, 6)->wait();
+      s->wait();
+      if (in[0] != float(peer)) throw Error("crossed sends delivered the wrong data");
+    }
+  });
+  REQUIRE(w.stepper().wait_until_settled(kPatienceMs));
+  const auto seen = step_through(w, bg, GateKind::Collective);
+  REQUIRE(bg.finish());
+  CHECK(bg.error() == "");
+  REQUIRE(seen.size() == 4);
+  CHECK(seen[0].first.rfind("send 0->1", 0) == 0);  // with rank 1's receive: one item, both there
+  CHECK(seen[0].second == std::vector<int>{0, 1});
+  CHECK(seen[1].first.rfind("send 1->2", 0) == 0);
+  CHECK(seen[1].second == std::vector<int>{1, 2});
+  CHECK(seen[2].first.rfind("send 0->1", 0) == 0);  // crossing: rank 0's send goes ahead alone
+  CHECK(seen[2].second == std::vector<int>{0});
+  CHECK(seen[3].first.rfind("recv 1->0", 0) == 0);  // then rank 1's send with rank 0's receive
+  CHECK(seen[3].second == std::vector<int>{0, 1});
+  // The receive of the send that went ahead is owed: rank 1 takes it without stopping again.
+}
+
+TEST_CASE("layers and gradients: step(Layer) holds every rank before each layer, a focused rank goes alone") {
+  const int n = 3;
+  ThreadsWorld w(n, paused_options());
+  Background bg(w, [&](int, Communicator&, RankContext& ctx) {
+    ctx.begin_iteration(0);
+    for (int l = 0; l < 3; l++) ctx.before_layer(2 * l, false);
+    for (int l = 2; l >= 0; l--) {
+      ctx.before_layer(2 * l, true);
+      ctx.gate_grad(2 * l + 1, "bias of layer " + std::to_string(2 * l));
+    }
+  });
+  REQUIRE(wait_pending(w, GateKind::Iteration, 0));
+  w.stepper().step(GateKind::Layer);  // the iteration gates do not stop a layer step
+  REQUIRE(w.stepper().wait_until_settled(kPatienceMs));
+  PendingItem p = w.stepper().state().pending;
+  CHECK(p.kind == GateKind::Layer);
+  CHECK(p.gate.label == "layer 0 forward");
+  CHECK(p.members == std::vector<int>{0, 1, 2});
+  w.stepper().step(GateKind::Layer);
+  REQUIRE(eventually([&] { return w.stepper().state().pending.gate.label == "layer 2 forward"; }));
+  // Focus on rank 1: one rank's layer at a time.
+  w.stepper().set_focus(1, "");
+  REQUIRE(eventually([&] { return w.stepper().state().pending.members == std::vector<int>{1}; }));
+  w.stepper().step(GateKind::Layer);
+  REQUIRE(eventually([&] {
+    const StepperState s = w.stepper().state();
+    return s.pending.valid && s.pending.members == std::vector<int>{1} && s.pending.gate.label == "layer 4 forward";
+  }));
+  StepperState s = w.stepper().state();
+  CHECK(s.gates[size_t(0 * kStepperLanes)].gate.label == "layer 2 forward");  // the others stayed
+  CHECK(s.gates[size_t(2 * kStepperLanes)].gate.label == "layer 2 forward");
+  // Gradients: step(Grad) stops right after each lands.
+  w.stepper().set_focus(-1, "");
+  w.stepper().step(GateKind::Grad);
+  REQUIRE(eventually([&] {
+    const PendingItem q = w.stepper().state().pending;
+    return q.valid && q.kind == GateKind::Grad && q.gate.label == "bias of layer 4";
+  }));
+  CHECK(w.stepper().state().pending.members == std::vector<int>{0, 1, 2});
+  w.stepper().run();
+  REQUIRE(bg.finish());
+  CHECK(bg.error() == "");
+}
+
+TEST_CASE("when nothing can be released the stepper says who waits for whom") {
+  ThreadsWorld w(2, paused_options(30));
+  Background bg(w, [&](int r, Communicator& c, RankContext&) {
+    if (r == 1) return;  // never calls the all-reduce rank 0 waits in
+    std::vector<float> v(4, 1.0f);
+    c.all_reduce(v.data(), 4, DType::F32, ReduceOp::Sum)->wait();
+  });
+  w.stepper().step(GateKind::Collective);
+  REQUIRE(eventually([&] { return w.stepper().state().waiting.find("waits for rank 1") != std::string::npos; }));
+  const StepperState s = w.stepper().state();
+  CHECK(!s.settled());
+  CHECK(s.waiting.rfind("world #0 allreduce of 4 float32", 0) == 0);
+  CHECK(s.live == std::vector<bool>{true, false});
+  w.abort("the test is over");
+  REQUIRE(bg.finish());
 }
 
 }  // TEST_SUITE

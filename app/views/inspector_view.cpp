@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "app/snapshot_builder.h"  // pending_text
 #include "app/views/views.h"
 #include "engine/core/format.h"
 
@@ -121,7 +122,7 @@ void draw_collective(const CollectiveView& cv) {
   const bool done = cv.steps_done >= cv.steps && !cv.in_flight;
   ImGui::TextColored(ImVec4(1.0f, 0.85f, 0.45f, 1.0f), "%s", collective_name(cv.op));
   ImGui::SameLine(0, ImGui::GetFontSize() * 0.35f);
-  ImGui::TextColored(dim(), "#%" PRIu64, cv.seq);
+  ImGui::TextColored(dim(), "%s #%" PRIu64, cv.group != 0 ? cv.group_name.c_str() : "world", cv.seq);
   ImGui::SameLine(0, ImGui::GetFontSize() * 0.8f);
   if (done) ImGui::TextColored(kGreen, "done");
   else if (cv.in_flight) ImGui::TextColored(kAmber, "in flight");
@@ -229,37 +230,32 @@ void draw_collective(const CollectiveView& cv) {
 }
 
 bool gate_blocked(const StepperState& st, int rank, int lane) {
-  const size_t i = static_cast<size_t>(rank * 2 + lane);
+  const size_t i = static_cast<size_t>(rank * kStepperLanes + lane);
   return i < st.gates.size() && st.gates[i].blocked;
 }
 
-// The stepper gate one rank's lane waits at, e.g. "ring step 3/6 #12"; `compact` leaves out the
-// collective's number when it is the one shown above, and says nothing for a lane at no gate.
-void gate_cell(const StepperState& st, int rank, int lane, const CollectiveView& cv, bool running, bool compact = false) {
-  const size_t i = static_cast<size_t>(rank * 2 + lane);
+const char* lane_name(int lane) { return lane == kComputeLane ? "compute thread" : lane == kCommLane ? "comm worker" : "group executor"; }
+
+// The stepper gate one rank's lane waits at, e.g. "ring step 3/6 of tp1 #12"; `compact` keeps just
+// the kind and step, and says nothing for a lane at no gate. The tooltip has the gate's whole label.
+void gate_cell(const StepperState& st, int rank, int lane, bool running, bool compact = false) {
+  const size_t i = static_cast<size_t>(rank * kStepperLanes + lane);
   if (i >= st.gates.size() || !st.gates[i].blocked) {
     if (!compact) ImGui::TextColored(dim(), "%s", i >= st.gates.size() || !running ? "-" : st.paused ? "not at a gate" : "running");
     return;
   }
-  const RankGateState& g = st.gates[i];
-  char buf[96], where[96];
-  if (g.pos.sub <= -2) {
-    std::snprintf(buf, sizeof buf, "%s %d", gate_kind_name(g.kind), g.pos.iter);
-    std::snprintf(where, sizeof where, "before issuing collective #%" PRId64 " in iteration %d", g.pos.seq, g.pos.iter);
-  } else if (g.pos.sub == -1) {
-    std::snprintf(buf, sizeof buf, "%s #%" PRId64, gate_kind_name(g.kind), g.pos.seq);
-    std::snprintf(where, sizeof where, "before running collective #%" PRId64, g.pos.seq);
-  } else {
-    const bool shown = cv.valid && cv.group == 0 && static_cast<uint64_t>(g.pos.seq) == cv.seq && cv.steps > 0;
-    if (shown && compact) std::snprintf(buf, sizeof buf, "%s %d/%d", gate_kind_name(g.kind), g.pos.sub + 1, cv.steps);
-    else if (shown) std::snprintf(buf, sizeof buf, "%s %d/%d #%" PRId64, gate_kind_name(g.kind), g.pos.sub + 1, cv.steps, g.pos.seq);
-    else std::snprintf(buf, sizeof buf, "%s %d #%" PRId64, gate_kind_name(g.kind), g.pos.sub + 1, g.pos.seq);
-    std::snprintf(where, sizeof where, "before step %d of collective #%" PRId64, g.pos.sub + 1, g.pos.seq);
+  const GateInfo& g = st.gates[i].gate;
+  std::string text;
+  switch (g.kind) {
+    case GateKind::RingStep: text = "ring step " + std::to_string(g.step + 1); break;
+    case GateKind::Iteration: text = "iteration " + std::to_string(g.iteration); break;
+    default: text = g.label; break;
   }
-  ImGui::TextColored(kAmber, "%s", buf);
+  if (compact && text.size() > 28) text = text.substr(0, 27) + "...";
+  ImGui::TextColored(kAmber, "%s", text.c_str());
   if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("rank %d's %s waits at a %s gate %s\nuntil a step or run command opens it (position: seq %" PRId64 ", sub %d)", rank,
-                      lane == 0 ? "compute thread" : "comm worker", gate_kind_name(g.kind), where, g.pos.seq, g.pos.sub);
+    ImGui::SetTooltip("rank %d's %s waits at a %s gate: %s\nuntil a step or run command opens it", rank, lane_name(lane),
+                      gate_kind_name(g.kind), g.label.c_str());
 }
 
 // One line per cell, clipped by its column; the whole text in a tooltip.
@@ -325,19 +321,19 @@ std::string activity_of(const std::vector<std::string>& activity, int r) {
 }
 
 void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
-  const int N = std::max({1, s.config.world, static_cast<int>(s.stepper.gates.size() / 2), static_cast<int>(s.comm_activity.size())});
+  const int N = std::max({1, s.config.world, static_cast<int>(s.stepper.gates.size() / kStepperLanes), static_cast<int>(s.comm_activity.size())});
   const StepperState& st = s.stepper;
   ImGui::TextColored(dim(), "stepper:");
   ImGui::SameLine();
   if (st.paused) {
     ImGui::TextColored(kAmber, "paused");
     ImGui::SameLine();
-    ImGui::TextColored(dim(), "(open to #%" PRId64 ".%d, passed #%" PRId64 ".%d)", st.allowed.seq, st.allowed.sub, st.frontier.seq,
-                       st.frontier.sub);
+    if (st.pending.valid) ImGui::TextColored(dim(), "before %s", pending_text(st.pending).c_str());
+    else ImGui::TextColored(dim(), "%s", st.waiting.empty() ? "(settling)" : st.waiting.c_str());
     if (ImGui::IsItemHovered())
-      ImGui::SetTooltip("gates at or before #%" PRId64 ".%d are open; the furthest any rank has passed is #%" PRId64 ".%d\n"
-                        "(collective number . -2 iteration gate, -1 collective gate, 0.. ring step)",
-                        st.allowed.seq, st.allowed.sub, st.frontier.seq, st.frontier.sub);
+      ImGui::SetTooltip("The next step releases this item: an operation once all its members are at its gate, a ring\n"
+                        "step, a layer, a gradient, a pipeline action or an iteration, in one global order\n"
+                        "(engine/trace/stepper.h). Until every rank has reached a gate, it says whom it waits for.");
   } else if (s.running) {
     if (st.speed > 0) ImGui::TextColored(kGreen, "running at %.3g modeled s per second", st.speed);
     else ImGui::TextColored(kGreen, "running");
@@ -372,9 +368,9 @@ void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
       ImGui::TableSetColumnIndex(4);
       clipped(activity_of(s.comm_activity, r));
       ImGui::TableSetColumnIndex(5);
-      gate_cell(st, r, 0, cv, s.running);
+      gate_cell(st, r, kComputeLane, s.running);
       ImGui::TableSetColumnIndex(6);
-      gate_cell(st, r, 1, cv, s.running);
+      gate_cell(st, r, gate_blocked(st, r, kGroupLane) ? kGroupLane : kCommLane, s.running);
     }
     ImGui::EndTable();
     return;
@@ -388,14 +384,14 @@ void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
     begin_rank_row(cv, r, N);
     ImGui::SameLine(0, fs * 0.6f);
     steps_cell(cv, r);
-    for (int lane : {1, 0}) {
+    for (int lane : {kGroupLane, kCommLane, kComputeLane}) {
       if (!gate_blocked(st, r, lane)) continue;
       ImGui::SameLine(0, fs * 0.6f);
-      if (lane == 0) {
+      if (lane == kComputeLane) {
         ImGui::TextColored(dim(), "compute:");
         ImGui::SameLine(0, fs * 0.25f);
       }
-      gate_cell(st, r, lane, cv, s.running, true);
+      gate_cell(st, r, lane, s.running, true);
     }
     ImGui::PushStyleColor(ImGuiCol_Text, dim());
     clipped("compute: " + activity_of(s.compute_activity, r));
@@ -409,6 +405,16 @@ void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
 
 void draw_inspector_view(const Snapshot& s, ViewContext& ctx) {
   if (!s.error.empty()) draw_error(s.error);
+  draw_focus_line(s);
+  // What the stepper holds when it is not a collective (a send/recv, a layer, a gradient, an action
+  // or an iteration): the Collective panel below then shows the last collective.
+  const PendingItem& h = s.held;
+  if (h.valid && !(h.kind == GateKind::Collective && !h.gate.op.p2p && !h.gate.op2.p2p) && h.kind != GateKind::RingStep) {
+    ImGui::TextColored(kAmber, "paused before");
+    ImGui::SameLine();
+    ImGui::TextWrapped("%s", pending_text(h).c_str());
+    ImGui::Separator();
+  }
   const CollectiveView& cv = s.collective;
   if (cv.valid) {
     draw_collective(cv);

@@ -623,6 +623,7 @@ void draw_pipeline_stages(const Snapshot& s) {
 }  // namespace
 
 void draw_memory_view(const Snapshot& s, MemoryViewState& view, ViewContext& /*ctx*/) {
+  draw_focus_line(s);
   draw_live_bars(s, view, view.compare_h);
   const float y0 = ImGui::GetCursorPosY();
   if (s.pipeline.valid) draw_pipeline_stages(s);

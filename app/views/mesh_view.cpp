@@ -115,7 +115,13 @@ void header(const Snapshot& s, const MeshGroup& g) {
   }
   std::vector<std::string> ranks;
   for (int r : g.ranks) ranks.push_back(std::to_string(r));
-  ImGui::Text("latest collective: %s in %s (ranks %s)", collective_name(g.op), g.name.c_str(), join(ranks, ", ").c_str());
+  const bool held = s.held.valid && (s.held.kind == GateKind::Collective || s.held.kind == GateKind::RingStep);
+  const bool pair = g.name.rfind("send", 0) == 0 || g.name.rfind("recv", 0) == 0;
+  if (pair) ImGui::Text("paused before %s (ranks %s)", g.name.c_str(), join(ranks, ", ").c_str());
+  else ImGui::Text("%s collective: %s in %s (ranks %s)", held ? "paused before" : "latest", collective_name(g.op), g.name.c_str(),
+                   join(ranks, ", ").c_str());
+  draw_focus_line(s);
+  ImGui::TextDisabled("Click a rank (or a tp group's title) to follow it in every view; click it again to let go.");
 }
 
 // The lit group: members outlined and, for a sub-group, joined centre to centre in group order.
@@ -134,7 +140,6 @@ void draw_group(ImDrawList* dl, const std::vector<Rect>& cells, const MeshGroup&
 }  // namespace
 
 void draw_mesh_view(const Snapshot& s, ViewContext& ctx) {
-  (void)ctx;
   const MeshView& mv = s.mesh;
   const MeshShape& m = mv.shape;
   const MeshGroup& g = mv.group;
@@ -175,6 +180,26 @@ void draw_mesh_view(const Snapshot& s, ViewContext& ctx) {
   }
   if (g.valid) draw_group(dl, cells, g);
   if (hover >= 0) dl->AddRect(cells[static_cast<size_t>(hover)].a, cells[static_cast<size_t>(hover)].b, kText, 4.0f, 0, 2.0f);
+  // The focus: a rank ringed, or a tp group's box; a click sets it, a second click on it lets go.
+  const int focus = s.stepper.focus_rank;
+  if (focus >= 0 && focus < m.world()) {
+    const Rect& c = cells[static_cast<size_t>(focus)];
+    dl->AddRect(ImVec2(c.a.x - 3, c.a.y - 3), ImVec2(c.b.x + 3, c.b.y + 3), IM_COL32(140, 215, 255, 255), 6.0f, 0, 3.0f);
+  }
+  if (hovered && ImGui::IsMouseClicked(ImGuiMouseButton_Left)) {
+    ctx.focus_request = true;
+    ctx.focus_rank = -1;
+    ctx.focus_group.clear();
+    if (hover >= 0) {
+      if (hover != focus) ctx.focus_rank = hover;
+    } else if (m.tp > 1) {
+      for (int i = 0; i < m.dp * m.pp; i++)
+        if (tp_boxes[static_cast<size_t>(i)].contains(mouse)) {
+          const std::string name = mesh_group_name(m, MeshDim::TP, i * m.tp);
+          if (name != s.stepper.focus_group) ctx.focus_group = name;
+        }
+    }
+  }
   float right = p0.x;
   for (const Rect& r : replicas) right = std::max(right, r.b.x);
   if (panel_w > 0) {

@@ -578,6 +578,7 @@ void draw_comparison(const PipelineView& pv, const PipelineSchedule& other, cons
 
 void draw_pipeline_view(const Snapshot& s, ViewContext& ctx, PipelineViewState& state) {
   PipelineViewState::Impl& st = *state.impl;
+  draw_focus_line(s);
   const PipelineView& pv = s.pipeline;
   if (!pv.valid) {
     ImGui::TextUnformatted("The pipeline view shows --strategy pipeline runs.");

@@ -539,7 +539,7 @@ void draw_header(const CollectiveView& cv) {
   const ImVec4 dim = ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled);
   ImGui::TextColored(ImVec4(1.0f, 0.85f, 0.45f, 1.0f), "%s", collective_name(cv.op));
   ImGui::SameLine(0, ImGui::GetFontSize() * 0.35f);
-  ImGui::TextColored(dim, "#%llu", static_cast<unsigned long long>(cv.seq));
+  ImGui::TextColored(dim, "%s #%llu", cv.group != 0 ? cv.group_name.c_str() : "world", static_cast<unsigned long long>(cv.seq));
   ImGui::SameLine(0, sp);
   ImGui::TextColored(dim, "algorithm");
   ImGui::SameLine();
@@ -988,6 +988,7 @@ void ring_tooltips(const Snapshot& s, const RingLayout& L, const std::vector<Chu
 
 void draw_ring_view(const Snapshot& s, ViewContext& ctx, RingViewState& state) {
   RingViewState::Impl& st = *state.impl;
+  draw_focus_line(s);
   const CollectiveView& cv = s.collective;
   const float fs = ImGui::GetFontSize();
   const int N = std::clamp(cv.valid ? cv.world : std::max(1, s.config.world), 1, 64);

@@ -21,6 +21,16 @@ namespace dtlab::app {
 
 namespace {
 
+// The stepper gate a timeline lane of `rank` waits at, or null: the compute row shows the compute
+// thread's gate, the comm row its comm worker's or group executor's (engine/trace/stepper.h lanes).
+const RankGateState* held_gate(const StepperState& st, int rank, int lane) {
+  for (int l : lane == 0 ? std::vector<int>{kComputeLane} : std::vector<int>{kCommLane, kGroupLane}) {
+    const size_t gi = static_cast<size_t>(rank * kStepperLanes + l);
+    if (gi < st.gates.size() && st.gates[gi].blocked) return &st.gates[gi];
+  }
+  return nullptr;
+}
+
 // ---- colors: the kinds of work take the palette's work_color(), so the legend holds for every rank
 // (ranks own the lane chips); these are the live timeline's own
 constexpr ImU32 kOtherCompute = IM_COL32(128, 132, 142, 255);
@@ -76,10 +86,12 @@ const char* label_of(const Snapshot& s, int32_t id) {
 }
 
 // A process group's name, "tp0" (CollectiveInfo::group, 0 for the world: "").
+// The group a collective ran in, as every view names it: "tp0", "dp1", or "world" (group 0).
 std::string group_name_of(const Snapshot& s, int32_t group) {
   std::string name;
   std::vector<int> ranks;
-  return group > 0 && parse_group_label(label_of(s, group - 1), name, ranks) ? name : std::string();
+  if (group <= 0) return "world";
+  return parse_group_label(label_of(s, group - 1), name, ranks) ? name : "group";
 }
 
 
@@ -336,12 +348,11 @@ void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int ra
     const bool info = e.kind != EventKind::RingStep;
     const unsigned long long seq = info ? e.coll.seq : e.step.seq;
     const char* op = info ? collective_name(e.coll.op) : "collective";
-    // A process group's collective says which group: "allreduce tp0 #3", its own count.
+    // Every collective says which group counted it: "allreduce tp0 #3", "allreduce world #5".
     const std::string group = group_name_of(s, info ? e.coll.group : e.step.group);
-    const std::string g = group.empty() ? std::string() : " " + group;
-    if (sp.in_flight) std::snprintf(l, ln, "%s%s #%llu: %d steps done", op, g.c_str(), seq, sp.steps_done);
-    else std::snprintf(l, ln, "%s%s #%llu %s", op, g.c_str(), seq, algorithm_name(e.coll.algo));
-    std::snprintf(sh, sn, "%s#%llu", group.empty() ? "" : (group + " ").c_str(), seq);
+    if (sp.in_flight) std::snprintf(l, ln, "%s %s #%llu: %d steps done", op, group.c_str(), seq, sp.steps_done);
+    else std::snprintf(l, ln, "%s %s #%llu %s", op, group.c_str(), seq, algorithm_name(e.coll.algo));
+    std::snprintf(sh, sn, "%s #%llu", group.c_str(), seq);
   };
   auto coll_color = [](const RowSpan&, const Event&) { return work_color(Work::Communication); };
   draw_row(rc, visible_spans(c.coll, t0, t1), ym + L.co0, ym + L.co1, coll_color, coll_label);
@@ -383,8 +394,8 @@ void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int ra
   // A lane held at a stepper gate right now: hatched from where its work stops to the view's end.
   if (s.stepper.paused)
     for (int lane = 0; lane < 2; lane++) {
-      const size_t gi = static_cast<size_t>(rank * 2 + lane);
-      if (gi >= s.stepper.gates.size() || !s.stepper.gates[gi].blocked) continue;
+      const RankGateState* held = held_gate(s.stepper, rank, lane);
+      if (!held) continue;
       const double from = c.frontier[lane] > -DBL_MAX ? c.frontier[lane] : ax.t0;
       const float a = std::max(ax.x(from), ax.x0), b = ax.x1;
       if (b <= a) continue;
@@ -392,7 +403,7 @@ void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int ra
       dl->AddRectFilled(ImVec2(a, g0), ImVec2(b, g1), alpha(kPaused, 0.12f));
       draw_hatch(dl, ImVec2(a, g0), ImVec2(b, g1), alpha(kPaused, 0.45f), 7.0f);
       vline(dl, a, g0, g1, kPaused, 2.0f);
-      const char* what = gate_kind_name(s.stepper.gates[gi].kind);
+      const char* what = gate_kind_name(held->gate.kind);
       char text[64];
       std::snprintf(text, sizeof text, "paused at %s gate", what);
       const float tw = ImGui::CalcTextSize(text).x;
@@ -425,8 +436,7 @@ void draw_rank_labels(const Snapshot& s, int rank, float x, float y, const Timel
   // Pause glyphs for lanes held at a gate, so stepping reads even when the hatch is off screen.
   if (s.stepper.paused)
     for (int lane = 0; lane < 2; lane++) {
-      const size_t gi = static_cast<size_t>(rank * 2 + lane);
-      if (gi >= s.stepper.gates.size() || !s.stepper.gates[gi].blocked) continue;
+      if (!held_gate(s.stepper, rank, lane)) continue;
       const float cy = lane ? ym + 0.5f * (L.co0 + L.co1) : y + 0.5f * (L.op0 + L.op1), px = x + L.label_w - 0.6f * fs;
       const float h = 0.32f * fs, w = 0.14f * fs;
       dl->AddRectFilled(ImVec2(px - 2 * w, cy - h), ImVec2(px - w, cy + h), IM_COL32(210, 210, 215, 255));
@@ -583,17 +593,17 @@ void event_tooltip(const Snapshot& s, const Hover& h, float fs) {
           ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(compute_color(e.compute.kind)), "%s", compute_kind_name(e.compute.kind));
         break;
       case EventKind::Collective:
-        ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(work_color(Work::Communication)), "%s #%llu", collective_name(e.coll.op),
-                           static_cast<unsigned long long>(e.coll.seq));
+        ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(work_color(Work::Communication)), "%s %s #%llu", collective_name(e.coll.op),
+                           group_name_of(s, e.coll.group).c_str(), static_cast<unsigned long long>(e.coll.seq));
         break;
       case EventKind::CollectiveIssue:
-        ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(work_color(Work::Communication)), sp.in_flight ? "%s #%llu in flight" : "%s #%llu issued",
-                           collective_name(e.coll.op), static_cast<unsigned long long>(e.coll.seq));
+        ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(work_color(Work::Communication)), sp.in_flight ? "%s %s #%llu in flight" : "%s %s #%llu issued",
+                           collective_name(e.coll.op), group_name_of(s, e.coll.group).c_str(), static_cast<unsigned long long>(e.coll.seq));
         break;
       case EventKind::RingStep:
         if (sp.in_flight)
-          ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(work_color(Work::Communication)), "collective #%llu in flight",
-                             static_cast<unsigned long long>(e.step.seq));
+          ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(work_color(Work::Communication)), "collective %s #%llu in flight",
+                             group_name_of(s, e.step.group).c_str(), static_cast<unsigned long long>(e.step.seq));
         else
           ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kRingGather), "ring step %d of %d  (%s)", e.step.step + 1,
                              e.step.steps, ring_phase_name(e.step.phase));
@@ -850,6 +860,7 @@ void draw_header(const Snapshot& s, const std::vector<IterExtent>& iters0, const
 }  // namespace
 
 void draw_timeline_view(const Snapshot& s, TimelineViewState& view, ViewContext& ctx) {
+  draw_focus_line(s);
   const float fs = ImGui::GetFontSize();
   const EventClock clock{ctx.modeled_clock};
   if (view.modeled != ctx.modeled_clock) view.modeled = ctx.modeled_clock, view.follow = true;

@@ -36,7 +36,16 @@ struct ViewContext {
   PipelineRequest pipeline;
   std::string restart_error;
   int pipeline_compare = -1;   // the pipeline view's "compare with": a ScheduleKind, or -1 (none)
+  // A view asks for the stepper's focus (the mesh view: a clicked rank or group); the app applies it.
+  bool focus_request = false;
+  int focus_rank = -1;
+  std::string focus_group;
 };
+
+// The stepper's focus in words, the same in every view: "focus: rank 5 (replica 1, stage 0, tp2)",
+// "focus: group tp1", or "" without one (focus.cpp); draw_focus_line shows it and the focus's next item.
+std::string focus_caption(const Snapshot& s);
+void draw_focus_line(const Snapshot& s);
 
 void draw_bucket_view(const Snapshot& s, ViewContext& ctx);
 void draw_inspector_view(const Snapshot& s, ViewContext& ctx);

@@ -140,7 +140,10 @@ class GroupComm : public Communicator {
     DTLAB_CHECK(it != ranks_.end(), "rank " + std::to_string(parent.rank()) + " created a process group it is not in");
     me_ = static_cast<int>(it - ranks_.begin());
     if (name.empty()) name = "group" + std::to_string(tag_);
+    name_ = name;
+    for (int r : ranks_) members_ |= uint64_t{1} << r;
     if (ctx_ && ctx_->recorder()) group_ = 1 + ctx_->recorder()->intern(group_label(name, ranks_));
+    if (ctx_ && ctx_->stepper()) ctx_->stepper()->name_group(1 + tag_, members_, name_);
   }
   // Queued operations capture this group; they finish (or fail under the watchdog) first.
   ~GroupComm() override { ex_->drain(); }
@@ -297,10 +300,21 @@ class GroupComm : public Communicator {
       Event e(EventKind::CollectiveIssue, Lane::Compute, now, now, t, t);
       e.coll = op.info;
       ctx_->record(e);
+      // The call is the issue; a stepped run then holds the rank at the gate until every member called it.
+      const std::string label = name_ + " " + describe(d, seq);
+      if (!ctx_->gate_op(op_ref(seq), d.op, op.info.bytes, label, nullptr, group_))
+        throw CommError("rank " + std::to_string(global(me_)) + " stopped before " + label + ": the run was aborted");
     }
+    if (ctx_) ctx_->lane_work(kGroupLane, +1);  // before the compute lane can reach its next gate
     return ex_->submit(
         seq,
         [this, op, fn = std::move(fn)] {
+          struct Done {
+            RankContext* ctx;
+            ~Done() {
+              if (ctx) ctx->lane_work(kGroupLane, -1);
+            }
+          } done{ctx_};
           dev_.bind_thread();
           op_ = op;
           fn();
@@ -308,6 +322,32 @@ class GroupComm : public Communicator {
         },
         ctx_);
   }
+  OpRef op_ref(uint64_t seq) const {
+    OpRef r;
+    r.group = 1 + tag_;
+    r.seq = static_cast<int64_t>(seq);
+    r.members = members_;
+    return r;
+  }
+  // The stepper's gate before one step of the running operation, on the group lane (`participants`:
+  // the ranks that move data in it; 0: every member).
+  void step_gate(int step, uint64_t participants) {
+    if (!ctx_) return;
+    const std::string label = name_ + " " + describe_running() + ", step " + std::to_string(step);
+    if (!ctx_->gate_ring(kGroupLane, op_ref(op_.info.seq), step, participants, op_.iteration, ctx_->comm_clock(), label, group_))
+      throw CommError("rank " + std::to_string(global(me_)) + " stopped in " + label + ": the run was aborted");
+  }
+  std::string describe_running() const {
+    CollDesc d;
+    d.op = op_.info.op;
+    d.algo = op_.info.algo;
+    d.reduce = op_.info.reduce;
+    d.dtype = op_.info.dtype;
+    d.root = op_.info.root;
+    d.count = op_.info.in_count;
+    return describe(d, op_.info.seq);
+  }
+  uint64_t pair(int a, int b) const { return (uint64_t{1} << global(a)) | (uint64_t{1} << global(b)); }
   WorkTimes finish_op() {
     if (!op_.stepped) {  // nothing moved (a group of one): an instant at the comm lane's clock
       const double t = ctx_ ? ctx_->comm_clock() : 0;
@@ -347,11 +387,13 @@ class GroupComm : public Communicator {
   // Sends are eager on every backend (see communicator.h), so send-then-receive never deadlocks.
   // A sending step records what this rank received: nothing.
   void p2p_send(const void* buf, int64_t count, int to, RingPhase phase, int step) {
+    step_gate(step, pair(me_, to));
     WorkPtr w = parent_.send(buf, count, DType::F32, global(to), tag_ | kGroupStepTag);
     w->wait();
     record_step(w, phase, -1, global(me_), global(to), 0, step);
   }
   void p2p_recv(void* buf, int64_t count, int from, RingPhase phase, int step) {
+    step_gate(step, pair(from, me_));
     WorkPtr w = parent_.recv(buf, count, DType::F32, global(from), tag_ | kGroupStepTag);
     w->wait();
     record_step(w, phase, -1, global(from), global(me_), count * kF32, step);
@@ -360,10 +402,12 @@ class GroupComm : public Communicator {
   // lone send there waits for the peer's receive, and every rank of a ring would wait on its own).
   void p2p_exchange(const void* send_buf, int to, void* recv_buf, int from, int64_t count, RingPhase phase,
                     int chunk) {
+    const int step = op_.next_step++;
+    step_gate(step, 0);
     WorkPtr w = parent_.send_recv(send_buf, count, global(to), tag_ | kGroupStepTag, recv_buf, count, global(from),
                                   tag_ | kGroupStepTag, DType::F32);
     w->wait();
-    record_step(w, phase, chunk, global(from), global(me_), count * kF32, op_.next_step++);
+    record_step(w, phase, chunk, global(from), global(me_), count * kF32, step);
   }
 
   // in: n blocks of `count`; out: block me_ reduced over the group. Step s sends the running
@@ -399,6 +443,8 @@ class GroupComm : public Communicator {
   std::shared_ptr<GroupExecutor> ex_;
   Device& dev_;  // where the group's buffers live (the parent moves that device's memory)
   RankContext* ctx_;  // the parent's: where the group's events go (null: none)
+  std::string name_;     // "tp1"
+  uint64_t members_ = 0;  // the global ranks, bit r for rank r
   int32_t group_ = 0;  // 1 + the recorder's label id of "name: ranks"
   int me_ = 0;
   uint64_t seq_ = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/core/format.h"
 #include "engine/trace/tuning.h"
 
 namespace dtlab {
@@ -214,17 +215,62 @@ WorkPtr QueuedCommunicator::fused_send_recv(const void* send_buf, int64_t send_c
   return enqueue(std::move(j));
 }
 
+uint64_t QueuedCommunicator::next_on_channel(int src, int dst, int tag) { return channel_[{src, dst, tag}]++; }
+
+void QueuedCommunicator::gate(CommJob& j) {
+  // A process group's own transfers (its ring steps) pass: the group gates its operation and steps.
+  if (!ctx_ || !ctx_->stepper() || (j.p2p && (j.tag & kGroupStepTag))) return;
+  auto pair_ref = [&](int src, int dst) {
+    OpRef r;
+    r.p2p = true;
+    r.src = static_cast<int16_t>(src);
+    r.dst = static_cast<int16_t>(dst);
+    r.tag = j.tag;
+    r.seq = static_cast<int64_t>(next_on_channel(src, dst, j.tag));
+    r.members = (uint64_t{1} << src) | (uint64_t{1} << dst);
+    return r;
+  };
+  OpRef op, op2;
+  std::string label;
+  const int64_t bytes = j.desc.count * dtype_size(j.desc.dtype);
+  if (!j.p2p) {
+    op.group = 0;
+    op.seq = static_cast<int64_t>(j.seq);
+    op.members = world_size_ >= 64 ? ~uint64_t{0} : (uint64_t{1} << world_size_) - 1;
+    label = "world " + describe(j.desc, j.seq);
+  } else if (j.desc.op == CollectiveOp::Send) {
+    op = pair_ref(rank_, j.peer);
+    label = "send " + std::to_string(rank_) + "->" + std::to_string(j.peer) + " (" + human_bytes(bytes) + ", tag " +
+            std::to_string(j.tag) + ")";
+    if (j.fused) {
+      op2 = pair_ref(j.recv_peer, rank_);
+      label += " with recv " + std::to_string(j.recv_peer) + "->" + std::to_string(rank_);
+    }
+  } else {
+    op = pair_ref(j.peer, rank_);
+    label = "recv " + std::to_string(j.peer) + "->" + std::to_string(rank_) + " (" + human_bytes(bytes) + ", tag " +
+            std::to_string(j.tag) + ")";
+  }
+  const int64_t payload = j.p2p ? bytes : payload_bytes(j.desc, world_size_);
+  if (!ctx_->gate_op(op, j.desc.op, payload, label, j.fused ? &op2 : nullptr))
+    throw CommError("rank " + std::to_string(rank_) + " stopped before " + label + ": the run was aborted");
+}
+
 WorkPtr QueuedCommunicator::enqueue(CommJob j) {
   j.issue_model = ctx_ ? ctx_->compute_clock() : 0;
   j.iteration = ctx_ ? ctx_->iteration() : -1;
   j.work = std::make_shared<AsyncWork>(j.seq, ctx_, job_name(j));
+  // The call is the issue; a stepped run then holds the rank at the operation's gate until every
+  // member has called it too.
   if (!j.p2p && ctx_) {
     const int64_t now = now_ns();
     Event e(EventKind::CollectiveIssue, Lane::Compute, now, now, j.issue_model, j.issue_model);
     fill_info(e.coll, j);
     ctx_->record(e);
   }
+  gate(j);
   WorkPtr w = j.work;
+  if (ctx_) ctx_->lane_work(kCommLane, +1);  // before the compute lane can reach its next gate
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(j));
@@ -284,6 +330,7 @@ void QueuedCommunicator::loop() {
     }
     after_job(err, internal);
     j.work->finish(times, err);
+    if (ctx_) ctx_->lane_work(kCommLane, -1);
   }
 }
 

@@ -7,10 +7,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "engine/comm/communicator.h"
 #include "engine/trace/context.h"
@@ -119,12 +121,18 @@ class QueuedCommunicator : public Communicator {
   WorkPtr p2p(CollectiveOp op, void* buf, int64_t count, DType dt, int peer, int tag);
   WorkPtr enqueue(CommJob j);
   void fill_info(CollectiveInfo& info, const CommJob& j) const;
+  // The stepper's gate before a job is queued (on the issuing thread): the operation it is, and
+  // for a send/recv its message number on the (src, dst, tag) channel, which the other half counts
+  // the same way. Throws CommError when the run was aborted at the gate.
+  void gate(CommJob& j);
+  uint64_t next_on_channel(int src, int dst, int tag);
   void loop();
 
   int rank_, world_size_;
   RankContext* ctx_;
   AlgorithmDefaults defaults_;
   uint64_t next_seq_ = 0, next_p2p_ = 0;  // touched only by the issuing (rank) thread
+  std::map<std::tuple<int, int, int>, uint64_t> channel_;  // messages issued per (src, dst, tag), likewise
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<CommJob> queue_;

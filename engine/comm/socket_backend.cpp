@@ -63,8 +63,11 @@ struct SocketCommunicator::Call {
   // The stepper's gate before ring step `step`.
   void step_gate(int step) {
     if (comm) comm->set_status("in " + what + at(step), static_cast<int64_t>(job.seq), step);
-    if (ctx && ctx->stepper() &&
-        !ctx->stepper()->gate(rank, 1, GateKind::RingStep, GatePos{static_cast<int64_t>(job.seq), step}, job.iteration, model_t))
+    OpRef op;
+    op.group = 0;
+    op.seq = static_cast<int64_t>(job.seq);
+    op.members = n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
+    if (ctx && !ctx->gate_ring(kCommLane, op, step, 0, job.iteration, model_t, "world " + what + ", step " + std::to_string(step)))
       throw CommError("rank " + std::to_string(rank) + ": the run was stopped in collective " + what + at(step));
   }
 
@@ -343,12 +346,9 @@ WorkTimes SocketCommunicator::run_collective(CommJob& j) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     c.model_t += f.delay_s;  // a straggler is late on the modeled clock too
   }
-  // The stepper's collective gate (the ring steps' gates are in run_plan): a launched world pauses
-  // and steps as the threads world does; with a viewer attached the gates are rank 0's to open.
-  set_status("at the gate of " + c.what, static_cast<int64_t>(j.seq), 0);
-  if (ctx() && ctx()->stepper() &&
-      !ctx()->stepper()->gate(rank(), 1, GateKind::Collective, GatePos{static_cast<int64_t>(j.seq), -1}, j.iteration, begin))
-    throw CommError("rank " + std::to_string(rank()) + ": the run was stopped at the gate of collective " + c.what);
+  // The stepper's gate for this collective was at its issue (QueuedCommunicator::gate), the ring
+  // steps' are in run_plan: a launched world pauses and steps as the threads world does; with a
+  // viewer attached the gates are rank 0's to open.
   set_status("in " + c.what, static_cast<int64_t>(j.seq), 0);
   if (j.desc.dtype == DType::F32) run_typed<float>(c);
   else run_typed<int64_t>(c);

@@ -106,10 +106,8 @@ class RankComm : public QueuedCommunicator {
     // not let its caller free them while a rank already in the algorithm reads them.
     double start = 0;
     try {
-      w_->set_comm_activity(rank_, "at the gate of " + what);
-      if (!w_->stepper_->gate(rank_, 1, GateKind::Collective, GatePos{static_cast<int64_t>(j.seq), -1},
-                              j.iteration, arrive_t))
-        w_->fail_aborted();
+      // The stepper's gate for this collective was at its issue (QueuedCommunicator::gate): every
+      // rank released it together, so the others are on their way here.
       w_->set_comm_activity(rank_, "in " + what + ", waiting for the other ranks to arrive");
       start = w_->wait_all_arrived(rank_, rv);
       w_->set_comm_activity(rank_, "in " + what);
@@ -161,8 +159,7 @@ class RankComm : public QueuedCommunicator {
       w_->set_comm_activity(rank_, "in " + what);
       std::unique_lock<std::mutex> lock(w_->mu_);
       auto key = std::make_tuple(j.peer, rank_, j.tag);
-      // Point to point has no stepper gate, so the peer may legitimately be held at one: the
-      // watchdog's clock does not run while the stepper is paused.
+      // Its send was released at or before this receive's gate; a paused world stops the watchdog's clock.
       Deadline deadline(w_->opt_.timeout_s, w_->stepper_.get());
       bool ok = wait_under(w_->cv_, lock, deadline, [&] { return w_->aborted_ || !w_->mailbox_[key].empty(); });
       if (w_->aborted_) throw CommError(w_->abort_reason_);
@@ -456,8 +453,13 @@ void World::step_barrier(Call& c) {
 }
 
 bool World::step_gate(Call& c, int step) {
-  return stepper_->gate(c.rank, 1, GateKind::RingStep, GatePos{static_cast<int64_t>(c.rv->seq), step},
-                        c.iteration, c.model_t);
+  RankContext* ctx = ctx_[static_cast<size_t>(c.rank)].get();
+  OpRef op;
+  op.group = 0;
+  op.seq = static_cast<int64_t>(c.rv->seq);
+  op.members = n_ >= 64 ? ~uint64_t{0} : (uint64_t{1} << n_) - 1;
+  return ctx->gate_ring(kCommLane, op, step, 0, c.iteration, c.model_t,
+                        "world " + describe(c.rv->desc, c.rv->seq) + ", step " + std::to_string(step));
 }
 
 namespace {
@@ -542,8 +544,15 @@ void ThreadsWorld::run(const std::function<void(int, Communicator&, RankContext&
   std::vector<char> comm_error(static_cast<size_t>(w.n_), 0);  // not vector<bool>: ranks write it at once
   std::vector<char> stopped(static_cast<size_t>(w.n_), 0);     // the rank raised RunStopped
   std::vector<std::thread> ts;
+  // The stepper waits only for live ranks when it settles: each rank is live while its function runs.
+  for (int r = 0; r < w.n_; r++) w.stepper_->rank_started(r);
   for (int r = 0; r < w.n_; r++) {
     ts.emplace_back([&, r] {
+      struct Done {
+        threads::World& w;
+        int r;
+        ~Done() { w.stepper_->rank_done(r); }
+      } done{w, r};
       try {
         fn(r, comm(r), context(r));
         context(r).set_activity("returned from its rank function");

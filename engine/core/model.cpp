@@ -458,6 +458,7 @@ const float* Model::forward(const float* x, int64_t B) {
   for (int i = 0; i < num_layers(); i++) {
     layer_in_[static_cast<size_t>(i)] = in;
     if (layer_skipped(i)) continue;  // the branch: this block's output is its input
+    gate_layer(i, false);
     if (hooks_) hooks_->before_forward(i);
     float* out = keeps_output(i) ? acts_[i].f32() : recompute_.f32();
     if (sp) sp_layer_forward(i, out, in);
@@ -489,6 +490,7 @@ void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
     float* dinp = i > first ? (dout == dbuf_[0].f32() ? dbuf_[1].f32() : dbuf_[0].f32()) : nullptr;
     if (checkpointing_ && keeps_output(i)) recompute_block(i);  // a block's last layer: run it again first
     const float* out = checkpointing_ ? recompute_.f32() : acts_[i].f32();
+    gate_layer(i, true);
     if (hooks_) hooks_->before_backward(i);
     if (sp) sp_layer_backward(i, dinp, dout, in, out);
     else layer_backward(i, dinp, dout, in, out, batch_);

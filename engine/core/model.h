@@ -180,6 +180,12 @@ class Model {
   void restore_storage(const float* full);
   bool owns_parameters() const { return !flat_params_.empty(); }
   void set_layer_hooks(LayerHooks* h) { hooks_ = h; }
+  // Where a stepped run pauses: forward() and backward() (and a pipeline stage's own loops, through
+  // gate_layer) call it before each Linear's forward and backward (null: no gates).
+  void set_layer_gate(LayerGate* g) { gate_ = g; }
+  void gate_layer(int i, bool backward) const {
+    if (gate_ && layers_[static_cast<size_t>(i)].kind == LayerKind::Linear) gate_->before_layer(layers_[static_cast<size_t>(i)].seq_index, backward);
+  }
 
   // A branch in the model (the "unused parameters" lesson): while set, forward() bypasses the
   // Linear at Sequential index `seq_index` and the ReLU after it (output = input), so that layer's
@@ -305,6 +311,7 @@ class Model {
   std::vector<const float*> layer_in_;  // each layer's input in the last forward
   ComputeObserver* observer_ = nullptr;
   LayerHooks* hooks_ = nullptr;
+  LayerGate* gate_ = nullptr;
   int64_t num_params_ = 0;
   int64_t batch_ = 0;     // rows of the current forward
   int64_t capacity_ = 0;  // rows the activation buffers hold

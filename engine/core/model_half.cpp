@@ -63,6 +63,7 @@ const float* Model::half_forward(const float* x, int64_t B) {
   for (int i = 0; i < num_layers(); i++) {
     layer_in16_[static_cast<size_t>(i)] = in;
     if (layer_skipped(i)) continue;  // the branch: this block's output is its input
+    gate_layer(i, false);
     if (hooks_) hooks_->before_forward(i);
     uint16_t* out = acts_[static_cast<size_t>(i)].u16();
     half_layer_forward(i, out, in, B);
@@ -103,6 +104,7 @@ void Model::half_backward(const float* dlogits, const GradReadyHook& on_grad_rea
   for (int i = num_layers() - 1; i >= 0; i--) {
     if (layer_skipped(i)) continue;
     uint16_t* dinp = i > first ? (dout == dbuf_[0].u16() ? dbuf_[1].u16() : dbuf_[0].u16()) : nullptr;
+    gate_layer(i, true);
     if (hooks_) hooks_->before_backward(i);
     half_layer_backward(i, dinp, dout, layer_in16_[static_cast<size_t>(i)], acts_[static_cast<size_t>(i)].u16());
     if (hooks_) hooks_->after_backward(i);

@@ -16,6 +16,14 @@ class ComputeObserver {
   virtual void compute_end() = 0;
 };
 
+// Where a stepped run may pause inside the model: before each layer's forward and backward (the
+// trace layer's RankContext implements it with the stepper's Layer gates).
+class LayerGate {
+ public:
+  virtual ~LayerGate() = default;
+  virtual void before_layer(int layer, bool backward) = 0;
+};
+
 // RAII pair of compute_begin/compute_end; a null observer costs one branch.
 class ComputeScope {
  public:

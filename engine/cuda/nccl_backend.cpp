@@ -119,14 +119,8 @@ class NcclRankComm : public QueuedCommunicator {
       late += f.delay_s;
     }
     const double begin = std::max(c ? c->comm_clock() : 0.0, j.issue_model) + late;
-    Stepper* st = c ? c->stepper() : nullptr;
-    if (!j.p2p && st) {  // one gate per collective, before it: NCCL's steps run inside one kernel
-      watch_.set_activity(rank(), "at the gate of " + what);
-      if (!st->gate(rank(), 1, GateKind::Collective, GatePos{static_cast<int64_t>(j.seq), -1}, j.iteration, begin)) {
-        watch_.aborted(reason);
-        throw CommError(reason.empty() ? "stepping was stopped (the stepper was aborted)" : reason);
-      }
-    }
+    // The stepper's gate was at the issue (QueuedCommunicator::gate); NCCL's steps run inside one
+    // kernel, so a collective here has no ring-step gates.
     watch_.set_activity(rank(), "in " + what);
     const int64_t wall0 = now_ns();
     launch(j);

@@ -171,7 +171,8 @@ class MonitorFeed : public GateRelay {
   // when the hub does not answer.
   MonitorFeed(const MonitorOptions& opt, TraceRecorder& rec, std::function<RankMonitorStatus()> status);
   ~MonitorFeed() override;
-  bool gate(int rank, int lane, GateKind kind, GatePos pos, int32_t iteration, double model_time) override;
+  bool gate(int rank, int lane, const GateInfo& g) override;
+  void rank_done(int rank) override {}  // the hub learns it from this feed's Bye
   void cancel() override;
   bool holding() const override;
   // Sends the last events and Bye (the run ended here).
@@ -226,6 +227,7 @@ class MonitorClient {
   void run(double speed = 0);
   void pause();
   void step(GateKind kind);
+  void set_focus(int rank, const std::string& group);  // the stepper's focus (Stepper::set_focus)
   // Waits until `pred` holds on the latest state or the timeout; for tests and scripts. `pred` runs
   // under the client's lock: it must not call the client.
   bool wait_for(const std::function<bool(const StepperState&, const std::vector<RankMonitorStatus>&)>& pred,

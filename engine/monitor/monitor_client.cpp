@@ -75,8 +75,13 @@ void MonitorFeed::read_loop() {
     const WaitEnd end = link_->recv(type, payload, 0.1);
     if (end == WaitEnd::Timeout) continue;
     if (end != WaitEnd::Ok || type == MonitorMsg::Refused) break;
+    if (type != MonitorMsg::GateReply) continue;
     GateWire g;
-    if (type != MonitorMsg::GateReply || !gate_from(payload, g)) continue;
+    try {
+      g = gate_from(payload);
+    } catch (const std::exception&) {
+      continue;  // not an answer rank 0 sends
+    }
     std::lock_guard<std::mutex> lock(mu_);
     replies_[g.id] = g.ok;
     cv_.notify_all();
@@ -84,7 +89,7 @@ void MonitorFeed::read_loop() {
   cancel();  // rank 0 is gone: nobody will open this rank's gates
 }
 
-bool MonitorFeed::gate(int rank, int lane, GateKind kind, GatePos pos, int32_t iteration, double model_time) {
+bool MonitorFeed::gate(int rank, int lane, const GateInfo& gate) {
   GateWire g;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -93,17 +98,12 @@ bool MonitorFeed::gate(int rank, int lane, GateKind kind, GatePos pos, int32_t i
   }
   g.rank = rank;
   g.lane = lane;
-  g.kind = static_cast<uint8_t>(kind);
-  g.seq = pos.seq;
-  g.sub = pos.sub;
-  g.iter = pos.iter;
-  g.action = pos.action;
-  g.iteration = iteration;
-  g.model_time = model_time;
+  g.gate = gate;
+  const std::string msg = gate_json(g);
   {
     // What this rank did before the gate reaches the viewer before the gate holds it.
     std::lock_guard<std::mutex> lock(send_mu_);
-    if (!flush_locked() || !link_->send(MonitorMsg::GateRequest, &g, sizeof g)) {
+    if (!flush_locked() || !link_->send(MonitorMsg::GateRequest, msg)) {
       cancel();
       return false;
     }
@@ -283,6 +283,10 @@ void MonitorClient::step(GateKind kind) {
   send_command(json{{"cmd", "step"}, {"kind", static_cast<int>(kind)}}.dump());
   std::lock_guard<std::mutex> lock(mu_);
   stepper_.paused = true;
+}
+
+void MonitorClient::set_focus(int rank, const std::string& group) {
+  send_command(json{{"cmd", "focus"}, {"rank", rank}, {"group", group}}.dump());
 }
 
 bool MonitorClient::wait_for(const std::function<bool(const StepperState&, const std::vector<RankMonitorStatus>&)>& pred,

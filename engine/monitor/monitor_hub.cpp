@@ -23,8 +23,8 @@ struct MonitorHub::Feed {
   std::vector<int32_t> label_map;   // its label id -> rank 0's
   std::mutex mu;                    // pending, done
   std::condition_variable cv;
-  bool has[2] = {false, false};     // a gate request per lane (each lane is one thread: at most one)
-  GateWire pending[2];
+  bool has[kStepperLanes] = {};     // a gate request per lane (each lane is one thread: at most one)
+  GateWire pending[kStepperLanes];
   bool done = false;                // the connection ended: gate workers exit
 };
 
@@ -141,8 +141,7 @@ void MonitorHub::accept_loop() {
         feeds_.push_back(f);
       }
       threads_.emplace_back([this, f] { feed_loop(f); });
-      threads_.emplace_back([this, f] { gate_worker(f, 0); });
-      threads_.emplace_back([this, f] { gate_worker(f, 1); });
+      for (int lane = 0; lane < kStepperLanes; lane++) threads_.emplace_back([this, f, lane] { gate_worker(f, lane); });
     } else if (type == MonitorMsg::ViewerHello) {
       std::lock_guard<std::mutex> lock(mu_);
       if (viewer_ && !viewer_->closed()) {
@@ -217,19 +216,26 @@ void MonitorHub::feed_loop(std::shared_ptr<Feed> f) {
           break;
         }
         case MonitorMsg::GateRequest: {
-          GateWire g;
-          if (!gate_from(payload, g)) break;
-          const int lane = g.lane == 1 ? 1 : 0;
+          GateWire g = gate_from(payload);
+          if (g.rank != f->rank) break;  // a feed speaks for its own rank only
+          // Its process group's trace id in rank 0's labels (the feed sent its labels before the gate).
+          if (int32_t& tg = g.gate.trace_group; tg > 0) {
+            const size_t id = static_cast<size_t>(tg - 1);
+            tg = id < f->label_map.size() && f->label_map[id] >= 0 ? f->label_map[id] + 1 : 0;
+          }
           std::lock_guard<std::mutex> lock(f->mu);
-          f->pending[lane] = g;
-          f->has[lane] = true;
+          f->pending[g.lane] = g;
+          f->has[g.lane] = true;
           f->cv.notify_all();
           break;
         }
         case MonitorMsg::Bye: {
-          std::lock_guard<std::mutex> lock(mu_);
-          status_[static_cast<size_t>(f->rank)].finished = true;
-          cv_.notify_all();
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            status_[static_cast<size_t>(f->rank)].finished = true;
+            cv_.notify_all();
+          }
+          stepper_.rank_done(f->rank);  // its program ended: the stepper stops waiting for it
           break;
         }
         default: break;
@@ -244,6 +250,7 @@ void MonitorHub::feed_loop(std::shared_ptr<Feed> f) {
     status_[static_cast<size_t>(f->rank)].comm_activity = "its process is gone";
     cv_.notify_all();
   }
+  stepper_.rank_done(f->rank);
   std::lock_guard<std::mutex> lock(f->mu);
   f->done = true;
   f->cv.notify_all();
@@ -260,9 +267,8 @@ void MonitorHub::gate_worker(std::shared_ptr<Feed> f, int lane) {
       g = f->pending[lane];
       f->has[lane] = false;
     }
-    const bool ok = stepper_.gate(f->rank, lane, static_cast<GateKind>(g.kind), g.pos(), g.iteration, g.model_time);
-    g.ok = ok ? 1 : 0;
-    f->link->send(MonitorMsg::GateReply, &g, sizeof g);
+    g.ok = stepper_.gate(f->rank, lane, g.gate);
+    f->link->send(MonitorMsg::GateReply, gate_json(g));
   }
 }
 
@@ -272,6 +278,7 @@ void MonitorHub::command(const std::string& text) {
     if (c.cmd == "run") stepper_.run(c.speed);
     else if (c.cmd == "pause") stepper_.pause();
     else if (c.cmd == "step") stepper_.step(c.kind);
+    else if (c.cmd == "focus") stepper_.set_focus(c.focus_rank, c.focus_group);
   } catch (const std::exception&) {
   }
 }

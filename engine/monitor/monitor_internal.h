@@ -10,18 +10,14 @@
 
 namespace dtlab {
 
-// A gate crossing the wire: the request (feed -> hub) and, with `ok`, its answer.
+// A gate crossing the wire (JSON): the request (feed -> hub) and, with `ok`, its answer.
 struct GateWire {
   uint64_t id = 0;
   int32_t rank = 0, lane = 0;
-  uint8_t kind = 0, ok = 0;
-  uint8_t pad[6] = {};
-  int64_t seq = 0;
-  int32_t sub = 0, iter = 0, action = -1, iteration = -1;
-  double model_time = 0;
-  GatePos pos() const { return GatePos{seq, sub, iter, action}; }
+  bool ok = false;
+  GateInfo gate;
 };
-static_assert(sizeof(GateWire) == 56, "GateWire is sent as raw bytes");
+std::string gate_json(const GateWire& g);
 
 // JSON values of what the Status messages carry; a viewer's Status nests them, so they stay values
 // (no text round trip) until the message is sent.
@@ -65,7 +61,7 @@ LabelsWire labels_from(const std::string& payload);
 // receiver checks against its own.
 std::vector<Event> events_from(const std::string& payload);
 
-bool gate_from(const std::string& payload, GateWire& g);  // false when the size is not a GateWire's
+GateWire gate_from(const std::string& payload);  // throws when malformed (a rank or lane out of range)
 
 struct ViewerStatusWire {  // hub -> viewer: the stepper and every rank's status
   StepperState stepper;
@@ -73,10 +69,12 @@ struct ViewerStatusWire {  // hub -> viewer: the stepper and every rank's status
 };
 ViewerStatusWire viewer_status_from(const std::string& payload);
 
-struct CommandWire {  // viewer -> hub: run (at speed), pause, or step to the next gate of kind
+struct CommandWire {  // viewer -> hub: run (at speed), pause, step to the next gate of kind, or focus
   std::string cmd;
   double speed = 0;
   GateKind kind = GateKind::Collective;
+  int focus_rank = -1;      // focus: a rank (-1 none)
+  std::string focus_group;  // focus: a group by name ("" none)
 };
 CommandWire command_from(const std::string& payload);
 

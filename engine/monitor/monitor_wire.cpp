@@ -165,10 +165,69 @@ RankMonitorStatus status_from(const json& j) {
 
 namespace {
 
-json pos_json(const GatePos& p) { return json::array({p.seq, p.sub, p.iter, p.action}); }
-GatePos pos_from(const json& j) {
-  if (!j.is_array() || j.size() != 4) malformed("a gate position is not [seq, sub, iter, action]");
-  return GatePos{whole<int64_t>(j[0], "seq"), whole<int32_t>(j[1], "sub"), whole<int32_t>(j[2], "iter"), whole<int32_t>(j[3], "action")};
+json op_json(const OpRef& o) {
+  return {{"group", o.group}, {"seq", o.seq}, {"p2p", o.p2p}, {"src", o.src}, {"dst", o.dst}, {"tag", o.tag},
+          {"members", o.members}};
+}
+OpRef op_from(const json& j) {
+  OpRef o;
+  o.group = whole_at<int32_t>(j, "group");
+  o.seq = whole_at<int64_t>(j, "seq");
+  o.p2p = j.at("p2p").get<bool>();
+  o.src = whole_at<int16_t>(j, "src");
+  o.dst = whole_at<int16_t>(j, "dst");
+  o.tag = whole_at<int32_t>(j, "tag");
+  o.members = whole_at<uint64_t>(j, "members");
+  if (o.p2p && (o.src < 0 || o.src >= 64 || o.dst < 0 || o.dst >= 64)) malformed("a send/recv between ranks out of range");
+  return o;
+}
+
+json gate_info_json(const GateInfo& g) {
+  return {{"kind", static_cast<int>(g.kind)}, {"iteration", g.iteration}, {"action", g.action},
+          {"op", op_json(g.op)}, {"op2", op_json(g.op2)}, {"step", g.step}, {"participants", g.participants},
+          {"backward", g.backward}, {"model_time", g.model_time}, {"label", g.label}, {"trace_group", g.trace_group},
+          {"coll", static_cast<int>(g.coll)}, {"bytes", g.bytes}};
+}
+GateInfo gate_info_from(const json& j) {
+  GateInfo g;
+  const int kind = whole_at<int>(j, "kind");
+  if (kind < 0 || kind > static_cast<int>(GateKind::Grad)) malformed("gate kind " + std::to_string(kind));
+  g.kind = static_cast<GateKind>(kind);
+  g.iteration = whole_at<int32_t>(j, "iteration");
+  g.action = whole_at<int32_t>(j, "action");
+  g.op = op_from(j.at("op"));
+  g.op2 = op_from(j.at("op2"));
+  g.step = whole_at<int32_t>(j, "step");
+  g.participants = whole_at<uint64_t>(j, "participants");
+  g.backward = j.at("backward").get<bool>();
+  g.model_time = j.at("model_time").get<double>();
+  g.label = j.at("label").get<std::string>();
+  g.trace_group = whole_at<int32_t>(j, "trace_group");
+  const int coll = whole_at<int>(j, "coll");
+  if (coll < 0 || coll > static_cast<int>(CollectiveOp::AllToAll)) malformed("gate operation " + std::to_string(coll));
+  g.coll = static_cast<CollectiveOp>(coll);
+  g.bytes = whole_at<int64_t>(j, "bytes");
+  return g;
+}
+
+std::vector<int> ranks_from(const json& j) {
+  std::vector<int> v;
+  for (const json& r : j) v.push_back(whole<int>(r, "rank"));
+  return v;
+}
+json pending_json(const PendingItem& p) {
+  return {{"valid", p.valid}, {"kind", static_cast<int>(p.kind)}, {"gate", gate_info_json(p.gate)},
+          {"members", p.members}, {"arrived", p.arrived}, {"missing", p.missing}};
+}
+PendingItem pending_from(const json& j) {
+  PendingItem p;
+  p.valid = j.at("valid").get<bool>();
+  p.gate = gate_info_from(j.at("gate"));
+  p.kind = p.gate.kind;
+  p.members = ranks_from(j.at("members"));
+  p.arrived = ranks_from(j.at("arrived"));
+  p.missing = ranks_from(j.at("missing"));
+  return p;
 }
 
 }  // namespace
@@ -176,29 +235,44 @@ GatePos pos_from(const json& j) {
 json stepper_json(const StepperState& s) {
   json gates = json::array();
   for (const RankGateState& g : s.gates)
-    gates.push_back({{"blocked", g.blocked}, {"kind", static_cast<int>(g.kind)}, {"pos", pos_json(g.pos)},
-                     {"iteration", g.iteration}, {"lane", g.lane}});
-  return {{"paused", s.paused},  {"speed", s.speed}, {"allowed", pos_json(s.allowed)},
-          {"frontier", pos_json(s.frontier)}, {"gates", gates}, {"generation", s.generation}};
+    gates.push_back({{"blocked", g.blocked}, {"lane", g.lane}, {"gate", gate_info_json(g.gate)}});
+  json live = json::array();
+  for (bool l : s.live) live.push_back(l);
+  return {{"paused", s.paused},       {"pause_all", s.pause_all},     {"mode", static_cast<int>(s.mode)},
+          {"speed", s.speed},         {"gates", gates},               {"pending", pending_json(s.pending)},
+          {"focused", pending_json(s.focused)}, {"focus_rank", s.focus_rank}, {"focus_group", s.focus_group},
+          {"waiting", s.waiting},     {"live", live},                 {"released", s.released},
+          {"generation", s.generation}};
 }
 
 StepperState stepper_from(const json& j) {
   StepperState s;
   s.paused = j.at("paused").get<bool>();
+  s.pause_all = j.at("pause_all").get<bool>();
+  const int mode = whole_at<int>(j, "mode");
+  if (mode < 0 || mode > static_cast<int>(GateKind::Grad)) malformed("stepper mode " + std::to_string(mode));
+  s.mode = static_cast<GateKind>(mode);
   s.speed = j.at("speed").get<double>();
-  s.allowed = pos_from(j.at("allowed"));
-  s.frontier = pos_from(j.at("frontier"));
   s.generation = whole_at<uint64_t>(j, "generation");
+  s.released = whole_at<uint64_t>(j, "released");
   for (const json& g : j.at("gates")) {
     RankGateState r;
     r.blocked = g.at("blocked").get<bool>();
-    r.kind = static_cast<GateKind>(whole_at<uint8_t>(g, "kind"));
-    r.pos = pos_from(g.at("pos"));
-    r.iteration = whole_at<int32_t>(g, "iteration");
     r.lane = whole_at<int>(g, "lane");
+    r.gate = gate_info_from(g.at("gate"));
     s.gates.push_back(r);
   }
+  s.pending = pending_from(j.at("pending"));
+  s.focused = pending_from(j.at("focused"));
+  s.focus_rank = whole_at<int>(j, "focus_rank");
+  s.focus_group = j.at("focus_group").get<std::string>();
+  s.waiting = j.at("waiting").get<std::string>();
+  for (const json& l : j.at("live")) s.live.push_back(l.get<bool>());
   return s;
+}
+
+std::string gate_json(const GateWire& g) {
+  return json{{"id", g.id}, {"rank", g.rank}, {"lane", g.lane}, {"ok", g.ok}, {"gate", gate_info_json(g.gate)}}.dump();
 }
 
 std::string step_report_to_json(const StepReport& r) {
@@ -280,10 +354,17 @@ std::vector<Event> events_from(const std::string& payload) {
   return out;
 }
 
-bool gate_from(const std::string& payload, GateWire& g) {
-  if (payload.size() != sizeof g) return false;
-  std::memcpy(&g, payload.data(), sizeof g);
-  return true;
+GateWire gate_from(const std::string& payload) {
+  const json j = json::parse(payload);
+  GateWire g;
+  g.id = whole_at<uint64_t>(j, "id");
+  g.rank = whole_at<int32_t>(j, "rank");
+  g.lane = whole_at<int32_t>(j, "lane");
+  g.ok = j.at("ok").get<bool>();
+  g.gate = gate_info_from(j.at("gate"));
+  if (g.rank < 0 || g.rank >= kMaxMonitorWorld) malformed("a gate of rank " + std::to_string(g.rank));
+  if (g.lane < 0 || g.lane >= kStepperLanes) malformed("a gate on lane " + std::to_string(g.lane));
+  return g;
 }
 
 ViewerStatusWire viewer_status_from(const std::string& payload) {
@@ -305,8 +386,12 @@ CommandWire command_from(const std::string& payload) {
     if (!std::isfinite(c.speed) || c.speed < 0) malformed("run at speed " + std::to_string(c.speed));
   } else if (c.cmd == "step") {
     const int kind = whole_at<int>(j, "kind");
-    if (kind < 0 || kind > static_cast<int>(GateKind::Action)) malformed("step kind " + std::to_string(kind));
+    if (kind < 0 || kind > static_cast<int>(GateKind::Grad)) malformed("step kind " + std::to_string(kind));
     c.kind = static_cast<GateKind>(kind);
+  } else if (c.cmd == "focus") {
+    c.focus_rank = whole_at<int>(j, "rank");
+    c.focus_group = j.at("group").get<std::string>();
+    if (c.focus_rank < -1 || c.focus_rank >= kMaxMonitorWorld) malformed("focus on rank " + std::to_string(c.focus_rank));
   } else if (c.cmd != "pause") {
     malformed("unknown command '" + c.cmd + "'");
   }

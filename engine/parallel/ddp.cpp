@@ -310,6 +310,12 @@ void DistributedDataParallel::mark_ready(int p) {
   }
   if (generation_ == 0 && opt_.rebuild_buckets && !opt_.find_unused_parameters) ready_order_.push_back(p);
   record_bucket(EventKind::GradReady, b, p);
+  // A stepped run can stop here, with the gradient in its bucket (the Buckets view fills cell by cell).
+  if (ctx_) {
+    const int64_t total = static_cast<int64_t>(bk.offsets.size());
+    ctx_->gate_grad(p, prm.name + " landed in bucket " + std::to_string(b) + " (" + std::to_string(total - bk.pending + 1) +
+                           " of " + std::to_string(total) + " gradients)");
+  }
   if (--bk.pending == 0) {
     record_bucket(EventKind::BucketReady, b);
     launch_ready_buckets();

@@ -191,6 +191,7 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
     models_.push_back(std::make_unique<Model>(spec, memory, seed, r.first, r.end, device,
                                               TensorParallelSpec{tp, tp_rank_, false}));
     models_.back()->set_observer(observer_);
+    models_.back()->set_layer_gate(ctx_);  // a stepped run pauses before each layer's F and B
     models_.back()->set_tensor_parallel_comm(tp_comm_.get());
     optimizers_.push_back(std::make_unique<Optimizer>(optimizer, models_.back()->num_params(), memory, device));
   }
@@ -357,6 +358,7 @@ const Tensor* PipelineRank::forward(int stage, int mb) {
   for (int i = 0; i < model.num_layers(); i++) {
     st.outs.emplace_back(Shape{st.rows, model.layer(i).out_features}, MemCategory::Activations, memory_, DType::F32,
                          device_);
+    model.gate_layer(i, false);
     if (st.rows > 0) model.layer_forward(i, st.outs.back().f32(), in, st.rows);
     in = st.outs.back().f32();
   }
@@ -391,6 +393,7 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
     const float* in = i > 0 ? st.outs[static_cast<size_t>(i - 1)].f32()
                             : (stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32());
     const float* out = st.outs[static_cast<size_t>(i)].f32();
+    model.gate_layer(i, true);
     if (st.rows > 0 && !input_only) model.layer_backward(i, dinp.f32(), dout.f32(), in, out, st.rows);
     if (st.rows > 0 && input_only && input_grad) model.layer_backward_input(i, dinp.f32(), dout.f32(), out, st.rows);
     if (input_only) st.douts[static_cast<size_t>(i)] = std::move(dout);  // W needs it
@@ -459,7 +462,7 @@ PipelineRankIteration PipelineRank::run_iteration(const float* x, const int64_t*
     MicroBatch& st = state(a.stage, a.mb);
     const Model& model = *models_[static_cast<size_t>(a.stage / plan_.ranks())];
     // The stepper's action gate (the app steps a pipeline one grid step at a time), then the input.
-    if (ctx_ && !ctx_->gate_action(static_cast<int32_t>(t), comm_.collectives_issued(), action_str(a)))
+    if (ctx_ && !ctx_->gate_action(static_cast<int32_t>(t), action_str(a)))
       throw CommError("rank " + std::to_string(rank_) + " stopped before pipeline action " + action_str(a) + ": the run was aborted");
     // The action starts once its input is here: the wait before it is the bubble.
     Tensor dout;

@@ -55,26 +55,105 @@ void RankContext::compute_end() {
   }
 }
 
-bool RankContext::begin_iteration(int32_t iteration, uint64_t next_collective_seq) {
+bool RankContext::begin_iteration(int32_t iteration) {
   iteration_.store(iteration, std::memory_order_relaxed);
+  action_ = -1;
   bool ok = true;
   if (stepper_) {
     set_activity("at the start of iteration " + std::to_string(iteration));
-    ok = stepper_->gate(rank_, 0, GateKind::Iteration,
-                        GatePos{static_cast<int64_t>(next_collective_seq), -2, iteration}, iteration,
-                        compute_clock());
+    GateInfo g;
+    g.kind = GateKind::Iteration;
+    g.iteration = iteration;
+    g.model_time = compute_clock();
+    g.label = "iteration " + std::to_string(iteration);
+    before_wait();
+    ok = stepper_->gate(rank_, kComputeLane, g);
   }
   iter_wall_ = recorder_ ? recorder_->now_ns() : 0;
   iter_model_ = compute_clock();
   return ok;
 }
 
-bool RankContext::gate_action(int32_t step, uint64_t next_collective_seq, const std::string& what) {
+bool RankContext::gate_action(int32_t step, const std::string& what) {
+  action_ = step;
   if (!stepper_) return true;
   set_activity("at the gate of pipeline action " + what);
-  const int32_t it = iteration();
-  return stepper_->gate(rank_, 0, GateKind::Action, GatePos{static_cast<int64_t>(next_collective_seq), -2, it, step}, it,
-                        compute_clock());
+  GateInfo g;
+  g.kind = GateKind::Action;
+  g.iteration = iteration();
+  g.action = step;
+  g.model_time = compute_clock();
+  g.label = "action " + what + " (time step " + std::to_string(step) + ")";
+  before_wait();
+  return stepper_->gate(rank_, kComputeLane, g);
+}
+
+bool RankContext::gate_op(const OpRef& op, CollectiveOp coll, int64_t bytes, const std::string& label, const OpRef* op2,
+                          int32_t trace_group) {
+  if (!stepper_) return true;
+  GateInfo g;
+  g.kind = GateKind::Collective;
+  g.iteration = iteration();
+  g.action = action_;
+  g.op = op;
+  if (op2) g.op2 = *op2;
+  g.model_time = compute_clock();
+  g.label = label;
+  g.trace_group = trace_group;
+  g.coll = coll;
+  g.bytes = bytes;
+  const std::string before = activity();
+  set_activity("at the gate of " + label);
+  before_wait();
+  const bool ok = stepper_->gate(rank_, kComputeLane, g);
+  set_activity(before);
+  return ok;
+}
+
+bool RankContext::gate_ring(int lane, const OpRef& op, int step, uint64_t participants, int32_t iteration,
+                            double model_time, const std::string& label, int32_t trace_group) {
+  if (!stepper_) return true;
+  GateInfo g;
+  g.kind = GateKind::RingStep;
+  g.iteration = iteration;
+  g.op = op;
+  g.step = step;
+  g.participants = participants;
+  g.model_time = model_time;
+  g.label = label;
+  g.trace_group = trace_group;
+  return stepper_->gate(rank_, lane, g);
+}
+
+void RankContext::before_layer(int layer, bool backward) {
+  if (!stepper_) return;
+  GateInfo g;
+  g.kind = GateKind::Layer;
+  g.iteration = iteration();
+  g.action = action_;
+  g.step = layer;
+  g.backward = backward;
+  g.model_time = compute_clock();
+  g.label = "layer " + std::to_string(layer) + (backward ? " backward" : " forward");
+  before_wait();
+  stepper_->gate(rank_, kComputeLane, g);
+}
+
+bool RankContext::gate_grad(int param, const std::string& label) {
+  if (!stepper_) return true;
+  GateInfo g;
+  g.kind = GateKind::Grad;
+  g.iteration = iteration();
+  g.action = action_;
+  g.step = param;
+  g.model_time = compute_clock();
+  g.label = label;
+  before_wait();
+  return stepper_->gate(rank_, kComputeLane, g);
+}
+
+void RankContext::lane_work(int lane, int delta) {
+  if (stepper_) stepper_->lane_work(rank_, lane, delta);
 }
 
 void RankContext::end_iteration() {
@@ -111,6 +190,8 @@ void RankContext::attach_timer(DeviceTimer* timer) {
   timer_thread_ = std::this_thread::get_id();
 }
 
+// A paused world shows the compute that already ran: a GPU rank's timer hands its finished ops over
+// before the rank waits at a compute-lane gate or for its comm lane.
 void RankContext::before_wait() {
   DeviceTimer* t = nullptr;
   {

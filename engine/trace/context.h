@@ -19,7 +19,7 @@ namespace dtlab {
 
 class DeviceTimer;  // engine/core/device.h
 
-class RankContext : public ComputeObserver {
+class RankContext : public ComputeObserver, public LayerGate {
  public:
   RankContext(int rank, TraceRecorder* recorder, const CostModel* cost, Stepper* stepper,
               MemoryTracker* memory);
@@ -37,14 +37,32 @@ class RankContext : public ComputeObserver {
   void compute_begin(ComputeKind kind, int layer, double flops) override;
   void compute_end() override;
 
-  // Iterations: begin_iteration passes the rank's iteration gate (next_collective_seq: the rank's
-  // Communicator::collectives_issued()) and opens an Iteration event; end_iteration closes it.
-  // Returns false if aborted.
-  bool begin_iteration(int32_t iteration, uint64_t next_collective_seq);
+  // The stepper's gates on this rank (engine/trace/stepper.h); each returns false if the run was
+  // aborted while it waited. Every compute-lane gate carries the rank's iteration and pipeline time
+  // step, so the stepper can order them.
+  // Iterations: begin_iteration passes the rank's iteration gate and opens an Iteration event;
+  // end_iteration closes it.
+  bool begin_iteration(int32_t iteration);
   void end_iteration();
   // Pipelines: the gate before the action at time step `step` of the schedule's grid (`what`: its
-  // name, for the rank's activity). Returns false if aborted.
-  bool gate_action(int32_t step, uint64_t next_collective_seq, const std::string& what);
+  // name, for the rank's activity and the gate's label).
+  bool gate_action(int32_t step, const std::string& what);
+  // Before the rank issues a communication operation (every Communicator's issue path): `op` is it,
+  // `op2` the receive of a fused send+recv (null otherwise).
+  // `coll` and `bytes` say what it is (bytes: nccl-tests' payload S, a send/recv's message).
+  bool gate_op(const OpRef& op, CollectiveOp coll, int64_t bytes, const std::string& label, const OpRef* op2 = nullptr,
+               int32_t trace_group = 0);
+  // Before step `step` of a released operation, on the comm or group lane (`participants`: the ranks
+  // of this step, 0 for every member).
+  bool gate_ring(int lane, const OpRef& op, int step, uint64_t participants, int32_t iteration, double model_time,
+                 const std::string& label, int32_t trace_group = 0);
+  // LayerGate: before a layer's forward or backward (the model calls it; on abort it just returns,
+  // and the next communication fails with the abort's reason).
+  void before_layer(int layer, bool backward) override;
+  // Right after parameter `param`'s gradient landed in its DDP bucket.
+  bool gate_grad(int param, const std::string& label);
+  // A comm or group lane took (+1) or finished (-1) an operation (Stepper::lane_work).
+  void lane_work(int lane, int delta);
   int32_t iteration() const { return iteration_.load(std::memory_order_relaxed); }
 
   // Modeled clocks (seconds). The compute lane is advanced by compute ops and by waiting for
@@ -62,8 +80,8 @@ class RankContext : public ComputeObserver {
   // A GPU rank's compute events come from its device timer, which hands them over at the end of
   // each iteration (engine/cuda/compute_timer.h). So that a paused run shows the forward and backward
   // that already ran, the thread that attached `timer` (the rank's own; null detaches) calls
-  // before_wait() when it is about to block for the comm lane (a Work's wait()): while the stepper is
-  // paused, the timer's finished ops are recorded then. A running world is left alone (a wait there
+  // before_wait() when it is about to block for the comm lane (a Work's wait()) or at a stepper gate:
+  // while the stepper is paused, the timer's finished ops are recorded then. A running world is left alone (a wait there
   // must not add a host synchronisation with the compute stream), as are other threads' waits.
   void attach_timer(DeviceTimer* timer);
   void before_wait();
@@ -88,6 +106,7 @@ class RankContext : public ComputeObserver {
   Stepper* stepper_;
   MemoryTracker* memory_;
   std::atomic<int32_t> iteration_{-1};
+  int32_t action_ = -1;  // the pipeline time step the rank is in (compute thread only)
   mutable std::mutex mu_;
   double compute_clock_ = 0, comm_clock_ = 0;
   std::string activity_ = "idle";

@@ -1,58 +1,135 @@
-// The stepper: lets a person pause the ranks and advance them one ring step, one collective or one
-// iteration at a time. Ranks call gate() at three kinds of points; each gate has a position in the
-// one order every rank follows:
-//     iteration gate i before issuing collective k (k, -2, i)  compute lane
-//     collective gate before running collective k  (k, -1)     comm lane
-//     ring step s of collective k                  (k,  s)     comm lane
-//     pipeline action at grid step t of iteration i (k, -2, i, t)  compute lane (before its input
-//       is received; a dependency is always at an earlier grid step, so it is never held back)
-// While paused, a gate opens iff its position <= `allowed`. `allowed` never drops below the furthest
-// gate any rank has passed, so a rank never waits inside a collective for a peer held at a gate:
-// pausing can never deadlock, and the watchdog only ever sees real hangs.
+// The stepper: lets a person pause the ranks and advance them one operation at a time: one
+// communication operation of any process group (a world or group collective, a send/recv), one
+// ring step, one layer's forward or backward, one gradient landing in a DDP bucket, one pipeline
+// action or one iteration.
+//
+// Gates. Ranks call gate() before each of these points, on one of three lanes per rank:
+//   compute lane (0, the rank's own thread), in program order:
+//     Iteration   before an iteration
+//     Action      before a pipeline action (at a time step of the schedule's grid)
+//     Layer       before a layer's forward or backward
+//     Grad        right after a gradient landed in its DDP bucket
+//     Collective  before a communication operation is issued: a collective of the world or of a
+//                 process group, or one send/recv (its two halves, on two ranks, are one operation)
+//   comm lane (1, the comm worker, world collectives) and group lane (2, the group executor):
+//     RingStep    before each step of a released collective's algorithm (ring, tree, naive)
+// A gate of a kind the current command does not stop at is open. A run that is not paused, or
+// aborted, opens every gate.
+//
+// The one global order. While paused, the stepper releases one *item* at a time:
+//   - a collective's issue gates once every member has arrived (all of them together, so no rank
+//     ever waits inside a collective for a peer held at a gate);
+//   - a send/recv once both halves arrived (a fused send+recv joins its partners' gates into one
+//     item); a lone send only when nothing else can be released (sends are eager: its receive
+//     still waits for its data);
+//   - a ring step of an operation once its members reached that step;
+//   - an iteration gate once every live rank reached it; a pipeline action step, a layer or a
+//     gradient (of all ranks at that same point, or of the focused rank alone).
+// Which item is next is decided only when the world has *settled*: every live rank's compute lane
+// is at a gate (a released operation in flight runs on by itself), or, while ring steps stop,
+// some operation waits at a ring step. Then the ready items are ordered by
+//     (iteration, pipeline time step, kind: iteration < action < layer < grad < operation,
+//      lowest member rank, group, the group's sequence number, step)
+// and the first one involving the focus (a rank or a group), else the first one, is *pending*.
+// Every rank runs its program in a fixed order and the choice waits for the settled state, so the
+// sequence of released items is the same in every run of the same program and focus commands:
+// in-process, on the cuda backend, and for a launched world whose gates are relayed to rank 0's
+// stepper (--attach). Nothing can deadlock as long as the program itself cannot: an item is only
+// released whole, and when the world has settled with nothing ready the stepper says so in
+// state().waiting (which ranks wait where, and for whom).
+//
 // Commands: run (optionally paced: `speed` modeled seconds per wall second), pause, step(kind):
-//   step(RingStep)   release the pending ring step (or collective start); stop at the next ring
-//                    step or collective gate
-//   step(Collective) release the pending collective; stop at the next collective gate
-//   step(Iteration)  release the pending iteration; stop at the next iteration gate
-//   step(Action)     release the pending pipeline time step (every rank's action at that step of
-//                    the schedule's grid); stop at the next action or collective gate
+// release the pending item (when the world has settled, or as soon as it has: quick commands add
+// up) and stop at the next gate of that kind. What each kind stops at:
+//   step(RingStep)    ring steps, operations and pipeline actions
+//   step(Collective)  operations
+//   step(Iteration)   iterations
+//   step(Action)      pipeline actions and operations
+//   step(Layer)       layers and operations
+//   step(Grad)        gradients landing in buckets, and operations
 #pragma once
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "engine/core/collective.h"  // CollectiveOp
+
 namespace dtlab {
 
-enum class GateKind : uint8_t { RingStep, Collective, Iteration, Action };
-const char* gate_kind_name(GateKind k);
+enum class GateKind : uint8_t { RingStep, Collective, Iteration, Action, Layer, Grad };
+const char* gate_kind_name(GateKind k);  // "ring step", "operation", "iteration", ...
 
-struct GatePos {
-  int64_t seq = 0;   // collective sequence number
-  int32_t sub = 0;   // -2 iteration gate, -1 collective gate, >= 0 ring step
-  int32_t iter = 0;  // iteration gates: the iteration (orders iterations that issue no collective)
-  int32_t action = -1;  // action gates: the pipeline action's time step in the schedule's grid
-  auto operator<=>(const GatePos&) const = default;
+constexpr int kStepperLanes = 3;  // per rank: 0 compute, 1 comm worker, 2 group executor
+enum : int { kComputeLane = 0, kCommLane = 1, kGroupLane = 2 };
+
+// The communication operation a Collective or RingStep gate stands before.
+struct OpRef {
+  int32_t group = 0;    // 0: the world; a process group: 1 + its tag (groups that share a tag differ in members)
+  int64_t seq = -1;     // a collective: the group's own count from 0; a send/recv: its message on the channel
+  bool p2p = false;     // a send/recv: `src` -> `dst` with `tag`
+  int16_t src = -1, dst = -1;
+  int32_t tag = 0;
+  uint64_t members = 0;  // global ranks taking part, bit r for rank r (worlds of up to 64)
+  bool valid() const { return seq >= 0; }
+  bool same_op(const OpRef& o) const {
+    return group == o.group && members == o.members && seq == o.seq && p2p == o.p2p && src == o.src &&
+           dst == o.dst && tag == o.tag;
+  }
+};
+
+// What one gate stands before (one plain struct for every kind; fields not used by a kind stay -1).
+struct GateInfo {
+  GateKind kind = GateKind::Collective;
+  int32_t iteration = -1;
+  int32_t action = -1;    // the rank's pipeline time step in this iteration (-1: none)
+  OpRef op;               // Collective and RingStep: the operation (a fused send+recv: the send)
+  OpRef op2;              // a fused send+recv: the receive
+  int32_t step = -1;      // RingStep: the step; Layer: the layer; Grad: the parameter's index
+  uint64_t participants = 0;  // RingStep: the ranks that take part in this step (0: every member)
+  bool backward = false;  // Layer: the backward pass
+  double model_time = 0;  // the rank's modeled clock there (pacing a running world)
+  std::string label;      // "tp1 #3 allreduce of 4096 float32", "layer 2 backward", "send #1 0->2"
+  int32_t trace_group = 0;  // Collective and RingStep: the op's CollectiveInfo::group in the trace (0: world)
+  CollectiveOp coll = CollectiveOp::AllReduce;  // Collective and RingStep: which operation
+  int64_t bytes = 0;        // Collective: its payload (nccl-tests' S; a send/recv: the message)
 };
 
 struct RankGateState {
   bool blocked = false;  // waiting at a gate right now
+  int lane = 0;
+  GateInfo gate;
+};
+
+// The item the next step releases (valid once the world has settled).
+struct PendingItem {
+  bool valid = false;
   GateKind kind = GateKind::Collective;
-  GatePos pos;
-  int32_t iteration = -1;
-  int lane = 0;          // 0 compute, 1 comm
+  GateInfo gate;              // one of its gates (the lowest rank's)
+  std::vector<int> members;   // the ranks it involves
+  std::vector<int> arrived;   // those at its gate
+  std::vector<int> missing;   // those not there yet (a focused operation that is not ready)
 };
 
 struct StepperState {
   bool paused = false;
+  bool pause_all = false;                 // pause(): every kind of gate stops
+  GateKind mode = GateKind::Collective;   // the last step's kind: what gates stop at
   double speed = 0;                       // 0: as fast as possible
-  GatePos allowed;                        // while paused: gates at or before this are open
-  GatePos frontier;                       // furthest gate any rank has passed
-  std::vector<RankGateState> gates;       // per rank and lane: index rank * 2 + lane
+  std::vector<RankGateState> gates;       // per rank and lane: index rank * kStepperLanes + lane
+  PendingItem pending;                    // what the next step releases (invalid: not settled yet)
+  PendingItem focused;                    // the focus's next item (a rank's or group's), if any
+  int focus_rank = -1;                    // -1: no rank focus
+  std::string focus_group;                // "" : no group focus ("tp1", "dp0", "world")
+  std::string waiting;                    // not settled: who the stepper waits for, and where
+  std::vector<bool> live;                 // per rank: its thread runs (between rank_started and rank_done)
+  uint64_t released = 0;                  // items released since the start
   uint64_t generation = 0;                // bumps on every command and gate change
+  bool settled() const { return pending.valid; }
 };
 
 // Where a rank's gates go when the stepper that decides is in another process (a launched world:
@@ -60,8 +137,9 @@ struct StepperState {
 class GateRelay {
  public:
   virtual ~GateRelay() = default;
-  virtual bool gate(int rank, int lane, GateKind kind, GatePos pos, int32_t iteration, double model_time) = 0;
-  virtual void cancel() = 0;  // every waiting and future gate returns false
+  virtual bool gate(int rank, int lane, const GateInfo& g) = 0;
+  virtual void rank_done(int rank) = 0;  // the rank's program ended: the deciding stepper stops waiting for it
+  virtual void cancel() = 0;             // every waiting and future gate returns false
   // A gate of this process waits for the deciding stepper's answer: what paused() reports here,
   // so watchdogs of this process do not take the remote pause for a hang.
   virtual bool holding() const = 0;
@@ -75,10 +153,24 @@ class Stepper {
   void pause();
   void step(GateKind kind);
   void abort();  // releases every gate for good (the world is shutting down or failed)
+  // The focus: a rank (-1: none) or a group by name ("" none). Pending items involving it go first;
+  // step(Layer)/step(Grad) with a rank focus release that rank's gate alone.
+  void set_focus(int rank, const std::string& group);
+  // Group names for focus and labels: a group (OpRef::group and its members) -> "tp1". The world
+  // is "world".
+  void name_group(int32_t group, uint64_t members, const std::string& name);
+  std::string group_name(int32_t group, uint64_t members) const;
 
   // Called by rank threads. Blocks while the gate is closed; paces a running world when speed > 0
-  // (`model_time` is the rank's modeled clock at the gate). Returns false once aborted.
-  bool gate(int rank, int lane, GateKind kind, GatePos pos, int32_t iteration, double model_time);
+  // (`g.model_time` is the rank's modeled clock at the gate). Returns false once aborted.
+  bool gate(int rank, int lane, const GateInfo& g);
+  // A rank's program starts and ends (ThreadsWorld::run, a launched rank): only live ranks are
+  // waited for when the world settles. Every rank is live from construction.
+  void rank_started(int rank);
+  void rank_done(int rank);
+  // A comm or group lane took work (+1, when an operation is queued) or finished one (-1). While
+  // ring steps stop, the world has settled only once every such lane is idle or at a gate.
+  void lane_work(int rank, int lane, int delta);
 
   // From now on gate() asks `relay` instead of deciding here (null: decide here again). The relay
   // must outlive its use; abort() cancels it.
@@ -87,27 +179,71 @@ class Stepper {
   StepperState state() const;
   bool paused() const;  // with a relay: one of this process's gates is held by the deciding stepper
   bool aborted() const;
-  // Waits until every rank is blocked at a gate or `timeout` passed; for tests and scripted runs.
-  bool wait_until_all_blocked(int lanes_per_rank_min, std::chrono::milliseconds timeout) const;
+  int world_size() const { return world_size_; }
+  // Waits until the world has settled (a pending item is known), every rank is done, or `timeout`
+  // passed; for tests and scripted runs. True when settled or done.
+  bool wait_until_settled(std::chrono::milliseconds timeout) const;
 
  private:
-  bool open_locked(GateKind kind, GatePos pos) const;
-  bool stops_locked(GateKind kind) const;  // would a closed gate of this kind hold a rank now?
-  void release_open_gates_locked();        // gates a command opened no longer count as blocked
+  struct Lane {
+    bool blocked = false;
+    uint64_t ticket = 0, released_ticket = 0;
+    GateInfo gate;
+  };
+  struct Passage {  // an operation (or ring step) and which of its members passed its gate
+    uint64_t members = 0, passed = 0;
+    bool ring = false;  // a ring step's (owed on the comm and group lanes only)
+  };
+  struct Item {  // a candidate for release: the lanes it opens
+    GateKind kind = GateKind::Collective;
+    std::vector<size_t> lanes;  // indices into lanes_
+    uint64_t members = 0;       // ranks involved
+    uint64_t arrived = 0;       // of them, those at its gates
+    bool ready = false;
+    bool lone_send = false;     // a send whose receive is not at its gate yet
+    std::vector<int64_t> key;
+  };
+  bool stops_locked(GateKind kind) const;  // would a gate of this kind hold a rank now?
+  // The keys of what a gate passes (its operation's halves, or its ring step); none for a rank's own
+  // compute gates (iteration, action, layer, gradient), which no peer waits on.
+  static std::vector<std::pair<std::vector<int64_t>, Passage>> op_keys(const GateInfo& g);
+  void note_passage_locked(int rank, const GateInfo& g);
+  bool owes_locked(int rank, int lane, const GateInfo& g) const;  // must this gate open at once?
+  void release_locked(const Item& item);
+  void release_non_stopping_locked();      // after a command: gates it no longer stops at open
+  void decide_locked();                    // settle: find the pending item, release what is owed
+  bool choose_locked(Item& out, std::string& why) const;
+  std::vector<Item> candidates_locked() const;
+  bool involves_focus_locked(const Item& it) const;
+  PendingItem pending_of_locked(const Item& it) const;
+  std::string group_name_locked(int32_t group, uint64_t members) const;
+
   int world_size_;
   std::atomic<GateRelay*> relay_{nullptr};
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   bool paused_;
   bool aborted_ = false;
+  bool pause_all_ = true;                  // pause(): every kind blocks
+  GateKind mode_ = GateKind::Collective;   // with !pause_all_: which kinds block
   double speed_ = 0;
-  GatePos allowed_{-1, 0};
-  GatePos frontier_{-1, 0};
-  GateKind stop_kind_ = GateKind::RingStep;  // which kinds block, with pause_all_
-  bool pause_all_ = true;                    // pause(): every kind blocks
-  std::vector<RankGateState> gates_;
+  std::vector<Lane> lanes_;
+  std::vector<int> work_;     // per lane: queued or running operations (comm and group lanes)
+  std::vector<bool> live_;
+  uint64_t tickets_ = 0;
   uint64_t generation_ = 0;
-  int credits_ = 0;  // step commands given while no rank waited: each opens the next gate reached
+  uint64_t released_ = 0;
+  int owed_ = 0;              // releases commanded and not yet done (quick steps add up)
+  bool have_pending_ = false;
+  Item pending_;
+  std::string waiting_;
+  int focus_rank_ = -1;
+  std::string focus_group_;
+  std::map<std::pair<int32_t, uint64_t>, std::string> group_names_;
+  // Operations some but not all of their members have passed (while the world ran, or a send that
+  // went ahead alone): the others owe them, and no gate holds a rank that owes one, so no rank ever
+  // waits inside an operation for a peer held at a gate. Keyed by op_keys(); erased once all passed.
+  std::map<std::vector<int64_t>, Passage> passed_;
   // pacing: wall time at which modeled time `pace_model0_` was current
   std::chrono::steady_clock::time_point pace_wall0_;
   double pace_model0_ = -1;

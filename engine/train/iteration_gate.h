@@ -10,9 +10,9 @@
 
 namespace dtlab {
 
-// ctx may be null (no stepper: nothing to pass). next_collective_seq: the rank's next collective.
-inline void enter_iteration(RankContext* ctx, uint64_t next_collective_seq, int rank, int32_t iter) {
-  if (ctx && !ctx->begin_iteration(iter, next_collective_seq))
+// ctx may be null (no stepper: nothing to pass).
+inline void enter_iteration(RankContext* ctx, int rank, int32_t iter) {
+  if (ctx && !ctx->begin_iteration(iter))
     throw CommError("rank " + std::to_string(rank) + " stopped before iteration " + std::to_string(iter) + ": the run was aborted");
 }
 

@@ -287,11 +287,14 @@ struct StepBuffers {
   }
 };
 
-// Gives a model its observer back when the rank's loop ends.
+// Gives a model its observer back when the rank's loop ends, and takes its layer gate away.
 struct RestoreObserver {
   Model& m;
   ComputeObserver* o;
-  ~RestoreObserver() { m.set_observer(o); }
+  ~RestoreObserver() {
+    m.set_observer(o);
+    m.set_layer_gate(nullptr);
+  }
 };
 
 // m[0..3] summed over every rank, through `figures` (4 floats on the rank's device).
@@ -643,6 +646,7 @@ void Trainer::run_launched_rank(TrainSummary& sum, const std::function<void(cons
     try {
       if (pipeline_) run_pipeline_rank(rank, *comm, *ctx_, *memory_, sum, report);
       else run_rank(rank, comm, ctx_.get(), *memory_, sum, report);
+      stepper_->rank_done(rank);  // rank 0's stepper stops waiting for its own rank (others: their Bye says it)
     } catch (const std::exception& e) {
       const std::string why = hub ? hub->failure() : std::string();
       if (!why.empty()) {
@@ -719,6 +723,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
   ComputeObserver* const model_obs = model.observer();
   model.set_observer(obs);
   const RestoreObserver restore{model, model_obs};
+  model.set_layer_gate(ctx);  // a stepped run pauses before each layer (restore puts it back to none)
 
   // --tp: the rank's TP group runs the model's f and g; DDP or FSDP work over its DP group (none
   // when the mesh has one replica).
@@ -745,7 +750,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
   int64_t last_batch = 0;  // the step's last micro-batch (the last of an epoch may be partial)
   for (int64_t step = 1; step <= total_steps_; step++) {
     const int32_t iter = static_cast<int32_t>(step - 1);
-    enter_iteration(ctx, comm ? comm->collectives_issued() : 0, rank, iter);
+    enter_iteration(ctx, rank, iter);
     mem.reset_peaks();
     auto t0 = Clock::now();
     const bool branch = config_.skip_layer >= 0 && step % config_.skip_every == 0 &&

@@ -51,6 +51,11 @@ void Trainer::run_dp_rank(int rank, Communicator& comm, RankContext& ctx, Memory
   // On the CPU (dp's only device) the rank's context times the ops; the trainer made it the model's
   // observer already.
   ComputeObserver* const obs = &ctx;
+  model.set_layer_gate(&ctx);  // a stepped run pauses before each layer of this rank's replica
+  struct NoGate {
+    Model& m;
+    ~NoGate() { m.set_layer_gate(nullptr); }
+  } no_gate{model};
 
   DataParallel dp(model, comm, &ctx);
   const bool module = dp.is_module();
@@ -73,7 +78,7 @@ void Trainer::run_dp_rank(int rank, Communicator& comm, RankContext& ctx, Memory
   int64_t overlap_n = 0;
   for (int64_t step = 1; step <= total_steps_; step++) {
     const int32_t iter = static_cast<int32_t>(step - 1);
-    enter_iteration(&ctx, comm.collectives_issued(), rank, iter);
+    enter_iteration(&ctx, rank, iter);
     mem.reset_peaks();
     const auto t0 = std::chrono::steady_clock::now();
     int64_t samples = 0, last_batch = 0;

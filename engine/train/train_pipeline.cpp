@@ -67,7 +67,7 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
   std::vector<PipelineRankIteration> records(static_cast<size_t>(N));
   for (int64_t step = 1; step <= total_steps_; step++) {
     const int32_t iter = static_cast<int32_t>(step - 1);
-    enter_iteration(&ctx, comm.collectives_issued(), rank, iter);
+    enter_iteration(&ctx, rank, iter);
     mem.reset_peaks();
     const auto t0 = std::chrono::steady_clock::now();
     {

@@ -1,0 +1,282 @@
+// Issue 32: any run can be stepped one operation at a time. A mesh stepped operation by operation
+// stops before exactly the operations its plan says it runs (the TP collectives of
+// tp_collectives(), the DP buckets' all-reduces, the schedule's sends and receives, and the
+// iteration's own world collective), each with its members at the gate; and random sequences of
+// step commands over random meshes and strategies never deadlock and end with the same parameters
+// as the unstepped run.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "engine/core/mesh.h"
+#include "engine/parallel/pipeline_schedule.h"
+#include "engine/parallel/tensor_parallel.h"
+#include "engine/train/train.h"
+#include "tests/train_util.h"
+
+using namespace dtlab;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One item the world stopped at: its group ("tp0", "dp1", "world", or "p2p" for a send/recv), what
+// it is, its bytes and its members; a send/recv by its source and destination.
+struct Stop {
+  std::string group;
+  CollectiveOp op = CollectiveOp::AllReduce;
+  int64_t bytes = 0;
+  std::vector<int> members;
+  int src = -1, dst = -1;
+  auto operator<=>(const Stop&) const = default;
+};
+
+Stop stop_of(const PendingItem& p) {
+  Stop s;
+  const GateInfo& g = p.gate;
+  s.bytes = g.bytes;
+  s.members = p.members;
+  if (g.op.p2p) {
+    s.group = "p2p";
+    s.op = CollectiveOp::Send;  // the transfer, whichever half is shown
+    s.src = g.op.src;
+    s.dst = g.op.dst;
+  } else {
+    s.group = g.label.substr(0, g.label.find(' '));
+    s.op = g.coll;
+  }
+  return s;
+}
+
+// Runs `c` paused and steps it with step(kind) to its end; returns the stops of iteration `it`.
+std::vector<Stop> operations_of_iteration(TrainConfig c, int it) {
+  c.start_paused = true;
+  Trainer t(c);
+  test::BackgroundRun runner(t);
+  Stepper& st = t.stepper();
+  std::vector<Stop> out;
+  const auto give_up = Clock::now() + std::chrono::seconds(120);
+  while (!runner.done() && Clock::now() < give_up) {
+    if (!st.wait_until_settled(std::chrono::milliseconds(100))) continue;
+    const StepperState s = st.state();
+    if (s.pending.valid && s.pending.kind == GateKind::Collective && s.pending.gate.iteration == it) {
+      // Whole, or a send going ahead of its receive (1F1B's sends cross: each stage sends before it
+      // receives, and sends are eager).
+      const bool lone_send = s.pending.gate.op.p2p && s.pending.missing == std::vector<int>{s.pending.gate.op.dst};
+      CHECK_MESSAGE((s.pending.missing.empty() || lone_send), "held with members missing: " << s.pending.gate.label);
+      out.push_back(stop_of(s.pending));
+    }
+    st.step(GateKind::Collective);
+  }
+  REQUIRE_MESSAGE(runner.finish(std::chrono::seconds(0)), "the stepped run did not end: " << st.state().waiting);
+  CHECK(runner.error() == "");
+  return out;
+}
+
+std::vector<int> ranks(std::initializer_list<int> l) { return std::vector<int>(l); }
+
+// The TP collectives of one forward and backward on a TP group's members, as stops.
+void add_tp(std::vector<Stop>& want, const TrainConfig& c, int first, int end, int64_t rows, bool input_grad,
+            const std::string& name, const std::vector<int>& members, bool forward, bool backward) {
+  for (const TpCollective& k : tp_collectives(c.model, first, end, TensorParallelSpec{c.tp, 0, c.sequence_parallel}, rows, input_grad))
+    if ((k.backward && backward) || (!k.backward && forward)) want.push_back(Stop{name, k.op, k.bytes, members});
+}
+
+// The DDP buckets rank `r` launched in iteration `it`, by their bytes.
+std::vector<int64_t> bucket_bytes(Trainer& t, int r, int it) {
+  std::vector<int64_t> v;
+  for (const Event& e : t.recorder().events(r))
+    if (e.kind == EventKind::BucketLaunch && e.iteration == it) v.push_back(e.bucket.bytes);
+  return v;
+}
+
+TrainConfig mesh_config(const std::string& strategy, int world, int tp) {
+  TrainConfig c = test::demo_config(strategy, world, 16, 4);  // iteration 3 gathers the result: the tests read 1 and 2
+  c.model = ModelSpec::parse("mlp:2,32,32,32,32,3");
+  c.tp = tp;
+  c.seed = 3;
+  c.timeout_s = 30;
+  return c;
+}
+
+void check_same(std::vector<Stop> got, std::vector<Stop> want) {
+  std::sort(got.begin(), got.end());
+  std::sort(want.begin(), want.end());
+  CHECK(got.size() == want.size());
+  // The first difference, readable.
+  for (size_t i = 0; i < std::min(got.size(), want.size()); i++) {
+    CAPTURE(i);
+    CHECK_MESSAGE(got[i] == want[i], "got " << got[i].group << " " << std::string(collective_name(got[i].op)) << " "
+                                             << got[i].bytes << " B " << got[i].src << "->" << got[i].dst << ", want "
+                                             << want[i].group << " " << std::string(collective_name(want[i].op)) << " "
+                                             << want[i].bytes << " B " << want[i].src << "->" << want[i].dst);
+    if (!(got[i] == want[i])) break;
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("step") {
+
+TEST_CASE("DDP x TP (world 4, tp 2) stepped by operation: every TP collective, bucket all-reduce and the loss sum, with their members") {
+  const TrainConfig c = mesh_config("ddp", 4, 2);
+  const int it = 2;  // after DDP's bucket rebuild (iteration 1), an iteration like every later one
+  const std::vector<Stop> got = operations_of_iteration(c, it);
+  // The reference: tp0 {0,1} and tp1 {2,3} each run tp_collectives() of the whole model on the
+  // replica's batch; dp0 {0,2} and dp1 {1,3} all-reduce the buckets their shards launched (read from
+  // an unstepped run of the same configuration); the world sums the loss (4 floats).
+  Trainer free_run(c);
+  free_run.run();
+  std::vector<Stop> want;
+  const int linears = static_cast<int>(c.model.dims.size()) - 1;
+  add_tp(want, c, 0, linears, c.batch, false, "tp0", ranks({0, 1}), true, true);
+  add_tp(want, c, 0, linears, c.batch, false, "tp1", ranks({2, 3}), true, true);
+  for (int64_t b : bucket_bytes(free_run, 0, it)) want.push_back(Stop{"dp0", CollectiveOp::AllReduce, b, ranks({0, 2})});
+  for (int64_t b : bucket_bytes(free_run, 1, it)) want.push_back(Stop{"dp1", CollectiveOp::AllReduce, b, ranks({1, 3})});
+  want.push_back(Stop{"world", CollectiveOp::AllReduce, 16, ranks({0, 1, 2, 3})});
+  CHECK(!bucket_bytes(free_run, 0, it).empty());
+  check_same(got, want);
+}
+
+TEST_CASE("a 2 x 2 x 2 mesh (pipeline, dp 2, tp 2) stepped by operation: TP collectives, the schedule's sends and receives, DP all-reduces") {
+  TrainConfig c = mesh_config("pipeline", 8, 2);
+  c.pipeline.stages = 2;
+  c.pipeline.dp = 2;
+  c.pipeline.microbatches = 2;
+  const int it = 1;
+  const std::vector<Stop> got = operations_of_iteration(c, it);
+  Trainer plan_of(c);
+  const PipelinePlan& plan = *plan_of.pipeline_plan();
+  const MeshShape m = plan_of.mesh();
+  REQUIRE(m == MeshShape{2, 2, 2});
+  const int64_t rows = c.batch / c.pipeline.microbatches;
+  const int S = static_cast<int>(plan.stages.size());
+  std::vector<Stop> want;
+  for (int d = 0; d < m.dp; d++)
+    for (int s = 0; s < S; s++) {
+      const StageRange& r = plan.stages[static_cast<size_t>(s)];
+      const int first_rank = mesh_rank(m, MeshCoord{d, s, 0});
+      const std::vector<int> tp = mesh_group(m, MeshDim::TP, first_rank);
+      const std::string tp_name = mesh_group_name(m, MeshDim::TP, first_rank);
+      // Every micro-batch's forward and backward through the stage.
+      for (int mb = 0; mb < c.pipeline.microbatches; mb++)
+        add_tp(want, c, r.first, r.end, rows, s > 0, tp_name, tp, true, true);
+      for (int t = 0; t < m.tp; t++) {
+        const int me = mesh_rank(m, MeshCoord{d, s, t});
+        // Activations to the next stage, gradients back to the previous one, each micro-batch.
+        if (s + 1 < S) {
+          const int next = mesh_rank(m, MeshCoord{d, s + 1, t});
+          const int64_t bytes = rows * c.model.dims[static_cast<size_t>(r.end)] * 4;
+          for (int mb = 0; mb < c.pipeline.microbatches; mb++)
+            want.push_back(Stop{"p2p", CollectiveOp::Send, bytes, {std::min(me, next), std::max(me, next)}, me, next});
+          for (int mb = 0; mb < c.pipeline.microbatches; mb++)
+            want.push_back(Stop{"p2p", CollectiveOp::Send, bytes, {std::min(me, next), std::max(me, next)}, next, me});
+        }
+      }
+    }
+  // The DP all-reduce of each stage shard's gradients (one per rank's DP group), and the world's
+  // all-gather of every rank's figures.
+  for (int r = 0; r < m.world(); r++) {
+    const std::vector<int> dp = mesh_group(m, MeshDim::DP, r);
+    if (dp.front() != r) continue;  // once per group
+    int64_t params = 0;
+    const MeshCoord k = mesh_coord(m, r);
+    const StageRange& sr = plan.stages[static_cast<size_t>(k.pp)];
+    const std::vector<TpRole> roles = tp_roles(sr.first, sr.end, m.tp);
+    for (int l = sr.first; l < sr.end; l++) {
+      const int64_t in = c.model.dims[static_cast<size_t>(l)], out = c.model.dims[static_cast<size_t>(l + 1)];
+      const TpSlice sl = tp_slice(roles[static_cast<size_t>(l - sr.first)], out, in, m.tp, k.tp);
+      params += sl.weight_numel() + (sl.bias_end - sl.bias_begin);
+    }
+    want.push_back(Stop{mesh_group_name(m, MeshDim::DP, r), CollectiveOp::AllReduce, params * 4, dp});
+  }
+  int64_t gathered = -1;
+  for (const Stop& s : got)
+    if (s.group == "world") gathered = s.bytes;
+  CHECK(gathered > 0);
+  want.push_back(Stop{"world", CollectiveOp::AllGather, gathered, ranks({0, 1, 2, 3, 4, 5, 6, 7})});
+  check_same(got, want);
+}
+
+TEST_CASE("random step commands over random meshes and strategies: no deadlock, the same parameters as the unstepped run") {
+  struct Layout {
+    const char* strategy;
+    int world, tp, stages, dp;
+    const char* schedule;
+    bool fused;
+  };
+  const std::vector<Layout> layouts = {
+      {"single", 1, 1, 1, 1, "", false},        {"ddp", 3, 1, 1, 1, "", false},
+      {"ddp", 4, 2, 1, 1, "", false},           {"fsdp", 4, 2, 1, 1, "", false},
+      {"dp", 3, 1, 1, 1, "", false},            {"pipeline", 4, 1, 2, 2, "1f1b", false},
+      {"pipeline", 8, 2, 2, 2, "1f1b", false},  {"pipeline", 2, 1, 2, 1, "gpipe", true},
+      {"pipeline", 4, 2, 2, 1, "zb-h1", false}, {"pipeline", 4, 1, 2, 2, "interleaved", true},
+  };
+  // Mostly the fine steps (an iteration step leaps over a whole iteration).
+  const GateKind kinds[] = {GateKind::RingStep, GateKind::RingStep, GateKind::Collective, GateKind::Collective,
+                            GateKind::Layer,    GateKind::Layer,    GateKind::Grad,       GateKind::Grad,
+                            GateKind::Action,   GateKind::Iteration};
+  std::mt19937 rng(20261128);
+  for (const Layout& l : layouts) {
+    CAPTURE(l.strategy);
+    CAPTURE(l.world);
+    CAPTURE(l.tp);
+    CAPTURE(l.schedule);
+    TrainConfig c = mesh_config(l.strategy, l.world, l.tp);
+    c.steps = 3;
+    if (std::string(l.strategy) == "pipeline") {
+      c.pipeline.stages = l.stages;
+      c.pipeline.dp = l.dp;
+      c.pipeline.microbatches = 2;
+      c.pipeline.schedule = parse_schedule_kind(l.schedule);
+      c.pipeline.chunks = std::string(l.schedule) == "interleaved" ? 2 : 1;
+      c.pipeline.fuse_p2p = l.fused;
+      if (c.pipeline.chunks == 2) c.model = ModelSpec::parse("mlp:2,32,32,32,32,32,32,32,3");
+    }
+    Trainer ref(c);
+    ref.run();
+    TrainConfig p = c;
+    p.start_paused = true;
+    Trainer t(p);
+    test::BackgroundRun runner(t);
+    Stepper& st = t.stepper();
+    std::string commands;  // what was asked, for the failure message
+    int stepped = 0;
+    const auto give_up = Clock::now() + std::chrono::seconds(120);
+    while (!runner.done() && Clock::now() < give_up) {
+      const int roll = static_cast<int>(rng() % 20);
+      if (roll == 0) {  // run a moment, then pause wherever the ranks are
+        st.run();
+        std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 5));
+        st.pause();
+        commands += "run+pause ";
+      } else if (roll == 1) {  // focus a rank, a group, or nothing
+        const int r = static_cast<int>(rng() % static_cast<unsigned>(l.world + 1)) - 1;
+        st.set_focus(r, r < 0 && l.tp > 1 ? "tp0" : "");
+        commands += "focus " + std::to_string(r) + " ";
+      } else {
+        if (!st.wait_until_settled(std::chrono::milliseconds(200))) continue;
+        const GateKind k = kinds[rng() % std::size(kinds)];
+        st.step(k);
+        stepped++;
+        commands += std::string(gate_kind_name(k)) + ", ";
+      }
+      if (commands.size() > 4000) commands.erase(0, commands.size() - 4000);
+    }
+    REQUIRE_MESSAGE(runner.finish(std::chrono::seconds(0)),
+                    "deadlocked or too slow; the stepper waits: " << st.state().waiting << "; last commands: " << commands);
+    CHECK(runner.error() == "");
+    CHECK(stepped >= (l.world == 1 ? 1 : 5));  // the run was really stepped, not run through (one rank: no operations to stop at)
+    MESSAGE(std::string(l.strategy) << " world " << l.world << ": " << stepped << " step commands");
+    CHECK(test::max_abs_diff(t.result_model(), ref.result_model()) == 0.0);
+  }
+}
+
+}  // TEST_SUITE
