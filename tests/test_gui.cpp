@@ -49,7 +49,17 @@ TEST_SUITE("gui") {
     CHECK(cmds[2].seconds == doctest::Approx(0.5));
     CHECK(cmds[3].arg == "ring");
     CHECK(cmds[4].arg == "a.png");
-    CHECK(test::script_error("stepp ring").rfind("--run command 1 'stepp ring': unknown command 'stepp'; commands: step ring|collective|iteration", 0) == 0);
+    CHECK(test::script_error("stepp ring").rfind("--run command 1 'stepp ring': unknown command 'stepp'; commands: step ring|collective|layer|bucket|iteration|action", 0) == 0);
+    // Focus (issue 32): a rank, a group or none.
+    const std::vector<app::ScriptCommand> f = app::parse_script("focus rank 5; focus group tp1; focus none; step layer 2; step bucket", "--run");
+    REQUIRE(f.size() == 5);
+    CHECK((f[0].kind == app::ScriptCommand::Focus && f[0].count == 5 && f[0].arg.empty()));
+    CHECK((f[1].kind == app::ScriptCommand::Focus && f[1].count == -1 && f[1].arg == "tp1"));
+    CHECK((f[2].kind == app::ScriptCommand::Focus && f[2].count == -1 && f[2].arg.empty()));
+    CHECK((f[3].kind == app::ScriptCommand::StepLayer && f[3].count == 2));
+    CHECK(f[4].kind == app::ScriptCommand::StepBucket);
+    CHECK(test::script_error("focus rank").find("focus takes 'rank R' (a rank from 0), 'group NAME' (tp1, dp0, world...) or 'none'") !=
+          std::string::npos);
     CHECK(test::script_error("step ring 0").find("the count must be a whole number from 1") != std::string::npos);
     CHECK(test::script_error("step ring 1e10").find("the count must be a whole number from 1") != std::string::npos);  // found by fuzz/script
     CHECK(test::script_error("view sideways").find("view takes one of ring, buckets") != std::string::npos);

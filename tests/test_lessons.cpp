@@ -161,7 +161,7 @@ TEST_SUITE("lessons") {
     CHECK(lesson_error("---\ntitle: t\nminutes: 5\nscenario: --run=quit\n---\n").rfind("t.md:4: --run is about the window", 0) == 0);
     CHECK(lesson_error("---\ntitle: t\nminutes: 5\nscenario: --script=/dev/null\n---\n").rfind("t.md:4: --script is about the window", 0) == 0);
     CHECK(lesson_error("---\ntitle: t\nminutes: 5\nstrategy: ddp\nsharding: full\n---\n") == "t.md:5: scenario: --sharding configures FSDP; add --strategy fsdp --world N");
-    CHECK(lesson_error(h + "## a\n```action\nstep sideways\n```\n") == "t.md:11: step takes ring, collective or iteration (in 'step sideways')");
+    CHECK(lesson_error(h + "## a\n```action\nstep sideways\n```\n") == "t.md:11: step takes ring, collective, layer, bucket, iteration or action (in 'step sideways')");
     // A negative tolerance would be ignored silently: refused at its line.
     for (const char* tol : {"-1", "-5%"}) {
       CAPTURE(tol);
