@@ -64,6 +64,7 @@ class Session {
   // Waits (polling the engine) until settled() or the timeout; for scripts and tests.
   bool wait_settled(std::chrono::milliseconds timeout) const;
   bool finished() const;
+  StepperState stepper_state() const;  // the stepper's state now, wherever the run runs
 
  private:
   Session() = default;  // attach()
@@ -71,7 +72,6 @@ class Session {
   const Model& model() const;
   const Dataset& dataset() const;
   TraceRecorder& recorder();
-  StepperState stepper_state() const;
   const CostModel* cost() const;
   void update_status();  // activities, memory and the collective in flight
   void start();

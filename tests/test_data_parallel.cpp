@@ -316,16 +316,40 @@ TEST_SUITE("data_parallel") {
       REQUIRE(s.wait_settled(std::chrono::seconds(20)));
       return s.update();
     };
-    const app::Snapshot& a = step(GateKind::Collective);  // at the gate of #0: the first replicate
-    REQUIRE(a.collective.valid);
-    CHECK(a.collective.op == CollectiveOp::Broadcast);
-    CHECK(a.collective.label == "DataParallel replicate: every parameter from rank 0");
+    // torch's DataParallel.forward scatters the inputs before it replicates the module: the stepper
+    // stops at each send of the scatter (rank 0 to each replica), then at the broadcast.
+    std::vector<std::string> stops;
+    auto held_text = [&](const app::Snapshot& x) {
+      const PendingItem& h = x.held;
+      if (!h.valid) return std::string("none");
+      if (h.gate.op.p2p)
+        return "send " + std::to_string(h.gate.op.src) + "->" + std::to_string(h.gate.op.dst) + " " + std::to_string(h.gate.bytes) + " B";
+      return std::string(collective_name(h.gate.coll));
+    };
+    const app::Snapshot* a = &step(GateKind::Collective);
+    while (held_text(*a) != "broadcast" && stops.size() < 20) {
+      stops.push_back(held_text(*a));
+      a = &step(GateKind::Collective);
+    }
+    CHECK(stops == std::vector<std::string>{"send 0->1 512 B", "send 0->2 512 B", "send 0->3 512 B"});
+    REQUIRE(a->collective.valid);
+    CHECK(a->collective.op == CollectiveOp::Broadcast);
+    CHECK(a->collective.label == "DataParallel replicate: every parameter from rank 0");
     // Rank 1's replica exists from the broadcast on.
-    CHECK(a.memory[1].stats.current_of(MemCategory::Parameters) == kS);
-    const app::Snapshot& b = step(GateKind::Collective);  // #1: ReduceAddCoalesced
-    CHECK(b.collective.op == CollectiveOp::Reduce);
-    CHECK(b.collective.label == "DataParallel backward: every gradient reduce-added onto rank 0");
-    for (int r = 0; r < 4; r++) CHECK(std::count(b.data.owner.begin(), b.data.owner.end(), r) == 750);
+    CHECK(a->memory[1].stats.current_of(MemCategory::Parameters) == kS);
+    // Then the outputs gathered onto rank 0 (3 rows of logits each), their gradients scattered back,
+    // and the ReduceAddCoalesced.
+    stops.clear();
+    const app::Snapshot* b = &step(GateKind::Collective);
+    while (held_text(*b) != "reduce" && stops.size() < 20) {
+      stops.push_back(held_text(*b));
+      b = &step(GateKind::Collective);
+    }
+    CHECK(stops == std::vector<std::string>{"send 1->0 768 B", "send 2->0 768 B", "send 3->0 768 B", "send 0->1 768 B",
+                                            "send 0->2 768 B", "send 0->3 768 B"});
+    CHECK(b->collective.op == CollectiveOp::Reduce);
+    CHECK(b->collective.label == "DataParallel backward: every gradient reduce-added onto rank 0");
+    for (int r = 0; r < 4; r++) CHECK(std::count(b->data.owner.begin(), b->data.owner.end(), r) == 750);
     const app::Snapshot& d = step(GateKind::Iteration);  // iteration 0 done
     CHECK(d.memory[1].stats.current_of(MemCategory::Parameters) == 0);
     // The figures the lesson reads: bytes per rank in the last finished iteration, collectives counted.

@@ -402,7 +402,11 @@ TEST_SUITE("ddp") {
     while (!runner.done() && commands < 200 && std::chrono::steady_clock::now() < give_up) {
       if (!st.wait_until_settled(std::chrono::milliseconds(50))) continue;
       const PendingItem p = st.state().pending;
-      if (p.valid && p.gate.coll == CollectiveOp::AllReduce && p.gate.bytes > 1000) saw_bucket_in_flight = true;
+      if (!p.valid) {  // every rank's program ended; run() is finishing
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;
+      }
+      if (p.gate.coll == CollectiveOp::AllReduce && p.gate.bytes > 1000) saw_bucket_in_flight = true;
       st.step(GateKind::Collective);
       commands++;
     }

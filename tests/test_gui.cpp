@@ -81,7 +81,7 @@ TEST_SUITE("gui") {
     CHECK(r.out.rfind("dtlab: --world 17 is more ranks than the lab draws; use 1 to 16", 0) == 0);
     r = shell(std::string(DTLAB_APP_PATH) + " --run 'step sideways'");
     CHECK(r.code == 2);
-    CHECK(r.out.find("step takes ring, collective or iteration") != std::string::npos);
+    CHECK(r.out.find("step takes ring, collective, layer, bucket, iteration or action") != std::string::npos);
     r = shell(std::string(DTLAB_APP_PATH) + " --device tpu");
     CHECK(r.code == 2);
     CHECK(r.out.rfind("dtlab: --device tpu is not a device; use cpu or cuda", 0) == 0);

@@ -25,6 +25,8 @@ uint64_t bit(int r) { return uint64_t{1} << r; }
 
 int lowest(uint64_t mask) { return mask ? std::countr_zero(mask) : -1; }
 
+bool is_p2p(const GateInfo& g) { return g.kind == GateKind::Collective && (g.op.p2p || g.op2.p2p); }
+
 std::vector<int> ranks_of(uint64_t mask) {
   std::vector<int> v;
   for (int r = 0; r < 64; r++)
@@ -101,7 +103,7 @@ void Stepper::step(GateKind kind) {
   // The settled world's pending item goes if this command stops at its kind; gates of kinds it
   // does not stop at open (the world then runs to the next gate this command stops at). A command
   // given while the world still moves is kept for the item it settles at.
-  if (was_settled && stops_locked(pending_.kind)) owed_++;
+  if (was_settled && stops_locked(pending_.kind, !pending_.lanes.empty() && is_p2p(lanes_[pending_.lanes.front()].gate))) owed_++;
   else if (!was_settled) owed_++;
   release_non_stopping_locked();
   decide_locked();
@@ -181,7 +183,7 @@ void Stepper::lane_work(int rank, int lane, int delta) {
   }
 }
 
-bool Stepper::stops_locked(GateKind kind) const {
+bool Stepper::stops_locked(GateKind kind, bool p2p) const {
   if (aborted_ || !paused_) return false;
   if (pause_all_) return true;
   switch (mode_) {
@@ -189,7 +191,8 @@ bool Stepper::stops_locked(GateKind kind) const {
       return kind == GateKind::RingStep || kind == GateKind::Collective || kind == GateKind::Action;
     case GateKind::Collective: return kind == GateKind::Collective;
     case GateKind::Iteration: return kind == GateKind::Iteration;
-    case GateKind::Action: return kind == GateKind::Action || kind == GateKind::Collective;
+    // A pipeline time step includes its sends and receives: they are part of the actions.
+    case GateKind::Action: return kind == GateKind::Action || (kind == GateKind::Collective && !p2p);
     case GateKind::Layer: return kind == GateKind::Layer || kind == GateKind::Collective;
     case GateKind::Grad: return kind == GateKind::Grad || kind == GateKind::Collective;
   }
@@ -203,11 +206,11 @@ std::vector<std::pair<std::vector<int64_t>, Stepper::Passage>> Stepper::op_keys(
   };
   if (g.kind == GateKind::Collective) {
     for (const OpRef* o : {&g.op, &g.op2})
-      if (o->valid()) keys.push_back({op_key(*o), Passage{o->members, 0, false}});
+      if (o->valid()) keys.push_back({op_key(*o), Passage{.members = o->members}});
   } else if (g.kind == GateKind::RingStep && g.op.valid()) {
     std::vector<int64_t> k = op_key(g.op);
     k.push_back(g.step);
-    keys.push_back({k, Passage{g.participants ? g.participants : g.op.members, 0, true}});
+    keys.push_back({k, Passage{.members = g.participants ? g.participants : g.op.members, .ring = true}});
   }
   return keys;
 }
@@ -217,6 +220,7 @@ void Stepper::note_passage_locked(int rank, const GateInfo& g) {
     if (!(fresh.members & bit(rank))) continue;
     auto [it, added] = passed_.emplace(k, fresh);
     it->second.passed |= bit(rank);
+    if (k[0] == 0 || k[5] == rank) it->second.waiting |= bit(rank);  // key: p2p, group, members, seq, src, dst, ...
     if ((it->second.members & ~it->second.passed) == 0) passed_.erase(it);  // every member is through
   }
 }
@@ -227,7 +231,8 @@ bool Stepper::owes_locked(int rank, int lane, const GateInfo& g) const {
     if (passed_.count(k)) return true;
   for (const auto& [k, p] : passed_) {
     if (!(p.members & bit(rank)) || (p.passed & bit(rank))) continue;
-    if (!p.ring && lane == kComputeLane) return true;  // the rank still has to issue an op a peer is in
+    // The rank still has to issue an op a peer waits in (a peer's eager send waits for nobody).
+    if (!p.ring && lane == kComputeLane && p.waiting) return true;
     // On a comm or group lane: a ring step of this same operation that a peer is past.
     if (p.ring && lane != kComputeLane && g.kind == GateKind::RingStep && k.size() == 8 &&
         std::equal(k.begin(), k.end() - 1, op_keys(g).front().first.begin()))
@@ -251,7 +256,7 @@ void Stepper::release_locked(const Item& item) {
 
 void Stepper::release_non_stopping_locked() {
   for (Lane& l : lanes_)
-    if (l.blocked && !stops_locked(l.gate.kind)) {
+    if (l.blocked && !stops_locked(l.gate.kind, is_p2p(l.gate))) {
       l.blocked = false;
       l.released_ticket = l.ticket;
     }
@@ -477,7 +482,7 @@ bool Stepper::gate(int rank, int lane, const GateInfo& g) {
   if (GateRelay* r = relay_.load()) return !aborted() && r->gate(rank, lane, g);
   if (rank < 0 || rank >= world_size_ || lane < 0 || lane >= kStepperLanes) return !aborted();
   std::unique_lock<std::mutex> lock(mu_);
-  if (stops_locked(g.kind) && !owes_locked(rank, lane, g)) {
+  if (stops_locked(g.kind, is_p2p(g)) && !owes_locked(rank, lane, g)) {
     Lane& l = lanes_[static_cast<size_t>(rank) * kStepperLanes + static_cast<size_t>(lane)];
     l.blocked = true;
     l.gate = g;

@@ -44,7 +44,7 @@
 //   step(RingStep)    ring steps, operations and pipeline actions
 //   step(Collective)  operations
 //   step(Iteration)   iterations
-//   step(Action)      pipeline actions and operations
+//   step(Action)      pipeline actions and collectives (a time step's sends and receives run with it)
 //   step(Layer)       layers and operations
 //   step(Grad)        gradients landing in buckets, and operations
 #pragma once
@@ -192,6 +192,7 @@ class Stepper {
   };
   struct Passage {  // an operation (or ring step) and which of its members passed its gate
     uint64_t members = 0, passed = 0;
+    uint64_t waiting = 0;  // of those passed, the ones that may wait inside for the rest (not a send's sender: sends are eager)
     bool ring = false;  // a ring step's (owed on the comm and group lanes only)
   };
   struct Item {  // a candidate for release: the lanes it opens
@@ -203,7 +204,7 @@ class Stepper {
     bool lone_send = false;     // a send whose receive is not at its gate yet
     std::vector<int64_t> key;
   };
-  bool stops_locked(GateKind kind) const;  // would a gate of this kind hold a rank now?
+  bool stops_locked(GateKind kind, bool p2p = false) const;  // would a gate of this kind (a send/recv?) hold a rank now?
   // The keys of what a gate passes (its operation's halves, or its ring step); none for a rank's own
   // compute gates (iteration, action, layer, gradient), which no peer waits on.
   static std::vector<std::pair<std::vector<int64_t>, Passage>> op_keys(const GateInfo& g);
