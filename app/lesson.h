@@ -4,6 +4,18 @@
 // question (a ```question block) whose answer is a live figure (app/figures.h) read after the
 // reveal action ran. lessons/README.md documents the format. The parser is strict: any mistake is
 // one LessonError "lessons/x.md:12: sentence"; app/lesson_runner.h plays a parsed lesson.
+//
+// A question's figures are read once and then kept, so a question never changes under the learner
+// (the run goes on after Check: a reveal steps it, a later Check or a frame drawn later must not
+// rewrite what was asked or answered):
+//   - ask: when the question is asked, i.e. once the step's actions have run and before any
+//     reveal action (until then, while those actions run, the text shows the live figures);
+//   - answer:, choice values and expect: at the reveal, after its actions, as the answer is defined;
+//   - explain: at the reveal too, on the same snapshot as the answer, because a model answer quotes
+//     what the reveal produced (the bytes a ring sent, the ranks a watchdog named). To speak of the
+//     state the question was asked in, mark it in the step (`mark NAME`) and write at("NAME", ...).
+// A second Check grades the new answer against the answer already revealed. Going back, or
+// entering the step again, asks the question anew. Prose outside questions stays live.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -68,14 +80,14 @@ struct Choice {
 struct Question {
   int line = 0;
   std::string ask;
-  Prose ask_prose;                   // the same, parsed (it may show {{figures}})
+  Prose ask_prose;                   // the same, parsed (it may show {{figures}}, read when asked)
   std::vector<Choice> choices;       // empty: a numeric answer
-  Figure answer;                     // the live figure revealed
+  Figure answer;                     // the live figure revealed (read once, after the reveal actions)
   Figure expect;                     // optional: what the lesson claims the engine will reveal
   double tol_abs = -1, tol_rel = -1;  // `tolerance: 0.5` or `tolerance: 2%`; unset: exact for whole numbers, else 1%
   std::string unit;
   std::vector<LessonAction> reveal;  // run before the answer is read
-  Prose explain;
+  Prose explain;                     // its figures are read with the answer, on the same snapshot
   // True when `given` counts as `live` under this question's tolerance.
   bool close(double given, double live) const;
   // A learner's answer as typed: "0.25", "1/4", "25%" (a share: 0.25; with `unit: %`, just 25),

@@ -39,6 +39,29 @@ std::string fault_flag(const Fault& f) {
   return buf;
 }
 
+// A figure's value as the lesson panel prints it; "—" while it has none.
+std::string figure_value(const Figure& f, const FigureScope& scope) {
+  try {
+    return format_figure(f.eval(scope));
+  } catch (const std::exception&) {
+    return "—";
+  }
+}
+
+// The {{figures}} a piece of prose shows, by index into Lesson::figures.
+std::vector<int> figures_in(const Prose& prose) {
+  std::vector<int> out;
+  auto add = [&](const std::vector<Span>& spans) {
+    for (const Span& sp : spans)
+      if (sp.figure >= 0) out.push_back(sp.figure);
+  };
+  for (const Block& b : prose) {
+    add(b.spans);
+    for (const auto& cell : b.cells) add(cell);
+  }
+  return out;
+}
+
 }  // namespace
 
 // ---- progress.json ----
@@ -82,6 +105,13 @@ void save_progress(const std::string& path, const std::string& lesson, const Les
 LessonRunner::LessonRunner(Lesson lesson, bool play, std::string progress_file)
     : lesson_(std::move(lesson)), play_(play), progress_file_(std::move(progress_file)) {
   answers_.resize(lesson_.steps.size());
+  question_of_.assign(lesson_.figures.size(), -1);
+  for (size_t j = 0; j < lesson_.steps.size(); j++) {
+    const auto& q = lesson_.steps[j].question;
+    if (!q) continue;
+    for (const Prose* p : {&q->ask_prose, &q->explain})
+      for (int f : figures_in(*p)) question_of_.at(static_cast<size_t>(f)) = static_cast<int>(j);
+  }
   if (!progress_file_.empty() && !play_) {
     auto all = load_progress(progress_file_);
     if (auto it = all.find(lesson_.name); it != all.end()) resume_ = it->second;
@@ -211,11 +241,34 @@ std::vector<std::string> LessonRunner::pending_figures() const {
   return names;
 }
 
+void LessonRunner::freeze(int j, const Prose& prose, const FigureScope& scope) {
+  Answer& a = answers_.at(static_cast<size_t>(j));
+  for (int f : figures_in(prose)) a.shown[f] = figure_value(lesson_.figures.at(static_cast<size_t>(f)), scope);
+}
+
+// The step's actions have run: the question is asked now, and its text keeps these figures.
+void LessonRunner::ask(int j, Session& session) {
+  freeze(j, lesson_.steps.at(static_cast<size_t>(j)).question->ask_prose, FigureScope{&session.update(), &marks_});
+  answers_[static_cast<size_t>(j)].asked = true;
+}
+
+void LessonRunner::grade(int j) {
+  const Question& q = *lesson_.steps.at(static_cast<size_t>(j)).question;
+  Answer& a = answers_.at(static_cast<size_t>(j));
+  a.checked = a.given;
+  a.correct = a.given && (q.choices.empty() ? q.close(a.number, a.live) : a.choice == a.live_choice);
+}
+
 LessonRunner::Result LessonRunner::reveal(int j, Session& session) {
   Result r;
   const LessonStep& st = lesson_.steps[static_cast<size_t>(j)];
   const Question& q = *st.question;
   Answer& a = answers_[static_cast<size_t>(j)];
+  if (a.revealed) {  // read once: the run may have moved on since, and the answer speaks of then
+    grade(j);
+    save();
+    return r;
+  }
   const FigureScope scope{&session.update(), &marks_};
   const std::string at = where(j, q.line);
   double live = 0;
@@ -246,8 +299,8 @@ LessonRunner::Result LessonRunner::reveal(int j, Session& session) {
   a.revealed = true;
   a.live = live;
   a.live_choice = live_choice;
-  a.checked = a.given;
-  a.correct = a.given && (q.choices.empty() ? q.close(a.number, live) : a.choice == live_choice);
+  grade(j);
+  freeze(j, q.explain, scope);  // on the snapshot the answer was read from
   a.note.clear();
   std::string expected;
   if (!q.expect.empty()) {
@@ -285,13 +338,17 @@ LessonRunner::Result LessonRunner::exec(const std::string& command, Session& ses
   // Reveal a question that was left unanswered, so later steps see the engine where they expect it.
   auto settle_question = [&](int j) {
     if (has_question(j) && !answers_[static_cast<size_t>(j)].revealed) {
+      if (!answers_[static_cast<size_t>(j)].asked) r.then.push_back(lesson_cmd("_ask " + std::to_string(j)));
       actions(lesson_.steps[static_cast<size_t>(j)].question->reveal, j, 'r', r.then);
       r.then.push_back(lesson_cmd("_reveal " + std::to_string(j)));
     }
   };
   // Replay from the scenario to step `target` (index).
   auto replay_to = [&](int target) {
-    for (Answer& a : answers_) a.revealed = a.checked = a.correct = false;  // the engine starts over
+    for (Answer& a : answers_) {  // the engine starts over; the learner's answers stay
+      a.asked = a.revealed = a.checked = a.correct = false;
+      a.shown.clear();
+    }
     finished_ = false;
     r.then.push_back(lesson_cmd("_restart"));
     for (int j = 0; j < target; j++) {
@@ -347,8 +404,9 @@ LessonRunner::Result LessonRunner::exec(const std::string& command, Session& ses
       else a.given = true, a.number = v, a.choice = static_cast<int>(v) - 1;
     } else if (!a.given) {
       r.failure = where(step_, q.line) + "lesson check: answer first (lesson answer X)";
-    } else if (a.revealed) {
-      r.then.push_back(lesson_cmd("_reveal " + std::to_string(step_)));
+    } else if (a.revealed) {  // checked again: against the answer revealed, never read again
+      grade(step_);
+      save();
     } else {
       settle_question(step_);
     }
@@ -358,10 +416,16 @@ LessonRunner::Result LessonRunner::exec(const std::string& command, Session& ses
     return apply_scenario(session, -1, lesson_.flag_lines.empty() ? 1 : lesson_.flag_lines.front());
   } else if (k == "_enter") {
     step_ = std::clamp(arg(1), 0, n - 1);
+    Answer& a = answers_[static_cast<size_t>(step_)];
+    a.asked = false;
+    a.shown.clear();
     actions(lesson_.steps[static_cast<size_t>(step_)].actions, step_, 'a', r.then);
+    if (has_question(step_)) r.then.push_back(lesson_cmd("_ask " + std::to_string(step_)));
     save();
   } else if (k == "_settle") {
     settle_question(arg(1));
+  } else if (k == "_ask") {
+    if (has_question(arg(1))) ask(arg(1), session);
   } else if (k == "_reveal") {
     return reveal(arg(1), session);
   } else if (k == "_guard") {
@@ -405,11 +469,12 @@ void LessonRunner::save() const {
 }
 
 std::string LessonRunner::figure_text(int figure, const Snapshot& s) const {
-  try {
-    return format_figure(lesson_.figures.at(static_cast<size_t>(figure)).eval(FigureScope{&s, &marks_}));
-  } catch (const std::exception&) {
-    return "—";
+  if (figure < 0 || static_cast<size_t>(figure) >= lesson_.figures.size()) return "—";
+  if (const int j = question_of_[static_cast<size_t>(figure)]; j >= 0) {
+    const auto& shown = answers_[static_cast<size_t>(j)].shown;
+    if (const auto it = shown.find(figure); it != shown.end()) return it->second;
   }
+  return figure_value(lesson_.figures[static_cast<size_t>(figure)], FigureScope{&s, &marks_});
 }
 
 std::string LessonRunner::answer_text(int step) const {

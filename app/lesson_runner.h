@@ -38,12 +38,16 @@ class LessonRunner {
     int choice = -1;         // choice questions: 0-based
     double number = 0;       // numeric questions
     bool given = false;
+    bool asked = false;      // the step's actions ran and the ask's figures were read (app/lesson.h)
     bool revealed = false;   // the reveal ran; `live` holds the engine's figure
     bool checked = false;    // the given answer was compared with it
     bool correct = false;
     double live = 0;
     int live_choice = -1;
     std::string note;        // the engine disagreed with the lesson's expect: (shown, not fatal, in the GUI)
+    // The question's {{figures}} as read once, by index into Lesson::figures: the ask's when it
+    // was asked, the explanation's at the reveal ("—" for one that had no value then).
+    std::map<int, std::string> shown;
   };
   struct Result {
     std::vector<ScriptCommand> then;  // run these next, before anything else queued
@@ -62,7 +66,8 @@ class LessonRunner {
   bool finished() const { return finished_; }
   bool playing() const { return play_; }
   const LessonProgress& resume() const { return resume_; }  // as saved before this run opened it
-  // A {{figure}} of the lesson's text on `s`; "—" while it has no value.
+  // A {{figure}} of the lesson's text: on `s` for the steps' prose; a question's as it was read
+  // once (when asked, or at the reveal for its explanation), live only until then. "—" for no value.
   std::string figure_text(int figure, const Snapshot& s) const;
   // The live figures the current step's question asks about, while it waits for Check (or Reveal):
   // the views drawing them stay covered (app/spoilers.h). Empty otherwise.
@@ -85,7 +90,11 @@ class LessonRunner {
   std::string where(int step, int line) const;
   void actions(const std::vector<LessonAction>& acts, int step, char tag, std::vector<ScriptCommand>& out) const;
   Result act(const LessonAction& a, int step, const std::string& key, Session& session);
+  void ask(int step, Session& session);
   Result reveal(int step, Session& session);
+  void grade(int step);
+  // Reads the figures of `prose` into the step's answer once; later frames show these values.
+  void freeze(int step, const Prose& prose, const FigureScope& scope);
   Result apply_scenario(Session& session, int step, int line);
   void save() const;
 
@@ -96,6 +105,7 @@ class LessonRunner {
   int step_ = -1;
   bool finished_ = false;
   std::vector<Answer> answers_;
+  std::vector<int> question_of_;     // per figure: the step whose question shows it, -1 for the steps' prose
   std::vector<std::string> extra_;   // scenario flags added by `scenario` and `inject` actions
   std::map<std::string, Snapshot> marks_;
   TraceScenario trace_scenario_;

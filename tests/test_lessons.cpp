@@ -39,6 +39,15 @@ std::string header(const std::string& extra = "") {
   return "---\ntitle: t\nminutes: 5\nstrategy: ddp\nworld: 4\nmodel: small\nprofile: nvlink8\n" + extra + "---\n";
 }
 
+// Steps the run n gates on, as the app's step commands do, and waits until every rank is still.
+void step_on(Session& s, GateKind k, int n) {
+  for (int i = 0; i < n; i++) {
+    REQUIRE(s.wait_settled(std::chrono::seconds(20)));
+    s.step(k);
+  }
+  REQUIRE(s.wait_settled(std::chrono::seconds(20)));
+}
+
 // Runs commands the way the app's queue does: engine steps on the session, lesson commands through
 // the runner with their follow-ups first. Returns the first failure, "" when none.
 std::string drive(LessonRunner& r, Session& s, const std::vector<std::string>& lesson_cmds) {
@@ -57,13 +66,8 @@ std::string drive(LessonRunner& r, Session& s, const std::vector<std::string>& l
       case ScriptCommand::StepRing:
       case ScriptCommand::StepCollective:
       case ScriptCommand::StepIteration: {
-        const GateKind k = c.kind == ScriptCommand::StepRing ? GateKind::RingStep
-                           : c.kind == ScriptCommand::StepCollective ? GateKind::Collective : GateKind::Iteration;
-        for (int i = 0; i < c.count; i++) {
-          REQUIRE(s.wait_settled(std::chrono::seconds(20)));
-          s.step(k);
-        }
-        REQUIRE(s.wait_settled(std::chrono::seconds(20)));
+        step_on(s, c.kind == ScriptCommand::StepRing ? GateKind::RingStep
+                   : c.kind == ScriptCommand::StepCollective ? GateKind::Collective : GateKind::Iteration, c.count);
         break;
       }
       case ScriptCommand::SetEpoch: s.set_data_set_epoch(c.arg == "on"); break;
@@ -91,6 +95,17 @@ int64_t bytes_sent(const Snapshot& s, uint64_t seq, int src) {
     for (const Event& e : rank_events)
       if (e.kind == EventKind::RingStep && e.step.seq == seq && e.step.src == src) b += e.step.bytes;
   return b;
+}
+
+// A question's prose as the lesson panel prints it: the spans app/views/lesson_view.cpp draws, each
+// {{figure}} through LessonRunner::figure_text.
+std::string shown(const LessonRunner& r, const Prose& prose, const Snapshot& s) {
+  std::string t;
+  for (const Block& b : prose) {
+    for (const Span& sp : b.spans) t += sp.figure >= 0 ? r.figure_text(sp.figure, s) : sp.text;
+    t += "\n";
+  }
+  return t;
 }
 
 }  // namespace
@@ -344,6 +359,85 @@ TEST_SUITE("lessons") {
       LessonRunner r(wrong, true, "");
       CHECK(drive(r, s, {"play"}) == "t.md:13: step 1 'Ring': the engine revealed collective.steps = 6 but the lesson expects 7 = 7");
     }
+  }
+
+  // Issue 32: the drill's ring question read "The bucket holds 1036 bytes" until Check, then "16384
+  // bytes": the reveal stepped the run past that bucket and the panel read the figure again, while
+  // the answer and the explanation still spoke of the 1036-byte bucket.
+  TEST_CASE("a question keeps its figures: the drill's ring question reads the same after Check") {
+    const Lesson l = load_lesson("interview_drill");
+    REQUIRE(l.steps.size() > 1);
+    REQUIRE(l.steps[1].question.has_value());
+    const Question& q = *l.steps[1].question;
+    REQUIRE(q.ask.rfind("The bucket holds {{collective.bytes}} bytes", 0) == 0);
+    Session s(lesson_options(l).train);
+    LessonRunner r(l, false, "");
+    REQUIRE(drive(r, s, {"goto 2"}) == "");
+    REQUIRE(r.step() == 1);
+    CHECK(r.answer(1).asked);
+    const int64_t asked_bytes = s.update().collective.bytes;
+    const std::string ask = shown(r, q.ask_prose, s.update());
+    CHECK(ask.rfind("The bucket holds " + std::to_string(asked_bytes) + " bytes and the 4 ranks all-reduce it", 0) == 0);
+    const double sent = 2.0 * 3 / 4 * static_cast<double>(asked_bytes);  // the ring's 2(n-1)/n
+    REQUIRE(drive(r, s, {"answer " + format_figure(sent), "check"}) == "");
+    // What the bug needs: the reveal moved the run on to a collective of another size.
+    REQUIRE(s.update().collective.bytes != asked_bytes);
+    CHECK(shown(r, q.ask_prose, s.update()) == ask);
+    CHECK(r.answer(1).correct);
+    CHECK(r.answer(1).live == doctest::Approx(sent).epsilon(0.02));
+    const std::string answer = r.answer_text(1), explain = shown(r, q.explain, s.update());
+    CHECK(answer == format_figure(r.answer(1).live) + " bytes");
+    CHECK(explain.rfind(format_figure(r.answer(1).live) + " bytes, 2(n-1)/n of the buffer.", 0) == 0);
+    // Later frames and a second Check, the run an iteration further: the same text, answer and
+    // explanation; the new answer is graded against the answer revealed.
+    step_on(s, GateKind::Iteration, 1);
+    REQUIRE(drive(r, s, {"answer 1", "check"}) == "");
+    CHECK(!r.answer(1).correct);
+    CHECK(shown(r, q.ask_prose, s.update()) == ask);
+    CHECK(r.answer_text(1) == answer);
+    CHECK(shown(r, q.explain, s.update()) == explain);
+  }
+
+  TEST_CASE("a question keeps its figures: asked after the step's actions, answered and explained at the reveal") {
+    const Lesson l = parse_lesson(header() +
+                                      "## Next\n```action\nstep collective 2\nmark asked\n```\n"
+                                      "```question\nask: The ranks wait at collective #{{collective.seq}}. Which one will they\n"
+                                      "  wait at after one more step?\nreveal: step collective 1\nanswer: collective.seq\n"
+                                      "expect: at(\"asked\", collective.seq) + 1\n"
+                                      "explain: #{{collective.seq}}, the one after #{{at(\"asked\", collective.seq)}}.\n```\n"
+                                      "The run is at #{{collective.seq}}.\n",
+                                  "t.md");
+    const LessonStep& st = l.steps[0];
+    const Question& q = *st.question;
+    Session s(lesson_options(l).train);
+    LessonRunner r(l, false, "");
+    REQUIRE(drive(r, s, {"start"}) == "");
+    const int64_t at_ask = static_cast<int64_t>(s.update().collective.seq);
+    const std::string ask = shown(r, q.ask_prose, s.update());
+    CHECK(ask == "The ranks wait at collective #" + std::to_string(at_ask) + ". Which one will they wait at after one more step?\n");
+    CHECK(shown(r, q.explain, s.update()) == "#" + std::to_string(at_ask) + ", the one after #" + std::to_string(at_ask) + ".\n");  // not shown yet: read at the reveal
+    REQUIRE(drive(r, s, {"answer " + std::to_string(at_ask + 1), "check"}) == "");
+    CHECK(r.answer(0).correct);
+    CHECK(r.answer(0).note.empty());
+    CHECK(static_cast<int64_t>(s.update().collective.seq) == at_ask + 1);
+    CHECK(shown(r, q.ask_prose, s.update()) == ask);
+    const std::string explain = "#" + std::to_string(at_ask + 1) + ", the one after #" + std::to_string(at_ask) + ".\n";
+    CHECK(shown(r, q.explain, s.update()) == explain);
+    // The run goes on; a second Check reads nothing again (it used to reveal the answer anew).
+    step_on(s, GateKind::Collective, 2);
+    const int64_t later = static_cast<int64_t>(s.update().collective.seq);
+    REQUIRE(later > at_ask + 1);
+    REQUIRE(drive(r, s, {"answer " + std::to_string(at_ask + 1), "check"}) == "");
+    CHECK(r.answer(0).live == static_cast<double>(at_ask + 1));
+    CHECK(r.answer(0).correct);
+    CHECK(shown(r, q.ask_prose, s.update()) == ask);
+    CHECK(shown(r, q.explain, s.update()) == explain);
+    CHECK(shown(r, st.prose, s.update()) == "The run is at #" + std::to_string(later) + ".\n");  // prose stays live
+    // Going back asks the question anew, on the replayed run.
+    REQUIRE(drive(r, s, {"goto 1"}) == "");
+    CHECK(r.answer(0).asked);
+    CHECK(!r.answer(0).revealed);
+    CHECK(shown(r, q.ask_prose, s.update()) == ask);
   }
 
   TEST_CASE("run until, inject and expect on a live Session") {
