@@ -144,10 +144,18 @@ struct PipelineRankView {
   double reported_bubble = -1;  // the runtime's StepReport.bubble of that iteration
 };
 
+// One row of the pipeline chart: a pipeline rank of replica 0. With --tp its TP group's ranks run the
+// same actions; the row shows the group's first rank.
+struct PipelineRowView {
+  int rank = 0;         // the world rank whose actions the row shows: pipe rank x tp (replica 0, tp rank 0)
+  std::string ranks;    // every world rank of the row: "rank 1", "ranks 2, 3"
+  std::string label;    // "stage 1: ranks 2, 3"; "stages 0, 2: rank 0" with v > 1
+};
+
 struct PipelineView {
   bool valid = false;
   ScheduleKind kind = ScheduleKind::OneFOneB;
-  int p = 1, m = 1, v = 1, dp = 1;
+  int p = 1, m = 1, v = 1, dp = 1, tp = 1;
   bool unit_costs = false;            // every action costs the same fixed modeled time
   PipelineSchedule plan;              // make_schedule(kind, p, m, v): [pipeline rank][time step]
   int32_t iteration = -1;             // shown: the one under way, else the last finished
@@ -158,7 +166,10 @@ struct PipelineView {
   bool costs_measured = false;
   BubbleFormula formula;              // formula_bubble(kind, p, m, v, model_costs)
   std::vector<int> formula_peak;      // per pipeline rank: formula_peak_inflight
-  std::vector<PipelineRankView> ranks;  // world ranks (rank = replica * p + pipeline rank)
+  std::vector<PipelineRankView> ranks;  // world ranks (rank = (replica * p + pipeline rank) * tp + tp rank)
+  std::vector<PipelineRowView> rows;    // per pipeline rank: the chart's rows
+  std::string replica_ranks;            // replica 0's world ranks, "ranks 0-3"
+  const PipelineRankView& row(int pipe_rank) const { return ranks[static_cast<size_t>(rows[static_cast<size_t>(pipe_rank)].rank)]; }
 };
 
 struct RankMemory {

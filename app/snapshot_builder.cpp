@@ -286,7 +286,7 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.units_in_flight = config.fsdp.backward_prefetch == BackwardPrefetch::Pre ? 2 : 1;
   c.node_size = run.node_size;
   snap_.total_steps = c.steps;
-  pipeline_.reset(run.pipeline, N, snap_.pipeline);
+  pipeline_.reset(run.pipeline, N, config.tp, snap_.pipeline);
   reset_mesh(config, snap_.mesh);
 }
 
