@@ -189,6 +189,13 @@ struct StepPoint {
   bool skipped = false;  // fp16: every rank skipped the optimizer step (inf/NaN in the gradients)
 };
 
+// Who trains on a sample in the data view: a rank, or in a mesh (--tp, a pipeline) a data-parallel
+// replica, every rank of which (its TP partners, all its stages) reads the same batches.
+struct DataOwnerView {
+  std::string name;   // "rank 3", "replica 1"
+  std::string ranks;  // a replica's world ranks, "ranks 4-7"; "" for a rank
+};
+
 struct DataView {
   bool valid = false;
   std::string name;
@@ -196,9 +203,11 @@ struct DataView {
   int classes = 0;
   std::vector<float> xy;          // (n, 2): the first two features
   std::vector<int32_t> label;     // (n,)
-  // Which rank the DistributedSampler gives each sample in the shown epoch (-1: none; a padded
-  // duplicate shows its first owner).
+  // Which owner (an index into `owners`) the DistributedSampler gives each sample in the shown
+  // epoch (-1: none; a padded duplicate shows its first owner).
   std::vector<int16_t> owner;
+  std::vector<DataOwnerView> owners;  // the ranks, or (by_replica) the data-parallel replicas
+  bool by_replica = false;
   int64_t epoch = 0;              // the epoch the assignment is for
   bool set_epoch = true;          // false: the assignment as if set_epoch were never called
 };

@@ -321,6 +321,45 @@ TEST_SUITE("snapshot builder") {
     CHECK(d.total_steps == 50);
   }
 
+  TEST_CASE("a mesh's data view counts samples per data-parallel replica and names the ranks that read them") {
+    // Without a mesh each rank is its own replica.
+    Rig plain;
+    CHECK_FALSE(plain.frame().data.by_replica);
+    CHECK(plain.builder.snapshot().data.owners.size() == 4);
+    CHECK(plain.builder.snapshot().data.owners[3].name == "rank 3");
+    CHECK(plain.builder.snapshot().data.owners[3].ranks.empty());
+
+    struct Case {
+      const char* strategy;
+      int world, tp, stages;
+      std::vector<std::string> ranks;  // per replica
+    };
+    for (const Case& k : {Case{"ddp", 4, 2, 1, {"ranks 0, 1", "ranks 2, 3"}}, Case{"fsdp", 4, 2, 1, {"ranks 0, 1", "ranks 2, 3"}},
+                          Case{"pipeline", 8, 2, 2, {"ranks 0-3", "ranks 4-7"}}, Case{"pipeline", 4, 1, 2, {"ranks 0, 1", "ranks 2, 3"}}}) {
+      CAPTURE(k.strategy);
+      CAPTURE(k.world);
+      CAPTURE(k.tp);
+      Rig rig(k.strategy, k.world, k.tp, k.stages);
+      const DataView& d = rig.frame().data;
+      REQUIRE(d.valid);
+      CHECK(d.by_replica);
+      REQUIRE(d.owners.size() == 2);
+      CHECK(d.owners[0].name == "replica 0");
+      CHECK(d.owners[1].name == "replica 1");
+      CHECK(d.owners[0].ranks == k.ranks[0]);
+      CHECK(d.owners[1].ranks == k.ranks[1]);
+      // Two replicas split the default spiral (3 classes x 1000 points) in halves; no rank of a
+      // replica has a share of its own.
+      CHECK(d.n == 3000);
+      int64_t count[3] = {};  // replica 0, replica 1, anything else
+      for (int16_t o : d.owner) count[o == 0 || o == 1 ? o : 2]++;
+      CHECK(count[2] == 0);
+      CHECK(count[0] == d.n / 2);
+      CHECK(count[1] == d.n / 2);
+      CHECK(count[0] == 1500);
+    }
+  }
+
   TEST_CASE("pipeline tracker with --tp 2: rows by stage and TP group, world ranks to (replica, stage), bubbles per replica") {
     Rig rig("pipeline", 8, 2, 2);  // dp 2 x pp 2 x tp 2, GPipe, one micro-batch
     const PipelineView& pv = rig.builder.snapshot().pipeline;
