@@ -765,7 +765,7 @@ bool App::save_screenshot(const std::string& path) {
   }
   if (const PipelineView& pv = sn.pipeline; pv.valid && pv.iteration >= 0) {
     int done = 0;
-    for (int r = 0; r < pv.p; r++) done += static_cast<int>(pv.ranks[static_cast<size_t>(r)].done.size());
+    for (int r = 0; r < pv.p; r++) done += static_cast<int>(pv.row(r).done.size());
     state += "; pipeline " + pv.plan.name + " iteration " + std::to_string(pv.iteration) +
              (pv.complete ? " finished" : ", " + std::to_string(done) + " actions done");
   }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <iterator>
 
+#include "engine/core/format.h"
+
 namespace dtlab::app {
 
 namespace {
@@ -33,7 +35,7 @@ ActionCosts mean_costs(const std::vector<const std::vector<PipelineActionView>*>
 
 }  // namespace
 
-void PipelineTracker::reset(const PipelinePlan* plan, int world_size, PipelineView& out) {
+void PipelineTracker::reset(const PipelinePlan* plan, int world_size, int tp, PipelineView& out) {
   out = PipelineView{};
   iterations_.clear();
   reported_.clear();
@@ -42,10 +44,11 @@ void PipelineTracker::reset(const PipelinePlan* plan, int world_size, PipelineVi
   if (!plan) return;
   const PipelineOptions& o = plan->options;
   p_ = o.stages;
+  tp_ = std::max(1, tp);
   world_ = world_size;
   out.valid = true;
   out.kind = o.schedule;
-  out.p = o.stages, out.m = o.microbatches, out.v = o.chunks, out.dp = o.dp;
+  out.p = o.stages, out.m = o.microbatches, out.v = o.chunks, out.dp = o.dp, out.tp = tp_;
   out.unit_costs = o.fixed_costs.has_value();
   out.plan = plan->schedule;
   if (o.fixed_costs) out.model_costs = out.wall_costs = *o.fixed_costs;
@@ -56,7 +59,22 @@ void PipelineTracker::reset(const PipelinePlan* plan, int world_size, PipelineVi
     out.formula_peak.push_back(formula_peak_inflight(o.schedule, r, o.stages, o.microbatches, o.chunks));
   }
   out.ranks.resize(static_cast<size_t>(world_size));
-  for (int r = 0; r < world_size; r++) out.ranks[static_cast<size_t>(r)].pipe_rank = r % p_, out.ranks[static_cast<size_t>(r)].replica = r / p_;
+  const MeshShape mesh{world_size / (p_ * tp_), p_, tp_};
+  for (int r = 0; r < world_size; r++) {
+    const MeshCoord c = mesh_coord(mesh, r);
+    out.ranks[static_cast<size_t>(r)].pipe_rank = c.pp, out.ranks[static_cast<size_t>(r)].replica = c.dp;
+  }
+  // The chart's rows: replica 0's pipeline ranks, each named by its stages and its TP group's ranks.
+  for (int r = 0; r < p_; r++) {
+    PipelineRowView row;
+    row.rank = mesh_rank(mesh, MeshCoord{0, r, 0});
+    row.ranks = rank_runs_text(mesh_group(mesh, MeshDim::TP, row.rank));
+    std::vector<std::string> stages;
+    for (int st : plan->stages_of_rank(r)) stages.push_back(std::to_string(st));
+    row.label = (stages.size() == 1 ? "stage " : "stages ") + join(stages, ", ") + ": " + row.ranks;
+    out.rows.push_back(std::move(row));
+  }
+  out.replica_ranks = rank_runs_text(mesh_ranks_at(mesh, MeshDim::DP, 0));
 }
 
 void PipelineTracker::ingest(int rank, const Event& e) {
@@ -79,7 +97,7 @@ void PipelineTracker::add_report(const StepReport& r) {
 
 bool PipelineTracker::complete(const Iteration& it) const {
   for (size_t r = 0; r < it.size(); r++)
-    if (static_cast<int>(it[r].size()) < planned_[r % static_cast<size_t>(p_)]) return false;
+    if (static_cast<int>(it[r].size()) < planned_[r / static_cast<size_t>(tp_) % static_cast<size_t>(p_)]) return false;
   return it.size() == static_cast<size_t>(world_);
 }
 
@@ -92,7 +110,7 @@ void PipelineTracker::measure(const Iteration& it, PipelineView& out) const {
     world[r].last_end = it[r].back().model_end;
     for (const PipelineActionView& a : it[r]) world[r].busy += a.model_end - a.model_begin;
   }
-  const std::vector<double> bubbles = pipeline_bubbles(world, p_);
+  const std::vector<double> bubbles = pipeline_bubbles(world, p_ * tp_);
   auto rep = reported_.find(out.bubble_iteration);
   for (size_t r = 0; r < it.size(); r++) {
     out.ranks[r].bubble = bubbles[r];

@@ -14,8 +14,9 @@ namespace dtlab::app {
 
 class PipelineTracker {
  public:
-  // `plan` null: not a pipeline run (the view stays invalid).
-  void reset(const PipelinePlan* plan, int world_size, PipelineView& out);
+  // `plan` null: not a pipeline run (the view stays invalid). `tp`: world ranks per pipeline rank
+  // (--tp); world rank = (replica x p + pipeline rank) x tp + tp rank.
+  void reset(const PipelinePlan* plan, int world_size, int tp, PipelineView& out);
   void ingest(int rank, const Event& e);  // PipelineAction events; others are ignored
   void add_report(const StepReport& r);   // the runtime's bubbles of step r.step (iteration step - 1)
   // Refreshes `out`: the shown iteration's actions, bubbles and costs when something arrived, and
@@ -27,7 +28,7 @@ class PipelineTracker {
   bool complete(const Iteration& it) const;
   void measure(const Iteration& it, PipelineView& out) const;
 
-  int p_ = 1, world_ = 0;
+  int p_ = 1, tp_ = 1, world_ = 0;
   std::vector<int> planned_;                 // per pipeline rank: actions in its row
   std::map<int32_t, Iteration> iterations_;  // the last few, by iteration
   std::map<int32_t, std::vector<double>> reported_;  // iteration -> StepReport.bubble

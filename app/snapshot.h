@@ -144,10 +144,18 @@ struct PipelineRankView {
   double reported_bubble = -1;  // the runtime's StepReport.bubble of that iteration
 };
 
+// One row of the pipeline chart: a pipeline rank of replica 0. With --tp its TP group's ranks run the
+// same actions; the row shows the group's first rank.
+struct PipelineRowView {
+  int rank = 0;         // the world rank whose actions the row shows: pipe rank x tp (replica 0, tp rank 0)
+  std::string ranks;    // every world rank of the row: "rank 1", "ranks 2, 3"
+  std::string label;    // "stage 1: ranks 2, 3"; "stages 0, 2: rank 0" with v > 1
+};
+
 struct PipelineView {
   bool valid = false;
   ScheduleKind kind = ScheduleKind::OneFOneB;
-  int p = 1, m = 1, v = 1, dp = 1;
+  int p = 1, m = 1, v = 1, dp = 1, tp = 1;
   bool unit_costs = false;            // every action costs the same fixed modeled time
   PipelineSchedule plan;              // make_schedule(kind, p, m, v): [pipeline rank][time step]
   int32_t iteration = -1;             // shown: the one under way, else the last finished
@@ -158,7 +166,10 @@ struct PipelineView {
   bool costs_measured = false;
   BubbleFormula formula;              // formula_bubble(kind, p, m, v, model_costs)
   std::vector<int> formula_peak;      // per pipeline rank: formula_peak_inflight
-  std::vector<PipelineRankView> ranks;  // world ranks (rank = replica * p + pipeline rank)
+  std::vector<PipelineRankView> ranks;  // world ranks (rank = (replica * p + pipeline rank) * tp + tp rank)
+  std::vector<PipelineRowView> rows;    // per pipeline rank: the chart's rows
+  std::string replica_ranks;            // replica 0's world ranks, "ranks 0-3"
+  const PipelineRankView& row(int pipe_rank) const { return ranks[static_cast<size_t>(rows[static_cast<size_t>(pipe_rank)].rank)]; }
 };
 
 struct RankMemory {
@@ -178,6 +189,13 @@ struct StepPoint {
   bool skipped = false;  // fp16: every rank skipped the optimizer step (inf/NaN in the gradients)
 };
 
+// Who trains on a sample in the data view: a rank, or in a mesh (--tp, a pipeline) a data-parallel
+// replica, every rank of which (its TP partners, all its stages) reads the same batches.
+struct DataOwnerView {
+  std::string name;   // "rank 3", "replica 1"
+  std::string ranks;  // a replica's world ranks, "ranks 4-7"; "" for a rank
+};
+
 struct DataView {
   bool valid = false;
   std::string name;
@@ -185,9 +203,11 @@ struct DataView {
   int classes = 0;
   std::vector<float> xy;          // (n, 2): the first two features
   std::vector<int32_t> label;     // (n,)
-  // Which rank the DistributedSampler gives each sample in the shown epoch (-1: none; a padded
-  // duplicate shows its first owner).
+  // Which owner (an index into `owners`) the DistributedSampler gives each sample in the shown
+  // epoch (-1: none; a padded duplicate shows its first owner).
   std::vector<int16_t> owner;
+  std::vector<DataOwnerView> owners;  // the ranks, or (by_replica) the data-parallel replicas
+  bool by_replica = false;
   int64_t epoch = 0;              // the epoch the assignment is for
   bool set_epoch = true;          // false: the assignment as if set_epoch were never called
 };

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "engine/core/format.h"
 #include "engine/data/sampler.h"
 #include "engine/trace/tuning.h"
 
@@ -276,7 +277,7 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.units_in_flight = config.fsdp.backward_prefetch == BackwardPrefetch::Pre ? 2 : 1;
   c.node_size = run.node_size;
   snap_.total_steps = c.steps;
-  pipeline_.reset(run.pipeline, N, snap_.pipeline);
+  pipeline_.reset(run.pipeline, N, config.tp, snap_.pipeline);
   reset_mesh(config, snap_.mesh);
 }
 
@@ -839,6 +840,7 @@ void SnapshotBuilder::build_data() {
       d.xy[static_cast<size_t>(2 * i + 1)] = ds.d > 1 ? ds.x[static_cast<size_t>(i * ds.d + 1)] : 0.0f;
       d.label[static_cast<size_t>(i)] = static_cast<int32_t>(ds.y[static_cast<size_t>(i)]);
     }
+    name_data_owners();
   }
   const int64_t shown = data_set_epoch_ ? epoch_ : 0;  // without set_epoch every epoch repeats epoch 0's order
   d.epoch = epoch_;
@@ -852,12 +854,26 @@ void SnapshotBuilder::build_data() {
     assign_dp_owners(shown);
     return;
   }
-  // A pipeline's ranks share their replica's shard: the sampler splits over the replicas.
-  const int N = config.strategy == "pipeline" ? config.pipeline.dp : config.world_size;
-  for (int r = N - 1; r >= 0; r--) {  // lower ranks win for padded duplicates
+  // The sampler splits over the data-parallel replicas (engine/train/train.cpp, RankBatches).
+  const int N = static_cast<int>(d.owners.size());
+  for (int r = N - 1; r >= 0; r--) {  // lower replicas win for padded duplicates
     DistributedSampler sampler(rank_sampler_config(config, ds.n, N, r));
     sampler.set_epoch(shown);
     for (int64_t i : sampler.indices()) d.owner[static_cast<size_t>(i)] = static_cast<int16_t>(r);
+  }
+}
+
+// The owners the data view colors: DataParallel's devices and plain replicas (DDP, FSDP) are ranks;
+// in a mesh a replica is all the ranks that share its batches, its TP group and every pipeline stage.
+void SnapshotBuilder::name_data_owners() {
+  DataView& d = snap_.data;
+  const MeshShape& mesh = snap_.mesh.shape;
+  const bool dp = run_.config->strategy == "dp";
+  d.by_replica = !dp && mesh.dp < mesh.world();
+  d.owners.clear();
+  for (int r = 0; r < (dp ? run_.config->world_size : mesh.dp); r++) {
+    if (d.by_replica) d.owners.push_back({"replica " + std::to_string(r), rank_runs_text(mesh_ranks_at(mesh, MeshDim::DP, r))});
+    else d.owners.push_back({"rank " + std::to_string(r), ""});
   }
 }
 

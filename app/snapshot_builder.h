@@ -71,6 +71,7 @@ class SnapshotBuilder {
   void fill_cells();
   void fill_planned_cells();
   void build_data();
+  void name_data_owners();
   void assign_dp_owners(int64_t shown);
 
   RunSources run_;

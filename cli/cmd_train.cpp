@@ -136,8 +136,7 @@ void print_header(const TrainArgs& a, std::ostream& out, const Trainer& trainer)
         << " the forward " << (c.skip_ranks.empty() ? std::string("of every rank") : "of " + ranks_text(c.skip_ranks))
         << " bypasses layer " << c.skip_layer << " (its parameters get no gradient)\n";
   print_strategy_lines(out, trainer);
-  if (c.tp > 1)
-    for (const std::string& line : trainer.describe_mesh_lines()) out << "  " << line << "\n";
+  for (const std::string& line : trainer.describe_mesh_lines()) out << "  " << line << "\n";
   if (!c.init_path.empty()) out << "  initialized from " << c.init_path << "\n";
   out << "  device " << c.device << ", backend " << c.backend << " (" << a.device_why << ")\n";
   if (c.device == "cuda") out << "  " << trainer.describe_placement() << "\n";

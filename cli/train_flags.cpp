@@ -66,7 +66,7 @@ void add_pipeline_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
           ->check(whole_number(1, 4096))->capture_default_str(),
       app.add_option("--schedule", f.schedule, "Pipeline schedule: gpipe | 1f1b | interleaved | zb-h1")->capture_default_str(),
       app.add_option("--chunks", p.chunks, "Pipeline: stages per rank, v (interleaved)")->check(whole_number(1, kMaxRanks))->capture_default_str(),
-      app.add_option("--dp", p.dp, "Pipeline: data-parallel replicas, D (world = stages x dp; rank = replica x p + stage rank)")
+      app.add_option("--dp", p.dp, "Pipeline: data-parallel replicas, D (world = stages x dp x tp; rank = (replica x p + stage rank) x tp + tp rank)")
           ->check(whole_number(1, kMaxRanks))->capture_default_str(),
       app.add_option("--split", f.split, "Pipeline: Linear layers per stage, e.g. 2,2,1 (default: balanced by parameter count)"),
       app.add_flag("--unit-costs", f.unit_costs, "Pipeline: every F, B, I and W costs 1 ms of modeled time (equal stages; "

@@ -37,13 +37,20 @@ void print_pipeline_header(std::ostream& out, const Trainer& trainer) {
   const PipelinePlan& plan = *trainer.pipeline_plan();
   const TrainConfig& c = trainer.config();
   const PipelineOptions& o = plan.options;
+  const MeshShape& mesh = trainer.mesh();
+  // With --tp each pipeline rank is a TP group of neighbouring world ranks (engine/core/mesh.h).
+  const std::string layout = mesh.tp == 1 ? "rank = replica x " + std::to_string(o.stages) + " + stage rank"
+                                          : "rank = (replica x " + std::to_string(o.stages) + " + stage rank) x " +
+                                                std::to_string(mesh.tp) + " + tp rank";
   out << "  pipeline: " << plan.schedule.name << ", " << plan.stages.size() << " stages on " << o.stages
       << (o.stages == 1 ? " rank" : " ranks") << (o.chunks > 1 ? " (" + std::to_string(o.chunks) + " per rank)" : "")
-      << ", " << o.microbatches << " micro-batches of " << c.batch / o.microbatches << " samples, " << o.dp
-      << (o.dp == 1 ? " replica" : " replicas (rank = replica x " + std::to_string(o.stages) + " + stage rank)")
-      << "; effective batch " << trainer.effective_batch() << "\n";
+      << (mesh.tp > 1 ? ", each a tp group of " + std::to_string(mesh.tp) + " ranks" : "") << ", " << o.microbatches
+      << " micro-batches of " << c.batch / o.microbatches << " samples, " << o.dp << (o.dp == 1 ? " replica" : " replicas")
+      << (o.dp > 1 || mesh.tp > 1 ? " (" + layout + ")" : "") << "; effective batch " << trainer.effective_batch() << "\n";
+  // A stage lives on its pipeline rank's TP group in every replica.
   for (size_t s = 0; s < plan.stages.size(); s++)
-    out << "    stage " << s << " on rank " << rank_of_stage(static_cast<int>(s), o.stages) << ": "
+    out << "    stage " << s << " on "
+        << rank_runs_text(mesh_ranks_at(mesh, MeshDim::PP, rank_of_stage(static_cast<int>(s), o.stages))) << ": "
         << describe_stage(c.model, plan.stages[s]) << "\n";
   if (o.fixed_costs) out << "    every F, B, I and W costs " << model_time(o.fixed_costs->forward) << " of modeled time\n";
 }
@@ -60,14 +67,17 @@ void print_pipeline_summary(std::ostream& out, const Trainer& trainer, const Tra
       << ", with this run's mean T_F " << model_time(p.costs.forward);
   if (zb) out << ", T_I " << model_time(p.costs.backward_input) << ", T_W " << model_time(p.costs.backward_weight) << "\n";
   else out << ", T_B " << model_time(p.costs.backward) << "\n";
-  out << "  rank  replica  stages  bubble  formula  in-flight  formula" << (zb ? "  until W  formula" : "")
-      << "  parameters  activations (peak)\n";
+  // With --tp a TP group's ranks run the same actions; each is a row, its tp rank beside its replica.
+  const bool tp = trainer.mesh().tp > 1;
+  out << "  rank  replica" << (tp ? "  tp" : "") << "  stages  bubble  formula  in-flight  formula"
+      << (zb ? "  until W  formula" : "") << "  parameters  activations (peak)\n";
   for (const PipelineRankStats& r : p.ranks) {
     const MemoryStats& m = s.rank_memory.at(static_cast<size_t>(r.rank));
     char line[256];
-    int n = std::snprintf(line, sizeof line, "  %4d  %7d  %-6s  %6s  %7s  %9d  %7d", r.rank, r.replica,
-                          stage_list(r.stages).c_str(), percent(r.bubble).c_str(), percent(r.formula_bubble).c_str(),
-                          r.peak_inflight, r.formula_peak_inflight);
+    int n = std::snprintf(line, sizeof line, "  %4d  %7d", r.rank, r.replica);
+    if (tp) n += std::snprintf(line + n, sizeof line - n, "  %2d", r.tp_rank);
+    n += std::snprintf(line + n, sizeof line - n, "  %-6s  %6s  %7s  %9d  %7d", stage_list(r.stages).c_str(),
+                       percent(r.bubble).c_str(), percent(r.formula_bubble).c_str(), r.peak_inflight, r.formula_peak_inflight);
     if (zb) n += std::snprintf(line + n, sizeof line - n, "  %7d  %7d", r.peak_inflight_w, r.formula_peak_inflight_w);
     std::snprintf(line + n, sizeof line - n, "  %10s  %18s", human_bytes(m.current_of(MemCategory::Parameters)).c_str(),
                   human_bytes(m.peak_of(MemCategory::Activations)).c_str());
@@ -82,6 +92,7 @@ nlohmann::json pipeline_json(const TrainSummary& s) {
     const MemoryStats& m = s.rank_memory.at(static_cast<size_t>(r.rank));
     ranks.push_back({{"rank", r.rank},
                      {"replica", r.replica},
+                     {"tp_rank", r.tp_rank},
                      {"stages", r.stages},
                      {"bubble", r.bubble},
                      {"formula_bubble", r.formula_bubble},

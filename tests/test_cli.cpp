@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -644,5 +645,70 @@ TEST_SUITE("cli") {
     CHECK(grad_ready == 2 * 2 * 6);  // two ranks, two steps, six parameters
     CHECK(bucket_spans == 2 * (1 + 2));  // torch's one bucket in iteration 1, then two
     CHECK(named);
+  }
+
+  TEST_CASE("train on a mesh prints each stage's ranks and every rank's (dp, pp, tp) coordinates and what it holds") {
+    // dp 2 x pp 2 x tp 2 of mlp:2,64,64,3: stage 0 is Linear 0 and 2 (a column/row pair), stage 1 Linear 4.
+    const std::vector<std::string> mesh = {"train", "--strategy", "pipeline", "--stages", "2", "--dp", "2", "--tp", "2",
+                                           "--world", "8", "--batch", "16", "--microbatches", "4", "--steps", "2"};
+    CliResult p = run(mesh);
+    INFO(p.out, p.err);
+    REQUIRE(p.code == 0);
+    const std::vector<std::string> out = lines_of(p.out);
+    for (const char* line :
+         {"  pipeline: 1F1B, 2 stages on 2 ranks, each a tp group of 2 ranks, 4 micro-batches of 4 samples, 2 replicas "
+          "(rank = (replica x 2 + stage rank) x 2 + tp rank); effective batch 32",
+          "    stage 0 on ranks 0, 1, 4, 5: Sequential 0-3 (2 Linear), 4,352 parameters",
+          "    stage 1 on ranks 2, 3, 6, 7: Sequential 4-4 (1 Linear), 195 parameters",
+          "  mesh: dp 2 x pp 2 x tp 2 = 8 ranks, laid out as torch's init_device_mesh (\"dp\", \"pp\", \"tp\"): "
+          "rank = (dp x 2 + pp) x 2 + tp",
+          "    rank 0: dp 0, pp 0, tp 0 -- stage 0 (Linear 0, 2), TP shard 0 of 2, replica 0 of 2",
+          "    rank 3: dp 0, pp 1, tp 1 -- stage 1 (Linear 4), replicated in its TP group, replica 0 of 2",
+          "    rank 5: dp 1, pp 0, tp 1 -- stage 0 (Linear 0, 2), TP shard 1 of 2, replica 1 of 2",
+          "    rank 6: dp 1, pp 1, tp 0 -- stage 1 (Linear 4), replicated in its TP group, replica 1 of 2",
+          "  rank  replica  tp  stages  bubble  formula  in-flight  formula  parameters  activations (peak)"}) {
+      CAPTURE(line);
+      CHECK(std::find(out.begin(), out.end(), std::string(line)) != out.end());
+    }
+    // The summary: one row per world rank with its replica and tp rank and its own parameters: rank 2
+    // holds stage 1's replicated Linear 4, 64 x 3 + 3 floats; rank 5 half of Linear 0's outputs and
+    // of Linear 2's inputs, (32 x 2 + 32) + (64 x 32 + 64) floats.
+    const auto row = [&](const std::string& start) {
+      for (const std::string& l : out)
+        if (l.rfind(start, 0) == 0) return l;
+      return std::string();
+    };
+    CHECK(row("     2        0   0  1     ").find(" 780 B ") != std::string::npos);
+    CHECK(row("     5        1   1  0     ").find(" 8.6 KiB ") != std::string::npos);
+    std::vector<std::string> as_json = mesh;
+    as_json.push_back("--json");
+    CliResult j = run(as_json);
+    REQUIRE(j.code == 0);
+    const json ranks = json_lines(j.out).back()["pipeline"]["ranks"];
+    REQUIRE(ranks.size() == 8);
+    CHECK(ranks[2]["rank"] == 2);
+    CHECK(ranks[2]["replica"] == 0);
+    CHECK(ranks[2]["tp_rank"] == 0);
+    CHECK(ranks[2]["stages"] == json::array({1}));
+    CHECK(ranks[2]["parameter_bytes"] == (64 * 3 + 3) * 4);
+    CHECK(ranks[5]["replica"] == 1);
+    CHECK(ranks[5]["tp_rank"] == 1);
+    CHECK(ranks[5]["parameter_bytes"] == (32 * 2 + 32 + 64 * 32 + 64) * 4);
+
+    // DDP x TP: two replicas of a TP pair; every rank holds a shard of every layer.
+    CliResult d = run({"train", "--strategy", "ddp", "--world", "4", "--tp", "2", "--steps", "2"});
+    INFO(d.out, d.err);
+    REQUIRE(d.code == 0);
+    CHECK(d.out.find("\n  mesh: dp 2 x pp 1 x tp 2 = 4 ranks, laid out as torch's init_device_mesh (\"dp\", \"pp\", \"tp\"): "
+                     "rank = (dp x 1 + pp) x 2 + tp\n") != std::string::npos);
+    CHECK(d.out.find("\n    rank 0: dp 0, pp 0, tp 0 -- every layer, TP shard 0 of 2, replica 0 of 2\n"
+                     "    rank 1: dp 0, pp 0, tp 1 -- every layer, TP shard 1 of 2, replica 0 of 2\n"
+                     "    rank 2: dp 1, pp 0, tp 0 -- every layer, TP shard 0 of 2, replica 1 of 2\n"
+                     "    rank 3: dp 1, pp 0, tp 1 -- every layer, TP shard 1 of 2, replica 1 of 2\n") != std::string::npos);
+    // Plain DDP is no mesh: no mesh lines.
+    CliResult plain = run({"train", "--strategy", "ddp", "--world", "2", "--steps", "1"});
+    REQUIRE(plain.code == 0);
+    CHECK(plain.out.find("mesh:") == std::string::npos);
+    CHECK(plain.out.find("rank 0: dp 0") == std::string::npos);
   }
 }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/core/check.h"
+#include "engine/core/format.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/safetensors.h"
 #include "engine/train/train.h"
@@ -159,16 +160,86 @@ TEST_SUITE("mesh") {
     CHECK(error_of(c) == "--world 8 with --tp 2 and --stages 2 leaves 2 data-parallel replicas, but --dp is 1; set --dp 2 or drop --world");
   }
 
-  TEST_CASE("the run's header lists the mesh, its groups and each Linear's split") {
+  TEST_CASE("the run's header lists the mesh, its groups, each Linear's split and each rank's coordinates") {
     TrainConfig c = mesh_config("ddp", 4, 2, OptimizerKind::AdamW);
     Trainer t(c);
     const std::vector<std::string> lines = t.describe_mesh_lines();
-    REQUIRE(lines.size() == 8);
+    REQUIRE(lines.size() == 12);
     CHECK(lines[1] == "  tp groups: tp0 [0, 1] tp1 [2, 3]");
     CHECK(lines[2] == "  dp groups: dp0 [0, 2] dp1 [1, 3]");
     CHECK(lines[3] == "  Linear 0 (2 -> 32): column-parallel, 16 of 32 output features per rank");
     CHECK(lines[4] == "  Linear 2 (32 -> 32): row-parallel, 16 of 32 input features per rank, outputs summed by an all-reduce");
     CHECK(lines[7] == "  Linear 8 (32 -> 3): replicated, every rank holds all of it");
+    CHECK(lines[8] == "  rank 0: dp 0, pp 0, tp 0 -- every layer, TP shard 0 of 2, replica 0 of 2");
+    CHECK(lines[11] == "  rank 3: dp 1, pp 0, tp 1 -- every layer, TP shard 1 of 2, replica 1 of 2");
+  }
+
+  TEST_CASE("each rank of a pipeline mesh: its coordinates, its stage's Linear layers, its TP shard and replica") {
+    TrainConfig c = mesh_config("pipeline", 8, 2, OptimizerKind::AdamW);
+    c.pipeline.stages = 2, c.pipeline.dp = 2, c.pipeline.microbatches = 2;
+    Trainer t(c);
+    // mlp:2,32,32,32,32,3 balanced over 2 stages: Linear layers 0-2 (2,208 parameters) and 3-4 (1,155).
+    REQUIRE(t.pipeline_plan()->stages == std::vector<StageRange>{{0, 3}, {3, 5}});
+    const std::vector<std::string> lines = t.describe_mesh_lines();
+    REQUIRE(lines.size() >= 9);
+    CHECK(lines[0] == "mesh: dp 2 x pp 2 x tp 2 = 8 ranks, laid out as torch's init_device_mesh (\"dp\", \"pp\", \"tp\"): "
+                      "rank = (dp x 2 + pp) x 2 + tp");
+    const std::vector<std::string> ranks(lines.end() - 8, lines.end());
+    CHECK(ranks[0] == "  rank 0: dp 0, pp 0, tp 0 -- stage 0 (Linear 0, 2, 4), TP shard 0 of 2, replica 0 of 2");
+    CHECK(ranks[2] == "  rank 2: dp 0, pp 1, tp 0 -- stage 1 (Linear 6, 8), TP shard 0 of 2, replica 0 of 2");
+    CHECK(ranks[5] == "  rank 5: dp 1, pp 0, tp 1 -- stage 0 (Linear 0, 2, 4), TP shard 1 of 2, replica 1 of 2");
+    CHECK(ranks[7] == "  rank 7: dp 1, pp 1, tp 1 -- stage 1 (Linear 6, 8), TP shard 1 of 2, replica 1 of 2");
+
+    // Replicas of a pipeline without --tp are a mesh too; interleaved ranks hold two stages each.
+    c = mesh_config("pipeline", 4, 1, OptimizerKind::AdamW);
+    c.pipeline.stages = 2, c.pipeline.dp = 2, c.pipeline.microbatches = 2;
+    c.pipeline.schedule = ScheduleKind::Interleaved1F1B, c.pipeline.chunks = 2, c.pipeline.split = {1, 1, 2, 1};
+    const std::vector<std::string> dp = Trainer(c).describe_mesh_lines();
+    REQUIRE(dp.size() == 7);
+    CHECK(dp[1] == "  pp groups: pp0 [0, 1] pp1 [2, 3]");
+    CHECK(dp[2] == "  dp groups: dp0 [0, 2] dp1 [1, 3]");
+    CHECK(dp[4] == "  rank 1: dp 0, pp 1, tp 0 -- stages 1 (Linear 2), 3 (Linear 8), replica 0 of 2");
+    CHECK(dp[5] == "  rank 2: dp 1, pp 0, tp 0 -- stages 0 (Linear 0), 2 (Linear 4, 6), replica 1 of 2");
+
+    // One pipeline and plain replicas are no mesh: nothing to print.
+    c.pipeline.dp = 1, c.world_size = 2;
+    CHECK(Trainer(c).describe_mesh_lines().empty());
+    CHECK(Trainer(mesh_config("ddp", 4, 1, OptimizerKind::AdamW)).describe_mesh_lines().empty());
+  }
+
+  TEST_CASE("a replica's and a stage's ranks in the mesh, and how they read") {
+    const MeshShape m{2, 2, 2};
+    CHECK(mesh_ranks_at(m, MeshDim::DP, 1) == std::vector<int>{4, 5, 6, 7});
+    CHECK(mesh_ranks_at(m, MeshDim::PP, 1) == std::vector<int>{2, 3, 6, 7});
+    CHECK(mesh_ranks_at(m, MeshDim::TP, 0) == std::vector<int>{0, 2, 4, 6});
+    CHECK(rank_runs_text({4, 5, 6, 7}) == "ranks 4-7");
+    CHECK(rank_runs_text({2, 3, 6, 7}) == "ranks 2, 3, 6, 7");
+    CHECK(rank_runs_text({0, 1, 2, 5, 8, 9, 10, 11}) == "ranks 0-2, 5, 8-11");
+    CHECK(rank_runs_text({3}) == "rank 3");
+  }
+
+  TEST_CASE("a 2 x 2 x 2 mesh's pipeline figures are per world rank: replica, stage and tp rank from the mesh") {
+    TrainConfig c = mesh_config("pipeline", 8, 2, OptimizerKind::AdamW);
+    c.pipeline.stages = 2, c.pipeline.dp = 2, c.pipeline.microbatches = 2;
+    c.steps = 2;
+    Trainer t(c);
+    std::vector<StepReport> reports;
+    const TrainSummary s = t.run([&](const StepReport& r) { reports.push_back(r); });
+    REQUIRE(reports.size() == 2);
+    CHECK(reports[1].bubble.size() == 8);
+    REQUIRE(s.pipeline.ranks.size() == 8);
+    for (int r = 0; r < 8; r++) {
+      CAPTURE(r);
+      const PipelineRankStats& x = s.pipeline.ranks[static_cast<size_t>(r)];
+      const MeshCoord at = mesh_coord(t.mesh(), r);
+      CHECK(x.rank == r);
+      CHECK(x.replica == at.dp);
+      CHECK(x.pipe_rank == at.pp);
+      CHECK(x.tp_rank == at.tp);
+      CHECK(x.stages == std::vector<int>{at.pp});
+      CHECK(x.bubble == doctest::Approx(reports.back().bubble[static_cast<size_t>(r)] / 2 +
+                                        reports.front().bubble[static_cast<size_t>(r)] / 2));
+    }
   }
 }
 

@@ -12,20 +12,30 @@ using namespace dtlab::app;
 
 namespace {
 
-// A 4-rank DDP run of a small MLP: what a Trainer would hand the builder, built without one.
+// A 4-rank DDP run of a small MLP: what a Trainer would hand the builder, built without one. A mesh
+// (`tp` > 1, or a pipeline of `stages`, dp = world / (tp x stages)) gets its pipeline plan too.
 struct Rig {
   TrainConfig config;
   std::unique_ptr<Model> model;
   std::unique_ptr<Dataset> data;
   std::unique_ptr<CostModel> cost;
-  TraceRecorder rec{4};
+  std::unique_ptr<PipelinePlan> plan;
+  TraceRecorder rec;
   SnapshotBuilder builder;
 
-  explicit Rig(const std::string& strategy = "ddp") {
+  explicit Rig(const std::string& strategy = "ddp", int world = 4, int tp = 1, int stages = 1) : rec(world) {
     config.strategy = strategy;
-    config.world_size = 4;
-    config.model = ModelSpec::parse("mlp:2,8,3");
+    config.world_size = world;
+    config.tp = tp;
+    config.model = ModelSpec::parse(tp > 1 || stages > 1 ? "mlp:2,8,8,8,3" : "mlp:2,8,3");
     config.batch = 16;
+    if (strategy == "pipeline") {
+      config.pipeline.stages = stages;
+      config.pipeline.dp = world / (tp * stages);
+      config.pipeline.schedule = ScheduleKind::GPipe;
+      config.pipeline.microbatches = 1;
+      plan = std::make_unique<PipelinePlan>(plan_pipeline(config.model, config.pipeline, config.batch, world / tp));
+    }
     model = std::make_unique<Model>(config.model, nullptr, config.seed);
     data = std::make_unique<Dataset>(make_dataset(config.data, 2, 3));
     cost = std::make_unique<CostModel>(find_profile(config.profile), config.world_size);
@@ -37,6 +47,7 @@ struct Rig {
     run.model = model.get();
     run.dataset = data.get();
     run.cost = cost.get();
+    run.pipeline = plan.get();
     run.total_steps = 50;
     run.backend = "threads";
     return run;
@@ -52,12 +63,12 @@ struct Rig {
     builder.begin_frame(nullptr);
     builder.add_events(rec);
     WorldStatus ws;
-    ws.compute_activity.assign(4, "idle");
-    ws.comm_activity.assign(4, "idle");
+    ws.compute_activity.assign(static_cast<size_t>(config.world_size), "idle");
+    ws.comm_activity.assign(static_cast<size_t>(config.world_size), "idle");
     if (in_flight >= 0) {
       CollectiveStatus cs;
       cs.seq = static_cast<uint64_t>(in_flight);
-      for (int r = 0; r < 4; r++)
+      for (int r = 0; r < config.world_size; r++)
         if (std::find(missing.begin(), missing.end(), r) == missing.end()) cs.arrived.push_back(r);
       cs.missing = missing;
       ws.in_flight.push_back(cs);
@@ -308,6 +319,92 @@ TEST_SUITE("snapshot builder") {
     CHECK(d.config.world == 4);
     CHECK(d.config.num_params == 2 * 8 + 8 + 8 * 3 + 3);
     CHECK(d.total_steps == 50);
+  }
+
+  TEST_CASE("a mesh's data view counts samples per data-parallel replica and names the ranks that read them") {
+    // Without a mesh each rank is its own replica.
+    Rig plain;
+    CHECK_FALSE(plain.frame().data.by_replica);
+    CHECK(plain.builder.snapshot().data.owners.size() == 4);
+    CHECK(plain.builder.snapshot().data.owners[3].name == "rank 3");
+    CHECK(plain.builder.snapshot().data.owners[3].ranks.empty());
+
+    struct Case {
+      const char* strategy;
+      int world, tp, stages;
+      std::vector<std::string> ranks;  // per replica
+    };
+    for (const Case& k : {Case{"ddp", 4, 2, 1, {"ranks 0, 1", "ranks 2, 3"}}, Case{"fsdp", 4, 2, 1, {"ranks 0, 1", "ranks 2, 3"}},
+                          Case{"pipeline", 8, 2, 2, {"ranks 0-3", "ranks 4-7"}}, Case{"pipeline", 4, 1, 2, {"ranks 0, 1", "ranks 2, 3"}}}) {
+      CAPTURE(k.strategy);
+      CAPTURE(k.world);
+      CAPTURE(k.tp);
+      Rig rig(k.strategy, k.world, k.tp, k.stages);
+      const DataView& d = rig.frame().data;
+      REQUIRE(d.valid);
+      CHECK(d.by_replica);
+      REQUIRE(d.owners.size() == 2);
+      CHECK(d.owners[0].name == "replica 0");
+      CHECK(d.owners[1].name == "replica 1");
+      CHECK(d.owners[0].ranks == k.ranks[0]);
+      CHECK(d.owners[1].ranks == k.ranks[1]);
+      // Two replicas split the default spiral (3 classes x 1000 points) in halves; no rank of a
+      // replica has a share of its own.
+      CHECK(d.n == 3000);
+      int64_t count[3] = {};  // replica 0, replica 1, anything else
+      for (int16_t o : d.owner) count[o == 0 || o == 1 ? o : 2]++;
+      CHECK(count[2] == 0);
+      CHECK(count[0] == d.n / 2);
+      CHECK(count[1] == d.n / 2);
+      CHECK(count[0] == 1500);
+    }
+  }
+
+  TEST_CASE("pipeline tracker with --tp 2: rows by stage and TP group, world ranks to (replica, stage), bubbles per replica") {
+    Rig rig("pipeline", 8, 2, 2);  // dp 2 x pp 2 x tp 2, GPipe, one micro-batch
+    const PipelineView& pv = rig.builder.snapshot().pipeline;
+    REQUIRE(pv.valid);
+    CHECK(pv.tp == 2);
+    CHECK(pv.dp == 2);
+    REQUIRE(pv.rows.size() == 2);
+    CHECK(pv.rows[0].rank == 0);
+    CHECK(pv.rows[1].rank == 2);
+    CHECK(pv.rows[0].label == "stage 0: ranks 0, 1");
+    CHECK(pv.rows[1].label == "stage 1: ranks 2, 3");
+    CHECK(pv.rows[1].ranks == "ranks 2, 3");
+    CHECK(pv.replica_ranks == "ranks 0-3");
+    const int pipe[8] = {0, 0, 1, 1, 0, 0, 1, 1}, replica[8] = {0, 0, 0, 0, 1, 1, 1, 1};
+    REQUIRE(pv.ranks.size() == 8);
+    for (int r = 0; r < 8; r++) {
+      CAPTURE(r);
+      CHECK(pv.ranks[static_cast<size_t>(r)].pipe_rank == pipe[r]);
+      CHECK(pv.ranks[static_cast<size_t>(r)].replica == replica[r]);
+    }
+
+    // One iteration: every rank runs its stage's row of the plan, action k in time step k for 1 s.
+    const PipelineSchedule& plan = rig.plan->schedule;
+    for (int r = 0; r < 8; r++)
+      for (size_t t = 0; t < plan.order[static_cast<size_t>(pipe[r])].size(); t++) {
+        const auto& a = plan.order[static_cast<size_t>(pipe[r])][t];
+        if (!a) continue;
+        Event e(EventKind::PipelineAction, Lane::Compute, 0, 0, static_cast<double>(t), static_cast<double>(t) + 1);
+        e.pipe.stage = static_cast<int16_t>(a->stage);
+        e.pipe.mb = static_cast<int16_t>(a->mb);
+        e.pipe.type = a->type;
+        e.pipe.step = static_cast<int16_t>(t);
+        rig.record(r, e, 0);
+      }
+    const Snapshot& s = rig.frame();
+    REQUIRE(s.pipeline.complete);
+    CHECK(s.pipeline.bubble_iteration == 0);
+    // The stages' makespan spans the replica (F0 on stage 0, F0 B0 on stage 1, B0 on stage 0: 4 s);
+    // each stage is busy 2 s of it, and the TP partners of a stage idle alike.
+    for (int r = 0; r < 8; r++) {
+      CAPTURE(r);
+      CHECK(s.pipeline.ranks[static_cast<size_t>(r)].bubble == doctest::Approx(0.5));
+    }
+    CHECK(&s.pipeline.row(1) == &s.pipeline.ranks[2]);
+    CHECK(s.pipeline.row(1).done.size() == 2);
   }
 }
 

@@ -1,5 +1,6 @@
 // Data view: the dataset as a scatter of its first two features, each sample colored by the rank
-// the DistributedSampler hands it to in the shown epoch (or by its class), with the set_epoch switch
+// the DistributedSampler hands it to in the shown epoch (in a mesh: the data-parallel replica, whose
+// ranks all read the same batches; or by its class), with the set_epoch switch
 // that shows the classic bug (every epoch repeats epoch 0's split), and the loss and accuracy curves.
 // The scatter renders with the 'points' GLSL program into a render target; the vertex buffer is
 // refilled only when the assignment or the coloring changes. Without GL it draws with ImDrawList.
@@ -33,10 +34,18 @@ struct Fit {
   ImVec2 to_screen(float x, float y) const { return ImVec2(mid.x + (x - cx) * px, mid.y - (y - cy) * px); }
 };
 
+// How many owners (ranks, or replicas in a mesh) the split has.
 int world_of(const Snapshot& s) {
-  int world = std::max(1, s.config.world);
+  int world = std::max(1, s.data.owners.empty() ? s.config.world : static_cast<int>(s.data.owners.size()));
   for (int16_t o : s.data.owner) world = std::max(world, static_cast<int>(o) + 1);
   return world;
+}
+
+// "rank 3", or "replica 1 (ranks 4-7)": who trains on owner `o`'s samples.
+std::string owner_text(const DataView& d, int o) {
+  if (o < 0 || o >= static_cast<int>(d.owners.size())) return "rank " + std::to_string(o);
+  const DataOwnerView& w = d.owners[static_cast<size_t>(o)];
+  return w.ranks.empty() ? w.name : w.name + " (" + w.ranks + ")";
 }
 
 int group_of(const DataView& d, ColorBy by, size_t i) {
@@ -300,7 +309,7 @@ void draw_scatter(const Snapshot& s, ViewContext& ctx, DataViewState& st, ImVec2
   const int owner = i < d.owner.size() ? d.owner[i] : -1;
   if (owner >= 0) {
     ImGui::PushStyleColor(ImGuiCol_Text, rank_color(owner, world_of(s)));
-    ImGui::Text("rank %d trains on it in epoch %lld", owner, static_cast<long long>(d.epoch));
+    ImGui::Text("%s trains on it in epoch %lld", owner_text(d, owner).c_str(), static_cast<long long>(d.epoch));
     ImGui::PopStyleColor();
   } else {
     ImGui::TextDisabled("no rank trains on it this epoch (dropped by drop_last)");
@@ -308,7 +317,8 @@ void draw_scatter(const Snapshot& s, ViewContext& ctx, DataViewState& st, ImVec2
   ImGui::EndTooltip();
 }
 
-// The legend: one swatch per rank (or class) with its sample count; hovering one highlights it.
+// The legend: one swatch per rank, replica (a mesh) or class with its sample count; hovering one
+// highlights it. A replica's entry names its ranks: "replica 1: ranks 4-7, 1500 samples".
 void draw_legend(const Snapshot& s, DataViewState& st) {
   const DataView& d = s.data;
   const int world = world_of(s);
@@ -322,25 +332,28 @@ void draw_legend(const Snapshot& s, DataViewState& st) {
   }
   const float font = ImGui::GetFontSize();
   const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
-  const char* noun = st.color_by == ColorBy::Class ? "class" : "rank";
+  const bool by_class = st.color_by == ColorBy::Class, by_replica = !by_class && d.by_replica;
+  const char* noun = by_class ? "class" : by_replica ? "replica" : "rank";
   // "rank 3: 375" per entry when that fits in two lines, else "ranks" once and "3: 375" entries.
+  auto entry = [&](int g, bool compact) {
+    const std::string count = std::to_string(counts[static_cast<size_t>(g)]);
+    if (compact) return std::to_string(g) + ": " + count;
+    if (by_replica && g < static_cast<int>(d.owners.size()))
+      return d.owners[static_cast<size_t>(g)].name + ": " + d.owners[static_cast<size_t>(g)].ranks + ", " + count + " samples";
+    return std::string(noun) + " " + std::to_string(g) + ": " + count;
+  };
   float full_w = 0;
-  for (int g = 0; g < groups; g++) {
-    char text[64];
-    std::snprintf(text, sizeof text, "%s %d: %lld", noun, g, static_cast<long long>(counts[static_cast<size_t>(g)]));
-    full_w += font * 2.1f + ImGui::CalcTextSize(text).x;
-  }
+  for (int g = 0; g < groups; g++) full_w += font * 2.1f + ImGui::CalcTextSize(entry(g, false).c_str()).x;
   const bool compact = full_w > 2 * ImGui::GetContentRegionAvail().x;
   if (compact) {
-    ImGui::TextUnformatted(st.color_by == ColorBy::Class ? "classes" : "ranks");
+    ImGui::TextUnformatted(by_class ? "classes" : by_replica ? "replicas" : "ranks");
     ImGui::SameLine(0, font * 0.6f);
   }
   int highlight = -1;
   for (int g = 0; g < groups; g++) {
-    char text[64];
+    const std::string text_s = entry(g, compact);
+    const char* text = text_s.c_str();
     const long long count = static_cast<long long>(counts[static_cast<size_t>(g)]);
-    if (compact) std::snprintf(text, sizeof text, "%d: %lld", g, count);
-    else std::snprintf(text, sizeof text, "%s %d: %lld", noun, g, count);
     const float w = font * 1.1f + ImGui::CalcTextSize(text).x;
     if (g > 0) {
       ImGui::SameLine(0, compact ? font * 0.6f : font);
@@ -354,7 +367,9 @@ void draw_legend(const Snapshot& s, DataViewState& st) {
     const bool over = ImGui::IsItemHovered();
     if (over) {
       highlight = g;
-      ImGui::SetTooltip("%s %d: %lld samples%s", noun, g, count, st.color_by == ColorBy::Rank ? " this epoch" : "");
+      if (by_class) ImGui::SetTooltip("class %d: %lld samples", g, count);
+      else if (by_replica) ImGui::SetTooltip("%s: %lld samples this epoch; its ranks all read the same batches", owner_text(d, g).c_str(), count);
+      else ImGui::SetTooltip("rank %d: %lld samples this epoch", g, count);
     }
     ImDrawList* dl = ImGui::GetWindowDrawList();
     const ImU32 c = color_of_group(g, st.color_by, world, d.classes);
@@ -594,7 +609,7 @@ void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
   ImGui::TextUnformatted("color by");
   ImGui::SameLine();
   int by = static_cast<int>(st.color_by);
-  ImGui::RadioButton("rank", &by, static_cast<int>(ColorBy::Rank));
+  ImGui::RadioButton(d.by_replica ? "replica###by_rank" : "rank###by_rank", &by, static_cast<int>(ColorBy::Rank));
   ImGui::SameLine();
   ImGui::RadioButton("class", &by, static_cast<int>(ColorBy::Class));
   st.color_by = static_cast<ColorBy>(by);
@@ -615,13 +630,14 @@ void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", d.name.c_str());
   if (!d.set_epoch) ImGui::TextColored(kWarn, "set_epoch off: every epoch reuses epoch 0's split");
   if (st.moved >= 0 && st.prev_epoch >= 0 && st.prev_epoch != d.epoch) {
+    const char* owner = d.by_replica ? "replica" : "rank";
     if (st.moved == 0)
-      ImGui::TextColored(kWarn, "Since epoch %lld no sample changed rank: each rank sees the same data again.",
-                         static_cast<long long>(st.prev_epoch));
+      ImGui::TextColored(kWarn, "Since epoch %lld no sample changed %s: each %s sees the same data again.",
+                         static_cast<long long>(st.prev_epoch), owner, owner);
     else
-      ImGui::Text("Since epoch %lld, %lld of %lld samples (%.0f%%) changed rank.", static_cast<long long>(st.prev_epoch),
+      ImGui::Text("Since epoch %lld, %lld of %lld samples (%.0f%%) changed %s.", static_cast<long long>(st.prev_epoch),
                   static_cast<long long>(st.moved), static_cast<long long>(d.n),
-                  100.0 * static_cast<double>(st.moved) / static_cast<double>(d.n));
+                  100.0 * static_cast<double>(st.moved) / static_cast<double>(d.n), owner);
   }
   draw_legend(s, st);
   ImGui::Spacing();

@@ -594,22 +594,25 @@ void draw_pipeline_stages(const Snapshot& s) {
   ImGui::PushTextWrapPos(0.0f);
   ImGui::TextDisabled("(%s; peak this iteration; micro-batches in flight: measured, formula)", pv.plan.name.c_str());
   ImGui::PopTextWrapPos();
+  // One line per row of the pipeline chart: replica 0's pipeline ranks (with --tp, the TP group's
+  // first rank stands for the group).
+  const int rows = std::min(pv.p, static_cast<int>(pv.rows.size()));
+  auto shown = [&](int r) { return pv.rows[static_cast<size_t>(r)].rank; };
   int64_t scale = 1;
-  for (int r = 0; r < pv.p && r < static_cast<int>(s.memory.size()); r++)
-    scale = std::max(scale, s.memory[static_cast<size_t>(r)].stats.peak_of(MemCategory::Activations));
-  const float label_w = ImGui::CalcTextSize("stage 0,4 (rank 0)  ").x;
+  float label_w = ImGui::CalcTextSize("stage 0 (rank 0)  ").x;
+  for (int r = 0; r < rows && shown(r) < static_cast<int>(s.memory.size()); r++) {
+    scale = std::max(scale, s.memory[static_cast<size_t>(shown(r))].stats.peak_of(MemCategory::Activations));
+    label_w = std::max(label_w, ImGui::CalcTextSize((pv.rows[static_cast<size_t>(r)].label + "  ").c_str()).x);
+  }
   const float text_w = ImGui::CalcTextSize("000.0 KiB  in flight 16 (16)").x + font;
-  for (int r = 0; r < pv.p && r < static_cast<int>(s.memory.size()); r++) {
-    std::string stages;
-    for (int st = r; st < pv.p * pv.v; st += pv.p) stages += (stages.empty() ? "" : ",") + std::to_string(st);
-    const int64_t act = s.memory[static_cast<size_t>(r)].stats.peak_of(MemCategory::Activations);
+  for (int r = 0; r < rows && shown(r) < static_cast<int>(s.memory.size()); r++) {
+    const int64_t act = s.memory[static_cast<size_t>(shown(r))].stats.peak_of(MemCategory::Activations);
     const ImVec2 p = ImGui::GetCursorScreenPos();
-    char label[48], text[64];
-    std::snprintf(label, sizeof label, "stage %s (rank %d)", stages.c_str(), r);
-    std::snprintf(text, sizeof text, "%s  in flight %d (%d)", human_bytes(act).c_str(), pv.ranks[static_cast<size_t>(r)].peak_inflight,
+    char text[64];
+    std::snprintf(text, sizeof text, "%s  in flight %d (%d)", human_bytes(act).c_str(), pv.row(r).peak_inflight,
                   pv.formula_peak[static_cast<size_t>(r)]);
     ImDrawList* dl = ImGui::GetWindowDrawList();
-    dl->AddText(p, rank_color(r, s.config.world), label);
+    dl->AddText(p, rank_color(shown(r), s.config.world), pv.rows[static_cast<size_t>(r)].label.c_str());
     const float bar_w = std::max(font * 3, ImGui::GetContentRegionAvail().x - label_w - text_w);
     const float w = bar_w * static_cast<float>(act) / static_cast<float>(scale);
     dl->AddRectFilled(ImVec2(p.x + label_w, p.y + 0.15f * font), ImVec2(p.x + label_w + bar_w, p.y + 0.95f * font), kTrackColor);

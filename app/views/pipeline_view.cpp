@@ -1,8 +1,9 @@
-// Pipeline view: the schedule as it runs. A Gantt chart with one row per rank (replica 0 when
-// --dp > 1) on the shown clock, from the iteration's first action: F blocks blue, B orange (I red,
-// W green), later micro-batches darker, "F3" inside when it fits; a rank's idle time between its
-// actions hatched and labelled "bubble"; the actions not run yet as outlines where the plan puts them
-// with this run's mean action costs; the current action pulsing. Hovering an action draws the send it
+// Pipeline view: the schedule as it runs. A Gantt chart with one row per pipeline rank of replica 0,
+// labelled by its stages and world ranks (PipelineView::rows: "stage 1: ranks 2, 3" with --tp 2, whose
+// TP group runs the row's actions together), on the shown clock, from the iteration's first action:
+// F blocks blue, B orange (I red, W green), later micro-batches darker, "F3" inside when it fits; a
+// rank's idle time between its actions hatched and labelled "bubble"; the actions not run yet as
+// outlines where the plan puts them with this run's mean action costs; the current action pulsing. Hovering an action draws the send it
 // waited for (an arrow from the producing action) and the one it makes. Above: the controls (they
 // restart the run), the bubble measured against the formula, and the planned grid, one slot per
 // action. Below, on request, another schedule simulated with the same costs (GPipe beside 1F1B: the
@@ -180,19 +181,31 @@ void draw_bubble(ImDrawList* dl, const Geometry& g, double t0, double t1, float 
   }
 }
 
+// A row's color: its world rank's, as the timeline and the memory view color that rank.
+ImU32 row_color(const PipelineView& pv, int r) {
+  const int rank = r < static_cast<int>(pv.rows.size()) ? pv.rows[static_cast<size_t>(r)].rank : r;
+  return rank_color(rank, std::max(static_cast<int>(pv.ranks.size()), pv.p));
+}
+
+// The world ranks of pipeline rank r's row: "rank 1", "ranks 2, 3".
+const char* row_ranks(const PipelineView& pv, int r) {
+  return r >= 0 && r < static_cast<int>(pv.rows.size()) ? pv.rows[static_cast<size_t>(r)].ranks.c_str() : "rank ?";
+}
+
 // `simulated`: a box of the comparison, which never ran.
-void action_tooltip(const Box& b, const Box* from, const Box* to, double idle_before, bool simulated) {
+void action_tooltip(const PipelineView& pv, const Box& b, const Box* from, const Box* to, double idle_before, bool simulated) {
   ImGui::BeginTooltip();
-  ImGui::Text("%s   %s of micro-batch %d, stage %d on rank %d", action_str(b.action).c_str(), type_name(b.action.type),
-              b.action.mb, b.action.stage, b.rank);
+  ImGui::Text("%s   %s of micro-batch %d, stage %d on %s", action_str(b.action).c_str(), type_name(b.action.type),
+              b.action.mb, b.action.stage, row_ranks(pv, b.rank));
   ImGui::Text("%s %s -> %s (%s)", simulated ? "simulated" : b.done ? "ran" : "planned", time_text(b.begin).c_str(), time_text(b.end).c_str(),
               time_text(b.end - b.begin).c_str());
   if (from)
-    ImGui::Text("input: %s from rank %d (%s, %s %s)", from->done && !simulated ? human_bytes(from->bytes).c_str() : "a tensor", from->rank,
+    ImGui::Text("input: %s from %s (%s, %s %s)", from->done && !simulated ? human_bytes(from->bytes).c_str() : "a tensor", row_ranks(pv, from->rank),
                 action_str(from->action).c_str(), from->done && !simulated ? "ended" : "planned to end", time_text(from->end).c_str());
   else if (b.action.type == ActionType::Forward) ImGui::TextUnformatted("input: the micro-batch's rows (stage 0)");
   else if (b.action.type != ActionType::BackwardWeight) ImGui::TextUnformatted("input: the loss gradient (last stage)");
-  if (to) ImGui::Text("sends: %s to rank %d for %s", b.done && !simulated ? human_bytes(b.bytes).c_str() : "its output", to->rank, action_str(to->action).c_str());
+  if (to) ImGui::Text("sends: %s to %s for %s", b.done && !simulated ? human_bytes(b.bytes).c_str() : "its output", row_ranks(pv, to->rank), action_str(to->action).c_str());
+  if (pv.tp > 1) ImGui::TextDisabled("each rank of a tp group sends to and receives from the rank of its tp index");
   if (b.done && !simulated && idle_before > 0) ImGui::Text("idle before it: %s (bubble)", time_text(idle_before).c_str());
   if (b.action.type == ActionType::BackwardWeight) ImGui::TextDisabled("W needs no message: the weight gradient stays here");
   ImGui::EndTooltip();
@@ -244,11 +257,9 @@ float draw_plan(const PipelineView& pv, float x0, float width, float pulse) {
   const float cw = std::min(fs * 1.8f, width / static_cast<float>(std::max(1, steps))), ch = fs * 0.95f;
   const ImVec2 o = ImGui::GetCursorScreenPos();
   for (int r = 0; r < pv.p; r++) {
-    const PipelineRankView& rv = pv.ranks[static_cast<size_t>(r)];
+    const PipelineRankView& rv = pv.row(r);
     const float y = o.y + static_cast<float>(r) * (ch + 1);
-    char lab[24];
-    std::snprintf(lab, sizeof lab, "rank %d", r);
-    dl->AddText(ImGui::GetFont(), fs * 0.8f, ImVec2(o.x, y), rank_color(r, pv.p), lab);
+    dl->AddText(ImGui::GetFont(), fs * 0.8f, ImVec2(o.x, y), row_color(pv, r), pv.rows[static_cast<size_t>(r)].label.c_str());
     int k = 0;
     const auto& row = pv.plan.order[static_cast<size_t>(r)];
     for (size_t t = 0; t < row.size(); t++) {
@@ -278,17 +289,18 @@ struct RowSet {
   std::vector<double> makespan_end;    // [rank]: where its trailing bubble ends (0: none)
 };
 
-void draw_rows(const RowSet& set, const Geometry& g, float y, int m, int v, const std::vector<std::string>& right,
+void draw_rows(const PipelineView& pv, const RowSet& set, const Geometry& g, float y, int v, const std::vector<std::string>& right,
                const std::vector<int>& current, float pulse, bool interactive) {
   ImDrawList* dl = ImGui::GetWindowDrawList();
+  const int m = pv.m;
   for (size_t r = 0; r < set.rows.size(); r++) {
     const float y0 = y + static_cast<float>(r) * g.row_h, y1 = y0 + g.row_h - 3;
-    const int world = static_cast<int>(set.rows.size());
-    char lab[16];
-    std::snprintf(lab, sizeof lab, "rank %d", static_cast<int>(r));
+    const ImU32 color = row_color(pv, static_cast<int>(r));
+    // A compared schedule may place other stages on the rank: its rows are named by their ranks only.
+    const char* lab = r >= pv.rows.size() ? "" : interactive ? pv.rows[r].label.c_str() : pv.rows[r].ranks.c_str();
     dl->AddRectFilled(ImVec2(g.x0 - g.label_w, y0 + 0.2f * g.row_h), ImVec2(g.x0 - g.label_w + 0.25f * g.fs, y1 - 0.2f * g.row_h),
-                      rank_color(static_cast<int>(r), world));
-    dl->AddText(ImVec2(g.x0 - g.label_w + 0.45f * g.fs, 0.5f * (y0 + y1) - 0.5f * g.fs), rank_color(static_cast<int>(r), world), lab);
+                      color);
+    dl->AddText(ImVec2(g.x0 - g.label_w + 0.45f * g.fs, 0.5f * (y0 + y1) - 0.5f * g.fs), color, lab);
     dl->AddRectFilled(ImVec2(g.x0, y0), ImVec2(g.x1, y1), kTrack);
     // Idle: from the iteration's start to the first action, between actions that ran, and after
     // the last one to the makespan's end.
@@ -330,7 +342,7 @@ RowSet layout_rows(const std::vector<std::vector<Timed>>& timed, const std::vect
   return set;
 }
 
-void hover_rows(const RowSet& set, int stages, bool simulated) {
+void hover_rows(const PipelineView& pv, const RowSet& set, int stages, bool simulated) {
   if (!ImGui::IsWindowHovered()) return;
   const ImVec2 mouse = ImGui::GetIO().MousePos;
   std::vector<Box> all;
@@ -348,7 +360,7 @@ void hover_rows(const RowSet& set, int stages, bool simulated) {
       if (from && from->rank != b.rank) arrow(dl, ImVec2(from->x1, 0.5f * (from->y0 + from->y1)), ImVec2(b.x0, 0.5f * (b.y0 + b.y1)), fs);
       if (to && to->rank != b.rank) arrow(dl, ImVec2(b.x1, 0.5f * (b.y0 + b.y1)), ImVec2(to->x0, 0.5f * (to->y0 + to->y1)), fs);
       const double idle = k > 0 && row[k - 1].done ? b.begin - row[k - 1].end : b.begin;
-      action_tooltip(b, from, to, idle, simulated);
+      action_tooltip(pv, b, from, to, idle, simulated);
       return;
     }
 }
@@ -369,18 +381,19 @@ namespace {
 
 void draw_header(const PipelineView& pv, ViewContext& ctx, PipelineViewState::Impl& st) {
   const PipelineSchedule& s = pv.plan;
-  ImGui::Text("%s: %d stages on %d ranks%s, %d micro-batches", s.name.c_str(), s.stages, pv.p,
-              pv.v > 1 ? (" (" + std::to_string(pv.v) + " per rank)").c_str() : "", pv.m);
+  ImGui::Text("%s: %d stages on %d ranks%s%s, %d micro-batches", s.name.c_str(), s.stages, pv.p,
+              pv.v > 1 ? (" (" + std::to_string(pv.v) + " per rank)").c_str() : "",
+              pv.tp > 1 ? (", each a tp group of " + std::to_string(pv.tp) + " ranks").c_str() : "", pv.m);
   ImGui::SameLine();
   int done = 0, total = 0;
   for (int r = 0; r < pv.p; r++) {
-    done += static_cast<int>(pv.ranks[static_cast<size_t>(r)].done.size());
+    done += static_cast<int>(pv.row(r).done.size());
     for (const auto& a : pv.plan.order[static_cast<size_t>(r)]) total += a.has_value();
   }
   if (pv.iteration < 0) ImGui::TextDisabled("- no action has run yet");
   else if (pv.complete) ImGui::TextDisabled("- iteration %d, finished", pv.iteration);
   else ImGui::TextDisabled("- iteration %d: %d of %d actions done", pv.iteration, done, total);
-  if (pv.dp > 1) ImGui::TextDisabled("%d data-parallel replicas: showing replica 0 (ranks 0-%d)", pv.dp, pv.p - 1);
+  if (pv.dp > 1) ImGui::TextDisabled("%d data-parallel replicas: showing replica 0 (%s)", pv.dp, pv.replica_ranks.c_str());
   // The controls: a new schedule or size restarts the run.
   const PipelineRequest cur{pv.kind, pv.p, pv.m, pv.v, pv.unit_costs};
   if (!(cur == st.seen)) st.edit = st.seen = cur;
@@ -396,7 +409,7 @@ void draw_bubble_line(const PipelineView& pv, bool modeled) {
   double sum = 0;
   int n = 0;
   for (int r = 0; r < pv.p; r++)
-    if (pv.ranks[static_cast<size_t>(r)].bubble >= 0) sum += pv.ranks[static_cast<size_t>(r)].bubble, n++;
+    if (pv.row(r).bubble >= 0) sum += pv.row(r).bubble, n++;
   ImGui::PushTextWrapPos(0.0f);
   if (n > 0)
     ImGui::Text("bubble (iteration %d, modeled): measured %s vs formula %s", pv.bubble_iteration, percent(sum / n).c_str(),
@@ -458,8 +471,8 @@ struct LiveRows {
 LiveRows live_rows(const PipelineView& pv, const std::vector<std::vector<Timed>>& sim, bool modeled) {
   double t0 = 1e300;
   for (int r = 0; r < pv.p; r++)
-    if (!pv.ranks[static_cast<size_t>(r)].done.empty()) {
-      const PipelineActionView& a = pv.ranks[static_cast<size_t>(r)].done.front();
+    if (!pv.row(r).done.empty()) {
+      const PipelineActionView& a = pv.row(r).done.front();
       t0 = std::min(t0, modeled ? a.model_begin : static_cast<double>(a.wall_begin_ns) * 1e-9);
     }
   LiveRows live;
@@ -468,7 +481,7 @@ LiveRows live_rows(const PipelineView& pv, const std::vector<std::vector<Timed>>
   live.done.resize(static_cast<size_t>(pv.p));
   live.current.assign(static_cast<size_t>(pv.p), -1);
   for (int r = 0; r < pv.p; r++) {
-    const PipelineRankView& rv = pv.ranks[static_cast<size_t>(r)];
+    const PipelineRankView& rv = pv.row(r);
     const auto& plan_row = sim[static_cast<size_t>(r)];
     auto& timed = live.timed[static_cast<size_t>(r)];
     double shift = 0;
@@ -508,7 +521,7 @@ RowSet draw_live_chart(const PipelineView& pv, const LiveRows& live, const Geome
                        bool modeled, float pulse) {
   std::vector<std::string> right;
   for (int r = 0; r < pv.p; r++) {
-    const PipelineRankView& rv = pv.ranks[static_cast<size_t>(r)];
+    const PipelineRankView& rv = pv.row(r);
     char buf[64];
     std::snprintf(buf, sizeof buf, "%s / %s  %d / %d", rv.bubble >= 0 ? percent(rv.bubble).c_str() : "-",
                   percent(pv.formula.of_wall).c_str(), rv.peak_inflight, pv.formula_peak[static_cast<size_t>(r)]);
@@ -525,7 +538,7 @@ RowSet draw_live_chart(const PipelineView& pv, const LiveRows& live, const Geome
   ImGui::Dummy(ImVec2(1, ImGui::GetTextLineHeight()));
   const ImVec2 head = ImGui::GetCursorScreenPos();
   RowSet set = layout_rows(live.timed, live.done, live.bytes, g, head.y, pv.complete);
-  draw_rows(set, g, head.y, pv.m, pv.v, right, live.current, pulse, true);
+  draw_rows(pv, set, g, head.y, pv.v, right, live.current, pulse, true);
   const float y = head.y + static_cast<float>(pv.p) * g.row_h;
   ruler(dl, g.x0, g.x1, y + 2, g.T, g.fs);
   ImGui::Dummy(ImVec2(avail_w, static_cast<float>(pv.p) * g.row_h + 1.6f * g.fs));
@@ -568,10 +581,10 @@ void draw_comparison(const PipelineView& pv, const PipelineSchedule& other, cons
   std::vector<int> other_done(static_cast<size_t>(pv.p));
   for (int r = 0; r < pv.p; r++) other_done[static_cast<size_t>(r)] = static_cast<int>(other_rows[static_cast<size_t>(r)].size());
   const RowSet cmp = layout_rows(other_rows, other_done, {}, g, oy, true);
-  draw_rows(cmp, g, oy, pv.m, other.chunks, other_right, {}, pulse, false);
+  draw_rows(pv, cmp, g, oy, other.chunks, other_right, {}, pulse, false);
   ruler(ImGui::GetWindowDrawList(), g.x0, g.x1, oy + static_cast<float>(pv.p) * g.row_h + 2, g.T, g.fs);
   ImGui::Dummy(ImVec2(avail_w, static_cast<float>(pv.p) * g.row_h + 1.6f * g.fs));
-  hover_rows(cmp, other.stages, true);
+  hover_rows(pv, cmp, other.stages, true);
 }
 
 }  // namespace
@@ -597,7 +610,9 @@ void draw_pipeline_view(const Snapshot& s, ViewContext& ctx, PipelineViewState& 
   ImGui::BeginChild("pipeline", ImVec2(0, 0), false);
   Geometry g;
   g.fs = fs;
-  g.label_w = ImGui::CalcTextSize("rank 00 ").x + 0.6f * fs;
+  g.label_w = ImGui::CalcTextSize("rank 00 ").x;
+  for (const PipelineRowView& row : pv.rows) g.label_w = std::max(g.label_w, ImGui::CalcTextSize((row.label + " ").c_str()).x);
+  g.label_w += 0.6f * fs;
   g.right_w = ImGui::CalcTextSize("100.0% / 100.0%  16 / 16").x + 1.2f * fs;
   const ImVec2 origin = ImGui::GetCursorScreenPos();
   const float avail_w = std::max(ImGui::GetContentRegionAvail().x, g.label_w + g.right_w + 10 * fs);
@@ -644,7 +659,7 @@ void draw_pipeline_view(const Snapshot& s, ViewContext& ctx, PipelineViewState& 
   compare_combo(pv, compare, fs);
   if (!compare_error.empty()) ImGui::TextColored(ImVec4(1.0f, 0.4f, 0.4f, 1.0f), "%s", compare_error.c_str());
   if (other) draw_comparison(pv, *other, *other_rows, g, avail_w, pulse);
-  hover_rows(live_set, pv.plan.stages, false);
+  hover_rows(pv, live_set, pv.plan.stages, false);
   ImGui::EndChild();
 }
 

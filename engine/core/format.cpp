@@ -39,6 +39,18 @@ std::string ranks_text(const std::vector<int>& ranks) {
   return s;
 }
 
+std::string rank_runs_text(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i + 1;
+    while (j < ranks.size() && ranks[j] == ranks[j - 1] + 1) j++;
+    s += (i ? ", " : "") + std::to_string(ranks[i]);
+    if (j - i >= 3) s += "-" + std::to_string(ranks[j - 1]), i = j;
+    else i++;
+  }
+  return s;
+}
+
 namespace {
 
 // Length of the valid UTF-8 sequence starting at s[i] (2 to 4 bytes), or 0.

@@ -19,6 +19,9 @@ std::string choice_list(const std::vector<std::string>& choices);
 std::string join(const std::vector<std::string>& items, std::string_view sep);
 // "rank 2" or "ranks 1, 3": the ranks a diagnosis names.
 std::string ranks_text(const std::vector<int>& ranks);
+// "rank 2", "ranks 2, 3", "ranks 4-7", "ranks 0-3, 8-11": ranks_text with each run of three or more
+// consecutive ranks as "first-last", for the groups of a mesh (a replica's ranks, a stage's).
+std::string rank_runs_text(const std::vector<int>& ranks);
 
 // An error sentence made fit to print, whatever input it quotes: control bytes (but newlines, which
 // a message may use for a grid of its own) and bytes that are not UTF-8 become \xNN, a run of more than 120 characters without a space (a

@@ -55,6 +55,13 @@ int mesh_group_index(const MeshShape& m, MeshDim d, int rank) {
   return index;
 }
 
+std::vector<int> mesh_ranks_at(const MeshShape& m, MeshDim d, int index) {
+  std::vector<int> ranks;
+  for (int r = 0; r < m.world(); r++)
+    if (mesh_coord(m, r).get(d) == index) ranks.push_back(r);
+  return ranks;
+}
+
 std::string mesh_group_name(const MeshShape& m, MeshDim d, int rank) {
   return mesh_dim_name(d) + std::to_string(mesh_group_index(m, d, rank));
 }

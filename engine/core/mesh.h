@@ -50,6 +50,10 @@ std::vector<int> mesh_group(const MeshShape& m, MeshDim d, int rank);
 // Every group along `d`, numbered by the lowest rank's position: group g = mesh_groups(m, d)[g].
 std::vector<std::vector<int>> mesh_groups(const MeshShape& m, MeshDim d);
 int mesh_group_index(const MeshShape& m, MeshDim d, int rank);  // which of mesh_groups(m, d) holds rank
+// Every rank whose `d` coordinate is `index`, ascending: mesh_ranks_at(m, DP, 1) is data-parallel
+// replica 1 (every stage and TP rank that reads its batches), mesh_ranks_at(m, PP, s) the ranks that
+// hold pipeline rank s's stages in every replica.
+std::vector<int> mesh_ranks_at(const MeshShape& m, MeshDim d, int index);
 // "tp1": the dimension's name and the group's index.
 std::string mesh_group_name(const MeshShape& m, MeshDim d, int rank);
 // "dp 2 x pp 2 x tp 2 = 8 ranks"

@@ -34,7 +34,7 @@ struct PipelineOptions {
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   int chunks = 1;        // v: stages per rank (interleaved); the model is cut into p*v stages
   std::vector<int> split;  // Linear layers per stage in model order (p*v entries); empty: balanced
-  int dp = 1;            // D: data-parallel replicas; world = p*D, world rank = replica*p + pipeline rank
+  int dp = 1;            // D: data-parallel replicas; world = p*D*tp, world rank = (replica*p + pipeline rank)*tp + tp rank
   // Equal stages on purpose (lessons, tests): every F, B, I and W costs these modeled seconds instead
   // of its FLOPs. With --profile ideal (free links) the measured bubble then equals formula_bubble().
   std::optional<ActionCosts> fixed_costs;

@@ -12,10 +12,10 @@ struct Window {
   double begin = 0, end = 0;
 };
 
-// The span of replica d's actions in one iteration.
-Window replica_window(const std::vector<PipelineRankIteration>& world, int p, int d) {
-  Window w{world[static_cast<size_t>(d * p)].first_begin, world[static_cast<size_t>(d * p)].last_end};
-  for (int r = d * p; r < (d + 1) * p; r++) {
+// The span of replica d's actions in one iteration; its ranks are the `n` from d x n.
+Window replica_window(const std::vector<PipelineRankIteration>& world, int n, int d) {
+  Window w{world[static_cast<size_t>(d * n)].first_begin, world[static_cast<size_t>(d * n)].last_end};
+  for (int r = d * n; r < (d + 1) * n; r++) {
     w.begin = std::min(w.begin, world[static_cast<size_t>(r)].first_begin);
     w.end = std::max(w.end, world[static_cast<size_t>(r)].last_end);
   }
@@ -24,31 +24,31 @@ Window replica_window(const std::vector<PipelineRankIteration>& world, int p, in
 
 }  // namespace
 
-std::vector<double> pipeline_bubbles(const std::vector<PipelineRankIteration>& world, int p) {
-  DTLAB_CHECK(p >= 1 && world.size() % static_cast<size_t>(p) == 0, "pipeline_bubbles needs whole replicas");
+std::vector<double> pipeline_bubbles(const std::vector<PipelineRankIteration>& world, int n) {
+  DTLAB_CHECK(n >= 1 && world.size() % static_cast<size_t>(n) == 0, "pipeline_bubbles needs whole replicas");
   std::vector<double> out;
   for (size_t r = 0; r < world.size(); r++) {
-    const Window w = replica_window(world, p, static_cast<int>(r) / p);
+    const Window w = replica_window(world, n, static_cast<int>(r) / n);
     const double makespan = w.end - w.begin;
     out.push_back(makespan > 0 ? (makespan - world[r].busy) / makespan : 0);
   }
   return out;
 }
 
-PipelineMeter::PipelineMeter(const PipelinePlan& plan) : plan_(plan) {}
+PipelineMeter::PipelineMeter(const PipelinePlan& plan, int tp) : plan_(plan), tp_(tp) {}
 
 std::vector<double> PipelineMeter::add(const std::vector<PipelineRankIteration>& world) {
   const size_t n = world.size();
   if (bubble_sum_.empty()) bubble_sum_.assign(n, 0), peak_.assign(n, 0), peak_w_.assign(n, 0);
   DTLAB_CHECK(bubble_sum_.size() == n, "every iteration reports the same ranks");
-  std::vector<double> bubbles = pipeline_bubbles(world, plan_.ranks());
+  std::vector<double> bubbles = pipeline_bubbles(world, plan_.ranks() * tp_);
   for (size_t r = 0; r < n; r++) {
     bubble_sum_[r] += bubbles[r];
     peak_[r] = std::max(peak_[r], world[r].peak_inflight);
     peak_w_[r] = std::max(peak_w_[r], world[r].peak_inflight_w);
     for (int t = 0; t < 4; t++) time_[t] += world[r].time[t], count_[t] += world[r].count[t];
   }
-  const Window w = replica_window(world, plan_.ranks(), 0);
+  const Window w = replica_window(world, plan_.ranks() * tp_, 0);
   makespan_sum_ += w.end - w.begin;
   iterations_++;
   return bubbles;
@@ -68,8 +68,9 @@ PipelineStats PipelineMeter::stats() const {
   for (size_t r = 0; r < bubble_sum_.size(); r++) {
     PipelineRankStats x;
     x.rank = static_cast<int>(r);
-    x.replica = x.rank / o.stages;
-    x.pipe_rank = x.rank % o.stages;
+    x.replica = x.rank / (o.stages * tp_);
+    x.pipe_rank = x.rank / tp_ % o.stages;
+    x.tp_rank = x.rank % tp_;
     x.stages = plan_.stages_of_rank(x.pipe_rank);
     x.bubble = bubble_sum_[r] / iterations_;
     x.formula_bubble = formula;

@@ -135,7 +135,7 @@ struct PipelineActionInfo {
   int16_t num_stages;    // p*v
   int16_t microbatches;  // m
   int16_t ranks;         // p: ranks per pipeline
-  int16_t replica;       // data-parallel replica (world rank / p)
+  int16_t replica;       // data-parallel replica (world rank / (p x tp))
   int64_t bytes;         // activation or gradient bytes it sent (0: none, e.g. the last stage's F)
 };
 

@@ -224,9 +224,15 @@ class Trainer {
   std::vector<std::string> planned_buckets() const;
   // The device mesh: dp x pp x tp (pp = the pipeline's stages, else 1; tp = --tp).
   const MeshShape& mesh() const { return mesh_; }
-  // What `dtlab-cli train` prints at the start of a --tp run: the mesh, its groups per dimension, and
-  // each Linear's split ("Linear 0 (2 -> 64): column-parallel, 32 output features per rank").
+  // What `dtlab-cli train` prints at the start of a mesh run (--tp, or a pipeline with --dp): the
+  // mesh, its groups per dimension, with --tp each Linear's split ("Linear 0 (2 -> 64):
+  // column-parallel, 32 output features per rank"), then one line per rank (describe_mesh_rank).
+  // Empty for other runs.
   std::vector<std::string> describe_mesh_lines() const;
+  // "rank 5: dp 1, pp 0, tp 1 -- stage 0 (Linear 0, 2), TP shard 1 of 2, replica 1 of 2": the rank's
+  // mesh coordinates and what it holds: its stages' Linear layers by Sequential index (or every
+  // layer), its TP shard ("replicated in its TP group" where none of them is split), its replica.
+  std::string describe_mesh_rank(int rank) const;
 
   // Runs every step; on_step is called on rank 0's thread after each optimizer step.
   TrainSummary run(const std::function<void(const StepReport&)>& on_step = {});

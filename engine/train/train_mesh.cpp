@@ -77,6 +77,8 @@ void Trainer::gather_full_model(int rank, MeshRank& mr, Model& shard) {
 }
 
 std::vector<std::string> Trainer::describe_mesh_lines() const {
+  // A run is a mesh when its ranks are not all plain replicas: --tp, or a pipeline's replicas.
+  if (mesh_.tp < 2 && !(pipeline_ && mesh_.dp > 1)) return {};
   std::vector<std::string> lines;
   lines.push_back("mesh: " + describe_mesh(mesh_) + ", laid out as torch's init_device_mesh (\"dp\", \"pp\", \"tp\"): "
                   "rank = (dp x " + std::to_string(mesh_.pp) + " + pp) x " + std::to_string(mesh_.tp) + " + tp");
@@ -87,31 +89,62 @@ std::vector<std::string> Trainer::describe_mesh_lines() const {
     for (size_t g = 0; g < groups.size(); g++) line += " " + std::string(mesh_dim_name(d)) + std::to_string(g) + " " + ranks_str(groups[g]);
     lines.push_back(line);
   }
-  if (mesh_.tp < 2) return lines;
   const auto& dims = config_.model.dims;
-  std::vector<std::pair<int, int>> stages;
-  if (pipeline_) {
-    for (const StageRange& s : pipeline_->stages) stages.push_back({s.first, s.end});
-  } else {
-    stages.push_back({0, static_cast<int>(dims.size()) - 1});
-  }
-  for (const auto& st : stages) {
-    const std::vector<TpRole> roles = tp_roles(st.first, st.second, mesh_.tp);
-    for (int l = st.first; l < st.second; l++) {
-      const TpRole role = roles[static_cast<size_t>(l - st.first)];
-      const int64_t in = dims[static_cast<size_t>(l)], out = dims[static_cast<size_t>(l + 1)];
-      std::string what = role == TpRole::Column ? std::to_string(out / mesh_.tp) + " of " + std::to_string(out) + " output features per rank"
-                         : role == TpRole::Row  ? std::to_string(in / mesh_.tp) + " of " + std::to_string(in) +
-                                                     " input features per rank, outputs summed by " +
-                                                     (config_.sequence_parallel ? "a reduce-scatter" : "an all-reduce")
-                                                : std::string("every rank holds all of it");
-      lines.push_back("  Linear " + std::to_string(2 * l) + " (" + std::to_string(in) + " -> " + std::to_string(out) + "): " +
-                      tp_role_name(role) + ", " + what);
+  std::vector<StageRange> stages;
+  if (pipeline_) stages = pipeline_->stages;
+  else stages.push_back({0, static_cast<int>(dims.size()) - 1});
+  if (mesh_.tp > 1) {
+    for (const StageRange& st : stages) {
+      const std::vector<TpRole> roles = tp_roles(st.first, st.end, mesh_.tp);
+      for (int l = st.first; l < st.end; l++) {
+        const TpRole role = roles[static_cast<size_t>(l - st.first)];
+        const int64_t in = dims[static_cast<size_t>(l)], out = dims[static_cast<size_t>(l + 1)];
+        std::string what = role == TpRole::Column ? std::to_string(out / mesh_.tp) + " of " + std::to_string(out) + " output features per rank"
+                           : role == TpRole::Row  ? std::to_string(in / mesh_.tp) + " of " + std::to_string(in) +
+                                                       " input features per rank, outputs summed by " +
+                                                       (config_.sequence_parallel ? "a reduce-scatter" : "an all-reduce")
+                                                  : std::string("every rank holds all of it");
+        lines.push_back("  Linear " + std::to_string(2 * l) + " (" + std::to_string(in) + " -> " + std::to_string(out) + "): " +
+                        tp_role_name(role) + ", " + what);
+      }
     }
+    if (config_.sequence_parallel)
+      lines.push_back("  sequence parallel: activations outside the pairs are split by rows across each tp group");
   }
-  if (config_.sequence_parallel)
-    lines.push_back("  sequence parallel: activations outside the pairs are split by rows across each tp group");
+  for (int r = 0; r < mesh_.world(); r++) lines.push_back("  " + describe_mesh_rank(r));
   return lines;
+}
+
+std::string Trainer::describe_mesh_rank(int rank) const {
+  const MeshCoord c = mesh_coord(mesh_, rank);
+  // Linear layers by their Sequential index, as the split lines above name them: "Linear 0, 2".
+  auto linears = [](const StageRange& s) {
+    std::vector<std::string> ids;
+    for (int l = s.first; l < s.end; l++) ids.push_back(std::to_string(2 * l));
+    return "Linear " + join(ids, ", ");
+  };
+  std::vector<std::string> holds;
+  std::vector<StageRange> own;
+  if (pipeline_) {
+    std::vector<std::string> parts;
+    for (int s : pipeline_->stages_of_rank(c.pp)) {
+      own.push_back(pipeline_->stages[static_cast<size_t>(s)]);
+      parts.push_back(std::to_string(s) + " (" + linears(own.back()) + ")");
+    }
+    holds.push_back((own.size() == 1 ? "stage " : "stages ") + join(parts, ", "));
+  } else {
+    own.push_back({0, static_cast<int>(config_.model.dims.size()) - 1});
+    holds.push_back("every layer");
+  }
+  // A stage of one Linear (or none paired) is whole on every rank of its TP group.
+  bool split = false;
+  for (const StageRange& s : own)
+    for (TpRole role : tp_roles(s.first, s.end, mesh_.tp)) split |= role != TpRole::Replicated;
+  if (mesh_.tp > 1)
+    holds.push_back(split ? "TP shard " + std::to_string(c.tp) + " of " + std::to_string(mesh_.tp) : std::string("replicated in its TP group"));
+  if (mesh_.dp > 1) holds.push_back("replica " + std::to_string(c.dp) + " of " + std::to_string(mesh_.dp));
+  return "rank " + std::to_string(rank) + ": dp " + std::to_string(c.dp) + ", pp " + std::to_string(c.pp) + ", tp " +
+         std::to_string(c.tp) + " -- " + join(holds, ", ");
 }
 
 }  // namespace dtlab

@@ -28,17 +28,11 @@ std::vector<PipelineRankIteration> tp_leaders(const std::vector<PipelineRankIter
   return leaders;
 }
 
-// One value per pipeline rank, repeated for each of its TP group's world ranks.
-std::vector<double> per_world_rank(const std::vector<double>& per_pipe_rank, int tp) {
-  std::vector<double> out;
-  for (double v : per_pipe_rank) out.insert(out.end(), static_cast<size_t>(tp), v);
-  return out;
-}
-
 }  // namespace
 
-// World rank = replica * p + pipeline rank. Every rank of a replica reads the same batches (its
-// replica's DistributedSampler shard); the first stage takes the inputs, the last the labels.
+// World rank = (replica * p + pipeline rank) * tp + tp rank (engine/core/mesh.h). Every rank of a
+// replica reads the same batches (its replica's DistributedSampler shard); the first stage takes the
+// inputs, the last the labels.
 void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, MemoryTracker& mem, TrainSummary& sum,
                                 const std::function<void(const StepReport&)>& on_step) {
   const Dataset& ds = *dataset_;
@@ -51,7 +45,7 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
   PipelineRank pipe(plan, config_.model, rank, comm, &ctx, &mem, config_.seed, config_.optimizer, dev, timer.get(), config_.tp);
   ComputeObserver* const obs = timer ? static_cast<ComputeObserver*>(timer.get()) : &ctx;
   if (!config_.init_path.empty()) pipe.load_parameters(*models_[0]);
-  PipelineMeter meter(plan);
+  PipelineMeter meter(plan, config_.tp);
 
   RankBatches data(config_, ds, D, pipe.replica());  // a replica's ranks share its shard
   // A device's batch is uploaded once per step; the stages read their micro-batches' rows there.
@@ -114,10 +108,9 @@ void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, 
     ctx.end_iteration();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rank_memory_[static_cast<size_t>(rank)] = mem.stats();
-    // --tp: a TP group is one pipeline rank to the meter, and its ranks' losses are one loss.
-    std::vector<double> bubbles = meter.add(tp_leaders(records, config_.tp));
-    if (config_.tp > 1) bubbles = per_world_rank(bubbles, config_.tp);
+    std::vector<double> bubbles = meter.add(records);
     if (rank != 0) continue;
+    // --tp: the ranks of a TP group compute one loss.
     double loss_sum = 0, correct = 0, samples = 0;
     for (const PipelineRankIteration& r : tp_leaders(records, config_.tp))
       loss_sum += r.loss_sum, correct += r.correct, samples += r.samples;
