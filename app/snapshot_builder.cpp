@@ -759,9 +759,11 @@ void SnapshotBuilder::label_collective(bool all_done) {
     for (const std::string& n : u.names) names += (names.empty() ? "" : ", ") + n;
     cv.label = "FSDP unit " + std::to_string(u.index) + (u.gather_seq == cv.seq ? " unshard: " : " gradient: ") + names;
   }
-  // A launched bucket whose all-reduce has ranks in it (or steps done) is on the wire.
+  // A launched bucket whose all-reduce has ranks in it (or steps done) is on the wire; held at its
+  // issue gate by the stepper, it is launched but not yet on the wire.
+  const bool at_issue_gate = held_ && snap_.held.kind == GateKind::Collective && cv.steps_done == 0;
   for (BucketView& b : snap_.buckets)
-    if (b.state == BucketState::Launched && b.seq == cv.seq && (cv.in_flight || cv.steps_done > 0) && !all_done)
+    if (b.state == BucketState::Launched && b.seq == cv.seq && (cv.in_flight || cv.steps_done > 0) && !all_done && !at_issue_gate)
       b.state = BucketState::AllReducing;
 }
 

@@ -177,6 +177,55 @@ TEST_SUITE("gui") {
     CHECK(distinct_colors(b) > 40);
   }
 
+  TEST_CASE("under Xvfb: DDP stepped gradient by gradient: a bucket goes empty, filling, ready, launched, done") {
+    if (!test::have_xvfb()) {
+      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
+      return;
+    }
+    test::TempDir dir;
+    // Iteration 1 has 3 buckets (after the rebuild). `step bucket` stops at each gradient landing in
+    // a bucket and at each operation, so the world never runs ahead of the view.
+    std::string script = "step iteration 2; view buckets; step bucket";
+    const int shots = 8;
+    for (int i = 0; i < shots; i++) script += "; step bucket; screenshot " + dir.file("b" + std::to_string(i) + ".png");
+    Result r = test::run_app("--world 2 --run '" + script + "; quit'", dir);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    // Each shot's printed state: bucket 0's and bucket 1's.
+    std::vector<std::string> b0, b1;
+    for (int i = 0; i < shots; i++) {
+      const std::string line = test::line_starting(r.out, "screenshot " + dir.file("b" + std::to_string(i) + ".png"));
+      const size_t at = line.find("; buckets ");
+      REQUIRE(at != std::string::npos);
+      std::istringstream in(line.substr(at + 10));
+      std::string a, b;
+      in >> a >> b;
+      b0.push_back(a.substr(a.find(':') + 1));
+      b1.push_back(b.substr(b.find(':') + 1));
+    }
+    // Bucket 0 goes through every state in order, one step at a time; bucket 1 is empty until then.
+    auto first = [&](const std::string& st) {
+      return static_cast<int>(std::find(b0.begin(), b0.end(), st) - b0.begin());
+    };
+    const int filling = first("filling"), ready = first("ready"), launched = first("launched");
+    CHECK(filling < ready);
+    CHECK(ready < launched);
+    CHECK(launched < shots);
+    CHECK(b1[static_cast<size_t>(filling)] == "empty");
+    CHECK(b1[static_cast<size_t>(ready)] == "empty");
+    CHECK(b1.back() != "empty");  // then bucket 1 fills
+    CHECK(std::find(b0.begin() + launched, b0.end(), "done") != b0.end());
+    // The pictures: the state's colour in the Buckets view.
+    const std::pair<int, app::BucketState> shown[] = {
+        {filling, app::BucketState::Filling}, {ready, app::BucketState::Ready}, {launched, app::BucketState::Launched}};
+    for (const auto& [i, state] : shown) {
+      CAPTURE(i);
+      REQUIRE(i < shots);
+      test::Image im = test::load_png(dir.file("b" + std::to_string(i) + ".png"));
+      CHECK(test::count_near(im, app::bucket_state_color(state)) > 30);
+    }
+  }
+
   TEST_CASE("under Xvfb: fp16 with an injected overflow marks the skipped step on the timeline") {
     if (!test::have_xvfb()) {
       MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");

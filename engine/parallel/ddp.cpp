@@ -212,7 +212,7 @@ void DistributedDataParallel::assign(const BucketAssignment& a) {
   for (int b = 0; b < static_cast<int>(buckets_.size()); b++) record_bucket(EventKind::BucketAssigned, b);
 }
 
-void DistributedDataParallel::record_bucket(EventKind kind, int bucket, int param) {
+void DistributedDataParallel::record_bucket(EventKind kind, int bucket, int param, int64_t seq) {
   if (!ctx_ || !ctx_->recorder()) return;
   const DdpBucket& bk = buckets_[static_cast<size_t>(bucket)];
   const int64_t now = ctx_->recorder()->now_ns();
@@ -230,7 +230,7 @@ void DistributedDataParallel::record_bucket(EventKind kind, int bucket, int para
     e.bucket.label = bk.label;
     e.bucket.bytes = bk.bytes;
   }
-  e.bucket.seq = bk.work ? bk.work->seq() : 0;
+  e.bucket.seq = seq >= 0 ? static_cast<uint64_t>(seq) : bk.work ? bk.work->seq() : 0;
   ctx_->record(e);
 }
 
@@ -310,16 +310,16 @@ void DistributedDataParallel::mark_ready(int p) {
   }
   if (generation_ == 0 && opt_.rebuild_buckets && !opt_.find_unused_parameters) ready_order_.push_back(p);
   record_bucket(EventKind::GradReady, b, p);
-  // A stepped run can stop here, with the gradient in its bucket (the Buckets view fills cell by cell).
+  const bool full = --bk.pending == 0;
+  if (full) record_bucket(EventKind::BucketReady, b);
+  // A stepped run can stop here, with the gradient in its bucket (the Buckets view fills cell by
+  // cell, and shows the bucket ready at its last gradient, before the launch).
   if (ctx_) {
     const int64_t total = static_cast<int64_t>(bk.offsets.size());
-    ctx_->gate_grad(p, prm.name + " landed in bucket " + std::to_string(b) + " (" + std::to_string(total - bk.pending + 1) +
-                           " of " + std::to_string(total) + " gradients)");
+    ctx_->gate_grad(p, prm.name + " landed in bucket " + std::to_string(b) + " (" + std::to_string(total - bk.pending) +
+                           " of " + std::to_string(total) + " gradients" + (full ? ": the bucket is ready)" : ")"));
   }
-  if (--bk.pending == 0) {
-    record_bucket(EventKind::BucketReady, b);
-    launch_ready_buckets();
-  }
+  if (full) launch_ready_buckets();
 }
 
 void DistributedDataParallel::launch_ready_buckets() {
@@ -328,9 +328,11 @@ void DistributedDataParallel::launch_ready_buckets() {
   while (next_launch_ < static_cast<int>(buckets_.size()) &&
          buckets_[static_cast<size_t>(next_launch_)].pending == 0) {
     DdpBucket& bk = buckets_[static_cast<size_t>(next_launch_)];
-    bk.work = comm_.all_reduce(bk.buffer.raw(), bk.numel, bk.buffer.dtype(), ReduceOp::Sum);
+    // The launch is recorded before the call: a stepped world pauses at the all-reduce's gate inside
+    // it, and the Buckets view then shows the bucket launched (its collective's number is the next).
     bk.launched = true;
-    record_bucket(EventKind::BucketLaunch, next_launch_);
+    record_bucket(EventKind::BucketLaunch, next_launch_, -1, static_cast<int64_t>(comm_.collectives_issued()));
+    bk.work = comm_.all_reduce(bk.buffer.raw(), bk.numel, bk.buffer.dtype(), ReduceOp::Sum);
     next_launch_++;
   }
 }

@@ -161,7 +161,7 @@ class DistributedDataParallel {
   void mark_ready(int p);
   void launch_ready_buckets();
   void leave_unfinished(int bucket);
-  void record_bucket(EventKind kind, int bucket, int param = -1);
+  void record_bucket(EventKind kind, int bucket, int param = -1, int64_t seq = -1);  // seq: the all-reduce's, before it exists
   void copy_back(const DdpBucket& bk);
   DType bucket_dtype() const;
 

@@ -29,7 +29,7 @@ enum class EventKind : uint8_t {
   BucketAssigned,  // a bucket of the current assignment (instant; at construction and rebuild)
   GradReady,       // a parameter's gradient is final for this backward pass (instant)
   BucketReady,     // every gradient of the bucket is in it (instant)
-  BucketLaunch,    // the bucket's all-reduce was issued (instant; `seq` names the collective)
+  BucketLaunch,    // the bucket's all-reduce is issued (instant, just before the call; `seq` names the collective)
   BucketAllReduce, // the bucket's all-reduce on the comm lane, [begin, end]
   // FSDP's units (engine/parallel/fsdp.h); `fsdp`
   FsdpUnit,        // a unit's verb (layout, unshard, reshard, reduce) and its state after it (instant)
