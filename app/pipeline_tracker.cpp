@@ -64,17 +64,29 @@ void PipelineTracker::reset(const PipelinePlan* plan, int world_size, int tp, Pi
     const MeshCoord c = mesh_coord(mesh, r);
     out.ranks[static_cast<size_t>(r)].pipe_rank = c.pp, out.ranks[static_cast<size_t>(r)].replica = c.dp;
   }
-  // The chart's rows: replica 0's pipeline ranks, each named by its stages and its TP group's ranks.
+  stage_names_.clear();
   for (int r = 0; r < p_; r++) {
-    PipelineRowView row;
-    row.rank = mesh_rank(mesh, MeshCoord{0, r, 0});
-    row.ranks = rank_runs_text(mesh_group(mesh, MeshDim::TP, row.rank));
     std::vector<std::string> stages;
     for (int st : plan->stages_of_rank(r)) stages.push_back(std::to_string(st));
-    row.label = (stages.size() == 1 ? "stage " : "stages ") + join(stages, ", ") + ": " + row.ranks;
+    stage_names_.push_back((stages.size() == 1 ? "stage " : "stages ") + join(stages, ", "));
+  }
+  set_rows(0, 0, out);
+}
+
+// The chart's rows: one replica's pipeline ranks (at one TP coordinate), each named by its stages
+// and its TP group's ranks.
+void PipelineTracker::set_rows(int replica, int tp_rank, PipelineView& out) {
+  const MeshShape mesh{world_ / (p_ * tp_), p_, tp_};
+  out.replica = replica;
+  out.rows.clear();
+  for (int r = 0; r < p_; r++) {
+    PipelineRowView row;
+    row.rank = mesh_rank(mesh, MeshCoord{replica, r, tp_rank});
+    row.ranks = rank_runs_text(mesh_group(mesh, MeshDim::TP, row.rank));
+    row.label = stage_names_[static_cast<size_t>(r)] + ": " + row.ranks;
     out.rows.push_back(std::move(row));
   }
-  out.replica_ranks = rank_runs_text(mesh_ranks_at(mesh, MeshDim::DP, 0));
+  out.replica_ranks = rank_runs_text(mesh_ranks_at(mesh, MeshDim::DP, replica));
 }
 
 void PipelineTracker::ingest(int rank, const Event& e) {
@@ -120,6 +132,14 @@ void PipelineTracker::measure(const Iteration& it, PipelineView& out) const {
 
 void PipelineTracker::build(const StepperState& st, PipelineView& out) {
   if (!out.valid) return;
+  // The rows follow the focus: the focused rank's replica (and TP rank), or the focused group's
+  // lowest member's; replica 0 without a focus.
+  int focus = st.focus_rank;
+  if (focus < 0 && !st.focus_group.empty() && st.focused.valid && !st.focused.members.empty()) focus = st.focused.members.front();
+  const MeshShape mesh{world_ / (p_ * tp_), p_, tp_};
+  const MeshCoord fc = focus >= 0 && focus < world_ ? mesh_coord(mesh, focus) : MeshCoord{0, 0, 0};
+  if (fc.dp != out.replica || out.rows.empty() || out.rows.front().rank != mesh_rank(mesh, MeshCoord{fc.dp, 0, fc.tp}))
+    set_rows(fc.dp, fc.tp, out);
   for (size_t r = 0; r < out.ranks.size(); r++) {
     const size_t g = r * kStepperLanes;  // the compute lane's gate
     out.ranks[r].at_gate = g < st.gates.size() && st.gates[g].blocked && st.gates[g].gate.kind == GateKind::Action;

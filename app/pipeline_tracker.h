@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "app/snapshot.h"
@@ -25,10 +26,12 @@ class PipelineTracker {
 
  private:
   using Iteration = std::vector<std::vector<PipelineActionView>>;  // [world rank] finished actions
+  void set_rows(int replica, int tp_rank, PipelineView& out);  // the chart's rows: that replica's pipeline ranks
   bool complete(const Iteration& it) const;
   void measure(const Iteration& it, PipelineView& out) const;
 
   int p_ = 1, tp_ = 1, world_ = 0;
+  std::vector<std::string> stage_names_;     // per pipeline rank: "stage 1", "stages 0, 2"
   std::vector<int> planned_;                 // per pipeline rank: actions in its row
   std::map<int32_t, Iteration> iterations_;  // the last few, by iteration
   std::map<int32_t, std::vector<double>> reported_;  // iteration -> StepReport.bubble

@@ -147,7 +147,7 @@ struct PipelineRankView {
 // One row of the pipeline chart: a pipeline rank of replica 0. With --tp its TP group's ranks run the
 // same actions; the row shows the group's first rank.
 struct PipelineRowView {
-  int rank = 0;         // the world rank whose actions the row shows: pipe rank x tp (replica 0, tp rank 0)
+  int rank = 0;         // the world rank whose actions the row shows (the shown replica's, at the focus's TP rank)
   std::string ranks;    // every world rank of the row: "rank 1", "ranks 2, 3"
   std::string label;    // "stage 1: ranks 2, 3"; "stages 0, 2: rank 0" with v > 1
 };
@@ -168,7 +168,8 @@ struct PipelineView {
   std::vector<int> formula_peak;      // per pipeline rank: formula_peak_inflight
   std::vector<PipelineRankView> ranks;  // world ranks (rank = (replica * p + pipeline rank) * tp + tp rank)
   std::vector<PipelineRowView> rows;    // per pipeline rank: the chart's rows
-  std::string replica_ranks;            // replica 0's world ranks, "ranks 0-3"
+  int replica = 0;                      // the replica the rows show: the focused rank's (0 without a focus)
+  std::string replica_ranks;            // its world ranks, "ranks 0-3"
   const PipelineRankView& row(int pipe_rank) const { return ranks[static_cast<size_t>(rows[static_cast<size_t>(pipe_rank)].rank)]; }
 };
 

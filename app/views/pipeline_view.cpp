@@ -1,6 +1,7 @@
-// Pipeline view: the schedule as it runs. A Gantt chart with one row per pipeline rank of replica 0,
-// labelled by its stages and world ranks (PipelineView::rows: "stage 1: ranks 2, 3" with --tp 2, whose
-// TP group runs the row's actions together), on the shown clock, from the iteration's first action:
+// Pipeline view: the schedule as it runs. A Gantt chart with one row per pipeline rank of the shown
+// replica (the focused rank's, else replica 0), labelled by its stages and world ranks
+// (PipelineView::rows: "stage 1: ranks 2, 3" with --tp 2, whose TP group runs the row's actions
+// together), on the shown clock, from the iteration's first action:
 // F blocks blue, B orange (I red, W green), later micro-batches darker, "F3" inside when it fits; a
 // rank's idle time between its actions hatched and labelled "bubble"; the actions not run yet as
 // outlines where the plan puts them with this run's mean action costs; the current action pulsing. Hovering an action draws the send it
@@ -393,7 +394,9 @@ void draw_header(const PipelineView& pv, ViewContext& ctx, PipelineViewState::Im
   if (pv.iteration < 0) ImGui::TextDisabled("- no action has run yet");
   else if (pv.complete) ImGui::TextDisabled("- iteration %d, finished", pv.iteration);
   else ImGui::TextDisabled("- iteration %d: %d of %d actions done", pv.iteration, done, total);
-  if (pv.dp > 1) ImGui::TextDisabled("%d data-parallel replicas: showing replica 0 (%s)", pv.dp, pv.replica_ranks.c_str());
+  if (pv.dp > 1)
+    ImGui::TextDisabled("%d data-parallel replicas: showing replica %d (%s)%s", pv.dp, pv.replica, pv.replica_ranks.c_str(),
+                        pv.replica == 0 ? "; focus a rank of another replica to show it" : ", the focused rank's");
   // The controls: a new schedule or size restarts the run.
   const PipelineRequest cur{pv.kind, pv.p, pv.m, pv.v, pv.unit_costs};
   if (!(cur == st.seen)) st.edit = st.seen = cur;
