@@ -19,6 +19,7 @@
 #include "engine/train/config_json.h"
 #include "engine/train/train.h"
 #include "tests/test_util.h"
+#include "tests/train_util.h"
 
 using namespace dtlab;
 
@@ -220,6 +221,88 @@ TEST_CASE("a launched 2-process DDP run is stepped from a viewer: collective by 
   CHECK(r.code == 0);
   CHECK(r.out.find("dtlab --attach 127.0.0.1:" + std::to_string(port)) != std::string::npos);
   CHECK(r.out.find("done: 3 steps") != std::string::npos);
+}
+
+// One stop of a stepped run, as text both sides can compare: the group (the label's first word:
+// "world", "dp1", or "send"/"recv"), the operation, its bytes, its members, its iteration.
+std::string stop_text(const PendingItem& p) {
+  const GateInfo& g = p.gate;
+  std::string t = "it " + std::to_string(g.iteration) + " ";
+  if (g.op.p2p) {
+    t += "p2p " + std::to_string(g.op.src) + "->" + std::to_string(g.op.dst);
+  } else {
+    t += g.label.substr(0, g.label.find(' ')) + " #" + std::to_string(g.op.seq) + " " + collective_name(g.coll);
+  }
+  t += " " + std::to_string(g.bytes) + " B, ranks";
+  for (int r : p.members) t += " " + std::to_string(r);
+  return t;
+}
+
+// A launched run on the CPU is DDP or FSDP (pipeline and TP launch on GPUs only in this version):
+// HYBRID_SHARD's node groups and replica groups are the process-group mesh that can be launched here.
+TEST_CASE("a launched mesh (HYBRID_SHARD: 2 node groups x 2 replicas, 4 processes) stepped from a viewer stops at the same operations, in the same order, as in-process") {
+  const int port = pick_free_port("127.0.0.1");
+  auto run = launch_monitored(4, "--strategy fsdp --sharding hybrid --node-size 2 --model mlp:2,16,16,3 "
+                                 "--data spiral --steps 1 --batch 16 --timeout 30", port);
+  MonitorClient c("127.0.0.1:" + std::to_string(port), 30);
+  REQUIRE(c.world_size() == 4);
+  // Through the viewer: one operation per step command until the run ends.
+  std::vector<std::string> launched;
+  uint64_t gen = 0;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (!c.ended() && std::chrono::steady_clock::now() < give_up && launched.size() < 500) {
+    if (!c.wait_for([&](const StepperState& st, const std::vector<RankMonitorStatus>&) {
+          return st.generation > gen && st.paused && st.settled();
+        }, 1))
+      continue;
+    const StepperState st = c.stepper_state();
+    gen = st.generation;
+    launched.push_back(stop_text(st.pending));
+    c.step(GateKind::Collective);
+  }
+  REQUIRE(c.wait_ended(60));
+  CHECK(c.error() == "");
+  const ShellResult r = run.get();
+  INFO(r.out);
+  CHECK(r.code == 0);
+
+  // In-process, the same configuration on the threads backend, stepped the same way.
+  TrainConfig cfg = train_config_from_json(c.config_json());
+  cfg.backend = "threads";
+  cfg.launched = false;
+  cfg.socket = {};
+  cfg.monitor_port = 0;
+  cfg.start_paused = true;
+  Trainer t(cfg);
+  test::BackgroundRun runner(t);
+  Stepper& st = t.stepper();
+  std::vector<std::string> in_process;
+  const auto give_up2 = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (!runner.done() && std::chrono::steady_clock::now() < give_up2) {
+    if (!st.wait_until_settled(std::chrono::milliseconds(100))) continue;
+    const PendingItem p = st.state().pending;
+    if (!p.valid) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      continue;
+    }
+    in_process.push_back(stop_text(p));
+    st.step(GateKind::Collective);
+  }
+  REQUIRE(runner.finish(std::chrono::seconds(0)));
+  CHECK(runner.error() == "");
+
+  // The node groups' all-gathers and reduce-scatters, the replica groups' all-reduces, the world's.
+  CHECK(launched.size() >= 12);
+  int group_ops = 0;
+  for (const std::string& s : launched) group_ops += s.find(" world #") == std::string::npos;
+  CHECK(group_ops >= 8);
+  MESSAGE(launched.size() << " stops, " << group_ops << " of them group collectives");
+  CHECK(launched.size() == in_process.size());
+  for (size_t i = 0; i < std::min(launched.size(), in_process.size()); i++) {
+    CAPTURE(i);
+    CHECK(launched[i] == in_process[i]);
+    if (launched[i] != in_process[i]) break;
+  }
 }
 
 TEST_CASE("one viewer at a time, a viewer that detaches lets the run finish on its own") {

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <map>
 #include <random>
@@ -203,6 +204,57 @@ TEST_CASE("a 2 x 2 x 2 mesh (pipeline, dp 2, tp 2) stepped by operation: TP coll
   CHECK(gathered > 0);
   want.push_back(Stop{"world", CollectiveOp::AllGather, gathered, ranks({0, 1, 2, 3, 4, 5, 6, 7})});
   check_same(got, want);
+}
+
+TEST_CASE("a mesh stepped by ring step: each group collective's steps, in order, among its members only") {
+  TrainConfig c = mesh_config("ddp", 4, 2);
+  c.start_paused = true;
+  const int it = 2;
+  Trainer t(c);
+  test::BackgroundRun runner(t);
+  Stepper& st = t.stepper();
+  struct Steps {
+    std::string label;
+    uint64_t members = 0;
+    std::vector<int> steps;
+  };
+  std::map<std::tuple<int32_t, uint64_t, int64_t>, Steps> ops;  // (group, members, seq) -> its ring steps
+  const auto give_up = Clock::now() + std::chrono::seconds(120);
+  while (!runner.done() && Clock::now() < give_up) {
+    if (!st.wait_until_settled(std::chrono::milliseconds(100))) continue;
+    const PendingItem p = st.state().pending;
+    if (p.valid && p.gate.iteration == it && !p.gate.op.p2p) {
+      const OpRef& o = p.gate.op;
+      Steps& s = ops[{o.group, o.members, o.seq}];
+      if (p.kind == GateKind::Collective) {
+        s.label = p.gate.label;
+        s.members = o.members;
+      } else if (p.kind == GateKind::RingStep) {
+        CAPTURE(p.gate.label);
+        CHECK(p.missing.empty());
+        uint64_t at = 0;
+        for (int r : p.members) at |= uint64_t{1} << r;
+        CHECK(at != 0);
+        CHECK((at & ~o.members) == 0);  // only the operation's members take part in its steps
+        s.steps.push_back(p.gate.step);
+      }
+    }
+    st.step(GateKind::RingStep);
+  }
+  REQUIRE_MESSAGE(runner.finish(std::chrono::seconds(0)), "the stepped run did not end: " << st.state().waiting);
+  CHECK(runner.error() == "");
+  int group_ops = 0;
+  for (const auto& [key, s] : ops) {
+    CAPTURE(s.label);
+    REQUIRE(!s.label.empty());  // stopped before its issue, then at its steps
+    REQUIRE(!s.steps.empty());
+    for (size_t i = 0; i < s.steps.size(); i++) CHECK(s.steps[i] == static_cast<int>(i));  // each step once, in order
+    const int n = std::popcount(s.members);
+    if (s.label.find("allreduce") != std::string::npos && s.label.find("(sum, ring)") != std::string::npos)
+      CHECK(static_cast<int>(s.steps.size()) == 2 * (n - 1));  // reduce-scatter, then all-gather
+    if (std::get<0>(key) != 0) group_ops++;
+  }
+  CHECK(group_ops >= 4);  // the TP groups' all-reduces and the DP groups' buckets
 }
 
 TEST_CASE("random step commands over random meshes and strategies: no deadlock, the same parameters as the unstepped run") {
