@@ -755,10 +755,12 @@ bool App::save_screenshot(const std::string& path) {
   std::string state = "iteration " + std::to_string(sn.iteration) + ", step " + std::to_string(sn.step);
   if (sn.collective.valid) {
     const CollectiveView& cv = sn.collective;
-    state += "; collective #" + std::to_string(cv.seq) + " " + collective_name(cv.op) + " " + algorithm_name(cv.algo) +
+    state += "; collective " + (cv.group_name.empty() ? std::string("world") : cv.group_name) + " #" + std::to_string(cv.seq) + " " +
+             collective_name(cv.op) + " " + algorithm_name(cv.algo) +
              ", " + std::to_string(cv.steps_done) + " of " + std::to_string(cv.steps) + " steps done";
     if (cv.steps_done < cv.steps) state += ", next " + std::string(ring_phase_name(cv.phase));
   }
+  if (sn.held.valid) state += "; paused before " + pending_text(sn.held);
   if (!sn.buckets.empty()) {
     state += "; buckets";
     for (const BucketView& b : sn.buckets) state += " " + std::to_string(b.index) + ":" + bucket_state_name(b.state);

@@ -423,7 +423,22 @@ void SnapshotBuilder::hold_stepped_op() {
   const StepperState& st = snap_.stepper;
   snap_.held = st.focused.valid ? st.focused : st.pending;
   held_ = is_collective_item(snap_.held);
-  if (!held_) return;
+  if (!held_) {
+    // Nothing collective held (a send/recv, a layer): with a rank focus, show the latest collective
+    // that rank took part in, so the inspector and the ring agree with the focus.
+    if (st.focus_rank < 0 || st.focus_rank >= world_) return;
+    const CollKey* best = nullptr;
+    uint64_t best_order = 0;
+    for (const auto& [k, order] : coll_first_order_) {
+      bool member = k.first == 0;
+      if (!member)
+        if (auto g = group_ranks_.find(k.first); g != group_ranks_.end())
+          member = std::find(g->second.begin(), g->second.end(), st.focus_rank) != g->second.end();
+      if (member && (!best || order > best_order)) best = &k, best_order = order;
+    }
+    if (best) shown_group_ = best->first, shown_seq_ = best->second, shown_order_ = best_order;
+    return;
+  }
   shown_group_ = snap_.held.gate.trace_group;
   shown_seq_ = static_cast<uint64_t>(snap_.held.gate.op.seq);
   snap_.collective.in_flight = true;  // its members are at its gate (or inside it, at a ring step)

@@ -145,7 +145,7 @@ TEST_SUITE("gui") {
     INFO(r.out);
     REQUIRE(r.code == 0);
     CHECK(r.out.find("(1280x720): iteration 0") != std::string::npos);
-    CHECK(r.out.find("collective #2 allreduce ring, 1 of 6 steps done, next reduce-scatter") != std::string::npos);
+    CHECK(r.out.find("collective world #2 allreduce ring, 1 of 6 steps done, next reduce-scatter") != std::string::npos);
     test::Image im = test::load_png(png);
     CHECK(im.w == 1280);
     CHECK(im.h == 720);
@@ -289,7 +289,7 @@ TEST_SUITE("gui") {
     Result r = test::run_app("--attach " + addr + " --run 'step collective 2; step ring 2; view ring; screenshot " + png + "; quit'", dir);
     INFO(r.out);
     REQUIRE(r.code == 0);
-    CHECK(r.out.find("collective #2 allreduce ring, 1 of 6 steps done, next reduce-scatter") != std::string::npos);
+    CHECK(r.out.find("collective world #2 allreduce ring, 1 of 6 steps done, next reduce-scatter") != std::string::npos);
     test::Image im = test::load_png(png);
     for (int rank = 0; rank < 4; rank++) CHECK(test::count_near(im, app::rank_color(rank, 4)) > 30);
     CHECK(test::count_near(im, app::contribution_color(2, 4)) > 30);

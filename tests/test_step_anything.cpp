@@ -257,6 +257,46 @@ TEST_CASE("a mesh stepped by ring step: each group collective's steps, in order,
   CHECK(group_ops >= 4);  // the TP groups' all-reduces and the DP groups' buckets
 }
 
+TEST_CASE("with a focus, each step advances the focused rank by one operation: its own operations, in its program order") {
+  TrainConfig c = mesh_config("pipeline", 8, 2);
+  c.pipeline.stages = 2;
+  c.pipeline.dp = 2;
+  c.pipeline.microbatches = 2;
+  c.steps = 2;
+  const int focus = 5;
+  // Every stop of an unfocused run that involves rank 5, in order; then the focused run's stops.
+  auto stops = [&](bool focused) {
+    TrainConfig p = c;
+    p.start_paused = true;
+    Trainer t(p);
+    test::BackgroundRun runner(t);
+    Stepper& st = t.stepper();
+    if (focused) st.set_focus(focus, "");
+    std::vector<Stop> out;
+    bool others = false;  // a stop at an operation without rank 5 came
+    const auto give_up = Clock::now() + std::chrono::seconds(120);
+    while (!runner.done() && Clock::now() < give_up) {
+      if (!st.wait_until_settled(std::chrono::milliseconds(100))) continue;
+      const PendingItem pi = st.state().pending;
+      if (pi.valid && pi.kind == GateKind::Collective) {
+        const bool mine = std::find(pi.members.begin(), pi.members.end(), focus) != pi.members.end();
+        // Focused, the steps stop only at rank 5's operations until it has none left (the end of
+        // the run gathers the result without it); then they step like no focus.
+        if (focused && mine) CHECK_MESSAGE(!others, "a focused step stopped at another rank's operation before rank 5's " << pi.gate.label);
+        others = others || !mine;
+        if (mine) out.push_back(stop_of(pi));
+      }
+      st.step(GateKind::Collective);
+    }
+    REQUIRE_MESSAGE(runner.finish(std::chrono::seconds(0)), "the stepped run did not end: " << st.state().waiting);
+    CHECK(runner.error() == "");
+    return out;
+  };
+  const std::vector<Stop> all = stops(false), mine = stops(true);
+  CHECK(mine.size() >= 12);
+  CHECK(mine == all);
+}
+
 TEST_CASE("random step commands over random meshes and strategies: no deadlock, the same parameters as the unstepped run") {
   struct Layout {
     const char* strategy;

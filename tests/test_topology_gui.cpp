@@ -33,7 +33,7 @@ TEST_SUITE("gui") {
                                         dir);
     INFO(r.out);
     REQUIRE(r.code == 0);
-    CHECK(r.out.find("collective #1 broadcast tree, 3 of 4 steps done") != std::string::npos);
+    CHECK(r.out.find("collective world #1 broadcast tree, 3 of 4 steps done") != std::string::npos);
     test::Image im = test::load_png(png);
     CHECK(im.w == 1280);
     for (int rank : {0, 7, 8, 15}) CHECK(test::count_near(im, app::rank_color(rank, 16), 8) > 30);

@@ -227,9 +227,10 @@ void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h) {
     ImGui::TextDisabled("No memory recorded yet: step the run to see what each rank allocates.");
     return;
   }
-  // The rank the legend details: the one under the mouse last frame, else rank 0.
+  // The rank the legend details: the one under the mouse last frame, else the focused rank, else rank 0.
   if (view.hovered_rank >= world) view.hovered_rank = -1;
-  const int shown = view.hovered_rank >= 0 ? view.hovered_rank : 0;
+  const int focus = s.stepper.focus_rank >= 0 && s.stepper.focus_rank < world ? s.stepper.focus_rank : 0;
+  const int shown = view.hovered_rank >= 0 ? view.hovered_rank : focus;  // the focused rank (rank 0 without one)
 
   if (s.iteration >= 0) ImGui::Text("Iteration %d", s.iteration);
   else ImGui::TextUnformatted("Before the first iteration");
@@ -538,8 +539,8 @@ void draw_strategies_compared(const Snapshot& s, MemoryViewState& view) {
   // HYBRID_SHARD is not among the four rows; FSDP under LoRA keeps the frozen base whole on every rank
   // (only the adapters are units), which the planner's sharded Ψ + Ψ_L does not model.
   if (view.plans.ok && rc.sharding != Sharding::Hybrid && !(lora && rc.strategy == "fsdp"))
-    draw_run_vs_planner(s, view.plans.plans[static_cast<size_t>(running)], std::max(view.hovered_rank, 0),
-                        rc.strategy == "fsdp", mixed);
+    draw_run_vs_planner(s, view.plans.plans[static_cast<size_t>(running)],
+                        view.hovered_rank >= 0 ? view.hovered_rank : std::max(s.stepper.focus_rank, 0), rc.strategy == "fsdp", mixed);
   ImGui::Spacing();
   ImGui::Separator();
   ImGui::TextUnformatted("Strategies compared");

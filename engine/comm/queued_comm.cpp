@@ -220,6 +220,9 @@ uint64_t QueuedCommunicator::next_on_channel(int src, int dst, int tag) { return
 void QueuedCommunicator::gate(CommJob& j) {
   // A process group's own transfers (its ring steps) pass: the group gates its operation and steps.
   if (!ctx_ || !ctx_->stepper() || (j.p2p && (j.tag & kGroupStepTag))) return;
+  // A user's tag is part of what the stepper shows; the engine's own (the pipeline's, from 2^24 on)
+  // say nothing to a reader, who sees the ranks and the bytes.
+  auto tag_text = [](int tag) { return tag != 0 && tag < (1 << 24) ? ", tag " + std::to_string(tag) : std::string(); };
   auto pair_ref = [&](int src, int dst) {
     OpRef r;
     r.p2p = true;
@@ -240,16 +243,14 @@ void QueuedCommunicator::gate(CommJob& j) {
     label = "world " + describe(j.desc, j.seq);
   } else if (j.desc.op == CollectiveOp::Send) {
     op = pair_ref(rank_, j.peer);
-    label = "send " + std::to_string(rank_) + "->" + std::to_string(j.peer) + " (" + human_bytes(bytes) + ", tag " +
-            std::to_string(j.tag) + ")";
+    label = "send " + std::to_string(rank_) + "->" + std::to_string(j.peer) + " (" + human_bytes(bytes) + tag_text(j.tag) + ")";
     if (j.fused) {
       op2 = pair_ref(j.recv_peer, rank_);
       label += " with recv " + std::to_string(j.recv_peer) + "->" + std::to_string(rank_);
     }
   } else {
     op = pair_ref(j.peer, rank_);
-    label = "recv " + std::to_string(j.peer) + "->" + std::to_string(rank_) + " (" + human_bytes(bytes) + ", tag " +
-            std::to_string(j.tag) + ")";
+    label = "recv " + std::to_string(j.peer) + "->" + std::to_string(rank_) + " (" + human_bytes(bytes) + tag_text(j.tag) + ")";
   }
   const int64_t payload = j.p2p ? bytes : payload_bytes(j.desc, world_size_);
   if (!ctx_->gate_op(op, j.desc.op, payload, label, j.fused ? &op2 : nullptr))

@@ -71,6 +71,7 @@ void Stepper::run(double speed) {
   std::lock_guard<std::mutex> lock(mu_);
   paused_ = false;
   owed_ = 0;
+  chasing_ = false;
   for (Lane& l : lanes_)
     if (l.blocked) {
       l.blocked = false;
@@ -89,6 +90,7 @@ void Stepper::pause() {
   paused_ = true;
   pause_all_ = true;
   owed_ = 0;
+  chasing_ = false;
   decide_locked();
   generation_++;
   cv_.notify_all();
@@ -103,8 +105,16 @@ void Stepper::step(GateKind kind) {
   // The settled world's pending item goes if this command stops at its kind; gates of kinds it
   // does not stop at open (the world then runs to the next gate this command stops at). A command
   // given while the world still moves is kept for the item it settles at.
-  if (was_settled && stops_locked(pending_.kind, !pending_.lanes.empty() && is_p2p(lanes_[pending_.lanes.front()].gate))) owed_++;
-  else if (!was_settled) owed_++;
+  // With a focus, a command runs to the focus's next item: other ranks' and groups' items on the
+  // way go without a stop (chasing_), and a settled item that is not the focus's is not the one the
+  // command releases.
+  const bool focus = focus_waits_locked();  // a focus that has nothing left to wait at steps like none
+  chasing_ = focus;
+  if (was_settled && stops_locked(pending_.kind, !pending_.lanes.empty() && is_p2p(lanes_[pending_.lanes.front()].gate))) {
+    if (!focus || involves_focus_locked(pending_)) owed_++;
+  } else if (!was_settled) {
+    owed_++;
+  }
   release_non_stopping_locked();
   decide_locked();
   generation_++;
@@ -270,7 +280,15 @@ void Stepper::decide_locked() {
     have_pending_ = ok;
     waiting_ = ok || aborted_ || !paused_ ? std::string() : why;
     if (ok) pending_ = it;
-    if (!ok || owed_ <= 0) return;
+    if (!ok) return;
+    if (chasing_ && !involves_focus_locked(it) && focus_waits_locked()) {  // on the way to the focus's next item
+      release_locked(it);
+      continue;
+    }
+    if (owed_ <= 0) {
+      chasing_ = false;  // stopped at the focus's item (or the focus has nothing left to wait at)
+      return;
+    }
     owed_--;
     release_locked(it);
   }
@@ -395,6 +413,14 @@ std::vector<Stepper::Item> Stepper::candidates_locked() const {
               it.kind == GateKind::Layer || it.kind == GateKind::Grad ? layer_order(g) : g.step};
   }
   return out;
+}
+
+// Does the focus wait at some gate (its item not ready yet, or ready)? Chasing stops when it does not.
+bool Stepper::focus_waits_locked() const {
+  if (focus_rank_ < 0 && focus_group_.empty()) return false;
+  for (const Item& it : candidates_locked())
+    if (involves_focus_locked(it)) return true;
+  return false;
 }
 
 bool Stepper::involves_focus_locked(const Item& it) const {

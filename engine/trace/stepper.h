@@ -31,6 +31,8 @@
 //     (iteration, pipeline time step, kind: iteration < action < layer < grad < operation,
 //      lowest member rank, group, the group's sequence number, step)
 // and the first one involving the focus (a rank or a group), else the first one, is *pending*.
+// With a focus, one command advances the focus by one item: items of other ranks and groups that
+// settle first are released on the way without a stop, until the focus's next item is pending.
 // Every rank runs its program in a fixed order and the choice waits for the settled state, so the
 // sequence of released items is the same in every run of the same program and focus commands:
 // in-process, on the cuda backend, and for a launched world whose gates are relayed to rank 0's
@@ -153,8 +155,9 @@ class Stepper {
   void pause();
   void step(GateKind kind);
   void abort();  // releases every gate for good (the world is shutting down or failed)
-  // The focus: a rank (-1: none) or a group by name ("" none). Pending items involving it go first;
-  // step(Layer)/step(Grad) with a rank focus release that rank's gate alone.
+  // The focus: a rank (-1: none) or a group by name ("" none). Pending items involving it go first,
+  // and a step runs on to the focus's next item; step(Layer)/step(Grad) with a rank focus release
+  // that rank's gate alone.
   void set_focus(int rank, const std::string& group);
   // Group names for focus and labels: a group (OpRef::group and its members) -> "tp1". The world
   // is "world".
@@ -204,6 +207,7 @@ class Stepper {
     bool lone_send = false;     // a send whose receive is not at its gate yet
     std::vector<int64_t> key;
   };
+  bool focus_waits_locked() const;
   bool stops_locked(GateKind kind, bool p2p = false) const;  // would a gate of this kind (a send/recv?) hold a rank now?
   // The keys of what a gate passes (its operation's halves, or its ring step); none for a rank's own
   // compute gates (iteration, action, layer, gradient), which no peer waits on.
@@ -235,6 +239,7 @@ class Stepper {
   uint64_t generation_ = 0;
   uint64_t released_ = 0;
   int owed_ = 0;              // releases commanded and not yet done (quick steps add up)
+  bool chasing_ = false;      // a command with a focus runs on to the focus's next item
   bool have_pending_ = false;
   Item pending_;
   std::string waiting_;
