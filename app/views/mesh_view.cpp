@@ -124,13 +124,24 @@ void header(const Snapshot& s, const MeshGroup& g) {
   ImGui::TextDisabled("Click a rank (or a tp group's title) to follow it in every view; click it again to let go.");
 }
 
-// The lit group: members outlined and, for a sub-group, joined centre to centre in group order.
+// Where the line from a cell's centre toward `to` leaves the cell (so a link never crosses the text).
+ImVec2 edge_toward(const Rect& r, ImVec2 to) {
+  const ImVec2 c = r.center();
+  const float dx = to.x - c.x, dy = to.y - c.y;
+  const float hx = (r.b.x - r.a.x) * 0.5f, hy = (r.b.y - r.a.y) * 0.5f;
+  const float t = std::min(dx != 0 ? hx / std::fabs(dx) : 1e9f, dy != 0 ? hy / std::fabs(dy) : 1e9f);
+  return t >= 1 ? c : ImVec2(c.x + dx * t, c.y + dy * t);
+}
+
+// The lit group: members outlined and, for a sub-group, joined edge to edge in group order.
 void draw_group(ImDrawList* dl, const std::vector<Rect>& cells, const MeshGroup& g) {
   const bool sub = g.ranks.size() < cells.size();
   for (size_t i = 0; sub && i + 1 < g.ranks.size(); i++) {
     const int a = g.ranks[i], b = g.ranks[i + 1];
     if (a < 0 || b < 0 || a >= static_cast<int>(cells.size()) || b >= static_cast<int>(cells.size())) continue;
-    dl->AddLine(cells[static_cast<size_t>(a)].center(), cells[static_cast<size_t>(b)].center(), with_alpha(kLit, 0.8f), 3.0f);
+    const Rect& ra = cells[static_cast<size_t>(a)];
+    const Rect& rb = cells[static_cast<size_t>(b)];
+    dl->AddLine(edge_toward(ra, rb.center()), edge_toward(rb, ra.center()), with_alpha(kLit, 0.8f), 3.0f);
   }
   for (int r : g.ranks)
     if (r >= 0 && r < static_cast<int>(cells.size()))
