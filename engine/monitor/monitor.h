@@ -172,10 +172,12 @@ class MonitorFeed : public GateRelay {
   MonitorFeed(const MonitorOptions& opt, TraceRecorder& rec, std::function<RankMonitorStatus()> status);
   ~MonitorFeed() override;
   bool gate(int rank, int lane, const GateInfo& g) override;
-  void rank_done(int rank) override {}  // the hub learns it from this feed's Bye
+  // The rank's program ended: Bye now, so the deciding stepper stops waiting for this rank while
+  // its communicator still tears down (its shutdown waits for peers that may be held at gates).
+  void rank_done(int rank) override { finish(); }
   void cancel() override;
   bool holding() const override;
-  // Sends the last events and Bye (the run ended here).
+  // Sends the last events and Bye (the run ended here); once.
   void finish();
 
  private:
@@ -189,6 +191,7 @@ class MonitorFeed : public GateRelay {
   std::mutex send_mu_;  // orders flushes before gate requests
   EventPump pump_;
   std::string last_status_;
+  bool bye_sent_ = false;  // under send_mu_
   mutable std::mutex mu_;
   std::condition_variable cv_;
   uint64_t next_id_ = 1;

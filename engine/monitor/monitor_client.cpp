@@ -133,6 +133,11 @@ bool MonitorFeed::holding() const {
 
 void MonitorFeed::finish() {
   std::lock_guard<std::mutex> lock(send_mu_);
+  if (bye_sent_) {
+    flush_locked();  // what the teardown recorded since
+    return;
+  }
+  bye_sent_ = true;
   if (flush_locked()) link_->send(MonitorMsg::Bye, nullptr, 0);
 }
 
