@@ -218,7 +218,9 @@ TEST_SUITE("gui") {
     // The pictures: the state's colour in the Buckets view.
     const std::pair<int, app::BucketState> shown[] = {
         {filling, app::BucketState::Filling}, {ready, app::BucketState::Ready}, {launched, app::BucketState::Launched}};
-    for (const auto& [i, state] : shown) {
+    for (const auto& shot : shown) {  // not a structured binding: clang 14 cannot capture one in CAPTURE
+      const int i = shot.first;
+      const app::BucketState state = shot.second;
       CAPTURE(i);
       REQUIRE(i < shots);
       test::Image im = test::load_png(dir.file("b" + std::to_string(i) + ".png"));
