@@ -31,6 +31,7 @@
 #include "app/views/timeline_view.h"
 #include "app/views/views.h"
 #include "engine/core/check.h"
+#include "engine/train/compose.h"
 #include "engine/core/format.h"
 #include "engine/io/atomic_file.h"
 
@@ -53,7 +54,7 @@ PipelineRequest pipeline_request_of(const TrainConfig& c) {
   return {c.pipeline.schedule, c.pipeline.stages, c.pipeline.microbatches, c.pipeline.chunks, c.pipeline.fixed_costs.has_value()};
 }
 void apply_pipeline_request(TrainConfig& c, const PipelineRequest& r) {
-  c.strategy = "pipeline";
+  c.strategy = Strategy::Pipeline;
   c.pipeline.schedule = r.kind;
   c.pipeline.stages = r.stages, c.pipeline.microbatches = r.microbatches, c.pipeline.chunks = r.chunks;
   if (r.unit_costs) c.pipeline.fixed_costs = ActionCosts{kUnitActionCost, kUnitActionCost, kUnitActionCost, kUnitActionCost, 0};
@@ -429,19 +430,29 @@ std::string backend_words(const RunConfigView& rc) {
 // Strategy, world, model, batch and accumulation.
 bool strategy_controls(TrainConfig& c) {
   bool changed = false;
-  const char* strategies[] = {"single", "ddp", "fsdp", "pipeline", "dp"};
-  int si = c.strategy == "ddp" ? 1 : c.strategy == "fsdp" ? 2 : c.strategy == "pipeline" ? 3 : c.strategy == "dp" ? 4 : 0;
-  if (ImGui::Combo("strategy", &si, strategies, 5)) {
-    c.strategy = strategies[si];
-    if (c.strategy == "single") c.world_size = 1;
-    else if (c.world_size < 2) c.world_size = 4;
-    if (c.strategy == "fsdp") c.accum = 1;  // the engine's FSDP has no gradient accumulation yet
-    if (c.strategy == "dp") c.device = "cpu", c.backend = "threads";  // DataParallel runs on the CPU engine
-    if (c.strategy == "pipeline") apply_pipeline_request(c, pipeline_request_of(c));
-    changed = true;
+  // The strategy table's rows; one that refuses a feature this run turns on is greyed out, with why.
+  if (ImGui::BeginCombo("strategy", strategy_name(c.strategy))) {
+    for (const StrategyTraits& t : strategy_table()) {
+      TrainConfig next = c;
+      next.strategy = t.kind;
+      if (t.kind == Strategy::Single) next.world_size = 1;
+      std::string why;
+      for (Feature f : features_used(next))
+        if (why.empty()) why = feature_refusal(next, f);
+      if (ImGui::Selectable(t.name, c.strategy == t.kind, why.empty() ? 0 : ImGuiSelectableFlags_Disabled) && c.strategy != t.kind) {
+        c.strategy = t.kind;
+        if (c.strategy == Strategy::Single) c.world_size = 1;
+        else if (c.world_size < 2) c.world_size = 4;
+        if (c.strategy == Strategy::Pipeline) apply_pipeline_request(c, pipeline_request_of(c));
+        changed = true;
+      }
+      if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
+        ImGui::SetTooltip("%s (%s)%s%s", t.summary, t.torch, why.empty() ? "" : "\n", why.c_str());
+    }
+    ImGui::EndCombo();
   }
   int world = c.world_size;
-  ImGui::BeginDisabled(c.strategy == "single" || c.strategy == "pipeline");  // a pipeline's world is p x dp
+  ImGui::BeginDisabled(c.strategy == Strategy::Single || c.strategy == Strategy::Pipeline);  // a pipeline's world is p x dp
   ImGui::SliderInt("world", &world, 1, 16);
   if (ImGui::IsItemDeactivatedAfterEdit()) {
     c.world_size = world, changed = true;
@@ -460,17 +471,19 @@ bool strategy_controls(TrainConfig& c) {
   if (ImGui::InputInt("batch/rank", &batch) && batch >= 1) c.batch = batch;
   if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
   int accum = static_cast<int>(c.accum);
-  ImGui::BeginDisabled(c.strategy == "fsdp");
+  const std::string accum_refused = feature_refusal(c, Feature::Accumulation);
+  ImGui::BeginDisabled(!accum_refused.empty());
   if (ImGui::InputInt("accum", &accum) && accum >= 1) c.accum = accum;
   if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
   ImGui::EndDisabled();
+  if (!accum_refused.empty() && ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled)) ImGui::SetTooltip("%s", accum_refused.c_str());
   return changed;
 }
 
 // DDP's buckets (shown disabled for single).
 bool ddp_controls(TrainConfig& c) {
   bool changed = false;
-  ImGui::BeginDisabled(c.strategy != "ddp");
+  ImGui::BeginDisabled(c.strategy != Strategy::Ddp);
   float cap_kib = static_cast<float>(c.ddp.bucket_cap_bytes) / 1024.0f;
   float first_kib = static_cast<float>(c.ddp.first_bucket_bytes) / 1024.0f;
   if (ImGui::InputFloat("bucket KiB", &cap_kib, 1, 16, "%.1f") && cap_kib > 0)
@@ -550,10 +563,10 @@ bool optimizer_and_hardware_controls(TrainConfig& c) {
 void run_summary(const RunConfigView& rc) {
   ImGui::TextWrapped("%s on %s, %s; effective batch %lld", rc.model.c_str(), rc.data.c_str(), rc.optimizer.c_str(),
                      static_cast<long long>(rc.batch * rc.world * rc.accum));
-  if (rc.strategy == "fsdp")
+  if (rc.strategy == Strategy::Fsdp)
     ImGui::TextWrapped("FSDP %s over %d ranks, units: %s", sharding_name(rc.sharding), rc.world,
                        rc.wrap_layers ? "one per Linear" : "the whole model");
-  if (rc.strategy == "dp")
+  if (rc.strategy == Strategy::Dp)
     ImGui::TextWrapped("DataParallel: rank 0 loads batches of %lld, scatters %lld to each of %d devices, broadcasts the "
                        "parameters every forward and alone holds the optimizer", static_cast<long long>(rc.batch * rc.world),
                        static_cast<long long>(rc.batch), rc.world);
@@ -571,10 +584,10 @@ void App::config_panel() {
   ImGui::BeginDisabled(!run.attached.empty());
   TrainConfig& c = edit_;
   bool changed = strategy_controls(c);
-  if (c.strategy == "pipeline") {
+  if (c.strategy == Strategy::Pipeline) {
     PipelineRequest r = pipeline_request_of(c);
     if (pipeline_controls(r, false)) apply_pipeline_request(c, r), changed = true;
-  } else if (c.strategy != "fsdp") {  // fsdp shows its own options instead of DDP's buckets
+  } else if (c.strategy != Strategy::Fsdp) {  // fsdp shows its own options instead of DDP's buckets
     changed |= ddp_controls(c);
   } else {
     changed |= fsdp_controls(c);
@@ -651,7 +664,7 @@ void App::views() {
   }
   const Snapshot& s = session_->snapshot();
   bool set_epoch = ctx_.data_set_epoch;
-  const bool fsdp = s.config.strategy == "fsdp", pipeline = s.pipeline.valid;
+  const bool fsdp = s.config.strategy == Strategy::Fsdp, pipeline = s.pipeline.valid;
   // No spoilers: a view drawing a figure the pending question asks about is covered until Check.
   bool hidden[kNumViews] = {};
   if (lesson_)

@@ -231,7 +231,7 @@ double cross_node_bytes(const Snapshot& s, int from) {
 // NO_SHARD and ZeRO-1 save the rank's ZeRO-1 slice of the flat parameters.
 double checkpoint_elements(const Snapshot& s, int rank) {
   const RunConfigView& c = s.config;
-  if (c.strategy != "fsdp") throw_sentence("--save-sharded saves FSDP runs; this run's strategy is " + c.strategy);
+  if (c.strategy != Strategy::Fsdp) throw_sentence("--save-sharded saves FSDP runs; this run's strategy is " + std::string(strategy_name(c.strategy)));
   const auto real = [](int64_t numel, int64_t chunk, int r) {
     return std::clamp<int64_t>(numel - static_cast<int64_t>(r) * chunk, 0, chunk);
   };

@@ -93,7 +93,7 @@ void check_open(const CLI::App& app, const cli::TrainFlags& f, AppOptions& o) {
 
 // The lab's defaults for the shared training flags: a run to step through by hand.
 void set_lab_defaults(TrainConfig& c, cli::TrainFlags& f) {
-  c.strategy = "ddp";
+  c.strategy = Strategy::Ddp;
   c.world_size = 4;
   c.steps = 1000;
   c.batch = 64;
@@ -152,7 +152,7 @@ void finish_lab_run(AppOptions& o, const LabFlags& f, bool scenario) {
     throw Error("--world " + std::to_string(c.world_size) + " is more ranks than the lab draws; use 1 to " +
                 std::to_string(kLabMaxRanks) + " (dtlab-cli train runs up to " + std::to_string(cli::kMaxRanks) + ")");
   cli::finish_train_flags(f.train, c);
-  if (c.strategy == "pipeline") {
+  if (c.strategy == Strategy::Pipeline) {
     if (!f.compare.empty()) o.compare = static_cast<int>(parse_schedule_kind(f.compare));
     if (c.world_size > kLabMaxRanks)
       throw Error("--stages x --dp is " + std::to_string(c.world_size) + " ranks; the lab runs at most " + std::to_string(kLabMaxRanks));

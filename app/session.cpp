@@ -16,7 +16,7 @@ std::unique_ptr<Session> Session::attach(const std::string& address, double time
   const TrainConfig& c = s->config_;
   s->plan_model_ = std::make_unique<Model>(c.model, nullptr, c.seed);
   s->plan_data_ = std::make_unique<Dataset>(make_dataset(c.data, c.model.in_features(), c.model.out_features()));
-  if (c.strategy == "pipeline")
+  if (c.strategy == Strategy::Pipeline)
     s->plan_pipeline_ = std::make_unique<PipelinePlan>(plan_pipeline(c.model, c.pipeline, c.batch, c.world_size / std::max(1, c.tp)));
   s->plan_cost_ = std::make_unique<CostModel>(find_profile(c.profile), c.world_size);
   s->reset_builder();

@@ -15,6 +15,7 @@
 #include "engine/core/mesh.h"
 #include "engine/core/optim.h"
 #include "engine/parallel/memory_plan.h"
+#include "engine/train/strategy.h"
 #include "engine/parallel/pipeline.h"
 #include "engine/parallel/pipeline_schedule.h"
 #include "engine/trace/event.h"
@@ -214,7 +215,8 @@ struct DataView {
 };
 
 struct RunConfigView {
-  std::string strategy, model, data, optimizer, profile;
+  Strategy strategy = Strategy::Single;
+  std::string model, data, optimizer, profile;
   Algorithm algo = Algorithm::Ring;    // --algo (Default: auto, the tuning model's pick per call)
   Protocol proto = Protocol::Default;  // --proto (Default: auto)
   int world = 1;

@@ -157,7 +157,7 @@ std::vector<std::string> rank_slices(const MeshView& mv, int rank) {
 
 // The mesh of the run's --tp and pipeline stages over its world (engine/core/mesh.h).
 void reset_mesh(const TrainConfig& config, MeshView& m) {
-  const bool pipeline = config.strategy == "pipeline";
+  const bool pipeline = config.strategy == Strategy::Pipeline;
   const int stages = pipeline ? config.pipeline.stages : 1;
   m.sequence_parallel = config.sequence_parallel;
   m.dims = config.model.dims;
@@ -259,7 +259,7 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.precision = config.precision;
   c.reduce_fp32 = config.ddp.reduce_fp32;
   // Read before the run starts (FSDP releases the model's storage then; the counts stay).
-  c.sharding = config.strategy == "fsdp" ? config.fsdp.sharding : Sharding::NoShard;
+  c.sharding = config.strategy == Strategy::Fsdp ? config.fsdp.sharding : Sharding::NoShard;
   c.num_params = model.num_params();
   c.frozen_params = model.lora() ? model.spec().num_params() : 0;
   c.optimizer_kind = config.optimizer.kind;
@@ -764,7 +764,7 @@ void SnapshotBuilder::label_collective(bool all_done) {
       for (const BucketParam& p : b.params) names += (names.empty() ? "" : ", ") + p.name;
       cv.label = "DDP bucket " + std::to_string(b.index) + ": " + names;
     }
-  if (run_.config->strategy == "dp") {  // DataParallel's only collectives: replicate and ReduceAddCoalesced
+  if (run_.config->strategy == Strategy::Dp) {  // DataParallel's only collectives: replicate and ReduceAddCoalesced
     if (cv.op == CollectiveOp::Broadcast) cv.label = "DataParallel replicate: every parameter from rank 0";
     if (cv.op == CollectiveOp::Reduce) cv.label = "DataParallel backward: every gradient reduce-added onto rank 0";
   }
@@ -867,7 +867,7 @@ void SnapshotBuilder::build_data() {
   d.set_epoch = data_set_epoch_;
   d.owner.assign(static_cast<size_t>(ds.n), -1);
   const TrainConfig& config = *run_.config;
-  if (config.strategy == "dp") {
+  if (config.strategy == Strategy::Dp) {
     assign_dp_owners(shown);
     return;
   }
@@ -885,7 +885,7 @@ void SnapshotBuilder::build_data() {
 void SnapshotBuilder::name_data_owners() {
   DataView& d = snap_.data;
   const MeshShape& mesh = snap_.mesh.shape;
-  const bool dp = run_.config->strategy == "dp";
+  const bool dp = run_.config->strategy == Strategy::Dp;
   d.by_replica = !dp && mesh.dp < mesh.world();
   d.owners.clear();
   for (int r = 0; r < (dp ? run_.config->world_size : mesh.dp); r++) {

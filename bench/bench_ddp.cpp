@@ -117,7 +117,7 @@ Options parse_options(int argc, char** argv) {
 
 DtlabResult run_dtlab(const Options& o, const Caps& caps, const std::string& profile, int64_t timed_steps) {
   TrainConfig c;
-  c.strategy = "ddp";
+  c.strategy = Strategy::Ddp;
   c.world_size = o.world;
   c.model = ModelSpec::parse(o.model);
   c.batch = o.batch;

@@ -195,10 +195,14 @@ void check_memory_flags(const PlanArgs& a) {
     throw Error("--activation-checkpointing counts activations of s x b x h per layer (Korthikanti et al.); add " + join(missing, ", "));
 }
 
+// --strategy all: the table of every sharding strategy.
+constexpr const char* kEverySharding = "all";
+
 // Flags that only matter to some strategies: refuse them where they would be silently ignored.
 std::vector<Sharding> check_flags(const PlanArgs& a, const MemoryPlanInput& in) {
   std::vector<Sharding> strategies(kAllShardings.begin(), kAllShardings.end());
-  if (a.strategy != "all") {
+  const bool every = a.strategy == kEverySharding;
+  if (!every) {
     try {
       strategies = {parse_sharding(a.strategy)};
     } catch (const Error&) {  // same list as the engine's, plus the table
@@ -207,7 +211,7 @@ std::vector<Sharding> check_flags(const PlanArgs& a, const MemoryPlanInput& in) 
   }
   if (a.momentum && in.optimizer != OptimizerKind::SGD)
     throw Error("--momentum applies to --optimizer sgd; AdamW keeps its own moments (m and v)");
-  if (a.node_size_opt->count() && a.strategy != "all" && strategies.front() != Sharding::Hybrid)
+  if (a.node_size_opt->count() && !every && strategies.front() != Sharding::Hybrid)
     throw Error("--node-size sets HYBRID_SHARD's shard group; use it with --strategy hybrid or all");
   if (a.prefetch && a.unit_opt->count() == 0)
     throw Error("--prefetch counts the next unit's gathered parameters; give the largest unit's size with --unit-params");
@@ -326,7 +330,8 @@ void print_lora_and_payload(const PlanArgs& a, const MemoryPlanInput& in, const 
          << " x " << b.gradients << " bytes, what DDP's all-reduce carries; a ring sends about twice that per rank)\n";
 }
 
-void print_header(const PlanArgs& a, const MemoryPlanInput& in, const MeshPlan* mesh, Streams& io) {
+void print_header(const PlanArgs& a, const MemoryPlanInput& in, const std::vector<Sharding>& strategies, const MeshPlan* mesh,
+                  Streams& io) {
   const BytesPerParam b = bytes_per_param(in.dtype, in.optimizer, in.sgd_momentum, in.half_optimizer_state);
   const char* precision = plan_dtype_name(in.dtype);
   char psi[32];
@@ -342,7 +347,7 @@ void print_header(const PlanArgs& a, const MemoryPlanInput& in, const MeshPlan* 
   if (mesh)
     io.out << "Mesh: " << describe_mesh(mesh->mesh) << " (torch init_device_mesh order, tp fastest); each rank holds Ψ/(t·p) = "
            << param_count_str(mesh->rank_params) << " parameters, and the table shards them over its dp group of " << dp << "\n";
-  if (a.strategy == "all" || a.strategy == "hybrid") {
+  if (std::count(strategies.begin(), strategies.end(), Sharding::Hybrid) > 0) {
     const int group = a.node_size > 0 ? a.node_size : dp;
     if (group == dp)
       io.out << "HYBRID_SHARD: one group of all " << dp << " ranks, the same as FULL_SHARD (give the ranks per node with --node-size)\n";
@@ -449,7 +454,7 @@ int run_plan(const PlanArgs& a, Streams& io) {
   }
   MeshPlan mp;
   if (mesh) {  // the traffic table's DP: the one strategy asked for, or DDP beside the whole table
-    in.sharding = a.strategy == "all" ? Sharding::NoShard : strategies.front();
+    in.sharding = strategies.size() > 1 ? Sharding::NoShard : strategies.front();
     const HardwareProfile prof = a.profile.empty() ? HardwareProfile{} : find_profile(a.profile);
     mp = plan_mesh(mesh_input(a, in), a.profile.empty() ? nullptr : &prof);
   }
@@ -457,7 +462,7 @@ int run_plan(const PlanArgs& a, Streams& io) {
     print_json(a, in, strategies, plans, mesh ? &mp : nullptr, io);
     return 0;
   }
-  print_header(a, in, mesh ? &mp : nullptr, io);
+  print_header(a, in, strategies, mesh ? &mp : nullptr, io);
   print_memory_table(strategies, plans, io);
   if (mesh) print_mesh_traffic(a, mp, in.sharding, io);
   if (a.activation_checkpointing) print_activations(a, io);

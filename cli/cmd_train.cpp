@@ -85,7 +85,7 @@ void finish_config(TrainArgs& a) {
 // The header's lines about the strategy: DDP's buckets, DataParallel's traffic, FSDP's units.
 void print_strategy_lines(std::ostream& out, const Trainer& trainer) {
   const TrainConfig& c = trainer.config();
-  if (c.strategy == "ddp") {
+  if (c.strategy == Strategy::Ddp) {
     out << "  DDP: bucket cap " << human_bytes(c.ddp.bucket_cap_bytes) << ", first bucket "
         << human_bytes(c.ddp.first_bucket_bytes)
         << (c.ddp.find_unused_parameters ? ", find_unused_parameters" : "")
@@ -97,12 +97,12 @@ void print_strategy_lines(std::ostream& out, const Trainer& trainer) {
         << ":\n";
     for (const std::string& line : trainer.planned_buckets()) out << "    " << line << "\n";
   }
-  if (c.strategy == "dp")
+  if (c.strategy == Strategy::Dp)
     out << "  DataParallel: rank 0 loads batches of " << c.batch * c.world_size << " and scatters "
         << c.batch << " samples to each of the " << c.world_size << " devices; every forward broadcasts the "
         << human_bytes(c.model.num_params() * static_cast<int64_t>(sizeof(float)))
         << " of parameters from rank 0, every backward reduce-adds the gradients onto rank 0, which alone steps\n";
-  if (c.strategy == "fsdp")
+  if (c.strategy == Strategy::Fsdp)
     out << "  FSDP: " << sharding_name(c.fsdp.sharding)
         << (c.fsdp.sharding == Sharding::Hybrid
                 ? " (node groups of " + std::to_string(trainer.config().fsdp.node_size) + " ranks)" : std::string())
@@ -119,12 +119,12 @@ void print_header(const TrainArgs& a, std::ostream& out, const Trainer& trainer)
   out << "dtlab train: " << c.model.str() << " (" << with_commas(c.model.num_params())
       << " parameters) on " << ds.name << " (" << with_commas(ds.n) << " samples, " << ds.d
       << " features, " << ds.num_classes << " classes)\n";
-  out << "  strategy " << c.strategy << ", world " << c.world_size << ", batch " << c.batch
+  out << "  strategy " << strategy_name(c.strategy) << ", world " << c.world_size << ", batch " << c.batch
       << ", " << total << " steps (" << trainer.batches_per_epoch() << " batches per epoch), "
       << c.optimizer.str() << ", seed " << c.seed << ", shuffle "
       << (c.shuffle ? "on" : "off") << (c.drop_last ? ", drop_last" : "") << "\n";
   bool pipeline_printed = false;
-  if (c.strategy == "pipeline") print_pipeline_header(out, trainer), pipeline_printed = true;
+  if (c.strategy == Strategy::Pipeline) print_pipeline_header(out, trainer), pipeline_printed = true;
   if (!pipeline_printed && (c.accum > 1 || c.world_size > 1))
     out << "  effective batch " << trainer.effective_batch() << " = " << c.batch
         << (c.tp > 1 ? " per replica x " + std::to_string(trainer.mesh().dp) + (trainer.mesh().dp == 1 ? " replica" : " replicas")
@@ -215,10 +215,10 @@ void print_json_summary(std::ostream& out, const TrainConfig& c, const TrainSumm
                       {"train_accuracy", s.eval_accuracy},
                       {"peak_bytes", s.memory.total_peak},
                       {"effective_batch", s.effective_batch}};
-  if (c.strategy == "ddp" || c.strategy == "dp") {
+  if (c.strategy == Strategy::Ddp || c.strategy == Strategy::Dp) {
     j["world"] = c.world_size;
     j["overlap"] = s.mean_overlap;
-    if (c.strategy == "ddp") j["buckets"] = s.buckets, j["buckets_rebuilt"] = s.buckets_rebuilt;
+    if (c.strategy == Strategy::Ddp) j["buckets"] = s.buckets, j["buckets_rebuilt"] = s.buckets_rebuilt;
     nlohmann::json mem = nlohmann::json::array();
     for (const MemoryStats& m : s.rank_memory) {
       nlohmann::json r;
@@ -228,7 +228,7 @@ void print_json_summary(std::ostream& out, const TrainConfig& c, const TrainSumm
     }
     j["rank_memory"] = mem;
   }
-  if (c.strategy == "pipeline") j["pipeline"] = pipeline_json(s);
+  if (c.strategy == Strategy::Pipeline) j["pipeline"] = pipeline_json(s);
   j["precision"] = precision_name(c.precision);
   if (c.precision == Precision::FP16) j["loss_scale"] = s.loss_scale, j["rank_skipped_steps"] = s.rank_skipped_steps;
   if (!c.save_path.empty()) j["saved"] = c.save_path;
@@ -252,7 +252,7 @@ void print_memory(std::ostream& out, const TrainConfig& c, const TrainSummary& s
         << human_bytes(s.memory.peak[i]);
   }
   out << "; total " << human_bytes(s.memory.total_peak) << "\n";
-  if (c.strategy == "dp" && s.rank_memory.size() > 1) {  // a replica: nothing of the model between iterations
+  if (c.strategy == Strategy::Dp && s.rank_memory.size() > 1) {  // a replica: nothing of the model between iterations
     const MemoryStats& m = s.rank_memory[1];
     out << "memory (rank 1, a replica, peak of the last iteration):";
     for (int i = 0; i < kNumMemCategories; i++)
@@ -305,7 +305,7 @@ void print_summary(std::ostream& out, const Trainer& trainer, const TrainSummary
                 s.eval_loss, 100.0 * s.eval_accuracy, static_cast<long long>(s.eval_correct),
                 static_cast<long long>(s.eval_samples));
   out << line << "\n";
-  if (c.strategy == "ddp") {
+  if (c.strategy == Strategy::Ddp) {
     char ov[96];
     std::snprintf(ov, sizeof ov, "mean overlap %.0f%% of all-reduce time hidden behind backward (modeled, %s)",
                   100.0 * s.mean_overlap, c.profile.c_str());
@@ -315,13 +315,13 @@ void print_summary(std::ostream& out, const Trainer& trainer, const TrainSummary
       for (const std::string& b : s.buckets) out << "    " << b << "\n";
     }
   }
-  if (c.strategy == "dp" && s.mean_overlap >= 0) {
+  if (c.strategy == Strategy::Dp && s.mean_overlap >= 0) {
     char ov[160];
     std::snprintf(ov, sizeof ov, "mean overlap %.0f%% of the gradient reduce hidden behind backward (modeled, %s): "
                   "it starts once every replica's backward has finished", 100.0 * s.mean_overlap, c.profile.c_str());
     out << ov << "\n";
   }
-  if (c.strategy == "pipeline") print_pipeline_summary(out, trainer, s);
+  if (c.strategy == Strategy::Pipeline) print_pipeline_summary(out, trainer, s);
   print_memory(out, c, s);
   if (c.activation_checkpointing) print_checkpointing(out, c, s);
   if (is_mixed(c.precision)) print_precision(out, c, s);

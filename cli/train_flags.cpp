@@ -13,8 +13,10 @@ namespace {
 
 void add_run_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
   auto& all = f.all;
-  all.push_back(app.add_option("--strategy", c.strategy, "Parallel strategy: single | ddp | dp (torch.nn.DataParallel) | fsdp | pipeline")
-                    ->capture_default_str());
+  // The strategies' help is their table's rows (engine/train/strategy.h).
+  std::string help = "Parallel strategy:";
+  for (const StrategyTraits& t : strategy_table()) help += std::string("\n  ") + t.name + ": " + t.summary + " (" + t.torch + ")";
+  all.push_back(app.add_option("--strategy", f.strategy, help)->capture_default_str());
   f.world = app.add_option("--world", c.world_size, "Number of ranks (for strategies that use several)")
                 ->check(whole_number(1, kMaxRanks))->capture_default_str();
   f.model_opt = app.add_option("--model", f.model, "Model: mlp:D0,D1,...,Dk (layer widths) or a preset tiny | small | deep | wide")
@@ -167,7 +169,7 @@ void refuse_unless(bool strategy_given, const std::vector<CLI::Option*>& group, 
 }
 
 void finish_ddp(const TrainFlags& f, TrainConfig& c) {
-  refuse_unless(c.strategy == "ddp", f.ddp, " configures DDP's buckets; add --strategy ddp --world N");
+  refuse_unless(c.strategy == Strategy::Ddp, f.ddp, " configures DDP's buckets; add --strategy ddp --world N");
   // torch: bucket_cap_mb * 1024 * 1024 bytes (MB here means MiB, as in torch).
   c.ddp.bucket_cap_bytes = static_cast<int64_t>(f.bucket_cap_mb * 1048576.0);
   // Current torch: an explicit bucket_cap_mb makes the first bucket as large as the others
@@ -179,7 +181,7 @@ void finish_ddp(const TrainFlags& f, TrainConfig& c) {
 }
 
 void finish_fsdp(const TrainFlags& f, TrainConfig& c) {
-  refuse_unless(c.strategy == "fsdp", f.fsdp, " configures FSDP; add --strategy fsdp --world N");
+  refuse_unless(c.strategy == Strategy::Fsdp, f.fsdp, " configures FSDP; add --strategy fsdp --world N");
   c.fsdp.sharding = parse_sharding(f.sharding);
   if (f.node_size->count() > 0 && c.fsdp.sharding != Sharding::Hybrid)
     throw Error("--node-size sets HYBRID_SHARD's shard group; add --sharding hybrid");
@@ -189,8 +191,8 @@ void finish_fsdp(const TrainFlags& f, TrainConfig& c) {
 }
 
 void finish_pipeline(const TrainFlags& f, TrainConfig& c) {
-  refuse_unless(c.strategy == "pipeline", f.pipeline, " configures a pipeline; add --strategy pipeline --stages p");
-  if (c.strategy != "pipeline") return;
+  refuse_unless(c.strategy == Strategy::Pipeline, f.pipeline, " configures a pipeline; add --strategy pipeline --stages p");
+  if (c.strategy != Strategy::Pipeline) return;
   c.pipeline.schedule = parse_schedule_kind(f.schedule);
   if (!f.split.empty()) c.pipeline.split = parse_split(f.split);
   if (f.unit_costs) c.pipeline.fixed_costs = ActionCosts{kUnitActionCost, kUnitActionCost, kUnitActionCost, kUnitActionCost, 0};
@@ -219,6 +221,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
 }
 
 void finish_train_flags(const TrainFlags& f, TrainConfig& c) {
+  c.strategy = parse_strategy(f.strategy);
   c.model = ModelSpec::parse(model_preset_spec(f.model));
   c.optimizer = default_optimizer_config(parse_optimizer_kind(f.optimizer));
   if (f.lr_opt->count() > 0) c.optimizer.lr = f.lr;
@@ -232,7 +235,7 @@ void finish_train_flags(const TrainFlags& f, TrainConfig& c) {
   finish_pipeline(f, c);
   finish_lora(f, c);
   finish_precision(f, c);
-  if (c.strategy == "single") {
+  if (c.strategy == Strategy::Single) {
     if (f.world->count() > 0 && c.world_size != 1)
       throw Error("--strategy single runs one rank, but --world is " + std::to_string(c.world_size) +
                   "; drop --world, set it to 1, or use --strategy ddp");

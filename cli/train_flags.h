@@ -44,6 +44,7 @@ struct TrainFlags {
   CLI::Option *lora_rank_opt = nullptr, *lora_alpha_opt = nullptr, *lora_layers_opt = nullptr, *merge_lora_opt = nullptr;
   // Mixed precision (issue 17): --precision, --reduce-dtype
   std::string precision = "fp32", reduce_dtype;
+  std::string strategy = "single";  // parsed into TrainConfig::strategy by finish_train_flags
 };
 
 // "tiny", "small", "deep" and "wide" as their mlp: specs; any other text as it is.

@@ -12,7 +12,7 @@ namespace dtlab::test {
 // A paused DDP run of a small MLP on `world` ranks, with small buckets so an iteration has several.
 inline TrainConfig lab_config(int world) {
   TrainConfig c;
-  c.strategy = "ddp";
+  c.strategy = Strategy::Ddp;
   c.world_size = world;
   c.model = ModelSpec::parse("mlp:2,64,64,3");
   c.batch = 16;

@@ -125,7 +125,7 @@ TEST_SUITE("cli") {
     check_usage_error({"train", "--momentum", "0.9"}, "--momentum applies to --optimizer sgd");
     check_usage_error({"train", "--optimizer", "adamw", "--momentum", "0"}, "--momentum applies to --optimizer sgd");
     check_usage_error({"train", "--world", "4"}, "--strategy single runs one rank, but --world is 4");
-    check_usage_error({"train", "--strategy", "tensor"}, "strategy 'tensor' is not available in this version; use --strategy single, ddp, dp, fsdp or pipeline");
+    check_usage_error({"train", "--strategy", "tensor"}, "--strategy 'tensor' is not a strategy; use single, ddp, dp, fsdp, pipeline");
   }
 
   TEST_CASE("model and data specs") {

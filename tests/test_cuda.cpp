@@ -678,7 +678,7 @@ TEST_CASE("train --device cuda: one rank, and DDP of 4 ranks sharing the GPU, fo
   c.steps = 8;
   c.batch = 16;
   check_follows_cpu(c, "cuda", "single");
-  c.strategy = "ddp";
+  c.strategy = Strategy::Ddp;
   c.world_size = 4;
   check_follows_cpu(c, "cuda", "ddp, cuda backend, 4 ranks");
   c.optimizer = default_optimizer_config(OptimizerKind::SGD);
@@ -693,7 +693,7 @@ TEST_CASE("train --device cuda: one rank, and DDP of 4 ranks sharing the GPU, fo
 TEST_CASE("train --device cuda: every rank's tensors on its GPU, charged to its tracker, and the placement said") {
   DTLAB_REQUIRE_CUDA_DEVICE();
   TrainConfig c;
-  c.strategy = "ddp";
+  c.strategy = Strategy::Ddp;
   c.world_size = 2;
   c.model = ModelSpec::parse("mlp:2,32,32,3");
   c.steps = 2;
@@ -724,13 +724,13 @@ TEST_CASE("train --device cuda --backend nccl: DDP with one GPU per rank follows
     return;
   }
   TrainConfig c;
-  c.strategy = "ddp";
+  c.strategy = Strategy::Ddp;
   c.world_size = 2;
   c.model = ModelSpec::parse("mlp:2,32,32,3");
   c.steps = 8;
   c.batch = 16;
   check_follows_cpu(c, "nccl", "ddp, nccl backend, 2 GPUs");
-  c.strategy = "fsdp";
+  c.strategy = Strategy::Fsdp;
   check_follows_cpu(c, "nccl", "fsdp (full shard), nccl backend, 2 GPUs");
 }
 #endif

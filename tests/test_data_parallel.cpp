@@ -28,7 +28,7 @@ constexpr int64_t kP = 4547, kS = kP * 4;
 
 TrainConfig dp_config(int world, int64_t batch, int64_t steps) {
   TrainConfig c;
-  c.strategy = "dp";
+  c.strategy = Strategy::Dp;
   c.world_size = world;
   c.model = ModelSpec::parse("mlp:2,64,64,3");
   c.data = "spiral";  // 3000 samples
@@ -235,7 +235,7 @@ TEST_SUITE("data_parallel") {
 
   TEST_CASE("dp runs on the CPU by default, whatever GPUs the machine has") {
     DeviceQuery q;
-    q.strategy = "dp";
+    q.strategy = Strategy::Dp;
     q.ranks_on_node = 4;
     q.gpus = 8;
     q.cuda_built = q.nccl_built = true;
@@ -243,21 +243,22 @@ TEST_SUITE("data_parallel") {
     CHECK(c.device == "cpu");
     CHECK(c.backend == "threads");
     CHECK(c.why == "cpu: --strategy dp runs on the CPU engine");
-    q.strategy = "ddp";
+    q.strategy = Strategy::Ddp;
     CHECK(resolve_device(q).device == "cuda");
   }
 
   TEST_CASE("combinations that make no sense are one sentence, the CLI exits 2") {
     TrainConfig c = dp_config(2, 16, 1);
     c.skip_layer = 2;
-    CHECK(error_of(c) == "--skip-layer is DDP's unused-parameters lesson; drop it with --strategy dp");
+    CHECK(error_of(c) == "--skip-layer with --strategy dp: it is DDP's unused-parameters lesson; drop it, or use --strategy ddp");
     c = dp_config(2, 16, 1);
     c.device = "cuda";
     c.backend = "cuda";
-    CHECK(error_of(c) == "--strategy dp runs on the CPU engine in this version; use --device cpu, or --strategy ddp on GPUs");
+    CHECK(error_of(c) == "--device cuda with --strategy dp: not built yet, DataParallel runs on the CPU engine; use --device cpu, or "
+                        "--strategy ddp on GPUs");
     c = dp_config(2, 16, 1);
     c.backend = "socket";
-    CHECK(error_of(c).find("cannot run one process per rank under dtlab-cli launch; use --strategy ddp there") != std::string::npos);
+    CHECK(error_of(c).find("so it cannot run one process per rank; use --strategy ddp under dtlab-cli launch") != std::string::npos);
     // Batches of 16 x 4 = 64: every full batch splits evenly; the last one of an epoch may not.
     c = dp_config(4, 16, 1);
     c.data = "spiral:points=335";  // 1005 samples, batches of 64: the last holds 45 (pieces of 12: 12, 12, 12, 9)
@@ -281,7 +282,7 @@ TEST_SUITE("data_parallel") {
     };
     usage({"train", "--strategy", "dp", "--world", "2", "--steps", "1", "--sharding", "full"}, "configures FSDP");
     usage({"train", "--strategy", "dp", "--world", "2", "--steps", "1", "--bucket-cap-mb", "1"}, "configures DDP's buckets");
-    usage({"train", "--strategy", "dp", "--world", "2", "--steps", "1", "--skip-layer", "2"}, "drop it with --strategy dp");
+    usage({"train", "--strategy", "dp", "--world", "2", "--steps", "1", "--skip-layer", "2"}, "--skip-layer with --strategy dp: it is DDP's unused-parameters lesson");
     usage({"train", "--strategy", "dp", "--world", "4", "--steps", "1", "--data", "spiral:points=323", "--batch", "16"},
           "without a replica");
   }

@@ -452,7 +452,7 @@ TEST_SUITE("ddp") {
     c.skip_layer = 1;
     CHECK(message(c).find("is a ReLU") != std::string::npos);
     c = ddp_config(2, 16, 1);
-    c.strategy = "single";
+    c.strategy = Strategy::Single;
     CHECK(message(c).find("use --strategy ddp") != std::string::npos);
   }
 }

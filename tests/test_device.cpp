@@ -13,7 +13,7 @@ DeviceQuery machine(int gpus, int ranks, const std::string& strategy = "ddp") {
   DeviceQuery q;
   q.gpus = gpus;
   q.ranks_on_node = ranks;
-  q.strategy = strategy;
+  q.strategy = parse_strategy(strategy);
   q.cuda_built = q.nccl_built = true;
   q.no_gpu_reason = "no CUDA device (cudaGetDeviceCount: no CUDA-capable device is detected)";
   return q;

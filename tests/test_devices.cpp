@@ -80,7 +80,7 @@ TrainConfig base_config() {
 // DDP on the cuda backend: `world` ranks sharing the GPU.
 TrainConfig cuda_ddp_config(int world) {
   TrainConfig c = base_config();
-  c.strategy = "ddp";
+  c.strategy = Strategy::Ddp;
   c.world_size = world;
   c.device = "cuda";
   c.backend = "cuda";
@@ -95,21 +95,21 @@ struct StrategyCase {
 // The table: what each case changes in base_config().
 std::vector<StrategyCase> strategy_cases() {
   std::vector<StrategyCase> cases;
-  cases.push_back({"single", [](TrainConfig& c) { c.strategy = "single"; }});
+  cases.push_back({"single", [](TrainConfig& c) { c.strategy = Strategy::Single; }});
   cases.push_back({"ddp, 4 ranks, 4 KiB buckets", [](TrainConfig& c) {
-                     c.strategy = "ddp";
+                     c.strategy = Strategy::Ddp;
                      c.world_size = 4;
                    }});
   for (Sharding s : kAllShardings)
     cases.push_back({std::string("fsdp --sharding ") + sharding_flag(s) + ", 4 ranks", [s](TrainConfig& c) {
-                       c.strategy = "fsdp";
+                       c.strategy = Strategy::Fsdp;
                        c.world_size = 4;
                        c.fsdp.sharding = s;
                        if (s == Sharding::Hybrid) c.fsdp.node_size = 2;
                      }});
   for (ScheduleKind k : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved1F1B, ScheduleKind::ZBH1})
     cases.push_back({std::string("pipeline --schedule ") + schedule_kind_flag(k) + ", 2 stages x dp 2", [k](TrainConfig& c) {
-                       c.strategy = "pipeline";
+                       c.strategy = Strategy::Pipeline;
                        c.world_size = 4;
                        c.pipeline.stages = 2;
                        c.pipeline.dp = 2;
@@ -189,7 +189,7 @@ void check_every_strategy(const std::string& device) {
     CHECK(dp <= kTol);
     CHECK(dl <= kTol);
     CHECK(std::fabs(double(dev.eval_loss) - cpu.eval_loss) <= kTol);
-    if (c.strategy == "ddp") CHECK(dev.bucket_allreduces == cpu.bucket_allreduces);  // the same buckets, launched alike
+    if (c.strategy == Strategy::Ddp) CHECK(dev.bucket_allreduces == cpu.bucket_allreduces);  // the same buckets, launched alike
   }
 }
 

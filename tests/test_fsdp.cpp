@@ -66,7 +66,7 @@ TEST_SUITE("fsdp") {
             CAPTURE(name(sh));
             CAPTURE(wrap_layers);
             TrainConfig f = d;
-            f.strategy = "fsdp";
+            f.strategy = Strategy::Fsdp;
             f.fsdp.sharding = sh;
             f.fsdp.wrap_layers = wrap_layers;
             Trainer t(f);
@@ -166,7 +166,7 @@ TEST_SUITE("fsdp") {
           CAPTURE(node);
           CAPTURE(optimizer_name(kind));
           TrainConfig f = d;
-          f.strategy = "fsdp";
+          f.strategy = Strategy::Fsdp;
           f.fsdp.sharding = Sharding::Hybrid;
           f.fsdp.node_size = node;
           Trainer t(f);

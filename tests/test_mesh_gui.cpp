@@ -28,7 +28,7 @@ struct MeshRig {
   SnapshotBuilder builder;
 
   MeshRig(const std::string& strategy, const std::string& spec, int world, int tp, int stages) {
-    config.strategy = strategy;
+    config.strategy = parse_strategy(strategy);
     config.world_size = world;
     config.tp = tp;
     config.pipeline.stages = stages;

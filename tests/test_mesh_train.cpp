@@ -149,8 +149,8 @@ TEST_SUITE("mesh") {
     CHECK(error_of(c) == "--tp 4 splits the output features of Linear 0 (width 30) across the tensor-parallel group, but 30 is not "
                          "divisible by 4; use hidden widths that are multiples of --tp");
     c = mesh_config("dp", 2, 2, OptimizerKind::AdamW);
-    CHECK(error_of(c) == "--tp splits each layer across the ranks of one replica; use it with --strategy ddp, fsdp or pipeline "
-                         "(e.g. --strategy ddp --world 2 --tp 2)");
+    CHECK(error_of(c) == "--tp with --strategy dp: torch.nn.DataParallel replicates the whole module from one process and has no "
+                         "process groups to split it over; use --strategy ddp (or fsdp) with --tp");
     c = mesh_config("ddp", 2, 1, OptimizerKind::AdamW);
     c.sequence_parallel = true;
     CHECK(error_of(c) == "--sequence-parallel splits activations across the tensor-parallel group; add --tp 2 or more");
@@ -246,8 +246,8 @@ TEST_SUITE("mesh") {
 TEST_SUITE("mesh") {
   TEST_CASE("--tp with a strategy that has no replica to split gets the strategy's sentence first") {
     TrainConfig c = mesh_config("single", 1, 2, OptimizerKind::AdamW);
-    CHECK(error_of(c) == "--tp splits each layer across the ranks of one replica; use it with --strategy ddp, fsdp or pipeline "
-                         "(e.g. --strategy ddp --world 2 --tp 2)");
+    CHECK(error_of(c) == "--tp with --strategy single: one rank has no group to split a layer across; use --strategy ddp --world T "
+                         "--tp T (one replica in T shards)");
     c = mesh_config("pipeline", 4, 1, OptimizerKind::AdamW);
     c.pipeline.stages = 2;
     c.pipeline.dp = 1;

@@ -204,10 +204,10 @@ TEST_CASE("GradScaler: torch's update rules (backoff 0.5 at once, growth 2 after
 
 TEST_CASE("mixed precision refuses what it does not run with, in one sentence") {
   TrainConfig c = mixed("fsdp", 2, Precision::BF16, 2);
-  CHECK(test::error_of(c) == "--precision bf16 with --strategy fsdp is not available in this version; use --strategy single or ddp");
+  CHECK(test::error_of(c) == "--precision bf16 with --strategy fsdp: not built yet, FSDP's shards are float32 only; use --strategy ddp for mixed precision");
   c = mixed("ddp", 2, Precision::BF16, 2);
   c.lora.rank = 4;
-  CHECK(test::error_of(c) == "--precision bf16 with --lora-rank is not available in this version; drop one of them");
+  CHECK(test::error_of(c) == "--precision bf16 with --lora-rank: not built yet, the adapters are float32; drop one of them");
   c = mixed("ddp", 2, Precision::BF16, 2);
   c.inject_overflow_steps = {1};
   CHECK(test::error_of(c) == "--inject-overflow makes fp16 gradients overflow (bf16 has float32's range); use --precision fp16");
@@ -220,6 +220,6 @@ TEST_CASE("mixed precision refuses what it does not run with, in one sentence") 
   CHECK(test::error_of(c) == "--reduce-dtype fp32 applies to 16-bit gradients; add --precision bf16 or fp16");
   c = mixed("ddp", 2, Precision::FP16, 2);
   c.activation_checkpointing = true;
-  CHECK(test::error_of(c) == "--precision fp16 with --activation-checkpointing is not available in this version; drop one of them");
+  CHECK(test::error_of(c) == "--precision fp16 with --activation-checkpointing: not built yet, the checkpointed blocks recompute in float32; drop one of them");
   CHECK_THROWS_WITH(parse_precision("fp8"), "precision 'fp8' is not known; use fp32, bf16 or fp16");
 }

@@ -57,7 +57,7 @@ TEST_SUITE("monitor") {
 
 TEST_CASE("a run's configuration round-trips through JSON, every field") {
   TrainConfig c;
-  c.strategy = "fsdp";
+  c.strategy = Strategy::Fsdp;
   c.world_size = 4;
   c.model = ModelSpec::parse("mlp:2,16,8,3");
   c.data = "blobs";
@@ -158,7 +158,7 @@ TEST_CASE("a launched 2-process DDP run is stepped from a viewer: collective by 
   CHECK(c.backend() == "socket");
   CHECK(c.total_steps() == 3);
   const TrainConfig cfg = train_config_from_json(c.config_json());
-  CHECK(cfg.strategy == "ddp");
+  CHECK(cfg.strategy == Strategy::Ddp);
   CHECK(cfg.model.str() == "mlp:2,16,3");
 
   // Paused from the start: both processes wait at DDP's first collective (#0, the parameter shape

@@ -28,7 +28,7 @@ std::string nan_data() { return std::string(DTLAB_SOURCE_DIR) + "/tests/data/nan
 // batch with two ranks (a rank takes every second row), in the third batch of one rank.
 TrainConfig nan_config(const std::string& strategy, int world) {
   TrainConfig c;
-  c.strategy = strategy;
+  c.strategy = parse_strategy(strategy);
   c.world_size = world;
   c.model = ModelSpec::parse("mlp:2,16,16,3");
   c.data = nan_data();

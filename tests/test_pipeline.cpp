@@ -33,7 +33,7 @@ const char* kModel8 = "mlp:2,16,16,16,16,16,16,16,3";    // 8 Linear layers: 4 r
 
 TrainConfig pipeline_config(const char* model, ScheduleKind kind, int p, int m, int64_t batch, int v = 1, int dp = 1) {
   TrainConfig c;
-  c.strategy = "pipeline";
+  c.strategy = Strategy::Pipeline;
   c.model = ModelSpec::parse(model);
   c.data = "spiral";
   c.batch = batch;

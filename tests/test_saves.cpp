@@ -30,7 +30,7 @@ namespace {
 
 TrainConfig fsdp_config(int world, int64_t steps, const std::string& dir) {
   TrainConfig c;
-  c.strategy = "fsdp";
+  c.strategy = Strategy::Fsdp;
   c.world_size = world;
   c.model = ModelSpec::parse("mlp:2,32,32,3");
   c.batch = 16;

@@ -19,7 +19,7 @@ namespace {
 // p ranks, m micro-batches, every action 1 ms of modeled time, free links: the formulas hold exactly.
 TrainConfig pipe_config(ScheduleKind kind, int p, int m, int v = 1) {
   TrainConfig c;
-  c.strategy = "pipeline";
+  c.strategy = Strategy::Pipeline;
   c.pipeline.stages = p;
   c.pipeline.microbatches = m;
   c.pipeline.schedule = kind;

@@ -19,7 +19,7 @@ namespace {
 
 TrainConfig fsdp_config(int world, Sharding sh, int64_t steps) {
   TrainConfig c;
-  c.strategy = "fsdp";
+  c.strategy = Strategy::Fsdp;
   c.world_size = world;
   c.model = ModelSpec::parse("mlp:2,32,32,3");  // units of 96, 1056 and 99 elements
   c.batch = 16;
@@ -172,7 +172,7 @@ TEST_SUITE("sharded_checkpoint") {
     CHECK(same_params(m, before));
 
     TrainConfig bad = save;
-    bad.strategy = "ddp";
+    bad.strategy = Strategy::Ddp;
     bad.fsdp = {};
     CHECK_THROWS_WITH_AS(Trainer{bad}, doctest::Contains("--save-sharded writes each rank's FSDP shard"), Error);
     std::ofstream(dir.file("afile")) << "x";

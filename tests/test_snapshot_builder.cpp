@@ -24,12 +24,12 @@ struct Rig {
   SnapshotBuilder builder;
 
   explicit Rig(const std::string& strategy = "ddp", int world = 4, int tp = 1, int stages = 1) : rec(world) {
-    config.strategy = strategy;
+    config.strategy = parse_strategy(strategy);
     config.world_size = world;
     config.tp = tp;
     config.model = ModelSpec::parse(tp > 1 || stages > 1 ? "mlp:2,8,8,8,3" : "mlp:2,8,3");
     config.batch = 16;
-    if (strategy == "pipeline") {
+    if (config.strategy == Strategy::Pipeline) {
       config.pipeline.stages = stages;
       config.pipeline.dp = world / (tp * stages);
       config.pipeline.schedule = ScheduleKind::GPipe;

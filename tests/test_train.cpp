@@ -269,7 +269,7 @@ TEST_SUITE("train") {
       CHECK_THROWS_AS(Trainer{c}, Error);
     };
     TrainConfig c = demo_config(1);
-    c.strategy = "pipeline";
+    c.strategy = Strategy::Pipeline;
     rejects(c, "strategy");
     c = demo_config(1);
     c.world_size = 2;

@@ -30,7 +30,7 @@ inline double max_abs_diff(const Model& a, const Model& b) {
 // explicitly: TrainConfig's optimizer defaults are torch's (lr 1e-3, no decay), not the CLI's.
 inline TrainConfig demo_config(const std::string& strategy, int world, int64_t batch, int64_t steps) {
   TrainConfig c;
-  c.strategy = strategy;
+  c.strategy = parse_strategy(strategy);
   c.world_size = world;
   c.model = ModelSpec::parse("mlp:2,64,64,3");
   c.data = "spiral";
@@ -57,7 +57,7 @@ inline std::string error_of(const TrainConfig& c) {
 // with `batch` samples per step (the run's samples of a step over every rank).
 inline TrainConfig single_like(const TrainConfig& distributed, int64_t batch) {
   TrainConfig c = distributed;
-  c.strategy = "single";
+  c.strategy = Strategy::Single;
   c.world_size = 1;
   c.batch = batch;
   c.accum = 1;

@@ -70,9 +70,9 @@ void draw_legend(float fs) {
 }
 
 void draw_no_buckets(const Snapshot& s) {
-  if (s.config.strategy != "ddp") {
+  if (s.config.strategy != Strategy::Ddp) {
     ImGui::TextUnformatted("Buckets exist with --strategy ddp.");
-    ImGui::TextDisabled("This run uses --strategy %s: no gradient is all-reduced in buckets.", s.config.strategy.c_str());
+    ImGui::TextDisabled("This run uses --strategy %s: no gradient is all-reduced in buckets.", strategy_name(s.config.strategy));
     ImGui::PushTextWrapPos(0.0f);
     ImGui::TextDisabled("DDP packs gradients into buckets in reverse layer order and all-reduces each bucket as "
                         "soon as backward has filled it, overlapping communication with the rest of backward.");

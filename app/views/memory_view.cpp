@@ -503,7 +503,7 @@ void draw_strategies_compared(const Snapshot& s, MemoryViewState& view) {
   if (rc.num_params <= 0) return;
   const float font = ImGui::GetFontSize();
   // The run: ddp is NO_SHARD, single is NO_SHARD on one rank (nothing to shard).
-  const bool single = rc.strategy == "single";
+  const bool single = rc.strategy == Strategy::Single;
   MemoryPlanInput in;
   // Under LoRA the planner's Ψ is the frozen base and Ψ_L the adapters (FSDP units: not modelled).
   const bool lora = rc.frozen_params > 0;
@@ -538,9 +538,9 @@ void draw_strategies_compared(const Snapshot& s, MemoryViewState& view) {
     if (kCompared[i] == rc.sharding) running = i;
   // HYBRID_SHARD is not among the four rows; FSDP under LoRA keeps the frozen base whole on every rank
   // (only the adapters are units), which the planner's sharded Ψ + Ψ_L does not model.
-  if (view.plans.ok && rc.sharding != Sharding::Hybrid && !(lora && rc.strategy == "fsdp"))
+  if (view.plans.ok && rc.sharding != Sharding::Hybrid && !(lora && rc.strategy == Strategy::Fsdp))
     draw_run_vs_planner(s, view.plans.plans[static_cast<size_t>(running)],
-                        view.hovered_rank >= 0 ? view.hovered_rank : std::max(s.stepper.focus_rank, 0), rc.strategy == "fsdp", mixed);
+                        view.hovered_rank >= 0 ? view.hovered_rank : std::max(s.stepper.focus_rank, 0), rc.strategy == Strategy::Fsdp, mixed);
   ImGui::Spacing();
   ImGui::Separator();
   ImGui::TextUnformatted("Strategies compared");
@@ -558,15 +558,15 @@ void draw_strategies_compared(const Snapshot& s, MemoryViewState& view) {
   std::string subtitle = std::string(mixed ? precision_name(rc.precision) : "fp32") + (mixed ? " mixed precision, " : ", ") + opt +
                          "; this run: ";
   if (single) subtitle += "single, one rank: nothing to shard, every strategy holds it all";
-  else if (rc.strategy == "ddp") subtitle += "ddp = NO_SHARD (every rank a full replica)";
-  else if (rc.strategy == "dp") subtitle += "dp: rank 0 as NO_SHARD; the others hold a replica only inside an iteration";
+  else if (rc.strategy == Strategy::Ddp) subtitle += "ddp = NO_SHARD (every rank a full replica)";
+  else if (rc.strategy == Strategy::Dp) subtitle += "dp: rank 0 as NO_SHARD; the others hold a replica only inside an iteration";
   else subtitle += sharding_name(rc.sharding);
   std::string footnote;
   if (in.world > 1 && in.largest_unit_params > 0)
     footnote = "gathered: the largest unit (" + param_count_str(in.largest_unit_params) + " parameters, " +
                (rc.wrap_layers ? "one Linear" : "the whole model") + ") unsharded" +
                (in.units_in_flight == 2 ? ", twice with BACKWARD_PRE" : "") +
-               (rc.strategy == "fsdp" ? "" : " (FSDP's defaults)");
+               (rc.strategy == Strategy::Fsdp ? "" : " (FSDP's defaults)");
 
   const float avail = ImGui::GetContentRegionAvail().x;
   const float spacing = font * 1.5f;

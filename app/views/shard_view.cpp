@@ -187,7 +187,7 @@ void draw_legend(float fs, int W) {
 
 void draw_shard_view(const Snapshot& s, ViewContext& ctx) {
   const float fs = ImGui::GetFontSize();
-  if (s.config.strategy != "fsdp") {
+  if (s.config.strategy != Strategy::Fsdp) {
     ImGui::TextUnformatted("The shard map shows --strategy fsdp runs.");
     ImGui::PushTextWrapPos(0.0f);
     ImGui::TextDisabled("FSDP flattens each unit's parameters into one buffer, splits it in W chunks of ceil(N/W) and "

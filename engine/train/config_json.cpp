@@ -138,7 +138,7 @@ struct Reader {
 // TrainConfig) or Reader (C a TrainConfig).
 template <class Io, class C>
 void config_fields(Io& io, C& c) {
-  io.field("strategy", c.strategy);
+  io.text("strategy", c.strategy, strategy_name, parse_strategy);
   io.field("world_size", c.world_size);
   io.text("model", c.model, [](const ModelSpec& m) { return m.str(); }, ModelSpec::parse);
   io.field("data", c.data);

@@ -22,7 +22,7 @@ DeviceChoice resolve_device(const DeviceQuery& q) {
   const std::string ranks = plural(q.ranks_on_node, "rank", "ranks"), gpus = plural(q.gpus, "GPU", "GPUs");
 
   // The device. DataParallel (dp) runs on the CPU engine only: by default there, whatever the GPUs.
-  const bool cpu_only = q.strategy == "dp" && !c.launched;
+  const bool cpu_only = q.strategy == Strategy::Dp && !c.launched;
   if (q.device == "cpu" || (q.device.empty() && !gpu_backend && (q.gpus == 0 || !q.cuda_built || cpu_only))) {
     if (gpu_backend)
       throw Error("--backend " + q.backend + " moves device memory; add --device cuda, or use --backend threads on the CPU");

@@ -6,12 +6,14 @@
 #pragma once
 #include <string>
 
+#include "engine/train/strategy.h"
+
 namespace dtlab {
 
 struct DeviceQuery {
   std::string device;        // --device: "", cpu or cuda ("" = not given)
   std::string backend;       // --backend: "", threads, cuda, nccl; socket when dtlab-cli launch started us
-  std::string strategy = "single";
+  Strategy strategy = Strategy::Single;
   int ranks_on_node = 1;     // ranks this machine runs (LOCAL_WORLD_SIZE under launch, else --world)
   int gpus = 0;              // CUDA devices this process sees
   bool cuda_built = false;   // this build has the CUDA engine

@@ -83,7 +83,7 @@ TraceComparison compare_trace(const ImportedTrace& trace, const TraceCompareOpti
                 "with DDP's buckets; record it with torch.profiler's step() (or tools/record_torch_trace.py).");
   const int world = static_cast<int>(trace.ranks.size());
   TrainConfig c;
-  c.strategy = "ddp";  // a one-rank DDP job all-reduces its buckets too
+  c.strategy = Strategy::Ddp;  // a one-rank DDP job all-reduces its buckets too
   c.world_size = world;
   c.model = ModelSpec::parse(opt.model);
   c.batch = opt.batch;

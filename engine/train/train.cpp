@@ -14,6 +14,7 @@
 #include "engine/io/checkpoint.h"
 #include "engine/io/sharded_checkpoint.h"
 #include "engine/monitor/monitor.h"
+#include "engine/train/compose.h"
 #include "engine/train/config_json.h"
 #include "engine/train/iteration_gate.h"
 #include "engine/train/mesh_rank.h"
@@ -58,46 +59,24 @@ void validate_tensor_parallel(const TrainConfig& c) {
   if (c.sequence_parallel && c.tp < 2)
     throw Error("--sequence-parallel splits activations across the tensor-parallel group; add --tp 2 or more");
   if (c.tp == 1) return;  // (a pipeline's world is checked against its stages by plan_pipeline)
-  const bool pipeline = c.strategy == "pipeline";
-  if (c.strategy != "ddp" && c.strategy != "fsdp" && !pipeline)
-    throw Error("--tp splits each layer across the ranks of one replica; use it with --strategy ddp, fsdp or pipeline "
-                "(e.g. --strategy ddp --world " + std::to_string(c.tp) + " --tp " + std::to_string(c.tp) + ")");
+  const bool pipeline = c.strategy == Strategy::Pipeline;
   const MeshShape m = resolve_mesh(c.world_size, c.tp, pipeline ? c.pipeline.stages : 1);
-  if (c.backend != "threads" || c.device != "cpu")
-    throw Error("--tp runs its ranks as threads of this process on the CPU in this version; use --backend threads --device cpu");
-  if (pipeline && c.sequence_parallel)
-    throw Error("--sequence-parallel with --strategy pipeline is not available in this version; drop one of them");
   if (pipeline && m.dp != c.pipeline.dp)
     throw Error("--world " + std::to_string(c.world_size) + " with --tp " + std::to_string(c.tp) + " and --stages " +
                 std::to_string(c.pipeline.stages) + " leaves " + std::to_string(m.dp) + " data-parallel replicas, but --dp is " +
                 std::to_string(c.pipeline.dp) + "; set --dp " + std::to_string(m.dp) + " or drop --world");
   if (!pipeline) check_tp_widths(c.model.dims, 0, static_cast<int>(c.model.dims.size()) - 1, c.tp);
-  if (c.strategy == "fsdp" && c.fsdp.sharding == Sharding::Hybrid)
-    throw Error("--sharding hybrid with --tp is not available in this version; the tensor-parallel groups already split "
-                "each node, so use --sharding full");
-  if (c.skip_layer >= 0) throw Error("--skip-layer is DDP's unused-parameters lesson; drop it with --tp");
-  if (!c.save_sharded_path.empty())
-    throw Error("--save-sharded with --tp is not available in this version; use --save for one full checkpoint");
-  if (!c.init_path.empty() && is_checkpoint_dir(c.init_path))
-    throw Error("--init from a sharded checkpoint with --tp is not available in this version; give a full .safetensors file");
 }
 
-// LoRA composes with single, ddp and fsdp; the rest is refused in one sentence.
 void validate_lora(const TrainConfig& c) {
   if (c.lora.rank == 0) {
     if (c.merge_lora) throw Error("--merge-lora merges LoRA adapters; add --lora-rank R");
     return;
   }
   check_lora_spec(c.model, c.lora);
-  if (c.strategy == "pipeline" || c.strategy == "dp")
-    throw Error("--lora-rank with --strategy " + c.strategy + " is not available in this version; use --strategy single, ddp or fsdp");
-  if (c.tp > 1) throw Error("--lora-rank with --tp is not available in this version; drop --tp");
-  if (!c.save_sharded_path.empty())
-    throw Error("--save-sharded with --lora-rank is not available in this version; use --save for the adapters");
   if (c.merge_lora && c.save_path.empty()) throw Error("--merge-lora says what --save writes; add --save PATH.safetensors");
 }
 
-// Mixed precision runs single and ddp on the CPU engine's threads in this version.
 void validate_precision(const TrainConfig& c) {
   if (!is_mixed(c.precision)) {
     if (!c.inject_overflow_steps.empty())
@@ -105,17 +84,6 @@ void validate_precision(const TrainConfig& c) {
     if (c.ddp.reduce_fp32) throw Error("--reduce-dtype fp32 applies to 16-bit gradients; add --precision bf16 or fp16");
     return;
   }
-  const std::string flag = std::string("--precision ") + precision_name(c.precision);
-  if (c.strategy != "single" && c.strategy != "ddp")
-    throw Error(flag + " with --strategy " + c.strategy + " is not available in this version; use --strategy single or ddp");
-  if (c.device != "cpu" || c.backend != "threads" || c.launched)
-    throw Error(flag + " runs on the CPU engine's threads in this version; use --device cpu --backend threads");
-  if (c.tp > 1) throw Error(flag + " with --tp is not available in this version; drop --tp or use --precision fp32");
-  if (c.lora.rank > 0) throw Error(flag + " with --lora-rank is not available in this version; drop one of them");
-  if (c.activation_checkpointing)
-    throw Error(flag + " with --activation-checkpointing is not available in this version; drop one of them");
-  if (c.ddp.gradient_as_bucket_view)
-    throw Error(flag + " with --gradient-as-bucket-view is not available in this version; drop one of them");
   if (!c.inject_overflow_steps.empty() && c.precision != Precision::FP16)
     throw Error("--inject-overflow makes fp16 gradients overflow (bf16 has float32's range); use --precision fp16");
   if (c.inject_overflow_rank < 0 || c.inject_overflow_rank >= c.world_size)
@@ -126,28 +94,9 @@ void validate_precision(const TrainConfig& c) {
 void validate(const TrainConfig& c) {
   validate_lora(c);
   validate_precision(c);
-  if (c.strategy != "single" && c.strategy != "ddp" && c.strategy != "dp" && c.strategy != "fsdp" && c.strategy != "pipeline")
-    throw Error("strategy '" + c.strategy + "' is not available in this version; use --strategy single, ddp, dp, fsdp or pipeline");
-  if (c.strategy == "dp") {
-    if (c.backend == "socket" || c.launched)
-      throw Error("--strategy dp drives every device from one process, as torch.nn.DataParallel does, so it cannot run "
-                  "one process per rank under dtlab-cli launch; use --strategy ddp there");
-    if (c.device != "cpu")
-      throw Error("--strategy dp runs on the CPU engine in this version; use --device cpu, or --strategy ddp on GPUs");
-    if (c.skip_layer >= 0) throw Error("--skip-layer is DDP's unused-parameters lesson; drop it with --strategy dp");
-  }
-  if (c.strategy == "pipeline") {
-    if (c.backend == "socket")
-      throw Error("--strategy pipeline runs in one process on the CPU (--backend threads), or launched on GPUs (--device cuda, nccl); "
-                  "drop dtlab-cli launch or add --device cuda");
-    if (c.accum > 1) throw Error("--accum with --strategy pipeline: the micro-batches are the accumulation; use --microbatches");
-    if (c.skip_layer >= 0) throw Error("--skip-layer is DDP's unused-parameters lesson; drop it with --strategy pipeline");
-  }
-  if (c.strategy == "fsdp" && c.accum > 1)
-    throw Error("--accum with --strategy fsdp is not available in this version; use --strategy ddp for gradient accumulation");
-  if (c.fsdp.node_size != 0 && (c.strategy != "fsdp" || c.fsdp.sharding != Sharding::Hybrid))
+  if (c.fsdp.node_size != 0 && (c.strategy != Strategy::Fsdp || c.fsdp.sharding != Sharding::Hybrid))
     throw Error("--node-size sets HYBRID_SHARD's shard group; use it with --strategy fsdp --sharding hybrid");
-  if (c.strategy == "fsdp" && c.fsdp.sharding == Sharding::Hybrid && c.fsdp.node_size != 0 &&
+  if (c.strategy == Strategy::Fsdp && c.fsdp.sharding == Sharding::Hybrid && c.fsdp.node_size != 0 &&
       (c.fsdp.node_size < 1 || c.world_size % c.fsdp.node_size != 0))
     throw Error("--node-size " + std::to_string(c.fsdp.node_size) + " does not divide --world " +
                 std::to_string(c.world_size) + "; HYBRID_SHARD needs equal node groups");
@@ -163,10 +112,10 @@ void validate(const TrainConfig& c) {
     throw Error("--device cuda runs on --backend cuda (ranks share a GPU) or nccl (one GPU per rank), not " + c.backend);
   if (c.device == "cuda" && c.launched && c.backend != "nccl")
     throw Error("under dtlab-cli launch, --device cuda runs --backend nccl, one GPU per process");
+  // What each strategy runs with, and which features run together: strategy.h's and compose.cpp's tables.
+  check_composition(c);
   const bool launched = c.backend == "socket" || c.launched;
   if (launched) {
-    if (c.strategy == "single")
-      throw Error("dtlab-cli launch runs one rank per process for --strategy ddp, fsdp or pipeline; add --strategy ddp");
     if (c.socket.world_size != c.world_size)
       throw Error("--world " + std::to_string(c.world_size) + " disagrees with WORLD_SIZE=" +
                   std::to_string(c.socket.world_size) + " from the launcher; drop --world under dtlab-cli launch");
@@ -180,7 +129,7 @@ void validate(const TrainConfig& c) {
   if (c.monitor_port < 0 || c.monitor_port > 65535)
     throw Error("--monitor " + std::to_string(c.monitor_port) + " is not a port; use 1-65535");
   if (!(c.monitor_wait_s > 0)) throw Error("--monitor-wait must be greater than 0 seconds");
-  if (c.strategy == "single" && c.world_size != 1)
+  if (c.strategy == Strategy::Single && c.world_size != 1)
     throw Error("--strategy single runs one rank, but --world is " + std::to_string(c.world_size) +
                 "; drop --world, set it to 1, or use --strategy ddp");
   if (c.world_size < 1 || c.world_size > 64)
@@ -202,20 +151,13 @@ void validate(const TrainConfig& c) {
       throw Error("--skip-ranks names rank " + std::to_string(r) + ", but the world has ranks 0 to " +
                   std::to_string(c.world_size - 1) + "; pick ranks in that range");
   if (!(c.timeout_s > 0)) throw Error("--timeout must be greater than 0 seconds");
-  if (c.strategy == "ddp") {
+  if (c.strategy == Strategy::Ddp) {
     if (c.ddp.bucket_cap_bytes < 1) throw Error("--bucket-cap-mb is too small: a bucket must hold at least 1 byte");
     if (c.ddp.first_bucket_bytes < 1) throw Error("--first-bucket-mb is too small: a bucket must hold at least 1 byte");
   }
   validate_tensor_parallel(c);
-  if (c.activation_checkpointing && c.strategy == "pipeline")
-    throw Error("--activation-checkpointing is not available with --strategy pipeline in this version (its stages run "
-                "layer by layer); drop one of them");
-  if (c.activation_checkpointing && c.tp > 1)
-    throw Error("--activation-checkpointing is not available with --tp in this version; drop one of them");
   if (!c.save_path.empty()) check_output_path("--save", c.save_path);
   if (!c.save_sharded_path.empty()) {
-    if (c.strategy != "fsdp")
-      throw Error("--save-sharded writes each rank's FSDP shard; use it with --strategy fsdp, or --save for one full checkpoint");
     check_sharded_output_dir("--save-sharded", c.save_sharded_path);
   }
   if (!c.trace_path.empty()) check_output_path("--trace", c.trace_path);
@@ -359,7 +301,7 @@ EvalResult evaluate(Model& model, const Dataset& ds, int64_t batch, float* logit
 
 Trainer::Trainer(const TrainConfig& config) : config_(config) {
   validate(config_);
-  if (config_.strategy == "fsdp" && config_.fsdp.sharding == Sharding::Hybrid && config_.fsdp.node_size == 0) {
+  if (config_.strategy == Strategy::Fsdp && config_.fsdp.sharding == Sharding::Hybrid && config_.fsdp.node_size == 0) {
     // HYBRID_SHARD's shard group defaults to a node of the hardware profile.
     const int k = find_profile(config_.profile).gpus_per_node;
     if (k >= config_.world_size || config_.world_size % k != 0)
@@ -370,9 +312,9 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   }
   const int N = config_.world_size;
   launched_ = config_.backend == "socket" || config_.launched;  // this process runs one rank
-  const bool in_world = config_.strategy != "single" && !launched_;  // ranks as threads here
+  const bool in_world = config_.strategy != Strategy::Single && !launched_;  // ranks as threads here
   const int me = launched_ ? config_.socket.rank : 0;
-  const bool pipeline = config_.strategy == "pipeline";
+  const bool pipeline = config_.strategy == Strategy::Pipeline;
   if (pipeline)  // a TP group runs each pipeline rank's part: the pipeline sees dp x stages ranks
     pipeline_ = std::make_unique<PipelinePlan>(plan_pipeline(config_.model, config_.pipeline, config_.batch, N / config_.tp));
   mesh_ = resolve_mesh(N, config_.tp, pipeline ? config_.pipeline.stages : 1);
@@ -413,7 +355,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   check_data_fits_model(ds, spec);
   // Same count a DataLoader over this rank's DistributedSampler gives.
   // DataParallel has one loader, rank 0's, whose batches hold every device's piece.
-  const bool dp = config_.strategy == "dp";
+  const bool dp = config_.strategy == Strategy::Dp;
   const int64_t loader_batch = dp ? config_.batch * N : config_.batch;
   SamplerConfig sc;
   sc.n = ds.n;
@@ -481,7 +423,7 @@ std::string Trainer::describe_placement() const {
   if (config_.device == "cpu")
     return launched_ ? "cpu: rank " + std::to_string(config_.socket.rank) + " of " + ranks + " (one process each, socket backend)"
                      : "cpu: " + ranks + (n > 1 ? " as threads of this process" : "");
-  std::string where = config_.strategy == "single" ? "one rank on device 0"
+  std::string where = config_.strategy == Strategy::Single ? "one rank on device 0"
                       : launched_ ? "this process is rank " + std::to_string(config_.socket.rank) + " on device " +
                                         std::to_string(config_.socket.local_rank) + ", NCCL collectives"
                       : config_.backend == "cuda" ? ranks + " as threads sharing device 0, ring collectives on device memory"
@@ -503,7 +445,7 @@ Trainer::~Trainer() {
 }
 
 std::vector<std::string> Trainer::planned_buckets() const {
-  if (config_.strategy != "ddp") return {};
+  if (config_.strategy != Strategy::Ddp) return {};
   const Model& m = *models_[0];
   return describe_bucket_assignment(m, construction_bucket_assignment(parameter_bytes(m), config_.ddp));
 }
@@ -522,7 +464,7 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
     world_->run([&](int rank, Communicator& comm, RankContext& ctx, Device&) {
       MemoryTracker& mem = world_->threads().memory(rank);
       if (pipeline_) run_pipeline_rank(rank, comm, ctx, mem, sum, on_step);
-      else if (config_.strategy == "dp") run_dp_rank(rank, comm, ctx, mem, sum, on_step);
+      else if (config_.strategy == Strategy::Dp) run_dp_rank(rank, comm, ctx, mem, sum, on_step);
       else run_rank(rank, &comm, &ctx, mem, sum, on_step);
     });
   } else if (launched_) {
@@ -551,7 +493,7 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   if (!config_.trace_path.empty() && ctx0_->rank() == 0) {  // socket: rank 0's own events
     TraceExportOptions opt;
     opt.clock = config_.trace_modeled ? TraceClock::Modeled : TraceClock::Wall;
-    opt.title = "dtlab train --strategy " + config_.strategy + " " + config_.model.str() + " on " + ds.name;
+    opt.title = std::string("dtlab train --strategy ") + strategy_name(config_.strategy) + " " + config_.model.str() + " on " + ds.name;
     opt.labels = recorder0_->labels();
     export_chrome_trace(config_.trace_path, recorder0_->all_events(), opt);
   }
@@ -731,7 +673,7 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
   Communicator* const dp_comm = mesh ? mesh_dp_group(*mesh) : comm;
   std::unique_ptr<DistributedDataParallel> ddp;
   std::unique_ptr<FullyShardedDataParallel> fsdp;
-  if (dp_comm && config_.strategy == "fsdp") {
+  if (dp_comm && config_.strategy == Strategy::Fsdp) {
     fsdp = std::make_unique<FullyShardedDataParallel>(model, *dp_comm, ctx, config_.fsdp, config_.optimizer);
   } else if (dp_comm) {
     ddp = std::make_unique<DistributedDataParallel>(model, *dp_comm, ctx, config_.ddp);
@@ -882,7 +824,7 @@ void Trainer::save_at_end(int rank, const Model& model, Communicator* comm) {
   // with non-finite parameters stops, before anything is saved. Every rank holding the full model
   // checks (a pipeline's or DataParallel's rank 0; the other ranks then fail at the barrier, and the
   // world reports this).
-  if (!config_.allow_nonfinite && (rank == 0 || (!pipeline_ && config_.strategy != "dp"))) {
+  if (!config_.allow_nonfinite && (rank == 0 || (!pipeline_ && config_.strategy != Strategy::Dp))) {
     const std::vector<float> p = model.host_params();
     for (const Parameter& q : model.parameters())
       if (has_nonfinite(p.data() + q.offset, q.numel))
@@ -891,7 +833,7 @@ void Trainer::save_at_end(int rank, const Model& model, Communicator* comm) {
   }
   // Rank 0 writes the checkpoint; the barrier keeps every rank from reading it (or exiting) early.
   const std::map<std::string, std::string> meta = {{"optimizer", config_.optimizer.str()}, {"data", config_.data},
-                                                   {"seed", std::to_string(config_.seed)}, {"strategy", config_.strategy},
+                                                   {"seed", std::to_string(config_.seed)}, {"strategy", strategy_name(config_.strategy)},
                                                    {"world", std::to_string(config_.world_size)}};
   if (!config_.save_path.empty() && rank == 0) {
     if (model.lora()) save_lora_checkpoint(config_.save_path, model, start_step_ + total_steps_, meta, config_.merge_lora);

@@ -42,11 +42,12 @@
 #include "engine/trace/context.h"
 #include "engine/monitor/step_report.h"
 #include "engine/train/grad_scaler.h"
+#include "engine/train/strategy.h"
 
 namespace dtlab {
 
 struct TrainConfig {
-  std::string strategy = "single";
+  Strategy strategy = Strategy::Single;
   int world_size = 1;
   ModelSpec model = ModelSpec::parse("mlp:2,64,64,3");
   std::string data = "spiral";

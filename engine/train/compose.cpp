@@ -1,0 +1,115 @@
+#include "engine/train/compose.h"
+
+#include "engine/core/check.h"
+#include "engine/io/sharded_checkpoint.h"
+#include "engine/train/train.h"
+
+namespace dtlab {
+
+namespace {
+
+// Two features (or a feature and a setting) that do not run together. `applies` says whether `c`
+// holds the other side; the sentence is "FLAG with WITH: WHY; FIX".
+struct Combination {
+  Feature feature;
+  const char* with;
+  bool (*applies)(const TrainConfig& c);
+  const char* why;
+  const char* fix;
+  bool pending;  // the engine does not run it yet
+};
+
+bool off_cpu_threads(const TrainConfig& c) { return c.backend != "threads" || c.device != "cpu"; }
+
+const Combination kCombinations[] = {
+    {Feature::TensorParallel, "--device cuda or dtlab-cli launch", off_cpu_threads,
+     "the tensor-parallel groups run as threads of this process on the CPU", "use --backend threads --device cpu", true},
+    {Feature::TensorParallel, "--sharding hybrid", [](const TrainConfig& c) { return c.strategy == Strategy::Fsdp && c.fsdp.sharding == Sharding::Hybrid; },
+     "HYBRID_SHARD's node groups and the tensor-parallel groups are not laid out as one mesh", "use --sharding full", true},
+    {Feature::TensorParallel, "--save-sharded", [](const TrainConfig& c) { return !c.save_sharded_path.empty(); },
+     "a sharded checkpoint holds FSDP's shards of full layers, not tensor-parallel pieces", "use --save for one full checkpoint", true},
+    {Feature::TensorParallel, "--init from a sharded checkpoint",
+     [](const TrainConfig& c) { return !c.init_path.empty() && is_checkpoint_dir(c.init_path); },
+     "the shards would have to be cut again into tensor-parallel pieces", "give a full .safetensors file", true},
+    {Feature::TensorParallel, "--lora-rank", [](const TrainConfig& c) { return c.lora.rank > 0; },
+     "the adapters are not split across the tensor-parallel group", "drop --tp or --lora-rank", true},
+    {Feature::TensorParallel, "--activation-checkpointing", [](const TrainConfig& c) { return c.activation_checkpointing; },
+     "the checkpointed blocks do not replay the tensor-parallel collectives", "drop one of them", true},
+    {Feature::MixedPrecision, "--device cuda or dtlab-cli launch", [](const TrainConfig& c) { return off_cpu_threads(c) || c.launched; },
+     "the 16-bit kernels run on the CPU engine's threads", "use --device cpu --backend threads", true},
+    {Feature::MixedPrecision, "--tp", [](const TrainConfig& c) { return c.tp > 1; },
+     "the tensor-parallel shards are float32", "drop --tp or use --precision fp32", true},
+    {Feature::MixedPrecision, "--lora-rank", [](const TrainConfig& c) { return c.lora.rank > 0; },
+     "the adapters are float32", "drop one of them", true},
+    {Feature::MixedPrecision, "--activation-checkpointing", [](const TrainConfig& c) { return c.activation_checkpointing; },
+     "the checkpointed blocks recompute in float32", "drop one of them", true},
+    {Feature::MixedPrecision, "--gradient-as-bucket-view", [](const TrainConfig& c) { return c.ddp.gradient_as_bucket_view; },
+     "the 16-bit gradients live apart from DDP's buckets", "drop one of them", true},
+    {Feature::Lora, "--save-sharded", [](const TrainConfig& c) { return !c.save_sharded_path.empty(); },
+     "the sharded checkpoint format holds full parameters, not adapters", "use --save for the adapters", true},
+    {Feature::Launch, "--strategy pipeline on the CPU", [](const TrainConfig& c) { return c.strategy == Strategy::Pipeline && c.backend == "socket"; },
+     "a pipeline's stages send over the threads backend or NCCL", "drop dtlab-cli launch, or add --device cuda", true},
+};
+
+// What a refusal calls the feature in its sentence.
+std::string flag_text(const TrainConfig& c, Feature f) {
+  if (f == Feature::MixedPrecision) return std::string("--precision ") + (is_mixed(c.precision) ? precision_name(c.precision) : "bf16");
+  return feature_flag(f);
+}
+
+std::string sentence(const std::string& flag, const char* with, const char* why, const char* fix, bool pending) {
+  return flag + " with " + with + ": " + (pending ? "not built yet, " : "") + why + "; " + fix;
+}
+
+}  // namespace
+
+std::vector<Feature> features_used(const TrainConfig& c) {
+  std::vector<Feature> f;
+  if (c.world_size > 1) f.push_back(Feature::ManyRanks);
+  if (c.backend == "socket" || c.launched) f.push_back(Feature::Launch);
+  if (c.device == "cuda") f.push_back(Feature::Cuda);
+  if (c.tp > 1) f.push_back(Feature::TensorParallel);
+  if (c.sequence_parallel) f.push_back(Feature::SequenceParallel);
+  if (c.lora.rank > 0) f.push_back(Feature::Lora);
+  if (is_mixed(c.precision)) f.push_back(Feature::MixedPrecision);
+  if (c.activation_checkpointing) f.push_back(Feature::Recompute);
+  if (c.accum > 1) f.push_back(Feature::Accumulation);
+  if (!c.save_sharded_path.empty()) f.push_back(Feature::SaveSharded);
+  if (c.skip_layer >= 0) f.push_back(Feature::SkipLayer);
+  if (!c.faults.empty()) f.push_back(Feature::Faults);
+  return f;
+}
+
+std::string feature_refusal(const TrainConfig& c, Feature f) {
+  const Support& s = strategy_traits(c.strategy)[f];
+  if (!s.ok)
+    return sentence(flag_text(c, f), (std::string("--strategy ") + strategy_name(c.strategy)).c_str(), s.why, s.fix, s.pending);
+  for (const Combination& k : kCombinations)
+    if (k.feature == f && k.applies(c)) return sentence(flag_text(c, f), k.with, k.why, k.fix, k.pending);
+  return {};
+}
+
+void check_composition(const TrainConfig& c) {
+  for (Feature f : features_used(c)) {
+    const std::string why = feature_refusal(c, f);
+    if (!why.empty()) throw Error(why);
+  }
+}
+
+std::vector<RefusalLine> all_refusals() {
+  std::vector<RefusalLine> out;
+  for (const StrategyTraits& t : strategy_table())
+    for (int i = 0; i < kFeatureCount; i++) {
+      const Support& s = t.features[static_cast<size_t>(i)];
+      if (s.ok) continue;
+      const Feature f = static_cast<Feature>(i);
+      out.push_back({std::string(t.name) + " x " + feature_flag(f),
+                     sentence(feature_flag(f), (std::string("--strategy ") + t.name).c_str(), s.why, s.fix, s.pending), s.pending});
+    }
+  for (const Combination& k : kCombinations)
+    out.push_back({std::string(feature_flag(k.feature)) + " x " + k.with, sentence(feature_flag(k.feature), k.with, k.why, k.fix, k.pending),
+                   k.pending});
+  return out;
+}
+
+}  // namespace dtlab

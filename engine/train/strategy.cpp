@@ -1,0 +1,111 @@
+#include "engine/train/strategy.h"
+
+#include "engine/core/check.h"
+
+namespace dtlab {
+
+namespace {
+
+constexpr Support kOk{};
+// A refusal PyTorch makes too, or that the strategy's design rules out.
+constexpr Support no(const char* why, const char* fix) { return {false, why, fix, false}; }
+// A combination the engine does not run yet.
+constexpr Support todo(const char* why, const char* fix) { return {false, why, fix, true}; }
+
+// Sharded checkpoints hold FSDP's shards (engine/io/sharded_checkpoint.h); every other strategy
+// saves one full file.
+constexpr Support kNoShards = no("a sharded checkpoint holds FSDP's shards, and this strategy shards nothing", "use --save for one full checkpoint, or --strategy fsdp");
+constexpr Support kSkipIsDdps = no("it is DDP's unused-parameters lesson", "drop it, or use --strategy ddp");
+
+// The rows, in Strategy's order. Each column is one Feature, in Feature's order.
+const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
+    {Strategy::Single, "single", "one process, no torch.distributed",
+     "one rank: the reference every other strategy must match",
+     {{
+         /*TensorParallel*/ no("one rank has no group to split a layer across", "use --strategy ddp --world T --tp T (one replica in T shards)"),
+         /*SequenceParallel*/ no("sequence parallelism splits activations across a tensor-parallel group", "use --strategy ddp --world T --tp T --sequence-parallel"),
+         /*MixedPrecision*/ kOk,
+         /*Lora*/ kOk,
+         /*Recompute*/ kOk,
+         /*Accumulation*/ kOk,
+         /*ManyRanks*/ no("this strategy runs one rank", "drop --world, or use --strategy ddp"),
+         /*Launch*/ no("one rank needs no launcher", "add --strategy ddp"),
+         /*Cuda*/ kOk,
+         /*SaveSharded*/ kNoShards,
+         /*SkipLayer*/ kOk,
+         /*Faults*/ no("faults are injected into the ranks' collectives, and one rank makes none", "use --strategy ddp (or fsdp) --world N"),
+     }}},
+    {Strategy::Ddp, "ddp", "DistributedDataParallel",
+     "replicas on N ranks, gradients all-reduced in buckets during backward",
+     {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kNoShards, kOk, kOk}}},
+    {Strategy::Dp, "dp", "DataParallel",
+     "one process drives N devices: scatter the batch, replicate the module, gather the outputs",
+     {{
+         /*TensorParallel*/ no("torch.nn.DataParallel replicates the whole module from one process and has no process groups to split it over", "use --strategy ddp (or fsdp) with --tp"),
+         /*SequenceParallel*/ no("torch.nn.DataParallel has no tensor-parallel group", "use --strategy ddp with --tp and --sequence-parallel"),
+         /*MixedPrecision*/ todo("DataParallel's replicas run in float32", "use --strategy ddp"),
+         /*Lora*/ todo("DataParallel replicates the plain module", "use --strategy ddp"),
+         /*Recompute*/ kOk,
+         /*Accumulation*/ kOk,
+         /*ManyRanks*/ kOk,
+         /*Launch*/ no("torch.nn.DataParallel drives every device from one process, so it cannot run one process per rank", "use --strategy ddp under dtlab-cli launch"),
+         /*Cuda*/ todo("DataParallel runs on the CPU engine", "use --device cpu, or --strategy ddp on GPUs"),
+         /*SaveSharded*/ kNoShards,
+         /*SkipLayer*/ kSkipIsDdps,
+         /*Faults*/ kOk,
+     }}},
+    {Strategy::Fsdp, "fsdp", "FullyShardedDataParallel",
+     "parameters, gradients and optimizer state sharded over N ranks (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, ZeRO-1)",
+     {{
+         kOk, kOk,
+         /*MixedPrecision*/ todo("FSDP's shards are float32 only", "use --strategy ddp for mixed precision"),
+         kOk, kOk,
+         /*Accumulation*/ todo("FSDP reduce-scatters every backward", "use --strategy ddp for gradient accumulation"),
+         kOk, kOk, kOk, kOk, kOk, kOk,
+     }}},
+    {Strategy::Pipeline, "pipeline", "torch.distributed.pipelining",
+     "the model cut into stages on p ranks, micro-batches flowing through a schedule (GPipe, 1F1B, interleaved, ZB-H1)",
+     {{
+         /*TensorParallel*/ kOk,
+         /*SequenceParallel*/ todo("the stages send whole activations between ranks", "drop --sequence-parallel"),
+         /*MixedPrecision*/ todo("the stages run in float32", "use --strategy single or ddp"),
+         /*Lora*/ todo("the stages hold plain Linear layers", "use --strategy single, ddp or fsdp"),
+         /*Recompute*/ todo("the stages run layer by layer without checkpointed blocks", "drop one of them"),
+         /*Accumulation*/ no("the micro-batches are the pipeline's accumulation", "use --microbatches"),
+         kOk, kOk, kOk,
+         /*SaveSharded*/ kNoShards,
+         /*SkipLayer*/ kSkipIsDdps,
+         kOk,
+     }}},
+}};
+
+constexpr const char* kFeatureFlags[kFeatureCount] = {
+    "--tp", "--sequence-parallel", "--precision", "--lora-rank", "--activation-checkpointing", "--accum",
+    "--world", "dtlab-cli launch", "--device cuda", "--save-sharded", "--skip-layer", "--fault",
+};
+
+}  // namespace
+
+const std::array<StrategyTraits, kStrategyCount>& strategy_table() { return kStrategyTable; }
+
+const StrategyTraits& strategy_traits(Strategy s) {
+  const StrategyTraits& t = kStrategyTable[static_cast<size_t>(s)];
+  DTLAB_CHECK(t.kind == s, "the strategy table's rows are out of order");
+  return t;
+}
+
+std::string strategy_choices(const char* separator) {
+  std::string out;
+  for (const StrategyTraits& t : kStrategyTable) out += (out.empty() ? "" : separator) + std::string(t.name);
+  return out;
+}
+
+Strategy parse_strategy(const std::string& name) {
+  for (const StrategyTraits& t : kStrategyTable)
+    if (name == t.name) return t.kind;
+  throw Error("--strategy '" + name + "' is not a strategy; use " + strategy_choices(", "));
+}
+
+const char* feature_flag(Feature f) { return kFeatureFlags[static_cast<size_t>(f)]; }
+
+}  // namespace dtlab
