@@ -16,6 +16,7 @@ void add_run_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
   // The strategies' help is their table's rows (engine/train/strategy.h).
   std::string help = "Parallel strategy:";
   for (const StrategyTraits& t : strategy_table()) help += std::string("\n  ") + t.name + ": " + t.summary + " (" + t.torch + ")";
+  f.strategy = strategy_name(c.strategy);  // the front end's default (the lab's is ddp)
   all.push_back(app.add_option("--strategy", f.strategy, help)->capture_default_str());
   f.world = app.add_option("--world", c.world_size, "Number of ranks (for strategies that use several)")
                 ->check(whole_number(1, kMaxRanks))->capture_default_str();

@@ -402,7 +402,7 @@ TEST_SUITE("pipeline") {
     c = pipeline_config(kModel4, ScheduleKind::OneFOneB, 2, 4, 16);
     c.accum = 2;
     CHECK_THROWS_WITH_AS(Trainer{c},
-                         "--accum with --strategy pipeline: the micro-batches are the accumulation; use --microbatches",
+                         "--accum with --strategy pipeline: the micro-batches are the pipeline's accumulation; use --microbatches",
                          Error);
   }
 

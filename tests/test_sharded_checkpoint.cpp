@@ -174,7 +174,7 @@ TEST_SUITE("sharded_checkpoint") {
     TrainConfig bad = save;
     bad.strategy = Strategy::Ddp;
     bad.fsdp = {};
-    CHECK_THROWS_WITH_AS(Trainer{bad}, doctest::Contains("--save-sharded writes each rank's FSDP shard"), Error);
+    CHECK_THROWS_WITH_AS(Trainer{bad}, doctest::Contains("--save-sharded with --strategy ddp: a sharded checkpoint holds FSDP's shards"), Error);
     std::ofstream(dir.file("afile")) << "x";
     TrainConfig file = save;
     file.save_sharded_path = dir.file("afile");

@@ -19,6 +19,7 @@
 #include "engine/train/iteration_gate.h"
 #include "engine/train/mesh_rank.h"
 #include "engine/train/nonfinite.h"
+#include "engine/train/rank_strategy.h"
 #include "engine/trace/cost_model.h"
 #include "engine/trace/export.h"
 #if DTLAB_HAVE_CUDA
@@ -161,92 +162,6 @@ void validate(const TrainConfig& c) {
     check_sharded_output_dir("--save-sharded", c.save_sharded_path);
   }
   if (!c.trace_path.empty()) check_output_path("--trace", c.trace_path);
-}
-
-// The loss of `step`, summed over the ranks (`reduced`), is non-finite: every rank learns which
-// rank's own loss (`local`) went non-finite and where its forward first holds a non-finite value
-// (one all-reduce of a code per rank), and raises the same sentence.
-[[noreturn]] void stop_on_nonfinite(int64_t step, double local, double reduced, int rank, int world,
-                                    Communicator* comm, const Model& model, bool input_bad) {
-  const NonFiniteSite mine = input_bad            ? NonFiniteSite{NonFiniteSite::Input, -1}
-                             : std::isfinite(local) ? NonFiniteSite{}
-                                                    : find_nonfinite(model);
-  std::vector<float> codes(static_cast<size_t>(world), 0.0f);
-  codes[static_cast<size_t>(comm ? rank : 0)] = std::isfinite(local) ? 0.0f : std::max(mine.code(), 1.0f);
-  if (comm) {
-    Device& dev = model.device();
-    Tensor t({world}, MemCategory::Other, nullptr, DType::F32, dev);
-    dev.upload(t.raw(), codes.data(), t.nbytes());
-    comm->all_reduce(t.f32(), world, ReduceOp::Sum)->wait();
-    dev.download(codes.data(), t.raw(), t.nbytes());
-  }
-  for (int r = 0; r < world; r++)
-    if (codes[static_cast<size_t>(r)] > 0)
-      throw RunStopped(nonfinite_stop_message(step, reduced, comm ? r : rank, NonFiniteSite::decode(codes[static_cast<size_t>(r)]), model));
-  // No rank's own loss was non-finite: their sum overflowed.
-  throw RunStopped(nonfinite_stop_message(step, reduced, -1, NonFiniteSite{NonFiniteSite::Loss, -1}, model));
-}
-
-// One rank's step buffers on its device.
-struct StepBuffers {
-  Tensor probs, dlogits;  // (B, C) softmax and the loss gradient
-  Tensor x_dev, y_dev;    // (B, D), (B): a device's batch is uploaded here; the CPU reads the loader's rows
-  // The step's loss x samples and correct count, accumulated on the device (two doubles; read
-  // once per step), and the four figures every rank all-reduces, in memory the communicator moves.
-  Tensor loss_stats, figures;
-  StepBuffers(int64_t B, int64_t D, int64_t C, MemoryTracker& mem, Device& dev)
-      : probs({B, C}, MemCategory::Activations, &mem, DType::F32, dev),
-        dlogits({B, C}, MemCategory::Activations, &mem, DType::F32, dev),
-        loss_stats({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::F64, dev),
-        figures({4}, MemCategory::Other, nullptr, DType::F32, dev) {
-    if (!dev.is_host()) {
-      x_dev = Tensor({B, D}, MemCategory::Activations, &mem, DType::F32, dev);
-      y_dev = Tensor({B}, MemCategory::Activations, &mem, DType::I64, dev);
-    }
-  }
-  // The batch's rows where the device reads them: uploaded to a GPU, the loader's own on the CPU.
-  std::pair<const float*, const int64_t*> place(const Batch& batch, int64_t D) {
-    const int64_t B = batch.size;
-    if (x_dev.raw() == nullptr) return {batch.x.data(), batch.y.data()};
-    Device& dev = x_dev.device();
-    dev.upload(x_dev.raw(), batch.x.data(), B * D * static_cast<int64_t>(sizeof(float)));
-    dev.upload(y_dev.raw(), batch.y.data(), B * static_cast<int64_t>(sizeof(int64_t)));
-    return {x_dev.f32(), y_dev.i64()};
-  }
-  // Cross-entropy of `logits` (B, C) against `y` into loss_stats, and its gradient into dlogits.
-  // `loss_scale`: fp16's GradScaler multiplies the loss (so its gradient) by it; 1 otherwise.
-  void loss(ComputeObserver* obs, const float* logits, const int64_t* y, int64_t B, int64_t C, int64_t accum,
-            float loss_scale = 1.0f) {
-    Device& dev = probs.device();
-    {
-      ComputeScope scope(obs, ComputeKind::Loss, -1, 5.0 * B * C);
-      dev.cross_entropy_forward(probs.f32(), loss_stats.f64(), logits, y, B, C);
-    }
-    // The mean over the micro-batch, divided by the number of micro-batches (loss / accum).
-    ComputeScope scope(obs, ComputeKind::LossBackward, -1, 2.0 * B * C);
-    const float mean = 1.0f / static_cast<float>(B * accum);
-    dev.cross_entropy_backward(dlogits.f32(), probs.f32(), y, B, C, loss_scale == 1.0f ? mean : mean * loss_scale);
-  }
-};
-
-// Gives a model its observer back when the rank's loop ends, and takes its layer gate away.
-struct RestoreObserver {
-  Model& m;
-  ComputeObserver* o;
-  ~RestoreObserver() {
-    m.set_observer(o);
-    m.set_layer_gate(nullptr);
-  }
-};
-
-// m[0..3] summed over every rank, through `figures` (4 floats on the rank's device).
-void sum_over_ranks(Communicator& comm, Tensor& figures, double m[4]) {
-  Device& dev = figures.device();
-  float f[4] = {static_cast<float>(m[0]), static_cast<float>(m[1]), static_cast<float>(m[2]), static_cast<float>(m[3])};
-  dev.upload(figures.raw(), f, sizeof f);
-  comm.all_reduce(figures.f32(), 4, ReduceOp::Sum)->wait();
-  dev.download(f, figures.raw(), sizeof f);
-  for (int i = 0; i < 4; i++) m[i] = f[i];
 }
 
 }  // namespace
@@ -463,9 +378,7 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   if (world_) {
     world_->run([&](int rank, Communicator& comm, RankContext& ctx, Device&) {
       MemoryTracker& mem = world_->threads().memory(rank);
-      if (pipeline_) run_pipeline_rank(rank, comm, ctx, mem, sum, on_step);
-      else if (config_.strategy == Strategy::Dp) run_dp_rank(rank, comm, ctx, mem, sum, on_step);
-      else run_rank(rank, &comm, &ctx, mem, sum, on_step);
+      run_rank(rank, &comm, &ctx, mem, sum, on_step);
     });
   } else if (launched_) {
     run_launched_rank(sum, on_step);
@@ -586,8 +499,7 @@ void Trainer::run_launched_rank(TrainSummary& sum, const std::function<void(cons
       ~Live() { std::lock_guard<std::mutex> l(mu); p = nullptr; }
     } live_guard(live_mu, live, socket.get());
     try {
-      if (pipeline_) run_pipeline_rank(rank, *comm, *ctx_, *memory_, sum, report);
-      else run_rank(rank, comm, ctx_.get(), *memory_, sum, report);
+      run_rank(rank, comm, ctx_.get(), *memory_, sum, report);
       stepper_->rank_done(rank);  // rank 0's stepper stops waiting for its own rank (others: their Bye says it)
     } catch (const std::exception& e) {
       const std::string why = hub ? hub->failure() : std::string();
@@ -617,158 +529,49 @@ float Trainer::loss_scale_for(const GradScaler& scaler, int64_t step, int rank) 
   return inject ? scaler.scale() * 16777216.0f : scaler.scale();
 }
 
-// GradScaler.step + update: this rank's inf/NaN check, the ranks' agreement (an all-reduce), the
-// scale's update, and the decision as a LossScale event. False: every rank skips this step.
-bool Trainer::scaler_allows_step(GradScaler& scaler, Model& model, Communicator* comm, RankContext* ctx) {
-  const bool found = GradScaler::local_found_inf(model);
-  const bool any = GradScaler::agree(comm, found, model.device());
-  const float before = scaler.scale();
-  scaler.update(any);
-  if (ctx && ctx->recorder()) {
-    const int64_t now = ctx->recorder()->now_ns();
-    const double t = ctx->compute_clock();
-    Event e(EventKind::LossScale, Lane::Compute, now, now, t, t);
-    e.scaler = LossScaleInfo{before, scaler.scale(), static_cast<uint8_t>(found), static_cast<uint8_t>(any), scaler.growth_tracker()};
-    ctx->record(e);
-  }
-  return !any;
-}
-
-// The step's update: fp16's scaler decides first (every rank the same way), then the optimizer runs
-// on whatever holds the gradients (FSDP's shards, DDP's buckets, the model; mixed precision's master
-// weights, unscaled). False: the step was skipped.
-bool Trainer::optimizer_step(const StepParts& p) {
-  const float scale = p.scaler ? p.scaler->scale() : 0.0f;
-  if (p.scaler && !scaler_allows_step(*p.scaler, p.model, p.dp_comm, p.ctx)) return false;
-  ComputeScope scope(p.obs, ComputeKind::OptimizerStep, -1, 10.0 * p.model.num_params());
-  if (p.fsdp) p.fsdp->step();
-  else if (p.model.mixed()) p.opt.step_mixed(p.model.params16(), p.model.grads16(), p.scaler ? 1.0f / scale : 1.0f);
-  else if (p.ddp) p.opt.step(p.ddp->optimizer_segments());
-  else p.opt.step(p.model.params(), p.model.grads());
-  return true;
-}
-
+// The one per-rank training loop (engine/train/rank_strategy.h): every strategy's rank runs it,
+// in-process or launched; what differs is the rank's RankStrategy.
 void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTracker& mem, TrainSummary& sum,
                        const std::function<void(const StepReport&)>& on_step) {
-  const Dataset& ds = *dataset_;
-  Model& model = *models_[world_ ? static_cast<size_t>(rank) : 0];
-  Device& dev = model.device();
+  Device& dev = device(rank);
   dev.bind_thread();  // run() may be called on any thread (the lab's worker)
-  const int N = config_.world_size;
-  const int64_t D = config_.model.in_features(), C = config_.model.out_features();
-  const int64_t A = config_.accum;
   // On a GPU the ops are timed with events on the stream (the host only enqueues them); the CPU
   // reports to the context directly.
   std::unique_ptr<DeviceTimer> timer = dev.make_timer(ctx);
   const RankContext::TimerAttachment attached(ctx, timer.get());
   ComputeObserver* const obs = timer ? static_cast<ComputeObserver*>(timer.get()) : ctx;
-  ComputeObserver* const model_obs = model.observer();
-  model.set_observer(obs);
-  const RestoreObserver restore{model, model_obs};
-  model.set_layer_gate(ctx);  // a stepped run pauses before each layer (restore puts it back to none)
-
-  // --tp: the rank's TP group runs the model's f and g; DDP or FSDP work over its DP group (none
-  // when the mesh has one replica).
-  std::unique_ptr<MeshRank> mesh = config_.tp > 1 ? join_mesh(rank, *comm, model) : nullptr;
-  Communicator* const dp_comm = mesh ? mesh_dp_group(*mesh) : comm;
-  std::unique_ptr<DistributedDataParallel> ddp;
-  std::unique_ptr<FullyShardedDataParallel> fsdp;
-  if (dp_comm && config_.strategy == Strategy::Fsdp) {
-    fsdp = std::make_unique<FullyShardedDataParallel>(model, *dp_comm, ctx, config_.fsdp, config_.optimizer);
-  } else if (dp_comm) {
-    ddp = std::make_unique<DistributedDataParallel>(model, *dp_comm, ctx, config_.ddp);
-  }
-  Optimizer opt(config_.optimizer, model.num_params(), &mem, dev);
-  if (model.mixed()) opt.init_master(model.params16(), model.half_format());  // the fp32 master weights
-  std::unique_ptr<GradScaler> scaler = config_.precision == Precision::FP16 ? std::make_unique<GradScaler>() : nullptr;
-
-  const MeshCoord at = mesh_coord(mesh_, rank);
-  RankBatches data(config_, ds, mesh_.dp, at.dp);  // a TP group's ranks read their replica's batches
-
-  StepBuffers buf(config_.batch, D, C, mem, dev);
-
-  double overlap_sum = 0;
-  int64_t overlap_n = 0;
-  int64_t last_batch = 0;  // the step's last micro-batch (the last of an epoch may be partial)
+  const RankEnv env{*this, rank, comm, ctx, mem, dev, obs, timer.get()};
+  std::unique_ptr<RankStrategy> s = config_.strategy == Strategy::Pipeline ? make_pipeline_rank(env)
+                                    : config_.strategy == Strategy::Dp     ? make_data_parallel_rank(env)
+                                                                           : make_replica_rank(env);
   for (int64_t step = 1; step <= total_steps_; step++) {
-    const int32_t iter = static_cast<int32_t>(step - 1);
-    enter_iteration(ctx, rank, iter);
+    enter_iteration(ctx, rank, static_cast<int32_t>(step - 1));
     mem.reset_peaks();
-    auto t0 = Clock::now();
-    const bool branch = config_.skip_layer >= 0 && step % config_.skip_every == 0 &&
-                        (config_.skip_ranks.empty() || std::count(config_.skip_ranks.begin(), config_.skip_ranks.end(), rank) > 0);
-    model.set_skipped_layer(branch ? config_.skip_layer : -1);
-    int64_t samples = 0;
-    bool input_bad = false;  // a micro-batch of this step holds NaN or infinity (checked on the host)
-    buf.loss_stats.zero();
-    {
-      ComputeScope scope(obs, ComputeKind::ZeroGrad, -1, 0.0);
-      if (fsdp) fsdp->zero_grad();
-      else model.zero_grad();
-    }
-    for (int64_t micro = 0; micro < A; micro++) {
-      const Batch& batch = data.next();
-      const int64_t B = last_batch = batch.size;
-      if (!config_.allow_nonfinite && !input_bad) input_bad = has_nonfinite(batch.x.data(), B * D);
-      const auto [x, y] = buf.place(batch, D);
-      if (ddp) ddp->before_forward();
-      buf.loss(obs, model.forward(x, B), y, B, C, A, scaler ? loss_scale_for(*scaler, step, rank) : 1.0f);
-      samples += B;
-      const bool sync = micro == A - 1;  // no_sync() for the first A - 1 micro-batches
-      if (ddp) ddp->prepare_for_backward(sync);
-      model.backward(buf.dlogits.f32(), ddp ? ddp->grad_ready_hook() : Model::GradReadyHook{});
-      if (ddp) ddp->finalize_backward();
-      if (fsdp) fsdp->finalize_backward();
-    }
-    const float scale = scaler ? scaler->scale() : 0.0f;
-    const bool skipped = !optimizer_step({model, opt, ddp.get(), fsdp.get(), scaler.get(), dp_comm, ctx, obs});
-    if (skipped) rank_skipped_[static_cast<size_t>(rank)].push_back(step);
-    double loss_sums[kLossStatsDoubles];
-    dev.download(loss_sums, buf.loss_stats.f64(), sizeof loss_sums);  // the host's one wait for the device per step
-    // Non-finite input stops the step even when the loss comes out finite (a ReLU can zero an
-    // infinity whose gradient is still NaN): this rank's loss counts as NaN, so every rank sees it.
-    if (input_bad) loss_sums[0] = std::numeric_limits<double>::quiet_NaN();
-    double overlap = ddp ? ddp->last_stats().overlap() : -1;
-    // Every rank computes its own loss; the reported figures are the all-reduced means (no
-    // rank-0-only synchronisation).
-    // A TP group's ranks compute the same loss on the same batch: its first rank speaks for it.
-    double m[4] = {loss_sums[0], loss_sums[1], static_cast<double>(samples), overlap};
-    if (at.tp != 0) m[0] = m[1] = m[2] = m[3] = 0;
-    if (comm) sum_over_ranks(*comm, buf.figures, m);
-    if (!config_.allow_nonfinite && !std::isfinite(m[0]))
-      stop_on_nonfinite(step, loss_sums[0], m[0], rank, comm ? N : 1, comm, model, input_bad);
+    const auto t0 = Clock::now();
+    s->zero_grad(step);
+    StepTally tally;
+    const int64_t micro = s->micro_batches();
+    for (int64_t m = 0; m < micro; m++) s->micro_batch(step, m, m == micro - 1, tally);
+    s->step(step);
+    const StepSums sums = s->exchange(step, tally);
+    // One policy for every strategy: a non-finite loss (or input) stops every rank that computes
+    // one with the same sentence, unless --allow-nonfinite.
+    if (!config_.allow_nonfinite && !std::isfinite(sums.loss_sum)) throw RunStopped(s->diagnose_nonfinite(step, sums, tally));
     if (timer) timer->flush();
     if (ctx) ctx->end_iteration();
     const double dt = seconds_since(t0);
     rank_memory_[static_cast<size_t>(rank)] = mem.stats();
-    if (rank != 0) continue;
-    total_samples_ += m[2];
-    if (ddp) {
-      overlap_sum += m[3] / mesh_.dp;
-      overlap_n++;
-    }
-    StepReport r = make_step_report(step, total_steps_, data.epoch(), last_batch, m[0], m[1], m[2], dt);
-    r.overlap = ddp ? m[3] / mesh_.dp : -1;
-    r.branch_taken = branch;
-    r.loss_scale = scale;
-    r.step_skipped = skipped;
+    if (!s->reports()) continue;
+    total_samples_ += sums.samples;
+    StepReport r = make_step_report(step, total_steps_, s->epoch(), tally.last_batch, sums.loss_sum, sums.correct, sums.samples, dt);
+    s->annotate(r, sums);
     if (on_step) on_step(r);
   }
-  if (scaler && rank == 0) loss_scale_ = scaler->scale();
-  model.set_skipped_layer(-1);
-  if (fsdp) finish_fsdp(*fsdp, model, *dp_comm);
-  if (mesh) gather_full_model(rank, *mesh, model);  // rank 0's full_model_ gets every shard
+  const Model& result = s->finish(sum);
   dev.synchronize();
   if (timer) timer->flush();
-  if (rank == 0) {
-    sum.epochs_started = data.epochs_started();
-    sum.mean_overlap = overlap_n ? overlap_sum / static_cast<double>(overlap_n) : -1;
-    if (ddp) {
-      sum.buckets = ddp->describe_buckets();
-      sum.buckets_rebuilt = ddp->rebuilt();
-    }
-  }
-  save_at_end(rank, mesh && rank == 0 ? *full_model_ : model, comm);
+  if (s->reports()) sum.epochs_started = s->epochs_started();
+  save_at_end(rank, result, comm);
 }
 
 void Trainer::finish_fsdp(FullyShardedDataParallel& fsdp, const Model& model, Communicator& comm) {

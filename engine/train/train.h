@@ -247,13 +247,17 @@ class Trainer {
   // values (--init) cut into each rank's shard.
   void build_tp_models(int first_rank, int end_rank, bool in_world);
   void gather_full_model(int rank, MeshRank& mr, Model& shard);
+  // The one per-rank training loop (engine/train/rank_strategy.h's hooks, one RankStrategy per rank).
   void run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTracker& mem, TrainSummary& sum,
                 const std::function<void(const StepReport&)>& on_step);
   void run_launched_rank(TrainSummary& sum, const std::function<void(const StepReport&)>& on_step);
-  void run_dp_rank(int rank, Communicator& comm, RankContext& ctx, MemoryTracker& mem, TrainSummary& sum,
-                   const std::function<void(const StepReport&)>& on_step);
-  void run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, MemoryTracker& mem, TrainSummary& sum,
-                         const std::function<void(const StepReport&)>& on_step);
+  // The strategies' ranks (train_replica.cpp, train_dp.cpp, train_pipeline.cpp) work with the
+  // trainer's data, models and per-rank tallies.
+  friend class ReplicaRank;
+  friend class DdpRank;
+  friend class FsdpRank;
+  friend class DataParallelRank;
+  friend class PipelineTrainRank;
   // FSDP's end of a run: --save-sharded from the shards, then every rank gathers the full parameters.
   void finish_fsdp(FullyShardedDataParallel& fsdp, const Model& model, Communicator& comm);
   // Rank 0 writes --save from `model`; then every rank meets at a barrier.
@@ -280,19 +284,6 @@ class Trainer {
   std::vector<MemoryStats> rank_memory_;
   std::vector<std::vector<int64_t>> rank_skipped_;
   float loss_scale_for(const GradScaler& scaler, int64_t step, int rank) const;
-  static bool scaler_allows_step(GradScaler& scaler, Model& model, Communicator* comm, RankContext* ctx);
-  // What one rank's optimizer step works with (run_rank's objects).
-  struct StepParts {
-    Model& model;
-    Optimizer& opt;
-    DistributedDataParallel* ddp;
-    FullyShardedDataParallel* fsdp;
-    GradScaler* scaler;
-    Communicator* dp_comm;
-    RankContext* ctx;
-    ComputeObserver* obs;
-  };
-  static bool optimizer_step(const StepParts& p);  // fp16: per rank, the steps its scaler skipped
   float loss_scale_ = 0;
   double total_samples_ = 0;  // rank 0's count of every rank's samples
   int64_t total_steps_ = 0;

@@ -1,4 +1,4 @@
-// The dp strategy's per-rank loop, torch.nn.DataParallel's training loop:
+// The dp strategy's hooks of the one per-rank loop (engine/train/rank_strategy.h), torch.nn.DataParallel's training loop:
 //
 //   model = nn.DataParallel(model)              # the module on device 0
 //   for x, y in loader:                         # ONE loader: batch x world samples per step
@@ -16,6 +16,7 @@
 #include "engine/core/check.h"
 #include "engine/train/iteration_gate.h"
 #include "engine/train/nonfinite.h"
+#include "engine/train/rank_strategy.h"
 #include "engine/train/train.h"
 
 namespace dtlab {
@@ -39,117 +40,125 @@ class BatchSizes {
 
 }  // namespace
 
-void Trainer::run_dp_rank(int rank, Communicator& comm, RankContext& ctx, MemoryTracker& mem, TrainSummary& sum,
-                          const std::function<void(const StepReport&)>& on_step) {
-  const Dataset& ds = *dataset_;
-  Model& model = *models_[static_cast<size_t>(rank)];
-  Device& dev = model.device();
-  dev.bind_thread();
-  const int N = config_.world_size;
-  const int64_t D = config_.model.in_features(), C = config_.model.out_features();
-  const int64_t A = config_.accum, G = config_.batch * N;  // G: the batch rank 0 loads and scatters
-  // On the CPU (dp's only device) the rank's context times the ops; the trainer made it the model's
-  // observer already.
-  ComputeObserver* const obs = &ctx;
-  model.set_layer_gate(&ctx);  // a stepped run pauses before each layer of this rank's replica
-  struct NoGate {
-    Model& m;
-    ~NoGate() { m.set_layer_gate(nullptr); }
-  } no_gate{model};
-
-  DataParallel dp(model, comm, &ctx);
-  const bool module = dp.is_module();
-  // Only the module's device loads data, computes the loss and holds the optimizer (and its state).
-  std::unique_ptr<Optimizer> opt;
-  std::unique_ptr<RankBatches> data;
-  Tensor probs, dlogits, loss_stats;
-  if (module) {
-    opt = std::make_unique<Optimizer>(config_.optimizer, model.num_params(), &mem, dev);
-    TrainConfig loader = config_;
-    loader.batch = G;
-    data = std::make_unique<RankBatches>(loader, ds, 1, 0);
-    probs = Tensor({G, C}, MemCategory::Activations, &mem, DType::F32, dev);
-    dlogits = Tensor({G, C}, MemCategory::Activations, &mem, DType::F32, dev);
-    loss_stats = Tensor({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::F64, dev);
+// torch.nn.DataParallel's hooks of the one per-rank loop: only the module's rank (0) loads, computes
+// the loss and steps; every rank takes part in each micro-batch's scatter, replicate and gather.
+class DataParallelRank final : public RankStrategy {
+ public:
+  explicit DataParallelRank(const RankEnv& env)
+      : t_(env.trainer), c_(t_.config_), env_(env), model_(*t_.models_[static_cast<size_t>(env.rank)]),
+        dp_(model_, *env.comm, env.ctx), module_(dp_.is_module()), G_(c_.batch * c_.world_size),
+        sizes_(t_.dataset().n, G_, c_.drop_last) {
+    // On the CPU (dp's only device) the rank's context times the ops; the trainer made it the
+    // model's observer already.
+    model_.set_layer_gate(env.ctx);  // a stepped run pauses before each layer of this rank's replica
+    if (!module_) return;
+    const int64_t C = c_.model.out_features();
+    // Only the module's device loads data, computes the loss and holds the optimizer (and its state).
+    opt_ = std::make_unique<Optimizer>(c_.optimizer, model_.num_params(), &env.mem, env.dev);
+    TrainConfig loader = c_;
+    loader.batch = G_;
+    data_ = std::make_unique<RankBatches>(loader, t_.dataset(), 1, 0);
+    probs_ = Tensor({G_, C}, MemCategory::Activations, &env.mem, DType::F32, env.dev);
+    dlogits_ = Tensor({G_, C}, MemCategory::Activations, &env.mem, DType::F32, env.dev);
+    loss_stats_ = Tensor({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::F64, env.dev);
   }
-  BatchSizes sizes(ds.n, G, config_.drop_last);
+  ~DataParallelRank() override { model_.set_layer_gate(nullptr); }
 
-  double overlap_sum = 0;
-  int64_t overlap_n = 0;
-  for (int64_t step = 1; step <= total_steps_; step++) {
-    const int32_t iter = static_cast<int32_t>(step - 1);
-    enter_iteration(&ctx, rank, iter);
-    mem.reset_peaks();
-    const auto t0 = std::chrono::steady_clock::now();
-    int64_t samples = 0, last_batch = 0;
-    bool input_bad = false;
-    double reduce_s = 0, overlapped_s = 0;
-    if (module) {
-      loss_stats.zero();
-      ComputeScope scope(obs, ComputeKind::ZeroGrad, -1, 0.0);
-      model.zero_grad();
+  int64_t micro_batches() const override { return c_.accum; }
+
+  void zero_grad(int64_t) override {
+    reduce_s_ = overlapped_s_ = 0;
+    if (!module_) return;
+    loss_stats_.zero();
+    ComputeScope scope(env_.obs, ComputeKind::ZeroGrad, -1, 0.0);
+    model_.zero_grad();
+  }
+
+  void micro_batch(int64_t, int64_t, bool, StepTally& t) override {
+    const int64_t D = c_.model.in_features(), C = c_.model.out_features(), A = c_.accum;
+    const int64_t B = t.last_batch = sizes_.next();
+    const float* x = nullptr;
+    const int64_t* y = nullptr;
+    if (module_) {
+      const Batch& batch = data_->next();
+      DTLAB_CHECK(batch.size == B, "DataParallel: rank 0's batch has " + std::to_string(batch.size) +
+                                       " rows where the replicas expect " + std::to_string(B));
+      if (!c_.allow_nonfinite && !t.input_bad) t.input_bad = has_nonfinite(batch.x.data(), B * D);
+      x = batch.x.data();
+      y = batch.y.data();
     }
-    for (int64_t micro = 0; micro < A; micro++) {
-      const int64_t B = last_batch = sizes.next();
-      const float* x = nullptr;
-      const int64_t* y = nullptr;
-      if (module) {
-        const Batch& batch = data->next();
-        DTLAB_CHECK(batch.size == B, "DataParallel: rank 0's batch has " + std::to_string(batch.size) +
-                                         " rows where the replicas expect " + std::to_string(B));
-        if (!config_.allow_nonfinite && !input_bad) input_bad = has_nonfinite(batch.x.data(), B * D);
-        x = batch.x.data();
-        y = batch.y.data();
-      }
-      const float* logits = dp.forward(x, B);
-      if (module) {
-        {
-          ComputeScope scope(obs, ComputeKind::Loss, -1, 5.0 * B * C);
-          dev.cross_entropy_forward(probs.f32(), loss_stats.f64(), logits, y, B, C);
-        }
-        // The mean over the whole batch, divided by the number of micro-batches (loss / accum).
-        ComputeScope scope(obs, ComputeKind::LossBackward, -1, 2.0 * B * C);
-        dev.cross_entropy_backward(dlogits.f32(), probs.f32(), y, B, C, 1.0f / static_cast<float>(B * A));
-      }
-      dp.backward(module ? dlogits.f32() : nullptr);
-      samples += B;
-      reduce_s += dp.last_stats().reduce_seconds;
-      overlapped_s += dp.last_stats().overlapped_seconds;
-    }
-    double loss_sums[kLossStatsDoubles] = {0, 0};
-    if (module) {
+    const float* logits = dp_.forward(x, B);
+    Device& dev = env_.dev;
+    if (module_) {
       {
-        ComputeScope scope(obs, ComputeKind::OptimizerStep, -1, 10.0 * model.num_params());
-        opt->step(model.params(), model.grads());
+        ComputeScope scope(env_.obs, ComputeKind::Loss, -1, 5.0 * B * C);
+        dev.cross_entropy_forward(probs_.f32(), loss_stats_.f64(), logits, y, B, C);
       }
-      dev.download(loss_sums, loss_stats.f64(), sizeof loss_sums);
-      // One process computed the loss: rank 0 stops the run, the other ranks fail their next wait.
-      if (input_bad) loss_sums[0] = std::numeric_limits<double>::quiet_NaN();
-      if (!config_.allow_nonfinite && !std::isfinite(loss_sums[0])) {
-        const NonFiniteSite site = input_bad ? NonFiniteSite{NonFiniteSite::Input, -1} : find_nonfinite(model);
-        throw RunStopped(nonfinite_stop_message(step, loss_sums[0], -1, site, model));
-      }
+      // The mean over the whole batch, divided by the number of micro-batches (loss / accum).
+      ComputeScope scope(env_.obs, ComputeKind::LossBackward, -1, 2.0 * B * C);
+      dev.cross_entropy_backward(dlogits_.f32(), probs_.f32(), y, B, C, 1.0f / static_cast<float>(B * A));
     }
-    ctx.end_iteration();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    rank_memory_[static_cast<size_t>(rank)] = mem.stats();
-    if (!module) continue;
-    total_samples_ += static_cast<double>(samples);
-    StepReport r = make_step_report(step, total_steps_, data->epoch(), last_batch, loss_sums[0], loss_sums[1],
-                                    static_cast<double>(samples), dt);
-    if (reduce_s > 0) {
-      r.overlap = overlapped_s / reduce_s;
-      overlap_sum += r.overlap;
-      overlap_n++;
-    }
-    if (on_step) on_step(r);
+    dp_.backward(module_ ? dlogits_.f32() : nullptr);
+    t.samples += B;
+    reduce_s_ += dp_.last_stats().reduce_seconds;
+    overlapped_s_ += dp_.last_stats().overlapped_seconds;
   }
-  dev.synchronize();
-  if (module) {
-    sum.epochs_started = data->epochs_started();
-    sum.mean_overlap = overlap_n ? overlap_sum / static_cast<double>(overlap_n) : -1;
+
+  bool step(int64_t) override {
+    if (!module_) return true;
+    ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, 10.0 * model_.num_params());
+    opt_->step(model_.params(), model_.grads());
+    return true;
   }
-  save_at_end(rank, *models_[0], &comm);
-}
+
+  // One process computed the loss: the module's rank reads it; the replicas have nothing to add (a
+  // non-finite loss stops the module's rank, and the others fail their next wait).
+  StepSums exchange(int64_t, const StepTally& t) override {
+    if (!module_) return {};
+    double loss_sums[kLossStatsDoubles] = {0, 0};
+    env_.dev.download(loss_sums, loss_stats_.f64(), sizeof loss_sums);
+    if (t.input_bad) loss_sums[0] = std::numeric_limits<double>::quiet_NaN();
+    return {loss_sums[0], loss_sums[1], static_cast<double>(t.samples), loss_sums[0]};
+  }
+
+  std::string diagnose_nonfinite(int64_t step, const StepSums& s, const StepTally& t) override {
+    const NonFiniteSite site = t.input_bad ? NonFiniteSite{NonFiniteSite::Input, -1} : find_nonfinite(model_);
+    return nonfinite_stop_message(step, s.loss_sum, -1, site, model_);
+  }
+
+  bool reports() const override { return module_; }
+
+  void annotate(StepReport& r, const StepSums&) override {
+    if (reduce_s_ <= 0) return;
+    r.overlap = overlapped_s_ / reduce_s_;
+    overlap_sum_ += r.overlap;
+    overlap_n_++;
+  }
+
+  int64_t epoch() const override { return data_ ? data_->epoch() : 0; }
+  int64_t epochs_started() const override { return data_ ? data_->epochs_started() : 0; }
+
+  const Model& finish(TrainSummary& sum) override {
+    if (module_) sum.mean_overlap = overlap_n_ ? overlap_sum_ / static_cast<double>(overlap_n_) : -1;
+    return *t_.models_[0];
+  }
+
+ private:
+  Trainer& t_;
+  const TrainConfig& c_;
+  RankEnv env_;
+  Model& model_;
+  DataParallel dp_;
+  const bool module_;
+  const int64_t G_;  // the batch rank 0 loads and scatters
+  BatchSizes sizes_;
+  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<RankBatches> data_;
+  Tensor probs_, dlogits_, loss_stats_;
+  double reduce_s_ = 0, overlapped_s_ = 0, overlap_sum_ = 0;
+  int64_t overlap_n_ = 0;
+};
+
+std::unique_ptr<RankStrategy> make_data_parallel_rank(const RankEnv& env) { return std::make_unique<DataParallelRank>(env); }
 
 }  // namespace dtlab

@@ -1,6 +1,6 @@
-// The pipeline strategy's per-rank loop: the same data, loss and optimizer as the other strategies'
-// run_rank (train.cpp), but the forward and backward are this rank's row of the pipeline schedule
-// (engine/parallel/pipeline.h), so it gets its own loop.
+// The pipeline strategy's rank: the same loop, data, loss and optimizer as the other strategies'
+// (Trainer::run_rank), but its forward and backward are this rank's row of the pipeline schedule
+// (engine/parallel/pipeline.h).
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -10,6 +10,7 @@
 #include "engine/core/check.h"
 #include "engine/train/iteration_gate.h"
 #include "engine/train/nonfinite.h"
+#include "engine/train/rank_strategy.h"
 #include "engine/train/train.h"
 
 namespace dtlab {
@@ -30,103 +31,125 @@ std::vector<PipelineRankIteration> tp_leaders(const std::vector<PipelineRankIter
 
 }  // namespace
 
-// World rank = (replica * p + pipeline rank) * tp + tp rank (engine/core/mesh.h). Every rank of a
-// replica reads the same batches (its replica's DistributedSampler shard); the first stage takes the
-// inputs, the last the labels.
-void Trainer::run_pipeline_rank(int rank, Communicator& comm, RankContext& ctx, MemoryTracker& mem, TrainSummary& sum,
-                                const std::function<void(const StepReport&)>& on_step) {
-  const Dataset& ds = *dataset_;
-  const PipelinePlan& plan = *pipeline_;
-  const int N = config_.world_size, D = plan.options.dp;
-  Device& dev = device(rank);
-  dev.bind_thread();
-  std::unique_ptr<DeviceTimer> timer = dev.make_timer(&ctx);  // a GPU's stream timing; null on the CPU
-  const RankContext::TimerAttachment attached(&ctx, timer.get());
-  PipelineRank pipe(plan, config_.model, rank, comm, &ctx, &mem, config_.seed, config_.optimizer, dev, timer.get(), config_.tp);
-  ComputeObserver* const obs = timer ? static_cast<ComputeObserver*>(timer.get()) : &ctx;
-  if (!config_.init_path.empty()) pipe.load_parameters(*models_[0]);
-  PipelineMeter meter(plan, config_.tp);
-
-  RankBatches data(config_, ds, D, pipe.replica());  // a replica's ranks share its shard
-  // A device's batch is uploaded once per step; the stages read their micro-batches' rows there.
-  const int64_t F = config_.model.in_features();
-  Tensor x_dev, y_dev;
-  if (!dev.is_host()) {
-    x_dev = Tensor({config_.batch, F}, MemCategory::Activations, &mem, DType::F32, dev);
-    y_dev = Tensor({config_.batch}, MemCategory::Activations, &mem, DType::I64, dev);
-  }
-  Tensor gathered({kRecordFloats * N}, MemCategory::Other, nullptr, DType::F32, dev);
-  Tensor mine_dev({kRecordFloats}, MemCategory::Other, nullptr, DType::F32, dev);
-  std::vector<float> all(static_cast<size_t>(kRecordFloats * N));
-  std::vector<PipelineRankIteration> records(static_cast<size_t>(N));
-  for (int64_t step = 1; step <= total_steps_; step++) {
-    const int32_t iter = static_cast<int32_t>(step - 1);
-    enter_iteration(&ctx, rank, iter);
-    mem.reset_peaks();
-    const auto t0 = std::chrono::steady_clock::now();
-    {
-      ComputeScope scope(obs, ComputeKind::ZeroGrad, -1, 0.0);
-      pipe.zero_grad();
+// The pipeline's hooks of the one per-rank loop (engine/train/rank_strategy.h). World rank =
+// (replica * p + pipeline rank) * tp + tp rank (engine/core/mesh.h). Every rank of a replica reads
+// the same batches (its replica's DistributedSampler shard); the first stage takes the inputs, the
+// last the labels. One "micro-batch" of the loop is the whole schedule row: the pipeline's own
+// micro-batches are the accumulation.
+class PipelineTrainRank final : public RankStrategy {
+ public:
+  explicit PipelineTrainRank(const RankEnv& env)
+      : t_(env.trainer), c_(t_.config_), env_(env), plan_(*t_.pipeline_), N_(c_.world_size),
+        pipe_(plan_, c_.model, env.rank, *env.comm, env.ctx, &env.mem, c_.seed, c_.optimizer, env.dev,
+              env.timer, c_.tp),
+        meter_(plan_, c_.tp),
+        data_(c_, t_.dataset(), plan_.options.dp, pipe_.replica()),  // a replica's ranks share its shard
+        gathered_({kRecordFloats * N_}, MemCategory::Other, nullptr, DType::F32, env.dev),
+        mine_dev_({kRecordFloats}, MemCategory::Other, nullptr, DType::F32, env.dev),
+        all_(static_cast<size_t>(kRecordFloats * N_)), records_(static_cast<size_t>(N_)) {
+    if (!c_.init_path.empty()) pipe_.load_parameters(*t_.models_[0]);
+    // A device's batch is uploaded once per step; the stages read their micro-batches' rows there.
+    if (!env.dev.is_host()) {
+      x_dev_ = Tensor({c_.batch, F()}, MemCategory::Activations, &env.mem, DType::F32, env.dev);
+      y_dev_ = Tensor({c_.batch}, MemCategory::Activations, &env.mem, DType::I64, env.dev);
     }
-    const Batch& batch = data.next();
+  }
+
+  void zero_grad(int64_t) override {
+    ComputeScope scope(env_.obs, ComputeKind::ZeroGrad, -1, 0.0);
+    pipe_.zero_grad();
+  }
+
+  void micro_batch(int64_t, int64_t, bool, StepTally& t) override {
+    const Batch& batch = data_.next();
+    t.last_batch = batch.size;
     // Every replica's batch has batch.size samples (the sampler pads), so the step's mean loss
     // weighs each sample 1 / (D x batch.size).
-    const float scale = 1.0f / static_cast<float>(batch.size * D);
+    const float scale = 1.0f / static_cast<float>(batch.size * plan_.options.dp);
     const float* x = batch.x.data();
     const int64_t* y = batch.y.data();
+    Device& dev = env_.dev;
     if (!dev.is_host()) {
-      dev.upload(x_dev.raw(), x, batch.size * F * static_cast<int64_t>(sizeof(float)));
-      dev.upload(y_dev.raw(), y, batch.size * static_cast<int64_t>(sizeof(int64_t)));
-      x = x_dev.f32();
-      y = y_dev.i64();
+      dev.upload(x_dev_.raw(), x, batch.size * F() * static_cast<int64_t>(sizeof(float)));
+      dev.upload(y_dev_.raw(), y, batch.size * static_cast<int64_t>(sizeof(int64_t)));
+      x = x_dev_.f32();
+      y = y_dev_.i64();
     }
-    PipelineRankIteration mine = pipe.run_iteration(x, y, batch.size, scale);
+    mine_ = pipe_.run_iteration(x, y, batch.size, scale);
     // Non-finite input stops the step even if the loss comes out finite. A stage that computes no
     // loss reports NaN for it instead of 0, so every rank learns which replica's batch was bad.
-    const bool input_bad = !config_.allow_nonfinite && has_nonfinite(batch.x.data(), batch.size * F);
-    if (input_bad && mine.samples == 0) mine.loss_sum = std::numeric_limits<double>::quiet_NaN();
-    pipe.reduce_gradients();
-    {
-      ComputeScope scope(obs, ComputeKind::OptimizerStep, -1, 10.0 * static_cast<double>(pipe.num_params()));
-      pipe.step();
+    t.input_bad = !c_.allow_nonfinite && has_nonfinite(batch.x.data(), batch.size * F());
+    if (t.input_bad && mine_.samples == 0) mine_.loss_sum = std::numeric_limits<double>::quiet_NaN();
+    t.samples = static_cast<int64_t>(mine_.samples);
+    pipe_.reduce_gradients();
+  }
+
+  bool step(int64_t) override {
+    ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, 10.0 * static_cast<double>(pipe_.num_params()));
+    pipe_.step();
+    return true;
+  }
+
+  // Every rank learns every rank's figures (one all-gather, bit for bit, no rank-0-only sync).
+  StepSums exchange(int64_t, const StepTally&) override {
+    Device& dev = env_.dev;
+    dev.upload(mine_dev_.raw(), &mine_, sizeof mine_);
+    env_.comm->all_gather(gathered_.f32(), mine_dev_.f32(), kRecordFloats, DType::F32)->wait();
+    dev.download(all_.data(), gathered_.raw(), gathered_.nbytes());
+    std::memcpy(static_cast<void*>(records_.data()), all_.data(), all_.size() * sizeof(float));
+    bubbles_ = meter_.add(records_);
+    // --tp: the ranks of a TP group compute one loss. A non-finite loss on any rank makes the sum
+    // non-finite, so every rank stops.
+    StepSums s;
+    for (const PipelineRankIteration& r : tp_leaders(records_, c_.tp))
+      s.loss_sum += r.loss_sum, s.correct += r.correct, s.samples += r.samples;
+    for (const PipelineRankIteration& r : records_)
+      if (!std::isfinite(r.loss_sum)) s.loss_sum = r.loss_sum;
+    s.mine = mine_.loss_sum;
+    return s;
+  }
+
+  // The last stage of a replica computes its loss (where the values came from may be an earlier
+  // stage); a rank without a loss of its own (samples 0) says its batch was bad.
+  std::string diagnose_nonfinite(int64_t step, const StepSums&, const StepTally&) override {
+    for (int r = 0; r < N_; r++) {
+      const PipelineRankIteration& rec = records_[static_cast<size_t>(r)];
+      if (std::isfinite(rec.loss_sum)) continue;
+      const NonFiniteSite site{rec.samples == 0 ? NonFiniteSite::Input : NonFiniteSite::None, -1};
+      return nonfinite_stop_message(step, rec.loss_sum, r, site, *t_.models_[0]);
     }
-    // Every rank learns every rank's figures (one all-gather, bit for bit, no rank-0-only sync).
-    dev.upload(mine_dev.raw(), &mine, sizeof mine);
-    comm.all_gather(gathered.f32(), mine_dev.f32(), kRecordFloats, DType::F32)->wait();
-    dev.download(all.data(), gathered.raw(), gathered.nbytes());
-    std::memcpy(static_cast<void*>(records.data()), all.data(), all.size() * sizeof(float));
-    // A non-finite loss stops every rank with the same sentence; the last stage of a replica
-    // computes its loss (where the values came from may be an earlier stage).
-    if (!config_.allow_nonfinite)
-      for (int r = 0; r < N; r++)
-        if (!std::isfinite(records[static_cast<size_t>(r)].loss_sum)) {
-          // A rank without a loss of its own (samples 0) says its batch was bad.
-          const NonFiniteSite site{records[static_cast<size_t>(r)].samples == 0 ? NonFiniteSite::Input : NonFiniteSite::None, -1};
-          throw RunStopped(nonfinite_stop_message(step, records[static_cast<size_t>(r)].loss_sum, r, site, *models_[0]));
-        }
-    if (timer) timer->flush();
-    ctx.end_iteration();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    rank_memory_[static_cast<size_t>(rank)] = mem.stats();
-    std::vector<double> bubbles = meter.add(records);
-    if (rank != 0) continue;
-    // --tp: the ranks of a TP group compute one loss.
-    double loss_sum = 0, correct = 0, samples = 0;
-    for (const PipelineRankIteration& r : tp_leaders(records, config_.tp))
-      loss_sum += r.loss_sum, correct += r.correct, samples += r.samples;
-    total_samples_ += samples;
-    StepReport r = make_step_report(step, total_steps_, data.epoch(), batch.size, loss_sum, correct, samples, dt);
-    r.bubble = std::move(bubbles);
-    if (on_step) on_step(r);
+    return nonfinite_stop_message(step, std::numeric_limits<double>::quiet_NaN(), -1, NonFiniteSite{NonFiniteSite::Loss, -1},
+                                  *t_.models_[0]);
   }
-  pipe.gather_parameters(rank == 0 ? models_[0].get() : nullptr);
-  dev.synchronize();
-  if (timer) timer->flush();
-  if (rank == 0) {
-    sum.epochs_started = data.epochs_started();
-    sum.pipeline = meter.stats();
+
+  bool reports() const override { return env_.rank == 0; }
+  void annotate(StepReport& r, const StepSums&) override { r.bubble = bubbles_; }
+  int64_t epoch() const override { return data_.epoch(); }
+  int64_t epochs_started() const override { return data_.epochs_started(); }
+
+  const Model& finish(TrainSummary& sum) override {
+    pipe_.gather_parameters(env_.rank == 0 ? t_.models_[0].get() : nullptr);
+    if (env_.rank == 0) sum.pipeline = meter_.stats();
+    return *t_.models_[0];
   }
-  save_at_end(rank, *models_[0], &comm);
-}
+
+ private:
+  int64_t F() const { return c_.model.in_features(); }
+  Trainer& t_;
+  const TrainConfig& c_;
+  RankEnv env_;
+  const PipelinePlan& plan_;
+  const int N_;
+  PipelineRank pipe_;
+  PipelineMeter meter_;
+  RankBatches data_;
+  Tensor x_dev_, y_dev_, gathered_, mine_dev_;
+  std::vector<float> all_;
+  std::vector<PipelineRankIteration> records_;
+  PipelineRankIteration mine_{};
+  std::vector<double> bubbles_;
+};
+
+std::unique_ptr<RankStrategy> make_pipeline_rank(const RankEnv& env) { return std::make_unique<PipelineTrainRank>(env); }
 
 }  // namespace dtlab

@@ -1,0 +1,346 @@
+// The replica strategies' hooks of the one per-rank loop (engine/train/rank_strategy.h): single,
+// ddp and fsdp hold a whole model replica (or with --tp, its shard), run the same forward, loss and
+// backward on their batch, and differ in what happens around it:
+//   single  nothing: the one-rank reference
+//   ddp     DistributedDataParallel: buckets prepared before forward, gradients marked ready in
+//           backward (the bucket all-reduces overlap it), the buckets' averages written back after
+//   fsdp    FullyShardedDataParallel: sharded zero_grad, the reduce-scatters finished after backward,
+//           the optimizer on the owned shard, the full parameters gathered back at the end
+// --tp joins the rank's TP group first (the model's f and g), and DDP/FSDP work over its DP group.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "engine/core/check.h"
+#include "engine/train/mesh_rank.h"
+#include "engine/train/nonfinite.h"
+#include "engine/train/rank_strategy.h"
+#include "engine/train/train.h"
+
+namespace dtlab {
+
+namespace {
+
+// The loss of `step`, summed over the ranks (`reduced`), is non-finite: every rank learns which
+// rank's own loss (`local`) went non-finite and where its forward first holds a non-finite value
+// (one all-reduce of a code per rank), and every rank returns the same sentence.
+std::string nonfinite_sentence(int64_t step, double local, double reduced, int rank, int world, Communicator* comm,
+                               const Model& model, bool input_bad) {
+  const NonFiniteSite mine = input_bad            ? NonFiniteSite{NonFiniteSite::Input, -1}
+                             : std::isfinite(local) ? NonFiniteSite{}
+                                                    : find_nonfinite(model);
+  std::vector<float> codes(static_cast<size_t>(world), 0.0f);
+  codes[static_cast<size_t>(comm ? rank : 0)] = std::isfinite(local) ? 0.0f : std::max(mine.code(), 1.0f);
+  if (comm) {
+    Device& dev = model.device();
+    Tensor t({world}, MemCategory::Other, nullptr, DType::F32, dev);
+    dev.upload(t.raw(), codes.data(), t.nbytes());
+    comm->all_reduce(t.f32(), world, ReduceOp::Sum)->wait();
+    dev.download(codes.data(), t.raw(), t.nbytes());
+  }
+  for (int r = 0; r < world; r++)
+    if (codes[static_cast<size_t>(r)] > 0)
+      return nonfinite_stop_message(step, reduced, comm ? r : rank, NonFiniteSite::decode(codes[static_cast<size_t>(r)]), model);
+  // No rank's own loss was non-finite: their sum overflowed.
+  return nonfinite_stop_message(step, reduced, -1, NonFiniteSite{NonFiniteSite::Loss, -1}, model);
+}
+
+// One rank's step buffers on its device.
+struct StepBuffers {
+  Tensor probs, dlogits;  // (B, C) softmax and the loss gradient
+  Tensor x_dev, y_dev;    // (B, D), (B): a device's batch is uploaded here; the CPU reads the loader's rows
+  // The step's loss x samples and correct count, accumulated on the device (two doubles; read
+  // once per step), and the four figures every rank all-reduces, in memory the communicator moves.
+  Tensor loss_stats, figures;
+  StepBuffers(int64_t B, int64_t D, int64_t C, MemoryTracker& mem, Device& dev)
+      : probs({B, C}, MemCategory::Activations, &mem, DType::F32, dev),
+        dlogits({B, C}, MemCategory::Activations, &mem, DType::F32, dev),
+        loss_stats({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::F64, dev),
+        figures({4}, MemCategory::Other, nullptr, DType::F32, dev) {
+    if (!dev.is_host()) {
+      x_dev = Tensor({B, D}, MemCategory::Activations, &mem, DType::F32, dev);
+      y_dev = Tensor({B}, MemCategory::Activations, &mem, DType::I64, dev);
+    }
+  }
+  // The batch's rows where the device reads them: uploaded to a GPU, the loader's own on the CPU.
+  std::pair<const float*, const int64_t*> place(const Batch& batch, int64_t D) {
+    const int64_t B = batch.size;
+    if (x_dev.raw() == nullptr) return {batch.x.data(), batch.y.data()};
+    Device& dev = x_dev.device();
+    dev.upload(x_dev.raw(), batch.x.data(), B * D * static_cast<int64_t>(sizeof(float)));
+    dev.upload(y_dev.raw(), batch.y.data(), B * static_cast<int64_t>(sizeof(int64_t)));
+    return {x_dev.f32(), y_dev.i64()};
+  }
+  // Cross-entropy of `logits` (B, C) against `y` into loss_stats, and its gradient into dlogits.
+  // `loss_scale`: fp16's GradScaler multiplies the loss (so its gradient) by it; 1 otherwise.
+  void loss(ComputeObserver* obs, const float* logits, const int64_t* y, int64_t B, int64_t C, int64_t accum,
+            float loss_scale = 1.0f) {
+    Device& dev = probs.device();
+    {
+      ComputeScope scope(obs, ComputeKind::Loss, -1, 5.0 * B * C);
+      dev.cross_entropy_forward(probs.f32(), loss_stats.f64(), logits, y, B, C);
+    }
+    // The mean over the micro-batch, divided by the number of micro-batches (loss / accum).
+    ComputeScope scope(obs, ComputeKind::LossBackward, -1, 2.0 * B * C);
+    const float mean = 1.0f / static_cast<float>(B * accum);
+    dev.cross_entropy_backward(dlogits.f32(), probs.f32(), y, B, C, loss_scale == 1.0f ? mean : mean * loss_scale);
+  }
+};
+
+// m[0..3] summed over every rank, through `figures` (4 floats on the rank's device).
+void sum_over_ranks(Communicator& comm, Tensor& figures, double m[4]) {
+  Device& dev = figures.device();
+  float f[4] = {static_cast<float>(m[0]), static_cast<float>(m[1]), static_cast<float>(m[2]), static_cast<float>(m[3])};
+  dev.upload(figures.raw(), f, sizeof f);
+  comm.all_reduce(figures.f32(), 4, ReduceOp::Sum)->wait();
+  dev.download(f, figures.raw(), sizeof f);
+  for (int i = 0; i < 4; i++) m[i] = f[i];
+}
+
+}  // namespace
+
+// single: the replica's forward, loss and backward with no strategy around them; ddp and fsdp add
+// their hooks by overriding.
+class ReplicaRank : public RankStrategy {
+ public:
+  explicit ReplicaRank(const RankEnv& env)
+      : t_(env.trainer), c_(t_.config_), env_(env), rank_(env.rank),
+        model_(*t_.models_[t_.world_ ? static_cast<size_t>(env.rank) : 0]),
+        model_obs_(model_.observer()),
+        mesh_(c_.tp > 1 ? t_.join_mesh(env.rank, *env.comm, model_) : nullptr),
+        dp_comm_(mesh_ ? Trainer::mesh_dp_group(*mesh_) : env.comm),
+        opt_(c_.optimizer, model_.num_params(), &env.mem, env.dev),
+        scaler_(c_.precision == Precision::FP16 ? std::make_unique<GradScaler>() : nullptr),
+        at_(mesh_coord(t_.mesh_, env.rank)),
+        data_(c_, t_.dataset(), t_.mesh_.dp, at_.dp) {  // a TP group's ranks read their replica's batches
+    model_.set_observer(env.obs);
+    model_.set_layer_gate(env.ctx);  // a stepped run pauses before each layer
+  }
+  // After the strategy's own parts exist (DDP's buckets, FSDP's shards): the fp32 master weights and
+  // the step's buffers, in the order the rank's memory timeline shows them.
+  void ready() {
+    if (model_.mixed()) opt_.init_master(model_.params16(), model_.half_format());
+    buf_ = std::make_unique<StepBuffers>(c_.batch, c_.model.in_features(), c_.model.out_features(), env_.mem, env_.dev);
+  }
+  ~ReplicaRank() override {
+    model_.set_observer(model_obs_);
+    model_.set_layer_gate(nullptr);
+    model_.set_skipped_layer(-1);
+  }
+
+  int64_t micro_batches() const override { return c_.accum; }
+
+  void zero_grad(int64_t step) override {
+    // The unused-parameters lesson's branch: on every skip_every-th step the chosen ranks bypass a layer.
+    branch_ = c_.skip_layer >= 0 && step % c_.skip_every == 0 &&
+              (c_.skip_ranks.empty() || std::count(c_.skip_ranks.begin(), c_.skip_ranks.end(), rank_) > 0);
+    model_.set_skipped_layer(branch_ ? c_.skip_layer : -1);
+    buf_->loss_stats.zero();
+    ComputeScope scope(env_.obs, ComputeKind::ZeroGrad, -1, 0.0);
+    zero_grad_hook();
+  }
+
+  void micro_batch(int64_t step, int64_t micro, bool sync, StepTally& t) override {
+    (void)micro;
+    const int64_t D = c_.model.in_features(), C = c_.model.out_features();
+    const Batch& batch = data_.next();
+    const int64_t B = t.last_batch = batch.size;
+    if (!c_.allow_nonfinite && !t.input_bad) t.input_bad = has_nonfinite(batch.x.data(), B * D);
+    const auto [x, y] = buf_->place(batch, D);
+    before_forward();
+    buf_->loss(env_.obs, model_.forward(x, B), y, B, C, c_.accum, scaler_ ? t_.loss_scale_for(*scaler_, step, rank_) : 1.0f);
+    t.samples += B;
+    prepare_backward(sync);
+    model_.backward(buf_->dlogits.f32(), gradient_ready());
+    after_backward();
+  }
+
+  bool step(int64_t step) override {
+    scale_ = scaler_ ? scaler_->scale() : 0.0f;
+    // fp16's scaler decides first, every rank the same way.
+    const bool ok = !scaler_ || scaler_allows_step();
+    if (ok) {
+      ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, 10.0 * model_.num_params());
+      optimizer_step();
+    } else {
+      t_.rank_skipped_[static_cast<size_t>(rank_)].push_back(step);
+    }
+    skipped_ = !ok;
+    return ok;
+  }
+
+  StepSums exchange(int64_t step, const StepTally& t) override {
+    (void)step;
+    double loss_sums[kLossStatsDoubles];
+    env_.dev.download(loss_sums, buf_->loss_stats.f64(), sizeof loss_sums);  // the host's one wait for the device per step
+    // Non-finite input stops the step even when the loss comes out finite (a ReLU can zero an
+    // infinity whose gradient is still NaN): this rank's loss counts as NaN, so every rank sees it.
+    if (t.input_bad) loss_sums[0] = std::numeric_limits<double>::quiet_NaN();
+    // Every rank computes its own loss; the reported figures are the all-reduced sums (no
+    // rank-0-only synchronisation). A TP group's ranks compute the same loss on the same batch:
+    // its first rank speaks for it.
+    double m[4] = {loss_sums[0], loss_sums[1], static_cast<double>(t.samples), overlap()};
+    if (at_.tp != 0) m[0] = m[1] = m[2] = m[3] = 0;
+    if (env_.comm) sum_over_ranks(*env_.comm, buf_->figures, m);
+    overlap_sum_step_ = m[3];
+    return {m[0], m[1], m[2], loss_sums[0]};
+  }
+
+  std::string diagnose_nonfinite(int64_t step, const StepSums& s, const StepTally& t) override {
+    return nonfinite_sentence(step, s.mine, s.loss_sum, rank_, env_.comm ? c_.world_size : 1, env_.comm, model_, t.input_bad);
+  }
+
+  bool reports() const override { return rank_ == 0; }
+
+  void annotate(StepReport& r, const StepSums&) override {
+    r.branch_taken = branch_;
+    r.loss_scale = scale_;
+    r.step_skipped = skipped_;
+  }
+
+  int64_t epoch() const override { return data_.epoch(); }
+  int64_t epochs_started() const override { return data_.epochs_started(); }
+
+  const Model& finish(TrainSummary& sum) override {
+    if (scaler_ && rank_ == 0) t_.loss_scale_ = scaler_->scale();
+    model_.set_skipped_layer(-1);
+    finish_hook(sum);
+    if (mesh_) t_.gather_full_model(rank_, *mesh_, model_);  // rank 0's full_model_ gets every shard
+    return mesh_ && rank_ == 0 ? *t_.full_model_ : model_;
+  }
+
+ protected:
+  // The strategy's hooks around the replica's step.
+  virtual void zero_grad_hook() { model_.zero_grad(); }
+  virtual void before_forward() {}
+  virtual void prepare_backward(bool sync) { (void)sync; }
+  virtual Model::GradReadyHook gradient_ready() { return {}; }
+  virtual void after_backward() {}
+  virtual void optimizer_step() {
+    if (model_.mixed()) opt_.step_mixed(model_.params16(), model_.grads16(), scaler_ ? 1.0f / scale_ : 1.0f);
+    else opt_.step(model_.params(), model_.grads());
+  }
+  virtual double overlap() const { return -1; }
+  virtual void finish_hook(TrainSummary& sum) { (void)sum; }
+
+  // GradScaler.step + update: this rank's inf/NaN check, the ranks' agreement (an all-reduce over
+  // the DP group), the scale's update, and the decision as a LossScale event. False: every rank skips.
+  bool scaler_allows_step() {
+    const bool found = GradScaler::local_found_inf(model_);
+    const bool any = GradScaler::agree(dp_comm_, found, model_.device());
+    const float before = scaler_->scale();
+    scaler_->update(any);
+    if (env_.ctx && env_.ctx->recorder()) {
+      const int64_t now = env_.ctx->recorder()->now_ns();
+      const double tm = env_.ctx->compute_clock();
+      Event e(EventKind::LossScale, Lane::Compute, now, now, tm, tm);
+      e.scaler = LossScaleInfo{before, scaler_->scale(), static_cast<uint8_t>(found), static_cast<uint8_t>(any), scaler_->growth_tracker()};
+      env_.ctx->record(e);
+    }
+    return !any;
+  }
+
+  Trainer& t_;
+  const TrainConfig& c_;
+  RankEnv env_;
+  int rank_;
+  Model& model_;
+  ComputeObserver* model_obs_;
+  std::unique_ptr<Trainer::MeshRank> mesh_;
+  Communicator* dp_comm_;  // DDP's or FSDP's group: the world, the mesh's DP group, or none
+  Optimizer opt_;
+  std::unique_ptr<GradScaler> scaler_;
+  MeshCoord at_;
+  RankBatches data_;
+  std::unique_ptr<StepBuffers> buf_;
+  bool branch_ = false, skipped_ = false;
+  float scale_ = 0;
+  double overlap_sum_step_ = 0;
+};
+
+class DdpRank final : public ReplicaRank {
+ public:
+  explicit DdpRank(const RankEnv& env) : ReplicaRank(env) {
+    if (dp_comm_) ddp_ = std::make_unique<DistributedDataParallel>(model_, *dp_comm_, env.ctx, c_.ddp);
+  }
+  void annotate(StepReport& r, const StepSums& s) override {
+    ReplicaRank::annotate(r, s);
+    if (!ddp_) return;
+    r.overlap = overlap_sum_step_ / t_.mesh_.dp;
+    overlap_total_ += r.overlap;
+    overlap_n_++;
+  }
+
+ protected:
+  void before_forward() override {
+    if (ddp_) ddp_->before_forward();
+  }
+  // no_sync() for the first accum - 1 micro-batches.
+  void prepare_backward(bool sync) override {
+    if (ddp_) ddp_->prepare_for_backward(sync);
+  }
+  Model::GradReadyHook gradient_ready() override { return ddp_ ? ddp_->grad_ready_hook() : Model::GradReadyHook{}; }
+  void after_backward() override {
+    if (ddp_) ddp_->finalize_backward();
+  }
+  void optimizer_step() override {
+    if (ddp_ && !model_.mixed()) opt_.step(ddp_->optimizer_segments());
+    else ReplicaRank::optimizer_step();
+  }
+  double overlap() const override { return ddp_ ? ddp_->last_stats().overlap() : -1; }
+  void finish_hook(TrainSummary& sum) override {
+    if (rank_ != 0) return;
+    sum.mean_overlap = overlap_n_ ? overlap_total_ / static_cast<double>(overlap_n_) : -1;
+    if (ddp_) {
+      sum.buckets = ddp_->describe_buckets();
+      sum.buckets_rebuilt = ddp_->rebuilt();
+    }
+  }
+
+ private:
+  std::unique_ptr<DistributedDataParallel> ddp_;  // null when the mesh has one replica
+  double overlap_total_ = 0;
+  int64_t overlap_n_ = 0;
+};
+
+class FsdpRank final : public ReplicaRank {
+ public:
+  explicit FsdpRank(const RankEnv& env) : ReplicaRank(env) {
+    if (dp_comm_) fsdp_ = std::make_unique<FullyShardedDataParallel>(model_, *dp_comm_, env.ctx, c_.fsdp, c_.optimizer);
+  }
+
+ protected:
+  void zero_grad_hook() override {
+    if (fsdp_) fsdp_->zero_grad();
+    else model_.zero_grad();
+  }
+  void after_backward() override {
+    if (fsdp_) fsdp_->finalize_backward();
+  }
+  void optimizer_step() override {
+    if (fsdp_) fsdp_->step();
+    else ReplicaRank::optimizer_step();
+  }
+  void finish_hook(TrainSummary&) override {
+    if (fsdp_) t_.finish_fsdp(*fsdp_, model_, *dp_comm_);
+  }
+
+ private:
+  std::unique_ptr<FullyShardedDataParallel> fsdp_;
+};
+
+std::unique_ptr<RankStrategy> make_replica_rank(const RankEnv& env) {
+  std::unique_ptr<ReplicaRank> r;
+  switch (env.trainer.config().strategy) {
+    case Strategy::Ddp: r = std::make_unique<DdpRank>(env); break;
+    case Strategy::Fsdp: r = std::make_unique<FsdpRank>(env); break;
+    case Strategy::Single: r = std::make_unique<ReplicaRank>(env); break;
+    case Strategy::Dp:
+    case Strategy::Pipeline:
+      DTLAB_CHECK(false, std::string("make_replica_rank: ") + strategy_name(env.trainer.config().strategy) + " is not a replica strategy");
+  }
+  r->ready();
+  return r;
+}
+
+}  // namespace dtlab
