@@ -1,10 +1,15 @@
 // algorithm_step_plan (engine/comm/plan.h) against what the threads backend really did: every
-// RingStep event a rank recorded as a receiver must be the plan's transfer into that rank.
+// RingStep event a rank recorded as a receiver must be the plan's transfer into that rank. And the
+// ring's chunk order (engine/comm/ring_order.h) against the plans, the threads ring and the process
+// groups' ring, so none of the four can drift from the others.
 #include <doctest/doctest.h>
 
+#include <memory>
 #include <vector>
 
+#include "engine/comm/group.h"
 #include "engine/comm/plan.h"
+#include "engine/comm/ring_order.h"
 #include "engine/comm/threads_backend.h"
 
 using namespace dtlab;
@@ -29,6 +34,28 @@ void run_op(Communicator& comm, const Case& c, int n) {
     case CollectiveOp::AllToAll: comm.all_to_all(buf.data(), in.data(), count, DType::F32)->wait(); break;
     default: break;
   }
+}
+
+// The RingStep events rank r recorded for a ring collective of `steps` steps: from its predecessor,
+// chunk chunk_at(s) in step s, `bytes(chunk)` bytes, reduce-scatter then all-gather phases.
+template <class ChunkAt, class Bytes>
+void check_ring_events(ThreadsWorld& w, int r, int n, int steps, RingPhase first, ChunkAt chunk_at, Bytes bytes) {
+  int seen = 0;
+  for (const Event& e : w.recorder().events(r)) {
+    if (e.kind != EventKind::RingStep) continue;
+    CAPTURE(r);
+    CAPTURE(e.step.step);
+    CHECK(e.step.step == seen);
+    CHECK(e.step.steps == steps);
+    CHECK(e.step.src == ring_pred(r, n));
+    CHECK(e.step.dst == r);
+    CHECK(e.step.chunk == chunk_at(e.step.step));
+    CHECK(e.step.bytes == bytes(e.step.chunk));
+    CHECK(e.step.phase == (first == RingPhase::ReduceScatter && e.step.step < n - 1 ? RingPhase::ReduceScatter
+                                                                                    : RingPhase::AllGather));
+    seen++;
+  }
+  CHECK(seen == steps);
 }
 
 }  // namespace
@@ -76,6 +103,79 @@ TEST_SUITE("comm") {
         for (int s = 0; s < steps; s++) planned += static_cast<int>(algorithm_step_plan(c.op, c.algo, n, c.root, s).size());
         CHECK(matched == planned);  // every planned transfer happened
       }
+    }
+  }
+
+  TEST_CASE("one ring chunk order: ring_order.h, the plans, the threads ring and the process groups agree") {
+    for (int n = 2; n <= 5; n++) {
+      CAPTURE(n);
+      const int64_t count = 5 * n + 1;  // never a multiple of n: even chunks differ by one element
+      const int64_t esize = static_cast<int64_t>(sizeof(float));
+      auto even_bytes = [&](int k) { return (chunk_begin(count, n, k + 1) - chunk_begin(count, n, k)) * esize; };
+
+      // The plans: every rank takes the header's chunk from its predecessor, which is the chunk the
+      // predecessor sends; after the reduce-scatter chunk r is final on rank r.
+      for (int s = 0; s < 2 * (n - 1); s++) {
+        const std::vector<StepTransfer> ar = algorithm_step_plan(CollectiveOp::AllReduce, Algorithm::Ring, n, 0, s);
+        REQUIRE(ar.size() == static_cast<size_t>(n));
+        for (const StepTransfer& t : ar) {
+          CHECK(t.src == ring_pred(t.dst, n));
+          CHECK(t.chunk == ring_allreduce_recv_chunk(t.dst, s, n));
+          CHECK(t.chunks == n);
+          const auto [lo, hi] = transfer_elements(t, count);
+          CHECK(lo == chunk_begin(count, n, t.chunk));
+          CHECK((hi - lo) * esize == even_bytes(t.chunk));
+        }
+        if (s >= n - 1) continue;
+        const std::vector<StepTransfer> rs = algorithm_step_plan(CollectiveOp::ReduceScatter, Algorithm::Ring, n, 0, s);
+        const std::vector<StepTransfer> ag = algorithm_step_plan(CollectiveOp::AllGather, Algorithm::Ring, n, 0, s);
+        REQUIRE(rs.size() == static_cast<size_t>(n));
+        REQUIRE(ag.size() == static_cast<size_t>(n));
+        for (const StepTransfer& t : rs) {
+          CHECK(t.chunk == ring_rs_recv_chunk(t.dst, s, n));
+          CHECK(t.chunk == ring_rs_send_chunk(t.src, s, n));
+        }
+        for (const StepTransfer& t : ag) {
+          CHECK(t.chunk == ring_ag_recv_chunk(t.dst, s, n));
+          CHECK(t.chunk == ring_ag_send_chunk(t.src, s, n));
+        }
+      }
+      for (int r = 0; r < n; r++) CHECK(ring_rs_recv_chunk(r, n - 2, n) == r);
+
+      // The threads backend's ring all-reduce (even chunks), reduce-scatter and all-gather (blocks).
+      ThreadsWorld w(n);
+      w.run([&](int, Communicator& comm, RankContext&) {
+        std::vector<float> buf(static_cast<size_t>(count), 1.0f);
+        comm.all_reduce(buf.data(), count, ReduceOp::Sum, Algorithm::Ring)->wait();
+      });
+      for (int r = 0; r < n; r++)
+        check_ring_events(w, r, n, 2 * (n - 1), RingPhase::ReduceScatter,
+                          [&](int s) { return ring_allreduce_recv_chunk(r, s, n); }, even_bytes);
+      for (CollectiveOp op : {CollectiveOp::ReduceScatter, CollectiveOp::AllGather}) {
+        CAPTURE(collective_name(op));
+        ThreadsWorld b(n);
+        b.run([&](int, Communicator& comm, RankContext&) { run_op(comm, {op, Algorithm::Ring, 0}, n); });
+        const bool rs = op == CollectiveOp::ReduceScatter;
+        for (int r = 0; r < n; r++)
+          check_ring_events(b, r, n, n - 1, rs ? RingPhase::ReduceScatter : RingPhase::AllGather,
+                            [&](int s) { return rs ? ring_rs_recv_chunk(r, s, n) : ring_ag_recv_chunk(r, s, n); },
+                            [&](int) { return 6 * n * esize; });  // run_op's blocks of 6 n elements
+      }
+
+      // A process group over the whole world: the same order on padded chunks.
+      ThreadsWorld g(n);
+      g.run([&](int, Communicator& comm, RankContext&) {
+        std::vector<int> ranks;
+        for (int r = 0; r < n; r++) ranks.push_back(r);
+        auto group = new_group(comm, ranks, 5, std::make_shared<GroupExecutor>());
+        std::vector<float> buf(static_cast<size_t>(count), 1.0f);
+        group->all_reduce(buf.data(), count)->wait();
+        for (float x : buf) CHECK(x == static_cast<float>(n));
+      });
+      for (int r = 0; r < n; r++)
+        check_ring_events(g, r, n, 2 * (n - 1), RingPhase::ReduceScatter,
+                          [&](int s) { return ring_allreduce_recv_chunk(r, s, n); },
+                          [&](int) { return padded_chunk(count, n) * esize; });
     }
   }
 }

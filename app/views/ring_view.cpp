@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "app/views/views.h"
+#include "engine/comm/ring_order.h"  // ring_succ: the ring's direction
 #include "engine/core/format.h"
 
 namespace dtlab::app {
@@ -834,7 +835,7 @@ void draw_edges(ImDrawList* dl, const Edges& edges, const CollectiveView& cv, in
   const ImU32 edge_idle = ImGui::GetColorU32(ImGuiCol_Text, 0.28f);
   if (ring) {
     for (int r = 0; r < N; r++)
-      draw_curve(dl, edges.of(r, (r + 1) % N), cv.pending.empty() ? edge_idle : edge_active, thick, arrow, false);
+      draw_curve(dl, edges.of(r, ring_succ(r, N)), cv.pending.empty() ? edge_idle : edge_active, thick, arrow, false);
     return;
   }
   if (cv.algo == Algorithm::DoubleTree) draw_tree_structure(dl, edges, N, thick);

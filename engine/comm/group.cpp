@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/comm/queued_comm.h"  // CollDesc, payload_bytes
+#include "engine/comm/ring_order.h"
 #include "engine/core/arith.h"
 #include "engine/core/check.h"
 #include "engine/core/tensor.h"
@@ -157,8 +158,9 @@ class GroupComm : public Communicator {
     check(dt, algo, CollectiveOp::AllReduce);
     float* b = static_cast<float*>(buf);
     return run({CollectiveOp::AllReduce, Algorithm::Ring, op, dt, count}, [=, this] {
+      // Padded chunks (ring_order.h): the reduce-scatter and all-gather below move equal blocks.
       const int n = world_size();
-      const int64_t chunk = (count + n - 1) / n;
+      const int64_t chunk = padded_chunk(count, n);
       Tensor padded = scratch(chunk * n);  // zero-filled
       dev_.copy(padded.f32(), b, count * kF32);
       Tensor mine = scratch(chunk);
@@ -410,31 +412,31 @@ class GroupComm : public Communicator {
     record_step(w, phase, chunk, global(from), global(me_), count * kF32, step);
   }
 
-  // in: n blocks of `count`; out: block me_ reduced over the group. Step s sends the running
-  // partial of block (me-1-s) to the successor and adds the predecessor's partial of block
-  // (me-2-s); after n-1 steps block me is complete.
+  // in: n blocks of `count`; out: block me_ reduced over the group, in ring_order.h's order (each
+  // step adds the predecessor's partial of one block; after n-1 steps block me is complete).
   void ring_reduce_scatter(float* out, const float* in, int64_t count, ReduceOp op) {
     const int n = world_size();
     Tensor acc = scratch(count * n);
     dev_.copy(acc.f32(), in, count * n * kF32);
     Tensor tmp = scratch(count);
-    const int succ = ring_mod(me_ + 1, n), pred = ring_mod(me_ - 1, n);
+    const int succ = ring_succ(me_, n), pred = ring_pred(me_, n);
     for (int s = 0; s < n - 1; s++) {
-      const int send_block = ring_mod(me_ - 1 - s, n), recv_block = ring_mod(me_ - 2 - s, n);
+      const int send_block = ring_rs_send_chunk(me_, s, n), recv_block = ring_rs_recv_chunk(me_, s, n);
       p2p_exchange(acc.f32() + send_block * count, succ, tmp.f32(), pred, count, RingPhase::ReduceScatter, recv_block);
       dev_.accumulate(acc.f32() + recv_block * count, tmp.f32(), count, op == ReduceOp::Max);
     }
     dev_.copy(out, acc.f32() + me_ * count, count * kF32);
     if (op == ReduceOp::Avg) dev_.scale(out, count, 1.0f / static_cast<float>(n));
   }
-  // in: `count`; out: n blocks, block r from group rank r.
+  // in: `count`; out: n blocks, block r from group rank r (ring_order.h's order).
   void ring_all_gather(float* out, const float* in, int64_t count) {
     const int n = world_size();
     dev_.copy(out + me_ * count, in, count * kF32);  // a no-op when `in` is already there
-    const int succ = ring_mod(me_ + 1, n), pred = ring_mod(me_ - 1, n);
-    for (int s = 0; s < n - 1; s++)
-      p2p_exchange(out + ring_mod(me_ - s, n) * count, succ, out + ring_mod(me_ - s - 1, n) * count, pred, count,
-                   RingPhase::AllGather, ring_mod(me_ - s - 1, n));
+    const int succ = ring_succ(me_, n), pred = ring_pred(me_, n);
+    for (int s = 0; s < n - 1; s++) {
+      const int send_block = ring_ag_send_chunk(me_, s, n), recv_block = ring_ag_recv_chunk(me_, s, n);
+      p2p_exchange(out + send_block * count, succ, out + recv_block * count, pred, count, RingPhase::AllGather, recv_block);
+    }
   }
 
   Communicator& parent_;

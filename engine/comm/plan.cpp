@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "engine/comm/ring_order.h"
 #include "engine/core/arith.h"
 #include "engine/core/check.h"
 
@@ -10,8 +11,9 @@ namespace dtlab {
 
 namespace {
 
+// Every rank takes chunk(r, s, n) (ring_order.h) from its predecessor.
 void ring(std::vector<StepTransfer>& out, int n, RingPhase phase, bool reduce, int (*chunk)(int r, int s, int n), int s) {
-  for (int r = 0; r < n; r++) out.push_back({ring_mod(r - 1, n), r, chunk(r, s, n), phase, reduce, n});
+  for (int r = 0; r < n; r++) out.push_back({ring_pred(r, n), r, chunk(r, s, n), phase, reduce, n});
 }
 
 // Binomial tree rooted at `root` (virtual rank v = r - root): broadcast step k sends from v to
@@ -46,7 +48,8 @@ void double_tree(std::vector<StepTransfer>& out, int n, int s) {
 
 // Hierarchical step s: a ring reduce-scatter inside every node (G - 1 steps, chunk k of G), a ring
 // all-reduce between the ranks of the same local index on their shard l (2 (N - 1) steps, piece j
-// of the shard is chunk l N + j of G N), a ring all-gather inside every node (G - 1 steps).
+// of the shard is chunk l N + j of G N), a ring all-gather inside every node (G - 1 steps); each
+// ring in ring_order.h's order, the node's over local index l, the one across nodes over node m.
 void hierarchical(std::vector<StepTransfer>& out, int n, int G, int s) {
   const int N = n / G;
   for (int m = 0; m < N; m++)
@@ -54,22 +57,22 @@ void hierarchical(std::vector<StepTransfer>& out, int n, int G, int s) {
       const int r = m * G + l;
       int t = s;
       if (t < G - 1) {
-        out.push_back({m * G + ring_mod(l - 1, G), r, ring_mod(l - 2 - t, G), RingPhase::ReduceScatter, true, G});
+        out.push_back({m * G + ring_pred(l, G), r, ring_rs_recv_chunk(l, t, G), RingPhase::ReduceScatter, true, G});
         continue;
       }
       t -= G - 1;
-      const int across = ring_mod(m - 1, N) * G + l;
+      const int across = ring_pred(m, N) * G + l;
       if (t < N - 1) {
-        out.push_back({across, r, l * N + ring_mod(m - 2 - t, N), RingPhase::ReduceScatter, true, G * N});
+        out.push_back({across, r, l * N + ring_rs_recv_chunk(m, t, N), RingPhase::ReduceScatter, true, G * N});
         continue;
       }
       t -= N - 1;
       if (t < N - 1) {
-        out.push_back({across, r, l * N + ring_mod(m - 1 - t, N), RingPhase::AllGather, false, G * N});
+        out.push_back({across, r, l * N + ring_ag_recv_chunk(m, t, N), RingPhase::AllGather, false, G * N});
         continue;
       }
       t -= N - 1;
-      out.push_back({m * G + ring_mod(l - 1, G), r, ring_mod(l - 1 - t, G), RingPhase::AllGather, false, G});
+      out.push_back({m * G + ring_pred(l, G), r, ring_ag_recv_chunk(l, t, G), RingPhase::AllGather, false, G});
     }
 }
 
@@ -85,7 +88,7 @@ void in_network(std::vector<StepTransfer>& out, int n, int s) {
 
 std::pair<int64_t, int64_t> transfer_elements(const StepTransfer& t, int64_t count) {
   if (t.chunk < 0 || t.chunks <= 0) return {0, count};
-  return {count * t.chunk / t.chunks, count * (t.chunk + 1) / t.chunks};
+  return {chunk_begin(count, t.chunks, t.chunk), chunk_begin(count, t.chunks, t.chunk + 1)};
 }
 
 int planned_chunks(Algorithm algo, int n, int node_size) {
@@ -140,10 +143,8 @@ std::vector<StepTransfer> algorithm_step_plan(CollectiveOp op, Algorithm algo, i
       } else if (algo == Algorithm::InNetwork) {
         in_network(out, n, s);
       } else if (algo == Algorithm::Ring) {
-        // Reduce-scatter: rank r adds its predecessor's chunk (r - 2 - s); after n - 1 steps chunk r
-        // is final on rank r. All-gather: the final chunks travel on round the ring.
-        if (s < n - 1) ring(out, n, RingPhase::ReduceScatter, true, [](int r, int st, int m) { return ring_mod(r - 2 - st, m); }, s);
-        else ring(out, n, RingPhase::AllGather, false, [](int r, int st, int m) { return ring_mod(r - 1 - (st - (m - 1)), m); }, s);
+        const bool rs = s < n - 1;
+        ring(out, n, rs ? RingPhase::ReduceScatter : RingPhase::AllGather, rs, ring_allreduce_recv_chunk, s);
       } else if (algo == Algorithm::Naive) {
         // Rank 0 gathers and reduces every buffer, then sends the result to each rank in turn.
         if (s < n - 1) out.push_back({s + 1, 0, -1, RingPhase::Gather, true});
@@ -155,10 +156,10 @@ std::vector<StepTransfer> algorithm_step_plan(CollectiveOp op, Algorithm algo, i
       }
       break;
     case CollectiveOp::ReduceScatter:
-      ring(out, n, RingPhase::ReduceScatter, true, [](int r, int st, int m) { return ring_mod(r - 2 - st, m); }, s);
+      ring(out, n, RingPhase::ReduceScatter, true, ring_rs_recv_chunk, s);
       break;
     case CollectiveOp::AllGather:
-      ring(out, n, RingPhase::AllGather, false, [](int r, int st, int m) { return ring_mod(r - 1 - st, m); }, s);
+      ring(out, n, RingPhase::AllGather, false, ring_ag_recv_chunk, s);
       break;
     case CollectiveOp::Broadcast:
       if (algo == Algorithm::Naive) out.push_back({root, ring_mod(root + s + 1, n), -1, RingPhase::Broadcast, false});

@@ -16,14 +16,15 @@ namespace dtlab {
 
 struct StepTransfer {
   int src = -1, dst = -1;  // ranks; kNetworkSwitch for the in-network switch
-  int chunk = -1;       // the chunk moved, of `chunks` equal chunks of the buffer (chunk_begin); -1: all of it
+  int chunk = -1;       // the chunk moved, of `chunks` even chunks of the buffer (chunk_begin); -1: all of it
   RingPhase phase = RingPhase::None;
   bool reduce = false;  // the receiver reduces (true) or copies (false)
   int chunks = 0;       // how many chunks `chunk` counts in (0 when chunk is -1)
 };
 
 // Elements [begin, end) of a `count`-element buffer that transfer `t` moves (the whole buffer when
-// t.chunk is -1; chunk bounds as chunk_begin cuts them, so sizes differ by at most one element).
+// t.chunk is -1; chunk bounds as ring_order.h's chunk_begin cuts them, so sizes differ by at most one
+// element).
 std::pair<int64_t, int64_t> transfer_elements(const StepTransfer& t, int64_t count);
 
 // The finest chunks the transfers of the double binary tree (2K), hierarchical (world: G x N) and

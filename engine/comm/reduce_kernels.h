@@ -1,6 +1,7 @@
-// The element-wise pieces of the collective algorithms (chunk bounds, reduce, average, copy), shared
-// by every backend: a collective adds the same numbers in the same order whichever backend moves
-// them, so a multi-process socket run equals the in-process threads run bit for bit.
+// The element-wise pieces of the collective algorithms (reduce, average, copy; chunk bounds are in
+// ring_order.h), shared by every backend: a collective adds the same numbers in the same order
+// whichever backend moves them, so a multi-process socket run equals the in-process threads run
+// bit for bit.
 #pragma once
 #include "engine/core/arith.h"
 #include <algorithm>
@@ -12,9 +13,6 @@
 #include "engine/core/half.h"
 
 namespace dtlab {
-
-// Chunk c of an all-reduce buffer: sizes differ by at most one element, empty when count < n.
-inline int64_t chunk_begin(int64_t count, int n, int c) { return count * c / n; }
 
 template <class T>
 void reduce_into(T* dst, const T* src, int64_t len, ReduceOp op) {

@@ -10,6 +10,7 @@
 
 #include "engine/comm/plan.h"
 #include "engine/comm/reduce_kernels.h"
+#include "engine/comm/ring_order.h"  // chunk_begin
 #include "engine/comm/socket_mesh.h"
 #include "engine/core/format.h"
 

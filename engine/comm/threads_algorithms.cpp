@@ -1,9 +1,9 @@
 // The collective algorithms of the threads backend, one rank's part each, step by step.
 //
-// Ring (all-reduce, reduce-scatter, all-gather) follows NCCL's chunk order (docs/course_sources.md §6): at
-// reduce-scatter step s the rank at ring position r receives chunk (r-2-s) mod n from its
-// predecessor and reduces it into its own; after n-1 steps chunk r is final; at all-gather step s it
-// receives chunk (r-1-s) mod n. The receiver reads the predecessor's chunk in place (a fused
+// Ring (all-reduce, reduce-scatter, all-gather) follows NCCL's chunk order (docs/course_sources.md §6),
+// which ring_order.h writes down for the plans, the process groups and these algorithms alike:
+// each step a rank reduces (or copies) one chunk from its predecessor, and after the reduce-scatter
+// chunk r is final on rank r. The receiver reads the predecessor's chunk in place (a fused
 // receive-reduce: no staging copy) and two counters per rank keep the ring safe without a global
 // barrier: done (what a rank has finished, so its successor may read it) and consumed (what its
 // successor has finished reading, so it may overwrite it). All-reduce cuts each step into slices
@@ -17,6 +17,7 @@
 
 #include "engine/comm/plan.h"
 #include "engine/comm/reduce_kernels.h"
+#include "engine/comm/ring_order.h"
 #include "engine/comm/threads_internal.h"
 
 namespace dtlab::threads {
@@ -25,7 +26,7 @@ namespace {
 
 std::vector<std::pair<int, int>> ring_pairs(int n) {
   std::vector<std::pair<int, int>> v;
-  for (int r = 0; r < n; r++) v.push_back({r, (r + 1) % n});
+  for (int r = 0; r < n; r++) v.push_back({r, ring_succ(r, n)});
   return v;
 }
 
@@ -84,7 +85,7 @@ struct RingRank_ {
   const std::vector<std::pair<int, int>> pairs;
   T* out;
   explicit RingRank_(Call& c)
-      : st(c), rv(*c.rv), n(c.n), r(c.rank), pred(ring_mod(c.rank - 1, c.n)), count(c.rv->desc.count),
+      : st(c), rv(*c.rv), n(c.n), r(c.rank), pred(ring_pred(c.rank, c.n)), count(c.rv->desc.count),
         pairs(ring_pairs(c.n)), out(as<T>(c.rv->buf[static_cast<size_t>(c.rank)])) {}
 };
 
@@ -99,7 +100,7 @@ void ring_allreduce(Call& c) {
   for (int s = 0; s < rv.steps; s++) {
     int64_t wall0 = st.begin(s);
     const bool rs = s < n - 1;
-    const int k = rs ? ring_mod(r - 2 - s, n) : ring_mod(r - 1 - (s - (n - 1)), n);
+    const int k = ring_allreduce_recv_chunk(r, s, n);
     const int64_t lo = chunk_begin(count, n, k), hi = chunk_begin(count, n, k + 1);
     for (int j = 0; j < J; j++) {
       const int64_t unit = static_cast<int64_t>(s) * J + j;
@@ -141,7 +142,7 @@ void ring_reduce_scatter(Call& c) {
   for (int s = 0; s < rv.steps; s++) {
     int64_t wall0 = st.begin(s);
     st.w.ring_wait_ready(c, s);
-    const int k = ring_mod(r - 2 - s, n);
+    const int k = ring_rs_recv_chunk(r, s, n);
     // From step 1 on the predecessor's partial sums are in its scratch, whose pointer it published
     // under the lock before finishing step 0 (so ring_wait_ready ordered this read after it).
     const T* src = s == 0 ? pred_in + k * count
@@ -166,7 +167,7 @@ void ring_all_gather(Call& c) {
   for (int s = 0; s < rv.steps; s++) {
     int64_t wall0 = st.begin(s);
     st.w.ring_wait_ready(c, s);
-    const int k = ring_mod(r - 1 - s, n);
+    const int k = ring_ag_recv_chunk(r, s, n);
     copy_elems(c, out + k * count, s == 0 ? pred_in : pred_out + k * count, count);
     st.w.ring_mark_done(c, s);
     st.w.finish_step(c, s, RingPhase::AllGather, k, pred, r, count * static_cast<int64_t>(sizeof(T)),

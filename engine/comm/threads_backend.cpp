@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "engine/comm/ring_order.h"  // ring_pred, ring_succ
 #include "engine/comm/threads_internal.h"
 #include "engine/comm/watchdog.h"
 #include "engine/core/format.h"
@@ -413,7 +414,7 @@ void World::ring_wait(Call& c, Pred ready, const char* what) {
 // same slice one step earlier (done), and its successor to have finished reading what this rank
 // sent one step earlier (consumed), because the chunk it writes may be one the successor still reads.
 void World::ring_wait_ready(Call& c, int64_t unit) {
-  const int pred = (c.rank - 1 + n_) % n_;
+  const int pred = ring_pred(c.rank, n_);
   const int64_t need = unit - c.rv->slices + 1;
   auto ready = [&] {
     return c.rv->done[static_cast<size_t>(pred)].load(std::memory_order_acquire) >= need &&
@@ -423,7 +424,7 @@ void World::ring_wait_ready(Call& c, int64_t unit) {
 }
 
 void World::ring_mark_done(Call& c, int64_t unit) {
-  const int pred = (c.rank - 1 + n_) % n_, succ = (c.rank + 1) % n_;
+  const int pred = ring_pred(c.rank, n_), succ = ring_succ(c.rank, n_);
   c.rv->done[static_cast<size_t>(c.rank)].store(unit + 1, std::memory_order_release);
   c.rv->consumed[static_cast<size_t>(pred)].store(unit + 1, std::memory_order_release);
   for (int t : {succ, pred}) {

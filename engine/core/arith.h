@@ -5,7 +5,7 @@
 namespace dtlab {
 
 // a mod n in [0, n) for any sign of a: the rank `a` steps around a ring of n.
-inline int ring_mod(int a, int n) { return ((a % n) + n) % n; }
+constexpr int ring_mod(int a, int n) { return ((a % n) + n) % n; }
 
 // ceil(log2 n), 0 for n <= 1: the rounds of a binomial tree (the ranks holding data double each round).
 inline int ceil_log2(int n) {

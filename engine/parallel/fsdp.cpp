@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/comm/ring_order.h"  // padded_chunk: the shard is one reduce-scatter block
 #include "engine/core/check.h"
 
 namespace dtlab {
@@ -15,7 +16,7 @@ FlatShard flat_shard(int64_t numel, int world) {
   FlatShard s;
   s.numel = numel;
   s.world = world;
-  s.chunk = (numel + world - 1) / world;
+  s.chunk = padded_chunk(numel, world);
   s.padded = s.chunk * world;
   return s;
 }
