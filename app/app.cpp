@@ -5,7 +5,6 @@
 #include <imgui.h>
 #include <imgui_impl_glfw.h>
 #include <imgui_impl_opengl3.h>
-#include <stb_image_write.h>
 #include <time.h>
 
 #include <algorithm>
@@ -14,17 +13,17 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <deque>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "app/figures.h"
-#include "app/lesson_runner.h"
+#include "app/lesson_host.h"
+#include "app/screenshots.h"
+#include "app/script_runner.h"
 #include "app/session.h"
 #include "app/spoilers.h"
+#include "app/trace_viewer.h"
 #include "app/views/data_view.h"
 #include "app/views/lesson_view.h"
 #include "app/views/memory_view.h"
@@ -33,7 +32,6 @@
 #include "engine/core/check.h"
 #include "engine/train/compose.h"
 #include "engine/core/format.h"
-#include "engine/io/atomic_file.h"
 
 namespace dtlab::app {
 
@@ -81,9 +79,12 @@ const char* first_existing(std::initializer_list<const char*> paths) {
   return nullptr;
 }
 
-class App {
+// The window and its frame loop; the dispatcher that lays out and draws the views. What a script,
+// a lesson, the trace viewer and the screen checks keep is theirs (one file each); the app hands
+// them the frame.
+class App : public ScriptRunner::Host {
  public:
-  explicit App(AppOptions& o) : opt_(o) {}
+  explicit App(AppOptions& o) : opt_(o), lessons_(o.play, !o.script.empty() || o.play ? "" : progress_path()) {}
   int run();
 
  private:
@@ -96,30 +97,29 @@ class App {
   void view_combo(const char* const* titles, int n);
   void config_panel();
   void views();
-  // --open: the imported-trace viewer (no training run; session_ stays null)
+  // --open, or a lesson's `open:`: the imported traces' panels
   void trace_toolbar();
-  void sync_lesson_traces();  // a lesson's `open:` traces: load them, or close them
   void cover_view();
   void trace_views();
-  bool trace_script(const ScriptCommand& c);  // false: quit
-  bool trace_wait_tick();                     // true while a `wait trace|compare` still waits
-  bool script_failure(const ScriptCommand& c, const std::string& why);
-  bool script_tick();  // false: quit
-  void open_lesson(const std::string& name);
-  bool lesson_command(const ScriptCommand& c);
   void lesson_panel(ImVec2 pos, ImVec2 size);
-  bool save_screenshot(const std::string& path);
-  void restart(const TrainConfig& c);
+  // What scripts ask of the window (ScriptRunner::Host).
+  void restart(const TrainConfig& c) override;
+  void show_view(const std::string& name) override;
+  void set_presentation(bool on) override;
+  void set_modeled_clock(bool on) override { ctx_.modeled_clock = on; }
+  void set_data_set_epoch(bool on) override;
+  void lesson_opened() override { show_lessons_ = relayout_ = true; }
+  void lesson_ran() override;
 
   AppOptions& opt_;
-  std::unique_ptr<Session> session_;
-  std::unique_ptr<TraceLoader> traces_;   // --open, or a lesson's `open:`
-  std::vector<std::string> lesson_traces_;  // what the lesson's scenario opened
-  const TraceSnapshot* trace_ = nullptr;  // this frame's view of it
-  TraceUi trace_ui_;
-  bool trace_waiting_ = false;            // a `wait trace|compare` in progress
-  ScriptCommand trace_wait_;
-  Clock::time_point trace_wait_until_{};
+  std::unique_ptr<Session> session_;  // null for the trace viewer alone (--open)
+  TraceViewer traces_;                // --open, or a lesson's `open:`
+  LessonHost lessons_;
+  Screenshots shots_;
+  SpoilerCheck spoilers_;             // --check-spoilers
+  AppOutcome outcome_;
+  // scripted runs: the script's commands, then (or, interactively, only) what lessons queue
+  std::unique_ptr<ScriptRunner> script_;
   GLFWwindow* win_ = nullptr;
   std::unique_ptr<GlResources> gl_;
   ViewContext ctx_;
@@ -141,25 +141,7 @@ class App {
   RingViewState ring_view_;    // what the ring and pipeline views keep between frames
   PipelineViewState pipeline_view_;
   double start_time_ = 0;
-  // scripted runs: the script's commands, then (or, interactively, only) what lessons queue
-  std::deque<ScriptCommand> queue_;
-  bool scripted_ = false;     // --run, --script or --play: the app ends when the queue runs out
-  // lessons (app/lesson_runner.h)
-  std::unique_ptr<LessonRunner> lesson_;
-  std::string lesson_error_;  // a lesson file that does not parse, or the step that failed
   bool show_lessons_ = false;  // the lesson panel on the left
-  Clock::time_point script_until_{};
-  bool script_waiting_ = false;
-  bool script_running_ = false;
-  std::string pending_shot_;
-  int shot_frames_ = 0;
-  // --check-spoilers: the text on screen just before each question's check, by step, until the
-  // revealed answer can be looked for in it.
-  std::map<int, std::vector<ScreenLine>> before_check_;
-  int capture_step_ = -1;  // capture the screen at the end of this frame for that step
-  void check_spoilers();
-  int exit_code_ = 0;
-  bool quit_ = false;
 };
 
 bool App::init_window() {
@@ -279,14 +261,9 @@ void App::handle_keys() {
     apply_style();
     relayout_ = true;
   }
-  if (traces_) {  // the trace viewer has no run to step; a lesson reading a trace keeps L and N
-    if (key(GLFW_KEY_L) && lesson_) show_lessons_ = !show_lessons_, relayout_ = true;
-    if (key(GLFW_KEY_N) && lesson_) {
-      ScriptCommand c;
-      c.kind = ScriptCommand::Lesson;
-      c.arg = "demo";
-      queue_.push_back(c);
-    }
+  if (traces_.active()) {  // the trace viewer has no run to step; a lesson reading a trace keeps L and N
+    if (key(GLFW_KEY_L) && lessons_.runner()) show_lessons_ = !show_lessons_, relayout_ = true;
+    if (key(GLFW_KEY_N) && lessons_.runner()) script_->queue_lesson("demo");
     solo_keys(kNumTraceViews);
     return;
   }
@@ -303,12 +280,8 @@ void App::handle_keys() {
   if (key(GLFW_KEY_BACKSPACE)) restart(session_->config());
   if (key(GLFW_KEY_M)) ctx_.modeled_clock = !ctx_.modeled_clock;
   if (key(GLFW_KEY_L)) show_lessons_ = !show_lessons_, relayout_ = true;
-  if (key(GLFW_KEY_N) && lesson_) {  // the presenter's one key: the lesson's next action or reveal
-    ScriptCommand c;
-    c.kind = ScriptCommand::Lesson;
-    c.arg = "demo";
-    queue_.push_back(c);
-  }
+  // The presenter's one key: the lesson's next action or reveal.
+  if (key(GLFW_KEY_N) && lessons_.runner()) script_->queue_lesson("demo");
   solo_keys(kNumViews);
 }
 
@@ -628,7 +601,7 @@ void App::cover_view() {
 }
 
 void App::views() {
-  if (traces_) return trace_views();
+  if (traces_.active()) return trace_views();
   const ImGuiViewport* vp = ImGui::GetMainViewport();
   const float top = vp->WorkPos.y + (toolbar_h_ > 0 ? toolbar_h_ : ImGui::GetFrameHeightWithSpacing() * 1.5f);
   float W = vp->WorkSize.x, x0 = vp->WorkPos.x;
@@ -667,10 +640,9 @@ void App::views() {
   const bool fsdp = s.config.strategy == Strategy::Fsdp, pipeline = s.pipeline.valid;
   // No spoilers: a view drawing a figure the pending question asks about is covered until Check.
   bool hidden[kNumViews] = {};
-  if (lesson_)
-    for (const std::string& f : lesson_->pending_figures())
-      for (const std::string& name : views_drawing(f))
-        for (int v = 0; v < kNumViews; v++) hidden[v] = hidden[v] || name == kViewNames[v];
+  for (const std::string& f : lessons_.pending_figures())
+    for (const std::string& name : views_drawing(f))
+      for (int v = 0; v < kNumViews; v++) hidden[v] = hidden[v] || name == kViewNames[v];
   for (int v = 0; v < kNumViews; v++) {
     if (solo_ >= 0 && solo_ != v) continue;
     // Tiled, FSDP's shard map takes the buckets' tile; DDP and single runs keep the buckets.
@@ -726,303 +698,19 @@ void App::views() {
   relayout_ = false;
 }
 
-bool App::save_screenshot(const std::string& path) {
-  int w = 0, h = 0;
-  glfwGetFramebufferSize(win_, &w, &h);
-  std::vector<unsigned char> px(static_cast<size_t>(w) * static_cast<size_t>(h) * 4);
-  glPixelStorei(GL_PACK_ALIGNMENT, 1);
-  glReadBuffer(GL_BACK);
-  glReadPixels(0, 0, w, h, GL_RGBA, GL_UNSIGNED_BYTE, px.data());
-  // OpenGL's rows start at the bottom; PNG's at the top. Alpha is made opaque.
-  std::vector<unsigned char> flipped(px.size());
-  const size_t row = static_cast<size_t>(w) * 4;
-  for (int y = 0; y < h; y++)
-    std::copy(px.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(h - 1 - y) * row),
-              px.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(h - y) * row),
-              flipped.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(y) * row));
-  for (size_t i = 3; i < flipped.size(); i += 4) flipped[i] = 255;
-  std::vector<unsigned char> png;
-  stbi_write_png_to_func([](void* ctx, void* data, int size) {
-    auto* out = static_cast<std::vector<unsigned char>*>(ctx);
-    out->insert(out->end(), static_cast<unsigned char*>(data), static_cast<unsigned char*>(data) + size);
-  }, &png, w, h, 4, flipped.data(), static_cast<int>(row));
-  try {
-    check_output_path("screenshot", path);
-    AtomicFile f(path);  // whole file or nothing
-    f.write(png.data(), png.size());
-    f.commit();
-  } catch (const Error& e) {
-    std::fprintf(stderr, "dtlab: %s\n", tidy_sentence(e.what()).c_str());
-    return false;
-  }
-  // What the picture shows, in words: scripts and tests check the state they stopped at.
-  if (traces_) {
-    std::string state = trace_summary(*trace_);
-    if (trace_ui_.selected >= 0) state += "; collective " + std::to_string(trace_ui_.selected) + " selected";
-    if (trace_->comparison) state += "; compared on " + trace_->comparison->profile;
-    std::printf("screenshot %s (%dx%d): %s\n", path.c_str(), w, h, state.c_str());
-    std::fflush(stdout);
-    return true;
-  }
-  const Snapshot& sn = session_->snapshot();
-  std::string state = "iteration " + std::to_string(sn.iteration) + ", step " + std::to_string(sn.step);
-  if (sn.collective.valid) {
-    const CollectiveView& cv = sn.collective;
-    state += "; collective " + (cv.group_name.empty() ? std::string("world") : cv.group_name) + " #" + std::to_string(cv.seq) + " " +
-             collective_name(cv.op) + " " + algorithm_name(cv.algo) +
-             ", " + std::to_string(cv.steps_done) + " of " + std::to_string(cv.steps) + " steps done";
-    if (cv.steps_done < cv.steps) state += ", next " + std::string(ring_phase_name(cv.phase));
-  }
-  if (sn.held.valid) state += "; paused before " + pending_text(sn.held);
-  if (!sn.buckets.empty()) {
-    state += "; buckets";
-    for (const BucketView& b : sn.buckets) state += " " + std::to_string(b.index) + ":" + bucket_state_name(b.state);
-  }
-  if (const PipelineView& pv = sn.pipeline; pv.valid && pv.iteration >= 0) {
-    int done = 0;
-    for (int r = 0; r < pv.p; r++) done += static_cast<int>(pv.row(r).done.size());
-    state += "; pipeline " + pv.plan.name + " iteration " + std::to_string(pv.iteration) +
-             (pv.complete ? " finished" : ", " + std::to_string(done) + " actions done");
-  }
-  std::printf("screenshot %s (%dx%d): %s\n", path.c_str(), w, h, state.c_str());
-  std::fflush(stdout);
-  return true;
-}
-
-// One script command per call once the previous one is complete. Step commands block until the
-// world is still again (every rank at a gate, or the run over), so a screenshot shows that state.
-// --check-spoilers: once a question's answer is revealed, was it on screen before the check?
-void App::check_spoilers() {
-  for (auto it = before_check_.begin(); it != before_check_.end();) {
-    const int j = it->first;
-    if (!lesson_ || capture_step_ == j || j >= lesson_->steps() || !lesson_->answer(j).revealed) {
-      ++it;
-      continue;
-    }
-    const LessonStep& st = lesson_->lesson().steps[static_cast<size_t>(j)];
-    const double live = lesson_->answer(j).live;
-    // A whole number asked without a tolerance must be given exactly: "4.4 KiB" does not give 4544.
-    const bool exact = st.question && live == std::floor(live) && st.question->tol_abs < 0 && st.question->tol_rel < 0;
-    const std::string where = st.question && st.question->choices.empty() ? find_spoiler(it->second, answer_spellings(live, exact)) : "";
-    if (!where.empty()) {
-      const std::string why = lesson_->lesson().path + ":" + std::to_string(st.question->line) + ": step " +
-                              std::to_string(j + 1) + " '" + st.title + "' shows its answer (" + format_figure(live) +
-                              ") before the check, in " + where +
-                              "; open that view in the question's reveal: or ask what the screen does not show";
-      std::fprintf(stderr, "dtlab: %s\n", why.c_str());
-      exit_code_ = std::max(exit_code_, 1);
-      lesson_error_ = why;
-    }
-    it = before_check_.erase(it);
-  }
-}
-
-bool App::script_tick() {
-  if (opt_.check_spoilers) check_spoilers();
-  if (!pending_shot_.empty()) return true;  // the screenshot is taken at the end of a frame
-  if (trace_wait_tick()) return true;
-  if (script_waiting_) {
-    if (Clock::now() < script_until_) return true;
-    script_waiting_ = false;
-    if (script_running_) {
-      session_->pause();
-      session_->wait_settled(std::chrono::seconds(20));
-      script_running_ = false;
-    }
-  }
-  if (queue_.empty()) return !scripted_;  // a script ends the app when it runs out
-  const ScriptCommand c = queue_.front();
-  queue_.pop_front();
-  // The trace viewer takes the trace commands, and every command when no run is beside it (a
-  // lesson reading a trace keeps its Session for the lesson's commands).
-  if (traces_ && (!session_ || trace_command(c) || c.kind == ScriptCommand::View)) return trace_script(c);
-  auto settle = [&]() {
-    if (!session_->wait_settled(std::chrono::seconds(20))) {
-      const std::string where = lesson_ ? lesson_->lesson().path + ":" : "script command ";
-      // What the step waited for: the ranks not at a gate, and what each is doing.
-      const Snapshot& s = session_->update();
-      const StepperState& st = s.stepper;
-      std::string busy;
-      for (int r = 0; r < static_cast<int>(s.compute_activity.size()); r++) {
-        const size_t lane = static_cast<size_t>(r) * kStepperLanes;
-        if (lane < st.gates.size() && st.gates[lane].blocked) continue;
-        if (static_cast<size_t>(r) < st.live.size() && !st.live[static_cast<size_t>(r)]) continue;
-        busy += (busy.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " " + s.compute_activity[static_cast<size_t>(r)];
-        if (static_cast<size_t>(r) < s.comm_activity.size() && s.comm_activity[static_cast<size_t>(r)] != "idle")
-          busy += ", its comm worker " + s.comm_activity[static_cast<size_t>(r)];
-      }
-      const std::string why = where + std::to_string(c.line) + ": the ranks did not come to rest at a gate within 20 s" +
-                              (st.waiting.empty() ? std::string() : " (" + st.waiting + ")") +
-                              (busy.empty() ? std::string() : " (still running: " + busy + ")");
-      std::fprintf(stderr, "dtlab: %s\n", why.c_str());
-      if (scripted_) exit_code_ = std::max(exit_code_, 1);
-      lesson_error_ = why;
-      queue_.clear();
-      return false;
-    }
-    return true;
-  };
-  switch (c.kind) {
-    case ScriptCommand::StepRing:
-    case ScriptCommand::StepCollective:
-    case ScriptCommand::StepIteration:
-    case ScriptCommand::StepAction:
-    case ScriptCommand::StepLayer:
-    case ScriptCommand::StepBucket: {
-      const GateKind k = c.kind == ScriptCommand::StepRing ? GateKind::RingStep
-                         : c.kind == ScriptCommand::StepCollective ? GateKind::Collective
-                         : c.kind == ScriptCommand::StepAction ? GateKind::Action
-                         : c.kind == ScriptCommand::StepLayer ? GateKind::Layer
-                         : c.kind == ScriptCommand::StepBucket ? GateKind::Grad : GateKind::Iteration;
-      if (!session_->paused()) session_->pause();
-      for (int i = 0; i < c.count; i++) {
-        if (!settle()) return !scripted_;
-        if (session_->finished()) {  // nothing left to step: say so once, instead of stepping nothing c.count times
-          const std::string where = lesson_ ? lesson_->lesson().path + ":" : "script command ";
-          std::fprintf(stderr, "dtlab: %s%d: the run %s after %d of the %d steps asked for; the rest do nothing\n", where.c_str(),
-                       c.line, session_->update().error.empty() ? "finished" : "failed", i, c.count);
-          break;
-        }
-        session_->step(k);
-      }
-      if (!settle()) return !scripted_;
-      break;
-    }
-    case ScriptCommand::Focus:
-      if (c.count >= session_->config().world_size)
-        return script_failure(c, "focus rank " + std::to_string(c.count) + " is not a rank of this world of " +
-                                     std::to_string(session_->config().world_size) + "; ranks are 0 to " +
-                                     std::to_string(session_->config().world_size - 1));
-      session_->set_focus(c.count, c.arg);
-      break;
-    case ScriptCommand::Run:
-      session_->run(session_->speed());
-      if (c.seconds > 0) {
-        script_running_ = true;
-        script_waiting_ = true;
-        script_until_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(c.seconds));
-      }
-      break;
-    case ScriptCommand::Wait:
-      script_waiting_ = true;
-      script_until_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(c.seconds));
-      break;
-    case ScriptCommand::Pause:
-      session_->pause();
-      if (!settle()) return !scripted_;
-      break;
-    case ScriptCommand::View:
-      if (trace_command(c)) return script_failure(c, "view " + c.arg + " is a panel of imported traces; open them with dtlab --open DIR");
-      solo_ = -1;
-      for (int v = 0; v < kNumViews; v++)
-        if (c.arg == kViewNames[v]) solo_ = v;
-      relayout_ = true;
-      break;
-    case ScriptCommand::Screenshot:
-      pending_shot_ = c.arg;
-      shot_frames_ = 3;  // let the layout and the views' render targets settle first
-      break;
-    case ScriptCommand::Speed: {
-      const bool was_paused = session_->paused();
-      session_->run(c.value);
-      if (was_paused) session_->pause();
-      break;
-    }
-    case ScriptCommand::Presentation:
-      presentation_ = c.arg == "on";
-      apply_style();
-      relayout_ = true;
-      break;
-    case ScriptCommand::Clock: ctx_.modeled_clock = c.arg == "modeled"; break;
-    case ScriptCommand::SetEpoch:
-      ctx_.data_set_epoch = c.arg == "on";
-      session_->set_data_set_epoch(ctx_.data_set_epoch);
-      break;
-    case ScriptCommand::Reset: restart(session_->config()); break;
-    case ScriptCommand::Quit: return false;
-    case ScriptCommand::Lesson: return lesson_command(c);
-    case ScriptCommand::WaitFor:
-    case ScriptCommand::Select:
-    case ScriptCommand::Compare:
-    case ScriptCommand::Zoom:  // options.cpp refuses these without --open; a lesson's actions come here
-      return script_failure(c, "this command works on imported traces; open them with dtlab --open DIR");
-  }
-  return true;
-}
-
-void App::open_lesson(const std::string& name) {
-  show_lessons_ = relayout_ = true;
-  lesson_.reset();
-  try {
-    // Scripted runs (tests, screenshots) leave the user's progress alone.
-    lesson_ = std::make_unique<LessonRunner>(load_lesson(name), opt_.play, scripted_ ? "" : progress_path());
-    lesson_error_.clear();
-  } catch (const Error& e) {  // the panel shows the sentence; the app goes on
-    lesson_error_ = e.what();
-    std::fprintf(stderr, "dtlab: %s\n", tidy_sentence(e.what()).c_str());
-    if (scripted_) exit_code_ = 2;  // the script goes on (a screenshot shows the panel), and fails at the end
-    if (opt_.play) quit_ = true;
-    return;
-  }
-  ScriptCommand c;
-  c.kind = ScriptCommand::Lesson;
-  c.arg = opt_.play ? "play" : "start";
-  queue_.push_front(c);
-}
-
-// `lesson ...`: open and close here, the rest in the runner, whose follow-up commands run before
-// anything else queued. A failure ends a scripted run (exit 1); interactively the panel shows it.
-bool App::lesson_command(const ScriptCommand& c) {
-  if (c.arg.rfind("open ", 0) == 0) {
-    open_lesson(c.arg.substr(5));
-    return !quit_;
-  }
-  if (c.arg == "close") {
-    lesson_.reset();
-    return true;
-  }
-  if (opt_.check_spoilers && lesson_ && c.arg.rfind("_reveal ", 0) == 0) {
-    const int j = std::atoi(c.arg.c_str() + 8);
-    if (!before_check_.count(j)) {  // draw one frame of the step as the learner sees it, read it, then reveal
-      capture_step_ = j;
-      before_check_[j];
-      queue_.push_front(c);
-      return true;
-    }
-  }
-  LessonRunner::Result r;
-  if (lesson_) r = lesson_->exec(c.arg, *session_);
-  else r.failure = "lesson " + c.arg + ": no lesson is open; open one first (lesson open NAME)";
-  edit_ = session_->config();
-  sync_lesson_traces();
-  if (!r.failure.empty()) {
-    std::fprintf(stderr, "dtlab: %s\n", r.failure.c_str());
-    lesson_error_ = r.failure;
-    queue_.clear();
-    if (scripted_) exit_code_ = std::max(exit_code_, 1);
-    return !scripted_;
-  }
-  if (r.again) queue_.push_front(c);
-  queue_.insert(queue_.begin(), r.then.begin(), r.then.end());
-  return true;
-}
-
 void App::lesson_panel(ImVec2 pos, ImVec2 size) {
   ImGui::SetNextWindowPos(pos, ImGuiCond_Always);
   ImGui::SetNextWindowSize(size, ImGuiCond_Always);
   ImGui::Begin("Lesson", nullptr, ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoResize | ImGuiWindowFlags_NoCollapse |
                                       ImGuiWindowFlags_NoSavedSettings);
-  const LessonPanel panel{lesson_.get(), lesson_error_, !scripted_ && !queue_.empty()};
+  const LessonPanel panel{lessons_.runner(), &lessons_.catalog(), lessons_.error(), !script_->scripted() && script_->busy()};
   for (const std::string& cmd : draw_lesson_view(panel, lesson_view_, session_->snapshot(), ctx_)) {
-    lesson_error_.clear();
+    lessons_.set_error("");
     if (cmd == "close") {
-      lesson_.reset();
+      lessons_.close();
       continue;
     }
-    ScriptCommand c;
-    c.kind = ScriptCommand::Lesson;
-    c.arg = cmd;
-    queue_.push_back(c);
+    script_->queue_lesson(cmd);
   }
   ImGui::End();
 }
@@ -1031,16 +719,16 @@ void App::lesson_panel(ImVec2 pos, ImVec2 size) {
 
 void App::trace_toolbar() {
   begin_toolbar();
-  const TraceSnapshot& t = *trace_;
+  const TraceSnapshot& t = traces_.snapshot();
   const float fs = ImGui::GetFontSize();
   if (t.load == TaskState::Running) {
     char overlay[32];
     std::snprintf(overlay, sizeof overlay, "%.0f%%", 100 * t.fraction);
     ImGui::ProgressBar(static_cast<float>(t.fraction), ImVec2(8 * fs, 0), overlay);
     ImGui::SameLine();
-    if (ImGui::Button("Cancel")) traces_->cancel();
+    if (ImGui::Button("Cancel")) traces_.cancel();
   } else {
-    if (ImGui::Button("Reload")) traces_->reopen();
+    if (ImGui::Button("Reload")) traces_.reopen();
     if (ImGui::IsItemHovered()) ImGui::SetTooltip("Read the trace files again");
   }
   ImGui::SameLine();
@@ -1069,10 +757,9 @@ void App::trace_views() {
   }
   // No spoilers: the panels showing what the pending question asks are covered until Check.
   bool hidden[kNumTraceViews] = {};
-  if (lesson_)
-    for (const std::string& f : lesson_->pending_figures())
-      for (const std::string& name : views_drawing(f))
-        for (int v = 0; v < kNumTraceViews; v++) hidden[v] = hidden[v] || name == kTraceViewNames[v];
+  for (const std::string& f : lessons_.pending_figures())
+    for (const std::string& name : views_drawing(f))
+      for (int v = 0; v < kNumTraceViews; v++) hidden[v] = hidden[v] || name == kTraceViewNames[v];
   // The timeline across the top; below it the collectives, the breakdown and the comparison.
   struct Rect { float x, y, w, h; };
   const Rect tiles[kNumTraceViews] = {
@@ -1095,149 +782,52 @@ void App::trace_views() {
       continue;
     }
     switch (v) {
-      case kTraceTimeline: draw_trace_timeline(*trace_, trace_ui_, ctx_); break;
-      case kTraceCollectives: draw_trace_collectives(*trace_, trace_ui_, ctx_); break;
-      case kTraceBreakdown: draw_trace_breakdown(*trace_, trace_ui_, ctx_); break;
-      case kTraceCompare: draw_trace_compare(*trace_, trace_ui_, ctx_); break;
+      case kTraceTimeline: draw_trace_timeline(traces_.snapshot(), traces_.ui(), ctx_); break;
+      case kTraceCollectives: draw_trace_collectives(traces_.snapshot(), traces_.ui(), ctx_); break;
+      case kTraceBreakdown: draw_trace_breakdown(traces_.snapshot(), traces_.ui(), ctx_); break;
+      case kTraceCompare: draw_trace_compare(traces_.snapshot(), traces_.ui(), ctx_); break;
     }
     ImGui::End();
   }
   relayout_ = false;
-  if (trace_ui_.reveal > 0) trace_ui_.reveal--;
-  // What the panels asked for.
-  if (trace_ui_.cancel) traces_->cancel();
-  if (trace_ui_.reopen) traces_->reopen();
-  if (trace_ui_.compare) {
-    TraceCompareOptions o;
-    o.model = trace_ui_.model, o.profile = trace_ui_.profile, o.batch = trace_ui_.batch, o.bucket_cap_mb = trace_ui_.bucket_cap_mb;
-    o.first_bucket_mb = trace_ui_.first_bucket_mb;
-    traces_->compare(o);
-  }
-  trace_ui_.cancel = trace_ui_.reopen = trace_ui_.compare = false;
+  traces_.after_draw();  // what the panels asked for
 }
 
-// A script command that cannot do what it says: one sentence, and a scripted run ends with exit 1.
-bool App::script_failure(const ScriptCommand& c, const std::string& why) {
-  std::fprintf(stderr, "dtlab: script command %d: %s\n", c.line, tidy_sentence(why).c_str());
-  exit_code_ = std::max(exit_code_, 1);
-  queue_.clear();
-  return !scripted_;
-}
-
-// `wait trace|compare`: true while it still waits. When the task ends the outcome is printed; a
-// failed load is what the panels show, so the script goes on (and the run ends with exit 2).
-bool App::trace_wait_tick() {
-  if (!trace_waiting_) return false;
-  const TraceSnapshot& t = traces_->poll();
-  const bool load = trace_wait_.arg == "trace";
-  const TaskState st = load ? t.load : t.compare;
-  if (st == TaskState::Running) {
-    if (Clock::now() < trace_wait_until_) return true;
-    trace_waiting_ = false;
-    char why[200];
-    if (load)
-      std::snprintf(why, sizeof why, "the traces were still loading after %.0f s (%.0f%% of %s read); give wait trace a longer limit, e.g. wait trace 900s",
-                    trace_wait_.seconds, 100 * t.fraction, human_bytes(t.bytes).c_str());
-    else
-      std::snprintf(why, sizeof why, "the comparison was still running after %.0f s; give wait compare a longer limit", trace_wait_.seconds);
-    script_failure(trace_wait_, why);
-    return false;
+void App::show_view(const std::string& name) {
+  solo_ = -1;
+  if (traces_.active()) {
+    for (int v = 0; v < kNumTraceViews; v++)
+      if (name == kTraceViewNames[v] || (name == "inspector" && v == kTraceCollectives)) solo_ = v;
+  } else {
+    for (int v = 0; v < kNumViews; v++)
+      if (name == kViewNames[v]) solo_ = v;
   }
-  trace_waiting_ = false;
-  if (load && st == TaskState::Done)
-    std::printf("trace loaded in %.1f s: %s\n", t.trace->load_s, trace_summary(t).c_str());
-  else if (!load && st == TaskState::Done)
-    std::printf("compare %s: %s\n", t.comparison->profile.c_str(), t.comparison->summary.c_str());
-  else if (st == TaskState::Failed || st == TaskState::Cancelled) {
-    const std::string& why = st == TaskState::Cancelled ? std::string("loading the traces was cancelled") : load ? t.error : t.compare_error;
-    std::fprintf(stderr, "dtlab: %s\n", tidy_sentence(why).c_str());
-    exit_code_ = std::max(exit_code_, 2);
-  }
-  std::fflush(stdout);
-  return false;
-}
-
-// The commands a script may give the trace viewer (options.cpp refused the live-run ones).
-bool App::trace_script(const ScriptCommand& c) {
-  const TraceSnapshot& t = traces_->poll();
-  switch (c.kind) {
-    case ScriptCommand::Wait:
-      script_waiting_ = true;
-      script_until_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(c.seconds));
-      return true;
-    case ScriptCommand::WaitFor:
-      if (c.arg == "compare" && t.compare == TaskState::Idle) return script_failure(c, "wait compare: no comparison was started; give compare [PROFILE] first");
-      trace_wait_ = c;
-      trace_waiting_ = true;
-      trace_wait_until_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(c.seconds));
-      return true;
-    case ScriptCommand::View:
-      solo_ = -1;
-      for (int v = 0; v < kNumTraceViews; v++)
-        if (c.arg == kTraceViewNames[v] || (c.arg == "inspector" && v == kTraceCollectives)) solo_ = v;
-      relayout_ = true;
-      return true;
-    case ScriptCommand::Screenshot:
-      pending_shot_ = c.arg;
-      shot_frames_ = 3;
-      return true;
-    case ScriptCommand::Presentation:
-      presentation_ = c.arg == "on";
-      apply_style();
-      relayout_ = true;
-      return true;
-    case ScriptCommand::Quit: return false;
-    default: break;
-  }
-  if (!t.trace) return script_failure(c, "no trace is loaded (" + std::string(task_state_name(t.load)) + "); put wait trace before it");
-  const ImportedTrace& tr = t.trace->trace;
-  if (c.kind == ScriptCommand::Select) {
-    if (c.count >= static_cast<int>(tr.collectives.size()))
-      return script_failure(c, "select collective " + std::to_string(c.count) + ": the trace holds " + std::to_string(tr.collectives.size()) +
-                                   " collectives, numbered from 0");
-    trace_ui_.selected = c.count, trace_ui_.reveal = 2;
-    const TraceCollective& k = tr.collectives[static_cast<size_t>(c.count)];
-    std::printf("selected collective %d: %s, iteration %d, bucket %d, last rank %d, %s late\n", c.count, k.name.c_str(), k.iteration,
-                k.bucket, k.last_rank, time_text((k.last_arrival_us - k.first_arrival_us) * 1e-6).c_str());
-  } else if (c.kind == ScriptCommand::Zoom) {
-    if (const std::string why = zoom_trace(t, trace_ui_, c.arg, c.count); !why.empty()) return script_failure(c, why);
-  } else if (c.kind == ScriptCommand::Compare) {
-    if (!c.arg.empty()) trace_ui_.profile = c.arg;
-    if (trace_ui_.model.empty()) return script_failure(c, "compare: the traced model is not known; give --trace-model SPEC or put dtlab.json beside the traces");
-    if (t.compare == TaskState::Running) return script_failure(c, "compare: a comparison is running already; wait compare first");
-    trace_ui_.compare = true;
-  }
-  std::fflush(stdout);
-  return true;
-}
-
-// A lesson whose scenario opens traces (`open:`): load them beside the lesson's Session, which hands
-// the loaded trace to the lesson's figures; close them when the scenario opens none.
-void App::sync_lesson_traces() {
-  if (!session_) return;
-  const std::vector<std::string> want = lesson_ ? lesson_->trace_scenario().open : std::vector<std::string>{};
-  if (want == lesson_traces_) return;
-  lesson_traces_ = want;
-  session_->set_trace(nullptr);
-  trace_ = nullptr;
-  traces_.reset();
-  if (want.empty()) return;
-  const LessonRunner::TraceScenario& ts = lesson_->trace_scenario();
-  traces_ = std::make_unique<TraceLoader>();
-  trace_ui_ = TraceUi{};
-  trace_ui_.profile = ts.profile, trace_ui_.model = ts.model, trace_ui_.batch = ts.batch, trace_ui_.bucket_cap_mb = ts.bucket_cap_mb;
-  trace_ui_.first_bucket_mb = ts.first_bucket_mb;
-  traces_->open(ts.open, ts.ranks);
-  trace_ = &traces_->poll();
   relayout_ = true;
+}
+
+void App::set_presentation(bool on) {
+  presentation_ = on;
+  apply_style();
+  relayout_ = true;
+}
+
+void App::set_data_set_epoch(bool on) {
+  ctx_.data_set_epoch = on;
+  session_->set_data_set_epoch(on);
+}
+
+// A lesson command may have restarted the run (the Run panel shows its configuration) and applied
+// a scenario that opens traces.
+void App::lesson_ran() {
+  edit_ = session_->config();
+  if (traces_.sync_lesson(lessons_.runner(), *session_)) relayout_ = true;
 }
 
 void App::frame() {
   glfwPollEvents();
-  if (traces_) trace_ = &traces_->poll();
+  traces_.poll();
   if (session_) {
-    // The loaded trace (never a part of it), aliased so it lives as long as the loader's copy.
-    if (traces_) session_->set_trace(trace_->trace ? std::shared_ptr<const ImportedTrace>(trace_->trace, &trace_->trace->trace) : nullptr);
+    if (traces_.active()) session_->set_trace(traces_.loaded());
     session_->update();
   }
   ImGui_ImplOpenGL3_NewFrame();
@@ -1249,33 +839,30 @@ void App::frame() {
   ImGui::NewFrame();
   ctx_.time = glfwGetTime() - start_time_;
   handle_keys();
-  if (traces_) trace_toolbar();
+  if (traces_.active()) trace_toolbar();
   else toolbar();
+  // The lesson list follows the files on disk: read here, once the keys and the toolbar have said
+  // whether the panel shows, and never by the panel itself.
+  lessons_.update(show_lessons_ && session_);
   views();
   ImGui::Render();
-  if (capture_step_ >= 0) before_check_[capture_step_] = screen_text(*ImGui::GetDrawData()), capture_step_ = -1;
+  spoilers_.after_render(*ImGui::GetDrawData());
   int w = 0, h = 0;
   glfwGetFramebufferSize(win_, &w, &h);
   glViewport(0, 0, w, h);
   glClearColor(0.06f, 0.06f, 0.07f, 1.0f);
   glClear(GL_COLOR_BUFFER_BIT);
   ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
-  if (!pending_shot_.empty() && --shot_frames_ <= 0) {
-    if (!save_screenshot(pending_shot_)) {
-      exit_code_ = 1;
-      quit_ = true;
-    }
-    pending_shot_.clear();
+  if (shots_.due() && !shots_.save(w, h, traces_.active() ? traces_.state_text() : run_state_text(session_->snapshot()))) {
+    outcome_.exit_code = 1;
+    outcome_.quit = true;
   }
   glfwSwapBuffers(win_);
 }
 
 int App::run() {
   if (!opt_.open.empty()) {  // the trace viewer: no training run (options.cpp refused the flags of one)
-    traces_ = std::make_unique<TraceLoader>();
-    trace_ui_.profile = opt_.compare_profile, trace_ui_.model = opt_.trace_model;
-    trace_ui_.batch = opt_.trace_batch, trace_ui_.bucket_cap_mb = opt_.trace_bucket_cap_mb;
-    trace_ui_.first_bucket_mb = opt_.trace_first_bucket_mb;
+    traces_.create(opt_);
   } else {
     try {
       session_ = opt_.attach.empty() ? std::make_unique<Session>(opt_.train) : Session::attach(opt_.attach);
@@ -1285,8 +872,9 @@ int App::run() {
     }
     edit_ = session_->config();
   }
-  queue_.assign(opt_.script.begin(), opt_.script.end());
-  scripted_ = !opt_.script.empty() || opt_.play;
+  script_ = std::make_unique<ScriptRunner>(*this, session_.get(), lessons_, traces_, shots_, opt_.check_spoilers ? &spoilers_ : nullptr,
+                                           outcome_, opt_.play);
+  script_->start(opt_.script, !opt_.script.empty() || opt_.play);
   if (!opt_.lesson.empty()) {
     // A missing or unreadable --lesson is bad input: exit 2 before any window opens; so is any
     // error in a lesson to --play. A lesson with an error at a line opens, its panel showing the
@@ -1305,7 +893,7 @@ int App::run() {
     ScriptCommand open;
     open.kind = ScriptCommand::Lesson;
     open.arg = "open " + opt_.lesson;
-    queue_.push_front(open);
+    script_->push_front(open);
   }
   // The frame benchmark measures a live run: the engine steps (slowly, so it shares the cores
   // fairly) while the views redraw.
@@ -1318,7 +906,7 @@ int App::run() {
     }
   }
   if (!init_window()) return 2;
-  if (traces_) traces_->open(opt_.open, opt_.trace_ranks);
+  if (traces_.active()) traces_.load(opt_.open, opt_.trace_ranks);
   init_imgui();
   gl_ = std::make_unique<GlResources>(DTLAB_SHADER_DIR);
   ctx_.gl = gl_.get();
@@ -1328,8 +916,8 @@ int App::run() {
   std::vector<double> cpu_ms, wall_ms;            // the benchmark's frames
   std::vector<double> load_cpu_ms, load_wall_ms;  // --open: the frames drawn while the traces loaded
   int frames = 0, bench_frames = 0;
-  while (!glfwWindowShouldClose(win_) && !quit_) {
-    const bool loading = traces_ && traces_->poll().load == TaskState::Running;
+  while (!glfwWindowShouldClose(win_) && !outcome_.quit) {
+    const bool loading = traces_.loading();
     const double c0 = thread_cpu_seconds();
     const auto w0 = Clock::now();
     frame();
@@ -1337,10 +925,9 @@ int App::run() {
     (loading ? load_cpu_ms : cpu_ms).push_back((thread_cpu_seconds() - c0) * 1e3);
     (loading ? load_wall_ms : wall_ms).push_back(std::chrono::duration<double, std::milli>(Clock::now() - w0).count());
     bench_frames += loading ? 0 : 1;  // with --open, the benchmark's N frames draw the loaded trace
-    if (frames >= 2 && !script_tick() && pending_shot_.empty()) break;
+    if (frames >= 2 && !script_->tick() && !shots_.pending()) break;
     if (!opt_.screenshot.empty() && frames == opt_.frames) {
-      pending_shot_ = opt_.screenshot;
-      shot_frames_ = 1;
+      shots_.request(opt_.screenshot, 1);
       frame();
       break;
     }
@@ -1357,11 +944,13 @@ int App::run() {
     double cm = 0, cp = 0, wm = 0, wp = 0;
     stats(cpu_ms, cm, cp);
     stats(wall_ms, wm, wp);
-    const int world = trace_ && trace_->trace ? static_cast<int>(trace_->trace->trace.ranks.size()) : opt_.train.world_size;
+    const std::shared_ptr<const ImportedTrace> loaded = traces_.active() ? traces_.loaded() : nullptr;
+    const int world = loaded ? static_cast<int>(loaded->ranks.size()) : opt_.train.world_size;
     std::printf("frame benchmark: %d frames, world %d, %dx%d: CPU ms per frame (UI thread) median %.2f, p95 %.2f; wall ms per frame median %.2f, p95 %.2f\n",
                 bench_frames, world, opt_.width, opt_.height, cm, cp, wm, wp);
-    if (traces_) {  // the UI kept drawing while the traces loaded on their own thread
-      const TraceSnapshot& t = traces_->poll();
+    if (traces_.active()) {  // the UI kept drawing while the traces loaded on their own thread
+      traces_.poll();
+      const TraceSnapshot& t = traces_.snapshot();
       stats(load_cpu_ms, cm, cp);
       stats(load_wall_ms, wm, wp);
       std::printf("trace load: %d files, %s, %s in %.2f s; %zu frames drawn while loading: wall ms per frame median %.2f, p95 %.2f; "
@@ -1369,7 +958,7 @@ int App::run() {
                   t.elapsed_s, load_wall_ms.size(), wm, wp, cm, cp);
     }
   }
-  traces_.reset();   // cancels a load and joins its threads
+  traces_.close();   // cancels a load and joins its threads
   session_.reset();  // stops the engine before the GL context goes
   gl_.reset();
   ImGui_ImplOpenGL3_Shutdown();
@@ -1377,7 +966,7 @@ int App::run() {
   ImGui::DestroyContext();
   glfwDestroyWindow(win_);
   glfwTerminate();
-  return exit_code_;
+  return outcome_.exit_code;
 }
 
 }  // namespace

@@ -188,7 +188,21 @@ LessonRunner::Result LessonRunner::act(const LessonAction& a, int step, const st
     }
     case LessonAction::RunUntil: {
       const auto now = SteadyClock::now();
-      if (until_.key != key) until_ = Until{key, 0, false, now, now};
+      if (until_.key != key) until_ = Until{key, 0, false, now, now, SettleWait{}, false};
+      // The world settling after a step (or after the pause once the condition held): asked once a
+      // frame, never waited for here.
+      if (until_.settle.active()) {
+        const SettleWait::State settled = until_.settle.poll(session);
+        if (settled == SettleWait::Waiting) {
+          r.again = true;
+          break;
+        }
+        if (until_.held) {
+          until_.key.clear();
+          break;
+        }
+        if (settled == SettleWait::Settled) until_.last_still = SteadyClock::now();
+      }
       // Asked before the snapshot is taken: a run that ended by then shows how it ended (its error
       // is set before it counts as finished). Asked after, a run that failed in between read as
       // "finished before this held" with a snapshot from before the failure (seen under load).
@@ -202,7 +216,12 @@ LessonRunner::Result LessonRunner::act(const LessonAction& a, int step, const st
       }
       const double waited = std::chrono::duration<double>(now - until_.since).count();
       if (holds) {
-        if (until_.free) session.pause(), session.wait_settled(std::chrono::seconds(20));
+        if (until_.free) {  // pause, and go on once the world is still again (or after 20 s)
+          session.pause();
+          until_.settle.start(std::chrono::seconds(20));
+          until_.held = r.again = true;
+          break;
+        }
         until_.key.clear();
         break;
       }
@@ -214,7 +233,7 @@ LessonRunner::Result LessonRunner::act(const LessonAction& a, int step, const st
             r.failure = at + "this did not hold within " + std::to_string(kMaxUntilSteps) + " steps: " + a.expr.explain(scope);
           } else {
             session.step(a.by);
-            if (session.wait_settled(std::chrono::milliseconds(300))) until_.last_still = SteadyClock::now();
+            until_.settle.start(std::chrono::milliseconds(300));
           }
         } else if (std::chrono::duration<double>(now - until_.last_still).count() > kFreeRunAfter_s) {
           until_.free = true;  // a rank waits outside any gate (a hang): the watchdog needs the clock to run

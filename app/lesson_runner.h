@@ -114,6 +114,8 @@ class LessonRunner {
     int steps = 0;
     bool free = false;  // the world stopped settling at gates (a hang); it runs until the condition
     std::chrono::steady_clock::time_point since, last_still;
+    SettleWait settle;  // the step just taken, or the pause once it held, settling
+    bool held = false;  // the condition held; done once the pause settled
   } until_;
 };
 

@@ -134,17 +134,43 @@ bool Session::settled() const {
 }
 
 bool Session::wait_settled(std::chrono::milliseconds timeout) const {
-  auto until = std::chrono::steady_clock::now() + timeout;
-  // Give released gates a moment to be left before asking whether the world is still.
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  while (std::chrono::steady_clock::now() < until) {
-    if (settled()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      if (settled()) return true;
-    }
+  SettleWait wait;
+  wait.start(timeout);
+  for (;;) {
+    const SettleWait::State st = wait.poll(*this);
+    if (st != SettleWait::Waiting) return st == SettleWait::Settled;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  return false;
+}
+
+void SettleWait::start(std::chrono::milliseconds timeout) {
+  active_ = true;
+  begun_ = Clock::now();
+  until_ = begun_ + timeout;
+  still_ = false;
+}
+
+SettleWait::State SettleWait::poll(const Session& session) {
+  constexpr auto kMoment = std::chrono::milliseconds(5);
+  const auto now = Clock::now();
+  if (!active_) return Settled;
+  if (now >= until_) {
+    active_ = false;
+    return TimedOut;
+  }
+  // Give released gates a moment to be left before asking whether the world is still.
+  if (now < begun_ + kMoment) return Waiting;
+  if (!session.settled()) {
+    still_ = false;
+    return Waiting;
+  }
+  if (!still_) {
+    still_ = true, still_since_ = now;
+    return Waiting;
+  }
+  if (now - still_since_ < kMoment) return Waiting;
+  active_ = false;
+  return Settled;
 }
 
 const Snapshot& Session::update() {

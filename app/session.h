@@ -61,7 +61,8 @@ class Session {
   // True when the paused world has settled on its next item (every live rank waits at a gate), or
   // the run ended: nothing moves until a command.
   bool settled() const;
-  // Waits (polling the engine) until settled() or the timeout; for scripts and tests.
+  // Waits (polling the engine) until settled() or the timeout; for tests. The app never blocks on
+  // it: its scripts poll a SettleWait once a frame instead.
   bool wait_settled(std::chrono::milliseconds timeout) const;
   bool finished() const;
   StepperState stepper_state() const;  // the stepper's state now, wherever the run runs
@@ -97,6 +98,24 @@ class Session {
   double speed_ = 0;
 
   SnapshotBuilder builder_;  // UI thread only
+};
+
+// Waiting for a Session to settle without blocking: start() after a command, then poll() once a
+// frame until it answers Settled or TimedOut. The world counts as still once settled() held twice,
+// a few milliseconds apart, and not before released gates had a moment to be left.
+class SettleWait {
+ public:
+  enum State { Waiting, Settled, TimedOut };
+  void start(std::chrono::milliseconds timeout);
+  State poll(const Session& session);
+  bool active() const { return active_; }
+  void cancel() { active_ = false; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  bool active_ = false;
+  Clock::time_point begun_{}, until_{}, still_since_{};
+  bool still_ = false;
 };
 
 }  // namespace dtlab::app

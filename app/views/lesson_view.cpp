@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
-#include <chrono>
 #include <cstdio>
 #include <map>
 
@@ -132,9 +131,8 @@ void draw_prose(const Prose& prose, const LessonRunner* r, const Snapshot& s, fl
   }
 }
 
-std::vector<std::string> draw_catalog(const LessonPanel& panel, LessonCatalog& cat) {
+std::vector<std::string> draw_catalog(const LessonPanel& panel, const LessonCatalog& cat) {
   std::vector<std::string> out;
-  if (cat.lessons.empty() || std::chrono::steady_clock::now() - cat.loaded > std::chrono::seconds(5)) cat.refresh();
   ImGui::TextUnformatted("Lessons");
   ImGui::TextDisabled("%s", lessons_dir().c_str());
   if (!panel.error.empty()) {
@@ -261,25 +259,8 @@ void draw_question(const LessonRunner& r, int j, const Snapshot& s, bool busy, L
 
 }  // namespace
 
-void LessonCatalog::refresh() {
-  lessons.clear();
-  for (const std::string& p : lesson_paths(lessons_dir())) {
-    Entry e;
-    e.name = lesson_name(p);
-    try {
-      Lesson l = load_lesson(p);
-      e.title = l.title, e.summary = l.summary, e.minutes = l.minutes, e.steps = static_cast<int>(l.steps.size());
-    } catch (const Error& err) {
-      e.title = e.name, e.error = err.what();
-    }
-    lessons.push_back(e);
-  }
-  progress = load_progress(progress_path());
-  loaded = std::chrono::steady_clock::now();
-}
-
 std::vector<std::string> draw_lesson_view(const LessonPanel& panel, LessonViewState& view, const Snapshot& s, ViewContext& ctx) {
-  if (!panel.runner) return draw_catalog(panel, view.catalog);
+  if (!panel.runner) return draw_catalog(panel, *panel.catalog);
   std::vector<std::string> out;
   const LessonRunner& r = *panel.runner;
   const Lesson& l = r.lesson();

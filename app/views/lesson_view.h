@@ -4,38 +4,25 @@
 // the app queues it like a script's, so the panel never drives the engine itself.
 #pragma once
 #include <array>
-#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "app/lesson_host.h"
 #include "app/lesson_runner.h"
 #include "app/views/views.h"
 
 namespace dtlab::app {
 
 struct LessonPanel {
-  LessonRunner* runner = nullptr;  // the open lesson, or null: the list
-  std::string error;               // a lesson file that does not parse, or a step that failed
-  bool busy = false;               // lesson commands are still running
-};
-
-// The lessons on disk, with what this user reached in each (read when the list first shows, and
-// again every few seconds while it shows).
-struct LessonCatalog {
-  struct Entry {
-    std::string name, title, summary, error;
-    int minutes = 0, steps = 0;
-  };
-  std::vector<Entry> lessons;
-  std::map<std::string, LessonProgress> progress;
-  std::chrono::steady_clock::time_point loaded{};
-  void refresh();
+  LessonRunner* runner = nullptr;          // the open lesson, or null: the list
+  const LessonCatalog* catalog = nullptr;  // the list, as the lesson host last read it
+  std::string error;                       // a lesson file that does not parse, or a step that failed
+  bool busy = false;                       // lesson commands are still running
 };
 
 // What the panel keeps between frames, which the app owns.
 struct LessonViewState {
-  LessonCatalog catalog;
   // The answer being typed, per lesson step ("PATH#STEP"), until Check sends it.
   std::map<std::string, std::array<char, 64>> typed;
 };

@@ -3,9 +3,8 @@
 // transfers of the pending step travel along their edges as glowing chunks, rendered by the
 // ring_chunks GLSL program into a render target (ImDrawList drawing when the program is missing).
 // Everything shown comes from Snapshot::collective, which the SnapshotBuilder derives from the trace.
-#include <GL/gl.h>
-#include <GL/glext.h>
-
+// Three files: the layout solver (ring_layout.h: where nodes and cells go), the GL pass
+// (app/gfx/ring_chunk_pass.h: the moving chunks) and, here, the ImGui drawing on both.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -14,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "app/gfx/ring_chunk_pass.h"
+#include "app/views/ring_layout.h"
+#include "app/views/vec2.h"
 #include "app/views/views.h"
 #include "engine/comm/ring_order.h"  // ring_succ: the ring's direction
 #include "engine/core/format.h"
@@ -21,14 +23,6 @@
 namespace dtlab::app {
 
 namespace {
-
-constexpr float kPi = 3.14159265358979f;
-
-ImVec2 operator+(ImVec2 a, ImVec2 b) { return ImVec2(a.x + b.x, a.y + b.y); }
-ImVec2 operator-(ImVec2 a, ImVec2 b) { return ImVec2(a.x - b.x, a.y - b.y); }
-ImVec2 operator*(ImVec2 a, float k) { return ImVec2(a.x * k, a.y * k); }
-float length(ImVec2 a) { return std::sqrt(a.x * a.x + a.y * a.y); }
-
 
 // Dark text on light fills, white on dark ones.
 ImU32 text_on(ImU32 fill) {
@@ -103,146 +97,6 @@ const char* step_caption(const CollectiveView& cv) {
     case RingPhase::None: break;
   }
   return "each rank sends a different chunk to each other rank";
-}
-
-// ---- layout ------------------------------------------------------------------------------------
-
-struct RingLayout {
-  ImVec2 center;
-  float radius = 0;      // ring radius (node centers)
-  float node_r = 0;
-  bool cells = false;    // buffer blocks shown
-  float cell = 0, cell_gap = 0;
-  int cols = 1, rows = 1;
-  ImVec2 block_size;
-  std::vector<ImVec2> node;   // node centers
-  std::vector<ImVec2> block;  // top-left of each rank's cell block
-};
-
-float node_radius(float ring_r, int n, float fs) {
-  if (n <= 1) return fs * 1.8f;
-  const float chord = 2.0f * ring_r * std::sin(kPi / static_cast<float>(n));
-  return std::clamp(chord * 0.3f, fs * 0.6f, fs * 2.0f);
-}
-
-// Places nodes (rank 0 at the top, clockwise) and, just outside each, its cell block.
-void place(RingLayout& L, int n) {
-  L.node.assign(static_cast<size_t>(n), L.center);
-  L.block.assign(static_cast<size_t>(n), L.center);
-  const float off = L.cells ? L.node_r * 0.25f + 3.0f : 0.0f;
-  for (int r = 0; r < n; r++) {
-    const float a = -kPi / 2 + 2 * kPi * static_cast<float>(r) / static_cast<float>(n);
-    const ImVec2 dir(std::cos(a), std::sin(a));
-    const ImVec2 p = n == 1 ? L.center : L.center + dir * L.radius;
-    L.node[static_cast<size_t>(r)] = p;
-    if (!L.cells) continue;
-    ImVec2 d = n == 1 ? ImVec2(0, 1) : dir;
-    const float support = std::fabs(d.x) * L.block_size.x * 0.5f + std::fabs(d.y) * L.block_size.y * 0.5f;
-    const ImVec2 bc = p + d * (L.node_r + off + support);
-    L.block[static_cast<size_t>(r)] = bc - L.block_size * 0.5f;
-  }
-}
-
-bool rects_overlap(ImVec2 a0, ImVec2 a1, ImVec2 b0, ImVec2 b1, float gap) {
-  return a0.x < b1.x + gap && b0.x < a1.x + gap && a0.y < b1.y + gap && b0.y < a1.y + gap;
-}
-
-bool rect_hits_circle(ImVec2 a0, ImVec2 a1, ImVec2 c, float r) {
-  const ImVec2 q(std::clamp(c.x, a0.x, a1.x), std::clamp(c.y, a0.y, a1.y));
-  return length(q - c) < r;
-}
-
-// Fits ring, nodes and blocks of `cols` columns of `cell`-sized cells (no blocks when cell is 0) in
-// the canvas; false when blocks would touch each other or other nodes.
-bool fit_layout(RingLayout& L, ImVec2 p0, ImVec2 size, int n, int chunks, float fs, int cols, float cell) {
-  L.center = p0 + size * 0.5f;
-  const float pad = fs * 0.5f;
-  L.cols = std::max(1, cols);
-  L.rows = (chunks + L.cols - 1) / L.cols;
-  L.cells = cell > 0;
-  L.cell = cell;
-  L.cell_gap = std::max(1.0f, cell * 0.12f);
-  L.block_size = L.cells ? ImVec2(L.cols * cell + (L.cols - 1) * L.cell_gap, L.rows * cell + (L.rows - 1) * L.cell_gap) : ImVec2(0, 0);
-  // Shrink the ring until every node and block lies inside the canvas.
-  float R = std::min(size.x, size.y) * 0.5f;
-  for (int it = 0; it < 6; it++) {
-    L.radius = std::max(R, 1.0f);
-    L.node_r = node_radius(L.radius, n, fs);
-    place(L, n);
-    float over = 0;
-    for (int r = 0; r < n; r++) {
-      const ImVec2 c = L.node[static_cast<size_t>(r)];
-      ImVec2 lo(c.x - L.node_r, c.y - L.node_r), hi(c.x + L.node_r, c.y + L.node_r);
-      if (L.cells) {
-        const ImVec2 b = L.block[static_cast<size_t>(r)];
-        lo = ImVec2(std::min(lo.x, b.x), std::min(lo.y, b.y));
-        hi = ImVec2(std::max(hi.x, b.x + L.block_size.x), std::max(hi.y, b.y + L.block_size.y));
-      }
-      over = std::max({over, p0.x + pad - lo.x, p0.y + pad - lo.y, hi.x - (p0.x + size.x - pad), hi.y - (p0.y + size.y - pad)});
-    }
-    if (over <= 0.5f) break;
-    R -= over + 1.0f;
-  }
-  if (!L.cells) return true;
-  if (n > 1 && L.radius < L.node_r * 1.6f) return false;
-  for (int i = 0; i < n; i++) {
-    const ImVec2 a0 = L.block[static_cast<size_t>(i)], a1 = a0 + L.block_size;
-    for (int j = 0; j < n; j++) {
-      if (j != i && rect_hits_circle(a0, a1, L.node[static_cast<size_t>(j)], L.node_r + fs * 0.2f)) return false;
-      const ImVec2 b0 = L.block[static_cast<size_t>(j)];
-      if (j > i && rects_overlap(a0, a1, b0, b0 + L.block_size, fs * 0.3f)) return false;
-    }
-  }
-  return true;
-}
-
-// Tries buffers as one, two or four rows of cells of every size from large to small and keeps the
-// largest cells that leave the ring at least `keep` of the size it has without them (the ring is
-// the picture; cells are its annotation), relaxing that when nothing fits; no cells as a last resort.
-RingLayout make_layout(ImVec2 p0, ImVec2 size, int n, int chunks, float fs, bool want_cells) {
-  RingLayout bare, L;
-  fit_layout(bare, p0, size, n, chunks, fs, 1, 0.0f);
-  if (!want_cells) return bare;
-  for (float keep : {0.72f, 0.6f, 0.45f, 0.3f}) {
-    RingLayout best;
-    bool found = false;
-    for (float cell = fs * (chunks == 1 ? 2.6f : 2.0f); cell >= fs * 0.42f && !found; cell *= 0.9f) {
-      for (int rows : {1, 2, 4}) {
-        if (rows > 1 && chunks < 2 * rows) continue;
-        if (!fit_layout(L, p0, size, n, chunks, fs, (chunks + rows - 1) / rows, cell) || L.radius < keep * bare.radius) continue;
-        if (!found || L.radius > best.radius) best = L;
-        found = true;
-      }
-    }
-    if (found) return best;
-  }
-  return bare;
-}
-
-// The layout search runs only when the canvas, the world or the font changed.
-struct RingLayoutCache {
-  struct Key {
-    float x, y, w, h, fs;
-    int n, chunks;
-    bool cells;
-    bool operator==(const Key&) const = default;
-  };
-  Key key{};
-  RingLayout layout;
-};
-
-const RingLayout& cached_layout(RingLayoutCache& cache, ImVec2 p0, ImVec2 size, int n, int chunks, float fs, bool want_cells) {
-  const RingLayoutCache::Key k{p0.x, p0.y, size.x, size.y, fs, n, chunks, want_cells};
-  if (!(k == cache.key) || cache.layout.node.empty()) {
-    cache.key = k;
-    cache.layout = make_layout(p0, size, n, chunks, fs, want_cells);
-  }
-  return cache.layout;
-}
-
-ImVec2 cell_pos(const RingLayout& L, int r, int c) {
-  const ImVec2 b = L.block[static_cast<size_t>(r)];
-  return ImVec2(b.x + static_cast<float>(c % L.cols) * (L.cell + L.cell_gap), b.y + static_cast<float>(c / L.cols) * (L.cell + L.cell_gap));
 }
 
 // ---- edges: quadratic curves bulging outwards, trimmed at the node borders ------------------------
@@ -343,153 +197,12 @@ void centered_label(ImDrawList* dl, float size, ImVec2 c, ImU32 col, const char*
 
 // ---- moving chunks ---------------------------------------------------------------------------------
 
-struct Sprite {
-  ImVec2 pos;    // screen pixels, center
-  float half;    // half side, pixels
-  ImVec4 color;  // straight RGBA
-  ImVec2 dir;    // unit direction of travel
-  float tail;    // streak length behind it, pixels
-};
-
 struct Chunk {
   const StepTransfer* t;
   ImVec2 pos;
   float half;
   int held;
   ImU32 color;
-};
-
-void premultiplied_blend(const ImDrawList*, const ImDrawCmd*) {
-  glBlendFuncSeparate(GL_ONE, GL_ONE_MINUS_SRC_ALPHA, GL_ONE, GL_ONE_MINUS_SRC_ALPHA);
-}
-
-// Where one sprite's square lies on screen and in the target.
-struct Placed {
-  ImVec2 screen0, screen1, uv0, uv1;
-};
-
-// The ring_chunks pass: quads built on the CPU, drawn into the view's render target. Each sprite
-// gets its own cell of the target (an atlas), so the target holds only the chunks' surroundings,
-// not the whole ring, and the image ImGui blends is a few small squares. It saves and restores the
-// GL state it touches, since it runs while ImGui builds the frame. Its buffers live as long as the
-// GL context (the app), so they are never deleted.
-class ChunkPass {
- public:
-  // Half side of a sprite's square: the glow reaches 3 half sides out, the streak at most 4 behind.
-  static float extent(float half) { return half * 5.0f; }
-
-  // Draws the sprites into the target; returns its texture (0 when it cannot) and, per sprite,
-  // where its square goes on screen and which part of the texture shows there.
-  unsigned render(GlResources& gl, const ShaderProgram& prog, float fb_scale, const std::vector<Sprite>& sprites, float time,
-                  std::vector<Placed>& placed) {
-    placed.clear();
-    if (sprites.empty() || prog.id() == 0) return 0;
-    float ext = 0;
-    for (const Sprite& s : sprites) ext = std::max(ext, extent(s.half));
-    const float cell = 2.0f * ext * fb_scale;
-    const int stride = static_cast<int>(std::ceil(cell)) + 2;
-    const int n = static_cast<int>(sprites.size());
-    const int cols = static_cast<int>(std::ceil(std::sqrt(static_cast<float>(n))));
-    const int rows = (n + cols - 1) / cols;
-    const int w = cols * stride, h = rows * stride;
-    verts_.clear();
-    for (int i = 0; i < n; i++) {
-      const Sprite& s = sprites[static_cast<size_t>(i)];
-      const ImVec2 origin(static_cast<float>((i % cols) * stride + 1), static_cast<float>((i / cols) * stride + 1));
-      placed.push_back({s.pos - ImVec2(ext, ext), s.pos + ImVec2(ext, ext),
-                        ImVec2(origin.x / static_cast<float>(w), 1.0f - origin.y / static_cast<float>(h)),
-                        ImVec2((origin.x + cell) / static_cast<float>(w), 1.0f - (origin.y + cell) / static_cast<float>(h))});
-      // A quad along the direction of travel: the glow's reach around the chunk, the streak behind.
-      const float half = s.half * fb_scale, reach = half * 3.0f, radius = half * 0.38f;
-      const float tail = std::min(s.tail, s.half * 4.0f) * fb_scale;
-      const ImVec2 c = origin + ImVec2(cell * 0.5f, cell * 0.5f), perp(-s.dir.y, s.dir.x);
-      const float ahead = reach, behind = std::max(reach, tail);
-      const ImVec2 q[4] = {s.dir * ahead + perp * reach, s.dir * ahead - perp * reach, s.dir * -behind - perp * reach,
-                           s.dir * -behind + perp * reach};
-      for (int i : {0, 1, 2, 0, 2, 3}) {
-        const ImVec2 l = q[i];
-        const float v[kFloats] = {c.x + l.x, c.y + l.y, l.x, l.y, half, radius, s.color.x, s.color.y, s.color.z, s.color.w,
-                                  s.dir.x, s.dir.y, tail};
-        verts_.insert(verts_.end(), v, v + kFloats);
-      }
-    }
-
-    GLint last_program = 0, last_vao = 0, last_buffer = 0;
-    GLint blend_src_rgb = 0, blend_dst_rgb = 0, blend_src_a = 0, blend_dst_a = 0, eq_rgb = 0, eq_a = 0;
-    GLfloat clear[4] = {0, 0, 0, 0};
-    glGetIntegerv(GL_CURRENT_PROGRAM, &last_program);
-    glGetIntegerv(GL_VERTEX_ARRAY_BINDING, &last_vao);
-    glGetIntegerv(GL_ARRAY_BUFFER_BINDING, &last_buffer);
-    glGetIntegerv(GL_BLEND_SRC_RGB, &blend_src_rgb);
-    glGetIntegerv(GL_BLEND_DST_RGB, &blend_dst_rgb);
-    glGetIntegerv(GL_BLEND_SRC_ALPHA, &blend_src_a);
-    glGetIntegerv(GL_BLEND_DST_ALPHA, &blend_dst_a);
-    glGetIntegerv(GL_BLEND_EQUATION_RGB, &eq_rgb);
-    glGetIntegerv(GL_BLEND_EQUATION_ALPHA, &eq_a);
-    glGetFloatv(GL_COLOR_CLEAR_VALUE, clear);
-    const GLboolean blend = glIsEnabled(GL_BLEND), scissor = glIsEnabled(GL_SCISSOR_TEST);
-    const GLboolean depth = glIsEnabled(GL_DEPTH_TEST), cull = glIsEnabled(GL_CULL_FACE);
-
-    if (!vao_) {
-      glGenVertexArrays(1, &vao_);
-      glGenBuffers(1, &vbo_);
-      glBindVertexArray(vao_);
-      glBindBuffer(GL_ARRAY_BUFFER, vbo_);
-      const GLsizei stride = kFloats * sizeof(float);
-      const int sizes[5] = {2, 2, 2, 4, 3};
-      size_t offset = 0;
-      for (GLuint i = 0; i < 5; i++) {
-        glEnableVertexAttribArray(i);
-        glVertexAttribPointer(i, sizes[i], GL_FLOAT, GL_FALSE, stride, reinterpret_cast<const void*>(offset * sizeof(float)));
-        offset += static_cast<size_t>(sizes[i]);
-      }
-    }
-    RenderTarget& target = gl.target("ring");
-    target.begin(w, h);
-    glDisable(GL_SCISSOR_TEST);
-    glDisable(GL_DEPTH_TEST);
-    glDisable(GL_CULL_FACE);
-    glClearColor(0, 0, 0, 0);
-    glClear(GL_COLOR_BUFFER_BIT);
-    if (!verts_.empty()) {
-      glEnable(GL_BLEND);
-      glBlendEquation(GL_FUNC_ADD);
-      glBlendFunc(GL_ONE, GL_ONE_MINUS_SRC_ALPHA);  // the shader writes premultiplied color
-      glUseProgram(prog.id());
-      if (prog.id() != uniforms_for_) {
-        uniforms_for_ = prog.id();
-        u_target_ = prog.uniform("u_target");
-        u_time_ = prog.uniform("u_time");
-      }
-      glUniform2f(u_target_, static_cast<float>(w), static_cast<float>(h));
-      glUniform1f(u_time_, time);
-      glBindVertexArray(vao_);
-      glBindBuffer(GL_ARRAY_BUFFER, vbo_);
-      glBufferData(GL_ARRAY_BUFFER, static_cast<GLsizeiptr>(verts_.size() * sizeof(float)), verts_.data(), GL_STREAM_DRAW);
-      glDrawArrays(GL_TRIANGLES, 0, static_cast<GLsizei>(verts_.size() / kFloats));
-    }
-    target.end();
-
-    glUseProgram(static_cast<GLuint>(last_program));
-    glBindVertexArray(static_cast<GLuint>(last_vao));
-    glBindBuffer(GL_ARRAY_BUFFER, static_cast<GLuint>(last_buffer));
-    glBlendEquationSeparate(static_cast<GLenum>(eq_rgb), static_cast<GLenum>(eq_a));
-    glBlendFuncSeparate(static_cast<GLenum>(blend_src_rgb), static_cast<GLenum>(blend_dst_rgb),
-                        static_cast<GLenum>(blend_src_a), static_cast<GLenum>(blend_dst_a));
-    glClearColor(clear[0], clear[1], clear[2], clear[3]);
-    if (blend) glEnable(GL_BLEND); else glDisable(GL_BLEND);
-    if (scissor) glEnable(GL_SCISSOR_TEST); else glDisable(GL_SCISSOR_TEST);
-    if (depth) glEnable(GL_DEPTH_TEST); else glDisable(GL_DEPTH_TEST);
-    if (cull) glEnable(GL_CULL_FACE); else glDisable(GL_CULL_FACE);
-    return target.texture();
-  }
-
- private:
-  static constexpr int kFloats = 13;  // per vertex: pos, local, shape, color, motion
-  GLuint vao_ = 0, vbo_ = 0;
-  GLuint uniforms_for_ = 0;
-  GLint u_target_ = -1, u_time_ = -1;
-  std::vector<float> verts_;
 };
 
 // The same look with the draw list: a fading streak, layered translucent squares for the glow.
@@ -1011,7 +724,7 @@ void draw_ring_view(const Snapshot& s, ViewContext& ctx, RingViewState& state) {
 
   const float legend_h = valid ? fs * 1.5f : 0.0f;
   const bool ring = valid && ring_edges(cv);
-  const RingLayout& L = cached_layout(st.layout, p0, ImVec2(size.x, size.y - legend_h), N, valid ? cv.chunks : 1, fs, valid);
+  const RingLayout& L = cached_ring_layout(st.layout, p0, ImVec2(size.x, size.y - legend_h), N, valid ? cv.chunks : 1, fs, valid);
 
   // The ring itself, faint, so every algorithm reads as the same world.
   if (N > 1) dl->AddCircle(L.center, L.radius, ImGui::GetColorU32(ImGuiCol_Border, 0.6f), 96, std::max(1.0f, fs * 0.06f));
