@@ -400,6 +400,31 @@ std::string backend_words(const RunConfigView& rc) {
 
 // The Run panel's controls edit `c`; each returns true once an edit is complete (the run restarts).
 
+// Greys out the controls made in its scope when `why` (the capability table's sentence, strategy.h)
+// is not empty, and shows it when the control is hovered.
+struct Refused {
+  std::string why;
+  explicit Refused(std::string w) : why(std::move(w)) { ImGui::BeginDisabled(!why.empty()); }
+  ~Refused() {
+    ImGui::EndDisabled();
+    if (!why.empty() && ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled)) ImGui::SetTooltip("%s", why.c_str());
+  }
+};
+
+// The run with feature `f` turned on, for asking the table before the control is touched.
+TrainConfig with_feature(TrainConfig c, Feature f) {
+  if (f == Feature::TensorParallel && c.tp == 1) c.tp = 2;
+  if (f == Feature::SequenceParallel) c.sequence_parallel = true;
+  if (f == Feature::MixedPrecision && !is_mixed(c.precision)) c.precision = Precision::BF16;
+  if (f == Feature::Lora && c.lora.rank == 0) c.lora.rank = 4;
+  if (f == Feature::Recompute) c.activation_checkpointing = true;
+  return c;
+}
+
+std::string refusal_of(const TrainConfig& c, Feature f) { return feature_refusal(with_feature(c, f), f); }
+
+std::string off_or(int v, const char* prefix) { return v == 0 || (v == 1 && std::string(prefix) == "tp ") ? "off" : prefix + std::to_string(v); }
+
 // Strategy, world, model, batch and accumulation.
 bool strategy_controls(TrainConfig& c) {
   bool changed = false;
@@ -444,12 +469,11 @@ bool strategy_controls(TrainConfig& c) {
   if (ImGui::InputInt("batch/rank", &batch) && batch >= 1) c.batch = batch;
   if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
   int accum = static_cast<int>(c.accum);
-  const std::string accum_refused = feature_refusal(c, Feature::Accumulation);
-  ImGui::BeginDisabled(!accum_refused.empty());
-  if (ImGui::InputInt("accum", &accum) && accum >= 1) c.accum = accum;
-  if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
-  ImGui::EndDisabled();
-  if (!accum_refused.empty() && ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled)) ImGui::SetTooltip("%s", accum_refused.c_str());
+  {
+    Refused r(feature_refusal(c, Feature::Accumulation));
+    if (ImGui::InputInt("accum", &accum) && accum >= 1) c.accum = accum;
+    if (ImGui::IsItemDeactivatedAfterEdit()) changed = true;
+  }
   return changed;
 }
 
@@ -518,6 +542,56 @@ bool fsdp_controls(TrainConfig& c) {
   return changed;
 }
 
+// Tensor parallelism, mixed precision, LoRA and activation checkpointing: the options any strategy
+// may run with, each greyed out with the reason where this run refuses it.
+bool feature_controls(TrainConfig& c) {
+  bool changed = false;
+  {
+    Refused r(refusal_of(c, Feature::TensorParallel));
+    if (ImGui::BeginCombo("tensor parallel", off_or(c.tp, "tp ").c_str())) {
+      for (int tp : {1, 2, 4})
+        if (ImGui::Selectable(off_or(tp, "tp ").c_str(), c.tp == tp) && c.tp != tp) {
+          c.tp = tp, changed = true;
+          if (tp == 1) c.sequence_parallel = false;
+          if (c.world_size % tp != 0) c.world_size = tp * std::max(1, c.world_size / tp);
+        }
+      ImGui::EndCombo();
+    }
+  }
+  {
+    Refused r(c.tp == 1 ? "sequence parallelism splits activations across the tensor-parallel group; pick tp 2 or 4 first"
+                        : refusal_of(c, Feature::SequenceParallel));
+    if (ImGui::Checkbox("sequence parallel", &c.sequence_parallel)) changed = true;
+  }
+  {
+    Refused r(refusal_of(c, Feature::MixedPrecision));
+    if (ImGui::BeginCombo("precision", precision_name(c.precision))) {
+      for (Precision p : {Precision::FP32, Precision::BF16, Precision::FP16})
+        if (ImGui::Selectable(precision_name(p), c.precision == p) && c.precision != p) {
+          c.precision = p, changed = true;
+          if (!is_mixed(p)) c.ddp.reduce_fp32 = false, c.inject_overflow_steps.clear();
+        }
+      ImGui::EndCombo();
+    }
+  }
+  {
+    Refused r(refusal_of(c, Feature::Lora));
+    if (ImGui::BeginCombo("LoRA", off_or(c.lora.rank, "rank ").c_str())) {
+      for (int rank : {0, 2, 4, 8})
+        if (ImGui::Selectable(off_or(rank, "rank ").c_str(), c.lora.rank == rank) && c.lora.rank != rank) {
+          c.lora.rank = rank, changed = true;
+          if (rank == 0) c.merge_lora = false;
+        }
+      ImGui::EndCombo();
+    }
+  }
+  {
+    Refused r(refusal_of(c, Feature::Recompute));
+    if (ImGui::Checkbox("activation checkpointing", &c.activation_checkpointing)) changed = true;
+  }
+  return changed;
+}
+
 bool optimizer_and_hardware_controls(TrainConfig& c) {
   bool changed = false;
   const char* opts[] = {"sgd", "adamw"};
@@ -565,6 +639,7 @@ void App::config_panel() {
   } else {
     changed |= fsdp_controls(c);
   }
+  changed |= feature_controls(c);
   changed |= optimizer_and_hardware_controls(c);
   int clock = ctx_.modeled_clock ? 0 : 1;
   if (ImGui::RadioButton("modeled clock", &clock, 0)) ctx_.modeled_clock = true;

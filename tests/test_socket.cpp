@@ -463,6 +463,10 @@ TEST_CASE("launch: a 2-process DDP run on loopback equals the in-process run, lo
   check_launch_equals_threads("--strategy ddp --model mlp:2,32,32,3 --data spiral --steps 20 --batch 16");
 }
 
+TEST_CASE("launch: a 2-process DDP run with --tp 2 equals the in-process run (the TP group's collectives over sockets)") {
+  check_launch_equals_threads("--strategy ddp --tp 2 --model mlp:2,32,32,3 --data spiral --steps 20 --batch 16");
+}
+
 TEST_CASE("launch: a 2-process FSDP run equals the in-process run") {
   check_launch_equals_threads("--strategy fsdp --model mlp:2,32,32,3 --data spiral --steps 20 --batch 16");
 }

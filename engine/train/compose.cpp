@@ -22,8 +22,8 @@ struct Combination {
 bool off_cpu_threads(const TrainConfig& c) { return c.backend != "threads" || c.device != "cpu"; }
 
 const Combination kCombinations[] = {
-    {Feature::TensorParallel, "--device cuda or dtlab-cli launch", off_cpu_threads,
-     "the tensor-parallel groups run as threads of this process on the CPU", "use --backend threads --device cpu", true},
+    {Feature::TensorParallel, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
+     "the tensor-parallel shards run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
     {Feature::TensorParallel, "--sharding hybrid", [](const TrainConfig& c) { return c.strategy == Strategy::Fsdp && c.fsdp.sharding == Sharding::Hybrid; },
      "HYBRID_SHARD's node groups and the tensor-parallel groups are not laid out as one mesh", "use --sharding full", true},
     {Feature::TensorParallel, "--save-sharded", [](const TrainConfig& c) { return !c.save_sharded_path.empty(); },

@@ -291,7 +291,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
 
   if (!config_.init_path.empty()) check_checkpoint_size(config_.init_path, spec);  // before building the replicas
   if (config_.tp > 1 && !pipeline) {  // a pipeline builds its stages' shards in run()
-    build_tp_models(me, N, in_world);
+    build_tp_models(me, launched_ ? me + 1 : N, in_world);  // a launched process builds its own rank's shard
     return;
   }
   for (int r = me; r < (launched_ || pipeline ? me + 1 : N); r++) {
