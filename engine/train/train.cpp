@@ -97,17 +97,20 @@ void validate_lora(const TrainConfig& c) {
   if (c.merge_lora && c.save_path.empty()) throw Error("--merge-lora says what --save writes; add --save PATH.safetensors");
 }
 
-// Mixed precision runs single and ddp on the CPU engine's threads in this version.
+// Mixed precision runs single, ddp and fsdp (FULL_SHARD, SHARD_GRAD_OP) on the CPU engine's threads in this version.
 void validate_precision(const TrainConfig& c) {
   if (!is_mixed(c.precision)) {
     if (!c.inject_overflow_steps.empty())
       throw Error("--inject-overflow makes fp16 gradients overflow; add --precision fp16");
-    if (c.ddp.reduce_fp32) throw Error("--reduce-dtype fp32 applies to 16-bit gradients; add --precision bf16 or fp16");
+    if (c.reduce_fp32) throw Error("--reduce-dtype fp32 applies to 16-bit gradients; add --precision bf16 or fp16");
     return;
   }
   const std::string flag = std::string("--precision ") + precision_name(c.precision);
-  if (c.strategy != "single" && c.strategy != "ddp")
-    throw Error(flag + " with --strategy " + c.strategy + " is not available in this version; use --strategy single or ddp");
+  if (c.strategy != "single" && c.strategy != "ddp" && c.strategy != "fsdp")
+    throw Error(flag + " with --strategy " + c.strategy + " is not available in this version; use --strategy single, ddp or fsdp");
+  if (c.strategy == "fsdp" && c.fsdp.sharding != Sharding::FullShard && c.fsdp.sharding != Sharding::ShardGradOp)
+    throw Error(flag + " with --sharding " + sharding_flag(c.fsdp.sharding) +
+                " is not available in this version; use --sharding full or grad-op");
   if (c.device != "cpu" || c.backend != "threads" || c.launched)
     throw Error(flag + " runs on the CPU engine's threads in this version; use --device cpu --backend threads");
   if (c.tp > 1) throw Error(flag + " with --tp is not available in this version; drop --tp or use --precision fp32");
@@ -678,7 +681,7 @@ float Trainer::loss_scale_for(const GradScaler& scaler, int64_t step, int rank) 
 // GradScaler.step + update: this rank's inf/NaN check, the ranks' agreement (an all-reduce), the
 // scale's update, and the decision as a LossScale event. False: every rank skips this step.
 bool Trainer::scaler_allows_step(GradScaler& scaler, Model& model, Communicator* comm, RankContext* ctx) {
-  const bool found = GradScaler::local_found_inf(model);
+  const bool found = scaler.unscale_grads(model);
   const bool any = GradScaler::agree(comm, found, model.device());
   const float before = scaler.scale();
   scaler.update(any);
@@ -732,13 +735,13 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
   std::unique_ptr<DistributedDataParallel> ddp;
   std::unique_ptr<FullyShardedDataParallel> fsdp;
   if (dp_comm && config_.strategy == "fsdp") {
-    fsdp = std::make_unique<FullyShardedDataParallel>(model, *dp_comm, ctx, config_.fsdp, config_.optimizer);
+    fsdp = std::make_unique<FullyShardedDataParallel>(model, *dp_comm, ctx, config_.fsdp, config_.optimizer, config_.reduce_fp32);
   } else if (dp_comm) {
-    ddp = std::make_unique<DistributedDataParallel>(model, *dp_comm, ctx, config_.ddp);
+    ddp = std::make_unique<DistributedDataParallel>(model, *dp_comm, ctx, config_.ddp, config_.reduce_fp32);
   }
   Optimizer opt(config_.optimizer, model.num_params(), &mem, dev);
-  if (model.mixed()) opt.init_master(model.params16(), model.half_format());  // the fp32 master weights
-  std::unique_ptr<GradScaler> scaler = config_.precision == Precision::FP16 ? std::make_unique<GradScaler>() : nullptr;
+  if (model.mixed() && !fsdp) opt.init_master(model.params16(), model.half_format());  // FSDP's shards are its own masters
+  std::unique_ptr<GradScaler> scaler = config_.precision == Precision::FP16 ? make_grad_scaler(fsdp.get()) : nullptr;
 
   const MeshCoord at = mesh_coord(mesh_, rank);
   RankBatches data(config_, ds, mesh_.dp, at.dp);  // a TP group's ranks read their replica's batches
