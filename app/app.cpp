@@ -569,7 +569,7 @@ bool feature_controls(TrainConfig& c) {
       for (Precision p : {Precision::FP32, Precision::BF16, Precision::FP16})
         if (ImGui::Selectable(precision_name(p), c.precision == p) && c.precision != p) {
           c.precision = p, changed = true;
-          if (!is_mixed(p)) c.ddp.reduce_fp32 = false, c.inject_overflow_steps.clear();
+          if (!is_mixed(p)) c.reduce_fp32 = false, c.inject_overflow_steps.clear();
         }
       ImGui::EndCombo();
     }

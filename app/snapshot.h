@@ -237,7 +237,7 @@ struct RunConfigView {
   std::string backend = "threads";        // threads | socket (a launched world) | cuda | nccl
   std::string attached;                   // HOST:PORT of the launched run's monitor; "" for a run in this window
   Precision precision = Precision::FP32;  // --precision (mixed: 16-bit parameters/gradients, fp32 master weights)
-  bool reduce_fp32 = false;               // --reduce-dtype fp32: DDP's buckets all-reduce in float32
+  bool reduce_fp32 = false;               // --reduce-dtype fp32: gradients reduce in float32 (DDP buckets, FSDP)
 };
 
 // A collective's process group as the mesh view lights it.

@@ -257,7 +257,7 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.find_unused_parameters = config.ddp.find_unused_parameters;
   c.sized_first_iteration = config.ddp.sized_first_iteration;
   c.precision = config.precision;
-  c.reduce_fp32 = config.ddp.reduce_fp32;
+  c.reduce_fp32 = config.reduce_fp32;
   // Read before the run starts (FSDP releases the model's storage then; the counts stay).
   c.sharding = config.strategy == Strategy::Fsdp ? config.fsdp.sharding : Sharding::NoShard;
   c.num_params = model.num_params();

@@ -130,8 +130,8 @@ void add_precision_flags(CLI::App& app, TrainFlags& f, TrainConfig& c) {
       app.add_option("--precision", f.precision, "fp32 | bf16 | fp16: mixed precision keeps parameters, activations and gradients "
                                                  "in 16 bits and fp32 master weights and optimizer state (fp16 adds a loss scaler)")
           ->capture_default_str(),
-      app.add_option("--reduce-dtype", f.reduce_dtype, "Mixed precision: the dtype DDP's buckets all-reduce in: the training "
-                                                       "dtype (default) or fp32"),
+      app.add_option("--reduce-dtype", f.reduce_dtype, "Mixed precision: the dtype gradients are reduced in (DDP's buckets, "
+                                                       "FSDP's reduce-scatter): the training dtype (default) or fp32"),
       app.add_option("--inject-overflow", c.inject_overflow_steps, "fp16: on these steps (e.g. 3,7) one rank's gradients overflow "
                                                                   "for real (its loss is scaled by a further 2^24); the scaler skips them")
           ->delimiter(','),
@@ -147,7 +147,7 @@ void finish_precision(const TrainFlags& f, TrainConfig& c) {
   if (f.reduce_dtype != "fp32" && f.reduce_dtype != precision_name(c.precision))
     throw Error("--reduce-dtype " + f.reduce_dtype + " is not one of this run's choices; use fp32 or " + precision_name(c.precision) +
                 " (the training dtype)");
-  c.ddp.reduce_fp32 = f.reduce_dtype == "fp32";
+  c.reduce_fp32 = f.reduce_dtype == "fp32";
 }
 
 void finish_lora(const TrainFlags& f, TrainConfig& c) {

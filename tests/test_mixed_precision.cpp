@@ -1,9 +1,12 @@
 // Mixed precision (--precision bf16/fp16; issue 17; docs/course_sources.md §6e): the memory layout
 // behind 2 + 2 + 12 bytes per parameter, 16-bit GEMMs that accumulate in float32 and round once, DDP's
 // buckets in the training dtype (or float32), the spiral demo's accuracy, and fp16's GradScaler: an
-// overflow on one rank skips exactly that step on every rank and halves the scale.
+// overflow on one rank skips exactly that step on every rank and halves the scale. FSDP (suite "fsdp"):
+// fp32 shards, 16-bit all-gathers and reduce-scatters (float32 with --reduce-dtype fp32), torch's
+// ShardedGradScaler.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -40,6 +43,32 @@ int64_t bucket_bytes(Trainer& t, int rank, int it, DType& dtype) {
   return moved;
 }
 
+// torch.testing.assert_close's default tolerances for a dtype (bfloat16 rtol 1.6e-2, float16 1e-3; atol
+// 1e-5): the worst |a - b| - (atol + rtol |b|) over the parameters, <= 0 when they are close.
+double excess_over_tolerance(const std::vector<float>& a, const std::vector<float>& b, Precision p) {
+  REQUIRE(a.size() == b.size());
+  const double rtol = p == Precision::BF16 ? 1.6e-2 : 1e-3, atol = 1e-5;
+  double worst = -1;
+  for (size_t i = 0; i < a.size(); i++)
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]) - (atol + rtol * std::fabs(static_cast<double>(b[i]))));
+  return worst;
+}
+
+// Bytes and dtype of one rank's collectives of kind `op` in iteration `it` (each counted once, by its
+// sequence number).
+int64_t collective_bytes(Trainer& t, int rank, int it, CollectiveOp op, DType& dtype) {
+  int64_t moved = 0;
+  std::vector<uint64_t> seen;
+  for (const Event& e : t.recorder().events(rank)) {
+    if (e.kind != EventKind::Collective || e.iteration != it || e.coll.op != op) continue;
+    if (std::find(seen.begin(), seen.end(), e.coll.seq) != seen.end()) continue;
+    seen.push_back(e.coll.seq);
+    moved += e.coll.bytes;
+    dtype = e.coll.dtype;
+  }
+  return moved;
+}
+
 }  // namespace
 
 // In the ddp suite: CI runs it under ThreadSanitizer (16-bit buckets, the found-inf all-reduce).
@@ -47,7 +76,7 @@ TEST_CASE("bf16 DDP with AdamW: every rank holds 2 + 2 + 4 + 8 bytes per paramet
   for (const bool fp32_reduce : {false, true}) {
     CAPTURE(fp32_reduce);
     TrainConfig c = mixed("ddp", 2, Precision::BF16, 4);
-    c.ddp.reduce_fp32 = fp32_reduce;
+    c.reduce_fp32 = fp32_reduce;
     Trainer t(c);
     const TrainSummary s = t.run();
     const int64_t P = c.model.num_params();
@@ -120,11 +149,11 @@ TEST_CASE("a 16-bit Linear widens its operands, accumulates in float32 and round
 
 TEST_CASE("bf16 and fp16 train the spiral demo to at least 95% accuracy") {
   for (const Precision p : {Precision::BF16, Precision::FP16}) {
-    for (const std::string strategy : {"single", "ddp"}) {
+    for (const std::string strategy : {"single", "ddp", "fsdp"}) {
       const std::string name = precision_name(p);
-    CAPTURE(name);
+      CAPTURE(name);
       CAPTURE(strategy);
-      TrainConfig c = mixed(strategy, strategy == "ddp" ? 2 : 1, p, 400, strategy == "ddp" ? 32 : 64);
+      TrainConfig c = mixed(strategy, strategy == "single" ? 1 : 2, p, 400, strategy == "single" ? 64 : 32);
       const TrainSummary s = Trainer(c).run();
       MESSAGE(name << " " << strategy << ": accuracy " << s.eval_accuracy << ", loss " << s.eval_loss);
       CHECK(s.eval_accuracy >= 0.95);
@@ -203,8 +232,16 @@ TEST_CASE("GradScaler: torch's update rules (backoff 0.5 at once, growth 2 after
 }
 
 TEST_CASE("mixed precision refuses what it does not run with, in one sentence") {
-  TrainConfig c = mixed("fsdp", 2, Precision::BF16, 2);
-  CHECK(test::error_of(c) == "--precision bf16 with --strategy fsdp: not built yet, FSDP's shards are float32 only; use --strategy ddp for mixed precision");
+  TrainConfig c = mixed("dp", 2, Precision::BF16, 2);
+  CHECK(test::error_of(c) == "--precision bf16 with --strategy dp: not built yet, DataParallel's replicas run in float32; use --strategy ddp");
+  for (const Sharding sh : {Sharding::NoShard, Sharding::Zero1, Sharding::Hybrid}) {
+    c = mixed("fsdp", 2, Precision::FP16, 2);
+    c.fsdp.sharding = sh;
+    if (sh == Sharding::Hybrid) c.fsdp.node_size = 1;  // HYBRID_SHARD's process groups reduce float32 only
+    CHECK(test::error_of(c) == "--precision fp16 with --sharding no-shard, zero1 or hybrid: not built yet, FSDP's mixed "
+                               "precision shards FULL_SHARD and SHARD_GRAD_OP only (the process groups reduce float32); use "
+                               "--sharding full or grad-op");
+  }
   c = mixed("ddp", 2, Precision::BF16, 2);
   c.lora.rank = 4;
   CHECK(test::error_of(c) == "--precision bf16 with --lora-rank: not built yet, the adapters are float32; drop one of them");
@@ -216,10 +253,123 @@ TEST_CASE("mixed precision refuses what it does not run with, in one sentence") 
   c.inject_overflow_rank = 2;
   CHECK(test::error_of(c) == "--inject-overflow-rank 2 is not a rank of this run; pick 0 to 1");
   c = mixed("ddp", 2, Precision::FP32, 2);
-  c.ddp.reduce_fp32 = true;
+  c.reduce_fp32 = true;
   CHECK(test::error_of(c) == "--reduce-dtype fp32 applies to 16-bit gradients; add --precision bf16 or fp16");
   c = mixed("ddp", 2, Precision::FP16, 2);
   c.activation_checkpointing = true;
   CHECK(test::error_of(c) == "--precision fp16 with --activation-checkpointing: not built yet, the checkpointed blocks recompute in float32; drop one of them");
   CHECK_THROWS_WITH(parse_precision("fp8"), "precision 'fp8' is not known; use fp32, bf16 or fp16");
+}
+
+// FSDP with torch's MixedPrecision(param_dtype=bf16): fp32 shards stepped by the optimizer, 16-bit
+// compute, 16-bit reductions. DDP's bf16 run differs only in how the gradient sums round (and, on 4
+// ranks, in their order), so after 3 steps the two agree within torch.testing's bfloat16 tolerance.
+TEST_CASE("bf16 FSDP equals bf16 DDP within torch's bf16 tolerance, FULL_SHARD and SHARD_GRAD_OP" * doctest::test_suite("fsdp")) {
+  for (const int world : {2, 4}) {
+    Trainer ddp(mixed("ddp", world, Precision::BF16, 3));
+    ddp.run();
+    const std::vector<float> want = ddp.rank_model(0).host_params();
+    for (const Sharding sh : {Sharding::FullShard, Sharding::ShardGradOp}) {
+      CAPTURE(world);
+      CAPTURE(sharding_name(sh));
+      TrainConfig c = mixed("fsdp", world, Precision::BF16, 3);
+      c.fsdp.sharding = sh;
+      Trainer t(c);
+      const TrainSummary s = t.run();
+      for (int r = 0; r < world; r++) {
+        CAPTURE(r);
+        CHECK(t.rank_model(r).precision() == Precision::BF16);
+        CHECK(excess_over_tolerance(t.rank_model(r).host_params(), want, Precision::BF16) <= 0);
+        // On 2 ranks FSDP1's pre-divide is DDP's 1/2 and each sum is one rounded addition: bit-identical.
+        if (world == 2) CHECK(t.rank_model(r).host_params() == want);
+      }
+      if (world != 4) continue;
+      // What a rank keeps: the fp32 shard (the master, chunks of 48, 1040 and 49 on 4 ranks), its fp32
+      // gradient and AdamW's two moments; the 16-bit parameters only while gathered (2 bytes each).
+      const int64_t shard = 48 + 1040 + 49;
+      const MemoryStats& m = s.rank_memory[1];
+      CHECK(m.current_of(MemCategory::Parameters) == 0);
+      CHECK(m.current_of(MemCategory::MasterWeights) == 4 * shard);
+      CHECK(m.current_of(MemCategory::Gradients) == 4 * shard);
+      CHECK(m.current_of(MemCategory::OptimizerState) == 8 * shard);
+      CHECK(m.current_of(MemCategory::GatheredParameters) == 0);
+      if (sh == Sharding::FullShard) CHECK(m.peak_of(MemCategory::GatheredParameters) == (196 + 4160) * 2);
+      else CHECK(m.peak_of(MemCategory::GatheredParameters) == (192 + 4160 + 196) * 2);
+    }
+  }
+}
+
+// The all-gathers move the param dtype, the reduce-scatters the reduce dtype: 16-bit halves fp32's bytes.
+TEST_CASE("bf16 FSDP all-gathers and reduce-scatters half of fp32's bytes; --reduce-dtype fp32 reduce-scatters fp32's" * doctest::test_suite("fsdp")) {
+  struct Run {
+    Precision precision;
+    bool reduce_fp32;
+    int64_t gather_elem, reduce_elem;  // bytes per element moved
+    DType gather_dtype, reduce_dtype;
+  };
+  // 4 ranks: three units padded to 192 + 4160 + 196 = 4548 elements; FULL_SHARD gathers each twice.
+  const int64_t padded = 192 + 4160 + 196;
+  for (const Run& want : {Run{Precision::FP32, false, 4, 4, DType::F32, DType::F32},
+                          Run{Precision::BF16, false, 2, 2, DType::BF16, DType::BF16},
+                          Run{Precision::BF16, true, 2, 4, DType::BF16, DType::F32}}) {
+    CAPTURE(precision_name(want.precision));
+    CAPTURE(want.reduce_fp32);
+    TrainConfig c = mixed("fsdp", 4, want.precision, 3);  // iteration 1: the last one also holds materialize()'s gathers
+    c.reduce_fp32 = want.reduce_fp32;
+    Trainer t(c);
+    t.run();
+    for (int r = 0; r < 4; r++) {
+      CAPTURE(r);
+      DType ag = DType::I64, rs = DType::I64;
+      CHECK(collective_bytes(t, r, 1, CollectiveOp::AllGather, ag) == 2 * padded * want.gather_elem);
+      CHECK(collective_bytes(t, r, 1, CollectiveOp::ReduceScatter, rs) == padded * want.reduce_elem);
+      CHECK(ag == want.gather_dtype);
+      CHECK(rs == want.reduce_dtype);
+    }
+  }
+}
+
+// torch's ShardedGradScaler: each rank checks its own gradient shard, the found-inf all-reduce makes the
+// decision the world's. The injected overflow reaches every shard here, so every rank finds it.
+TEST_CASE("fp16 FSDP: an overflow on one rank skips exactly that step on every rank and halves the scale" * doctest::test_suite("fsdp")) {
+  for (const bool fp32_reduce : {false, true}) {
+    CAPTURE(fp32_reduce);
+    TrainConfig c = mixed("fsdp", 4, Precision::FP16, 9);
+    c.inject_overflow_steps = {3, 7, 8};
+    c.inject_overflow_rank = 3;
+    c.reduce_fp32 = fp32_reduce;
+    Trainer t(c);
+    const TrainSummary s = t.run();
+    REQUIRE(s.rank_skipped_steps.size() == 4);
+    for (const auto& r : s.rank_skipped_steps) CHECK(r == std::vector<int64_t>{3, 7, 8});
+    CHECK(s.loss_scale == 65536.0f / 8);
+    for (int rank = 0; rank < 4; rank++) {
+      CAPTURE(rank);
+      std::vector<float> scales;
+      std::vector<int> skipped_iters, found_iters;
+      int optimizer_steps = 0;
+      for (const Event& e : t.recorder().events(rank)) {
+        if (e.kind == EventKind::LossScale) {
+          scales.push_back(e.scaler.scale);
+          if (e.scaler.skipped) skipped_iters.push_back(e.iteration);
+          if (e.scaler.found_inf) found_iters.push_back(e.iteration);
+        }
+        if (e.kind == EventKind::Compute && e.compute.kind == ComputeKind::OptimizerStep) optimizer_steps++;
+      }
+      CHECK(skipped_iters == std::vector<int>{2, 6, 7});
+      CHECK(found_iters == skipped_iters);
+      CHECK(scales == std::vector<float>{65536, 65536, 65536, 32768, 32768, 32768, 32768, 16384, 8192});
+      CHECK(optimizer_steps == 6);
+    }
+  }
+}
+
+TEST_CASE("fp16 FSDP: a skipped step leaves the weights and the optimizer as they were" * doctest::test_suite("fsdp")) {
+  TrainConfig a = mixed("fsdp", 2, Precision::FP16, 4);
+  a.inject_overflow_steps = {3, 4};
+  Trainer ta(a), tb(mixed("fsdp", 2, Precision::FP16, 2));
+  ta.run();
+  tb.run();
+  CHECK(ta.rank_model(0).host_params() == tb.rank_model(0).host_params());
+  CHECK(ta.rank_model(1).host_params() == tb.rank_model(1).host_params());
 }

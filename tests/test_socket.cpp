@@ -526,9 +526,21 @@ TEST_CASE("launch: a rank stopped by SIGSTOP is named by the launcher, and the r
     }
   }
   REQUIRE(rank1 > 0);
-  // Let every rank get past the rendezvous and train a little: under load (CI, 2 cores) starting
-  // three processes and connecting them took longer than 300 ms.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Let every rank get past the rendezvous and train a little. A fixed wait was not enough under
+  // load (2 busy cores: rank 1 had not connected after 1.5 s, and the run failed at the rendezvous
+  // instead): wait until rank 1 holds a socket to each of its two peers (the world's mesh is up).
+  auto sockets_of = [](pid_t pid) {
+    int n = 0;
+    std::error_code ec;
+    for (const auto& fd : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+      const std::string link = std::filesystem::read_symlink(fd.path(), ec).string();
+      n += link.rfind("socket:", 0) == 0;
+    }
+    return n;
+  };
+  for (int tries = 0; tries < 600 && sockets_of(rank1) < 2; tries++) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(sockets_of(rank1) >= 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   ::kill(rank1, SIGSTOP);
   const ShellResult r = launched.get();
   INFO(r.out);

@@ -137,19 +137,27 @@ void Model::release_gradient_storage() {
 }
 
 void Model::release_parameter_storage() {
-  DTLAB_CHECK(!mixed(), "release_parameter_storage() on a mixed-precision model");
-  for (auto& p : params_) p.data = p.grad = nullptr;
+  for (auto& p : params_) {
+    p.data = p.grad = nullptr;
+    p.data16 = p.grad16 = nullptr;
+  }
   flat_params_ = Tensor();
   flat_grads_ = Tensor();
 }
 
-void Model::restore_storage(const float* full) {
-  flat_params_ = Tensor({num_params_}, MemCategory::Parameters, tracker_, DType::F32, device_);
-  flat_grads_ = Tensor({num_params_}, MemCategory::Gradients, tracker_, DType::F32, device_);
-  if (full) device_.copy(flat_params_.f32(), full, num_params_ * static_cast<int64_t>(sizeof(float)));
+void Model::restore_storage(const void* full) {
+  const DType dt = param_dtype();
+  flat_params_ = Tensor({num_params_}, MemCategory::Parameters, tracker_, dt, device_);
+  flat_grads_ = Tensor({num_params_}, MemCategory::Gradients, tracker_, dt, device_);
+  if (full) device_.copy(flat_params_.raw(), full, flat_params_.nbytes());
   for (auto& p : params_) {
-    p.data = flat_params_.f32() + p.offset;
-    p.grad = flat_grads_.f32() + p.offset;
+    if (mixed()) {
+      p.data16 = flat_params_.u16() + p.offset;
+      p.grad16 = flat_grads_.u16() + p.offset;
+    } else {
+      p.data = flat_params_.f32() + p.offset;
+      p.grad = flat_grads_.f32() + p.offset;
+    }
   }
 }
 

@@ -173,11 +173,12 @@ class Model {
   // model's own gradient buffer: that is the memory the option saves.
   void release_gradient_storage();
   // FSDP: frees the model's own parameter (and gradient) buffers; every Parameter's data and grad
-  // then point wherever the sharding puts them (null while not gathered). restore_storage()
-  // allocates them again and copies `full` (the flat parameters, on the model's device) in; null
-  // leaves them for the caller to fill (DataParallel's replicas receive them by broadcast).
+  // (data16 and grad16 under mixed precision) then point wherever the sharding puts them (null while
+  // not gathered). restore_storage() allocates them again, in param_dtype(), and copies `full` (the
+  // flat parameters in that dtype, on the model's device) in; null leaves them for the caller to
+  // fill (DataParallel's replicas receive them by broadcast).
   void release_parameter_storage();
-  void restore_storage(const float* full);
+  void restore_storage(const void* full);
   bool owns_parameters() const { return !flat_params_.empty(); }
   void set_layer_hooks(LayerHooks* h) { hooks_ = h; }
   // Where a stepped run pauses: forward() and backward() (and a pipeline stage's own loops, through

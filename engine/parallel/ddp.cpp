@@ -111,8 +111,8 @@ std::vector<std::string> describe_bucket_assignment(const Model& model, const Bu
 // ---------------------------------------------------------------------------------------------
 
 DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& comm, RankContext* ctx,
-                                                 const DdpOptions& opt)
-    : model_(model), comm_(comm), ctx_(ctx), opt_(opt), world_(comm.world_size()) {
+                                                 const DdpOptions& opt, bool reduce_fp32)
+    : model_(model), comm_(comm), ctx_(ctx), opt_(opt), reduce_fp32_(reduce_fp32), world_(comm.world_size()) {
   if (opt_.bucket_cap_bytes < 1) throw Error("the DDP bucket cap must be at least 1 byte; raise --bucket-cap-mb");
   if (opt_.first_bucket_bytes < 1) throw Error("the first DDP bucket cap must be at least 1 byte; raise --first-bucket-mb");
   if (model_.mixed() && opt_.gradient_as_bucket_view)
@@ -367,7 +367,7 @@ void DistributedDataParallel::finalize_backward() {
 }
 
 DType DistributedDataParallel::bucket_dtype() const {
-  return model_.mixed() && !opt_.reduce_fp32 ? model_.param_dtype() : DType::F32;
+  return model_.mixed() && !reduce_fp32_ ? model_.param_dtype() : DType::F32;
 }
 
 // The averaged gradients back into each .grad (rounded to 16 bits from a float32 bucket).

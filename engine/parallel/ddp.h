@@ -86,11 +86,6 @@ struct DdpOptions {
   // Sized buckets from iteration 1 instead of torch's single first-iteration bucket (a lab option,
   // labeled as such; older torch releases behaved this way).
   bool sized_first_iteration = false;
-  // Mixed precision (a 16-bit model): buckets hold and all-reduce the gradients in the training dtype
-  // (torch's DDP on a bf16 model; NCCL sums in 16 bits); true all-reduces them in float32 instead
-  // (--reduce-dtype fp32, as FSDP's MixedPrecision(reduce_dtype=float32) or a widening comm hook),
-  // rounding the average back into the 16-bit gradients. No effect on a float32 model.
-  bool reduce_fp32 = false;
 };
 
 struct DdpBucket {
@@ -123,8 +118,13 @@ struct DdpIterationStats {
 class DistributedDataParallel {
  public:
   // Collective: every rank constructs its DDP at the same point. `ctx` may be null (no events,
-  // no modeled clock, no pause-aware stall).
-  DistributedDataParallel(Model& model, Communicator& comm, RankContext* ctx, const DdpOptions& opt);
+  // no modeled clock, no pause-aware stall). Mixed precision (a 16-bit model): buckets hold and
+  // all-reduce the gradients in the training dtype (torch's DDP on a bf16 model; NCCL sums in 16 bits);
+  // reduce_fp32 all-reduces them in float32 instead (--reduce-dtype fp32, as FSDP's
+  // MixedPrecision(reduce_dtype=float32) or a widening comm hook), rounding the average back into the
+  // 16-bit gradients. No effect on a float32 model.
+  DistributedDataParallel(Model& model, Communicator& comm, RankContext* ctx, const DdpOptions& opt,
+                          bool reduce_fp32 = false);
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
@@ -169,6 +169,7 @@ class DistributedDataParallel {
   Communicator& comm_;
   RankContext* ctx_;
   DdpOptions opt_;
+  bool reduce_fp32_;
   int world_;
   std::vector<DdpBucket> buckets_;
   BucketAssignment assignment_;           // what buckets_ was built from

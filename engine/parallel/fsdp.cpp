@@ -1,9 +1,11 @@
 #include "engine/parallel/fsdp.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "engine/comm/ring_order.h"  // padded_chunk: the shard is one reduce-scatter block
 #include "engine/core/check.h"
+#include "engine/core/half.h"
 
 namespace dtlab {
 
@@ -47,10 +49,22 @@ namespace {
 
 constexpr int64_t kF32 = static_cast<int64_t>(sizeof(float));
 
+HalfFormat format_of_dtype(DType d) { return d == DType::F16 ? HalfFormat::FP16 : HalfFormat::BF16; }
+
+// x *= factor in the gradient's dtype: a 16-bit value rounds once, as torch's div_ on a bf16/fp16
+// tensor does (the factors are FSDP1's pre- and post-divide, so a power of two but for odd worlds).
+void scale_in(void* x, int64_t n, DType dt, float factor, Device& dev) {
+  if (dt == DType::F32) return dev.scale(static_cast<float*>(x), n, factor);
+  if (factor == 1.0f) return;
+  const HalfFormat f = format_of_dtype(dt);
+  uint16_t* h = static_cast<uint16_t*>(x);
+  for (int64_t k = 0; k < n; k++) h[k] = half_from_float(half_to_float(h[k], f) * factor, f);
+}
+
 }  // namespace
 
 FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& comm, RankContext* ctx,
-                                                   const FsdpOptions& opt, const OptimizerConfig& optimizer)
+                                                   const FsdpOptions& opt, const OptimizerConfig& optimizer, bool reduce_fp32)
     : model_(model),
       comm_(comm),
       ctx_(ctx),
@@ -60,10 +74,16 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
       shard_comm_(&comm),
       shard_world_(comm.world_size()),
       shard_rank_(comm.rank()) {
+  // HYBRID_SHARD's process groups reduce float32 only (engine/comm/group.h).
+  DTLAB_CHECK(!mixed() || opt_.sharding == Sharding::FullShard || opt_.sharding == Sharding::ShardGradOp,
+              "mixed-precision FSDP runs FULL_SHARD or SHARD_GRAD_OP; the trainer's validate_precision refuses the others");
+  gather_dtype_ = model_.param_dtype();
+  reduce_dtype_ = mixed() && !reduce_fp32 ? model_.param_dtype() : DType::F32;
   if (opt_.sharding == Sharding::Hybrid) make_groups();
   MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
-  // Every rank starts from rank 0's parameters (sync_module_states).
-  comm_.broadcast(model_.params(), model_.num_params(), DType::F32, 0)->wait();
+  // Every rank starts from rank 0's parameters (sync_module_states), in the dtype the model holds.
+  void* const own = mixed() ? static_cast<void*>(model_.params16()) : static_cast<void*>(model_.params());
+  comm_.broadcast(own, model_.num_params(), model_.param_dtype(), 0)->wait();
   const auto& ps = model_.parameters();
   layer_unit_.assign(static_cast<size_t>(model_.num_layers()), -1);
   if (opt_.wrap_layers) {
@@ -106,15 +126,21 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
                         : opt_.sharding == Sharding::Zero1 ? zero1_split_.real(rank_) : model_.num_params();
   optimizer_.emplace(optimizer, owned, mem, dev());
   if (sharded()) {
-    shard_params_ = Tensor({shard_numel_}, MemCategory::Parameters, mem, DType::F32, dev());
+    // Mixed precision: the fp32 shard is both FSDP's sharded parameter and the master copy the optimizer
+    // steps; it is charged once, as master weights (the memory view sets those beside the optimizer's K = 12).
+    shard_params_ = Tensor({shard_numel_}, mixed() ? MemCategory::MasterWeights : MemCategory::Parameters, mem, DType::F32, dev());
     shard_grads_ = Tensor({shard_numel_}, MemCategory::Gradients, mem, DType::F32, dev());
     shard_params_.zero();
     shard_grads_.zero();
     for (Unit& u : units_) {
-      const float* flat = ps[static_cast<size_t>(u.params.front())].data;
+      const int64_t at = ps[static_cast<size_t>(u.params.front())].offset + shard_rank_ * u.split.chunk;
       const int64_t real = u.split.real(shard_rank_);
-      const int64_t first = shard_rank_ * u.split.chunk;
-      if (real > 0) dev().copy(shard_params_.f32() + u.shard_offset, flat + first, real * kF32);
+      float* shard = shard_params_.f32() + u.shard_offset;
+      if (real <= 0) continue;
+      // A mixed model was cast to 16 bits when built (as DDP's master weights, the shard starts from
+      // those values, widened exactly); torch's FSDP would keep the fp32 init instead.
+      if (mixed()) half_to_floats(shard, model_.params16() + at, real, model_.half_format());
+      else dev().copy(shard, model_.params() + at, real * kF32);
     }
     model_.release_parameter_storage();  // what FSDP saves: no rank holds the full model any more
   }
@@ -171,20 +197,34 @@ void FullyShardedDataParallel::set_state(int unit, FsdpState to) {
   u.state = to;
 }
 
-void FullyShardedDataParallel::bind_params(Unit& u, const float* base) {
+void FullyShardedDataParallel::bind(Unit& u, void* base, bool grads) {
   auto& ps = model_.parameters();
-  for (size_t k = 0; k < u.params.size(); k++)
-    ps[static_cast<size_t>(u.params[k])].data = base ? const_cast<float*>(base) + u.offsets[k] : nullptr;
+  for (size_t k = 0; k < u.params.size(); k++) {
+    Parameter& p = ps[static_cast<size_t>(u.params[k])];
+    const int64_t at = u.offsets[k];
+    if (mixed()) (grads ? p.grad16 : p.data16) = base ? static_cast<uint16_t*>(base) + at : nullptr;
+    else (grads ? p.grad : p.data) = base ? static_cast<float*>(base) + at : nullptr;
+  }
 }
 
 void FullyShardedDataParallel::unshard(int unit) {
   if (unit < 0 || unit >= num_units()) return;  // nothing to prefetch past either end
   Unit& u = units_[static_cast<size_t>(unit)];
   if (!u.gathered.empty()) return;
-  u.gathered = Tensor({u.split.padded}, MemCategory::GatheredParameters, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev());
+  MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
+  u.gathered = Tensor({u.split.padded}, MemCategory::GatheredParameters, mem, gather_dtype_, dev());
+  const float* shard = shard_params_.f32() + u.shard_offset;
+  const void* send = shard;
+  if (mixed()) {
+    // torch's _use_low_precision_shard: the fp32 shard cast to param_dtype, so the all-gather moves 16-bit
+    // bytes; freed once gathered.
+    u.low_shard = Tensor({u.split.chunk}, MemCategory::CommBuffers, mem, gather_dtype_, dev());
+    half_from_floats(u.low_shard.u16(), shard, u.split.chunk, model_.half_format());
+    send = u.low_shard.raw();
+  }
   const bool world_op = shard_comm_ == &comm_;
   const uint64_t seq = world_op ? comm_.collectives_issued() : UINT64_MAX;
-  u.gathering = shard_comm_->all_gather(u.gathered.f32(), shard_params_.f32() + u.shard_offset, u.split.chunk, DType::F32);
+  u.gathering = shard_comm_->all_gather(u.gathered.raw(), send, u.split.chunk, gather_dtype_);
   record(unit, FsdpVerb::Unshard, seq);
 }
 
@@ -195,15 +235,16 @@ void FullyShardedDataParallel::wait_for_unshard(int unit) {
     if (ctx_) ctx_->set_activity("FSDP: waiting for unit " + std::to_string(unit) + "'s all-gather");
     u.gathering->wait();
     u.gathering.reset();
+    u.low_shard = Tensor();
     record(unit, FsdpVerb::Unsharded);
   }
-  bind_params(u, u.gathered.f32());
+  bind(u, u.gathered.raw(), false);
 }
 
 void FullyShardedDataParallel::reshard(int unit) {
   Unit& u = units_[static_cast<size_t>(unit)];
   if (u.gathered.empty()) return;
-  bind_params(u, nullptr);
+  bind(u, nullptr, false);
   u.gathered = Tensor();
   record(unit, FsdpVerb::Reshard);
 }
@@ -249,10 +290,9 @@ void FullyShardedDataParallel::before_backward(int layer) {
   wait_for_unshard(ui);  // FULL_SHARD gathers again; SHARD_GRAD_OP still holds the forward's copy
   // BACKWARD_PRE: the next unit's all-gather goes out before this unit's gradients are computed.
   if (opt_.backward_prefetch == BackwardPrefetch::Pre) unshard(ui - 1);
-  u.full_grad = Tensor({u.split.padded}, MemCategory::Gradients, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev());
+  u.full_grad = Tensor({u.split.padded}, MemCategory::Gradients, ctx_ ? ctx_->memory() : nullptr, model_.param_dtype(), dev());
   u.full_grad.zero();
-  auto& ps = model_.parameters();
-  for (size_t k = 0; k < u.params.size(); k++) ps[static_cast<size_t>(u.params[k])].grad = u.full_grad.f32() + u.offsets[k];
+  bind(u, u.full_grad.raw(), true);
 }
 
 void FullyShardedDataParallel::after_backward(int layer) {
@@ -270,13 +310,27 @@ void FullyShardedDataParallel::post_backward(int unit) {
   auto& ps = model_.parameters();
   const uint64_t seq = shard_comm_ == &comm_ ? comm_.collectives_issued() : UINT64_MAX;
   if (sharded()) {
-    dev().scale(u.full_grad.f32(), u.split.padded, pre);
-    float* shard = shard_grads_.f32() + u.shard_offset;
-    u.reduce = shard_comm_->reduce_scatter(shard, u.full_grad.f32(), u.split.chunk, DType::F32, ReduceOp::Sum);
+    MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
+    void* send = u.full_grad.raw();
+    if (u.full_grad.dtype() != reduce_dtype_) {
+      // reduce_dtype float32: torch's grad.to(reduce_dtype) replaces the 16-bit gradient.
+      u.reduce_in = Tensor({u.split.padded}, MemCategory::CommBuffers, mem, DType::F32, dev());
+      half_to_floats(u.reduce_in.f32(), u.full_grad.u16(), u.split.padded, model_.half_format());
+      u.full_grad = Tensor();
+      send = u.reduce_in.raw();
+    }
+    scale_in(send, u.split.padded, reduce_dtype_, pre, dev());
+    // A float32 reduction lands in the gradient shard; a 16-bit one in its own shard, cast after the wait.
+    void* out = shard_grads_.f32() + u.shard_offset;
+    if (reduce_dtype_ != DType::F32) {
+      u.reduce_out = Tensor({u.split.chunk}, MemCategory::CommBuffers, mem, reduce_dtype_, dev());
+      out = u.reduce_out.raw();
+    }
+    u.reduce = shard_comm_->reduce_scatter(out, send, u.split.chunk, reduce_dtype_, ReduceOp::Sum);
     // HYBRID_SHARD: the node's reduced shard is then summed over the nodes holding the same shard
     // (queued behind the reduce-scatter on the same group executor).
-    if (replica_group_) u.replicate = replica_group_->all_reduce(shard, u.split.chunk, DType::F32, ReduceOp::Sum);
-    for (int p : u.params) ps[static_cast<size_t>(p)].grad = nullptr;
+    if (replica_group_) u.replicate = replica_group_->all_reduce(out, u.split.chunk, reduce_dtype_, ReduceOp::Sum);
+    bind(u, nullptr, true);
     record(unit, FsdpVerb::ReduceGrad, seq);
     reshard(unit);
   } else {
@@ -302,8 +356,18 @@ void FullyShardedDataParallel::finalize_backward() {
     u.reduce.reset();
     if (u.replicate) u.replicate->wait(), u.replicate.reset();
     if (sharded()) {
-      dev().scale(shard_grads_.f32() + u.shard_offset, u.split.chunk, post);
+      float* shard = shard_grads_.f32() + u.shard_offset;
+      if (!u.reduce_out.empty()) {
+        // Post-divide in the reduce dtype, then torch's _cast_grad_to_param_dtype: the fp32 shard the
+        // optimizer steps (docs/course_sources.md §6e).
+        scale_in(u.reduce_out.raw(), u.split.chunk, reduce_dtype_, post, dev());
+        half_to_floats(shard, u.reduce_out.u16(), u.split.chunk, model_.half_format());
+        u.reduce_out = Tensor();
+      } else {
+        dev().scale(shard, u.split.chunk, post);
+      }
       u.full_grad = Tensor();
+      u.reduce_in = Tensor();
     } else {
       dev().scale(model_.parameters()[static_cast<size_t>(u.params.front())].grad, u.split.numel, post);
     }
@@ -328,6 +392,15 @@ void FullyShardedDataParallel::step() {
     }
     default: optimizer_->step(shard_params_.f32(), shard_grads_.f32()); return;
   }
+}
+
+bool FullyShardedDataParallel::unscale_shard_grads(float inv_scale) {
+  DTLAB_CHECK(sharded() && mixed() && dev().is_host(), "unscale_shard_grads() is mixed precision's, on a sharded CPU run");
+  float* g = shard_grads_.f32();
+  dev().scale(g, shard_numel_, inv_scale);
+  for (int64_t k = 0; k < shard_numel_; k++)
+    if (!std::isfinite(g[k])) return true;
+  return false;
 }
 
 std::vector<OwnedSlice> FullyShardedDataParallel::owned_slices() const {
@@ -362,18 +435,20 @@ void FullyShardedDataParallel::materialize() {
   model_.set_layer_hooks(nullptr);
   attached_ = false;
   if (!sharded()) return;
-  Tensor full({model_.num_params()}, MemCategory::Other, nullptr, DType::F32, dev());  // untracked staging
+  // Mixed precision gathers what forward does: the shards cast to 16 bits, the model's own dtype.
+  Tensor full({model_.num_params()}, MemCategory::Other, nullptr, gather_dtype_, dev());  // untracked staging
+  const int64_t elem = dtype_size(gather_dtype_);
   int64_t base = 0;
   for (int ui = 0; ui < num_units(); ui++) {
     Unit& u = units_[static_cast<size_t>(ui)];
     wait_for_unshard(ui);
-    dev().copy(full.f32() + base, u.gathered.f32(), u.split.numel * kF32);
+    dev().copy(static_cast<char*>(full.raw()) + base * elem, u.gathered.raw(), u.split.numel * elem);
     base += u.split.numel;
     reshard(ui);
   }
   shard_params_ = Tensor();
   shard_grads_ = Tensor();
-  model_.restore_storage(full.f32());
+  model_.restore_storage(full.raw());
 }
 
 }  // namespace dtlab

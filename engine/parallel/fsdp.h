@@ -19,6 +19,13 @@
 // Prefetch (torch's options): forward_prefetch issues the next unit's all-gather before the current
 // unit's forward; backward_prefetch Pre issues the next (in backward order) unit's all-gather before
 // the current unit's gradient computation (most overlap, two gathered units live), Post after it.
+// Mixed precision (a model after Model::set_precision; torch's MixedPrecision(param_dtype,
+// reduce_dtype), docs/course_sources.md §6e and §11), FULL_SHARD and SHARD_GRAD_OP: the shard stays float32
+// and is the master copy the optimizer steps (charged as MasterWeights); unshard casts it to the
+// 16-bit param dtype and all-gathers 16-bit bytes, so forward and backward run the model's 16-bit
+// layers on 16-bit gathered parameters and 16-bit gradients; the gradient is pre-divided,
+// reduce-scattered and post-divided in the reduce dtype (the param dtype, or
+// float32 with reduce_fp32), then cast to the fp32 gradient shard for the step.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -69,8 +76,10 @@ class FullyShardedDataParallel : public LayerHooks {
  public:
   // Collective: broadcasts rank 0's parameters, then shards them (the model gives up its own
   // buffers for the sharded strategies).
+  // reduce_fp32: a mixed-precision model's gradients are reduced in float32 (reduce_dtype=float32),
+  // not in its 16-bit dtype; no effect on a float32 model. A mixed model needs FULL_SHARD or SHARD_GRAD_OP.
   FullyShardedDataParallel(Model& model, Communicator& comm, RankContext* ctx, const FsdpOptions& opt,
-                           const OptimizerConfig& optimizer);
+                           const OptimizerConfig& optimizer, bool reduce_fp32 = false);
   ~FullyShardedDataParallel() override;
 
   void zero_grad();
@@ -78,6 +87,13 @@ class FullyShardedDataParallel : public LayerHooks {
   void finalize_backward();
   // The optimizer step over what this rank owns (ZeRO-1 then all-gathers the parameters).
   void step();
+  // fp16 (ShardedGradScaler, engine/train/grad_scaler.h): after finalize_backward(), multiplies this
+  // rank's fp32 gradient shard by inv_scale and says whether it holds an inf or NaN.
+  bool unscale_shard_grads(float inv_scale);
+  // What the collectives move: the 16-bit param dtype or float32 (all-gathers), the reduce dtype
+  // (gradient reductions).
+  DType gather_dtype() const { return gather_dtype_; }
+  DType reduce_dtype() const { return reduce_dtype_; }
   // Collective: gathers the full parameters back into the model's own buffers (for evaluation and
   // checkpoints) and detaches from the model.
   void materialize();
@@ -111,9 +127,12 @@ class FullyShardedDataParallel : public LayerHooks {
     int first_layer = 0, last_layer = 0;
     FlatShard split;
     int64_t shard_offset = 0;      // where this unit's shard starts in the rank's shard buffers
-    Tensor gathered;               // GatheredParameters (padded), while gathered
+    Tensor gathered;               // GatheredParameters (padded), while gathered; gather_dtype_
+    Tensor low_shard;              // mixed precision: the shard cast to 16 bits, while its all-gather runs
     WorkPtr gathering;             // its all-gather, until waited
-    Tensor full_grad;              // Gradients (padded), during its backward and reduction
+    Tensor full_grad;              // Gradients (padded, the model's dtype), during its backward and reduction
+    Tensor reduce_in;              // reduce_fp32: full_grad widened to float32, until reduced
+    Tensor reduce_out;             // 16-bit reduction: the reduced shard (chunk), until cast to float32
     WorkPtr reduce;                // its gradient's reduce-scatter (or all-reduce)
     WorkPtr replicate;             // HYBRID_SHARD: the shard gradient's all-reduce across nodes
     FsdpState state = FsdpState::Idle;
@@ -136,7 +155,10 @@ class FullyShardedDataParallel : public LayerHooks {
   void post_backward(int unit);
   void set_state(int unit, FsdpState to);
   void record(int unit, FsdpVerb verb, uint64_t seq = UINT64_MAX);
-  void bind_params(Unit& u, const float* base);
+  // Points the unit's parameters (or, with grads, their gradients) into `base`, the unit's flat buffer
+  // in the model's dtype; null unbinds them.
+  void bind(Unit& u, void* base, bool grads);
+  bool mixed() const { return model_.mixed(); }
   void make_groups();  // HYBRID_SHARD's node group and cross-node group
 
   Model& model_;
@@ -144,6 +166,7 @@ class FullyShardedDataParallel : public LayerHooks {
   RankContext* ctx_;
   FsdpOptions opt_;
   int world_, rank_;
+  DType gather_dtype_ = DType::F32, reduce_dtype_ = DType::F32;
   // Where the flat parameters are split: the world, or HYBRID_SHARD's node group.
   std::shared_ptr<GroupExecutor> group_executor_;
   std::unique_ptr<Communicator> node_group_, replica_group_;
@@ -152,7 +175,7 @@ class FullyShardedDataParallel : public LayerHooks {
   std::vector<Unit> units_;
   std::vector<int> layer_unit_;   // per model layer: its unit, or -1 (ReLU)
   int64_t shard_numel_ = 0;
-  Tensor shard_params_, shard_grads_;  // this rank's shards of every unit (sharded strategies)
+  Tensor shard_params_, shard_grads_;  // this rank's shards of every unit (sharded strategies), float32
   std::optional<Optimizer> optimizer_;  // over what this rank owns; built once the units are known
   FlatShard zero1_split_;         // ZeRO-1: the whole flat parameter vector's split
   bool attached_ = true;

@@ -20,6 +20,13 @@ bool GradScaler::agree(Communicator* comm, bool found_inf, Device& dev) {
   return any != 0.0f;
 }
 
+bool ShardedGradScaler::unscale_grads(Model&) { return fsdp_.unscale_shard_grads(inv_scale()); }
+
+std::unique_ptr<GradScaler> make_grad_scaler(FullyShardedDataParallel* fsdp) {
+  if (fsdp) return std::make_unique<ShardedGradScaler>(*fsdp);
+  return std::make_unique<GradScaler>();
+}
+
 void GradScaler::update(bool found_inf) {
   if (found_inf) {
     scale_ = static_cast<float>(scale_ * config_.backoff_factor);

@@ -58,7 +58,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
      "parameters, gradients and optimizer state sharded over N ranks (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, ZeRO-1)",
      {{
          kOk, kOk,
-         /*MixedPrecision*/ todo("FSDP's shards are float32 only", "use --strategy ddp for mixed precision"),
+         /*MixedPrecision*/ kOk,
          kOk, kOk,
          /*Accumulation*/ todo("FSDP reduce-scatters every backward", "use --strategy ddp for gradient accumulation"),
          kOk, kOk, kOk, kOk, kOk, kOk,

@@ -82,7 +82,7 @@ void validate_precision(const TrainConfig& c) {
   if (!is_mixed(c.precision)) {
     if (!c.inject_overflow_steps.empty())
       throw Error("--inject-overflow makes fp16 gradients overflow; add --precision fp16");
-    if (c.ddp.reduce_fp32) throw Error("--reduce-dtype fp32 applies to 16-bit gradients; add --precision bf16 or fp16");
+    if (c.reduce_fp32) throw Error("--reduce-dtype fp32 applies to 16-bit gradients; add --precision bf16 or fp16");
     return;
   }
   if (!c.inject_overflow_steps.empty() && c.precision != Precision::FP16)

@@ -112,9 +112,12 @@ struct TrainConfig {
   // names, or with merge_lora the merged plain model.
   LoraSpec lora;
   bool merge_lora = false;
-  // --precision bf16/fp16: mixed precision (Model::set_precision, Optimizer::step_mixed; the DDP
-  // buckets' dtype is config.ddp.reduce_fp32's); single and ddp on the CPU engine's threads.
+  // --precision bf16/fp16: mixed precision (Model::set_precision, Optimizer::step_mixed; FSDP's fp32
+  // shards); single, ddp and fsdp (FULL_SHARD, SHARD_GRAD_OP) on the CPU engine's threads.
   Precision precision = Precision::FP32;
+  // --reduce-dtype fp32: 16-bit gradients are reduced in float32 (DDP's buckets, FSDP's reduce-scatter;
+  // torch's MixedPrecision reduce_dtype); otherwise in the training dtype.
+  bool reduce_fp32 = false;
   // fp16: torch's GradScaler (engine/train/grad_scaler.h). --inject-overflow: on these steps rank
   // inject_overflow_rank multiplies its loss gradient by a further 2^24, so its fp16 gradients really
   // overflow (the lesson's and the test's forced overflow).

@@ -110,7 +110,6 @@ class ReplicaRank : public RankStrategy {
         mesh_(c_.tp > 1 ? t_.join_mesh(env.rank, *env.comm, model_) : nullptr),
         dp_comm_(mesh_ ? Trainer::mesh_dp_group(*mesh_) : env.comm),
         opt_(c_.optimizer, model_.num_params(), &env.mem, env.dev),
-        scaler_(c_.precision == Precision::FP16 ? std::make_unique<GradScaler>() : nullptr),
         at_(mesh_coord(t_.mesh_, env.rank)),
         data_(c_, t_.dataset(), t_.mesh_.dp, at_.dp) {  // a TP group's ranks read their replica's batches
     model_.set_observer(env.obs);
@@ -119,7 +118,10 @@ class ReplicaRank : public RankStrategy {
   // After the strategy's own parts exist (DDP's buckets, FSDP's shards): the fp32 master weights and
   // the step's buffers, in the order the rank's memory timeline shows them.
   void ready() {
-    if (model_.mixed()) opt_.init_master(model_.params16(), model_.half_format());
+    // fp16: torch's GradScaler, or for FSDP its ShardedGradScaler (engine/train/grad_scaler.h).
+    if (c_.precision == Precision::FP16) scaler_ = make_grad_scaler(sharded());
+    // FSDP's fp32 shards are its own master weights.
+    if (model_.mixed() && !sharded()) opt_.init_master(model_.params16(), model_.half_format());
     buf_ = std::make_unique<StepBuffers>(c_.batch, c_.model.in_features(), c_.model.out_features(), env_.mem, env_.dev);
   }
   ~ReplicaRank() override {
@@ -221,12 +223,13 @@ class ReplicaRank : public RankStrategy {
     else opt_.step(model_.params(), model_.grads());
   }
   virtual double overlap() const { return -1; }
+  virtual FullyShardedDataParallel* sharded() { return nullptr; }
   virtual void finish_hook(TrainSummary& sum) { (void)sum; }
 
   // GradScaler.step + update: this rank's inf/NaN check, the ranks' agreement (an all-reduce over
   // the DP group), the scale's update, and the decision as a LossScale event. False: every rank skips.
   bool scaler_allows_step() {
-    const bool found = GradScaler::local_found_inf(model_);
+    const bool found = scaler_->unscale_grads(model_);  // FSDP's scaler checks this rank's shard
     const bool any = GradScaler::agree(dp_comm_, found, model_.device());
     const float before = scaler_->scale();
     scaler_->update(any);
@@ -261,7 +264,7 @@ class ReplicaRank : public RankStrategy {
 class DdpRank final : public ReplicaRank {
  public:
   explicit DdpRank(const RankEnv& env) : ReplicaRank(env) {
-    if (dp_comm_) ddp_ = std::make_unique<DistributedDataParallel>(model_, *dp_comm_, env.ctx, c_.ddp);
+    if (dp_comm_) ddp_ = std::make_unique<DistributedDataParallel>(model_, *dp_comm_, env.ctx, c_.ddp, c_.reduce_fp32);
   }
   void annotate(StepReport& r, const StepSums& s) override {
     ReplicaRank::annotate(r, s);
@@ -306,7 +309,7 @@ class DdpRank final : public ReplicaRank {
 class FsdpRank final : public ReplicaRank {
  public:
   explicit FsdpRank(const RankEnv& env) : ReplicaRank(env) {
-    if (dp_comm_) fsdp_ = std::make_unique<FullyShardedDataParallel>(model_, *dp_comm_, env.ctx, c_.fsdp, c_.optimizer);
+    if (dp_comm_) fsdp_ = std::make_unique<FullyShardedDataParallel>(model_, *dp_comm_, env.ctx, c_.fsdp, c_.optimizer, c_.reduce_fp32);
   }
 
  protected:
@@ -324,6 +327,7 @@ class FsdpRank final : public ReplicaRank {
   void finish_hook(TrainSummary&) override {
     if (fsdp_) t_.finish_fsdp(*fsdp_, model_, *dp_comm_);
   }
+  FullyShardedDataParallel* sharded() override { return fsdp_.get(); }
 
  private:
   std::unique_ptr<FullyShardedDataParallel> fsdp_;
