@@ -618,6 +618,11 @@ void run_summary(const RunConfigView& rc) {
                        "parameters every forward and alone holds the optimizer", static_cast<long long>(rc.batch * rc.world),
                        static_cast<long long>(rc.batch), rc.world);
   ImGui::TextWrapped("device %s, backend %s: %s", rc.device.c_str(), rc.backend.c_str(), backend_words(rc).c_str());
+  // An attached run's controls are greyed out and show only some settings; these are all it changed.
+  if (!rc.attached.empty() && ImGui::TreeNode("Launched with")) {
+    for (const auto& [flag, value] : rc.settings) ImGui::BulletText("%s %s", flag.c_str(), value.c_str());
+    ImGui::TreePop();
+  }
   ImGui::TextDisabled("Space run/pause  R ring step  C collective  I iteration  A pipeline action  Bksp reset  1-9 one view  0 all  P presentation  M clock  L lessons  N lesson: next step");
 }
 

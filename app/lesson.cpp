@@ -2,6 +2,7 @@
 #include "app/script.h"
 #include "app/text.h"
 #include "engine/io/atomic_file.h"
+#include "engine/train/settings.h"
 
 #include <algorithm>
 #include <cctype>
@@ -18,14 +19,18 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::vector<std::string> kHeaderKeys = {"title", "minutes", "summary", "scenario"};
-// dtlab flags a header may set as `key: value` (others are accepted too, through `scenario:`); the
-// list only feeds "did you mean". Flags about the window, scripts and lessons are refused below.
-const std::vector<std::string> kScenarioFlags = {
-    "strategy", "world", "model", "data", "batch", "steps", "accum", "optimizer", "lr", "bucket-cap-mb",
-    "first-bucket-mb", "sized-first-iteration", "find-unused-parameters", "sharding", "node-size", "wrap",
-    "backward-prefetch", "forward-prefetch", "skip-layer", "skip-every", "skip-ranks", "profile", "algo", "proto", "seed", "timeout",
-    "tp", "sequence-parallel", "stages", "dp", "microbatches", "schedule", "chunks", "split", "unit-costs",
-    "clock", "fault", "open", "trace-model", "trace-ranks", "compare-profile"};
+// dtlab flags a header may set as `key: value` (others are accepted too, through `scenario:`): every
+// training setting the lab takes (engine/train/settings.h's table, so a new setting is a header key
+// at once) and the lab's own run flags. Flags about the window, scripts and lessons are refused below.
+const std::vector<std::string>& scenario_flags() {
+  static const std::vector<std::string> flags = [] {
+    std::vector<std::string> f = {"clock", "open", "trace-model", "trace-ranks", "compare-profile"};
+    for (const Setting& s : settings())
+      if (s.scope == SettingScope::Both) f.push_back(std::string(s.flag).substr(2));
+    return f;
+  }();
+  return flags;
+}
 const std::vector<std::string> kNotScenario = {"--script", "--run", "--screenshot", "--frames", "--bench-frames",
                                                "--presentation", "--running", "--speed", "--width", "--height",
                                                "--config-dir", "--lesson", "--play", "--help", "-h", "--version"};
@@ -306,13 +311,13 @@ void parse_header_line(Lesson& l, const std::string& key, std::string value, int
     if (p.is_relative()) p = (fs::path(path).parent_path() / p).lexically_normal();
     l.flags.push_back("--open"), l.flag_lines.push_back(ln);
     l.flags.push_back(p.string()), l.flag_lines.push_back(ln);
-  } else if (std::find(kScenarioFlags.begin(), kScenarioFlags.end(), flag) != kScenarioFlags.end()) {
+  } else if (std::find(scenario_flags().begin(), scenario_flags().end(), flag) != scenario_flags().end()) {
     const bool on = value == "true" || value == "yes" || value == "on", off = value == "false" || value == "no" || value == "off";
     if (!off) l.flags.push_back("--" + flag), l.flag_lines.push_back(ln);
     if (!on && !off) l.flags.push_back(value), l.flag_lines.push_back(ln);
   } else {
     std::vector<std::string> known = kHeaderKeys;
-    known.insert(known.end(), kScenarioFlags.begin(), kScenarioFlags.end());
+    known.insert(known.end(), scenario_flags().begin(), scenario_flags().end());
     throw LessonError(path, ln, "unknown header key '" + key + "'" + did_you_mean(flag, known));
   }
 }

@@ -92,7 +92,7 @@ void check_open(const CLI::App& app, const cli::TrainFlags& f, AppOptions& o) {
 }
 
 // The lab's defaults for the shared training flags: a run to step through by hand.
-void set_lab_defaults(TrainConfig& c, cli::TrainFlags& f) {
+void set_lab_defaults(TrainConfig& c) {
   c.strategy = Strategy::Ddp;
   c.world_size = 4;
   c.steps = 1000;
@@ -104,15 +104,16 @@ void set_lab_defaults(TrainConfig& c, cli::TrainFlags& f) {
   c.timeout_s = 60;
   c.pipeline.stages = 4;  // a pipeline starts at p = 4, m = 8
   c.pipeline.microbatches = 8;
-  f.model = "wide";
+  c.model = ModelSpec::parse(model_preset_spec("wide"));
   // Small caps so the lesson model shows several buckets.
-  f.bucket_cap_mb = 4096.0 / 1048576.0;
-  f.first_bucket_mb = 1024.0 / 1048576.0;
+  c.ddp.bucket_cap_bytes = 4096;
+  c.ddp.first_bucket_bytes = 1024;
 }
 
 // The flags about the window: what it shows, how, and for how long.
 void add_window_flags(CLI::App& app, AppOptions& o, LabFlags& f) {
-  f.train.pipeline.push_back(  // a pipeline flag: refused with another strategy, like the shared ones
+  f.train.grouped.emplace_back(  // a pipeline flag: refused with another strategy, like the shared ones
+      SettingGroup::Pipeline,
       app.add_option("--compare", f.compare, "Pipeline view: simulate this schedule under the run's, with its action costs"));
   app.add_option("--clock", f.clock, "Timeline clock: modeled or wall")->capture_default_str();
   app.add_option("--script", f.script_file, "Run the commands in FILE (one per line)")->check(CLI::ExistingFile);
@@ -148,17 +149,18 @@ void add_source_flags(CLI::App& app, AppOptions& o) {
 // the CPU engine its figures were written against unless it names --device.
 void finish_lab_run(AppOptions& o, const LabFlags& f, bool scenario) {
   TrainConfig& c = o.train;
-  if (f.train.world->count() > 0 && c.world_size > kLabMaxRanks)
-    throw Error("--world " + std::to_string(c.world_size) + " is more ranks than the lab draws; use 1 to " +
+  // Before the rows' own checks (--strategy single refuses any --world but 1): the lab's limit first.
+  if (const std::string world = f.train.text("--world"); !world.empty() && std::stoi(world) > kLabMaxRanks)
+    throw Error("--world " + world + " is more ranks than the lab draws; use 1 to " +
                 std::to_string(kLabMaxRanks) + " (dtlab-cli train runs up to " + std::to_string(cli::kMaxRanks) + ")");
   cli::finish_train_flags(f.train, c);
   if (c.strategy == Strategy::Pipeline) {
     if (!f.compare.empty()) o.compare = static_cast<int>(parse_schedule_kind(f.compare));
     if (c.world_size > kLabMaxRanks)
       throw Error("--stages x --dp is " + std::to_string(c.world_size) + " ranks; the lab runs at most " + std::to_string(kLabMaxRanks));
-    if (f.train.model_opt->count() == 0) deepen_for_pipeline(c);  // the default model, cut into p x v stages
+    if (!f.train.given("--model")) deepen_for_pipeline(c);  // the default model, cut into p x v stages
   }
-  if (f.train.backend == "socket")
+  if (c.backend == "socket")
     throw Error("--backend socket is how dtlab-cli launch runs one process per rank; to watch such a run, launch it "
                 "with --monitor PORT and start dtlab --attach HOST:PORT");
   cli::choose_device(f.train, c, c.world_size, scenario ? "cpu" : "");
@@ -232,8 +234,8 @@ void fit_pipeline(TrainConfig& c) {
 int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) {
   CLI::App app{"dtlab: step through distributed training, collective by collective", "dtlab"};
   LabFlags f;
-  set_lab_defaults(o.train, f.train);
-  cli::add_train_flags(app, f.train, o.train);
+  set_lab_defaults(o.train);
+  cli::add_train_flags(app, f.train, o.train, SettingScope::Both);
   add_window_flags(app, o, f);
   add_source_flags(app, o);
   app.set_version_flag("--version", "dtlab 0.1.0");

@@ -6,6 +6,7 @@
 
 #include "engine/core/format.h"
 #include "engine/data/sampler.h"
+#include "engine/train/settings.h"
 #include "engine/trace/tuning.h"
 
 namespace dtlab::app {
@@ -258,6 +259,7 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.sized_first_iteration = config.ddp.sized_first_iteration;
   c.precision = config.precision;
   c.reduce_fp32 = config.reduce_fp32;
+  c.settings = changed_settings(config);
   // Read before the run starts (FSDP releases the model's storage then; the counts stay).
   c.sharding = config.strategy == Strategy::Fsdp ? config.fsdp.sharding : Sharding::NoShard;
   c.num_params = model.num_params();

@@ -1,5 +1,4 @@
 // dtlab-cli train: one training run, printed as it goes (human lines or JSON Lines).
-#include <filesystem>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -23,14 +22,10 @@ namespace {
 
 struct TrainArgs {
   TrainConfig cfg;
-  TrainFlags flags;  // the flags the lab takes too (cli/train_flags.h)
-  double momentum = 0, weight_decay = 0;
+  TrainFlags flags;  // every setting's flag, the lab's and dtlab-cli's own (cli/train_flags.h)
   bool json = false;
   int64_t log_every = 0;
-  std::string trace_clock = "wall";
   std::string device_why;
-  bool static_buckets = false;
-  CLI::Option *wd_opt = nullptr, *momentum_opt = nullptr, *epochs_opt = nullptr;
 };
 
 std::string human_seconds(double s) {
@@ -51,30 +46,20 @@ std::string with_commas(int64_t v) {
   return out;
 }
 
-// Fills what depends on other flags: the model (from --init when --model is absent), the shared
-// flags (cli/train_flags.h), the optimizer settings only dtlab-cli takes, and where the ranks run.
+// Fills what depends on other flags: the model (from --init when --model is absent), every
+// setting (cli/train_flags.h), and where the ranks run.
 void finish_config(TrainArgs& a) {
   TrainConfig& c = a.cfg;
   // Continuing from a checkpoint without --model: take the model the checkpoint holds.
-  if (!c.init_path.empty() && a.flags.model_opt->count() == 0) {
-    CheckpointInfo info = read_checkpoint_info(c.init_path);
-    if (!info.model_spec.empty()) a.flags.model = info.model_spec;
+  if (a.flags.given("--init") && !a.flags.given("--model")) {
+    CheckpointInfo info = read_checkpoint_info(a.flags.text("--init"));
+    if (!info.model_spec.empty()) c.model = ModelSpec::parse(info.model_spec);
   }
   finish_train_flags(a.flags, c);
-  const bool sgd = c.optimizer.kind == OptimizerKind::SGD;
-  if (!sgd && a.momentum_opt->count() > 0)
-    throw Error("--momentum applies to --optimizer sgd; AdamW keeps its own moments (betas 0.9, 0.999)");
-  if (a.wd_opt->count()) c.optimizer.weight_decay = a.weight_decay;
-  if (sgd) c.optimizer.momentum = a.momentum;
-  if (a.epochs_opt->count() > 0) c.steps = 0;  // --epochs instead of the default --steps
-  if (a.trace_clock != "wall" && a.trace_clock != "modeled")
-    throw Error("--trace-clock " + a.trace_clock + " is not a clock; use wall or modeled");
-  c.trace_modeled = a.trace_clock == "modeled";
-  c.ddp.rebuild_buckets = !a.static_buckets;
   int ranks_on_node = c.world_size;
-  if (a.flags.backend == "socket") {  // one rank of a world of processes: rank and world from the launcher
+  if (c.backend == "socket") {  // one rank of a world of processes: rank and world from the launcher
     c.socket = socket_options_from_env();
-    if (a.flags.world->count() == 0) c.world_size = c.socket.world_size;
+    if (!a.flags.given("--world")) c.world_size = c.socket.world_size;
     const char* local = std::getenv("LOCAL_WORLD_SIZE");
     ranks_on_node = local ? std::max(1, std::atoi(local)) : 1;
   }
@@ -356,35 +341,10 @@ int run_train(TrainArgs& a, Streams& io) {
   return report_run(a, io, trainer);
 }
 
-// The flags only dtlab-cli train takes: epochs, SGD's settings, checkpoints, output, launch's monitor.
-void add_cli_only_flags(CLI::App& app, TrainArgs& a) {
-  TrainConfig& c = a.cfg;
-  a.epochs_opt = app.add_option("--epochs", c.epochs, "Number of epochs (instead of --steps)")->check(whole_number(1, int64_t{1} << 30));
-  a.flags.steps->excludes(a.epochs_opt);
-  a.momentum_opt = app.add_option("--momentum", a.momentum, "SGD momentum (default 0)")->check(real_number(0, 0.999999));
-  a.wd_opt = app.add_option("--weight-decay", a.weight_decay, "Weight decay (default 0 for sgd, 0.01 for adamw, as torch)")->check(real_number(0, 1e6));
-  app.add_flag("--shuffle,!--no-shuffle", c.shuffle, "Shuffle each epoch (default on)");
-  app.add_flag("--drop-last", c.drop_last, "Drop the last partial batch of each epoch");
-  app.add_option("--init", c.init_path, "Start from a checkpoint's parameters: a safetensors file or a --save-sharded directory (the optimizer "
-                                        "state starts fresh); without --model, its model too")
-      ->check(CLI::Validator(
-          [](std::string& path) -> std::string {
-            std::error_code ec;
-            return std::filesystem::exists(path, ec) ? "" : "'" + path + "' does not exist; check the path";
-          },
-          "PATH"));
-  app.add_option("--save", c.save_path, "Write a safetensors checkpoint at the end (atomic)")->check(output_path());
-  app.add_option("--save-sharded", c.save_sharded_path, "FSDP: write a sharded checkpoint directory at the end (one file per rank plus index.json)")->check(output_path());
+// The flags of dtlab-cli train that set no run setting: how it reports.
+void add_output_flags(CLI::App& app, TrainArgs& a) {
   app.add_flag("--json", a.json, "Print JSON Lines: one object per step, then a summary");
-  app.add_option("--trace", c.trace_path, "Write a Chrome trace (Perfetto, chrome://tracing) of the run")->check(output_path());
-  app.add_option("--trace-clock", a.trace_clock, "Timeline of --trace: wall or modeled")->capture_default_str();
   app.add_option("--log-every", a.log_every, "Print every N steps (default: about 20 lines)")->check(whole_number(1, int64_t{1} << 40));
-  app.add_option("--threads", c.threads, "BLAS threads (default: OpenBLAS's choice)")->check(whole_number(0, 256));
-  // DDP's, refused with another strategy like the shared ones.
-  a.flags.ddp.push_back(app.add_flag("--gradient-as-bucket-view", c.ddp.gradient_as_bucket_view, "Gradients live in DDP's buckets (saves one gradient-sized buffer)"));
-  a.flags.ddp.push_back(app.add_flag("--static-buckets", a.static_buckets, "Keep DDP's construction-time buckets (no rebuild after iteration 1)"));
-  app.add_option("--monitor", c.monitor_port, "Under dtlab-cli launch: rank 0 serves the run to 'dtlab --attach MASTER_ADDR:PORT' on this port; the run starts paused")->check(whole_number(1, 65535));
-  app.add_option("--monitor-wait", c.monitor_wait_s, "Seconds a --monitor run waits for its viewer to attach")->check(real_number(0.001, 1e6))->capture_default_str();
 }
 
 }  // namespace
@@ -392,8 +352,9 @@ void add_cli_only_flags(CLI::App& app, TrainArgs& a) {
 Runner add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   a->cfg.steps = 300;  // unless --epochs
-  add_train_flags(app, a->flags, a->cfg);
-  add_cli_only_flags(app, *a);
+  add_train_flags(app, a->flags, a->cfg, SettingScope::Cli);
+  a->flags.option("--steps")->excludes(a->flags.option("--epochs"));
+  add_output_flags(app, *a);
   return [a](Streams& io) { return run_train(*a, io); };
 }
 

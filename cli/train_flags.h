@@ -1,63 +1,64 @@
 // The training flags dtlab-cli train and the dtlab window both take (--strategy, --world, --model,
-// --batch, --lr, the DDP, FSDP and pipeline flags, --device, ...), defined once: their names, help,
-// ranges and messages (add_train_flags), and the checks that turn them into a TrainConfig once
-// parsing is done (finish_train_flags, choose_device). Each front end sets its own defaults first
-// and adds its own flags beside these. Library dtlab_train_flags: no GUI headers, and the engine
-// does not depend on it.
+// --batch, --lr, the DDP, FSDP and pipeline flags, --device, ...): one CLI11 flag per row of
+// engine/train/settings.h (add_train_flags), with the row's name, help, range and conversion, and
+// the checks across rows once parsing is done (finish_train_flags, choose_device). Each front end
+// sets its own defaults in the TrainConfig first and adds its own flags beside these. Library
+// dtlab_train_flags: no GUI headers, and the engine does not depend on it.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli/validators.h"
+#include "engine/train/settings.h"
 #include "engine/train/train.h"
 
 namespace dtlab::cli {
 
-// --unit-costs: every F, B, I and W of a pipeline costs this many modeled seconds.
-constexpr double kUnitActionCost = 1e-3;
-// The most ranks (--world, --stages x --dp) a run takes.
-constexpr int kMaxRanks = 64;
+using dtlab::kMaxRanks;
+using dtlab::kUnitActionCost;
+using dtlab::model_preset_spec;
 
-// The flags as parsed, before finish_train_flags turns them into the config. The front end sets
-// the defaults it wants (here and in the TrainConfig) before add_train_flags, whose help shows them.
+// The flags as parsed, before finish_train_flags sets them on the config. Not movable once
+// add_train_flags has bound CLI11 to its slots.
 struct TrainFlags {
-  std::string model = "mlp:2,64,64,3";  // a spec or a preset (model_preset_spec)
-  std::string optimizer = "adamw";
-  double lr = 0;                        // --lr, when given; else the optimizer's default
-  double bucket_cap_mb = 25, first_bucket_mb = 1;
-  std::string sharding = "full", wrap = "layer", backward_prefetch = "pre";
-  std::string schedule = "1f1b", split;
-  bool unit_costs = false;
-  std::vector<std::string> faults;
-  std::string device, backend;          // "" when not given
-  std::string algo, proto;              // --algo, --proto as given ("" when not given)
-  // Whether a flag was given, and which flags belong to one strategy. A front end adds its own
-  // flags of a strategy (dtlab-cli's --static-buckets, the lab's --compare) to that group, so
-  // finish_train_flags refuses them with the others.
-  CLI::Option *world = nullptr, *model_opt = nullptr, *steps = nullptr, *lr_opt = nullptr;
-  CLI::Option *bucket_cap = nullptr, *first_bucket = nullptr, *node_size = nullptr;
-  std::vector<CLI::Option*> ddp, fsdp, pipeline;
-  std::vector<CLI::Option*> all;        // every flag added here, in the order of --help
-  // LoRA (issue 17): --lora-rank, --lora-alpha, --lora-layers, --merge-lora
-  int lora_rank = 0;
-  CLI::Option *lora_rank_opt = nullptr, *lora_alpha_opt = nullptr, *lora_layers_opt = nullptr, *merge_lora_opt = nullptr;
-  // Mixed precision (issue 17): --precision, --reduce-dtype
-  std::string precision = "fp32", reduce_dtype;
-  std::string strategy = "single";  // parsed into TrainConfig::strategy by finish_train_flags
+  // One per row added: the row, its CLI11 option and what was parsed into it.
+  struct Slot {
+    const Setting* setting = nullptr;
+    CLI::Option* option = nullptr;
+    std::string text;                // a one-value flag
+    std::vector<std::string> items;  // a list
+    bool on = false;                 // a Flag (false: its off_flag was given)
+  };
+  std::vector<Slot> slots;
+  std::vector<CLI::Option*> all;  // every flag added here, in the order of --help
+  // A front end's own flags of a setting group (the lab's --compare is a pipeline flag): refused
+  // with the group's sentence like the table's.
+  std::vector<std::pair<SettingGroup, CLI::Option*>> grouped;
+
+  // The option of `flag` ("--world"), or null when it was not added.
+  CLI::Option* option(std::string_view flag) const;
+  bool given(std::string_view flag) const;
+  // What was parsed for `flag`, in the row's form ("" when not given).
+  std::string text(std::string_view flag) const;
 };
 
-// "tiny", "small", "deep" and "wide" as their mlp: specs; any other text as it is.
-std::string model_preset_spec(const std::string& name);
+// Adds a flag to `app` for every row of the table that `scope` takes (Both: the lab; Cli:
+// dtlab-cli train, which takes Both's rows and its own), its --help default read from `c`.
+void add_train_flags(CLI::App& app, TrainFlags& f, const TrainConfig& c, SettingScope scope);
 
-// Adds the shared flags to `app`, bound to `f` and `c`.
-void add_train_flags(CLI::App& app, TrainFlags& f, TrainConfig& c);
-
-// After parsing: the model, optimizer, DDP buckets, faults, FSDP and pipeline settings into `c`,
-// and the world of --strategy single (one rank) and of a pipeline (stages x dp unless --world is
-// given). Throws dtlab::Error (one sentence: what is wrong, how to fix it) for bad values and for a
-// strategy's flag given with another strategy.
+// After parsing: each given flag's row sets `c`, in the table's order (a strategy's flag given with
+// another strategy is refused with its group's sentence), then the checks across rows: the profile
+// and a forced algorithm, LoRA's spec, the world of --strategy single (one rank) and of a pipeline
+// (stages x dp x tp unless --world is given). Throws dtlab::Error (one sentence: what is wrong, how
+// to fix it).
 void finish_train_flags(const TrainFlags& f, TrainConfig& c);
+
+// The arguments that give `s` the value it has in `c` ("--bucket-cap-mb", "2"; a list as one
+// comma-separated value, --fault once per item; a Flag that is off by its off_flag), or none when
+// the row's value is off. The inverse of parsing, for tests and for printing a run's command line.
+std::vector<std::string> setting_args(const Setting& s, const TrainConfig& c);
 
 // Where the ranks run: --device and --backend as given, else engine/train/device_select.h's choice
 // for `ranks_on_node` ranks on this machine (`fallback_device` stands in for an absent --device; ""

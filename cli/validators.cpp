@@ -45,11 +45,20 @@ CLI::Validator output_path() {
       [](std::string& text) -> std::string { return text.empty() ? "an empty path writes nothing; give a file name" : ""; }, "PATH");
 }
 
+CLI::Validator existing_path() {
+  return CLI::Validator(
+      [](std::string& path) -> std::string {
+        std::error_code ec;
+        return std::filesystem::exists(path, ec) ? "" : "'" + path + "' does not exist; check the path";
+      },
+      "PATH");
+}
+
 CLI::Validator existing_file() {
   return CLI::Validator(
       [](std::string& path) -> std::string {
         std::error_code ec;
-        if (!std::filesystem::exists(path, ec)) return "'" + path + "' does not exist; check the path";
+        if (std::string why = existing_path()(path); !why.empty()) return why;
         if (std::filesystem::is_directory(path, ec))
           return "'" + path + "' is a directory; give a .safetensors file";
         return "";

@@ -12,6 +12,8 @@ namespace dtlab::cli {
 CLI::Validator whole_number(int64_t lo, int64_t hi);
 CLI::Validator real_number(double lo, double hi);
 CLI::Validator existing_file();
+// A file or a directory that exists (a checkpoint: safetensors, or a sharded checkpoint's directory).
+CLI::Validator existing_path();
 // An output path: an empty one would run and write nothing.
 CLI::Validator output_path();
 

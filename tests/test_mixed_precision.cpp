@@ -300,7 +300,7 @@ TEST_CASE("bf16 FSDP equals bf16 DDP within torch's bf16 tolerance, FULL_SHARD a
 }
 
 // The all-gathers move the param dtype, the reduce-scatters the reduce dtype: 16-bit halves fp32's bytes.
-TEST_CASE("bf16 FSDP all-gathers and reduce-scatters half of fp32's bytes; --reduce-dtype fp32 reduce-scatters fp32's" * doctest::test_suite("fsdp")) {
+TEST_CASE("bf16 FSDP all-gathers and reduce-scatters half of fp32's bytes, and with --reduce-dtype fp32 reduce-scatters fp32's" * doctest::test_suite("fsdp")) {
   struct Run {
     Precision precision;
     bool reduce_fp32;

@@ -1,6 +1,8 @@
 // TrainConfig as JSON: how a run's configuration travels to a viewer that attaches to it
 // (engine/monitor), so the viewer knows the model, data, strategy and schedule the ranks run.
-// Every field round-trips; enums travel by their flag names, so a mistyped value is named.
+// Every row of engine/train/settings.h round-trips under its key; enums travel by their flag
+// names, so a mistyped value is named. A key the text lacks keeps its default, so an older run's
+// JSON still loads.
 #pragma once
 #include <string>
 
