@@ -25,6 +25,7 @@ TEST_CASE("cuda: skipped: built without CUDA" * doctest::test_suite("cuda")) {
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <random>
@@ -41,6 +42,7 @@ TEST_CASE("cuda: skipped: built without CUDA" * doctest::test_suite("cuda")) {
 #include "engine/core/optim.h"
 #include "engine/core/tensor.h"
 #include "engine/cuda/cuda_device.h"
+#include "engine/cuda/rank_device.h"
 #include "engine/cuda/runtime.h"
 #include "engine/cuda/platform.h"
 #include "engine/trace/context.h"
@@ -114,6 +116,21 @@ double max_diff(const std::vector<float>& gpu, const std::vector<float>& cpu, co
 }  // namespace
 
 TEST_SUITE("cuda") {
+
+TEST_CASE("cuBLAS is loaded on first use, not at start: a CPU run and --help do not map it") {
+  // dtlab-cli's own start does not load libcublas (it cost every start 0.45 s of CPU when linked).
+  const std::string maps_before = [] {
+    std::ifstream in("/proc/self/maps");
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }();
+  const bool was_loaded = maps_before.find("libcublas.so") != std::string::npos;
+  CHECK(dtlab::cuda::cublas_load_error() == "");  // loads it now (no GPU needed)
+  CHECK(std::string(cublasGetStatusString(CUBLAS_STATUS_SUCCESS)) == "success");  // cuBLAS's own text, not a load error
+  std::ifstream in("/proc/self/maps");
+  const std::string maps((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(maps.find("libcublas.so") != std::string::npos);
+  if (was_loaded) MESSAGE("libcublas was already loaded by an earlier test");
+}
 
 TEST_CASE("without a device: cuda_available() is false with a reason, and every way in says so in one sentence") {
   if (cuda::cuda_available()) {

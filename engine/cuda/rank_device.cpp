@@ -9,7 +9,7 @@ RankDevice::RankDevice(int rank, int device) : rank_(rank), device_(device) {
   DTLAB_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   DTLAB_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
   if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS)
-    fail_library(__FILE__, __LINE__, "cublasCreate", "could not create a cuBLAS handle");
+    fail_library(__FILE__, __LINE__, "cublasCreate", cublas_load_error().empty() ? "could not create a cuBLAS handle" : cublas_load_error());
   cublasSetStream(blas_, compute_);
   // Plain FP32 GEMMs (no TF32): the parity tests compare against the CPU engine at 1e-5.
   cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH);

@@ -7,7 +7,12 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <string>
+
 namespace dtlab::cuda {
+
+// Empty once cuBLAS is loaded (engine/cuda/cublas_loader.cpp loads it on first use), else why not.
+std::string cublas_load_error();
 
 class RankDevice {
  public:
