@@ -202,15 +202,12 @@ double max_param_diff(const std::string& a_path, const std::string& b_path) {
 // launch -N 2 -- train FLAGS against the in-process train --world 2 FLAGS.
 void check_launch_equals_threads(const std::string& flags) {
   test::TempDir dir("dtlab_launch");
-  auto t0 = Clock::now();
   ShellResult launched = cli_shell("launch --nproc-per-node 2 -- train " + flags + " --log-every 1 --save " + dir.file("A.safetensors"));
   INFO("launch output:\n", launched.out);
-  const double launch_s = seconds_since(t0);
   ShellResult threads = cli_shell("train --world 2 " + flags + " --log-every 1 --save " + dir.file("B.safetensors"));
   INFO("threads output:\n", threads.out);
   REQUIRE(launched.code == 0);
   REQUIRE(threads.code == 0);
-  CHECK(launch_s < 20);
   CHECK(!contains(launched.out, "[rank 1]"));  // rank 1 stays quiet
   CHECK(contains(launched.out, "backend socket: 2 processes"));
   const std::vector<std::string> la = losses(launched.out), lb = losses(threads.out);
