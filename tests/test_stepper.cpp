@@ -434,6 +434,67 @@ TEST_CASE("pause() in the middle of a running world holds it without tripping th
   CHECK(count(w, 0, EventKind::Collective) > 1);
 }
 
+// Issue 34's CI: pause() landed while the ranks crossed an iteration's gate. The two that had
+// passed went on to the all-reduce's gate and were held there; the two behind were held at the
+// iteration's, which waited for the first two: nothing could ever be released. An iteration passed
+// alone is now owed to the rest, like an operation.
+TEST_CASE("pause() between the ranks' iteration gates still settles on the next operation") {
+  const int n = 4;
+  WorldOptions o = paused_options();
+  o.start_paused = false;
+  ThreadsWorld w(n, o);
+  std::atomic<int> wrong{0}, past{0}, go{0};
+  auto hold = [&] { return eventually([&] { return go.load() > 0; }); };
+  Background bg(w, [&](int r, Communicator& c, RankContext& ctx) {
+    std::vector<float> buf(64, float(r + 1));
+    if (r >= 2 && !hold()) return;  // ranks 2 and 3 reach the iteration only after the pause
+    ctx.begin_iteration(0);
+    if (r < 2) {
+      past++;
+      if (!hold()) return;
+    }
+    c.all_reduce(buf.data(), 64)->wait();
+    ctx.end_iteration();
+    for (float v : buf) wrong += v != float(n * (n + 1) / 2);
+  });
+  REQUIRE(eventually([&] { return past.load() == 2; }));  // ranks 0 and 1 are past iteration 0's gate
+  w.stepper().pause();
+  go = 1;
+  REQUIRE(w.stepper().wait_until_settled(kPatienceMs));
+  CHECK(pending_is(w, GateKind::Collective, 0));
+  CHECK(w.stepper().state().waiting == "");
+  w.stepper().run();
+  REQUIRE(bg.finish());
+  CHECK(bg.error() == "");
+  CHECK(wrong == 0);
+}
+
+// Issue 34's CI: a lesson read the bytes rank 0 sent in the all-reduce a step released, and found
+// one ring step missing: the compute lanes had already reached the next operation's gate while
+// the comm workers still ran the last ring step. A settled world has finished what it released.
+TEST_CASE("after step(Collective) every ring step of the released all-reduce is in the trace") {
+  const int n = 4;
+  ThreadsWorld w(n, paused_options());
+  Background bg(w, [&](int r, Communicator& c, RankContext& ctx) {
+    std::vector<float> a(1 << 16, float(r)), b(8, float(r));
+    ctx.begin_iteration(0);
+    WorkPtr big = c.all_reduce(a.data(), static_cast<int64_t>(a.size()));  // async: the rank goes on
+    c.all_reduce(b.data(), 8)->wait();
+    big->wait();
+    ctx.end_iteration();
+  });
+  REQUIRE(wait_pending(w, GateKind::Iteration, 0));
+  w.stepper().step(GateKind::Collective);
+  REQUIRE(wait_pending(w, GateKind::Collective, 0));
+  w.stepper().step(GateKind::Collective);  // releases #0, the big one; stops before #1
+  REQUIRE(wait_pending(w, GateKind::Collective, 1));
+  // 2(n-1) ring steps, each recorded by its receiver: every rank received all of them.
+  for (int r = 0; r < n; r++) CHECK(count(w, r, EventKind::RingStep) == size_t(2 * (n - 1)));
+  w.stepper().run();
+  REQUIRE(bg.finish());
+  CHECK(bg.error() == "");
+}
+
 TEST_CASE("a running stepper with speed > 0 paces the ranks and completes") {
   const int n = 3;
   WorldOptions o = paused_options();

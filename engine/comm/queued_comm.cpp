@@ -271,7 +271,10 @@ WorkPtr QueuedCommunicator::enqueue(CommJob j) {
   }
   gate(j);
   WorkPtr w = j.work;
-  if (ctx_) ctx_->lane_work(kCommLane, +1);  // before the compute lane can reach its next gate
+  // Before the compute lane can reach its next gate. A process group's ring step is part of the
+  // group's collective, not a send/recv of the program.
+  const bool own_p2p = j.p2p && !(j.tag & kGroupStepTag);
+  if (ctx_) ctx_->lane_work(kCommLane, +1, own_p2p);
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(j));
@@ -330,8 +333,9 @@ void QueuedCommunicator::loop() {
       internal = true;
     }
     after_job(err, internal);
+    const bool own_p2p = j.p2p && !(j.tag & kGroupStepTag);
     j.work->finish(times, err);
-    if (ctx_) ctx_->lane_work(kCommLane, -1);
+    if (ctx_) ctx_->lane_work(kCommLane, -1, own_p2p);
   }
 }
 

@@ -152,8 +152,8 @@ bool RankContext::gate_grad(int param, const std::string& label) {
   return stepper_->gate(rank_, kComputeLane, g);
 }
 
-void RankContext::lane_work(int lane, int delta) {
-  if (stepper_) stepper_->lane_work(rank_, lane, delta);
+void RankContext::lane_work(int lane, int delta, bool p2p) {
+  if (stepper_) stepper_->lane_work(rank_, lane, delta, p2p);
 }
 
 void RankContext::end_iteration() {

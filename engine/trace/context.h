@@ -62,7 +62,7 @@ class RankContext : public ComputeObserver, public LayerGate {
   // Right after parameter `param`'s gradient landed in its DDP bucket.
   bool gate_grad(int param, const std::string& label);
   // A comm or group lane took (+1) or finished (-1) an operation (Stepper::lane_work).
-  void lane_work(int lane, int delta);
+  void lane_work(int lane, int delta, bool p2p = false);
   int32_t iteration() const { return iteration_.load(std::memory_order_relaxed); }
 
   // Modeled clocks (seconds). The compute lane is advanced by compute ops and by waiting for

@@ -23,6 +23,9 @@ namespace {
 
 uint64_t bit(int r) { return uint64_t{1} << r; }
 
+// op_keys' first field: 0 a collective, 1 a send/recv, this: an iteration gate.
+constexpr int64_t kIterationKey = 2;
+
 int lowest(uint64_t mask) { return mask ? std::countr_zero(mask) : -1; }
 
 bool is_p2p(const GateInfo& g) { return g.kind == GateKind::Collective && (g.op.p2p || g.op2.p2p); }
@@ -65,6 +68,7 @@ Stepper::Stepper(int world_size, bool start_paused)
       paused_(start_paused),
       lanes_(static_cast<size_t>(world_size) * kStepperLanes),
       work_(static_cast<size_t>(world_size) * kStepperLanes, 0),
+      p2p_work_(static_cast<size_t>(world_size) * kStepperLanes, 0),
       live_(static_cast<size_t>(world_size), true) {}
 
 void Stepper::run(double speed) {
@@ -175,16 +179,25 @@ void Stepper::rank_done(int rank) {
   if (rank < 0 || rank >= world_size_) return;
   std::lock_guard<std::mutex> lock(mu_);
   live_[static_cast<size_t>(rank)] = false;
+  for (auto it = passed_.begin(); it != passed_.end();) {  // an iteration no longer owed to it
+    if (it->first[0] == kIterationKey) it->second.members &= ~bit(rank);
+    if (it->first[0] == kIterationKey && (it->second.members & ~it->second.passed) == 0)
+      it = passed_.erase(it);
+    else
+      ++it;
+  }
   decide_locked();
   generation_++;
   cv_.notify_all();
 }
 
-void Stepper::lane_work(int rank, int lane, int delta) {
+void Stepper::lane_work(int rank, int lane, int delta, bool p2p) {
   if (rank < 0 || rank >= world_size_ || lane <= 0 || lane >= kStepperLanes) return;
   std::lock_guard<std::mutex> lock(mu_);
-  int& w = work_[static_cast<size_t>(rank) * kStepperLanes + static_cast<size_t>(lane)];
+  const size_t i = static_cast<size_t>(rank) * kStepperLanes + static_cast<size_t>(lane);
+  int& w = work_[i];
   w = std::max(0, w + delta);
+  if (p2p) p2p_work_[i] = std::max(0, p2p_work_[i] + delta);
   // Only a finished operation can settle a waiting world; a new one never does.
   if (delta < 0 && w == 0 && paused_ && !aborted_) {
     decide_locked();
@@ -221,12 +234,20 @@ std::vector<std::pair<std::vector<int64_t>, Stepper::Passage>> Stepper::op_keys(
     std::vector<int64_t> k = op_key(g.op);
     k.push_back(g.step);
     keys.push_back({k, Passage{.members = g.participants ? g.participants : g.op.members, .ring = true}});
+  } else if (g.kind == GateKind::Iteration) {
+    // An iteration is released to every live rank at once, so one passed alone (pause() landed
+    // while the ranks crossed it) is owed to the rest: held there, they would wait for ranks
+    // already held at the next operation. Members: the live ranks (note_passage_locked).
+    keys.push_back({{kIterationKey, g.iteration, 0, 0, 0, -1, 0}, Passage{}});
   }
   return keys;
 }
 
 void Stepper::note_passage_locked(int rank, const GateInfo& g) {
   for (auto& [k, fresh] : op_keys(g)) {
+    if (k[0] == kIterationKey)
+      for (int r = 0; r < world_size_; r++)
+        if (live_[static_cast<size_t>(r)]) fresh.members |= bit(r);
     if (!(fresh.members & bit(rank))) continue;
     auto [it, added] = passed_.emplace(k, fresh);
     it->second.passed |= bit(rank);
@@ -443,9 +464,13 @@ bool Stepper::choose_locked(Item& out, std::string& why) const {
     const size_t base = static_cast<size_t>(r) * kStepperLanes;
     for (int l = 0; l < kStepperLanes; l++)
       if (lanes_[base + static_cast<size_t>(l)].blocked) blocked_any |= bit(r);
-    if (ring_stops)
-      for (int l = 1; l < kStepperLanes; l++)
-        if (work_[base + static_cast<size_t>(l)] > 0 && !lanes_[base + static_cast<size_t>(l)].blocked) comm_moving |= bit(r);
+    // A collective in flight finishes by itself (every member issued it), so the world waits for
+    // it: otherwise a step's snapshot could miss its last ring steps (issue 34's CI: "sent" read one
+    // chunk short). A send/recv may wait for a peer held at a gate, so only ring-step stops wait for it.
+    for (int l = 1; l < kStepperLanes; l++) {
+      const size_t i = base + static_cast<size_t>(l);
+      if (work_[i] > 0 && !lanes_[i].blocked && (ring_stops || p2p_work_[i] == 0)) comm_moving |= bit(r);
+    }
     if (!live_[static_cast<size_t>(r)]) continue;
     live |= bit(r);
     if (!lanes_[base].blocked) compute_moving |= bit(r);

@@ -26,8 +26,9 @@
 //   - an iteration gate once every live rank reached it; a pipeline action step, a layer or a
 //     gradient (of all ranks at that same point, or of the focused rank alone).
 // Which item is next is decided only when the world has *settled*: every live rank's compute lane
-// is at a gate (a released operation in flight runs on by itself), or, while ring steps stop,
-// some operation waits at a ring step. Then the ready items are ordered by
+// is at a gate and every collective a step released has finished on the comm and group lanes
+// (a released send/recv in flight runs on by itself), or, while ring steps stop, some operation
+// waits at a ring step. Then the ready items are ordered by
 //     (iteration, pipeline time step, kind: iteration < action < layer < grad < operation,
 //      lowest member rank, group, the group's sequence number, step)
 // and the first one involving the focus (a rank or a group), else the first one, is *pending*.
@@ -171,9 +172,12 @@ class Stepper {
   // waited for when the world settles. Every rank is live from construction.
   void rank_started(int rank);
   void rank_done(int rank);
-  // A comm or group lane took work (+1, when an operation is queued) or finished one (-1). While
-  // ring steps stop, the world has settled only once every such lane is idle or at a gate.
-  void lane_work(int rank, int lane, int delta);
+  // A comm or group lane took work (+1, when an operation is queued) or finished one (-1); `p2p`:
+  // a send or receive of the rank's own program. The world has settled only once every such lane
+  // is idle or at a gate, so what a step shows includes the whole of the operations it released.
+  // A lane holding a send/recv is not waited for while ring steps run free: its receive may wait
+  // for a send still held at the peer's gate.
+  void lane_work(int rank, int lane, int delta, bool p2p = false);
 
   // From now on gate() asks `relay` instead of deciding here (null: decide here again). The relay
   // must outlive its use; abort() cancels it.
@@ -209,8 +213,8 @@ class Stepper {
   };
   bool focus_waits_locked() const;
   bool stops_locked(GateKind kind, bool p2p = false) const;  // would a gate of this kind (a send/recv?) hold a rank now?
-  // The keys of what a gate passes (its operation's halves, or its ring step); none for a rank's own
-  // compute gates (iteration, action, layer, gradient), which no peer waits on.
+  // The keys of what a gate passes (its operation's halves, its ring step, or its iteration); none
+  // for a rank's own compute gates (action, layer, gradient), which no peer waits on.
   static std::vector<std::pair<std::vector<int64_t>, Passage>> op_keys(const GateInfo& g);
   void note_passage_locked(int rank, const GateInfo& g);
   bool owes_locked(int rank, int lane, const GateInfo& g) const;  // must this gate open at once?
@@ -234,6 +238,7 @@ class Stepper {
   double speed_ = 0;
   std::vector<Lane> lanes_;
   std::vector<int> work_;     // per lane: queued or running operations (comm and group lanes)
+  std::vector<int> p2p_work_; // of them, the program's sends and receives
   std::vector<bool> live_;
   uint64_t tickets_ = 0;
   uint64_t generation_ = 0;
