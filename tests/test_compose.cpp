@@ -22,11 +22,9 @@
 #include "engine/train/compose.h"
 #include "engine/train/strategy.h"
 #include "engine/train/train.h"
+#include "tests/device_util.h"
 #include "tests/test_util.h"
 #include "tests/train_util.h"
-#if DTLAB_HAVE_CUDA
-#include "engine/cuda/platform.h"
-#endif
 
 using namespace dtlab;
 
@@ -174,14 +172,6 @@ void check_every_combination(const std::string& device) {
   CHECK(compared > 0);
 }
 
-std::vector<std::string> devices_present() {
-  std::vector<std::string> d{"cpu"};
-#if DTLAB_HAVE_CUDA
-  if (cuda::available()) d.push_back("cuda");
-#endif
-  return d;
-}
-
 }  // namespace
 
 TEST_SUITE("compose") {
@@ -191,13 +181,8 @@ TEST_SUITE("compose") {
 
   TEST_CASE("every combination of strategy, precision, --tp, LoRA and recompute trains 3 steps or is refused by the table: cuda" *
             doctest::test_suite("cuda")) {
-    const std::vector<std::string> d = devices_present();
-    if (std::find(d.begin(), d.end(), "cuda") == d.end()) {
-#if DTLAB_HAVE_CUDA
-      MESSAGE(("skipped: " + cuda::unavailable_reason()));
-#else
-      MESSAGE("skipped: built without CUDA");
-#endif
+    if (!test::present("cuda")) {
+      MESSAGE(("skipped: " + test::why_absent("cuda")));
       return;
     }
     check_every_combination("cuda");

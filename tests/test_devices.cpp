@@ -22,41 +22,20 @@
 #include <vector>
 
 #include "tests/cli_util.h"
+#include "tests/device_util.h"
 #include "tests/train_util.h"
 #include "cli/cli.h"
 #include "engine/parallel/memory_plan.h"
 #include "engine/parallel/pipeline_schedule.h"
 #include "engine/trace/event.h"
 #include "engine/train/train.h"
-#if DTLAB_HAVE_CUDA
-#include "engine/cuda/platform.h"
-#endif
 
 using namespace dtlab;
+using test::devices_present;
+using test::present;
+using test::why_absent;
 
 namespace {
-
-// The devices this machine has, in the order the suites run them; the CPU is the reference.
-std::vector<std::string> devices_present() {
-  std::vector<std::string> d{"cpu"};
-#if DTLAB_HAVE_CUDA
-  if (cuda::available()) d.push_back("cuda");
-#endif
-  return d;
-}
-
-// Why a device is missing here, in the words CTest's SKIP_REGULAR_EXPRESSION matches.
-std::string why_absent(const std::string& device) {
-#if DTLAB_HAVE_CUDA
-  if (device == "cuda") return cuda::unavailable_reason();
-#endif
-  return "built without CUDA";
-}
-
-bool present(const std::string& device) {
-  const std::vector<std::string> d = devices_present();
-  return std::find(d.begin(), d.end(), device) != d.end();
-}
 
 // Every case starts from this: 4 Linear layers (enough for 2 stages x 2 chunks), spiral, 20 steps of
 // SGD with momentum (its update is linear in the gradient, so float rounding stays at rounding size;
