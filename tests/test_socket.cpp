@@ -21,6 +21,7 @@
 #include <iterator>
 #include <regex>
 #include <sstream>
+#include <utility>
 #include <string>
 #include <thread>
 #include <vector>
@@ -199,8 +200,9 @@ double max_param_diff(const std::string& a_path, const std::string& b_path) {
   return worst;
 }
 
-// launch -N 2 -- train FLAGS against the in-process train --world 2 FLAGS.
-void check_launch_equals_threads(const std::string& flags) {
+// launch -N 2 -- train FLAGS against the in-process train --world 2 FLAGS; returns both outputs
+// (launched, threads).
+std::pair<std::string, std::string> check_launch_equals_threads(const std::string& flags) {
   test::TempDir dir("dtlab_launch");
   ShellResult launched = cli_shell("launch --nproc-per-node 2 -- train " + flags + " --log-every 1 --save " + dir.file("A.safetensors"));
   INFO("launch output:\n", launched.out);
@@ -214,6 +216,7 @@ void check_launch_equals_threads(const std::string& flags) {
   CHECK(la.size() == 20);
   CHECK(la == lb);
   CHECK(max_param_diff(dir.file("A.safetensors"), dir.file("B.safetensors")) == 0.0);  // bit for bit
+  return {launched.out, threads.out};
 }
 
 struct EnvGuard {  // sets or clears variables for one test, then restores them
@@ -466,6 +469,25 @@ TEST_CASE("launch: a 2-process DDP run with --tp 2 equals the in-process run (th
 
 TEST_CASE("launch: a 2-process FSDP run equals the in-process run") {
   check_launch_equals_threads("--strategy fsdp --model mlp:2,32,32,3 --data spiral --steps 20 --batch 16");
+}
+
+// Issue 34: the pipeline was refused under launch on the CPU; its sends and receives go over the
+// socket mesh like any other message. Rank 0's summary has a row per rank: the other process's
+// memory comes over in the last all-gather, so the rows equal the in-process run's.
+TEST_CASE("launch: a 2-process pipeline equals the in-process run, and its summary has every rank's memory") {
+  const auto [launched, threads] =
+      check_launch_equals_threads("--strategy pipeline --microbatches 4 --model mlp:2,32,32,3 --data spiral --steps 20 --batch 16");
+  auto rank_rows = [](const std::string& out) {
+    std::vector<std::string> rows;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("     0        0", 0) == 0 || line.rfind("     1        0", 0) == 0) rows.push_back(line);
+    return rows;
+  };
+  const std::vector<std::string> a = rank_rows(launched), b = rank_rows(threads);
+  REQUIRE(a.size() == 2);
+  CHECK(a == b);
+  CHECK(!contains(a[1], " 0 B "));  // stage 1's parameters, from rank 1's process
 }
 
 TEST_CASE("launch: a rank that fails stops the run with its sentence and its exit code") {

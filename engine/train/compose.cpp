@@ -53,8 +53,6 @@ const Combination kCombinations[] = {
      "the 16-bit gradients live apart from DDP's buckets", "drop one of them", true},
     {Feature::Lora, "--save-sharded", [](const TrainConfig& c) { return !c.save_sharded_path.empty(); },
      "the sharded checkpoint format holds full parameters, not adapters", "use --save for the adapters", true},
-    {Feature::Launch, "--strategy pipeline on the CPU", [](const TrainConfig& c) { return c.strategy == Strategy::Pipeline && c.backend == "socket"; },
-     "a pipeline's stages send over the threads backend or NCCL", "drop dtlab-cli launch, or add --device cuda", true},
 };
 
 // What a refusal calls the feature in its sentence.

@@ -129,8 +129,30 @@ class PipelineTrainRank final : public RankStrategy {
 
   const Model& finish(TrainSummary& sum) override {
     pipe_.gather_parameters(env_.rank == 0 ? t_.models_[0].get() : nullptr);
+    if (t_.launched_) gather_rank_memory();
     if (env_.rank == 0) sum.pipeline = meter_.stats();
     return *t_.models_[0];
+  }
+
+  // Launched, each stage's memory is in its own process: rank 0's summary table has a row per
+  // rank, so every rank's last-iteration figures travel to it in one all-gather (int64).
+  void gather_rank_memory() {
+    constexpr size_t K = kNumMemCategories, W = 2 * K + 2;
+    const MemoryStats& m = t_.rank_memory_[static_cast<size_t>(env_.rank)];
+    std::vector<int64_t> mine(W), all(W * static_cast<size_t>(N_));
+    std::copy(m.current.begin(), m.current.end(), mine.begin());
+    std::copy(m.peak.begin(), m.peak.end(), mine.begin() + K);
+    mine[2 * K] = m.total_current;
+    mine[2 * K + 1] = m.total_peak;
+    env_.comm->all_gather(all.data(), mine.data(), static_cast<int64_t>(W), DType::I64)->wait();
+    for (int r = 0; r < N_; r++) {
+      MemoryStats& o = t_.rank_memory_[static_cast<size_t>(r)];
+      const int64_t* v = all.data() + static_cast<size_t>(r) * W;
+      std::copy(v, v + K, o.current.begin());
+      std::copy(v + K, v + 2 * K, o.peak.begin());
+      o.total_current = v[2 * K];
+      o.total_peak = v[2 * K + 1];
+    }
   }
 
  private:
