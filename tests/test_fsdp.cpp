@@ -154,6 +154,31 @@ TEST_SUITE("fsdp") {
     }
   }
 
+  // Issue 34: --accum was refused with FSDP. As torch's FSDP without no_sync(), every micro-batch's
+  // backward reduce-scatters and the reduced shards add up; the step then equals DDP's with the
+  // same accumulation (which all-reduces only the last micro-batch's bucket sums).
+  TEST_CASE("gradient accumulation: every sharding equals DDP with the same --accum") {
+    for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
+      TrainConfig d = reference_config(4, kind);
+      d.steps = 10;
+      d.accum = 3;
+      Trainer ref(d);
+      ref.run();
+      for (Sharding sh : {Sharding::FullShard, Sharding::ShardGradOp, Sharding::NoShard, Sharding::Zero1, Sharding::Hybrid}) {
+        CAPTURE(optimizer_name(kind));
+        CAPTURE(name(sh));
+        TrainConfig f = d;
+        f.strategy = Strategy::Fsdp;
+        f.fsdp.sharding = sh;
+        if (sh == Sharding::Hybrid) f.fsdp.node_size = 2;
+        Trainer t(f);
+        const TrainSummary s = t.run();
+        CHECK(s.effective_batch == 16 * 4 * 3);
+        for (int r = 0; r < 4; r++) CHECK(max_abs_diff(t.rank_model(r), ref.model()) <= 1e-5);
+      }
+    }
+  }
+
   TEST_CASE("HYBRID_SHARD: shard inside node groups, replicate across them, equal to DDP") {
     for (int world : {2, 3, 4}) {
       for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {

@@ -299,6 +299,36 @@ TEST_CASE("bf16 FSDP equals bf16 DDP within torch's bf16 tolerance, FULL_SHARD a
   }
 }
 
+// Gradient accumulation in bf16: FSDP reduce-scatters each micro-batch's 16-bit gradient and adds
+// the reduced shards in float32 (the shard's dtype, as torch's FSDP does); DDP adds the 16-bit
+// .grad of each micro-batch and all-reduces the sum once. Both stay within torch's bf16 tolerance.
+// SGD with momentum at lr 0.01: AdamW's normalised step would turn a near-zero gradient's rounding
+// difference into a whole lr step (0.008 here), and at lr 0.1 DDP's 16-bit sum of the micro-batches
+// (one more bf16 rounding of the gradient) moves small weights by a bf16 ulp beyond the tolerance;
+// a lost micro-batch moves them by 6e-4 beyond it (tried).
+TEST_CASE("bf16 FSDP with --accum equals bf16 DDP with it within torch's bf16 tolerance" * doctest::test_suite("fsdp")) {
+  for (const int world : {2, 4}) {
+    TrainConfig d = mixed("ddp", world, Precision::BF16, 3, 16);
+    d.accum = 2;
+    d.optimizer = default_optimizer_config(OptimizerKind::SGD);
+    d.optimizer.lr = 0.01;
+    d.optimizer.momentum = 0.9;
+    Trainer ddp(d);
+    ddp.run();
+    const std::vector<float> want = ddp.rank_model(0).host_params();
+    for (const Sharding sh : {Sharding::FullShard, Sharding::ShardGradOp}) {
+      CAPTURE(world);
+      CAPTURE(sharding_name(sh));
+      TrainConfig c = d;
+      c.strategy = Strategy::Fsdp;
+      c.fsdp.sharding = sh;
+      Trainer t(c);
+      t.run();
+      for (int r = 0; r < world; r++) CHECK(excess_over_tolerance(t.rank_model(r).host_params(), want, Precision::BF16) <= 0);
+    }
+  }
+}
+
 // The all-gathers move the param dtype, the reduce-scatters the reduce dtype: 16-bit halves fp32's bytes.
 TEST_CASE("bf16 FSDP all-gathers and reduce-scatters half of fp32's bytes, and with --reduce-dtype fp32 reduce-scatters fp32's" * doctest::test_suite("fsdp")) {
   struct Run {

@@ -56,7 +56,7 @@ TEST_SUITE("strategy") {
   }
 
   TEST_CASE("validation throws the table's sentence, the first feature the run turns on") {
-    TrainConfig c = test::demo_config("fsdp", 2, 16, 1);
+    TrainConfig c = test::demo_config("pipeline", 2, 16, 1);
     c.accum = 2;
     CHECK(test::error_of(c) == feature_refusal(c, Feature::Accumulation));
     c.accum = 1;

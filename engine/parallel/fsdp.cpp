@@ -320,9 +320,10 @@ void FullyShardedDataParallel::post_backward(int unit) {
       send = u.reduce_in.raw();
     }
     scale_in(send, u.split.padded, reduce_dtype_, pre, dev());
-    // A float32 reduction lands in the gradient shard; a 16-bit one in its own shard, cast after the wait.
+    // A float32 reduction lands in the gradient shard; a 16-bit one, or one to be added to the
+    // gradients of earlier backwards (accumulation), in its own shard until after the wait.
     void* out = shard_grads_.f32() + u.shard_offset;
-    if (reduce_dtype_ != DType::F32) {
+    if (reduce_dtype_ != DType::F32 || backwards_ > 0) {
       u.reduce_out = Tensor({u.split.chunk}, MemCategory::CommBuffers, mem, reduce_dtype_, dev());
       out = u.reduce_out.raw();
     }
@@ -344,6 +345,7 @@ void FullyShardedDataParallel::post_backward(int unit) {
 void FullyShardedDataParallel::zero_grad() {
   if (sharded()) shard_grads_.zero();
   else model_.zero_grad();
+  backwards_ = 0;
 }
 
 void FullyShardedDataParallel::finalize_backward() {
@@ -359,9 +361,17 @@ void FullyShardedDataParallel::finalize_backward() {
       float* shard = shard_grads_.f32() + u.shard_offset;
       if (!u.reduce_out.empty()) {
         // Post-divide in the reduce dtype, then torch's _cast_grad_to_param_dtype: the fp32 shard the
-        // optimizer steps (docs/course_sources.md §6e).
+        // optimizer steps (docs/course_sources.md §6e); accumulating, added to what it holds.
         scale_in(u.reduce_out.raw(), u.split.chunk, reduce_dtype_, post, dev());
-        half_to_floats(shard, u.reduce_out.u16(), u.split.chunk, model_.half_format());
+        if (reduce_dtype_ == DType::F32) {
+          dev().accumulate(shard, u.reduce_out.f32(), u.split.chunk, false);
+        } else if (backwards_ > 0) {
+          Tensor wide({u.split.chunk}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev());
+          half_to_floats(wide.f32(), u.reduce_out.u16(), u.split.chunk, model_.half_format());
+          dev().accumulate(shard, wide.f32(), u.split.chunk, false);
+        } else {
+          half_to_floats(shard, u.reduce_out.u16(), u.split.chunk, model_.half_format());
+        }
         u.reduce_out = Tensor();
       } else {
         dev().scale(shard, u.split.chunk, post);
@@ -374,6 +384,7 @@ void FullyShardedDataParallel::finalize_backward() {
     set_state(ui, FsdpState::Idle);
     record(ui, FsdpVerb::GradReduced);
   }
+  backwards_++;
 }
 
 void FullyShardedDataParallel::step() {

@@ -84,6 +84,11 @@ class FullyShardedDataParallel : public LayerHooks {
 
   void zero_grad();
   // After Model::backward(): waits for the gradient reductions and applies the post-divide.
+  // Gradient accumulation (several backwards between zero_grad() and step(), torch FSDP without
+  // no_sync()): every backward reduce-scatters its own gradient, and from the second one on the
+  // reduced shard is added to the shard's gradient instead of replacing it (FSDP1's
+  // _accumulate_sharded_gradient); NO_SHARD and ZeRO-1 all-reduce the accumulated .grad, whose
+  // earlier part every rank already holds averaged.
   void finalize_backward();
   // The optimizer step over what this rank owns (ZeRO-1 then all-gathers the parameters).
   void step();
@@ -175,6 +180,7 @@ class FullyShardedDataParallel : public LayerHooks {
   std::vector<Unit> units_;
   std::vector<int> layer_unit_;   // per model layer: its unit, or -1 (ReLU)
   int64_t shard_numel_ = 0;
+  int64_t backwards_ = 0;  // backwards finalized since zero_grad(): from 1 on, reductions add
   Tensor shard_params_, shard_grads_;  // this rank's shards of every unit (sharded strategies), float32
   std::optional<Optimizer> optimizer_;  // over what this rank owns; built once the units are known
   FlatShard zero1_split_;         // ZeRO-1: the whole flat parameter vector's split

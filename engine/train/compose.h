@@ -22,7 +22,7 @@ std::string feature_refusal(const TrainConfig& c, Feature f);
 // dtlab::Error with the first refusal of a feature `c` turns on.
 void check_composition(const TrainConfig& c);
 
-// Every refusal the tables hold, one line each ("fsdp x --accum: not built yet, ..."): the docs'
+// Every refusal the tables hold, one line each ("dp x --precision: not built yet, ..."): the docs'
 // list, and the count a test watches.
 struct RefusalLine {
   std::string what, sentence;

@@ -60,7 +60,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          kOk, kOk,
          /*MixedPrecision*/ kOk,
          kOk, kOk,
-         /*Accumulation*/ todo("FSDP reduce-scatters every backward", "use --strategy ddp for gradient accumulation"),
+         /*Accumulation*/ kOk,
          kOk, kOk, kOk, kOk, kOk, kOk,
      }}},
     {Strategy::Pipeline, "pipeline", "torch.distributed.pipelining",
