@@ -233,6 +233,45 @@ TEST_SUITE("data_parallel") {
     }
   }
 
+  // Issue 34: --lora-rank was refused with dp. torch's replicate() broadcasts every parameter of the
+  // peft module, the frozen base included (flattened per coalesced group), and ReduceAddCoalesced
+  // sums only the adapters' gradients, the only ones there are.
+  TEST_CASE("dp with LoRA equals LoRA on one rank; replicate moves the frozen base, the reduce only the adapters") {
+    const int64_t B = 16, r = 4;
+    // Adapters of mlp:2,64,64,3 at rank 4: A (4, in) and B (out, 4) per Linear.
+    const int64_t adapters = r * (2 + 64) + r * (64 + 64) + r * (64 + 3);
+    for (int world : {2, 3}) {
+      CAPTURE(world);
+      TrainConfig d = dp_config(world, B, 6);
+      d.lora.rank = r;
+      Trainer dp(d);
+      const Trained got = train(dp);
+      Trainer one(single_like(d, B * world));
+      const Trained want = train(one);
+      const std::vector<float> a = dp.model().merged_params(), b = one.model().merged_params();
+      REQUIRE(a.size() == static_cast<size_t>(kP));
+      double worst = 0;
+      for (size_t i = 0; i < a.size(); i++) worst = std::max(worst, double(std::fabs(a[i] - b[i])));
+      CHECK(worst <= 1e-5);
+      for (size_t s = 0; s < got.steps.size(); s++) CHECK(std::fabs(got.steps[s].loss - want.steps[s].loss) <= 1e-5);
+      // Iteration 0's collectives on rank 1: one broadcast of base + adapters, one reduce of the adapters.
+      int64_t bcast = 0, reduce = 0;
+      for (const Event& e : dp.recorder().events(1)) {
+        if (e.kind != EventKind::Collective || e.iteration != 0) continue;
+        if (e.coll.op == CollectiveOp::Broadcast) bcast += e.coll.bytes;
+        if (e.coll.op == CollectiveOp::Reduce) reduce += e.coll.bytes;
+      }
+      CHECK(bcast == kS + adapters * 4);
+      CHECK(reduce == adapters * 4);
+      // A replica holds the base and the adapters while it exists, nothing after.
+      const MemoryStats& m = got.summary.rank_memory[1];
+      CHECK(m.current_of(MemCategory::Parameters) == 0);
+      CHECK(m.peak_of(MemCategory::Parameters) == kS + adapters * 4);
+      CHECK(m.peak_of(MemCategory::Gradients) == adapters * 4);
+      CHECK(dp.model().lora());
+    }
+  }
+
   TEST_CASE("dp runs on the CPU by default, whatever GPUs the machine has") {
     DeviceQuery q;
     q.strategy = Strategy::Dp;

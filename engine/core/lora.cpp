@@ -65,6 +65,19 @@ void Model::enable_lora(const LoraSpec& lora, uint64_t seed) {
   upload_params(host.data());
 }
 
+void Model::release_frozen_storage() {
+  for (Parameter& p : base_) p.data = nullptr;
+  frozen_ = Tensor();
+}
+
+void Model::restore_frozen_storage() {
+  if (base_.empty() || !frozen_.empty()) return;
+  int64_t total = 0;
+  for (const Parameter& p : base_) total = std::max(total, p.offset + p.numel);
+  frozen_ = Tensor({total}, MemCategory::Parameters, tracker_, DType::F32, device_);
+  for (Parameter& p : base_) p.data = frozen_.f32() + p.offset;
+}
+
 std::vector<int> Model::trainable_of(const Layer& L) const {
   if (L.kind != LayerKind::Linear) return {};
   if (!lora()) return {L.weight, L.bias};

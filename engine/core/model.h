@@ -141,6 +141,11 @@ class Model {
   const LoraSpec& lora_spec() const { return lora_; }
   // The frozen "N.weight"/"N.bias" under LoRA (empty without): their data is device memory, grad null.
   const std::vector<Parameter>& base_parameters() const { return base_; }
+  // DataParallel's replicas under LoRA: torch's replicate() copies every parameter of the module,
+  // frozen ones included, so a replica allocates the frozen base for a forward (contents left to
+  // the broadcast) and frees it with the replica. No-ops without LoRA.
+  void release_frozen_storage();
+  void restore_frozen_storage();
   // The weight and bias a Linear computes with (frozen under LoRA), and its trainable parameters.
   const Parameter& weight_of(const Layer& L) const { return lora() ? base_[L.weight] : params_[L.weight]; }
   const Parameter& bias_of(const Layer& L) const { return lora() ? base_[L.bias] : params_[L.bias]; }

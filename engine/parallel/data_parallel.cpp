@@ -78,16 +78,71 @@ void check_dp_pieces(int64_t n, int64_t batch, bool drop_last, int world) {
 DataParallel::DataParallel(Model& model, Communicator& comm, RankContext* ctx, const DpOptions& opt)
     : model_(model), comm_(comm), ctx_(ctx), opt_(opt), rank_(comm.rank()), world_(comm.world_size()) {
   if (opt_.coalesce_bytes < 1) throw Error("the DataParallel coalescing buffer must hold at least 1 byte");
-  std::vector<int64_t> bytes;
-  for (const Parameter& p : model_.parameters()) bytes.push_back(p.numel * static_cast<int64_t>(sizeof(float)));
+  DTLAB_CHECK(!model_.mixed(), "DataParallel replicates a float32 module");
+  const auto& ps = model_.parameters();
+  if (model_.lora()) {
+    for (int i = 0; i < model_.num_layers(); i++) {
+      const Layer& L = model_.layer(i);
+      if (L.kind != LayerKind::Linear) continue;
+      module_.push_back({true, L.weight});
+      module_.push_back({true, L.bias});
+      if (L.lora_a >= 0) module_.push_back({false, L.lora_a}), module_.push_back({false, L.lora_b});
+    }
+  } else {
+    for (int i = 0; i < static_cast<int>(ps.size()); i++) module_.push_back({false, i});
+  }
+  std::vector<int64_t> bytes, grad_bytes;
+  for (const ModuleTensor& m : module_) bytes.push_back(tensor(m).numel * static_cast<int64_t>(sizeof(float)));
+  for (const Parameter& p : ps) grad_bytes.push_back(p.numel * static_cast<int64_t>(sizeof(float)));
   bcast_groups_ = broadcast_coalesced_groups(bytes, opt_.coalesce_bytes);
-  reduce_groups_ = reduce_add_coalesced_groups(bytes, opt_.coalesce_bytes);
+  reduce_groups_ = reduce_add_coalesced_groups(grad_bytes, opt_.coalesce_bytes);
   if (rank_ == 0) {
     DTLAB_CHECK(model_.owns_parameters(), "DataParallel's rank 0 holds the module's parameters");
   } else if (model_.owns_parameters()) {
     // Only device 0 holds the module; a replica exists from a forward's broadcast to its backward.
     model_.release_parameter_storage();
+    model_.release_frozen_storage();
   }
+}
+
+const Parameter& DataParallel::tensor(const ModuleTensor& m) const {
+  return m.frozen ? model_.base_parameters()[static_cast<size_t>(m.index)] : model_.parameters()[static_cast<size_t>(m.index)];
+}
+
+// broadcast_coalesced under LoRA: each group's tensors flattened into one buffer (rank 0 copies
+// them in), one broadcast per buffer, unflattened on the replicas once the broadcasts are done.
+void DataParallel::broadcast_staged(std::vector<WorkPtr>& works, std::vector<Tensor>& staging) {
+  Device& dev = model_.device();
+  constexpr int64_t kF32 = sizeof(float);
+  for (const std::vector<int>& g : bcast_groups_) {
+    int64_t n = 0;
+    for (int i : g) n += tensor(module_[static_cast<size_t>(i)]).numel;
+    staging.emplace_back(Shape{n}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev);
+    float* buf = staging.back().f32();
+    if (rank_ == 0)
+      for (int i : g) {
+        const Parameter& p = tensor(module_[static_cast<size_t>(i)]);
+        dev.copy(buf, p.data, p.numel * kF32);
+        buf += p.numel;
+      }
+    works.push_back(comm_.broadcast(staging.back().f32(), n, DType::F32, 0, Algorithm::Naive));
+    stats_.broadcasts++;
+    stats_.parameter_bytes += n * kF32;
+  }
+}
+
+void DataParallel::unpack_staged(std::vector<Tensor>& staging) {
+  Device& dev = model_.device();
+  if (rank_ != 0 && !staging.empty())
+    for (size_t k = 0; k < bcast_groups_.size(); k++) {
+      const float* buf = staging[k].f32();
+      for (int i : bcast_groups_[k]) {
+        const Parameter& p = tensor(module_[static_cast<size_t>(i)]);
+        dev.copy(p.data, buf, p.numel * static_cast<int64_t>(sizeof(float)));
+        buf += p.numel;
+      }
+    }
+  staging.clear();
 }
 
 DataParallel::Range DataParallel::range_of(const std::vector<int>& group) const {
@@ -149,14 +204,20 @@ const float* DataParallel::forward(const float* x, int64_t rows) {
   // 2. Replicate: every parameter from rank 0, one broadcast per coalesced buffer, into storage the
   // other ranks allocate for this forward's replica.
   if (ctx_) ctx_->set_activity("DataParallel: replicating the module (broadcast of every parameter from rank 0)");
-  if (rank_ != 0) model_.restore_storage(nullptr);
-  for (const std::vector<int>& g : bcast_groups_) {
-    const Range rg = range_of(g);
-    works.push_back(comm_.broadcast(model_.params() + rg.offset, rg.count, DType::F32, 0, Algorithm::Naive));
-    stats_.broadcasts++;
-    stats_.parameter_bytes += rg.count * static_cast<int64_t>(sizeof(float));
+  if (rank_ != 0) model_.restore_storage(nullptr), model_.restore_frozen_storage();
+  std::vector<Tensor> staging;
+  if (model_.lora()) {
+    broadcast_staged(works, staging);
+  } else {
+    for (const std::vector<int>& g : bcast_groups_) {  // the flat parameters are the buffers themselves
+      const Range rg = range_of(g);
+      works.push_back(comm_.broadcast(model_.params() + rg.offset, rg.count, DType::F32, 0, Algorithm::Naive));
+      stats_.broadcasts++;
+      stats_.parameter_bytes += rg.count * static_cast<int64_t>(sizeof(float));
+    }
   }
   wait_all(works);
+  unpack_staged(staging);
   if (rank_ != 0) model_.zero_grad();  // the replica's gradients start from nothing
 
   // 3. parallel_apply: this rank's replica on its piece.
@@ -229,28 +290,26 @@ void DataParallel::backward(const float* dlogits) {
   }
   works.clear();
   // The replica dies with the autograd graph that held it.
-  if (rank_ != 0) model_.release_parameter_storage();
+  if (rank_ != 0) model_.release_parameter_storage(), model_.release_frozen_storage();
   if (ctx_) ctx_->set_activity("running");
 }
 
 std::vector<std::string> DataParallel::describe() const {
   const auto& ps = model_.parameters();
-  auto names = [&](const std::vector<int>& g) {
-    std::string s;
-    for (size_t i = 0; i < g.size(); i++) s += (i ? ", " : "") + ps[static_cast<size_t>(g[i])].name;
-    return s;
-  };
-  auto size = [&](const std::vector<int>& g) {
+  // A group's names and size; `module`: indices into module_ (broadcast), else into parameters().
+  auto text = [&](const std::vector<int>& g, bool module) {
+    std::string names;
     int64_t n = 0;
-    for (int p : g) n += ps[static_cast<size_t>(p)].numel;
-    return human_bytes(n * static_cast<int64_t>(sizeof(float)));
+    for (size_t i = 0; i < g.size(); i++) {
+      const Parameter& p = module ? tensor(module_[static_cast<size_t>(g[i])]) : ps[static_cast<size_t>(g[i])];
+      names += (i ? ", " : "") + p.name;
+      n += p.numel;
+    }
+    return names + (module ? " (" : " gradients (") + human_bytes(n * static_cast<int64_t>(sizeof(float))) + ")";
   };
   std::vector<std::string> lines;
-  for (size_t i = 0; i < bcast_groups_.size(); i++)
-    lines.push_back("replicate: broadcast " + names(bcast_groups_[i]) + " (" + size(bcast_groups_[i]) + ") from rank 0");
-  for (size_t i = 0; i < reduce_groups_.size(); i++)
-    lines.push_back("backward: reduce-add " + names(reduce_groups_[i]) + " gradients (" + size(reduce_groups_[i]) +
-                    ") onto rank 0");
+  for (const auto& g : bcast_groups_) lines.push_back("replicate: broadcast " + text(g, true) + " from rank 0");
+  for (const auto& g : reduce_groups_) lines.push_back("backward: reduce-add " + text(g, false) + " onto rank 0");
   return lines;
 }
 

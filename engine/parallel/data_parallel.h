@@ -24,6 +24,9 @@
 // spread over the ranks. Scatter and gather are copies to and from device 0 in either case.
 // Sends and receives are point to point (no stepper gate); the broadcasts and reduces are
 // collectives, so the lab steps through them.
+// LoRA: replicate() broadcasts the frozen weights and biases too (they are parameters of the module,
+// without requires_grad), each coalesced group flattened into one buffer and unflattened on the
+// replicas, as broadcast_coalesced does; only the adapters have gradients to reduce-add.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -106,6 +109,16 @@ class DataParallel {
   struct Range {
     int64_t offset = 0, count = 0;  // elements of the flat parameter / gradient buffer
   };
+  // The module's parameters in torch's module.parameters() order, what replicate() broadcasts: the
+  // model's parameters, or under LoRA each Linear's frozen weight and bias, then its lora_A and
+  // lora_B (peft's LoraLayer registers base_layer first).
+  struct ModuleTensor {
+    bool frozen = false;  // Model::base_parameters()[index], else parameters()[index]
+    int index = 0;
+  };
+  const Parameter& tensor(const ModuleTensor& m) const;
+  void broadcast_staged(std::vector<WorkPtr>& works, std::vector<Tensor>& staging);
+  void unpack_staged(std::vector<Tensor>& staging);
   Range range_of(const std::vector<int>& group) const;
   int64_t piece_offset(int r) const;
   void wait_all(std::vector<WorkPtr>& works);
@@ -115,7 +128,8 @@ class DataParallel {
   RankContext* ctx_;
   DpOptions opt_;
   int rank_, world_;
-  std::vector<std::vector<int>> bcast_groups_, reduce_groups_;
+  std::vector<ModuleTensor> module_;
+  std::vector<std::vector<int>> bcast_groups_, reduce_groups_;  // indices into module_ and parameters()
   std::vector<int64_t> pieces_;     // this forward's
   int64_t rows_ = 0;
   Tensor x_piece_, dlogits_piece_;  // ranks > 0: what rank 0 sends them
