@@ -82,11 +82,19 @@ void print_strategy_lines(std::ostream& out, const Trainer& trainer) {
         << ":\n";
     for (const std::string& line : trainer.planned_buckets()) out << "    " << line << "\n";
   }
-  if (c.strategy == Strategy::Dp)
+  if (c.strategy == Strategy::Dp) {
+    // Under LoRA the frozen base is broadcast too, and only the adapters have gradients.
+    const bool lora = c.lora.rank > 0;
+    int64_t adapters = 0;  // bytes: r x (in + out) floats per adapted Linear
+    for (size_t i = 0; lora && i + 1 < c.model.dims.size(); i++)
+      if (c.lora.adapts(2 * static_cast<int>(i))) adapters += c.lora.rank * (c.model.dims[i] + c.model.dims[i + 1]) * 4;
     out << "  DataParallel: rank 0 loads batches of " << c.batch * c.world_size << " and scatters "
         << c.batch << " samples to each of the " << c.world_size << " devices; every forward broadcasts the "
-        << human_bytes(c.model.num_params() * static_cast<int64_t>(sizeof(float)))
-        << " of parameters from rank 0, every backward reduce-adds the gradients onto rank 0, which alone steps\n";
+        << human_bytes(c.model.num_params() * static_cast<int64_t>(sizeof(float)) + adapters)
+        << (lora ? " of parameters (the frozen base and the LoRA adapters)" : " of parameters") << " from rank 0, every backward reduce-adds the "
+        << (lora ? "adapters' " + human_bytes(adapters) + " of gradients" : std::string("gradients"))
+        << " onto rank 0, which alone steps\n";
+  }
   if (c.strategy == Strategy::Fsdp)
     out << "  FSDP: " << sharding_name(c.fsdp.sharding)
         << (c.fsdp.sharding == Sharding::Hybrid
