@@ -60,6 +60,37 @@ TEST_SUITE("mesh") {
     }
   }
 
+  TEST_CASE("--tp T --activation-checkpointing (ddp at world T, fsdp at world 2T) trains to the model without either") {
+    for (int tp : {2, 4}) {
+      for (bool sp : {false, true}) {
+        CAPTURE(tp);
+        CAPTURE(sp);
+        TrainConfig one = mesh_config("single", 1, 1, OptimizerKind::AdamW);
+        one.steps = 3;
+        Trainer ref(one);
+        ref.run();
+        TrainConfig c = mesh_config("ddp", tp, tp, OptimizerKind::AdamW);
+        c.steps = 3;
+        c.sequence_parallel = sp;
+        c.activation_checkpointing = true;
+        Trainer t(c);
+        t.run();
+        CHECK(max_diff(t.result_model(), ref.result_model()) <= 1e-5);
+      }
+    }
+    // FSDP gathers each unit again for its recompute; with TP the gathered shard replays its collectives.
+    TrainConfig two = mesh_config("ddp", 2, 1, OptimizerKind::AdamW);
+    two.steps = 3;
+    Trainer ref(two);
+    ref.run();
+    TrainConfig f = mesh_config("fsdp", 4, 2, OptimizerKind::AdamW);
+    f.steps = 3;
+    f.activation_checkpointing = true;
+    Trainer t(f);
+    t.run();
+    CHECK(max_diff(t.result_model(), ref.result_model()) <= 1e-5);
+  }
+
   TEST_CASE("DDP x TP (world 4, tp 2) equals DDP on world 2, FSDP x TP equals it too") {
     for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
       Trainer ref(mesh_config("ddp", 2, 1, kind));

@@ -76,7 +76,8 @@ struct TpRun {
   std::vector<std::vector<Event>> events;  // per rank: its Collective events of the training steps
 };
 
-TpRun train_tp(const ModelSpec& spec, int t, bool sp, OptimizerKind kind, const std::vector<TpBatch>& batches) {
+TpRun train_tp(const ModelSpec& spec, int t, bool sp, OptimizerKind kind, const std::vector<TpBatch>& batches,
+               bool recompute = false) {
   ThreadsWorld world(t);
   TpRun run;
   run.full.resize(static_cast<size_t>(t));
@@ -84,6 +85,7 @@ TpRun train_tp(const ModelSpec& spec, int t, bool sp, OptimizerKind kind, const 
     Model m(spec, nullptr, 5, 0, static_cast<int>(spec.dims.size()) - 1, cpu_device(), TensorParallelSpec{t, rank, sp});
     GroupTensorParallelComm tp(comm);
     m.set_tensor_parallel_comm(&tp);
+    m.set_activation_checkpointing(recompute);
     Optimizer opt(optimizer(kind), m.num_params(), nullptr);
     for (const TpBatch& b : batches) train_step(m, opt, b);
     run.full[static_cast<size_t>(rank)] = gather_tensor_parallel_params(m, comm);
@@ -243,6 +245,61 @@ TEST_SUITE("tensor_parallel") {
           CHECK(all_reduces == pairs + (n_linear % 2));     // row biases, the replicated Linear
         }
       }
+    }
+  }
+
+  TEST_CASE("activation checkpointing on a TP shard replays the forward collectives and trains like one model") {
+    for (const ParityCase& k : kParityCases) {
+      for (bool sp : {false, true}) {
+        const ModelSpec spec = ModelSpec::parse(k.model);
+        const int n_linear = static_cast<int>(spec.dims.size()) - 1;
+        const std::string model = k.model;
+        CAPTURE(model);
+        CAPTURE(k.degree);
+        CAPTURE(sp);
+        // 3 steps of 13 rows (not divisible by the degree): the recompute equals the plain TP run bit for
+        // bit (the same kernels on the same inputs, the same sums) and one unsplit model within 1e-5.
+        const std::vector<TpBatch> batches = make_batches(spec, {13}, 3);
+        const TpRun plain = train_tp(spec, k.degree, sp, OptimizerKind::AdamW, batches);
+        const TpRun recompute = train_tp(spec, k.degree, sp, OptimizerKind::AdamW, batches, true);
+        const std::vector<float> single = train_single(spec, OptimizerKind::AdamW, batches);
+        for (int r = 0; r < k.degree; r++) {
+          CHECK(max_abs_diff(recompute.full[static_cast<size_t>(r)], plain.full[static_cast<size_t>(r)]) == 0.0f);
+          CHECK(max_abs_diff(recompute.full[static_cast<size_t>(r)], single) <= 1e-5f);
+        }
+        // Each step issues what tp_collectives(..., recompute) lists, in its order: the plain step's
+        // collectives plus every Linear's forward collectives once more, in backward.
+        const TensorParallelSpec tp{k.degree, 0, sp};
+        const std::vector<TpCollective> want = tp_collectives(spec, 0, n_linear, tp, 13, false, true);
+        const std::vector<TpCollective> base = tp_collectives(spec, 0, n_linear, tp, 13, false);
+        int64_t forward_bytes = 0, forward_count = 0;
+        for (const TpCollective& c : base) {
+          const bool logits = c.op == CollectiveOp::AllGather && c.layer == 2 * (n_linear - 1);  // outside the blocks
+          if (!c.backward && !logits) forward_count++, forward_bytes += c.bytes;
+        }
+        CHECK(want.size() == base.size() + static_cast<size_t>(forward_count));
+        CHECK(tp_collective_bytes(want) == tp_collective_bytes(base) + forward_bytes);
+        for (int r = 0; r < k.degree; r++) {
+          const std::vector<Event>& got = recompute.events[static_cast<size_t>(r)];
+          REQUIRE(got.size() == 3 * want.size());
+          for (size_t i = 0; i < got.size(); i++) {
+            CAPTURE(i);
+            CHECK(got[i].coll.op == want[i % want.size()].op);
+            CHECK(got[i].coll.bytes == want[i % want.size()].bytes);
+          }
+        }
+      }
+    }
+    // Worked for mlp:2,64,64,3 at tp 2 on 16 rows: the recompute of Linear 2 all-reduces its 16 x 64
+    // partial outputs again (4096 bytes); sequence parallel gathers Linear 0's 16 x 2 input rows again
+    // (128 bytes) and reduce-scatters Linear 2's 16 x 64 partial outputs again (4096 bytes).
+    const ModelSpec spec = ModelSpec::parse("mlp:2,64,64,3");
+    for (bool sp : {false, true}) {
+      const TensorParallelSpec tp{2, 0, sp};
+      const std::vector<TpCollective> with = tp_collectives(spec, 0, 3, tp, 16, false, true);
+      const std::vector<TpCollective> without = tp_collectives(spec, 0, 3, tp, 16, false);
+      CHECK(with.size() - without.size() == (sp ? 2u : 1u));
+      CHECK(tp_collective_bytes(with) - tp_collective_bytes(without) == (sp ? 128 + 4096 : 4096));
     }
   }
 

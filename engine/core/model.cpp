@@ -348,11 +348,11 @@ const float* Model::sp_split_rows(Tensor& dst, const float* src, int64_t width) 
 
 // f becomes an all-gather of the rows before the column-parallel Linear, g a reduce-scatter of the
 // partial outputs after the row-parallel one (each rank keeps its rows, then adds the bias).
-void Model::sp_layer_forward(int i, float* out, const float* in) {
+void Model::sp_layer_forward(int i, float* out, const float* in, ComputeKind kind) {
   const Layer& L = layer(i);
   const int64_t all = padded_, local = padded_ / tp_.degree;
   if (L.kind == LayerKind::ReLU) {
-    ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, sp_rows(i, true)));
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, sp_rows(i, true)));
     device_.relu_forward(out, in, sp_rows(i, true) * L.out_features);
     return;
   }
@@ -363,18 +363,18 @@ void Model::sp_layer_forward(int i, float* out, const float* in) {
     // in backward (less memory, one more all-gather); keeping them makes SP move exactly TP's bytes.
     float* gathered = sp_gathered_[static_cast<size_t>(i)].f32();
     tp_comm().all_gather(gathered, in, local * L.in_features, L.seq_index);
-    ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, all));
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, all));
     device_.linear_forward(out, gathered, w.data, b.data, all, L.in_features, L.out_features);
   } else if (L.tp == TpRole::Row) {
     float* partial = scratch(scratch_, all * L.out_features);
     {
-      ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, all));
+      ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, all));
       device_.linear_forward(partial, in, w.data, nullptr, all, L.in_features, L.out_features);
     }
     tp_comm().reduce_scatter(out, partial, local * L.out_features, L.seq_index);
     add_bias_rows(out, b.data, local, L.out_features);
   } else {
-    ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, local));
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, local));
     device_.linear_forward(out, in, w.data, b.data, local, L.in_features, L.out_features);
   }
 }
@@ -518,9 +518,6 @@ void Model::set_activation_checkpointing(bool on) {
   if (on && mixed())
     throw Error(std::string("activation checkpointing does not run with --precision ") + precision_name(precision_) +
                 " in this version; drop --activation-checkpointing or use --precision fp32");
-  if (on && tp_.degree > 1)
-    throw Error("activation checkpointing does not run with tensor parallelism (--tp " + std::to_string(tp_.degree) +
-                "); drop --activation-checkpointing or --tp");
   checkpointing_ = on;
 }
 
@@ -533,13 +530,19 @@ bool Model::keeps_output(int i) const {
 // block's saved tensors): the block's Linear again from its kept input into recompute_, its ReLU in
 // place there (elementwise, so the values equal the forward's bit for bit). The ReLU's backward then
 // reads recompute_ as its output; the last Linear alone recomputes the logits, which its backward does
-// not read: the flops are what the run pays, as in torch.
+// not read: the flops are what the run pays, as in torch. On a tensor-parallel shard a block is the
+// shard's Linear and its ReLU, and its forward runs again with its collectives, as Megatron's full
+// recomputation re-runs the forward, f and g included (docs/course_sources.md §6c): a row-parallel
+// Linear sums its partial outputs again (all-reduce; sequence parallel: reduce-scatter), a column-parallel
+// one under sequence parallelism gathers its input rows again.
 void Model::recompute_block(int last) {
   const int first = layer(last).kind == LayerKind::ReLU ? last - 1 : last;
   float* buf = recompute_.f32();
   for (int i = first; i <= last; i++) {
     if (hooks_) hooks_->before_recompute(i);
-    forward_layer_as(i, buf, i == first ? layer_in_[static_cast<size_t>(i)] : buf, batch_, ComputeKind::Recompute);
+    const float* in = i == first ? layer_in_[static_cast<size_t>(i)] : buf;
+    if (sequence_parallel()) sp_layer_forward(i, buf, in, ComputeKind::Recompute);
+    else forward_layer_as(i, buf, in, batch_, ComputeKind::Recompute);
     if (hooks_) hooks_->after_recompute(i);
   }
 }

@@ -230,7 +230,9 @@ class Model {
   // inside a block goes to one recompute buffer shared by every block. backward() runs each block's
   // forward again into that buffer (reported as ComputeKind::Recompute, the hooks' before/after_recompute
   // around it), then its backward: the same kernels in the same order, so the gradients are
-  // bit-identical. Not with tensor parallelism (dtlab::Error). layer_output(i) is null for a Linear
+  // bit-identical. On a tensor-parallel shard the blocks are the shard's (a column-parallel Linear and
+  // its ReLU, a row-parallel Linear and its ReLU) and the recompute replays their forward collectives
+  // (recompute_block; tp_collectives(..., recompute) lists them). layer_output(i) is null for a Linear
   // inside a block while it is on.
   void set_activation_checkpointing(bool on);
   bool activation_checkpointing() const { return checkpointing_; }
@@ -274,7 +276,7 @@ class Model {
   int64_t sp_rows(int i, bool output) const;  // layer i's input or output rows under sequence parallelism
   float* scratch(Tensor& t, int64_t n);       // grows `t` to n floats on the model's device
   void add_bias_rows(float* out, const float* bias, int64_t B, int64_t OC);
-  void sp_layer_forward(int i, float* out, const float* in);
+  void sp_layer_forward(int i, float* out, const float* in, ComputeKind kind = ComputeKind::LayerForward);
   void sp_layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out);
   void sp_linear_backward(int i, float* dinp, const float* dout, const float* in);
   const float* sp_split_rows(Tensor& dst, const float* src, int64_t width);

@@ -72,7 +72,7 @@ TpCollective tp_op(CollectiveOp op, int l, bool backward, int64_t count, int deg
 }  // namespace
 
 std::vector<TpCollective> tp_collectives(const ModelSpec& spec, int first, int end, const TensorParallelSpec& tp,
-                                         int64_t B, bool input_grad) {
+                                         int64_t B, bool input_grad, bool recompute) {
   std::vector<TpCollective> list;
   const int t = tp.degree;
   if (t <= 1) return list;
@@ -81,16 +81,22 @@ std::vector<TpCollective> tp_collectives(const ModelSpec& spec, int first, int e
   const auto width = [&](int l) { return spec.dims[static_cast<size_t>(l)]; };
   const bool sp = tp.sequence_parallel;
   const int64_t local = (B + t - 1) / t;  // Bl: this rank's rows under sequence parallelism
-  for (int l = first; l < end; l++) {
+  // Linear l's forward collectives; `again`: its recompute in backward.
+  const auto forward = [&](int l, bool again) {
     if (!sp && role(l) == TpRole::Row)
-      list.push_back(tp_op(CollectiveOp::AllReduce, l, false, B * width(l + 1), t, "g: sum the row-parallel partial outputs"));
+      list.push_back(tp_op(CollectiveOp::AllReduce, l, again, B * width(l + 1), t,
+                           again ? "recompute: g again" : "g: sum the row-parallel partial outputs"));
     if (sp && role(l) == TpRole::Column)
-      list.push_back(tp_op(CollectiveOp::AllGather, l, false, local * width(l), t, "f: gather the rows before the column-parallel Linear"));
+      list.push_back(tp_op(CollectiveOp::AllGather, l, again, local * width(l), t,
+                           again ? "recompute: f again" : "f: gather the rows before the column-parallel Linear"));
     if (sp && role(l) == TpRole::Row)
-      list.push_back(tp_op(CollectiveOp::ReduceScatter, l, false, local * width(l + 1), t, "g: sum the partial outputs, keep this rank's rows"));
-  }
+      list.push_back(tp_op(CollectiveOp::ReduceScatter, l, again, local * width(l + 1), t,
+                           again ? "recompute: g again" : "g: sum the partial outputs, keep this rank's rows"));
+  };
+  for (int l = first; l < end; l++) forward(l, false);
   if (sp) list.push_back(tp_op(CollectiveOp::AllGather, end - 1, false, local * width(end), t, "gather every rank's rows of the logits"));
   for (int l = end - 1; l >= first; l--) {
+    if (recompute) forward(l, true);
     const bool dinp = l > first || input_grad;
     if (role(l) == TpRole::Column && dinp)
       list.push_back(sp ? tp_op(CollectiveOp::ReduceScatter, l, true, local * width(l), t, "f backward: sum the input gradient, keep this rank's rows")

@@ -57,9 +57,13 @@ struct TpCollective {
 //     per row layer an all-gather of Bl x out and an all-reduce of its bias gradient (out), per column
 //     layer a reduce-scatter of Bl x in (when needed), per replicated Linear an all-reduce of its
 //     weight and bias gradients.
+// `recompute` (activation checkpointing): backward first runs each Linear's forward again, so its
+// forward collective (g, or under sequence parallelism f's all-gather and g's reduce-scatter) is issued
+// once more, just before that Linear's backward collectives (the logits' gather is not: it is outside
+// the blocks).
 // Degree 1: none.
 std::vector<TpCollective> tp_collectives(const ModelSpec& spec, int first, int end, const TensorParallelSpec& tp,
-                                         int64_t B, bool input_grad);
+                                         int64_t B, bool input_grad, bool recompute = false);
 int64_t tp_collective_bytes(const std::vector<TpCollective>& list);  // the sum of their bytes
 
 }  // namespace dtlab

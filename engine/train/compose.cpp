@@ -33,8 +33,6 @@ const Combination kCombinations[] = {
      "the shards would have to be cut again into tensor-parallel pieces", "give a full .safetensors file", true},
     {Feature::TensorParallel, "--lora-rank", [](const TrainConfig& c) { return c.lora.rank > 0; },
      "the adapters are not split across the tensor-parallel group", "drop --tp or --lora-rank", true},
-    {Feature::TensorParallel, "--activation-checkpointing", [](const TrainConfig& c) { return c.activation_checkpointing; },
-     "the checkpointed blocks do not replay the tensor-parallel collectives", "drop one of them", true},
     {Feature::MixedPrecision, "--device cuda or dtlab-cli launch", [](const TrainConfig& c) { return off_cpu_threads(c) || c.launched; },
      "the 16-bit kernels run on the CPU engine's threads", "use --device cpu --backend threads", true},
     {Feature::MixedPrecision, "--sharding no-shard, zero1 or hybrid",

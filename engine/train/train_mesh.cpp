@@ -67,6 +67,7 @@ void Trainer::build_tp_models(int first_rank, int end_rank, bool in_world) {
       shard_full_params(*models_.back(), start.data(), local.data());
       models_.back()->upload_params(local.data());
     }
+    models_.back()->set_activation_checkpointing(config_.activation_checkpointing);  // replays f and g (model.h)
     models_.back()->set_observer(in_world ? &world_->threads().context(r) : ctx_.get());
   }
 }
