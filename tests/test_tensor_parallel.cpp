@@ -303,6 +303,99 @@ TEST_SUITE("tensor_parallel") {
     }
   }
 
+  TEST_CASE("LoRA on a TP shard: the one-rank adapters' slices, gathered back whole, trained like one LoRA model") {
+    LoraSpec every;
+    every.rank = 4;
+    LoraSpec row_only = every;  // only a row-parallel Linear adapted (Linear 2 is row-parallel in every case)
+    row_only.layers = {2};
+    for (const ParityCase& k : kParityCases) {
+      for (const LoraSpec& lora : {every, row_only}) {
+        const ModelSpec spec = ModelSpec::parse(k.model);
+        const int n_linear = static_cast<int>(spec.dims.size()) - 1;
+        const int t = k.degree;
+        const std::string model = k.model;
+        CAPTURE(model);
+        CAPTURE(t);
+        CAPTURE(lora.layers.size());
+        const std::vector<TpBatch> batches = make_batches(spec, {13}, 3);
+        Model one(spec, nullptr, 5);
+        one.enable_lora(lora, 5);
+        const std::vector<float> init = one.host_params();
+        Optimizer one_opt(optimizer(OptimizerKind::AdamW), one.num_params(), nullptr);
+        for (const TpBatch& b : batches) train_step(one, one_opt, b);
+        const std::vector<float> want = one.host_params();
+
+        ThreadsWorld world(t);
+        std::vector<std::vector<float>> start(static_cast<size_t>(t)), got(start);
+        world.run([&](int rank, Communicator& comm, RankContext&) {
+          Model m(spec, nullptr, 5, 0, n_linear, cpu_device(), TensorParallelSpec{t, rank, false});
+          GroupTensorParallelComm tp(comm);
+          m.set_tensor_parallel_comm(&tp);
+          m.enable_lora(lora, 5);
+          // peft's names in the one-rank order; each shape is the one-rank shape with the split side / t.
+          REQUIRE(m.parameters().size() == one.parameters().size());
+          for (size_t i = 0; i < m.parameters().size(); i++) {
+            const Parameter& p = m.parameters()[i];
+            const Parameter& q = one.parameters()[i];
+            CHECK(p.name == q.name);
+            CHECK(p.numel * (p.shape == q.shape ? 1 : t) == q.numel);
+          }
+          for (int i = 0; i < m.num_layers(); i++) {
+            const Layer& L = m.layer(i);
+            if (L.lora_a < 0) continue;
+            const Shape a = m.parameters()[static_cast<size_t>(L.lora_a)].shape, b = m.parameters()[static_cast<size_t>(L.lora_b)].shape;
+            const int64_t in = spec.dims[static_cast<size_t>(L.seq_index / 2)], out = spec.dims[static_cast<size_t>(L.seq_index / 2 + 1)];
+            CHECK(a == Shape{4, L.tp == TpRole::Row ? in / t : in});
+            CHECK(b == Shape{L.tp == TpRole::Column ? out / t : out, 4});
+          }
+          start[static_cast<size_t>(rank)] = gather_tensor_parallel_params(m, comm);
+          Optimizer opt(optimizer(OptimizerKind::AdamW), m.num_params(), nullptr);
+          for (const TpBatch& b : batches) train_step(m, opt, b);
+          got[static_cast<size_t>(rank)] = gather_tensor_parallel_params(m, comm);
+        });
+        for (int r = 0; r < t; r++) {
+          CHECK(max_abs_diff(start[static_cast<size_t>(r)], init) == 0.0f);  // the one-rank adapters, exactly
+          CHECK(max_abs_diff(got[static_cast<size_t>(r)], want) <= 1e-5f);
+        }
+        CHECK(max_abs_diff(want, init) > 1e-3f);  // B moved off zero: the comparison is not of two starts
+        // Each step's collectives are tp_collectives(..., lora)'s: the base layer's f and g, plus one
+        // all-reduce of the whole adapter factor's gradient per adapted split Linear.
+        const std::vector<TpCollective> plan = tp_collectives(spec, 0, n_linear, TensorParallelSpec{t, 0, false}, 13, false, false, lora);
+        for (int r = 0; r < t; r++) {
+          std::vector<Event> coll;
+          for (const Event& e : world.recorder().events(r))
+            if (e.kind == EventKind::Collective) coll.push_back(e);
+          REQUIRE(coll.size() == 3 * plan.size() + 2);  // the gathers before and after training
+          for (size_t i = 0; i < 3 * plan.size(); i++) {
+            CAPTURE(i);
+            CHECK(coll[i + 1].coll.op == plan[i % plan.size()].op);
+            CHECK(coll[i + 1].coll.bytes == plan[i % plan.size()].bytes);
+          }
+        }
+      }
+    }
+    // Worked for mlp:2,64,64,3 at tp 2, r 4, 16 rows: g of Linear 2 (16 x 64), then in backward lora_B
+    // of Linear 2 (64 x 4) and lora_A of Linear 0 (4 x 2); Linear 0's f moves nothing (the data needs no
+    // gradient) and the replicated Linear 4's adapters see the same rows on every rank.
+    const ModelSpec spec = ModelSpec::parse("mlp:2,64,64,3");
+    const std::vector<TpCollective> plan = tp_collectives(spec, 0, 3, TensorParallelSpec{2, 0, false}, 16, false, false, every);
+    REQUIRE(plan.size() == 3);
+    CHECK(plan[1].layer == 2);
+    CHECK(plan[1].bytes == 64 * 4 * 4);
+    CHECK(plan[2].layer == 0);
+    CHECK(plan[2].bytes == 4 * 2 * 4);
+    CHECK(tp_collective_bytes(plan) == (16 * 64 + 64 * 4 + 4 * 2) * 4);
+  }
+
+  TEST_CASE("LoRA under sequence parallelism refuses with one sentence") {
+    Model m(ModelSpec::parse("mlp:2,64,64,3"), nullptr, 5, 0, 3, cpu_device(), TensorParallelSpec{2, 0, true});
+    LoraSpec lora;
+    lora.rank = 4;
+    CHECK_THROWS_WITH(m.enable_lora(lora, 5),
+                      "LoRA does not run with sequence parallelism in this version (the sequence-parallel layers do not "
+                      "run the adapters); drop --sequence-parallel or --lora-rank");
+  }
+
   TEST_CASE("the byte formulas, worked for mlp:2,64,64,3 at tp 2 on 16 rows") {
     const ModelSpec spec = ModelSpec::parse("mlp:2,64,64,3");
     const std::vector<TpCollective> tp = tp_collectives(spec, 0, 3, TensorParallelSpec{2, 0, false}, 16, false);

@@ -270,7 +270,7 @@ void Model::forward_layer_as(int i, float* out, const float* in, int64_t B, Comp
   }
   if (!row) return;
   tp_comm().all_reduce(out, B * L.out_features, L.seq_index);  // g forward: sum the partial outputs
-  add_bias_rows(out, params_[L.bias].data, B, L.out_features);
+  add_bias_rows(out, bias_of(L).data, B, L.out_features);
 }
 
 void Model::layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out,
@@ -292,6 +292,7 @@ void Model::layer_backward(int i, float* dinp, const float* dout, const float* i
   // f backward: each rank's input gradient covers its slice of the outputs; their sum is the whole.
   if (dinp && L.kind == LayerKind::Linear && L.tp == TpRole::Column)
     tp_comm().all_reduce(dinp, B * L.in_features, L.seq_index);
+  if (lora_split(L)) sum_lora_grad(L);
 }
 
 void Model::layer_backward_input(int i, float* dinp, const float* dout, const float* out, int64_t B) {
@@ -611,24 +612,34 @@ std::vector<float> lora_init_values(const ModelSpec& spec, const LoraSpec& lora,
   return host;
 }
 
-void shard_full_params(const Model& model, const float* full, float* local) {
+std::vector<TpPiece> tp_pieces(const Model& model, int tp_rank) {
   const auto& dims = model.spec().dims;
-  const auto& params = model.parameters();
-  const TensorParallelSpec& tp = model.tensor_parallel();
-  const float* src = full;
+  const int degree = model.tensor_parallel().degree;
+  const int64_t r = model.lora_spec().rank;
+  std::vector<TpPiece> pieces;
   for (int i = 0; i < model.num_layers(); i++) {
     const Layer& L = model.layer(i);
     if (L.kind != LayerKind::Linear) continue;
     const int l = L.seq_index / 2;
     const int64_t out = dims[static_cast<size_t>(l + 1)], in = dims[static_cast<size_t>(l)];
-    const TpSlice sl = tp_slice(L.tp, out, in, tp.degree, tp.rank);
-    float* w = local + params[static_cast<size_t>(L.weight)].offset;
-    for (int64_t r = sl.row_begin; r < sl.row_end; r++)
-      for (int64_t c = sl.col_begin; c < sl.col_end; c++) *w++ = src[r * in + c];
-    src += out * in;
-    float* b = local + params[static_cast<size_t>(L.bias)].offset;
-    for (int64_t r = sl.bias_begin; r < sl.bias_end; r++) *b++ = src[r];
-    src += out;
+    const TpSlice sl = tp_slice(L.tp, out, in, degree, tp_rank);
+    if (!model.lora()) {
+      pieces.push_back({out, in, sl.row_begin, sl.row_end, sl.col_begin, sl.col_end});
+      pieces.push_back({out, 1, sl.bias_begin, sl.bias_end, 0, 1});
+    } else if (L.lora_a >= 0) {  // A takes the weight's columns, B its rows
+      pieces.push_back({r, in, 0, r, sl.col_begin, sl.col_end});
+      pieces.push_back({out, r, sl.row_begin, sl.row_end, 0, r});
+    }
+  }
+  return pieces;
+}
+
+void shard_full_params(const Model& model, const float* full, float* local) {
+  const float* src = full;
+  for (const TpPiece& p : tp_pieces(model, model.tensor_parallel().rank)) {
+    for (int64_t r = p.row_begin; r < p.row_end; r++)
+      for (int64_t c = p.col_begin; c < p.col_end; c++) *local++ = src[r * p.cols + c];
+    src += p.rows * p.cols;
   }
 }
 
