@@ -257,6 +257,11 @@ void print_memory(std::ostream& out, const TrainConfig& c, const TrainSummary& s
 // --activation-checkpointing: the measured activations beside the planner's prediction for the model's
 // own buffers with and without it (the loss adds its probabilities and their gradient, 2 x B x C floats).
 void print_checkpointing(std::ostream& out, const TrainConfig& c, const TrainSummary& s) {
+  if (c.tp > 1) {  // mlp_activation_bytes plans an unsplit model, not a shard with its f and g buffers
+    out << "activation checkpointing: activations peak " << human_bytes(s.memory.peak[static_cast<int>(MemCategory::Activations)])
+        << " on each --tp " << c.tp << " shard (the planner predicts unsplit models only)\n";
+    return;
+  }
   const int64_t with = mlp_activation_bytes(c.model, c.batch, true);
   const int64_t without = mlp_activation_bytes(c.model, c.batch, false);
   const int64_t loss = 2 * c.batch * c.model.out_features() * static_cast<int64_t>(sizeof(float));

@@ -275,9 +275,12 @@ TEST_CASE("bad LoRA settings get one sentence") {
   p.pipeline.stages = 2;
   CHECK(test::error_of(p) ==
         "--lora-rank with --strategy pipeline: not built yet, the stages hold plain Linear layers; use --strategy single, ddp or fsdp");
-  TrainConfig tp = lora_config("ddp", 2, 2, 4);
-  tp.tp = 2;
-  CHECK(test::error_of(tp) == "--tp with --lora-rank: not built yet, the adapters are not split across the tensor-parallel group; drop --tp or --lora-rank");
+  TrainConfig sp = lora_config("ddp", 2, 2, 4);
+  sp.tp = 2;
+  sp.sequence_parallel = true;
+  CHECK(test::error_of(sp) ==
+        "--lora-rank with --sequence-parallel: not built yet, the sequence-parallel layers do not run the adapters; drop "
+        "--sequence-parallel or --lora-rank");
 }
 
 }  // TEST_SUITE

@@ -60,6 +60,89 @@ TEST_SUITE("mesh") {
     }
   }
 
+  TEST_CASE("--tp T --activation-checkpointing (ddp at world T, fsdp at world 2T) trains to the model without either") {
+    for (int tp : {2, 4}) {
+      for (bool sp : {false, true}) {
+        CAPTURE(tp);
+        CAPTURE(sp);
+        TrainConfig one = mesh_config("single", 1, 1, OptimizerKind::AdamW);
+        one.steps = 3;
+        Trainer ref(one);
+        ref.run();
+        TrainConfig c = mesh_config("ddp", tp, tp, OptimizerKind::AdamW);
+        c.steps = 3;
+        c.sequence_parallel = sp;
+        c.activation_checkpointing = true;
+        Trainer t(c);
+        t.run();
+        CHECK(max_diff(t.result_model(), ref.result_model()) <= 1e-5);
+      }
+    }
+    // FSDP gathers each unit again for its recompute; with TP the gathered shard replays its collectives.
+    TrainConfig two = mesh_config("ddp", 2, 1, OptimizerKind::AdamW);
+    two.steps = 3;
+    Trainer ref(two);
+    ref.run();
+    TrainConfig f = mesh_config("fsdp", 4, 2, OptimizerKind::AdamW);
+    f.steps = 3;
+    f.activation_checkpointing = true;
+    Trainer t(f);
+    t.run();
+    CHECK(max_diff(t.result_model(), ref.result_model()) <= 1e-5);
+  }
+
+  TEST_CASE("--tp T --lora-rank 4 trains and saves the one-rank run's adapters (ddp at world T, dp 2 x tp 2 on ddp and fsdp)") {
+    const std::string dir = std::filesystem::temp_directory_path() / ("dtlab_mesh_lora_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    auto lora_run = [&](const char* strategy, int world, int tp) {
+      TrainConfig c = mesh_config(strategy, world, tp, OptimizerKind::AdamW);
+      c.steps = 3;
+      c.lora.rank = 4;
+      c.save_path = dir + "/" + strategy + std::to_string(world) + "_" + std::to_string(tp) + ".safetensors";
+      return c;
+    };
+    auto same_file = [](const std::string& a, const std::string& b) {
+      const SafetensorsFile fa = load_safetensors(a), fb = load_safetensors(b);
+      REQUIRE(fa.entries.size() == fb.entries.size());
+      double d = 0;
+      for (const SafetensorsEntry& e : fa.entries) {
+        const SafetensorsEntry* o = fb.find(e.name);
+        REQUIRE(o != nullptr);
+        CHECK(o->shape == e.shape);
+        REQUIRE(e.dtype == DType::F32);
+        std::vector<float> x(static_cast<size_t>((e.end - e.begin) / 4)), y(x.size());
+        std::memcpy(x.data(), fa.bytes(e), x.size() * sizeof(float));
+        std::memcpy(y.data(), fb.bytes(*o), y.size() * sizeof(float));
+        for (size_t i = 0; i < x.size(); i++) d = std::max(d, static_cast<double>(std::fabs(x[i] - y[i])));
+      }
+      return d;
+    };
+    const TrainConfig one = lora_run("single", 1, 1);
+    Trainer ref(one);
+    ref.run();
+    for (int tp : {2, 4}) {
+      CAPTURE(tp);
+      const TrainConfig c = lora_run("ddp", tp, tp);
+      Trainer t(c);
+      t.run();
+      CHECK(t.result_model().lora());
+      CHECK(max_diff(t.result_model(), ref.result_model()) <= 1e-5);
+      CHECK(same_file(c.save_path, one.save_path) <= 1e-5);
+    }
+    const TrainConfig two = lora_run("ddp", 2, 1);
+    Trainer ddp(two);
+    ddp.run();
+    for (const char* strategy : {"ddp", "fsdp"}) {
+      CAPTURE(strategy);
+      const TrainConfig c = lora_run(strategy, 4, 2);
+      Trainer t(c);
+      t.run();
+      CHECK(max_diff(t.result_model(), ddp.result_model()) <= 1e-5);
+      CHECK(same_file(c.save_path, two.save_path) <= 1e-5);
+    }
+    std::filesystem::remove_all(dir);
+  }
+
   TEST_CASE("DDP x TP (world 4, tp 2) equals DDP on world 2, FSDP x TP equals it too") {
     for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
       Trainer ref(mesh_config("ddp", 2, 1, kind));

@@ -76,7 +76,8 @@ struct TpRun {
   std::vector<std::vector<Event>> events;  // per rank: its Collective events of the training steps
 };
 
-TpRun train_tp(const ModelSpec& spec, int t, bool sp, OptimizerKind kind, const std::vector<TpBatch>& batches) {
+TpRun train_tp(const ModelSpec& spec, int t, bool sp, OptimizerKind kind, const std::vector<TpBatch>& batches,
+               bool recompute = false) {
   ThreadsWorld world(t);
   TpRun run;
   run.full.resize(static_cast<size_t>(t));
@@ -84,6 +85,7 @@ TpRun train_tp(const ModelSpec& spec, int t, bool sp, OptimizerKind kind, const 
     Model m(spec, nullptr, 5, 0, static_cast<int>(spec.dims.size()) - 1, cpu_device(), TensorParallelSpec{t, rank, sp});
     GroupTensorParallelComm tp(comm);
     m.set_tensor_parallel_comm(&tp);
+    m.set_activation_checkpointing(recompute);
     Optimizer opt(optimizer(kind), m.num_params(), nullptr);
     for (const TpBatch& b : batches) train_step(m, opt, b);
     run.full[static_cast<size_t>(rank)] = gather_tensor_parallel_params(m, comm);
@@ -244,6 +246,154 @@ TEST_SUITE("tensor_parallel") {
         }
       }
     }
+  }
+
+  TEST_CASE("activation checkpointing on a TP shard replays the forward collectives and trains like one model") {
+    for (const ParityCase& k : kParityCases) {
+      for (bool sp : {false, true}) {
+        const ModelSpec spec = ModelSpec::parse(k.model);
+        const int n_linear = static_cast<int>(spec.dims.size()) - 1;
+        const std::string model = k.model;
+        CAPTURE(model);
+        CAPTURE(k.degree);
+        CAPTURE(sp);
+        // 3 steps of 13 rows (not divisible by the degree): the recompute equals the plain TP run bit for
+        // bit (the same kernels on the same inputs, the same sums) and one unsplit model within 1e-5.
+        const std::vector<TpBatch> batches = make_batches(spec, {13}, 3);
+        const TpRun plain = train_tp(spec, k.degree, sp, OptimizerKind::AdamW, batches);
+        const TpRun recompute = train_tp(spec, k.degree, sp, OptimizerKind::AdamW, batches, true);
+        const std::vector<float> single = train_single(spec, OptimizerKind::AdamW, batches);
+        for (int r = 0; r < k.degree; r++) {
+          CHECK(max_abs_diff(recompute.full[static_cast<size_t>(r)], plain.full[static_cast<size_t>(r)]) == 0.0f);
+          CHECK(max_abs_diff(recompute.full[static_cast<size_t>(r)], single) <= 1e-5f);
+        }
+        // Each step issues what tp_collectives(..., recompute) lists, in its order: the plain step's
+        // collectives plus every Linear's forward collectives once more, in backward.
+        const TensorParallelSpec tp{k.degree, 0, sp};
+        const std::vector<TpCollective> want = tp_collectives(spec, 0, n_linear, tp, 13, false, true);
+        const std::vector<TpCollective> base = tp_collectives(spec, 0, n_linear, tp, 13, false);
+        int64_t forward_bytes = 0, forward_count = 0;
+        for (const TpCollective& c : base) {
+          const bool logits = c.op == CollectiveOp::AllGather && c.layer == 2 * (n_linear - 1);  // outside the blocks
+          if (!c.backward && !logits) forward_count++, forward_bytes += c.bytes;
+        }
+        CHECK(want.size() == base.size() + static_cast<size_t>(forward_count));
+        CHECK(tp_collective_bytes(want) == tp_collective_bytes(base) + forward_bytes);
+        for (int r = 0; r < k.degree; r++) {
+          const std::vector<Event>& got = recompute.events[static_cast<size_t>(r)];
+          REQUIRE(got.size() == 3 * want.size());
+          for (size_t i = 0; i < got.size(); i++) {
+            CAPTURE(i);
+            CHECK(got[i].coll.op == want[i % want.size()].op);
+            CHECK(got[i].coll.bytes == want[i % want.size()].bytes);
+          }
+        }
+      }
+    }
+    // Worked for mlp:2,64,64,3 at tp 2 on 16 rows: the recompute of Linear 2 all-reduces its 16 x 64
+    // partial outputs again (4096 bytes); sequence parallel gathers Linear 0's 16 x 2 input rows again
+    // (128 bytes) and reduce-scatters Linear 2's 16 x 64 partial outputs again (4096 bytes).
+    const ModelSpec spec = ModelSpec::parse("mlp:2,64,64,3");
+    for (bool sp : {false, true}) {
+      const TensorParallelSpec tp{2, 0, sp};
+      const std::vector<TpCollective> with = tp_collectives(spec, 0, 3, tp, 16, false, true);
+      const std::vector<TpCollective> without = tp_collectives(spec, 0, 3, tp, 16, false);
+      CHECK(with.size() - without.size() == (sp ? 2u : 1u));
+      CHECK(tp_collective_bytes(with) - tp_collective_bytes(without) == (sp ? 128 + 4096 : 4096));
+    }
+  }
+
+  TEST_CASE("LoRA on a TP shard: the one-rank adapters' slices, gathered back whole, trained like one LoRA model") {
+    LoraSpec every;
+    every.rank = 4;
+    LoraSpec row_only = every;  // only a row-parallel Linear adapted (Linear 2 is row-parallel in every case)
+    row_only.layers = {2};
+    for (const ParityCase& k : kParityCases) {
+      for (const LoraSpec& lora : {every, row_only}) {
+        const ModelSpec spec = ModelSpec::parse(k.model);
+        const int n_linear = static_cast<int>(spec.dims.size()) - 1;
+        const int t = k.degree;
+        const std::string model = k.model;
+        CAPTURE(model);
+        CAPTURE(t);
+        CAPTURE(lora.layers.size());
+        const std::vector<TpBatch> batches = make_batches(spec, {13}, 3);
+        Model one(spec, nullptr, 5);
+        one.enable_lora(lora, 5);
+        const std::vector<float> init = one.host_params();
+        Optimizer one_opt(optimizer(OptimizerKind::AdamW), one.num_params(), nullptr);
+        for (const TpBatch& b : batches) train_step(one, one_opt, b);
+        const std::vector<float> want = one.host_params();
+
+        ThreadsWorld world(t);
+        std::vector<std::vector<float>> start(static_cast<size_t>(t)), got(start);
+        world.run([&](int rank, Communicator& comm, RankContext&) {
+          Model m(spec, nullptr, 5, 0, n_linear, cpu_device(), TensorParallelSpec{t, rank, false});
+          GroupTensorParallelComm tp(comm);
+          m.set_tensor_parallel_comm(&tp);
+          m.enable_lora(lora, 5);
+          // peft's names in the one-rank order; each shape is the one-rank shape with the split side / t.
+          REQUIRE(m.parameters().size() == one.parameters().size());
+          for (size_t i = 0; i < m.parameters().size(); i++) {
+            const Parameter& p = m.parameters()[i];
+            const Parameter& q = one.parameters()[i];
+            CHECK(p.name == q.name);
+            CHECK(p.numel * (p.shape == q.shape ? 1 : t) == q.numel);
+          }
+          for (int i = 0; i < m.num_layers(); i++) {
+            const Layer& L = m.layer(i);
+            if (L.lora_a < 0) continue;
+            const Shape a = m.parameters()[static_cast<size_t>(L.lora_a)].shape, b = m.parameters()[static_cast<size_t>(L.lora_b)].shape;
+            const int64_t in = spec.dims[static_cast<size_t>(L.seq_index / 2)], out = spec.dims[static_cast<size_t>(L.seq_index / 2 + 1)];
+            CHECK(a == Shape{4, L.tp == TpRole::Row ? in / t : in});
+            CHECK(b == Shape{L.tp == TpRole::Column ? out / t : out, 4});
+          }
+          start[static_cast<size_t>(rank)] = gather_tensor_parallel_params(m, comm);
+          Optimizer opt(optimizer(OptimizerKind::AdamW), m.num_params(), nullptr);
+          for (const TpBatch& b : batches) train_step(m, opt, b);
+          got[static_cast<size_t>(rank)] = gather_tensor_parallel_params(m, comm);
+        });
+        for (int r = 0; r < t; r++) {
+          CHECK(max_abs_diff(start[static_cast<size_t>(r)], init) == 0.0f);  // the one-rank adapters, exactly
+          CHECK(max_abs_diff(got[static_cast<size_t>(r)], want) <= 1e-5f);
+        }
+        CHECK(max_abs_diff(want, init) > 1e-3f);  // B moved off zero: the comparison is not of two starts
+        // Each step's collectives are tp_collectives(..., lora)'s: the base layer's f and g, plus one
+        // all-reduce of the whole adapter factor's gradient per adapted split Linear.
+        const std::vector<TpCollective> plan = tp_collectives(spec, 0, n_linear, TensorParallelSpec{t, 0, false}, 13, false, false, lora);
+        for (int r = 0; r < t; r++) {
+          std::vector<Event> coll;
+          for (const Event& e : world.recorder().events(r))
+            if (e.kind == EventKind::Collective) coll.push_back(e);
+          REQUIRE(coll.size() == 3 * plan.size() + 2);  // the gathers before and after training
+          for (size_t i = 0; i < 3 * plan.size(); i++) {
+            CAPTURE(i);
+            CHECK(coll[i + 1].coll.op == plan[i % plan.size()].op);
+            CHECK(coll[i + 1].coll.bytes == plan[i % plan.size()].bytes);
+          }
+        }
+      }
+    }
+    // Worked for mlp:2,64,64,3 at tp 2, r 4, 16 rows: g of Linear 2 (16 x 64), then in backward lora_B
+    // of Linear 2 (64 x 4) and lora_A of Linear 0 (4 x 2); Linear 0's f moves nothing (the data needs no
+    // gradient) and the replicated Linear 4's adapters see the same rows on every rank.
+    const ModelSpec spec = ModelSpec::parse("mlp:2,64,64,3");
+    const std::vector<TpCollective> plan = tp_collectives(spec, 0, 3, TensorParallelSpec{2, 0, false}, 16, false, false, every);
+    REQUIRE(plan.size() == 3);
+    CHECK(plan[1].layer == 2);
+    CHECK(plan[1].bytes == 64 * 4 * 4);
+    CHECK(plan[2].layer == 0);
+    CHECK(plan[2].bytes == 4 * 2 * 4);
+    CHECK(tp_collective_bytes(plan) == (16 * 64 + 64 * 4 + 4 * 2) * 4);
+  }
+
+  TEST_CASE("LoRA under sequence parallelism refuses with one sentence") {
+    Model m(ModelSpec::parse("mlp:2,64,64,3"), nullptr, 5, 0, 3, cpu_device(), TensorParallelSpec{2, 0, true});
+    LoraSpec lora;
+    lora.rank = 4;
+    CHECK_THROWS_WITH(m.enable_lora(lora, 5),
+                      "LoRA does not run with sequence parallelism in this version (the sequence-parallel layers do not "
+                      "run the adapters); drop --sequence-parallel or --lora-rank");
   }
 
   TEST_CASE("the byte formulas, worked for mlp:2,64,64,3 at tp 2 on 16 rows") {

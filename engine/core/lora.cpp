@@ -27,7 +27,10 @@ void check_lora_spec(const ModelSpec& spec, const LoraSpec& lora) {
 void Model::enable_lora(const LoraSpec& lora, uint64_t seed) {
   check_lora_spec(spec_, lora);
   DTLAB_CHECK(!this->lora(), "enable_lora() called twice");
-  DTLAB_CHECK(tp_.degree == 1 && owns_parameters(), "LoRA runs on a model without tensor parallelism that owns its parameters");
+  DTLAB_CHECK(owns_parameters(), "LoRA runs on a model that owns its parameters");
+  if (sequence_parallel())
+    throw Error("LoRA does not run with sequence parallelism in this version (the sequence-parallel layers do not run "
+                "the adapters); drop --sequence-parallel or --lora-rank");
   lora_ = lora;
   const int64_t base_bytes = num_params_ * static_cast<int64_t>(sizeof(float));
   frozen_ = Tensor({num_params_}, MemCategory::Parameters, tracker_, DType::F32, device_);
@@ -52,16 +55,20 @@ void Model::enable_lora(const LoraSpec& lora, uint64_t seed) {
   }
   num_params_ = offset;
   restore_storage(nullptr);
+  // The one-rank model's adapters, A then B (zero) per adapted layer; a TP shard takes its slices.
   const int end = first_linear_ + (num_layers() + 1) / 2;
   const std::vector<float> a = lora_init_values(spec_, lora, seed, first_linear_, end);
-  std::vector<float> host(static_cast<size_t>(num_params_), 0.0f);  // B starts at zero
+  std::vector<float> full;
   const float* src = a.data();
   for (const Layer& L : layers_) {
     if (L.lora_a < 0) continue;
-    const Parameter& A = params_[static_cast<size_t>(L.lora_a)];
-    std::copy(src, src + A.numel, host.begin() + A.offset);
-    src += A.numel;
+    const int64_t in = spec_.dims[static_cast<size_t>(L.seq_index / 2)], out = spec_.dims[static_cast<size_t>(L.seq_index / 2 + 1)];
+    full.insert(full.end(), src, src + r * in);
+    full.resize(full.size() + static_cast<size_t>(out * r), 0.0f);
+    src += r * in;
   }
+  std::vector<float> host(static_cast<size_t>(num_params_));
+  shard_full_params(*this, full.data(), host.data());
   upload_params(host.data());
 }
 
@@ -124,20 +131,40 @@ void Model::lora_forward(const Layer& L, float* out, const float* in, int64_t B)
 }
 
 // With ds = scaling * dout and t = in A^T (recomputed: a pipeline stage may run several micro-batches
-// before their backwards): dB += ds^T t, dt = ds B, dA += dt^T in, dinp += dt A.
+// before their backwards): dB += ds^T t, dt = ds B, dA += dt^T in, dinp += dt A. On a TP shard the
+// whole factor's gradient is a partial sum (enable_lora): it goes to grad_scratch_ for sum_lora_grad,
+// and the split input gradient's part joins dinp before f sums it.
 void Model::lora_backward(const Layer& L, float* dinp, const float* dout, const float* in, int64_t B) {
   const Parameter& A = params_[static_cast<size_t>(L.lora_a)];
   const Parameter& Bm = params_[static_cast<size_t>(L.lora_b)];
   const int64_t r = lora_.rank;
+  float* partial = nullptr;  // the whole factor's partial gradient
+  if (lora_split(L)) {
+    const int64_t n = L.tp == TpRole::Column ? A.numel : Bm.numel;
+    partial = scratch(grad_scratch_, n);
+    device_.fill_zero(partial, n * static_cast<int64_t>(sizeof(float)));
+  }
   float* t = scratch(lora_t_, 2 * B * r);
   float* dt = t + B * r;
   device_.linear_forward(t, in, A.data, nullptr, B, L.in_features, r);
   float* ds = scratch(lora_d_, B * L.out_features);
   device_.scale_copy(ds, dout, B * L.out_features, lora_.scaling());
-  device_.linear_backward(dt, Bm.grad, nullptr, ds, t, Bm.data, B, r, L.out_features);
+  device_.linear_backward(dt, L.tp == TpRole::Row && partial ? partial : Bm.grad, nullptr, ds, t, Bm.data, B, r,
+                          L.out_features);
   float* dx = dinp ? scratch(scratch_, B * L.in_features) : nullptr;
-  device_.linear_backward(dx, A.grad, nullptr, dt, in, A.data, B, L.in_features, r);
+  device_.linear_backward(dx, L.tp == TpRole::Column && partial ? partial : A.grad, nullptr, dt, in, A.data, B,
+                          L.in_features, r);
   if (dx) device_.accumulate(dinp, dx, B * L.in_features, false);
+}
+
+// After the layer's compute (the collectives are the comm lane's): the sum over the TP group of the
+// whole factor's partial gradients is its gradient for this pass, added to what earlier micro-batches
+// left (as sequence parallelism sums its row-split parameters' gradients).
+void Model::sum_lora_grad(const Layer& L) {
+  const Parameter& p = params_[static_cast<size_t>(L.tp == TpRole::Column ? L.lora_a : L.lora_b)];
+  float* partial = grad_scratch_.f32();
+  tp_comm().all_reduce(partial, p.numel, L.seq_index);
+  device_.accumulate(p.grad, partial, p.numel, false);
 }
 
 }  // namespace dtlab

@@ -270,7 +270,7 @@ void Model::forward_layer_as(int i, float* out, const float* in, int64_t B, Comp
   }
   if (!row) return;
   tp_comm().all_reduce(out, B * L.out_features, L.seq_index);  // g forward: sum the partial outputs
-  add_bias_rows(out, params_[L.bias].data, B, L.out_features);
+  add_bias_rows(out, bias_of(L).data, B, L.out_features);
 }
 
 void Model::layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out,
@@ -292,6 +292,7 @@ void Model::layer_backward(int i, float* dinp, const float* dout, const float* i
   // f backward: each rank's input gradient covers its slice of the outputs; their sum is the whole.
   if (dinp && L.kind == LayerKind::Linear && L.tp == TpRole::Column)
     tp_comm().all_reduce(dinp, B * L.in_features, L.seq_index);
+  if (lora_split(L)) sum_lora_grad(L);
 }
 
 void Model::layer_backward_input(int i, float* dinp, const float* dout, const float* out, int64_t B) {
@@ -348,11 +349,11 @@ const float* Model::sp_split_rows(Tensor& dst, const float* src, int64_t width) 
 
 // f becomes an all-gather of the rows before the column-parallel Linear, g a reduce-scatter of the
 // partial outputs after the row-parallel one (each rank keeps its rows, then adds the bias).
-void Model::sp_layer_forward(int i, float* out, const float* in) {
+void Model::sp_layer_forward(int i, float* out, const float* in, ComputeKind kind) {
   const Layer& L = layer(i);
   const int64_t all = padded_, local = padded_ / tp_.degree;
   if (L.kind == LayerKind::ReLU) {
-    ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, sp_rows(i, true)));
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, sp_rows(i, true)));
     device_.relu_forward(out, in, sp_rows(i, true) * L.out_features);
     return;
   }
@@ -363,18 +364,18 @@ void Model::sp_layer_forward(int i, float* out, const float* in) {
     // in backward (less memory, one more all-gather); keeping them makes SP move exactly TP's bytes.
     float* gathered = sp_gathered_[static_cast<size_t>(i)].f32();
     tp_comm().all_gather(gathered, in, local * L.in_features, L.seq_index);
-    ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, all));
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, all));
     device_.linear_forward(out, gathered, w.data, b.data, all, L.in_features, L.out_features);
   } else if (L.tp == TpRole::Row) {
     float* partial = scratch(scratch_, all * L.out_features);
     {
-      ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, all));
+      ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, all));
       device_.linear_forward(partial, in, w.data, nullptr, all, L.in_features, L.out_features);
     }
     tp_comm().reduce_scatter(out, partial, local * L.out_features, L.seq_index);
     add_bias_rows(out, b.data, local, L.out_features);
   } else {
-    ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, local));
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, local));
     device_.linear_forward(out, in, w.data, b.data, local, L.in_features, L.out_features);
   }
 }
@@ -518,9 +519,6 @@ void Model::set_activation_checkpointing(bool on) {
   if (on && mixed())
     throw Error(std::string("activation checkpointing does not run with --precision ") + precision_name(precision_) +
                 " in this version; drop --activation-checkpointing or use --precision fp32");
-  if (on && tp_.degree > 1)
-    throw Error("activation checkpointing does not run with tensor parallelism (--tp " + std::to_string(tp_.degree) +
-                "); drop --activation-checkpointing or --tp");
   checkpointing_ = on;
 }
 
@@ -533,13 +531,19 @@ bool Model::keeps_output(int i) const {
 // block's saved tensors): the block's Linear again from its kept input into recompute_, its ReLU in
 // place there (elementwise, so the values equal the forward's bit for bit). The ReLU's backward then
 // reads recompute_ as its output; the last Linear alone recomputes the logits, which its backward does
-// not read: the flops are what the run pays, as in torch.
+// not read: the flops are what the run pays, as in torch. On a tensor-parallel shard a block is the
+// shard's Linear and its ReLU, and its forward runs again with its collectives, as Megatron's full
+// recomputation re-runs the forward, f and g included (docs/course_sources.md §6c): a row-parallel
+// Linear sums its partial outputs again (all-reduce; sequence parallel: reduce-scatter), a column-parallel
+// one under sequence parallelism gathers its input rows again.
 void Model::recompute_block(int last) {
   const int first = layer(last).kind == LayerKind::ReLU ? last - 1 : last;
   float* buf = recompute_.f32();
   for (int i = first; i <= last; i++) {
     if (hooks_) hooks_->before_recompute(i);
-    forward_layer_as(i, buf, i == first ? layer_in_[static_cast<size_t>(i)] : buf, batch_, ComputeKind::Recompute);
+    const float* in = i == first ? layer_in_[static_cast<size_t>(i)] : buf;
+    if (sequence_parallel()) sp_layer_forward(i, buf, in, ComputeKind::Recompute);
+    else forward_layer_as(i, buf, in, batch_, ComputeKind::Recompute);
     if (hooks_) hooks_->after_recompute(i);
   }
 }
@@ -608,24 +612,34 @@ std::vector<float> lora_init_values(const ModelSpec& spec, const LoraSpec& lora,
   return host;
 }
 
-void shard_full_params(const Model& model, const float* full, float* local) {
+std::vector<TpPiece> tp_pieces(const Model& model, int tp_rank) {
   const auto& dims = model.spec().dims;
-  const auto& params = model.parameters();
-  const TensorParallelSpec& tp = model.tensor_parallel();
-  const float* src = full;
+  const int degree = model.tensor_parallel().degree;
+  const int64_t r = model.lora_spec().rank;
+  std::vector<TpPiece> pieces;
   for (int i = 0; i < model.num_layers(); i++) {
     const Layer& L = model.layer(i);
     if (L.kind != LayerKind::Linear) continue;
     const int l = L.seq_index / 2;
     const int64_t out = dims[static_cast<size_t>(l + 1)], in = dims[static_cast<size_t>(l)];
-    const TpSlice sl = tp_slice(L.tp, out, in, tp.degree, tp.rank);
-    float* w = local + params[static_cast<size_t>(L.weight)].offset;
-    for (int64_t r = sl.row_begin; r < sl.row_end; r++)
-      for (int64_t c = sl.col_begin; c < sl.col_end; c++) *w++ = src[r * in + c];
-    src += out * in;
-    float* b = local + params[static_cast<size_t>(L.bias)].offset;
-    for (int64_t r = sl.bias_begin; r < sl.bias_end; r++) *b++ = src[r];
-    src += out;
+    const TpSlice sl = tp_slice(L.tp, out, in, degree, tp_rank);
+    if (!model.lora()) {
+      pieces.push_back({out, in, sl.row_begin, sl.row_end, sl.col_begin, sl.col_end});
+      pieces.push_back({out, 1, sl.bias_begin, sl.bias_end, 0, 1});
+    } else if (L.lora_a >= 0) {  // A takes the weight's columns, B its rows
+      pieces.push_back({r, in, 0, r, sl.col_begin, sl.col_end});
+      pieces.push_back({out, r, sl.row_begin, sl.row_end, 0, r});
+    }
+  }
+  return pieces;
+}
+
+void shard_full_params(const Model& model, const float* full, float* local) {
+  const float* src = full;
+  for (const TpPiece& p : tp_pieces(model, model.tensor_parallel().rank)) {
+    for (int64_t r = p.row_begin; r < p.row_end; r++)
+      for (int64_t c = p.col_begin; c < p.col_end; c++) *local++ = src[r * p.cols + c];
+    src += p.rows * p.cols;
   }
 }
 

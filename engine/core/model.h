@@ -134,8 +134,15 @@ class Model {
   // LoRA: freezes the current weights and biases (moved to a buffer tracked as parameters, with no
   // gradient) and makes parameters() and the flat buffers hold only the adapters, "N.lora_A.weight"
   // (r, in) and "N.lora_B.weight" (out, r) in layer order, so DDP, FSDP and the optimizers cover only
-  // them. A's values: lora_init_values(). dtlab::Error for a bad rank or layer list; call once, on a
-  // model without tensor parallelism that owns its parameters.
+  // them. A's values: lora_init_values(). On a tensor-parallel shard the adapters are split so that
+  // they ride the base layer's f and g (TP-aware LoRA, docs/course_sources.md §6c): a column-parallel
+  // Linear's A (r, in) is whole on every rank and its B (out/T, r) holds this rank's output rows; a
+  // row-parallel Linear's A (r, in/T) holds this rank's input columns and its B (out, r) is whole; a
+  // replicated Linear's are whole. The values are the one-rank LoRA model's slices (tp_pieces). The
+  // whole factor's gradient comes from partial sums (the column layer's dt = ds B is split over the
+  // output rows, the row layer's x A^T over the input columns), so backward all-reduces it over the TP
+  // group. dtlab::Error for a bad rank or layer list, or under sequence parallelism; call once, on a
+  // model that owns its parameters.
   void enable_lora(const LoraSpec& lora, uint64_t seed);
   bool lora() const { return lora_.rank > 0; }
   const LoraSpec& lora_spec() const { return lora_; }
@@ -235,7 +242,9 @@ class Model {
   // inside a block goes to one recompute buffer shared by every block. backward() runs each block's
   // forward again into that buffer (reported as ComputeKind::Recompute, the hooks' before/after_recompute
   // around it), then its backward: the same kernels in the same order, so the gradients are
-  // bit-identical. Not with tensor parallelism (dtlab::Error). layer_output(i) is null for a Linear
+  // bit-identical. On a tensor-parallel shard the blocks are the shard's (a column-parallel Linear and
+  // its ReLU, a row-parallel Linear and its ReLU) and the recompute replays their forward collectives
+  // (recompute_block; tp_collectives(..., recompute) lists them). layer_output(i) is null for a Linear
   // inside a block while it is on.
   void set_activation_checkpointing(bool on);
   bool activation_checkpointing() const { return checkpointing_; }
@@ -279,7 +288,7 @@ class Model {
   int64_t sp_rows(int i, bool output) const;  // layer i's input or output rows under sequence parallelism
   float* scratch(Tensor& t, int64_t n);       // grows `t` to n floats on the model's device
   void add_bias_rows(float* out, const float* bias, int64_t B, int64_t OC);
-  void sp_layer_forward(int i, float* out, const float* in);
+  void sp_layer_forward(int i, float* out, const float* in, ComputeKind kind = ComputeKind::LayerForward);
   void sp_layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out);
   void sp_linear_backward(int i, float* dinp, const float* dout, const float* in);
   const float* sp_split_rows(Tensor& dst, const float* src, int64_t width);
@@ -292,6 +301,8 @@ class Model {
   float* f32_scratch(Tensor& t, int64_t n);                  // n floats of fp32 compute scratch
   void lora_forward(const Layer& L, float* out, const float* in, int64_t B);
   void lora_backward(const Layer& L, float* dinp, const float* dout, const float* in, int64_t B);
+  bool lora_split(const Layer& L) const { return L.lora_a >= 0 && L.tp != TpRole::Replicated; }
+  void sum_lora_grad(const Layer& L);  // TP: all-reduce the whole factor's partial gradient, add it
   ModelSpec spec_;
   TensorParallelSpec tp_;
   LoraSpec lora_;
@@ -349,8 +360,18 @@ void check_lora_spec(const ModelSpec& spec, const LoraSpec& lora);
 // draws A again with kaiming_uniform_(a=sqrt(5)) (bound 1/sqrt(in)): that last draw is A; B is zeroed.
 std::vector<float> lora_init_values(const ModelSpec& spec, const LoraSpec& lora, uint64_t seed, int first_linear,
                                     int end_linear);
-// Cuts a tensor-parallel shard's values out of the full stage's flat host parameters (the order above):
-// `local` receives model.num_params() floats in model.parameters() order.
+// Where a tensor-parallel shard's parameter sits in the unsplit one: rows [row_begin, row_end) and
+// columns [col_begin, col_end) of the full (rows, cols) matrix (a bias is (out, 1)).
+struct TpPiece {
+  int64_t rows, cols;
+  int64_t row_begin, row_end, col_begin, col_end;
+};
+// model.parameters()' pieces on TP rank `tp_rank`, in that order: the weights and biases (tp_slice),
+// or under LoRA the adapters (enable_lora says how they split). The unsplit parameters lie flat in
+// the same order, each (rows, cols) row-major: the full stage's (torch_init_values) or its adapters.
+std::vector<TpPiece> tp_pieces(const Model& model, int tp_rank);
+// Cuts a tensor-parallel shard's values out of the full stage's flat host parameters (tp_pieces'
+// order): `local` receives model.num_params() floats in model.parameters() order.
 void shard_full_params(const Model& model, const float* full, float* local);
 
 }  // namespace dtlab

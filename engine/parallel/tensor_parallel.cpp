@@ -33,30 +33,16 @@ std::vector<float> gather_tensor_parallel_params(const Model& shard, Communicato
   std::vector<float> host(static_cast<size_t>(P * tp.degree));
   dev.download(host.data(), all.f32(), all.nbytes());
 
-  const auto& dims = shard.spec().dims;
-  const auto& params = shard.parameters();
   int64_t total = 0;
-  for (int i = 0; i < shard.num_layers(); i++) {
-    const int l = shard.layer(i).seq_index / 2;
-    if (shard.layer(i).kind == LayerKind::Linear) total += dims[static_cast<size_t>(l + 1)] * (dims[static_cast<size_t>(l)] + 1);
-  }
+  for (const TpPiece& p : tp_pieces(shard, 0)) total += p.rows * p.cols;
   std::vector<float> full(static_cast<size_t>(total));
   for (int r = 0; r < tp.degree; r++) {
     const float* local = host.data() + r * P;
-    float* dst = full.data();  // the inverse of shard_full_params' walk, for TP rank r's slices
-    for (int i = 0; i < shard.num_layers(); i++) {
-      const Layer& L = shard.layer(i);
-      if (L.kind != LayerKind::Linear) continue;
-      const int l = L.seq_index / 2;
-      const int64_t out = dims[static_cast<size_t>(l + 1)], in = dims[static_cast<size_t>(l)];
-      const TpSlice sl = tp_slice(L.tp, out, in, tp.degree, r);
-      const float* w = local + params[static_cast<size_t>(L.weight)].offset;
-      for (int64_t row = sl.row_begin; row < sl.row_end; row++)
-        for (int64_t c = sl.col_begin; c < sl.col_end; c++) dst[row * in + c] = *w++;
-      dst += out * in;
-      const float* b = local + params[static_cast<size_t>(L.bias)].offset;
-      for (int64_t o = sl.bias_begin; o < sl.bias_end; o++) dst[o] = *b++;
-      dst += out;
+    float* dst = full.data();  // the inverse of shard_full_params' walk, for TP rank r's pieces
+    for (const TpPiece& p : tp_pieces(shard, r)) {
+      for (int64_t row = p.row_begin; row < p.row_end; row++)
+        for (int64_t c = p.col_begin; c < p.col_end; c++) dst[row * p.cols + c] = *local++;
+      dst += p.rows * p.cols;
     }
   }
   return full;
@@ -72,7 +58,7 @@ TpCollective tp_op(CollectiveOp op, int l, bool backward, int64_t count, int deg
 }  // namespace
 
 std::vector<TpCollective> tp_collectives(const ModelSpec& spec, int first, int end, const TensorParallelSpec& tp,
-                                         int64_t B, bool input_grad) {
+                                         int64_t B, bool input_grad, bool recompute, const LoraSpec& lora) {
   std::vector<TpCollective> list;
   const int t = tp.degree;
   if (t <= 1) return list;
@@ -81,20 +67,30 @@ std::vector<TpCollective> tp_collectives(const ModelSpec& spec, int first, int e
   const auto width = [&](int l) { return spec.dims[static_cast<size_t>(l)]; };
   const bool sp = tp.sequence_parallel;
   const int64_t local = (B + t - 1) / t;  // Bl: this rank's rows under sequence parallelism
-  for (int l = first; l < end; l++) {
+  // Linear l's forward collectives; `again`: its recompute in backward.
+  const auto forward = [&](int l, bool again) {
     if (!sp && role(l) == TpRole::Row)
-      list.push_back(tp_op(CollectiveOp::AllReduce, l, false, B * width(l + 1), t, "g: sum the row-parallel partial outputs"));
+      list.push_back(tp_op(CollectiveOp::AllReduce, l, again, B * width(l + 1), t,
+                           again ? "recompute: g again" : "g: sum the row-parallel partial outputs"));
     if (sp && role(l) == TpRole::Column)
-      list.push_back(tp_op(CollectiveOp::AllGather, l, false, local * width(l), t, "f: gather the rows before the column-parallel Linear"));
+      list.push_back(tp_op(CollectiveOp::AllGather, l, again, local * width(l), t,
+                           again ? "recompute: f again" : "f: gather the rows before the column-parallel Linear"));
     if (sp && role(l) == TpRole::Row)
-      list.push_back(tp_op(CollectiveOp::ReduceScatter, l, false, local * width(l + 1), t, "g: sum the partial outputs, keep this rank's rows"));
-  }
+      list.push_back(tp_op(CollectiveOp::ReduceScatter, l, again, local * width(l + 1), t,
+                           again ? "recompute: g again" : "g: sum the partial outputs, keep this rank's rows"));
+  };
+  for (int l = first; l < end; l++) forward(l, false);
   if (sp) list.push_back(tp_op(CollectiveOp::AllGather, end - 1, false, local * width(end), t, "gather every rank's rows of the logits"));
   for (int l = end - 1; l >= first; l--) {
+    if (recompute) forward(l, true);
     const bool dinp = l > first || input_grad;
     if (role(l) == TpRole::Column && dinp)
       list.push_back(sp ? tp_op(CollectiveOp::ReduceScatter, l, true, local * width(l), t, "f backward: sum the input gradient, keep this rank's rows")
                         : tp_op(CollectiveOp::AllReduce, l, true, B * width(l), t, "f backward: sum the input gradient's partial sums"));
+    if (lora.adapts(2 * l) && role(l) == TpRole::Column)
+      list.push_back(tp_op(CollectiveOp::AllReduce, l, true, lora.rank * width(l), t, "sum lora_A's gradient (whole on every rank)"));
+    if (lora.adapts(2 * l) && role(l) == TpRole::Row)
+      list.push_back(tp_op(CollectiveOp::AllReduce, l, true, width(l + 1) * lora.rank, t, "sum lora_B's gradient (whole on every rank)"));
     if (!sp) continue;
     if (role(l) == TpRole::Row) {
       list.push_back(tp_op(CollectiveOp::AllGather, l, true, local * width(l + 1), t, "g backward: gather the output gradient's rows"));

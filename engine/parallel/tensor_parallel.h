@@ -30,7 +30,9 @@ class GroupTensorParallelComm : public TensorParallelComm {
 
 // Collective over the TP group (every TP rank calls it): the FULL parameters of the shard's stage, in
 // the full model's flat order (what torch_init_values lays out and shard_full_params cuts), on the
-// host, on every TP rank. Degree 1: the model's own values. The shard must own its parameters.
+// host, on every TP rank; under LoRA the full adapters, in the one-rank LoRA model's parameters() order
+// (tp_pieces says where each shard's piece goes). Degree 1: the model's own values. The shard must own
+// its parameters.
 std::vector<float> gather_tensor_parallel_params(const Model& shard, Communicator& tp_group);
 
 // One collective a tensor-parallel layer issues per forward and backward, as the model issues it.
@@ -57,9 +59,18 @@ struct TpCollective {
 //     per row layer an all-gather of Bl x out and an all-reduce of its bias gradient (out), per column
 //     layer a reduce-scatter of Bl x in (when needed), per replicated Linear an all-reduce of its
 //     weight and bias gradients.
+// `recompute` (activation checkpointing): backward first runs each Linear's forward again, so its
+// forward collective (g, or under sequence parallelism f's all-gather and g's reduce-scatter) is issued
+// once more, just before that Linear's backward collectives (the logits' gather is not: it is outside
+// the blocks).
+// `lora` (rank > 0; not with sequence parallelism): each adapted split Linear all-reduces its whole
+// adapter factor's gradient after its backward (Model::enable_lora): lora_A (r x in) of a
+// column-parallel Linear, lora_B (out x r) of a row-parallel one. The forward adds nothing: the
+// adapters ride f and g.
 // Degree 1: none.
 std::vector<TpCollective> tp_collectives(const ModelSpec& spec, int first, int end, const TensorParallelSpec& tp,
-                                         int64_t B, bool input_grad);
+                                         int64_t B, bool input_grad, bool recompute = false,
+                                         const LoraSpec& lora = LoraSpec{});
 int64_t tp_collective_bytes(const std::vector<TpCollective>& list);  // the sum of their bytes
 
 }  // namespace dtlab

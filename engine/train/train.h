@@ -105,7 +105,7 @@ struct TrainConfig {
   int monitor_port = 0;
   double monitor_wait_s = 300;
   // --activation-checkpointing: torch.utils.checkpoint per Linear+ReLU block (Model::
-  // set_activation_checkpointing); not with the pipeline or --tp.
+  // set_activation_checkpointing, which under --tp replays the blocks' TP collectives); not with the pipeline.
   bool activation_checkpointing = false;
   // LoRA (engine/core/model.h's LoraSpec; rank 0: off): the base weights are frozen and only the
   // adapters train, communicate and hold optimizer state. --save writes the adapters under peft's

@@ -53,6 +53,10 @@ void Trainer::build_tp_models(int first_rank, int end_rank, bool in_world) {
   full_model_ = std::make_unique<Model>(spec, nullptr, config_.seed);
   if (!config_.init_path.empty()) start_step_ = load_checkpoint(config_.init_path, *full_model_).step;
   const std::vector<float> start = full_model_->host_params();
+  // LoRA: every replica's frozen base is that same model (as without --tp); the full model becomes the
+  // one-rank LoRA model that receives the gathered adapters.
+  const bool lora = config_.lora.rank > 0;
+  if (lora) full_model_->enable_lora(config_.lora, config_.seed);
   for (int r = first_rank; r < end_rank; r++) {
     const MeshCoord at = mesh_coord(mesh_, r);
     MemoryTracker* mem = in_world ? &world_->threads().memory(r) : memory_.get();
@@ -62,11 +66,14 @@ void Trainer::build_tp_models(int first_rank, int end_rank, bool in_world) {
     // replicas differ until DDP broadcasts replica 0's, as they do without --tp.
     const TensorParallelSpec tp{config_.tp, at.tp, config_.sequence_parallel};
     models_.push_back(std::make_unique<Model>(spec, mem, config_.seed + static_cast<uint64_t>(at.dp), 0, n_linear, dev, tp));
-    if (!config_.init_path.empty()) {
+    if (!config_.init_path.empty() || lora) {
       std::vector<float> local(static_cast<size_t>(models_.back()->num_params()));
       shard_full_params(*models_.back(), start.data(), local.data());
       models_.back()->upload_params(local.data());
     }
+    // The adapters split across the TP group (Model::enable_lora), from seed + the replica's index.
+    if (lora) models_.back()->enable_lora(config_.lora, config_.seed + static_cast<uint64_t>(at.dp));
+    models_.back()->set_activation_checkpointing(config_.activation_checkpointing);  // replays f and g (model.h)
     models_.back()->set_observer(in_world ? &world_->threads().context(r) : ctx_.get());
   }
 }
