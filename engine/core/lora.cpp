@@ -62,7 +62,7 @@ void Model::enable_lora(const LoraSpec& lora, uint64_t seed) {
     std::copy(src, src + A.numel, host.begin() + A.offset);
     src += A.numel;
   }
-  upload_params(host.data());
+  if (num_params_ > 0) upload_params(host.data());  // a pipeline stage may hold no adapted Linear
 }
 
 std::vector<int> Model::trainable_of(const Layer& L) const {
@@ -111,19 +111,20 @@ void Model::lora_forward(const Layer& L, float* out, const float* in, int64_t B)
 }
 
 // With ds = scaling * dout and t = in A^T (recomputed: a pipeline stage may run several micro-batches
-// before their backwards): dB += ds^T t, dt = ds B, dA += dt^T in, dinp += dt A.
-void Model::lora_backward(const Layer& L, float* dinp, const float* dout, const float* in, int64_t B) {
+// before their backwards): dB += ds^T t, dt = ds B, dA += dt^T in, dinp += dt A. Without `weights`
+// only the input gradient (zero-bubble's I; `in` unused), with a null dinp only dA and dB (its W).
+void Model::lora_backward(const Layer& L, float* dinp, const float* dout, const float* in, int64_t B, bool weights) {
   const Parameter& A = params_[static_cast<size_t>(L.lora_a)];
   const Parameter& Bm = params_[static_cast<size_t>(L.lora_b)];
   const int64_t r = lora_.rank;
   float* t = scratch(lora_t_, 2 * B * r);
   float* dt = t + B * r;
-  device_.linear_forward(t, in, A.data, nullptr, B, L.in_features, r);
+  if (weights) device_.linear_forward(t, in, A.data, nullptr, B, L.in_features, r);
   float* ds = scratch(lora_d_, B * L.out_features);
   device_.scale_copy(ds, dout, B * L.out_features, lora_.scaling());
-  device_.linear_backward(dt, Bm.grad, nullptr, ds, t, Bm.data, B, r, L.out_features);
+  device_.linear_backward(dt, weights ? Bm.grad : nullptr, nullptr, ds, weights ? t : nullptr, Bm.data, B, r, L.out_features);
   float* dx = dinp ? scratch(scratch_, B * L.in_features) : nullptr;
-  device_.linear_backward(dx, A.grad, nullptr, dt, in, A.data, B, L.in_features, r);
+  device_.linear_backward(dx, weights ? A.grad : nullptr, nullptr, dt, weights ? in : nullptr, A.data, B, L.in_features, r);
   if (dx) device_.accumulate(dinp, dx, B * L.in_features, false);
 }
 

@@ -286,7 +286,7 @@ class Model {
   float* widen(Tensor& t, const uint16_t* src, int64_t n);  // src as float32 in scratch `t`
   float* f32_scratch(Tensor& t, int64_t n);                  // n floats of fp32 compute scratch
   void lora_forward(const Layer& L, float* out, const float* in, int64_t B);
-  void lora_backward(const Layer& L, float* dinp, const float* dout, const float* in, int64_t B);
+  void lora_backward(const Layer& L, float* dinp, const float* dout, const float* in, int64_t B, bool weights);
   ModelSpec spec_;
   TensorParallelSpec tp_;
   LoraSpec lora_;

@@ -166,7 +166,7 @@ struct PipelineRank::MicroBatch {
 
 PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int rank, Communicator& comm,
                            RankContext* ctx, MemoryTracker* memory, uint64_t seed, const OptimizerConfig& optimizer,
-                           Device& device, ComputeObserver* observer, int tp)
+                           Device& device, ComputeObserver* observer, int tp, const StageSetup& setup)
     : plan_(plan), spec_(spec), rank_(rank), tp_(tp), pipe_rank_(rank / tp % plan.ranks()),
       replica_(rank / tp / plan.ranks()), tp_rank_(rank % tp),
       comm_(comm), ctx_(ctx), memory_(memory), device_(device),
@@ -193,6 +193,8 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
     models_.back()->set_observer(observer_);
     models_.back()->set_layer_gate(ctx_);  // a stepped run pauses before each layer's F and B
     models_.back()->set_tensor_parallel_comm(tp_comm_.get());
+    if (setup.init) load_stage(*models_.back(), r, *setup.init);
+    if (setup.lora.rank > 0) models_.back()->enable_lora(setup.lora, seed);
     optimizers_.push_back(std::make_unique<Optimizer>(optimizer, models_.back()->num_params(), memory, device));
   }
   mbs_.resize(stage_ids_.size() * static_cast<size_t>(plan.options.microbatches));
@@ -233,18 +235,19 @@ int PipelineRank::tag_of(int stage, int mb, Dir dir) const {
   return kActivationTag + 2 * (stage * plan_.options.microbatches + mb) + dir;
 }
 
-void PipelineRank::load_parameters(const Model& full) {
-  DTLAB_CHECK(full.num_params() == spec_.num_params(), "load_parameters() needs the full model");
-  for (size_t k = 0; k < models_.size(); k++) {
-    const int64_t off = stage_param_offset(spec_, plan_.stages[static_cast<size_t>(stage_ids_[k])]);
-    if (tp_ == 1) {
-      models_[k]->upload_params(full.params() + off);  // `full` is a host model
-      continue;
-    }
-    std::vector<float> local(static_cast<size_t>(models_[k]->num_params()));
-    shard_full_params(*models_[k], full.params() + off, local.data());
-    models_[k]->upload_params(local.data());
+void PipelineRank::load_stage(Model& stage, StageRange r, const Model& full) {
+  // Under LoRA the full model's base sits frozen beside its adapters, in the plain model's layout.
+  const std::vector<Parameter>& plain = full.lora() ? full.base_parameters() : full.parameters();
+  DTLAB_CHECK(!plain.empty() && plain.front().offset == 0 && stage.num_params() <= spec_.num_params(),
+              "--init's full model must hold every parameter");
+  const float* values = plain.front().data + stage_param_offset(spec_, r);  // `full` is a host model
+  if (tp_ == 1) {
+    stage.upload_params(values);
+    return;
   }
+  std::vector<float> local(static_cast<size_t>(stage.num_params()));
+  shard_full_params(stage, values, local.data());
+  stage.upload_params(local.data());
 }
 
 void PipelineRank::zero_grad() {
@@ -262,6 +265,30 @@ void PipelineRank::reduce_gradients() {
   for (auto& w : works) w->wait();
 }
 
+// Where stage r's trainable parameters sit in `full`'s flat buffer: the weights and biases, or under
+// LoRA the adapters (both in layer order, so a stage's are one contiguous slice; empty for a stage
+// LoRA leaves unadapted).
+namespace {
+
+struct FlatSlice {
+  int64_t offset = 0, numel = 0;
+};
+FlatSlice stage_slice(const Model& full, StageRange r) {
+  FlatSlice out;
+  for (int i = 0; i < full.num_layers(); i++) {
+    const Layer& L = full.layer(i);
+    if (L.kind != LayerKind::Linear || L.seq_index / 2 < r.first || L.seq_index / 2 >= r.end) continue;
+    for (int p : full.trainable_of(L)) {
+      const Parameter& q = full.parameters()[static_cast<size_t>(p)];
+      if (out.numel == 0) out.offset = q.offset;
+      out.numel += q.numel;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 void PipelineRank::gather_parameters(Model* full) {
   if (replica_ != 0) return;  // the replicas hold the same parameters
   DTLAB_CHECK(rank_ != 0 || full, "rank 0 gathers the stages into a full model; pass it");
@@ -269,23 +296,24 @@ void PipelineRank::gather_parameters(Model* full) {
   for (size_t k = 0; k < models_.size(); k++) {
     const int s = stage_ids_[k];
     const Model& m = *models_[k];
-    const int64_t off = stage_param_offset(spec_, plan_.stages[static_cast<size_t>(s)]);
+    if (m.num_params() == 0) continue;  // LoRA left this stage's layers unadapted
+    float* dst = rank_ == 0 ? full->params() + stage_slice(*full, plan_.stages[static_cast<size_t>(s)]).offset : nullptr;
     if (tp_ > 1) {  // the TP group puts its shards together; its first rank sends the stage on
       const std::vector<float> stage = gather_tensor_parallel_params(m, tp_group_ ? *tp_group_ : comm_);
-      if (rank_ == 0) std::copy(stage.begin(), stage.end(), full->params() + off);
+      if (rank_ == 0) std::copy(stage.begin(), stage.end(), dst);
       else if (tp_rank_ == 0) comm_.send(stage.data(), static_cast<int64_t>(stage.size()), DType::F32, 0, kGatherTag + s)->wait();
     } else if (rank_ == 0) {
-      m.download_params(full->params() + off);  // `full` is a host model
+      m.download_params(dst);  // `full` is a host model
     } else {
       comm_.send(m.params(), m.num_params(), DType::F32, 0, kGatherTag + s)->wait();
     }
   }
   if (rank_ != 0) return;
   for (int s = 0; s < S; s++) {
-    if (peer_of(s) == 0) continue;
-    const StageRange r = plan_.stages[static_cast<size_t>(s)];
-    const int64_t n = stage_num_params(spec_, r);
-    float* dst = full->params() + stage_param_offset(spec_, r);
+    const FlatSlice slice = stage_slice(*full, plan_.stages[static_cast<size_t>(s)]);
+    if (peer_of(s) == 0 || slice.numel == 0) continue;
+    const int64_t n = slice.numel;
+    float* dst = full->params() + slice.offset;
     if (device_.is_host()) {
       comm_.recv(dst, n, DType::F32, peer_of(s), kGatherTag + s)->wait();
     } else {  // the communicator moves device memory: receive there, then bring it to the host

@@ -83,6 +83,15 @@ struct PipelineRankIteration {
   double peak_inflight_w = 0;  // ... between their F and their B or W: activations held
 };
 
+// What every stage's model gets between its construction and its optimizer's, as the one-rank
+// model gets it in Trainer: the starting values, LoRA, activation checkpointing.
+struct StageSetup {
+  // --init: a full host model (the one-rank layout, its frozen base under LoRA) whose values every
+  // stage starts from; null: the seed's values.
+  const Model* init = nullptr;
+  LoraSpec lora;  // rank 0: none; else Model::enable_lora(lora, seed) on every stage
+};
+
 class PipelineRank {
  public:
   // `rank` is the world rank; its stages' models are built from `seed` with the full model's values,
@@ -94,7 +103,8 @@ class PipelineRank {
   // tp index in the next and previous stage.
   PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int rank, Communicator& comm,
                RankContext* ctx, MemoryTracker* memory, uint64_t seed, const OptimizerConfig& optimizer,
-               Device& device = cpu_device(), ComputeObserver* observer = nullptr, int tp = 1);
+               Device& device = cpu_device(), ComputeObserver* observer = nullptr, int tp = 1,
+               const StageSetup& setup = {});
   ~PipelineRank();
   PipelineRank(const PipelineRank&) = delete;
   PipelineRank& operator=(const PipelineRank&) = delete;
@@ -106,8 +116,6 @@ class PipelineRank {
   Model& stage_model(int k) { return *models_.at(static_cast<size_t>(k)); }  // k-th stage it holds
   int64_t num_params() const;  // of its stages
 
-  // Copies its stages' parameters out of a full model on the host (--init).
-  void load_parameters(const Model& full);
   void zero_grad();
   // Runs this rank's row of the schedule on one batch (on the device): x (B, D0) read by the first stage, y (B,) by
   // the last, cut into m micro-batches like torch.tensor_split (sizes differ by at most one). One
@@ -120,10 +128,12 @@ class PipelineRank {
   void step();  // one optimizer step per stage
   // Replica 0 sends its stages' parameters to rank 0, which writes them into `full`, a host model (null elsewhere);
   // with tp > 1 each TP group first gathers its stages' shards (a collective of replica 0's ranks).
+  // Under LoRA the parameters are the adapters, and `full` is the one-rank LoRA model.
   void gather_parameters(Model* full);
 
  private:
   struct MicroBatch;
+  void load_stage(Model& stage, StageRange r, const Model& full);  // --init: the stage's slice of `full`
   enum Dir { kForward = 0, kBackward = 1 };
   MicroBatch& state(int stage, int mb);
   int peer_of(int stage) const;

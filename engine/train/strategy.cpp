@@ -69,7 +69,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*TensorParallel*/ kOk,
          /*SequenceParallel*/ todo("the stages send whole activations between ranks", "drop --sequence-parallel"),
          /*MixedPrecision*/ todo("the stages run in float32", "use --strategy single or ddp"),
-         /*Lora*/ todo("the stages hold plain Linear layers", "use --strategy single, ddp or fsdp"),
+         /*Lora*/ kOk,
          /*Recompute*/ todo("the stages run layer by layer without checkpointed blocks", "drop one of them"),
          /*Accumulation*/ no("the micro-batches are the pipeline's accumulation", "use --microbatches"),
          kOk, kOk, kOk,
