@@ -249,6 +249,11 @@ void print_memory(std::ostream& out, const TrainConfig& c, const TrainSummary& s
 // --activation-checkpointing: the measured activations beside the planner's prediction for the model's
 // own buffers with and without it (the loss adds its probabilities and their gradient, 2 x B x C floats).
 void print_checkpointing(std::ostream& out, const TrainConfig& c, const TrainSummary& s) {
+  if (c.strategy == Strategy::Pipeline) {  // the prediction is the whole model's; a stage holds a part
+    out << "activation checkpointing: each stage keeps only its blocks' outputs per micro-batch in flight "
+           "(the activations column above)\n";
+    return;
+  }
   const int64_t with = mlp_activation_bytes(c.model, c.batch, true);
   const int64_t without = mlp_activation_bytes(c.model, c.batch, false);
   const int64_t loss = 2 * c.batch * c.model.out_features() * static_cast<int64_t>(sizeof(float));

@@ -207,6 +207,8 @@ class Model {
   // same `in` and `dout`, which the caller keeps until then). Together they equal layer_backward.
   void layer_backward_input(int i, float* dinp, const float* dout, const float* out, int64_t B);
   void layer_backward_weight(int i, const float* dout, const float* in, int64_t B);
+  // layer_forward run again in backward (activation checkpointing), reported as ComputeKind::Recompute.
+  void layer_recompute(int i, float* out, const float* in, int64_t B) { forward_layer_as(i, out, in, B, ComputeKind::Recompute); }
 
   // Whole model with activations owned here (tracked as activations; they grow to the largest
   // batch seen and are reused for smaller ones). `x` (B, D0) must stay alive until backward() returns.

@@ -153,7 +153,7 @@ PipelinePlan plan_pipeline(const ModelSpec& spec, const PipelineOptions& opt, in
 struct PipelineRank::MicroBatch {
   int64_t rows = 0, offset = 0;  // its rows of the batch
   Tensor input;                  // stages > 0: the received activation (rows, in)
-  std::vector<Tensor> outs;      // each layer's output (rows, out_i)
+  std::vector<Tensor> outs;      // each layer's output (rows, out_i); empty where checkpointing drops it
   Tensor probs;                  // last stage: the softmax (rows, C), from F to B
   std::vector<Tensor> douts;     // after I: the gradient at each layer's output, until W
   void release() {
@@ -195,6 +195,7 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
     models_.back()->set_tensor_parallel_comm(tp_comm_.get());
     if (setup.init) load_stage(*models_.back(), r, *setup.init);
     if (setup.lora.rank > 0) models_.back()->enable_lora(setup.lora, seed);
+    models_.back()->set_activation_checkpointing(setup.activation_checkpointing);
     optimizers_.push_back(std::make_unique<Optimizer>(optimizer, models_.back()->num_params(), memory, device));
   }
   mbs_.resize(stage_ids_.size() * static_cast<size_t>(plan.options.microbatches));
@@ -379,16 +380,31 @@ WorkPtr PipelineRank::send(int stage, int mb, Dir dir, const Tensor& data, const
   return comm_.send(data.f32(), data.numel(), DType::F32, to, tag);
 }
 
+// Layer i's input in a micro-batch's forward: the previous layer's output, or the stage's input. Null
+// where checkpointing dropped it: only a ReLU's, whose backward reads its output instead.
+const float* PipelineRank::layer_input(const MicroBatch& st, int stage, int i) const {
+  if (i == 0) return stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32();
+  return st.outs[static_cast<size_t>(i - 1)].f32();
+}
+
+float* PipelineRank::recompute_buffer(int64_t n) {
+  if (recompute_.numel() < n) recompute_ = Tensor({n}, MemCategory::Activations, memory_, DType::F32, device_);
+  return recompute_.f32();
+}
+
 const Tensor* PipelineRank::forward(int stage, int mb) {
   MicroBatch& st = state(stage, mb);
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
   const float* in = stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32();
   for (int i = 0; i < model.num_layers(); i++) {
-    st.outs.emplace_back(Shape{st.rows, model.layer(i).out_features}, MemCategory::Activations, memory_, DType::F32,
-                         device_);
+    const int64_t width = model.layer(i).out_features;
+    // Checkpointing: a Linear inside a block writes to the shared buffer its ReLU reads at once.
+    const bool keep = model.keeps_output(i);
+    st.outs.push_back(keep ? Tensor({st.rows, width}, MemCategory::Activations, memory_, DType::F32, device_) : Tensor());
+    float* out = keep ? st.outs.back().f32() : recompute_buffer(st.rows * width);
     model.gate_layer(i, false);
-    if (st.rows > 0) model.layer_forward(i, st.outs.back().f32(), in, st.rows);
-    in = st.outs.back().f32();
+    if (st.rows > 0) model.layer_forward(i, out, in, st.rows);
+    in = out;
   }
   // The output stays here until this stage's backward, long after the next stage received it.
   if (stage + 1 < static_cast<int>(plan_.stages.size())) return &st.outs.back();
@@ -418,9 +434,16 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
     const bool input_grad = i > 0 || stage > 0;  // the model's first layer has no input gradient
     Tensor dinp = input_grad ? Tensor({st.rows, L.in_features}, MemCategory::Activations, memory_, DType::F32, device_)
                              : Tensor();
-    const float* in = i > 0 ? st.outs[static_cast<size_t>(i - 1)].f32()
-                            : (stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32());
+    const float* in = layer_input(st, stage, i);
     const float* out = st.outs[static_cast<size_t>(i)].f32();
+    if (model.activation_checkpointing() && model.keeps_output(i)) {
+      // torch.utils.checkpoint: backward reaching a block runs its forward again first (as
+      // Model::backward does): the Linear from the block's kept input, the ReLU in place after it.
+      const int first = L.kind == LayerKind::ReLU ? i - 1 : i;
+      float* buf = recompute_buffer(st.rows * L.out_features);
+      for (int j = first; j <= i && st.rows > 0; j++) model.layer_recompute(j, buf, j == first ? layer_input(st, stage, j) : buf, st.rows);
+      out = buf;
+    }
     model.gate_layer(i, true);
     if (st.rows > 0 && !input_only) model.layer_backward(i, dinp.f32(), dout.f32(), in, out, st.rows);
     if (st.rows > 0 && input_only && input_grad) model.layer_backward_input(i, dinp.f32(), dout.f32(), out, st.rows);
@@ -436,9 +459,7 @@ void PipelineRank::backward_weight(int stage, int mb) {
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
   DTLAB_CHECK(st.douts.size() == static_cast<size_t>(model.num_layers()), "W ran before its I; the schedule is wrong");
   for (int i = 0; i < model.num_layers() && st.rows > 0; i++) {
-    const float* in = i > 0 ? st.outs[static_cast<size_t>(i - 1)].f32()
-                            : (stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32());
-    model.layer_backward_weight(i, st.douts[static_cast<size_t>(i)].f32(), in, st.rows);
+    model.layer_backward_weight(i, st.douts[static_cast<size_t>(i)].f32(), layer_input(st, stage, i), st.rows);
   }
   st.release();
 }

@@ -90,6 +90,9 @@ struct StageSetup {
   // stage starts from; null: the seed's values.
   const Model* init = nullptr;
   LoraSpec lora;  // rank 0: none; else Model::enable_lora(lora, seed) on every stage
+  // torch.utils.checkpoint per block inside each stage (Model::set_activation_checkpointing): a
+  // micro-batch keeps only its blocks' outputs from F to B, and B (or I) runs each block again first.
+  bool activation_checkpointing = false;
 };
 
 class PipelineRank {
@@ -146,6 +149,8 @@ class PipelineRank {
   const Tensor* forward(int stage, int mb);
   Tensor backward(int stage, int mb, Tensor dout, bool input_only);
   void backward_weight(int stage, int mb);
+  const float* layer_input(const MicroBatch& st, int stage, int i) const;
+  float* recompute_buffer(int64_t n);  // checkpointing: a block's inner activation, shared by all stages
   void record_action(const Action& a, int step, int index, int64_t wall0, double model0, int64_t bytes);
 
   const PipelinePlan& plan_;
@@ -163,6 +168,7 @@ class PipelineRank {
   std::vector<MicroBatch> mbs_;              // [k * m + mb] for the k-th stage held
   std::vector<std::pair<WorkPtr, Tensor>> sends_;  // input gradients in flight, kept until sent
   std::map<int, Tensor> local_;              // hand-offs between two stages of this rank (p = 1)
+  Tensor recompute_;                         // checkpointing: (rows, widest Linear output), grown on demand
   // Fused point-to-point (the communicator's send_recv_fused(), or PipelineOptions::fuse_p2p): the
   // next action's input, posted with the previous send, and forward sends that carried one.
   bool fuse_p2p_ = false;

@@ -70,7 +70,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*SequenceParallel*/ todo("the stages send whole activations between ranks", "drop --sequence-parallel"),
          /*MixedPrecision*/ todo("the stages run in float32", "use --strategy single or ddp"),
          /*Lora*/ kOk,
-         /*Recompute*/ todo("the stages run layer by layer without checkpointed blocks", "drop one of them"),
+         /*Recompute*/ kOk,
          /*Accumulation*/ no("the micro-batches are the pipeline's accumulation", "use --microbatches"),
          kOk, kOk, kOk,
          /*SaveSharded*/ kNoShards,

@@ -139,6 +139,7 @@ class PipelineTrainRank final : public RankStrategy {
     StageSetup s;
     if (!t.config_.init_path.empty()) s.init = t.models_[0].get();
     s.lora = t.config_.lora;
+    s.activation_checkpointing = t.config_.activation_checkpointing;
     return s;
   }
   Trainer& t_;
