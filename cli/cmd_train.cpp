@@ -257,6 +257,11 @@ void print_memory(std::ostream& out, const TrainConfig& c, const TrainSummary& s
 // --activation-checkpointing: the measured activations beside the planner's prediction for the model's
 // own buffers with and without it (the loss adds its probabilities and their gradient, 2 x B x C floats).
 void print_checkpointing(std::ostream& out, const TrainConfig& c, const TrainSummary& s) {
+  if (c.strategy == Strategy::Pipeline) {  // the prediction is the whole model's; a stage holds a part
+    out << "activation checkpointing: each stage keeps only its blocks' outputs per micro-batch in flight "
+           "(the activations column above)\n";
+    return;
+  }
   if (c.tp > 1) {  // mlp_activation_bytes plans an unsplit model, not a shard with its f and g buffers
     out << "activation checkpointing: activations peak " << human_bytes(s.memory.peak[static_cast<int>(MemCategory::Activations)])
         << " on each --tp " << c.tp << " shard (the planner predicts unsplit models only)\n";

@@ -7,8 +7,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -19,6 +21,7 @@
 #include "engine/core/check.h"
 #include "engine/core/format.h"
 #include "engine/io/checkpoint.h"
+#include "engine/io/safetensors.h"
 #include "engine/parallel/pipeline_stats.h"
 #include "engine/train/train.h"
 #include "tests/test_util.h"
@@ -194,6 +197,99 @@ TEST_SUITE("pipeline") {
     Trainer one(single_like(c, 32));
     const Run want = train(one);
     check_equals_single(c, one, want);
+  }
+
+  TEST_CASE("LoRA with a pipeline equals LoRA on one rank after 3 steps, every schedule, some stages unadapted") {
+    // The stages' adapters carry the one-rank model's names and initial values (lora_init_values
+    // skips the draws of other stages' layers), so the runs agree step for step; ZB-H1 runs the
+    // adapters' backward in its two halves. --lora-layers 0,4 leaves every odd stage of kModel4
+    // without a trainable parameter.
+    double worst = 0;
+    int runs = 0;
+    for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::ZBH1, ScheduleKind::Interleaved1F1B})
+      for (const std::vector<int>& layers : {std::vector<int>{}, std::vector<int>{0, 4}}) {
+        const bool interleaved = kind == ScheduleKind::Interleaved1F1B;
+        CAPTURE(schedule_kind_name(kind));
+        CAPTURE(layers.size());
+        TrainConfig c = pipeline_config(interleaved ? kModel8 : kModel4, kind, interleaved ? 2 : 4, 4, 16, interleaved ? 2 : 1);
+        c.steps = 3;
+        c.lora.rank = 4;
+        c.lora.layers = layers;
+        Trainer one(single_like(c, 16));
+        const Run want = train(one);
+        REQUIRE(one.model().lora());
+        worst = std::max(worst, check_equals_single(c, one, want));
+        Trainer pipe(c);
+        pipe.run();
+        REQUIRE(pipe.model().parameters().size() == one.model().parameters().size());
+        for (size_t i = 0; i < one.model().parameters().size(); i++)
+          CHECK(pipe.model().parameters()[i].name == one.model().parameters()[i].name);
+        // The adapters moved (B starts at zero), and the frozen base did not: the merged models agree.
+        double moved = 0;
+        for (const Parameter& p : one.model().parameters())
+          if (p.name.find("lora_B") != std::string::npos)
+            for (int64_t i = 0; i < p.numel; i++) moved = std::max(moved, static_cast<double>(std::fabs(p.data[i])));
+        CHECK(moved > 1e-4);
+        const std::vector<float> a = pipe.model().merged_params(), b = one.model().merged_params();
+        REQUIRE(a.size() == b.size());
+        for (size_t i = 0; i < a.size(); i++) CHECK(std::fabs(a[i] - b[i]) <= 1e-5);
+        runs++;
+      }
+    CHECK(runs == 8);
+    MESSAGE("LoRA: ", runs, " pipelines, largest adapter difference from one rank after 3 steps: ", worst);
+  }
+
+  TEST_CASE("LoRA with a pipeline: --save writes the one-rank run's adapter file, --init starts the frozen base") {
+    test::TempDir dir;
+    TrainConfig c = pipeline_config(kModel4, ScheduleKind::OneFOneB, 4, 4, 16);
+    c.steps = 3;
+    c.lora.rank = 4;
+    c.save_path = dir.file("pipe.safetensors");
+    TrainConfig single = single_like(c, 16);
+    single.save_path = dir.file("single.safetensors");
+    Trainer(c).run();
+    Trainer(single).run();
+    const SafetensorsFile got = load_safetensors(c.save_path), want = load_safetensors(single.save_path);
+    std::map<std::string, std::string> meta = got.metadata;  // the same but for where it was trained
+    CHECK(meta.at("strategy") == "pipeline");
+    meta["strategy"] = want.metadata.at("strategy");
+    meta["world"] = want.metadata.at("world");
+    CHECK(meta == want.metadata);
+    REQUIRE(got.entries.size() == want.entries.size());
+    REQUIRE(got.entries.size() == 8);  // A and B of 4 Linears
+    for (const SafetensorsEntry& w : want.entries) {
+      CAPTURE(w.name);
+      const SafetensorsEntry* g = got.find(w.name);
+      REQUIRE(g != nullptr);
+      REQUIRE(g->shape == w.shape);
+      const int64_t n = (w.end - w.begin) / 4;
+      std::vector<float> gv(static_cast<size_t>(n)), wv(static_cast<size_t>(n));
+      std::memcpy(gv.data(), got.bytes(*g), static_cast<size_t>(n) * 4);
+      std::memcpy(wv.data(), want.bytes(w), static_cast<size_t>(n) * 4);
+      for (int64_t i = 0; i < n; i++) CHECK(std::fabs(gv[static_cast<size_t>(i)] - wv[static_cast<size_t>(i)]) <= 1e-5);
+    }
+    // --init: a plain checkpoint becomes every stage's frozen base, as it does the one-rank model's.
+    TrainConfig plain = pipeline_config(kModel4, ScheduleKind::OneFOneB, 4, 4, 16);
+    plain.steps = 5;
+    plain.save_path = dir.file("base.safetensors");
+    Trainer(plain).run();
+    c.save_path.clear();
+    c.init_path = plain.save_path;
+    Trainer a(c), b(single_like(c, 16));
+    a.run();
+    b.run();
+    CHECK(max_abs_diff(a.model(), b.model()) <= 1e-5);
+    const std::vector<float> ma = a.model().merged_params(), mb = b.model().merged_params();
+    Model base(c.model, nullptr, 99);
+    load_checkpoint(plain.save_path, base);
+    double from_seed = 0;  // the base came from the file, not from the seed
+    for (size_t i = 0; i < ma.size(); i++) {
+      CHECK(std::fabs(ma[i] - mb[i]) <= 1e-5);
+      from_seed = std::max(from_seed, static_cast<double>(std::fabs(b.model().base_parameters().front().data[i] - base.params()[i])));
+    }
+    CHECK(from_seed == 0);
+    Model seeded(c.model, nullptr, c.seed);
+    CHECK(max_abs_diff(seeded, base) > 1e-3);
   }
 
   TEST_CASE("SGD with momentum and AdamW, a hand-made split, and data-parallel replicas") {

@@ -69,7 +69,7 @@ void Model::enable_lora(const LoraSpec& lora, uint64_t seed) {
   }
   std::vector<float> host(static_cast<size_t>(num_params_));
   shard_full_params(*this, full.data(), host.data());
-  upload_params(host.data());
+  if (num_params_ > 0) upload_params(host.data());  // a pipeline stage may hold no adapted Linear
 }
 
 void Model::release_frozen_storage() {
@@ -131,29 +131,30 @@ void Model::lora_forward(const Layer& L, float* out, const float* in, int64_t B)
 }
 
 // With ds = scaling * dout and t = in A^T (recomputed: a pipeline stage may run several micro-batches
-// before their backwards): dB += ds^T t, dt = ds B, dA += dt^T in, dinp += dt A. On a TP shard the
-// whole factor's gradient is a partial sum (enable_lora): it goes to grad_scratch_ for sum_lora_grad,
-// and the split input gradient's part joins dinp before f sums it.
-void Model::lora_backward(const Layer& L, float* dinp, const float* dout, const float* in, int64_t B) {
+// before their backwards): dB += ds^T t, dt = ds B, dA += dt^T in, dinp += dt A. Without `weights`
+// only the input gradient (zero-bubble's I; `in` unused), with a null dinp only dA and dB (its W).
+// On a TP shard the whole factor's gradient is a partial sum (enable_lora): it goes to
+// grad_scratch_ for sum_lora_grad, and the split input gradient's part joins dinp before f sums it.
+void Model::lora_backward(const Layer& L, float* dinp, const float* dout, const float* in, int64_t B, bool weights) {
   const Parameter& A = params_[static_cast<size_t>(L.lora_a)];
   const Parameter& Bm = params_[static_cast<size_t>(L.lora_b)];
   const int64_t r = lora_.rank;
   float* partial = nullptr;  // the whole factor's partial gradient
-  if (lora_split(L)) {
+  if (weights && lora_split(L)) {
     const int64_t n = L.tp == TpRole::Column ? A.numel : Bm.numel;
     partial = scratch(grad_scratch_, n);
     device_.fill_zero(partial, n * static_cast<int64_t>(sizeof(float)));
   }
   float* t = scratch(lora_t_, 2 * B * r);
   float* dt = t + B * r;
-  device_.linear_forward(t, in, A.data, nullptr, B, L.in_features, r);
+  if (weights) device_.linear_forward(t, in, A.data, nullptr, B, L.in_features, r);
   float* ds = scratch(lora_d_, B * L.out_features);
   device_.scale_copy(ds, dout, B * L.out_features, lora_.scaling());
-  device_.linear_backward(dt, L.tp == TpRole::Row && partial ? partial : Bm.grad, nullptr, ds, t, Bm.data, B, r,
-                          L.out_features);
+  float* gB = !weights ? nullptr : L.tp == TpRole::Row && partial ? partial : Bm.grad;
+  float* gA = !weights ? nullptr : L.tp == TpRole::Column && partial ? partial : A.grad;
+  device_.linear_backward(dt, gB, nullptr, ds, weights ? t : nullptr, Bm.data, B, r, L.out_features);
   float* dx = dinp ? scratch(scratch_, B * L.in_features) : nullptr;
-  device_.linear_backward(dx, L.tp == TpRole::Column && partial ? partial : A.grad, nullptr, dt, in, A.data, B,
-                          L.in_features, r);
+  device_.linear_backward(dx, gA, nullptr, dt, weights ? in : nullptr, A.data, B, L.in_features, r);
   if (dx) device_.accumulate(dinp, dx, B * L.in_features, false);
 }
 

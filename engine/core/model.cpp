@@ -284,7 +284,7 @@ void Model::layer_backward(int i, float* dinp, const float* dout, const float* i
     if (L.kind == LayerKind::Linear) {
       device_.linear_backward(dinp, weight_of(L).grad, bias_of(L).grad, dout, in, weight_of(L).data, B,
                               L.in_features, L.out_features);
-      if (L.lora_a >= 0) lora_backward(L, dinp, dout, in, B);
+      if (L.lora_a >= 0) lora_backward(L, dinp, dout, in, B, true);
     } else if (dinp) {
       device_.relu_backward(dinp, dout, out, B * L.out_features);
     }
@@ -297,14 +297,14 @@ void Model::layer_backward(int i, float* dinp, const float* dout, const float* i
 
 void Model::layer_backward_input(int i, float* dinp, const float* dout, const float* out, int64_t B) {
   DTLAB_CHECK(!sequence_parallel(), "layer_backward_input() with sequence parallelism; it runs through backward()");
-  DTLAB_CHECK(!lora(), "layer_backward_input() under LoRA; split backward schedules do not run adapters");
   const Layer& L = layer(i);
   {
     ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
                        layer_backward_flops(i, B, true) - layer_backward_flops(i, B, false));
     if (L.kind == LayerKind::Linear) {
-      device_.linear_backward(dinp, nullptr, nullptr, dout, nullptr, params_[L.weight].data, B, L.in_features,
+      device_.linear_backward(dinp, nullptr, nullptr, dout, nullptr, weight_of(L).data, B, L.in_features,
                               L.out_features);
+      if (L.lora_a >= 0) lora_backward(L, dinp, dout, nullptr, B, false);
     } else {
       device_.relu_backward(dinp, dout, out, B * L.out_features);
     }
@@ -314,10 +314,14 @@ void Model::layer_backward_input(int i, float* dinp, const float* dout, const fl
 
 void Model::layer_backward_weight(int i, const float* dout, const float* in, int64_t B) {
   DTLAB_CHECK(!sequence_parallel(), "layer_backward_weight() with sequence parallelism; it runs through backward()");
-  DTLAB_CHECK(!lora(), "layer_backward_weight() under LoRA; split backward schedules do not run adapters");
   const Layer& L = layer(i);
   if (L.kind != LayerKind::Linear) return;  // a ReLU has no weights
   ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, B, false));
+  if (lora()) {  // the frozen base has no gradient; the adapters' is the weight half
+    if (L.lora_a >= 0) lora_backward(L, nullptr, dout, in, B, true);
+    if (lora_split(L)) sum_lora_grad(L);
+    return;
+  }
   device_.linear_backward(nullptr, params_[L.weight].grad, params_[L.bias].grad, dout, in, nullptr, B,
                           L.in_features, L.out_features);
 }

@@ -219,6 +219,8 @@ class Model {
   // same `in` and `dout`, which the caller keeps until then). Together they equal layer_backward.
   void layer_backward_input(int i, float* dinp, const float* dout, const float* out, int64_t B);
   void layer_backward_weight(int i, const float* dout, const float* in, int64_t B);
+  // layer_forward run again in backward (activation checkpointing), reported as ComputeKind::Recompute.
+  void layer_recompute(int i, float* out, const float* in, int64_t B) { forward_layer_as(i, out, in, B, ComputeKind::Recompute); }
 
   // Whole model with activations owned here (tracked as activations; they grow to the largest
   // batch seen and are reused for smaller ones). `x` (B, D0) must stay alive until backward() returns.
@@ -300,7 +302,7 @@ class Model {
   float* widen(Tensor& t, const uint16_t* src, int64_t n);  // src as float32 in scratch `t`
   float* f32_scratch(Tensor& t, int64_t n);                  // n floats of fp32 compute scratch
   void lora_forward(const Layer& L, float* out, const float* in, int64_t B);
-  void lora_backward(const Layer& L, float* dinp, const float* dout, const float* in, int64_t B);
+  void lora_backward(const Layer& L, float* dinp, const float* dout, const float* in, int64_t B, bool weights);
   bool lora_split(const Layer& L) const { return L.lora_a >= 0 && L.tp != TpRole::Replicated; }
   void sum_lora_grad(const Layer& L);  // TP: all-reduce the whole factor's partial gradient, add it
   ModelSpec spec_;

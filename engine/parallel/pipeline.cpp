@@ -153,7 +153,7 @@ PipelinePlan plan_pipeline(const ModelSpec& spec, const PipelineOptions& opt, in
 struct PipelineRank::MicroBatch {
   int64_t rows = 0, offset = 0;  // its rows of the batch
   Tensor input;                  // stages > 0: the received activation (rows, in)
-  std::vector<Tensor> outs;      // each layer's output (rows, out_i)
+  std::vector<Tensor> outs;      // each layer's output (rows, out_i); empty where checkpointing drops it
   Tensor probs;                  // last stage: the softmax (rows, C), from F to B
   std::vector<Tensor> douts;     // after I: the gradient at each layer's output, until W
   void release() {
@@ -166,7 +166,7 @@ struct PipelineRank::MicroBatch {
 
 PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int rank, Communicator& comm,
                            RankContext* ctx, MemoryTracker* memory, uint64_t seed, const OptimizerConfig& optimizer,
-                           Device& device, ComputeObserver* observer, int tp)
+                           Device& device, ComputeObserver* observer, int tp, const StageSetup& setup)
     : plan_(plan), spec_(spec), rank_(rank), tp_(tp), pipe_rank_(rank / tp % plan.ranks()),
       replica_(rank / tp / plan.ranks()), tp_rank_(rank % tp),
       comm_(comm), ctx_(ctx), memory_(memory), device_(device),
@@ -193,6 +193,9 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
     models_.back()->set_observer(observer_);
     models_.back()->set_layer_gate(ctx_);  // a stepped run pauses before each layer's F and B
     models_.back()->set_tensor_parallel_comm(tp_comm_.get());
+    if (setup.init) load_stage(*models_.back(), r, *setup.init);
+    if (setup.lora.rank > 0) models_.back()->enable_lora(setup.lora, seed);
+    models_.back()->set_activation_checkpointing(setup.activation_checkpointing);
     optimizers_.push_back(std::make_unique<Optimizer>(optimizer, models_.back()->num_params(), memory, device));
   }
   mbs_.resize(stage_ids_.size() * static_cast<size_t>(plan.options.microbatches));
@@ -233,18 +236,19 @@ int PipelineRank::tag_of(int stage, int mb, Dir dir) const {
   return kActivationTag + 2 * (stage * plan_.options.microbatches + mb) + dir;
 }
 
-void PipelineRank::load_parameters(const Model& full) {
-  DTLAB_CHECK(full.num_params() == spec_.num_params(), "load_parameters() needs the full model");
-  for (size_t k = 0; k < models_.size(); k++) {
-    const int64_t off = stage_param_offset(spec_, plan_.stages[static_cast<size_t>(stage_ids_[k])]);
-    if (tp_ == 1) {
-      models_[k]->upload_params(full.params() + off);  // `full` is a host model
-      continue;
-    }
-    std::vector<float> local(static_cast<size_t>(models_[k]->num_params()));
-    shard_full_params(*models_[k], full.params() + off, local.data());
-    models_[k]->upload_params(local.data());
+void PipelineRank::load_stage(Model& stage, StageRange r, const Model& full) {
+  // Under LoRA the full model's base sits frozen beside its adapters, in the plain model's layout.
+  const std::vector<Parameter>& plain = full.lora() ? full.base_parameters() : full.parameters();
+  DTLAB_CHECK(!plain.empty() && plain.front().offset == 0 && stage.num_params() <= spec_.num_params(),
+              "--init's full model must hold every parameter");
+  const float* values = plain.front().data + stage_param_offset(spec_, r);  // `full` is a host model
+  if (tp_ == 1) {
+    stage.upload_params(values);
+    return;
   }
+  std::vector<float> local(static_cast<size_t>(stage.num_params()));
+  shard_full_params(stage, values, local.data());
+  stage.upload_params(local.data());
 }
 
 void PipelineRank::zero_grad() {
@@ -262,6 +266,30 @@ void PipelineRank::reduce_gradients() {
   for (auto& w : works) w->wait();
 }
 
+// Where stage r's trainable parameters sit in `full`'s flat buffer: the weights and biases, or under
+// LoRA the adapters (both in layer order, so a stage's are one contiguous slice; empty for a stage
+// LoRA leaves unadapted).
+namespace {
+
+struct FlatSlice {
+  int64_t offset = 0, numel = 0;
+};
+FlatSlice stage_slice(const Model& full, StageRange r) {
+  FlatSlice out;
+  for (int i = 0; i < full.num_layers(); i++) {
+    const Layer& L = full.layer(i);
+    if (L.kind != LayerKind::Linear || L.seq_index / 2 < r.first || L.seq_index / 2 >= r.end) continue;
+    for (int p : full.trainable_of(L)) {
+      const Parameter& q = full.parameters()[static_cast<size_t>(p)];
+      if (out.numel == 0) out.offset = q.offset;
+      out.numel += q.numel;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 void PipelineRank::gather_parameters(Model* full) {
   if (replica_ != 0) return;  // the replicas hold the same parameters
   DTLAB_CHECK(rank_ != 0 || full, "rank 0 gathers the stages into a full model; pass it");
@@ -269,23 +297,24 @@ void PipelineRank::gather_parameters(Model* full) {
   for (size_t k = 0; k < models_.size(); k++) {
     const int s = stage_ids_[k];
     const Model& m = *models_[k];
-    const int64_t off = stage_param_offset(spec_, plan_.stages[static_cast<size_t>(s)]);
+    if (m.num_params() == 0) continue;  // LoRA left this stage's layers unadapted
+    float* dst = rank_ == 0 ? full->params() + stage_slice(*full, plan_.stages[static_cast<size_t>(s)]).offset : nullptr;
     if (tp_ > 1) {  // the TP group puts its shards together; its first rank sends the stage on
       const std::vector<float> stage = gather_tensor_parallel_params(m, tp_group_ ? *tp_group_ : comm_);
-      if (rank_ == 0) std::copy(stage.begin(), stage.end(), full->params() + off);
+      if (rank_ == 0) std::copy(stage.begin(), stage.end(), dst);
       else if (tp_rank_ == 0) comm_.send(stage.data(), static_cast<int64_t>(stage.size()), DType::F32, 0, kGatherTag + s)->wait();
     } else if (rank_ == 0) {
-      m.download_params(full->params() + off);  // `full` is a host model
+      m.download_params(dst);  // `full` is a host model
     } else {
       comm_.send(m.params(), m.num_params(), DType::F32, 0, kGatherTag + s)->wait();
     }
   }
   if (rank_ != 0) return;
   for (int s = 0; s < S; s++) {
-    if (peer_of(s) == 0) continue;
-    const StageRange r = plan_.stages[static_cast<size_t>(s)];
-    const int64_t n = stage_num_params(spec_, r);
-    float* dst = full->params() + stage_param_offset(spec_, r);
+    const FlatSlice slice = stage_slice(*full, plan_.stages[static_cast<size_t>(s)]);
+    if (peer_of(s) == 0 || slice.numel == 0) continue;
+    const int64_t n = slice.numel;
+    float* dst = full->params() + slice.offset;
     if (device_.is_host()) {
       comm_.recv(dst, n, DType::F32, peer_of(s), kGatherTag + s)->wait();
     } else {  // the communicator moves device memory: receive there, then bring it to the host
@@ -351,16 +380,31 @@ WorkPtr PipelineRank::send(int stage, int mb, Dir dir, const Tensor& data, const
   return comm_.send(data.f32(), data.numel(), DType::F32, to, tag);
 }
 
+// Layer i's input in a micro-batch's forward: the previous layer's output, or the stage's input. Null
+// where checkpointing dropped it: only a ReLU's, whose backward reads its output instead.
+const float* PipelineRank::layer_input(const MicroBatch& st, int stage, int i) const {
+  if (i == 0) return stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32();
+  return st.outs[static_cast<size_t>(i - 1)].f32();
+}
+
+float* PipelineRank::recompute_buffer(int64_t n) {
+  if (recompute_.numel() < n) recompute_ = Tensor({n}, MemCategory::Activations, memory_, DType::F32, device_);
+  return recompute_.f32();
+}
+
 const Tensor* PipelineRank::forward(int stage, int mb) {
   MicroBatch& st = state(stage, mb);
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
   const float* in = stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32();
   for (int i = 0; i < model.num_layers(); i++) {
-    st.outs.emplace_back(Shape{st.rows, model.layer(i).out_features}, MemCategory::Activations, memory_, DType::F32,
-                         device_);
+    const int64_t width = model.layer(i).out_features;
+    // Checkpointing: a Linear inside a block writes to the shared buffer its ReLU reads at once.
+    const bool keep = model.keeps_output(i);
+    st.outs.push_back(keep ? Tensor({st.rows, width}, MemCategory::Activations, memory_, DType::F32, device_) : Tensor());
+    float* out = keep ? st.outs.back().f32() : recompute_buffer(st.rows * width);
     model.gate_layer(i, false);
-    if (st.rows > 0) model.layer_forward(i, st.outs.back().f32(), in, st.rows);
-    in = st.outs.back().f32();
+    if (st.rows > 0) model.layer_forward(i, out, in, st.rows);
+    in = out;
   }
   // The output stays here until this stage's backward, long after the next stage received it.
   if (stage + 1 < static_cast<int>(plan_.stages.size())) return &st.outs.back();
@@ -390,9 +434,16 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
     const bool input_grad = i > 0 || stage > 0;  // the model's first layer has no input gradient
     Tensor dinp = input_grad ? Tensor({st.rows, L.in_features}, MemCategory::Activations, memory_, DType::F32, device_)
                              : Tensor();
-    const float* in = i > 0 ? st.outs[static_cast<size_t>(i - 1)].f32()
-                            : (stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32());
+    const float* in = layer_input(st, stage, i);
     const float* out = st.outs[static_cast<size_t>(i)].f32();
+    if (model.activation_checkpointing() && model.keeps_output(i)) {
+      // torch.utils.checkpoint: backward reaching a block runs its forward again first (as
+      // Model::backward does): the Linear from the block's kept input, the ReLU in place after it.
+      const int first = L.kind == LayerKind::ReLU ? i - 1 : i;
+      float* buf = recompute_buffer(st.rows * L.out_features);
+      for (int j = first; j <= i && st.rows > 0; j++) model.layer_recompute(j, buf, j == first ? layer_input(st, stage, j) : buf, st.rows);
+      out = buf;
+    }
     model.gate_layer(i, true);
     if (st.rows > 0 && !input_only) model.layer_backward(i, dinp.f32(), dout.f32(), in, out, st.rows);
     if (st.rows > 0 && input_only && input_grad) model.layer_backward_input(i, dinp.f32(), dout.f32(), out, st.rows);
@@ -408,9 +459,7 @@ void PipelineRank::backward_weight(int stage, int mb) {
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
   DTLAB_CHECK(st.douts.size() == static_cast<size_t>(model.num_layers()), "W ran before its I; the schedule is wrong");
   for (int i = 0; i < model.num_layers() && st.rows > 0; i++) {
-    const float* in = i > 0 ? st.outs[static_cast<size_t>(i - 1)].f32()
-                            : (stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32());
-    model.layer_backward_weight(i, st.douts[static_cast<size_t>(i)].f32(), in, st.rows);
+    model.layer_backward_weight(i, st.douts[static_cast<size_t>(i)].f32(), layer_input(st, stage, i), st.rows);
   }
   st.release();
 }

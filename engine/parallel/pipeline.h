@@ -83,6 +83,18 @@ struct PipelineRankIteration {
   double peak_inflight_w = 0;  // ... between their F and their B or W: activations held
 };
 
+// What every stage's model gets between its construction and its optimizer's, as the one-rank
+// model gets it in Trainer: the starting values, LoRA, activation checkpointing.
+struct StageSetup {
+  // --init: a full host model (the one-rank layout, its frozen base under LoRA) whose values every
+  // stage starts from; null: the seed's values.
+  const Model* init = nullptr;
+  LoraSpec lora;  // rank 0: none; else Model::enable_lora(lora, seed) on every stage
+  // torch.utils.checkpoint per block inside each stage (Model::set_activation_checkpointing): a
+  // micro-batch keeps only its blocks' outputs from F to B, and B (or I) runs each block again first.
+  bool activation_checkpointing = false;
+};
+
 class PipelineRank {
  public:
   // `rank` is the world rank; its stages' models are built from `seed` with the full model's values,
@@ -94,7 +106,8 @@ class PipelineRank {
   // tp index in the next and previous stage.
   PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int rank, Communicator& comm,
                RankContext* ctx, MemoryTracker* memory, uint64_t seed, const OptimizerConfig& optimizer,
-               Device& device = cpu_device(), ComputeObserver* observer = nullptr, int tp = 1);
+               Device& device = cpu_device(), ComputeObserver* observer = nullptr, int tp = 1,
+               const StageSetup& setup = {});
   ~PipelineRank();
   PipelineRank(const PipelineRank&) = delete;
   PipelineRank& operator=(const PipelineRank&) = delete;
@@ -106,8 +119,6 @@ class PipelineRank {
   Model& stage_model(int k) { return *models_.at(static_cast<size_t>(k)); }  // k-th stage it holds
   int64_t num_params() const;  // of its stages
 
-  // Copies its stages' parameters out of a full model on the host (--init).
-  void load_parameters(const Model& full);
   void zero_grad();
   // Runs this rank's row of the schedule on one batch (on the device): x (B, D0) read by the first stage, y (B,) by
   // the last, cut into m micro-batches like torch.tensor_split (sizes differ by at most one). One
@@ -120,10 +131,12 @@ class PipelineRank {
   void step();  // one optimizer step per stage
   // Replica 0 sends its stages' parameters to rank 0, which writes them into `full`, a host model (null elsewhere);
   // with tp > 1 each TP group first gathers its stages' shards (a collective of replica 0's ranks).
+  // Under LoRA the parameters are the adapters, and `full` is the one-rank LoRA model.
   void gather_parameters(Model* full);
 
  private:
   struct MicroBatch;
+  void load_stage(Model& stage, StageRange r, const Model& full);  // --init: the stage's slice of `full`
   enum Dir { kForward = 0, kBackward = 1 };
   MicroBatch& state(int stage, int mb);
   int peer_of(int stage) const;
@@ -136,6 +149,8 @@ class PipelineRank {
   const Tensor* forward(int stage, int mb);
   Tensor backward(int stage, int mb, Tensor dout, bool input_only);
   void backward_weight(int stage, int mb);
+  const float* layer_input(const MicroBatch& st, int stage, int i) const;
+  float* recompute_buffer(int64_t n);  // checkpointing: a block's inner activation, shared by all stages
   void record_action(const Action& a, int step, int index, int64_t wall0, double model0, int64_t bytes);
 
   const PipelinePlan& plan_;
@@ -153,6 +168,7 @@ class PipelineRank {
   std::vector<MicroBatch> mbs_;              // [k * m + mb] for the k-th stage held
   std::vector<std::pair<WorkPtr, Tensor>> sends_;  // input gradients in flight, kept until sent
   std::map<int, Tensor> local_;              // hand-offs between two stages of this rank (p = 1)
+  Tensor recompute_;                         // checkpointing: (rows, widest Linear output), grown on demand
   // Fused point-to-point (the communicator's send_recv_fused(), or PipelineOptions::fuse_p2p): the
   // next action's input, posted with the previous send, and forward sends that carried one.
   bool fuse_p2p_ = false;

@@ -41,13 +41,12 @@ class PipelineTrainRank final : public RankStrategy {
   explicit PipelineTrainRank(const RankEnv& env)
       : t_(env.trainer), c_(t_.config_), env_(env), plan_(*t_.pipeline_), N_(c_.world_size),
         pipe_(plan_, c_.model, env.rank, *env.comm, env.ctx, &env.mem, c_.seed, c_.optimizer, env.dev,
-              env.timer, c_.tp),
+              env.timer, c_.tp, stage_setup(t_)),
         meter_(plan_, c_.tp),
         data_(c_, t_.dataset(), plan_.options.dp, pipe_.replica()),  // a replica's ranks share its shard
         gathered_({kRecordFloats * N_}, MemCategory::Other, nullptr, DType::F32, env.dev),
         mine_dev_({kRecordFloats}, MemCategory::Other, nullptr, DType::F32, env.dev),
         all_(static_cast<size_t>(kRecordFloats * N_)), records_(static_cast<size_t>(N_)) {
-    if (!c_.init_path.empty()) pipe_.load_parameters(*t_.models_[0]);
     // A device's batch is uploaded once per step; the stages read their micro-batches' rows there.
     if (!env.dev.is_host()) {
       x_dev_ = Tensor({c_.batch, F()}, MemCategory::Activations, &env.mem, DType::F32, env.dev);
@@ -157,6 +156,14 @@ class PipelineTrainRank final : public RankStrategy {
 
  private:
   int64_t F() const { return c_.model.in_features(); }
+  // The stages start as the one-rank model does (Trainer builds it as models_[0], on the host).
+  static StageSetup stage_setup(const Trainer& t) {
+    StageSetup s;
+    if (!t.config_.init_path.empty()) s.init = t.models_[0].get();
+    s.lora = t.config_.lora;
+    s.activation_checkpointing = t.config_.activation_checkpointing;
+    return s;
+  }
   Trainer& t_;
   const TrainConfig& c_;
   RankEnv env_;
