@@ -451,7 +451,7 @@ void Model::ensure_activations(int64_t B) {
     widest = std::max({widest, rows_in * L.in_features, rows_out * L.out_features});
   }
   for (auto& d : dbuf_) d = Tensor({widest}, MemCategory::Activations, tracker_, param_dtype(), device_);
-  if (recompute_width > 0) recompute_ = Tensor({recompute_width}, MemCategory::Activations, tracker_, DType::F32, device_);
+  if (recompute_width > 0) recompute_ = Tensor({recompute_width}, MemCategory::Activations, tracker_, param_dtype(), device_);
   capacity_ = B;
   checkpointed_alloc_ = checkpointing_;
 }
@@ -515,9 +515,6 @@ void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
 }
 
 void Model::set_activation_checkpointing(bool on) {
-  if (on && mixed())
-    throw Error(std::string("activation checkpointing does not run with --precision ") + precision_name(precision_) +
-                " in this version; drop --activation-checkpointing or use --precision fp32");
   if (on && tp_.degree > 1)
     throw Error("activation checkpointing does not run with tensor parallelism (--tp " + std::to_string(tp_.degree) +
                 "); drop --activation-checkpointing or --tp");

@@ -247,7 +247,9 @@ class Model {
   // float32 dlogits (already multiplied by the loss scale) and rounds them to 16 bits.
   // download_params()/upload_params() convert (checkpoints, evaluation). Call once, before DDP or
   // an optimizer is built; dtlab::Error with one sentence where it does not run in this version (a
-  // GPU, tensor parallelism, LoRA, activation checkpointing, a pipeline stage's layer calls).
+  // GPU, tensor parallelism, LoRA, a pipeline stage's layer calls). With activation checkpointing the
+  // kept block outputs and the recompute buffer are 16-bit, and a block recomputes in 16 bits exactly
+  // as its forward ran.
   void set_precision(Precision p);
   Precision precision() const { return precision_; }
   bool mixed() const { return is_mixed(precision_); }
@@ -281,7 +283,8 @@ class Model {
   // Mixed precision (model_half.cpp).
   const float* half_forward(const float* x, int64_t B);
   void half_backward(const float* dlogits, const GradReadyHook& on_grad_ready);
-  void half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t B);
+  void half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t B, ComputeKind kind);
+  void half_recompute_block(int last);  // checkpointing: recompute_block in 16 bits
   void half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out);
   float* widen(Tensor& t, const uint16_t* src, int64_t n);  // src as float32 in scratch `t`
   float* f32_scratch(Tensor& t, int64_t n);                  // n floats of fp32 compute scratch
@@ -303,7 +306,7 @@ class Model {
   Tensor flat_grads_;   // (P,)
   std::vector<Tensor> acts_;  // acts_[i]: output of layer i, (B, out_i)
   Tensor dbuf_[2];            // ping-pong activation gradients, (B, max width)
-  Tensor recompute_;          // checkpointing: a block's inner activation, (B, max width)
+  Tensor recompute_;          // checkpointing: a block's inner activation, (B, max width), in param_dtype()
   bool checkpointing_ = false;
   bool checkpointed_alloc_ = false;  // the layout acts_ was allocated for
   bool layer_skipped(int i) const;  // layer i bypassed in the current forward

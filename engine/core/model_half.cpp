@@ -21,8 +21,6 @@ void Model::set_precision(Precision p) {
     throw Error(flag + " runs on the CPU engine in this version; use --device cpu (or --precision fp32 on " + device_.name() + ")");
   if (tp_.degree > 1) throw Error(flag + " does not run with tensor parallelism in this version; drop --tp or use --precision fp32");
   if (lora()) throw Error(flag + " does not run with LoRA in this version; drop --lora-rank or use --precision fp32");
-  if (checkpointing_)
-    throw Error(flag + " does not run with activation checkpointing in this version; drop --activation-checkpointing or use --precision fp32");
   DTLAB_CHECK(owns_parameters(), "set_precision() on a model whose parameters are sharded");
   const std::vector<float> values = host_params();  // the model as built (torch's init), then .to(dtype)
   precision_ = p;
@@ -65,8 +63,8 @@ const float* Model::half_forward(const float* x, int64_t B) {
     if (layer_skipped(i)) continue;  // the branch: this block's output is its input
     gate_layer(i, false);
     if (hooks_) hooks_->before_forward(i);
-    uint16_t* out = acts_[static_cast<size_t>(i)].u16();
-    half_layer_forward(i, out, in, B);
+    uint16_t* out = keeps_output(i) ? acts_[static_cast<size_t>(i)].u16() : recompute_.u16();
+    half_layer_forward(i, out, in, B, ComputeKind::LayerForward);
     if (hooks_) hooks_->after_forward(i);
     in = out;
   }
@@ -76,9 +74,9 @@ const float* Model::half_forward(const float* x, int64_t B) {
   return logits32_.f32();
 }
 
-void Model::half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t B) {
+void Model::half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t B, ComputeKind kind) {
   const Layer& L = layer(i);
-  ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, B));
+  ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, B));
   const int64_t n_out = B * L.out_features;
   if (L.kind == LayerKind::ReLU) {
     const HalfFormat f = half_format();
@@ -104,9 +102,11 @@ void Model::half_backward(const float* dlogits, const GradReadyHook& on_grad_rea
   for (int i = num_layers() - 1; i >= 0; i--) {
     if (layer_skipped(i)) continue;
     uint16_t* dinp = i > first ? (dout == dbuf_[0].u16() ? dbuf_[1].u16() : dbuf_[0].u16()) : nullptr;
+    if (checkpointing_ && keeps_output(i)) half_recompute_block(i);  // a block's last layer: run it again first
+    const uint16_t* out = checkpointing_ ? recompute_.u16() : acts_[static_cast<size_t>(i)].u16();
     gate_layer(i, true);
     if (hooks_) hooks_->before_backward(i);
-    half_layer_backward(i, dinp, dout, layer_in16_[static_cast<size_t>(i)], acts_[static_cast<size_t>(i)].u16());
+    half_layer_backward(i, dinp, dout, layer_in16_[static_cast<size_t>(i)], out);
     if (hooks_) hooks_->after_backward(i);
     const Layer& L = layer(i);
     if (L.kind == LayerKind::Linear && on_grad_ready) {
@@ -114,6 +114,20 @@ void Model::half_backward(const float* dlogits, const GradReadyHook& on_grad_rea
       on_grad_ready(L.weight);
     }
     dout = dinp;
+  }
+}
+
+// model.cpp's recompute_block in 16 bits: the block's Linear widens the same 16-bit input and weights,
+// runs the same float32 kernel and rounds once, exactly as the forward did (torch.utils.checkpoint
+// recomputes under the forward's dtype and autocast state; docs/course_sources.md §6d), so the
+// recomputed activations and the gradients are bit-identical to a run that kept them.
+void Model::half_recompute_block(int last) {
+  const int first = layer(last).kind == LayerKind::ReLU ? last - 1 : last;
+  uint16_t* buf = recompute_.u16();
+  for (int i = first; i <= last; i++) {
+    if (hooks_) hooks_->before_recompute(i);
+    half_layer_forward(i, buf, i == first ? layer_in16_[static_cast<size_t>(i)] : buf, batch_, ComputeKind::Recompute);
+    if (hooks_) hooks_->after_recompute(i);
   }
 }
 
