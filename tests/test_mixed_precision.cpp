@@ -99,6 +99,37 @@ TEST_CASE("bf16 DDP with AdamW: every rank holds 2 + 2 + 4 + 8 bytes per paramet
   }
 }
 
+// --precision with --gradient-as-bucket-view (issue 34): the buckets are in the gradients' 16-bit
+// dtype and each grad16 is its bucket's view (rebound again when the buckets are rebuilt after the
+// first step), so the run equals the plain 16-bit DDP run bit for bit, and the model's own 16-bit
+// gradient buffer is gone: 2 bytes a parameter less on every rank.
+TEST_CASE("bf16 and fp16 DDP with --gradient-as-bucket-view: bit for bit the plain run, no gradient buffer" * doctest::test_suite("ddp")) {
+  for (const Precision p : {Precision::BF16, Precision::FP16}) {
+    CAPTURE(precision_name(p));
+    TrainConfig c = mixed("ddp", 2, p, 3);
+    Trainer plain(c);
+    const TrainSummary a = plain.run();
+    c.ddp.gradient_as_bucket_view = true;
+    Trainer view(c);
+    const TrainSummary b = view.run();
+    const int64_t P = c.model.num_params();
+    for (int r = 0; r < 2; r++) {
+      CAPTURE(r);
+      CHECK(view.rank_model(r).host_params() == plain.rank_model(r).host_params());
+      CHECK(view.rank_model(r).grads16() == nullptr);
+      const MemoryStats& m = b.rank_memory[static_cast<size_t>(r)];
+      CHECK(a.rank_memory[static_cast<size_t>(r)].current_of(MemCategory::Gradients) == 2 * P);
+      CHECK(m.current_of(MemCategory::Gradients) == 0);
+      CHECK(m.current_of(MemCategory::CommBuffers) == 2 * P);  // the buckets, which are the gradients
+    }
+  }
+  TrainConfig c = mixed("ddp", 2, Precision::BF16, 2);
+  c.ddp.gradient_as_bucket_view = true;
+  c.reduce_fp32 = true;
+  CHECK(test::error_of(c) == "--gradient-as-bucket-view with --reduce-dtype fp32: each 16-bit gradient would be a view of a float32 "
+                             "bucket; drop one of them");
+}
+
 TEST_CASE("a 16-bit Linear widens its operands, accumulates in float32 and rounds its output once") {
   for (const Precision p : {Precision::BF16, Precision::FP16}) {
     const std::string name = precision_name(p);

@@ -128,10 +128,11 @@ void Model::upload_params(const float* host) {
 
 void Model::release_gradient_storage() {
   if (flat_grads_.empty()) return;
-  const float* begin = flat_grads_.f32();
-  const float* end = begin + flat_grads_.numel();
+  const char* begin = static_cast<const char*>(flat_grads_.raw());
+  const char* end = begin + flat_grads_.nbytes();
   for (const auto& p : params_)
-    DTLAB_CHECK(!(p.grad >= begin && p.grad < end),
+    for (const char* g : {reinterpret_cast<const char*>(p.grad), reinterpret_cast<const char*>(p.grad16)})
+      DTLAB_CHECK(!(g >= begin && g < end),
                 "release_gradient_storage() while " + p.name + "'s gradient still lives there");
   flat_grads_ = Tensor();
 }

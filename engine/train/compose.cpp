@@ -45,8 +45,6 @@ const Combination kCombinations[] = {
      "use --sharding full or grad-op", true},
     {Feature::MixedPrecision, "--tp", [](const TrainConfig& c) { return c.tp > 1; },
      "the tensor-parallel shards are float32", "drop --tp or use --precision fp32", true},
-    {Feature::MixedPrecision, "--gradient-as-bucket-view", [](const TrainConfig& c) { return c.ddp.gradient_as_bucket_view; },
-     "the 16-bit gradients live apart from DDP's buckets", "drop one of them", true},
     {Feature::Lora, "--save-sharded", [](const TrainConfig& c) { return !c.save_sharded_path.empty(); },
      "the sharded checkpoint format holds full parameters, not adapters", "use --save for the adapters", true},
     {Feature::Launch, "--strategy pipeline on the CPU", [](const TrainConfig& c) { return c.strategy == Strategy::Pipeline && c.backend == "socket"; },
