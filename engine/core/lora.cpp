@@ -27,6 +27,7 @@ void check_lora_spec(const ModelSpec& spec, const LoraSpec& lora) {
 void Model::enable_lora(const LoraSpec& lora, uint64_t seed) {
   check_lora_spec(spec_, lora);
   DTLAB_CHECK(!this->lora(), "enable_lora() called twice");
+  DTLAB_CHECK(!mixed(), "enable_lora() after set_precision(); enable LoRA first (the base is frozen in float32, then both go to 16 bits)");
   DTLAB_CHECK(owns_parameters(), "LoRA runs on a model that owns its parameters");
   if (sequence_parallel())
     throw Error("LoRA does not run with sequence parallelism in this version (the sequence-parallel layers do not run "
@@ -98,7 +99,8 @@ std::vector<float> Model::merged_params() const {
   int64_t total = 0;
   for (const Parameter& p : base_) total += p.numel;
   std::vector<float> out(static_cast<size_t>(total));
-  device_.download(out.data(), frozen_.f32(), total * static_cast<int64_t>(sizeof(float)));
+  if (mixed()) half_to_floats(out.data(), frozen_.u16(), total, half_format());
+  else device_.download(out.data(), frozen_.f32(), total * static_cast<int64_t>(sizeof(float)));
   const std::vector<float> ad = host_params();
   const int64_t r = lora_.rank;
   const double s = lora_.scaling();

@@ -128,10 +128,11 @@ void Model::upload_params(const float* host) {
 
 void Model::release_gradient_storage() {
   if (flat_grads_.empty()) return;
-  const float* begin = flat_grads_.f32();
-  const float* end = begin + flat_grads_.numel();
+  const char* begin = static_cast<const char*>(flat_grads_.raw());
+  const char* end = begin + flat_grads_.nbytes();
   for (const auto& p : params_)
-    DTLAB_CHECK(!(p.grad >= begin && p.grad < end),
+    for (const char* g : {reinterpret_cast<const char*>(p.grad), reinterpret_cast<const char*>(p.grad16)})
+      DTLAB_CHECK(!(g >= begin && g < end),
                 "release_gradient_storage() while " + p.name + "'s gradient still lives there");
   flat_grads_ = Tensor();
 }
@@ -456,7 +457,7 @@ void Model::ensure_activations(int64_t B) {
     widest = std::max({widest, rows_in * L.in_features, rows_out * L.out_features});
   }
   for (auto& d : dbuf_) d = Tensor({widest}, MemCategory::Activations, tracker_, param_dtype(), device_);
-  if (recompute_width > 0) recompute_ = Tensor({recompute_width}, MemCategory::Activations, tracker_, DType::F32, device_);
+  if (recompute_width > 0) recompute_ = Tensor({recompute_width}, MemCategory::Activations, tracker_, param_dtype(), device_);
   capacity_ = B;
   checkpointed_alloc_ = checkpointing_;
 }
@@ -520,9 +521,6 @@ void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
 }
 
 void Model::set_activation_checkpointing(bool on) {
-  if (on && mixed())
-    throw Error(std::string("activation checkpointing does not run with --precision ") + precision_name(precision_) +
-                " in this version; drop --activation-checkpointing or use --precision fp32");
   checkpointing_ = on;
 }
 

@@ -263,7 +263,16 @@ class Model {
   // float32 dlogits (already multiplied by the loss scale) and rounds them to 16 bits.
   // download_params()/upload_params() convert (checkpoints, evaluation). Call once, before DDP or
   // an optimizer is built; dtlab::Error with one sentence where it does not run in this version (a
-  // GPU, tensor parallelism, LoRA, activation checkpointing, a pipeline stage's layer calls).
+  // GPU, tensor parallelism, a pipeline stage's layer calls).
+  // Under LoRA (enable_lora first) the layout is autocast's for a peft model (docs/course_sources.md
+  // §6e): the frozen base is stored in 16 bits (from_pretrained(torch_dtype=bfloat16)), the adapters
+  // keep float32 values as the optimizer's master copy (peft upcasts trainable adapters to float32)
+  // and compute from their 16-bit copy, as autocast casts them for each matmul; their gradients are
+  // 16-bit like every parameter's here (the ZeRO layout; autocast's .grad would be float32). An
+  // adapted Linear runs peft's ops on 16-bit tensors: lora_A, lora_B, * scaling and the sum each
+  // rounded once. With activation checkpointing the
+  // kept block outputs and the recompute buffer are 16-bit, and a block recomputes in 16 bits exactly
+  // as its forward ran.
   void set_precision(Precision p);
   Precision precision() const { return precision_; }
   bool mixed() const { return is_mixed(precision_); }
@@ -297,8 +306,12 @@ class Model {
   // Mixed precision (model_half.cpp).
   const float* half_forward(const float* x, int64_t B);
   void half_backward(const float* dlogits, const GradReadyHook& on_grad_ready);
-  void half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t B);
+  void half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t B, ComputeKind kind);
+  void half_recompute_block(int last);  // checkpointing: recompute_block in 16 bits
   void half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out);
+  void half_lora_forward(const Layer& L, uint16_t* out, const float* x, int64_t B);
+  void half_lora_backward(const Layer& L, float* dx, const float* dy, const float* x, int64_t B);
+  void add_to_grad16(Parameter& p, const float* add);      // grad16 = round(grad16 + add), torch's .grad +=
   float* widen(Tensor& t, const uint16_t* src, int64_t n);  // src as float32 in scratch `t`
   float* f32_scratch(Tensor& t, int64_t n);                  // n floats of fp32 compute scratch
   void lora_forward(const Layer& L, float* out, const float* in, int64_t B);
@@ -321,7 +334,7 @@ class Model {
   Tensor flat_grads_;   // (P,)
   std::vector<Tensor> acts_;  // acts_[i]: output of layer i, (B, out_i)
   Tensor dbuf_[2];            // ping-pong activation gradients, (B, max width)
-  Tensor recompute_;          // checkpointing: a block's inner activation, (B, max width)
+  Tensor recompute_;          // checkpointing: a block's inner activation, (B, max width), in param_dtype()
   bool checkpointing_ = false;
   bool checkpointed_alloc_ = false;  // the layout acts_ was allocated for
   bool layer_skipped(int i) const;  // layer i bypassed in the current forward
@@ -344,6 +357,7 @@ class Model {
   Tensor x16_, logits32_;
   std::vector<const uint16_t*> layer_in16_;
   Tensor fa_, fb_, fc_, fd_, fe_;
+  Tensor lora_a32_, lora_b32_, lora_g_;  // mixed LoRA: A and B widened; dB, dA and the adapter's input gradient
 };
 
 // torch.manual_seed(seed) + nn.Linear's reset_parameters, value for value (a pipeline stage skips

@@ -20,9 +20,6 @@ void Model::set_precision(Precision p) {
   if (!device_.is_host())
     throw Error(flag + " runs on the CPU engine in this version; use --device cpu (or --precision fp32 on " + device_.name() + ")");
   if (tp_.degree > 1) throw Error(flag + " does not run with tensor parallelism in this version; drop --tp or use --precision fp32");
-  if (lora()) throw Error(flag + " does not run with LoRA in this version; drop --lora-rank or use --precision fp32");
-  if (checkpointing_)
-    throw Error(flag + " does not run with activation checkpointing in this version; drop --activation-checkpointing or use --precision fp32");
   DTLAB_CHECK(owns_parameters(), "set_precision() on a model whose parameters are sharded");
   const std::vector<float> values = host_params();  // the model as built (torch's init), then .to(dtype)
   precision_ = p;
@@ -35,6 +32,18 @@ void Model::set_precision(Precision p) {
     q.data = q.grad = nullptr;
     q.data16 = flat_params_.u16() + q.offset;
     q.grad16 = flat_grads_.u16() + q.offset;
+  }
+  if (lora()) {  // the frozen base too: the 16-bit copy replaces the float32 one
+    const int64_t n = frozen_.numel();
+    std::vector<float> base(static_cast<size_t>(n));
+    device_.download(base.data(), frozen_.f32(), n * static_cast<int64_t>(sizeof(float)));
+    frozen_ = Tensor();
+    frozen_ = Tensor({n}, MemCategory::Parameters, tracker_, param_dtype(), device_);
+    half_from_floats(frozen_.u16(), base.data(), n, half_format());
+    for (auto& q : base_) {
+      q.data = nullptr;
+      q.data16 = frozen_.u16() + q.offset;
+    }
   }
   acts_.clear();  // allocated again in 16 bits by the next forward
   for (auto& d : dbuf_) d = Tensor();
@@ -65,8 +74,8 @@ const float* Model::half_forward(const float* x, int64_t B) {
     if (layer_skipped(i)) continue;  // the branch: this block's output is its input
     gate_layer(i, false);
     if (hooks_) hooks_->before_forward(i);
-    uint16_t* out = acts_[static_cast<size_t>(i)].u16();
-    half_layer_forward(i, out, in, B);
+    uint16_t* out = keeps_output(i) ? acts_[static_cast<size_t>(i)].u16() : recompute_.u16();
+    half_layer_forward(i, out, in, B, ComputeKind::LayerForward);
     if (hooks_) hooks_->after_forward(i);
     in = out;
   }
@@ -76,9 +85,9 @@ const float* Model::half_forward(const float* x, int64_t B) {
   return logits32_.f32();
 }
 
-void Model::half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t B) {
+void Model::half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t B, ComputeKind kind) {
   const Layer& L = layer(i);
-  ComputeScope scope(observer_, ComputeKind::LayerForward, L.seq_index, layer_forward_flops(i, B));
+  ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, B));
   const int64_t n_out = B * L.out_features;
   if (L.kind == LayerKind::ReLU) {
     const HalfFormat f = half_format();
@@ -86,11 +95,63 @@ void Model::half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t
     return;
   }
   const float* x = widen(fa_, in, B * L.in_features);
-  const float* w = widen(fb_, params_[L.weight].data16, L.out_features * L.in_features);
-  const float* b = widen(fc_, params_[L.bias].data16, L.out_features);
+  const float* w = widen(fb_, weight_of(L).data16, L.out_features * L.in_features);
+  const float* b = widen(fc_, bias_of(L).data16, L.out_features);
   float* y = f32_scratch(fd_, n_out);
   device_.linear_forward(y, x, w, b, B, L.in_features, L.out_features);
   half_from_floats(out, y, n_out, half_format());
+  if (L.lora_a >= 0) half_lora_forward(L, out, x, B);
+}
+
+// peft's Linear.forward on 16-bit tensors, op by op, each result rounded once to 16 bits:
+// t = lora_A(x), u = lora_B(t), s = u * scaling, out = result + s.
+void Model::half_lora_forward(const Layer& L, uint16_t* out, const float* x, int64_t B) {
+  const HalfFormat f = half_format();
+  const int64_t r = lora_.rank, n_out = B * L.out_features;
+  const float* a = widen(lora_a32_, params_[static_cast<size_t>(L.lora_a)].data16, r * L.in_features);
+  const float* bm = widen(lora_b32_, params_[static_cast<size_t>(L.lora_b)].data16, L.out_features * r);
+  float* t = f32_scratch(lora_t_, 2 * B * r);
+  device_.linear_forward(t, x, a, nullptr, B, L.in_features, r);
+  for (int64_t k = 0; k < B * r; k++) t[k] = round_to_half(t[k], f);
+  float* u = f32_scratch(lora_d_, n_out);
+  device_.linear_forward(u, t, bm, nullptr, B, r, L.out_features);
+  const float s = lora_.scaling();
+  for (int64_t k = 0; k < n_out; k++)
+    out[k] = half_from_float(half_to_float(out[k], f) + round_to_half(round_to_half(u[k], f) * s, f), f);
+}
+
+// Its backward as autograd runs it on 16-bit tensors: du = ds * scaling, dB += du^T t, dt = du B,
+// dA += dt^T x, and x's gradient the sum of the base's and the adapter's, each rounded to 16 bits
+// before the one rounded sum. `dx` holds the base's float32 input gradient (null for the first layer).
+void Model::half_lora_backward(const Layer& L, float* dx, const float* dy, const float* x, int64_t B) {
+  const HalfFormat f = half_format();
+  const int64_t r = lora_.rank, n_out = B * L.out_features;
+  Parameter& A = params_[static_cast<size_t>(L.lora_a)];
+  Parameter& Bm = params_[static_cast<size_t>(L.lora_b)];
+  const float* a = widen(lora_a32_, A.data16, A.numel);
+  const float* bm = widen(lora_b32_, Bm.data16, Bm.numel);
+  float* t = f32_scratch(lora_t_, 2 * B * r);  // recomputed, as lora_backward does
+  float* dt = t + B * r;
+  device_.linear_forward(t, x, a, nullptr, B, L.in_features, r);
+  for (int64_t k = 0; k < B * r; k++) t[k] = round_to_half(t[k], f);
+  float* du = f32_scratch(lora_d_, n_out);
+  const float s = lora_.scaling();
+  for (int64_t k = 0; k < n_out; k++) du[k] = round_to_half(dy[k] * s, f);
+  float* g = f32_scratch(lora_g_, Bm.numel + A.numel + (dx ? B * L.in_features : 0));  // dB, dA, dx's adapter part
+  device_.fill_zero(g, (Bm.numel + A.numel) * static_cast<int64_t>(sizeof(float)));
+  device_.linear_backward(dt, g, nullptr, du, t, bm, B, r, L.out_features);
+  for (int64_t k = 0; k < B * r; k++) dt[k] = round_to_half(dt[k], f);
+  float* dxl = dx ? g + Bm.numel + A.numel : nullptr;
+  device_.linear_backward(dxl, g + Bm.numel, nullptr, dt, x, a, B, L.in_features, r);
+  add_to_grad16(Bm, g);
+  add_to_grad16(A, g + Bm.numel);
+  if (dx)
+    for (int64_t k = 0; k < B * L.in_features; k++) dx[k] = round_to_half(round_to_half(dx[k], f) + round_to_half(dxl[k], f), f);
+}
+
+void Model::add_to_grad16(Parameter& p, const float* add) {
+  const HalfFormat f = half_format();
+  for (int64_t k = 0; k < p.numel; k++) p.grad16[k] = half_from_float(half_to_float(p.grad16[k], f) + add[k], f);
 }
 
 void Model::half_backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
@@ -104,9 +165,11 @@ void Model::half_backward(const float* dlogits, const GradReadyHook& on_grad_rea
   for (int i = num_layers() - 1; i >= 0; i--) {
     if (layer_skipped(i)) continue;
     uint16_t* dinp = i > first ? (dout == dbuf_[0].u16() ? dbuf_[1].u16() : dbuf_[0].u16()) : nullptr;
+    if (checkpointing_ && keeps_output(i)) half_recompute_block(i);  // a block's last layer: run it again first
+    const uint16_t* out = checkpointing_ ? recompute_.u16() : acts_[static_cast<size_t>(i)].u16();
     gate_layer(i, true);
     if (hooks_) hooks_->before_backward(i);
-    half_layer_backward(i, dinp, dout, layer_in16_[static_cast<size_t>(i)], acts_[static_cast<size_t>(i)].u16());
+    half_layer_backward(i, dinp, dout, layer_in16_[static_cast<size_t>(i)], out);
     if (hooks_) hooks_->after_backward(i);
     const Layer& L = layer(i);
     if (L.kind == LayerKind::Linear && on_grad_ready) {
@@ -114,6 +177,20 @@ void Model::half_backward(const float* dlogits, const GradReadyHook& on_grad_rea
       on_grad_ready(L.weight);
     }
     dout = dinp;
+  }
+}
+
+// model.cpp's recompute_block in 16 bits: the block's Linear widens the same 16-bit input and weights,
+// runs the same float32 kernel and rounds once, exactly as the forward did (torch.utils.checkpoint
+// recomputes under the forward's dtype and autocast state; docs/course_sources.md §6d), so the
+// recomputed activations and the gradients are bit-identical to a run that kept them.
+void Model::half_recompute_block(int last) {
+  const int first = layer(last).kind == LayerKind::ReLU ? last - 1 : last;
+  uint16_t* buf = recompute_.u16();
+  for (int i = first; i <= last; i++) {
+    if (hooks_) hooks_->before_recompute(i);
+    half_layer_forward(i, buf, i == first ? layer_in16_[static_cast<size_t>(i)] : buf, batch_, ComputeKind::Recompute);
+    if (hooks_) hooks_->after_recompute(i);
   }
 }
 
@@ -133,16 +210,16 @@ void Model::half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, con
   const int64_t nw = L.out_features * L.in_features;
   const float* dy = widen(fa_, dout, n_out);
   const float* x = widen(fb_, in, B * L.in_features);
-  const float* w = dinp ? widen(fc_, params_[L.weight].data16, nw) : nullptr;
-  float* dw = f32_scratch(fd_, nw + L.out_features);  // dW, then db
-  device_.fill_zero(dw, (nw + L.out_features) * static_cast<int64_t>(sizeof(float)));
+  const float* w = dinp ? widen(fc_, weight_of(L).data16, nw) : nullptr;
+  float* dw = lora() ? nullptr : f32_scratch(fd_, nw + L.out_features);  // dW, then db; none for a frozen base
+  if (dw) device_.fill_zero(dw, (nw + L.out_features) * static_cast<int64_t>(sizeof(float)));
   float* dx = dinp ? f32_scratch(fe_, B * L.in_features) : nullptr;
-  device_.linear_backward(dx, dw, dw + nw, dy, x, w, B, L.in_features, L.out_features);
-  for (const int p : {L.weight, L.bias}) {
-    uint16_t* g = params_[p].grad16;
-    const float* add = p == L.weight ? dw : dw + nw;
-    for (int64_t k = 0; k < params_[p].numel; k++) g[k] = half_from_float(half_to_float(g[k], f) + add[k], f);
+  device_.linear_backward(dx, dw, dw ? dw + nw : nullptr, dy, x, w, B, L.in_features, L.out_features);
+  if (dw) {
+    add_to_grad16(params_[static_cast<size_t>(L.weight)], dw);
+    add_to_grad16(params_[static_cast<size_t>(L.bias)], dw + nw);
   }
+  if (L.lora_a >= 0) half_lora_backward(L, dx, dy, x, B);
   if (dinp) half_from_floats(dinp, dx, B * L.in_features, f);
 }
 

@@ -80,7 +80,15 @@ void Optimizer::init_master(const uint16_t* params16, HalfFormat format) {
 }
 
 void Optimizer::step_mixed(uint16_t* params16, const uint16_t* grads16, float inv_scale) {
+  step_mixed(std::vector<Segment16>{{params16, grads16, 0, numel_}}, inv_scale);
+}
+
+// The element updates are independent, so any cover of the range gives the same bits.
+void Optimizer::step_mixed(const std::vector<Segment16>& segments, float inv_scale) {
   DTLAB_CHECK(!master_.empty(), "step_mixed() before init_master()");
+  int64_t covered = 0;
+  for (const Segment16& s : segments) covered += s.numel;
+  DTLAB_CHECK(covered == numel_, "optimizer segments do not cover the managed range");
   steps_++;
   const bool first = state_a_.empty();
   ensure_state();
@@ -88,17 +96,19 @@ void Optimizer::step_mixed(uint16_t* params16, const uint16_t* grads16, float in
   const AdamWCoeffs ka = adamw_coeffs(config_, steps_);
   constexpr int64_t kChunk = 2048;
   float g[kChunk];
-  float* const master = master_.f32();
-  for (int64_t lo = 0; lo < numel_; lo += kChunk) {
-    const int64_t n = std::min(kChunk, numel_ - lo);
-    half_to_floats(g, grads16 + lo, n, format_);
-    if (inv_scale != 1.0f)
-      for (int64_t i = 0; i < n; i++) g[i] *= inv_scale;  // GradScaler.unscale_: grad * (1 / scale)
-    if (config_.kind == OptimizerKind::SGD)
-      device_.sgd_step(master + lo, g, state_a_.empty() ? nullptr : state_a_.f32() + lo, n, ks, first);
-    else
-      device_.adamw_step(master + lo, g, state_a_.f32() + lo, state_b_.f32() + lo, n, ka);
-    half_from_floats(params16 + lo, master + lo, n, format_);
+  for (const Segment16& s : segments) {
+    for (int64_t done = 0; done < s.numel; done += kChunk) {
+      const int64_t n = std::min(kChunk, s.numel - done), lo = s.offset + done;
+      float* const master = master_.f32() + lo;
+      half_to_floats(g, s.grads + done, n, format_);
+      if (inv_scale != 1.0f)
+        for (int64_t i = 0; i < n; i++) g[i] *= inv_scale;  // GradScaler.unscale_: grad * (1 / scale)
+      if (config_.kind == OptimizerKind::SGD)
+        device_.sgd_step(master, g, state_a_.empty() ? nullptr : state_a_.f32() + lo, n, ks, first);
+      else
+        device_.adamw_step(master, g, state_a_.f32() + lo, state_b_.f32() + lo, n, ka);
+      half_from_floats(s.params + done, master, n, format_);
+    }
   }
 }
 

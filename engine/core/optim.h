@@ -66,6 +66,13 @@ class Optimizer {
   // gradient buffer is allocated (2 + 2 + 4 + state bytes per parameter).
   void init_master(const uint16_t* params16, HalfFormat format);
   void step_mixed(uint16_t* params16, const uint16_t* grads16, float inv_scale);
+  // The same where the 16-bit gradients are not contiguous (DDP's gradient_as_bucket_view).
+  struct Segment16 {
+    uint16_t* params;
+    const uint16_t* grads;
+    int64_t offset, numel;
+  };
+  void step_mixed(const std::vector<Segment16>& segments, float inv_scale);
   const Tensor& master_weights() const { return master_; }
 
   const OptimizerConfig& config() const { return config_; }

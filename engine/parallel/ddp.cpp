@@ -115,9 +115,8 @@ DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& com
     : model_(model), comm_(comm), ctx_(ctx), opt_(opt), reduce_fp32_(reduce_fp32), world_(comm.world_size()) {
   if (opt_.bucket_cap_bytes < 1) throw Error("the DDP bucket cap must be at least 1 byte; raise --bucket-cap-mb");
   if (opt_.first_bucket_bytes < 1) throw Error("the first DDP bucket cap must be at least 1 byte; raise --first-bucket-mb");
-  if (model_.mixed() && opt_.gradient_as_bucket_view)
-    throw Error(std::string("--gradient-as-bucket-view does not run with --precision ") + precision_name(model_.precision()) +
-                " in this version; drop one of them");
+  DTLAB_CHECK(!(opt_.gradient_as_bucket_view && model_.mixed() && reduce_fp32_),
+              "gradient_as_bucket_view with float32 buckets for 16-bit gradients; drop one of them");
   const auto& ps = model_.parameters();
   for (const auto& p : ps) param_label_.push_back(ctx_ && ctx_->recorder() ? ctx_->recorder()->intern(p.name) : -1);
   if (ctx_) ctx_->set_activity("constructing DDP: checking parameter shapes across ranks");
@@ -135,7 +134,7 @@ DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& com
 DistributedDataParallel::~DistributedDataParallel() {
   // Never leave the model pointing into buffers that are about to go away.
   if (opt_.gradient_as_bucket_view) {
-    for (auto& p : model_.parameters()) p.grad = nullptr;
+    for (auto& p : model_.parameters()) p.grad = nullptr, p.grad16 = nullptr;
   }
 }
 
@@ -197,12 +196,16 @@ void DistributedDataParallel::assign(const BucketAssignment& a) {
     DTLAB_CHECK(bucket_of_[p] >= 0, "parameter " + ps[p].name + " is in no bucket");
   if (opt_.gradient_as_bucket_view) {
     // Each .grad becomes its slice of the bucket, keeping what it holds (torch copies the old
-    // gradient into the new view on a rebuild).
+    // gradient into the new view on a rebuild). Mixed precision: the buckets are in the gradients'
+    // 16-bit dtype (torch's buckets take their gradients' dtype), so grad16 is the view.
+    const int64_t elem = dtype_size(bucket_dtype());
     for (size_t p = 0; p < ps.size(); p++) {
       DdpBucket& bk = fresh[static_cast<size_t>(bucket_of_[p])];
-      float* view = bk.buffer.f32() + bk.offsets[static_cast<size_t>(slot_of_[p])];
-      if (ps[p].grad) model_.device().copy(view, ps[p].grad, ps[p].numel * static_cast<int64_t>(sizeof(float)));
-      ps[p].grad = view;
+      void* view = static_cast<char*>(bk.buffer.raw()) + bk.offsets[static_cast<size_t>(slot_of_[p])] * elem;
+      void* old = model_.mixed() ? static_cast<void*>(ps[p].grad16) : static_cast<void*>(ps[p].grad);
+      if (old) model_.device().copy(view, old, ps[p].numel * elem);
+      if (model_.mixed()) ps[p].grad16 = static_cast<uint16_t*>(view);
+      else ps[p].grad = static_cast<float*>(view);
     }
     model_.release_gradient_storage();
   }
@@ -296,7 +299,9 @@ void DistributedDataParallel::mark_ready(int p) {
   // divided in float and rounded into a 16-bit bucket (or kept in float32 for an fp32 reduce).
   if (model_.mixed()) {
     const HalfFormat f = model_.half_format();
-    if (bk.buffer.dtype() == DType::F32) {
+    if (opt_.gradient_as_bucket_view) {  // the view is the gradient: divided in place, rounded once
+      for (int64_t k = 0; k < prm.numel; k++) prm.grad16[k] = half_from_float(half_to_float(prm.grad16[k], f) * scale, f);
+    } else if (bk.buffer.dtype() == DType::F32) {
       float* dst = bk.buffer.f32() + at;
       for (int64_t k = 0; k < prm.numel; k++) dst[k] = half_to_float(prm.grad16[k], f) * scale;
     } else {
@@ -413,6 +418,12 @@ void DistributedDataParallel::leave_unfinished(int bucket) {
 std::vector<Optimizer::Segment> DistributedDataParallel::optimizer_segments() {
   std::vector<Optimizer::Segment> segs;
   for (auto& p : model_.parameters()) segs.push_back({p.data, p.grad, p.offset, p.numel});
+  return segs;
+}
+
+std::vector<Optimizer::Segment16> DistributedDataParallel::optimizer_segments16() {
+  std::vector<Optimizer::Segment16> segs;
+  for (auto& p : model_.parameters()) segs.push_back({p.data16, p.grad16, p.offset, p.numel});
   return segs;
 }
 

@@ -122,7 +122,8 @@ class DistributedDataParallel {
   // all-reduce the gradients in the training dtype (torch's DDP on a bf16 model; NCCL sums in 16 bits);
   // reduce_fp32 all-reduces them in float32 instead (--reduce-dtype fp32, as FSDP's
   // MixedPrecision(reduce_dtype=float32) or a widening comm hook), rounding the average back into the
-  // 16-bit gradients. No effect on a float32 model.
+  // 16-bit gradients. No effect on a float32 model. With gradient_as_bucket_view each grad16 is its
+  // slice of a 16-bit bucket (the model's 16-bit gradient buffer is freed); not with reduce_fp32.
   DistributedDataParallel(Model& model, Communicator& comm, RankContext* ctx, const DdpOptions& opt,
                           bool reduce_fp32 = false);
   ~DistributedDataParallel();
@@ -147,6 +148,7 @@ class DistributedDataParallel {
   // For Optimizer::step: each parameter with its current .grad (inside the buckets with
   // gradient_as_bucket_view).
   std::vector<Optimizer::Segment> optimizer_segments();
+  std::vector<Optimizer::Segment16> optimizer_segments16();  // mixed precision: data16 and grad16
 
   const std::vector<DdpBucket>& buckets() const { return buckets_; }
   int generation() const { return generation_; }  // 0, or 1 after the rebuild

@@ -5,8 +5,10 @@
 namespace dtlab {
 
 bool GradScaler::local_found_inf(Model& model) {
-  DTLAB_CHECK(model.mixed() && model.grads16() != nullptr, "the loss scaler checks a mixed-precision model's gradients");
-  return !half_all_finite(model.grads16(), model.num_params(), model.half_format());
+  DTLAB_CHECK(model.mixed(), "the loss scaler checks a mixed-precision model's gradients");
+  for (const Parameter& p : model.parameters())  // each where it lives (a DDP bucket's view, or the flat buffer)
+    if (!half_all_finite(p.grad16, p.numel, model.half_format())) return true;
+  return false;
 }
 
 bool GradScaler::agree(Communicator* comm, bool found_inf, Device& dev) {

@@ -85,6 +85,9 @@ void validate_precision(const TrainConfig& c) {
     if (c.reduce_fp32) throw Error("--reduce-dtype fp32 applies to 16-bit gradients; add --precision bf16 or fp16");
     return;
   }
+  if (c.reduce_fp32 && c.ddp.gradient_as_bucket_view && c.strategy == Strategy::Ddp)
+    throw Error("--gradient-as-bucket-view with --reduce-dtype fp32: each 16-bit gradient would be a view of a float32 bucket; "
+                "drop one of them");
   if (!c.inject_overflow_steps.empty() && c.precision != Precision::FP16)
     throw Error("--inject-overflow makes fp16 gradients overflow (bf16 has float32's range); use --precision fp16");
   if (c.inject_overflow_rank < 0 || c.inject_overflow_rank >= c.world_size)

@@ -288,6 +288,7 @@ class DdpRank final : public ReplicaRank {
   }
   void optimizer_step() override {
     if (ddp_ && !model_.mixed()) opt_.step(ddp_->optimizer_segments());
+    else if (ddp_ && !model_.grads16()) opt_.step_mixed(ddp_->optimizer_segments16(), scaler_ ? 1.0f / scale_ : 1.0f);
     else ReplicaRank::optimizer_step();
   }
   double overlap() const override { return ddp_ ? ddp_->last_stats().overlap() : -1; }
