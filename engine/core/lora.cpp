@@ -74,7 +74,7 @@ void Model::enable_lora(const LoraSpec& lora, uint64_t seed) {
 }
 
 void Model::release_frozen_storage() {
-  for (Parameter& p : base_) p.data = nullptr;
+  for (Parameter& p : base_) p.data = nullptr, p.data16 = nullptr;
   frozen_ = Tensor();
 }
 
@@ -82,8 +82,11 @@ void Model::restore_frozen_storage() {
   if (base_.empty() || !frozen_.empty()) return;
   int64_t total = 0;
   for (const Parameter& p : base_) total = std::max(total, p.offset + p.numel);
-  frozen_ = Tensor({total}, MemCategory::Parameters, tracker_, DType::F32, device_);
-  for (Parameter& p : base_) p.data = frozen_.f32() + p.offset;
+  frozen_ = Tensor({total}, MemCategory::Parameters, tracker_, param_dtype(), device_);  // 16 bits under mixed precision
+  for (Parameter& p : base_) {
+    if (mixed()) p.data16 = frozen_.u16() + p.offset;
+    else p.data = frozen_.f32() + p.offset;
+  }
 }
 
 std::vector<int> Model::trainable_of(const Layer& L) const {
