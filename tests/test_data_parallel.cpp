@@ -236,7 +236,7 @@ TEST_SUITE("data_parallel") {
   // Issue 34: --lora-rank was refused with dp. torch's replicate() broadcasts every parameter of the
   // peft module, the frozen base included (flattened per coalesced group), and ReduceAddCoalesced
   // sums only the adapters' gradients, the only ones there are.
-  TEST_CASE("dp with LoRA equals LoRA on one rank; replicate moves the frozen base, the reduce only the adapters") {
+  TEST_CASE("dp with LoRA equals LoRA on one rank: replicate moves the frozen base, the reduce only the adapters") {
     const int64_t B = 16, r = 4;
     // Adapters of mlp:2,64,64,3 at rank 4: A (4, in) and B (out, 4) per Linear.
     const int64_t adapters = r * (2 + 64) + r * (64 + 64) + r * (64 + 3);
