@@ -131,7 +131,9 @@ void check_every_combination(const std::string& device) {
 
   // The references, wherever both sides trained.
   int compared = 0;
-  for (const auto& [k, res] : trained) {
+  for (const auto& entry : trained) {  // (clang 14: a structured binding cannot be captured by CAPTURE's lambda)
+    const Combo& k = entry.first;
+    const Result& res = entry.second;
     CAPTURE(k.str());
     // Every strategy against one rank on the same samples per step.
     if (k.strategy != Strategy::Single) {
