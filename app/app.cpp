@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "app/lesson_host.h"
@@ -91,7 +92,8 @@ class App : public ScriptRunner::Host {
   bool init_window();
   void init_imgui();
   void apply_style();
-  void frame();
+  // present: draw the frame's pixels and swap; a scripted run skips it between its paced frames.
+  void frame(bool present = true);
   void handle_keys();
   void toolbar();
   void view_combo(const char* const* titles, int n);
@@ -903,7 +905,7 @@ void App::lesson_ran() {
   if (traces_.sync_lesson(lessons_.runner(), *session_)) relayout_ = true;
 }
 
-void App::frame() {
+void App::frame(bool present) {
   glfwPollEvents();
   traces_.poll();
   if (session_) {
@@ -927,6 +929,7 @@ void App::frame() {
   views();
   ImGui::Render();
   spoilers_.after_render(*ImGui::GetDrawData());
+  if (!present) return;
   int w = 0, h = 0;
   glfwGetFramebufferSize(win_, &w, &h);
   glViewport(0, 0, w, h);
@@ -996,11 +999,21 @@ int App::run() {
   std::vector<double> cpu_ms, wall_ms;            // the benchmark's frames
   std::vector<double> load_cpu_ms, load_wall_ms;  // --open: the frames drawn while the traces loaded
   int frames = 0, bench_frames = 0;
+  // A scripted run (--script, --run, --play) has no display's refresh to wait for, and drawing every
+  // frame's pixels as fast as it can (under Xvfb, Mesa's llvmpipe: about 10 ms of CPU each) took two
+  // thirds of a lesson's CPU from the ranks it waits for. Its frames still run the UI, the script
+  // and the spoiler check as fast as they come; the pixels are drawn 30 times a second, and on every
+  // frame while a screenshot is pending.
+  const bool paced = script_->scripted() && opt_.bench_frames == 0;
+  auto presented = Clock::now() - std::chrono::seconds(1);
   while (!glfwWindowShouldClose(win_) && !outcome_.quit) {
     const bool loading = traces_.loading();
     const double c0 = thread_cpu_seconds();
     const auto w0 = Clock::now();
-    frame();
+    const bool present = !paced || shots_.pending() || w0 - presented >= std::chrono::milliseconds(33);
+    if (present) presented = w0;
+    frame(present);
+    if (!present) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a frame of UI alone: leave the cores to the ranks
     frames++;
     (loading ? load_cpu_ms : cpu_ms).push_back((thread_cpu_seconds() - c0) * 1e3);
     (loading ? load_wall_ms : wall_ms).push_back(std::chrono::duration<double, std::milli>(Clock::now() - w0).count());

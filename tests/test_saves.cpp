@@ -125,7 +125,8 @@ TEST_SUITE("saves") {
     Model m(ModelSpec::parse("mlp:2,256,256,256,3"), nullptr, 0);
     REQUIRE(load_sharded_checkpoint(s, m).step == 3);
     int killed = 0;
-    for (int i = 0; i < 16; i++) {
+    // The sanitizer runs (DTLAB_TEST_QUICK) kill at every other moment.
+    for (int i = 0; i < 16; i += test::quick() ? 2 : 1) {
       // Kill times spread over the run's second half, where it saves.
       const double at = full * (0.5 + 0.6 * i / 16.0);
       CAPTURE(at);
@@ -133,7 +134,7 @@ TEST_SUITE("saves") {
       CHECK_NOTHROW(load_sharded_checkpoint(s, m));
       CHECK(!fs::exists(dir.file(".s.old")));
     }
-    MESSAGE("killed " << killed << " of 16 saves; the checkpoint loaded after each");
+    MESSAGE("killed " << killed << " of " << (test::quick() ? 8 : 16) << " saves; the checkpoint loaded after each");
   }
 
   TEST_CASE("stale temp files of a killed save are removed by the next save, SIGTERM removes its own") {
@@ -156,7 +157,7 @@ TEST_SUITE("saves") {
     // SIGTERM while dtlab-cli runs and saves: no temp file stays.
     const std::vector<std::string> args = {"train", "--model", "mlp:2,1024,1024,1024,3", "--steps", "2", "--save", out};
     const double full = seconds_of(args);
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 8; i += test::quick() ? 2 : 1) {
       run_and_signal(args, full * (0.4 + 0.08 * i), SIGTERM);
       for (const std::string& name : names_in(dir.path)) CHECK(name == "model.safetensors");
     }
