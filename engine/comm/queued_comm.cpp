@@ -1,6 +1,7 @@
 #include "engine/comm/queued_comm.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "engine/core/format.h"
 #include "engine/trace/tuning.h"
@@ -33,8 +34,10 @@ int64_t payload_bytes(const CollDesc& d, int n) {
 // A Work the comm worker completes; wait() also moves the compute lane's clock past the op.
 class AsyncWork : public Work {
  public:
-  AsyncWork(uint64_t seq, RankContext* ctx, std::string what)
-      : seq_(seq), ctx_(ctx), what_(std::move(what)) {}
+  // p2p: a send or receive of the rank's own program, whose wait may be for a peer held at a gate.
+  // peers: those ranks (bits; 0 for a collective).
+  AsyncWork(uint64_t seq, RankContext* ctx, std::string what, bool p2p = false, uint64_t peers = 0)
+      : seq_(seq), ctx_(ctx), what_(std::move(what)), p2p_(p2p), peers_(peers) {}
   bool is_completed() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return done_;
@@ -46,10 +49,21 @@ class AsyncWork : public Work {
       ctx_->set_activity("waiting for " + what_);  // what the watchdog reports of this thread
       ctx_->before_wait();  // a paused GPU rank shows the compute that already ran
       lock.lock();
+      // A send/recv still waiting after 100 ms waits for a peer that does not move: the stepper may
+      // then settle without this lane (Stepper::p2p_wait). Data on its way arrives well before.
+      if (p2p_ && !cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return done_; })) {
+        flagged_ = true;
+        lock.unlock();
+        ctx_->p2p_wait(true, peers_);
+        lock.lock();
+      }
     }
     cv_.wait(lock, [&] { return done_; });  // the backend bounds every job by its timeout
-    if (!error_.empty()) throw CommError(error_);
+    const bool unflag = flagged_;
+    flagged_ = false;
     lock.unlock();
+    if (unflag) ctx_->p2p_wait(false, peers_);
+    if (!error_.empty()) throw CommError(error_);
     if (ctx_) {
       ctx_->advance_compute_clock(times_.model_end);  // the compute lane waited for the comm lane
       ctx_->set_activity("running (after " + what_ + ")");
@@ -61,7 +75,12 @@ class AsyncWork : public Work {
     return times_;
   }
   void finish(const WorkTimes& t, std::string error = {}) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (flagged_) {  // the waiting lane moves again before the comm lane reports the work done
+      lock.unlock();
+      ctx_->p2p_wait(false, peers_);
+      lock.lock();
+    }
     times_ = t;
     error_ = std::move(error);
     done_ = true;
@@ -72,6 +91,9 @@ class AsyncWork : public Work {
   uint64_t seq_;
   RankContext* ctx_;
   std::string what_;
+  bool p2p_ = false;
+  uint64_t peers_ = 0;
+  bool flagged_ = false;  // its waiter told the stepper it waits for a peer
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -260,7 +282,12 @@ void QueuedCommunicator::gate(CommJob& j) {
 WorkPtr QueuedCommunicator::enqueue(CommJob j) {
   j.issue_model = ctx_ ? ctx_->compute_clock() : 0;
   j.iteration = ctx_ ? ctx_->iteration() : -1;
-  j.work = std::make_shared<AsyncWork>(j.seq, ctx_, job_name(j));
+  // A process group's ring step is part of the group's collective, not a send/recv of the program.
+  const bool own_p2p = j.p2p && !(j.tag & kGroupStepTag);
+  uint64_t peers = 0;
+  for (int q : {j.peer, j.fused ? j.recv_peer : -1})
+    if (own_p2p && q >= 0 && q < 64) peers |= uint64_t{1} << q;
+  j.work = std::make_shared<AsyncWork>(j.seq, ctx_, job_name(j), own_p2p, peers);
   // The call is the issue; a stepped run then holds the rank at the operation's gate until every
   // member has called it too.
   if (!j.p2p && ctx_) {
@@ -271,9 +298,7 @@ WorkPtr QueuedCommunicator::enqueue(CommJob j) {
   }
   gate(j);
   WorkPtr w = j.work;
-  // Before the compute lane can reach its next gate. A process group's ring step is part of the
-  // group's collective, not a send/recv of the program.
-  const bool own_p2p = j.p2p && !(j.tag & kGroupStepTag);
+  // Before the compute lane can reach its next gate.
   if (ctx_) ctx_->lane_work(kCommLane, +1, own_p2p);
   {
     std::lock_guard<std::mutex> lock(mu_);

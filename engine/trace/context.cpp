@@ -156,6 +156,10 @@ void RankContext::lane_work(int lane, int delta, bool p2p) {
   if (stepper_) stepper_->lane_work(rank_, lane, delta, p2p);
 }
 
+void RankContext::p2p_wait(bool waiting, uint64_t peers) {
+  if (stepper_) stepper_->p2p_wait(rank_, waiting, peers);
+}
+
 void RankContext::end_iteration() {
   if (recorder_ && recorder_->enabled()) {
     Event e(EventKind::Iteration, Lane::Compute, iter_wall_, recorder_->now_ns(), iter_model_,

@@ -63,6 +63,10 @@ class RankContext : public ComputeObserver, public LayerGate {
   bool gate_grad(int param, const std::string& label);
   // A comm or group lane took (+1) or finished (-1) an operation (Stepper::lane_work).
   void lane_work(int lane, int delta, bool p2p = false);
+  // The compute lane starts (true) or ends (false) waiting for a send or receive of its program
+  // (Stepper::p2p_wait).
+  // `peers`: the ranks it sends to or receives from (bits of world ranks).
+  void p2p_wait(bool waiting, uint64_t peers);
   int32_t iteration() const { return iteration_.load(std::memory_order_relaxed); }
 
   // Modeled clocks (seconds). The compute lane is advanced by compute ops and by waiting for

@@ -206,6 +206,20 @@ void Stepper::lane_work(int rank, int lane, int delta, bool p2p) {
   }
 }
 
+void Stepper::p2p_wait(int rank, bool waiting, uint64_t peers) {
+  if (rank < 0 || rank >= world_size_) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (p2p_peers_.empty()) p2p_peers_.assign(static_cast<size_t>(world_size_), 0);
+  if (waiting) p2p_waiting_ |= bit(rank);
+  else p2p_waiting_ &= ~bit(rank);
+  p2p_peers_[static_cast<size_t>(rank)] = waiting ? peers : 0;
+  if (waiting && paused_ && !aborted_) {  // it may be the last rank the world waited for
+    decide_locked();
+    generation_++;
+    cv_.notify_all();
+  }
+}
+
 bool Stepper::stops_locked(GateKind kind, bool p2p) const {
   if (aborted_ || !paused_) return false;
   if (pause_all_) return true;
@@ -263,7 +277,12 @@ bool Stepper::owes_locked(int rank, int lane, const GateInfo& g) const {
   for (const auto& [k, p] : passed_) {
     if (!(p.members & bit(rank)) || (p.passed & bit(rank))) continue;
     // The rank still has to issue an op a peer waits in (a peer's eager send waits for nobody).
-    if (!p.ring && lane == kComputeLane && p.waiting) return true;
+    // Owing a send/recv, it still stops at a collective of others: passing it alone, it would wait
+    // inside for members held at its gate (a pipeline stage owing its send stopped in a
+    // tensor-parallel all-reduce whose other rank was held). The peer waiting for the send counts
+    // as still meanwhile (p2p_wait), so the world settles with that collective pending.
+    if (!p.ring && lane == kComputeLane && p.waiting && !(k[0] == 1 && g.kind == GateKind::Collective && !is_p2p(g)))
+      return true;
     // On a comm or group lane: a ring step of this same operation that a peer is past.
     if (p.ring && lane != kComputeLane && g.kind == GateKind::RingStep && k.size() == 8 &&
         std::equal(k.begin(), k.end() - 1, op_keys(g).front().first.begin()))
@@ -454,26 +473,53 @@ bool Stepper::involves_focus_locked(const Item& it) const {
 }
 
 bool Stepper::choose_locked(Item& out, std::string& why) const {
-  // Settled? Every live rank's compute lane at a gate; while ring steps stop, every comm and group
-  // lane idle or at a gate too (a released operation would reach its next ring step). Ring steps of
+  // Settled? Every live rank's compute lane at a gate, and every comm and group lane with a
+  // collective in flight idle or at a gate too (a released operation would reach its next ring step). Ring steps of
   // operations in flight go first and need only the comm and group lanes settled: the compute
   // lanes may wait for those very operations.
-  const bool ring_stops = stops_locked(GateKind::RingStep);
-  uint64_t compute_moving = 0, comm_moving = 0, live = 0, blocked_any = 0;
+  uint64_t compute_moving = 0, comm_moving = 0, live = 0, blocked_any = 0, p2p_busy = 0;
+  // Stepping pipeline actions, a stage's sends and receives run with its action while a collective
+  // inside another stage's action (a tensor-parallel all-reduce) stops: a receive may then wait for
+  // a peer held at a gate, also after the next command changed what steps stop at. A lane waiting
+  // that way (p2p_wait) counts as still once each of its peers is still: held at a gate with no
+  // send/recv of its own in flight (else data may be on its way), finished, or waiting so itself.
+  for (int r = 0; r < world_size_; r++)
+    for (int l = 1; l < kStepperLanes; l++) {
+      const size_t i = static_cast<size_t>(r) * kStepperLanes + static_cast<size_t>(l);
+      if (p2p_work_[i] > 0 && !lanes_[i].blocked) p2p_busy |= bit(r);
+    }
+  uint64_t still = p2p_waiting_;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (int r = 0; r < world_size_; r++) {
+      if (!(still & bit(r))) continue;
+      for (int q = 0; q < world_size_; q++) {
+        if (!(p2p_peers_[static_cast<size_t>(r)] & bit(q))) continue;
+        const bool held = lanes_[static_cast<size_t>(q) * kStepperLanes].blocked && !(p2p_busy & bit(q));
+        if ((still & bit(q)) || held || !live_[static_cast<size_t>(q)]) continue;
+        still &= ~bit(r);
+        changed = true;
+        break;
+      }
+    }
+  }
   for (int r = 0; r < world_size_; r++) {
     const size_t base = static_cast<size_t>(r) * kStepperLanes;
     for (int l = 0; l < kStepperLanes; l++)
       if (lanes_[base + static_cast<size_t>(l)].blocked) blocked_any |= bit(r);
     // A collective in flight finishes by itself (every member issued it), so the world waits for
     // it: otherwise a step's snapshot could miss its last ring steps (issue 34's CI: "sent" read one
-    // chunk short). A send/recv may wait for a peer held at a gate, so only ring-step stops wait for it.
+    // chunk short). A send/recv of the program is never waited for, in any mode: its receive may wait
+    // for a send still held at the peer's gate (the random-step test found an interleaved pipeline
+    // with fused sends and receives stuck that way under ring steps: stage 1 received in its comm
+    // lane while stage 0's send waited behind its next pipeline action's gate).
     for (int l = 1; l < kStepperLanes; l++) {
       const size_t i = base + static_cast<size_t>(l);
-      if (work_[i] > 0 && !lanes_[i].blocked && (ring_stops || p2p_work_[i] == 0)) comm_moving |= bit(r);
+      if (work_[i] > 0 && !lanes_[i].blocked && p2p_work_[i] == 0) comm_moving |= bit(r);
     }
     if (!live_[static_cast<size_t>(r)]) continue;
     live |= bit(r);
-    if (!lanes_[base].blocked) compute_moving |= bit(r);
+    if (!lanes_[base].blocked && !(still & bit(r))) compute_moving |= bit(r);
   }
   std::vector<Item> items = candidates_locked();
   const bool ring_pending = std::any_of(items.begin(), items.end(), [](const Item& it) { return it.kind == GateKind::RingStep; });

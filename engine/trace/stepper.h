@@ -175,9 +175,16 @@ class Stepper {
   // A comm or group lane took work (+1, when an operation is queued) or finished one (-1); `p2p`:
   // a send or receive of the rank's own program. The world has settled only once every such lane
   // is idle or at a gate, so what a step shows includes the whole of the operations it released.
-  // A lane holding a send/recv is not waited for while ring steps run free: its receive may wait
-  // for a send still held at the peer's gate.
+  // A lane holding a send/recv is never waited for: its receive may wait for a send still held at
+  // the peer's gate.
   void lane_work(int rank, int lane, int delta, bool p2p = false);
+  // The rank's compute lane has waited 100 ms (true) or no longer waits (false) for a send or
+  // receive of its program with `peers` (bits of ranks), past that operation's gate. The world then
+  // settles without it once each peer is still too (at a gate with no send/recv in flight, or
+  // waiting so itself): its peer may be held at a gate (a stage's receive, released with its action, while
+  // the previous stage's forward waits at a tensor-parallel all-reduce); it reaches its next gate
+  // once the data came. The random-step test found such runs stuck for good.
+  void p2p_wait(int rank, bool waiting, uint64_t peers);
 
   // From now on gate() asks `relay` instead of deciding here (null: decide here again). The relay
   // must outlive its use; abort() cancels it.
@@ -239,6 +246,8 @@ class Stepper {
   std::vector<Lane> lanes_;
   std::vector<int> work_;     // per lane: queued or running operations (comm and group lanes)
   std::vector<int> p2p_work_; // of them, the program's sends and receives
+  uint64_t p2p_waiting_ = 0;  // ranks whose compute lane waits for a send or receive (p2p_wait)
+  std::vector<uint64_t> p2p_peers_;  // per rank: the peers it waits for
   std::vector<bool> live_;
   uint64_t tickets_ = 0;
   uint64_t generation_ = 0;
