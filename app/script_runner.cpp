@@ -134,10 +134,11 @@ bool ScriptRunner::settle_failure() {
   return false;
 }
 
-// A script command that cannot do what it says: one sentence, and a scripted run ends with exit 1.
-bool ScriptRunner::failure(int line, const std::string& why) {
+// A script command that cannot do what it says: one sentence, and a scripted run ends with exit 1
+// (exit 2: `code` 2, the command itself is bad input for this run, as a rank it does not have).
+bool ScriptRunner::failure(int line, const std::string& why, int code) {
   std::fprintf(stderr, "dtlab: script command %d: %s\n", line, tidy_sentence(why).c_str());
-  outcome_.exit_code = std::max(outcome_.exit_code, 1);
+  outcome_.exit_code = std::max(outcome_.exit_code, code);
   queue_.clear();
   return !scripted_;
 }
@@ -171,7 +172,8 @@ bool ScriptRunner::run(const ScriptCommand& c) {
       if (c.count >= session_->config().world_size)
         return failure(c.line, "focus rank " + std::to_string(c.count) + " is not a rank of this world of " +
                                    std::to_string(session_->config().world_size) + "; ranks are 0 to " +
-                                   std::to_string(session_->config().world_size - 1));
+                                   std::to_string(session_->config().world_size - 1),
+                       2);
       session_->set_focus(c.count, c.arg);
       break;
     case ScriptCommand::Run:

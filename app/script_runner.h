@@ -64,7 +64,7 @@ class ScriptRunner {
   bool run_on_traces(const ScriptCommand& c);
   bool lesson_command(const ScriptCommand& c);
   void open_lesson(const std::string& name);
-  bool failure(int line, const std::string& why);
+  bool failure(int line, const std::string& why, int code = 1);
   bool settle_failure();
   // Polls a step command (or pause, or the end of `run N s`): the world coming to rest, then the
   // next step. True while it still runs; `ok` false when the app is to end.

@@ -119,6 +119,9 @@ TEST_SUITE("gui") {
       CHECK(r.code == 0);
       CHECK(r.out.find("the run finished after ") != std::string::npos);
       CHECK(r.out.find("of the 100000 steps asked for; the rest do nothing") != std::string::npos);
+      r = test::run_app("--world 4 --model tiny --run 'focus rank 9; quit'", dir);  // a rank this world lacks: bad input
+      CHECK(r.code == 2);
+      CHECK(r.out.find("focus rank 9 is not a rank of this world of 4; ranks are 0 to 3") != std::string::npos);
     }
     // A launched run's configuration is its ranks': a run flag beside --attach is refused, not ignored.
     r = shell(std::string(DTLAB_APP_PATH) + " --attach 127.0.0.1:9 --strategy fsdp");
