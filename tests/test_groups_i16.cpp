@@ -18,6 +18,8 @@
 #include "engine/core/mesh.h"
 #include "engine/trace/export.h"
 #include "engine/trace/trace_import.h"
+#include "engine/core/check.h"
+#include "engine/core/half.h"
 
 using namespace dtlab;
 
@@ -257,3 +259,38 @@ TEST_CASE("the snapshot shows a group's collective on the ring of its members") 
   CHECK(cv.predicted_s > 0);  // the group's two steps on the profile's links
 }
 #endif  // DTLAB_HAVE_GUI
+
+// Mixed precision's gradients and 16-bit TP activations cross process groups (HYBRID_SHARD's, a
+// mesh's TP and DP groups): a group sums bf16 and fp16 in the ring order the world's ring does,
+// widening, adding and rounding once per step, so its results are the world's ring's bit for bit
+// (chunks of equal size), and an all-gather moves the 2-byte elements as they are.
+TEST_CASE("a process group all-reduces, reduce-scatters and all-gathers bf16 and fp16 as the world does, bit for bit") {
+  for (DType dt : {DType::BF16, DType::F16}) {
+    const HalfFormat f = dt == DType::BF16 ? HalfFormat::BF16 : HalfFormat::FP16;
+    constexpr int n = 4;
+    constexpr int64_t count = 12;  // equal chunks: the group's padded ring and the world's cut them alike
+    ThreadsWorld w(n);
+    w.run([&](int rank, Communicator& comm, RankContext&) {
+      auto ex = std::make_shared<GroupExecutor>();
+      auto group = new_group(comm, {0, 1, 2, 3}, 4096, ex, cpu_device(), "all");
+      std::vector<uint16_t> mine(static_cast<size_t>(count * n));
+      for (size_t i = 0; i < mine.size(); i++)
+        mine[i] = half_from_float(0.37f * static_cast<float>(rank + 1) + 0.011f * static_cast<float>(i), f);
+      std::vector<uint16_t> a = mine, b = mine;
+      comm.all_reduce(a.data(), count, dt, ReduceOp::Sum, Algorithm::Ring)->wait();
+      group->all_reduce(b.data(), count, dt, ReduceOp::Sum)->wait();
+      CHECK(a == b);
+      std::vector<uint16_t> rs_world(count), rs_group(count);
+      comm.reduce_scatter(rs_world.data(), mine.data(), count, dt, ReduceOp::Sum)->wait();
+      group->reduce_scatter(rs_group.data(), mine.data(), count, dt, ReduceOp::Sum)->wait();
+      CHECK(rs_world == rs_group);
+      std::vector<uint16_t> ag(static_cast<size_t>(count * n));
+      group->all_gather(ag.data(), mine.data(), count, dt)->wait();
+      for (int r = 0; r < n; r++)
+        CHECK(ag[static_cast<size_t>(r * count)] == half_from_float(0.37f * static_cast<float>(r + 1), f));
+      // avg is float32's only, as on the world.
+      CHECK_THROWS_WITH_AS(group->all_reduce(b.data(), count, dt, ReduceOp::Avg), doctest::Contains("avg is defined for float32 only"),
+                           Error);
+    });
+  }
+}
