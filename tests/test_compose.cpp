@@ -5,7 +5,9 @@
 //   - every strategy equals one rank on the same samples (single, same precision, LoRA and
 //     recompute): within 1e-5 in float32; in 16 bits within torch.testing.assert_close's defaults
 //     for that dtype (bf16 rtol 1.6e-2, fp16 rtol 1e-3, atol 1e-5);
-//   - with --tp equals the same run without it, within 1e-5 (float32);
+//   - with --tp equals the same run without it, within 1e-5 (float32); in 16 bits a TP group rounds
+//     its partial sums, so it meets one rank within the dtype's rounding at each tensor's scale
+//     (test::differs_at_tensor_scale);
 //   - with activation checkpointing equals without it within 1e-6 (the same kernels run again).
 // Plain SGD: its update is linear in the gradient, so rounding differences stay rounding-sized
 // (AdamW's normalised step turns a near-zero gradient's rounding into a whole lr step).
@@ -147,9 +149,21 @@ void check_every_combination(const std::string& device) {
         ref.run();
         const std::vector<float> want = ref.result_model().merged_params();
         REQUIRE(want.size() == res.params.size());
-        size_t bad = 0;
-        for (size_t i = 0; i < want.size(); i++) bad += !close(res.params[i], want[i], k.precision);
-        CHECK_MESSAGE(bad == 0, bad << " parameters differ from one rank's, by up to " << max_diff(res.params, want));
+        if (k.tp > 1 && is_mixed(k.precision)) {
+          // A TP group sums 16-bit partial outputs the one-rank model never forms (Megatron under bf16):
+          // equal within the dtype's rounding at each tensor's scale.
+          TrainConfig c32 = c;
+          c32.precision = Precision::FP32;
+          Trainer exact(c32);
+          exact.run();
+          const std::string why = test::differs_at_tensor_scale(c.model, res.params, want, exact.result_model().merged_params(),
+                                                                k.precision == Precision::BF16 ? 1.6e-2 : 1e-3);
+          CHECK_MESSAGE(why.empty(), why);
+        } else {
+          size_t bad = 0;
+          for (size_t i = 0; i < want.size(); i++) bad += !close(res.params[i], want[i], k.precision);
+          CHECK_MESSAGE(bad == 0, bad << " parameters differ from one rank's, by up to " << max_diff(res.params, want));
+        }
         compared++;
       }
     }

@@ -337,12 +337,19 @@ TEST_CASE("bad LoRA settings get one sentence") {
   c.lora.rank = 0;
   c.merge_lora = true;
   CHECK(test::error_of(c) == "--merge-lora merges LoRA adapters; add --lora-rank R");
+}
+
+TEST_CASE("LoRA under sequence parallelism trains as under plain TP") {
   TrainConfig sp = lora_config("ddp", 2, 2, 4);
   sp.tp = 2;
   sp.sequence_parallel = true;
-  CHECK(test::error_of(sp) ==
-        "--lora-rank with --sequence-parallel: not built yet, the sequence-parallel layers do not run the adapters; drop "
-        "--sequence-parallel or --lora-rank");
+  TrainConfig tp = sp;
+  tp.sequence_parallel = false;
+  Trainer a(sp), b(tp);
+  a.run();
+  b.run();
+  REQUIRE(a.result_model().num_params() == b.result_model().num_params());
+  CHECK(test::max_abs_diff(a.result_model(), b.result_model()) <= 1e-5);
 }
 
 }  // TEST_SUITE

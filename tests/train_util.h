@@ -26,6 +26,32 @@ inline double max_abs_diff(const Model& a, const Model& b) {
   return d;
 }
 
+// Two 16-bit runs that round at different places (a TP group sums 16-bit partial outputs the one-rank
+// model never forms) agree "within the dtype's rounding" at each tensor's scale: in every parameter
+// tensor, the largest difference is at most rtol (torch.testing's for the dtype: bf16 1.6e-2, fp16
+// 1e-3) times the tensor's largest magnitude in `want`, or at most twice `want`'s own largest distance
+// from `exact` (the float32 run: the rounding error the 16-bit model already carries there). The
+// vectors are the plain model's parameters (spec's torch.nn.Sequential layout). Empty when they
+// agree, else what differs.
+inline std::string differs_at_tensor_scale(const ModelSpec& spec, const std::vector<float>& got, const std::vector<float>& want,
+                                           const std::vector<float>& exact, double rtol) {
+  if (got.size() != want.size() || exact.size() != want.size()) return "the runs hold different numbers of parameters";
+  const Model layout(spec, nullptr, 0);
+  for (const Parameter& p : layout.parameters()) {
+    double scale = 0, worst = 0, err = 0;
+    for (int64_t i = p.offset; i < p.offset + p.numel; i++) {
+      const size_t k = static_cast<size_t>(i);
+      scale = std::max(scale, std::fabs(double(want[k])));
+      worst = std::max(worst, std::fabs(double(got[k]) - double(want[k])));
+      err = std::max(err, std::fabs(double(want[k]) - double(exact[k])));
+    }
+    if (worst > std::max(rtol * scale, 2 * err))
+      return p.name + " differs by " + std::to_string(worst) + ", more than " + std::to_string(rtol) + " x its largest value " +
+             std::to_string(scale) + " and twice the 16-bit model's own error " + std::to_string(err);
+  }
+  return {};
+}
+
 // The README demo's run: mlp:2,64,64,3 on spiral, AdamW(lr 0.01, weight decay 0.01), seed 0. Set
 // explicitly: TrainConfig's optimizer defaults are torch's (lr 1e-3, no decay), not the CLI's.
 inline TrainConfig demo_config(const std::string& strategy, int world, int64_t batch, int64_t steps) {

@@ -29,9 +29,6 @@ void Model::enable_lora(const LoraSpec& lora, uint64_t seed) {
   DTLAB_CHECK(!this->lora(), "enable_lora() called twice");
   DTLAB_CHECK(!mixed(), "enable_lora() after set_precision(); enable LoRA first (the base is frozen in float32, then both go to 16 bits)");
   DTLAB_CHECK(owns_parameters(), "LoRA runs on a model that owns its parameters");
-  if (sequence_parallel())
-    throw Error("LoRA does not run with sequence parallelism in this version (the sequence-parallel layers do not run "
-                "the adapters); drop --sequence-parallel or --lora-rank");
   lora_ = lora;
   const int64_t base_bytes = num_params_ * static_cast<int64_t>(sizeof(float));
   frozen_ = Tensor({num_params_}, MemCategory::Parameters, tracker_, DType::F32, device_);
@@ -144,21 +141,23 @@ void Model::lora_backward(const Layer& L, float* dinp, const float* dout, const 
   const Parameter& A = params_[static_cast<size_t>(L.lora_a)];
   const Parameter& Bm = params_[static_cast<size_t>(L.lora_b)];
   const int64_t r = lora_.rank;
-  float* partial = nullptr;  // the whole factor's partial gradient
-  if (weights && lora_split(L)) {
-    const int64_t n = L.tp == TpRole::Column ? A.numel : Bm.numel;
-    partial = scratch(grad_scratch_, n);
+  float* gB = weights ? Bm.grad : nullptr;
+  float* gA = weights ? A.grad : nullptr;
+  if (weights && lora_split(L)) {  // the partial gradient goes to grad_scratch_ (lora_partial's order)
+    const LoraPartial lp = lora_partial(L);
+    const int64_t n = params_[static_cast<size_t>(lp.first)].numel + (lp.second >= 0 ? params_[static_cast<size_t>(lp.second)].numel : 0);
+    float* partial = scratch(grad_scratch_, n);
     device_.fill_zero(partial, n * static_cast<int64_t>(sizeof(float)));
+    if (lp.first == L.lora_b) gB = partial, gA = lp.second >= 0 ? partial + Bm.numel : gA;
+    else gA = partial;
   }
   float* t = scratch(lora_t_, 2 * B * r);
   float* dt = t + B * r;
   if (weights) device_.linear_forward(t, in, A.data, nullptr, B, L.in_features, r);
   float* ds = scratch(lora_d_, B * L.out_features);
   device_.scale_copy(ds, dout, B * L.out_features, lora_.scaling());
-  float* gB = !weights ? nullptr : L.tp == TpRole::Row && partial ? partial : Bm.grad;
-  float* gA = !weights ? nullptr : L.tp == TpRole::Column && partial ? partial : A.grad;
   device_.linear_backward(dt, gB, nullptr, ds, weights ? t : nullptr, Bm.data, B, r, L.out_features);
-  float* dx = dinp ? scratch(scratch_, B * L.in_features) : nullptr;
+  float* dx = dinp ? scratch(lora_dx_, B * L.in_features) : nullptr;  // not scratch_: sequence parallelism's dinp may be there
   device_.linear_backward(dx, gA, nullptr, dt, weights ? in : nullptr, A.data, B, L.in_features, r);
   if (dx) device_.accumulate(dinp, dx, B * L.in_features, false);
 }
@@ -166,11 +165,20 @@ void Model::lora_backward(const Layer& L, float* dinp, const float* dout, const 
 // After the layer's compute (the collectives are the comm lane's): the sum over the TP group of the
 // whole factor's partial gradients is its gradient for this pass, added to what earlier micro-batches
 // left (as sequence parallelism sums its row-split parameters' gradients).
+Model::LoraPartial Model::lora_partial(const Layer& L) const {
+  if (L.tp == TpRole::Column) return {L.lora_a, -1};
+  if (L.tp == TpRole::Row) return {L.lora_b, -1};
+  return {L.lora_b, L.lora_a};
+}
+
 void Model::sum_lora_grad(const Layer& L) {
-  const Parameter& p = params_[static_cast<size_t>(L.tp == TpRole::Column ? L.lora_a : L.lora_b)];
+  const LoraPartial lp = lora_partial(L);
+  const Parameter& p = params_[static_cast<size_t>(lp.first)];
+  const Parameter* q = lp.second >= 0 ? &params_[static_cast<size_t>(lp.second)] : nullptr;
   float* partial = grad_scratch_.f32();
-  tp_comm().all_reduce(partial, p.numel, L.seq_index);
+  tp_comm().all_reduce(partial, p.numel + (q ? q->numel : 0), L.seq_index);
   device_.accumulate(p.grad, partial, p.numel, false);
+  if (q) device_.accumulate(q->grad, partial + p.numel, q->numel, false);
 }
 
 }  // namespace dtlab

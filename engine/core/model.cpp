@@ -362,8 +362,8 @@ void Model::sp_layer_forward(int i, float* out, const float* in, ComputeKind kin
     device_.relu_forward(out, in, sp_rows(i, true) * L.out_features);
     return;
   }
-  const Parameter& w = params_[static_cast<size_t>(L.weight)];
-  const Parameter& b = params_[static_cast<size_t>(L.bias)];
+  const Parameter& w = weight_of(L);
+  const Parameter& b = bias_of(L);
   if (L.tp == TpRole::Column) {
     // Kept for the weight gradient. Megatron keeps this rank's rows instead and all-gathers them again
     // in backward (less memory, one more all-gather); keeping them makes SP move exactly TP's bytes.
@@ -371,17 +371,20 @@ void Model::sp_layer_forward(int i, float* out, const float* in, ComputeKind kin
     tp_comm().all_gather(gathered, in, local * L.in_features, L.seq_index);
     ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, all));
     device_.linear_forward(out, gathered, w.data, b.data, all, L.in_features, L.out_features);
+    if (L.lora_a >= 0) lora_forward(L, out, gathered, all);
   } else if (L.tp == TpRole::Row) {
     float* partial = scratch(scratch_, all * L.out_features);
     {
       ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, all));
       device_.linear_forward(partial, in, w.data, nullptr, all, L.in_features, L.out_features);
+      if (L.lora_a >= 0) lora_forward(L, partial, in, all);  // its partial sum rides g
     }
     tp_comm().reduce_scatter(out, partial, local * L.out_features, L.seq_index);
     add_bias_rows(out, b.data, local, L.out_features);
   } else {
     ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, local));
     device_.linear_forward(out, in, w.data, b.data, local, L.in_features, L.out_features);
+    if (L.lora_a >= 0) lora_forward(L, out, in, local);
   }
 }
 
@@ -402,8 +405,10 @@ void Model::sp_layer_backward(int i, float* dinp, const float* dout, const float
 void Model::sp_linear_backward(int i, float* dinp, const float* dout, const float* in) {
   const Layer& L = layer(i);
   const int64_t all = padded_, local = padded_ / tp_.degree;
-  const Parameter& w = params_[static_cast<size_t>(L.weight)];
-  const Parameter& b = params_[static_cast<size_t>(L.bias)];
+  // Under LoRA the base is frozen: no weight or bias gradient, partial or not; the adapters' follow.
+  const bool frozen = lora();
+  const Parameter& w = weight_of(L);
+  const Parameter& b = bias_of(L);
   const int64_t rows = L.tp == TpRole::Replicated ? local : all;
   const float* gout = dout;
   if (L.tp == TpRole::Row) {
@@ -412,22 +417,27 @@ void Model::sp_linear_backward(int i, float* dinp, const float* dout, const floa
     gout = gathered;
   }
   float* full_dinp = L.tp == TpRole::Column && dinp ? scratch(scratch_, all * L.in_features) : dinp;
-  const int64_t partial_n = L.tp == TpRole::Row ? b.numel : L.tp == TpRole::Replicated ? w.numel + b.numel : 0;
+  const int64_t partial_n = frozen ? 0 : L.tp == TpRole::Row ? b.numel : L.tp == TpRole::Replicated ? w.numel + b.numel : 0;
   float* partial = partial_n ? scratch(grad_scratch_, partial_n) : nullptr;
   if (partial) device_.fill_zero(partial, partial_n * static_cast<int64_t>(sizeof(float)));
   {
     ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, rows, dinp != nullptr));
+    const float* x = L.tp == TpRole::Column ? sp_gathered_[static_cast<size_t>(i)].f32() : in;
     if (L.tp == TpRole::Column) {
-      device_.linear_backward(full_dinp, w.grad, b.grad, gout, sp_gathered_[static_cast<size_t>(i)].f32(), w.data, all,
+      device_.linear_backward(full_dinp, frozen ? nullptr : w.grad, frozen ? nullptr : b.grad, gout, x, w.data, all,
                               L.in_features, L.out_features);
     } else if (L.tp == TpRole::Row) {
-      device_.linear_backward(dinp, w.grad, nullptr, gout, in, w.data, all, L.in_features, L.out_features);
-      device_.linear_backward(nullptr, nullptr, partial, dout, nullptr, nullptr, local, L.in_features, L.out_features);
+      device_.linear_backward(dinp, frozen ? nullptr : w.grad, nullptr, gout, in, w.data, all, L.in_features, L.out_features);
+      if (partial) device_.linear_backward(nullptr, nullptr, partial, dout, nullptr, nullptr, local, L.in_features, L.out_features);
     } else {
-      device_.linear_backward(dinp, partial, partial + w.numel, dout, in, w.data, local, L.in_features, L.out_features);
+      device_.linear_backward(dinp, partial, partial ? partial + w.numel : nullptr, dout, in, w.data, local, L.in_features,
+                              L.out_features);
     }
+    // The adapters see the rows the base layer saw (the gathered ones, or this rank's).
+    if (L.lora_a >= 0) lora_backward(L, L.tp == TpRole::Column ? full_dinp : dinp, gout, x, L.tp == TpRole::Replicated ? local : all, true);
   }
   if (L.tp == TpRole::Column && dinp) tp_comm().reduce_scatter(dinp, full_dinp, local * L.in_features, L.seq_index);
+  if (lora_split(L)) sum_lora_grad(L);
   if (!partial) return;
   tp_comm().all_reduce(partial, partial_n, L.seq_index);
   if (L.tp == TpRole::Replicated) device_.accumulate(w.grad, partial, w.numel, false);
@@ -452,7 +462,7 @@ void Model::ensure_activations(int64_t B) {
                                     : Tensor());
     if (checkpointing_) recompute_width = std::max(recompute_width, rows_out * L.out_features);
     const bool gather = sequence_parallel() && L.kind == LayerKind::Linear && L.tp == TpRole::Column;
-    sp_gathered_.push_back(gather ? Tensor({padded_, L.in_features}, MemCategory::Activations, tracker_, DType::F32, device_)
+    sp_gathered_.push_back(gather ? Tensor({padded_, L.in_features}, MemCategory::Activations, tracker_, param_dtype(), device_)
                                   : Tensor());
     widest = std::max({widest, rows_in * L.in_features, rows_out * L.out_features});
   }

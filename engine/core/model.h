@@ -62,15 +62,19 @@ struct TensorParallelSpec {
   bool sequence_parallel = false;  // g/f become reduce-scatter/all-gather along the batch rows
 };
 
-// The TP group's collectives as the model's layers need them: blocking, float32, sums, on the model's
-// device. Implemented above the core (engine/parallel/tensor_parallel.h) over a process group.
-// `layer` is the Sequential index of the layer that asks (for events and labels).
+// The TP group's collectives as the model's layers need them: blocking, sums, on the model's device,
+// in the dtype the layers compute in (float32, or the 16-bit dtype of a mixed-precision model: torch
+// all-reduces a bf16 activation as bf16). Implemented above the core (engine/parallel/tensor_parallel.h)
+// over a process group. `layer` is the Sequential index of the layer that asks (for events and labels).
 class TensorParallelComm {
  public:
   virtual ~TensorParallelComm() = default;
-  virtual void all_reduce(float* buf, int64_t n, int layer) = 0;
-  virtual void all_gather(float* out, const float* in, int64_t n, int layer) = 0;      // out: n x degree
-  virtual void reduce_scatter(float* out, const float* in, int64_t n, int layer) = 0;  // in: n x degree
+  virtual void all_reduce(void* buf, int64_t n, DType dtype, int layer) = 0;
+  virtual void all_gather(void* out, const void* in, int64_t n, DType dtype, int layer) = 0;      // out: n x degree
+  virtual void reduce_scatter(void* out, const void* in, int64_t n, DType dtype, int layer) = 0;  // in: n x degree
+  void all_reduce(float* buf, int64_t n, int layer) { all_reduce(buf, n, DType::F32, layer); }
+  void all_gather(float* out, const float* in, int64_t n, int layer) { all_gather(out, in, n, DType::F32, layer); }
+  void reduce_scatter(float* out, const float* in, int64_t n, int layer) { reduce_scatter(out, in, n, DType::F32, layer); }
 };
 
 // Called around every layer's forward and backward (FSDP gathers a unit's parameters before its
@@ -141,8 +145,10 @@ class Model {
   // replicated Linear's are whole. The values are the one-rank LoRA model's slices (tp_pieces). The
   // whole factor's gradient comes from partial sums (the column layer's dt = ds B is split over the
   // output rows, the row layer's x A^T over the input columns), so backward all-reduces it over the TP
-  // group. dtlab::Error for a bad rank or layer list, or under sequence parallelism; call once, on a
-  // model that owns its parameters.
+  // group. Under sequence parallelism the column layer's adapters see the gathered rows, the row
+  // layer's add to the partial output the reduce-scatter sums, and a replicated Linear's see this
+  // rank's rows only, so their gradients are summed over the group too (as its weight's). dtlab::Error
+  // for a bad rank or layer list; call once, on a model that owns its parameters.
   void enable_lora(const LoraSpec& lora, uint64_t seed);
   bool lora() const { return lora_.rank > 0; }
   const LoraSpec& lora_spec() const { return lora_; }
@@ -311,19 +317,36 @@ class Model {
   void half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out);
   void half_lora_forward(const Layer& L, uint16_t* out, const float* x, int64_t B);
   void half_lora_backward(const Layer& L, float* dx, const float* dy, const float* x, int64_t B);
+  void half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, ComputeKind kind);
+  void half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out);
+  void half_sp_split_rows(uint16_t* dst, const uint16_t* src, int64_t width);  // sp_split_rows in 16 bits
+  void half_add_bias_rows(uint16_t* out, const float* bias, int64_t rows, int64_t OC);
+  // A partial gradient (fp32) rounded to 16 bits, summed over the TP group in 16 bits, widened again.
+  const float* half_all_reduce_partial(const float* partial, int64_t n, int layer);
+  void half_sum_lora_grad(const Layer& L);
+  uint16_t* half_scratch(Tensor& t, int64_t n);  // n 16-bit elements of the model's dtype
   void add_to_grad16(Parameter& p, const float* add);      // grad16 = round(grad16 + add), torch's .grad +=
   float* widen(Tensor& t, const uint16_t* src, int64_t n);  // src as float32 in scratch `t`
   float* f32_scratch(Tensor& t, int64_t n);                  // n floats of fp32 compute scratch
   void lora_forward(const Layer& L, float* out, const float* in, int64_t B);
   void lora_backward(const Layer& L, float* dinp, const float* dout, const float* in, int64_t B, bool weights);
-  bool lora_split(const Layer& L) const { return L.lora_a >= 0 && L.tp != TpRole::Replicated; }
-  void sum_lora_grad(const Layer& L);  // TP: all-reduce the whole factor's partial gradient, add it
+  // Adapters whose gradient this rank computes only in part, summed over the TP group after the layer:
+  // a split Linear's whole factor, and under sequence parallelism a replicated Linear's A and B (it
+  // sees only this rank's rows, as its weight does).
+  bool lora_split(const Layer& L) const { return L.lora_a >= 0 && (L.tp != TpRole::Replicated || sequence_parallel()); }
+  // Where lora_split's partial gradient lies in grad_scratch_ (lora_g_ in 16 bits, after dB's place):
+  // the column layer's A, the row layer's B, or a replicated layer's B then A.
+  struct LoraPartial {
+    int first = -1, second = -1;  // parameters() indices, in the partial's order (second: -1 if one)
+  };
+  LoraPartial lora_partial(const Layer& L) const;
+  void sum_lora_grad(const Layer& L);  // TP: all-reduce the partial gradient, add it
   ModelSpec spec_;
   TensorParallelSpec tp_;
   LoraSpec lora_;
   std::vector<Parameter> base_;  // LoRA: the frozen weights and biases, in frozen_
   Tensor frozen_;
-  Tensor lora_t_, lora_d_;        // LoRA scratch: x A^T (B, r) and the scaled output gradient
+  Tensor lora_t_, lora_d_, lora_dx_;  // LoRA scratch: x A^T (B, r), the scaled output gradient, the input gradient
   TensorParallelComm* tp_comm_ = nullptr;
   MemoryTracker* tracker_;
   Device& device_;
@@ -356,8 +379,11 @@ class Model {
   // float32 operands and results of the layer running now (the GEMM's fp32 side, "other" memory).
   Tensor x16_, logits32_;
   std::vector<const uint16_t*> layer_in16_;
-  Tensor fa_, fb_, fc_, fd_, fe_;
-  Tensor lora_a32_, lora_b32_, lora_g_;  // mixed LoRA: A and B widened; dB, dA and the adapter's input gradient
+  Tensor fa_, fb_, fc_, fd_, fe_, ff_;
+  Tensor lora_a32_, lora_b32_, lora_g_;
+  // Mixed precision with tensor parallelism: 16-bit operands of the TP collectives (partial sums,
+  // gathered rows, partial gradients) and sequence parallelism's rows of the input, dlogits and logits.
+  Tensor h16a_, h16b_, sp_x16_, sp_logits16_;  // mixed LoRA: A and B widened; dB, dA and the adapter's input gradient
 };
 
 // torch.manual_seed(seed) + nn.Linear's reset_parameters, value for value (a pipeline stage skips

@@ -2,6 +2,10 @@
 // docs/course_sources.md §6e). The 16-bit tensors are the model's memory; a Linear widens its 16-bit
 // operands to float32 scratch, runs the float32 kernels of the device (the GEMM accumulates in fp32,
 // as tensor cores and torch's CPU bf16 GEMM do) and rounds each result once to 16 bits.
+// On a tensor-parallel shard the pairs' collectives move those 16-bit tensors (Megatron under bf16:
+// a row-parallel Linear's partial output is a bf16 tensor, all-reduced as bf16; docs/course_sources.md
+// §6c: the bf16 bullet), so a partial sum is rounded before the group adds it: TP in 16 bits equals the one-rank 16-bit
+// model within 16-bit rounding, not bit for bit (float32 TP does, within float32 rounding).
 #include <algorithm>
 
 #include "engine/core/check.h"
@@ -19,7 +23,6 @@ void Model::set_precision(Precision p) {
   if (!is_mixed(p) || mixed()) throw Error("a model's precision is set once, from fp32");
   if (!device_.is_host())
     throw Error(flag + " runs on the CPU engine in this version; use --device cpu (or --precision fp32 on " + device_.name() + ")");
-  if (tp_.degree > 1) throw Error(flag + " does not run with tensor parallelism in this version; drop --tp or use --precision fp32");
   DTLAB_CHECK(owns_parameters(), "set_precision() on a model whose parameters are sharded");
   const std::vector<float> values = host_params();  // the model as built (torch's init), then .to(dtype)
   precision_ = p;
@@ -68,7 +71,13 @@ const float* Model::half_forward(const float* x, int64_t B) {
   if (x16_.numel() < B * D) x16_ = Tensor({B * D}, MemCategory::Activations, tracker_, param_dtype(), device_);
   half_from_floats(x16_.u16(), x, B * D, half_format());  // the batch as x.to(dtype)
   layer_in16_.assign(layers_.size(), nullptr);
+  const bool sp = sequence_parallel();
   const uint16_t* in = x16_.u16();
+  if (sp) {  // this rank's rows, as the float32 forward splits them
+    uint16_t* mine = half_scratch(sp_x16_, padded_ / tp_.degree * D);
+    half_sp_split_rows(mine, in, D);
+    in = mine;
+  }
   for (int i = 0; i < num_layers(); i++) {
     layer_in16_[static_cast<size_t>(i)] = in;
     if (layer_skipped(i)) continue;  // the branch: this block's output is its input
@@ -79,28 +88,177 @@ const float* Model::half_forward(const float* x, int64_t B) {
     if (hooks_) hooks_->after_forward(i);
     in = out;
   }
-  const int64_t C = layer(num_layers() - 1).out_features;
-  if (logits32_.numel() < B * C) logits32_ = Tensor({B * C}, MemCategory::Activations, tracker_, DType::F32, device_);
-  half_to_floats(logits32_.f32(), in, B * C, half_format());  // the loss runs in float32
+  const Layer& last = layer(num_layers() - 1);
+  const int64_t C = last.out_features;
+  int64_t rows = B;
+  if (sp) {  // every rank's rows of the logits (padded_ rows, as the float32 forward returns them)
+    uint16_t* all = half_scratch(sp_logits16_, padded_ * C);
+    tp_comm().all_gather(all, in, padded_ / tp_.degree * C, param_dtype(), last.seq_index);
+    in = all;
+    rows = padded_;
+  }
+  if (logits32_.numel() < rows * C) logits32_ = Tensor({rows * C}, MemCategory::Activations, tracker_, DType::F32, device_);
+  half_to_floats(logits32_.f32(), in, rows * C, half_format());  // the loss runs in float32
   return logits32_.f32();
 }
 
 void Model::half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t B, ComputeKind kind) {
+  if (sequence_parallel()) return half_sp_layer_forward(i, out, in, kind);
   const Layer& L = layer(i);
-  ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, B));
   const int64_t n_out = B * L.out_features;
+  const bool row = L.kind == LayerKind::Linear && L.tp == TpRole::Row;
+  const float* b = nullptr;
+  {
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, B));
+    if (L.kind == LayerKind::ReLU) {
+      const HalfFormat f = half_format();
+      for (int64_t k = 0; k < n_out; k++) out[k] = half_to_float(in[k], f) < 0.0f ? uint16_t{0} : in[k];  // NaN stays
+      return;
+    }
+    const float* x = widen(fa_, in, B * L.in_features);
+    const float* w = widen(fb_, weight_of(L).data16, L.out_features * L.in_features);
+    b = widen(fc_, bias_of(L).data16, L.out_features);
+    float* y = f32_scratch(fd_, n_out);
+    device_.linear_forward(y, x, w, row ? nullptr : b, B, L.in_features, L.out_features);
+    half_from_floats(out, y, n_out, half_format());
+    if (L.lora_a >= 0) half_lora_forward(L, out, x, B);
+  }
+  if (!row) return;
+  // g: the 16-bit partial outputs summed over the TP group, then the bias added once (model.cpp).
+  tp_comm().all_reduce(out, n_out, param_dtype(), L.seq_index);
+  half_add_bias_rows(out, b, B, L.out_features);
+}
+
+// out (rows, OC) + bias in every row, as torch adds two 16-bit tensors: widen, add, round once.
+void Model::half_add_bias_rows(uint16_t* out, const float* bias, int64_t rows, int64_t OC) {
+  const HalfFormat f = half_format();
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t o = 0; o < OC; o++) out[r * OC + o] = half_from_float(half_to_float(out[r * OC + o], f) + bias[o], f);
+}
+
+uint16_t* Model::half_scratch(Tensor& t, int64_t n) {
+  if (t.numel() < n || t.dtype() != param_dtype()) t = Tensor({n}, MemCategory::Activations, tracker_, param_dtype(), device_);
+  return t.u16();
+}
+
+const float* Model::half_all_reduce_partial(const float* partial, int64_t n, int layer) {
+  uint16_t* h = half_scratch(h16b_, n);
+  half_from_floats(h, partial, n, half_format());
+  tp_comm().all_reduce(h, n, param_dtype(), layer);
+  return widen(ff_, h, n);
+}
+
+void Model::half_sp_split_rows(uint16_t* dst, const uint16_t* src, int64_t width) {
+  const int64_t local = padded_ / tp_.degree, begin = tp_.rank * local;
+  const int64_t n = std::clamp<int64_t>(batch_ - begin, 0, local);
+  const int64_t row_bytes = width * static_cast<int64_t>(sizeof(uint16_t));
+  if (n > 0) device_.copy(dst, src + begin * width, n * row_bytes);
+  if (n < local) device_.fill_zero(dst + n * width, (local - n) * row_bytes);
+}
+
+// model.cpp's sp_layer_forward in 16 bits: the column-parallel Linear gathers its 16-bit input rows,
+// the row-parallel one reduce-scatters its 16-bit partial outputs and adds the bias to its rows.
+void Model::half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, ComputeKind kind) {
+  const Layer& L = layer(i);
+  const int64_t all = padded_, local = padded_ / tp_.degree;
+  const HalfFormat f = half_format();
   if (L.kind == LayerKind::ReLU) {
-    const HalfFormat f = half_format();
-    for (int64_t k = 0; k < n_out; k++) out[k] = half_to_float(in[k], f) < 0.0f ? uint16_t{0} : in[k];  // NaN stays
+    const int64_t n = sp_rows(i, true) * L.out_features;
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, sp_rows(i, true)));
+    for (int64_t k = 0; k < n; k++) out[k] = half_to_float(in[k], f) < 0.0f ? uint16_t{0} : in[k];
     return;
   }
-  const float* x = widen(fa_, in, B * L.in_features);
   const float* w = widen(fb_, weight_of(L).data16, L.out_features * L.in_features);
   const float* b = widen(fc_, bias_of(L).data16, L.out_features);
-  float* y = f32_scratch(fd_, n_out);
-  device_.linear_forward(y, x, w, b, B, L.in_features, L.out_features);
-  half_from_floats(out, y, n_out, half_format());
-  if (L.lora_a >= 0) half_lora_forward(L, out, x, B);
+  if (L.tp == TpRole::Column) {
+    uint16_t* gathered = sp_gathered_[static_cast<size_t>(i)].u16();
+    tp_comm().all_gather(gathered, in, local * L.in_features, param_dtype(), L.seq_index);
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, all));
+    float* y = f32_scratch(fd_, all * L.out_features);
+    const float* x = widen(fa_, gathered, all * L.in_features);
+    device_.linear_forward(y, x, w, b, all, L.in_features, L.out_features);
+    half_from_floats(out, y, all * L.out_features, f);
+    if (L.lora_a >= 0) half_lora_forward(L, out, x, all);
+  } else if (L.tp == TpRole::Row) {
+    uint16_t* partial = half_scratch(h16a_, all * L.out_features);
+    {
+      ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, all));
+      float* y = f32_scratch(fd_, all * L.out_features);
+      const float* x = widen(fa_, in, all * L.in_features);
+      device_.linear_forward(y, x, w, nullptr, all, L.in_features, L.out_features);
+      half_from_floats(partial, y, all * L.out_features, f);
+      if (L.lora_a >= 0) half_lora_forward(L, partial, x, all);  // its partial sum rides g
+    }
+    tp_comm().reduce_scatter(out, partial, local * L.out_features, param_dtype(), L.seq_index);
+    half_add_bias_rows(out, b, local, L.out_features);
+  } else {
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, local));
+    float* y = f32_scratch(fd_, local * L.out_features);
+    const float* x = widen(fa_, in, local * L.in_features);
+    device_.linear_forward(y, x, w, b, local, L.in_features, L.out_features);
+    half_from_floats(out, y, local * L.out_features, f);
+    if (L.lora_a >= 0) half_lora_forward(L, out, x, local);
+  }
+}
+
+// model.cpp's sp_linear_backward in 16 bits: the row layer gathers its 16-bit output gradient rows,
+// the column layer reduce-scatters its 16-bit input gradient, and the parameters that saw only this
+// rank's rows (the row layer's bias, a replicated Linear) sum their 16-bit partial gradients.
+void Model::half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out) {
+  const Layer& L = layer(i);
+  const HalfFormat f = half_format();
+  if (L.kind == LayerKind::ReLU) {
+    if (!dinp) return;
+    const int64_t rows = sp_rows(i, true), n = rows * L.out_features;
+    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, rows, true));
+    for (int64_t k = 0; k < n; k++) dinp[k] = half_to_float(out[k], f) > 0.0f ? dout[k] : uint16_t{0};
+    return;
+  }
+  const int64_t all = padded_, local = padded_ / tp_.degree;
+  const int64_t rows = L.tp == TpRole::Replicated ? local : all;
+  const int64_t nw = L.out_features * L.in_features;
+  const bool frozen = lora();  // LoRA: the base has no gradient; the adapters' follow the base layer's rows
+  const Parameter& w = weight_of(L);
+  const uint16_t* gout16 = dout;
+  if (L.tp == TpRole::Row) {
+    uint16_t* gathered = half_scratch(h16a_, all * L.out_features);
+    tp_comm().all_gather(gathered, dout, local * L.out_features, param_dtype(), L.seq_index);
+    gout16 = gathered;
+  }
+  float* dx = dinp ? f32_scratch(fe_, rows * L.in_features) : nullptr;  // the column layer's: every row
+  float* dw = frozen ? nullptr : f32_scratch(fd_, nw + L.out_features);  // dW, then db (partial where noted)
+  if (dw) device_.fill_zero(dw, (nw + L.out_features) * static_cast<int64_t>(sizeof(float)));
+  {
+    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, rows, dinp != nullptr));
+    const float* gout = widen(fa_, gout16, rows * L.out_features);
+    const float* x = widen(fb_, L.tp == TpRole::Column ? sp_gathered_[static_cast<size_t>(i)].u16() : in, rows * L.in_features);
+    const float* wv = dinp ? widen(fc_, w.data16, nw) : nullptr;
+    if (L.tp == TpRole::Row) {
+      device_.linear_backward(dx, dw, nullptr, gout, x, wv, all, L.in_features, L.out_features);
+      // The bias gradient from this rank's rows only: summed over the group below.
+      if (dw)
+        device_.linear_backward(nullptr, nullptr, dw + nw, widen(ff_, dout, local * L.out_features), nullptr, nullptr, local,
+                                L.in_features, L.out_features);
+    } else {
+      device_.linear_backward(dx, dw, dw ? dw + nw : nullptr, gout, x, wv, rows, L.in_features, L.out_features);
+    }
+    if (dw && L.tp != TpRole::Replicated) add_to_grad16(params_[static_cast<size_t>(L.weight)], dw);
+    if (dw && L.tp == TpRole::Column) add_to_grad16(params_[static_cast<size_t>(L.bias)], dw + nw);
+    if (L.lora_a >= 0) half_lora_backward(L, dx, gout, x, rows);
+  }
+  if (dinp && L.tp == TpRole::Column) {
+    uint16_t* full = half_scratch(h16a_, all * L.in_features);
+    half_from_floats(full, dx, all * L.in_features, f);
+    tp_comm().reduce_scatter(dinp, full, local * L.in_features, param_dtype(), L.seq_index);
+  } else if (dinp) {
+    half_from_floats(dinp, dx, rows * L.in_features, f);
+  }
+  if (lora_split(L)) half_sum_lora_grad(L);
+  if (!dw || L.tp == TpRole::Column) return;
+  const bool both = L.tp == TpRole::Replicated;
+  const float* sum = half_all_reduce_partial(both ? dw : dw + nw, both ? nw + L.out_features : L.out_features, L.seq_index);
+  if (both) add_to_grad16(params_[static_cast<size_t>(L.weight)], sum);
+  add_to_grad16(params_[static_cast<size_t>(L.bias)], sum + (both ? nw : 0));
 }
 
 // peft's Linear.forward on 16-bit tensors, op by op, each result rounded once to 16 bits:
@@ -143,8 +301,11 @@ void Model::half_lora_backward(const Layer& L, float* dx, const float* dy, const
   for (int64_t k = 0; k < B * r; k++) dt[k] = round_to_half(dt[k], f);
   float* dxl = dx ? g + Bm.numel + A.numel : nullptr;
   device_.linear_backward(dxl, g + Bm.numel, nullptr, dt, x, a, B, L.in_features, r);
-  add_to_grad16(Bm, g);
-  add_to_grad16(A, g + Bm.numel);
+  // On a TP shard a partial gradient (lora_partial) stays in lora_g_ for half_sum_lora_grad, the
+  // 16-bit form of sum_lora_grad, after the layer's compute.
+  const LoraPartial lp = lora_split(L) ? lora_partial(L) : LoraPartial{};
+  if (lp.first != L.lora_b && lp.second != L.lora_b) add_to_grad16(Bm, g);
+  if (lp.first != L.lora_a && lp.second != L.lora_a) add_to_grad16(A, g + Bm.numel);
   if (dx)
     for (int64_t k = 0; k < B * L.in_features; k++) dx[k] = round_to_half(round_to_half(dx[k], f) + round_to_half(dxl[k], f), f);
 }
@@ -160,7 +321,13 @@ void Model::half_backward(const float* dlogits, const GradReadyHook& on_grad_rea
   int first = 0;  // the first computed layer needs no input gradient
   while (first < num_layers() && layer_skipped(first)) first++;
   uint16_t* d0 = dbuf_[0].u16();
-  half_from_floats(d0, dlogits, B * C, half_format());  // the (scaled) loss gradient in 16 bits
+  if (sequence_parallel()) {  // this rank's rows of it, as the float32 backward splits them
+    uint16_t* whole = half_scratch(h16a_, B * C);
+    half_from_floats(whole, dlogits, B * C, half_format());
+    half_sp_split_rows(d0, whole, C);
+  } else {
+    half_from_floats(d0, dlogits, B * C, half_format());  // the (scaled) loss gradient in 16 bits
+  }
   const uint16_t* dout = d0;
   for (int i = num_layers() - 1; i >= 0; i--) {
     if (layer_skipped(i)) continue;
@@ -197,30 +364,48 @@ void Model::half_recompute_block(int last) {
 // Parameter gradients accumulate as torch's .grad does for 16-bit parameters: the float32 product is
 // added to the 16-bit gradient and the sum rounded once.
 void Model::half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out) {
+  if (sequence_parallel()) return half_sp_layer_backward(i, dinp, dout, in, out);
   const Layer& L = layer(i);
   const int64_t B = batch_;
-  ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, B, dinp != nullptr));
   const HalfFormat f = half_format();
   const int64_t n_out = B * L.out_features;
-  if (L.kind == LayerKind::ReLU) {
-    if (!dinp) return;
-    for (int64_t k = 0; k < n_out; k++) dinp[k] = half_to_float(out[k], f) > 0.0f ? dout[k] : uint16_t{0};
-    return;
+  {
+    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, B, dinp != nullptr));
+    if (L.kind == LayerKind::ReLU) {
+      if (!dinp) return;
+      for (int64_t k = 0; k < n_out; k++) dinp[k] = half_to_float(out[k], f) > 0.0f ? dout[k] : uint16_t{0};
+      return;
+    }
+    const int64_t nw = L.out_features * L.in_features;
+    const float* dy = widen(fa_, dout, n_out);
+    const float* x = widen(fb_, in, B * L.in_features);
+    const float* w = dinp ? widen(fc_, weight_of(L).data16, nw) : nullptr;
+    float* dw = lora() ? nullptr : f32_scratch(fd_, nw + L.out_features);  // dW, then db; none for a frozen base
+    if (dw) device_.fill_zero(dw, (nw + L.out_features) * static_cast<int64_t>(sizeof(float)));
+    float* dx = dinp ? f32_scratch(fe_, B * L.in_features) : nullptr;
+    device_.linear_backward(dx, dw, dw ? dw + nw : nullptr, dy, x, w, B, L.in_features, L.out_features);
+    if (dw) {
+      add_to_grad16(params_[static_cast<size_t>(L.weight)], dw);
+      add_to_grad16(params_[static_cast<size_t>(L.bias)], dw + nw);
+    }
+    if (L.lora_a >= 0) half_lora_backward(L, dx, dy, x, B);
+    if (dinp) half_from_floats(dinp, dx, B * L.in_features, f);
   }
-  const int64_t nw = L.out_features * L.in_features;
-  const float* dy = widen(fa_, dout, n_out);
-  const float* x = widen(fb_, in, B * L.in_features);
-  const float* w = dinp ? widen(fc_, weight_of(L).data16, nw) : nullptr;
-  float* dw = lora() ? nullptr : f32_scratch(fd_, nw + L.out_features);  // dW, then db; none for a frozen base
-  if (dw) device_.fill_zero(dw, (nw + L.out_features) * static_cast<int64_t>(sizeof(float)));
-  float* dx = dinp ? f32_scratch(fe_, B * L.in_features) : nullptr;
-  device_.linear_backward(dx, dw, dw ? dw + nw : nullptr, dy, x, w, B, L.in_features, L.out_features);
-  if (dw) {
-    add_to_grad16(params_[static_cast<size_t>(L.weight)], dw);
-    add_to_grad16(params_[static_cast<size_t>(L.bias)], dw + nw);
-  }
-  if (L.lora_a >= 0) half_lora_backward(L, dx, dy, x, B);
-  if (dinp) half_from_floats(dinp, dx, B * L.in_features, f);
+  // f backward: the column-parallel Linear's 16-bit input gradient summed over the TP group.
+  if (dinp && L.tp == TpRole::Column) tp_comm().all_reduce(dinp, B * L.in_features, param_dtype(), L.seq_index);
+  if (lora_split(L)) half_sum_lora_grad(L);
+}
+
+// sum_lora_grad in 16 bits: the partial gradient half_lora_backward left in lora_g_ ([dB, dA, ...]),
+// rounded, summed over the TP group and added to the 16-bit gradients.
+void Model::half_sum_lora_grad(const Layer& L) {
+  const LoraPartial lp = lora_partial(L);
+  Parameter& p = params_[static_cast<size_t>(lp.first)];
+  Parameter* q = lp.second >= 0 ? &params_[static_cast<size_t>(lp.second)] : nullptr;
+  const float* partial = lora_g_.f32() + (lp.first == L.lora_a ? params_[static_cast<size_t>(L.lora_b)].numel : 0);
+  const float* sum = half_all_reduce_partial(partial, p.numel + (q ? q->numel : 0), L.seq_index);
+  add_to_grad16(p, sum);
+  if (q) add_to_grad16(*q, sum + p.numel);
 }
 
 }  // namespace dtlab

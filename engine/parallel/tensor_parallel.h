@@ -13,13 +13,16 @@
 namespace dtlab {
 
 // The TP group's collectives on a Communicator whose world is the TP group (a world of its own, or a
-// process group from new_group): each call issues the collective (float32, sum) and waits for it.
+// process group from new_group): each call issues the collective (sum) and waits for it.
 class GroupTensorParallelComm : public TensorParallelComm {
  public:
   explicit GroupTensorParallelComm(Communicator& group) : group_(group) {}
-  void all_reduce(float* buf, int64_t n, int layer) override;
-  void all_gather(float* out, const float* in, int64_t n, int layer) override;
-  void reduce_scatter(float* out, const float* in, int64_t n, int layer) override;
+  using TensorParallelComm::all_gather;
+  using TensorParallelComm::all_reduce;
+  using TensorParallelComm::reduce_scatter;
+  void all_reduce(void* buf, int64_t n, DType dtype, int layer) override;
+  void all_gather(void* out, const void* in, int64_t n, DType dtype, int layer) override;
+  void reduce_scatter(void* out, const void* in, int64_t n, DType dtype, int layer) override;
   Communicator& group() const { return group_; }
   int last_layer() const { return last_layer_; }  // the Sequential index of the latest caller (-1: none)
 
@@ -41,9 +44,9 @@ struct TpCollective {
   int layer = 0;          // Sequential index of the Linear that issues it
   bool backward = false;  // issued during backward
   int64_t count = 0;      // what the layer passes: all-reduce's buffer, all-gather's input and
-                          // reduce-scatter's output (this rank's part), in float32 elements
-  int64_t bytes = 0;      // the payload events record (nccl-tests' S): all-reduce count x 4 bytes,
-                          // all-gather and reduce-scatter count x degree x 4 bytes
+                          // reduce-scatter's output (this rank's part), in elements
+  int64_t bytes = 0;      // the payload events record (nccl-tests' S): all-reduce count x element size,
+                          // all-gather and reduce-scatter count x degree x element size
   const char* what = "";  // "g: sum the row-parallel partial outputs", ...
 };
 
@@ -63,14 +66,16 @@ struct TpCollective {
 // forward collective (g, or under sequence parallelism f's all-gather and g's reduce-scatter) is issued
 // once more, just before that Linear's backward collectives (the logits' gather is not: it is outside
 // the blocks).
-// `lora` (rank > 0; not with sequence parallelism): each adapted split Linear all-reduces its whole
-// adapter factor's gradient after its backward (Model::enable_lora): lora_A (r x in) of a
-// column-parallel Linear, lora_B (out x r) of a row-parallel one. The forward adds nothing: the
-// adapters ride f and g.
+// `lora` (rank > 0): each adapted split Linear all-reduces its whole adapter factor's gradient after
+// its backward (Model::enable_lora): lora_A (r x in) of a column-parallel Linear, lora_B (out x r) of
+// a row-parallel one; under sequence parallelism an adapted replicated Linear all-reduces lora_B's
+// and lora_A's (it saw this rank's rows only), and the frozen base sums nothing. The forward adds
+// nothing: the adapters ride f and g.
+// `dtype`: what the layers compute in (--precision bf16/fp16 moves 2-byte elements, the same counts).
 // Degree 1: none.
 std::vector<TpCollective> tp_collectives(const ModelSpec& spec, int first, int end, const TensorParallelSpec& tp,
                                          int64_t B, bool input_grad, bool recompute = false,
-                                         const LoraSpec& lora = LoraSpec{});
+                                         const LoraSpec& lora = LoraSpec{}, DType dtype = DType::F32);
 int64_t tp_collective_bytes(const std::vector<TpCollective>& list);  // the sum of their bytes
 
 }  // namespace dtlab

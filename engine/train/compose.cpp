@@ -39,10 +39,6 @@ const Combination kCombinations[] = {
      },
      "FSDP's mixed precision shards FULL_SHARD and SHARD_GRAD_OP only (the process groups reduce float32)",
      "use --sharding full or grad-op", true},
-    {Feature::MixedPrecision, "--tp", [](const TrainConfig& c) { return c.tp > 1; },
-     "the tensor-parallel shards are float32", "drop --tp or use --precision fp32", true},
-    {Feature::Lora, "--sequence-parallel", [](const TrainConfig& c) { return c.sequence_parallel; },
-     "the sequence-parallel layers do not run the adapters", "drop --sequence-parallel or --lora-rank", true},
     {Feature::Lora, "--save-sharded", [](const TrainConfig& c) { return !c.save_sharded_path.empty(); },
      "the sharded checkpoint format holds full parameters, not adapters", "use --save for the adapters", true},
 };

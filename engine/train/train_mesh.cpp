@@ -57,6 +57,8 @@ void Trainer::build_tp_models(int first_rank, int end_rank, bool in_world) {
   // one-rank LoRA model that receives the gathered adapters.
   const bool lora = config_.lora.rank > 0;
   if (lora) full_model_->enable_lora(config_.lora, config_.seed);
+  // It receives the 16-bit shards and evaluates as the one-rank 16-bit model does.
+  if (is_mixed(config_.precision)) full_model_->set_precision(config_.precision);
   for (int r = first_rank; r < end_rank; r++) {
     const MeshCoord at = mesh_coord(mesh_, r);
     MemoryTracker* mem = in_world ? &world_->threads().memory(r) : memory_.get();
@@ -73,6 +75,9 @@ void Trainer::build_tp_models(int first_rank, int end_rank, bool in_world) {
     }
     // The adapters split across the TP group (Model::enable_lora), from seed + the replica's index.
     if (lora) models_.back()->enable_lora(config_.lora, config_.seed + static_cast<uint64_t>(at.dp));
+    // torch's model.to(torch.bfloat16): each shard's 16-bit copy is cut from the same float32 values
+    // the one-rank model rounds, so the shards fit together as its 16-bit parameters do.
+    if (is_mixed(config_.precision)) models_.back()->set_precision(config_.precision);
     models_.back()->set_activation_checkpointing(config_.activation_checkpointing);  // replays f and g (model.h)
     models_.back()->set_observer(in_world ? &world_->threads().context(r) : ctx_.get());
   }
