@@ -37,6 +37,26 @@ bool same_params(const Model& a, const Model& b) {
   return true;
 }
 
+// Runs `c` with --save DIR/full.safetensors and --save-sharded DIR/s; returns `c` with those paths.
+TrainConfig run_saving_both(TrainConfig c, const test::TempDir& dir) {
+  c.save_path = dir.file("full.safetensors");
+  c.save_sharded_path = dir.file("s");
+  Trainer(c).run();
+  return c;
+}
+
+// `c` started from the checkpoint directory `dir` and from the full file `file`: both resume at `step`
+// and train to the same parameters, bit for bit.
+void check_same_start(TrainConfig c, const std::string& dir, const std::string& file, int64_t step) {
+  TrainConfig b = c;
+  c.init_path = dir;
+  b.init_path = file;
+  Trainer ta(c), tb(b);
+  CHECK(ta.run().start_step == step);
+  tb.run();
+  CHECK(same_params(ta.result_model(), tb.result_model()));
+}
+
 }  // namespace
 
 TEST_SUITE("sharded_checkpoint") {
@@ -71,10 +91,7 @@ TEST_SUITE("sharded_checkpoint") {
 
   TEST_CASE("a sharded checkpoint continues training under any world size and strategy") {
     test::TempDir dir;
-    TrainConfig save = fsdp_config(4, Sharding::FullShard, 4);
-    save.save_sharded_path = dir.file("s");
-    save.save_path = dir.file("full.safetensors");
-    Trainer(save).run();
+    const TrainConfig save = run_saving_both(fsdp_config(4, Sharding::FullShard, 4), dir);
     // Continuing from the directory equals continuing from the full file.
     for (int world : {2, 3, 4}) {
       for (Sharding sh : {Sharding::FullShard, Sharding::Zero1, Sharding::NoShard}) {
@@ -179,5 +196,18 @@ TEST_SUITE("sharded_checkpoint") {
     TrainConfig file = save;
     file.save_sharded_path = dir.file("afile");
     CHECK_THROWS_WITH_AS(Trainer{file}, doctest::Contains("is a file; give a directory"), Error);
+  }
+
+  TEST_CASE("--tp runs start from a sharded checkpoint exactly as from the full file") {
+    test::TempDir dir;
+    run_saving_both(fsdp_config(4, Sharding::FullShard, 3), dir);
+    // The directory is read whole and cut into TP pieces as the full file is (train_mesh.cpp).
+    for (Strategy st : {Strategy::Ddp, Strategy::Fsdp}) {
+      CAPTURE(strategy_name(st));
+      TrainConfig a = fsdp_config(4, Sharding::FullShard, 2);
+      a.strategy = st;
+      a.tp = 2;
+      check_same_start(a, dir.file("s"), dir.file("full.safetensors"), 3);
+    }
   }
 }

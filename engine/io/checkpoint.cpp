@@ -51,6 +51,10 @@ std::map<std::string, std::string> checkpoint_metadata(const Model& model, int64
 
 }  // namespace
 
+CheckpointInfo load_model_checkpoint(const std::string& path, Model& model) {
+  return is_checkpoint_dir(path) ? load_sharded_checkpoint(path, model) : load_checkpoint(path, model);
+}
+
 void save_lora_checkpoint(const std::string& path, const Model& model, int64_t step,
                           const std::map<std::string, std::string>& extra, bool merged) {
   DTLAB_CHECK(model.lora(), "save_lora_checkpoint() on a model without LoRA; use save_checkpoint()");

@@ -312,8 +312,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
       models_.back()->set_skipped_layer(-1);
     }
     if (!config_.init_path.empty())
-      start_step_ = (is_checkpoint_dir(config_.init_path) ? load_sharded_checkpoint(config_.init_path, *models_.back())
-                                                          : load_checkpoint(config_.init_path, *models_.back())).step;
+      start_step_ = load_model_checkpoint(config_.init_path, *models_.back()).step;
     if (config_.lora.rank > 0) {
       // The frozen base is the same pretrained model on every rank (torch's DDP broadcasts frozen
       // parameters too); the adapters start from seed + r like any replica's parameters.
