@@ -25,8 +25,6 @@ const Combination kCombinations[] = {
      "the tensor-parallel shards run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
     {Feature::TensorParallel, "--sharding hybrid", [](const TrainConfig& c) { return c.strategy == Strategy::Fsdp && c.fsdp.sharding == Sharding::Hybrid; },
      "HYBRID_SHARD's node groups and the tensor-parallel groups are not laid out as one mesh", "use --sharding full", true},
-    {Feature::TensorParallel, "--save-sharded", [](const TrainConfig& c) { return !c.save_sharded_path.empty(); },
-     "a sharded checkpoint holds FSDP's shards of full layers, not tensor-parallel pieces", "use --save for one full checkpoint", true},
     {Feature::MixedPrecision, "--device cuda or dtlab-cli launch", [](const TrainConfig& c) { return off_cpu_threads(c) || c.launched; },
      "the 16-bit kernels run on the CPU engine's threads", "use --device cpu --backend threads", true},
     {Feature::MixedPrecision, "--sharding no-shard, zero1 or hybrid",
