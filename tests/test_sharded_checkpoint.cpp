@@ -278,6 +278,33 @@ TEST_SUITE("sharded_checkpoint") {
     }
   }
 
+  TEST_CASE("an fsdp LoRA run's sharded adapters are its --save adapter file, in pieces") {
+    for (int tp : {1, 2}) {
+      CAPTURE(tp);
+      test::TempDir dir;
+      TrainConfig c = fsdp_config(4, Sharding::FullShard, 3);
+      c.tp = tp;
+      c.lora.rank = 4;
+      c = run_saving_both(c, dir);
+      // peft's names and metadata, as the full adapter file has them.
+      const std::map<std::string, std::vector<float>> full = tensors_of(c.save_path);
+      CHECK(full.contains("base_model.model.0.lora_A.weight"));
+      CHECK(index_of(dir.file("s"))["params"].contains("base_model.model.0.lora_A.weight"));
+      const CheckpointInfo sharded = read_checkpoint_info(dir.file("s")), whole = read_checkpoint_info(c.save_path);
+      CHECK(sharded.metadata.at("lora_rank") == whole.metadata.at("lora_rank"));
+      CHECK(sharded.metadata.at("lora_alpha") == whole.metadata.at("lora_alpha"));
+      std::map<std::string, std::vector<float>> pieces;
+      for (FullTensor& t : read_sharded_tensors(dir.file("s"))) pieces[t.name] = t.values;
+      CHECK(pieces == full);
+      consolidate_sharded_checkpoint(dir.file("s"), dir.file("consolidated.safetensors"));
+      CHECK(tensors_of(dir.file("consolidated.safetensors")) == full);
+      CHECK(read_checkpoint_info(dir.file("consolidated.safetensors")).metadata.at("lora_rank") == "4");
+      // Like the adapter file, the directory is no base model: --init of a plain run refuses it.
+      Model plain(c.model, nullptr, 0);
+      CHECK_THROWS_WITH_AS(load_sharded_checkpoint(dir.file("s"), plain), doctest::Contains("does not have"), Error);
+    }
+  }
+
   TEST_CASE("sharded index versions and boxes: a newer or broken one is refused") {
     test::TempDir dir;
     TrainConfig save = fsdp_config(4, Sharding::FullShard, 1);

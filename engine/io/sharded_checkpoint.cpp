@@ -34,7 +34,7 @@ std::string piece_name(const std::string& param, int64_t offset) { return param 
 
 // The index, parsed and checked for shape (not yet against a model).
 struct Index {
-  std::map<std::string, std::string> metadata;  // step, model, world, strategy, format
+  std::map<std::string, std::string> metadata;  // step, model, world, strategy, format, LoRA's rank and alpha
   json params;
   int version = 1;
 };
@@ -65,7 +65,7 @@ Index read_index(const std::string& dir) {
                         std::to_string(kVersion) + "); load it with the dtlab that saved it");
     idx.version = static_cast<int>(v.get<int64_t>());
   }
-  for (const char* key : {"format", "step", "model", "world", "strategy"}) {
+  for (const char* key : {"format", "step", "model", "world", "strategy", "lora_rank", "lora_alpha"}) {
     if (!j.contains(key)) continue;
     const json& v = j[key];
     idx.metadata[key] = v.is_string() ? v.get<std::string>() : v.dump();
@@ -176,8 +176,10 @@ struct SavedParam {
 
 std::vector<SavedParam> saved_params(const Model& model) {
   const auto& params = model.parameters();
+  // peft's names under LoRA, as the full save writes them (save_lora_checkpoint).
+  const std::string prefix = model.lora() ? "base_model.model." : "";
   std::vector<SavedParam> out;
-  for (const Parameter& p : params) out.push_back({p.name, p.shape, {}, {}, false});
+  for (const Parameter& p : params) out.push_back({prefix + p.name, p.shape, {}, {}, false});
   const TensorParallelSpec& tp = model.tensor_parallel();
   if (tp.degree == 1) return out;
   // A TP shard's parameters are pieces of the full ones: tp_pieces says which rows and columns (a
@@ -267,6 +269,8 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
     }
     json j = {{"format", kFormat}, {"version", kVersion}, {"step", step},         {"model", model.spec().str()},
               {"world", world},    {"strategy", strategy}, {"params", ps}};
+    if (model.lora())  // the metadata the full adapter file carries
+      for (const auto& [key, value] : lora_metadata(model.lora_spec())) j[key] = value;
     const std::string text = j.dump(1) + "\n";
     AtomicFile f(join(staging, kIndex));
     f.write(text.data(), text.size());
@@ -310,7 +314,7 @@ std::vector<FullTensor> read_sharded_tensors(const std::string& dir, CheckpointI
 void consolidate_sharded_checkpoint(const std::string& dir, const std::string& path) {
   CheckpointInfo info;
   const std::vector<FullTensor> tensors = read_sharded_tensors(dir, &info);
-  // The full save's metadata: a "dtlab" file of the same step and model.
+  // The full save's metadata: a "dtlab" file of the same step and model (and LoRA's rank and alpha).
   std::map<std::string, std::string> metadata = info.metadata;
   metadata["format"] = "dtlab";
   std::vector<TensorView> views;

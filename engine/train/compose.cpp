@@ -37,8 +37,6 @@ const Combination kCombinations[] = {
      "the tensor-parallel shards are float32", "drop --tp or use --precision fp32", true},
     {Feature::Lora, "--sequence-parallel", [](const TrainConfig& c) { return c.sequence_parallel; },
      "the sequence-parallel layers do not run the adapters", "drop --sequence-parallel or --lora-rank", true},
-    {Feature::Lora, "--save-sharded", [](const TrainConfig& c) { return !c.save_sharded_path.empty(); },
-     "the sharded checkpoint format holds full parameters, not adapters", "use --save for the adapters", true},
 };
 
 // What a refusal calls the feature in its sentence.
