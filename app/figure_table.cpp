@@ -232,6 +232,11 @@ double cross_node_bytes(const Snapshot& s, int from) {
 double checkpoint_elements(const Snapshot& s, int rank) {
   const RunConfigView& c = s.config;
   if (c.strategy != Strategy::Fsdp) throw_sentence("--save-sharded saves FSDP runs; this run's strategy is " + std::string(strategy_name(c.strategy)));
+  // A --tp run's file holds FSDP's shards of the rank's tensor-parallel pieces, less the pieces a
+  // lower TP rank writes (sharded_checkpoint.h): not the full layers' shards counted below.
+  if (s.mesh.shape.tp > 1)
+    throw_sentence("checkpoint.elements counts FSDP's shards of full layers, and this run splits them with --tp " +
+                   std::to_string(s.mesh.shape.tp) + "; read a tensor-parallel save's pieces from its index.json");
   const auto real = [](int64_t numel, int64_t chunk, int r) {
     return std::clamp<int64_t>(numel - static_cast<int64_t>(r) * chunk, 0, chunk);
   };

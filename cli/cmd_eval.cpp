@@ -37,7 +37,7 @@ int run_eval(const EvalArgs& a, Streams& io) {
   check_data_fits_model(ds, spec);
   check_checkpoint_size(a.init, spec);  // before allocating a model the file cannot fill
   Model model(spec, nullptr, 0);
-  load_checkpoint(a.init, model);
+  load_model_checkpoint(a.init, model);  // a sharded directory is reassembled whole, whoever wrote it
   std::vector<float> logits(a.logits.empty() ? 0 : static_cast<size_t>(ds.n * spec.out_features()));
   EvalResult r = evaluate(model, ds, a.batch, a.logits.empty() ? nullptr : logits.data());
   if (!a.logits.empty()) save_npy(a.logits, logits.data(), {ds.n, spec.out_features()});
@@ -64,7 +64,9 @@ int run_eval(const EvalArgs& a, Streams& io) {
 
 Runner add_eval_command(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
-  app.add_option("--init", a->init, "Checkpoint (safetensors) to evaluate")->required()->check(existing_file());
+  app.add_option("--init", a->init, "Checkpoint to evaluate: safetensors, or a sharded checkpoint's directory")
+      ->required()
+      ->check(existing_path());
   app.add_option("--model", a->model, "Model spec (default: the one stored in the checkpoint)");
   app.add_option("--data", a->data, "spiral | blobs | PATH.npz, as for train")->capture_default_str();
   app.add_option("--batch", a->batch, "Rows per forward pass")->check(whole_number(1, int64_t{1} << 24))->capture_default_str();

@@ -362,6 +362,23 @@ TEST_SUITE("cli") {
       CHECK(e64["accuracy"].get<double>() == summary["train_accuracy"].get<double>());
     }
 
+    SUBCASE("eval reads a sharded checkpoint as its full file, whatever layout wrote it") {
+      // fsdp --tp 2 over 2 replicas: pieces placed by boxes (index version 2).
+      const std::string sharded = dir.file("s"), full = dir.file("tp.safetensors");
+      REQUIRE(run({"train", "--model", "mlp:2,16,3", "--strategy", "fsdp", "--world", "4", "--tp", "2", "--steps", "2",
+                   "--save-sharded", sharded, "--save", full}).code == 0);
+      CliResult a = run({"eval", "--init", sharded, "--json"}), b = run({"eval", "--init", full, "--json"});
+      REQUIRE(a.code == 0);
+      REQUIRE(b.code == 0);
+      CHECK(json::parse(a.out)["loss"] == json::parse(b.out)["loss"]);
+      CHECK(json::parse(a.out)["step"] == 2);
+      // A LoRA run's directory holds adapters, as its --save file does: the same sentence.
+      const std::string adapters = dir.file("lora");
+      REQUIRE(run({"train", "--model", "mlp:2,16,3", "--strategy", "fsdp", "--world", "2", "--lora-rank", "2", "--steps", "1",
+                   "--save-sharded", adapters}).code == 0);
+      check_usage_error({"eval", "--init", adapters}, "holds LoRA adapters without their base model");
+    }
+
     SUBCASE("eval human output") {
       CliResult ev = run({"eval", "--init", ckpt});
       REQUIRE(ev.code == 0);

@@ -254,6 +254,12 @@ TEST_SUITE("lessons") {
     CHECK(Figure::parse("2 * (world - 1) / world").eval(sc) == doctest::Approx(1.5));
     CHECK(Figure::parse("world == 4 && !(batch > 16) || 0").eval(sc) == 1);
     CHECK(Figure::parse("-world + 10 / 4").eval(sc) == doctest::Approx(-1.5));
+    // checkpoint.elements counts FSDP's shards of full layers: a --tp run's is a sentence, not a wrong count.
+    s.config.strategy = Strategy::Fsdp;
+    s.mesh.shape = MeshShape{2, 1, 2};
+    CHECK_THROWS_WITH_AS(Figure::parse("checkpoint.elements(0)").eval(sc), doctest::Contains("splits them with --tp 2"), Error);
+    s.config.strategy = Strategy::Single;
+    s.mesh.shape = MeshShape{};
     // Hostile sizes: thousands deep or long is one sentence, not a stack overflow; the longest chain
     // allowed parses, evaluates and is destroyed.
     auto repeat = [](const std::string& x, int n) {

@@ -4,11 +4,16 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <set>
+#include <nlohmann/json.hpp>
 
 #include "engine/io/checkpoint.h"
+#include "engine/io/safetensors.h"
 #include "engine/io/sharded_checkpoint.h"
 #include "engine/train/train.h"
 #include "tests/test_util.h"
@@ -35,6 +40,45 @@ bool same_params(const Model& a, const Model& b) {
   for (int64_t i = 0; i < a.num_params(); i++)
     if (a.params()[i] != b.params()[i]) return false;
   return true;
+}
+
+// Every tensor of a safetensors file, by name, as float32 values (bit patterns compared by ==, and
+// no tensor here holds a NaN).
+std::map<std::string, std::vector<float>> tensors_of(const std::string& path) {
+  const SafetensorsFile f = load_safetensors(path);
+  std::map<std::string, std::vector<float>> out;
+  for (const SafetensorsEntry& e : f.entries) {
+    std::vector<float> v(static_cast<size_t>((e.end - e.begin) / 4));
+    std::memcpy(v.data(), f.bytes(e), v.size() * sizeof(float));
+    out[e.name] = v;
+  }
+  return out;
+}
+
+// Runs `c` with --save DIR/full.safetensors and --save-sharded DIR/s; returns `c` with those paths.
+TrainConfig run_saving_both(TrainConfig c, const test::TempDir& dir) {
+  c.save_path = dir.file("full.safetensors");
+  c.save_sharded_path = dir.file("s");
+  Trainer(c).run();
+  return c;
+}
+
+// `c` started from the checkpoint directory `dir` and from the full file `file`: both resume at `step`
+// and train to the same parameters, bit for bit.
+void check_same_start(TrainConfig c, const std::string& dir, const std::string& file, int64_t step) {
+  TrainConfig b = c;
+  c.init_path = dir;
+  b.init_path = file;
+  Trainer ta(c), tb(b);
+  CHECK(ta.run().start_step == step);
+  tb.run();
+  CHECK(same_params(ta.result_model(), tb.result_model()));
+}
+
+// The index's JSON, for reading what a save placed where.
+nlohmann::json index_of(const std::string& dir) {
+  std::ifstream in(dir + "/index.json");
+  return nlohmann::json::parse(in);
 }
 
 }  // namespace
@@ -71,10 +115,7 @@ TEST_SUITE("sharded_checkpoint") {
 
   TEST_CASE("a sharded checkpoint continues training under any world size and strategy") {
     test::TempDir dir;
-    TrainConfig save = fsdp_config(4, Sharding::FullShard, 4);
-    save.save_sharded_path = dir.file("s");
-    save.save_path = dir.file("full.safetensors");
-    Trainer(save).run();
+    const TrainConfig save = run_saving_both(fsdp_config(4, Sharding::FullShard, 4), dir);
     // Continuing from the directory equals continuing from the full file.
     for (int world : {2, 3, 4}) {
       for (Sharding sh : {Sharding::FullShard, Sharding::Zero1, Sharding::NoShard}) {
@@ -179,5 +220,133 @@ TEST_SUITE("sharded_checkpoint") {
     TrainConfig file = save;
     file.save_sharded_path = dir.file("afile");
     CHECK_THROWS_WITH_AS(Trainer{file}, doctest::Contains("is a file; give a directory"), Error);
+  }
+
+  TEST_CASE("--tp runs start from a sharded checkpoint exactly as from the full file") {
+    test::TempDir dir;
+    run_saving_both(fsdp_config(4, Sharding::FullShard, 3), dir);
+    // The directory is read whole and cut into TP pieces as the full file is (train_mesh.cpp).
+    for (Strategy st : {Strategy::Ddp, Strategy::Fsdp}) {
+      CAPTURE(strategy_name(st));
+      TrainConfig a = fsdp_config(4, Sharding::FullShard, 2);
+      a.strategy = st;
+      a.tp = 2;
+      check_same_start(a, dir.file("s"), dir.file("full.safetensors"), 3);
+    }
+  }
+
+  TEST_CASE("fsdp --tp writes pieces placed in the full tensors, and every reader rebuilds the full model") {
+    // world 4: FSDP over 2 replicas of 2 TP ranks each; world 2: one replica, each rank its TP piece.
+    for (int world : {4, 2}) {
+      CAPTURE(world);
+      test::TempDir dir;
+      TrainConfig c = fsdp_config(world, Sharding::FullShard, 3);
+      c.tp = 2;
+      c = run_saving_both(c, dir);
+      // DCP's chunks for Shard placements: 0.weight (32, 2) column-parallel is a block of rows, 2.weight
+      // (32, 32) row-parallel a block of columns; 2.bias, whole on both TP ranks, is held once, unboxed.
+      const nlohmann::json idx = index_of(dir.file("s"));
+      CHECK(idx["version"] == 2);
+      const auto boxes_of = [&](const char* param) {
+        std::set<std::string> boxes;
+        for (const auto& piece : idx["params"][param]["pieces"]) boxes.insert(piece["box"].dump());
+        return boxes;
+      };
+      CHECK(boxes_of("0.weight") == std::set<std::string>{R"({"offsets":[0,0],"sizes":[16,2]})", R"({"offsets":[16,0],"sizes":[16,2]})"});
+      CHECK(boxes_of("2.weight") == std::set<std::string>{R"({"offsets":[0,0],"sizes":[32,16]})", R"({"offsets":[0,16],"sizes":[32,16]})"});
+      int64_t bias = 0;
+      for (const auto& piece : idx["params"]["2.bias"]["pieces"]) {
+        CHECK_FALSE(piece.contains("box"));
+        bias += piece["length"].get<int64_t>();
+      }
+      CHECK(bias == 32);
+      // Consolidated, it is the run's full --save, bit for bit.
+      consolidate_sharded_checkpoint(dir.file("s"), dir.file("consolidated.safetensors"));
+      CHECK(tensors_of(dir.file("consolidated.safetensors")) == tensors_of(c.save_path));
+      CHECK(read_checkpoint_info(dir.file("consolidated.safetensors")).step == 3);
+      Model full(c.model, nullptr, 0), sharded(c.model, nullptr, 1);
+      load_checkpoint(c.save_path, full);
+      load_sharded_checkpoint(c.save_sharded_path, sharded);
+      CHECK(same_params(full, sharded));
+      // --init of the directory without --tp (and with it) continues as --init of the full file.
+      for (int tp : {1, 2}) {
+        CAPTURE(tp);
+        TrainConfig a = fsdp_config(2, Sharding::FullShard, 2);
+        a.tp = tp;
+        check_same_start(a, dir.file("s"), c.save_path, 3);
+      }
+    }
+  }
+
+  TEST_CASE("an fsdp LoRA run's sharded adapters are its --save adapter file, in pieces") {
+    for (int tp : {1, 2}) {
+      CAPTURE(tp);
+      test::TempDir dir;
+      TrainConfig c = fsdp_config(4, Sharding::FullShard, 3);
+      c.tp = tp;
+      c.lora.rank = 4;
+      c = run_saving_both(c, dir);
+      // peft's names and metadata, as the full adapter file has them.
+      const std::map<std::string, std::vector<float>> full = tensors_of(c.save_path);
+      CHECK(full.contains("base_model.model.0.lora_A.weight"));
+      CHECK(index_of(dir.file("s"))["params"].contains("base_model.model.0.lora_A.weight"));
+      const CheckpointInfo sharded = read_checkpoint_info(dir.file("s")), whole = read_checkpoint_info(c.save_path);
+      CHECK(sharded.metadata.at("lora_rank") == whole.metadata.at("lora_rank"));
+      CHECK(sharded.metadata.at("lora_alpha") == whole.metadata.at("lora_alpha"));
+      std::map<std::string, std::vector<float>> pieces;
+      for (FullTensor& t : read_sharded_tensors(dir.file("s"))) pieces[t.name] = t.values;
+      CHECK(pieces == full);
+      consolidate_sharded_checkpoint(dir.file("s"), dir.file("consolidated.safetensors"));
+      CHECK(tensors_of(dir.file("consolidated.safetensors")) == full);
+      CHECK(read_checkpoint_info(dir.file("consolidated.safetensors")).metadata.at("lora_rank") == "4");
+      // Like the adapter file, the directory is no base model: --init of a plain run refuses it.
+      Model plain(c.model, nullptr, 0);
+      CHECK_THROWS_WITH_AS(load_sharded_checkpoint(dir.file("s"), plain), doctest::Contains("does not have"), Error);
+    }
+  }
+
+  TEST_CASE("sharded index versions and boxes: a newer or broken one is refused") {
+    test::TempDir dir;
+    TrainConfig save = fsdp_config(4, Sharding::FullShard, 1);
+    save.tp = 2;
+    save.save_sharded_path = dir.file("s");
+    Trainer(save).run();
+    Model m(save.model, nullptr, 7), before(save.model, nullptr, 7);
+    const std::string index = dir.file("s/index.json");
+    const nlohmann::json good = index_of(dir.file("s"));
+    auto refused = [&](const nlohmann::json& j, const char* why) {
+      std::ofstream(index) << j.dump(1);
+      CHECK_THROWS_WITH_AS(load_sharded_checkpoint(dir.file("s"), m), doctest::Contains(why), Error);
+      CHECK_THROWS_WITH_AS(read_sharded_tensors(dir.file("s")), doctest::Contains(why), Error);
+      CHECK(same_params(m, before));
+    };
+    for (const nlohmann::json v : {nlohmann::json(3), nlohmann::json(0), nlohmann::json("2"), nlohmann::json(1.5)}) {
+      CAPTURE(v.dump());
+      nlohmann::json j = good;
+      j["version"] = v;
+      refused(j, "which this dtlab does not read");
+    }
+    nlohmann::json j = good;
+    j.erase("version");  // a version 1 index has no boxes
+    refused(j, "the checkpoint is corrupt");
+    const std::vector<nlohmann::json> bad_boxes = {
+        {{"offsets", {16, 0}}, {"sizes", {17, 2}}},          // past the last row
+        {{"offsets", {0}}, {"sizes", {16}}},                 // one dimension of two
+        {{"offsets", {-1, 0}}, {"sizes", {16, 2}}},          // negative
+        {{"offsets", {0, 0}}, {"sizes", {16.5, 2}}},         // a fraction
+        {{"offsets", {9223372036854775800LL, 0}}, {"sizes", {16, 2}}},  // offset + size overflows
+        nlohmann::json(7)};
+    for (const nlohmann::json& box : bad_boxes) {
+      CAPTURE(box.dump());
+      j = good;
+      j["params"]["0.weight"]["pieces"][0]["box"] = box;
+      refused(j, "the checkpoint is corrupt");
+    }
+    // Every piece in TP rank 0's rows: those rows twice, the others never.
+    j = good;
+    for (auto& piece : j["params"]["0.weight"]["pieces"]) piece["box"] = {{"offsets", {0, 0}}, {"sizes", {16, 2}}};
+    refused(j, "is in two pieces");
+    std::ofstream(index) << good.dump(1);
+    CHECK_NOTHROW(load_sharded_checkpoint(dir.file("s"), m));
   }
 }

@@ -1156,6 +1156,16 @@ def gen_sharded(c):
                         ("world", 2 ** 63, "either"), ("step", -1, "error"), ("step", "x", "error"),
                         ("step", 1.5, "error")):
         add("index %s %r" % (key, v), idx(lambda i: i.__setitem__(key, v)), exp=exp)
+    # Index version 2 (a piece's box in the full tensor, written by --tp runs): a version this dtlab
+    # does not read, a box in a version 1 index, and boxes that do not fit the tensor.
+    for v in (3, 0, "2", 1.5, None):
+        add("index version %r" % (v,), idx(lambda i: i.__setitem__("version", v)))
+    add("box in a version 1 index", idx(lambda i: (i.pop("version", None), piece(i).__setitem__(
+        "box", {"offsets": [0, 0], "sizes": [4, 2]}))))
+    for v in ({"offsets": [0, 0], "sizes": [5, 2]}, {"offsets": [0], "sizes": [4]}, {"offsets": [-1, 0], "sizes": [4, 2]},
+              {"offsets": [2 ** 63 - 8, 0], "sizes": [4, 2]}, {"offsets": [0, 0], "sizes": [4.5, 2]}, {"sizes": [4, 2]},
+              {"offsets": [0, 0], "sizes": [0, 2]}, [0, 0], 7):
+        add("piece box %r" % (v,), idx(lambda i: piece(i).__setitem__("box", v)))
     add("index.json empty", raw_index="")
     add("index.json not JSON", raw_index="{not json")
     add("index.json nested 100k deep", raw_index="[" * 100000 + "]" * 100000)

@@ -51,6 +51,16 @@ std::map<std::string, std::string> checkpoint_metadata(const Model& model, int64
 
 }  // namespace
 
+std::map<std::string, std::string> lora_metadata(const LoraSpec& lora) {
+  char alpha[32];
+  std::snprintf(alpha, sizeof alpha, "%g", static_cast<double>(lora.alpha));
+  return {{"lora_rank", std::to_string(lora.rank)}, {"lora_alpha", alpha}};
+}
+
+CheckpointInfo load_model_checkpoint(const std::string& path, Model& model) {
+  return is_checkpoint_dir(path) ? load_sharded_checkpoint(path, model) : load_checkpoint(path, model);
+}
+
 void save_lora_checkpoint(const std::string& path, const Model& model, int64_t step,
                           const std::map<std::string, std::string>& extra, bool merged) {
   DTLAB_CHECK(model.lora(), "save_lora_checkpoint() on a model without LoRA; use save_checkpoint()");
@@ -60,11 +70,7 @@ void save_lora_checkpoint(const std::string& path, const Model& model, int64_t s
   if (merged) {
     for (const Parameter& p : model.base_parameters()) views.push_back({p.name, DType::F32, p.shape, host.data() + p.offset});
   } else {
-    const LoraSpec& l = model.lora_spec();
-    metadata["lora_rank"] = std::to_string(l.rank);
-    char alpha[32];
-    std::snprintf(alpha, sizeof alpha, "%g", static_cast<double>(l.alpha));
-    metadata["lora_alpha"] = alpha;
+    for (const auto& [key, value] : lora_metadata(model.lora_spec())) metadata[key] = value;
     // peft's saved adapter keys: the PeftModel's state_dict names without the adapter name.
     for (const Parameter& p : model.parameters())
       views.push_back({"base_model.model." + p.name, DType::F32, p.shape, host.data() + p.offset});

@@ -30,6 +30,14 @@ void save_lora_checkpoint(const std::string& path, const Model& model, int64_t s
 // (dtlab::Error, one sentence naming the path) leaves the model untouched.
 CheckpointInfo load_checkpoint(const std::string& path, Model& model);
 
+// A safetensors file or a sharded checkpoint's directory (sharded_checkpoint.h), whichever `path` is:
+// what --init reads.
+CheckpointInfo load_model_checkpoint(const std::string& path, Model& model);
+
+// The metadata a LoRA run's adapters carry, full or sharded: "lora_rank" and "lora_alpha" (peft's r
+// and lora_alpha, printed as %g).
+std::map<std::string, std::string> lora_metadata(const LoraSpec& lora);
+
 // Metadata only, without reading the tensor data (e.g. to learn the spec before building a model).
 // A directory is read as a sharded checkpoint (sharded_checkpoint.h).
 CheckpointInfo read_checkpoint_info(const std::string& path);

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "engine/core/check.h"
@@ -24,6 +25,8 @@ using json = nlohmann::json;
 
 constexpr const char* kIndex = "index.json";
 constexpr const char* kFormat = "dtlab-sharded";
+// 2: pieces may carry a box in the full tensor (tensor parallelism). An index without "version" is 1.
+constexpr int kVersion = 2;
 
 std::string join(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
 
@@ -31,8 +34,9 @@ std::string piece_name(const std::string& param, int64_t offset) { return param 
 
 // The index, parsed and checked for shape (not yet against a model).
 struct Index {
-  std::map<std::string, std::string> metadata;  // step, model, world, strategy, format
+  std::map<std::string, std::string> metadata;  // step, model, world, strategy, format, LoRA's rank and alpha
   json params;
+  int version = 1;
 };
 
 Index read_index(const std::string& dir) {
@@ -53,7 +57,15 @@ Index read_index(const std::string& dir) {
   if (!j.is_object() || !j.contains("format") || j["format"] != kFormat)
     fail_at(path, std::string("is not a dtlab sharded checkpoint index (\"format\" must be \"") + kFormat + "\")");
   Index idx;
-  for (const char* key : {"format", "step", "model", "world", "strategy"}) {
+  if (j.contains("version")) {
+    // A newer writer's index may place pieces in ways this reader would misread: refused whole.
+    const json& v = j["version"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kVersion)
+      fail_at(path, "has index version " + v.dump().substr(0, 40) + ", which this dtlab does not read (it reads 1 to " +
+                        std::to_string(kVersion) + "); load it with the dtlab that saved it");
+    idx.version = static_cast<int>(v.get<int64_t>());
+  }
+  for (const char* key : {"format", "step", "model", "world", "strategy", "lora_rank", "lora_alpha"}) {
     if (!j.contains(key)) continue;
     const json& v = j[key];
     idx.metadata[key] = v.is_string() ? v.get<std::string>() : v.dump();
@@ -151,10 +163,56 @@ void check_sharded_output_dir(const std::string& flag, const std::string& dir) {
   }
 }
 
-void save_sharded_checkpoint(const std::string& dir, const Model& model, const std::vector<ParamSlice>& slices,
+namespace {
+
+// Where one of the model's parameters goes in a sharded checkpoint: the name and FULL shape the
+// index lists, and the box this rank's values fill there (empty: the whole tensor).
+struct SavedParam {
+  std::string name;
+  Shape shape;
+  Shape box_offsets, box_sizes;
+  bool held_lower = false;  // a lower TP rank holds the same box (a replicated piece): it writes it
+};
+
+std::vector<SavedParam> saved_params(const Model& model) {
+  const auto& params = model.parameters();
+  // peft's names under LoRA, as the full save writes them (save_lora_checkpoint).
+  const std::string prefix = model.lora() ? "base_model.model." : "";
+  std::vector<SavedParam> out;
+  for (const Parameter& p : params) out.push_back({prefix + p.name, p.shape, {}, {}, false});
+  const TensorParallelSpec& tp = model.tensor_parallel();
+  if (tp.degree == 1) return out;
+  // A TP shard's parameters are pieces of the full ones: tp_pieces says which rows and columns (a
+  // bias is (out, 1) there, a 1-D tensor here).
+  std::vector<std::vector<TpPiece>> of_rank;
+  for (int t = 0; t < tp.degree; t++) of_rank.push_back(tp_pieces(model, t));
+  const auto box = [](const TpPiece& q, size_t dims) {
+    Shape at{q.row_begin}, size{q.row_end - q.row_begin};
+    if (dims == 2) at.push_back(q.col_begin), size.push_back(q.col_end - q.col_begin);
+    return std::make_pair(at, size);
+  };
+  for (size_t i = 0; i < out.size(); i++) {
+    const TpPiece& q = of_rank[static_cast<size_t>(tp.rank)][i];
+    const size_t dims = params[i].shape.size();
+    out[i].shape = dims == 2 ? Shape{q.rows, q.cols} : Shape{q.rows};
+    std::tie(out[i].box_offsets, out[i].box_sizes) = box(q, dims);
+    for (int t = 0; t < tp.rank; t++) out[i].held_lower |= box(of_rank[static_cast<size_t>(t)][i], dims) == box(q, dims);
+    if (out[i].box_sizes == out[i].shape) out[i].box_offsets.clear(), out[i].box_sizes.clear();  // whole: no box
+  }
+  return out;
+}
+
+}  // namespace
+
+void save_sharded_checkpoint(const std::string& dir, const Model& model, const std::vector<ParamSlice>& given,
                              const SaveGroup& group, int64_t step, const std::string& strategy) {
   const int rank = group.rank, world = group.world;
-  const auto& params = model.parameters();
+  const std::vector<SavedParam> saved = saved_params(model);
+  // A piece the TP group holds whole on several ranks is written by the lowest only: each element of
+  // the full tensor lies in exactly one piece, which the loader checks.
+  std::vector<ParamSlice> slices;
+  for (const ParamSlice& s : given)
+    if (!saved[static_cast<size_t>(s.param)].held_lower) slices.push_back(s);
   // Everything is written into a staging directory beside DIR and swapped in at the end: an
   // interrupted save leaves the last good checkpoint where it was (and its staging directory,
   // which the next save replaces).
@@ -173,6 +231,7 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
     // Slices on a device are written from host copies.
     std::vector<std::vector<float>> host(model.device().is_host() ? 0 : slices.size());
     std::vector<TensorView> views;
+    json boxes = json::object();  // the pieces' boxes, for rank 0's index
     for (size_t i = 0; i < slices.size(); i++) {
       const ParamSlice& s = slices[i];
       const float* data = s.data;
@@ -181,28 +240,37 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
         model.device().download(host[i].data(), s.data, s.length * static_cast<int64_t>(sizeof(float)));
         data = host[i].data();
       }
-      views.push_back({piece_name(params[static_cast<size_t>(s.param)].name, s.offset), DType::F32, {s.length}, data});
+      const SavedParam& sp = saved[static_cast<size_t>(s.param)];
+      views.push_back({piece_name(sp.name, s.offset), DType::F32, {s.length}, data});
+      if (!sp.box_sizes.empty()) boxes[views.back().name] = {{"offsets", sp.box_offsets}, {"sizes", sp.box_sizes}};
     }
-    save_safetensors(join(staging, shard_file_name(rank, world)), views,
-                     {{"format", kFormat}, {"rank", std::to_string(rank)}, {"world", std::to_string(world)}});
+    std::map<std::string, std::string> meta = {{"format", kFormat}, {"rank", std::to_string(rank)}, {"world", std::to_string(world)}};
+    if (!boxes.empty()) meta["boxes"] = boxes.dump();
+    save_safetensors(join(staging, shard_file_name(rank, world)), views, meta);
   }
   group.barrier();
   if (rank == 0) {
     // The index lists the pieces every rank wrote (read back from the files' headers).
     json ps = json::object();
-    for (const Parameter& p : params) ps[p.name] = {{"shape", p.shape}, {"pieces", json::array()}};
+    for (const SavedParam& p : saved) ps[p.name] = {{"shape", p.shape}, {"pieces", json::array()}};
     for (int r = 0; r < world; r++) {
       const std::string file = shard_file_name(r, world);
       if (!fs::exists(join(staging, file))) continue;  // a rank that owns nothing (HYBRID_SHARD's copies)
-      for (const SafetensorsEntry& e : load_safetensors_header(join(staging, file)).entries) {
+      const SafetensorsFile header = load_safetensors_header(join(staging, file));
+      const auto b = header.metadata.find("boxes");
+      const json boxes = b == header.metadata.end() ? json::object() : json::parse(b->second);
+      for (const SafetensorsEntry& e : header.entries) {
         const size_t at = e.name.rfind('@');
         const std::string name = e.name.substr(0, at);
-        ps[name]["pieces"].push_back({{"file", file}, {"tensor", e.name},
-                                      {"offset", std::stoll(e.name.substr(at + 1))}, {"length", e.shape.at(0)}});
+        json piece = {{"file", file}, {"tensor", e.name}, {"offset", std::stoll(e.name.substr(at + 1))}, {"length", e.shape.at(0)}};
+        if (boxes.contains(e.name)) piece["box"] = boxes[e.name];
+        ps[name]["pieces"].push_back(piece);
       }
     }
-    json j = {{"format", kFormat}, {"step", step},          {"model", model.spec().str()},
+    json j = {{"format", kFormat}, {"version", kVersion}, {"step", step},         {"model", model.spec().str()},
               {"world", world},    {"strategy", strategy}, {"params", ps}};
+    if (model.lora())  // the metadata the full adapter file carries
+      for (const auto& [key, value] : lora_metadata(model.lora_spec())) j[key] = value;
     const std::string text = j.dump(1) + "\n";
     AtomicFile f(join(staging, kIndex));
     f.write(text.data(), text.size());
@@ -218,20 +286,139 @@ CheckpointInfo read_sharded_checkpoint_info(const std::string& dir) {
 }
 
 namespace {
+
 CheckpointInfo load_sharded(const std::string& dir, Model& model);
-}  // namespace
+std::vector<FullTensor> read_tensors(const std::string& dir, CheckpointInfo* info);
 
 // Any entry of index.json of the wrong JSON type (a piece that is not an object, a file name that is
 // a number) is the corrupt-checkpoint sentence, not an internal error.
-CheckpointInfo load_sharded_checkpoint(const std::string& dir, Model& model) {
+template <typename F>
+auto corrupt_entries_fail(const std::string& dir, F&& f) {
   try {
-    return load_sharded(dir, model);
+    return f();
   } catch (const json::exception& e) {
     fail_at(join(dir, kIndex), std::string("has an entry of the wrong kind (") + e.what() + "); the checkpoint is corrupt");
   }
 }
 
+}  // namespace
+
+CheckpointInfo load_sharded_checkpoint(const std::string& dir, Model& model) {
+  return corrupt_entries_fail(dir, [&] { return load_sharded(dir, model); });
+}
+
+std::vector<FullTensor> read_sharded_tensors(const std::string& dir, CheckpointInfo* info) {
+  return corrupt_entries_fail(dir, [&] { return read_tensors(dir, info); });
+}
+
+void consolidate_sharded_checkpoint(const std::string& dir, const std::string& path) {
+  CheckpointInfo info;
+  const std::vector<FullTensor> tensors = read_sharded_tensors(dir, &info);
+  // The full save's metadata: a "dtlab" file of the same step and model (and LoRA's rank and alpha).
+  std::map<std::string, std::string> metadata = info.metadata;
+  metadata["format"] = "dtlab";
+  std::vector<TensorView> views;
+  for (const FullTensor& t : tensors) views.push_back({t.name, DType::F32, t.shape, t.values.data()});
+  save_safetensors(path, views, metadata);
+}
+
 namespace {
+
+// The shape index.json gives `name`, checked to be a list of whole numbers.
+Shape index_shape(const std::string& index_path, const std::string& name, const json& jp) {
+  if (!jp.contains("shape") || !jp["shape"].is_array())
+    fail_at(index_path, "'" + name + "' has no shape list; the checkpoint is corrupt");
+  Shape shape;
+  for (const json& d : jp["shape"]) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      fail_at(index_path, "'" + name + "' has a shape that is not a list of whole numbers; the checkpoint is corrupt");
+    shape.push_back(d.get<int64_t>());
+  }
+  return shape;
+}
+
+// A piece's box in the full tensor of `shape`: the whole tensor without "box" (version 1's only kind).
+void piece_box(const std::string& index_path, const std::string& name, const json& piece, const Shape& shape, int version,
+               Shape& offsets, Shape& sizes) {
+  offsets.assign(shape.size(), 0);
+  sizes = shape;
+  if (!piece.contains("box")) return;
+  const std::string bad = "'" + name + "' has a piece whose box is not ";
+  if (version < 2) fail_at(index_path, bad + "allowed in a version 1 index; the checkpoint is corrupt");
+  const json& b = piece["box"];
+  if (!b.is_object() || !b.contains("offsets") || !b.contains("sizes") || !b["offsets"].is_array() || !b["sizes"].is_array() ||
+      b["offsets"].size() != shape.size() || b["sizes"].size() != shape.size())
+    fail_at(index_path, bad + "an offset and a size for each of its " + std::to_string(shape.size()) +
+                            " dimensions; the checkpoint is corrupt");
+  for (size_t d = 0; d < shape.size(); d++) {
+    const json &o = b["offsets"][d], &z = b["sizes"][d];
+    if (!o.is_number_integer() || !z.is_number_integer())
+      fail_at(index_path, bad + "made of whole numbers; the checkpoint is corrupt");
+    offsets[d] = o.get<int64_t>(), sizes[d] = z.get<int64_t>();
+    // Compared without adding them (an offset near 2^63 plus a size would overflow).
+    if (offsets[d] < 0 || sizes[d] < 0 || offsets[d] > shape[d] || sizes[d] > shape[d] - offsets[d])
+      fail_at(index_path, bad + "inside its shape " + json(shape).dump() + "; the checkpoint is corrupt");
+  }
+}
+
+// Element k of a box (row-major over `sizes`, placed at `offsets`) in the full tensor's flat order.
+int64_t box_element(const Shape& shape, const Shape& offsets, const Shape& sizes, int64_t k) {
+  int64_t at = 0, stride = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    at += (offsets[d] + k % sizes[d]) * stride;
+    k /= sizes[d];
+    stride *= shape[d];
+  }
+  return at;
+}
+
+// Fills `out` (the full tensor of `shape`, row-major) from the pieces index.json lists for `name`,
+// checking each (whole numbers, a plain file name, inside the tensor, present in its file) and that
+// every element lies in exactly one piece.
+void assemble(const std::string& dir, const Index& idx, const std::string& name, const Shape& shape, const json& jp,
+              std::map<std::string, SafetensorsFile>& files, float* out) {
+  const std::string index_path = join(dir, kIndex);
+  const int64_t numel = shape_numel(shape);
+  std::vector<uint8_t> covered(static_cast<size_t>(numel), 0);
+  if (!jp.contains("pieces") || !jp["pieces"].is_array()) fail_at(index_path, "'" + name + "' has no pieces list; the checkpoint is corrupt");
+  std::vector<float> values;
+  for (const json& piece : jp["pieces"]) {
+    const std::string file = piece.value("file", ""), tensor = piece.value("tensor", "");
+    // Whole numbers only (a fraction would be truncated), compared without adding them: an offset
+    // near 2^63 plus a length would overflow past the bounds check.
+    for (const char* key : {"offset", "length"})
+      if (!piece.contains(key) || !piece[key].is_number_integer())
+        fail_at(index_path, "'" + name + "' has a piece whose " + key + " is not a whole number; the checkpoint is corrupt");
+    const int64_t offset = piece["offset"].get<int64_t>(), length = piece["length"].get<int64_t>();
+    // A plain name in the directory: no path separator, and no NUL (the open would cut the name there).
+    if (file.empty() || file.find_first_of(std::string("/\0", 2)) != std::string::npos)
+      fail_at(index_path, "'" + name + "' has a piece whose file is not a plain file name in the checkpoint's directory; "
+                       "the checkpoint is corrupt");
+    Shape box_at, box_size;
+    piece_box(index_path, name, piece, shape, idx.version, box_at, box_size);
+    const int64_t box_numel = shape_numel(box_size);
+    if (offset < 0 || length < 0 || offset > box_numel || length > box_numel - offset)
+      fail_at(index_path, "'" + name + "' lists a piece outside its " + std::to_string(box_numel) + " elements" +
+                              (piece.contains("box") ? " (its box)" : "") + "; the checkpoint is corrupt");
+    auto it = files.find(file);
+    if (it == files.end()) it = files.emplace(file, load_safetensors(join(dir, file))).first;
+    const SafetensorsEntry* e = it->second.find(tensor);
+    if (!e || e->dtype != DType::F32 || e->shape != Shape{length})
+      fail_at(join(dir, file), "has no float32 tensor '" + tensor + "' of " + std::to_string(length) +
+                                " elements, which index.json lists; the checkpoint is incomplete");
+    values.resize(static_cast<size_t>(length));
+    std::memcpy(values.data(), it->second.bytes(*e), static_cast<size_t>(length) * sizeof(float));
+    for (int64_t k = 0; k < length; k++) {
+      const int64_t at = box_element(shape, box_at, box_size, offset + k);
+      if (covered[static_cast<size_t>(at)]) fail_at(index_path, "'" + name + "' element " + std::to_string(at) + " is in two pieces; the checkpoint is corrupt");
+      covered[static_cast<size_t>(at)] = 1;
+      out[at] = values[static_cast<size_t>(k)];
+    }
+  }
+  for (int64_t i = 0; i < numel; i++)
+    if (!covered[static_cast<size_t>(i)])
+      fail_at(index_path, "'" + name + "' element " + std::to_string(i) + " is in no piece; a rank's file is missing from the checkpoint");
+}
 
 CheckpointInfo load_sharded(const std::string& dir, Model& model) {
   const std::string index_path = join(dir, kIndex);
@@ -240,7 +427,6 @@ CheckpointInfo load_sharded(const std::string& dir, Model& model) {
   const std::string spec = model.spec().str();
   // Staged in full before any parameter is written: a bad piece leaves the model untouched.
   std::vector<float> staged(static_cast<size_t>(model.num_params()));
-  std::vector<uint8_t> covered(staged.size(), 0);
   std::map<std::string, SafetensorsFile> files;
   // Every parameter the index lists is one the model has (an extra one means another model), ...
   for (auto it = idx.params.begin(); it != idx.params.end(); ++it)
@@ -251,54 +437,42 @@ CheckpointInfo load_sharded(const std::string& dir, Model& model) {
     if (!idx.params.contains(p.name))
       fail_at(index_path, "has no parameter '" + p.name + "', which " + spec + " needs; was it saved from a different model?");
     const json& jp = idx.params[p.name];
-    // ... with the model's shape, written as a list of whole numbers (a transposed or made-up shape
-    // would load the same elements into the wrong places or hide a corrupt index).
-    if (!jp.contains("shape") || !jp["shape"].is_array())
-      fail_at(index_path, "'" + p.name + "' has no shape list; the checkpoint is corrupt");
-    Shape shape;
-    for (const json& d : jp["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0)
-        fail_at(index_path, "'" + p.name + "' has a shape that is not a list of whole numbers; the checkpoint is corrupt");
-      shape.push_back(d.get<int64_t>());
-    }
+    // ... with the model's shape (a transposed or made-up shape would load the same elements into the
+    // wrong places or hide a corrupt index).
+    const Shape shape = index_shape(index_path, p.name, jp);
     if (shape != p.shape)
       fail_at(index_path, "'" + p.name + "' has shape " + jp["shape"].dump() + " but " + spec + " needs " + json(p.shape).dump() +
                            "; the checkpoint is corrupt");
-    if (!jp.contains("pieces") || !jp["pieces"].is_array()) fail_at(index_path, "'" + p.name + "' has no pieces list; the checkpoint is corrupt");
-    for (const json& piece : jp["pieces"]) {
-      const std::string file = piece.value("file", ""), tensor = piece.value("tensor", "");
-      // Whole numbers only (a fraction would be truncated), compared without adding them: an offset
-      // near 2^63 plus a length would overflow past the bounds check.
-      for (const char* key : {"offset", "length"})
-        if (!piece.contains(key) || !piece[key].is_number_integer())
-          fail_at(index_path, "'" + p.name + "' has a piece whose " + key + " is not a whole number; the checkpoint is corrupt");
-      const int64_t offset = piece["offset"].get<int64_t>(), length = piece["length"].get<int64_t>();
-      // A plain name in the directory: no path separator, and no NUL (the open would cut the name there).
-      if (file.empty() || file.find_first_of(std::string("/\0", 2)) != std::string::npos)
-        fail_at(index_path, "'" + p.name + "' has a piece whose file is not a plain file name in the checkpoint's directory; "
-                         "the checkpoint is corrupt");
-      if (offset < 0 || length < 0 || offset > p.numel ||
-          length > p.numel - offset)
-        fail_at(index_path, "'" + p.name + "' lists a piece outside its " + std::to_string(p.numel) + " elements; the checkpoint is corrupt");
-      auto it = files.find(file);
-      if (it == files.end()) it = files.emplace(file, load_safetensors(join(dir, file))).first;
-      const SafetensorsEntry* e = it->second.find(tensor);
-      if (!e || e->dtype != DType::F32 || e->shape != Shape{length})
-        fail_at(join(dir, file), "has no float32 tensor '" + tensor + "' of " + std::to_string(length) +
-                                  " elements, which index.json lists; the checkpoint is incomplete");
-      const size_t at = static_cast<size_t>(p.offset + offset);
-      for (size_t i = at; i < at + static_cast<size_t>(length); i++) {
-        if (covered[i]) fail_at(index_path, "'" + p.name + "' element " + std::to_string(i - static_cast<size_t>(p.offset)) + " is in two pieces; the checkpoint is corrupt");
-        covered[i] = 1;
-      }
-      std::memcpy(staged.data() + at, it->second.bytes(*e), static_cast<size_t>(length) * sizeof(float));
-    }
-    for (int64_t i = 0; i < p.numel; i++)
-      if (!covered[static_cast<size_t>(p.offset + i)])
-        fail_at(index_path, "'" + p.name + "' element " + std::to_string(i) + " is in no piece; a rank's file is missing from the checkpoint");
+    assemble(dir, idx, p.name, shape, jp, files, staged.data() + p.offset);
   }
   model.upload_params(staged.data());
   return info;
+}
+
+std::vector<FullTensor> read_tensors(const std::string& dir, CheckpointInfo* info) {
+  const std::string index_path = join(dir, kIndex);
+  Index idx = read_index(dir);
+  const CheckpointInfo read = checkpoint_info_from(index_path, idx.metadata);
+  if (info) *info = read;
+  std::map<std::string, SafetensorsFile> files;
+  std::vector<FullTensor> out;
+  int64_t total = 0;
+  for (auto it = idx.params.begin(); it != idx.params.end(); ++it) {
+    FullTensor t{it.key(), index_shape(index_path, it.key(), it.value()), {}};
+    // Without a model to bound them, the shapes may not ask for more than a model may hold: a small
+    // index naming a huge tensor is refused before the allocation.
+    int64_t numel = 1;
+    for (int64_t d : t.shape) {
+      if (d > 0 && numel > (kMaxModelParams - total) / d)
+        fail_at(index_path, "lists more values than any model holds; the checkpoint is corrupt");
+      numel *= d;
+    }
+    total += numel;
+    t.values.resize(static_cast<size_t>(numel));
+    assemble(dir, idx, t.name, t.shape, it.value(), files, t.values.data());
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 #include "engine/train/compose.h"
 
 #include "engine/core/check.h"
-#include "engine/io/sharded_checkpoint.h"
 #include "engine/train/train.h"
 
 namespace dtlab {
@@ -26,11 +25,6 @@ const Combination kCombinations[] = {
      "the tensor-parallel shards run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
     {Feature::TensorParallel, "--sharding hybrid", [](const TrainConfig& c) { return c.strategy == Strategy::Fsdp && c.fsdp.sharding == Sharding::Hybrid; },
      "HYBRID_SHARD's node groups and the tensor-parallel groups are not laid out as one mesh", "use --sharding full", true},
-    {Feature::TensorParallel, "--save-sharded", [](const TrainConfig& c) { return !c.save_sharded_path.empty(); },
-     "a sharded checkpoint holds FSDP's shards of full layers, not tensor-parallel pieces", "use --save for one full checkpoint", true},
-    {Feature::TensorParallel, "--init from a sharded checkpoint",
-     [](const TrainConfig& c) { return !c.init_path.empty() && is_checkpoint_dir(c.init_path); },
-     "the shards would have to be cut again into tensor-parallel pieces", "give a full .safetensors file", true},
     {Feature::MixedPrecision, "--device cuda or dtlab-cli launch", [](const TrainConfig& c) { return off_cpu_threads(c) || c.launched; },
      "the 16-bit kernels run on the CPU engine's threads", "use --device cpu --backend threads", true},
     {Feature::MixedPrecision, "--sharding no-shard, zero1 or hybrid",
@@ -39,8 +33,6 @@ const Combination kCombinations[] = {
      },
      "FSDP's mixed precision shards FULL_SHARD and SHARD_GRAD_OP only (the process groups reduce float32)",
      "use --sharding full or grad-op", true},
-    {Feature::Lora, "--save-sharded", [](const TrainConfig& c) { return !c.save_sharded_path.empty(); },
-     "the sharded checkpoint format holds full parameters, not adapters", "use --save for the adapters", true},
 };
 
 // What a refusal calls the feature in its sentence.

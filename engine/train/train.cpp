@@ -312,8 +312,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
       models_.back()->set_skipped_layer(-1);
     }
     if (!config_.init_path.empty())
-      start_step_ = (is_checkpoint_dir(config_.init_path) ? load_sharded_checkpoint(config_.init_path, *models_.back())
-                                                          : load_checkpoint(config_.init_path, *models_.back())).step;
+      start_step_ = load_model_checkpoint(config_.init_path, *models_.back()).step;
     if (config_.lora.rank > 0) {
       // The frozen base is the same pretrained model on every rank (torch's DDP broadcasts frozen
       // parameters too); the adapters start from seed + r like any replica's parameters.
@@ -577,13 +576,20 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
   save_at_end(rank, result, comm);
 }
 
-void Trainer::finish_fsdp(FullyShardedDataParallel& fsdp, const Model& model, Communicator& comm) {
-  // Each rank writes what it owns, before the shards are gathered back.
-  if (!config_.save_sharded_path.empty())
-    save_sharded_checkpoint(config_.save_sharded_path, model, fsdp.owned_slices(),
-                            {comm.rank(), comm.world_size(), [&] { comm.barrier()->wait(); }},
+void Trainer::finish_fsdp(FullyShardedDataParallel* fsdp, const Model& model, Communicator& world) {
+  // Each rank writes what it owns, before the shards are gathered back. With --tp every rank of the
+  // world writes (its TP piece's FSDP shard, or with one replica the whole TP piece).
+  if (!config_.save_sharded_path.empty()) {
+    std::vector<ParamSlice> owned;
+    if (fsdp) owned = fsdp->owned_slices();
+    else
+      for (int p = 0; p < static_cast<int>(model.parameters().size()); p++)
+        owned.push_back({p, 0, model.parameters()[static_cast<size_t>(p)].numel, model.parameters()[static_cast<size_t>(p)].data});
+    save_sharded_checkpoint(config_.save_sharded_path, model, owned,
+                            {world.rank(), world.world_size(), [&] { world.barrier()->wait(); }},
                             start_step_ + total_steps_, sharding_name(config_.fsdp.sharding));
-  fsdp.materialize();  // every rank gathers the full parameters back (evaluation, --save)
+  }
+  if (fsdp) fsdp->materialize();  // every rank gathers the full parameters back (evaluation, --save)
 }
 
 SamplerConfig rank_sampler_config(const TrainConfig& c, int64_t n, int world, int rank) {

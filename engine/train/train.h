@@ -261,8 +261,10 @@ class Trainer {
   friend class FsdpRank;
   friend class DataParallelRank;
   friend class PipelineTrainRank;
-  // FSDP's end of a run: --save-sharded from the shards, then every rank gathers the full parameters.
-  void finish_fsdp(FullyShardedDataParallel& fsdp, const Model& model, Communicator& comm);
+  // FSDP's end of a run: --save-sharded from the shards over `world` (every rank of the run: the DP
+  // group's without --tp), then every rank gathers the full parameters. `fsdp` is null for a --tp run
+  // of one replica (nothing to shard over): each rank then saves its whole TP piece.
+  void finish_fsdp(FullyShardedDataParallel* fsdp, const Model& model, Communicator& world);
   // Rank 0 writes --save from `model`; then every rank meets at a barrier.
   void save_at_end(int rank, const Model& model, Communicator* comm);
   TrainConfig config_;

@@ -51,7 +51,9 @@ void Trainer::build_tp_models(int first_rank, int end_rank, bool in_world) {
   // The unsplit model: its start values are replica 0's (and --init's), and at the end it receives
   // the shards gathered back for evaluation and --save.
   full_model_ = std::make_unique<Model>(spec, nullptr, config_.seed);
-  if (!config_.init_path.empty()) start_step_ = load_checkpoint(config_.init_path, *full_model_).step;
+  // --init: a full file, or a sharded checkpoint reassembled whole (of any world, FSDP or TP layout),
+  // which the loop below cuts into this run's TP pieces like any full values.
+  if (!config_.init_path.empty()) start_step_ = load_model_checkpoint(config_.init_path, *full_model_).step;
   const std::vector<float> start = full_model_->host_params();
   // LoRA: every replica's frozen base is that same model (as without --tp); the full model becomes the
   // one-rank LoRA model that receives the gathered adapters.

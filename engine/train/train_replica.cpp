@@ -326,7 +326,8 @@ class FsdpRank final : public ReplicaRank {
     else ReplicaRank::optimizer_step();
   }
   void finish_hook(TrainSummary&) override {
-    if (fsdp_) t_.finish_fsdp(*fsdp_, model_, *dp_comm_);
+    if (fsdp_) t_.finish_fsdp(fsdp_.get(), model_, mesh_ ? *env_.comm : *dp_comm_);
+    else if (mesh_) t_.finish_fsdp(nullptr, model_, *env_.comm);
   }
   FullyShardedDataParallel* sharded() override { return fsdp_.get(); }
 
