@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/comm/queued_comm.h"  // CollDesc, payload_bytes
+#include "engine/comm/reduce_kernels.h"  // the threads backend's 16-bit sums
 #include "engine/comm/ring_order.h"
 #include "engine/core/arith.h"
 #include "engine/core/check.h"
@@ -109,7 +110,9 @@ void GroupExecutor::loop() {
 
 namespace {
 
-constexpr int64_t kF32 = static_cast<int64_t>(sizeof(float));
+// `p` advanced by `elems` elements of `dt`.
+void* elems_at(void* p, int64_t elems, DType dt) { return static_cast<char*>(p) + elems * dtype_size(dt); }
+const void* elems_at(const void* p, int64_t elems, DType dt) { return static_cast<const char*>(p) + elems * dtype_size(dt); }
 
 // What a group records of the operation its executor runs (one at a time): the Collective span
 // covers the steps, each step's span is its transfer's on the modeled clock.
@@ -155,30 +158,29 @@ class GroupComm : public Communicator {
   uint64_t collectives_issued() const override { return seq_; }
 
   WorkPtr all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, Algorithm algo) override {
-    check(dt, algo, CollectiveOp::AllReduce);
-    float* b = static_cast<float*>(buf);
+    check(dt, algo, CollectiveOp::AllReduce, op);
     return run({CollectiveOp::AllReduce, Algorithm::Ring, op, dt, count}, [=, this] {
       // Padded chunks (ring_order.h): the reduce-scatter and all-gather below move equal blocks.
       const int n = world_size();
       const int64_t chunk = padded_chunk(count, n);
-      Tensor padded = scratch(chunk * n);  // zero-filled
-      dev_.copy(padded.f32(), b, count * kF32);
-      Tensor mine = scratch(chunk);
-      ring_reduce_scatter(mine.f32(), padded.f32(), chunk, op);
-      ring_all_gather(padded.f32(), mine.f32(), chunk);
-      dev_.copy(b, padded.f32(), count * kF32);
+      Tensor padded = scratch(chunk * n, dt);  // zero-filled
+      dev_.copy(padded.raw(), buf, count * dtype_size(dt));
+      Tensor mine = scratch(chunk, dt);
+      ring_reduce_scatter(mine.raw(), padded.raw(), chunk, dt, op);
+      ring_all_gather(padded.raw(), mine.raw(), chunk, dt);
+      dev_.copy(buf, padded.raw(), count * dtype_size(dt));
     });
   }
   WorkPtr reduce_scatter(void* out, const void* in, int64_t count, DType dt, ReduceOp op, Algorithm algo) override {
-    check(dt, algo, CollectiveOp::ReduceScatter);
+    check(dt, algo, CollectiveOp::ReduceScatter, op);
     return run({CollectiveOp::ReduceScatter, Algorithm::Ring, op, dt, count}, [=, this] {
-      ring_reduce_scatter(static_cast<float*>(out), static_cast<const float*>(in), count, op);
+      ring_reduce_scatter(out, in, count, dt, op);
     });
   }
   WorkPtr all_gather(void* out, const void* in, int64_t count, DType dt, Algorithm algo) override {
     check(dt, algo, CollectiveOp::AllGather);
     return run({CollectiveOp::AllGather, Algorithm::Ring, ReduceOp::Sum, dt, count}, [=, this] {
-      ring_all_gather(static_cast<float*>(out), static_cast<const float*>(in), count * words(dt));
+      ring_all_gather(out, in, count, dt);
     });
   }
   // Direct sends: step k moves the root's data to (or from) the k-th other rank.
@@ -188,31 +190,30 @@ class GroupComm : public Communicator {
     return run({CollectiveOp::Broadcast, Algorithm::Naive, ReduceOp::Sum, dt, count, root}, [=, this] {
       if (me_ == root) {
         for (int r = 0; r < world_size(); r++)
-          if (r != root) p2p_send(buf, count * words(dt), r, RingPhase::Broadcast, turn(r, root));
+          if (r != root) p2p_send(buf, count, dt, r, RingPhase::Broadcast, turn(r, root));
       } else {
-        p2p_recv(buf, count * words(dt), root, RingPhase::Broadcast, turn(me_, root));
+        p2p_recv(buf, count, dt, root, RingPhase::Broadcast, turn(me_, root));
       }
     });
   }
   WorkPtr reduce(void* buf, int64_t count, DType dt, ReduceOp op, int root, Algorithm algo) override {
-    check(dt, Algorithm::Default, CollectiveOp::Reduce);
+    check(dt, Algorithm::Default, CollectiveOp::Reduce, op);
     check_root(root);
-    float* b = static_cast<float*>(buf);
     return run({CollectiveOp::Reduce, Algorithm::Naive, op, dt, count, root}, [=, this] {
-      if (me_ != root) return p2p_send(b, count, root, RingPhase::Reduce, turn(me_, root));
-      Tensor tmp = scratch(count);
+      if (me_ != root) return p2p_send(buf, count, dt, root, RingPhase::Reduce, turn(me_, root));
+      Tensor tmp = scratch(count, dt);
       for (int r = 0; r < world_size(); r++) {
         if (r == root) continue;
-        p2p_recv(tmp.f32(), count, r, RingPhase::Reduce, turn(r, root));
-        dev_.accumulate(b, tmp.f32(), count, op == ReduceOp::Max);
+        p2p_recv(tmp.raw(), count, dt, r, RingPhase::Reduce, turn(r, root));
+        reduce_into(buf, tmp.raw(), count, dt, op);
       }
-      if (op == ReduceOp::Avg) dev_.scale(b, count, 1.0f / static_cast<float>(world_size()));
+      if (op == ReduceOp::Avg) dev_.scale(static_cast<float*>(buf), count, 1.0f / static_cast<float>(world_size()));
     });
   }
   WorkPtr barrier() override {
     return run({CollectiveOp::Barrier, Algorithm::Ring, ReduceOp::Sum, DType::F32, 0}, [this] {
-      Tensor all = scratch(world_size());
-      ring_all_gather(all.f32(), all.f32() + me_, 1);
+      Tensor all = scratch(world_size(), DType::F32);
+      ring_all_gather(all.raw(), all.f32() + me_, 1, DType::F32);
     });
   }
   WorkPtr send(const void* buf, int64_t count, DType dt, int peer, int tag) override {
@@ -226,14 +227,12 @@ class GroupComm : public Communicator {
   WorkPtr all_to_all(void* out, const void* in, int64_t count, DType dt) override {
     check(dt, Algorithm::Default, CollectiveOp::AllToAll);
     return run({CollectiveOp::AllToAll, Algorithm::Naive, ReduceOp::Sum, dt, count}, [=, this] {
-      const float* src = static_cast<const float*>(in);
-      float* dst = static_cast<float*>(out);
       const int n = world_size();
-      dev_.copy(dst + me_ * count, src + me_ * count, count * kF32);
+      dev_.copy(elems_at(out, me_ * count, dt), elems_at(in, me_ * count, dt), count * dtype_size(dt));
       // Round k: send to me + k, receive from me - k, paired (a ring shift of distance k).
       for (int k = 1; k < n; k++) {
         const int to = ring_mod(me_ + k, n), from = ring_mod(me_ - k, n);
-        p2p_exchange(src + to * count, to, dst + from * count, from, count, RingPhase::None, from);
+        p2p_exchange(elems_at(in, to * count, dt), to, elems_at(out, from * count, dt), from, count, dt, RingPhase::None, from);
       }
     });
   }
@@ -247,14 +246,20 @@ class GroupComm : public Communicator {
   bool send_recv_fused() const override { return parent_.send_recv_fused(); }
 
  private:
-  // Copies move any dtype as its 4-byte words (DDP all-gathers its int64 parameter check); the
-  // reductions add float32 only.
-  static int64_t words(DType dt) { return dtype_size(dt) / kF32; }
-  void check(DType dt, Algorithm algo, CollectiveOp op) const {
-    const bool copy = op == CollectiveOp::AllGather || op == CollectiveOp::Broadcast;
-    if (dt != DType::F32 && !(copy && dt == DType::I64))
-      throw Error(std::string("process-group ") + collective_name(op) + " supports float32 only" +
+  // float32 and the 16-bit dtypes (mixed-precision HYBRID_SHARD); copies also int64 (DDP all-gathers
+  // its int64 parameter check). A 16-bit sum is the threads backend's (reduce_kernels.h: each addition
+  // in float, rounded once), on host memory; avg is float32's only, as on the world communicators.
+  void check(DType dt, Algorithm algo, CollectiveOp op, ReduceOp reduce = ReduceOp::Sum) const {
+    const bool copy = op == CollectiveOp::AllGather || op == CollectiveOp::Broadcast || op == CollectiveOp::AllToAll;
+    const bool half = dt == DType::BF16 || dt == DType::F16;
+    if (dt != DType::F32 && !half && !(copy && dt == DType::I64))
+      throw Error(std::string("process-group ") + collective_name(op) + " supports float32, bfloat16 and float16" +
                   (copy ? " and int64" : ""));
+    if (half && !copy && reduce == ReduceOp::Avg)
+      throw Error(std::string("avg is defined for float32 only; reduce ") + dtype_word(dt) + " with sum or max");
+    if (half && !copy && !dev_.is_host())
+      throw Error(std::string("process-group ") + collective_name(op) + " of " + dtype_word(dt) +
+                  " adds on the CPU engine only; reduce float32 on a GPU");
     if (algo != Algorithm::Default && algo != Algorithm::Ring)
       throw Error(std::string("process-group ") + collective_name(op) + " runs the ring algorithm only, not " +
                   algorithm_name(algo));
@@ -384,58 +389,67 @@ class GroupComm : public Communicator {
   }
   int global(int group_rank) const { return ranks_[static_cast<size_t>(group_rank)]; }
   // Untracked scratch on the group's device, zero-filled (the algorithms' partial sums).
-  Tensor scratch(int64_t n) const { return Tensor({n}, MemCategory::CommBuffers, nullptr, DType::F32, dev_); }
+  Tensor scratch(int64_t n, DType dt) const { return Tensor({n}, MemCategory::CommBuffers, nullptr, dt, dev_); }
+  // acc = acc op x, `n` elements of `dt` (check() kept 16-bit sums to host memory).
+  void reduce_into(void* acc, const void* x, int64_t n, DType dt, ReduceOp op) {
+    if (dt == DType::F32)
+      return dev_.accumulate(static_cast<float*>(acc), static_cast<const float*>(x), n, op == ReduceOp::Max);
+    if (dt == DType::BF16) return dtlab::reduce_into(static_cast<Bf16Bits*>(acc), static_cast<const Bf16Bits*>(x), n, op);
+    dtlab::reduce_into(static_cast<Fp16Bits*>(acc), static_cast<const Fp16Bits*>(x), n, op);
+  }
 
   // Sends are eager on every backend (see communicator.h), so send-then-receive never deadlocks.
   // A sending step records what this rank received: nothing.
-  void p2p_send(const void* buf, int64_t count, int to, RingPhase phase, int step) {
+  void p2p_send(const void* buf, int64_t count, DType dt, int to, RingPhase phase, int step) {
     step_gate(step, pair(me_, to));
-    WorkPtr w = parent_.send(buf, count, DType::F32, global(to), tag_ | kGroupStepTag);
+    WorkPtr w = parent_.send(buf, count, dt, global(to), tag_ | kGroupStepTag);
     w->wait();
     record_step(w, phase, -1, global(me_), global(to), 0, step);
   }
-  void p2p_recv(void* buf, int64_t count, int from, RingPhase phase, int step) {
+  void p2p_recv(void* buf, int64_t count, DType dt, int from, RingPhase phase, int step) {
     step_gate(step, pair(from, me_));
-    WorkPtr w = parent_.recv(buf, count, DType::F32, global(from), tag_ | kGroupStepTag);
+    WorkPtr w = parent_.recv(buf, count, dt, global(from), tag_ | kGroupStepTag);
     w->wait();
-    record_step(w, phase, -1, global(from), global(me_), count * kF32, step);
+    record_step(w, phase, -1, global(from), global(me_), count * dtype_size(dt), step);
   }
   // One ring step: the send and the receive as one operation (NCCL runs them in one group; a
   // lone send there waits for the peer's receive, and every rank of a ring would wait on its own).
-  void p2p_exchange(const void* send_buf, int to, void* recv_buf, int from, int64_t count, RingPhase phase,
+  void p2p_exchange(const void* send_buf, int to, void* recv_buf, int from, int64_t count, DType dt, RingPhase phase,
                     int chunk) {
     const int step = op_.next_step++;
     step_gate(step, 0);
     WorkPtr w = parent_.send_recv(send_buf, count, global(to), tag_ | kGroupStepTag, recv_buf, count, global(from),
-                                  tag_ | kGroupStepTag, DType::F32);
+                                  tag_ | kGroupStepTag, dt);
     w->wait();
-    record_step(w, phase, chunk, global(from), global(me_), count * kF32, step);
+    record_step(w, phase, chunk, global(from), global(me_), count * dtype_size(dt), step);
   }
 
   // in: n blocks of `count`; out: block me_ reduced over the group, in ring_order.h's order (each
   // step adds the predecessor's partial of one block; after n-1 steps block me is complete).
-  void ring_reduce_scatter(float* out, const float* in, int64_t count, ReduceOp op) {
+  void ring_reduce_scatter(void* out, const void* in, int64_t count, DType dt, ReduceOp op) {
     const int n = world_size();
-    Tensor acc = scratch(count * n);
-    dev_.copy(acc.f32(), in, count * n * kF32);
-    Tensor tmp = scratch(count);
+    Tensor acc = scratch(count * n, dt);
+    dev_.copy(acc.raw(), in, count * n * dtype_size(dt));
+    Tensor tmp = scratch(count, dt);
     const int succ = ring_succ(me_, n), pred = ring_pred(me_, n);
     for (int s = 0; s < n - 1; s++) {
       const int send_block = ring_rs_send_chunk(me_, s, n), recv_block = ring_rs_recv_chunk(me_, s, n);
-      p2p_exchange(acc.f32() + send_block * count, succ, tmp.f32(), pred, count, RingPhase::ReduceScatter, recv_block);
-      dev_.accumulate(acc.f32() + recv_block * count, tmp.f32(), count, op == ReduceOp::Max);
+      p2p_exchange(elems_at(acc.raw(), send_block * count, dt), succ, tmp.raw(), pred, count, dt, RingPhase::ReduceScatter,
+                   recv_block);
+      reduce_into(elems_at(acc.raw(), recv_block * count, dt), tmp.raw(), count, dt, op);
     }
-    dev_.copy(out, acc.f32() + me_ * count, count * kF32);
-    if (op == ReduceOp::Avg) dev_.scale(out, count, 1.0f / static_cast<float>(n));
+    dev_.copy(out, elems_at(acc.raw(), me_ * count, dt), count * dtype_size(dt));
+    if (op == ReduceOp::Avg) dev_.scale(static_cast<float*>(out), count, 1.0f / static_cast<float>(n));
   }
   // in: `count`; out: n blocks, block r from group rank r (ring_order.h's order).
-  void ring_all_gather(float* out, const float* in, int64_t count) {
+  void ring_all_gather(void* out, const void* in, int64_t count, DType dt) {
     const int n = world_size();
-    dev_.copy(out + me_ * count, in, count * kF32);  // a no-op when `in` is already there
+    dev_.copy(elems_at(out, me_ * count, dt), in, count * dtype_size(dt));  // a no-op when `in` is already there
     const int succ = ring_succ(me_, n), pred = ring_pred(me_, n);
     for (int s = 0; s < n - 1; s++) {
       const int send_block = ring_ag_send_chunk(me_, s, n), recv_block = ring_ag_recv_chunk(me_, s, n);
-      p2p_exchange(out + send_block * count, succ, out + recv_block * count, pred, count, RingPhase::AllGather, recv_block);
+      p2p_exchange(elems_at(out, send_block * count, dt), succ, elems_at(out, recv_block * count, dt), pred, count, dt,
+                   RingPhase::AllGather, recv_block);
     }
   }
 
