@@ -33,12 +33,6 @@ const Combination kCombinations[] = {
      "the shards would have to be cut again into tensor-parallel pieces", "give a full .safetensors file", true},
     {Feature::MixedPrecision, "--device cuda or dtlab-cli launch", [](const TrainConfig& c) { return off_cpu_threads(c) || c.launched; },
      "the 16-bit kernels run on the CPU engine's threads", "use --device cpu --backend threads", true},
-    {Feature::MixedPrecision, "--sharding no-shard, zero1 or hybrid",
-     [](const TrainConfig& c) {
-       return c.strategy == Strategy::Fsdp && c.fsdp.sharding != Sharding::FullShard && c.fsdp.sharding != Sharding::ShardGradOp;
-     },
-     "FSDP's mixed precision shards FULL_SHARD and SHARD_GRAD_OP only (the process groups reduce float32)",
-     "use --sharding full or grad-op", true},
     {Feature::MixedPrecision, "--tp", [](const TrainConfig& c) { return c.tp > 1; },
      "the tensor-parallel shards are float32", "drop --tp or use --precision fp32", true},
     {Feature::Lora, "--sequence-parallel", [](const TrainConfig& c) { return c.sequence_parallel; },
