@@ -14,6 +14,7 @@
 #include "engine/core/half.h"
 #include "engine/core/model.h"
 #include "engine/trace/export.h"
+#include "engine/train/compose.h"
 #include "engine/train/grad_scaler.h"
 #include "engine/train/train.h"
 #include "tests/train_util.h"
@@ -280,6 +281,15 @@ TEST_CASE("GradScaler: torch's update rules (backoff 0.5 at once, growth 2 after
 TEST_CASE("mixed precision refuses what it does not run with, in one sentence") {
   TrainConfig c = mixed("dp", 2, Precision::BF16, 2);
   CHECK(test::error_of(c) == "--precision bf16 with --strategy dp: not built yet, DataParallel's replicas run in float32; use --strategy ddp");
+  // The 16-bit kernels are the CPU engine's: a GPU run is refused (dtlab-cli launch on the CPU runs).
+  c = mixed("ddp", 2, Precision::FP16, 2);
+  c.device = "cuda";
+  CHECK(feature_refusal(c, Feature::MixedPrecision) ==
+        "--precision fp16 with --device cuda: not built yet, the 16-bit kernels run on the CPU engine; use --device cpu "
+        "(threads, or dtlab-cli launch)");
+  c.device = "cpu";
+  c.launched = true;
+  CHECK(feature_refusal(c, Feature::MixedPrecision).empty());
   c = mixed("ddp", 2, Precision::BF16, 2);
   c.inject_overflow_steps = {1};
   CHECK(test::error_of(c) == "--inject-overflow makes fp16 gradients overflow (bf16 has float32's range); use --precision fp16");

@@ -514,6 +514,16 @@ TEST_CASE("launch: a 2-process FSDP run equals the in-process run") {
   check_launch_equals_threads("--strategy fsdp --model mlp:2,32,32,3 --data spiral --steps 20 --batch 16");
 }
 
+// Mixed precision under launch: the 16-bit buckets, all-gathers and reduce-scatters cross the sockets
+// and sum as the threads backend sums them, so the saved parameters are the in-process run's bits.
+TEST_CASE("launch: 2-process bf16 DDP, fp16 FSDP and bf16 HYBRID_SHARD runs equal the in-process runs") {
+  check_launch_equals_threads("--strategy ddp --precision bf16 --model mlp:2,32,32,3 --data spiral --steps 20 --batch 16");
+  check_launch_equals_threads("--strategy fsdp --precision fp16 --model mlp:2,32,32,3 --data spiral --steps 20 --batch 16");
+  // HYBRID_SHARD's replica group sums its 16-bit shards over the socket mesh's sends and receives.
+  check_launch_equals_threads("--strategy fsdp --sharding hybrid --node-size 1 --precision bf16 --model mlp:2,32,32,3 "
+                              "--data spiral --steps 20 --batch 16");
+}
+
 // Issue 34: the pipeline was refused under launch on the CPU; its sends and receives go over the
 // socket mesh like any other message. Rank 0's summary has a row per rank: the other process's
 // memory comes over in the last all-gather, so the rows equal the in-process run's.

@@ -19,8 +19,6 @@ struct Combination {
   bool pending;  // the engine does not run it yet
 };
 
-bool off_cpu_threads(const TrainConfig& c) { return c.backend != "threads" || c.device != "cpu"; }
-
 const Combination kCombinations[] = {
     {Feature::TensorParallel, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
      "the tensor-parallel shards run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
@@ -31,8 +29,8 @@ const Combination kCombinations[] = {
     {Feature::TensorParallel, "--init from a sharded checkpoint",
      [](const TrainConfig& c) { return !c.init_path.empty() && is_checkpoint_dir(c.init_path); },
      "the shards would have to be cut again into tensor-parallel pieces", "give a full .safetensors file", true},
-    {Feature::MixedPrecision, "--device cuda or dtlab-cli launch", [](const TrainConfig& c) { return off_cpu_threads(c) || c.launched; },
-     "the 16-bit kernels run on the CPU engine's threads", "use --device cpu --backend threads", true},
+    {Feature::MixedPrecision, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
+     "the 16-bit kernels run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
     {Feature::MixedPrecision, "--tp", [](const TrainConfig& c) { return c.tp > 1; },
      "the tensor-parallel shards are float32", "drop --tp or use --precision fp32", true},
     {Feature::Lora, "--sequence-parallel", [](const TrainConfig& c) { return c.sequence_parallel; },
