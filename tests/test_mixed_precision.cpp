@@ -341,25 +341,28 @@ TEST_CASE("bf16 FSDP equals bf16 DDP within torch's bf16 tolerance, FULL_SHARD a
   }
 }
 
-// Gradient accumulation in bf16: FSDP reduce-scatters each micro-batch's 16-bit gradient and adds
-// the reduced shards in float32 (the shard's dtype, as torch's FSDP does); DDP adds the 16-bit
+// Gradient accumulation in bf16: FSDP reduces each micro-batch's 16-bit gradient (reduce-scatter, or
+// NO_SHARD's and ZeRO-1's all-reduce) and adds the reduced shards in float32 (the shard's dtype, as
+// torch's FSDP does); DDP adds the 16-bit
 // .grad of each micro-batch and all-reduces the sum once. Both stay within torch's bf16 tolerance.
 // SGD with momentum at lr 0.01: AdamW's normalised step would turn a near-zero gradient's rounding
 // difference into a whole lr step (0.008 here), and at lr 0.1 DDP's 16-bit sum of the micro-batches
 // (one more bf16 rounding of the gradient) moves small weights by a bf16 ulp beyond the tolerance;
 // a lost micro-batch moves them by 6e-4 beyond it (tried).
-TEST_CASE("bf16 FSDP with --accum equals bf16 DDP with it within torch's bf16 tolerance" * doctest::test_suite("fsdp")) {
+TEST_CASE("bf16 FSDP with --accum equals bf16 DDP with it within torch's bf16 tolerance, every sharding" * doctest::test_suite("fsdp")) {
   for (const int world : {2, 4}) {
     TrainConfig d = mixed("ddp", world, Precision::BF16, 3, 16);
     d.accum = 2;
     use_sgd_momentum(d);
     const std::vector<float> want = params_after(d);
-    for (const Sharding sh : {Sharding::FullShard, Sharding::ShardGradOp}) {
+    for (const Sharding sh : {Sharding::FullShard, Sharding::ShardGradOp, Sharding::NoShard, Sharding::Zero1, Sharding::Hybrid}) {
       CAPTURE(world);
-      CAPTURE(sharding_name(sh));
+      const std::string sharding = sharding_name(sh);
+      CAPTURE(sharding);
       TrainConfig c = d;
       c.strategy = Strategy::Fsdp;
       c.fsdp.sharding = sh;
+      if (sh == Sharding::Hybrid) c.fsdp.node_size = world / 2;
       Trainer t(c);
       t.run();
       for (int r = 0; r < world; r++) CHECK(excess_over_tolerance(t.rank_model(r).host_params(), want, Precision::BF16) <= 0);
