@@ -15,6 +15,7 @@
 
 #include "engine/comm/group.h"
 #include "engine/comm/threads_backend.h"
+#include "engine/core/half.h"
 #include "engine/core/mesh.h"
 #include "engine/trace/export.h"
 #include "engine/trace/trace_import.h"
@@ -136,6 +137,53 @@ void check_mesh(const MeshShape& m) {
 TEST_CASE("group collectives on a 2 x 2 x 2 mesh carry their mesh group in events") { check_mesh({2, 2, 2}); }
 TEST_CASE("group collectives on a 4 x 1 x 2 mesh carry their mesh group in events") { check_mesh({4, 1, 2}); }
 TEST_CASE("group collectives on a 1 x 2 x 4 mesh carry their mesh group in events") { check_mesh({1, 2, 4}); }
+
+// Mixed-precision HYBRID_SHARD reduces 16-bit gradients in its node and replica groups: a sum of two
+// members is the float sum of their values rounded once (the threads backend's reduce_kernels.h), the
+// copies move 2 bytes an element, and avg stays float32's, as on the world communicators.
+TEST_CASE("bf16 and fp16 group collectives sum as the threads backend does, 2 bytes an element") {
+  for (const DType dt : {DType::BF16, DType::F16}) {
+    const HalfFormat f = dt == DType::BF16 ? HalfFormat::BF16 : HalfFormat::FP16;
+    CAPTURE(static_cast<int>(dt));
+    // Values whose sums round: 1 + 3 * 2^-10 is no 16-bit number in either format.
+    auto value = [&](int rank, int64_t i) { return half_from_float(1.0f + static_cast<float>(rank * 3 + i) / 1024.0f, f); };
+    auto sum = [&](int a, int b, int64_t i) {
+      return half_from_float(half_to_float(value(a, i), f) + half_to_float(value(b, i), f), f);
+    };
+    ThreadsWorld w(4);
+    w.run([&](int rank, Communicator& comm, RankContext&) {
+      auto ex = std::make_shared<GroupExecutor>();
+      const int peer = rank ^ 1;  // groups {0, 1} and {2, 3}
+      auto g = new_group(comm, {rank & ~1, rank | 1}, 64 + 2 * (rank / 2), ex);
+      std::vector<uint16_t> buf(kCount), want(kCount);
+      for (int64_t i = 0; i < kCount; i++) buf[static_cast<size_t>(i)] = value(rank, i), want[static_cast<size_t>(i)] = sum(rank, peer, i);
+      g->all_reduce(buf.data(), kCount, dt, ReduceOp::Sum)->wait();
+      CHECK(buf == want);
+      std::vector<uint16_t> in(2 * kCount), out(kCount);
+      for (int64_t i = 0; i < 2 * kCount; i++) in[static_cast<size_t>(i)] = value(rank, i);
+      g->reduce_scatter(out.data(), in.data(), kCount, dt, ReduceOp::Sum)->wait();
+      for (int64_t i = 0; i < kCount; i++) CHECK(out[static_cast<size_t>(i)] == sum(rank, peer, g->rank() * kCount + i));
+      std::vector<uint16_t> all(2 * kCount);
+      g->all_gather(all.data(), in.data(), kCount, dt)->wait();
+      for (int m = 0; m < 2; m++)
+        for (int64_t i = 0; i < kCount; i++) CHECK(all[static_cast<size_t>(m * kCount + i)] == value((rank & ~1) + m, i));
+      CHECK_THROWS_WITH(g->all_reduce(buf.data(), kCount, dt, ReduceOp::Avg),
+                        (std::string("avg is defined for float32 only; reduce ") + (dt == DType::BF16 ? "bfloat16" : "float16") +
+                         " with sum or max").c_str());
+    });
+    int group_ops = 0;
+    for (const Event& e : w.recorder().events(0)) {
+      if (e.kind == EventKind::Collective && e.coll.group != 0) {
+        group_ops++;
+        CHECK(e.coll.dtype == dt);
+        CHECK(e.coll.bytes == 2 * collective_traits(e.coll.op).payload_count(kCount, 2));
+      }
+      // The all-reduce's padded chunks of 3, the reduce-scatter's and all-gather's blocks of 5.
+      if (e.kind == EventKind::RingStep && e.step.bytes > 0) CHECK((e.step.bytes == 2 * 3 || e.step.bytes == 2 * kCount));
+    }
+    CHECK(group_ops == 3);
+  }
+}
 
 TEST_CASE("a group without a name is group<tag>, the world's collectives keep group 0") {
   ThreadsWorld w(2);

@@ -14,6 +14,7 @@
 #include "engine/core/half.h"
 #include "engine/core/model.h"
 #include "engine/trace/export.h"
+#include "engine/train/compose.h"
 #include "engine/train/grad_scaler.h"
 #include "engine/train/train.h"
 #include "tests/train_util.h"
@@ -52,6 +53,21 @@ double excess_over_tolerance(const std::vector<float>& a, const std::vector<floa
   for (size_t i = 0; i < a.size(); i++)
     worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]) - (atol + rtol * std::fabs(static_cast<double>(b[i]))));
   return worst;
+}
+
+// SGD with momentum at lr 0.01: its update is linear in the gradient, so a rounding difference in a
+// gradient stays rounding-sized (AdamW's normalised step can turn it into a whole lr step).
+void use_sgd_momentum(TrainConfig& c) {
+  c.optimizer = default_optimizer_config(OptimizerKind::SGD);
+  c.optimizer.lr = 0.01;
+  c.optimizer.momentum = 0.9;
+}
+
+// Rank 0's parameters after running `c` (the reference runs).
+std::vector<float> params_after(const TrainConfig& c) {
+  Trainer t(c);
+  t.run();
+  return t.rank_model(0).host_params();
 }
 
 // Bytes and dtype of one rank's collectives of kind `op` in iteration `it` (each counted once, by its
@@ -265,14 +281,15 @@ TEST_CASE("GradScaler: torch's update rules (backoff 0.5 at once, growth 2 after
 TEST_CASE("mixed precision refuses what it does not run with, in one sentence") {
   TrainConfig c = mixed("dp", 2, Precision::BF16, 2);
   CHECK(test::error_of(c) == "--precision bf16 with --strategy dp: not built yet, DataParallel's replicas run in float32; use --strategy ddp");
-  for (const Sharding sh : {Sharding::NoShard, Sharding::Zero1, Sharding::Hybrid}) {
-    c = mixed("fsdp", 2, Precision::FP16, 2);
-    c.fsdp.sharding = sh;
-    if (sh == Sharding::Hybrid) c.fsdp.node_size = 1;  // HYBRID_SHARD's process groups reduce float32 only
-    CHECK(test::error_of(c) == "--precision fp16 with --sharding no-shard, zero1 or hybrid: not built yet, FSDP's mixed "
-                               "precision shards FULL_SHARD and SHARD_GRAD_OP only (the process groups reduce float32); use "
-                               "--sharding full or grad-op");
-  }
+  // The 16-bit kernels are the CPU engine's: a GPU run is refused (dtlab-cli launch on the CPU runs).
+  c = mixed("ddp", 2, Precision::FP16, 2);
+  c.device = "cuda";
+  CHECK(feature_refusal(c, Feature::MixedPrecision) ==
+        "--precision fp16 with --device cuda: not built yet, the 16-bit kernels run on the CPU engine; use --device cpu "
+        "(threads, or dtlab-cli launch)");
+  c.device = "cpu";
+  c.launched = true;
+  CHECK(feature_refusal(c, Feature::MixedPrecision).empty());
   c = mixed("ddp", 2, Precision::BF16, 2);
   c.inject_overflow_steps = {1};
   CHECK(test::error_of(c) == "--inject-overflow makes fp16 gradients overflow (bf16 has float32's range); use --precision fp16");
@@ -324,29 +341,28 @@ TEST_CASE("bf16 FSDP equals bf16 DDP within torch's bf16 tolerance, FULL_SHARD a
   }
 }
 
-// Gradient accumulation in bf16: FSDP reduce-scatters each micro-batch's 16-bit gradient and adds
-// the reduced shards in float32 (the shard's dtype, as torch's FSDP does); DDP adds the 16-bit
+// Gradient accumulation in bf16: FSDP reduces each micro-batch's 16-bit gradient (reduce-scatter, or
+// NO_SHARD's and ZeRO-1's all-reduce) and adds the reduced shards in float32 (the shard's dtype, as
+// torch's FSDP does); DDP adds the 16-bit
 // .grad of each micro-batch and all-reduces the sum once. Both stay within torch's bf16 tolerance.
 // SGD with momentum at lr 0.01: AdamW's normalised step would turn a near-zero gradient's rounding
 // difference into a whole lr step (0.008 here), and at lr 0.1 DDP's 16-bit sum of the micro-batches
 // (one more bf16 rounding of the gradient) moves small weights by a bf16 ulp beyond the tolerance;
 // a lost micro-batch moves them by 6e-4 beyond it (tried).
-TEST_CASE("bf16 FSDP with --accum equals bf16 DDP with it within torch's bf16 tolerance" * doctest::test_suite("fsdp")) {
+TEST_CASE("bf16 FSDP with --accum equals bf16 DDP with it within torch's bf16 tolerance, every sharding" * doctest::test_suite("fsdp")) {
   for (const int world : {2, 4}) {
     TrainConfig d = mixed("ddp", world, Precision::BF16, 3, 16);
     d.accum = 2;
-    d.optimizer = default_optimizer_config(OptimizerKind::SGD);
-    d.optimizer.lr = 0.01;
-    d.optimizer.momentum = 0.9;
-    Trainer ddp(d);
-    ddp.run();
-    const std::vector<float> want = ddp.rank_model(0).host_params();
-    for (const Sharding sh : {Sharding::FullShard, Sharding::ShardGradOp}) {
+    use_sgd_momentum(d);
+    const std::vector<float> want = params_after(d);
+    for (const Sharding sh : {Sharding::FullShard, Sharding::ShardGradOp, Sharding::NoShard, Sharding::Zero1, Sharding::Hybrid}) {
       CAPTURE(world);
-      CAPTURE(sharding_name(sh));
+      const std::string sharding = sharding_name(sh);
+      CAPTURE(sharding);
       TrainConfig c = d;
       c.strategy = Strategy::Fsdp;
       c.fsdp.sharding = sh;
+      if (sh == Sharding::Hybrid) c.fsdp.node_size = world / 2;
       Trainer t(c);
       t.run();
       for (int r = 0; r < world; r++) CHECK(excess_over_tolerance(t.rank_model(r).host_params(), want, Precision::BF16) <= 0);
@@ -427,4 +443,119 @@ TEST_CASE("fp16 FSDP: a skipped step leaves the weights and the optimizer as the
   tb.run();
   CHECK(ta.rank_model(0).host_params() == tb.rank_model(0).host_params());
   CHECK(ta.rank_model(1).host_params() == tb.rank_model(1).host_params());
+}
+
+// The other shardings under torch's MixedPrecision(param_dtype): NO_SHARD all-reduces each unit's 16-bit
+// gradient and steps the whole fp32 master, ZeRO-1 the same with the master, gradient and optimizer
+// state of its slice only, HYBRID_SHARD reduce-scatters in the node group and all-reduces across the
+// replicas. On 2 ranks each sum is one rounded addition, with DDP's 1/2 before it: bit for bit DDP's
+// run; on 4 ranks the sums add in another order (units, not buckets; two groups), so within torch's
+// tolerance for the dtype. HYBRID_SHARD on 4 ranks adds (a + b) + (c + d), each rounded to bf16, where
+// DDP's ring adds one rank at a time: under AdamW a near-zero gradient whose rounding flips its sign
+// moves a weight by a whole lr step (0.0039 beyond bf16's tolerance, tried), so it compares with SGD
+// and momentum, whose update is linear in the gradient (as the --accum test above).
+TEST_CASE("bf16 and fp16 FSDP NO_SHARD, ZeRO-1 and HYBRID_SHARD equal DDP within torch's tolerance" * doctest::test_suite("fsdp")) {
+  for (const Precision p : {Precision::BF16, Precision::FP16})
+    for (const int world : {2, 4})
+      for (const Sharding sh : {Sharding::NoShard, Sharding::Zero1, Sharding::Hybrid}) {
+        const std::string run = std::string(precision_name(p)) + " " + sharding_name(sh) + " on " + std::to_string(world);
+        CAPTURE(run);
+        TrainConfig d = mixed("ddp", world, p, 3);
+        if (sh == Sharding::Hybrid && world == 4) use_sgd_momentum(d);
+        const std::vector<float> want = params_after(d);
+        TrainConfig c = d;
+        c.strategy = Strategy::Fsdp;
+        c.fsdp.sharding = sh;
+        if (sh == Sharding::Hybrid) c.fsdp.node_size = world / 2;
+        Trainer t(c);
+        const TrainSummary s = t.run();
+        for (int r = 0; r < world; r++) {
+          CAPTURE(r);
+          CHECK(t.rank_model(r).precision() == p);
+          CHECK(excess_over_tolerance(t.rank_model(r).host_params(), want, p) <= 0);
+          if (world == 2) CHECK(t.rank_model(r).host_params() == want);
+        }
+        if (world != 4 || sh == Sharding::Hybrid) continue;
+        // The model's 16-bit parameters and gradients stay whole; the fp32 master, its gradient and
+        // AdamW's moments are all of it (NO_SHARD) or the rank's ZeRO-1 slice of ceil(4547 / 4).
+        const int64_t P = c.model.num_params(), owned = sh == Sharding::NoShard ? P : 1137;
+        const MemoryStats& m = s.rank_memory[1];
+        CHECK(m.current_of(MemCategory::Parameters) == 2 * P);
+        CHECK(m.current_of(MemCategory::MasterWeights) == 4 * owned);
+        CHECK(m.current_of(MemCategory::Gradients) == 2 * P + 4 * owned);
+        CHECK(m.current_of(MemCategory::OptimizerState) == 8 * owned);
+      }
+}
+
+// What moves, per dtype, in iteration 1 (of 3: the last one also holds materialize()'s gathers).
+// Each collective counted once, by its group and sequence number.
+int64_t bytes_of(Trainer& t, int rank, CollectiveOp op, DType dt) {
+  int64_t moved = 0;
+  std::vector<std::pair<int32_t, uint64_t>> seen;
+  for (const Event& e : t.recorder().events(rank)) {
+    if (e.kind != EventKind::Collective || e.iteration != 1 || e.coll.op != op || e.coll.dtype != dt) continue;
+    const std::pair<int32_t, uint64_t> id{e.coll.group, e.coll.seq};
+    if (std::find(seen.begin(), seen.end(), id) != seen.end()) continue;
+    seen.push_back(id);
+    moved += e.coll.bytes;
+  }
+  return moved;
+}
+
+// torch moves the param dtype in its all-gathers and the reduce dtype in its gradient reductions: 2
+// bytes per element for bf16 (4 with --reduce-dtype fp32, whose reductions then move no 16-bit byte).
+TEST_CASE("bf16 FSDP NO_SHARD, ZeRO-1 and HYBRID_SHARD move 2 bytes per element where torch does" * doctest::test_suite("fsdp")) {
+  // 4 ranks, P = 192 + 4160 + 195 parameters in three units; ZeRO-1's flat split pads P to 4 x 1137;
+  // HYBRID_SHARD's node groups of 2 pad the units to 192 + 4160 + 196 and hold halves of them.
+  const int64_t P = 4547;
+  for (const bool fp32_reduce : {false, true})
+    for (const Sharding sh : {Sharding::NoShard, Sharding::Zero1, Sharding::Hybrid}) {
+      CAPTURE(fp32_reduce);
+      const std::string sharding = sharding_name(sh);
+      CAPTURE(sharding);
+      TrainConfig c = mixed("fsdp", 4, Precision::BF16, 3);
+      c.fsdp.sharding = sh;
+      c.reduce_fp32 = fp32_reduce;
+      if (sh == Sharding::Hybrid) c.fsdp.node_size = 2;
+      Trainer t(c);
+      t.run();
+      const int64_t red = fp32_reduce ? 4 : 2;  // bytes per reduced element
+      const DType rdt = fp32_reduce ? DType::F32 : DType::BF16, other = fp32_reduce ? DType::BF16 : DType::F32;
+      for (int r = 0; r < 4; r++) {
+        CAPTURE(r);
+        if (sh == Sharding::Hybrid) {
+          const int64_t padded = 192 + 4160 + 196;
+          CHECK(bytes_of(t, r, CollectiveOp::AllGather, DType::BF16) == 2 * padded * 2);  // before forward and backward
+          CHECK(bytes_of(t, r, CollectiveOp::ReduceScatter, rdt) == padded * red);
+          CHECK(bytes_of(t, r, CollectiveOp::ReduceScatter, other) == 0);
+          CHECK(bytes_of(t, r, CollectiveOp::AllReduce, rdt) == padded / 2 * red + (fp32_reduce ? 16 : 0));  // + the step's 4 figures
+          continue;
+        }
+        CHECK(bytes_of(t, r, CollectiveOp::AllReduce, rdt) == P * red + (fp32_reduce ? 16 : 0));
+        CHECK(bytes_of(t, r, CollectiveOp::AllReduce, DType::BF16) == (fp32_reduce ? 0 : P * 2));
+        CHECK(bytes_of(t, r, CollectiveOp::AllGather, DType::BF16) == (sh == Sharding::Zero1 ? 4 * 1137 * 2 : 0));
+        CHECK(bytes_of(t, r, CollectiveOp::AllGather, DType::F32) == 0);
+      }
+    }
+}
+
+// ShardedGradScaler in each of them: the rank checks the fp32 gradient it steps (NO_SHARD all of it,
+// ZeRO-1 its slice, HYBRID_SHARD its node shard) and the found-inf all-reduce makes every rank skip.
+TEST_CASE("fp16 FSDP NO_SHARD, ZeRO-1 and HYBRID_SHARD: an overflow on one rank skips that step on every rank" * doctest::test_suite("fsdp")) {
+  for (const Sharding sh : {Sharding::NoShard, Sharding::Zero1, Sharding::Hybrid}) {
+    const std::string sharding = sharding_name(sh);
+    CAPTURE(sharding);
+    TrainConfig c = mixed("fsdp", 4, Precision::FP16, 4);
+    c.fsdp.sharding = sh;
+    if (sh == Sharding::Hybrid) c.fsdp.node_size = 2;
+    c.inject_overflow_steps = {2};
+    c.inject_overflow_rank = 3;
+    Trainer t(c);
+    const TrainSummary s = t.run();
+    REQUIRE(s.rank_skipped_steps.size() == 4);
+    for (const auto& r : s.rank_skipped_steps) CHECK(r == std::vector<int64_t>{2});
+    CHECK(s.loss_scale == 32768.0f);
+    // The skipped step left every replica where the others are.
+    for (int r = 1; r < 4; r++) CHECK(t.rank_model(r).host_params() == t.rank_model(0).host_params());
+  }
 }

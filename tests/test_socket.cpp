@@ -33,6 +33,7 @@
 #endif
 #include "engine/comm/socket_mesh.h"
 #include "engine/comm/threads_backend.h"
+#include "engine/core/half.h"
 #include "engine/io/safetensors.h"
 #include "tests/test_util.h"
 #include "test_util.h"
@@ -156,6 +157,41 @@ void every_collective(int r, int n, Communicator& c, std::vector<uint8_t>& out) 
   keep(out, r9);
 }
 
+// The 16-bit collectives (mixed precision's buckets, all-gathers and reduce-scatters): every sum is
+// the float sum rounded once per step, so the order of the additions shows in the bits.
+void every_collective16(int r, int n, Communicator& c, std::vector<uint8_t>& out) {
+  for (const DType dt : {DType::BF16, DType::F16}) {
+    const HalfFormat f = dt == DType::BF16 ? HalfFormat::BF16 : HalfFormat::FP16;
+    auto half_inputs = [&](int seed, int64_t len) {
+      const std::vector<float> x = socket_inputs(seed, len);
+      std::vector<uint16_t> h(x.size());
+      for (size_t i = 0; i < x.size(); i++) h[i] = half_from_float(x[i], f);
+      return h;
+    };
+    for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{1001}}) {
+      for (Algorithm algo : {Algorithm::Ring, Algorithm::Tree, Algorithm::Naive})
+        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {
+          std::vector<uint16_t> buf = half_inputs(r, count);
+          c.all_reduce(buf.data(), count, dt, op, algo)->wait();
+          keep(out, buf);
+        }
+      std::vector<uint16_t> in = half_inputs(r, count * n), rs(static_cast<size_t>(count));
+      c.reduce_scatter(rs.data(), in.data(), count, dt, ReduceOp::Sum)->wait();
+      keep(out, rs);
+      std::vector<uint16_t> mine = half_inputs(r, count), all(static_cast<size_t>(count * n));
+      c.all_gather(all.data(), mine.data(), count, dt)->wait();
+      keep(out, all);
+      for (Algorithm algo : {Algorithm::Tree, Algorithm::Naive}) {
+        std::vector<uint16_t> b = half_inputs(r, count), red = half_inputs(r, count);
+        c.broadcast(b.data(), count, dt, n - 1, algo)->wait();
+        c.reduce(red.data(), count, dt, ReduceOp::Sum, 0, algo)->wait();
+        keep(out, b);
+        keep(out, red);
+      }
+    }
+  }
+}
+
 void check_equal(const Outputs& a, const Outputs& b) {
   REQUIRE(a.size() == b.size());
   for (size_t r = 0; r < a.size(); r++) {
@@ -250,6 +286,13 @@ TEST_CASE("every collective on 2, 3 and 4 processes' worth of ranks equals the t
   for (int n : {2, 3, 4}) {
     INFO("world ", n);
     check_equal(outputs_socket(n, every_collective), outputs_threads(n, every_collective));
+  }
+}
+
+TEST_CASE("bf16 and fp16 collectives on 2, 3 and 4 processes' worth of ranks equal the threads backend bit for bit") {
+  for (int n : {1, 2, 3, 4}) {
+    INFO("world ", n);
+    check_equal(outputs_socket(n, every_collective16), outputs_threads(n, every_collective16));
   }
 }
 
@@ -469,6 +512,16 @@ TEST_CASE("launch: a 2-process DDP run with --tp 2 equals the in-process run (th
 
 TEST_CASE("launch: a 2-process FSDP run equals the in-process run") {
   check_launch_equals_threads("--strategy fsdp --model mlp:2,32,32,3 --data spiral --steps 20 --batch 16");
+}
+
+// Mixed precision under launch: the 16-bit buckets, all-gathers and reduce-scatters cross the sockets
+// and sum as the threads backend sums them, so the saved parameters are the in-process run's bits.
+TEST_CASE("launch: 2-process bf16 DDP, fp16 FSDP and bf16 HYBRID_SHARD runs equal the in-process runs") {
+  check_launch_equals_threads("--strategy ddp --precision bf16 --model mlp:2,32,32,3 --data spiral --steps 20 --batch 16");
+  check_launch_equals_threads("--strategy fsdp --precision fp16 --model mlp:2,32,32,3 --data spiral --steps 20 --batch 16");
+  // HYBRID_SHARD's replica group sums its 16-bit shards over the socket mesh's sends and receives.
+  check_launch_equals_threads("--strategy fsdp --sharding hybrid --node-size 1 --precision bf16 --model mlp:2,32,32,3 "
+                              "--data spiral --steps 20 --batch 16");
 }
 
 // Issue 34: the pipeline was refused under launch on the CPU; its sends and receives go over the

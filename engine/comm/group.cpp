@@ -7,7 +7,7 @@
 #include <string>
 
 #include "engine/comm/queued_comm.h"  // CollDesc, payload_bytes
-#include "engine/comm/reduce_kernels.h"
+#include "engine/comm/reduce_kernels.h"  // the threads backend's 16-bit sums
 #include "engine/comm/ring_order.h"
 #include "engine/core/arith.h"
 #include "engine/core/check.h"
@@ -110,7 +110,9 @@ void GroupExecutor::loop() {
 
 namespace {
 
-constexpr int64_t kF32 = static_cast<int64_t>(sizeof(float));
+// `p` advanced by `elems` elements of `dt`.
+void* elems_at(void* p, int64_t elems, DType dt) { return static_cast<char*>(p) + elems * dtype_size(dt); }
+const void* elems_at(const void* p, int64_t elems, DType dt) { return static_cast<const char*>(p) + elems * dtype_size(dt); }
 
 // What a group records of the operation its executor runs (one at a time): the Collective span
 // covers the steps, each step's span is its transfer's on the modeled clock.
@@ -203,7 +205,7 @@ class GroupComm : public Communicator {
       for (int r = 0; r < world_size(); r++) {
         if (r == root) continue;
         p2p_recv(tmp.raw(), count, dt, r, RingPhase::Reduce, turn(r, root));
-        accumulate(buf, tmp.raw(), count, dt, op);
+        reduce_into(buf, tmp.raw(), count, dt, op);
       }
       if (op == ReduceOp::Avg) dev_.scale(static_cast<float*>(buf), count, 1.0f / static_cast<float>(world_size()));
     });
@@ -211,7 +213,7 @@ class GroupComm : public Communicator {
   WorkPtr barrier() override {
     return run({CollectiveOp::Barrier, Algorithm::Ring, ReduceOp::Sum, DType::F32, 0}, [this] {
       Tensor all = scratch(world_size(), DType::F32);
-      ring_all_gather(all.f32(), all.f32() + me_, 1, DType::F32);
+      ring_all_gather(all.raw(), all.f32() + me_, 1, DType::F32);
     });
   }
   WorkPtr send(const void* buf, int64_t count, DType dt, int peer, int tag) override {
@@ -224,16 +226,13 @@ class GroupComm : public Communicator {
   }
   WorkPtr all_to_all(void* out, const void* in, int64_t count, DType dt) override {
     check(dt, Algorithm::Default, CollectiveOp::AllToAll);
-    if (dt != DType::F32) throw Error("process-group all_to_all supports float32 only");
     return run({CollectiveOp::AllToAll, Algorithm::Naive, ReduceOp::Sum, dt, count}, [=, this] {
-      const float* src = static_cast<const float*>(in);
-      float* dst = static_cast<float*>(out);
       const int n = world_size();
-      dev_.copy(dst + me_ * count, src + me_ * count, count * kF32);
+      dev_.copy(elems_at(out, me_ * count, dt), elems_at(in, me_ * count, dt), count * dtype_size(dt));
       // Round k: send to me + k, receive from me - k, paired (a ring shift of distance k).
       for (int k = 1; k < n; k++) {
         const int to = ring_mod(me_ + k, n), from = ring_mod(me_ - k, n);
-        p2p_exchange(src + to * count, to, dst + from * count, from, count, DType::F32, RingPhase::None, from);
+        p2p_exchange(elems_at(in, to * count, dt), to, elems_at(out, from * count, dt), from, count, dt, RingPhase::None, from);
       }
     });
   }
@@ -247,17 +246,20 @@ class GroupComm : public Communicator {
   bool send_recv_fused() const override { return parent_.send_recv_fused(); }
 
  private:
-  // Copies move any dtype (DDP all-gathers its int64 parameter check); the reductions add float32,
-  // and bf16/fp16 on the CPU engine (mixed precision's gradients and TP activations; on a device the
-  // 16-bit kernels are not built).
+  // float32 and the 16-bit dtypes (mixed-precision HYBRID_SHARD); copies also int64 (DDP all-gathers
+  // its int64 parameter check). A 16-bit sum is the threads backend's (reduce_kernels.h: each addition
+  // in float, rounded once), on host memory; avg is float32's only, as on the world communicators.
   void check(DType dt, Algorithm algo, CollectiveOp op, ReduceOp reduce = ReduceOp::Sum) const {
-    if (reduce == ReduceOp::Avg && dt != DType::F32)
-      throw Error(std::string("avg is defined for float32 only; reduce ") + dtype_name(dt) + " with sum or max");
-    const bool copy = op == CollectiveOp::AllGather || op == CollectiveOp::Broadcast;
+    const bool copy = op == CollectiveOp::AllGather || op == CollectiveOp::Broadcast || op == CollectiveOp::AllToAll;
     const bool half = dt == DType::BF16 || dt == DType::F16;
-    if (!(dt == DType::F32 || (half && dev_.is_host()) || (copy && dt != DType::F64)))
-      throw Error(std::string("process-group ") + collective_name(op) + " supports float32" +
-                  (dev_.is_host() ? ", bfloat16, float16" : "") + (copy ? " and int64" : "") + " only");
+    if (dt != DType::F32 && !half && !(copy && dt == DType::I64))
+      throw Error(std::string("process-group ") + collective_name(op) + " supports float32, bfloat16 and float16" +
+                  (copy ? " and int64" : ""));
+    if (half && !copy && reduce == ReduceOp::Avg)
+      throw Error(std::string("avg is defined for float32 only; reduce ") + dtype_word(dt) + " with sum or max");
+    if (half && !copy && !dev_.is_host())
+      throw Error(std::string("process-group ") + collective_name(op) + " of " + dtype_word(dt) +
+                  " adds on the CPU engine only; reduce float32 on a GPU");
     if (algo != Algorithm::Default && algo != Algorithm::Ring)
       throw Error(std::string("process-group ") + collective_name(op) + " runs the ring algorithm only, not " +
                   algorithm_name(algo));
@@ -388,15 +390,13 @@ class GroupComm : public Communicator {
   int global(int group_rank) const { return ranks_[static_cast<size_t>(group_rank)]; }
   // Untracked scratch on the group's device, zero-filled (the algorithms' partial sums).
   Tensor scratch(int64_t n, DType dt) const { return Tensor({n}, MemCategory::CommBuffers, nullptr, dt, dev_); }
-  // acc = acc op x, n elements of `dt`: the device's float32 kernel, or on the host the 16-bit sum
-  // the threads backend runs (widen, add, round once; reduce_kernels.h).
-  void accumulate(void* acc, const void* x, int64_t n, DType dt, ReduceOp op) const {
-    if (dt == DType::F32) return dev_.accumulate(static_cast<float*>(acc), static_cast<const float*>(x), n, op == ReduceOp::Max);
-    if (dt == DType::BF16) return reduce_into(static_cast<Bf16Bits*>(acc), static_cast<const Bf16Bits*>(x), n, op);
-    reduce_into(static_cast<Fp16Bits*>(acc), static_cast<const Fp16Bits*>(x), n, op);
+  // acc = acc op x, `n` elements of `dt` (check() kept 16-bit sums to host memory).
+  void reduce_into(void* acc, const void* x, int64_t n, DType dt, ReduceOp op) {
+    if (dt == DType::F32)
+      return dev_.accumulate(static_cast<float*>(acc), static_cast<const float*>(x), n, op == ReduceOp::Max);
+    if (dt == DType::BF16) return dtlab::reduce_into(static_cast<Bf16Bits*>(acc), static_cast<const Bf16Bits*>(x), n, op);
+    dtlab::reduce_into(static_cast<Fp16Bits*>(acc), static_cast<const Fp16Bits*>(x), n, op);
   }
-  static const uint8_t* at(const void* p, int64_t elems, DType dt) { return static_cast<const uint8_t*>(p) + elems * dtype_size(dt); }
-  static uint8_t* at(void* p, int64_t elems, DType dt) { return static_cast<uint8_t*>(p) + elems * dtype_size(dt); }
 
   // Sends are eager on every backend (see communicator.h), so send-then-receive never deadlocks.
   // A sending step records what this rank received: nothing.
@@ -428,28 +428,28 @@ class GroupComm : public Communicator {
   // step adds the predecessor's partial of one block; after n-1 steps block me is complete).
   void ring_reduce_scatter(void* out, const void* in, int64_t count, DType dt, ReduceOp op) {
     const int n = world_size();
-    const int64_t bytes = count * dtype_size(dt);
     Tensor acc = scratch(count * n, dt);
-    dev_.copy(acc.raw(), in, n * bytes);
+    dev_.copy(acc.raw(), in, count * n * dtype_size(dt));
     Tensor tmp = scratch(count, dt);
     const int succ = ring_succ(me_, n), pred = ring_pred(me_, n);
     for (int s = 0; s < n - 1; s++) {
       const int send_block = ring_rs_send_chunk(me_, s, n), recv_block = ring_rs_recv_chunk(me_, s, n);
-      p2p_exchange(at(acc.raw(), send_block * count, dt), succ, tmp.raw(), pred, count, dt, RingPhase::ReduceScatter, recv_block);
-      accumulate(at(acc.raw(), recv_block * count, dt), tmp.raw(), count, dt, op);
+      p2p_exchange(elems_at(acc.raw(), send_block * count, dt), succ, tmp.raw(), pred, count, dt, RingPhase::ReduceScatter,
+                   recv_block);
+      reduce_into(elems_at(acc.raw(), recv_block * count, dt), tmp.raw(), count, dt, op);
     }
-    dev_.copy(out, at(acc.raw(), me_ * count, dt), bytes);
+    dev_.copy(out, elems_at(acc.raw(), me_ * count, dt), count * dtype_size(dt));
     if (op == ReduceOp::Avg) dev_.scale(static_cast<float*>(out), count, 1.0f / static_cast<float>(n));
   }
   // in: `count`; out: n blocks, block r from group rank r (ring_order.h's order).
   void ring_all_gather(void* out, const void* in, int64_t count, DType dt) {
     const int n = world_size();
-    dev_.copy(at(out, me_ * count, dt), in, count * dtype_size(dt));  // a no-op when `in` is already there
+    dev_.copy(elems_at(out, me_ * count, dt), in, count * dtype_size(dt));  // a no-op when `in` is already there
     const int succ = ring_succ(me_, n), pred = ring_pred(me_, n);
     for (int s = 0; s < n - 1; s++) {
       const int send_block = ring_ag_send_chunk(me_, s, n), recv_block = ring_ag_recv_chunk(me_, s, n);
-      p2p_exchange(at(out, send_block * count, dt), succ, at(out, recv_block * count, dt), pred, count, dt, RingPhase::AllGather,
-                   recv_block);
+      p2p_exchange(elems_at(out, send_block * count, dt), succ, elems_at(out, recv_block * count, dt), pred, count, dt,
+                   RingPhase::AllGather, recv_block);
     }
   }
 

@@ -351,8 +351,14 @@ WorkTimes SocketCommunicator::run_collective(CommJob& j) {
   // steps' are in run_plan: a launched world pauses and steps as the threads world does; with a
   // viewer attached the gates are rank 0's to open.
   set_status("in " + c.what, static_cast<int64_t>(j.seq), 0);
-  if (j.desc.dtype == DType::F32) run_typed<float>(c);
-  else run_typed<int64_t>(c);
+  // The threads backend's element types (threads_algorithms.cpp): 16-bit sums are rounded once per
+  // step by the same reduce_kernels.h, so a launched bf16/fp16 run equals the in-process one.
+  switch (j.desc.dtype) {
+    case DType::F32: run_typed<float>(c); break;
+    case DType::BF16: run_typed<Bf16Bits>(c); break;
+    case DType::F16: run_typed<Fp16Bits>(c); break;
+    default: run_typed<int64_t>(c); break;
+  }
   {
     std::lock_guard<std::mutex> lock(status_mu_);
     status_.activity = "idle";

@@ -74,9 +74,6 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
       shard_comm_(&comm),
       shard_world_(comm.world_size()),
       shard_rank_(comm.rank()) {
-  // HYBRID_SHARD's process groups reduce float32 only (engine/comm/group.h).
-  DTLAB_CHECK(!mixed() || opt_.sharding == Sharding::FullShard || opt_.sharding == Sharding::ShardGradOp,
-              "mixed-precision FSDP runs FULL_SHARD or SHARD_GRAD_OP; the trainer's validate_precision refuses the others");
   gather_dtype_ = model_.param_dtype();
   reduce_dtype_ = mixed() && !reduce_fp32 ? model_.param_dtype() : DType::F32;
   if (opt_.sharding == Sharding::Hybrid) make_groups();
@@ -143,6 +140,14 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
       else dev().copy(shard, model_.params() + at, real * kF32);
     }
     model_.release_parameter_storage();  // what FSDP saves: no rank holds the full model any more
+  } else if (mixed()) {
+    // NO_SHARD and ZeRO-1 under MixedPrecision: the model keeps the full 16-bit parameters (what torch's
+    // FSDP casts the unsharded flat parameter to before each forward); the fp32 master of what this
+    // rank steps (all of it, or its ZeRO-1 slice) and that part's fp32 gradient live here.
+    owned_begin_ = opt_.sharding == Sharding::Zero1 ? rank_ * zero1_split_.chunk : 0;
+    shard_params_ = Tensor({owned}, MemCategory::MasterWeights, mem, DType::F32, dev());
+    shard_grads_ = Tensor({owned}, MemCategory::Gradients, mem, DType::F32, dev());
+    if (owned > 0) half_to_floats(shard_params_.f32(), model_.params16() + owned_begin_, owned, model_.half_format());
   }
   for (int u = 0; u < num_units(); u++) record(u, FsdpVerb::Layout);
   model_.set_layer_hooks(this);
@@ -334,6 +339,19 @@ void FullyShardedDataParallel::post_backward(int unit) {
     bind(u, nullptr, true);
     record(unit, FsdpVerb::ReduceGrad, seq);
     reshard(unit);
+  } else if (mixed()) {
+    // NO_SHARD and ZeRO-1: torch's _reduce_grad_no_shard all-reduces the unit's 16-bit gradient in the
+    // reduce dtype (widened first for reduce_dtype float32).
+    const Parameter& first = ps[static_cast<size_t>(u.params.front())];
+    void* g = first.grad16;
+    if (reduce_dtype_ == DType::F32) {
+      u.reduce_in = Tensor({u.split.numel}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev());
+      half_to_floats(u.reduce_in.f32(), first.grad16, u.split.numel, model_.half_format());
+      g = u.reduce_in.raw();
+    }
+    scale_in(g, u.split.numel, reduce_dtype_, pre, dev());
+    u.reduce = comm_.all_reduce(g, u.split.numel, reduce_dtype_, ReduceOp::Sum);
+    record(unit, FsdpVerb::ReduceGrad, seq);
   } else {
     float* g = ps[static_cast<size_t>(u.params.front())].grad;
     dev().scale(g, u.split.numel, pre);
@@ -342,9 +360,22 @@ void FullyShardedDataParallel::post_backward(int unit) {
   }
 }
 
+void FullyShardedDataParallel::land_f32(float* dst, const void* src, int64_t n, DType dt, bool add) {
+  if (n <= 0) return;
+  if (dt == DType::F32) {
+    if (add) dev().accumulate(dst, static_cast<const float*>(src), n, false);
+    else dev().copy(dst, src, n * kF32);
+    return;
+  }
+  if (!add) return half_to_floats(dst, static_cast<const uint16_t*>(src), n, model_.half_format());
+  Tensor wide({n}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev());
+  half_to_floats(wide.f32(), static_cast<const uint16_t*>(src), n, model_.half_format());
+  dev().accumulate(dst, wide.f32(), n, false);
+}
+
 void FullyShardedDataParallel::zero_grad() {
-  if (sharded()) shard_grads_.zero();
-  else model_.zero_grad();
+  if (!sharded()) model_.zero_grad();
+  shard_grads_.zero();  // the sharded strategies' gradient shard, or mixed NO_SHARD's and ZeRO-1's fp32 gradient
   backwards_ = 0;
 }
 
@@ -363,20 +394,25 @@ void FullyShardedDataParallel::finalize_backward() {
         // Post-divide in the reduce dtype, then torch's _cast_grad_to_param_dtype: the fp32 shard the
         // optimizer steps (docs/course_sources.md §6e); accumulating, added to what it holds.
         scale_in(u.reduce_out.raw(), u.split.chunk, reduce_dtype_, post, dev());
-        if (reduce_dtype_ == DType::F32) {
-          dev().accumulate(shard, u.reduce_out.f32(), u.split.chunk, false);
-        } else if (backwards_ > 0) {
-          Tensor wide({u.split.chunk}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev());
-          half_to_floats(wide.f32(), u.reduce_out.u16(), u.split.chunk, model_.half_format());
-          dev().accumulate(shard, wide.f32(), u.split.chunk, false);
-        } else {
-          half_to_floats(shard, u.reduce_out.u16(), u.split.chunk, model_.half_format());
-        }
+        land_f32(shard, u.reduce_out.raw(), u.split.chunk, reduce_dtype_, reduce_dtype_ == DType::F32 || backwards_ > 0);
         u.reduce_out = Tensor();
       } else {
         dev().scale(shard, u.split.chunk, post);
       }
       u.full_grad = Tensor();
+      u.reduce_in = Tensor();
+    } else if (mixed()) {
+      // Post-divide in the reduce dtype, then the part this rank steps goes to its fp32 gradient (added
+      // to earlier backwards'); the 16-bit gradient is spent, so the next backward starts from zero.
+      Parameter& first = model_.parameters()[static_cast<size_t>(u.params.front())];
+      void* reduced = u.reduce_in.empty() ? static_cast<void*>(first.grad16) : u.reduce_in.raw();
+      scale_in(reduced, u.split.numel, reduce_dtype_, post, dev());
+      const int64_t base = first.offset, owned_end = owned_begin_ + shard_grads_.numel();
+      const int64_t a = std::max(base, owned_begin_), b = std::min(base + u.split.numel, owned_end);
+      if (a < b)
+        land_f32(shard_grads_.f32() + (a - owned_begin_), static_cast<const char*>(reduced) + (a - base) * dtype_size(reduce_dtype_),
+                 b - a, reduce_dtype_, backwards_ > 0);
+      dev().fill_zero(first.grad16, u.split.numel * 2);
       u.reduce_in = Tensor();
     } else {
       dev().scale(model_.parameters()[static_cast<size_t>(u.params.front())].grad, u.split.numel, post);
@@ -389,16 +425,29 @@ void FullyShardedDataParallel::finalize_backward() {
 
 void FullyShardedDataParallel::step() {
   switch (opt_.sharding) {
-    case Sharding::NoShard: optimizer_->step(model_.params(), model_.grads()); return;
+    case Sharding::NoShard:
+      if (!mixed()) return optimizer_->step(model_.params(), model_.grads());
+      // Mixed: the fp32 master steps; the next forward's 16-bit parameters are its cast.
+      optimizer_->step(shard_params_.f32(), shard_grads_.f32());
+      half_from_floats(model_.params16(), shard_params_.f32(), model_.num_params(), model_.half_format());
+      return;
     case Sharding::Zero1: {
-      // Update this rank's slice with its optimizer shard, then everyone gathers the slices.
+      // Update this rank's slice with its optimizer shard, then everyone gathers the slices; mixed
+      // precision steps the fp32 master slice and gathers its 16-bit cast (the param dtype's bytes).
       const int64_t c = zero1_split_.chunk, real = zero1_split_.real(rank_);
-      if (real > 0) optimizer_->step(model_.params() + rank_ * c, model_.grads() + rank_ * c);
-      Tensor mine({c}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev());
-      if (real > 0) dev().copy(mine.f32(), model_.params() + rank_ * c, real * kF32);
-      Tensor all({zero1_split_.padded}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev());
-      comm_.all_gather(all.f32(), mine.f32(), c, DType::F32)->wait();
-      dev().copy(model_.params(), all.f32(), model_.num_params() * kF32);
+      MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
+      Tensor mine({c}, MemCategory::CommBuffers, mem, gather_dtype_, dev());
+      if (real > 0 && mixed()) {
+        optimizer_->step(shard_params_.f32(), shard_grads_.f32());
+        half_from_floats(mine.u16(), shard_params_.f32(), real, model_.half_format());
+      } else if (real > 0) {
+        optimizer_->step(model_.params() + rank_ * c, model_.grads() + rank_ * c);
+        dev().copy(mine.f32(), model_.params() + rank_ * c, real * kF32);
+      }
+      Tensor all({zero1_split_.padded}, MemCategory::CommBuffers, mem, gather_dtype_, dev());
+      comm_.all_gather(all.raw(), mine.raw(), c, gather_dtype_)->wait();
+      void* own = mixed() ? static_cast<void*>(model_.params16()) : static_cast<void*>(model_.params());
+      dev().copy(own, all.raw(), model_.num_params() * dtype_size(gather_dtype_));
       return;
     }
     default: optimizer_->step(shard_params_.f32(), shard_grads_.f32()); return;
@@ -406,10 +455,11 @@ void FullyShardedDataParallel::step() {
 }
 
 bool FullyShardedDataParallel::unscale_shard_grads(float inv_scale) {
-  DTLAB_CHECK(sharded() && mixed() && dev().is_host(), "unscale_shard_grads() is mixed precision's, on a sharded CPU run");
+  DTLAB_CHECK(mixed() && dev().is_host(), "unscale_shard_grads() is mixed precision's, on a CPU run");
   float* g = shard_grads_.f32();
-  dev().scale(g, shard_numel_, inv_scale);
-  for (int64_t k = 0; k < shard_numel_; k++)
+  const int64_t n = shard_grads_.numel();
+  dev().scale(g, n, inv_scale);
+  for (int64_t k = 0; k < n; k++)
     if (!std::isfinite(g[k])) return true;
   return false;
 }
@@ -438,7 +488,9 @@ std::vector<OwnedSlice> FullyShardedDataParallel::owned_slices() const {
   std::vector<int64_t> offsets;
   for (int p = 0; p < static_cast<int>(ps.size()); p++) all.push_back(p), offsets.push_back(ps[static_cast<size_t>(p)].offset);
   const int64_t begin = rank_ * zero1_split_.chunk;
-  cut(all, offsets, begin, begin + zero1_split_.real(rank_), model_.params() + begin);
+  // Mixed precision: the fp32 master (all of it under NO_SHARD, the slice under ZeRO-1).
+  const float* from = mixed() ? shard_params_.f32() + (begin - owned_begin_) : model_.params() + begin;
+  cut(all, offsets, begin, begin + zero1_split_.real(rank_), from);
   return out;
 }
 

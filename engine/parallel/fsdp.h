@@ -20,12 +20,18 @@
 // unit's forward; backward_prefetch Pre issues the next (in backward order) unit's all-gather before
 // the current unit's gradient computation (most overlap, two gathered units live), Post after it.
 // Mixed precision (a model after Model::set_precision; torch's MixedPrecision(param_dtype,
-// reduce_dtype), docs/course_sources.md §6e and §11), FULL_SHARD and SHARD_GRAD_OP: the shard stays float32
-// and is the master copy the optimizer steps (charged as MasterWeights); unshard casts it to the
-// 16-bit param dtype and all-gathers 16-bit bytes, so forward and backward run the model's 16-bit
-// layers on 16-bit gathered parameters and 16-bit gradients; the gradient is pre-divided,
-// reduce-scattered and post-divided in the reduce dtype (the param dtype, or
-// float32 with reduce_fp32), then cast to the fp32 gradient shard for the step.
+// reduce_dtype), docs/course_sources.md §6e and §11), every sharding strategy:
+//   - FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD: the shard stays float32 and is the master copy the
+//     optimizer steps (charged as MasterWeights); unshard casts it to the 16-bit param dtype and
+//     all-gathers 16-bit bytes, so forward and backward run the model's 16-bit layers on 16-bit
+//     gathered parameters and 16-bit gradients; the gradient is pre-divided, reduce-scattered (HYBRID:
+//     in the node group, then all-reduced across the replica group) and post-divided in the reduce
+//     dtype (the param dtype, or float32 with reduce_fp32), then cast to the fp32 gradient shard;
+//   - NO_SHARD: the model keeps its full 16-bit parameters (the cast of the fp32 flat parameter that
+//     torch's FSDP computes with); the fp32 master and gradient live here; each unit's 16-bit gradient
+//     is all-reduced in the reduce dtype and cast to the fp32 gradient; the step casts the master back;
+//   - ZeRO-1: as NO_SHARD, but the fp32 master, gradient and optimizer state are this rank's slice;
+//     the updated slice is cast to 16 bits and all-gathered in the param dtype.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -77,7 +83,7 @@ class FullyShardedDataParallel : public LayerHooks {
   // Collective: broadcasts rank 0's parameters, then shards them (the model gives up its own
   // buffers for the sharded strategies).
   // reduce_fp32: a mixed-precision model's gradients are reduced in float32 (reduce_dtype=float32),
-  // not in its 16-bit dtype; no effect on a float32 model. A mixed model needs FULL_SHARD or SHARD_GRAD_OP.
+  // not in its 16-bit dtype; no effect on a float32 model.
   FullyShardedDataParallel(Model& model, Communicator& comm, RankContext* ctx, const FsdpOptions& opt,
                            const OptimizerConfig& optimizer, bool reduce_fp32 = false);
   ~FullyShardedDataParallel() override;
@@ -93,7 +99,8 @@ class FullyShardedDataParallel : public LayerHooks {
   // The optimizer step over what this rank owns (ZeRO-1 then all-gathers the parameters).
   void step();
   // fp16 (ShardedGradScaler, engine/train/grad_scaler.h): after finalize_backward(), multiplies this
-  // rank's fp32 gradient shard by inv_scale and says whether it holds an inf or NaN.
+  // rank's fp32 gradient (its shard; NO_SHARD: all of it; ZeRO-1: its slice) by inv_scale and says
+  // whether it holds an inf or NaN.
   bool unscale_shard_grads(float inv_scale);
   // What the collectives move: the 16-bit param dtype or float32 (all-gathers), the reduce dtype
   // (gradient reductions).
@@ -136,7 +143,7 @@ class FullyShardedDataParallel : public LayerHooks {
     Tensor low_shard;              // mixed precision: the shard cast to 16 bits, while its all-gather runs
     WorkPtr gathering;             // its all-gather, until waited
     Tensor full_grad;              // Gradients (padded, the model's dtype), during its backward and reduction
-    Tensor reduce_in;              // reduce_fp32: full_grad widened to float32, until reduced
+    Tensor reduce_in;              // reduce_fp32: the 16-bit gradient widened to float32, until reduced
     Tensor reduce_out;             // 16-bit reduction: the reduced shard (chunk), until cast to float32
     WorkPtr reduce;                // its gradient's reduce-scatter (or all-reduce)
     WorkPtr replicate;             // HYBRID_SHARD: the shard gradient's all-reduce across nodes
@@ -165,6 +172,9 @@ class FullyShardedDataParallel : public LayerHooks {
   void bind(Unit& u, void* base, bool grads);
   bool mixed() const { return model_.mixed(); }
   void make_groups();  // HYBRID_SHARD's node group and cross-node group
+  // torch's _cast_grad_to_param_dtype onto an fp32 gradient: dst = src, or dst += src with `add`
+  // (accumulation); src is in `dt`, 16 bits widened exactly.
+  void land_f32(float* dst, const void* src, int64_t n, DType dt, bool add);
 
   Model& model_;
   Communicator& comm_;
@@ -181,7 +191,10 @@ class FullyShardedDataParallel : public LayerHooks {
   std::vector<int> layer_unit_;   // per model layer: its unit, or -1 (ReLU)
   int64_t shard_numel_ = 0;
   int64_t backwards_ = 0;  // backwards finalized since zero_grad(): from 1 on, reductions add
-  Tensor shard_params_, shard_grads_;  // this rank's shards of every unit (sharded strategies), float32
+  // float32: this rank's shards of every unit (sharded strategies); mixed NO_SHARD and ZeRO-1: the
+  // master and gradient of the flat parameters [owned_begin_, owned_begin_ + numel) it steps.
+  Tensor shard_params_, shard_grads_;
+  int64_t owned_begin_ = 0;
   std::optional<Optimizer> optimizer_;  // over what this rank owns; built once the units are known
   FlatShard zero1_split_;         // ZeRO-1: the whole flat parameter vector's split
   bool attached_ = true;

@@ -18,21 +18,13 @@ struct Combination {
   bool pending;  // the engine does not run it yet
 };
 
-bool off_cpu_threads(const TrainConfig& c) { return c.backend != "threads" || c.device != "cpu"; }
-
 const Combination kCombinations[] = {
     {Feature::TensorParallel, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
      "the tensor-parallel shards run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
     {Feature::TensorParallel, "--sharding hybrid", [](const TrainConfig& c) { return c.strategy == Strategy::Fsdp && c.fsdp.sharding == Sharding::Hybrid; },
      "HYBRID_SHARD's node groups and the tensor-parallel groups are not laid out as one mesh", "use --sharding full", true},
-    {Feature::MixedPrecision, "--device cuda or dtlab-cli launch", [](const TrainConfig& c) { return off_cpu_threads(c) || c.launched; },
-     "the 16-bit kernels run on the CPU engine's threads", "use --device cpu --backend threads", true},
-    {Feature::MixedPrecision, "--sharding no-shard, zero1 or hybrid",
-     [](const TrainConfig& c) {
-       return c.strategy == Strategy::Fsdp && c.fsdp.sharding != Sharding::FullShard && c.fsdp.sharding != Sharding::ShardGradOp;
-     },
-     "FSDP's mixed precision shards FULL_SHARD and SHARD_GRAD_OP only (the process groups reduce float32)",
-     "use --sharding full or grad-op", true},
+    {Feature::MixedPrecision, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
+     "the 16-bit kernels run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
 };
 
 // What a refusal calls the feature in its sentence.

@@ -113,7 +113,7 @@ struct TrainConfig {
   LoraSpec lora;
   bool merge_lora = false;
   // --precision bf16/fp16: mixed precision (Model::set_precision, Optimizer::step_mixed; FSDP's fp32
-  // shards); single, ddp and fsdp (FULL_SHARD, SHARD_GRAD_OP) on the CPU engine's threads.
+  // master shards); single, ddp and fsdp (every sharding) on the CPU engine, threads or dtlab-cli launch.
   Precision precision = Precision::FP32;
   // --reduce-dtype fp32: 16-bit gradients are reduced in float32 (DDP's buckets, FSDP's reduce-scatter;
   // torch's MixedPrecision reduce_dtype); otherwise in the training dtype.
