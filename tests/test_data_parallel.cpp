@@ -110,11 +110,17 @@ TEST_SUITE("data_parallel") {
     for (size_t s = 0; s < got.steps.size(); s++) CHECK(got.steps[s].loss == want.steps[s].loss);
   }
 
-  TEST_CASE("every step broadcasts and reduces every parameter, and scatters and gathers the activations") {
+  TEST_CASE("every step broadcasts and reduces every parameter, and scatters and gathers the activations, 16-bit ones in half the bytes") {
+   // A bf16 module (model.to(torch.bfloat16)) replicates, scatters, gathers and reduce-adds bf16
+   // tensors: the same traffic at 2 bytes an element.
+   for (Precision p : {Precision::FP32, Precision::BF16}) {
+    const int64_t e = p == Precision::FP32 ? 4 : 2, S = kP * e;
+    CAPTURE(e);
     for (int world : {2, 3, 4}) {
       CAPTURE(world);
       const int64_t B = 16, D = 2, C = 3;  // a piece: 16 rows of 2 inputs in, 16 rows of 3 logits out
       TrainConfig d = dp_config(world, B, 3);
+      d.precision = p;
       Trainer t(d);
       t.run();
       const std::vector<Event> evs = t.recorder().all_events();
@@ -148,8 +154,8 @@ TEST_SUITE("data_parallel") {
           // with PyTorch's copy path (naive: one copy per device).
           REQUIRE(bcast[r].size() == 1);
           REQUIRE(reduce[r].size() == 1);
-          CHECK(bcast[r][0]->coll.bytes == kS);
-          CHECK(reduce[r][0]->coll.bytes == kS);
+          CHECK(bcast[r][0]->coll.bytes == S);
+          CHECK(reduce[r][0]->coll.bytes == S);
           CHECK(bcast[r][0]->coll.root == 0);
           CHECK(reduce[r][0]->coll.root == 0);
           CHECK(bcast[r][0]->coll.algo == Algorithm::Naive);
@@ -158,23 +164,59 @@ TEST_SUITE("data_parallel") {
         const int64_t n1 = world - 1;
         // Rank 0: the broadcast to every other device, the input pieces (B x D floats) and the
         // output-gradient pieces (B x C floats) out; every gradient and output piece in.
-        CHECK(sent[0] == n1 * (kS + B * D * 4 + B * C * 4));
-        CHECK(received[0] == n1 * (kS + B * C * 4));
+        CHECK(sent[0] == n1 * (S + B * D * e + B * C * e));
+        CHECK(received[0] == n1 * (S + B * C * e));
         CHECK(p2p_sends[0] == 2 * n1);
         CHECK(p2p_recvs[0] == n1);
         for (int r = 1; r < world; r++) {
           CAPTURE(r);
-          CHECK(sent[static_cast<size_t>(r)] == kS + B * C * 4);            // its gradients, its output
-          CHECK(received[static_cast<size_t>(r)] == kS + B * D * 4 + B * C * 4);  // the parameters, its pieces
+          CHECK(sent[static_cast<size_t>(r)] == S + B * C * e);            // its gradients, its output
+          CHECK(received[static_cast<size_t>(r)] == S + B * D * e + B * C * e);  // the parameters, its pieces
           CHECK(p2p_sends[static_cast<size_t>(r)] == 1);
           CHECK(p2p_recvs[static_cast<size_t>(r)] == 2);
         }
         // Altogether: 2 (n-1) S for the parameters, as a ring all-reduce moves, plus the activations.
         int64_t total = 0;
         for (int64_t b : sent) total += b;
-        CHECK(total == 2 * n1 * kS + n1 * B * (D + 2 * C) * 4);
+        CHECK(total == 2 * n1 * S + n1 * B * (D + 2 * C) * e);
       }
     }
+   }
+  }
+
+  TEST_CASE("fp16 dp: the one process's GradScaler skips an overflowing step and halves the scale") {
+    TrainConfig c = dp_config(3, 16, 5);
+    c.precision = Precision::FP16;
+    c.inject_overflow_steps = {2};
+    c.inject_overflow_rank = 1;  // the loss is rank 0's whatever rank is named: it is one process's
+    Trainer t(c);
+    const TrainSummary s = t.run();
+    REQUIRE(s.rank_skipped_steps.size() == 3);
+    CHECK(s.rank_skipped_steps[0] == std::vector<int64_t>{2});
+    CHECK(s.rank_skipped_steps[1].empty());  // the replicas hold no optimizer
+    CHECK(s.loss_scale == 32768.0f);
+    int steps = 0, decisions = 0;
+    for (const Event& ev : t.recorder().events(0)) {
+      steps += ev.kind == EventKind::Compute && ev.compute.kind == ComputeKind::OptimizerStep;
+      decisions += ev.kind == EventKind::LossScale;
+    }
+    CHECK(steps == 4);
+    CHECK(decisions == 5);
+    // With no overflow the fp16 run meets one fp16 rank on the same batches (torch's fp16 tolerance;
+    // plain SGD, whose update is linear in the gradient's rounding).
+    TrainConfig plain = dp_config(3, 16, 5);
+    plain.precision = Precision::FP16;
+    plain.optimizer = default_optimizer_config(OptimizerKind::SGD);
+    plain.optimizer.lr = 0.1;
+    Trainer dp(plain);
+    dp.run();
+    Trainer one(single_like(plain, 48));
+    one.run();
+    const std::vector<float> a = dp.result_model().merged_params(), b = one.result_model().merged_params();
+    REQUIRE(a.size() == b.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < a.size(); i++) bad += std::fabs(a[i] - b[i]) > 1e-5 + 1e-3 * std::fabs(b[i]);
+    CHECK(bad == 0);
   }
 
   TEST_CASE("the gradient reduce starts after the last replica's backward: no overlap") {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "engine/core/half.h"
 #include "engine/core/check.h"
 #include "engine/core/format.h"
 
@@ -13,12 +14,12 @@ namespace {
 // Point-to-point tags: Scatter of the input, Gather of the output, Scatter of the output gradient.
 constexpr int kTagInput = 1, kTagOutput = 2, kTagGrad = 3;
 
-// Grows `t` to hold `numel` floats (like the model's activations: sized once for the largest
-// forward, reused for smaller ones), charged to the rank as activations.
-void ensure(Tensor& t, int64_t numel, MemoryTracker* mem, Device& dev) {
-  if (!t.empty() && t.numel() >= numel) return;
+// Grows `t` to hold `numel` elements of `dt` (like the model's activations: sized once for the
+// largest forward, reused for smaller ones), charged to the rank as activations.
+void ensure(Tensor& t, int64_t numel, MemoryTracker* mem, Device& dev, DType dt = DType::F32) {
+  if (!t.empty() && t.numel() >= numel && t.dtype() == dt) return;
   t = Tensor();  // free before allocating, as a caching allocator would reuse the block
-  t = Tensor({std::max<int64_t>(numel, 1)}, MemCategory::Activations, mem, DType::F32, dev);
+  t = Tensor({std::max<int64_t>(numel, 1)}, MemCategory::Activations, mem, dt, dev);
 }
 
 }  // namespace
@@ -78,7 +79,9 @@ void check_dp_pieces(int64_t n, int64_t batch, bool drop_last, int world) {
 DataParallel::DataParallel(Model& model, Communicator& comm, RankContext* ctx, const DpOptions& opt)
     : model_(model), comm_(comm), ctx_(ctx), opt_(opt), rank_(comm.rank()), world_(comm.world_size()) {
   if (opt_.coalesce_bytes < 1) throw Error("the DataParallel coalescing buffer must hold at least 1 byte");
-  DTLAB_CHECK(!model_.mixed(), "DataParallel replicates a float32 module");
+  // A 16-bit module (model.to(torch.bfloat16)) replicates, gathers and reduce-adds its 16-bit
+  // tensors: every payload is 2 bytes an element, and the coalescing groups count those bytes.
+  const int64_t esize = dtype_size(model_.param_dtype());
   const auto& ps = model_.parameters();
   if (model_.lora()) {
     for (int i = 0; i < model_.num_layers(); i++) {
@@ -92,8 +95,8 @@ DataParallel::DataParallel(Model& model, Communicator& comm, RankContext* ctx, c
     for (int i = 0; i < static_cast<int>(ps.size()); i++) module_.push_back({false, i});
   }
   std::vector<int64_t> bytes, grad_bytes;
-  for (const ModuleTensor& m : module_) bytes.push_back(tensor(m).numel * static_cast<int64_t>(sizeof(float)));
-  for (const Parameter& p : ps) grad_bytes.push_back(p.numel * static_cast<int64_t>(sizeof(float)));
+  for (const ModuleTensor& m : module_) bytes.push_back(tensor(m).numel * esize);
+  for (const Parameter& p : ps) grad_bytes.push_back(p.numel * esize);
   bcast_groups_ = broadcast_coalesced_groups(bytes, opt_.coalesce_bytes);
   reduce_groups_ = reduce_add_coalesced_groups(grad_bytes, opt_.coalesce_bytes);
   if (rank_ == 0) {
@@ -113,33 +116,35 @@ const Parameter& DataParallel::tensor(const ModuleTensor& m) const {
 // them in), one broadcast per buffer, unflattened on the replicas once the broadcasts are done.
 void DataParallel::broadcast_staged(std::vector<WorkPtr>& works, std::vector<Tensor>& staging) {
   Device& dev = model_.device();
-  constexpr int64_t kF32 = sizeof(float);
+  const DType dt = model_.param_dtype();
+  const int64_t esize = dtype_size(dt);
   for (const std::vector<int>& g : bcast_groups_) {
     int64_t n = 0;
     for (int i : g) n += tensor(module_[static_cast<size_t>(i)]).numel;
-    staging.emplace_back(Shape{n}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev);
-    float* buf = staging.back().f32();
+    staging.emplace_back(Shape{n}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr, dt, dev);
+    char* buf = static_cast<char*>(staging.back().raw());
     if (rank_ == 0)
       for (int i : g) {
         const Parameter& p = tensor(module_[static_cast<size_t>(i)]);
-        dev.copy(buf, p.data, p.numel * kF32);
-        buf += p.numel;
+        dev.copy(buf, model_.mixed() ? static_cast<const void*>(p.data16) : static_cast<const void*>(p.data), p.numel * esize);
+        buf += p.numel * esize;
       }
-    works.push_back(comm_.broadcast(staging.back().f32(), n, DType::F32, 0, Algorithm::Naive));
+    works.push_back(comm_.broadcast(staging.back().raw(), n, dt, 0, Algorithm::Naive));
     stats_.broadcasts++;
-    stats_.parameter_bytes += n * kF32;
+    stats_.parameter_bytes += n * esize;
   }
 }
 
 void DataParallel::unpack_staged(std::vector<Tensor>& staging) {
   Device& dev = model_.device();
+  const int64_t esize = dtype_size(model_.param_dtype());
   if (rank_ != 0 && !staging.empty())
     for (size_t k = 0; k < bcast_groups_.size(); k++) {
-      const float* buf = staging[k].f32();
+      const char* buf = static_cast<const char*>(staging[k].raw());
       for (int i : bcast_groups_[k]) {
         const Parameter& p = tensor(module_[static_cast<size_t>(i)]);
-        dev.copy(p.data, buf, p.numel * static_cast<int64_t>(sizeof(float)));
-        buf += p.numel;
+        dev.copy(model_.mixed() ? static_cast<void*>(p.data16) : static_cast<void*>(p.data), buf, p.numel * esize);
+        buf += p.numel * esize;
       }
     }
   staging.clear();
@@ -187,17 +192,30 @@ const float* DataParallel::forward(const float* x, int64_t rows) {
   MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
   const int64_t mine = pieces_[static_cast<size_t>(rank_)];
   std::vector<WorkPtr> works;
+  // A 16-bit module takes the batch as x.to(dtype): rank 0 rounds it once and scatters 16-bit pieces
+  // (its own piece the module rounds the same way); a replica widens its piece for the module's
+  // float32 entry point, which rounds it again to the same values.
+  const bool half = model_.mixed();
+  const DType dt = model_.param_dtype();
 
   // 1. Scatter: piece r of the batch to rank r; rank 0's piece is a view of the batch.
   if (ctx_) ctx_->set_activity(rank_ == 0 ? "DataParallel: scattering the batch to the devices"
                                           : "DataParallel: receiving my piece of the batch from rank 0");
   if (rank_ == 0) {
+    const void* src = x;
+    if (half) {
+      ensure(x16_, rows * D, mem, dev, dt);
+      half_from_floats(x16_.u16(), x, rows * D, model_.half_format());
+      src = x16_.raw();
+    }
     for (int r = 1; r < world_; r++)
-      works.push_back(comm_.send(x + piece_offset(r) * D, pieces_[static_cast<size_t>(r)] * D, DType::F32, r, kTagInput));
+      works.push_back(comm_.send(static_cast<const char*>(src) + piece_offset(r) * D * dtype_size(dt), pieces_[static_cast<size_t>(r)] * D,
+                                 dt, r, kTagInput));
     x_ = x;
   } else {
     ensure(x_piece_, mine * D, mem, dev);
-    works.push_back(comm_.recv(x_piece_.f32(), mine * D, DType::F32, 0, kTagInput));
+    if (half) ensure(x16_, mine * D, mem, dev, dt);
+    works.push_back(comm_.recv(half ? x16_.raw() : x_piece_.raw(), mine * D, dt, 0, kTagInput));
     x_ = x_piece_.f32();
   }
 
@@ -211,13 +229,15 @@ const float* DataParallel::forward(const float* x, int64_t rows) {
   } else {
     for (const std::vector<int>& g : bcast_groups_) {  // the flat parameters are the buffers themselves
       const Range rg = range_of(g);
-      works.push_back(comm_.broadcast(model_.params() + rg.offset, rg.count, DType::F32, 0, Algorithm::Naive));
+      void* at = half ? static_cast<void*>(model_.params16() + rg.offset) : static_cast<void*>(model_.params() + rg.offset);
+      works.push_back(comm_.broadcast(at, rg.count, dt, 0, Algorithm::Naive));
       stats_.broadcasts++;
-      stats_.parameter_bytes += rg.count * static_cast<int64_t>(sizeof(float));
+      stats_.parameter_bytes += rg.count * dtype_size(dt);
     }
   }
   wait_all(works);
   unpack_staged(staging);
+  if (half && rank_ != 0) half_to_floats(x_piece_.f32(), x16_.u16(), mine * D, model_.half_format());
   if (rank_ != 0) model_.zero_grad();  // the replica's gradients start from nothing
 
   // 3. parallel_apply: this rank's replica on its piece.
@@ -226,17 +246,27 @@ const float* DataParallel::forward(const float* x, int64_t rows) {
 
   // 4. Gather: every piece's output into one (rows, C) tensor on rank 0.
   if (ctx_) ctx_->set_activity(rank_ == 0 ? "DataParallel: gathering the outputs" : "DataParallel: sending my output to rank 0");
+  // A 16-bit module's outputs are 16-bit tensors: the replicas send them as such, and rank 0 widens
+  // the gathered logits for the float32 loss (the module's own output is widened the same way).
   if (rank_ == 0) {
     ensure(gathered_, rows * C, mem, dev);
     dev.copy(gathered_.f32(), out, mine * C * static_cast<int64_t>(sizeof(float)));  // torch's gather copies every piece in
+    if (half) ensure(out16_, rows * C, mem, dev, dt);
     for (int r = 1; r < world_; r++)
-      works.push_back(comm_.recv(gathered_.f32() + piece_offset(r) * C, pieces_[static_cast<size_t>(r)] * C, DType::F32, r,
-                                 kTagOutput));
+      works.push_back(comm_.recv(half ? static_cast<void*>(out16_.u16() + piece_offset(r) * C)
+                                      : static_cast<void*>(gathered_.f32() + piece_offset(r) * C),
+                                 pieces_[static_cast<size_t>(r)] * C, dt, r, kTagOutput));
     wait_all(works);
+    if (half)
+      half_to_floats(gathered_.f32() + mine * C, out16_.u16() + mine * C, (rows - mine) * C, model_.half_format());
     if (ctx_) ctx_->set_activity("running");
     return gathered_.f32();
   }
-  works.push_back(comm_.send(out, mine * C, DType::F32, 0, kTagOutput));
+  if (half) {
+    ensure(out16_, mine * C, mem, dev, dt);
+    half_from_floats(out16_.u16(), out, mine * C, model_.half_format());  // exact: the values are 16-bit ones
+  }
+  works.push_back(comm_.send(half ? out16_.raw() : static_cast<const void*>(out), mine * C, dt, 0, kTagOutput));
   wait_all(works);
   if (ctx_) ctx_->set_activity("DataParallel: waiting for the output gradient from rank 0");
   return nullptr;
@@ -255,17 +285,31 @@ void DataParallel::backward(const float* dlogits) {
   const int64_t C = model_.spec().out_features();
   const int64_t mine = pieces_[static_cast<size_t>(rank_)];
   std::vector<WorkPtr> works;
+  MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
+  const bool half = model_.mixed();
+  const DType dt = model_.param_dtype();
 
-  // 5. Gather's backward: the output gradient scattered in the forward's pieces (rank 0's a view).
+  // 5. Gather's backward: the output gradient scattered in the forward's pieces (rank 0's a view). A
+  // 16-bit module's output gradient is a 16-bit tensor: rounded once on rank 0 (as the module rounds
+  // its own piece), widened on the replica for the module's float32 entry point.
   if (rank_ == 0) {
     if (ctx_) ctx_->set_activity("DataParallel: scattering the output gradient");
+    const void* src = dlogits;
+    if (half) {
+      ensure(d16_, rows_ * C, mem, model_.device(), dt);
+      half_from_floats(d16_.u16(), dlogits, rows_ * C, model_.half_format());
+      src = d16_.raw();
+    }
     for (int r = 1; r < world_; r++)
-      works.push_back(comm_.send(dlogits + piece_offset(r) * C, pieces_[static_cast<size_t>(r)] * C, DType::F32, r, kTagGrad));
+      works.push_back(comm_.send(static_cast<const char*>(src) + piece_offset(r) * C * dtype_size(dt), pieces_[static_cast<size_t>(r)] * C,
+                                 dt, r, kTagGrad));
   } else {
-    ensure(dlogits_piece_, mine * C, ctx_ ? ctx_->memory() : nullptr, model_.device());
-    works.push_back(comm_.recv(dlogits_piece_.f32(), mine * C, DType::F32, 0, kTagGrad));
+    ensure(dlogits_piece_, mine * C, mem, model_.device());
+    if (half) ensure(d16_, mine * C, mem, model_.device(), dt);
+    works.push_back(comm_.recv(half ? d16_.raw() : dlogits_piece_.raw(), mine * C, dt, 0, kTagGrad));
   }
   wait_all(works);
+  if (half && rank_ != 0) half_to_floats(dlogits_piece_.f32(), d16_.u16(), mine * C, model_.half_format());
 
   // 6. Each replica's backward.
   if (ctx_) ctx_->set_activity("DataParallel: backward of my replica");
@@ -278,9 +322,10 @@ void DataParallel::backward(const float* dlogits) {
   if (ctx_) ctx_->set_activity("DataParallel: reduce-adding the gradients onto rank 0");
   for (const std::vector<int>& g : reduce_groups_) {
     const Range rg = range_of(g);
-    works.push_back(comm_.reduce(model_.grads() + rg.offset, rg.count, DType::F32, ReduceOp::Sum, 0, Algorithm::Naive));
+    void* at = half ? static_cast<void*>(model_.grads16() + rg.offset) : static_cast<void*>(model_.grads() + rg.offset);
+    works.push_back(comm_.reduce(at, rg.count, dt, ReduceOp::Sum, 0, Algorithm::Naive));
     stats_.reduces++;
-    stats_.reduced_bytes += rg.count * static_cast<int64_t>(sizeof(float));
+    stats_.reduced_bytes += rg.count * dtype_size(dt);
   }
   for (WorkPtr& w : works) {
     w->wait();
@@ -305,7 +350,7 @@ std::vector<std::string> DataParallel::describe() const {
       names += (i ? ", " : "") + p.name;
       n += p.numel;
     }
-    return names + (module ? " (" : " gradients (") + human_bytes(n * static_cast<int64_t>(sizeof(float))) + ")";
+    return names + (module ? " (" : " gradients (") + human_bytes(n * dtype_size(model_.param_dtype())) + ")";
   };
   std::vector<std::string> lines;
   for (const auto& g : bcast_groups_) lines.push_back("replicate: broadcast " + text(g, true) + " from rank 0");

@@ -133,6 +133,7 @@ class DataParallel {
   std::vector<int64_t> pieces_;     // this forward's
   int64_t rows_ = 0;
   Tensor x_piece_, dlogits_piece_;  // ranks > 0: what rank 0 sends them
+  Tensor x16_, out16_, d16_;        // a 16-bit module's payloads: the batch, the outputs, their gradient
   Tensor gathered_;                 // rank 0: (rows, C)
   const float* x_ = nullptr;        // this rank's piece of the input
   bool in_forward_ = false;

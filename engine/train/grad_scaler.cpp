@@ -1,6 +1,7 @@
 #include "engine/train/grad_scaler.h"
 
 #include "engine/core/check.h"
+#include "engine/trace/context.h"
 
 namespace dtlab {
 
@@ -39,6 +40,21 @@ void GradScaler::update(bool found_inf) {
     scale_ = static_cast<float>(scale_ * config_.growth_factor);
     growth_tracker_ = 0;
   }
+}
+
+bool scaler_allows_step(GradScaler& scaler, Model& model, Communicator* comm, RankContext* ctx) {
+  const bool found = scaler.unscale_grads(model);  // FSDP's scaler checks this rank's shard
+  const bool any = GradScaler::agree(comm, found, model.device());
+  const float before = scaler.scale();
+  scaler.update(any);
+  if (ctx && ctx->recorder()) {
+    const int64_t now = ctx->recorder()->now_ns();
+    const double tm = ctx->compute_clock();
+    Event e(EventKind::LossScale, Lane::Compute, now, now, tm, tm);
+    e.scaler = LossScaleInfo{before, scaler.scale(), static_cast<uint8_t>(found), static_cast<uint8_t>(any), scaler.growth_tracker()};
+    ctx->record(e);
+  }
+  return !any;
 }
 
 }  // namespace dtlab

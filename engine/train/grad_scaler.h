@@ -66,4 +66,10 @@ class ShardedGradScaler : public GradScaler {
 // fp16's scaler for a run: ShardedGradScaler when FSDP holds the gradients (fsdp not null), else GradScaler.
 std::unique_ptr<GradScaler> make_grad_scaler(FullyShardedDataParallel* fsdp);
 
+class RankContext;
+// GradScaler.step + update for one rank: its inf/NaN check (unscale_grads), the ranks' agreement over
+// `comm` (null: one process decides alone), the scale's update, and the decision as a LossScale event
+// on `ctx` (null: none). True: take the step; false: every rank skips it.
+bool scaler_allows_step(GradScaler& scaler, Model& model, Communicator* comm, RankContext* ctx);
+
 }  // namespace dtlab

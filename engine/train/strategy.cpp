@@ -43,7 +43,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
      {{
          /*TensorParallel*/ no("torch.nn.DataParallel replicates the whole module from one process and has no process groups to split it over", "use --strategy ddp (or fsdp) with --tp"),
          /*SequenceParallel*/ no("torch.nn.DataParallel has no tensor-parallel group", "use --strategy ddp with --tp and --sequence-parallel"),
-         /*MixedPrecision*/ todo("DataParallel's replicas run in float32", "use --strategy ddp"),
+         /*MixedPrecision*/ kOk,
          /*Lora*/ kOk,
          /*Recompute*/ kOk,
          /*Accumulation*/ kOk,

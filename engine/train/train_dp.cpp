@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "engine/core/check.h"
+#include "engine/train/grad_scaler.h"
 #include "engine/train/iteration_gate.h"
 #include "engine/train/nonfinite.h"
 #include "engine/train/rank_strategy.h"
@@ -55,6 +56,10 @@ class DataParallelRank final : public RankStrategy {
     const int64_t C = c_.model.out_features();
     // Only the module's device loads data, computes the loss and holds the optimizer (and its state).
     opt_ = std::make_unique<Optimizer>(c_.optimizer, model_.num_params(), &env.mem, env.dev);
+    // A 16-bit module: the one process keeps the fp32 master weights, and under fp16 one GradScaler
+    // (torch.cuda.amp.GradScaler in the single process DataParallel runs in: nothing to agree on).
+    if (model_.mixed()) opt_->init_master(model_.params16(), model_.half_format());
+    if (c_.precision == Precision::FP16) scaler_ = make_grad_scaler(nullptr);
     TrainConfig loader = c_;
     loader.batch = G_;
     data_ = std::make_unique<RankBatches>(loader, t_.dataset(), 1, 0);
@@ -74,7 +79,7 @@ class DataParallelRank final : public RankStrategy {
     model_.zero_grad();
   }
 
-  void micro_batch(int64_t, int64_t, bool, StepTally& t) override {
+  void micro_batch(int64_t step, int64_t, bool, StepTally& t) override {
     const int64_t D = c_.model.in_features(), C = c_.model.out_features(), A = c_.accum;
     const int64_t B = t.last_batch = sizes_.next();
     const float* x = nullptr;
@@ -96,7 +101,10 @@ class DataParallelRank final : public RankStrategy {
       }
       // The mean over the whole batch, divided by the number of micro-batches (loss / accum).
       ComputeScope scope(env_.obs, ComputeKind::LossBackward, -1, 2.0 * B * C);
-      dev.cross_entropy_backward(dlogits_.f32(), probs_.f32(), y, B, C, 1.0f / static_cast<float>(B * A));
+      // fp16: scaler.scale(loss). The one process computes the whole loss, so --inject-overflow
+      // overflows it whichever rank --inject-overflow-rank names.
+      const float scale = scaler_ ? t_.loss_scale_for(*scaler_, step, c_.inject_overflow_rank) : 1.0f;
+      dev.cross_entropy_backward(dlogits_.f32(), probs_.f32(), y, B, C, scale / static_cast<float>(B * A));
     }
     dp_.backward(module_ ? dlogits_.f32() : nullptr);
     t.samples += B;
@@ -104,12 +112,21 @@ class DataParallelRank final : public RankStrategy {
     overlapped_s_ += dp_.last_stats().overlapped_seconds;
   }
 
-  bool step(int64_t) override {
+  bool step(int64_t step) override {
     if (!module_) return true;
+    scale_ = scaler_ ? scaler_->scale() : 0.0f;
+    if (scaler_ && !scaler_allows_step(*scaler_, model_, nullptr, env_.ctx)) {  // scaler.step skips it, update backs off
+      t_.rank_skipped_[0].push_back(step);
+      skipped_ = true;
+      return false;
+    }
+    skipped_ = false;
     ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, 10.0 * model_.num_params());
-    opt_->step(model_.params(), model_.grads());
+    if (model_.mixed()) opt_->step_mixed(model_.params16(), model_.grads16(), scaler_ ? 1.0f / scale_ : 1.0f);
+    else opt_->step(model_.params(), model_.grads());
     return true;
   }
+
 
   // One process computed the loss: the module's rank reads it; the replicas have nothing to add (a
   // non-finite loss stops the module's rank, and the others fail their next wait).
@@ -129,6 +146,8 @@ class DataParallelRank final : public RankStrategy {
   bool reports() const override { return module_; }
 
   void annotate(StepReport& r, const StepSums&) override {
+    r.loss_scale = scale_;
+    r.step_skipped = skipped_;
     if (reduce_s_ <= 0) return;
     r.overlap = overlapped_s_ / reduce_s_;
     overlap_sum_ += r.overlap;
@@ -140,6 +159,7 @@ class DataParallelRank final : public RankStrategy {
 
   const Model& finish(TrainSummary& sum) override {
     if (module_) sum.mean_overlap = overlap_n_ ? overlap_sum_ / static_cast<double>(overlap_n_) : -1;
+    if (scaler_) t_.loss_scale_ = scaler_->scale();
     return *t_.models_[0];
   }
 
@@ -153,6 +173,9 @@ class DataParallelRank final : public RankStrategy {
   const int64_t G_;  // the batch rank 0 loads and scatters
   BatchSizes sizes_;
   std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<GradScaler> scaler_;  // fp16, on the module's rank
+  float scale_ = 0;
+  bool skipped_ = false;
   std::unique_ptr<RankBatches> data_;
   Tensor probs_, dlogits_, loss_stats_;
   double reduce_s_ = 0, overlapped_s_ = 0, overlap_sum_ = 0;

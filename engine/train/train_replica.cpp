@@ -226,22 +226,8 @@ class ReplicaRank : public RankStrategy {
   virtual FullyShardedDataParallel* sharded() { return nullptr; }
   virtual void finish_hook(TrainSummary& sum) { (void)sum; }
 
-  // GradScaler.step + update: this rank's inf/NaN check, the ranks' agreement (an all-reduce over
-  // the DP group), the scale's update, and the decision as a LossScale event. False: every rank skips.
-  bool scaler_allows_step() {
-    const bool found = scaler_->unscale_grads(model_);  // FSDP's scaler checks this rank's shard
-    const bool any = GradScaler::agree(dp_comm_, found, model_.device());
-    const float before = scaler_->scale();
-    scaler_->update(any);
-    if (env_.ctx && env_.ctx->recorder()) {
-      const int64_t now = env_.ctx->recorder()->now_ns();
-      const double tm = env_.ctx->compute_clock();
-      Event e(EventKind::LossScale, Lane::Compute, now, now, tm, tm);
-      e.scaler = LossScaleInfo{before, scaler_->scale(), static_cast<uint8_t>(found), static_cast<uint8_t>(any), scaler_->growth_tracker()};
-      env_.ctx->record(e);
-    }
-    return !any;
-  }
+  // The ranks agree over the DP group: all skip together.
+  bool scaler_allows_step() { return dtlab::scaler_allows_step(*scaler_, model_, dp_comm_, env_.ctx); }
 
   Trainer& t_;
   const TrainConfig& c_;
