@@ -40,11 +40,17 @@ inline void reduce_half(uint16_t* dst, const uint16_t* a, const uint16_t* b, int
     dst[i] = half_from_float(op == ReduceOp::Max ? std::max(x, y) : x + y, f);
   }
 }
+static_assert(std::is_standard_layout_v<Bf16Bits> && sizeof(Bf16Bits) == sizeof(uint16_t) &&
+              std::is_standard_layout_v<Fp16Bits> && sizeof(Fp16Bits) == sizeof(uint16_t));
+// The structs are their one uint16_t (standard layout): a pointer to one is a pointer to its bits,
+// null included (an empty chunk passes null; `&a->bits` on it is undefined behaviour).
 inline void reduce_to(Bf16Bits* dst, const Bf16Bits* a, const Bf16Bits* b, int64_t len, ReduceOp op) {
-  reduce_half(&dst->bits, &a->bits, &b->bits, len, op, HalfFormat::BF16);
+  reduce_half(reinterpret_cast<uint16_t*>(dst), reinterpret_cast<const uint16_t*>(a), reinterpret_cast<const uint16_t*>(b), len, op,
+              HalfFormat::BF16);
 }
 inline void reduce_to(Fp16Bits* dst, const Fp16Bits* a, const Fp16Bits* b, int64_t len, ReduceOp op) {
-  reduce_half(&dst->bits, &a->bits, &b->bits, len, op, HalfFormat::FP16);
+  reduce_half(reinterpret_cast<uint16_t*>(dst), reinterpret_cast<const uint16_t*>(a), reinterpret_cast<const uint16_t*>(b), len, op,
+              HalfFormat::FP16);
 }
 inline void reduce_into(Bf16Bits* dst, const Bf16Bits* src, int64_t len, ReduceOp op) { reduce_to(dst, dst, src, len, op); }
 inline void reduce_into(Fp16Bits* dst, const Fp16Bits* src, int64_t len, ReduceOp op) { reduce_to(dst, dst, src, len, op); }
