@@ -61,7 +61,7 @@ class TraceRecorder {
  private:
   struct RankBuffer {
     mutable std::mutex mu;
-    std::vector<Event> ring;  // capacity slots
+    std::vector<Event> ring;  // capacity slots reserved; grows to them, then wraps
     size_t head = 0, size = 0;
     uint64_t dropped = 0;
     std::deque<IterationAggregate> iters;
