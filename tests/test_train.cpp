@@ -7,6 +7,7 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
@@ -16,6 +17,7 @@
 #include "tests/train_util.h"
 #include "engine/core/check.h"
 #include "engine/core/memory.h"
+#include "engine/core/ops.h"
 #include "engine/data/dataset.h"
 #include "engine/data/loader.h"
 #include "engine/data/sampler.h"
@@ -63,6 +65,27 @@ using dtlab::test::TempDir;
 }  // namespace
 
 TEST_SUITE("train") {
+  TEST_CASE("BLAS threads: one when several ranks share the machine, as torchrun sets; --threads wins") {
+    // The environment decides when it names a count (the TSan stage sets OPENBLAS_NUM_THREADS=1).
+    const bool env = std::getenv("OPENBLAS_NUM_THREADS") != nullptr || std::getenv("OMP_NUM_THREADS") != nullptr;
+    set_compute_threads(0);
+    const int library = compute_threads();
+    {
+      Trainer t(test::demo_config("ddp", 4, 16, 1));
+      CHECK(compute_threads() == (env ? library : 1));
+    }
+    {
+      TrainConfig c = test::demo_config("ddp", 2, 16, 1);
+      c.threads = 3;
+      Trainer t(c);
+      CHECK(compute_threads() == 3);
+    }
+    {
+      Trainer t(demo_config(1));  // one rank: the library's choice again
+      CHECK(compute_threads() == library);
+    }
+  }
+
   TEST_CASE("README demo: mlp:2,64,64,3 on spiral reaches 95% in 300 steps") {
     Trainer t(demo_config());
     CHECK(t.total_steps() == 300);

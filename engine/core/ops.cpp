@@ -101,7 +101,9 @@ int64_t count_correct(const float* logits, const int64_t* targets, int64_t B, in
 }
 
 void set_compute_threads(int n) {
-  if (n > 0) openblas_set_num_threads(n);
+  // The library's own choice, read before the first change, so that 0 can restore it.
+  static const int library_default = openblas_get_num_threads();
+  openblas_set_num_threads(n > 0 ? n : library_default);
 }
 
 int compute_threads() { return openblas_get_num_threads(); }

@@ -30,7 +30,8 @@ void cross_entropy_backward(float* dlogits, const float* probs, const int64_t* t
 // Number of rows whose argmax equals the target (ties go to the lowest index, like torch.argmax).
 int64_t count_correct(const float* logits, const int64_t* targets, int64_t B, int64_t C);
 
-// BLAS threads used by the GEMMs (OpenBLAS); 0 leaves the library's default.
+// BLAS threads used by the GEMMs (OpenBLAS); 0 restores the library's default (OPENBLAS_NUM_THREADS,
+// else one per core).
 void set_compute_threads(int n);
 int compute_threads();
 

@@ -401,7 +401,7 @@ std::vector<Setting> make_settings() {
                             throw Error("--trace-clock " + text + " is not a clock; use wall or modeled");
                           c.trace_modeled = text == "modeled";
                         }));
-  s.push_back(field(row("--threads", "threads", T::Int, G::Placement, kCli, "BLAS threads (default: OpenBLAS's choice)", 0, 256, false,
+  s.push_back(field(row("--threads", "threads", T::Int, G::Placement, kCli, "BLAS threads (default: 1 when several ranks share the machine, as torchrun sets OMP_NUM_THREADS=1; else OpenBLAS's choice)", 0, 256, false,
                         "2"),
                     DTLAB_FIELD(threads)));
   s.push_back(field(row("--gradient-as-bucket-view", "ddp.gradient_as_bucket_view", T::Flag, G::Ddp, kCli,

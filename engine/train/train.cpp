@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <filesystem>
 
@@ -264,7 +265,14 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
     recorder0_ = recorder_.get();
     ctx0_ = ctx_.get();
   }
-  set_compute_threads(config_.threads);
+  // BLAS threads: --threads; else what OPENBLAS_NUM_THREADS or OMP_NUM_THREADS say; else one per
+  // rank when several ranks share this machine's cores, as torchrun sets OMP_NUM_THREADS=1 for each
+  // of several processes per node (docs/course_sources.md §8); else OpenBLAS's choice. A pool of
+  // BLAS threads per GEMM on cores the other ranks need only spins: measured on 2 cores, it took a
+  // third of the CPU of the test suite in sched_yield.
+  int blas_threads = config_.threads;
+  if (blas_threads == 0 && N > 1 && !std::getenv("OPENBLAS_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS")) blas_threads = 1;
+  set_compute_threads(blas_threads);
   const ModelSpec& spec = config_.model;
   dataset_ = std::make_unique<Dataset>(
       make_dataset(config_.data, spec.in_features(), spec.out_features()));
