@@ -1002,15 +1002,15 @@ int App::run() {
   // A scripted run (--script, --run, --play) has no display's refresh to wait for, and drawing every
   // frame's pixels as fast as it can (under Xvfb, Mesa's llvmpipe: about 10 ms of CPU each) took two
   // thirds of a lesson's CPU from the ranks it waits for. Its frames still run the UI, the script
-  // and the spoiler check as fast as they come; the pixels are drawn 30 times a second, and on every
-  // frame while a screenshot is pending.
+  // and the spoiler check as fast as they come; the pixels are drawn 10 times a second (30 still took
+  // half a played lesson's CPU in llvmpipe), and on every frame while a screenshot is pending.
   const bool paced = script_->scripted() && opt_.bench_frames == 0;
   auto presented = Clock::now() - std::chrono::seconds(1);
   while (!glfwWindowShouldClose(win_) && !outcome_.quit) {
     const bool loading = traces_.loading();
     const double c0 = thread_cpu_seconds();
     const auto w0 = Clock::now();
-    const bool present = !paced || shots_.pending() || w0 - presented >= std::chrono::milliseconds(33);
+    const bool present = !paced || shots_.pending() || w0 - presented >= std::chrono::milliseconds(100);
     if (present) presented = w0;
     frame(present);
     if (!present) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a frame of UI alone: leave the cores to the ranks
