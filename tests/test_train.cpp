@@ -65,7 +65,7 @@ using dtlab::test::TempDir;
 }  // namespace
 
 TEST_SUITE("train") {
-  TEST_CASE("BLAS threads: one when several ranks share the machine, as torchrun sets; --threads wins") {
+  TEST_CASE("BLAS threads: one when several ranks share the machine, as torchrun sets, and --threads wins") {
     // The environment decides when it names a count (the TSan stage sets OPENBLAS_NUM_THREADS=1).
     const bool env = std::getenv("OPENBLAS_NUM_THREADS") != nullptr || std::getenv("OMP_NUM_THREADS") != nullptr;
     set_compute_threads(0);
