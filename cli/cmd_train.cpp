@@ -276,25 +276,35 @@ void print_checkpointing(std::ostream& out, const TrainConfig& c, const TrainSum
       << " plus the loss's 2 x batch x classes floats)\n";
 }
 
-// --precision bf16/fp16: the bytes per parameter of each part (rank 0's memory at the end over its
-// parameter count), and fp16's loss scale and skipped steps.
+// --precision bf16/fp16: the bytes per parameter of each part (rank 0's memory at the end over the
+// model's parameter count: a sharded rank shows ZeRO's 16 / N), and fp16's loss scale and skipped
+// steps. A pipeline rank holds only its stages, so it divides by the parameters it holds (its
+// 16-bit parameters' bytes / 2).
 void print_precision(std::ostream& out, const TrainConfig& c, const TrainSummary& s) {
-  const double P = static_cast<double>(c.model.num_params());
-  auto per = [&](MemCategory k) { return static_cast<double>(s.memory.current_of(k)) / P; };
-  char line[256];
-  std::snprintf(line, sizeof line, "mixed precision %s: bytes per parameter: parameters %g, gradients %g, master weights %g, "
-                "optimizer state %g (total %g)", precision_name(c.precision), per(MemCategory::Parameters), per(MemCategory::Gradients),
+  const bool stages = c.strategy == Strategy::Pipeline;
+  const double P = stages ? static_cast<double>(s.memory.current_of(MemCategory::Parameters)) / 2.0
+                          : static_cast<double>(c.model.num_params());
+  auto per = [&](MemCategory k) { return P > 0 ? static_cast<double>(s.memory.current_of(k)) / P : 0.0; };
+  char line[288];
+  std::snprintf(line, sizeof line, "mixed precision %s: bytes per parameter%s: parameters %g, gradients %g, master weights %g, "
+                "optimizer state %g (total %g)", precision_name(c.precision), stages ? " of rank 0's stages" : "",
+                per(MemCategory::Parameters), per(MemCategory::Gradients),
                 per(MemCategory::MasterWeights), per(MemCategory::OptimizerState),
                 per(MemCategory::Parameters) + per(MemCategory::Gradients) + per(MemCategory::MasterWeights) + per(MemCategory::OptimizerState));
   out << line << "\n";
   if (c.precision != Precision::FP16 || s.rank_skipped_steps.empty()) return;
   const std::vector<int64_t>& skipped = s.rank_skipped_steps.front();
+  // Launched, this process (rank 0) ran one rank and knows its own skips only: every rank took the
+  // same decision from the all-reduced found-inf flag, but only rank 0's is printed as measured.
+  const bool launched = c.launched || c.backend == "socket";
   bool same = true;
   for (const auto& r : s.rank_skipped_steps) same = same && r == skipped;
   std::string list;
   for (int64_t k : skipped) list += (list.empty() ? "" : ", ") + std::to_string(k);
   out << "loss scale " << s.loss_scale << " at the end; skipped steps (inf/NaN in the gradients): "
-      << (skipped.empty() ? "none" : list) << (same ? (s.rank_skipped_steps.size() > 1 ? ", on every rank" : "") : "; the ranks disagree")
+      << (skipped.empty() ? "none" : list)
+      << (launched ? " on rank 0 (each process knows its own)"
+                   : same ? (s.rank_skipped_steps.size() > 1 ? ", on every rank" : "") : "; the ranks disagree")
       << "\n";
 }
 

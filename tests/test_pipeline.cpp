@@ -418,6 +418,97 @@ TEST_SUITE("pipeline") {
     CHECK(s.rank_memory[1].current_of(MemCategory::Parameters) == 4 * 4355);
   }
 
+  TEST_CASE("bf16 and fp16 pipelines train like one 16-bit rank, and their messages carry half of fp32's bytes") {
+    // Megatron's bf16 pipeline: 16-bit stages, 16-bit activations and gradients between them, fp32
+    // master weights. The micro-batches' 16-bit gradients add up in another order than one rank's
+    // batch, so after 3 SGD steps the runs agree within the dtype's rounding at each tensor's scale
+    // (test::differs_at_tensor_scale, as TP in 16 bits), and their losses within torch.testing's
+    // tolerances for the dtype. Quick runs (the sanitizers) leave out fp16 and LoRA.
+    const auto close = [](double a, double b, Precision p) {
+      return std::fabs(a - b) <= 1e-5 + (p == Precision::BF16 ? 1.6e-2 : 1e-3) * std::fabs(b);
+    };
+    std::vector<Precision> precisions{Precision::BF16};
+    std::vector<int> loras{0};
+    if (!test::quick()) precisions.push_back(Precision::FP16), loras.push_back(4);
+    int runs = 0;
+    for (Precision p : precisions)
+      for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::ZBH1, ScheduleKind::Interleaved1F1B})
+        for (int lora : loras) {
+          const bool interleaved = kind == ScheduleKind::Interleaved1F1B;
+          const std::string what = std::string(precision_name(p)) + " " + schedule_kind_name(kind) + " lora " + std::to_string(lora);
+          CAPTURE(what);
+          TrainConfig c = pipeline_config(interleaved ? kModel8 : kModel4, kind, 2, 4, 16, interleaved ? 2 : 1);
+          c.steps = 3;
+          c.precision = p;
+          c.lora.rank = lora;
+          c.optimizer = default_optimizer_config(OptimizerKind::SGD);
+          c.optimizer.lr = 0.1;
+          TrainConfig one_c = single_like(c, 16);
+          Trainer one(one_c);
+          const Run want = train(one);
+          one_c.precision = Precision::FP32;
+          Trainer exact(one_c);
+          exact.run();
+          Trainer pipe(c);
+          const Run got = train(pipe);
+          REQUIRE(pipe.model().mixed());
+          const std::string why = test::differs_at_tensor_scale(c.model, pipe.result_model().merged_params(), one.result_model().merged_params(),
+                                                                exact.result_model().merged_params(), p == Precision::BF16 ? 1.6e-2 : 1e-3);
+          CHECK_MESSAGE(why.empty(), why);
+          REQUIRE(got.steps.size() == want.steps.size());
+          for (size_t s = 0; s < got.steps.size(); s++) CHECK(close(got.steps[s].loss, want.steps[s].loss, p));
+          runs++;
+          if (kind != ScheduleKind::GPipe || lora != 0) continue;
+          // Stage 0's F sends 4 rows of 16 activations in 16 bits: half of float32's 256 bytes.
+          int sends = 0;
+          for (const Event& e : pipe.recorder().all_events())
+            if (e.kind == EventKind::PipelineAction && e.pipe.stage == 0 && e.pipe.type == ActionType::Forward) {
+              CHECK(e.pipe.bytes == 4 * 16 * 2);
+              sends++;
+            }
+          CHECK(sends == 3 * 4);
+        }
+    CHECK(runs == 4 * static_cast<int>(precisions.size() * loras.size()));
+  }
+
+  TEST_CASE("a 16-bit pipeline: ZB-H1's split backward equals 1F1B's, and an fp16 overflow skips the step on every rank") {
+    // One micro-batch per stage: I then W adds the same 16-bit gradients as B, bit for bit (with and
+    // without LoRA, whose adapters' backward splits too).
+    for (int lora : {0, 4}) {
+      CAPTURE(lora);
+      TrainConfig c = pipeline_config(kModel4, ScheduleKind::OneFOneB, 2, 1, 16);
+      c.steps = 3;
+      c.precision = Precision::BF16;
+      c.lora.rank = lora;
+      Trainer full(c);
+      full.run();
+      c.pipeline.schedule = ScheduleKind::ZBH1;
+      Trainer split(c);
+      split.run();
+      const std::vector<float> a = full.result_model().merged_params(), b = split.result_model().merged_params();
+      REQUIRE(a.size() == b.size());
+      for (size_t i = 0; i < a.size(); i++) REQUIRE(a[i] == b[i]);
+    }
+    // fp16: rank 1 (the last stage) scales its loss by a further 2^24 on step 2 (counted from 1, as
+    // --inject-overflow counts); its gradients and the ones it sends back overflow, every rank of both
+    // replicas skips that step, and the scale halves.
+    TrainConfig c = pipeline_config(kModel4, ScheduleKind::OneFOneB, 2, 4, 16, 1, 2);
+    c.steps = 4;
+    c.precision = Precision::FP16;
+    c.inject_overflow_steps = {2};
+    c.inject_overflow_rank = 1;
+    Trainer t(c);
+    const Run r = train(t);
+    REQUIRE(r.steps.size() == 4);
+    CHECK(!r.steps[0].step_skipped);
+    CHECK(r.steps[1].step_skipped);
+    CHECK(!r.steps[2].step_skipped);
+    CHECK(r.steps[0].loss_scale == 65536.0f);
+    CHECK(r.steps[2].loss_scale == 32768.0f);
+    REQUIRE(r.summary.rank_skipped_steps.size() == 4);
+    for (const auto& skipped : r.summary.rank_skipped_steps) CHECK(skipped == std::vector<int64_t>{2});
+  }
+
   TEST_CASE("every action is an event on the compute lane, and the trace shows them by PyTorch's names") {
     test::TempDir dir;
     TrainConfig c = pipeline_config(kModel4, ScheduleKind::ZBH1, 2, 4, 16);

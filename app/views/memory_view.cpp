@@ -191,21 +191,24 @@ bool draw_rank_bar(ImDrawList* dl, const Snapshot& s, int r, const BarLayout& la
 
 // Mixed precision: what rank `r` holds per parameter, from its live bytes over Ψ, as the ZeRO paper
 // counts it (2 + 2 + 4 + 8 = 16 for AdamW; docs/course_sources.md §6d). Not under LoRA, where the
-// frozen base has no gradients or state and one Ψ does not divide them all.
+// frozen base has no gradients or state and one Ψ does not divide them all. A pipeline rank holds
+// only its stages: its Ψ is the parameters it holds (its 16-bit parameters' bytes / 2).
 void draw_bytes_per_param(const Snapshot& s, int r) {
   const RunConfigView& rc = s.config;
   if (!is_mixed(rc.precision) || rc.num_params <= 0 || rc.frozen_params > 0) return;
   const MemoryStats& st = s.memory[static_cast<size_t>(r)].stats;
-  const double psi = static_cast<double>(rc.num_params);
+  const bool stages = rc.strategy == Strategy::Pipeline;
+  const double psi = stages ? static_cast<double>(st.current_of(MemCategory::Parameters)) / 2.0 : static_cast<double>(rc.num_params);
+  if (psi <= 0) return;
   auto per = [&](MemCategory c) { return static_cast<double>(st.current_of(c)) / psi; };
   const double p = per(MemCategory::Parameters), g = per(MemCategory::Gradients);
   const double m = per(MemCategory::MasterWeights), o = per(MemCategory::OptimizerState);
   ImGui::Text("bytes per parameter (%s, rank %d): parameters %.3g + gradients %.3g + master weights %.3g + optimizer state %.3g = %.3g",
               precision_name(rc.precision), r, p, g, m, o, p + g + m + o);
   if (ImGui::IsItemHovered())
-    ImGui::SetTooltip("Each category's bytes now over the model's %s parameters.\n16-bit parameters and gradients, an fp32 master "
+    ImGui::SetTooltip("Each category's bytes now over the %s parameters %s.\n16-bit parameters and gradients, an fp32 master "
                       "copy the optimizer updates,\nand AdamW's fp32 m and v: the ZeRO paper's 2 + 2 + K with K = 12.",
-                      param_count_str(psi).c_str());
+                      param_count_str(psi).c_str(), stages ? "this rank's stages hold" : "of the model");
   // The grey "other" bar of a mixed run is real memory too: name it, so nobody reads it as a leak.
   const int64_t scratch = st.current_of(MemCategory::Other);
   if (scratch > 0)

@@ -227,6 +227,14 @@ class Model {
   void layer_backward_weight(int i, const float* dout, const float* in, int64_t B);
   // layer_forward run again in backward (activation checkpointing), reported as ComputeKind::Recompute.
   void layer_recompute(int i, float* out, const float* in, int64_t B) { forward_layer_as(i, out, in, B, ComputeKind::Recompute); }
+  // The same four on a mixed-precision model (model_half.cpp): `out`, `in`, `dinp` and `dout` hold B
+  // rows in param_dtype(), and each layer runs the ops, roundings and 16-bit TP collectives that
+  // forward() and backward() run, so a pipeline stage in 16 bits computes what one 16-bit rank does.
+  // Tensor parallelism without sequence parallelism, as above.
+  void layer_forward16(int i, uint16_t* out, const uint16_t* in, int64_t B, bool recompute = false);
+  void layer_backward16(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out, int64_t B);
+  void layer_backward_input16(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* out, int64_t B);
+  void layer_backward_weight16(int i, const uint16_t* dout, const uint16_t* in, int64_t B);
 
   // Whole model with activations owned here (tracked as activations; they grow to the largest
   // batch seen and are reused for smaller ones). `x` (B, D0) must stay alive until backward() returns.
@@ -269,7 +277,7 @@ class Model {
   // float32 dlogits (already multiplied by the loss scale) and rounds them to 16 bits.
   // download_params()/upload_params() convert (checkpoints, evaluation). Call once, before DDP or
   // an optimizer is built; dtlab::Error with one sentence where it does not run in this version (a
-  // GPU, tensor parallelism, a pipeline stage's layer calls).
+  // GPU). A pipeline stage runs its layers one by one through layer_forward16 and the rest.
   // Under LoRA (enable_lora first) the layout is autocast's for a peft model (docs/course_sources.md
   // §6e): the frozen base is stored in 16 bits (from_pretrained(torch_dtype=bfloat16)), the adapters
   // keep float32 values as the optimizer's master copy (peft upcasts trainable adapters to float32)
@@ -314,9 +322,10 @@ class Model {
   void half_backward(const float* dlogits, const GradReadyHook& on_grad_ready);
   void half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t B, ComputeKind kind);
   void half_recompute_block(int last);  // checkpointing: recompute_block in 16 bits
-  void half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out);
+  void half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out, int64_t B);
   void half_lora_forward(const Layer& L, uint16_t* out, const float* x, int64_t B);
-  void half_lora_backward(const Layer& L, float* dx, const float* dy, const float* x, int64_t B);
+  // weights false: only dx's adapter part (x may be null), as lora_backward's `weights`.
+  void half_lora_backward(const Layer& L, float* dx, const float* dy, const float* x, int64_t B, bool weights = true);
   void half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, ComputeKind kind);
   void half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out);
   void half_sp_split_rows(uint16_t* dst, const uint16_t* src, int64_t width);  // sp_split_rows in 16 bits

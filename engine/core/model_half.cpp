@@ -281,7 +281,7 @@ void Model::half_lora_forward(const Layer& L, uint16_t* out, const float* x, int
 // Its backward as autograd runs it on 16-bit tensors: du = ds * scaling, dB += du^T t, dt = du B,
 // dA += dt^T x, and x's gradient the sum of the base's and the adapter's, each rounded to 16 bits
 // before the one rounded sum. `dx` holds the base's float32 input gradient (null for the first layer).
-void Model::half_lora_backward(const Layer& L, float* dx, const float* dy, const float* x, int64_t B) {
+void Model::half_lora_backward(const Layer& L, float* dx, const float* dy, const float* x, int64_t B, bool weights) {
   const HalfFormat f = half_format();
   const int64_t r = lora_.rank, n_out = B * L.out_features;
   Parameter& A = params_[static_cast<size_t>(L.lora_a)];
@@ -290,22 +290,24 @@ void Model::half_lora_backward(const Layer& L, float* dx, const float* dy, const
   const float* bm = widen(lora_b32_, Bm.data16, Bm.numel);
   float* t = f32_scratch(lora_t_, 2 * B * r);  // recomputed, as lora_backward does
   float* dt = t + B * r;
-  device_.linear_forward(t, x, a, nullptr, B, L.in_features, r);
-  for (int64_t k = 0; k < B * r; k++) t[k] = round_to_half(t[k], f);
+  if (weights) {
+    device_.linear_forward(t, x, a, nullptr, B, L.in_features, r);
+    for (int64_t k = 0; k < B * r; k++) t[k] = round_to_half(t[k], f);
+  }
   float* du = f32_scratch(lora_d_, n_out);
   const float s = lora_.scaling();
   for (int64_t k = 0; k < n_out; k++) du[k] = round_to_half(dy[k] * s, f);
   float* g = f32_scratch(lora_g_, Bm.numel + A.numel + (dx ? B * L.in_features : 0));  // dB, dA, dx's adapter part
-  device_.fill_zero(g, (Bm.numel + A.numel) * static_cast<int64_t>(sizeof(float)));
-  device_.linear_backward(dt, g, nullptr, du, t, bm, B, r, L.out_features);
+  if (weights) device_.fill_zero(g, (Bm.numel + A.numel) * static_cast<int64_t>(sizeof(float)));
+  device_.linear_backward(dt, weights ? g : nullptr, nullptr, du, weights ? t : nullptr, bm, B, r, L.out_features);
   for (int64_t k = 0; k < B * r; k++) dt[k] = round_to_half(dt[k], f);
   float* dxl = dx ? g + Bm.numel + A.numel : nullptr;
-  device_.linear_backward(dxl, g + Bm.numel, nullptr, dt, x, a, B, L.in_features, r);
+  if (dxl || weights) device_.linear_backward(dxl, weights ? g + Bm.numel : nullptr, nullptr, dt, weights ? x : nullptr, a, B, L.in_features, r);
   // On a TP shard a partial gradient (lora_partial) stays in lora_g_ for half_sum_lora_grad, the
   // 16-bit form of sum_lora_grad, after the layer's compute.
-  const LoraPartial lp = lora_split(L) ? lora_partial(L) : LoraPartial{};
-  if (lp.first != L.lora_b && lp.second != L.lora_b) add_to_grad16(Bm, g);
-  if (lp.first != L.lora_a && lp.second != L.lora_a) add_to_grad16(A, g + Bm.numel);
+  const LoraPartial lp = weights && lora_split(L) ? lora_partial(L) : LoraPartial{};
+  if (weights && lp.first != L.lora_b && lp.second != L.lora_b) add_to_grad16(Bm, g);
+  if (weights && lp.first != L.lora_a && lp.second != L.lora_a) add_to_grad16(A, g + Bm.numel);
   if (dx)
     for (int64_t k = 0; k < B * L.in_features; k++) dx[k] = round_to_half(round_to_half(dx[k], f) + round_to_half(dxl[k], f), f);
 }
@@ -336,7 +338,7 @@ void Model::half_backward(const float* dlogits, const GradReadyHook& on_grad_rea
     const uint16_t* out = checkpointing_ ? recompute_.u16() : acts_[static_cast<size_t>(i)].u16();
     gate_layer(i, true);
     if (hooks_) hooks_->before_backward(i);
-    half_layer_backward(i, dinp, dout, layer_in16_[static_cast<size_t>(i)], out);
+    half_layer_backward(i, dinp, dout, layer_in16_[static_cast<size_t>(i)], out, B);
     if (hooks_) hooks_->after_backward(i);
     const Layer& L = layer(i);
     if (L.kind == LayerKind::Linear && on_grad_ready) {
@@ -363,10 +365,9 @@ void Model::half_recompute_block(int last) {
 
 // Parameter gradients accumulate as torch's .grad does for 16-bit parameters: the float32 product is
 // added to the 16-bit gradient and the sum rounded once.
-void Model::half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out) {
+void Model::half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out, int64_t B) {
   if (sequence_parallel()) return half_sp_layer_backward(i, dinp, dout, in, out);
   const Layer& L = layer(i);
-  const int64_t B = batch_;
   const HalfFormat f = half_format();
   const int64_t n_out = B * L.out_features;
   {
@@ -394,6 +395,59 @@ void Model::half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, con
   // f backward: the column-parallel Linear's 16-bit input gradient summed over the TP group.
   if (dinp && L.tp == TpRole::Column) tp_comm().all_reduce(dinp, B * L.in_features, param_dtype(), L.seq_index);
   if (lora_split(L)) half_sum_lora_grad(L);
+}
+
+void Model::layer_forward16(int i, uint16_t* out, const uint16_t* in, int64_t B, bool recompute) {
+  DTLAB_CHECK(mixed() && !sequence_parallel(), "layer_forward16() runs a mixed-precision model without sequence parallelism");
+  half_layer_forward(i, out, in, B, recompute ? ComputeKind::Recompute : ComputeKind::LayerForward);
+}
+
+void Model::layer_backward16(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out, int64_t B) {
+  DTLAB_CHECK(mixed() && !sequence_parallel(), "layer_backward16() runs a mixed-precision model without sequence parallelism");
+  half_layer_backward(i, dinp, dout, in, out, B);
+}
+
+// half_layer_backward's input half (zero bubble's I): the same input gradient, rounded the same way.
+void Model::layer_backward_input16(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* out, int64_t B) {
+  DTLAB_CHECK(mixed() && !sequence_parallel(), "layer_backward_input16() runs a mixed-precision model without sequence parallelism");
+  const Layer& L = layer(i);
+  const HalfFormat f = half_format();
+  {
+    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
+                       layer_backward_flops(i, B, true) - layer_backward_flops(i, B, false));
+    if (L.kind == LayerKind::ReLU) {
+      for (int64_t k = 0; k < B * L.out_features; k++) dinp[k] = half_to_float(out[k], f) > 0.0f ? dout[k] : uint16_t{0};
+      return;
+    }
+    const float* dy = widen(fa_, dout, B * L.out_features);
+    const float* w = widen(fc_, weight_of(L).data16, L.out_features * L.in_features);
+    float* dx = f32_scratch(fe_, B * L.in_features);
+    device_.linear_backward(dx, nullptr, nullptr, dy, nullptr, w, B, L.in_features, L.out_features);
+    if (L.lora_a >= 0) half_lora_backward(L, dx, dy, nullptr, B, false);
+    half_from_floats(dinp, dx, B * L.in_features, f);
+  }
+  if (L.tp == TpRole::Column) tp_comm().all_reduce(dinp, B * L.in_features, param_dtype(), L.seq_index);
+}
+
+// Its weight half (W): the parameter gradients half_layer_backward adds, from the same operands.
+void Model::layer_backward_weight16(int i, const uint16_t* dout, const uint16_t* in, int64_t B) {
+  DTLAB_CHECK(mixed() && !sequence_parallel(), "layer_backward_weight16() runs a mixed-precision model without sequence parallelism");
+  const Layer& L = layer(i);
+  if (L.kind != LayerKind::Linear) return;  // a ReLU has no weights
+  ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, B, false));
+  const float* dy = widen(fa_, dout, B * L.out_features);
+  const float* x = widen(fb_, in, B * L.in_features);
+  if (lora()) {  // the frozen base has no gradient; the adapters' is the weight half
+    if (L.lora_a >= 0) half_lora_backward(L, nullptr, dy, x, B, true);
+    if (lora_split(L)) half_sum_lora_grad(L);
+    return;
+  }
+  const int64_t nw = L.out_features * L.in_features;
+  float* dw = f32_scratch(fd_, nw + L.out_features);
+  device_.fill_zero(dw, (nw + L.out_features) * static_cast<int64_t>(sizeof(float)));
+  device_.linear_backward(nullptr, dw, dw + nw, dy, x, nullptr, B, L.in_features, L.out_features);
+  add_to_grad16(params_[static_cast<size_t>(L.weight)], dw);
+  add_to_grad16(params_[static_cast<size_t>(L.bias)], dw + nw);
 }
 
 // sum_lora_grad in 16 bits: the partial gradient half_lora_backward left in lora_g_ ([dB, dA, ...]),

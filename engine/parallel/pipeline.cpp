@@ -167,7 +167,9 @@ struct PipelineRank::MicroBatch {
 PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int rank, Communicator& comm,
                            RankContext* ctx, MemoryTracker* memory, uint64_t seed, const OptimizerConfig& optimizer,
                            Device& device, ComputeObserver* observer, int tp, const StageSetup& setup)
-    : plan_(plan), spec_(spec), rank_(rank), tp_(tp), pipe_rank_(rank / tp % plan.ranks()),
+    : plan_(plan), spec_(spec), precision_(setup.precision),
+      dtype_(setup.precision == Precision::BF16 ? DType::BF16 : setup.precision == Precision::FP16 ? DType::F16 : DType::F32),
+      rank_(rank), tp_(tp), pipe_rank_(rank / tp % plan.ranks()),
       replica_(rank / tp / plan.ranks()), tp_rank_(rank % tp),
       comm_(comm), ctx_(ctx), memory_(memory), device_(device),
       observer_(plan.options.fixed_costs ? nullptr : observer ? observer : ctx),
@@ -196,7 +198,11 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
     if (setup.init) load_stage(*models_.back(), r, *setup.init);
     if (setup.lora.rank > 0) models_.back()->enable_lora(setup.lora, seed);
     models_.back()->set_activation_checkpointing(setup.activation_checkpointing);
+    // model.to(dtype) after LoRA and --init, as Trainer does for one rank; the optimizer keeps the
+    // fp32 master copy of the stage's (trainable) parameters.
+    if (is_mixed(precision_)) models_.back()->set_precision(precision_);
     optimizers_.push_back(std::make_unique<Optimizer>(optimizer, models_.back()->num_params(), memory, device));
+    if (is_mixed(precision_)) optimizers_.back()->init_master(models_.back()->params16(), models_.back()->half_format());
   }
   mbs_.resize(stage_ids_.size() * static_cast<size_t>(plan.options.microbatches));
   if (plan.options.dp > 1) {
@@ -241,7 +247,12 @@ void PipelineRank::load_stage(Model& stage, StageRange r, const Model& full) {
   const std::vector<Parameter>& plain = full.lora() ? full.base_parameters() : full.parameters();
   DTLAB_CHECK(!plain.empty() && plain.front().offset == 0 && stage.num_params() <= spec_.num_params(),
               "--init's full model must hold every parameter");
-  const float* values = plain.front().data + stage_param_offset(spec_, r);  // `full` is a host model
+  std::vector<float> widened;  // a 16-bit `full` (--precision): its values widened, exactly
+  if (full.mixed()) {
+    widened.resize(static_cast<size_t>(stage.num_params()));
+    half_to_floats(widened.data(), plain.front().data16 + stage_param_offset(spec_, r), stage.num_params(), full.half_format());
+  }
+  const float* values = full.mixed() ? widened.data() : plain.front().data + stage_param_offset(spec_, r);  // a host model
   if (tp_ == 1) {
     stage.upload_params(values);
     return;
@@ -255,14 +266,29 @@ void PipelineRank::zero_grad() {
   for (auto& m : models_) m->zero_grad();
 }
 
-void PipelineRank::step() {
-  for (size_t k = 0; k < models_.size(); k++) optimizers_[k]->step(models_[k]->params(), models_[k]->grads());
+void PipelineRank::step(float inv_scale) {
+  for (size_t k = 0; k < models_.size(); k++) {
+    Model& m = *models_[k];
+    if (m.num_params() == 0) continue;  // LoRA left this stage's layers unadapted
+    if (m.mixed()) optimizers_[k]->step_mixed(m.params16(), m.grads16(), inv_scale);
+    else optimizers_[k]->step(m.params(), m.grads());
+  }
 }
 
+bool PipelineRank::grads_nonfinite() const {
+  for (const auto& m : models_)
+    for (const Parameter& p : m->parameters())
+      if (!half_all_finite(p.grad16, p.numel, m->half_format())) return true;
+  return false;
+}
+
+// In the stages' dtype: a 16-bit pipeline all-reduces its 16-bit gradients (DDP over a bf16 module).
 void PipelineRank::reduce_gradients() {
   if (!dp_group_) return;
   std::vector<WorkPtr> works;
-  for (auto& m : models_) works.push_back(dp_group_->all_reduce(m->grads(), m->num_params(), ReduceOp::Sum));
+  for (auto& m : models_)
+    works.push_back(dp_group_->all_reduce(m->mixed() ? static_cast<void*>(m->grads16()) : m->grads(), m->num_params(), dtype_,
+                                          ReduceOp::Sum));
   for (auto& w : works) w->wait();
 }
 
@@ -294,17 +320,25 @@ void PipelineRank::gather_parameters(Model* full) {
   if (replica_ != 0) return;  // the replicas hold the same parameters
   DTLAB_CHECK(rank_ != 0 || full, "rank 0 gathers the stages into a full model; pass it");
   const int S = static_cast<int>(plan_.stages.size());
+  // A 16-bit full model (Trainer's one-rank model under --precision) has no float32 parameters: the
+  // stages land in a float32 copy of them, uploaded (rounded back, exactly) at the end.
+  std::vector<float> widened;
+  if (rank_ == 0 && full->mixed()) widened = full->host_params();
+  float* const flat = rank_ != 0 ? nullptr : full->mixed() ? widened.data() : full->params();
   for (size_t k = 0; k < models_.size(); k++) {
     const int s = stage_ids_[k];
     const Model& m = *models_[k];
     if (m.num_params() == 0) continue;  // LoRA left this stage's layers unadapted
-    float* dst = rank_ == 0 ? full->params() + stage_slice(*full, plan_.stages[static_cast<size_t>(s)]).offset : nullptr;
+    float* dst = rank_ == 0 ? flat + stage_slice(*full, plan_.stages[static_cast<size_t>(s)]).offset : nullptr;
     if (tp_ > 1) {  // the TP group puts its shards together; its first rank sends the stage on
       const std::vector<float> stage = gather_tensor_parallel_params(m, tp_group_ ? *tp_group_ : comm_);
       if (rank_ == 0) std::copy(stage.begin(), stage.end(), dst);
       else if (tp_rank_ == 0) comm_.send(stage.data(), static_cast<int64_t>(stage.size()), DType::F32, 0, kGatherTag + s)->wait();
     } else if (rank_ == 0) {
-      m.download_params(dst);  // `full` is a host model
+      m.download_params(dst);  // a host buffer
+    } else if (m.mixed()) {  // its 16-bit values, widened (exact): rank 0 rounds them back
+      const std::vector<float> values = m.host_params();
+      comm_.send(values.data(), m.num_params(), DType::F32, 0, kGatherTag + s)->wait();
     } else {
       comm_.send(m.params(), m.num_params(), DType::F32, 0, kGatherTag + s)->wait();
     }
@@ -314,7 +348,7 @@ void PipelineRank::gather_parameters(Model* full) {
     const FlatSlice slice = stage_slice(*full, plan_.stages[static_cast<size_t>(s)]);
     if (peer_of(s) == 0 || slice.numel == 0) continue;
     const int64_t n = slice.numel;
-    float* dst = full->params() + slice.offset;
+    float* dst = flat + slice.offset;
     if (device_.is_host()) {
       comm_.recv(dst, n, DType::F32, peer_of(s), kGatherTag + s)->wait();
     } else {  // the communicator moves device memory: receive there, then bring it to the host
@@ -323,6 +357,7 @@ void PipelineRank::gather_parameters(Model* full) {
       device_.download(dst, staged.f32(), n * static_cast<int64_t>(sizeof(float)));
     }
   }
+  if (full->mixed()) full->upload_params(widened.data());
 }
 
 Tensor PipelineRank::receive(int stage, int mb, Dir dir, int64_t rows, int64_t width) {
@@ -341,8 +376,8 @@ Tensor PipelineRank::receive(int stage, int mb, Dir dir, int64_t rows, int64_t w
     local_.erase(it);
     return t;
   }
-  Tensor t({rows, width}, MemCategory::Activations, memory_, DType::F32, device_);
-  comm_.recv(t.f32(), rows * width, DType::F32, from, tag)->wait();  // bounded by the watchdog
+  Tensor t = activation(rows, width);
+  comm_.recv(t.raw(), rows * width, dtype_, from, tag)->wait();  // bounded by the watchdog
   return t;
 }
 
@@ -355,7 +390,7 @@ WorkPtr PipelineRank::send(int stage, int mb, Dir dir, const Tensor& data, const
   const int to = peer_of(stage);
   const int tag = tag_of(stage, mb, dir);
   if (to == rank_) {
-    Tensor copy(data.shape(), MemCategory::Activations, memory_, DType::F32, device_);
+    Tensor copy(data.shape(), MemCategory::Activations, memory_, data.dtype(), device_);
     device_.copy(copy.raw(), data.raw(), data.nbytes());
     local_[tag] = std::move(copy);
     return nullptr;
@@ -369,50 +404,72 @@ WorkPtr PipelineRank::send(int stage, int mb, Dir dir, const Tensor& data, const
       const Model& m = *models_[static_cast<size_t>(next->stage / plan_.ranks())];
       const int64_t rows = state(next->stage, next->mb).rows;
       const int64_t width = fwd ? m.layer(0).in_features : m.layer(m.num_layers() - 1).out_features;
-      Prefetched p{tag_of(next->stage, next->mb, fwd ? kForward : kBackward),
-                   Tensor({rows, width}, MemCategory::Activations, memory_, DType::F32, device_), nullptr};
-      p.work = comm_.send_recv(data.f32(), data.numel(), to, tag, p.data.f32(), rows * width, from, p.tag, DType::F32);
+      Prefetched p{tag_of(next->stage, next->mb, fwd ? kForward : kBackward), activation(rows, width), nullptr};
+      p.work = comm_.send_recv(data.raw(), data.numel(), to, tag, p.data.raw(), rows * width, from, p.tag, dtype_);
       WorkPtr w = p.work;
       prefetched_ = std::move(p);
       return w;
     }
   }
-  return comm_.send(data.f32(), data.numel(), DType::F32, to, tag);
+  return comm_.send(data.raw(), data.numel(), dtype_, to, tag);
 }
 
 // Layer i's input in a micro-batch's forward: the previous layer's output, or the stage's input. Null
 // where checkpointing dropped it: only a ReLU's, whose backward reads its output instead.
-const float* PipelineRank::layer_input(const MicroBatch& st, int stage, int i) const {
-  if (i == 0) return stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32();
-  return st.outs[static_cast<size_t>(i - 1)].f32();
+// A 16-bit first stage reads its micro-batch's rows rounded to 16 bits (x.to(dtype)), kept in `input`.
+const void* PipelineRank::layer_input(const MicroBatch& st, int stage, int i) const {
+  if (i == 0) return stage == 0 && !mixed() ? static_cast<const void*>(x_ + st.offset * spec_.in_features()) : st.input.raw();
+  return st.outs[static_cast<size_t>(i - 1)].raw();
 }
 
-float* PipelineRank::recompute_buffer(int64_t n) {
-  if (recompute_.numel() < n) recompute_ = Tensor({n}, MemCategory::Activations, memory_, DType::F32, device_);
-  return recompute_.f32();
+void* PipelineRank::recompute_buffer(int64_t n) {
+  if (recompute_.numel() < n) recompute_ = Tensor({n}, MemCategory::Activations, memory_, dtype_, device_);
+  return recompute_.raw();
+}
+
+Tensor PipelineRank::activation(int64_t rows, int64_t width) const {
+  return Tensor({rows, width}, MemCategory::Activations, memory_, dtype_, device_);
+}
+
+void PipelineRank::layer_forward(Model& m, int i, void* out, const void* in, int64_t rows, bool recompute) {
+  if (m.mixed()) m.layer_forward16(i, static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in), rows, recompute);
+  else if (recompute) m.layer_recompute(i, static_cast<float*>(out), static_cast<const float*>(in), rows);
+  else m.layer_forward(i, static_cast<float*>(out), static_cast<const float*>(in), rows);
 }
 
 const Tensor* PipelineRank::forward(int stage, int mb) {
   MicroBatch& st = state(stage, mb);
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
-  const float* in = stage == 0 ? x_ + st.offset * spec_.in_features() : st.input.f32();
+  if (stage == 0 && mixed()) {  // the batch as x.to(dtype), as the one-rank 16-bit model rounds it
+    const int64_t D = spec_.in_features();
+    st.input = activation(st.rows, D);
+    half_from_floats(st.input.u16(), x_ + st.offset * D, st.rows * D, model.half_format());
+  }
+  const void* in = layer_input(st, stage, 0);
   for (int i = 0; i < model.num_layers(); i++) {
     const int64_t width = model.layer(i).out_features;
     // Checkpointing: a Linear inside a block writes to the shared buffer its ReLU reads at once.
     const bool keep = model.keeps_output(i);
-    st.outs.push_back(keep ? Tensor({st.rows, width}, MemCategory::Activations, memory_, DType::F32, device_) : Tensor());
-    float* out = keep ? st.outs.back().f32() : recompute_buffer(st.rows * width);
+    st.outs.push_back(keep ? activation(st.rows, width) : Tensor());
+    void* out = keep ? st.outs.back().raw() : recompute_buffer(st.rows * width);
     model.gate_layer(i, false);
-    if (st.rows > 0) model.layer_forward(i, out, in, st.rows);
+    if (st.rows > 0) layer_forward(model, i, out, in, st.rows);
     in = out;
   }
   // The output stays here until this stage's backward, long after the next stage received it.
   if (stage + 1 < static_cast<int>(plan_.stages.size())) return &st.outs.back();
   const int64_t C = spec_.out_features();
   st.probs = Tensor({st.rows, C}, MemCategory::Activations, memory_, DType::F32, device_);
+  const float* logits = static_cast<const float*>(in);
+  Tensor widened;  // 16 bits: the logits widened, so the loss runs in float32 (Model::forward's way)
+  if (mixed()) {
+    widened = Tensor({st.rows, C}, MemCategory::Activations, memory_, DType::F32, device_);
+    half_to_floats(widened.f32(), static_cast<const uint16_t*>(in), st.rows * C, model.half_format());
+    logits = widened.f32();
+  }
   ComputeScope scope(observer_, ComputeKind::Loss, -1, 5.0 * st.rows * C);
   // The loss and correct count accumulate on the device; run_iteration reads them once at its end.
-  device_.cross_entropy_forward(st.probs.f32(), stats_.f64(), in, y_ + st.offset, st.rows, C);
+  device_.cross_entropy_forward(st.probs.f32(), stats_.f64(), logits, y_ + st.offset, st.rows, C);
   it_.samples += static_cast<double>(st.rows);
   return nullptr;
 }
@@ -425,6 +482,11 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
     dout = Tensor({st.rows, C}, MemCategory::Activations, memory_, DType::F32, device_);
     ComputeScope scope(observer_, ComputeKind::LossBackward, -1, 2.0 * st.rows * C);
     device_.cross_entropy_backward(dout.f32(), st.probs.f32(), y_ + st.offset, st.rows, C, loss_scale_);
+    if (mixed()) {  // the (scaled) loss gradient rounded to 16 bits, as Model::backward takes it
+      Tensor d16 = activation(st.rows, C);
+      half_from_floats(d16.u16(), dout.f32(), st.rows * C, model.half_format());
+      dout = std::move(d16);
+    }
   }
   st.probs = Tensor();
   const int n = model.num_layers();
@@ -432,21 +494,28 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
   for (int i = n - 1; i >= 0; i--) {
     const Layer& L = model.layer(i);
     const bool input_grad = i > 0 || stage > 0;  // the model's first layer has no input gradient
-    Tensor dinp = input_grad ? Tensor({st.rows, L.in_features}, MemCategory::Activations, memory_, DType::F32, device_)
-                             : Tensor();
-    const float* in = layer_input(st, stage, i);
-    const float* out = st.outs[static_cast<size_t>(i)].f32();
+    Tensor dinp = input_grad ? activation(st.rows, L.in_features) : Tensor();
+    const void* in = layer_input(st, stage, i);
+    const void* out = st.outs[static_cast<size_t>(i)].raw();
     if (model.activation_checkpointing() && model.keeps_output(i)) {
       // torch.utils.checkpoint: backward reaching a block runs its forward again first (as
       // Model::backward does): the Linear from the block's kept input, the ReLU in place after it.
       const int first = L.kind == LayerKind::ReLU ? i - 1 : i;
-      float* buf = recompute_buffer(st.rows * L.out_features);
-      for (int j = first; j <= i && st.rows > 0; j++) model.layer_recompute(j, buf, j == first ? layer_input(st, stage, j) : buf, st.rows);
+      void* buf = recompute_buffer(st.rows * L.out_features);
+      for (int j = first; j <= i && st.rows > 0; j++) layer_forward(model, j, buf, j == first ? layer_input(st, stage, j) : buf, st.rows, true);
       out = buf;
     }
     model.gate_layer(i, true);
-    if (st.rows > 0 && !input_only) model.layer_backward(i, dinp.f32(), dout.f32(), in, out, st.rows);
-    if (st.rows > 0 && input_only && input_grad) model.layer_backward_input(i, dinp.f32(), dout.f32(), out, st.rows);
+    if (st.rows > 0 && model.mixed()) {
+      using u16 = uint16_t;
+      if (!input_only) model.layer_backward16(i, static_cast<u16*>(dinp.raw()), static_cast<const u16*>(dout.raw()), static_cast<const u16*>(in),
+                                              static_cast<const u16*>(out), st.rows);
+      else if (input_grad) model.layer_backward_input16(i, static_cast<u16*>(dinp.raw()), static_cast<const u16*>(dout.raw()),
+                                                        static_cast<const u16*>(out), st.rows);
+    } else if (st.rows > 0) {
+      if (!input_only) model.layer_backward(i, dinp.f32(), dout.f32(), static_cast<const float*>(in), static_cast<const float*>(out), st.rows);
+      else if (input_grad) model.layer_backward_input(i, dinp.f32(), dout.f32(), static_cast<const float*>(out), st.rows);
+    }
     if (input_only) st.douts[static_cast<size_t>(i)] = std::move(dout);  // W needs it
     dout = std::move(dinp);
   }
@@ -459,7 +528,11 @@ void PipelineRank::backward_weight(int stage, int mb) {
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
   DTLAB_CHECK(st.douts.size() == static_cast<size_t>(model.num_layers()), "W ran before its I; the schedule is wrong");
   for (int i = 0; i < model.num_layers() && st.rows > 0; i++) {
-    model.layer_backward_weight(i, st.douts[static_cast<size_t>(i)].f32(), layer_input(st, stage, i), st.rows);
+    const void* dout = st.douts[static_cast<size_t>(i)].raw();
+    if (model.mixed())
+      model.layer_backward_weight16(i, static_cast<const uint16_t*>(dout), static_cast<const uint16_t*>(layer_input(st, stage, i)), st.rows);
+    else
+      model.layer_backward_weight(i, static_cast<const float*>(dout), static_cast<const float*>(layer_input(st, stage, i)), st.rows);
   }
   st.release();
 }

@@ -93,6 +93,10 @@ struct StageSetup {
   // torch.utils.checkpoint per block inside each stage (Model::set_activation_checkpointing): a
   // micro-batch keeps only its blocks' outputs from F to B, and B (or I) runs each block again first.
   bool activation_checkpointing = false;
+  // --precision bf16/fp16 (Model::set_precision on every stage, after LoRA): 16-bit parameters,
+  // gradients and activations, 16-bit messages between the stages (half float32's bytes), and the
+  // optimizer's fp32 master weights (Optimizer::step_mixed), as Megatron runs a bf16 pipeline.
+  Precision precision = Precision::FP32;
 };
 
 class PipelineRank {
@@ -128,7 +132,12 @@ class PipelineRank {
   // Data parallelism: sums each stage's gradients over the D replicas that hold it (a process group
   // of those ranks). With loss_scale over every replica's samples that sum is the average.
   void reduce_gradients();
-  void step();  // one optimizer step per stage
+  // One optimizer step per stage; mixed precision: from the fp32 master weights, the gradients
+  // multiplied by inv_scale first (fp16's GradScaler unscales them).
+  void step(float inv_scale = 1.0f);
+  bool mixed() const { return is_mixed(precision_); }
+  // Does any of its stages' 16-bit gradients hold an inf or NaN? (GradScaler's check, every stage.)
+  bool grads_nonfinite() const;
   // Replica 0 sends its stages' parameters to rank 0, which writes them into `full`, a host model (null elsewhere);
   // with tp > 1 each TP group first gathers its stages' shards (a collective of replica 0's ranks).
   // Under LoRA the parameters are the adapters, and `full` is the one-rank LoRA model.
@@ -149,12 +158,17 @@ class PipelineRank {
   const Tensor* forward(int stage, int mb);
   Tensor backward(int stage, int mb, Tensor dout, bool input_only);
   void backward_weight(int stage, int mb);
-  const float* layer_input(const MicroBatch& st, int stage, int i) const;
-  float* recompute_buffer(int64_t n);  // checkpointing: a block's inner activation, shared by all stages
+  const void* layer_input(const MicroBatch& st, int stage, int i) const;
+  void* recompute_buffer(int64_t n);  // checkpointing: a block's inner activation, shared by all stages
+  Tensor activation(int64_t rows, int64_t width) const;  // (rows, width) in the stages' dtype
+  // One layer in the stages' dtype (Model's float32 or 16-bit layer calls).
+  void layer_forward(Model& m, int i, void* out, const void* in, int64_t rows, bool recompute = false);
   void record_action(const Action& a, int step, int index, int64_t wall0, double model0, int64_t bytes);
 
   const PipelinePlan& plan_;
   ModelSpec spec_;
+  Precision precision_ = Precision::FP32;
+  DType dtype_ = DType::F32;  // of the activations, messages and gradients: F32, BF16 or F16
   int rank_, tp_, pipe_rank_, replica_, tp_rank_;
   Communicator& comm_;
   RankContext* ctx_;

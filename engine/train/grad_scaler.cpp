@@ -43,8 +43,12 @@ void GradScaler::update(bool found_inf) {
 }
 
 bool scaler_allows_step(GradScaler& scaler, Model& model, Communicator* comm, RankContext* ctx) {
-  const bool found = scaler.unscale_grads(model);  // FSDP's scaler checks this rank's shard
-  const bool any = GradScaler::agree(comm, found, model.device());
+  // FSDP's scaler checks this rank's shard
+  return scaler_allows_step(scaler, scaler.unscale_grads(model), model.device(), comm, ctx);
+}
+
+bool scaler_allows_step(GradScaler& scaler, bool found, Device& dev, Communicator* comm, RankContext* ctx) {
+  const bool any = GradScaler::agree(comm, found, dev);
   const float before = scaler.scale();
   scaler.update(any);
   if (ctx && ctx->recorder()) {

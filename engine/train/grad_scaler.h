@@ -71,5 +71,8 @@ class RankContext;
 // `comm` (null: one process decides alone), the scale's update, and the decision as a LossScale event
 // on `ctx` (null: none). True: take the step; false: every rank skips it.
 bool scaler_allows_step(GradScaler& scaler, Model& model, Communicator* comm, RankContext* ctx);
+// The same where this rank's gradients are not one Model's (a pipeline rank's stages): `found` is
+// its own check, `dev` where the agreement's flag lives.
+bool scaler_allows_step(GradScaler& scaler, bool found, Device& dev, Communicator* comm, RankContext* ctx);
 
 }  // namespace dtlab

@@ -68,7 +68,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
      {{
          /*TensorParallel*/ kOk,
          /*SequenceParallel*/ todo("the stages send whole activations between ranks", "drop --sequence-parallel"),
-         /*MixedPrecision*/ todo("the stages run in float32", "use --strategy single or ddp"),
+         /*MixedPrecision*/ kOk,
          /*Lora*/ kOk,
          /*Recompute*/ kOk,
          /*Accumulation*/ no("the micro-batches are the pipeline's accumulation", "use --microbatches"),

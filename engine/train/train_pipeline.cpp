@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "engine/core/check.h"
+#include "engine/train/grad_scaler.h"
 #include "engine/train/iteration_gate.h"
 #include "engine/train/nonfinite.h"
 #include "engine/train/rank_strategy.h"
@@ -52,6 +53,10 @@ class PipelineTrainRank final : public RankStrategy {
       x_dev_ = Tensor({c_.batch, F()}, MemCategory::Activations, &env.mem, DType::F32, env.dev);
       y_dev_ = Tensor({c_.batch}, MemCategory::Activations, &env.mem, DType::I64, env.dev);
     }
+    // fp16: torch's GradScaler. The last stages scale the loss; every rank checks its stages'
+    // gradients and the whole world agrees (Megatron all-reduces found_inf over the model-parallel
+    // ranks; docs/course_sources.md §6e), so every stage of every replica skips the same steps.
+    if (c_.precision == Precision::FP16) scaler_ = make_grad_scaler(nullptr);
   }
 
   void zero_grad(int64_t) override {
@@ -59,12 +64,14 @@ class PipelineTrainRank final : public RankStrategy {
     pipe_.zero_grad();
   }
 
-  void micro_batch(int64_t, int64_t, bool, StepTally& t) override {
+  void micro_batch(int64_t step, int64_t, bool, StepTally& t) override {
+    step_ = step;
     const Batch& batch = data_.next();
     t.last_batch = batch.size;
     // Every replica's batch has batch.size samples (the sampler pads), so the step's mean loss
     // weighs each sample 1 / (D x batch.size).
-    const float scale = 1.0f / static_cast<float>(batch.size * plan_.options.dp);
+    const float scale = 1.0f / static_cast<float>(batch.size * plan_.options.dp) *
+                        (scaler_ ? t_.loss_scale_for(*scaler_, step_, env_.rank) : 1.0f);
     const float* x = batch.x.data();
     const int64_t* y = batch.y.data();
     Device& dev = env_.dev;
@@ -83,9 +90,16 @@ class PipelineTrainRank final : public RankStrategy {
     pipe_.reduce_gradients();
   }
 
-  bool step(int64_t) override {
+  bool step(int64_t step) override {
+    scale_ = scaler_ ? scaler_->scale() : 0.0f;
+    if (scaler_ && !scaler_allows_step(*scaler_, pipe_.grads_nonfinite(), env_.dev, env_.comm, env_.ctx)) {
+      t_.rank_skipped_[static_cast<size_t>(env_.rank)].push_back(step);
+      skipped_ = true;
+      return false;
+    }
+    skipped_ = false;
     ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, 10.0 * static_cast<double>(pipe_.num_params()));
-    pipe_.step();
+    pipe_.step(scaler_ ? 1.0f / scale_ : 1.0f);
     return true;
   }
 
@@ -122,11 +136,16 @@ class PipelineTrainRank final : public RankStrategy {
   }
 
   bool reports() const override { return env_.rank == 0; }
-  void annotate(StepReport& r, const StepSums&) override { r.bubble = bubbles_; }
+  void annotate(StepReport& r, const StepSums&) override {
+    r.bubble = bubbles_;
+    r.loss_scale = scale_;
+    r.step_skipped = skipped_;
+  }
   int64_t epoch() const override { return data_.epoch(); }
   int64_t epochs_started() const override { return data_.epochs_started(); }
 
   const Model& finish(TrainSummary& sum) override {
+    if (scaler_ && env_.rank == 0) t_.loss_scale_ = scaler_->scale();
     pipe_.gather_parameters(env_.rank == 0 ? t_.models_[0].get() : nullptr);
     if (t_.launched_) gather_rank_memory();
     if (env_.rank == 0) sum.pipeline = meter_.stats();
@@ -162,6 +181,7 @@ class PipelineTrainRank final : public RankStrategy {
     if (!t.config_.init_path.empty()) s.init = t.models_[0].get();
     s.lora = t.config_.lora;
     s.activation_checkpointing = t.config_.activation_checkpointing;
+    s.precision = t.config_.precision;
     return s;
   }
   Trainer& t_;
@@ -177,6 +197,10 @@ class PipelineTrainRank final : public RankStrategy {
   std::vector<PipelineRankIteration> records_;
   PipelineRankIteration mine_{};
   std::vector<double> bubbles_;
+  std::unique_ptr<GradScaler> scaler_;  // fp16
+  int64_t step_ = 0;
+  float scale_ = 0;
+  bool skipped_ = false;
 };
 
 std::unique_ptr<RankStrategy> make_pipeline_rank(const RankEnv& env) { return std::make_unique<PipelineTrainRank>(env); }
