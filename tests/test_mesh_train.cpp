@@ -157,6 +157,56 @@ TEST_SUITE("mesh") {
     }
   }
 
+  TEST_CASE("HYBRID_SHARD x TP (world 8: tp 2, node groups of 2 data-parallel ranks) equals DDP on world 4, with LoRA and in bf16") {
+    // torch's 3-D mesh ("replicate", "shard", "tp"): each TP coordinate's 4 data-parallel ranks shard
+    // in node groups of 2 and replicate across the 2 groups. The node and replica groups are groups
+    // of the world (their collectives name world ranks) and run on the mesh's one executor per rank.
+    for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW})
+      for (int lora : {0, 4}) {
+        CAPTURE(optimizer_name(kind));
+        CAPTURE(lora);
+        TrainConfig d = mesh_config("ddp", 4, 1, kind);
+        d.lora.rank = lora;
+        Trainer ref(d);
+        ref.run();
+        TrainConfig c = mesh_config("fsdp", 8, 2, kind);
+        c.lora.rank = lora;
+        c.fsdp.sharding = Sharding::Hybrid;
+        c.fsdp.node_size = 2;
+        Trainer t(c);
+        t.run();
+        CHECK(max_diff(t.result_model(), ref.result_model()) <= 1e-5);
+        if (kind != OptimizerKind::SGD || lora != 0) continue;
+        std::set<std::string> groups;
+        for (const Event& e : t.recorder().all_events())
+          if (e.kind == EventKind::Collective && e.rank == 0)
+            groups.insert(e.coll.group == 0 ? std::string("world") : t.recorder().label(e.coll.group - 1));
+        // rank 0: its TP group, the mesh's DP group (FSDP's broadcast of the model), its node group
+        // and its replica group, both on world ranks, and the world's loss report.
+        CHECK(groups == std::set<std::string>{"world", "tp0: 0,1", "dp0: 0,2,4,6", "shard0: 0,2", "replicate0: 0,4"});
+      }
+    // bf16: the node groups reduce-scatter and the replicas all-reduce 16-bit gradients, rounding
+    // where DDP's buckets do not: within bf16's rounding at each tensor's scale.
+    TrainConfig d = mesh_config("ddp", 4, 1, OptimizerKind::SGD);
+    d.steps = 3;
+    d.precision = Precision::BF16;
+    Trainer ref(d);
+    ref.run();
+    d.precision = Precision::FP32;
+    Trainer exact(d);
+    exact.run();
+    TrainConfig c = mesh_config("fsdp", 8, 2, OptimizerKind::SGD);
+    c.steps = 3;
+    c.precision = Precision::BF16;
+    c.fsdp.sharding = Sharding::Hybrid;
+    c.fsdp.node_size = 2;
+    Trainer t(c);
+    t.run();
+    const std::string why = test::differs_at_tensor_scale(c.model, t.result_model().merged_params(), ref.result_model().merged_params(),
+                                                          exact.result_model().merged_params(), 1.6e-2);
+    CHECK_MESSAGE(why.empty(), why);
+  }
+
   TEST_CASE("a 2 x 2 x 2 mesh (pipeline, dp 2, tp 2) equals DDP on world 2 and the pipeline without TP") {
     for (OptimizerKind kind : {OptimizerKind::SGD, OptimizerKind::AdamW}) {
       CAPTURE(optimizer_name(kind));

@@ -152,6 +152,17 @@ class GroupComm : public Communicator {
   // Queued operations capture this group; they finish (or fail under the watchdog) first.
   ~GroupComm() override { ex_->drain(); }
 
+  // A group of this group is a group of its parent (new_group): its members' parent ranks, and the
+  // tag its own sends would carry through this group.
+  Communicator& parent() const { return parent_; }
+  int parent_rank(int group_rank) const {
+    DTLAB_CHECK(group_rank >= 0 && group_rank < world_size(), "a subgroup lists rank " + std::to_string(group_rank) +
+                                                                   " of a group of " + std::to_string(world_size()));
+    return ranks_[static_cast<size_t>(group_rank)];
+  }
+  int parent_tag(int tag) const { return tag_ + 1 + tag; }
+  const std::shared_ptr<GroupExecutor>& executor() const { return ex_; }
+
   int rank() const override { return me_; }
   int world_size() const override { return static_cast<int>(ranks_.size()); }
   const char* backend_name() const override { return parent_.backend_name(); }
@@ -471,6 +482,19 @@ class GroupComm : public Communicator {
 
 std::unique_ptr<Communicator> new_group(Communicator& parent, std::vector<int> ranks, int tag,
                                         std::shared_ptr<GroupExecutor> executor, Device& device, std::string name) {
+  // A group of a group (HYBRID_SHARD's node and replica groups inside a mesh's DP group) is built on
+  // the world with the members' world ranks, as torch's new_group takes global ranks: its events,
+  // the stepper's gates and the lab's rings name the ranks that really move the data. It runs on its
+  // parent's executor: the world's comm worker runs each rank's sends and receives in issue order (a
+  // stream), so two executors of one rank feeding it (the mesh's TP group and FSDP's node group)
+  // would interleave differently on different ranks, and a receive of one group would wait forever
+  // in front of the other group's. One executor per rank issues every group's operations in program
+  // order, the same on every rank.
+  if (auto* g = dynamic_cast<GroupComm*>(&parent)) {
+    (void)executor;
+    for (int& r : ranks) r = g->parent_rank(r);
+    return new_group(g->parent(), std::move(ranks), g->parent_tag(tag), g->executor(), device, std::move(name));
+  }
   return std::make_unique<GroupComm>(parent, std::move(ranks), tag, std::move(executor), device, std::move(name));
 }
 

@@ -62,7 +62,8 @@ class GroupExecutor {
 // rank's compute stream beside the rank's own work: a rank must not write a buffer it handed to a
 // group operation until that operation's Work is waited for (FSDP and the pipeline never do).
 // `name` ("tp0", "dp1") names the group in events and views; "" gives "group<tag>". `tag` must be
-// below kGroupStepTag.
+// below kGroupStepTag. A group of a group is a group of the world, on the members' world ranks, run by
+// its parent's executor (`executor` is then not used).
 std::unique_ptr<Communicator> new_group(Communicator& parent, std::vector<int> ranks, int tag,
                                         std::shared_ptr<GroupExecutor> executor, Device& device = cpu_device(),
                                         std::string name = "");

@@ -21,8 +21,6 @@ struct Combination {
 const Combination kCombinations[] = {
     {Feature::TensorParallel, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
      "the tensor-parallel shards run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
-    {Feature::TensorParallel, "--sharding hybrid", [](const TrainConfig& c) { return c.strategy == Strategy::Fsdp && c.fsdp.sharding == Sharding::Hybrid; },
-     "HYBRID_SHARD's node groups and the tensor-parallel groups are not laid out as one mesh", "use --sharding full", true},
     {Feature::MixedPrecision, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
      "the 16-bit kernels run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
 };

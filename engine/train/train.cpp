@@ -101,10 +101,14 @@ void validate(const TrainConfig& c) {
   validate_precision(c);
   if (c.fsdp.node_size != 0 && (c.strategy != Strategy::Fsdp || c.fsdp.sharding != Sharding::Hybrid))
     throw Error("--node-size sets HYBRID_SHARD's shard group; use it with --strategy fsdp --sharding hybrid");
+  // With --tp T, HYBRID_SHARD shards over each TP coordinate's world / T data-parallel ranks
+  // (torch's 3-D mesh ("replicate", "shard", "tp")): --node-size counts those.
+  const int dp_size = c.tp > 1 && c.world_size % c.tp == 0 ? c.world_size / c.tp : c.world_size;
   if (c.strategy == Strategy::Fsdp && c.fsdp.sharding == Sharding::Hybrid && c.fsdp.node_size != 0 &&
-      (c.fsdp.node_size < 1 || c.world_size % c.fsdp.node_size != 0))
-    throw Error("--node-size " + std::to_string(c.fsdp.node_size) + " does not divide --world " +
-                std::to_string(c.world_size) + "; HYBRID_SHARD needs equal node groups");
+      (c.fsdp.node_size < 1 || dp_size % c.fsdp.node_size != 0))
+    throw Error("--node-size " + std::to_string(c.fsdp.node_size) + " does not divide " +
+                (c.tp > 1 ? "the " + std::to_string(dp_size) + " data-parallel ranks (--world / --tp)" : "--world " + std::to_string(c.world_size)) +
+                "; HYBRID_SHARD needs equal node groups");
   if (c.device != "cpu" && c.device != "cuda")
     throw Error("--device " + c.device + " is not a device; use cpu or cuda");
   const bool gpu_backend = c.backend == "cuda" || c.backend == "nccl";
@@ -222,11 +226,16 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   validate(config_);
   if (config_.strategy == Strategy::Fsdp && config_.fsdp.sharding == Sharding::Hybrid && config_.fsdp.node_size == 0) {
     // HYBRID_SHARD's shard group defaults to a node of the hardware profile.
-    const int k = find_profile(config_.profile).gpus_per_node;
-    if (k >= config_.world_size || config_.world_size % k != 0)
-      throw Error("--sharding hybrid needs node groups, but profile " + config_.profile + " has " + std::to_string(k) +
+    // Under --tp a node's GPUs hold tp-wide groups: gpus_per_node / tp data-parallel ranks.
+    const int tp = std::max(1, config_.tp);
+    const int per_node = find_profile(config_.profile).gpus_per_node;
+    const int k = per_node / tp, dp = config_.world_size / tp;
+    if (k < 1 || k >= dp || dp % k != 0)
+      throw Error("--sharding hybrid needs node groups, but profile " + config_.profile + " has " + std::to_string(per_node) +
                   " ranks per node and --world is " + std::to_string(config_.world_size) +
-                  "; pass --node-size K (a divisor of the world) or a multi-node profile such as ib2x4");
+                  (tp > 1 ? " (" + std::to_string(dp) + " data-parallel ranks of --tp " + std::to_string(tp) + ")" : std::string()) +
+                  "; pass --node-size K (a divisor of the " + (tp > 1 ? "data-parallel ranks" : std::string("world")) +
+                  ") or a multi-node profile such as ib2x4");
     config_.fsdp.node_size = k;
   }
   const int N = config_.world_size;
