@@ -320,6 +320,44 @@ TEST_CASE("one viewer at a time, a viewer that detaches lets the run finish on i
   CHECK(r.out.find("done: 4 steps") != std::string::npos);
 }
 
+TEST_CASE("an attached run of every strategy with LoRA, bf16 and --tp shows the viewer the launch's configuration") {
+  // What `dtlab --attach` reads (Session::attach): the launched ranks' TrainConfig as JSON over the
+  // monitor. ddp, fsdp and the pipeline on 4 processes, each with --tp 2, LoRA and bf16 (single and
+  // dp are not launched: one rank, one process).
+  struct Case {
+    const char* flags;
+    Strategy strategy;
+  };
+  for (const Case& k : {Case{"--strategy ddp", Strategy::Ddp}, Case{"--strategy fsdp --sharding hybrid --node-size 1", Strategy::Fsdp},
+                        Case{"--strategy pipeline --stages 2 --microbatches 2", Strategy::Pipeline}}) {
+    CAPTURE(k.flags);
+    const int port = pick_free_port("127.0.0.1");
+    auto run = launch_monitored(4, std::string(k.flags) + " --tp 2 --lora-rank 4 --precision bf16 --model mlp:2,16,16,3 "
+                                   "--steps 1 --batch 8 --timeout 30", port);
+    {
+      MonitorClient c("127.0.0.1:" + std::to_string(port), 30);
+      CHECK(c.world_size() == 4);
+      CHECK(c.total_steps() == 1);
+      const TrainConfig cfg = train_config_from_json(c.config_json());
+      CHECK(cfg.strategy == k.strategy);
+      CHECK(cfg.world_size == 4);
+      CHECK(cfg.tp == 2);
+      CHECK(cfg.lora.rank == 4);
+      CHECK(cfg.precision == Precision::BF16);
+      CHECK(cfg.model.str() == "mlp:2,16,16,3");
+      CHECK(cfg.batch == 8);
+      if (k.strategy == Strategy::Fsdp) CHECK((cfg.fsdp.sharding == Sharding::Hybrid && cfg.fsdp.node_size == 1));
+      if (k.strategy == Strategy::Pipeline) CHECK((cfg.pipeline.stages == 2 && cfg.pipeline.microbatches == 2));
+      CHECK(train_config_to_json(cfg) == c.config_json());  // every field, nothing lost on the way
+      REQUIRE(wait_held(c, 0));
+    }  // the viewer detaches: the run finishes on its own
+    const ShellResult r = run.get();
+    INFO(r.out);
+    CHECK(r.code == 0);
+    CHECK(r.out.find("done: 1 steps") != std::string::npos);
+  }
+}
+
 TEST_CASE("a monitored run nobody attaches to fails with a sentence saying how to attach") {
   const int port = pick_free_port("127.0.0.1");
   auto run = launch_monitored(2, "--strategy ddp --model mlp:2,8,3 --steps 2 --timeout 20 --monitor-wait 0.5", port);
