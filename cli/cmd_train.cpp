@@ -14,6 +14,7 @@
 #include "engine/core/format.h"
 #include "engine/io/checkpoint.h"
 #include "engine/parallel/memory_plan.h"
+#include "engine/trace/cost_model.h"
 #include "engine/train/train.h"
 
 namespace dtlab::cli {
@@ -132,6 +133,11 @@ void print_header(const TrainArgs& a, std::ostream& out, const Trainer& trainer)
   for (const std::string& line : trainer.describe_mesh_lines()) out << "  " << line << "\n";
   if (!c.init_path.empty()) out << "  initialized from " << c.init_path << "\n";
   out << "  device " << c.device << ", backend " << c.backend << " (" << a.device_why << ")\n";
+  if (c.profile == "this") {  // the modeled clock's figures, and where they come from
+    const std::string dir = this_profile_cache_dir();
+    out << "  modeled clock: " << this_machine_profile().description
+        << (dir.empty() ? std::string() : "; kept in " + dir + "/this-profile.json, DTLAB_REMEASURE=1 measures again") << "\n";
+  }
   if (c.device == "cuda") out << "  " << trainer.describe_placement() << "\n";
   if (c.backend == "socket")
     out << "  backend socket: " << c.world_size << " processes, rank 0 at " << c.socket.master_addr << ":"
@@ -148,6 +154,7 @@ struct StepPrinter {
   Streams& io;
   bool json = false, bar = false, branch = false;
   int64_t every = 1;
+  bool one_first_bucket = false;  // DDP's iteration 1 all-reduces one bucket after backward (nothing to overlap)
   std::chrono::steady_clock::time_point last_draw{};
 
   void operator()(const StepReport& r) {
@@ -161,7 +168,8 @@ struct StepPrinter {
                     with_commas(static_cast<int64_t>(std::llround(r.samples_per_sec))).c_str());
       if (r.overlap >= 0) {
         const size_t len = std::strlen(line);
-        std::snprintf(line + len, sizeof line - len, "  overlap %3.0f%%", 100.0 * r.overlap);
+        std::snprintf(line + len, sizeof line - len, "  overlap %3.0f%%%s", 100.0 * r.overlap,
+                      r.step == 1 && one_first_bucket ? " (iteration 1: one bucket, all-reduced after backward)" : "");
       }
       if (r.loss_scale > 0) {
         const size_t len = std::strlen(line);
@@ -356,6 +364,8 @@ int report_run(TrainArgs& a, Streams& given, Trainer& trainer) {
   if (!a.json) print_header(a, io.out, trainer);
   StepPrinter printer{io, a.json, io.terminal && !a.json, c.skip_layer >= 0,
                       a.log_every > 0 ? a.log_every : std::max<int64_t>(1, trainer.total_steps() / 20)};
+  printer.one_first_bucket = c.strategy == Strategy::Ddp && c.accum == 1 && !c.ddp.find_unused_parameters &&
+                             !c.ddp.sized_first_iteration && c.ddp.rebuild_buckets;
   TrainSummary s = trainer.run(printer);
   if (printer.bar) io.err << "\r\033[K" << std::flush;
   if (a.json) print_json_summary(io.out, c, s);

@@ -76,6 +76,46 @@ std::string read_bytes(const std::string& path) {
 }  // namespace
 
 TEST_SUITE("cli") {
+  // README's first command on a machine without a display ends with this demo: it must show what its
+  // banner promises, all-reduces hidden behind backward on the modeled clock, on every logged step.
+  TEST_CASE("the quick start's headless demo (tools/dtlab.sh run) prints overlap above 0%") {
+    std::ifstream in(std::string(DTLAB_SOURCE_DIR) + "/tools/dtlab.sh");
+    std::string script((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string lead = "exec \"$build/bin/dtlab-cli\" ";
+    const size_t at = script.find(lead);
+    REQUIRE(at != std::string::npos);
+    std::string command;
+    for (size_t i = at + lead.size(); i < script.size(); i++) {  // the exec line and its continuations
+      if (script[i] == '\\' && i + 1 < script.size() && script[i + 1] == '\n') { i++; continue; }
+      if (script[i] == '\n') break;
+      command += script[i];
+    }
+    std::vector<std::string> args;
+    std::istringstream words(command);
+    for (std::string w; words >> w;) args.push_back(w);
+    REQUIRE(args.size() > 4);
+    CHECK(args[0] == "train");
+    const CliResult r = run_cli(args);
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    int steps = 0;
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("step ", 0) != 0) continue;
+      const size_t o = line.find("overlap ");
+      REQUIRE(o != std::string::npos);
+      CAPTURE(line);
+      if (steps++ == 0)  // torch's first iteration: one bucket, after backward, and the line says so
+        CHECK(line.find("overlap   0% (iteration 1: one bucket, all-reduced after backward)") != std::string::npos);
+      else
+        CHECK(std::stoi(line.substr(o + 8)) > 0);
+    }
+    CHECK(steps >= 10);
+    const size_t m = r.out.find("mean overlap ");
+    REQUIRE(m != std::string::npos);
+    CHECK(std::stoi(r.out.substr(m + 13)) > 0);
+    CHECK(r.out.find("modeled clock: this machine: ") != std::string::npos);  // the figures and their date
+  }
+
   TEST_CASE("no subcommand, unknown subcommand") {
     check_usage_error({}, "give a subcommand (train, eval, bench, sampler, plan, schedule, launch or trace)");
     // CLI11 reports a missing subcommand before the stray word, so the message is the same.

@@ -3,11 +3,15 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
 
 #include "engine/core/check.h"
 #include "engine/trace/cost_model.h"
+#include "tests/test_util.h"
 
 using dtlab::Algorithm;
 using dtlab::CollectiveOp;
@@ -242,6 +246,50 @@ TEST_CASE("profiles") {
   CHECK(ideal.inter.beta == 0);
   CHECK(ideal.gamma == 0);
   CHECK(ideal.flops_per_s > 0);
+}
+
+TEST_CASE("this machine's figures are measured once per machine and cached with their date") {
+  dtlab::test::TempDir dir("dtlab_this_profile");
+  const std::string dirs = dir.path.string(), file = dirs + "/this-profile.json";
+  // No cache yet: measured, and written with the machine and the date.
+  const HardwareProfile first = dtlab::load_or_measure_this_profile(dirs);
+  REQUIRE(std::filesystem::exists(file));
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(file));
+  CHECK(j.at("format") == "dtlab this-profile 1");
+  CHECK(!j.at("machine").get<std::string>().empty());
+  CHECK(j.at("measured").get<std::string>() == first.measured);
+  CHECK(first.measured.size() == std::string("2026-11-29 17:05 UTC").size());
+  CHECK(first.description.find("(measured " + first.measured + ")") != std::string::npos);
+  CHECK(j.at("flops_per_s").get<double>() == first.flops_per_s);
+  // A second launch reads the file: the planted figures come back exactly, not a new measurement.
+  j["flops_per_s"] = 1.5e9;
+  j["alpha_s"] = 7.25e-6;
+  j["measured"] = "2020-01-02 03:04 UTC";
+  std::ofstream(file) << j.dump();
+  const HardwareProfile cached = dtlab::load_or_measure_this_profile(dirs);
+  CHECK(cached.flops_per_s == 1.5e9);
+  CHECK(cached.intra.alpha == 7.25e-6);
+  CHECK(cached.inter.alpha == 7.25e-6);
+  CHECK(cached.gamma == first.gamma);
+  CHECK(cached.measured == "2020-01-02 03:04 UTC");
+  CHECK(cached.description.find("7.2 us (measured 2020-01-02 03:04 UTC)") != std::string::npos);
+  // Asked to measure again: the planted figures are replaced.
+  CHECK(dtlab::load_or_measure_this_profile(dirs, true).flops_per_s != 1.5e9);
+  // Another machine's file, a damaged one or a non-positive figure: measured again and rewritten.
+  for (const std::string& bad : {std::string("machine"), std::string("truncated"), std::string("zero")}) {
+    CAPTURE(bad);
+    nlohmann::json k = nlohmann::json::parse(std::ifstream(file));
+    k["flops_per_s"] = 1.5e9;
+    if (bad == "machine") k["machine"] = "a CPU we do not have, 999 threads";
+    if (bad == "zero") k["alpha_s"] = 0.0;
+    std::string text = k.dump();
+    if (bad == "truncated") text.resize(text.size() / 2);
+    std::ofstream(file) << text;
+    CHECK(dtlab::load_or_measure_this_profile(dirs).flops_per_s != 1.5e9);
+    CHECK(nlohmann::json::parse(std::ifstream(file)).at("machine") == j.at("machine"));
+  }
+  // No cache directory at all: measured every time, nothing written.
+  CHECK(dtlab::load_or_measure_this_profile("").flops_per_s > 0);
 }
 
 TEST_CASE("this machine is measured to positive finite figures") {

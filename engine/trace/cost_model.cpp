@@ -5,20 +5,27 @@
 #include "engine/trace/cost_model.h"
 
 #include <cblas.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <optional>
 #include <mutex>
 #include <thread>
 #include <tuple>
 
 #include "engine/core/check.h"
 #include "engine/core/format.h"
+#include "engine/io/atomic_file.h"
 
 namespace dtlab {
 
@@ -232,6 +239,27 @@ double measure_sgemm_flops() {
   return 2.0 * n * n * n / positive(best);
 }
 
+// The "this" profile from its four measured figures and the day they were measured.
+HardwareProfile this_profile_from(const Link& link, double gamma, double flops, const std::string& measured) {
+  // Ranks are threads sharing one memory: one "node" with room for any world the GUI offers.
+  HardwareProfile p;
+  p.name = "this";
+  p.nodes = 1;
+  p.gpus_per_node = 64;
+  p.intra = link;
+  p.inter = link;
+  p.gamma = gamma;
+  p.flops_per_s = flops;
+  p.intra_fabric = p.inter_fabric = Fabric::SharedMemory;
+  p.rails = p.gpus_per_node;
+  p.measured = measured;
+  char text[200];
+  std::snprintf(text, sizeof text, "this machine: %u threads, memcpy %.1f GB/s, hand-off %.1f us (measured %s)",
+                std::thread::hardware_concurrency(), 1e-9 / link.beta, link.alpha * 1e6, measured.c_str());
+  p.description = text;
+  return p;
+}
+
 HardwareProfile measure_this_machine() {
   // 64 MiB per buffer: well past any last-level cache. Filled first so page faults (first touch)
   // are not timed as bandwidth.
@@ -245,23 +273,72 @@ HardwareProfile measure_this_machine() {
   const double gamma = measure_reduce_gamma(src.data(), src.data() + kFloats / 2, dst.data(),
                                             kFloats / 2);
   const double flops = measure_sgemm_flops();
+  char day[32] = "";
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::strftime(day, sizeof day, "%Y-%m-%d %H:%M UTC", &utc);
+  return this_profile_from(link, gamma, flops, day);
+}
 
-  // Ranks are threads sharing one memory: one "node" with room for any world the GUI offers.
-  HardwareProfile p;
-  p.name = "this";
-  p.nodes = 1;
-  p.gpus_per_node = 64;
-  p.intra = link;
-  p.inter = link;
-  p.gamma = gamma;
-  p.flops_per_s = flops;
-  p.intra_fabric = p.inter_fabric = Fabric::SharedMemory;
-  p.rails = p.gpus_per_node;
-  char text[160];
-  std::snprintf(text, sizeof text, "this machine: %u threads, memcpy %.1f GB/s, hand-off %.1f us",
-                std::thread::hardware_concurrency(), 1e-9 / link.beta, link.alpha * 1e6);
-  p.description = text;
-  return p;
+// What the cached figures belong to: the CPU's model name and the number of hardware threads. A
+// cache copied to another machine (or a VM given more cores) is measured again.
+std::string this_machine_key() {
+  std::string model = "unknown CPU";
+  if (std::FILE* f = std::fopen("/proc/cpuinfo", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, f)) {
+      if (std::strncmp(line, "model name", 10) != 0) continue;
+      const char* colon = std::strchr(line, ':');
+      if (!colon) continue;
+      model = colon + 1;
+      while (!model.empty() && (model.front() == ' ' || model.front() == '\t')) model.erase(model.begin());
+      while (!model.empty() && (model.back() == '\n' || model.back() == ' ')) model.pop_back();
+      break;
+    }
+    std::fclose(f);
+  }
+  return model + ", " + std::to_string(std::thread::hardware_concurrency()) + " threads";
+}
+
+constexpr const char* kThisProfileFormat = "dtlab this-profile 1";
+
+// The cached profile in `path`, if it is whole, ours, for this machine and every figure is a
+// positive finite number; nothing otherwise (then the caller measures and rewrites it).
+std::optional<HardwareProfile> read_this_profile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    if (j.at("format").get<std::string>() != kThisProfileFormat) return std::nullopt;
+    if (j.at("machine").get<std::string>() != this_machine_key()) return std::nullopt;
+    Link link;
+    link.alpha = j.at("alpha_s").get<double>();
+    link.beta = j.at("beta_s_per_byte").get<double>();
+    const double gamma = j.at("gamma_s_per_byte").get<double>();
+    const double flops = j.at("flops_per_s").get<double>();
+    for (double x : {link.alpha, link.beta, gamma, flops})
+      if (!(x > 0) || !std::isfinite(x)) return std::nullopt;
+    return this_profile_from(link, gamma, flops, j.at("measured").get<std::string>());
+  } catch (const std::exception&) {
+    return std::nullopt;  // truncated, not JSON, a field missing or of another type
+  }
+}
+
+void write_this_profile(const std::string& dir, const HardwareProfile& p) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  nlohmann::json j = {{"format", kThisProfileFormat}, {"machine", this_machine_key()}, {"measured", p.measured},
+                      {"alpha_s", p.intra.alpha}, {"beta_s_per_byte", p.intra.beta},
+                      {"gamma_s_per_byte", p.gamma}, {"flops_per_s", p.flops_per_s}};
+  const std::string text = j.dump(2) + "\n";
+  try {
+    AtomicFile f(dir + "/this-profile.json");
+    f.write(text.data(), text.size());
+    f.commit();
+  } catch (const std::exception&) {
+    // A cache that cannot be written (a read-only home) costs a measurement per launch, nothing more.
+  }
 }
 
 }  // namespace
@@ -288,9 +365,28 @@ const std::vector<HardwareProfile>& builtin_profiles() {
   return profiles;
 }
 
+std::string this_profile_cache_dir() {
+  if (const char* d = std::getenv("DTLAB_CACHE_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/dtlab";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/dtlab";
+  return "";
+}
+
+HardwareProfile load_or_measure_this_profile(const std::string& cache_dir, bool remeasure) {
+  if (cache_dir.empty()) return measure_this_machine();
+  if (!remeasure)
+    if (auto cached = read_this_profile(cache_dir + "/this-profile.json")) return *cached;
+  HardwareProfile p = measure_this_machine();
+  write_this_profile(cache_dir, p);
+  return p;
+}
+
 const HardwareProfile& this_machine_profile() {
-  // A function-local static: measured on first use, once, even with several threads asking.
-  static const HardwareProfile profile = measure_this_machine();
+  // A function-local static: read (or measured) on first use, once, even with several threads asking.
+  static const HardwareProfile profile = [] {
+    const char* again = std::getenv("DTLAB_REMEASURE");
+    return load_or_measure_this_profile(this_profile_cache_dir(), again && *again && std::string(again) != "0");
+  }();
   return profile;
 }
 

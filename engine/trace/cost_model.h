@@ -41,13 +41,24 @@ struct HardwareProfile {
   // The fabric reduces in the switch (NVLink SHARP inside a node, SHARP on InfiniBand between
   // nodes): the in-network all-reduce runs only on such profiles.
   bool switch_reduces = false;
+  std::string measured;     // "this": when its figures were measured ("2026-11-29 17:05 UTC"); "" otherwise
 };
 
 // The built-in profiles (seed figures from docs/course_sources.md §6), in display order.
 const std::vector<HardwareProfile>& builtin_profiles();
 // Measures this machine once (memcpy bandwidth, a thread hand-off latency, reduction bandwidth,
-// sgemm rate; well under a second) and caches the result.
+// sgemm rate; well under a second) and keeps the figures in this_profile_cache_dir()'s
+// this-profile.json, so every launch on this machine predicts with the same figures (a measurement
+// per launch moved with the load: 11.1 us one launch, 7.2 us the next, for one all-gather). The file
+// names the CPU and the date; DTLAB_REMEASURE=1 (or deleting the file) measures again. Read once
+// per process.
 const HardwareProfile& this_machine_profile();
+// $DTLAB_CACHE_DIR, else $XDG_CACHE_HOME/dtlab, else $HOME/.cache/dtlab; "" when none is set.
+std::string this_profile_cache_dir();
+// The "this" profile cached in DIR/this-profile.json when that file is whole and was measured on
+// this machine (same CPU model and thread count); otherwise (or with `remeasure`) measured now and
+// written there atomically. A directory that cannot be written only costs the cache.
+HardwareProfile load_or_measure_this_profile(const std::string& cache_dir, bool remeasure = false);
 // A built-in profile's name, "this", or "ideal" (free communication: what a schedule alone costs);
 // dtlab::Error listing the names otherwise.
 HardwareProfile find_profile(std::string_view name);
