@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "app/display.h"
 #include "app/lesson_host.h"
 #include "app/screenshots.h"
 #include "app/script_runner.h"
@@ -92,6 +93,9 @@ class App : public ScriptRunner::Host {
   bool init_window();
   void init_imgui();
   void apply_style();
+  float content_scale() const;  // the display's, from GLFW
+  void build_fonts();
+  void follow_content_scale();
   // present: draw the frame's pixels and swap; a scripted run skips it between its paced frames.
   void frame(bool present = true);
   void handle_keys();
@@ -108,6 +112,7 @@ class App : public ScriptRunner::Host {
   void restart(const TrainConfig& c) override;
   void show_view(const std::string& name) override;
   void set_presentation(bool on) override;
+  void set_fullscreen(bool on) override { fullscreen_.set(win_, on), relayout_ = true; }
   void set_modeled_clock(bool on) override { ctx_.modeled_clock = on; }
   void set_data_set_epoch(bool on) override;
   void lesson_opened() override { show_lessons_ = relayout_ = true; }
@@ -133,7 +138,10 @@ class App : public ScriptRunner::Host {
   std::string ini_path_;
   ImFont* font_normal_ = nullptr;
   ImFont* font_large_ = nullptr;
+  float scale_ = 1;             // fonts and spacing (app/display.h ui_scale)
+  FullScreen fullscreen_;       // F11, --fullscreen
   bool presentation_ = false;
+  std::string last_hint_;       // the toolbar's "Next: ..." line of the last settled pause
   int solo_ = -1;             // a view filling the work area, or -1 for the tiled layout
   bool relayout_ = false;     // place the windows at their tiled positions this frame
   float toolbar_h_ = 0;       // the toolbar's height last frame
@@ -165,12 +173,28 @@ bool App::init_window() {
   glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 3);
   glfwWindowHint(GLFW_OPENGL_PROFILE, GLFW_OPENGL_CORE_PROFILE);
   glfwWindowHint(GLFW_OPENGL_FORWARD_COMPAT, GLFW_TRUE);
-  win_ = glfwCreateWindow(opt_.width, opt_.height, "dtlab — distributed training lab", nullptr, nullptr);
+  // Sized to the monitor new windows open on (a 1920x1080 projector gets a large window, a 1366x768
+  // laptop one that fits), unless --width/--height say; shown once placed.
+  ScreenRect area{0, 0, 1600 * 10 / 9, 900 * 10 / 9};  // no monitor reported: 1600x900
+  if (GLFWmonitor* primary = glfwGetPrimaryMonitor()) {
+    ScreenRect a;
+    glfwGetMonitorWorkarea(primary, &a.x, &a.y, &a.w, &a.h);
+    if (a.w > 0 && a.h > 0) area = a;
+  }
+  const ScreenRect place = fit_window(area, opt_.width, opt_.height);
+  glfwWindowHint(GLFW_VISIBLE, GLFW_FALSE);
+  // Full screen on a projector stays up while the presenter clicks on the laptop's own screen.
+  glfwWindowHint(GLFW_AUTO_ICONIFY, GLFW_FALSE);
+  win_ = glfwCreateWindow(place.w, place.h, "dtlab — distributed training lab", nullptr, nullptr);
   if (!win_) {
     std::fprintf(stderr, "dtlab: this display offers no OpenGL 3.3 core context; update the graphics driver or run under `xvfb-run -a` (Mesa)\n");
     glfwTerminate();
     return false;
   }
+  glfwSetWindowPos(win_, place.x, place.y);
+  glfwShowWindow(win_);
+  if (opt_.fullscreen) fullscreen_.set(win_, true);
+  glfwGetWindowSize(win_, &opt_.width, &opt_.height);
   glfwMakeContextCurrent(win_);
   keep_libraries_loaded();  // sanitizer builds: the GL driver stays loaded for LeakSanitizer's check at exit
   // Scripts, screenshots and the frame benchmark run as fast as they can; people get vsync.
@@ -195,26 +219,60 @@ void App::init_imgui() {
   }
   // Scripted runs (tests, README screenshots) always start from the tiled layout.
   if (!opt_.script.empty() || !opt_.screenshot.empty() || opt_.bench_frames || opt_.play) io.IniFilename = nullptr;
+  scale_ = ui_scale(content_scale(), opt_.scale);
+  build_fonts();
+  ImGui_ImplGlfw_InitForOpenGL(win_, true);
+  ImGui_ImplOpenGL3_Init("#version 330 core");
+  presentation_ = opt_.presentation;
+  apply_style();
+}
+
+float App::content_scale() const {
+  float xs = 1, ys = 1;
+  glfwGetWindowContentScale(win_, &xs, &ys);
+  return std::max(xs, ys);
+}
+
+// The two fonts at the UI's scale: 16 and 28 pixels at scale 1 (normal and presentation), rasterized
+// at their final size so scaled text stays sharp.
+void App::build_fonts() {
+  ImGuiIO& io = ImGui::GetIO();
+  io.Fonts->Clear();
+  font_normal_ = font_large_ = nullptr;
   const char* sans = first_existing({"/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
                                      "/usr/share/fonts/TTF/DejaVuSans.ttf"});
   // Latin-1 plus what the views print: Greek (Σ, µ), punctuation (—, …), arrows, math, boxes, ✓.
   static const ImWchar ranges[] = {0x0020, 0x00FF, 0x0370, 0x03FF, 0x2000, 0x206F, 0x2190, 0x21FF, 0x2200,
                                    0x22FF, 0x2500, 0x25FF, 0x2700, 0x27BF, 0};
   if (sans) {
-    font_normal_ = io.Fonts->AddFontFromFileTTF(sans, 16.0f, nullptr, ranges);
-    font_large_ = io.Fonts->AddFontFromFileTTF(sans, 28.0f, nullptr, ranges);
+    font_normal_ = io.Fonts->AddFontFromFileTTF(sans, std::round(16.0f * scale_), nullptr, ranges);
+    font_large_ = io.Fonts->AddFontFromFileTTF(sans, std::round(28.0f * scale_), nullptr, ranges);
   }
   if (!font_normal_) {
-    std::fprintf(stderr, "dtlab: DejaVu Sans not found (apt-get install fonts-dejavu-core); using ImGui's built-in font\n");
-    font_normal_ = io.Fonts->AddFontDefault();
+    static bool said = false;
+    if (!said) std::fprintf(stderr, "dtlab: DejaVu Sans not found (apt-get install fonts-dejavu-core); using ImGui's built-in font\n");
+    said = true;
+    ImFontConfig normal;
+    normal.SizePixels = std::round(13.0f * scale_);
+    font_normal_ = io.Fonts->AddFontDefault(&normal);
     ImFontConfig big;
-    big.SizePixels = 26.0f;
+    big.SizePixels = std::round(26.0f * scale_);
     font_large_ = io.Fonts->AddFontDefault(&big);
   }
-  ImGui_ImplGlfw_InitForOpenGL(win_, true);
-  ImGui_ImplOpenGL3_Init("#version 330 core");
-  presentation_ = opt_.presentation;
+}
+
+// The window moved to a display of another content scale (a laptop's HiDPI panel to a projector):
+// fonts and spacing follow, before the frame starts. --scale pins them.
+void App::follow_content_scale() {
+  if (opt_.scale > 0) return;
+  const float s = ui_scale(content_scale(), 0);
+  if (s == scale_) return;
+  scale_ = s;
+  build_fonts();
+  ImGui_ImplOpenGL3_DestroyFontsTexture();
+  ImGui_ImplOpenGL3_CreateFontsTexture();
   apply_style();
+  relayout_ = true;
 }
 
 void App::apply_style() {
@@ -235,6 +293,7 @@ void App::apply_style() {
     st.WindowBorderSize = 2;
     st.FrameBorderSize = 1;
   }
+  st.ScaleAllSizes(scale_);
   ImGui::GetIO().FontDefault = presentation_ ? font_large_ : font_normal_;
   ctx_.presentation = presentation_;
 }
@@ -261,6 +320,10 @@ void App::handle_keys() {
   if (key(GLFW_KEY_P)) {
     presentation_ = !presentation_;
     apply_style();
+    relayout_ = true;
+  }
+  if (key(GLFW_KEY_F11)) {
+    fullscreen_.toggle(win_);
     relayout_ = true;
   }
   if (traces_.active()) {  // the trace viewer has no run to step; a lesson reading a trace keeps L and N
@@ -309,6 +372,17 @@ void begin_toolbar() {
                ImGuiWindowFlags_NoTitleBar | ImGuiWindowFlags_NoResize | ImGuiWindowFlags_NoMove |
                    ImGuiWindowFlags_NoSavedSettings | ImGuiWindowFlags_AlwaysAutoResize | ImGuiWindowFlags_NoScrollbar);
 }
+// `text` within `width` pixels: its last "; " clauses dropped while it is too wide, then cut with "...".
+std::string fit_clauses(std::string text, float width) {
+  while (ImGui::CalcTextSize(text.c_str()).x > width) {
+    const size_t cut = text.rfind("; ");
+    if (cut == std::string::npos) break;
+    text.resize(cut);
+  }
+  while (text.size() > 4 && ImGui::CalcTextSize(text.c_str()).x > width) text.resize(text.size() - 4), text += "...";
+  return text;
+}
+
 void end_toolbar(float& toolbar_h, bool& relayout) {
   const float h = ImGui::GetWindowHeight();
   if (h != toolbar_h) relayout = toolbar_h > 0 || relayout, toolbar_h = h;  // the tiles sit below it
@@ -365,6 +439,7 @@ void App::toolbar() {
     apply_style();
     relayout_ = true;
   }
+  if (ImGui::IsItemHovered()) ImGui::SetTooltip("Large fonts and high contrast, for a projector; F11: full screen");
   ImGui::SameLine();
   if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize("Lessons (L)").x + ImGui::GetFrameHeight() * 2) ImGui::NewLine();
   if (ImGui::Checkbox("Lessons (L)", &show_lessons_)) relayout_ = true;
@@ -388,6 +463,18 @@ void App::toolbar() {
   ImGui::SameLine();
   if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(line).x) ImGui::NewLine();
   ImGui::TextUnformatted(line);
+  // What the next press does, and which key (a newcomer's first question). Always one line, so the
+  // toolbar keeps its height (the tiles below it would move); between two settled pauses the last
+  // hint stays.
+  std::string hint = next_hint(s);
+  if (!s.error.empty()) hint = "The run failed: the Collective panel says why. Backspace starts it again";
+  else if (s.finished) hint = "Finished. Backspace starts the run again";
+  else if (!paused) hint = "Running. Space pauses; then R, C, I, F and B step a ring step, a collective, an iteration, a layer, a gradient";
+  else if (hint.empty()) hint = last_hint_;
+  last_hint_ = hint;
+  ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1.0f, 0.85f, 0.45f, 1.0f));
+  ImGui::TextUnformatted(fit_clauses(hint, ImGui::GetContentRegionAvail().x).c_str());
+  ImGui::PopStyleColor();
   end_toolbar(toolbar_h_, relayout_);
 }
 
@@ -818,6 +905,7 @@ void App::trace_toolbar() {
     apply_style();
     relayout_ = true;
   }
+  if (ImGui::IsItemHovered()) ImGui::SetTooltip("Large fonts and high contrast, for a projector; F11: full screen");
   ImGui::SameLine();
   view_combo(kTraceViewTitles, kNumTraceViews);
   const std::string line = trace_summary(t);
@@ -907,6 +995,7 @@ void App::lesson_ran() {
 
 void App::frame(bool present) {
   glfwPollEvents();
+  follow_content_scale();
   traces_.poll();
   if (session_) {
     if (traces_.active()) session_->set_trace(traces_.loaded());

@@ -125,8 +125,11 @@ void add_window_flags(CLI::App& app, AppOptions& o, LabFlags& f) {
   app.add_flag("--presentation", o.presentation, "Large fonts and high contrast (projectors)");
   app.add_flag("--running", o.running, "Start running instead of paused");
   app.add_option("--speed", o.speed, "Modeled seconds per wall second while running (0: full speed)")->check(cli::real_number(0.0, 1e6));
-  app.add_option("--width", o.width, "Window width")->check(cli::whole_number(320, 8192))->capture_default_str();
-  app.add_option("--height", o.height, "Window height")->check(cli::whole_number(240, 8192))->capture_default_str();
+  app.add_option("--width", o.width, "Window width in pixels (default: 90% of the monitor's work area)")->check(cli::whole_number(320, 8192));
+  app.add_option("--height", o.height, "Window height in pixels (default: 90% of the monitor's work area)")->check(cli::whole_number(240, 8192));
+  app.add_flag("--fullscreen", o.fullscreen, "Open full screen on the monitor (F11 toggles; for projectors)");
+  app.add_option("--scale", o.scale, "Scale of fonts and spacing, e.g. 1.5 (default: the display's content scale, 2 on most HiDPI screens)")
+      ->check(cli::real_number(0.5, 4.0));
   app.add_option("--config-dir", o.config_dir, "Where the window layout (imgui.ini) is kept");
   app.add_option("--lesson", o.lesson, "Open a lesson: NAME (lessons/*NAME.md) or PATH.md");
 }

@@ -19,7 +19,9 @@ struct AppOptions {
   bool presentation = false;
   bool running = false;                // --running: start running instead of paused
   double speed = 0;                    // modeled seconds per wall second while running (0 = full speed)
-  int width = 1600, height = 900;
+  int width = 0, height = 0;           // the window's size; 0: 90% of the monitor's work area (app/display.h)
+  bool fullscreen = false;             // --fullscreen: open full screen on the monitor (F11 toggles)
+  float scale = 0;                     // --scale S: fonts and spacing; 0: the display's content scale
   bool modeled_clock = true;
   int compare = -1;                    // --compare SCHEDULE: the pipeline view's second schedule (a ScheduleKind)
   std::string config_dir;              // where imgui.ini lives (default: $XDG_CONFIG_HOME/dtlab)

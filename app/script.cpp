@@ -19,7 +19,7 @@ const char* kUsage =
     "commands: step ring|collective|layer|bucket|iteration|action [N], focus rank R|group NAME|none, run [SECONDS]s, "
     "pause, wait SECONDSs, "
     "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|all, screenshot PATH.png, speed X, "
-    "presentation on|off, clock modeled|wall, set_epoch on|off, reset, quit, "
+    "presentation on|off, fullscreen on|off, clock modeled|wall, set_epoch on|off, reset, quit, "
     "lesson open NAME|next|back|goto N|answer X|check|play|demo|close; with --open: wait trace|compare [SECONDS]s, "
     "select collective K, compare [PROFILE], zoom all|iteration N|collective K, view collectives|breakdown|compare";
 
@@ -178,9 +178,10 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
     } else if (k == "speed") {
       if (w.size() != 2 || !parse_double(w[1], c.value, false)) fail("speed takes modeled seconds per wall second, e.g. 0.001");
       c.kind = ScriptCommand::Speed;
-    } else if (k == "presentation" || k == "set_epoch") {
+    } else if (k == "presentation" || k == "set_epoch" || k == "fullscreen") {
       if (w.size() != 2 || (w[1] != "on" && w[1] != "off")) fail(k + " takes on or off");
-      c.kind = k == "presentation" ? ScriptCommand::Presentation : ScriptCommand::SetEpoch;
+      c.kind = k == "presentation" ? ScriptCommand::Presentation
+               : k == "fullscreen" ? ScriptCommand::FullScreen : ScriptCommand::SetEpoch;
       c.arg = w[1];
     } else if (k == "clock") {
       if (w.size() != 2 || (w[1] != "modeled" && w[1] != "wall")) fail("clock takes modeled or wall");

@@ -19,7 +19,8 @@ struct ScriptCommand {
               Zoom,        // `zoom all|iteration N|collective K`: arg the what, count N or K
               StepLayer,   // `step layer [N]`: N layers' forward or backward
               StepBucket,  // `step bucket [N]`: until N more gradients landed in DDP buckets
-              Focus };     // `focus rank R|group NAME|none`: count R (-1 none), arg the group
+              Focus,       // `focus rank R|group NAME|none`: count R (-1 none), arg the group
+              FullScreen };  // `fullscreen on|off`: F11's full screen on the window's monitor
   Kind kind = Quit;
   int count = 1;        // step commands: how many
   double seconds = 0;   // run / wait: how long (run 0 = run on)

@@ -199,6 +199,7 @@ bool ScriptRunner::run(const ScriptCommand& c) {
       break;
     }
     case ScriptCommand::Presentation: host_.set_presentation(c.arg == "on"); break;
+    case ScriptCommand::FullScreen: host_.set_fullscreen(c.arg == "on"); break;
     case ScriptCommand::Clock: host_.set_modeled_clock(c.arg == "modeled"); break;
     case ScriptCommand::SetEpoch: host_.set_data_set_epoch(c.arg == "on"); break;
     case ScriptCommand::Reset: host_.restart(session_->config()); break;
@@ -221,6 +222,7 @@ bool ScriptRunner::run_on_traces(const ScriptCommand& c) {
     case ScriptCommand::View: host_.show_view(c.arg); return true;
     case ScriptCommand::Screenshot: shots_.request(c.arg, 3); return true;
     case ScriptCommand::Presentation: host_.set_presentation(c.arg == "on"); return true;
+    case ScriptCommand::FullScreen: host_.set_fullscreen(c.arg == "on"); return true;
     case ScriptCommand::Quit: return false;
     default: break;
   }

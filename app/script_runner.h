@@ -32,6 +32,7 @@ class ScriptRunner {
     virtual ~Host() = default;
     virtual void show_view(const std::string& name) = 0;  // `view NAME`: one view alone, or "all"
     virtual void set_presentation(bool on) = 0;
+    virtual void set_fullscreen(bool on) = 0;
     virtual void set_modeled_clock(bool on) = 0;
     virtual void set_data_set_epoch(bool on) = 0;
     virtual void restart(const TrainConfig& config) = 0;  // `reset`

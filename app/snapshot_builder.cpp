@@ -196,6 +196,67 @@ std::string pending_text(const PendingItem& p) {
   return s + " [" + who + "]";
 }
 
+namespace {
+
+// Why the held collective runs, where the run knows: DDP's constructor and bucket rebuild, and the
+// buckets' all-reduces (torch's names, docs/course_sources.md §2).
+std::string collective_purpose(const Snapshot& s, const GateInfo& g) {
+  if (g.op.p2p || g.op.group != 0) return "";
+  if (s.config.strategy == Strategy::Ddp) {
+    if (g.iteration < 0 && g.coll == CollectiveOp::AllGather)
+      return "DDP's constructor checks that every rank's parameters have the same shapes "
+             "(_verify_param_shape_across_processes)";
+    if (g.iteration < 0 && g.coll == CollectiveOp::Broadcast)
+      return "DDP's constructor copies rank 0's parameters to every rank (_sync_module_states)";
+    if (g.iteration >= 0 && g.coll == CollectiveOp::Broadcast)
+      return "rank 0's gradient order, broadcast to rebuild the buckets in that order";
+    for (const BucketView& b : s.buckets)
+      if (b.state >= BucketState::Launched && b.seq == static_cast<uint64_t>(g.op.seq))
+        return "bucket " + std::to_string(b.index) + "'s all-reduce (" + std::to_string(b.params.size()) +
+               (b.params.size() == 1 ? " gradient, " : " gradients, ") + human_bytes(b.bytes) + ")";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string next_hint(const Snapshot& s) {
+  const PendingItem& p = s.held;
+  if (!s.error.empty() || s.finished || !s.stepper.paused || !p.valid) return "";
+  const GateInfo& g = p.gate;
+  const std::string label = g.label.empty() ? gate_kind_name(p.kind) : g.label;
+  const std::string iteration = g.iteration < 0 ? "the setup" : "iteration " + std::to_string(g.iteration);
+  switch (p.kind) {
+    case GateKind::Collective: {
+      std::string why = collective_purpose(s, g);
+      std::string line = "Next: " + (why.empty() ? label : why + ": " + label) + ".  C runs it whole";
+      const CollectiveView& cv = s.collective;
+      if (!g.op.p2p && cv.valid && cv.seq == static_cast<uint64_t>(g.op.seq) && cv.steps > 0 && cv.steps_done == 0)
+        line += "; R enters it and stops before its step 1 of " + std::to_string(cv.steps);
+      return line + "; I runs to the end of " + iteration;
+    }
+    case GateKind::RingStep: {
+      const CollectiveView& cv = s.collective;
+      std::string op = label;  // "world #2 allreduce of ... (sum, ring), step 0": the operation
+      if (const size_t at = op.rfind(", step "); at != std::string::npos) op.resize(at);
+      if (cv.valid && cv.steps > 0)
+        return "Next: step " + std::to_string(cv.steps_done + 1) + " of " + std::to_string(cv.steps) + " (" +
+               ring_phase_name(cv.phase) + ") of " + op + ".  R runs it; C finishes the collective";
+      return "Next: " + label + ".  R runs the next step; C finishes the collective";
+    }
+    case GateKind::Iteration:
+      return "Next: iteration " + std::to_string(g.iteration) + ".  I runs it whole; C stops at its first collective; "
+             "F at its first layer" + std::string(s.config.strategy == Strategy::Ddp ? "; B at its first gradient" : "");
+    case GateKind::Layer:
+      return "Next: " + label + " (" + iteration + ").  F runs it; C runs to the next collective";
+    case GateKind::Grad:
+      return "Next: " + label + ".  B lands it in its bucket; C runs to the next collective";
+    case GateKind::Action:
+      return "Next: " + label + " (" + iteration + ").  A runs this time step; C runs to the next collective";
+  }
+  return "";
+}
+
 const char* bucket_state_name(BucketState s) {
   switch (s) {
     case BucketState::Empty: return "empty";

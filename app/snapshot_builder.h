@@ -22,6 +22,12 @@ namespace dtlab::app {
 // with the members still missing when there are ("... [ranks 0, 1; waiting for 1]").
 std::string pending_text(const PendingItem& p);
 
+// One line under the toolbar's status: what the paused world does next, why (DDP's constructor
+// checks, a bucket's all-reduce, ...), and which key does what from here ("Next: bucket 0's
+// all-reduce ... C runs it whole; R enters it and stops before ring step 1; I finishes iteration 1").
+// "" while running, finished or not settled.
+std::string next_hint(const Snapshot& s);
+
 // What the builder reads of a run besides its events, fixed for the run's life. The objects must
 // outlive the builder's use of them (until the next reset).
 struct RunSources {

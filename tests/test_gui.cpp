@@ -135,6 +135,53 @@ TEST_SUITE("gui") {
     }
   }
 
+  // A projector, a laptop and a HiDPI panel: the window opens at 90% of the monitor's work area,
+  // F11 (the script's `fullscreen on`) fills the monitor, and --scale 2 draws twice as large.
+  TEST_CASE("under Xvfb: the window fits the monitor, goes full screen, and follows the scale") {
+    if (!test::have_xvfb()) {
+      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
+      return;
+    }
+    test::TempDir dir;
+    auto lab = [&](const std::string& screen, const std::string& args) {
+      return test::shell("xvfb-run -a -s '-screen 0 " + screen + "x24 -noreset' " DTLAB_APP_PATH " --config-dir " +
+                         dir.file("config") + " " + args);
+    };
+    Result r = lab("1600x900", "--run 'screenshot " + dir.file("fit.png") + "; fullscreen on; screenshot " +
+                                   dir.file("full.png") + "; fullscreen off; screenshot " + dir.file("back.png") + "; quit'");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("GLFW error") == std::string::npos);
+    CHECK(r.out.find("fit.png (1440x810)") != std::string::npos);
+    CHECK(r.out.find("full.png (1600x900)") != std::string::npos);
+    CHECK(r.out.find("back.png (1440x810)") != std::string::npos);
+    r = lab("1920x1080", "--fullscreen --run 'screenshot " + dir.file("f.png") + "; quit'");
+    CHECK(r.out.find("f.png (1920x1080)") != std::string::npos);
+    // The toolbar's first button ("Run (Space)") at scale 1 and 2: its height in pixels doubles.
+    auto button_rows = [](const test::Image& im, int s) {
+      const int x = 10 * s, y0 = 17 * s;  // in the button's left padding, half way down
+      const ImU32 c = im.at(x, y0);
+      int top = y0, bottom = y0;
+      while (top > 0 && im.at(x, top - 1) == c) top--;
+      while (bottom + 1 < im.h && im.at(x, bottom + 1) == c) bottom++;
+      return bottom - top + 1;
+    };
+    r = lab("1600x900", "--width 1280 --height 720 --scale 1 --run 'screenshot " + dir.file("s1.png") + "; quit'");
+    REQUIRE(r.code == 0);
+    r = lab("1600x900", "--width 1280 --height 720 --scale 2 --run 'screenshot " + dir.file("s2.png") + "; quit'");
+    REQUIRE(r.code == 0);
+    const int h1 = button_rows(test::load_png(dir.file("s1.png")), 1), h2 = button_rows(test::load_png(dir.file("s2.png")), 2);
+    CAPTURE(h1);
+    CAPTURE(h2);
+    MESSAGE("toolbar button " << h1 << " px tall at scale 1, " << h2 << " px at scale 2");
+    CHECK(h1 >= 12);
+    CHECK(h2 >= 2 * h1 - 4);
+    CHECK(h2 <= 2 * h1 + 4);
+    r = lab("1600x900", "--scale 9 --run quit");
+    CHECK(r.code == 2);
+    CHECK(r.out.find("--scale") != std::string::npos);
+  }
+
   TEST_CASE("under Xvfb: a ring all-reduce stopped mid reduce-scatter") {
     if (!test::have_xvfb()) {
       MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");

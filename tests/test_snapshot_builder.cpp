@@ -406,6 +406,61 @@ TEST_SUITE("snapshot builder") {
     CHECK(&s.pipeline.row(1) == &s.pipeline.ranks[2]);
     CHECK(s.pipeline.row(1).done.size() == 2);
   }
+  // The toolbar's "Next:" line: what the held item is for, and which key does what from here.
+  TEST_CASE("next_hint names the paused item's purpose and the keys that move on from it") {
+    Snapshot s;
+    s.config.strategy = Strategy::Ddp;
+    CHECK(next_hint(s).empty());  // running: the toolbar says so itself
+    s.stepper.paused = true;
+    CHECK(next_hint(s).empty());  // paused, not settled yet
+    s.held.valid = true;
+    s.held.kind = GateKind::Collective;
+    s.held.gate.coll = CollectiveOp::AllGather;
+    s.held.gate.iteration = -1;
+    s.held.gate.op.seq = 0;
+    s.held.gate.label = "world #0 allgather of 2 int64 (ring)";
+    s.collective.valid = true;
+    s.collective.seq = 0;
+    s.collective.steps = 3;
+    CHECK(next_hint(s) == "Next: DDP's constructor checks that every rank's parameters have the same shapes "
+                          "(_verify_param_shape_across_processes): world #0 allgather of 2 int64 (ring).  C runs it whole; "
+                          "R enters it and stops before its step 1 of 3; I runs to the end of the setup");
+    s.held.gate.coll = CollectiveOp::Broadcast;
+    s.held.gate.op.seq = 1;  // the collective view shows another one: no R clause
+    CHECK(next_hint(s) == "Next: DDP's constructor copies rank 0's parameters to every rank (_sync_module_states): "
+                          "world #0 allgather of 2 int64 (ring).  C runs it whole; I runs to the end of the setup");
+    // A bucket's all-reduce, by the collective number its launch recorded.
+    s.held.gate.coll = CollectiveOp::AllReduce;
+    s.held.gate.iteration = 0;
+    s.held.gate.op.seq = 2;
+    s.held.gate.label = "world #2 allreduce of 100 float32 (sum, ring)";
+    BucketView b;
+    b.index = 0;
+    b.bytes = 400;
+    b.params.resize(2);
+    b.state = BucketState::Launched;
+    b.seq = 2;
+    s.buckets.push_back(b);
+    CHECK(next_hint(s) == "Next: bucket 0's all-reduce (2 gradients, 400 B): world #2 allreduce of 100 float32 (sum, ring).  "
+                          "C runs it whole; I runs to the end of iteration 0");
+    s.config.strategy = Strategy::Fsdp;  // FSDP's collectives have no DDP purpose
+    CHECK(next_hint(s).rfind("Next: world #2 allreduce", 0) == 0);
+    // Inside a collective: its next step, numbered from 1, and its phase.
+    s.held.kind = GateKind::RingStep;
+    s.held.gate.label = "world #2 allreduce of 100 float32 (sum, ring), step 1";
+    s.collective.seq = 2;
+    s.collective.steps = 6;
+    s.collective.steps_done = 1;
+    s.collective.phase = RingPhase::ReduceScatter;
+    CHECK(next_hint(s) == "Next: step 2 of 6 (reduce-scatter) of world #2 allreduce of 100 float32 (sum, ring).  "
+                          "R runs it; C finishes the collective");
+    s.held.kind = GateKind::Iteration;
+    s.held.gate.iteration = 3;
+    CHECK(next_hint(s) == "Next: iteration 3.  I runs it whole; C stops at its first collective; F at its first layer");
+    s.finished = true;
+    CHECK(next_hint(s).empty());
+  }
+
 }
 
 #endif  // DTLAB_HAVE_GUI
