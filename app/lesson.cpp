@@ -140,6 +140,14 @@ Question parse_question(const std::vector<std::pair<int, std::string>>& lines, i
 LessonError::LessonError(std::string f, int l, std::string s)
     : Error(f + (l > 0 ? ":" + std::to_string(l) : "") + ": " + s), file(std::move(f)), line(l), sentence(std::move(s)) {}
 
+std::string Question::answer_hint() const {
+  if (unit.empty()) return "0.25, 1/4 or 25%";  // a share or a plain ratio
+  if (unit == "%") return "e.g. 25";
+  if (unit.rfind("bytes", 0) == 0 || unit == "B") return "e.g. 4096 or 1.5e6";
+  if (unit == "steps" || unit == "samples" || unit == "ranks" || unit == "messages" || unit == "buckets") return "e.g. 12";
+  return "e.g. 2.5";  // ms, µs, s, KiB, GB, GiB, ...
+}
+
 bool Question::parse_answer(const std::string& typed, double& out) const {
   std::string t;
   for (char c : typed)

@@ -93,6 +93,9 @@ struct Question {
   // A learner's answer as typed: "0.25", "1/4", "25%" (a share: 0.25; with `unit: %`, just 25),
   // "1,500", "3e9". False when it is not a number.
   bool parse_answer(const std::string& text, double& out) const;
+  // The answer box's grey example, in the question's unit: "e.g. 4096 or 1.5e6" for bytes,
+  // "e.g. 12" for counts, "e.g. 2.5" for times and sizes in GB, "0.25, 1/4 or 25%" for a share.
+  std::string answer_hint() const;
 };
 
 struct LessonStep {

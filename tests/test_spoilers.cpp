@@ -3,6 +3,9 @@
 // `dtlab --lesson X --play --check-spoilers` (CTest's lesson_<name>, tools/play_lesson.sh).
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include <imgui.h>
 
 #include <string>
@@ -119,6 +122,36 @@ TEST_SUITE("app") {
     for (const char* bad : {"", "abc", "1/0", "1/", "/4", "25%%", "0.2.5", "nan", "inf"}) {
       CAPTURE(bad);
       CHECK_FALSE(q.parse_answer(bad, v));
+    }
+  }
+
+  TEST_CASE("lesson answers: the answer box's example is written in the question's unit") {
+    Question q;
+    CHECK(q.answer_hint() == "0.25, 1/4 or 25%");  // no unit: a share
+    q.unit = "bytes";
+    CHECK(q.answer_hint() == "e.g. 4096 or 1.5e6");
+    q.unit = "bytes per parameter";
+    CHECK(q.answer_hint() == "e.g. 4096 or 1.5e6");
+    q.unit = "steps";
+    CHECK(q.answer_hint() == "e.g. 12");
+    q.unit = "%";
+    CHECK(q.answer_hint() == "e.g. 25");
+    for (const char* u : {"ms", "µs", "s", "GB", "GiB", "KiB"}) {
+      q.unit = u;
+      CHECK(q.answer_hint() == "e.g. 2.5");
+    }
+    // Every unit the shipped lessons use gets an example that its own parser takes.
+    for (const auto& e : std::filesystem::directory_iterator(std::string(DTLAB_SOURCE_DIR) + "/lessons")) {
+      std::ifstream in(e.path());
+      for (std::string line; std::getline(in, line);) {
+        if (line.rfind("unit: ", 0) != 0) continue;
+        q.unit = line.substr(6);
+        const std::string hint = q.answer_hint();
+        CAPTURE(q.unit);
+        CHECK(hint.find('%') == std::string::npos);  // a byte count is not a share
+        double v = 0;
+        CHECK(q.parse_answer(hint.substr(5, hint.find(' ', 5) - 5), v));
+      }
     }
   }
 

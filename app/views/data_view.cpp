@@ -447,13 +447,16 @@ void draw_curve_grid(ImDrawList* dl, const CurvePlot& p, const std::vector<StepP
   const bool log = p.log;
   const float lo = p.lo, hi = p.hi;
   const bool room_for_labels = b.y - a.y >= 2.5f * ImGui::GetTextLineHeight();
-  auto label_at = [&](float tv) {
+  // decimals: those of the tick step (0.005 -> 3), so neighbouring ticks never print alike
+  // ("1.11" twice from %.3g); -1: three significant digits (decades: 0.01, 0.1, 1).
+  auto label_at = [&](float tv, int decimals = -1) {
     const float y = p.y_of(tv);
     dl->AddLine(ImVec2(a.x, y), ImVec2(b.x, y), kDataGrid);
     if (!room_for_labels) return;
     char l[32];
     const double shown = log ? std::pow(10.0, static_cast<double>(tv)) : static_cast<double>(tv);
     if (percent) std::snprintf(l, sizeof l, "%.0f%%", 100.0 * shown);
+    else if (decimals >= 0) std::snprintf(l, sizeof l, "%.*f", decimals, std::fabs(shown) < 1e-9 ? 0.0 : shown);
     else std::snprintf(l, sizeof l, "%.3g", std::fabs(shown) < 1e-9 ? 0.0 : shown);
     const ImVec2 ts = ImGui::CalcTextSize(l);
     dl->AddText(ImVec2(a.x - ts.x - font * 0.25f, y - ts.y * 0.5f), dim, l);
@@ -467,8 +470,11 @@ void draw_curve_grid(ImDrawList* dl, const CurvePlot& p, const std::vector<StepP
     const double vlo = log ? std::pow(10.0, static_cast<double>(lo)) : lo, vhi = log ? std::pow(10.0, static_cast<double>(hi)) : hi;
     const double raw = (vhi - vlo) / 3.0, p10 = std::pow(10.0, std::floor(std::log10(raw)));
     const double m = raw / p10, step = (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p10;
-    for (double v = std::ceil(vlo / step) * step; v <= vhi; v += step)
-      if (!log || v > 0) label_at(log ? std::log10(static_cast<float>(v)) : static_cast<float>(v));
+    const int decimals = std::clamp(-static_cast<int>(std::floor(std::log10(step) + 1e-9)), 0, 9);
+    for (double k = std::ceil(vlo / step); k * step <= vhi; k += 1) {  // counted in steps: no drift
+      const double v = k * step;
+      if (!log || v > 0) label_at(log ? std::log10(static_cast<float>(v)) : static_cast<float>(v), decimals);
+    }
   }
   char sx[32];
   std::snprintf(sx, sizeof sx, "step %lld", static_cast<long long>(p.s0));

@@ -204,7 +204,7 @@ void draw_question(const LessonRunner& r, int j, const Snapshot& s, bool busy, L
     double parsed = 0;
     const bool valid = q.parse_answer(buf.data(), parsed);
     ImGui::SetNextItemWidth(ImGui::GetFontSize() * 10);
-    ImGui::InputTextWithHint(q.unit.empty() ? "##answer" : q.unit.c_str(), "0.25, 1/4 or 25%", buf.data(), buf.size());
+    ImGui::InputTextWithHint(q.unit.empty() ? "##answer" : q.unit.c_str(), q.answer_hint().c_str(), buf.data(), buf.size());
     if (ImGui::IsItemDeactivatedAfterEdit() && valid) out.push_back(std::string("answer ") + buf.data());
     ImGui::BeginDisabled(!valid);
     if (!a.revealed && ImGui::Button("Check")) out.push_back(std::string("answer ") + buf.data()), out.push_back("check");

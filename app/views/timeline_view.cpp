@@ -797,6 +797,13 @@ void lane_tooltip(const Snapshot& s, const Hover& hover, float fs) {
 
 // Rank 0's iterations in the strip [sy0, sy0 + strip_h] under the ruler, each with the overlap DDP
 // reported for it; returns the one under the mouse, or null.
+// An iteration under way: "running", or "paused" while the stepper holds the world (the world
+// does not run then, whatever the iteration's unfinished band suggests).
+const char* unfinished_word(const Snapshot& s) {
+  if (s.finished) return "stopped";
+  return s.stepper.paused ? "paused" : "running";
+}
+
 const IterExtent* draw_iteration_strip(ImDrawList* hdl, const Snapshot& s, const std::vector<IterExtent>& iters0, const TimeAxis& ax,
                                        float sy0, float strip_h, bool header_hovered, bool modeled_clock) {
   const float fs = ImGui::GetFontSize(), sy1 = sy0 + strip_h;
@@ -809,7 +816,7 @@ const IterExtent* draw_iteration_strip(ImDrawList* hdl, const Snapshot& s, const
     vline(hdl, a, sy0 + 2, sy1 - 1, IM_COL32(255, 255, 255, 110));
     char text[64];
     const double ov = overlap_of(s, it.iter);
-    if (!it.complete) std::snprintf(text, sizeof text, "iter %d (running)", it.iter);
+    if (!it.complete) std::snprintf(text, sizeof text, "iter %d (%s)", it.iter, unfinished_word(s));
     else if (ov >= 0) std::snprintf(text, sizeof text, "iter %d \xC2\xB7 overlap %.0f%%%s", it.iter, 100 * ov, modeled_clock ? "" : " (modeled)");
     else std::snprintf(text, sizeof text, "iter %d", it.iter);
     const float tx = std::max(a, ax.x0) + 0.35f * fs;
@@ -825,7 +832,7 @@ const IterExtent* draw_iteration_strip(ImDrawList* hdl, const Snapshot& s, const
 void iteration_tooltip(const Snapshot& s, const IterExtent& it, bool modeled_clock) {
   const double ov = overlap_of(s, it.iter);
   ImGui::BeginTooltip();
-  ImGui::Text("iteration %d%s", it.iter, it.complete ? "" : " (running)");
+  ImGui::Text("iteration %d%s%s%s", it.iter, it.complete ? "" : " (", it.complete ? "" : unfinished_word(s), it.complete ? "" : ")");
   ImGui::TextDisabled("rank 0, %s clock", modeled_clock ? "modeled" : "wall");
   ImGui::Text("%s  from %s", time_text(it.e - it.b).c_str(), time_text(it.b).c_str());
   if (ov >= 0) ImGui::Text("overlap %.0f%%: share of all-reduce time hidden behind backward", 100 * ov);
