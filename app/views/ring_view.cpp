@@ -375,8 +375,11 @@ void draw_cells(ImDrawList* dl, const RingLayout& L, const CollectiveView& cv, i
   const int N = cv.world;
   const auto& row = cv.cells[static_cast<size_t>(r)];
   ImFont* font = ImGui::GetFont();
-  const float tsize = std::min(fs * 0.85f, L.cell * 0.62f);
-  const bool text = tsize >= fs * 0.65f;
+  // The count is what tells 1 from 2 contributions apart at 8 ranks and more (neighbouring shades
+  // differ by a sixth of the ramp), so it shows down to 10-pixel digits, also under presentation's
+  // large font.
+  const float tsize = std::min(fs * 0.85f, L.cell * 0.66f);
+  const bool text = tsize >= std::min(fs * 0.65f, 10.0f);
   // Rounded corners only where they show: square cells cost a quarter of the vertices at 16 ranks.
   const float round = L.cell >= fs * 1.4f ? L.cell * 0.18f : 0.0f;
   for (int c = 0; c < cv.chunks && c < static_cast<int>(row.size()); c++) {
