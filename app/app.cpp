@@ -217,7 +217,7 @@ void App::init_imgui() {
       io.IniFilename = ini_path_.c_str();
     }
   }
-  // Scripted runs (tests, README screenshots) always start from the tiled layout.
+  // Scripted runs (tests, the screenshots in README and docs/) always start from the tiled layout.
   if (!opt_.script.empty() || !opt_.screenshot.empty() || opt_.bench_frames || opt_.play) io.IniFilename = nullptr;
   scale_ = ui_scale(content_scale(), opt_.scale);
   build_fonts();

@@ -82,7 +82,11 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
     return 2;
   }
   try {
-    for (auto* sub : app.get_subcommands()) return runners.at(sub)(io);
+    for (auto* sub : app.get_subcommands()) {
+      const bool checks_config = sub->get_name() == "train" || sub->get_name() == "launch";
+      if (io.mode == Mode::CheckFlags || (io.mode == Mode::CheckConfig && !checks_config)) return 0;
+      return runners.at(sub)(io);
+    }
     return 2;
   } catch (const CommError& e) {  // a collective failed: the watchdog's or desync diagnosis
     io.err << "dtlab-cli: " << tidy_sentence(e.what()) << "\n";

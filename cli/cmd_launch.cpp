@@ -169,6 +169,9 @@ constexpr double kTermGraceS = 3.0;  // SIGTERM, then SIGKILL
 
 int run_launch(LaunchArgs& a, Streams& io) {
   check_args(a);
+  // Checked, not run: the command's flags as each rank's train would parse them (its configuration
+  // depends on the environment launch gives the ranks).
+  if (io.mode == Mode::CheckConfig) return run_cli(a.command, {io.out, io.err, false, Mode::CheckFlags});
   const int world = a.nnodes * a.nproc;
   const int port = a.port_opt->count() ? a.master_port : pick_free_port(a.master_addr);
   const std::string exe = self_exe();

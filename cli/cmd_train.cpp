@@ -376,6 +376,7 @@ int report_run(TrainArgs& a, Streams& given, Trainer& trainer) {
 int run_train(TrainArgs& a, Streams& io) {
   finish_config(a);
   Trainer trainer(a.cfg);
+  if (io.mode == Mode::CheckConfig) return 0;  // every check passed; train nothing
   return report_run(a, io, trainer);
 }
 

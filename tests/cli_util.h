@@ -1,5 +1,7 @@
 // dtlab-cli driven in-process: the exit code and what it wrote to each stream.
 #pragma once
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +22,26 @@ inline CliResult run_cli(const std::vector<std::string>& args, bool terminal = f
   r.out = out.str();
   r.err = err.str();
   return r;
+}
+
+// The dtlab-cli arguments of the headless demo tools/dtlab.sh runs (its `exec "$build/bin/dtlab-cli"`
+// line and the lines it continues onto); empty when the script has no such line.
+inline std::vector<std::string> quick_start_demo_args() {
+  std::ifstream in(std::string(DTLAB_SOURCE_DIR) + "/tools/dtlab.sh");
+  const std::string script((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string lead = "exec \"$build/bin/dtlab-cli\" ";
+  const size_t at = script.find(lead);
+  if (at == std::string::npos) return {};
+  std::string command;
+  for (size_t i = at + lead.size(); i < script.size(); i++) {
+    if (script[i] == '\\' && i + 1 < script.size() && script[i + 1] == '\n') { i++; continue; }
+    if (script[i] == '\n') break;
+    command += script[i];
+  }
+  std::vector<std::string> args;
+  std::istringstream words(command);
+  for (std::string w; words >> w;) args.push_back(w);
+  return args;
 }
 
 }  // namespace dtlab::test

@@ -79,23 +79,10 @@ TEST_SUITE("cli") {
   // README's first command on a machine without a display ends with this demo: it must show what its
   // banner promises, all-reduces hidden behind backward on the modeled clock, on every logged step.
   TEST_CASE("the quick start's headless demo (tools/dtlab.sh run) prints overlap above 0%") {
-    std::ifstream in(std::string(DTLAB_SOURCE_DIR) + "/tools/dtlab.sh");
-    std::string script((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const std::string lead = "exec \"$build/bin/dtlab-cli\" ";
-    const size_t at = script.find(lead);
-    REQUIRE(at != std::string::npos);
-    std::string command;
-    for (size_t i = at + lead.size(); i < script.size(); i++) {  // the exec line and its continuations
-      if (script[i] == '\\' && i + 1 < script.size() && script[i + 1] == '\n') { i++; continue; }
-      if (script[i] == '\n') break;
-      command += script[i];
-    }
-    std::vector<std::string> args;
-    std::istringstream words(command);
-    for (std::string w; words >> w;) args.push_back(w);
+    const std::vector<std::string> args = dtlab::test::quick_start_demo_args();
     REQUIRE(args.size() > 4);
     CHECK(args[0] == "train");
-    const CliResult r = run_cli(args);
+    const CliResult r = run(args);
     REQUIRE_MESSAGE(r.code == 0, r.err);
     int steps = 0;
     std::istringstream lines(r.out);

@@ -145,7 +145,7 @@ TEST_SUITE("app") {
   TEST_CASE("stepping a pipeline one time step at a time follows the planned grid") {
     Session s(pipe_config(ScheduleKind::OneFOneB, 4, 4));
     const PipelineSchedule plan = make_schedule(ScheduleKind::OneFOneB, 4, 4);
-    const int steps = num_steps(plan);  // 14, as the README prints it
+    const int steps = num_steps(plan);  // 14, as docs/strategies.md prints it
     REQUIRE(steps == 14);
     const Snapshot& a = step(s, GateKind::Action);  // past iteration 0's gate, to the first action gates
     for (const PipelineRankView& rv : a.pipeline.ranks) {

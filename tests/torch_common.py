@@ -26,7 +26,7 @@ def cli(*args):
     return r.stdout
 
 
-def load_safetensors(path):  # the README's snippet
+def load_safetensors(path):  # docs/cli.md's snippet
     raw = open(path, "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
     header, data = json.loads(raw[8:8 + n]), raw[8 + n:]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the README's pictures in assets/ from scripted runs of the lab under Xvfb, so every
+# Regenerates the pictures in assets/ (README's and docs/'s) from scripted runs of the lab under Xvfb, so every
 # picture shows a real run at a known state. Needs a built build/bin/dtlab and xvfb-run.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
