@@ -148,6 +148,7 @@ class App : public ScriptRunner::Host {
   std::string config_error_;
   TrainConfig edit_;          // the configuration panel's working copy
   bool was_pipeline_ = false;  // the tiles differ for pipelines: lay them out again on a switch
+  bool was_stage_ = false;     // presentation's four tiles were laid out last frame
   RingViewState ring_view_;    // what the ring and pipeline views keep between frames
   PipelineViewState pipeline_view_;
   double start_time_ = 0;
@@ -393,34 +394,43 @@ void App::toolbar() {
   begin_toolbar();
   const Snapshot& s = session_->snapshot();
   const bool paused = session_->paused();
+  // Each control after the first goes on the same line while it fits, else starts the next one
+  // (presentation's large font at 1600x900 cut "Modeled clock (M)" off at the edge).
+  const ImGuiStyle& st = ImGui::GetStyle();
+  auto button_w = [&](const char* l) { return ImGui::CalcTextSize(l).x + st.FramePadding.x * 2; };
+  auto check_w = [&](const char* l) { return ImGui::GetFrameHeight() + st.ItemInnerSpacing.x + ImGui::CalcTextSize(l).x; };
+  auto next = [](float w) {
+    ImGui::SameLine();
+    if (ImGui::GetContentRegionAvail().x < w) ImGui::NewLine();
+  };
   if (ImGui::Button(paused ? "Run (Space)" : "Pause (Space)")) {
     if (paused) session_->run(session_->speed());
     else session_->pause();
   }
-  ImGui::SameLine();
+  next(button_w("Ring step (R)"));
   if (ImGui::Button("Ring step (R)")) session_->step(GateKind::RingStep);
-  ImGui::SameLine();
+  next(button_w("Collective (C)"));
   if (ImGui::Button("Collective (C)")) session_->step(GateKind::Collective);
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip("The next communication operation: a collective of the world or of any process group, or a send/recv");
-  ImGui::SameLine();
+  next(button_w("Layer (F)"));
   if (ImGui::Button("Layer (F)")) session_->step(GateKind::Layer);
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("The next layer's forward or backward (every rank, or the focused rank alone)");
-  ImGui::SameLine();
+  next(button_w("Bucket (B)"));
   if (ImGui::Button("Bucket (B)")) session_->step(GateKind::Grad);
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("Until the next gradient lands in a DDP bucket");
-  ImGui::SameLine();
+  next(button_w("Iteration (I)"));
   if (ImGui::Button("Iteration (I)")) session_->step(GateKind::Iteration);
   if (s.pipeline.valid) {
-    ImGui::SameLine();
+    next(button_w("Action (A)"));
     if (ImGui::Button("Action (A)")) session_->step(GateKind::Action);
     if (ImGui::IsItemHovered()) ImGui::SetTooltip("One time step of the pipeline schedule: every rank's next action");
   }
-  ImGui::SameLine();
+  next(button_w("Reset (Bksp)"));
   ImGui::BeginDisabled(session_->attached());
   if (ImGui::Button("Reset (Bksp)")) restart(session_->config());
   ImGui::EndDisabled();
-  ImGui::SameLine();
+  next(ImGui::GetFontSize() * 9);
   // Speed: modeled seconds per wall second, on a log slider (0 = as fast as possible).
   float speed = static_cast<float>(session_->speed());
   ImGui::SetNextItemWidth(ImGui::GetFontSize() * 9);
@@ -431,19 +441,17 @@ void App::toolbar() {
     if (paused) session_->pause();
   }
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("Modeled seconds per wall second while running (0: full speed)");
-  ImGui::SameLine();
+  next(check_w("Modeled clock (M)"));
   ImGui::Checkbox("Modeled clock (M)", &ctx_.modeled_clock);
-  ImGui::SameLine();
-  if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize("Presentation (P)").x + ImGui::GetFrameHeight() * 2) ImGui::NewLine();
+  next(check_w("Presentation (P)"));
   if (ImGui::Checkbox("Presentation (P)", &presentation_)) {
     apply_style();
     relayout_ = true;
   }
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("Large fonts and high contrast, for a projector; F11: full screen");
-  ImGui::SameLine();
-  if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize("Lessons (L)").x + ImGui::GetFrameHeight() * 2) ImGui::NewLine();
+  next(check_w("Lessons (L)"));
   if (ImGui::Checkbox("Lessons (L)", &show_lessons_)) relayout_ = true;
-  ImGui::SameLine();
+  next(ImGui::GetFontSize() * 7 + ImGui::GetFrameHeight());
   view_combo(kViewTitles, kNumViews);
   // Status: where the run stands (on a second line when large fonts leave no room).
   std::string status;
@@ -462,7 +470,10 @@ void App::toolbar() {
                 s.config.backend.c_str(), s.config.attached.empty() ? "" : " @", s.config.attached.c_str());
   ImGui::SameLine();
   if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(line).x) ImGui::NewLine();
-  ImGui::TextUnformatted(line);
+  // Wider than a whole line (8 ranks' list under presentation's font): cut, whole on hover.
+  const std::string shown = fit_clauses(line, ImGui::GetContentRegionAvail().x);
+  ImGui::TextUnformatted(shown.c_str());
+  if (shown != line && ImGui::IsItemHovered()) ImGui::SetTooltip("%s", line);
   // What the next press does, and which key (a newcomer's first question). Always one line, so the
   // toolbar keeps its height (the tiles below it would move); between two settled pauses the last
   // hint stays.
@@ -797,9 +808,21 @@ void App::views() {
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // mesh: shown alone (view mesh), never tiled
   };
   const Rect run_tile = {x0, top, 0.20f * W, 0.42f * H};
+  // Presentation, all views: the four pictures a class reads from the back of the room, each with
+  // room for presentation's large type (seven tiles at that size cut every one of them); the Run
+  // panel, the Collective inspector and Data are a number key away, or back with P.
+  const bool stage = presentation_ && solo_ < 0;
+  auto stage_tile = [&](int v, bool pipeline) -> Rect {
+    if (pipeline && v == kPipeline) return {x0, top, W, 0.6f * H};
+    if (v == kRing) return {x0, top, 0.55f * W, 0.6f * H};
+    if (v == kBuckets || v == kShards) return {x0 + 0.55f * W, top, 0.45f * W, 0.6f * H};
+    if (v == kTimeline) return {x0, top + 0.6f * H, 0.62f * W, 0.4f * H};
+    return {x0 + 0.62f * W, top + 0.6f * H, 0.38f * W, 0.4f * H};  // memory
+  };
+  if (stage != was_stage_) was_stage_ = stage, relayout_ = true;
   if (was_pipeline_ != session_->snapshot().pipeline.valid) was_pipeline_ = !was_pipeline_, relayout_ = true;
   const ImGuiCond cond = relayout_ ? ImGuiCond_Always : ImGuiCond_FirstUseEver;
-  if (solo_ < 0) {
+  if (solo_ < 0 && !stage) {
     ImGui::SetNextWindowPos(ImVec2(run_tile.x, run_tile.y), cond);
     ImGui::SetNextWindowSize(ImVec2(run_tile.w, run_tile.h), cond);
     config_panel();
@@ -821,7 +844,9 @@ void App::views() {
     if (solo_ < 0 && ((v == kRing && pipeline) || (v == kPipeline && !pipeline) || (v == kBuckets && pipeline))) continue;
     // No tile of their own: a picture of the machine, and a plot over sizes, want the whole window.
     if (solo_ < 0 && (v == kTopology || v == kSweep || v == kMesh)) continue;
-    const Rect t = pipeline && v == kMemory ? Rect{x0 + 0.60f * W, top, 0.40f * W, 0.56f * H} : tiles[v];
+    if (stage && (v == kInspector || v == kData)) continue;
+    const Rect t = stage ? stage_tile(v, pipeline)
+                   : pipeline && v == kMemory ? Rect{x0 + 0.60f * W, top, 0.40f * W, 0.56f * H} : tiles[v];
     if (solo_ == v) {
       ImGui::SetNextWindowPos(ImVec2(x0, top), ImGuiCond_Always);
       ImGui::SetNextWindowSize(ImVec2(W, H), ImGuiCond_Always);

@@ -86,7 +86,7 @@ void draw_no_buckets(const Snapshot& s) {
 }
 
 // ---- header: which assignment, why this order, the state legend
-void draw_header(const Snapshot& s, float fs) {
+void draw_header(const Snapshot& s, float fs, bool presentation) {
   int64_t total = 0;
   int params = 0, ready = 0;
   for (const BucketView& b : s.buckets) {
@@ -94,7 +94,12 @@ void draw_header(const Snapshot& s, float fs) {
     for (const BucketParam& p : b.params) params++, ready += p.ready ? 1 : 0;
   }
   ImGui::PushTextWrapPos(0.0f);  // narrow panels wrap rather than cut the explanation off
-  if (s.bucket_generation == 0 && !s.config.find_unused_parameters && !s.config.sized_first_iteration)
+  // Presentation: fewer words, so the buckets themselves keep the room (the teacher says the rest).
+  if (presentation)
+    ImGui::TextWrapped(s.bucket_generation == 0 && !s.config.find_unused_parameters && !s.config.sized_first_iteration
+                           ? "Iteration 0: one bucket of every gradient (torch's first iteration)"
+                           : "Generation %d: in the order gradients became ready", s.bucket_generation);
+  else if (s.bucket_generation == 0 && !s.config.find_unused_parameters && !s.config.sized_first_iteration)
     ImGui::TextWrapped("The first iteration (iteration 0): ONE bucket of every gradient, as torch's DDP builds with "
                        "find_unused_parameters=False (the model's order need not be the order gradients arrive in); "
                        "sized buckets are rebuilt after it");
@@ -106,9 +111,9 @@ void draw_header(const Snapshot& s, float fs) {
                        "parameters in reverse order of model.parameters()");
   else
     ImGui::TextWrapped("Generation %d: rebuilt after the first iteration (iteration 0), in the order gradients became ready", s.bucket_generation);
-  if (s.buckets.size() > 1)
+  if (s.buckets.size() > 1 && !presentation)
     ImGui::TextColored(ImVec4(1.0f, 0.86f, 0.45f, 1.0f), "bucket 0 holds the last layers: their gradients are ready first");
-  ImGui::TextDisabled("%d %s, %s in all (cap %s, first bucket %s)  \xC2\xB7  rank 0, iteration %d: %d of %d gradients ready",
+  if (!presentation) ImGui::TextDisabled("%d %s, %s in all (cap %s, first bucket %s)  \xC2\xB7  rank 0, iteration %d: %d of %d gradients ready",
                       static_cast<int>(s.buckets.size()), s.buckets.size() == 1 ? "bucket" : "buckets", human_bytes(total).c_str(), human_bytes(s.config.bucket_cap_bytes).c_str(),
                       human_bytes(s.config.first_bucket_bytes).c_str(), s.iteration, ready, params);
   ImGui::PopTextWrapPos();
@@ -308,7 +313,7 @@ void draw_bucket_view(const Snapshot& s, ViewContext& ctx) {
     draw_no_buckets(s);
     return;
   }
-  draw_header(s, fs);
+  draw_header(s, fs, ctx.presentation);
   ImGui::BeginChild("##bucket_rows", ImVec2(0, 0), false);
   ImDrawList* dl = ImGui::GetWindowDrawList();
   const RowLayout lay = row_layout(s, fs);

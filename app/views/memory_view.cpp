@@ -63,7 +63,7 @@ void legend_entry(ImU32 color, const char* text, bool first, bool dim = false) {
 
 // The legend: one swatch per category with the bytes `shown` rank holds in it, wrapping to the
 // window width.
-void draw_legend(const MemoryStats& st, int shown, bool hovered) {
+void draw_legend(const MemoryStats& st, int shown, bool hovered, bool presentation) {
   const float font = ImGui::GetFontSize();
   ImGui::Text("rank %d%s: %s now", shown, hovered ? "" : " (hover a bar for another rank)",
               human_bytes(st.total_current).c_str());
@@ -72,6 +72,7 @@ void draw_legend(const MemoryStats& st, int shown, bool hovered) {
     const MemCategory c = category_at(i);
     char text[96];
     std::snprintf(text, sizeof text, "%s %s", category_label(c).c_str(), human_bytes(st.current_of(c)).c_str());
+    if (presentation && st.current_of(c) == 0 && st.peak_of(c) == 0) continue;  // fewer words: what is held
     legend_entry(memory_category_color(c), text, i == 0, st.current_of(c) == 0);
   }
   // The peak marker's key.
@@ -218,7 +219,7 @@ void draw_bytes_per_param(const Snapshot& s, int r) {
 }
 
 // The live bars: what each rank holds now. `reserve_h` is kept free below them (the comparison).
-void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h) {
+void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h, bool presentation) {
   const int world = static_cast<int>(s.memory.size());
   int64_t scale_bytes = 0, sum_current = 0, sum_peak = 0;
   for (const RankMemory& m : s.memory) {
@@ -237,9 +238,11 @@ void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h) {
 
   if (s.iteration >= 0) ImGui::Text("Iteration %d", s.iteration);
   else ImGui::TextUnformatted("Before the first iteration");
-  ImGui::SameLine();
-  ImGui::TextDisabled("(peaks restart every iteration; all bars share one scale)");
-  draw_legend(s.memory[static_cast<size_t>(shown)].stats, shown, view.hovered_rank >= 0);
+  if (!presentation) {
+    ImGui::SameLine();
+    ImGui::TextDisabled("(peaks restart every iteration; all bars share one scale)");
+  }
+  draw_legend(s.memory[static_cast<size_t>(shown)].stats, shown, view.hovered_rank >= 0, presentation);
   draw_bytes_per_param(s, shown);
   ImGui::Spacing();
 
@@ -629,9 +632,9 @@ void draw_pipeline_stages(const Snapshot& s) {
 
 }  // namespace
 
-void draw_memory_view(const Snapshot& s, MemoryViewState& view, ViewContext& /*ctx*/) {
+void draw_memory_view(const Snapshot& s, MemoryViewState& view, ViewContext& ctx) {
   draw_focus_line(s);
-  draw_live_bars(s, view, view.compare_h);
+  draw_live_bars(s, view, view.compare_h, ctx.presentation);
   const float y0 = ImGui::GetCursorPosY();
   if (s.pipeline.valid) draw_pipeline_stages(s);
   else draw_strategies_compared(s, view);

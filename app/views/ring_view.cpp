@@ -248,7 +248,7 @@ void rank_list(const std::vector<int>& ranks, int world, ImU32 fallback) {
   }
 }
 
-void draw_header(const CollectiveView& cv) {
+void draw_header(const CollectiveView& cv, bool presentation) {
   const float sp = ImGui::GetFontSize() * 0.9f;
   const ImVec4 dim = ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled);
   ImGui::TextColored(ImVec4(1.0f, 0.85f, 0.45f, 1.0f), "%s", collective_name(cv.op));
@@ -301,6 +301,7 @@ void draw_header(const CollectiveView& cv) {
     ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kMissingRed), "waiting for rank%s", cv.missing.size() > 1 ? "s" : "");
     rank_list(cv.missing, cv.world, kMissingRed);
   }
+  if (presentation) return;  // fewer words: the picture and the centre's phase say it
   ImGui::PushStyleColor(ImGuiCol_Text, dim);
   ImGui::TextWrapped("%s", step_caption(cv));
   ImGui::PopStyleColor();
@@ -711,7 +712,7 @@ void draw_ring_view(const Snapshot& s, ViewContext& ctx, RingViewState& state) {
   const int N = std::clamp(cv.valid ? cv.world : std::max(1, s.config.world), 1, 64);
   const bool valid = cv.valid && static_cast<int>(cv.cells.size()) >= N;
 
-  if (valid) draw_header(cv);
+  if (valid) draw_header(cv, ctx.presentation);
   else ImGui::TextDisabled("ring view: %d rank%s", N, N == 1 ? "" : "s");
 
   // Canvas: the rest of the window; an invisible button owns the mouse.

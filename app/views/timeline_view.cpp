@@ -729,6 +729,9 @@ void draw_toolbar(TimelineViewState& view, ViewContext& ctx, bool fp16) {
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip("Wheel: zoom around the cursor.  Drag (left or middle): pan.\nDouble-click: follow the latest iterations again.\n"
                       "Hover a span for its details.");
+  // Presentation: fewer words; the spans carry their own labels ("forward 2", "backward 2") and the
+  // legend's 13 keys took a third of the tile.
+  if (ctx.presentation && !fp16) return;
   bool first = true;
   legend_item(work_color(Work::Forward), "forward", first);
   legend_item(work_color(Work::Backward), "backward", first);
