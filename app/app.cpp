@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -113,6 +114,9 @@ class App : public ScriptRunner::Host {
   void show_view(const std::string& name) override;
   void set_presentation(bool on) override;
   void set_fullscreen(bool on) override { fullscreen_.set(win_, on), relayout_ = true; }
+  void start_screen(const std::string& what) override;
+  void start_choice(StartChoice choice, bool step_iterations);
+  std::string start_off_path() const;  // its file says "do not show the start screen at start"
   void set_modeled_clock(bool on) override { ctx_.modeled_clock = on; }
   void set_data_set_epoch(bool on) override;
   void lesson_opened() override { show_lessons_ = relayout_ = true; }
@@ -153,6 +157,8 @@ class App : public ScriptRunner::Host {
   PipelineViewState pipeline_view_;
   double start_time_ = 0;
   bool show_lessons_ = false;  // the lesson panel on the left
+  bool show_start_ = false;    // the start screen (app/views/start_view.cpp)
+  bool start_at_launch_ = true;  // its checkbox, kept as start_off_path()'s absence
 };
 
 bool App::init_window() {
@@ -327,6 +333,7 @@ void App::handle_keys() {
     fullscreen_.toggle(win_);
     relayout_ = true;
   }
+  if (key(GLFW_KEY_H) && !traces_.active() && session_ && !session_->attached()) show_start_ = !show_start_;
   if (traces_.active()) {  // the trace viewer has no run to step; a lesson reading a trace keeps L and N
     if (key(GLFW_KEY_L) && lessons_.runner()) show_lessons_ = !show_lessons_, relayout_ = true;
     if (key(GLFW_KEY_N) && lessons_.runner()) script_->queue_lesson("demo");
@@ -1018,6 +1025,41 @@ void App::lesson_ran() {
   if (traces_.sync_lesson(lessons_.runner(), *session_)) relayout_ = true;
 }
 
+std::string App::start_off_path() const {
+  const std::string dir = config_dir(opt_);
+  return dir.empty() ? "" : dir + "/start-screen-off";
+}
+
+void App::start_screen(const std::string& what) {
+  StartScenario sc{};
+  if (what == "on" || what == "off") show_start_ = what == "on";
+  else if (what == "course") start_choice(StartChoice::Course, false);
+  else if (parse_start_scenario(what, sc))
+    start_choice(sc == StartScenario::DdpOverlap ? StartChoice::DdpOverlap
+                 : sc == StartScenario::FsdpMemory ? StartChoice::FsdpMemory : StartChoice::PipelineBubble,
+                 false);  // the script runner steps its iterations, waiting for each
+}
+
+// A click on the start screen: a scenario restarts the run and (clicked by a person) steps its
+// first iterations, so the idea is on screen at once; the course opens the lesson panel.
+void App::start_choice(StartChoice choice, bool step_iterations) {
+  show_start_ = false;
+  if (choice == StartChoice::Course) {
+    show_lessons_ = relayout_ = true;
+    return;
+  }
+  if (choice == StartChoice::Close || choice == StartChoice::None) return;
+  const StartScenario sc = choice == StartChoice::DdpOverlap   ? StartScenario::DdpOverlap
+                           : choice == StartChoice::FsdpMemory ? StartScenario::FsdpMemory
+                                                               : StartScenario::PipelineBubble;
+  solo_ = -1;
+  relayout_ = true;
+  restart(start_scenario_config(sc));
+  edit_ = session_->config();
+  if (step_iterations)
+    for (int i = 0; i < start_scenario_iterations(sc); i++) session_->step(GateKind::Iteration);  // steps add up
+}
+
 void App::frame(bool present) {
   glfwPollEvents();
   follow_content_scale();
@@ -1041,6 +1083,16 @@ void App::frame(bool present) {
   // whether the panel shows, and never by the panel itself.
   lessons_.update(show_lessons_ && session_);
   views();
+  if (show_start_) {
+    const bool was = start_at_launch_;
+    const StartChoice choice = draw_start_screen(start_at_launch_, presentation_);
+    if (start_at_launch_ != was) {  // remembered in the config directory
+      std::error_code ec;
+      if (start_at_launch_) std::filesystem::remove(start_off_path(), ec);
+      else if (!start_off_path().empty()) std::ofstream(start_off_path()) << "the start screen stays closed at start (H opens it)\n";
+    }
+    if (choice != StartChoice::None) start_choice(choice, true);
+  }
   ImGui::Render();
   spoilers_.after_render(*ImGui::GetDrawData());
   if (!present) return;
@@ -1102,6 +1154,9 @@ int App::run() {
       session_->pause();
     }
   }
+  // The start screen opens on a plain launch until its checkbox says no (kept in the config dir).
+  start_at_launch_ = start_off_path().empty() || !std::filesystem::exists(start_off_path());
+  show_start_ = opt_.plain && session_ && start_at_launch_;
   if (!init_window()) return 2;
   if (traces_.active()) traces_.load(opt_.open, opt_.trace_ranks);
   init_imgui();

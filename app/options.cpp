@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <iterator>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -218,6 +219,40 @@ void finish_options(const CLI::App& app, AppOptions& o, const LabFlags& f, bool 
 
 }  // namespace
 
+TrainConfig start_scenario_config(StartScenario sc) {
+  TrainConfig c;
+  set_lab_defaults(c);
+  c.start_paused = true;
+  switch (sc) {
+    case StartScenario::DdpOverlap: break;  // the lab's defaults are this scenario
+    case StartScenario::FsdpMemory:
+      c.strategy = Strategy::Fsdp;
+      c.fsdp.sharding = Sharding::FullShard;
+      break;
+    case StartScenario::PipelineBubble:
+      c.strategy = Strategy::Pipeline;
+      c.pipeline.schedule = ScheduleKind::OneFOneB;
+      c.pipeline.stages = 4, c.pipeline.microbatches = 8, c.pipeline.chunks = 1;
+      // The textbook's equal stages: every F and B costs 1 ms and communication is free, so the
+      // measured bubble equals (p-1)/(m+p-1) (docs/course_sources.md §14).
+      c.pipeline.fixed_costs = ActionCosts{kUnitActionCost, kUnitActionCost, kUnitActionCost, kUnitActionCost, 0};
+      c.profile = "ideal";
+      fit_pipeline(c);
+      break;
+  }
+  return c;
+}
+
+int start_scenario_iterations(StartScenario sc) { return sc == StartScenario::DdpOverlap ? 3 : 2; }
+
+bool parse_start_scenario(const std::string& word, StartScenario& out) {
+  if (word == "ddp") out = StartScenario::DdpOverlap;
+  else if (word == "fsdp") out = StartScenario::FsdpMemory;
+  else if (word == "pipeline") out = StartScenario::PipelineBubble;
+  else return false;
+  return true;
+}
+
 void deepen_for_pipeline(TrainConfig& c) {
   std::vector<int64_t>& d = c.model.dims;
   const int64_t width = d.size() > 2 ? d[d.size() - 2] : 64;
@@ -235,6 +270,14 @@ void fit_pipeline(TrainConfig& c) {
 }
 
 int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) {
+  // A launch with no run or script of its own (the quick start's `dtlab`) gets the start screen.
+  o.plain = true;
+  for (int a = 1; a < argc; a++) {
+    const std::string flag = std::string(argv[a]).substr(0, std::string(argv[a]).find('='));
+    static const char* kWindowFlags[] = {"--width", "--height", "--fullscreen", "--scale", "--presentation", "--config-dir"};
+    const bool window = std::find(std::begin(kWindowFlags), std::end(kWindowFlags), flag) != std::end(kWindowFlags);
+    if (flag.rfind("--", 0) == 0 && !window) o.plain = false;
+  }
   CLI::App app{"dtlab: step through distributed training, collective by collective", "dtlab"};
   LabFlags f;
   set_lab_defaults(o.train);

@@ -26,6 +26,7 @@ struct AppOptions {
   int compare = -1;                    // --compare SCHEDULE: the pipeline view's second schedule (a ScheduleKind)
   std::string config_dir;              // where imgui.ini lives (default: $XDG_CONFIG_HOME/dtlab)
   std::string lesson;                  // --lesson NAME|PATH.md: open this lesson (app/lesson.h)
+  bool plain = false;                  // no flag but the window's (size, scale, full screen, presentation): the start screen may show
   bool play = false;                   // --play: play the lesson headless, checking every step
   bool check_spoilers = false;         // --check-spoilers: with --play, fail when the screen shows an answer before its check
   std::string attach;                  // --attach HOST:PORT: show and step a launched run (its --monitor)
@@ -48,6 +49,19 @@ void deepen_for_pipeline(TrainConfig& c);
 // The Run panel's and the pipeline view's pipeline settings made runnable: world p x dp, no --accum,
 // the batch rounded to a multiple of the micro-batches, the model deepened, a stale --split dropped.
 void fit_pipeline(TrainConfig& c);
+
+// The start screen's one-click scenarios (app/views/start_view.cpp), each a run that shows one idea
+// within its first presses: DDP's buckets overlapping backward (the lab's defaults), FSDP's sharded
+// memory, and a pipeline's bubble equal to its formula (every action 1 ms on the ideal profile).
+enum class StartScenario { DdpOverlap, FsdpMemory, PipelineBubble };
+// The run a scenario starts (paused), from the lab's defaults.
+TrainConfig start_scenario_config(StartScenario s);
+// How many Iteration steps the scenario takes before handing over: 3 reaches iteration 2 with
+// DDP's buckets rebuilt and iteration 1's overlap on the timeline; 2 ends iteration 0 (FSDP's
+// memory peaks, the pipeline's whole schedule).
+int start_scenario_iterations(StartScenario s);
+// "ddp", "fsdp", "pipeline" (the script's `start NAME`); false for another word.
+bool parse_start_scenario(const std::string& word, StartScenario& out);
 
 // Parses argv; returns 0 to go on, -1 after --help/--version (exit 0), or 2 for bad input with the
 // sentence printed to stderr, or stored in *error when given (a lesson's scenario uses the flags).

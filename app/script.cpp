@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <fstream>
+#include <iterator>
 #include <cmath>
 #include <sstream>
 
@@ -19,7 +20,7 @@ const char* kUsage =
     "commands: step ring|collective|layer|bucket|iteration|action [N], focus rank R|group NAME|none, run [SECONDS]s, "
     "pause, wait SECONDSs, "
     "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|all, screenshot PATH.png, speed X, "
-    "presentation on|off, fullscreen on|off, clock modeled|wall, set_epoch on|off, reset, quit, "
+    "presentation on|off, fullscreen on|off, start on|off|ddp|fsdp|pipeline|course, clock modeled|wall, set_epoch on|off, reset, quit, "
     "lesson open NAME|next|back|goto N|answer X|check|play|demo|close; with --open: wait trace|compare [SECONDS]s, "
     "select collective K, compare [PROFILE], zoom all|iteration N|collective K, view collectives|breakdown|compare";
 
@@ -182,6 +183,12 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       if (w.size() != 2 || (w[1] != "on" && w[1] != "off")) fail(k + " takes on or off");
       c.kind = k == "presentation" ? ScriptCommand::Presentation
                : k == "fullscreen" ? ScriptCommand::FullScreen : ScriptCommand::SetEpoch;
+      c.arg = w[1];
+    } else if (k == "start") {
+      static const char* kWords[] = {"on", "off", "ddp", "fsdp", "pipeline", "course"};
+      if (w.size() != 2 || std::find(std::begin(kWords), std::end(kWords), w[1]) == std::end(kWords))
+        fail("start takes on, off (the start screen), or one of its choices: ddp, fsdp, pipeline, course");
+      c.kind = ScriptCommand::StartScreen;
       c.arg = w[1];
     } else if (k == "clock") {
       if (w.size() != 2 || (w[1] != "modeled" && w[1] != "wall")) fail("clock takes modeled or wall");

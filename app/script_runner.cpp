@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "app/options.h"
 #include "engine/core/format.h"
 
 namespace dtlab::app {
@@ -200,6 +201,12 @@ bool ScriptRunner::run(const ScriptCommand& c) {
     }
     case ScriptCommand::Presentation: host_.set_presentation(c.arg == "on"); break;
     case ScriptCommand::FullScreen: host_.set_fullscreen(c.arg == "on"); break;
+    case ScriptCommand::StartScreen: {
+      host_.start_screen(c.arg);
+      StartScenario sc{};
+      if (parse_start_scenario(c.arg, sc)) start_settle(GateKind::Iteration, start_scenario_iterations(sc));
+      break;
+    }
     case ScriptCommand::Clock: host_.set_modeled_clock(c.arg == "modeled"); break;
     case ScriptCommand::SetEpoch: host_.set_data_set_epoch(c.arg == "on"); break;
     case ScriptCommand::Reset: host_.restart(session_->config()); break;

@@ -33,6 +33,9 @@ class ScriptRunner {
     virtual void show_view(const std::string& name) = 0;  // `view NAME`: one view alone, or "all"
     virtual void set_presentation(bool on) = 0;
     virtual void set_fullscreen(bool on) = 0;
+    // The start screen: "on", "off", "course", or a scenario's word (parse_start_scenario), whose
+    // run it starts paused; the runner then steps its iterations.
+    virtual void start_screen(const std::string& what) = 0;
     virtual void set_modeled_clock(bool on) = 0;
     virtual void set_data_set_epoch(bool on) = 0;
     virtual void restart(const TrainConfig& config) = 0;  // `reset`

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 
+#include "app/options.h"
 #include "app/script.h"
 #include "app/views/views.h"
 #include "engine/comm/socket_mesh.h"
@@ -133,6 +134,78 @@ TEST_SUITE("gui") {
       CHECK(r.out.find("no lesson 'nosuchlesson'; the lessons are ") != std::string::npos);
       CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
     }
+  }
+
+  // The start screen's three runs, each one click from a newcomer's first minute.
+  TEST_CASE("start screen: its scenarios are the runs they promise, and a plain launch is told apart") {
+    const TrainConfig ddp = app::start_scenario_config(app::StartScenario::DdpOverlap);
+    CHECK(ddp.strategy == Strategy::Ddp);
+    CHECK(ddp.world_size == 4);
+    CHECK(ddp.profile == "this");  // compute long enough on this machine's clock to hide all-reduces
+    CHECK(ddp.ddp.bucket_cap_bytes == 4096);
+    CHECK(ddp.start_paused);
+    const TrainConfig fsdp = app::start_scenario_config(app::StartScenario::FsdpMemory);
+    CHECK(fsdp.strategy == Strategy::Fsdp);
+    CHECK(fsdp.fsdp.sharding == Sharding::FullShard);
+    const TrainConfig pipe = app::start_scenario_config(app::StartScenario::PipelineBubble);
+    CHECK(pipe.strategy == Strategy::Pipeline);
+    CHECK(pipe.pipeline.stages == 4);
+    CHECK(pipe.pipeline.microbatches == 8);
+    CHECK(pipe.pipeline.schedule == ScheduleKind::OneFOneB);
+    REQUIRE(pipe.pipeline.fixed_costs.has_value());  // the textbook's equal stages
+    CHECK(pipe.profile == "ideal");
+    CHECK(pipe.world_size == 4);
+    CHECK(static_cast<int>(pipe.model.dims.size()) - 1 >= 4);  // a layer per stage at least
+    app::StartScenario sc{};
+    CHECK(app::parse_start_scenario("pipeline", sc));
+    CHECK(sc == app::StartScenario::PipelineBubble);
+    CHECK_FALSE(app::parse_start_scenario("tp", sc));
+    auto plain = [](std::vector<std::string> args) {
+      args.insert(args.begin(), "dtlab");
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      app::AppOptions o;
+      std::string error;
+      REQUIRE(app::parse_app_options(static_cast<int>(argv.size()), argv.data(), o, &error) == 0);
+      return o.plain;
+    };
+    CHECK(plain({}));
+    CHECK(plain({"--width", "800", "--height", "600", "--fullscreen", "--presentation", "--scale=1.5"}));
+    CHECK_FALSE(plain({"--world", "2"}));
+    CHECK_FALSE(plain({"--run", "quit"}));
+    CHECK_FALSE(plain({"--lesson", "why_allreduce"}));
+    CHECK(test::script_error("start now").find("start takes on, off (the start screen), or one of its choices: ddp, fsdp, "
+                                                "pipeline, course") != std::string::npos);
+  }
+
+  TEST_CASE("under Xvfb: the start screen's scenarios run to the picture they promise") {
+    if (!test::have_xvfb()) {
+      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
+      return;
+    }
+    test::TempDir dir;
+    Result r = test::run_app("--run 'start on; screenshot " + dir.file("start.png") + "; start off; screenshot " +
+                                 dir.file("off.png") + "; start pipeline; screenshot " +
+                                 dir.file("pipe.png") + "; start ddp; screenshot " + dir.file("ddp.png") + "; quit'",
+                             dir);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    // The pipeline with equal stage costs ran whole iterations; DDP ran into its rebuilt buckets.
+    CHECK(r.out.find("pipe.png (1280x720): iteration 1, step 2") != std::string::npos);
+    CHECK(r.out.find("pipeline 1F1B iteration 1 finished") != std::string::npos);
+    CHECK(r.out.find("ddp.png (1280x720): iteration 1, step 2") != std::string::npos);
+    CHECK(r.out.find("buckets 0:done 1:done 2:done") != std::string::npos);
+    // The same paused run with and without the start screen: it covers the middle of the window
+    // and leaves the corners (the toolbar, the Run panel) as they were.
+    const test::Image start = test::load_png(dir.file("start.png")), off = test::load_png(dir.file("off.png"));
+    REQUIRE(start.w == off.w);
+    int middle = 0, corner = 0;
+    for (int y = start.h * 2 / 5; y < start.h * 3 / 5; y += 4)
+      for (int x = start.w * 2 / 5; x < start.w * 3 / 5; x += 4) middle += start.at(x, y) != off.at(x, y);
+    for (int y = 0; y < start.h / 8; y += 4)
+      for (int x = 0; x < start.w / 8; x += 4) corner += start.at(x, y) != off.at(x, y);
+    CHECK(middle > 200);
+    CHECK(corner == 0);
   }
 
   // A projector, a laptop and a HiDPI panel: the window opens at 90% of the monitor's work area,

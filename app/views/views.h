@@ -71,6 +71,11 @@ struct PipelineViewState {
   std::unique_ptr<Impl> impl;
 };
 
+// The start screen (start_view.cpp): what is on screen, three one-click scenarios and the course.
+// Returns what was clicked; `show_at_start` is its checkbox.
+enum class StartChoice { None, Close, DdpOverlap, FsdpMemory, PipelineBubble, Course };
+StartChoice draw_start_screen(bool& show_at_start, bool large);
+
 void draw_ring_view(const Snapshot& s, ViewContext& ctx, RingViewState& state);
 void draw_pipeline_view(const Snapshot& s, ViewContext& ctx, PipelineViewState& state);
 
