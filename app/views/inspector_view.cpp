@@ -97,7 +97,8 @@ void draw_error(const std::string& error) {
 // The protocol the call ran with and the tuning model's why (engine/trace/tuning.h's explain()).
 void tuning_rows(const CollectiveView& cv) {
   key("protocol");
-  if (cv.proto == Protocol::Default) ImGui::TextColored(dim(), "not tuned (no cost model)");
+  if (cv.proto == Protocol::Default)  // NCCL_PROTO unset: the call's protocol is the tuning model's pick
+    ImGui::TextColored(dim(), cv.why.empty() ? "auto (the tuning model's pick)" : "auto (the tuning model's pick, below)");
   else ImGui::TextUnformatted(protocol_name(cv.proto));
   if (cv.why.empty()) return;
   key("why");
@@ -194,6 +195,13 @@ void draw_collective(const CollectiveView& cv) {
     ImGui::Text("%s", duration(cv.predicted_s).c_str());
     ImGui::SameLine();
     ImGui::TextColored(dim(), "(cost model)");
+    // Two models, two times, on purpose: say which is which where both show.
+    if (!cv.why.empty()) {
+      ImGui::PushTextWrapPos(0.0f);
+      ImGui::TextColored(dim(), "the steps as drawn, one hop each on one channel; the tuner's time (why) "
+                                "prices NCCL's channels and pipelined chunks, so it differs");
+      ImGui::PopTextWrapPos();
+    }
   } else {
     ImGui::TextColored(dim(), "n/a");
   }

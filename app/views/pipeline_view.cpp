@@ -408,6 +408,27 @@ void draw_header(const PipelineView& pv, ViewContext& ctx, PipelineViewState::Im
   }
 }
 
+// Why the measured bubble is not the formula's, in a line ("" when they agree within 2 points):
+// the formula assumes p equal stages and free sends, and a run measures its own stages' compute
+// and its sends on the modeled clock.
+std::string bubble_gap_reason(const PipelineView& pv, double measured) {
+  if (std::fabs(measured - pv.formula.of_wall) < 0.02) return "";
+  std::vector<double> busy(static_cast<size_t>(pv.p), 0.0);
+  for (int r = 0; r < pv.p; r++)
+    for (const PipelineActionView& a : pv.row(r).done) busy[static_cast<size_t>(r)] += a.model_end - a.model_begin;
+  const auto [lo, hi] = std::minmax_element(busy.begin(), busy.end());
+  std::string why = "They differ:";
+  if (*lo > 0 && *hi > 1.15 * *lo) {
+    char b[160];
+    std::snprintf(b, sizeof b, " stage %d works %.1fx as long as stage %d (the formula assumes equal stages);",
+                  static_cast<int>(hi - busy.begin()), *hi / *lo, static_cast<int>(lo - busy.begin()));
+    why += b;
+  }
+  if (!pv.unit_costs) why += " the actions' times are this run's compute, and the sends between stages cost time the formula leaves out.";
+  else why += " the sends between stages cost time on this profile (the ideal profile makes them free).";
+  return why + (pv.unit_costs ? "" : " Tick 'equal costs' for the textbook's picture.");
+}
+
 void draw_bubble_line(const PipelineView& pv, bool modeled) {
   double sum = 0;
   int n = 0;
@@ -423,6 +444,10 @@ void draw_bubble_line(const PipelineView& pv, bool modeled) {
   ImGui::TextDisabled("= idle %s / (idle + %s)%s", pv.formula.idle_text.c_str(), pv.formula.ideal_text.c_str(),
                       pv.unit_costs ? ", every action 1 ms" : ", this run's mean action times");
   if (!modeled) ImGui::TextDisabled("(wall clock: its gaps include time held at the stepper's gates; bubbles are modeled)");
+  if (n > 0) {
+    const std::string why = bubble_gap_reason(pv, sum / n);
+    if (!why.empty()) ImGui::TextColored(ImVec4(1.0f, 0.85f, 0.45f, 1.0f), "%s", why.c_str());
+  }
   ImGui::PopTextWrapPos();
 }
 
