@@ -1,5 +1,7 @@
 #include "app/pipeline_tracker.h"
 
+#include <optional>
+
 #include <algorithm>
 #include <iterator>
 
@@ -13,7 +15,9 @@ constexpr size_t kKeepPipelineIterations = 3;
 
 // Mean durations per action type over `its` on one clock; types that did not run borrow from the
 // others (I and W halves of B, B their sum), so a schedule compared with this run can be timed too.
-ActionCosts mean_costs(const std::vector<const std::vector<PipelineActionView>*>& rows, bool model, bool& measured) {
+// `fixed`: --unit-costs' costs, which stand for the types not measured yet.
+ActionCosts mean_costs(const std::vector<const std::vector<PipelineActionView>*>& rows, bool model, bool& measured,
+                       const std::optional<ActionCosts>& fixed) {
   double sum[4] = {}, count[4] = {};
   for (const auto* row : rows)
     for (const PipelineActionView& a : *row) {
@@ -23,13 +27,21 @@ ActionCosts mean_costs(const std::vector<const std::vector<PipelineActionView>*>
       count[t] += 1;
     }
   measured = count[0] > 0;
-  ActionCosts c;
+  ActionCosts c = fixed.value_or(ActionCosts{});
   double* field[4] = {&c.forward, &c.backward, &c.backward_input, &c.backward_weight};
   for (int t = 0; t < 4; t++)
     if (count[t] > 0) *field[t] = sum[t] / count[t];
   if (count[1] == 0 && count[2] > 0 && count[3] > 0) c.backward = c.backward_input + c.backward_weight;
   if (count[1] > 0 && count[2] == 0) c.backward_input = c.backward / 2;
   if (count[1] > 0 && count[3] == 0) c.backward_weight = c.backward / 2;
+  // Forwards measured, no backward yet (stepping the warm-up): a Linear's backward computes two
+  // products where its forward computes one (docs/course_sources.md §14), so the plan's unrun
+  // actions are drawn at 2 T_F (I and W at T_F each), not the placeholder 1 s that stretched the
+  // time axis to 10 s around nanosecond forwards.
+  if (!fixed && count[0] > 0 && count[1] == 0 && count[2] == 0 && count[3] == 0) {
+    c.backward = 2 * c.forward;
+    c.backward_input = c.backward_weight = c.forward;
+  }
   return c;
 }
 
@@ -50,6 +62,7 @@ void PipelineTracker::reset(const PipelinePlan* plan, int world_size, int tp, Pi
   out.kind = o.schedule;
   out.p = o.stages, out.m = o.microbatches, out.v = o.chunks, out.dp = o.dp, out.tp = tp_;
   out.unit_costs = o.fixed_costs.has_value();
+  fixed_ = o.fixed_costs;
   out.plan = plan->schedule;
   if (o.fixed_costs) out.model_costs = out.wall_costs = *o.fixed_costs;
   out.formula = formula_bubble(o.schedule, o.stages, o.microbatches, o.chunks, out.model_costs);
@@ -175,7 +188,7 @@ void PipelineTracker::build(const StepperState& st, PipelineView& out) {
   if (finished && finished != &shown->second)
     for (const auto& row : *finished) rows.push_back(&row);
   bool measured = false, wall_measured = false;
-  const ActionCosts model = mean_costs(rows, true, measured), wall = mean_costs(rows, false, wall_measured);
+  const ActionCosts model = mean_costs(rows, true, measured, fixed_), wall = mean_costs(rows, false, wall_measured, fixed_);
   if (measured) {
     out.model_costs = model, out.wall_costs = wall, out.costs_measured = true;
     out.formula = formula_bubble(out.kind, out.p, out.m, out.v, out.model_costs);

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ class PipelineTracker {
   std::map<int32_t, Iteration> iterations_;  // the last few, by iteration
   std::map<int32_t, std::vector<double>> reported_;  // iteration -> StepReport.bubble
   bool dirty_ = false;
+  std::optional<ActionCosts> fixed_;         // --unit-costs: what an action type not measured yet costs
 };
 
 }  // namespace dtlab::app

@@ -152,7 +152,11 @@ TEST_SUITE("app") {
       CHECK(rv.at_gate);
       CHECK(rv.done.empty());
     }
-    for (int t = 0; t < steps; t++) {
+    // Forwards only so far: the plan's backwards are drawn at the fixed 1 ms, not a placeholder.
+    const Snapshot& warm = step(s, GateKind::Action);
+    CHECK(warm.pipeline.costs_measured);
+    CHECK(warm.pipeline.model_costs.backward == doctest::Approx(1e-3));
+    for (int t = 1; t < steps; t++) {
       CAPTURE(t);
       const Snapshot& b = step(s, GateKind::Action);
       CHECK(b.pipeline.iteration == 0);
@@ -176,6 +180,23 @@ TEST_SUITE("app") {
     CHECK(d.pipeline.plan.name == "ZB-H1");
     CHECK(d.pipeline.ranks.size() == 2);
     CHECK(d.pipeline.complete);
+  }
+
+  // Stepping the warm-up of a run with measured costs: the backwards not run yet are drawn at twice
+  // the measured forward (docs/course_sources.md §14), so the chart's axis stays at the run's scale.
+  TEST_CASE("a pipeline's unrun backwards are drawn at twice its measured forwards") {
+    TrainConfig c = pipe_config(ScheduleKind::OneFOneB, 4, 4);
+    c.pipeline.fixed_costs.reset();
+    c.profile = "nvlink8";
+    Session s(c);
+    step(s, GateKind::Action);
+    const Snapshot& warm = step(s, GateKind::Action, 2);
+    REQUIRE(warm.pipeline.costs_measured);
+    const ActionCosts& k = warm.pipeline.model_costs;
+    CHECK(k.forward > 0);
+    CHECK(k.forward < 1e-3);  // nanoseconds to microseconds of modeled compute, not the 1 s placeholder
+    CHECK(k.backward == doctest::Approx(2 * k.forward));
+    CHECK(k.backward_input == doctest::Approx(k.forward));
   }
 
   TEST_CASE("the lab fits a pipeline to its settings: world, batch, model depth") {
