@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "app/display.h"
+#include "app/layout_check.h"
 #include "app/lesson_host.h"
 #include "app/screenshots.h"
 #include "app/script_runner.h"
@@ -1095,6 +1096,16 @@ void App::frame(bool present) {
   }
   ImGui::Render();
   spoilers_.after_render(*ImGui::GetDrawData());
+  if (shots_.layout_check_due()) {  // `check layout`: what this frame cut off
+    const std::vector<ClippedWindow> clipped = clipped_windows();
+    int w = 0, h = 0;
+    glfwGetWindowSize(win_, &w, &h);
+    std::printf("layout (%dx%d, scale %.2g%s): %s\n", w, h, static_cast<double>(scale_), presentation_ ? ", presentation" : "",
+                clipped.empty() ? "nothing cut off" : (std::to_string(clipped.size()) + " windows cut off or scrolled").c_str());
+    for (const ClippedWindow& c : clipped) std::printf("  %s\n", describe(c).c_str());
+    std::fflush(stdout);
+    if (!clipped.empty()) outcome_.exit_code = 1;
+  }
   if (!present) return;
   int w = 0, h = 0;
   glfwGetFramebufferSize(win_, &w, &h);

@@ -20,17 +20,22 @@ class Screenshots {
   // Takes a screenshot into `path` at the end of the `frames`-th frame from now (later frames let
   // the layout and the views' render targets settle).
   void request(const std::string& path, int frames);
-  bool pending() const { return !path_.empty(); }
+  bool pending() const { return !path_.empty() || layout_frames_ > 0; }
   // Counts a rendered frame; true when the requested screenshot is to be taken now.
   bool due();
   // Reads the back buffer (w x h pixels) into the requested PNG, written whole or not at all, and
   // prints "screenshot PATH (WxH): STATE". False, with one sentence on stderr, when it cannot be
   // written. Clears the request either way.
   bool save(int w, int h, const std::string& state);
+  // `check layout`: at the end of the `frames`-th frame from now, list what the screen cuts off
+  // (app/layout_check.h); the app prints it and a script then exits 1.
+  void request_layout_check(int frames) { layout_frames_ = frames; }
+  bool layout_check_due() { return layout_frames_ > 0 && --layout_frames_ == 0; }
 
  private:
   std::string path_;
   int frames_ = 0;
+  int layout_frames_ = 0;
 };
 
 // What a screenshot of a run shows, in words: iteration, step, the collective, held item, buckets

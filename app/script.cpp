@@ -20,7 +20,7 @@ const char* kUsage =
     "commands: step ring|collective|layer|bucket|iteration|action [N], focus rank R|group NAME|none, run [SECONDS]s, "
     "pause, wait SECONDSs, "
     "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|all, screenshot PATH.png, speed X, "
-    "presentation on|off, fullscreen on|off, start on|off|ddp|fsdp|pipeline|course, clock modeled|wall, set_epoch on|off, reset, quit, "
+    "presentation on|off, fullscreen on|off, start on|off|ddp|fsdp|pipeline|course, check layout, clock modeled|wall, set_epoch on|off, reset, quit, "
     "lesson open NAME|next|back|goto N|answer X|check|play|demo|close; with --open: wait trace|compare [SECONDS]s, "
     "select collective K, compare [PROFILE], zoom all|iteration N|collective K, view collectives|breakdown|compare";
 
@@ -184,6 +184,9 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       c.kind = k == "presentation" ? ScriptCommand::Presentation
                : k == "fullscreen" ? ScriptCommand::FullScreen : ScriptCommand::SetEpoch;
       c.arg = w[1];
+    } else if (k == "check") {
+      if (w.size() != 2 || w[1] != "layout") fail("check takes layout (the windows that cut off or scroll their content)");
+      c.kind = ScriptCommand::CheckLayout;
     } else if (k == "start") {
       static const char* kWords[] = {"on", "off", "ddp", "fsdp", "pipeline", "course"};
       if (w.size() != 2 || std::find(std::begin(kWords), std::end(kWords), w[1]) == std::end(kWords))

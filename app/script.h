@@ -21,7 +21,8 @@ struct ScriptCommand {
               StepBucket,  // `step bucket [N]`: until N more gradients landed in DDP buckets
               Focus,       // `focus rank R|group NAME|none`: count R (-1 none), arg the group
               FullScreen,  // `fullscreen on|off`: F11's full screen on the window's monitor
-              StartScreen };  // `start on|off|ddp|fsdp|pipeline|course`: the start screen, or one of its choices
+              StartScreen,  // `start on|off|ddp|fsdp|pipeline|course`: the start screen, or one of its choices
+              CheckLayout };  // `check layout`: list the windows that cut off or scroll their content
   Kind kind = Quit;
   int count = 1;        // step commands: how many
   double seconds = 0;   // run / wait: how long (run 0 = run on)

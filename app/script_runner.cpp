@@ -193,6 +193,7 @@ bool ScriptRunner::run(const ScriptCommand& c) {
     case ScriptCommand::Screenshot:
       shots_.request(c.arg, 3);  // let the layout and the views' render targets settle first
       break;
+    case ScriptCommand::CheckLayout: shots_.request_layout_check(3); break;
     case ScriptCommand::Speed: {
       const bool was_paused = session_->paused();
       session_->run(c.value);
@@ -228,6 +229,7 @@ bool ScriptRunner::run_on_traces(const ScriptCommand& c) {
     case ScriptCommand::Wait: wait_for(c.seconds, false); return true;
     case ScriptCommand::View: host_.show_view(c.arg); return true;
     case ScriptCommand::Screenshot: shots_.request(c.arg, 3); return true;
+    case ScriptCommand::CheckLayout: shots_.request_layout_check(3); return true;
     case ScriptCommand::Presentation: host_.set_presentation(c.arg == "on"); return true;
     case ScriptCommand::FullScreen: host_.set_fullscreen(c.arg == "on"); return true;
     case ScriptCommand::Quit: return false;

@@ -251,36 +251,50 @@ void rank_list(const std::vector<int>& ranks, int world, ImU32 fallback) {
 void draw_header(const CollectiveView& cv, bool presentation) {
   const float sp = ImGui::GetFontSize() * 0.9f;
   const ImVec4 dim = ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled);
+  // The next item on this line when it fits, else on the next: a narrow tile (presentation's large
+  // type) wraps the header instead of cutting "phase: reduce-scatter" off at the edge.
+  auto next = [&](const char* text) {
+    ImGui::SameLine(0, sp);
+    if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(text).x) ImGui::NewLine();
+  };
   ImGui::TextColored(ImVec4(1.0f, 0.85f, 0.45f, 1.0f), "%s", collective_name(cv.op));
   ImGui::SameLine(0, ImGui::GetFontSize() * 0.35f);
   ImGui::TextColored(dim, "%s #%llu", cv.group != 0 ? cv.group_name.c_str() : "world", static_cast<unsigned long long>(cv.seq));
-  ImGui::SameLine(0, sp);
+  const std::string algo = std::string("algorithm ") + algorithm_name(cv.algo);
+  next(algo.c_str());
   ImGui::TextColored(dim, "algorithm");
   ImGui::SameLine();
   ImGui::TextUnformatted(algorithm_name(cv.algo));
-  ImGui::SameLine(0, sp);
-  ImGui::TextUnformatted(human_bytes(cv.bytes).c_str());
-  ImGui::SameLine(0, sp);
+  const std::string bytes = human_bytes(cv.bytes);
+  next(bytes.c_str());
+  ImGui::TextUnformatted(bytes.c_str());
   if (cv.steps == 0) {
+    next("no steps: one rank");
     ImGui::TextColored(dim, "no steps: one rank");
   } else {
+    const std::string phase = std::string("phase: ") + ring_phase_name(cv.phase);
+    next(phase.c_str());
     ImGui::TextColored(dim, "phase:");
     ImGui::SameLine();
     ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(phase_color(cv.phase)), "%s", ring_phase_name(cv.phase));
-    ImGui::SameLine(0, sp);
-    if (cv.schematic_step >= 0) ImGui::TextColored(dim, "step %d of %d (schematic)", cv.schematic_step + 1, cv.steps);
-    else if (cv.steps_done < cv.steps) ImGui::Text("step %d of %d", cv.steps_done + 1, cv.steps);
-    else ImGui::TextColored(ImVec4(0.45f, 0.85f, 0.45f, 1.0f), "done (%d steps)", cv.steps);
+    char step[64];
+    if (cv.schematic_step >= 0) std::snprintf(step, sizeof step, "step %d of %d (schematic)", cv.schematic_step + 1, cv.steps);
+    else if (cv.steps_done < cv.steps) std::snprintf(step, sizeof step, "step %d of %d", cv.steps_done + 1, cv.steps);
+    else std::snprintf(step, sizeof step, "done (%d steps)", cv.steps);
+    next(step);
+    if (cv.schematic_step >= 0) ImGui::TextColored(dim, "%s", step);
+    else if (cv.steps_done < cv.steps) ImGui::TextUnformatted(step);
+    else ImGui::TextColored(ImVec4(0.45f, 0.85f, 0.45f, 1.0f), "%s", step);
   }
+  ImGui::PushTextWrapPos(0.0f);
   if (cv.opaque)
     ImGui::TextColored(dim, "NCCL runs this collective inside one kernel: dtlab steps it whole. The arrows show "
                             "the algorithm's order (NCCL's ring), not observed steps.");
   if (!cv.label.empty()) {
-    const float w = ImGui::CalcTextSize(cv.label.c_str()).x;
-    ImGui::SameLine(0, sp);
-    if (ImGui::GetContentRegionAvail().x < w) ImGui::NewLine();
+    next(cv.label.c_str());
     ImGui::TextColored(ImVec4(0.75f, 0.65f, 1.0f, 1.0f), "%s", cv.label.c_str());
   }
+  ImGui::PopTextWrapPos();
   if (cv.group != 0) {  // the group and its members; the ranks outside it take no part: listed, dimmed
     std::string others;
     for (int r = 0; r < cv.world_size; r++)
