@@ -601,11 +601,12 @@ bool ddp_controls(TrainConfig& c) {
   // torch builds ONE bucket for iteration 1 (find_unused_parameters=False); this lab option shows
   // the sized buckets from the start instead, and says so.
   ImGui::BeginDisabled(c.ddp.find_unused_parameters);
-  if (ImGui::Checkbox("sized buckets in the first iteration (not torch's default)", &c.ddp.sized_first_iteration)) changed = true;
+  if (ImGui::Checkbox("sized first buckets (lab)", &c.ddp.sized_first_iteration)) changed = true;
   ImGui::EndDisabled();
   if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
-    ImGui::SetTooltip("torch's DDP all-reduces every gradient as one bucket in the first iteration, then rebuilds\n"
-                      "sized buckets in the order gradients arrived. On: sized buckets from the first iteration.");
+    ImGui::SetTooltip("Not torch's default: torch's DDP all-reduces every gradient as one bucket in the first\n"
+                      "iteration, then rebuilds sized buckets in the order gradients arrived. On: sized buckets from\n"
+                      "the first iteration.");
   ImGui::EndDisabled();
   return changed;
 }
@@ -731,7 +732,12 @@ void run_summary(const RunConfigView& rc) {
     for (const auto& [flag, value] : rc.settings) ImGui::BulletText("%s %s", flag.c_str(), value.c_str());
     ImGui::TreePop();
   }
-  ImGui::TextDisabled("Space run/pause  R ring step  C collective  I iteration  A pipeline action  Bksp reset  1-9 one view  0 all  P presentation  M clock  L lessons  N lesson: next step");
+  // Wrapped: one line of every key was 1085 pixels wide, cut off in a 290-pixel panel.
+  ImGui::PushTextWrapPos(0.0f);
+  ImGui::TextDisabled("Space run/pause  R ring step  C collective  F layer  B gradient  I iteration  A pipeline action  "
+                      "Bksp reset  1-9 one view  0 all  P presentation  F11 full screen  M clock  L lessons  "
+                      "N lesson: next step  H start screen");
+  ImGui::PopTextWrapPos();
 }
 
 void App::config_panel() {

@@ -612,6 +612,10 @@ void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
     ImGui::SetTooltip("sampler.set_epoch(epoch) reseeds the DistributedSampler's shuffle every epoch.\n"
                       "Without it every epoch repeats epoch 0's split and order.");
   ImGui::SameLine(0, font * 1.5f);
+  // "color by (o) rank (o) class" on the same line when it fits, else on the next (a 1600x900 tile
+  // cut it off at the right).
+  if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize("color by  replica  class").x + 3 * ImGui::GetFrameHeight())
+    ImGui::NewLine();
   ImGui::TextUnformatted("color by");
   ImGui::SameLine();
   int by = static_cast<int>(st.color_by);

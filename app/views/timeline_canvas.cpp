@@ -23,7 +23,10 @@ TimelineCanvas begin_timeline_canvas(const TimelineIds& ids, float header_h, flo
   ImGui::SetItemUsingMouseWheel();
   c.header_hovered = ImGui::IsItemHovered(), c.header_active = ImGui::IsItemActive();
 
-  ImGui::BeginChild(ids.lanes, ImVec2(avail.x, avail.y - header_h), false, ImGuiWindowFlags_NoScrollWithMouse);
+  // What is left below the header (its item spacing included: avail.y - header_h overflowed the
+  // window by that spacing, and the view scrolled by 3 pixels).
+  const float lanes_h = std::max(ImGui::GetContentRegionAvail().y, rank_h);
+  ImGui::BeginChild(ids.lanes, ImVec2(avail.x, lanes_h), false, ImGuiWindowFlags_NoScrollWithMouse);
   c.lanes_pos = ImGui::GetCursorScreenPos();
   c.lanes_w = std::max(ImGui::GetContentRegionAvail().x, label_w + 4 * fs);
   c.lanes_h = rows_h;
