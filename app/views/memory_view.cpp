@@ -451,14 +451,19 @@ void draw_run_vs_planner(const Snapshot& s, const MemoryPlan& plan, int rank, bo
   ImGui::Separator();
   const MemoryStats& st = s.memory[static_cast<size_t>(rank)].stats;
   const float font = ImGui::GetFontSize();
+  // Like with like: the planner's bytes are an iteration's peaks, so the run's are compared whole
+  // only at an iteration's boundary; mid-iteration they are peaks so far (FSDP showed -771 KiB of
+  // optimizer state before the first step had allocated it).
+  const bool whole = s.finished || (s.held.valid && s.held.kind == GateKind::Iteration);
   ImGui::Text("This run against the planner, rank %d", rank);
   ImGui::SameLine();
-  ImGui::TextDisabled("(peak this iteration per category; hover a bar for another rank)");
+  ImGui::TextDisabled(whole ? "(peak this iteration per category; hover a bar for another rank)"
+                            : "(peaks so far: iteration %d is under way; hover a bar for another rank)", s.iteration);
   const ImGuiTableFlags flags = ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_BordersInnerH | ImGuiTableFlags_RowBg;
   if (!ImGui::BeginTable("##run_vs_plan", 4, flags)) return;
   for (const char* head : {"", "this run", "planner", "difference"}) ImGui::TableSetupColumn(head, 0, head[0] ? font * 7 : 0);
   ImGui::TableHeadersRow();
-  auto row = [](const char* name, ImU32 color, int64_t measured, double planned) {
+  auto row = [whole](const char* name, ImU32 color, int64_t measured, double planned) {
     ImGui::TableNextRow();
     ImGui::TableNextColumn();
     if (color) legend_entry(color, name, true);
@@ -470,6 +475,7 @@ void draw_run_vs_planner(const Snapshot& s, const MemoryPlan& plan, int rank, bo
     ImGui::TableNextColumn();
     const int64_t diff = measured - static_cast<int64_t>(std::llround(planned));
     if (diff == 0) ImGui::TextDisabled("equal");
+    else if (!whole && diff < 0) ImGui::TextDisabled("not yet");  // the rest comes later in the iteration
     else ImGui::Text("%s%s", diff > 0 ? "+" : "-", human_bytes(diff > 0 ? diff : -diff).c_str());
   };
   int64_t measured_sum = 0;
@@ -491,6 +497,7 @@ void draw_run_vs_planner(const Snapshot& s, const MemoryPlan& plan, int rank, bo
   }
   if (rows > 1) row("sum of the rows", 0, measured_sum, plan.total);
   ImGui::EndTable();
+  if (!whole) ImGui::TextDisabled("Step to the iteration's end (I) to compare whole iterations.");
   if (mixed)
     ImGui::TextDisabled("Mixed precision: the planner's optimizer state is K = 12 bytes per parameter, the fp32 master copy (4) "
                         "included; the run's row adds its master weights to its optimizer state to compare like with like.");
