@@ -66,7 +66,9 @@ void draw_legend(float fs) {
   const char* key = "filled cell = gradient ready, #n = order it became ready";
   ImGui::SameLine(0, 1.5f * fs);
   if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(key).x) ImGui::NewLine();
+  ImGui::PushTextWrapPos(0.0f);  // narrower than the key itself (presentation at 1280x720): wrap it
   ImGui::TextDisabled("%s", key);
+  ImGui::PopTextWrapPos();
 }
 
 void draw_no_buckets(const Snapshot& s) {
