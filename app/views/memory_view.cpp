@@ -457,11 +457,17 @@ void draw_run_vs_planner(const Snapshot& s, const MemoryPlan& plan, int rank, bo
   const bool whole = s.finished || (s.held.valid && s.held.kind == GateKind::Iteration);
   ImGui::Text("This run against the planner, rank %d", rank);
   ImGui::SameLine();
+  ImGui::PushTextWrapPos(0.0f);  // one line of it was 1267 pixels under presentation's type
   ImGui::TextDisabled(whole ? "(peak this iteration per category; hover a bar for another rank)"
                             : "(peaks so far: iteration %d is under way; hover a bar for another rank)", s.iteration);
+  ImGui::PopTextWrapPos();
   const ImGuiTableFlags flags = ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_BordersInnerH | ImGuiTableFlags_RowBg;
   if (!ImGui::BeginTable("##run_vs_plan", 4, flags)) return;
-  for (const char* head : {"", "this run", "planner", "difference"}) ImGui::TableSetupColumn(head, 0, head[0] ? font * 7 : 0);
+  // Number columns as wide as their widest figure, not 7 em each: presentation's type made the
+  // table 1200 pixels wide in a 578-pixel tile.
+  const float num_w = ImGui::CalcTextSize("000.0 KiB").x + font * 0.5f;
+  for (const char* head : {"", "this run", "planner", "difference"})
+    ImGui::TableSetupColumn(head, 0, head[0] ? std::max(num_w, ImGui::CalcTextSize(head).x) : 0);
   ImGui::TableHeadersRow();
   auto row = [whole](const char* name, ImU32 color, int64_t measured, double planned) {
     ImGui::TableNextRow();
@@ -488,7 +494,7 @@ void draw_run_vs_planner(const Snapshot& s, const MemoryPlan& plan, int rank, bo
     // ZeRO paper's accounting); the tracker keeps it apart, so this row adds the two.
     if (mixed && part.category == MemCategory::OptimizerState) {
       measured += st.peak_of(MemCategory::MasterWeights);
-      name = "optimizer state + master weights";
+      name = "optimizer + master weights";
     }
     if (planned <= 0 && measured <= 0) continue;  // e.g. nothing gathered outside FSDP
     row(name, memory_category_color(part.category), measured, planned);

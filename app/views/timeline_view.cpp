@@ -722,7 +722,9 @@ void draw_toolbar(TimelineViewState& view, ViewContext& ctx, bool fp16) {
   ImGui::SameLine();
   if (ImGui::RadioButton("wall clock", !ctx.modeled_clock)) ctx.modeled_clock = false;
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("Time as this machine's threads really took it");
+  const std::string span = time_text(view.t1 - view.t0) + " in view (?)";
   ImGui::SameLine();
+  if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(span.c_str()).x) ImGui::NewLine();  // a narrow tile
   ImGui::TextDisabled("%s in view", time_text(view.t1 - view.t0).c_str());
   ImGui::SameLine();
   ImGui::TextDisabled("(?)");
