@@ -26,6 +26,14 @@ inline std::string script_error(const std::string& text) {
 }
 
 inline bool have_xvfb() { return shell("command -v xvfb-run").code == 0; }
+// Leaves the test case, saying why, on a machine without xvfb-run (the GUI suites' first line).
+#define DTLAB_REQUIRE_XVFB()                                                      \
+  do {                                                                            \
+    if (!::dtlab::test::have_xvfb()) {                                            \
+      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)"); \
+      return;                                                                     \
+    }                                                                             \
+  } while (0)
 
 // The app under a fresh virtual display of 1280x720, layout from a throwaway config dir.
 inline ShellResult run_app(const std::string& args, const TempDir& dir) { return run_lab(dir.file("config"), args); }

@@ -132,10 +132,7 @@ TEST_SUITE("gui") {
   }
 
   TEST_CASE("under Xvfb: the mesh view draws every rank and lights the world's all-reduce") {
-    if (!test::have_xvfb()) {
-      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
-      return;
-    }
+    DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
     const std::string png = dir.file("mesh.png");
     test::ShellResult r = test::run_app("--world 8 --run 'step collective 2; view mesh; screenshot " + png + "; quit'", dir);

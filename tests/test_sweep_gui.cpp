@@ -14,10 +14,7 @@ using namespace dtlab;
 
 TEST_SUITE("gui") {
   TEST_CASE("under Xvfb: the busbw plot draws every algorithm the profile offers, and the crossovers") {
-    if (!test::have_xvfb()) {
-      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
-      return;
-    }
+    DTLAB_REQUIRE_XVFB();
     CHECK(test::script_error("view sweep").empty());
     test::TempDir dir;
     const std::string png = dir.file("sweep.png");

@@ -20,10 +20,7 @@ TEST_SUITE("gui") {
   }
 
   TEST_CASE("under Xvfb: the topology view lights the links of a step, red where they are shared") {
-    if (!test::have_xvfb()) {
-      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
-      return;
-    }
+    DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
     const std::string png = dir.file("topology.png");
     // Collective #1 is the parameter broadcast (binomial tree from rank 0); its 4th step sends

@@ -201,10 +201,7 @@ TEST_SUITE("trace gui") {
   }
 
   TEST_CASE("trace viewer under Xvfb: gloo_ddp_w4 opens, draws every panel, selects a collective") {
-    if (!test::have_xvfb()) {
-      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
-      return;
-    }
+    DTLAB_REQUIRE_XVFB();
     test::TempDir dir("dtlab_trace_gui");
     const std::string all = dir.file("all.png"), breakdown = dir.file("breakdown.png");
     const Result r = test::run_app("--open " + kTraceDir + "/gloo_ddp_w4 --run 'wait trace; select collective 1; screenshot " + all +
@@ -227,10 +224,7 @@ TEST_SUITE("trace gui") {
   }
 
   TEST_CASE("trace viewer under Xvfb: a truncated file shows its sentence, and the lab keeps running") {
-    if (!test::have_xvfb()) {
-      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
-      return;
-    }
+    DTLAB_REQUIRE_XVFB();
     test::TempDir dir("dtlab_trace_trunc");
     const std::string text = read_file(kTraceDir + "/gloo_ddp_w2/rank0.json");
     fs::create_directories(dir.file("job"));
@@ -247,10 +241,7 @@ TEST_SUITE("trace gui") {
   }
 
   TEST_CASE("trace viewer under Xvfb: the frame benchmark counts the frames drawn while the traces load") {
-    if (!test::have_xvfb()) {
-      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
-      return;
-    }
+    DTLAB_REQUIRE_XVFB();
     test::TempDir dir("dtlab_trace_bench");
     const Result r = test::run_app("--open " + kTraceDir + "/kineto_nccl_w4 --bench-frames 20", dir);
     INFO(r.out);
