@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "app/compare_view.h"
 #include "app/display.h"
 #include "app/layout_check.h"
 #include "app/lesson_host.h"
@@ -122,6 +123,10 @@ class App : public ScriptRunner::Host {
   void set_data_set_epoch(bool on) override;
   void lesson_opened() override { show_lessons_ = relayout_ = true; }
   void lesson_ran() override;
+  std::string pin_run() override;
+  void unpin_run() override { compare_.unpin(), relayout_ = true; }
+  std::string compare_run(const std::vector<std::string>& flags) override;
+  bool compared(int view) const;  // the view's window draws A above B
 
   AppOptions& opt_;
   std::unique_ptr<Session> session_;  // null for the trace viewer alone (--open)
@@ -154,8 +159,10 @@ class App : public ScriptRunner::Host {
   TrainConfig edit_;          // the configuration panel's working copy
   bool was_pipeline_ = false;  // the tiles differ for pipelines: lay them out again on a switch
   bool was_stage_ = false;     // presentation's four tiles were laid out last frame
+  bool was_compare_ = false;   // the A/B comparison's tiles were laid out last frame
   RingViewState ring_view_;    // what the ring and pipeline views keep between frames
   PipelineViewState pipeline_view_;
+  CompareState compare_;       // A/B: the pinned run and A's view states (app/compare_view.h)
   double start_time_ = 0;
   bool show_lessons_ = false;  // the lesson panel on the left
   bool show_start_ = false;    // the start screen (app/views/start_view.cpp)
@@ -315,6 +322,32 @@ void App::restart(const TrainConfig& c) {
   }
 }
 
+std::string App::pin_run() {
+  if (!session_) return "pin needs a run in this window (not only imported traces)";
+  compare_.pin(session_->snapshot());
+  relayout_ = true;
+  return "";
+}
+
+std::string App::compare_run(const std::vector<std::string>& flags) {
+  if (!session_ || session_->attached()) return "compare starts run B in this window; an attached run's settings are the launch command's";
+  TrainConfig c = session_->config();
+  try {
+    apply_compare_flags(c, flags);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  if (!compare_.active()) pin_run();
+  c.start_paused = session_->paused();
+  restart(c);
+  edit_ = session_->config();
+  return config_error_;
+}
+
+bool App::compared(int view) const {
+  return compare_.active() && (view == kTimeline || view == kMemory || view == kBuckets || view == kShards || view == kPipeline);
+}
+
 void App::handle_keys() {
   ImGuiIO& io = ImGui::GetIO();
   if (io.WantTextInput) return;
@@ -438,6 +471,14 @@ void App::toolbar() {
   ImGui::BeginDisabled(session_->attached());
   if (ImGui::Button("Reset (Bksp)")) restart(session_->config());
   ImGui::EndDisabled();
+  // A/B: pin this run, change a setting, and the views draw both.
+  const char* pin_label = compare_.active() ? "Unpin A" : "Pin as A";
+  next(button_w(pin_label));
+  if (ImGui::Button(pin_label)) compare_.active() ? unpin_run() : (void)pin_run();
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip(compare_.active() ? "End the A/B comparison"
+                                        : "Keep this run as A, then change a setting in the Run panel and apply it:\n"
+                                          "the timeline, memory, buckets and pipeline show A above B, with a table of what differs");
   next(ImGui::GetFontSize() * 9);
   // Speed: modeled seconds per wall second, on a log slider (0 = as fast as possible).
   float speed = static_cast<float>(session_->speed());
@@ -834,12 +875,33 @@ void App::views() {
     return {x0 + 0.62f * W, top + 0.6f * H, 0.38f * W, 0.4f * H};  // memory
   };
   if (stage != was_stage_) was_stage_ = stage, relayout_ = true;
+  // A/B comparison, tiled: the Run panel over the differences table on the left, the timeline (a
+  // pipeline's chart) down the middle, buckets (shards, the timeline) over memory on the right, each
+  // window split A above B. The ring, the collective and the data are a number key away.
+  const bool comparing = compare_.active(), compare_inline = comparing && (stage || solo_ >= 0);
+  if (comparing != was_compare_) was_compare_ = comparing, relayout_ = true;
+  const bool pipeline_run = session_->snapshot().pipeline.valid;
+  auto compare_tile = [&](int v) -> Rect {
+    const float lw = 0.24f * W, mw = 0.42f * W, rw = W - lw - mw;
+    if (v == (pipeline_run ? kPipeline : kTimeline)) return {x0 + lw, top, mw, H};
+    if (v == kMemory) return {x0 + lw + mw, top + 0.5f * H, rw, 0.5f * H};
+    return {x0 + lw + mw, top, rw, 0.5f * H};  // buckets, shards; a pipeline's timeline
+  };
   if (was_pipeline_ != session_->snapshot().pipeline.valid) was_pipeline_ = !was_pipeline_, relayout_ = true;
   const ImGuiCond cond = relayout_ ? ImGuiCond_Always : ImGuiCond_FirstUseEver;
   if (solo_ < 0 && !stage) {
     ImGui::SetNextWindowPos(ImVec2(run_tile.x, run_tile.y), cond);
-    ImGui::SetNextWindowSize(ImVec2(run_tile.w, run_tile.h), cond);
+    ImGui::SetNextWindowSize(ImVec2(comparing ? 0.24f * W : run_tile.w, run_tile.h), cond);
     config_panel();
+  }
+  if (comparing && !compare_inline) {  // the differences table in the collective inspector's place
+    ImGui::SetNextWindowPos(ImVec2(x0, top + run_tile.h), cond);
+    ImGui::SetNextWindowSize(ImVec2(0.24f * W, H - run_tile.h), cond);
+    ImGui::Begin("A/B comparison");
+    bool unpin = false;
+    draw_compare_table(compare_, session_->snapshot(), unpin);
+    ImGui::End();
+    if (unpin) unpin_run();
   }
   const Snapshot& s = session_->snapshot();
   bool set_epoch = ctx_.data_set_epoch;
@@ -859,7 +921,9 @@ void App::views() {
     // No tile of their own: a picture of the machine, and a plot over sizes, want the whole window.
     if (solo_ < 0 && (v == kTopology || v == kSweep || v == kMesh)) continue;
     if (stage && (v == kInspector || v == kData)) continue;
-    const Rect t = stage ? stage_tile(v, pipeline)
+    if (comparing && !compare_inline && !compared(v)) continue;  // a number key away
+    const Rect t = comparing && !stage ? compare_tile(v)
+                   : stage ? stage_tile(v, pipeline)
                    : pipeline && v == kMemory ? Rect{x0 + 0.60f * W, top, 0.40f * W, 0.56f * H} : tiles[v];
     if (solo_ == v) {
       ImGui::SetNextWindowPos(ImVec2(x0, top), ImGuiCond_Always);
@@ -871,6 +935,20 @@ void App::views() {
     ImGui::Begin(kViewTitles[v], nullptr, solo_ == v ? ImGuiWindowFlags_NoSavedSettings : 0);
     if (hidden[v]) {  // the view would show the answer of the question waiting for Check
       cover_view();
+      ImGui::End();
+      continue;
+    }
+    if (compared(v)) {  // A above B, on one scale; the differences table on top when it has no window of its own
+      if (compare_inline && (v == kTimeline || solo_ == v)) {
+        bool unpin = false;
+        draw_compare_table(compare_, s, unpin);
+        if (unpin) unpin_run();
+        ImGui::Separator();
+      }
+      if (v == kTimeline) draw_timeline_compared(compare_, s, timeline_view_, ctx_);
+      else if (v == kMemory) draw_memory_compared(compare_, s, memory_view_, ctx_);
+      else if (v == kPipeline) draw_pipeline_compared(compare_, s, pipeline_view_, ctx_);
+      else draw_buckets_compared(compare_, s, ctx_, v == kShards);
       ImGui::End();
       continue;
     }

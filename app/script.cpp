@@ -11,6 +11,7 @@
 #include "app/text.h"
 #include "engine/core/check.h"
 #include "engine/trace/cost_model.h"
+#include "engine/train/settings.h"
 
 namespace dtlab::app {
 
@@ -21,6 +22,7 @@ const char* kUsage =
     "pause, wait SECONDSs, "
     "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|all, screenshot PATH.png, speed X, "
     "presentation on|off, fullscreen on|off, start on|off|ddp|fsdp|pipeline|course, check layout, clock modeled|wall, set_epoch on|off, reset, quit, "
+    "pin, unpin, compare --FLAG VALUE ... (run B with those settings beside the pinned A), "
     "lesson open NAME|next|back|goto N|answer X|check|play|demo|close; with --open: wait trace|compare [SECONDS]s, "
     "select collective K, compare [PROFILE], zoom all|iteration N|collective K, view collectives|breakdown|compare";
 
@@ -71,6 +73,9 @@ bool live_command(const ScriptCommand& c) {
     case ScriptCommand::Clock:
     case ScriptCommand::SetEpoch:
     case ScriptCommand::Reset:
+    case ScriptCommand::Pin:
+    case ScriptCommand::Unpin:
+    case ScriptCommand::CompareRun:
     case ScriptCommand::Lesson: return true;
     default: return false;
   }
@@ -138,8 +143,22 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
         fail("select takes 'collective K', K the collective's number from 0 (the # column)");
       c.kind = ScriptCommand::Select;
       c.count = static_cast<int>(n);
+    } else if (k == "compare" && w.size() >= 2 && w[1].rfind("--", 0) == 0) {
+      // B's settings: the lab's flags; each must name a setting (its value is checked when B starts).
+      c.kind = ScriptCommand::CompareRun;
+      for (size_t i = 1; i < w.size(); i++) {
+        if (w[i].rfind("--", 0) != 0) continue;
+        const std::string flag = w[i].substr(0, w[i].find('='));
+        bool known = find_setting(flag) != nullptr;
+        for (const Setting& row : settings()) known = known || (*row.off_flag && flag == row.off_flag);
+        if (!known) fail("compare: " + flag + " is not a setting of the lab; dtlab --help lists them");
+      }
+      for (size_t i = 1; i < w.size(); i++) c.arg += (i > 1 ? " " : "") + w[i];
+    } else if (k == "pin" || k == "unpin") {
+      if (w.size() != 1) fail(k + " takes no argument");
+      c.kind = k == "pin" ? ScriptCommand::Pin : ScriptCommand::Unpin;
     } else if (k == "compare") {
-      if (w.size() > 2) fail("compare takes at most a hardware profile");
+      if (w.size() > 2) fail("compare takes at most a hardware profile (imported traces) or run B's flags (compare --bucket-cap-mb 25)");
       c.kind = ScriptCommand::Compare;
       if (w.size() == 2) {
         c.arg = w[1];

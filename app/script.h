@@ -22,7 +22,11 @@ struct ScriptCommand {
               Focus,       // `focus rank R|group NAME|none`: count R (-1 none), arg the group
               FullScreen,  // `fullscreen on|off`: F11's full screen on the window's monitor
               StartScreen,  // `start on|off|ddp|fsdp|pipeline|course`: the start screen, or one of its choices
-              CheckLayout };  // `check layout`: list the windows that cut off or scroll their content
+              CheckLayout,  // `check layout`: list the windows that cut off or scroll their content
+              // A/B comparison (app/compare.h):
+              Pin,         // `pin`: the run on screen becomes A
+              Unpin,       // `unpin`: the views show the live run alone again
+              CompareRun };  // `compare --FLAG VALUE ...`: B, the run with those settings changed (pins A first when none is)
   Kind kind = Quit;
   int count = 1;        // step commands: how many
   double seconds = 0;   // run / wait: how long (run 0 = run on)

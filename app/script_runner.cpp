@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <sstream>
 
 #include "app/options.h"
 #include "engine/core/format.h"
@@ -211,6 +212,18 @@ bool ScriptRunner::run(const ScriptCommand& c) {
     case ScriptCommand::Clock: host_.set_modeled_clock(c.arg == "modeled"); break;
     case ScriptCommand::SetEpoch: host_.set_data_set_epoch(c.arg == "on"); break;
     case ScriptCommand::Reset: host_.restart(session_->config()); break;
+    case ScriptCommand::Pin:
+      if (const std::string why = host_.pin_run(); !why.empty()) return failure(c.line, why, 2);
+      break;
+    case ScriptCommand::Unpin: host_.unpin_run(); break;
+    case ScriptCommand::CompareRun: {
+      std::vector<std::string> flags;
+      std::istringstream is(c.arg);
+      for (std::string w; is >> w;) flags.push_back(w);
+      if (const std::string why = host_.compare_run(flags); !why.empty()) return failure(c.line, why, 2);
+      // B starts where A's run started: paused, or running on.
+      break;
+    }
     case ScriptCommand::Quit: return false;
     case ScriptCommand::Lesson: return lesson_command(c);
     case ScriptCommand::WaitFor:

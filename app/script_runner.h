@@ -39,6 +39,11 @@ class ScriptRunner {
     virtual void set_modeled_clock(bool on) = 0;
     virtual void set_data_set_epoch(bool on) = 0;
     virtual void restart(const TrainConfig& config) = 0;  // `reset`
+    // A/B comparison: `pin`, `unpin`, and `compare FLAGS` (B's settings, A pinned first when none is).
+    // An empty string, or the sentence saying why not.
+    virtual std::string pin_run() = 0;
+    virtual void unpin_run() = 0;
+    virtual std::string compare_run(const std::vector<std::string>& flags) = 0;
     virtual void lesson_opened() = 0;                     // its panel shows
     // A lesson command ran: it may have restarted the run, and its scenario may open traces.
     virtual void lesson_ran() = 0;

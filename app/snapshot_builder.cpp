@@ -35,6 +35,8 @@ bool ring_chunked(CollectiveOp op, Algorithm algo) {
 
 bool point_to_point(CollectiveOp op) { return op == CollectiveOp::Send || op == CollectiveOp::Recv; }
 
+}  // namespace
+
 // What each transfer of a step moves on the modeled clock: a ring chunk S/n; the whole buffer
 // for the binomial tree and naive; a double-tree chunk S/2K; an in-network chunk S/K; hierarchical
 // S/G inside a node and S/(G N) across nodes (docs/course_sources.md §6b).
@@ -60,6 +62,8 @@ double modeled_step_bytes(const CollectiveView& cv, const CostModel& cost, const
     default: return cv.op == CollectiveOp::Broadcast || cv.op == CollectiveOp::Reduce ? S : S / n;
   }
 }
+
+namespace {
 
 TopologyView build_topology(const CollectiveView& cv, const CostModel* cost) {
   TopologyView t;

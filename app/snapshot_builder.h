@@ -28,6 +28,11 @@ std::string pending_text(const PendingItem& p);
 // "" while running, finished or not settled.
 std::string next_hint(const Snapshot& s);
 
+// What each transfer of step `plan` of the collective `cv` moves on the modeled clock: a ring chunk
+// S/n; the whole buffer for the binomial tree and naive; a double-tree chunk S/2K; an in-network
+// chunk S/K; hierarchical S/G inside a node and S/(G N) across nodes (docs/course_sources.md §6b).
+double modeled_step_bytes(const CollectiveView& cv, const CostModel& cost, const std::vector<StepTransfer>& plan);
+
 // What the builder reads of a run besides its events, fixed for the run's life. The objects must
 // outlive the builder's use of them (until the next reset).
 struct RunSources {

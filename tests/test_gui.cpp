@@ -179,10 +179,7 @@ TEST_SUITE("gui") {
   }
 
   TEST_CASE("under Xvfb: the start screen's scenarios run to the picture they promise") {
-    if (!test::have_xvfb()) {
-      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
-      return;
-    }
+    DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
     Result r = test::run_app("--run 'start on; screenshot " + dir.file("start.png") + "; start off; screenshot " +
                                  dir.file("off.png") + "; start pipeline; screenshot " +
@@ -212,10 +209,7 @@ TEST_SUITE("gui") {
   // Each line it prints must be true of the numbers it gives, and the script's exit code says
   // whether anything was listed. (The layouts do not pass it everywhere yet: issue 33's table.)
   TEST_CASE("under Xvfb: check layout lists the windows that cut off or scroll their content") {
-    if (!test::have_xvfb()) {
-      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
-      return;
-    }
+    DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
     Result r = test::run_app("--run 'step collective 2; check layout; presentation on; check layout; quit'", dir);
     INFO(r.out);
@@ -244,10 +238,7 @@ TEST_SUITE("gui") {
   // A projector, a laptop and a HiDPI panel: the window opens at 90% of the monitor's work area,
   // F11 (the script's `fullscreen on`) fills the monitor, and --scale 2 draws twice as large.
   TEST_CASE("under Xvfb: the window fits the monitor, goes full screen, and follows the scale") {
-    if (!test::have_xvfb()) {
-      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
-      return;
-    }
+    DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
     auto lab = [&](const std::string& screen, const std::string& args) {
       return test::shell("xvfb-run -a -s '-screen 0 " + screen + "x24 -noreset' " DTLAB_APP_PATH " --config-dir " +
@@ -289,10 +280,7 @@ TEST_SUITE("gui") {
   }
 
   TEST_CASE("under Xvfb: a ring all-reduce stopped mid reduce-scatter") {
-    if (!test::have_xvfb()) {
-      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
-      return;
-    }
+    DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
     const std::string png = dir.file("ring.png");
     // Construction is #0 (shape check) and #1 (parameter broadcast); #2 is bucket 0's all-reduce.
@@ -312,11 +300,33 @@ TEST_SUITE("gui") {
     CHECK(test::count_near(im, app::contribution_color(1, 4)) > 30);
   }
 
+  TEST_CASE("under Xvfb: pin a run, compare another bucket cap, and both are drawn, A above B") {
+    DTLAB_REQUIRE_XVFB();
+    test::TempDir dir;
+    const std::string png = dir.file("ab.png");
+    Result r = test::run_app("--world 4 --model mlp:2,256,256,256,3 --bucket-cap-mb 0.1 --run 'step iteration 3; pin; "
+                             "compare --bucket-cap-mb 25; step iteration 3; screenshot " + png + "; quit'", dir);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("paused before iteration 2") != std::string::npos);  // B, stepped after the restart
+    test::Image im = test::load_png(png);
+    CHECK(distinct_colors(im) > 40);
+    // Each side's rule and caption in its color, in four windows and the table.
+    CHECK(test::count_near(im, app::side_color(true)) > 300);
+    CHECK(test::count_near(im, app::side_color(false)) > 300);
+    CHECK(test::count_near(im, app::bucket_state_color(app::BucketState::Done)) > 30);
+
+    // B's settings are checked when B starts: one sentence, exit 2.
+    r = test::run_app("--world 4 --run 'step iteration 1; compare --sharding FULL_SHARD; quit'", dir);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("--sharding") != std::string::npos);
+    r = test::run_app("--world 4 --run 'compare --world many; quit'", dir);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("--world") != std::string::npos);
+  }
+
   TEST_CASE("under Xvfb: buckets half all-reduced, the timeline, and the end of an iteration") {
-    if (!test::have_xvfb()) {
-      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
-      return;
-    }
+    DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
     const std::string mid = dir.file("mid.png"), end = dir.file("end.png");
     Result r = test::run_app("--world 4 --run 'step collective 3; view all; screenshot " + mid +
@@ -334,10 +344,7 @@ TEST_SUITE("gui") {
   }
 
   TEST_CASE("under Xvfb: DDP stepped gradient by gradient: a bucket goes empty, filling, ready, launched, done") {
-    if (!test::have_xvfb()) {
-      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
-      return;
-    }
+    DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
     // Iteration 1 has 3 buckets (after the rebuild). `step bucket` stops at each gradient landing in
     // a bucket and at each operation, so the world never runs ahead of the view.
@@ -385,10 +392,7 @@ TEST_SUITE("gui") {
   }
 
   TEST_CASE("under Xvfb: fp16 with an injected overflow marks the skipped step on the timeline") {
-    if (!test::have_xvfb()) {
-      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
-      return;
-    }
+    DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
     const std::string png = dir.file("skip.png");
     // Step 2's gradients overflow on rank 0: both ranks skip it (the flag and bar on each compute lane).
@@ -402,10 +406,7 @@ TEST_SUITE("gui") {
   }
 
   TEST_CASE("under Xvfb: the pipeline view draws every schedule mid-iteration") {
-    if (!test::have_xvfb()) {
-      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
-      return;
-    }
+    DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
     for (const std::string sched : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
       CAPTURE(sched);
@@ -431,10 +432,7 @@ TEST_SUITE("gui") {
   }
 
   TEST_CASE("under Xvfb: the window attaches to a launched 4-process run and steps it like its own") {
-    if (!test::have_xvfb()) {
-      MESSAGE("skipped: xvfb-run is not installed (apt-get install xvfb xauth)");
-      return;
-    }
+    DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
     const int port = pick_free_port("127.0.0.1");
     const std::string addr = "127.0.0.1:" + std::to_string(port);

@@ -88,7 +88,8 @@ void draw_no_buckets(const Snapshot& s) {
 }
 
 // ---- header: which assignment, why this order, the state legend
-void draw_header(const Snapshot& s, float fs, bool presentation) {
+// `presentation`: fewer words (presentation mode, a side of an A/B comparison); `key`: the colors' key.
+void draw_header(const Snapshot& s, float fs, bool presentation, bool key) {
   int64_t total = 0;
   int params = 0, ready = 0;
   for (const BucketView& b : s.buckets) {
@@ -119,7 +120,7 @@ void draw_header(const Snapshot& s, float fs, bool presentation) {
                       static_cast<int>(s.buckets.size()), s.buckets.size() == 1 ? "bucket" : "buckets", human_bytes(total).c_str(), human_bytes(s.config.bucket_cap_bytes).c_str(),
                       human_bytes(s.config.first_bucket_bytes).c_str(), s.iteration, ready, params);
   ImGui::PopTextWrapPos();
-  draw_legend(fs);
+  if (key) draw_legend(fs);
   ImGui::Separator();
 }
 
@@ -315,7 +316,7 @@ void draw_bucket_view(const Snapshot& s, ViewContext& ctx) {
     draw_no_buckets(s);
     return;
   }
-  draw_header(s, fs, ctx.presentation);
+  draw_header(s, fs, ctx.presentation || ctx.compare_side != 0, ctx.compare_side != 2);
   ImGui::BeginChild("##bucket_rows", ImVec2(0, 0), false);
   ImDrawList* dl = ImGui::GetWindowDrawList();
   const RowLayout lay = row_layout(s, fs);

@@ -219,7 +219,8 @@ void draw_bytes_per_param(const Snapshot& s, int r) {
 }
 
 // The live bars: what each rank holds now. `reserve_h` is kept free below them (the comparison).
-void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h, bool presentation) {
+void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h, ViewContext& ctx) {
+  const bool presentation = ctx.presentation;
   const int world = static_cast<int>(s.memory.size());
   int64_t scale_bytes = 0, sum_current = 0, sum_peak = 0;
   for (const RankMemory& m : s.memory) {
@@ -227,6 +228,8 @@ void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h, b
     sum_current += m.stats.total_current;
     sum_peak += m.stats.total_peak;
   }
+  ctx.own_bytes = static_cast<double>(scale_bytes);  // A/B: both sides on the larger one's scale
+  if (ctx.shared_bytes > static_cast<double>(scale_bytes)) scale_bytes = static_cast<int64_t>(ctx.shared_bytes);
   if (world == 0 || scale_bytes <= 0) {
     ImGui::TextDisabled("No memory recorded yet: step the run to see what each rank allocates.");
     return;
@@ -236,14 +239,16 @@ void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h, b
   const int focus = s.stepper.focus_rank >= 0 && s.stepper.focus_rank < world ? s.stepper.focus_rank : 0;
   const int shown = view.hovered_rank >= 0 ? view.hovered_rank : focus;  // the focused rank (rank 0 without one)
 
-  if (s.iteration >= 0) ImGui::Text("Iteration %d", s.iteration);
-  else ImGui::TextUnformatted("Before the first iteration");
-  if (!presentation) {
+  if (ctx.compare_side == 0) {
+    if (s.iteration >= 0) ImGui::Text("Iteration %d", s.iteration);
+    else ImGui::TextUnformatted("Before the first iteration");
+  }
+  if (!presentation && ctx.compare_side == 0) {
     ImGui::SameLine();
     ImGui::TextDisabled("(peaks restart every iteration; all bars share one scale)");
   }
-  draw_legend(s.memory[static_cast<size_t>(shown)].stats, shown, view.hovered_rank >= 0, presentation);
-  draw_bytes_per_param(s, shown);
+  if (ctx.compare_side != 2) draw_legend(s.memory[static_cast<size_t>(shown)].stats, shown, view.hovered_rank >= 0, presentation || ctx.compare_side != 0);
+  if (ctx.compare_side == 0) draw_bytes_per_param(s, shown);
   ImGui::Spacing();
 
   // ---- layout: [rank label | bar ......... | current / peak] per row, then the byte axis ----
@@ -647,7 +652,8 @@ void draw_pipeline_stages(const Snapshot& s) {
 
 void draw_memory_view(const Snapshot& s, MemoryViewState& view, ViewContext& ctx) {
   draw_focus_line(s);
-  draw_live_bars(s, view, view.compare_h, ctx.presentation);
+  draw_live_bars(s, view, ctx.compare_side ? 0 : view.compare_h, ctx);
+  if (ctx.compare_side != 0) return;  // one side of an A/B comparison: the bars alone
   const float y0 = ImGui::GetCursorPosY();
   if (s.pipeline.valid) draw_pipeline_stages(s);
   else draw_strategies_compared(s, view);

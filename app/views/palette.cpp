@@ -180,4 +180,6 @@ ImU32 contribution_color(int held, int world) {
   return lerp_color(kFew, kMost, t);
 }
 
+ImU32 side_color(bool a) { return a ? IM_COL32(120, 200, 255, 255) : IM_COL32(255, 196, 90, 255); }
+
 }  // namespace dtlab::app

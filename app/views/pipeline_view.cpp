@@ -677,6 +677,8 @@ void draw_pipeline_view(const Snapshot& s, ViewContext& ctx, PipelineViewState& 
       for (const auto& row : *rows)
         for (const Timed& t : row) g.T = std::max(g.T, t.end);
   g.T = std::max(g.T, 1e-12);
+  ctx.own_span = g.T;  // A/B: both sides on the longer one's scale
+  if (ctx.shared_span > g.T) g.T = ctx.shared_span;
   // Rows as tall as the space allows (the comparison takes as much again).
   const int row_count = pv.p * (other ? 2 : 1);
   const float spare = ImGui::GetContentRegionAvail().y - 4.5f * fs - (other ? 2.5f * fs : 0);

@@ -713,7 +713,8 @@ void legend_item(ImU32 col, const char* text, bool& first, int glyph = 0) {
   ImGui::TextUnformatted(text);
 }
 
-void draw_toolbar(TimelineViewState& view, ViewContext& ctx, bool fp16) {
+// `no_key`: the spans' colors are keyed elsewhere (A's side above B's in an A/B comparison).
+void draw_toolbar(TimelineViewState& view, ViewContext& ctx, bool fp16, bool no_key) {
   ImGui::Checkbox("Follow", &view.follow);
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("Keep the last two iterations in view (double-click the timeline to return here)");
   ImGui::SameLine();
@@ -733,7 +734,7 @@ void draw_toolbar(TimelineViewState& view, ViewContext& ctx, bool fp16) {
                       "Hover a span for its details.");
   // Presentation: fewer words; the spans carry their own labels ("forward 2", "backward 2") and the
   // legend's 13 keys took a third of the tile.
-  if (ctx.presentation && !fp16) return;
+  if ((ctx.presentation && !fp16) || no_key) return;
   bool first = true;
   legend_item(work_color(Work::Forward), "forward", first);
   legend_item(work_color(Work::Backward), "backward", first);
@@ -883,9 +884,15 @@ void draw_timeline_view(const Snapshot& s, TimelineViewState& view, ViewContext&
   view.index.update(s.events, clock);
   const double t_max = view.index.t_max;
   if (!view.follow && t_max > -DBL_MAX && t_max < view.t0) view.follow = true;  // a new run restarted the clock
-  if (view.follow) view.index.follow_range(view.t0, view.t1);
+  if (view.follow) {
+    view.index.follow_range(view.t0, view.t1);
+    ctx.own_span = view.t1 - view.t0;  // A/B: both sides follow with the longer one's span
+    if (ctx.shared_span > ctx.own_span) view.t1 = view.t0 + ctx.shared_span;
+  } else {
+    ctx.own_span = view.t1 - view.t0;
+  }
 
-  draw_toolbar(view, ctx, s.config.precision == Precision::FP16);
+  draw_toolbar(view, ctx, s.config.precision == Precision::FP16, ctx.compare_side == 2);
 
   const float ruler_h = 1.45f * fs, strip_h = 1.35f * fs, header_h = ruler_h + strip_h;
   const float natural = std::max(ranks, 1) * make_layout(fs, 1.0f).rank_h;

@@ -36,6 +36,14 @@ struct ViewContext {
   PipelineRequest pipeline;
   std::string restart_error;
   int pipeline_compare = -1;   // the pipeline view's "compare with": a ScheduleKind, or -1 (none)
+  // A/B comparison (app/compare.h): the view draws one side, A (the pinned run) or B (the live one),
+  // in half the window, so it leaves out what is not a picture of the run (the memory planner's
+  // table, the pipeline's schedule comparison). Both sides share one scale: the view draws with
+  // shared_* when it is larger than its own and reports its own in own_*; the app hands the larger
+  // of A's and B's back the next frame. 0: the view's own scale.
+  int compare_side = 0;  // 0: no comparison; 1: A's side (it keys the colors); 2: B's (no key: A's above says it)
+  double shared_span = 0, own_span = 0;    // timeline and pipeline: seconds across the chart
+  double shared_bytes = 0, own_bytes = 0;  // memory: bytes across the bars
   // A view asks for the stepper's focus (the mesh view: a clicked rank or group); the app applies it.
   bool focus_request = false;
   int focus_rank = -1;
@@ -134,5 +142,7 @@ ImU32 link_load_color(RingPhase phase, int load);
 ImU32 algorithm_color(Algorithm a);
 // A cell holding `held` of `world` contributions: partial sums warm up towards the final color.
 ImU32 contribution_color(int held, int world);
+// The A/B comparison's two sides (app/compare_view.h): A, the pinned run, sky blue; B, the live one, amber.
+ImU32 side_color(bool a);
 
 }  // namespace dtlab::app
