@@ -3,6 +3,7 @@
 #include <GL/gl.h>
 #include <GLFW/glfw3.h>
 #include <imgui.h>
+#include <imgui_internal.h>
 #include <imgui_impl_glfw.h>
 #include <imgui_impl_opengl3.h>
 #include <time.h>
@@ -149,6 +150,7 @@ class App : public ScriptRunner::Host {
   ImFont* font_normal_ = nullptr;
   ImFont* font_large_ = nullptr;
   float scale_ = 1;             // fonts and spacing (app/display.h ui_scale)
+  float large_px_ = 28;         // presentation's font, before scale_: presentation_font_px of the window's height
   FullScreen fullscreen_;       // F11, --fullscreen
   bool presentation_ = false;
   std::string last_hint_;       // the toolbar's "Next: ..." line of the last settled pause
@@ -235,6 +237,11 @@ void App::init_imgui() {
   // Scripted runs (tests, the screenshots in README and docs/) always start from the tiled layout.
   if (!opt_.script.empty() || !opt_.screenshot.empty() || opt_.bench_frames || opt_.play) io.IniFilename = nullptr;
   scale_ = ui_scale(content_scale(), opt_.scale);
+  {
+    int w = 0, h = 0;
+    glfwGetWindowSize(win_, &w, &h);
+    large_px_ = presentation_font_px(static_cast<float>(h) / scale_);
+  }
   build_fonts();
   ImGui_ImplGlfw_InitForOpenGL(win_, true);
   ImGui_ImplOpenGL3_Init("#version 330 core");
@@ -261,7 +268,7 @@ void App::build_fonts() {
                                    0x22FF, 0x2500, 0x25FF, 0x2700, 0x27BF, 0};
   if (sans) {
     font_normal_ = io.Fonts->AddFontFromFileTTF(sans, std::round(16.0f * scale_), nullptr, ranges);
-    font_large_ = io.Fonts->AddFontFromFileTTF(sans, std::round(28.0f * scale_), nullptr, ranges);
+    font_large_ = io.Fonts->AddFontFromFileTTF(sans, std::round(large_px_ * scale_), nullptr, ranges);
   }
   if (!font_normal_) {
     static bool said = false;
@@ -277,12 +284,16 @@ void App::build_fonts() {
 }
 
 // The window moved to a display of another content scale (a laptop's HiDPI panel to a projector):
-// fonts and spacing follow, before the frame starts. --scale pins them.
+// fonts and spacing follow, before the frame starts. --scale pins them. Presentation's type follows
+// the window's height too (app/display.h presentation_font_px).
 void App::follow_content_scale() {
-  if (opt_.scale > 0) return;
-  const float s = ui_scale(content_scale(), 0);
-  if (s == scale_) return;
+  const float s = opt_.scale > 0 ? scale_ : ui_scale(content_scale(), 0);
+  int w = 0, h = 0;
+  glfwGetWindowSize(win_, &w, &h);
+  const float large = presentation_font_px(static_cast<float>(h) / s);
+  if (s == scale_ && large == large_px_) return;
   scale_ = s;
+  large_px_ = large;
   build_fonts();
   ImGui_ImplOpenGL3_DestroyFontsTexture();
   ImGui_ImplOpenGL3_CreateFontsTexture();
@@ -440,10 +451,7 @@ void App::toolbar() {
   const ImGuiStyle& st = ImGui::GetStyle();
   auto button_w = [&](const char* l) { return ImGui::CalcTextSize(l).x + st.FramePadding.x * 2; };
   auto check_w = [&](const char* l) { return ImGui::GetFrameHeight() + st.ItemInnerSpacing.x + ImGui::CalcTextSize(l).x; };
-  auto next = [](float w) {
-    ImGui::SameLine();
-    if (ImGui::GetContentRegionAvail().x < w) ImGui::NewLine();
-  };
+  auto next = [](float w) { flow(w); };
   if (ImGui::Button(paused ? "Run (Space)" : "Pause (Space)")) {
     if (paused) session_->run(session_->speed());
     else session_->pause();
@@ -517,8 +525,7 @@ void App::toolbar() {
   std::snprintf(line, sizeof line, "step %lld/%lld  iteration %d  %s  [%s/%s%s%s]", static_cast<long long>(s.step),
                 static_cast<long long>(s.total_steps), s.iteration, status.c_str(), s.config.device.c_str(),
                 s.config.backend.c_str(), s.config.attached.empty() ? "" : " @", s.config.attached.c_str());
-  ImGui::SameLine();
-  if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(line).x) ImGui::NewLine();
+  flow(ImGui::CalcTextSize(line).x);
   // Wider than a whole line (8 ranks' list under presentation's font): cut, whole on hover.
   const std::string shown = fit_clauses(line, ImGui::GetContentRegionAvail().x);
   ImGui::TextUnformatted(shown.c_str());
@@ -682,7 +689,12 @@ bool fsdp_controls(TrainConfig& c) {
   int wi = c.fsdp.wrap_layers ? 0 : 1;
   if (ImGui::Combo("wrap", &wi, wraps, 2)) c.fsdp.wrap_layers = wi == 0, changed = true;
   const BackwardPrefetch prefetches[] = {BackwardPrefetch::None, BackwardPrefetch::Pre, BackwardPrefetch::Post};
-  if (ImGui::BeginCombo("backward prefetch", backward_prefetch_name(c.fsdp.backward_prefetch))) {
+  // "bwd prefetch": torch's backward_prefetch, its name short enough for the Run panel at 1280x720.
+  const bool open = ImGui::BeginCombo("bwd prefetch", backward_prefetch_name(c.fsdp.backward_prefetch));
+  if (ImGui::IsItemHovered() && !open)
+    ImGui::SetTooltip("backward_prefetch: when the next unit's all-gather is issued in backward\n"
+                      "(BACKWARD_PRE: before this unit's gradient computation; BACKWARD_POST: after it)");
+  if (open) {
     for (BackwardPrefetch bp : prefetches)
       if (ImGui::Selectable(backward_prefetch_name(bp), c.fsdp.backward_prefetch == bp) && c.fsdp.backward_prefetch != bp)
         c.fsdp.backward_prefetch = bp, changed = true;
@@ -783,7 +795,11 @@ void run_summary(const RunConfigView& rc) {
 
 void App::config_panel() {
   ImGui::Begin("Run");
-  ImGui::PushItemWidth(std::max(ImGui::GetFontSize() * 6, ImGui::GetContentRegionAvail().x - ImGui::GetFontSize() * 8));
+  // Room on the right for the longest label: a pipeline's "micro-batches m" (FSDP's "bwd prefetch" is shorter).
+  // (The window's inner rectangle, which leaves out the scrollbar whether or not it was shown last frame.)
+  ImGuiWindow* run_window = ImGui::GetCurrentWindow();
+  const float run_w = run_window->InnerRect.GetWidth() - 2 * ImGui::GetStyle().WindowPadding.x - ImGui::GetStyle().ScrollbarSize;
+  ImGui::PushItemWidth(std::max(ImGui::GetFontSize() * 6, run_w - ImGui::CalcTextSize("micro-batches m").x - ImGui::GetStyle().ItemInnerSpacing.x));
   const RunConfigView& run = session_->snapshot().config;
   if (!run.attached.empty())
     ImGui::TextWrapped("Attached to a launched run at %s: %d processes. Its settings are the launch command's; the "
@@ -851,13 +867,13 @@ void App::views() {
   // the middle, memory on the right, timeline and data along the bottom.
   const Rect tiles[kNumViews] = {
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // ring
-      {x0 + 0.60f * W, top, 0.40f * W, 0.32f * H},             // buckets
+      {x0 + 0.60f * W, top, 0.40f * W, 0.27f * H},             // buckets (its rows scroll)
       {x0 + 0.20f * W, top + 0.56f * H, 0.55f * W, 0.44f * H},  // timeline
-      {x0 + 0.60f * W, top + 0.32f * H, 0.40f * W, 0.24f * H},  // memory
+      {x0 + 0.60f * W, top + 0.27f * H, 0.40f * W, 0.29f * H},  // memory (its bars whole)
       {x0, top + 0.42f * H, 0.20f * W, 0.58f * H},              // inspector
       {x0 + 0.75f * W, top + 0.56f * H, 0.25f * W, 0.44f * H},  // data
-      {x0 + 0.60f * W, top, 0.40f * W, 0.32f * H},             // shards: the buckets' place (FSDP has no buckets)
-      {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // pipeline: the ring's place
+      {x0 + 0.60f * W, top, 0.40f * W, 0.27f * H},             // shards: the buckets' place (FSDP has no buckets)
+      {x0 + 0.20f * W, top, 0.48f * W, 0.56f * H},             // pipeline: the ring's place, wider (its header wraps less)
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // topology: shown alone (its key or `view topology`)
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // sweep: shown alone (view sweep), never tiled
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // mesh: shown alone (view mesh), never tiled
@@ -868,17 +884,19 @@ void App::views() {
   // panel, the Collective inspector and Data are a number key away, or back with P.
   const bool stage = presentation_ && solo_ < 0;
   auto stage_tile = [&](int v, bool pipeline) -> Rect {
-    if (pipeline && v == kPipeline) return {x0, top, W, 0.6f * H};
-    if (v == kRing) return {x0, top, 0.55f * W, 0.6f * H};
-    if (v == kBuckets || v == kShards) return {x0 + 0.55f * W, top, 0.45f * W, 0.6f * H};
-    if (v == kTimeline) return {x0, top + 0.6f * H, 0.62f * W, 0.4f * H};
-    return {x0 + 0.62f * W, top + 0.6f * H, 0.38f * W, 0.4f * H};  // memory
+    constexpr float kTop = 0.55f;  // the bottom row's timeline and memory need their rows whole
+    if (pipeline && v == kPipeline) return {x0, top, W, 0.64f * H};  // its chart under its header and plan
+    if (pipeline) return {v == kTimeline ? x0 : x0 + 0.62f * W, top + 0.64f * H, (v == kTimeline ? 0.62f : 0.38f) * W, 0.36f * H};
+    if (v == kRing) return {x0, top, 0.55f * W, kTop * H};
+    if (v == kBuckets || v == kShards) return {x0 + 0.55f * W, top, 0.45f * W, kTop * H};
+    if (v == kTimeline) return {x0, top + kTop * H, 0.62f * W, (1 - kTop) * H};
+    return {x0 + 0.62f * W, top + kTop * H, 0.38f * W, (1 - kTop) * H};  // memory
   };
   if (stage != was_stage_) was_stage_ = stage, relayout_ = true;
   // A/B comparison, tiled: the Run panel over the differences table on the left, the timeline (a
   // pipeline's chart) down the middle, buckets (shards, the timeline) over memory on the right, each
   // window split A above B. The ring, the collective and the data are a number key away.
-  const bool comparing = compare_.active(), compare_inline = comparing && (stage || solo_ >= 0);
+  const bool comparing = compare_.active(), compare_inline = comparing && solo_ >= 0;
   if (comparing != was_compare_) was_compare_ = comparing, relayout_ = true;
   const bool pipeline_run = session_->snapshot().pipeline.valid;
   auto compare_tile = [&](int v) -> Rect {
@@ -894,9 +912,13 @@ void App::views() {
     ImGui::SetNextWindowSize(ImVec2(comparing ? 0.24f * W : run_tile.w, run_tile.h), cond);
     config_panel();
   }
-  if (comparing && !compare_inline) {  // the differences table in the collective inspector's place
-    ImGui::SetNextWindowPos(ImVec2(x0, top + run_tile.h), cond);
-    ImGui::SetNextWindowSize(ImVec2(0.24f * W, H - run_tile.h), cond);
+  // The differences table: in the collective inspector's place; in presentation, in the ring's (a
+  // pipeline's memory's, under the pipeline's chart).
+  const bool pipeline_now = session_->snapshot().pipeline.valid;
+  if (comparing && !compare_inline) {
+    const Rect t = stage ? stage_tile(pipeline_now ? kMemory : kRing, pipeline_now) : Rect{x0, top + run_tile.h, 0.24f * W, H - run_tile.h};
+    ImGui::SetNextWindowPos(ImVec2(t.x, t.y), cond);
+    ImGui::SetNextWindowSize(ImVec2(t.w, t.h), cond);
     ImGui::Begin("A/B comparison");
     bool unpin = false;
     draw_compare_table(compare_, session_->snapshot(), unpin);
@@ -922,9 +944,10 @@ void App::views() {
     if (solo_ < 0 && (v == kTopology || v == kSweep || v == kMesh)) continue;
     if (stage && (v == kInspector || v == kData)) continue;
     if (comparing && !compare_inline && !compared(v)) continue;  // a number key away
+    if (comparing && stage && pipeline && v == kMemory) continue;   // the table has its tile
     const Rect t = comparing && !stage ? compare_tile(v)
                    : stage ? stage_tile(v, pipeline)
-                   : pipeline && v == kMemory ? Rect{x0 + 0.60f * W, top, 0.40f * W, 0.56f * H} : tiles[v];
+                   : pipeline && v == kMemory ? Rect{x0 + 0.68f * W, top, 0.32f * W, 0.56f * H} : tiles[v];
     if (solo_ == v) {
       ImGui::SetNextWindowPos(ImVec2(x0, top), ImGuiCond_Always);
       ImGui::SetNextWindowSize(ImVec2(W, H), ImGuiCond_Always);
@@ -1026,8 +1049,7 @@ void App::trace_toolbar() {
   ImGui::SameLine();
   view_combo(kTraceViewTitles, kNumTraceViews);
   const std::string line = trace_summary(t);
-  ImGui::SameLine(0, 1.2f * fs);
-  if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(line.c_str()).x) ImGui::NewLine();
+  flow(ImGui::CalcTextSize(line.c_str()).x, 1.2f * fs);
   ImGui::TextUnformatted(line.c_str());
   end_toolbar(toolbar_h_, relayout_);
 }
@@ -1182,13 +1204,16 @@ void App::frame(bool present) {
   spoilers_.after_render(*ImGui::GetDrawData());
   if (shots_.layout_check_due()) {  // `check layout`: what this frame cut off
     const std::vector<ClippedWindow> clipped = clipped_windows();
+    const std::vector<TextFault> text = text_faults();
     int w = 0, h = 0;
     glfwGetWindowSize(win_, &w, &h);
+    const size_t faults = clipped.size() + text.size();
     std::printf("layout (%dx%d, scale %.2g%s): %s\n", w, h, static_cast<double>(scale_), presentation_ ? ", presentation" : "",
-                clipped.empty() ? "nothing cut off" : (std::to_string(clipped.size()) + " windows cut off or scrolled").c_str());
+                faults == 0 ? "nothing cut off, no text over text" : (std::to_string(faults) + " faults").c_str());
     for (const ClippedWindow& c : clipped) std::printf("  %s\n", describe(c).c_str());
+    for (const TextFault& t : text) std::printf("  %s\n", describe(t).c_str());
     std::fflush(stdout);
-    if (!clipped.empty()) outcome_.exit_code = 1;
+    if (faults > 0) outcome_.exit_code = 1;
   }
   if (!present) return;
   int w = 0, h = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <tuple>
 
@@ -190,6 +191,21 @@ std::vector<DifferenceRow> difference_rows(const RunSummary& a, const RunSummary
   return rows;
 }
 
+namespace {
+
+// A number as a person writes it: "0.1" for the 0.09999942779541016 a MiB cap of 104857 bytes reads
+// back as; any other text as it is.
+std::string readable(const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || end != v.c_str() + v.size()) return v;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", x);
+  return buf;
+}
+
+}  // namespace
+
 std::vector<SettingDifference> setting_differences(const RunConfigView& a, const RunConfigView& b) {
   const TrainConfig defaults;
   auto value_of = [&](const std::vector<std::pair<std::string, std::string>>& rows, const std::string& flag) {
@@ -205,7 +221,7 @@ std::vector<SettingDifference> setting_differences(const RunConfigView& a, const
       if (std::find(flags.begin(), flags.end(), f) == flags.end()) flags.push_back(f);
   for (const std::string& f : flags) {
     const std::string va = value_of(a.settings, f), vb = value_of(b.settings, f);
-    if (va != vb) out.push_back({f, va, vb});
+    if (va != vb) out.push_back({f, readable(va), readable(vb)});
   }
   return out;
 }

@@ -28,6 +28,7 @@ const RunSummary& CompareState::summary_b(const Snapshot& live) {
 
 namespace {
 
+// "A (pinned)  --bucket-cap-mb 1", the settings cut to the line with "..." (whole on hover).
 void caption(const CompareState& c, const Snapshot& live, bool a) {
   const std::vector<SettingDifference> diff = setting_differences(c.pinned.snapshot->config, live.config);
   const std::string what = side_caption(diff, a);
@@ -35,8 +36,16 @@ void caption(const CompareState& c, const Snapshot& live, bool a) {
   ImGui::TextUnformatted(a ? "A (pinned)" : "B (live)");
   ImGui::PopStyleColor();
   ImGui::SameLine();
-  ImGui::TextDisabled("%s", what.c_str());
-  if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", what.c_str());
+  const float room = ImGui::GetContentRegionAvail().x;
+  std::string shown = what;
+  if (ImGui::CalcTextSize(shown.c_str()).x > room) {
+    const float dots = ImGui::CalcTextSize("...").x;
+    size_t n = shown.size();
+    while (n > 0 && ImGui::CalcTextSize(shown.c_str(), shown.c_str() + n).x + dots > room) n--;
+    shown = shown.substr(0, n) + "...";
+  }
+  ImGui::TextDisabled("%s", shown.c_str());
+  if (ImGui::IsItemHovered() && shown != what) ImGui::SetTooltip("%s", what.c_str());
 }
 
 }  // namespace
@@ -77,7 +86,7 @@ void draw_sides(CompareState& c, const Snapshot& live, ViewContext& ctx, const c
 void draw_timeline_compared(CompareState& c, const Snapshot& live, TimelineViewState& b, ViewContext& ctx) {
   TimelineViewState& a = c.timeline;
   const bool follow_a = a.follow, follow_b = b.follow;
-  const double span_a = a.t1 - a.t0, span_b = b.t1 - b.t0;
+  const double span_a = a.t1 - a.t0;
   draw_sides(c, live, ctx, "timeline", [&](const Snapshot& s, bool is_a) { draw_timeline_view(s, is_a ? a : b, ctx); });
   // One time scale: a zoom or pan on either side gives the other the same span (each keeps its own
   // start, its own iterations); a double-click on either sends both back to following.
@@ -119,7 +128,9 @@ void draw_compare_table(CompareState& c, const Snapshot& live, bool& unpin) {
   ImGui::SameLine();
   if (diff.empty()) ImGui::TextDisabled("B has A's settings: change one in the Run panel (or a script's compare ...)");
   else ImGui::TextDisabled("%zu setting%s differ%s", diff.size(), diff.size() == 1 ? "" : "s", diff.size() == 1 ? "s" : "");
-  const ImGuiTableFlags flags = ImGuiTableFlags_BordersInnerH | ImGuiTableFlags_RowBg | ImGuiTableFlags_SizingFixedFit;
+  // Columns share the window's width and their values wrap: the table never runs past a narrow window.
+  const ImGuiTableFlags flags = ImGuiTableFlags_BordersInnerH | ImGuiTableFlags_RowBg | ImGuiTableFlags_SizingStretchProp;
+  ImGui::PushTextWrapPos(0.0f);
   if (!diff.empty() && ImGui::BeginTable("##settings", 3, flags)) {
     ImGui::TableSetupColumn("setting");
     ImGui::TableSetupColumn("A");
@@ -137,11 +148,13 @@ void draw_compare_table(CompareState& c, const Snapshot& live, bool& unpin) {
     ImGui::EndTable();
   }
   ImGui::Spacing();
+  auto iter = [](const RunSummary& r) { return r.valid ? "iteration " + std::to_string(r.iteration) : std::string("none yet"); };
+  ImGui::TextDisabled("the last iteration each finished: A's %s, B's %s", iter(a).c_str(), iter(b).c_str());
   if (ImGui::BeginTable("##differences", 4, flags)) {
-    ImGui::TableSetupColumn("last finished iteration");
-    ImGui::TableSetupColumn(a.valid ? ("A: iter " + std::to_string(a.iteration)).c_str() : "A");
-    ImGui::TableSetupColumn(b.valid ? ("B: iter " + std::to_string(b.iteration)).c_str() : "B");
-    ImGui::TableSetupColumn("B vs A");
+    ImGui::TableSetupColumn("", ImGuiTableColumnFlags_WidthStretch, 1.5f);
+    ImGui::TableSetupColumn("A", ImGuiTableColumnFlags_WidthStretch, 1.0f);
+    ImGui::TableSetupColumn("B", ImGuiTableColumnFlags_WidthStretch, 1.0f);
+    ImGui::TableSetupColumn("B vs A", ImGuiTableColumnFlags_WidthFixed, ImGui::CalcTextSize("+100 pts").x);
     ImGui::TableHeadersRow();
     for (const DifferenceRow& r : difference_rows(a, b)) {
       ImGui::TableNextRow();
@@ -157,6 +170,7 @@ void draw_compare_table(CompareState& c, const Snapshot& live, bool& unpin) {
     }
     ImGui::EndTable();
   }
+  ImGui::PopTextWrapPos();
   if (!b.valid) ImGui::TextDisabled("B has not finished an iteration yet: step or run it (I: one iteration).");
   else {
     ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));

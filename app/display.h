@@ -3,6 +3,7 @@
 // screen each get a window that fits and text that reads at the size its desktop uses.
 #pragma once
 #include <algorithm>
+#include <cmath>
 
 struct GLFWwindow;
 struct GLFWmonitor;
@@ -46,5 +47,10 @@ class FullScreen {
  private:
   ScreenRect windowed_;  // the window's place before it went full screen
 };
+
+// Presentation's type in pixels before the content scale, for a window `height` logical pixels
+// tall: 28 from 840 up, a thirtieth of the height below (24 at 720), never under 20. Four tiles of
+// 28-pixel type do not fit a 720-pixel-high window: its rows fell out of the timeline and memory.
+inline float presentation_font_px(float height) { return std::clamp(std::round(height / 30.0f), 20.0f, 28.0f); }
 
 }  // namespace dtlab::app

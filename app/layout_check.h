@@ -1,7 +1,12 @@
-// What a person would see cut off: every visible window (and child region) whose items reach past
-// its right edge with no scrollbar to reach them, or that hides part of its content behind a
-// vertical scrollbar. Read from ImGui's own window records after a frame (content size against
-// the inner rectangle), so it sees what the views laid out, not what they meant to.
+// What a person would see cut off or garbled, read from ImGui's own records after a frame, so it
+// sees what the views laid out, not what they meant to:
+// - windows (and child regions) whose items reach past the right edge with no scrollbar to reach
+//   them, or that hide part of their content behind a vertical scrollbar, except the lists that
+//   scroll by design (kScrollingLists: rows that grow with the world or the model, and forms);
+// - text cut by its window's edge: a glyph of the frame's draw lists that its clip rectangle cuts
+//   through (text a view clips on purpose, like a label fitted into a span, is trimmed by ImGui
+//   itself and never seen as cut);
+// - text over text: two glyphs of one window's draw list covering each other.
 #pragma once
 #include <string>
 #include <vector>
@@ -19,5 +24,15 @@ struct ClippedWindow {
 std::vector<ClippedWindow> clipped_windows();
 // One line per window: "Ring: content 812 x 400 px in 700 x 380 (cut on the right)".
 std::string describe(const ClippedWindow& w);
+
+// Text a person cannot read whole in the last frame: its window, what is wrong, and where (screen px).
+struct TextFault {
+  std::string window;
+  bool overlap = false;  // false: cut by the window's (or a region's) edge
+  float x = 0, y = 0;    // the glyph's top left
+};
+std::vector<TextFault> text_faults();
+// "Ring: text cut at (1203, 540)" / "Memory: text over text at (880, 612)".
+std::string describe(const TextFault& f);
 
 }  // namespace dtlab::app

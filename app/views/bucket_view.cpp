@@ -48,11 +48,8 @@ void draw_legend(float fs) {
   for (BucketState st : {BucketState::Empty, BucketState::Filling, BucketState::Ready, BucketState::Launched, BucketState::AllReducing,
                          BucketState::Done}) {
     const char* name = bucket_state_name(st);
-    const float w = 1.2f * fs + ImGui::CalcTextSize(name).x;
-    if (!first) {
-      ImGui::SameLine(0, 0.9f * fs);
-      if (ImGui::GetContentRegionAvail().x < w) ImGui::NewLine();
-    }
+    const float w = 1.15f * fs + ImGui::CalcTextSize(name).x;
+    if (!first) flow(w, 0.9f * fs);
     first = false;
     const ImVec2 p = ImGui::GetCursorScreenPos();
     ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x, p.y + 0.15f * fs), ImVec2(p.x + 0.85f * fs, p.y + 0.95f * fs),
@@ -64,8 +61,7 @@ void draw_legend(float fs) {
     if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s: %s", name, state_meaning(st));
   }
   const char* key = "filled cell = gradient ready, #n = order it became ready";
-  ImGui::SameLine(0, 1.5f * fs);
-  if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(key).x) ImGui::NewLine();
+  flow(ImGui::CalcTextSize(key).x, 1.5f * fs);
   ImGui::PushTextWrapPos(0.0f);  // narrower than the key itself (presentation at 1280x720): wrap it
   ImGui::TextDisabled("%s", key);
   ImGui::PopTextWrapPos();
@@ -316,7 +312,10 @@ void draw_bucket_view(const Snapshot& s, ViewContext& ctx) {
     draw_no_buckets(s);
     return;
   }
-  draw_header(s, fs, ctx.presentation || ctx.compare_side != 0, ctx.compare_side != 2);
+  // Fewer words in presentation, on a side of an A/B comparison, and in a short tile (the rows below
+  // need a few lines of their own).
+  const bool short_tile = ImGui::GetContentRegionAvail().y < 12 * ImGui::GetTextLineHeightWithSpacing();
+  draw_header(s, fs, ctx.presentation || ctx.compare_side != 0 || short_tile, ctx.compare_side != 2);
   ImGui::BeginChild("##bucket_rows", ImVec2(0, 0), false);
   ImDrawList* dl = ImGui::GetWindowDrawList();
   const RowLayout lay = row_layout(s, fs);

@@ -331,7 +331,6 @@ void draw_legend(const Snapshot& s, DataViewState& st) {
     else none++;
   }
   const float font = ImGui::GetFontSize();
-  const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
   const bool by_class = st.color_by == ColorBy::Class, by_replica = !by_class && d.by_replica;
   const char* noun = by_class ? "class" : by_replica ? "replica" : "rank";
   // "rank 3: 375" per entry when that fits in two lines, else "ranks" once and "3: 375" entries.
@@ -356,8 +355,7 @@ void draw_legend(const Snapshot& s, DataViewState& st) {
     const long long count = static_cast<long long>(counts[static_cast<size_t>(g)]);
     const float w = font * 1.1f + ImGui::CalcTextSize(text).x;
     if (g > 0) {
-      ImGui::SameLine(0, compact ? font * 0.6f : font);
-      if (ImGui::GetCursorScreenPos().x + w > right) ImGui::NewLine();
+      flow(w, compact ? font * 0.6f : font);
     }
     const ImVec2 p = ImGui::GetCursorScreenPos();
     const float line = ImGui::GetTextLineHeight();
@@ -399,8 +397,9 @@ struct CurvePlot {
 };
 
 // The title line: the latest value, and the log-scale switch when the curve has one.
+// `right`: the panel's right edge, which the switch wraps before.
 void curve_title(const char* id, const char* title, const std::vector<StepPoint>& h, float (*value)(const StepPoint&),
-                 bool* log_switch, bool percent, ImU32 color) {
+                 bool* log_switch, bool percent, ImU32 color, float right) {
   char buf[96];
   if (h.empty()) std::snprintf(buf, sizeof buf, "%s", title);
   else {
@@ -412,7 +411,8 @@ void curve_title(const char* id, const char* title, const std::vector<StepPoint>
   }
   ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(color), "%s", buf);
   if (log_switch) {
-    ImGui::SameLine(0, ImGui::GetFontSize());
+    const float switch_w = ImGui::GetFontSize() + ImGui::GetStyle().ItemInnerSpacing.x + ImGui::CalcTextSize("log scale").x;
+    if (ImGui::GetItemRectMax().x + ImGui::GetFontSize() + switch_w <= right) ImGui::SameLine(0, ImGui::GetFontSize());
     ImGui::PushID(id);
     ImGui::PushStyleVar(ImGuiStyleVar_FramePadding, ImVec2(ImGui::GetStyle().FramePadding.x, 0));
     ImGui::Checkbox("log scale", log_switch);
@@ -562,7 +562,7 @@ void draw_curve(const char* id, const char* title, const std::vector<StepPoint>&
   const float font = ImGui::GetFontSize();
   const bool log = log_switch && *log_switch;
   const ImVec2 top = ImGui::GetCursorScreenPos();
-  curve_title(id, title, h, value, log_switch, percent, color);
+  curve_title(id, title, h, value, log_switch, percent, color, top.x + size.x);
   if (fp16) loss_scale_readout(h);
   const ImVec2 pos = ImGui::GetCursorScreenPos();
   const ImVec2 plot(size.x, std::max(size.y - (pos.y - top.y), 1.0f));
@@ -611,11 +611,9 @@ void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip("sampler.set_epoch(epoch) reseeds the DistributedSampler's shuffle every epoch.\n"
                       "Without it every epoch repeats epoch 0's split and order.");
-  ImGui::SameLine(0, font * 1.5f);
   // "color by (o) rank (o) class" on the same line when it fits, else on the next (a 1600x900 tile
   // cut it off at the right).
-  if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize("color by  replica  class").x + 3 * ImGui::GetFrameHeight())
-    ImGui::NewLine();
+  flow(ImGui::CalcTextSize("color by  replica  class").x + 3 * ImGui::GetFrameHeight(), font * 1.5f);
   ImGui::TextUnformatted("color by");
   ImGui::SameLine();
   int by = static_cast<int>(st.color_by);
@@ -670,16 +668,23 @@ void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
     draw_history(s, st, ImVec2(scatter.x, plots_h));
   } else {
     const float line = ImGui::GetTextLineHeightWithSpacing();
-    draw_scatter(s, ctx, st, ImVec2(std::max(avail.x, min_scatter), std::max(avail.y - line, min_scatter)));
+    // Small: the scatter takes what is left above one line of figures (never less than four lines).
+    draw_scatter(s, ctx, st, ImVec2(std::max(avail.x, min_scatter), std::max(avail.y - line - spacing.y, font * 4)));
     if (s.history.empty()) {
       ImGui::TextDisabled("no steps yet");
     } else {
       const StepPoint& p = s.history.back();
       ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kLossColor), "loss %.4g", static_cast<double>(p.loss));
-      ImGui::SameLine();
-      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kAccuracyColor), "accuracy %.1f%%", 100.0 * p.accuracy);
-      ImGui::SameLine();
-      ImGui::TextDisabled("step %lld (enlarge the panel for the curves)", static_cast<long long>(p.step));
+      // One line: what does not fit on it is left out (the curves need a larger panel anyway).
+      char acc[48], step[96];
+      std::snprintf(acc, sizeof acc, "accuracy %.1f%%", 100.0 * p.accuracy);
+      std::snprintf(step, sizeof step, "step %lld (enlarge the panel for the curves)", static_cast<long long>(p.step));
+      const float right = ImGui::GetWindowPos().x + ImGui::GetContentRegionMax().x, sp = ImGui::GetStyle().ItemSpacing.x;
+      for (const auto& [text, col] : {std::pair<const char*, ImU32>{acc, kAccuracyColor}, {step, ImGui::GetColorU32(ImGuiCol_TextDisabled)}}) {
+        if (ImGui::GetItemRectMax().x + sp + ImGui::CalcTextSize(text).x > right) break;
+        ImGui::SameLine();
+        ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(col), "%s", text);
+      }
     }
   }
 }

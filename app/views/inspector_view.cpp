@@ -11,6 +11,7 @@
 
 #include "app/snapshot_builder.h"  // pending_text
 #include "app/views/views.h"
+#include <imgui_internal.h>  // the value cells' wrap position (key)
 #include "engine/core/format.h"
 
 namespace dtlab::app {
@@ -54,11 +55,47 @@ const char* ordinal_suffix(int n) {
 }
 
 // A two-column row of the collective table; the value is drawn by the caller.
+// A dim remark after a value: on its line when it fits, else on the next (a narrow panel).
+void remark(const std::string& text) {
+  flow(ImGui::CalcTextSize(text.c_str()).x);
+  ImGui::TextColored(dim(), "%s", text.c_str());
+}
+
+// The panel's tables: as wide as the panel, and counted as that wide. ImGui 1.86's EndTable extends
+// its window's content to the columns' auto-fit width (their widest content plus cell padding), so
+// a wrapped value column made the narrow panel report content wider than itself: end_table puts the
+// window's extent back to the table's own right edge.
+struct PanelTable {
+  float max_x = 0, right = 0;
+};
+bool begin_table(const char* id, int columns, ImGuiTableFlags flags, PanelTable& t) {
+  ImGuiWindow* w = ImGui::GetCurrentWindow();
+  t.max_x = w->DC.CursorMaxPos.x;
+  t.right = w->InnerRect.Max.x - w->WindowPadding.x;
+  const float width = std::max(t.right - ImGui::GetCursorScreenPos().x, ImGui::GetFontSize() * 8);
+  t.right = ImGui::GetCursorScreenPos().x + width;
+  return ImGui::BeginTable(id, columns, flags, ImVec2(width, 0));
+}
+void end_table(const PanelTable& t) {
+  ImGui::EndTable();
+  ImGui::GetCurrentWindow()->DC.CursorMaxPos.x = std::max(t.max_x, t.right);
+}
+
+// What a value cell may fill (see key).
+float value_width() { return ImGui::GetContentRegionAvail().x - 1.5f * ImGui::GetFontSize(); }
+
 void key(const char* name) {
   ImGui::TableNextRow();
   ImGui::TableSetColumnIndex(0);
+  ImGui::PushTextWrapPos(-1.0f);  // the key stays whole
   ImGui::TextColored(dim(), "%s", name);
+  ImGui::PopTextWrapPos();
   ImGui::TableSetColumnIndex(1);
+  // The value wraps short of its column's edge: the host window takes the table's auto-fit width, its
+  // columns' content plus their cell padding and borders, as its content; a value to the edge makes
+  // that wider than the panel (draw_collective pushed a wrap position for the table; this sets it
+  // for the row).
+  ImGui::GetCurrentWindow()->DC.TextWrapPos = ImGui::GetCursorPos().x + value_width();
 }
 
 void ranks_inline(const std::vector<int>& ranks, int world, const char* none) {
@@ -103,7 +140,7 @@ void tuning_rows(const CollectiveView& cv) {
   if (cv.why.empty()) return;
   key("why");
   ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(0.60f, 0.85f, 1.0f, 1.0f));
-  ImGui::TextWrapped("%s", cv.why.c_str());
+  ImGui::TextUnformatted(cv.why.c_str());  // wrapped at the row's wrap position (key)
   ImGui::PopStyleColor();
 }
 
@@ -121,18 +158,22 @@ int group_index(const CollectiveView& cv, int r) {
 void draw_collective(const CollectiveView& cv) {
   const int N = cv.world;
   const bool done = cv.steps_done >= cv.steps && !cv.in_flight;
+  // "reduce-scatter world #6 in flight", wrapping between its parts in a narrow panel.
   ImGui::TextColored(ImVec4(1.0f, 0.85f, 0.45f, 1.0f), "%s", collective_name(cv.op));
-  ImGui::SameLine(0, ImGui::GetFontSize() * 0.35f);
-  ImGui::TextColored(dim(), "%s #%" PRIu64, cv.group != 0 ? cv.group_name.c_str() : "world", cv.seq);
-  ImGui::SameLine(0, ImGui::GetFontSize() * 0.8f);
-  if (done) ImGui::TextColored(kGreen, "done");
-  else if (cv.in_flight) ImGui::TextColored(kAmber, "in flight");
-  else ImGui::TextColored(dim(), "issued, no rank started it yet");
+  char id[64];
+  std::snprintf(id, sizeof id, "%s #%" PRIu64, cv.group != 0 ? cv.group_name.c_str() : "world", cv.seq);
+  flow(ImGui::CalcTextSize(id).x, ImGui::GetFontSize() * 0.35f);
+  ImGui::TextColored(dim(), "%s", id);
+  const char* state = done ? "done" : cv.in_flight ? "in flight" : "issued, no rank started it yet";
+  flow(ImGui::CalcTextSize(state).x, ImGui::GetFontSize() * 0.8f);
+  ImGui::TextColored(done ? kGreen : cv.in_flight ? kAmber : dim(), "%s", state);
 
   const ImGuiTableFlags flags = ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_SizingFixedFit;
-  if (!ImGui::BeginTable("##collective", 2, flags)) return;
+  PanelTable table;
+  if (!begin_table("##collective", 2, flags, table)) return;
   ImGui::TableSetupColumn("key", ImGuiTableColumnFlags_WidthFixed);
   ImGui::TableSetupColumn("value", ImGuiTableColumnFlags_WidthStretch);
+  ImGui::PushTextWrapPos(0.0f);  // in a table: each value wraps at its column's edge (a narrow panel)
   key("group");
   if (cv.group != 0) ImGui::TextColored(kGroupColor, "%s", group_text(cv).c_str());
   else ImGui::TextColored(dim(), "the world (every rank)");
@@ -154,20 +195,18 @@ void draw_collective(const CollectiveView& cv) {
   ImGui::Text("%s elements per rank", with_commas(cv.count).c_str());
   key("payload");
   ImGui::Text("%s", human_bytes(cv.bytes).c_str());
-  ImGui::SameLine();
-  ImGui::TextColored(dim(), "(%s B)", with_commas(cv.bytes).c_str());
+  remark("(" + with_commas(cv.bytes) + " B)");
   if (!cv.label.empty()) {
     key("carries");
     ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(0.75f, 0.65f, 1.0f, 1.0f));
-    ImGui::TextWrapped("%s", cv.label.c_str());
+    ImGui::TextUnformatted(cv.label.c_str());  // wrapped at the row's wrap position (key)
     ImGui::PopStyleColor();
   }
   key("arrived");
   if (cv.in_flight) ranks_inline(cv.arrived, N, "nobody yet");
   else ImGui::TextColored(dim(), done ? "every rank (finished)" : "nobody yet");
   if (cv.in_flight && !cv.arrived.empty()) {
-    ImGui::SameLine();
-    ImGui::TextColored(dim(), "(in arrival order)");
+    remark("(in arrival order)");
   }
   key("missing");
   if (cv.in_flight && !cv.missing.empty()) {
@@ -183,33 +222,29 @@ void draw_collective(const CollectiveView& cv) {
     if (cv.steps == 0) std::snprintf(overlay, sizeof overlay, "none: one rank");
     else std::snprintf(overlay, sizeof overlay, "%d / %d done", cv.steps_done, cv.steps);
     const float frac = cv.steps > 0 ? static_cast<float>(cv.steps_done) / static_cast<float>(cv.steps) : 1.0f;
-    ImGui::ProgressBar(frac, ImVec2(-FLT_MIN, 0), overlay);
+    // Short of the cell's edge, like the wrapped values (key): a bar to the edge widens the table.
+    ImGui::ProgressBar(frac, ImVec2(value_width(), 0), overlay);
     if (cv.steps_done < cv.steps) {
       ImGui::TextColored(dim(), "next: step %d,", cv.steps_done + 1);
-      ImGui::SameLine();
+      flow(ImGui::CalcTextSize(ring_phase_name(cv.phase)).x);
       ImGui::TextUnformatted(ring_phase_name(cv.phase));
     }
   }
   key("predicted");
   if (cv.predicted_s > 0) {
     ImGui::Text("%s", duration(cv.predicted_s).c_str());
-    ImGui::SameLine();
-    ImGui::TextColored(dim(), "(cost model)");
+    remark("(cost model)");
     // Two models, two times, on purpose: say which is which where both show.
-    if (!cv.why.empty()) {
-      ImGui::PushTextWrapPos(0.0f);
+    if (!cv.why.empty())  // (wrapped at the row's wrap position, key)
       ImGui::TextColored(dim(), "the steps as drawn, one hop each on one channel; the tuner's time (why) "
                                 "prices NCCL's channels and pipelined chunks, so it differs");
-      ImGui::PopTextWrapPos();
-    }
   } else {
     ImGui::TextColored(dim(), "n/a");
   }
   key("algbw");
   if (cv.algbw_gbs > 0) {
     ImGui::TextUnformatted(bandwidth(cv.algbw_gbs).c_str());
-    ImGui::SameLine();
-    ImGui::TextColored(dim(), "(payload / time)");
+    remark("(payload / time)");
   } else {
     ImGui::TextColored(dim(), "n/a");
   }
@@ -218,8 +253,9 @@ void draw_collective(const CollectiveView& cv) {
     const bool times = ImGui::GetFont()->FindGlyphNoFallback(0x00D7) != nullptr;
     const double factor = cv.algbw_gbs > 0 ? cv.busbw_gbs / cv.algbw_gbs : 0.0;
     ImGui::TextUnformatted(bandwidth(cv.busbw_gbs).c_str());
-    ImGui::SameLine();
-    ImGui::TextColored(dim(), "(algbw %s %.3g)", times ? "\u00d7" : "x", factor);
+    char algbw[48];
+    std::snprintf(algbw, sizeof algbw, "(algbw %s %.3g)", times ? "\u00d7" : "x", factor);
+    remark(algbw);
     if (ImGui::IsItemHovered())
       ImGui::SetTooltip("bus bandwidth (nccl-tests): what each link carries, comparable across ranks and ops;\n"
                         "algbw times %.3g for %s on %d ranks", factor, collective_name(cv.op), N);
@@ -229,12 +265,12 @@ void draw_collective(const CollectiveView& cv) {
   key("measured");
   if (cv.measured_s >= 0) {
     ImGui::Text("%s", duration(cv.measured_s).c_str());
-    ImGui::SameLine();
-    ImGui::TextColored(dim(), "(wall clock, rank 0)");
+    remark("(wall clock, rank 0)");
   } else {
     ImGui::TextColored(dim(), done ? "n/a" : "when done");
   }
-  ImGui::EndTable();
+  ImGui::PopTextWrapPos();
+  end_table(table);
 }
 
 bool gate_blocked(const StepperState& st, int rank, int lane) {
@@ -246,6 +282,27 @@ const char* lane_name(int lane) { return lane == kComputeLane ? "compute thread"
 
 // The stepper gate one rank's lane waits at, e.g. "ring step 3/6 of tp1 #12"; `compact` keeps just
 // the kind and step, and says nothing for a lane at no gate. The tooltip has the gate's whole label.
+// One line per cell, clipped by its column; the whole text in a tooltip.
+// `text` cut to the cell's width with "..." (whole on hover): a long activity neither widens the panel
+// nor runs past its edge.
+void clipped(const std::string& text) {
+  const float room = ImGui::GetContentRegionAvail().x;
+  if (ImGui::CalcTextSize(text.c_str()).x <= room) {
+    ImGui::TextUnformatted(text.c_str());
+    return;
+  }
+  const float dots = ImGui::CalcTextSize("...").x;
+  size_t lo = 0, hi = text.size();  // the longest prefix that fits with the dots
+  while (lo < hi) {
+    const size_t mid = (lo + hi + 1) / 2;
+    if (ImGui::CalcTextSize(text.c_str(), text.c_str() + mid).x + dots <= room) lo = mid;
+    else hi = mid - 1;
+  }
+  while (lo > 0 && (static_cast<unsigned char>(text[lo]) & 0xC0) == 0x80) lo--;  // not inside a UTF-8 character
+  ImGui::TextUnformatted((text.substr(0, lo) + "...").c_str());
+  if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", text.c_str());
+}
+
 void gate_cell(const StepperState& st, int rank, int lane, bool running, bool compact = false) {
   const size_t i = static_cast<size_t>(rank * kStepperLanes + lane);
   if (i >= st.gates.size() || !st.gates[i].blocked) {
@@ -259,17 +316,16 @@ void gate_cell(const StepperState& st, int rank, int lane, bool running, bool co
     case GateKind::Iteration: text = "iteration " + std::to_string(g.iteration); break;
     default: text = g.label; break;
   }
-  if (compact && text.size() > 28) text = text.substr(0, 27) + "...";
-  ImGui::TextColored(kAmber, "%s", text.c_str());
+  if (compact) {  // cut to the cell with "..." (whole on hover)
+    ImGui::PushStyleColor(ImGuiCol_Text, kAmber);
+    clipped(text);
+    ImGui::PopStyleColor();
+  } else {
+    ImGui::TextColored(kAmber, "%s", text.c_str());
+  }
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip("rank %d's %s waits at a %s gate: %s\nuntil a step or run command opens it", rank, lane_name(lane),
                       gate_kind_name(g.kind), g.label.c_str());
-}
-
-// One line per cell, clipped by its column; the whole text in a tooltip.
-void clipped(const std::string& text) {
-  ImGui::TextUnformatted(text.c_str());
-  if (ImGui::IsItemHovered() && ImGui::CalcTextSize(text.c_str()).x > ImGui::GetColumnWidth()) ImGui::SetTooltip("%s", text.c_str());
 }
 
 void rank_cell(int r, int world) {
@@ -336,8 +392,10 @@ void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
   if (st.paused) {
     ImGui::TextColored(kAmber, "paused");
     ImGui::SameLine();
+    ImGui::PushTextWrapPos(0.0f);
     if (st.pending.valid) ImGui::TextColored(dim(), "before %s", pending_text(st.pending).c_str());
     else ImGui::TextColored(dim(), "%s", st.waiting.empty() ? "(settling)" : st.waiting.c_str());
+    ImGui::PopTextWrapPos();
     if (ImGui::IsItemHovered())
       ImGui::SetTooltip("The next step releases this item: an operation once all its members are at its gate, a ring\n"
                         "step, a layer, a gradient, a pipeline action or an iteration, in one global order\n"
@@ -349,8 +407,10 @@ void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
     ImGui::TextColored(dim(), s.finished ? "finished" : "stopped");
   }
   if (s.iteration >= 0) {
-    ImGui::SameLine(0, ImGui::GetFontSize() * 0.8f);
-    ImGui::TextColored(dim(), "iteration %d, step %" PRId64 " of %" PRId64, s.iteration, s.step, s.total_steps);
+    char it[96];
+    std::snprintf(it, sizeof it, "iteration %d, step %" PRId64 " of %" PRId64, s.iteration, s.step, s.total_steps);
+    flow(ImGui::CalcTextSize(it).x, ImGui::GetFontSize() * 0.8f);
+    ImGui::TextColored(dim(), "%s", it);
   }
 
   const float fs = ImGui::GetFontSize();
@@ -358,7 +418,8 @@ void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
   ImGuiTableFlags flags = ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_BordersOuterH;
   if (wide) {
     // One line per rank; fixed columns fit their contents, the activities take the rest.
-    if (!ImGui::BeginTable("##ranks", 7, flags | ImGuiTableFlags_Resizable)) return;
+    PanelTable table;
+    if (!begin_table("##ranks", 7, flags | ImGuiTableFlags_Resizable, table)) return;
     ImGui::TableSetupColumn("rank", ImGuiTableColumnFlags_WidthFixed);
     ImGui::TableSetupColumn("collective", ImGuiTableColumnFlags_WidthFixed);
     ImGui::TableSetupColumn("steps", ImGuiTableColumnFlags_WidthFixed);
@@ -380,11 +441,12 @@ void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
       ImGui::TableSetColumnIndex(6);
       gate_cell(st, r, gate_blocked(st, r, kGroupLane) ? kGroupLane : kCommLane, s.running);
     }
-    ImGui::EndTable();
+    end_table(table);
     return;
   }
   // Narrow panel: a rank per row, its state on the first line and what its threads do below.
-  if (!ImGui::BeginTable("##ranks_narrow", 2, flags)) return;
+  PanelTable table;
+  if (!begin_table("##ranks_narrow", 2, flags, table)) return;
   ImGui::TableSetupColumn("rank", ImGuiTableColumnFlags_WidthFixed);
   ImGui::TableSetupColumn("state, gate, threads", ImGuiTableColumnFlags_WidthStretch);
   ImGui::TableHeadersRow();
@@ -393,8 +455,7 @@ void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
     ImGui::SameLine(0, fs * 0.6f);
     steps_cell(cv, r);
     for (int lane : {kGroupLane, kCommLane, kComputeLane}) {
-      if (!gate_blocked(st, r, lane)) continue;
-      ImGui::SameLine(0, fs * 0.6f);
+      if (!gate_blocked(st, r, lane)) continue;  // each gate on a line of its own: a narrow panel
       if (lane == kComputeLane) {
         ImGui::TextColored(dim(), "compute:");
         ImGui::SameLine(0, fs * 0.25f);
@@ -406,7 +467,7 @@ void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
     clipped("comm: " + activity_of(s.comm_activity, r));
     ImGui::PopStyleColor();
   }
-  ImGui::EndTable();
+  end_table(table);
 }
 
 }  // namespace

@@ -46,12 +46,8 @@ double nice_byte_step(double max_bytes, int target_ticks) {
 // One legend entry: a color swatch and its text, wrapping to the next line at the window's edge.
 void legend_entry(ImU32 color, const char* text, bool first, bool dim = false) {
   const float font = ImGui::GetFontSize();
-  const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
   const float w = font * 1.2f + ImGui::CalcTextSize(text).x;
-  if (!first) {
-    ImGui::SameLine(0, font * 1.2f);
-    if (ImGui::GetCursorScreenPos().x + w > right) ImGui::NewLine();
-  }
+  if (!first) flow(w, font * 1.2f);
   const ImVec2 p = ImGui::GetCursorScreenPos();
   const float sw = font * 0.8f, dy = (ImGui::GetTextLineHeight() - sw) * 0.5f;
   ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x, p.y + dy), ImVec2(p.x + sw, p.y + dy + sw), color, font * 0.15f);
@@ -63,21 +59,25 @@ void legend_entry(ImU32 color, const char* text, bool first, bool dim = false) {
 
 // The legend: one swatch per category with the bytes `shown` rank holds in it, wrapping to the
 // window width.
-void draw_legend(const MemoryStats& st, int shown, bool hovered, bool presentation) {
+// `compact` (presentation, a side of an A/B comparison, a short tile): the categories held, by name
+// only (a bar's tooltip has the bytes), and no peak key (the numbers beside the bars say it).
+void draw_legend(const MemoryStats& st, int shown, bool hovered, bool presentation, bool compact) {
   const float font = ImGui::GetFontSize();
-  ImGui::Text("rank %d%s: %s now", shown, hovered ? "" : " (hover a bar for another rank)",
-              human_bytes(st.total_current).c_str());
-  const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
+  if (!compact)
+    ImGui::Text("rank %d%s: %s now", shown, hovered ? "" : " (hover a bar for another rank)", human_bytes(st.total_current).c_str());
+  bool first = true;
   for (int i = 0; i < kNumMemCategories; i++) {
     const MemCategory c = category_at(i);
     char text[96];
-    std::snprintf(text, sizeof text, "%s %s", category_label(c).c_str(), human_bytes(st.current_of(c)).c_str());
-    if (presentation && st.current_of(c) == 0 && st.peak_of(c) == 0) continue;  // fewer words: what is held
-    legend_entry(memory_category_color(c), text, i == 0, st.current_of(c) == 0);
+    if (compact) std::snprintf(text, sizeof text, "%s", category_label(c).c_str());
+    else std::snprintf(text, sizeof text, "%s %s", category_label(c).c_str(), human_bytes(st.current_of(c)).c_str());
+    if ((presentation || compact) && st.current_of(c) == 0 && st.peak_of(c) == 0) continue;  // fewer words: what is held
+    legend_entry(memory_category_color(c), text, first, st.current_of(c) == 0);
+    first = false;
   }
+  if (compact) return;
   // The peak marker's key.
-  ImGui::SameLine(0, font * 1.2f);
-  if (ImGui::GetCursorScreenPos().x + font * 12 > right) ImGui::NewLine();
+  flow(font * 1.0f + ImGui::CalcTextSize("peak this iteration: 000.0 MiB").x, font * 1.2f);
   const ImVec2 p = ImGui::GetCursorScreenPos();
   ImGui::GetWindowDrawList()->AddLine(ImVec2(p.x + font * 0.4f, p.y), ImVec2(p.x + font * 0.4f, p.y + ImGui::GetTextLineHeight()),
                                       kPeakLine, std::max(2.0f, font * 0.12f));
@@ -91,6 +91,7 @@ struct BarLayout {
   ImVec2 origin;
   float bar_h = 0, gap = 0;
   float bar_x0 = 0, bar_x1 = 0, px_per_byte = 0, rows_bottom = 0;
+  bool compact = false;  // the peak alone beside each bar (the bar itself is what the rank holds now)
   float x_of(double bytes) const { return bar_x0 + static_cast<float>(bytes) * px_per_byte; }
 };
 
@@ -177,9 +178,9 @@ bool draw_rank_bar(ImDrawList* dl, const Snapshot& s, int r, const BarLayout& la
   if (row_hovered) dl->AddRect(ImVec2(bar_x0 - 1, y0 - 1), ImVec2(bar_x1 + 1, y1 + 1), ImGui::GetColorU32(ImGuiCol_Text, 0.5f), rounding);
 
   char numbers[160];
-  std::snprintf(numbers, sizeof numbers, "%s  peak %s", human_bytes(st.total_current).c_str(),
-                human_bytes(st.total_peak).c_str());
-  if (rm.device_total > 0) {  // the GPU's own figure beside what this rank's tracker counts
+  if (lay.compact) std::snprintf(numbers, sizeof numbers, "peak %s", human_bytes(st.total_peak).c_str());
+  else std::snprintf(numbers, sizeof numbers, "%s  peak %s", human_bytes(st.total_current).c_str(), human_bytes(st.total_peak).c_str());
+  if (rm.device_total > 0 && !lay.compact) {  // the GPU's own figure beside what this rank's tracker counts
     const size_t len = std::strlen(numbers);
     std::snprintf(numbers + len, sizeof numbers - len, "  GPU %s / %s", human_bytes(rm.device_used).c_str(),
                   human_bytes(rm.device_total).c_str());
@@ -219,7 +220,8 @@ void draw_bytes_per_param(const Snapshot& s, int r) {
 }
 
 // The live bars: what each rank holds now. `reserve_h` is kept free below them (the comparison).
-void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h, ViewContext& ctx) {
+// `legend`: the colors' key above the bars (an A/B comparison keys them once, on A's side, when it fits).
+void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h, ViewContext& ctx, bool compact, bool legend) {
   const bool presentation = ctx.presentation;
   const int world = static_cast<int>(s.memory.size());
   int64_t scale_bytes = 0, sum_current = 0, sum_peak = 0;
@@ -239,31 +241,37 @@ void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h, V
   const int focus = s.stepper.focus_rank >= 0 && s.stepper.focus_rank < world ? s.stepper.focus_rank : 0;
   const int shown = view.hovered_rank >= 0 ? view.hovered_rank : focus;  // the focused rank (rank 0 without one)
 
-  if (ctx.compare_side == 0) {
+  if (!compact) {
     if (s.iteration >= 0) ImGui::Text("Iteration %d", s.iteration);
     else ImGui::TextUnformatted("Before the first iteration");
   }
-  if (!presentation && ctx.compare_side == 0) {
-    ImGui::SameLine();
-    ImGui::TextDisabled("(peaks restart every iteration; all bars share one scale)");
+  if (!presentation && !compact) {
+    const char* note = "(peaks restart every iteration; all bars share one scale)";
+    ImGui::PushTextWrapPos(0.0f);
+    flow(std::min(ImGui::CalcTextSize(note).x, ImGui::GetFontSize() * 10));
+    ImGui::TextDisabled("%s", note);
+    ImGui::PopTextWrapPos();
   }
-  if (ctx.compare_side != 2) draw_legend(s.memory[static_cast<size_t>(shown)].stats, shown, view.hovered_rank >= 0, presentation || ctx.compare_side != 0);
-  if (ctx.compare_side == 0) draw_bytes_per_param(s, shown);
-  ImGui::Spacing();
+  if (legend) draw_legend(s.memory[static_cast<size_t>(shown)].stats, shown, view.hovered_rank >= 0, presentation, compact);
+  if (!compact) {
+    draw_bytes_per_param(s, shown);
+    ImGui::Spacing();
+  }
 
   // ---- layout: [rank label | bar ......... | current / peak] per row, then the byte axis ----
   const float font = ImGui::GetFontSize();
   const ImGuiStyle& style = ImGui::GetStyle();
   const float label_w = ImGui::CalcTextSize("rank 00").x + font * 0.6f;
-  const float numbers_w = ImGui::CalcTextSize("000.0 MiB  peak 000.0 MiB").x + font * 0.8f;
+  const float numbers_w = ImGui::CalcTextSize(compact ? "peak 000.0 MiB" : "000.0 MiB  peak 000.0 MiB").x + font * 0.8f;
   const float axis_h = ImGui::GetTextLineHeight() + font * 0.6f;
-  const float footer_h = ImGui::GetTextLineHeightWithSpacing();
+  const float footer_h = compact ? 0 : ImGui::GetTextLineHeightWithSpacing();
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   BarLayout lay;
-  lay.gap = std::max(3.0f, font * 0.35f);
+  lay.compact = compact;
+  lay.gap = std::max(3.0f, font * (compact ? 0.25f : 0.35f));
   const float fit_h = (avail.y - reserve_h - axis_h - footer_h - style.ItemSpacing.y) / static_cast<float>(world) - lay.gap;
-  lay.bar_h = std::clamp(fit_h, font * 0.9f, font * 2.2f);
-  const float width = std::max(avail.x, label_w + numbers_w + font * 8);
+  lay.bar_h = std::clamp(fit_h, font * (compact ? 0.5f : 0.9f), font * 2.2f);
+  const float width = std::max(avail.x, label_w + numbers_w + font * (compact ? 4 : 8));
   lay.origin = ImGui::GetCursorScreenPos();
   const ImVec2 size(width, static_cast<float>(world) * (lay.bar_h + lay.gap) + axis_h);
   ImGui::InvisibleButton("##memory_bars", size);
@@ -280,7 +288,7 @@ void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h, V
     if (draw_rank_bar(dl, s, r, lay, canvas_hovered)) new_hovered = r;
   view.hovered_rank = new_hovered;
 
-  if (world > 1)
+  if (world > 1 && !compact)
     ImGui::Text("All %d ranks: %s now, peaks sum to %s", world, human_bytes(sum_current).c_str(), human_bytes(sum_peak).c_str());
 }
 
@@ -652,12 +660,36 @@ void draw_pipeline_stages(const Snapshot& s) {
 
 void draw_memory_view(const Snapshot& s, MemoryViewState& view, ViewContext& ctx) {
   draw_focus_line(s);
-  draw_live_bars(s, view, ctx.compare_side ? 0 : view.compare_h, ctx);
+  // The bars are the picture and are shown whole; below them, when the window has room, the
+  // planner's strategies (or a pipeline's stages) in a region of their own that scrolls. A short
+  // tile keys the colors in one line and points to the view alone for the rest.
+  const float line = ImGui::GetTextLineHeightWithSpacing(), font = ImGui::GetFontSize();
+  const float avail = ImGui::GetContentRegionAvail().y;
+  const int world = std::max(static_cast<int>(s.memory.size()), 1);
+  const float bars = static_cast<float>(world) * font * 1.3f + 2 * line;  // rows at their least, the axis, the total
+  // Compact in a short tile, and in a narrow one, where a bar with both figures beside it would not fit.
+  const float full_row_w = ImGui::CalcTextSize("rank 00  000.0 MiB  peak 000.0 MiB").x + font * 9;
+  const bool compact = ctx.compare_side != 0 || ctx.presentation || avail < bars + 8 * line ||
+                       ImGui::GetContentRegionAvail().x < full_row_w;
+  const float left = avail - bars - (compact ? 2 : 6) * line;
+  const bool details = ctx.compare_side == 0 && left >= 5 * line;
+  const float details_h = details ? std::clamp(view.compare_h + ImGui::GetStyle().ItemSpacing.y, 5 * line, left) : 0;
+  const bool legend = ctx.compare_side == 0 || (ctx.compare_side == 1 && avail >= bars + 3 * line);
+  draw_live_bars(s, view, details ? details_h : ctx.compare_side == 0 ? line : 0, ctx, compact, legend);
   if (ctx.compare_side != 0) return;  // one side of an A/B comparison: the bars alone
+  if (!details) {
+    if (ctx.presentation) return;  // fewer words: the teacher knows key 4
+    ImGui::PushTextWrapPos(0.0f);
+    ImGui::TextDisabled("%s: key 4", s.pipeline.valid ? "Activations per stage" : "Strategies compared");
+    ImGui::PopTextWrapPos();
+    return;
+  }
+  ImGui::BeginChild("##list_memory_details", ImVec2(0, 0), false);
   const float y0 = ImGui::GetCursorPosY();
   if (s.pipeline.valid) draw_pipeline_stages(s);
   else draw_strategies_compared(s, view);
   view.compare_h = ImGui::GetCursorPosY() - y0;
+  ImGui::EndChild();
 }
 
 }  // namespace dtlab::app

@@ -7,6 +7,8 @@
 
 #include "app/views/views.h"
 
+#include <imgui_internal.h>  // flow: the window's wrap position
+
 namespace dtlab::app {
 
 namespace {
@@ -181,5 +183,14 @@ ImU32 contribution_color(int held, int world) {
 }
 
 ImU32 side_color(bool a) { return a ? IM_COL32(120, 200, 255, 255) : IM_COL32(255, 196, 90, 255); }
+
+void flow(float w, float spacing) {
+  if (spacing < 0) spacing = ImGui::GetStyle().ItemSpacing.x;
+  float right = ImGui::GetWindowPos().x + ImGui::GetContentRegionMax().x;  // a table cell's edge inside a table
+  // Short of a wrap position when one is set (text would wrap there, a glyph a line).
+  const ImGuiWindow* win = ImGui::GetCurrentWindow();
+  if (win->DC.TextWrapPos > 0) right = std::min(right, win->Pos.x - win->Scroll.x + win->DC.TextWrapPos);
+  if (ImGui::GetItemRectMax().x + spacing + w <= right) ImGui::SameLine(0, spacing);
+}
 
 }  // namespace dtlab::app

@@ -95,11 +95,6 @@ const Box* find_box(const std::vector<Box>& boxes, const Action& a) {
 }
 
 // Places the next item on this line when `w` more pixels fit, else on the next.
-void flow(float w) {
-  ImGui::SameLine();
-  if (ImGui::GetContentRegionAvail().x < w) ImGui::NewLine();
-}
-
 void arrow(ImDrawList* dl, ImVec2 a, ImVec2 b, float fs) {
   dl->AddLine(a, b, kArrow, std::max(1.5f, fs * 0.1f));
   const float len = std::max(1.0f, std::hypot(b.x - a.x, b.y - a.y));
@@ -429,7 +424,8 @@ std::string bubble_gap_reason(const PipelineView& pv, double measured) {
   return why + (pv.unit_costs ? "" : " Tick 'equal costs' for the textbook's picture.");
 }
 
-void draw_bubble_line(const PipelineView& pv, bool modeled) {
+// `presentation`: fewer words (the formula's terms and the wall clock's caveat are the teacher's).
+void draw_bubble_line(const PipelineView& pv, bool modeled, bool presentation) {
   double sum = 0;
   int n = 0;
   for (int r = 0; r < pv.p; r++)
@@ -440,12 +436,25 @@ void draw_bubble_line(const PipelineView& pv, bool modeled) {
                 percent(pv.formula.of_wall).c_str());
   else
     ImGui::Text("bubble: formula %s (measured once an iteration finishes)", percent(pv.formula.of_wall).c_str());
-  ImGui::SameLine();
-  ImGui::TextDisabled("= idle %s / (idle + %s)%s", pv.formula.idle_text.c_str(), pv.formula.ideal_text.c_str(),
-                      pv.unit_costs ? ", every action 1 ms" : ", this run's mean action times");
-  if (!modeled) ImGui::TextDisabled("(wall clock: its gaps include time held at the stepper's gates; bubbles are modeled)");
+  char terms[256];
+  std::snprintf(terms, sizeof terms, "= idle %s / (idle + %s)%s", pv.formula.idle_text.c_str(), pv.formula.ideal_text.c_str(),
+                pv.unit_costs ? ", every action 1 ms" : ", this run's mean action times");
+  // The formula's terms beside it, or in its tooltip where the window is short (the chart needs the lines).
+  const bool short_window = ImGui::GetWindowHeight() < 24 * ImGui::GetTextLineHeightWithSpacing();
+  if (presentation || short_window) {
+    if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", terms);
+  } else {
+    flow(std::min(ImGui::CalcTextSize(terms).x, ImGui::GetFontSize() * 16));  // wraps on its own line, never one glyph wide
+    ImGui::TextDisabled("%s", terms);
+  }
+  if (!modeled && !presentation) ImGui::TextDisabled("(wall clock: its gaps include time held at the stepper's gates; bubbles are modeled)");
   if (n > 0) {
-    const std::string why = bubble_gap_reason(pv, sum / n);
+    std::string why = bubble_gap_reason(pv, sum / n);
+    // Presentation: its first reason and the way to the textbook's picture (the rest is the teacher's).
+    if (presentation && why.find(';') != std::string::npos) {
+      const size_t tick = why.find("Tick ");
+      why = why.substr(0, why.find(';')) + "." + (tick != std::string::npos ? " " + why.substr(tick) : "");
+    }
     if (!why.empty()) ImGui::TextColored(ImVec4(1.0f, 0.85f, 0.45f, 1.0f), "%s", why.c_str());
   }
   ImGui::PopTextWrapPos();
@@ -468,7 +477,7 @@ bool pipeline_controls(PipelineRequest& r, bool one_line) {
   }
   auto slider = [&](const char* label, int& value, int lo, int hi, const char* tip) {
     if (one_line) {
-      flow(fs * 9);
+      flow(fs * 5.5f + ImGui::GetStyle().ItemInnerSpacing.x + ImGui::CalcTextSize(label).x);
       ImGui::SetNextItemWidth(fs * 5.5f);
     }
     ImGui::SliderInt(label, &value, lo, hi);
@@ -478,7 +487,7 @@ bool pipeline_controls(PipelineRequest& r, bool one_line) {
   slider("stages p", r.stages, 2, 8, "ranks per pipeline (restarts the run)");
   slider("micro-batches m", r.microbatches, 1, 16, "micro-batches per batch (the batch is rounded to a multiple; restarts)");
   if (r.kind == ScheduleKind::Interleaved1F1B) slider("chunks v", r.chunks, 2, 4, "stages per rank (restarts the run)");
-  if (one_line) flow(fs * 9);
+  if (one_line) flow(ImGui::GetFrameHeight() + ImGui::GetStyle().ItemInnerSpacing.x + ImGui::CalcTextSize("equal costs").x);
   done |= ImGui::Checkbox("equal costs", &r.unit_costs);
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("every F, B, I and W costs 1 ms of modeled time (--unit-costs): the schedule's shape");
   return done;
@@ -632,8 +641,8 @@ void draw_pipeline_view(const Snapshot& s, ViewContext& ctx, PipelineViewState& 
   const float fs = ImGui::GetFontSize();
   const float pulse = 0.45f + 0.55f * static_cast<float>(0.5 + 0.5 * std::sin(ctx.time * 6.0));
   draw_header(pv, ctx, st);
-  draw_bubble_line(pv, ctx.modeled_clock);
-  draw_legend(pv);
+  draw_bubble_line(pv, ctx.modeled_clock, ctx.presentation);
+  if (!ctx.presentation) draw_legend(pv);  // presentation: the blocks' own labels (F0, B3) say it
 
   ImGui::BeginChild("pipeline", ImVec2(0, 0), false);
   Geometry g;
@@ -646,10 +655,16 @@ void draw_pipeline_view(const Snapshot& s, ViewContext& ctx, PipelineViewState& 
   const float avail_w = std::max(ImGui::GetContentRegionAvail().x, g.label_w + g.right_w + 10 * fs);
   g.x0 = origin.x + g.label_w;
   g.x1 = origin.x + avail_w - g.right_w;
-  ImGui::TextDisabled("plan: one slot per action (PyTorch's order)");
-  ImGui::SetCursorScreenPos(ImVec2(origin.x, ImGui::GetCursorScreenPos().y));
-  draw_plan(pv, g.x0, g.x1 - g.x0, pulse);
-  ImGui::Spacing();
+  // The plan's grid above the chart as it ran, unless the window is too short for both: then the
+  // chart alone (its outlines are the plan's actions not run yet).
+  const float chart_need = (static_cast<float>(pv.p) * 1.3f + 4.5f) * fs;  // rows of 1.3 lines: room to read them
+  const float plan_need = static_cast<float>(pv.p + 2) * ImGui::GetTextLineHeightWithSpacing();
+  if (ImGui::GetContentRegionAvail().y >= chart_need + plan_need) {
+    ImGui::TextDisabled("plan: one slot per action (PyTorch's order)");
+    ImGui::SetCursorScreenPos(ImVec2(origin.x, ImGui::GetCursorScreenPos().y));
+    draw_plan(pv, g.x0, g.x1 - g.x0, pulse);
+    ImGui::Spacing();
+  }
 
   const bool have_time = pv.costs_measured || pv.unit_costs;
   if (!have_time) {
@@ -682,11 +697,11 @@ void draw_pipeline_view(const Snapshot& s, ViewContext& ctx, PipelineViewState& 
   // Rows as tall as the space allows (the comparison takes as much again).
   const int row_count = pv.p * (other ? 2 : 1);
   const float spare = ImGui::GetContentRegionAvail().y - 4.5f * fs - (other ? 2.5f * fs : 0);
-  g.row_h = std::clamp(spare / static_cast<float>(row_count), 1.3f * fs, 2.4f * fs);
+  g.row_h = std::clamp(spare / static_cast<float>(row_count), 1.05f * fs, 2.4f * fs);
   const RowSet live_set = draw_live_chart(pv, live, g, origin, avail_w, modeled, pulse);
 
   // ---- compare with another schedule
-  compare_combo(pv, compare, fs);
+  if (!ctx.presentation || compare >= 0) compare_combo(pv, compare, fs);  // presentation: the comparison when one was chosen
   if (!compare_error.empty()) ImGui::TextColored(ImVec4(1.0f, 0.4f, 0.4f, 1.0f), "%s", compare_error.c_str());
   if (other) draw_comparison(pv, *other, *other_rows, g, avail_w, pulse);
   hover_rows(pv, live_set, pv.plan.stages, false);

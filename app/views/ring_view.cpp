@@ -254,8 +254,7 @@ void draw_header(const CollectiveView& cv, bool presentation) {
   // The next item on this line when it fits, else on the next: a narrow tile (presentation's large
   // type) wraps the header instead of cutting "phase: reduce-scatter" off at the edge.
   auto next = [&](const char* text) {
-    ImGui::SameLine(0, sp);
-    if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(text).x) ImGui::NewLine();
+    flow(ImGui::CalcTextSize(text).x, sp);
   };
   ImGui::TextColored(ImVec4(1.0f, 0.85f, 0.45f, 1.0f), "%s", collective_name(cv.op));
   ImGui::SameLine(0, ImGui::GetFontSize() * 0.35f);
@@ -321,9 +320,25 @@ void draw_header(const CollectiveView& cv, bool presentation) {
   ImGui::PopStyleColor();
 }
 
-// Legend along the bottom of the canvas: the contribution scale and the moving chunk.
-void draw_legend(ImDrawList* dl, ImVec2 p, int world, float fs, bool ring) {
+const char* moves_next_text(bool ring) { return ring ? "moves next (number: chunk index)" : "moves next"; }
+
+// Whether the legend's two parts (the contribution scale, the moving chunk) fit on one line `width` wide.
+bool legend_one_line(int world, float fs, bool ring, float width) {
   ImFont* font = ImGui::GetFont();
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "0 .. %d (final)", world);
+  const float sw = fs * 0.8f;
+  const float w = font->CalcTextSizeA(fs, FLT_MAX, 0.0f, "contributions held:").x + static_cast<float>(world + 1) * (sw + 2.0f) +
+                  font->CalcTextSizeA(fs, FLT_MAX, 0.0f, buf).x + sw + font->CalcTextSizeA(fs, FLT_MAX, 0.0f, moves_next_text(ring)).x +
+                  fs * 2.4f;
+  return w <= width;
+}
+
+// Legend along the bottom of the canvas: the contribution scale and the moving chunk, on a second
+// line when the canvas is narrower than both.
+void draw_legend(ImDrawList* dl, ImVec2 p, int world, float fs, bool ring, bool one_line) {
+  ImFont* font = ImGui::GetFont();
+  const float x0 = p.x;
   const ImU32 text = ImGui::GetColorU32(ImGuiCol_TextDisabled);
   const float sw = fs * 0.8f;
   auto label = [&](const char* s) {
@@ -343,10 +358,11 @@ void draw_legend(ImDrawList* dl, ImVec2 p, int world, float fs, bool ring) {
   std::snprintf(buf, sizeof buf, "0 .. %d (final)", world);
   label(buf);
   p.x += fs * 0.6f;
+  if (!one_line) p = ImVec2(x0, p.y + fs * 1.2f);
   const ImU32 chunk = contribution_color(std::max(1, world / 2), world);
   dl->AddRectFilled(p, p + ImVec2(sw, sw), chunk, sw * 0.38f);
   p.x += sw + fs * 0.3f;
-  label(ring ? "moves next (number: chunk index)" : "moves next");
+  label(moves_next_text(ring));
 }
 
 // What the colors of the double binary tree's and the hierarchical all-reduce's edges mean.
@@ -740,8 +756,9 @@ void draw_ring_view(const Snapshot& s, ViewContext& ctx, RingViewState& state) {
   ImDrawList* dl = ImGui::GetWindowDrawList();
   dl->PushClipRect(p0, p0 + size, true);
 
-  const float legend_h = valid ? fs * 1.5f : 0.0f;
   const bool ring = valid && ring_edges(cv);
+  const bool legend_line = legend_one_line(N, fs, ring, size.x - fs * 0.6f);
+  const float legend_h = valid ? fs * (legend_line ? 1.5f : 2.7f) : 0.0f;
   const RingLayout& L = cached_ring_layout(st.layout, p0, ImVec2(size.x, size.y - legend_h), N, valid ? cv.chunks : 1, fs, valid);
 
   // The ring itself, faint, so every algorithm reads as the same world.
@@ -772,7 +789,7 @@ void draw_ring_view(const Snapshot& s, ViewContext& ctx, RingViewState& state) {
   }
   draw_nodes(dl, L, cv, N, valid, chunks, fs, ctx.time);
 
-  if (valid && N > 1) draw_legend(dl, ImVec2(p0.x + fs * 0.3f, p0.y + size.y - legend_h + fs * 0.25f), N, fs, ring);
+  if (valid && N > 1) draw_legend(dl, ImVec2(p0.x + fs * 0.3f, p0.y + size.y - legend_h + fs * 0.25f), N, fs, ring, legend_line);
   if (valid && N > 1) draw_algorithm_key(dl, p0 + ImVec2(fs * 0.3f, fs * 0.3f), cv, fs);
   dl->PopClipRect();
   if (hovered) ring_tooltips(s, L, chunks, N, valid, mouse);

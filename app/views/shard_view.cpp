@@ -70,18 +70,24 @@ void draw_unit(const Snapshot& s, const UnitView& u, const ShardLayout& L, doubl
   // ---- title: the unit, its parameters, the split
   std::string names;
   for (const std::string& n : u.names) names += (names.empty() ? "" : ", ") + n;
+  // Its parts on one line when they fit, wrapping between them (and inside the long one) when not.
   ImGui::Text("unit %d", u.index);
-  ImGui::SameLine();
-  ImGui::TextDisabled("%s  \xC2\xB7  %s elements -> %d chunks of %s", names.c_str(), with_commas(u.numel).c_str(), K,
-                      with_commas(u.chunk).c_str());
+  char split[256];
+  std::snprintf(split, sizeof split, "%s  \xC2\xB7  %s elements -> %d chunks of %s", names.c_str(), with_commas(u.numel).c_str(), K,
+                with_commas(u.chunk).c_str());
+  ImGui::PushTextWrapPos(0.0f);
+  flow(std::min(ImGui::CalcTextSize(split).x, ImGui::GetFontSize() * 12));
+  ImGui::TextDisabled("%s", split);
   if (live != Live::None) {
-    ImGui::SameLine();
     const CollectiveView& cv = s.collective;
     const CollectiveOp op = live == Live::Gather ? CollectiveOp::AllGather : CollectiveOp::ReduceScatter;
-    ImGui::TextColored(live == Live::Gather ? ImVec4(0.45f, 0.75f, 1.0f, 1.0f) : ImVec4(1.0f, 0.65f, 0.3f, 1.0f),
-                       "%s %s, step %d/%d", collective_traits(op).display_name, cv.in_flight ? "in flight" : "done",
-                       cv.steps_done, cv.steps);
+    char what[96];
+    std::snprintf(what, sizeof what, "%s %s, step %d/%d", collective_traits(op).display_name, cv.in_flight ? "in flight" : "done",
+                  cv.steps_done, cv.steps);
+    flow(ImGui::CalcTextSize(what).x);
+    ImGui::TextColored(live == Live::Gather ? ImVec4(0.45f, 0.75f, 1.0f, 1.0f) : ImVec4(1.0f, 0.65f, 0.3f, 1.0f), "%s", what);
   }
+  ImGui::PopTextWrapPos();
 
   // ---- the flat parameter: owners' colors, parameter boundaries, padding
   const float seg_w = L.bar_w / static_cast<float>(K);
@@ -167,20 +173,26 @@ void draw_unit(const Snapshot& s, const UnitView& u, const ShardLayout& L, doubl
 
 void draw_legend(float fs, int W) {
   ImDrawList* dl = ImGui::GetWindowDrawList();
+  bool first = true;
   auto swatch = [&](ImU32 col, bool outline, const char* text) {
+    if (!first) flow(1.2f * fs + ImGui::CalcTextSize(text).x, 0.9f * fs);
+    first = false;
     const ImVec2 p = ImGui::GetCursorScreenPos();
     dl->AddRectFilled(ImVec2(p.x, p.y + 0.15f * fs), ImVec2(p.x + 0.9f * fs, p.y + 0.95f * fs), col);
     if (outline) dl->AddRect(ImVec2(p.x, p.y + 0.15f * fs), ImVec2(p.x + 0.9f * fs, p.y + 0.95f * fs), IM_COL32_WHITE, 0, 0, 2.0f);
     ImGui::Dummy(ImVec2(fs, fs));
     ImGui::SameLine(0, 0.2f * fs);
     ImGui::TextDisabled("%s", text);
-    ImGui::SameLine(0, 0.9f * fs);
   };
   swatch(rank_color(0, W, 0.95f), true, "its own shard");
   swatch(rank_color(0, W, 0.40f), false, "gathered copy");
   swatch(contribution_color(1, 4), false, "partial sum");
   swatch(contribution_color(4, 4), false, "reduced");
-  ImGui::TextDisabled("white lines: parameter boundaries; hatched: zero padding");
+  const char* lines = "white lines: parameter boundaries; hatched: zero padding";
+  flow(ImGui::CalcTextSize(lines).x, 0.9f * fs);
+  ImGui::PushTextWrapPos(0.0f);
+  ImGui::TextDisabled("%s", lines);
+  ImGui::PopTextWrapPos();
 }
 
 }  // namespace
@@ -217,13 +229,13 @@ void draw_shard_view(const Snapshot& s, ViewContext& ctx) {
   draw_legend(fs, c.world);
   ImGui::Separator();
 
-  ImGui::BeginChild("units", ImVec2(0, 0), false);
+  ImGui::BeginChild("##list_units", ImVec2(0, 0), false);  // one block per unit: a list that scrolls
   ShardLayout L;
   const ImVec2 origin = ImGui::GetCursorScreenPos();
   L.label_w = ImGui::CalcTextSize(K < c.world ? "rank 00 (node 0)  " : "flat param  ").x;
   L.state_w = ImGui::CalcTextSize("post-backward ").x + 0.6f * fs;
   L.bar_x = origin.x + L.label_w;
-  L.bar_w = std::max(8.0f * fs, ImGui::GetContentRegionAvail().x - L.label_w - L.state_w);
+  L.bar_w = std::max(4.0f * fs, ImGui::GetContentRegionAvail().x - L.label_w - L.state_w);
   L.row_h = fs * 1.15f;
   for (const UnitView& u : s.units) {
     if (u.state.empty()) continue;

@@ -150,14 +150,17 @@ void draw_sweep_view(const Snapshot& s, ViewContext&) {
     return;
   }
   const int nodes = (n + profile.gpus_per_node - 1) / profile.gpus_per_node;
+  ImGui::PushTextWrapPos(0.0f);  // a narrow window (presentation's type) wraps the header
   ImGui::Text("all-reduce busbw on %s, %d ranks over %d %s", profile.name.c_str(), n, nodes, nodes == 1 ? "node" : "nodes");
-  ImGui::SameLine();
-  ImGui::TextDisabled("(the tuning model, each algorithm at its best protocol; dots: this run's all-reduces, modeled clock)");
+  const char* how = "(the tuning model, each algorithm at its best protocol; dots: this run's all-reduces, modeled clock)";
+  flow(ImGui::CalcTextSize(how).x);
+  ImGui::TextDisabled("%s", how);
   const std::vector<SweepCurve> curves = curves_for(profile, n);
   const auto marks = crossovers(curves);
   std::string xs;
   for (const auto& [bytes, what] : marks) xs += (xs.empty() ? "" : "; ") + what + " at " + format_bytes(bytes);
   ImGui::TextDisabled("crossovers: %s", xs.empty() ? "none (one algorithm is fastest at every size)" : xs.c_str());
+  ImGui::PopTextWrapPos();
 
   // ---- the canvas (ImGui's demo recipe): the axes' box inside margins for the labels
   const float fs = ImGui::GetFontSize();

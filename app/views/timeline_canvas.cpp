@@ -13,7 +13,7 @@ TimelineCanvas begin_timeline_canvas(const TimelineIds& ids, float header_h, flo
   const float fs = ImGui::GetFontSize();
   ImVec2 avail = ImGui::GetContentRegionAvail();
   avail.x = std::max(avail.x, label_w + 4 * fs);
-  avail.y = std::max(avail.y, header_h + rank_h);
+  avail.y = std::max(avail.y, header_h + 2 * fs);
   const float rows_h = std::max(static_cast<float>(ranks) * rank_h, 1.0f);
   TimelineCanvas c;
   c.label_w = label_w;
@@ -25,7 +25,9 @@ TimelineCanvas begin_timeline_canvas(const TimelineIds& ids, float header_h, flo
 
   // What is left below the header (its item spacing included: avail.y - header_h overflowed the
   // window by that spacing, and the view scrolled by 3 pixels).
-  const float lanes_h = std::max(ImGui::GetContentRegionAvail().y, rank_h);
+  // The lanes are a list that scrolls: in a short tile it may show less than one rank's rows, never
+  // more than the window holds.
+  const float lanes_h = std::max(ImGui::GetContentRegionAvail().y, 2 * fs);
   ImGui::BeginChild(ids.lanes, ImVec2(avail.x, lanes_h), false, ImGuiWindowFlags_NoScrollWithMouse);
   c.lanes_pos = ImGui::GetCursorScreenPos();
   c.lanes_w = std::max(ImGui::GetContentRegionAvail().x, label_w + 4 * fs);

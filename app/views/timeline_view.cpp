@@ -513,6 +513,7 @@ void draw_ruler(ImDrawList* dl, const TimeAxis& ax, const Ticks& tk, float y0, f
     else
       std::snprintf(buf, sizeof buf, "%.*f %s", tk.decimals, t * tk.scale, tk.unit);
     const float w = ImGui::CalcTextSize(buf).x;
+    if (x + 3 < ax.x0 || x + 3 + w > ax.x1) continue;  // a label the ruler's ends would cut: its tick alone
     if (x + 3 + w < keep_out.x || x + 3 > keep_out.y) dl->AddText(ImVec2(x + 3, y0 + 0.15f * fs), text, buf);
   }
 }
@@ -686,11 +687,8 @@ void event_tooltip(const Snapshot& s, const Hover& h, float fs) {
 
 void legend_item(ImU32 col, const char* text, bool& first, int glyph = 0) {
   const float fs = ImGui::GetFontSize();
-  const float w = 1.1f * fs + ImGui::CalcTextSize(text).x;
-  if (!first) {
-    ImGui::SameLine(0, 0.9f * fs);
-    if (ImGui::GetContentRegionAvail().x < w) ImGui::NewLine();
-  }
+  const float w = 1.15f * fs + ImGui::CalcTextSize(text).x;
+  if (!first) flow(w, 0.9f * fs);
   first = false;
   const ImVec2 p = ImGui::GetCursorScreenPos();
   ImDrawList* dl = ImGui::GetWindowDrawList();
@@ -724,8 +722,7 @@ void draw_toolbar(TimelineViewState& view, ViewContext& ctx, bool fp16, bool no_
   if (ImGui::RadioButton("wall clock", !ctx.modeled_clock)) ctx.modeled_clock = false;
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("Time as this machine's threads really took it");
   const std::string span = time_text(view.t1 - view.t0) + " in view (?)";
-  ImGui::SameLine();
-  if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(span.c_str()).x) ImGui::NewLine();  // a narrow tile
+  flow(ImGui::CalcTextSize(span.c_str()).x + ImGui::GetStyle().ItemSpacing.x);  // a narrow tile: the next line
   ImGui::TextDisabled("%s in view", time_text(view.t1 - view.t0).c_str());
   ImGui::SameLine();
   ImGui::TextDisabled("(?)");
@@ -892,7 +889,9 @@ void draw_timeline_view(const Snapshot& s, TimelineViewState& view, ViewContext&
     ctx.own_span = view.t1 - view.t0;
   }
 
-  draw_toolbar(view, ctx, s.config.precision == Precision::FP16, ctx.compare_side == 2);
+  // A side of an A/B comparison has no toolbar: the clock is the toolbar's (M), a double-click follows
+  // again, and side A's caption keys nothing the spans' labels do not say.
+  if (ctx.compare_side == 0) draw_toolbar(view, ctx, s.config.precision == Precision::FP16, false);
 
   const float ruler_h = 1.45f * fs, strip_h = 1.35f * fs, header_h = ruler_h + strip_h;
   const float natural = std::max(ranks, 1) * make_layout(fs, 1.0f).rank_h;

@@ -467,10 +467,7 @@ void span_tooltip(const ImportedTrace& tr, const TraceIndex& ix, const Hover& h,
 // A legend entry after the last item, or on a new line when the row is full.
 void legend_item(ImU32 col, const char* text, int glyph = 0, bool first = false) {
   const float fs = ImGui::GetFontSize();
-  if (!first) {
-    ImGui::SameLine(0, 0.9f * fs);
-    if (ImGui::GetContentRegionAvail().x < 1.1f * fs + ImGui::CalcTextSize(text).x) ImGui::NewLine();
-  }
+  if (!first) flow(1.15f * fs + ImGui::CalcTextSize(text).x, 0.9f * fs);
   const ImVec2 p = ImGui::GetCursorScreenPos();
   ImDrawList* dl = ImGui::GetWindowDrawList();
   const ImVec2 a(p.x, p.y + 0.2f * fs), b(p.x + 0.8f * fs, p.y + 0.9f * fs);
@@ -828,8 +825,7 @@ void draw_trace_breakdown(const TraceSnapshot& t, TraceUi& ui, ViewContext& ctx)
     if (world > 1) {
       char text[96];
       std::snprintf(text, sizeof text, "last to arrive at %d of %d collectives", b.straggled, total);
-      ImGui::SameLine(0, 0.6f * fs);
-      if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(text).x) ImGui::NewLine();
+      flow(ImGui::CalcTextSize(text).x, 0.6f * fs);
       const bool worst = b.straggled > 0 && b.straggled == most;
       ImGui::TextColored(worst ? kAmber : dim(), "%s", text);
     }
@@ -876,8 +872,7 @@ void draw_trace_breakdown(const TraceSnapshot& t, TraceUi& ui, ViewContext& ctx)
       if (&part != &kParts[0]) {
         ImGui::SameLine(0, 0);
         ImGui::TextColored(soft, "  \xC2\xB7  ");
-        ImGui::SameLine(0, 0);
-        if (ImGui::GetContentRegionAvail().x < ImGui::CalcTextSize(item.c_str()).x) ImGui::NewLine();
+        flow(ImGui::CalcTextSize(item.c_str()).x, 0);
       }
       ImGui::TextColored(soft, "%s", item.c_str());
     }

@@ -111,6 +111,12 @@ std::string trace_summary(const TraceSnapshot& t);
 // in the timeline; the sentence saying why not when there is no such thing, else "".
 std::string zoom_trace(const TraceSnapshot& t, TraceUi& ui, const std::string& what, int n);
 
+// Puts the next item, `w` pixels wide, on the current line `spacing` after the last one when it fits
+// (spacing < 0: the style's), else at the start of the next line. Where SameLine then NewLine would
+// leave the cursor past the spacing, which ImGui counts as the line's content, and a window exactly
+// one spacing too narrow would then scroll sideways. Every wrapping row of controls uses it.
+void flow(float w, float spacing = -1);
+
 // Shared colors, so a rank or a state reads the same in every view.
 // The diagram views' boxes (mesh, topology): fill, edge, text and dimmed text.
 constexpr ImU32 kBox = IM_COL32(46, 50, 58, 255);
