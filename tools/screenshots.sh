@@ -29,6 +29,11 @@ shot --lesson fsdp_zero "lesson goto 5; screenshot $out/lesson_fsdp_question.png
 # An imported 4-rank DDP trace (recorded with torch's profiler over gloo): the timeline with the
 # second iteration's last bucket selected, and the per-rank breakdown.
 shot --open "$root/tests/data/traces/gloo_ddp_w4" "wait trace; select collective 3; screenshot $out/trace_lab.png; view timeline; screenshot $out/trace_timeline.png; view breakdown; screenshot $out/trace_breakdown.png; quit"
+# A/B comparisons: a 1 MiB bucket cap pinned as A against 25 MiB (the wide model, this machine's
+# clock), and the ring against the double binary tree on ib2x4 (2 nodes of 4 ranks).
+ab="--model mlp:2,1024,1024,1024,3"
+shot --world 4 $ab --bucket-cap-mb 1 "step iteration 4; pin; compare --bucket-cap-mb 25; step iteration 4; screenshot $out/ab_buckets.png; quit"
+shot --world 8 $ab --profile ib2x4 --algo ring "step iteration 4; pin; compare --algo dbtree; step iteration 4; screenshot $out/ab_algorithms.png; quit"
 # Pipelines, p = 4, m = 8, every action 1 ms and free links (the schedules' shapes, not this
 # machine's speeds): GPipe as it ran over 1F1B simulated with the same costs (one bubble, 8 against
 # 4-3-2-1 micro-batches in flight), the reverse, then 1F1B stepped to time step 8 and its memory.
