@@ -126,14 +126,20 @@ if [[ $mode == test ]]; then
   stage_done "ASan+UBSan build (and fuzzers)"
   symbolizer=$(command -v llvm-symbolizer-14 || command -v llvm-symbolizer || true)
   sym=${symbolizer:+:external_symbolizer_path=$symbolizer}
-  echo "== running tests under ASan+UBSan [${SECONDS} s]"
+  # Left out here, run in Release above: the layout gate at its larger sizes (the same views and the
+  # same instrument as its 1280x720 case, which runs here; about 70 s of the 2 cores under ASan) and
+  # the parity runs against PyTorch (numbers, not memory: dtlab-cli's paths they take run here in
+  # the other suites; about 35 s).
+  asan_skip='layout gate at (1600x900|1920x1080|content scale 2)|^ddp_buckets_torch$|^torch_parity$|^lora_torch$'
+  echo "== running tests under ASan+UBSan (all but: $asan_skip) [${SECONDS} s]"
   (cd "$asan" && DTLAB_TEST_QUICK=1 ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:detect_stack_use_after_return=0$sym" \
      UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$root/tools/sanitizers/ubsan.supp$sym" \
-     ctest --output-on-failure -j "$jobs" --timeout 900)
+     ctest --output-on-failure -j "$jobs" --timeout 900 -E "$asan_skip")
   stage_done "ASan+UBSan tests (CTest)"
-  # 10 s per harness here keeps CI within its time; tools/fuzz.sh alone runs 20 s each by default.
-  echo "== fuzzing every parser (${DTLAB_FUZZ_SECONDS:-10} s each, $jobs at a time) [${SECONDS} s]"
-  DTLAB_FUZZ_BUILD="$asan" DTLAB_FUZZ_SECONDS="${DTLAB_FUZZ_SECONDS:-10}" DTLAB_FUZZ_JOBS="$jobs" bash "$root/tools/fuzz.sh" --run-only
+  # 7 s per harness here keeps CI within its time (each starts from its committed corpus, which the
+  # hostile cases seeded); tools/fuzz.sh alone runs 20 s each by default.
+  echo "== fuzzing every parser (${DTLAB_FUZZ_SECONDS:-7} s each, $jobs at a time) [${SECONDS} s]"
+  DTLAB_FUZZ_BUILD="$asan" DTLAB_FUZZ_SECONDS="${DTLAB_FUZZ_SECONDS:-7}" DTLAB_FUZZ_JOBS="$jobs" bash "$root/tools/fuzz.sh" --run-only
   stage_done "fuzzers"
   print_stages
   exit 0
