@@ -432,8 +432,7 @@ std::string fit_clauses(std::string text, float width) {
     if (cut == std::string::npos) break;
     text.resize(cut);
   }
-  while (text.size() > 4 && ImGui::CalcTextSize(text.c_str()).x > width) text.resize(text.size() - 4), text += "...";
-  return text;
+  return fit_text(text, width);  // one clause still too long: cut with "..."
 }
 
 void end_toolbar(float& toolbar_h, bool& relayout) {

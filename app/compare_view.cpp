@@ -36,14 +36,7 @@ void caption(const CompareState& c, const Snapshot& live, bool a) {
   ImGui::TextUnformatted(a ? "A (pinned)" : "B (live)");
   ImGui::PopStyleColor();
   ImGui::SameLine();
-  const float room = ImGui::GetContentRegionAvail().x;
-  std::string shown = what;
-  if (ImGui::CalcTextSize(shown.c_str()).x > room) {
-    const float dots = ImGui::CalcTextSize("...").x;
-    size_t n = shown.size();
-    while (n > 0 && ImGui::CalcTextSize(shown.c_str(), shown.c_str() + n).x + dots > room) n--;
-    shown = shown.substr(0, n) + "...";
-  }
+  const std::string shown = fit_text(what, ImGui::GetContentRegionAvail().x);
   ImGui::TextDisabled("%s", shown.c_str());
   if (ImGui::IsItemHovered() && shown != what) ImGui::SetTooltip("%s", what.c_str());
 }

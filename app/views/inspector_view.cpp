@@ -286,21 +286,9 @@ const char* lane_name(int lane) { return lane == kComputeLane ? "compute thread"
 // `text` cut to the cell's width with "..." (whole on hover): a long activity neither widens the panel
 // nor runs past its edge.
 void clipped(const std::string& text) {
-  const float room = ImGui::GetContentRegionAvail().x;
-  if (ImGui::CalcTextSize(text.c_str()).x <= room) {
-    ImGui::TextUnformatted(text.c_str());
-    return;
-  }
-  const float dots = ImGui::CalcTextSize("...").x;
-  size_t lo = 0, hi = text.size();  // the longest prefix that fits with the dots
-  while (lo < hi) {
-    const size_t mid = (lo + hi + 1) / 2;
-    if (ImGui::CalcTextSize(text.c_str(), text.c_str() + mid).x + dots <= room) lo = mid;
-    else hi = mid - 1;
-  }
-  while (lo > 0 && (static_cast<unsigned char>(text[lo]) & 0xC0) == 0x80) lo--;  // not inside a UTF-8 character
-  ImGui::TextUnformatted((text.substr(0, lo) + "...").c_str());
-  if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", text.c_str());
+  const std::string shown = fit_text(text, ImGui::GetContentRegionAvail().x);
+  ImGui::TextUnformatted(shown.c_str());
+  if (shown != text && ImGui::IsItemHovered()) ImGui::SetTooltip("%s", text.c_str());
 }
 
 void gate_cell(const StepperState& st, int rank, int lane, bool running, bool compact = false) {

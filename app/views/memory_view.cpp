@@ -213,10 +213,14 @@ void draw_bytes_per_param(const Snapshot& s, int r) {
                       param_count_str(psi).c_str(), stages ? "this rank's stages hold" : "of the model");
   // The grey "other" bar of a mixed run is real memory too: name it, so nobody reads it as a leak.
   const int64_t scratch = st.current_of(MemCategory::Other);
-  if (scratch > 0)
+  if (scratch > 0) {
+    ImGui::PushTextWrapPos(0.0f);
     ImGui::TextDisabled("other %s: the float32 scratch a 16-bit Linear runs in on the CPU (its widened operands and "
-                        "result, sized by the widest layer; a GPU's tensor cores keep these in registers)",
-                        human_bytes(scratch).c_str());
+                        "result, sized by the widest layer; a GPU's tensor cores keep these in registers). Without it "
+                        "rank %d holds %s: the figure to set beside an fp32 run's.",
+                        human_bytes(scratch).c_str(), r, human_bytes(st.total_current - scratch).c_str());
+    ImGui::PopTextWrapPos();
+  }
 }
 
 // The live bars: what each rank holds now. `reserve_h` is kept free below them (the comparison).

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 #include "app/views/views.h"
 
@@ -191,6 +192,19 @@ void flow(float w, float spacing) {
   const ImGuiWindow* win = ImGui::GetCurrentWindow();
   if (win->DC.TextWrapPos > 0) right = std::min(right, win->Pos.x - win->Scroll.x + win->DC.TextWrapPos);
   if (ImGui::GetItemRectMax().x + spacing + w <= right) ImGui::SameLine(0, spacing);
+}
+
+std::string fit_text(const std::string& text, float width) {
+  if (ImGui::CalcTextSize(text.c_str()).x <= width) return text;
+  const float dots = ImGui::CalcTextSize("...").x;
+  size_t lo = 0, hi = text.size();  // the longest prefix that fits beside the dots
+  while (lo < hi) {
+    const size_t mid = (lo + hi + 1) / 2;
+    if (ImGui::CalcTextSize(text.c_str(), text.c_str() + mid).x + dots <= width) lo = mid;
+    else hi = mid - 1;
+  }
+  while (lo > 0 && (static_cast<unsigned char>(text[lo]) & 0xC0) == 0x80) lo--;
+  return text.substr(0, lo) + "...";
 }
 
 }  // namespace dtlab::app

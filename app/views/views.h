@@ -117,6 +117,11 @@ std::string zoom_trace(const TraceSnapshot& t, TraceUi& ui, const std::string& w
 // one spacing too narrow would then scroll sideways. Every wrapping row of controls uses it.
 void flow(float w, float spacing = -1);
 
+// `text` as it fits in `width` pixels of the current font: whole, or its longest prefix that fits
+// with "..." after it (never inside a UTF-8 character). A binary search over the prefix: a line
+// measured each frame costs a few measures, not one per character.
+std::string fit_text(const std::string& text, float width);
+
 // Shared colors, so a rank or a state reads the same in every view.
 // The diagram views' boxes (mesh, topology): fill, edge, text and dimmed text.
 constexpr ImU32 kBox = IM_COL32(46, 50, 58, 255);
