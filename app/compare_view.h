@@ -26,8 +26,9 @@ struct CompareState {
     double span = 0, bytes = 0;
   };
   std::map<std::string, Scale> scales;
-  // B's summary, made again when B's snapshot is a new frame.
-  uint64_t b_frame = UINT64_MAX;
+  // B's summary, made again only when B recorded something new (summarize_run walks every kept event:
+  // not once a frame while B sits paused).
+  uint64_t b_key = UINT64_MAX;
   RunSummary b;
 
   bool active() const { return pinned.snapshot != nullptr; }
