@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -135,6 +136,31 @@ TEST_SUITE("saves") {
       CHECK(!fs::exists(dir.file(".s.old")));
     }
     MESSAGE("killed " << killed << " of " << (test::quick() ? 8 : 16) << " saves; the checkpoint loaded after each");
+  }
+
+  // Every writer (checkpoints, traces, schedules, logits, screenshots) saves through AtomicFile, which
+  // renames its temp file over the target: over a FIFO, a socket or a device node that would replace
+  // the node (as root, /dev/full itself). The output check and AtomicFile both refuse such a target.
+  TEST_CASE("an output path that is a FIFO, a socket or a device is refused and left as it was") {
+    test::TempDir dir;
+    const std::string fifo = dir.file("pipe");
+    REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+    CHECK_THROWS_WITH_AS(check_output_path("--save", fifo),
+                         ("--save " + fifo + " is a FIFO (a named pipe), which a save would replace with a file; give the path of a regular file").c_str(),
+                         Error);
+    CHECK_THROWS_WITH_AS(check_output_path("--logits", "/dev/null"), doctest::Contains("/dev/null is a device"), Error);
+    CHECK_THROWS_WITH_AS(AtomicFile{fifo}, doctest::Contains("cannot save: it is a FIFO"), Error);
+    CHECK(not_a_regular_output(dir.file("none")).empty());
+    CHECK(not_a_regular_output(dir.path).empty());  // a directory: check_output_path's own sentence
+    // Through the CLI: exit 2, one sentence, the FIFO still a FIFO and nothing beside it.
+    for (const std::string& args : {"train --steps 1 --model mlp:2,8,3 --save " + fifo, "schedule --csv " + fifo,
+                                    "train --steps 1 --model mlp:2,8,3 --trace " + fifo}) {
+      const test::ShellResult r = test::shell(std::string(DTLAB_CLI_PATH) + " " + args);
+      CHECK_MESSAGE(r.code == 2, args << ": " << r.out);
+      CHECK_MESSAGE(test::contains(r.out, fifo + " is a FIFO"), args << ": " << r.out);
+      CHECK(fs::is_fifo(fifo));
+      CHECK(names_in(dir.path) == std::vector<std::string>{"pipe"});
+    }
   }
 
   TEST_CASE("stale temp files of a killed save are removed by the next save, SIGTERM removes its own") {

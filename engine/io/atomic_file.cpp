@@ -120,6 +120,16 @@ std::string not_a_regular_file(const std::string& path) {
   return std::string("is ") + kind + ", not a regular file; save its contents to a file and give that path";
 }
 
+std::string not_a_regular_output(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) return "";
+  const char* kind = S_ISFIFO(st.st_mode)                          ? "a FIFO (a named pipe)"
+                     : S_ISSOCK(st.st_mode)                        ? "a socket"
+                     : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                                   : "not a regular file";
+  return std::string("is ") + kind + ", which a save would replace with a file; give the path of a regular file";
+}
+
 void check_output_path(const std::string& flag, const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -127,6 +137,7 @@ void check_output_path(const std::string& flag, const std::string& path) {
   if (fs::is_directory(path, ec) || path.back() == '/')
     throw Error(flag + " " + path + " is a directory; give a file path such as " +
                 (fs::path(path) / "out").string());
+  if (const std::string what = not_a_regular_output(path); !what.empty()) throw Error(flag + " " + path + " " + what);
   fs::path dir = fs::path(path).parent_path();
   if (dir.empty()) dir = ".";
   if (!fs::is_directory(dir, ec))
@@ -144,6 +155,9 @@ int Fd::close() {
 
 AtomicFile::AtomicFile(std::string target) : target_(std::move(target)) {
   static std::atomic<uint64_t> counter{0};  // two saves in one process never share a temp name
+  // Every writer comes here: a FIFO, socket or device at the target is never renamed over (run as
+  // root, a save to /dev/full would replace the machine's /dev/full).
+  if (const std::string what = not_a_regular_output(target_); !what.empty()) fail_at(target_, "cannot save: it " + what);
   tmp_ = target_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   remove_stale_temps(target_);
   fd_.fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -170,6 +184,7 @@ void AtomicFile::commit() {
     fail_at(target_, "cannot save: flushing " + tmp_ + " to disk failed (" + os_reason(errno) + ")");
   if (int err = fd_.close())
     fail_at(target_, "cannot save: closing " + tmp_ + " failed (" + os_reason(err) + ")");
+  if (const std::string what = not_a_regular_output(target_); !what.empty()) fail_at(target_, "cannot save: it " + what);
   if (::rename(tmp_.c_str(), target_.c_str()) != 0)
     fail_at(target_, "cannot save: renaming " + tmp_ + " over it failed (" + os_reason(errno) + ")");
   committed_ = true;

@@ -24,6 +24,11 @@ void remove_temp_files_on_signal();
 // device such as /dev/zero never ends, so readers of input files check this before opening.
 std::string not_a_regular_file(const std::string& path);
 
+// What keeps `path` from being an output: "is a FIFO (a named pipe), which a save would replace with
+// a file; give the path of a regular file" for a FIFO, socket or device (followed through symlinks),
+// or "" for a regular file, a directory (check_output_path's own sentence) or a path that does not exist.
+std::string not_a_regular_output(const std::string& path);
+
 // The io layer's error sentences: "PATH: what" as a dtlab::Error, and strerror's text for an errno.
 [[noreturn]] void fail_at(const std::string& path, const std::string& what);
 std::string os_reason(int err);
