@@ -186,6 +186,17 @@ void check_memory_flags(const PlanArgs& a) {
   }
   if (a.heads_opt->count() && !a.activation_checkpointing)
     throw Error("--heads sizes the attention's activations; add --activation-checkpointing");
+  // Megatron splits the hidden size (and the heads) evenly over a TP group, and sequence parallelism
+  // the sequence: a degree that does not divide them has no layout to plan.
+  if (a.tp > 1 && a.shape.hidden > 0 && a.shape.hidden % a.tp != 0)
+    throw Error("--hidden " + std::to_string(a.shape.hidden) + " is not divisible by --tp " + std::to_string(a.tp) +
+                ": tensor parallelism splits the hidden size evenly over the TP ranks; pick a multiple of " + std::to_string(a.tp));
+  if (a.tp > 1 && a.heads > 0 && a.heads % a.tp != 0)
+    throw Error("--heads " + std::to_string(a.heads) + " is not divisible by --tp " + std::to_string(a.tp) +
+                ": tensor parallelism gives each TP rank whole attention heads; pick a multiple of " + std::to_string(a.tp));
+  if (a.tp > 1 && a.sequence_parallel && a.shape.seq > 0 && a.shape.seq % a.tp != 0)
+    throw Error("--seq " + std::to_string(a.shape.seq) + " is not divisible by --tp " + std::to_string(a.tp) +
+                ": sequence parallelism splits the sequence evenly over the TP ranks; pick a multiple of " + std::to_string(a.tp));
   if (!a.activation_checkpointing) return;
   if (a.tp > 1 || a.stages > 1)
     throw Error("--activation-checkpointing plans one rank's full stack of layers; leave out --tp and --stages");

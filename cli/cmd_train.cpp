@@ -114,7 +114,7 @@ void print_header(const TrainArgs& a, std::ostream& out, const Trainer& trainer)
       << " parameters) on " << ds.name << " (" << with_commas(ds.n) << " samples, " << ds.d
       << " features, " << ds.num_classes << " classes)\n";
   out << "  strategy " << strategy_name(c.strategy) << ", world " << c.world_size << ", batch " << c.batch
-      << ", " << total << " steps (" << trainer.batches_per_epoch() << " batches per epoch), "
+      << ", " << total << (total == 1 ? " step (" : " steps (") << trainer.batches_per_epoch() << " batches per epoch), "
       << c.optimizer.str() << ", seed " << c.seed << ", shuffle "
       << (c.shuffle ? "on" : "off") << (c.drop_last ? ", drop_last" : "") << "\n";
   bool pipeline_printed = false;
@@ -218,7 +218,8 @@ void print_json_summary(std::ostream& out, const TrainConfig& c, const TrainSumm
                       {"effective_batch", s.effective_batch}};
   if (c.strategy == Strategy::Ddp || c.strategy == Strategy::Dp) {
     j["world"] = c.world_size;
-    j["overlap"] = s.mean_overlap;
+    if (s.mean_overlap >= 0) j["overlap"] = s.mean_overlap;
+    else j["overlap"] = nullptr;  // no all-reduce to overlap (one replica)
     if (c.strategy == Strategy::Ddp) j["buckets"] = s.buckets, j["buckets_rebuilt"] = s.buckets_rebuilt;
     nlohmann::json mem = nlohmann::json::array();
     for (const MemoryStats& m : s.rank_memory) {
@@ -262,26 +263,46 @@ void print_memory(std::ostream& out, const TrainConfig& c, const TrainSummary& s
   }
 }
 
-// --activation-checkpointing: the measured activations beside the planner's prediction for the model's
-// own buffers with and without it (the loss adds its probabilities and their gradient, 2 x B x C floats).
+// --activation-checkpointing: the measured activations beside the planner's prediction, with and
+// without it, of what rank 0 holds: the model's own buffers (16-bit under --precision, with the batch
+// rounded to 16 bits and the logits widened back), LoRA's float32 scratch, the loss's probabilities and
+// their gradient (2 x rows x classes floats) and, under DataParallel, the outputs gathered from every
+// replica (the loss runs on rank 0 over the whole batch of --batch x --world rows).
 void print_checkpointing(std::ostream& out, const TrainConfig& c, const TrainSummary& s) {
+  const int64_t measured = s.memory.peak[static_cast<int>(MemCategory::Activations)];
   if (c.strategy == Strategy::Pipeline) {  // the prediction is the whole model's; a stage holds a part
     out << "activation checkpointing: each stage keeps only its blocks' outputs per micro-batch in flight "
            "(the activations column above)\n";
     return;
   }
   if (c.tp > 1) {  // mlp_activation_bytes plans an unsplit model, not a shard with its f and g buffers
-    out << "activation checkpointing: activations peak " << human_bytes(s.memory.peak[static_cast<int>(MemCategory::Activations)])
-        << " on each --tp " << c.tp << " shard (the planner predicts unsplit models only)\n";
+    out << "activation checkpointing: activations peak " << human_bytes(measured) << " on each --tp " << c.tp
+        << " shard (the planner predicts unsplit models only)\n";
     return;
   }
-  const int64_t with = mlp_activation_bytes(c.model, c.batch, true);
-  const int64_t without = mlp_activation_bytes(c.model, c.batch, false);
-  const int64_t loss = 2 * c.batch * c.model.out_features() * static_cast<int64_t>(sizeof(float));
-  out << "activation checkpointing: activations peak " << human_bytes(s.memory.peak[static_cast<int>(MemCategory::Activations)])
-      << "; predicted " << human_bytes(with + loss) << " (" << human_bytes(without + loss) << " without, "
-      << (without >= with ? human_bytes(without - with) + " saved" : human_bytes(with - without) + " more") << "; the model's buffers for a batch of " << c.batch
-      << " plus the loss's 2 x batch x classes floats)\n";
+  const bool half = c.precision != Precision::FP32;
+  const int64_t F = sizeof(float), B = c.batch, C = c.model.out_features(), D = c.model.in_features();
+  const bool dp = c.strategy == Strategy::Dp;
+  const int64_t rows = dp ? B * c.world_size : B;  // the loss's rows on rank 0
+  auto model = [&](bool ckpt) {
+    const int64_t m = mlp_activation_bytes(c.model, B, ckpt);
+    return half ? m / 2 + B * D * 2 + B * C * F : m;  // x.to(dtype), and the logits widened for the loss
+  };
+  // 16 bits: LoRA's float32 scratch is the CPU emulation's, counted as other memory (model_half.cpp).
+  const int64_t lora = half ? 0 : mlp_lora_activation_bytes(c.model, c.lora, B);
+  // DataParallel on rank 0: the gathered outputs in float32, and in 16 bits the whole batch's input,
+  // outputs and output gradients rounded (engine/parallel/data_parallel.cpp).
+  const int64_t gather = dp ? rows * C * F + (half ? rows * (D + 2 * C) * 2 : 0) : 0;
+  const int64_t rest = lora + 2 * rows * C * F + gather;
+  const int64_t with = model(true) + rest, without = model(false) + rest;
+  std::string terms = "the model's " + std::string(half ? "16-bit " : "") + "buffers for a batch of " + std::to_string(B);
+  if (lora > 0) terms += ", LoRA's scratch";
+  terms += dp ? ", the loss's 2 x rows x classes floats and the gathered outputs over all " + std::to_string(rows) + " rows"
+              : " and the loss's 2 x batch x classes floats";
+  out << "activation checkpointing: activations peak " << human_bytes(measured) << "; predicted " << human_bytes(with) << " ("
+      << human_bytes(without) << " without, "
+      << (without >= with ? human_bytes(without - with) + " saved" : human_bytes(with - without) + " more") << "; " << terms
+      << (measured == with ? ")\n" : "; the measured peak differs)\n");
 }
 
 // --precision bf16/fp16: the bytes per parameter of each part (rank 0's memory at the end over the
@@ -320,16 +341,20 @@ void print_summary(std::ostream& out, const Trainer& trainer, const TrainSummary
   const TrainConfig& c = trainer.config();
   char line[256];
   std::snprintf(line, sizeof line,
-                "done: %lld steps in %s (%s samples/s); training set: loss %.4f, accuracy %.1f%% (%lld/%lld)",
-                static_cast<long long>(s.steps), human_seconds(s.seconds).c_str(),
+                "done: %lld step%s in %s (%s samples/s); training set: loss %.4f, accuracy %.1f%% (%lld/%lld)",
+                static_cast<long long>(s.steps), s.steps == 1 ? "" : "s", human_seconds(s.seconds).c_str(),
                 with_commas(static_cast<int64_t>(std::llround(s.samples_per_sec))).c_str(),
                 s.eval_loss, 100.0 * s.eval_accuracy, static_cast<long long>(s.eval_correct),
                 static_cast<long long>(s.eval_samples));
   out << line << "\n";
   if (c.strategy == Strategy::Ddp) {
-    char ov[96];
-    std::snprintf(ov, sizeof ov, "mean overlap %.0f%% of all-reduce time hidden behind backward (modeled, %s)",
-                  100.0 * s.mean_overlap, c.profile.c_str());
+    char ov[160];
+    if (s.mean_overlap >= 0)
+      std::snprintf(ov, sizeof ov, "mean overlap %.0f%% of all-reduce time hidden behind backward (modeled, %s)",
+                    100.0 * s.mean_overlap, c.profile.c_str());
+    else  // one replica (--world = --tp): DDP has no gradient all-reduce to hide
+      std::snprintf(ov, sizeof ov, "no gradient all-reduce: one replica (--world %d = --tp %d), so nothing to overlap",
+                    c.world_size, c.tp);
     out << ov << "\n";
     if (s.buckets_rebuilt) {
       out << "buckets rebuilt after iteration 1 in gradient-ready order:\n";

@@ -650,6 +650,41 @@ TEST_SUITE("cli") {
     check_usage_error({"train", "--model", "mlp:2,64,64,3", "--skip-layer", "0"}, "bypassing it would change the width");
   }
 
+  TEST_CASE("one replica under --tp has no all-reduce to overlap: said in words, null in JSON, never -100%") {
+    CliResult r = run({"train", "--strategy", "ddp", "--world", "2", "--tp", "2", "--steps", "1", "--model", "mlp:2,16,16,3"});
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("\ndone: 1 step in ") != std::string::npos);
+    CHECK(r.out.find("no gradient all-reduce: one replica (--world 2 = --tp 2), so nothing to overlap") != std::string::npos);
+    CHECK(r.out.find("-100%") == std::string::npos);
+    CliResult j = run({"train", "--strategy", "ddp", "--world", "2", "--tp", "2", "--steps", "1", "--model", "mlp:2,16,16,3", "--json"});
+    REQUIRE(j.code == 0);
+    const std::string last = j.out.substr(j.out.rfind('\n', j.out.size() - 2) + 1);  // the summary: the last line
+    const nlohmann::json s = nlohmann::json::parse(last);
+    CHECK(s["summary"] == true);
+    CHECK(s["overlap"].is_null());
+  }
+
+  // The prediction counts what rank 0 holds: LoRA's scratch, DataParallel's whole-batch loss and gathered
+  // outputs, the 16-bit buffers. It once left the first two out and predicted less than was measured.
+  TEST_CASE("--activation-checkpointing predicts exactly the measured activations with LoRA, DataParallel and 16 bits") {
+    const std::vector<std::vector<std::string>> runs = {{}, {"--lora-rank", "4"}, {"--strategy", "dp", "--world", "3", "--lora-rank", "2"},
+                                                        {"--strategy", "dp", "--world", "2", "--precision", "bf16"},
+                                                        {"--precision", "fp16", "--lora-rank", "4"},
+                                                        {"--model", "mlp:2,32,128,64,3", "--lora-rank", "3", "--lora-layers", "2"}};
+    for (const std::vector<std::string>& extra : runs) {
+      std::vector<std::string> args = {"train", "--steps", "1", "--activation-checkpointing"};
+      args.insert(args.end(), extra.begin(), extra.end());
+      CliResult r = run(args);
+      REQUIRE(r.code == 0);
+      const std::string line = test::line_starting(r.out, "activation checkpointing: activations peak ");
+      const size_t peak = line.find("peak ") + 5, pred = line.find("; predicted ");
+      REQUIRE(pred != std::string::npos);
+      const std::string measured = line.substr(peak, pred - peak);
+      CHECK_MESSAGE(line.compare(pred + 12, measured.size(), measured) == 0, line);
+      CHECK_MESSAGE(line.find("differs") == std::string::npos, line);
+    }
+  }
+
   TEST_CASE("train --strategy ddp: a skipped layer without --find-unused-parameters exits 3 with torch's error") {
     CliResult r = run({"train", "--strategy", "ddp", "--world", "2", "--model", "mlp:2,32,32,32,3", "--steps", "4",
                        "--skip-layer", "2", "--timeout", "30"});

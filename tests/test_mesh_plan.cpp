@@ -212,6 +212,10 @@ TEST_CASE("dtlab-cli plan --tp: bad input") {
   check_error({"--params", "7B", "--world", "64", "--sequence-parallel"}, "use it with --tp 2 or more");
   check_error(with(kCourseArgs, {"--tp", "0"}), "--tp: 0 is out of range");
   check_error(with(kCourseArgs, {"--profile", "dgx"}), "hardware profile 'dgx' is not known");
+  // A degree that does not divide what it splits was planned as if it did.
+  check_error(with(kCourseArgs, {"--hidden", "4098"}),
+              "--hidden 4098 is not divisible by --tp 4: tensor parallelism splits the hidden size evenly over the TP ranks; pick a multiple of 4");
+  check_error(with(kCourseArgs, {"--seq", "2050", "--sequence-parallel"}), "--seq 2050 is not divisible by --tp 4");
 }
 
 }  // TEST_SUITE

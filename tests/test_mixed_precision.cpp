@@ -295,6 +295,12 @@ TEST_CASE("mixed precision refuses what it does not run with, in one sentence") 
   c.inject_overflow_steps = {1};
   c.inject_overflow_rank = 2;
   CHECK(test::error_of(c) == "--inject-overflow-rank 2 is not a rank of this run; pick 0 to 1");
+  // A step the run never reaches was accepted and never fired.
+  c = mixed("ddp", 2, Precision::FP16, 2);
+  c.inject_overflow_steps = {0};
+  CHECK(test::error_of(c) == "--inject-overflow 0 names no step: steps count from 1, so it would never fire; use 1 to the run's last step");
+  c.inject_overflow_steps = {2, 3};
+  CHECK(test::error_of(c) == "--inject-overflow 3 is after the run's last step (2), so it would never fire; pick steps 1 to 2");
   c = mixed("ddp", 2, Precision::FP32, 2);
   c.reduce_fp32 = true;
   CHECK(test::error_of(c) == "--reduce-dtype fp32 applies to 16-bit gradients; add --precision bf16 or fp16");

@@ -354,7 +354,7 @@ TEST_CASE("an attached run of every strategy with LoRA, bf16 and --tp shows the 
     const ShellResult r = run.get();
     INFO(r.out);
     CHECK(r.code == 0);
-    CHECK(r.out.find("done: 1 steps") != std::string::npos);
+    CHECK(r.out.find("done: 1 step in") != std::string::npos);
   }
 }
 

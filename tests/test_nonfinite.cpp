@@ -196,6 +196,26 @@ TEST_SUITE("nonfinite") {
     CHECK(!std::filesystem::exists(big.save_path));
   }
 
+  // Finite parameters, finite step losses, but the last update made the weights so large that the
+  // forward overflows: the loss over the training set is NaN. It once ended with exit 0 and saved.
+  TEST_CASE("a NaN loss over the training set after the last step stops the run before --save") {
+    test::TempDir dir;
+    const std::string out = dir.file("m.safetensors");
+    const std::vector<std::string> args = {"train", "--lr", "1e5", "--optimizer", "sgd", "--steps", "3", "--save", out};
+    test::CliResult r = test::run_cli(args);
+    INFO(r.out << r.err);
+    CHECK(r.code == 2);
+    CHECK(r.err == "dtlab-cli: training ended after step 3 with a NaN loss over the training set: the last update left parameters "
+                   "so large that the forward overflows; lower --lr, or pass --allow-nonfinite to keep them\n");
+    CHECK(r.out.find("step 3/3") != std::string::npos);  // every step's own loss was finite
+    CHECK(!std::filesystem::exists(out));
+    std::vector<std::string> allowed = args;
+    allowed.push_back("--allow-nonfinite");
+    r = test::run_cli(allowed);
+    CHECK(r.code == 0);
+    CHECK(std::filesystem::exists(out));
+  }
+
   TEST_CASE("dtlab-cli: exit 2, one line on stderr, no checkpoint written") {
     test::TempDir dir;
     const std::string out = dir.file("model.safetensors");

@@ -334,4 +334,19 @@ int64_t mlp_activation_bytes(const ModelSpec& spec, int64_t batch, bool checkpoi
   return floats * batch * static_cast<int64_t>(sizeof(float));
 }
 
+int64_t mlp_lora_activation_bytes(const ModelSpec& spec, const LoraSpec& lora, int64_t batch) {
+  if (lora.rank <= 0) return 0;
+  const auto& d = spec.dims;
+  int64_t out = 0, in = 0;
+  bool any = false;
+  for (size_t l = 0; l + 1 < d.size(); l++) {
+    if (!lora.adapts(static_cast<int>(2 * l))) continue;  // Sequential index of Linear l
+    any = true;
+    out = std::max(out, d[l + 1]);
+    if (l > 0) in = std::max(in, d[l]);
+  }
+  if (!any) return 0;
+  return (2 * lora.rank + out + in) * batch * static_cast<int64_t>(sizeof(float));
+}
+
 }  // namespace dtlab

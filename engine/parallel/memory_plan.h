@@ -120,4 +120,10 @@ namespace dtlab {
 // (the ReLU's; the last Linear's) plus one recompute buffer of B x the widest output.
 int64_t mlp_activation_bytes(const ModelSpec& spec, int64_t batch, bool checkpointing);
 
+// What LoRA's adapters add to that in float32 (engine/core/lora.cpp's scratch, sized for the largest
+// adapted Linear): t and dt (2 x B x r), the scaled output or its gradient (B x the widest adapted
+// output) and the adapter's input gradient (B x the widest adapted input of a Linear after the first,
+// whose input gradient backward computes). 0 without LoRA.
+int64_t mlp_lora_activation_bytes(const ModelSpec& spec, const LoraSpec& lora, int64_t batch);
+
 }  // namespace dtlab

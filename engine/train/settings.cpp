@@ -375,7 +375,7 @@ std::vector<Setting> make_settings() {
   s.push_back(field(row("--shuffle", "shuffle", T::Flag, G::Run, kCli, "Shuffle each epoch (default on)", 0, 0, false, "false"),
                     DTLAB_FIELD(shuffle)));
   s.back().off_flag = "--no-shuffle";
-  s.push_back(field(row("--drop-last", "drop_last", T::Flag, G::Run, kCli, "Drop the last partial batch of each epoch", 0, 0, false,
+  s.push_back(field(row("--drop-last", "drop_last", T::Flag, G::Run, kCli, "Drop the last partial batch of each epoch (the DataLoader's drop_last; the DistributedSampler still pads by repeating rows, as torch's default)", 0, 0, false,
                         "true"),
                     DTLAB_FIELD(drop_last)));
   s.push_back(field(row("--init", "init_path", T::InputPath, G::Output, kCli,

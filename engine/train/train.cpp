@@ -91,6 +91,10 @@ void validate_precision(const TrainConfig& c) {
                 "drop one of them");
   if (!c.inject_overflow_steps.empty() && c.precision != Precision::FP16)
     throw Error("--inject-overflow makes fp16 gradients overflow (bf16 has float32's range); use --precision fp16");
+  for (int64_t step : c.inject_overflow_steps)
+    if (step < 1)
+      throw Error("--inject-overflow " + std::to_string(step) + " names no step: steps count from 1, so it would never fire; "
+                  "use 1 to the run's last step");
   if (c.inject_overflow_rank < 0 || c.inject_overflow_rank >= c.world_size)
     throw Error("--inject-overflow-rank " + std::to_string(c.inject_overflow_rank) + " is not a rank of this run; pick 0 to " +
                 std::to_string(c.world_size - 1));
@@ -295,6 +299,14 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   SamplerConfig sc;
   sc.n = ds.n;
   sc.world_size = dp ? 1 : mesh_.dp;  // a pipeline's or a TP group's ranks share their replica's shard
+  // torch's DistributedSampler pads every rank's shard by repeating rows (its drop_last stays False;
+  // --drop-last is the DataLoader's). With fewer rows than ranks a rank would train on nothing but a
+  // row another rank has, which --drop-last asks not to do.
+  if (config_.drop_last && !dp && ds.n < sc.world_size)
+    throw Error("--drop-last with " + std::to_string(ds.n) + " sample" + (ds.n == 1 ? "" : "s") + " in " + config_.data + " for " +
+                std::to_string(sc.world_size) + " data-parallel ranks: DistributedSampler would pad with repeated samples, so rank " +
+                std::to_string(sc.world_size - 1) + " would train only on another rank's; give at least " +
+                std::to_string(sc.world_size) + " samples or fewer ranks");
   const int64_t per_rank = DistributedSampler(sc).num_samples();
   batches_per_epoch_ = config_.drop_last ? per_rank / loader_batch : (per_rank + loader_batch - 1) / loader_batch;
   if (batches_per_epoch_ == 0)
@@ -304,6 +316,10 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   if (dp) check_dp_pieces(ds.n, loader_batch, config_.drop_last, N);
   // --epochs E runs E epochs of micro-batches, `accum` of them per optimizer step.
   total_steps_ = config_.steps > 0 ? config_.steps : config_.epochs * batches_per_epoch_ / config_.accum;
+  for (int64_t step : config_.inject_overflow_steps)
+    if (step > total_steps_)
+      throw Error("--inject-overflow " + std::to_string(step) + " is after the run's last step (" + std::to_string(total_steps_) +
+                  "), so it would never fire; pick steps 1 to " + std::to_string(total_steps_));
   if (total_steps_ < 1)
     throw Error("--epochs " + std::to_string(config_.epochs) + " gives " +
                 std::to_string(config_.epochs * batches_per_epoch_) + " micro-batches, fewer than --accum " +
@@ -393,6 +409,7 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   rank_skipped_.assign(static_cast<size_t>(config_.world_size), {});
   loss_scale_ = 0;
   total_samples_ = 0;
+  final_eval_.reset();
   auto t_start = Clock::now();
   if (world_) {
     world_->run([&](int rank, Communicator& comm, RankContext& ctx, Device&) {
@@ -412,11 +429,8 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   sum.rank_skipped_steps = rank_skipped_;
   sum.loss_scale = loss_scale_;
 
-  Model& model = result_model();
-  ComputeObserver* obs = model.observer();
-  model.set_observer(nullptr);  // evaluation is not part of the training trace
-  EvalResult ev = evaluate(model, ds, config_.batch);
-  model.set_observer(obs);
+  const EvalResult ev = final_eval_ ? *final_eval_ : final_evaluation();
+  check_final_loss(ev);
   sum.eval_loss = ev.loss;
   sum.eval_accuracy = ev.accuracy;
   sum.eval_correct = ev.correct;
@@ -648,6 +662,22 @@ StepReport make_step_report(int64_t step, int64_t total_steps, int64_t epoch, in
   return r;
 }
 
+EvalResult Trainer::final_evaluation() {
+  Model& model = result_model();
+  ComputeObserver* obs = model.observer();
+  model.set_observer(nullptr);  // evaluation is not part of the training trace
+  EvalResult ev = evaluate(model, dataset(), config_.batch);
+  model.set_observer(obs);
+  return ev;
+}
+
+void Trainer::check_final_loss(const EvalResult& ev) const {
+  if (config_.allow_nonfinite || std::isfinite(ev.loss)) return;
+  throw RunStopped("training ended after step " + std::to_string(start_step_ + total_steps_) + " with " +
+                   (std::isnan(ev.loss) ? "a NaN loss" : "an infinite loss") + " over the training set: the last update left parameters so large that the forward overflows; lower "
+                   "--lr, or pass --allow-nonfinite to keep them");
+}
+
 void Trainer::save_at_end(int rank, const Model& model, Communicator* comm) {
   // A finite loss does not prove finite parameters (the last update can overflow): a run that ends
   // with non-finite parameters stops, before anything is saved. Every rank holding the full model
@@ -659,6 +689,12 @@ void Trainer::save_at_end(int rank, const Model& model, Communicator* comm) {
       if (has_nonfinite(p.data() + q.offset, q.numel))
         throw RunStopped("training ended after step " + std::to_string(start_step_ + total_steps_) + " with non-finite values in " +
                          q.name + " (the last update overflowed); lower --lr, or pass --allow-nonfinite to keep them");
+  }
+  // Finite parameters can still be too large for the forward: the loss over the training set is then
+  // NaN or infinite, and neither the run nor its checkpoint counts as trained.
+  if (rank == 0 && !config_.save_path.empty() && &model == &result_model()) {
+    final_eval_ = std::make_unique<EvalResult>(final_evaluation());
+    check_final_loss(*final_eval_);
   }
   // Rank 0 writes the checkpoint; the barrier keeps every rank from reading it (or exiting) early.
   const std::map<std::string, std::string> meta = {{"optimizer", config_.optimizer.str()}, {"data", config_.data},

@@ -267,6 +267,8 @@ class Trainer {
   void finish_fsdp(FullyShardedDataParallel* fsdp, const Model& model, Communicator& world);
   // Rank 0 writes --save from `model`; then every rank meets at a barrier.
   void save_at_end(int rank, const Model& model, Communicator* comm);
+  EvalResult final_evaluation();                      // the result model over the training set
+  void check_final_loss(const EvalResult& ev) const;  // a non-finite loss stops the run (RunStopped)
   TrainConfig config_;
   bool launched_ = false;  // this process runs one rank of a launched world (socket, or nccl)
   // one rank here (single, launched)
@@ -288,6 +290,9 @@ class Trainer {
   std::unique_ptr<Model> full_model_;  // --tp: the unsplit model on the host, on no rank's tracker
   std::vector<MemoryStats> rank_memory_;
   std::vector<std::vector<int64_t>> rank_skipped_;
+  // The training set's loss after the last step, when save_at_end computed it before saving (rank 0,
+  // holding the result model); run() then reports it instead of evaluating again.
+  std::unique_ptr<EvalResult> final_eval_;
   float loss_scale_for(const GradScaler& scaler, int64_t step, int rank) const;
   float loss_scale_ = 0;
   double total_samples_ = 0;  // rank 0's count of every rank's samples
