@@ -23,7 +23,7 @@ void CompareState::unpin() {
 
 const RunSummary& CompareState::summary_b(const Snapshot& live) {
   // What summarize_run reads changes only with a new event (each rank's newest order) or report.
-  uint64_t key = live.history.size() * 0x9E3779B97F4A7C15ull;
+  uint64_t key = static_cast<uint64_t>(live.steps_reported) * 0x9E3779B97F4A7C15ull;
   for (const std::vector<Event>& evs : live.events) key = key * 1099511628211ull + (evs.empty() ? 0 : evs.back().order + 1);
   if (key != b_key) b = summarize_run(live), b_key = key;
   return b;

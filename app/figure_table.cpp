@@ -124,7 +124,10 @@ const PipelineRankView& pipe_rank(const Snapshot& s, const Arg& r) {
 const StepPoint& step_point(const Snapshot& s, const Arg& k) {
   for (const StepPoint& p : s.history)
     if (static_cast<double>(p.step) == k.num) return p;
-  throw_sentence("step " + format_figure(k.num) + " has not run (" + std::to_string(s.history.size()) + " steps so far)");
+  if (k.num >= 1 && k.num <= static_cast<double>(s.steps_reported))  // thinned out of a long run's history
+    throw_sentence("step " + format_figure(k.num) + " is no longer kept: the lab keeps every step of the newest " +
+                   std::to_string(kHistoryExact) + " and fewer before them; ask for a later step");
+  throw_sentence("step " + format_figure(k.num) + " has not run (" + std::to_string(s.steps_reported) + " steps so far)");
 }
 
 const StepPoint& last_step(const Snapshot& s) {
@@ -450,7 +453,7 @@ std::vector<Entry> memory_entries() {
 // Training history (rank 0's reports: means over every rank's samples)
 std::vector<Entry> history_entries() {
   return {
-    {"history.count", "", "optimizer steps reported", [](S s, A) { return double(s.history.size()); }},
+    {"history.count", "", "optimizer steps reported", [](S s, A) { return double(s.steps_reported); }},
     {"history.last.loss", "", "loss of the last step (before its update)", [](S s, A) { return double(last_step(s).loss); }},
     {"history.last.accuracy", "", "accuracy of the last step", [](S s, A) { return last_step(s).accuracy; }},
     {"history.last.overlap", "", "share of all-reduce time hidden behind backward in the last step", [](S s, A) { return last_step(s).overlap; }},
@@ -475,11 +478,9 @@ std::vector<Entry> precision_entries() {
        return is_mixed(s.config.precision) ? 2.0 : 4.0; }},
     {"scaler.scale", "", "fp16: the loss scale the last step's gradients carried (0: no loss scaler)", [](S s, A) { return double(last_step(s).loss_scale); }},
     {"count.skipped_steps", "", "fp16: optimizer steps every rank skipped (inf/NaN in the gradients)", [](S s, A) {
-       return double(std::count_if(s.history.begin(), s.history.end(), [](const StepPoint& p) { return p.skipped; })); }},
+       return double(s.steps_skipped); }},
     {"scaler.last_skipped_step", "", "fp16: the last step skipped (1-based; -1: none)", [](S s, A) {
-       for (auto it = s.history.rbegin(); it != s.history.rend(); ++it)
-         if (it->skipped) return double(it->step);
-       return -1.0; }},
+       return double(s.last_skipped_step); }},
     {"scaler.found_inf(R, I)", "nn", "fp16: 1 if rank R's own gradients held an inf/NaN in iteration I (before the ranks agreed)", [b](S s, A a) {
        return b(loss_scale_event(s, a[0], a[1]).found_inf != 0); }},
     {"scaler.skipped(R, I)", "nn", "fp16: 1 if rank R skipped its optimizer step in iteration I (the ranks' agreement)", [b](S s, A a) {

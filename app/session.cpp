@@ -182,15 +182,16 @@ const Snapshot& Session::update() {
   builder_.set_stepper(std::move(st));
   if (client_) {  // the run's reports and end, as they came over the wire
     std::vector<StepReport> fresh_reports;
-    if (client_->report_count() > reports_.size()) fresh_reports = client_->reports();
+    if (client_->report_count() > client_reports_) fresh_reports = client_->reports_since(client_reports_);
     std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = reports_.size(); i < fresh_reports.size(); i++) reports_.push_back(fresh_reports[i]);
+    for (StepReport& r : fresh_reports) reports_.push_back(std::move(r));
     if (client_->ended()) error_ = client_->error();
     done_ = client_->ended();
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
     builder_.set_reports(reports_, error_, done_);
+    reports_.clear();  // the builder keeps what the views draw (bounded); the rest is gone
   }
   update_status();
   return builder_.finish_frame();

@@ -181,6 +181,10 @@ struct RankMemory {
   int64_t device_used = -1, device_total = -1;
 };
 
+// The step history's bound (Snapshot::history): every step of the newest kHistoryExact, and at most
+// kHistoryThinned older points.
+constexpr size_t kHistoryExact = 8192, kHistoryThinned = 8192;
+
 struct StepPoint {
   int64_t step = 0;
   float loss = 0;
@@ -299,7 +303,12 @@ struct Snapshot {
   std::vector<UnitView> units;      // FSDP: every unit, every rank
   PipelineView pipeline;            // pipeline runs
   std::vector<RankMemory> memory;   // per rank
-  std::vector<StepPoint> history;   // per step (rank 0's report: all-reduced means)
+  // Per step (rank 0's report: all-reduced means), bounded for long runs: every step of the newest
+  // kHistoryExact, and older ones thinned to every second, fourth, ... (thin_history).
+  std::vector<StepPoint> history;
+  int64_t steps_reported = 0;        // every report of the run, kept in history or not
+  int64_t steps_skipped = 0;         // fp16: of them, the steps every rank skipped
+  int64_t last_skipped_step = -1;    // fp16: the last of them (1-based; -1: none)
   DataView data;
   std::vector<std::string> param_names;  // model parameters
 };

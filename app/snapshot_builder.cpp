@@ -283,6 +283,7 @@ void SnapshotBuilder::reset(const RunSources& run) {
   const int N = world_;
   next_order_.assign(static_cast<size_t>(N), 0);
   issued_.clear();
+  newest_seq_.clear();
   coll_done_.clear();
   coll_steps_.clear();
   coll_wall_s_.clear();
@@ -372,6 +373,7 @@ void SnapshotBuilder::add_events(const TraceRecorder& rec) {
   }
   s.iteration = newest_iter;
   trim_events(newest_iter);
+  prune_collectives();
   if (rec.label_count() != s.labels.size()) s.labels = rec.labels();
   s.clock_now_wall_ns = rec.now_ns();
 }
@@ -388,18 +390,29 @@ void SnapshotBuilder::trim_events(int32_t newest_iter) {
 
 void SnapshotBuilder::set_stepper(StepperState st) { snap_.stepper = std::move(st); }
 
-void SnapshotBuilder::set_reports(const std::vector<StepReport>& reports, const std::string& error, bool done) {
+// Every second point of what is older than the newest kHistoryExact: a run of any length keeps a
+// bounded curve of the whole run, each older stretch at half the resolution of the one after it.
+void thin_history(std::vector<StepPoint>& h) {
+  if (h.size() <= kHistoryExact) return;
+  const size_t old_end = h.size() - kHistoryExact;
+  size_t w = 0;
+  for (size_t i = 0; i < old_end; i += 2) h[w++] = h[i];
+  h.erase(h.begin() + static_cast<std::ptrdiff_t>(w), h.begin() + static_cast<std::ptrdiff_t>(old_end));
+}
+
+void SnapshotBuilder::set_reports(const std::vector<StepReport>& fresh, const std::string& error, bool done) {
   Snapshot& s = snap_;
   done_ = done;
   s.running = !done;
   s.error = error;
-  for (size_t i = s.history.size(); i < reports.size(); i++) {
-    const StepReport& r = reports[i];
+  for (const StepReport& r : fresh) {
     s.history.push_back({r.step, r.loss, r.accuracy, r.overlap, r.samples_per_sec, r.loss_scale, r.step_skipped});
+    s.steps_reported++;
+    if (r.step_skipped) s.steps_skipped++, s.last_skipped_step = r.step;
     pipeline_.add_report(r);
   }
-  s.step = reports.empty() ? 0 : reports.back().step;
-  epoch_ = reports.empty() ? 0 : reports.back().epoch;
+  if (s.history.size() >= kHistoryExact + kHistoryThinned) thin_history(s.history);
+  if (!fresh.empty()) s.step = fresh.back().step, epoch_ = fresh.back().epoch;
   s.finished = done && s.error.empty();
 }
 
@@ -541,6 +554,7 @@ void SnapshotBuilder::ingest(const TraceRecorder& rec, int rank, const Event& e)
   switch (e.kind) {
     case EventKind::CollectiveIssue:
       learn_group(rec, e.coll.group);
+      note_seq(e.coll.group, e.coll.seq);
       if (!point_to_point(e.coll.op)) issued_.emplace(CollKey{e.coll.group, e.coll.seq}, e.coll);
       break;
     case EventKind::RingStep: {
@@ -553,6 +567,7 @@ void SnapshotBuilder::ingest(const TraceRecorder& rec, int rank, const Event& e)
     }
     case EventKind::Collective:
       learn_group(rec, e.coll.group);
+      note_seq(e.coll.group, e.coll.seq);
       ingest_collective(rank, e);
       break;
     case EventKind::FsdpUnit: ingest_unit(rec, rank, e.fsdp); break;
@@ -560,6 +575,28 @@ void SnapshotBuilder::ingest(const TraceRecorder& rec, int rank, const Event& e)
     default: break;
   }
   if (rank == 0) ingest_bucket(rec, e);
+}
+
+namespace {
+constexpr uint64_t kKeptCollectives = 1024;  // per group: far more than one iteration issues
+
+template <class Map>
+void erase_seqs(Map& m, int32_t group, uint64_t below) {
+  m.erase(m.lower_bound({group, 0}), m.lower_bound({group, below}));
+}
+}  // namespace
+
+void SnapshotBuilder::prune_collectives() {
+  for (const auto& [group, newest] : newest_seq_) {
+    if (newest < 2 * kKeptCollectives) continue;
+    uint64_t below = newest - kKeptCollectives;
+    if (group == shown_group_ && shown_seq_ != UINT64_MAX) below = std::min(below, shown_seq_);
+    erase_seqs(issued_, group, below);
+    erase_seqs(coll_done_, group, below);
+    erase_seqs(coll_steps_, group, below);
+    erase_seqs(coll_wall_s_, group, below);
+    erase_seqs(coll_first_order_, group, below);
+  }
 }
 
 // A process group's name and ranks, read once from its label ("tp0: 0,1").

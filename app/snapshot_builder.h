@@ -47,6 +47,10 @@ struct RunSources {
   int node_size = 0;                       // HYBRID_SHARD: ranks per shard group
 };
 
+// At kHistoryExact + kHistoryThinned points (app/snapshot.h), the points older than the newest
+// kHistoryExact are thinned to every second.
+void thin_history(std::vector<StepPoint>& history);
+
 class SnapshotBuilder {
  public:
   // Starts over for a new run: an empty Snapshot with the run's configuration and parameters.
@@ -59,8 +63,10 @@ class SnapshotBuilder {
   void begin_frame(std::shared_ptr<const ImportedTrace> trace);
   void add_events(const TraceRecorder& rec);  // every rank's events since the last call
   void set_stepper(StepperState st);
-  // Every report so far (only the new ones are read), the run's failure, and whether it ended.
-  void set_reports(const std::vector<StepReport>& reports, const std::string& error, bool done);
+  size_t collectives_kept() const { return issued_.size(); }  // what prune_collectives bounds (tests)
+  // The reports since the last call (the builder keeps what the views need, bounded), the run's
+  // failure, and whether it ended.
+  void set_reports(const std::vector<StepReport>& fresh, const std::string& error, bool done);
   // The in-process world: activities, and which ranks the oldest collective in flight waits for.
   void set_world_status(const WorldStatus& ws);
   // A launched world: each rank's own status (activities, memory, the collective it is in).
@@ -110,6 +116,14 @@ class SnapshotBuilder {
   void hold_stepped_op();   // the stepper's held collective is the one the views show
   void light_mesh_group();  // the mesh view lights the shown collective's group (or the held pair)
   void learn_group(const TraceRecorder& rec, int32_t group);
+  // Forgets collectives more than kKeptCollectives older than their group's newest (never the shown
+  // one): the maps above grew by every collective of the run.
+  void prune_collectives();
+  std::map<int32_t, uint64_t> newest_seq_;  // group -> the highest seq seen
+  void note_seq(int32_t group, uint64_t seq) {
+    uint64_t& n = newest_seq_[group];
+    n = std::max(n, seq);
+  }
   int32_t bucket_iteration_ = -1;
   int ready_counter_ = 0, launch_counter_ = 0;
   int64_t data_epoch_ = -1;

@@ -54,6 +54,8 @@ TEST_SUITE("lessons") {
       p.skipped = k == 2 || k == 4;
       p.loss_scale = k <= 2 ? 65536.0f : k <= 4 ? 32768.0f : 16384.0f;
       s.history.push_back(p);
+      s.steps_reported++;  // as SnapshotBuilder::set_reports counts them (the history may be thinned)
+      if (p.skipped) s.steps_skipped++, s.last_skipped_step = k;
     }
     CHECK(eval("count.skipped_steps") == 2);
     CHECK(eval("scaler.last_skipped_step") == 4);

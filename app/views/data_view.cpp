@@ -507,9 +507,8 @@ void draw_curve_line(ImDrawList* dl, const CurvePlot& p, const std::vector<StepP
 
 // fp16 (--precision fp16): the loss scale the last step carried and how many steps were skipped,
 // after the loss curve's title.
-void loss_scale_readout(const std::vector<StepPoint>& h) {
+void loss_scale_readout(const std::vector<StepPoint>& h, int64_t skipped) {
   if (h.empty()) return;
-  const auto skipped = std::count_if(h.begin(), h.end(), [](const StepPoint& q) { return q.skipped; });
   ImGui::SameLine(0, ImGui::GetFontSize());
   ImGui::TextDisabled("loss scale %.0f (fp16)", static_cast<double>(h.back().loss_scale));
   if (skipped > 0) {
@@ -558,12 +557,12 @@ void draw_curve_cursor(ImDrawList* dl, const CurvePlot& p, const std::vector<Ste
 // One curve of the training history in [pos, pos + size]: title with the latest value, grid, axes
 // with their range, and a cursor with the value under the mouse. `log` plots log10(value).
 void draw_curve(const char* id, const char* title, const std::vector<StepPoint>& h, float (*value)(const StepPoint&),
-                bool* log_switch, bool percent, ImU32 color, ImVec2 size, bool fp16 = false) {
+                bool* log_switch, bool percent, ImU32 color, ImVec2 size, int64_t fp16_skipped = -1) {
   const float font = ImGui::GetFontSize();
   const bool log = log_switch && *log_switch;
   const ImVec2 top = ImGui::GetCursorScreenPos();
   curve_title(id, title, h, value, log_switch, percent, color, top.x + size.x);
-  if (fp16) loss_scale_readout(h);
+  if (fp16_skipped >= 0) loss_scale_readout(h, fp16_skipped);  // fp16: the steps skipped so far
   const ImVec2 pos = ImGui::GetCursorScreenPos();
   const ImVec2 plot(size.x, std::max(size.y - (pos.y - top.y), 1.0f));
   ImGui::InvisibleButton(id, plot);
@@ -583,7 +582,7 @@ void draw_curve(const char* id, const char* title, const std::vector<StepPoint>&
   const CurvePlot p = fit_curve(a, b, h, value, log, percent);
   draw_curve_grid(dl, p, h, percent);
   draw_curve_line(dl, p, h, value, color);
-  if (fp16) draw_skipped_steps(dl, p, h, value);
+  if (fp16_skipped > 0) draw_skipped_steps(dl, p, h, value);
   if (hovered) draw_curve_cursor(dl, p, h, value);
 }
 
@@ -595,7 +594,7 @@ void draw_history(const Snapshot& s, DataViewState& st, ImVec2 size) {
   ImGui::BeginGroup();
   const float each = (size.y - ImGui::GetStyle().ItemSpacing.y) * 0.5f;
   draw_curve("##loss", "loss", s.history, loss_of, &st.log_loss, false, kLossColor, ImVec2(size.x, each),
-             s.config.precision == Precision::FP16);
+             s.config.precision == Precision::FP16 ? s.steps_skipped : -1);
   draw_curve("##accuracy", "accuracy", s.history, accuracy_of, nullptr, true, kAccuracyColor, ImVec2(size.x, each));
   ImGui::EndGroup();
 }

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/monitor/bounded_log.h"
 #include "engine/comm/queued_comm.h"
 #include "engine/comm/socket_mesh.h"  // WaitEnd
 #include "engine/core/memory.h"
@@ -157,7 +158,7 @@ class MonitorHub {
   std::vector<RankMonitorStatus> status_;   // per rank (0: filled from local_status_)
   std::vector<std::shared_ptr<Feed>> feeds_;
   std::shared_ptr<MonitorLink> viewer_;
-  std::vector<std::string> reports_;        // JSON, every step so far (a new viewer gets them all)
+  BoundedLog<std::string> reports_{kMonitorKeptReports};  // JSON, the newest steps (a new viewer gets them)
   bool ended_ = false;
   std::string end_error_, failure_;
   std::thread accept_thread_;
@@ -222,8 +223,10 @@ class MonitorClient {
 
   StepperState stepper_state() const;
   std::vector<RankMonitorStatus> ranks() const;
-  std::vector<StepReport> reports() const;
-  size_t report_count() const;
+  std::vector<StepReport> reports() const;  // the newest kMonitorKeptReports
+  size_t report_count() const;              // every report received
+  // The reports numbered `next` and after (0: the first of the run); sets `next` past the last.
+  std::vector<StepReport> reports_since(size_t& next) const;
   bool ended() const;          // End came, or the connection closed
   bool wait_ended(double timeout_s) const;
   std::string error() const;   // the run's error, or why the connection closed; "" when it finished
@@ -249,7 +252,7 @@ class MonitorClient {
   mutable std::condition_variable cv_;
   StepperState stepper_;
   std::vector<RankMonitorStatus> ranks_;
-  std::vector<StepReport> reports_;
+  BoundedLog<StepReport> reports_{kMonitorKeptReports};
   bool ended_ = false;
   std::string error_;
   std::atomic<bool> stop_{false};

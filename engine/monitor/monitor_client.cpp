@@ -246,12 +246,19 @@ std::vector<RankMonitorStatus> MonitorClient::ranks() const {
 
 std::vector<StepReport> MonitorClient::reports() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return reports_;
+  return reports_.kept();
 }
 
 size_t MonitorClient::report_count() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return reports_.size();
+  return reports_.total();
+}
+
+std::vector<StepReport> MonitorClient::reports_since(size_t& next) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<StepReport> out = reports_.since(next);
+  next = reports_.total();
+  return out;
 }
 
 bool MonitorClient::ended() const {

@@ -305,11 +305,11 @@ void MonitorHub::viewer_loop(std::shared_ptr<MonitorLink> v) {
       std::lock_guard<std::mutex> lock(mu_);
       ended = ended_;
       error = end_error_;
-      reports.assign(reports_.begin() + static_cast<std::ptrdiff_t>(reports_sent), reports_.end());
+      reports = reports_.since(reports_sent);
+      reports_sent = reports_.total();
     }
     ok = pump.pump(*v);
     for (const std::string& r : reports) ok = ok && v->send(MonitorMsg::Report, r);
-    reports_sent += reports.size();
     const StepperState st = stepper_.state();
     if (ok && (st.generation != last_gen || tcp::now_s() - last_status > 0.1 || ended)) {
       last_gen = st.generation;
