@@ -1063,7 +1063,7 @@ ImportedTrace assemble(std::vector<RawFile>& files, const TraceImportOptions& op
   for (size_t i = 0; i < files.size(); i++) {
     RawFile& f = files[i];
     if (!opt.ranks.empty()) given[i] = {opt.ranks[i], std::to_string(opt.ranks[i])};
-    else if (f.dist_rank >= 0) given[i] = {f.dist_rank, std::to_string(f.dist_rank)};
+    else if (f.dist_rank >= 0) given[i] = {f.dist_rank, std::to_string(f.dist_rank) + (f.dist_rank == INT64_MAX ? " or more" : "")};
     else if (f.dist_rank < -1) throw Error(f.display + "'s distributedInfo says rank " + std::to_string(f.dist_rank) + "; ranks count from 0, so the file is corrupted.");
     else given[i] = rank_from_name(f.path);
     if (given[i].value < 0)
@@ -1079,7 +1079,8 @@ ImportedTrace assemble(std::vector<RawFile>& files, const TraceImportOptions& op
     for (const GivenRank& g : given)
       if (g.value < world) present[static_cast<size_t>(g.value)] = 1;
     throw Error(missing_ranks(present) + ": the traces are of ranks " + rank_list(given) + ", but " + with_commas(world) +
-                " files make ranks 0 to " + std::to_string(world - 1) + "; open every rank's trace of the run (one file per rank).");
+                (world == 1 ? " file makes rank 0" : " files make ranks 0 to " + std::to_string(world - 1)) +
+                "; open every rank's trace of the run (one file per rank).");
   }
   std::vector<int> seen(files.size(), -1);
   for (size_t i = 0; i < files.size(); i++) {
