@@ -147,15 +147,14 @@ TraceFileBuf::TraceFileBuf(const std::string& path, const std::string& display, 
     : display_(display), on_read_(std::move(on_read)), cancel_(cancel), buf_(1 << 16) {
   std::error_code ec;
   const auto size = fs::file_size(path, ec);
-  compressed_ = ec ? 0 : static_cast<int64_t>(size);
-  if (compressed_ > kMaxTraceTextBytes)
-    throw Error(display_ + " is " + human_bytes(compressed_) + "; dtlab reads at most " + human_bytes(kMaxTraceTextBytes) +
+  const int64_t file_bytes = ec ? 0 : static_cast<int64_t>(size);
+  if (file_bytes > kMaxTraceTextBytes)
+    throw Error(display_ + " is " + human_bytes(file_bytes) + "; dtlab reads at most " + human_bytes(kMaxTraceTextBytes) +
                 " of JSON per rank's trace: profile fewer steps (torch.profiler's schedule) and export again.");
   f_ = gzopen(path.c_str(), "rb");
   if (!f_) return;
   gzbuffer(f_, 1 << 17);
-  // A gzip file may inflate to kMaxTraceGzipRatio times its size; a plain one is read as it is.
-  if (!gzdirect(f_)) limit_ = std::min(kMaxTraceTextBytes, std::max(kTraceGzipRatioFloor, kMaxTraceGzipRatio * compressed_));
+  gzip_ = !gzdirect(f_);
 }
 
 TraceFileBuf::~TraceFileBuf() {
@@ -174,15 +173,14 @@ TraceFileBuf::int_type TraceFileBuf::underflow() {
     return traits_type::eof();
   }
   inflated_ += n;
-  if (inflated_ > limit_) {
-    if (limit_ == kMaxTraceTextBytes)
-      throw Error(display_ + " holds more than " + human_bytes(kMaxTraceTextBytes) +
-                  " of JSON once decompressed; dtlab reads at most that per rank's trace: profile fewer steps "
-                  "(torch.profiler's schedule) and export again.");
-    throw Error(display_ + " inflates to more than " + human_bytes(limit_) + " from " + human_bytes(compressed_) +
-                " of gzip, over " + std::to_string(kMaxTraceGzipRatio) +
-                " times its size (a profiler's trace compresses about 12 times): it is a gzip bomb, not a trace.");
-  }
+  if (inflated_ > kMaxTraceTextBytes)
+    throw Error(display_ + " holds more than " + human_bytes(kMaxTraceTextBytes) + " of JSON" + (gzip_ ? " once decompressed" : "") +
+                "; dtlab reads at most that per rank's trace: profile fewer steps (torch.profiler's schedule) and export again.");
+  // The ratio so far, not the whole file's: a bomb is refused after the floor, not after 250 times its size.
+  const int64_t consumed = std::max<int64_t>(gzoffset(f_), 1);
+  if (gzip_ && inflated_ > kTraceGzipRatioFloor && inflated_ > kMaxTraceGzipRatio * consumed)
+    throw Error(display_ + " inflates to over " + std::to_string(kMaxTraceGzipRatio) + " times its gzip size (" + human_bytes(inflated_) +
+                " from its first " + human_bytes(consumed) + "; a profiler's trace compresses about 12 times): it is a gzip bomb, not a trace.");
   if (on_read_) on_read_(gzoffset(f_));
   setg(buf_.data(), buf_.data(), buf_.data() + n);
   return traits_type::to_int_type(buf_[0]);

@@ -29,8 +29,9 @@ constexpr size_t kMaxTraceRankListBytes = 128 << 10;
 // steps of a large model; beyond 4 GiB the events alone would not fit in a desktop's memory.
 constexpr int64_t kMaxTraceTextBytes = int64_t{4} << 30;
 // A profiler's JSON gzips about 12 times smaller (the committed traces: 11 to 12); deflate's limit
-// is ~1000, reached only by repeating one byte. Inflating past this ratio (above the floor, so tiny
-// odd files are not refused) is a gzip bomb, refused before it fills memory.
+// is ~1000, reached only by repeating a few bytes. Text inflated past this ratio to the compressed
+// bytes read so far (once past the floor, so tiny odd files are not refused) is a gzip bomb, refused
+// after reading the floor's worth, before it fills memory or minutes.
 constexpr int64_t kMaxTraceGzipRatio = 250;
 constexpr int64_t kTraceGzipRatioFloor = int64_t{16} << 20;
 
@@ -60,7 +61,7 @@ void check_trace_sidecar(const std::vector<std::string>& paths);
 
 // A streambuf over zlib's gzread: gzip and plain files alike. Reports the compressed bytes read,
 // throws dtlab::Error("cancelled") when `cancel` is set, and an Error naming `display` when the
-// inflated text passes kMaxTraceTextBytes or kMaxTraceGzipRatio x the file's size.
+// text passes kMaxTraceTextBytes or inflates past kMaxTraceGzipRatio.
 class TraceFileBuf : public std::streambuf {
  public:
   TraceFileBuf(const std::string& path, const std::string& display, std::function<void(int64_t)> on_read,
@@ -82,8 +83,8 @@ class TraceFileBuf : public std::streambuf {
   const std::atomic<bool>* cancel_;
   std::vector<char> buf_;
   std::string error_;
-  int64_t inflated_ = 0, limit_ = kMaxTraceTextBytes, compressed_ = 0;
-  bool at_end_ = false;
+  int64_t inflated_ = 0;
+  bool gzip_ = false, at_end_ = false;
 };
 
 }  // namespace dtlab
