@@ -10,7 +10,7 @@
 
 
 #include "engine/core/check.h"
-#include "engine/io/atomic_file.h"
+#include "engine/trace/trace_input.h"
 
 namespace dtlab::app {
 
@@ -18,16 +18,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-bool ends_with(const std::string& s, const char* tail) {
-  const size_t n = std::char_traits<char>::length(tail);
-  return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
-}
-
-bool is_trace_name(const fs::path& p) {
-  const std::string name = p.filename().string();
-  return name != "dtlab.json" && (ends_with(name, ".json") || ends_with(name, ".json.gz"));
-}
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -58,27 +48,21 @@ std::string failure_sentence(const std::exception_ptr& ep, const char* doing, co
 }  // namespace
 
 TraceFiles list_trace_files(const std::vector<std::string>& paths) {
-  TraceFiles out;
   std::error_code ec;
-  for (const std::string& p : paths) {
-    if (!fs::exists(p, ec))
-      throw Error("--open " + p + " does not exist; give a directory of per-rank traces (.json or .json.gz) or the trace files");
-    if (fs::is_directory(p, ec)) {
-      if (paths.size() > 1)
+  if (paths.size() > 1)
+    for (const std::string& p : paths)
+      if (fs::is_directory(p, ec))
         throw Error("--open " + p + " is a directory among other paths; give one directory, or only the trace files");
-      std::vector<std::string> found;
-      for (const fs::directory_entry& e : fs::directory_iterator(p, ec))
-        if (e.is_regular_file(ec) && is_trace_name(e.path())) found.push_back(e.path().string());
-      if (found.empty())
-        throw Error("--open " + p + " holds no .json or .json.gz trace; point it at the directory the profiler wrote, one file per rank");
-      std::sort(found.begin(), found.end());
-      out.files.insert(out.files.end(), found.begin(), found.end());
-    } else {
-      if (const std::string why = not_a_regular_file(p); !why.empty()) throw Error("--open " + p + " " + why);
-      out.files.push_back(p);
-    }
+  TraceFiles out;
+  try {
+    out.files = find_trace_files(paths);  // the importer's own listing: every path problem is one sentence
+  } catch (const Error& e) {
+    throw Error(std::string("--open ") + e.what());
   }
-  for (const std::string& f : out.files) out.bytes += static_cast<int64_t>(fs::file_size(f, ec));
+  for (const std::string& f : out.files) {
+    const auto n = fs::file_size(f, ec);
+    out.bytes += ec ? 0 : static_cast<int64_t>(n);
+  }
   return out;
 }
 

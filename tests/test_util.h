@@ -11,12 +11,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <random>
 #include <sstream>
 #include <set>
 #include <string>
 #include <vector>
+
+#include "engine/core/check.h"
 
 namespace dtlab::test {
 
@@ -27,6 +30,16 @@ inline bool quick() {
 }
 
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// The sentence of the dtlab::Error that `f` throws, or "(no error)".
+inline std::string error_sentence(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 // A file's bytes ("" when it cannot be read).
 inline std::string read_file(const std::string& path) {

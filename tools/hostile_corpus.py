@@ -50,9 +50,10 @@ import threading
 import time
 import warnings
 import zipfile
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 
-CATEGORIES = ["flags", "safetensors", "sharded", "npz", "csv", "lessons", "multiprocess"]
+CATEGORIES = ["flags", "safetensors", "sharded", "npz", "csv", "lessons", "multiprocess", "traces"]
 OUTCOMES = ["clean error", "ran", "crash", "hang", "silently wrong", "untidy error", "refused valid"]
 FAILING = ("crash", "hang", "silently wrong")
 MEM_LIMIT_KB = 4 * 1024 * 1024
@@ -532,6 +533,7 @@ class Corpus:
         gen_csv(self)
         gen_lessons(self)
         gen_multiprocess(self)
+        gen_traces(self)
 
 
 # ---- 1. flags ---------------------------------------------------------------------------------
@@ -1691,6 +1693,151 @@ def gen_multiprocess(c):
     for sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT):
         c.add(Case(cat, "%s the launcher mid-run" % signal.Signals(sig).name, long, "either", codes=(1, 2, 3),
                    tidy="ranks", runner=signal_runner(None, sig)))
+
+
+# ---- 8. imported profiler traces (dtlab-cli trace summarize, dtlab --open) ---------------------
+
+def trace_event(name, cat, ts, dur, tid, args=None):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": tid, "ts": ts, "dur": dur, "args": args or {}}
+
+
+def kineto_trace(rank, world=2, kernel="void gemm_kernel<float>(...)", coll="allreduce", kts=10, kdur=390, nelems=1000):
+    """One rank of a Kineto job with one all-reduce, as JSON text; the fields under test are parameters
+    (numbers may be given as raw JSON text, e.g. '1e300', through a str)."""
+    comms = {"Collective name": coll, "In msg nelems": "@N", "Out msg nelems": "@N", "Group size": world, "dtype": "Float"}
+    ev = [trace_event("ProfilerStep#7", "user_annotation", 0, 1000, 1), trace_event(kernel, "kernel", "@TS", "@DUR", 7),
+          trace_event("record_param_comms", "cpu_op", 300, 5, 1, comms),
+          trace_event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", 310, 290, 20)]
+    text = json.dumps({"distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world}, "traceEvents": ev})
+    for key, val in (("@N", nelems), ("@TS", kts), ("@DUR", kdur)):
+        text = text.replace('"%s"' % key, str(val))
+    return text
+
+
+LEGACY_TRACE = '[{"ph": "X", "name": "aten::mm", "ts": 1, "dur": 1, "pid": 0, "tid": 1}]'
+
+
+def says(*phrases, absent=()):
+    """err_check: the refusal must say each phrase (and none of `absent`), else it misleads."""
+    def check(case, res):
+        missing = [p for p in phrases if p not in res.stderr] + ["not '%s'" % a for a in absent if a in res.stderr]
+        return ("the sentence misses %s: %s" % (", ".join(missing), res.stderr.strip()[:300])) if missing else None
+    return check
+
+
+def lines_under(n):
+    def check(case, res):
+        longest = max((len(l) for l in res.stdout.splitlines()), default=0)
+        return "a line of %d characters printed (names must be bounded)" % longest if longest >= n else None
+    return check
+
+
+def gz_bytes(chunks):
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    return b"".join(z.compress(ch) for ch in chunks) + z.flush()
+
+
+def gen_traces(c):
+    gen_traces_files(c)
+    gen_traces_json(c)
+    gen_traces_values(c)
+
+
+def trace_case(c, name, files, exp, extra=(), path="job", err_check=None, check=None, gui=False):
+    """trace summarize PATH, or with gui the lab's --open PATH that waits for the load and quits."""
+    argv = (["--open", path, "--run", "wait trace; quit"] if gui else ["trace", "summarize", path]) + list(extra)
+    return c.add(Case("traces", ("dtlab --open: " if gui else "") + name, argv, exp, prog="gui" if gui else "cli",
+                      err_check=err_check, check=check), files=files)
+
+
+def two_ranks(both=False, **kw):
+    """Rank 0 with the fields under test; rank 1 too with both, else a plain trace."""
+    return {"job/rank0.json": kineto_trace(0, **kw), "job/rank1.json": kineto_trace(1, **(kw if both else {}))}
+
+
+def gen_traces_files(c):
+    """Paths: names, links, FIFOs, devices, missing ranks, gzip bombs."""
+    ok = {"job/rank0.json": kineto_trace(0), "job/rank1.json": kineto_trace(1)}
+    for gui in (False, True):
+        trace_case(c, "valid two ranks", ok, "ok", gui=gui)
+        trace_case(c, "rank99999999999 in a file name", {"job/rank0.json": LEGACY_TRACE, "job/rank99999999999.json": LEGACY_TRACE},
+                   "error", err_check=says("rank 1 is missing", "99999999999"), gui=gui)
+        case = trace_case(c, "symlink loop in the folder", ok, "error", err_check=says("loop.json is a symbolic link loop"), gui=gui)
+        os.symlink("loop.json", os.path.join(case.dir, "job", "loop.json"))
+        case = trace_case(c, "symlink loop as the path", {}, "error", path="loop.json", err_check=says("is a symbolic link loop"), gui=gui)
+        os.symlink("loop.json", os.path.join(case.dir, "loop.json"))
+        case = trace_case(c, "dangling link named rank1.json", {"job/rank0.json": kineto_trace(0)}, "error",
+                          err_check=says("rank1.json is a symbolic link to nothing"), gui=gui)
+        os.symlink("gone.json", os.path.join(case.dir, "job", "rank1.json"))
+        case = trace_case(c, "dtlab.json a symlink loop", ok, "error", err_check=says("dtlab.json is a symbolic link loop"), gui=gui)
+        os.symlink("dtlab.json", os.path.join(case.dir, "job", "dtlab.json"))
+        case = trace_case(c, "FIFO as the path", {}, "error", path="rank0.json", err_check=says("is a FIFO", absent=("does not exist",)), gui=gui)
+        os.mkfifo(os.path.join(case.dir, "rank0.json"))
+        case = trace_case(c, "FIFO named rank1.json in the folder", {"job/rank0.json": kineto_trace(0)}, "error",
+                          err_check=says("rank1.json is a FIFO", absent=("does not exist",)), gui=gui)
+        os.mkfifo(os.path.join(case.dir, "job", "rank1.json"))
+        trace_case(c, "/dev/zero", {}, "error", path="/dev/zero", err_check=says("is a device", absent=("does not exist",)), gui=gui)
+        trace_case(c, "missing path", {}, "error", path="none", err_check=says("does not exist"), gui=gui)
+    many = {"job/rank%d.json" % r: LEGACY_TRACE for r in range(3001) if r != 1234}
+    trace_case(c, "3000 files, rank 1234 missing", many, "error", err_check=says("rank 1234 is missing"))
+    many = {"job/rank%d.json" % (2 * r): LEGACY_TRACE for r in range(3000)}
+    trace_case(c, "3000 files, every odd rank missing", many, "error", err_check=says("ranks 1, 3, 5, 7 and 1,496 more are missing"))
+    spaces = b" " * (1 << 20)
+    bombs = {"spaces": [b"["] + [spaces] * 256, "one string": [b'["'] + [b"a" * (1 << 20)] * 256,
+             "events": [b'{"traceEvents": ['] + [(json.dumps(trace_event("k", "kernel", 1, 1, 7)) + ",").encode() * 20000] * 200}
+    for what, chunks in bombs.items():
+        files = {"job/rank0.json.gz": gz_bytes(chunks), "job/rank1.json": kineto_trace(1)}
+        for gui in (False, True):
+            trace_case(c, "gzip bomb of %s" % what, files, "error", err_check=says("rank0.json.gz", "gzip bomb", absent=("out of memory",)), gui=gui)
+
+
+def gen_traces_json(c):
+    """JSON's shape: nesting, bad bytes, cut files, names of 100 KB."""
+    deep = "[" * 200000 + "]" * 200000
+    good = kineto_trace(0)
+    for gui in (False, True):
+        trace_case(c, "trace nested 200,000 deep", {"job/rank0.json": deep, "job/rank1.json": kineto_trace(1)}, "error",
+                   err_check=says("nests its JSON deeper than 256 levels"), gui=gui)
+        nested = {"job/rank0.json": good.replace('"dtype": "Float"', '"x": ' + "[" * 300 + "]" * 300), "job/rank1.json": kineto_trace(1)}
+        trace_case(c, "args nested 300 deep", nested, "error", err_check=says("nests its JSON deeper than 256 levels"), gui=gui)
+        files = dict(two_ranks(), **{"job/dtlab.json": '{"model": ' + deep + "}"})
+        trace_case(c, "dtlab.json model nested 200,000 deep", files, "error", err_check=says("dtlab.json nests its JSON deeper"), gui=gui)
+        files = dict(two_ranks(), **{"job/dtlab.json": '{"a": ' * 50000 + "1" + "}" * 50000})
+        trace_case(c, "dtlab.json objects nested 50,000 deep", files, "error", err_check=says("dtlab.json nests its JSON deeper"), gui=gui)
+        files = dict(two_ranks(), **{"job/dtlab.json": " " * (8 << 20)})
+        trace_case(c, "dtlab.json of 8 MiB", files, "error", err_check=says("dtlab.json is 8.0 MiB"), gui=gui)
+        at = good.index("record_param_comms") - 5
+        bad = good[:at] + "\x01" + good[at + 1:]
+        trace_case(c, "a bad byte mid-file", {"job/rank0.json": bad, "job/rank1.json": kineto_trace(1)}, "error",
+                   err_check=says("breaks its JSON at byte %d" % at, absent=("truncated",)), gui=gui)
+        trace_case(c, "a file cut short", {"job/rank0.json": good[:300], "job/rank1.json": kineto_trace(1)}, "error",
+                   err_check=says("ends at byte 300", "truncated"), gui=gui)
+        huge = "k\u00e9rnel_" * 13000
+        trace_case(c, "100 KB kernel and collective names", two_ranks(both=True, kernel=huge, coll=huge), "ok",
+                   check=None if gui else lines_under(2000), gui=gui)
+    twenty = {"job/rank%d.json" % r: json.dumps({"distributedInfo": {"rank": r, "world_size": 2}, "traceEvents":
+              [trace_event("k\u00e9rnel_" * 13000 + str(i), "kernel", i * 15, 14, 7) for i in range(20)]}) for r in range(2)}
+    trace_case(c, "20 kernels of 100 KB names each", twenty, "ok", gui=True)
+
+
+def gen_traces_values(c):
+    """Numbers no profiler records: refused, never printed as a result."""
+    bad = [("kernel at ts 4e15", dict(kts="4e15"), "\"ts\" 4e+15 us"), ("kernel at ts 2e15 in a file of small ts", dict(kts="2e15"), "away from the file's other events"),
+           ("ts \"nan\"", dict(kts='"nan"'), "\"ts\" nan"), ("ts -1e300", dict(kts="-1e300"), "\"ts\" -1e+300"),
+           ("dur 1e300", dict(kdur="1e300"), "\"dur\" 1e+300"), ("dur -5", dict(kdur="-5"), "a negative duration"),
+           ("dur \"inf\"", dict(kdur='"inf"'), "\"dur\" inf"), ("In msg nelems 2^62", dict(nelems=str(1 << 62)), "\"In msg nelems\" 4611686018427387904"),
+           ("In msg nelems 2^63", dict(nelems=str(1 << 63)), "\"In msg nelems\""), ("In msg nelems 1e300", dict(nelems="1e300"), "\"In msg nelems\""),
+           ("In msg nelems -3", dict(nelems="-3"), "a negative element count")]
+    for name, kw, phrase in bad:
+        for gui in (False, True):
+            trace_case(c, name, two_ranks(**kw), "error", err_check=says("rank0.json: event", phrase), gui=gui)
+    trace_case(c, "In msg nelems 2^34 (64 GiB, a job's)", two_ranks(both=True, nelems=str(1 << 34)), "ok",
+               check=lambda case, res: None if "68,719,476,736" in res.stdout else "64 GiB not printed as its bytes")
+    steps = {"job/rank%d.json" % r: kineto_trace(r).replace("ProfilerStep#7", "ProfilerStep#99999999999999999999") for r in range(2)}
+    trace_case(c, "ProfilerStep#99999999999999999999", steps, "ok")
+    for rank in ("99999999999999999999999", "-7", "2147483648"):
+        trace_case(c, "distributedInfo rank %s" % rank, {"job/rank0.json": kineto_trace(0).replace('"rank": 0', '"rank": ' + rank),
+                                                           "job/rank1.json": kineto_trace(1)}, "error")
 
 
 # ----------------------------------------------------------------------------------------------

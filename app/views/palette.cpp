@@ -3,7 +3,9 @@
 // stay readable on ImGui's dark background and on a projector.
 #include <algorithm>
 #include <cmath>
+#include <cfloat>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "app/views/views.h"
@@ -194,17 +196,21 @@ void flow(float w, float spacing) {
   if (ImGui::GetItemRectMax().x + spacing + w <= right) ImGui::SameLine(0, spacing);
 }
 
-std::string fit_text(const std::string& text, float width) {
-  if (ImGui::CalcTextSize(text.c_str()).x <= width) return text;
-  const float dots = ImGui::CalcTextSize("...").x;
+std::string fit_text(const std::string& text, float width, float font_size, const char* dots_text) {
+  ImFont* font = ImGui::GetFont();
+  auto measure = [&](const char* b, const char* e) {
+    return font_size > 0 ? font->CalcTextSizeA(font_size, FLT_MAX, 0, b, e).x : ImGui::CalcTextSize(b, e).x;
+  };
+  if (measure(text.c_str(), text.c_str() + text.size()) <= width) return text;
+  const float dots = measure(dots_text, dots_text + std::strlen(dots_text));
   size_t lo = 0, hi = text.size();  // the longest prefix that fits beside the dots
   while (lo < hi) {
     const size_t mid = (lo + hi + 1) / 2;
-    if (ImGui::CalcTextSize(text.c_str(), text.c_str() + mid).x + dots <= width) lo = mid;
+    if (measure(text.c_str(), text.c_str() + mid) + dots <= width) lo = mid;
     else hi = mid - 1;
   }
   while (lo > 0 && (static_cast<unsigned char>(text[lo]) & 0xC0) == 0x80) lo--;
-  return text.substr(0, lo) + "...";
+  return text.substr(0, lo) + dots_text;
 }
 
 }  // namespace dtlab::app

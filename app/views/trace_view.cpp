@@ -182,18 +182,12 @@ void span_label(const Ctx& c, const RankTrace& rt, const TraceSpan& s, float xa,
     text = i >= 0 ? "iteration " + std::to_string(i) : "step " + text.substr(13);
   }
   ImFont* font = ImGui::GetFont();
-  // Cut at a character boundary (UTF-8) until it fits, ending in ".." when cut.
-  size_t n = text.size();
-  bool cut = false;
-  while (n > 0 && font->CalcTextSizeA(size, FLT_MAX, 0, text.c_str(), text.c_str() + n).x + (cut ? size : 0) > room) {
-    do n--;
-    while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80);
-    cut = true;
-  }
-  if (n < (cut ? 4 : 1)) return;  // "ate.." says nothing
-  if (cut) text = text.substr(0, n) + "..";
-  const float w = font->CalcTextSizeA(size, FLT_MAX, 0, text.c_str()).x;
-  c.dl->AddText(font, size, ImVec2(std::max(xa + 3, (xa + xb - w) * 0.5f), y0 + (y1 - y0 - size) * 0.5f), kSpanText, text.c_str());
+  // Cut at a character boundary (UTF-8) to fit, ending in ".." when cut: a binary search, so a long
+  // kernel name costs a few measures a frame, not one per byte.
+  const std::string shown = fit_text(text, room, size, "..");
+  if (shown.size() < (shown.size() < text.size() ? 6u : 1u)) return;  // "ate.." says nothing
+  const float w = font->CalcTextSizeA(size, FLT_MAX, 0, shown.c_str()).x;
+  c.dl->AddText(font, size, ImVec2(std::max(xa + 3, (xa + xb - w) * 0.5f), y0 + (y1 - y0 - size) * 0.5f), kSpanText, shown.c_str());
 }
 
 ImU32 span_color(const ImportedTrace& tr, const TraceIndex& ix, const TraceSpan& s) {

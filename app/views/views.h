@@ -119,8 +119,9 @@ void flow(float w, float spacing = -1);
 
 // `text` as it fits in `width` pixels of the current font: whole, or its longest prefix that fits
 // with "..." after it (never inside a UTF-8 character). A binary search over the prefix: a line
-// measured each frame costs a few measures, not one per character.
-std::string fit_text(const std::string& text, float width);
+// measured each frame costs a few measures, not one per character. `font_size` > 0 measures at that
+// size (the timeline's labels); `dots` is what marks the cut.
+std::string fit_text(const std::string& text, float width, float font_size = 0, const char* dots = "...");
 
 // Shared colors, so a rank or a state reads the same in every view.
 // The diagram views' boxes (mesh, topology): fill, edge, text and dimmed text.

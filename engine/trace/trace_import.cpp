@@ -10,9 +10,9 @@
 //     per-rank time breakdown. Field names and their sources: docs/trace_formats.md.
 #include "engine/trace/trace_import.h"
 
-#include <zlib.h>
-
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -21,12 +21,13 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
-#include <streambuf>
 #include <unordered_map>
 
 #include "engine/core/check.h"
 #include "engine/core/collective.h"
 #include "engine/core/format.h"
+#include "engine/io/atomic_file.h"  // os_reason
+#include "engine/trace/trace_input.h"
 
 namespace dtlab {
 
@@ -69,14 +70,13 @@ using nlohmann::json;
 // ---------------------------------------------------------------------------------------------
 // 1. reading
 
-struct Cancelled {};
-
-// One complete event as the file has it (strings interned later).
+// One complete event as the file has it (strings interned later; names cut to kMaxTraceNameBytes).
 struct RawEvent {
   std::string name, cat, pid, tid;
   double ts = 0, dur = 0;
   bool has_ts = false, has_dur = false;
   bool complete = false;  // "ph": "X"
+  int64_t index = 0;      // 1-based, among the file's events (for messages)
   // args
   std::string coll_name, dtype, pg_ranks, pg_name;
   int64_t in_nelems = -1, out_nelems = -1, group_size = -1, seq = -1;
@@ -86,56 +86,101 @@ struct RawFile {
   std::string path;               // as given (for messages)
   std::string display;            // file name
   TraceFormat format = TraceFormat::Legacy;
-  int dist_rank = -1, dist_world = -1;
+  int64_t dist_rank = -1, dist_world = -1;
   std::string backend;
   std::vector<RawEvent> events;   // complete events only
   int64_t all_events = 0;
   bool fractional_ts = false;
 };
 
-// A streambuf over zlib's gzread: gzip and plain files alike; reports bytes read and honours cancel.
-class GzBuf : public std::streambuf {
- public:
-  GzBuf(const std::string& path, std::function<void(int64_t)> on_read, const std::atomic<bool>* cancel)
-      : on_read_(std::move(on_read)), cancel_(cancel), buf_(1 << 16) {
-    f_ = gzopen(path.c_str(), "rb");
-    if (f_) gzbuffer(f_, 1 << 17);
-  }
-  ~GzBuf() override {
-    if (f_) gzclose(f_);
-  }
-  bool ok() const { return f_ != nullptr; }
-  std::string error;  // zlib's message, when reading failed
+// What a profiler can record, so that a corrupted number is refused rather than computed with.
+// Timestamps are µs on the profiler's clock: time since the profiler started (legacy), since boot
+// (Kineto's, ~5e12 after two months up) or Unix time (older Kineto: 1.7e15 in 2024). Unix time in µs
+// reaches 3e15 in the year 2065, so nothing beyond it is a clock reading.
+constexpr double kMaxTimestampUs = 3e15;
+// A profiled region lasts seconds to hours; 1e12 µs is 11.6 days, so no span lasts longer and no
+// file's events lie further apart.
+constexpr double kMaxSpanUs = 1e12;
+// A collective's message: 2^48 bytes (256 TiB, said so in check_event) is more than any job's whole memory.
+constexpr int64_t kMaxCollectiveBytes = int64_t{1} << 48;
 
- protected:
-  int_type underflow() override {
-    if (cancel_ && cancel_->load(std::memory_order_relaxed)) throw Cancelled{};
-    const int n = gzread(f_, buf_.data(), static_cast<unsigned>(buf_.size()));
-    if (n < 0) {
-      int code = 0;
-      const char* m = gzerror(f_, &code);
-      error = m ? m : "read error";
-      return traits_type::eof();
-    }
-    if (n == 0) {
-      int code = 0;
-      const char* m = gzerror(f_, &code);
-      if (code != Z_OK && code != Z_STREAM_END && m) error = m;
-      return traits_type::eof();
-    }
-    if (on_read_) on_read_(gzoffset(f_));
-    setg(buf_.data(), buf_.data(), buf_.data() + n);
-    return traits_type::to_int_type(buf_[0]);
+// c10d's element sizes; -1 for a dtype it does not name.
+int64_t dtype_bytes(const std::string& d) {
+  static const std::map<std::string, int64_t> sizes = {
+      {"Float", 4}, {"float", 4}, {"Double", 8}, {"double", 8}, {"Half", 2}, {"BFloat16", 2},
+      {"Long", 8}, {"Int", 4}, {"Short", 2}, {"Char", 1}, {"Byte", 1}, {"Bool", 1},
+      {"Float8_e4m3fn", 1}, {"Float8_e5m2", 1}, {"ComplexFloat", 8}};
+  const auto it = sizes.find(d);
+  return it == sizes.end() ? -1 : it->second;
+}
+
+// nelems x element size, or -1 when either is unknown or the product overflows.
+int64_t message_bytes(int64_t nelems, int64_t elem_size) {
+  int64_t bytes = 0;
+  if (nelems < 0 || elem_size < 0 || __builtin_mul_overflow(nelems, elem_size, &bytes)) return -1;
+  return bytes;
+}
+
+// "event 12 (\"ncclDevKernel_AllReduce_Sum...\")" for messages.
+std::string event_label(const RawEvent& e) {
+  return "event " + std::to_string(e.index) + (e.name.empty() ? std::string() : " (\"" + bounded_name(e.name, 48) + "\")");
+}
+
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+// Refuses a complete event's times and sizes beyond what a profiler records (the bounds above).
+void check_event(const RawFile& f, const RawEvent& e) {
+  auto refuse = [&](const char* field, const std::string& value, const std::string& why) {
+    throw Error(f.display + ": " + event_label(e) + " has \"" + field + "\" " + value + ", " + why +
+                ": the file is corrupted or was not written by a profiler; export the trace again.");
+  };
+  if (!std::isfinite(e.ts) || std::fabs(e.ts) > kMaxTimestampUs)
+    refuse("ts", number_text(e.ts) + " us", "beyond any clock a profiler reads (at most 3e15 us, Unix time in the year 2065)");
+  if (e.has_dur && (!std::isfinite(e.dur) || e.dur < 0 || e.dur > kMaxSpanUs))
+    refuse("dur", number_text(e.dur) + " us",
+           e.dur < 0 ? std::string("a negative duration") : "longer than any profiled region (at most 1e12 us, 11.6 days)");
+  const int64_t es = std::max<int64_t>(dtype_bytes(e.dtype), 1);  // an unknown dtype's elements are at least a byte
+  for (const auto& [field, n] : {std::pair<const char*, int64_t>{"In msg nelems", e.in_nelems}, {"Out msg nelems", e.out_nelems}}) {
+    if (n < -1) refuse(field, std::to_string(n), "a negative element count");
+    const int64_t bytes = message_bytes(n, es);
+    if (n > 0 && (bytes < 0 || bytes > kMaxCollectiveBytes))
+      refuse(field, std::to_string(n), std::string("more than 256 TiB") + (e.dtype.empty() ? "" : " of " + bounded_name(e.dtype, 24)) +
+                                           " in one message, more than any job's memory");
   }
+}
 
- private:
-  gzFile f_ = nullptr;
-  std::function<void(int64_t)> on_read_;
-  const std::atomic<bool>* cancel_;
-  std::vector<char> buf_;
-};
+// After reading: a file whose events lie further apart than kMaxSpanUs holds a corrupted timestamp;
+// the event furthest from the median is named.
+void check_extent(const RawFile& f) {
+  if (f.events.empty()) return;
+  double lo = INFINITY, hi = -INFINITY;
+  for (const RawEvent& e : f.events) {
+    lo = std::min(lo, e.ts);
+    hi = std::max(hi, e.ts + e.dur);
+  }
+  if (hi - lo <= kMaxSpanUs) return;
+  std::vector<double> ts;
+  ts.reserve(f.events.size());
+  for (const RawEvent& e : f.events) ts.push_back(e.ts);
+  std::nth_element(ts.begin(), ts.begin() + static_cast<std::ptrdiff_t>(ts.size() / 2), ts.end());
+  const double median = ts[ts.size() / 2];
+  const RawEvent* worst = &f.events[0];
+  double far = -1;
+  for (const RawEvent& e : f.events) {
+    const double d = std::max(std::fabs(e.ts - median), std::fabs(e.ts + e.dur - median));
+    if (d > far) far = d, worst = &e;
+  }
+  throw Error(f.display + ": " + event_label(*worst) + " has \"ts\" " + number_text(worst->ts) + " us and \"dur\" " +
+              number_text(worst->dur) + " us, " + number_text(far / 1e6) + " s away from the file's other events (a profiler "
+              "records at most 1e12 us, 11.6 days, in one file): the file is corrupted; export the trace again.");
+}
 
-// SAX handler: keeps complete events and distributedInfo, skips everything else.
+// SAX handler: keeps complete events and distributedInfo, skips everything else; refuses JSON nested
+// deeper than kMaxTraceJsonDepth and events with values no profiler records (check_event).
 class TraceSax {
  public:
   explicit TraceSax(RawFile& f) : f_(f) {}
@@ -158,19 +203,13 @@ class TraceSax {
     key_ = k;
     return true;
   }
-  bool start_object(size_t) {
-    push(false);
-    return true;
-  }
+  bool start_object(size_t) { return push(false); }
   bool end_object() {
     if (stack_.back() == Role::Event) commit();
     stack_.pop_back();
     return true;
   }
-  bool start_array(size_t) {
-    push(true);
-    return true;
-  }
+  bool start_array(size_t) { return push(true); }
   bool end_array() {
     stack_.pop_back();
     return true;
@@ -180,11 +219,15 @@ class TraceSax {
     return false;
   }
 
-  bool saw_events = false, root_array = false, root_object = false, root_scalar_ = false;
-  int64_t error_pos = -1;
+  bool saw_events = false, root_array = false, root_object = false, root_scalar_ = false, too_deep = false;
+  int64_t error_pos = -1;  // nlohmann's: the count of characters read, the offending one included
 
  private:
-  void push(bool array) {
+  bool push(bool array) {
+    if (stack_.size() >= static_cast<size_t>(kMaxTraceJsonDepth)) {
+      too_deep = true;
+      return false;
+    }
     Role r = Role::Other;
     if (stack_.empty()) {
       root_array = array;
@@ -208,6 +251,7 @@ class TraceSax {
     }
     stack_.push_back(r);
     key_.clear();
+    return true;
   }
   bool scalar_skip() {
     if (stack_.empty()) root_scalar_ = true;
@@ -221,13 +265,17 @@ class TraceSax {
     value(nullptr, d, i, integral);
     return true;
   }
+  // A kept string, cut to the bound (a 100 KB kernel name is drawn as its first 256 bytes).
+  static std::string text(const std::string* s, int64_t i, size_t max = kMaxTraceNameBytes) {
+    return s ? bounded_name(*s, max) : std::to_string(i);
+  }
   // A scalar under key_ in the innermost container.
   void value(const std::string* s, double d, int64_t i, bool integral) {
     const Role r = stack_.back();
     if (r == Role::Event) {
       const std::string& k = key_;
-      if (k == "name") { if (s) ev_.name = *s; }
-      else if (k == "cat") { if (s) ev_.cat = *s; }
+      if (k == "name") { if (s) ev_.name = text(s, i); }
+      else if (k == "cat") { if (s) ev_.cat = text(s, i); }
       else if (k == "ph") { ev_.complete = s && *s == "X"; }
       else if (k == "ts") {
         if (!s) { ev_.ts = d; ev_.has_ts = true; if (!integral && d != std::floor(d)) f_.fractional_ts = true; }
@@ -235,22 +283,22 @@ class TraceSax {
       } else if (k == "dur") {
         if (!s) { ev_.dur = d; ev_.has_dur = true; }
         else ev_.has_dur = parse_number(*s, ev_.dur);
-      } else if (k == "pid") { ev_.pid = s ? *s : std::to_string(i); }
-      else if (k == "tid") { ev_.tid = s ? *s : std::to_string(i); }
+      } else if (k == "pid") { ev_.pid = text(s, i); }
+      else if (k == "tid") { ev_.tid = text(s, i); }
     } else if (r == Role::Args) {
       const std::string& k = key_;
-      if (k == "Collective name") { if (s) ev_.coll_name = *s; }
+      if (k == "Collective name") { if (s) ev_.coll_name = text(s, i); }
       else if (k == "In msg nelems" || k == "In msg size") { ev_.in_nelems = s ? to_i64(*s) : i; }
       else if (k == "Out msg nelems" || k == "Out msg size") { ev_.out_nelems = s ? to_i64(*s) : i; }
       else if (k == "Group size") { ev_.group_size = s ? to_i64(*s) : i; }
-      else if (k == "dtype") { if (s) ev_.dtype = *s; }
-      else if (k == "Process Group Ranks") { if (s) ev_.pg_ranks = *s; }
-      else if (k == "Process Group Name") { ev_.pg_name = s ? *s : std::to_string(i); }
+      else if (k == "dtype") { if (s) ev_.dtype = text(s, i); }
+      else if (k == "Process Group Ranks") { if (s) ev_.pg_ranks = text(s, i, kMaxTraceRankListBytes); }
+      else if (k == "Process Group Name") { ev_.pg_name = text(s, i); }
       else if (k == "Seq" || k == "seq") { ev_.seq = s ? to_i64(*s) : i; }
     } else if (r == Role::Dist) {
-      if (key_ == "rank") f_.dist_rank = small(s ? to_i64(*s) : i);
-      else if (key_ == "world_size") f_.dist_world = small(s ? to_i64(*s) : i);
-      else if (key_ == "backend" && s) f_.backend = *s;
+      if (key_ == "rank") f_.dist_rank = s ? to_i64(*s) : i;
+      else if (key_ == "world_size") f_.dist_world = s ? to_i64(*s) : i;
+      else if (key_ == "backend" && s) f_.backend = text(s, i);
     }
   }
   // A JSON number as a whole number, without undefined behaviour for NaN, infinities or 1e300.
@@ -260,7 +308,6 @@ class TraceSax {
     if (v <= -9.2e18) return INT64_MIN;
     return static_cast<int64_t>(v);
   }
-  static int small(int64_t v) { return v < -1 || v > INT32_MAX ? INT32_MAX : static_cast<int>(v); }  // a rank, a size
   static bool parse_number(const std::string& s, double& out) {
     char* end = nullptr;
     out = std::strtod(s.c_str(), &end);
@@ -268,13 +315,15 @@ class TraceSax {
   }
   static int64_t to_i64(const std::string& s) {
     char* end = nullptr;
-    const long long v = std::strtoll(s.c_str(), &end, 10);
+    const long long v = std::strtoll(s.c_str(), &end, 10);  // saturates at the int64 range
     return end && end != s.c_str() ? v : -1;
   }
   void commit() {
     f_.all_events++;
-    if (ev_.complete && ev_.has_ts && std::isfinite(ev_.ts)) {
-      if (!ev_.has_dur || !(ev_.dur >= 0) || !std::isfinite(ev_.ts + ev_.dur)) ev_.dur = 0;
+    if (ev_.complete && ev_.has_ts) {
+      ev_.index = f_.all_events;
+      check_event(f_, ev_);
+      if (!ev_.has_dur) ev_.dur = 0;
       f_.events.push_back(std::move(ev_));
     }
     ev_ = RawEvent{};
@@ -286,25 +335,35 @@ class TraceSax {
   RawEvent ev_;
 };
 
-void parse_stream(std::istream& in, RawFile& f, const std::function<std::string()>& read_error) {
+// `end_bytes`: the input's size once it was read to its end, else -1 (a parse error before the end).
+void parse_stream(std::istream& in, RawFile& f, const std::function<std::string()>& read_error,
+                  const std::function<int64_t()>& end_bytes) {
   TraceSax sax(f);
   bool ok = false;
   try {
     ok = json::sax_parse(in, &sax, json::input_format_t::json, true);
-  } catch (const Cancelled&) {
-    throw Error("cancelled");
+  } catch (const std::bad_alloc&) {
+    std::vector<RawEvent>().swap(f.events);
+    throw Error(f.display + " holds more events than this machine's memory can keep (" + with_commas(f.all_events) +
+                " read so far): open fewer ranks, or profile fewer steps (torch.profiler's schedule).");
   }
   const std::string zerr = read_error ? read_error() : "";
   if (!zerr.empty())
     throw Error(f.display + " could not be read to its end (" + zerr +
                 "): it is a truncated or corrupted gzip file; copy or export it again.");
+  if (sax.too_deep) throw Error(too_deep_sentence(f.display));
   if (!ok) {
     if (!sax.root_array && !sax.root_object)
       throw Error(f.display + " is not JSON: a PyTorch profiler trace is a JSON file written by "
                   "export_chrome_trace (optionally gzipped).");
-    throw Error(f.display + " ends or breaks off at byte " + std::to_string(std::max<int64_t>(sax.error_pos, 0)) +
-                " before its JSON is complete: the file is truncated or corrupted (was the job still "
-                "writing it?); export the trace again.");
+    // nlohmann counts the end of input as one more character read: an error there is a cut file.
+    const int64_t size = end_bytes ? end_bytes() : -1;
+    if (size >= 0 && sax.error_pos > size)
+      throw Error(f.display + " ends at byte " + std::to_string(size) + " before its JSON is complete: the file is "
+                  "truncated (was the job still writing it?); export the trace again.");
+    const int64_t at = std::max<int64_t>(sax.error_pos - 1, 0);
+    throw Error(f.display + " breaks its JSON at byte " + std::to_string(at) + (size >= 0 ? " of " + std::to_string(size) : std::string()) +
+                " (counted from 0): the bytes there are not JSON, so the file is corrupted, not cut short; export the trace again.");
   }
   if (sax.root_scalar_ || (!sax.root_array && !sax.root_object) || (sax.root_object && f.format != TraceFormat::Kineto))
     throw Error(f.display + " is JSON but not a PyTorch profiler trace: it has no \"traceEvents\" list "
@@ -312,6 +371,7 @@ void parse_stream(std::istream& in, RawFile& f, const std::function<std::string(
   if (f.events.empty())
     throw Error(f.display + " has no complete events (\"ph\": \"X\"): it is not a profiler trace of a run, "
                 "or the profiler recorded nothing (was the profiled region empty?).");
+  check_extent(f);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -361,20 +421,9 @@ std::string nccl_kernel_collective(const std::string& k) {
   return "nccl";
 }
 
-int64_t dtype_bytes(const std::string& d) {
-  static const std::map<std::string, int64_t> sizes = {
-      {"Float", 4}, {"float", 4}, {"Double", 8}, {"double", 8}, {"Half", 2}, {"BFloat16", 2},
-      {"Long", 8}, {"Int", 4}, {"Short", 2}, {"Char", 1}, {"Byte", 1}, {"Bool", 1},
-      {"Float8_e4m3fn", 1}, {"Float8_e5m2", 1}, {"ComplexFloat", 8}};
-  const auto it = sizes.find(d);
-  return it == sizes.end() ? -1 : it->second;
-}
-
 int64_t collective_bytes(const RankCollective& c) {
   const int64_t es = dtype_bytes(c.dtype);
-  if (es < 0) return -1;
-  if (c.name == "allgather" || c.name == "gather") return c.out_nelems >= 0 ? c.out_nelems * es : -1;
-  return c.in_nelems >= 0 ? c.in_nelems * es : -1;
+  return message_bytes(c.name == "allgather" || c.name == "gather" ? c.out_nelems : c.in_nelems, es);
 }
 
 bool is_annotation(const RawEvent& e) {
@@ -522,7 +571,7 @@ RankTrace classify(RawFile& f, int rank, Interner& intern, std::vector<std::stri
   r.file = f.path;
   r.format = f.format;
   r.backend = f.backend;
-  r.world_size = f.dist_world;
+  r.world_size = f.dist_world > 0 ? static_cast<int>(f.dist_world) : -1;  // assemble() checked it is the world
   const bool gpu = std::any_of(f.events.begin(), f.events.end(), [](const RawEvent& e) { return e.cat == "kernel"; });
   // Threads that run gloo's collectives (their other spans are gloo's, not compute).
   std::map<std::string, int32_t> thread_ids;
@@ -554,7 +603,9 @@ RankTrace classify(RawFile& f, int rank, Interner& intern, std::vector<std::stri
     if (starts_with(e.name, "ProfilerStep#")) {
       s.cls = SpanClass::Annotation;
       s.lane = TraceLane::Annotation;
-      const int n = std::atoi(e.name.c_str() + std::strlen("ProfilerStep#"));
+      int n = -1;  // the step's number, where it fits an int ("ProfilerStep#99999999999" has none)
+      const char* digits = e.name.c_str() + std::strlen("ProfilerStep#");
+      std::from_chars(digits, e.name.c_str() + e.name.size(), n);
       if (e.cat != "gpu_user_annotation") r.steps.push_back({n, e.ts, e.ts + e.dur});
     } else if (e.cat == "kernel") {
       const bool nccl = contains_ci(e.name, "nccl");
@@ -951,13 +1002,56 @@ void analyse(ImportedTrace& tr) {
   tr.iterations = tr.ranks.empty() ? 0 : static_cast<int>(tr.ranks[0].steps.size());
 }
 
-// Rank of a file: the explicit list, distributedInfo, or its name.
-int rank_from_name(const std::string& path) {
+// A file's rank as it was given (the explicit list, distributedInfo, or its name), with the text
+// that names it: a name's digits parse into an int64 that saturates, so "rank99999999999" is a rank
+// too large for any job, said as written, not an exception.
+struct GivenRank {
+  int64_t value = -1;  // -1: none
+  std::string text;
+};
+
+GivenRank rank_from_name(const std::string& path) {
   static const std::regex re("rank[_\\-]?([0-9]+)", std::regex::icase);
   std::smatch m;
   const std::string name = fs::path(path).filename().string();
-  if (std::regex_search(name, m, re)) return std::stoi(m[1].str());
-  return -1;
+  if (!std::regex_search(name, m, re)) return {};
+  const std::string digits = m[1].str();
+  GivenRank g{0, bounded_name(digits, 24)};
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), g.value);
+  if (ec == std::errc::result_out_of_range) g.value = INT64_MAX;
+  return g;
+}
+
+// "rank 3 is missing" / "ranks 3, 5 and 9 are missing" / "ranks 3, 5, 7, 9 and 120 more are missing".
+std::string missing_ranks(const std::vector<char>& present) {
+  std::vector<int> missing;
+  for (size_t r = 0; r < present.size(); r++)
+    if (!present[r]) missing.push_back(static_cast<int>(r));
+  constexpr size_t kNamed = 4;
+  std::string s = missing.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < missing.size() && i < kNamed; i++)
+    s += (i == 0 ? "" : i + 1 == missing.size() ? " and " : ", ") + std::to_string(missing[i]);
+  if (missing.size() > kNamed) s += " and " + with_commas(static_cast<int64_t>(missing.size() - kNamed)) + " more";
+  return s + (missing.size() == 1 ? " is missing" : " are missing");
+}
+
+// The given ranks, sorted, with runs shortened ("0-1233, 1235-2999, 99999999999"), at most a few items.
+std::string rank_list(std::vector<GivenRank> ranks) {
+  std::sort(ranks.begin(), ranks.end(), [](const GivenRank& a, const GivenRank& b) { return a.value < b.value; });
+  constexpr int kItems = 8;
+  std::string s;
+  int items = 0;
+  size_t i = 0;
+  for (; i < ranks.size() && items < kItems; items++) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j].value < INT64_MAX && ranks[j + 1].value == ranks[j].value + 1) j++;
+    s += (s.empty() ? "" : ", ") + ranks[i].text;
+    if (j >= i + 2) s += "-" + ranks[j].text;
+    else if (j == i + 1) s += ", " + ranks[j].text;
+    i = j + 1;
+  }
+  if (i < ranks.size()) s += " and " + with_commas(static_cast<int64_t>(ranks.size() - i)) + " more";
+  return s;
 }
 
 ImportedTrace assemble(std::vector<RawFile>& files, const TraceImportOptions& opt) {
@@ -965,30 +1059,32 @@ ImportedTrace assemble(std::vector<RawFile>& files, const TraceImportOptions& op
     throw Error(std::to_string(opt.ranks.size()) + " ranks were given for " + std::to_string(files.size()) +
                 " trace files: give one rank per file, in the files' order.");
   ImportedTrace tr;
-  std::vector<int> rank_of(files.size(), -1);
+  std::vector<GivenRank> given(files.size());
   for (size_t i = 0; i < files.size(); i++) {
     RawFile& f = files[i];
-    if (!opt.ranks.empty()) rank_of[i] = opt.ranks[i];
-    else if (f.dist_rank >= 0) rank_of[i] = f.dist_rank;
-    else rank_of[i] = rank_from_name(f.path);
-    if (rank_of[i] < 0)
+    if (!opt.ranks.empty()) given[i] = {opt.ranks[i], std::to_string(opt.ranks[i])};
+    else if (f.dist_rank >= 0) given[i] = {f.dist_rank, std::to_string(f.dist_rank) + (f.dist_rank == INT64_MAX ? " or more" : "")};
+    else if (f.dist_rank < -1) throw Error(f.display + "'s distributedInfo says rank " + std::to_string(f.dist_rank) + "; ranks count from 0, so the file is corrupted.");
+    else given[i] = rank_from_name(f.path);
+    if (given[i].value < 0)
       throw Error(f.display + " records no rank (the legacy profiler does not, and it has no distributedInfo) "
                   "and its name has none: name the files rank0.json, rank1.json, ... or give the ranks in "
                   "order (dtlab-cli trace summarize --ranks 0,1,...; the lab's --trace-ranks).");
   }
   const int world = static_cast<int>(files.size());
+  if (std::any_of(given.begin(), given.end(), [&](const GivenRank& g) { return g.value >= world; })) {
+    // Some rank is then missing (n files, fewer than n ranks below n): say which first, so that among
+    // 3,000 files the sentence still names it.
+    std::vector<char> present(files.size(), 0);
+    for (const GivenRank& g : given)
+      if (g.value < world) present[static_cast<size_t>(g.value)] = 1;
+    throw Error(missing_ranks(present) + ": the traces are of ranks " + rank_list(given) + ", but " + with_commas(world) +
+                (world == 1 ? " file makes rank 0" : " files make ranks 0 to " + std::to_string(world - 1)) +
+                "; open every rank's trace of the run (one file per rank).");
+  }
   std::vector<int> seen(files.size(), -1);
   for (size_t i = 0; i < files.size(); i++) {
-    const int r = rank_of[i];
-    if (r >= world) {
-      std::vector<int> sorted(rank_of);
-      std::sort(sorted.begin(), sorted.end());
-      std::string list;
-      for (int x : sorted) list += (list.empty() ? "" : ", ") + std::to_string(x);
-      throw Error("the traces are of ranks " + list + ", but " + std::to_string(world) +
-                  " files make ranks 0 to " + std::to_string(world - 1) +
-                  ": open every rank's trace of the run (one file per rank).");
-    }
+    const int r = static_cast<int>(given[i].value);
     if (seen[static_cast<size_t>(r)] >= 0)
       throw Error(files[i].display + " and " + files[static_cast<size_t>(seen[static_cast<size_t>(r)])].display +
                   " are both rank " + std::to_string(r) + ": open one trace per rank.");
@@ -1021,36 +1117,10 @@ ImportedTrace assemble(std::vector<RawFile>& files, const TraceImportOptions& op
   return tr;
 }
 
-std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
-  if (paths.empty()) throw Error("no trace given: pass a directory of per-rank traces or the files themselves.");
-  std::vector<std::string> out;
-  for (const std::string& p : paths) {
-    std::error_code ec;
-    if (fs::is_directory(p, ec)) {
-      std::vector<std::string> found;
-      for (const auto& e : fs::directory_iterator(p, ec)) {
-        const std::string name = e.path().filename().string();
-        const bool json = name.size() > 5 && (name.ends_with(".json") || name.ends_with(".json.gz"));
-        if (!json || name == "dtlab.json" || !e.is_regular_file()) continue;
-        found.push_back(e.path().string());
-      }
-      if (found.empty())
-        throw Error(p + " has no trace files (*.json or *.json.gz): give the directory the profiler wrote its per-rank traces to.");
-      std::sort(found.begin(), found.end());
-      out.insert(out.end(), found.begin(), found.end());
-    } else if (fs::is_regular_file(p, ec)) {
-      out.push_back(p);
-    } else {
-      throw Error(p + " does not exist: give a directory of per-rank traces or the trace files themselves.");
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 ImportedTrace import_traces(const std::vector<std::string>& paths, const TraceImportOptions& opt) {
-  const std::vector<std::string> files = expand_paths(paths);
+  const std::vector<std::string> files = find_trace_files(paths);
   int64_t total = 0;
   std::vector<int64_t> sizes;
   for (const std::string& f : files) {
@@ -1072,10 +1142,10 @@ ImportedTrace import_traces(const std::vector<std::string>& paths, const TraceIm
       reported = done;
       opt.progress(std::min(1.0, static_cast<double>(done) / static_cast<double>(total)));
     };
-    GzBuf buf(files[i], on_read, opt.cancel);
-    if (!buf.ok()) throw Error(files[i] + " cannot be opened: check the path and that it is readable.");
+    TraceFileBuf buf(files[i], f.display, on_read, opt.cancel);
+    if (!buf.ok()) throw Error(files[i] + " cannot be opened (" + os_reason(errno) + "); check that it is readable.");
     std::istream in(&buf);
-    parse_stream(in, f, [&] { return buf.error; });
+    parse_stream(in, f, [&] { return buf.error(); }, [&] { return buf.end_bytes(); });
     before += sizes[i];
   }
   if (opt.progress) opt.progress(1.0);
@@ -1098,7 +1168,8 @@ ImportedTrace import_trace_texts(const std::vector<std::pair<std::string, std::s
   for (size_t i = 0; i < texts.size(); i++) {
     raw[i].path = raw[i].display = texts[i].first;
     std::istringstream in(texts[i].second);
-    parse_stream(in, raw[i], nullptr);
+    const auto size = static_cast<int64_t>(texts[i].second.size());
+    parse_stream(in, raw[i], nullptr, [size] { return size; });
   }
   return assemble(raw, opt);
 }
