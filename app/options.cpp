@@ -14,7 +14,6 @@
 #include "engine/monitor/monitor.h"
 #include "engine/parallel/pipeline.h"
 #include "engine/trace/cost_model.h"
-#include "engine/trace/trace_input.h"
 #include "app/trace_loader.h"
 
 namespace dtlab::app {
@@ -78,7 +77,6 @@ void check_open(const CLI::App& app, const cli::TrainFlags& f, AppOptions& o) {
       throw Error(std::string("--compare-profile: ") + e.what());
     }
   }
-  check_trace_sidecar(o.open);  // reachable, small, not nested past what read_trace_meta's JSON walks survive
   const TraceMeta meta = read_trace_meta(o.open);
   o.trace_batch = meta.batch;
   o.trace_bucket_cap_mb = meta.bucket_cap_mb;

@@ -15,7 +15,6 @@
 #include "engine/core/collective.h"
 #include "engine/core/format.h"
 #include "engine/trace/cost_model.h"  // profile_names
-#include "engine/trace/trace_input.h"
 #include "engine/train/trace_compare.h"
 
 namespace dtlab::cli {
@@ -76,7 +75,6 @@ int summarize(const TraceArgs& a, Streams& io) {
       std::snprintf(buf, sizeof buf, "\rreading traces: %3.0f%%", 100 * f);
       io.err << buf << std::flush;
     };
-  check_trace_sidecar(a.paths);  // reachable, small, not nested past what read_trace_meta's JSON walks survive
   const TraceMeta meta = read_trace_meta(a.paths);  // dtlab.json beside the traces: what ran
   const ImportedTrace tr = import_traces(a.paths, opt);
   if (io.terminal) io.err << "\r                      \r" << std::flush;

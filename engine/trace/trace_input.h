@@ -55,8 +55,8 @@ std::string too_deep_sentence(const std::string& file);
 
 // Checks the sidecar dtlab.json beside the traces (in the directory paths[0] names, or beside the
 // file it names), where there is one: reachable, at most 1 MiB (it holds a few settings), and nested
-// no deeper than kMaxTraceJsonDepth. Throws dtlab::Error with one sentence; callers run it before
-// reading it (engine/train/trace_compare.h's read_trace_meta).
+// no deeper than kMaxTraceJsonDepth. Throws dtlab::Error with one sentence; read_trace_meta
+// (engine/train/trace_compare.h) runs it before reading the file.
 void check_trace_sidecar(const std::vector<std::string>& paths);
 
 // A streambuf over zlib's gzread: gzip and plain files alike. Reports the compressed bytes read,

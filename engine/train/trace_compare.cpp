@@ -16,6 +16,7 @@
 #include "engine/core/check.h"
 #include "engine/core/format.h"
 #include "engine/trace/cost_model.h"
+#include "engine/trace/trace_input.h"
 #include "engine/train/train.h"
 
 namespace dtlab {
@@ -23,6 +24,7 @@ namespace dtlab {
 TraceMeta read_trace_meta(const std::vector<std::string>& paths) {
   TraceMeta m;
   if (paths.empty()) return m;
+  check_trace_sidecar(paths);  // reachable, small, not nested past what the JSON walks below survive
   std::error_code ec;
   const std::filesystem::path first(paths[0]);
   const std::filesystem::path p = (std::filesystem::is_directory(first, ec) ? first : first.parent_path()) / "dtlab.json";
