@@ -157,9 +157,9 @@ LessonRunner::Result LessonRunner::apply_scenario(Session& session, int step, in
     clock.arg = o.modeled_clock ? "modeled" : "wall";
     r.then.push_back(clock);
   } catch (const LessonError& e) {
-    r.failure = e.what();
+    r.failure = e.what(), r.code = 2;
   } catch (const Error& e) {
-    r.failure = where(step, line) + "the scenario does not start: " + e.what();
+    r.failure = where(step, line) + "the scenario does not start: " + e.what(), r.code = 2;
   }
   return r;
 }
@@ -181,8 +181,8 @@ LessonRunner::Result LessonRunner::act(const LessonAction& a, int step, const st
       const FigureScope scope{&session.update(), &marks_};
       try {
         if (a.expr.eval(scope) == 0) r.failure = at + "this does not hold: " + a.expr.explain(scope);
-      } catch (const Error& e) {
-        r.failure = at + e.what();
+      } catch (const Error& e) {  // the lesson asks for a figure that has no value: its text is at fault
+        r.failure = at + e.what(), r.code = 2;
       }
       break;
     }
@@ -294,7 +294,7 @@ LessonRunner::Result LessonRunner::reveal(int j, Session& session) {
   try {
     live = q.answer.eval(scope);
   } catch (const Error& e) {
-    r.failure = at + "the answer has no value: " + e.what();
+    r.failure = at + "the answer has no value: " + e.what(), r.code = 2;
     return r;
   }
   int live_choice = -1;
@@ -302,7 +302,7 @@ LessonRunner::Result LessonRunner::reveal(int j, Session& session) {
     try {
       if (q.close(q.choices[i].value.eval(scope), live)) live_choice = static_cast<int>(i);
     } catch (const Error& e) {
-      r.failure = at + "choice " + std::to_string(i + 1) + ": " + e.what();
+      r.failure = at + "choice " + std::to_string(i + 1) + ": " + e.what(), r.code = 2;
       return r;
     }
   }
@@ -333,7 +333,7 @@ LessonRunner::Result LessonRunner::reveal(int j, Session& session) {
         else std::fprintf(stderr, "dtlab: %s\n", a.note.c_str());
       }
     } catch (const Error& e) {
-      r.failure = at + "expect: " + e.what();
+      r.failure = at + "expect: " + e.what(), r.code = 2;
     }
   }
   if (play_ && r.failure.empty()) {
@@ -468,7 +468,7 @@ LessonRunner::Result LessonRunner::exec(const std::string& command, Session& ses
       std::fflush(stdout);
     }
   } else {
-    r.failure = lesson_.path + ": unknown lesson command '" + command + "'";
+    r.failure = lesson_.path + ": unknown lesson command '" + command + "'", r.code = 2;
   }
   return r;
 }

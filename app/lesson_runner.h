@@ -53,6 +53,7 @@ class LessonRunner {
     std::vector<ScriptCommand> then;  // run these next, before anything else queued
     bool again = false;               // run the same command again next frame (run until)
     std::string failure;              // "lessons/x.md:12: step 3 'Ring steps': what went wrong"
+    int code = 1;                     // a scripted run's exit code for it: 2 when the lesson file is at fault
   };
   // `command` is what follows `lesson` in a script (start, next, back, goto N, answer X, check, play,
   // demo) or one of the runner's own (_enter J, _reveal J, _act J a|r I, ...).

@@ -293,7 +293,7 @@ bool ScriptRunner::lesson_command(const ScriptCommand& c) {
     std::fprintf(stderr, "dtlab: %s\n", r.failure.c_str());
     lessons_.set_error(r.failure);
     queue_.clear();
-    if (scripted_) outcome_.exit_code = std::max(outcome_.exit_code, 1);
+    if (scripted_) outcome_.exit_code = std::max(outcome_.exit_code, r.code);
     return !scripted_;
   }
   if (r.again) queue_.push_front(c);

@@ -232,7 +232,7 @@ void TraceLoader::compare(const TraceCompareOptions& opt) {
     try {
       out = std::make_shared<TraceComparison>(compare_trace(trace->trace, job->options));
     } catch (...) {
-      error = failure_sentence(std::current_exception(), "training the model to compare", "compare a smaller --trace-model");
+      error = failure_sentence(std::current_exception(), "training the model to compare", "compare a smaller model (--trace-model, or \"model\" in the traces' dtlab.json)");
     }
     job->done_s = seconds_since(job->start);
     {

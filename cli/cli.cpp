@@ -96,8 +96,9 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
     if (!msg.empty() && msg.back() == '.') msg.pop_back();  // one style: no final period
     io.err << "dtlab-cli: " << tidy_sentence(msg) << "\n";
     return 2;
-  } catch (const std::bad_alloc&) {  // a model, batch or data set larger than this machine's memory
-    io.err << "dtlab-cli: out of memory: the run asks for more than this machine has; use a smaller --model, --batch or --world\n";
+  } catch (const std::bad_alloc&) {  // a model, batch, adapter or input file larger than this machine's memory
+    io.err << "dtlab-cli: out of memory: the run, or a file it read, needs more than this machine has; use a smaller --model, "
+              "--batch, --world or --lora-rank, or check the size of the input files\n";
     return 2;
   } catch (const std::exception& e) {
     io.err << "dtlab-cli: internal error: " << tidy_sentence(e.what()) << "\n";

@@ -63,7 +63,7 @@ CLI::Validator param_count() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
         try {
-          char buf[32];
+          char buf[32];  // at most 1e15: 16 digits
           std::snprintf(buf, sizeof buf, "%.0f", parse_param_count(text));
           text = buf;
           return "";

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "engine/comm/communicator.h"  // CommError
 #include "engine/core/check.h"
 #include "engine/core/collective.h"
 #include "engine/core/format.h"
@@ -84,7 +85,19 @@ int summarize(const TraceArgs& a, Streams& io) {
   if (a.batch > 0) co.batch = a.batch;
   co.profile = a.profile;
   std::optional<TraceComparison> cmp;
-  if (!co.model.empty()) cmp = compare_trace(tr, co);
+  if (!co.model.empty()) {
+    // The model (and batch) dtlab.json gave, not a flag: a sentence about them names the file.
+    const bool from_file = a.model.empty() && !meta.path.empty();
+    try {
+      cmp = compare_trace(tr, co);
+    } catch (const CommError&) {
+      throw;
+    } catch (const Error& e) {
+      if (!from_file) throw;
+      throw Error(meta.path + " describes the traced model as " + co.model + ", which dtlab cannot train to compare: " + e.what() +
+                  "; correct its \"model\", or give --model");
+    }
+  }
   std::ostream& out = io.out;
   const int world = static_cast<int>(tr.ranks.size());
 

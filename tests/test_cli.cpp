@@ -216,7 +216,7 @@ TEST_SUITE("cli") {
     const dtlab::test::ShellResult r = dtlab::test::shell("ulimit -v 4194304; " DTLAB_CLI_PATH " train --batch 8 --steps 1 --model mlp:2,40000,40000,3");
     INFO(r.out);
     CHECK(r.code == 2);
-    CHECK(r.out.find("dtlab-cli: out of memory: the run asks for more than this machine has") != std::string::npos);
+    CHECK(r.out.find("dtlab-cli: out of memory: the run, or a file it read, needs more than this machine has") != std::string::npos);
   }
 
   TEST_CASE("--drop-last with a batch larger than the data set") {

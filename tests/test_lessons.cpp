@@ -50,7 +50,7 @@ void step_on(Session& s, GateKind k, int n) {
 
 // Runs commands the way the app's queue does: engine steps on the session, lesson commands through
 // the runner with their follow-ups first. Returns the first failure, "" when none.
-std::string drive(LessonRunner& r, Session& s, const std::vector<std::string>& lesson_cmds) {
+std::string drive(LessonRunner& r, Session& s, const std::vector<std::string>& lesson_cmds, int* code = nullptr) {
   std::deque<ScriptCommand> q;
   for (const std::string& a : lesson_cmds) {
     ScriptCommand c;
@@ -73,6 +73,7 @@ std::string drive(LessonRunner& r, Session& s, const std::vector<std::string>& l
       case ScriptCommand::SetEpoch: s.set_data_set_epoch(c.arg == "on"); break;
       case ScriptCommand::Lesson: {
         LessonRunner::Result res = r.exec(c.arg, s);
+        if (code) *code = res.code;
         if (!res.failure.empty()) return res.failure;
         if (res.again) {  // the app comes back next frame
           q.push_front(c);
@@ -363,7 +364,19 @@ TEST_SUITE("lessons") {
       wrong.steps[0].question->expect = Figure::parse("7");
       Session s(lesson_options(wrong).train);
       LessonRunner r(wrong, true, "");
-      CHECK(drive(r, s, {"play"}) == "t.md:13: step 1 'Ring': the engine revealed collective.steps = 6 but the lesson expects 7 = 7");
+      int code = 0;
+      CHECK(drive(r, s, {"play"}, &code) == "t.md:13: step 1 'Ring': the engine revealed collective.steps = 6 but the lesson expects 7 = 7");
+      CHECK(code == 1);  // the engine and the file disagree: a failed play, not bad input
+    }
+    SUBCASE("a question whose figure has no value: the lesson file is bad input, exit 2") {
+      Lesson bad = l;
+      bad.steps[0].question->answer = Figure::parse("bucket[9].bytes");
+      Session s(lesson_options(bad).train);
+      LessonRunner r(bad, true, "");
+      int code = 0;
+      const std::string failure = drive(r, s, {"play"}, &code);
+      CHECK(failure.rfind("t.md:13: step 1 'Ring': the answer has no value: ", 0) == 0);
+      CHECK(code == 2);
     }
   }
 

@@ -256,6 +256,9 @@ TEST_CASE("memory plan: names, stages and parameter counts") {
   CHECK(parse_param_count("1.3B") == 1300000000.0);  // 1.3 * 1e9 is a hair off in binary
   CHECK(parse_param_count("1.3T") == 1.3e12);
   CHECK(parse_param_count("4547") == 4547);
+  // Beyond the bound, said on the text as given (the CLI once printed 1e300 as "1e+30").
+  CHECK_THROWS_WITH_AS(parse_param_count("1e300"), "'1e300' is more than 1e15 parameters, beyond any model this plans; give at most 1e15 (1000T)", Error);
+  CHECK(parse_param_count("1000T") == 1e15);
   CHECK(param_count_str(7.5e9) == "7.5B");
   CHECK(param_count_str(70e9) == "70B");
   CHECK(param_count_str(125e6) == "125M");

@@ -7,12 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "engine/comm/plan.h"
 #include "engine/comm/threads_backend.h"
 #include "engine/core/check.h"
 #include "engine/trace/export.h"
 #include "engine/trace/tuning.h"
 #include "engine/train/config_json.h"
 #include "engine/train/train.h"
+#include "tests/cli_util.h"
 
 using namespace dtlab;
 
@@ -113,6 +115,23 @@ TEST_CASE("tuning: availability follows the profile") {
   CHECK(predict_all(nv, 8, CollectiveOp::ReduceScatter, 4096).size() == std::size(kProtocols));
   for (const Prediction& p : predict_all(nv, 8, CollectiveOp::Broadcast, 4096))
     CHECK((p.algo == Algorithm::Tree || p.algo == Algorithm::Naive));
+}
+
+// --algo auto once picked hierarchical for a world of partial nodes, which the run then refused.
+TEST_CASE("tuning: auto never picks what the world cannot run (hierarchical on partial nodes)") {
+  const HardwareProfile ib = find_profile("ib2x4");
+  const Prediction h = predict(ib, 6, CollectiveOp::AllReduce, Algorithm::Hierarchical, Protocol::Simple, 1 << 26);
+  CHECK_FALSE(h.available);
+  CHECK(h.why_not == "hierarchical needs whole nodes, and 6 ranks are not a multiple of ib2x4's 4 GPUs per node");
+  for (double bytes : {1e3, 1e6, 1e8, 1e9}) {
+    const Prediction pick = select(ib, 6, CollectiveOp::AllReduce, bytes);
+    CHECK_NOTHROW(check_algorithm_topology(pick.algo, 6, ib));
+    CHECK(pick.algo != Algorithm::Hierarchical);
+  }
+  CHECK(predict(ib, 8, CollectiveOp::AllReduce, Algorithm::Hierarchical, Protocol::Simple, 1 << 26).available);
+  test::CliResult r = test::run_cli({"train", "--strategy", "ddp", "--world", "6", "--algo", "auto", "--profile", "ib2x4", "--steps", "1",
+                                     "--model", "mlp:2,1024,1024,3"});
+  CHECK_MESSAGE(r.code == 0, r.err);
 }
 
 TEST_CASE("tuning: select honours forced algorithms and protocols") {

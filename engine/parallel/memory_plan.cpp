@@ -296,6 +296,9 @@ double parse_param_count(std::string_view text) {
   const double v = std::strtod(body.c_str(), &end) * scale;
   if (end != body.c_str() + body.size() || !std::isfinite(v)) throw bad;
   if (v < 1) throw Error("'" + s + "' is less than one parameter; a model has at least 1");
+  // Said here, on the text as given: a caller that prints the count (CLI11 stores it as text) would
+  // otherwise cut 1e300 to its first digits and complain about 1e+30.
+  if (v > kMaxParams) throw Error("'" + s + "' is more than 1e15 parameters, beyond any model this plans; give at most 1e15 (1000T)");
   // "1.3B" is 1.3 * 1e9 in binary floating point, a hair off 1300000000: round within a tolerance.
   const double r = std::round(v);
   if (std::fabs(v - r) > 1e-9 * v) throw Error("'" + s + "' is not a whole number of parameters");

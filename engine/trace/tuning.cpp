@@ -167,6 +167,11 @@ std::string why_not(const Topology& t, Algorithm algo, Protocol proto) {
   }
   if (algo == Algorithm::Hierarchical && !t.uses_inter())
     return "hierarchical needs ranks on more than one node; " + std::to_string(t.n) + " ranks fit in one node of " + p.name;
+  // What check_algorithm_topology refuses to run: the tuner never picks it (--algo auto once chose
+  // hierarchical for 6 ranks on ib2x4, then the run refused its own choice).
+  if (algo == Algorithm::Hierarchical && p.gpus_per_node > 1 && t.n % p.gpus_per_node != 0)
+    return "hierarchical needs whole nodes, and " + std::to_string(t.n) + " ranks are not a multiple of " + p.name + "'s " +
+           std::to_string(p.gpus_per_node) + " GPUs per node";
   if (proto == Protocol::LL128 && hw_of(p.intra_fabric) != kNvlinkHw)
     return "NCCL enables LL128 by default only where GPUs talk over NVLink, and " + p.name + "'s talk over " +
            fabric_name(p.intra_fabric);

@@ -131,6 +131,9 @@ Setting row(const char* flag, const char* key, T type, G group, SettingScope sco
 std::vector<Setting> make_settings() {
   std::vector<Setting> s;
   const double kInt = INT_MAX;
+  // A LoRA rank is the adapter's inner width: far below any layer this engine trains. A bound keeps
+  // --lora-rank 2147483647 a range sentence, not an allocation that fails as "out of memory".
+  const double kMaxLoraRank = 65536;
   // Run: what trains, on how many ranks, for how long.
   s.push_back(named(row("--strategy", "strategy", T::Choice, G::Run, kBoth, strategy_help(), 0, 0, true, "ddp"),
                     DTLAB_FIELD(strategy), strategy_name, parse_strategy));
@@ -313,7 +316,7 @@ std::vector<Setting> make_settings() {
   // LoRA (peft's LoraConfig: r, lora_alpha default 8, adapters on every Linear unless listed;
   // docs/course_sources.md §6d)
   s.push_back(field(row("--lora-rank", "lora.rank", T::Int, G::Lora, kBoth,
-                        "LoRA: adapter rank r; freezes the base weights and trains only the adapters", INT_MIN, kInt, false, "2"),
+                        "LoRA: adapter rank r; freezes the base weights and trains only the adapters", 0, kMaxLoraRank, false, "2"),
                     DTLAB_FIELD(lora.rank)));
   s.push_back(field(row("--lora-alpha", "lora.alpha", T::Real, G::Lora, kBoth, "LoRA: alpha (scaling = alpha / r; peft's default 8)",
                         -kNoLimit, kNoLimit, false, "16"),
@@ -350,7 +353,7 @@ std::vector<Setting> make_settings() {
                         "2^24); the scaler skips them", static_cast<double>(INT64_MIN), static_cast<double>(INT64_MAX), false, "3,7"),
                     DTLAB_FIELD(inject_overflow_steps)));
   s.push_back(field(row("--inject-overflow-rank", "inject_overflow_rank", T::Int, G::Precision, kBoth,
-                        "fp16: the rank whose gradients --inject-overflow overflows (default 0)", INT_MIN, kInt, false, "1"),
+                        "fp16: the rank whose gradients --inject-overflow overflows (default 0)", 0, kMaxRanks - 1, false, "1"),
                     DTLAB_FIELD(inject_overflow_rank)));
 
   // dtlab-cli train only: epochs, SGD's settings, checkpoints, output, launch's monitor.
