@@ -359,23 +359,24 @@ TEST_SUITE("lessons") {
       CHECK(s.update().collective.seq == 2);
       CHECK(drive(r, s, {"answer x"}) == "t.md:19: step 2 'Bytes': lesson answer: 'x' is not a number; write it as 0.25, 1/4 or 25%");
     }
+    // --play: the failure and the exit code a scripted run takes from it.
+    auto play = [](const Lesson& lesson, int& code) {
+      Session s(lesson_options(lesson).train);
+      LessonRunner r(lesson, true, "");
+      return drive(r, s, {"play"}, &code);
+    };
     SUBCASE("the engine disagrees with the lesson: --play fails at the question") {
       Lesson wrong = l;
       wrong.steps[0].question->expect = Figure::parse("7");
-      Session s(lesson_options(wrong).train);
-      LessonRunner r(wrong, true, "");
       int code = 0;
-      CHECK(drive(r, s, {"play"}, &code) == "t.md:13: step 1 'Ring': the engine revealed collective.steps = 6 but the lesson expects 7 = 7");
+      CHECK(play(wrong, code) == "t.md:13: step 1 'Ring': the engine revealed collective.steps = 6 but the lesson expects 7 = 7");
       CHECK(code == 1);  // the engine and the file disagree: a failed play, not bad input
     }
     SUBCASE("a question whose figure has no value: the lesson file is bad input, exit 2") {
       Lesson bad = l;
       bad.steps[0].question->answer = Figure::parse("bucket[9].bytes");
-      Session s(lesson_options(bad).train);
-      LessonRunner r(bad, true, "");
       int code = 0;
-      const std::string failure = drive(r, s, {"play"}, &code);
-      CHECK(failure.rfind("t.md:13: step 1 'Ring': the answer has no value: ", 0) == 0);
+      CHECK(play(bad, code).rfind("t.md:13: step 1 'Ring': the answer has no value: ", 0) == 0);
       CHECK(code == 2);
     }
   }
