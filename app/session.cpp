@@ -1,6 +1,10 @@
 #include "app/session.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
 
 #include "engine/core/check.h"
 #include "engine/train/config_json.h"
@@ -58,6 +62,27 @@ void Session::start() {
 void Session::stop() {
   if (!trainer_) return;
   if (!done_) trainer_->abort("the run was reset from the app");
+  // Nothing waits forever: an aborted run's ranks leave at their next collective or gate within a
+  // frame or two. One stuck elsewhere (a rank that never returns from a library call, as OpenBLAS
+  // allocating its buffers under a tight address-space limit once did) cannot be joined or freed; the
+  // lab says which ranks and where, and ends the process rather than hang.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kStopLimitS);
+  while (!done_ && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (!done_) {
+    std::string busy;
+    if (ThreadsWorld* w = trainer_->world()) {
+      const WorldStatus st = w->status();
+      for (size_t r = 0; r < st.compute_activity.size(); r++)
+        if (st.compute_activity[r] != "idle" && st.compute_activity[r] != "finished")
+          busy += (busy.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " " + st.compute_activity[r];
+    } else {
+      busy = "rank 0 " + trainer_->context().activity();
+    }
+    std::fprintf(stderr, "dtlab: the run did not stop within %.0f s of being asked to (%s); the lab exits without waiting for it\n",
+                 kStopLimitS, busy.empty() ? "no rank says where it is" : busy.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
   if (worker_.joinable()) worker_.join();
   trainer_.reset();
 }

@@ -93,6 +93,7 @@ class Session {
   std::thread worker_;
   std::atomic<bool> done_{false};
   mutable std::mutex mu_;  // guards reports_, error_
+  static constexpr double kStopLimitS = 30;  // stop(): how long an aborted run may take to end
   std::vector<StepReport> reports_;  // reported since the last update(), not yet handed to the builder
   size_t client_reports_ = 0;        // attached: the monitor client's reports handed on so far
   std::string error_;
