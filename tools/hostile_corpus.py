@@ -53,7 +53,7 @@ import zipfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
-CATEGORIES = ["flags", "safetensors", "sharded", "npz", "csv", "lessons", "multiprocess", "traces"]
+CATEGORIES = ["flags", "figures", "safetensors", "sharded", "npz", "csv", "lessons", "multiprocess", "traces"]
 OUTCOMES = ["clean error", "ran", "crash", "hang", "silently wrong", "untidy error", "refused valid"]
 FAILING = ("crash", "hang", "silently wrong")
 MEM_LIMIT_KB = 4 * 1024 * 1024
@@ -527,6 +527,7 @@ class Corpus:
     def build(self):
         self.make_base()
         gen_flags(self)
+        gen_figures(self)
         gen_safetensors(self)
         gen_sharded(self)
         gen_npz(self)
@@ -849,6 +850,85 @@ def gen_flags_lab(c):
 
 
 # ---- 2. safetensors checkpoints ---------------------------------------------------------------
+
+# ---- 1b. figures and outputs (issue 40): what must not come out wrong ------------------------
+
+def still_fifo(name):
+    def check(case, res):
+        import stat
+        st = os.lstat(os.path.join(case.dir, name))
+        return None if stat.S_ISFIFO(st.st_mode) else "%s is no longer a FIFO: the save replaced it" % name
+    return check
+
+
+def prints(*parts, absent=()):
+    """check: what the run printed (stdout and stderr) says each part and none of `absent`."""
+    def check(case, res):
+        text = res.stderr + res.stdout
+        for p in parts:
+            if p not in text:
+                return "the output does not say %r" % p
+        for p in absent:
+            if p in text:
+                return "the output says %r" % p
+        return None
+    return check
+
+
+def summary_of(res):
+    objs = list(json_objects(res.stdout))
+    return objs[-1] if objs else {}
+
+
+def gen_figures(c):
+    """Outputs over non-files, figures that came out wrong, valid input refused, misleading messages."""
+    cat = "figures"
+    # class 4: a FIFO, socket or device at an output path is refused and left as it was
+    for flag, args in (("--save", tiny("--save", "pipe")), ("--trace", tiny("--trace", "pipe")),
+                       ("--csv", ["schedule", "--csv", "pipe"])):
+        case = c.add(Case(cat, "output %s into a FIFO" % flag, args, "error", check=still_fifo("pipe"),
+                          err_check=all_checks(still_fifo("pipe"), says("is a FIFO"))))
+        os.mkfifo(os.path.join(case.dir, "pipe"))
+    c.add(Case(cat, "output --save onto /dev/null", tiny("--save", "/dev/null"), "error", err_check=says("is a device")))
+    # class 6: figures
+    tp1 = tiny("--strategy", "ddp", "--world", "2", "--tp", "2", "--json")
+    c.add(Case(cat, "one replica under --tp: overlap null, not -1", tp1, "ok",
+               check=lambda case, res: None if summary_of(res).get("overlap", 0) is None else
+               "the summary's overlap is %r, not null" % summary_of(res).get("overlap")))
+    c.add(Case(cat, "one replica under --tp: no -100% in words", tiny("--strategy", "ddp", "--world", "2", "--tp", "2"), "ok",
+               check=prints("nothing to overlap", absent=("-100%",))))
+    c.add(Case(cat, "a NaN loss after the last update", ["train", "--lr", "1e5", "--optimizer", "sgd", "--steps", "3",
+                                                        "--save", "m.safetensors"], "error", outputs=["m.safetensors"],
+               err_check=says("NaN loss over the training set")))
+    for steps in ("0", "5"):
+        c.add(Case(cat, "--inject-overflow %s never fires" % steps,
+                   tiny("--strategy", "ddp", "--world", "2", "--precision", "fp16", "--inject-overflow", steps),
+                   "error", err_check=says("would never fire")))
+    c.add(Case(cat, "--drop-last with fewer samples than ranks",
+               tiny("--strategy", "ddp", "--world", "4", "--batch", "1", "--drop-last", "--data", "blobs:points=1,classes=3"),
+               "error", err_check=says("data-parallel ranks")))
+    for extra, what in ((["--hidden", "4098"], "--hidden 4098 is not divisible"),
+                        (["--seq", "2050", "--sequence-parallel"], "--seq 2050 is not divisible")):
+        args = ["plan", "--params", "7B", "--world", "64", "--tp", "4", "--stages", "4", "--layers", "32", "--hidden", "4096",
+                "--seq", "2048", "--micro-batch", "1"]
+        args = merge(args, extra)
+        c.add(Case(cat, "plan " + " ".join(extra), args, "error", err_check=says(what)))
+    for extra in ([], ["--lora-rank", "4"], ["--strategy", "dp", "--world", "3"], ["--precision", "bf16"]):
+        args = tiny("--activation-checkpointing", *extra)
+        c.add(Case(cat, "checkpointing predicts what it measures " + " ".join(extra), args, "ok",
+                   check=prints("predicted", absent=("differs",))))
+    # class 8: valid input refused
+    c.add(Case(cat, "--algo auto on partial nodes", tiny("--strategy", "ddp", "--world", "6", "--algo", "auto",
+                                                         "--profile", "ib2x4", "--model", "mlp:2,1024,1024,3"), "ok"))
+    # class 9: messages
+    c.add(Case(cat, "--lora-rank 2147483647", tiny("--lora-rank", "2147483647"), "error",
+               err_check=says("use 0 to 65536", absent=("out of memory",))))
+    c.add(Case(cat, "--inject-overflow-rank huge", tiny("--strategy", "ddp", "--world", "2", "--precision", "fp16",
+                                                        "--inject-overflow", "1", "--inject-overflow-rank", "99999999999"),
+               "error", err_check=says("use 0 to 63", absent=("2147483647",))))
+    c.add(Case(cat, "plan --params 1e300", ["plan", "--params", "1e300", "--world", "8"], "error",
+               err_check=says("'1e300' is more than 1e15", absent=("1e+30",))))
+
 
 def st_reference(raw, base_header):
     """What a correct loader must do with raw for model mlp:2,4,3 without --model:
