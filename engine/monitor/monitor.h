@@ -25,16 +25,16 @@
 #include <thread>
 #include <vector>
 
-#include "engine/monitor/bounded_log.h"
 #include "engine/comm/queued_comm.h"
 #include "engine/comm/socket_mesh.h"  // WaitEnd
 #include "engine/core/memory.h"
+#include "engine/monitor/bounded_log.h"
+#include "engine/monitor/step_report.h"  // BoundedLog<StepReport> holds them whole
 #include "engine/trace/recorder.h"
 #include "engine/trace/stepper.h"
 
 namespace dtlab {
 
-struct StepReport;  // engine/monitor/step_report.h
 
 // What one rank is doing, as a viewer shows it.
 struct RankMonitorStatus {
