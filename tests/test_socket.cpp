@@ -893,4 +893,19 @@ TEST_CASE("train --backend socket against a fake MASTER_PORT: one sentence, exit
                          " sent an address table of 3 entries for a world of 4; is another program listening on MASTER_PORT?\n");
 }
 
+TEST_CASE("launch --timeout: under 1 s is refused with its reason; a run that finishes is never failed by it") {
+  // Through the real binary: in process, a launch that was not refused would start this test program.
+  ShellResult refused = cli_shell("launch --nproc-per-node 2 --timeout 0.001 -- train --steps 1");
+  CHECK(refused.code == 2);
+  CHECK(refused.out == "dtlab-cli: launch --timeout 0.001 s is shorter than the ranks of a finished run take to exit one after another "
+               "(closing their connections, writing their outputs); use at least 1 s (train's own --timeout, after --, bounds "
+               "each collective)\n");
+  const auto t0 = Clock::now();
+  ShellResult r = cli_shell("launch --nproc-per-node 2 --timeout 1 -- train --strategy ddp --model mlp:2,8,3 --steps 2 --batch 8");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(!contains(r.out, "did not exit"));
+  CHECK(seconds_since(t0) < 10);
+}
+
 }  // TEST_SUITE
