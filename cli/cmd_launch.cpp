@@ -137,13 +137,16 @@ bool relay(int& fd, std::string& line, int rank, std::ostream& to, std::string* 
   if (n < 0 && errno == EINTR) return true;
   if (n > 0) {
     line.append(buf, static_cast<size_t>(n));
+    // Whole lines in one write: rank 0 shares this stream, and a line written in pieces (prefix,
+    // then text) could be cut by one of its lines.
+    std::string lines;
     size_t nl;
     while ((nl = line.find('\n')) != std::string::npos) {
-      to << "[rank " << rank << "] " << line.substr(0, nl + 1);
+      lines += "[rank " + std::to_string(rank) + "] " + line.substr(0, nl + 1);
       if (diagnosis && line.rfind("dtlab-cli: ", 0) == 0) *diagnosis = line.substr(11, nl - 11);
       line.erase(0, nl + 1);
     }
-    to.flush();
+    to << lines << std::flush;
     return true;
   }
   if (!line.empty()) to << "[rank " << rank << "] " << line << "\n" << std::flush;
