@@ -89,12 +89,13 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
     }
     return 2;
   } catch (const CommError& e) {  // a collective failed: the watchdog's or desync diagnosis
-    io.err << "dtlab-cli: " << tidy_sentence(e.what()) << "\n";
+    // One write per line: a launched rank 0 shares stderr with the launcher's relayed lines.
+    io.err << "dtlab-cli: " + tidy_sentence(e.what()) + "\n" << std::flush;
     return 3;
   } catch (const Error& e) {  // bad input found after parsing (files, specs, combinations)
     std::string msg = e.what();
     if (!msg.empty() && msg.back() == '.') msg.pop_back();  // one style: no final period
-    io.err << "dtlab-cli: " << tidy_sentence(msg) << "\n";
+    io.err << "dtlab-cli: " + tidy_sentence(msg) + "\n" << std::flush;
     return 2;
   } catch (const std::bad_alloc&) {  // a model, batch, adapter or input file larger than this machine's memory
     io.err << "dtlab-cli: out of memory: the run, or a file it read, needs more than this machine has; use a smaller --model, "

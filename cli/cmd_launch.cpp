@@ -58,6 +58,12 @@ std::string self_exe() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
+// The least --timeout: the ranks of a finished run leave their last collective together but exit
+// one after another (closing connections, writing outputs, freeing memory; tens to hundreds of
+// milliseconds on a loaded machine), and the launcher looks every 100 ms. Below this it could not
+// tell a rank that hangs from one that is still exiting, and would fail runs that succeeded.
+constexpr double kMinExitTimeoutS = 1.0;
+
 void check_args(const LaunchArgs& a) {
   if (a.command.empty() || a.command[0] != "train")
     throw Error("launch runs 'train' in every process; write: dtlab-cli launch --nproc-per-node N -- train ...");
@@ -70,6 +76,10 @@ void check_args(const LaunchArgs& a) {
   if (a.nnodes > 1 && a.port_opt->count() == 0)
     throw Error("--nnodes " + std::to_string(a.nnodes) +
                 " needs --master-port P and --master-addr of node 0's host, the same on every node");
+  if (a.timeout_s < kMinExitTimeoutS)
+    throw Error("launch --timeout " + seconds_text(a.timeout_s) + " is shorter than the ranks of a finished run take to exit "
+                "one after another (closing their connections, writing their outputs); use at least " +
+                seconds_text(kMinExitTimeoutS) + " (train's own --timeout, after --, bounds each collective)");
   if (a.nnodes * a.nproc > 1024)
     throw Error("--nnodes x --nproc-per-node is " + std::to_string(a.nnodes * a.nproc) + " ranks; use at most 1024");
 }
@@ -127,13 +137,16 @@ bool relay(int& fd, std::string& line, int rank, std::ostream& to, std::string* 
   if (n < 0 && errno == EINTR) return true;
   if (n > 0) {
     line.append(buf, static_cast<size_t>(n));
+    // Whole lines in one write: rank 0 shares this stream, and a line written in pieces (prefix,
+    // then text) could be cut by one of its lines.
+    std::string lines;
     size_t nl;
     while ((nl = line.find('\n')) != std::string::npos) {
-      to << "[rank " << rank << "] " << line.substr(0, nl + 1);
+      lines += "[rank " + std::to_string(rank) + "] " + line.substr(0, nl + 1);
       if (diagnosis && line.rfind("dtlab-cli: ", 0) == 0) *diagnosis = line.substr(11, nl - 11);
       line.erase(0, nl + 1);
     }
-    to.flush();
+    to << lines << std::flush;
     return true;
   }
   if (!line.empty()) to << "[rank " << rank << "] " << line << "\n" << std::flush;
@@ -223,6 +236,8 @@ int run_launch(LaunchArgs& a, Streams& io) {
         c.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         if (!any_exit) first_exit = Clock::now(), any_exit = true;
         if (c.code != 0 && failed < 0 && !stopping) failed = static_cast<int>(i), fail_time = Clock::now();
+        // It finished by itself between the launcher's look and its signal: not a rank it stopped.
+        if (c.code == 0) std::erase(stopped, c.rank);
       } else {
         all_exited = false;
       }
@@ -288,7 +303,7 @@ Runner add_launch_command(CLI::App& app) {
   app.add_option("--node-rank", a->node_rank, "This node's index in 0..nnodes-1")->check(whole_number(0, 1023))->capture_default_str();
   app.add_option("--master-addr", a->master_addr, "Address of rank 0's host")->capture_default_str();
   a->port_opt = app.add_option("--master-port", a->master_port, "Port rank 0 listens on (default: a free one; required with --nnodes > 1)")->check(whole_number(1, 65535));
-  app.add_option("--timeout", a->timeout_s, "Seconds the other ranks get to exit once one rank has ended")->check(real_number(0.001, 1e6))->capture_default_str();
+  app.add_option("--timeout", a->timeout_s, "Seconds the other ranks get to exit once one rank has ended")->check(real_number(0, 1e6))->capture_default_str();
   app.add_option("command", a->command, "After --: the subcommand every rank runs, e.g. -- train --strategy ddp ...")->required();
   return [a](Streams& io) { return run_launch(*a, io); };
 }

@@ -6,12 +6,17 @@
 // save the parameters and print the losses of the in-process run.
 #include <doctest/doctest.h>
 
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -32,6 +37,7 @@
 #include "engine/cuda/runtime.h"
 #endif
 #include "engine/comm/socket_mesh.h"
+#include "engine/comm/tcp.h"
 #include "engine/comm/threads_backend.h"
 #include "engine/core/half.h"
 #include "engine/io/safetensors.h"
@@ -622,6 +628,284 @@ TEST_CASE("launch: a rank stopped by SIGSTOP is named by the launcher, and the r
   // is the one that must name rank 1.
   check_mentions(r.out, {"dtlab-cli: launch: rank 1 was stopped by signal 19 (SIGSTOP) and stopped answering",
                          "timed out after 2 s", "waiting for data from rank"});
+}
+
+}  // TEST_SUITE
+
+// ---------------------------------------------------------------------------------------------
+// Issue 40, class 2: whatever a rank meets on the network may not be a dtlab rank. Fake peers (a
+// thread on 127.0.0.1, an ephemeral port) send what no dtlab rank sends; the rank under test must
+// end with one sentence naming the process and what was wrong, never an internal error, a crash,
+// a read past a field or a hang.
+
+namespace {
+
+constexpr uint32_t kWireMagic = 0x424c5444;  // "DTLB": socket_mesh.cpp's mark on every Hello and message
+
+// socket_mesh.cpp's Hello as raw bytes: magic, rank, world size, port, then a 48-byte address.
+std::string hello_bytes(int32_t rank, int32_t world, int32_t port, const std::string& ip, bool terminated = true) {
+  std::string b(64, '\0');
+  std::memcpy(&b[0], &kWireMagic, 4);
+  std::memcpy(&b[4], &rank, 4);
+  std::memcpy(&b[8], &world, 4);
+  std::memcpy(&b[12], &port, 4);
+  if (terminated) b.replace(16, std::min<size_t>(ip.size(), 47), ip.substr(0, 47));
+  else std::fill(b.begin() + 16, b.end(), 'A');
+  return b;
+}
+
+// Rank 0's rendezvous answer: status, byte count, body (the address table or a sentence).
+std::string reply_bytes(int32_t status, uint32_t bytes, const std::string& body) {
+  std::string b(8, '\0');
+  std::memcpy(&b[0], &status, 4);
+  std::memcpy(&b[4], &bytes, 4);
+  return b + body;
+}
+
+// An address table of `entries` well-formed entries for a world of `world`; `edit` spoils one.
+std::string table_bytes(int entries, int world, const std::function<std::string(int, std::string)>& edit = nullptr) {
+  std::string t;
+  for (int q = 0; q < entries; q++) {
+    std::string e = hello_bytes(q, world, 30000 + q, "127.0.0.1");
+    t += edit ? edit(q, e) : e;
+  }
+  return t;
+}
+
+// Reads (and drops) what arrives on fd until the other end closes it or `seconds` pass.
+void drain(int fd, double seconds) {
+  const double deadline = tcp::now_s() + seconds;
+  char buf[4096];
+  while (tcp::wait_fd(fd, POLLIN, deadline)) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return;
+  }
+}
+
+// What listens on MASTER_PORT: takes one connection, reads its Hello, answers with `reply`, then
+// holds the connection until the rank closes it (so only the reply's bytes are judged).
+struct FakeMaster {
+  int port = 0, listen_fd = -1;
+  std::thread t;
+  explicit FakeMaster(const std::string& reply) {
+    std::string why;
+    listen_fd = tcp::listen_on("127.0.0.1", port, 4, why);
+    REQUIRE_MESSAGE(listen_fd >= 0, why);
+    t = std::thread([this, reply] {
+      const int fd = tcp::accept_one(listen_fd, tcp::now_s() + 3);
+      if (fd < 0) return;
+      char hello[64];
+      std::string why;
+      if (tcp::read_all(fd, hello, sizeof hello, tcp::now_s() + 3, why))
+        tcp::write_all(fd, reply.data(), reply.size(), tcp::now_s() + 3, 0, why);
+      drain(fd, 3);
+      ::close(fd);
+    });
+  }
+  ~FakeMaster() {
+    t.join();
+    ::close(listen_fd);
+  }
+};
+
+// Rank 1 of a world of 4 joins the fake; returns its error sentence ("" if it joined). An internal
+// error or any other exception fails the test.
+std::string join_fake_master(const std::string& reply, bool& bad_input) {
+  FakeMaster fake(reply);
+  MeshOptions o;
+  o.rank = 1;
+  o.world_size = 4;
+  o.master_port = fake.port;
+  o.timeout_s = 2;
+  const auto t0 = Clock::now();
+  std::string err;
+  try {
+    SocketMesh mesh(o);
+  } catch (const CommError& e) {
+    err = e.what();
+    bad_input = false;
+  } catch (const Error& e) {
+    err = e.what();
+    bad_input = true;
+  } catch (const std::exception& e) {
+    FAIL("not one sentence: ", e.what());
+  }
+  CHECK(seconds_since(t0) < 3);
+  return err;
+}
+
+}  // namespace
+
+TEST_SUITE("socket_hostile") {
+
+TEST_CASE("a fake rank 0 on MASTER_PORT: short, huge or unterminated address tables are one sentence naming it") {
+  const std::string stranger = "; is another program listening on MASTER_PORT?";
+  struct Row {
+    std::string what, reply, says;
+  };
+  auto entry = [](int bad, std::function<std::string(std::string)> f) {
+    return [=](int q, std::string e) { return q == bad ? f(e) : e; };
+  };
+  const std::vector<Row> rows = {
+      {"a short table", reply_bytes(0, 3 * 64, table_bytes(3, 4)), "sent an address table of 3 entries for a world of 4" + stranger},
+      {"a table of 100 bytes", reply_bytes(0, 100, std::string(100, 'x')),
+       "sent an address table of 100 bytes (not a whole number of 64-byte entries) for a world of 4" + stranger},
+      {"a 4 GiB table", reply_bytes(0, 0xffffffffu, ""), "sent an address table of 4294967295 bytes"},
+      {"a 2 GiB refusal", reply_bytes(1, 0x7fffffffu, ""), "sent a refusal of 2147483647 bytes, longer than any dtlab sentence"},
+      {"an unknown status", reply_bytes(9, 0, ""), "sent a rendezvous answer of status 9, which no dtlab rank 0 sends" + stranger},
+      {"an unterminated address", reply_bytes(0, 4 * 64, table_bytes(4, 4, entry(1, [](std::string) { return hello_bytes(1, 4, 30001, "", false); }))),
+       "sent an address table whose entry for rank 1 has an address field of 48 bytes with no terminating NUL" + stranger},
+      {"a port out of range", reply_bytes(0, 4 * 64, table_bytes(4, 4, entry(2, [](std::string) { return hello_bytes(2, 4, 70000, "127.0.0.1"); }))),
+       "entry for rank 2 has port 70000, outside 1..65535"},
+      {"an address that is not one", reply_bytes(0, 4 * 64, table_bytes(4, 4, entry(2, [](std::string) { return hello_bytes(2, 4, 5000, "not\x01" "an ip"); }))),
+       "entry for rank 2 has the address 'not an ip', which is not a dotted IPv4 address"},
+      {"a wrong rank", reply_bytes(0, 4 * 64, table_bytes(4, 4, entry(3, [](std::string) { return hello_bytes(7, 4, 5000, "127.0.0.1"); }))),
+       "entry for rank 3 has rank 7"},
+      {"another world size", reply_bytes(0, 4 * 64, table_bytes(4, 3)), "entry for rank 0 has WORLD_SIZE=3"},
+      {"not a table", reply_bytes(0, 4 * 64, std::string(256, '\xff')), "entry for rank 0 has no dtlab mark"},
+  };
+  for (const Row& row : rows) {
+    CAPTURE(row.what);
+    bool bad_input = false;
+    const std::string err = join_fake_master(row.reply, bad_input);
+    CHECK(!bad_input);  // a failed rendezvous: exit 3, as the launcher's failure path
+    check_mentions(err, {"rank 1: the process at 127.0.0.1:", row.says});
+    CHECK(err.find("AAAA") == std::string::npos);  // nothing of the unterminated field (or past it) is quoted
+  }
+  // A refusal is rank 0's sentence: quoted as one line, whatever bytes it holds.
+  const char raw[] = "rank 0: bad\nthing\x1b[31m\0tail";
+  const std::string text(raw, sizeof raw - 1);
+  bool bad_input = false;
+  const std::string err = join_fake_master(reply_bytes(1, static_cast<uint32_t>(text.size()), text), bad_input);
+  CHECK(bad_input);
+  CHECK(err == "rank 0: bad thing [31m");
+}
+
+TEST_CASE("rank 0 refuses a joining process whose Hello has an unterminated address or port 0, naming it") {
+  for (const auto& [hello, says] : std::vector<std::pair<std::string, std::string>>{
+           {hello_bytes(1, 2, 0, "127.0.0.1"), "joined as rank 1 with port 0, outside 1..65535"},
+           {hello_bytes(1, 2, 5000, "", false), "joined as rank 1 with an address field of 48 bytes with no terminating NUL"}}) {
+    const int port = pick_free_port("127.0.0.1");
+    int32_t status = -1;
+    std::thread fake([&, hello = hello] {
+      std::string why;
+      const int fd = tcp::connect_retry("127.0.0.1", port, tcp::now_s() + 3, why);
+      if (fd < 0) return;
+      int32_t head[2] = {};
+      if (tcp::write_all(fd, hello.data(), hello.size(), tcp::now_s() + 3, 0, why) &&
+          tcp::read_all(fd, head, sizeof head, tcp::now_s() + 3, why))
+        status = head[0];
+      ::close(fd);
+    });
+    MeshOptions o;
+    o.world_size = 2;
+    o.master_port = port;
+    o.timeout_s = 3;
+    const auto t0 = Clock::now();
+    try {
+      SocketMesh mesh(o);
+      FAIL("rank 0 accepted the Hello");
+    } catch (const CommError& e) {
+      FAIL("a bad Hello is bad input (exit 2), not a failed collective: ", e.what());
+    } catch (const Error& e) {
+      check_mentions(e.what(), {"rank 0: the process at 127.0.0.1:", says, "is another program connecting to MASTER_PORT?"});
+      CHECK(std::string(e.what()).find("AAAA") == std::string::npos);
+    }
+    fake.join();
+    CHECK(status == 1);  // the process was told too
+    CHECK(seconds_since(t0) < 3);
+  }
+}
+
+TEST_CASE("a peer that sends a malformed message mid-run: the world stops with one sentence naming it") {
+  auto header = [](WireKind kind, int64_t count, uint64_t bytes) {
+    WireHeader h;
+    h.magic = kWireMagic;
+    h.kind = kind;
+    h.src = 1;
+    h.count = count;
+    h.bytes = bytes;
+    return std::string(reinterpret_cast<const char*>(&h), sizeof h);
+  };
+  const std::string reason = "rank 1: it\nbroke\x1b[2J";
+  struct Row {
+    std::string what, bytes, says;
+  };
+  const std::vector<Row> rows = {
+      {"an unknown kind", header(static_cast<WireKind>(9), 0, 0), "sent a message of kind 9, which no dtlab rank sends"},
+      {"a 512 GiB chunk of one float", header(WireKind::Collective, 1, uint64_t{1} << 39), "sent 549755813888 bytes for a call of 1 float32"},
+      {"a 1 GiB abort reason", header(WireKind::Abort, 0, uint64_t{1} << 30), "sent an abort reason of 1073741824 bytes"},
+      {"a message signed by another rank", header(WireKind::P2P, 0, 0).replace(offsetof(WireHeader, src), 4, std::string("\x05\0\0\0", 4)),
+       "sent a message signed by rank 5"},
+      {"an abort with control bytes", header(WireKind::Abort, 0, reason.size()) + reason, ""},
+  };
+  for (const Row& row : rows) {
+    CAPTURE(row.what);
+    const int port = pick_free_port("127.0.0.1");
+    std::thread fake([&] {  // rank 1: joins properly, then sends the row's bytes
+      std::string why;
+      int my_port = 0;
+      const int lfd = tcp::listen_on("127.0.0.1", my_port, 1, why);
+      const int fd = tcp::connect_retry("127.0.0.1", port, tcp::now_s() + 3, why);
+      if (fd >= 0) {
+        const std::string hello = hello_bytes(1, 2, my_port, "127.0.0.1");
+        std::string table(8 + 2 * 64, '\0');
+        if (tcp::write_all(fd, hello.data(), hello.size(), tcp::now_s() + 3, 0, why) &&
+            tcp::read_all(fd, table.data(), table.size(), tcp::now_s() + 3, why))
+          tcp::write_all(fd, row.bytes.data(), row.bytes.size(), tcp::now_s() + 3, 0, why);
+        drain(fd, 3);
+        ::close(fd);
+      }
+      if (lfd >= 0) ::close(lfd);
+    });
+    const auto t0 = Clock::now();
+    std::string err;
+    try {
+      SocketCommunicator c(options(0, 2, port, 2), nullptr);
+      std::vector<float> buf(4, 1.0f);
+      c.all_reduce(buf.data(), 4, DType::F32, ReduceOp::Sum, Algorithm::Ring)->wait();
+    } catch (const CommError& e) {
+      err = e.what();
+    } catch (const std::exception& e) {
+      FAIL("not one sentence: ", e.what());
+    }
+    fake.join();
+    CHECK(seconds_since(t0) < 3);
+    if (row.says.empty()) {
+      CHECK(err == "rank 1: it broke [2J");  // the peer's reason, on one line
+    } else {
+      check_mentions(err, {"rank 0: rank 1 (the process at 127.0.0.1:", row.says, "every rank must run the same dtlab build"});
+    }
+  }
+}
+
+TEST_CASE("train --backend socket against a fake MASTER_PORT: one sentence, exit 3, no internal error") {
+  FakeMaster fake(reply_bytes(0, 3 * 64, table_bytes(3, 4)));
+  EnvGuard env;
+  env.set("RANK", "1");
+  env.set("WORLD_SIZE", "4");
+  env.set("MASTER_ADDR", "127.0.0.1");
+  env.set("MASTER_PORT", std::to_string(fake.port).c_str());
+  std::ostringstream out, err;
+  const int code = cli::run_cli({"train", "--strategy", "ddp", "--backend", "socket", "--steps", "1", "--timeout", "2"}, {out, err, false});
+  CHECK(code == 3);
+  CHECK(err.str() == "dtlab-cli: rank 1: the process at 127.0.0.1:" + std::to_string(fake.port) +
+                         " sent an address table of 3 entries for a world of 4; is another program listening on MASTER_PORT?\n");
+}
+
+TEST_CASE("launch --timeout: under 1 s is refused with its reason; a run that finishes is never failed by it") {
+  // Through the real binary: in process, a launch that was not refused would start this test program.
+  ShellResult refused = cli_shell("launch --nproc-per-node 2 --timeout 0.001 -- train --steps 1");
+  CHECK(refused.code == 2);
+  CHECK(refused.out == "dtlab-cli: launch --timeout 0.001 s is shorter than the ranks of a finished run take to exit one after another "
+               "(closing their connections, writing their outputs); use at least 1 s (train's own --timeout, after --, bounds "
+               "each collective)\n");
+  const auto t0 = Clock::now();
+  ShellResult r = cli_shell("launch --nproc-per-node 2 --timeout 1 -- train --strategy ddp --model mlp:2,8,3 --steps 2 --batch 8");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(!contains(r.out, "did not exit"));
+  CHECK(seconds_since(t0) < 10);
 }
 
 }  // TEST_SUITE

@@ -42,6 +42,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -71,8 +72,9 @@ class Case:
     """One hostile input: what to run, what is acceptable, and what to check afterwards."""
 
     def __init__(self, cat, name, argv, expect="error", prog="cli", codes=(2,), outputs=(), unchanged=(),
-                 tidy="one", check=None, err_check=None, runner=None, stdin=None):
+                 tidy="one", check=None, err_check=None, runner=None, stdin=None, env=None):
         self.cat, self.name, self.argv, self.expect, self.prog = cat, name, list(argv), expect, prog
+        self.env = dict(env or {})  # variables the case sets (a fake peer's runner adds MASTER_PORT)
         self.codes, self.outputs, self.unchanged, self.tidy = tuple(codes), list(outputs), dict(unchanged), tidy
         self.check, self.err_check, self.runner, self.stdin = check, err_check, runner, stdin
         self.id = ""
@@ -86,7 +88,8 @@ class Case:
         return argv
 
     def repro(self, bins):
-        cmd = "ulimit -v %d; " % MEM_LIMIT_KB + " ".join(shlex.quote(a) for a in self.command(bins, True))
+        cmd = "ulimit -v %d; " % MEM_LIMIT_KB + "".join("%s=%s " % (k, shlex.quote(v)) for k, v in self.env.items())
+        cmd += " ".join(shlex.quote(a) for a in self.command(bins, True))
         if self.stdin is not None:
             cmd += " < " + shlex.quote(self.stdin)
         return "cd %s && (%s)" % (shlex.quote(self.dir), cmd)
@@ -132,6 +135,7 @@ class Runner:
 
     def env_for(self, case):
         env = dict(self.env)
+        env.update(case.env)
         if case.prog == "gui":
             env["DISPLAY"] = self.display
             env["XDG_CONFIG_HOME"] = os.path.join(case.dir, ".config")
@@ -1773,6 +1777,191 @@ def gen_multiprocess(c):
     for sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT):
         c.add(Case(cat, "%s the launcher mid-run" % signal.Signals(sig).name, long, "either", codes=(1, 2, 3),
                    tidy="ranks", runner=signal_runner(None, sig)))
+    # launch --timeout bounds how long the other ranks take to exit after one ended: a finished run
+    # is never failed by it, and a value too small to tell a hang from an exit is refused up front.
+    for t in ("0.001", "0.5"):
+        c.add(Case(cat, "launch --timeout %s" % t, ["launch", "--nproc-per-node", "2", "--timeout", t] + LAUNCH_TRAIN[3:] +
+                   ["--steps", "2"], "error", err_check=says("use at least 1 s")))
+    c.add(Case(cat, "launch --timeout 1 on a run that finishes", ["launch", "--nproc-per-node", "2", "--timeout", "1"] +
+               LAUNCH_TRAIN[3:] + ["--steps", "2"], "ok", codes=(3,), tidy="ranks"))
+    gen_multiprocess_fake_master(c)
+    gen_multiprocess_fake_rank(c)
+
+
+# Fake peers (issue 40, class 2): what listens on MASTER_PORT, or joins rank 0, may be any program.
+# The bytes follow engine/comm/socket_mesh.{h,cpp}: Hello, rank 0's reply, WireHeader.
+
+WIRE_MAGIC = 0x424c5444  # "DTLB"
+SOCKET_TRAIN = ["train", "--backend", "socket", "--strategy", "ddp", "--model", MODEL, "--batch", "8", "--steps", "1",
+                "--timeout", "2"]
+
+
+def hello_bytes(rank, world, port, ip=b"127.0.0.1", raw_ip=None):
+    return struct.pack("<Iiii", WIRE_MAGIC, rank, world, port) + (raw_ip if raw_ip is not None else ip.ljust(48, b"\0")[:48])
+
+
+def reply_bytes(status, nbytes, body=b""):
+    return struct.pack("<iI", status, nbytes) + body
+
+
+def table_bytes(entries, world, bad=-1, spoiled=b""):
+    return b"".join(spoiled if q == bad else hello_bytes(q, world, 30000 + q) for q in range(entries))
+
+
+def wire_header(kind, count=0, nbytes=0, src=1):
+    """WireHeader: magic, kind, op, algo, reduce, dtype, proto, pad, root, tag, step, src, pad, seq, count, bytes, model_t."""
+    return struct.pack("<IBBBBBB2xiiiiIQqQd", WIRE_MAGIC, kind, 0, 1, 0, 0, 0, -1, 0, 0, src, 0, 0, count, nbytes, 0.0)
+
+
+def recv_exact(conn, n, deadline):
+    buf = b""
+    while len(buf) < n and time.monotonic() < deadline:
+        conn.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            chunk = conn.recv(n - len(buf))
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        buf += chunk
+    return buf if len(buf) == n else None
+
+
+def hold(conn, stop):
+    """Keeps the connection open (reading what comes) until the rank closes it or the case ended."""
+    conn.settimeout(0.1)
+    while not stop.is_set():
+        try:
+            if not conn.recv(65536):
+                return
+        except socket.timeout:
+            continue
+        except OSError:
+            return
+
+
+def fake_peer_runner(role, send):
+    """role "master": listens on MASTER_PORT, answers the rank's Hello with `send` (None: silence).
+    role "hello": joins the case's rank 0 with `send` as its Hello. role "rank1": joins rank 0 as a
+    proper rank 1, then sends `send` as its first message."""
+    def runner(r, case):
+        stop = threading.Event()
+        ls = None
+        if role == "master":
+            ls = socket.socket()
+            ls.bind(("127.0.0.1", 0))
+            ls.listen(4)
+            port = ls.getsockname()[1]
+        else:
+            probe = socket.socket()
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+            probe.close()
+        case.env["MASTER_PORT"] = str(port)
+
+        def fake():
+            conn, deadline = None, time.monotonic() + 10
+            try:
+                while conn is None and time.monotonic() < deadline and not stop.is_set():
+                    if ls:
+                        ls.settimeout(0.1)
+                        try:
+                            conn, _ = ls.accept()
+                        except socket.timeout:
+                            continue
+                    else:
+                        try:
+                            conn = socket.create_connection(("127.0.0.1", port), timeout=1)
+                        except OSError:
+                            time.sleep(0.05)
+                if conn is None:
+                    return
+                if role == "master":
+                    if recv_exact(conn, 64, deadline) is not None and send is not None:
+                        conn.sendall(send)
+                elif role == "hello":
+                    conn.sendall(send)
+                else:
+                    conn.sendall(hello_bytes(1, 2, 40000))  # in a world of 2 nobody connects to rank 1
+                    if recv_exact(conn, 8 + 2 * 64, deadline) is not None:
+                        conn.sendall(send)
+                hold(conn, stop)
+            except OSError:
+                pass
+            finally:
+                for s in (conn, ls):
+                    if s:
+                        s.close()
+
+        t = threading.Thread(target=fake, daemon=True)
+        t.start()
+        res = r.execute(case)
+        stop.set()
+        t.join(timeout=5)
+        return res
+    return runner
+
+
+def gen_multiprocess_fake_master(c):
+    """A rank (1 of 4) whose MASTER_PORT answers with bytes no rank 0 sends."""
+    cat = "multiprocess"
+    env = {"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1"}
+    stranger = "is another program listening on MASTER_PORT?"
+    rows = [
+        ("a short address table", reply_bytes(0, 3 * 64, table_bytes(3, 4)), "an address table of 3 entries for a world of 4"),
+        ("a table of 100 bytes", reply_bytes(0, 100, b"x" * 100), "an address table of 100 bytes"),
+        ("a 4 GiB table", reply_bytes(0, 0xFFFFFFFF), "an address table of 4294967295 bytes"),
+        ("a 2 GiB refusal", reply_bytes(1, 0x7FFFFFFF), "a refusal of 2147483647 bytes"),
+        ("status 9", reply_bytes(9, 0), "a rendezvous answer of status 9"),
+        ("an unterminated address", reply_bytes(0, 256, table_bytes(4, 4, 1, hello_bytes(1, 4, 30001, raw_ip=b"A" * 48))),
+         "entry for rank 1 has an address field of 48 bytes with no terminating NUL"),
+        ("port 70000", reply_bytes(0, 256, table_bytes(4, 4, 2, hello_bytes(2, 4, 70000))), "entry for rank 2 has port 70000"),
+        ("port -1", reply_bytes(0, 256, table_bytes(4, 4, 3, hello_bytes(3, 4, -1))), "entry for rank 3 has port -1"),
+        ("a binary address", reply_bytes(0, 256, table_bytes(4, 4, 2, hello_bytes(2, 4, 5000, raw_ip=b"\x1b[2J\n" + b"\0" * 43))),
+         "which is not a dotted IPv4 address"),
+        ("rank 7 in entry 3", reply_bytes(0, 256, table_bytes(4, 4, 3, hello_bytes(7, 4, 5000))), "entry for rank 3 has rank 7"),
+        ("a table for 3 ranks", reply_bytes(0, 256, table_bytes(4, 3)), "WORLD_SIZE=3"),
+        ("random bytes", bytes(random.Random(7).randrange(256) for _ in range(300)), stranger),
+    ]
+    for name, reply, phrase in rows:
+        c.add(Case(cat, "fake MASTER_PORT sends %s" % name, SOCKET_TRAIN, "error", codes=(3,), env=env,
+                   err_check=says("rank 1: the process at 127.0.0.1:", phrase, absent=("AAAA",)),
+                   runner=fake_peer_runner("master", reply)))
+    refusal = b"rank 0: no\nsuch\x1bthing"
+    c.add(Case(cat, "fake MASTER_PORT refuses with control bytes", SOCKET_TRAIN, "error", codes=(2,), env=env,
+               err_check=says("rank 0: no such thing"), runner=fake_peer_runner("master", reply_bytes(1, len(refusal), refusal))))
+    c.add(Case(cat, "fake MASTER_PORT accepts and stays silent", SOCKET_TRAIN, "error", codes=(3,), env=env,
+               err_check=says("did not send the address table within 2 s"), runner=fake_peer_runner("master", None)))
+
+
+def gen_multiprocess_fake_rank(c):
+    """Rank 0 of 2 joined by a fake rank 1 that sends what no rank sends."""
+    cat = "multiprocess"
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    hellos = [
+        ("port 0", hello_bytes(1, 2, 0), (2,), "joined as rank 1 with port 0, outside 1..65535"),
+        ("an unterminated address", hello_bytes(1, 2, 5000, raw_ip=b"A" * 48), (2,), "no terminating NUL"),
+        ("rank 5", hello_bytes(5, 2, 5000), (2,), "a process joined as rank 5, outside 1..1"),
+        ("random bytes", bytes(random.Random(8).randrange(256) for _ in range(64)), (3,), "rank 1 never connected"),
+    ]
+    for name, hello, codes, phrase in hellos:
+        c.add(Case(cat, "fake rank 1 joins with %s" % name, SOCKET_TRAIN, "error", codes=codes, env=env,
+                   err_check=says(phrase, absent=("AAAA",)), runner=fake_peer_runner("hello", hello)))
+    same = "which no dtlab rank sends; every rank must run the same dtlab build"
+    messages = [
+        ("a message of kind 9", wire_header(9), "sent a message of kind 9, " + same),
+        ("a 512 GiB chunk of one float", wire_header(0, 1, 1 << 39), "sent 549755813888 bytes for a call of 1 float32"),
+        ("a call of -5 elements", wire_header(0, -5, 0), "a call of -5 elements"),
+        ("a 1 GiB abort reason", wire_header(2, 0, 1 << 30), "an abort reason of 1073741824 bytes"),
+        ("a message signed by rank 5", wire_header(1, src=5), "a message signed by rank 5"),
+        ("a header cut short", wire_header(0)[:20], "waiting for data from rank 1"),
+    ]
+    for name, data, phrase in messages:
+        c.add(Case(cat, "fake rank 1 sends %s" % name, SOCKET_TRAIN, "error", codes=(3,), env=env,
+                   err_check=says(phrase), runner=fake_peer_runner("rank1", data)))
+    reason = b"rank 1: it\nbroke\x1b[2J"
+    c.add(Case(cat, "fake rank 1 aborts with control bytes", SOCKET_TRAIN, "error", codes=(3,), env=env,
+               err_check=says("rank 1: it broke [2J"), runner=fake_peer_runner("rank1", wire_header(2, 0, len(reason)) + reason)))
 
 
 # ---- 8. imported profiler traces (dtlab-cli trace summarize, dtlab --open) ---------------------

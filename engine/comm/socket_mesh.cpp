@@ -1,5 +1,6 @@
 #include "engine/comm/socket_mesh.h"
 
+#include "engine/comm/plan.h"  // algorithm_step_count
 #include "engine/comm/tcp.h"
 #include "engine/comm/watchdog.h"
 
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "engine/core/check.h"
@@ -43,7 +45,64 @@ struct ReplyHeader {
   uint32_t bytes = 0;  // the table (world_size Hellos) or the sentence
 };
 
+// The longest sentence a rank sends (rank 0's refusal, an abort's reason); a longer one is not a
+// dtlab message, and a receiver refuses it before allocating anything.
+constexpr size_t kMaxSentenceBytes = 16384;
+// A message's payload at most (a 128 Ti-element float32 chunk: far beyond any run's).
+constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 40;
+// A payload grows as its bytes arrive, this much at a time: a header claiming a terabyte costs
+// only what the peer really sends.
+constexpr size_t kPayloadChunk = size_t{1} << 20;
+
+// What is wrong with an address a peer sent in a Hello (every byte came from the network), or "".
+std::string address_problem(const Hello& h) {
+  if (!std::memchr(h.ip, 0, sizeof h.ip)) return "an address field of 48 bytes with no terminating NUL";
+  in_addr a{};
+  if (::inet_pton(AF_INET, h.ip, &a) != 1)
+    return "the address '" + peer_text(h.ip, sizeof h.ip, 60) + "', which is not a dotted IPv4 address";
+  if (h.port < 1 || h.port > 65535) return "port " + std::to_string(h.port) + ", outside 1..65535";
+  return "";
+}
+
+// "3 entries" or "100 bytes (not a whole number of 64-byte entries)": the size of a table a peer sent.
+std::string table_size_text(uint64_t bytes) {
+  if (bytes % sizeof(Hello) != 0)
+    return std::to_string(bytes) + " bytes (not a whole number of " + std::to_string(sizeof(Hello)) + "-byte entries)";
+  const uint64_t entries = bytes / sizeof(Hello);
+  return std::to_string(entries) + (entries == 1 ? " entry" : " entries");
+}
+
+// What is wrong with a message header from `peer` in a world of n ranks, or "": the kind, the call
+// and the sizes must be ones a dtlab rank sends, since the receiver indexes and allocates by them.
+std::string header_problem(const WireHeader& h, int peer, int n) {
+  if (h.magic != kMagic) return "a message that does not start with dtlab's mark";
+  if (h.kind > WireKind::Abort) return "a message of kind " + std::to_string(static_cast<int>(h.kind));
+  if (h.src != peer) return "a message signed by rank " + std::to_string(h.src);
+  if (h.kind == WireKind::Abort)
+    return h.bytes > kMaxSentenceBytes ? "an abort reason of " + std::to_string(h.bytes) + " bytes" : "";
+  if (h.op > CollectiveOp::AllToAll || h.algo > Algorithm::InNetwork || h.reduce > ReduceOp::Max || h.dtype > DType::F16 ||
+      h.proto > Protocol::LL128)
+    return "a call no dtlab rank makes (operation " + std::to_string(static_cast<int>(h.op)) + ", algorithm " +
+           std::to_string(static_cast<int>(h.algo)) + ", reduction " + std::to_string(static_cast<int>(h.reduce)) +
+           ", type " + std::to_string(static_cast<int>(h.dtype)) + ", protocol " + std::to_string(static_cast<int>(h.proto)) + ")";
+  if (h.count < 0 || static_cast<uint64_t>(h.count) > kMaxPayloadBytes)
+    return "a call of " + std::to_string(h.count) + " elements";
+  // Every message carries at most the call's count of elements (a ring chunk, a block, the buffer).
+  if (h.bytes > static_cast<uint64_t>(h.count) * static_cast<uint64_t>(dtype_size(h.dtype)))
+    return std::to_string(h.bytes) + " bytes for a call of " + std::to_string(h.count) + " " + dtype_word(h.dtype);
+  if (h.root < -1 || h.root >= n) return "root rank " + std::to_string(h.root) + " in a world of " + std::to_string(n);
+  if (h.step < 0 || h.step >= std::max(1, algorithm_step_count(h.op, h.algo, n)))
+    return "step " + std::to_string(int64_t{h.step} + 1) + " of a collective of " +
+           std::to_string(algorithm_step_count(h.op, h.algo, n)) + " steps";
+  if (!std::isfinite(h.model_t) || h.model_t < 0) return "the modeled time " + std::to_string(h.model_t);
+  return "";
+}
+
+// A sentence refused or cut to what a rank sends at most.
+std::string bounded(const std::string& text) { return text.size() > kMaxSentenceBytes ? text.substr(0, kMaxSentenceBytes) : text; }
+
 void send_reply(int fd, ReplyStatus status, const void* data, size_t bytes, double deadline) {
+  if (status != kReplyOk) bytes = std::min(bytes, kMaxSentenceBytes);
   ReplyHeader h{status, static_cast<uint32_t>(bytes)};
   std::string why;
   if (write_all(fd, &h, sizeof h, deadline, 0, why)) write_all(fd, data, bytes, deadline, 0, why);
@@ -130,6 +189,8 @@ void SocketMesh::rendezvous_master(int listen_fd) {
   const double deadline = Deadline(opt_.timeout_s).at_s();  // in tcp's seconds, for its poll-based waits
   const std::string where = opt_.master_addr + ":" + std::to_string(opt_.master_port);
   std::vector<Hello> table(static_cast<size_t>(n));
+  table[0].world_size = n;
+  table[0].port = opt_.master_port;
   std::snprintf(table[0].ip, sizeof table[0].ip, "%s", opt_.master_addr.c_str());
   // Tells every rank that joined why the rendezvous failed, then fails here with the same words.
   auto fail = [&](ReplyStatus status, const std::string& text) {
@@ -162,6 +223,9 @@ void SocketMesh::rendezvous_master(int listen_fd) {
             "; give every process its own RANK in 0.." + std::to_string(n - 1);
     else if (fd_[static_cast<size_t>(h.rank)] >= 0)
       bad = "two processes joined as rank " + std::to_string(h.rank) + "; give every process its own RANK";
+    else if (const std::string p = address_problem(h); !p.empty())
+      bad = "the process at " + peer_address(fd) + " joined as rank " + std::to_string(h.rank) + " with " + p +
+            ", which no dtlab rank sends; is another program connecting to MASTER_PORT?";
     if (!bad.empty()) {
       send_reply(fd, kReplyBadInput, bad.data(), bad.size(), now_s() + 1.0);
       ::close(fd);
@@ -202,13 +266,33 @@ void SocketMesh::rendezvous_peer(int listen_fd, int listen_port) {
   if (!read_all(master, &rh, sizeof rh, deadline + 2.0, why))
     throw CommError(me + ": rank 0 at " + where + " did not send the address table within " + seconds_text(opt_.timeout_s) +
                     " (" + why + "); rank 0 failed or other ranks never started");
+  // Everything below came from the network: sizes are checked before anything is allocated, and
+  // every field before it is used.
+  const std::string from = me + ": the process at " + where + " sent ";
+  const std::string stranger = "; is another program listening on MASTER_PORT?";
+  const size_t table_bytes = static_cast<size_t>(n) * sizeof(Hello);
+  if (rh.status != kReplyOk && rh.status != kReplyBadInput && rh.status != kReplyFailed)
+    throw CommError(from + "a rendezvous answer of status " + std::to_string(rh.status) + ", which no dtlab rank 0 sends" + stranger);
+  if (rh.status == kReplyOk && rh.bytes != table_bytes)
+    throw CommError(from + "an address table of " + table_size_text(rh.bytes) + " for a world of " + std::to_string(n) + stranger);
+  if (rh.status != kReplyOk && rh.bytes > kMaxSentenceBytes)
+    throw CommError(from + "a refusal of " + std::to_string(rh.bytes) + " bytes, longer than any dtlab sentence" + stranger);
   std::vector<char> body(rh.bytes);
   if (!read_all(master, body.data(), body.size(), deadline + 2.0, why))
     throw CommError(me + ": the rendezvous with rank 0 at " + where + " broke off (" + why + ")");
-  if (rh.status != kReplyOk) throw_status(static_cast<ReplyStatus>(rh.status), std::string(body.begin(), body.end()));
-  DTLAB_CHECK(body.size() == static_cast<size_t>(n) * sizeof(Hello), "the address table has the wrong size");
+  if (rh.status != kReplyOk)
+    throw_status(static_cast<ReplyStatus>(rh.status), peer_text(body.data(), body.size(), kMaxSentenceBytes));
   std::vector<Hello> table(static_cast<size_t>(n));
   std::memcpy(table.data(), body.data(), body.size());
+  for (int q = 0; q < n; q++) {
+    const Hello& t = table[static_cast<size_t>(q)];
+    std::string bad = t.magic != kMagic ? "no dtlab mark"
+                      : t.rank != q     ? "rank " + std::to_string(t.rank)
+                      : t.world_size != n ? "WORLD_SIZE=" + std::to_string(t.world_size)
+                                          : address_problem(t);
+    if (!bad.empty())
+      throw CommError(from + "an address table whose entry for rank " + std::to_string(q) + " has " + bad + stranger);
+  }
   // Lower ranks (except 0, already connected) accept; this rank connects to them.
   for (int q = 1; q < r; q++) {
     const Hello& t = table[static_cast<size_t>(q)];
@@ -237,8 +321,8 @@ void SocketMesh::accept_peers(int listen_fd, int from, double deadline) {
     Hello h;
     std::string why;
     if (!read_all(fd, &h, sizeof h, std::min(deadline, now_s() + 5.0), why) || h.magic != kMagic ||
-        h.rank < from || h.rank >= n || fd_[static_cast<size_t>(h.rank)] >= 0) {
-      ::close(fd);
+        h.world_size != n || h.rank < from || h.rank >= n || fd_[static_cast<size_t>(h.rank)] >= 0) {
+      ::close(fd);  // not one of this world's ranks: keep waiting for them
       continue;
     }
     fd_[static_cast<size_t>(h.rank)] = fd;
@@ -316,7 +400,8 @@ int64_t SocketMesh::last_collective_seq(int peer) const {
   return last_seq_[static_cast<size_t>(peer)];
 }
 
-void SocketMesh::abort(const std::string& reason) {
+void SocketMesh::abort(const std::string& why) {
+  const std::string reason = bounded(why);  // what a peer accepts
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_) return;
@@ -391,16 +476,18 @@ bool SocketMesh::read_ready(int peer) {
   constexpr size_t kHead = sizeof(WireHeader);
   while (true) {
     char* dst;
-    size_t want;
+    size_t want;  // never 0: a message is delivered as soon as its last byte is in
     if (p.have < kHead) {
       dst = reinterpret_cast<char*>(&p.h) + p.have;
       want = kHead - p.have;
     } else {
-      dst = reinterpret_cast<char*>(p.payload.data()) + (p.have - kHead);
-      want = kHead + p.h.bytes - p.have;
+      const size_t done = p.have - kHead;
+      if (done == p.payload.size()) p.payload.resize(static_cast<size_t>(std::min<uint64_t>(p.h.bytes, done + kPayloadChunk)));
+      dst = reinterpret_cast<char*>(p.payload.data()) + done;
+      want = p.payload.size() - done;
     }
-    ssize_t got = want ? ::recv(fd, dst, want, 0) : 0;
-    if (want && got == 0) {
+    const ssize_t got = ::recv(fd, dst, want, 0);
+    if (got == 0) {
       mark_closed(peer, "closed the connection");
       return false;
     }
@@ -412,11 +499,15 @@ bool SocketMesh::read_ready(int peer) {
     }
     p.have += static_cast<size_t>(got);
     if (p.have == kHead) {
-      if (p.h.magic != kMagic || p.h.bytes > (uint64_t{1} << 40)) {
+      if (const std::string bad = header_problem(p.h, peer, opt_.world_size); !bad.empty()) {
+        // Not a message this build sends: the world stops with one sentence naming the sender,
+        // rather than acting on fields nobody checked.
+        const std::string reason = "rank " + std::to_string(opt_.rank) + ": rank " + std::to_string(peer) + " (the process at " +
+                                   peer_address(fd) + ") sent " + bad + ", which no dtlab rank sends; every rank must run the same dtlab build";
         mark_closed(peer, "sent a malformed message");
+        abort(reason);
         return false;
       }
-      p.payload.resize(p.h.bytes);
     }
     if (p.have < kHead || p.have < kHead + p.h.bytes) continue;
     WireMessage m{p.h, std::move(p.payload)};
@@ -427,7 +518,7 @@ bool SocketMesh::read_ready(int peer) {
       if (m.h.kind == WireKind::Abort) {
         if (!aborted_) {
           aborted_ = true;
-          abort_reason_.assign(m.payload.begin(), m.payload.end());
+          abort_reason_ = peer_text(reinterpret_cast<const char*>(m.payload.data()), m.payload.size(), kMaxSentenceBytes);
         }
       } else {
         last_[static_cast<size_t>(peer)] =

@@ -6,7 +6,10 @@
 // drains every connection into an inbox, so a send never waits for the peer's program to call recv
 // and messages for later collectives or other tags simply wait their turn. Every wait (connect,
 // accept, a message) is bounded by the timeout and ends in one of the WaitEnd reasons below; the
-// caller (socket_backend.cpp) turns that into a diagnosis naming the collective.
+// caller (socket_backend.cpp) turns that into a diagnosis naming the collective. Every byte a peer
+// sends is untrusted input (whatever listens on MASTER_PORT may not be rank 0): sizes are checked
+// before anything is allocated, fields before they are used, and a malformed message ends the
+// rendezvous or the world with a CommError naming the sender and what was wrong.
 #pragma once
 #include <condition_variable>
 #include <cstdint>

@@ -125,4 +125,22 @@ int accept_one(int listen_fd, double deadline) {
   return ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
 }
 
+std::string peer_address(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  char ip[INET_ADDRSTRLEN] = {};
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0 || !::inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip))
+    return "an unknown address";
+  return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
+}
+
+std::string peer_text(const char* data, size_t len, size_t max) {
+  const char* end = static_cast<const char*>(std::memchr(data, 0, len));
+  std::string s(data, end ? static_cast<size_t>(end - data) : len);
+  for (char& c : s)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  if (s.size() > max) s = s.substr(0, max) + "...";
+  return s;
+}
+
 }  // namespace dtlab::tcp

@@ -27,5 +27,10 @@ int listen_on(const std::string& ip, int& port, int backlog, std::string& why);
 // deadline. Returns the fd or -1 with `why`.
 int connect_retry(const std::string& ip, int port, double deadline, std::string& why);
 int accept_one(int listen_fd, double deadline);  // -1 at the deadline
+// "127.0.0.1:29500": the other end of a connected socket, for sentences that name a peer.
+std::string peer_address(int fd);
+// Bytes a peer sent as text (a field, a reason), fit to quote in a sentence: up to the first NUL,
+// control bytes as spaces (so a peer cannot start a line of its own), at most `max` bytes.
+std::string peer_text(const char* data, size_t len, size_t max);
 
 }  // namespace dtlab::tcp

@@ -157,7 +157,8 @@ MonitorClient::MonitorClient(const std::string& address, double timeout_s) : add
   if (end != WaitEnd::Ok)
     throw Error(address + " accepted the connection but sent no greeting within " +
                 std::to_string(static_cast<int>(timeout_s)) + " s; is it a dtlab run's --monitor port?");
-  if (type == MonitorMsg::Refused) throw Error(address + " refused the viewer: " + payload);
+  // The peer's own words, bounded and on one line: whatever answers at that address may not be a dtlab run.
+  if (type == MonitorMsg::Refused) throw Error(address + " refused the viewer: " + tcp::peer_text(payload.data(), payload.size(), 2000));
   if (type != MonitorMsg::Hello) throw Error(address + " is not a dtlab run's monitor");
   try {
     const HelloWire h = hello_from(payload);
