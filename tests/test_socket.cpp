@@ -893,7 +893,7 @@ TEST_CASE("train --backend socket against a fake MASTER_PORT: one sentence, exit
                          " sent an address table of 3 entries for a world of 4; is another program listening on MASTER_PORT?\n");
 }
 
-TEST_CASE("launch --timeout: under 1 s is refused with its reason; a run that finishes is never failed by it") {
+TEST_CASE("launch --timeout: under 1 s is refused with its reason, and a run that finishes is never failed by it") {
   // Through the real binary: in process, a launch that was not refused would start this test program.
   ShellResult refused = cli_shell("launch --nproc-per-node 2 --timeout 0.001 -- train --steps 1");
   CHECK(refused.code == 2);
