@@ -504,8 +504,10 @@ bool SocketMesh::read_ready(int peer) {
         // rather than acting on fields nobody checked.
         const std::string reason = "rank " + std::to_string(opt_.rank) + ": rank " + std::to_string(peer) + " (the process at " +
                                    peer_address(fd) + ") sent " + bad + ", which no dtlab rank sends; every rank must run the same dtlab build";
-        mark_closed(peer, "sent a malformed message");
+        // The abort first: a collective waiting on this peer wakes to the reason, not to a closed
+        // peer it would diagnose as lost (the order once raced in the socket_hostile test).
         abort(reason);
+        mark_closed(peer, "sent a malformed message");
         return false;
       }
     }
