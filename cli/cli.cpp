@@ -98,6 +98,7 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
     io.err << "dtlab-cli: " + tidy_sentence(msg) + "\n" << std::flush;
     return 2;
   } catch (const std::bad_alloc&) {  // a model, batch, adapter or input file larger than this machine's memory
+    mark_out_of_memory();
     io.err << "dtlab-cli: out of memory: the run, or a file it read, needs more than this machine has; use a smaller --model, "
               "--batch, --world or --lora-rank, or check the size of the input files\n";
     return 2;

@@ -219,6 +219,36 @@ TEST_SUITE("cli") {
     CHECK(r.out.find("dtlab-cli: out of memory: the run, or a file it read, needs more than this machine has") != std::string::npos);
   }
 
+  TEST_CASE("out of memory in a rank thread, or while OpenBLAS's threads start: a sentence, exit 2, the process ends") {
+    // timeout's 124 would be a hang: OpenBLAS's worker threads retry a failed buffer allocation
+    // forever and its exit handler joins them, so the CLI ends with _Exit after its sentence.
+#if DTLAB_ASAN
+    MESSAGE("skipped: AddressSanitizer reserves terabytes of address space, so ulimit -v stops it from starting");
+    return;
+#endif
+    struct Case {
+      const char* limit_kb;
+      const char* args;
+      const char* says;
+    };
+    const Case cases[] = {
+        // The model fits (6M parameters); each rank's first activation (3000 x 1000000 floats, 12 GB)
+        // does not fit in 4 GiB: std::bad_alloc in the rank threads, not in the main thread.
+        {"4194304", "--strategy ddp --world 2 --model mlp:2,1000000,3 --data spiral:points=4000 --batch 3000",
+         ": out of memory (its last activity: "},
+        // Too little for the main thread's model: OpenBLAS's threads are left retrying.
+        {"300000", "--strategy ddp --world 8 --model mlp:2,2048,2048,2048,3 --optimizer adamw",
+         "dtlab-cli: out of memory: the run, or a file it read, needs more than this machine has"},
+    };
+    for (const Case& c : cases) {
+      const dtlab::test::ShellResult r = dtlab::test::shell(std::string("ulimit -v ") + c.limit_kb + "; timeout 120 " DTLAB_CLI_PATH
+                                                            " train --steps 1 " + c.args);
+      INFO(c.args, "\n", r.out);
+      CHECK(r.code == 2);
+      CHECK(r.out.find(c.says) != std::string::npos);
+    }
+  }
+
   TEST_CASE("--drop-last with a batch larger than the data set") {
     check_usage_error({"train", "--batch", "5000", "--drop-last"},
                       "--batch 5000 is larger than the 3000 samples each rank gets from spiral, so --drop-last leaves no batch");

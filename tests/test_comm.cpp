@@ -13,6 +13,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <new>
 #include <numeric>
 #include <set>
 #include <string>
@@ -582,6 +583,63 @@ TEST_CASE("aborting the world during large collectives frees nothing a neighbour
     CHECK(w.status().failed);  // (in_flight keeps what was pending: the post-mortem view)
     CHECK(w.status().error == "stopped by the test");
   }
+}
+
+TEST_CASE("a rank whose allocation fails fails the run with an out-of-memory sentence naming it") {
+  // What a rank does when its model, optimizer state or buffer does not fit: std::bad_alloc in its
+  // thread. The world fails with that rank's sentence (exit 2 in the front ends), the others stop.
+  ThreadsWorld w(4, options(5));
+  std::string msg = "(no error)";
+  try {
+    w.run([](int r, Communicator& c, RankContext& ctx) {
+      ctx.set_activity("allocating its optimizer state");
+      if (r == 2) throw std::bad_alloc();
+      std::vector<float> buf(64, 1.0f);
+      c.all_reduce(buf.data(), 64)->wait();
+    });
+  } catch (const CommError& e) {
+    msg = std::string("(a CommError) ") + e.what();
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  CHECK(msg ==
+        "rank 2: out of memory (its last activity: allocating its optimizer state): the run needs more memory than this "
+        "machine gives it; use a smaller --model, --batch or --world");
+  CHECK(out_of_memory_seen());  // the front ends then end without OpenBLAS's exit handler
+}
+
+TEST_CASE("a rank that does not return after the world failed is named, with where it is, after the limit") {
+  // A rank stuck where no abort reaches it (once: OpenBLAS retrying a failed allocation forever)
+  // would make run() wait forever. After return_limit_s the world reports it; by default it then
+  // ends the process (exit 3), here the handler reads the sentence and frees the rank.
+  WorldOptions o = options(5);
+  o.return_limit_s = 0.2;
+  std::atomic<bool> freed{false};
+  std::string diagnosis;
+  o.on_stuck = [&](const std::string& d) {
+    diagnosis = d;
+    freed = true;
+  };
+  ThreadsWorld w(3, o);
+  std::string msg = "(no error)";
+  try {
+    w.run([&](int r, Communicator&, RankContext& ctx) {
+      if (r == 0) throw Error("the test failed rank 0");
+      if (r == 1) {
+        ctx.set_activity("in a loop no abort reaches");
+        while (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    });
+  } catch (const CommError& e) {
+    msg = std::string("(a CommError) ") + e.what();
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  CHECK(msg == "rank 0: the test failed rank 0");
+  CHECK(diagnosis ==
+        "the run failed (rank 0 failed: the test failed rank 0), and rank 1 (in a loop no abort reaches) did not return "
+        "within 0.2 s of it; a rank stuck where no abort reaches it (out of memory inside OpenBLAS, for one) cannot be "
+        "stopped, so the process ends here");
 }
 
 }  // TEST_SUITE

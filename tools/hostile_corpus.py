@@ -924,6 +924,14 @@ def gen_figures(c):
     # class 8: valid input refused
     c.add(Case(cat, "--algo auto on partial nodes", tiny("--strategy", "ddp", "--world", "6", "--algo", "auto",
                                                          "--profile", "ib2x4", "--model", "mlp:2,1024,1024,3"), "ok"))
+    # an allocation failure in a rank thread (not the main thread): that rank fails with a sentence,
+    # the process ends (OpenBLAS's exit handler would wait forever for its threads otherwise)
+    # (each rank's first activation, 3000 x 1000000 floats, is 12 GB: every rank fails at once)
+    for strategy, world, extra in (("ddp", "2", []), ("fsdp", "4", []), ("pipeline", "2", ["--microbatches", "1"])):
+        c.add(Case(cat, "a rank's activations larger than memory: %s world %s" % (strategy, world),
+                   ["train", "--strategy", strategy, "--world", world, "--model", "mlp:2,1000000,3",
+                    "--data", "spiral:points=4000", "--batch", "3000", "--steps", "1"] + extra,
+                   "error", err_check=says("out of memory (its last activity: ")))
     # class 9: messages
     c.add(Case(cat, "--lora-rank 2147483647", tiny("--lora-rank", "2147483647"), "error",
                err_check=says("use 0 to 65536", absent=("out of memory",))))

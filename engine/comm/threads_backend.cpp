@@ -3,7 +3,12 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <optional>
+#include <new>  // std::bad_alloc
 
 #include "engine/comm/ring_order.h"  // ring_pred, ring_succ
 #include "engine/comm/threads_internal.h"
@@ -539,12 +544,63 @@ Stepper& ThreadsWorld::stepper() { return *impl_->world.stepper_; }
 const CostModel& ThreadsWorld::cost() const { return *impl_->world.cost_; }
 void ThreadsWorld::abort(const std::string& reason) { impl_->world.abort(reason); }
 
+namespace {
+
+// Waits until every rank's function has returned. A rank in a collective or at a gate returns soon
+// after the world fails (the abort wakes it); one in compute at its next collective. One that has
+// not returned within opt_.return_limit_s of the failure is stuck (WorldOptions::return_limit_s).
+void wait_for_ranks(threads::World& w, std::mutex& mu, std::condition_variable& cv, const std::vector<char>& returned) {
+  using Clock = std::chrono::steady_clock;
+  std::optional<Clock::time_point> failed_at;
+  bool reported = false;
+  std::unique_lock<std::mutex> lock(mu);
+  for (;;) {
+    if (std::all_of(returned.begin(), returned.end(), [](char c) { return c != 0; })) return;
+    cv.wait_for(lock, std::chrono::milliseconds(100));
+    if (!failed_at) {
+      std::lock_guard<std::mutex> world_lock(w.mu_);
+      if (w.aborted_) failed_at = Clock::now();
+    }
+    if (reported || !failed_at || Clock::now() - *failed_at <= std::chrono::duration<double>(w.opt_.return_limit_s)) continue;
+    std::string stuck;
+    for (size_t r = 0; r < returned.size(); r++)
+      if (!returned[r])
+        stuck += (stuck.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " (" + w.ctx_[r]->activity() + ")";
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> world_lock(w.mu_);
+      reason = w.abort_reason_;
+    }
+    char limit[32];
+    std::snprintf(limit, sizeof limit, "%g", w.opt_.return_limit_s);
+    const std::string diagnosis = "the run failed (" + reason + "), and " + stuck + " did not return within " + limit +
+                                  " s of it; a rank stuck where no abort reaches it (out of memory inside OpenBLAS, "
+                                  "for one) cannot be stopped, so the process ends here";
+    if (!w.opt_.on_stuck) {
+      std::fprintf(stderr, "dtlab: %s\n", diagnosis.c_str());
+      std::fflush(stderr);
+      std::_Exit(3);
+    }
+    reported = true;
+    lock.unlock();  // the handler may free the stuck rank, which then takes this lock to say so
+    w.opt_.on_stuck(diagnosis);
+    lock.lock();
+  }
+}
+
+}  // namespace
+
 void ThreadsWorld::run(const std::function<void(int, Communicator&, RankContext&)>& fn) {
   threads::World& w = impl_->world;
   std::vector<std::string> errors(static_cast<size_t>(w.n_));
   std::vector<char> comm_error(static_cast<size_t>(w.n_), 0);  // not vector<bool>: ranks write it at once
   std::vector<char> stopped(static_cast<size_t>(w.n_), 0);     // the rank raised RunStopped
   std::vector<std::thread> ts;
+  // Ranks whose function has returned (or thrown), counted as their threads end, so that the wait
+  // below has a deadline once the world has failed.
+  std::mutex returned_mu;
+  std::condition_variable returned_cv;
+  std::vector<char> returned(static_cast<size_t>(w.n_), 0);
   // The stepper waits only for live ranks when it settles: each rank is live while its function runs.
   for (int r = 0; r < w.n_; r++) w.stepper_->rank_started(r);
   for (int r = 0; r < w.n_; r++) {
@@ -552,8 +608,16 @@ void ThreadsWorld::run(const std::function<void(int, Communicator&, RankContext&
       struct Done {
         threads::World& w;
         int r;
-        ~Done() { w.stepper_->rank_done(r); }
-      } done{w, r};
+        std::mutex& mu;
+        std::condition_variable& cv;
+        std::vector<char>& returned;
+        ~Done() {
+          w.stepper_->rank_done(r);
+          std::lock_guard<std::mutex> lock(mu);
+          returned[static_cast<size_t>(r)] = 1;
+          cv.notify_all();
+        }
+      } done{w, r, returned_mu, returned_cv, returned};
       try {
         fn(r, comm(r), context(r));
         context(r).set_activity("returned from its rank function");
@@ -566,12 +630,22 @@ void ThreadsWorld::run(const std::function<void(int, Communicator&, RankContext&
         errors[static_cast<size_t>(r)] = e.what();
         stopped[static_cast<size_t>(r)] = 1;
         w.abort(e.what());
+      } catch (const std::bad_alloc&) {
+        // The rank's own allocation failed (its model, optimizer state, buffers): it fails with a
+        // sentence naming where it was, and the others stop at their next collective.
+        const std::string where = context(r).activity();
+        mark_out_of_memory();
+        errors[static_cast<size_t>(r)] =
+            "out of memory" + (where.empty() || where == "idle" ? std::string() : " (its last activity: " + where + ")") +
+            ": the run needs more memory than this machine gives it; use a smaller --model, --batch or --world";
+        w.abort("rank " + std::to_string(r) + " ran " + errors[static_cast<size_t>(r)]);
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
         w.abort("rank " + std::to_string(r) + " failed: " + e.what());
       }
     });
   }
+  wait_for_ranks(w, returned_mu, returned_cv, returned);
   for (auto& t : ts) t.join();
   // The world's own abort reason is the root cause (the watchdog's or desync diagnosis).
   std::string root;

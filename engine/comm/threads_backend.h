@@ -53,6 +53,12 @@ struct WorldOptions {
   // Where the ranks' buffers live: null is host memory (memcpy and CPU loops); the cuda backend
   // (engine/cuda/cuda_backend.h) passes its device mover, and the algorithms stay the same.
   std::shared_ptr<DataMover> mover;
+  // Once the world has failed, how long its ranks have to return from run()'s function; one that has
+  // not is stuck where no abort reaches it (OpenBLAS retrying a failed allocation forever). A thread
+  // cannot be cancelled, so by default (on_stuck empty) run() prints the diagnosis and ends the
+  // process with exit code 3. A test gives on_stuck to read the diagnosis and free its stuck rank.
+  double return_limit_s = 60;
+  std::function<void(const std::string& diagnosis)> on_stuck;
 };
 
 // What the app and the watchdog see of a collective in flight.

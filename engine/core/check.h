@@ -23,6 +23,13 @@ struct InternalError : std::logic_error {
   using std::logic_error::logic_error;
 };
 
+// An allocation failed somewhere in this process (a rank's std::bad_alloc, or the front end's).
+// Front ends then end the process with std::_Exit after printing their sentence: OpenBLAS's worker
+// threads retry a failed buffer allocation forever (memory.c, blas_memory_alloc), and its exit
+// handler joins them, so a normal exit would never return.
+void mark_out_of_memory();
+bool out_of_memory_seen();
+
 [[noreturn]] void fail_check(const char* file, int line, const char* cond, const std::string& msg);
 
 }  // namespace dtlab
