@@ -1,6 +1,7 @@
 #include <CLI/CLI.hpp>
 #include <map>
 #include <new>
+#include <system_error>
 
 #include "cli/cli.h"
 #include "cli/commands.h"
@@ -101,6 +102,14 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
     mark_out_of_memory();
     io.err << "dtlab-cli: out of memory: the run, or a file it read, needs more than this machine has; use a smaller --model, "
               "--batch, --world or --lora-rank, or check the size of the input files\n";
+    return 2;
+  } catch (const std::system_error& e) {  // a thread that found no memory for its stack
+    if (e.code() != std::errc::resource_unavailable_try_again) {
+      io.err << "dtlab-cli: internal error: " << tidy_sentence(e.what()) << "\n";
+      return 1;
+    }
+    mark_out_of_memory();
+    io.err << "dtlab-cli: out of memory: no room for another thread's stack; use a smaller --world or --model\n";
     return 2;
   } catch (const std::exception& e) {
     io.err << "dtlab-cli: internal error: " << tidy_sentence(e.what()) << "\n";

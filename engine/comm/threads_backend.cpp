@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <new>  // std::bad_alloc
 
 #include "engine/comm/ring_order.h"  // ring_pred, ring_succ
@@ -603,8 +604,17 @@ void ThreadsWorld::run(const std::function<void(int, Communicator&, RankContext&
   std::vector<char> returned(static_cast<size_t>(w.n_), 0);
   // The stepper waits only for live ranks when it settles: each rank is live while its function runs.
   for (int r = 0; r < w.n_; r++) w.stepper_->rank_started(r);
-  for (int r = 0; r < w.n_; r++) {
-    ts.emplace_back([&, r] {
+  // The sentence of a rank that ran out of memory (its allocation, or a thread it started), with
+  // where it was: the others stop at their next collective.
+  auto out_of_memory = [&](int r, const std::string& what) {
+    const std::string where = context(r).activity();
+    mark_out_of_memory();
+    errors[static_cast<size_t>(r)] =
+        what + (where.empty() || where == "idle" ? std::string() : " (its last activity: " + where + ")") +
+        ": the run needs more memory than this machine gives it; use a smaller --model, --batch or --world";
+    w.abort("rank " + std::to_string(r) + " ran " + errors[static_cast<size_t>(r)]);
+  };
+  const auto body = [&](int r) {
       struct Done {
         threads::World& w;
         int r;
@@ -630,20 +640,38 @@ void ThreadsWorld::run(const std::function<void(int, Communicator&, RankContext&
         errors[static_cast<size_t>(r)] = e.what();
         stopped[static_cast<size_t>(r)] = 1;
         w.abort(e.what());
-      } catch (const std::bad_alloc&) {
-        // The rank's own allocation failed (its model, optimizer state, buffers): it fails with a
-        // sentence naming where it was, and the others stop at their next collective.
-        const std::string where = context(r).activity();
-        mark_out_of_memory();
-        errors[static_cast<size_t>(r)] =
-            "out of memory" + (where.empty() || where == "idle" ? std::string() : " (its last activity: " + where + ")") +
-            ": the run needs more memory than this machine gives it; use a smaller --model, --batch or --world";
-        w.abort("rank " + std::to_string(r) + " ran " + errors[static_cast<size_t>(r)]);
+      } catch (const std::bad_alloc&) {  // its model, optimizer state, buffers
+        out_of_memory(r, "out of memory");
+      } catch (const std::system_error& e) {
+        if (e.code() != std::errc::resource_unavailable_try_again) {
+          errors[static_cast<size_t>(r)] = e.what();
+          w.abort("rank " + std::to_string(r) + " failed: " + e.what());
+        } else {  // a thread it started (a communicator's worker) found no memory for its stack
+          out_of_memory(r, "out of memory (no room for a thread's stack)");
+        }
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
         w.abort("rank " + std::to_string(r) + " failed: " + e.what());
       }
-    });
+  };
+  ts.reserve(static_cast<size_t>(w.n_));
+  for (int r = 0; r < w.n_; r++) {
+    try {
+      ts.emplace_back(body, r);
+    } catch (const std::system_error& e) {  // no memory for another thread's stack, or too many threads
+      mark_out_of_memory();
+      const std::string why = "could not start rank " + std::to_string(r) + "'s thread (" + e.what() +
+                              "): out of memory or too many threads; use a smaller --world or --model";
+      w.abort(why);
+      for (int q = r; q < w.n_; q++) {
+        w.stepper_->rank_done(q);
+        std::lock_guard<std::mutex> lock(returned_mu);
+        returned[static_cast<size_t>(q)] = 1;
+      }
+      wait_for_ranks(w, returned_mu, returned_cv, returned);
+      for (auto& t : ts) t.join();
+      throw Error(why);
+    }
   }
   wait_for_ranks(w, returned_mu, returned_cv, returned);
   for (auto& t : ts) t.join();
