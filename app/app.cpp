@@ -90,7 +90,7 @@ const char* first_existing(std::initializer_list<const char*> paths) {
 // them the frame.
 class App : public ScriptRunner::Host {
  public:
-  explicit App(AppOptions& o) : opt_(o), lessons_(o.play, !o.script.empty() || o.play ? "" : progress_path()) {}
+  explicit App(AppOptions& o) : opt_(o), lessons_(o.play, !o.script.empty() || o.play ? "" : progress_path(), o.lesson_seed) {}
   int run();
 
  private:

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 namespace dtlab::app {
@@ -34,7 +35,7 @@ const std::vector<std::string>& scenario_flags() {
 const std::vector<std::string> kNotScenario = {"--script", "--run", "--screenshot", "--frames", "--bench-frames",
                                                "--presentation", "--running", "--speed", "--width", "--height",
                                                "--config-dir", "--lesson", "--play", "--help", "-h", "--version"};
-const std::vector<std::string> kQuestionKeys = {"ask", "choice", "answer", "expect", "tolerance", "unit", "reveal", "explain"};
+const std::vector<std::string> kQuestionKeys = {"ask", "choice", "answer", "expect", "tolerance", "unit", "topic", "reveal", "explain"};
 const std::vector<std::string> kActionWords = {"step", "focus", "run", "pause", "wait", "view", "clock", "set_epoch", "speed",
                                                "presentation", "reset", "set", "inject", "scenario", "mark", "expect",
                                                "select", "compare", "zoom"};  // the last three: an opened trace's
@@ -100,7 +101,7 @@ Question parse_question(const std::vector<std::pair<int, std::string>>& lines, i
     }
     if (!split_key(raw, key, value) || std::find(kQuestionKeys.begin(), kQuestionKeys.end(), key) == kQuestionKeys.end())
       throw LessonError(lesson.path, l, "unknown question key '" + (split_key(raw, key, value) ? key : trim(raw)) + "'" +
-                                            did_you_mean(key, kQuestionKeys) + " (keys: ask, choice, answer, expect, tolerance, unit, reveal, explain)");
+                                            did_you_mean(key, kQuestionKeys) + " (keys: ask, choice, answer, expect, tolerance, unit, topic, reveal, explain)");
     at(l, [&] {
       if (key == "ask") q.ask = value;
       else if (key == "choice") {
@@ -112,6 +113,7 @@ Question parse_question(const std::vector<std::pair<int, std::string>>& lines, i
       } else if (key == "answer") q.answer = Figure::parse(value);
       else if (key == "expect") q.expect = Figure::parse(value);
       else if (key == "unit") q.unit = value;
+      else if (key == "topic") q.topic = value;
       else if (key == "tolerance") {
         if (!value.empty() && value.back() == '%') q.tol_rel = parse_number(value.substr(0, value.size() - 1), "tolerance") / 100;
         else q.tol_abs = parse_number(value, "tolerance");
@@ -432,9 +434,75 @@ void parse_body(const std::vector<std::string>& lines, size_t i, int header_star
   for (size_t k = 0; k < l.steps.size(); k++) l.steps[k].prose = parse_prose(prose[k], l);
 }
 
+bool draw_name_ok(const std::string& n) {
+  if (n.empty() || n.size() > 32 || !(std::islower(static_cast<unsigned char>(n[0])) || n[0] == '_')) return false;
+  return std::all_of(n.begin(), n.end(), [](char c) { return std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '_'; });
+}
+
+// The header's `draw: NAME = A | B | C` lines: each becomes a comment line (line numbers stay), one
+// value per name is drawn from the seed (std::mt19937_64, so a seed draws the same values on every
+// machine), and ${NAME} is replaced everywhere below the header's first line. Runs before the
+// header is parsed, so the header's own flags may use the draws too.
+void apply_draws(std::vector<std::string>& lines, Lesson& l, std::optional<uint64_t> seed) {
+  size_t i = 0;
+  while (i < lines.size() && trim(lines[i]).empty()) i++;
+  if (i == lines.size() || trim(lines[i]) != "---") return;  // parse_header says what is wrong
+  const size_t first = i + 1;
+  std::vector<std::pair<std::string, std::vector<std::string>>> decls;
+  for (i = first; i < lines.size() && trim(lines[i]) != "---"; i++) {
+    const std::string t = trim(lines[i]);
+    if (!starts_with(t, "draw:")) continue;
+    const int ln = static_cast<int>(i + 1);
+    const std::string rest = trim(t.substr(5));
+    const size_t eq = rest.find('=');
+    const std::string name = trim(rest.substr(0, eq));
+    if (eq == std::string::npos || !draw_name_ok(name) || name == "seed")
+      throw LessonError(l.path, ln, "a draw is 'draw: NAME = A | B | C', NAME in lower case letters, digits and _ (not 'seed'), not '" + t + "'");
+    for (const auto& d : decls)
+      if (d.first == name) throw LessonError(l.path, ln, "'" + name + "' is drawn twice; give each draw its own name");
+    std::vector<std::string> values;
+    std::string v;
+    std::istringstream is(rest.substr(eq + 1));
+    while (std::getline(is, v, '|')) values.push_back(trim(v));
+    if (values.size() < 2 || std::any_of(values.begin(), values.end(), [](const std::string& x) { return x.empty(); }))
+      throw LessonError(l.path, ln, "draw '" + name + "' needs two or more values between '|', none empty: 'draw: " + name + " = 3 | 5 | 7'");
+    decls.push_back({name, values});
+    lines[i] = "#";
+  }
+  if (decls.empty()) return;
+  if (seed) {
+    l.seed = *seed;
+  } else {
+    std::random_device rd;
+    l.seed = 1 + rd() % 999999;
+  }
+  std::mt19937_64 rng(l.seed);
+  for (const auto& [name, values] : decls) l.draws.push_back({name, values[rng() % values.size()]});
+  std::vector<std::pair<std::string, std::string>> subs = l.draws;
+  subs.push_back({"seed", std::to_string(l.seed)});
+  for (size_t k = first; k < lines.size(); k++) {
+    std::string& line = lines[k];
+    for (size_t at = line.find("${"); at != std::string::npos; at = line.find("${", at)) {
+      const size_t close = line.find('}', at);
+      const std::string name = close == std::string::npos ? "" : line.substr(at + 2, close - at - 2);
+      const auto it = std::find_if(subs.begin(), subs.end(), [&](const auto& d) { return d.first == name; });
+      if (it == subs.end()) {
+        std::vector<std::string> names;
+        for (const auto& d : subs) names.push_back(d.first);
+        std::string list;
+        for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+        throw LessonError(l.path, static_cast<int>(k + 1),
+                          "'${" + name + "}' is not drawn (this lesson draws " + list + ")" + did_you_mean(name, names));
+      }
+      line.replace(at, close + 1 - at, it->second);
+      at += it->second.size();
+    }
+  }
+}
+
 }  // namespace
 
-Lesson parse_lesson(const std::string& text, const std::string& path) {
+Lesson parse_lesson(const std::string& text, const std::string& path, std::optional<uint64_t> seed) {
   Lesson l;
   l.path = path;
   l.name = lesson_name(path);
@@ -443,6 +511,7 @@ Lesson parse_lesson(const std::string& text, const std::string& path) {
     std::istringstream is(text);
     for (std::string s; std::getline(is, s);) lines.push_back(s);
   }
+  apply_draws(lines, l, seed);
   int header_start = 0;
   const size_t header_end = parse_header(lines, l, header_start);
   parse_body(lines, header_end, header_start, l);
@@ -475,7 +544,7 @@ std::string lesson_name(const std::string& path) {
   return stem;
 }
 
-Lesson load_lesson(const std::string& name_or_path) {
+Lesson load_lesson(const std::string& name_or_path, std::optional<uint64_t> seed) {
   std::string path = name_or_path;
   if (name_or_path.find('/') == std::string::npos && fs::path(name_or_path).extension() != ".md") {
     std::vector<std::string> names;
@@ -497,7 +566,7 @@ Lesson load_lesson(const std::string& name_or_path) {
   if (!f) throw LessonError(path, 0, "cannot read the lesson file");
   std::string text;
   if (!read_text_file(path, text)) throw LessonError(path, 0, "the lesson file is larger than 1 MiB; a lesson is a page of Markdown");
-  return parse_lesson(text, path);
+  return parse_lesson(text, path, seed);
 }
 
 std::string check_lesson_command(const std::string& arg) {

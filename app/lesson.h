@@ -86,6 +86,7 @@ struct Question {
   Figure expect;                     // optional: what the lesson claims the engine will reveal
   double tol_abs = -1, tol_rel = -1;  // `tolerance: 0.5` or `tolerance: 2%`; unset: exact for whole numbers, else 1%
   std::string unit;
+  std::string topic;                 // `topic: NAME`: the lesson panel scores the answers per topic at the end
   std::vector<LessonAction> reveal;  // run before the answer is read
   Prose explain;                     // its figures are read with the answer, on the same snapshot
   // True when `given` counts as `live` under this question's tolerance.
@@ -115,12 +116,18 @@ struct Lesson {
   std::vector<int> flag_lines;     // per flag: the header line it came from
   std::vector<LessonStep> steps;
   std::vector<Figure> figures;     // every {{...}} in prose and explanations
+  // `draw: NAME = A | B | C` header lines: one value per name, drawn from `seed` when the lesson is
+  // read, stands for ${NAME} in the rest of the file (${seed}: the seed). Empty, and seed 0, when
+  // the lesson draws nothing.
+  std::vector<std::pair<std::string, std::string>> draws;
+  uint64_t seed = 0;
 };
 
-// Parses a lesson; throws LessonError naming `path` and the line.
-Lesson parse_lesson(const std::string& text, const std::string& path);
+// Parses a lesson; throws LessonError naming `path` and the line. A lesson with `draw:` lines draws
+// its values from `seed`, or from a fresh random seed (1 to 999999) when none is given.
+Lesson parse_lesson(const std::string& text, const std::string& path, std::optional<uint64_t> seed = std::nullopt);
 // NAME (lessons/NAME.md or lessons/NN_NAME.md) or a path to a .md file. Throws LessonError.
-Lesson load_lesson(const std::string& name_or_path);
+Lesson load_lesson(const std::string& name_or_path, std::optional<uint64_t> seed = std::nullopt);
 
 // $DTLAB_LESSONS, else the source tree's lessons/.
 std::string lessons_dir();

@@ -44,7 +44,7 @@ void LessonCatalog::refresh() {
 bool LessonHost::open(const std::string& name) {
   runner_.reset();
   try {
-    runner_ = std::make_unique<LessonRunner>(load_lesson(name), play_, progress_file_);
+    runner_ = std::make_unique<LessonRunner>(load_lesson(name, seed_), play_, progress_file_);
     error_.clear();
   } catch (const Error& e) {  // the panel shows the sentence; the app goes on
     error_ = e.what();

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,7 +43,10 @@ class LessonHost {
  public:
   // play: --play (answers every question with the live figure); progress_file: where progress is
   // kept ("" for scripted runs, which leave the user's progress alone).
-  LessonHost(bool play, std::string progress_file) : play_(play), progress_file_(std::move(progress_file)) {}
+  // seed: --seed given with --lesson; a lesson that draws its numbers (`draw:`) draws them from it,
+  // else from a fresh seed each time it is opened (app/lesson.h).
+  LessonHost(bool play, std::string progress_file, std::optional<uint64_t> seed = std::nullopt)
+      : play_(play), progress_file_(std::move(progress_file)), seed_(seed) {}
 
   // Opens a lesson by name or path; false with the sentence in error() when it does not load.
   bool open(const std::string& name);
@@ -66,6 +70,7 @@ class LessonHost {
  private:
   bool play_ = false;
   std::string progress_file_;
+  std::optional<uint64_t> seed_;
   std::unique_ptr<LessonRunner> runner_;
   std::string error_;
   LessonCatalog catalog_;

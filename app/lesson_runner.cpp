@@ -106,6 +106,13 @@ LessonRunner::LessonRunner(Lesson lesson, bool play, std::string progress_file)
     : lesson_(std::move(lesson)), play_(play), progress_file_(std::move(progress_file)) {
   answers_.resize(lesson_.steps.size());
   question_of_.assign(lesson_.figures.size(), -1);
+  if (play_ && !lesson_.draws.empty()) {  // what this play drew, so that a failure can be replayed
+    std::string drawn;
+    for (const auto& [name, value] : lesson_.draws) drawn += (drawn.empty() ? "" : ", ") + name + " = " + value;
+    std::printf("lesson %s: seed %llu (replay with --seed %llu): %s\n", lesson_.name.c_str(),
+                static_cast<unsigned long long>(lesson_.seed), static_cast<unsigned long long>(lesson_.seed), drawn.c_str());
+    std::fflush(stdout);
+  }
   for (size_t j = 0; j < lesson_.steps.size(); j++) {
     const auto& q = lesson_.steps[j].question;
     if (!q) continue;
@@ -120,6 +127,7 @@ LessonRunner::LessonRunner(Lesson lesson, bool play, std::string progress_file)
 
 std::string LessonRunner::where(int step, int line) const {
   std::string w = lesson_.path + ":" + std::to_string(line) + ": ";
+  if (!lesson_.draws.empty()) w += "(seed " + std::to_string(lesson_.seed) + ") ";  // --seed N replays the draw
   if (step >= 0 && step < steps())
     w += "step " + std::to_string(step + 1) + " '" + lesson_.steps[static_cast<size_t>(step)].title + "': ";
   return w;
@@ -269,6 +277,20 @@ void LessonRunner::freeze(int j, const Prose& prose, const FigureScope& scope) {
 void LessonRunner::ask(int j, Session& session) {
   freeze(j, lesson_.steps.at(static_cast<size_t>(j)).question->ask_prose, FigureScope{&session.update(), &marks_});
   answers_[static_cast<size_t>(j)].asked = true;
+}
+
+std::vector<LessonRunner::TopicScore> LessonRunner::topic_scores() const {
+  std::vector<TopicScore> out;
+  for (size_t j = 0; j < lesson_.steps.size(); j++) {
+    const std::optional<Question>& q = lesson_.steps[j].question;
+    if (!q || q->topic.empty()) continue;
+    auto it = std::find_if(out.begin(), out.end(), [&](const TopicScore& t) { return t.topic == q->topic; });
+    if (it == out.end()) it = out.insert(out.end(), TopicScore{q->topic});
+    it->questions++;
+    it->checked += answers_[j].checked ? 1 : 0;
+    it->correct += answers_[j].checked && answers_[j].correct ? 1 : 0;
+  }
+  return out;
 }
 
 void LessonRunner::grade(int j) {

@@ -73,6 +73,14 @@ class LessonRunner {
   // The live figures the current step's question asks about, while it waits for Check (or Reveal):
   // the views drawing them stay covered (app/spoilers.h). Empty otherwise.
   std::vector<std::string> pending_figures() const;
+  // Per `topic:` of the lesson's questions, in the order they first appear: how many questions it
+  // has, how many were checked with an answer and how many of those were right. Empty when no
+  // question names a topic.
+  struct TopicScore {
+    std::string topic;
+    int questions = 0, checked = 0, correct = 0;
+  };
+  std::vector<TopicScore> topic_scores() const;
   // The revealed answer in words: "6 bytes", or the right choice's text.
   std::string answer_text(int step) const;
   // The traces the applied scenario opens (its `open:` line, as dtlab --open), with their

@@ -132,7 +132,7 @@ void add_window_flags(CLI::App& app, AppOptions& o, LabFlags& f) {
   app.add_option("--scale", o.scale, "Scale of fonts and spacing, e.g. 1.5 (default: the display's content scale, 2 on most HiDPI screens)")
       ->check(cli::real_number(0.5, 4.0));
   app.add_option("--config-dir", o.config_dir, "Where the window layout (imgui.ini) is kept");
-  app.add_option("--lesson", o.lesson, "Open a lesson: NAME (lessons/*NAME.md) or PATH.md");
+  app.add_option("--lesson", o.lesson, "Open a lesson: NAME (lessons/*NAME.md) or PATH.md; with --seed N, a lesson that draws its numbers (the interview drill) draws them from N");
 }
 
 // The flags that show a run other than the window's own: a launched one, or recorded traces.
@@ -210,6 +210,7 @@ void finish_options(const CLI::App& app, AppOptions& o, const LabFlags& f, bool 
   o.modeled_clock = f.clock == "modeled";
   finish_lab_run(o, f, scenario);
   if (o.play && o.lesson.empty()) throw Error("--play plays a lesson; add --lesson NAME");
+  if (!o.lesson.empty() && f.train.given("--seed")) o.lesson_seed = static_cast<uint64_t>(o.train.seed);
   if (o.check_spoilers && !o.play) throw Error("--check-spoilers checks a played lesson; add --play --lesson NAME");
   check_attach(o, f.train);
   read_script(app, o, f);

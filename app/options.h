@@ -2,6 +2,7 @@
 // cli/train_flags.h, for the ones the lab uses) and how to show it (script, screenshot, frame
 // benchmark, presentation mode).
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@ struct AppOptions {
   int compare = -1;                    // --compare SCHEDULE: the pipeline view's second schedule (a ScheduleKind)
   std::string config_dir;              // where imgui.ini lives (default: $XDG_CONFIG_HOME/dtlab)
   std::string lesson;                  // --lesson NAME|PATH.md: open this lesson (app/lesson.h)
+  std::optional<uint64_t> lesson_seed;  // --seed with --lesson: the seed a lesson's `draw:` lines draw from
   bool plain = false;                  // no flag but the window's (size, scale, full screen, presentation): the start screen may show
   bool play = false;                   // --play: play the lesson headless, checking every step
   bool check_spoilers = false;         // --check-spoilers: with --play, fail when the screen shows an answer before its check

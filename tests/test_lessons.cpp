@@ -8,6 +8,7 @@
 #include <chrono>
 #include <deque>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -385,7 +386,8 @@ TEST_SUITE("lessons") {
   // bytes": the reveal stepped the run past that bucket and the panel read the figure again, while
   // the answer and the explanation still spoke of the 1036-byte bucket.
   TEST_CASE("a question keeps its figures: the drill's ring question reads the same after Check") {
-    const Lesson l = load_lesson("interview_drill");
+    const Lesson l = load_lesson("interview_drill", 1);  // a drawn scenario (app/lesson.h): seed 1's
+    const int world = lesson_options(l).train.world_size;
     REQUIRE(l.steps.size() > 1);
     REQUIRE(l.steps[1].question.has_value());
     const Question& q = *l.steps[1].question;
@@ -397,8 +399,9 @@ TEST_SUITE("lessons") {
     CHECK(r.answer(1).asked);
     const int64_t asked_bytes = s.update().collective.bytes;
     const std::string ask = shown(r, q.ask_prose, s.update());
-    CHECK(ask.rfind("The bucket holds " + std::to_string(asked_bytes) + " bytes and the 4 ranks all-reduce it", 0) == 0);
-    const double sent = 2.0 * 3 / 4 * static_cast<double>(asked_bytes);  // the ring's 2(n-1)/n
+    CHECK(ask.rfind("The bucket holds " + std::to_string(asked_bytes) + " bytes and the " + std::to_string(world) +
+                    " ranks all-reduce it", 0) == 0);
+    const double sent = 2.0 * (world - 1) / world * static_cast<double>(asked_bytes);  // the ring's 2(n-1)/n
     REQUIRE(drive(r, s, {"answer " + format_figure(sent), "check"}) == "");
     // What the bug needs: the reveal moved the run on to a collective of another size.
     REQUIRE(s.update().collective.bytes != asked_bytes);
@@ -416,6 +419,92 @@ TEST_SUITE("lessons") {
     CHECK(shown(r, q.ask_prose, s.update()) == ask);
     CHECK(r.answer_text(1) == answer);
     CHECK(shown(r, q.explain, s.update()) == explain);
+  }
+
+  TEST_CASE("draw: a seed draws the same scenario on every read, another seed another one, and ${seed} is the seed") {
+    const std::string text = "---\ntitle: t\nminutes: 5\ndraw: w = 2 | 3 | 5 | 6 | 7 | 8\ndraw: cap = 0.004 | 0.016\n"
+                             "strategy: ddp\nworld: ${w}\nmodel: small\nbucket_cap_mb: ${cap}\n---\n"
+                             "## a\nseed ${seed}, world ${w}\n```question\nask: q ${w}?\nanswer: world\nexpect: ${w}\ntopic: t\n```\n";
+    const Lesson a = parse_lesson(text, "t.md", 11), again = parse_lesson(text, "t.md", 11);
+    REQUIRE(a.draws.size() == 2);
+    CHECK(a.seed == 11);
+    CHECK(a.draws == again.draws);
+    const std::string w = a.draws[0].second;
+    CHECK(lesson_options(a).train.world_size == std::stoi(w));
+    CHECK(a.steps[0].question->ask == "q " + w + "?");
+    CHECK(a.steps[0].question->topic == "t");
+    // Over 20 seeds both draws take more than one value (mt19937_64: the same on every machine).
+    std::set<std::string> worlds, caps;
+    for (uint64_t seed = 1; seed <= 20; seed++) {
+      const Lesson l = parse_lesson(text, "t.md", seed);
+      worlds.insert(l.draws[0].second), caps.insert(l.draws[1].second);
+    }
+    CHECK(worlds.size() > 2);
+    CHECK(caps.size() == 2);
+    // Without a seed, one is drawn (1 to 999999) and kept, so the play can be replayed.
+    const Lesson fresh = parse_lesson(text, "t.md");
+    CHECK(fresh.seed >= 1);
+    CHECK(fresh.seed <= 999999);
+    CHECK(parse_lesson(text, "t.md", fresh.seed).draws == fresh.draws);
+    // A lesson without draw: lines keeps ${...} as written and has seed 0.
+    const Lesson plain = parse_lesson(header() + "## a\ncost ${x}\n", "t.md", 5);
+    CHECK(plain.draws.empty());
+    CHECK(plain.seed == 0);
+  }
+
+  TEST_CASE("draw: broken lines and unknown names are file:line and one sentence") {
+    const std::string h = "---\ntitle: t\nminutes: 5\nstrategy: ddp\nmodel: small\n";
+    CHECK(lesson_error(h + "draw: w = 4\n---\n## a\n") ==
+          "t.md:6: draw 'w' needs two or more values between '|', none empty: 'draw: w = 3 | 5 | 7'");
+    CHECK(lesson_error(h + "draw: W = 2 | 4\n---\n## a\n") ==
+          "t.md:6: a draw is 'draw: NAME = A | B | C', NAME in lower case letters, digits and _ (not 'seed'), not 'draw: W = 2 | 4'");
+    CHECK(lesson_error(h + "draw: w = 2 | 4\ndraw: w = 3 | 5\n---\n## a\n") == "t.md:7: 'w' is drawn twice; give each draw its own name");
+    CHECK(lesson_error(h + "draw: world = 2 | 4\n---\n## a\nranks: ${wrld}\n") ==
+          "t.md:9: '${wrld}' is not drawn (this lesson draws world, seed); did you mean 'world'?");
+  }
+
+  TEST_CASE("two plays of the interview drill with different seeds ask different numbers, and the same seed the same") {
+    // The ring question's ask, as the learner reads it, on a live Session for three seeds.
+    auto ring_ask = [](uint64_t seed) {
+      const Lesson l = load_lesson("interview_drill", seed);
+      Session s(lesson_options(l).train);
+      LessonRunner r(l, false, "");
+      REQUIRE(drive(r, s, {"goto 2"}) == "");
+      return shown(r, l.steps[1].question->ask_prose, s.update());
+    };
+    // Seeds whose draws differ in world size and model width (checked first, so the test says why).
+    const Lesson one = load_lesson("interview_drill", 1), two = load_lesson("interview_drill", 2);
+    REQUIRE(one.draws != two.draws);
+    const std::string a = ring_ask(1), b = ring_ask(2);
+    const std::string both = a + "\n" + b;
+    INFO(both);
+    CHECK(a != b);
+    CHECK(ring_ask(1) == a);
+    // Every question names a topic, for the score at the end.
+    for (const LessonStep& st : one.steps)
+      if (st.question) CHECK_MESSAGE(!st.question->topic.empty(), st.title);
+  }
+
+  TEST_CASE("topic scores: per topic, the questions, those checked and those right") {
+    const Lesson l = parse_lesson(header() +
+                                      "## a\n```question\nask: a?\nanswer: world\ntopic: ranks\n```\n"
+                                      "## b\n```question\nask: b?\nanswer: world * 2\ntopic: ranks\n```\n"
+                                      "## c\n```question\nask: c?\nanswer: world + 1\ntopic: more\n```\n"
+                                      "## d\nno question\n",
+                                  "t.md");
+    Session s(lesson_options(l).train);
+    LessonRunner r(l, false, "");
+    REQUIRE(drive(r, s, {"goto 1", "answer 4", "check", "next", "answer 9", "check", "next", "next"}) == "");
+    const std::vector<LessonRunner::TopicScore> t = r.topic_scores();
+    REQUIRE(t.size() == 2);
+    CHECK(t[0].topic == "ranks");
+    CHECK(t[0].questions == 2);
+    CHECK(t[0].checked == 2);
+    CHECK(t[0].correct == 1);
+    CHECK(t[1].topic == "more");
+    CHECK(t[1].questions == 1);
+    CHECK(t[1].checked == 0);
+    CHECK(t[1].correct == 0);
   }
 
   TEST_CASE("a question keeps its figures: asked after the step's actions, answered and explained at the reveal") {

@@ -257,6 +257,34 @@ void draw_question(const LessonRunner& r, int j, const Snapshot& s, bool busy, L
   ImGui::Dummy(ImVec2(1, pad));
 }
 
+// On the last step of a lesson whose questions name topics (the interview drill): the learner's
+// answers scored per topic, to see what to practise.
+void draw_topic_scores(const LessonRunner& r) {
+  const std::vector<LessonRunner::TopicScore> scores = r.topic_scores();
+  if (scores.empty()) return;
+  ImGui::Spacing();
+  ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(kStrong), "Your answers by topic");
+  if (!ImGui::BeginTable("##topic_scores", 3, ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerH | ImGuiTableFlags_SizingStretchProp))
+    return;
+  ImGui::TableSetupColumn("topic");
+  ImGui::TableSetupColumn("right / checked");
+  ImGui::TableSetupColumn("questions");
+  ImGui::TableHeadersRow();
+  int right = 0, total = 0;
+  for (const LessonRunner::TopicScore& t : scores) {
+    ImGui::TableNextRow();
+    ImGui::TableNextColumn();
+    ImGui::TextUnformatted(t.topic.c_str());
+    ImGui::TableNextColumn();
+    ImGui::Text("%d / %d", t.correct, t.checked);
+    ImGui::TableNextColumn();
+    ImGui::Text("%d", t.questions);
+    right += t.correct, total += t.questions;
+  }
+  ImGui::EndTable();
+  ImGui::TextDisabled("%d right of %d questions", right, total);
+}
+
 }  // namespace
 
 std::vector<std::string> draw_lesson_view(const LessonPanel& panel, LessonViewState& view, const Snapshot& s, ViewContext& ctx) {
@@ -287,6 +315,7 @@ std::vector<std::string> draw_lesson_view(const LessonPanel& panel, LessonViewSt
     ImGui::Spacing();
     draw_prose(st.prose, &r, s);
     if (st.question) draw_question(r, j, s, panel.busy, view, out);
+    if (j + 1 == r.steps()) draw_topic_scores(r);
   }
   ImGui::EndChild();
   ImGui::Separator();
