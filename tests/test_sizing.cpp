@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -236,5 +237,30 @@ TEST_SUITE("plan_sizing") {
     check_usage_error(small_with({"--global-batch", "64", "--strategy", "full"}), "--strategy is not part of sizing");
     check_usage_error(small_with({"--global-batch", "64", "--profile", "dgx-z"}), "dgx-z");
     check_usage_error({"--params", "7B"}, "--world is required");
+  }
+}
+
+TEST_SUITE("plan_sizing") {
+  TEST_CASE("plan sizing: the layout scaled down for the lab is a run dtlab-cli train accepts") {
+    // The Sizing view's "Run it scaled down" restarts the lab with these flags; the CLI's parser and
+    // config check are the lab's (add_train_flags), so every preset and a pipeline must pass them.
+    std::vector<SizingInput> layouts(4);
+    layouts[1] = parse_sizing_spec("params=70B dp=128 tp=1 global_batch=128 precision=fp16 zero=0 sp=0 compute_s=10");
+    layouts[2] = parse_sizing_spec("params=7B layers=32 hidden=4096 heads=32 global_batch=64 micro_batch=2 dp=8 tp=1 zero=3 recompute=1 sp=0 profile=dgx-h100");
+    layouts[3] = parse_sizing_spec("dp=16 tp=8 pp=4 zero=1 global_batch=256");
+    for (const SizingInput& in : layouts) {
+      std::vector<std::string> args = sizing_mirror_flags(in);
+      CAPTURE(sizing_spec(in));
+      int world = 0;
+      for (size_t i = 0; i + 1 < args.size(); i++)
+        if (args[i] == "--world") world = std::stoi(args[i + 1]);
+      CHECK(world >= 1);
+      CHECK(world <= 8);
+      args.insert(args.begin(), "train");
+      std::ostringstream out, err;
+      const int code = cli::run_cli(args, {out, err, false, cli::Mode::CheckConfig});
+      INFO("stderr: ", err.str());
+      CHECK(code == 0);
+    }
   }
 }

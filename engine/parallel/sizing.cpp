@@ -268,7 +268,7 @@ std::vector<std::string> sizing_mirror_flags(const SizingInput& in) {
   }
   add("--world", std::to_string(dp * tp * pp));
   if (tp > 1) add("--tp", std::to_string(tp));
-  if (tp > 1 && in.sequence_parallel) f.push_back("--sequence-parallel");
+  if (tp > 1 && pp == 1 && in.sequence_parallel) f.push_back("--sequence-parallel");  // the lab's pipeline sends whole activations
   add("--precision", plan_dtype_name(in.precision));
   if (in.recompute) f.push_back("--activation-checkpointing");
   add("--profile", in.profile);
