@@ -168,10 +168,20 @@ void draw_table(const char* id, const SizingPlan& p, const std::vector<std::stri
     ImGui::PopStyleColor();
     for (const SizingLine& l : p.lines) {
       if (l.section != section || !shown(l)) continue;
+      // Compact (no formula column): a dimension's bytes go into its time row's label, one row each.
+      const bool dim_bytes = l.key.size() > 6 && l.key.compare(l.key.size() - 6, 6, ".bytes") == 0 && l.key != "grad.bytes";
+      if (!formulas && dim_bytes) continue;
+      std::string label = l.label, tip = l.formula;
+      const size_t dot = l.key.find(".seconds");
+      if (!formulas && dot == 2) {  // dp.seconds, tp.seconds, pp.seconds
+        const SizingLine& bytes = sizing_line(p, l.key.substr(0, 2) + ".bytes");
+        label = l.label.substr(0, 4) + format_sizing_value(bytes.value, SizingUnit::Bytes) + " on its link";
+        tip = bytes.formula + "; " + l.formula;
+      }
       ImGui::TableNextRow();
       ImGui::TableSetColumnIndex(0);
-      ImGui::TextWrapped("%s", l.label.c_str());
-      if (!formulas && ImGui::IsItemHovered()) ImGui::SetTooltip("%s", l.formula.c_str());
+      ImGui::TextWrapped("%s", label.c_str());
+      if (!formulas && ImGui::IsItemHovered()) ImGui::SetTooltip("%s", tip.c_str());
       ImGui::TableSetColumnIndex(1);
       const std::string v = format_sizing_value(l.value, l.unit);
       const bool warn = l.key == "overhead" && l.value > 0.2;
@@ -197,7 +207,7 @@ void draw_sizing_view(const Snapshot&, ViewContext& ctx, SizingViewState& state)
   // Normal: the controls (a form: it may scroll) beside the figures with their formulas. Presentation:
   // the controls folded away under "Settings" and the figures in three tables across the window in
   // large type, each row's formula in its tooltip (normal mode shows them all).
-  const bool wide = !ctx.presentation && avail > ImGui::GetFontSize() * 48;
+  const bool wide = !ctx.presentation && avail > ImGui::GetFontSize() * 70;
   if (wide) {
     ImGui::BeginChild("##sizing_controls", ImVec2(std::round(avail * 0.36f), 0), false);
     draw_controls(in, ctx, state);
@@ -234,9 +244,9 @@ void draw_sizing_view(const Snapshot&, ViewContext& ctx, SizingViewState& state)
   // presentation when the window is wide and tall enough for one row per line (a projector at
   // 1920x1080), else three tables across with the formulas in tooltips.
   int rows = 3;
-  for (const SizingLine& l : p.lines) rows += shown(l);
+  for (const SizingLine& l : p.lines) rows += shown(l);  // with the formula column: one row per line
   const float row_h = ImGui::GetTextLineHeight() + 2 * ImGui::GetStyle().CellPadding.y;
-  const bool one_table = wide || (ImGui::GetContentRegionAvail().x > ImGui::GetFontSize() * 60 &&
+  const bool one_table = wide || (ImGui::GetContentRegionAvail().x > ImGui::GetFontSize() * 50 &&
                                   ImGui::GetContentRegionAvail().y > rows * row_h * 1.15f);
   if (one_table) {
     draw_table("##sizing", p, {"Compute per step", "Communication per GPU per step", "Balance"}, true);
