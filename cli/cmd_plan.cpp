@@ -2,6 +2,8 @@
 // (engine/parallel/memory_plan.h), as one table or one JSON object; with --tp/--stages the 3-D mesh
 // (engine/parallel/mesh_plan.h): the model split over tp x pp first, then the same table over dp,
 // and each dimension's traffic per step with its formula and, on a --profile, the link it crosses.
+// With --global-batch (or --dp, --pp, --zero, --recompute, --mfu, --compute-time) it sizes a whole
+// run instead (engine/parallel/sizing.h, printed by cli/plan_sizing.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
