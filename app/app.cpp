@@ -1132,6 +1132,11 @@ void App::show_view(const std::string& name) {
 }
 
 void App::set_sizing(const std::string& spec) {
+  if (spec == "run") {  // as the view's "Run it scaled down"; applied after the next frame's views
+    ctx_.sizing_restart = true;
+    ctx_.sizing_flags = sizing_mirror_flags(sizing_view_.input);
+    return;
+  }
   sizing_view_.input = parse_sizing_spec(spec);  // the script's parser checked it
   show_view("sizing");
 }

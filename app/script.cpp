@@ -21,7 +21,7 @@ namespace {
 const char* kUsage =
     "commands: step ring|collective|layer|bucket|iteration|action [N], focus rank R|group NAME|none, run [SECONDS]s, "
     "pause, wait SECONDSs, "
-    "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|sizing|all, sizing KEY=VALUE ..., screenshot PATH.png, speed X, "
+    "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|sizing|all, sizing KEY=VALUE ...|run, screenshot PATH.png, speed X, "
     "presentation on|off, fullscreen on|off, start on|off|ddp|fsdp|pipeline|course, check layout, clock modeled|wall, set_epoch on|off, reset, quit, "
     "pin, unpin, compare --FLAG VALUE ... (run B with those settings beside the pinned A), "
     "lesson open NAME|next|back|goto N|answer X|check|play|demo|close; with --open: wait trace|compare [SECONDS]s, "
@@ -197,10 +197,12 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       if (w.size() < 2) fail("sizing takes the calculator's settings, e.g. sizing params=70B dp=128 tp=1 precision=fp16");
       std::string spec;
       for (size_t i = 1; i < w.size(); i++) spec += (i > 1 ? " " : "") + w[i];
-      try {
-        parse_sizing_spec(spec);
-      } catch (const Error& e) {
-        fail(e.what());
+      if (spec != "run") {  // `sizing run`: the view's "Run it scaled down"
+        try {
+          parse_sizing_spec(spec);
+        } catch (const Error& e) {
+          fail(e.what());
+        }
       }
       c.kind = ScriptCommand::Sizing;
       c.arg = spec;

@@ -18,6 +18,21 @@ TEST_SUITE("gui") {
     CHECK(test::script_error("sizing params=70B dp=128 tp=1 precision=fp16").empty());
     CHECK(test::script_error("sizing dq=4").find("'dq' is not a sizing setting") != std::string::npos);
     CHECK(test::script_error("sizing").find("sizing takes the calculator's settings") != std::string::npos);
+    CHECK(test::script_error("sizing run").empty());
+  }
+
+  TEST_CASE("under Xvfb: sizing run restarts the lab with the layout scaled down, as the view's button") {
+    DTLAB_REQUIRE_XVFB();
+    test::TempDir dir;
+    // dp 2 x tp 2 with ZeRO-0: DDP on 4 ranks with --tp 2 (m = 64 / 2 = 32 micro-batches, capped at --accum 4).
+    test::ShellResult r = test::run_app("--run 'sizing params=7B layers=32 hidden=4096 heads=32 global_batch=64 dp=2 tp=2 zero=0 sp=0 profile=nvlink8; "
+                                        "sizing run; step iteration 1; screenshot " + dir.file("run.png") + "; quit'",
+                                        dir);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    // The lab's default run has no mesh; the restarted one has data-parallel groups beside its TP pairs.
+    CHECK(r.out.find("collective dp0 ") != std::string::npos);
+    CHECK(r.out.find("[ranks 0, 1, 2, 3]") != std::string::npos);
   }
 
   TEST_CASE("under Xvfb: the Sizing view draws the course's 70B layout, its memory bar by category") {
