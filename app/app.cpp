@@ -45,13 +45,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kTopology, kSweep, kMesh, kNumViews };
+enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kTopology, kSweep, kMesh, kSizing, kNumViews };
 // With --open the lab shows imported traces in its own four panels instead (app/views/trace_view.cpp).
 enum TraceViewId { kTraceTimeline, kTraceCollectives, kTraceBreakdown, kTraceCompare, kNumTraceViews };
 const char* kTraceViewTitles[kNumTraceViews] = {"Timeline", "Collectives", "Breakdown", "Compare"};
 const char* kTraceViewNames[kNumTraceViews] = {"timeline", "collectives", "breakdown", "compare"};
-const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline", "Topology", "Bus bandwidth", "Mesh"};
-const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep", "mesh"};
+const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline", "Topology", "Bus bandwidth", "Mesh", "Sizing"};
+const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep", "mesh", "sizing"};
 
 // The pipeline controls (Run panel, pipeline view) in and out of a run configuration.
 PipelineRequest pipeline_request_of(const TrainConfig& c) {
@@ -115,6 +115,7 @@ class App : public ScriptRunner::Host {
   // What scripts ask of the window (ScriptRunner::Host).
   void restart(const TrainConfig& c) override;
   void show_view(const std::string& name) override;
+  void set_sizing(const std::string& spec) override;
   void set_presentation(bool on) override;
   void set_fullscreen(bool on) override { fullscreen_.set(win_, on), relayout_ = true; }
   void start_screen(const std::string& what) override;
@@ -164,6 +165,7 @@ class App : public ScriptRunner::Host {
   bool was_compare_ = false;   // the A/B comparison's tiles were laid out last frame
   RingViewState ring_view_;    // what the ring and pipeline views keep between frames
   PipelineViewState pipeline_view_;
+  SizingViewState sizing_view_;  // the calculator's settings (view sizing)
   CompareState compare_;       // A/B: the pinned run and A's view states (app/compare_view.h)
   double start_time_ = 0;
   bool show_lessons_ = false;  // the lesson panel on the left
@@ -876,6 +878,7 @@ void App::views() {
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // topology: shown alone (its key or `view topology`)
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // sweep: shown alone (view sweep), never tiled
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // mesh: shown alone (view mesh), never tiled
+      {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // sizing: shown alone (view sizing), never tiled
   };
   const Rect run_tile = {x0, top, 0.20f * W, 0.42f * H};
   // Presentation, all views: the four pictures a class reads from the back of the room, each with
@@ -940,7 +943,7 @@ void App::views() {
     // the ring's tile, the memory view (activations per stage) grows into the buckets'.
     if (solo_ < 0 && ((v == kRing && pipeline) || (v == kPipeline && !pipeline) || (v == kBuckets && pipeline))) continue;
     // No tile of their own: a picture of the machine, and a plot over sizes, want the whole window.
-    if (solo_ < 0 && (v == kTopology || v == kSweep || v == kMesh)) continue;
+    if (solo_ < 0 && (v == kTopology || v == kSweep || v == kMesh || v == kSizing)) continue;
     if (stage && (v == kInspector || v == kData)) continue;
     if (comparing && !compare_inline && !compared(v)) continue;  // a number key away
     if (comparing && stage && pipeline && v == kMemory) continue;   // the table has its tile
@@ -986,6 +989,7 @@ void App::views() {
       case kTopology: draw_topology_view(s, ctx_); break;
       case kSweep: draw_sweep_view(s, ctx_); break;
       case kMesh: draw_mesh_view(s, ctx_); break;
+      case kSizing: draw_sizing_view(s, ctx_, sizing_view_); break;
     }
     ImGui::End();
   }
@@ -1001,6 +1005,20 @@ void App::views() {
     c.start_paused = session_->paused();
     restart(c);
     ctx_.restart_error = config_error_;
+    edit_ = session_->config();
+  }
+  if (ctx_.sizing_restart) {  // the Sizing view's layout, scaled down, as `compare` applies flags
+    ctx_.sizing_restart = false;
+    TrainConfig c = session_->config();
+    try {
+      apply_compare_flags(c, ctx_.sizing_flags);
+      c.start_paused = session_->paused();
+      restart(c);
+    } catch (const Error& e) {
+      config_error_ = e.what();
+    }
+    ctx_.restart_error = config_error_;
+    sizing_view_.ran = true;
     edit_ = session_->config();
   }
   relayout_ = false;
@@ -1111,6 +1129,16 @@ void App::show_view(const std::string& name) {
       if (name == kViewNames[v]) solo_ = v;
   }
   relayout_ = true;
+}
+
+void App::set_sizing(const std::string& spec) {
+  if (spec == "run") {  // as the view's "Run it scaled down"; applied after the next frame's views
+    ctx_.sizing_restart = true;
+    ctx_.sizing_flags = sizing_mirror_flags(sizing_view_.input);
+    return;
+  }
+  sizing_view_.input = parse_sizing_spec(spec);  // the script's parser checked it
+  show_view("sizing");
 }
 
 void App::set_presentation(bool on) {

@@ -13,6 +13,7 @@
 #include "engine/core/check.h"
 #include "engine/parallel/memory_plan.h"
 #include "engine/parallel/pipeline_schedule.h"
+#include "engine/parallel/sizing.h"
 #include "engine/trace/cost_model.h"
 #include "engine/trace/tuning.h"
 
@@ -627,6 +628,7 @@ std::vector<Entry> formula_entries() {
     {"plan.mesh(WHAT, SPEC)", "ss", "the 3-D planner (dtlab-cli plan --tp): WHAT tp, pp, dp (bytes a rank sends per step along it), spanning:tp (groups spanning nodes), slowest (bytes on the slowest link), rank_params, memory, nodes; SPEC \"params=7B world=64 tp=4 stages=4 layers=32 hidden=4096 seq=2048 micro_batch=1 micro_batches=8 dtype=mixed profile=dgx-h100x2\"", [](S, A a) { return plan_mesh_figure(a[0].str, a[1].str); }},
     {"plan.activations(MODEL, B, CKPT)", "snn", "activation bytes a rank of MODEL (\"mlp:2,64,64,3\") holds for a batch of B rows, with activation checkpointing when CKPT is 1 (exactly what the tracker counts)", [](S, A a) { return double(mlp_activation_bytes(ModelSpec::parse(a[0].str), count_arg(a[1], "plan: batch", 1, 1 << 24), a[2].num != 0)); }},
     {"plan.hybrid(P, N, K, DTYPE?)", "nnn|s", "bytes per rank under HYBRID_SHARD: P parameters on N ranks, sharded in groups of K (AdamW)", [](S, A a) { return plan_hybrid(a); }},
+    {"sizing(WHAT, SPEC)", "ss", "the sizing calculator (dtlab-cli plan --global-batch; the Sizing view): WHAT a figure of it (memory.total, flops.step, compute.seconds, dp.bytes, dp.seconds, tp.seconds, pp.seconds, comm.seconds, overhead, grad.bytes, ...: `dtlab-cli plan --global-batch ... --json` lists them), SPEC \"params=70B layers=80 hidden=8192 heads=64 seq=4096 global_batch=512 dp=64 tp=8 pp=1 precision=bf16 zero=1 recompute=0 profile=dgx-h100x2 mfu=0.4\" (also micro_batch, sp, compute_s, gpu_gb); unset keys take those values", [](S, A a) { return sizing_line(plan_sizing(parse_sizing_spec(a[1].str)), a[0].str).value; }},
     {"algo.steps(ALGO, N)", "sn", "steps of an all-reduce with ALGO (ring, tree, naive, dbtree, nvls) on N ranks", [](S, A a) { return double(algorithm_step_count(CollectiveOp::AllReduce, parse_algorithm(a[0].str), count_arg(a[1], "algo: world", 1, 64))); }},
     {"algo.sent(ALGO, N, BYTES, R)", "snnn", "bytes rank R sends in an all-reduce of BYTES", [](S, A a) { auto v = algo_sent(a); return v[static_cast<size_t>(index_of(a[3], v.size(), "rank"))]; }},
     {"algo.busiest(ALGO, N, BYTES)", "snn", "bytes the busiest rank sends in it", [](S, A a) { auto v = algo_sent(a); return *std::max_element(v.begin(), v.end()); }},

@@ -14,9 +14,9 @@ namespace {
 
 // Regions that scroll by design: lists whose length grows with the world or the model (the
 // timeline's rank lanes, DDP's bucket rows, the inspector's per-rank table) and the forms (the Run
-// panel, a lesson's prose, the A/B settings). Every other window must show its content whole.
+// panel, a lesson's prose, the A/B settings, the Sizing view's sliders). Every other window must show its content whole.
 bool scrolls_by_design(const ImGuiWindow* w) {
-  static const char* kLists[] = {"##tl_lanes", "##bucket_rows", "##list"};
+  static const char* kLists[] = {"##tl_lanes", "##bucket_rows", "##list", "##sizing_controls"};
   static const char* kForms[] = {"Run", "Collective", "Lesson", "A/B comparison"};
   const std::string name = w->Name;
   for (const char* l : kLists)

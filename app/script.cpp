@@ -10,6 +10,7 @@
 #include "app/lesson.h"
 #include "app/text.h"
 #include "engine/core/check.h"
+#include "engine/parallel/sizing.h"
 #include "engine/trace/cost_model.h"
 #include "engine/train/settings.h"
 
@@ -20,7 +21,7 @@ namespace {
 const char* kUsage =
     "commands: step ring|collective|layer|bucket|iteration|action [N], focus rank R|group NAME|none, run [SECONDS]s, "
     "pause, wait SECONDSs, "
-    "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|all, screenshot PATH.png, speed X, "
+    "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|sizing|all, sizing KEY=VALUE ...|run, screenshot PATH.png, speed X, "
     "presentation on|off, fullscreen on|off, start on|off|ddp|fsdp|pipeline|course, check layout, clock modeled|wall, set_epoch on|off, reset, quit, "
     "pin, unpin, compare --FLAG VALUE ... (run B with those settings beside the pinned A), "
     "lesson open NAME|next|back|goto N|answer X|check|play|demo|close; with --open: wait trace|compare [SECONDS]s, "
@@ -53,7 +54,7 @@ bool read_text_file(const std::string& path, std::string& out, size_t max_bytes)
 }
 
 const std::vector<std::string>& view_names() {
-  static const std::vector<std::string> names = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep", "mesh", "all",
+  static const std::vector<std::string> names = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep", "mesh", "sizing", "all",
                                                  kTraceViews[0], kTraceViews[1], kTraceViews[2]};
   return names;
 }
@@ -187,10 +188,24 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       c.kind = k == "pause" ? ScriptCommand::Pause : k == "quit" ? ScriptCommand::Quit : ScriptCommand::Reset;
     } else if (k == "view") {
       if (w.size() != 2 || std::find(view_names().begin(), view_names().end(), w[1]) == view_names().end())
-        fail("view takes one of ring, buckets, timeline, memory, inspector, data, shards, pipeline, topology, sweep, mesh, all (with --open: timeline, "
+        fail("view takes one of ring, buckets, timeline, memory, inspector, data, shards, pipeline, topology, sweep, mesh, sizing, all (with --open: timeline, "
              "collectives, breakdown, compare, all)");
       c.kind = ScriptCommand::View;
       c.arg = w[1];
+    } else if (k == "sizing") {
+      // The Sizing view's settings: checked here, so a bad key fails where it is written.
+      if (w.size() < 2) fail("sizing takes the calculator's settings, e.g. sizing params=70B dp=128 tp=1 precision=fp16");
+      std::string spec;
+      for (size_t i = 1; i < w.size(); i++) spec += (i > 1 ? " " : "") + w[i];
+      if (spec != "run") {  // `sizing run`: the view's "Run it scaled down"
+        try {
+          parse_sizing_spec(spec);
+        } catch (const Error& e) {
+          fail(e.what());
+        }
+      }
+      c.kind = ScriptCommand::Sizing;
+      c.arg = spec;
     } else if (k == "screenshot") {
       if (w.size() != 2) fail("screenshot takes one PATH.png");
       c.kind = ScriptCommand::Screenshot;

@@ -26,7 +26,9 @@ struct ScriptCommand {
               // A/B comparison (app/compare.h):
               Pin,         // `pin`: the run on screen becomes A
               Unpin,       // `unpin`: the views show the live run alone again
-              CompareRun };  // `compare --FLAG VALUE ...`: B, the run with those settings changed (pins A first when none is)
+              CompareRun,  // `compare --FLAG VALUE ...`: B, the run with those settings changed (pins A first when none is)
+              Sizing };    // `sizing KEY=VALUE ...`: the Sizing view's settings (engine/parallel/sizing.h's spec), arg the spec;
+                           // `sizing run`: its "Run it scaled down", arg "run"
   Kind kind = Quit;
   int count = 1;        // step commands: how many
   double seconds = 0;   // run / wait: how long (run 0 = run on)

@@ -31,6 +31,7 @@ class ScriptRunner {
    public:
     virtual ~Host() = default;
     virtual void show_view(const std::string& name) = 0;  // `view NAME`: one view alone, or "all"
+    virtual void set_sizing(const std::string& spec) = 0;  // `sizing SPEC`: the Sizing view's settings, and the view alone; "run": its button
     virtual void set_presentation(bool on) = 0;
     virtual void set_fullscreen(bool on) = 0;
     // The start screen: "on", "off", "course", or a scenario's word (parse_start_scenario), whose

@@ -28,6 +28,8 @@ std::vector<std::string> views_drawing(const std::string& sig) {
   if (starts("pipeline")) return {"pipeline", "timeline"};
   // The tuning model's predictions: the busbw plot prints the crossovers, the inspector the why.
   if (starts("tune.")) return {"sweep", "inspector"};
+  // The calculator's figures: the Sizing view prints every one of them for its own settings.
+  if (starts("sizing")) return {"sizing"};
   // An imported trace's panels (app/views/trace_view.cpp) print its collectives, arrivals and
   // breakdown everywhere; its counts (ranks, iterations, collectives) are in the toolbar anyway.
   if (starts("trace.") && sig != "trace.ranks" && sig != "trace.iterations" && sig != "trace.collectives")

@@ -2,6 +2,8 @@
 // (engine/parallel/memory_plan.h), as one table or one JSON object; with --tp/--stages the 3-D mesh
 // (engine/parallel/mesh_plan.h): the model split over tp x pp first, then the same table over dp,
 // and each dimension's traffic per step with its formula and, on a --profile, the link it crosses.
+// With --global-batch (or --dp, --pp, --zero, --recompute, --mfu, --compute-time) it sizes a whole
+// run instead (engine/parallel/sizing.h, printed by cli/plan_sizing.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +16,8 @@
 #include "engine/core/format.h"
 #include "engine/parallel/memory_plan.h"
 #include "engine/parallel/mesh_plan.h"
+#include "engine/parallel/sizing.h"
+#include "cli/plan_sizing.h"
 
 namespace dtlab::cli {
 
@@ -24,6 +28,7 @@ struct PlanArgs {
   int world = 1, node_size = 0;
   std::string strategy = "all", dtype = "fp32", precision = "fp32", optimizer = "adamw", optimizer_dtype = "fp32";
   bool momentum = false, prefetch = false, json = false;
+  CLI::App* app = nullptr;
   CLI::Option *node_size_opt = nullptr, *unit_opt = nullptr, *dtype_opt = nullptr, *precision_opt = nullptr;
   // LoRA: --lora-rank on the transformer's shape, or --lora-params counted elsewhere.
   int lora_rank = 0, lora_modules = 4, heads = 0;
@@ -37,6 +42,17 @@ struct PlanArgs {
   std::string profile;
   std::vector<CLI::Option*> mesh_opts;   // --tp, --stages, --sequence-parallel, the shape, --profile
   std::vector<CLI::Option*> shape_opts;  // --layers, --hidden, --seq, --micro-batch
+  CLI::Option *world_opt = nullptr, *stages_opt = nullptr, *profile_opt = nullptr, *micro_batch_opt = nullptr;
+  // Sizing (engine/parallel/sizing.h): any of these given turns it on.
+  int64_t global_batch = 0;
+  int dp = 1, pp = 1, zero = 0;
+  bool recompute = false;
+  double mfu = 0.4, compute_time = 0;
+  CLI::Option *dp_opt = nullptr, *pp_opt = nullptr;
+  std::vector<CLI::Option*> sizing_opts;
+  bool sizing() const {
+    return std::any_of(sizing_opts.begin(), sizing_opts.end(), [](CLI::Option* o) { return o->count() > 0; });
+  }
   // The shape flags alone turn the mesh on, unless LoRA or activations are what they size.
   bool mesh() const {
     const bool shape_for_other = lora_rank > 0 || activation_checkpointing;
@@ -454,7 +470,56 @@ void print_mesh_traffic(const PlanArgs& a, const MeshPlan& p, Sharding dp_shardi
          << "\n";
 }
 
+// Sizing: the layout is dp x tp x pp (--world, when given, must be their product); the shape, the
+// global batch and the heads are required, the rest has the calculator's defaults.
+SizingInput sizing_input(const PlanArgs& a) {
+  std::vector<std::string> missing = missing_of({a.shape_opts[0], a.shape_opts[1], a.shape_opts[2], a.heads_opt});
+  if (a.global_batch == 0) missing.push_back("--global-batch");
+  if (!missing.empty())
+    throw Error("sizing a run needs the model's shape and the global batch; add " + join(missing, ", "));
+  if (a.stages_opt->count() && a.pp_opt->count()) throw Error("give the pipeline degree once: --pp (or its older name --stages)");
+  for (const char* flag : {"--lora-rank", "--lora-params", "--unit-params", "--node-size", "--activation-checkpointing", "--strategy",
+                           "--micro-batches", "--optimizer", "--optimizer-dtype", "--dtype", "--momentum", "--prefetch"})
+    if (a.app->get_option(flag)->count())
+      throw Error(std::string(flag) + " is not part of sizing (--global-batch, --dp, --pp, --zero, ...); leave it out or size without them");
+  SizingInput in;
+  in.params = a.params;
+  in.layers = a.shape.layers;
+  in.hidden = a.shape.hidden;
+  in.seq = a.shape.seq;
+  in.heads = a.heads;
+  in.global_batch = a.global_batch;
+  in.micro_batch = a.micro_batch_opt->count() ? a.shape.micro_batch : 1;
+  in.tp = a.tp;
+  in.pp = a.stages_opt->count() ? a.stages : a.pp;
+  in.dp = a.dp;
+  if (a.world_opt->count()) {
+    const int model = in.tp * in.pp;
+    if (!a.dp_opt->count()) {
+      if (a.world % model != 0)
+        throw Error("--world " + std::to_string(a.world) + " is not a multiple of tp x pp = " + std::to_string(model) + "; give --dp instead");
+      in.dp = a.world / model;
+    } else if (a.world != in.dp * model) {
+      throw Error("--world " + std::to_string(a.world) + " is not dp x tp x pp = " + std::to_string(in.dp * model) + "; leave --world out or make it their product");
+    }
+  }
+  in.precision = parse_plan_dtype(a.precision);
+  in.zero = a.zero;
+  in.recompute = a.recompute;
+  in.sequence_parallel = a.sequence_parallel;
+  if (a.profile_opt->count()) in.profile = a.profile;
+  in.mfu = a.mfu;
+  in.compute_seconds = a.compute_time;
+  return in;
+}
+
 int run_plan(const PlanArgs& a, Streams& io) {
+  if (a.sizing()) {
+    const SizingInput in = sizing_input(a);
+    print_sizing(in, plan_sizing(in), a.json, io);
+    return 0;
+  }
+  if (a.world_opt->count() == 0) throw Error("--world is required (or size a run with --global-batch and --dp, --tp, --pp)");
   MemoryPlanInput in = memory_input(a);
   const std::vector<Sharding> strategies = check_flags(a, in);
   const bool mesh = a.mesh();
@@ -486,7 +551,9 @@ Runner add_plan_command(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   app.add_option("--params", a->params, "Model size Ψ in parameters: 7.5e9, 7B, 70B, 125M, 4547")
       ->required()->transform(param_count());
-  app.add_option("--world", a->world, "Ranks in all: dp x stages x tp (dp alone without --tp/--stages)")->required()->check(whole_number(1, 1 << 20));
+  a->app = &app;
+  a->world_opt = app.add_option("--world", a->world, "Ranks in all: dp x stages x tp (dp alone without --tp/--stages); required except when sizing")
+                     ->check(whole_number(1, 1 << 20));
   app.add_option("--strategy", a->strategy, "no-shard | zero1 | grad-op | full | hybrid | all (a table of every one)")
       ->capture_default_str();
   a->node_size_opt = app.add_option("--node-size", a->node_size, "HYBRID_SHARD's shard group: ranks per node (default: the whole world)")
@@ -512,18 +579,31 @@ Runner add_plan_command(CLI::App& app) {
   // The 3-D mesh (engine/parallel/mesh_plan.h).
   a->mesh_opts = {
       app.add_option("--tp", a->tp, "Tensor-parallel degree t (Megatron): ranks per TP group")->check(whole_number(1, 64)),
-      app.add_option("--stages", a->stages, "Pipeline stages p")->check(whole_number(1, 1 << 20)),
+      a->stages_opt = app.add_option("--stages", a->stages, "Pipeline stages p")->check(whole_number(1, 1 << 20)),
       app.add_flag("--sequence-parallel", a->sequence_parallel, "TP's all-reduces as reduce-scatter + all-gather (Korthikanti et al.)"),
       app.add_option("--micro-batches", a->shape.micro_batches, "Micro-batches m per step")->check(whole_number(1, 1 << 20)),
-      app.add_option("--profile", a->profile, "Hardware profile to place the mesh on (which link each dimension crosses)"),
+      a->profile_opt = app.add_option("--profile", a->profile, "Hardware profile to place the mesh on (which link each dimension crosses); sizing: dgx-h100x2 unless given"),
   };
   a->shape_opts = {
       app.add_option("--layers", a->shape.layers, "Transformer layers L (split evenly over the stages)")->check(whole_number(1, 1 << 20)),
       app.add_option("--hidden", a->shape.hidden, "Hidden size h")->check(whole_number(1, 1 << 30)),
       app.add_option("--seq", a->shape.seq, "Sequence length s in tokens")->check(whole_number(1, 1 << 30)),
-      app.add_option("--micro-batch", a->shape.micro_batch, "Sequences b per micro-batch")->check(whole_number(1, 1 << 20)),
+      a->micro_batch_opt = app.add_option("--micro-batch", a->shape.micro_batch, "Sequences b per micro-batch (sizing: 1 unless given)")->check(whole_number(1, 1 << 20)),
   };
   a->mesh_opts.insert(a->mesh_opts.end(), a->shape_opts.begin(), a->shape_opts.end());
+  // Sizing a run (engine/parallel/sizing.h): any of these prints the calculator instead of the table.
+  a->dp_opt = app.add_option("--dp", a->dp, "Sizing: data-parallel degree d (default: --world / (tp x pp), else 1)")->check(whole_number(1, 1 << 20));
+  a->pp_opt = app.add_option("--pp", a->pp, "Sizing: pipeline-parallel degree p (1F1B)")->check(whole_number(1, 1 << 20));
+  a->sizing_opts = {
+      app.add_option("--global-batch", a->global_batch, "Sizing: sequences B per optimizer step over all replicas (needs --layers, --hidden, --seq, --heads)")
+          ->check(whole_number(1, 1 << 30)),
+      a->dp_opt, a->pp_opt,
+      app.add_option("--zero", a->zero, "Sizing: ZeRO stage 0 (DDP), 1 (optimizer states), 2 (+ gradients), 3 (+ parameters)")->check(whole_number(0, 3)),
+      app.add_flag("--recompute", a->recompute, "Sizing: full activation recomputation (keep each layer's input; one more forward)"),
+      app.add_option("--mfu", a->mfu, "Sizing: model FLOPs utilization, 0 to 1 (default 0.4)")->check(CLI::Range(1e-6, 1.0)),
+      app.add_option("--compute-time", a->compute_time, "Sizing: take forward + backward as this many seconds instead of FLOPs / MFU")
+          ->check(CLI::Range(1e-9, 1e9)),
+  };
   app.add_flag("--json", a->json, "Print one JSON object");
   return [a](Streams& io) { return run_plan(*a, io); };
 }

@@ -1,5 +1,6 @@
 // dtlab-cli driven in-process: the exit code and what it wrote to each stream.
 #pragma once
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -22,6 +23,11 @@ inline CliResult run_cli(const std::vector<std::string>& args, bool terminal = f
   r.out = out.str();
   r.err = err.str();
   return r;
+}
+
+// The CLI's bad-input contract (docs/cli.md, exit codes): exit 2, nothing on stdout, one line on stderr.
+inline bool one_sentence_usage_error(const CliResult& r) {
+  return r.code == 2 && r.out.empty() && std::count(r.err.begin(), r.err.end(), '\n') == 1;
 }
 
 // The dtlab-cli arguments of the headless demo tools/dtlab.sh runs (its `exec "$build/bin/dtlab-cli"`

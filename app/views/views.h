@@ -7,10 +7,12 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "app/gl.h"
 #include "app/snapshot.h"
 #include "app/trace_loader.h"
+#include "engine/parallel/sizing.h"
 
 namespace dtlab::app {
 
@@ -44,6 +46,10 @@ struct ViewContext {
   int compare_side = 0;  // 0: no comparison; 1: A's side (it keys the colors); 2: B's (no key: A's above says it)
   double shared_span = 0, own_span = 0;    // timeline and pipeline: seconds across the chart
   double shared_bytes = 0, own_bytes = 0;  // memory: bytes across the bars
+  // The Sizing view's "Run it scaled down": restart the run with these dtlab flags (the app applies
+  // them as `compare` does, and leaves why it could not in restart_error).
+  bool sizing_restart = false;
+  std::vector<std::string> sizing_flags;
   // A view asks for the stepper's focus (the mesh view: a clicked rank or group); the app applies it.
   bool focus_request = false;
   int focus_rank = -1;
@@ -63,6 +69,14 @@ void draw_topology_view(const Snapshot& s, ViewContext& ctx);
 void draw_sweep_view(const Snapshot& s, ViewContext& ctx);
 // The DP x PP x TP mesh (mesh_view.cpp): ranks by coordinates, the latest collective's group lit.
 void draw_mesh_view(const Snapshot& s, ViewContext& ctx);
+
+// The Sizing view (sizing_view.cpp): the calculator's settings, which the app keeps and a `sizing
+// SPEC` script or lesson action sets; `ran`: its last "Run it scaled down" was this view's.
+struct SizingViewState {
+  SizingInput input;
+  bool ran = false;
+};
+void draw_sizing_view(const Snapshot& s, ViewContext& ctx, SizingViewState& state);
 
 // What the ring and pipeline views keep between frames (caches, an edit in progress): the app owns
 // one of each and passes it in; the view's file defines what is inside.
