@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "app/figures.h"
 #include "app/snapshot_builder.h"
@@ -103,12 +104,22 @@ std::vector<std::string> SpoilerCheck::check(const LessonRunner* lesson) {
     const double live = lesson->answer(j).live;
     // A whole number asked without a tolerance must be given exactly: "4.4 KiB" does not give 4544.
     const bool exact = st.question && live == std::floor(live) && st.question->tol_abs < 0 && st.question->tol_rel < 0;
-    const std::string where = st.question && st.question->choices.empty() ? find_spoiler(it->second, answer_spellings(live, exact)) : "";
+    std::string where = st.question && st.question->choices.empty() ? find_spoiler(it->second, answer_spellings(live, exact)) : "";
+    std::string fix = "open that view in the question's reveal: or ask what the screen does not show";
+    if (where.empty()) {
+      // The lesson's own text (earlier steps and the header included) and the earlier answers.
+      std::vector<double> earlier;
+      for (int k = 0; k < j; k++)
+        earlier.push_back(lesson->answer(k).revealed ? lesson->answer(k).live : std::numeric_limits<double>::quiet_NaN());
+      if (const std::string in_text = find_text_spoiler(lesson->lesson(), j, live, earlier); !in_text.empty()) {
+        where = "the lesson's text, " + in_text;
+        fix = "ask for what the text before it does not state: other numbers, a derived quantity, a prediction";
+      }
+    }
     if (!where.empty()) {
       const std::string why = lesson->lesson().path + ":" + std::to_string(st.question->line) + ": step " +
                               std::to_string(j + 1) + " '" + st.title + "' shows its answer (" + format_figure(live) +
-                              ") before the check, in " + where +
-                              "; open that view in the question's reveal: or ask what the screen does not show";
+                              ") before the check, in " + where + "; " + fix;
       std::fprintf(stderr, "dtlab: %s\n", why.c_str());
       found.push_back(why);
     }

@@ -7,6 +7,7 @@
 #include <map>
 #include <utility>
 
+#include "app/figures.h"
 #include "engine/core/format.h"
 
 namespace dtlab::app {
@@ -142,20 +143,120 @@ std::vector<std::string> answer_spellings(double v, bool exact) {
   return s;
 }
 
+namespace {
+
+bool digit(char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }
+
+// "0.75" in "0.756", "4547" in "14547" or in "1.4547" is another number; "4,547." or "4,547,"
+// ending a clause is not.
+bool whole_token(const std::string& t, size_t at, size_t len) {
+  const bool left = at == 0 || (!digit(t[at - 1]) && !((t[at - 1] == '.' || t[at - 1] == ',') && at >= 2 && digit(t[at - 2])));
+  const size_t end = at + len;
+  const bool right = end >= t.size() || (!digit(t[end]) && !((t[end] == '.' || t[end] == ',') && end + 1 < t.size() && digit(t[end + 1])));
+  return left && right;
+}
+
+// Prose names what it counts: "2048 tokens" is not an answer of 2048 bytes. True when the word
+// after the number at `end` is a unit of count other than the question's.
+bool counts_another_unit(const std::string& t, size_t end, const std::string& unit) {
+  static const std::vector<std::string> kUnits = {"byte", "b", "kib", "mib", "gib", "kb", "mb", "gb", "float", "element",
+                                                  "parameter", "token", "gpu", "rank", "node", "sample", "row", "feature",
+                                                  "layer", "step", "iteration", "batch", "head", "bucket", "chunk", "µs",
+                                                  "ms", "s", "second", "minute", "hour", "time", "way", "stage", "replica"};
+  auto word_at = [](const std::string& x, size_t i) {
+    std::string w;
+    while (i < x.size() && x[i] == ' ') i++;
+    while (i < x.size() && (std::isalpha(static_cast<unsigned char>(x[i])) || static_cast<unsigned char>(x[i]) >= 0x80))
+      w += static_cast<char>(std::tolower(static_cast<unsigned char>(x[i++])));
+    if (w.size() > 2 && w.back() == 's' && w != "µs") w.pop_back();  // "tokens" counts as "token"
+    return w;
+  };
+  if (unit.empty()) return false;
+  const std::string next = word_at(t, end), own = word_at(unit, 0);
+  return !next.empty() && next != own && std::find(kUnits.begin(), kUnits.end(), next) != kUnits.end();
+}
+
+}  // namespace
+
 std::string find_spoiler(const std::vector<ScreenLine>& lines, const std::vector<std::string>& spellings) {
-  auto digit = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; };
-  for (const ScreenLine& l : lines) {
-    for (const std::string& sp : spellings) {
-      for (size_t at = l.text.find(sp); at != std::string::npos; at = l.text.find(sp, at + 1)) {
-        // "0.75" in "0.756", "4547" in "14547" or in "1.4547" is another number; "4,547." or "4,547,"
-        // ending a clause is not.
-        const std::string& t = l.text;
-        const bool left = at == 0 || (!digit(t[at - 1]) && !((t[at - 1] == '.' || t[at - 1] == ',') && at >= 2 && digit(t[at - 2])));
-        const size_t end = at + sp.size();
-        const bool right = end >= t.size() || (!digit(t[end]) && !((t[end] == '.' || t[end] == ',') && end + 1 < t.size() && digit(t[end + 1])));
-        if (left && right) return l.window + ": '" + l.text + "'";
-      }
+  for (const ScreenLine& l : lines)
+    for (const std::string& sp : spellings)
+      for (size_t at = l.text.find(sp); at != std::string::npos; at = l.text.find(sp, at + 1))
+        if (whole_token(l.text, at, sp.size())) return l.window + ": '" + l.text + "'";
+  return "";
+}
+
+namespace {
+
+std::string spans_text(const std::vector<Span>& spans) {
+  std::string t;
+  for (const Span& sp : spans)
+    // A {{figure}} is drawn live (the screen check reads it); `code` quotes a command's flags
+    // (`--seq 2048`), not a quantity the lesson states.
+    if (sp.figure < 0 && !(sp.style & Span::Code)) t += sp.text;
+    else t += " ";
+  return t;
+}
+
+void add_prose(std::vector<ScreenLine>& out, const std::string& where, const Prose& prose) {
+  for (const Block& b : prose) {
+    if (b.kind == Block::Code) {
+      out.push_back({where, b.code});
+    } else if (b.kind == Block::TableRow) {
+      std::string row;
+      for (const std::vector<Span>& cell : b.cells) row += " | " + spans_text(cell);
+      out.push_back({where, row});
+    } else if (b.kind != Block::Rule) {
+      out.push_back({where, spans_text(b.spans)});
     }
+  }
+}
+
+}  // namespace
+
+std::vector<ScreenLine> lesson_text_before(const Lesson& lesson, int step) {
+  std::vector<ScreenLine> out = {{"title", lesson.title}, {"summary", lesson.summary}};
+  for (int k = 0; k <= step && k < static_cast<int>(lesson.steps.size()); k++) {
+    const LessonStep& st = lesson.steps[static_cast<size_t>(k)];
+    const std::string where = "step " + std::to_string(k + 1) + " '" + st.title + "'";
+    out.push_back({where, st.title});
+    add_prose(out, where, st.prose);
+    if (!st.question) continue;
+    add_prose(out, where + ", its question", st.question->ask_prose);
+    if (k < step) add_prose(out, where + ", its explanation", st.question->explain);
+  }
+  return out;
+}
+
+std::vector<std::string> text_spellings(double v, bool exact, const std::string& unit) {
+  std::vector<std::string> s = answer_spellings(v, exact);
+  if (s.empty() && !unit.empty() && std::isfinite(v) && unit != "%") {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+    s.push_back(std::string(buf) + " " + unit);
+  }
+  return s;
+}
+
+std::string find_text_spoiler(const Lesson& lesson, int step, double v, const std::vector<double>& earlier) {
+  if (step < 0 || step >= static_cast<int>(lesson.steps.size())) return "";
+  const std::optional<Question>& q = lesson.steps[static_cast<size_t>(step)].question;
+  if (!q || !q->choices.empty()) return "";
+  const bool exact = v == std::floor(v) && q->tol_abs < 0 && q->tol_rel < 0;
+  for (const ScreenLine& l : lesson_text_before(lesson, step))
+    for (const std::string& sp : text_spellings(v, exact, q->unit))
+      for (size_t at = l.text.find(sp); at != std::string::npos; at = l.text.find(sp, at + 1))
+        if (whole_token(l.text, at, sp.size()) && !counts_another_unit(l.text, at + sp.size(), q->unit))
+          return l.window + ": '" + l.text + "'";
+  if (answer_spellings(v).empty()) return "";  // too plain: an earlier 4 says nothing about this 4
+  for (int k = 0; k < step && k < static_cast<int>(earlier.size()); k++) {
+    const LessonStep& st = lesson.steps[static_cast<size_t>(k)];
+    // An earlier answer in another unit (7.85 s against 8.27 ms) is another quantity.
+    if (!st.question || !st.question->choices.empty() || st.question->unit != q->unit || !std::isfinite(earlier[static_cast<size_t>(k)]))
+      continue;
+    if (q->close(earlier[static_cast<size_t>(k)], v))
+      return "step " + std::to_string(k + 1) + " '" + st.title + "''s answer (" + format_figure(earlier[static_cast<size_t>(k)]) +
+             "), which this question takes as right";
   }
   return "";
 }

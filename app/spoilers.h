@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "app/lesson.h"
+
 namespace dtlab::app {
 
 // The views (by their script names: "ring", "buckets", ...) that draw the live figure with this
@@ -33,5 +35,25 @@ std::vector<std::string> answer_spellings(double v, bool exact = false);
 // The first line that shows one of `spellings` as a whole token (not inside a longer number), as
 // "Buckets: 'bucket 0: 4,547 B'"; "" when none does.
 std::string find_spoiler(const std::vector<ScreenLine>& lines, const std::vector<std::string>& spellings);
+
+// The lesson's own text, which no view covers: what a learner has read of it before question `step`
+// is checked. The title and the summary, every step's heading and prose up to this one, the earlier
+// questions' asks and explanations, and this question's ask, one line per block, each named by
+// where it stands ("title", "step 3 'Sharded'"). {{figures}} are left out (the screen check reads
+// them as drawn), and so is inline `code` (a command's flags, `--seq 2048`).
+std::vector<ScreenLine> lesson_text_before(const Lesson& lesson, int step);
+// How prose may give away `v`: answer_spellings(v, exact), and, for a number too plain for those
+// (16, 0.5), the number followed by the question's unit: "16 bytes per parameter" gives a 16 away
+// where "16 GPUs" does not.
+std::vector<std::string> text_spellings(double v, bool exact, const std::string& unit);
+// The first place the lesson gives question `step`'s answer `v` away before its check, as
+// "step 1 'Two bytes': '...'" or "step 2's answer (4548), which this question takes within its
+// tolerance"; "" when it does not. A number in the text that names another unit of count than the
+// question's ("2048 tokens" for an answer in bytes) is another quantity. Looks in lesson_text_before, and among the answers of the earlier
+// questions (`earlier[k]`: question k's revealed answer, NaN where none): one in the same unit that
+// the question would take as right, and not too plain to tell apart, was read off the screen a step
+// before. Choice
+// questions are not checked (a choice's number is its place in the list).
+std::string find_text_spoiler(const Lesson& lesson, int step, double v, const std::vector<double>& earlier);
 
 }  // namespace dtlab::app

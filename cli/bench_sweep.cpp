@@ -204,7 +204,7 @@ int run_sweep(const BenchArgs& a, Streams& io) {
     io.out << "# dtlab-cli bench collectives --sweep " << format_bytes(static_cast<double>(lo)) << " to "
            << format_bytes(static_cast<double>(hi)) << ": " << a.op << ", " << n << " ranks; busbw = algbw * "
            << s.traits().busbw_formula()
-           << (s.traits().op == CollectiveOp::AllReduce ? " ((n-1)/(n+1) for nvls, reduced in the network)" : "")
+           << (s.traits().op == CollectiveOp::AllReduce ? " (nvls too, as all_reduce_perf prints it: it can pass the ring's bound)" : "")
            << " (nccl-tests)\n# modeled for " << profile.name << " (" << profile.description
            << "; " << n << " ranks over " << nodes << (nodes == 1 ? " node" : " nodes") << "), measured up to "
            << format_bytes(static_cast<double>(std::min(hi, measured_max))) << " (--measured-max)\n";

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <imgui.h>
 
@@ -178,5 +179,151 @@ TEST_SUITE("app") {
     CHECK(r.pending_figures() == std::vector<std::string>{"collective.steps"});
     r.answer(0).revealed = true;  // what Check and Reveal do first
     CHECK(r.pending_figures().empty());
+  }
+}
+
+namespace {
+
+// Passages of the lessons as the review found them (main before course-text), kept verbatim as
+// fixtures: each gave its answer away in the text before the question.
+const char* kOldMixedPrecision =
+    "---\ntitle: \"Mixed precision: 16 bytes per parameter, and the loss scaler\"\nminutes: 12\n"
+    "summary: Train in bf16 with fp32 master weights: predict each part of the 16-byte bar. Then fp16 with a loss "
+    "scaler: an overflow on one rank, the step every rank skips, and the scale it halves.\n"
+    "scenario: --strategy ddp --world 2 --precision bf16\n---\n"
+    "## Add up the bar\n\n```question\nask: Parameters, gradients, master weights and optimizer state together: how many bytes per\n"
+    "  parameter?\nanswer: (memory.rank[0].parameters + memory.rank[0].gradients + memory.rank[0].master + memory.rank[0].optimizer) / params\n"
+    "expect: 16\nunit: bytes per parameter\nexplain: 2 + 2 + 4 + 8.\n```\n";
+
+const char* kOldSequenceParallel =
+    "---\ntitle: \"Tensor parallelism: split the layer, not the batch\"\nminutes: 12\n"
+    "scenario: --strategy ddp --world 2 --tp 2 --model mlp:2,64,64,64,64,3 --batch 32 --profile nvlink8\n---\n"
+    "## What it moves\n\n```question\nask: How many bytes does that all-reduce move (its payload S)?\n"
+    "answer: collective.bytes\nexpect: batch * 64 * 4\nunit: bytes\n"
+    "explain: {{collective.bytes}} bytes: the activations, batch x 64 features x 4 bytes, not the\n  weights.\n```\n"
+    "## Same bytes, split differently\n\n```question\n"
+    "ask: The first collective is now the all-gather before Linear 0. After it, what is the payload S of\n"
+    "  the reduce-scatter after Linear 2, in bytes?\nreveal: step collective 1\nanswer: collective.bytes\n"
+    "expect: batch * 64 * 4\nunit: bytes\nexplain: {{collective.bytes}} bytes, as the all-reduce's.\n```\n";
+
+const char* kOldHybridShard =
+    "---\ntitle: \"HYBRID_SHARD: shard in a node, copy across nodes\"\nminutes: 14\n"
+    "scenario: --strategy fsdp --world 8 --model small --sharding full --profile ib2x4\n---\n"
+    "## HYBRID_SHARD: two process groups\n\n```question\n"
+    "ask: How many bytes of parameters does rank 5 hold between iterations (its shards of the three\n  units)?\n"
+    "answer: memory.rank[5].parameters\nexpect: plan.parameters(params, 4, \"full\")\nreveal: view memory\nunit: bytes\n"
+    "explain: {{memory.rank[5].parameters}} bytes: 48 + 1040 + 49 = 1137 elements.\n```\n"
+    "## What crosses the network\n\nDuring training under HYBRID_SHARD, parameters never cross between the nodes: every all-gather\n"
+    "stays inside a node.\n\n```question\nask: In one iteration, how many bytes will rank 1 send to the other node?\n"
+    "answer: traffic.cross_node(1)\nexpect: memory.rank[1].parameters\ntolerance: 1%\nunit: bytes\n"
+    "explain: {{traffic.cross_node(1)}} bytes, about the size of its shard.\n```\n";
+
+int step_titled(const Lesson& l, const std::string& title) {
+  for (size_t k = 0; k < l.steps.size(); k++)
+    if (l.steps[k].title == title) return static_cast<int>(k);
+  return -1;
+}
+
+}  // namespace
+
+TEST_SUITE("app") {
+  TEST_CASE("spoilers: the lesson's own text and earlier answers before a check, on the passages the review found") {
+    const double none = std::numeric_limits<double>::quiet_NaN();
+    {
+      // The title said "16 bytes per parameter" before the question asked for it in that unit.
+      const Lesson l = parse_lesson(kOldMixedPrecision, "lessons/24_mixed_precision.md");
+      const int q = step_titled(l, "Add up the bar");
+      REQUIRE(q == 0);
+      const std::string where = find_text_spoiler(l, q, 16, {});
+      CHECK(where == "title: 'Mixed precision: 16 bytes per parameter, and the loss scaler'");
+      CHECK(find_text_spoiler(l, q, 12, {}).empty());  // a 12 nowhere in that unit
+    }
+    {
+      // The payload S: the same 32 x 64 x 4 bytes the step before had just revealed.
+      const Lesson l = parse_lesson(kOldSequenceParallel, "lessons/20_tensor_parallel.md");
+      const int q = step_titled(l, "Same bytes, split differently");
+      REQUIRE(q == 1);
+      CHECK(find_text_spoiler(l, q, 8192, {8192, none}) ==
+            "step 1 'What it moves''s answer (8192), which this question takes as right");
+      CHECK(find_text_spoiler(l, q, 6144, {8192, none}).empty());  // the rewritten question: half of 48 x 64 x 4
+    }
+    {
+      // Rank 1's cross-node bytes: its shard, which rank 5's question had just revealed (4548 bytes).
+      const Lesson l = parse_lesson(kOldHybridShard, "lessons/13_hybrid_shard.md");
+      const int q = step_titled(l, "What crosses the network");
+      REQUIRE(q == 1);
+      CHECK(find_text_spoiler(l, q, 4560, {4548, none}) ==
+            "step 1 'HYBRID_SHARD: two process groups''s answer (4548), which this question takes as right");
+      CHECK(find_text_spoiler(l, q, 17300, {4548, none}).empty());
+    }
+  }
+
+  TEST_CASE("spoilers: the lesson's text is read up to the question, figures left to the screen check") {
+    const double none = std::numeric_limits<double>::quiet_NaN();
+    const Lesson l = parse_lesson("---\ntitle: T\nminutes: 5\nsummary: About 4547 things.\nstrategy: ddp\nworld: 2\nmodel: tiny\n---\n"
+                                  "## One\nThe bucket holds {{bucket[0].bytes}} bytes; 16 GPUs.\n"
+                                  "```question\nask: Bytes?\nanswer: bucket[0].bytes\nunit: bytes\nexplain: It is 9096.\n```\n"
+                                  "## Two\nNothing here.\n```question\nask: Again?\nanswer: bucket[0].bytes\nunit: bytes\n```\n"
+                                  "## Three\nLater: 7777.\n",
+                                  "t.md");
+    const std::vector<ScreenLine> text = lesson_text_before(l, 0);
+    CHECK(has_line(text, "step 1 'One'", "The bucket holds   bytes; 16 GPUs."));
+    CHECK(find_text_spoiler(l, 0, 4547, {}) == "summary: 'About 4547 things.'");
+    CHECK(find_text_spoiler(l, 0, 9096, {}).empty());           // its own explanation comes after the check
+    CHECK(find_text_spoiler(l, 1, 9096, {none}) == "step 1 'One', its explanation: 'It is 9096.'");  // read by then
+    CHECK(find_text_spoiler(l, 1, 7777, {none}).empty());        // a later step is not read yet
+    CHECK(find_text_spoiler(l, 0, 16, {}).empty());              // "16 GPUs" is not 16 bytes
+    CHECK(text_spellings(16, true, "bytes") == std::vector<std::string>{"16 bytes"});
+    CHECK(text_spellings(4547, true, "bytes") == std::vector<std::string>{"4547", "4,547"});
+    CHECK(find_text_spoiler(l, 1, 5, {5}).empty());              // too plain to tell an earlier 5 from this one
+  }
+}
+
+TEST_SUITE("app") {
+  TEST_CASE("spoilers: a number that counts another unit in the text is another quantity") {
+    const Lesson l = parse_lesson("---\ntitle: T\nminutes: 5\nstrategy: ddp\nworld: 2\nmodel: tiny\n---\n"
+                                  "## One\nSequences of 2048 tokens, hidden 4096.\n"
+                                  "```question\nask: Bytes?\nanswer: bucket[0].bytes\nunit: bytes\n```\n",
+                                  "t.md");
+    CHECK(find_text_spoiler(l, 0, 2048, {}).empty());  // 2048 tokens, not 2048 bytes
+    CHECK(find_text_spoiler(l, 0, 4096, {}) == "step 1 'One': 'Sequences of 2048 tokens, hidden 4096.'");  // says nothing of its unit
+  }
+}
+
+namespace {
+
+// A figure that needs no run: the planner's and the cost model's formulas, and plain arithmetic.
+bool formula_only(const Figure& f) {
+  for (const std::string& n : f.names()) {
+    bool formula = false;
+    for (const char* p : {"plan.", "algo.", "tune.", "cost.", "schedule.", "link."}) formula |= n.rfind(p, 0) == 0;
+    if (!formula) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_SUITE("app") {
+  TEST_CASE("spoilers: no lesson writes a formula's answer in its text before the question, without a display") {
+    // The lessons' plays (CTest's lesson_<name>) check every answer, live, under Xvfb; the answers the
+    // planner computes need no run, so this checks them wherever the tests run, Xvfb or not.
+    Snapshot empty;
+    const FigureScope scope{&empty, nullptr};
+    int checked = 0;
+    for (const std::string& p : lesson_paths(std::string(DTLAB_SOURCE_DIR) + "/lessons")) {
+      const Lesson l = load_lesson(p);
+      std::vector<double> answers(l.steps.size(), std::numeric_limits<double>::quiet_NaN());
+      for (size_t k = 0; k < l.steps.size(); k++) {
+        const std::optional<Question>& q = l.steps[k].question;
+        if (!q || !formula_only(q->answer)) continue;
+        answers[k] = q->answer.eval(scope);
+        CAPTURE(p);
+        CAPTURE(l.steps[k].title);
+        CHECK(find_text_spoiler(l, static_cast<int>(k), answers[k], answers) == "");
+        checked++;
+      }
+    }
+    CHECK(checked >= 15);
   }
 }

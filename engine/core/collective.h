@@ -164,13 +164,11 @@ constexpr const char* collective_name(CollectiveOp op) { return collective_trait
 // nccl-tests' busbw = algbw x factor: all-reduce 2(n-1)/n; reduce-scatter, all-gather and
 // all-to-all (n-1)/n; the others 1.
 constexpr double bus_bandwidth_factor(CollectiveOp op, int n) { return collective_traits(op).busbw_factor(n); }
-// With the algorithm: nccl-tests divides an all-reduce reduced inside the network (NVLS, SHARP:
-// Algorithm::InNetwork) by (n-1)/(n+1) instead (docs/course_sources.md §6b); every other algorithm
-// takes the op's factor.
-constexpr double bus_bandwidth_factor(CollectiveOp op, int n, Algorithm algo) {
-  if (op == CollectiveOp::AllReduce && algo == Algorithm::InNetwork) return static_cast<double>(n - 1) / (n + 1);
-  return bus_bandwidth_factor(op, n);
-}
+// With the algorithm: what nccl-tests prints takes the op's factor whatever algorithm ran, an
+// all-reduce reduced inside the network (NVLS, SHARP: Algorithm::InNetwork) included, so its busbw
+// can pass the ring's bound. Only doc/PERFORMANCE.md mentions (n-1)/(n+1) for it; all_reduce_perf
+// (src/all_reduce.cu, AllReduceGetBw) always applies 2(n-1)/n (docs/course_sources.md §6).
+constexpr double bus_bandwidth_factor(CollectiveOp op, int n, Algorithm /*algo*/) { return bus_bandwidth_factor(op, n); }
 // "default", "ring", "tree", "naive", "dbtree", "hierarchical", "nvls" (what --algo takes).
 const char* algorithm_name(Algorithm a);
 // Prose: "ring", "binomial tree", "naive", "double binary tree", "hierarchical", "in-network (NVLS/SHARP)".
