@@ -445,7 +445,7 @@ void print_mesh_traffic(const PlanArgs& a, const MeshPlan& p, Sharding dp_shardi
   io.out << "\nCommunication per rank per step (" << (a.sequence_parallel ? "sequence parallel, " : "")
          << "DP as " << sharding_name(dp_sharding) << "): L = " << s.layers << ", p = " << p.mesh.pp << ", t = " << p.mesh.tp
          << ", d = " << p.mesh.dp << ", m = " << s.micro_batches << ", b·s·h = " << s.micro_batch << "·" << s.seq << "·"
-         << s.hidden << " = " << with_commas(p.activation_elems) << " elements, a = " << p.activation_bytes << " bytes each, g = "
+         << s.hidden << " = " << with_commas(p.activation_elems) << " elements, e = " << p.activation_bytes << " bytes each, g = "
          << bytes_per_param(parse_plan_dtype(a.precision_name()), parse_optimizer_kind(a.optimizer), a.momentum).gradients
          << " bytes per gradient\n";
   std::vector<std::vector<std::string>> rows = {{"dim", "size", "bytes", "formula", "what"}};

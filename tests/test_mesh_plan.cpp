@@ -103,8 +103,8 @@ TEST_CASE("mesh plan: sequence parallelism moves the same bytes as TP's all-redu
   in.sequence_parallel = true;
   const MeshPlan sp = plan_mesh(in);
   CHECK(traffic(sp, MeshDim::TP).bytes == traffic(tp, MeshDim::TP).bytes);
-  CHECK(traffic(tp, MeshDim::TP).formula == "(L/p)·m · 4·2(t-1)/t · b·s·h · a");
-  CHECK(traffic(sp, MeshDim::TP).formula == "(L/p)·m · 8·(t-1)/t · b·s·h · a");
+  CHECK(traffic(tp, MeshDim::TP).formula == "(L/p)·m · 4·2(t-1)/t · b·s·h · e");
+  CHECK(traffic(sp, MeshDim::TP).formula == "(L/p)·m · 8·(t-1)/t · b·s·h · e");
   CHECK(traffic(sp, MeshDim::TP).what.find("reduce-scatters") != std::string::npos);
 }
 
@@ -165,11 +165,11 @@ TEST_CASE("dtlab-cli plan --tp --stages: the mesh, the table over dp, and each d
   CHECK(r.out.find("Mesh: dp 4 x pp 4 x tp 4 = 64 ranks (torch init_device_mesh order, tp fastest); each rank holds Ψ/(t·p) = 437.5M parameters") != std::string::npos);
   CHECK(r.out.find("HYBRID_SHARD: one group of all 4 ranks") != std::string::npos);
   CHECK(r.out.find("7.00 (6.52)") != std::string::npos);  // NO_SHARD: 16 x 437.5M bytes
-  CHECK(r.out.find("b·s·h = 1·2048·4096 = 8,388,608 elements, a = 2 bytes each") != std::string::npos);
+  CHECK(r.out.find("b·s·h = 1·2048·4096 = 8,388,608 elements, e = 2 bytes each") != std::string::npos);
   const std::string tp_row = line_starting(r.out, "tp ");
-  CHECK(tp_row.find(" 6.00 GiB  (L/p)·m · 4·2(t-1)/t · b·s·h · a  4 all-reduces per layer (2 forward, 2 backward)") != std::string::npos);
+  CHECK(tp_row.find(" 6.00 GiB  (L/p)·m · 4·2(t-1)/t · b·s·h · e  4 all-reduces per layer (2 forward, 2 backward)") != std::string::npos);
   CHECK(tp_row.find("17.41 ms") != std::string::npos);  // 6 GiB at 370 GB/s
-  CHECK(line_starting(r.out, "pp ").find(" 256.0 MiB  2 · m · b·s·h · a ") != std::string::npos);
+  CHECK(line_starting(r.out, "pp ").find(" 256.0 MiB  2 · m · b·s·h · e ") != std::string::npos);
   CHECK(line_starting(r.out, "dp ").find(" 1.22 GiB  2(d-1)/d · Ψ/(t·p) · g ") != std::string::npos);
   CHECK(r.out.find("NVSwitch (inside a node)") != std::string::npos);
   CHECK(r.out.find("InfiniBand (across nodes)") != std::string::npos);

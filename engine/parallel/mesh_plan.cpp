@@ -40,10 +40,10 @@ DimTraffic tp_traffic(const MeshPlanInput& in, const MeshPlan& p) {
   if (in.tp < 2) return d;
   if (in.sequence_parallel) {
     d.what = "4 all-gathers + 4 reduce-scatters per layer (sequence parallel: each all-reduce split in two)";
-    d.formula = "(L/p)·m · 8·(t-1)/t · b·s·h · a";
+    d.formula = "(L/p)·m · 8·(t-1)/t · b·s·h · e";
   } else {
     d.what = "4 all-reduces per layer (2 forward, 2 backward)";
-    d.formula = "(L/p)·m · 4·2(t-1)/t · b·s·h · a";
+    d.formula = "(L/p)·m · 4·2(t-1)/t · b·s·h · e";
   }
   return d;
 }
@@ -58,10 +58,10 @@ DimTraffic pp_traffic(const MeshPlanInput& in, const MeshPlan& p) {
   d.bytes = double(boundaries) * in.shape.micro_batches * double(p.activation_elems) * p.activation_bytes;
   if (in.stages == 2) {
     d.what = "stage 0 sends activations forward, stage 1 their gradients backward";
-    d.formula = "m · b·s·h · a";
+    d.formula = "m · b·s·h · e";
   } else if (in.stages > 2) {
     d.what = "a middle stage: activations to the next stage, gradients to the previous one";
-    d.formula = "2 · m · b·s·h · a";
+    d.formula = "2 · m · b·s·h · e";
   }
   return d;
 }
