@@ -261,15 +261,25 @@ double lora_param_count(int layers, int64_t hidden, int rank, int modules) {
   return double(layers) * modules * rank * 2.0 * double(hidden);
 }
 
+double layer_activation_bytes(int64_t seq, int64_t micro_batch, int64_t hidden, int heads, int tp, bool sequence_parallel,
+                              bool recompute) {
+  const double sbh = double(seq) * double(micro_batch) * double(hidden);
+  // 34·sbh for the attention and MLP blocks' inputs, outputs and masks, plus 5·a·s²·b for the
+  // attention scores, softmax and its dropout mask (eq. 1); Table 2 for the split forms.
+  const double t = tp, attn = 5.0 * heads * double(seq) / double(hidden);
+  const bool sp = sequence_parallel && tp > 1;
+  if (recompute) return 2 * sbh / (sp ? t : 1);
+  if (tp == 1) return sbh * (34 + attn);
+  if (sp) return sbh * (34 + attn) / t;
+  return sbh * (10 + 24 / t + attn / t);
+}
+
 ActivationPlan plan_activations(int layers, int64_t hidden, int64_t seq, int64_t micro_batch, int heads) {
   if (layers < 1 || hidden < 1 || seq < 1 || micro_batch < 1 || heads < 1)
     throw Error("activation memory needs layers, hidden size, sequence length, micro-batch and heads of at least 1");
-  const double sbh = double(seq) * double(micro_batch) * double(hidden);
   ActivationPlan a;
-  // Korthikanti et al. 2022, eq. (1): 34·sbh for the attention and MLP blocks' inputs, outputs
-  // and masks, plus 5·a·s²·b for the attention scores, softmax and its dropout mask.
-  a.per_layer = sbh * 34 + 5.0 * heads * double(seq) * double(seq) * double(micro_batch);
-  a.per_layer_checkpointed = 2 * sbh;  // only the layer's 16-bit input is kept
+  a.per_layer = layer_activation_bytes(seq, micro_batch, hidden, heads);
+  a.per_layer_checkpointed = layer_activation_bytes(seq, micro_batch, hidden, heads, 1, false, true);  // the layer's input
   a.total = a.per_layer * layers;
   a.total_checkpointed = a.per_layer_checkpointed * layers;
   a.saved = a.total - a.total_checkpointed;

@@ -101,6 +101,13 @@ struct ActivationPlan {
   double total = 0, total_checkpointed = 0;          // x layers
   double saved = 0;                                  // total - total_checkpointed
 };
+// Korthikanti et al. 2022, Table 2: the bytes one transformer layer keeps for backward for one
+// micro-batch of `micro_batch` sequences (16-bit activations, 1-byte dropout masks): s·b·h·(34 +
+// 5·a·s/h) unsplit, /t with tensor and sequence parallelism, s·b·h·(10 + 24/t + 5·a·s/(h·t)) with
+// tensor parallelism alone; with full recomputation only the layer's 16-bit input, 2·s·b·h (/t
+// sequence parallel). plan_activations and the sizing calculator (sizing.h) both count with it.
+double layer_activation_bytes(int64_t seq, int64_t micro_batch, int64_t hidden, int heads, int tp = 1,
+                              bool sequence_parallel = false, bool recompute = false);
 // Throws dtlab::Error (one sentence) when a size is below 1.
 ActivationPlan plan_activations(int layers, int64_t hidden, int64_t seq, int64_t micro_batch, int heads);
 

@@ -55,17 +55,10 @@ Sharding sharding_of_stage(int zero) {
   }
 }
 
-// Korthikanti et al. 2022, Table 2: bytes one layer keeps for backward for one micro-batch (16-bit
-// activations, 1-byte dropout masks), and with full recomputation only the layer's input.
-double layer_activation_bytes(const SizingInput& in, bool sp) {
-  const double sbh = double(in.seq) * double(in.micro_batch) * double(in.hidden);
-  const double t = in.tp, attn = 5.0 * in.heads * double(in.seq) / double(in.hidden);
-  double bytes;
-  if (in.recompute) bytes = 2 * sbh / (sp ? t : 1);
-  else if (in.tp == 1) bytes = sbh * (34 + attn);
-  else if (sp) bytes = sbh * (34 + attn) / t;
-  else bytes = sbh * (10 + 24 / t + attn / t);
-  return in.precision == PlanDType::Fp32 ? 2 * bytes : bytes;  // the counts assume 2-byte activations
+// memory_plan.h's layer_activation_bytes, counted for 2-byte activations: twice that in fp32.
+double sizing_layer_bytes(const SizingInput& in, bool sp) {
+  const double bytes = layer_activation_bytes(in.seq, in.micro_batch, in.hidden, in.heads, in.tp, sp, in.recompute);
+  return in.precision == PlanDType::Fp32 ? 2 * bytes : bytes;
 }
 
 std::string activation_formula(const SizingInput& in, bool sp) {
@@ -112,7 +105,7 @@ SizingPlan plan_sizing(const SizingInput& in) {
   p.grads = p.mesh.memory.gradients;
   p.optimizer = p.mesh.memory.optimizer_state;
   p.in_flight = in.pp > 1 ? static_cast<int>(std::min<int64_t>(p.micro_batches, in.pp)) : 1;
-  p.activations = double(in.layers / in.pp) * p.in_flight * layer_activation_bytes(in, sp);
+  p.activations = double(in.layers / in.pp) * p.in_flight * sizing_layer_bytes(in, sp);
   p.total = p.params + p.grads + p.optimizer + p.activations;
   p.fits = p.total <= in.gpu_memory;
 
