@@ -182,12 +182,12 @@ bool App::init_window() {
                  "`xvfb-run -a build/bin/dtlab`, or use the command line: `build/bin/dtlab-cli train --strategy ddp --world 4`\n");
     return false;
   }
-  glfwSetErrorCallback([](int code, const char* what) { std::fprintf(stderr, "dtlab: GLFW error %d: %s\n", code, what); });
-  if (!glfwInit()) {
+  if (!glfwInit()) {  // its own error ("X11: Failed to open display :0") is this sentence: not printed twice
     std::fprintf(stderr, "dtlab: cannot open the display '%s'; check DISPLAY, or run `xvfb-run -a build/bin/dtlab`\n",
                  display ? display : "");
     return false;
   }
+  glfwSetErrorCallback([](int code, const char* what) { std::fprintf(stderr, "dtlab: GLFW error %d: %s\n", code, what); });
   glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
   glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 3);
   glfwWindowHint(GLFW_OPENGL_PROFILE, GLFW_OPENGL_CORE_PROFILE);
