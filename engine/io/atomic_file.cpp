@@ -160,11 +160,15 @@ AtomicFile::AtomicFile(std::string target) : target_(std::move(target)) {
   if (const std::string what = not_a_regular_output(target_); !what.empty()) fail_at(target_, "cannot save: it " + what);
   tmp_ = target_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   remove_stale_temps(target_);
-  fd_.fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd_.fd < 0)
-    fail_at(target_, "cannot save: cannot create temporary file " + tmp_ + " (" + os_reason(errno) +
-                      "); check that the directory exists and is writable");
+  // Registered before it exists: a signal between creating the file and registering it would leave it.
   slot_ = register_temp(tmp_);
+  fd_.fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd_.fd < 0) {
+    const int err = errno;
+    unregister_temp(std::exchange(slot_, -1));  // not ours to remove (O_EXCL: it may be another's)
+    fail_at(target_, "cannot save: cannot create temporary file " + tmp_ + " (" + os_reason(err) +
+                      "); check that the directory exists and is writable");
+  }
 }
 
 AtomicFile::~AtomicFile() {
