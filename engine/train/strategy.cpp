@@ -15,6 +15,9 @@ constexpr Support todo(const char* why, const char* fix) { return {false, why, f
 // Sharded checkpoints hold FSDP's shards (engine/io/sharded_checkpoint.h); every other strategy
 // saves one full file.
 constexpr Support kNoShards = no("a sharded checkpoint holds FSDP's shards, and this strategy shards nothing", "use --save for one full checkpoint, or --strategy fsdp");
+// The GPT under the strategies that cut the model by layers or replicate it from one process: the
+// next parts of the transformer work.
+constexpr Support kGptLater = todo("the GPT runs under single and ddp so far", "use --strategy single or ddp");
 constexpr Support kSkipIsDdps = no("it is DDP's unused-parameters lesson", "drop it, or use --strategy ddp");
 
 // The rows, in Strategy's order. Each column is one Feature, in Feature's order.
@@ -34,10 +37,11 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*SaveSharded*/ kNoShards,
          /*SkipLayer*/ kOk,
          /*Faults*/ no("faults are injected into the ranks' collectives, and one rank makes none", "use --strategy ddp (or fsdp) --world N"),
+         /*Gpt*/ kOk,
      }}},
     {Strategy::Ddp, "ddp", "DistributedDataParallel",
      "replicas on N ranks, gradients all-reduced in buckets during backward",
-     {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kNoShards, kOk, kOk}}},
+     {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kNoShards, kOk, kOk, /*Gpt*/ kOk}}},
     {Strategy::Dp, "dp", "DataParallel",
      "one process drives N devices: scatter the batch, replicate the module, gather the outputs",
      {{
@@ -53,6 +57,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*SaveSharded*/ kNoShards,
          /*SkipLayer*/ kSkipIsDdps,
          /*Faults*/ kOk,
+         /*Gpt*/ kGptLater,
      }}},
     {Strategy::Fsdp, "fsdp", "FullyShardedDataParallel",
      "parameters, gradients and optimizer state sharded over N ranks (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, ZeRO-1)",
@@ -62,6 +67,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          kOk, kOk,
          /*Accumulation*/ kOk,
          kOk, kOk, kOk, kOk, kOk, kOk,
+         /*Gpt*/ kGptLater,
      }}},
     {Strategy::Pipeline, "pipeline", "torch.distributed.pipelining",
      "the model cut into stages on p ranks, micro-batches flowing through a schedule (GPipe, 1F1B, interleaved, ZB-H1)",
@@ -76,12 +82,13 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*SaveSharded*/ kNoShards,
          /*SkipLayer*/ kSkipIsDdps,
          kOk,
+         /*Gpt*/ kGptLater,
      }}},
 }};
 
 constexpr const char* kFeatureFlags[kFeatureCount] = {
     "--tp", "--sequence-parallel", "--precision", "--lora-rank", "--activation-checkpointing", "--accum",
-    "--world", "dtlab-cli launch", "--device cuda", "--save-sharded", "--skip-layer", "--fault",
+    "--world", "dtlab-cli launch", "--device cuda", "--save-sharded", "--skip-layer", "--fault", "--model gpt",
 };
 
 }  // namespace
