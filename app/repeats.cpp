@@ -48,15 +48,9 @@ std::set<double> prompt_numbers(const std::string& ask) {
     if (figure || code || !std::isdigit(static_cast<unsigned char>(ask[i]))) continue;
     if (i > 0 && (std::isalnum(static_cast<unsigned char>(ask[i - 1])) || ask[i - 1] == '.' || ask[i - 1] == ',')) continue;
     size_t e = i;
-    std::string n;
-    while (e < ask.size() && (std::isdigit(static_cast<unsigned char>(ask[e])) ||
-                              ((ask[e] == '.' || ask[e] == ',') && e + 1 < ask.size() && std::isdigit(static_cast<unsigned char>(ask[e + 1]))))) {
-      if (ask[e] != ',') n += ask[e];
-      e++;
-    }
-    const double v = std::stod(n);
+    const double v = std::stod(number_at(ask, i, e));
     if (v != 0 && v != 1 && v != 2) out.insert(v);
-    i = e;
+    i = e - 1;
   }
   return out;
 }

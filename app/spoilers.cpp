@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "app/figures.h"
+#include "app/text.h"
 #include "engine/core/format.h"
 
 namespace dtlab::app {
@@ -277,11 +278,7 @@ std::string other_unit_quantity(const std::string& t, const Question& q, double 
   for (size_t i = 0; i < t.size(); i++) {
     if (!digit(t[i]) || (i > 0 && (digit(t[i - 1]) || letter(t[i - 1]) || t[i - 1] == '.' || t[i - 1] == ','))) continue;
     size_t e = i;
-    std::string number;
-    while (e < t.size() && (digit(t[e]) || ((t[e] == ',' || t[e] == '.') && e + 1 < t.size() && digit(t[e + 1])))) {
-      if (t[e] != ',') number += t[e];
-      e++;
-    }
+    const std::string number = number_at(t, i, e);
     size_t u = e < t.size() && t[e] == ' ' ? e + 1 : e;
     size_t ue = u;
     while (ue < t.size() && letter(t[ue])) ue++;
@@ -308,8 +305,9 @@ std::set<std::string> choice_words(const std::string& t) {
 // A choice question that asks what comes first or last ("the bucket that launches last"), when the
 // text before spells out an order, "A, then B, then C", whose first or last item names the right
 // choice: a word or number of the right choice that no other choice has ("0" in "Layer 0's weight
-// and bias"). The order was the answer; the question only asked to read it back. Returns the
-// sentence's item that names it ("then 0"), or "".
+// and bias"). The order was the answer; the question only asked to read it back. Returns which end
+// and the item ("last: '0'"), or "". The order need not be about the question's subject: a lesson
+// that lists an unrelated order beside such a question gets a false alarm, none of today's does.
 std::string order_names_choice(const std::string& text, const Question& q, size_t right) {
   std::set<std::string> own = choice_words(q.choices[right].text);
   for (size_t c = 0; c < q.choices.size(); c++)
