@@ -307,7 +307,7 @@ TEST_SUITE("app") {
     }
   }
 
-  TEST_CASE("spoilers: a quantity in another unit of the same measure, converted, and a rate is not a size") {
+  TEST_CASE("spoilers: a quantity in another unit of the same measure is converted and a rate is not a size") {
     const Lesson l = parse_lesson("---\ntitle: T\nminutes: 5\nstrategy: ddp\nworld: 2\nmodel: tiny\n---\n"
                                   "## One\nThe link moves 4 GB/s; the bucket is 4 KiB; a save takes 2 minutes.\n"
                                   "```question\nask: Bytes?\nanswer: bucket[0].bytes\nunit: bytes\n```\n"
@@ -465,7 +465,7 @@ std::string repeat_of(const std::vector<Repeat>& found, const std::string& later
 }  // namespace
 
 TEST_SUITE("app") {
-  TEST_CASE("repeats: the review's recall pairs, each found on the old questions") {
+  TEST_CASE("repeats: each of the review's recall pairs is found on the old questions") {
     const std::vector<Repeat> found = find_repeats(old_course());
     for (const Repeat& r : found) MESSAGE(r.later << " repeats " << r.earlier << ": " << r.why);
     CHECK(repeat_of(found, "lessons/12_fsdp_zero.md") ==  // 12:19 = 1:84
@@ -498,7 +498,7 @@ TEST_SUITE("app") {
     CHECK(found.size() == 7);  // nothing else: 1, 2, 10 and 16 repeat nothing before them
   }
 
-  TEST_CASE("repeats: no lesson asks again what an earlier lesson asked, under every draw of the drill") {
+  TEST_CASE("repeats: no lesson asks again what an earlier lesson asked under every draw of the drill") {
     // A drawn lesson repeats an earlier one only when it does under every draw: parse the course
     // with a few seeds and keep the repeats every one of them finds.
     std::map<std::string, int> seen;  // "later <- earlier: why" -> how many seeds found it
