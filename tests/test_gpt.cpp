@@ -3,6 +3,7 @@
 // tests/gpt_torch.py holds it to PyTorch (init, 20 steps single and DDP, the checkpoint).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -65,13 +66,20 @@ TEST_SUITE("gpt") {
   TEST_CASE("gpt parameters carry nanoGPT's state_dict names in named_parameters order") {
     GptSpec s{1, 2, 16, 8, 5};
     std::vector<std::string> names;
-    int64_t next = 0;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
     for (const Parameter& p : gpt_parameters(s)) {
       names.push_back(p.name);
-      CHECK(p.offset == next);
-      next += p.numel;
+      ranges.push_back({p.offset, p.numel});
+    }
+    // Stored root first (wte, wpe, ln_f: FSDP's root unit is one range), then the blocks; no gaps.
+    std::sort(ranges.begin(), ranges.end());
+    int64_t next = 0;
+    for (auto [at, n] : ranges) {
+      CHECK(at == next);
+      next = at + n;
     }
     CHECK(next == s.num_params());
+    CHECK(gpt_parameters(s)[GptParamIndex::ln_f_bias(1)].offset == 5 * 16 + 8 * 16 + 16);
     CHECK(names == std::vector<std::string>{
                        "transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight", "transformer.h.0.ln_1.bias",
                        "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.bias", "transformer.h.0.attn.c_proj.weight",
@@ -161,6 +169,22 @@ TEST_SUITE("gpt") {
     std::filesystem::remove(bad);
   }
 
+  TEST_CASE("gpt under fsdp: a root unit (embeddings, ln_f, the tied head) and one per block, equal to ddp") {
+    TrainConfig c = test::demo_config("ddp", 2, 4, 3);
+    c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=8");
+    Trainer ddp(c);
+    ddp.run();
+    for (const char* sharding : {"full", "grad-op"}) {
+      CAPTURE(sharding);
+      TrainConfig f = c;
+      f.strategy = Strategy::Fsdp;
+      f.fsdp.sharding = parse_sharding(sharding);
+      Trainer fsdp(f);
+      fsdp.run();
+      CHECK(test::max_abs_diff(fsdp.model(), ddp.model()) < 1e-6);
+    }
+  }
+
   TEST_CASE("gpt runs: ddp trains it, the strategies and options not built for it yet are refused with their sentence") {
     TrainConfig c = test::demo_config("ddp", 2, 4, 3);
     c.model = ModelSpec::parse("gpt:layers=1,heads=2,embd=16,ctx=8");
@@ -170,9 +194,9 @@ TEST_SUITE("gpt") {
     CHECK(std::isfinite(s.eval_loss));
     CHECK(t.model().spec().gpt.vocab == 62);  // the shipped sonnets' characters
     TrainConfig f = c;
-    f.strategy = Strategy::Fsdp;
+    f.strategy = Strategy::Pipeline;
     CHECK(test::error_of(f) ==
-          "--model gpt with --strategy fsdp: not built yet, the GPT runs under single and ddp so far; use --strategy single or ddp");
+          "--model gpt with --strategy pipeline: not built yet, the GPT runs under single, ddp and fsdp so far; use --strategy single, ddp or fsdp");
     TrainConfig tp = c;
     tp.tp = 2;
     CHECK(test::error_of(tp).rfind("--tp with --model gpt: not built yet", 0) == 0);

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <charconv>
 #include <functional>
+#include <optional>
 #include <cmath>
 #include <random>
 #include <string>
 #include <utility>
+
+#include <cblas.h>
 
 #include "engine/core/check.h"
 
@@ -89,12 +92,21 @@ GptSpec GptSpec::parse(std::string_view text) {
 std::vector<Parameter> gpt_parameters(const GptSpec& s) {
   const int64_t C = s.embd;
   std::vector<Parameter> ps;
+  // Storage: the root module's own parameters (wte, wpe, ln_f) first, then the blocks, so that the
+  // root's FSDP unit and each block's are contiguous ranges of the flat buffers, as torch's
+  // transformer auto-wrap makes them flat parameters; the list keeps named_parameters()' order.
+  const int64_t ln_f_at = s.vocab * C + s.ctx * C;
   int64_t offset = 0;
   auto add = [&](std::string name, Shape shape) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
+    if (name.starts_with("transformer.ln_f.")) {
+      ps.push_back({std::move(name), std::move(shape), ln_f_at + (ps.back().name.ends_with("ln_f.weight") ? C : 0), n});
+      return;
+    }
     ps.push_back({std::move(name), std::move(shape), offset, n});
     offset += n;
+    if (offset == ln_f_at) offset += 2 * C;  // after wpe: ln_f's place
   };
   add("transformer.wte.weight", {s.vocab, C});
   add("transformer.wpe.weight", {s.ctx, C});
@@ -278,77 +290,66 @@ void gelu_backward(float* d, const float* dout, const float* inp, int64_t N) {
 
 // Causal self-attention on the fused qkv (BT, 3C): q, k, v split at C and 2C, heads of hs columns;
 // att (B, NH, T, T) keeps the softmax (zeros above the diagonal); out (BT, C) the heads side by side.
+// Per (sample, head) two GEMMs read the heads in place (leading dimension 3C), as torch's batched
+// matmuls do: scores = q k^T, then y = att v; the mask and softmax run on the rows in between.
 void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
   const int64_t hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < NH; h++)
+    for (int64_t h = 0; h < NH; h++) {
+      const float* q = qkv + b * T * C3 + h * hs;
+      float* a = att + (b * NH + h) * T * T;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hs, scale, q, (int)C3, q + C, (int)C3, 0.0f, a,
+                  (int)T);
       for (int64_t t = 0; t < T; t++) {
-        const float* q = qkv + (b * T + t) * C3 + h * hs;
-        float* a = att + ((b * NH + h) * T + t) * T;
+        float* row = a + t * T;
         float maxv = -INFINITY;
-        for (int64_t t2 = 0; t2 <= t; t2++) {
-          const float* k = qkv + (b * T + t2) * C3 + C + h * hs;
-          float dot = 0;
-          for (int64_t i = 0; i < hs; i++) dot += q[i] * k[i];
-          a[t2] = dot * scale;
-          maxv = std::max(maxv, a[t2]);
-        }
+        for (int64_t t2 = 0; t2 <= t; t2++) maxv = std::max(maxv, row[t2]);
         double sum = 0;
         for (int64_t t2 = 0; t2 <= t; t2++) {
-          a[t2] = std::exp(a[t2] - maxv);
-          sum += a[t2];
+          row[t2] = std::exp(row[t2] - maxv);
+          sum += row[t2];
         }
         const float inv = static_cast<float>(1.0 / sum);
-        for (int64_t t2 = 0; t2 <= t; t2++) a[t2] *= inv;
-        for (int64_t t2 = t + 1; t2 < T; t2++) a[t2] = 0;
-        float* o = out + (b * T + t) * C + h * hs;
-        for (int64_t i = 0; i < hs; i++) o[i] = 0;
-        for (int64_t t2 = 0; t2 <= t; t2++) {
-          const float* v = qkv + (b * T + t2) * C3 + 2 * C + h * hs;
-          for (int64_t i = 0; i < hs; i++) o[i] += a[t2] * v[i];
-        }
+        for (int64_t t2 = 0; t2 <= t; t2++) row[t2] *= inv;
+        for (int64_t t2 = t + 1; t2 < T; t2++) row[t2] = 0;
       }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f, a, (int)T, q + 2 * C, (int)C3, 0.0f,
+                  out + b * T * C + h * hs, (int)C);
+    }
 }
 
-// dqkv (overwritten) from dout (BT, C); datt: T floats of scratch.
+// dqkv (overwritten) from dout (BT, C); datt: T x T floats of scratch. With y = att v and
+// att = softmax(scale q k^T): dv = att^T dy, datt = dy v^T, dpre = att (datt - rowsum(att datt)),
+// dq = scale dpre k, dk = scale dpre^T q.
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int64_t B,
                         int64_t T, int64_t C, int64_t NH) {
   const int64_t hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  std::fill_n(dqkv, B * T * C3, 0.0f);
   for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < NH; h++)
+    for (int64_t h = 0; h < NH; h++) {
+      const float* q = qkv + b * T * C3 + h * hs;
+      const float* a = att + (b * NH + h) * T * T;
+      const float* dy = dout + b * T * C + h * hs;
+      float* dq = dqkv + b * T * C3 + h * hs;
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f, a, (int)T, dy, (int)C, 0.0f, dq + 2 * C,
+                  (int)C3);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hs, 1.0f, dy, (int)C, q + 2 * C, (int)C3, 0.0f, datt,
+                  (int)T);
       for (int64_t t = 0; t < T; t++) {
-        const float* a = att + ((b * NH + h) * T + t) * T;
-        const float* dy = dout + (b * T + t) * C + h * hs;
-        // y = a @ v: datt[t2] = dy . v[t2], dv[t2] += a[t2] dy
-        double dot_sum = 0;
-        for (int64_t t2 = 0; t2 <= t; t2++) {
-          const float* v = qkv + (b * T + t2) * C3 + 2 * C + h * hs;
-          float* dv = dqkv + (b * T + t2) * C3 + 2 * C + h * hs;
-          float d = 0;
-          for (int64_t i = 0; i < hs; i++) {
-            d += dy[i] * v[i];
-            dv[i] += a[t2] * dy[i];
-          }
-          datt[t2] = d;
-          dot_sum += static_cast<double>(a[t2]) * d;
-        }
-        // softmax: dpre[t2] = a[t2] (datt[t2] - sum a datt); then pre = scale q . k
-        const float* q = qkv + (b * T + t) * C3 + h * hs;
-        float* dq = dqkv + (b * T + t) * C3 + h * hs;
-        const float s = static_cast<float>(dot_sum);
-        for (int64_t t2 = 0; t2 <= t; t2++) {
-          const float dpre = a[t2] * (datt[t2] - s) * scale;
-          const float* k = qkv + (b * T + t2) * C3 + C + h * hs;
-          float* dk = dqkv + (b * T + t2) * C3 + C + h * hs;
-          for (int64_t i = 0; i < hs; i++) {
-            dq[i] += dpre * k[i];
-            dk[i] += dpre * q[i];
-          }
-        }
+        const float* ar = a + t * T;
+        float* dr = datt + t * T;
+        double dot = 0;
+        for (int64_t t2 = 0; t2 <= t; t2++) dot += static_cast<double>(ar[t2]) * dr[t2];
+        const float s = static_cast<float>(dot);
+        for (int64_t t2 = 0; t2 <= t; t2++) dr[t2] = ar[t2] * (dr[t2] - s) * scale;
+        for (int64_t t2 = t + 1; t2 < T; t2++) dr[t2] = 0;
       }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f, datt, (int)T, q + C, (int)C3, 0.0f, dq,
+                  (int)C3);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f, datt, (int)T, q, (int)C3, 0.0f, dq + C,
+                  (int)C3);
+    }
 }
 
 }  // namespace
@@ -391,7 +392,7 @@ void GptCore::ensure(int64_t B) {
   dbuf_ = act({BT, C});
   dqkv_ = act({BT, 3 * C});
   dfch_ = act({BT, 4 * C});
-  datt_ = act({T});
+  datt_ = act({T, T});
   capacity_ = B;
 }
 
@@ -409,14 +410,19 @@ const float* GptCore::attention(int l, int64_t b, int64_t h) const {
   return att_[static_cast<size_t>(l)].f32() + (b * s_.heads + h) * s_.ctx * s_.ctx;
 }
 
-const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int64_t B, ComputeObserver* obs, LayerGate* gate) {
+const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int64_t B, ComputeObserver* obs, LayerGate* gate,
+                              LayerHooks* hooks) {
   using P = GptParamIndex;
   ensure(B);
   idx_ = idx;
   const int64_t T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab;
   const int L = static_cast<int>(s_.layers);
-  auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };
-  if (gate) gate->before_layer(0, false);
+  auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };  // read after the layer's hooks (FSDP binds)
+  auto enter = [&](int layer) {
+    if (gate) gate->before_layer(layer, false);
+    if (hooks) hooks->before_forward(layer);
+  };
+  enter(0);
   {
     ComputeScope scope(obs, ComputeKind::LayerForward, 0, layer_flops(0, B));
     float* x = encoded_.f32();
@@ -426,11 +432,12 @@ const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int
       for (int64_t c = 0; c < C; c++) x[bt * C + c] = te[c] + pe[c];
     }
   }
+  if (hooks) hooks->after_forward(0);
   const float* x = encoded_.f32();
   for (int l = 0; l < L; l++) {
     const size_t u = static_cast<size_t>(l);
-    if (gate) gate->before_layer(1 + l, false);
-    ComputeScope scope(obs, ComputeKind::LayerForward, 1 + l, layer_flops(1 + l, B));
+    enter(1 + l);
+    std::optional<ComputeScope> scope(std::in_place, obs, ComputeKind::LayerForward, 1 + l, layer_flops(1 + l, B));
     layernorm_forward(ln1_[u].f32(), ln1_mean_[u].f32(), ln1_rstd_[u].f32(), x, w(P::block(l, P::Ln1W)), w(P::block(l, P::Ln1B)), BT, C);
     dev_.linear_forward(qkv_[u].f32(), ln1_[u].f32(), w(P::block(l, P::AttnW)), w(P::block(l, P::AttnB)), BT, C, 3 * C);
     attention_forward(atty_[u].f32(), att_[u].f32(), qkv_[u].f32(), B, T, C, s_.heads);
@@ -445,16 +452,21 @@ const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int
     float* r3 = res3_[u].f32();
     for (int64_t i = 0; i < BT * C; i++) r3[i] = r2[i] + proj[i];
     x = r3;
+    scope.reset();  // the hooks' collectives (FSDP's reshard) follow the layer, outside its span
+    if (hooks) hooks->after_forward(1 + l);
   }
-  if (gate) gate->before_layer(L + 1, false);
-  ComputeScope scope(obs, ComputeKind::LayerForward, L + 1, layer_flops(L + 1, B));
-  layernorm_forward(lnf_.f32(), lnf_mean_.f32(), lnf_rstd_.f32(), x, w(P::ln_f_weight(L)), w(P::ln_f_bias(L)), BT, C);
-  dev_.linear_forward(logits_.f32(), lnf_.f32(), w(P::kWte), nullptr, BT, C, V);  // lm_head, tied
+  enter(L + 1);
+  {
+    ComputeScope scope(obs, ComputeKind::LayerForward, L + 1, layer_flops(L + 1, B));
+    layernorm_forward(lnf_.f32(), lnf_mean_.f32(), lnf_rstd_.f32(), x, w(P::ln_f_weight(L)), w(P::ln_f_bias(L)), BT, C);
+    dev_.linear_forward(logits_.f32(), lnf_.f32(), w(P::kWte), nullptr, BT, C, V);  // lm_head, tied
+  }
+  if (hooks) hooks->after_forward(L + 1);
   return logits_.f32();
 }
 
 void GptCore::backward(std::vector<Parameter>& p, const float* dlogits, const Model::GradReadyHook& ready,
-                       ComputeObserver* obs, LayerGate* gate) {
+                       ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks) {
   using P = GptParamIndex;
   DTLAB_CHECK(idx_ != nullptr, "backward() called before forward()");
   const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab;
@@ -465,11 +477,15 @@ void GptCore::backward(std::vector<Parameter>& p, const float* dlogits, const Mo
     if (ready)
       for (int i : ids) ready(i);
   };
+  auto enter = [&](int layer) {
+    if (gate) gate->before_layer(layer, true);
+    if (hooks) hooks->before_backward(layer);
+  };
   float* dres = dres_.f32();
   float* dbuf = dbuf_.f32();
   const float* last = L ? res3_.back().f32() : encoded_.f32();
   {
-    if (gate) gate->before_layer(L + 1, true);
+    enter(L + 1);
     ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, 2 * layer_flops(L + 1, B));
     dev_.linear_backward(dbuf, g(P::kWte), nullptr, dlogits, lnf_.f32(), w(P::kWte), BT, C, V);
     std::fill_n(dres, BT * C, 0.0f);
@@ -477,10 +493,11 @@ void GptCore::backward(std::vector<Parameter>& p, const float* dlogits, const Mo
                        lnf_rstd_.f32(), BT, C);
     done({P::ln_f_bias(L), P::ln_f_weight(L)});
   }
+  if (hooks) hooks->after_backward(L + 1);
   for (int l = L - 1; l >= 0; l--) {
     const size_t u = static_cast<size_t>(l);
-    if (gate) gate->before_layer(1 + l, true);
-    ComputeScope scope(obs, ComputeKind::LayerBackward, 1 + l, 2 * layer_flops(1 + l, B));
+    enter(1 + l);
+    std::optional<ComputeScope> scope(std::in_place, obs, ComputeKind::LayerBackward, 1 + l, 2 * layer_flops(1 + l, B));
     const float* block_in = l ? res3_[u - 1].f32() : encoded_.f32();
     float* dfch = dfch_.f32();
     dev_.linear_backward(dfch, g(P::block(l, P::FcProjW)), g(P::block(l, P::FcProjB)), dres, fch_gelu_[u].f32(),
@@ -502,21 +519,26 @@ void GptCore::backward(std::vector<Parameter>& p, const float* dlogits, const Mo
     layernorm_backward(dres, g(P::block(l, P::Ln1W)), g(P::block(l, P::Ln1B)), dbuf, block_in, w(P::block(l, P::Ln1W)),
                        ln1_mean_[u].f32(), ln1_rstd_[u].f32(), BT, C);
     done({P::block(l, P::Ln1B), P::block(l, P::Ln1W)});
+    scope.reset();
+    if (hooks) hooks->after_backward(1 + l);
   }
-  if (gate) gate->before_layer(0, true);
-  ComputeScope scope(obs, ComputeKind::LayerBackward, 0, 2 * layer_flops(0, B));
-  float* dwte = g(P::kWte);
-  float* dwpe = g(P::kWpe);
-  for (int64_t bt = 0; bt < BT; bt++) {
-    float* te = dwte + idx_[bt] * C;
-    float* pe = dwpe + (bt % T) * C;
-    const float* d = dres + bt * C;
-    for (int64_t c = 0; c < C; c++) {
-      te[c] += d[c];
-      pe[c] += d[c];
+  enter(0);
+  {
+    ComputeScope scope(obs, ComputeKind::LayerBackward, 0, 2 * layer_flops(0, B));
+    float* dwte = g(P::kWte);
+    float* dwpe = g(P::kWpe);
+    for (int64_t bt = 0; bt < BT; bt++) {
+      float* te = dwte + idx_[bt] * C;
+      float* pe = dwpe + (bt % T) * C;
+      const float* d = dres + bt * C;
+      for (int64_t c = 0; c < C; c++) {
+        te[c] += d[c];
+        pe[c] += d[c];
+      }
     }
+    done({P::kWpe, P::kWte});
   }
-  done({P::kWpe, P::kWte});
+  if (hooks) hooks->after_backward(0);
 }
 
 std::vector<int32_t> gpt_generate(Model& model, const std::vector<int32_t>& prompt, int64_t n, float temperature, int64_t top_k,

@@ -48,14 +48,15 @@ class GptCore {
   GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device);
   // idx: B x T token ids on the host, each in [0, vocab) (checked by the caller). Returns the logits
   // (B*T, V), owned here.
+  // `hooks` (FSDP) see each layer before its parameters are read and after it is done.
   const float* forward(std::vector<Parameter>& params, const int64_t* idx, int64_t B, ComputeObserver* obs,
-                       LayerGate* gate);
+                       LayerGate* gate, LayerHooks* hooks = nullptr);
   // dlogits (B*T, V) of the last forward. Parameter gradients accumulate (as torch's .grad); the hook
   // sees each parameter once its gradient is final, in autograd's order: ln_f, the blocks from the
   // last (within one: mlp.c_proj, c_fc, ln_2, attn.c_proj, c_attn, ln_1; bias before weight), wpe,
   // and wte last (the tied weight's two uses are summed before its hook).
   void backward(std::vector<Parameter>& params, const float* dlogits, const Model::GradReadyHook& ready,
-                ComputeObserver* obs, LayerGate* gate);
+                ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks = nullptr);
   int64_t batch() const { return B_; }
   // The attention probabilities of the last forward: block l, sample b, head h, (T, T) row-major with
   // zeros above the diagonal. Null before a forward.

@@ -125,6 +125,31 @@ Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int f
   init_like_torch(*this, seed);
 }
 
+int Model::hook_layers() const { return gpt_ ? static_cast<int>(spec_.gpt.layers) + 2 : num_layers(); }
+
+std::vector<Model::WrapUnit> Model::wrap_units() const {
+  std::vector<WrapUnit> units;
+  if (gpt_) {
+    const int L = static_cast<int>(spec_.gpt.layers);
+    units.push_back({{GptParamIndex::kWte, GptParamIndex::kWpe, GptParamIndex::ln_f_weight(L), GptParamIndex::ln_f_bias(L)}, {0, L + 1}, true});
+    for (int l = 0; l < L; l++) {
+      WrapUnit u;
+      for (int k = 0; k < GptParamIndex::kPerBlock; k++) u.params.push_back(GptParamIndex::block(l, static_cast<GptParamIndex::Block>(k)));
+      u.layers = {1 + l};
+      units.push_back(std::move(u));
+    }
+    return units;
+  }
+  for (int i = 0; i < num_layers(); i++) {
+    WrapUnit u;
+    u.params = trainable_of(layer(i));  // under LoRA only the adapters: a frozen Linear is no unit
+    if (u.params.empty()) continue;
+    u.layers = {i};
+    units.push_back(std::move(u));
+  }
+  return units;
+}
+
 int Model::find_parameter(std::string_view name) const {
   for (size_t i = 0; i < params_.size(); i++)
     if (params_[i].name == name) return static_cast<int>(i);
@@ -505,7 +530,7 @@ void Model::ensure_activations(int64_t B) {
 const float* Model::forward_tokens(const int64_t* idx, int64_t B) {
   DTLAB_CHECK(gpt_ != nullptr, "forward_tokens() on a model that is not a GPT");
   batch_ = B;
-  return gpt_->forward(params_, idx, B, observer_, gate_);
+  return gpt_->forward(params_, idx, B, observer_, gate_, hooks_);
 }
 
 const float* Model::forward(const float* x, int64_t B) {
@@ -538,7 +563,7 @@ const float* Model::forward(const float* x, int64_t B) {
 }
 
 void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
-  if (gpt_) return gpt_->backward(params_, dlogits, on_grad_ready, observer_, gate_);
+  if (gpt_) return gpt_->backward(params_, dlogits, on_grad_ready, observer_, gate_, hooks_);
   DTLAB_CHECK(input_ != nullptr, "backward() called before forward()");
   if (mixed()) return half_backward(dlogits, on_grad_ready);
   const bool sp = sequence_parallel();

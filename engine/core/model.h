@@ -212,6 +212,19 @@ class Model {
   void restore_storage(const void* full);
   bool owns_parameters() const { return !flat_params_.empty(); }
   void set_layer_hooks(LayerHooks* h) { hooks_ = h; }
+  // The layer numbers LayerHooks and gates see: num_layers() for the MLP; for the GPT, L + 2 (0 the
+  // embeddings, 1..L the blocks, L + 1 ln_f and the head).
+  int hook_layers() const;
+  // FSDP's auto-wrap units (engine/parallel/fsdp.h), each a contiguous range of the flat buffers:
+  // the MLP's Linears with trainable parameters, one each; the GPT's blocks, one each, after the root
+  // unit (wte, wpe, ln_f), which spans the first and the last layer, as torch's transformer
+  // auto-wrap policy leaves those to the root FSDP instance.
+  struct WrapUnit {
+    std::vector<int> params;  // parameters() indices, storage order
+    std::vector<int> layers;  // hook layers whose forward and backward use them (first and last bound the unit)
+    bool root = false;        // the root instance: FSDP1 keeps its parameters from forward to backward
+  };
+  std::vector<WrapUnit> wrap_units() const;
   // Where a stepped run pauses: forward() and backward() (and a pipeline stage's own loops, through
   // gate_layer) call it before each Linear's forward and backward (null: no gates).
   void set_layer_gate(LayerGate* g) { gate_ = g; }

@@ -17,7 +17,7 @@ constexpr Support todo(const char* why, const char* fix) { return {false, why, f
 constexpr Support kNoShards = no("a sharded checkpoint holds FSDP's shards, and this strategy shards nothing", "use --save for one full checkpoint, or --strategy fsdp");
 // The GPT under the strategies that cut the model by layers or replicate it from one process: the
 // next parts of the transformer work.
-constexpr Support kGptLater = todo("the GPT runs under single and ddp so far", "use --strategy single or ddp");
+constexpr Support kGptLater = todo("the GPT runs under single, ddp and fsdp so far", "use --strategy single, ddp or fsdp");
 constexpr Support kSkipIsDdps = no("it is DDP's unused-parameters lesson", "drop it, or use --strategy ddp");
 
 // The rows, in Strategy's order. Each column is one Feature, in Feature's order.
@@ -67,7 +67,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          kOk, kOk,
          /*Accumulation*/ kOk,
          kOk, kOk, kOk, kOk, kOk, kOk,
-         /*Gpt*/ kGptLater,
+         /*Gpt*/ kOk,
      }}},
     {Strategy::Pipeline, "pipeline", "torch.distributed.pipelining",
      "the model cut into stages on p ranks, micro-batches flowing through a schedule (GPipe, 1F1B, interleaved, ZB-H1)",
