@@ -701,6 +701,7 @@ void SnapshotBuilder::ingest_unit(const TraceRecorder& rec, int rank, const Fsdp
       if (f.seq != UINT64_MAX) u.reduce_seq = f.seq;
       break;
     case FsdpVerb::GradReduced: u.reducing[r] = 0; break;
+    case FsdpVerb::State: break;  // the state above is all it says
   }
 }
 

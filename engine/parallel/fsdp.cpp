@@ -202,6 +202,9 @@ void FullyShardedDataParallel::set_state(int unit, FsdpState to) {
   DTLAB_CHECK(ok, "FSDP unit " + std::to_string(unit) + " cannot go from " + fsdp_state_name(from) + " to " +
                       fsdp_state_name(to) + "; the model's layer hooks ran out of order");
   u.state = to;
+  // Every verb carries the state; a transition with no verb (a root unit that stays gathered from
+  // forward to backward) gets its own event, so the views never show a stale state.
+  record(unit, FsdpVerb::State);
 }
 
 void FullyShardedDataParallel::bind(Unit& u, void* base, bool grads) {
