@@ -123,6 +123,7 @@ class App : public ScriptRunner::Host {
   std::string start_off_path() const;  // its file says "do not show the start screen at start"
   void set_modeled_clock(bool on) override { ctx_.modeled_clock = on; }
   void set_data_set_epoch(bool on) override;
+  std::string generate_text(const std::string& prompt) override;
   void lesson_opened() override { show_lessons_ = relayout_ = true; }
   void lesson_ran() override;
   std::string pin_run() override;
@@ -994,6 +995,10 @@ void App::views() {
     ImGui::End();
   }
   if (ctx_.data_set_epoch != set_epoch) session_->set_data_set_epoch(ctx_.data_set_epoch);
+  if (data_view_.generate.request) {  // the data view's Generate button
+    data_view_.generate.request = false;
+    generate_text(data_view_.generate.prompt);
+  }
   if (ctx_.focus_request) {  // the mesh view's click: every view follows that rank or group
     ctx_.focus_request = false;
     session_->set_focus(ctx_.focus_rank, ctx_.focus_group);
@@ -1145,6 +1150,19 @@ void App::set_presentation(bool on) {
   presentation_ = on;
   apply_style();
   relayout_ = true;
+}
+
+std::string App::generate_text(const std::string& prompt) {
+  GenerateBox& g = data_view_.generate;
+  g.error.clear();
+  try {
+    g.output = session_->generate(prompt, 240);
+    g.asked = prompt;
+    g.at_step = session_->snapshot().step;
+  } catch (const Error& e) {
+    g.error = e.what();
+  }
+  return g.error;
 }
 
 void App::set_data_set_epoch(bool on) {

@@ -9,6 +9,7 @@
 #include "app/options.h"
 #include "app/session.h"
 #include "tests/session_util.h"
+#include "tests/test_util.h"
 
 using namespace dtlab;
 using namespace dtlab::app;
@@ -74,6 +75,29 @@ TEST_SUITE("app") {
     CHECK(b.buckets[0].launch_order == 0);
     CHECK(b.memory.size() == 4);
     CHECK(b.memory[3].stats.current_of(MemCategory::CommBuffers) == 4547 * 4);
+  }
+
+  TEST_CASE("a paused GPT run writes text from its current weights, and says why when it cannot") {
+    TrainConfig c = lab_config(2);
+    c.model = ModelSpec::parse("gpt:layers=1,heads=2,embd=16,ctx=16");
+    Session s(c);
+    step(s, GateKind::Iteration, 2);
+    const std::string text = s.generate("Shall I", 40);
+    CHECK(text.size() == 40);  // the sonnets are ASCII: one byte per sampled character
+    CHECK(s.generate("Shall I", 40) == text);  // seed 1337, the same weights while paused
+    const std::string bad = test::error_sentence([&] { s.generate("\xce\xbb", 5); });
+    CHECK(bad.rfind("the prompt holds a character the text does not; use characters of text:", 0) == 0);
+    CHECK(bad.ends_with("data/shakespeare_sonnets.txt"));
+    s.run();
+    CHECK(test::error_sentence([&] { s.generate("Shall I", 5); }) == "the run is moving; pause it (or let it finish) and generate again");
+    TrainConfig f = c;
+    f.strategy = Strategy::Fsdp;
+    s.restart(f);
+    step(s, GateKind::Iteration, 1);
+    CHECK(test::error_sentence([&] { s.generate("Shall I", 5); }) ==
+          "FSDP shards rank 0's parameters, so no rank holds the whole model until the run ends; generate after the last step");
+    Session mlp(lab_config(2));
+    CHECK(test::error_sentence([&] { mlp.generate("a", 5); }) == "generate samples text from a GPT; start a run with --model gpt-tiny");
   }
 
   TEST_CASE("iterations: history, data ownership and a clean reset") {

@@ -599,6 +599,27 @@ void draw_history(const Snapshot& s, DataViewState& st, ImVec2 size) {
   ImGui::EndGroup();
 }
 
+// Token data (a GPT's text): windows of text have no points to plot; the view shows the text's
+// figures and the Generate box (what the model writes now, GenerateBox).
+void draw_text_data(const DataView& d, DataViewState& st) {
+  ImGui::TextWrapped("%s: %lld windows of text, a vocabulary of %d characters; the loss is over every position.",
+                     d.name.c_str(), static_cast<long long>(d.n), d.classes);
+  ImGui::Separator();
+  ImGui::TextUnformatted("Generate: what the model writes now (pause first)");
+  ImGui::SetNextItemWidth(std::max(8.0f * ImGui::GetFontSize(), ImGui::GetContentRegionAvail().x - 7.0f * ImGui::GetFontSize()));
+  ImGui::InputText("##prompt", st.generate.prompt, sizeof st.generate.prompt);
+  ImGui::SameLine();
+  if (ImGui::Button("Generate")) st.generate.request = true;
+  if (!st.generate.error.empty()) {
+    ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1.0f, 0.72f, 0.3f, 1.0f));
+    ImGui::TextWrapped("%s", st.generate.error.c_str());
+    ImGui::PopStyleColor();
+  } else if (st.generate.at_step >= 0) {
+    ImGui::TextDisabled("after step %lld, temperature 0.8, top-k 200:", static_cast<long long>(st.generate.at_step));
+    ImGui::TextWrapped("%s%s", st.generate.asked.c_str(), st.generate.output.c_str());
+  }
+}
+
 }  // namespace
 
 void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
@@ -610,6 +631,7 @@ void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip("sampler.set_epoch(epoch) reseeds the DistributedSampler's shuffle every epoch.\n"
                       "Without it every epoch repeats epoch 0's split and order.");
+  if (d.valid && d.n > 0 && d.xy.empty()) return draw_text_data(d, st);
   // "color by (o) rank (o) class" on the same line when it fits, else on the next (a 1600x900 tile
   // cut it off at the right).
   flow(ImGui::CalcTextSize("color by  replica  class").x + 3 * ImGui::GetFrameHeight(), font * 1.5f);
@@ -621,11 +643,6 @@ void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
   ImGui::RadioButton("class", &by, static_cast<int>(ColorBy::Class));
   st.color_by = static_cast<ColorBy>(by);
 
-  if (d.valid && d.n > 0 && d.xy.empty()) {  // token data: windows of text, nothing to plot
-    ImGui::TextWrapped("%s: %lld windows of text, a vocabulary of %d characters. This view plots points; a GPT's text has "
-                       "none to plot.", d.name.c_str(), static_cast<long long>(d.n), d.classes);
-    return;
-  }
   if (!d.valid || d.n <= 0 || d.xy.size() < 2) {
     ImGui::TextDisabled("No data set loaded yet.");
     return;
