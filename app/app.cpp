@@ -124,6 +124,7 @@ class App : public ScriptRunner::Host {
   void set_modeled_clock(bool on) override { ctx_.modeled_clock = on; }
   void set_data_set_epoch(bool on) override;
   std::string generate_text(const std::string& prompt) override;
+  void refresh_attention();
   void lesson_opened() override { show_lessons_ = relayout_ = true; }
   void lesson_ran() override;
   std::string pin_run() override;
@@ -995,6 +996,7 @@ void App::views() {
     ImGui::End();
   }
   if (ctx_.data_set_epoch != set_epoch) session_->set_data_set_epoch(ctx_.data_set_epoch);
+  refresh_attention();
   if (data_view_.generate.request) {  // the data view's Generate button
     data_view_.generate.request = false;
     generate_text(data_view_.generate.prompt);
@@ -1150,6 +1152,27 @@ void App::set_presentation(bool on) {
   presentation_ = on;
   apply_style();
   relayout_ = true;
+}
+
+// The data view's attention grid: read again when the run stood still at a new place or another
+// block or head was chosen (Session::attention), cleared while it moves.
+void App::refresh_attention() {
+  AttentionBox& a = data_view_.attention;
+  const TrainConfig& c = session_->config();
+  if (!c.model.is_gpt()) return;
+  a.layers = static_cast<int>(c.model.gpt.layers);
+  a.heads = static_cast<int>(c.model.gpt.heads);
+  a.layer = std::clamp(a.layer, 0, a.layers - 1);
+  a.head = std::clamp(a.head, 0, a.heads - 1);
+  const Snapshot& s = session_->snapshot();
+  const uint64_t key = (s.stepper.generation * 1024 + static_cast<uint64_t>(a.layer)) * 1024 + static_cast<uint64_t>(a.head) + 1;
+  if (key == a.key) return;
+  if (!session_->attention(a.layer, a.head, a.probs, a.text)) {
+    a.probs.clear();
+    return;  // read again next frame: the run may settle
+  }
+  a.key = key;
+  a.at_step = s.step;
 }
 
 std::string App::generate_text(const std::string& prompt) {

@@ -170,6 +170,20 @@ std::string Session::generate(const std::string& prompt, int64_t tokens) {
   return decode_tokens(ds.chars, out.data(), static_cast<int64_t>(out.size()));
 }
 
+bool Session::attention(int layer, int head, std::vector<float>& probs, std::string& text) const {
+  if (!trainer_ || !config_.model.is_gpt() || !settled()) return false;
+  const GptCore* g = trainer_->model().gpt();
+  const float* a = g ? g->attention(layer, 0, head) : nullptr;
+  const int64_t* tok = g ? g->tokens(0) : nullptr;
+  if (!a || !tok) return false;
+  const int64_t T = config_.model.gpt.ctx;
+  probs.assign(a, a + T * T);
+  const Dataset& ds = trainer_->dataset();
+  std::vector<int32_t> ids(tok, tok + T);
+  text = ds.chars.empty() ? std::string() : decode_tokens(ds.chars, ids.data(), T);
+  return true;
+}
+
 bool Session::settled() const {
   if (finished()) return true;
   StepperState st = stepper_state();

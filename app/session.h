@@ -72,6 +72,11 @@ class Session {
   // buffers are untouched. Only while nothing moves (paused and settled, or finished) and while
   // rank 0 holds the whole model; dtlab::Error with a sentence saying why not otherwise.
   std::string generate(const std::string& prompt, int64_t tokens);
+  // A GPT run's attention as its last forward left it on rank 0: block `layer`, head `head`, the
+  // batch's first sample: T x T probabilities (row: the query position) into `probs`, the sample's
+  // text into `text`. Only while nothing moves; false when there is none (not a GPT, no forward yet,
+  // the run moving, or an index out of range).
+  bool attention(int layer, int head, std::vector<float>& probs, std::string& text) const;
 
  private:
   Session() = default;  // attach()

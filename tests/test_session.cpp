@@ -85,6 +85,21 @@ TEST_SUITE("app") {
     const std::string text = s.generate("Shall I", 40);
     CHECK(text.size() == 40);  // the sonnets are ASCII: one byte per sampled character
     CHECK(s.generate("Shall I", 40) == text);  // seed 1337, the same weights while paused
+    // The attention the last forward left: causal rows of probabilities over the first sample's text.
+    std::vector<float> att;
+    std::string sample;
+    REQUIRE(s.attention(0, 1, att, sample));
+    REQUIRE(att.size() == 16 * 16);
+    CHECK(sample.size() == 16);
+    for (int r = 0; r < 16; r++) {
+      double row = 0;
+      for (int k = 0; k < 16; k++) {
+        if (k > r) CHECK(att[static_cast<size_t>(r * 16 + k)] == 0.0f);
+        row += att[static_cast<size_t>(r * 16 + k)];
+      }
+      CHECK(row == doctest::Approx(1.0).epsilon(1e-5));
+    }
+    CHECK_FALSE(s.attention(1, 0, att, sample));  // one block: there is no block 1
     const std::string bad = test::error_sentence([&] { s.generate("\xce\xbb", 5); });
     CHECK(bad.rfind("the prompt holds a character the text does not; use characters of text:", 0) == 0);
     CHECK(bad.ends_with("data/shakespeare_sonnets.txt"));

@@ -599,6 +599,53 @@ void draw_history(const Snapshot& s, DataViewState& st, ImVec2 size) {
   ImGui::EndGroup();
 }
 
+// One head's causal attention over the batch's first sample, as a T x T grid: row t is query
+// position t, its cells the probabilities it gives positions 0..t (brighter: more); hovering names the
+// two characters.
+void draw_attention(AttentionBox& a) {
+  ImGui::Separator();
+  ImGui::TextUnformatted("Attention: one head's pattern on the batch's first sample (pause first)");
+  if (a.layers > 0) {
+    ImGui::SetNextItemWidth(8.0f * ImGui::GetFontSize());
+    ImGui::SliderInt("block", &a.layer, 0, a.layers - 1);
+    ImGui::SameLine();
+    ImGui::SetNextItemWidth(8.0f * ImGui::GetFontSize());
+    ImGui::SliderInt("head", &a.head, 0, a.heads - 1);
+  }
+  const int64_t T = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(a.probs.size()))));
+  if (T == 0 || T * T != static_cast<int64_t>(a.probs.size())) {
+    ImGui::TextDisabled("No forward to show yet, or the run is moving.");
+    return;
+  }
+  ImGui::TextDisabled("after step %lld: row = query position, column = the position it reads (the mask leaves the upper right empty)",
+                      static_cast<long long>(a.at_step));
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  // Fill what is left of the window, but no cell smaller than half a character: at a projector the
+  // view scrolls rather than shrink the grid to a smudge.
+  const float cell = std::max(0.5f * ImGui::GetFontSize(), std::min((avail.x - 4) / static_cast<float>(T), (avail.y - 4) / static_cast<float>(T)));
+  const ImVec2 p = ImGui::GetCursorScreenPos();
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  for (int64_t r = 0; r < T; r++)
+    for (int64_t c = 0; c <= r; c++) {
+      const float v = std::clamp(a.probs[static_cast<size_t>(r * T + c)], 0.0f, 1.0f);
+      const float g = std::sqrt(v);  // small weights stay visible
+      const ImU32 col = IM_COL32(static_cast<int>(40 + 215 * g), static_cast<int>(60 + 170 * g), static_cast<int>(90 + 60 * g), 255);
+      const ImVec2 c0(p.x + cell * static_cast<float>(c), p.y + cell * static_cast<float>(r));
+      dl->AddRectFilled(c0, ImVec2(c0.x + cell - (cell > 4 ? 1 : 0), c0.y + cell - (cell > 4 ? 1 : 0)), col);
+    }
+  ImGui::Dummy(ImVec2(cell * static_cast<float>(T), cell * static_cast<float>(T)));
+  if (ImGui::IsItemHovered()) {
+    const ImVec2 m = ImGui::GetMousePos();
+    const int64_t r = static_cast<int64_t>((m.y - p.y) / cell), c = static_cast<int64_t>((m.x - p.x) / cell);
+    if (r >= 0 && r < T && c >= 0 && c <= r && static_cast<int64_t>(a.text.size()) == T) {
+      auto shown = [](char ch) { return ch == '\n' ? std::string("\\n") : std::string(1, ch); };
+      ImGui::SetTooltip("position %lld ('%s') reads position %lld ('%s') with weight %.3f", static_cast<long long>(r),
+                        shown(a.text[static_cast<size_t>(r)]).c_str(), static_cast<long long>(c), shown(a.text[static_cast<size_t>(c)]).c_str(),
+                        static_cast<double>(a.probs[static_cast<size_t>(r * T + c)]));
+    }
+  }
+}
+
 // Token data (a GPT's text): windows of text have no points to plot; the view shows the text's
 // figures and the Generate box (what the model writes now, GenerateBox).
 void draw_text_data(const DataView& d, DataViewState& st) {
@@ -618,6 +665,7 @@ void draw_text_data(const DataView& d, DataViewState& st) {
     ImGui::TextDisabled("after step %lld, temperature 0.8, top-k 200:", static_cast<long long>(st.generate.at_step));
     ImGui::TextWrapped("%s%s", st.generate.asked.c_str(), st.generate.output.c_str());
   }
+  draw_attention(st.attention);
 }
 
 }  // namespace

@@ -27,6 +27,17 @@ struct GenerateBox {
   int64_t at_step = -1;       // the run's step when it was sampled
 };
 
+// A GPT's attention pattern (Session::attention): the chosen block and head, and what the app read
+// for them while the run stood still.
+struct AttentionBox {
+  int layer = 0, head = 0;
+  int layers = 0, heads = 0;  // the model's, for the sliders
+  std::vector<float> probs;   // T x T, empty: nothing to show
+  std::string text;           // the sample's characters (one per position)
+  int64_t at_step = -1;
+  uint64_t key = 0;           // what `probs` was read for (the stepper's generation, layer, head)
+};
+
 struct DataViewState {
   ColorBy color_by = ColorBy::Rank;
   bool log_loss = true;
@@ -59,6 +70,7 @@ struct DataViewState {
   float drawn_point = 0;
 
   GenerateBox generate;
+  AttentionBox attention;
 };
 
 void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx);
