@@ -185,6 +185,23 @@ TEST_SUITE("gpt") {
     }
   }
 
+  TEST_CASE("gpt activation checkpointing per block: the same weights bit for bit, fewer activation bytes") {
+    for (const char* strategy : {"ddp", "fsdp"}) {
+      CAPTURE(strategy);
+      TrainConfig c = test::demo_config(strategy, 2, 4, 3);
+      c.model = ModelSpec::parse("gpt:layers=3,heads=2,embd=16,ctx=8");
+      Trainer plain(c);
+      const TrainSummary a = plain.run();
+      c.activation_checkpointing = true;
+      Trainer ckpt(c);
+      const TrainSummary b = ckpt.run();
+      CHECK(test::max_abs_diff(ckpt.model(), plain.model()) == 0.0);
+      const auto acts = [](const TrainSummary& s) { return s.memory.peak[static_cast<size_t>(MemCategory::Activations)]; };
+      MESSAGE(std::string(strategy) << ": activations " << acts(a) << " B without, " << acts(b) << " B with checkpointing");
+      CHECK(acts(b) < acts(a));
+    }
+  }
+
   TEST_CASE("gpt runs: ddp trains it, the strategies and options not built for it yet are refused with their sentence") {
     TrainConfig c = test::demo_config("ddp", 2, 4, 3);
     c.model = ModelSpec::parse("gpt:layers=1,heads=2,embd=16,ctx=8");

@@ -362,7 +362,7 @@ GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device) : 
 
 void GptCore::ensure(int64_t B) {
   B_ = B;
-  if (B <= capacity_) return;
+  if (B <= capacity_ && checkpointed_alloc_ == checkpointing_) return;
   const int64_t T = s_.ctx, C = s_.embd, BT = B * T, L = s_.layers;
   auto act = [&](Shape shape) { return Tensor(std::move(shape), MemCategory::Activations, tracker_, DType::F32, dev_); };
   std::vector<Tensor>* per_block[] = {&ln1_, &ln1_mean_, &ln1_rstd_, &qkv_, &att_, &atty_, &res2_, &ln2_, &ln2_mean_,
@@ -370,6 +370,8 @@ void GptCore::ensure(int64_t B) {
   for (auto* v : per_block) v->clear();
   encoded_ = act({BT, C});
   for (int64_t l = 0; l < L; l++) {
+    res3_.push_back(act({BT, C}));
+    if (checkpointing_ && l > 0) continue;  // one set of the blocks' inner buffers, shared
     ln1_.push_back(act({BT, C}));
     ln1_mean_.push_back(act({BT}));
     ln1_rstd_.push_back(act({BT}));
@@ -382,7 +384,6 @@ void GptCore::ensure(int64_t B) {
     ln2_rstd_.push_back(act({BT}));
     fch_.push_back(act({BT, 4 * C}));
     fch_gelu_.push_back(act({BT, 4 * C}));
-    res3_.push_back(act({BT, C}));
   }
   lnf_ = act({BT, C});
   lnf_mean_ = act({BT});
@@ -394,6 +395,7 @@ void GptCore::ensure(int64_t B) {
   dfch_ = act({BT, 4 * C});
   datt_ = act({T, T});
   capacity_ = B;
+  checkpointed_alloc_ = checkpointing_;
 }
 
 double GptCore::layer_flops(int layer, int64_t B) const {
@@ -406,8 +408,29 @@ double GptCore::layer_flops(int layer, int64_t B) const {
 }
 
 const float* GptCore::attention(int l, int64_t b, int64_t h) const {
-  if (B_ == 0 || l < 0 || l >= s_.layers || b < 0 || b >= B_ || h < 0 || h >= s_.heads) return nullptr;
+  if (B_ == 0 || checkpointing_ || l < 0 || l >= s_.layers || b < 0 || b >= B_ || h < 0 || h >= s_.heads) return nullptr;
   return att_[static_cast<size_t>(l)].f32() + (b * s_.heads + h) * s_.ctx * s_.ctx;
+}
+
+void GptCore::block_forward(std::vector<Parameter>& p, int l, const float* x) {
+  using P = GptParamIndex;
+  const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T;
+  auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };
+  const size_t k = slot(l);
+  layernorm_forward(ln1_[k].f32(), ln1_mean_[k].f32(), ln1_rstd_[k].f32(), x, w(P::block(l, P::Ln1W)), w(P::block(l, P::Ln1B)), BT, C);
+  dev_.linear_forward(qkv_[k].f32(), ln1_[k].f32(), w(P::block(l, P::AttnW)), w(P::block(l, P::AttnB)), BT, C, 3 * C);
+  attention_forward(atty_[k].f32(), att_[k].f32(), qkv_[k].f32(), B, T, C, s_.heads);
+  float* proj = dbuf_.f32();
+  dev_.linear_forward(proj, atty_[k].f32(), w(P::block(l, P::AttnProjW)), w(P::block(l, P::AttnProjB)), BT, C, C);
+  float* r2 = res2_[k].f32();
+  for (int64_t i = 0; i < BT * C; i++) r2[i] = x[i] + proj[i];
+  layernorm_forward(ln2_[k].f32(), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), r2, w(P::block(l, P::Ln2W)), w(P::block(l, P::Ln2B)), BT, C);
+  dev_.linear_forward(fch_[k].f32(), ln2_[k].f32(), w(P::block(l, P::FcW)), w(P::block(l, P::FcB)), BT, C, 4 * C);
+  gelu_forward(fch_gelu_[k].f32(), fch_[k].f32(), BT * 4 * C);
+  dev_.linear_forward(proj, fch_gelu_[k].f32(), w(P::block(l, P::FcProjW)), w(P::block(l, P::FcProjB)), BT, 4 * C, C);
+  float* r3 = res3_[static_cast<size_t>(l)].f32();
+  for (int64_t i = 0; i < BT * C; i++) r3[i] = r2[i] + proj[i];
+
 }
 
 const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int64_t B, ComputeObserver* obs, LayerGate* gate,
@@ -438,20 +461,8 @@ const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int
     const size_t u = static_cast<size_t>(l);
     enter(1 + l);
     std::optional<ComputeScope> scope(std::in_place, obs, ComputeKind::LayerForward, 1 + l, layer_flops(1 + l, B));
-    layernorm_forward(ln1_[u].f32(), ln1_mean_[u].f32(), ln1_rstd_[u].f32(), x, w(P::block(l, P::Ln1W)), w(P::block(l, P::Ln1B)), BT, C);
-    dev_.linear_forward(qkv_[u].f32(), ln1_[u].f32(), w(P::block(l, P::AttnW)), w(P::block(l, P::AttnB)), BT, C, 3 * C);
-    attention_forward(atty_[u].f32(), att_[u].f32(), qkv_[u].f32(), B, T, C, s_.heads);
-    float* proj = dbuf_.f32();
-    dev_.linear_forward(proj, atty_[u].f32(), w(P::block(l, P::AttnProjW)), w(P::block(l, P::AttnProjB)), BT, C, C);
-    float* r2 = res2_[u].f32();
-    for (int64_t i = 0; i < BT * C; i++) r2[i] = x[i] + proj[i];
-    layernorm_forward(ln2_[u].f32(), ln2_mean_[u].f32(), ln2_rstd_[u].f32(), r2, w(P::block(l, P::Ln2W)), w(P::block(l, P::Ln2B)), BT, C);
-    dev_.linear_forward(fch_[u].f32(), ln2_[u].f32(), w(P::block(l, P::FcW)), w(P::block(l, P::FcB)), BT, C, 4 * C);
-    gelu_forward(fch_gelu_[u].f32(), fch_[u].f32(), BT * 4 * C);
-    dev_.linear_forward(proj, fch_gelu_[u].f32(), w(P::block(l, P::FcProjW)), w(P::block(l, P::FcProjB)), BT, 4 * C, C);
-    float* r3 = res3_[u].f32();
-    for (int64_t i = 0; i < BT * C; i++) r3[i] = r2[i] + proj[i];
-    x = r3;
+    block_forward(p, l, x);
+    x = res3_[u].f32();
     scope.reset();  // the hooks' collectives (FSDP's reshard) follow the layer, outside its span
     if (hooks) hooks->after_forward(1 + l);
   }
@@ -495,29 +506,37 @@ void GptCore::backward(std::vector<Parameter>& p, const float* dlogits, const Mo
   }
   if (hooks) hooks->after_backward(L + 1);
   for (int l = L - 1; l >= 0; l--) {
-    const size_t u = static_cast<size_t>(l);
+    const size_t u = static_cast<size_t>(l), k = slot(l);
+    const float* block_in = l ? res3_[u - 1].f32() : encoded_.f32();
+    if (checkpointing_) {  // the block's forward again, from its kept input, before its backward needs it
+      if (hooks) hooks->before_recompute(1 + l);
+      {
+        ComputeScope scope(obs, ComputeKind::Recompute, 1 + l, layer_flops(1 + l, B));
+        block_forward(p, l, block_in);
+      }
+      if (hooks) hooks->after_recompute(1 + l);
+    }
     enter(1 + l);
     std::optional<ComputeScope> scope(std::in_place, obs, ComputeKind::LayerBackward, 1 + l, 2 * layer_flops(1 + l, B));
-    const float* block_in = l ? res3_[u - 1].f32() : encoded_.f32();
     float* dfch = dfch_.f32();
-    dev_.linear_backward(dfch, g(P::block(l, P::FcProjW)), g(P::block(l, P::FcProjB)), dres, fch_gelu_[u].f32(),
+    dev_.linear_backward(dfch, g(P::block(l, P::FcProjW)), g(P::block(l, P::FcProjB)), dres, fch_gelu_[k].f32(),
                          w(P::block(l, P::FcProjW)), BT, 4 * C, C);
     done({P::block(l, P::FcProjB), P::block(l, P::FcProjW)});
-    gelu_backward(dfch, dfch, fch_[u].f32(), BT * 4 * C);
-    dev_.linear_backward(dbuf, g(P::block(l, P::FcW)), g(P::block(l, P::FcB)), dfch, ln2_[u].f32(), w(P::block(l, P::FcW)), BT, C, 4 * C);
+    gelu_backward(dfch, dfch, fch_[k].f32(), BT * 4 * C);
+    dev_.linear_backward(dbuf, g(P::block(l, P::FcW)), g(P::block(l, P::FcB)), dfch, ln2_[k].f32(), w(P::block(l, P::FcW)), BT, C, 4 * C);
     done({P::block(l, P::FcB), P::block(l, P::FcW)});
-    layernorm_backward(dres, g(P::block(l, P::Ln2W)), g(P::block(l, P::Ln2B)), dbuf, res2_[u].f32(), w(P::block(l, P::Ln2W)),
-                       ln2_mean_[u].f32(), ln2_rstd_[u].f32(), BT, C);
+    layernorm_backward(dres, g(P::block(l, P::Ln2W)), g(P::block(l, P::Ln2B)), dbuf, res2_[k].f32(), w(P::block(l, P::Ln2W)),
+                       ln2_mean_[k].f32(), ln2_rstd_[k].f32(), BT, C);
     done({P::block(l, P::Ln2B), P::block(l, P::Ln2W)});
-    dev_.linear_backward(dbuf, g(P::block(l, P::AttnProjW)), g(P::block(l, P::AttnProjB)), dres, atty_[u].f32(),
+    dev_.linear_backward(dbuf, g(P::block(l, P::AttnProjW)), g(P::block(l, P::AttnProjB)), dres, atty_[k].f32(),
                          w(P::block(l, P::AttnProjW)), BT, C, C);
     done({P::block(l, P::AttnProjB), P::block(l, P::AttnProjW)});
-    attention_backward(dqkv_.f32(), datt_.f32(), dbuf, qkv_[u].f32(), att_[u].f32(), B, T, C, s_.heads);
-    dev_.linear_backward(dbuf, g(P::block(l, P::AttnW)), g(P::block(l, P::AttnB)), dqkv_.f32(), ln1_[u].f32(),
+    attention_backward(dqkv_.f32(), datt_.f32(), dbuf, qkv_[k].f32(), att_[k].f32(), B, T, C, s_.heads);
+    dev_.linear_backward(dbuf, g(P::block(l, P::AttnW)), g(P::block(l, P::AttnB)), dqkv_.f32(), ln1_[k].f32(),
                          w(P::block(l, P::AttnW)), BT, C, 3 * C);
     done({P::block(l, P::AttnB), P::block(l, P::AttnW)});
     layernorm_backward(dres, g(P::block(l, P::Ln1W)), g(P::block(l, P::Ln1B)), dbuf, block_in, w(P::block(l, P::Ln1W)),
-                       ln1_mean_[u].f32(), ln1_rstd_[u].f32(), BT, C);
+                       ln1_mean_[k].f32(), ln1_rstd_[k].f32(), BT, C);
     done({P::block(l, P::Ln1B), P::block(l, P::Ln1W)});
     scope.reset();
     if (hooks) hooks->after_backward(1 + l);

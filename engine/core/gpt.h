@@ -58,9 +58,15 @@ class GptCore {
   void backward(std::vector<Parameter>& params, const float* dlogits, const Model::GradReadyHook& ready,
                 ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks = nullptr);
   int64_t batch() const { return B_; }
+  // Activation checkpointing per block (torch.utils.checkpoint around each Block, non-reentrant): the
+  // forward keeps only each block's output; the backward runs the block's forward again (reported as
+  // ComputeKind::Recompute, the hooks' before/after_recompute around it) into one set of buffers the
+  // blocks share, then its backward: the same kernels, so the gradients are bit-identical.
+  void set_checkpointing(bool on) { checkpointing_ = on; }
+  bool checkpointing() const { return checkpointing_; }
   // The attention probabilities of the last forward: block l, sample b, head h, (T, T) row-major with
   // zeros above the diagonal. Null before a forward.
-  const float* attention(int l, int64_t b, int64_t h) const;
+  const float* attention(int l, int64_t b, int64_t h) const;  // null while checkpointing: no block keeps it
   // The last forward's input tokens of sample b (T ids; null before a forward).
   const int64_t* tokens(int64_t b) const { return idx_ && b >= 0 && b < B_ ? idx_ + b * s_.ctx : nullptr; }
   // FLOPs of one forward of layer `layer` (0..L+1) for B samples, multiply-adds counted twice (the
@@ -69,12 +75,18 @@ class GptCore {
 
  private:
   void ensure(int64_t B);
+  // Block l's forward from `x` into its buffers (slot(l)) and res3_[l].
+  void block_forward(std::vector<Parameter>& p, int l, const float* x);
+  size_t slot(int l) const { return checkpointing_ ? 0 : static_cast<size_t>(l); }
+  bool checkpointing_ = false;
+  bool checkpointed_alloc_ = false;  // the layout the buffers were allocated for
   GptSpec s_;
   MemoryTracker* tracker_;
   Device& dev_;
   int64_t B_ = 0, capacity_ = 0;
   const int64_t* idx_ = nullptr;
-  // Saved for backward (llm.c's ActivationTensors), per block where it says so.
+  // Saved for backward (llm.c's ActivationTensors), per block (one shared set when checkpointing;
+  // res3_, the block outputs, always per block).
   Tensor encoded_;                       // (BT, C) block 0's input
   std::vector<Tensor> ln1_, ln1_mean_, ln1_rstd_, qkv_, att_, atty_, res2_, ln2_, ln2_mean_, ln2_rstd_, fch_,
       fch_gelu_, res3_;

@@ -595,6 +595,7 @@ void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
 
 void Model::set_activation_checkpointing(bool on) {
   checkpointing_ = on;
+  if (gpt_) gpt_->set_checkpointing(on);  // per block (engine/core/gpt.h)
 }
 
 bool Model::keeps_output(int i) const {
