@@ -17,7 +17,7 @@ namespace dtlab::cli {
 namespace {
 
 struct EvalArgs {
-  std::string init, model, data = "spiral", logits;
+  std::string init, model, data, logits;
   int64_t batch = 256;
   int threads = 0;
   bool json = false;
@@ -34,8 +34,8 @@ int run_eval(const EvalArgs& a, Streams& io) {
   if (spec_text.empty())
     throw Error(a.init + " does not say which model it holds; give --model mlp:D0,...,Dk or gpt:layers=L,heads=H,embd=C,ctx=T");
   ModelSpec spec = ModelSpec::parse(spec_text);
-  // A GPT left on the default points reads the shipped text; its vocabulary is the data's unless given.
-  const std::string data = spec.is_gpt() && a.data == EvalArgs{}.data ? "text" : a.data;
+  // Without --data: spiral, or for a GPT the shipped text; its vocabulary is the data's unless given.
+  const std::string data = !a.data.empty() ? a.data : spec.is_gpt() ? "text" : "spiral";
   Dataset ds = make_dataset(data, spec.in_features(), spec.out_features());
   if (spec.is_gpt() && spec.gpt.vocab == 0) spec.gpt.vocab = std::max<int64_t>(ds.num_classes, 2);
   check_data_fits_model(ds, spec);
@@ -73,7 +73,7 @@ Runner add_eval_command(CLI::App& app) {
       ->required()
       ->check(existing_path());
   app.add_option("--model", a->model, "Model spec (default: the one stored in the checkpoint)");
-  app.add_option("--data", a->data, "spiral | blobs | text[:PATH] | PATH.npz, as for train")->capture_default_str();
+  app.add_option("--data", a->data, "spiral | blobs | text[:PATH] | PATH.npz, as for train (default: spiral, or text for a GPT)");
   app.add_option("--batch", a->batch, "Rows per forward pass")->check(whole_number(1, int64_t{1} << 24))->capture_default_str();
   app.add_option("--logits", a->logits, "Write the logits (N, classes) as float32 .npy (atomic)")->check(output_path());
   app.add_option("--threads", a->threads, "BLAS threads (default: OpenBLAS's choice)")->check(whole_number(0, 256));

@@ -114,6 +114,8 @@ void finish_train_flags(const TrainFlags& f, TrainConfig& c) {
     check_lora_spec(c.model, c.lora);
     if (c.merge_lora && c.save_path.empty()) throw Error("--merge-lora says what --save writes; add --save PATH.safetensors");
   }
+  // A GPT reads text: the shipped one unless --data says which (an explicit spiral is refused by the run).
+  if (c.model.is_gpt() && !f.given("--data")) c.data = "text";
   if (c.strategy == Strategy::Pipeline && !f.given("--world")) c.world_size = c.pipeline.stages * c.pipeline.dp * c.tp;
   if (c.strategy == Strategy::Single) {
     if (f.given("--world") && c.world_size != 1)

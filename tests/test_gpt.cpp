@@ -15,6 +15,7 @@
 #include "engine/data/loader.h"
 #include "engine/data/sampler.h"
 #include "engine/train/train.h"
+#include "tests/cli_util.h"
 #include "tests/test_util.h"
 #include "tests/train_util.h"
 
@@ -172,6 +173,7 @@ TEST_SUITE("gpt") {
   TEST_CASE("gpt under fsdp: a root unit (embeddings, ln_f, the tied head) and one per block, equal to ddp") {
     TrainConfig c = test::demo_config("ddp", 2, 4, 3);
     c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=8");
+    c.data = "text";
     Trainer ddp(c);
     ddp.run();
     for (const char* sharding : {"full", "grad-op"}) {
@@ -190,6 +192,7 @@ TEST_SUITE("gpt") {
       CAPTURE(strategy);
       TrainConfig c = test::demo_config(strategy, 2, 4, 3);
       c.model = ModelSpec::parse("gpt:layers=3,heads=2,embd=16,ctx=8");
+      c.data = "text";
       Trainer plain(c);
       const TrainSummary a = plain.run();
       c.activation_checkpointing = true;
@@ -202,9 +205,23 @@ TEST_SUITE("gpt") {
     }
   }
 
+  TEST_CASE("dtlab-cli: a GPT reads the shipped text unless --data names other text, and refuses points") {
+    const test::CliResult ok = test::run_cli({"train", "--model", "gpt:layers=1,heads=2,embd=16,ctx=8", "--steps", "1", "--batch", "2"});
+    CHECK(ok.code == 0);
+    CHECK(test::contains(ok.out, "tokens/s"));
+    const test::CliResult pts = test::run_cli({"train", "--model", "gpt:layers=1,heads=2,embd=16,ctx=8", "--data", "spiral", "--steps", "1"});
+    CHECK(pts.code == 2);
+    CHECK(pts.err ==
+          "dtlab-cli: --model gpt:layers=1,heads=2,embd=16,ctx=8 reads tokens, but spiral:classes=3,points=1000,noise=0.1,seed=0 holds "
+          "points; use --data text (the shipped text), text:PATH, or a .npz holding tokens\n");
+    const test::CliResult empty = test::run_cli({"generate", "--init", DTLAB_SOURCE_DIR "/README.md"});
+    CHECK(empty.code == 2);
+  }
+
   TEST_CASE("gpt runs: ddp trains it, the strategies and options not built for it yet are refused with their sentence") {
     TrainConfig c = test::demo_config("ddp", 2, 4, 3);
     c.model = ModelSpec::parse("gpt:layers=1,heads=2,embd=16,ctx=8");
+    c.data = "text";
     Trainer t(c);
     const TrainSummary s = t.run();
     CHECK(s.steps == 3);

@@ -80,6 +80,7 @@ TEST_SUITE("app") {
   TEST_CASE("a paused GPT run writes text from its current weights, and says why when it cannot") {
     TrainConfig c = lab_config(2);
     c.model = ModelSpec::parse("gpt:layers=1,heads=2,embd=16,ctx=16");
+    c.data = "text";
     Session s(c);
     step(s, GateKind::Iteration, 2);
     const std::string text = s.generate("Shall I", 40);

@@ -332,8 +332,6 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   if (blas_threads == 0 && N > 1 && !std::getenv("OPENBLAS_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS")) blas_threads = 1;
   set_compute_threads(blas_threads);
   const ModelSpec& spec = config_.model;
-  // A GPT left on the default points trains on the shipped text.
-  if (spec.is_gpt() && config_.data == TrainConfig{}.data) config_.data = "text";
   dataset_ = std::make_unique<Dataset>(
       make_dataset(config_.data, spec.in_features(), spec.out_features()));
   const Dataset& ds = *dataset_;
