@@ -507,6 +507,10 @@ class Corpus:
                     " ".join(args), p.returncode, p.stderr.strip()))
 
         run(["train", "--steps", "1", "--model", MODEL, "--batch", "8", "--save", "base.safetensors"])
+        sonnets = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "shakespeare_sonnets.txt")
+        run(["train", "--steps", "1", "--model", GPT, "--batch", "4", "--data", "text:" + sonnets, "--save", "gpt.safetensors"])
+        with open(os.path.join(self.base, "gpt.safetensors"), "rb") as f:
+            self.gpt_ckpt = f.read()
         run(["train", "--strategy", "fsdp", "--world", "2", "--steps", "1", "--model", MODEL, "--batch", "8",
              "--save-sharded", "sharded"])
         for name, args in (("1f1b", ["--schedule", "1f1b", "--stages", "2", "--microbatches", "2"]),
@@ -1320,9 +1324,61 @@ def patch_bytes(data, off, new):
     return data[:off] + new + data[off + len(new):]
 
 
+GPT = "gpt:layers=1,heads=2,embd=16,ctx=8"
+TEXT_TRAIN = ["train", "--model", GPT, "--batch", "4", "--steps", "2", "--save", "out.safetensors"]
+
+
+def gen_text(c):
+    """A GPT's data: UTF-8 text files and .npz token streams, and generate's prompts."""
+    verse = ("Shall I compare thee to a summer's day?\nThou art more lovely and more temperate.\n" * 4).encode()
+
+    def text_case(name, data, exp, path="in.txt"):
+        c.add(Case("npz", "text " + name, merge(TEXT_TRAIN, ["--data", "text:" + path]), exp, outputs=["out.safetensors"]),
+              files={"in.txt": data} if data is not None else {})
+
+    text_case("valid verse", verse, "ok")
+    text_case("valid, non-ASCII", "Ζεύς και Ἥρα, ὦ φίλε. ".encode() * 8, "ok")
+    text_case("empty", b"", "error")
+    text_case("one window short", b"abcdefgh", "error")
+    text_case("invalid UTF-8 byte", verse[:40] + b"\xff" + verse[40:], "error")
+    text_case("truncated sequence at the end", verse + b"\xe2\x82", "error")
+    text_case("overlong slash", verse[:20] + b"\xc0\xaf" + verse[20:], "error")
+    text_case("UTF-16 surrogate", verse[:20] + b"\xed\xa0\x80" + verse[20:], "error")
+    text_case("beyond U+10FFFF", verse[:20] + b"\xf4\x90\x80\x80" + verse[20:], "error")
+    text_case("NUL bytes", verse.replace(b" ", b"\x00"), "ok")
+    text_case("missing file", None, "error", path="missing.txt")
+    text_case("a directory", None, "error", path=".")
+    text_case("a device", None, "error", path="/dev/zero")
+    c.add(Case("npz", "text: a GPT given points", merge(TEXT_TRAIN, ["--data", "spiral"]), "error", outputs=["out.safetensors"]))
+    c.add(Case("npz", "text: an MLP given text", ["train", "--model", MODEL, "--data", "text", "--steps", "1"], "error"))
+    toks = list(range(40)) * 3
+    for name, member, exp in (
+            ("int64", npy_bytes("<i8", (len(toks),), i64(toks)), "ok"),
+            ("uint16", npy_bytes("<u2", (len(toks),), struct.pack("<%dH" % len(toks), *toks)), "ok"),
+            ("int32 negative", npy_bytes("<i4", (len(toks),), struct.pack("<%di" % len(toks), *([-1] + toks[1:]))), "error"),
+            ("2-D", npy_bytes("<i8", (len(toks) // 2, 2), i64(toks)), "error"),
+            ("float", npy_bytes("<f4", (len(toks),), f32(toks)), "error"),
+            ("too short", npy_bytes("<i8", (5,), i64(toks[:5])), "error"),
+            ("truncated body", npy_bytes("<i8", (len(toks),), i64(toks)[:-8]), "error"),
+            ("token 2^40", npy_bytes("<i8", (len(toks),), i64([1 << 40] + toks[1:])), "error")):
+        c.add(Case("npz", "tokens " + name, merge(TEXT_TRAIN, ["--data", "in.npz"]), exp, outputs=["out.safetensors"]),
+              files={"in.npz": npz_bytes([("tokens.npy", member)])})
+    for name, args, exp in (
+            ("an MLP checkpoint", ["--init", "m.safetensors"], "error"),
+            ("a missing checkpoint", ["--init", "nothing.safetensors"], "error"),
+            ("a prompt outside the text", ["--init", "g.safetensors", "--prompt", "\u03bb"], "error"),
+            ("an empty prompt", ["--init", "g.safetensors", "--prompt", ""], "error"),
+            ("a valid prompt", ["--init", "g.safetensors", "--prompt", "Shall", "--tokens", "20"], "ok"),
+            ("temperature 0", ["--init", "g.safetensors", "--temperature", "0"], "error"),
+            ("top-k larger than the vocabulary", ["--init", "g.safetensors", "--top-k", "100000", "--tokens", "5"], "ok")):
+        c.add(Case("npz", "generate: " + name, ["generate"] + args, exp),
+              files={"m.safetensors": c.ckpt, "g.safetensors": c.gpt_ckpt})
+
+
 def gen_npz(c):
     x, y = data_xy()
     good = npz_xy(x, y)
+    gen_text(c)
     npz_train(c, "valid npz", good, "ok")
     npz_train(c, "valid npz, deflated", npz_xy(x, y, compress=True), "ok")
     npz_eval(c, "valid npz", good, "ok")
