@@ -281,6 +281,7 @@ std::string step_report_to_json(const StepReport& r) {
             {"step_seconds", r.step_seconds}, {"samples_per_sec", r.samples_per_sec},
             {"samples", r.samples}, {"overlap", r.overlap},         {"branch_taken", r.branch_taken},
             {"bubble", r.bubble}};
+  if (r.grad_norm >= 0) j["grad_norm"] = r.grad_norm, j["clip_coef"] = r.clip_coef;  // --clip-grad-norm
   return j.dump();
 }
 
@@ -299,6 +300,7 @@ StepReport step_report_from_json(const std::string& text) {
   r.overlap = j.at("overlap").get<double>();
   r.branch_taken = j.at("branch_taken").get<bool>();
   r.bubble = j.at("bubble").get<std::vector<double>>();
+  if (j.contains("grad_norm")) r.grad_norm = j.at("grad_norm").get<double>(), r.clip_coef = j.at("clip_coef").get<double>();
   return r;
 }
 

@@ -34,10 +34,11 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*SaveSharded*/ kNoShards,
          /*SkipLayer*/ kOk,
          /*Faults*/ no("faults are injected into the ranks' collectives, and one rank makes none", "use --strategy ddp (or fsdp) --world N"),
+         /*ClipGradNorm*/ kOk,
      }}},
     {Strategy::Ddp, "ddp", "DistributedDataParallel",
      "replicas on N ranks, gradients all-reduced in buckets during backward",
-     {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kNoShards, kOk, kOk}}},
+     {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kNoShards, kOk, kOk, /*ClipGradNorm*/ kOk}}},
     {Strategy::Dp, "dp", "DataParallel",
      "one process drives N devices: scatter the batch, replicate the module, gather the outputs",
      {{
@@ -53,6 +54,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*SaveSharded*/ kNoShards,
          /*SkipLayer*/ kSkipIsDdps,
          /*Faults*/ kOk,
+         /*ClipGradNorm*/ kOk,
      }}},
     {Strategy::Fsdp, "fsdp", "FullyShardedDataParallel",
      "parameters, gradients and optimizer state sharded over N ranks (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, ZeRO-1)",
@@ -62,6 +64,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          kOk, kOk,
          /*Accumulation*/ kOk,
          kOk, kOk, kOk, kOk, kOk, kOk,
+         /*ClipGradNorm*/ kOk,
      }}},
     {Strategy::Pipeline, "pipeline", "torch.distributed.pipelining",
      "the model cut into stages on p ranks, micro-batches flowing through a schedule (GPipe, 1F1B, interleaved, ZB-H1)",
@@ -76,12 +79,13 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*SaveSharded*/ kNoShards,
          /*SkipLayer*/ kSkipIsDdps,
          kOk,
+         /*ClipGradNorm*/ kOk,
      }}},
 }};
 
 constexpr const char* kFeatureFlags[kFeatureCount] = {
     "--tp", "--sequence-parallel", "--precision", "--lora-rank", "--activation-checkpointing", "--accum",
-    "--world", "dtlab-cli launch", "--device cuda", "--save-sharded", "--skip-layer", "--fault",
+    "--world", "dtlab-cli launch", "--device cuda", "--save-sharded", "--skip-layer", "--fault", "--clip-grad-norm",
 };
 
 }  // namespace

@@ -41,8 +41,9 @@ enum class Feature : uint8_t {
   SaveSharded,       // --save-sharded
   SkipLayer,         // --skip-layer (DDP's unused-parameters lesson)
   Faults,            // --fault
+  ClipGradNorm,      // --clip-grad-norm
 };
-inline constexpr int kFeatureCount = 12;
+inline constexpr int kFeatureCount = 13;
 
 // A feature's support: ok, or the reason it is refused and what to do instead (two clauses
 // of the sentence "FLAG with --strategy S: WHY; FIX").
