@@ -11,6 +11,7 @@
 
 #include "engine/comm/communicator.h"
 #include "engine/core/ops.h"
+#include "engine/trace/export.h"
 #include "engine/train/grad_clip.h"
 #include "engine/train/train.h"
 #include "tests/cli_util.h"
@@ -177,6 +178,24 @@ TEST_SUITE("clip_join") {
       p.pipeline.stages = 2;
       p.tp = 2;
       check_like_reference(run_clipped(p), ref, 1e-5, 1e-5);
+    }
+  }
+
+  TEST_CASE("every rank records each step's norm and factor in the trace") {
+    TrainConfig c = clip_config("fsdp", 2, 32, 2, 0.05);
+    Trainer t(c);
+    const test::Trained run = test::train(t);
+    for (int rank = 0; rank < 2; rank++) {
+      CAPTURE(rank);
+      std::vector<double> norms;
+      for (const Event& e : t.recorder().events(rank)) {
+        if (e.kind != EventKind::GradClip) continue;
+        norms.push_back(e.clip.total_norm);
+        CHECK(e.clip.coef < 1.0f);
+      }
+      REQUIRE(norms.size() == 2);
+      for (size_t s = 0; s < norms.size(); s++) CHECK(norms[s] == run.steps[s].grad_norm);  // one norm on every rank
+      CHECK(chrome_trace_json(t.recorder().events(rank)).find("\"clip grad norm\"") != std::string::npos);
     }
   }
 

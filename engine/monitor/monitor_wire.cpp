@@ -349,7 +349,7 @@ std::vector<Event> events_from(const std::string& payload) {
     // Receivers shift wall times by a start difference, subtract them and add up ring step bytes:
     // bounded here so none of that overflows.
     auto in_range = [](int64_t v) { return v > -kMaxMonitorNs && v < kMaxMonitorNs; };
-    const bool ok = e.kind <= EventKind::LossScale && e.lane <= Lane::Comm && in_range(e.wall_begin_ns) &&
+    const bool ok = e.kind <= EventKind::GradClip && e.lane <= Lane::Comm && in_range(e.wall_begin_ns) &&
                     in_range(e.wall_end_ns) && (e.kind != EventKind::RingStep || (e.step.bytes >= 0 && e.step.bytes <= kMaxMonitorStepBytes));
     if (!ok) malformed("event " + std::to_string(i) + " is not one a recorder makes");
   }

@@ -1,11 +1,14 @@
 #include "engine/train/grad_clip.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "engine/comm/communicator.h"
 #include "engine/core/device.h"
 #include "engine/core/model.h"
 #include "engine/core/tensor.h"
+#include "engine/trace/context.h"
 
 namespace dtlab {
 
@@ -45,7 +48,7 @@ std::vector<bool> tp_counted_params(const Model& model) {
 
 float clip_coefficient(double total_norm, double max_norm) {
   const float coef = static_cast<float>(max_norm) / (static_cast<float>(total_norm) + 1e-6f);
-  return std::min(coef, 1.0f);
+  return coef > 1.0f ? 1.0f : coef;  // torch.clamp(max=1.0) keeps a NaN
 }
 
 void annotate_clip(StepReport& r, const GradClipResult& c) {
@@ -53,7 +56,7 @@ void annotate_clip(StepReport& r, const GradClipResult& c) {
   r.clip_coef = c.total_norm < 0 ? -1 : c.coef;
 }
 
-GradClipResult clip_grad_norm(const GradClipInput& in, double max_norm, Device& dev) {
+GradClipResult clip_grad_norm(const GradClipInput& in, double max_norm, Device& dev, RankContext* ctx) {
   double local = 0;
   for (const GradPiece& g : in.pieces) {
     if (g.numel == 0) continue;
@@ -71,9 +74,18 @@ GradClipResult clip_grad_norm(const GradClipInput& in, double max_norm, Device& 
   GradClipResult r;
   r.total_norm = std::sqrt(total / in.copies);
   r.coef = clip_coefficient(r.total_norm, max_norm);
-  if (r.coef < 1.0f)
+  // != 1, not < 1: a non-finite norm gives a NaN factor, which torch multiplies in too
+  // (error_if_nonfinite=False); the run's non-finite check then stops it.
+  if (r.coef != 1.0f)
     for (const GradSpan& g : in.scaled)
       if (g.numel > 0) dev.scale(g.data, g.numel, r.coef);
+  if (ctx && ctx->recorder()) {
+    const int64_t now = ctx->recorder()->now_ns();
+    const double tm = ctx->compute_clock();
+    Event e(EventKind::GradClip, Lane::Compute, now, now, tm, tm);
+    e.clip = GradClipInfo{r.total_norm, static_cast<float>(max_norm), r.coef};
+    ctx->record(e);
+  }
   return r;
 }
 

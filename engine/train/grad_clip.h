@@ -21,6 +21,7 @@ namespace dtlab {
 class Communicator;
 class Device;
 class Model;
+class RankContext;
 
 // A stretch of this rank's gradient the norm counts: float32 (f32) or 16-bit (h16, times `unscale`
 // to be the fp32 gradient: fp16's loss scale removed).
@@ -55,9 +56,10 @@ void annotate_clip(StepReport& r, const GradClipResult& c);
 // torch's clip_coef_clamped: min(1, max_norm / (total_norm + 1e-6)), in float as torch computes it.
 float clip_coefficient(double total_norm, double max_norm);
 
-// The whole model's gradient norm over `in`, and in.scaled multiplied by the coefficient. A collective on
-// every group of in.sum_over: every rank of them calls it at the same point.
-GradClipResult clip_grad_norm(const GradClipInput& in, double max_norm, Device& dev);
+// The whole model's gradient norm over `in`, and in.scaled multiplied by the coefficient; recorded as a
+// GradClip event on `ctx` (null: none). A collective on every group of in.sum_over: every rank of them
+// calls it at the same point.
+GradClipResult clip_grad_norm(const GradClipInput& in, double max_norm, Device& dev, RankContext* ctx);
 
 // Per parameter of `model`: whether this rank counts it in the norm (all but a tensor-parallel
 // shard's replicated parameters off TP rank 0).

@@ -129,7 +129,7 @@ class DataParallelRank final : public RankStrategy {
       GradClipInput in;
       add_model_grads(in, model_);
       in.unscale = unscale;
-      clip_ = clip_grad_norm(in, c_.clip_grad_norm, env_.dev);
+      clip_ = clip_grad_norm(in, c_.clip_grad_norm, env_.dev, env_.ctx);
     }
     ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, 10.0 * model_.num_params());
     if (model_.mixed()) opt_->step_mixed(model_.params16(), model_.grads16(), unscale * clip_.coef);

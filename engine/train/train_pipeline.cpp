@@ -101,7 +101,7 @@ class PipelineTrainRank final : public RankStrategy {
     skipped_ = false;
     const float unscale = scaler_ ? 1.0f / scale_ : 1.0f;
     clip_ = {};
-    if (c_.clip_grad_norm > 0) clip_ = clip_grad_norm(clip_input(unscale), c_.clip_grad_norm, env_.dev);
+    if (c_.clip_grad_norm > 0) clip_ = clip_grad_norm(clip_input(unscale), c_.clip_grad_norm, env_.dev, env_.ctx);
     ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, 10.0 * static_cast<double>(pipe_.num_params()));
     pipe_.step(unscale * clip_.coef);  // 16-bit stages: the coefficient rides with the unscale
     return true;

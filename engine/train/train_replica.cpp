@@ -163,7 +163,7 @@ class ReplicaRank : public RankStrategy {
     // fp16's scaler decides first, every rank the same way.
     const bool ok = !scaler_ || scaler_allows_step();
     clip_ = {};
-    if (ok && c_.clip_grad_norm > 0) clip_ = clip_grad_norm(clip_input(), c_.clip_grad_norm, env_.dev);
+    if (ok && c_.clip_grad_norm > 0) clip_ = clip_grad_norm(clip_input(), c_.clip_grad_norm, env_.dev, env_.ctx);
     if (ok) {
       ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, 10.0 * model_.num_params());
       optimizer_step();
