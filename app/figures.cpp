@@ -290,7 +290,8 @@ double eval_node(const Figure::Node& n, const FigureScope& sc) {
   if (op == "<=") return l <= r;
   if (op == ">") return l > r;
   if (op == ">=") return l >= r;
-  return (l != 0) && (r != 0);  // && and || with both sides evaluated
+  if (op == "||") return r != 0;  // the left side was 0
+  return (l != 0) && (r != 0);
 }
 
 void explain_node(const Figure::Node& n, const FigureScope& sc, std::string& out) {

@@ -702,6 +702,7 @@ void SnapshotBuilder::ingest_unit(const TraceRecorder& rec, int rank, const Fsdp
       if (f.seq != UINT64_MAX) u.reduce_seq = f.seq;
       break;
     case FsdpVerb::GradReduced: u.reducing[r] = 0; break;
+    case FsdpVerb::State: break;  // the state above is all it says
   }
 }
 
@@ -955,9 +956,10 @@ void SnapshotBuilder::build_data() {
     d.name = ds.name;
     d.n = ds.n;
     d.classes = static_cast<int>(ds.num_classes);
-    d.xy.resize(static_cast<size_t>(2 * ds.n));
-    d.label.resize(static_cast<size_t>(ds.n));
-    for (int64_t i = 0; i < ds.n; i++) {
+    // Token data (the GPT's windows of text) has no points to plot: xy and label stay empty.
+    d.xy.resize(ds.is_tokens() ? 0 : static_cast<size_t>(2 * ds.n));
+    d.label.resize(ds.is_tokens() ? 0 : static_cast<size_t>(ds.n));
+    for (int64_t i = 0; i < (ds.is_tokens() ? 0 : ds.n); i++) {
       d.xy[static_cast<size_t>(2 * i)] = ds.x[static_cast<size_t>(i * ds.d)];
       d.xy[static_cast<size_t>(2 * i + 1)] = ds.d > 1 ? ds.x[static_cast<size_t>(i * ds.d + 1)] : 0.0f;
       d.label[static_cast<size_t>(i)] = static_cast<int32_t>(ds.y[static_cast<size_t>(i)]);

@@ -4,10 +4,14 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
+#include <set>
+#include <tuple>
 #include <utility>
 
 #include "app/figures.h"
+#include "app/text.h"
 #include "engine/core/format.h"
 
 namespace dtlab::app {
@@ -238,16 +242,149 @@ std::vector<std::string> text_spellings(double v, bool exact, const std::string&
   return s;
 }
 
+namespace {
+
+// Units of one measure, by their factor to a base unit (seconds, bytes). Case matters: "Gb" is
+// gigabits, a link's speed, not a size.
+struct UnitScale {
+  const char* name;
+  int measure;  // 0: time, 1: size
+  double factor;
+};
+constexpr UnitScale kScales[] = {
+    {"µs", 0, 1e-6},   {"us", 0, 1e-6},   {"ms", 0, 1e-3},          {"s", 0, 1},
+    {"second", 0, 1},  {"seconds", 0, 1}, {"minute", 0, 60},        {"minutes", 0, 60},
+    {"hour", 0, 3600}, {"hours", 0, 3600}, {"B", 1, 1},             {"byte", 1, 1},
+    {"bytes", 1, 1},   {"KiB", 1, 1024.0}, {"MiB", 1, 1048576.0},   {"GiB", 1, 1073741824.0},
+    {"TiB", 1, 1099511627776.0}, {"KB", 1, 1e3}, {"kB", 1, 1e3},    {"MB", 1, 1e6},
+    {"GB", 1, 1e9},    {"TB", 1, 1e12},
+};
+
+const UnitScale* unit_scale(const std::string& name) {
+  for (const UnitScale& u : kScales)
+    if (name == u.name) return &u;
+  return nullptr;
+}
+
+bool letter(char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0 || static_cast<unsigned char>(c) >= 0x80; }
+
+// The answer stated in another unit of the same measure, converted into the question's unit: "1.5 s"
+// where the question asks for milliseconds (the drill once said its straggler came "1.5 s" late and
+// asked how many ms the healthy rank's iteration grew). A quantity followed by '/' is a rate
+// ("25 GB/s"), not a size. Returns "'1.5 s' is 1500 ms", or "".
+std::string other_unit_quantity(const std::string& t, const Question& q, double v) {
+  const UnitScale* own = unit_scale(q.unit);
+  if (!own || !std::isfinite(v)) return "";
+  for (size_t i = 0; i < t.size(); i++) {
+    if (!digit(t[i]) || (i > 0 && (digit(t[i - 1]) || letter(t[i - 1]) || t[i - 1] == '.' || t[i - 1] == ','))) continue;
+    size_t e = i;
+    const std::string number = number_at(t, i, e);
+    size_t u = e < t.size() && t[e] == ' ' ? e + 1 : e;
+    size_t ue = u;
+    while (ue < t.size() && letter(t[ue])) ue++;
+    const UnitScale* s = unit_scale(t.substr(u, ue - u));
+    if (!s || s->measure != own->measure || s->factor == own->factor || (ue < t.size() && t[ue] == '/')) continue;
+    if (const double in_own = std::stod(number) * s->factor / own->factor; q.close(in_own, v))
+      return "'" + t.substr(i, ue - i) + "' is " + format_figure(in_own) + " " + q.unit;
+  }
+  return "";
+}
+
+// A choice's words: runs of lowercase letters and digits ("Layer 4's weight" -> layer, 4, s, weight).
+std::set<std::string> choice_words(const std::string& t) {
+  std::set<std::string> out;
+  std::string w;
+  for (size_t i = 0; i <= t.size(); i++) {
+    const char c = i < t.size() ? t[i] : ' ';
+    if (std::isalnum(static_cast<unsigned char>(c))) w += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    else if (!w.empty()) out.insert(w), w.clear();
+  }
+  return out;
+}
+
+// A choice question that asks what comes first or last ("the bucket that launches last"), when the
+// text before spells out an order, "A, then B, then C", whose first or last item names the right
+// choice: a word or number of the right choice that no other choice has ("0" in "Layer 0's weight
+// and bias"). The order was the answer; the question only asked to read it back. Returns which end
+// and the item ("last: '0'"), or "". The order need not be about the question's subject: a lesson
+// that lists an unrelated order beside such a question gets a false alarm, none of today's does.
+std::string order_names_choice(const std::string& text, const Question& q, size_t right) {
+  std::set<std::string> own = choice_words(q.choices[right].text);
+  for (size_t c = 0; c < q.choices.size(); c++)
+    if (c != right)
+      for (const std::string& w : choice_words(q.choices[c].text)) own.erase(w);
+  std::string t = text;
+  std::replace(t.begin(), t.end(), '\n', ' ');
+  const std::set<std::string> ask = choice_words(q.ask);
+  const bool first = ask.count("first") > 0, last = ask.count("last") > 0;
+  if (own.empty() || (!first && !last)) return "";
+  // Sentences end at ". ", "; " or ": " (a decimal point has a digit after it).
+  size_t b = 0;
+  for (size_t i = 0; i <= t.size(); i++) {
+    if (i < t.size() && !((t[i] == '.' || t[i] == ';' || t[i] == ':') && (i + 1 == t.size() || t[i + 1] == ' '))) continue;
+    const std::string sentence = t.substr(b, i - b);
+    b = i + 1;
+    const std::string then = ", then ";
+    const size_t first_then = sentence.find(then);
+    if (first_then == std::string::npos) continue;
+    // The first item is the clause before the first ", then" ("so layer 4 comes first"); the last
+    // is what follows the last one.
+    const size_t comma = first_then > 0 ? sentence.rfind(',', first_then - 1) : std::string::npos;
+    const size_t hb = comma == std::string::npos ? 0 : comma + 1;
+    const std::string head = sentence.substr(hb, first_then - hb);
+    const std::string tail = sentence.substr(sentence.rfind(then) + then.size());
+    for (const auto& [wanted, item, label] : {std::tuple{first, head, "first"}, std::tuple{last, tail, "last"}}) {
+      if (!wanted) continue;
+      for (const std::string& w : choice_words(item))
+        if (own.count(w)) return std::string(label) + ": '" + trim_blanks(item) + "'";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+double value_without_run(const Figure& f) {
+  for (const std::string& n : f.names()) {
+    bool formula = false;
+    for (const char* p : {"plan.", "algo.", "tune.", "cost.", "schedule.", "link."}) formula |= n.rfind(p, 0) == 0;
+    if (!formula) return std::numeric_limits<double>::quiet_NaN();
+  }
+  try {
+    Snapshot empty;
+    return f.eval(FigureScope{&empty, nullptr});
+  } catch (const std::exception&) {
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+}
+
 std::string find_text_spoiler(const Lesson& lesson, int step, double v, const std::vector<double>& earlier) {
   if (step < 0 || step >= static_cast<int>(lesson.steps.size())) return "";
   const std::optional<Question>& q = lesson.steps[static_cast<size_t>(step)].question;
-  if (!q || !q->choices.empty()) return "";
+  if (!q) return "";
+  if (!q->choices.empty()) {
+    // The right choice, where its value needs no run (a choice's value may be a live figure).
+    for (size_t c = 0; c < q->choices.size(); c++) {
+      const double cv = value_without_run(q->choices[c].value);
+      if (!std::isfinite(cv) || !q->close(cv, v)) continue;
+      for (const ScreenLine& l : lesson_text_before(lesson, step))
+        if (const std::string item = order_names_choice(l.text, *q, c); !item.empty())
+          return l.window + ": '" + l.text + "' names the right choice ('" + q->choices[c].text + "') " + item;
+      break;
+    }
+    return "";
+  }
   const bool exact = v == std::floor(v) && q->tol_abs < 0 && q->tol_rel < 0;
-  for (const ScreenLine& l : lesson_text_before(lesson, step))
+  for (const ScreenLine& l : lesson_text_before(lesson, step)) {
     for (const std::string& sp : text_spellings(v, exact, q->unit))
       for (size_t at = l.text.find(sp); at != std::string::npos; at = l.text.find(sp, at + 1))
-        if (whole_token(l.text, at, sp.size()) && !counts_another_unit(l.text, at + sp.size(), q->unit))
+        // "4 GB/s" is a rate, not 4 GB.
+        if (whole_token(l.text, at, sp.size()) && !counts_another_unit(l.text, at + sp.size(), q->unit) &&
+            l.text.compare(at + sp.size(), 1, "/") != 0)
           return l.window + ": '" + l.text + "'";
+    if (const std::string other = other_unit_quantity(l.text, *q, v); !other.empty())
+      return l.window + ": '" + l.text + "' (" + other + ")";
+  }
   if (answer_spellings(v).empty()) return "";  // too plain: an earlier 4 says nothing about this 4
   for (int k = 0; k < step && k < static_cast<int>(earlier.size()); k++) {
     const LessonStep& st = lesson.steps[static_cast<size_t>(k)];

@@ -48,12 +48,22 @@ std::vector<ScreenLine> lesson_text_before(const Lesson& lesson, int step);
 std::vector<std::string> text_spellings(double v, bool exact, const std::string& unit);
 // The first place the lesson gives question `step`'s answer `v` away before its check, as
 // "step 1 'Two bytes': '...'" or "step 2's answer (4548), which this question takes within its
-// tolerance"; "" when it does not. A number in the text that names another unit of count than the
-// question's ("2048 tokens" for an answer in bytes) is another quantity. Looks in lesson_text_before, and among the answers of the earlier
-// questions (`earlier[k]`: question k's revealed answer, NaN where none): one in the same unit that
-// the question would take as right, and not too plain to tell apart, was read off the screen a step
-// before. Choice
-// questions are not checked (a choice's number is its place in the list).
+// tolerance"; "" when it does not. Looks in lesson_text_before, and among the answers of the earlier
+// questions (`earlier[k]`: question k's revealed answer, NaN where none). The rules:
+// - the answer as answer_spellings writes it, or too plain for those, with the question's unit
+//   ("16 bytes"); a number that names another unit of count ("2048 tokens") is another quantity;
+// - the answer stated in another unit of the same measure ("1.5 s" for 1500 ms, "4 KiB" for 4096
+//   bytes), converted, within the question's tolerance;
+// - an earlier answer in the same unit that the question would take as right, not too plain;
+// - a choice question asking what comes first or last, when the text spells out an order
+//   ("layer 4 comes first, then 2, then 0") whose first or last item names the right choice
+//   (a word or number that no other choice has). A choice's number is its place in the list, so
+//   the number rules do not apply to choices.
 std::string find_text_spoiler(const Lesson& lesson, int step, double v, const std::vector<double>& earlier);
+
+// A figure's value when it needs no run: the planner's and the cost model's formulas (plan.*,
+// algo.*, cost.*, ...) and plain arithmetic; NaN for a figure the engine reveals live.
+double value_without_run(const Figure& f);
+
 
 }  // namespace dtlab::app

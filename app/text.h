@@ -20,4 +20,15 @@ inline std::vector<std::string> words(const std::string& s) {
   return w;
 }
 
+// The number written at `t[i]` as prose writes one, "1,500.5" or "1.5" (a ',' or '.' counts only
+// between digits, so "4547." ending a sentence is 4547), with its commas dropped; `end` is where it
+// stops. The caller checks that `t[i]` is a digit.
+inline std::string number_at(const std::string& t, size_t i, size_t& end) {
+  auto digit = [&](size_t k) { return k < t.size() && t[k] >= '0' && t[k] <= '9'; };
+  std::string n;
+  for (end = i; digit(end) || (end < t.size() && (t[end] == ',' || t[end] == '.') && digit(end + 1)); end++)
+    if (t[end] != ',') n += t[end];
+  return n;
+}
+
 }  // namespace dtlab::app

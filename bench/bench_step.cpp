@@ -1,6 +1,8 @@
 // Training-step benchmark: forward + loss + backward + AdamW step of mlp:256,1024,1024,10 at batch
 // 256 on one rank, timed beside the same step in PyTorch (bench/torch_step.py, same init, data and
-// thread count) when /usr/bin/python3 has torch. Prints the ratio dtlab/torch (goal <= 1.0).
+// thread count) when /usr/bin/python3 has torch. Prints the ratio dtlab/torch (goal <= 1.0). With
+// --model gpt-tiny (or any gpt:...), nanoGPT's GPT on synthetic tokens against tests/nanogpt_torch.py
+// (the tiny-GPT issue's goal: <= 0.8).
 // Usage: dtlab-bench-step [--model SPEC] [--batch B] [--steps N] [--threads T]
 #include <algorithm>
 #include <chrono>
@@ -37,11 +39,21 @@ int main(int argc, char** argv) {
     }
   }
   ModelSpec spec = ModelSpec::parse(spec_text);
+  if (spec.is_gpt() && spec.gpt.vocab == 0) spec.gpt.vocab = 65;  // shakespeare_char's
   set_compute_threads(threads);
+  // A GPT's rows are its positions: tokens (b*T + t) * 7 % V, each position's target the next one.
+  const int64_t R = B * spec.rows_per_sample();
   const int64_t D = spec.in_features(), K = spec.out_features();
-  std::vector<float> x(B * D);
-  std::vector<int64_t> y(B);
+  std::vector<float> x(spec.is_gpt() ? 0 : B * D);
+  std::vector<int64_t> y(R), tok(spec.is_gpt() ? R : 0);
   for (int64_t b = 0; b < B; b++) {
+    if (spec.is_gpt()) {
+      for (int64_t t = 0; t < D; t++) {
+        tok[b * D + t] = (b * D + t) * 7 % K;
+        y[b * D + t] = (b * D + t + 1) * 7 % K;
+      }
+      continue;
+    }
     for (int64_t j = 0; j < D; j++) x[b * D + j] = static_cast<float>(std::sin(0.01 * (b * D + j)));
     y[b] = b % K;
   }
@@ -52,7 +64,7 @@ int main(int argc, char** argv) {
   oc.lr = 1e-3;
   oc.weight_decay = 0.01;
   Optimizer opt(oc, model.num_params(), &mem);
-  std::vector<float> probs(B * K), dlogits(B * K);
+  std::vector<float> probs(R * K), dlogits(R * K);
   // Instrumentation as training uses it: per-layer compute events, memory events, modeled clock.
   TraceRecorder recorder(1);
   CostModel cost(find_profile("nvlink8"), 1);
@@ -61,9 +73,9 @@ int main(int argc, char** argv) {
     model.set_observer(record ? &ctx : nullptr);
     auto t0 = std::chrono::steady_clock::now();
     model.zero_grad();
-    const float* logits = model.forward(x.data(), B);
-    float loss = cross_entropy_forward(probs.data(), logits, y.data(), B, K);
-    cross_entropy_backward(dlogits.data(), probs.data(), y.data(), B, K, 1.0f / B);
+    const float* logits = spec.is_gpt() ? model.forward_tokens(tok.data(), B) : model.forward(x.data(), B);
+    float loss = cross_entropy_forward(probs.data(), logits, y.data(), R, K);
+    cross_entropy_backward(dlogits.data(), probs.data(), y.data(), R, K, 1.0f / static_cast<float>(R));
     model.backward(dlogits.data());
     opt.step(model.params(), model.grads());
     return std::make_pair(loss, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

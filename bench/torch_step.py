@@ -19,6 +19,34 @@ torch.set_num_threads(threads)
 if device == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = False  # plain FP32 GEMMs, as dtlab's cuBLAS calls
     torch.backends.cudnn.allow_tf32 = False
+if spec.startswith("gpt:"):  # nanoGPT's GPT (tests/nanogpt_torch.py) on tokens (b*T + t) * 7 % V, next token as target
+    import os
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from nanogpt_torch import GPT
+    g = dict(kv.split("=") for kv in spec[4:].split(","))
+    L, H, C, T, V = (int(g[k]) for k in ("layers", "heads", "embd", "ctx", "vocab"))
+    torch.manual_seed(0)
+    model = GPT(L, H, C, T, V).to(device)
+    seq = torch.stack([(torch.arange(T + 1) + b * T) * 7 % V for b in range(batch)])
+    idx, tgt = seq[:, :-1].contiguous().to(device), seq[:, 1:].contiguous().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    times, first_loss = [], None
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        loss = model(idx, tgt)
+        loss.backward()
+        opt.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if first_loss is None:
+            first_loss = loss.item()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    print(json.dumps({"median_ms": 1e3 * times[len(times) // 2], "min_ms": 1e3 * times[0], "first_loss": first_loss,
+                      "torch": torch.__version__, "threads": torch.get_num_threads(), "device": device}))
+    sys.exit(0)
 dims = [int(d) for d in spec.split(":")[1].split(",")]
 torch.manual_seed(0)
 layers = []

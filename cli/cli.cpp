@@ -31,6 +31,7 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
   };
   add(add_train_command, "train", "Train a model and print one line per logged step");
   add(add_eval_command, "eval", "Evaluate a checkpoint on a data set (loss, accuracy, logits)");
+  add(add_generate_command, "generate", "Sample text from a trained GPT checkpoint (nanoGPT's sample.py)");
   add(add_bench_command, "bench", "Benchmark collectives (nccl-tests style)");
   add(add_sampler_command, "sampler", "Print each rank's indices from PyTorch's DistributedSampler");
   add(add_plan_command, "plan", "Per-rank memory and traffic of DDP, ZeRO and FSDP sharding (ZeRO paper formulas)");
@@ -43,7 +44,7 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
   std::string command;
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& a = args[i];
-    if (a == "train" || a == "eval" || a == "sampler" || a == "bench" || a == "plan" || a == "launch" ||
+    if (a == "train" || a == "eval" || a == "generate" || a == "sampler" || a == "bench" || a == "plan" || a == "launch" ||
         a == "schedule" || a == "trace") {
       command = a;
       if (a == "bench" && i + 1 < args.size() && args[i + 1] == "collectives") command += " collectives";
@@ -71,7 +72,7 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
       else if (command == "trace")
         io.err << "dtlab-cli: trace needs a verb; use 'dtlab-cli trace summarize DIR|FILES' (see 'dtlab-cli trace --help')\n";
       else if (command.empty() && !args.empty())
-        io.err << "dtlab-cli: '" << tidy_sentence(args[0]) << "' is not a subcommand; use train, eval, bench, sampler, plan, schedule, launch or trace (see 'dtlab-cli --help')\n";
+        io.err << "dtlab-cli: '" << tidy_sentence(args[0]) << "' is not a subcommand; use train, eval, generate, bench, sampler, plan, schedule, launch or trace (see 'dtlab-cli --help')\n";
       else
         io.err << "dtlab-cli: give a subcommand (train, eval, bench, sampler, plan, schedule, launch or trace); run 'dtlab-cli --help' for usage\n";
       return 2;

@@ -1,5 +1,6 @@
 // dtlab-cli eval: a checkpoint's loss and accuracy on a data set, and optionally its logits as .npy
 // (for comparing with PyTorch, which loads the same checkpoint).
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -31,16 +32,20 @@ int run_eval(const EvalArgs& a, Streams& io) {
                 "to write a whole model that eval reads");
   std::string spec_text = !a.model.empty() ? a.model : info.model_spec;
   if (spec_text.empty())
-    throw Error(a.init + " does not say which model it holds; give --model mlp:D0,...,Dk");
+    throw Error(a.init + " does not say which model it holds; give --model mlp:D0,...,Dk or gpt:layers=L,heads=H,embd=C,ctx=T");
   ModelSpec spec = ModelSpec::parse(spec_text);
-  Dataset ds = make_dataset(a.data, spec.in_features(), spec.out_features());
+  // A GPT left on the default points reads the shipped text; its vocabulary is the data's unless given.
+  const std::string data = spec.is_gpt() && a.data == EvalArgs{}.data ? "text" : a.data;
+  Dataset ds = make_dataset(data, spec.in_features(), spec.out_features());
+  if (spec.is_gpt() && spec.gpt.vocab == 0) spec.gpt.vocab = std::max<int64_t>(ds.num_classes, 2);
   check_data_fits_model(ds, spec);
   check_checkpoint_size(a.init, spec);  // before allocating a model the file cannot fill
   Model model(spec, nullptr, 0);
   load_model_checkpoint(a.init, model);  // a sharded directory is reassembled whole, whoever wrote it
-  std::vector<float> logits(a.logits.empty() ? 0 : static_cast<size_t>(ds.n * spec.out_features()));
+  const int64_t rows = ds.n * spec.rows_per_sample();  // the GPT's: one per position
+  std::vector<float> logits(a.logits.empty() ? 0 : static_cast<size_t>(rows * spec.out_features()));
   EvalResult r = evaluate(model, ds, a.batch, a.logits.empty() ? nullptr : logits.data());
-  if (!a.logits.empty()) save_npy(a.logits, logits.data(), {ds.n, spec.out_features()});
+  if (!a.logits.empty()) save_npy(a.logits, logits.data(), {rows, spec.out_features()});
   if (a.json) {
     nlohmann::json j = {{"model", spec.str()}, {"step", info.step},       {"data", ds.name},
                         {"loss", r.loss},      {"accuracy", r.accuracy}, {"correct", r.correct},
@@ -56,7 +61,7 @@ int run_eval(const EvalArgs& a, Streams& io) {
   io.out << "eval: " << spec.str() << " from " << a.init << " (step " << info.step << ") on "
          << ds.name << ": " << line << "\n";
   if (!a.logits.empty())
-    io.out << "wrote logits (" << ds.n << ", " << spec.out_features() << ") to " << a.logits << "\n";
+    io.out << "wrote logits (" << rows << ", " << spec.out_features() << ") to " << a.logits << "\n";
   return 0;
 }
 
@@ -68,7 +73,7 @@ Runner add_eval_command(CLI::App& app) {
       ->required()
       ->check(existing_path());
   app.add_option("--model", a->model, "Model spec (default: the one stored in the checkpoint)");
-  app.add_option("--data", a->data, "spiral | blobs | PATH.npz, as for train")->capture_default_str();
+  app.add_option("--data", a->data, "spiral | blobs | text[:PATH] | PATH.npz, as for train")->capture_default_str();
   app.add_option("--batch", a->batch, "Rows per forward pass")->check(whole_number(1, int64_t{1} << 24))->capture_default_str();
   app.add_option("--logits", a->logits, "Write the logits (N, classes) as float32 .npy (atomic)")->check(output_path());
   app.add_option("--threads", a->threads, "BLAS threads (default: OpenBLAS's choice)")->check(whole_number(0, 256));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/text_table.h"
 #include "engine/core/check.h"
 #include "engine/core/format.h"
 #include "engine/parallel/memory_plan.h"
@@ -115,27 +116,6 @@ std::string amount(double bytes, const Unit& u) {
   return buf;
 }
 
-// Left-aligned text columns, right-aligned number columns, widths from the contents.
-void print_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows,
-                 const std::vector<bool>& right) {
-  // Ψ and × are two bytes in UTF-8 but one column on screen.
-  auto width = [](const std::string& s) {
-    size_t n = 0;
-    for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-    return n;
-  };
-  std::vector<size_t> w(right.size(), 0);
-  for (const auto& r : rows)
-    for (size_t c = 0; c < r.size(); c++) w[c] = std::max(w[c], width(r[c]));
-  for (const auto& r : rows) {
-    std::string line;
-    for (size_t c = 0; c < r.size(); c++) {
-      const std::string pad(w[c] - width(r[c]), ' ');
-      line += (c ? "  " : "") + (right[c] ? pad + r[c] : r[c] + (c + 1 < r.size() ? pad : ""));
-    }
-    out << line << "\n";
-  }
-}
 
 // What the optimizer-state bytes hold, for the header: the number alone teaches little.
 std::string optimizer_state_note(const MemoryPlanInput& in) {

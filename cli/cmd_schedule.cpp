@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/text_table.h"
 #include "engine/core/check.h"
 #include "engine/io/atomic_file.h"
 #include "engine/parallel/pipeline_schedule.h"
@@ -26,11 +27,6 @@ struct ScheduleArgs {
   CLI::Option *stages_opt = nullptr, *mb_opt = nullptr, *chunks_opt = nullptr;
 };
 
-std::string percent(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f%%", 100 * x);
-  return buf;
-}
 
 std::string rank_stages(const PipelineSchedule& s, int rank) {
   std::set<int> stages;
@@ -75,21 +71,6 @@ bool has_weight_grads(const PipelineSchedule& s) {
   return false;
 }
 
-// Right-aligned columns except the stage lists, widths from the contents.
-void print_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> width(rows[0].size(), 0);
-  for (const auto& row : rows)
-    for (size_t c = 0; c < row.size(); c++) width[c] = std::max(width[c], row[c].size());
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t c = 0; c < row.size(); c++) {
-      const std::string pad(width[c] - row[c].size(), ' ');
-      line += (c ? "  " : "") + (c == 1 ? row[c] + pad : pad + row[c]);
-    }
-    line.erase(line.find_last_not_of(' ') + 1);
-    out << line << "\n";
-  }
-}
 
 int run_schedule(const ScheduleArgs& a, Streams& io) {
   std::optional<ScheduleKind> kind;
@@ -148,7 +129,9 @@ int run_schedule(const ScheduleArgs& a, Streams& io) {
     row.insert(row.end(), {percent(timing.bubble[r]), bubble ? percent(bubble->of_wall) : "-"});
     rows.push_back(row);
   }
-  print_table(io.out, rows);
+  std::vector<bool> right(rows[0].size(), true);  // right-aligned numbers; the stage lists (column 1) left
+  right[1] = false;
+  print_table(io.out, rows, right);
   io.out << "\npeak in-flight: " << (v > 1 ? "(stage, micro-batch) pairs" : "micro-batches")
          << " whose F ran and whose B (or I) has not, i.e. activations held"
          << (split ? "; until W: whose W has not (W still needs the layer inputs)" : "") << "\n"

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/text_table.h"
 #include "engine/comm/communicator.h"  // CommError
 #include "engine/core/check.h"
 #include "engine/core/collective.h"
@@ -21,6 +22,13 @@
 namespace dtlab::cli {
 
 namespace {
+
+// The name column left-aligned, the figures after it right-aligned.
+const std::vector<bool> kNamesThenNumbers = [] {
+  std::vector<bool> r(64, true);
+  r[0] = false;
+  return r;
+}();
 
 struct TraceArgs {
   std::vector<std::string> paths;
@@ -48,24 +56,6 @@ std::string us(double v) {
 
 std::string pct(double part, double whole) { return whole > 0 ? fmt("%.1f%%", 100 * part / whole) : "-"; }
 
-// Left column left-aligned, the rest right-aligned; widths from the contents.
-void print_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows, const std::string& indent = "  ") {
-  std::vector<size_t> w;
-  for (const auto& r : rows)
-    for (size_t i = 0; i < r.size(); i++) {
-      if (w.size() <= i) w.push_back(0);
-      w[i] = std::max(w[i], r[i].size());
-    }
-  for (const auto& r : rows) {
-    std::string line = indent;
-    for (size_t i = 0; i < r.size(); i++) {
-      const std::string pad(w[i] - r[i].size(), ' ');
-      line += i == 0 ? r[i] + pad : "  " + pad + r[i];
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out << line << "\n";
-  }
-}
 
 int summarize(const TraceArgs& a, Streams& io) {
   TraceImportOptions opt;
@@ -121,7 +111,7 @@ int summarize(const TraceArgs& a, Streams& io) {
                     fmt("%+.3f", al.offset_min_us) + " .. " + fmt("%+.3f us", al.offset_max_us), std::to_string(al.anchors),
                     fmt("%.3f us", al.residual_max_us)});
   }
-  print_table(out, rows);
+  print_table(out, rows, kNamesThenNumbers, "  ");
 
   const CollectiveTraits& all_reduce = collective_traits(CollectiveOp::AllReduce);
   out << "\ncollectives (matched across ranks; busy = end - last rank's start; bandwidths as nccl-tests: algbw = bytes / busy,\n"
@@ -141,7 +131,7 @@ int summarize(const TraceArgs& a, Streams& io) {
                     late(c) ? us(c.last_arrival_us - c.first_arrival_us) : "together"});
   }
   if (tr.collectives.empty()) out << "  (none)\n";
-  else print_table(out, rows);
+  else print_table(out, rows, kNamesThenNumbers, "  ");
   if (shown < tr.collectives.size())
     out << "  ... " << with_commas(static_cast<int64_t>(tr.collectives.size() - shown)) << " more (--all lists every one)\n";
 
@@ -168,7 +158,7 @@ int summarize(const TraceArgs& a, Streams& io) {
     rows.push_back({std::to_string(r), us(b.wall_us), cell(b.compute_us), cell(b.overlapped_us), cell(b.exposed_comm_us),
                     cell(b.memcpy_us), cell(b.idle_us), std::to_string(b.straggled)});
   }
-  print_table(out, rows);
+  print_table(out, rows, kNamesThenNumbers, "  ");
 
   if (cmp) {
     out << "\ncompare: " << co.model << " trained by dtlab (ddp, world " << world << ", batch " << co.batch << ", profile " << a.profile
@@ -182,7 +172,7 @@ int summarize(const TraceArgs& a, Streams& io) {
                       r.trace_bytes >= 0 ? with_commas(r.trace_bytes) : "not recorded",
                       r.dtlab_bytes >= 0 ? with_commas(r.dtlab_bytes) : "no such bucket", us(r.measured_us),
                       r.modeled_us >= 0 ? us(r.modeled_us) : "-", r.ratio >= 0 ? fmt("%.2fx", r.ratio) : "-"});
-    print_table(out, rows);
+    print_table(out, rows, kNamesThenNumbers, "  ");
     out << "  " << cmp->summary << (cmp->sizes_agree ? "" : "; the recorded sizes differ from dtlab's buckets: is --model the traced model?")
         << "\n";
   }

@@ -155,17 +155,18 @@ struct StepPrinter {
   bool json = false, bar = false, branch = false;
   int64_t every = 1;
   bool one_first_bucket = false;  // DDP's iteration 1 all-reduces one bucket after backward (nothing to overlap)
+  const char* unit = "samples";   // a GPT counts positions: "tokens"
   std::chrono::steady_clock::time_point last_draw{};
 
   void operator()(const StepReport& r) {
     if (json) return print_json(r);
     if (r.step % every == 0 || r.step == 1 || r.step == r.total_steps || r.step_skipped) {
       char line[320];
-      std::snprintf(line, sizeof line, "step %*lld/%lld  epoch %3lld  loss %.4f  acc %5.1f%%  %s samples/s",
+      std::snprintf(line, sizeof line, "step %*lld/%lld  epoch %3lld  loss %.4f  acc %5.1f%%  %s %s/s",
                     static_cast<int>(std::to_string(r.total_steps).size()),
                     static_cast<long long>(r.step), static_cast<long long>(r.total_steps),
                     static_cast<long long>(r.epoch), r.loss, 100.0 * r.accuracy,
-                    with_commas(static_cast<int64_t>(std::llround(r.samples_per_sec))).c_str());
+                    with_commas(static_cast<int64_t>(std::llround(r.samples_per_sec))).c_str(), unit);
       if (r.overlap >= 0) {
         const size_t len = std::strlen(line);
         std::snprintf(line + len, sizeof line - len, "  overlap %3.0f%%%s", 100.0 * r.overlap,
@@ -347,9 +348,9 @@ void print_summary(std::ostream& out, const Trainer& trainer, const TrainSummary
   const TrainConfig& c = trainer.config();
   char line[256];
   std::snprintf(line, sizeof line,
-                "done: %lld step%s in %s (%s samples/s); training set: loss %.4f, accuracy %.1f%% (%lld/%lld)",
+                "done: %lld step%s in %s (%s %s/s); training set: loss %.4f, accuracy %.1f%% (%lld/%lld)",
                 static_cast<long long>(s.steps), s.steps == 1 ? "" : "s", human_seconds(s.seconds).c_str(),
-                with_commas(static_cast<int64_t>(std::llround(s.samples_per_sec))).c_str(),
+                with_commas(static_cast<int64_t>(std::llround(s.samples_per_sec))).c_str(), c.model.is_gpt() ? "tokens" : "samples",
                 s.eval_loss, 100.0 * s.eval_accuracy, static_cast<long long>(s.eval_correct),
                 static_cast<long long>(s.eval_samples));
   out << line << "\n";
@@ -395,6 +396,7 @@ int report_run(TrainArgs& a, Streams& given, Trainer& trainer) {
   if (!a.json) print_header(a, io.out, trainer);
   StepPrinter printer{io, a.json, io.terminal && !a.json, c.skip_layer >= 0,
                       a.log_every > 0 ? a.log_every : std::max<int64_t>(1, trainer.total_steps() / 20)};
+  if (c.model.is_gpt()) printer.unit = "tokens";
   printer.one_first_bucket = c.strategy == Strategy::Ddp && c.accum == 1 && !c.ddp.find_unused_parameters &&
                              !c.ddp.sized_first_iteration && c.ddp.rebuild_buckets;
   TrainSummary s = trainer.run(printer);

@@ -14,6 +14,7 @@ using Runner = std::function<int(Streams&)>;
 Runner add_train_command(CLI::App& app);
 Runner add_sampler_command(CLI::App& app);
 Runner add_eval_command(CLI::App& app);
+Runner add_generate_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
 Runner add_plan_command(CLI::App& app);
 Runner add_launch_command(CLI::App& app);

@@ -1,5 +1,7 @@
 #include "cli/train_pipeline.h"
 
+#include "cli/text_table.h"
+
 #include <cmath>
 #include <cstdio>
 
@@ -9,11 +11,6 @@ namespace dtlab::cli {
 
 namespace {
 
-std::string percent(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f%%", 100 * x);
-  return buf;
-}
 
 std::string stage_list(const std::vector<int>& stages) {
   std::string s;

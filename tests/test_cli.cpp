@@ -106,7 +106,7 @@ TEST_SUITE("cli") {
   TEST_CASE("no subcommand, unknown subcommand") {
     check_usage_error({}, "give a subcommand (train, eval, bench, sampler, plan, schedule, launch or trace)");
     // CLI11 reports a missing subcommand before the stray word, so the message is the same.
-    check_usage_error({"frob"}, "'frob' is not a subcommand; use train, eval, bench, sampler, plan, schedule, launch or trace");
+    check_usage_error({"frob"}, "'frob' is not a subcommand; use train, eval, generate, bench, sampler, plan, schedule, launch or trace");
   }
 
   TEST_CASE("unknown flag and stray argument") {

@@ -255,6 +255,8 @@ TEST_SUITE("lessons") {
     CHECK(Figure::parse("effective_batch").eval(sc) == 128);
     CHECK(Figure::parse("2 * (world - 1) / world").eval(sc) == doctest::Approx(1.5));
     CHECK(Figure::parse("world == 4 && !(batch > 16) || 0").eval(sc) == 1);
+    CHECK(Figure::parse("0 || world == 4").eval(sc) == 1);  // a false left side: the right one decides
+    CHECK(Figure::parse("0 || 0").eval(sc) == 0);
     CHECK(Figure::parse("-world + 10 / 4").eval(sc) == doctest::Approx(-1.5));
     // checkpoint.elements counts FSDP's shards of full layers: a --tp run's is a sentence, not a wrong count.
     s.config.strategy = Strategy::Fsdp;

@@ -5,7 +5,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <cmath>
 #include <limits>
+#include <map>
+#include <set>
 
 #include <imgui.h>
 
@@ -14,6 +17,7 @@
 
 #include "app/figures.h"
 #include "app/lesson_runner.h"
+#include "app/repeats.h"
 #include "app/spoilers.h"
 #include "tests/test_util.h"
 
@@ -218,6 +222,34 @@ const char* kOldHybridShard =
     "answer: traffic.cross_node(1)\nexpect: memory.rank[1].parameters\ntolerance: 1%\nunit: bytes\n"
     "explain: {{traffic.cross_node(1)}} bytes, about the size of its shard.\n```\n";
 
+// The drill before its draws (lessons/17_interview_drill.md:138 and :152 at 9bf66ae): the prose
+// said "1.5 s", the question asked the same delay in milliseconds.
+const char* kOldDrillStraggler =
+    "---\ntitle: Interview drill\nminutes: 24\nstrategy: ddp\nworld: 4\nmodel: small\ntimeout: 2\n---\n"
+    "## What happens when one GPU is slower?\n\n"
+    "Rank 2 has a slow data loader: in the third iteration it reaches the gradient all-reduce 1.5 s after\n"
+    "the others.\n\n```action\nscenario --bucket-cap-mb 25 --first-bucket-mb 25 --fault delay:rank=2,collective=7,ms=1500\n"
+    "mark late\n```\n\n"
+    "```question\nask: Rank 0 itself is not slow. How many milliseconds longer than its second iteration will its\n"
+    "  third iteration last?\nreveal: step collective 2\nanswer: (iteration.modeled_us - at(\"late\", iteration.modeled_us)) / 1000\n"
+    "expect: 1500\ntolerance: 2%\nunit: ms\n```\n";
+
+// lessons/18_reading_a_trace.md:27-29 and :73 (main before course-text): the order of the ready
+// gradients was spelled out, and the question asked which bucket launches last.
+const char* kOldTraceLastBucket =
+    "---\ntitle: Reading a real trace\nminutes: 15\nstrategy: ddp\nworld: 4\n---\n"
+    "## Four ranks, four files\n\n"
+    "The profiled iterations come after DDP's one rebuild of its buckets, so the buckets follow the order in\n"
+    "which gradients become ready: backward starts at the last layer, so layer 4 comes first, then 2,\n"
+    "then 0. The first bucket closes as soon as it reaches 1 MiB, every later one at 25 MiB.\n\n"
+    "## One clock for four ranks\n\nThe trace knows no parameter names, only sizes.\n\n"
+    "```question\nask: Which gradients does `b1`, the bucket that launches last, carry?\n"
+    "choice: Layer 4's weight and bias, the output layer = 4 * (3 * 512 + 3)\n"
+    "choice: Layer 2's weight and bias = 4 * (512 * 512 + 512)\n"
+    "choice: Layer 0's weight and bias, the input layer = 4 * (2 * 512 + 512)\n"
+    "choice: All three layers' gradients = 4 * (3 * 512 + 3 + 512 * 512 + 512 + 2 * 512 + 512)\n"
+    "answer: trace.bytes(trace.bucket_collective(0, trace.buckets(0) - 1))\nexpect: 4 * (2 * 512 + 512)\n```\n";
+
 int step_titled(const Lesson& l, const std::string& title) {
   for (size_t k = 0; k < l.steps.size(); k++)
     if (l.steps[k].title == title) return static_cast<int>(k);
@@ -256,6 +288,36 @@ TEST_SUITE("app") {
             "step 1 'HYBRID_SHARD: two process groups''s answer (4548), which this question takes as right");
       CHECK(find_text_spoiler(l, q, 17300, {4548, none}).empty());
     }
+    {
+      // "1.5 s" in the prose, the answer in ms: converted, it is the answer within the 2% tolerance.
+      const Lesson l = parse_lesson(kOldDrillStraggler, "lessons/17_interview_drill.md");
+      const std::string where = find_text_spoiler(l, 0, 1503, {});
+      CHECK(where == "step 1 'What happens when one GPU is slower?': 'Rank 2 has a slow data loader: in the third iteration it "
+                     "reaches the gradient all-reduce 1.5 s after the others.' ('1.5 s' is 1500 ms)");
+      CHECK(find_text_spoiler(l, 0, 900, {}).empty());  // the drill's draw now: the delay said in ms, the question a choice
+    }
+    {
+      // Which bucket launches last: the order "layer 4 comes first, then 2, then 0" ends with it.
+      const Lesson l = parse_lesson(kOldTraceLastBucket, "lessons/18_reading_a_trace.md");
+      const std::string where = find_text_spoiler(l, 1, 4 * (2 * 512 + 512), {none});
+      CHECK(where.find("step 1 'Four ranks, four files': ") == 0);
+      CHECK(where.find("names the right choice ('Layer 0's weight and bias, the input layer') last: '0'") != std::string::npos);
+      // Layer 4 comes first, but the question asks for the last: no give-away for that choice.
+      CHECK(find_text_spoiler(l, 1, 4 * (3 * 512 + 3), {none}).empty());
+    }
+  }
+
+  TEST_CASE("spoilers: a quantity in another unit of the same measure is converted and a rate is not a size") {
+    const Lesson l = parse_lesson("---\ntitle: T\nminutes: 5\nstrategy: ddp\nworld: 2\nmodel: tiny\n---\n"
+                                  "## One\nThe link moves 4 GB/s; the bucket is 4 KiB; a save takes 2 minutes.\n"
+                                  "```question\nask: Bytes?\nanswer: bucket[0].bytes\nunit: bytes\n```\n"
+                                  "## Two\nNothing.\n```question\nask: How long?\nanswer: iteration.modeled_us / 1000\nunit: ms\ntolerance: 1%\n```\n"
+                                  "## Three\nNothing.\n```question\nask: GB?\nanswer: bucket[0].bytes\nunit: GB\ntolerance: 1%\n```\n",
+                                  "t.md");
+    CHECK(find_text_spoiler(l, 0, 4096, {}).find("('4 KiB' is 4096 bytes)") != std::string::npos);
+    CHECK(find_text_spoiler(l, 0, 4000, {}).empty());   // 4 KiB is not 4000 bytes, exactly
+    CHECK(find_text_spoiler(l, 1, 120000, {}).find("('2 minutes' is 120000 ms)") != std::string::npos);
+    CHECK(find_text_spoiler(l, 2, 4, {}).empty());      // "4 GB/s" is a rate
   }
 
   TEST_CASE("spoilers: the lesson's text is read up to the question, figures left to the screen check") {
@@ -290,40 +352,168 @@ TEST_SUITE("app") {
   }
 }
 
-namespace {
-
-// A figure that needs no run: the planner's and the cost model's formulas, and plain arithmetic.
-bool formula_only(const Figure& f) {
-  for (const std::string& n : f.names()) {
-    bool formula = false;
-    for (const char* p : {"plan.", "algo.", "tune.", "cost.", "schedule.", "link."}) formula |= n.rfind(p, 0) == 0;
-    if (!formula) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 TEST_SUITE("app") {
   TEST_CASE("spoilers: no lesson writes a formula's answer in its text before the question, without a display") {
     // The lessons' plays (CTest's lesson_<name>) check every answer, live, under Xvfb; the answers the
-    // planner computes need no run, so this checks them wherever the tests run, Xvfb or not.
-    Snapshot empty;
-    const FigureScope scope{&empty, nullptr};
-    int checked = 0;
+    // planner computes need no run, so this checks them wherever the tests run, Xvfb or not, and the
+    // choice questions whose expect: is plain arithmetic.
+    int checked = 0, choices = 0;
     for (const std::string& p : lesson_paths(std::string(DTLAB_SOURCE_DIR) + "/lessons")) {
       const Lesson l = load_lesson(p);
       std::vector<double> answers(l.steps.size(), std::numeric_limits<double>::quiet_NaN());
       for (size_t k = 0; k < l.steps.size(); k++) {
         const std::optional<Question>& q = l.steps[k].question;
-        if (!q || !formula_only(q->answer)) continue;
-        answers[k] = q->answer.eval(scope);
+        if (!q) continue;
+        // A choice question's right choice, where the lesson's `expect:` names it without a run: the
+        // order rule reads the text for it. Its value is a place in its list, not an earlier answer.
+        const double v = q->choices.empty() ? value_without_run(q->answer) : q->expect.empty() ? NAN : value_without_run(q->expect);
+        if (!std::isfinite(v)) continue;
+        if (q->choices.empty()) answers[k] = v;
         CAPTURE(p);
         CAPTURE(l.steps[k].title);
-        CHECK(find_text_spoiler(l, static_cast<int>(k), answers[k], answers) == "");
-        checked++;
+        CHECK(find_text_spoiler(l, static_cast<int>(k), v, answers) == "");
+        (q->choices.empty() ? checked : choices)++;
       }
     }
     CHECK(checked >= 15);
+    CHECK(choices >= 20);
+  }
+}
+
+namespace {
+
+// The review's "recall, not reasoning" pairs, as the questions stood (main before course-text;
+// lesson 17 before its draws, 9bf66ae): each later question asked again what an earlier lesson had
+// asked and answered. Only the lines the check reads are kept.
+std::string old_lesson(const std::string& title, const std::string& header, const std::string& steps) {
+  return "---\ntitle: " + title + "\nminutes: 10\n" + header + "---\n" + steps;
+}
+
+std::vector<Lesson> old_course() {
+  const std::string ddp4 = "strategy: ddp\nworld: 4\nmodel: small\n";
+  auto q = [](const std::string& title, const std::string& body) { return "## " + title + "\n\n```question\n" + body + "```\n\n"; };
+  return {
+      parse_lesson(old_lesson("Single device", ddp4,
+                              q("A 7B model", "ask: A 7-billion-parameter model trained like this run (float32, AdamW): how many GB for its\n"
+                                              "  parameters, gradients and optimizer state?\nanswer: plan.total(7e9, 1, \"no-shard\") / 1e9\n"
+                                              "expect: 16 * 7\nunit: GB\n")),
+                   "lessons/01_single_device.md"),
+      parse_lesson(old_lesson("Data parallel", ddp4,
+                              "## Copy\n\n```action\nmark epoch0\n```\n\n## Forgetting set_epoch\n\n```action\nset_epoch off\n```\n\n"
+                              "```question\nask: Without set_epoch, what share of the samples stay with the rank they had in epoch 0?\n"
+                              "answer: data.same_owner(\"epoch0\") / data.n\nexpect: 1\ntolerance: 0.01\n```\n"),
+                   "lessons/02_data_parallel.md"),
+      parse_lesson(old_lesson("Hangs", ddp4 + "timeout: 2\n",
+                              "## Checkpoints: a save that outlasts the timeout\n\n```action\nscenario --fault delay:rank=0,collective=3,ms=4000\n```\n\n"
+                              "```question\nask: Whom will the watchdog name as missing this time?\nchoice: Rank 0 = 0\n"
+                              "choice: Ranks 1, 2 and 3 = 1\nreveal: run until run.failed\nanswer: watchdog.missing[0]\nexpect: 0\n```\n"),
+                   "lessons/10_pitfall_hangs.md"),
+      parse_lesson(old_lesson("Silent", ddp4,
+                              "## The silent one: set_epoch\n\n```action\nscenario --model small --batch 256\nmark epoch0\nset_epoch off\n"
+                              "run until epoch == 2 by iteration\n```\n\n"
+                              "```question\nask: Of the {{data.n}} samples, how many belong to a different rank in epoch 2 than in epoch 0?\n"
+                              "answer: data.n - data.same_owner(\"epoch0\")\nexpect: 0\nunit: samples\n```\n"),
+                   "lessons/11_pitfall_silent.md"),
+      parse_lesson(old_lesson("FSDP", "strategy: fsdp\nworld: 4\nmodel: small\n",
+                              q("ZeRO", "ask: A 7B-parameter model, mixed-precision Adam, DDP on 4 GPUs: how many GB of model state does\n"
+                                        "  each GPU hold (activations aside; 1 GB = 1e9 bytes)?\n"
+                                        "answer: plan.total(7e9, 4, \"no-shard\", \"mixed\") / 1e9\nexpect: 16 * 7\ntolerance: 1%\nunit: GB\n") +
+                                  q("Traffic", "ask: Per training step, how many times DDP's traffic does FULL_SHARD send per rank?\n"
+                                               "answer: plan.comm(7e9, 8, \"full\", \"mixed\") / plan.comm(7e9, 8, \"no-shard\", \"mixed\")\n"
+                                               "expect: 3 / 2\ntolerance: 2%\n")),
+                   "lessons/12_fsdp_zero.md"),
+      parse_lesson(old_lesson("Multi-node", ddp4,
+                              q("Hierarchical", "ask: For the 14 GB of gradients on 2 nodes of 4 GPUs, how many GB does each GPU send across the\n"
+                                                "  network in step 2?\nanswer: algo.busiest(\"ring\", 2, 14e9 / 4) / 1e9\nexpect: 14 / 4\n"
+                                                "tolerance: 2%\nunit: GB\n") +
+                                  q("Small messages", "ask: How many milliseconds will a 14 MB all-reduce take on the same Ethernet cluster (eth2x4)?\n"
+                                                      "answer: cost.allreduce_us(\"eth2x4\", 8, 14e6) / 1e3\ntolerance: 10%\nunit: ms\n")),
+                   "lessons/16_multinode_bandwidth.md"),
+      parse_lesson(old_lesson("Interview drill", ddp4 + "timeout: 2\n",
+                              "## What does set_epoch do?\n\n```action\nmark epoch0\nset_epoch off\n```\n\n"
+                              "```question\nask: What share of the {{data.n}} samples will be on the same rank in epoch 1 as in epoch 0?\n"
+                              "reveal: run until epoch == 1 by iteration\nanswer: data.same_owner(\"epoch0\") / data.n\nexpect: 1\ntolerance: 0.01\n```\n\n"
+                              "## How do you save a checkpoint?\n\n```action\nset_epoch on\n"
+                              "scenario --bucket-cap-mb 25 --first-bucket-mb 25 --fault delay:rank=0,collective=7,ms=3000\n```\n\n"
+                              "```question\nask: What happens?\nchoice: nothing: the other ranks wait for rank 0 = 0\n"
+                              "choice: it dies; the watchdog names rank 0 missing = 1\nchoice: it dies; the watchdog names ranks 1, 2, 3 missing = 2\n"
+                              "reveal: run until run.failed by iteration\nanswer: run.failed * (1 + (watchdog.missing > 1))\nexpect: 1\n```\n\n"
+                              "## FSDP or DDP: how much traffic?\n\n"
+                              "```question\nask: Per optimizer step, how many times as many bytes does each GPU send under FULL_SHARD as under\n"
+                              "  DDP?\nanswer: plan.comm(7e9, 8, \"full\", \"mixed\") / plan.comm(7e9, 8, \"no-shard\", \"mixed\")\n"
+                              "expect: 1.5\ntolerance: 0.05\n```\n"),
+                   "lessons/17_interview_drill.md"),
+      parse_lesson(old_lesson("Ring or tree", "strategy: ddp\nworld: 8\nmodel: small\n",
+                              q("Hierarchical", "ask: For 14 GB of gradients on ib2x4 (8 ranks), how many GB does the busiest GPU send to the other\n"
+                                                "  node with the hierarchical all-reduce?\nanswer: algo.across(\"hierarchical\", \"ib2x4\", 8, 14e9) / 1e9\n"
+                                                "expect: 2 * (2 - 1) / 2 * 14 / 4\ntolerance: 1%\nunit: GB\n")),
+                   "lessons/19_ring_or_tree.md"),
+      parse_lesson(old_lesson("LoRA", ddp4,
+                              q("Over Ethernet", "ask: On eth2x4 (two nodes of 4 GPUs joined by 25 Gb Ethernet), how many milliseconds does the ring\n"
+                                                 "  all-reduce of LoRA's 14 MB take on 8 ranks?\nanswer: cost.allreduce_us(\"eth2x4\", 8, 14e6) / 1e3\n"
+                                                 "tolerance: 10%\nunit: ms\n")),
+                   "lessons/22_lora_payload.md"),
+  };
+}
+
+std::string repeat_of(const std::vector<Repeat>& found, const std::string& later) {
+  for (const Repeat& r : found)
+    if (r.later.rfind(later + ":", 0) == 0) return r.earlier.substr(0, r.earlier.find(':')) + ": " + r.why;
+  return "";
+}
+
+}  // namespace
+
+TEST_SUITE("app") {
+  TEST_CASE("repeats: each of the review's recall pairs is found on the old questions") {
+    const std::vector<Repeat> found = find_repeats(old_course());
+    for (const Repeat& r : found) MESSAGE(r.later << " repeats " << r.earlier << ": " << r.why);
+    CHECK(repeat_of(found, "lessons/12_fsdp_zero.md") ==  // 12:19 = 1:84
+          "lessons/01_single_device.md: the same answer (112 GB) to a prompt with the same numbers (7)");
+    CHECK(repeat_of(found, "lessons/19_ring_or_tree.md") ==  // 19:82 = 16:101
+          "lessons/16_multinode_bandwidth.md: the same answer (3.5 GB) to a prompt with the same numbers (14)");
+    CHECK(repeat_of(found, "lessons/22_lora_payload.md").rfind("lessons/16_multinode_bandwidth.md: the same answer (", 0) == 0);  // 22 = 16:122
+    CHECK(repeat_of(found, "lessons/22_lora_payload.md").find(" ms) to the same figure, cost.allreduce_us(\"eth2x4\", 8, 14e6) / 1e3") !=
+          std::string::npos);
+    CHECK(repeat_of(found, "lessons/11_pitfall_silent.md") ==  // set_epoch, 11 = 2
+          "lessons/02_data_parallel.md: the same experiment (set_epoch off) asking the same live figures, data.n and data.same_owner");
+    // The drill: set_epoch (= 2), the checkpoint that outlasts the timeout (= 10:111) and FULL_SHARD's
+    // traffic (= 12:125); one line per question.
+    int drill = 0;
+    for (const Repeat& r : found) {
+      if (r.later.rfind("lessons/17_interview_drill.md:", 0) != 0) continue;
+      drill++;
+      CAPTURE(r.later);
+      CHECK((r.earlier.rfind("lessons/02_data_parallel.md:", 0) == 0 || r.earlier.rfind("lessons/10_pitfall_hangs.md:", 0) == 0 ||
+             r.earlier.rfind("lessons/12_fsdp_zero.md:", 0) == 0));
+    }
+    CHECK(drill == 3);
+    std::set<std::string> drill_why;
+    for (const Repeat& r : found)
+      if (r.later.rfind("lessons/17_interview_drill.md:", 0) == 0) drill_why.insert(r.earlier.substr(0, r.earlier.find(':')) + ": " + r.why);
+    CHECK(drill_why.count("lessons/10_pitfall_hangs.md: the same experiment (the same faults outlasting the watchdog's timeout) asking "
+                          "the same live figures, watchdog.missing") == 1);
+    CHECK(drill_why.count("lessons/12_fsdp_zero.md: the same answer (1.5) to the same figure, plan.comm(7e9, 8, \"full\", \"mixed\") / "
+                          "plan.comm(7e9, 8, \"no-shard\", \"mixed\")") == 1);
+    CHECK(found.size() == 7);  // nothing else: 1, 2, 10 and 16 repeat nothing before them
+  }
+
+  TEST_CASE("repeats: no lesson asks again what an earlier lesson asked under every draw of the drill") {
+    // A drawn lesson repeats an earlier one only when it does under every draw: parse the course
+    // with a few seeds and keep the repeats every one of them finds.
+    std::map<std::string, int> seen;  // "later <- earlier: why" -> how many seeds found it
+    const std::vector<uint64_t> seeds = {1, 2, 3, 4, 5, 6, 7, 8};
+    for (uint64_t seed : seeds) {
+      std::vector<Lesson> course;
+      for (const std::string& p : lesson_paths(std::string(DTLAB_SOURCE_DIR) + "/lessons")) course.push_back(load_lesson(p, seed));
+      REQUIRE(course.size() >= 28);
+      std::set<std::string> once;
+      for (const Repeat& r : find_repeats(course)) once.insert(r.later + " repeats " + r.earlier);
+      for (const std::string& k : once) seen[k]++;
+    }
+    for (const auto& [repeat, n] : seen) {
+      CAPTURE(repeat);
+      CHECK(n < static_cast<int>(seeds.size()));
+    }
   }
 }

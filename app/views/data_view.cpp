@@ -621,6 +621,11 @@ void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
   ImGui::RadioButton("class", &by, static_cast<int>(ColorBy::Class));
   st.color_by = static_cast<ColorBy>(by);
 
+  if (d.valid && d.n > 0 && d.xy.empty()) {  // token data: windows of text, nothing to plot
+    ImGui::TextWrapped("%s: %lld windows of text, a vocabulary of %d characters. This view plots points; a GPT's text has "
+                       "none to plot.", d.name.c_str(), static_cast<long long>(d.n), d.classes);
+    return;
+  }
   if (!d.valid || d.n <= 0 || d.xy.size() < 2) {
     ImGui::TextDisabled("No data set loaded yet.");
     return;

@@ -1,5 +1,7 @@
 #include "engine/core/model.h"
 
+#include "engine/core/gpt.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -10,7 +12,15 @@
 namespace dtlab {
 
 ModelSpec ModelSpec::parse(std::string_view text) {
-  const std::string_view how = "; write it as mlp:D0,D1,...,Dk, e.g. mlp:2,64,64,3";
+  const std::string_view how = "; write it as mlp:D0,D1,...,Dk, e.g. mlp:2,64,64,3, or gpt:layers=L,heads=H,embd=C,ctx=T";
+  if (GptSpec::names_gpt(text)) {
+    ModelSpec spec;
+    spec.gpt = GptSpec::parse(text);
+    if (spec.num_params() > kMaxModelParams)
+      throw Error("model '" + std::string(text) + "' has " + std::to_string(spec.num_params()) + " parameters; dtlab builds models of up to " +
+                  std::to_string(kMaxModelParams) + " (16 GiB of float32 per copy): use fewer layers or a smaller embd");
+    return spec;
+  }
   if (text.substr(0, 4) != "mlp:")
     throw Error("model '" + std::string(text) + "' is not a known model" + std::string(how));
   ModelSpec spec;
@@ -42,19 +52,23 @@ ModelSpec ModelSpec::parse(std::string_view text) {
 }
 
 std::string ModelSpec::str() const {
+  if (is_gpt()) return gpt.str();
   std::string s = "mlp:";
   for (size_t i = 0; i < dims.size(); i++) s += (i ? "," : "") + std::to_string(dims[i]);
   return s;
 }
 
 int64_t ModelSpec::num_params() const {
+  if (is_gpt()) return gpt.num_params();
   int64_t n = 0;
   for (size_t i = 0; i + 1 < dims.size(); i++) n += dims[i + 1] * dims[i] + dims[i + 1];
   return n;
 }
 
 Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, Device& device)
-    : Model(spec, tracker, seed, 0, static_cast<int>(spec.dims.size()) - 1, device) {}
+    : Model(spec, tracker, seed, 0, spec.is_gpt() ? 1 : static_cast<int>(spec.dims.size()) - 1, device) {}
+
+Model::~Model() = default;
 
 Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int first_linear, int end_linear,
              Device& device)
@@ -63,6 +77,22 @@ Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int f
 Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int first_linear, int end_linear,
              Device& device, const TensorParallelSpec& tp)
     : spec_(spec), tp_(tp), tracker_(tracker), device_(device), first_linear_(first_linear) {
+  if (spec.is_gpt()) {
+    DTLAB_CHECK(first_linear == 0 && end_linear == 1 && tp.degree == 1, "the GPT is built whole in this version");
+    DTLAB_CHECK(spec.gpt.vocab >= 2, "the GPT's vocabulary must be known before it is built");
+    if (!device.is_host()) throw Error("--model gpt runs on the CPU in this version (its GPU kernels are not built yet); use --device cpu");
+    params_ = gpt_parameters(spec.gpt);
+    num_params_ = spec.num_params();
+    flat_params_ = Tensor({num_params_}, MemCategory::Parameters, tracker, DType::F32, device_);
+    flat_grads_ = Tensor({num_params_}, MemCategory::Gradients, tracker, DType::F32, device_);
+    for (auto& p : params_) {
+      p.data = flat_params_.f32() + p.offset;
+      p.grad = flat_grads_.f32() + p.offset;
+    }
+    upload_params(gpt_init_values(spec.gpt, seed).data());
+    gpt_ = std::make_unique<GptCore>(spec.gpt, tracker, device_);
+    return;
+  }
   DTLAB_CHECK(spec.dims.size() >= 2, "a model needs an input and an output width");
   int64_t offset = 0;
   int n_linear = static_cast<int>(spec.dims.size()) - 1;
@@ -93,6 +123,31 @@ Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int f
     p.grad = flat_grads_.f32() + p.offset;
   }
   init_like_torch(*this, seed);
+}
+
+int Model::hook_layers() const { return gpt_ ? static_cast<int>(spec_.gpt.layers) + 2 : num_layers(); }
+
+std::vector<Model::WrapUnit> Model::wrap_units() const {
+  std::vector<WrapUnit> units;
+  if (gpt_) {
+    const int L = static_cast<int>(spec_.gpt.layers);
+    units.push_back({{GptParamIndex::kWte, GptParamIndex::kWpe, GptParamIndex::ln_f_weight(L), GptParamIndex::ln_f_bias(L)}, {0, L + 1}, true});
+    for (int l = 0; l < L; l++) {
+      WrapUnit u;
+      for (int k = 0; k < GptParamIndex::kPerBlock; k++) u.params.push_back(GptParamIndex::block(l, static_cast<GptParamIndex::Block>(k)));
+      u.layers = {1 + l};
+      units.push_back(std::move(u));
+    }
+    return units;
+  }
+  for (int i = 0; i < num_layers(); i++) {
+    WrapUnit u;
+    u.params = trainable_of(layer(i));  // under LoRA only the adapters: a frozen Linear is no unit
+    if (u.params.empty()) continue;
+    u.layers = {i};
+    units.push_back(std::move(u));
+  }
+  return units;
 }
 
 int Model::find_parameter(std::string_view name) const {
@@ -472,7 +527,14 @@ void Model::ensure_activations(int64_t B) {
   checkpointed_alloc_ = checkpointing_;
 }
 
+const float* Model::forward_tokens(const int64_t* idx, int64_t B) {
+  DTLAB_CHECK(gpt_ != nullptr, "forward_tokens() on a model that is not a GPT");
+  batch_ = B;
+  return gpt_->forward(params_, idx, B, observer_, gate_, hooks_);
+}
+
 const float* Model::forward(const float* x, int64_t B) {
+  DTLAB_CHECK(gpt_ == nullptr, "a GPT's forward takes tokens: forward_tokens()");
   if (mixed()) return half_forward(x, B);
   ensure_activations(B);
   input_ = x;
@@ -501,6 +563,7 @@ const float* Model::forward(const float* x, int64_t B) {
 }
 
 void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
+  if (gpt_) return gpt_->backward(params_, dlogits, on_grad_ready, observer_, gate_, hooks_);
   DTLAB_CHECK(input_ != nullptr, "backward() called before forward()");
   if (mixed()) return half_backward(dlogits, on_grad_ready);
   const bool sp = sequence_parallel();

@@ -15,10 +15,12 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "engine/core/gpt_spec.h"
 #include "engine/core/half.h"
 #include "engine/core/mesh.h"
 #include "engine/core/observer.h"
@@ -26,17 +28,25 @@
 
 namespace dtlab {
 
+class GptCore;
+
 // The largest model ModelSpec::parse accepts (parameters): 16 GiB of float32 for one copy.
 inline constexpr int64_t kMaxModelParams = int64_t{1} << 32;
 
 struct ModelSpec {
-  std::vector<int64_t> dims;  // D0 (input features) ... Dk (classes)
+  std::vector<int64_t> dims;  // D0 (input features) ... Dk (classes); empty for a GPT
+  GptSpec gpt;                // nanoGPT's GPT (engine/core/gpt.h); empty for an MLP
 
-  // Parses "mlp:2,64,64,3"; throws dtlab::Error with a how-to-fix sentence on bad text.
+  // Parses "mlp:2,64,64,3", "gpt:layers=..." or a GPT preset; throws dtlab::Error with a how-to-fix
+  // sentence on bad text.
   static ModelSpec parse(std::string_view text);
   std::string str() const;  // "mlp:2,64,64,3"
-  int64_t in_features() const { return dims.front(); }
-  int64_t out_features() const { return dims.back(); }
+  bool is_gpt() const { return !gpt.empty(); }
+  // A sample's width and the classes: for the GPT, its ctx tokens and its vocabulary.
+  int64_t in_features() const { return is_gpt() ? gpt.ctx : dims.front(); }
+  int64_t out_features() const { return is_gpt() ? gpt.vocab : dims.back(); }
+  // Rows of logits per sample: one, or for the GPT one per position (ctx).
+  int64_t rows_per_sample() const { return is_gpt() ? gpt.ctx : 1; }
   int64_t num_params() const;
 };
 
@@ -120,7 +130,10 @@ class Model {
   // order for Linear, as DDP's rebuilt buckets show: "5 4 3 2 1 0").
   using GradReadyHook = std::function<void(int param_index)>;
 
+  // A GPT spec builds nanoGPT's GPT (engine/core/gpt.h) whole: forward_tokens() and backward() run
+  // it; the per-layer calls, stages, TP, LoRA, 16 bits and recompute are the MLP's in this version.
   Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, Device& device = cpu_device());
+  ~Model();
   // A pipeline stage: only Linear layers [first_linear, end_linear) of `spec` (each with the ReLU
   // after it), under the full model's names ("2.weight") and with the values the full model gets
   // from the same seed. The flat buffers hold just these parameters, in the full model's order.
@@ -199,6 +212,19 @@ class Model {
   void restore_storage(const void* full);
   bool owns_parameters() const { return !flat_params_.empty(); }
   void set_layer_hooks(LayerHooks* h) { hooks_ = h; }
+  // The layer numbers LayerHooks and gates see: num_layers() for the MLP; for the GPT, L + 2 (0 the
+  // embeddings, 1..L the blocks, L + 1 ln_f and the head).
+  int hook_layers() const;
+  // FSDP's auto-wrap units (engine/parallel/fsdp.h), each a contiguous range of the flat buffers:
+  // the MLP's Linears with trainable parameters, one each; the GPT's blocks, one each, after the root
+  // unit (wte, wpe, ln_f), which spans the first and the last layer, as torch's transformer
+  // auto-wrap policy leaves those to the root FSDP instance.
+  struct WrapUnit {
+    std::vector<int> params;  // parameters() indices, storage order
+    std::vector<int> layers;  // hook layers whose forward and backward use them (first and last bound the unit)
+    bool root = false;        // the root instance: FSDP1 keeps its parameters from forward to backward
+  };
+  std::vector<WrapUnit> wrap_units() const;
   // Where a stepped run pauses: forward() and backward() (and a pipeline stage's own loops, through
   // gate_layer) call it before each Linear's forward and backward (null: no gates).
   void set_layer_gate(LayerGate* g) { gate_ = g; }
@@ -239,6 +265,10 @@ class Model {
   // Whole model with activations owned here (tracked as activations; they grow to the largest
   // batch seen and are reused for smaller ones). `x` (B, D0) must stay alive until backward() returns.
   const float* forward(const float* x, int64_t B);  // returns logits (B, Dk)
+  // The GPT's forward: idx (B, T) token ids on the host; returns the logits (B*T, V).
+  const float* forward_tokens(const int64_t* idx, int64_t B);
+  bool is_gpt() const { return gpt_ != nullptr; }
+  const GptCore* gpt() const { return gpt_.get(); }
   void backward(const float* dlogits, const GradReadyHook& on_grad_ready = {});
   int64_t batch() const { return batch_; }
   // The last forward()'s input (device memory, batch() rows) and layer i's output there; null
@@ -351,6 +381,7 @@ class Model {
   LoraPartial lora_partial(const Layer& L) const;
   void sum_lora_grad(const Layer& L);  // TP: all-reduce the partial gradient, add it
   ModelSpec spec_;
+  std::unique_ptr<GptCore> gpt_;  // a GPT's layers (engine/core/gpt.h); null for the MLP
   TensorParallelSpec tp_;
   LoraSpec lora_;
   std::vector<Parameter> base_;  // LoRA: the frozen weights and biases, in frozen_

@@ -193,7 +193,8 @@ Dataset make_blobs(int64_t dim, int64_t classes, int64_t points_per_class, float
 }
 
 Dataset make_dataset(const std::string& spec, int64_t default_dim, int64_t default_classes) {
-  if (ends_with_npz(spec)) return load_npz(spec);
+  if (ends_with_npz(spec)) return load_npz(spec, default_dim);
+  if (spec == "text" || spec.starts_with("text:")) return make_text_dataset(spec, default_dim > 0 ? default_dim : 64);
   const int64_t dim = default_dim > 0 ? default_dim : 2;
   const int64_t classes = default_classes > 0 ? default_classes : 3;
   const size_t colon = spec.find(':');
@@ -212,8 +213,8 @@ Dataset make_dataset(const std::string& spec, int64_t default_dim, int64_t defau
                       o.get_seed(0));
   }
   throw Error("unknown data spec '" + spec +
-              "'; use spiral, blobs (optionally with :key=value,... e.g. blobs:dim=8,classes=4) or a "
-              "path to a .npz file.");
+              "'; use spiral, blobs (optionally with :key=value,... e.g. blobs:dim=8,classes=4), text[:PATH] "
+              "(for a --model gpt) or a path to a .npz file.");
 }
 
 }  // namespace dtlab

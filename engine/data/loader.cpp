@@ -35,6 +35,21 @@ bool DataLoader::next(Batch& out) {
   const size_t size = std::min(b, left);
   const size_t d = static_cast<size_t>(data_.d);
   out.size = static_cast<int64_t>(size);
+  if (data_.is_tokens()) {  // sample i: tokens [i*T, i*T+T) and the next ones as targets
+    out.indices.assign(order_.begin() + static_cast<std::ptrdiff_t>(pos_),
+                       order_.begin() + static_cast<std::ptrdiff_t>(pos_ + size));
+    out.tok.resize(size * d);
+    out.y.resize(size * d);
+    for (size_t i = 0; i < size; ++i) {
+      const int32_t* src = data_.tokens.data() + static_cast<size_t>(out.indices[i]) * d;
+      for (size_t t = 0; t < d; t++) {
+        out.tok[i * d + t] = src[t];
+        out.y[i * d + t] = src[t + 1];
+      }
+    }
+    pos_ += size;
+    return true;
+  }
   out.x.resize(size * d);  // resize keeps capacity: no allocation after the first full batch
   out.y.resize(size);
   out.indices.assign(order_.begin() + static_cast<std::ptrdiff_t>(pos_),

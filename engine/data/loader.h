@@ -13,7 +13,8 @@ namespace dtlab {
 struct Batch {
   int64_t size = 0;
   std::vector<float> x;          // (size, d)
-  std::vector<int64_t> y;        // (size,)
+  std::vector<int64_t> y;        // (size,); token data: (size, T) targets
+  std::vector<int64_t> tok;      // token data: (size, T) input tokens (x stays empty)
   std::vector<int64_t> indices;  // (size,) dataset rows, in sampler order
 };
 

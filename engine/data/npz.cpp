@@ -336,9 +336,45 @@ void check_array(const Npz& z, const char* var, const Npy& a, const char* descr,
            std::to_string(need) + " bytes but only " + std::to_string(a.body.size()) + " are stored");
 }
 
+// Token data: a 1-D integer array, windows of ctx tokens.
+Dataset load_tokens(const Npz& z, const Npy& t, int64_t ctx) {
+  const std::string d = t.descr;
+  const int width = d == "<i8" ? 8 : d == "<i4" ? 4 : d == "<u2" ? 2 : 0;
+  if (width == 0) z.fail("tokens has dtype " + describe_dtype(t.descr) + "; save it with tokens.astype(np.int64) (or int32, uint16)");
+  if (t.fortran_order || t.shape.size() != 1)
+    z.fail("tokens has shape " + shape_text(t.shape) + " but must be 1-D; save tokens.reshape(-1)");
+  const uint64_t count = static_cast<uint64_t>(t.shape[0]);
+  if (count > (uint64_t{1} << 31)) z.fail("tokens holds more than 2^31 tokens; dtlab reads up to 2^31");
+  if (t.body.size() < count * static_cast<uint64_t>(width))
+    z.fail("tokens is truncated: its shape " + shape_text(t.shape) + " needs " + std::to_string(count * static_cast<uint64_t>(width)) +
+           " bytes but only " + std::to_string(t.body.size()) + " are stored");
+  if (ctx <= 0) z.fail("holds tokens, which only a --model gpt reads; pass --model gpt:... or a .npz with x and y");
+  if (static_cast<int64_t>(count) < ctx + 1)
+    z.fail("tokens holds " + std::to_string(count) + " tokens, fewer than one window of ctx=" + std::to_string(ctx) + " plus its next token");
+  Dataset ds;
+  ds.name = z.path;
+  ds.tokens.resize(count);
+  int64_t max_token = 0;
+  for (size_t i = 0; i < count; i++) {
+    int64_t v = 0;
+    if (width == 8) std::memcpy(&v, t.body.data() + i * 8, 8);
+    else if (width == 4) { int32_t w; std::memcpy(&w, t.body.data() + i * 4, 4); v = w; }
+    else { uint16_t w; std::memcpy(&w, t.body.data() + i * 2, 2); v = w; }
+    if (v < 0 || v > (int64_t{1} << 24))
+      z.fail("tokens[" + std::to_string(i) + "] is " + std::to_string(v) + "; token ids must lie in 0..16777216");
+    ds.tokens[i] = static_cast<int32_t>(v);
+    max_token = std::max(max_token, v);
+  }
+  ds.ctx = ctx;
+  ds.d = ctx;
+  ds.n = (static_cast<int64_t>(count) - 1) / ctx;
+  ds.num_classes = max_token + 1;
+  return ds;
+}
+
 }  // namespace
 
-Dataset load_npz(const std::string& path) {
+Dataset load_npz(const std::string& path, int64_t ctx) {
   Npz z{path, {}};
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
@@ -356,9 +392,10 @@ Dataset load_npz(const std::string& path) {
   const std::vector<ZipEntry> entries = read_central_directory(z);
   const ZipEntry* ex = nullptr;
   const ZipEntry* ey = nullptr;
+  const ZipEntry* et = nullptr;
   std::string names;
   for (const ZipEntry& en : entries) {
-    for (auto [want, found] : {std::pair{"x.npy", &ex}, std::pair{"y.npy", &ey}}) {
+    for (auto [want, found] : {std::pair{"x.npy", &ex}, std::pair{"y.npy", &ey}, std::pair{"tokens.npy", &et}}) {
       if (en.name != want) continue;
       // Two members of one name: np.load would take the last, a zip tool the first; neither is safe.
       if (*found)
@@ -368,9 +405,10 @@ Dataset load_npz(const std::string& path) {
     const bool npy = en.name.size() > 4 && en.name.ends_with(".npy");
     names += (names.empty() ? "" : ", ") + (npy ? en.name.substr(0, en.name.size() - 4) : en.name);
   }
+  if (et && !ex) return load_tokens(z, parse_npy(z, "tokens.npy", extract(z, *et)), ctx);
   if (!ex || !ey)
     z.fail_file(std::string("has no array named ") + (!ex ? "x" : "y") + " (it holds: " +
-           (names.empty() ? "nothing" : names) + "); save it with np.savez(path, x=x, y=y)");
+           (names.empty() ? "nothing" : names) + "); save it with np.savez(path, x=x, y=y), or np.savez(path, tokens=ids) for a --model gpt");
 
   const Npy x = parse_npy(z, "x.npy", extract(z, *ex));
   const Npy y = parse_npy(z, "y.npy", extract(z, *ey));

@@ -11,6 +11,9 @@ namespace dtlab {
 // Error (one sentence starting with the path) for: a missing file, not a zip, missing x or y, a
 // wrong dtype, rank or memory order, x/y length mismatch, negative labels, truncated or corrupt data,
 // unsupported compression. num_classes = max(y) + 1; name = path.
-Dataset load_npz(const std::string& path);
+// A .npz holding a 1-D integer array `tokens` (int64, int32 or uint16, as nanoGPT's prepare scripts
+// write uint16) instead is token data for the GPT, cut into windows of `ctx` tokens (dataset.h);
+// num_classes = max(token) + 1.
+Dataset load_npz(const std::string& path, int64_t ctx = 0);
 
 }  // namespace dtlab

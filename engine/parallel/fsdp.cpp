@@ -82,23 +82,25 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
   void* const own = mixed() ? static_cast<void*>(model_.params16()) : static_cast<void*>(model_.params());
   comm_.broadcast(own, model_.num_params(), model_.param_dtype(), 0)->wait();
   const auto& ps = model_.parameters();
-  layer_unit_.assign(static_cast<size_t>(model_.num_layers()), -1);
+  layer_unit_.assign(static_cast<size_t>(model_.hook_layers()), -1);
   if (opt_.wrap_layers) {
-    for (int i = 0; i < model_.num_layers(); i++) {
-      const Layer& L = model_.layer(i);
+    // The model's auto-wrap units: one per Linear, or a GPT's root (embeddings, ln_f, the tied head)
+    // and one per block.
+    for (Model::WrapUnit& w : model_.wrap_units()) {
       Unit u;
-      u.params = model_.trainable_of(L);  // under LoRA only the adapters: a frozen Linear is no unit
-      if (u.params.empty()) continue;
-      u.first_layer = u.last_layer = i;
-      layer_unit_[static_cast<size_t>(i)] = static_cast<int>(units_.size());
+      u.params = std::move(w.params);
+      u.first_layer = w.layers.front();
+      u.last_layer = w.layers.back();
+      u.root = w.root;
+      for (int layer : w.layers) layer_unit_[static_cast<size_t>(layer)] = static_cast<int>(units_.size());
       units_.push_back(std::move(u));
     }
   } else {
     Unit u;
     for (int p = 0; p < static_cast<int>(ps.size()); p++) u.params.push_back(p);
     u.first_layer = 0;
-    u.last_layer = model_.num_layers() - 1;
-    for (int i = 0; i < model_.num_layers(); i++) layer_unit_[static_cast<size_t>(i)] = 0;
+    u.last_layer = model_.hook_layers() - 1;
+    for (int i = 0; i < model_.hook_layers(); i++) layer_unit_[static_cast<size_t>(i)] = 0;
     units_.push_back(std::move(u));
   }
   // A unit's parameters are contiguous in the model's flat buffer, so its flat parameter is that range.
@@ -200,6 +202,9 @@ void FullyShardedDataParallel::set_state(int unit, FsdpState to) {
   DTLAB_CHECK(ok, "FSDP unit " + std::to_string(unit) + " cannot go from " + fsdp_state_name(from) + " to " +
                       fsdp_state_name(to) + "; the model's layer hooks ran out of order");
   u.state = to;
+  // Every verb carries the state; a transition with no verb (a root unit that stays gathered from
+  // forward to backward) gets its own event, so the views never show a stale state.
+  record(unit, FsdpVerb::State);
 }
 
 void FullyShardedDataParallel::bind(Unit& u, void* base, bool grads) {
@@ -273,16 +278,17 @@ void FullyShardedDataParallel::before_recompute(int layer) {
 void FullyShardedDataParallel::after_recompute(int layer) {
   const int ui = unit_of_layer(layer);
   if (ui < 0 || units_[static_cast<size_t>(ui)].state != FsdpState::Forward) return;
-  if (sharded() && reshard_after_forward()) reshard(ui);
+  if (sharded() && reshard_after_forward() && !units_[static_cast<size_t>(ui)].root) reshard(ui);
   set_state(ui, FsdpState::Idle);
 }
 
 void FullyShardedDataParallel::after_forward(int layer) {
   const int ui = unit_of_layer(layer);
   if (ui < 0 || layer != units_[static_cast<size_t>(ui)].last_layer) return;
-  // FULL_SHARD reshards after forward; the root unit (the whole model) keeps its parameters for
-  // the backward that follows at once, as torch's root FSDP instance does.
-  if (sharded() && reshard_after_forward()) reshard(ui);
+  // FULL_SHARD reshards after forward; the root unit (the whole model, or a GPT's embeddings and
+  // head) keeps its parameters for the backward that follows, as torch's root FSDP instance does
+  // (FSDP1's _post_forward_reshard frees only non-root handles).
+  if (sharded() && reshard_after_forward() && !units_[static_cast<size_t>(ui)].root) reshard(ui);
   set_state(ui, FsdpState::Idle);
 }
 

@@ -1,5 +1,6 @@
 // FullyShardedDataParallel, FSDP1-style (torch/distributed/fsdp, flat parameters), and ZeRO-1:
-//   - units: one per Linear layer (auto-wrap) or the whole model; each unit's parameters are
+//   - units: one per Linear layer (auto-wrap; a GPT: one per block and the root's embeddings, ln_f
+//     and tied head, Model::wrap_units) or the whole model; each unit's parameters are
 //     flattened into one buffer of N elements, split in W chunks of ceil(N/W) with zero padding at
 //     the end; rank r keeps chunk r (its shard) and the optimizer state for it;
 //   - FULL_SHARD: all-gather a unit's parameters before its forward and free them after; all-gather
@@ -145,6 +146,7 @@ class FullyShardedDataParallel : public LayerHooks {
     std::vector<int> params;       // indices into model.parameters(), model order
     std::vector<int64_t> offsets;  // each parameter's offset in the flat buffer
     int first_layer = 0, last_layer = 0;
+    bool root = false;             // keeps its parameters from forward to backward (a GPT's root unit)
     FlatShard split;
     int64_t shard_offset = 0;      // where this unit's shard starts in the rank's shard buffers
     Tensor gathered;               // GatheredParameters (padded), while gathered; gather_dtype_

@@ -110,6 +110,7 @@ const char* fsdp_verb_name(FsdpVerb v) {
     case FsdpVerb::Reshard: return "reshard";
     case FsdpVerb::ReduceGrad: return "reduce_grad";
     case FsdpVerb::GradReduced: return "grad_reduced";
+    case FsdpVerb::State: return "state";
   }
   return "?";
 }

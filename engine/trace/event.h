@@ -111,6 +111,7 @@ enum class FsdpVerb : uint8_t {
   Reshard,       // the gathered parameters were freed
   ReduceGrad,    // its gradient's reduce-scatter (all-reduce when not sharded) was issued (seq)
   GradReduced,   // that reduction finished and was post-divided
+  State,         // the unit's state changed with nothing moved (a root unit that stays gathered)
 };
 const char* fsdp_state_name(FsdpState s);  // "IDLE", "FORWARD", "PRE_BACKWARD", "POST_BACKWARD"
 const char* fsdp_verb_name(FsdpVerb v);    // "layout", "unshard", ...

@@ -23,6 +23,19 @@ const Combination kCombinations[] = {
      "the tensor-parallel shards run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
     {Feature::MixedPrecision, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
      "the 16-bit kernels run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
+    // The GPT's parallel and memory forms are the next parts of the transformer work.
+    {Feature::TensorParallel, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
+     "the GPT's split by attention heads and MLP columns comes with its Megatron layers", "drop --tp", true},
+    {Feature::MixedPrecision, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
+     "the GPT's layers run in float32", "drop --precision", true},
+    {Feature::Lora, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
+     "the GPT's adapters on c_attn come with its LoRA form", "drop --lora-rank", true},
+    {Feature::Recompute, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
+     "the GPT keeps every block's activations", "drop --activation-checkpointing", true},
+    {Feature::Gpt, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
+     "the GPT's kernels (LayerNorm, GELU, attention, embedding) run on the CPU engine", "use --device cpu", true},
+    {Feature::SkipLayer, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
+     "it bypasses one of the MLP's Linear layers (DDP's unused-parameters lesson)", "drop --skip-layer, or use an mlp model", false},
 };
 
 // What a refusal calls the feature in its sentence.
@@ -39,6 +52,7 @@ std::string sentence(const std::string& flag, const char* with, const char* why,
 
 std::vector<Feature> features_used(const TrainConfig& c) {
   std::vector<Feature> f;
+  if (c.model.is_gpt()) f.push_back(Feature::Gpt);
   if (c.world_size > 1) f.push_back(Feature::ManyRanks);
   if (c.backend == "socket" || c.launched) f.push_back(Feature::Launch);
   if (c.device == "cuda") f.push_back(Feature::Cuda);

@@ -141,11 +141,11 @@ std::vector<Setting> make_settings() {
                         kMaxRanks, true, "3"),
                     DTLAB_FIELD(world_size)));
   s.push_back(named(row("--model", "model", T::Text, G::Run, kBoth,
-                        "Model: mlp:D0,D1,...,Dk (layer widths) or a preset tiny | small | deep | wide", 0, 0, true, "mlp:2,8,3"),
+                        "Model: mlp:D0,D1,...,Dk (layer widths), a preset tiny | small | deep | wide, or nanoGPT's GPT: gpt:layers=L,heads=H,embd=C,ctx=T | gpt-tiny | gpt2-124m", 0, 0, true, "mlp:2,8,3"),
                     DTLAB_FIELD(model), [](const ModelSpec& m) { return m.str(); },
                     [](const std::string& text) { return ModelSpec::parse(model_preset_spec(text)); }));
   s.push_back(field(row("--data", "data", T::Text, G::Run, kBoth,
-                        "spiral | blobs | PATH.npz (with options, e.g. spiral:classes=4,points=500)", 0, 0, true, "blobs"),
+                        "spiral | blobs | text[:PATH] (a GPT's characters) | PATH.npz (with options, e.g. spiral:classes=4,points=500)", 0, 0, true, "blobs"),
                     DTLAB_FIELD(data)));
   s.push_back(field(row("--batch", "batch", T::Int, G::Run, kBoth, "Batch size per rank", 1, 1 << 20, true, "7"), DTLAB_FIELD(batch)));
   s.push_back(field(row("--steps", "steps", T::Int, G::Run, kBoth, "Number of optimizer steps", 1, static_cast<double>(int64_t{1} << 40),

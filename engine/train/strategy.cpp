@@ -15,6 +15,9 @@ constexpr Support todo(const char* why, const char* fix) { return {false, why, f
 // Sharded checkpoints hold FSDP's shards (engine/io/sharded_checkpoint.h); every other strategy
 // saves one full file.
 constexpr Support kNoShards = no("a sharded checkpoint holds FSDP's shards, and this strategy shards nothing", "use --save for one full checkpoint, or --strategy fsdp");
+// The GPT under the strategies that cut the model by layers or replicate it from one process: the
+// next parts of the transformer work.
+constexpr Support kGptLater = todo("the GPT runs under single, ddp and fsdp so far", "use --strategy single, ddp or fsdp");
 constexpr Support kSkipIsDdps = no("it is DDP's unused-parameters lesson", "drop it, or use --strategy ddp");
 
 // The rows, in Strategy's order. Each column is one Feature, in Feature's order.
@@ -34,11 +37,12 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*SaveSharded*/ kNoShards,
          /*SkipLayer*/ kOk,
          /*Faults*/ no("faults are injected into the ranks' collectives, and one rank makes none", "use --strategy ddp (or fsdp) --world N"),
+         /*Gpt*/ kOk,
          /*ClipGradNorm*/ kOk,
      }}},
     {Strategy::Ddp, "ddp", "DistributedDataParallel",
      "replicas on N ranks, gradients all-reduced in buckets during backward",
-     {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kNoShards, kOk, kOk, /*ClipGradNorm*/ kOk}}},
+     {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kNoShards, kOk, kOk, /*Gpt*/ kOk, /*ClipGradNorm*/ kOk}}},
     {Strategy::Dp, "dp", "DataParallel",
      "one process drives N devices: scatter the batch, replicate the module, gather the outputs",
      {{
@@ -54,6 +58,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*SaveSharded*/ kNoShards,
          /*SkipLayer*/ kSkipIsDdps,
          /*Faults*/ kOk,
+         /*Gpt*/ kGptLater,
          /*ClipGradNorm*/ kOk,
      }}},
     {Strategy::Fsdp, "fsdp", "FullyShardedDataParallel",
@@ -64,6 +69,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          kOk, kOk,
          /*Accumulation*/ kOk,
          kOk, kOk, kOk, kOk, kOk, kOk,
+         /*Gpt*/ kOk,
          /*ClipGradNorm*/ kOk,
      }}},
     {Strategy::Pipeline, "pipeline", "torch.distributed.pipelining",
@@ -79,13 +85,14 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*SaveSharded*/ kNoShards,
          /*SkipLayer*/ kSkipIsDdps,
          kOk,
+         /*Gpt*/ kGptLater,
          /*ClipGradNorm*/ kOk,
      }}},
 }};
 
 constexpr const char* kFeatureFlags[kFeatureCount] = {
     "--tp", "--sequence-parallel", "--precision", "--lora-rank", "--activation-checkpointing", "--accum",
-    "--world", "dtlab-cli launch", "--device cuda", "--save-sharded", "--skip-layer", "--fault", "--clip-grad-norm",
+    "--world", "dtlab-cli launch", "--device cuda", "--save-sharded", "--skip-layer", "--fault", "--model gpt", "--clip-grad-norm",
 };
 
 }  // namespace

@@ -119,6 +119,8 @@ void validate_uneven_inputs(const TrainConfig& c) {
 }
 
 void validate(const TrainConfig& c) {
+  // The GPT's refusals first: the MLP's checks below read its layer widths.
+  if (c.model.is_gpt()) check_composition(c);
   validate_lora(c);
   validate_precision(c);
   if (c.fsdp.node_size != 0 && (c.strategy != Strategy::Fsdp || c.fsdp.sharding != Sharding::Hybrid))
@@ -200,6 +202,17 @@ void validate(const TrainConfig& c) {
 }  // namespace
 
 void check_data_fits_model(const Dataset& ds, const ModelSpec& spec) {
+  if (spec.is_gpt() != ds.is_tokens())
+    throw Error(spec.is_gpt() ? "--model " + spec.str() + " reads tokens, but " + ds.name +
+                                    " holds points; use --data text (the shipped text), text:PATH, or a .npz holding tokens"
+                              : "data " + ds.name + " holds tokens, which a --model gpt reads; use --model gpt-tiny, or points for " + spec.str());
+  if (spec.is_gpt()) {
+    if (ds.num_classes > spec.gpt.vocab)
+      throw Error("data " + ds.name + " has " + std::to_string(ds.num_classes) + " distinct tokens but " + spec.str() +
+                  " has a vocabulary of " + std::to_string(spec.gpt.vocab) + "; drop vocab= (the data's is used) or make it at least " +
+                  std::to_string(ds.num_classes));
+    return;
+  }
   if (ds.d != spec.in_features())
     throw Error("data " + ds.name + " has " + std::to_string(ds.d) + " features but " + spec.str() +
                 " takes " + std::to_string(spec.in_features()) + " inputs; make the first width " +
@@ -210,7 +223,39 @@ void check_data_fits_model(const Dataset& ds, const ModelSpec& spec) {
                 " outputs; make the last width at least " + std::to_string(ds.num_classes));
 }
 
+namespace {
+
+// The GPT over every window of the token data: the mean cross-entropy and next-token accuracy over
+// all n x T positions.
+EvalResult evaluate_tokens(Model& model, const Dataset& ds, int64_t batch, float* logits_out) {
+  const int64_t T = ds.ctx, V = model.spec().out_features();
+  const int64_t rows = std::min(batch, std::max<int64_t>(ds.n, 1));
+  Tensor probs({rows * T, V}, MemCategory::Activations, nullptr);
+  std::vector<int64_t> tok(static_cast<size_t>(rows * T)), tgt(static_cast<size_t>(rows * T));
+  EvalResult r;
+  double loss_sum = 0;
+  for (int64_t i = 0; i < ds.n; i += batch) {
+    const int64_t B = std::min(batch, ds.n - i);
+    for (int64_t k = 0; k < B * T; k++) {
+      tok[static_cast<size_t>(k)] = ds.tokens[static_cast<size_t>(i * T + k)];
+      tgt[static_cast<size_t>(k)] = ds.tokens[static_cast<size_t>(i * T + k + 1)];
+    }
+    const float* logits = model.forward_tokens(tok.data(), B);
+    loss_sum += static_cast<double>(cross_entropy_forward(probs.f32(), logits, tgt.data(), B * T, V)) * static_cast<double>(B * T);
+    r.correct += count_correct(logits, tgt.data(), B * T, V);
+    if (logits_out) std::copy(logits, logits + B * T * V, logits_out + i * T * V);
+  }
+  const int64_t positions = ds.n * T;
+  r.samples = positions;
+  r.loss = positions > 0 ? static_cast<float>(loss_sum / static_cast<double>(positions)) : 0.0f;
+  r.accuracy = positions > 0 ? static_cast<double>(r.correct) / static_cast<double>(positions) : 0.0;
+  return r;
+}
+
+}  // namespace
+
 EvalResult evaluate(Model& model, const Dataset& ds, int64_t batch, float* logits_out) {
+  if (model.is_gpt()) return evaluate_tokens(model, ds, batch, logits_out);
   const int64_t C = model.spec().out_features();
   DTLAB_CHECK(batch > 0, "evaluate() needs a positive batch");
   const int64_t rows = std::min(batch, std::max<int64_t>(ds.n, 1));
@@ -308,10 +353,14 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   if (blas_threads == 0 && N > 1 && !std::getenv("OPENBLAS_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS")) blas_threads = 1;
   set_compute_threads(blas_threads);
   const ModelSpec& spec = config_.model;
+  // A GPT left on the default points trains on the shipped text.
+  if (spec.is_gpt() && config_.data == TrainConfig{}.data) config_.data = "text";
   dataset_ = std::make_unique<Dataset>(
       make_dataset(config_.data, spec.in_features(), spec.out_features()));
   const Dataset& ds = *dataset_;
   if (ds.n == 0) throw Error("data " + config_.data + " holds no samples");
+  // vocab= left out: the data's vocabulary (a text's distinct characters).
+  if (spec.is_gpt() && ds.is_tokens() && config_.model.gpt.vocab == 0) config_.model.gpt.vocab = std::max<int64_t>(ds.num_classes, 2);
   check_data_fits_model(ds, spec);
   // Same count a DataLoader over this rank's DistributedSampler gives.
   // DataParallel has one loader, rank 0's, whose batches hold every device's piece.
@@ -727,9 +776,15 @@ void Trainer::save_at_end(int rank, const Model& model, Communicator* comm) {
     check_final_loss(*final_eval_);
   }
   // Rank 0 writes the checkpoint; the barrier keeps every rank from reading it (or exiting) early.
-  const std::map<std::string, std::string> meta = {{"optimizer", config_.optimizer.str()}, {"data", config_.data},
-                                                   {"seed", std::to_string(config_.seed)}, {"strategy", strategy_name(config_.strategy)},
-                                                   {"world", std::to_string(config_.world_size)}};
+  std::map<std::string, std::string> meta = {{"optimizer", config_.optimizer.str()}, {"data", config_.data},
+                                             {"seed", std::to_string(config_.seed)}, {"strategy", strategy_name(config_.strategy)},
+                                             {"world", std::to_string(config_.world_size)}};
+  // A text's vocabulary, token i = character i, so that `dtlab-cli generate` reads and writes text.
+  if (!dataset_->chars.empty()) {
+    std::vector<int32_t> ids(dataset_->chars.size());
+    for (size_t i = 0; i < ids.size(); i++) ids[i] = static_cast<int32_t>(i);
+    meta["vocab"] = decode_tokens(dataset_->chars, ids.data(), static_cast<int64_t>(ids.size()));
+  }
   if (!config_.save_path.empty() && rank == 0) {
     if (model.lora()) save_lora_checkpoint(config_.save_path, model, start_step_ + total_steps_, meta, config_.merge_lora);
     else save_checkpoint(config_.save_path, model, start_step_ + total_steps_, meta);

@@ -123,7 +123,8 @@ class ReplicaRank : public RankStrategy {
     if (c_.precision == Precision::FP16) scaler_ = make_grad_scaler(sharded());
     // FSDP's fp32 shards are its own master weights.
     if (model_.mixed() && !sharded()) opt_.init_master(model_.params16(), model_.half_format());
-    buf_ = std::make_unique<StepBuffers>(c_.batch, c_.model.in_features(), c_.model.out_features(), env_.mem, env_.dev);
+    buf_ = std::make_unique<StepBuffers>(c_.batch * c_.model.rows_per_sample(), c_.model.in_features(), c_.model.out_features(),
+                                         env_.mem, env_.dev);
   }
   ~ReplicaRank() override {
     model_.set_observer(model_obs_);
@@ -148,6 +149,17 @@ class ReplicaRank : public RankStrategy {
     const int64_t D = c_.model.in_features(), C = c_.model.out_features();
     const Batch& batch = data_.next();
     const int64_t B = t.last_batch = batch.size;
+    if (model_.is_gpt()) {  // the loss over every position: B x T rows of logits
+      const int64_t rows = B * c_.model.rows_per_sample();
+      before_forward(sync);
+      buf_->loss(env_.obs, model_.forward_tokens(batch.tok.data(), B), batch.y.data(), rows, C, c_.accum,
+                 scaler_ ? t_.loss_scale_for(*scaler_, step, rank_) : 1.0f);
+      t.samples += rows;
+      prepare_backward(sync);
+      model_.backward(buf_->dlogits.f32(), gradient_ready());
+      after_backward();
+      return;
+    }
     if (!c_.allow_nonfinite && !t.input_bad) t.input_bad = has_nonfinite(batch.x.data(), B * D);
     const auto [x, y] = buf_->place(batch, D);
     before_forward(sync);

@@ -1,0 +1,588 @@
+#include "engine/core/gpt.h"
+
+#include <algorithm>
+#include <charconv>
+#include <functional>
+#include <optional>
+#include <cmath>
+#include <random>
+#include <string>
+#include <utility>
+
+#include <cblas.h>
+
+#include "engine/core/check.h"
+
+namespace dtlab {
+
+// ---- the spec ----
+
+namespace {
+
+constexpr std::string_view kGptHow =
+    "; write it as gpt:layers=L,heads=H,embd=C,ctx=T[,vocab=V] (e.g. gpt:layers=4,heads=4,embd=128,ctx=64) or name a "
+    "preset, gpt-tiny or gpt2-124m";
+
+}  // namespace
+
+bool GptSpec::names_gpt(std::string_view text) {
+  return text.substr(0, 4) == "gpt:" || text == "gpt-tiny" || text == "gpt2-124m";
+}
+
+int64_t GptSpec::num_params() const {
+  const int64_t C = embd;
+  return vocab * C + ctx * C + layers * (12 * C * C + 13 * C) + 2 * C;
+}
+
+std::string GptSpec::str() const {
+  std::string s = "gpt:layers=" + std::to_string(layers) + ",heads=" + std::to_string(heads) +
+                  ",embd=" + std::to_string(embd) + ",ctx=" + std::to_string(ctx);
+  if (vocab) s += ",vocab=" + std::to_string(vocab);
+  return s;
+}
+
+GptSpec GptSpec::parse(std::string_view text) {
+  const std::string whole(text);
+  GptSpec s;
+  // Presets: a model that trains on two cores in minutes, and GPT-2 small (nanoGPT's GPTConfig
+  // defaults: 12 layers, 12 heads, 768 wide, 1024 tokens, GPT-2's 50257 tokens).
+  if (text == "gpt-tiny") return GptSpec{4, 4, 128, 64, 0};
+  if (text == "gpt2-124m") return GptSpec{12, 12, 768, 1024, 50257};
+  if (text.substr(0, 4) != "gpt:") throw Error("model '" + whole + "' is not a GPT" + std::string(kGptHow));
+  std::string_view rest = text.substr(4);
+  bool seen[5] = {};
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view part = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    const size_t eq = part.find('=');
+    const std::string_view key = part.substr(0, eq);
+    static constexpr std::string_view kKeys[5] = {"layers", "heads", "embd", "ctx", "vocab"};
+    const int k = static_cast<int>(std::find(kKeys, kKeys + 5, key) - kKeys);
+    if (eq == std::string_view::npos || k == 5)
+      throw Error("model '" + whole + "' has '" + std::string(part) + "' where layers=, heads=, embd=, ctx= or vocab= belongs" +
+                  std::string(kGptHow));
+    if (seen[k]) throw Error("model '" + whole + "' gives " + std::string(key) + " twice; give each once");
+    seen[k] = true;
+    const std::string_view val = part.substr(eq + 1);
+    int64_t v = 0;
+    auto [ptr, ec] = std::from_chars(val.data(), val.data() + val.size(), v);
+    if (val.empty() || ec != std::errc() || ptr != val.data() + val.size() || v < 1 || v > (int64_t{1} << 20))
+      throw Error("model '" + whole + "' has " + std::string(key) + "='" + std::string(val) +
+                  "'; it must be a whole number from 1 to 1048576");
+    int64_t* field[5] = {&s.layers, &s.heads, &s.embd, &s.ctx, &s.vocab};
+    *field[k] = v;
+  }
+  for (int k = 0; k < 4; k++)
+    if (!seen[k]) {
+      static constexpr const char* kNames[4] = {"layers", "heads", "embd", "ctx"};
+      throw Error("model '" + whole + "' does not give " + kNames[k] + std::string(kGptHow));
+    }
+  if (s.embd % s.heads != 0)
+    throw Error("model '" + whole + "' has embd=" + std::to_string(s.embd) + " and heads=" + std::to_string(s.heads) +
+                ": the heads split the width evenly (nanoGPT asserts n_embd % n_head == 0); pick embd a multiple of heads");
+  // torch's normal_ takes another path below 16 elements; every drawn tensor has at least embd x 8.
+  if (s.embd < 8) throw Error("model '" + whole + "' has embd=" + std::to_string(s.embd) + "; use embd=8 or more");
+  if (s.vocab == 1) throw Error("model '" + whole + "' has vocab=1; a vocabulary needs at least 2 tokens");
+  return s;
+}
+
+// ---- the parameter table and initial values ----
+
+std::vector<Parameter> gpt_parameters(const GptSpec& s) {
+  const int64_t C = s.embd;
+  std::vector<Parameter> ps;
+  // Storage: the root module's own parameters (wte, wpe, ln_f) first, then the blocks, so that the
+  // root's FSDP unit and each block's are contiguous ranges of the flat buffers, as torch's
+  // transformer auto-wrap makes them flat parameters; the list keeps named_parameters()' order.
+  const int64_t ln_f_at = s.vocab * C + s.ctx * C;
+  int64_t offset = 0;
+  auto add = [&](std::string name, Shape shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    if (name.starts_with("transformer.ln_f.")) {
+      ps.push_back({std::move(name), std::move(shape), ln_f_at + (ps.back().name.ends_with("ln_f.weight") ? C : 0), n});
+      return;
+    }
+    ps.push_back({std::move(name), std::move(shape), offset, n});
+    offset += n;
+    if (offset == ln_f_at) offset += 2 * C;  // after wpe: ln_f's place
+  };
+  add("transformer.wte.weight", {s.vocab, C});
+  add("transformer.wpe.weight", {s.ctx, C});
+  for (int64_t l = 0; l < s.layers; l++) {
+    const std::string h = "transformer.h." + std::to_string(l) + ".";
+    add(h + "ln_1.weight", {C});
+    add(h + "ln_1.bias", {C});
+    add(h + "attn.c_attn.weight", {3 * C, C});
+    add(h + "attn.c_attn.bias", {3 * C});
+    add(h + "attn.c_proj.weight", {C, C});
+    add(h + "attn.c_proj.bias", {C});
+    add(h + "ln_2.weight", {C});
+    add(h + "ln_2.bias", {C});
+    add(h + "mlp.c_fc.weight", {4 * C, C});
+    add(h + "mlp.c_fc.bias", {4 * C});
+    add(h + "mlp.c_proj.weight", {C, 4 * C});
+    add(h + "mlp.c_proj.bias", {C});
+  }
+  add("transformer.ln_f.weight", {C});
+  add("transformer.ln_f.bias", {C});
+  return ps;
+}
+
+namespace {
+
+// torch's CPU generator (engine/core/model.cpp's torch_uniform has the float uniform_).
+float uniform01(std::mt19937& gen) { return static_cast<float>(gen() & ((1u << 24) - 1)) * (1.0f / (1u << 24)); }
+
+void torch_uniform_range(std::mt19937& gen, float* out, int64_t n, double lo, double hi) {
+  const float from = static_cast<float>(lo), to = static_cast<float>(hi);
+  for (int64_t i = 0; i < n; i++) {
+    const double x = static_cast<double>(gen() & ((1u << 24) - 1)) * (1.0 / (1u << 24));
+    out[i] = static_cast<float>(x * static_cast<double>(to - from) + from);
+  }
+}
+
+void normal_fill_16(float* data, float mean, float std) {
+  for (int j = 0; j < 8; j++) {
+    const float u1 = 1 - data[j];
+    const float u2 = data[j + 8];
+    const float radius = std::sqrt(-2 * std::log(u1));
+    const float theta = static_cast<float>(2.0f * M_PI * u2);
+    data[j] = radius * std::cos(theta) * std + mean;
+    data[j + 8] = radius * std::sin(theta) * std + mean;
+  }
+}
+
+// torch.nn.init.normal_ on a contiguous float tensor of n >= 16 elements (aten's normal_fill).
+void torch_normal(std::mt19937& gen, float* data, int64_t n, float mean, float std) {
+  DTLAB_CHECK(n >= 16, "torch_normal: fewer than 16 elements take torch's other path");
+  for (int64_t i = 0; i < n; i++) data[i] = uniform01(gen);
+  for (int64_t i = 0; i < n - 15; i += 16) normal_fill_16(data + i, mean, std);
+  if (n % 16 != 0) {
+    float* tail = data + n - 16;
+    for (int i = 0; i < 16; i++) tail[i] = uniform01(gen);
+    normal_fill_16(tail, mean, std);
+  }
+}
+
+double linear_kaiming_bound(int64_t fan_in) {  // kaiming_uniform_(a=sqrt(5))
+  return std::sqrt(3.0) * (std::sqrt(2.0 / 6.0) / std::sqrt(static_cast<double>(fan_in)));
+}
+
+}  // namespace
+
+std::vector<float> gpt_init_values(const GptSpec& s, uint64_t seed) {
+  DTLAB_CHECK(s.vocab >= 2, "gpt_init_values: the vocabulary must be known");
+  const std::vector<Parameter> ps = gpt_parameters(s);
+  std::vector<float> v(static_cast<size_t>(s.num_params()));
+  auto at = [&](int i) { return v.data() + ps[static_cast<size_t>(i)].offset; };
+  auto numel = [&](int i) { return ps[static_cast<size_t>(i)].numel; };
+  using P = GptParamIndex;
+  const int L = static_cast<int>(s.layers);
+  const int64_t C = s.embd;
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  // The constructors, in GPT.__init__'s order.
+  torch_normal(gen, at(P::kWte), numel(P::kWte), 0.0f, 1.0f);  // nn.Embedding: normal_(0, 1)
+  torch_normal(gen, at(P::kWpe), numel(P::kWpe), 0.0f, 1.0f);
+  auto linear_ctor = [&](int w, int b, int64_t fan_in) {
+    torch_uniform_range(gen, at(w), numel(w), -linear_kaiming_bound(fan_in), linear_kaiming_bound(fan_in));
+    const double bb = 1.0 / std::sqrt(static_cast<double>(fan_in));
+    torch_uniform_range(gen, at(b), numel(b), -bb, bb);
+  };
+  for (int l = 0; l < L; l++) {
+    linear_ctor(P::block(l, P::AttnW), P::block(l, P::AttnB), C);
+    linear_ctor(P::block(l, P::AttnProjW), P::block(l, P::AttnProjB), C);
+    linear_ctor(P::block(l, P::FcW), P::block(l, P::FcB), C);
+    linear_ctor(P::block(l, P::FcProjW), P::block(l, P::FcProjB), 4 * C);
+  }
+  for (int l = 0; l < L; l++)
+    for (P::Block k : {P::Ln1W, P::Ln2W}) std::fill_n(at(P::block(l, k)), C, 1.0f);
+  std::fill_n(at(P::ln_f_weight(L)), C, 1.0f);
+  // lm_head = nn.Linear(C, V, bias=False): its kaiming draws, into the weight wte is then tied to.
+  torch_uniform_range(gen, at(P::kWte), numel(P::kWte), -linear_kaiming_bound(C), linear_kaiming_bound(C));
+  // self.apply(self._init_weights): children first, so wte, wpe, each block's Linears, then lm_head.
+  torch_normal(gen, at(P::kWte), numel(P::kWte), 0.0f, 0.02f);
+  torch_normal(gen, at(P::kWpe), numel(P::kWpe), 0.0f, 0.02f);
+  static constexpr std::pair<P::Block, P::Block> kLinears[] = {
+      {P::AttnW, P::AttnB}, {P::AttnProjW, P::AttnProjB}, {P::FcW, P::FcB}, {P::FcProjW, P::FcProjB}};
+  for (int l = 0; l < L; l++)
+    for (const auto& [w, b] : kLinears) {
+      torch_normal(gen, at(P::block(l, w)), numel(P::block(l, w)), 0.0f, 0.02f);
+      std::fill_n(at(P::block(l, b)), numel(P::block(l, b)), 0.0f);
+    }
+  torch_normal(gen, at(P::kWte), numel(P::kWte), 0.0f, 0.02f);  // lm_head's weight: the tied one
+  // The residual projections again, in named_parameters() order (GPT-2's scaled init).
+  const float proj_std = static_cast<float>(0.02 / std::sqrt(2.0 * static_cast<double>(L)));
+  for (int l = 0; l < L; l++)
+    for (P::Block k : {P::AttnProjW, P::FcProjW}) torch_normal(gen, at(P::block(l, k)), numel(P::block(l, k)), 0.0f, proj_std);
+  return v;
+}
+
+// ---- the layers' loops (host memory) ----
+
+namespace {
+
+constexpr float kLnEps = 1e-5f;
+
+// F.layer_norm over the last dimension: out = (x - mean) * rstd * w + b, the biased variance.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                       int64_t N, int64_t C) {
+  for (int64_t i = 0; i < N; i++) {
+    const float* x = inp + i * C;
+    double m = 0;
+    for (int64_t c = 0; c < C; c++) m += x[c];
+    m /= static_cast<double>(C);
+    double v = 0;
+    for (int64_t c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+    v /= static_cast<double>(C);
+    const float s = static_cast<float>(1.0 / std::sqrt(v + kLnEps));
+    const float mf = static_cast<float>(m);
+    float* o = out + i * C;
+    for (int64_t c = 0; c < C; c++) o[c] = (x[c] - mf) * s * w[c] + b[c];
+    mean[i] = mf;
+    rstd[i] = s;
+  }
+}
+
+// dinp += the input gradient; dw, db += the parameters'.
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                        const float* mean, const float* rstd, int64_t N, int64_t C) {
+  for (int64_t i = 0; i < N; i++) {
+    const float* dy = dout + i * C;
+    const float* x = inp + i * C;
+    const float m = mean[i], s = rstd[i];
+    double dnorm_mean = 0, dnorm_norm_mean = 0;
+    for (int64_t c = 0; c < C; c++) {
+      const float norm = (x[c] - m) * s;
+      const float dnorm = w[c] * dy[c];
+      dnorm_mean += dnorm;
+      dnorm_norm_mean += static_cast<double>(dnorm) * norm;
+    }
+    const float a = static_cast<float>(dnorm_mean / static_cast<double>(C));
+    const float bb = static_cast<float>(dnorm_norm_mean / static_cast<double>(C));
+    float* dx = dinp + i * C;
+    for (int64_t c = 0; c < C; c++) {
+      const float norm = (x[c] - m) * s;
+      const float dnorm = w[c] * dy[c];
+      db[c] += dy[c];
+      dw[c] += norm * dy[c];
+      dx[c] += (dnorm - a - norm * bb) * s;
+    }
+  }
+}
+
+// nn.GELU() (approximate='none'): x * Phi(x).
+void gelu_forward(float* out, const float* inp, int64_t N) {
+  for (int64_t i = 0; i < N; i++) out[i] = 0.5f * inp[i] * (1.0f + std::erf(inp[i] * static_cast<float>(M_SQRT1_2)));
+}
+
+// d = dout * (Phi(x) + x * phi(x)), in place on dout's buffer (d may equal dout).
+void gelu_backward(float* d, const float* dout, const float* inp, int64_t N) {
+  const float kBeta = static_cast<float>(M_2_SQRTPI * M_SQRT1_2 * 0.5);  // 1/sqrt(2 pi)
+  for (int64_t i = 0; i < N; i++) {
+    const float x = inp[i];
+    const float cdf = 0.5f * (1.0f + std::erf(x * static_cast<float>(M_SQRT1_2)));
+    const float pdf = std::exp(-0.5f * x * x) * kBeta;
+    d[i] = dout[i] * (cdf + x * pdf);
+  }
+}
+
+// Causal self-attention on the fused qkv (BT, 3C): q, k, v split at C and 2C, heads of hs columns;
+// att (B, NH, T, T) keeps the softmax (zeros above the diagonal); out (BT, C) the heads side by side.
+// Per (sample, head) two GEMMs read the heads in place (leading dimension 3C), as torch's batched
+// matmuls do: scores = q k^T, then y = att v; the mask and softmax run on the rows in between.
+void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < NH; h++) {
+      const float* q = qkv + b * T * C3 + h * hs;
+      float* a = att + (b * NH + h) * T * T;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hs, scale, q, (int)C3, q + C, (int)C3, 0.0f, a,
+                  (int)T);
+      for (int64_t t = 0; t < T; t++) {
+        float* row = a + t * T;
+        float maxv = -INFINITY;
+        for (int64_t t2 = 0; t2 <= t; t2++) maxv = std::max(maxv, row[t2]);
+        double sum = 0;
+        for (int64_t t2 = 0; t2 <= t; t2++) {
+          row[t2] = std::exp(row[t2] - maxv);
+          sum += row[t2];
+        }
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int64_t t2 = 0; t2 <= t; t2++) row[t2] *= inv;
+        for (int64_t t2 = t + 1; t2 < T; t2++) row[t2] = 0;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f, a, (int)T, q + 2 * C, (int)C3, 0.0f,
+                  out + b * T * C + h * hs, (int)C);
+    }
+}
+
+// dqkv (overwritten) from dout (BT, C); datt: T x T floats of scratch. With y = att v and
+// att = softmax(scale q k^T): dv = att^T dy, datt = dy v^T, dpre = att (datt - rowsum(att datt)),
+// dq = scale dpre k, dk = scale dpre^T q.
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int64_t B,
+                        int64_t T, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < NH; h++) {
+      const float* q = qkv + b * T * C3 + h * hs;
+      const float* a = att + (b * NH + h) * T * T;
+      const float* dy = dout + b * T * C + h * hs;
+      float* dq = dqkv + b * T * C3 + h * hs;
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f, a, (int)T, dy, (int)C, 0.0f, dq + 2 * C,
+                  (int)C3);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hs, 1.0f, dy, (int)C, q + 2 * C, (int)C3, 0.0f, datt,
+                  (int)T);
+      for (int64_t t = 0; t < T; t++) {
+        const float* ar = a + t * T;
+        float* dr = datt + t * T;
+        double dot = 0;
+        for (int64_t t2 = 0; t2 <= t; t2++) dot += static_cast<double>(ar[t2]) * dr[t2];
+        const float s = static_cast<float>(dot);
+        for (int64_t t2 = 0; t2 <= t; t2++) dr[t2] = ar[t2] * (dr[t2] - s) * scale;
+        for (int64_t t2 = t + 1; t2 < T; t2++) dr[t2] = 0;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f, datt, (int)T, q + C, (int)C3, 0.0f, dq,
+                  (int)C3);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f, datt, (int)T, q, (int)C3, 0.0f, dq + C,
+                  (int)C3);
+    }
+}
+
+}  // namespace
+
+// ---- the model ----
+
+GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device) : s_(spec), tracker_(tracker), dev_(device) {
+  DTLAB_CHECK(device.is_host(), "the GPT runs on the CPU device in this version");
+}
+
+void GptCore::ensure(int64_t B) {
+  B_ = B;
+  if (B <= capacity_) return;
+  const int64_t T = s_.ctx, C = s_.embd, BT = B * T, L = s_.layers;
+  auto act = [&](Shape shape) { return Tensor(std::move(shape), MemCategory::Activations, tracker_, DType::F32, dev_); };
+  std::vector<Tensor>* per_block[] = {&ln1_, &ln1_mean_, &ln1_rstd_, &qkv_, &att_, &atty_, &res2_, &ln2_, &ln2_mean_,
+                                      &ln2_rstd_, &fch_, &fch_gelu_, &res3_};
+  for (auto* v : per_block) v->clear();
+  encoded_ = act({BT, C});
+  for (int64_t l = 0; l < L; l++) {
+    ln1_.push_back(act({BT, C}));
+    ln1_mean_.push_back(act({BT}));
+    ln1_rstd_.push_back(act({BT}));
+    qkv_.push_back(act({BT, 3 * C}));
+    att_.push_back(act({B, s_.heads, T, T}));
+    atty_.push_back(act({BT, C}));
+    res2_.push_back(act({BT, C}));
+    ln2_.push_back(act({BT, C}));
+    ln2_mean_.push_back(act({BT}));
+    ln2_rstd_.push_back(act({BT}));
+    fch_.push_back(act({BT, 4 * C}));
+    fch_gelu_.push_back(act({BT, 4 * C}));
+    res3_.push_back(act({BT, C}));
+  }
+  lnf_ = act({BT, C});
+  lnf_mean_ = act({BT});
+  lnf_rstd_ = act({BT});
+  logits_ = act({BT, s_.vocab});
+  dres_ = act({BT, C});
+  dbuf_ = act({BT, C});
+  dqkv_ = act({BT, 3 * C});
+  dfch_ = act({BT, 4 * C});
+  datt_ = act({T, T});
+  capacity_ = B;
+}
+
+double GptCore::layer_flops(int layer, int64_t B) const {
+  const double BT = static_cast<double>(B * s_.ctx), C = static_cast<double>(s_.embd), T = static_cast<double>(s_.ctx);
+  if (layer == 0) return BT * C;  // the embedding sum
+  if (layer == s_.layers + 1) return 2.0 * BT * C * static_cast<double>(s_.vocab) + 8.0 * BT * C;
+  // c_attn, c_proj, c_fc, c_proj: 2 BT (3C^2 + C^2 + 4C^2 + 4C^2); attention: q.k and a.v over the
+  // causal half, 2 x 2 x B x T x T/2 x C.
+  return 2.0 * BT * 12.0 * C * C + 2.0 * BT * T * C + 16.0 * BT * C;
+}
+
+const float* GptCore::attention(int l, int64_t b, int64_t h) const {
+  if (B_ == 0 || l < 0 || l >= s_.layers || b < 0 || b >= B_ || h < 0 || h >= s_.heads) return nullptr;
+  return att_[static_cast<size_t>(l)].f32() + (b * s_.heads + h) * s_.ctx * s_.ctx;
+}
+
+const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int64_t B, ComputeObserver* obs, LayerGate* gate,
+                              LayerHooks* hooks) {
+  using P = GptParamIndex;
+  ensure(B);
+  idx_ = idx;
+  const int64_t T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab;
+  const int L = static_cast<int>(s_.layers);
+  auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };  // read after the layer's hooks (FSDP binds)
+  auto enter = [&](int layer) {
+    if (gate) gate->before_layer(layer, false);
+    if (hooks) hooks->before_forward(layer);
+  };
+  enter(0);
+  {
+    ComputeScope scope(obs, ComputeKind::LayerForward, 0, layer_flops(0, B));
+    float* x = encoded_.f32();
+    for (int64_t bt = 0; bt < BT; bt++) {
+      const float* te = w(P::kWte) + idx[bt] * C;
+      const float* pe = w(P::kWpe) + (bt % T) * C;
+      for (int64_t c = 0; c < C; c++) x[bt * C + c] = te[c] + pe[c];
+    }
+  }
+  if (hooks) hooks->after_forward(0);
+  const float* x = encoded_.f32();
+  for (int l = 0; l < L; l++) {
+    const size_t u = static_cast<size_t>(l);
+    enter(1 + l);
+    std::optional<ComputeScope> scope(std::in_place, obs, ComputeKind::LayerForward, 1 + l, layer_flops(1 + l, B));
+    layernorm_forward(ln1_[u].f32(), ln1_mean_[u].f32(), ln1_rstd_[u].f32(), x, w(P::block(l, P::Ln1W)), w(P::block(l, P::Ln1B)), BT, C);
+    dev_.linear_forward(qkv_[u].f32(), ln1_[u].f32(), w(P::block(l, P::AttnW)), w(P::block(l, P::AttnB)), BT, C, 3 * C);
+    attention_forward(atty_[u].f32(), att_[u].f32(), qkv_[u].f32(), B, T, C, s_.heads);
+    float* proj = dbuf_.f32();
+    dev_.linear_forward(proj, atty_[u].f32(), w(P::block(l, P::AttnProjW)), w(P::block(l, P::AttnProjB)), BT, C, C);
+    float* r2 = res2_[u].f32();
+    for (int64_t i = 0; i < BT * C; i++) r2[i] = x[i] + proj[i];
+    layernorm_forward(ln2_[u].f32(), ln2_mean_[u].f32(), ln2_rstd_[u].f32(), r2, w(P::block(l, P::Ln2W)), w(P::block(l, P::Ln2B)), BT, C);
+    dev_.linear_forward(fch_[u].f32(), ln2_[u].f32(), w(P::block(l, P::FcW)), w(P::block(l, P::FcB)), BT, C, 4 * C);
+    gelu_forward(fch_gelu_[u].f32(), fch_[u].f32(), BT * 4 * C);
+    dev_.linear_forward(proj, fch_gelu_[u].f32(), w(P::block(l, P::FcProjW)), w(P::block(l, P::FcProjB)), BT, 4 * C, C);
+    float* r3 = res3_[u].f32();
+    for (int64_t i = 0; i < BT * C; i++) r3[i] = r2[i] + proj[i];
+    x = r3;
+    scope.reset();  // the hooks' collectives (FSDP's reshard) follow the layer, outside its span
+    if (hooks) hooks->after_forward(1 + l);
+  }
+  enter(L + 1);
+  {
+    ComputeScope scope(obs, ComputeKind::LayerForward, L + 1, layer_flops(L + 1, B));
+    layernorm_forward(lnf_.f32(), lnf_mean_.f32(), lnf_rstd_.f32(), x, w(P::ln_f_weight(L)), w(P::ln_f_bias(L)), BT, C);
+    dev_.linear_forward(logits_.f32(), lnf_.f32(), w(P::kWte), nullptr, BT, C, V);  // lm_head, tied
+  }
+  if (hooks) hooks->after_forward(L + 1);
+  return logits_.f32();
+}
+
+void GptCore::backward(std::vector<Parameter>& p, const float* dlogits, const Model::GradReadyHook& ready,
+                       ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks) {
+  using P = GptParamIndex;
+  DTLAB_CHECK(idx_ != nullptr, "backward() called before forward()");
+  const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab;
+  const int L = static_cast<int>(s_.layers);
+  auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };
+  auto g = [&](int i) { return p[static_cast<size_t>(i)].grad; };
+  auto done = [&](std::initializer_list<int> ids) {
+    if (ready)
+      for (int i : ids) ready(i);
+  };
+  auto enter = [&](int layer) {
+    if (gate) gate->before_layer(layer, true);
+    if (hooks) hooks->before_backward(layer);
+  };
+  float* dres = dres_.f32();
+  float* dbuf = dbuf_.f32();
+  const float* last = L ? res3_.back().f32() : encoded_.f32();
+  {
+    enter(L + 1);
+    ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, 2 * layer_flops(L + 1, B));
+    dev_.linear_backward(dbuf, g(P::kWte), nullptr, dlogits, lnf_.f32(), w(P::kWte), BT, C, V);
+    std::fill_n(dres, BT * C, 0.0f);
+    layernorm_backward(dres, g(P::ln_f_weight(L)), g(P::ln_f_bias(L)), dbuf, last, w(P::ln_f_weight(L)), lnf_mean_.f32(),
+                       lnf_rstd_.f32(), BT, C);
+    done({P::ln_f_bias(L), P::ln_f_weight(L)});
+  }
+  if (hooks) hooks->after_backward(L + 1);
+  for (int l = L - 1; l >= 0; l--) {
+    const size_t u = static_cast<size_t>(l);
+    enter(1 + l);
+    std::optional<ComputeScope> scope(std::in_place, obs, ComputeKind::LayerBackward, 1 + l, 2 * layer_flops(1 + l, B));
+    const float* block_in = l ? res3_[u - 1].f32() : encoded_.f32();
+    float* dfch = dfch_.f32();
+    dev_.linear_backward(dfch, g(P::block(l, P::FcProjW)), g(P::block(l, P::FcProjB)), dres, fch_gelu_[u].f32(),
+                         w(P::block(l, P::FcProjW)), BT, 4 * C, C);
+    done({P::block(l, P::FcProjB), P::block(l, P::FcProjW)});
+    gelu_backward(dfch, dfch, fch_[u].f32(), BT * 4 * C);
+    dev_.linear_backward(dbuf, g(P::block(l, P::FcW)), g(P::block(l, P::FcB)), dfch, ln2_[u].f32(), w(P::block(l, P::FcW)), BT, C, 4 * C);
+    done({P::block(l, P::FcB), P::block(l, P::FcW)});
+    layernorm_backward(dres, g(P::block(l, P::Ln2W)), g(P::block(l, P::Ln2B)), dbuf, res2_[u].f32(), w(P::block(l, P::Ln2W)),
+                       ln2_mean_[u].f32(), ln2_rstd_[u].f32(), BT, C);
+    done({P::block(l, P::Ln2B), P::block(l, P::Ln2W)});
+    dev_.linear_backward(dbuf, g(P::block(l, P::AttnProjW)), g(P::block(l, P::AttnProjB)), dres, atty_[u].f32(),
+                         w(P::block(l, P::AttnProjW)), BT, C, C);
+    done({P::block(l, P::AttnProjB), P::block(l, P::AttnProjW)});
+    attention_backward(dqkv_.f32(), datt_.f32(), dbuf, qkv_[u].f32(), att_[u].f32(), B, T, C, s_.heads);
+    dev_.linear_backward(dbuf, g(P::block(l, P::AttnW)), g(P::block(l, P::AttnB)), dqkv_.f32(), ln1_[u].f32(),
+                         w(P::block(l, P::AttnW)), BT, C, 3 * C);
+    done({P::block(l, P::AttnB), P::block(l, P::AttnW)});
+    layernorm_backward(dres, g(P::block(l, P::Ln1W)), g(P::block(l, P::Ln1B)), dbuf, block_in, w(P::block(l, P::Ln1W)),
+                       ln1_mean_[u].f32(), ln1_rstd_[u].f32(), BT, C);
+    done({P::block(l, P::Ln1B), P::block(l, P::Ln1W)});
+    scope.reset();
+    if (hooks) hooks->after_backward(1 + l);
+  }
+  enter(0);
+  {
+    ComputeScope scope(obs, ComputeKind::LayerBackward, 0, 2 * layer_flops(0, B));
+    float* dwte = g(P::kWte);
+    float* dwpe = g(P::kWpe);
+    for (int64_t bt = 0; bt < BT; bt++) {
+      float* te = dwte + idx_[bt] * C;
+      float* pe = dwpe + (bt % T) * C;
+      const float* d = dres + bt * C;
+      for (int64_t c = 0; c < C; c++) {
+        te[c] += d[c];
+        pe[c] += d[c];
+      }
+    }
+    done({P::kWpe, P::kWte});
+  }
+  if (hooks) hooks->after_backward(0);
+}
+
+std::vector<int32_t> gpt_generate(Model& model, const std::vector<int32_t>& prompt, int64_t n, float temperature, int64_t top_k,
+                                  uint64_t seed) {
+  DTLAB_CHECK(model.is_gpt(), "gpt_generate() on a model that is not a GPT");
+  const int64_t T = model.spec().gpt.ctx, V = model.spec().gpt.vocab;
+  if (prompt.empty()) throw Error("the prompt is empty; give at least one character to continue from");
+  if (!(temperature > 0)) throw Error("the temperature must be greater than 0 (nanoGPT's sample.py uses 0.8)");
+  for (int32_t t : prompt)
+    if (t < 0 || t >= V) throw Error("the prompt holds token " + std::to_string(t) + ", outside the model's vocabulary of " + std::to_string(V));
+  std::vector<int32_t> seq = prompt;
+  std::vector<int64_t> idx(static_cast<size_t>(T));
+  std::vector<double> p(static_cast<size_t>(V));
+  std::mt19937_64 gen(seed);
+  for (int64_t k = 0; k < n; k++) {
+    const int64_t len = std::min<int64_t>(T, static_cast<int64_t>(seq.size()));
+    std::fill(idx.begin(), idx.end(), 0);
+    std::copy(seq.end() - len, seq.end(), idx.begin());
+    const float* row = model.forward_tokens(idx.data(), 1) + (len - 1) * V;
+    // logits / temperature; top-k keeps the values >= the k-th largest (torch.topk's v[:, [-1]]).
+    std::vector<float> z(row, row + V);
+    for (float& x : z) x /= temperature;
+    if (top_k > 0 && top_k < V) {
+      std::vector<float> sorted = z;
+      std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<float>());
+      const float kth = sorted[static_cast<size_t>(top_k - 1)];
+      for (float& x : z)
+        if (x < kth) x = -INFINITY;
+    }
+    const float mx = *std::max_element(z.begin(), z.end());
+    double sum = 0;
+    for (int64_t v = 0; v < V; v++) sum += p[static_cast<size_t>(v)] = std::exp(static_cast<double>(z[static_cast<size_t>(v)] - mx));
+    double u = std::uniform_real_distribution<double>(0.0, sum)(gen);
+    int32_t pick = static_cast<int32_t>(V - 1);
+    for (int64_t v = 0; v < V; v++) {
+      u -= p[static_cast<size_t>(v)];
+      if (u < 0) {
+        pick = static_cast<int32_t>(v);
+        break;
+      }
+    }
+    seq.push_back(pick);
+  }
+  return std::vector<int32_t>(seq.begin() + static_cast<std::ptrdiff_t>(prompt.size()), seq.end());
+}
+
+}  // namespace dtlab

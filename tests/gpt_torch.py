@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""The GPT against PyTorch (run by CTest; exits 77 = skipped when torch is absent).
+
+nanoGPT's GPT (tests/nanogpt_torch.py, docs/course_sources.md §6g) checked against dtlab-cli on a
+character-level slice of the shipped text:
+  1. initialisation: `--seed S` gives the values torch.manual_seed(S); GPT(config) gives (torch's
+     AVX2 normal_ uses SLEEF's log/cos/sin, so equal to about 1e-7, not bit for bit);
+  2. training from the same weights (`--init`, a safetensors file written here): per-step losses and
+     the final parameters after 20 steps equal torch's, AdamW and SGD with momentum, one rank and
+     DDP on 2 ranks (each rank's DistributedSampler shard, gradients averaged);
+  3. the checkpoint loads into the torch GPT (load_state_dict, strict but for the tied lm_head and
+     the causal-mask buffers, which nanoGPT's state_dict also lists) and gives dtlab's loss.
+Usage: gpt_torch.py PATH/TO/dtlab-cli
+"""
+import json, os, struct, sys, tempfile
+
+from torch_common import CLI, check, cli, failures, load_safetensors, np, torch  # noqa: F401 (exits 77 without torch)
+
+from nanogpt_torch import GPT  # noqa: E402
+
+
+def save_safetensors(path, sd):
+    header, blobs, off = {}, [], 0
+    for k, v in sd.items():
+        b = v.detach().contiguous().numpy().astype(np.float32).tobytes()
+        header[k] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def params(model):  # named_parameters(): the tied weight once, as transformer.wte.weight
+    return {k: v.detach() for k, v in model.named_parameters()}
+
+
+def torch_train(model, windows, batch, steps, seed, make_opt, world):
+    """DDP on `world` ranks as one process: each rank's DistributedSampler shard, the mean of the
+    ranks' mean losses (DDP averages the gradients)."""
+    opt = make_opt(model.parameters())
+    samplers = [torch.utils.data.distributed.DistributedSampler(range(len(windows)), num_replicas=world, rank=r,
+                                                                shuffle=True, seed=seed) for r in range(world)]
+    losses, epoch = [], 0
+    while len(losses) < steps:
+        orders = []
+        for s in samplers:
+            s.set_epoch(epoch)
+            orders.append(list(iter(s)))
+        per_rank = len(orders[0])
+        for start in range(0, per_rank, batch):
+            opt.zero_grad()
+            total = 0.0
+            for r in range(world):
+                rows = windows[orders[r][start:start + batch]]
+                loss = model(rows[:, :-1].contiguous(), rows[:, 1:].contiguous()) / world
+                loss.backward()
+                total += loss.item()
+            opt.step()
+            losses.append(total)
+            if len(losses) == steps:
+                break
+        epoch += 1
+    return losses
+
+
+torch.set_num_threads(1)
+src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "shakespeare_sonnets.txt")
+with tempfile.TemporaryDirectory() as tmp:
+    text = open(src, encoding="utf-8").read()[:6000]
+    text_path = os.path.join(tmp, "t.txt")
+    open(text_path, "w", encoding="utf-8").write(text)
+    chars = sorted(set(text))
+    tokens = torch.tensor([chars.index(c) for c in text], dtype=torch.int64)
+    L, H, C, T, V = 2, 2, 32, 16, len(chars)
+    spec = f"gpt:layers={L},heads={H},embd={C},ctx={T}"
+    n = (len(tokens) - 1) // T
+    windows = torch.stack([tokens[i * T:i * T + T + 1] for i in range(n)])
+    common = ["--model", spec, "--data", "text:" + text_path, "--threads", 1]
+
+    # 1. The initial values for a seed (an SGD step of lr 1e-12 moves no value by more than 1e-11).
+    ckpt0 = os.path.join(tmp, "init.safetensors")
+    cli("train", *common, "--seed", 5, "--steps", 1, "--batch", 4, "--optimizer", "sgd", "--lr", "1e-12", "--save", ckpt0)
+    ours0 = load_safetensors(ckpt0)
+    torch.manual_seed(5)
+    ref = GPT(L, H, C, T, V)
+    theirs0 = params(ref)
+    same_names = sorted(ours0) == sorted(theirs0)
+    init_diff = max((ours0[k] - v).abs().max().item() for k, v in theirs0.items()) if same_names else float("inf")
+    check(same_names and init_diff < 1e-6,
+          f"--seed 5 gives nanoGPT's initial values for torch.manual_seed(5) (names {'equal' if same_names else 'differ'}, "
+          f"max abs diff {init_diff:.2e})")
+
+    # 2. Training from the same weights.
+    torch.manual_seed(11)
+    start = GPT(L, H, C, T, V)
+    init_path = os.path.join(tmp, "start.safetensors")
+    save_safetensors(init_path, params(start))
+    runs = {
+        "adamw": (["--optimizer", "adamw", "--lr", "0.003", "--weight-decay", "0.1"],
+                  lambda p: torch.optim.AdamW(p, lr=0.003, weight_decay=0.1)),
+        "sgd": (["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9"],
+                lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
+    }
+    steps, batch = 20, 4
+    for world in (1, 2):
+        for name, (flags, make_opt) in runs.items():
+            ckpt = os.path.join(tmp, f"{name}{world}.safetensors")
+            strategy = ["--strategy", "ddp", "--world", world] if world > 1 else []
+            out = cli("train", *common, *strategy, "--init", init_path, "--seed", 3, "--batch", batch, "--steps", steps,
+                      *flags, "--save", ckpt, "--json")
+            ours = [r["loss"] for r in map(json.loads, out.splitlines()) if "step" in r]
+            model = GPT(L, H, C, T, V)
+            model.load_state_dict(start.state_dict())
+            theirs = torch_train(model, windows, batch, steps, 3, make_opt, world)
+            loss_diff = max(abs(a - b) for a, b in zip(ours, theirs)) if len(ours) == steps else float("inf")
+            check(loss_diff < 1e-4, f"{name}, world {world}: {steps} per-step losses equal torch's (max abs diff {loss_diff:.2e})")
+            sd = load_safetensors(ckpt)
+            param_diff = max((sd[k] - v).abs().max().item() for k, v in params(model).items())
+            check(param_diff < 1e-4, f"{name}, world {world}: parameters after {steps} steps equal torch's (max abs diff {param_diff:.2e})")
+
+    # 3. The checkpoint in nanoGPT's GPT.
+    fresh = GPT(L, H, C, T, V)
+    missing, unexpected = fresh.load_state_dict(load_safetensors(ckpt), strict=False)
+    allowed = {"lm_head.weight"} | {f"transformer.h.{i}.attn.bias" for i in range(L)}
+    check(set(missing) <= allowed and not unexpected,
+          f"the checkpoint loads into nanoGPT's GPT (missing only the tied lm_head and mask buffers: {sorted(missing)})")
+    with torch.no_grad():
+        full = fresh(windows[:, :-1].contiguous(), windows[:, 1:].contiguous()).item()
+    final = json.loads(cli("eval", "--init", ckpt, "--model", spec, "--data", "text:" + text_path, "--json"))
+    check(abs(final["loss"] - full) < 1e-4, f"dtlab-cli eval's loss {final['loss']:.6f} equals torch's {full:.6f} on the loaded GPT")
+
+print(f"{'FAILED' if failures else 'passed'}: GPT torch parity ({len(failures)} failures), torch {torch.__version__}")
+sys.exit(1 if failures else 0)
