@@ -123,6 +123,8 @@ class App : public ScriptRunner::Host {
   std::string start_off_path() const;  // its file says "do not show the start screen at start"
   void set_modeled_clock(bool on) override { ctx_.modeled_clock = on; }
   void set_data_set_epoch(bool on) override;
+  std::string generate_text(const std::string& prompt) override;
+  void refresh_attention();
   void lesson_opened() override { show_lessons_ = relayout_ = true; }
   void lesson_ran() override;
   std::string pin_run() override;
@@ -994,6 +996,11 @@ void App::views() {
     ImGui::End();
   }
   if (ctx_.data_set_epoch != set_epoch) session_->set_data_set_epoch(ctx_.data_set_epoch);
+  refresh_attention();
+  if (data_view_.generate.request) {  // the data view's Generate button
+    data_view_.generate.request = false;
+    generate_text(data_view_.generate.prompt);
+  }
   if (ctx_.focus_request) {  // the mesh view's click: every view follows that rank or group
     ctx_.focus_request = false;
     session_->set_focus(ctx_.focus_rank, ctx_.focus_group);
@@ -1145,6 +1152,40 @@ void App::set_presentation(bool on) {
   presentation_ = on;
   apply_style();
   relayout_ = true;
+}
+
+// The data view's attention grid: read again when the run stood still at a new place or another
+// block or head was chosen (Session::attention), cleared while it moves.
+void App::refresh_attention() {
+  AttentionBox& a = data_view_.attention;
+  const TrainConfig& c = session_->config();
+  if (!c.model.is_gpt()) return;
+  a.layers = static_cast<int>(c.model.gpt.layers);
+  a.heads = static_cast<int>(c.model.gpt.heads);
+  a.layer = std::clamp(a.layer, 0, a.layers - 1);
+  a.head = std::clamp(a.head, 0, a.heads - 1);
+  const Snapshot& s = session_->snapshot();
+  const uint64_t key = (s.stepper.generation * 1024 + static_cast<uint64_t>(a.layer)) * 1024 + static_cast<uint64_t>(a.head) + 1;
+  if (key == a.key) return;
+  if (!session_->attention(a.layer, a.head, a.probs, a.text)) {
+    a.probs.clear();
+    return;  // read again next frame: the run may settle
+  }
+  a.key = key;
+  a.at_step = s.step;
+}
+
+std::string App::generate_text(const std::string& prompt) {
+  GenerateBox& g = data_view_.generate;
+  g.error.clear();
+  try {
+    g.output = session_->generate(prompt, 240);
+    g.asked = prompt;
+    g.at_step = session_->snapshot().step;
+  } catch (const Error& e) {
+    g.error = e.what();
+  }
+  return g.error;
 }
 
 void App::set_data_set_epoch(bool on) {

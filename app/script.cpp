@@ -22,7 +22,7 @@ const char* kUsage =
     "commands: step ring|collective|layer|bucket|iteration|action [N], focus rank R|group NAME|none, run [SECONDS]s, "
     "pause, wait SECONDSs, "
     "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|sizing|all, sizing KEY=VALUE ...|run, screenshot PATH.png, speed X, "
-    "presentation on|off, fullscreen on|off, start on|off|ddp|fsdp|pipeline|course, check layout, clock modeled|wall, set_epoch on|off, reset, quit, "
+    "presentation on|off, fullscreen on|off, start on|off|ddp|fsdp|pipeline|course, check layout, clock modeled|wall, set_epoch on|off, generate TEXT, reset, quit, "
     "pin, unpin, compare --FLAG VALUE ... (run B with those settings beside the pinned A), "
     "lesson open NAME|next|back|goto N|answer X|check|play|demo|close; with --open: wait trace|compare [SECONDS]s, "
     "select collective K, compare [PROFILE], zoom all|iteration N|collective K, view collectives|breakdown|compare";
@@ -73,6 +73,7 @@ bool live_command(const ScriptCommand& c) {
     case ScriptCommand::Speed:
     case ScriptCommand::Clock:
     case ScriptCommand::SetEpoch:
+    case ScriptCommand::Generate:
     case ScriptCommand::Reset:
     case ScriptCommand::Pin:
     case ScriptCommand::Unpin:
@@ -206,6 +207,12 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       }
       c.kind = ScriptCommand::Sizing;
       c.arg = spec;
+    } else if (k == "generate") {
+      c.kind = ScriptCommand::Generate;
+      c.arg = line.substr(line.find("generate") + 8);
+      c.arg.erase(0, c.arg.find_first_not_of(" \t"));
+      c.arg.erase(c.arg.find_last_not_of(" \t\r") + 1);
+      if (c.arg.empty()) fail("generate takes the text to continue, e.g. generate Shall I compare thee");
     } else if (k == "screenshot") {
       if (w.size() != 2) fail("screenshot takes one PATH.png");
       c.kind = ScriptCommand::Screenshot;

@@ -212,6 +212,9 @@ bool ScriptRunner::run(const ScriptCommand& c) {
     }
     case ScriptCommand::Clock: host_.set_modeled_clock(c.arg == "modeled"); break;
     case ScriptCommand::SetEpoch: host_.set_data_set_epoch(c.arg == "on"); break;
+    case ScriptCommand::Generate:
+      if (const std::string why = host_.generate_text(c.arg); !why.empty()) return failure(c.line, why, 2);
+      break;
     case ScriptCommand::Reset: host_.restart(session_->config()); break;
     case ScriptCommand::Pin:
       if (const std::string why = host_.pin_run(); !why.empty()) return failure(c.line, why, 2);

@@ -39,6 +39,8 @@ class ScriptRunner {
     virtual void start_screen(const std::string& what) = 0;
     virtual void set_modeled_clock(bool on) = 0;
     virtual void set_data_set_epoch(bool on) = 0;
+    // `generate TEXT`: the data view's Generate box asks a GPT run to continue TEXT; "" or why not.
+    virtual std::string generate_text(const std::string& prompt) = 0;
     virtual void restart(const TrainConfig& config) = 0;  // `reset`
     // A/B comparison: `pin`, `unpin`, and `compare FLAGS` (B's settings, A pinned first when none is).
     // An empty string, or the sentence saying why not.

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "engine/core/check.h"
+#include "engine/core/gpt.h"
 #include "engine/train/config_json.h"
 
 namespace dtlab::app {
@@ -146,6 +147,42 @@ void Session::set_focus(int rank, const std::string& group) {
 }
 
 bool Session::paused() const { return client_ ? client_->stepper_state().paused : trainer_->stepper().paused(); }
+
+std::string Session::generate(const std::string& prompt, int64_t tokens) {
+  if (!config_.model.is_gpt()) throw Error("generate samples text from a GPT; start a run with --model gpt-tiny");
+  if (client_) throw Error("generate samples from this lab's own runs; an attached run's parameters live in its processes");
+  if (!settled()) throw Error("the run is moving; pause it (or let it finish) and generate again");
+  Model& live = finished() ? trainer_->result_model() : trainer_->model();
+  if (!live.owns_parameters())
+    throw Error("FSDP shards rank 0's parameters, so no rank holds the whole model until the run ends; generate after the last step");
+  const Dataset& ds = trainer_->dataset();
+  if (ds.chars.empty()) throw Error("the run's data is token ids, not text; train on --data text to read what it writes");
+  std::vector<int32_t> ids;
+  for (char32_t c : utf8_to_code_points(prompt, "the prompt")) {
+    const size_t at = ds.chars.find(c);
+    if (at == std::u32string::npos) throw Error("the prompt holds a character the text does not; use characters of " + ds.name);
+    ids.push_back(static_cast<int32_t>(at));
+  }
+  if (!sample_model_ || sample_model_->spec().str() != live.spec().str())
+    sample_model_ = std::make_unique<Model>(live.spec(), nullptr, 0);
+  sample_model_->upload_params(live.host_params().data());
+  const std::vector<int32_t> out = gpt_generate(*sample_model_, ids, tokens, 0.8f, 200, 1337);
+  return decode_tokens(ds.chars, out.data(), static_cast<int64_t>(out.size()));
+}
+
+bool Session::attention(int layer, int head, std::vector<float>& probs, std::string& text) const {
+  if (!trainer_ || !config_.model.is_gpt() || !settled()) return false;
+  const GptCore* g = trainer_->model().gpt();
+  const float* a = g ? g->attention(layer, 0, head) : nullptr;
+  const int64_t* tok = g ? g->tokens(0) : nullptr;
+  if (!a || !tok) return false;
+  const int64_t T = config_.model.gpt.ctx;
+  probs.assign(a, a + T * T);
+  const Dataset& ds = trainer_->dataset();
+  std::vector<int32_t> ids(tok, tok + T);
+  text = ds.chars.empty() ? std::string() : decode_tokens(ds.chars, ids.data(), T);
+  return true;
+}
 
 bool Session::settled() const {
   if (finished()) return true;

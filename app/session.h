@@ -67,6 +67,17 @@ class Session {
   bool finished() const;
   StepperState stepper_state() const;  // the stepper's state now, wherever the run runs
 
+  // A GPT run: `tokens` characters sampled after `prompt` from rank 0's parameters as they are now
+  // (nanoGPT's generate, engine/core/gpt.h; seed 1337), on a copy of the model, so the run's own
+  // buffers are untouched. Only while nothing moves (paused and settled, or finished) and while
+  // rank 0 holds the whole model; dtlab::Error with a sentence saying why not otherwise.
+  std::string generate(const std::string& prompt, int64_t tokens);
+  // A GPT run's attention as its last forward left it on rank 0: block `layer`, head `head`, the
+  // batch's first sample: T x T probabilities (row: the query position) into `probs`, the sample's
+  // text into `text`. Only while nothing moves; false when there is none (not a GPT, no forward yet,
+  // the run moving, or an index out of range).
+  bool attention(int layer, int head, std::vector<float>& probs, std::string& text) const;
+
  private:
   Session() = default;  // attach()
   // What the views need of the run, wherever it runs.
@@ -89,6 +100,7 @@ class Session {
   std::unique_ptr<Dataset> plan_data_;
   std::unique_ptr<PipelinePlan> plan_pipeline_;
   std::unique_ptr<CostModel> plan_cost_;
+  std::unique_ptr<Model> sample_model_;  // generate(): the copy it samples from
   uint64_t command_generation_ = 0;  // attached: the stepper state's generation when the last command went
   std::thread worker_;
   std::atomic<bool> done_{false};

@@ -9,6 +9,7 @@
 #include "app/options.h"
 #include "app/session.h"
 #include "tests/session_util.h"
+#include "tests/test_util.h"
 
 using namespace dtlab;
 using namespace dtlab::app;
@@ -74,6 +75,44 @@ TEST_SUITE("app") {
     CHECK(b.buckets[0].launch_order == 0);
     CHECK(b.memory.size() == 4);
     CHECK(b.memory[3].stats.current_of(MemCategory::CommBuffers) == 4547 * 4);
+  }
+
+  TEST_CASE("a paused GPT run writes text from its current weights, and says why when it cannot") {
+    TrainConfig c = lab_config(2);
+    c.model = ModelSpec::parse("gpt:layers=1,heads=2,embd=16,ctx=16");
+    Session s(c);
+    step(s, GateKind::Iteration, 2);
+    const std::string text = s.generate("Shall I", 40);
+    CHECK(text.size() == 40);  // the sonnets are ASCII: one byte per sampled character
+    CHECK(s.generate("Shall I", 40) == text);  // seed 1337, the same weights while paused
+    // The attention the last forward left: causal rows of probabilities over the first sample's text.
+    std::vector<float> att;
+    std::string sample;
+    REQUIRE(s.attention(0, 1, att, sample));
+    REQUIRE(att.size() == 16 * 16);
+    CHECK(sample.size() == 16);
+    for (int r = 0; r < 16; r++) {
+      double row = 0;
+      for (int k = 0; k < 16; k++) {
+        if (k > r) CHECK(att[static_cast<size_t>(r * 16 + k)] == 0.0f);
+        row += att[static_cast<size_t>(r * 16 + k)];
+      }
+      CHECK(row == doctest::Approx(1.0).epsilon(1e-5));
+    }
+    CHECK_FALSE(s.attention(1, 0, att, sample));  // one block: there is no block 1
+    const std::string bad = test::error_sentence([&] { s.generate("\xce\xbb", 5); });
+    CHECK(bad.rfind("the prompt holds a character the text does not; use characters of text:", 0) == 0);
+    CHECK(bad.ends_with("data/shakespeare_sonnets.txt"));
+    s.run();
+    CHECK(test::error_sentence([&] { s.generate("Shall I", 5); }) == "the run is moving; pause it (or let it finish) and generate again");
+    TrainConfig f = c;
+    f.strategy = Strategy::Fsdp;
+    s.restart(f);
+    step(s, GateKind::Iteration, 1);
+    CHECK(test::error_sentence([&] { s.generate("Shall I", 5); }) ==
+          "FSDP shards rank 0's parameters, so no rank holds the whole model until the run ends; generate after the last step");
+    Session mlp(lab_config(2));
+    CHECK(test::error_sentence([&] { mlp.generate("a", 5); }) == "generate samples text from a GPT; start a run with --model gpt-tiny");
   }
 
   TEST_CASE("iterations: history, data ownership and a clean reset") {

@@ -599,6 +599,75 @@ void draw_history(const Snapshot& s, DataViewState& st, ImVec2 size) {
   ImGui::EndGroup();
 }
 
+// One head's causal attention over the batch's first sample, as a T x T grid: row t is query
+// position t, its cells the probabilities it gives positions 0..t (brighter: more); hovering names the
+// two characters.
+void draw_attention(AttentionBox& a) {
+  ImGui::Separator();
+  ImGui::TextUnformatted("Attention: one head's pattern on the batch's first sample (pause first)");
+  if (a.layers > 0) {
+    ImGui::SetNextItemWidth(8.0f * ImGui::GetFontSize());
+    ImGui::SliderInt("block", &a.layer, 0, a.layers - 1);
+    ImGui::SameLine();
+    ImGui::SetNextItemWidth(8.0f * ImGui::GetFontSize());
+    ImGui::SliderInt("head", &a.head, 0, a.heads - 1);
+  }
+  const int64_t T = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(a.probs.size()))));
+  if (T == 0 || T * T != static_cast<int64_t>(a.probs.size())) {
+    ImGui::TextDisabled("No forward to show yet, or the run is moving.");
+    return;
+  }
+  ImGui::TextDisabled("after step %lld: row = query position, column = the position it reads (the mask leaves the upper right empty)",
+                      static_cast<long long>(a.at_step));
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  // Fill what is left of the window, but no cell smaller than half a character: at a projector the
+  // view scrolls rather than shrink the grid to a smudge.
+  const float cell = std::max(0.5f * ImGui::GetFontSize(), std::min((avail.x - 4) / static_cast<float>(T), (avail.y - 4) / static_cast<float>(T)));
+  const ImVec2 p = ImGui::GetCursorScreenPos();
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  for (int64_t r = 0; r < T; r++)
+    for (int64_t c = 0; c <= r; c++) {
+      const float v = std::clamp(a.probs[static_cast<size_t>(r * T + c)], 0.0f, 1.0f);
+      const float g = std::sqrt(v);  // small weights stay visible
+      const ImU32 col = IM_COL32(static_cast<int>(40 + 215 * g), static_cast<int>(60 + 170 * g), static_cast<int>(90 + 60 * g), 255);
+      const ImVec2 c0(p.x + cell * static_cast<float>(c), p.y + cell * static_cast<float>(r));
+      dl->AddRectFilled(c0, ImVec2(c0.x + cell - (cell > 4 ? 1 : 0), c0.y + cell - (cell > 4 ? 1 : 0)), col);
+    }
+  ImGui::Dummy(ImVec2(cell * static_cast<float>(T), cell * static_cast<float>(T)));
+  if (ImGui::IsItemHovered()) {
+    const ImVec2 m = ImGui::GetMousePos();
+    const int64_t r = static_cast<int64_t>((m.y - p.y) / cell), c = static_cast<int64_t>((m.x - p.x) / cell);
+    if (r >= 0 && r < T && c >= 0 && c <= r && static_cast<int64_t>(a.text.size()) == T) {
+      auto shown = [](char ch) { return ch == '\n' ? std::string("\\n") : std::string(1, ch); };
+      ImGui::SetTooltip("position %lld ('%s') reads position %lld ('%s') with weight %.3f", static_cast<long long>(r),
+                        shown(a.text[static_cast<size_t>(r)]).c_str(), static_cast<long long>(c), shown(a.text[static_cast<size_t>(c)]).c_str(),
+                        static_cast<double>(a.probs[static_cast<size_t>(r * T + c)]));
+    }
+  }
+}
+
+// Token data (a GPT's text): windows of text have no points to plot; the view shows the text's
+// figures and the Generate box (what the model writes now, GenerateBox).
+void draw_text_data(const DataView& d, DataViewState& st) {
+  ImGui::TextWrapped("%s: %lld windows of text, a vocabulary of %d characters; the loss is over every position.",
+                     d.name.c_str(), static_cast<long long>(d.n), d.classes);
+  ImGui::Separator();
+  ImGui::TextUnformatted("Generate: what the model writes now (pause first)");
+  ImGui::SetNextItemWidth(std::max(8.0f * ImGui::GetFontSize(), ImGui::GetContentRegionAvail().x - 7.0f * ImGui::GetFontSize()));
+  ImGui::InputText("##prompt", st.generate.prompt, sizeof st.generate.prompt);
+  ImGui::SameLine();
+  if (ImGui::Button("Generate")) st.generate.request = true;
+  if (!st.generate.error.empty()) {
+    ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1.0f, 0.72f, 0.3f, 1.0f));
+    ImGui::TextWrapped("%s", st.generate.error.c_str());
+    ImGui::PopStyleColor();
+  } else if (st.generate.at_step >= 0) {
+    ImGui::TextDisabled("after step %lld, temperature 0.8, top-k 200:", static_cast<long long>(st.generate.at_step));
+    ImGui::TextWrapped("%s%s", st.generate.asked.c_str(), st.generate.output.c_str());
+  }
+  draw_attention(st.attention);
+}
+
 }  // namespace
 
 void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
@@ -610,6 +679,7 @@ void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip("sampler.set_epoch(epoch) reseeds the DistributedSampler's shuffle every epoch.\n"
                       "Without it every epoch repeats epoch 0's split and order.");
+  if (d.valid && d.n > 0 && d.xy.empty()) return draw_text_data(d, st);
   // "color by (o) rank (o) class" on the same line when it fits, else on the next (a 1600x900 tile
   // cut it off at the right).
   flow(ImGui::CalcTextSize("color by  replica  class").x + 3 * ImGui::GetFrameHeight(), font * 1.5f);
@@ -621,11 +691,6 @@ void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
   ImGui::RadioButton("class", &by, static_cast<int>(ColorBy::Class));
   st.color_by = static_cast<ColorBy>(by);
 
-  if (d.valid && d.n > 0 && d.xy.empty()) {  // token data: windows of text, nothing to plot
-    ImGui::TextWrapped("%s: %lld windows of text, a vocabulary of %d characters. This view plots points; a GPT's text has "
-                       "none to plot.", d.name.c_str(), static_cast<long long>(d.n), d.classes);
-    return;
-  }
   if (!d.valid || d.n <= 0 || d.xy.size() < 2) {
     ImGui::TextDisabled("No data set loaded yet.");
     return;

@@ -2,6 +2,7 @@
 // coloring, the scatter's vertices and the split they show, and its GL objects.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "app/views/views.h"
@@ -14,6 +15,27 @@ struct PointVertex {
   float x, y;   // data coordinates
   ImU32 color;  // RGBA bytes (IM_COL32 layout)
   float group;  // owner rank or class
+};
+
+// A GPT's text (token data): the Generate box samples from the model being trained; the app runs
+// the request (Session::generate) and leaves the text or the reason here.
+struct GenerateBox {
+  char prompt[256] = "Shall I compare thee";
+  bool request = false;      // the button was pressed this frame
+  std::string output, error;  // the last answer
+  std::string asked;          // the prompt it answered
+  int64_t at_step = -1;       // the run's step when it was sampled
+};
+
+// A GPT's attention pattern (Session::attention): the chosen block and head, and what the app read
+// for them while the run stood still.
+struct AttentionBox {
+  int layer = 0, head = 0;
+  int layers = 0, heads = 0;  // the model's, for the sliders
+  std::vector<float> probs;   // T x T, empty: nothing to show
+  std::string text;           // the sample's characters (one per position)
+  int64_t at_step = -1;
+  uint64_t key = 0;           // what `probs` was read for (the stepper's generation, layer, head)
 };
 
 struct DataViewState {
@@ -46,6 +68,9 @@ struct DataViewState {
   uint64_t drawn_version = 0;
   int drawn_w = 0, drawn_h = 0, drawn_highlight = -2;
   float drawn_point = 0;
+
+  GenerateBox generate;
+  AttentionBox attention;
 };
 
 void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx);

@@ -61,6 +61,8 @@ class GptCore {
   // The attention probabilities of the last forward: block l, sample b, head h, (T, T) row-major with
   // zeros above the diagonal. Null before a forward.
   const float* attention(int l, int64_t b, int64_t h) const;
+  // The last forward's input tokens of sample b (T ids; null before a forward).
+  const int64_t* tokens(int64_t b) const { return idx_ && b >= 0 && b < B_ ? idx_ + b * s_.ctx : nullptr; }
   // FLOPs of one forward of layer `layer` (0..L+1) for B samples, multiply-adds counted twice (the
   // backward is twice that).
   double layer_flops(int layer, int64_t B) const;
