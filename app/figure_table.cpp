@@ -131,6 +131,13 @@ const StepPoint& step_point(const Snapshot& s, const Arg& k) {
   throw_sentence("step " + format_figure(k.num) + " has not run (" + std::to_string(s.steps_reported) + " steps so far)");
 }
 
+// Step K of a run that clips its gradients.
+const StepPoint& clip_point(const Snapshot& s, const Arg& k) {
+  const StepPoint& p = step_point(s, k);
+  if (p.grad_norm < 0) throw_sentence("this run does not clip its gradients; add --clip-grad-norm MAX");
+  return p;
+}
+
 const StepPoint& last_step(const Snapshot& s) {
   if (s.history.empty()) throw_sentence("no optimizer step has run yet");
   return s.history.back();
@@ -468,6 +475,12 @@ std::vector<Entry> history_entries() {
        return count_events(s, a[0].num, [](const Event& e) { return e.kind == EventKind::BucketLaunch; }); }},
     {"loss(K)", "n", "loss of step K (1-based)", [](S s, A a) { return double(step_point(s, a[0]).loss); }},
     {"accuracy(K)", "n", "accuracy of step K", [](S s, A a) { return step_point(s, a[0]).accuracy; }},
+    {"samples(K)", "n", "samples whose gradients step K averaged, over every rank (a rank joined under --join adds none)", [](S s, A a) {
+       return double(step_point(s, a[0]).samples); }},
+    {"clip.norm(K)", "n", "--clip-grad-norm: the whole model's gradient norm in step K, before clipping", [](S s, A a) {
+       return clip_point(s, a[0]).grad_norm; }},
+    {"clip.coef(K)", "n", "--clip-grad-norm: the factor step K multiplied every gradient by (1: not clipped)", [](S s, A a) {
+       return clip_point(s, a[0]).clip_coef; }},
   };
 }
 

@@ -193,6 +193,9 @@ struct StepPoint {
   double samples_per_sec = 0;
   float loss_scale = 0;  // fp16: the scale this step's gradients carried (0: no loss scaler)
   bool skipped = false;  // fp16: every rank skipped the optimizer step (inf/NaN in the gradients)
+  int64_t samples = 0;   // over every rank and micro-batch (a joined rank adds none)
+  double grad_norm = -1;  // --clip-grad-norm: the whole model's gradient norm before clipping; -1: none
+  double clip_coef = -1;  // the factor every gradient was multiplied by (1: not clipped)
 };
 
 // Who trains on a sample in the data view: a rank, or in a mesh (--tp, a pipeline) a data-parallel

@@ -406,7 +406,8 @@ void SnapshotBuilder::set_reports(const std::vector<StepReport>& fresh, const st
   s.running = !done;
   s.error = error;
   for (const StepReport& r : fresh) {
-    s.history.push_back({r.step, r.loss, r.accuracy, r.overlap, r.samples_per_sec, r.loss_scale, r.step_skipped});
+    s.history.push_back({r.step, r.loss, r.accuracy, r.overlap, r.samples_per_sec, r.loss_scale, r.step_skipped, r.samples,
+                         r.grad_norm, r.clip_coef});
     s.steps_reported++;
     if (r.step_skipped) s.steps_skipped++, s.last_skipped_step = r.step;
     pipeline_.add_report(r);

@@ -161,7 +161,7 @@ struct StepPrinter {
   void operator()(const StepReport& r) {
     if (json) return print_json(r);
     if (r.step % every == 0 || r.step == 1 || r.step == r.total_steps || r.step_skipped) {
-      char line[200];
+      char line[320];
       std::snprintf(line, sizeof line, "step %*lld/%lld  epoch %3lld  loss %.4f  acc %5.1f%%  %s %s/s",
                     static_cast<int>(std::to_string(r.total_steps).size()),
                     static_cast<long long>(r.step), static_cast<long long>(r.total_steps),
@@ -176,6 +176,11 @@ struct StepPrinter {
         const size_t len = std::strlen(line);
         std::snprintf(line + len, sizeof line - len, "  scale %g%s", static_cast<double>(r.loss_scale),
                       r.step_skipped ? "  SKIPPED: inf/NaN in the gradients, scale halved" : "");
+      }
+      if (r.grad_norm >= 0) {  // --clip-grad-norm: the norm before clipping, and the factor applied
+        const size_t len = std::strlen(line);
+        if (r.clip_coef < 1) std::snprintf(line + len, sizeof line - len, "  grad norm %.6g clipped x%.6g", r.grad_norm, r.clip_coef);
+        else std::snprintf(line + len, sizeof line - len, "  grad norm %.6g", r.grad_norm);
       }
       if (bar) io.err << "\r\033[K" << std::flush;
       io.out << line << "\n" << std::flush;
@@ -204,6 +209,7 @@ struct StepPrinter {
     if (branch) j["branch_taken"] = r.branch_taken;
     if (!r.bubble.empty()) j["bubble"] = r.bubble;
     if (r.loss_scale > 0) j["loss_scale"] = r.loss_scale, j["skipped"] = r.step_skipped;
+    if (r.grad_norm >= 0) j["grad_norm"] = r.grad_norm, j["clip_coef"] = r.clip_coef;
     io.out << j.dump() << "\n";
   }
 };

@@ -6,7 +6,9 @@ Checks, with Debian's python3-torch:
      give the same per-step losses and the same final parameters, for AdamW and SGD+momentum;
   2. checkpoints: dtlab's safetensors file loads into torch.nn.Sequential with load_state_dict
      (strict) and torch's logits equal `dtlab-cli eval --logits`;
-  3. the sampler: `dtlab-cli sampler --json` equals torch's DistributedSampler.
+  3. the sampler: `dtlab-cli sampler --json` equals torch's DistributedSampler;
+  4. --clip-grad-norm: each step's norm equals torch.nn.utils.clip_grad_norm_'s return value, and the
+     clipped run's losses and parameters equal torch's.
 Usage: torch_parity.py PATH/TO/dtlab-cli
 """
 import json, os, struct, sys, tempfile
@@ -23,7 +25,7 @@ def sequential(dims):
     return torch.nn.Sequential(*layers)
 
 
-def torch_train(dims, x, y, batch, steps, seed, make_opt):
+def torch_train(dims, x, y, batch, steps, seed, make_opt, clip=None, norms=None):
     torch.manual_seed(seed)
     model = sequential(dims)
     opt = make_opt(model.parameters())
@@ -37,6 +39,8 @@ def torch_train(dims, x, y, batch, steps, seed, make_opt):
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(xb), yb)
             loss.backward()
+            if clip is not None:
+                norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
             opt.step()
             losses.append(loss.item())
             if len(losses) == steps:
@@ -60,6 +64,9 @@ with tempfile.TemporaryDirectory() as tmp:
                   lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.01)),
         "sgd": (["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--weight-decay", "0.001"],
                 lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.001)),
+        # A max norm below the gradients' (about 0.3 to 1 here): every step clips.
+        "sgd_clip": (["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--clip-grad-norm", "0.1"],
+                     lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)),
     }
     for name, (flags, make_opt) in runs.items():
         ckpt = os.path.join(tmp, f"{name}.safetensors")
@@ -68,7 +75,16 @@ with tempfile.TemporaryDirectory() as tmp:
                   "--threads", 1, *flags, "--save", ckpt, "--json")
         rows = [json.loads(l) for l in out.splitlines()]
         ours = [r["loss"] for r in rows if "step" in r]
-        model, theirs = torch_train(dims, x, y, 32, steps, 3, make_opt)
+        clip = 0.1 if name == "sgd_clip" else None
+        torch_norms = []
+        model, theirs = torch_train(dims, x, y, 32, steps, 3, make_opt, clip, torch_norms)
+        if clip is not None:
+            our_norms = [r["grad_norm"] for r in rows if "step" in r]
+            norm_diff = max(abs(a - b) / b for a, b in zip(our_norms, torch_norms))
+            clipped = sum(b > clip for b in torch_norms)
+            check(len(our_norms) == steps and norm_diff < 1e-5 and clipped == steps,
+                  f"{name}: {steps} per-step gradient norms equal clip_grad_norm_'s, every step clipped "
+                  f"(max rel diff {norm_diff:.2e}, {clipped} clipped)")
         loss_diff = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(ours, theirs))
         check(len(ours) == steps and loss_diff < 1e-5,
               f"{name}: {steps} per-step losses equal torch's (max rel diff {loss_diff:.2e})")

@@ -1,5 +1,7 @@
-// The Communicator's one default method: send_recv as a send and a receive.
+// The Communicator's one default method (send_recv as a send and a receive), and all_reduce_value.
 #include "engine/comm/communicator.h"
+
+#include "engine/core/device.h"
 
 #include <algorithm>
 
@@ -37,6 +39,15 @@ WorkPtr Communicator::send_recv(const void* send_buf, int64_t send_count, int to
   WorkPtr s = send(send_buf, send_count, dtype, to, send_tag);
   WorkPtr r = recv(recv_buf, recv_count, dtype, from, recv_tag);
   return std::make_shared<PairWork>(std::move(s), std::move(r));
+}
+
+float all_reduce_value(Communicator& comm, float value, ReduceOp op, Device& dev) {
+  Tensor t({1}, MemCategory::Other, nullptr, DType::F32, dev);
+  dev.upload(t.f32(), &value, sizeof value);
+  comm.all_reduce(t.f32(), 1, op)->wait();
+  float out = 0;
+  dev.download(&out, t.f32(), sizeof out);
+  return out;
 }
 
 }  // namespace dtlab

@@ -100,4 +100,10 @@ class Communicator {
   }
 };
 
+class Device;
+// One float reduced over `comm` (staged through a tensor on `dev`, where the communicator moves
+// memory) and read back on the host: a flag (GradScaler's found-inf, Join's "not joined yet") or a
+// sum (clipping's squared norm). A collective: every rank of `comm` calls it.
+float all_reduce_value(Communicator& comm, float value, ReduceOp op, Device& dev);
+
 }  // namespace dtlab

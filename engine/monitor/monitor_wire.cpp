@@ -281,6 +281,7 @@ std::string step_report_to_json(const StepReport& r) {
             {"step_seconds", r.step_seconds}, {"samples_per_sec", r.samples_per_sec},
             {"samples", r.samples}, {"overlap", r.overlap},         {"branch_taken", r.branch_taken},
             {"bubble", r.bubble}};
+  if (r.grad_norm >= 0) j["grad_norm"] = r.grad_norm, j["clip_coef"] = r.clip_coef;  // --clip-grad-norm
   return j.dump();
 }
 
@@ -299,6 +300,7 @@ StepReport step_report_from_json(const std::string& text) {
   r.overlap = j.at("overlap").get<double>();
   r.branch_taken = j.at("branch_taken").get<bool>();
   r.bubble = j.at("bubble").get<std::vector<double>>();
+  if (j.contains("grad_norm")) r.grad_norm = j.at("grad_norm").get<double>(), r.clip_coef = j.at("clip_coef").get<double>();
   return r;
 }
 
@@ -347,7 +349,7 @@ std::vector<Event> events_from(const std::string& payload) {
     // Receivers shift wall times by a start difference, subtract them and add up ring step bytes:
     // bounded here so none of that overflows.
     auto in_range = [](int64_t v) { return v > -kMaxMonitorNs && v < kMaxMonitorNs; };
-    const bool ok = e.kind <= EventKind::LossScale && e.lane <= Lane::Comm && in_range(e.wall_begin_ns) &&
+    const bool ok = e.kind <= EventKind::GradClip && e.lane <= Lane::Comm && in_range(e.wall_begin_ns) &&
                     in_range(e.wall_end_ns) && (e.kind != EventKind::RingStep || (e.step.bytes >= 0 && e.step.bytes <= kMaxMonitorStepBytes));
     if (!ok) malformed("event " + std::to_string(i) + " is not one a recorder makes");
   }

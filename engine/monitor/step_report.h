@@ -22,6 +22,10 @@ struct StepReport {
   std::vector<double> bubble;  // pipeline: each world rank's bubble this step (modeled idle / makespan)
   float loss_scale = 0;        // fp16: the loss scale this step's gradients carried (0: no scaler)
   bool step_skipped = false;   // fp16: the ranks found an inf/NaN and skipped the optimizer step
+  // --clip-grad-norm: the whole model's gradient norm before clipping (clip_grad_norm_'s return
+  // value) and the factor every gradient was multiplied by (1: not clipped); -1: no clipping this step.
+  double grad_norm = -1;
+  double clip_coef = -1;
 };
 
 }  // namespace dtlab

@@ -342,6 +342,25 @@ void DistributedDataParallel::launch_ready_buckets() {
   }
 }
 
+void DistributedDataParallel::shadow_backward() {
+  std::vector<Tensor> zeros;
+  std::vector<WorkPtr> works;
+  zeros.reserve(buckets_.size());
+  for (const DdpBucket& bk : buckets_) {
+    zeros.emplace_back(Shape{bk.numel}, MemCategory::CommBuffers, nullptr, bk.buffer.dtype(), model_.device());
+    zeros.back().zero();
+    works.push_back(comm_.all_reduce(zeros.back().raw(), bk.numel, bk.buffer.dtype(), ReduceOp::Sum));
+  }
+  for (WorkPtr& w : works) w->wait();
+}
+
+void DistributedDataParallel::sync_final_model(bool last_joiner) {
+  const float source = all_reduce_value(comm_, last_joiner ? static_cast<float>(comm_.rank()) : -1.0f, ReduceOp::Max, model_.device());
+  DTLAB_CHECK(source >= 0, "sync_final_model: no rank says it joined last");
+  void* params = model_.mixed() ? static_cast<void*>(model_.params16()) : static_cast<void*>(model_.params());
+  comm_.broadcast(params, model_.num_params(), model_.param_dtype(), static_cast<int>(source))->wait();
+}
+
 void DistributedDataParallel::finalize_backward() {
   if (!syncing_) return;
   syncing_ = false;

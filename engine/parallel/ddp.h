@@ -145,6 +145,17 @@ class DistributedDataParallel {
   // next before_forward() throws. Throws CommError when a collective failed.
   void finalize_backward();
 
+  // torch.distributed.algorithms.Join with DDP's join hook (docs/course_sources.md §19), on a rank
+  // whose data ran out. shadow_backward() is _match_all_reduce_for_bwd_pass: one all-reduce of zeros
+  // per bucket, in bucket order, all launched and then waited, matching the bucket all-reduces of the
+  // ranks still training (their average still divides by the whole world: torch's default
+  // divide_by_initial_world_size=True); this rank's gradients are untouched.
+  void shadow_backward();
+  // The join hook's post-hook, _sync_final_model, once every rank has joined: the ranks agree on the
+  // highest rank among the last joiners (an all-reduce MAX) and broadcast its parameters, so a rank
+  // that joined early (and stopped stepping) ends with the trained model. A collective on every rank.
+  void sync_final_model(bool last_joiner);
+
   // For Optimizer::step: each parameter with its current .grad (inside the buckets with
   // gradient_as_bucket_view).
   std::vector<Optimizer::Segment> optimizer_segments();

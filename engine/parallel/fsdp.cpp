@@ -470,7 +470,7 @@ bool FullyShardedDataParallel::unscale_shard_grads(float inv_scale) {
   return false;
 }
 
-std::vector<OwnedSlice> FullyShardedDataParallel::owned_slices() const {
+std::vector<OwnedSlice> FullyShardedDataParallel::owned(bool grads) const {
   std::vector<OwnedSlice> out;
   const auto& ps = model_.parameters();
   // The part of [begin, end) (flat coordinates of `params`, starting at `base`) inside each parameter.
@@ -486,7 +486,7 @@ std::vector<OwnedSlice> FullyShardedDataParallel::owned_slices() const {
     if (rank_ / shard_world_ != 0) return out;  // HYBRID_SHARD: the other nodes hold copies
     for (const Unit& u : units_) {
       const int64_t begin = shard_rank_ * u.split.chunk;
-      cut(u.params, u.offsets, begin, begin + u.split.real(shard_rank_), shard_params_.f32() + u.shard_offset);
+      cut(u.params, u.offsets, begin, begin + u.split.real(shard_rank_), (grads ? shard_grads_ : shard_params_).f32() + u.shard_offset);
     }
     return out;
   }
@@ -495,9 +495,21 @@ std::vector<OwnedSlice> FullyShardedDataParallel::owned_slices() const {
   for (int p = 0; p < static_cast<int>(ps.size()); p++) all.push_back(p), offsets.push_back(ps[static_cast<size_t>(p)].offset);
   const int64_t begin = rank_ * zero1_split_.chunk;
   // Mixed precision: the fp32 master (all of it under NO_SHARD, the slice under ZeRO-1).
-  const float* from = mixed() ? shard_params_.f32() + (begin - owned_begin_) : model_.params() + begin;
+  const float* from = mixed() ? (grads ? shard_grads_ : shard_params_).f32() + (begin - owned_begin_)
+                              : (grads ? model_.grads() : model_.params()) + begin;
   cut(all, offsets, begin, begin + zero1_split_.real(rank_), from);
   return out;
+}
+
+std::vector<OwnedSlice> FullyShardedDataParallel::owned_slices() const { return owned(false); }
+
+std::vector<OwnedSlice> FullyShardedDataParallel::owned_grad_slices() const { return owned(true); }
+
+std::pair<float*, int64_t> FullyShardedDataParallel::step_grads() {
+  // The fp32 shards (sharded, or mixed precision's master gradient); else the model's own gradient,
+  // all of it (NO_SHARD steps it whole, ZeRO-1 its slice).
+  if (sharded() || mixed()) return {shard_grads_.f32(), shard_grads_.numel()};
+  return {model_.grads(), model_.num_params()};
 }
 
 void FullyShardedDataParallel::materialize() {

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -120,6 +121,13 @@ class FullyShardedDataParallel : public LayerHooks {
   // ZeRO-1 slice of the flat parameters; HYBRID_SHARD: its node-group shard, on the first node
   // only, since the other nodes hold copies). Together the ranks' slices cover every parameter once.
   std::vector<OwnedSlice> owned_slices() const;
+  // The same slices of the gradients step() reads, after finalize_backward() (and fp16's unscale):
+  // their squares summed over the ranks are the whole model's squared gradient norm, padding and
+  // HYBRID_SHARD's copies left out (FSDP1's clip_grad_norm_).
+  std::vector<OwnedSlice> owned_grad_slices() const;
+  // Every float32 gradient element step() reads on this rank (padding included, zeros): what
+  // clipping multiplies.
+  std::pair<float*, int64_t> step_grads();
 
   // LayerHooks
   void before_forward(int layer) override;
@@ -174,6 +182,7 @@ class FullyShardedDataParallel : public LayerHooks {
   void bind(Unit& u, void* base, bool grads);
   bool mixed() const { return model_.mixed(); }
   void make_groups();  // HYBRID_SHARD's node group and cross-node group
+  std::vector<OwnedSlice> owned(bool grads) const;  // owned_slices of the parameters or the gradients
   // torch's _cast_grad_to_param_dtype onto an fp32 gradient: dst = src, or dst += src with `add`
   // (accumulation); src is in `dt`, 16 bits widened exactly.
   void land_f32(float* dst, const void* src, int64_t n, DType dt, bool add);

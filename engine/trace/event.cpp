@@ -61,6 +61,7 @@ const char* event_kind_name(EventKind k) {
     case EventKind::FsdpUnit: return "fsdp_unit";
     case EventKind::PipelineAction: return "pipeline_action";
     case EventKind::LossScale: return "loss_scale";
+    case EventKind::GradClip: return "grad_clip";
   }
   return "?";
 }

@@ -37,6 +37,8 @@ enum class EventKind : uint8_t {
   PipelineAction,  // one schedule action (F, B, I or W of a stage and micro-batch), [begin, end]
   // Mixed precision's loss scaler (engine/train/grad_scaler.h); `scaler`
   LossScale,       // the step's decision after the ranks agreed on inf/NaN (instant)
+  // --clip-grad-norm (engine/train/grad_clip.h); `clip`
+  GradClip,        // the whole model's gradient norm and the factor every gradient took (instant)
   // new values go at the end
 };
 
@@ -150,6 +152,14 @@ struct LossScaleInfo {
   int64_t growth_tracker;  // steps in a row without inf/NaN after this one
 };
 
+// --clip-grad-norm: clip_grad_norm_'s total norm (before clipping, the same on every rank) and the
+// factor min(1, max_norm / (norm + 1e-6)) the step's gradients were multiplied by.
+struct GradClipInfo {
+  double total_norm;
+  float max_norm;
+  float coef;
+};
+
 struct MemInfo {
   MemCategory category;
   int64_t bytes;        // size of this allocation or free
@@ -174,6 +184,7 @@ struct Event {
     FsdpInfo fsdp;
     PipelineActionInfo pipe;
     LossScaleInfo scaler;
+    GradClipInfo clip;
   };
   Event() : coll{} {}
   // A span [begin, end] on both clocks (an instant when begin == end); the payload is the caller's.

@@ -257,6 +257,17 @@ void loss_scale_event(JsonOut& j, const Event& e, Span s) {
   j.close().close();
 }
 
+// --clip-grad-norm's step as an instant on the compute lane: "clip grad norm" with the norm and factor.
+void grad_clip_event(JsonOut& j, const Event& e, Span s) {
+  const GradClipInfo& c = e.clip;
+  j.open().field("name", "clip grad norm").field("cat", "clip").field("ph", "i").field("s", "t").field("pid", e.rank)
+      .field("tid", kComputeTid).field("ts", s.ts);
+  j.open("args").field("total_norm", c.total_norm).field("max_norm", static_cast<double>(c.max_norm))
+      .field("clip_coef", static_cast<double>(c.coef));
+  if (e.iteration >= 0) j.field("iteration", e.iteration);
+  j.close().close();
+}
+
 // A pipeline action as PyTorch prints it ("1F3", "0W2") on the compute lane, around its layers.
 void pipeline_event(JsonOut& j, const Event& e, Span s) {
   const PipelineActionInfo& p = e.pipe;
@@ -410,6 +421,7 @@ void write_chrome_trace(const std::vector<Event>& events, const TraceExportOptio
       case EventKind::FsdpUnit: fsdp_event(j, e, s, opt); break;
       case EventKind::PipelineAction: pipeline_event(j, e, s); break;
       case EventKind::LossScale: loss_scale_event(j, e, s); break;
+      case EventKind::GradClip: grad_clip_event(j, e, s); break;
     }
     w.done();
   }

@@ -63,6 +63,7 @@ std::vector<Feature> features_used(const TrainConfig& c) {
   if (!c.save_sharded_path.empty()) f.push_back(Feature::SaveSharded);
   if (c.skip_layer >= 0) f.push_back(Feature::SkipLayer);
   if (!c.faults.empty()) f.push_back(Feature::Faults);
+  if (c.clip_grad_norm > 0) f.push_back(Feature::ClipGradNorm);
   return f;
 }
 

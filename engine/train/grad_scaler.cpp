@@ -14,13 +14,7 @@ bool GradScaler::local_found_inf(Model& model) {
 
 bool GradScaler::agree(Communicator* comm, bool found_inf, Device& dev) {
   if (!comm || comm->world_size() == 1) return found_inf;
-  Tensor flag({1}, MemCategory::Other, nullptr, DType::F32, dev);
-  const float mine = found_inf ? 1.0f : 0.0f;
-  dev.upload(flag.f32(), &mine, sizeof mine);
-  comm->all_reduce(flag.f32(), 1, ReduceOp::Max)->wait();
-  float any = 0;
-  dev.download(&any, flag.f32(), sizeof any);
-  return any != 0.0f;
+  return all_reduce_value(*comm, found_inf ? 1.0f : 0.0f, ReduceOp::Max, dev) != 0.0f;
 }
 
 bool ShardedGradScaler::unscale_grads(Model&) { return fsdp_.unscale_shard_grads(inv_scale()); }

@@ -6,6 +6,7 @@
 //              for each micro-batch: micro_batch()      (before forward, forward, loss, backward with
 //                                                        gradient-ready hooks, after backward)
 //              step()                                   (optimizer; false: the loss scaler skipped it)
+//              (--uneven-rank: a rank whose data ran out leaves the loop, or with --join shadow_step())
 //              exchange()                               (every rank's figures for the report)
 //              non-finite loss: every rank stops with diagnose_nonfinite()'s sentence
 //              end the iteration, report on rank 0 (annotate())
@@ -67,6 +68,10 @@ class RankStrategy {
   virtual void zero_grad(int64_t step) = 0;
   virtual void micro_batch(int64_t step, int64_t micro, bool sync, StepTally& tally) = 0;
   virtual bool step(int64_t step) = 0;
+  // --join (torch.distributed.algorithms.Join): instead of zero_grad, micro_batch and step, a step of
+  // the others that this rank, its data run out, shadows with zero contributions to their
+  // collectives. Only DDP has a join hook; validation refuses --join elsewhere.
+  virtual void shadow_step(int64_t step) { (void)step; }
   virtual StepSums exchange(int64_t step, const StepTally& tally) = 0;
   // The sentence every rank stops with when the step's loss is non-finite (may make a collective).
   virtual std::string diagnose_nonfinite(int64_t step, const StepSums& sums, const StepTally& tally) = 0;

@@ -169,6 +169,11 @@ std::vector<Setting> make_settings() {
   s.push_back(field(row("--lr", "optimizer.lr", T::Real, G::Run, kBoth, "Learning rate (default 0.1 for sgd, 0.01 for adamw)", 1e-12,
                         1e6, false, "0.05"),
                     DTLAB_FIELD(optimizer.lr)));
+  s.push_back(field(row("--clip-grad-norm", "clip_grad_norm", T::Real, G::Run, kBoth,
+                        "Clip the gradients to this total 2-norm before every optimizer step (torch.nn.utils.clip_grad_norm_, "
+                        "norm over the whole model however it is sharded; 0: off)",
+                        0, 1e6, false, "0.5"),
+                    DTLAB_FIELD(clip_grad_norm)));
 
   // DDP
   s.push_back(converted(row("--bucket-cap-mb", "ddp.bucket_cap_bytes", T::Real, G::Ddp, kBoth,
@@ -191,6 +196,18 @@ std::vector<Setting> make_settings() {
   s.push_back(field(row("--find-unused-parameters", "ddp.find_unused_parameters", T::Flag, G::Ddp, kBoth,
                         "DDP marks parameters the forward did not use as ready", 0, 0, false, "true"),
                     DTLAB_FIELD(ddp.find_unused_parameters)));
+  s.push_back(converted(row("--uneven-rank", "uneven_rank", T::Int, G::Ddp, kBoth,
+                            "Uneven inputs: this rank's data runs out one step before the others' (without --join the others "
+                            "wait in their next all-reduce until --timeout)",
+                            0, kMaxRanks - 1, false, "1"),
+                        DTLAB_FIELD(uneven_rank),
+                        [](const TrainConfig& c) { return c.uneven_rank >= 0 ? SettingValue{std::to_string(c.uneven_rank)} : SettingValue{}; },
+                        [](TrainConfig& c, const std::string& text) { c.uneven_rank = from_text<int>("--uneven-rank", text); }));
+  s.push_back(field(row("--join", "join", T::Flag, G::Ddp, kBoth,
+                        "torch.distributed.algorithms.Join: a rank whose data ran out shadows the others' all-reduces with zeros "
+                        "(DDP's join hook; the average still divides by the whole world)",
+                        0, 0, false, "true"),
+                    DTLAB_FIELD(join)));
 
   // FSDP
   s.push_back(named(row("--sharding", "fsdp.sharding", T::Choice, G::Fsdp, kBoth, "FSDP: full | grad-op | no-shard | hybrid | zero1", 0,

@@ -38,10 +38,11 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*SkipLayer*/ kOk,
          /*Faults*/ no("faults are injected into the ranks' collectives, and one rank makes none", "use --strategy ddp (or fsdp) --world N"),
          /*Gpt*/ kOk,
+         /*ClipGradNorm*/ kOk,
      }}},
     {Strategy::Ddp, "ddp", "DistributedDataParallel",
      "replicas on N ranks, gradients all-reduced in buckets during backward",
-     {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kNoShards, kOk, kOk, /*Gpt*/ kOk}}},
+     {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kNoShards, kOk, kOk, /*Gpt*/ kOk, /*ClipGradNorm*/ kOk}}},
     {Strategy::Dp, "dp", "DataParallel",
      "one process drives N devices: scatter the batch, replicate the module, gather the outputs",
      {{
@@ -58,6 +59,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*SkipLayer*/ kSkipIsDdps,
          /*Faults*/ kOk,
          /*Gpt*/ kGptLater,
+         /*ClipGradNorm*/ kOk,
      }}},
     {Strategy::Fsdp, "fsdp", "FullyShardedDataParallel",
      "parameters, gradients and optimizer state sharded over N ranks (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, ZeRO-1)",
@@ -68,6 +70,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*Accumulation*/ kOk,
          kOk, kOk, kOk, kOk, kOk, kOk,
          /*Gpt*/ kOk,
+         /*ClipGradNorm*/ kOk,
      }}},
     {Strategy::Pipeline, "pipeline", "torch.distributed.pipelining",
      "the model cut into stages on p ranks, micro-batches flowing through a schedule (GPipe, 1F1B, interleaved, ZB-H1)",
@@ -83,12 +86,13 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*SkipLayer*/ kSkipIsDdps,
          kOk,
          /*Gpt*/ kGptLater,
+         /*ClipGradNorm*/ kOk,
      }}},
 }};
 
 constexpr const char* kFeatureFlags[kFeatureCount] = {
     "--tp", "--sequence-parallel", "--precision", "--lora-rank", "--activation-checkpointing", "--accum",
-    "--world", "dtlab-cli launch", "--device cuda", "--save-sharded", "--skip-layer", "--fault", "--model gpt",
+    "--world", "dtlab-cli launch", "--device cuda", "--save-sharded", "--skip-layer", "--fault", "--model gpt", "--clip-grad-norm",
 };
 
 }  // namespace

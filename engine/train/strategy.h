@@ -42,8 +42,9 @@ enum class Feature : uint8_t {
   SkipLayer,         // --skip-layer (DDP's unused-parameters lesson)
   Faults,            // --fault
   Gpt,               // --model gpt (nanoGPT's GPT, engine/core/gpt.h)
+  ClipGradNorm,      // --clip-grad-norm
 };
-inline constexpr int kFeatureCount = 13;
+inline constexpr int kFeatureCount = 14;
 
 // A feature's support: ok, or the reason it is refused and what to do instead (two clauses
 // of the sentence "FLAG with --strategy S: WHY; FIX").

@@ -100,6 +100,24 @@ void validate_precision(const TrainConfig& c) {
                 std::to_string(c.world_size - 1));
 }
 
+// --uneven-rank and --join: DDP's lesson (torch's Join here is DDP's join hook), on a world of
+// several ranks, where the rank that runs out still trains at least one step.
+void validate_uneven_inputs(const TrainConfig& c) {
+  if (c.uneven_rank < 0 && !c.join) return;
+  const char* flag = c.uneven_rank >= 0 ? "--uneven-rank" : "--join";
+  if (c.strategy != Strategy::Ddp || c.world_size < 2)
+    throw Error(std::string(flag) + " is DDP's uneven-inputs lesson (torch's Join with DDP's join hook); use --strategy ddp --world N");
+  if (c.uneven_rank >= c.world_size)
+    throw Error("--uneven-rank " + std::to_string(c.uneven_rank) + " is not a rank of this world; pick 0 to " + std::to_string(c.world_size - 1));
+  if (c.uneven_rank >= 0 && c.steps == 1) throw Error("--uneven-rank needs at least 2 steps: its rank runs one step fewer than the others");
+  if (!c.join) return;
+  if (c.tp > 1) throw Error("--join with --tp: not built yet, the join hook shadows DDP's buckets only, not the TP group's collectives; drop --tp");
+  if (is_mixed(c.precision))
+    throw Error("--join with --precision: not built yet, the joined rank's final model sync covers float32 parameters only; use --precision fp32");
+  if (c.ddp.find_unused_parameters)
+    throw Error("--join with --find-unused-parameters: not built yet, the join hook does not match the unused-parameter all-reduce; drop one");
+}
+
 void validate(const TrainConfig& c) {
   // The GPT's refusals first: the MLP's checks below read its layer widths.
   if (c.model.is_gpt()) check_composition(c);
@@ -155,6 +173,8 @@ void validate(const TrainConfig& c) {
     throw Error("give exactly one of --steps K or --epochs E, each at least 1");
   if (!(c.optimizer.lr > 0)) throw Error("--lr must be greater than 0");
   if (c.optimizer.weight_decay < 0) throw Error("--weight-decay must be 0 or more");
+  if (!(c.clip_grad_norm >= 0 && std::isfinite(c.clip_grad_norm)))
+    throw Error("--clip-grad-norm must be a finite number, 0 (off) or more");
   if (c.optimizer.momentum < 0 || c.optimizer.momentum >= 1)
     throw Error("--momentum must be in [0, 1)");
   if (c.skip_layer >= 0 && c.skip_every < 1)
@@ -166,6 +186,7 @@ void validate(const TrainConfig& c) {
       throw Error("--skip-ranks names rank " + std::to_string(r) + ", but the world has ranks 0 to " +
                   std::to_string(c.world_size - 1) + "; pick ranks in that range");
   if (!(c.timeout_s > 0)) throw Error("--timeout must be greater than 0 seconds");
+  validate_uneven_inputs(c);
   if (c.strategy == Strategy::Ddp) {
     if (c.ddp.bucket_cap_bytes < 1) throw Error("--bucket-cap-mb is too small: a bucket must hold at least 1 byte");
     if (c.ddp.first_bucket_bytes < 1) throw Error("--first-bucket-mb is too small: a bucket must hold at least 1 byte");
@@ -624,15 +645,24 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
   std::unique_ptr<RankStrategy> s = config_.strategy == Strategy::Pipeline ? make_pipeline_rank(env)
                                     : config_.strategy == Strategy::Dp     ? make_data_parallel_rank(env)
                                                                            : make_replica_rank(env);
+  // --uneven-rank: this rank's data runs out one step early (lesson 28). It leaves the loop, as a
+  // plain torch loop would, and the others wait in their next all-reduce until the watchdog stops the
+  // run; with --join it shadows the others' steps instead.
+  const int64_t own_steps = rank == config_.uneven_rank ? total_steps_ - 1 : total_steps_;
   for (int64_t step = 1; step <= total_steps_; step++) {
+    if (step > own_steps && !config_.join) return;
     enter_iteration(ctx, rank, static_cast<int32_t>(step - 1));
     mem.reset_peaks();
     const auto t0 = Clock::now();
-    s->zero_grad(step);
     StepTally tally;
-    const int64_t micro = s->micro_batches();
-    for (int64_t m = 0; m < micro; m++) s->micro_batch(step, m, m == micro - 1, tally);
-    s->step(step);
+    if (step > own_steps) {
+      s->shadow_step(step);
+    } else {
+      s->zero_grad(step);
+      const int64_t micro = s->micro_batches();
+      for (int64_t m = 0; m < micro; m++) s->micro_batch(step, m, m == micro - 1, tally);
+      s->step(step);
+    }
     const StepSums sums = s->exchange(step, tally);
     // One policy for every strategy: a non-finite loss (or input) stops every rank that computes
     // one with the same sentence, unless --allow-nonfinite.

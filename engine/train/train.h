@@ -123,6 +123,16 @@ struct TrainConfig {
   // overflow (the lesson's and the test's forced overflow).
   std::vector<int64_t> inject_overflow_steps;
   int inject_overflow_rank = 0;
+  // --clip-grad-norm: torch.nn.utils.clip_grad_norm_(params, max_norm) before every optimizer step,
+  // with the norm of the whole model's gradient however it is spread over the ranks
+  // (engine/train/grad_clip.h); 0: off.
+  double clip_grad_norm = 0;
+  // Uneven inputs (the course's lesson 28): rank uneven_rank's data runs out one step before the
+  // others' (-1: every rank has the same number of batches). Without --join the others wait in their
+  // next all-reduce until the watchdog stops the run; with it the rank that ran out shadows their
+  // collectives with zeros (torch.distributed.algorithms.Join with DDP's join hook, train_join.cpp).
+  int uneven_rank = -1;
+  bool join = false;
 };
 
 // The DistributedSampler a rank of this run draws from: `world` shards of `n` samples, the run's

@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "engine/core/check.h"
+#include "engine/train/grad_clip.h"
 #include "engine/train/grad_scaler.h"
 #include "engine/train/iteration_gate.h"
 #include "engine/train/nonfinite.h"
@@ -121,8 +122,17 @@ class DataParallelRank final : public RankStrategy {
       return false;
     }
     skipped_ = false;
+    // clip_grad_norm_(model.parameters()) on the module: its gradients hold the replicas' sum.
+    const float unscale = scaler_ ? 1.0f / scale_ : 1.0f;
+    clip_ = {};
+    if (c_.clip_grad_norm > 0) {
+      GradClipInput in;
+      add_model_grads(in, model_);
+      in.unscale = unscale;
+      clip_ = clip_grad_norm(in, c_.clip_grad_norm, env_.dev, env_.ctx);
+    }
     ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, 10.0 * model_.num_params());
-    if (model_.mixed()) opt_->step_mixed(model_.params16(), model_.grads16(), scaler_ ? 1.0f / scale_ : 1.0f);
+    if (model_.mixed()) opt_->step_mixed(model_.params16(), model_.grads16(), unscale * clip_.coef);
     else opt_->step(model_.params(), model_.grads());
     return true;
   }
@@ -148,6 +158,7 @@ class DataParallelRank final : public RankStrategy {
   void annotate(StepReport& r, const StepSums&) override {
     r.loss_scale = scale_;
     r.step_skipped = skipped_;
+    annotate_clip(r, clip_);
     if (reduce_s_ <= 0) return;
     r.overlap = overlapped_s_ / reduce_s_;
     overlap_sum_ += r.overlap;
@@ -174,6 +185,7 @@ class DataParallelRank final : public RankStrategy {
   BatchSizes sizes_;
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<GradScaler> scaler_;  // fp16, on the module's rank
+  GradClipResult clip_;                 // --clip-grad-norm: this step's, on the module's rank
   float scale_ = 0;
   bool skipped_ = false;
   std::unique_ptr<RankBatches> data_;

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "engine/core/check.h"
+#include "engine/train/grad_clip.h"
 #include "engine/train/grad_scaler.h"
 #include "engine/train/iteration_gate.h"
 #include "engine/train/nonfinite.h"
@@ -98,9 +99,24 @@ class PipelineTrainRank final : public RankStrategy {
       return false;
     }
     skipped_ = false;
+    const float unscale = scaler_ ? 1.0f / scale_ : 1.0f;
+    clip_ = {};
+    if (c_.clip_grad_norm > 0) clip_ = clip_grad_norm(clip_input(unscale), c_.clip_grad_norm, env_.dev, env_.ctx);
     ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, 10.0 * static_cast<double>(pipe_.num_params()));
-    pipe_.step(scaler_ ? 1.0f / scale_ : 1.0f);
+    pipe_.step(unscale * clip_.coef);  // 16-bit stages: the coefficient rides with the unscale
     return true;
+  }
+
+  // Megatron's grad norm over the model-parallel ranks: every stage's squares (a TP shard's replicated
+  // parameters on TP rank 0 only), summed over the world; after reduce_gradients() each of the D
+  // replicas holds the same gradients, so the world's sum counts every element D times.
+  GradClipInput clip_input(float unscale) {
+    GradClipInput in;
+    for (size_t k = 0; k < pipe_.stage_ids().size(); k++) add_model_grads(in, pipe_.stage_model(static_cast<int>(k)));
+    in.unscale = unscale;
+    in.sum_over = {env_.comm};
+    in.copies = plan_.options.dp;
+    return in;
   }
 
   // Every rank learns every rank's figures (one all-gather, bit for bit, no rank-0-only sync).
@@ -140,6 +156,7 @@ class PipelineTrainRank final : public RankStrategy {
     r.bubble = bubbles_;
     r.loss_scale = scale_;
     r.step_skipped = skipped_;
+    annotate_clip(r, clip_);
   }
   int64_t epoch() const override { return data_.epoch(); }
   int64_t epochs_started() const override { return data_.epochs_started(); }
@@ -198,6 +215,7 @@ class PipelineTrainRank final : public RankStrategy {
   PipelineRankIteration mine_{};
   std::vector<double> bubbles_;
   std::unique_ptr<GradScaler> scaler_;  // fp16
+  GradClipResult clip_;                 // --clip-grad-norm: this step's
   int64_t step_ = 0;
   float scale_ = 0;
   bool skipped_ = false;

@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "engine/core/check.h"
+#include "engine/train/grad_clip.h"
 #include "engine/train/mesh_rank.h"
 #include "engine/train/nonfinite.h"
 #include "engine/train/rank_strategy.h"
@@ -150,7 +151,7 @@ class ReplicaRank : public RankStrategy {
     const int64_t B = t.last_batch = batch.size;
     if (model_.is_gpt()) {  // the loss over every position: B x T rows of logits
       const int64_t rows = B * c_.model.rows_per_sample();
-      before_forward();
+      before_forward(sync);
       buf_->loss(env_.obs, model_.forward_tokens(batch.tok.data(), B), batch.y.data(), rows, C, c_.accum,
                  scaler_ ? t_.loss_scale_for(*scaler_, step, rank_) : 1.0f);
       t.samples += rows;
@@ -161,7 +162,7 @@ class ReplicaRank : public RankStrategy {
     }
     if (!c_.allow_nonfinite && !t.input_bad) t.input_bad = has_nonfinite(batch.x.data(), B * D);
     const auto [x, y] = buf_->place(batch, D);
-    before_forward();
+    before_forward(sync);
     buf_->loss(env_.obs, model_.forward(x, B), y, B, C, c_.accum, scaler_ ? t_.loss_scale_for(*scaler_, step, rank_) : 1.0f);
     t.samples += B;
     prepare_backward(sync);
@@ -173,6 +174,8 @@ class ReplicaRank : public RankStrategy {
     scale_ = scaler_ ? scaler_->scale() : 0.0f;
     // fp16's scaler decides first, every rank the same way.
     const bool ok = !scaler_ || scaler_allows_step();
+    clip_ = {};
+    if (ok && c_.clip_grad_norm > 0) clip_ = clip_grad_norm(clip_input(), c_.clip_grad_norm, env_.dev, env_.ctx);
     if (ok) {
       ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, 10.0 * model_.num_params());
       optimizer_step();
@@ -210,6 +213,7 @@ class ReplicaRank : public RankStrategy {
     r.branch_taken = branch_;
     r.loss_scale = scale_;
     r.step_skipped = skipped_;
+    annotate_clip(r, clip_);
   }
 
   int64_t epoch() const override { return data_.epoch(); }
@@ -226,13 +230,25 @@ class ReplicaRank : public RankStrategy {
  protected:
   // The strategy's hooks around the replica's step.
   virtual void zero_grad_hook() { model_.zero_grad(); }
-  virtual void before_forward() {}
+  virtual void before_forward(bool sync) { (void)sync; }
   virtual void prepare_backward(bool sync) { (void)sync; }
   virtual Model::GradReadyHook gradient_ready() { return {}; }
   virtual void after_backward() {}
   virtual void optimizer_step() {
-    if (model_.mixed()) opt_.step_mixed(model_.params16(), model_.grads16(), scaler_ ? 1.0f / scale_ : 1.0f);
+    if (model_.mixed()) opt_.step_mixed(model_.params16(), model_.grads16(), unscale16());
     else opt_.step(model_.params(), model_.grads());
+  }
+  // What the optimizer multiplies 16-bit gradients by as it widens them: fp16's unscale and the clip
+  // coefficient (a float32 gradient was clipped in place).
+  float unscale16() const { return (scaler_ ? 1.0f / scale_ : 1.0f) * clip_.coef; }
+  // This rank's gradients for --clip-grad-norm: the replica's own (whole after DDP's all-reduce), the
+  // TP group's sum completing a split model's.
+  virtual GradClipInput clip_input() {
+    GradClipInput in;
+    add_model_grads(in, model_);
+    in.unscale = scaler_ ? 1.0f / scale_ : 1.0f;
+    if (mesh_) in.sum_over.push_back(mesh_->tp);
+    return in;
   }
   virtual double overlap() const { return -1; }
   virtual FullyShardedDataParallel* sharded() { return nullptr; }
@@ -256,6 +272,7 @@ class ReplicaRank : public RankStrategy {
   std::unique_ptr<StepBuffers> buf_;
   bool branch_ = false, skipped_ = false;
   float scale_ = 0;
+  GradClipResult clip_;  // this step's clipping; total_norm -1: none
   double overlap_sum_step_ = 0;
 };
 
@@ -273,9 +290,36 @@ class DdpRank final : public ReplicaRank {
   }
 
  protected:
-  void before_forward() override {
-    if (ddp_) ddp_->before_forward();
+  // With --join, torch's DDP forward under a Join context also tells the joined ranks it has not
+  // joined (Join.notify_join_context: an all-reduce of 1 that counts the ranks still training) and
+  // whether this backward synchronises (_check_global_requires_backward_grad_sync), around the
+  // bucket rebuild; shadow_step() makes the same three collectives with zeros.
+  void before_forward(bool sync) override {
+    if (!ddp_) return;
+    if (c_.join) all_reduce_value(*dp_comm_, 1.0f, ReduceOp::Sum, env_.dev);
+    ddp_->before_forward();
+    if (c_.join) all_reduce_value(*dp_comm_, sync ? 1.0f : 0.0f, ReduceOp::Sum, env_.dev);
   }
+
+ public:
+  // The join hook's main hook, once per micro-batch of the others (Join.__exit__'s loop): count the
+  // ranks not yet joined, rebuild the buckets when due, and if the others synchronise this backward,
+  // all-reduce zeros for each bucket. Nothing is stepped; the report counts no samples from here.
+  void shadow_step(int64_t step) override {
+    (void)step;
+    shadowed_ = true;
+    branch_ = skipped_ = false;
+    clip_ = {};
+    buf_->loss_stats.zero();
+    for (int64_t m = 0; m < c_.accum; m++) {
+      const float training = all_reduce_value(*dp_comm_, 0.0f, ReduceOp::Sum, env_.dev);
+      DTLAB_CHECK(training > 0, "a joined rank shadowed a step no rank is training");
+      ddp_->before_forward();
+      if (all_reduce_value(*dp_comm_, 0.0f, ReduceOp::Sum, env_.dev) > 0) ddp_->shadow_backward();
+    }
+  }
+
+ protected:
   // no_sync() for the first accum - 1 micro-batches.
   void prepare_backward(bool sync) override {
     if (ddp_) ddp_->prepare_for_backward(sync);
@@ -286,11 +330,17 @@ class DdpRank final : public ReplicaRank {
   }
   void optimizer_step() override {
     if (ddp_ && !model_.mixed()) opt_.step(ddp_->optimizer_segments());
-    else if (ddp_ && !model_.grads16()) opt_.step_mixed(ddp_->optimizer_segments16(), scaler_ ? 1.0f / scale_ : 1.0f);
+    else if (ddp_ && !model_.grads16()) opt_.step_mixed(ddp_->optimizer_segments16(), unscale16());
     else ReplicaRank::optimizer_step();
   }
   double overlap() const override { return ddp_ ? ddp_->last_stats().overlap() : -1; }
   void finish_hook(TrainSummary& sum) override {
+    // Join.__exit__: the last count (every rank has joined: 0), then DDP's post-hook gives every rank
+    // the last joiners' model.
+    if (c_.join && ddp_) {
+      DTLAB_CHECK(all_reduce_value(*dp_comm_, 0.0f, ReduceOp::Sum, env_.dev) == 0.0f, "a rank left Join while another still trained");
+      ddp_->sync_final_model(!shadowed_);
+    }
     if (rank_ != 0) return;
     sum.mean_overlap = overlap_n_ ? overlap_total_ / static_cast<double>(overlap_n_) : -1;
     if (ddp_) {
@@ -301,6 +351,7 @@ class DdpRank final : public ReplicaRank {
 
  private:
   std::unique_ptr<DistributedDataParallel> ddp_;  // null when the mesh has one replica
+  bool shadowed_ = false;  // --join: this rank's data ran out and it shadowed the others (not a last joiner)
   double overlap_total_ = 0;
   int64_t overlap_n_ = 0;
 };
@@ -328,6 +379,19 @@ class FsdpRank final : public ReplicaRank {
     else if (mesh_) t_.finish_fsdp(nullptr, model_, *env_.comm);
   }
   FullyShardedDataParallel* sharded() override { return fsdp_.get(); }
+  // FSDP1's clip_grad_norm_: each rank's owned slices of the flat shards, summed over the shard
+  // group (and with --tp over the TP group); the fp32 shards are already unscaled (ShardedGradScaler).
+  GradClipInput clip_input() override {
+    if (!fsdp_) return ReplicaRank::clip_input();
+    GradClipInput in;
+    const std::vector<bool> counted = tp_counted_params(model_);
+    for (const OwnedSlice& s : fsdp_->owned_grad_slices())
+      if (counted[static_cast<size_t>(s.param)]) in.pieces.push_back({s.data, nullptr, s.length});
+    const auto [grads, n] = fsdp_->step_grads();
+    in.scaled.push_back({grads, n});
+    in.sum_over = {dp_comm_, mesh_ ? mesh_->tp : nullptr};
+    return in;
+  }
 
  private:
   std::unique_ptr<FullyShardedDataParallel> fsdp_;
