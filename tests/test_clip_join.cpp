@@ -49,12 +49,6 @@ ClipRun run_clipped(const TrainConfig& c) {
   return r;
 }
 
-double largest_gap(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double d = 0;
-  for (size_t i = 0; i < a.size(); i++) d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
-  return d;
-}
 
 // The strategy's run against the one-rank reference: the same norms (relative `rtol`) every step,
 // each one clipped (coefficient below 1), and the same final parameters (within `atol`).
@@ -65,7 +59,7 @@ void check_like_reference(const ClipRun& got, const ClipRun& want, double rtol, 
     CHECK(want.coefs[s] < 1.0);
     CHECK(got.norms[s] == doctest::Approx(want.norms[s]).epsilon(rtol));
   }
-  CHECK(largest_gap(got.params, want.params) <= atol);
+  CHECK(test::max_abs_diff(got.params, want.params) <= atol);
 }
 
 // The uneven-inputs run of lesson 28: 4 DDP ranks, rank 3's data running out after 2 of 3 steps; SGD
@@ -135,7 +129,7 @@ TEST_SUITE("clip_join") {
     clipped.clip_grad_norm = norm * 2;
     const ClipRun loose = run_clipped(clipped);
     CHECK(loose.coefs[0] == 1.0);
-    CHECK(largest_gap(loose.params, after) == 0.0);
+    CHECK(test::max_abs_diff(loose.params, after) == 0.0);
   }
 
   TEST_CASE("ddp, fsdp, dp, pipeline and tp clip with the whole model's norm, like one rank") {
@@ -211,7 +205,7 @@ TEST_SUITE("clip_join") {
         // 16-bit parameters and gradients: bf16 keeps 8 bits of mantissa (rtol 1.6e-2), fp16 11.
         const double rtol = p == Precision::BF16 ? 2e-2 : 2e-3;
         for (size_t s = 0; s < ref.norms.size(); s++) CHECK(one.norms[s] == doctest::Approx(ref.norms[s]).epsilon(rtol));
-        CHECK(largest_gap(one.params, ref.params) <= 2e-2);
+        CHECK(test::max_abs_diff(one.params, ref.params) <= 2e-2);
         // ddp and fsdp in the same dtype clip to the one-rank 16-bit run.
         for (const char* strategy : {"ddp", "fsdp"}) {
           CAPTURE(strategy);
@@ -219,7 +213,7 @@ TEST_SUITE("clip_join") {
           d.precision = p;
           const ClipRun got = run_clipped(d);
           for (size_t s = 0; s < one.norms.size(); s++) CHECK(got.norms[s] == doctest::Approx(one.norms[s]).epsilon(rtol));
-          CHECK(largest_gap(got.params, one.params) <= 2e-2);
+          CHECK(test::max_abs_diff(got.params, one.params) <= 2e-2);
         }
       }
     }

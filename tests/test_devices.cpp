@@ -121,12 +121,6 @@ DeviceRun run_on(TrainConfig c, const std::string& device) {
   return r;
 }
 
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double d = 0;
-  for (size_t i = 0; i < a.size(); i++) d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
-  return d;
-}
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return false;
@@ -162,7 +156,7 @@ void check_every_strategy(const std::string& device) {
     }
     const DeviceRun dev = run_on(c, device);
     REQUIRE(dev.losses.size() == cpu.losses.size());
-    const double dp = max_abs_diff(dev.params, cpu.params), dl = max_abs_diff(dev.losses, cpu.losses);
+    const double dp = test::max_abs_diff(dev.params, cpu.params), dl = test::max_abs_diff(dev.losses, cpu.losses);
     MESSAGE(sc.name << " on " << device << ": max |param diff| " << num(dp) << ", max |loss diff| " << num(dl)
                     << " after " << c.steps << " steps");
     CHECK(dp <= kTol);

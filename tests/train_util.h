@@ -18,6 +18,13 @@
 
 namespace dtlab::test {
 
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double d = 0;
+  for (size_t i = 0; i < a.size(); i++) d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
+  return d;
+}
+
 inline double max_abs_diff(const Model& a, const Model& b) {
   REQUIRE(a.num_params() == b.num_params());
   double d = 0;
