@@ -153,6 +153,8 @@ std::string Session::generate(const std::string& prompt, int64_t tokens) {
   if (client_) throw Error("generate samples from this lab's own runs; an attached run's parameters live in its processes");
   if (!settled()) throw Error("the run is moving; pause it (or let it finish) and generate again");
   Model& live = finished() ? trainer_->result_model() : trainer_->model();
+  if (!finished() && config_.strategy == Strategy::Pipeline)
+    throw Error("the pipeline's stages hold the model across ranks, gathered to rank 0 only when the run ends; generate after the last step");
   if (!live.owns_parameters())
     throw Error("FSDP shards rank 0's parameters, so no rank holds the whole model until the run ends; generate after the last step");
   const Dataset& ds = trainer_->dataset();

@@ -264,6 +264,7 @@ struct MeshView {
   MeshShape shape;                 // resolve_mesh(world, tp, stages); dp = world when that fails
   bool sequence_parallel = false;
   std::vector<int64_t> dims;       // the model spec D0..Dk: Linear l maps dims[l] -> dims[l+1]
+  GptSpec gpt;                     // a GPT's shape (dims empty); its stages are GptRanges
   // Linear layers of each (virtual) pipeline stage: p*v ranges, stage s holding ranges s, s+p, ...;
   // one range of every Linear without a pipeline.
   std::vector<StageRange> stages;

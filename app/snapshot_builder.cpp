@@ -147,6 +147,25 @@ void describe_linear(const std::vector<int64_t>& dims, int l, TpRole role, int d
   }
 }
 
+// What a GPT stage holds (every tensor whole: its Megatron split is not built yet), a block a line.
+void describe_gpt_stage(const GptSpec& g, StageRange r, std::vector<std::string>& out) {
+  const GptRange gr{r.first, r.end};
+  const std::string C = std::to_string(g.embd);
+  if (gr.embeds()) {
+    out.push_back("transformer.wte.weight whole, " + std::to_string(g.vocab) + " x " + C);
+    out.push_back("transformer.wpe.weight whole, " + std::to_string(g.ctx) + " x " + C);
+  }
+  const int64_t per_block = 12 * g.embd * g.embd + 13 * g.embd;
+  for (int l = gr.first_block(); l < gr.end_block(g); l++)
+    out.push_back("transformer.h." + std::to_string(l) + " whole: ln_1, attn.c_attn " + std::to_string(3 * g.embd) + " x " + C +
+                  ", attn.c_proj, ln_2, mlp.c_fc " + std::to_string(4 * g.embd) + " x " + C + ", mlp.c_proj (" +
+                  with_commas(per_block) + " parameters)");
+  if (gr.heads(g)) {
+    out.push_back("transformer.ln_f whole");
+    if (!gr.embeds()) out.push_back("lm_head.weight whole, " + std::to_string(g.vocab) + " x " + C + " (wte's copy; the embedding group sums their gradients)");
+  }
+}
+
 // What `rank` holds of each Linear of its stage(s) (virtual stages v = pp, pp + p, ...).
 std::vector<std::string> rank_slices(const MeshView& mv, int rank) {
   const MeshShape& m = mv.shape;
@@ -154,6 +173,10 @@ std::vector<std::string> rank_slices(const MeshView& mv, int rank) {
   std::vector<std::string> out;
   for (size_t v = static_cast<size_t>(c.pp); v < mv.stages.size(); v += static_cast<size_t>(m.pp)) {
     const StageRange r = mv.stages[v];
+    if (!mv.gpt.empty()) {
+      describe_gpt_stage(mv.gpt, r, out);
+      continue;
+    }
     const std::vector<TpRole> roles = tp_roles(r.first, r.end, m.tp);
     for (int l = r.first; l < r.end; l++) describe_linear(mv.dims, l, roles[static_cast<size_t>(l - r.first)], m.tp, c.tp, out);
   }
@@ -161,11 +184,12 @@ std::vector<std::string> rank_slices(const MeshView& mv, int rank) {
 }
 
 // The mesh of the run's --tp and pipeline stages over its world (engine/core/mesh.h).
-void reset_mesh(const TrainConfig& config, MeshView& m) {
+void reset_mesh(const TrainConfig& config, const GptSpec& gpt, MeshView& m) {
   const bool pipeline = config.strategy == Strategy::Pipeline;
   const int stages = pipeline ? config.pipeline.stages : 1;
   m.sequence_parallel = config.sequence_parallel;
   m.dims = config.model.dims;
+  m.gpt = gpt;  // the trainer's (its vocabulary is the data's)
   try {
     m.shape = resolve_mesh(config.world_size, config.tp, stages);
   } catch (const Error& e) {
@@ -173,7 +197,7 @@ void reset_mesh(const TrainConfig& config, MeshView& m) {
     m.error = e.what();
   }
   const int linears = static_cast<int>(m.dims.size()) - 1;
-  m.stages = {StageRange{0, linears}};
+  m.stages = {config.model.is_gpt() ? StageRange{0, static_cast<int>(config.model.gpt.layers) + 2} : StageRange{0, linears}};
   if (pipeline && m.error.empty()) {
     try {
       m.stages = partition_stages(config.model, stages * std::max(1, config.pipeline.chunks), config.pipeline.split);
@@ -346,7 +370,7 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.node_size = run.node_size;
   snap_.total_steps = c.steps;
   pipeline_.reset(run.pipeline, N, config.tp, snap_.pipeline);
-  reset_mesh(config, snap_.mesh);
+  reset_mesh(config, model.spec().gpt, snap_.mesh);
 }
 
 

@@ -104,10 +104,17 @@ with tempfile.TemporaryDirectory() as tmp:
                 lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
     }
     steps, batch = 20, 4
-    for world in (1, 2):
+    # One rank, DDP on two, and two pipelines (a block per stage, the tied weight summed over the
+    # embedding group) held to torch's one rank on the same batches.
+    layouts = {
+        "world 1": (1, []),
+        "world 2": (2, ["--strategy", "ddp", "--world", 2]),
+        "pipeline gpipe": (1, ["--strategy", "pipeline", "--stages", 2, "--microbatches", 2, "--schedule", "gpipe"]),
+        "pipeline 1f1b": (1, ["--strategy", "pipeline", "--stages", 2, "--microbatches", 4, "--schedule", "1f1b"]),
+    }
+    for layout, (world, strategy) in layouts.items():
         for name, (flags, make_opt) in runs.items():
-            ckpt = os.path.join(tmp, f"{name}{world}.safetensors")
-            strategy = ["--strategy", "ddp", "--world", world] if world > 1 else []
+            ckpt = os.path.join(tmp, f"{name}{layout.replace(' ', '_')}.safetensors")
             out = cli("train", *common, *strategy, "--init", init_path, "--seed", 3, "--batch", batch, "--steps", steps,
                       *flags, "--save", ckpt, "--json")
             ours = [r["loss"] for r in map(json.loads, out.splitlines()) if "step" in r]
@@ -115,10 +122,10 @@ with tempfile.TemporaryDirectory() as tmp:
             model.load_state_dict(start.state_dict())
             theirs = torch_train(model, windows, batch, steps, 3, make_opt, world)
             loss_diff = max(abs(a - b) for a, b in zip(ours, theirs)) if len(ours) == steps else float("inf")
-            check(loss_diff < 1e-4, f"{name}, world {world}: {steps} per-step losses equal torch's (max abs diff {loss_diff:.2e})")
+            check(loss_diff < 1e-4, f"{name}, {layout}: {steps} per-step losses equal torch's (max abs diff {loss_diff:.2e})")
             sd = load_safetensors(ckpt)
             param_diff = max((sd[k] - v).abs().max().item() for k, v in params(model).items())
-            check(param_diff < 1e-4, f"{name}, world {world}: parameters after {steps} steps equal torch's (max abs diff {param_diff:.2e})")
+            check(param_diff < 1e-4, f"{name}, {layout}: parameters after {steps} steps equal torch's (max abs diff {param_diff:.2e})")
 
     # 3. The checkpoint in nanoGPT's GPT.
     fresh = GPT(L, H, C, T, V)

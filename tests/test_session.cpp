@@ -112,6 +112,15 @@ TEST_SUITE("app") {
     step(s, GateKind::Iteration, 1);
     CHECK(test::error_sentence([&] { s.generate("Shall I", 5); }) ==
           "FSDP shards rank 0's parameters, so no rank holds the whole model until the run ends; generate after the last step");
+    TrainConfig p = c;  // a GPT pipeline of two stages, a block each
+    p.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=16");
+    p.strategy = Strategy::Pipeline;
+    p.pipeline.stages = 2;
+    p.pipeline.microbatches = 2;
+    s.restart(p);
+    step(s, GateKind::Iteration, 1);
+    CHECK(test::error_sentence([&] { s.generate("Shall I", 5); }) ==
+          "the pipeline's stages hold the model across ranks, gathered to rank 0 only when the run ends; generate after the last step");
     Session mlp(lab_config(2));
     CHECK(test::error_sentence([&] { mlp.generate("a", 5); }) == "generate samples text from a GPT; start a run with --model gpt-tiny");
   }

@@ -172,6 +172,37 @@ double linear_kaiming_bound(int64_t fan_in) {  // kaiming_uniform_(a=sqrt(5))
 
 }  // namespace
 
+std::vector<Parameter> gpt_stage_parameters(const GptSpec& s, GptRange r) {
+  if (r.whole(s)) return gpt_parameters(s);
+  const std::vector<Parameter> full = gpt_parameters(s);
+  std::vector<Parameter> ps;
+  int64_t offset = 0;
+  auto take = [&](const Parameter& q, std::string name) {
+    ps.push_back({std::move(name), q.shape, offset, q.numel});
+    offset += q.numel;
+  };
+  using P = GptParamIndex;
+  const int L = static_cast<int>(s.layers);
+  if (r.embeds()) {
+    take(full[P::kWte], full[P::kWte].name);
+    take(full[P::kWpe], full[P::kWpe].name);
+  }
+  for (int l = r.first_block(); l < r.end_block(s); l++)
+    for (int k = 0; k < P::kPerBlock; k++) {
+      const Parameter& q = full[static_cast<size_t>(P::block(l, static_cast<P::Block>(k)))];
+      take(q, q.name);
+    }
+  if (r.heads(s)) {
+    for (int i : {P::ln_f_weight(L), P::ln_f_bias(L)}) take(full[static_cast<size_t>(i)], full[static_cast<size_t>(i)].name);
+    if (!r.embeds()) take(full[P::kWte], "lm_head.weight");
+  }
+  return ps;
+}
+
+std::string gpt_full_name(const std::string& stage_name) {
+  return stage_name == "lm_head.weight" ? "transformer.wte.weight" : stage_name;
+}
+
 std::vector<float> gpt_init_values(const GptSpec& s, uint64_t seed) {
   DTLAB_CHECK(s.vocab >= 2, "gpt_init_values: the vocabulary must be known");
   const std::vector<Parameter> ps = gpt_parameters(s);
@@ -356,19 +387,48 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 
 // ---- the model ----
 
-GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device) : s_(spec), tracker_(tracker), dev_(device) {
+GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, GptRange range)
+    : s_(spec), r_(range.end == 0 ? GptRange::all(spec) : range), tracker_(tracker), dev_(device) {
   DTLAB_CHECK(device.is_host(), "the GPT runs on the CPU device in this version");
+  DTLAB_CHECK(r_.first >= 0 && r_.end <= spec.layers + 2 && r_.first_block() < r_.end_block(spec),
+              "a GPT stage holds at least one block");
+  const int L = static_cast<int>(spec.layers);
+  if (r_.whole(spec)) {  // gpt_parameters()' indices
+    block0_ = GptParamIndex::block(0, GptParamIndex::Ln1W);
+    lnf_w_ = GptParamIndex::ln_f_weight(L);
+    lnf_b_ = GptParamIndex::ln_f_bias(L);
+    head_ = GptParamIndex::kWte;
+    return;
+  }
+  const int blocks = r_.end_block(spec) - r_.first_block();
+  block0_ = r_.embeds() ? 2 : 0;
+  if (r_.heads(spec)) {
+    lnf_w_ = block0_ + GptParamIndex::kPerBlock * blocks;
+    lnf_b_ = lnf_w_ + 1;
+    head_ = r_.embeds() ? GptParamIndex::kWte : lnf_b_ + 1;
+  }
+}
+
+void GptCore::release() {
+  std::vector<Tensor>* per_block[] = {&ln1_, &ln1_mean_, &ln1_rstd_, &qkv_, &att_, &atty_, &res2_, &ln2_, &ln2_mean_,
+                                      &ln2_rstd_, &fch_, &fch_gelu_, &res3_};
+  for (auto* v : per_block) v->clear();
+  for (Tensor* t : {&encoded_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dbuf_, &dqkv_, &dfch_, &datt_}) *t = Tensor();
+  capacity_ = 0;
+  B_ = 0;
+  idx_ = nullptr;
+  x_ = nullptr;
 }
 
 void GptCore::ensure(int64_t B) {
   B_ = B;
   if (B <= capacity_ && checkpointed_alloc_ == checkpointing_) return;
-  const int64_t T = s_.ctx, C = s_.embd, BT = B * T, L = s_.layers;
+  const int64_t T = s_.ctx, C = s_.embd, BT = B * T, L = r_.end_block(s_) - r_.first_block();
   auto act = [&](Shape shape) { return Tensor(std::move(shape), MemCategory::Activations, tracker_, DType::F32, dev_); };
   std::vector<Tensor>* per_block[] = {&ln1_, &ln1_mean_, &ln1_rstd_, &qkv_, &att_, &atty_, &res2_, &ln2_, &ln2_mean_,
                                       &ln2_rstd_, &fch_, &fch_gelu_, &res3_};
   for (auto* v : per_block) v->clear();
-  encoded_ = act({BT, C});
+  encoded_ = r_.embeds() ? act({BT, C}) : Tensor();
   for (int64_t l = 0; l < L; l++) {
     res3_.push_back(act({BT, C}));
     if (checkpointing_ && l > 0) continue;  // one set of the blocks' inner buffers, shared
@@ -385,10 +445,12 @@ void GptCore::ensure(int64_t B) {
     fch_.push_back(act({BT, 4 * C}));
     fch_gelu_.push_back(act({BT, 4 * C}));
   }
-  lnf_ = act({BT, C});
-  lnf_mean_ = act({BT});
-  lnf_rstd_ = act({BT});
-  logits_ = act({BT, s_.vocab});
+  if (r_.heads(s_)) {
+    lnf_ = act({BT, C});
+    lnf_mean_ = act({BT});
+    lnf_rstd_ = act({BT});
+    logits_ = act({BT, s_.vocab});
+  }
   dres_ = act({BT, C});
   dbuf_ = act({BT, C});
   dqkv_ = act({BT, 3 * C});
@@ -408,8 +470,9 @@ double GptCore::layer_flops(int layer, int64_t B) const {
 }
 
 const float* GptCore::attention(int l, int64_t b, int64_t h) const {
-  if (B_ == 0 || checkpointing_ || l < 0 || l >= s_.layers || b < 0 || b >= B_ || h < 0 || h >= s_.heads) return nullptr;
-  return att_[static_cast<size_t>(l)].f32() + (b * s_.heads + h) * s_.ctx * s_.ctx;
+  if (B_ == 0 || checkpointing_ || l < r_.first_block() || l >= r_.end_block(s_) || b < 0 || b >= B_ || h < 0 || h >= s_.heads)
+    return nullptr;
+  return att_[local(l)].f32() + (b * s_.heads + h) * s_.ctx * s_.ctx;
 }
 
 void GptCore::block_forward(std::vector<Parameter>& p, int l, const float* x) {
@@ -417,27 +480,29 @@ void GptCore::block_forward(std::vector<Parameter>& p, int l, const float* x) {
   const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T;
   auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };
   const size_t k = slot(l);
-  layernorm_forward(ln1_[k].f32(), ln1_mean_[k].f32(), ln1_rstd_[k].f32(), x, w(P::block(l, P::Ln1W)), w(P::block(l, P::Ln1B)), BT, C);
-  dev_.linear_forward(qkv_[k].f32(), ln1_[k].f32(), w(P::block(l, P::AttnW)), w(P::block(l, P::AttnB)), BT, C, 3 * C);
+  layernorm_forward(ln1_[k].f32(), ln1_mean_[k].f32(), ln1_rstd_[k].f32(), x, w(pi(l, P::Ln1W)), w(pi(l, P::Ln1B)), BT, C);
+  dev_.linear_forward(qkv_[k].f32(), ln1_[k].f32(), w(pi(l, P::AttnW)), w(pi(l, P::AttnB)), BT, C, 3 * C);
   attention_forward(atty_[k].f32(), att_[k].f32(), qkv_[k].f32(), B, T, C, s_.heads);
   float* proj = dbuf_.f32();
-  dev_.linear_forward(proj, atty_[k].f32(), w(P::block(l, P::AttnProjW)), w(P::block(l, P::AttnProjB)), BT, C, C);
+  dev_.linear_forward(proj, atty_[k].f32(), w(pi(l, P::AttnProjW)), w(pi(l, P::AttnProjB)), BT, C, C);
   float* r2 = res2_[k].f32();
   for (int64_t i = 0; i < BT * C; i++) r2[i] = x[i] + proj[i];
-  layernorm_forward(ln2_[k].f32(), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), r2, w(P::block(l, P::Ln2W)), w(P::block(l, P::Ln2B)), BT, C);
-  dev_.linear_forward(fch_[k].f32(), ln2_[k].f32(), w(P::block(l, P::FcW)), w(P::block(l, P::FcB)), BT, C, 4 * C);
+  layernorm_forward(ln2_[k].f32(), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), r2, w(pi(l, P::Ln2W)), w(pi(l, P::Ln2B)), BT, C);
+  dev_.linear_forward(fch_[k].f32(), ln2_[k].f32(), w(pi(l, P::FcW)), w(pi(l, P::FcB)), BT, C, 4 * C);
   gelu_forward(fch_gelu_[k].f32(), fch_[k].f32(), BT * 4 * C);
-  dev_.linear_forward(proj, fch_gelu_[k].f32(), w(P::block(l, P::FcProjW)), w(P::block(l, P::FcProjB)), BT, 4 * C, C);
-  float* r3 = res3_[static_cast<size_t>(l)].f32();
+  dev_.linear_forward(proj, fch_gelu_[k].f32(), w(pi(l, P::FcProjW)), w(pi(l, P::FcProjB)), BT, 4 * C, C);
+  float* r3 = res3_[local(l)].f32();
   for (int64_t i = 0; i < BT * C; i++) r3[i] = r2[i] + proj[i];
 
 }
 
 const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int64_t B, ComputeObserver* obs, LayerGate* gate,
-                              LayerHooks* hooks) {
+                              LayerHooks* hooks, const float* x_in) {
   using P = GptParamIndex;
+  DTLAB_CHECK(r_.embeds() ? idx != nullptr : x_in != nullptr, "a GPT stage's forward needs its input: tokens where it embeds, else x");
   ensure(B);
   idx_ = idx;
+  x_ = x_in;
   const int64_t T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab;
   const int L = static_cast<int>(s_.layers);
   auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };  // read after the layer's hooks (FSDP binds)
@@ -445,41 +510,43 @@ const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int
     if (gate) gate->before_layer(layer, false);
     if (hooks) hooks->before_forward(layer);
   };
-  enter(0);
-  {
-    ComputeScope scope(obs, ComputeKind::LayerForward, 0, layer_flops(0, B));
-    float* x = encoded_.f32();
-    for (int64_t bt = 0; bt < BT; bt++) {
-      const float* te = w(P::kWte) + idx[bt] * C;
-      const float* pe = w(P::kWpe) + (bt % T) * C;
-      for (int64_t c = 0; c < C; c++) x[bt * C + c] = te[c] + pe[c];
+  if (r_.embeds()) {
+    enter(0);
+    {
+      ComputeScope scope(obs, ComputeKind::LayerForward, 0, layer_flops(0, B));
+      float* x = encoded_.f32();
+      for (int64_t bt = 0; bt < BT; bt++) {
+        const float* te = w(P::kWte) + idx[bt] * C;
+        const float* pe = w(P::kWpe) + (bt % T) * C;
+        for (int64_t c = 0; c < C; c++) x[bt * C + c] = te[c] + pe[c];
+      }
     }
+    if (hooks) hooks->after_forward(0);
   }
-  if (hooks) hooks->after_forward(0);
-  const float* x = encoded_.f32();
-  for (int l = 0; l < L; l++) {
-    const size_t u = static_cast<size_t>(l);
+  const float* x = r_.embeds() ? encoded_.f32() : x_in;
+  for (int l = r_.first_block(); l < r_.end_block(s_); l++) {
     enter(1 + l);
     std::optional<ComputeScope> scope(std::in_place, obs, ComputeKind::LayerForward, 1 + l, layer_flops(1 + l, B));
     block_forward(p, l, x);
-    x = res3_[u].f32();
+    x = res3_[local(l)].f32();
     scope.reset();  // the hooks' collectives (FSDP's reshard) follow the layer, outside its span
     if (hooks) hooks->after_forward(1 + l);
   }
+  if (!r_.heads(s_)) return x;
   enter(L + 1);
   {
     ComputeScope scope(obs, ComputeKind::LayerForward, L + 1, layer_flops(L + 1, B));
-    layernorm_forward(lnf_.f32(), lnf_mean_.f32(), lnf_rstd_.f32(), x, w(P::ln_f_weight(L)), w(P::ln_f_bias(L)), BT, C);
-    dev_.linear_forward(logits_.f32(), lnf_.f32(), w(P::kWte), nullptr, BT, C, V);  // lm_head, tied
+    layernorm_forward(lnf_.f32(), lnf_mean_.f32(), lnf_rstd_.f32(), x, w(lnf_w_), w(lnf_b_), BT, C);
+    dev_.linear_forward(logits_.f32(), lnf_.f32(), w(head_), nullptr, BT, C, V);  // lm_head, tied
   }
   if (hooks) hooks->after_forward(L + 1);
   return logits_.f32();
 }
 
-void GptCore::backward(std::vector<Parameter>& p, const float* dlogits, const Model::GradReadyHook& ready,
-                       ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks) {
+const float* GptCore::backward(std::vector<Parameter>& p, const float* dlogits, const Model::GradReadyHook& ready,
+                              ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks) {
   using P = GptParamIndex;
-  DTLAB_CHECK(idx_ != nullptr, "backward() called before forward()");
+  DTLAB_CHECK(idx_ != nullptr || x_ != nullptr, "backward() called before forward()");
   const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab;
   const int L = static_cast<int>(s_.layers);
   auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };
@@ -494,20 +561,28 @@ void GptCore::backward(std::vector<Parameter>& p, const float* dlogits, const Mo
   };
   float* dres = dres_.f32();
   float* dbuf = dbuf_.f32();
-  const float* last = L ? res3_.back().f32() : encoded_.f32();
-  {
+  const int fb = r_.first_block();
+  const float* input = r_.embeds() ? encoded_.f32() : x_;  // the first block's input
+  if (r_.heads(s_)) {
+    const float* last = res3_.back().f32();
     enter(L + 1);
-    ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, 2 * layer_flops(L + 1, B));
-    dev_.linear_backward(dbuf, g(P::kWte), nullptr, dlogits, lnf_.f32(), w(P::kWte), BT, C, V);
-    std::fill_n(dres, BT * C, 0.0f);
-    layernorm_backward(dres, g(P::ln_f_weight(L)), g(P::ln_f_bias(L)), dbuf, last, w(P::ln_f_weight(L)), lnf_mean_.f32(),
-                       lnf_rstd_.f32(), BT, C);
-    done({P::ln_f_bias(L), P::ln_f_weight(L)});
+    {
+      ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, 2 * layer_flops(L + 1, B));
+      dev_.linear_backward(dbuf, g(head_), nullptr, dlogits, lnf_.f32(), w(head_), BT, C, V);
+      std::fill_n(dres, BT * C, 0.0f);
+      layernorm_backward(dres, g(lnf_w_), g(lnf_b_), dbuf, last, w(lnf_w_), lnf_mean_.f32(), lnf_rstd_.f32(), BT, C);
+      // A last stage's own copy of the tied weight is complete here (the embedding group sums it with
+      // the first stage's); the whole model's waits for the embedding's use below.
+      if (r_.embeds()) done({lnf_b_, lnf_w_});
+      else done({lnf_b_, lnf_w_, head_});
+    }
+    if (hooks) hooks->after_backward(L + 1);
+  } else {
+    std::copy_n(dlogits, BT * C, dres);  // the next stage's gradient of this stage's output
   }
-  if (hooks) hooks->after_backward(L + 1);
-  for (int l = L - 1; l >= 0; l--) {
-    const size_t u = static_cast<size_t>(l), k = slot(l);
-    const float* block_in = l ? res3_[u - 1].f32() : encoded_.f32();
+  for (int l = r_.end_block(s_) - 1; l >= fb; l--) {
+    const size_t u = local(l), k = slot(l);
+    const float* block_in = l > fb ? res3_[u - 1].f32() : input;
     if (checkpointing_) {  // the block's forward again, from its kept input, before its backward needs it
       if (hooks) hooks->before_recompute(1 + l);
       {
@@ -519,28 +594,29 @@ void GptCore::backward(std::vector<Parameter>& p, const float* dlogits, const Mo
     enter(1 + l);
     std::optional<ComputeScope> scope(std::in_place, obs, ComputeKind::LayerBackward, 1 + l, 2 * layer_flops(1 + l, B));
     float* dfch = dfch_.f32();
-    dev_.linear_backward(dfch, g(P::block(l, P::FcProjW)), g(P::block(l, P::FcProjB)), dres, fch_gelu_[k].f32(),
-                         w(P::block(l, P::FcProjW)), BT, 4 * C, C);
-    done({P::block(l, P::FcProjB), P::block(l, P::FcProjW)});
+    dev_.linear_backward(dfch, g(pi(l, P::FcProjW)), g(pi(l, P::FcProjB)), dres, fch_gelu_[k].f32(),
+                         w(pi(l, P::FcProjW)), BT, 4 * C, C);
+    done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
     gelu_backward(dfch, dfch, fch_[k].f32(), BT * 4 * C);
-    dev_.linear_backward(dbuf, g(P::block(l, P::FcW)), g(P::block(l, P::FcB)), dfch, ln2_[k].f32(), w(P::block(l, P::FcW)), BT, C, 4 * C);
-    done({P::block(l, P::FcB), P::block(l, P::FcW)});
-    layernorm_backward(dres, g(P::block(l, P::Ln2W)), g(P::block(l, P::Ln2B)), dbuf, res2_[k].f32(), w(P::block(l, P::Ln2W)),
+    dev_.linear_backward(dbuf, g(pi(l, P::FcW)), g(pi(l, P::FcB)), dfch, ln2_[k].f32(), w(pi(l, P::FcW)), BT, C, 4 * C);
+    done({pi(l, P::FcB), pi(l, P::FcW)});
+    layernorm_backward(dres, g(pi(l, P::Ln2W)), g(pi(l, P::Ln2B)), dbuf, res2_[k].f32(), w(pi(l, P::Ln2W)),
                        ln2_mean_[k].f32(), ln2_rstd_[k].f32(), BT, C);
-    done({P::block(l, P::Ln2B), P::block(l, P::Ln2W)});
-    dev_.linear_backward(dbuf, g(P::block(l, P::AttnProjW)), g(P::block(l, P::AttnProjB)), dres, atty_[k].f32(),
-                         w(P::block(l, P::AttnProjW)), BT, C, C);
-    done({P::block(l, P::AttnProjB), P::block(l, P::AttnProjW)});
+    done({pi(l, P::Ln2B), pi(l, P::Ln2W)});
+    dev_.linear_backward(dbuf, g(pi(l, P::AttnProjW)), g(pi(l, P::AttnProjB)), dres, atty_[k].f32(),
+                         w(pi(l, P::AttnProjW)), BT, C, C);
+    done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
     attention_backward(dqkv_.f32(), datt_.f32(), dbuf, qkv_[k].f32(), att_[k].f32(), B, T, C, s_.heads);
-    dev_.linear_backward(dbuf, g(P::block(l, P::AttnW)), g(P::block(l, P::AttnB)), dqkv_.f32(), ln1_[k].f32(),
-                         w(P::block(l, P::AttnW)), BT, C, 3 * C);
-    done({P::block(l, P::AttnB), P::block(l, P::AttnW)});
-    layernorm_backward(dres, g(P::block(l, P::Ln1W)), g(P::block(l, P::Ln1B)), dbuf, block_in, w(P::block(l, P::Ln1W)),
+    dev_.linear_backward(dbuf, g(pi(l, P::AttnW)), g(pi(l, P::AttnB)), dqkv_.f32(), ln1_[k].f32(),
+                         w(pi(l, P::AttnW)), BT, C, 3 * C);
+    done({pi(l, P::AttnB), pi(l, P::AttnW)});
+    layernorm_backward(dres, g(pi(l, P::Ln1W)), g(pi(l, P::Ln1B)), dbuf, block_in, w(pi(l, P::Ln1W)),
                        ln1_mean_[k].f32(), ln1_rstd_[k].f32(), BT, C);
-    done({P::block(l, P::Ln1B), P::block(l, P::Ln1W)});
+    done({pi(l, P::Ln1B), pi(l, P::Ln1W)});
     scope.reset();
     if (hooks) hooks->after_backward(1 + l);
   }
+  if (!r_.embeds()) return dres;  // the gradient of the stage's input, for the previous stage
   enter(0);
   {
     ComputeScope scope(obs, ComputeKind::LayerBackward, 0, 2 * layer_flops(0, B));
@@ -558,6 +634,7 @@ void GptCore::backward(std::vector<Parameter>& p, const float* dlogits, const Mo
     done({P::kWpe, P::kWte});
   }
   if (hooks) hooks->after_backward(0);
+  return nullptr;
 }
 
 std::vector<int32_t> gpt_generate(Model& model, const std::vector<int32_t>& prompt, int64_t n, float temperature, int64_t top_k,

@@ -7,8 +7,8 @@
 // as transformer.wte.weight) and live in the Model's flat buffers, so DDP's buckets, the optimizers
 // and checkpoints see them as they see the MLP's. The forward and backward follow llm.c's layout
 // (one activation buffer per saved tensor) with the ops nanoGPT runs; the matmuls are the device's
-// Linear (OpenBLAS on the CPU), the rest are loops here. CPU only in this version: the GPU kernels
-// are the GPU part of the transformer work.
+// Linear (OpenBLAS on the CPU), the rest are loops here. A pipeline stage runs a range of its layers
+// (GptRange). CPU only in this version: the GPU kernels are the GPU part of the transformer work.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -31,6 +31,14 @@ struct GptParamIndex {
 // The parameter table (names, shapes, offsets in the flat buffers; data and grad left null).
 std::vector<Parameter> gpt_parameters(const GptSpec& spec);
 
+// Its parameters, in named_parameters() order (the whole model: gpt_parameters()), flat in that order.
+// A last stage without the embeddings holds the head's own copy of the tied weight, named nanoGPT's
+// `lm_head.weight` (Megatron's shared embedding on the last stage: it starts equal to wte, and the
+// embedding group all-reduces the two gradients, so the two copies stay equal).
+std::vector<Parameter> gpt_stage_parameters(const GptSpec& spec, GptRange range);
+// The full model's parameter a stage's parameter copies (by name; the head's copy: wte).
+std::string gpt_full_name(const std::string& stage_name);
+
 // nanoGPT's initial values for torch.manual_seed(seed) and GPT(config), flat in gpt_parameters()'
 // order: the constructors' draws (nn.Embedding's normal_, nn.Linear's kaiming_uniform_ and bias
 // uniform_, in construction order, lm_head last), then _init_weights applied module by module
@@ -45,18 +53,30 @@ std::vector<float> gpt_init_values(const GptSpec& spec, uint64_t seed);
 // final LayerNorm and the head.
 class GptCore {
  public:
-  GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device);
+  // `range`: a pipeline stage's layers (default: the whole model); `params` below are then
+  // gpt_stage_parameters(spec, range).
+  GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, GptRange range = {});
   // idx: B x T token ids on the host, each in [0, vocab) (checked by the caller). Returns the logits
-  // (B*T, V), owned here.
+  // (B*T, V), owned here. A stage without the embeddings reads `x` (B*T, C), the previous stage's
+  // output, instead (kept by the caller until backward); one without the head returns its last
+  // block's output (B*T, C), owned here.
   // `hooks` (FSDP) see each layer before its parameters are read and after it is done.
   const float* forward(std::vector<Parameter>& params, const int64_t* idx, int64_t B, ComputeObserver* obs,
-                       LayerGate* gate, LayerHooks* hooks = nullptr);
-  // dlogits (B*T, V) of the last forward. Parameter gradients accumulate (as torch's .grad); the hook
+                       LayerGate* gate, LayerHooks* hooks = nullptr, const float* x = nullptr);
+  // dlogits (B*T, V) of the last forward (a stage without the head: the gradient of its output,
+  // (B*T, C)). Parameter gradients accumulate (as torch's .grad); the hook
   // sees each parameter once its gradient is final, in autograd's order: ln_f, the blocks from the
   // last (within one: mlp.c_proj, c_fc, ln_2, attn.c_proj, c_attn, ln_1; bias before weight), wpe,
-  // and wte last (the tied weight's two uses are summed before its hook).
-  void backward(std::vector<Parameter>& params, const float* dlogits, const Model::GradReadyHook& ready,
-                ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks = nullptr);
+  // and wte last (the tied weight's two uses are summed before its hook). Returns the gradient of a
+  // stage's input `x` (B*T, C), owned here; null where the stage embeds.
+  const float* backward(std::vector<Parameter>& params, const float* dlogits, const Model::GradReadyHook& ready,
+                        ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks = nullptr);
+  // Frees the saved activations (a pipeline micro-batch after its backward); the next forward
+  // allocates them again.
+  void release();
+  const GptRange& range() const { return r_; }
+  // A stage's last block output (B*T, C) after forward; what the next stage receives.
+  const Tensor& output() const { return res3_.back(); }
   int64_t batch() const { return B_; }
   // Activation checkpointing per block (torch.utils.checkpoint around each Block, non-reentrant): the
   // forward keeps only each block's output; the backward runs the block's forward again (reported as
@@ -77,17 +97,24 @@ class GptCore {
   void ensure(int64_t B);
   // Block l's forward from `x` into its buffers (slot(l)) and res3_[l].
   void block_forward(std::vector<Parameter>& p, int l, const float* x);
-  size_t slot(int l) const { return checkpointing_ ? 0 : static_cast<size_t>(l); }
+  // l: a block of the model; its saved tensors' index here.
+  size_t local(int l) const { return static_cast<size_t>(l - r_.first_block()); }
+  size_t slot(int l) const { return checkpointing_ ? 0 : local(l); }
+  // Indices into the stage's parameters.
+  int pi(int l, GptParamIndex::Block k) const { return block0_ + GptParamIndex::kPerBlock * (l - r_.first_block()) + k; }
   bool checkpointing_ = false;
   bool checkpointed_alloc_ = false;  // the layout the buffers were allocated for
   GptSpec s_;
+  GptRange r_;
+  int block0_ = 0, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;  // head_: the weight lm_head reads
+  const float* x_ = nullptr;  // a stage's input (B*T, C), when it does not embed
   MemoryTracker* tracker_;
   Device& dev_;
   int64_t B_ = 0, capacity_ = 0;
   const int64_t* idx_ = nullptr;
   // Saved for backward (llm.c's ActivationTensors), per block (one shared set when checkpointing;
   // res3_, the block outputs, always per block).
-  Tensor encoded_;                       // (BT, C) block 0's input
+  Tensor encoded_;                       // (BT, C) block 0's input (a stage that embeds)
   std::vector<Tensor> ln1_, ln1_mean_, ln1_rstd_, qkv_, att_, atty_, res2_, ln2_, ln2_mean_, ln2_rstd_, fch_,
       fch_gelu_, res3_;
   Tensor lnf_, lnf_mean_, lnf_rstd_, logits_;

@@ -29,4 +29,17 @@ struct GptSpec {
   static bool names_gpt(std::string_view text);
 };
 
+// A pipeline stage of the GPT: layers [first, end) in the numbering observers see (0 the embeddings,
+// 1..L the blocks, L + 1 ln_f and the head); [0, L + 2) is the whole model. A stage holds at least
+// one block.
+struct GptRange {
+  int first = 0, end = 0;
+  bool whole(const GptSpec& s) const { return first == 0 && end == s.layers + 2; }
+  bool embeds() const { return first == 0; }
+  bool heads(const GptSpec& s) const { return end == s.layers + 2; }
+  int first_block() const { return first == 0 ? 0 : first - 1; }        // blocks [first_block, end_block)
+  int end_block(const GptSpec& s) const { return heads(s) ? static_cast<int>(s.layers) : end - 1; }
+  static GptRange all(const GptSpec& s) { return {0, static_cast<int>(s.layers) + 2}; }
+};
+
 }  // namespace dtlab

@@ -66,7 +66,8 @@ int64_t ModelSpec::num_params() const {
 }
 
 Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, Device& device)
-    : Model(spec, tracker, seed, 0, spec.is_gpt() ? 1 : static_cast<int>(spec.dims.size()) - 1, device) {}
+    : Model(spec, tracker, seed, 0, spec.is_gpt() ? static_cast<int>(spec.gpt.layers) + 2 : static_cast<int>(spec.dims.size()) - 1,
+            device) {}
 
 Model::~Model() = default;
 
@@ -78,19 +79,35 @@ Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int f
              Device& device, const TensorParallelSpec& tp)
     : spec_(spec), tp_(tp), tracker_(tracker), device_(device), first_linear_(first_linear) {
   if (spec.is_gpt()) {
-    DTLAB_CHECK(first_linear == 0 && end_linear == 1 && tp.degree == 1, "the GPT is built whole in this version");
+    // first_linear/end_linear: the stage's layers in the GPT's numbering (GptRange).
+    DTLAB_CHECK(tp.degree == 1, "the GPT's tensor-parallel form is not built in this version");
     DTLAB_CHECK(spec.gpt.vocab >= 2, "the GPT's vocabulary must be known before it is built");
     if (!device.is_host()) throw Error("--model gpt runs on the CPU in this version (its GPU kernels are not built yet); use --device cpu");
-    params_ = gpt_parameters(spec.gpt);
-    num_params_ = spec.num_params();
+    gpt_range_ = {first_linear, end_linear};
+    params_ = gpt_stage_parameters(spec.gpt, gpt_range_);
+    num_params_ = 0;
+    for (const Parameter& p : params_) num_params_ += p.numel;
     flat_params_ = Tensor({num_params_}, MemCategory::Parameters, tracker, DType::F32, device_);
     flat_grads_ = Tensor({num_params_}, MemCategory::Gradients, tracker, DType::F32, device_);
     for (auto& p : params_) {
       p.data = flat_params_.f32() + p.offset;
       p.grad = flat_grads_.f32() + p.offset;
     }
-    upload_params(gpt_init_values(spec.gpt, seed).data());
-    gpt_ = std::make_unique<GptCore>(spec.gpt, tracker, device_);
+    const std::vector<float> full = gpt_init_values(spec.gpt, seed);
+    if (gpt_range_.whole(spec.gpt)) {
+      upload_params(full.data());
+    } else {  // the stage's parameters take the whole model's values, by name
+      const std::vector<Parameter> names = gpt_parameters(spec.gpt);
+      std::vector<float> mine(static_cast<size_t>(num_params_));
+      for (const Parameter& p : params_) {
+        const std::string want = gpt_full_name(p.name);
+        const auto q = std::find_if(names.begin(), names.end(), [&](const Parameter& n) { return n.name == want; });
+        DTLAB_CHECK(q != names.end() && q->numel == p.numel, "a GPT stage's parameter is not the whole model's");
+        std::copy_n(full.begin() + q->offset, p.numel, mine.begin() + p.offset);
+      }
+      upload_params(mine.data());
+    }
+    gpt_ = std::make_unique<GptCore>(spec.gpt, tracker, device_, gpt_range_);
     return;
   }
   DTLAB_CHECK(spec.dims.size() >= 2, "a model needs an input and an output width");
@@ -533,6 +550,21 @@ const float* Model::forward_tokens(const int64_t* idx, int64_t B) {
   return gpt_->forward(params_, idx, B, observer_, gate_, hooks_);
 }
 
+std::unique_ptr<GptCore> Model::gpt_activations() const {
+  DTLAB_CHECK(gpt_ != nullptr, "gpt_activations() on a model that is not a GPT");
+  auto core = std::make_unique<GptCore>(spec_.gpt, tracker_, device_, gpt_range_);
+  core->set_checkpointing(checkpointing_);
+  return core;
+}
+
+const float* Model::gpt_forward(GptCore& acts, const int64_t* idx, const float* x, int64_t B) {
+  return acts.forward(params_, idx, B, observer_, gate_, hooks_, x);
+}
+
+const float* Model::gpt_backward(GptCore& acts, const float* dout, const GradReadyHook& on_grad_ready) {
+  return acts.backward(params_, dout, on_grad_ready, observer_, gate_, hooks_);
+}
+
 const float* Model::forward(const float* x, int64_t B) {
   DTLAB_CHECK(gpt_ == nullptr, "a GPT's forward takes tokens: forward_tokens()");
   if (mixed()) return half_forward(x, B);
@@ -563,7 +595,10 @@ const float* Model::forward(const float* x, int64_t B) {
 }
 
 void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
-  if (gpt_) return gpt_->backward(params_, dlogits, on_grad_ready, observer_, gate_, hooks_);
+  if (gpt_) {
+    gpt_->backward(params_, dlogits, on_grad_ready, observer_, gate_, hooks_);
+    return;
+  }
   DTLAB_CHECK(input_ != nullptr, "backward() called before forward()");
   if (mixed()) return half_backward(dlogits, on_grad_ready);
   const bool sp = sequence_parallel();

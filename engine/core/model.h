@@ -131,7 +131,9 @@ class Model {
   using GradReadyHook = std::function<void(int param_index)>;
 
   // A GPT spec builds nanoGPT's GPT (engine/core/gpt.h) whole: forward_tokens() and backward() run
-  // it; the per-layer calls, stages, TP, LoRA, 16 bits and recompute are the MLP's in this version.
+  // it; the per-layer calls, TP, LoRA and 16 bits are the MLP's in this version. Its pipeline stages
+  // come from the stage constructor below with a GptRange's first and end, and run through
+  // gpt_activations()/gpt_forward()/gpt_backward().
   Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, Device& device = cpu_device());
   ~Model();
   // A pipeline stage: only Linear layers [first_linear, end_linear) of `spec` (each with the ReLU
@@ -269,6 +271,13 @@ class Model {
   const float* forward_tokens(const int64_t* idx, int64_t B);
   bool is_gpt() const { return gpt_ != nullptr; }
   const GptCore* gpt() const { return gpt_.get(); }
+  // A GPT pipeline stage (built with its GptRange as first_linear/end_linear) keeps one set of saved
+  // activations per micro-batch in flight: each is a GptCore of the stage's range that runs on this
+  // model's parameters, observer, gate and hooks. x: the previous stage's output where the stage
+  // does not embed; the backward returns the gradient of x (null where it embeds).
+  std::unique_ptr<GptCore> gpt_activations() const;
+  const float* gpt_forward(GptCore& acts, const int64_t* idx, const float* x, int64_t B);
+  const float* gpt_backward(GptCore& acts, const float* dout, const GradReadyHook& on_grad_ready = {});
   void backward(const float* dlogits, const GradReadyHook& on_grad_ready = {});
   int64_t batch() const { return batch_; }
   // The last forward()'s input (device memory, batch() rows) and layer i's output there; null
@@ -382,6 +391,7 @@ class Model {
   void sum_lora_grad(const Layer& L);  // TP: all-reduce the partial gradient, add it
   ModelSpec spec_;
   std::unique_ptr<GptCore> gpt_;  // a GPT's layers (engine/core/gpt.h); null for the MLP
+  GptRange gpt_range_;            // its layers: the whole model, or a pipeline stage's
   TensorParallelSpec tp_;
   LoraSpec lora_;
   std::vector<Parameter> base_;  // LoRA: the frozen weights and biases, in frozen_

@@ -7,6 +7,7 @@
 
 #include "engine/core/check.h"
 #include "engine/core/format.h"
+#include "engine/core/gpt.h"
 #include "engine/core/ops.h"
 #include "engine/parallel/tensor_parallel.h"
 
@@ -66,7 +67,41 @@ std::vector<int> parse_split(std::string_view text) {
   return counts;
 }
 
+namespace {
+
+// The GPT's stages (engine/core/gpt_spec.h, GptRange): its L blocks cut into contiguous runs, at least
+// one each (as evenly as they go, the earlier stages taking one more, or `split`: blocks per stage),
+// the embeddings on the first stage and ln_f with the head on the last, as Megatron places them.
+std::vector<StageRange> partition_gpt(const ModelSpec& spec, int num_stages, const std::vector<int>& split) {
+  const int L = static_cast<int>(spec.gpt.layers);
+  if (num_stages > L)
+    throw Error(spec.str() + " has " + std::to_string(L) + " blocks, fewer than the " + std::to_string(num_stages) +
+                " stages (--stages x --chunks); use more layers= or fewer stages");
+  std::vector<int> counts = split;
+  if (counts.empty())
+    for (int s = 0; s < num_stages; s++) counts.push_back(L / num_stages + (s < L % num_stages ? 1 : 0));
+  if (static_cast<int>(counts.size()) != num_stages)
+    throw Error("--split gives " + std::to_string(counts.size()) + " stages but the pipeline has " + std::to_string(num_stages) +
+                " (--stages x --chunks); give one count of blocks per stage");
+  int sum = 0;
+  for (int n : counts) sum += n;
+  if (sum != L)
+    throw Error("--split covers " + std::to_string(sum) + " blocks but " + spec.str() + " has " + std::to_string(L) +
+                "; the counts must add up to the model's blocks (layers=)");
+  std::vector<StageRange> out;
+  int block = 0;
+  for (int s = 0; s < num_stages; s++) {
+    const int first = s == 0 ? 0 : 1 + block;
+    block += counts[static_cast<size_t>(s)];
+    out.push_back({first, s + 1 == num_stages ? L + 2 : 1 + block});
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<StageRange> partition_stages(const ModelSpec& spec, int num_stages, const std::vector<int>& split) {
+  if (spec.is_gpt()) return partition_gpt(spec, num_stages, split);
   const int L = num_linear(spec);
   if (num_stages > L)
     throw Error(spec.str() + " has " + std::to_string(L) + " Linear layers, fewer than the " + std::to_string(num_stages) +
@@ -105,6 +140,10 @@ std::vector<StageRange> partition_stages(const ModelSpec& spec, int num_stages, 
 
 int64_t stage_num_params(const ModelSpec& spec, StageRange s) {
   int64_t n = 0;
+  if (spec.is_gpt()) {
+    for (const Parameter& p : gpt_stage_parameters(spec.gpt, {s.first, s.end})) n += p.numel;
+    return n;
+  }
   for (int l = s.first; l < s.end; l++) n += linear_params(spec, l);
   return n;
 }
@@ -112,6 +151,15 @@ int64_t stage_num_params(const ModelSpec& spec, StageRange s) {
 int64_t stage_param_offset(const ModelSpec& spec, StageRange s) { return stage_num_params(spec, {0, s.first}); }
 
 std::string describe_stage(const ModelSpec& spec, StageRange s) {
+  if (spec.is_gpt()) {  // "transformer.h.0-1 (2 blocks) + wte, wpe, 12,345 parameters"
+    const GptRange r{s.first, s.end};
+    const int b0 = r.first_block(), b1 = r.end_block(spec.gpt);
+    std::string out = "transformer.h." + std::to_string(b0) + (b1 - b0 > 1 ? "-" + std::to_string(b1 - 1) : "") + " (" +
+                      std::to_string(b1 - b0) + (b1 - b0 == 1 ? " block)" : " blocks)");
+    if (r.embeds()) out += " + wte, wpe";
+    if (r.heads(spec.gpt)) out += r.embeds() ? " + ln_f, the tied head" : " + ln_f, lm_head (a copy of wte)";
+    return out + ", " + with_commas(stage_num_params(spec, s)) + " parameters";
+  }
   const int last_seq = s.end == num_linear(spec) ? 2 * s.end - 2 : 2 * s.end - 1;
   const int n = s.end - s.first;
   return "Sequential " + std::to_string(2 * s.first) + "-" + std::to_string(last_seq) + " (" + std::to_string(n) +
@@ -140,6 +188,9 @@ PipelinePlan plan_pipeline(const ModelSpec& spec, const PipelineOptions& opt, in
     if (!(c.forward > 0 && c.backward > 0 && c.backward_input > 0 && c.backward_weight > 0))
       throw Error("fixed pipeline action costs must be greater than 0");
   }
+  if (spec.is_gpt() && opt.schedule == ScheduleKind::ZBH1)
+    throw Error("--schedule zb-h1 with --model gpt: not built yet, the GPT's backward runs as one B, not split into its input "
+                "and weight halves; use --schedule gpipe, 1f1b or interleaved");
   PipelinePlan plan;
   plan.options = opt;
   plan.schedule = make_schedule(opt.schedule, opt.stages, opt.microbatches, opt.chunks);
@@ -156,7 +207,9 @@ struct PipelineRank::MicroBatch {
   std::vector<Tensor> outs;      // each layer's output (rows, out_i); empty where checkpointing drops it
   Tensor probs;                  // last stage: the softmax (rows, C), from F to B
   std::vector<Tensor> douts;     // after I: the gradient at each layer's output, until W
+  std::unique_ptr<GptCore> gpt;  // a GPT stage: this micro-batch's saved activations (B*T rows)
   void release() {
+    if (gpt) gpt->release();
     input = Tensor();
     outs.clear();
     probs = Tensor();
@@ -205,6 +258,18 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
     if (is_mixed(precision_)) optimizers_.back()->init_master(models_.back()->params16(), models_.back()->half_format());
   }
   mbs_.resize(stage_ids_.size() * static_cast<size_t>(plan.options.microbatches));
+  // Megatron's embedding group: the ranks of a replica holding the first and the last stage.
+  const int p = plan.ranks();
+  if (spec.is_gpt() && p > 1 && (pipe_rank_ == 0 || pipe_rank_ == p - 1)) {
+    std::vector<int> ranks = {world_rank(replica_, 0), world_rank(replica_, p - 1)};
+    if (comm.world_size() == 2) {
+      emb_comm_ = &comm;
+    } else {
+      if (!executor_) executor_ = std::make_shared<GroupExecutor>();
+      emb_group_ = new_group(comm, ranks, kReplicaTag + 4 * p + 2, executor_, device_, "emb" + std::to_string(replica_));
+      emb_comm_ = emb_group_.get();
+    }
+  }
   if (plan.options.dp > 1) {
     std::vector<int> ranks;
     for (int d = 0; d < plan.options.dp; d++) ranks.push_back(world_rank(d, pipe_rank_));
@@ -243,6 +308,18 @@ int PipelineRank::tag_of(int stage, int mb, Dir dir) const {
 }
 
 void PipelineRank::load_stage(Model& stage, StageRange r, const Model& full) {
+  if (spec_.is_gpt()) {  // by name: the head's copy takes wte's values
+    std::vector<float> local(static_cast<size_t>(stage.num_params()));
+    const std::vector<float> values = full.host_params();
+    for (const Parameter& q : stage.parameters()) {
+      const std::string want = gpt_full_name(q.name);
+      const auto it = std::find_if(full.parameters().begin(), full.parameters().end(), [&](const Parameter& f) { return f.name == want; });
+      DTLAB_CHECK(it != full.parameters().end() && it->numel == q.numel, "--init's full model must hold every parameter");
+      std::copy_n(values.begin() + it->offset, q.numel, local.begin() + q.offset);
+    }
+    stage.upload_params(local.data());
+    return;
+  }
   // Under LoRA the full model's base sits frozen beside its adapters, in the plain model's layout.
   const std::vector<Parameter>& plain = full.lora() ? full.base_parameters() : full.parameters();
   DTLAB_CHECK(!plain.empty() && plain.front().offset == 0 && stage.num_params() <= spec_.num_params(),
@@ -284,12 +361,35 @@ bool PipelineRank::grads_nonfinite() const {
 
 // In the stages' dtype: a 16-bit pipeline all-reduces its 16-bit gradients (DDP over a bf16 module).
 void PipelineRank::reduce_gradients() {
-  if (!dp_group_) return;
-  std::vector<WorkPtr> works;
-  for (auto& m : models_)
-    works.push_back(dp_group_->all_reduce(m->mixed() ? static_cast<void*>(m->grads16()) : m->grads(), m->num_params(), dtype_,
-                                          ReduceOp::Sum));
-  for (auto& w : works) w->wait();
+  if (dp_group_) {
+    std::vector<WorkPtr> works;
+    for (auto& m : models_)
+      works.push_back(dp_group_->all_reduce(m->mixed() ? static_cast<void*>(m->grads16()) : m->grads(), m->num_params(), dtype_,
+                                            ReduceOp::Sum));
+    for (auto& w : works) w->wait();
+  }
+  if (spec_.is_gpt() && plan_.stages.size() > 1) reduce_embedding_grads();
+}
+
+// After the data-parallel sum, as Megatron's finalize_model_grads runs _allreduce_embedding_grads
+// (docs/course_sources.md §6c): wte's gradient holds the embedding's use, lm_head's copy the head's;
+// their sum is the tied weight's gradient, which both copies then step with.
+void PipelineRank::reduce_embedding_grads() {
+  auto tied = [](Model& m) -> Parameter& {
+    for (Parameter& q : m.parameters())
+      if (q.name == "transformer.wte.weight" || q.name == "lm_head.weight") return q;
+    throw Error("a GPT end stage without its tied weight");
+  };
+  const int64_t n = spec_.gpt.vocab * spec_.gpt.embd;
+  if (plan_.ranks() == 1) {  // every stage here (--chunks): the two copies are summed in place
+    float* a = tied(*models_.front()).grad;
+    float* b = tied(*models_.back()).grad;
+    for (int64_t i = 0; i < n; i++) b[i] = a[i] += b[i];
+    return;
+  }
+  if (!emb_comm_) return;  // a middle stage
+  Model& m = pipe_rank_ == 0 ? *models_.front() : *models_.back();
+  emb_comm_->all_reduce(tied(m).grad, n, DType::F32, ReduceOp::Sum)->wait();
 }
 
 // Where stage r's trainable parameters sit in `full`'s flat buffer: the weights and biases, or under
@@ -329,6 +429,10 @@ void PipelineRank::gather_parameters(Model* full) {
     const int s = stage_ids_[k];
     const Model& m = *models_[k];
     if (m.num_params() == 0) continue;  // LoRA left this stage's layers unadapted
+    if (spec_.is_gpt() && rank_ == 0) {
+      scatter_gpt_stage(plan_.stages[static_cast<size_t>(s)], m.host_params().data(), *full, flat);
+      continue;
+    }
     float* dst = rank_ == 0 ? flat + stage_slice(*full, plan_.stages[static_cast<size_t>(s)]).offset : nullptr;
     if (tp_ > 1) {  // the TP group puts its shards together; its first rank sends the stage on
       const std::vector<float> stage = gather_tensor_parallel_params(m, tp_group_ ? *tp_group_ : comm_);
@@ -345,6 +449,14 @@ void PipelineRank::gather_parameters(Model* full) {
   }
   if (rank_ != 0) return;
   for (int s = 0; s < S; s++) {
+    if (spec_.is_gpt()) {  // a stage's whole flat buffer, placed by name
+      if (peer_of(s) == 0) continue;
+      const StageRange r = plan_.stages[static_cast<size_t>(s)];
+      std::vector<float> values(static_cast<size_t>(stage_num_params(spec_, r)));
+      comm_.recv(values.data(), static_cast<int64_t>(values.size()), DType::F32, peer_of(s), kGatherTag + s)->wait();
+      scatter_gpt_stage(r, values.data(), *full, flat);
+      continue;
+    }
     const FlatSlice slice = stage_slice(*full, plan_.stages[static_cast<size_t>(s)]);
     if (peer_of(s) == 0 || slice.numel == 0) continue;
     const int64_t n = slice.numel;
@@ -358,6 +470,21 @@ void PipelineRank::gather_parameters(Model* full) {
     }
   }
   if (full->mixed()) full->upload_params(widened.data());
+}
+
+void PipelineRank::scatter_gpt_stage(StageRange r, const float* values, const Model& full, float* flat) const {
+  for (const Parameter& q : gpt_stage_parameters(spec_.gpt, {r.first, r.end})) {
+    if (q.name == "lm_head.weight") continue;  // equal to the first stage's wte
+    const auto it = std::find_if(full.parameters().begin(), full.parameters().end(), [&](const Parameter& f) { return f.name == q.name; });
+    DTLAB_CHECK(it != full.parameters().end() && it->numel == q.numel, "a GPT stage's parameter is not the whole model's");
+    std::copy_n(values + q.offset, q.numel, flat + it->offset);
+  }
+}
+
+int64_t PipelineRank::boundary_rows(const MicroBatch& st) const { return spec_.is_gpt() ? st.rows * spec_.gpt.ctx : st.rows; }
+int64_t PipelineRank::in_width(const Model& m) const { return spec_.is_gpt() ? spec_.gpt.embd : m.layer(0).in_features; }
+int64_t PipelineRank::out_width(const Model& m) const {
+  return spec_.is_gpt() ? spec_.gpt.embd : m.layer(m.num_layers() - 1).out_features;
 }
 
 Tensor PipelineRank::receive(int stage, int mb, Dir dir, int64_t rows, int64_t width) {
@@ -402,8 +529,8 @@ WorkPtr PipelineRank::send(int stage, int mb, Dir dir, const Tensor& data, const
     const int from = fwd ? peer_of(next->stage - 1) : bwd ? peer_of(next->stage + 1) : rank_;
     if (from != rank_) {
       const Model& m = *models_[static_cast<size_t>(next->stage / plan_.ranks())];
-      const int64_t rows = state(next->stage, next->mb).rows;
-      const int64_t width = fwd ? m.layer(0).in_features : m.layer(m.num_layers() - 1).out_features;
+      const int64_t rows = boundary_rows(state(next->stage, next->mb));
+      const int64_t width = fwd ? in_width(m) : out_width(m);
       Prefetched p{tag_of(next->stage, next->mb, fwd ? kForward : kBackward), activation(rows, width), nullptr};
       p.work = comm_.send_recv(data.raw(), data.numel(), to, tag, p.data.raw(), rows * width, from, p.tag, dtype_);
       WorkPtr w = p.work;
@@ -437,7 +564,46 @@ void PipelineRank::layer_forward(Model& m, int i, void* out, const void* in, int
   else m.layer_forward(i, static_cast<float*>(out), static_cast<const float*>(in), rows);
 }
 
+const Tensor* PipelineRank::gpt_forward(int stage, int mb) {
+  MicroBatch& st = state(stage, mb);
+  Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
+  if (!st.gpt) st.gpt = model.gpt_activations();
+  const int64_t T = spec_.gpt.ctx, V = spec_.gpt.vocab, R = st.rows * T;
+  const float* out = model.gpt_forward(*st.gpt, stage == 0 ? tok_ + st.offset * T : nullptr,
+                                       stage == 0 ? nullptr : st.input.f32(), st.rows);
+  if (stage + 1 < static_cast<int>(plan_.stages.size())) {
+    // The last block's output, sent on; it stays with the micro-batch's activations until its B.
+    return &st.gpt->output();
+  }
+  st.probs = Tensor({R, V}, MemCategory::Activations, memory_, DType::F32, device_);
+  ComputeScope scope(observer_, ComputeKind::Loss, -1, 5.0 * static_cast<double>(R * V));
+  device_.cross_entropy_forward(st.probs.f32(), stats_.f64(), out, y_ + st.offset * T, R, V);
+  it_.samples += static_cast<double>(R);  // positions: the loss is their mean
+  return nullptr;
+}
+
+Tensor PipelineRank::gpt_backward(int stage, int mb, Tensor dout) {
+  MicroBatch& st = state(stage, mb);
+  Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
+  const int64_t T = spec_.gpt.ctx, V = spec_.gpt.vocab, R = st.rows * T;
+  if (stage + 1 == static_cast<int>(plan_.stages.size())) {
+    dout = Tensor({R, V}, MemCategory::Activations, memory_, DType::F32, device_);
+    ComputeScope scope(observer_, ComputeKind::LossBackward, -1, 2.0 * static_cast<double>(R * V));
+    device_.cross_entropy_backward(dout.f32(), st.probs.f32(), y_ + st.offset * T, R, V, loss_scale_);
+  }
+  st.probs = Tensor();
+  const float* dinp = model.gpt_backward(*st.gpt, dout.f32());
+  Tensor out;
+  if (stage > 0) {
+    out = activation(R, spec_.gpt.embd);
+    device_.copy(out.raw(), dinp, out.nbytes());
+  }
+  st.release();
+  return out;  // the input gradient (empty on stage 0)
+}
+
 const Tensor* PipelineRank::forward(int stage, int mb) {
+  if (spec_.is_gpt()) return gpt_forward(stage, mb);
   MicroBatch& st = state(stage, mb);
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
   if (stage == 0 && mixed()) {  // the batch as x.to(dtype), as the one-rank 16-bit model rounds it
@@ -475,6 +641,10 @@ const Tensor* PipelineRank::forward(int stage, int mb) {
 }
 
 Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
+  if (spec_.is_gpt()) {
+    DTLAB_CHECK(!input_only, "the GPT's backward is not split into I and W (plan_pipeline refuses zb-h1)");
+    return gpt_backward(stage, mb, std::move(dout));
+  }
   MicroBatch& st = state(stage, mb);
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
   if (stage + 1 == static_cast<int>(plan_.stages.size())) {
@@ -562,8 +732,11 @@ void PipelineRank::record_action(const Action& a, int step, int index, int64_t w
   ctx_->record(e);
 }
 
-PipelineRankIteration PipelineRank::run_iteration(const float* x, const int64_t* y, int64_t B, float loss_scale) {
+PipelineRankIteration PipelineRank::run_iteration(const float* x, const int64_t* y, int64_t B, float loss_scale,
+                                                  const int64_t* tok) {
+  DTLAB_CHECK(!spec_.is_gpt() || tok, "a GPT pipeline reads token ids");
   x_ = x;
+  tok_ = tok;
   y_ = y;
   loss_scale_ = loss_scale;
   it_ = {};
@@ -589,9 +762,9 @@ PipelineRankIteration PipelineRank::run_iteration(const float* x, const int64_t*
     // The action starts once its input is here: the wait before it is the bubble.
     Tensor dout;
     if (a.type == ActionType::Forward && a.stage > 0)
-      st.input = receive(a.stage, a.mb, kForward, st.rows, model.layer(0).in_features);
+      st.input = receive(a.stage, a.mb, kForward, boundary_rows(st), in_width(model));
     if ((a.type == ActionType::Backward || a.type == ActionType::BackwardInput) && a.stage < last)
-      dout = receive(a.stage, a.mb, kBackward, st.rows, model.layer(model.num_layers() - 1).out_features);
+      dout = receive(a.stage, a.mb, kBackward, boundary_rows(st), out_width(model));
     if (ctx_) ctx_->set_activity("pipeline action " + action_str(a));
     const int64_t wall0 = ctx_ && ctx_->recorder() ? ctx_->recorder()->now_ns() : 0;
     const double model0 = ctx_ ? ctx_->compute_clock() : 0;

@@ -128,9 +128,14 @@ class PipelineRank {
   // the last, cut into m micro-batches like torch.tensor_split (sizes differ by at most one). One
   // sample's loss weighs loss_scale (1 / the step's samples over every replica), so the gradients
   // accumulated over the micro-batches are those of the mean loss.
-  PipelineRankIteration run_iteration(const float* x, const int64_t* y, int64_t B, float loss_scale);
+  // A GPT reads `tok` (B x T token ids) on its first stage instead of x, and y holds B x T targets.
+  PipelineRankIteration run_iteration(const float* x, const int64_t* y, int64_t B, float loss_scale,
+                                      const int64_t* tok = nullptr);
   // Data parallelism: sums each stage's gradients over the D replicas that hold it (a process group
   // of those ranks). With loss_scale over every replica's samples that sum is the average.
+  // A GPT then sums the tied embedding's two gradients, the first stage's wte and the last stage's
+  // lm_head copy, over Megatron's embedding group (those two ranks of the replica), so both copies
+  // take the same step and stay equal.
   void reduce_gradients();
   // One optimizer step per stage; mixed precision: from the fp32 master weights, the gradients
   // multiplied by inv_scale first (fp16's GradScaler unscales them).
@@ -157,6 +162,18 @@ class PipelineRank {
   // backward returns the input gradient to send (empty on stage 0).
   const Tensor* forward(int stage, int mb);
   Tensor backward(int stage, int mb, Tensor dout, bool input_only);
+  // The GPT's F and B: a stage runs its blocks whole (GptCore), one set of saved activations per
+  // micro-batch in flight, freed after its B.
+  const Tensor* gpt_forward(int stage, int mb);
+  Tensor gpt_backward(int stage, int mb, Tensor dout);
+  void reduce_embedding_grads();
+  // What crosses a stage boundary per micro-batch: rows x width (the GPT: its B*T positions x C).
+  int64_t boundary_rows(const MicroBatch& st) const;
+  int64_t in_width(const Model& m) const;
+  int64_t out_width(const Model& m) const;
+  // A GPT stage's flat values written into the whole model's flat buffer, by name (the head's copy
+  // of wte left out: the first stage's is the same).
+  void scatter_gpt_stage(StageRange r, const float* stage_values, const Model& full, float* flat) const;
   void backward_weight(int stage, int mb);
   const void* layer_input(const MicroBatch& st, int stage, int i) const;
   void* recompute_buffer(int64_t n);  // checkpointing: a block's inner activation, shared by all stages
@@ -197,8 +214,11 @@ class PipelineRank {
   std::unique_ptr<Communicator> dp_group_;   // the ranks holding the same stages, D > 1
   std::unique_ptr<Communicator> tp_group_;   // tp > 1 and a world of more than one TP group
   std::unique_ptr<TensorParallelComm> tp_comm_;  // the stages' f and g, over tp_group_ or the world
+  std::unique_ptr<Communicator> emb_group_;  // a GPT's embedding group (first and last pipeline rank)
+  Communicator* emb_comm_ = nullptr;         // emb_group_, or the world when it is those two ranks
   // the current iteration
   const float* x_ = nullptr;
+  const int64_t* tok_ = nullptr;
   const int64_t* y_ = nullptr;
   float loss_scale_ = 1;
   PipelineRankIteration it_;

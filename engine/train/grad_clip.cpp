@@ -96,6 +96,9 @@ void add_model_grads(GradClipInput& in, const Model& model) {
     const Parameter& p = ps[k];
     if (!model.mixed()) in.scaled.push_back({p.grad, p.numel});
     if (!counted[k]) continue;  // TP rank 0 counts it
+    // A GPT pipeline's last stage holds the tied weight's copy; the first stage's wte counts it
+    // (Megatron leaves shared parameters out of the norm on all but one stage).
+    if (p.name == "lm_head.weight") continue;
     in.pieces.push_back(model.mixed() ? GradPiece{nullptr, p.grad16, p.numel} : GradPiece{p.grad, nullptr, p.numel});
   }
   if (model.mixed()) in.format = model.half_format();

@@ -70,8 +70,8 @@ class PipelineTrainRank final : public RankStrategy {
     const Batch& batch = data_.next();
     t.last_batch = batch.size;
     // Every replica's batch has batch.size samples (the sampler pads), so the step's mean loss
-    // weighs each sample 1 / (D x batch.size).
-    const float scale = 1.0f / static_cast<float>(batch.size * plan_.options.dp) *
+    // weighs each sample 1 / (D x batch.size) (a GPT's each position 1 / (D x batch.size x T)).
+    const float scale = 1.0f / static_cast<float>(batch.size * c_.model.rows_per_sample() * plan_.options.dp) *
                         (scaler_ ? t_.loss_scale_for(*scaler_, step_, env_.rank) : 1.0f);
     const float* x = batch.x.data();
     const int64_t* y = batch.y.data();
@@ -82,10 +82,11 @@ class PipelineTrainRank final : public RankStrategy {
       x = x_dev_.f32();
       y = y_dev_.i64();
     }
-    mine_ = pipe_.run_iteration(x, y, batch.size, scale);
+    mine_ = pipe_.run_iteration(x, y, batch.size, scale, batch.tok.empty() ? nullptr : batch.tok.data());
     // Non-finite input stops the step even if the loss comes out finite. A stage that computes no
     // loss reports NaN for it instead of 0, so every rank learns which replica's batch was bad.
-    t.input_bad = !c_.allow_nonfinite && has_nonfinite(batch.x.data(), batch.size * F());
+    // (Token ids are always finite.)
+    t.input_bad = !c_.allow_nonfinite && !c_.model.is_gpt() && has_nonfinite(batch.x.data(), batch.size * F());
     if (t.input_bad && mine_.samples == 0) mine_.loss_sum = std::numeric_limits<double>::quiet_NaN();
     t.samples = static_cast<int64_t>(mine_.samples);
     pipe_.reduce_gradients();
