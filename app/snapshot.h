@@ -245,6 +245,8 @@ struct RunConfigView {
   std::string attached;                   // HOST:PORT of the launched run's monitor; "" for a run in this window
   Precision precision = Precision::FP32;  // --precision (mixed: 16-bit parameters/gradients, fp32 master weights)
   bool reduce_fp32 = false;               // --reduce-dtype fp32: gradients reduce in float32 (DDP buckets, FSDP)
+  GptSpec gpt;                            // a GPT's shape, its vocabulary the data's (empty for an MLP)
+  bool activation_checkpointing = false;  // --activation-checkpointing
   // Every setting the run changes from TrainConfig's defaults, as (flag, value) rows of
   // engine/train/settings.h: what an attached run was launched with, in the launch command's words.
   std::vector<std::pair<std::string, std::string>> settings;

@@ -353,6 +353,8 @@ void SnapshotBuilder::reset(const RunSources& run) {
   // Read before the run starts (FSDP releases the model's storage then; the counts stay).
   c.sharding = config.strategy == Strategy::Fsdp ? config.fsdp.sharding : Sharding::NoShard;
   c.num_params = model.num_params();
+  c.gpt = model.spec().gpt;
+  c.activation_checkpointing = config.activation_checkpointing;
   c.frozen_params = model.lora() ? model.spec().num_params() : 0;
   c.optimizer_kind = config.optimizer.kind;
   c.sgd_momentum = config.optimizer.kind == OptimizerKind::SGD && config.optimizer.momentum > 0;

@@ -660,6 +660,71 @@ void draw_pipeline_stages(const Snapshot& s) {
   }
 }
 
+// A GPT: what one block keeps for its backward, term by term, as Korthikanti et al. count it for
+// Megatron's layer and as this engine keeps it, and the whole forward's bytes against the tracker.
+void draw_gpt_blocks(const Snapshot& s) {
+  const RunConfigView& c = s.config;
+  const GptSpec& g = c.gpt;
+  // Sequences per forward: the rank's batch, or a pipeline's micro-batch (each in flight keeps its own).
+  const bool pipe = s.pipeline.valid && s.pipeline.m > 0;
+  const int64_t B = pipe ? c.batch / s.pipeline.m : c.batch;
+  ImGui::Spacing();
+  ImGui::Separator();
+  ImGui::TextUnformatted("Activations per block");
+  ImGui::SameLine();
+  ImGui::PushTextWrapPos(0.0f);
+  ImGui::TextDisabled("(Korthikanti et al. 2022, Table 2: s = %lld positions, b = %lld sequences%s, h = %lld, a = %lld heads)",
+                      static_cast<long long>(g.ctx), static_cast<long long>(B), pipe ? " (a micro-batch)" : "",
+                      static_cast<long long>(g.embd), static_cast<long long>(g.heads));
+  ImGui::PopTextWrapPos();
+  const ImGuiTableFlags flags = ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_BordersInnerH | ImGuiTableFlags_RowBg;
+  if (ImGui::BeginTable("##gpt_block", 3, flags)) {
+    const float num_w = ImGui::CalcTextSize("000.0 KiB").x + ImGui::GetFontSize() * 0.5f;
+    ImGui::TableSetupColumn("tensor kept for backward");
+    ImGui::TableSetupColumn("Megatron, 16-bit", 0, std::max(num_w, ImGui::CalcTextSize("Megatron, 16-bit").x));
+    ImGui::TableSetupColumn("this engine, fp32", 0, std::max(num_w, ImGui::CalcTextSize("this engine, fp32").x));
+    ImGui::TableHeadersRow();
+    double korthikanti = 0;
+    int64_t engine = 0;
+    for (const GptActivationTerm& t : gpt_block_activation_terms(g, B)) {
+      korthikanti += t.korthikanti;
+      engine += t.engine;
+      ImGui::TableNextRow();
+      ImGui::TableNextColumn();
+      ImGui::TextUnformatted(t.tensor.c_str());
+      if (!t.why.empty() && ImGui::IsItemHovered()) ImGui::SetTooltip("%s", t.why.c_str());
+      ImGui::TableNextColumn();
+      if (t.korthikanti > 0) ImGui::TextUnformatted(plan_bytes(t.korthikanti, false).c_str());
+      else ImGui::TextDisabled("-");
+      ImGui::TableNextColumn();
+      if (t.engine > 0) ImGui::TextUnformatted(human_bytes(t.engine).c_str());
+      else ImGui::TextDisabled("none");
+    }
+    ImGui::TableNextRow();
+    ImGui::TableNextColumn();
+    ImGui::TextUnformatted("a block: s·b·h·(34 + 5·a·s/h)");
+    ImGui::TableNextColumn();
+    ImGui::TextUnformatted(plan_bytes(korthikanti, false).c_str());
+    ImGui::TableNextColumn();
+    ImGui::TextUnformatted(human_bytes(engine).c_str());
+    ImGui::EndTable();
+  }
+  ImGui::PushTextWrapPos(0.0f);
+  ImGui::TextDisabled("Hover a row the two count differently for why. Where both keep a tensor, float32 is twice the 16 bits.");
+  // The whole forward against the tracker, where one rank runs the whole model on its batch.
+  if (c.strategy != Strategy::Pipeline && !s.memory.empty()) {
+    const int64_t model = gpt_activation_bytes(g, B, c.activation_checkpointing);
+    const int64_t loss = 2 * B * g.ctx * g.vocab * static_cast<int64_t>(sizeof(float));
+    const int64_t measured = s.memory[0].stats.peak_of(MemCategory::Activations);
+    ImGui::Text("Whole forward%s: %lld blocks, the embeddings' sum, ln_f, the logits and the backward's scratch = %s; with the "
+                "loss's 2 x positions x vocab floats, %s. Rank 0's activations peak: %s%s.",
+                c.activation_checkpointing ? " (checkpointed: each block's output, one set of the rest)" : "",
+                static_cast<long long>(g.layers), human_bytes(model).c_str(), human_bytes(model + loss).c_str(),
+                human_bytes(measured).c_str(), measured == model + loss ? " (equal)" : "");
+  }
+  ImGui::PopTextWrapPos();
+}
+
 }  // namespace
 
 void draw_memory_view(const Snapshot& s, MemoryViewState& view, ViewContext& ctx) {
@@ -691,7 +756,8 @@ void draw_memory_view(const Snapshot& s, MemoryViewState& view, ViewContext& ctx
   ImGui::BeginChild("##list_memory_details", ImVec2(0, 0), false);
   const float y0 = ImGui::GetCursorPosY();
   if (s.pipeline.valid) draw_pipeline_stages(s);
-  else draw_strategies_compared(s, view);
+  if (!s.config.gpt.empty()) draw_gpt_blocks(s);
+  if (!s.pipeline.valid) draw_strategies_compared(s, view);
   view.compare_h = ImGui::GetCursorPosY() - y0;
   ImGui::EndChild();
 }

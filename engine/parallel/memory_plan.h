@@ -127,6 +127,24 @@ namespace dtlab {
 // (the ReLU's; the last Linear's) plus one recompute buffer of B x the widest output.
 int64_t mlp_activation_bytes(const ModelSpec& spec, int64_t batch, bool checkpointing);
 
+// One tensor a GPT block keeps for its backward, in bytes for a batch of B sequences, as Korthikanti
+// et al. 2022 (§4.1, Table 2; docs/course_sources.md §6c) count it for Megatron's layer (16-bit
+// activations, 1-byte dropout masks; s = T, b = B, h = C, a = heads) and as this engine keeps it
+// (GptCore: float32, nanoGPT's layer without dropout, and each LayerNorm's mean and rstd).
+struct GptActivationTerm {
+  std::string tensor;   // "q, k, v (c_attn's output)"
+  double korthikanti;   // bytes; their sum is layer_activation_bytes(T, B, C, heads): s·b·h·(34 + 5·a·s/h)
+  int64_t engine;       // bytes; their sum is gpt_block_activation_bytes()
+  std::string why;      // where the two differ, and why ("" where they count the same tensor)
+};
+std::vector<GptActivationTerm> gpt_block_activation_terms(const GptSpec& spec, int64_t B);
+// 4·(16·sbh + 4·sb + a·s²·b): what GptCore keeps per block (its input included) for B sequences.
+int64_t gpt_block_activation_bytes(const GptSpec& spec, int64_t B);
+// Every Activations byte a whole GPT's forward allocates (GptCore::ensure, tested against the
+// tracker): the blocks' saved tensors (with checkpointing: each block's output, one shared set of
+// the inner ones), ln_f's, the logits (B·T x V), and the backward's scratch.
+int64_t gpt_activation_bytes(const GptSpec& spec, int64_t B, bool checkpointing);
+
 // What LoRA's adapters add to that in float32 (engine/core/lora.cpp's scratch, sized for the largest
 // adapted Linear): t and dt (2 x B x r), the scaled output or its gradient (B x the widest adapted
 // output) and the adapter's input gradient (B x the widest adapted input of a Linear after the first,
