@@ -13,6 +13,7 @@
 
 #include "engine/core/gpt.h"
 #include "engine/core/ops.h"
+#include "engine/core/vec_math.h"
 #include "engine/data/loader.h"
 #include "engine/data/sampler.h"
 #include "engine/parallel/memory_plan.h"
@@ -58,6 +59,23 @@ std::filesystem::path write_text(const std::string& name, const std::string& tex
 }  // namespace
 
 TEST_SUITE("gpt") {
+  TEST_CASE("vectorized exp and erf: within an ulp or two of libm's and torch's bound, NaN stays NaN") {
+    double worst_exp = 0, worst_erf = 0;
+    for (int i = 0; i <= 200000; i++) {
+      const float x = -87.0f + 87.0f * static_cast<float>(i) / 200000.0f;  // the GPT's exp arguments are <= 0
+      worst_exp = std::max(worst_exp, std::abs(exp_vec(x) - std::exp(static_cast<double>(x))) / std::exp(static_cast<double>(x)));
+      const float z = -6.0f + 12.0f * static_cast<float>(i) / 200000.0f;
+      worst_erf = std::max(worst_erf, std::abs(static_cast<double>(erf_vec(z)) - std::erf(static_cast<double>(z))));
+    }
+    MESSAGE("exp_vec: worst relative error " << worst_exp << "; erf_vec: worst absolute error " << worst_erf);
+    CHECK(worst_exp < 2.5e-7);  // two float ulps
+    // A&S 7.1.26's 1.5e-7, plus float's rounding of 1 - (a number near 1): torch's kernel computes it so.
+    CHECK(worst_erf < 1e-6);
+    CHECK(std::isnan(exp_vec(NAN)));
+    CHECK(std::isnan(erf_vec(NAN)));
+    CHECK(erf_vec(-0.5f) == -erf_vec(0.5f));
+  }
+
   TEST_CASE("gpt specs: presets, nanoGPT's parameter count, and one sentence for each mistake") {
     const ModelSpec small = ModelSpec::parse("gpt2-124m");
     CHECK(small.str() == "gpt:layers=12,heads=12,embd=768,ctx=1024,vocab=50257");

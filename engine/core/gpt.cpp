@@ -5,6 +5,7 @@
 #include <functional>
 #include <optional>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <utility>
@@ -12,6 +13,7 @@
 #include <cblas.h>
 
 #include "engine/core/check.h"
+#include "engine/core/vec_math.h"
 
 namespace dtlab {
 
@@ -303,9 +305,9 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
   }
 }
 
-// nn.GELU() (approximate='none'): x * Phi(x).
+// nn.GELU() (approximate='none'): x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
 void gelu_forward(float* out, const float* inp, int64_t N) {
-  for (int64_t i = 0; i < N; i++) out[i] = 0.5f * inp[i] * (1.0f + std::erf(inp[i] * static_cast<float>(M_SQRT1_2)));
+  for (int64_t i = 0; i < N; i++) out[i] = 0.5f * inp[i] * (1.0f + erf_vec(inp[i] * static_cast<float>(M_SQRT1_2)));
 }
 
 // d = dout * (Phi(x) + x * phi(x)), in place on dout's buffer (d may equal dout).
@@ -313,8 +315,8 @@ void gelu_backward(float* d, const float* dout, const float* inp, int64_t N) {
   const float kBeta = static_cast<float>(M_2_SQRTPI * M_SQRT1_2 * 0.5);  // 1/sqrt(2 pi)
   for (int64_t i = 0; i < N; i++) {
     const float x = inp[i];
-    const float cdf = 0.5f * (1.0f + std::erf(x * static_cast<float>(M_SQRT1_2)));
-    const float pdf = std::exp(-0.5f * x * x) * kBeta;
+    const float cdf = 0.5f * (1.0f + erf_vec(x * static_cast<float>(M_SQRT1_2)));
+    const float pdf = exp_vec(-0.5f * x * x) * kBeta;
     d[i] = dout[i] * (cdf + x * pdf);
   }
 }
@@ -336,11 +338,9 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
         float* row = a + t * T;
         float maxv = -INFINITY;
         for (int64_t t2 = 0; t2 <= t; t2++) maxv = std::max(maxv, row[t2]);
-        double sum = 0;
-        for (int64_t t2 = 0; t2 <= t; t2++) {
-          row[t2] = std::exp(row[t2] - maxv);
-          sum += row[t2];
-        }
+        for (int64_t t2 = 0; t2 <= t; t2++) row[t2] = exp_vec(row[t2] - maxv);  // vectorized
+        double sum = 0;  // in order, in double (a float reduction would not vectorize without reassociating)
+        for (int64_t t2 = 0; t2 <= t; t2++) sum += row[t2];
         const float inv = static_cast<float>(1.0 / sum);
         for (int64_t t2 = 0; t2 <= t; t2++) row[t2] *= inv;
         for (int64_t t2 = t + 1; t2 < T; t2++) row[t2] = 0;
