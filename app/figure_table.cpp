@@ -467,6 +467,16 @@ std::vector<Entry> history_entries() {
     {"history.last.overlap", "", "share of all-reduce time hidden behind backward in the last step", [](S s, A) { return last_step(s).overlap; }},
     {"count.micro_batches(I)", "n", "forward+backward passes rank 0 ran in iteration I (losses computed)", [](S s, A a) {
        return count_events(s, a[0].num, [](const Event& e) { return e.kind == EventKind::Compute && e.compute.kind == ComputeKind::Loss; }); }},
+    {"flops.compute(I, KIND)", "ns", "FLOPs rank 0's layers charged in iteration I: KIND forward, backward or recompute (activation checkpointing's second forward), multiply-adds counted twice", [](S s, A a) {
+       const std::string& k = a[1].str;
+       if (k != "forward" && k != "backward" && k != "recompute")
+         throw Error("flops.compute: KIND '" + k + "' is not forward, backward or recompute");
+       const ComputeKind want = k == "forward" ? ComputeKind::LayerForward : k == "backward" ? ComputeKind::LayerBackward : ComputeKind::Recompute;
+       double sum = 0;
+       if (!s.events.empty())
+         for (const Event& e : s.events[0])
+           if (static_cast<double>(e.iteration) == a[0].num && e.kind == EventKind::Compute && e.compute.kind == want) sum += e.compute.flops;
+       return sum; }},
     {"count.collectives(I, OP)", "ns", "collectives OP (broadcast, reduce, allreduce, ...) rank 0 ran in iteration I", [](S s, A a) {
        return count_events(s, a[0].num, [&a](const Event& e) { return e.kind == EventKind::Collective && a[1].str == collective_name(e.coll.op); }); }},
     {"count.group_collectives(I, OP, GROUP)", "nss", "collectives OP rank 0 ran in iteration I in its GROUP: tp, dp, pp (its mesh groups) or world", [](S s, A a) {
@@ -639,7 +649,11 @@ std::vector<Entry> formula_entries() {
     {"plan.optimizer(P, N, SHARDING, DTYPE?)", "nns|s", "of which optimizer state", [](S, A a) { return plan_field(a, &MemoryPlan::optimizer_state); }},
     {"plan.comm(P, N, SHARDING, DTYPE?)", "nns|s", "bytes each rank sends per step", [](S, A a) { return plan_field(a, &MemoryPlan::comm_bytes); }},
     {"plan.mesh(WHAT, SPEC)", "ss", "the 3-D planner (dtlab-cli plan --tp): WHAT tp, pp, dp (bytes a rank sends per step along it), spanning:tp (groups spanning nodes), slowest (bytes on the slowest link), rank_params, memory, nodes; SPEC \"params=7B world=64 tp=4 stages=4 layers=32 hidden=4096 seq=2048 micro_batch=1 micro_batches=8 dtype=mixed profile=dgx-h100x2\"", [](S, A a) { return plan_mesh_figure(a[0].str, a[1].str); }},
-    {"plan.activations(MODEL, B, CKPT)", "snn", "activation bytes a rank of MODEL (\"mlp:2,64,64,3\") holds for a batch of B rows, with activation checkpointing when CKPT is 1 (exactly what the tracker counts)", [](S, A a) { return double(mlp_activation_bytes(ModelSpec::parse(a[0].str), count_arg(a[1], "plan: batch", 1, 1 << 24), a[2].num != 0)); }},
+    {"plan.activations(MODEL, B, CKPT)", "snn", "activation bytes a rank of MODEL (\"mlp:2,64,64,3\", or a GPT with its vocab=) holds for a batch of B rows (a GPT: B sequences), with activation checkpointing when CKPT is 1 (exactly what the tracker counts for the model; the loss's buffers are the run's)", [](S, A a) {
+       const ModelSpec spec = ModelSpec::parse(a[0].str);
+       const int64_t B = count_arg(a[1], "plan: batch", 1, 1 << 24);
+       if (spec.is_gpt() && spec.gpt.vocab < 2) throw Error("plan.activations: " + spec.str() + " needs its vocab= (the logits are B x ctx x vocab floats)");
+       return double(spec.is_gpt() ? gpt_activation_bytes(spec.gpt, B, a[2].num != 0) : mlp_activation_bytes(spec, B, a[2].num != 0)); }},
     {"plan.hybrid(P, N, K, DTYPE?)", "nnn|s", "bytes per rank under HYBRID_SHARD: P parameters on N ranks, sharded in groups of K (AdamW)", [](S, A a) { return plan_hybrid(a); }},
     {"sizing(WHAT, SPEC)", "ss", "the sizing calculator (dtlab-cli plan --global-batch; the Sizing view): WHAT a figure of it (memory.total, flops.step, compute.seconds, dp.bytes, dp.seconds, tp.seconds, pp.seconds, comm.seconds, overhead, grad.bytes, ...: `dtlab-cli plan --global-batch ... --json` lists them), SPEC \"params=70B layers=80 hidden=8192 heads=64 seq=4096 global_batch=512 dp=64 tp=8 pp=1 precision=bf16 zero=1 recompute=0 profile=dgx-h100x2 mfu=0.4\" (also micro_batch, sp, compute_s, gpu_gb); unset keys take those values", [](S, A a) { return sizing_line(plan_sizing(parse_sizing_spec(a[1].str)), a[0].str).value; }},
     {"algo.steps(ALGO, N)", "sn", "steps of an all-reduce with ALGO (ring, tree, naive, dbtree, nvls) on N ranks", [](S, A a) { return double(algorithm_step_count(CollectiveOp::AllReduce, parse_algorithm(a[0].str), count_arg(a[1], "algo: world", 1, 64))); }},
