@@ -94,8 +94,8 @@ TEST_SUITE("pipeline") {
     CHECK(describe_stage(spec, {2, 4}) == "Sequential 4-6 (2 Linear), 4,355 parameters");
     CHECK(parse_split("2,2,1") == std::vector<int>{2, 2, 1});
     CHECK_THROWS_WITH_AS(parse_split("2,,1"),
-                         "--split '2,,1' has '' where a count of at least 1 belongs; write the Linear layers of each "
-                         "stage in model order, e.g. --split 2,2,1",
+                         "--split '2,,1' has '' where a count of at least 1 belongs; write the Linear layers (a GPT: the "
+                         "blocks) of each stage in model order, e.g. --split 2,2,1",
                          Error);
     CHECK_THROWS_WITH_AS(partition_stages(spec, 2, {2, 1}),
                          "--split covers 3 Linear layers but mlp:2,64,64,64,3 has 4; the counts must add up to the "

@@ -49,7 +49,7 @@ int64_t best_max_stage(const std::vector<int64_t>& params, int k) {
 // ---- stages ----
 
 std::vector<int> parse_split(std::string_view text) {
-  const std::string how = "; write the Linear layers of each stage in model order, e.g. --split 2,2,1";
+  const std::string how = "; write the Linear layers (a GPT: the blocks) of each stage in model order, e.g. --split 2,2,1";
   std::vector<int> counts;
   std::string_view rest = text;
   while (true) {
