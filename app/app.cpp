@@ -1164,6 +1164,19 @@ void App::refresh_attention() {
   a.heads = static_cast<int>(c.model.gpt.heads);
   a.layer = std::clamp(a.layer, 0, a.layers - 1);
   a.head = std::clamp(a.head, 0, a.heads - 1);
+  // The grid reads rank 0's whole model after its forward: a pipeline's blocks run on its stages, and
+  // checkpointing keeps no block's probabilities.
+  a.why_none = c.strategy == Strategy::Pipeline
+                   ? "A pipeline runs the blocks on its stages' ranks, one micro-batch at a time; the grid reads one rank's whole "
+                     "model, so it shows single, ddp and fsdp runs."
+               : c.activation_checkpointing
+                   ? "Activation checkpointing keeps no block's attention probabilities (the backward computes them again); run "
+                     "without it to see the pattern."
+                   : "";
+  if (!a.why_none.empty()) {
+    a.probs.clear();
+    return;
+  }
   const Snapshot& s = session_->snapshot();
   const uint64_t key = (s.stepper.generation * 1024 + static_cast<uint64_t>(a.layer)) * 1024 + static_cast<uint64_t>(a.head) + 1;
   if (key == a.key) return;

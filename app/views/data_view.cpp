@@ -614,7 +614,9 @@ void draw_attention(AttentionBox& a) {
   }
   const int64_t T = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(a.probs.size()))));
   if (T == 0 || T * T != static_cast<int64_t>(a.probs.size())) {
-    ImGui::TextDisabled("No forward to show yet, or the run is moving.");
+    ImGui::PushTextWrapPos(0.0f);
+    ImGui::TextDisabled("%s", a.why_none.empty() ? "No forward to show yet, or the run is moving." : a.why_none.c_str());
+    ImGui::PopTextWrapPos();
     return;
   }
   ImGui::TextDisabled("after step %lld: row = query position, column = the position it reads (the mask leaves the upper right empty)",

@@ -36,6 +36,7 @@ struct AttentionBox {
   std::string text;           // the sample's characters (one per position)
   int64_t at_step = -1;
   uint64_t key = 0;           // what `probs` was read for (the stepper's generation, layer, head)
+  std::string why_none;       // why this run has no pattern to show at all ("" when it has one)
 };
 
 struct DataViewState {
