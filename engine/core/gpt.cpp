@@ -1,6 +1,7 @@
 #include "engine/core/gpt.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <functional>
 #include <optional>
@@ -201,8 +202,16 @@ std::vector<Parameter> gpt_stage_parameters(const GptSpec& s, GptRange r) {
   return ps;
 }
 
-std::string gpt_full_name(const std::string& stage_name) {
-  return stage_name == "lm_head.weight" ? "transformer.wte.weight" : stage_name;
+std::vector<int64_t> gpt_stage_sources(const GptSpec& s, GptRange r) {
+  const std::vector<Parameter> whole = gpt_parameters(s);
+  std::vector<int64_t> out;
+  for (const Parameter& p : gpt_stage_parameters(s, r)) {
+    const std::string name = p.name == "lm_head.weight" ? "transformer.wte.weight" : p.name;
+    const auto q = std::find_if(whole.begin(), whole.end(), [&](const Parameter& w) { return w.name == name; });
+    DTLAB_CHECK(q != whole.end() && q->numel == p.numel, "a GPT stage's parameter is not the whole model's");
+    out.push_back(q->offset);
+  }
+  return out;
 }
 
 std::vector<float> gpt_init_values(const GptSpec& s, uint64_t seed) {
@@ -409,10 +418,12 @@ GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, Gp
   }
 }
 
+std::array<std::vector<Tensor>*, 13> GptCore::per_block() {
+  return {&ln1_, &ln1_mean_, &ln1_rstd_, &qkv_, &att_, &atty_, &res2_, &ln2_, &ln2_mean_, &ln2_rstd_, &fch_, &fch_gelu_, &res3_};
+}
+
 void GptCore::release() {
-  std::vector<Tensor>* per_block[] = {&ln1_, &ln1_mean_, &ln1_rstd_, &qkv_, &att_, &atty_, &res2_, &ln2_, &ln2_mean_,
-                                      &ln2_rstd_, &fch_, &fch_gelu_, &res3_};
-  for (auto* v : per_block) v->clear();
+  for (auto* v : per_block()) v->clear();
   for (Tensor* t : {&encoded_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dbuf_, &dqkv_, &dfch_, &datt_}) *t = Tensor();
   capacity_ = 0;
   B_ = 0;
@@ -425,9 +436,7 @@ void GptCore::ensure(int64_t B) {
   if (B <= capacity_ && checkpointed_alloc_ == checkpointing_) return;
   const int64_t T = s_.ctx, C = s_.embd, BT = B * T, L = r_.end_block(s_) - r_.first_block();
   auto act = [&](Shape shape) { return Tensor(std::move(shape), MemCategory::Activations, tracker_, DType::F32, dev_); };
-  std::vector<Tensor>* per_block[] = {&ln1_, &ln1_mean_, &ln1_rstd_, &qkv_, &att_, &atty_, &res2_, &ln2_, &ln2_mean_,
-                                      &ln2_rstd_, &fch_, &fch_gelu_, &res3_};
-  for (auto* v : per_block) v->clear();
+  for (auto* v : per_block()) v->clear();
   encoded_ = r_.embeds() ? act({BT, C}) : Tensor();
   for (int64_t l = 0; l < L; l++) {
     res3_.push_back(act({BT, C}));

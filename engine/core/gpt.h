@@ -10,6 +10,7 @@
 // Linear (OpenBLAS on the CPU), the rest are loops here. A pipeline stage runs a range of its layers
 // (GptRange). CPU only in this version: the GPU kernels are the GPU part of the transformer work.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -36,8 +37,10 @@ std::vector<Parameter> gpt_parameters(const GptSpec& spec);
 // `lm_head.weight` (Megatron's shared embedding on the last stage: it starts equal to wte, and the
 // embedding group all-reduces the two gradients, so the two copies stay equal).
 std::vector<Parameter> gpt_stage_parameters(const GptSpec& spec, GptRange range);
-// The full model's parameter a stage's parameter copies (by name; the head's copy: wte).
-std::string gpt_full_name(const std::string& stage_name);
+// Where each of the stage's parameters (gpt_stage_parameters order) sits in the whole model's flat
+// buffer (gpt_parameters' offsets): the same name, and the head's copy at wte's. Stage values come
+// from a whole model's as values[p.offset + i] = whole[source[k] + i], and go back the same way.
+std::vector<int64_t> gpt_stage_sources(const GptSpec& spec, GptRange range);
 
 // nanoGPT's initial values for torch.manual_seed(seed) and GPT(config), flat in gpt_parameters()'
 // order: the constructors' draws (nn.Embedding's normal_, nn.Linear's kaiming_uniform_ and bias
@@ -95,6 +98,7 @@ class GptCore {
 
  private:
   void ensure(int64_t B);
+  std::array<std::vector<Tensor>*, 13> per_block();  // the per-block saved tensors below
   // Block l's forward from `x` into its buffers (slot(l)) and res3_[l].
   void block_forward(std::vector<Parameter>& p, int l, const float* x);
   // l: a block of the model; its saved tensors' index here.

@@ -96,15 +96,11 @@ Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int f
     const std::vector<float> full = gpt_init_values(spec.gpt, seed);
     if (gpt_range_.whole(spec.gpt)) {
       upload_params(full.data());
-    } else {  // the stage's parameters take the whole model's values, by name
-      const std::vector<Parameter> names = gpt_parameters(spec.gpt);
+    } else {  // the stage's parameters take the whole model's values
+      const std::vector<int64_t> from = gpt_stage_sources(spec.gpt, gpt_range_);
       std::vector<float> mine(static_cast<size_t>(num_params_));
-      for (const Parameter& p : params_) {
-        const std::string want = gpt_full_name(p.name);
-        const auto q = std::find_if(names.begin(), names.end(), [&](const Parameter& n) { return n.name == want; });
-        DTLAB_CHECK(q != names.end() && q->numel == p.numel, "a GPT stage's parameter is not the whole model's");
-        std::copy_n(full.begin() + q->offset, p.numel, mine.begin() + p.offset);
-      }
+      for (size_t k = 0; k < params_.size(); k++)
+        std::copy_n(full.begin() + from[k], params_[k].numel, mine.begin() + params_[k].offset);
       upload_params(mine.data());
     }
     gpt_ = std::make_unique<GptCore>(spec.gpt, tracker, device_, gpt_range_);

@@ -308,14 +308,14 @@ int PipelineRank::tag_of(int stage, int mb, Dir dir) const {
 }
 
 void PipelineRank::load_stage(Model& stage, StageRange r, const Model& full) {
-  if (spec_.is_gpt()) {  // by name: the head's copy takes wte's values
-    std::vector<float> local(static_cast<size_t>(stage.num_params()));
+  if (spec_.is_gpt()) {  // the head's copy takes wte's values (--init's model is the whole host model)
+    DTLAB_CHECK(!full.lora() && !full.mixed() && full.num_params() == spec_.num_params(), "--init's full model must hold every parameter");
+    const std::vector<int64_t> from = gpt_stage_sources(spec_.gpt, {r.first, r.end});
     const std::vector<float> values = full.host_params();
-    for (const Parameter& q : stage.parameters()) {
-      const std::string want = gpt_full_name(q.name);
-      const auto it = std::find_if(full.parameters().begin(), full.parameters().end(), [&](const Parameter& f) { return f.name == want; });
-      DTLAB_CHECK(it != full.parameters().end() && it->numel == q.numel, "--init's full model must hold every parameter");
-      std::copy_n(values.begin() + it->offset, q.numel, local.begin() + q.offset);
+    std::vector<float> local(static_cast<size_t>(stage.num_params()));
+    for (size_t k = 0; k < from.size(); k++) {
+      const Parameter& q = stage.parameters()[k];
+      std::copy_n(values.begin() + from[k], q.numel, local.begin() + q.offset);
     }
     stage.upload_params(local.data());
     return;
@@ -473,12 +473,11 @@ void PipelineRank::gather_parameters(Model* full) {
 }
 
 void PipelineRank::scatter_gpt_stage(StageRange r, const float* values, const Model& full, float* flat) const {
-  for (const Parameter& q : gpt_stage_parameters(spec_.gpt, {r.first, r.end})) {
-    if (q.name == "lm_head.weight") continue;  // equal to the first stage's wte
-    const auto it = std::find_if(full.parameters().begin(), full.parameters().end(), [&](const Parameter& f) { return f.name == q.name; });
-    DTLAB_CHECK(it != full.parameters().end() && it->numel == q.numel, "a GPT stage's parameter is not the whole model's");
-    std::copy_n(values + q.offset, q.numel, flat + it->offset);
-  }
+  DTLAB_CHECK(full.num_params() == spec_.num_params(), "the GPT's stages gather into the whole model");
+  const std::vector<Parameter> ps = gpt_stage_parameters(spec_.gpt, {r.first, r.end});
+  const std::vector<int64_t> to = gpt_stage_sources(spec_.gpt, {r.first, r.end});
+  for (size_t k = 0; k < ps.size(); k++)
+    if (ps[k].name != "lm_head.weight") std::copy_n(values + ps[k].offset, ps[k].numel, flat + to[k]);  // equal to the first stage's wte
 }
 
 int64_t PipelineRank::boundary_rows(const MicroBatch& st) const { return spec_.is_gpt() ? st.rows * spec_.gpt.ctx : st.rows; }
