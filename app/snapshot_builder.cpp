@@ -147,23 +147,42 @@ void describe_linear(const std::vector<int64_t>& dims, int l, TpRole role, int d
   }
 }
 
-// What a GPT stage holds (every tensor whole: its Megatron split is not built yet), a block a line.
-void describe_gpt_stage(const GptSpec& g, StageRange r, std::vector<std::string>& out) {
+// "0-1" for [0, 2), "3" for [3, 4).
+std::string span_text(int64_t begin, int64_t end) {
+  return end - begin == 1 ? std::to_string(begin) : std::to_string(begin) + "-" + std::to_string(end - 1);
+}
+
+// What a GPT stage holds on TP rank `tp` of `degree` (Megatron's split, engine/core/gpt.h), a block a line.
+void describe_gpt_stage(const GptSpec& g, StageRange r, int degree, int tp, bool sp, std::vector<std::string>& out) {
   const GptRange gr{r.first, r.end};
   const std::string C = std::to_string(g.embd);
+  const std::string copies = degree > 1 ? " (replicated in the tp group)" : "";
   if (gr.embeds()) {
-    out.push_back("transformer.wte.weight whole, " + std::to_string(g.vocab) + " x " + C);
-    out.push_back("transformer.wpe.weight whole, " + std::to_string(g.ctx) + " x " + C);
+    out.push_back("transformer.wte.weight whole, " + std::to_string(g.vocab) + " x " + C + copies);
+    out.push_back("transformer.wpe.weight whole, " + std::to_string(g.ctx) + " x " + C + copies);
   }
-  const int64_t per_block = 12 * g.embd * g.embd + 13 * g.embd;
-  for (int l = gr.first_block(); l < gr.end_block(g); l++)
-    out.push_back("transformer.h." + std::to_string(l) + " whole: ln_1, attn.c_attn " + std::to_string(3 * g.embd) + " x " + C +
-                  ", attn.c_proj, ln_2, mlp.c_fc " + std::to_string(4 * g.embd) + " x " + C + ", mlp.c_proj (" +
+  const int64_t per_block = (12 * g.embd * g.embd + 13 * g.embd - 4 * g.embd) / degree + 4 * g.embd;  // LayerNorms, c_proj biases whole
+  const int64_t H = g.heads / degree, Ct = g.embd / degree, F = 4 * g.embd / degree;
+  for (int l = gr.first_block(); l < gr.end_block(g); l++) {
+    const std::string h = "transformer.h." + std::to_string(l);
+    if (degree == 1) {
+      out.push_back(h + " whole: ln_1, attn.c_attn " + std::to_string(3 * g.embd) + " x " + C + ", attn.c_proj, ln_2, mlp.c_fc " +
+                    std::to_string(4 * g.embd) + " x " + C + ", mlp.c_proj (" + with_commas(per_block) + " parameters)");
+      continue;
+    }
+    out.push_back(h + ": heads " + span_text(tp * H, (tp + 1) * H) + " of " + std::to_string(g.heads) + " (c_attn's q, k and v rows " +
+                  span_text(tp * Ct, (tp + 1) * Ct) + " of " + C + " each, column-parallel; attn.c_proj's columns " +
+                  span_text(tp * Ct, (tp + 1) * Ct) + ", row-parallel), MLP columns " + span_text(tp * F, (tp + 1) * F) + " of " +
+                  std::to_string(4 * g.embd) + " (c_fc's rows, mlp.c_proj's columns); ln_1, ln_2 and the c_proj biases whole (" +
                   with_commas(per_block) + " parameters)");
+  }
   if (gr.heads(g)) {
-    out.push_back("transformer.ln_f whole");
+    out.push_back("transformer.ln_f whole" + copies);
     if (!gr.embeds()) out.push_back("lm_head.weight whole, " + std::to_string(g.vocab) + " x " + C + " (wte's copy; the embedding group sums their gradients)");
   }
+  if (degree > 1 && sp)
+    out.push_back("sequence parallel: positions " + span_text(tp * g.ctx / degree, (tp + 1) * g.ctx / degree) + " of every sample's " +
+                  std::to_string(g.ctx) + " in the residual stream, the LayerNorms and the embeddings");
 }
 
 // What `rank` holds of each Linear of its stage(s) (virtual stages v = pp, pp + p, ...).
@@ -174,7 +193,7 @@ std::vector<std::string> rank_slices(const MeshView& mv, int rank) {
   for (size_t v = static_cast<size_t>(c.pp); v < mv.stages.size(); v += static_cast<size_t>(m.pp)) {
     const StageRange r = mv.stages[v];
     if (!mv.gpt.empty()) {
-      describe_gpt_stage(mv.gpt, r, out);
+      describe_gpt_stage(mv.gpt, r, m.tp, c.tp, mv.sequence_parallel, out);
       continue;
     }
     const std::vector<TpRole> roles = tp_roles(r.first, r.end, m.tp);

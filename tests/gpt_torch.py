@@ -6,8 +6,9 @@ character-level slice of the shipped text:
   1. initialisation: `--seed S` gives the values torch.manual_seed(S); GPT(config) gives (torch's
      AVX2 normal_ uses SLEEF's log/cos/sin, so equal to about 1e-7, not bit for bit);
   2. training from the same weights (`--init`, a safetensors file written here): per-step losses and
-     the final parameters after 20 steps equal torch's, AdamW and SGD with momentum, one rank and
-     DDP on 2 ranks (each rank's DistributedSampler shard, gradients averaged);
+     the final parameters after 20 steps equal torch's, AdamW and SGD with momentum, one rank,
+     DDP on 2 ranks (each rank's DistributedSampler shard, gradients averaged), the GPipe and 1F1B
+     pipelines, TP 2 and 4, TP 2 with sequence parallelism, and the 2 x 2 x 2 mesh;
   3. the checkpoint loads into the torch GPT (load_state_dict, strict but for the tied lm_head and
      the causal-mask buffers, which nanoGPT's state_dict also lists) and gives dtlab's loss.
 Usage: gpt_torch.py PATH/TO/dtlab-cli
@@ -73,7 +74,7 @@ with tempfile.TemporaryDirectory() as tmp:
     open(text_path, "w", encoding="utf-8").write(text)
     chars = sorted(set(text))
     tokens = torch.tensor([chars.index(c) for c in text], dtype=torch.int64)
-    L, H, C, T, V = 2, 2, 32, 16, len(chars)
+    L, H, C, T, V = 2, 4, 32, 16, len(chars)  # 4 heads: a TP group of 4 holds one each
     spec = f"gpt:layers={L},heads={H},embd={C},ctx={T}"
     n = (len(tokens) - 1) // T
     windows = torch.stack([tokens[i * T:i * T + T + 1] for i in range(n)])
@@ -104,13 +105,19 @@ with tempfile.TemporaryDirectory() as tmp:
                 lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
     }
     steps, batch = 20, 4
-    # One rank, DDP on two, and two pipelines (a block per stage, the tied weight summed over the
-    # embedding group) held to torch's one rank on the same batches.
+    # One rank, DDP on two, two pipelines (a block per stage, the tied weight summed over the
+    # embedding group), Megatron TP over 2 and 4 ranks (heads and MLP columns split; with sequence
+    # parallelism the positions too) and the 2 x 2 x 2 mesh (2 replicas of 2 stages of 2 TP shards),
+    # each held to torch's one rank (or two, for two replicas) on the same batches.
     layouts = {
         "world 1": (1, []),
         "world 2": (2, ["--strategy", "ddp", "--world", 2]),
         "pipeline gpipe": (1, ["--strategy", "pipeline", "--stages", 2, "--microbatches", 2, "--schedule", "gpipe"]),
         "pipeline 1f1b": (1, ["--strategy", "pipeline", "--stages", 2, "--microbatches", 4, "--schedule", "1f1b"]),
+        "tp 2": (1, ["--strategy", "ddp", "--world", 2, "--tp", 2]),
+        "tp 4": (1, ["--strategy", "ddp", "--world", 4, "--tp", 4]),
+        "tp 2 + sp": (1, ["--strategy", "ddp", "--world", 2, "--tp", 2, "--sequence-parallel"]),
+        "mesh 2x2x2": (2, ["--strategy", "pipeline", "--world", 8, "--tp", 2, "--stages", 2, "--dp", 2, "--microbatches", 2]),
     }
     for layout, (world, strategy) in layouts.items():
         for name, (flags, make_opt) in runs.items():

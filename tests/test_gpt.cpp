@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -17,6 +18,7 @@
 #include "engine/data/loader.h"
 #include "engine/data/sampler.h"
 #include "engine/parallel/memory_plan.h"
+#include "engine/parallel/tensor_parallel.h"
 #include "engine/train/train.h"
 #include "tests/cli_util.h"
 #include "tests/test_util.h"
@@ -55,6 +57,21 @@ std::filesystem::path write_text(const std::string& name, const std::string& tex
   std::ofstream(p, std::ios::binary) << text;
   return p;
 }
+
+// The collectives of a TP group whose other ranks are absent: a shard's pass runs with its own
+// shapes and allocations (what the memory tests count), not the group's values.
+struct EchoTpComm : TensorParallelComm {
+  using TensorParallelComm::all_gather;
+  using TensorParallelComm::all_reduce;
+  using TensorParallelComm::reduce_scatter;
+  void all_reduce(void*, int64_t, DType, int) override {}
+  void all_gather(void* out, const void* in, int64_t n, DType, int) override {
+    for (int r = 0; r < 2; r++) std::memcpy(static_cast<float*>(out) + r * n, in, static_cast<size_t>(n) * sizeof(float));
+  }
+  void reduce_scatter(void* out, const void* in, int64_t n, DType, int) override {
+    std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));
+  }
+};
 
 }  // namespace
 
@@ -285,6 +302,96 @@ TEST_SUITE("gpt") {
           "halves; use --schedule gpipe, 1f1b or interleaved");
   }
 
+  TEST_CASE("gpt tensor parallel: heads and MLP columns over 2 and 4 ranks, sequence parallel and recomputed, equal one rank") {
+    // Megatron's split of every block (c_attn and c_fc column-parallel, the c_projs row-parallel) on
+    // one replica of t ranks: the gathered shards equal the one-rank model, and every TP collective
+    // of an iteration is gpt_tp_collectives()' list, in its order and with its bytes.
+    std::vector<OptimizerKind> optimizers = {OptimizerKind::AdamW, OptimizerKind::SGD};
+    if (test::quick()) optimizers.pop_back();
+    for (OptimizerKind opt : optimizers) {
+      TrainConfig one = gpt_config("single", 1, 2);
+      one.model = ModelSpec::parse("gpt:layers=2,heads=4,embd=16,ctx=8");
+      one.optimizer.kind = opt;
+      one.optimizer.lr = 1e-3;
+      Trainer ref(one);
+      const TrainSummary rs = ref.run();
+      struct Case {
+        int t;
+        bool sp, recompute;
+      };
+      for (const Case& k : {Case{2, false, false}, Case{4, false, false}, Case{2, true, false}, Case{4, true, true}}) {
+        CAPTURE(k.t);
+        CAPTURE(k.sp);
+        CAPTURE(k.recompute);
+        TrainConfig c = one;
+        c.strategy = Strategy::Ddp;
+        c.world_size = c.tp = k.t;
+        c.sequence_parallel = k.sp;
+        c.activation_checkpointing = k.recompute;
+        Trainer t(c);
+        const TrainSummary s = t.run();
+        // The partial sums are added in another order than one rank's matmul adds them (SGD: 4e-9
+        // apart). AdamW divides by sqrt(v), so a gradient that is rounding noise around zero (the key
+        // bias's: a constant added to every key leaves the softmax unchanged) moves its parameter by up
+        // to lr either way: nanoGPT's shakespeare_char lr, 1e-3, keeps that within the acceptance's 1e-4.
+        CHECK(test::max_abs_diff(t.result_model(), ref.model()) < 1e-4);
+        CHECK(std::abs(s.eval_loss - rs.eval_loss) < 1e-5);
+        if (opt != OptimizerKind::AdamW) continue;
+        const GptSpec& g = t.model().spec().gpt;
+        const std::vector<TpCollective> want =
+            gpt_tp_collectives(g, GptRange::all(g), TensorParallelSpec{k.t, 0, k.sp}, c.batch, k.recompute);
+        for (int rank = 0; rank < k.t; rank++) {
+          CAPTURE(rank);
+          std::vector<const Event*> got;
+          for (const Event& e : t.recorder().events(rank))
+            if (e.kind == EventKind::Collective && e.iteration == 1 && e.coll.dtype == DType::F32) got.push_back(&e);
+          // Then the step's figures (loss, correct, samples, overlap) summed over the ranks: 4 floats.
+          REQUIRE(got.size() == want.size() + 1);
+          CHECK(got.back()->coll.bytes == 16);
+          for (size_t i = 0; i < want.size(); i++) {
+            CAPTURE(i);
+            CAPTURE(want[i].what);
+            CHECK(got[i]->coll.op == want[i].op);
+            CHECK(got[i]->coll.bytes == want[i].bytes);
+            CHECK(got[i]->coll.group_size == k.t);
+          }
+        }
+      }
+    }
+  }
+
+  TEST_CASE("gpt on the 2 x 2 x 2 mesh: dp, pp and tp together equal ddp on 2 ranks, and so do fsdp and sequence parallel on dp x tp") {
+    TrainConfig d = gpt_config("ddp", 2, 2);
+    d.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=8");
+    Trainer ddp(d);
+    const TrainSummary ds = ddp.run();
+    TrainConfig mesh = d;
+    mesh.strategy = Strategy::Pipeline;
+    mesh.world_size = 8;
+    mesh.tp = 2;
+    mesh.pipeline.stages = 2;
+    mesh.pipeline.dp = 2;
+    mesh.pipeline.microbatches = 2;
+    TrainConfig fsdp = d;
+    fsdp.strategy = Strategy::Fsdp;
+    fsdp.world_size = 4;
+    fsdp.tp = 2;
+    fsdp.sequence_parallel = true;
+    for (const TrainConfig& c : {mesh, fsdp}) {
+      CAPTURE(strategy_name(c.strategy));
+      Trainer t(c);
+      const TrainSummary s = t.run();
+      CHECK(test::max_abs_diff(t.result_model(), ddp.model()) < 1e-5);
+      CHECK(std::abs(s.eval_loss - ds.eval_loss) < 1e-5);
+    }
+    // Which heads and MLP columns each rank holds, as the run's header says it.
+    Trainer t(mesh);
+    const std::vector<std::string> lines = t.describe_mesh_lines();
+    CHECK(std::find(lines.begin(), lines.end(),
+                    "  rank 3: dp 0, pp 1, tp 1 -- stage 1 (block 1, ln_f and the head), TP shard 1 of 2: heads 1, MLP columns 32-63, "
+                    "replica 0 of 2") != lines.end());
+  }
+
   TEST_CASE("gpt activations: the tracker holds the engine's count, and Korthikanti's terms sum to sbh(34 + 5as/h)") {
     const ModelSpec spec = ModelSpec::parse("gpt:layers=3,heads=2,embd=16,ctx=8,vocab=11");
     const GptSpec& g = spec.gpt;
@@ -312,6 +419,27 @@ TEST_SUITE("gpt") {
       CHECK(korthikanti == layer_activation_bytes(g.ctx, B, g.embd, static_cast<int>(g.heads)));
       CHECK(korthikanti == 8.0 * B * 16 * (34 + 5.0 * 2 * 8 / 16));  // s·b·h·(34 + 5·a·s/h)
       CHECK(engine == gpt_block_activation_bytes(g, B));
+      // A TP shard of 2: the heads' and MLP columns' tensors halve; under sequence parallelism the
+      // LayerNorm regions' too (Korthikanti's Table 2).
+      for (bool sp : {false, true}) {
+        CAPTURE(sp);
+        const TensorParallelSpec tp{2, 1, sp};
+        for (bool ckpt : {false, true}) {
+          CAPTURE(ckpt);
+          MemoryTracker mem;
+          Model m(spec, &mem, 0, 0, static_cast<int>(g.layers) + 2, cpu_device(), tp);
+          EchoTpComm comm;
+          m.set_tensor_parallel_comm(&comm);
+          m.set_activation_checkpointing(ckpt);
+          const std::vector<int64_t> idx(static_cast<size_t>(B * g.ctx), 5);
+          m.forward_tokens(idx.data(), B);
+          CHECK(mem.stats().current_of(MemCategory::Activations) == gpt_activation_bytes(g, B, ckpt, tp));
+        }
+        double k2 = 0;
+        for (const GptActivationTerm& t : gpt_block_activation_terms(g, B, tp)) k2 += t.korthikanti;
+        const double sbh = 8.0 * B * 16, as_h = 5.0 * 2 * 8 / 16;
+        CHECK(k2 == doctest::Approx(sp ? sbh / 2 * (34 + as_h) : sbh * (10 + 24.0 / 2 + as_h / 2)));
+      }
     }
   }
 
@@ -361,8 +489,23 @@ TEST_SUITE("gpt") {
           "--model gpt with --strategy dp: not built yet, the GPT runs under single, ddp, fsdp and pipeline so far; use --strategy single, ddp, "
           "fsdp or pipeline");
     TrainConfig tp = c;
-    tp.tp = 2;
-    CHECK(test::error_of(tp).rfind("--tp with --model gpt: not built yet", 0) == 0);
+    tp.tp = 3;
+    tp.world_size = 3;
+    CHECK(test::error_of(tp) ==
+          "--tp 3 gives each rank whole attention heads, but gpt:layers=1,heads=2,embd=16,ctx=8 has 2 heads, which do not divide by 3; "
+          "use a --tp that divides heads=2");
+    TrainConfig seq = c;
+    seq.model = ModelSpec::parse("gpt:layers=1,heads=4,embd=16,ctx=6");
+    seq.tp = seq.world_size = 4;
+    seq.sequence_parallel = true;
+    CHECK(test::error_of(seq) ==
+          "--sequence-parallel gives each of the --tp 4 ranks an equal run of every sample's 6 positions, which do not divide by 4; "
+          "use a --tp that divides ctx=6");
+    TrainConfig saved = c;
+    saved.strategy = Strategy::Fsdp;
+    saved.tp = 2;
+    saved.save_sharded_path = "/tmp/never";
+    CHECK(test::error_of(saved).rfind("--save-sharded with --model gpt and --tp: not built yet", 0) == 0);
     TrainConfig pts = c;
     pts.data = "blobs";
     CHECK(test::error_of(pts) ==

@@ -668,14 +668,19 @@ void draw_gpt_blocks(const Snapshot& s) {
   // Sequences per forward: the rank's batch, or a pipeline's micro-batch (each in flight keeps its own).
   const bool pipe = s.pipeline.valid && s.pipeline.m > 0;
   const int64_t B = pipe ? c.batch / s.pipeline.m : c.batch;
+  // A tensor-parallel shard keeps its heads' and MLP columns' share (and under sequence parallelism its
+  // positions' share of the LayerNorm regions).
+  const TensorParallelSpec tp{std::max(1, s.mesh.shape.tp), 0, s.mesh.sequence_parallel};
+  const bool sp = tp.degree > 1 && tp.sequence_parallel;
   ImGui::Spacing();
   ImGui::Separator();
   ImGui::TextUnformatted("Activations per block");
   ImGui::SameLine();
   ImGui::PushTextWrapPos(0.0f);
-  ImGui::TextDisabled("(Korthikanti et al. 2022, Table 2: s = %lld positions, b = %lld sequences%s, h = %lld, a = %lld heads)",
+  ImGui::TextDisabled("(Korthikanti et al. 2022, Table 2: s = %lld positions, b = %lld sequences%s, h = %lld, a = %lld heads%s)",
                       static_cast<long long>(g.ctx), static_cast<long long>(B), pipe ? " (a micro-batch)" : "",
-                      static_cast<long long>(g.embd), static_cast<long long>(g.heads));
+                      static_cast<long long>(g.embd), static_cast<long long>(g.heads),
+                      tp.degree > 1 ? (", one rank of t = " + std::to_string(tp.degree) + (sp ? ", sequence parallel" : "")).c_str() : "");
   ImGui::PopTextWrapPos();
   const ImGuiTableFlags flags = ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_BordersInnerH | ImGuiTableFlags_RowBg;
   if (ImGui::BeginTable("##gpt_block", 3, flags)) {
@@ -686,7 +691,7 @@ void draw_gpt_blocks(const Snapshot& s) {
     ImGui::TableHeadersRow();
     double korthikanti = 0;
     int64_t engine = 0;
-    for (const GptActivationTerm& t : gpt_block_activation_terms(g, B)) {
+    for (const GptActivationTerm& t : gpt_block_activation_terms(g, B, tp)) {
       korthikanti += t.korthikanti;
       engine += t.engine;
       ImGui::TableNextRow();
@@ -702,7 +707,9 @@ void draw_gpt_blocks(const Snapshot& s) {
     }
     ImGui::TableNextRow();
     ImGui::TableNextColumn();
-    ImGui::TextUnformatted("a block: s·b·h·(34 + 5·a·s/h)");
+    ImGui::TextUnformatted(tp.degree == 1 ? "a block: s·b·h·(34 + 5·a·s/h)"
+                           : sp           ? "a block: s·b·h/t·(34 + 5·a·s/h)"
+                                          : "a block: s·b·h·(10 + 24/t + 5·a·s/(h·t))");
     ImGui::TableNextColumn();
     ImGui::TextUnformatted(plan_bytes(korthikanti, false).c_str());
     ImGui::TableNextColumn();
@@ -711,9 +718,13 @@ void draw_gpt_blocks(const Snapshot& s) {
   }
   ImGui::PushTextWrapPos(0.0f);
   ImGui::TextDisabled("Hover a row the two count differently for why. Where both keep a tensor, float32 is twice the 16 bits.");
+  if (sp)
+    ImGui::TextDisabled("Sequence parallel: each LayerNorm output is kept as this rank's %lld positions and all-gathered again "
+                        "for c_attn's and c_fc's weight gradients, as Megatron does, rather than kept whole.",
+                        static_cast<long long>(g.ctx / tp.degree));
   // The whole forward against the tracker, where one rank runs the whole model on its batch.
   if (c.strategy != Strategy::Pipeline && !s.memory.empty()) {
-    const int64_t model = gpt_activation_bytes(g, B, c.activation_checkpointing);
+    const int64_t model = gpt_activation_bytes(g, B, c.activation_checkpointing, tp);
     const int64_t loss = 2 * B * g.ctx * g.vocab * static_cast<int64_t>(sizeof(float));
     const int64_t measured = s.memory[0].stats.peak_of(MemCategory::Activations);
     ImGui::Text("Whole forward%s: %lld blocks, the embeddings' sum, ln_f, the logits and the backward's scratch = %s; with the "

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <string>
 #include <utility>
 
@@ -92,8 +93,8 @@ GptSpec GptSpec::parse(std::string_view text) {
 
 // ---- the parameter table and initial values ----
 
-std::vector<Parameter> gpt_parameters(const GptSpec& s) {
-  const int64_t C = s.embd;
+std::vector<Parameter> gpt_parameters(const GptSpec& s, int tp) {
+  const int64_t C = s.embd, Ct = C / tp;
   std::vector<Parameter> ps;
   // Storage: the root module's own parameters (wte, wpe, ln_f) first, then the blocks, so that the
   // root's FSDP unit and each block's are contiguous ranges of the flat buffers, as torch's
@@ -117,15 +118,15 @@ std::vector<Parameter> gpt_parameters(const GptSpec& s) {
     const std::string h = "transformer.h." + std::to_string(l) + ".";
     add(h + "ln_1.weight", {C});
     add(h + "ln_1.bias", {C});
-    add(h + "attn.c_attn.weight", {3 * C, C});
-    add(h + "attn.c_attn.bias", {3 * C});
-    add(h + "attn.c_proj.weight", {C, C});
+    add(h + "attn.c_attn.weight", {3 * Ct, C});  // column-parallel under TP: q, k, v of H/t heads
+    add(h + "attn.c_attn.bias", {3 * Ct});
+    add(h + "attn.c_proj.weight", {C, Ct});  // row-parallel: those heads' columns
     add(h + "attn.c_proj.bias", {C});
     add(h + "ln_2.weight", {C});
     add(h + "ln_2.bias", {C});
-    add(h + "mlp.c_fc.weight", {4 * C, C});
-    add(h + "mlp.c_fc.bias", {4 * C});
-    add(h + "mlp.c_proj.weight", {C, 4 * C});
+    add(h + "mlp.c_fc.weight", {4 * Ct, C});  // column-parallel
+    add(h + "mlp.c_fc.bias", {4 * Ct});
+    add(h + "mlp.c_proj.weight", {C, 4 * Ct});  // row-parallel
     add(h + "mlp.c_proj.bias", {C});
   }
   add("transformer.ln_f.weight", {C});
@@ -175,9 +176,20 @@ double linear_kaiming_bound(int64_t fan_in) {  // kaiming_uniform_(a=sqrt(5))
 
 }  // namespace
 
-std::vector<Parameter> gpt_stage_parameters(const GptSpec& s, GptRange r) {
-  if (r.whole(s)) return gpt_parameters(s);
-  const std::vector<Parameter> full = gpt_parameters(s);
+void check_gpt_tp(const GptSpec& s, int tp, bool sequence_parallel) {
+  if (tp <= 1) return;
+  const std::string t = std::to_string(tp);
+  if (s.heads % tp != 0)
+    throw Error("--tp " + t + " gives each rank whole attention heads, but " + s.str() + " has " + std::to_string(s.heads) +
+                " heads, which do not divide by " + t + "; use a --tp that divides heads=" + std::to_string(s.heads));
+  if (sequence_parallel && s.ctx % tp != 0)
+    throw Error("--sequence-parallel gives each of the --tp " + t + " ranks an equal run of every sample's " + std::to_string(s.ctx) +
+                " positions, which do not divide by " + t + "; use a --tp that divides ctx=" + std::to_string(s.ctx));
+}
+
+std::vector<Parameter> gpt_stage_parameters(const GptSpec& s, GptRange r, int tp) {
+  if (r.whole(s)) return gpt_parameters(s, tp);
+  const std::vector<Parameter> full = gpt_parameters(s, tp);
   std::vector<Parameter> ps;
   int64_t offset = 0;
   auto take = [&](const Parameter& q, std::string name) {
@@ -396,9 +408,12 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 
 // ---- the model ----
 
-GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, GptRange range)
-    : s_(spec), r_(range.end == 0 ? GptRange::all(spec) : range), tracker_(tracker), dev_(device) {
+GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, GptRange range, const TensorParallelSpec& tp)
+    : s_(spec), r_(range.end == 0 ? GptRange::all(spec) : range), tp_(tp), tracker_(tracker), dev_(device) {
   DTLAB_CHECK(device.is_host(), "the GPT runs on the CPU device in this version");
+  DTLAB_CHECK(tp.degree >= 1 && tp.rank >= 0 && tp.rank < tp.degree && spec.heads % tp.degree == 0 &&
+                  (!sp() || spec.ctx % tp.degree == 0),
+              "a GPT tensor-parallel shard needs heads (and, sequence parallel, ctx) divisible by its degree");
   DTLAB_CHECK(r_.first >= 0 && r_.end <= spec.layers + 2 && r_.first_block() < r_.end_block(spec),
               "a GPT stage holds at least one block");
   const int L = static_cast<int>(spec.layers);
@@ -424,7 +439,9 @@ std::array<std::vector<Tensor>*, 13> GptCore::per_block() {
 
 void GptCore::release() {
   for (auto* v : per_block()) v->clear();
-  for (Tensor* t : {&encoded_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dbuf_, &dqkv_, &dfch_, &datt_}) *t = Tensor();
+  for (Tensor* t : {&encoded_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dbuf_, &dqkv_, &dfch_, &datt_, &full_, &perm_,
+                    &dfull_, &dloc_, &lnf_full_, &dlogits_local_, &part_, &wte_part_})
+    *t = Tensor();
   capacity_ = 0;
   B_ = 0;
   idx_ = nullptr;
@@ -435,36 +452,50 @@ void GptCore::ensure(int64_t B) {
   B_ = B;
   if (B <= capacity_ && checkpointed_alloc_ == checkpointing_) return;
   const int64_t T = s_.ctx, C = s_.embd, BT = B * T, L = r_.end_block(s_) - r_.first_block();
+  const int64_t R = residual_rows(B), Ct = C / tp_.degree, H = s_.heads / tp_.degree;  // this rank's rows, width, heads
   auto act = [&](Shape shape) { return Tensor(std::move(shape), MemCategory::Activations, tracker_, DType::F32, dev_); };
   for (auto* v : per_block()) v->clear();
-  encoded_ = r_.embeds() ? act({BT, C}) : Tensor();
+  encoded_ = r_.embeds() ? act({R, C}) : Tensor();
   for (int64_t l = 0; l < L; l++) {
-    res3_.push_back(act({BT, C}));
+    res3_.push_back(act({R, C}));
     if (checkpointing_ && l > 0) continue;  // one set of the blocks' inner buffers, shared
-    ln1_.push_back(act({BT, C}));
-    ln1_mean_.push_back(act({BT}));
-    ln1_rstd_.push_back(act({BT}));
-    qkv_.push_back(act({BT, 3 * C}));
-    att_.push_back(act({B, s_.heads, T, T}));
-    atty_.push_back(act({BT, C}));
-    res2_.push_back(act({BT, C}));
-    ln2_.push_back(act({BT, C}));
-    ln2_mean_.push_back(act({BT}));
-    ln2_rstd_.push_back(act({BT}));
-    fch_.push_back(act({BT, 4 * C}));
-    fch_gelu_.push_back(act({BT, 4 * C}));
+    ln1_.push_back(act({R, C}));
+    ln1_mean_.push_back(act({R}));
+    ln1_rstd_.push_back(act({R}));
+    qkv_.push_back(act({BT, 3 * Ct}));
+    att_.push_back(act({B, H, T, T}));
+    atty_.push_back(act({BT, Ct}));
+    res2_.push_back(act({R, C}));
+    ln2_.push_back(act({R, C}));
+    ln2_mean_.push_back(act({R}));
+    ln2_rstd_.push_back(act({R}));
+    fch_.push_back(act({BT, 4 * Ct}));
+    fch_gelu_.push_back(act({BT, 4 * Ct}));
   }
   if (r_.heads(s_)) {
-    lnf_ = act({BT, C});
-    lnf_mean_ = act({BT});
-    lnf_rstd_ = act({BT});
+    lnf_ = act({R, C});
+    lnf_mean_ = act({R});
+    lnf_rstd_ = act({R});
     logits_ = act({BT, s_.vocab});
   }
-  dres_ = act({BT, C});
+  dres_ = act({R, C});
   dbuf_ = act({BT, C});
-  dqkv_ = act({BT, 3 * C});
-  dfch_ = act({BT, 4 * C});
+  dqkv_ = act({BT, 3 * Ct});
+  dfch_ = act({BT, 4 * Ct});
   datt_ = act({T, T});
+  if (sp()) {
+    full_ = act({BT, C});
+    perm_ = act({BT, C});
+    dfull_ = act({BT, C});
+    dloc_ = act({R, C});
+    auto scratch = [&](int64_t n) { return Tensor({n}, MemCategory::Gradients, tracker_, DType::F32, dev_); };
+    part_ = scratch(std::max(r_.embeds() ? s_.ctx * C : 0, 2 * C));
+    if (r_.heads(s_)) {
+      lnf_full_ = act({BT, C});
+      dlogits_local_ = act({R, s_.vocab});
+    }
+    if (r_.heads(s_) || r_.embeds()) wte_part_ = scratch(s_.vocab * C);
+  }
   capacity_ = B;
   checkpointed_alloc_ = checkpointing_;
 }
@@ -474,45 +505,118 @@ double GptCore::layer_flops(int layer, int64_t B) const {
   if (layer == 0) return BT * C;  // the embedding sum
   if (layer == s_.layers + 1) return 2.0 * BT * C * static_cast<double>(s_.vocab) + 8.0 * BT * C;
   // c_attn, c_proj, c_fc, c_proj: 2 BT (3C^2 + C^2 + 4C^2 + 4C^2); attention: q.k and a.v over the
-  // causal half, 2 x 2 x B x T x T/2 x C.
-  return 2.0 * BT * 12.0 * C * C + 2.0 * BT * T * C + 16.0 * BT * C;
+  // causal half, 2 x 2 x B x T x T/2 x C. A TP shard does 1/t of both.
+  const double t = tp_.degree;
+  return (2.0 * BT * 12.0 * C * C + 2.0 * BT * T * C) / t + 16.0 * BT * C;
 }
 
 const float* GptCore::attention(int l, int64_t b, int64_t h) const {
-  if (B_ == 0 || checkpointing_ || l < r_.first_block() || l >= r_.end_block(s_) || b < 0 || b >= B_ || h < 0 || h >= s_.heads)
+  const int64_t H = s_.heads / tp_.degree, mine = h - tp_.rank * H;  // this rank's heads are [rank H, rank H + H)
+  if (B_ == 0 || checkpointing_ || l < r_.first_block() || l >= r_.end_block(s_) || b < 0 || b >= B_ || mine < 0 || mine >= H)
     return nullptr;
-  return att_[local(l)].f32() + (b * s_.heads + h) * s_.ctx * s_.ctx;
+  return att_[local(l)].f32() + (b * H + mine) * s_.ctx * s_.ctx;
+}
+
+const float* GptCore::seq_gather(float* full, const float* local, int64_t w, int layer) {
+  const int64_t t = tp_.degree, B = B_, T = s_.ctx, Tl = T / t;
+  float* g = perm_.f32();  // rank r's rows of every sample, then rank r + 1's
+  comm_->all_gather(g, local, B * Tl * w, layer);
+  for (int64_t r = 0; r < t; r++)
+    for (int64_t b = 0; b < B; b++) std::copy_n(g + (r * B + b) * Tl * w, Tl * w, full + (b * T + r * Tl) * w);
+  return full;
+}
+
+void GptCore::seq_reduce_scatter(float* local, const float* full, int64_t w, int layer) {
+  const int64_t t = tp_.degree, B = B_, T = s_.ctx, Tl = T / t;
+  float* g = perm_.f32();
+  for (int64_t r = 0; r < t; r++)
+    for (int64_t b = 0; b < B; b++) std::copy_n(full + (b * T + r * Tl) * w, Tl * w, g + (r * B + b) * Tl * w);
+  comm_->reduce_scatter(local, g, B * Tl * w, layer);
+}
+
+void GptCore::seq_rows(float* local, const float* full, int64_t w) const {
+  const int64_t B = B_, T = s_.ctx, Tl = T / tp_.degree;
+  for (int64_t b = 0; b < B; b++) std::copy_n(full + (b * T + tp_.rank * Tl) * w, Tl * w, local + b * Tl * w);
+}
+
+const float* GptCore::row_parallel(const float* in, const float* w, const float* b, int64_t width, int layer) {
+  const int64_t BT = B_ * s_.ctx, C = s_.embd, R = residual_rows(B_);
+  float* out = dbuf_.f32();
+  if (!tp()) {
+    dev_.linear_forward(out, in, w, b, BT, width, C);
+    return out;
+  }
+  dev_.linear_forward(out, in, w, nullptr, BT, width, C);  // this rank's partial sums
+  float* y = out;
+  if (sp()) seq_reduce_scatter(y = dloc_.f32(), out, C, layer);
+  else comm_->all_reduce(out, BT * C, layer);
+  for (int64_t i = 0; i < R; i++)
+    for (int64_t c = 0; c < C; c++) y[i * C + c] += b[c];  // RowParallelLinear adds the bias after the sum
+  return y;
+}
+
+const float* GptCore::column_input_grad(float* d, int layer) {
+  if (!tp()) return d;
+  if (!sp()) {
+    comm_->all_reduce(d, B_ * s_.ctx * s_.embd, layer);
+    return d;
+  }
+  seq_reduce_scatter(dloc_.f32(), d, s_.embd, layer);
+  return dloc_.f32();
+}
+
+void GptCore::ln_backward(std::vector<Parameter>& p, float* dinp, int wi, int bi, const float* dout, const float* inp,
+                          const float* mean, const float* rstd, int layer) {
+  const int64_t C = s_.embd, R = residual_rows(B_);
+  Parameter& w = p[static_cast<size_t>(wi)];
+  Parameter& b = p[static_cast<size_t>(bi)];
+  if (!sp()) {
+    layernorm_backward(dinp, w.grad, b.grad, dout, inp, w.data, mean, rstd, R, C);
+    return;
+  }
+  float* part = part_.f32();  // weight's then bias's, summed in one all-reduce
+  std::fill_n(part, 2 * C, 0.0f);
+  layernorm_backward(dinp, part, part + C, dout, inp, w.data, mean, rstd, R, C);
+  comm_->all_reduce(part, 2 * C, layer);
+  for (int64_t c = 0; c < C; c++) {
+    w.grad[c] += part[c];
+    b.grad[c] += part[C + c];
+  }
 }
 
 void GptCore::block_forward(std::vector<Parameter>& p, int l, const float* x) {
   using P = GptParamIndex;
-  const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T;
+  const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T, R = residual_rows(B), Ct = C / tp_.degree;
   auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };
   const size_t k = slot(l);
-  layernorm_forward(ln1_[k].f32(), ln1_mean_[k].f32(), ln1_rstd_[k].f32(), x, w(pi(l, P::Ln1W)), w(pi(l, P::Ln1B)), BT, C);
-  dev_.linear_forward(qkv_[k].f32(), ln1_[k].f32(), w(pi(l, P::AttnW)), w(pi(l, P::AttnB)), BT, C, 3 * C);
-  attention_forward(atty_[k].f32(), att_[k].f32(), qkv_[k].f32(), B, T, C, s_.heads);
-  float* proj = dbuf_.f32();
-  dev_.linear_forward(proj, atty_[k].f32(), w(pi(l, P::AttnProjW)), w(pi(l, P::AttnProjB)), BT, C, C);
+  const int layer = 1 + l;
+  layernorm_forward(ln1_[k].f32(), ln1_mean_[k].f32(), ln1_rstd_[k].f32(), x, w(pi(l, P::Ln1W)), w(pi(l, P::Ln1B)), R, C);
+  const float* a = sp() ? seq_gather(full_.f32(), ln1_[k].f32(), C, layer) : ln1_[k].f32();  // f
+  dev_.linear_forward(qkv_[k].f32(), a, w(pi(l, P::AttnW)), w(pi(l, P::AttnB)), BT, C, 3 * Ct);
+  attention_forward(atty_[k].f32(), att_[k].f32(), qkv_[k].f32(), B, T, Ct, s_.heads / tp_.degree);
+  const float* proj = row_parallel(atty_[k].f32(), w(pi(l, P::AttnProjW)), w(pi(l, P::AttnProjB)), Ct, layer);  // g
   float* r2 = res2_[k].f32();
-  for (int64_t i = 0; i < BT * C; i++) r2[i] = x[i] + proj[i];
-  layernorm_forward(ln2_[k].f32(), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), r2, w(pi(l, P::Ln2W)), w(pi(l, P::Ln2B)), BT, C);
-  dev_.linear_forward(fch_[k].f32(), ln2_[k].f32(), w(pi(l, P::FcW)), w(pi(l, P::FcB)), BT, C, 4 * C);
-  gelu_forward(fch_gelu_[k].f32(), fch_[k].f32(), BT * 4 * C);
-  dev_.linear_forward(proj, fch_gelu_[k].f32(), w(pi(l, P::FcProjW)), w(pi(l, P::FcProjB)), BT, 4 * C, C);
+  for (int64_t i = 0; i < R * C; i++) r2[i] = x[i] + proj[i];
+  layernorm_forward(ln2_[k].f32(), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), r2, w(pi(l, P::Ln2W)), w(pi(l, P::Ln2B)), R, C);
+  a = sp() ? seq_gather(full_.f32(), ln2_[k].f32(), C, layer) : ln2_[k].f32();
+  dev_.linear_forward(fch_[k].f32(), a, w(pi(l, P::FcW)), w(pi(l, P::FcB)), BT, C, 4 * Ct);
+  gelu_forward(fch_gelu_[k].f32(), fch_[k].f32(), BT * 4 * Ct);
+  proj = row_parallel(fch_gelu_[k].f32(), w(pi(l, P::FcProjW)), w(pi(l, P::FcProjB)), 4 * Ct, layer);
   float* r3 = res3_[local(l)].f32();
-  for (int64_t i = 0; i < BT * C; i++) r3[i] = r2[i] + proj[i];
-
+  for (int64_t i = 0; i < R * C; i++) r3[i] = r2[i] + proj[i];
 }
 
 const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int64_t B, ComputeObserver* obs, LayerGate* gate,
                               LayerHooks* hooks, const float* x_in) {
   using P = GptParamIndex;
   DTLAB_CHECK(r_.embeds() ? idx != nullptr : x_in != nullptr, "a GPT stage's forward needs its input: tokens where it embeds, else x");
+  DTLAB_CHECK(!tp() || comm_ != nullptr, "a GPT tensor-parallel shard runs only after set_tp_comm()");
   ensure(B);
   idx_ = idx;
   x_ = x_in;
-  const int64_t T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab;
+  const int64_t T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab, R = residual_rows(B);
+  // This rank's positions: all, or under sequence parallelism [rank T/t, rank T/t + T/t) of each sample.
+  const int64_t Tl = R / B, t0 = sp() ? tp_.rank * Tl : 0;
   const int L = static_cast<int>(s_.layers);
   auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };  // read after the layer's hooks (FSDP binds)
   auto enter = [&](int layer) {
@@ -524,10 +628,11 @@ const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int
     {
       ComputeScope scope(obs, ComputeKind::LayerForward, 0, layer_flops(0, B));
       float* x = encoded_.f32();
-      for (int64_t bt = 0; bt < BT; bt++) {
-        const float* te = w(P::kWte) + idx[bt] * C;
-        const float* pe = w(P::kWpe) + (bt % T) * C;
-        for (int64_t c = 0; c < C; c++) x[bt * C + c] = te[c] + pe[c];
+      for (int64_t i = 0; i < R; i++) {
+        const int64_t pos = t0 + i % Tl;
+        const float* te = w(P::kWte) + idx[(i / Tl) * T + pos] * C;
+        const float* pe = w(P::kWpe) + pos * C;
+        for (int64_t c = 0; c < C; c++) x[i * C + c] = te[c] + pe[c];
       }
     }
     if (hooks) hooks->after_forward(0);
@@ -545,8 +650,10 @@ const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int
   enter(L + 1);
   {
     ComputeScope scope(obs, ComputeKind::LayerForward, L + 1, layer_flops(L + 1, B));
-    layernorm_forward(lnf_.f32(), lnf_mean_.f32(), lnf_rstd_.f32(), x, w(lnf_w_), w(lnf_b_), BT, C);
-    dev_.linear_forward(logits_.f32(), lnf_.f32(), w(head_), nullptr, BT, C, V);  // lm_head, tied
+    layernorm_forward(lnf_.f32(), lnf_mean_.f32(), lnf_rstd_.f32(), x, w(lnf_w_), w(lnf_b_), R, C);
+    // Under sequence parallelism every rank's positions are gathered first: the logits are whole.
+    const float* a = sp() ? seq_gather(lnf_full_.f32(), lnf_.f32(), C, L + 1) : lnf_.f32();
+    dev_.linear_forward(logits_.f32(), a, w(head_), nullptr, BT, C, V);  // lm_head, tied
   }
   if (hooks) hooks->after_forward(L + 1);
   return logits_.f32();
@@ -556,7 +663,8 @@ const float* GptCore::backward(std::vector<Parameter>& p, const float* dlogits, 
                               ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks) {
   using P = GptParamIndex;
   DTLAB_CHECK(idx_ != nullptr || x_ != nullptr, "backward() called before forward()");
-  const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab;
+  const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab, R = residual_rows(B), Ct = C / tp_.degree;
+  const int64_t Tl = R / B, t0 = sp() ? tp_.rank * Tl : 0;
   const int L = static_cast<int>(s_.layers);
   auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };
   auto g = [&](int i) { return p[static_cast<size_t>(i)].grad; };
@@ -577,9 +685,22 @@ const float* GptCore::backward(std::vector<Parameter>& p, const float* dlogits, 
     enter(L + 1);
     {
       ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, 2 * layer_flops(L + 1, B));
-      dev_.linear_backward(dbuf, g(head_), nullptr, dlogits, lnf_.f32(), w(head_), BT, C, V);
-      std::fill_n(dres, BT * C, 0.0f);
-      layernorm_backward(dres, g(lnf_w_), g(lnf_b_), dbuf, last, w(lnf_w_), lnf_mean_.f32(), lnf_rstd_.f32(), BT, C);
+      if (!sp()) {
+        dev_.linear_backward(dbuf, g(head_), nullptr, dlogits, lnf_.f32(), w(head_), BT, C, V);
+      } else {  // this rank's positions only: the gather's backward is a split, the weight's gradient partial
+        float* dl = dlogits_local_.f32();
+        seq_rows(dl, dlogits, V);
+        float* part = wte_part_.f32();
+        std::fill_n(part, V * C, 0.0f);
+        dev_.linear_backward(dbuf, part, nullptr, dl, lnf_.f32(), w(head_), R, C, V);
+        if (!r_.embeds()) {  // a last stage's own copy: complete now
+          comm_->all_reduce(part, V * C, L + 1);
+          float* gh = g(head_);
+          for (int64_t i = 0; i < V * C; i++) gh[i] += part[i];
+        }
+      }
+      std::fill_n(dres, R * C, 0.0f);
+      ln_backward(p, dres, lnf_w_, lnf_b_, dbuf, last, lnf_mean_.f32(), lnf_rstd_.f32(), L + 1);
       // A last stage's own copy of the tied weight is complete here (the embedding group sums it with
       // the first stage's); the whole model's waits for the embedding's use below.
       if (r_.embeds()) done({lnf_b_, lnf_w_});
@@ -587,7 +708,7 @@ const float* GptCore::backward(std::vector<Parameter>& p, const float* dlogits, 
     }
     if (hooks) hooks->after_backward(L + 1);
   } else {
-    std::copy_n(dlogits, BT * C, dres);  // the next stage's gradient of this stage's output
+    std::copy_n(dlogits, R * C, dres);  // the next stage's gradient of this stage's output
   }
   for (int l = r_.end_block(s_) - 1; l >= fb; l--) {
     const size_t u = local(l), k = slot(l);
@@ -602,25 +723,42 @@ const float* GptCore::backward(std::vector<Parameter>& p, const float* dlogits, 
     }
     enter(1 + l);
     std::optional<ComputeScope> scope(std::in_place, obs, ComputeKind::LayerBackward, 1 + l, 2 * layer_flops(1 + l, B));
+    const int layer = 1 + l;
+    // A row-parallel Linear's bias under sequence parallelism saw this rank's positions: its gradient
+    // is summed over the group (without, the whole output gradient gives every rank the whole sum).
+    auto row_bias_grad = [&](int bi) {
+      float* part = part_.f32();
+      std::fill_n(part, C, 0.0f);
+      for (int64_t i = 0; i < R; i++)
+        for (int64_t c = 0; c < C; c++) part[c] += dres[i * C + c];
+      comm_->all_reduce(part, C, layer);
+      float* gb = g(bi);
+      for (int64_t c = 0; c < C; c++) gb[c] += part[c];
+    };
     float* dfch = dfch_.f32();
-    dev_.linear_backward(dfch, g(pi(l, P::FcProjW)), g(pi(l, P::FcProjB)), dres, fch_gelu_[k].f32(),
-                         w(pi(l, P::FcProjW)), BT, 4 * C, C);
+    const float* dy = sp() ? seq_gather(dfull_.f32(), dres, C, layer) : dres;  // g's backward
+    dev_.linear_backward(dfch, g(pi(l, P::FcProjW)), sp() ? nullptr : g(pi(l, P::FcProjB)), dy, fch_gelu_[k].f32(),
+                         w(pi(l, P::FcProjW)), BT, 4 * Ct, C);
+    if (sp()) row_bias_grad(pi(l, P::FcProjB));
     done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
-    gelu_backward(dfch, dfch, fch_[k].f32(), BT * 4 * C);
-    dev_.linear_backward(dbuf, g(pi(l, P::FcW)), g(pi(l, P::FcB)), dfch, ln2_[k].f32(), w(pi(l, P::FcW)), BT, C, 4 * C);
+    gelu_backward(dfch, dfch, fch_[k].f32(), BT * 4 * Ct);
+    const float* a = sp() ? seq_gather(full_.f32(), ln2_[k].f32(), C, layer) : ln2_[k].f32();  // gathered again
+    dev_.linear_backward(dbuf, g(pi(l, P::FcW)), g(pi(l, P::FcB)), dfch, a, w(pi(l, P::FcW)), BT, C, 4 * Ct);
+    const float* dln = column_input_grad(dbuf, layer);  // f's backward
     done({pi(l, P::FcB), pi(l, P::FcW)});
-    layernorm_backward(dres, g(pi(l, P::Ln2W)), g(pi(l, P::Ln2B)), dbuf, res2_[k].f32(), w(pi(l, P::Ln2W)),
-                       ln2_mean_[k].f32(), ln2_rstd_[k].f32(), BT, C);
+    ln_backward(p, dres, pi(l, P::Ln2W), pi(l, P::Ln2B), dln, res2_[k].f32(), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), layer);
     done({pi(l, P::Ln2B), pi(l, P::Ln2W)});
-    dev_.linear_backward(dbuf, g(pi(l, P::AttnProjW)), g(pi(l, P::AttnProjB)), dres, atty_[k].f32(),
-                         w(pi(l, P::AttnProjW)), BT, C, C);
+    dy = sp() ? seq_gather(dfull_.f32(), dres, C, layer) : dres;
+    dev_.linear_backward(dbuf, g(pi(l, P::AttnProjW)), sp() ? nullptr : g(pi(l, P::AttnProjB)), dy, atty_[k].f32(),
+                         w(pi(l, P::AttnProjW)), BT, Ct, C);
+    if (sp()) row_bias_grad(pi(l, P::AttnProjB));
     done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
-    attention_backward(dqkv_.f32(), datt_.f32(), dbuf, qkv_[k].f32(), att_[k].f32(), B, T, C, s_.heads);
-    dev_.linear_backward(dbuf, g(pi(l, P::AttnW)), g(pi(l, P::AttnB)), dqkv_.f32(), ln1_[k].f32(),
-                         w(pi(l, P::AttnW)), BT, C, 3 * C);
+    attention_backward(dqkv_.f32(), datt_.f32(), dbuf, qkv_[k].f32(), att_[k].f32(), B, T, Ct, s_.heads / tp_.degree);
+    a = sp() ? seq_gather(full_.f32(), ln1_[k].f32(), C, layer) : ln1_[k].f32();
+    dev_.linear_backward(dbuf, g(pi(l, P::AttnW)), g(pi(l, P::AttnB)), dqkv_.f32(), a, w(pi(l, P::AttnW)), BT, C, 3 * Ct);
+    dln = column_input_grad(dbuf, layer);
     done({pi(l, P::AttnB), pi(l, P::AttnW)});
-    layernorm_backward(dres, g(pi(l, P::Ln1W)), g(pi(l, P::Ln1B)), dbuf, block_in, w(pi(l, P::Ln1W)),
-                       ln1_mean_[k].f32(), ln1_rstd_[k].f32(), BT, C);
+    ln_backward(p, dres, pi(l, P::Ln1W), pi(l, P::Ln1B), dln, block_in, ln1_mean_[k].f32(), ln1_rstd_[k].f32(), layer);
     done({pi(l, P::Ln1B), pi(l, P::Ln1W)});
     scope.reset();
     if (hooks) hooks->after_backward(1 + l);
@@ -629,16 +767,27 @@ const float* GptCore::backward(std::vector<Parameter>& p, const float* dlogits, 
   enter(0);
   {
     ComputeScope scope(obs, ComputeKind::LayerBackward, 0, 2 * layer_flops(0, B));
-    float* dwte = g(P::kWte);
-    float* dwpe = g(P::kWpe);
-    for (int64_t bt = 0; bt < BT; bt++) {
-      float* te = dwte + idx_[bt] * C;
-      float* pe = dwpe + (bt % T) * C;
-      const float* d = dres + bt * C;
+    // Under sequence parallelism this rank's positions give partial sums (wte's already holds the
+    // head's), summed over the group before they are added.
+    float* dwte = sp() ? wte_part_.f32() : g(P::kWte);
+    float* dwpe = sp() ? part_.f32() : g(P::kWpe);
+    if (sp()) std::fill_n(dwpe, T * C, 0.0f);
+    if (sp() && !r_.heads(s_)) std::fill_n(dwte, V * C, 0.0f);  // a first stage: no head's share
+    for (int64_t i = 0; i < R; i++) {
+      const int64_t pos = t0 + i % Tl;
+      float* te = dwte + idx_[(i / Tl) * T + pos] * C;
+      float* pe = dwpe + pos * C;
+      const float* d = dres + i * C;
       for (int64_t c = 0; c < C; c++) {
         te[c] += d[c];
         pe[c] += d[c];
       }
+    }
+    if (sp()) {
+      comm_->all_reduce(dwpe, T * C, 0);
+      comm_->all_reduce(dwte, V * C, 0);
+      for (auto [part, grad, n] : {std::tuple{dwpe, g(P::kWpe), T * C}, std::tuple{dwte, g(P::kWte), V * C}})
+        for (int64_t i = 0; i < n; i++) grad[i] += part[i];
     }
     done({P::kWpe, P::kWte});
   }

@@ -29,18 +29,25 @@ struct GptParamIndex {
   static int ln_f_bias(int layers) { return 3 + kPerBlock * layers; }
 };
 
-// The parameter table (names, shapes, offsets in the flat buffers; data and grad left null).
-std::vector<Parameter> gpt_parameters(const GptSpec& spec);
+// The parameter table (names, shapes, offsets in the flat buffers; data and grad left null). `tp`: a
+// Megatron tensor-parallel shard's local shapes (degree tp; names unchanged): c_attn and c_fc
+// column-parallel (3C/t and 4C/t rows: the q, k and v of H/t heads, 4C/t MLP columns), attn.c_proj and
+// mlp.c_proj row-parallel (C/t and 4C/t columns); LayerNorms, embeddings and the row layers' biases whole.
+std::vector<Parameter> gpt_parameters(const GptSpec& spec, int tp = 1);
 
 // Its parameters, in named_parameters() order (the whole model: gpt_parameters()), flat in that order.
 // A last stage without the embeddings holds the head's own copy of the tied weight, named nanoGPT's
 // `lm_head.weight` (Megatron's shared embedding on the last stage: it starts equal to wte, and the
 // embedding group all-reduces the two gradients, so the two copies stay equal).
-std::vector<Parameter> gpt_stage_parameters(const GptSpec& spec, GptRange range);
+std::vector<Parameter> gpt_stage_parameters(const GptSpec& spec, GptRange range, int tp = 1);
 // Where each of the stage's parameters (gpt_stage_parameters order) sits in the whole model's flat
 // buffer (gpt_parameters' offsets): the same name, and the head's copy at wte's. Stage values come
 // from a whole model's as values[p.offset + i] = whole[source[k] + i], and go back the same way.
 std::vector<int64_t> gpt_stage_sources(const GptSpec& spec, GptRange range);
+
+// dtlab::Error (one sentence) unless a Megatron split of degree `tp` fits the model: the heads divide
+// by it (each rank takes H/t whole heads) and, under sequence parallelism, so does the context.
+void check_gpt_tp(const GptSpec& spec, int tp, bool sequence_parallel);
 
 // nanoGPT's initial values for torch.manual_seed(seed) and GPT(config), flat in gpt_parameters()'
 // order: the constructors' draws (nn.Embedding's normal_, nn.Linear's kaiming_uniform_ and bias
@@ -57,8 +64,30 @@ std::vector<float> gpt_init_values(const GptSpec& spec, uint64_t seed);
 class GptCore {
  public:
   // `range`: a pipeline stage's layers (default: the whole model); `params` below are then
-  // gpt_stage_parameters(spec, range).
-  GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, GptRange range = {});
+  // gpt_stage_parameters(spec, range, tp.degree).
+  //
+  // `tp`: Megatron tensor parallelism (Shoeybi et al. 2019; docs/course_sources.md §6c). This rank
+  // holds H/t heads' q, k and v rows of c_attn and those heads' columns of attn.c_proj, and 4C/t of the
+  // MLP's columns (c_fc's rows, mlp.c_proj's columns); LayerNorms, embeddings and the head are whole.
+  // Each block runs f (identity forward, all-reduce of the input gradient backward) before c_attn and
+  // c_fc, and g (all-reduce forward, identity backward) after each c_proj, whose bias is added after
+  // the sum. The logits come out whole on every rank, so the loss is the unsplit model's.
+  // Sequence parallelism (Korthikanti et al. 2022): the residual stream, the LayerNorms and the
+  // embeddings hold this rank's T/t positions of every sample; f becomes an all-gather along the
+  // sequence (its backward a reduce-scatter) and g a reduce-scatter (its backward an all-gather); the
+  // column layers' weight gradients gather the LayerNorm output again in backward, as Megatron does
+  // rather than keep it whole. Parameters that see only this rank's positions (LayerNorms, the row
+  // layers' biases, wte, wpe) get partial gradients, computed apart, all-reduced over the TP group,
+  // then added. ln_f's output is gathered before the (whole) head, so the logits are whole; the head's
+  // weight gradient comes from this rank's positions only and is summed with the embedding's.
+  GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, GptRange range = {},
+          const TensorParallelSpec& tp = {});
+  // The TP group's collectives (required before a pass when the degree is above 1).
+  void set_tp_comm(TensorParallelComm* comm) { comm_ = comm; }
+  const TensorParallelSpec& tensor_parallel() const { return tp_; }
+  // Residual-stream rows this rank holds: B x T, or B x T/t under sequence parallelism (what a
+  // pipeline stage receives and sends, and what output() holds).
+  int64_t residual_rows(int64_t B) const { return sp() ? B * (s_.ctx / tp_.degree) : B * s_.ctx; }
   // idx: B x T token ids on the host, each in [0, vocab) (checked by the caller). Returns the logits
   // (B*T, V), owned here. A stage without the embeddings reads `x` (B*T, C), the previous stage's
   // output, instead (kept by the caller until backward); one without the head returns its last
@@ -87,13 +116,14 @@ class GptCore {
   // blocks share, then its backward: the same kernels, so the gradients are bit-identical.
   void set_checkpointing(bool on) { checkpointing_ = on; }
   bool checkpointing() const { return checkpointing_; }
-  // The attention probabilities of the last forward: block l, sample b, head h, (T, T) row-major with
-  // zeros above the diagonal. Null before a forward.
-  const float* attention(int l, int64_t b, int64_t h) const;  // null while checkpointing: no block keeps it
+  // The attention probabilities of the last forward: block l, sample b, head h (of the whole model),
+  // (T, T) row-major with zeros above the diagonal. Null before a forward, while checkpointing (no block
+  // keeps it), and for a head another TP rank computes.
+  const float* attention(int l, int64_t b, int64_t h) const;
   // The last forward's input tokens of sample b (T ids; null before a forward).
   const int64_t* tokens(int64_t b) const { return idx_ && b >= 0 && b < B_ ? idx_ + b * s_.ctx : nullptr; }
-  // FLOPs of one forward of layer `layer` (0..L+1) for B samples, multiply-adds counted twice (the
-  // backward is twice that).
+  // FLOPs of one forward of layer `layer` (0..L+1) for B samples on this rank (a TP shard's blocks do
+  // 1/t of the matmuls and attention), multiply-adds counted twice (the backward is twice that).
   double layer_flops(int layer, int64_t B) const;
 
  private:
@@ -104,12 +134,32 @@ class GptCore {
   // l: a block of the model; its saved tensors' index here.
   size_t local(int l) const { return static_cast<size_t>(l - r_.first_block()); }
   size_t slot(int l) const { return checkpointing_ ? 0 : local(l); }
+  bool tp() const { return tp_.degree > 1; }
+  bool sp() const { return tp_.degree > 1 && tp_.sequence_parallel; }
+  // Sequence parallelism's moves between this rank's positions (B x T/t rows, each `w` wide) and all
+  // of them (B x T rows): the all-gather into `full`, the reduce-scatter of `full`'s partial sums into
+  // `local`, and this rank's rows of a whole tensor.
+  const float* seq_gather(float* full, const float* local, int64_t w, int layer);
+  void seq_reduce_scatter(float* local, const float* full, int64_t w, int layer);
+  void seq_rows(float* local, const float* full, int64_t w) const;
+  // A row-parallel Linear's output (g): the matmul of this rank's columns, summed over the TP group
+  // (all-reduce, or reduce-scatter under sequence parallelism), then the bias; residual_rows() x C.
+  const float* row_parallel(const float* in, const float* w, const float* b, int64_t width, int layer);
+  // A column-parallel Linear's input gradient `d` (B*T x C partial sums) summed over the group (f's
+  // backward: all-reduce in place, or reduce-scatter); residual_rows() x C.
+  const float* column_input_grad(float* d, int layer);
+  // LayerNorm's backward into dinp and the parameters wi, bi; under sequence parallelism their
+  // gradients are partial: summed over the group before they are added.
+  void ln_backward(std::vector<Parameter>& p, float* dinp, int wi, int bi, const float* dout, const float* inp,
+                   const float* mean, const float* rstd, int layer);
   // Indices into the stage's parameters.
   int pi(int l, GptParamIndex::Block k) const { return block0_ + GptParamIndex::kPerBlock * (l - r_.first_block()) + k; }
   bool checkpointing_ = false;
   bool checkpointed_alloc_ = false;  // the layout the buffers were allocated for
   GptSpec s_;
   GptRange r_;
+  TensorParallelSpec tp_;
+  TensorParallelComm* comm_ = nullptr;
   int block0_ = 0, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;  // head_: the weight lm_head reads
   const float* x_ = nullptr;  // a stage's input (B*T, C), when it does not embed
   MemoryTracker* tracker_;
@@ -124,6 +174,11 @@ class GptCore {
   Tensor lnf_, lnf_mean_, lnf_rstd_, logits_;
   // Backward scratch.
   Tensor dres_, dbuf_, dqkv_, dfch_, datt_;
+  // Sequence parallelism: a gathered LayerNorm output (B*T, C), the all-gather/reduce-scatter layout
+  // (t, B, T/t, C), a gathered output gradient, this rank's rows of a sum, ln_f's gathered output,
+  // this rank's rows of dlogits, and the partial parameter gradients (wte's kept from the head to the
+  // embedding).
+  Tensor full_, perm_, dfull_, dloc_, lnf_full_, dlogits_local_, part_, wte_part_;
 };
 
 // nanoGPT's GPT.generate (sample.py's defaults: temperature 0.8, top_k 200): n new tokens after

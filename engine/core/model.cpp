@@ -80,11 +80,12 @@ Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int f
     : spec_(spec), tp_(tp), tracker_(tracker), device_(device), first_linear_(first_linear) {
   if (spec.is_gpt()) {
     // first_linear/end_linear: the stage's layers in the GPT's numbering (GptRange).
-    DTLAB_CHECK(tp.degree == 1, "the GPT's tensor-parallel form is not built in this version");
     DTLAB_CHECK(spec.gpt.vocab >= 2, "the GPT's vocabulary must be known before it is built");
     if (!device.is_host()) throw Error("--model gpt runs on the CPU in this version (its GPU kernels are not built yet); use --device cpu");
+    DTLAB_CHECK(tp.degree >= 1 && tp.rank >= 0 && tp.rank < tp.degree, "a tensor-parallel rank outside its group");
+    check_gpt_tp(spec.gpt, tp.degree, tp.sequence_parallel);
     gpt_range_ = {first_linear, end_linear};
-    params_ = gpt_stage_parameters(spec.gpt, gpt_range_);
+    params_ = gpt_stage_parameters(spec.gpt, gpt_range_, tp.degree);
     num_params_ = 0;
     for (const Parameter& p : params_) num_params_ += p.numel;
     flat_params_ = Tensor({num_params_}, MemCategory::Parameters, tracker, DType::F32, device_);
@@ -93,17 +94,22 @@ Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int f
       p.data = flat_params_.f32() + p.offset;
       p.grad = flat_grads_.f32() + p.offset;
     }
-    const std::vector<float> full = gpt_init_values(spec.gpt, seed);
-    if (gpt_range_.whole(spec.gpt)) {
-      upload_params(full.data());
-    } else {  // the stage's parameters take the whole model's values
+    gpt_ = std::make_unique<GptCore>(spec.gpt, tracker, device_, gpt_range_, tp);
+    std::vector<float> full = gpt_init_values(spec.gpt, seed);
+    if (!gpt_range_.whole(spec.gpt)) {  // the stage's parameters take the whole model's values
+      const std::vector<Parameter> stage = gpt_stage_parameters(spec.gpt, gpt_range_);
       const std::vector<int64_t> from = gpt_stage_sources(spec.gpt, gpt_range_);
-      std::vector<float> mine(static_cast<size_t>(num_params_));
-      for (size_t k = 0; k < params_.size(); k++)
-        std::copy_n(full.begin() + from[k], params_[k].numel, mine.begin() + params_[k].offset);
-      upload_params(mine.data());
+      std::vector<float> mine(static_cast<size_t>(stage.back().offset + stage.back().numel));
+      for (size_t k = 0; k < stage.size(); k++) std::copy_n(full.begin() + from[k], stage[k].numel, mine.begin() + stage[k].offset);
+      full = std::move(mine);
     }
-    gpt_ = std::make_unique<GptCore>(spec.gpt, tracker, device_, gpt_range_);
+    if (tp.degree == 1) {
+      upload_params(full.data());
+    } else {  // this shard's heads and columns
+      std::vector<float> local(static_cast<size_t>(num_params_));
+      shard_full_params(*this, full.data(), local.data());
+      upload_params(local.data());
+    }
     return;
   }
   DTLAB_CHECK(spec.dims.size() >= 2, "a model needs an input and an output width");
@@ -548,9 +554,15 @@ const float* Model::forward_tokens(const int64_t* idx, int64_t B) {
 
 std::unique_ptr<GptCore> Model::gpt_activations() const {
   DTLAB_CHECK(gpt_ != nullptr, "gpt_activations() on a model that is not a GPT");
-  auto core = std::make_unique<GptCore>(spec_.gpt, tracker_, device_, gpt_range_);
+  auto core = std::make_unique<GptCore>(spec_.gpt, tracker_, device_, gpt_range_, tp_);
   core->set_checkpointing(checkpointing_);
+  core->set_tp_comm(tp_comm_);
   return core;
+}
+
+void Model::set_tensor_parallel_comm(TensorParallelComm* c) {
+  tp_comm_ = c;
+  if (gpt_) gpt_->set_tp_comm(c);
 }
 
 const float* Model::gpt_forward(GptCore& acts, const int64_t* idx, const float* x, int64_t B) {
@@ -719,7 +731,43 @@ std::vector<float> lora_init_values(const ModelSpec& spec, const LoraSpec& lora,
   return host;
 }
 
+namespace {
+
+// A GPT shard's pieces (gpt_parameters says which parameters split, and how).
+std::vector<TpPiece> gpt_tp_pieces(const Model& model, int tp_rank) {
+  const GptSpec& s = model.spec().gpt;
+  const int t = model.tensor_parallel().degree;
+  const GptRange range = model.gpt_range();
+  const std::vector<Parameter> full = gpt_stage_parameters(s, range, 1);
+  const std::vector<Parameter>& local = model.parameters();
+  const int64_t C = s.embd, Ct = C / t;
+  std::vector<TpPiece> pieces;
+  for (size_t k = 0; k < local.size(); k++) {
+    const Parameter& q = full[k];
+    const int64_t rows = q.shape[0], cols = q.shape.size() == 2 ? q.shape[1] : 1;
+    TpPiece whole{rows, cols, 0, rows, 0, cols, static_cast<int>(k), q.offset, local[k].offset};
+    const std::string_view n = q.name;
+    if (n.ends_with("attn.c_attn.weight") || n.ends_with("attn.c_attn.bias")) {
+      for (int64_t j = 0; j < 3; j++)  // q, k, v: each a (C, cols) block of rows
+        pieces.push_back({C, cols, tp_rank * Ct, (tp_rank + 1) * Ct, 0, cols, static_cast<int>(k), q.offset + j * C * cols,
+                          local[k].offset + j * Ct * cols});
+    } else if (n.ends_with("mlp.c_fc.weight") || n.ends_with("mlp.c_fc.bias")) {
+      whole.row_begin = tp_rank * rows / t, whole.row_end = (tp_rank + 1) * rows / t;
+      pieces.push_back(whole);
+    } else if (n.ends_with("c_proj.weight")) {  // attn's and mlp's: their input columns
+      whole.col_begin = tp_rank * cols / t, whole.col_end = (tp_rank + 1) * cols / t;
+      pieces.push_back(whole);
+    } else {
+      pieces.push_back(whole);
+    }
+  }
+  return pieces;
+}
+
+}  // namespace
+
 std::vector<TpPiece> tp_pieces(const Model& model, int tp_rank) {
+  if (model.is_gpt()) return gpt_tp_pieces(model, tp_rank);
   const auto& dims = model.spec().dims;
   const int degree = model.tensor_parallel().degree;
   const int64_t r = model.lora_spec().rank;
@@ -738,15 +786,25 @@ std::vector<TpPiece> tp_pieces(const Model& model, int tp_rank) {
       pieces.push_back({out, r, sl.row_begin, sl.row_end, 0, r});
     }
   }
+  // One piece per parameter, each flat after the last in both buffers.
+  int64_t full_at = 0, local_at = 0;
+  for (size_t k = 0; k < pieces.size(); k++) {
+    TpPiece& p = pieces[k];
+    p.param = static_cast<int>(k);
+    p.full_offset = full_at;
+    p.local_offset = local_at;
+    full_at += p.rows * p.cols;
+    local_at += (p.row_end - p.row_begin) * (p.col_end - p.col_begin);
+  }
   return pieces;
 }
 
 void shard_full_params(const Model& model, const float* full, float* local) {
-  const float* src = full;
   for (const TpPiece& p : tp_pieces(model, model.tensor_parallel().rank)) {
+    float* dst = local + p.local_offset;
+    const float* src = full + p.full_offset;
     for (int64_t r = p.row_begin; r < p.row_end; r++)
-      for (int64_t c = p.col_begin; c < p.col_end; c++) *local++ = src[r * p.cols + c];
-    src += p.rows * p.cols;
+      for (int64_t c = p.col_begin; c < p.col_end; c++) *dst++ = src[r * p.cols + c];
   }
 }
 

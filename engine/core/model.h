@@ -131,9 +131,11 @@ class Model {
   using GradReadyHook = std::function<void(int param_index)>;
 
   // A GPT spec builds nanoGPT's GPT (engine/core/gpt.h) whole: forward_tokens() and backward() run
-  // it; the per-layer calls, TP, LoRA and 16 bits are the MLP's in this version. Its pipeline stages
+  // it; the per-layer calls, LoRA and 16 bits are the MLP's in this version. Its pipeline stages
   // come from the stage constructor below with a GptRange's first and end, and run through
-  // gpt_activations()/gpt_forward()/gpt_backward().
+  // gpt_activations()/gpt_forward()/gpt_backward(); its tensor-parallel shards from the TP constructor
+  // (GptCore says how the blocks split; dtlab::Error when the heads, or under sequence parallelism
+  // the context, do not divide by the degree).
   Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, Device& device = cpu_device());
   ~Model();
   // A pipeline stage: only Linear layers [first_linear, end_linear) of `spec` (each with the ReLU
@@ -181,7 +183,7 @@ class Model {
   // Host copy of the plain model's parameters (the torch.nn.Sequential layout): under LoRA each
   // adapted weight is merged, W + scaling * B A (peft's merge_and_unload), the biases as they are.
   std::vector<float> merged_params() const;
-  void set_tensor_parallel_comm(TensorParallelComm* c) { tp_comm_ = c; }
+  void set_tensor_parallel_comm(TensorParallelComm* c);
 
   Device& device() const { return device_; }
   // All parameters, flat in parameters() order, to or from host memory (P floats).
@@ -270,6 +272,7 @@ class Model {
   // The GPT's forward: idx (B, T) token ids on the host; returns the logits (B*T, V).
   const float* forward_tokens(const int64_t* idx, int64_t B);
   bool is_gpt() const { return gpt_ != nullptr; }
+  GptRange gpt_range() const { return gpt_range_; }  // a GPT's layers here (0 the embeddings .. L + 1 the head)
   const GptCore* gpt() const { return gpt_.get(); }
   // A GPT pipeline stage (built with its GptRange as first_linear/end_linear) keeps one set of saved
   // activations per micro-batch in flight: each is a GptCore of the stage's range that runs on this
@@ -453,14 +456,21 @@ void check_lora_spec(const ModelSpec& spec, const LoraSpec& lora);
 std::vector<float> lora_init_values(const ModelSpec& spec, const LoraSpec& lora, uint64_t seed, int first_linear,
                                     int end_linear);
 // Where a tensor-parallel shard's parameter sits in the unsplit one: rows [row_begin, row_end) and
-// columns [col_begin, col_end) of the full (rows, cols) matrix (a bias is (out, 1)).
+// columns [col_begin, col_end) of the full (rows, cols) matrix (a bias is (out, 1)), which begins at
+// `full_offset` in the unsplit stage's flat buffer; the piece's values lie row-major from
+// `local_offset` in the shard's. A GPT's c_attn is three pieces (its q, k and v rows of this rank's
+// heads, three (C, C) matrices one after another in the full buffer); every other parameter is one.
 struct TpPiece {
   int64_t rows, cols;
   int64_t row_begin, row_end, col_begin, col_end;
+  int param = -1;  // index into model.parameters()
+  int64_t full_offset = 0, local_offset = 0;
+  bool split() const { return row_end - row_begin < rows || col_end - col_begin < cols; }
 };
 // model.parameters()' pieces on TP rank `tp_rank`, in that order: the weights and biases (tp_slice),
 // or under LoRA the adapters (enable_lora says how they split). The unsplit parameters lie flat in
-// the same order, each (rows, cols) row-major: the full stage's (torch_init_values) or its adapters.
+// the same order, each (rows, cols) row-major: the full stage's (torch_init_values) or its adapters;
+// a GPT's in gpt_stage_parameters' layout.
 std::vector<TpPiece> tp_pieces(const Model& model, int tp_rank);
 // Cuts a tensor-parallel shard's values out of the full stage's flat host parameters (tp_pieces'
 // order): `local` receives model.num_params() floats in model.parameters() order.

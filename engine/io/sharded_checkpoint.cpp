@@ -191,6 +191,8 @@ std::vector<SavedParam> saved_params(const Model& model) {
     if (dims == 2) at.push_back(q.col_begin), size.push_back(q.col_end - q.col_begin);
     return std::make_pair(at, size);
   };
+  for (const auto& pieces : of_rank)
+    DTLAB_CHECK(pieces.size() == out.size(), "a sharded save needs one tensor-parallel piece per parameter");
   for (size_t i = 0; i < out.size(); i++) {
     const TpPiece& q = of_rank[static_cast<size_t>(tp.rank)][i];
     const size_t dims = params[i].shape.size();

@@ -137,13 +137,19 @@ struct GptActivationTerm {
   int64_t engine;       // bytes; their sum is gpt_block_activation_bytes()
   std::string why;      // where the two differ, and why ("" where they count the same tensor)
 };
-std::vector<GptActivationTerm> gpt_block_activation_terms(const GptSpec& spec, int64_t B);
-// 4·(16·sbh + 4·sb + a·s²·b): what GptCore keeps per block (its input included) for B sequences.
-int64_t gpt_block_activation_bytes(const GptSpec& spec, int64_t B);
+// `tp`: a tensor-parallel shard's share (Korthikanti's Table 2 rows with t): the heads' and the MLP
+// columns' tensors divide by t, the LayerNorm regions' (block input, LayerNorm outputs, the residual,
+// their dropout masks) are whole, or divided by t too under sequence parallelism: s·b·h·(10 + 24/t +
+// 5·a·s/(h·t)), and s·b·h/t·(34 + 5·a·s/h) with it.
+std::vector<GptActivationTerm> gpt_block_activation_terms(const GptSpec& spec, int64_t B, const TensorParallelSpec& tp = {});
+// 4·(16·sbh + 4·sb + a·s²·b) on one rank: what GptCore keeps per block (its input included) for B
+// sequences; a TP shard's share of it.
+int64_t gpt_block_activation_bytes(const GptSpec& spec, int64_t B, const TensorParallelSpec& tp = {});
 // Every Activations byte a whole GPT's forward allocates (GptCore::ensure, tested against the
 // tracker): the blocks' saved tensors (with checkpointing: each block's output, one shared set of
-// the inner ones), ln_f's, the logits (B·T x V), and the backward's scratch.
-int64_t gpt_activation_bytes(const GptSpec& spec, int64_t B, bool checkpointing);
+// the inner ones), ln_f's, the logits (B·T x V), and the backward's scratch (under sequence
+// parallelism also the gathered LayerNorm outputs and the collectives' staging).
+int64_t gpt_activation_bytes(const GptSpec& spec, int64_t B, bool checkpointing, const TensorParallelSpec& tp = {});
 
 // What LoRA's adapters add to that in float32 (engine/core/lora.cpp's scratch, sized for the largest
 // adapted Linear): t and dt (2 x B x r), the scaled output or its gradient (B x the widest adapted

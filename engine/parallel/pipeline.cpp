@@ -311,12 +311,16 @@ void PipelineRank::load_stage(Model& stage, StageRange r, const Model& full) {
   if (spec_.is_gpt()) {  // the head's copy takes wte's values (--init's model is the whole host model)
     DTLAB_CHECK(!full.lora() && !full.mixed() && full.num_params() == spec_.num_params(), "--init's full model must hold every parameter");
     const std::vector<int64_t> from = gpt_stage_sources(spec_.gpt, {r.first, r.end});
+    const std::vector<Parameter> whole = gpt_stage_parameters(spec_.gpt, {r.first, r.end});  // the unsplit stage
     const std::vector<float> values = full.host_params();
-    std::vector<float> local(static_cast<size_t>(stage.num_params()));
-    for (size_t k = 0; k < from.size(); k++) {
-      const Parameter& q = stage.parameters()[k];
-      std::copy_n(values.begin() + from[k], q.numel, local.begin() + q.offset);
+    std::vector<float> mine(static_cast<size_t>(stage_num_params(spec_, r)));
+    for (size_t k = 0; k < from.size(); k++) std::copy_n(values.begin() + from[k], whole[k].numel, mine.begin() + whole[k].offset);
+    if (tp_ == 1) {
+      stage.upload_params(mine.data());
+      return;
     }
+    std::vector<float> local(static_cast<size_t>(stage.num_params()));  // this shard's heads and columns
+    shard_full_params(stage, mine.data(), local.data());
     stage.upload_params(local.data());
     return;
   }
@@ -429,8 +433,10 @@ void PipelineRank::gather_parameters(Model* full) {
     const int s = stage_ids_[k];
     const Model& m = *models_[k];
     if (m.num_params() == 0) continue;  // LoRA left this stage's layers unadapted
-    if (spec_.is_gpt() && rank_ == 0) {
-      scatter_gpt_stage(plan_.stages[static_cast<size_t>(s)], m.host_params().data(), *full, flat);
+    if (spec_.is_gpt()) {  // the stage whole (its TP group's shards put together), placed by name on rank 0
+      const std::vector<float> values = tp_ > 1 ? gather_tensor_parallel_params(m, tp_group_ ? *tp_group_ : comm_) : m.host_params();
+      if (rank_ == 0) scatter_gpt_stage(plan_.stages[static_cast<size_t>(s)], values.data(), *full, flat);
+      else if (tp_rank_ == 0) comm_.send(values.data(), static_cast<int64_t>(values.size()), DType::F32, 0, kGatherTag + s)->wait();
       continue;
     }
     float* dst = rank_ == 0 ? flat + stage_slice(*full, plan_.stages[static_cast<size_t>(s)]).offset : nullptr;

@@ -1,5 +1,7 @@
 #include "engine/parallel/tensor_parallel.h"
 
+#include <algorithm>
+
 #include "engine/core/check.h"
 #include "engine/core/mesh.h"
 
@@ -43,15 +45,14 @@ std::vector<float> gather_tensor_parallel_params(const Model& shard, Communicato
   }
 
   int64_t total = 0;
-  for (const TpPiece& p : tp_pieces(shard, 0)) total += p.rows * p.cols;
+  for (const TpPiece& p : tp_pieces(shard, 0)) total = std::max(total, p.full_offset + p.rows * p.cols);
   std::vector<float> full(static_cast<size_t>(total));
   for (int r = 0; r < tp.degree; r++) {
-    const float* local = host.data() + r * P;
-    float* dst = full.data();  // the inverse of shard_full_params' walk, for TP rank r's pieces
-    for (const TpPiece& p : tp_pieces(shard, r)) {
+    for (const TpPiece& p : tp_pieces(shard, r)) {  // the inverse of shard_full_params, for TP rank r's pieces
+      const float* local = host.data() + r * P + p.local_offset;
+      float* dst = full.data() + p.full_offset;
       for (int64_t row = p.row_begin; row < p.row_end; row++)
         for (int64_t c = p.col_begin; c < p.col_end; c++) dst[row * p.cols + c] = *local++;
-      dst += p.rows * p.cols;
     }
   }
   return full;
@@ -112,6 +113,60 @@ std::vector<TpCollective> tp_collectives(const ModelSpec& spec, int first, int e
       list.push_back(tp_op(CollectiveOp::AllReduce, l, true, width(l + 1), t, dtype, "sum the bias gradient over the rows"));
     if (role(l) == TpRole::Replicated)
       list.push_back(tp_op(CollectiveOp::AllReduce, l, true, width(l + 1) * (width(l) + 1), t, dtype, "sum the replicated Linear's gradients over the rows"));
+  }
+  return list;
+}
+
+std::vector<TpCollective> gpt_tp_collectives(const GptSpec& g, GptRange r, const TensorParallelSpec& tp, int64_t B, bool recompute) {
+  std::vector<TpCollective> list;
+  const int t = tp.degree;
+  if (t <= 1) return list;
+  const bool sp = tp.sequence_parallel;
+  const int64_t C = g.embd, N = B * g.ctx, Nl = N / t;
+  const int L = static_cast<int>(g.layers);
+  auto add = [&](CollectiveOp op, int layer, bool backward, int64_t count, const char* what) {
+    const int64_t payload = collective_traits(op).payload_count(count, t);
+    list.push_back(TpCollective{op, layer, backward, count, payload * 4, what});
+  };
+  auto block_forward = [&](int layer, bool again) {
+    if (!sp) {
+      add(CollectiveOp::AllReduce, layer, again, N * C, again ? "recompute: attn g again" : "g: sum attn.c_proj's partial outputs");
+      add(CollectiveOp::AllReduce, layer, again, N * C, again ? "recompute: mlp g again" : "g: sum mlp.c_proj's partial outputs");
+      return;
+    }
+    add(CollectiveOp::AllGather, layer, again, Nl * C, again ? "recompute: f again" : "f: gather ln_1's positions for c_attn");
+    add(CollectiveOp::ReduceScatter, layer, again, Nl * C, again ? "recompute: g again" : "g: sum attn.c_proj's outputs, keep this rank's positions");
+    add(CollectiveOp::AllGather, layer, again, Nl * C, again ? "recompute: f again" : "f: gather ln_2's positions for c_fc");
+    add(CollectiveOp::ReduceScatter, layer, again, Nl * C, again ? "recompute: g again" : "g: sum mlp.c_proj's outputs, keep this rank's positions");
+  };
+  for (int l = r.first_block(); l < r.end_block(g); l++) block_forward(1 + l, false);
+  if (r.heads(g) && sp) add(CollectiveOp::AllGather, L + 1, false, Nl * C, "gather ln_f's positions for the head");
+  if (r.heads(g) && sp) {
+    if (!r.embeds()) add(CollectiveOp::AllReduce, L + 1, true, g.vocab * C, "sum lm_head's gradient over the positions");
+    add(CollectiveOp::AllReduce, L + 1, true, 2 * C, "sum ln_f's gradients over the positions");
+  }
+  for (int l = r.end_block(g) - 1; l >= r.first_block(); l--) {
+    const int layer = 1 + l;
+    if (recompute) block_forward(layer, true);
+    if (!sp) {
+      add(CollectiveOp::AllReduce, layer, true, N * C, "f backward: sum c_fc's input gradient");
+      add(CollectiveOp::AllReduce, layer, true, N * C, "f backward: sum c_attn's input gradient");
+      continue;
+    }
+    add(CollectiveOp::AllGather, layer, true, Nl * C, "g backward: gather mlp.c_proj's output gradient");
+    add(CollectiveOp::AllReduce, layer, true, C, "sum mlp.c_proj.bias' gradient over the positions");
+    add(CollectiveOp::AllGather, layer, true, Nl * C, "gather ln_2's output again for c_fc's weight gradient");
+    add(CollectiveOp::ReduceScatter, layer, true, Nl * C, "f backward: sum c_fc's input gradient, keep this rank's positions");
+    add(CollectiveOp::AllReduce, layer, true, 2 * C, "sum ln_2's gradients over the positions");
+    add(CollectiveOp::AllGather, layer, true, Nl * C, "g backward: gather attn.c_proj's output gradient");
+    add(CollectiveOp::AllReduce, layer, true, C, "sum attn.c_proj.bias' gradient over the positions");
+    add(CollectiveOp::AllGather, layer, true, Nl * C, "gather ln_1's output again for c_attn's weight gradient");
+    add(CollectiveOp::ReduceScatter, layer, true, Nl * C, "f backward: sum c_attn's input gradient, keep this rank's positions");
+    add(CollectiveOp::AllReduce, layer, true, 2 * C, "sum ln_1's gradients over the positions");
+  }
+  if (r.embeds() && sp) {
+    add(CollectiveOp::AllReduce, 0, true, g.ctx * C, "sum wpe's gradient over the positions");
+    add(CollectiveOp::AllReduce, 0, true, g.vocab * C, "sum wte's gradient (the head's and the embedding's) over the positions");
   }
   return list;
 }

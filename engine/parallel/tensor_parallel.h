@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/comm/communicator.h"
+#include "engine/core/gpt_spec.h"
 #include "engine/core/model.h"
 
 namespace dtlab {
@@ -77,5 +78,21 @@ std::vector<TpCollective> tp_collectives(const ModelSpec& spec, int first, int e
                                          int64_t B, bool input_grad, bool recompute = false,
                                          const LoraSpec& lora = LoraSpec{}, DType dtype = DType::F32);
 int64_t tp_collective_bytes(const std::vector<TpCollective>& list);  // the sum of their bytes
+
+// The same list for a GPT shard (engine/core/gpt.h's GptCore says why each is there) running layers
+// `range` on B samples of T tokens, float32; `layer` is the GPT's layer number (1 + block, L + 1 the
+// head, 0 the embeddings). With N = B T, Nl = N / t and C the width:
+//   without sequence parallelism, per block: forward 2 all-reduces of N x C (g after attn.c_proj and
+//     mlp.c_proj), backward 2 all-reduces of N x C (f's: c_fc's and c_attn's input gradients);
+//   sequence parallel, per block: forward all-gather (Nl x C in) before c_attn and before c_fc,
+//     reduce-scatter (Nl x C out) after each c_proj; backward per c_proj an all-gather of the output
+//     gradient and an all-reduce of its bias' gradient (C), per column layer an all-gather of its
+//     LayerNorm's output again and a reduce-scatter of its input gradient, per LayerNorm an all-reduce
+//     of its weight and bias gradients (2C); the head gathers ln_f's output (Nl x C) in forward and
+//     all-reduces ln_f's gradients (2C) and, on a last stage without the embeddings, lm_head's copy
+//     (V x C) in backward; the embeddings all-reduce wpe's (T x C) and wte's (V x C) gradients.
+// `recompute`: each block's forward collectives again just before its backward ones.
+std::vector<TpCollective> gpt_tp_collectives(const GptSpec& spec, GptRange range, const TensorParallelSpec& tp, int64_t B,
+                                             bool recompute = false);
 
 }  // namespace dtlab

@@ -38,11 +38,9 @@ std::vector<bool> tp_counted_params(const Model& model) {
   std::vector<bool> counted(model.parameters().size(), true);
   const TensorParallelSpec& tp = model.tensor_parallel();
   if (tp.degree == 1 || tp.rank == 0) return counted;
-  const std::vector<TpPiece> pieces = tp_pieces(model, tp.rank);
-  for (size_t k = 0; k < pieces.size() && k < counted.size(); k++) {
-    const TpPiece& p = pieces[k];
-    counted[k] = p.row_end - p.row_begin < p.rows || p.col_end - p.col_begin < p.cols;  // a split piece
-  }
+  std::fill(counted.begin(), counted.end(), false);
+  for (const TpPiece& p : tp_pieces(model, tp.rank))
+    if (p.param >= 0 && static_cast<size_t>(p.param) < counted.size()) counted[static_cast<size_t>(p.param)] = counted[static_cast<size_t>(p.param)] || p.split();
   return counted;
 }
 

@@ -1,5 +1,7 @@
 #include "engine/train/train.h"
 
+#include "engine/core/gpt.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -8,6 +10,7 @@
 #include <filesystem>
 
 #include "engine/core/check.h"
+#include "engine/core/gpt.h"
 #include "engine/core/ops.h"
 #include "engine/data/loader.h"
 #include "engine/data/sampler.h"
@@ -67,7 +70,8 @@ void validate_tensor_parallel(const TrainConfig& c) {
     throw Error("--world " + std::to_string(c.world_size) + " with --tp " + std::to_string(c.tp) + " and --stages " +
                 std::to_string(c.pipeline.stages) + " leaves " + std::to_string(m.dp) + " data-parallel replicas, but --dp is " +
                 std::to_string(c.pipeline.dp) + "; set --dp " + std::to_string(m.dp) + " or drop --world");
-  if (!pipeline) check_tp_widths(c.model.dims, 0, static_cast<int>(c.model.dims.size()) - 1, c.tp);
+  if (c.model.is_gpt()) check_gpt_tp(c.model.gpt, c.tp, c.sequence_parallel);  // whole heads per rank
+  else if (!pipeline) check_tp_widths(c.model.dims, 0, static_cast<int>(c.model.dims.size()) - 1, c.tp);
 }
 
 void validate_lora(const TrainConfig& c) {
@@ -316,7 +320,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   if (pipeline)  // a TP group runs each pipeline rank's part: the pipeline sees dp x stages ranks
     pipeline_ = std::make_unique<PipelinePlan>(plan_pipeline(config_.model, config_.pipeline, config_.batch, N / config_.tp));
   mesh_ = resolve_mesh(N, config_.tp, pipeline ? config_.pipeline.stages : 1);
-  if (pipeline && config_.tp > 1)  // Megatron pairs the Linear layers of each stage
+  if (pipeline && config_.tp > 1 && !config_.model.is_gpt())  // Megatron pairs the Linear layers of each stage
     for (const StageRange& s : pipeline_->stages) check_tp_widths(config_.model.dims, s.first, s.end, config_.tp);
   // Instrumentation is always on (it costs well under 3% of a step, see bench/bench_step.cpp); the
   // trace file is only written when asked for.

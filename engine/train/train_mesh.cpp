@@ -3,6 +3,7 @@
 // for its replica's seed, cut by tp_slice), hands the model its TP group's collectives (f and g), and
 // runs DDP or FSDP over its DP group: the groups torch's init_device_mesh gives, tp fastest.
 #include "engine/core/format.h"
+#include "engine/core/gpt.h"
 #include "engine/io/checkpoint.h"
 #include "engine/train/mesh_rank.h"
 
@@ -17,6 +18,21 @@ std::string ranks_str(const std::vector<int>& ranks) {
   std::vector<std::string> parts;
   for (int r : ranks) parts.push_back(std::to_string(r));
   return "[" + join(parts, ", ") + "]";
+}
+
+// "0-1" for [0, 2); "3" for [3, 4).
+std::string span_str(int64_t begin, int64_t end) {
+  return end - begin == 1 ? std::to_string(begin) : std::to_string(begin) + "-" + std::to_string(end - 1);
+}
+
+// A GPT stage's layers in words: "wte, wpe, blocks 0-1", "block 2, ln_f and the head".
+std::string describe_gpt_layers(const GptSpec& g, GptRange r) {
+  std::vector<std::string> parts;
+  if (r.embeds()) parts.push_back("wte, wpe");
+  const int b0 = r.first_block(), b1 = r.end_block(g);
+  parts.push_back((b1 - b0 == 1 ? "block " : "blocks ") + span_str(b0, b1));
+  if (r.heads(g)) parts.push_back("ln_f and the head");
+  return join(parts, ", ");
 }
 
 }  // namespace
@@ -47,7 +63,8 @@ Communicator* Trainer::mesh_dp_group(MeshRank& mr) { return mr.dp_group.get(); }
 
 void Trainer::build_tp_models(int first_rank, int end_rank, bool in_world) {
   const ModelSpec& spec = config_.model;
-  const int n_linear = static_cast<int>(spec.dims.size()) - 1;
+  // The stage constructor's range: the MLP's Linears, or the GPT's layers (embeddings, blocks, head).
+  const int n_linear = spec.is_gpt() ? static_cast<int>(spec.gpt.layers) + 2 : static_cast<int>(spec.dims.size()) - 1;
   // The unsplit model: its start values are replica 0's (and --init's), and at the end it receives
   // the shards gathered back for evaluation and --save.
   full_model_ = std::make_unique<Model>(spec, nullptr, config_.seed);
@@ -103,6 +120,29 @@ std::vector<std::string> Trainer::describe_mesh_lines() const {
     for (size_t g = 0; g < groups.size(); g++) line += " " + std::string(mesh_dim_name(d)) + std::to_string(g) + " " + ranks_str(groups[g]);
     lines.push_back(line);
   }
+  if (config_.model.is_gpt()) {
+    if (mesh_.tp > 1) {
+      const GptSpec& g = config_.model.gpt;
+      const int t = mesh_.tp;
+      auto per_rank = [&](int64_t n) {  // "tp0 0-1, tp1 2-3"
+        std::vector<std::string> parts;
+        for (int r = 0; r < t; r++) parts.push_back("tp" + std::to_string(r) + " " + span_str(r * n / t, (r + 1) * n / t));
+        return join(parts, ", ");
+      };
+      lines.push_back("  attention, every block: c_attn column-parallel and c_proj row-parallel by heads, c_proj's partial outputs summed by " +
+                      std::string(config_.sequence_parallel ? "a reduce-scatter" : "an all-reduce") + ": heads " + per_rank(g.heads) + " (" +
+                      std::to_string(g.heads / t) + " of " + std::to_string(g.heads) + " heads: " + std::to_string(g.embd / t) + " of the " +
+                      std::to_string(g.embd) + " rows of each of q, k and v)");
+      lines.push_back("  MLP, every block: c_fc column-parallel and c_proj row-parallel: columns " + per_rank(4 * g.embd) + " (" +
+                      std::to_string(4 * g.embd / t) + " of " + std::to_string(4 * g.embd) + ")");
+      lines.push_back("  whole on every rank of a tp group: wte, wpe, ln_1, ln_2, ln_f and the c_proj biases (added once, after the sum)");
+      if (config_.sequence_parallel)
+        lines.push_back("  sequence parallel: the residual stream, LayerNorms and embeddings hold positions " + per_rank(g.ctx) +
+                        " of every sample; c_attn and c_fc read all of them, all-gathered");
+    }
+    for (int r = 0; r < mesh_.world(); r++) lines.push_back("  " + describe_mesh_rank(r));
+    return lines;
+  }
   const auto& dims = config_.model.dims;
   std::vector<StageRange> stages;
   if (pipeline_) stages = pipeline_->stages;
@@ -131,6 +171,28 @@ std::vector<std::string> Trainer::describe_mesh_lines() const {
 
 std::string Trainer::describe_mesh_rank(int rank) const {
   const MeshCoord c = mesh_coord(mesh_, rank);
+  if (config_.model.is_gpt()) {
+    const GptSpec& g = config_.model.gpt;
+    std::vector<std::string> holds;
+    if (pipeline_) {
+      std::vector<std::string> parts;
+      for (int s : pipeline_->stages_of_rank(c.pp)) {
+        const StageRange r = pipeline_->stages[static_cast<size_t>(s)];
+        parts.push_back(std::to_string(s) + " (" + describe_gpt_layers(g, {r.first, r.end}) + ")");
+      }
+      holds.push_back((parts.size() == 1 ? "stage " : "stages ") + join(parts, ", "));
+    } else {
+      holds.push_back("every layer");
+    }
+    const int t = mesh_.tp;
+    if (t > 1)
+      holds.push_back("TP shard " + std::to_string(c.tp) + " of " + std::to_string(t) + ": heads " +
+                      span_str(c.tp * g.heads / t, (c.tp + 1) * g.heads / t) + ", MLP columns " +
+                      span_str(c.tp * 4 * g.embd / t, (c.tp + 1) * 4 * g.embd / t));
+    if (mesh_.dp > 1) holds.push_back("replica " + std::to_string(c.dp) + " of " + std::to_string(mesh_.dp));
+    return "rank " + std::to_string(rank) + ": dp " + std::to_string(c.dp) + ", pp " + std::to_string(c.pp) + ", tp " +
+           std::to_string(c.tp) + " -- " + join(holds, ", ");
+  }
   // Linear layers by their Sequential index, as the split lines above name them: "Linear 0, 2".
   auto linears = [](const StageRange& s) {
     std::vector<std::string> ids;
