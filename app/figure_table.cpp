@@ -383,7 +383,7 @@ std::vector<Entry> collective_entries() {
     {"mesh.dp", "", "data-parallel replicas of the run's mesh (world / (tp x stages))", [](S s, A) { return double(s.mesh.shape.dp); }},
     {"mesh.pp", "", "pipeline stages of the mesh (1 without a pipeline)", [](S s, A) { return double(s.mesh.shape.pp); }},
     {"mesh.tp", "", "ranks per tensor-parallel group (--tp)", [](S s, A) { return double(s.mesh.shape.tp); }},
-    {"mesh.holds(R, NAME)", "ns", "elements of parameter NAME (\"2.weight\") rank R holds: its tensor-parallel slice (0: not in its stage)", [](S s, A a) { return mesh_holds(s, a[0].num, a[1].str); }},
+    {"mesh.holds(R, NAME)", "ns", "elements of parameter NAME (\"2.weight\", a GPT's \"transformer.h.0.attn.c_attn.weight\") rank R holds: its tensor-parallel slice (0: not in its stage)", [](S s, A a) { return mesh_holds(s, a[0].num, a[1].str); }},
     {"collective.seq", "", "its sequence number (#0 is the first of the run)", [d](S s, A) { return d(static_cast<int64_t>(collective(s).seq)); }},
     // What the stepper holds (issue 32): the item the next step releases, or the focus's next one.
     {"held.bytes", "", "bytes of the operation the stepper holds (a collective's payload S, a send/recv's message)", [d](S s, A) { return d(held(s).gate.bytes); }},

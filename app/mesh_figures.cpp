@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "engine/core/check.h"
+#include "engine/core/gpt.h"
 #include "engine/core/mesh.h"
 #include "engine/parallel/mesh_plan.h"
 #include "engine/trace/cost_model.h"
@@ -15,6 +16,20 @@ double mesh_holds(const Snapshot& s, double rank, const std::string& name) {
   const MeshShape& m = mv.shape;
   if (rank != static_cast<int>(rank) || rank < 0 || rank >= m.world())
     throw Error("mesh.holds: rank " + std::to_string(rank) + " is not a rank of this " + std::to_string(m.world()) + "-rank run");
+  if (!mv.gpt.empty()) {  // nanoGPT's names; a rank's stages hold its shard's local shapes (gpt_parameters)
+    const MeshCoord c = mesh_coord(m, static_cast<int>(rank));
+    bool known = false;
+    for (const Parameter& p : gpt_parameters(mv.gpt)) known |= p.name == name;
+    if (!known && name != "lm_head.weight")
+      throw Error("mesh.holds: '" + name + "' is not a parameter of this GPT; name one as nanoGPT does, e.g. "
+                  "\"transformer.h.0.attn.c_attn.weight\"");
+    for (size_t k = 0; k < mv.stages.size(); k++) {
+      if (static_cast<int>(k) % m.pp != c.pp) continue;
+      for (const Parameter& p : gpt_stage_parameters(mv.gpt, {mv.stages[k].first, mv.stages[k].end}, m.tp))
+        if (p.name == name) return static_cast<double>(p.numel);
+    }
+    return 0;
+  }
   const size_t dot = name.find('.');
   const std::string kind = dot == std::string::npos ? "" : name.substr(dot + 1);
   const int seq = dot == std::string::npos ? -1 : std::atoi(name.substr(0, dot).c_str());

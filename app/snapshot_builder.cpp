@@ -161,20 +161,21 @@ void describe_gpt_stage(const GptSpec& g, StageRange r, int degree, int tp, bool
     out.push_back("transformer.wte.weight whole, " + std::to_string(g.vocab) + " x " + C + copies);
     out.push_back("transformer.wpe.weight whole, " + std::to_string(g.ctx) + " x " + C + copies);
   }
-  const int64_t per_block = (12 * g.embd * g.embd + 13 * g.embd - 4 * g.embd) / degree + 4 * g.embd;  // LayerNorms, c_proj biases whole
+  const int64_t per_block = (12 * g.embd * g.embd + 7 * g.embd) / degree + 6 * g.embd;  // LayerNorms, c_proj biases whole
   const int64_t H = g.heads / degree, Ct = g.embd / degree, F = 4 * g.embd / degree;
-  for (int l = gr.first_block(); l < gr.end_block(g); l++) {
-    const std::string h = "transformer.h." + std::to_string(l);
-    if (degree == 1) {
-      out.push_back(h + " whole: ln_1, attn.c_attn " + std::to_string(3 * g.embd) + " x " + C + ", attn.c_proj, ln_2, mlp.c_fc " +
-                    std::to_string(4 * g.embd) + " x " + C + ", mlp.c_proj (" + with_commas(per_block) + " parameters)");
-      continue;
-    }
-    out.push_back(h + ": heads " + span_text(tp * H, (tp + 1) * H) + " of " + std::to_string(g.heads) + " (c_attn's q, k and v rows " +
-                  span_text(tp * Ct, (tp + 1) * Ct) + " of " + C + " each, column-parallel; attn.c_proj's columns " +
-                  span_text(tp * Ct, (tp + 1) * Ct) + ", row-parallel), MLP columns " + span_text(tp * F, (tp + 1) * F) + " of " +
-                  std::to_string(4 * g.embd) + " (c_fc's rows, mlp.c_proj's columns); ln_1, ln_2 and the c_proj biases whole (" +
-                  with_commas(per_block) + " parameters)");
+  // The stage's blocks hold the same split: one entry for them all, a line per pair of layers.
+  const int b0 = gr.first_block(), b1 = gr.end_block(g);
+  const std::string h = "transformer.h." + span_text(b0, b1) + (b1 - b0 > 1 ? ", each" : "");
+  if (degree == 1) {
+    out.push_back(h + " whole: ln_1, attn.c_attn " + std::to_string(3 * g.embd) + " x " + C + ", attn.c_proj, ln_2, mlp.c_fc " +
+                  std::to_string(4 * g.embd) + " x " + C + ", mlp.c_proj (" + with_commas(per_block) + " parameters)");
+  } else {
+    const std::string cols = span_text(tp * Ct, (tp + 1) * Ct), mlp = span_text(tp * F, (tp + 1) * F);
+    out.push_back(h + ": heads " + span_text(tp * H, (tp + 1) * H) + " of " + std::to_string(g.heads) + ", MLP columns " + mlp + " of " +
+                  std::to_string(4 * g.embd) + " (" + with_commas(per_block) + " parameters)");
+    out.push_back("  attn.c_attn: rows " + cols + " of each of q, k, v (column-parallel); attn.c_proj: columns " + cols + " (row-parallel)");
+    out.push_back("  mlp.c_fc: rows " + mlp + " (column-parallel); mlp.c_proj: columns " + mlp + " (row-parallel)");
+    out.push_back("  ln_1, ln_2 and both c_proj biases whole (a bias is added once, after the sum)");
   }
   if (gr.heads(g)) {
     out.push_back("transformer.ln_f whole" + copies);

@@ -501,11 +501,6 @@ TEST_SUITE("gpt") {
     CHECK(test::error_of(seq) ==
           "--sequence-parallel gives each of the --tp 4 ranks an equal run of every sample's 6 positions, which do not divide by 4; "
           "use a --tp that divides ctx=6");
-    TrainConfig saved = c;
-    saved.strategy = Strategy::Fsdp;
-    saved.tp = 2;
-    saved.save_sharded_path = "/tmp/never";
-    CHECK(test::error_of(saved).rfind("--save-sharded with --model gpt and --tp: not built yet", 0) == 0);
     TrainConfig pts = c;
     pts.data = "blobs";
     CHECK(test::error_of(pts) ==

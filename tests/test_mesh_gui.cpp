@@ -33,6 +33,7 @@ struct MeshRig {
     config.tp = tp;
     config.pipeline.stages = stages;
     config.model = ModelSpec::parse(spec);
+    if (config.model.is_gpt()) config.data = "text";
     model = std::make_unique<Model>(config.model, nullptr, config.seed);
     data = std::make_unique<Dataset>(make_dataset(config.data, config.model.in_features(), config.model.out_features()));
     cost = std::make_unique<CostModel>(find_profile(config.profile), world);
@@ -93,6 +94,22 @@ TEST_SUITE("gui") {
     CHECK(s.mesh.slices[2][0] == "4.weight rows 0-31 of 64 (column-parallel)");
     CHECK(s.mesh.slices[2][2] == "6.weight columns 0-31 of 64 (row-parallel)");
     CHECK_FALSE(s.mesh.group.valid);  // no collective yet
+  }
+
+  TEST_CASE("mesh snapshot: a GPT on 2 x 2 x 2, each rank's heads and MLP columns, its stage's blocks in one entry") {
+    MeshRig rig("pipeline", "gpt:layers=4,heads=4,embd=32,ctx=16,vocab=62", 8, 2, 2);
+    const Snapshot& s = rig.frame();
+    CHECK(s.mesh.shape == MeshShape{2, 2, 2});
+    REQUIRE(s.mesh.slices.size() == 8);
+    // rank 7 = (dp 1, pp 1, tp 1): blocks 2 and 3, ln_f and the head's copy of wte; heads 2-3.
+    CHECK(s.mesh.slices[7] ==
+          std::vector<std::string>{"transformer.h.2-3, each: heads 2-3 of 4, MLP columns 64-127 of 128 (6,448 parameters)",
+                                   "  attn.c_attn: rows 16-31 of each of q, k, v (column-parallel); attn.c_proj: columns 16-31 (row-parallel)",
+                                   "  mlp.c_fc: rows 64-127 (column-parallel); mlp.c_proj: columns 64-127 (row-parallel)",
+                                   "  ln_1, ln_2 and both c_proj biases whole (a bias is added once, after the sum)",
+                                   "transformer.ln_f whole (replicated in the tp group)",
+                                   "lm_head.weight whole, 62 x 32 (wte's copy; the embedding group sums their gradients)"});
+    CHECK(s.mesh.slices[0][0] == "transformer.wte.weight whole, 62 x 32 (replicated in the tp group)");
   }
 
   TEST_CASE("mesh snapshot: DDP x TP keeps an odd last Linear replicated, a world that does not divide says why") {

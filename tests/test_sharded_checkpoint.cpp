@@ -278,6 +278,34 @@ TEST_SUITE("sharded_checkpoint") {
     }
   }
 
+  TEST_CASE("a GPT's TP shards save c_attn as three boxes (its heads' q, k and v rows), and every reader rebuilds the model") {
+    test::TempDir dir;
+    TrainConfig c = fsdp_config(4, Sharding::FullShard, 2);
+    c.model = ModelSpec::parse("gpt:layers=1,heads=2,embd=16,ctx=8");
+    c.data = "text";
+    c.batch = 4;
+    c.tp = 2;
+    c.sequence_parallel = true;
+    c = run_saving_both(c, dir);
+    const nlohmann::json idx = index_of(dir.file("s"));
+    std::set<std::string> boxes;
+    for (const auto& piece : idx["params"]["transformer.h.0.attn.c_attn.weight"]["pieces"]) boxes.insert(piece["box"].dump());
+    // TP rank 0 holds head 0: rows 0-7 of q (rows 0-7), of k (16-23) and of v (32-39); rank 1 head 1.
+    CHECK(boxes == std::set<std::string>{R"({"offsets":[0,0],"sizes":[8,16]})", R"({"offsets":[8,0],"sizes":[8,16]})",
+                                         R"({"offsets":[16,0],"sizes":[8,16]})", R"({"offsets":[24,0],"sizes":[8,16]})",
+                                         R"({"offsets":[32,0],"sizes":[8,16]})", R"({"offsets":[40,0],"sizes":[8,16]})"});
+    consolidate_sharded_checkpoint(dir.file("s"), dir.file("consolidated.safetensors"));
+    CHECK(tensors_of(dir.file("consolidated.safetensors")) == tensors_of(c.save_path));
+    TrainConfig a = c;
+    a.save_path.clear();
+    a.save_sharded_path.clear();
+    a.strategy = Strategy::Single;
+    a.world_size = 1;
+    a.tp = 1;
+    a.sequence_parallel = false;
+    check_same_start(a, dir.file("s"), c.save_path, 2);
+  }
+
   TEST_CASE("an fsdp LoRA run's sharded adapters are its --save adapter file, in pieces") {
     for (int tp : {1, 2}) {
       CAPTURE(tp);

@@ -98,9 +98,11 @@ void rank_panel(ImDrawList* dl, const MeshView& mv, int rank, ImVec2 at, bool ho
   const float fs = ImGui::GetFontSize();
   dl->AddText(at, kDim, hovered ? "hovered:" : "hover a rank to see what it holds; shown:");
   at.y += fs * 1.4f;
+  // Wrapped at the window's edge: a GPT shard's lines name heads and column ranges.
+  const float wrap = std::max(fs * 10.0f, ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x - at.x);
   for (const std::string& line : rank_lines(mv, rank)) {
-    dl->AddText(at, line.rfind("  ", 0) == 0 ? kDim : kText, line.c_str());
-    at.y += fs * 1.25f;
+    dl->AddText(ImGui::GetFont(), fs, at, line.rfind("  ", 0) == 0 ? kDim : kText, line.c_str(), nullptr, wrap);
+    at.y += ImGui::CalcTextSize(line.c_str(), nullptr, false, wrap).y + fs * 0.25f;
   }
 }
 

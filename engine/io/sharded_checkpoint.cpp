@@ -166,12 +166,19 @@ void check_sharded_output_dir(const std::string& flag, const std::string& dir) {
 namespace {
 
 // Where one of the model's parameters goes in a sharded checkpoint: the name and FULL shape the
-// index lists, and the box this rank's values fill there (empty: the whole tensor).
+// index lists, and the boxes this rank's values fill there. A box covers the elements
+// [local_begin, local_end) of this rank's parameter (row-major); its offsets and sizes are empty when
+// it is the whole tensor. Most parameters have one box; a GPT shard's c_attn has three (its heads'
+// rows of q, k and v), written as the pieces "NAME#0@...", "NAME#1@..." and "NAME#2@...".
+struct SavedBox {
+  Shape offsets, sizes;
+  int64_t local_begin = 0, local_end = 0;
+  bool held_lower = false;  // a lower TP rank holds the same box (a replicated piece): it writes it
+};
 struct SavedParam {
   std::string name;
   Shape shape;
-  Shape box_offsets, box_sizes;
-  bool held_lower = false;  // a lower TP rank holds the same box (a replicated piece): it writes it
+  std::vector<SavedBox> boxes;
 };
 
 std::vector<SavedParam> saved_params(const Model& model) {
@@ -179,27 +186,42 @@ std::vector<SavedParam> saved_params(const Model& model) {
   // peft's names under LoRA, as the full save writes them (save_lora_checkpoint).
   const std::string prefix = model.lora() ? "base_model.model." : "";
   std::vector<SavedParam> out;
-  for (const Parameter& p : params) out.push_back({prefix + p.name, p.shape, {}, {}, false});
+  for (const Parameter& p : params) out.push_back({prefix + p.name, p.shape, {SavedBox{{}, {}, 0, p.numel, false}}});
   const TensorParallelSpec& tp = model.tensor_parallel();
   if (tp.degree == 1) return out;
-  // A TP shard's parameters are pieces of the full ones: tp_pieces says which rows and columns (a
-  // bias is (out, 1) there, a 1-D tensor here).
-  std::vector<std::vector<TpPiece>> of_rank;
-  for (int t = 0; t < tp.degree; t++) of_rank.push_back(tp_pieces(model, t));
-  const auto box = [](const TpPiece& q, size_t dims) {
-    Shape at{q.row_begin}, size{q.row_end - q.row_begin};
-    if (dims == 2) at.push_back(q.col_begin), size.push_back(q.col_end - q.col_begin);
-    return std::make_pair(at, size);
-  };
-  for (const auto& pieces : of_rank)
-    DTLAB_CHECK(pieces.size() == out.size(), "a sharded save needs one tensor-parallel piece per parameter");
+  // A TP shard's parameters are pieces of the full ones: tp_pieces says which rows and columns of
+  // which block of rows (a bias is (out, 1) there, a 1-D tensor here).
+  std::vector<std::vector<std::vector<TpPiece>>> of_rank(static_cast<size_t>(tp.degree));  // [rank][param] -> pieces
+  for (int t = 0; t < tp.degree; t++) {
+    of_rank[static_cast<size_t>(t)].resize(params.size());
+    for (const TpPiece& q : tp_pieces(model, t)) of_rank[static_cast<size_t>(t)].at(static_cast<size_t>(q.param)).push_back(q);
+  }
   for (size_t i = 0; i < out.size(); i++) {
-    const TpPiece& q = of_rank[static_cast<size_t>(tp.rank)][i];
+    const std::vector<TpPiece>& mine = of_rank[static_cast<size_t>(tp.rank)][i];
+    DTLAB_CHECK(!mine.empty(), "a tensor-parallel shard's parameter has no piece");
     const size_t dims = params[i].shape.size();
-    out[i].shape = dims == 2 ? Shape{q.rows, q.cols} : Shape{q.rows};
-    std::tie(out[i].box_offsets, out[i].box_sizes) = box(q, dims);
-    for (int t = 0; t < tp.rank; t++) out[i].held_lower |= box(of_rank[static_cast<size_t>(t)][i], dims) == box(q, dims);
-    if (out[i].box_sizes == out[i].shape) out[i].box_offsets.clear(), out[i].box_sizes.clear();  // whole: no box
+    const int64_t base = mine.front().full_offset, cols = mine.front().cols;
+    // The box of piece q in the full tensor: its block of rows starts (full_offset - base) / cols down.
+    const auto box = [&](const TpPiece& q) {
+      const int64_t row0 = (q.full_offset - base) / cols;
+      Shape at{row0 + q.row_begin}, size{q.row_end - q.row_begin};
+      if (dims == 2) at.push_back(q.col_begin), size.push_back(q.col_end - q.col_begin);
+      return std::make_pair(at, size);
+    };
+    int64_t rows = 0;
+    for (const TpPiece& q : mine) rows = std::max(rows, (q.full_offset - base) / cols + q.rows);
+    out[i].shape = dims == 2 ? Shape{rows, cols} : Shape{rows};
+    out[i].boxes.clear();
+    for (const TpPiece& q : mine) {
+      SavedBox b;
+      std::tie(b.offsets, b.sizes) = box(q);
+      b.local_begin = q.local_offset - params[i].offset;
+      b.local_end = b.local_begin + (q.row_end - q.row_begin) * (q.col_end - q.col_begin);
+      for (int t = 0; t < tp.rank; t++)
+        for (const TpPiece& o : of_rank[static_cast<size_t>(t)][i]) b.held_lower |= box(o) == box(q);
+      if (b.sizes == out[i].shape) b.offsets.clear(), b.sizes.clear();  // whole: no box
+      out[i].boxes.push_back(std::move(b));
+    }
   }
   return out;
 }
@@ -210,11 +232,25 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
                              const SaveGroup& group, int64_t step, const std::string& strategy) {
   const int rank = group.rank, world = group.world;
   const std::vector<SavedParam> saved = saved_params(model);
-  // A piece the TP group holds whole on several ranks is written by the lowest only: each element of
-  // the full tensor lies in exactly one piece, which the loader checks.
-  std::vector<ParamSlice> slices;
-  for (const ParamSlice& s : given)
-    if (!saved[static_cast<size_t>(s.param)].held_lower) slices.push_back(s);
+  // Each slice cut at its parameter's boxes; a piece the TP group holds whole on several ranks is
+  // written by the lowest only: each element of the full tensor lies in exactly one piece, which the
+  // loader checks.
+  struct Cut {
+    ParamSlice slice;  // offset: within the box
+    std::string name;  // the parameter's, with "#j" when it has several boxes
+    const SavedBox* box;
+  };
+  std::vector<Cut> slices;
+  for (const ParamSlice& s : given) {
+    const SavedParam& sp = saved[static_cast<size_t>(s.param)];
+    for (size_t j = 0; j < sp.boxes.size(); j++) {
+      const SavedBox& b = sp.boxes[j];
+      const int64_t begin = std::max(s.offset, b.local_begin), end = std::min(s.offset + s.length, b.local_end);
+      if (begin >= end || b.held_lower) continue;
+      slices.push_back({ParamSlice{s.param, begin - b.local_begin, end - begin, s.data + (begin - s.offset)},
+                        sp.boxes.size() > 1 ? sp.name + "#" + std::to_string(j) : sp.name, &b});
+    }
+  }
   // Everything is written into a staging directory beside DIR and swapped in at the end: an
   // interrupted save leaves the last good checkpoint where it was (and its staging directory,
   // which the next save replaces).
@@ -235,16 +271,16 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
     std::vector<TensorView> views;
     json boxes = json::object();  // the pieces' boxes, for rank 0's index
     for (size_t i = 0; i < slices.size(); i++) {
-      const ParamSlice& s = slices[i];
+      const ParamSlice& s = slices[i].slice;
       const float* data = s.data;
       if (!host.empty()) {
         host[i].resize(static_cast<size_t>(s.length));
         model.device().download(host[i].data(), s.data, s.length * static_cast<int64_t>(sizeof(float)));
         data = host[i].data();
       }
-      const SavedParam& sp = saved[static_cast<size_t>(s.param)];
-      views.push_back({piece_name(sp.name, s.offset), DType::F32, {s.length}, data});
-      if (!sp.box_sizes.empty()) boxes[views.back().name] = {{"offsets", sp.box_offsets}, {"sizes", sp.box_sizes}};
+      const SavedBox& b = *slices[i].box;
+      views.push_back({piece_name(slices[i].name, s.offset), DType::F32, {s.length}, data});
+      if (!b.sizes.empty()) boxes[views.back().name] = {{"offsets", b.offsets}, {"sizes", b.sizes}};
     }
     std::map<std::string, std::string> meta = {{"format", kFormat}, {"rank", std::to_string(rank)}, {"world", std::to_string(world)}};
     if (!boxes.empty()) meta["boxes"] = boxes.dump();
@@ -263,7 +299,7 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
       const json boxes = b == header.metadata.end() ? json::object() : json::parse(b->second);
       for (const SafetensorsEntry& e : header.entries) {
         const size_t at = e.name.rfind('@');
-        const std::string name = e.name.substr(0, at);
+        const std::string name = e.name.substr(0, std::min(at, e.name.find('#')));  // "NAME#j@k": box j of NAME
         json piece = {{"file", file}, {"tensor", e.name}, {"offset", std::stoll(e.name.substr(at + 1))}, {"length", e.shape.at(0)}};
         if (boxes.contains(e.name)) piece["box"] = boxes[e.name];
         ps[name]["pieces"].push_back(piece);

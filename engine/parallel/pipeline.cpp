@@ -266,7 +266,7 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
       emb_comm_ = &comm;
     } else {
       if (!executor_) executor_ = std::make_shared<GroupExecutor>();
-      emb_group_ = new_group(comm, ranks, kReplicaTag + 4 * p + 2, executor_, device_, "emb" + std::to_string(replica_));
+      emb_group_ = new_group(comm, ranks, kReplicaTag + 4 * p + 2, executor_, device_, "emb" + std::to_string(replica_ * tp_ + tp_rank_));
       emb_comm_ = emb_group_.get();
     }
   }

@@ -24,9 +24,6 @@ const Combination kCombinations[] = {
     {Feature::MixedPrecision, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
      "the 16-bit kernels run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
     // The GPT's parallel and memory forms are the next parts of the transformer work.
-    {Feature::SaveSharded, "--model gpt and --tp", [](const TrainConfig& c) { return c.model.is_gpt() && c.tp > 1; },
-     "a shard's c_attn holds three row blocks (its heads' q, k and v), and a sharded checkpoint's piece is one block",
-     "use --save (the whole model, gathered from the shards)", true},
     {Feature::MixedPrecision, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
      "the GPT's layers run in float32", "drop --precision", true},
     {Feature::Lora, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
