@@ -99,6 +99,8 @@ DataParallel::DataParallel(Model& model, Communicator& comm, RankContext* ctx, c
   for (const Parameter& p : ps) grad_bytes.push_back(p.numel * esize);
   bcast_groups_ = broadcast_coalesced_groups(bytes, opt_.coalesce_bytes);
   reduce_groups_ = reduce_add_coalesced_groups(grad_bytes, opt_.coalesce_bytes);
+  for (const std::vector<int>& g : bcast_groups_)
+    if (!model_.lora()) contiguous_ = contiguous_ && range_of(g).contiguous;
   if (rank_ == 0) {
     DTLAB_CHECK(model_.owns_parameters(), "DataParallel's rank 0 holds the module's parameters");
   } else if (model_.owns_parameters()) {
@@ -154,7 +156,34 @@ DataParallel::Range DataParallel::range_of(const std::vector<int>& group) const 
   const auto& ps = model_.parameters();
   const Parameter& first = ps[static_cast<size_t>(group.front())];
   const Parameter& last = ps[static_cast<size_t>(group.back())];
-  return {first.offset, last.offset + last.numel - first.offset};
+  // Side by side when each parameter starts where the one before it in the group ends.
+  bool contiguous = true;
+  int64_t count = 0, end = first.offset;
+  for (int i : group) {
+    const Parameter& p = ps[static_cast<size_t>(i)];
+    contiguous = contiguous && p.offset == end;
+    end = p.offset + p.numel;
+    count += p.numel;
+  }
+  return {first.offset, contiguous ? last.offset + last.numel - first.offset : count, contiguous};
+}
+
+void DataParallel::move_grads(const std::vector<int>& group, void* buf, bool into_buf) {
+  Device& dev = model_.device();
+  const int64_t esize = dtype_size(model_.param_dtype());
+  char* at = static_cast<char*>(buf);
+  for (int i : group) {
+    const Parameter& p = model_.parameters()[static_cast<size_t>(i)];
+    void* grad = model_.mixed() ? static_cast<void*>(p.grad16) : static_cast<void*>(p.grad);
+    if (into_buf) dev.copy(at, grad, p.numel * esize);
+    else dev.copy(grad, at, p.numel * esize);
+    at += p.numel * esize;
+  }
+}
+
+int64_t DataParallel::per_sample_out() const {
+  const ModelSpec& s = model_.spec();
+  return s.is_gpt() ? s.gpt.ctx * s.gpt.vocab : s.out_features();
 }
 
 int64_t DataParallel::piece_offset(int r) const {
@@ -169,10 +198,23 @@ void DataParallel::wait_all(std::vector<WorkPtr>& works) {
 }
 
 const float* DataParallel::forward(const float* x, int64_t rows) {
+  DTLAB_CHECK(!model_.is_gpt(), "a GPT's DataParallel forward takes tokens: forward_tokens()");
+  return run_forward(x, rows);
+}
+
+const float* DataParallel::forward_tokens(const int64_t* idx, int64_t rows) {
+  DTLAB_CHECK(model_.is_gpt(), "forward_tokens() on a DataParallel module that is not a GPT");
+  return run_forward(idx, rows);
+}
+
+const float* DataParallel::run_forward(const void* in, int64_t rows) {
   DTLAB_CHECK(!in_forward_, "DataParallel::forward() called twice without backward()");
   DTLAB_CHECK(rows >= 1, "DataParallel::forward() needs at least one row");
-  DTLAB_CHECK((rank_ == 0) == (x != nullptr), "DataParallel::forward(): rank 0, and only rank 0, passes the batch");
-  const int64_t D = model_.spec().in_features(), C = model_.spec().out_features();
+  DTLAB_CHECK((rank_ == 0) == (in != nullptr), "DataParallel::forward(): rank 0, and only rank 0, passes the batch");
+  // Per sample: D input elements (a GPT's T token ids, int64) and C outputs (a GPT's T x V logits).
+  const bool tokens = model_.is_gpt();
+  const int64_t D = model_.spec().in_features(), C = per_sample_out();
+  const float* x = tokens ? nullptr : static_cast<const float*>(in);
   stats_ = DpIterationStats{};
   stats_.iteration = ctx_ ? ctx_->iteration() : -1;
   rows_ = rows;
@@ -182,7 +224,7 @@ const float* DataParallel::forward(const float* x, int64_t rows) {
   in_forward_ = true;
   if (world_ == 1) {  // one device: DataParallel calls the module itself
     x_ = x;
-    return model_.forward(x, rows);
+    return tokens ? model_.forward_tokens(static_cast<const int64_t*>(in), rows) : model_.forward(x, rows);
   }
   if (replicas() < world_)
     throw Error("DataParallel: a batch of " + std::to_string(rows) + " rows splits into " + std::to_string(replicas()) +
@@ -197,26 +239,29 @@ const float* DataParallel::forward(const float* x, int64_t rows) {
   // float32 entry point, which rounds it again to the same values.
   const bool half = model_.mixed();
   const DType dt = model_.param_dtype();
+  const DType in_dt = tokens ? DType::I64 : dt;  // a GPT's pieces are its samples' token ids
 
   // 1. Scatter: piece r of the batch to rank r; rank 0's piece is a view of the batch.
   if (ctx_) ctx_->set_activity(rank_ == 0 ? "DataParallel: scattering the batch to the devices"
                                           : "DataParallel: receiving my piece of the batch from rank 0");
   if (rank_ == 0) {
-    const void* src = x;
+    const void* src = in;
     if (half) {
       ensure(x16_, rows * D, mem, dev, dt);
       half_from_floats(x16_.u16(), x, rows * D, model_.half_format());
       src = x16_.raw();
     }
     for (int r = 1; r < world_; r++)
-      works.push_back(comm_.send(static_cast<const char*>(src) + piece_offset(r) * D * dtype_size(dt), pieces_[static_cast<size_t>(r)] * D,
-                                 dt, r, kTagInput));
+      works.push_back(comm_.send(static_cast<const char*>(src) + piece_offset(r) * D * dtype_size(in_dt), pieces_[static_cast<size_t>(r)] * D,
+                                 in_dt, r, kTagInput));
     x_ = x;
+    tok_ = static_cast<const int64_t*>(tokens ? in : nullptr);
   } else {
-    ensure(x_piece_, mine * D, mem, dev);
+    ensure(x_piece_, mine * D, mem, dev, tokens ? DType::I64 : DType::F32);
     if (half) ensure(x16_, mine * D, mem, dev, dt);
-    works.push_back(comm_.recv(half ? x16_.raw() : x_piece_.raw(), mine * D, dt, 0, kTagInput));
-    x_ = x_piece_.f32();
+    works.push_back(comm_.recv(half ? x16_.raw() : x_piece_.raw(), mine * D, in_dt, 0, kTagInput));
+    x_ = tokens ? nullptr : x_piece_.f32();
+    tok_ = tokens ? static_cast<const int64_t*>(x_piece_.raw()) : nullptr;
   }
 
   // 2. Replicate: every parameter from rank 0, one broadcast per coalesced buffer, into storage the
@@ -224,7 +269,7 @@ const float* DataParallel::forward(const float* x, int64_t rows) {
   if (ctx_) ctx_->set_activity("DataParallel: replicating the module (broadcast of every parameter from rank 0)");
   if (rank_ != 0) model_.restore_storage(nullptr), model_.restore_frozen_storage();
   std::vector<Tensor> staging;
-  if (model_.lora()) {
+  if (model_.lora() || !contiguous_) {
     broadcast_staged(works, staging);
   } else {
     for (const std::vector<int>& g : bcast_groups_) {  // the flat parameters are the buffers themselves
@@ -242,7 +287,7 @@ const float* DataParallel::forward(const float* x, int64_t rows) {
 
   // 3. parallel_apply: this rank's replica on its piece.
   if (ctx_) ctx_->set_activity("DataParallel: forward of my replica");
-  const float* out = model_.forward(x_, mine);
+  const float* out = tokens ? model_.forward_tokens(tok_, mine) : model_.forward(x_, mine);
 
   // 4. Gather: every piece's output into one (rows, C) tensor on rank 0.
   if (ctx_) ctx_->set_activity(rank_ == 0 ? "DataParallel: gathering the outputs" : "DataParallel: sending my output to rank 0");
@@ -282,7 +327,7 @@ void DataParallel::backward(const float* dlogits) {
     stats_.backward_end = ctx_ ? ctx_->compute_clock() : 0;
     return;
   }
-  const int64_t C = model_.spec().out_features();
+  const int64_t C = per_sample_out();
   const int64_t mine = pieces_[static_cast<size_t>(rank_)];
   std::vector<WorkPtr> works;
   MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
@@ -320,9 +365,19 @@ void DataParallel::backward(const float* dlogits) {
   // 7. Broadcast's backward, ReduceAddCoalesced: every gradient summed onto rank 0's .grad, which
   // already holds its own replica's (and earlier micro-batches') gradient.
   if (ctx_) ctx_->set_activity("DataParallel: reduce-adding the gradients onto rank 0");
-  for (const std::vector<int>& g : reduce_groups_) {
+  // A group whose gradients do not lie side by side in the flat buffer (a GPT keeps ln_f beside its
+  // embeddings) is flattened into a staging buffer first and, on rank 0, unflattened after the sum:
+  // reduce_add_coalesced's own flatten and unflatten.
+  std::vector<Tensor> staged(reduce_groups_.size());
+  for (size_t k = 0; k < reduce_groups_.size(); k++) {
+    const std::vector<int>& g = reduce_groups_[k];
     const Range rg = range_of(g);
     void* at = half ? static_cast<void*>(model_.grads16() + rg.offset) : static_cast<void*>(model_.grads() + rg.offset);
+    if (!rg.contiguous) {
+      staged[k] = Tensor({rg.count}, MemCategory::CommBuffers, mem, dt, model_.device());
+      at = staged[k].raw();
+      move_grads(g, at, true);
+    }
     works.push_back(comm_.reduce(at, rg.count, dt, ReduceOp::Sum, 0, Algorithm::Naive));
     stats_.reduces++;
     stats_.reduced_bytes += rg.count * dtype_size(dt);
@@ -334,6 +389,9 @@ void DataParallel::backward(const float* dlogits) {
     stats_.overlapped_seconds += overlap_of(t.model_begin, t.model_end, stats_.backward_begin, stats_.backward_end);
   }
   works.clear();
+  if (rank_ == 0)
+    for (size_t k = 0; k < reduce_groups_.size(); k++)
+      if (!staged[k].empty()) move_grads(reduce_groups_[k], staged[k].raw(), false);
   // The replica dies with the autograd graph that held it.
   if (rank_ != 0) model_.release_parameter_storage(), model_.release_frozen_storage();
   if (ctx_) ctx_->set_activity("running");

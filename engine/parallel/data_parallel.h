@@ -91,6 +91,9 @@ class DataParallel {
   // (rows, in_features) in its device's memory, the others null. Returns the gathered logits
   // (rows, out_features) on rank 0, null on the others.
   const float* forward(const float* x, int64_t rows);
+  // A GPT's forward: rank 0 passes `rows` samples' token ids (rows x T, on the host), the others null;
+  // the pieces are whole samples, and the gathered logits are (rows x T, V).
+  const float* forward_tokens(const int64_t* idx, int64_t rows);
   // Every rank, after forward(): rank 0 passes the loss's gradient over the whole batch
   // (rows, out_features), the others null. Leaves rank 0's .grad plus the batch's gradient (summed
   // over the replicas) and frees the other ranks' replicas.
@@ -108,7 +111,12 @@ class DataParallel {
  private:
   struct Range {
     int64_t offset = 0, count = 0;  // elements of the flat parameter / gradient buffer
+    bool contiguous = true;         // else `count` elements in parameters apart (staged)
   };
+  const float* run_forward(const void* in, int64_t rows);
+  // A group's gradients to (into_buf) or from a flat buffer, in the group's order.
+  void move_grads(const std::vector<int>& group, void* buf, bool into_buf);
+  int64_t per_sample_out() const;  // output elements per sample: C, or a GPT's T x V
   // The module's parameters in torch's module.parameters() order, what replicate() broadcasts: the
   // model's parameters, or under LoRA each Linear's frozen weight and bias, then its lora_A and
   // lora_B (peft's LoraLayer registers base_layer first).
@@ -136,6 +144,8 @@ class DataParallel {
   Tensor x16_, out16_, d16_;        // a 16-bit module's payloads: the batch, the outputs, their gradient
   Tensor gathered_;                 // rank 0: (rows, C)
   const float* x_ = nullptr;        // this rank's piece of the input
+  const int64_t* tok_ = nullptr;    // a GPT's: its samples' token ids
+  bool contiguous_ = true;          // every broadcast group lies side by side in the flat buffer
   bool in_forward_ = false;
   DpIterationStats stats_;
 };

@@ -17,7 +17,6 @@ constexpr Support todo(const char* why, const char* fix) { return {false, why, f
 constexpr Support kNoShards = no("a sharded checkpoint holds FSDP's shards, and this strategy shards nothing", "use --save for one full checkpoint, or --strategy fsdp");
 // The GPT under the strategies that cut the model by layers or replicate it from one process: the
 // next parts of the transformer work.
-constexpr Support kGptLater = todo("the GPT runs under single, ddp, fsdp and pipeline so far", "use --strategy single, ddp, fsdp or pipeline");
 constexpr Support kSkipIsDdps = no("it is DDP's unused-parameters lesson", "drop it, or use --strategy ddp");
 
 // The rows, in Strategy's order. Each column is one Feature, in Feature's order.
@@ -58,7 +57,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*SaveSharded*/ kNoShards,
          /*SkipLayer*/ kSkipIsDdps,
          /*Faults*/ kOk,
-         /*Gpt*/ kGptLater,
+         /*Gpt*/ kOk,
          /*ClipGradNorm*/ kOk,
      }}},
     {Strategy::Fsdp, "fsdp", "FullyShardedDataParallel",

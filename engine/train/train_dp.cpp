@@ -54,7 +54,8 @@ class DataParallelRank final : public RankStrategy {
     // model's observer already.
     model_.set_layer_gate(env.ctx);  // a stepped run pauses before each layer of this rank's replica
     if (!module_) return;
-    const int64_t C = c_.model.out_features();
+    // Loss rows per sample: 1, or a GPT's T positions (C its vocabulary).
+    const int64_t C = c_.model.out_features(), R = c_.model.rows_per_sample();
     // Only the module's device loads data, computes the loss and holds the optimizer (and its state).
     opt_ = std::make_unique<Optimizer>(c_.optimizer, model_.num_params(), &env.mem, env.dev);
     // A 16-bit module: the one process keeps the fp32 master weights, and under fp16 one GradScaler
@@ -64,8 +65,8 @@ class DataParallelRank final : public RankStrategy {
     TrainConfig loader = c_;
     loader.batch = G_;
     data_ = std::make_unique<RankBatches>(loader, t_.dataset(), 1, 0);
-    probs_ = Tensor({G_, C}, MemCategory::Activations, &env.mem, DType::F32, env.dev);
-    dlogits_ = Tensor({G_, C}, MemCategory::Activations, &env.mem, DType::F32, env.dev);
+    probs_ = Tensor({G_ * R, C}, MemCategory::Activations, &env.mem, DType::F32, env.dev);
+    dlogits_ = Tensor({G_ * R, C}, MemCategory::Activations, &env.mem, DType::F32, env.dev);
     loss_stats_ = Tensor({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::F64, env.dev);
   }
   ~DataParallelRank() override { model_.set_layer_gate(nullptr); }
@@ -82,33 +83,37 @@ class DataParallelRank final : public RankStrategy {
 
   void micro_batch(int64_t step, int64_t, bool, StepTally& t) override {
     const int64_t D = c_.model.in_features(), C = c_.model.out_features(), A = c_.accum;
+    const bool gpt = c_.model.is_gpt();
     const int64_t B = t.last_batch = sizes_.next();
+    const int64_t rows = B * c_.model.rows_per_sample();  // the loss's: a GPT's every position
     const float* x = nullptr;
-    const int64_t* y = nullptr;
+    const int64_t *y = nullptr, *tok = nullptr;
     if (module_) {
       const Batch& batch = data_->next();
       DTLAB_CHECK(batch.size == B, "DataParallel: rank 0's batch has " + std::to_string(batch.size) +
                                        " rows where the replicas expect " + std::to_string(B));
-      if (!c_.allow_nonfinite && !t.input_bad) t.input_bad = has_nonfinite(batch.x.data(), B * D);
+      if (!gpt && !c_.allow_nonfinite && !t.input_bad) t.input_bad = has_nonfinite(batch.x.data(), B * D);
       x = batch.x.data();
+      tok = batch.tok.data();
       y = batch.y.data();
     }
-    const float* logits = dp_.forward(x, B);
+    // A GPT's module scatters whole samples (their token ids) and gathers their logits, T rows each.
+    const float* logits = gpt ? dp_.forward_tokens(module_ ? tok : nullptr, B) : dp_.forward(x, B);
     Device& dev = env_.dev;
     if (module_) {
       {
-        ComputeScope scope(env_.obs, ComputeKind::Loss, -1, 5.0 * B * C);
-        dev.cross_entropy_forward(probs_.f32(), loss_stats_.f64(), logits, y, B, C);
+        ComputeScope scope(env_.obs, ComputeKind::Loss, -1, 5.0 * rows * C);
+        dev.cross_entropy_forward(probs_.f32(), loss_stats_.f64(), logits, y, rows, C);
       }
       // The mean over the whole batch, divided by the number of micro-batches (loss / accum).
-      ComputeScope scope(env_.obs, ComputeKind::LossBackward, -1, 2.0 * B * C);
+      ComputeScope scope(env_.obs, ComputeKind::LossBackward, -1, 2.0 * rows * C);
       // fp16: scaler.scale(loss). The one process computes the whole loss, so --inject-overflow
       // overflows it whichever rank --inject-overflow-rank names.
       const float scale = scaler_ ? t_.loss_scale_for(*scaler_, step, c_.inject_overflow_rank) : 1.0f;
-      dev.cross_entropy_backward(dlogits_.f32(), probs_.f32(), y, B, C, scale / static_cast<float>(B * A));
+      dev.cross_entropy_backward(dlogits_.f32(), probs_.f32(), y, rows, C, scale / static_cast<float>(rows * A));
     }
     dp_.backward(module_ ? dlogits_.f32() : nullptr);
-    t.samples += B;
+    t.samples += rows;
     reduce_s_ += dp_.last_stats().reduce_seconds;
     overlapped_s_ += dp_.last_stats().overlapped_seconds;
   }
