@@ -7,8 +7,8 @@ character-level slice of the shipped text:
      AVX2 normal_ uses SLEEF's log/cos/sin, so equal to about 1e-7, not bit for bit);
   2. training from the same weights (`--init`, a safetensors file written here): per-step losses and
      the final parameters after 20 steps equal torch's, AdamW and SGD with momentum, one rank,
-     DDP on 2 ranks (each rank's DistributedSampler shard, gradients averaged), the GPipe and 1F1B
-     pipelines, TP 2 and 4, TP 2 with sequence parallelism, and the 2 x 2 x 2 mesh;
+     DDP on 2 ranks (each rank's DistributedSampler shard, gradients averaged), the GPipe, 1F1B and
+     ZB-H1 pipelines, TP 2 and 4, TP 2 with sequence parallelism, and the 2 x 2 x 2 mesh;
   3. the checkpoint loads into the torch GPT (load_state_dict, strict but for the tied lm_head and
      the causal-mask buffers, which nanoGPT's state_dict also lists) and gives dtlab's loss.
 Usage: gpt_torch.py PATH/TO/dtlab-cli
@@ -114,6 +114,7 @@ with tempfile.TemporaryDirectory() as tmp:
         "world 2": (2, ["--strategy", "ddp", "--world", 2]),
         "pipeline gpipe": (1, ["--strategy", "pipeline", "--stages", 2, "--microbatches", 2, "--schedule", "gpipe"]),
         "pipeline 1f1b": (1, ["--strategy", "pipeline", "--stages", 2, "--microbatches", 4, "--schedule", "1f1b"]),
+        "pipeline zb-h1": (1, ["--strategy", "pipeline", "--stages", 2, "--microbatches", 4, "--schedule", "zb-h1"]),
         "tp 2": (1, ["--strategy", "ddp", "--world", 2, "--tp", 2]),
         "tp 4": (1, ["--strategy", "ddp", "--world", 4, "--tp", 4]),
         "tp 2 + sp": (1, ["--strategy", "ddp", "--world", 2, "--tp", 2, "--sequence-parallel"]),

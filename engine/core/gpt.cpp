@@ -440,8 +440,9 @@ std::array<std::vector<Tensor>*, 13> GptCore::per_block() {
 void GptCore::release() {
   for (auto* v : per_block()) v->clear();
   for (Tensor* t : {&encoded_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dbuf_, &dqkv_, &dfch_, &datt_, &full_, &perm_,
-                    &dfull_, &dloc_, &lnf_full_, &dlogits_local_, &part_, &wte_part_})
+                    &dfull_, &dloc_, &lnf_full_, &dlogits_local_, &part_, &wte_part_, &dlogits_kept_})
     *t = Tensor();
+  douts_.clear();
   capacity_ = 0;
   B_ = 0;
   idx_ = nullptr;
@@ -661,6 +662,17 @@ const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int
 
 const float* GptCore::backward(std::vector<Parameter>& p, const float* dlogits, const Model::GradReadyHook& ready,
                               ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks) {
+  return run_backward(p, dlogits, ready, obs, gate, hooks, false);
+}
+
+const float* GptCore::backward_input(std::vector<Parameter>& p, const float* dlogits, const Model::GradReadyHook& ready,
+                                     ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks) {
+  DTLAB_CHECK(!sp(), "the GPT's split backward runs without sequence parallelism (a pipeline's)");
+  return run_backward(p, dlogits, ready, obs, gate, hooks, true);
+}
+
+const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogits, const Model::GradReadyHook& ready,
+                                   ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks, bool input_only) {
   using P = GptParamIndex;
   DTLAB_CHECK(idx_ != nullptr || x_ != nullptr, "backward() called before forward()");
   const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab, R = residual_rows(B), Ct = C / tp_.degree;
@@ -668,14 +680,29 @@ const float* GptCore::backward(std::vector<Parameter>& p, const float* dlogits, 
   const int L = static_cast<int>(s_.layers);
   auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };
   auto g = [&](int i) { return p[static_cast<size_t>(i)].grad; };
+  // A Linear's weight and bias gradients: left to backward_weight() (W) when this is ZB's I.
+  auto lg = [&](int i) { return input_only ? nullptr : p[static_cast<size_t>(i)].grad; };
   auto done = [&](std::initializer_list<int> ids) {
     if (ready)
       for (int i : ids) ready(i);
+  };
+  auto linear_done = [&](std::initializer_list<int> ids) {
+    if (!input_only) done(ids);
   };
   auto enter = [&](int layer) {
     if (gate) gate->before_layer(layer, true);
     if (hooks) hooks->before_backward(layer);
   };
+  // I keeps each Linear's output gradient for W (the buffers it reads are reused).
+  auto keep = [&](Tensor& slot, const float* d, int64_t n) {
+    if (!input_only) return;
+    slot = Tensor({n}, MemCategory::Activations, tracker_, DType::F32, dev_);
+    std::copy_n(d, n, slot.f32());
+  };
+  if (input_only) {
+    douts_.clear();
+    douts_.resize(static_cast<size_t>(r_.end_block(s_) - r_.first_block()));
+  }
   float* dres = dres_.f32();
   float* dbuf = dbuf_.f32();
   const int fb = r_.first_block();
@@ -686,7 +713,8 @@ const float* GptCore::backward(std::vector<Parameter>& p, const float* dlogits, 
     {
       ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, 2 * layer_flops(L + 1, B));
       if (!sp()) {
-        dev_.linear_backward(dbuf, g(head_), nullptr, dlogits, lnf_.f32(), w(head_), BT, C, V);
+        dev_.linear_backward(dbuf, lg(head_), nullptr, dlogits, lnf_.f32(), w(head_), BT, C, V);
+        keep(dlogits_kept_, dlogits, BT * V);
       } else {  // this rank's positions only: the gather's backward is a split, the weight's gradient partial
         float* dl = dlogits_local_.f32();
         seq_rows(dl, dlogits, V);
@@ -703,7 +731,7 @@ const float* GptCore::backward(std::vector<Parameter>& p, const float* dlogits, 
       ln_backward(p, dres, lnf_w_, lnf_b_, dbuf, last, lnf_mean_.f32(), lnf_rstd_.f32(), L + 1);
       // A last stage's own copy of the tied weight is complete here (the embedding group sums it with
       // the first stage's); the whole model's waits for the embedding's use below.
-      if (r_.embeds()) done({lnf_b_, lnf_w_});
+      if (r_.embeds() || input_only) done({lnf_b_, lnf_w_});
       else done({lnf_b_, lnf_w_, head_});
     }
     if (hooks) hooks->after_backward(L + 1);
@@ -736,28 +764,33 @@ const float* GptCore::backward(std::vector<Parameter>& p, const float* dlogits, 
       for (int64_t c = 0; c < C; c++) gb[c] += part[c];
     };
     float* dfch = dfch_.f32();
+    std::array<Tensor, 4>* kept = input_only ? &douts_[u] : nullptr;  // mlp.c_proj, c_fc, attn.c_proj, c_attn
     const float* dy = sp() ? seq_gather(dfull_.f32(), dres, C, layer) : dres;  // g's backward
-    dev_.linear_backward(dfch, g(pi(l, P::FcProjW)), sp() ? nullptr : g(pi(l, P::FcProjB)), dy, fch_gelu_[k].f32(),
+    dev_.linear_backward(dfch, lg(pi(l, P::FcProjW)), sp() ? nullptr : lg(pi(l, P::FcProjB)), dy, fch_gelu_[k].f32(),
                          w(pi(l, P::FcProjW)), BT, 4 * Ct, C);
+    if (kept) keep((*kept)[0], dy, BT * C);
     if (sp()) row_bias_grad(pi(l, P::FcProjB));
-    done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
+    linear_done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
     gelu_backward(dfch, dfch, fch_[k].f32(), BT * 4 * Ct);
+    if (kept) keep((*kept)[1], dfch, BT * 4 * Ct);
     const float* a = sp() ? seq_gather(full_.f32(), ln2_[k].f32(), C, layer) : ln2_[k].f32();  // gathered again
-    dev_.linear_backward(dbuf, g(pi(l, P::FcW)), g(pi(l, P::FcB)), dfch, a, w(pi(l, P::FcW)), BT, C, 4 * Ct);
+    dev_.linear_backward(dbuf, lg(pi(l, P::FcW)), lg(pi(l, P::FcB)), dfch, a, w(pi(l, P::FcW)), BT, C, 4 * Ct);
     const float* dln = column_input_grad(dbuf, layer);  // f's backward
-    done({pi(l, P::FcB), pi(l, P::FcW)});
+    linear_done({pi(l, P::FcB), pi(l, P::FcW)});
     ln_backward(p, dres, pi(l, P::Ln2W), pi(l, P::Ln2B), dln, res2_[k].f32(), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), layer);
     done({pi(l, P::Ln2B), pi(l, P::Ln2W)});
     dy = sp() ? seq_gather(dfull_.f32(), dres, C, layer) : dres;
-    dev_.linear_backward(dbuf, g(pi(l, P::AttnProjW)), sp() ? nullptr : g(pi(l, P::AttnProjB)), dy, atty_[k].f32(),
+    dev_.linear_backward(dbuf, lg(pi(l, P::AttnProjW)), sp() ? nullptr : lg(pi(l, P::AttnProjB)), dy, atty_[k].f32(),
                          w(pi(l, P::AttnProjW)), BT, Ct, C);
+    if (kept) keep((*kept)[2], dy, BT * C);
     if (sp()) row_bias_grad(pi(l, P::AttnProjB));
-    done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
+    linear_done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
     attention_backward(dqkv_.f32(), datt_.f32(), dbuf, qkv_[k].f32(), att_[k].f32(), B, T, Ct, s_.heads / tp_.degree);
+    if (kept) keep((*kept)[3], dqkv_.f32(), BT * 3 * Ct);
     a = sp() ? seq_gather(full_.f32(), ln1_[k].f32(), C, layer) : ln1_[k].f32();
-    dev_.linear_backward(dbuf, g(pi(l, P::AttnW)), g(pi(l, P::AttnB)), dqkv_.f32(), a, w(pi(l, P::AttnW)), BT, C, 3 * Ct);
+    dev_.linear_backward(dbuf, lg(pi(l, P::AttnW)), lg(pi(l, P::AttnB)), dqkv_.f32(), a, w(pi(l, P::AttnW)), BT, C, 3 * Ct);
     dln = column_input_grad(dbuf, layer);
-    done({pi(l, P::AttnB), pi(l, P::AttnW)});
+    linear_done({pi(l, P::AttnB), pi(l, P::AttnW)});
     ln_backward(p, dres, pi(l, P::Ln1W), pi(l, P::Ln1B), dln, block_in, ln1_mean_[k].f32(), ln1_rstd_[k].f32(), layer);
     done({pi(l, P::Ln1B), pi(l, P::Ln1W)});
     scope.reset();
@@ -789,10 +822,69 @@ const float* GptCore::backward(std::vector<Parameter>& p, const float* dlogits, 
       for (auto [part, grad, n] : {std::tuple{dwpe, g(P::kWpe), T * C}, std::tuple{dwte, g(P::kWte), V * C}})
         for (int64_t i = 0; i < n; i++) grad[i] += part[i];
     }
-    done({P::kWpe, P::kWte});
+    if (input_only && r_.heads(s_)) done({P::kWpe});  // wte waits for the head's share, in W
+    else done({P::kWpe, P::kWte});
   }
   if (hooks) hooks->after_backward(0);
   return nullptr;
+}
+
+void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyHook& ready, ComputeObserver* obs, LayerGate* gate,
+                              LayerHooks* hooks) {
+  using P = GptParamIndex;
+  const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab, Ct = C / tp_.degree;
+  const int L = static_cast<int>(s_.layers);
+  DTLAB_CHECK(douts_.size() == static_cast<size_t>(r_.end_block(s_) - r_.first_block()), "W ran before its I; the schedule is wrong");
+  auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };
+  auto g = [&](int i) { return p[static_cast<size_t>(i)].grad; };
+  auto done = [&](std::initializer_list<int> ids) {
+    if (ready)
+      for (int i : ids) ready(i);
+  };
+  auto enter = [&](int layer) {
+    if (gate) gate->before_layer(layer, true);
+    if (hooks) hooks->before_backward(layer);
+  };
+  // The head first, then the blocks from the last, in B's order: each Linear's gradients from the
+  // output gradient I kept and the input its forward saved.
+  if (r_.heads(s_)) {
+    enter(L + 1);
+    {
+      ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, layer_flops(L + 1, B));
+      dev_.linear_backward(nullptr, g(head_), nullptr, dlogits_kept_.f32(), lnf_.f32(), w(head_), BT, C, V);
+      if (!r_.embeds()) done({head_});
+    }
+    if (hooks) hooks->after_backward(L + 1);
+  }
+  const int fb = r_.first_block();
+  const float* input = r_.embeds() ? encoded_.f32() : x_;
+  for (int l = r_.end_block(s_) - 1; l >= fb; l--) {
+    const size_t u = local(l), k = slot(l);
+    if (checkpointing_) {  // the block's inputs again: its forward once more, from its kept input
+      if (hooks) hooks->before_recompute(1 + l);
+      ComputeScope scope(obs, ComputeKind::Recompute, 1 + l, layer_flops(1 + l, B));
+      block_forward(p, l, l > fb ? res3_[u - 1].f32() : input);
+    }
+    if (checkpointing_ && hooks) hooks->after_recompute(1 + l);
+    enter(1 + l);
+    ComputeScope scope(obs, ComputeKind::LayerBackward, 1 + l, layer_flops(1 + l, B));
+    std::array<Tensor, 4>& d = douts_[u];
+    dev_.linear_backward(nullptr, g(pi(l, P::FcProjW)), g(pi(l, P::FcProjB)), d[0].f32(), fch_gelu_[k].f32(), w(pi(l, P::FcProjW)), BT,
+                         4 * Ct, C);
+    done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
+    dev_.linear_backward(nullptr, g(pi(l, P::FcW)), g(pi(l, P::FcB)), d[1].f32(), ln2_[k].f32(), w(pi(l, P::FcW)), BT, C, 4 * Ct);
+    done({pi(l, P::FcB), pi(l, P::FcW)});
+    dev_.linear_backward(nullptr, g(pi(l, P::AttnProjW)), g(pi(l, P::AttnProjB)), d[2].f32(), atty_[k].f32(), w(pi(l, P::AttnProjW)),
+                         BT, Ct, C);
+    done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
+    dev_.linear_backward(nullptr, g(pi(l, P::AttnW)), g(pi(l, P::AttnB)), d[3].f32(), ln1_[k].f32(), w(pi(l, P::AttnW)), BT, C, 3 * Ct);
+    done({pi(l, P::AttnB), pi(l, P::AttnW)});
+    for (Tensor& t : d) t = Tensor();
+    if (hooks) hooks->after_backward(1 + l);
+  }
+  if (r_.embeds() && r_.heads(s_)) done({P::kWte});  // the tied weight: the embedding's share came in I
+  douts_.clear();
+  dlogits_kept_ = Tensor();
 }
 
 std::vector<int32_t> gpt_generate(Model& model, const std::vector<int32_t>& prompt, int64_t n, float temperature, int64_t top_k,

@@ -103,6 +103,16 @@ class GptCore {
   // stage's input `x` (B*T, C), owned here; null where the stage embeds.
   const float* backward(std::vector<Parameter>& params, const float* dlogits, const Model::GradReadyHook& ready,
                         ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks = nullptr);
+  // Zero-bubble's split of B (Qi et al. 2023, ZB-H1; docs/course_sources.md): backward_input() is I,
+  // the same pass without the Linear layers' weight and bias gradients (the LayerNorms' and the
+  // embeddings' are cheap and come with it), keeping each Linear's output gradient; backward_weight()
+  // is W, those gradients from the kept output gradients and the forward's saved inputs (a
+  // checkpointed block runs its forward once more first). I then W equals backward(). Without
+  // sequence parallelism (a pipeline's).
+  const float* backward_input(std::vector<Parameter>& params, const float* dlogits, const Model::GradReadyHook& ready,
+                              ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks = nullptr);
+  void backward_weight(std::vector<Parameter>& params, const Model::GradReadyHook& ready, ComputeObserver* obs, LayerGate* gate,
+                       LayerHooks* hooks = nullptr);
   // Frees the saved activations (a pipeline micro-batch after its backward); the next forward
   // allocates them again.
   void release();
@@ -128,6 +138,8 @@ class GptCore {
 
  private:
   void ensure(int64_t B);
+  const float* run_backward(std::vector<Parameter>& p, const float* dlogits, const Model::GradReadyHook& ready, ComputeObserver* obs,
+                            LayerGate* gate, LayerHooks* hooks, bool input_only);
   std::array<std::vector<Tensor>*, 13> per_block();  // the per-block saved tensors below
   // Block l's forward from `x` into its buffers (slot(l)) and res3_[l].
   void block_forward(std::vector<Parameter>& p, int l, const float* x);
@@ -179,6 +191,10 @@ class GptCore {
   // this rank's rows of dlogits, and the partial parameter gradients (wte's kept from the head to the
   // embedding).
   Tensor full_, perm_, dfull_, dloc_, lnf_full_, dlogits_local_, part_, wte_part_;
+  // ZB's I keeps, per block, the output gradients of mlp.c_proj, c_fc, attn.c_proj and c_attn, and
+  // the head's dlogits, for W.
+  std::vector<std::array<Tensor, 4>> douts_;
+  Tensor dlogits_kept_;
 };
 
 // nanoGPT's GPT.generate (sample.py's defaults: temperature 0.8, top_k 200): n new tokens after

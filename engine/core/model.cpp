@@ -573,6 +573,12 @@ const float* Model::gpt_backward(GptCore& acts, const float* dout, const GradRea
   return acts.backward(params_, dout, on_grad_ready, observer_, gate_, hooks_);
 }
 
+const float* Model::gpt_backward_input(GptCore& acts, const float* dout) {
+  return acts.backward_input(params_, dout, {}, observer_, gate_, hooks_);
+}
+
+void Model::gpt_backward_weight(GptCore& acts) { acts.backward_weight(params_, {}, observer_, nullptr, hooks_); }
+
 const float* Model::forward(const float* x, int64_t B) {
   DTLAB_CHECK(gpt_ == nullptr, "a GPT's forward takes tokens: forward_tokens()");
   if (mixed()) return half_forward(x, B);

@@ -281,6 +281,9 @@ class Model {
   std::unique_ptr<GptCore> gpt_activations() const;
   const float* gpt_forward(GptCore& acts, const int64_t* idx, const float* x, int64_t B);
   const float* gpt_backward(GptCore& acts, const float* dout, const GradReadyHook& on_grad_ready = {});
+  // ZB-H1's I and W of one micro-batch (GptCore::backward_input, backward_weight).
+  const float* gpt_backward_input(GptCore& acts, const float* dout);
+  void gpt_backward_weight(GptCore& acts);
   void backward(const float* dlogits, const GradReadyHook& on_grad_ready = {});
   int64_t batch() const { return batch_; }
   // The last forward()'s input (device memory, batch() rows) and layer i's output there; null

@@ -188,9 +188,6 @@ PipelinePlan plan_pipeline(const ModelSpec& spec, const PipelineOptions& opt, in
     if (!(c.forward > 0 && c.backward > 0 && c.backward_input > 0 && c.backward_weight > 0))
       throw Error("fixed pipeline action costs must be greater than 0");
   }
-  if (spec.is_gpt() && opt.schedule == ScheduleKind::ZBH1)
-    throw Error("--schedule zb-h1 with --model gpt: not built yet, the GPT's backward runs as one B, not split into its input "
-                "and weight halves; use --schedule gpipe, 1f1b or interleaved");
   PipelinePlan plan;
   plan.options = opt;
   plan.schedule = make_schedule(opt.schedule, opt.stages, opt.microbatches, opt.chunks);
@@ -587,7 +584,7 @@ const Tensor* PipelineRank::gpt_forward(int stage, int mb) {
   return nullptr;
 }
 
-Tensor PipelineRank::gpt_backward(int stage, int mb, Tensor dout) {
+Tensor PipelineRank::gpt_backward(int stage, int mb, Tensor dout, bool input_only) {
   MicroBatch& st = state(stage, mb);
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
   const int64_t T = spec_.gpt.ctx, V = spec_.gpt.vocab, R = st.rows * T;
@@ -597,13 +594,14 @@ Tensor PipelineRank::gpt_backward(int stage, int mb, Tensor dout) {
     device_.cross_entropy_backward(dout.f32(), st.probs.f32(), y_ + st.offset * T, R, V, loss_scale_);
   }
   st.probs = Tensor();
-  const float* dinp = model.gpt_backward(*st.gpt, dout.f32());
+  // ZB-H1's I leaves the Linear layers' weight gradients to W, which releases the activations.
+  const float* dinp = input_only ? model.gpt_backward_input(*st.gpt, dout.f32()) : model.gpt_backward(*st.gpt, dout.f32());
   Tensor out;
   if (stage > 0) {
     out = activation(R, spec_.gpt.embd);
     device_.copy(out.raw(), dinp, out.nbytes());
   }
-  st.release();
+  if (!input_only) st.release();
   return out;  // the input gradient (empty on stage 0)
 }
 
@@ -646,10 +644,7 @@ const Tensor* PipelineRank::forward(int stage, int mb) {
 }
 
 Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
-  if (spec_.is_gpt()) {
-    DTLAB_CHECK(!input_only, "the GPT's backward is not split into I and W (plan_pipeline refuses zb-h1)");
-    return gpt_backward(stage, mb, std::move(dout));
-  }
+  if (spec_.is_gpt()) return gpt_backward(stage, mb, std::move(dout), input_only);
   MicroBatch& st = state(stage, mb);
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
   if (stage + 1 == static_cast<int>(plan_.stages.size())) {
@@ -701,6 +696,12 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
 void PipelineRank::backward_weight(int stage, int mb) {
   MicroBatch& st = state(stage, mb);
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
+  if (spec_.is_gpt()) {
+    DTLAB_CHECK(st.gpt != nullptr, "W ran before its I; the schedule is wrong");
+    model.gpt_backward_weight(*st.gpt);
+    st.release();
+    return;
+  }
   DTLAB_CHECK(st.douts.size() == static_cast<size_t>(model.num_layers()), "W ran before its I; the schedule is wrong");
   for (int i = 0; i < model.num_layers() && st.rows > 0; i++) {
     const void* dout = st.douts[static_cast<size_t>(i)].raw();

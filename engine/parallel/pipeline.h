@@ -165,7 +165,7 @@ class PipelineRank {
   // The GPT's F and B: a stage runs its blocks whole (GptCore), one set of saved activations per
   // micro-batch in flight, freed after its B.
   const Tensor* gpt_forward(int stage, int mb);
-  Tensor gpt_backward(int stage, int mb, Tensor dout);
+  Tensor gpt_backward(int stage, int mb, Tensor dout, bool input_only);
   void reduce_embedding_grads();
   // What crosses a stage boundary per micro-batch: rows x width (the GPT: its B*T positions x C).
   int64_t boundary_rows(const MicroBatch& st) const;
