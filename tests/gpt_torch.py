@@ -119,6 +119,8 @@ with tempfile.TemporaryDirectory() as tmp:
         "tp 4": (1, ["--strategy", "ddp", "--world", 4, "--tp", 4]),
         "tp 2 + sp": (1, ["--strategy", "ddp", "--world", 2, "--tp", 2, "--sequence-parallel"]),
         "mesh 2x2x2": (2, ["--strategy", "pipeline", "--world", 8, "--tp", 2, "--stages", 2, "--dp", 2, "--microbatches", 2]),
+        "mesh 2x2x2 + sp, zb-h1": (2, ["--strategy", "pipeline", "--world", 8, "--tp", 2, "--stages", 2, "--dp", 2, "--microbatches", 2,
+                                     "--sequence-parallel", "--schedule", "zb-h1"]),
     }
     for layout, (world, strategy) in layouts.items():
         for name, (flags, make_opt) in runs.items():

@@ -435,7 +435,13 @@ TEST_SUITE("gpt") {
     fsdp.world_size = 4;
     fsdp.tp = 2;
     fsdp.sequence_parallel = true;
-    for (const TrainConfig& c : {mesh, fsdp}) {
+    // Megatron's usual layout: the stages send each TP rank's positions (sequence parallel), ZB-H1
+    // splits each backward, and every block is recomputed.
+    TrainConfig sp = mesh;
+    sp.sequence_parallel = true;
+    sp.pipeline.schedule = ScheduleKind::ZBH1;
+    sp.activation_checkpointing = true;
+    for (const TrainConfig& c : {mesh, fsdp, sp}) {
       CAPTURE(strategy_name(c.strategy));
       Trainer t(c);
       const TrainSummary s = t.run();

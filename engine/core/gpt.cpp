@@ -667,7 +667,6 @@ const float* GptCore::backward(std::vector<Parameter>& p, const float* dlogits, 
 
 const float* GptCore::backward_input(std::vector<Parameter>& p, const float* dlogits, const Model::GradReadyHook& ready,
                                      ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks) {
-  DTLAB_CHECK(!sp(), "the GPT's split backward runs without sequence parallelism (a pipeline's)");
   return run_backward(p, dlogits, ready, obs, gate, hooks, true);
 }
 
@@ -731,7 +730,7 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
       ln_backward(p, dres, lnf_w_, lnf_b_, dbuf, last, lnf_mean_.f32(), lnf_rstd_.f32(), L + 1);
       // A last stage's own copy of the tied weight is complete here (the embedding group sums it with
       // the first stage's); the whole model's waits for the embedding's use below.
-      if (r_.embeds() || input_only) done({lnf_b_, lnf_w_});
+      if (r_.embeds() || (input_only && !sp())) done({lnf_b_, lnf_w_});
       else done({lnf_b_, lnf_w_, head_});
     }
     if (hooks) hooks->after_backward(L + 1);
@@ -822,7 +821,7 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
       for (auto [part, grad, n] : {std::tuple{dwpe, g(P::kWpe), T * C}, std::tuple{dwte, g(P::kWte), V * C}})
         for (int64_t i = 0; i < n; i++) grad[i] += part[i];
     }
-    if (input_only && r_.heads(s_)) done({P::kWpe});  // wte waits for the head's share, in W
+    if (input_only && r_.heads(s_) && !sp()) done({P::kWpe});  // wte waits for the head's share, in W
     else done({P::kWpe, P::kWte});
   }
   if (hooks) hooks->after_backward(0);
@@ -847,7 +846,9 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
   };
   // The head first, then the blocks from the last, in B's order: each Linear's gradients from the
   // output gradient I kept and the input its forward saved.
-  if (r_.heads(s_)) {
+  // (Under sequence parallelism I computed the head's weight gradient already: its share of the
+  // positions is summed over the TP group with the embedding's.)
+  if (r_.heads(s_) && !sp()) {
     enter(L + 1);
     {
       ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, layer_flops(L + 1, B));
@@ -869,20 +870,25 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
     enter(1 + l);
     ComputeScope scope(obs, ComputeKind::LayerBackward, 1 + l, layer_flops(1 + l, B));
     std::array<Tensor, 4>& d = douts_[u];
-    dev_.linear_backward(nullptr, g(pi(l, P::FcProjW)), g(pi(l, P::FcProjB)), d[0].f32(), fch_gelu_[k].f32(), w(pi(l, P::FcProjW)), BT,
-                         4 * Ct, C);
+    const int layer = 1 + l;
+    // Under sequence parallelism the row layers' biases were summed in I, and the column layers read
+    // their LayerNorm's output gathered once more.
+    dev_.linear_backward(nullptr, g(pi(l, P::FcProjW)), sp() ? nullptr : g(pi(l, P::FcProjB)), d[0].f32(), fch_gelu_[k].f32(),
+                         w(pi(l, P::FcProjW)), BT, 4 * Ct, C);
     done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
-    dev_.linear_backward(nullptr, g(pi(l, P::FcW)), g(pi(l, P::FcB)), d[1].f32(), ln2_[k].f32(), w(pi(l, P::FcW)), BT, C, 4 * Ct);
+    const float* a = sp() ? seq_gather(full_.f32(), ln2_[k].f32(), C, layer) : ln2_[k].f32();
+    dev_.linear_backward(nullptr, g(pi(l, P::FcW)), g(pi(l, P::FcB)), d[1].f32(), a, w(pi(l, P::FcW)), BT, C, 4 * Ct);
     done({pi(l, P::FcB), pi(l, P::FcW)});
-    dev_.linear_backward(nullptr, g(pi(l, P::AttnProjW)), g(pi(l, P::AttnProjB)), d[2].f32(), atty_[k].f32(), w(pi(l, P::AttnProjW)),
-                         BT, Ct, C);
+    dev_.linear_backward(nullptr, g(pi(l, P::AttnProjW)), sp() ? nullptr : g(pi(l, P::AttnProjB)), d[2].f32(), atty_[k].f32(),
+                         w(pi(l, P::AttnProjW)), BT, Ct, C);
     done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
-    dev_.linear_backward(nullptr, g(pi(l, P::AttnW)), g(pi(l, P::AttnB)), d[3].f32(), ln1_[k].f32(), w(pi(l, P::AttnW)), BT, C, 3 * Ct);
+    a = sp() ? seq_gather(full_.f32(), ln1_[k].f32(), C, layer) : ln1_[k].f32();
+    dev_.linear_backward(nullptr, g(pi(l, P::AttnW)), g(pi(l, P::AttnB)), d[3].f32(), a, w(pi(l, P::AttnW)), BT, C, 3 * Ct);
     done({pi(l, P::AttnB), pi(l, P::AttnW)});
     for (Tensor& t : d) t = Tensor();
     if (hooks) hooks->after_backward(1 + l);
   }
-  if (r_.embeds() && r_.heads(s_)) done({P::kWte});  // the tied weight: the embedding's share came in I
+  if (r_.embeds() && r_.heads(s_) && !sp()) done({P::kWte});  // the tied weight: the embedding's share came in I
   douts_.clear();
   dlogits_kept_ = Tensor();
 }

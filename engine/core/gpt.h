@@ -107,8 +107,9 @@ class GptCore {
   // the same pass without the Linear layers' weight and bias gradients (the LayerNorms' and the
   // embeddings' are cheap and come with it), keeping each Linear's output gradient; backward_weight()
   // is W, those gradients from the kept output gradients and the forward's saved inputs (a
-  // checkpointed block runs its forward once more first). I then W equals backward(). Without
-  // sequence parallelism (a pipeline's).
+  // checkpointed block runs its forward once more first). I then W equals backward(). Under sequence
+  // parallelism the head's weight and the row layers' biases, summed over the TP group, stay in I, and
+  // W gathers each LayerNorm's output once more.
   const float* backward_input(std::vector<Parameter>& params, const float* dlogits, const Model::GradReadyHook& ready,
                               ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks = nullptr);
   void backward_weight(std::vector<Parameter>& params, const Model::GradReadyHook& ready, ComputeObserver* obs, LayerGate* gate,

@@ -238,10 +238,11 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
     }
     tp_comm_ = std::make_unique<GroupTensorParallelComm>(*group);
   }
+  sequence_parallel_ = setup.sequence_parallel && tp > 1;
   for (int s : stage_ids_) {
     const StageRange r = plan.stages[static_cast<size_t>(s)];
     models_.push_back(std::make_unique<Model>(spec, memory, seed, r.first, r.end, device,
-                                              TensorParallelSpec{tp, tp_rank_, false}));
+                                              TensorParallelSpec{tp, tp_rank_, setup.sequence_parallel}));
     models_.back()->set_observer(observer_);
     models_.back()->set_layer_gate(ctx_);  // a stepped run pauses before each layer's F and B
     models_.back()->set_tensor_parallel_comm(tp_comm_.get());
@@ -483,7 +484,10 @@ void PipelineRank::scatter_gpt_stage(StageRange r, const float* values, const Mo
     if (ps[k].name != "lm_head.weight") std::copy_n(values + ps[k].offset, ps[k].numel, flat + to[k]);  // equal to the first stage's wte
 }
 
-int64_t PipelineRank::boundary_rows(const MicroBatch& st) const { return spec_.is_gpt() ? st.rows * spec_.gpt.ctx : st.rows; }
+int64_t PipelineRank::boundary_rows(const MicroBatch& st) const {
+  if (!spec_.is_gpt()) return st.rows;
+  return st.rows * spec_.gpt.ctx / (sequence_parallel_ ? tp_ : 1);  // this TP rank's positions under sequence parallelism
+}
 int64_t PipelineRank::in_width(const Model& m) const { return spec_.is_gpt() ? spec_.gpt.embd : m.layer(0).in_features; }
 int64_t PipelineRank::out_width(const Model& m) const {
   return spec_.is_gpt() ? spec_.gpt.embd : m.layer(m.num_layers() - 1).out_features;
@@ -598,7 +602,7 @@ Tensor PipelineRank::gpt_backward(int stage, int mb, Tensor dout, bool input_onl
   const float* dinp = input_only ? model.gpt_backward_input(*st.gpt, dout.f32()) : model.gpt_backward(*st.gpt, dout.f32());
   Tensor out;
   if (stage > 0) {
-    out = activation(R, spec_.gpt.embd);
+    out = activation(boundary_rows(st), spec_.gpt.embd);
     device_.copy(out.raw(), dinp, out.nbytes());
   }
   if (!input_only) st.release();

@@ -97,6 +97,10 @@ struct StageSetup {
   // gradients and activations, 16-bit messages between the stages (half float32's bytes), and the
   // optimizer's fp32 master weights (Optimizer::step_mixed), as Megatron runs a bf16 pipeline.
   Precision precision = Precision::FP32;
+  // --sequence-parallel (a GPT's stages, with --tp): each TP rank's stage keeps T/t positions of every
+  // sample in its LayerNorm regions, and the stages send each other those positions only (Megatron's
+  // pipeline under sequence parallelism sends the sequence-sharded tensor).
+  bool sequence_parallel = false;
 };
 
 class PipelineRank {
@@ -187,6 +191,7 @@ class PipelineRank {
   Precision precision_ = Precision::FP32;
   DType dtype_ = DType::F32;  // of the activations, messages and gradients: F32, BF16 or F16
   int rank_, tp_, pipe_rank_, replica_, tp_rank_;
+  bool sequence_parallel_ = false;  // a GPT's stages send this TP rank's positions only
   Communicator& comm_;
   RankContext* ctx_;
   MemoryTracker* memory_;

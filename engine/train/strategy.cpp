@@ -75,7 +75,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
      "the model cut into stages on p ranks, micro-batches flowing through a schedule (GPipe, 1F1B, interleaved, ZB-H1)",
      {{
          /*TensorParallel*/ kOk,
-         /*SequenceParallel*/ todo("the stages send whole activations between ranks", "drop --sequence-parallel"),
+         /*SequenceParallel*/ kOk,
          /*MixedPrecision*/ kOk,
          /*Lora*/ kOk,
          /*Recompute*/ kOk,

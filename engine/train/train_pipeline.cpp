@@ -200,6 +200,7 @@ class PipelineTrainRank final : public RankStrategy {
     s.lora = t.config_.lora;
     s.activation_checkpointing = t.config_.activation_checkpointing;
     s.precision = t.config_.precision;
+    s.sequence_parallel = t.config_.sequence_parallel;
     return s;
   }
   Trainer& t_;
