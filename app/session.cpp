@@ -8,6 +8,7 @@
 
 #include "engine/core/check.h"
 #include "engine/core/gpt.h"
+#include "engine/parallel/tensor_parallel.h"
 #include "engine/train/config_json.h"
 
 namespace dtlab::app {
@@ -167,14 +168,22 @@ std::string Session::generate(const std::string& prompt, int64_t tokens) {
   }
   if (!sample_model_ || sample_model_->spec().str() != live.spec().str())
     sample_model_ = std::make_unique<Model>(live.spec(), nullptr, 0);
-  sample_model_->upload_params(live.host_params().data());
+  if (!finished() && config_.tp > 1) {  // replica 0's TP shards (ranks 0 .. tp-1), put together
+    std::vector<const Model*> shards;
+    for (int r = 0; r < config_.tp; r++) shards.push_back(&trainer_->rank_model(r));
+    sample_model_->upload_params(assemble_tensor_parallel_params(shards).data());
+  } else {
+    sample_model_->upload_params(live.host_params().data());
+  }
   const std::vector<int32_t> out = gpt_generate(*sample_model_, ids, tokens, 0.8f, 200, 1337);
   return decode_tokens(ds.chars, out.data(), static_cast<int64_t>(out.size()));
 }
 
 bool Session::attention(int layer, int head, std::vector<float>& probs, std::string& text) const {
   if (!trainer_ || !config_.model.is_gpt() || !settled()) return false;
-  const GptCore* g = trainer_->model().gpt();
+  // Under --tp the head's TP rank of replica 0 computed it (rank = tp index there: tp varies fastest).
+  const int holder = config_.tp > 1 ? head / static_cast<int>(config_.model.gpt.heads / config_.tp) : 0;
+  const GptCore* g = trainer_->rank_model(holder).gpt();
   const float* a = g ? g->attention(layer, 0, head) : nullptr;
   const int64_t* tok = g ? g->tokens(0) : nullptr;
   if (!a || !tok) return false;

@@ -123,6 +123,22 @@ TEST_SUITE("app") {
           "the pipeline's stages hold the model across ranks, gathered to rank 0 only when the run ends; generate after the last step");
     Session mlp(lab_config(2));
     CHECK(test::error_sentence([&] { mlp.generate("a", 5); }) == "generate samples text from a GPT; start a run with --model gpt-tiny");
+    // Under --tp 2 head 1 is TP rank 1's: the grid reads it there, and generate puts the shards
+    // together; both as the one-rank model's at the same step.
+    TrainConfig one = c;
+    one.strategy = Strategy::Single;
+    one.world_size = 1;
+    TrainConfig t = c;
+    t.tp = 2;
+    Session a(one), b(t);
+    step(a, GateKind::Iteration, 2);
+    step(b, GateKind::Iteration, 2);
+    std::vector<float> want, got;
+    REQUIRE(a.attention(0, 1, want, sample));
+    REQUIRE(b.attention(0, 1, got, sample));
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); i++) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+    CHECK(b.generate("Shall I", 40).size() == 40);
   }
 
   TEST_CASE("iterations: history, data ownership and a clean reset") {

@@ -58,6 +58,26 @@ std::vector<float> gather_tensor_parallel_params(const Model& shard, Communicato
   return full;
 }
 
+std::vector<float> assemble_tensor_parallel_params(const std::vector<const Model*>& shards) {
+  DTLAB_CHECK(!shards.empty() && static_cast<int>(shards.size()) == shards.front()->tensor_parallel().degree,
+              "assemble_tensor_parallel_params() takes every shard of one TP group");
+  if (shards.size() == 1) return shards.front()->host_params();
+  int64_t total = 0;
+  for (const TpPiece& p : tp_pieces(*shards.front(), 0)) total = std::max(total, p.full_offset + p.rows * p.cols);
+  std::vector<float> full(static_cast<size_t>(total));
+  for (size_t r = 0; r < shards.size(); r++) {
+    DTLAB_CHECK(shards[r]->owns_parameters() && !shards[r]->mixed(), "a shard to assemble holds its float32 parameters");
+    const std::vector<float> host = shards[r]->host_params();
+    for (const TpPiece& p : tp_pieces(*shards[r], static_cast<int>(r))) {
+      const float* local = host.data() + p.local_offset;
+      float* dst = full.data() + p.full_offset;
+      for (int64_t row = p.row_begin; row < p.row_end; row++)
+        for (int64_t c = p.col_begin; c < p.col_end; c++) dst[row * p.cols + c] = *local++;
+    }
+  }
+  return full;
+}
+
 namespace {
 
 TpCollective tp_op(CollectiveOp op, int l, bool backward, int64_t count, int degree, DType dtype, const char* what) {

@@ -38,6 +38,9 @@ class GroupTensorParallelComm : public TensorParallelComm {
 // (tp_pieces says where each shard's piece goes). Degree 1: the model's own values. The shard must own
 // its parameters.
 std::vector<float> gather_tensor_parallel_params(const Model& shard, Communicator& tp_group);
+// The same full parameters put together on the host from every shard of one TP group, in TP rank
+// order (threads of one process: no collective). Each shard must own its parameters, in float32.
+std::vector<float> assemble_tensor_parallel_params(const std::vector<const Model*>& shards);
 
 // One collective a tensor-parallel layer issues per forward and backward, as the model issues it.
 struct TpCollective {
