@@ -403,8 +403,9 @@ TEST_SUITE("gpt") {
             gpt_tp_collectives(g, GptRange::all(g), TensorParallelSpec{k.t, 0, k.sp}, c.batch, k.recompute);
         for (int rank = 0; rank < k.t; rank++) {
           CAPTURE(rank);
+          const std::vector<Event> events = t.recorder().events(rank);  // a copy: `got` points into it
           std::vector<const Event*> got;
-          for (const Event& e : t.recorder().events(rank))
+          for (const Event& e : events)
             if (e.kind == EventKind::Collective && e.iteration == 1 && e.coll.dtype == DType::F32) got.push_back(&e);
           // Then the step's figures (loss, correct, samples, overlap) summed over the ranks: 4 floats.
           REQUIRE(got.size() == want.size() + 1);
