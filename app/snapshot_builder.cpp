@@ -147,11 +147,6 @@ void describe_linear(const std::vector<int64_t>& dims, int l, TpRole role, int d
   }
 }
 
-// "0-1" for [0, 2), "3" for [3, 4).
-std::string span_text(int64_t begin, int64_t end) {
-  return end - begin == 1 ? std::to_string(begin) : std::to_string(begin) + "-" + std::to_string(end - 1);
-}
-
 // What a GPT stage holds on TP rank `tp` of `degree` (Megatron's split, engine/core/gpt.h), a block a line.
 void describe_gpt_stage(const GptSpec& g, StageRange r, int degree, int tp, bool sp, std::vector<std::string>& out) {
   const GptRange gr{r.first, r.end};
@@ -165,13 +160,13 @@ void describe_gpt_stage(const GptSpec& g, StageRange r, int degree, int tp, bool
   const int64_t H = g.heads / degree, Ct = g.embd / degree, F = 4 * g.embd / degree;
   // The stage's blocks hold the same split: one entry for them all, a line per pair of layers.
   const int b0 = gr.first_block(), b1 = gr.end_block(g);
-  const std::string h = "transformer.h." + span_text(b0, b1) + (b1 - b0 > 1 ? ", each" : "");
+  const std::string h = "transformer.h." + index_span(b0, b1) + (b1 - b0 > 1 ? ", each" : "");
   if (degree == 1) {
     out.push_back(h + " whole: ln_1, attn.c_attn " + std::to_string(3 * g.embd) + " x " + C + ", attn.c_proj, ln_2, mlp.c_fc " +
                   std::to_string(4 * g.embd) + " x " + C + ", mlp.c_proj (" + with_commas(per_block) + " parameters)");
   } else {
-    const std::string cols = span_text(tp * Ct, (tp + 1) * Ct), mlp = span_text(tp * F, (tp + 1) * F);
-    out.push_back(h + ": heads " + span_text(tp * H, (tp + 1) * H) + " of " + std::to_string(g.heads) + ", MLP columns " + mlp + " of " +
+    const std::string cols = index_span(tp * Ct, (tp + 1) * Ct), mlp = index_span(tp * F, (tp + 1) * F);
+    out.push_back(h + ": heads " + index_span(tp * H, (tp + 1) * H) + " of " + std::to_string(g.heads) + ", MLP columns " + mlp + " of " +
                   std::to_string(4 * g.embd) + " (" + with_commas(per_block) + " parameters)");
     out.push_back("  attn.c_attn: rows " + cols + " of each of q, k, v (column-parallel); attn.c_proj: columns " + cols + " (row-parallel)");
     out.push_back("  mlp.c_fc: rows " + mlp + " (column-parallel); mlp.c_proj: columns " + mlp + " (row-parallel)");
@@ -182,7 +177,7 @@ void describe_gpt_stage(const GptSpec& g, StageRange r, int degree, int tp, bool
     if (!gr.embeds()) out.push_back("lm_head.weight whole, " + std::to_string(g.vocab) + " x " + C + " (wte's copy; the embedding group sums their gradients)");
   }
   if (degree > 1 && sp)
-    out.push_back("sequence parallel: positions " + span_text(tp * g.ctx / degree, (tp + 1) * g.ctx / degree) + " of every sample's " +
+    out.push_back("sequence parallel: positions " + index_span(tp * g.ctx / degree, (tp + 1) * g.ctx / degree) + " of every sample's " +
                   std::to_string(g.ctx) + " in the residual stream, the LayerNorms and the embeddings");
 }
 

@@ -46,6 +46,13 @@ double gpt_loss(Model& m, const std::vector<int64_t>& idx, const std::vector<int
   return cross_entropy_forward(probs.data(), m.forward_tokens(idx.data(), B), tgt.data(), rows, V);
 }
 
+// AdamW and SGD; the sanitizer runs (quick) AdamW only: the same code paths, half the time.
+std::vector<OptimizerKind> optimizers_to_run() {
+  std::vector<OptimizerKind> optimizers = {OptimizerKind::AdamW, OptimizerKind::SGD};
+  if (test::quick()) optimizers.pop_back();
+  return optimizers;
+}
+
 // A small GPT (2 heads, 16 wide, 8 positions) on the shipped text: batch 4, 3 steps of AdamW.
 TrainConfig gpt_config(const std::string& strategy, int world, int layers) {
   TrainConfig c = test::demo_config(strategy, world, 4, 3);
@@ -290,9 +297,7 @@ TEST_SUITE("gpt") {
     // Blocks cut over the stages, wte and wpe on the first, ln_f and lm_head's copy of wte on the
     // last; their two gradients summed once per step over Megatron's embedding group. The sanitizer
     // runs (quick) take AdamW only: the same code paths, half of this case's 48 s under ASan.
-    std::vector<OptimizerKind> optimizers = {OptimizerKind::AdamW, OptimizerKind::SGD};
-    if (test::quick()) optimizers.pop_back();
-    for (OptimizerKind opt : optimizers) {
+    for (OptimizerKind opt : optimizers_to_run()) {
       TrainConfig one = gpt_config("single", 1, 4);
       one.optimizer.kind = opt;
       Trainer ref(one);
@@ -364,9 +369,7 @@ TEST_SUITE("gpt") {
     // Megatron's split of every block (c_attn and c_fc column-parallel, the c_projs row-parallel) on
     // one replica of t ranks: the gathered shards equal the one-rank model, and every TP collective
     // of an iteration is gpt_tp_collectives()' list, in its order and with its bytes.
-    std::vector<OptimizerKind> optimizers = {OptimizerKind::AdamW, OptimizerKind::SGD};
-    if (test::quick()) optimizers.pop_back();
-    for (OptimizerKind opt : optimizers) {
+    for (OptimizerKind opt : optimizers_to_run()) {
       TrainConfig one = gpt_config("single", 1, 2);
       one.model = ModelSpec::parse("gpt:layers=2,heads=4,embd=16,ctx=8");
       one.optimizer.kind = opt;

@@ -26,6 +26,10 @@ std::string join(const std::vector<std::string>& items, std::string_view sep) {
   return out;
 }
 
+std::string index_span(int64_t begin, int64_t end) {
+  return end - begin == 1 ? std::to_string(begin) : std::to_string(begin) + "-" + std::to_string(end - 1);
+}
+
 std::string choice_list(const std::vector<std::string>& choices) {
   std::string s;
   for (size_t i = 0; i < choices.size(); i++)

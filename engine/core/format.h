@@ -17,6 +17,8 @@ std::string seconds_text(double s);
 std::string choice_list(const std::vector<std::string>& choices);
 // "a, b, c": the items with `sep` between them.
 std::string join(const std::vector<std::string>& items, std::string_view sep);
+// "0-1" for the indices [0, 2), "3" for [3, 4): a rank's heads, columns or positions.
+std::string index_span(int64_t begin, int64_t end);
 // "rank 2" or "ranks 1, 3": the ranks a diagnosis names.
 std::string ranks_text(const std::vector<int>& ranks);
 // "rank 2", "ranks 2, 3", "ranks 4-7", "ranks 0-3, 8-11": ranks_text with each run of three or more

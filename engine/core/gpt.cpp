@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 #include <random>
-#include <tuple>
 #include <string>
 #include <utility>
 
@@ -578,10 +577,16 @@ void GptCore::ln_backward(std::vector<Parameter>& p, float* dinp, int wi, int bi
   float* part = part_.f32();  // weight's then bias's, summed in one all-reduce
   std::fill_n(part, 2 * C, 0.0f);
   layernorm_backward(dinp, part, part + C, dout, inp, w.data, mean, rstd, R, C);
-  comm_->all_reduce(part, 2 * C, layer);
-  for (int64_t c = 0; c < C; c++) {
-    w.grad[c] += part[c];
-    b.grad[c] += part[C + c];
+  add_group_sum(part, layer, {{w.grad, C}, {b.grad, C}});
+}
+
+void GptCore::add_group_sum(float* part, int layer, std::initializer_list<std::pair<float*, int64_t>> into) {
+  int64_t n = 0;
+  for (const auto& [grad, len] : into) n += len;
+  comm_->all_reduce(part, n, layer);
+  for (const auto& [grad, len] : into) {
+    for (int64_t i = 0; i < len; i++) grad[i] += part[i];
+    part += len;
   }
 }
 
@@ -721,9 +726,7 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
         std::fill_n(part, V * C, 0.0f);
         dev_.linear_backward(dbuf, part, nullptr, dl, lnf_.f32(), w(head_), R, C, V);
         if (!r_.embeds()) {  // a last stage's own copy: complete now
-          comm_->all_reduce(part, V * C, L + 1);
-          float* gh = g(head_);
-          for (int64_t i = 0; i < V * C; i++) gh[i] += part[i];
+          add_group_sum(part, L + 1, {{g(head_), V * C}});
         }
       }
       std::fill_n(dres, R * C, 0.0f);
@@ -758,9 +761,7 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
       std::fill_n(part, C, 0.0f);
       for (int64_t i = 0; i < R; i++)
         for (int64_t c = 0; c < C; c++) part[c] += dres[i * C + c];
-      comm_->all_reduce(part, C, layer);
-      float* gb = g(bi);
-      for (int64_t c = 0; c < C; c++) gb[c] += part[c];
+      add_group_sum(part, layer, {{g(bi), C}});
     };
     float* dfch = dfch_.f32();
     std::array<Tensor, 4>* kept = input_only ? &douts_[u] : nullptr;  // mlp.c_proj, c_fc, attn.c_proj, c_attn
@@ -816,10 +817,8 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
       }
     }
     if (sp()) {
-      comm_->all_reduce(dwpe, T * C, 0);
-      comm_->all_reduce(dwte, V * C, 0);
-      for (auto [part, grad, n] : {std::tuple{dwpe, g(P::kWpe), T * C}, std::tuple{dwte, g(P::kWte), V * C}})
-        for (int64_t i = 0; i < n; i++) grad[i] += part[i];
+      add_group_sum(dwpe, 0, {{g(P::kWpe), T * C}});
+      add_group_sum(dwte, 0, {{g(P::kWte), V * C}});
     }
     if (input_only && r_.heads(s_) && !sp()) done({P::kWpe});  // wte waits for the head's share, in W
     else done({P::kWpe, P::kWte});

@@ -11,6 +11,8 @@
 // (GptRange). CPU only in this version: the GPU kernels are the GPU part of the transformer work.
 #pragma once
 #include <array>
+#include <initializer_list>
+#include <utility>
 #include <cstdint>
 #include <vector>
 
@@ -165,6 +167,9 @@ class GptCore {
   // gradients are partial: summed over the group before they are added.
   void ln_backward(std::vector<Parameter>& p, float* dinp, int wi, int bi, const float* dout, const float* inp,
                    const float* mean, const float* rstd, int layer);
+  // Sequence parallelism's partial parameter gradients: `part` holds this rank's sums for each of
+  // `into`'s gradients in turn; one all-reduce over the TP group, then each is added to its gradient.
+  void add_group_sum(float* part, int layer, std::initializer_list<std::pair<float*, int64_t>> into);
   // Indices into the stage's parameters.
   int pi(int l, GptParamIndex::Block k) const { return block0_ + GptParamIndex::kPerBlock * (l - r_.first_block()) + k; }
   bool checkpointing_ = false;

@@ -22,6 +22,27 @@ void GroupTensorParallelComm::reduce_scatter(void* out, const void* in, int64_t 
   group_.reduce_scatter(out, in, n, dtype, ReduceOp::Sum)->wait();
 }
 
+namespace {
+
+// The full parameters' length, and TP rank r's shard values (`local`, its flat buffer) placed there:
+// the inverse of shard_full_params.
+int64_t full_length(const Model& shard) {
+  int64_t total = 0;
+  for (const TpPiece& p : tp_pieces(shard, 0)) total = std::max(total, p.full_offset + p.rows * p.cols);
+  return total;
+}
+
+void place_shard(const Model& shard, int r, const float* local, float* full) {
+  for (const TpPiece& p : tp_pieces(shard, r)) {
+    const float* src = local + p.local_offset;
+    float* dst = full + p.full_offset;
+    for (int64_t row = p.row_begin; row < p.row_end; row++)
+      for (int64_t c = p.col_begin; c < p.col_end; c++) dst[row * p.cols + c] = *src++;
+  }
+}
+
+}  // namespace
+
 std::vector<float> gather_tensor_parallel_params(const Model& shard, Communicator& tp_group) {
   const TensorParallelSpec& tp = shard.tensor_parallel();
   if (tp.degree == 1) return shard.host_params();
@@ -44,17 +65,8 @@ std::vector<float> gather_tensor_parallel_params(const Model& shard, Communicato
     dev.download(host.data(), all.raw(), all.nbytes());
   }
 
-  int64_t total = 0;
-  for (const TpPiece& p : tp_pieces(shard, 0)) total = std::max(total, p.full_offset + p.rows * p.cols);
-  std::vector<float> full(static_cast<size_t>(total));
-  for (int r = 0; r < tp.degree; r++) {
-    for (const TpPiece& p : tp_pieces(shard, r)) {  // the inverse of shard_full_params, for TP rank r's pieces
-      const float* local = host.data() + r * P + p.local_offset;
-      float* dst = full.data() + p.full_offset;
-      for (int64_t row = p.row_begin; row < p.row_end; row++)
-        for (int64_t c = p.col_begin; c < p.col_end; c++) dst[row * p.cols + c] = *local++;
-    }
-  }
+  std::vector<float> full(static_cast<size_t>(full_length(shard)));
+  for (int r = 0; r < tp.degree; r++) place_shard(shard, r, host.data() + r * P, full.data());
   return full;
 }
 
@@ -62,18 +74,10 @@ std::vector<float> assemble_tensor_parallel_params(const std::vector<const Model
   DTLAB_CHECK(!shards.empty() && static_cast<int>(shards.size()) == shards.front()->tensor_parallel().degree,
               "assemble_tensor_parallel_params() takes every shard of one TP group");
   if (shards.size() == 1) return shards.front()->host_params();
-  int64_t total = 0;
-  for (const TpPiece& p : tp_pieces(*shards.front(), 0)) total = std::max(total, p.full_offset + p.rows * p.cols);
-  std::vector<float> full(static_cast<size_t>(total));
+  std::vector<float> full(static_cast<size_t>(full_length(*shards.front())));
   for (size_t r = 0; r < shards.size(); r++) {
     DTLAB_CHECK(shards[r]->owns_parameters() && !shards[r]->mixed(), "a shard to assemble holds its float32 parameters");
-    const std::vector<float> host = shards[r]->host_params();
-    for (const TpPiece& p : tp_pieces(*shards[r], static_cast<int>(r))) {
-      const float* local = host.data() + p.local_offset;
-      float* dst = full.data() + p.full_offset;
-      for (int64_t row = p.row_begin; row < p.row_end; row++)
-        for (int64_t c = p.col_begin; c < p.col_end; c++) dst[row * p.cols + c] = *local++;
-    }
+    place_shard(*shards[r], static_cast<int>(r), shards[r]->host_params().data(), full.data());
   }
   return full;
 }

@@ -20,17 +20,12 @@ std::string ranks_str(const std::vector<int>& ranks) {
   return "[" + join(parts, ", ") + "]";
 }
 
-// "0-1" for [0, 2); "3" for [3, 4).
-std::string span_str(int64_t begin, int64_t end) {
-  return end - begin == 1 ? std::to_string(begin) : std::to_string(begin) + "-" + std::to_string(end - 1);
-}
-
 // A GPT stage's layers in words: "wte, wpe, blocks 0-1", "block 2, ln_f and the head".
 std::string describe_gpt_layers(const GptSpec& g, GptRange r) {
   std::vector<std::string> parts;
   if (r.embeds()) parts.push_back("wte, wpe");
   const int b0 = r.first_block(), b1 = r.end_block(g);
-  parts.push_back((b1 - b0 == 1 ? "block " : "blocks ") + span_str(b0, b1));
+  parts.push_back((b1 - b0 == 1 ? "block " : "blocks ") + index_span(b0, b1));
   if (r.heads(g)) parts.push_back("ln_f and the head");
   return join(parts, ", ");
 }
@@ -126,7 +121,7 @@ std::vector<std::string> Trainer::describe_mesh_lines() const {
       const int t = mesh_.tp;
       auto per_rank = [&](int64_t n) {  // "tp0 0-1, tp1 2-3"
         std::vector<std::string> parts;
-        for (int r = 0; r < t; r++) parts.push_back("tp" + std::to_string(r) + " " + span_str(r * n / t, (r + 1) * n / t));
+        for (int r = 0; r < t; r++) parts.push_back("tp" + std::to_string(r) + " " + index_span(r * n / t, (r + 1) * n / t));
         return join(parts, ", ");
       };
       lines.push_back("  attention, every block: c_attn column-parallel and c_proj row-parallel by heads, c_proj's partial outputs summed by " +
@@ -187,8 +182,8 @@ std::string Trainer::describe_mesh_rank(int rank) const {
     const int t = mesh_.tp;
     if (t > 1)
       holds.push_back("TP shard " + std::to_string(c.tp) + " of " + std::to_string(t) + ": heads " +
-                      span_str(c.tp * g.heads / t, (c.tp + 1) * g.heads / t) + ", MLP columns " +
-                      span_str(c.tp * 4 * g.embd / t, (c.tp + 1) * 4 * g.embd / t));
+                      index_span(c.tp * g.heads / t, (c.tp + 1) * g.heads / t) + ", MLP columns " +
+                      index_span(c.tp * 4 * g.embd / t, (c.tp + 1) * 4 * g.embd / t));
     if (mesh_.dp > 1) holds.push_back("replica " + std::to_string(c.dp) + " of " + std::to_string(mesh_.dp));
     return "rank " + std::to_string(rank) + ": dp " + std::to_string(c.dp) + ", pp " + std::to_string(c.pp) + ", tp " +
            std::to_string(c.tp) + " -- " + join(holds, ", ");
