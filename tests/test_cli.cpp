@@ -707,7 +707,7 @@ TEST_SUITE("cli") {
       args.insert(args.end(), extra.begin(), extra.end());
       CliResult r = run(args);
       REQUIRE(r.code == 0);
-      const std::string line = test::line_starting(r.out, "activation checkpointing: activations peak ");
+      const std::string line = dtlab::test::line_starting(r.out, "activation checkpointing: activations peak ");
       const size_t peak = line.find("peak ") + 5, pred = line.find("; predicted ");
       REQUIRE(pred != std::string::npos);
       const std::string measured = line.substr(peak, pred - peak);
