@@ -54,6 +54,7 @@ TrainConfig config_of(const Combo& k, const std::string& device) {
   c.seed = 3;
   c.timeout_s = 60;
   c.device = device;
+  if (device == "cuda") c.backend = "cuda";  // ranks share the GPU
   c.optimizer = default_optimizer_config(OptimizerKind::SGD);
   c.optimizer.lr = 0.1;
   c.precision = k.precision;
