@@ -188,9 +188,20 @@ bool Session::attention(int layer, int head, std::vector<float>& probs, std::str
   const int64_t* tok = g ? g->tokens(0) : nullptr;
   if (!a || !tok) return false;
   const int64_t T = config_.model.gpt.ctx;
-  probs.assign(a, a + T * T);
+  std::vector<int32_t> ids(static_cast<size_t>(T));
+  if (g->device().is_host()) {
+    probs.assign(a, a + T * T);
+    std::copy(tok, tok + T, ids.begin());
+  } else {  // the run is paused: the GPU's copies are read back
+    Device& dev = g->device();
+    dev.bind_thread();
+    probs.resize(static_cast<size_t>(T * T));
+    std::vector<int64_t> tok64(static_cast<size_t>(T));
+    dev.download(probs.data(), a, T * T * static_cast<int64_t>(sizeof(float)));
+    dev.download(tok64.data(), tok, T * static_cast<int64_t>(sizeof(int64_t)));
+    std::copy(tok64.begin(), tok64.end(), ids.begin());
+  }
   const Dataset& ds = trainer_->dataset();
-  std::vector<int32_t> ids(tok, tok + T);
   text = ds.chars.empty() ? std::string() : decode_tokens(ds.chars, ids.data(), T);
   return true;
 }

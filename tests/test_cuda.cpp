@@ -707,6 +707,114 @@ TEST_CASE("train --device cuda: one rank, and DDP of 4 ranks sharing the GPU, fo
   check_follows_cpu(c, "cuda", "ddp, gradient_as_bucket_view");
 }
 
+TEST_CASE("the transformer's ops (LayerNorm, GELU, causal attention, embeddings, adds) match the CPU device") {
+  DTLAB_REQUIRE_CUDA_DEVICE();
+  auto gpu = gpu0();
+  Device& cpu = cpu_device();
+  // Widths that are not multiples of a warp, and more positions than a warp holds.
+  const int64_t B = 2, T = 40, NH = 3, C = 48, N = B * T, V = 11;
+  auto both = [&](const std::vector<float>& host) { return on_device(host, *gpu); };
+  std::vector<float> x = random_floats(static_cast<size_t>(N * C), 1, 2.0f), w = random_floats(static_cast<size_t>(C), 2),
+                     b = random_floats(static_cast<size_t>(C), 3), dy = random_floats(static_cast<size_t>(N * C), 4);
+  {  // LayerNorm
+    std::vector<float> out(x.size()), mean(N), rstd(N);
+    cpu.layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    Tensor gx = both(x), gw = both(w), gb = both(b), gout = both(out), gmean = both(mean), grstd = both(rstd);
+    gpu->layernorm_forward(gout.f32(), gmean.f32(), grstd.f32(), gx.f32(), gw.f32(), gb.f32(), N, C);
+    CHECK(max_diff(on_host(gout), out, "layernorm forward") < kTol);
+    CHECK(max_diff(on_host(grstd), rstd, "layernorm forward: rstd") < kTol);
+    std::vector<float> dx = random_floats(x.size(), 5), dw = random_floats(static_cast<size_t>(C), 6), db = dw;  // += into these
+    Tensor gdy = both(dy), gdx = both(dx), gdw = both(dw), gdb = both(db);
+    cpu.layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+    gpu->layernorm_backward(gdx.f32(), gdw.f32(), gdb.f32(), gdy.f32(), gx.f32(), gw.f32(), gmean.f32(), grstd.f32(), N, C);
+    CHECK(max_diff(on_host(gdx), dx, "layernorm backward: input (accumulated)") < kTol);
+    CHECK(max_diff(on_host(gdw), dw, "layernorm backward: weight (accumulated)") < kTol);
+    CHECK(max_diff(on_host(gdb), db, "layernorm backward: bias (accumulated)") < kTol);
+  }
+  {  // GELU
+    std::vector<float> out(x.size()), d(x.size());
+    cpu.gelu_forward(out.data(), x.data(), N * C);
+    cpu.gelu_backward(d.data(), dy.data(), x.data(), N * C);
+    Tensor gx = both(x), gdy = both(dy), gout = both(out);
+    gpu->gelu_forward(gout.f32(), gx.f32(), N * C);
+    gpu->gelu_backward(gdy.f32(), gdy.f32(), gx.f32(), N * C);  // in place, as the GPT calls it
+    CHECK(max_diff(on_host(gout), out, "gelu forward") < kTol);
+    CHECK(max_diff(on_host(gdy), d, "gelu backward") < kTol);
+  }
+  {  // causal self-attention on a fused qkv
+    const std::vector<float> qkv = random_floats(static_cast<size_t>(N * 3 * C), 7);
+    std::vector<float> out(static_cast<size_t>(N * C)), att(static_cast<size_t>(B * NH * T * T)), datt(static_cast<size_t>(T * T));
+    std::vector<float> dqkv(qkv.size());
+    cpu.attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    cpu.attention_backward(dqkv.data(), datt.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH);
+    Tensor gqkv = both(qkv), gout = both(out), gatt = both(att), gdqkv = both(dqkv), gdatt = both(datt), gdy = both(dy);
+    gpu->attention_forward(gout.f32(), gatt.f32(), gqkv.f32(), B, T, C, NH);
+    gpu->attention_backward(gdqkv.f32(), gdatt.f32(), gdy.f32(), gqkv.f32(), gatt.f32(), B, T, C, NH);
+    CHECK(max_diff(on_host(gatt), att, "attention forward: softmax (zeros above the diagonal)") < kTol);
+    CHECK(max_diff(on_host(gout), out, "attention forward: output") < kTol);
+    CHECK(max_diff(on_host(gdqkv), dqkv, "attention backward: dq, dk, dv") < kTol);
+  }
+  {  // embeddings, whole rows and a sequence-parallel slice (positions 20..39 of each sample)
+    const std::vector<float> wte = random_floats(static_cast<size_t>(V * C), 8), wpe = random_floats(static_cast<size_t>(T * C), 9);
+    std::vector<int64_t> idx(static_cast<size_t>(N));
+    for (size_t i = 0; i < idx.size(); i++) idx[i] = static_cast<int64_t>((i * 7 + i / 5) % V);
+    Tensor gidx = on_device(idx.data(), {N}, *gpu, DType::I64), gwte = both(wte), gwpe = both(wpe);
+    for (const int64_t Tl : {T, T / 2}) {
+      CAPTURE(Tl);
+      const int64_t R = B * Tl, t0 = T - Tl;
+      std::vector<float> xo(static_cast<size_t>(R * C)), dwte = random_floats(wte.size(), 10), dwpe = random_floats(wpe.size(), 11);
+      const std::vector<float> dx = random_floats(xo.size(), 12);
+      Tensor gxo = both(xo), gdwte = both(dwte), gdwpe = both(dwpe), gdx = both(dx);
+      cpu.embedding_forward(xo.data(), wte.data(), wpe.data(), idx.data(), R, Tl, T, t0, C);
+      cpu.embedding_backward(dwte.data(), dwpe.data(), dx.data(), idx.data(), R, Tl, T, t0, C);
+      gpu->embedding_forward(gxo.f32(), gwte.f32(), gwpe.f32(), gidx.i64(), R, Tl, T, t0, C);
+      gpu->embedding_backward(gdwte.f32(), gdwpe.f32(), gdx.f32(), gidx.i64(), R, Tl, T, t0, C);
+      CHECK(max_diff(on_host(gxo), xo, "embedding forward") == 0);
+      CHECK(max_diff(on_host(gdwte), dwte, "embedding backward: wte (rows in order)") == 0);
+      CHECK(max_diff(on_host(gdwpe), dwpe, "embedding backward: wpe") == 0);
+    }
+  }
+  {  // residual add, a bias added to rows, column sums
+    std::vector<float> out(x.size()), y = x, acc = b;
+    cpu.add(out.data(), x.data(), dy.data(), N * C);
+    cpu.add_rows(y.data(), b.data(), N, C);
+    cpu.sum_rows(acc.data(), dy.data(), N, C);
+    Tensor gx = both(x), gdy = both(dy), gout = both(out), gy = both(x), gacc = both(b), gb = both(b);
+    gpu->add(gout.f32(), gx.f32(), gdy.f32(), N * C);
+    gpu->add_rows(gy.f32(), gb.f32(), N, C);
+    gpu->sum_rows(gacc.f32(), gdy.f32(), N, C);
+    CHECK(max_diff(on_host(gout), out, "add") == 0);
+    CHECK(max_diff(on_host(gy), y, "add_rows") == 0);
+    CHECK(max_diff(on_host(gacc), acc, "sum_rows (rows in order)") == 0);
+  }
+}
+
+TEST_CASE("train --model gpt --device cuda: single, DDP, FSDP and pipelines follow the CPU engine step by step") {
+  DTLAB_REQUIRE_CUDA_DEVICE();
+  TrainConfig c;
+  c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=32,ctx=16");
+  c.data = "text";
+  c.steps = 6;
+  c.batch = 8;
+  c.optimizer.lr = 1e-3;
+  check_follows_cpu(c, "cuda", "gpt single");
+  c.strategy = Strategy::Ddp;
+  c.world_size = 2;
+  check_follows_cpu(c, "cuda", "gpt ddp, 2 ranks");
+  c.activation_checkpointing = true;
+  check_follows_cpu(c, "cuda", "gpt ddp, activation checkpointing");
+  c.activation_checkpointing = false;
+  c.strategy = Strategy::Fsdp;
+  check_follows_cpu(c, "cuda", "gpt fsdp (full shard), 2 ranks");
+  c.strategy = Strategy::Pipeline;
+  c.pipeline.stages = 2;
+  c.pipeline.microbatches = 4;
+  for (ScheduleKind k : {ScheduleKind::OneFOneB, ScheduleKind::ZBH1}) {
+    c.pipeline.schedule = k;
+    check_follows_cpu(c, "cuda", std::string("gpt pipeline ") + schedule_kind_flag(k) + ", 2 stages");
+  }
+}
+
 TEST_CASE("train --device cuda: every rank's tensors on its GPU, charged to its tracker, and the placement said") {
   DTLAB_REQUIRE_CUDA_DEVICE();
   TrainConfig c;

@@ -7,6 +7,7 @@
 #include <new>
 
 #include "engine/core/device.h"
+#include "engine/core/gpt_ops.h"
 #include "engine/core/ops.h"
 
 namespace dtlab {
@@ -61,6 +62,43 @@ class CpuDevice final : public Device {
   void relu_forward(float* out, const float* inp, int64_t N) override { dtlab::relu_forward(out, inp, N); }
   void relu_backward(float* dinp, const float* dout, const float* out, int64_t N) override {
     dtlab::relu_backward(dinp, dout, out, N);
+  }
+
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int64_t N,
+                         int64_t C) override {
+    dtlab::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                          const float* mean, const float* rstd, int64_t N, int64_t C) override {
+    dtlab::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void gelu_forward(float* out, const float* inp, int64_t N) override { dtlab::gelu_forward(out, inp, N); }
+  void gelu_backward(float* d, const float* dout, const float* inp, int64_t N) override { dtlab::gelu_backward(d, dout, inp, N); }
+  void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) override {
+    dtlab::attention_forward(out, att, qkv, B, T, C, NH);
+  }
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int64_t B, int64_t T,
+                          int64_t C, int64_t NH) override {
+    dtlab::attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+  }
+  void embedding_forward(float* x, const float* wte, const float* wpe, const int64_t* idx, int64_t R, int64_t Tl, int64_t T,
+                         int64_t t0, int64_t C) override {
+    dtlab::embedding_forward(x, wte, wpe, idx, R, Tl, T, t0, C);
+  }
+  void embedding_backward(float* dwte, float* dwpe, const float* dx, const int64_t* idx, int64_t R, int64_t Tl, int64_t T,
+                          int64_t t0, int64_t C) override {
+    dtlab::embedding_backward(dwte, dwpe, dx, idx, R, Tl, T, t0, C);
+  }
+  void add(float* out, const float* a, const float* b, int64_t n) override {
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+  }
+  void add_rows(float* y, const float* bias, int64_t R, int64_t C) override {
+    for (int64_t i = 0; i < R; i++)
+      for (int64_t c = 0; c < C; c++) y[i * C + c] += bias[c];
+  }
+  void sum_rows(float* acc, const float* x, int64_t R, int64_t C) override {
+    for (int64_t i = 0; i < R; i++)
+      for (int64_t c = 0; c < C; c++) acc[c] += x[i * C + c];
   }
 
   void cross_entropy_forward(float* probs, double* stats, const float* logits, const int64_t* targets, int64_t B,

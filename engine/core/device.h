@@ -68,6 +68,30 @@ class Device {
   virtual void relu_forward(float* out, const float* inp, int64_t N) = 0;
   virtual void relu_backward(float* dinp, const float* dout, const float* out, int64_t N) = 0;
 
+  // ---- the transformer's layers (engine/core/gpt_ops.h's contracts, which the CPU runs) ----
+  // LayerNorm over rows of C: out, mean, rstd (N) overwritten; backward adds into dinp, dw and db.
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                                 int64_t N, int64_t C) = 0;
+  virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                                  const float* mean, const float* rstd, int64_t N, int64_t C) = 0;
+  // GELU (erf form); the backward writes d = dout * GELU'(inp), d may equal dout.
+  virtual void gelu_forward(float* out, const float* inp, int64_t N) = 0;
+  virtual void gelu_backward(float* d, const float* dout, const float* inp, int64_t N) = 0;
+  // Causal self-attention on the fused qkv (B*T, 3C) of NH heads: out (B*T, C), att (B, NH, T, T) the
+  // softmax; the backward overwrites dqkv, and datt is T x T floats of scratch (a device may use its own).
+  virtual void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
+  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att,
+                                  int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
+  // Token and position embeddings of R rows: row i is sample i / Tl's position t0 + i % Tl (of T),
+  // idx (samples x T) on the device; the backward adds each row into its token's and position's rows.
+  virtual void embedding_forward(float* x, const float* wte, const float* wpe, const int64_t* idx, int64_t R, int64_t Tl,
+                                 int64_t T, int64_t t0, int64_t C) = 0;
+  virtual void embedding_backward(float* dwte, float* dwpe, const float* dx, const int64_t* idx, int64_t R, int64_t Tl,
+                                  int64_t T, int64_t t0, int64_t C) = 0;
+  virtual void add(float* out, const float* a, const float* b, int64_t n) = 0;               // out = a + b
+  virtual void add_rows(float* y, const float* bias, int64_t R, int64_t C) = 0;              // y[i, :] += bias
+  virtual void sum_rows(float* acc, const float* x, int64_t R, int64_t C) = 0;               // acc += sum over i of x[i, :]
+
   // ---- loss: softmax cross-entropy with mean reduction ----
   // probs (B, C) receives the softmax; stats (kLossStatsDoubles) gains loss x B and the number of
   // rows whose argmax (lowest index on ties, as torch.argmax) equals the target. Targets (B) live on

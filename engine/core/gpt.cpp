@@ -11,8 +11,6 @@
 #include <string>
 #include <utility>
 
-#include <cblas.h>
-
 #include "engine/core/check.h"
 #include "engine/core/vec_math.h"
 
@@ -272,144 +270,15 @@ std::vector<float> gpt_init_values(const GptSpec& s, uint64_t seed) {
   return v;
 }
 
-// ---- the layers' loops (host memory) ----
+// ---- the model ----
 
 namespace {
-
-constexpr float kLnEps = 1e-5f;
-
-// F.layer_norm over the last dimension: out = (x - mean) * rstd * w + b, the biased variance.
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                       int64_t N, int64_t C) {
-  for (int64_t i = 0; i < N; i++) {
-    const float* x = inp + i * C;
-    double m = 0;
-    for (int64_t c = 0; c < C; c++) m += x[c];
-    m /= static_cast<double>(C);
-    double v = 0;
-    for (int64_t c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
-    v /= static_cast<double>(C);
-    const float s = static_cast<float>(1.0 / std::sqrt(v + kLnEps));
-    const float mf = static_cast<float>(m);
-    float* o = out + i * C;
-    for (int64_t c = 0; c < C; c++) o[c] = (x[c] - mf) * s * w[c] + b[c];
-    mean[i] = mf;
-    rstd[i] = s;
-  }
-}
-
-// dinp += the input gradient; dw, db += the parameters'.
-void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                        const float* mean, const float* rstd, int64_t N, int64_t C) {
-  for (int64_t i = 0; i < N; i++) {
-    const float* dy = dout + i * C;
-    const float* x = inp + i * C;
-    const float m = mean[i], s = rstd[i];
-    double dnorm_mean = 0, dnorm_norm_mean = 0;
-    for (int64_t c = 0; c < C; c++) {
-      const float norm = (x[c] - m) * s;
-      const float dnorm = w[c] * dy[c];
-      dnorm_mean += dnorm;
-      dnorm_norm_mean += static_cast<double>(dnorm) * norm;
-    }
-    const float a = static_cast<float>(dnorm_mean / static_cast<double>(C));
-    const float bb = static_cast<float>(dnorm_norm_mean / static_cast<double>(C));
-    float* dx = dinp + i * C;
-    for (int64_t c = 0; c < C; c++) {
-      const float norm = (x[c] - m) * s;
-      const float dnorm = w[c] * dy[c];
-      db[c] += dy[c];
-      dw[c] += norm * dy[c];
-      dx[c] += (dnorm - a - norm * bb) * s;
-    }
-  }
-}
-
-// nn.GELU() (approximate='none'): x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
-void gelu_forward(float* out, const float* inp, int64_t N) {
-  for (int64_t i = 0; i < N; i++) out[i] = 0.5f * inp[i] * (1.0f + erf_vec(inp[i] * static_cast<float>(M_SQRT1_2)));
-}
-
-// d = dout * (Phi(x) + x * phi(x)), in place on dout's buffer (d may equal dout).
-void gelu_backward(float* d, const float* dout, const float* inp, int64_t N) {
-  const float kBeta = static_cast<float>(M_2_SQRTPI * M_SQRT1_2 * 0.5);  // 1/sqrt(2 pi)
-  for (int64_t i = 0; i < N; i++) {
-    const float x = inp[i];
-    const float cdf = 0.5f * (1.0f + erf_vec(x * static_cast<float>(M_SQRT1_2)));
-    const float pdf = exp_vec(-0.5f * x * x) * kBeta;
-    d[i] = dout[i] * (cdf + x * pdf);
-  }
-}
-
-// Causal self-attention on the fused qkv (BT, 3C): q, k, v split at C and 2C, heads of hs columns;
-// att (B, NH, T, T) keeps the softmax (zeros above the diagonal); out (BT, C) the heads side by side.
-// Per (sample, head) two GEMMs read the heads in place (leading dimension 3C), as torch's batched
-// matmuls do: scores = q k^T, then y = att v; the mask and softmax run on the rows in between.
-void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const int64_t hs = C / NH, C3 = 3 * C;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < NH; h++) {
-      const float* q = qkv + b * T * C3 + h * hs;
-      float* a = att + (b * NH + h) * T * T;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hs, scale, q, (int)C3, q + C, (int)C3, 0.0f, a,
-                  (int)T);
-      for (int64_t t = 0; t < T; t++) {
-        float* row = a + t * T;
-        float maxv = -INFINITY;
-        for (int64_t t2 = 0; t2 <= t; t2++) maxv = std::max(maxv, row[t2]);
-        for (int64_t t2 = 0; t2 <= t; t2++) row[t2] = exp_vec(row[t2] - maxv);  // vectorized
-        double sum = 0;  // in order, in double (a float reduction would not vectorize without reassociating)
-        for (int64_t t2 = 0; t2 <= t; t2++) sum += row[t2];
-        const float inv = static_cast<float>(1.0 / sum);
-        for (int64_t t2 = 0; t2 <= t; t2++) row[t2] *= inv;
-        for (int64_t t2 = t + 1; t2 < T; t2++) row[t2] = 0;
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f, a, (int)T, q + 2 * C, (int)C3, 0.0f,
-                  out + b * T * C + h * hs, (int)C);
-    }
-}
-
-// dqkv (overwritten) from dout (BT, C); datt: T x T floats of scratch. With y = att v and
-// att = softmax(scale q k^T): dv = att^T dy, datt = dy v^T, dpre = att (datt - rowsum(att datt)),
-// dq = scale dpre k, dk = scale dpre^T q.
-void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int64_t B,
-                        int64_t T, int64_t C, int64_t NH) {
-  const int64_t hs = C / NH, C3 = 3 * C;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < NH; h++) {
-      const float* q = qkv + b * T * C3 + h * hs;
-      const float* a = att + (b * NH + h) * T * T;
-      const float* dy = dout + b * T * C + h * hs;
-      float* dq = dqkv + b * T * C3 + h * hs;
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f, a, (int)T, dy, (int)C, 0.0f, dq + 2 * C,
-                  (int)C3);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hs, 1.0f, dy, (int)C, q + 2 * C, (int)C3, 0.0f, datt,
-                  (int)T);
-      for (int64_t t = 0; t < T; t++) {
-        const float* ar = a + t * T;
-        float* dr = datt + t * T;
-        double dot = 0;
-        for (int64_t t2 = 0; t2 <= t; t2++) dot += static_cast<double>(ar[t2]) * dr[t2];
-        const float s = static_cast<float>(dot);
-        for (int64_t t2 = 0; t2 <= t; t2++) dr[t2] = ar[t2] * (dr[t2] - s) * scale;
-        for (int64_t t2 = t + 1; t2 < T; t2++) dr[t2] = 0;
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f, datt, (int)T, q + C, (int)C3, 0.0f, dq,
-                  (int)C3);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f, datt, (int)T, q, (int)C3, 0.0f, dq + C,
-                  (int)C3);
-    }
-}
-
+constexpr int64_t kF32 = sizeof(float);  // bytes per element of the device calls below
 }  // namespace
 
-// ---- the model ----
 
 GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, GptRange range, const TensorParallelSpec& tp)
     : s_(spec), r_(range.end == 0 ? GptRange::all(spec) : range), tp_(tp), tracker_(tracker), dev_(device) {
-  DTLAB_CHECK(device.is_host(), "the GPT runs on the CPU device in this version");
   DTLAB_CHECK(tp.degree >= 1 && tp.rank >= 0 && tp.rank < tp.degree && spec.heads % tp.degree == 0 &&
                   (!sp() || spec.ctx % tp.degree == 0),
               "a GPT tensor-parallel shard needs heads (and, sequence parallel, ctx) divisible by its degree");
@@ -522,7 +391,7 @@ const float* GptCore::seq_gather(float* full, const float* local, int64_t w, int
   float* g = perm_.f32();  // rank r's rows of every sample, then rank r + 1's
   comm_->all_gather(g, local, B * Tl * w, layer);
   for (int64_t r = 0; r < t; r++)
-    for (int64_t b = 0; b < B; b++) std::copy_n(g + (r * B + b) * Tl * w, Tl * w, full + (b * T + r * Tl) * w);
+    for (int64_t b = 0; b < B; b++) dev_.copy(full + (b * T + r * Tl) * w, g + (r * B + b) * Tl * w, Tl * w * kF32);
   return full;
 }
 
@@ -530,13 +399,13 @@ void GptCore::seq_reduce_scatter(float* local, const float* full, int64_t w, int
   const int64_t t = tp_.degree, B = B_, T = s_.ctx, Tl = T / t;
   float* g = perm_.f32();
   for (int64_t r = 0; r < t; r++)
-    for (int64_t b = 0; b < B; b++) std::copy_n(full + (b * T + r * Tl) * w, Tl * w, g + (r * B + b) * Tl * w);
+    for (int64_t b = 0; b < B; b++) dev_.copy(g + (r * B + b) * Tl * w, full + (b * T + r * Tl) * w, Tl * w * kF32);
   comm_->reduce_scatter(local, g, B * Tl * w, layer);
 }
 
 void GptCore::seq_rows(float* local, const float* full, int64_t w) const {
   const int64_t B = B_, T = s_.ctx, Tl = T / tp_.degree;
-  for (int64_t b = 0; b < B; b++) std::copy_n(full + (b * T + tp_.rank * Tl) * w, Tl * w, local + b * Tl * w);
+  for (int64_t b = 0; b < B; b++) dev_.copy(local + b * Tl * w, full + (b * T + tp_.rank * Tl) * w, Tl * w * kF32);
 }
 
 const float* GptCore::row_parallel(const float* in, const float* w, const float* b, int64_t width, int layer) {
@@ -550,8 +419,7 @@ const float* GptCore::row_parallel(const float* in, const float* w, const float*
   float* y = out;
   if (sp()) seq_reduce_scatter(y = dloc_.f32(), out, C, layer);
   else comm_->all_reduce(out, BT * C, layer);
-  for (int64_t i = 0; i < R; i++)
-    for (int64_t c = 0; c < C; c++) y[i * C + c] += b[c];  // RowParallelLinear adds the bias after the sum
+  dev_.add_rows(y, b, R, C);  // RowParallelLinear adds the bias after the sum
   return y;
 }
 
@@ -571,12 +439,12 @@ void GptCore::ln_backward(std::vector<Parameter>& p, float* dinp, int wi, int bi
   Parameter& w = p[static_cast<size_t>(wi)];
   Parameter& b = p[static_cast<size_t>(bi)];
   if (!sp()) {
-    layernorm_backward(dinp, w.grad, b.grad, dout, inp, w.data, mean, rstd, R, C);
+    dev_.layernorm_backward(dinp, w.grad, b.grad, dout, inp, w.data, mean, rstd, R, C);
     return;
   }
   float* part = part_.f32();  // weight's then bias's, summed in one all-reduce
-  std::fill_n(part, 2 * C, 0.0f);
-  layernorm_backward(dinp, part, part + C, dout, inp, w.data, mean, rstd, R, C);
+  dev_.fill_zero(part, 2 * C * kF32);
+  dev_.layernorm_backward(dinp, part, part + C, dout, inp, w.data, mean, rstd, R, C);
   add_group_sum(part, layer, {{w.grad, C}, {b.grad, C}});
 }
 
@@ -585,7 +453,7 @@ void GptCore::add_group_sum(float* part, int layer, std::initializer_list<std::p
   for (const auto& [grad, len] : into) n += len;
   comm_->all_reduce(part, n, layer);
   for (const auto& [grad, len] : into) {
-    for (int64_t i = 0; i < len; i++) grad[i] += part[i];
+    dev_.accumulate(grad, part, len, false);
     part += len;
   }
 }
@@ -596,20 +464,19 @@ void GptCore::block_forward(std::vector<Parameter>& p, int l, const float* x) {
   auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };
   const size_t k = slot(l);
   const int layer = 1 + l;
-  layernorm_forward(ln1_[k].f32(), ln1_mean_[k].f32(), ln1_rstd_[k].f32(), x, w(pi(l, P::Ln1W)), w(pi(l, P::Ln1B)), R, C);
+  dev_.layernorm_forward(ln1_[k].f32(), ln1_mean_[k].f32(), ln1_rstd_[k].f32(), x, w(pi(l, P::Ln1W)), w(pi(l, P::Ln1B)), R, C);
   const float* a = sp() ? seq_gather(full_.f32(), ln1_[k].f32(), C, layer) : ln1_[k].f32();  // f
   dev_.linear_forward(qkv_[k].f32(), a, w(pi(l, P::AttnW)), w(pi(l, P::AttnB)), BT, C, 3 * Ct);
-  attention_forward(atty_[k].f32(), att_[k].f32(), qkv_[k].f32(), B, T, Ct, s_.heads / tp_.degree);
+  dev_.attention_forward(atty_[k].f32(), att_[k].f32(), qkv_[k].f32(), B, T, Ct, s_.heads / tp_.degree);
   const float* proj = row_parallel(atty_[k].f32(), w(pi(l, P::AttnProjW)), w(pi(l, P::AttnProjB)), Ct, layer);  // g
   float* r2 = res2_[k].f32();
-  for (int64_t i = 0; i < R * C; i++) r2[i] = x[i] + proj[i];
-  layernorm_forward(ln2_[k].f32(), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), r2, w(pi(l, P::Ln2W)), w(pi(l, P::Ln2B)), R, C);
+  dev_.add(r2, x, proj, R * C);
+  dev_.layernorm_forward(ln2_[k].f32(), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), r2, w(pi(l, P::Ln2W)), w(pi(l, P::Ln2B)), R, C);
   a = sp() ? seq_gather(full_.f32(), ln2_[k].f32(), C, layer) : ln2_[k].f32();
   dev_.linear_forward(fch_[k].f32(), a, w(pi(l, P::FcW)), w(pi(l, P::FcB)), BT, C, 4 * Ct);
-  gelu_forward(fch_gelu_[k].f32(), fch_[k].f32(), BT * 4 * Ct);
+  dev_.gelu_forward(fch_gelu_[k].f32(), fch_[k].f32(), BT * 4 * Ct);
   proj = row_parallel(fch_gelu_[k].f32(), w(pi(l, P::FcProjW)), w(pi(l, P::FcProjB)), 4 * Ct, layer);
-  float* r3 = res3_[local(l)].f32();
-  for (int64_t i = 0; i < R * C; i++) r3[i] = r2[i] + proj[i];
+  dev_.add(res3_[local(l)].f32(), r2, proj, R * C);
 }
 
 const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int64_t B, ComputeObserver* obs, LayerGate* gate,
@@ -633,13 +500,7 @@ const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int
     enter(0);
     {
       ComputeScope scope(obs, ComputeKind::LayerForward, 0, layer_flops(0, B));
-      float* x = encoded_.f32();
-      for (int64_t i = 0; i < R; i++) {
-        const int64_t pos = t0 + i % Tl;
-        const float* te = w(P::kWte) + idx[(i / Tl) * T + pos] * C;
-        const float* pe = w(P::kWpe) + pos * C;
-        for (int64_t c = 0; c < C; c++) x[i * C + c] = te[c] + pe[c];
-      }
+      dev_.embedding_forward(encoded_.f32(), w(P::kWte), w(P::kWpe), idx, R, Tl, T, t0, C);
     }
     if (hooks) hooks->after_forward(0);
   }
@@ -656,7 +517,7 @@ const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int
   enter(L + 1);
   {
     ComputeScope scope(obs, ComputeKind::LayerForward, L + 1, layer_flops(L + 1, B));
-    layernorm_forward(lnf_.f32(), lnf_mean_.f32(), lnf_rstd_.f32(), x, w(lnf_w_), w(lnf_b_), R, C);
+    dev_.layernorm_forward(lnf_.f32(), lnf_mean_.f32(), lnf_rstd_.f32(), x, w(lnf_w_), w(lnf_b_), R, C);
     // Under sequence parallelism every rank's positions are gathered first: the logits are whole.
     const float* a = sp() ? seq_gather(lnf_full_.f32(), lnf_.f32(), C, L + 1) : lnf_.f32();
     dev_.linear_forward(logits_.f32(), a, w(head_), nullptr, BT, C, V);  // lm_head, tied
@@ -701,7 +562,7 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
   auto keep = [&](Tensor& slot, const float* d, int64_t n) {
     if (!input_only) return;
     slot = Tensor({n}, MemCategory::Activations, tracker_, DType::F32, dev_);
-    std::copy_n(d, n, slot.f32());
+    dev_.copy(slot.f32(), d, n * kF32);
   };
   if (input_only) {
     douts_.clear();
@@ -723,13 +584,13 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
         float* dl = dlogits_local_.f32();
         seq_rows(dl, dlogits, V);
         float* part = wte_part_.f32();
-        std::fill_n(part, V * C, 0.0f);
+        dev_.fill_zero(part, V * C * kF32);
         dev_.linear_backward(dbuf, part, nullptr, dl, lnf_.f32(), w(head_), R, C, V);
         if (!r_.embeds()) {  // a last stage's own copy: complete now
           add_group_sum(part, L + 1, {{g(head_), V * C}});
         }
       }
-      std::fill_n(dres, R * C, 0.0f);
+      dev_.fill_zero(dres, R * C * kF32);
       ln_backward(p, dres, lnf_w_, lnf_b_, dbuf, last, lnf_mean_.f32(), lnf_rstd_.f32(), L + 1);
       // A last stage's own copy of the tied weight is complete here (the embedding group sums it with
       // the first stage's); the whole model's waits for the embedding's use below.
@@ -738,7 +599,7 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
     }
     if (hooks) hooks->after_backward(L + 1);
   } else {
-    std::copy_n(dlogits, R * C, dres);  // the next stage's gradient of this stage's output
+    dev_.copy(dres, dlogits, R * C * kF32);  // the next stage's gradient of this stage's output
   }
   for (int l = r_.end_block(s_) - 1; l >= fb; l--) {
     const size_t u = local(l), k = slot(l);
@@ -758,9 +619,8 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
     // is summed over the group (without, the whole output gradient gives every rank the whole sum).
     auto row_bias_grad = [&](int bi) {
       float* part = part_.f32();
-      std::fill_n(part, C, 0.0f);
-      for (int64_t i = 0; i < R; i++)
-        for (int64_t c = 0; c < C; c++) part[c] += dres[i * C + c];
+      dev_.fill_zero(part, C * kF32);
+      dev_.sum_rows(part, dres, R, C);
       add_group_sum(part, layer, {{g(bi), C}});
     };
     float* dfch = dfch_.f32();
@@ -771,7 +631,7 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
     if (kept) keep((*kept)[0], dy, BT * C);
     if (sp()) row_bias_grad(pi(l, P::FcProjB));
     linear_done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
-    gelu_backward(dfch, dfch, fch_[k].f32(), BT * 4 * Ct);
+    dev_.gelu_backward(dfch, dfch, fch_[k].f32(), BT * 4 * Ct);
     if (kept) keep((*kept)[1], dfch, BT * 4 * Ct);
     const float* a = sp() ? seq_gather(full_.f32(), ln2_[k].f32(), C, layer) : ln2_[k].f32();  // gathered again
     dev_.linear_backward(dbuf, lg(pi(l, P::FcW)), lg(pi(l, P::FcB)), dfch, a, w(pi(l, P::FcW)), BT, C, 4 * Ct);
@@ -785,7 +645,7 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
     if (kept) keep((*kept)[2], dy, BT * C);
     if (sp()) row_bias_grad(pi(l, P::AttnProjB));
     linear_done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
-    attention_backward(dqkv_.f32(), datt_.f32(), dbuf, qkv_[k].f32(), att_[k].f32(), B, T, Ct, s_.heads / tp_.degree);
+    dev_.attention_backward(dqkv_.f32(), datt_.f32(), dbuf, qkv_[k].f32(), att_[k].f32(), B, T, Ct, s_.heads / tp_.degree);
     if (kept) keep((*kept)[3], dqkv_.f32(), BT * 3 * Ct);
     a = sp() ? seq_gather(full_.f32(), ln1_[k].f32(), C, layer) : ln1_[k].f32();
     dev_.linear_backward(dbuf, lg(pi(l, P::AttnW)), lg(pi(l, P::AttnB)), dqkv_.f32(), a, w(pi(l, P::AttnW)), BT, C, 3 * Ct);
@@ -804,18 +664,9 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
     // head's), summed over the group before they are added.
     float* dwte = sp() ? wte_part_.f32() : g(P::kWte);
     float* dwpe = sp() ? part_.f32() : g(P::kWpe);
-    if (sp()) std::fill_n(dwpe, T * C, 0.0f);
-    if (sp() && !r_.heads(s_)) std::fill_n(dwte, V * C, 0.0f);  // a first stage: no head's share
-    for (int64_t i = 0; i < R; i++) {
-      const int64_t pos = t0 + i % Tl;
-      float* te = dwte + idx_[(i / Tl) * T + pos] * C;
-      float* pe = dwpe + pos * C;
-      const float* d = dres + i * C;
-      for (int64_t c = 0; c < C; c++) {
-        te[c] += d[c];
-        pe[c] += d[c];
-      }
-    }
+    if (sp()) dev_.fill_zero(dwpe, T * C * kF32);
+    if (sp() && !r_.heads(s_)) dev_.fill_zero(dwte, V * C * kF32);  // a first stage: no head's share
+    dev_.embedding_backward(dwte, dwpe, dres, idx_, R, Tl, T, t0, C);
     if (sp()) {
       add_group_sum(dwpe, 0, {{g(P::kWpe), T * C}});
       add_group_sum(dwte, 0, {{g(P::kWte), V * C}});
@@ -904,11 +755,27 @@ std::vector<int32_t> gpt_generate(Model& model, const std::vector<int32_t>& prom
   std::vector<int64_t> idx(static_cast<size_t>(T));
   std::vector<double> p(static_cast<size_t>(V));
   std::mt19937_64 gen(seed);
+  // A device model reads its tokens from device memory and hands the logits back.
+  Device& dev = model.device();
+  dev.bind_thread();
+  Tensor idx_dev, logits_host;
+  if (!dev.is_host()) {
+    idx_dev = Tensor({T}, MemCategory::Activations, nullptr, DType::I64, dev);
+    logits_host = Tensor({T, V}, MemCategory::Activations, nullptr);
+  }
   for (int64_t k = 0; k < n; k++) {
     const int64_t len = std::min<int64_t>(T, static_cast<int64_t>(seq.size()));
     std::fill(idx.begin(), idx.end(), 0);
     std::copy(seq.end() - len, seq.end(), idx.begin());
-    const float* row = model.forward_tokens(idx.data(), 1) + (len - 1) * V;
+    const float* logits = nullptr;
+    if (dev.is_host()) {
+      logits = model.forward_tokens(idx.data(), 1);
+    } else {
+      dev.upload(idx_dev.raw(), idx.data(), T * static_cast<int64_t>(sizeof(int64_t)));
+      dev.download(logits_host.raw(), model.forward_tokens(idx_dev.i64(), 1), T * V * kF32);
+      logits = logits_host.f32();
+    }
+    const float* row = logits + (len - 1) * V;
     // logits / temperature; top-k keeps the values >= the k-th largest (torch.topk's v[:, [-1]]).
     std::vector<float> z(row, row + V);
     for (float& x : z) x /= temperature;

@@ -134,6 +134,7 @@ class GptCore {
   // keeps it), and for a head another TP rank computes.
   const float* attention(int l, int64_t b, int64_t h) const;
   // The last forward's input tokens of sample b (T ids; null before a forward).
+  Device& device() const { return dev_; }  // where attention() and tokens() point
   const int64_t* tokens(int64_t b) const { return idx_ && b >= 0 && b < B_ ? idx_ + b * s_.ctx : nullptr; }
   // FLOPs of one forward of layer `layer` (0..L+1) for B samples on this rank (a TP shard's blocks do
   // 1/t of the matmuls and attention), multiply-adds counted twice (the backward is twice that).

@@ -81,7 +81,6 @@ Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int f
   if (spec.is_gpt()) {
     // first_linear/end_linear: the stage's layers in the GPT's numbering (GptRange).
     DTLAB_CHECK(spec.gpt.vocab >= 2, "the GPT's vocabulary must be known before it is built");
-    if (!device.is_host()) throw Error("--model gpt runs on the CPU in this version (its GPU kernels are not built yet); use --device cpu");
     DTLAB_CHECK(tp.degree >= 1 && tp.rank >= 0 && tp.rank < tp.degree, "a tensor-parallel rank outside its group");
     check_gpt_tp(spec.gpt, tp.degree, tp.sequence_parallel);
     gpt_range_ = {first_linear, end_linear};

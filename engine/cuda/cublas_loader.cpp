@@ -24,6 +24,9 @@ struct Cublas {
   const char* (*status_string)(cublasStatus_t) = nullptr;
   cublasStatus_t (*sgemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const float*, const float*, int,
                           const float*, int, const float*, float*, int) = nullptr;
+  cublasStatus_t (*sgemm_strided_batched)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const float*,
+                                          const float*, int, long long, const float*, int, long long, const float*, float*, int,
+                                          long long, int) = nullptr;
 };
 
 template <class F>
@@ -51,6 +54,7 @@ const Cublas& cublas() {
     bind(c, c.set_math_mode, "cublasSetMathMode");
     bind(c, c.status_string, "cublasGetStatusString");
     bind(c, c.sgemm, "cublasSgemm_v2");
+    bind(c, c.sgemm_strided_batched, "cublasSgemmStridedBatched");  // the attention's per-head products
   });
   return c;
 }
@@ -96,6 +100,17 @@ cublasStatus_t CUBLASWINAPI cublasSgemm_v2(cublasHandle_t handle, cublasOperatio
                                            const float* beta, float* C, int ldc) {
   const Cublas& c = cublas();
   return c.sgemm ? c.sgemm(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+cublasStatus_t CUBLASWINAPI cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                                      int m, int n, int k, const float* alpha, const float* A, int lda,
+                                                      long long int strideA, const float* B, int ldb, long long int strideB,
+                                                      const float* beta, float* C, int ldc, long long int strideC,
+                                                      int batchCount) {
+  const Cublas& c = cublas();
+  return c.sgemm_strided_batched ? c.sgemm_strided_batched(handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB,
+                                                           beta, C, ldc, strideC, batchCount)
+                                 : CUBLAS_STATUS_NOT_INITIALIZED;
 }
 
 }  // extern "C"

@@ -31,6 +31,7 @@ CudaDevice::CudaDevice(const RankDevice& rank) : rank_(rank) {}
 CudaDevice::CudaDevice(std::unique_ptr<RankDevice> owned) : owned_(std::move(owned)), rank_(*owned_) {}
 CudaDevice::~CudaDevice() {
   loss_scratch_ = Tensor();  // frees on the stream before the stream goes
+  attention_scratch_ = Tensor();
   if (owned_) cudaStreamSynchronize(rank_.compute());
 }
 
@@ -102,6 +103,67 @@ void CudaDevice::relu_forward(float* out, const float* inp, int64_t N) { cuda::r
 
 void CudaDevice::relu_backward(float* dinp, const float* dout, const float* out, int64_t N) {
   cuda::relu_backward(rank_, dinp, dout, out, N);
+}
+
+void CudaDevice::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                                   int64_t N, int64_t C) {
+  launch_layernorm_forward(rank_.compute(), out, mean, rstd, inp, w, b, N, C);
+  DTLAB_CUDA_CHECK_LAUNCH();
+}
+
+void CudaDevice::layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                                    const float* mean, const float* rstd, int64_t N, int64_t C) {
+  launch_layernorm_backward(rank_.compute(), dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  DTLAB_CUDA_CHECK_LAUNCH();
+}
+
+void CudaDevice::gelu_forward(float* out, const float* inp, int64_t N) {
+  launch_gelu_forward(rank_.compute(), out, inp, N);
+  DTLAB_CUDA_CHECK_LAUNCH();
+}
+
+void CudaDevice::gelu_backward(float* d, const float* dout, const float* inp, int64_t N) {
+  launch_gelu_backward(rank_.compute(), d, dout, inp, N);
+  DTLAB_CUDA_CHECK_LAUNCH();
+}
+
+void CudaDevice::attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  cuda::attention_forward(rank_, out, att, qkv, B, T, C, NH);
+}
+
+void CudaDevice::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int64_t B,
+                                    int64_t T, int64_t C, int64_t NH) {
+  (void)datt;  // one head's T x T: every head of a sample runs at once here
+  if (attention_scratch_.numel() < NH * T * T)
+    attention_scratch_ = Tensor({NH, T, T}, MemCategory::Other, nullptr, DType::F32, *this);
+  cuda::attention_backward(rank_, dqkv, attention_scratch_.f32(), dout, qkv, att, B, T, C, NH);
+}
+
+void CudaDevice::embedding_forward(float* x, const float* wte, const float* wpe, const int64_t* idx, int64_t R, int64_t Tl,
+                                   int64_t T, int64_t t0, int64_t C) {
+  launch_embedding_forward(rank_.compute(), x, wte, wpe, idx, R, Tl, T, t0, C);
+  DTLAB_CUDA_CHECK_LAUNCH();
+}
+
+void CudaDevice::embedding_backward(float* dwte, float* dwpe, const float* dx, const int64_t* idx, int64_t R, int64_t Tl,
+                                    int64_t T, int64_t t0, int64_t C) {
+  launch_embedding_backward(rank_.compute(), dwte, dwpe, dx, idx, R, Tl, T, t0, C);
+  DTLAB_CUDA_CHECK_LAUNCH();
+}
+
+void CudaDevice::add(float* out, const float* a, const float* b, int64_t n) {
+  if (n > 0) launch_add(rank_.compute(), out, a, b, n);
+  DTLAB_CUDA_CHECK_LAUNCH();
+}
+
+void CudaDevice::add_rows(float* y, const float* bias, int64_t R, int64_t C) {
+  if (R * C > 0) launch_add_rows(rank_.compute(), y, bias, R, C);
+  DTLAB_CUDA_CHECK_LAUNCH();
+}
+
+void CudaDevice::sum_rows(float* acc, const float* x, int64_t R, int64_t C) {
+  if (C > 0) launch_bias_backward(rank_.compute(), acc, x, R, C);  // the same column sums, rows in order
+  DTLAB_CUDA_CHECK_LAUNCH();
 }
 
 void CudaDevice::cross_entropy_forward(float* probs, double* stats, const float* logits, const int64_t* targets,

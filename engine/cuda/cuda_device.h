@@ -43,6 +43,22 @@ class CudaDevice final : public Device {
                        const float* weight, int64_t B, int64_t C, int64_t OC) override;
   void relu_forward(float* out, const float* inp, int64_t N) override;
   void relu_backward(float* dinp, const float* dout, const float* out, int64_t N) override;
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int64_t N,
+                         int64_t C) override;
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                          const float* mean, const float* rstd, int64_t N, int64_t C) override;
+  void gelu_forward(float* out, const float* inp, int64_t N) override;
+  void gelu_backward(float* d, const float* dout, const float* inp, int64_t N) override;
+  void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) override;
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int64_t B, int64_t T,
+                          int64_t C, int64_t NH) override;
+  void embedding_forward(float* x, const float* wte, const float* wpe, const int64_t* idx, int64_t R, int64_t Tl, int64_t T,
+                         int64_t t0, int64_t C) override;
+  void embedding_backward(float* dwte, float* dwpe, const float* dx, const int64_t* idx, int64_t R, int64_t Tl, int64_t T,
+                          int64_t t0, int64_t C) override;
+  void add(float* out, const float* a, const float* b, int64_t n) override;
+  void add_rows(float* y, const float* bias, int64_t R, int64_t C) override;
+  void sum_rows(float* acc, const float* x, int64_t R, int64_t C) override;
   void cross_entropy_forward(float* probs, double* stats, const float* logits, const int64_t* targets, int64_t B,
                              int64_t C) override;
   void cross_entropy_backward(float* dlogits, const float* probs, const int64_t* targets, int64_t B, int64_t C,
@@ -58,6 +74,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<RankDevice> owned_;
   const RankDevice& rank_;
   Tensor loss_scratch_;  // (B + 1,) per-row losses, then hits; the last element the mean loss
+  Tensor attention_scratch_;  // (NH, T, T): the attention backward's score gradients, every head of a sample at once
 };
 
 }  // namespace dtlab::cuda

@@ -29,6 +29,25 @@ void launch_loss_stats(cudaStream_t s, double* stats, float* scratch, const floa
 void launch_cross_entropy_backward(cudaStream_t s, float* dlogits, const float* probs,
                                    const int64_t* targets, int64_t B, int64_t C, float scale);
 
+// ---- gpt_kernels.cu (engine/core/gpt_ops.h's contracts) ----
+void launch_layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, const float* inp, const float* w,
+                              const float* b, int64_t N, int64_t C);
+// dinp (when not null), dw and db += their gradients.
+void launch_layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                               const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
+void launch_gelu_forward(cudaStream_t s, float* out, const float* inp, int64_t N);
+void launch_gelu_backward(cudaStream_t s, float* d, const float* dout, const float* inp, int64_t N);
+// `rows` rows of T scores, row r at position r % T: softmax over positions 0..r % T, zeros after.
+void launch_causal_softmax(cudaStream_t s, float* att, int64_t rows, int64_t T);
+// datt = att (datt - rowsum(att datt)) scale, zeros after the diagonal.
+void launch_causal_softmax_backward(cudaStream_t s, float* datt, const float* att, int64_t rows, int64_t T, float scale);
+void launch_embedding_forward(cudaStream_t s, float* x, const float* wte, const float* wpe, const int64_t* idx, int64_t R,
+                              int64_t Tl, int64_t T, int64_t t0, int64_t C);
+void launch_embedding_backward(cudaStream_t s, float* dwte, float* dwpe, const float* dx, const int64_t* idx, int64_t R,
+                               int64_t Tl, int64_t T, int64_t t0, int64_t C);
+void launch_add(cudaStream_t s, float* out, const float* a, const float* b, int64_t n);  // out = a + b
+void launch_add_rows(cudaStream_t s, float* y, const float* bias, int64_t R, int64_t C);  // y[i, :] += bias
+
 // ---- optim_kernels.cu (the element updates of optim_math.h) ----
 // buf: momentum buffer or null; first: the optimizer's first step (buf = d_p).
 void launch_sgd_step(cudaStream_t s, float* params, const float* grads, float* buf, int64_t n,

@@ -1,5 +1,6 @@
 #include "engine/cuda/ops.h"
 
+#include <cmath>
 #include <string>
 
 #include "engine/cuda/runtime.h"
@@ -69,6 +70,67 @@ void cross_entropy_forward(const RankDevice& dev, float* probs, float* losses, f
 void cross_entropy_backward(const RankDevice& dev, float* dlogits, const float* probs,
                             const int64_t* targets, int64_t B, int64_t C, float scale) {
   launch_cross_entropy_backward(dev.compute(), dlogits, probs, targets, B, C, scale);
+  DTLAB_CUDA_CHECK_LAUNCH();
+}
+
+// Row-major (T, hs) slices of the fused qkv (leading dimension 3C) are column-major (hs, T) ones; each
+// head's product below is the column-major form of the row-major one in its comment.
+namespace {
+
+void batched(const RankDevice& dev, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha,
+             const float* A, int64_t lda, int64_t sa, const float* Bm, int64_t ldb, int64_t sb, float* Cm, int64_t ldc,
+             int64_t sc, int64_t batch, const char* what) {
+  const float beta = 0.0f;
+  check_blas(cublasSgemmStridedBatched(dev.blas(), ta, tb, i32(m), i32(n), i32(k), &alpha, A, i32(lda), sa, Bm, i32(ldb), sb,
+                                       &beta, Cm, i32(ldc), sc, i32(batch)),
+             what, __LINE__);
+}
+
+}  // namespace
+
+void attention_forward(const RankDevice& dev, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t NH) {
+  const int64_t hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (int64_t b = 0; b < B; b++) {
+    const float* q = qkv + b * T * C3;
+    float* a = att + b * NH * T * T;
+    // scores (T, T) = scale q k^T
+    batched(dev, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, q + C, C3, hs, q, C3, hs, a, T, T * T, NH, "cublasSgemmStridedBatched (q k^T)");
+  }
+  launch_causal_softmax(dev.compute(), att, B * NH * T, T);
+  for (int64_t b = 0; b < B; b++) {
+    const float* q = qkv + b * T * C3;
+    // y (T, hs) = att v, the heads side by side in out (B T, C)
+    batched(dev, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, q + 2 * C, C3, hs, att + b * NH * T * T, T, T * T, out + b * T * C, C,
+            hs, NH, "cublasSgemmStridedBatched (att v)");
+  }
+  DTLAB_CUDA_CHECK_LAUNCH();
+}
+
+void attention_backward(const RankDevice& dev, float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (int64_t b = 0; b < B; b++) {
+    const float* q = qkv + b * T * C3;
+    const float* a = att + b * NH * T * T;
+    const float* dy = dout + b * T * C;
+    float* dq = dqkv + b * T * C3;
+    // dv (T, hs) = att^T dy
+    batched(dev, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dy, C, hs, a, T, T * T, dq + 2 * C, C3, hs, NH,
+            "cublasSgemmStridedBatched (att^T dy)");
+    // datt (T, T) = dy v^T
+    batched(dev, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, q + 2 * C, C3, hs, dy, C, hs, scratch, T, T * T, NH,
+            "cublasSgemmStridedBatched (dy v^T)");
+    launch_causal_softmax_backward(dev.compute(), scratch, a, NH * T, T, scale);
+    // dq (T, hs) = dpre k
+    batched(dev, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, q + C, C3, hs, scratch, T, T * T, dq, C3, hs, NH,
+            "cublasSgemmStridedBatched (dpre k)");
+    // dk (T, hs) = dpre^T q
+    batched(dev, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, C3, hs, scratch, T, T * T, dq + C, C3, hs, NH,
+            "cublasSgemmStridedBatched (dpre^T q)");
+  }
   DTLAB_CUDA_CHECK_LAUNCH();
 }
 

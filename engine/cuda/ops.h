@@ -31,4 +31,12 @@ void cross_entropy_forward(const RankDevice& dev, float* probs, float* losses, f
 void cross_entropy_backward(const RankDevice& dev, float* dlogits, const float* probs,
                             const int64_t* targets, int64_t B, int64_t C, float scale);
 
+// Causal self-attention (engine/core/gpt_ops.h's attention_forward/backward): per sample, cuBLAS
+// strided-batched GEMMs over the NH heads read q, k and v in place in the fused qkv (leading
+// dimension 3C); the softmax and its backward are kernels. `scratch` holds NH x T x T floats.
+void attention_forward(const RankDevice& dev, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t NH);
+void attention_backward(const RankDevice& dev, float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);
+
 }  // namespace dtlab::cuda

@@ -31,8 +31,6 @@ const Combination kCombinations[] = {
      "the GPT's layers run in float32", "drop --precision", true},
     {Feature::Lora, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
      "the GPT's adapters on c_attn come with its LoRA form", "drop --lora-rank", true},
-    {Feature::Gpt, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
-     "the GPT's kernels (LayerNorm, GELU, attention, embedding) run on the CPU engine", "use --device cpu", true},
     {Feature::SkipLayer, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
      "it bypasses one of the MLP's Linear layers (DDP's unused-parameters lesson)", "drop --skip-layer, or use an mlp model", false},
 };

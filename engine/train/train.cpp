@@ -236,6 +236,14 @@ EvalResult evaluate_tokens(Model& model, const Dataset& ds, int64_t batch, float
   const int64_t rows = std::min(batch, std::max<int64_t>(ds.n, 1));
   Tensor probs({rows * T, V}, MemCategory::Activations, nullptr);
   std::vector<int64_t> tok(static_cast<size_t>(rows * T)), tgt(static_cast<size_t>(rows * T));
+  // A device model reads its tokens from device memory and hands its logits back to the host.
+  Device& dev = model.device();
+  dev.bind_thread();
+  Tensor tok_dev, logits_host;
+  if (!dev.is_host()) {
+    tok_dev = Tensor({rows * T}, MemCategory::Activations, nullptr, DType::I64, dev);
+    logits_host = Tensor({rows * T, V}, MemCategory::Activations, nullptr);
+  }
   EvalResult r;
   double loss_sum = 0;
   for (int64_t i = 0; i < ds.n; i += batch) {
@@ -244,7 +252,14 @@ EvalResult evaluate_tokens(Model& model, const Dataset& ds, int64_t batch, float
       tok[static_cast<size_t>(k)] = ds.tokens[static_cast<size_t>(i * T + k)];
       tgt[static_cast<size_t>(k)] = ds.tokens[static_cast<size_t>(i * T + k + 1)];
     }
-    const float* logits = model.forward_tokens(tok.data(), B);
+    const float* logits = nullptr;
+    if (dev.is_host()) {
+      logits = model.forward_tokens(tok.data(), B);
+    } else {
+      dev.upload(tok_dev.raw(), tok.data(), B * T * static_cast<int64_t>(sizeof(int64_t)));
+      dev.download(logits_host.raw(), model.forward_tokens(tok_dev.i64(), B), B * T * V * static_cast<int64_t>(sizeof(float)));
+      logits = logits_host.f32();
+    }
     loss_sum += static_cast<double>(cross_entropy_forward(probs.f32(), logits, tgt.data(), B * T, V)) * static_cast<double>(B * T);
     r.correct += count_correct(logits, tgt.data(), B * T, V);
     if (logits_out) std::copy(logits, logits + B * T * V, logits_out + i * T * V);

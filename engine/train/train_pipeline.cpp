@@ -51,8 +51,11 @@ class PipelineTrainRank final : public RankStrategy {
         all_(static_cast<size_t>(kRecordFloats * N_)), records_(static_cast<size_t>(N_)) {
     // A device's batch is uploaded once per step; the stages read their micro-batches' rows there.
     if (!env.dev.is_host()) {
-      x_dev_ = Tensor({c_.batch, F()}, MemCategory::Activations, &env.mem, DType::F32, env.dev);
-      y_dev_ = Tensor({c_.batch}, MemCategory::Activations, &env.mem, DType::I64, env.dev);
+      // A GPT's: its tokens and targets, T per sample.
+      const int64_t rows = c_.batch * c_.model.rows_per_sample();
+      x_dev_ = c_.model.is_gpt() ? Tensor({rows}, MemCategory::Activations, &env.mem, DType::I64, env.dev)
+                                 : Tensor({c_.batch, F()}, MemCategory::Activations, &env.mem, DType::F32, env.dev);
+      y_dev_ = Tensor({rows}, MemCategory::Activations, &env.mem, DType::I64, env.dev);
     }
     // fp16: torch's GradScaler. The last stages scale the loss; every rank checks its stages'
     // gradients and the whole world agrees (Megatron all-reduces found_inf over the model-parallel
@@ -75,14 +78,22 @@ class PipelineTrainRank final : public RankStrategy {
                         (scaler_ ? t_.loss_scale_for(*scaler_, step_, env_.rank) : 1.0f);
     const float* x = batch.x.data();
     const int64_t* y = batch.y.data();
+    const int64_t* tok = batch.tok.empty() ? nullptr : batch.tok.data();
     Device& dev = env_.dev;
     if (!dev.is_host()) {
-      dev.upload(x_dev_.raw(), x, batch.size * F() * static_cast<int64_t>(sizeof(float)));
-      dev.upload(y_dev_.raw(), y, batch.size * static_cast<int64_t>(sizeof(int64_t)));
-      x = x_dev_.f32();
+      const int64_t rows = batch.size * c_.model.rows_per_sample(), I64 = sizeof(int64_t);
+      if (tok) {
+        dev.upload(x_dev_.raw(), tok, rows * I64);
+        tok = x_dev_.i64();
+        x = nullptr;
+      } else {
+        dev.upload(x_dev_.raw(), x, batch.size * F() * static_cast<int64_t>(sizeof(float)));
+        x = x_dev_.f32();
+      }
+      dev.upload(y_dev_.raw(), y, rows * I64);
       y = y_dev_.i64();
     }
-    mine_ = pipe_.run_iteration(x, y, batch.size, scale, batch.tok.empty() ? nullptr : batch.tok.data());
+    mine_ = pipe_.run_iteration(x, y, batch.size, scale, tok);
     // Non-finite input stops the step even if the loss comes out finite. A stage that computes no
     // loss reports NaN for it instead of 0, so every rank learns which replica's batch was bad.
     // (Token ids are always finite.)

@@ -49,17 +49,19 @@ std::string nonfinite_sentence(int64_t step, double local, double reduced, int r
 // One rank's step buffers on its device.
 struct StepBuffers {
   Tensor probs, dlogits;  // (B, C) softmax and the loss gradient
-  Tensor x_dev, y_dev;    // (B, D), (B): a device's batch is uploaded here; the CPU reads the loader's rows
+  Tensor x_dev, y_dev;    // (B, D) or a GPT's (B) tokens, and (B): a device's batch is uploaded here; the CPU reads the loader's
   // The step's loss x samples and correct count, accumulated on the device (two doubles; read
   // once per step), and the four figures every rank all-reduces, in memory the communicator moves.
   Tensor loss_stats, figures;
-  StepBuffers(int64_t B, int64_t D, int64_t C, MemoryTracker& mem, Device& dev)
+  // B rows of logits (a GPT's: samples x positions), D input features (a GPT reads B tokens instead).
+  StepBuffers(int64_t B, int64_t D, int64_t C, MemoryTracker& mem, Device& dev, bool tokens)
       : probs({B, C}, MemCategory::Activations, &mem, DType::F32, dev),
         dlogits({B, C}, MemCategory::Activations, &mem, DType::F32, dev),
         loss_stats({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::F64, dev),
         figures({4}, MemCategory::Other, nullptr, DType::F32, dev) {
     if (!dev.is_host()) {
-      x_dev = Tensor({B, D}, MemCategory::Activations, &mem, DType::F32, dev);
+      x_dev = tokens ? Tensor({B}, MemCategory::Activations, &mem, DType::I64, dev)
+                     : Tensor({B, D}, MemCategory::Activations, &mem, DType::F32, dev);
       y_dev = Tensor({B}, MemCategory::Activations, &mem, DType::I64, dev);
     }
   }
@@ -71,6 +73,14 @@ struct StepBuffers {
     dev.upload(x_dev.raw(), batch.x.data(), B * D * static_cast<int64_t>(sizeof(float)));
     dev.upload(y_dev.raw(), batch.y.data(), B * static_cast<int64_t>(sizeof(int64_t)));
     return {x_dev.f32(), y_dev.i64()};
+  }
+  // A GPT's batch: its tokens and targets (rows each), uploaded to a GPU.
+  std::pair<const int64_t*, const int64_t*> place_tokens(const Batch& batch, int64_t rows) {
+    if (x_dev.raw() == nullptr) return {batch.tok.data(), batch.y.data()};
+    Device& dev = x_dev.device();
+    dev.upload(x_dev.raw(), batch.tok.data(), rows * static_cast<int64_t>(sizeof(int64_t)));
+    dev.upload(y_dev.raw(), batch.y.data(), rows * static_cast<int64_t>(sizeof(int64_t)));
+    return {x_dev.i64(), y_dev.i64()};
   }
   // Cross-entropy of `logits` (B, C) against `y` into loss_stats, and its gradient into dlogits.
   // `loss_scale`: fp16's GradScaler multiplies the loss (so its gradient) by it; 1 otherwise.
@@ -124,7 +134,7 @@ class ReplicaRank : public RankStrategy {
     // FSDP's fp32 shards are its own master weights.
     if (model_.mixed() && !sharded()) opt_.init_master(model_.params16(), model_.half_format());
     buf_ = std::make_unique<StepBuffers>(c_.batch * c_.model.rows_per_sample(), c_.model.in_features(), c_.model.out_features(),
-                                         env_.mem, env_.dev);
+                                         env_.mem, env_.dev, c_.model.is_gpt());
   }
   ~ReplicaRank() override {
     model_.set_observer(model_obs_);
@@ -151,8 +161,9 @@ class ReplicaRank : public RankStrategy {
     const int64_t B = t.last_batch = batch.size;
     if (model_.is_gpt()) {  // the loss over every position: B x T rows of logits
       const int64_t rows = B * c_.model.rows_per_sample();
+      const auto [tok, y] = buf_->place_tokens(batch, rows);
       before_forward(sync);
-      buf_->loss(env_.obs, model_.forward_tokens(batch.tok.data(), B), batch.y.data(), rows, C, c_.accum,
+      buf_->loss(env_.obs, model_.forward_tokens(tok, B), y, rows, C, c_.accum,
                  scaler_ ? t_.loss_scale_for(*scaler_, step, rank_) : 1.0f);
       t.samples += rows;
       prepare_backward(sync);
