@@ -4,11 +4,14 @@
 //     dtlab/torch, first losses compared) and, when the model is small enough, the same Model on the
 //     CPU device (speed-up). --gemm switches to a GEMM-bound model (mlp:4096,16384,16384,4096, batch
 //     8192) and prints achieved TFLOP/s for both, so cuBLAS against torch is what the ratio measures;
+//     --gpt times nanoGPT's GPT-2 small (gpt2-124m, batch 8 x 1024 tokens, fp32) against PyTorch eager
+//     running tests/nanogpt_torch.py's GPT on the same GPU (tokens (b T + t) 7 % V, targets the next);
 //  2. ring all-reduce of N ranks sharing the GPU (the cuda backend), nccl-tests columns (#wrong, algbw,
 //     busbw = algbw * 2(n-1)/n), against the device's own device-to-device copy bandwidth.
 // Without a CUDA device (or built without CUDA) it prints one line and exits 0.
-// Usage: dtlab-bench-cuda [--gemm] [--model SPEC] [--batch B] [--steps N] [--cpu-steps N] [--world N]
+// Usage: dtlab-bench-cuda [--gemm | --gpt] [--model SPEC] [--batch B] [--steps N] [--cpu-steps N] [--world N]
 //   --gemm is a preset (--model mlp:4096,16384,16384,4096 --batch 8192 --steps 10; explicit flags win);
+//   --gpt one too (--model gpt2-124m --batch 8 --steps 10 --world 0);
 //   --world 0 skips the all-reduce; --cpu-steps 0 skips the CPU reference (skipped by default when a
 //   step is over 200 GFLOP of GEMMs).
 #include <cstdio>
@@ -57,7 +60,14 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // FLOPs of the GEMMs of one training step of an MLP: per Linear of W weights, forward 2BW, backward
 // 4BW (input and weight gradients), except the first Linear's input gradient, which nobody needs;
 // biases, ReLUs, loss and optimizer are left out. The same count for dtlab and torch.
+// A GPT's: its matmuls, forward 2 x (12 L C^2 + C V) per token plus the causal attention's q k^T and
+// att v (2 x 2 x T/2 x C per token and layer), backward twice that.
 double step_flops(const ModelSpec& spec, int64_t B) {
+  if (spec.is_gpt()) {
+    const GptSpec& g = spec.gpt;
+    const double tokens = double(B) * double(g.ctx), C = double(g.embd);
+    return 3.0 * tokens * (2.0 * (12.0 * double(g.layers) * C * C + C * double(g.vocab)) + 2.0 * double(g.layers) * double(g.ctx) * C);
+  }
   double flops = 0;
   for (size_t i = 0; i + 1 < spec.dims.size(); i++)
     flops += (i == 0 ? 4.0 : 6.0) * double(B) * double(spec.dims[i]) * double(spec.dims[i + 1]);
@@ -73,9 +83,11 @@ struct StepTimes {
 // Steps of the Model on `dev`, the trainer's per-step sequence (zero_grad, forward, loss with its
 // stats on the device, backward, optimizer step); each step ends when the device has finished it
 // (download of the loss stats, the trainer's one wait per step).
+// A GPT reads `tok` (B x T ids; x is empty) and its rows are its positions.
 StepTimes time_steps(Device& dev, const ModelSpec& spec, const std::vector<float>& x, const std::vector<int64_t>& y,
-                     int64_t B, int64_t warmup, int64_t steps) {
-  const int64_t D = spec.in_features(), K = spec.out_features();
+                     const std::vector<int64_t>& tok, int64_t B, int64_t warmup, int64_t steps) {
+  const int64_t D = spec.in_features(), K = spec.out_features(), R = B * spec.rows_per_sample();
+  const bool gpt = spec.is_gpt();
   OptimizerConfig oc;
   oc.kind = OptimizerKind::AdamW;
   oc.lr = 1e-3;
@@ -86,17 +98,19 @@ StepTimes time_steps(Device& dev, const ModelSpec& spec, const std::vector<float
   // The CPU reads the host vectors where they are; a GPU gets them uploaded once.
   Tensor gx, gy;
   const float* xp = x.data();
+  const int64_t* tp = tok.data();
   const int64_t* yp = y.data();
   if (!dev.is_host()) {
-    gx = Tensor({B, D}, MemCategory::Activations, &mem, DType::F32, dev);
-    gy = Tensor({B}, MemCategory::Activations, &mem, DType::I64, dev);
-    dev.upload(gx.raw(), x.data(), gx.nbytes());
+    gx = gpt ? Tensor({R}, MemCategory::Activations, &mem, DType::I64, dev) : Tensor({B, D}, MemCategory::Activations, &mem, DType::F32, dev);
+    gy = Tensor({R}, MemCategory::Activations, &mem, DType::I64, dev);
+    dev.upload(gx.raw(), gpt ? static_cast<const void*>(tok.data()) : x.data(), gx.nbytes());
     dev.upload(gy.raw(), y.data(), gy.nbytes());
     xp = gx.f32();
+    tp = gx.i64();
     yp = gy.i64();
   }
-  Tensor probs({B, K}, MemCategory::Activations, &mem, DType::F32, dev);
-  Tensor dlogits({B, K}, MemCategory::Activations, &mem, DType::F32, dev);
+  Tensor probs({R, K}, MemCategory::Activations, &mem, DType::F32, dev);
+  Tensor dlogits({R, K}, MemCategory::Activations, &mem, DType::F32, dev);
   Tensor stats({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::I64, dev);
   double* const s = reinterpret_cast<double*>(stats.raw());
   StepTimes out;
@@ -104,15 +118,15 @@ StepTimes time_steps(Device& dev, const ModelSpec& spec, const std::vector<float
     const auto t0 = Clock::now();
     stats.zero();
     model.zero_grad();
-    const float* logits = model.forward(xp, B);
-    dev.cross_entropy_forward(probs.f32(), s, logits, yp, B, K);
-    dev.cross_entropy_backward(dlogits.f32(), probs.f32(), yp, B, K, 1.0f / float(B));
+    const float* logits = gpt ? model.forward_tokens(tp, B) : model.forward(xp, B);
+    dev.cross_entropy_forward(probs.f32(), s, logits, yp, R, K);
+    dev.cross_entropy_backward(dlogits.f32(), probs.f32(), yp, R, K, 1.0f / float(R));
     model.backward(dlogits.f32());
     opt.step(model.params(), model.grads());
     double h[kLossStatsDoubles];
     dev.download(h, s, sizeof h);  // a step ends when the device has finished it
     const double dt = seconds_since(t0);
-    if (i == 0) out.first_loss = static_cast<float>(h[0] / double(B));
+    if (i == 0) out.first_loss = static_cast<float>(h[0] / double(R));
     if (i >= warmup) out.seconds.push_back(dt);
   }
   out.tracked_bytes = mem.stats().total_current;
@@ -137,16 +151,24 @@ void bench_step(const ModelSpec& spec, int64_t B, int64_t steps, int64_t cpu_ste
   const double flops = step_flops(spec, B);
   // A GEMM-bound step warms up in two (cuBLAS picks its kernels on the first); small ones take five.
   const int64_t D = spec.in_features(), K = spec.out_features(), warmup = flops > 1e12 ? 2 : 5;
-  std::vector<float> x(static_cast<size_t>(B * D));
-  std::vector<int64_t> y(static_cast<size_t>(B));
+  const bool gpt = spec.is_gpt();
+  std::vector<float> x(static_cast<size_t>(gpt ? 0 : B * D));
+  std::vector<int64_t> y(static_cast<size_t>(B * spec.rows_per_sample())), tok(static_cast<size_t>(gpt ? B * D : 0));
   for (int64_t b = 0; b < B; b++) {
+    if (gpt) {  // bench/torch_step.py's tokens: (b T + t) 7 % V, each position's target the next one
+      for (int64_t t = 0; t < D; t++) {
+        tok[size_t(b * D + t)] = (b * D + t) * 7 % K;
+        y[size_t(b * D + t)] = (b * D + t + 1) * 7 % K;
+      }
+      continue;
+    }
     for (int64_t j = 0; j < D; j++) x[size_t(b * D + j)] = static_cast<float>(std::sin(0.01 * double(b * D + j)));
     y[size_t(b)] = b % K;
   }
   StepTimes g;
   {
     std::unique_ptr<Device> gpu = cuda::make_device(0, 0);
-    g = time_steps(*gpu, spec, x, y, B, warmup, steps);
+    g = time_steps(*gpu, spec, x, y, tok, B, warmup, steps);
   }  // its memory goes back before PyTorch runs on the same GPU
   const double gs = median(g.seconds);
   std::printf("train step of %s, batch %lld, adamw, median of %lld steps after %lld warm-up (%.1f GFLOP of GEMMs per step)\n",
@@ -158,7 +180,7 @@ void bench_step(const ModelSpec& spec, int64_t B, int64_t steps, int64_t cpu_ste
               human_bytes(g.tracked_bytes).c_str());
 
   if (cpu_steps > 0) {
-    const StepTimes c = time_steps(cpu_device(), spec, x, y, B, 1, cpu_steps);
+    const StepTimes c = time_steps(cpu_device(), spec, x, y, tok, B, 1, cpu_steps);
     const double cs = median(c.seconds);
     std::printf("  cpu   %9.3f ms/step  %10.0f samples/s  %7.2f TFLOP/s  first loss %.6f  (%d BLAS threads)\n", 1e3 * cs,
                 double(B) / cs, flops / cs / 1e12, c.first_loss, compute_threads());
@@ -264,16 +286,16 @@ int64_t bench_allreduce(int n) {  // returns #wrong over all sizes
 int main(int argc, char** argv) {
   std::string spec_text;
   int64_t B = 0, steps = 0, cpu_steps = -1;  // 0 / empty: the preset's; cpu_steps -1: 20 when cheap, else 0
-  int world = 4;
-  bool gemm = false;
+  int world = -1;  // -1: the preset's (4, or 0 under --gpt)
+  bool gemm = false, gpt = false;
   for (int i = 1; i < argc; i++) {
     const std::string k = argv[i];
-    if (k == "--gemm") {
-      gemm = true;
+    if (k == "--gemm" || k == "--gpt") {
+      (k == "--gemm" ? gemm : gpt) = true;
       continue;
     }
     if (k != "--model" && k != "--batch" && k != "--steps" && k != "--cpu-steps" && k != "--world") {
-      std::fprintf(stderr, "dtlab-bench-cuda: unknown flag %s; flags are --gemm --model --batch --steps --cpu-steps --world\n",
+      std::fprintf(stderr, "dtlab-bench-cuda: unknown flag %s; flags are --gemm --gpt --model --batch --steps --cpu-steps --world\n",
                    k.c_str());
       return 2;
     }
@@ -296,15 +318,21 @@ int main(int argc, char** argv) {
   }
   // The presets: bench_step's model, or a GEMM-bound one where the GPU's FP32 peak, not its launch
   // latency, decides (explicit flags win over either).
-  if (spec_text.empty()) spec_text = gemm ? "mlp:4096,16384,16384,4096" : "mlp:256,1024,1024,10";
-  if (B < 1) B = gemm ? 8192 : 256;
-  if (steps < 1) steps = gemm ? 10 : 50;
+  if (gemm && gpt) {
+    std::fprintf(stderr, "dtlab-bench-cuda: --gemm and --gpt are two presets; give one\n");
+    return 2;
+  }
+  if (spec_text.empty()) spec_text = gpt ? "gpt2-124m" : gemm ? "mlp:4096,16384,16384,4096" : "mlp:256,1024,1024,10";
+  if (B < 1) B = gpt ? 8 : gemm ? 8192 : 256;
+  if (steps < 1) steps = gpt || gemm ? 10 : 50;
+  if (world < 0) world = gpt ? 0 : 4;  // the ring is the other presets' second half
   if (!cuda::cuda_available()) {
     std::printf("dtlab-bench-cuda: skipped: %s\n", cuda::unavailable_reason().c_str());
     return 0;
   }
   try {
-    const ModelSpec spec = ModelSpec::parse(spec_text);
+    ModelSpec spec = ModelSpec::parse(spec_text);
+    if (spec.is_gpt() && spec.gpt.vocab == 0) spec.gpt.vocab = 65;  // shakespeare_char's, as dtlab-bench-step
     if (cpu_steps < 0) cpu_steps = step_flops(spec, B) <= 200e9 ? 20 : 0;
     std::printf("%s\n", cuda::runtime_summary().c_str());
     bench_step(spec, B, steps, cpu_steps);
