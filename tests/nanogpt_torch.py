@@ -85,7 +85,7 @@ class GPT(torch.nn.Module):
 
     def forward(self, idx, targets):
         T = idx.size(1)
-        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T))
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T, device=idx.device))
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
