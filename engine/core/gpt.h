@@ -7,8 +7,8 @@
 // as transformer.wte.weight) and live in the Model's flat buffers, so DDP's buckets, the optimizers
 // and checkpoints see them as they see the MLP's. The forward and backward follow llm.c's layout
 // (one activation buffer per saved tensor) with the ops nanoGPT runs; the matmuls are the device's
-// Linear (OpenBLAS on the CPU), the rest are loops here. A pipeline stage runs a range of its layers
-// (GptRange). CPU only in this version: the GPU kernels are the GPU part of the transformer work.
+// Linear (OpenBLAS on the CPU), the rest are the device's transformer ops (engine/core/gpt_ops.h). A pipeline stage
+// runs a range of its layers (GptRange). On a GPU the same code runs engine/cuda/gpt_kernels.cu.
 #pragma once
 #include <array>
 #include <initializer_list>
