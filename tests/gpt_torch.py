@@ -13,7 +13,7 @@ character-level slice of the shipped text:
      the causal-mask buffers, which nanoGPT's state_dict also lists) and gives dtlab's loss.
 Usage: gpt_torch.py PATH/TO/dtlab-cli
 """
-import json, os, struct, sys, tempfile
+import json, math, os, struct, sys, tempfile
 
 from torch_common import CLI, check, cli, failures, load_safetensors, np, torch  # noqa: F401 (exits 77 without torch)
 
@@ -105,6 +105,22 @@ with tempfile.TemporaryDirectory() as tmp:
                 lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
     }
     steps, batch = 20, 4
+
+    def held_to_torch(label, world, flags, model, make_opt, values):
+        """dtlab-cli train with `flags` from `start` against torch_train on `model`: the per-step losses
+        and values(model) after the steps, both within 1e-4. Returns dtlab's checkpoint."""
+        ckpt = os.path.join(tmp, "".join(c if c.isalnum() else "_" for c in label) + ".safetensors")
+        out = cli("train", *common, *flags, "--init", init_path, "--seed", 3, "--batch", batch, "--steps", steps, "--save", ckpt,
+                  "--json")
+        ours = [q["loss"] for q in map(json.loads, out.splitlines()) if "step" in q]
+        theirs = torch_train(model, windows, batch, steps, 3, make_opt, world)
+        loss_diff = max(abs(a - b) for a, b in zip(ours, theirs)) if len(ours) == steps else float("inf")
+        check(loss_diff < 1e-4, f"{label}: {steps} per-step losses equal torch's (max abs diff {loss_diff:.2e})")
+        sd = load_safetensors(ckpt)
+        param_diff = max((sd[k] - v).abs().max().item() for k, v in values(model).items())
+        check(param_diff < 1e-4, f"{label}: parameters after {steps} steps equal torch's (max abs diff {param_diff:.2e})")
+        return ckpt
+
     # One rank, DDP on two, two pipelines (a block per stage, the tied weight summed over the
     # embedding group), Megatron TP over 2 and 4 ranks (heads and MLP columns split; with sequence
     # parallelism the positions too) and the 2 x 2 x 2 mesh (2 replicas of 2 stages of 2 TP shards),
@@ -124,18 +140,9 @@ with tempfile.TemporaryDirectory() as tmp:
     }
     for layout, (world, strategy) in layouts.items():
         for name, (flags, make_opt) in runs.items():
-            ckpt = os.path.join(tmp, f"{name}{layout.replace(' ', '_')}.safetensors")
-            out = cli("train", *common, *strategy, "--init", init_path, "--seed", 3, "--batch", batch, "--steps", steps,
-                      *flags, "--save", ckpt, "--json")
-            ours = [r["loss"] for r in map(json.loads, out.splitlines()) if "step" in r]
             model = GPT(L, H, C, T, V)
             model.load_state_dict(start.state_dict())
-            theirs = torch_train(model, windows, batch, steps, 3, make_opt, world)
-            loss_diff = max(abs(a - b) for a, b in zip(ours, theirs)) if len(ours) == steps else float("inf")
-            check(loss_diff < 1e-4, f"{name}, {layout}: {steps} per-step losses equal torch's (max abs diff {loss_diff:.2e})")
-            sd = load_safetensors(ckpt)
-            param_diff = max((sd[k] - v).abs().max().item() for k, v in params(model).items())
-            check(param_diff < 1e-4, f"{name}, {layout}: parameters after {steps} steps equal torch's (max abs diff {param_diff:.2e})")
+            ckpt = held_to_torch(f"{name}, {layout}", world, [*strategy, *flags], model, make_opt, params)
 
     # 3. The checkpoint in nanoGPT's GPT.
     fresh = GPT(L, H, C, T, V)
@@ -147,6 +154,57 @@ with tempfile.TemporaryDirectory() as tmp:
         full = fresh(windows[:, :-1].contiguous(), windows[:, 1:].contiguous()).item()
     final = json.loads(cli("eval", "--init", ckpt, "--model", spec, "--data", "text:" + text_path, "--json"))
     check(abs(final["loss"] - full) < 1e-4, f"dtlab-cli eval's loss {final['loss']:.6f} equals torch's {full:.6f} on the loaded GPT")
+
+    # 4. LoRA on c_attn (peft's LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"]), its math written
+    #    out: peft itself is not installed): the adapters' draws, then training with the base frozen.
+    r, alpha = 4, 8.0
+
+    class LoraLinear(torch.nn.Module):  # peft's Linear: base(x) + lora_B(lora_A(x)) * scaling
+        def __init__(self, base):
+            super().__init__()
+            self.base, self.scaling = base, alpha / r
+            self.lora_A = torch.nn.Linear(base.in_features, r, bias=False)
+            self.lora_B = torch.nn.Linear(r, base.out_features, bias=False)
+            torch.nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))  # reset_lora_parameters
+            torch.nn.init.zeros_(self.lora_B.weight)
+
+        def forward(self, x):
+            return self.base(x) + self.lora_B(self.lora_A(x)) * self.scaling
+
+    def lora_gpt(seed):  # torch.manual_seed(seed), GPT(config), get_peft_model: the base's values from `start`
+        torch.manual_seed(seed)
+        m = GPT(L, H, C, T, V)
+        for p in m.parameters():
+            p.requires_grad_(False)
+        for blk in m.transformer.h:
+            blk.attn.c_attn = LoraLinear(blk.attn.c_attn)
+        with torch.no_grad():
+            for k, v in params(start).items():
+                dict(m.named_parameters())[k.replace("c_attn.", "c_attn.base.")].copy_(v)
+        return m
+
+    def merged(m):  # peft's merge_and_unload: W + scaling B A
+        out = {k.replace("c_attn.base.", "c_attn."): v.detach().clone() for k, v in m.named_parameters() if "lora_" not in k}
+        for i, blk in enumerate(m.transformer.h):
+            a = blk.attn.c_attn
+            out[f"transformer.h.{i}.attn.c_attn.weight"] += a.scaling * (a.lora_B.weight @ a.lora_A.weight).detach()
+        return out
+
+    lora_flags = ["--lora-rank", r, "--lora-alpha", alpha]
+    adapters = os.path.join(tmp, "adapters.safetensors")
+    cli("train", *common, "--init", init_path, "--seed", 3, "--steps", 1, "--batch", 4, *lora_flags, "--optimizer", "sgd",
+        "--lr", "1e-12", "--save", adapters)
+    ours = load_safetensors(adapters)
+    ref = lora_gpt(3)
+    worst = max((ours[f"base_model.model.transformer.h.{i}.attn.c_attn.lora_A.weight"] - blk.attn.c_attn.lora_A.weight).abs().max().item()
+                for i, blk in enumerate(ref.transformer.h))
+    check(worst < 1e-6, f"LoRA: lora_A after torch.manual_seed(3) and GPT(config) follows peft's draws (max abs diff {worst:.2e})")
+    lora_layouts = {k: layouts[k] for k in ("world 1", "world 2", "pipeline 1f1b", "pipeline zb-h1", "tp 2", "tp 2 + sp",
+                                             "mesh 2x2x2 + sp, zb-h1")}
+    for layout, (world, strategy) in lora_layouts.items():
+        flags, make_opt = runs["adamw"]
+        held_to_torch(f"LoRA, adamw, {layout} (merged)", world, [*strategy, *flags, *lora_flags, "--merge-lora"], lora_gpt(3), make_opt,
+                      merged)
 
 print(f"{'FAILED' if failures else 'passed'}: GPT torch parity ({len(failures)} failures), torch {torch.__version__}")
 sys.exit(1 if failures else 0)

@@ -789,7 +789,7 @@ TEST_CASE("the transformer's ops (LayerNorm, GELU, causal attention, embeddings,
   }
 }
 
-TEST_CASE("train --model gpt --device cuda: single, DDP, FSDP and pipelines follow the CPU engine step by step") {
+TEST_CASE("train --model gpt --device cuda: single, DDP (recomputed, LoRA), FSDP and pipelines follow the CPU engine step by step") {
   DTLAB_REQUIRE_CUDA_DEVICE();
   TrainConfig c;
   c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=32,ctx=16");
@@ -804,6 +804,9 @@ TEST_CASE("train --model gpt --device cuda: single, DDP, FSDP and pipelines foll
   c.activation_checkpointing = true;
   check_follows_cpu(c, "cuda", "gpt ddp, activation checkpointing");
   c.activation_checkpointing = false;
+  c.lora.rank = 4;
+  check_follows_cpu(c, "cuda", "gpt ddp, LoRA on c_attn");
+  c.lora.rank = 0;
   c.strategy = Strategy::Fsdp;
   check_follows_cpu(c, "cuda", "gpt fsdp (full shard), 2 ranks");
   c.strategy = Strategy::Pipeline;

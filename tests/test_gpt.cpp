@@ -547,6 +547,55 @@ TEST_SUITE("gpt") {
     CHECK(empty.code == 2);
   }
 
+  TEST_CASE("gpt lora: adapters on c_attn with peft's names, the base frozen, and fsdp, recompute and tp equal ddp") {
+    TrainConfig c = gpt_config("ddp", 2, 2);
+    c.lora.rank = 4;
+    c.lora.alpha = 8.0f;
+    Trainer ddp(c);
+    ddp.run();
+    const Model& m = ddp.model();
+    REQUIRE(m.lora());
+    const std::vector<Parameter>& ps = m.parameters();
+    REQUIRE(ps.size() == 4);
+    CHECK(ps[0].name == "transformer.h.0.attn.c_attn.lora_A.weight");
+    CHECK(ps[0].shape == Shape{4, 16});
+    CHECK(ps[1].name == "transformer.h.0.attn.c_attn.lora_B.weight");
+    CHECK(ps[1].shape == Shape{48, 4});
+    CHECK(ps[3].name == "transformer.h.1.attn.c_attn.lora_B.weight");
+    // The base did not move; c_attn's merged weight is W + (alpha / r) B A.
+    const Model start(m.spec(), nullptr, c.seed);  // rank 0's base: the seed's values
+    const std::vector<float> base = start.host_params(), merged = m.merged_params();
+    REQUIRE(merged.size() == base.size());
+    const std::vector<Parameter> whole = gpt_parameters(m.spec().gpt);
+    int moved = 0, changed_elsewhere = 0;
+    for (const Parameter& p : whole)
+      for (int64_t i = 0; i < p.numel; i++) {
+        const bool differs = merged[static_cast<size_t>(p.offset + i)] != base[static_cast<size_t>(p.offset + i)];
+        if (p.name.ends_with("attn.c_attn.weight")) moved += differs;
+        else changed_elsewhere += differs;
+      }
+    CHECK(moved > 0);
+    CHECK(changed_elsewhere == 0);
+    // FSDP (a unit per adapted block), recomputation per block, and TP 2 (B's rows split by heads, A's
+    // gradient all-reduced) give ddp's adapters.
+    const std::vector<float> want = m.host_params();
+    for (int variant = 0; variant < 3; variant++) {
+      CAPTURE(variant);
+      TrainConfig v = c;
+      if (variant == 0) v.strategy = Strategy::Fsdp;
+      if (variant == 1) v.activation_checkpointing = true;
+      if (variant == 2) v.tp = 2, v.world_size = 4;
+      Trainer t(v);
+      t.run();
+      CHECK(test::max_abs_diff(t.result_model().merged_params(), merged) < 1e-6);
+      if (variant < 2) CHECK(test::max_abs_diff(t.model().host_params(), want) < 1e-6);
+    }
+    TrainConfig bad = c;
+    bad.lora.layers = {2};
+    CHECK(test::error_of(bad) == "--lora-layers names block 2, which is not a block of gpt:layers=2,heads=2,embd=16,ctx=8; its blocks are "
+                                 "0 to 1 (the adapters sit on each listed block's attn.c_attn)");
+  }
+
   TEST_CASE("gpt runs: ddp trains it, the strategies and options not built for it yet are refused with their sentence") {
     TrainConfig c = test::demo_config("ddp", 2, 4, 3);
     c.model = ModelSpec::parse("gpt:layers=1,heads=2,embd=16,ctx=8");

@@ -223,16 +223,47 @@ std::vector<int64_t> gpt_stage_sources(const GptSpec& s, GptRange r) {
   return out;
 }
 
+namespace {
+
+// GPT(config)'s draws from `gen` into v (gpt_parameters' layout).
+void gpt_init_draws(const GptSpec& s, std::mt19937& gen, std::vector<float>& v);
+
+}  // namespace
+
 std::vector<float> gpt_init_values(const GptSpec& s, uint64_t seed) {
   DTLAB_CHECK(s.vocab >= 2, "gpt_init_values: the vocabulary must be known");
-  const std::vector<Parameter> ps = gpt_parameters(s);
   std::vector<float> v(static_cast<size_t>(s.num_params()));
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  gpt_init_draws(s, gen, v);
+  return v;
+}
+
+std::vector<float> gpt_lora_init_values(const GptSpec& s, const LoraSpec& lora, uint64_t seed, int first_block, int end_block) {
+  std::vector<float> base(static_cast<size_t>(s.num_params()));
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  gpt_init_draws(s, gen, base);  // the model's own draws come first
+  const int64_t r = lora.rank, C = s.embd;
+  const double bound_a = linear_kaiming_bound(C), bound_b = linear_kaiming_bound(r);
+  std::vector<float> out, scratch(static_cast<size_t>(3 * C * r));
+  for (int l = 0; l < static_cast<int>(s.layers); l++) {
+    if (!lora.adapts(l)) continue;
+    torch_uniform_range(gen, scratch.data(), r * C, -bound_a, bound_a);      // nn.Linear(C, r, bias=False)
+    torch_uniform_range(gen, scratch.data(), 3 * C * r, -bound_b, bound_b);  // nn.Linear(r, 3C, bias=False)
+    torch_uniform_range(gen, scratch.data(), r * C, -bound_a, bound_a);      // reset_lora_parameters: A again
+    if (l >= first_block && l < end_block) out.insert(out.end(), scratch.begin(), scratch.begin() + r * C);
+  }
+  return out;
+}
+
+namespace {
+
+void gpt_init_draws(const GptSpec& s, std::mt19937& gen, std::vector<float>& v) {
+  const std::vector<Parameter> ps = gpt_parameters(s);
   auto at = [&](int i) { return v.data() + ps[static_cast<size_t>(i)].offset; };
   auto numel = [&](int i) { return ps[static_cast<size_t>(i)].numel; };
   using P = GptParamIndex;
   const int L = static_cast<int>(s.layers);
   const int64_t C = s.embd;
-  std::mt19937 gen(static_cast<uint32_t>(seed));
   // The constructors, in GPT.__init__'s order.
   torch_normal(gen, at(P::kWte), numel(P::kWte), 0.0f, 1.0f);  // nn.Embedding: normal_(0, 1)
   torch_normal(gen, at(P::kWpe), numel(P::kWpe), 0.0f, 1.0f);
@@ -267,8 +298,9 @@ std::vector<float> gpt_init_values(const GptSpec& s, uint64_t seed) {
   const float proj_std = static_cast<float>(0.02 / std::sqrt(2.0 * static_cast<double>(L)));
   for (int l = 0; l < L; l++)
     for (P::Block k : {P::AttnProjW, P::FcProjW}) torch_normal(gen, at(P::block(l, k)), numel(P::block(l, k)), 0.0f, proj_std);
-  return v;
 }
+
+}  // namespace
 
 // ---- the model ----
 
@@ -308,7 +340,8 @@ std::array<std::vector<Tensor>*, 13> GptCore::per_block() {
 void GptCore::release() {
   for (auto* v : per_block()) v->clear();
   for (Tensor* t : {&encoded_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dbuf_, &dqkv_, &dfch_, &datt_, &full_, &perm_,
-                    &dfull_, &dloc_, &lnf_full_, &dlogits_local_, &part_, &wte_part_, &dlogits_kept_})
+                    &dfull_, &dloc_, &lnf_full_, &dlogits_local_, &part_, &wte_part_, &dlogits_kept_, &lora_t_, &lora_u_,
+                    &lora_dx_, &lora_part_})
     *t = Tensor();
   douts_.clear();
   capacity_ = 0;
@@ -365,8 +398,50 @@ void GptCore::ensure(int64_t B) {
     }
     if (r_.heads(s_) || r_.embeds()) wte_part_ = scratch(s_.vocab * C);
   }
+  if (frozen()) {
+    const int64_t r = lora_.rank;
+    lora_t_ = act({2 * BT * r});
+    lora_u_ = act({BT, 3 * Ct});
+    lora_dx_ = act({BT, C});
+    if (tp()) lora_part_ = Tensor({r * C}, MemCategory::Gradients, tracker_, DType::F32, dev_);
+  }
   capacity_ = B;
   checkpointed_alloc_ = checkpointing_;
+}
+
+void GptCore::lora_forward(int l, float* out, const float* in) {
+  const std::vector<Parameter>& ad = *lora_.params;
+  const Parameter& A = ad[static_cast<size_t>(adapter(l))];
+  const Parameter& Bm = ad[static_cast<size_t>(adapter(l) + 1)];
+  const int64_t BT = B_ * s_.ctx, C = s_.embd, O = 3 * C / tp_.degree, r = lora_.rank;
+  float* t = lora_t_.f32();
+  float* u = lora_u_.f32();
+  dev_.linear_forward(t, in, A.data, nullptr, BT, C, r);
+  dev_.linear_forward(u, t, Bm.data, nullptr, BT, r, O);
+  dev_.scale(u, BT * O, lora_.scaling);
+  dev_.accumulate(out, u, BT * O, false);
+}
+
+void GptCore::lora_backward(int l, float* dinp, const float* dout, const float* in, bool weights, int layer) {
+  const std::vector<Parameter>& ad = *lora_.params;
+  const Parameter& A = ad[static_cast<size_t>(adapter(l))];
+  const Parameter& Bm = ad[static_cast<size_t>(adapter(l) + 1)];
+  const int64_t BT = B_ * s_.ctx, C = s_.embd, O = 3 * C / tp_.degree, r = lora_.rank;
+  float* gA = weights ? A.grad : nullptr;
+  if (gA && tp()) {  // every rank's dt covers its own heads' outputs: A's gradient is a partial sum
+    gA = lora_part_.f32();
+    dev_.fill_zero(gA, r * C * kF32);
+  }
+  float* t = lora_t_.f32();
+  float* dt = t + BT * r;
+  if (weights) dev_.linear_forward(t, in, A.data, nullptr, BT, C, r);
+  float* ds = lora_u_.f32();
+  dev_.scale_copy(ds, dout, BT * O, lora_.scaling);
+  dev_.linear_backward(dt, weights ? Bm.grad : nullptr, nullptr, ds, weights ? t : nullptr, Bm.data, BT, r, O);
+  float* dx = dinp ? lora_dx_.f32() : nullptr;
+  dev_.linear_backward(dx, gA, nullptr, dt, weights ? in : nullptr, A.data, BT, C, r);
+  if (dx) dev_.accumulate(dinp, dx, BT * C, false);
+  if (gA && tp()) add_group_sum(gA, layer, {{A.grad, r * C}});
 }
 
 double GptCore::layer_flops(int layer, int64_t B) const {
@@ -438,7 +513,7 @@ void GptCore::ln_backward(std::vector<Parameter>& p, float* dinp, int wi, int bi
   const int64_t C = s_.embd, R = residual_rows(B_);
   Parameter& w = p[static_cast<size_t>(wi)];
   Parameter& b = p[static_cast<size_t>(bi)];
-  if (!sp()) {
+  if (!sp() || !w.grad) {  // (a frozen LoRA base: no parameter gradients)
     dev_.layernorm_backward(dinp, w.grad, b.grad, dout, inp, w.data, mean, rstd, R, C);
     return;
   }
@@ -467,6 +542,7 @@ void GptCore::block_forward(std::vector<Parameter>& p, int l, const float* x) {
   dev_.layernorm_forward(ln1_[k].f32(), ln1_mean_[k].f32(), ln1_rstd_[k].f32(), x, w(pi(l, P::Ln1W)), w(pi(l, P::Ln1B)), R, C);
   const float* a = sp() ? seq_gather(full_.f32(), ln1_[k].f32(), C, layer) : ln1_[k].f32();  // f
   dev_.linear_forward(qkv_[k].f32(), a, w(pi(l, P::AttnW)), w(pi(l, P::AttnB)), BT, C, 3 * Ct);
+  if (adapter(l) >= 0) lora_forward(l, qkv_[k].f32(), a);
   dev_.attention_forward(atty_[k].f32(), att_[k].f32(), qkv_[k].f32(), B, T, Ct, s_.heads / tp_.degree);
   const float* proj = row_parallel(atty_[k].f32(), w(pi(l, P::AttnProjW)), w(pi(l, P::AttnProjB)), Ct, layer);  // g
   float* r2 = res2_[k].f32();
@@ -547,8 +623,8 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
   auto g = [&](int i) { return p[static_cast<size_t>(i)].grad; };
   // A Linear's weight and bias gradients: left to backward_weight() (W) when this is ZB's I.
   auto lg = [&](int i) { return input_only ? nullptr : p[static_cast<size_t>(i)].grad; };
-  auto done = [&](std::initializer_list<int> ids) {
-    if (ready)
+  auto done = [&](std::initializer_list<int> ids) {  // a frozen LoRA base has no gradients to report
+    if (ready && !frozen())
       for (int i : ids) ready(i);
   };
   auto linear_done = [&](std::initializer_list<int> ids) {
@@ -583,10 +659,10 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
       } else {  // this rank's positions only: the gather's backward is a split, the weight's gradient partial
         float* dl = dlogits_local_.f32();
         seq_rows(dl, dlogits, V);
-        float* part = wte_part_.f32();
-        dev_.fill_zero(part, V * C * kF32);
+        float* part = frozen() ? nullptr : wte_part_.f32();
+        if (part) dev_.fill_zero(part, V * C * kF32);
         dev_.linear_backward(dbuf, part, nullptr, dl, lnf_.f32(), w(head_), R, C, V);
-        if (!r_.embeds()) {  // a last stage's own copy: complete now
+        if (part && !r_.embeds()) {  // a last stage's own copy: complete now
           add_group_sum(part, L + 1, {{g(head_), V * C}});
         }
       }
@@ -618,6 +694,7 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
     // A row-parallel Linear's bias under sequence parallelism saw this rank's positions: its gradient
     // is summed over the group (without, the whole output gradient gives every rank the whole sum).
     auto row_bias_grad = [&](int bi) {
+      if (!g(bi)) return;  // frozen
       float* part = part_.f32();
       dev_.fill_zero(part, C * kF32);
       dev_.sum_rows(part, dres, R, C);
@@ -649,6 +726,13 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
     if (kept) keep((*kept)[3], dqkv_.f32(), BT * 3 * Ct);
     a = sp() ? seq_gather(full_.f32(), ln1_[k].f32(), C, layer) : ln1_[k].f32();
     dev_.linear_backward(dbuf, lg(pi(l, P::AttnW)), lg(pi(l, P::AttnB)), dqkv_.f32(), a, w(pi(l, P::AttnW)), BT, C, 3 * Ct);
+    if (adapter(l) >= 0) {  // peft's lora_B then lora_A; their input gradient joins c_attn's before f sums it
+      lora_backward(l, dbuf, dqkv_.f32(), a, !input_only, layer);
+      if (ready && !input_only) {
+        ready(adapter(l) + 1);
+        ready(adapter(l));
+      }
+    }
     dln = column_input_grad(dbuf, layer);
     linear_done({pi(l, P::AttnB), pi(l, P::AttnW)});
     ln_backward(p, dres, pi(l, P::Ln1W), pi(l, P::Ln1B), dln, block_in, ln1_mean_[k].f32(), ln1_rstd_[k].f32(), layer);
@@ -658,7 +742,7 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
   }
   if (!r_.embeds()) return dres;  // the gradient of the stage's input, for the previous stage
   enter(0);
-  {
+  if (!frozen()) {  // (a frozen LoRA base: nothing to compute for the embeddings)
     ComputeScope scope(obs, ComputeKind::LayerBackward, 0, 2 * layer_flops(0, B));
     // Under sequence parallelism this rank's positions give partial sums (wte's already holds the
     // head's), summed over the group before they are added.
@@ -686,8 +770,8 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
   DTLAB_CHECK(douts_.size() == static_cast<size_t>(r_.end_block(s_) - r_.first_block()), "W ran before its I; the schedule is wrong");
   auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };
   auto g = [&](int i) { return p[static_cast<size_t>(i)].grad; };
-  auto done = [&](std::initializer_list<int> ids) {
-    if (ready)
+  auto done = [&](std::initializer_list<int> ids) {  // a frozen LoRA base has no gradients to report
+    if (ready && !frozen())
       for (int i : ids) ready(i);
   };
   auto enter = [&](int layer) {
@@ -735,6 +819,13 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
     a = sp() ? seq_gather(full_.f32(), ln1_[k].f32(), C, layer) : ln1_[k].f32();
     dev_.linear_backward(nullptr, g(pi(l, P::AttnW)), g(pi(l, P::AttnB)), d[3].f32(), a, w(pi(l, P::AttnW)), BT, C, 3 * Ct);
     done({pi(l, P::AttnB), pi(l, P::AttnW)});
+    if (adapter(l) >= 0) {
+      lora_backward(l, nullptr, d[3].f32(), a, true, layer);
+      if (ready) {
+        ready(adapter(l) + 1);
+        ready(adapter(l));
+      }
+    }
     for (Tensor& t : d) t = Tensor();
     if (hooks) hooks->after_backward(1 + l);
   }

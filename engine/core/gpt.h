@@ -61,6 +61,22 @@ void check_gpt_tp(const GptSpec& spec, int tp, bool sequence_parallel);
 // log/cos/sin with SLEEF, so its values may differ from these in the last bit.
 std::vector<float> gpt_init_values(const GptSpec& spec, uint64_t seed);
 
+// LoRA on c_attn (peft's LoraConfig(target_modules=["c_attn"]), layers_to_transform = the adapted
+// blocks): lora_A's values of blocks [first_block, end_block) that `lora` adapts, each (r, C), in block
+// order, as peft draws them after torch.manual_seed(seed) and GPT(config): per adapted block
+// nn.Linear(C, r) and nn.Linear(r, 3C) (bias=False) draw, then reset_lora_parameters draws A again
+// with kaiming_uniform_(a=sqrt(5)); lora_B starts at zero.
+std::vector<float> gpt_lora_init_values(const GptSpec& spec, const LoraSpec& lora, uint64_t seed, int first_block, int end_block);
+
+// A GPT's adapters (Model::enable_lora): where each of the stage's blocks' lora_A lies in the
+// trainable parameters (its lora_B next), -1 for a block LoRA leaves alone.
+struct GptAdapters {
+  std::vector<Parameter>* params = nullptr;
+  int64_t rank = 0;
+  float scaling = 0.0f;
+  std::vector<int> a_of_block;
+};
+
 // Layer numbers the GPT reports to observers and gates: 0 the embeddings, 1..L the blocks, L + 1 the
 // final LayerNorm and the head.
 class GptCore {
@@ -86,6 +102,14 @@ class GptCore {
           const TensorParallelSpec& tp = {});
   // The TP group's collectives (required before a pass when the degree is above 1).
   void set_tp_comm(TensorParallelComm* comm) { comm_ = comm; }
+  // LoRA on c_attn (Hu et al. 2021; peft's Linear): the `params` the passes take are then the frozen
+  // base (no gradients, no hook calls) and each adapted block adds scaling * (x A^T) B^T to c_attn's
+  // output. Under TP, B holds this rank's rows (q, k and v of its heads) and A is whole: A's gradient
+  // is a partial sum, all-reduced over the group; the hook sees lora_B then lora_A of each block.
+  void set_lora(const GptAdapters& adapters) { lora_ = adapters; }
+  const GptAdapters& lora() const { return lora_; }
+  // The index of block l's parameter k in the stage's parameters.
+  int block_param(int l, GptParamIndex::Block k) const { return pi(l, k); }
   const TensorParallelSpec& tensor_parallel() const { return tp_; }
   // Residual-stream rows this rank holds: B x T, or B x T/t under sequence parallelism (what a
   // pipeline stage receives and sends, and what output() holds).
@@ -171,6 +195,14 @@ class GptCore {
   // Sequence parallelism's partial parameter gradients: `part` holds this rank's sums for each of
   // `into`'s gradients in turn; one all-reduce over the TP group, then each is added to its gradient.
   void add_group_sum(float* part, int layer, std::initializer_list<std::pair<float*, int64_t>> into);
+  bool frozen() const { return lora_.params != nullptr; }
+  int adapter(int l) const { return frozen() ? lora_.a_of_block[local(l)] : -1; }  // block l's lora_A, or -1
+  // c_attn's adapter: out += scaling (in A^T) B^T over BT rows.
+  void lora_forward(int l, float* out, const float* in);
+  // With ds = scaling dout and t = in A^T (recomputed): dB += ds^T t, dt = ds B, dA += dt^T in (a
+  // partial sum under TP, all-reduced), dinp += dt A. `weights` false: only dinp (ZB's I); dinp null:
+  // only the weights (its W).
+  void lora_backward(int l, float* dinp, const float* dout, const float* in, bool weights, int layer);
   // Indices into the stage's parameters.
   int pi(int l, GptParamIndex::Block k) const { return block0_ + GptParamIndex::kPerBlock * (l - r_.first_block()) + k; }
   bool checkpointing_ = false;
@@ -180,6 +212,7 @@ class GptCore {
   TensorParallelSpec tp_;
   TensorParallelComm* comm_ = nullptr;
   int block0_ = 0, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;  // head_: the weight lm_head reads
+  GptAdapters lora_;
   const float* x_ = nullptr;  // a stage's input (B*T, C), when it does not embed
   MemoryTracker* tracker_;
   Device& dev_;
@@ -198,6 +231,9 @@ class GptCore {
   // this rank's rows of dlogits, and the partial parameter gradients (wte's kept from the head to the
   // embedding).
   Tensor full_, perm_, dfull_, dloc_, lnf_full_, dlogits_local_, part_, wte_part_;
+  // LoRA: x A^T and its gradient (2 x B*T x r), the scaled output (or its gradient), B*T x 3C/t, the
+  // adapter's input gradient (B*T x C), and A's partial gradient under TP (r x C).
+  Tensor lora_t_, lora_u_, lora_dx_, lora_part_;
   // ZB's I keeps, per block, the output gradients of mlp.c_proj, c_fc, attn.c_proj and c_attn, and
   // the head's dlogits, for W.
   std::vector<std::array<Tensor, 4>> douts_;

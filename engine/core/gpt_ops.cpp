@@ -46,12 +46,19 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
     const float a = static_cast<float>(dnorm_mean / static_cast<double>(C));
     const float bb = static_cast<float>(dnorm_norm_mean / static_cast<double>(C));
     float* dx = dinp + i * C;
-    for (int64_t c = 0; c < C; c++) {
-      const float norm = (x[c] - m) * s;
-      const float dnorm = w[c] * dy[c];
-      db[c] += dy[c];
-      dw[c] += norm * dy[c];
-      dx[c] += (dnorm - a - norm * bb) * s;
+    if (dw) {
+      for (int64_t c = 0; c < C; c++) {
+        const float norm = (x[c] - m) * s;
+        const float dnorm = w[c] * dy[c];
+        db[c] += dy[c];
+        dw[c] += norm * dy[c];
+        dx[c] += (dnorm - a - norm * bb) * s;
+      }
+    } else {  // frozen weights (LoRA's base): the input's gradient alone
+      for (int64_t c = 0; c < C; c++) {
+        const float norm = (x[c] - m) * s;
+        dx[c] += (w[c] * dy[c] - a - norm * bb) * s;
+      }
     }
   }
 }

@@ -12,6 +12,7 @@ inline constexpr float kLayerNormEps = 1e-5f;
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int64_t N,
                        int64_t C);
+// dw and db may be null together (frozen weights).
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                         const float* mean, const float* rstd, int64_t N, int64_t C);
 void gelu_forward(float* out, const float* inp, int64_t N);

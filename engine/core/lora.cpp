@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "engine/core/check.h"
+#include "engine/core/gpt.h"
 #include "engine/core/model.h"
 
 namespace dtlab {
@@ -17,6 +18,14 @@ void check_lora_spec(const ModelSpec& spec, const LoraSpec& lora) {
     throw Error("--lora-rank " + std::to_string(lora.rank) + " is not a rank; give a whole number of at least 1, e.g. --lora-rank 4");
   if (!(lora.alpha > 0.0f))
     throw Error("--lora-alpha must be a positive number (peft's default is 8)");
+  if (spec.is_gpt()) {  // peft's layers_to_transform: block indices
+    const int L = static_cast<int>(spec.gpt.layers);
+    for (int l : lora.layers)
+      if (l < 0 || l >= L)
+        throw Error("--lora-layers names block " + std::to_string(l) + ", which is not a block of " + spec.str() +
+                    "; its blocks are 0 to " + std::to_string(L - 1) + " (the adapters sit on each listed block's attn.c_attn)");
+    return;
+  }
   const int last = 2 * (static_cast<int>(spec.dims.size()) - 2);
   for (int seq : lora.layers)
     if (seq < 0 || seq > last || seq % 2 != 0)
@@ -41,6 +50,10 @@ void Model::enable_lora(const LoraSpec& lora, uint64_t seed) {
   params_.clear();
   int64_t offset = 0;
   const int64_t r = lora.rank;
+  if (gpt_) {
+    enable_gpt_lora(seed);
+    return;
+  }
   for (Layer& L : layers_) {
     if (L.kind != LayerKind::Linear || !lora.adapts(L.seq_index)) continue;
     const std::string n = std::to_string(L.seq_index);
@@ -70,6 +83,40 @@ void Model::enable_lora(const LoraSpec& lora, uint64_t seed) {
   if (num_params_ > 0) upload_params(host.data());  // a pipeline stage may hold no adapted Linear
 }
 
+// c_attn's adapters of the stage's adapted blocks, "transformer.h.L.attn.c_attn.lora_A.weight" (r, C)
+// and its lora_B (3C/t, r: this TP rank's q, k and v rows, zero at the start, so no shard is cut).
+void Model::enable_gpt_lora(uint64_t seed) {
+  const GptSpec& g = spec_.gpt;
+  const int64_t r = lora_.rank, C = g.embd, O = 3 * C / tp_.degree;
+  GptAdapters ad;
+  ad.rank = r;
+  ad.scaling = lora_.scaling();
+  const int fb = gpt_range_.first_block(), eb = gpt_range_.end_block(g);
+  int64_t offset = 0;
+  for (int l = fb; l < eb; l++) {
+    if (!lora_.adapts(l)) {
+      ad.a_of_block.push_back(-1);
+      continue;
+    }
+    const std::string n = "transformer.h." + std::to_string(l) + ".attn.c_attn.";
+    ad.a_of_block.push_back(static_cast<int>(params_.size()));
+    params_.push_back({n + "lora_A.weight", {r, C}, offset, r * C});
+    offset += r * C;
+    params_.push_back({n + "lora_B.weight", {O, r}, offset, O * r});
+    offset += O * r;
+  }
+  num_params_ = offset;
+  restore_storage(nullptr);
+  const std::vector<float> a = gpt_lora_init_values(g, lora_, seed, fb, eb);
+  std::vector<float> host(static_cast<size_t>(num_params_), 0.0f);
+  size_t k = 0;
+  for (int i : ad.a_of_block)
+    if (i >= 0) std::copy_n(a.begin() + static_cast<std::ptrdiff_t>(r * C * k++), r * C, host.begin() + params_[static_cast<size_t>(i)].offset);
+  if (num_params_ > 0) upload_params(host.data());
+  ad.params = &params_;
+  gpt_->set_lora(ad);
+}
+
 void Model::release_frozen_storage() {
   for (Parameter& p : base_) p.data = nullptr, p.data16 = nullptr;
   frozen_ = Tensor();
@@ -93,6 +140,20 @@ std::vector<int> Model::trainable_of(const Layer& L) const {
   return {L.lora_a, L.lora_b};
 }
 
+namespace {
+
+// W (out, in) += s * (B @ A), each element summed in double and rounded once.
+void merge_adapter(float* W, const float* A, const float* Bm, int64_t out, int64_t in, int64_t r, double s) {
+  for (int64_t o = 0; o < out; o++)
+    for (int64_t i = 0; i < in; i++) {
+      double acc = 0.0;
+      for (int64_t k = 0; k < r; k++) acc += static_cast<double>(Bm[o * r + k]) * A[k * in + i];
+      W[o * in + i] = static_cast<float>(W[o * in + i] + s * acc);
+    }
+}
+
+}  // namespace
+
 // peft's merge: W + scaling * (B @ A), computed on the host in double and rounded once.
 std::vector<float> Model::merged_params() const {
   if (!lora()) return host_params();
@@ -104,17 +165,24 @@ std::vector<float> Model::merged_params() const {
   const std::vector<float> ad = host_params();
   const int64_t r = lora_.rank;
   const double s = lora_.scaling();
+  if (gpt_) {  // c_attn's rows (3C/t of them on a TP rank) += scaling B A
+    const GptAdapters& g = gpt_->lora();
+    const int64_t C = spec_.gpt.embd, O = 3 * C / tp_.degree;
+    for (size_t u = 0; u < g.a_of_block.size(); u++) {
+      if (g.a_of_block[u] < 0) continue;
+      const int l = gpt_range_.first_block() + static_cast<int>(u);
+      const float* A = ad.data() + params_[static_cast<size_t>(g.a_of_block[u])].offset;
+      const float* Bm = ad.data() + params_[static_cast<size_t>(g.a_of_block[u] + 1)].offset;
+      float* W = out.data() + base_[static_cast<size_t>(gpt_->block_param(l, GptParamIndex::AttnW))].offset;
+      merge_adapter(W, A, Bm, O, C, r, s);
+    }
+    return out;
+  }
   for (const Layer& L : layers_) {
     if (L.lora_a < 0) continue;
     const float* A = ad.data() + params_[static_cast<size_t>(L.lora_a)].offset;
     const float* Bm = ad.data() + params_[static_cast<size_t>(L.lora_b)].offset;
-    float* W = out.data() + base_[static_cast<size_t>(L.weight)].offset;
-    for (int64_t o = 0; o < L.out_features; o++)
-      for (int64_t i = 0; i < L.in_features; i++) {
-        double acc = 0.0;
-        for (int64_t k = 0; k < r; k++) acc += static_cast<double>(Bm[o * r + k]) * A[k * L.in_features + i];
-        W[o * L.in_features + i] = static_cast<float>(W[o * L.in_features + i] + s * acc);
-      }
+    merge_adapter(out.data() + base_[static_cast<size_t>(L.weight)].offset, A, Bm, L.out_features, L.in_features, r, s);
   }
   return out;
 }

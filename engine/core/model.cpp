@@ -94,21 +94,7 @@ Model::Model(const ModelSpec& spec, MemoryTracker* tracker, uint64_t seed, int f
       p.grad = flat_grads_.f32() + p.offset;
     }
     gpt_ = std::make_unique<GptCore>(spec.gpt, tracker, device_, gpt_range_, tp);
-    std::vector<float> full = gpt_init_values(spec.gpt, seed);
-    if (!gpt_range_.whole(spec.gpt)) {  // the stage's parameters take the whole model's values
-      const std::vector<Parameter> stage = gpt_stage_parameters(spec.gpt, gpt_range_);
-      const std::vector<int64_t> from = gpt_stage_sources(spec.gpt, gpt_range_);
-      std::vector<float> mine(static_cast<size_t>(stage.back().offset + stage.back().numel));
-      for (size_t k = 0; k < stage.size(); k++) std::copy_n(full.begin() + from[k], stage[k].numel, mine.begin() + stage[k].offset);
-      full = std::move(mine);
-    }
-    if (tp.degree == 1) {
-      upload_params(full.data());
-    } else {  // this shard's heads and columns
-      std::vector<float> local(static_cast<size_t>(num_params_));
-      shard_full_params(*this, full.data(), local.data());
-      upload_params(local.data());
-    }
+    init_like_torch(*this, seed);
     return;
   }
   DTLAB_CHECK(spec.dims.size() >= 2, "a model needs an input and an output width");
@@ -147,6 +133,17 @@ int Model::hook_layers() const { return gpt_ ? static_cast<int>(spec_.gpt.layers
 
 std::vector<Model::WrapUnit> Model::wrap_units() const {
   std::vector<WrapUnit> units;
+  if (gpt_ && lora()) {  // the adapters of each adapted block: the frozen base is no unit
+    const GptAdapters& ad = gpt_->lora();
+    for (size_t u = 0; u < ad.a_of_block.size(); u++) {
+      if (ad.a_of_block[u] < 0) continue;
+      WrapUnit w;
+      w.params = {ad.a_of_block[u], ad.a_of_block[u] + 1};
+      w.layers = {1 + gpt_range_.first_block() + static_cast<int>(u)};
+      units.push_back(std::move(w));
+    }
+    return units;
+  }
   if (gpt_) {
     const int L = static_cast<int>(spec_.gpt.layers);
     units.push_back({{GptParamIndex::kWte, GptParamIndex::kWpe, GptParamIndex::ln_f_weight(L), GptParamIndex::ln_f_bias(L)}, {0, L + 1}, true});
@@ -548,7 +545,7 @@ void Model::ensure_activations(int64_t B) {
 const float* Model::forward_tokens(const int64_t* idx, int64_t B) {
   DTLAB_CHECK(gpt_ != nullptr, "forward_tokens() on a model that is not a GPT");
   batch_ = B;
-  return gpt_->forward(params_, idx, B, observer_, gate_, hooks_);
+  return gpt_->forward(gpt_params(), idx, B, observer_, gate_, hooks_);
 }
 
 std::unique_ptr<GptCore> Model::gpt_activations() const {
@@ -556,6 +553,7 @@ std::unique_ptr<GptCore> Model::gpt_activations() const {
   auto core = std::make_unique<GptCore>(spec_.gpt, tracker_, device_, gpt_range_, tp_);
   core->set_checkpointing(checkpointing_);
   core->set_tp_comm(tp_comm_);
+  core->set_lora(gpt_->lora());
   return core;
 }
 
@@ -565,18 +563,18 @@ void Model::set_tensor_parallel_comm(TensorParallelComm* c) {
 }
 
 const float* Model::gpt_forward(GptCore& acts, const int64_t* idx, const float* x, int64_t B) {
-  return acts.forward(params_, idx, B, observer_, gate_, hooks_, x);
+  return acts.forward(gpt_params(), idx, B, observer_, gate_, hooks_, x);
 }
 
 const float* Model::gpt_backward(GptCore& acts, const float* dout, const GradReadyHook& on_grad_ready) {
-  return acts.backward(params_, dout, on_grad_ready, observer_, gate_, hooks_);
+  return acts.backward(gpt_params(), dout, on_grad_ready, observer_, gate_, hooks_);
 }
 
 const float* Model::gpt_backward_input(GptCore& acts, const float* dout) {
-  return acts.backward_input(params_, dout, {}, observer_, gate_, hooks_);
+  return acts.backward_input(gpt_params(), dout, {}, observer_, gate_, hooks_);
 }
 
-void Model::gpt_backward_weight(GptCore& acts) { acts.backward_weight(params_, {}, observer_, nullptr, hooks_); }
+void Model::gpt_backward_weight(GptCore& acts) { acts.backward_weight(gpt_params(), {}, observer_, nullptr, hooks_); }
 
 const float* Model::forward(const float* x, int64_t B) {
   DTLAB_CHECK(gpt_ == nullptr, "a GPT's forward takes tokens: forward_tokens()");
@@ -609,7 +607,7 @@ const float* Model::forward(const float* x, int64_t B) {
 
 void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
   if (gpt_) {
-    gpt_->backward(params_, dlogits, on_grad_ready, observer_, gate_, hooks_);
+    gpt_->backward(gpt_params(), dlogits, on_grad_ready, observer_, gate_, hooks_);
     return;
   }
   DTLAB_CHECK(input_ != nullptr, "backward() called before forward()");
@@ -747,6 +745,19 @@ std::vector<TpPiece> gpt_tp_pieces(const Model& model, int tp_rank) {
   const std::vector<Parameter>& local = model.parameters();
   const int64_t C = s.embd, Ct = C / t;
   std::vector<TpPiece> pieces;
+  if (model.lora()) {  // per adapted block: lora_A (r, C) whole, lora_B (3C, r) by c_attn's q, k and v rows
+    const int64_t r = model.lora_spec().rank;
+    int64_t full_at = 0;
+    for (size_t k = 0; k + 1 < local.size(); k += 2) {
+      pieces.push_back({r, C, 0, r, 0, C, static_cast<int>(k), full_at, local[k].offset});
+      full_at += r * C;
+      for (int64_t j = 0; j < 3; j++)
+        pieces.push_back({C, r, tp_rank * Ct, (tp_rank + 1) * Ct, 0, r, static_cast<int>(k + 1), full_at + j * C * r,
+                          local[k + 1].offset + j * Ct * r});
+      full_at += 3 * C * r;
+    }
+    return pieces;
+  }
   for (size_t k = 0; k < local.size(); k++) {
     const Parameter& q = full[k];
     const int64_t rows = q.shape[0], cols = q.shape.size() == 2 ? q.shape[1] : 1;
@@ -814,6 +825,26 @@ void shard_full_params(const Model& model, const float* full, float* local) {
 }
 
 void init_like_torch(Model& model, uint64_t seed) {
+  if (model.is_gpt()) {
+    const GptSpec& g = model.spec().gpt;
+    const GptRange range = model.gpt_range();
+    std::vector<float> full = gpt_init_values(g, seed);
+    if (!range.whole(g)) {  // the stage's parameters take the whole model's values
+      const std::vector<Parameter> stage = gpt_stage_parameters(g, range);
+      const std::vector<int64_t> from = gpt_stage_sources(g, range);
+      std::vector<float> mine(static_cast<size_t>(stage.back().offset + stage.back().numel));
+      for (size_t k = 0; k < stage.size(); k++) std::copy_n(full.begin() + from[k], stage[k].numel, mine.begin() + stage[k].offset);
+      full = std::move(mine);
+    }
+    if (model.tensor_parallel().degree == 1) {
+      model.upload_params(full.data());
+    } else {  // this shard's heads and columns
+      std::vector<float> local(static_cast<size_t>(model.num_params()));
+      shard_full_params(model, full.data(), local.data());
+      model.upload_params(local.data());
+    }
+    return;
+  }
   const int first = model.first_linear();
   const int end = first + (model.num_layers() + 1) / 2;
   std::vector<float> full = torch_init_values(model.spec(), seed, first, end);

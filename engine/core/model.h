@@ -118,7 +118,8 @@ struct Layer {
 struct LoraSpec {
   int rank = 0;              // r; 0: no LoRA
   float alpha = 8.0f;        // peft's lora_alpha default
-  std::vector<int> layers;   // Sequential indices of the adapted Linears; empty: every Linear
+  std::vector<int> layers;   // Sequential indices of the adapted Linears (a GPT's: its blocks, peft's
+                             // layers_to_transform); empty: every Linear (every block's c_attn)
   float scaling() const { return alpha / static_cast<float>(rank); }
   bool adapts(int seq_index) const;
 };
@@ -171,6 +172,8 @@ class Model {
   const LoraSpec& lora_spec() const { return lora_; }
   // The frozen "N.weight"/"N.bias" under LoRA (empty without): their data is device memory, grad null.
   const std::vector<Parameter>& base_parameters() const { return base_; }
+  // What a GPT's passes read: its parameters, or under LoRA the frozen base (the adapters ride in GptCore).
+  std::vector<Parameter>& gpt_params() { return lora() ? base_ : params_; }
   // DataParallel's replicas under LoRA: torch's replicate() copies every parameter of the module,
   // frozen ones included, so a replica allocates the frozen base for a forward (contents left to
   // the broadcast) and frees it with the replica. No-ops without LoRA.
@@ -382,6 +385,8 @@ class Model {
   void add_to_grad16(Parameter& p, const float* add);      // grad16 = round(grad16 + add), torch's .grad +=
   float* widen(Tensor& t, const uint16_t* src, int64_t n);  // src as float32 in scratch `t`
   float* f32_scratch(Tensor& t, int64_t n);                  // n floats of fp32 compute scratch
+  // enable_lora()'s GPT part (engine/core/gpt.h's GptAdapters).
+  void enable_gpt_lora(uint64_t seed);
   void lora_forward(const Layer& L, float* out, const float* in, int64_t B);
   void lora_backward(const Layer& L, float* dinp, const float* dout, const float* in, int64_t B, bool weights);
   // Adapters whose gradient this rank computes only in part, summed over the TP group after the layer:

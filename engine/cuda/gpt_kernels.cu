@@ -202,6 +202,7 @@ void launch_layernorm_forward(cudaStream_t s, float* out, float* mean, float* rs
 void launch_layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout, const float* inp,
                                const float* w, const float* mean, const float* rstd, int64_t N, int64_t C) {
   if (dinp) layernorm_backward_input_kernel<<<row_grid(N), kBlock, 0, s>>>(dinp, dout, inp, w, mean, rstd, N, C);
+  if (!dw) return;  // frozen weights (LoRA's base)
   const unsigned col_blocks = static_cast<unsigned>(std::clamp<int64_t>((C + 31) / 32, 1, 65535));
   layernorm_backward_params_kernel<<<col_blocks, kBlock, 0, s>>>(dw, db, dout, inp, mean, rstd, N, C);
 }

@@ -32,7 +32,7 @@ void launch_cross_entropy_backward(cudaStream_t s, float* dlogits, const float* 
 // ---- gpt_kernels.cu (engine/core/gpt_ops.h's contracts) ----
 void launch_layernorm_forward(cudaStream_t s, float* out, float* mean, float* rstd, const float* inp, const float* w,
                               const float* b, int64_t N, int64_t C);
-// dinp (when not null), dw and db += their gradients.
+// dinp (when not null), dw and db (when not null: frozen weights) += their gradients.
 void launch_layernorm_backward(cudaStream_t s, float* dinp, float* dw, float* db, const float* dout, const float* inp,
                                const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
 void launch_gelu_forward(cudaStream_t s, float* out, const float* inp, int64_t N);

@@ -1,5 +1,8 @@
 #include "engine/parallel/pipeline.h"
 
+#include <cstdlib>
+#include <string_view>
+
 #include <algorithm>
 #include <charconv>
 #include <cstring>
@@ -307,10 +310,15 @@ int PipelineRank::tag_of(int stage, int mb, Dir dir) const {
 
 void PipelineRank::load_stage(Model& stage, StageRange r, const Model& full) {
   if (spec_.is_gpt()) {  // the head's copy takes wte's values (--init's model is the whole host model)
-    DTLAB_CHECK(!full.lora() && !full.mixed() && full.num_params() == spec_.num_params(), "--init's full model must hold every parameter");
+    // Under LoRA the full model's base sits frozen beside its adapters (a host model: read in place).
+    const std::vector<Parameter>& plain = full.lora() ? full.base_parameters() : full.parameters();
+    DTLAB_CHECK(!full.mixed() && !plain.empty() && plain.front().offset == 0 && plain.front().data &&
+                    (full.lora() || full.num_params() == spec_.num_params()),
+                "--init's full model must hold every parameter");
     const std::vector<int64_t> from = gpt_stage_sources(spec_.gpt, {r.first, r.end});
     const std::vector<Parameter> whole = gpt_stage_parameters(spec_.gpt, {r.first, r.end});  // the unsplit stage
-    const std::vector<float> values = full.host_params();
+    const std::vector<float> values = full.lora() ? std::vector<float>(plain.front().data, plain.front().data + spec_.num_params())
+                                                  : full.host_params();
     std::vector<float> mine(static_cast<size_t>(stage_num_params(spec_, r)));
     for (size_t k = 0; k < from.size(); k++) std::copy_n(values.begin() + from[k], whole[k].numel, mine.begin() + whole[k].offset);
     if (tp_ == 1) {
@@ -370,7 +378,8 @@ void PipelineRank::reduce_gradients() {
                                             ReduceOp::Sum));
     for (auto& w : works) w->wait();
   }
-  if (spec_.is_gpt() && plan_.stages.size() > 1) reduce_embedding_grads();
+  // (Under LoRA the tied weight is frozen: nothing to sum.)
+  if (spec_.is_gpt() && plan_.stages.size() > 1 && !models_.front()->lora()) reduce_embedding_grads();
 }
 
 // After the data-parallel sum, as Megatron's finalize_model_grads runs _allreduce_embedding_grads
@@ -404,6 +413,16 @@ struct FlatSlice {
 };
 FlatSlice stage_slice(const Model& full, StageRange r) {
   FlatSlice out;
+  if (full.is_gpt()) {  // under LoRA: the adapters of the stage's blocks, named transformer.h.L.attn.c_attn.*
+    const GptRange g{r.first, r.end};
+    for (const Parameter& q : full.parameters()) {
+      const int l = std::atoi(q.name.c_str() + std::string_view("transformer.h.").size());
+      if (l < g.first_block() || l >= g.end_block(full.spec().gpt)) continue;
+      if (out.numel == 0) out.offset = q.offset;
+      out.numel += q.numel;
+    }
+    return out;
+  }
   for (int i = 0; i < full.num_layers(); i++) {
     const Layer& L = full.layer(i);
     if (L.kind != LayerKind::Linear || L.seq_index / 2 < r.first || L.seq_index / 2 >= r.end) continue;
@@ -431,7 +450,7 @@ void PipelineRank::gather_parameters(Model* full) {
     const int s = stage_ids_[k];
     const Model& m = *models_[k];
     if (m.num_params() == 0) continue;  // LoRA left this stage's layers unadapted
-    if (spec_.is_gpt()) {  // the stage whole (its TP group's shards put together), placed by name on rank 0
+    if (spec_.is_gpt() && !m.lora()) {  // the stage whole (its TP group's shards put together), placed by name on rank 0
       const std::vector<float> values = tp_ > 1 ? gather_tensor_parallel_params(m, tp_group_ ? *tp_group_ : comm_) : m.host_params();
       if (rank_ == 0) scatter_gpt_stage(plan_.stages[static_cast<size_t>(s)], values.data(), *full, flat);
       else if (tp_rank_ == 0) comm_.send(values.data(), static_cast<int64_t>(values.size()), DType::F32, 0, kGatherTag + s)->wait();
@@ -453,7 +472,7 @@ void PipelineRank::gather_parameters(Model* full) {
   }
   if (rank_ != 0) return;
   for (int s = 0; s < S; s++) {
-    if (spec_.is_gpt()) {  // a stage's whole flat buffer, placed by name
+    if (spec_.is_gpt() && !full->lora()) {  // a stage's whole flat buffer, placed by name
       if (peer_of(s) == 0) continue;
       const StageRange r = plan_.stages[static_cast<size_t>(s)];
       std::vector<float> values(static_cast<size_t>(stage_num_params(spec_, r)));

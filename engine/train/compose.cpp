@@ -29,8 +29,6 @@ const Combination kCombinations[] = {
      "an MLP's stages send whole activations between ranks (a GPT's send their positions)", "drop --sequence-parallel, or use --model gpt", true},
     {Feature::MixedPrecision, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
      "the GPT's layers run in float32", "drop --precision", true},
-    {Feature::Lora, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
-     "the GPT's adapters on c_attn come with its LoRA form", "drop --lora-rank", true},
     {Feature::SkipLayer, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
      "it bypasses one of the MLP's Linear layers (DDP's unused-parameters lesson)", "drop --skip-layer, or use an mlp model", false},
 };

@@ -330,7 +330,7 @@ std::vector<Setting> make_settings() {
                         "block first (same results, less activation memory, more compute)", 0, 0, false, "true"),
                     DTLAB_FIELD(activation_checkpointing)));
 
-  // LoRA (peft's LoraConfig: r, lora_alpha default 8, adapters on every Linear unless listed;
+  // LoRA (peft's LoraConfig: r, lora_alpha default 8, adapters on every Linear (a GPT's c_attn) unless listed;
   // docs/course_sources.md §6d)
   s.push_back(field(row("--lora-rank", "lora.rank", T::Int, G::Lora, kBoth,
                         "LoRA: adapter rank r; freezes the base weights and trains only the adapters", 0, kMaxLoraRank, false, "2"),
@@ -339,10 +339,10 @@ std::vector<Setting> make_settings() {
                         -kNoLimit, kNoLimit, false, "16"),
                     DTLAB_FIELD(lora.alpha)));
   s.push_back(field(row("--lora-layers", "lora.layers", T::IntList, G::Lora, kBoth,
-                        "LoRA: Sequential indices of the adapted Linears, e.g. 0,4 (default: every Linear)", INT_MIN, kInt, false, "0,2"),
+                        "LoRA: Sequential indices of the adapted Linears, e.g. 0,4, or a GPT's blocks whose c_attn is adapted (default: every one)", INT_MIN, kInt, false, "0,2"),
                     DTLAB_FIELD(lora.layers)));
   s.push_back(field(row("--merge-lora", "merge_lora", T::Flag, G::Lora, kBoth,
-                        "LoRA: --save writes the merged weights (W + scaling B A), a plain torch.nn.Sequential state_dict", 0, 0, false,
+                        "LoRA: --save writes the merged weights (W + scaling B A), the plain model's state_dict", 0, 0, false,
                         "true"),
                     DTLAB_FIELD(merge_lora)));
 
