@@ -247,6 +247,7 @@ struct RunConfigView {
   bool reduce_fp32 = false;               // --reduce-dtype fp32: gradients reduce in float32 (DDP buckets, FSDP)
   GptSpec gpt;                            // a GPT's shape, its vocabulary the data's (empty for an MLP)
   bool activation_checkpointing = false;  // --activation-checkpointing
+  int lora_rank = 0;                      // --lora-rank (0: no LoRA)
   // Every setting the run changes from TrainConfig's defaults, as (flag, value) rows of
   // engine/train/settings.h: what an attached run was launched with, in the launch command's words.
   std::vector<std::pair<std::string, std::string>> settings;

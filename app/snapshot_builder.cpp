@@ -370,6 +370,7 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.num_params = model.num_params();
   c.gpt = model.spec().gpt;
   c.activation_checkpointing = config.activation_checkpointing;
+  c.lora_rank = config.lora.rank;
   c.frozen_params = model.lora() ? model.spec().num_params() : 0;
   c.optimizer_kind = config.optimizer.kind;
   c.sgd_momentum = config.optimizer.kind == OptimizerKind::SGD && config.optimizer.momentum > 0;

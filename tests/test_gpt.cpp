@@ -478,6 +478,15 @@ TEST_SUITE("gpt") {
         const std::vector<int64_t> idx(static_cast<size_t>(B * g.ctx), 5);
         m.forward_tokens(idx.data(), B);
         CHECK(mem.stats().current_of(MemCategory::Activations) == gpt_activation_bytes(g, B, ckpt));
+        // LoRA on c_attn adds its scratch, once for the model.
+        MemoryTracker lmem;
+        Model lm(spec, &lmem, 0);
+        LoraSpec lora;
+        lora.rank = 3;
+        lm.enable_lora(lora, 0);
+        lm.set_activation_checkpointing(ckpt);
+        lm.forward_tokens(idx.data(), B);
+        CHECK(lmem.stats().current_of(MemCategory::Activations) == gpt_activation_bytes(g, B, ckpt) + gpt_lora_activation_bytes(g, lora, B));
       }
       double korthikanti = 0;
       int64_t engine = 0;

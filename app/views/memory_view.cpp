@@ -724,13 +724,15 @@ void draw_gpt_blocks(const Snapshot& s) {
                         static_cast<long long>(g.ctx / tp.degree));
   // The whole forward against the tracker, where one rank runs the whole model on its batch.
   if (c.strategy != Strategy::Pipeline && !s.memory.empty()) {
-    const int64_t model = gpt_activation_bytes(g, B, c.activation_checkpointing, tp);
+    LoraSpec lora;
+    lora.rank = c.lora_rank;
+    const int64_t model = gpt_activation_bytes(g, B, c.activation_checkpointing, tp) + gpt_lora_activation_bytes(g, lora, B, tp);
     const int64_t loss = 2 * B * g.ctx * g.vocab * static_cast<int64_t>(sizeof(float));
     const int64_t measured = s.memory[0].stats.peak_of(MemCategory::Activations);
-    ImGui::Text("Whole forward%s: %lld blocks, the embeddings' sum, ln_f, the logits and the backward's scratch = %s; with the "
+    ImGui::Text("Whole forward%s: %lld blocks, the embeddings' sum, ln_f, the logits%s and the backward's scratch = %s; with the "
                 "loss's 2 x positions x vocab floats, %s. Rank 0's activations peak: %s%s.",
                 c.activation_checkpointing ? " (checkpointed: each block's output, one set of the rest)" : "",
-                static_cast<long long>(g.layers), human_bytes(model).c_str(), human_bytes(model + loss).c_str(),
+                static_cast<long long>(g.layers), c.lora_rank > 0 ? ", LoRA's x A^T and adapter output" : "", human_bytes(model).c_str(), human_bytes(model + loss).c_str(),
                 human_bytes(measured).c_str(), measured == model + loss ? " (equal)" : "");
   }
   ImGui::PopTextWrapPos();

@@ -69,7 +69,8 @@ class Device {
   virtual void relu_backward(float* dinp, const float* dout, const float* out, int64_t N) = 0;
 
   // ---- the transformer's layers (engine/core/gpt_ops.h's contracts, which the CPU runs) ----
-  // LayerNorm over rows of C: out, mean, rstd (N) overwritten; backward adds into dinp, dw and db.
+  // LayerNorm over rows of C: out, mean, rstd (N) overwritten; backward adds into dinp, dw and db (dw and
+  // db null together: frozen weights).
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                                  int64_t N, int64_t C) = 0;
   virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,

@@ -308,7 +308,6 @@ namespace {
 constexpr int64_t kF32 = sizeof(float);  // bytes per element of the device calls below
 }  // namespace
 
-
 GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, GptRange range, const TensorParallelSpec& tp)
     : s_(spec), r_(range.end == 0 ? GptRange::all(spec) : range), tp_(tp), tracker_(tracker), dev_(device) {
   DTLAB_CHECK(tp.degree >= 1 && tp.rank >= 0 && tp.rank < tp.degree && spec.heads % tp.degree == 0 &&
@@ -341,7 +340,7 @@ void GptCore::release() {
   for (auto* v : per_block()) v->clear();
   for (Tensor* t : {&encoded_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dbuf_, &dqkv_, &dfch_, &datt_, &full_, &perm_,
                     &dfull_, &dloc_, &lnf_full_, &dlogits_local_, &part_, &wte_part_, &dlogits_kept_, &lora_t_, &lora_u_,
-                    &lora_dx_, &lora_part_})
+                    &lora_dx_, &lora_part_, &tokens_})
     *t = Tensor();
   douts_.clear();
   capacity_ = 0;
@@ -358,6 +357,8 @@ void GptCore::ensure(int64_t B) {
   auto act = [&](Shape shape) { return Tensor(std::move(shape), MemCategory::Activations, tracker_, DType::F32, dev_); };
   for (auto* v : per_block()) v->clear();
   encoded_ = r_.embeds() ? act({R, C}) : Tensor();
+  // (Not counted as activations: torch's input tensor is the caller's too.)
+  tokens_ = r_.embeds() ? Tensor({BT}, MemCategory::Activations, nullptr, DType::I64, dev_) : Tensor();
   for (int64_t l = 0; l < L; l++) {
     res3_.push_back(act({R, C}));
     if (checkpointing_ && l > 0) continue;  // one set of the blocks' inner buffers, shared
@@ -561,6 +562,10 @@ const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int
   DTLAB_CHECK(r_.embeds() ? idx != nullptr : x_in != nullptr, "a GPT stage's forward needs its input: tokens where it embeds, else x");
   DTLAB_CHECK(!tp() || comm_ != nullptr, "a GPT tensor-parallel shard runs only after set_tp_comm()");
   ensure(B);
+  if (r_.embeds()) {  // a copy: backward, attention() and tokens() never read a caller's buffer that is gone
+    dev_.copy(tokens_.raw(), idx, B * s_.ctx * static_cast<int64_t>(sizeof(int64_t)));
+    idx = tokens_.i64();
+  }
   idx_ = idx;
   x_ = x_in;
   const int64_t T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab, R = residual_rows(B);
@@ -655,7 +660,7 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
       ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, 2 * layer_flops(L + 1, B));
       if (!sp()) {
         dev_.linear_backward(dbuf, lg(head_), nullptr, dlogits, lnf_.f32(), w(head_), BT, C, V);
-        keep(dlogits_kept_, dlogits, BT * V);
+        if (!frozen()) keep(dlogits_kept_, dlogits, BT * V);  // (a frozen head has no W)
       } else {  // this rank's positions only: the gather's backward is a split, the weight's gradient partial
         float* dl = dlogits_local_.f32();
         seq_rows(dl, dlogits, V);
@@ -705,11 +710,11 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
     const float* dy = sp() ? seq_gather(dfull_.f32(), dres, C, layer) : dres;  // g's backward
     dev_.linear_backward(dfch, lg(pi(l, P::FcProjW)), sp() ? nullptr : lg(pi(l, P::FcProjB)), dy, fch_gelu_[k].f32(),
                          w(pi(l, P::FcProjW)), BT, 4 * Ct, C);
-    if (kept) keep((*kept)[0], dy, BT * C);
+    if (kept && !frozen()) keep((*kept)[0], dy, BT * C);  // (under LoRA W needs c_attn's alone)
     if (sp()) row_bias_grad(pi(l, P::FcProjB));
     linear_done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
     dev_.gelu_backward(dfch, dfch, fch_[k].f32(), BT * 4 * Ct);
-    if (kept) keep((*kept)[1], dfch, BT * 4 * Ct);
+    if (kept && !frozen()) keep((*kept)[1], dfch, BT * 4 * Ct);
     const float* a = sp() ? seq_gather(full_.f32(), ln2_[k].f32(), C, layer) : ln2_[k].f32();  // gathered again
     dev_.linear_backward(dbuf, lg(pi(l, P::FcW)), lg(pi(l, P::FcB)), dfch, a, w(pi(l, P::FcW)), BT, C, 4 * Ct);
     const float* dln = column_input_grad(dbuf, layer);  // f's backward
@@ -719,11 +724,11 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
     dy = sp() ? seq_gather(dfull_.f32(), dres, C, layer) : dres;
     dev_.linear_backward(dbuf, lg(pi(l, P::AttnProjW)), sp() ? nullptr : lg(pi(l, P::AttnProjB)), dy, atty_[k].f32(),
                          w(pi(l, P::AttnProjW)), BT, Ct, C);
-    if (kept) keep((*kept)[2], dy, BT * C);
+    if (kept && !frozen()) keep((*kept)[2], dy, BT * C);
     if (sp()) row_bias_grad(pi(l, P::AttnProjB));
     linear_done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
     dev_.attention_backward(dqkv_.f32(), datt_.f32(), dbuf, qkv_[k].f32(), att_[k].f32(), B, T, Ct, s_.heads / tp_.degree);
-    if (kept) keep((*kept)[3], dqkv_.f32(), BT * 3 * Ct);
+    if (kept && (!frozen() || adapter(l) >= 0)) keep((*kept)[3], dqkv_.f32(), BT * 3 * Ct);
     a = sp() ? seq_gather(full_.f32(), ln1_[k].f32(), C, layer) : ln1_[k].f32();
     dev_.linear_backward(dbuf, lg(pi(l, P::AttnW)), lg(pi(l, P::AttnB)), dqkv_.f32(), a, w(pi(l, P::AttnW)), BT, C, 3 * Ct);
     if (adapter(l) >= 0) {  // peft's lora_B then lora_A; their input gradient joins c_attn's before f sums it
@@ -782,7 +787,9 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
   // output gradient I kept and the input its forward saved.
   // (Under sequence parallelism I computed the head's weight gradient already: its share of the
   // positions is summed over the TP group with the embedding's.)
-  if (r_.heads(s_) && !sp()) {
+  // Under LoRA only the adapted blocks' c_attn has weights to compute.
+  const bool base = !frozen();
+  if (r_.heads(s_) && !sp() && base) {
     enter(L + 1);
     {
       ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, layer_flops(L + 1, B));
@@ -795,30 +802,35 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
   const float* input = r_.embeds() ? encoded_.f32() : x_;
   for (int l = r_.end_block(s_) - 1; l >= fb; l--) {
     const size_t u = local(l), k = slot(l);
-    if (checkpointing_) {  // the block's inputs again: its forward once more, from its kept input
+    const bool work = base || adapter(l) >= 0;
+    if (checkpointing_ && work) {  // the block's inputs again: its forward once more, from its kept input
       if (hooks) hooks->before_recompute(1 + l);
       ComputeScope scope(obs, ComputeKind::Recompute, 1 + l, layer_flops(1 + l, B));
       block_forward(p, l, l > fb ? res3_[u - 1].f32() : input);
     }
-    if (checkpointing_ && hooks) hooks->after_recompute(1 + l);
+    if (checkpointing_ && work && hooks) hooks->after_recompute(1 + l);
     enter(1 + l);
     ComputeScope scope(obs, ComputeKind::LayerBackward, 1 + l, layer_flops(1 + l, B));
     std::array<Tensor, 4>& d = douts_[u];
     const int layer = 1 + l;
     // Under sequence parallelism the row layers' biases were summed in I, and the column layers read
     // their LayerNorm's output gathered once more.
-    dev_.linear_backward(nullptr, g(pi(l, P::FcProjW)), sp() ? nullptr : g(pi(l, P::FcProjB)), d[0].f32(), fch_gelu_[k].f32(),
-                         w(pi(l, P::FcProjW)), BT, 4 * Ct, C);
-    done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
-    const float* a = sp() ? seq_gather(full_.f32(), ln2_[k].f32(), C, layer) : ln2_[k].f32();
-    dev_.linear_backward(nullptr, g(pi(l, P::FcW)), g(pi(l, P::FcB)), d[1].f32(), a, w(pi(l, P::FcW)), BT, C, 4 * Ct);
-    done({pi(l, P::FcB), pi(l, P::FcW)});
-    dev_.linear_backward(nullptr, g(pi(l, P::AttnProjW)), sp() ? nullptr : g(pi(l, P::AttnProjB)), d[2].f32(), atty_[k].f32(),
-                         w(pi(l, P::AttnProjW)), BT, Ct, C);
-    done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
-    a = sp() ? seq_gather(full_.f32(), ln1_[k].f32(), C, layer) : ln1_[k].f32();
-    dev_.linear_backward(nullptr, g(pi(l, P::AttnW)), g(pi(l, P::AttnB)), d[3].f32(), a, w(pi(l, P::AttnW)), BT, C, 3 * Ct);
-    done({pi(l, P::AttnB), pi(l, P::AttnW)});
+    if (base) {
+      dev_.linear_backward(nullptr, g(pi(l, P::FcProjW)), sp() ? nullptr : g(pi(l, P::FcProjB)), d[0].f32(), fch_gelu_[k].f32(),
+                           w(pi(l, P::FcProjW)), BT, 4 * Ct, C);
+      done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
+      const float* a = sp() ? seq_gather(full_.f32(), ln2_[k].f32(), C, layer) : ln2_[k].f32();
+      dev_.linear_backward(nullptr, g(pi(l, P::FcW)), g(pi(l, P::FcB)), d[1].f32(), a, w(pi(l, P::FcW)), BT, C, 4 * Ct);
+      done({pi(l, P::FcB), pi(l, P::FcW)});
+      dev_.linear_backward(nullptr, g(pi(l, P::AttnProjW)), sp() ? nullptr : g(pi(l, P::AttnProjB)), d[2].f32(), atty_[k].f32(),
+                           w(pi(l, P::AttnProjW)), BT, Ct, C);
+      done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
+    }
+    const float* a = work ? (sp() ? seq_gather(full_.f32(), ln1_[k].f32(), C, layer) : ln1_[k].f32()) : nullptr;
+    if (base) {
+      dev_.linear_backward(nullptr, g(pi(l, P::AttnW)), g(pi(l, P::AttnB)), d[3].f32(), a, w(pi(l, P::AttnW)), BT, C, 3 * Ct);
+      done({pi(l, P::AttnB), pi(l, P::AttnW)});
+    }
     if (adapter(l) >= 0) {
       lora_backward(l, nullptr, d[3].f32(), a, true, layer);
       if (ready) {

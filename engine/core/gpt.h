@@ -234,6 +234,7 @@ class GptCore {
   // LoRA: x A^T and its gradient (2 x B*T x r), the scaled output (or its gradient), B*T x 3C/t, the
   // adapter's input gradient (B*T x C), and A's partial gradient under TP (r x C).
   Tensor lora_t_, lora_u_, lora_dx_, lora_part_;
+  Tensor tokens_;  // the last forward's token ids (B x T), copied: idx_ points here
   // ZB's I keeps, per block, the output gradients of mlp.c_proj, c_fc, attn.c_proj and c_attn, and
   // the head's dlogits, for W.
   std::vector<std::array<Tensor, 4>> douts_;

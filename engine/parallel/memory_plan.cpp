@@ -400,6 +400,12 @@ int64_t gpt_activation_bytes(const GptSpec& g, int64_t B, bool checkpointing, co
   return kept + head + scratch;
 }
 
+int64_t gpt_lora_activation_bytes(const GptSpec& g, const LoraSpec& lora, int64_t B, const TensorParallelSpec& tp) {
+  if (lora.rank <= 0) return 0;
+  const int64_t BT = B * g.ctx;
+  return static_cast<int64_t>(sizeof(float)) * (2 * BT * lora.rank + BT * 3 * g.embd / tp.degree + BT * g.embd);
+}
+
 int64_t mlp_lora_activation_bytes(const ModelSpec& spec, const LoraSpec& lora, int64_t batch) {
   if (lora.rank <= 0) return 0;
   const auto& d = spec.dims;

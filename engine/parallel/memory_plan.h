@@ -156,5 +156,9 @@ int64_t gpt_activation_bytes(const GptSpec& spec, int64_t B, bool checkpointing,
 // output) and the adapter's input gradient (B x the widest adapted input of a Linear after the first,
 // whose input gradient backward computes). 0 without LoRA.
 int64_t mlp_lora_activation_bytes(const ModelSpec& spec, const LoraSpec& lora, int64_t batch);
+// A GPT's LoRA scratch (engine/core/gpt.h), beside gpt_activation_bytes: x A^T and its gradient
+// (2 x B*T x r), c_attn's scaled adapter output (B*T x 3C/t) and the adapter's input gradient (B*T x C);
+// 0 without LoRA.
+int64_t gpt_lora_activation_bytes(const GptSpec& spec, const LoraSpec& lora, int64_t B, const TensorParallelSpec& tp = {});
 
 }  // namespace dtlab

@@ -1,12 +1,11 @@
 #include "engine/parallel/pipeline.h"
 
-#include <cstdlib>
-#include <string_view>
-
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string_view>
 
 #include "engine/core/check.h"
 #include "engine/core/format.h"
@@ -395,7 +394,8 @@ void PipelineRank::reduce_embedding_grads() {
   if (plan_.ranks() == 1) {  // every stage here (--chunks): the two copies are summed in place
     float* a = tied(*models_.front()).grad;
     float* b = tied(*models_.back()).grad;
-    for (int64_t i = 0; i < n; i++) b[i] = a[i] += b[i];
+    device_.accumulate(b, a, n, false);  // on the rank's device (a GPU's memory is not the host's)
+    device_.copy(a, b, n * static_cast<int64_t>(sizeof(float)));
     return;
   }
   if (!emb_comm_) return;  // a middle stage
@@ -415,8 +415,10 @@ FlatSlice stage_slice(const Model& full, StageRange r) {
   FlatSlice out;
   if (full.is_gpt()) {  // under LoRA: the adapters of the stage's blocks, named transformer.h.L.attn.c_attn.*
     const GptRange g{r.first, r.end};
+    constexpr std::string_view kBlock = "transformer.h.";
     for (const Parameter& q : full.parameters()) {
-      const int l = std::atoi(q.name.c_str() + std::string_view("transformer.h.").size());
+      DTLAB_CHECK(full.lora() && q.name.starts_with(kBlock), "a GPT's stage slice names its adapters (LoRA)");
+      const int l = std::atoi(q.name.c_str() + kBlock.size());
       if (l < g.first_block() || l >= g.end_block(full.spec().gpt)) continue;
       if (out.numel == 0) out.offset = q.offset;
       out.numel += q.numel;
