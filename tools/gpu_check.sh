@@ -35,7 +35,7 @@
 #                        "skipped: ..." are counted);
 #         c. train-*     dtlab-cli train --device cuda against the same run with --device cpu, 20 steps, for
 #                        single, DDP, every FSDP sharding and every pipeline schedule, and the GPT (gpt-*: single,
-#                        DDP, FSDP, ZB-H1); a row passes when the GPU's final training-set loss (--json summary's
+#                        DDP, FSDP, ZB-H1, LoRA under DDP); a row passes when the GPU's final training-set loss (--json summary's
 #                        train_loss) equals the CPU's within |gpu - cpu| <= 1e-5 * max(1, |cpu|) (the GPT's 1e-4);
 #         d. bench       build-gpu/bin/dtlab-bench-cuda (GPU step vs CPU step vs PyTorch on the same GPU, ring
 #                        all-reduce busbw), then dtlab-bench-cuda --gemm (mlp:4096,16384,16384,4096 at batch
@@ -705,6 +705,7 @@ step_train() {
   train_row gpt-ddp2 "$gpt --strategy ddp --world 2" "" 1e-4
   ((quick)) || train_row gpt-fsdp2 "$gpt --strategy fsdp --world 2 --sharding full" "" 1e-4
   ((quick)) || train_row gpt-pipe-zb-h1 "$gpt --strategy pipeline --stages 2 --microbatches 4 --schedule zb-h1" "" 1e-4
+  ((quick)) || train_row gpt-lora-ddp2 "$gpt --strategy ddp --world 2 --lora-rank 4" "" 1e-4
 }
 
 # bench NAME WANT_SECONDS [bench flags...]
