@@ -113,6 +113,41 @@ TEST_SUITE("sharded_checkpoint") {
     }
   }
 
+  TEST_CASE("replicas write each parameter once, spread as torch's dedup_save_plans spreads them") {
+    // Each tensor in order to the replica with the fewest bytes planned so far, the lowest on a tie.
+    CHECK(dedup_replicated_params({400, 16, 400, 16}, 2) == std::vector<int>{0, 1, 1, 0});
+    CHECK(dedup_replicated_params({8, 8, 8}, 1) == std::vector<int>{0, 0, 0});
+    CHECK(dedup_replicated_params({0, 0}, 2) == std::vector<int>{0, 1});  // an empty tensor counts 1, as DCP's
+    for (int variant = 0; variant < 3; variant++) {
+      CAPTURE(variant);
+      test::TempDir dir;
+      TrainConfig c = fsdp_config(4, Sharding::NoShard, 5);
+      c.strategy = variant == 0 ? Strategy::Single : Strategy::Ddp;
+      if (variant == 0) c.world_size = 1;
+      if (variant == 2) c.tp = 2;  // two replicas of a TP pair: each piece from one replica
+      c = run_saving_both(c, dir);
+      Model full(c.model, nullptr, 0), sharded(c.model, nullptr, 1);
+      load_checkpoint(c.save_path, full);
+      load_sharded_checkpoint(c.save_sharded_path, sharded);
+      CHECK(same_params(full, sharded));
+      const nlohmann::json idx = index_of(c.save_sharded_path);
+      CHECK(idx["strategy"] == strategy_name(c.strategy));
+      std::set<std::string> files;
+      for (const auto& [name, p] : idx["params"].items())
+        for (const auto& piece : p["pieces"]) files.insert(piece["file"].get<std::string>());
+      CHECK(files.size() == static_cast<size_t>(c.world_size));  // every rank wrote a share
+      if (variant == 1) {  // mlp:2,32,32,3 on 4 replicas: 0.weight, 0.bias, 2.weight, 2.bias, ...
+        const std::vector<int> owner = dedup_replicated_params({2 * 32 * 4, 32 * 4, 32 * 32 * 4, 32 * 4, 3 * 32 * 4, 3 * 4}, 4);
+        const std::vector<std::string> names = {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"};
+        for (size_t k = 0; k < names.size(); k++) {
+          CAPTURE(names[k]);
+          REQUIRE(idx["params"][names[k]]["pieces"].size() == 1);
+          CHECK(idx["params"][names[k]]["pieces"][0]["file"] == shard_file_name(owner[k], 4));
+        }
+      }
+    }
+  }
+
   TEST_CASE("a sharded checkpoint continues training under any world size and strategy") {
     test::TempDir dir;
     const TrainConfig save = run_saving_both(fsdp_config(4, Sharding::FullShard, 4), dir);
@@ -213,9 +248,10 @@ TEST_SUITE("sharded_checkpoint") {
     CHECK(same_params(m, before));
 
     TrainConfig bad = save;
-    bad.strategy = Strategy::Ddp;
+    bad.strategy = Strategy::Dp;
     bad.fsdp = {};
-    CHECK_THROWS_WITH_AS(Trainer{bad}, doctest::Contains("--save-sharded with --strategy ddp: a sharded checkpoint holds FSDP's shards"), Error);
+    CHECK_THROWS_WITH_AS(Trainer{bad}, doctest::Contains("--save-sharded with --strategy dp: torch.nn.DataParallel keeps its one module"),
+                         Error);
     std::ofstream(dir.file("afile")) << "x";
     TrainConfig file = save;
     file.save_sharded_path = dir.file("afile");

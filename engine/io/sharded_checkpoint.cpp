@@ -228,6 +228,17 @@ std::vector<SavedParam> saved_params(const Model& model) {
 
 }  // namespace
 
+std::vector<int> dedup_replicated_params(const std::vector<int64_t>& bytes, int replicas) {
+  std::vector<int> owner(bytes.size(), 0);
+  std::vector<int64_t> planned(static_cast<size_t>(std::max(replicas, 1)), 0);
+  for (size_t k = 0; k < bytes.size(); k++) {
+    const auto least = std::min_element(planned.begin(), planned.end());  // the first of the smallest: the lowest rank
+    owner[k] = static_cast<int>(least - planned.begin());
+    *least += std::max<int64_t>(bytes[k], 1);
+  }
+  return owner;
+}
+
 void save_sharded_checkpoint(const std::string& dir, const Model& model, const std::vector<ParamSlice>& given,
                              const SaveGroup& group, int64_t step, const std::string& strategy) {
   const int rank = group.rank, world = group.world;

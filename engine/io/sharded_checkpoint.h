@@ -53,6 +53,12 @@ struct SaveGroup {
 void save_sharded_checkpoint(const std::string& dir, const Model& model, const std::vector<ParamSlice>& slices,
                              const SaveGroup& group, int64_t step, const std::string& strategy);
 
+// Which replica writes each parameter of a model every replica holds whole (DDP, one rank): torch's
+// distributed checkpoint writes a replicated tensor once, and dedup_save_plans gives each one, in
+// order, to the plan with the fewest bytes planned so far, the lowest rank on a tie
+// (docs/course_sources.md §13). `bytes[k]`: what parameter k's pieces on this rank hold.
+std::vector<int> dedup_replicated_params(const std::vector<int64_t>& bytes, int replicas);
+
 // Checks, before any work starts, that DIR can take a sharded save: a directory (or a new name)
 // whose parent exists and is writable, holding nothing but a sharded checkpoint's files (the save
 // replaces the whole directory). Throws dtlab::Error naming `flag`.

@@ -406,7 +406,7 @@ std::vector<Setting> make_settings() {
                         false, "out.safetensors"),
                     DTLAB_FIELD(save_path)));
   s.push_back(field(row("--save-sharded", "save_sharded_path", T::OutputPath, G::Output, kCli,
-                        "FSDP: write a sharded checkpoint directory at the end (one file per rank plus index.json)", 0, 0, false,
+                        "write a sharded checkpoint directory at the end (one file per rank plus index.json: FSDP's shards, or each replicated parameter once)", 0, 0, false,
                         "shards"),
                     DTLAB_FIELD(save_sharded_path)));
   s.push_back(field(row("--trace", "trace_path", T::OutputPath, G::Output, kCli,

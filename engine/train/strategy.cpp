@@ -12,9 +12,8 @@ constexpr Support no(const char* why, const char* fix) { return {false, why, fix
 // A combination the engine does not run yet.
 constexpr Support todo(const char* why, const char* fix) { return {false, why, fix, true}; }
 
-// Sharded checkpoints hold FSDP's shards (engine/io/sharded_checkpoint.h); every other strategy
-// saves one full file.
-constexpr Support kNoShards = no("a sharded checkpoint holds FSDP's shards, and this strategy shards nothing", "use --save for one full checkpoint, or --strategy fsdp");
+// Sharded checkpoints (engine/io/sharded_checkpoint.h): FSDP's shards, or each replicated parameter
+// written once (torch's distributed checkpoint deduplicates replicas).
 // The GPT under the strategies that cut the model by layers or replicate it from one process: the
 // next parts of the transformer work.
 constexpr Support kSkipIsDdps = no("it is DDP's unused-parameters lesson", "drop it, or use --strategy ddp");
@@ -33,7 +32,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*ManyRanks*/ no("this strategy runs one rank", "drop --world, or use --strategy ddp"),
          /*Launch*/ no("one rank needs no launcher", "add --strategy ddp"),
          /*Cuda*/ kOk,
-         /*SaveSharded*/ kNoShards,
+         /*SaveSharded*/ kOk,
          /*SkipLayer*/ kOk,
          /*Faults*/ no("faults are injected into the ranks' collectives, and one rank makes none", "use --strategy ddp (or fsdp) --world N"),
          /*Gpt*/ kOk,
@@ -41,7 +40,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
      }}},
     {Strategy::Ddp, "ddp", "DistributedDataParallel",
      "replicas on N ranks, gradients all-reduced in buckets during backward",
-     {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kNoShards, kOk, kOk, /*Gpt*/ kOk, /*ClipGradNorm*/ kOk}}},
+     {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, /*SaveSharded*/ kOk, kOk, kOk, /*Gpt*/ kOk, /*ClipGradNorm*/ kOk}}},
     {Strategy::Dp, "dp", "DataParallel",
      "one process drives N devices: scatter the batch, replicate the module, gather the outputs",
      {{
@@ -54,7 +53,8 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*ManyRanks*/ kOk,
          /*Launch*/ no("torch.nn.DataParallel drives every device from one process, so it cannot run one process per rank", "use --strategy ddp under dtlab-cli launch"),
          /*Cuda*/ todo("DataParallel runs on the CPU engine", "use --device cpu, or --strategy ddp on GPUs"),
-         /*SaveSharded*/ kNoShards,
+         /*SaveSharded*/ no("torch.nn.DataParallel keeps its one module in one process, which --save writes whole",
+                            "use --save for one full checkpoint, or --strategy ddp"),
          /*SkipLayer*/ kSkipIsDdps,
          /*Faults*/ kOk,
          /*Gpt*/ kOk,
@@ -81,7 +81,8 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*Recompute*/ kOk,
          /*Accumulation*/ no("the micro-batches are the pipeline's accumulation", "use --microbatches"),
          kOk, kOk, kOk,
-         /*SaveSharded*/ kNoShards,
+         /*SaveSharded*/ todo("each stage writing its own parameters into one sharded checkpoint comes with the pipeline's distributed checkpoint",
+                              "use --save (rank 0 gathers the stages into one file)"),
          /*SkipLayer*/ kSkipIsDdps,
          kOk,
          /*Gpt*/ kOk,

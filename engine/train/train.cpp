@@ -703,20 +703,34 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
   save_at_end(rank, result, comm);
 }
 
-void Trainer::finish_fsdp(FullyShardedDataParallel* fsdp, const Model& model, Communicator& world) {
+void Trainer::finish_fsdp(FullyShardedDataParallel& fsdp, const Model& model, Communicator& world) {
   // Each rank writes what it owns, before the shards are gathered back. With --tp every rank of the
-  // world writes (its TP piece's FSDP shard, or with one replica the whole TP piece).
-  if (!config_.save_sharded_path.empty()) {
-    std::vector<ParamSlice> owned;
-    if (fsdp) owned = fsdp->owned_slices();
-    else
-      for (int p = 0; p < static_cast<int>(model.parameters().size()); p++)
-        owned.push_back({p, 0, model.parameters()[static_cast<size_t>(p)].numel, model.parameters()[static_cast<size_t>(p)].data});
-    save_sharded_checkpoint(config_.save_sharded_path, model, owned,
+  // world writes (its TP piece's FSDP shard).
+  if (!config_.save_sharded_path.empty())
+    save_sharded_checkpoint(config_.save_sharded_path, model, fsdp.owned_slices(),
                             {world.rank(), world.world_size(), [&] { world.barrier()->wait(); }},
                             start_step_ + total_steps_, sharding_name(config_.fsdp.sharding));
-  }
-  if (fsdp) fsdp->materialize();  // every rank gathers the full parameters back (evaluation, --save)
+  fsdp.materialize();  // every rank gathers the full parameters back (evaluation, --save)
+}
+
+void Trainer::save_replicated_sharded(const Model& model, Communicator* world, int replica, int replicas) {
+  if (config_.save_sharded_path.empty()) return;
+  const std::vector<Parameter>& ps = model.parameters();
+  std::vector<int64_t> bytes;
+  for (const Parameter& p : ps) bytes.push_back(p.numel * static_cast<int64_t>(sizeof(float)));
+  const std::vector<int> owner = dedup_replicated_params(bytes, replicas);
+  // A 16-bit model's values are written widened to float32, as --save writes them (a host model).
+  const std::vector<float> widened = model.mixed() ? model.host_params() : std::vector<float>();
+  std::vector<ParamSlice> owned;
+  for (size_t k = 0; k < ps.size(); k++)
+    if (owner[k] == replica)
+      owned.push_back({static_cast<int>(k), 0, ps[k].numel, model.mixed() ? widened.data() + ps[k].offset : ps[k].data});
+  save_sharded_checkpoint(config_.save_sharded_path, model, owned,
+                          {world ? world->rank() : 0, world ? world->world_size() : 1,
+                           [&] {
+                             if (world) world->barrier()->wait();
+                           }},
+                          start_step_ + total_steps_, strategy_name(config_.strategy));
 }
 
 SamplerConfig rank_sampler_config(const TrainConfig& c, int64_t n, int world, int rank) {

@@ -272,9 +272,11 @@ class Trainer {
   friend class DataParallelRank;
   friend class PipelineTrainRank;
   // FSDP's end of a run: --save-sharded from the shards over `world` (every rank of the run: the DP
-  // group's without --tp), then every rank gathers the full parameters. `fsdp` is null for a --tp run
-  // of one replica (nothing to shard over): each rank then saves its whole TP piece.
-  void finish_fsdp(FullyShardedDataParallel* fsdp, const Model& model, Communicator& world);
+  // group's without --tp), then every rank gathers the full parameters.
+  void finish_fsdp(FullyShardedDataParallel& fsdp, const Model& model, Communicator& world);
+  // --save-sharded from replicas that each hold the whole model (or its TP piece): each parameter
+  // written once, by the replica dedup_replicated_params picks (`world` null: one rank).
+  void save_replicated_sharded(const Model& model, Communicator* world, int replica, int replicas);
   // Rank 0 writes --save from `model`; then every rank meets at a barrier.
   void save_at_end(int rank, const Model& model, Communicator* comm);
   EvalResult final_evaluation();                      // the result model over the training set

@@ -234,6 +234,8 @@ class ReplicaRank : public RankStrategy {
     if (scaler_ && rank_ == 0) t_.loss_scale_ = scaler_->scale();
     model_.set_skipped_layer(-1);
     finish_hook(sum);
+    // Every replica holds the whole model (or its TP piece): --save-sharded writes each parameter once.
+    if (!sharded()) t_.save_replicated_sharded(model_, env_.comm, at_.dp, t_.mesh_.dp);
     if (mesh_) t_.gather_full_model(rank_, *mesh_, model_);  // rank 0's full_model_ gets every shard
     return mesh_ && rank_ == 0 ? *t_.full_model_ : model_;
   }
@@ -386,8 +388,7 @@ class FsdpRank final : public ReplicaRank {
     else ReplicaRank::optimizer_step();
   }
   void finish_hook(TrainSummary&) override {
-    if (fsdp_) t_.finish_fsdp(fsdp_.get(), model_, mesh_ ? *env_.comm : *dp_comm_);
-    else if (mesh_) t_.finish_fsdp(nullptr, model_, *env_.comm);
+    if (fsdp_) t_.finish_fsdp(*fsdp_, model_, mesh_ ? *env_.comm : *dp_comm_);
   }
   FullyShardedDataParallel* sharded() override { return fsdp_.get(); }
   // FSDP1's clip_grad_norm_: each rank's owned slices of the flat shards, summed over the shard
