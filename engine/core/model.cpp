@@ -824,25 +824,31 @@ void shard_full_params(const Model& model, const float* full, float* local) {
   }
 }
 
+void upload_gpt_whole_values(Model& model, const float* whole) {
+  const GptSpec& g = model.spec().gpt;
+  const GptRange range = model.gpt_range();
+  std::vector<float> mine;
+  const float* values = whole;
+  if (!range.whole(g)) {  // the stage's parameters (the head's copy: wte's values)
+    const std::vector<Parameter> stage = gpt_stage_parameters(g, range);
+    const std::vector<int64_t> from = gpt_stage_sources(g, range);
+    mine.resize(static_cast<size_t>(stage.back().offset + stage.back().numel));
+    for (size_t k = 0; k < stage.size(); k++) std::copy_n(whole + from[k], stage[k].numel, mine.begin() + stage[k].offset);
+    values = mine.data();
+  }
+  if (model.tensor_parallel().degree == 1) {
+    model.upload_params(values);
+    return;
+  }
+  std::vector<float> local(static_cast<size_t>(model.num_params()));  // this shard's heads and columns
+  shard_full_params(model, values, local.data());
+  model.upload_params(local.data());
+}
+
 void init_like_torch(Model& model, uint64_t seed) {
   if (model.is_gpt()) {
-    const GptSpec& g = model.spec().gpt;
-    const GptRange range = model.gpt_range();
-    std::vector<float> full = gpt_init_values(g, seed);
-    if (!range.whole(g)) {  // the stage's parameters take the whole model's values
-      const std::vector<Parameter> stage = gpt_stage_parameters(g, range);
-      const std::vector<int64_t> from = gpt_stage_sources(g, range);
-      std::vector<float> mine(static_cast<size_t>(stage.back().offset + stage.back().numel));
-      for (size_t k = 0; k < stage.size(); k++) std::copy_n(full.begin() + from[k], stage[k].numel, mine.begin() + stage[k].offset);
-      full = std::move(mine);
-    }
-    if (model.tensor_parallel().degree == 1) {
-      model.upload_params(full.data());
-    } else {  // this shard's heads and columns
-      std::vector<float> local(static_cast<size_t>(model.num_params()));
-      shard_full_params(model, full.data(), local.data());
-      model.upload_params(local.data());
-    }
+    const std::vector<float> whole = gpt_init_values(model.spec().gpt, seed);
+    upload_gpt_whole_values(model, whole.data());
     return;
   }
   const int first = model.first_linear();

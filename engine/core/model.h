@@ -447,6 +447,11 @@ class Model {
   Tensor h16a_, h16b_, sp_x16_, sp_logits16_;  // mixed LoRA: A and B widened; dB, dA and the adapter's input gradient
 };
 
+// A GPT (or its pipeline stage, or its TP shard) takes its values from the whole model's flat host
+// values (gpt_parameters' layout): its stage's parameters, the head's copy of the tied weight from
+// wte, then this TP rank's heads and columns.
+void upload_gpt_whole_values(Model& model, const float* whole);
+
 // torch.manual_seed(seed) + nn.Linear's reset_parameters, value for value (a pipeline stage skips
 // the draws of the layers before it), drawn on the host and uploaded to the model's device.
 void init_like_torch(Model& model, uint64_t seed);

@@ -314,19 +314,9 @@ void PipelineRank::load_stage(Model& stage, StageRange r, const Model& full) {
     DTLAB_CHECK(!full.mixed() && !plain.empty() && plain.front().offset == 0 && plain.front().data &&
                     (full.lora() || full.num_params() == spec_.num_params()),
                 "--init's full model must hold every parameter");
-    const std::vector<int64_t> from = gpt_stage_sources(spec_.gpt, {r.first, r.end});
-    const std::vector<Parameter> whole = gpt_stage_parameters(spec_.gpt, {r.first, r.end});  // the unsplit stage
     const std::vector<float> values = full.lora() ? std::vector<float>(plain.front().data, plain.front().data + spec_.num_params())
                                                   : full.host_params();
-    std::vector<float> mine(static_cast<size_t>(stage_num_params(spec_, r)));
-    for (size_t k = 0; k < from.size(); k++) std::copy_n(values.begin() + from[k], whole[k].numel, mine.begin() + whole[k].offset);
-    if (tp_ == 1) {
-      stage.upload_params(mine.data());
-      return;
-    }
-    std::vector<float> local(static_cast<size_t>(stage.num_params()));  // this shard's heads and columns
-    shard_full_params(stage, mine.data(), local.data());
-    stage.upload_params(local.data());
+    upload_gpt_whole_values(stage, values.data());
     return;
   }
   // Under LoRA the full model's base sits frozen beside its adapters, in the plain model's layout.
