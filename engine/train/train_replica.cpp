@@ -49,7 +49,9 @@ std::string nonfinite_sentence(int64_t step, double local, double reduced, int r
 // One rank's step buffers on its device.
 struct StepBuffers {
   Tensor probs, dlogits;  // (B, C) softmax and the loss gradient
-  Tensor x_dev, y_dev;    // (B, D) or a GPT's (B) tokens, and (B): a device's batch is uploaded here; the CPU reads the loader's
+  // (B, D) inputs, or a GPT's (B) tokens, and (B) targets: a device's batch is uploaded here (the CPU
+  // reads the loader's rows where they are).
+  Tensor x_dev, y_dev;
   // The step's loss x samples and correct count, accumulated on the device (two doubles; read
   // once per step), and the four figures every rank all-reduces, in memory the communicator moves.
   Tensor loss_stats, figures;
