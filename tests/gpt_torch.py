@@ -10,10 +10,12 @@ character-level slice of the shipped text:
      DDP on 2 ranks (each rank's DistributedSampler shard, gradients averaged), the GPipe, 1F1B and
      ZB-H1 pipelines, TP 2 and 4, TP 2 with sequence parallelism, and the 2 x 2 x 2 mesh;
   3. the checkpoint loads into the torch GPT (load_state_dict, strict but for the tied lm_head and
-     the causal-mask buffers, which nanoGPT's state_dict also lists) and gives dtlab's loss.
+     the causal-mask buffers, which nanoGPT's state_dict also lists) and gives dtlab's loss;
+  4. LoRA on c_attn (peft's draws and math);
+  5. --precision bf16 against torch's GPT in bf16 with fp32 master weights, in 8 layouts.
 Usage: gpt_torch.py PATH/TO/dtlab-cli
 """
-import json, math, os, struct, sys, tempfile
+import copy, json, math, os, struct, sys, tempfile
 
 from torch_common import CLI, check, cli, failures, load_safetensors, np, torch  # noqa: F401 (exits 77 without torch)
 
@@ -37,10 +39,30 @@ def params(model):  # named_parameters(): the tied weight once, as transformer.w
     return {k: v.detach() for k, v in model.named_parameters()}
 
 
-def torch_train(model, windows, batch, steps, seed, make_opt, world):
+def torch_train(model, windows, batch, steps, seed, make_opt, world, bf16=False):
     """DDP on `world` ranks as one process: each rank's DistributedSampler shard, the mean of the
-    ranks' mean losses (DDP averages the gradients)."""
-    opt = make_opt(model.parameters())
+    ranks' mean losses (DDP averages the gradients). `bf16`: the model's bf16 copy runs the passes (the
+    loss on its logits .float()) and an fp32 master copy of each parameter takes the optimizer's step,
+    then is rounded into the bf16 parameter (Megatron's layout, dtlab's --precision bf16); the bf16
+    model is returned beside the losses."""
+    if bf16:
+        run = copy.deepcopy(model).to(torch.bfloat16)
+        named = list(run.named_parameters())
+        master = [p.detach().float().clone().requires_grad_(True) for _, p in named]
+        opt = make_opt(master)
+    else:
+        run = model
+        opt = make_opt(model.parameters())
+
+    def loss_of(idx, tgt):
+        if not bf16:
+            return run(idx, tgt)
+        x = run.transformer.wte(idx) + run.transformer.wpe(torch.arange(idx.size(1)))
+        for blk in run.transformer.h:
+            x = blk(x)
+        logits = run.lm_head(run.transformer.ln_f(x)).float()
+        return torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
+
     samplers = [torch.utils.data.distributed.DistributedSampler(range(len(windows)), num_replicas=world, rank=r,
                                                                 shuffle=True, seed=seed) for r in range(world)]
     losses, epoch = [], 0
@@ -51,19 +73,30 @@ def torch_train(model, windows, batch, steps, seed, make_opt, world):
             orders.append(list(iter(s)))
         per_rank = len(orders[0])
         for start in range(0, per_rank, batch):
-            opt.zero_grad()
+            if bf16:
+                for _, p in named:
+                    p.grad = None
+            else:
+                opt.zero_grad()
             total = 0.0
             for r in range(world):
                 rows = windows[orders[r][start:start + batch]]
-                loss = model(rows[:, :-1].contiguous(), rows[:, 1:].contiguous()) / world
+                loss = loss_of(rows[:, :-1].contiguous(), rows[:, 1:].contiguous()) / world
                 loss.backward()
                 total += loss.item()
+            if bf16:
+                for q, (_, p) in zip(master, named):
+                    q.grad = p.grad.float()
             opt.step()
+            if bf16:
+                with torch.no_grad():
+                    for q, (_, p) in zip(master, named):
+                        p.copy_(q)
             losses.append(total)
             if len(losses) == steps:
                 break
         epoch += 1
-    return losses
+    return (losses, run) if bf16 else losses
 
 
 torch.set_num_threads(1)
@@ -205,6 +238,45 @@ with tempfile.TemporaryDirectory() as tmp:
         flags, make_opt = runs["adamw"]
         held_to_torch(f"LoRA, adamw, {layout} (merged)", world, [*strategy, *flags, *lora_flags, "--merge-lora"], lora_gpt(3), make_opt,
                       merged)
+
+    # 5. bf16 (--precision bf16: Megatron's layout, docs/course_sources.md §6e): torch's GPT after
+    #    .to(torch.bfloat16) computes every op in bf16 (float32 inside, rounded once), the loss on its
+    #    logits .float(), and an fp32 master copy of each parameter takes the optimizer's step, then is
+    #    rounded into the bf16 parameter. dtlab's attention rounds once where torch's unfused one rounds
+    #    q k^T, the scaling and the softmax apart, and its DDP all-reduces bf16 gradients on a ring:
+    #    equal within bf16 rounding, as torch.testing.assert_close's bf16 rtol (1.6e-2) measures it.
+    bf16_layouts = {k: layouts[k] for k in ("world 1", "world 2", "pipeline 1f1b", "pipeline zb-h1", "tp 2", "tp 2 + sp",
+                                            "mesh 2x2x2 + sp, zb-h1")}
+    bf16_layouts["fsdp 2"] = (2, ["--strategy", "fsdp", "--world", 2])
+    for layout, (world, strategy) in bf16_layouts.items():
+        flags, make_opt = runs["sgd"]
+        label = f"bf16, sgd, {layout}"
+        ckpt = os.path.join(tmp, "".join(c if c.isalnum() else "_" for c in label) + ".safetensors")
+        out = cli("train", *common, *strategy, *flags, "--precision", "bf16", "--init", init_path, "--seed", 3, "--batch", batch,
+                  "--steps", steps, "--save", ckpt, "--json")
+        ours = [q["loss"] for q in map(json.loads, out.splitlines()) if "step" in q]
+        theirs, m16 = torch_train(start, windows, batch, steps, 3, make_opt, world, bf16=True)
+        final = {k: v.detach().float() for k, v in m16.named_parameters()}
+        rel = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) if len(ours) == steps else float("inf")
+        check(rel < 1.6e-2, f"{label}: {steps} per-step losses equal torch's within bf16's rtol 1.6e-2 (max relative diff {rel:.2e})")
+        # The parameters (the bf16 values --save writes, widened), measured in bf16 ulps of each
+        # tensor's largest value: dtlab's distance from torch's bf16 run is held to bf16's own effect,
+        # the distance between torch's bf16 and float32 runs, plus one ulp (a wrong gradient or a
+        # missed rounding moves parameters by tens of ulps).
+        sd = load_safetensors(ckpt)
+
+        def ulps(a, b):
+            top = max(a.abs().max().item(), b.abs().max().item(), 2.0 ** -126)
+            return (a - b).abs().max().item() / 2.0 ** (math.floor(math.log2(top)) - 7)
+
+        m32 = GPT(L, H, C, T, V)
+        m32.load_state_dict(start.state_dict())
+        torch_train(m32, windows, batch, steps, 3, make_opt, world)
+        p32 = params(m32)
+        worst = max(ulps(sd[k], v) for k, v in final.items())
+        effect = max(ulps(p32[k], v) for k, v in final.items())
+        check(worst <= effect + 1, f"{label}: parameters after {steps} steps within {worst:.2f} bf16 ulp of torch's bf16 run "
+                                   f"(torch's bf16 and float32 runs differ by {effect:.2f})")
 
 print(f"{'FAILED' if failures else 'passed'}: GPT torch parity ({len(failures)} failures), torch {torch.__version__}")
 sys.exit(1 if failures else 0)

@@ -215,10 +215,11 @@ void draw_bytes_per_param(const Snapshot& s, int r) {
   const int64_t scratch = st.current_of(MemCategory::Other);
   if (scratch > 0) {
     ImGui::PushTextWrapPos(0.0f);
-    ImGui::TextDisabled("other %s: the float32 scratch a 16-bit Linear runs in on the CPU (its widened operands and "
-                        "result, sized by the widest layer; a GPU's tensor cores keep these in registers). Without it "
+    ImGui::TextDisabled("other %s: the float32 scratch a 16-bit op runs in on the CPU (its widened operands and "
+                        "result, sized by the largest %s; a GPU's tensor cores keep these in registers). Without it "
                         "rank %d holds %s: the figure to set beside an fp32 run's.",
-                        human_bytes(scratch).c_str(), r, human_bytes(st.total_current - scratch).c_str());
+                        human_bytes(scratch).c_str(), rc.gpt.empty() ? "layer" : "op (the logits, the attention scores)", r,
+                        human_bytes(st.total_current - scratch).c_str());
     ImGui::PopTextWrapPos();
   }
 }
@@ -672,6 +673,8 @@ void draw_gpt_blocks(const Snapshot& s) {
   // positions' share of the LayerNorm regions).
   const TensorParallelSpec tp{std::max(1, s.mesh.shape.tp), 0, s.mesh.sequence_parallel};
   const bool sp = tp.degree > 1 && tp.sequence_parallel;
+  const bool half = is_mixed(c.precision);  // --precision: 16-bit activations, LayerNorm's statistics float32
+  const int64_t E = half ? 2 : 4;
   ImGui::Spacing();
   ImGui::Separator();
   ImGui::TextUnformatted("Activations per block");
@@ -687,11 +690,12 @@ void draw_gpt_blocks(const Snapshot& s) {
     const float num_w = ImGui::CalcTextSize("000.0 KiB").x + ImGui::GetFontSize() * 0.5f;
     ImGui::TableSetupColumn("tensor kept for backward");
     ImGui::TableSetupColumn("Megatron, 16-bit", 0, std::max(num_w, ImGui::CalcTextSize("Megatron, 16-bit").x));
-    ImGui::TableSetupColumn("this engine, fp32", 0, std::max(num_w, ImGui::CalcTextSize("this engine, fp32").x));
+    const char* ours = half ? (c.precision == Precision::BF16 ? "this engine, bf16" : "this engine, fp16") : "this engine, fp32";
+    ImGui::TableSetupColumn(ours, 0, std::max(num_w, ImGui::CalcTextSize(ours).x));
     ImGui::TableHeadersRow();
     double korthikanti = 0;
     int64_t engine = 0;
-    for (const GptActivationTerm& t : gpt_block_activation_terms(g, B, tp)) {
+    for (const GptActivationTerm& t : gpt_block_activation_terms(g, B, tp, E)) {
       korthikanti += t.korthikanti;
       engine += t.engine;
       ImGui::TableNextRow();
@@ -717,7 +721,9 @@ void draw_gpt_blocks(const Snapshot& s) {
     ImGui::EndTable();
   }
   ImGui::PushTextWrapPos(0.0f);
-  ImGui::TextDisabled("Hover a row the two count differently for why. Where both keep a tensor, float32 is twice the 16 bits.");
+  ImGui::TextDisabled(half ? "Hover a row the two count differently for why. Both keep 16-bit tensors; this engine's LayerNorm "
+                             "statistics stay float32."
+                           : "Hover a row the two count differently for why. Where both keep a tensor, float32 is twice the 16 bits.");
   if (sp)
     ImGui::TextDisabled("Sequence parallel: each LayerNorm output is kept as this rank's %lld positions and all-gathered again "
                         "for c_attn's and c_fc's weight gradients, as Megatron does, rather than kept whole.",
@@ -726,7 +732,7 @@ void draw_gpt_blocks(const Snapshot& s) {
   if (c.strategy != Strategy::Pipeline && !s.memory.empty()) {
     LoraSpec lora;
     lora.rank = c.lora_rank;
-    const int64_t model = gpt_activation_bytes(g, B, c.activation_checkpointing, tp) + gpt_lora_activation_bytes(g, lora, B, tp);
+    const int64_t model = gpt_activation_bytes(g, B, c.activation_checkpointing, tp, E) + gpt_lora_activation_bytes(g, lora, B, tp, E);
     const int64_t loss = 2 * B * g.ctx * g.vocab * static_cast<int64_t>(sizeof(float));
     const int64_t measured = s.memory[0].stats.peak_of(MemCategory::Activations);
     ImGui::Text("Whole forward%s: %lld blocks, the embeddings' sum, ln_f, the logits%s and the backward's scratch = %s; with the "

@@ -17,7 +17,7 @@ namespace dtlab {
 // ---- the model ----
 
 namespace {
-constexpr int64_t kF32 = sizeof(float);  // bytes per element of the device calls below
+constexpr int64_t kF32 = sizeof(float);  // bytes per element of the float32 buffers below
 }  // namespace
 
 GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, GptRange range, const TensorParallelSpec& tp)
@@ -44,6 +44,64 @@ GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, Gp
   }
 }
 
+void GptCore::set_precision(Precision p) {
+  const DType want = p == Precision::BF16 ? DType::BF16 : p == Precision::FP16 ? DType::F16 : DType::F32;
+  if (want == adt_) return;
+  DTLAB_CHECK(dev_.is_host(), "a GPT's 16-bit layers run on the host");
+  release();
+  adt_ = want;
+  hf_ = half_format_of(p);
+}
+
+// ---- float32 operands of 16-bit memory (set_precision) ----
+
+int GptCore::claim(int64_t n) {
+  int slot = -1;
+  for (size_t k = 0; k < pool_.size() && slot < 0; k++)
+    if (!busy_[k] && pool_[k].numel() >= n) slot = static_cast<int>(k);
+  if (slot < 0) {  // a free slot grown to n, or a new one
+    for (size_t k = 0; k < pool_.size() && slot < 0; k++)
+      if (!busy_[k]) slot = static_cast<int>(k);
+    if (slot < 0) {
+      pool_.emplace_back();
+      busy_.push_back(0);
+      slot = static_cast<int>(pool_.size()) - 1;
+    }
+    Tensor& t = pool_[static_cast<size_t>(slot)];
+    t = Tensor();
+    t = Tensor({n}, MemCategory::Other, tracker_, DType::F32, dev_);
+  }
+  busy_[static_cast<size_t>(slot)] = 1;
+  return slot;
+}
+
+GptCore::F32 GptCore::rd(const void* p, int64_t n) {
+  if (!half() || !p) return F32(nullptr, -1, static_cast<float*>(const_cast<void*>(p)), nullptr, 0);
+  const int slot = claim(n);
+  float* f = pool_[static_cast<size_t>(slot)].f32();
+  half_to_floats(f, static_cast<const uint16_t*>(p), n, hf_);
+  return F32(this, slot, f, nullptr, n);
+}
+
+GptCore::F32 GptCore::wr(void* p, int64_t n) {
+  if (!half() || !p) return F32(nullptr, -1, static_cast<float*>(p), nullptr, 0);
+  const int slot = claim(n);
+  return F32(this, slot, pool_[static_cast<size_t>(slot)].f32(), p, n);
+}
+
+GptCore::F32 GptCore::acc(void* p, int64_t n) {
+  if (!half() || !p) return F32(nullptr, -1, static_cast<float*>(p), nullptr, 0);
+  const int slot = claim(n);
+  float* f = pool_[static_cast<size_t>(slot)].f32();
+  half_to_floats(f, static_cast<const uint16_t*>(p), n, hf_);
+  return F32(this, slot, f, p, n);
+}
+
+void GptCore::finish(int slot, float* f, void* back, int64_t n) {
+  if (back) half_from_floats(static_cast<uint16_t*>(back), f, n, hf_);  // rounded once
+  busy_[static_cast<size_t>(slot)] = 0;
+}
+
 std::array<std::vector<Tensor>*, 13> GptCore::per_block() {
   return {&ln1_, &ln1_mean_, &ln1_rstd_, &qkv_, &att_, &atty_, &res2_, &ln2_, &ln2_mean_, &ln2_rstd_, &fch_, &fch_gelu_, &res3_};
 }
@@ -52,9 +110,11 @@ void GptCore::release() {
   for (auto* v : per_block()) v->clear();
   for (Tensor* t : {&encoded_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dbuf_, &dqkv_, &dfch_, &datt_, &full_, &perm_,
                     &dfull_, &dloc_, &lnf_full_, &dlogits_local_, &part_, &wte_part_, &dlogits_kept_, &lora_t_, &lora_u_,
-                    &lora_dx_, &lora_part_, &tokens_})
+                    &lora_dx_, &lora_part_, &tokens_, &logits32_, &dlogits16_})
     *t = Tensor();
   douts_.clear();
+  pool_.clear();
+  busy_.clear();
   capacity_ = 0;
   B_ = 0;
   idx_ = nullptr;
@@ -66,7 +126,9 @@ void GptCore::ensure(int64_t B) {
   if (B <= capacity_ && checkpointed_alloc_ == checkpointing_) return;
   const int64_t T = s_.ctx, C = s_.embd, BT = B * T, L = r_.end_block(s_) - r_.first_block();
   const int64_t R = residual_rows(B), Ct = C / tp_.degree, H = s_.heads / tp_.degree;  // this rank's rows, width, heads
-  auto act = [&](Shape shape) { return Tensor(std::move(shape), MemCategory::Activations, tracker_, DType::F32, dev_); };
+  // In the layers' dtype, but LayerNorm's statistics (float32 in every precision).
+  auto act = [&](Shape shape) { return Tensor(std::move(shape), MemCategory::Activations, tracker_, adt_, dev_); };
+  auto stat = [&](Shape shape) { return Tensor(std::move(shape), MemCategory::Activations, tracker_, DType::F32, dev_); };
   for (auto* v : per_block()) v->clear();
   encoded_ = r_.embeds() ? act({R, C}) : Tensor();
   // (Not counted as activations: torch's input tensor is the caller's too.)
@@ -75,35 +137,37 @@ void GptCore::ensure(int64_t B) {
     res3_.push_back(act({R, C}));
     if (checkpointing_ && l > 0) continue;  // one set of the blocks' inner buffers, shared
     ln1_.push_back(act({R, C}));
-    ln1_mean_.push_back(act({R}));
-    ln1_rstd_.push_back(act({R}));
+    ln1_mean_.push_back(stat({R}));
+    ln1_rstd_.push_back(stat({R}));
     qkv_.push_back(act({BT, 3 * Ct}));
     att_.push_back(act({B, H, T, T}));
     atty_.push_back(act({BT, Ct}));
     res2_.push_back(act({R, C}));
     ln2_.push_back(act({R, C}));
-    ln2_mean_.push_back(act({R}));
-    ln2_rstd_.push_back(act({R}));
+    ln2_mean_.push_back(stat({R}));
+    ln2_rstd_.push_back(stat({R}));
     fch_.push_back(act({BT, 4 * Ct}));
     fch_gelu_.push_back(act({BT, 4 * Ct}));
   }
   if (r_.heads(s_)) {
     lnf_ = act({R, C});
-    lnf_mean_ = act({R});
-    lnf_rstd_ = act({R});
+    lnf_mean_ = stat({R});
+    lnf_rstd_ = stat({R});
     logits_ = act({BT, s_.vocab});
+    logits32_ = half() ? stat({BT, s_.vocab}) : Tensor();  // the loss's float32 copy
+    dlogits16_ = half() ? act({BT, s_.vocab}) : Tensor();  // the loss's gradient rounded (backward)
   }
   dres_ = act({R, C});
   dbuf_ = act({BT, C});
   dqkv_ = act({BT, 3 * Ct});
   dfch_ = act({BT, 4 * Ct});
-  datt_ = act({T, T});
+  datt_ = stat({T, T});
   if (sp()) {
     full_ = act({BT, C});
     perm_ = act({BT, C});
     dfull_ = act({BT, C});
     dloc_ = act({R, C});
-    auto scratch = [&](int64_t n) { return Tensor({n}, MemCategory::Gradients, tracker_, DType::F32, dev_); };
+    auto scratch = [&](int64_t n) { return Tensor({n}, MemCategory::Gradients, tracker_, adt_, dev_); };
     part_ = scratch(std::max(r_.embeds() ? s_.ctx * C : 0, 2 * C));
     if (r_.heads(s_)) {
       lnf_full_ = act({BT, C});
@@ -116,45 +180,45 @@ void GptCore::ensure(int64_t B) {
     lora_t_ = act({2 * BT * r});
     lora_u_ = act({BT, 3 * Ct});
     lora_dx_ = act({BT, C});
-    if (tp()) lora_part_ = Tensor({r * C}, MemCategory::Gradients, tracker_, DType::F32, dev_);
+    if (tp()) lora_part_ = Tensor({r * C}, MemCategory::Gradients, tracker_, adt_, dev_);
   }
   capacity_ = B;
   checkpointed_alloc_ = checkpointing_;
 }
 
-void GptCore::lora_forward(int l, float* out, const float* in) {
+void GptCore::lora_forward(int l, void* out, const void* in) {
   const std::vector<Parameter>& ad = *lora_.params;
   const Parameter& A = ad[static_cast<size_t>(adapter(l))];
   const Parameter& Bm = ad[static_cast<size_t>(adapter(l) + 1)];
   const int64_t BT = B_ * s_.ctx, C = s_.embd, O = 3 * C / tp_.degree, r = lora_.rank;
-  float* t = lora_t_.f32();
-  float* u = lora_u_.f32();
-  dev_.linear_forward(t, in, A.data, nullptr, BT, C, r);
-  dev_.linear_forward(u, t, Bm.data, nullptr, BT, r, O);
-  dev_.scale(u, BT * O, lora_.scaling);
-  dev_.accumulate(out, u, BT * O, false);
+  void* t = lora_t_.raw();
+  void* u = lora_u_.raw();
+  dev_.linear_forward(wr(t, BT * r), rd(in, BT * C), pw(A), nullptr, BT, C, r);
+  dev_.linear_forward(wr(u, BT * O), rd(t, BT * r), pw(Bm), nullptr, BT, r, O);
+  dev_.scale(acc(u, BT * O), BT * O, lora_.scaling);
+  dev_.accumulate(acc(out, BT * O), rd(u, BT * O), BT * O, false);
 }
 
-void GptCore::lora_backward(int l, float* dinp, const float* dout, const float* in, bool weights, int layer) {
+void GptCore::lora_backward(int l, void* dinp, const void* dout, const void* in, bool weights, int layer) {
   const std::vector<Parameter>& ad = *lora_.params;
   const Parameter& A = ad[static_cast<size_t>(adapter(l))];
   const Parameter& Bm = ad[static_cast<size_t>(adapter(l) + 1)];
   const int64_t BT = B_ * s_.ctx, C = s_.embd, O = 3 * C / tp_.degree, r = lora_.rank;
-  float* gA = weights ? A.grad : nullptr;
-  if (gA && tp()) {  // every rank's dt covers its own heads' outputs: A's gradient is a partial sum
-    gA = lora_part_.f32();
-    dev_.fill_zero(gA, r * C * kF32);
-  }
-  float* t = lora_t_.f32();
-  float* dt = t + BT * r;
-  if (weights) dev_.linear_forward(t, in, A.data, nullptr, BT, C, r);
-  float* ds = lora_u_.f32();
-  dev_.scale_copy(ds, dout, BT * O, lora_.scaling);
-  dev_.linear_backward(dt, weights ? Bm.grad : nullptr, nullptr, ds, weights ? t : nullptr, Bm.data, BT, r, O);
-  float* dx = dinp ? lora_dx_.f32() : nullptr;
-  dev_.linear_backward(dx, gA, nullptr, dt, weights ? in : nullptr, A.data, BT, C, r);
-  if (dx) dev_.accumulate(dinp, dx, BT * C, false);
-  if (gA && tp()) add_group_sum(gA, layer, {{A.grad, r * C}});
+  // Every rank's dt covers its own heads' outputs: under TP, A's gradient is a partial sum.
+  const bool part = weights && tp();
+  if (part) dev_.fill_zero(lora_part_.raw(), lora_part_.nbytes());
+  void* t = lora_t_.raw();
+  void* dt = at(t, BT * r);
+  if (weights) dev_.linear_forward(wr(t, BT * r), rd(in, BT * C), pw(A), nullptr, BT, C, r);
+  void* ds = lora_u_.raw();
+  dev_.scale_copy(wr(ds, BT * O), rd(dout, BT * O), BT * O, lora_.scaling);
+  dev_.linear_backward(wr(dt, BT * r), pg(weights ? &Bm : nullptr), nullptr, rd(ds, BT * O), rd(weights ? t : nullptr, BT * r),
+                       pw(Bm), BT, r, O);
+  void* dx = dinp ? lora_dx_.raw() : nullptr;
+  dev_.linear_backward(wr(dx, BT * C), part ? acc(lora_part_) : pg(weights ? &A : nullptr), nullptr, rd(dt, BT * r),
+                       rd(weights ? in : nullptr, BT * C), pw(A), BT, C, r);
+  if (dx) dev_.accumulate(acc(dinp, BT * C), rd(dx, BT * C), BT * C, false);
+  if (part) add_group_sum(lora_part_.raw(), layer, {{&A, r * C}});
 }
 
 double GptCore::layer_flops(int layer, int64_t B) const {
@@ -171,105 +235,112 @@ const float* GptCore::attention(int l, int64_t b, int64_t h) const {
   const int64_t H = s_.heads / tp_.degree, mine = h - tp_.rank * H;  // this rank's heads are [rank H, rank H + H)
   if (B_ == 0 || checkpointing_ || l < r_.first_block() || l >= r_.end_block(s_) || b < 0 || b >= B_ || mine < 0 || mine >= H)
     return nullptr;
-  return att_[local(l)].f32() + (b * H + mine) * s_.ctx * s_.ctx;
+  const int64_t TT = s_.ctx * s_.ctx, first = (b * H + mine) * TT;
+  if (!half()) return att_[local(l)].f32() + first;
+  att_view_.resize(static_cast<size_t>(TT));
+  half_to_floats(att_view_.data(), att_[local(l)].u16() + first, TT, hf_);
+  return att_view_.data();
 }
 
-const float* GptCore::seq_gather(float* full, const float* local, int64_t w, int layer) {
+const void* GptCore::seq_gather(void* full, const void* local, int64_t w, int layer) {
   const int64_t t = tp_.degree, B = B_, T = s_.ctx, Tl = T / t;
-  float* g = perm_.f32();  // rank r's rows of every sample, then rank r + 1's
-  comm_->all_gather(g, local, B * Tl * w, layer);
+  void* g = perm_.raw();  // rank r's rows of every sample, then rank r + 1's
+  comm_->all_gather(g, local, B * Tl * w, adt_, layer);
   for (int64_t r = 0; r < t; r++)
-    for (int64_t b = 0; b < B; b++) dev_.copy(full + (b * T + r * Tl) * w, g + (r * B + b) * Tl * w, Tl * w * kF32);
+    for (int64_t b = 0; b < B; b++) dev_.copy(at(full, (b * T + r * Tl) * w), at(g, (r * B + b) * Tl * w), Tl * w * esz());
   return full;
 }
 
-void GptCore::seq_reduce_scatter(float* local, const float* full, int64_t w, int layer) {
+void GptCore::seq_reduce_scatter(void* local, const void* full, int64_t w, int layer) {
   const int64_t t = tp_.degree, B = B_, T = s_.ctx, Tl = T / t;
-  float* g = perm_.f32();
+  void* g = perm_.raw();
   for (int64_t r = 0; r < t; r++)
-    for (int64_t b = 0; b < B; b++) dev_.copy(g + (r * B + b) * Tl * w, full + (b * T + r * Tl) * w, Tl * w * kF32);
-  comm_->reduce_scatter(local, g, B * Tl * w, layer);
+    for (int64_t b = 0; b < B; b++) dev_.copy(at(g, (r * B + b) * Tl * w), at(full, (b * T + r * Tl) * w), Tl * w * esz());
+  comm_->reduce_scatter(local, g, B * Tl * w, adt_, layer);
 }
 
-void GptCore::seq_rows(float* local, const float* full, int64_t w) const {
+void GptCore::seq_rows(void* local, const void* full, int64_t w, int64_t es) const {
   const int64_t B = B_, T = s_.ctx, Tl = T / tp_.degree;
-  for (int64_t b = 0; b < B; b++) dev_.copy(local + b * Tl * w, full + (b * T + tp_.rank * Tl) * w, Tl * w * kF32);
+  for (int64_t b = 0; b < B; b++)
+    dev_.copy(static_cast<char*>(local) + b * Tl * w * es, static_cast<const char*>(full) + (b * T + tp_.rank * Tl) * w * es, Tl * w * es);
 }
 
-const float* GptCore::row_parallel(const float* in, const float* w, const float* b, int64_t width, int layer) {
+const void* GptCore::row_parallel(const void* in, const Parameter& w, const Parameter& b, int64_t width, int layer) {
   const int64_t BT = B_ * s_.ctx, C = s_.embd, R = residual_rows(B_);
-  float* out = dbuf_.f32();
+  void* out = dbuf_.raw();
   if (!tp()) {
-    dev_.linear_forward(out, in, w, b, BT, width, C);
+    dev_.linear_forward(wr(out, BT * C), rd(in, BT * width), pw(w), pw(b), BT, width, C);
     return out;
   }
-  dev_.linear_forward(out, in, w, nullptr, BT, width, C);  // this rank's partial sums
-  float* y = out;
-  if (sp()) seq_reduce_scatter(y = dloc_.f32(), out, C, layer);
-  else comm_->all_reduce(out, BT * C, layer);
-  dev_.add_rows(y, b, R, C);  // RowParallelLinear adds the bias after the sum
+  dev_.linear_forward(wr(out, BT * C), rd(in, BT * width), pw(w), nullptr, BT, width, C);  // this rank's partial sums
+  void* y = out;
+  if (sp()) seq_reduce_scatter(y = dloc_.raw(), out, C, layer);
+  else comm_->all_reduce(out, BT * C, adt_, layer);
+  dev_.add_rows(acc(y, R * C), pw(b), R, C);  // RowParallelLinear adds the bias after the sum
   return y;
 }
 
-const float* GptCore::column_input_grad(float* d, int layer) {
+const void* GptCore::column_input_grad(void* d, int layer) {
   if (!tp()) return d;
   if (!sp()) {
-    comm_->all_reduce(d, B_ * s_.ctx * s_.embd, layer);
+    comm_->all_reduce(d, B_ * s_.ctx * s_.embd, adt_, layer);
     return d;
   }
-  seq_reduce_scatter(dloc_.f32(), d, s_.embd, layer);
-  return dloc_.f32();
+  seq_reduce_scatter(dloc_.raw(), d, s_.embd, layer);
+  return dloc_.raw();
 }
 
-void GptCore::ln_backward(std::vector<Parameter>& p, float* dinp, int wi, int bi, const float* dout, const float* inp,
+void GptCore::ln_backward(std::vector<Parameter>& p, void* dinp, int wi, int bi, const void* dout, const void* inp,
                           const float* mean, const float* rstd, int layer) {
   const int64_t C = s_.embd, R = residual_rows(B_);
-  Parameter& w = p[static_cast<size_t>(wi)];
-  Parameter& b = p[static_cast<size_t>(bi)];
-  if (!sp() || !w.grad) {  // (a frozen LoRA base: no parameter gradients)
-    dev_.layernorm_backward(dinp, w.grad, b.grad, dout, inp, w.data, mean, rstd, R, C);
+  const Parameter& w = p[static_cast<size_t>(wi)];
+  const Parameter& b = p[static_cast<size_t>(bi)];
+  const bool frozen_w = half() ? !w.grad16 : !w.grad;  // (a frozen LoRA base: no parameter gradients)
+  if (!sp() || frozen_w) {
+    dev_.layernorm_backward(acc(dinp, R * C), pg(&w), pg(&b), rd(dout, R * C), rd(inp, R * C), pw(w), mean, rstd, R, C);
     return;
   }
-  float* part = part_.f32();  // weight's then bias's, summed in one all-reduce
-  dev_.fill_zero(part, 2 * C * kF32);
-  dev_.layernorm_backward(dinp, part, part + C, dout, inp, w.data, mean, rstd, R, C);
-  add_group_sum(part, layer, {{w.grad, C}, {b.grad, C}});
+  void* part = part_.raw();  // weight's then bias's, summed in one all-reduce
+  dev_.fill_zero(part, 2 * C * esz());
+  dev_.layernorm_backward(acc(dinp, R * C), acc(part, C), acc(at(part, C), C), rd(dout, R * C), rd(inp, R * C), pw(w), mean, rstd,
+                          R, C);
+  add_group_sum(part, layer, {{&w, C}, {&b, C}});
 }
 
-void GptCore::add_group_sum(float* part, int layer, std::initializer_list<std::pair<float*, int64_t>> into) {
+void GptCore::add_group_sum(void* part, int layer, std::initializer_list<std::pair<const Parameter*, int64_t>> into) {
   int64_t n = 0;
-  for (const auto& [grad, len] : into) n += len;
-  comm_->all_reduce(part, n, layer);
-  for (const auto& [grad, len] : into) {
-    dev_.accumulate(grad, part, len, false);
-    part += len;
+  for (const auto& [q, len] : into) n += len;
+  comm_->all_reduce(part, n, adt_, layer);
+  for (const auto& [q, len] : into) {
+    dev_.accumulate(pg(q), rd(part, len), len, false);
+    part = at(part, len);
   }
 }
 
-void GptCore::block_forward(std::vector<Parameter>& p, int l, const float* x) {
+void GptCore::block_forward(std::vector<Parameter>& p, int l, const void* x) {
   using P = GptParamIndex;
   const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T, R = residual_rows(B), Ct = C / tp_.degree;
-  auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };
+  auto w = [&](P::Block b) -> const Parameter& { return p[static_cast<size_t>(pi(l, b))]; };
   const size_t k = slot(l);
   const int layer = 1 + l;
-  dev_.layernorm_forward(ln1_[k].f32(), ln1_mean_[k].f32(), ln1_rstd_[k].f32(), x, w(pi(l, P::Ln1W)), w(pi(l, P::Ln1B)), R, C);
-  const float* a = sp() ? seq_gather(full_.f32(), ln1_[k].f32(), C, layer) : ln1_[k].f32();  // f
-  dev_.linear_forward(qkv_[k].f32(), a, w(pi(l, P::AttnW)), w(pi(l, P::AttnB)), BT, C, 3 * Ct);
-  if (adapter(l) >= 0) lora_forward(l, qkv_[k].f32(), a);
-  dev_.attention_forward(atty_[k].f32(), att_[k].f32(), qkv_[k].f32(), B, T, Ct, s_.heads / tp_.degree);
-  const float* proj = row_parallel(atty_[k].f32(), w(pi(l, P::AttnProjW)), w(pi(l, P::AttnProjB)), Ct, layer);  // g
-  float* r2 = res2_[k].f32();
-  dev_.add(r2, x, proj, R * C);
-  dev_.layernorm_forward(ln2_[k].f32(), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), r2, w(pi(l, P::Ln2W)), w(pi(l, P::Ln2B)), R, C);
-  a = sp() ? seq_gather(full_.f32(), ln2_[k].f32(), C, layer) : ln2_[k].f32();
-  dev_.linear_forward(fch_[k].f32(), a, w(pi(l, P::FcW)), w(pi(l, P::FcB)), BT, C, 4 * Ct);
-  dev_.gelu_forward(fch_gelu_[k].f32(), fch_[k].f32(), BT * 4 * Ct);
-  proj = row_parallel(fch_gelu_[k].f32(), w(pi(l, P::FcProjW)), w(pi(l, P::FcProjB)), 4 * Ct, layer);
-  dev_.add(res3_[local(l)].f32(), r2, proj, R * C);
+  dev_.layernorm_forward(wr(ln1_[k]), ln1_mean_[k].f32(), ln1_rstd_[k].f32(), rd(x, R * C), pw(w(P::Ln1W)), pw(w(P::Ln1B)), R, C);
+  const void* a = sp() ? seq_gather(full_.raw(), ln1_[k].raw(), C, layer) : ln1_[k].raw();  // f
+  dev_.linear_forward(wr(qkv_[k]), rd(a, BT * C), pw(w(P::AttnW)), pw(w(P::AttnB)), BT, C, 3 * Ct);
+  if (adapter(l) >= 0) lora_forward(l, qkv_[k].raw(), a);
+  dev_.attention_forward(wr(atty_[k]), wr(att_[k]), rd(qkv_[k]), B, T, Ct, s_.heads / tp_.degree);
+  const void* proj = row_parallel(atty_[k].raw(), w(P::AttnProjW), w(P::AttnProjB), Ct, layer);  // g
+  void* r2 = res2_[k].raw();
+  dev_.add(wr(r2, R * C), rd(x, R * C), rd(proj, R * C), R * C);
+  dev_.layernorm_forward(wr(ln2_[k]), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), rd(r2, R * C), pw(w(P::Ln2W)), pw(w(P::Ln2B)), R, C);
+  a = sp() ? seq_gather(full_.raw(), ln2_[k].raw(), C, layer) : ln2_[k].raw();
+  dev_.linear_forward(wr(fch_[k]), rd(a, BT * C), pw(w(P::FcW)), pw(w(P::FcB)), BT, C, 4 * Ct);
+  dev_.gelu_forward(wr(fch_gelu_[k]), rd(fch_[k]), BT * 4 * Ct);
+  proj = row_parallel(fch_gelu_[k].raw(), w(P::FcProjW), w(P::FcProjB), 4 * Ct, layer);
+  dev_.add(wr(res3_[local(l)]), rd(r2, R * C), rd(proj, R * C), R * C);
 }
 
-const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int64_t B, ComputeObserver* obs, LayerGate* gate,
-                              LayerHooks* hooks, const float* x_in) {
+const void* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int64_t B, ComputeObserver* obs, LayerGate* gate,
+                             LayerHooks* hooks, const void* x_in) {
   using P = GptParamIndex;
   DTLAB_CHECK(r_.embeds() ? idx != nullptr : x_in != nullptr, "a GPT stage's forward needs its input: tokens where it embeds, else x");
   DTLAB_CHECK(!tp() || comm_ != nullptr, "a GPT tensor-parallel shard runs only after set_tp_comm()");
@@ -284,7 +355,7 @@ const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int
   // This rank's positions: all, or under sequence parallelism [rank T/t, rank T/t + T/t) of each sample.
   const int64_t Tl = R / B, t0 = sp() ? tp_.rank * Tl : 0;
   const int L = static_cast<int>(s_.layers);
-  auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };  // read after the layer's hooks (FSDP binds)
+  auto w = [&](int i) -> const Parameter& { return p[static_cast<size_t>(i)]; };  // read after the layer's hooks (FSDP binds)
   auto enter = [&](int layer) {
     if (gate) gate->before_layer(layer, false);
     if (hooks) hooks->before_forward(layer);
@@ -293,16 +364,16 @@ const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int
     enter(0);
     {
       ComputeScope scope(obs, ComputeKind::LayerForward, 0, layer_flops(0, B));
-      dev_.embedding_forward(encoded_.f32(), w(P::kWte), w(P::kWpe), idx, R, Tl, T, t0, C);
+      dev_.embedding_forward(wr(encoded_), pw(w(P::kWte)), pw(w(P::kWpe)), idx, R, Tl, T, t0, C);
     }
     if (hooks) hooks->after_forward(0);
   }
-  const float* x = r_.embeds() ? encoded_.f32() : x_in;
+  const void* x = r_.embeds() ? encoded_.raw() : x_in;
   for (int l = r_.first_block(); l < r_.end_block(s_); l++) {
     enter(1 + l);
     std::optional<ComputeScope> scope(std::in_place, obs, ComputeKind::LayerForward, 1 + l, layer_flops(1 + l, B));
     block_forward(p, l, x);
-    x = res3_[local(l)].f32();
+    x = res3_[local(l)].raw();
     scope.reset();  // the hooks' collectives (FSDP's reshard) follow the layer, outside its span
     if (hooks) hooks->after_forward(1 + l);
   }
@@ -310,36 +381,37 @@ const float* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int
   enter(L + 1);
   {
     ComputeScope scope(obs, ComputeKind::LayerForward, L + 1, layer_flops(L + 1, B));
-    dev_.layernorm_forward(lnf_.f32(), lnf_mean_.f32(), lnf_rstd_.f32(), x, w(lnf_w_), w(lnf_b_), R, C);
+    dev_.layernorm_forward(wr(lnf_), lnf_mean_.f32(), lnf_rstd_.f32(), rd(x, R * C), pw(w(lnf_w_)), pw(w(lnf_b_)), R, C);
     // Under sequence parallelism every rank's positions are gathered first: the logits are whole.
-    const float* a = sp() ? seq_gather(lnf_full_.f32(), lnf_.f32(), C, L + 1) : lnf_.f32();
-    dev_.linear_forward(logits_.f32(), a, w(head_), nullptr, BT, C, V);  // lm_head, tied
+    const void* a = sp() ? seq_gather(lnf_full_.raw(), lnf_.raw(), C, L + 1) : lnf_.raw();
+    dev_.linear_forward(wr(logits_), rd(a, BT * C), pw(w(head_)), nullptr, BT, C, V);  // lm_head, tied
+    if (half()) half_to_floats(logits32_.f32(), logits_.u16(), BT * V, hf_);  // output.float(): the loss in float32
   }
   if (hooks) hooks->after_forward(L + 1);
-  return logits_.f32();
+  return half() ? logits32_.f32() : logits_.f32();
 }
 
-const float* GptCore::backward(std::vector<Parameter>& p, const float* dlogits, const Model::GradReadyHook& ready,
+const void* GptCore::backward(std::vector<Parameter>& p, const void* dlogits, const Model::GradReadyHook& ready,
                               ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks) {
   return run_backward(p, dlogits, ready, obs, gate, hooks, false);
 }
 
-const float* GptCore::backward_input(std::vector<Parameter>& p, const float* dlogits, const Model::GradReadyHook& ready,
-                                     ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks) {
+const void* GptCore::backward_input(std::vector<Parameter>& p, const void* dlogits, const Model::GradReadyHook& ready,
+                                    ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks) {
   return run_backward(p, dlogits, ready, obs, gate, hooks, true);
 }
 
-const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogits, const Model::GradReadyHook& ready,
-                                   ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks, bool input_only) {
+const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits_in, const Model::GradReadyHook& ready,
+                                  ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks, bool input_only) {
   using P = GptParamIndex;
   DTLAB_CHECK(idx_ != nullptr || x_ != nullptr, "backward() called before forward()");
   const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab, R = residual_rows(B), Ct = C / tp_.degree;
   const int64_t Tl = R / B, t0 = sp() ? tp_.rank * Tl : 0;
   const int L = static_cast<int>(s_.layers);
-  auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };
-  auto g = [&](int i) { return p[static_cast<size_t>(i)].grad; };
+  auto w = [&](int i) -> const Parameter& { return p[static_cast<size_t>(i)]; };
+  auto g = [&](int i) { return &p[static_cast<size_t>(i)]; };
   // A Linear's weight and bias gradients: left to backward_weight() (W) when this is ZB's I.
-  auto lg = [&](int i) { return input_only ? nullptr : p[static_cast<size_t>(i)].grad; };
+  auto lg = [&](int i) { return input_only ? nullptr : &p[static_cast<size_t>(i)]; };
   auto done = [&](std::initializer_list<int> ids) {  // a frozen LoRA base has no gradients to report
     if (ready && !frozen())
       for (int i : ids) ready(i);
@@ -352,38 +424,45 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
     if (hooks) hooks->before_backward(layer);
   };
   // I keeps each Linear's output gradient for W (the buffers it reads are reused).
-  auto keep = [&](Tensor& slot, const float* d, int64_t n) {
+  auto keep = [&](Tensor& slot, const void* d, int64_t n) {
     if (!input_only) return;
-    slot = Tensor({n}, MemCategory::Activations, tracker_, DType::F32, dev_);
-    dev_.copy(slot.f32(), d, n * kF32);
+    slot = Tensor({n}, MemCategory::Activations, tracker_, adt_, dev_);
+    dev_.copy(slot.raw(), d, n * esz());
   };
   if (input_only) {
     douts_.clear();
     douts_.resize(static_cast<size_t>(r_.end_block(s_) - r_.first_block()));
   }
-  float* dres = dres_.f32();
-  float* dbuf = dbuf_.f32();
+  // The head's float32 dlogits, rounded to 16 bits (the backward of output.float()); a stage
+  // without the head receives its output's gradient in the layers' dtype.
+  const void* dlogits = dlogits_in;
+  if (half() && r_.heads(s_)) {
+    half_from_floats(dlogits16_.u16(), static_cast<const float*>(dlogits_in), BT * V, hf_);
+    dlogits = dlogits16_.raw();
+  }
+  void* dres = dres_.raw();
+  void* dbuf = dbuf_.raw();
   const int fb = r_.first_block();
-  const float* input = r_.embeds() ? encoded_.f32() : x_;  // the first block's input
+  const void* input = r_.embeds() ? encoded_.raw() : x_;  // the first block's input
   if (r_.heads(s_)) {
-    const float* last = res3_.back().f32();
+    const void* last = res3_.back().raw();
     enter(L + 1);
     {
       ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, 2 * layer_flops(L + 1, B));
       if (!sp()) {
-        dev_.linear_backward(dbuf, lg(head_), nullptr, dlogits, lnf_.f32(), w(head_), BT, C, V);
+        dev_.linear_backward(wr(dbuf, BT * C), pg(lg(head_)), nullptr, rd(dlogits, BT * V), rd(lnf_), pw(w(head_)), BT, C, V);
         if (!frozen()) keep(dlogits_kept_, dlogits, BT * V);  // (a frozen head has no W)
       } else {  // this rank's positions only: the gather's backward is a split, the weight's gradient partial
-        float* dl = dlogits_local_.f32();
-        seq_rows(dl, dlogits, V);
-        float* part = frozen() ? nullptr : wte_part_.f32();
-        if (part) dev_.fill_zero(part, V * C * kF32);
-        dev_.linear_backward(dbuf, part, nullptr, dl, lnf_.f32(), w(head_), R, C, V);
+        void* dl = dlogits_local_.raw();
+        seq_rows(dl, dlogits, V, esz());
+        void* part = frozen() ? nullptr : wte_part_.raw();
+        if (part) dev_.fill_zero(part, V * C * esz());
+        dev_.linear_backward(wr(dbuf, R * C), acc(part, V * C), nullptr, rd(dl, R * V), rd(lnf_), pw(w(head_)), R, C, V);
         if (part && !r_.embeds()) {  // a last stage's own copy: complete now
           add_group_sum(part, L + 1, {{g(head_), V * C}});
         }
       }
-      dev_.fill_zero(dres, R * C * kF32);
+      dev_.fill_zero(dres, R * C * esz());
       ln_backward(p, dres, lnf_w_, lnf_b_, dbuf, last, lnf_mean_.f32(), lnf_rstd_.f32(), L + 1);
       // A last stage's own copy of the tied weight is complete here (the embedding group sums it with
       // the first stage's); the whole model's waits for the embedding's use below.
@@ -392,11 +471,11 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
     }
     if (hooks) hooks->after_backward(L + 1);
   } else {
-    dev_.copy(dres, dlogits, R * C * kF32);  // the next stage's gradient of this stage's output
+    dev_.copy(dres, dlogits, R * C * esz());  // the next stage's gradient of this stage's output
   }
   for (int l = r_.end_block(s_) - 1; l >= fb; l--) {
     const size_t u = local(l), k = slot(l);
-    const float* block_in = l > fb ? res3_[u - 1].f32() : input;
+    const void* block_in = l > fb ? res3_[u - 1].raw() : input;
     if (checkpointing_) {  // the block's forward again, from its kept input, before its backward needs it
       if (hooks) hooks->before_recompute(1 + l);
       {
@@ -411,40 +490,43 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
     // A row-parallel Linear's bias under sequence parallelism saw this rank's positions: its gradient
     // is summed over the group (without, the whole output gradient gives every rank the whole sum).
     auto row_bias_grad = [&](int bi) {
-      if (!g(bi)) return;  // frozen
-      float* part = part_.f32();
-      dev_.fill_zero(part, C * kF32);
-      dev_.sum_rows(part, dres, R, C);
-      add_group_sum(part, layer, {{g(bi), C}});
+      const Parameter& q = p[static_cast<size_t>(bi)];
+      if (half() ? !q.grad16 : !q.grad) return;  // frozen
+      void* part = part_.raw();
+      dev_.fill_zero(part, C * esz());
+      dev_.sum_rows(acc(part, C), rd(dres, R * C), R, C);
+      add_group_sum(part, layer, {{&q, C}});
     };
-    float* dfch = dfch_.f32();
+    void* dfch = dfch_.raw();
     std::array<Tensor, 4>* kept = input_only ? &douts_[u] : nullptr;  // mlp.c_proj, c_fc, attn.c_proj, c_attn
-    const float* dy = sp() ? seq_gather(dfull_.f32(), dres, C, layer) : dres;  // g's backward
-    dev_.linear_backward(dfch, lg(pi(l, P::FcProjW)), sp() ? nullptr : lg(pi(l, P::FcProjB)), dy, fch_gelu_[k].f32(),
-                         w(pi(l, P::FcProjW)), BT, 4 * Ct, C);
+    const void* dy = sp() ? seq_gather(dfull_.raw(), dres, C, layer) : dres;  // g's backward
+    dev_.linear_backward(wr(dfch, BT * 4 * Ct), pg(lg(pi(l, P::FcProjW))), pg(sp() ? nullptr : lg(pi(l, P::FcProjB))), rd(dy, BT * C),
+                         rd(fch_gelu_[k]), pw(w(pi(l, P::FcProjW))), BT, 4 * Ct, C);
     if (kept && !frozen()) keep((*kept)[0], dy, BT * C);  // (under LoRA W needs c_attn's alone)
     if (sp()) row_bias_grad(pi(l, P::FcProjB));
     linear_done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
-    dev_.gelu_backward(dfch, dfch, fch_[k].f32(), BT * 4 * Ct);
+    dev_.gelu_backward(acc(dfch, BT * 4 * Ct), rd(dfch, BT * 4 * Ct), rd(fch_[k]), BT * 4 * Ct);
     if (kept && !frozen()) keep((*kept)[1], dfch, BT * 4 * Ct);
-    const float* a = sp() ? seq_gather(full_.f32(), ln2_[k].f32(), C, layer) : ln2_[k].f32();  // gathered again
-    dev_.linear_backward(dbuf, lg(pi(l, P::FcW)), lg(pi(l, P::FcB)), dfch, a, w(pi(l, P::FcW)), BT, C, 4 * Ct);
-    const float* dln = column_input_grad(dbuf, layer);  // f's backward
+    const void* a = sp() ? seq_gather(full_.raw(), ln2_[k].raw(), C, layer) : ln2_[k].raw();  // gathered again
+    dev_.linear_backward(wr(dbuf, BT * C), pg(lg(pi(l, P::FcW))), pg(lg(pi(l, P::FcB))), rd(dfch, BT * 4 * Ct), rd(a, BT * C),
+                         pw(w(pi(l, P::FcW))), BT, C, 4 * Ct);
+    const void* dln = column_input_grad(dbuf, layer);  // f's backward
     linear_done({pi(l, P::FcB), pi(l, P::FcW)});
-    ln_backward(p, dres, pi(l, P::Ln2W), pi(l, P::Ln2B), dln, res2_[k].f32(), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), layer);
+    ln_backward(p, dres, pi(l, P::Ln2W), pi(l, P::Ln2B), dln, res2_[k].raw(), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), layer);
     done({pi(l, P::Ln2B), pi(l, P::Ln2W)});
-    dy = sp() ? seq_gather(dfull_.f32(), dres, C, layer) : dres;
-    dev_.linear_backward(dbuf, lg(pi(l, P::AttnProjW)), sp() ? nullptr : lg(pi(l, P::AttnProjB)), dy, atty_[k].f32(),
-                         w(pi(l, P::AttnProjW)), BT, Ct, C);
+    dy = sp() ? seq_gather(dfull_.raw(), dres, C, layer) : dres;
+    dev_.linear_backward(wr(dbuf, BT * Ct), pg(lg(pi(l, P::AttnProjW))), pg(sp() ? nullptr : lg(pi(l, P::AttnProjB))), rd(dy, BT * C),
+                         rd(atty_[k]), pw(w(pi(l, P::AttnProjW))), BT, Ct, C);
     if (kept && !frozen()) keep((*kept)[2], dy, BT * C);
     if (sp()) row_bias_grad(pi(l, P::AttnProjB));
     linear_done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
-    dev_.attention_backward(dqkv_.f32(), datt_.f32(), dbuf, qkv_[k].f32(), att_[k].f32(), B, T, Ct, s_.heads / tp_.degree);
-    if (kept && (!frozen() || adapter(l) >= 0)) keep((*kept)[3], dqkv_.f32(), BT * 3 * Ct);
-    a = sp() ? seq_gather(full_.f32(), ln1_[k].f32(), C, layer) : ln1_[k].f32();
-    dev_.linear_backward(dbuf, lg(pi(l, P::AttnW)), lg(pi(l, P::AttnB)), dqkv_.f32(), a, w(pi(l, P::AttnW)), BT, C, 3 * Ct);
+    dev_.attention_backward(wr(dqkv_), datt_.f32(), rd(dbuf, BT * Ct), rd(qkv_[k]), rd(att_[k]), B, T, Ct, s_.heads / tp_.degree);
+    if (kept && (!frozen() || adapter(l) >= 0)) keep((*kept)[3], dqkv_.raw(), BT * 3 * Ct);
+    a = sp() ? seq_gather(full_.raw(), ln1_[k].raw(), C, layer) : ln1_[k].raw();
+    dev_.linear_backward(wr(dbuf, BT * C), pg(lg(pi(l, P::AttnW))), pg(lg(pi(l, P::AttnB))), rd(dqkv_), rd(a, BT * C),
+                         pw(w(pi(l, P::AttnW))), BT, C, 3 * Ct);
     if (adapter(l) >= 0) {  // peft's lora_B then lora_A; their input gradient joins c_attn's before f sums it
-      lora_backward(l, dbuf, dqkv_.f32(), a, !input_only, layer);
+      lora_backward(l, dbuf, dqkv_.raw(), a, !input_only, layer);
       if (ready && !input_only) {
         ready(adapter(l) + 1);
         ready(adapter(l));
@@ -463,12 +545,14 @@ const float* GptCore::run_backward(std::vector<Parameter>& p, const float* dlogi
     ComputeScope scope(obs, ComputeKind::LayerBackward, 0, 2 * layer_flops(0, B));
     // Under sequence parallelism this rank's positions give partial sums (wte's already holds the
     // head's), summed over the group before they are added.
-    float* dwte = sp() ? wte_part_.f32() : g(P::kWte);
-    float* dwpe = sp() ? part_.f32() : g(P::kWpe);
-    if (sp()) dev_.fill_zero(dwpe, T * C * kF32);
-    if (sp() && !r_.heads(s_)) dev_.fill_zero(dwte, V * C * kF32);  // a first stage: no head's share
-    dev_.embedding_backward(dwte, dwpe, dres, idx_, R, Tl, T, t0, C);
-    if (sp()) {
+    if (!sp()) {
+      dev_.embedding_backward(pg(g(P::kWte)), pg(g(P::kWpe)), rd(dres, R * C), idx_, R, Tl, T, t0, C);
+    } else {
+      void* dwte = wte_part_.raw();
+      void* dwpe = part_.raw();
+      dev_.fill_zero(dwpe, T * C * esz());
+      if (!r_.heads(s_)) dev_.fill_zero(dwte, V * C * esz());  // a first stage: no head's share
+      dev_.embedding_backward(acc(dwte, V * C), acc(dwpe, T * C), rd(dres, R * C), idx_, R, Tl, T, t0, C);
       add_group_sum(dwpe, 0, {{g(P::kWpe), T * C}});
       add_group_sum(dwte, 0, {{g(P::kWte), V * C}});
     }
@@ -485,8 +569,8 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
   const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab, Ct = C / tp_.degree;
   const int L = static_cast<int>(s_.layers);
   DTLAB_CHECK(douts_.size() == static_cast<size_t>(r_.end_block(s_) - r_.first_block()), "W ran before its I; the schedule is wrong");
-  auto w = [&](int i) { return p[static_cast<size_t>(i)].data; };
-  auto g = [&](int i) { return p[static_cast<size_t>(i)].grad; };
+  auto w = [&](int i) -> const Parameter& { return p[static_cast<size_t>(i)]; };
+  auto g = [&](int i) { return &p[static_cast<size_t>(i)]; };
   auto done = [&](std::initializer_list<int> ids) {  // a frozen LoRA base has no gradients to report
     if (ready && !frozen())
       for (int i : ids) ready(i);
@@ -505,20 +589,20 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
     enter(L + 1);
     {
       ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, layer_flops(L + 1, B));
-      dev_.linear_backward(nullptr, g(head_), nullptr, dlogits_kept_.f32(), lnf_.f32(), w(head_), BT, C, V);
+      dev_.linear_backward(nullptr, pg(g(head_)), nullptr, rd(dlogits_kept_), rd(lnf_), pw(w(head_)), BT, C, V);
       if (!r_.embeds()) done({head_});
     }
     if (hooks) hooks->after_backward(L + 1);
   }
   const int fb = r_.first_block();
-  const float* input = r_.embeds() ? encoded_.f32() : x_;
+  const void* input = r_.embeds() ? encoded_.raw() : x_;
   for (int l = r_.end_block(s_) - 1; l >= fb; l--) {
     const size_t u = local(l), k = slot(l);
     const bool work = base || adapter(l) >= 0;
     if (checkpointing_ && work) {  // the block's inputs again: its forward once more, from its kept input
       if (hooks) hooks->before_recompute(1 + l);
       ComputeScope scope(obs, ComputeKind::Recompute, 1 + l, layer_flops(1 + l, B));
-      block_forward(p, l, l > fb ? res3_[u - 1].f32() : input);
+      block_forward(p, l, l > fb ? res3_[u - 1].raw() : input);
     }
     if (checkpointing_ && work && hooks) hooks->after_recompute(1 + l);
     enter(1 + l);
@@ -528,23 +612,25 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
     // Under sequence parallelism the row layers' biases were summed in I, and the column layers read
     // their LayerNorm's output gathered once more.
     if (base) {
-      dev_.linear_backward(nullptr, g(pi(l, P::FcProjW)), sp() ? nullptr : g(pi(l, P::FcProjB)), d[0].f32(), fch_gelu_[k].f32(),
-                           w(pi(l, P::FcProjW)), BT, 4 * Ct, C);
+      dev_.linear_backward(nullptr, pg(g(pi(l, P::FcProjW))), pg(sp() ? nullptr : g(pi(l, P::FcProjB))), rd(d[0]), rd(fch_gelu_[k]),
+                           pw(w(pi(l, P::FcProjW))), BT, 4 * Ct, C);
       done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
-      const float* a = sp() ? seq_gather(full_.f32(), ln2_[k].f32(), C, layer) : ln2_[k].f32();
-      dev_.linear_backward(nullptr, g(pi(l, P::FcW)), g(pi(l, P::FcB)), d[1].f32(), a, w(pi(l, P::FcW)), BT, C, 4 * Ct);
+      const void* a = sp() ? seq_gather(full_.raw(), ln2_[k].raw(), C, layer) : ln2_[k].raw();
+      dev_.linear_backward(nullptr, pg(g(pi(l, P::FcW))), pg(g(pi(l, P::FcB))), rd(d[1]), rd(a, BT * C), pw(w(pi(l, P::FcW))), BT, C,
+                           4 * Ct);
       done({pi(l, P::FcB), pi(l, P::FcW)});
-      dev_.linear_backward(nullptr, g(pi(l, P::AttnProjW)), sp() ? nullptr : g(pi(l, P::AttnProjB)), d[2].f32(), atty_[k].f32(),
-                           w(pi(l, P::AttnProjW)), BT, Ct, C);
+      dev_.linear_backward(nullptr, pg(g(pi(l, P::AttnProjW))), pg(sp() ? nullptr : g(pi(l, P::AttnProjB))), rd(d[2]), rd(atty_[k]),
+                           pw(w(pi(l, P::AttnProjW))), BT, Ct, C);
       done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
     }
-    const float* a = work ? (sp() ? seq_gather(full_.f32(), ln1_[k].f32(), C, layer) : ln1_[k].f32()) : nullptr;
+    const void* a = work ? (sp() ? seq_gather(full_.raw(), ln1_[k].raw(), C, layer) : ln1_[k].raw()) : nullptr;
     if (base) {
-      dev_.linear_backward(nullptr, g(pi(l, P::AttnW)), g(pi(l, P::AttnB)), d[3].f32(), a, w(pi(l, P::AttnW)), BT, C, 3 * Ct);
+      dev_.linear_backward(nullptr, pg(g(pi(l, P::AttnW))), pg(g(pi(l, P::AttnB))), rd(d[3]), rd(a, BT * C), pw(w(pi(l, P::AttnW))), BT,
+                           C, 3 * Ct);
       done({pi(l, P::AttnB), pi(l, P::AttnW)});
     }
     if (adapter(l) >= 0) {
-      lora_backward(l, nullptr, d[3].f32(), a, true, layer);
+      lora_backward(l, nullptr, d[3].raw(), a, true, layer);
       if (ready) {
         ready(adapter(l) + 1);
         ready(adapter(l));

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/core/gpt_spec.h"
+#include "engine/core/half.h"
 #include "engine/core/model.h"
 
 namespace dtlab {
@@ -115,20 +116,20 @@ class GptCore {
   // pipeline stage receives and sends, and what output() holds).
   int64_t residual_rows(int64_t B) const { return sp() ? B * (s_.ctx / tp_.degree) : B * s_.ctx; }
   // idx: B x T token ids on the host, each in [0, vocab) (checked by the caller). Returns the logits
-  // (B*T, V), owned here. A stage without the embeddings reads `x` (B*T, C), the previous stage's
-  // output, instead (kept by the caller until backward); one without the head returns its last
-  // block's output (B*T, C), owned here.
+  // (B*T, V, float32 in every precision), owned here. A stage without the embeddings reads `x`
+  // (B*T, C, in dtype()), the previous stage's output, instead (kept by the caller until backward);
+  // one without the head returns its last block's output (B*T, C, in dtype()), owned here.
   // `hooks` (FSDP) see each layer before its parameters are read and after it is done.
-  const float* forward(std::vector<Parameter>& params, const int64_t* idx, int64_t B, ComputeObserver* obs,
-                       LayerGate* gate, LayerHooks* hooks = nullptr, const float* x = nullptr);
-  // dlogits (B*T, V) of the last forward (a stage without the head: the gradient of its output,
-  // (B*T, C)). Parameter gradients accumulate (as torch's .grad); the hook
+  const void* forward(std::vector<Parameter>& params, const int64_t* idx, int64_t B, ComputeObserver* obs,
+                      LayerGate* gate, LayerHooks* hooks = nullptr, const void* x = nullptr);
+  // dlogits (B*T, V, float32) of the last forward (a stage without the head: the gradient of its
+  // output, (B*T, C) in dtype()). Parameter gradients accumulate (as torch's .grad); the hook
   // sees each parameter once its gradient is final, in autograd's order: ln_f, the blocks from the
   // last (within one: mlp.c_proj, c_fc, ln_2, attn.c_proj, c_attn, ln_1; bias before weight), wpe,
   // and wte last (the tied weight's two uses are summed before its hook). Returns the gradient of a
-  // stage's input `x` (B*T, C), owned here; null where the stage embeds.
-  const float* backward(std::vector<Parameter>& params, const float* dlogits, const Model::GradReadyHook& ready,
-                        ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks = nullptr);
+  // stage's input `x` (B*T, C, in dtype()), owned here; null where the stage embeds.
+  const void* backward(std::vector<Parameter>& params, const void* dlogits, const Model::GradReadyHook& ready,
+                       ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks = nullptr);
   // Zero-bubble's split of B (Qi et al. 2023, ZB-H1; docs/course_sources.md): backward_input() is I,
   // the same pass without the Linear layers' weight and bias gradients (the LayerNorms' and the
   // embeddings' are cheap and come with it), keeping each Linear's output gradient; backward_weight()
@@ -136,13 +137,24 @@ class GptCore {
   // checkpointed block runs its forward once more first). I then W equals backward(). Under sequence
   // parallelism the head's weight and the row layers' biases, summed over the TP group, stay in I, and
   // W gathers each LayerNorm's output once more.
-  const float* backward_input(std::vector<Parameter>& params, const float* dlogits, const Model::GradReadyHook& ready,
-                              ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks = nullptr);
+  const void* backward_input(std::vector<Parameter>& params, const void* dlogits, const Model::GradReadyHook& ready,
+                             ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks = nullptr);
   void backward_weight(std::vector<Parameter>& params, const Model::GradReadyHook& ready, ComputeObserver* obs, LayerGate* gate,
                        LayerHooks* hooks = nullptr);
   // Frees the saved activations (a pipeline micro-batch after its backward); the next forward
   // allocates them again.
   void release();
+  // Mixed precision (Model::set_precision; docs/course_sources.md §6e): the parameters it is given
+  // are then 16-bit (Parameter::data16 and grad16), and every tensor it saves or passes on holds
+  // dtype(): each op reads its 16-bit operands widened to float32 scratch, computes in float32 (the
+  // GEMMs accumulate in float32, as torch's bf16 GEMM does) and rounds each result once, as
+  // model_half.cpp's Linear does. LayerNorm's mean and rstd stay float32, and so do the logits it
+  // returns (the loss runs in float32, as Megatron's output.float()). Gradients reaching a parameter
+  // are added in float32 to its widened 16-bit gradient and rounded once. The host only: the CUDA
+  // device's 16-bit kernels are not built (Model::set_precision refuses them). The TP and sequence-
+  // parallel collectives move the 16-bit tensors.
+  void set_precision(Precision p);
+  DType dtype() const { return adt_; }
   const GptRange& range() const { return r_; }
   // A stage's last block output (B*T, C) after forward; what the next stage receives.
   const Tensor& output() const { return res3_.back(); }
@@ -154,8 +166,8 @@ class GptCore {
   void set_checkpointing(bool on) { checkpointing_ = on; }
   bool checkpointing() const { return checkpointing_; }
   // The attention probabilities of the last forward: block l, sample b, head h (of the whole model),
-  // (T, T) row-major with zeros above the diagonal. Null before a forward, while checkpointing (no block
-  // keeps it), and for a head another TP rank computes.
+  // (T, T) row-major with zeros above the diagonal (in 16 bits: widened into a float32 copy held here).
+  // Null before a forward, while checkpointing (no block keeps it), and for a head another TP rank computes.
   const float* attention(int l, int64_t b, int64_t h) const;
   // The last forward's input tokens of sample b (T ids; null before a forward).
   Device& device() const { return dev_; }  // where attention() and tokens() point
@@ -166,11 +178,50 @@ class GptCore {
 
  private:
   void ensure(int64_t B);
-  const float* run_backward(std::vector<Parameter>& p, const float* dlogits, const Model::GradReadyHook& ready, ComputeObserver* obs,
+  const void* run_backward(std::vector<Parameter>& p, const void* dlogits, const Model::GradReadyHook& ready, ComputeObserver* obs,
                             LayerGate* gate, LayerHooks* hooks, bool input_only);
   std::array<std::vector<Tensor>*, 13> per_block();  // the per-block saved tensors below
   // Block l's forward from `x` into its buffers (slot(l)) and res3_[l].
-  void block_forward(std::vector<Parameter>& p, int l, const float* x);
+  void block_forward(std::vector<Parameter>& p, int l, const void* x);
+  // Float32 operands of one op (mixed precision; see set_precision): a view of float32 memory, or a
+  // float32 copy in scratch of 16-bit memory, which a written operand rounds back into when the
+  // statement ends (the temporary's destructor). Null stays null.
+  class F32 {
+   public:
+    F32(GptCore* core, int slot, float* f, void* back, int64_t n) : core_(core), slot_(slot), f_(f), back_(back), n_(n) {}
+    F32(const F32&) = delete;
+    F32& operator=(const F32&) = delete;
+    ~F32() {
+      if (core_) core_->finish(slot_, f_, back_, n_);
+    }
+    operator float*() const { return f_; }
+
+   private:
+    GptCore* core_;
+    int slot_;
+    float* f_;
+    void* back_;
+    int64_t n_;
+  };
+  F32 rd(const void* p, int64_t n);  // read
+  F32 wr(void* p, int64_t n);        // written whole
+  F32 acc(void* p, int64_t n);       // read, then added into or updated in place
+  F32 rd(const Tensor& t) { return rd(t.raw(), t.numel()); }
+  F32 wr(Tensor& t) { return wr(t.raw(), t.numel()); }
+  F32 acc(Tensor& t) { return acc(t.raw(), t.numel()); }
+  // A parameter's values and its gradient (null when frozen) in float32.
+  F32 pw(const Parameter& q) { return half() ? rd(q.data16, q.numel) : F32(nullptr, -1, q.data, nullptr, 0); }
+  F32 pg(const Parameter* q) {
+    if (!q) return F32(nullptr, -1, nullptr, nullptr, 0);
+    return half() ? acc(q->grad16, q->numel) : F32(nullptr, -1, q->grad, nullptr, 0);
+  }
+  void finish(int slot, float* f, void* back, int64_t n);
+  int claim(int64_t n);  // a free float32 scratch slot of at least n floats
+  bool half() const { return adt_ != DType::F32; }
+  int64_t esz() const { return half() ? 2 : 4; }  // bytes per element of the tensors here
+  static void* off(void* p, int64_t e, int64_t esz) { return static_cast<char*>(p) + e * esz; }
+  void* at(void* p, int64_t e) const { return off(p, e, esz()); }
+  const void* at(const void* p, int64_t e) const { return static_cast<const char*>(p) + e * esz(); }
   // l: a block of the model; its saved tensors' index here.
   size_t local(int l) const { return static_cast<size_t>(l - r_.first_block()); }
   size_t slot(int l) const { return checkpointing_ ? 0 : local(l); }
@@ -179,30 +230,31 @@ class GptCore {
   // Sequence parallelism's moves between this rank's positions (B x T/t rows, each `w` wide) and all
   // of them (B x T rows): the all-gather into `full`, the reduce-scatter of `full`'s partial sums into
   // `local`, and this rank's rows of a whole tensor.
-  const float* seq_gather(float* full, const float* local, int64_t w, int layer);
-  void seq_reduce_scatter(float* local, const float* full, int64_t w, int layer);
-  void seq_rows(float* local, const float* full, int64_t w) const;
+  const void* seq_gather(void* full, const void* local, int64_t w, int layer);
+  void seq_reduce_scatter(void* local, const void* full, int64_t w, int layer);
+  void seq_rows(void* local, const void* full, int64_t w, int64_t esz) const;
   // A row-parallel Linear's output (g): the matmul of this rank's columns, summed over the TP group
   // (all-reduce, or reduce-scatter under sequence parallelism), then the bias; residual_rows() x C.
-  const float* row_parallel(const float* in, const float* w, const float* b, int64_t width, int layer);
+  const void* row_parallel(const void* in, const Parameter& w, const Parameter& b, int64_t width, int layer);
   // A column-parallel Linear's input gradient `d` (B*T x C partial sums) summed over the group (f's
   // backward: all-reduce in place, or reduce-scatter); residual_rows() x C.
-  const float* column_input_grad(float* d, int layer);
+  const void* column_input_grad(void* d, int layer);
   // LayerNorm's backward into dinp and the parameters wi, bi; under sequence parallelism their
   // gradients are partial: summed over the group before they are added.
-  void ln_backward(std::vector<Parameter>& p, float* dinp, int wi, int bi, const float* dout, const float* inp,
+  void ln_backward(std::vector<Parameter>& p, void* dinp, int wi, int bi, const void* dout, const void* inp,
                    const float* mean, const float* rstd, int layer);
   // Sequence parallelism's partial parameter gradients: `part` holds this rank's sums for each of
   // `into`'s gradients in turn; one all-reduce over the TP group, then each is added to its gradient.
-  void add_group_sum(float* part, int layer, std::initializer_list<std::pair<float*, int64_t>> into);
+  // `into`: the gradients, as the parameters holding them.
+  void add_group_sum(void* part, int layer, std::initializer_list<std::pair<const Parameter*, int64_t>> into);
   bool frozen() const { return lora_.params != nullptr; }
   int adapter(int l) const { return frozen() ? lora_.a_of_block[local(l)] : -1; }  // block l's lora_A, or -1
   // c_attn's adapter: out += scaling (in A^T) B^T over BT rows.
-  void lora_forward(int l, float* out, const float* in);
+  void lora_forward(int l, void* out, const void* in);
   // With ds = scaling dout and t = in A^T (recomputed): dB += ds^T t, dt = ds B, dA += dt^T in (a
   // partial sum under TP, all-reduced), dinp += dt A. `weights` false: only dinp (ZB's I); dinp null:
   // only the weights (its W).
-  void lora_backward(int l, float* dinp, const float* dout, const float* in, bool weights, int layer);
+  void lora_backward(int l, void* dinp, const void* dout, const void* in, bool weights, int layer);
   // Indices into the stage's parameters.
   int pi(int l, GptParamIndex::Block k) const { return block0_ + GptParamIndex::kPerBlock * (l - r_.first_block()) + k; }
   bool checkpointing_ = false;
@@ -213,7 +265,15 @@ class GptCore {
   TensorParallelComm* comm_ = nullptr;
   int block0_ = 0, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;  // head_: the weight lm_head reads
   GptAdapters lora_;
-  const float* x_ = nullptr;  // a stage's input (B*T, C), when it does not embed
+  const void* x_ = nullptr;  // a stage's input (B*T, C), when it does not embed
+  DType adt_ = DType::F32;   // the saved tensors' dtype (16 bits under mixed precision)
+  HalfFormat hf_ = HalfFormat::BF16;
+  // Mixed precision: float32 scratch for the operands of one op (busy while an F32 holds it), the
+  // logits widened for the loss, dlogits rounded, and attention()'s widened copy.
+  std::vector<Tensor> pool_;
+  std::vector<char> busy_;
+  Tensor logits32_, dlogits16_;
+  mutable std::vector<float> att_view_;
   MemoryTracker* tracker_;
   Device& dev_;
   int64_t B_ = 0, capacity_ = 0;

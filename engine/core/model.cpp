@@ -545,7 +545,7 @@ void Model::ensure_activations(int64_t B) {
 const float* Model::forward_tokens(const int64_t* idx, int64_t B) {
   DTLAB_CHECK(gpt_ != nullptr, "forward_tokens() on a model that is not a GPT");
   batch_ = B;
-  return gpt_->forward(gpt_params(), idx, B, observer_, gate_, hooks_);
+  return static_cast<const float*>(gpt_->forward(gpt_params(), idx, B, observer_, gate_, hooks_));  // the logits, float32
 }
 
 std::unique_ptr<GptCore> Model::gpt_activations() const {
@@ -554,6 +554,7 @@ std::unique_ptr<GptCore> Model::gpt_activations() const {
   core->set_checkpointing(checkpointing_);
   core->set_tp_comm(tp_comm_);
   core->set_lora(gpt_->lora());
+  core->set_precision(precision_);
   return core;
 }
 
@@ -562,15 +563,15 @@ void Model::set_tensor_parallel_comm(TensorParallelComm* c) {
   if (gpt_) gpt_->set_tp_comm(c);
 }
 
-const float* Model::gpt_forward(GptCore& acts, const int64_t* idx, const float* x, int64_t B) {
+const void* Model::gpt_forward(GptCore& acts, const int64_t* idx, const void* x, int64_t B) {
   return acts.forward(gpt_params(), idx, B, observer_, gate_, hooks_, x);
 }
 
-const float* Model::gpt_backward(GptCore& acts, const float* dout, const GradReadyHook& on_grad_ready) {
+const void* Model::gpt_backward(GptCore& acts, const void* dout, const GradReadyHook& on_grad_ready) {
   return acts.backward(gpt_params(), dout, on_grad_ready, observer_, gate_, hooks_);
 }
 
-const float* Model::gpt_backward_input(GptCore& acts, const float* dout) {
+const void* Model::gpt_backward_input(GptCore& acts, const void* dout) {
   return acts.backward_input(gpt_params(), dout, {}, observer_, gate_, hooks_);
 }
 

@@ -132,7 +132,7 @@ class Model {
   using GradReadyHook = std::function<void(int param_index)>;
 
   // A GPT spec builds nanoGPT's GPT (engine/core/gpt.h) whole: forward_tokens() and backward() run
-  // it; the per-layer calls, LoRA and 16 bits are the MLP's in this version. Its pipeline stages
+  // it (LoRA: enable_lora; 16 bits: set_precision; the per-layer calls are the MLP's). Its pipeline stages
   // come from the stage constructor below with a GptRange's first and end, and run through
   // gpt_activations()/gpt_forward()/gpt_backward(); its tensor-parallel shards from the TP constructor
   // (GptCore says how the blocks split; dtlab::Error when the heads, or under sequence parallelism
@@ -282,10 +282,11 @@ class Model {
   // model's parameters, observer, gate and hooks. x: the previous stage's output where the stage
   // does not embed; the backward returns the gradient of x (null where it embeds).
   std::unique_ptr<GptCore> gpt_activations() const;
-  const float* gpt_forward(GptCore& acts, const int64_t* idx, const float* x, int64_t B);
-  const float* gpt_backward(GptCore& acts, const float* dout, const GradReadyHook& on_grad_ready = {});
+  // (Under mixed precision x, a stage's output and the gradients between stages are 16-bit: GptCore::dtype().)
+  const void* gpt_forward(GptCore& acts, const int64_t* idx, const void* x, int64_t B);
+  const void* gpt_backward(GptCore& acts, const void* dout, const GradReadyHook& on_grad_ready = {});
   // ZB-H1's I and W of one micro-batch (GptCore::backward_input, backward_weight).
-  const float* gpt_backward_input(GptCore& acts, const float* dout);
+  const void* gpt_backward_input(GptCore& acts, const void* dout);
   void gpt_backward_weight(GptCore& acts);
   void backward(const float* dlogits, const GradReadyHook& on_grad_ready = {});
   int64_t batch() const { return batch_; }

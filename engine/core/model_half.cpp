@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "engine/core/check.h"
+#include "engine/core/gpt.h"
 #include "engine/core/model.h"
 
 namespace dtlab {
@@ -48,6 +49,7 @@ void Model::set_precision(Precision p) {
       q.data16 = frozen_.u16() + q.offset;
     }
   }
+  if (gpt_) gpt_->set_precision(p);  // its saved tensors in 16 bits (engine/core/gpt.h)
   acts_.clear();  // allocated again in 16 bits by the next forward
   for (auto& d : dbuf_) d = Tensor();
   capacity_ = 0;

@@ -240,13 +240,14 @@ const float* DataParallel::run_forward(const void* in, int64_t rows) {
   const bool half = model_.mixed();
   const DType dt = model_.param_dtype();
   const DType in_dt = tokens ? DType::I64 : dt;  // a GPT's pieces are its samples' token ids
+  const bool half_in = half && !tokens;          // (which no dtype rounds)
 
   // 1. Scatter: piece r of the batch to rank r; rank 0's piece is a view of the batch.
   if (ctx_) ctx_->set_activity(rank_ == 0 ? "DataParallel: scattering the batch to the devices"
                                           : "DataParallel: receiving my piece of the batch from rank 0");
   if (rank_ == 0) {
     const void* src = in;
-    if (half) {
+    if (half_in) {
       ensure(x16_, rows * D, mem, dev, dt);
       half_from_floats(x16_.u16(), x, rows * D, model_.half_format());
       src = x16_.raw();
@@ -258,8 +259,8 @@ const float* DataParallel::run_forward(const void* in, int64_t rows) {
     tok_ = static_cast<const int64_t*>(tokens ? in : nullptr);
   } else {
     ensure(x_piece_, mine * D, mem, dev, tokens ? DType::I64 : DType::F32);
-    if (half) ensure(x16_, mine * D, mem, dev, dt);
-    works.push_back(comm_.recv(half ? x16_.raw() : x_piece_.raw(), mine * D, in_dt, 0, kTagInput));
+    if (half_in) ensure(x16_, mine * D, mem, dev, dt);
+    works.push_back(comm_.recv(half_in ? x16_.raw() : x_piece_.raw(), mine * D, in_dt, 0, kTagInput));
     x_ = tokens ? nullptr : x_piece_.f32();
     tok_ = tokens ? static_cast<const int64_t*>(x_piece_.raw()) : nullptr;
   }
@@ -282,7 +283,7 @@ const float* DataParallel::run_forward(const void* in, int64_t rows) {
   }
   wait_all(works);
   unpack_staged(staging);
-  if (half && rank_ != 0) half_to_floats(x_piece_.f32(), x16_.u16(), mine * D, model_.half_format());
+  if (half_in && rank_ != 0) half_to_floats(x_piece_.f32(), x16_.u16(), mine * D, model_.half_format());
   if (rank_ != 0) model_.zero_grad();  // the replica's gradients start from nothing
 
   // 3. parallel_apply: this rank's replica on its piece.

@@ -347,63 +347,64 @@ int64_t mlp_activation_bytes(const ModelSpec& spec, int64_t batch, bool checkpoi
   return floats * batch * static_cast<int64_t>(sizeof(float));
 }
 
-std::vector<GptActivationTerm> gpt_block_activation_terms(const GptSpec& g, int64_t B, const TensorParallelSpec& tp) {
+std::vector<GptActivationTerm> gpt_block_activation_terms(const GptSpec& g, int64_t B, const TensorParallelSpec& tp, int64_t E) {
   const int64_t t = tp.degree;
   const bool sp = t > 1 && tp.sequence_parallel;
   const double s = static_cast<double>(g.ctx), b = static_cast<double>(B), h = static_cast<double>(g.embd),
                a = static_cast<double>(g.heads), sbh = s * b * h, as2b = a * s * s * b / static_cast<double>(t);
   // Split: the heads' and the MLP columns' tensors; LN: the LayerNorm regions', split only under SP.
   const double split = sbh / static_cast<double>(t), ln = sp ? split : sbh;
-  const int64_t BT = B * g.ctx, R = sp ? BT / t : BT, F = sizeof(float);
+  const int64_t BT = B * g.ctx, R = sp ? BT / t : BT, F = sizeof(float);  // E: an activation's bytes; F: a statistic's
   const int64_t C = g.embd, Ct = C / t;
   const std::string no_dropout = "no dropout in this model (nanoGPT's default dropout 0.0)";
   const std::string stats = "Korthikanti leaves LayerNorm's statistics out";
   return {
-      {"ln_1 input (the block's input)", 2 * ln, F * R * C, ""},
+      {"ln_1 input (the block's input)", 2 * ln, E * R * C, ""},
       {"ln_1 mean and rstd", 0, F * 2 * R, stats},
-      {"c_attn input (ln_1's output)", 2 * ln, F * R * C, ""},
-      {"q and k (for q·k^T), v (for att·v)", 6 * split, F * 3 * BT * Ct, ""},
-      {"softmax output", 2 * as2b, F * B * (g.heads / t) * g.ctx * g.ctx, ""},
+      {"c_attn input (ln_1's output)", 2 * ln, E * R * C, ""},
+      {"q and k (for q·k^T), v (for att·v)", 6 * split, E * 3 * BT * Ct, ""},
+      {"softmax output", 2 * as2b, E * B * (g.heads / t) * g.ctx * g.ctx, ""},
       {"softmax dropout mask", as2b, 0, no_dropout},
       {"dropout output (att·v's input)", 2 * as2b, 0, no_dropout + ": att·v reads the softmax output"},
-      {"attn.c_proj input (attention's output)", 2 * split, F * BT * Ct, ""},
+      {"attn.c_proj input (attention's output)", 2 * split, E * BT * Ct, ""},
       {"attention dropout mask", ln, 0, no_dropout},
-      {"ln_2 input (the residual)", 2 * ln, F * R * C, ""},
+      {"ln_2 input (the residual)", 2 * ln, E * R * C, ""},
       {"ln_2 mean and rstd", 0, F * 2 * R, stats},
-      {"c_fc input (ln_2's output)", 2 * ln, F * R * C, ""},
-      {"GELU input (c_fc's output, 4h)", 8 * split, F * 4 * BT * Ct, ""},
-      {"mlp.c_proj input (GELU's output, 4h)", 8 * split, F * 4 * BT * Ct, ""},
+      {"c_fc input (ln_2's output)", 2 * ln, E * R * C, ""},
+      {"GELU input (c_fc's output, 4h)", 8 * split, E * 4 * BT * Ct, ""},
+      {"mlp.c_proj input (GELU's output, 4h)", 8 * split, E * 4 * BT * Ct, ""},
       {"MLP dropout mask", ln, 0, no_dropout},
   };
 }
 
-int64_t gpt_block_activation_bytes(const GptSpec& g, int64_t B, const TensorParallelSpec& tp) {
+int64_t gpt_block_activation_bytes(const GptSpec& g, int64_t B, const TensorParallelSpec& tp, int64_t E) {
   int64_t n = 0;
-  for (const GptActivationTerm& t : gpt_block_activation_terms(g, B, tp)) n += t.engine;
+  for (const GptActivationTerm& t : gpt_block_activation_terms(g, B, tp, E)) n += t.engine;
   return n;
 }
 
-int64_t gpt_activation_bytes(const GptSpec& g, int64_t B, bool checkpointing, const TensorParallelSpec& tp) {
+int64_t gpt_activation_bytes(const GptSpec& g, int64_t B, bool checkpointing, const TensorParallelSpec& tp, int64_t E) {
   const int64_t t = tp.degree;
   const bool sp = t > 1 && tp.sequence_parallel;
   const int64_t BT = B * g.ctx, BTC = BT * g.embd, R = sp ? BT / t : BT, RC = R * g.embd, L = g.layers, F = sizeof(float);
-  const int64_t block = gpt_block_activation_bytes(g, B, tp);
-  const int64_t input = F * RC;  // each block's input: the embeddings' sum, then the blocks' outputs
+  const int64_t block = gpt_block_activation_bytes(g, B, tp, E);
+  const int64_t input = E * RC;  // each block's input: the embeddings' sum, then the blocks' outputs
   // ln_f's output, mean and rstd; the logits (whole: ln_f's output is gathered first under SP, and this
-  // rank's rows of dlogits are staged for the head's backward).
-  const int64_t head = F * (RC + 2 * R + BT * g.vocab) + (sp ? F * (BTC + R * g.vocab) : 0);
-  // dres, dbuf, dqkv, dfch, datt; under SP the gathered LayerNorm output, the collectives' staging, the
-  // gathered output gradient and this rank's rows of a sum.
-  const int64_t scratch = F * (RC + BTC + 3 * BTC / t + 4 * BTC / t + g.ctx * g.ctx) + (sp ? F * (3 * BTC + RC) : 0);
+  // rank's rows of dlogits are staged for the head's backward). In 16 bits also the logits' float32
+  // copy for the loss and dlogits rounded to 16 bits.
+  const int64_t head = E * (RC + BT * g.vocab) + F * 2 * R + (sp ? E * (BTC + R * g.vocab) : 0) + (E < F ? (F + E) * BT * g.vocab : 0);
+  // dres, dbuf, dqkv, dfch, datt (float32: attention's backward scratch); under SP the gathered
+  // LayerNorm output, the collectives' staging, the gathered output gradient and this rank's rows of a sum.
+  const int64_t scratch = E * (RC + BTC + 3 * BTC / t + 4 * BTC / t) + F * g.ctx * g.ctx + (sp ? E * (3 * BTC + RC) : 0);
   // The last block's output is ln_f's input: L + 1 tensors of R x C between the blocks.
   const int64_t kept = checkpointing ? (L + 1) * input + (block - input) : L * block + input;
   return kept + head + scratch;
 }
 
-int64_t gpt_lora_activation_bytes(const GptSpec& g, const LoraSpec& lora, int64_t B, const TensorParallelSpec& tp) {
+int64_t gpt_lora_activation_bytes(const GptSpec& g, const LoraSpec& lora, int64_t B, const TensorParallelSpec& tp, int64_t E) {
   if (lora.rank <= 0) return 0;
   const int64_t BT = B * g.ctx;
-  return static_cast<int64_t>(sizeof(float)) * (2 * BT * lora.rank + BT * 3 * g.embd / tp.degree + BT * g.embd);
+  return E * (2 * BT * lora.rank + BT * 3 * g.embd / tp.degree + BT * g.embd);
 }
 
 int64_t mlp_lora_activation_bytes(const ModelSpec& spec, const LoraSpec& lora, int64_t batch) {

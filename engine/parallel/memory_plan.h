@@ -141,15 +141,19 @@ struct GptActivationTerm {
 // columns' tensors divide by t, the LayerNorm regions' (block input, LayerNorm outputs, the residual,
 // their dropout masks) are whole, or divided by t too under sequence parallelism: s·b·h·(10 + 24/t +
 // 5·a·s/(h·t)), and s·b·h/t·(34 + 5·a·s/h) with it.
-std::vector<GptActivationTerm> gpt_block_activation_terms(const GptSpec& spec, int64_t B, const TensorParallelSpec& tp = {});
+// `esize`: bytes per activation (4; 2 under --precision bf16/fp16, where LayerNorm's statistics stay
+// float32: GptCore::set_precision).
+std::vector<GptActivationTerm> gpt_block_activation_terms(const GptSpec& spec, int64_t B, const TensorParallelSpec& tp = {},
+                                                          int64_t esize = 4);
 // 4·(16·sbh + 4·sb + a·s²·b) on one rank: what GptCore keeps per block (its input included) for B
 // sequences; a TP shard's share of it.
-int64_t gpt_block_activation_bytes(const GptSpec& spec, int64_t B, const TensorParallelSpec& tp = {});
+int64_t gpt_block_activation_bytes(const GptSpec& spec, int64_t B, const TensorParallelSpec& tp = {}, int64_t esize = 4);
 // Every Activations byte a whole GPT's forward allocates (GptCore::ensure, tested against the
 // tracker): the blocks' saved tensors (with checkpointing: each block's output, one shared set of
 // the inner ones), ln_f's, the logits (B·T x V), and the backward's scratch (under sequence
 // parallelism also the gathered LayerNorm outputs and the collectives' staging).
-int64_t gpt_activation_bytes(const GptSpec& spec, int64_t B, bool checkpointing, const TensorParallelSpec& tp = {});
+int64_t gpt_activation_bytes(const GptSpec& spec, int64_t B, bool checkpointing, const TensorParallelSpec& tp = {},
+                             int64_t esize = 4);
 
 // What LoRA's adapters add to that in float32 (engine/core/lora.cpp's scratch, sized for the largest
 // adapted Linear): t and dt (2 x B x r), the scaled output or its gradient (B x the widest adapted
@@ -159,6 +163,7 @@ int64_t mlp_lora_activation_bytes(const ModelSpec& spec, const LoraSpec& lora, i
 // A GPT's LoRA scratch (engine/core/gpt.h), beside gpt_activation_bytes: x A^T and its gradient
 // (2 x B*T x r), c_attn's scaled adapter output (B*T x 3C/t) and the adapter's input gradient (B*T x C);
 // 0 without LoRA.
-int64_t gpt_lora_activation_bytes(const GptSpec& spec, const LoraSpec& lora, int64_t B, const TensorParallelSpec& tp = {});
+int64_t gpt_lora_activation_bytes(const GptSpec& spec, const LoraSpec& lora, int64_t B, const TensorParallelSpec& tp = {},
+                                  int64_t esize = 4);
 
 }  // namespace dtlab

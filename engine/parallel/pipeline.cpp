@@ -311,11 +311,13 @@ void PipelineRank::load_stage(Model& stage, StageRange r, const Model& full) {
   if (spec_.is_gpt()) {  // the head's copy takes wte's values (--init's model is the whole host model)
     // Under LoRA the full model's base sits frozen beside its adapters (a host model: read in place).
     const std::vector<Parameter>& plain = full.lora() ? full.base_parameters() : full.parameters();
-    DTLAB_CHECK(!full.mixed() && !plain.empty() && plain.front().offset == 0 && plain.front().data &&
+    // A 16-bit `full` (--precision): its values widened, exactly.
+    DTLAB_CHECK(!plain.empty() && plain.front().offset == 0 && (full.mixed() ? plain.front().data16 != nullptr : plain.front().data != nullptr) &&
                     (full.lora() || full.num_params() == spec_.num_params()),
                 "--init's full model must hold every parameter");
-    const std::vector<float> values = full.lora() ? std::vector<float>(plain.front().data, plain.front().data + spec_.num_params())
-                                                  : full.host_params();
+    std::vector<float> values(static_cast<size_t>(spec_.num_params()));
+    if (full.mixed()) half_to_floats(values.data(), plain.front().data16, spec_.num_params(), full.half_format());
+    else std::copy(plain.front().data, plain.front().data + spec_.num_params(), values.begin());
     upload_gpt_whole_values(stage, values.data());
     return;
   }
@@ -380,17 +382,25 @@ void PipelineRank::reduce_embedding_grads() {
       if (q.name == "transformer.wte.weight" || q.name == "lm_head.weight") return q;
     throw Error("a GPT end stage without its tied weight");
   };
+  // Under --precision the two 16-bit gradients are summed in 16 bits (the stages' dtype, as the
+  // data-parallel sum above).
   const int64_t n = spec_.gpt.vocab * spec_.gpt.embd;
   if (plan_.ranks() == 1) {  // every stage here (--chunks): the two copies are summed in place
-    float* a = tied(*models_.front()).grad;
-    float* b = tied(*models_.back()).grad;
-    device_.accumulate(b, a, n, false);  // on the rank's device (a GPU's memory is not the host's)
-    device_.copy(a, b, n * static_cast<int64_t>(sizeof(float)));
+    Parameter& a = tied(*models_.front());
+    Parameter& b = tied(*models_.back());
+    if (mixed()) {  // widened, added, rounded once (on the host: 16-bit layers run there)
+      const HalfFormat f = models_.front()->half_format();
+      for (int64_t i = 0; i < n; i++) b.grad16[i] = half_from_float(half_to_float(a.grad16[i], f) + half_to_float(b.grad16[i], f), f);
+      device_.copy(a.grad16, b.grad16, n * static_cast<int64_t>(sizeof(uint16_t)));
+      return;
+    }
+    device_.accumulate(b.grad, a.grad, n, false);  // on the rank's device (a GPU's memory is not the host's)
+    device_.copy(a.grad, b.grad, n * static_cast<int64_t>(sizeof(float)));
     return;
   }
   if (!emb_comm_) return;  // a middle stage
-  Model& m = pipe_rank_ == 0 ? *models_.front() : *models_.back();
-  emb_comm_->all_reduce(tied(m).grad, n, DType::F32, ReduceOp::Sum)->wait();
+  Parameter& q = tied(pipe_rank_ == 0 ? *models_.front() : *models_.back());
+  emb_comm_->all_reduce(mixed() ? static_cast<void*>(q.grad16) : static_cast<void*>(q.grad), n, dtype_, ReduceOp::Sum)->wait();
 }
 
 // Where stage r's trainable parameters sit in `full`'s flat buffer: the weights and biases, or under
@@ -586,15 +596,16 @@ const Tensor* PipelineRank::gpt_forward(int stage, int mb) {
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
   if (!st.gpt) st.gpt = model.gpt_activations();
   const int64_t T = spec_.gpt.ctx, V = spec_.gpt.vocab, R = st.rows * T;
-  const float* out = model.gpt_forward(*st.gpt, stage == 0 ? tok_ + st.offset * T : nullptr,
-                                       stage == 0 ? nullptr : st.input.f32(), st.rows);
+  // (Under --precision the stages pass 16-bit tensors; the logits come back in float32.)
+  const void* out = model.gpt_forward(*st.gpt, stage == 0 ? tok_ + st.offset * T : nullptr,
+                                      stage == 0 ? nullptr : st.input.raw(), st.rows);
   if (stage + 1 < static_cast<int>(plan_.stages.size())) {
     // The last block's output, sent on; it stays with the micro-batch's activations until its B.
     return &st.gpt->output();
   }
   st.probs = Tensor({R, V}, MemCategory::Activations, memory_, DType::F32, device_);
   ComputeScope scope(observer_, ComputeKind::Loss, -1, 5.0 * static_cast<double>(R * V));
-  device_.cross_entropy_forward(st.probs.f32(), stats_.f64(), out, y_ + st.offset * T, R, V);
+  device_.cross_entropy_forward(st.probs.f32(), stats_.f64(), static_cast<const float*>(out), y_ + st.offset * T, R, V);
   it_.samples += static_cast<double>(R);  // positions: the loss is their mean
   return nullptr;
 }
@@ -610,7 +621,7 @@ Tensor PipelineRank::gpt_backward(int stage, int mb, Tensor dout, bool input_onl
   }
   st.probs = Tensor();
   // ZB-H1's I leaves the Linear layers' weight gradients to W, which releases the activations.
-  const float* dinp = input_only ? model.gpt_backward_input(*st.gpt, dout.f32()) : model.gpt_backward(*st.gpt, dout.f32());
+  const void* dinp = input_only ? model.gpt_backward_input(*st.gpt, dout.raw()) : model.gpt_backward(*st.gpt, dout.raw());
   Tensor out;
   if (stage > 0) {
     out = activation(boundary_rows(st), spec_.gpt.embd);

@@ -23,12 +23,9 @@ const Combination kCombinations[] = {
      "the tensor-parallel shards run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
     {Feature::MixedPrecision, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
      "the 16-bit kernels run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
-    // The GPT's parallel and memory forms are the next parts of the transformer work.
     {Feature::SequenceParallel, "--strategy pipeline and an mlp model",
      [](const TrainConfig& c) { return c.strategy == Strategy::Pipeline && !c.model.is_gpt(); },
      "an MLP's stages send whole activations between ranks (a GPT's send their positions)", "drop --sequence-parallel, or use --model gpt", true},
-    {Feature::MixedPrecision, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
-     "the GPT's layers run in float32", "drop --precision", true},
     {Feature::SkipLayer, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
      "it bypasses one of the MLP's Linear layers (DDP's unused-parameters lesson)", "drop --skip-layer, or use an mlp model", false},
 };
