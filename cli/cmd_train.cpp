@@ -288,15 +288,22 @@ void print_checkpointing(std::ostream& out, const TrainConfig& c, const TrainSum
     return;
   }
   const bool half = c.precision != Precision::FP32;
-  const int64_t F = sizeof(float), B = c.batch, C = c.model.out_features(), D = c.model.in_features();
+  const bool gpt = c.model.is_gpt();
+  // Per sample: the model's input (an MLP's D features; a GPT's T token ids, which no dtype rounds)
+  // and outputs (C classes; a GPT's T x V logits).
+  const int64_t F = sizeof(float), B = c.batch, T = c.model.rows_per_sample();
+  const int64_t C = c.model.out_features() * T, D = gpt ? 0 : c.model.in_features();
   const bool dp = c.strategy == Strategy::Dp;
   const int64_t rows = dp ? B * c.world_size : B;  // the loss's rows on rank 0
   auto model = [&](bool ckpt) {
+    if (gpt) return gpt_activation_bytes(c.model.gpt, B, ckpt, {}, half ? 2 : 4);  // (its 16-bit copies included)
     const int64_t m = mlp_activation_bytes(c.model, B, ckpt);
     return half ? m / 2 + B * D * 2 + B * C * F : m;  // x.to(dtype), and the logits widened for the loss
   };
-  // 16 bits: LoRA's float32 scratch is the CPU emulation's, counted as other memory (model_half.cpp).
-  const int64_t lora = half ? 0 : mlp_lora_activation_bytes(c.model, c.lora, B);
+  // 16 bits: an MLP's LoRA scratch is the CPU emulation's float32, counted as other memory
+  // (model_half.cpp); a GPT's is 16-bit activations (GptCore).
+  const int64_t lora = gpt ? gpt_lora_activation_bytes(c.model.gpt, c.lora, B, {}, half ? 2 : 4)
+                           : half ? 0 : mlp_lora_activation_bytes(c.model, c.lora, B);
   // DataParallel on rank 0: the gathered outputs in float32, and in 16 bits the whole batch's input,
   // outputs and output gradients rounded (engine/parallel/data_parallel.cpp).
   const int64_t gather = dp ? rows * C * F + (half ? rows * (D + 2 * C) * 2 : 0) : 0;

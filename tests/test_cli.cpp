@@ -696,12 +696,17 @@ TEST_SUITE("cli") {
   }
 
   // The prediction counts what rank 0 holds: LoRA's scratch, DataParallel's whole-batch loss and gathered
-  // outputs, the 16-bit buffers. It once left the first two out and predicted less than was measured.
-  TEST_CASE("--activation-checkpointing predicts exactly the measured activations with LoRA, DataParallel and 16 bits") {
+  // outputs, the 16-bit buffers. It once left the first two out and predicted less than was measured,
+  // and for a GPT it read the GPT's spec as an MLP's and crashed.
+  TEST_CASE("--activation-checkpointing predicts exactly the measured activations with LoRA, DataParallel, 16 bits and a GPT") {
+    const std::string gpt = "gpt:layers=2,heads=4,embd=16,ctx=8";
     const std::vector<std::vector<std::string>> runs = {{}, {"--lora-rank", "4"}, {"--strategy", "dp", "--world", "3", "--lora-rank", "2"},
                                                         {"--strategy", "dp", "--world", "2", "--precision", "bf16"},
                                                         {"--precision", "fp16", "--lora-rank", "4"},
-                                                        {"--model", "mlp:2,32,128,64,3", "--lora-rank", "3", "--lora-layers", "2"}};
+                                                        {"--model", "mlp:2,32,128,64,3", "--lora-rank", "3", "--lora-layers", "2"},
+                                                        {"--model", gpt, "--batch", "4", "--lora-rank", "4"},
+                                                        {"--model", gpt, "--batch", "4", "--precision", "bf16", "--lora-rank", "4"},
+                                                        {"--model", gpt, "--batch", "4", "--strategy", "dp", "--world", "2", "--precision", "fp16"}};
     for (const std::vector<std::string>& extra : runs) {
       std::vector<std::string> args = {"train", "--steps", "1", "--activation-checkpointing"};
       args.insert(args.end(), extra.begin(), extra.end());
