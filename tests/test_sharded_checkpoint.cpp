@@ -75,6 +75,19 @@ void check_same_start(TrainConfig c, const std::string& dir, const std::string& 
   CHECK(same_params(ta.result_model(), tb.result_model()));
 }
 
+// `c` as a plain float32 run of `strategy` on `world` ranks that saves nothing: what a checkpoint of
+// `c` continues in.
+TrainConfig plain_run(TrainConfig c, Strategy strategy, int world) {
+  c.save_path.clear();
+  c.save_sharded_path.clear();
+  c.strategy = strategy;
+  c.world_size = world;
+  c.tp = 1;
+  c.sequence_parallel = false;
+  c.precision = Precision::FP32;
+  return c;
+}
+
 // The index's JSON, for reading what a save placed where.
 nlohmann::json index_of(const std::string& dir) {
   std::ifstream in(dir + "/index.json");
@@ -332,14 +345,58 @@ TEST_SUITE("sharded_checkpoint") {
                                          R"({"offsets":[32,0],"sizes":[8,16]})", R"({"offsets":[40,0],"sizes":[8,16]})"});
     consolidate_sharded_checkpoint(dir.file("s"), dir.file("consolidated.safetensors"));
     CHECK(tensors_of(dir.file("consolidated.safetensors")) == tensors_of(c.save_path));
-    TrainConfig a = c;
-    a.save_path.clear();
-    a.save_sharded_path.clear();
-    a.strategy = Strategy::Single;
-    a.world_size = 1;
-    a.tp = 1;
-    a.sequence_parallel = false;
-    check_same_start(a, dir.file("s"), c.save_path, 2);
+    check_same_start(plain_run(c, Strategy::Single, 1), dir.file("s"), c.save_path, 2);
+  }
+
+  TEST_CASE("a pipeline's ranks each write their stages' parameters, and the pieces are its --save file") {
+    // The MLP and the GPT, over 2 stages; with 2 replicas (each parameter from one, as DCP's
+    // dedup_save_plans spreads them), TP shards (boxes), 16 bits (written widened, as --save),
+    // LoRA's adapters, and one rank holding both ends (interleaved): a GPT's last stage leaves its copy
+    // of the tied weight to the first stage's transformer.wte.weight.
+    struct Case {
+      const char* model;
+      int dp, tp, chunks;
+      Precision precision;
+      int lora;
+    };
+    const char* gpt = "gpt:layers=2,heads=2,embd=16,ctx=8";
+    std::vector<Case> cases = {{"mlp:2,32,32,32,3", 1, 1, 1, Precision::FP32, 0}, {"mlp:2,32,32,32,3", 2, 2, 1, Precision::BF16, 0},
+                               {gpt, 2, 2, 1, Precision::FP32, 0},                 {gpt, 1, 1, 2, Precision::FP16, 0},
+                               {gpt, 2, 1, 1, Precision::FP32, 4}};
+    for (const Case& k : cases) {
+      CAPTURE(k.model);
+      CAPTURE(k.dp);
+      CAPTURE(k.tp);
+      CAPTURE(k.chunks);
+      CAPTURE(k.lora);
+      test::TempDir dir;
+      TrainConfig c = fsdp_config(1, Sharding::FullShard, 2);
+      c.strategy = Strategy::Pipeline;
+      c.model = ModelSpec::parse(k.model);
+      if (c.model.is_gpt()) c.data = "text", c.batch = 4;
+      c.pipeline.stages = k.chunks > 1 ? 1 : 2;
+      c.pipeline.chunks = k.chunks;
+      c.pipeline.schedule = k.chunks > 1 ? ScheduleKind::Interleaved1F1B : ScheduleKind::OneFOneB;
+      c.pipeline.microbatches = 2;
+      c.pipeline.dp = k.dp;
+      c.tp = k.tp;
+      c.world_size = c.pipeline.stages * k.dp * k.tp;
+      c.precision = k.precision;
+      c.lora.rank = k.lora;
+      c = run_saving_both(c, dir);
+      const nlohmann::json idx = index_of(dir.file("s"));
+      CHECK(idx["strategy"] == "pipeline");
+      CHECK_FALSE(idx["params"].contains("lm_head.weight"));
+      std::set<std::string> files;
+      for (const auto& [name, p] : idx["params"].items())
+        for (const auto& piece : p["pieces"]) files.insert(piece["file"].get<std::string>());
+      CHECK(files.size() == static_cast<size_t>(c.world_size));  // every rank wrote a share
+      std::map<std::string, std::vector<float>> pieces;
+      for (FullTensor& t : read_sharded_tensors(dir.file("s"))) pieces[t.name] = t.values;
+      CHECK(pieces == tensors_of(c.save_path));
+      if (k.lora > 0) continue;  // (an adapter directory is no base model to start from)
+      check_same_start(plain_run(c, Strategy::Ddp, 2), dir.file("s"), c.save_path, 2);
+    }
   }
 
   TEST_CASE("an fsdp LoRA run's sharded adapters are its --save adapter file, in pieces") {

@@ -241,8 +241,14 @@ std::vector<int> dedup_replicated_params(const std::vector<int64_t>& bytes, int 
 
 void save_sharded_checkpoint(const std::string& dir, const Model& model, const std::vector<ParamSlice>& given,
                              const SaveGroup& group, int64_t step, const std::string& strategy) {
+  save_sharded_checkpoint(dir, {SavedPart{&model, given}}, group, step, strategy);
+}
+
+void save_sharded_checkpoint(const std::string& dir, const std::vector<SavedPart>& parts, const SaveGroup& group, int64_t step,
+                             const std::string& strategy) {
+  DTLAB_CHECK(!parts.empty() && parts.front().model, "a sharded save needs the rank's model");
+  const Model& model = *parts.front().model;  // the run's spec and LoRA settings (every part shares them)
   const int rank = group.rank, world = group.world;
-  const std::vector<SavedParam> saved = saved_params(model);
   // Each slice cut at its parameter's boxes; a piece the TP group holds whole on several ranks is
   // written by the lowest only: each element of the full tensor lies in exactly one piece, which the
   // loader checks.
@@ -250,16 +256,24 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
     ParamSlice slice;  // offset: within the box
     std::string name;  // the parameter's, with "#j" when it has several boxes
     const SavedBox* box;
+    const Model* model;
   };
+  std::vector<std::vector<SavedParam>> saved;
+  saved.reserve(parts.size());
   std::vector<Cut> slices;
-  for (const ParamSlice& s : given) {
-    const SavedParam& sp = saved[static_cast<size_t>(s.param)];
-    for (size_t j = 0; j < sp.boxes.size(); j++) {
-      const SavedBox& b = sp.boxes[j];
-      const int64_t begin = std::max(s.offset, b.local_begin), end = std::min(s.offset + s.length, b.local_end);
-      if (begin >= end || b.held_lower) continue;
-      slices.push_back({ParamSlice{s.param, begin - b.local_begin, end - begin, s.data + (begin - s.offset)},
-                        sp.boxes.size() > 1 ? sp.name + "#" + std::to_string(j) : sp.name, &b});
+  json shapes = json::object();  // the FULL shape of each parameter this rank writes, for rank 0's index
+  for (const SavedPart& part : parts) {
+    saved.push_back(saved_params(*part.model));
+    for (const ParamSlice& s : part.slices) {
+      const SavedParam& sp = saved.back()[static_cast<size_t>(s.param)];
+      for (size_t j = 0; j < sp.boxes.size(); j++) {
+        const SavedBox& b = sp.boxes[j];
+        const int64_t begin = std::max(s.offset, b.local_begin), end = std::min(s.offset + s.length, b.local_end);
+        if (begin >= end || b.held_lower) continue;
+        slices.push_back({ParamSlice{s.param, begin - b.local_begin, end - begin, s.data + (begin - s.offset)},
+                          sp.boxes.size() > 1 ? sp.name + "#" + std::to_string(j) : sp.name, &b, part.model});
+        shapes[sp.name] = sp.shape;
+      }
     }
   }
   // Everything is written into a staging directory beside DIR and swapped in at the end: an
@@ -278,36 +292,42 @@ void save_sharded_checkpoint(const std::string& dir, const Model& model, const s
   group.barrier();
   if (!slices.empty()) {
     // Slices on a device are written from host copies.
-    std::vector<std::vector<float>> host(model.device().is_host() ? 0 : slices.size());
+    std::vector<std::vector<float>> host(slices.size());
     std::vector<TensorView> views;
     json boxes = json::object();  // the pieces' boxes, for rank 0's index
     for (size_t i = 0; i < slices.size(); i++) {
       const ParamSlice& s = slices[i].slice;
       const float* data = s.data;
-      if (!host.empty()) {
+      Device& dev = slices[i].model->device();
+      if (!dev.is_host()) {
         host[i].resize(static_cast<size_t>(s.length));
-        model.device().download(host[i].data(), s.data, s.length * static_cast<int64_t>(sizeof(float)));
+        dev.download(host[i].data(), s.data, s.length * static_cast<int64_t>(sizeof(float)));
         data = host[i].data();
       }
       const SavedBox& b = *slices[i].box;
       views.push_back({piece_name(slices[i].name, s.offset), DType::F32, {s.length}, data});
       if (!b.sizes.empty()) boxes[views.back().name] = {{"offsets", b.offsets}, {"sizes", b.sizes}};
     }
-    std::map<std::string, std::string> meta = {{"format", kFormat}, {"rank", std::to_string(rank)}, {"world", std::to_string(world)}};
+    std::map<std::string, std::string> meta = {
+        {"format", kFormat}, {"rank", std::to_string(rank)}, {"world", std::to_string(world)}, {"shapes", shapes.dump()}};
     if (!boxes.empty()) meta["boxes"] = boxes.dump();
     save_safetensors(join(staging, shard_file_name(rank, world)), views, meta);
   }
   group.barrier();
   if (rank == 0) {
-    // The index lists the pieces every rank wrote (read back from the files' headers).
+    // The index lists the parameters and pieces every rank wrote (read back from the files' headers:
+    // a pipeline's ranks each hold other stages' parameters).
     json ps = json::object();
-    for (const SavedParam& p : saved) ps[p.name] = {{"shape", p.shape}, {"pieces", json::array()}};
     for (int r = 0; r < world; r++) {
       const std::string file = shard_file_name(r, world);
       if (!fs::exists(join(staging, file))) continue;  // a rank that owns nothing (HYBRID_SHARD's copies)
       const SafetensorsFile header = load_safetensors_header(join(staging, file));
       const auto b = header.metadata.find("boxes");
       const json boxes = b == header.metadata.end() ? json::object() : json::parse(b->second);
+      const auto sh = header.metadata.find("shapes");
+      const json shapes_of = sh == header.metadata.end() ? json::object() : json::parse(sh->second);
+      for (const auto& [name, shape] : shapes_of.items())
+        if (!ps.contains(name)) ps[name] = {{"shape", shape}, {"pieces", json::array()}};
       for (const SafetensorsEntry& e : header.entries) {
         const size_t at = e.name.rfind('@');
         const std::string name = e.name.substr(0, std::min(at, e.name.find('#')));  // "NAME#j@k": box j of NAME

@@ -52,6 +52,15 @@ struct SaveGroup {
 // may hold LoRA adapters (saved under peft's names, as save_lora_checkpoint names them).
 void save_sharded_checkpoint(const std::string& dir, const Model& model, const std::vector<ParamSlice>& slices,
                              const SaveGroup& group, int64_t step, const std::string& strategy);
+// The same for a rank that holds several models: a pipeline rank's stages (each a part of the full
+// model under the full model's names). The index lists every parameter some rank writes, with the
+// full shape that rank's file records.
+struct SavedPart {
+  const Model* model = nullptr;
+  std::vector<ParamSlice> slices;
+};
+void save_sharded_checkpoint(const std::string& dir, const std::vector<SavedPart>& parts, const SaveGroup& group, int64_t step,
+                             const std::string& strategy);
 
 // Which replica writes each parameter of a model every replica holds whole (DDP, one rank): torch's
 // distributed checkpoint writes a replicated tensor once, and dedup_save_plans gives each one, in

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "engine/core/check.h"
+#include "engine/io/sharded_checkpoint.h"
 #include "engine/train/grad_clip.h"
 #include "engine/train/grad_scaler.h"
 #include "engine/train/iteration_gate.h"
@@ -176,9 +177,51 @@ class PipelineTrainRank final : public RankStrategy {
   const Model& finish(TrainSummary& sum) override {
     if (scaler_ && env_.rank == 0) t_.loss_scale_ = scaler_->scale();
     pipe_.gather_parameters(env_.rank == 0 ? t_.models_[0].get() : nullptr);
+    if (!c_.save_sharded_path.empty()) save_sharded();
     if (t_.launched_) gather_rank_memory();
     if (env_.rank == 0) sum.pipeline = meter_.stats();
     return *t_.models_[0];
+  }
+
+  // --save-sharded: every rank writes its stages' parameters (its TP shard of them, placed by their
+  // boxes) into one sharded checkpoint, under the full model's names. The D replicas of a stage hold
+  // the same parameters: each is written once, by the replica torch's dedup_save_plans picks
+  // (dedup_replicated_params). A GPT's last stage leaves out its copy of the tied weight,
+  // lm_head.weight: the first stage writes it as transformer.wte.weight (the two are equal after
+  // every step), as --save's file holds it once.
+  void save_sharded() {
+    const int chunks = static_cast<int>(pipe_.stage_ids().size());
+    std::vector<std::vector<float>> widened(static_cast<size_t>(chunks));  // 16-bit stages: their values in float32
+    std::vector<int64_t> bytes;
+    std::vector<std::pair<int, int>> where;  // (stage model, parameter) of each entry of `bytes`
+    for (int k = 0; k < chunks; k++) {
+      const Model& m = pipe_.stage_model(k);
+      if (m.mixed()) widened[static_cast<size_t>(k)] = m.host_params();
+      const std::vector<Parameter>& ps = m.parameters();
+      for (size_t j = 0; j < ps.size(); j++) {
+        if (ps[j].name == "lm_head.weight") continue;
+        bytes.push_back(ps[j].numel * static_cast<int64_t>(sizeof(float)));
+        where.emplace_back(k, static_cast<int>(j));
+      }
+    }
+    const std::vector<int> owner = dedup_replicated_params(bytes, plan_.options.dp);
+    std::vector<SavedPart> parts;
+    for (int k = 0; k < chunks; k++) parts.push_back({&pipe_.stage_model(k), {}});
+    for (size_t i = 0; i < where.size(); i++) {
+      if (owner[i] != pipe_.replica()) continue;
+      const auto [k, j] = where[i];
+      const Model& m = pipe_.stage_model(k);
+      const Parameter& p = m.parameters()[static_cast<size_t>(j)];
+      const float* data = m.mixed() ? widened[static_cast<size_t>(k)].data() + p.offset : p.data;
+      parts[static_cast<size_t>(k)].slices.push_back({j, 0, p.numel, data});
+    }
+    Communicator* world = env_.comm;
+    save_sharded_checkpoint(c_.save_sharded_path, parts,
+                            {env_.rank, N_,
+                             [world] {
+                               if (world) world->barrier()->wait();
+                             }},
+                            t_.start_step_ + t_.total_steps_, strategy_name(c_.strategy));
   }
 
   // Launched, each stage's memory is in its own process: rank 0's summary table has a row per
