@@ -169,6 +169,22 @@ TEST_SUITE("gpt") {
         CHECK(test::differs_at_tensor_scale(ref.model().spec(), t.result_model().host_params(), ddp.model().host_params(),
                                             ddp32.model().host_params(), rtol) == "");
       }
+      // LoRA on block 0 only, over two stages: the second trains nothing and turns only its frozen
+      // base 16-bit (it once refused, holding no parameters to convert).
+      TrainConfig lo = one;
+      lo.lora.rank = 4;
+      lo.lora.layers = {0};
+      Trainer lone(lo);
+      lone.run();
+      TrainConfig lp = lo;
+      lp.strategy = Strategy::Pipeline;
+      lp.world_size = lp.pipeline.stages = 2;
+      lp.pipeline.microbatches = 2;
+      Trainer lpipe(lp);
+      lpipe.run();
+      const double lora_diff = test::max_abs_diff(lpipe.result_model().host_params(), lone.model().host_params());
+      MESSAGE("LoRA on block 0 over two stages: " << lora_diff << " from one rank");
+      CHECK(lora_diff < 1e-3);
       // Recompute runs the same 16-bit ops again: bit for bit.
       TrainConfig r = d;
       r.activation_checkpointing = true;

@@ -175,7 +175,9 @@ void GptCore::ensure(int64_t B) {
     }
     if (r_.heads(s_) || r_.embeds()) wte_part_ = scratch(s_.vocab * C);
   }
-  if (frozen()) {
+  // LoRA's scratch, where a block here carries an adapter (a pipeline stage LoRA leaves alone has none).
+  const bool adapted = frozen() && std::any_of(lora_.a_of_block.begin(), lora_.a_of_block.end(), [](int a) { return a >= 0; });
+  if (adapted) {
     const int64_t r = lora_.rank;
     lora_t_ = act({2 * BT * r});
     lora_u_ = act({BT, 3 * Ct});

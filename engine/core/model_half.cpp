@@ -24,14 +24,18 @@ void Model::set_precision(Precision p) {
   if (!is_mixed(p) || mixed()) throw Error("a model's precision is set once, from fp32");
   if (!device_.is_host())
     throw Error(flag + " runs on the CPU engine in this version; use --device cpu (or --precision fp32 on " + device_.name() + ")");
-  DTLAB_CHECK(owns_parameters(), "set_precision() on a model whose parameters are sharded");
-  const std::vector<float> values = host_params();  // the model as built (torch's init), then .to(dtype)
+  // (A LoRA pipeline stage whose layers carry no adapter trains nothing: only its frozen base turns 16-bit.)
+  DTLAB_CHECK(owns_parameters() || num_params_ == 0, "set_precision() on a model whose parameters are sharded");
+  // The model as built (torch's init), then .to(dtype).
+  const std::vector<float> values = num_params_ > 0 ? host_params() : std::vector<float>();
   precision_ = p;
-  flat_params_ = Tensor();  // freed before the 16-bit copies exist: the model never holds both
-  flat_grads_ = Tensor();
-  flat_params_ = Tensor({num_params_}, MemCategory::Parameters, tracker_, param_dtype(), device_);
-  flat_grads_ = Tensor({num_params_}, MemCategory::Gradients, tracker_, param_dtype(), device_);
-  half_from_floats(flat_params_.u16(), values.data(), num_params_, half_format());
+  if (num_params_ > 0) {
+    flat_params_ = Tensor();  // freed before the 16-bit copies exist: the model never holds both
+    flat_grads_ = Tensor();
+    flat_params_ = Tensor({num_params_}, MemCategory::Parameters, tracker_, param_dtype(), device_);
+    flat_grads_ = Tensor({num_params_}, MemCategory::Gradients, tracker_, param_dtype(), device_);
+    half_from_floats(flat_params_.u16(), values.data(), num_params_, half_format());
+  }
   for (auto& q : params_) {
     q.data = q.grad = nullptr;
     q.data16 = flat_params_.u16() + q.offset;
