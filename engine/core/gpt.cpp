@@ -57,8 +57,9 @@ void GptCore::set_precision(Precision p) {
 
 int GptCore::claim(int64_t n) {
   int slot = -1;
-  for (size_t k = 0; k < pool_.size() && slot < 0; k++)
-    if (!busy_[k] && pool_[k].numel() >= n) slot = static_cast<int>(k);
+  for (size_t k = 0; k < pool_.size(); k++)  // the smallest free slot that fits
+    if (!busy_[k] && pool_[k].numel() >= n && (slot < 0 || pool_[k].numel() < pool_[static_cast<size_t>(slot)].numel()))
+      slot = static_cast<int>(k);
   if (slot < 0) {  // a free slot grown to n, or a new one
     for (size_t k = 0; k < pool_.size() && slot < 0; k++)
       if (!busy_[k]) slot = static_cast<int>(k);
@@ -100,6 +101,12 @@ GptCore::F32 GptCore::acc(void* p, int64_t n) {
 void GptCore::finish(int slot, float* f, void* back, int64_t n) {
   if (back) half_from_floats(static_cast<uint16_t*>(back), f, n, hf_);  // rounded once
   busy_[static_cast<size_t>(slot)] = 0;
+}
+
+void GptCore::drop_scratch() {
+  DTLAB_CHECK(std::none_of(busy_.begin(), busy_.end(), [](char b) { return b != 0; }), "a GPT op's float32 scratch is still in use");
+  pool_.clear();
+  busy_.clear();
 }
 
 std::array<std::vector<Tensor>*, 13> GptCore::per_block() {
@@ -379,7 +386,10 @@ const void* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int6
     scope.reset();  // the hooks' collectives (FSDP's reshard) follow the layer, outside its span
     if (hooks) hooks->after_forward(1 + l);
   }
-  if (!r_.heads(s_)) return x;
+  if (!r_.heads(s_)) {
+    drop_scratch();
+    return x;
+  }
   enter(L + 1);
   {
     ComputeScope scope(obs, ComputeKind::LayerForward, L + 1, layer_flops(L + 1, B));
@@ -390,6 +400,7 @@ const void* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int6
     if (half()) half_to_floats(logits32_.f32(), logits_.u16(), BT * V, hf_);  // output.float(): the loss in float32
   }
   if (hooks) hooks->after_forward(L + 1);
+  drop_scratch();
   return half() ? logits32_.f32() : logits_.f32();
 }
 
@@ -507,7 +518,7 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
     if (kept && !frozen()) keep((*kept)[0], dy, BT * C);  // (under LoRA W needs c_attn's alone)
     if (sp()) row_bias_grad(pi(l, P::FcProjB));
     linear_done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
-    dev_.gelu_backward(acc(dfch, BT * 4 * Ct), rd(dfch, BT * 4 * Ct), rd(fch_[k]), BT * 4 * Ct);
+    dev_.gelu_backward(wr(dfch, BT * 4 * Ct), rd(dfch, BT * 4 * Ct), rd(fch_[k]), BT * 4 * Ct);  // (elementwise: reads its own copy)
     if (kept && !frozen()) keep((*kept)[1], dfch, BT * 4 * Ct);
     const void* a = sp() ? seq_gather(full_.raw(), ln2_[k].raw(), C, layer) : ln2_[k].raw();  // gathered again
     dev_.linear_backward(wr(dbuf, BT * C), pg(lg(pi(l, P::FcW))), pg(lg(pi(l, P::FcB))), rd(dfch, BT * 4 * Ct), rd(a, BT * C),
@@ -541,7 +552,10 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
     scope.reset();
     if (hooks) hooks->after_backward(1 + l);
   }
-  if (!r_.embeds()) return dres;  // the gradient of the stage's input, for the previous stage
+  if (!r_.embeds()) {
+    drop_scratch();
+    return dres;  // the gradient of the stage's input, for the previous stage
+  }
   enter(0);
   if (!frozen()) {  // (a frozen LoRA base: nothing to compute for the embeddings)
     ComputeScope scope(obs, ComputeKind::LayerBackward, 0, 2 * layer_flops(0, B));
@@ -562,6 +576,7 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
     else done({P::kWpe, P::kWte});
   }
   if (hooks) hooks->after_backward(0);
+  drop_scratch();
   return nullptr;
 }
 
@@ -644,6 +659,7 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
   if (r_.embeds() && r_.heads(s_) && !sp()) done({P::kWte});  // the tied weight: the embedding's share came in I
   douts_.clear();
   dlogits_kept_ = Tensor();
+  drop_scratch();
 }
 
 std::vector<int32_t> gpt_generate(Model& model, const std::vector<int32_t>& prompt, int64_t n, float temperature, int64_t top_k,

@@ -166,7 +166,8 @@ class GptCore {
   void set_checkpointing(bool on) { checkpointing_ = on; }
   bool checkpointing() const { return checkpointing_; }
   // The attention probabilities of the last forward: block l, sample b, head h (of the whole model),
-  // (T, T) row-major with zeros above the diagonal (in 16 bits: widened into a float32 copy held here).
+  // (T, T) row-major with zeros above the diagonal (in 16 bits: widened into a float32 copy held here,
+  // which the next call overwrites; one thread at a time).
   // Null before a forward, while checkpointing (no block keeps it), and for a head another TP rank computes.
   const float* attention(int l, int64_t b, int64_t h) const;
   // The last forward's input tokens of sample b (T ids; null before a forward).
@@ -217,6 +218,9 @@ class GptCore {
   }
   void finish(int slot, float* f, void* back, int64_t n);
   int claim(int64_t n);  // a free float32 scratch slot of at least n floats
+  // Frees the scratch at the end of each pass: a pipeline's micro-batches in flight each hold a
+  // GptCore, and none keeps float32 scratch between its passes.
+  void drop_scratch();
   bool half() const { return adt_ != DType::F32; }
   int64_t esz() const { return half() ? 2 : 4; }  // bytes per element of the tensors here
   static void* off(void* p, int64_t e, int64_t esz) { return static_cast<char*>(p) + e * esz; }
