@@ -658,6 +658,18 @@ bool ddp_controls(TrainConfig& c) {
     ImGui::SetTooltip("Not torch's default: torch's DDP all-reduces every gradient as one bucket in the first\n"
                       "iteration, then rebuilds sized buckets in the order gradients arrived. On: sized buckets from\n"
                       "the first iteration.");
+  // --comm-hook: torch's register_comm_hook (the Buckets view shows the bytes sent against the bytes held).
+  static const char* const hooks[] = {"none", "fp16", "bf16", "topk:ratio=0.01"};
+  const std::string cur = comm_hook_text(c.ddp.comm_hook);
+  if (ImGui::BeginCombo("comm hook", cur.c_str())) {
+    for (const char* h : hooks)
+      if (ImGui::Selectable(h, cur == h)) c.ddp.comm_hook = parse_comm_hook(h), changed = true;
+    ImGui::EndCombo();
+  }
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip("DDP communication hook: fp16 / bf16 cast each bucket to 16 bits before its all-reduce (torch's\n"
+                      "fp16_compress_hook, bf16_compress_hook); topk sends each rank's largest 1%% of entries with\n"
+                      "their indices and keeps the rest as error feedback.");
   ImGui::EndDisabled();
   return changed;
 }

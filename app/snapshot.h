@@ -14,6 +14,7 @@
 #include "engine/core/memory.h"
 #include "engine/core/mesh.h"
 #include "engine/core/optim.h"
+#include "engine/parallel/ddp.h"
 #include "engine/parallel/memory_plan.h"
 #include "engine/train/strategy.h"
 #include "engine/parallel/pipeline.h"
@@ -104,6 +105,7 @@ struct BucketView {
   int index = 0;
   int generation = 0;
   int64_t bytes = 0;
+  int64_t wire_bytes = 0;           // what its last all-reduce moved (half of `bytes` under an fp16/bf16 comm hook)
   std::vector<BucketParam> params;  // in bucket layout order
   BucketState state = BucketState::Empty;
   int launch_order = -1;      // order launched in this pass (always == index: torch's rule)
@@ -230,6 +232,7 @@ struct RunConfigView {
   int64_t batch = 0, accum = 1, steps = 0;
   int64_t bucket_cap_bytes = 0, first_bucket_bytes = 0;
   bool find_unused_parameters = false, sized_first_iteration = false;  // DDP: how iteration 1 is bucketed
+  CommHookSpec comm_hook;                 // DDP: --comm-hook (its buckets all-reduced in 16 bits, or top-k)
   // What the memory planner needs to put the run beside the other strategies (plan_memory).
   Sharding sharding = Sharding::NoShard;  // the run's: fsdp's setting; ddp and single are NO_SHARD
   int64_t num_params = 0;                 // Ψ of the running model (under LoRA its trainable adapters)

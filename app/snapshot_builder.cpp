@@ -362,6 +362,7 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.first_bucket_bytes = config.ddp.first_bucket_bytes;
   c.find_unused_parameters = config.ddp.find_unused_parameters;
   c.sized_first_iteration = config.ddp.sized_first_iteration;
+  c.comm_hook = config.ddp.comm_hook;
   c.precision = config.precision;
   c.reduce_fp32 = config.reduce_fp32;
   c.settings = changed_settings(config);
@@ -699,6 +700,7 @@ void SnapshotBuilder::ingest_collective(int rank, const Event& e) {
         b.state = BucketState::Done;
         b.allreduce_begin = e.model_begin;
         b.allreduce_end = e.model_end;
+        b.wire_bytes = e.bucket.bytes;
       }
 }
 
@@ -807,6 +809,7 @@ void SnapshotBuilder::ingest_bucket(const TraceRecorder& rec, const Event& e) {
         b.state = BucketState::Done;
         b.allreduce_begin = e.model_begin;
         b.allreduce_end = e.model_end;
+        b.wire_bytes = e.bucket.bytes;
       }
       break;
     }

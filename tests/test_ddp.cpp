@@ -189,6 +189,96 @@ TEST_SUITE("ddp") {
     }
   }
 
+  TEST_CASE("comm hooks: fp16 and bf16 buckets move half the bytes, and compose with bucket views, 16 bits, accumulation and Join") {
+    // tests/comm_hook_torch.py holds the values to torch's fp16_compress_hook; here the bytes, and the
+    // options a hook must not break: each variant equals the hook's plain run (or, where rounding
+    // differs, the plain fp32 run within the 16-bit format's rounding).
+    TrainConfig plain = ddp_config(2, 16, 6);
+    plain.optimizer = default_optimizer_config(OptimizerKind::SGD);  // linear in the gradient: rounding stays rounding-sized
+    plain.optimizer.lr = 0.1;
+    plain.optimizer.momentum = 0.9;
+    for (CommHook hook : {CommHook::Fp16, CommHook::Bf16}) {
+      CAPTURE(comm_hook_name(hook));
+      TrainConfig c = plain;
+      c.ddp.comm_hook.kind = hook;
+      Trainer t(c);
+      train(t);
+      // Every bucket all-reduce of iteration 2 (after the rebuild) moves 2 bytes per gradient.
+      int64_t moved = 0, buckets = 0;
+      for (const Event& e : t.recorder().events(0)) {
+        if (e.kind != EventKind::BucketAllReduce || e.iteration != 2) continue;
+        moved += e.bucket.bytes;
+        buckets++;
+        CHECK(e.bucket.bytes % 2 == 0);
+      }
+      CHECK(buckets >= 2);
+      CHECK(moved == 2 * 4547);
+      // The dtype on the wire: the collectives of those all-reduces are 16-bit.
+      int sixteen = 0;
+      for (const Event& e : t.recorder().events(0))
+        if (e.kind == EventKind::Collective && e.iteration == 2) sixteen += e.coll.dtype == (hook == CommHook::Fp16 ? DType::F16 : DType::BF16);
+      CHECK(sixteen == buckets);
+      Trainer ref(plain);
+      train(ref);
+      const double apart = max_abs_diff(t.model(), ref.model());
+      MESSAGE(std::string(comm_hook_name(hook)) << ": " << apart << " from the plain run");
+      CHECK(apart > 0);  // the casts round
+      CHECK(apart < (hook == CommHook::Fp16 ? 2e-4 : 2e-3));  // 11 and 8 significant bits
+      // gradient_as_bucket_view: the hook casts from the gradients in place, the same values.
+      TrainConfig v = c;
+      v.ddp.gradient_as_bucket_view = true;
+      Trainer tv(v);
+      train(tv);
+      CHECK(max_abs_diff(tv.model(), t.model()) == 0.0);
+      // A bf16 model: its 16-bit buckets cast to the hook's dtype (fp16's: one more rounding).
+      TrainConfig h = c;
+      h.precision = Precision::BF16;
+      Trainer th(h);
+      CHECK(std::isfinite(train(th).summary.eval_loss));
+    }
+    // Top-k: each bucket's all-gathers carry ceil(ratio n) float32 values and int64 indices per rank,
+    // and a Join's shadow matches them.
+    TrainConfig k = plain;
+    k.ddp.comm_hook = parse_comm_hook("topk:ratio=0.05");
+    CHECK(comm_hook_text(k.ddp.comm_hook) == "topk:ratio=0.05");
+    {
+      Trainer t(k);
+      train(t);
+      int checked = 0;
+      std::vector<int64_t> numel;  // per bucket of the latest assignment (float32 gradients)
+      for (const Event& e : t.recorder().events(0)) {
+        if (e.kind == EventKind::BucketAssigned) {
+          if (e.bucket.bucket == 0) numel.clear();
+          numel.push_back(e.bucket.bytes / 4);
+        }
+        if (e.kind != EventKind::BucketAllReduce || e.iteration != 2) continue;
+        REQUIRE(e.bucket.bucket < static_cast<int>(numel.size()));
+        const double n = static_cast<double>(numel[static_cast<size_t>(e.bucket.bucket)]);
+        CHECK(e.bucket.bytes == static_cast<int64_t>(std::ceil(0.05 * n)) * 12);
+        checked++;
+      }
+      CHECK(checked >= 2);
+    }
+    CHECK_THROWS_WITH_AS(parse_comm_hook("topk:ratio=0"),
+                         "--comm-hook topk:ratio=0: write topk:ratio=F with F in (0, 1], the share of each bucket's entries a rank "
+                         "sends, e.g. topk:ratio=0.01",
+                         Error);
+    // Join (uneven inputs): the joined rank's shadow collectives match the hook's.
+    for (const char* hook : {"fp16", "topk:ratio=0.05"}) {
+    CAPTURE(hook);
+    TrainConfig j = plain;
+    j.world_size = 4;
+    j.optimizer = default_optimizer_config(OptimizerKind::SGD);
+    j.optimizer.lr = 0.1;
+    j.uneven_rank = 3;
+    j.join = true;
+    j.steps = 3;
+    j.ddp.comm_hook = parse_comm_hook(hook);
+    Trainer tj(j);
+    CHECK(std::isfinite(train(tj).summary.eval_loss));
+    }
+  }
+
   TEST_CASE("memory per rank matches the arithmetic") {
     // mlp:2,64,64,3: P = 4547 floats. Batch 16: activations are each layer's output
     // (16 x (64+64+64+64+3)), two gradient ping-pong buffers (16 x 64 each), and the loss's

@@ -34,3 +34,13 @@ def load_safetensors(path):  # docs/cli.md's snippet
     return {k: torch.from_numpy(np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]],
                                               dtype=dtypes[v["dtype"]]).reshape(v["shape"]).copy())
             for k, v in header.items() if k != "__metadata__"}
+
+
+def sequential(dims):
+    """dtlab's mlp:D0,...,Dk as torch.nn.Sequential: Linear, ReLU, ..., Linear."""
+    layers = []
+    for i in range(len(dims) - 1):
+        layers.append(torch.nn.Linear(dims[i], dims[i + 1]))
+        if i + 2 < len(dims):
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)

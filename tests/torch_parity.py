@@ -13,16 +13,7 @@ Usage: torch_parity.py PATH/TO/dtlab-cli
 """
 import json, os, struct, sys, tempfile
 
-from torch_common import CLI, check, cli, failures, load_safetensors, np, torch  # noqa: F401 (exits 77 without torch)
-
-
-def sequential(dims):
-    layers = []
-    for i in range(len(dims) - 1):
-        layers.append(torch.nn.Linear(dims[i], dims[i + 1]))
-        if i + 2 < len(dims):
-            layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers)
+from torch_common import CLI, check, cli, failures, load_safetensors, np, sequential, torch  # noqa: F401 (exits 77 without torch)
 
 
 def torch_train(dims, x, y, batch, steps, seed, make_opt, clip=None, norms=None):

@@ -115,6 +115,26 @@ void draw_header(const Snapshot& s, float fs, bool presentation, bool key) {
   if (!presentation) ImGui::TextDisabled("%d %s, %s in all (cap %s, first bucket %s)  \xC2\xB7  rank 0, iteration %d: %d of %d gradients ready",
                       static_cast<int>(s.buckets.size()), s.buckets.size() == 1 ? "bucket" : "buckets", human_bytes(total).c_str(), human_bytes(s.config.bucket_cap_bytes).c_str(),
                       human_bytes(s.config.first_bucket_bytes).c_str(), s.iteration, ready, params);
+  const CommHookSpec& hook = s.config.comm_hook;
+  if (hook.kind != CommHook::None) {
+    // torch's register_comm_hook: what the collectives really moved, against what the buckets hold.
+    int64_t wire = 0, held = 0;
+    for (const BucketView& b : s.buckets)
+      if (b.wire_bytes > 0) wire += b.wire_bytes, held += b.bytes;
+    char share[32];
+    std::snprintf(share, sizeof share, "%g%%", 100.0 * hook.topk_ratio);
+    const std::string how =
+        hook.kind == CommHook::TopK
+            ? std::string("each rank adds its remembered error to a bucket, keeps the ") + share +
+                  " of its entries largest in magnitude and all-gathers them with their int64 indices; the rest is its new error"
+            : std::string("each bucket cast to ") + (hook.kind == CommHook::Fp16 ? "float16" : "bfloat16") +
+                  " and divided by the world size, all-reduced, cast back";
+    if (wire > 0)
+      ImGui::TextWrapped("comm hook %s: %s: %s sent for %s of gradients (%.2gx smaller)", comm_hook_torch_name(hook.kind), how.c_str(),
+                         human_bytes(wire).c_str(), human_bytes(held).c_str(), static_cast<double>(held) / static_cast<double>(wire));
+    else
+      ImGui::TextWrapped("comm hook %s: %s", comm_hook_torch_name(hook.kind), how.c_str());
+  }
   ImGui::PopTextWrapPos();
   if (key) draw_legend(fs);
   ImGui::Separator();
@@ -294,6 +314,9 @@ void bucket_tooltip(const BucketView& b) {
   ImGui::SameLine();
   ImGui::TextDisabled("%s", state_meaning(b.state));
   if (b.launch_order >= 0) ImGui::Text("launched #%d as all-reduce #%llu", b.launch_order, static_cast<unsigned long long>(b.seq));
+  if (b.wire_bytes > 0 && b.wire_bytes != b.bytes)
+    ImGui::Text("the comm hook sent %s of it (%.2gx smaller)", human_bytes(b.wire_bytes).c_str(),
+                static_cast<double>(b.bytes) / static_cast<double>(b.wire_bytes));
   if (b.state == BucketState::Done && b.allreduce_end > b.allreduce_begin) {
     char t0[32], dt[32];
     std::snprintf(t0, sizeof t0, "%.3f ms", b.allreduce_begin * 1e3);

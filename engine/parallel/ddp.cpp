@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "engine/core/check.h"
@@ -108,6 +111,45 @@ std::vector<std::string> describe_bucket_assignment(const Model& model, const Bu
   return lines;
 }
 
+const char* comm_hook_name(CommHook h) {
+  return h == CommHook::Fp16 ? "fp16" : h == CommHook::Bf16 ? "bf16" : h == CommHook::TopK ? "topk" : "none";
+}
+
+const char* comm_hook_torch_name(CommHook h) {
+  return h == CommHook::Fp16 ? "fp16_compress_hook" : h == CommHook::Bf16 ? "bf16_compress_hook"
+       : h == CommHook::TopK ? "topk (error feedback)" : "allreduce";
+}
+
+std::string comm_hook_text(const CommHookSpec& h) {
+  if (h.kind != CommHook::TopK) return comm_hook_name(h.kind);
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%g", h.topk_ratio);
+  return std::string("topk:ratio=") + ratio;
+}
+
+CommHookSpec parse_comm_hook(const std::string& text) {
+  CommHookSpec h;
+  if (text == "none") return h;
+  if (text == "fp16" || text == "bf16") {
+    h.kind = text == "fp16" ? CommHook::Fp16 : CommHook::Bf16;
+    return h;
+  }
+  if (text == "topk" || text.rfind("topk:", 0) == 0) {
+    h.kind = CommHook::TopK;
+    if (text == "topk") return h;
+    const std::string arg = text.substr(5);
+    char* end = nullptr;
+    const double r = arg.rfind("ratio=", 0) == 0 ? std::strtod(arg.c_str() + 6, &end) : 0.0;
+    if (arg.rfind("ratio=", 0) != 0 || end == arg.c_str() + 6 || *end != '\0' || !(r > 0 && r <= 1))
+      throw Error("--comm-hook " + text + ": write topk:ratio=F with F in (0, 1], the share of each bucket's entries a rank "
+                  "sends, e.g. topk:ratio=0.01");
+    h.topk_ratio = r;
+    return h;
+  }
+  throw Error("--comm-hook " + text + " is not a communication hook; choose none, fp16 (torch's fp16_compress_hook), bf16 "
+              "(bf16_compress_hook) or topk:ratio=F (top-k with error feedback)");
+}
+
 // ---------------------------------------------------------------------------------------------
 
 DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& comm, RankContext* ctx,
@@ -189,6 +231,16 @@ void DistributedDataParallel::assign(const BucketAssignment& a) {
     }
     bk.bytes = bk.numel * dtype_size(bucket_dtype());
     bk.buffer = Tensor({bk.numel}, MemCategory::CommBuffers, mem, bucket_dtype(), model_.device());
+    if (casts())  // the hook's 16-bit tensor, all-reduced in the bucket's place
+      bk.compressed = Tensor({bk.numel}, MemCategory::CommBuffers, mem, opt_.comm_hook.kind == CommHook::Fp16 ? DType::F16 : DType::BF16,
+                             model_.device());
+    if (opt_.comm_hook.kind == CommHook::TopK) {
+      bk.topk = std::min<int64_t>(bk.numel, std::max<int64_t>(1, static_cast<int64_t>(std::ceil(opt_.comm_hook.topk_ratio * static_cast<double>(bk.numel)))));
+      bk.topk_values = Tensor({bk.topk}, MemCategory::CommBuffers, mem, DType::F32, model_.device());
+      bk.topk_indices = Tensor({bk.topk}, MemCategory::CommBuffers, mem, DType::I64, model_.device());
+      bk.gathered_values = Tensor({bk.topk * world_}, MemCategory::CommBuffers, mem, DType::F32, model_.device());
+      bk.gathered_indices = Tensor({bk.topk * world_}, MemCategory::CommBuffers, mem, DType::I64, model_.device());
+    }
     bk.names = join_names(model_, bk.params);
     bk.label = ctx_ && ctx_->recorder() ? ctx_->recorder()->intern(bk.names) : -1;
   }
@@ -292,7 +344,9 @@ void DistributedDataParallel::mark_ready(int p) {
   DdpBucket& bk = buckets_[static_cast<size_t>(b)];
   Parameter& prm = model_.parameters()[static_cast<size_t>(p)];
   const int64_t at = bk.offsets[static_cast<size_t>(slot_of_[static_cast<size_t>(p)])];
-  const float scale = 1.0f / static_cast<float>(world_);
+  // A compression hook divides in its own dtype, after the cast (torch's reducer leaves the division
+  // to a registered hook).
+  const float scale = opt_.comm_hook.kind != CommHook::None ? 1.0f : 1.0f / static_cast<float>(world_);
   // Average as it goes in: grad / world_size, then a SUM all-reduce (torch's div_factor). On a GPU
   // this is a kernel on the compute stream behind the layer's backward; the bucket's all-reduce is
   // then ordered after it by an event (the communicator's), not by a host wait. A 16-bit gradient is
@@ -337,7 +391,16 @@ void DistributedDataParallel::launch_ready_buckets() {
     // it, and the Buckets view then shows the bucket launched (its collective's number is the next).
     bk.launched = true;
     record_bucket(EventKind::BucketLaunch, next_launch_, -1, static_cast<int64_t>(comm_.collectives_issued()));
-    bk.work = comm_.all_reduce(bk.buffer.raw(), bk.numel, bk.buffer.dtype(), ReduceOp::Sum);
+    if (casts()) {
+      compress(bk);
+      bk.work = comm_.all_reduce(bk.compressed.raw(), bk.numel, bk.compressed.dtype(), ReduceOp::Sum);
+    } else if (opt_.comm_hook.kind == CommHook::TopK) {
+      sparsify(bk);
+      bk.work = comm_.all_gather(bk.gathered_values.raw(), bk.topk_values.raw(), bk.topk, DType::F32);
+      bk.work2 = comm_.all_gather(bk.gathered_indices.raw(), bk.topk_indices.raw(), bk.topk, DType::I64);
+    } else {
+      bk.work = comm_.all_reduce(bk.buffer.raw(), bk.numel, bk.buffer.dtype(), ReduceOp::Sum);
+    }
     next_launch_++;
   }
 }
@@ -345,11 +408,25 @@ void DistributedDataParallel::launch_ready_buckets() {
 void DistributedDataParallel::shadow_backward() {
   std::vector<Tensor> zeros;
   std::vector<WorkPtr> works;
-  zeros.reserve(buckets_.size());
+  zeros.reserve(4 * buckets_.size());  // (never reallocated: the works read them)
   for (const DdpBucket& bk : buckets_) {
-    zeros.emplace_back(Shape{bk.numel}, MemCategory::CommBuffers, nullptr, bk.buffer.dtype(), model_.device());
+    if (opt_.comm_hook.kind == CommHook::TopK) {  // zeros at index 0: they add nothing
+      zeros.emplace_back(Shape{bk.topk}, MemCategory::CommBuffers, nullptr, DType::F32, model_.device());
+      zeros.back().zero();
+      Tensor& vals = zeros.back();
+      zeros.emplace_back(Shape{bk.topk * world_}, MemCategory::CommBuffers, nullptr, DType::F32, model_.device());
+      works.push_back(comm_.all_gather(zeros.back().raw(), vals.raw(), bk.topk, DType::F32));
+      zeros.emplace_back(Shape{bk.topk}, MemCategory::CommBuffers, nullptr, DType::I64, model_.device());
+      zeros.back().zero();
+      Tensor& idx = zeros.back();
+      zeros.emplace_back(Shape{bk.topk * world_}, MemCategory::CommBuffers, nullptr, DType::I64, model_.device());
+      works.push_back(comm_.all_gather(zeros.back().raw(), idx.raw(), bk.topk, DType::I64));
+      continue;
+    }
+    const DType dt = casts() ? bk.compressed.dtype() : bk.buffer.dtype();  // what the others send
+    zeros.emplace_back(Shape{bk.numel}, MemCategory::CommBuffers, nullptr, dt, model_.device());
     zeros.back().zero();
-    works.push_back(comm_.all_reduce(zeros.back().raw(), bk.numel, bk.buffer.dtype(), ReduceOp::Sum));
+    works.push_back(comm_.all_reduce(zeros.back().raw(), bk.numel, dt, ReduceOp::Sum));
   }
   for (WorkPtr& w : works) w->wait();
 }
@@ -372,15 +449,23 @@ void DistributedDataParallel::finalize_backward() {
       return;
     }
     bk.work->wait();
+    if (bk.work2) bk.work2->wait();
     const WorkTimes t = bk.work->times();
     stats_.comm_seconds += t.model_end - t.model_begin;
     stats_.overlapped_seconds += overlap_of(t.model_begin, t.model_end, stats_.backward_begin, stats_.backward_end);
     stats_.wall_comm_seconds += static_cast<double>(t.wall_end_ns - t.wall_begin_ns) * 1e-9;
-    stats_.bytes += bk.bytes;
+    // What this rank sent: the 16-bit bucket, or its top-k values and indices.
+    const int64_t moved = casts()                                    ? bk.compressed.nbytes()
+                          : opt_.comm_hook.kind == CommHook::TopK ? bk.topk_values.nbytes() + bk.topk_indices.nbytes()
+                                                                  : bk.bytes;
+    stats_.bytes += moved;
+    stats_.uncompressed_bytes += bk.bytes;
+    if (casts()) decompress(bk);
+    if (opt_.comm_hook.kind == CommHook::TopK) densify(bk);
     if (ctx_ && ctx_->recorder()) {
       Event e(EventKind::BucketAllReduce, Lane::Comm, t.wall_begin_ns, t.wall_end_ns, t.model_begin, t.model_end);
       e.bucket = BucketInfo{static_cast<int16_t>(b), static_cast<int16_t>(buckets_.size()), -1, bk.label,
-                            generation_, static_cast<int32_t>(bk.params.size()), bk.bytes, bk.work->seq()};
+                            generation_, static_cast<int32_t>(bk.params.size()), moved, bk.work->seq()};
       ctx_->record(e);
     }
     if (!opt_.gradient_as_bucket_view) copy_back(bk);
@@ -388,6 +473,106 @@ void DistributedDataParallel::finalize_backward() {
   if (generation_ == 0 && opt_.rebuild_buckets && !opt_.find_unused_parameters &&
       ready_order_.size() == model_.parameters().size())
     rebuild_due_ = true;
+}
+
+namespace {
+
+// A bucket's values in float32 on the host (a 16-bit model's widened exactly), and back.
+std::vector<float> host_floats(const Tensor& t, HalfFormat f) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  if (t.dtype() == DType::F32) {
+    t.device().download(v.data(), t.raw(), t.nbytes());
+  } else {
+    std::vector<uint16_t> h(v.size());
+    t.device().download(h.data(), t.raw(), t.nbytes());
+    half_to_floats(v.data(), h.data(), t.numel(), f);
+  }
+  return v;
+}
+
+void store_floats(Tensor& t, const std::vector<float>& v, HalfFormat f) {
+  if (t.dtype() == DType::F32) {
+    t.device().upload(t.raw(), v.data(), t.nbytes());
+  } else {
+    std::vector<uint16_t> h(v.size());
+    half_from_floats(h.data(), v.data(), t.numel(), f);
+    t.device().upload(t.raw(), h.data(), t.nbytes());
+  }
+}
+
+}  // namespace
+
+// torch's _compress_hook: `bucket.buffer().to(dtype).div_(world_size)`, then the all-reduce (a sum),
+// then `bucket.buffer().copy_(result)`. Each step rounds once: the cast, the division (computed in
+// float, rounded to the 16-bit dtype), the ring's sums, and the copy back into a 16-bit bucket of the
+// other format. A GPU's bucket is cast on the host (downloaded, cast, uploaded): these hooks' kernels
+// are not built.
+void DistributedDataParallel::compress(DdpBucket& bk) {
+  const HalfFormat to = opt_.comm_hook.kind == CommHook::Fp16 ? HalfFormat::FP16 : HalfFormat::BF16;
+  const std::vector<float> v = host_floats(bk.buffer, model_.half_format());
+  std::vector<uint16_t> c(v.size());
+  const float w = static_cast<float>(world_);
+  for (size_t k = 0; k < v.size(); k++) c[k] = half_from_float(half_to_float(half_from_float(v[k], to), to) / w, to);
+  model_.device().upload(bk.compressed.raw(), c.data(), bk.compressed.nbytes());
+}
+
+void DistributedDataParallel::decompress(DdpBucket& bk) {
+  const HalfFormat from = opt_.comm_hook.kind == CommHook::Fp16 ? HalfFormat::FP16 : HalfFormat::BF16;
+  store_floats(bk.buffer, host_floats(bk.compressed, from), model_.half_format());
+}
+
+// Top-k with error feedback (Stich et al. 2018's memory, kept in gradient units: a hook sees no
+// learning rate). On the host, as the cast hooks; the error stays float32 whatever the bucket's dtype.
+void DistributedDataParallel::sparsify(DdpBucket& bk) {
+  const auto& ps = model_.parameters();
+  if (error_.empty()) {
+    error_ = Tensor({model_.num_params()}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr, DType::F32, cpu_device());
+    error_.zero();
+  }
+  std::vector<float> v = host_floats(bk.buffer, model_.half_format());
+  float* err = error_.f32();
+  for (size_t s = 0; s < bk.params.size(); s++) {
+    const Parameter& p = ps[static_cast<size_t>(bk.params[s])];
+    for (int64_t i = 0; i < p.numel; i++) v[static_cast<size_t>(bk.offsets[s] + i)] += err[p.offset + i];
+  }
+  std::vector<int64_t> order(static_cast<size_t>(bk.numel));
+  for (int64_t i = 0; i < bk.numel; i++) order[static_cast<size_t>(i)] = i;
+  auto before = [&](int64_t a, int64_t b) {  // larger magnitude first, the lower index on a tie
+    const float x = std::fabs(v[static_cast<size_t>(a)]), y = std::fabs(v[static_cast<size_t>(b)]);
+    return x > y || (x == y && a < b);
+  };
+  std::nth_element(order.begin(), order.begin() + (bk.topk - 1), order.end(), before);
+  std::vector<int64_t> kept(order.begin(), order.begin() + bk.topk);
+  std::sort(kept.begin(), kept.end());
+  std::vector<float> values(kept.size());
+  for (size_t j = 0; j < kept.size(); j++) {
+    values[j] = v[static_cast<size_t>(kept[j])];
+    v[static_cast<size_t>(kept[j])] = 0.0f;  // sent: no longer part of the error
+  }
+  for (size_t s = 0; s < bk.params.size(); s++) {
+    const Parameter& p = ps[static_cast<size_t>(bk.params[s])];
+    for (int64_t i = 0; i < p.numel; i++) err[p.offset + i] = v[static_cast<size_t>(bk.offsets[s] + i)];
+  }
+  Device& dev = model_.device();
+  dev.upload(bk.topk_values.raw(), values.data(), bk.topk_values.nbytes());
+  dev.upload(bk.topk_indices.raw(), kept.data(), bk.topk_indices.nbytes());
+}
+
+void DistributedDataParallel::densify(DdpBucket& bk) {
+  Device& dev = model_.device();
+  std::vector<float> values(static_cast<size_t>(bk.topk * world_));
+  std::vector<int64_t> indices(values.size());
+  dev.download(values.data(), bk.gathered_values.raw(), bk.gathered_values.nbytes());
+  dev.download(indices.data(), bk.gathered_indices.raw(), bk.gathered_indices.nbytes());
+  std::vector<float> sum(static_cast<size_t>(bk.numel), 0.0f);
+  for (size_t j = 0; j < values.size(); j++) {  // rank by rank, each rank's entries in index order
+    const int64_t at = indices[j];
+    DTLAB_CHECK(at >= 0 && at < bk.numel, "a top-k index outside its bucket");
+    sum[static_cast<size_t>(at)] += values[j];
+  }
+  const float w = static_cast<float>(world_);
+  for (float& x : sum) x /= w;
+  store_floats(bk.buffer, sum, model_.half_format());
 }
 
 DType DistributedDataParallel::bucket_dtype() const {

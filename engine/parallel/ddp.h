@@ -77,6 +77,27 @@ std::vector<int64_t> parameter_bytes(const Model& model);
 // "bucket 0: 4.bias, 4.weight (780 B)" per bucket, for printing.
 std::vector<std::string> describe_bucket_assignment(const Model& model, const BucketAssignment& a);
 
+// DDP communication hooks (torch's register_comm_hook; docs/course_sources.md §6e): how each bucket
+// is all-reduced. Fp16 and Bf16 are torch's fp16_compress_hook and bf16_compress_hook: the bucket's
+// sum of gradients cast to the 16-bit dtype, divided there by the world size, all-reduced in 16 bits,
+// and cast back into the bucket, half the bytes of a float32 all-reduce. TopK is top-k
+// sparsification with error feedback (Stich, Cordonnier and Jaggi 2018, "Sparsified SGD with
+// Memory"; docs/course_sources.md §6e): each rank adds its remembered error to the bucket, keeps the
+// ceil(ratio x n) entries of largest magnitude (the lower index first on a tie), remembers the rest
+// as its new error, and all-gathers the kept values (float32) and their indices (int64); every rank
+// then adds every rank's entries into a zeroed bucket and divides by the world size.
+enum class CommHook : uint8_t { None, Fp16, Bf16, TopK };
+struct CommHookSpec {
+  CommHook kind = CommHook::None;
+  double topk_ratio = 0.01;  // TopK: the share of each bucket's entries a rank sends
+  bool operator==(const CommHookSpec&) const = default;
+};
+const char* comm_hook_name(CommHook h);        // "none", "fp16", "bf16", "topk"
+const char* comm_hook_torch_name(CommHook h);  // "allreduce", "fp16_compress_hook", "bf16_compress_hook", "topk (error feedback)"
+std::string comm_hook_text(const CommHookSpec& h);  // what --comm-hook takes: "fp16", "topk:ratio=0.01"
+// dtlab::Error naming the choices for anything else.
+CommHookSpec parse_comm_hook(const std::string& text);
+
 struct DdpOptions {
   int64_t bucket_cap_bytes = kDefaultBucketBytesCap;
   int64_t first_bucket_bytes = kDefaultFirstBucketBytes;
@@ -86,6 +107,7 @@ struct DdpOptions {
   // Sized buckets from iteration 1 instead of torch's single first-iteration bucket (a lab option,
   // labeled as such; older torch releases behaved this way).
   bool sized_first_iteration = false;
+  CommHookSpec comm_hook;  // --comm-hook
 };
 
 struct DdpBucket {
@@ -95,6 +117,11 @@ struct DdpBucket {
   int64_t bytes = 0;
   int64_t size_limit = 0;
   Tensor buffer;                 // CommBuffers: the flat gradients, all-reduced in place
+  Tensor compressed;             // a compression hook's 16-bit copy of `buffer`, all-reduced instead
+  // TopK: this rank's kept values (float32) and indices (int64), and every rank's, all-gathered.
+  Tensor topk_values, topk_indices, gathered_values, gathered_indices;
+  int64_t topk = 0;              // entries each rank sends
+  WorkPtr work2;                 // TopK: the indices' all-gather (`work` gathers the values)
   std::string names;             // "4.bias, 4.weight"
   int32_t label = -1;            // `names` interned in the recorder
   // this backward pass
@@ -111,6 +138,7 @@ struct DdpIterationStats {
   double overlapped_seconds = 0;  // the part of comm_seconds inside [backward_begin, backward_end]
   double wall_comm_seconds = 0;
   int64_t bytes = 0;              // all-reduced this pass
+  int64_t uncompressed_bytes = 0; // what the buckets hold (bytes, but for a compression hook)
   // Share of communication hidden behind backward compute (1 when there was no communication).
   double overlap() const { return comm_seconds > 0 ? overlapped_seconds / comm_seconds : 1.0; }
 };
@@ -177,6 +205,14 @@ class DistributedDataParallel {
   void record_bucket(EventKind kind, int bucket, int param = -1, int64_t seq = -1);  // seq: the all-reduce's, before it exists
   void copy_back(const DdpBucket& bk);
   DType bucket_dtype() const;
+  // A compression hook: the bucket cast into bk.compressed and divided by the world size there
+  // (before its all-reduce), and the all-reduced average cast back into the bucket (after it).
+  void compress(DdpBucket& bk);
+  void decompress(DdpBucket& bk);
+  void sparsify(DdpBucket& bk);    // TopK, before the all-gathers
+  void densify(DdpBucket& bk);     // TopK, after them
+  bool casts() const { return opt_.comm_hook.kind == CommHook::Fp16 || opt_.comm_hook.kind == CommHook::Bf16; }
+  Tensor error_;                   // TopK: the remembered error, float32, flat in parameters() order
 
   Model& model_;
   Communicator& comm_;

@@ -5,6 +5,7 @@
 
 #include "engine/core/check.h"
 #include "engine/core/format.h"
+#include "engine/parallel/ddp.h"
 #include "engine/parallel/memory_plan.h"
 #include "engine/parallel/pipeline.h"
 #include "engine/trace/cost_model.h"
@@ -193,6 +194,13 @@ std::vector<Setting> make_settings() {
                         "DDP: sized buckets in iteration 1 too (torch uses one bucket there unless --find-unused-parameters)", 0, 0,
                         false, "true"),
                     DTLAB_FIELD(ddp.sized_first_iteration)));
+  s.push_back(named(row("--comm-hook", "ddp.comm_hook", T::Choice, G::Ddp, kBoth,
+                        "DDP communication hook (torch's register_comm_hook): none | fp16 | bf16 (fp16_compress_hook, "
+                        "bf16_compress_hook: each bucket cast to 16 bits, divided by the world size, all-reduced, cast back) | "
+                        "topk:ratio=F (top-k sparsification with error feedback: each rank all-gathers its ceil(F n) largest "
+                        "entries and their indices)",
+                        0, 0, false, "fp16"),
+                    DTLAB_FIELD(ddp.comm_hook), comm_hook_text, parse_comm_hook));
   s.push_back(field(row("--find-unused-parameters", "ddp.find_unused_parameters", T::Flag, G::Ddp, kBoth,
                         "DDP marks parameters the forward did not use as ready", 0, 0, false, "true"),
                     DTLAB_FIELD(ddp.find_unused_parameters)));
