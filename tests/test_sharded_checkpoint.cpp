@@ -360,9 +360,10 @@ TEST_SUITE("sharded_checkpoint") {
       int lora;
     };
     const char* gpt = "gpt:layers=2,heads=2,embd=16,ctx=8";
-    std::vector<Case> cases = {{"mlp:2,32,32,32,3", 1, 1, 1, Precision::FP32, 0}, {"mlp:2,32,32,32,3", 2, 2, 1, Precision::BF16, 0},
-                               {gpt, 2, 2, 1, Precision::FP32, 0},                 {gpt, 1, 1, 2, Precision::FP16, 0},
+    std::vector<Case> cases = {{"mlp:2,32,32,32,3", 2, 2, 1, Precision::BF16, 0}, {gpt, 1, 1, 2, Precision::FP16, 0},
                                {gpt, 2, 1, 1, Precision::FP32, 4}};
+    if (!test::quick())  // (the sanitizer runs take the three above: every path, a third of the time)
+      cases.insert(cases.begin(), {{"mlp:2,32,32,32,3", 1, 1, 1, Precision::FP32, 0}, {gpt, 2, 2, 1, Precision::FP32, 0}});
     for (const Case& k : cases) {
       CAPTURE(k.model);
       CAPTURE(k.dp);
