@@ -106,6 +106,7 @@ struct BucketView {
   int generation = 0;
   int64_t bytes = 0;
   int64_t wire_bytes = 0;           // what its last all-reduce moved (half of `bytes` under an fp16/bf16 comm hook)
+  bool gathered = false;            // --comm-hook topk: its collectives are all-gathers of values and indices
   std::vector<BucketParam> params;  // in bucket layout order
   BucketState state = BucketState::Empty;
   int launch_order = -1;      // order launched in this pass (always == index: torch's rule)

@@ -762,6 +762,7 @@ void SnapshotBuilder::ingest_bucket(const TraceRecorder& rec, const Event& e) {
       b.index = e.bucket.bucket;
       b.generation = e.bucket.generation;
       b.bytes = e.bucket.bytes;
+      b.gathered = snap_.config.comm_hook.kind == CommHook::TopK;
       const auto& params = run_.model->parameters();
       for (const std::string& name : split_names(rec.label(e.bucket.label))) {
         BucketParam p;

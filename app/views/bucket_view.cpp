@@ -211,7 +211,8 @@ void draw_row_header(ImDrawList* dl, const BucketView& b, const RowLayout& lay, 
                 static_cast<int>(b.params.size()));
   dl->AddText(ImVec2(tx, p0.y + 1.3f * fs), ImGui::GetColorU32(ImGuiCol_TextDisabled), text);
   if (b.launch_order >= 0)
-    std::snprintf(text, sizeof text, "launch #%d \xC2\xB7 all-reduce #%llu", b.launch_order, static_cast<unsigned long long>(b.seq));
+    std::snprintf(text, sizeof text, "launch #%d \xC2\xB7 %s #%llu", b.launch_order, b.gathered ? "all-gather" : "all-reduce",
+                  static_cast<unsigned long long>(b.seq));
   else
     std::snprintf(text, sizeof text, "not launched yet");
   dl->AddText(ImVec2(tx, p0.y + 2.35f * fs), ImGui::GetColorU32(ImGuiCol_TextDisabled), text);
@@ -313,7 +314,9 @@ void bucket_tooltip(const BucketView& b) {
   ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(bucket_state_color(b.state)), "%s", bucket_state_name(b.state));
   ImGui::SameLine();
   ImGui::TextDisabled("%s", state_meaning(b.state));
-  if (b.launch_order >= 0) ImGui::Text("launched #%d as all-reduce #%llu", b.launch_order, static_cast<unsigned long long>(b.seq));
+  if (b.launch_order >= 0)
+    ImGui::Text("launched #%d as %s #%llu", b.launch_order, b.gathered ? "all-gathers (values, indices) from" : "all-reduce",
+                static_cast<unsigned long long>(b.seq));
   if (b.wire_bytes > 0 && b.wire_bytes != b.bytes)
     ImGui::Text("the comm hook sent %s of it (%.2gx smaller)", human_bytes(b.wire_bytes).c_str(),
                 static_cast<double>(b.bytes) / static_cast<double>(b.wire_bytes));
