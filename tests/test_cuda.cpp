@@ -707,6 +707,34 @@ TEST_CASE("train --device cuda: one rank, and DDP of 4 ranks sharing the GPU, fo
   check_follows_cpu(c, "cuda", "ddp, gradient_as_bucket_view");
 }
 
+TEST_CASE("train --device cuda: DataParallel and tensor parallelism (ranks sharing the GPU) follow the CPU engine step by step") {
+  DTLAB_REQUIRE_CUDA_DEVICE();
+  TrainConfig c;
+  c.model = ModelSpec::parse("mlp:2,32,32,32,32,3");
+  c.steps = 6;
+  c.batch = 16;
+  c.strategy = Strategy::Dp;
+  c.world_size = 4;
+  check_follows_cpu(c, "cuda", "dp, 4 replicas");
+  c.lora.rank = 4;
+  check_follows_cpu(c, "cuda", "dp, LoRA");
+  c.lora.rank = 0;
+  c.strategy = Strategy::Ddp;
+  c.tp = 2;
+  check_follows_cpu(c, "cuda", "ddp 2 x tp 2");
+  c.sequence_parallel = true;
+  c.activation_checkpointing = true;
+  check_follows_cpu(c, "cuda", "ddp 2 x tp 2, sequence parallel, recompute");
+  c.sequence_parallel = c.activation_checkpointing = false;
+  c.strategy = Strategy::Fsdp;
+  check_follows_cpu(c, "cuda", "fsdp 2 x tp 2");
+  c.strategy = Strategy::Pipeline;
+  c.world_size = 4;
+  c.pipeline.stages = 2;
+  c.pipeline.microbatches = 4;
+  check_follows_cpu(c, "cuda", "pipeline 2 x tp 2 (1F1B)");
+}
+
 TEST_CASE("the transformer's ops (LayerNorm, GELU, causal attention, embeddings, adds) match the CPU device") {
   DTLAB_REQUIRE_CUDA_DEVICE();
   auto gpu = gpu0();
@@ -789,7 +817,7 @@ TEST_CASE("the transformer's ops (LayerNorm, GELU, causal attention, embeddings,
   }
 }
 
-TEST_CASE("train --model gpt --device cuda: single, DDP (recomputed, LoRA), FSDP and pipelines follow the CPU engine step by step") {
+TEST_CASE("train --model gpt --device cuda: single, DDP (recomputed, LoRA), DP, TP (+SP), FSDP, pipelines and the 3-D mesh follow the CPU engine step by step") {
   DTLAB_REQUIRE_CUDA_DEVICE();
   TrainConfig c;
   c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=32,ctx=16");
@@ -807,6 +835,17 @@ TEST_CASE("train --model gpt --device cuda: single, DDP (recomputed, LoRA), FSDP
   c.lora.rank = 4;
   check_follows_cpu(c, "cuda", "gpt ddp, LoRA on c_attn");
   c.lora.rank = 0;
+  c.strategy = Strategy::Dp;
+  check_follows_cpu(c, "cuda", "gpt dp, 2 replicas");
+  c.strategy = Strategy::Ddp;
+  c.world_size = 4;
+  c.tp = 2;
+  check_follows_cpu(c, "cuda", "gpt ddp 2 x tp 2 (heads and MLP columns)");
+  c.sequence_parallel = true;
+  check_follows_cpu(c, "cuda", "gpt ddp 2 x tp 2, sequence parallel");
+  c.sequence_parallel = false;
+  c.tp = 1;
+  c.world_size = 2;
   c.strategy = Strategy::Fsdp;
   check_follows_cpu(c, "cuda", "gpt fsdp (full shard), 2 ranks");
   c.strategy = Strategy::Pipeline;
@@ -816,6 +855,11 @@ TEST_CASE("train --model gpt --device cuda: single, DDP (recomputed, LoRA), FSDP
     c.pipeline.schedule = k;
     check_follows_cpu(c, "cuda", std::string("gpt pipeline ") + schedule_kind_flag(k) + ", 2 stages");
   }
+  c.world_size = 8;  // the 3-D mesh: dp 2 x pp 2 x tp 2
+  c.pipeline.dp = 2;
+  c.tp = 2;
+  c.pipeline.schedule = ScheduleKind::OneFOneB;
+  check_follows_cpu(c, "cuda", "gpt mesh dp 2 x pp 2 x tp 2");
 }
 
 TEST_CASE("train --device cuda: every rank's tensors on its GPU, charged to its tracker, and the placement said") {

@@ -12,6 +12,7 @@
 
 #include "engine/core/check.h"
 #include "engine/parallel/data_parallel.h"
+#include "engine/train/compose.h"
 #include "engine/train/device_select.h"
 #include "engine/train/train.h"
 #include "tests/cli_util.h"
@@ -314,18 +315,24 @@ TEST_SUITE("data_parallel") {
     }
   }
 
-  TEST_CASE("dp runs on the CPU by default, whatever GPUs the machine has") {
+  TEST_CASE("dp picks its device as ddp does: the GPUs when there are some, the CPU otherwise") {
     DeviceQuery q;
     q.strategy = Strategy::Dp;
     q.ranks_on_node = 4;
     q.gpus = 8;
     q.cuda_built = q.nccl_built = true;
-    const DeviceChoice c = resolve_device(q);
+    DeviceChoice c = resolve_device(q);
+    CHECK(c.device == "cuda");
+    CHECK(c.backend == "nccl");  // one device per replica, as torch's DataParallel over 4 of the 8 GPUs
+    q.gpus = 1;
+    c = resolve_device(q);
+    CHECK(c.device == "cuda");
+    CHECK(c.backend == "cuda");  // the replicas share the GPU
+    q.gpus = 0;
+    q.no_gpu_reason = "no CUDA device";
+    c = resolve_device(q);
     CHECK(c.device == "cpu");
     CHECK(c.backend == "threads");
-    CHECK(c.why == "cpu: --strategy dp runs on the CPU engine");
-    q.strategy = Strategy::Ddp;
-    CHECK(resolve_device(q).device == "cuda");
   }
 
   TEST_CASE("combinations that make no sense are one sentence, the CLI exits 2") {
@@ -335,8 +342,7 @@ TEST_SUITE("data_parallel") {
     c = dp_config(2, 16, 1);
     c.device = "cuda";
     c.backend = "cuda";
-    CHECK(error_of(c) == "--device cuda with --strategy dp: not built yet, DataParallel runs on the CPU engine; use --device cpu, or "
-                        "--strategy ddp on GPUs");
+    CHECK(feature_refusal(c, Feature::Cuda).empty());  // DataParallel runs on GPUs (test_cuda.cpp follows it there)
     c = dp_config(2, 16, 1);
     c.backend = "socket";
     CHECK(error_of(c).find("so it cannot run one process per rank; use --strategy ddp under dtlab-cli launch") != std::string::npos);

@@ -49,10 +49,12 @@ TEST_SUITE("strategy") {
       CAPTURE(feature_flag(f));
       if (f != Feature::SaveSharded) CHECK(feature_refusal(c, f).empty());  // DDP runs with everything it can hold
     }
-    // A combination's refusal holds whatever the strategy: --tp on the GPU.
+    // A combination's refusal holds whatever the strategy: 16 bits on the GPU.
     c.device = "cuda";
     c.backend = "nccl";
-    CHECK(feature_refusal(c, Feature::TensorParallel).rfind("--tp with --device cuda: not built yet", 0) == 0);
+    CHECK(feature_refusal(c, Feature::TensorParallel).empty());  // TP runs on GPUs
+    c.precision = Precision::BF16;
+    CHECK(feature_refusal(c, Feature::MixedPrecision).rfind("--precision bf16 with --device cuda: not built yet", 0) == 0);
   }
 
   TEST_CASE("validation throws the table's sentence, the first feature the run turns on") {

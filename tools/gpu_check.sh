@@ -34,8 +34,9 @@
 #         b. tests       build-gpu/bin/dtlab_tests -ts=cuda,nccl (doctest's summary line; cases that print
 #                        "skipped: ..." are counted);
 #         c. train-*     dtlab-cli train --device cuda against the same run with --device cpu, 20 steps, for
-#                        single, DDP, every FSDP sharding and every pipeline schedule, and the GPT (gpt-*: single,
-#                        DDP, FSDP, ZB-H1, LoRA under DDP); a row passes when the GPU's final training-set loss (--json summary's
+#                        single, DDP, every FSDP sharding and every pipeline schedule, DataParallel, TP (with DDP,
+#                        and with SP under FSDP), and the GPT (gpt-*: single, DDP, FSDP, ZB-H1, LoRA under DDP, DP,
+#                        TP + SP, the dp x pp x tp mesh); a row passes when the GPU's final training-set loss (--json summary's
 #                        train_loss) equals the CPU's within |gpu - cpu| <= 1e-5 * max(1, |cpu|) (the GPT's 1e-4);
 #         d. bench       build-gpu/bin/dtlab-bench-cuda (GPU step vs CPU step vs PyTorch on the same GPU, ring
 #                        all-reduce busbw), then dtlab-bench-cuda --gemm (mlp:4096,16384,16384,4096 at batch
@@ -698,6 +699,10 @@ step_train() {
     train_row pipe-interleaved "$pipe --schedule interleaved --chunks 2"
     train_row pipe-zb-h1 "$pipe --schedule zb-h1"
   fi
+  # DataParallel (one process, replicas sharing the GPU) and Megatron TP on the GPU.
+  train_row dp4 "--strategy dp --world 4"
+  train_row tp2-ddp2 "--strategy ddp --world 4 --tp 2"
+  ((quick)) || train_row tp2-sp-fsdp2 "--strategy fsdp --world 4 --tp 2 --sequence-parallel"
   # The GPT (engine/cuda/gpt_kernels.cu): its softmaxes, LayerNorms and GELU (erff against the CPU's
   # vectorised erf) round differently from the CPU's loops, so its rows allow 1e-4 of the loss.
   local gpt="--model gpt:layers=2,heads=4,embd=64,ctx=32 --data text"
@@ -706,6 +711,13 @@ step_train() {
   ((quick)) || train_row gpt-fsdp2 "$gpt --strategy fsdp --world 2 --sharding full" "" 1e-4
   ((quick)) || train_row gpt-pipe-zb-h1 "$gpt --strategy pipeline --stages 2 --microbatches 4 --schedule zb-h1" "" 1e-4
   ((quick)) || train_row gpt-lora-ddp2 "$gpt --strategy ddp --world 2 --lora-rank 4" "" 1e-4
+  # Plain SGD for the layouts below: under AdamW a near-zero gradient's rounding becomes a whole lr step, so
+  # even two CPU runs that are equal in exact arithmetic (ddp 2 against ddp 2 x tp 2, or DataParallel)
+  # end 20 steps up to 1.5e-3 apart; SGD's update is linear in the gradient, and they agree to every digit.
+  local sgd="--optimizer sgd --lr 0.1"
+  ((quick)) || train_row gpt-dp2 "$gpt $sgd --strategy dp --world 2" "" 1e-4
+  train_row gpt-tp2-sp "$gpt $sgd --strategy ddp --world 4 --tp 2 --sequence-parallel" "" 1e-4
+  ((quick)) || train_row gpt-mesh-2x2x2 "$gpt $sgd --strategy pipeline --dp 2 --stages 2 --tp 2 --microbatches 4 --schedule 1f1b" "" 1e-4
 }
 
 # bench NAME WANT_SECONDS [bench flags...]

@@ -19,8 +19,6 @@ struct Combination {
 };
 
 const Combination kCombinations[] = {
-    {Feature::TensorParallel, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
-     "the tensor-parallel shards run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
     {Feature::MixedPrecision, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
      "the 16-bit kernels run on the CPU engine", "use --device cpu (threads, or dtlab-cli launch)", true},
     {Feature::SequenceParallel, "--strategy pipeline and an mlp model",

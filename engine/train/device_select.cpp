@@ -21,15 +21,13 @@ DeviceChoice resolve_device(const DeviceQuery& q) {
   const bool gpu_backend = q.backend == "cuda" || q.backend == "nccl";
   const std::string ranks = plural(q.ranks_on_node, "rank", "ranks"), gpus = plural(q.gpus, "GPU", "GPUs");
 
-  // The device. DataParallel (dp) runs on the CPU engine only: by default there, whatever the GPUs.
-  const bool cpu_only = q.strategy == Strategy::Dp && !c.launched;
-  if (q.device == "cpu" || (q.device.empty() && !gpu_backend && (q.gpus == 0 || !q.cuda_built || cpu_only))) {
+  // The device: a GPU when there is one and the build runs it, for every strategy.
+  if (q.device == "cpu" || (q.device.empty() && !gpu_backend && (q.gpus == 0 || !q.cuda_built))) {
     if (gpu_backend)
       throw Error("--backend " + q.backend + " moves device memory; add --device cuda, or use --backend threads on the CPU");
     c.device = "cpu";
     c.backend = c.launched ? "socket" : "threads";
     c.why = q.device == "cpu" ? "cpu, as asked"
-            : cpu_only ? "cpu: --strategy dp runs on the CPU engine"
             : !q.cuda_built ? "cpu: this build has no CUDA engine"
                             : "cpu: " + q.no_gpu_reason;
     return c;

@@ -52,7 +52,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*Accumulation*/ kOk,
          /*ManyRanks*/ kOk,
          /*Launch*/ no("torch.nn.DataParallel drives every device from one process, so it cannot run one process per rank", "use --strategy ddp under dtlab-cli launch"),
-         /*Cuda*/ todo("DataParallel runs on the CPU engine", "use --device cpu, or --strategy ddp on GPUs"),
+         /*Cuda*/ kOk,
          /*SaveSharded*/ no("torch.nn.DataParallel keeps its one module in one process, which --save writes whole",
                             "use --save for one full checkpoint, or --strategy ddp"),
          /*SkipLayer*/ kSkipIsDdps,

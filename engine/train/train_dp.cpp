@@ -49,9 +49,10 @@ class DataParallelRank final : public RankStrategy {
   explicit DataParallelRank(const RankEnv& env)
       : t_(env.trainer), c_(t_.config_), env_(env), model_(*t_.models_[static_cast<size_t>(env.rank)]),
         dp_(model_, *env.comm, env.ctx), module_(dp_.is_module()), G_(c_.batch * c_.world_size),
-        sizes_(t_.dataset().n, G_, c_.drop_last) {
-    // On the CPU (dp's only device) the rank's context times the ops; the trainer made it the
-    // model's observer already.
+        sizes_(t_.dataset().n, G_, c_.drop_last), model_obs_(model_.observer()) {
+    // The rank's observer times the replica's ops: the context on the CPU, the device's timer (events
+    // on the stream) on a GPU.
+    model_.set_observer(env.obs);
     model_.set_layer_gate(env.ctx);  // a stepped run pauses before each layer of this rank's replica
     if (!module_) return;
     // Loss rows per sample: 1, or a GPT's T positions (C its vocabulary).
@@ -68,8 +69,18 @@ class DataParallelRank final : public RankStrategy {
     probs_ = Tensor({G_ * R, C}, MemCategory::Activations, &env.mem, DType::F32, env.dev);
     dlogits_ = Tensor({G_ * R, C}, MemCategory::Activations, &env.mem, DType::F32, env.dev);
     loss_stats_ = Tensor({kLossStatsDoubles}, MemCategory::Other, nullptr, DType::F64, env.dev);
+    // On a GPU the one process's batch is uploaded to device 0 before scatter (torch's DataParallel
+    // takes it from the host too: scatter copies each piece to its device); the CPU reads the loader's rows.
+    if (!env.dev.is_host()) {
+      x_dev_ = c_.model.is_gpt() ? Tensor({G_ * R}, MemCategory::Activations, &env.mem, DType::I64, env.dev)
+                                 : Tensor({G_, c_.model.in_features()}, MemCategory::Activations, &env.mem, DType::F32, env.dev);
+      y_dev_ = Tensor({G_ * R}, MemCategory::Activations, &env.mem, DType::I64, env.dev);
+    }
   }
-  ~DataParallelRank() override { model_.set_layer_gate(nullptr); }
+  ~DataParallelRank() override {
+    model_.set_observer(model_obs_);
+    model_.set_layer_gate(nullptr);
+  }
 
   int64_t micro_batches() const override { return c_.accum; }
 
@@ -96,6 +107,18 @@ class DataParallelRank final : public RankStrategy {
       x = batch.x.data();
       tok = batch.tok.data();
       y = batch.y.data();
+      if (x_dev_.raw() != nullptr) {  // a GPU: device 0 holds the batch
+        Device& dev = env_.dev;
+        if (gpt) {
+          dev.upload(x_dev_.raw(), tok, rows * static_cast<int64_t>(sizeof(int64_t)));
+          tok = x_dev_.i64();
+        } else {
+          dev.upload(x_dev_.raw(), x, B * D * static_cast<int64_t>(sizeof(float)));
+          x = x_dev_.f32();
+        }
+        dev.upload(y_dev_.raw(), y, rows * static_cast<int64_t>(sizeof(int64_t)));
+        y = y_dev_.i64();
+      }
     }
     // A GPT's module scatters whole samples (their token ids) and gathers their logits, T rows each.
     const float* logits = gpt ? dp_.forward_tokens(module_ ? tok : nullptr, B) : dp_.forward(x, B);
@@ -193,8 +216,10 @@ class DataParallelRank final : public RankStrategy {
   GradClipResult clip_;                 // --clip-grad-norm: this step's, on the module's rank
   float scale_ = 0;
   bool skipped_ = false;
+  ComputeObserver* model_obs_;  // the model's observer before this strategy set its own
   std::unique_ptr<RankBatches> data_;
   Tensor probs_, dlogits_, loss_stats_;
+  Tensor x_dev_, y_dev_;  // a GPU's copy of rank 0's batch (inputs or tokens, and targets)
   double reduce_s_ = 0, overlapped_s_ = 0, overlap_sum_ = 0;
   int64_t overlap_n_ = 0;
 };
