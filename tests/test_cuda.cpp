@@ -688,6 +688,81 @@ void check_follows_cpu(TrainConfig c, const std::string& backend, const std::str
 
 }  // namespace
 
+TEST_CASE("16-bit tensors on the GPU: widen, narrow, round, add and the finite check equal half.h bit for bit") {
+  DTLAB_REQUIRE_CUDA_DEVICE();
+  auto gpu = gpu0();
+  Device& cpu = cpu_device();
+  // Random values over many binades, and the cases rounding gets wrong: ties, fp16's overflow edge,
+  // subnormals, the smallest values, infinities and NaN.
+  std::vector<float> x = random_floats(20000, 21, 4.0f);
+  for (size_t i = 0; i < x.size(); i += 7) x[i] = std::ldexp(x[i], static_cast<int>(i % 61) - 40);
+  for (float v : {0.0f, -0.0f, 1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 65504.0f, 65519.0f, 65520.0f, -65536.0f, 5.96e-8f, 2.98e-8f,
+                  2.99e-8f, 1e-45f, 6.1e-5f, 3.4e38f, INFINITY, -INFINITY, NAN})
+    x.push_back(v);
+  const int64_t n = static_cast<int64_t>(x.size());
+  for (HalfFormat f : {HalfFormat::BF16, HalfFormat::FP16}) {
+    CAPTURE(half_format_name(f));
+    std::vector<uint16_t> want(x.size()), got(x.size());
+    half_from_floats(want.data(), x.data(), n, f);
+    Tensor gx = on_device(x, *gpu);
+    Tensor gh({n}, MemCategory::Other, nullptr, DType::BF16, *gpu);
+    gpu->narrow_half(gh.u16(), gx.f32(), n, f);
+    gpu->download(got.data(), gh.raw(), gh.nbytes());
+    CHECK(std::memcmp(got.data(), want.data(), got.size() * 2) == 0);  // narrow: every bit, NaN's pattern too
+    std::vector<float> wide(x.size()), gwide;
+    half_to_floats(wide.data(), want.data(), n, f);
+    Tensor gw = on_device(x, *gpu);
+    gpu->widen_half(gw.f32(), gh.u16(), n, f);
+    gwide = on_host(gw);
+    CHECK(std::memcmp(gwide.data(), wide.data(), wide.size() * 4) == 0);  // widen: exact
+    Tensor gr = on_device(x, *gpu);
+    gpu->round_half(gr.f32(), n, f);
+    std::vector<float> rounded = x;
+    cpu.round_half(rounded.data(), n, f);
+    CHECK(std::memcmp(on_host(gr).data(), rounded.data(), rounded.size() * 4) == 0);
+    // acc + x and max(acc, x) in float, rounded once.
+    for (bool max : {false, true}) {
+      std::vector<uint16_t> acc(want.rbegin(), want.rend()), gacc(acc.size());
+      Tensor ga = on_device(acc.data(), {n}, *gpu, DType::BF16);
+      cpu.accumulate_half(acc.data(), want.data(), n, max, f);
+      gpu->accumulate_half(ga.u16(), gh.u16(), n, max, f);
+      gpu->download(gacc.data(), ga.raw(), ga.nbytes());
+      CHECK_MESSAGE(std::memcmp(gacc.data(), acc.data(), acc.size() * 2) == 0, (max ? "max" : "sum"));
+    }
+    CHECK_FALSE(gpu->half_all_finite(gh.u16(), n, f));      // holds inf and NaN
+    CHECK(gpu->half_all_finite(gh.u16(), n - 3, f) == cpu.half_all_finite(want.data(), n - 3, f));
+    CHECK(gpu->half_all_finite(gh.u16(), 0, f));
+  }
+}
+
+TEST_CASE("cuda backend: bf16 and fp16 all-reduces equal the threads backend bit for bit (each sum in float, rounded once)") {
+  DTLAB_REQUIRE_CUDA_DEVICE();
+  for (DType dt : {DType::BF16, DType::F16}) {
+    const HalfFormat f = dt == DType::BF16 ? HalfFormat::BF16 : HalfFormat::FP16;
+    for (int n : {2, 3, 4}) {
+      CAPTURE(n);
+      const int64_t count = 5000;
+      auto program = [&](RankWorld& w) {
+        std::vector<std::vector<uint16_t>> out(static_cast<size_t>(n));
+        w.run([&](int r, Communicator& c, RankContext&, Device& dev) {
+          std::vector<float> v = random_floats(static_cast<size_t>(count), 40 + r, 3.0f);
+          std::vector<uint16_t> h(v.size());
+          half_from_floats(h.data(), v.data(), count, f);
+          Tensor t({count}, MemCategory::CommBuffers, nullptr, dt, dev);
+          dev.upload(t.raw(), h.data(), t.nbytes());
+          c.all_reduce(t.raw(), count, dt, ReduceOp::Sum)->wait();
+          dev.download(h.data(), t.raw(), t.nbytes());
+          out[static_cast<size_t>(r)] = h;
+        });
+        return out;
+      };
+      const auto want = program(*make_threads_world(n, quiet_options()));
+      const auto got = program(*cuda::make_cuda_world(n, quiet_options()));
+      for (int r = 0; r < n; r++) CHECK(got[size_t(r)] == want[size_t(r)]);
+    }
+  }
+}
+
 TEST_CASE("train --device cuda: one rank, and DDP of 4 ranks sharing the GPU, follow the CPU engine step by step") {
   DTLAB_REQUIRE_CUDA_DEVICE();
   TrainConfig c;
@@ -733,6 +808,95 @@ TEST_CASE("train --device cuda: DataParallel and tensor parallelism (ranks shari
   c.pipeline.stages = 2;
   c.pipeline.microbatches = 4;
   check_follows_cpu(c, "cuda", "pipeline 2 x tp 2 (1F1B)");
+}
+
+namespace {
+
+// A 16-bit run on the GPU against the same run on the CPU engine: every step's loss within
+// torch.testing.assert_close's tolerance for the dtype (bf16 rtol 1.6e-2, fp16 1e-3; the GEMMs sum in
+// another order, and a 16-bit rounding can then land one unit apart), and the fp16 loss scaler's
+// skips on the same steps.
+void check_follows_cpu16(TrainConfig c, const std::string& what) {
+  const double rtol = c.precision == Precision::BF16 ? 1.6e-2 : 1e-3;
+  auto run = [&](const std::string& device) {
+    c.device = device;
+    c.backend = device == "cuda" ? "cuda" : "threads";
+    std::vector<StepReport> steps;
+    Trainer t(c);
+    t.run([&](const StepReport& r) { steps.push_back(r); });
+    return steps;
+  };
+  const std::vector<StepReport> cpu = run("cpu"), gpu = run("cuda");
+  REQUIRE(gpu.size() == cpu.size());
+  for (size_t i = 0; i < cpu.size(); i++) {
+    CAPTURE(what);
+    CAPTURE(i + 1);
+    CHECK(std::isfinite(gpu[i].loss) == std::isfinite(cpu[i].loss));
+    if (std::isfinite(cpu[i].loss)) CHECK(std::fabs(gpu[i].loss - cpu[i].loss) <= 1e-5 + rtol * std::fabs(cpu[i].loss));
+    CHECK(gpu[i].step_skipped == cpu[i].step_skipped);
+    CHECK(gpu[i].loss_scale == cpu[i].loss_scale);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("train --precision bf16/fp16 --device cuda: single and DDP (+LoRA, recompute, TP, the fp16 scaler) follow the CPU engine") {
+  DTLAB_REQUIRE_CUDA_DEVICE();
+  TrainConfig c;
+  c.model = ModelSpec::parse("mlp:2,32,32,32,32,3");
+  c.steps = 8;
+  c.batch = 16;
+  c.optimizer = default_optimizer_config(OptimizerKind::SGD);
+  c.optimizer.lr = 0.1;
+  for (Precision p : {Precision::BF16, Precision::FP16}) {
+    c.precision = p;
+    const std::string dt = precision_name(p);
+    c.strategy = Strategy::Single;
+    c.world_size = 1;
+    check_follows_cpu16(c, dt + " single");
+    c.strategy = Strategy::Ddp;
+    c.world_size = 2;
+    check_follows_cpu16(c, dt + " ddp 2");
+    c.activation_checkpointing = true;
+    c.lora.rank = 4;
+    check_follows_cpu16(c, dt + " ddp 2, LoRA, recompute");
+    c.activation_checkpointing = false;
+    c.lora.rank = 0;
+    c.world_size = 4;
+    c.tp = 2;
+    check_follows_cpu16(c, dt + " ddp 2 x tp 2");
+    c.sequence_parallel = true;
+    check_follows_cpu16(c, dt + " ddp 2 x tp 2, sequence parallel");
+    c.sequence_parallel = false;
+    c.tp = 1;
+    c.world_size = 2;
+  }
+  c.precision = Precision::FP16;  // an overflow the scaler must skip, on both devices
+  c.inject_overflow_steps = {3};
+  check_follows_cpu16(c, "fp16 ddp 2, overflow at step 3");
+  c.inject_overflow_steps.clear();
+  c.ddp.gradient_as_bucket_view = true;
+  check_follows_cpu16(c, "fp16 ddp 2, gradient_as_bucket_view");
+  c.ddp.gradient_as_bucket_view = false;
+
+  c = TrainConfig();  // the GPT: every op widened, run in float32 and rounded once, on the GPU
+  c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=32,ctx=16");
+  c.data = "text";
+  c.steps = 6;
+  c.batch = 8;
+  c.optimizer = default_optimizer_config(OptimizerKind::SGD);
+  c.optimizer.lr = 0.1;
+  c.precision = Precision::BF16;
+  check_follows_cpu16(c, "gpt bf16 single");
+  c.strategy = Strategy::Ddp;
+  c.world_size = 2;
+  c.lora.rank = 4;
+  check_follows_cpu16(c, "gpt bf16 ddp 2, LoRA");
+  c.lora.rank = 0;
+  c.world_size = 4;
+  c.tp = 2;
+  c.sequence_parallel = true;
+  check_follows_cpu16(c, "gpt bf16 ddp 2 x tp 2, sequence parallel");
 }
 
 TEST_CASE("the transformer's ops (LayerNorm, GELU, causal attention, embeddings, adds) match the CPU device") {

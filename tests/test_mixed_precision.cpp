@@ -279,12 +279,16 @@ TEST_CASE("GradScaler: torch's update rules (backoff 0.5 at once, growth 2 after
 }
 
 TEST_CASE("mixed precision refuses what it does not run with, in one sentence") {
-  // The 16-bit kernels are the CPU engine's: a GPU run is refused (dtlab-cli launch on the CPU runs).
+  // On a GPU, single and DDP run in 16 bits; FSDP's, a pipeline's and DataParallel's conversions are
+  // the host's still (dtlab-cli launch on the CPU runs).
   TrainConfig c = mixed("ddp", 2, Precision::FP16, 2);
   c.device = "cuda";
+  CHECK(feature_refusal(c, Feature::MixedPrecision).empty());
+  c.strategy = Strategy::Pipeline;
   CHECK(feature_refusal(c, Feature::MixedPrecision) ==
-        "--precision fp16 with --device cuda: not built yet, the 16-bit kernels run on the CPU engine; use --device cpu "
-        "(threads, or dtlab-cli launch)");
+        "--precision fp16 with --device cuda and --strategy fsdp, pipeline or dp: not built yet, their 16-bit shards, stages and "
+        "replicas are converted on the host; use --strategy single or ddp on GPUs, or --device cpu");
+  c.strategy = Strategy::Ddp;
   c.device = "cpu";
   c.launched = true;
   CHECK(feature_refusal(c, Feature::MixedPrecision).empty());

@@ -54,7 +54,9 @@ TEST_SUITE("strategy") {
     c.backend = "nccl";
     CHECK(feature_refusal(c, Feature::TensorParallel).empty());  // TP runs on GPUs
     c.precision = Precision::BF16;
-    CHECK(feature_refusal(c, Feature::MixedPrecision).rfind("--precision bf16 with --device cuda: not built yet", 0) == 0);
+    CHECK(feature_refusal(c, Feature::MixedPrecision).empty());  // DDP in 16 bits on GPUs
+    c.strategy = Strategy::Fsdp;
+    CHECK(feature_refusal(c, Feature::MixedPrecision).rfind("--precision bf16 with --device cuda and --strategy fsdp, pipeline or dp: not built yet", 0) == 0);
   }
 
   TEST_CASE("validation throws the table's sentence, the first feature the run turns on") {

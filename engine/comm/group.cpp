@@ -259,7 +259,8 @@ class GroupComm : public Communicator {
  private:
   // float32 and the 16-bit dtypes (mixed-precision HYBRID_SHARD); copies also int64 (DDP all-gathers
   // its int64 parameter check). A 16-bit sum is the threads backend's (reduce_kernels.h: each addition
-  // in float, rounded once), on host memory; avg is float32's only, as on the world communicators.
+  // in float, rounded once), by the rank's device (Device::accumulate_half); avg is float32's only, as on the
+  // world communicators.
   void check(DType dt, Algorithm algo, CollectiveOp op, ReduceOp reduce = ReduceOp::Sum) const {
     const bool copy = op == CollectiveOp::AllGather || op == CollectiveOp::Broadcast || op == CollectiveOp::AllToAll;
     const bool half = dt == DType::BF16 || dt == DType::F16;
@@ -268,9 +269,6 @@ class GroupComm : public Communicator {
                   (copy ? " and int64" : ""));
     if (half && !copy && reduce == ReduceOp::Avg)
       throw Error(std::string("avg is defined for float32 only; reduce ") + dtype_word(dt) + " with sum or max");
-    if (half && !copy && !dev_.is_host())
-      throw Error(std::string("process-group ") + collective_name(op) + " of " + dtype_word(dt) +
-                  " adds on the CPU engine only; reduce float32 on a GPU");
     if (algo != Algorithm::Default && algo != Algorithm::Ring)
       throw Error(std::string("process-group ") + collective_name(op) + " runs the ring algorithm only, not " +
                   algorithm_name(algo));
@@ -405,8 +403,8 @@ class GroupComm : public Communicator {
   void reduce_into(void* acc, const void* x, int64_t n, DType dt, ReduceOp op) {
     if (dt == DType::F32)
       return dev_.accumulate(static_cast<float*>(acc), static_cast<const float*>(x), n, op == ReduceOp::Max);
-    if (dt == DType::BF16) return dtlab::reduce_into(static_cast<Bf16Bits*>(acc), static_cast<const Bf16Bits*>(x), n, op);
-    dtlab::reduce_into(static_cast<Fp16Bits*>(acc), static_cast<const Fp16Bits*>(x), n, op);
+    dev_.accumulate_half(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(x), n, op == ReduceOp::Max,
+                         dt == DType::BF16 ? HalfFormat::BF16 : HalfFormat::FP16);
   }
 
   // Sends are eager on every backend (see communicator.h), so send-then-receive never deadlocks.

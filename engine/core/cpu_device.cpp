@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "engine/core/device.h"
 #include "engine/core/gpt_ops.h"
@@ -36,6 +37,19 @@ class CpuDevice final : public Device {
   }
   void upload(void* dst, const void* src, int64_t bytes) override { copy(dst, src, bytes); }
   void download(void* dst, const void* src, int64_t bytes) override { copy(dst, src, bytes); }
+
+  void widen_half(float* dst, const uint16_t* src, int64_t n, HalfFormat f) override { half_to_floats(dst, src, n, f); }
+  void narrow_half(uint16_t* dst, const float* src, int64_t n, HalfFormat f) override { half_from_floats(dst, src, n, f); }
+  void round_half(float* x, int64_t n, HalfFormat f) override {
+    for (int64_t i = 0; i < n; i++) x[i] = round_to_half(x[i], f);
+  }
+  void accumulate_half(uint16_t* acc, const uint16_t* x, int64_t n, bool max, HalfFormat f) override {
+    for (int64_t i = 0; i < n; i++) {  // as engine/comm/reduce_kernels.h's reduce_half
+      const float a = half_to_float(acc[i], f), b = half_to_float(x[i], f);
+      acc[i] = half_from_float(max ? std::max(a, b) : a + b, f);
+    }
+  }
+  bool half_all_finite(const uint16_t* x, int64_t n, HalfFormat f) override { return dtlab::half_all_finite(x, n, f); }
 
   void scale(float* x, int64_t n, float s) override {
     for (int64_t i = 0; i < n; i++) x[i] *= s;
@@ -124,6 +138,20 @@ class CpuDevice final : public Device {
 Device& cpu_device() {
   static CpuDevice dev;
   return dev;
+}
+
+void upload_half(Device& dev, uint16_t* dst, const float* host, int64_t n, HalfFormat f) {
+  if (dev.is_host()) return half_from_floats(dst, host, n, f);
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  half_from_floats(bits.data(), host, n, f);
+  dev.upload(dst, bits.data(), n * static_cast<int64_t>(sizeof(uint16_t)));
+}
+
+void download_half(const Device& dev, float* host, const uint16_t* src, int64_t n, HalfFormat f) {
+  if (dev.is_host()) return half_to_floats(host, src, n, f);
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  const_cast<Device&>(dev).download(bits.data(), src, n * static_cast<int64_t>(sizeof(uint16_t)));
+  half_to_floats(host, bits.data(), n, f);
 }
 
 }  // namespace dtlab

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/core/half.h"
 #include "engine/core/observer.h"
 #include "engine/core/optim_math.h"
 
@@ -53,6 +54,15 @@ class Device {
   // Makes this device the calling thread's (a GPU's current device is per host thread): every thread
   // that enqueues work for a rank calls it first (the rank's own, its process groups' executor).
   virtual void bind_thread() {}
+
+  // ---- 16-bit tensors (--precision bf16/fp16): engine/core/half.h's conversions, bit for bit ----
+  virtual void widen_half(float* dst, const uint16_t* src, int64_t n, HalfFormat f) = 0;   // exact
+  virtual void narrow_half(uint16_t* dst, const float* src, int64_t n, HalfFormat f) = 0;  // nearest, ties to even
+  virtual void round_half(float* x, int64_t n, HalfFormat f) = 0;  // x = round_to_half(x): what 16 bits keep
+  // acc = acc + x, or max(acc, x), each element in float and rounded once (reduce_kernels.h's reduce_half).
+  virtual void accumulate_half(uint16_t* acc, const uint16_t* x, int64_t n, bool max, HalfFormat f) = 0;
+  // Whether every element is finite (GradScaler's found_inf); the host waits for the answer.
+  virtual bool half_all_finite(const uint16_t* x, int64_t n, HalfFormat f) = 0;
 
   // ---- element-wise ----
   virtual void scale(float* x, int64_t n, float s) = 0;                         // x *= s
@@ -115,6 +125,10 @@ class Device {
   // The device's own used and total bytes (cudaMemGetInfo: every context on it); false on the CPU.
   virtual bool memory_info(int64_t& used, int64_t& total) const { return false; }
 };
+
+// Host float32 values into 16-bit tensors on `dev` and back: rounded on the host (half.h), then copied.
+void upload_half(Device& dev, uint16_t* dst, const float* host, int64_t n, HalfFormat f);
+void download_half(const Device& dev, float* host, const uint16_t* src, int64_t n, HalfFormat f);
 
 // The one CPU device (stateless; every CPU rank shares it).
 Device& cpu_device();

@@ -47,7 +47,6 @@ GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, Gp
 void GptCore::set_precision(Precision p) {
   const DType want = p == Precision::BF16 ? DType::BF16 : p == Precision::FP16 ? DType::F16 : DType::F32;
   if (want == adt_) return;
-  DTLAB_CHECK(dev_.is_host(), "a GPT's 16-bit layers run on the host");
   release();
   adt_ = want;
   hf_ = half_format_of(p);
@@ -80,7 +79,7 @@ GptCore::F32 GptCore::rd(const void* p, int64_t n) {
   if (!half() || !p) return F32(nullptr, -1, static_cast<float*>(const_cast<void*>(p)), nullptr, 0);
   const int slot = claim(n);
   float* f = pool_[static_cast<size_t>(slot)].f32();
-  half_to_floats(f, static_cast<const uint16_t*>(p), n, hf_);
+  dev_.widen_half(f, static_cast<const uint16_t*>(p), n, hf_);
   return F32(this, slot, f, nullptr, n);
 }
 
@@ -94,12 +93,12 @@ GptCore::F32 GptCore::acc(void* p, int64_t n) {
   if (!half() || !p) return F32(nullptr, -1, static_cast<float*>(p), nullptr, 0);
   const int slot = claim(n);
   float* f = pool_[static_cast<size_t>(slot)].f32();
-  half_to_floats(f, static_cast<const uint16_t*>(p), n, hf_);
+  dev_.widen_half(f, static_cast<const uint16_t*>(p), n, hf_);
   return F32(this, slot, f, p, n);
 }
 
 void GptCore::finish(int slot, float* f, void* back, int64_t n) {
-  if (back) half_from_floats(static_cast<uint16_t*>(back), f, n, hf_);  // rounded once
+  if (back) dev_.narrow_half(static_cast<uint16_t*>(back), f, n, hf_);  // rounded once
   busy_[static_cast<size_t>(slot)] = 0;
 }
 
@@ -247,7 +246,7 @@ const float* GptCore::attention(int l, int64_t b, int64_t h) const {
   const int64_t TT = s_.ctx * s_.ctx, first = (b * H + mine) * TT;
   if (!half()) return att_[local(l)].f32() + first;
   att_view_.resize(static_cast<size_t>(TT));
-  half_to_floats(att_view_.data(), att_[local(l)].u16() + first, TT, hf_);
+  download_half(dev_, att_view_.data(), att_[local(l)].u16() + first, TT, hf_);
   return att_view_.data();
 }
 
@@ -397,7 +396,7 @@ const void* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int6
     // Under sequence parallelism every rank's positions are gathered first: the logits are whole.
     const void* a = sp() ? seq_gather(lnf_full_.raw(), lnf_.raw(), C, L + 1) : lnf_.raw();
     dev_.linear_forward(wr(logits_), rd(a, BT * C), pw(w(head_)), nullptr, BT, C, V);  // lm_head, tied
-    if (half()) half_to_floats(logits32_.f32(), logits_.u16(), BT * V, hf_);  // output.float(): the loss in float32
+    if (half()) dev_.widen_half(logits32_.f32(), logits_.u16(), BT * V, hf_);  // output.float(): the loss in float32
   }
   if (hooks) hooks->after_forward(L + 1);
   drop_scratch();
@@ -450,7 +449,7 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
   // without the head receives its output's gradient in the layers' dtype.
   const void* dlogits = dlogits_in;
   if (half() && r_.heads(s_)) {
-    half_from_floats(dlogits16_.u16(), static_cast<const float*>(dlogits_in), BT * V, hf_);
+    dev_.narrow_half(dlogits16_.u16(), static_cast<const float*>(dlogits_in), BT * V, hf_);
     dlogits = dlogits16_.raw();
   }
   void* dres = dres_.raw();

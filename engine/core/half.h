@@ -8,6 +8,14 @@
 #include <cstdint>
 #include <cstring>
 
+// The element conversions below compile for the host and, in engine/cuda's kernels, for the device:
+// one definition of every rounding, so a GPU's 16-bit tensors hold the CPU's bits.
+#if defined(__CUDACC__)
+#define DTLAB_HD __host__ __device__
+#else
+#define DTLAB_HD
+#endif
+
 namespace dtlab {
 
 enum class HalfFormat : uint8_t { BF16, FP16 };
@@ -30,25 +38,33 @@ struct Fp16Bits {
   uint16_t bits;
 };
 
-inline uint32_t float_bits(float f) {
+DTLAB_HD inline uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return u;
+#endif
 }
-inline float bits_float(uint32_t u) {
+DTLAB_HD inline float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
+#endif
 }
 
-inline uint16_t bf16_from_float(float f) {
+DTLAB_HD inline uint16_t bf16_from_float(float f) {
   const uint32_t u = float_bits(f);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0xFFFF;  // NaN
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
-inline float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+DTLAB_HD inline float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
-inline uint16_t fp16_from_float(float f) {
+DTLAB_HD inline uint16_t fp16_from_float(float f) {
   const uint32_t u = float_bits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7FFFFFFFu;
@@ -67,7 +83,7 @@ inline uint16_t fp16_from_float(float f) {
   if (rem > half || (rem == half && (k & 1u))) k++;
   return static_cast<uint16_t>(sign | k);  // k = 0x400 is the smallest normal, as it should be
 }
-inline float fp16_to_float(uint16_t h) {
+DTLAB_HD inline float fp16_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
   if (e == 0x1F) return bits_float(sign | 0x7F800000u | (m << 13));  // inf, NaN
@@ -76,15 +92,15 @@ inline float fp16_to_float(uint16_t h) {
   return bits_float(sign | float_bits(static_cast<float>(m) * 5.9604644775390625e-8f));
 }
 
-inline uint16_t half_from_float(float f, HalfFormat fmt) {
+DTLAB_HD inline uint16_t half_from_float(float f, HalfFormat fmt) {
   return fmt == HalfFormat::BF16 ? bf16_from_float(f) : fp16_from_float(f);
 }
-inline float half_to_float(uint16_t h, HalfFormat fmt) {
+DTLAB_HD inline float half_to_float(uint16_t h, HalfFormat fmt) {
   return fmt == HalfFormat::BF16 ? bf16_to_float(h) : fp16_to_float(h);
 }
 // The float nearest a value that 16 bits can hold: what storing `f` in the format keeps.
-inline float round_to_half(float f, HalfFormat fmt) { return half_to_float(half_from_float(f, fmt), fmt); }
-inline bool half_is_finite(uint16_t h, HalfFormat fmt) {
+DTLAB_HD inline float round_to_half(float f, HalfFormat fmt) { return half_to_float(half_from_float(f, fmt), fmt); }
+DTLAB_HD inline bool half_is_finite(uint16_t h, HalfFormat fmt) {
   return fmt == HalfFormat::BF16 ? (h & 0x7F80u) != 0x7F80u : (h & 0x7C00u) != 0x7C00u;
 }
 

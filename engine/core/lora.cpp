@@ -160,7 +160,7 @@ std::vector<float> Model::merged_params() const {
   int64_t total = 0;
   for (const Parameter& p : base_) total += p.numel;
   std::vector<float> out(static_cast<size_t>(total));
-  if (mixed()) half_to_floats(out.data(), frozen_.u16(), total, half_format());
+  if (mixed()) download_half(device_, out.data(), frozen_.u16(), total, half_format());
   else device_.download(out.data(), frozen_.f32(), total * static_cast<int64_t>(sizeof(float)));
   const std::vector<float> ad = host_params();
   const int64_t r = lora_.rank;

@@ -180,7 +180,7 @@ void Model::zero_grad() {
 
 void Model::download_params(float* host) const {
   DTLAB_CHECK(owns_parameters(), "download_params() while the parameters are sharded; materialize them first");
-  if (mixed()) return half_to_floats(host, flat_params_.u16(), num_params_, half_format());
+  if (mixed()) return download_half(device_, host, flat_params_.u16(), num_params_, half_format());
   device_.download(host, flat_params_.f32(), num_params_ * static_cast<int64_t>(sizeof(float)));
 }
 
@@ -192,7 +192,7 @@ std::vector<float> Model::host_params() const {
 
 void Model::upload_params(const float* host) {
   DTLAB_CHECK(owns_parameters(), "upload_params() while the parameters are sharded");
-  if (mixed()) return half_from_floats(flat_params_.u16(), host, num_params_, half_format());
+  if (mixed()) return upload_half(device_, flat_params_.u16(), host, num_params_, half_format());
   device_.upload(flat_params_.f32(), host, num_params_ * static_cast<int64_t>(sizeof(float)));
 }
 

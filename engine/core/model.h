@@ -379,6 +379,8 @@ class Model {
   void half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out);
   void half_sp_split_rows(uint16_t* dst, const uint16_t* src, int64_t width);  // sp_split_rows in 16 bits
   void half_add_bias_rows(uint16_t* out, const float* bias, int64_t rows, int64_t OC);
+  void half_relu_forward(uint16_t* out, const uint16_t* in, int64_t n);
+  void half_relu_backward(uint16_t* dinp, const uint16_t* dout, const uint16_t* out, int64_t n);
   // A partial gradient (fp32) rounded to 16 bits, summed over the TP group in 16 bits, widened again.
   const float* half_all_reduce_partial(const float* partial, int64_t n, int layer);
   void half_sum_lora_grad(const Layer& L);
@@ -442,6 +444,7 @@ class Model {
   Tensor x16_, logits32_;
   std::vector<const uint16_t*> layer_in16_;
   Tensor fa_, fb_, fc_, fd_, fe_, ff_;
+  Tensor fh_, fg_;  // the widened 16-bit operands of add_to_grad16, half_add_bias_rows and the ReLUs
   Tensor lora_a32_, lora_b32_, lora_g_;
   // Mixed precision with tensor parallelism: 16-bit operands of the TP collectives (partial sums,
   // gathered rows, partial gradients) and sequence parallelism's rows of the input, dlogits and logits.

@@ -22,8 +22,6 @@ void Model::set_precision(Precision p) {
   if (p == precision_) return;
   const std::string flag = std::string("--precision ") + precision_name(p);
   if (!is_mixed(p) || mixed()) throw Error("a model's precision is set once, from fp32");
-  if (!device_.is_host())
-    throw Error(flag + " runs on the CPU engine in this version; use --device cpu (or --precision fp32 on " + device_.name() + ")");
   // (A LoRA pipeline stage whose layers carry no adapter trains nothing: only its frozen base turns 16-bit.)
   DTLAB_CHECK(owns_parameters() || num_params_ == 0, "set_precision() on a model whose parameters are sharded");
   // The model as built (torch's init), then .to(dtype).
@@ -34,7 +32,7 @@ void Model::set_precision(Precision p) {
     flat_grads_ = Tensor();
     flat_params_ = Tensor({num_params_}, MemCategory::Parameters, tracker_, param_dtype(), device_);
     flat_grads_ = Tensor({num_params_}, MemCategory::Gradients, tracker_, param_dtype(), device_);
-    half_from_floats(flat_params_.u16(), values.data(), num_params_, half_format());
+    upload_half(device_, flat_params_.u16(), values.data(), num_params_, half_format());
   }
   for (auto& q : params_) {
     q.data = q.grad = nullptr;
@@ -47,7 +45,7 @@ void Model::set_precision(Precision p) {
     device_.download(base.data(), frozen_.f32(), n * static_cast<int64_t>(sizeof(float)));
     frozen_ = Tensor();
     frozen_ = Tensor({n}, MemCategory::Parameters, tracker_, param_dtype(), device_);
-    half_from_floats(frozen_.u16(), base.data(), n, half_format());
+    upload_half(device_, frozen_.u16(), base.data(), n, half_format());
     for (auto& q : base_) {
       q.data = nullptr;
       q.data16 = frozen_.u16() + q.offset;
@@ -66,7 +64,7 @@ float* Model::f32_scratch(Tensor& t, int64_t n) {
 
 float* Model::widen(Tensor& t, const uint16_t* src, int64_t n) {
   float* dst = f32_scratch(t, n);
-  half_to_floats(dst, src, n, half_format());
+  device_.widen_half(dst, src, n, half_format());
   return dst;
 }
 
@@ -75,7 +73,7 @@ const float* Model::half_forward(const float* x, int64_t B) {
   input_ = x;
   const int64_t D = spec_.dims[static_cast<size_t>(first_linear_)];
   if (x16_.numel() < B * D) x16_ = Tensor({B * D}, MemCategory::Activations, tracker_, param_dtype(), device_);
-  half_from_floats(x16_.u16(), x, B * D, half_format());  // the batch as x.to(dtype)
+  device_.narrow_half(x16_.u16(), x, B * D, half_format());  // the batch as x.to(dtype)
   layer_in16_.assign(layers_.size(), nullptr);
   const bool sp = sequence_parallel();
   const uint16_t* in = x16_.u16();
@@ -104,7 +102,7 @@ const float* Model::half_forward(const float* x, int64_t B) {
     rows = padded_;
   }
   if (logits32_.numel() < rows * C) logits32_ = Tensor({rows * C}, MemCategory::Activations, tracker_, DType::F32, device_);
-  half_to_floats(logits32_.f32(), in, rows * C, half_format());  // the loss runs in float32
+  device_.widen_half(logits32_.f32(), in, rows * C, half_format());  // the loss runs in float32
   return logits32_.f32();
 }
 
@@ -116,17 +114,13 @@ void Model::half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t
   const float* b = nullptr;
   {
     ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, B));
-    if (L.kind == LayerKind::ReLU) {
-      const HalfFormat f = half_format();
-      for (int64_t k = 0; k < n_out; k++) out[k] = half_to_float(in[k], f) < 0.0f ? uint16_t{0} : in[k];  // NaN stays
-      return;
-    }
+    if (L.kind == LayerKind::ReLU) return half_relu_forward(out, in, n_out);
     const float* x = widen(fa_, in, B * L.in_features);
     const float* w = widen(fb_, weight_of(L).data16, L.out_features * L.in_features);
     b = widen(fc_, bias_of(L).data16, L.out_features);
     float* y = f32_scratch(fd_, n_out);
     device_.linear_forward(y, x, w, row ? nullptr : b, B, L.in_features, L.out_features);
-    half_from_floats(out, y, n_out, half_format());
+    device_.narrow_half(out, y, n_out, half_format());
     if (L.lora_a >= 0) half_lora_forward(L, out, x, B);
   }
   if (!row) return;
@@ -137,9 +131,25 @@ void Model::half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t
 
 // out (rows, OC) + bias in every row, as torch adds two 16-bit tensors: widen, add, round once.
 void Model::half_add_bias_rows(uint16_t* out, const float* bias, int64_t rows, int64_t OC) {
-  const HalfFormat f = half_format();
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t o = 0; o < OC; o++) out[r * OC + o] = half_from_float(half_to_float(out[r * OC + o], f) + bias[o], f);
+  float* y = widen(fh_, out, rows * OC);
+  device_.add_rows(y, bias, rows, OC);
+  device_.narrow_half(out, y, rows * OC, half_format());
+}
+
+// ReLU on 16-bit tensors: the float32 op on the widened values (clamp_min: NaN and -0.0 pass), whose
+// results are 16-bit values already, so the narrowing is exact.
+void Model::half_relu_forward(uint16_t* out, const uint16_t* in, int64_t n) {
+  float* x = widen(fh_, in, n);
+  device_.relu_forward(x, x, n);
+  device_.narrow_half(out, x, n, half_format());
+}
+
+// Its backward, threshold_backward on the widened 16-bit output and gradient: `out <= 0 ? 0 : dout`.
+void Model::half_relu_backward(uint16_t* dinp, const uint16_t* dout, const uint16_t* out, int64_t n) {
+  const float* o = widen(fh_, out, n);
+  float* d = widen(fg_, dout, n);
+  device_.relu_backward(d, d, o, n);
+  device_.narrow_half(dinp, d, n, half_format());
 }
 
 uint16_t* Model::half_scratch(Tensor& t, int64_t n) {
@@ -149,7 +159,7 @@ uint16_t* Model::half_scratch(Tensor& t, int64_t n) {
 
 const float* Model::half_all_reduce_partial(const float* partial, int64_t n, int layer) {
   uint16_t* h = half_scratch(h16b_, n);
-  half_from_floats(h, partial, n, half_format());
+  device_.narrow_half(h, partial, n, half_format());
   tp_comm().all_reduce(h, n, param_dtype(), layer);
   return widen(ff_, h, n);
 }
@@ -171,8 +181,7 @@ void Model::half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, Comp
   if (L.kind == LayerKind::ReLU) {
     const int64_t n = sp_rows(i, true) * L.out_features;
     ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, sp_rows(i, true)));
-    for (int64_t k = 0; k < n; k++) out[k] = half_to_float(in[k], f) < 0.0f ? uint16_t{0} : in[k];
-    return;
+    return half_relu_forward(out, in, n);
   }
   const float* w = widen(fb_, weight_of(L).data16, L.out_features * L.in_features);
   const float* b = widen(fc_, bias_of(L).data16, L.out_features);
@@ -183,7 +192,7 @@ void Model::half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, Comp
     float* y = f32_scratch(fd_, all * L.out_features);
     const float* x = widen(fa_, gathered, all * L.in_features);
     device_.linear_forward(y, x, w, b, all, L.in_features, L.out_features);
-    half_from_floats(out, y, all * L.out_features, f);
+    device_.narrow_half(out, y, all * L.out_features, f);
     if (L.lora_a >= 0) half_lora_forward(L, out, x, all);
   } else if (L.tp == TpRole::Row) {
     uint16_t* partial = half_scratch(h16a_, all * L.out_features);
@@ -192,7 +201,7 @@ void Model::half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, Comp
       float* y = f32_scratch(fd_, all * L.out_features);
       const float* x = widen(fa_, in, all * L.in_features);
       device_.linear_forward(y, x, w, nullptr, all, L.in_features, L.out_features);
-      half_from_floats(partial, y, all * L.out_features, f);
+      device_.narrow_half(partial, y, all * L.out_features, f);
       if (L.lora_a >= 0) half_lora_forward(L, partial, x, all);  // its partial sum rides g
     }
     tp_comm().reduce_scatter(out, partial, local * L.out_features, param_dtype(), L.seq_index);
@@ -202,7 +211,7 @@ void Model::half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, Comp
     float* y = f32_scratch(fd_, local * L.out_features);
     const float* x = widen(fa_, in, local * L.in_features);
     device_.linear_forward(y, x, w, b, local, L.in_features, L.out_features);
-    half_from_floats(out, y, local * L.out_features, f);
+    device_.narrow_half(out, y, local * L.out_features, f);
     if (L.lora_a >= 0) half_lora_forward(L, out, x, local);
   }
 }
@@ -217,8 +226,7 @@ void Model::half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, 
     if (!dinp) return;
     const int64_t rows = sp_rows(i, true), n = rows * L.out_features;
     ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, rows, true));
-    for (int64_t k = 0; k < n; k++) dinp[k] = half_to_float(out[k], f) > 0.0f ? dout[k] : uint16_t{0};
-    return;
+    return half_relu_backward(dinp, dout, out, n);
   }
   const int64_t all = padded_, local = padded_ / tp_.degree;
   const int64_t rows = L.tp == TpRole::Replicated ? local : all;
@@ -254,10 +262,10 @@ void Model::half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, 
   }
   if (dinp && L.tp == TpRole::Column) {
     uint16_t* full = half_scratch(h16a_, all * L.in_features);
-    half_from_floats(full, dx, all * L.in_features, f);
+    device_.narrow_half(full, dx, all * L.in_features, f);
     tp_comm().reduce_scatter(dinp, full, local * L.in_features, param_dtype(), L.seq_index);
   } else if (dinp) {
-    half_from_floats(dinp, dx, rows * L.in_features, f);
+    device_.narrow_half(dinp, dx, rows * L.in_features, f);
   }
   if (lora_split(L)) half_sum_lora_grad(L);
   if (!dw || L.tp == TpRole::Column) return;
@@ -276,12 +284,16 @@ void Model::half_lora_forward(const Layer& L, uint16_t* out, const float* x, int
   const float* bm = widen(lora_b32_, params_[static_cast<size_t>(L.lora_b)].data16, L.out_features * r);
   float* t = f32_scratch(lora_t_, 2 * B * r);
   device_.linear_forward(t, x, a, nullptr, B, L.in_features, r);
-  for (int64_t k = 0; k < B * r; k++) t[k] = round_to_half(t[k], f);
+  device_.round_half(t, B * r, f);
   float* u = f32_scratch(lora_d_, n_out);
   device_.linear_forward(u, t, bm, nullptr, B, r, L.out_features);
-  const float s = lora_.scaling();
-  for (int64_t k = 0; k < n_out; k++)
-    out[k] = half_from_float(half_to_float(out[k], f) + round_to_half(round_to_half(u[k], f) * s, f), f);
+  // out = round(out + round(round(u) * scaling)), element by element
+  device_.round_half(u, n_out, f);
+  device_.scale(u, n_out, lora_.scaling());
+  device_.round_half(u, n_out, f);
+  float* sum = widen(fh_, out, n_out);
+  device_.accumulate(sum, u, n_out, false);
+  device_.narrow_half(out, sum, n_out, f);
 }
 
 // Its backward as autograd runs it on 16-bit tensors: du = ds * scaling, dB += du^T t, dt = du B,
@@ -298,15 +310,15 @@ void Model::half_lora_backward(const Layer& L, float* dx, const float* dy, const
   float* dt = t + B * r;
   if (weights) {
     device_.linear_forward(t, x, a, nullptr, B, L.in_features, r);
-    for (int64_t k = 0; k < B * r; k++) t[k] = round_to_half(t[k], f);
+    device_.round_half(t, B * r, f);
   }
   float* du = f32_scratch(lora_d_, n_out);
-  const float s = lora_.scaling();
-  for (int64_t k = 0; k < n_out; k++) du[k] = round_to_half(dy[k] * s, f);
+  device_.scale_copy(du, dy, n_out, lora_.scaling());
+  device_.round_half(du, n_out, f);
   float* g = f32_scratch(lora_g_, Bm.numel + A.numel + (dx ? B * L.in_features : 0));  // dB, dA, dx's adapter part
   if (weights) device_.fill_zero(g, (Bm.numel + A.numel) * static_cast<int64_t>(sizeof(float)));
   device_.linear_backward(dt, weights ? g : nullptr, nullptr, du, weights ? t : nullptr, bm, B, r, L.out_features);
-  for (int64_t k = 0; k < B * r; k++) dt[k] = round_to_half(dt[k], f);
+  device_.round_half(dt, B * r, f);
   float* dxl = dx ? g + Bm.numel + A.numel : nullptr;
   if (dxl || weights) device_.linear_backward(dxl, weights ? g + Bm.numel : nullptr, nullptr, dt, weights ? x : nullptr, a, B, L.in_features, r);
   // On a TP shard a partial gradient (lora_partial) stays in lora_g_ for half_sum_lora_grad, the
@@ -314,13 +326,19 @@ void Model::half_lora_backward(const Layer& L, float* dx, const float* dy, const
   const LoraPartial lp = weights && lora_split(L) ? lora_partial(L) : LoraPartial{};
   if (weights && lp.first != L.lora_b && lp.second != L.lora_b) add_to_grad16(Bm, g);
   if (weights && lp.first != L.lora_a && lp.second != L.lora_a) add_to_grad16(A, g + Bm.numel);
-  if (dx)
-    for (int64_t k = 0; k < B * L.in_features; k++) dx[k] = round_to_half(round_to_half(dx[k], f) + round_to_half(dxl[k], f), f);
+  if (dx) {  // dx = round(round(dx) + round(dxl)), element by element
+    const int64_t n = B * L.in_features;
+    device_.round_half(dx, n, f);
+    device_.round_half(dxl, n, f);
+    device_.accumulate(dx, dxl, n, false);
+    device_.round_half(dx, n, f);
+  }
 }
 
 void Model::add_to_grad16(Parameter& p, const float* add) {
-  const HalfFormat f = half_format();
-  for (int64_t k = 0; k < p.numel; k++) p.grad16[k] = half_from_float(half_to_float(p.grad16[k], f) + add[k], f);
+  float* g = widen(fh_, p.grad16, p.numel);
+  device_.accumulate(g, add, p.numel, false);
+  device_.narrow_half(p.grad16, g, p.numel, half_format());
 }
 
 void Model::half_backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
@@ -331,10 +349,10 @@ void Model::half_backward(const float* dlogits, const GradReadyHook& on_grad_rea
   uint16_t* d0 = dbuf_[0].u16();
   if (sequence_parallel()) {  // this rank's rows of it, as the float32 backward splits them
     uint16_t* whole = half_scratch(h16a_, B * C);
-    half_from_floats(whole, dlogits, B * C, half_format());
+    device_.narrow_half(whole, dlogits, B * C, half_format());
     half_sp_split_rows(d0, whole, C);
   } else {
-    half_from_floats(d0, dlogits, B * C, half_format());  // the (scaled) loss gradient in 16 bits
+    device_.narrow_half(d0, dlogits, B * C, half_format());  // the (scaled) loss gradient in 16 bits
   }
   const uint16_t* dout = d0;
   for (int i = num_layers() - 1; i >= 0; i--) {
@@ -379,8 +397,7 @@ void Model::half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, con
   {
     ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, B, dinp != nullptr));
     if (L.kind == LayerKind::ReLU) {
-      if (!dinp) return;
-      for (int64_t k = 0; k < n_out; k++) dinp[k] = half_to_float(out[k], f) > 0.0f ? dout[k] : uint16_t{0};
+      if (dinp) half_relu_backward(dinp, dout, out, n_out);
       return;
     }
     const int64_t nw = L.out_features * L.in_features;
@@ -396,7 +413,7 @@ void Model::half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, con
       add_to_grad16(params_[static_cast<size_t>(L.bias)], dw + nw);
     }
     if (L.lora_a >= 0) half_lora_backward(L, dx, dy, x, B);
-    if (dinp) half_from_floats(dinp, dx, B * L.in_features, f);
+    if (dinp) device_.narrow_half(dinp, dx, B * L.in_features, f);
   }
   // f backward: the column-parallel Linear's 16-bit input gradient summed over the TP group.
   if (dinp && L.tp == TpRole::Column) tp_comm().all_reduce(dinp, B * L.in_features, param_dtype(), L.seq_index);
@@ -421,16 +438,13 @@ void Model::layer_backward_input16(int i, uint16_t* dinp, const uint16_t* dout, 
   {
     ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
                        layer_backward_flops(i, B, true) - layer_backward_flops(i, B, false));
-    if (L.kind == LayerKind::ReLU) {
-      for (int64_t k = 0; k < B * L.out_features; k++) dinp[k] = half_to_float(out[k], f) > 0.0f ? dout[k] : uint16_t{0};
-      return;
-    }
+    if (L.kind == LayerKind::ReLU) return half_relu_backward(dinp, dout, out, B * L.out_features);
     const float* dy = widen(fa_, dout, B * L.out_features);
     const float* w = widen(fc_, weight_of(L).data16, L.out_features * L.in_features);
     float* dx = f32_scratch(fe_, B * L.in_features);
     device_.linear_backward(dx, nullptr, nullptr, dy, nullptr, w, B, L.in_features, L.out_features);
     if (L.lora_a >= 0) half_lora_backward(L, dx, dy, nullptr, B, false);
-    half_from_floats(dinp, dx, B * L.in_features, f);
+    device_.narrow_half(dinp, dx, B * L.in_features, f);
   }
   if (L.tp == TpRole::Column) tp_comm().all_reduce(dinp, B * L.in_features, param_dtype(), L.seq_index);
 }

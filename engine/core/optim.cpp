@@ -73,17 +73,18 @@ void Optimizer::step(const std::vector<Segment>& segments) {
 }
 
 void Optimizer::init_master(const uint16_t* params16, HalfFormat format) {
-  DTLAB_CHECK(device_.is_host(), "mixed-precision optimizer state lives on the CPU in this version");
   format_ = format;
   master_ = Tensor({numel_}, MemCategory::MasterWeights, tracker_, DType::F32, device_);
-  half_to_floats(master_.f32(), params16, numel_, format);
+  device_.widen_half(master_.f32(), params16, numel_, format);
 }
 
 void Optimizer::step_mixed(uint16_t* params16, const uint16_t* grads16, float inv_scale) {
   step_mixed(std::vector<Segment16>{{params16, grads16, 0, numel_}}, inv_scale);
 }
 
-// The element updates are independent, so any cover of the range gives the same bits.
+// The element updates are independent, so any cover of the range gives the same bits. Each chunk's
+// 16-bit gradients are widened into float32 scratch on the device (and unscaled there: GradScaler's
+// unscale_, grad * (1 / scale)), the fp32 master weights step, and the 16-bit parameters are their rounding.
 void Optimizer::step_mixed(const std::vector<Segment16>& segments, float inv_scale) {
   DTLAB_CHECK(!master_.empty(), "step_mixed() before init_master()");
   int64_t covered = 0;
@@ -94,20 +95,22 @@ void Optimizer::step_mixed(const std::vector<Segment16>& segments, float inv_sca
   ensure_state();
   const SgdCoeffs ks = sgd_coeffs(config_);
   const AdamWCoeffs ka = adamw_coeffs(config_, steps_);
-  constexpr int64_t kChunk = 2048;
-  float g[kChunk];
+  // The host's chunk stays in cache; a GPU takes a segment at once (one launch per op).
+  const int64_t chunk = device_.is_host() ? 2048 : numel_;
+  if (grad32_.numel() < std::min(chunk, numel_))
+    grad32_ = Tensor({std::min(chunk, numel_)}, MemCategory::Other, device_.is_host() ? nullptr : tracker_, DType::F32, device_);
+  float* const g = grad32_.f32();
   for (const Segment16& s : segments) {
-    for (int64_t done = 0; done < s.numel; done += kChunk) {
-      const int64_t n = std::min(kChunk, s.numel - done), lo = s.offset + done;
+    for (int64_t done = 0; done < s.numel; done += chunk) {
+      const int64_t n = std::min(chunk, s.numel - done), lo = s.offset + done;
       float* const master = master_.f32() + lo;
-      half_to_floats(g, s.grads + done, n, format_);
-      if (inv_scale != 1.0f)
-        for (int64_t i = 0; i < n; i++) g[i] *= inv_scale;  // GradScaler.unscale_: grad * (1 / scale)
+      device_.widen_half(g, s.grads + done, n, format_);
+      if (inv_scale != 1.0f) device_.scale(g, n, inv_scale);
       if (config_.kind == OptimizerKind::SGD)
         device_.sgd_step(master, g, state_a_.empty() ? nullptr : state_a_.f32() + lo, n, ks, first);
       else
         device_.adamw_step(master, g, state_a_.f32() + lo, state_b_.f32() + lo, n, ka);
-      half_from_floats(s.params + done, master, n, format_);
+      device_.narrow_half(s.params + done, master, n, format_);
     }
   }
 }

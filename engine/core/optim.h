@@ -94,6 +94,7 @@ class Optimizer {
   int64_t steps_ = 0;
   Tensor state_a_, state_b_;
   Tensor master_;  // mixed precision: the float32 master weights
+  Tensor grad32_;  // mixed precision: a chunk of widened (and unscaled) gradients
   HalfFormat format_ = HalfFormat::BF16;
 };
 

@@ -66,6 +66,9 @@ class CudaMover : public DataMover {
     if (dt == DType::F32)
       cuda::launch_reduce_f32(d.comm(), static_cast<float*>(dst), static_cast<const float*>(a),
                               static_cast<const float*>(b), count, max);
+    else if (dt == DType::BF16 || dt == DType::F16)
+      cuda::launch_reduce_half(d.comm(), static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+                               static_cast<const uint16_t*>(b), count, max, dt == DType::BF16 ? HalfFormat::BF16 : HalfFormat::FP16);
     else
       cuda::launch_reduce_i64(d.comm(), static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
                               static_cast<const int64_t*>(b), count, max);

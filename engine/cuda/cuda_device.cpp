@@ -74,6 +74,37 @@ void CudaDevice::download(void* host_dst, const void* src, int64_t bytes) {
 
 void CudaDevice::synchronize() { rank_.sync_compute(); }
 
+void CudaDevice::widen_half(float* dst, const uint16_t* src, int64_t n, HalfFormat f) {
+  launch_widen_half(rank_.compute(), dst, src, n, f);
+  DTLAB_CUDA_CHECK_LAUNCH();
+}
+
+void CudaDevice::narrow_half(uint16_t* dst, const float* src, int64_t n, HalfFormat f) {
+  launch_narrow_half(rank_.compute(), dst, src, n, f);
+  DTLAB_CUDA_CHECK_LAUNCH();
+}
+
+void CudaDevice::round_half(float* x, int64_t n, HalfFormat f) {
+  launch_round_half(rank_.compute(), x, n, f);
+  DTLAB_CUDA_CHECK_LAUNCH();
+}
+
+void CudaDevice::accumulate_half(uint16_t* acc, const uint16_t* x, int64_t n, bool max, HalfFormat f) {
+  launch_reduce_half(rank_.compute(), acc, acc, x, n, max, f);
+  DTLAB_CUDA_CHECK_LAUNCH();
+}
+
+bool CudaDevice::half_all_finite(const uint16_t* x, int64_t n, HalfFormat f) {
+  if (n <= 0) return true;
+  if (flag_.empty()) flag_ = Tensor({1}, MemCategory::Other, nullptr, DType::I64, *this);
+  fill_zero(flag_.raw(), sizeof(int64_t));
+  launch_half_nonfinite(rank_.compute(), flag_.i64(), x, n, f);
+  DTLAB_CUDA_CHECK_LAUNCH();
+  int64_t bad = 0;
+  download(&bad, flag_.raw(), sizeof bad);
+  return bad == 0;
+}
+
 void CudaDevice::scale(float* x, int64_t n, float s) {
   launch_scale(rank_.compute(), x, s, n);
   DTLAB_CUDA_CHECK_LAUNCH();

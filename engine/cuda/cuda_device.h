@@ -33,6 +33,12 @@ class CudaDevice final : public Device {
   void synchronize() override;
   void bind_thread() override { rank_.bind(); }
 
+  void widen_half(float* dst, const uint16_t* src, int64_t n, HalfFormat f) override;
+  void narrow_half(uint16_t* dst, const float* src, int64_t n, HalfFormat f) override;
+  void round_half(float* x, int64_t n, HalfFormat f) override;
+  void accumulate_half(uint16_t* acc, const uint16_t* x, int64_t n, bool max, HalfFormat f) override;
+  bool half_all_finite(const uint16_t* x, int64_t n, HalfFormat f) override;
+
   void scale(float* x, int64_t n, float s) override;
   void scale_copy(float* dst, const float* src, int64_t n, float s) override;
   void accumulate(float* acc, const float* x, int64_t n, bool max) override;
@@ -74,7 +80,8 @@ class CudaDevice final : public Device {
   std::unique_ptr<RankDevice> owned_;
   const RankDevice& rank_;
   Tensor loss_scratch_;  // (B + 1,) per-row losses, then hits; the last element the mean loss
-  Tensor attention_scratch_;  // (NH, T, T): the attention backward's score gradients, every head of a sample at once
+  Tensor attention_scratch_;
+  Tensor flag_;  // one int: half_all_finite's answer  // (NH, T, T): the attention backward's score gradients, every head of a sample at once
 };
 
 }  // namespace dtlab::cuda

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "engine/core/half.h"
 #include "engine/core/optim_math.h"
 
 namespace dtlab::cuda {
@@ -54,6 +55,14 @@ void launch_sgd_step(cudaStream_t s, float* params, const float* grads, float* b
                      SgdCoeffs k, bool first);
 void launch_adamw_step(cudaStream_t s, float* params, const float* grads, float* m, float* v,
                        int64_t n, AdamWCoeffs k);
+
+// ---- half_kernels.cu (engine/core/half.h's conversions, bit for bit) ----
+void launch_widen_half(cudaStream_t s, float* dst, const uint16_t* src, int64_t n, HalfFormat f);
+void launch_narrow_half(cudaStream_t s, uint16_t* dst, const float* src, int64_t n, HalfFormat f);
+void launch_round_half(cudaStream_t s, float* x, int64_t n, HalfFormat f);  // in place
+void launch_half_nonfinite(cudaStream_t s, int64_t* bad, const uint16_t* x, int64_t n, HalfFormat f);  // *bad = 1 on inf or NaN
+// dst = a op b on 16-bit elements, each in float and rounded once (reduce_kernels.h's reduce_half).
+void launch_reduce_half(cudaStream_t s, uint16_t* dst, const uint16_t* a, const uint16_t* b, int64_t n, bool max, HalfFormat f);
 
 // ---- reduce_kernels.cu (collectives) ----
 // dst = a op b element-wise, op sum (max = false) or max; dst may be a. Pointers may lie on peer

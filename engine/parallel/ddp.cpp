@@ -353,14 +353,16 @@ void DistributedDataParallel::mark_ready(int p) {
   // divided in float and rounded into a 16-bit bucket (or kept in float32 for an fp32 reduce).
   if (model_.mixed()) {
     const HalfFormat f = model_.half_format();
-    if (opt_.gradient_as_bucket_view) {  // the view is the gradient: divided in place, rounded once
-      for (int64_t k = 0; k < prm.numel; k++) prm.grad16[k] = half_from_float(half_to_float(prm.grad16[k], f) * scale, f);
-    } else if (bk.buffer.dtype() == DType::F32) {
+    Device& dev = model_.device();
+    if (bk.buffer.dtype() == DType::F32 && !opt_.gradient_as_bucket_view) {  // widened into the fp32 bucket
       float* dst = bk.buffer.f32() + at;
-      for (int64_t k = 0; k < prm.numel; k++) dst[k] = half_to_float(prm.grad16[k], f) * scale;
-    } else {
-      uint16_t* dst = bk.buffer.u16() + at;
-      for (int64_t k = 0; k < prm.numel; k++) dst[k] = half_from_float(half_to_float(prm.grad16[k], f) * scale, f);
+      dev.widen_half(dst, prm.grad16, prm.numel, f);
+      dev.scale(dst, prm.numel, scale);
+    } else {  // divided in float and rounded once: in place (the view is the gradient), or into the 16-bit bucket
+      if (wide_.numel() < prm.numel) wide_ = Tensor({prm.numel}, MemCategory::Other, nullptr, DType::F32, dev);
+      dev.widen_half(wide_.f32(), prm.grad16, prm.numel, f);
+      dev.scale(wide_.f32(), prm.numel, scale);
+      dev.narrow_half(opt_.gradient_as_bucket_view ? prm.grad16 : bk.buffer.u16() + at, wide_.f32(), prm.numel, f);
     }
   } else if (opt_.gradient_as_bucket_view) {
     model_.device().scale(bk.buffer.f32() + at, prm.numel, scale);
@@ -588,7 +590,7 @@ void DistributedDataParallel::copy_back(const DdpBucket& bk) {
     if (!model_.mixed())
       model_.device().copy(prm.grad, bk.buffer.f32() + at, prm.numel * static_cast<int64_t>(sizeof(float)));
     else if (bk.buffer.dtype() == DType::F32)
-      half_from_floats(prm.grad16, bk.buffer.f32() + at, prm.numel, model_.half_format());
+      model_.device().narrow_half(prm.grad16, bk.buffer.f32() + at, prm.numel, model_.half_format());
     else
       model_.device().copy(prm.grad16, bk.buffer.u16() + at, prm.numel * 2);
   }

@@ -212,6 +212,7 @@ class DistributedDataParallel {
   void sparsify(DdpBucket& bk);    // TopK, before the all-gathers
   void densify(DdpBucket& bk);     // TopK, after them
   bool casts() const { return opt_.comm_hook.kind == CommHook::Fp16 || opt_.comm_hook.kind == CommHook::Bf16; }
+  Tensor wide_;                    // mixed precision: one parameter's gradient widened to float32 for its division
   Tensor error_;                   // TopK: the remembered error, float32, flat in parameters() order
 
   Model& model_;

@@ -8,7 +8,7 @@ namespace dtlab {
 bool GradScaler::local_found_inf(Model& model) {
   DTLAB_CHECK(model.mixed(), "the loss scaler checks a mixed-precision model's gradients");
   for (const Parameter& p : model.parameters())  // each where it lives (a DDP bucket's view, or the flat buffer)
-    if (!half_all_finite(p.grad16, p.numel, model.half_format())) return true;
+    if (!model.device().half_all_finite(p.grad16, p.numel, model.half_format())) return true;
   return false;
 }
 
