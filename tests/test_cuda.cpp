@@ -840,7 +840,7 @@ void check_follows_cpu16(TrainConfig c, const std::string& what) {
 
 }  // namespace
 
-TEST_CASE("train --precision bf16/fp16 --device cuda: single and DDP (+LoRA, recompute, TP, the fp16 scaler) follow the CPU engine") {
+TEST_CASE("train --precision bf16/fp16 --device cuda: every strategy (+LoRA, recompute, TP, the fp16 scalers) follows the CPU engine") {
   DTLAB_REQUIRE_CUDA_DEVICE();
   TrainConfig c;
   c.model = ModelSpec::parse("mlp:2,32,32,32,32,3");
@@ -870,8 +870,28 @@ TEST_CASE("train --precision bf16/fp16 --device cuda: single and DDP (+LoRA, rec
     c.sequence_parallel = false;
     c.tp = 1;
     c.world_size = 2;
+    c.strategy = Strategy::Dp;
+    check_follows_cpu16(c, dt + " dp 2");
+    c.strategy = Strategy::Fsdp;
+    for (Sharding sh : {Sharding::FullShard, Sharding::NoShard, Sharding::Zero1}) {
+      c.fsdp.sharding = sh;
+      check_follows_cpu16(c, dt + " fsdp 2, " + sharding_flag(sh));
+    }
+    c.fsdp.sharding = Sharding::FullShard;
+    c.strategy = Strategy::Pipeline;
+    c.pipeline.stages = 2;
+    c.pipeline.microbatches = 4;
+    for (ScheduleKind k : {ScheduleKind::OneFOneB, ScheduleKind::ZBH1}) {
+      c.pipeline.schedule = k;
+      check_follows_cpu16(c, dt + " pipeline 2 stages, " + schedule_kind_flag(k));
+    }
+    c.strategy = Strategy::Ddp;
   }
-  c.precision = Precision::FP16;  // an overflow the scaler must skip, on both devices
+  c.precision = Precision::FP16;  // an overflow the scalers must skip, on both devices
+  c.strategy = Strategy::Fsdp;
+  c.inject_overflow_steps = {3};
+  check_follows_cpu16(c, "fp16 fsdp 2 (ShardedGradScaler), overflow at step 3");
+  c.strategy = Strategy::Ddp;
   c.inject_overflow_steps = {3};
   check_follows_cpu16(c, "fp16 ddp 2, overflow at step 3");
   c.inject_overflow_steps.clear();
@@ -897,6 +917,16 @@ TEST_CASE("train --precision bf16/fp16 --device cuda: single and DDP (+LoRA, rec
   c.tp = 2;
   c.sequence_parallel = true;
   check_follows_cpu16(c, "gpt bf16 ddp 2 x tp 2, sequence parallel");
+  c.sequence_parallel = false;
+  c.tp = 1;
+  c.world_size = 2;
+  c.strategy = Strategy::Fsdp;
+  check_follows_cpu16(c, "gpt bf16 fsdp 2");
+  c.strategy = Strategy::Pipeline;
+  c.pipeline.stages = 2;
+  c.pipeline.microbatches = 4;
+  c.pipeline.schedule = ScheduleKind::ZBH1;
+  check_follows_cpu16(c, "gpt bf16 pipeline 2 stages, zb-h1 (the tied embedding's 16-bit sum)");
 }
 
 TEST_CASE("the transformer's ops (LayerNorm, GELU, causal attention, embeddings, adds) match the CPU device") {

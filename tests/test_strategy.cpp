@@ -49,14 +49,16 @@ TEST_SUITE("strategy") {
       CAPTURE(feature_flag(f));
       if (f != Feature::SaveSharded) CHECK(feature_refusal(c, f).empty());  // DDP runs with everything it can hold
     }
-    // A combination's refusal holds whatever the strategy: 16 bits on the GPU.
+    // A combination's refusal holds whatever the strategy: sequence parallelism in an MLP's pipeline.
     c.device = "cuda";
     c.backend = "nccl";
     CHECK(feature_refusal(c, Feature::TensorParallel).empty());  // TP runs on GPUs
     c.precision = Precision::BF16;
-    CHECK(feature_refusal(c, Feature::MixedPrecision).empty());  // DDP in 16 bits on GPUs
-    c.strategy = Strategy::Fsdp;
-    CHECK(feature_refusal(c, Feature::MixedPrecision).rfind("--precision bf16 with --device cuda and --strategy fsdp, pipeline or dp: not built yet", 0) == 0);
+    CHECK(feature_refusal(c, Feature::MixedPrecision).empty());  // and 16 bits
+    c.strategy = Strategy::Pipeline;
+    c.tp = 2;
+    c.sequence_parallel = true;
+    CHECK(feature_refusal(c, Feature::SequenceParallel).rfind("--sequence-parallel with --strategy pipeline and an mlp model: not built yet", 0) == 0);
   }
 
   TEST_CASE("validation throws the table's sentence, the first feature the run turns on") {

@@ -36,7 +36,7 @@
 #         c. train-*     dtlab-cli train --device cuda against the same run with --device cpu, 20 steps, for
 #                        single, DDP, every FSDP sharding and every pipeline schedule, DataParallel, TP (with DDP,
 #                        and with SP under FSDP), and the GPT (gpt-*: single, DDP, FSDP, ZB-H1, LoRA under DDP, DP,
-#                        TP + SP, the dp x pp x tp mesh), and bf16/fp16 under DDP and TP (rtol 1.6e-2 / 1e-3); a row passes when the GPU's final training-set loss (--json summary's
+#                        TP + SP, the dp x pp x tp mesh), and bf16/fp16 under DDP, TP, FSDP, DP and pipelines (rtol 1.6e-2 / 1e-3); a row passes when the GPU's final training-set loss (--json summary's
 #                        train_loss) equals the CPU's within |gpu - cpu| <= 1e-5 * max(1, |cpu|) (the GPT's 1e-4);
 #         d. bench       build-gpu/bin/dtlab-bench-cuda (GPU step vs CPU step vs PyTorch on the same GPU, ring
 #                        all-reduce busbw), then dtlab-bench-cuda --gemm (mlp:4096,16384,16384,4096 at batch
@@ -709,6 +709,9 @@ step_train() {
   train_row bf16-ddp4 "--strategy ddp --world 4 --precision bf16 --optimizer sgd --lr 0.1" "" 1.6e-2
   ((quick)) || train_row fp16-ddp4 "--strategy ddp --world 4 --precision fp16 --optimizer sgd --lr 0.1" "" 1e-3
   train_row bf16-tp2-ddp2 "--strategy ddp --world 4 --tp 2 --precision bf16 --optimizer sgd --lr 0.1" "" 1.6e-2
+  train_row bf16-fsdp4 "--strategy fsdp --world 4 --sharding full --precision bf16 --optimizer sgd --lr 0.1" "" 1.6e-2
+  ((quick)) || train_row bf16-dp4 "--strategy dp --world 4 --precision bf16 --optimizer sgd --lr 0.1" "" 1.6e-2
+  ((quick)) || train_row bf16-pipe-1f1b "$pipe --schedule 1f1b --precision bf16 --optimizer sgd --lr 0.1" "" 1.6e-2
   # The GPT (engine/cuda/gpt_kernels.cu): its softmaxes, LayerNorms and GELU (erff against the CPU's
   # vectorised erf) round differently from the CPU's loops, so its rows allow 1e-4 of the loss.
   local gpt="--model gpt:layers=2,heads=4,embd=64,ctx=32 --data text"
@@ -724,6 +727,8 @@ step_train() {
   ((quick)) || train_row gpt-dp2 "$gpt $sgd --strategy dp --world 2" "" 1e-4
   train_row gpt-tp2-sp "$gpt $sgd --strategy ddp --world 4 --tp 2 --sequence-parallel" "" 1e-4
   train_row gpt-bf16-ddp2 "$gpt $sgd --strategy ddp --world 2 --precision bf16" "" 1.6e-2
+  ((quick)) || train_row gpt-bf16-fsdp2 "$gpt $sgd --strategy fsdp --world 2 --sharding full --precision bf16" "" 1.6e-2
+  ((quick)) || train_row gpt-bf16-pipe-zb-h1 "$gpt $sgd --strategy pipeline --stages 2 --microbatches 4 --schedule zb-h1 --precision bf16" "" 1.6e-2
   ((quick)) || train_row gpt-bf16-tp2-sp "$gpt $sgd --strategy ddp --world 4 --tp 2 --sequence-parallel --precision bf16" "" 1.6e-2
   ((quick)) || train_row gpt-mesh-2x2x2 "$gpt $sgd --strategy pipeline --dp 2 --stages 2 --tp 2 --microbatches 4 --schedule 1f1b" "" 1e-4
 }

@@ -2,6 +2,7 @@
 // ops.cpp (OpenBLAS) and the loops of ops.cpp and optim_math.h. Stateless, so one instance serves
 // every rank; the host clock is its clock, so it has no timer (ops report to the rank's context).
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -50,6 +51,11 @@ class CpuDevice final : public Device {
     }
   }
   bool half_all_finite(const uint16_t* x, int64_t n, HalfFormat f) override { return dtlab::half_all_finite(x, n, f); }
+  bool all_finite(const float* x, int64_t n) override {
+    for (int64_t i = 0; i < n; i++)
+      if (!std::isfinite(x[i])) return false;
+    return true;
+  }
 
   void scale(float* x, int64_t n, float s) override {
     for (int64_t i = 0; i < n; i++) x[i] *= s;

@@ -63,6 +63,7 @@ class Device {
   virtual void accumulate_half(uint16_t* acc, const uint16_t* x, int64_t n, bool max, HalfFormat f) = 0;
   // Whether every element is finite (GradScaler's found_inf); the host waits for the answer.
   virtual bool half_all_finite(const uint16_t* x, int64_t n, HalfFormat f) = 0;
+  virtual bool all_finite(const float* x, int64_t n) = 0;
 
   // ---- element-wise ----
   virtual void scale(float* x, int64_t n, float s) = 0;                         // x *= s

@@ -105,6 +105,17 @@ bool CudaDevice::half_all_finite(const uint16_t* x, int64_t n, HalfFormat f) {
   return bad == 0;
 }
 
+bool CudaDevice::all_finite(const float* x, int64_t n) {
+  if (n <= 0) return true;
+  if (flag_.empty()) flag_ = Tensor({1}, MemCategory::Other, nullptr, DType::I64, *this);
+  fill_zero(flag_.raw(), sizeof(int64_t));
+  launch_nonfinite(rank_.compute(), flag_.i64(), x, n);
+  DTLAB_CUDA_CHECK_LAUNCH();
+  int64_t bad = 0;
+  download(&bad, flag_.raw(), sizeof bad);
+  return bad == 0;
+}
+
 void CudaDevice::scale(float* x, int64_t n, float s) {
   launch_scale(rank_.compute(), x, s, n);
   DTLAB_CUDA_CHECK_LAUNCH();

@@ -38,6 +38,7 @@ class CudaDevice final : public Device {
   void round_half(float* x, int64_t n, HalfFormat f) override;
   void accumulate_half(uint16_t* acc, const uint16_t* x, int64_t n, bool max, HalfFormat f) override;
   bool half_all_finite(const uint16_t* x, int64_t n, HalfFormat f) override;
+  bool all_finite(const float* x, int64_t n) override;
 
   void scale(float* x, int64_t n, float s) override;
   void scale_copy(float* dst, const float* src, int64_t n, float s) override;

@@ -27,6 +27,10 @@ __global__ void nonfinite_kernel(int64_t* bad, const uint16_t* x, int64_t n, Hal
   DTLAB_GRID_STRIDE(i, n) if (!half_is_finite(x[i], f)) *bad = 1;
 }
 
+__global__ void nonfinite_f32_kernel(int64_t* bad, const float* x, int64_t n) {
+  DTLAB_GRID_STRIDE(i, n) if (!isfinite(x[i])) *bad = 1;
+}
+
 __global__ void reduce_half_kernel(uint16_t* dst, const uint16_t* a, const uint16_t* b, int64_t n, bool max, HalfFormat f) {
   DTLAB_GRID_STRIDE(i, n) {
     const float x = half_to_float(a[i], f), y = half_to_float(b[i], f);
@@ -50,6 +54,10 @@ void launch_round_half(cudaStream_t s, float* x, int64_t n, HalfFormat f) {
 
 void launch_half_nonfinite(cudaStream_t s, int64_t* bad, const uint16_t* x, int64_t n, HalfFormat f) {
   if (n > 0) nonfinite_kernel<<<grid_for(n), kBlock, 0, s>>>(bad, x, n, f);
+}
+
+void launch_nonfinite(cudaStream_t s, int64_t* bad, const float* x, int64_t n) {
+  if (n > 0) nonfinite_f32_kernel<<<grid_for(n), kBlock, 0, s>>>(bad, x, n);
 }
 
 void launch_reduce_half(cudaStream_t s, uint16_t* dst, const uint16_t* a, const uint16_t* b, int64_t n, bool max, HalfFormat f) {

@@ -61,6 +61,7 @@ void launch_widen_half(cudaStream_t s, float* dst, const uint16_t* src, int64_t 
 void launch_narrow_half(cudaStream_t s, uint16_t* dst, const float* src, int64_t n, HalfFormat f);
 void launch_round_half(cudaStream_t s, float* x, int64_t n, HalfFormat f);  // in place
 void launch_half_nonfinite(cudaStream_t s, int64_t* bad, const uint16_t* x, int64_t n, HalfFormat f);  // *bad = 1 on inf or NaN
+void launch_nonfinite(cudaStream_t s, int64_t* bad, const float* x, int64_t n);  // the same for float32
 // dst = a op b on 16-bit elements, each in float and rounded once (reduce_kernels.h's reduce_half).
 void launch_reduce_half(cudaStream_t s, uint16_t* dst, const uint16_t* a, const uint16_t* b, int64_t n, bool max, HalfFormat f);
 

@@ -249,7 +249,7 @@ const float* DataParallel::run_forward(const void* in, int64_t rows) {
     const void* src = in;
     if (half_in) {
       ensure(x16_, rows * D, mem, dev, dt);
-      half_from_floats(x16_.u16(), x, rows * D, model_.half_format());
+      dev.narrow_half(x16_.u16(), x, rows * D, model_.half_format());
       src = x16_.raw();
     }
     for (int r = 1; r < world_; r++)
@@ -283,7 +283,7 @@ const float* DataParallel::run_forward(const void* in, int64_t rows) {
   }
   wait_all(works);
   unpack_staged(staging);
-  if (half_in && rank_ != 0) half_to_floats(x_piece_.f32(), x16_.u16(), mine * D, model_.half_format());
+  if (half_in && rank_ != 0) dev.widen_half(x_piece_.f32(), x16_.u16(), mine * D, model_.half_format());
   if (rank_ != 0) model_.zero_grad();  // the replica's gradients start from nothing
 
   // 3. parallel_apply: this rank's replica on its piece.
@@ -304,13 +304,13 @@ const float* DataParallel::run_forward(const void* in, int64_t rows) {
                                  pieces_[static_cast<size_t>(r)] * C, dt, r, kTagOutput));
     wait_all(works);
     if (half)
-      half_to_floats(gathered_.f32() + mine * C, out16_.u16() + mine * C, (rows - mine) * C, model_.half_format());
+      dev.widen_half(gathered_.f32() + mine * C, out16_.u16() + mine * C, (rows - mine) * C, model_.half_format());
     if (ctx_) ctx_->set_activity("running");
     return gathered_.f32();
   }
   if (half) {
     ensure(out16_, mine * C, mem, dev, dt);
-    half_from_floats(out16_.u16(), out, mine * C, model_.half_format());  // exact: the values are 16-bit ones
+    dev.narrow_half(out16_.u16(), out, mine * C, model_.half_format());  // exact: the values are 16-bit ones
   }
   works.push_back(comm_.send(half ? out16_.raw() : static_cast<const void*>(out), mine * C, dt, 0, kTagOutput));
   wait_all(works);
@@ -343,7 +343,7 @@ void DataParallel::backward(const float* dlogits) {
     const void* src = dlogits;
     if (half) {
       ensure(d16_, rows_ * C, mem, model_.device(), dt);
-      half_from_floats(d16_.u16(), dlogits, rows_ * C, model_.half_format());
+      model_.device().narrow_half(d16_.u16(), dlogits, rows_ * C, model_.half_format());
       src = d16_.raw();
     }
     for (int r = 1; r < world_; r++)
@@ -355,7 +355,7 @@ void DataParallel::backward(const float* dlogits) {
     works.push_back(comm_.recv(half ? d16_.raw() : dlogits_piece_.raw(), mine * C, dt, 0, kTagGrad));
   }
   wait_all(works);
-  if (half && rank_ != 0) half_to_floats(dlogits_piece_.f32(), d16_.u16(), mine * C, model_.half_format());
+  if (half && rank_ != 0) model_.device().widen_half(dlogits_piece_.f32(), d16_.u16(), mine * C, model_.half_format());
 
   // 6. Each replica's backward.
   if (ctx_) ctx_->set_activity("DataParallel: backward of my replica");

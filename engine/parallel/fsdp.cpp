@@ -53,12 +53,17 @@ HalfFormat format_of_dtype(DType d) { return d == DType::F16 ? HalfFormat::FP16 
 
 // x *= factor in the gradient's dtype: a 16-bit value rounds once, as torch's div_ on a bf16/fp16
 // tensor does (the factors are FSDP1's pre- and post-divide, so a power of two but for odd worlds).
-void scale_in(void* x, int64_t n, DType dt, float factor, Device& dev) {
+// A 16-bit tensor is widened into float32 scratch (charged to the rank off the host, where it is
+// device memory), scaled and rounded back.
+void scale_in(void* x, int64_t n, DType dt, float factor, Device& dev, MemoryTracker* mem) {
   if (dt == DType::F32) return dev.scale(static_cast<float*>(x), n, factor);
-  if (factor == 1.0f) return;
+  if (factor == 1.0f || n <= 0) return;
   const HalfFormat f = format_of_dtype(dt);
   uint16_t* h = static_cast<uint16_t*>(x);
-  for (int64_t k = 0; k < n; k++) h[k] = half_from_float(half_to_float(h[k], f) * factor, f);
+  Tensor wide({n}, MemCategory::CommBuffers, dev.is_host() ? nullptr : mem, DType::F32, dev);
+  dev.widen_half(wide.f32(), h, n, f);
+  dev.scale(wide.f32(), n, factor);
+  dev.narrow_half(h, wide.f32(), n, f);
 }
 
 }  // namespace
@@ -138,7 +143,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
       if (real <= 0) continue;
       // A mixed model was cast to 16 bits when built (as DDP's master weights, the shard starts from
       // those values, widened exactly); torch's FSDP would keep the fp32 init instead.
-      if (mixed()) half_to_floats(shard, model_.params16() + at, real, model_.half_format());
+      if (mixed()) dev().widen_half(shard, model_.params16() + at, real, model_.half_format());
       else dev().copy(shard, model_.params() + at, real * kF32);
     }
     model_.release_parameter_storage();  // what FSDP saves: no rank holds the full model any more
@@ -149,7 +154,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
     owned_begin_ = opt_.sharding == Sharding::Zero1 ? rank_ * zero1_split_.chunk : 0;
     shard_params_ = Tensor({owned}, MemCategory::MasterWeights, mem, DType::F32, dev());
     shard_grads_ = Tensor({owned}, MemCategory::Gradients, mem, DType::F32, dev());
-    if (owned > 0) half_to_floats(shard_params_.f32(), model_.params16() + owned_begin_, owned, model_.half_format());
+    if (owned > 0) dev().widen_half(shard_params_.f32(), model_.params16() + owned_begin_, owned, model_.half_format());
   }
   for (int u = 0; u < num_units(); u++) record(u, FsdpVerb::Layout);
   model_.set_layer_hooks(this);
@@ -229,7 +234,7 @@ void FullyShardedDataParallel::unshard(int unit) {
     // torch's _use_low_precision_shard: the fp32 shard cast to param_dtype, so the all-gather moves 16-bit
     // bytes; freed once gathered.
     u.low_shard = Tensor({u.split.chunk}, MemCategory::CommBuffers, mem, gather_dtype_, dev());
-    half_from_floats(u.low_shard.u16(), shard, u.split.chunk, model_.half_format());
+    dev().narrow_half(u.low_shard.u16(), shard, u.split.chunk, model_.half_format());
     send = u.low_shard.raw();
   }
   const bool world_op = shard_comm_ == &comm_;
@@ -326,11 +331,11 @@ void FullyShardedDataParallel::post_backward(int unit) {
     if (u.full_grad.dtype() != reduce_dtype_) {
       // reduce_dtype float32: torch's grad.to(reduce_dtype) replaces the 16-bit gradient.
       u.reduce_in = Tensor({u.split.padded}, MemCategory::CommBuffers, mem, DType::F32, dev());
-      half_to_floats(u.reduce_in.f32(), u.full_grad.u16(), u.split.padded, model_.half_format());
+      dev().widen_half(u.reduce_in.f32(), u.full_grad.u16(), u.split.padded, model_.half_format());
       u.full_grad = Tensor();
       send = u.reduce_in.raw();
     }
-    scale_in(send, u.split.padded, reduce_dtype_, pre, dev());
+    scale_in(send, u.split.padded, reduce_dtype_, pre, dev(), mem);
     // A float32 reduction lands in the gradient shard; a 16-bit one, or one to be added to the
     // gradients of earlier backwards (accumulation), in its own shard until after the wait.
     void* out = shard_grads_.f32() + u.shard_offset;
@@ -352,10 +357,10 @@ void FullyShardedDataParallel::post_backward(int unit) {
     void* g = first.grad16;
     if (reduce_dtype_ == DType::F32) {
       u.reduce_in = Tensor({u.split.numel}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev());
-      half_to_floats(u.reduce_in.f32(), first.grad16, u.split.numel, model_.half_format());
+      dev().widen_half(u.reduce_in.f32(), first.grad16, u.split.numel, model_.half_format());
       g = u.reduce_in.raw();
     }
-    scale_in(g, u.split.numel, reduce_dtype_, pre, dev());
+    scale_in(g, u.split.numel, reduce_dtype_, pre, dev(), ctx_ ? ctx_->memory() : nullptr);
     u.reduce = comm_.all_reduce(g, u.split.numel, reduce_dtype_, ReduceOp::Sum);
     record(unit, FsdpVerb::ReduceGrad, seq);
   } else {
@@ -373,9 +378,9 @@ void FullyShardedDataParallel::land_f32(float* dst, const void* src, int64_t n, 
     else dev().copy(dst, src, n * kF32);
     return;
   }
-  if (!add) return half_to_floats(dst, static_cast<const uint16_t*>(src), n, model_.half_format());
+  if (!add) return dev().widen_half(dst, static_cast<const uint16_t*>(src), n, model_.half_format());
   Tensor wide({n}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr, DType::F32, dev());
-  half_to_floats(wide.f32(), static_cast<const uint16_t*>(src), n, model_.half_format());
+  dev().widen_half(wide.f32(), static_cast<const uint16_t*>(src), n, model_.half_format());
   dev().accumulate(dst, wide.f32(), n, false);
 }
 
@@ -399,7 +404,7 @@ void FullyShardedDataParallel::finalize_backward() {
       if (!u.reduce_out.empty()) {
         // Post-divide in the reduce dtype, then torch's _cast_grad_to_param_dtype: the fp32 shard the
         // optimizer steps (docs/course_sources.md §6e); accumulating, added to what it holds.
-        scale_in(u.reduce_out.raw(), u.split.chunk, reduce_dtype_, post, dev());
+        scale_in(u.reduce_out.raw(), u.split.chunk, reduce_dtype_, post, dev(), ctx_ ? ctx_->memory() : nullptr);
         land_f32(shard, u.reduce_out.raw(), u.split.chunk, reduce_dtype_, reduce_dtype_ == DType::F32 || backwards_ > 0);
         u.reduce_out = Tensor();
       } else {
@@ -412,7 +417,7 @@ void FullyShardedDataParallel::finalize_backward() {
       // to earlier backwards'); the 16-bit gradient is spent, so the next backward starts from zero.
       Parameter& first = model_.parameters()[static_cast<size_t>(u.params.front())];
       void* reduced = u.reduce_in.empty() ? static_cast<void*>(first.grad16) : u.reduce_in.raw();
-      scale_in(reduced, u.split.numel, reduce_dtype_, post, dev());
+      scale_in(reduced, u.split.numel, reduce_dtype_, post, dev(), ctx_ ? ctx_->memory() : nullptr);
       const int64_t base = first.offset, owned_end = owned_begin_ + shard_grads_.numel();
       const int64_t a = std::max(base, owned_begin_), b = std::min(base + u.split.numel, owned_end);
       if (a < b)
@@ -435,7 +440,7 @@ void FullyShardedDataParallel::step() {
       if (!mixed()) return optimizer_->step(model_.params(), model_.grads());
       // Mixed: the fp32 master steps; the next forward's 16-bit parameters are its cast.
       optimizer_->step(shard_params_.f32(), shard_grads_.f32());
-      half_from_floats(model_.params16(), shard_params_.f32(), model_.num_params(), model_.half_format());
+      dev().narrow_half(model_.params16(), shard_params_.f32(), model_.num_params(), model_.half_format());
       return;
     case Sharding::Zero1: {
       // Update this rank's slice with its optimizer shard, then everyone gathers the slices; mixed
@@ -445,7 +450,7 @@ void FullyShardedDataParallel::step() {
       Tensor mine({c}, MemCategory::CommBuffers, mem, gather_dtype_, dev());
       if (real > 0 && mixed()) {
         optimizer_->step(shard_params_.f32(), shard_grads_.f32());
-        half_from_floats(mine.u16(), shard_params_.f32(), real, model_.half_format());
+        dev().narrow_half(mine.u16(), shard_params_.f32(), real, model_.half_format());
       } else if (real > 0) {
         optimizer_->step(model_.params() + rank_ * c, model_.grads() + rank_ * c);
         dev().copy(mine.f32(), model_.params() + rank_ * c, real * kF32);
@@ -461,13 +466,11 @@ void FullyShardedDataParallel::step() {
 }
 
 bool FullyShardedDataParallel::unscale_shard_grads(float inv_scale) {
-  DTLAB_CHECK(mixed() && dev().is_host(), "unscale_shard_grads() is mixed precision's, on a CPU run");
+  DTLAB_CHECK(mixed(), "unscale_shard_grads() is mixed precision's");
   float* g = shard_grads_.f32();
   const int64_t n = shard_grads_.numel();
   dev().scale(g, n, inv_scale);
-  for (int64_t k = 0; k < n; k++)
-    if (!std::isfinite(g[k])) return true;
-  return false;
+  return !dev().all_finite(g, n);
 }
 
 std::vector<OwnedSlice> FullyShardedDataParallel::owned(bool grads) const {

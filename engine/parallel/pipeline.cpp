@@ -356,7 +356,7 @@ void PipelineRank::step(float inv_scale) {
 bool PipelineRank::grads_nonfinite() const {
   for (const auto& m : models_)
     for (const Parameter& p : m->parameters())
-      if (!half_all_finite(p.grad16, p.numel, m->half_format())) return true;
+      if (!m->device().half_all_finite(p.grad16, p.numel, m->half_format())) return true;
   return false;
 }
 
@@ -388,9 +388,8 @@ void PipelineRank::reduce_embedding_grads() {
   if (plan_.ranks() == 1) {  // every stage here (--chunks): the two copies are summed in place
     Parameter& a = tied(*models_.front());
     Parameter& b = tied(*models_.back());
-    if (mixed()) {  // widened, added, rounded once (on the host: 16-bit layers run there)
-      const HalfFormat f = models_.front()->half_format();
-      for (int64_t i = 0; i < n; i++) b.grad16[i] = half_from_float(half_to_float(a.grad16[i], f) + half_to_float(b.grad16[i], f), f);
+    if (mixed()) {  // widened, added, rounded once, on the rank's device
+      device_.accumulate_half(b.grad16, a.grad16, n, false, models_.front()->half_format());
       device_.copy(a.grad16, b.grad16, n * static_cast<int64_t>(sizeof(uint16_t)));
       return;
     }
@@ -638,7 +637,7 @@ const Tensor* PipelineRank::forward(int stage, int mb) {
   if (stage == 0 && mixed()) {  // the batch as x.to(dtype), as the one-rank 16-bit model rounds it
     const int64_t D = spec_.in_features();
     st.input = activation(st.rows, D);
-    half_from_floats(st.input.u16(), x_ + st.offset * D, st.rows * D, model.half_format());
+    device_.narrow_half(st.input.u16(), x_ + st.offset * D, st.rows * D, model.half_format());
   }
   const void* in = layer_input(st, stage, 0);
   for (int i = 0; i < model.num_layers(); i++) {
@@ -659,7 +658,7 @@ const Tensor* PipelineRank::forward(int stage, int mb) {
   Tensor widened;  // 16 bits: the logits widened, so the loss runs in float32 (Model::forward's way)
   if (mixed()) {
     widened = Tensor({st.rows, C}, MemCategory::Activations, memory_, DType::F32, device_);
-    half_to_floats(widened.f32(), static_cast<const uint16_t*>(in), st.rows * C, model.half_format());
+    device_.widen_half(widened.f32(), static_cast<const uint16_t*>(in), st.rows * C, model.half_format());
     logits = widened.f32();
   }
   ComputeScope scope(observer_, ComputeKind::Loss, -1, 5.0 * st.rows * C);
@@ -680,7 +679,7 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
     device_.cross_entropy_backward(dout.f32(), st.probs.f32(), y_ + st.offset, st.rows, C, loss_scale_);
     if (mixed()) {  // the (scaled) loss gradient rounded to 16 bits, as Model::backward takes it
       Tensor d16 = activation(st.rows, C);
-      half_from_floats(d16.u16(), dout.f32(), st.rows * C, model.half_format());
+      device_.narrow_half(d16.u16(), dout.f32(), st.rows * C, model.half_format());
       dout = std::move(d16);
     }
   }

@@ -19,11 +19,6 @@ struct Combination {
 };
 
 const Combination kCombinations[] = {
-    {Feature::MixedPrecision, "--device cuda and --strategy fsdp, pipeline or dp",
-     [](const TrainConfig& c) {
-       return c.device == "cuda" && (c.strategy == Strategy::Fsdp || c.strategy == Strategy::Pipeline || c.strategy == Strategy::Dp);
-     },
-     "their 16-bit shards, stages and replicas are converted on the host", "use --strategy single or ddp on GPUs, or --device cpu", true},
     {Feature::SequenceParallel, "--strategy pipeline and an mlp model",
      [](const TrainConfig& c) { return c.strategy == Strategy::Pipeline && !c.model.is_gpt(); },
      "an MLP's stages send whole activations between ranks (a GPT's send their positions)", "drop --sequence-parallel, or use --model gpt", true},
