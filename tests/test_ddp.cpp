@@ -263,8 +263,44 @@ TEST_SUITE("ddp") {
                          "--comm-hook topk:ratio=0: write topk:ratio=F with F in (0, 1], the share of each bucket's entries a rank "
                          "sends, e.g. topk:ratio=0.01",
                          Error);
+    // PowerSGD (rank 1 from iteration 2; values held to torch's powerSGD_hook by tests/comm_hook_torch.py):
+    // mlp:2,64,64,3's weights are 64 x 2 (too thin: (64 + 2) x 2 >= 128, sent whole), 64 x 64 and 3 x 64
+    // (sent as P and Q: (64 + 64) and (3 + 64) floats), its biases whole. Before iteration 2 every bucket
+    // is a plain average of its float32 gradients.
+    TrainConfig q = plain;
+    q.ddp.comm_hook = parse_comm_hook("powersgd:rank=1,start=2");
+    CHECK(comm_hook_text(q.ddp.comm_hook) == "powersgd:rank=1,start=2");
+    CHECK(comm_hook_text(parse_comm_hook("powersgd")) == "powersgd:rank=1,start=1000");  // PowerSGDState's defaults
+    {
+      Trainer t(q);
+      train(t);
+      int64_t before = 0, after = 0;
+      std::vector<int64_t> counts;  // iteration 2's float32 all-reduces, in order
+      for (const Event& e : t.recorder().events(0)) {
+        if (e.kind == EventKind::BucketAllReduce && e.iteration == 1) before += e.bucket.bytes;
+        if (e.kind == EventKind::BucketAllReduce && e.iteration == 2) after += e.bucket.bytes;
+        if (e.kind == EventKind::Collective && e.iteration == 2 && e.coll.op == CollectiveOp::AllReduce) counts.push_back(e.coll.in_count);
+      }
+      CHECK(before == 4 * 4547);
+      CHECK(after == 4 * (64 * 2 + 64 + 64 + 3 + (64 + 64) + (3 + 64)));
+      // The rebuilt buckets (this config's small caps) are {4.weight, 4.bias, 2.bias}, {2.weight} and
+      // {0.weight, 0.bias}; each all-reduces its uncompressed tensors, then P, then Q (empty ones too,
+      // as torch's hook does), and the step's figures follow (4 floats).
+      const std::vector<int64_t> want{3 + 64, 3, 64, 0, 64, 64, 64 * 2 + 64, 0, 0, 4};
+      std::string got;
+      for (int64_t n : counts) got += std::to_string(n) + " ";
+      CAPTURE(got);
+      CHECK(counts == want);
+      Trainer ref(plain);
+      train(ref);
+      CHECK(max_abs_diff(t.model(), ref.model()) > 1e-4);  // the low-rank average is not the average
+    }
+    CHECK_THROWS_WITH_AS(parse_comm_hook("powersgd:rank=1,start=1"),
+                         "--comm-hook powersgd:rank=1,start=1: write powersgd:rank=R[,start=S] with R >= 1 (matrix_approximation_rank) "
+                         "and S >= 2 (start_powerSGD_iter: torch needs two plain iterations first), e.g. powersgd:rank=1,start=2",
+                         Error);
     // Join (uneven inputs): the joined rank's shadow collectives match the hook's.
-    for (const char* hook : {"fp16", "topk:ratio=0.05"}) {
+    for (const char* hook : {"fp16", "topk:ratio=0.05", "powersgd:rank=1,start=2"}) {
     CAPTURE(hook);
     TrainConfig j = plain;
     j.world_size = 4;

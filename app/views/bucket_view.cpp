@@ -124,7 +124,12 @@ void draw_header(const Snapshot& s, float fs, bool presentation, bool key) {
     char share[32];
     std::snprintf(share, sizeof share, "%g%%", 100.0 * hook.topk_ratio);
     const std::string how =
-        hook.kind == CommHook::TopK
+        hook.kind == CommHook::PowerSgd
+            ? "from iteration " + std::to_string(hook.powersgd_start) + " each gradient matrix (n x m) goes as rank-" +
+                  std::to_string(hook.powersgd_rank) +
+                  " factors: the thin tensors all-reduced whole, then P = M Q, then Q = M^T P (three all-reduces), "
+                  "the rest kept as error feedback"
+        : hook.kind == CommHook::TopK
             ? std::string("each rank adds its remembered error to a bucket, keeps the ") + share +
                   " of its entries largest in magnitude and all-gathers them with their int64 indices; the rest is its new error"
             : std::string("each bucket cast to ") + (hook.kind == CommHook::Fp16 ? "float16" : "bfloat16") +

@@ -112,15 +112,17 @@ std::vector<std::string> describe_bucket_assignment(const Model& model, const Bu
 }
 
 const char* comm_hook_name(CommHook h) {
-  return h == CommHook::Fp16 ? "fp16" : h == CommHook::Bf16 ? "bf16" : h == CommHook::TopK ? "topk" : "none";
+  return h == CommHook::Fp16 ? "fp16" : h == CommHook::Bf16 ? "bf16" : h == CommHook::TopK ? "topk" : h == CommHook::PowerSgd ? "powersgd" : "none";
 }
 
 const char* comm_hook_torch_name(CommHook h) {
   return h == CommHook::Fp16 ? "fp16_compress_hook" : h == CommHook::Bf16 ? "bf16_compress_hook"
-       : h == CommHook::TopK ? "topk (error feedback)" : "allreduce";
+       : h == CommHook::TopK ? "topk (error feedback)" : h == CommHook::PowerSgd ? "powerSGD_hook" : "allreduce";
 }
 
 std::string comm_hook_text(const CommHookSpec& h) {
+  if (h.kind == CommHook::PowerSgd)
+    return "powersgd:rank=" + std::to_string(h.powersgd_rank) + ",start=" + std::to_string(h.powersgd_start);
   if (h.kind != CommHook::TopK) return comm_hook_name(h.kind);
   char ratio[32];
   std::snprintf(ratio, sizeof ratio, "%g", h.topk_ratio);
@@ -146,8 +148,29 @@ CommHookSpec parse_comm_hook(const std::string& text) {
     h.topk_ratio = r;
     return h;
   }
+  if (text == "powersgd" || text.rfind("powersgd:", 0) == 0) {
+    h.kind = CommHook::PowerSgd;
+    const std::string usage = "--comm-hook " + text + ": write powersgd:rank=R[,start=S] with R >= 1 (matrix_approximation_rank) and "
+                              "S >= 2 (start_powerSGD_iter: torch needs two plain iterations first), e.g. powersgd:rank=1,start=2";
+    std::string rest = text == "powersgd" ? std::string() : text.substr(9);
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      const std::string kv = rest.substr(0, comma);
+      rest = comma == std::string::npos ? std::string() : rest.substr(comma + 1);
+      const size_t eq = kv.find('=');
+      if (eq == std::string::npos || (comma != std::string::npos && rest.empty())) throw Error(usage);
+      const std::string key = kv.substr(0, eq), val = kv.substr(eq + 1);
+      char* end = nullptr;
+      const long long v = std::strtoll(val.c_str(), &end, 10);
+      if (val.empty() || *end != '\0') throw Error(usage);
+      if (key == "rank" && v >= 1 && v <= 1024) h.powersgd_rank = static_cast<int>(v);
+      else if (key == "start" && v >= 2 && v <= 1000000000) h.powersgd_start = v;
+      else throw Error(usage);
+    }
+    return h;
+  }
   throw Error("--comm-hook " + text + " is not a communication hook; choose none, fp16 (torch's fp16_compress_hook), bf16 "
-              "(bf16_compress_hook) or topk:ratio=F (top-k with error feedback)");
+              "(bf16_compress_hook), topk:ratio=F (top-k with error feedback) or powersgd:rank=R,start=S (powerSGD_hook)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -396,6 +419,8 @@ void DistributedDataParallel::launch_ready_buckets() {
     if (casts()) {
       compress(bk);
       bk.work = comm_.all_reduce(bk.compressed.raw(), bk.numel, bk.compressed.dtype(), ReduceOp::Sum);
+    } else if (opt_.comm_hook.kind == CommHook::PowerSgd) {
+      power_sgd(bk, next_launch_);
     } else if (opt_.comm_hook.kind == CommHook::TopK) {
       sparsify(bk);
       bk.work = comm_.all_gather(bk.gathered_values.raw(), bk.topk_values.raw(), bk.topk, DType::F32);
@@ -411,7 +436,15 @@ void DistributedDataParallel::shadow_backward() {
   std::vector<Tensor> zeros;
   std::vector<WorkPtr> works;
   zeros.reserve(4 * buckets_.size());  // (never reallocated: the works read them)
-  for (const DdpBucket& bk : buckets_) {
+  for (size_t b = 0; b < buckets_.size(); b++) {
+    if (opt_.comm_hook.kind == CommHook::PowerSgd) {  // torch's join hook runs the comm hook on zeroed buckets
+      DdpBucket& zb = buckets_[b];
+      zb.buffer.zero();
+      power_sgd(zb, static_cast<int>(b));
+      zb.work->wait();
+      continue;
+    }
+    const DdpBucket& bk = buckets_[b];
     if (opt_.comm_hook.kind == CommHook::TopK) {  // zeros at index 0: they add nothing
       zeros.emplace_back(Shape{bk.topk}, MemCategory::CommBuffers, nullptr, DType::F32, model_.device());
       zeros.back().zero();
@@ -457,9 +490,10 @@ void DistributedDataParallel::finalize_backward() {
     stats_.overlapped_seconds += overlap_of(t.model_begin, t.model_end, stats_.backward_begin, stats_.backward_end);
     stats_.wall_comm_seconds += static_cast<double>(t.wall_end_ns - t.wall_begin_ns) * 1e-9;
     // What this rank sent: the 16-bit bucket, or its top-k values and indices.
-    const int64_t moved = casts()                                    ? bk.compressed.nbytes()
-                          : opt_.comm_hook.kind == CommHook::TopK ? bk.topk_values.nbytes() + bk.topk_indices.nbytes()
-                                                                  : bk.bytes;
+    const int64_t moved = casts()                                        ? bk.compressed.nbytes()
+                          : opt_.comm_hook.kind == CommHook::TopK     ? bk.topk_values.nbytes() + bk.topk_indices.nbytes()
+                          : opt_.comm_hook.kind == CommHook::PowerSgd ? bk.sent
+                                                                      : bk.bytes;
     stats_.bytes += moved;
     stats_.uncompressed_bytes += bk.bytes;
     if (casts()) decompress(bk);
@@ -575,6 +609,219 @@ void DistributedDataParallel::densify(DdpBucket& bk) {
   const float w = static_cast<float>(world_);
   for (float& x : sum) x /= w;
   store_floats(bk.buffer, sum, model_.half_format());
+}
+
+namespace {
+
+// torch's _orthogonalize_gram_schmidt (epsilon 0) on one rows x cols matrix, row-major: each column
+// normalized, then projected out of the columns after it. A zero column divides to NaN, as torch's does.
+void gram_schmidt(float* a, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < cols; i++) {
+    double ss = 0;
+    for (int64_t k = 0; k < rows; k++) ss += static_cast<double>(a[k * cols + i]) * a[k * cols + i];
+    const float norm = static_cast<float>(std::sqrt(ss));
+    for (int64_t k = 0; k < rows; k++) a[k * cols + i] /= norm;
+    for (int64_t j = i + 1; j < cols; j++) {
+      double dot = 0;
+      for (int64_t k = 0; k < rows; k++) dot += static_cast<double>(a[k * cols + i]) * a[k * cols + j];
+      const float d = static_cast<float>(dot);
+      for (int64_t k = 0; k < rows; k++) a[k * cols + j] -= d * a[k * cols + i];
+    }
+  }
+}
+
+// torch.randn(n) on the CPU after torch.manual_seed (its mt19937): 16 or more values are uniforms of 24
+// bits turned into normals 16 at a time by Box-Muller (normal_fill; a tail redraws the last 16), fewer
+// come one by one from normal_distribution<double> (53-bit uniforms, the second value of each pair cached).
+std::vector<float> torch_randn(std::mt19937& g, int64_t n) {
+  std::vector<float> d(static_cast<size_t>(n));
+  auto u24 = [&] { return static_cast<float>(static_cast<double>(g() & ((1u << 24) - 1)) * std::ldexp(1.0, -24)); };
+  if (n >= 16) {
+    auto fill16 = [](float* x) {
+      for (int j = 0; j < 8; j++) {
+        const float u1 = 1 - x[j], u2 = x[j + 8];
+        const float radius = std::sqrt(-2 * std::log(u1)), theta = 2.0f * static_cast<float>(M_PI) * u2;
+        x[j] = radius * std::cos(theta);
+        x[j + 8] = radius * std::sin(theta);
+      }
+    };
+    for (float& x : d) x = u24();
+    for (int64_t i = 0; i + 16 <= n; i += 16) fill16(d.data() + i);
+    if (n % 16 != 0) {
+      float* tail = d.data() + n - 16;
+      for (int i = 0; i < 16; i++) tail[i] = u24();
+      fill16(tail);
+    }
+    return d;
+  }
+  auto u53 = [&] {
+    const uint64_t hi = g(), lo = g();
+    return static_cast<double>(((hi << 32) | lo) & ((1ULL << 53) - 1)) * std::ldexp(1.0, -53);
+  };
+  bool cached = false;
+  double next = 0;
+  for (float& x : d) {
+    if (cached) {
+      x = static_cast<float>(next);
+      cached = false;
+      continue;
+    }
+    const double u1 = u53(), u2 = u53();
+    const double radius = std::sqrt(-2.0 * std::log1p(-u2)), theta = 2.0 * M_PI * u1;
+    next = radius * std::sin(theta);
+    cached = true;
+    x = static_cast<float>(radius * std::cos(theta));
+  }
+  return d;
+}
+
+// numpy's RandomState.randint(1_000_000_000): 30-bit masked draws until one is in range.
+uint32_t numpy_randint_1e9(std::mt19937& g) {
+  uint32_t v;
+  do v = g() & ((1u << 30) - 1);
+  while (v > 999999999u);
+  return v;
+}
+
+}  // namespace
+
+// torch's powerSGD_hook (ddp_comm_hooks/powerSGD_hook.py), step by step, on the host in float32 (as the
+// cast hooks; the factors are small); the three all-reduces move the bucket's device memory.
+void DistributedDataParallel::power_sgd(DdpBucket& bk, int index) {
+  Device& dev = model_.device();
+  MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
+  const HalfFormat hf = model_.half_format();
+  const float w = static_cast<float>(world_);
+  const bool last = index + 1 == static_cast<int>(buckets_.size());  // GradBucket.is_last(): the iteration's last
+  std::vector<float> v = host_floats(bk.buffer, hf);
+  if (psgd_iter_ < opt_.comm_hook.powersgd_start) {  // default._allreduce_fut: divide, then all-reduce
+    for (float& x : v) x /= w;
+    store_floats(bk.buffer, v, hf);
+    bk.work = comm_.all_reduce(bk.buffer.raw(), bk.numel, bk.buffer.dtype(), ReduceOp::Sum);
+    bk.sent = bk.bytes;
+    if (last) psgd_iter_++;
+    return;
+  }
+  if (psgd_.size() <= static_cast<size_t>(index)) psgd_.resize(static_cast<size_t>(index) + 1);
+  PowerSgdBucket& st = psgd_[static_cast<size_t>(index)];
+  // Error feedback: the remembered error added in, and what the rank then holds kept.
+  if (st.error.empty()) {
+    st.error = Tensor({bk.numel}, MemCategory::CommBuffers, mem, DType::F32, cpu_device());
+    st.error.zero();
+  }
+  float* err = st.error.f32();
+  for (int64_t i = 0; i < bk.numel; i++) v[static_cast<size_t>(i)] += err[i];
+  const std::vector<float> held = v;
+  // Which tensors are worth compressing, as n x m matrices (tensor.view(shape[0], -1)).
+  struct Mat {
+    int64_t at, n, m, r;
+  };
+  std::vector<Mat> mats, plain;
+  const auto& ps = model_.parameters();
+  const int64_t rank = opt_.comm_hook.powersgd_rank;
+  for (size_t s = 0; s < bk.params.size(); s++) {
+    const Parameter& p = ps[static_cast<size_t>(bk.params[s])];
+    const int64_t n = p.shape.empty() ? 1 : p.shape.front(), m = n > 0 ? p.numel / n : 0;
+    const int64_t r = std::min({n, m, rank});
+    const bool worth = (n + m) * r * 2 < n * m;  // _should_compress with min_compression_rate 2
+    (worth ? mats : plain).push_back({bk.offsets[s], n, m, r});
+  }
+  // torch groups the matrices by shape (in the order each shape first appears) before laying out P and Q.
+  std::vector<Mat> grouped;
+  for (size_t i = 0; i < mats.size(); i++) {
+    bool seen = false;
+    for (size_t j = 0; j < i; j++) seen = seen || (mats[j].n == mats[i].n && mats[j].m == mats[i].m);
+    if (seen) continue;
+    for (size_t j = i; j < mats.size(); j++)
+      if (mats[j].n == mats[i].n && mats[j].m == mats[i].m) grouped.push_back(mats[j]);
+  }
+  int64_t np = 0, nq = 0, nu = 0;
+  for (const Mat& a : grouped) np += a.n * a.r, nq += a.m * a.r;
+  for (const Mat& a : plain) nu += a.n * a.m;
+  const bool fresh = !st.started;  // warm start: Q is drawn only the first time
+  if (fresh) {
+    st.p.assign(static_cast<size_t>(np), 0.0f);
+    st.q.assign(static_cast<size_t>(nq), 0.0f);
+    st.started = true;
+    std::mt19937 g(numpy_randint_1e9(psgd_rng_));  // torch.manual_seed(state.rng.randint(1_000_000_000))
+    int64_t qo = 0;
+    for (const Mat& a : grouped) {
+      const std::vector<float> draw = torch_randn(g, a.m * a.r);
+      std::copy(draw.begin(), draw.end(), st.q.begin() + qo);
+      qo += a.m * a.r;
+    }
+  }
+  {
+    int64_t qo = 0;
+    for (const Mat& a : grouped) {
+      gram_schmidt(st.q.data() + qo, a.m, a.r);
+      qo += a.m * a.r;
+    }
+  }
+  // P = M Q for every matrix.
+  int64_t po = 0, qo = 0;
+  for (const Mat& a : grouped) {
+    const float* M = held.data() + a.at;
+    for (int64_t i = 0; i < a.n; i++)
+      for (int64_t c = 0; c < a.r; c++) {
+        double acc = 0;
+        for (int64_t k = 0; k < a.m; k++) acc += static_cast<double>(M[i * a.m + k]) * st.q[static_cast<size_t>(qo + k * a.r + c)];
+        st.p[static_cast<size_t>(po + i * a.r + c)] = static_cast<float>(acc);
+      }
+    po += a.n * a.r, qo += a.m * a.r;
+  }
+  // The three all-reduces, each waited for before the next step needs it: the uncompressed tensors (then
+  // averaged into the bucket), P (a sum), Q (then averaged).
+  auto all_reduce = [&](std::vector<float>& host, int64_t n) {
+    Tensor t({n}, MemCategory::CommBuffers, mem, DType::F32, dev);
+    if (n > 0) dev.upload(t.raw(), host.data(), n * static_cast<int64_t>(sizeof(float)));
+    WorkPtr work = comm_.all_reduce(t.raw(), n, DType::F32, ReduceOp::Sum);
+    work->wait();
+    if (n > 0) dev.download(host.data(), t.raw(), n * static_cast<int64_t>(sizeof(float)));
+    return work;
+  };
+  std::vector<float> u(static_cast<size_t>(nu));
+  int64_t uo = 0;
+  for (const Mat& a : plain) {
+    std::copy(held.begin() + a.at, held.begin() + a.at + a.n * a.m, u.begin() + uo);
+    uo += a.n * a.m;
+  }
+  all_reduce(u, nu);
+  uo = 0;
+  for (const Mat& a : plain) {
+    for (int64_t i = 0; i < a.n * a.m; i++) v[static_cast<size_t>(a.at + i)] = u[static_cast<size_t>(uo + i)] / w;
+    uo += a.n * a.m;
+  }
+  all_reduce(st.p, np);
+  po = qo = 0;
+  for (const Mat& a : grouped) {  // P orthogonalized, then Q = M^T P
+    gram_schmidt(st.p.data() + po, a.n, a.r);
+    const float* M = held.data() + a.at;
+    for (int64_t k = 0; k < a.m; k++)
+      for (int64_t c = 0; c < a.r; c++) {
+        double acc = 0;
+        for (int64_t i = 0; i < a.n; i++) acc += static_cast<double>(M[i * a.m + k]) * st.p[static_cast<size_t>(po + i * a.r + c)];
+        st.q[static_cast<size_t>(qo + k * a.r + c)] = static_cast<float>(acc);
+      }
+    po += a.n * a.r, qo += a.m * a.r;
+  }
+  bk.work = all_reduce(st.q, nq);
+  for (float& x : st.q) x /= w;
+  po = qo = 0;
+  for (const Mat& a : grouped) {  // M = P Q^T
+    for (int64_t i = 0; i < a.n; i++)
+      for (int64_t k = 0; k < a.m; k++) {
+        double acc = 0;
+        for (int64_t c = 0; c < a.r; c++)
+          acc += static_cast<double>(st.p[static_cast<size_t>(po + i * a.r + c)]) * st.q[static_cast<size_t>(qo + k * a.r + c)];
+        v[static_cast<size_t>(a.at + i * a.m + k)] = static_cast<float>(acc);
+      }
+    po += a.n * a.r, qo += a.m * a.r;
+  }
+  for (int64_t i = 0; i < bk.numel; i++) err[i] = held[static_cast<size_t>(i)] - v[static_cast<size_t>(i)];
+  store_floats(bk.buffer, v, hf);
+  bk.sent = (nu + np + nq) * static_cast<int64_t>(sizeof(float));
+  if (last) psgd_iter_++;
 }
 
 DType DistributedDataParallel::bucket_dtype() const {

@@ -29,6 +29,7 @@
 // torch/csrc/distributed/c10d/reducer.cpp, rebuild_buckets and ensure_prior_reduction_finished).
 #pragma once
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -86,15 +87,25 @@ std::vector<std::string> describe_bucket_assignment(const Model& model, const Bu
 // ceil(ratio x n) entries of largest magnitude (the lower index first on a tie), remembers the rest
 // as its new error, and all-gathers the kept values (float32) and their indices (int64); every rank
 // then adds every rank's entries into a zeroed bucket and divides by the world size.
-enum class CommHook : uint8_t { None, Fp16, Bf16, TopK };
+// PowerSgd is torch's powerSGD_hook with PowerSGDState's defaults but rank and start (Vogels, Karimireddy
+// and Jaggi 2019; docs/course_sources.md §6e): for `start` iterations a plain average; then each rank adds
+// its error to the bucket, all-reduces the tensors not worth compressing ((n + m) r x 2 >= n m) as they
+// are, and approximates each n x m gradient matrix M by P Q^T: Q (m x r, warm-started; drawn from torch's
+// randn under a seed from numpy's RandomState(0) the first time) orthogonalized, P = M Q all-reduced
+// (a sum) and orthogonalized, Q = M^T P all-reduced and divided by the world size, M = P Q^T; the error
+// is what the rank held minus that average. (n + m) r floats per matrix instead of n m.
+enum class CommHook : uint8_t { None, Fp16, Bf16, TopK, PowerSgd };
 struct CommHookSpec {
   CommHook kind = CommHook::None;
   double topk_ratio = 0.01;  // TopK: the share of each bucket's entries a rank sends
+  int powersgd_rank = 1;            // PowerSgd: matrix_approximation_rank
+  int64_t powersgd_start = 1000;    // PowerSgd: start_powerSGD_iter (torch's default; > 1)
   bool operator==(const CommHookSpec&) const = default;
 };
-const char* comm_hook_name(CommHook h);        // "none", "fp16", "bf16", "topk"
-const char* comm_hook_torch_name(CommHook h);  // "allreduce", "fp16_compress_hook", "bf16_compress_hook", "topk (error feedback)"
-std::string comm_hook_text(const CommHookSpec& h);  // what --comm-hook takes: "fp16", "topk:ratio=0.01"
+const char* comm_hook_name(CommHook h);        // "none", "fp16", "bf16", "topk", "powersgd"
+// "allreduce", "fp16_compress_hook", "bf16_compress_hook", "topk (error feedback)", "powerSGD_hook"
+const char* comm_hook_torch_name(CommHook h);
+std::string comm_hook_text(const CommHookSpec& h);  // what --comm-hook takes: "fp16", "topk:ratio=0.01", "powersgd:rank=1,start=2"
 // dtlab::Error naming the choices for anything else.
 CommHookSpec parse_comm_hook(const std::string& text);
 
@@ -121,6 +132,7 @@ struct DdpBucket {
   // TopK: this rank's kept values (float32) and indices (int64), and every rank's, all-gathered.
   Tensor topk_values, topk_indices, gathered_values, gathered_indices;
   int64_t topk = 0;              // entries each rank sends
+  int64_t sent = 0;              // PowerSgd: the bytes this pass's collectives moved for the bucket
   WorkPtr work2;                 // TopK: the indices' all-gather (`work` gathers the values)
   std::string names;             // "4.bias, 4.weight"
   int32_t label = -1;            // `names` interned in the recorder
@@ -211,6 +223,17 @@ class DistributedDataParallel {
   void decompress(DdpBucket& bk);
   void sparsify(DdpBucket& bk);    // TopK, before the all-gathers
   void densify(DdpBucket& bk);     // TopK, after them
+  // PowerSgd: the whole hook at the bucket's launch (its three all-reduces depend on one another);
+  // bk.work is the last one.
+  void power_sgd(DdpBucket& bk, int index);
+  struct PowerSgdBucket {
+    Tensor error;                 // the rank's remembered error, float32 on the host (the Memory view's)
+    std::vector<float> p, q;      // the warm-started factors, every compressed matrix's in bucket order
+    bool started = false;
+  };
+  std::vector<PowerSgdBucket> psgd_;  // per bucket index, as torch's error_dict, p_memory_dict, q_memory_dict
+  int64_t psgd_iter_ = 0;             // PowerSGDState.iter: backward passes seen
+  std::mt19937 psgd_rng_{0};          // numpy's RandomState(0) (random_seed): MT19937 seeded as init_genrand(0)
   bool casts() const { return opt_.comm_hook.kind == CommHook::Fp16 || opt_.comm_hook.kind == CommHook::Bf16; }
   Tensor wide_;                    // mixed precision: one parameter's gradient widened to float32 for its division
   Tensor error_;                   // TopK: the remembered error, float32, flat in parameters() order
