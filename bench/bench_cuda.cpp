@@ -9,7 +9,12 @@
 //  2. ring all-reduce of N ranks sharing the GPU (the cuda backend), nccl-tests columns (#wrong, algbw,
 //     busbw = algbw * 2(n-1)/n), against the device's own device-to-device copy bandwidth.
 // Without a CUDA device (or built without CUDA) it prints one line and exits 0.
+//  --precision bf16|fp16 runs dtlab's 16-bit layout (16-bit parameters, gradients and activations, fp32 master
+//     weights: --precision) against PyTorch's usual 16-bit training on the same GPU, torch.autocast with fp32
+//     parameters (and GradScaler's scale for fp16; the two layouts differ, as docs/gpu.md says); the losses then
+//     agree to the 16-bit format's rounding only.
 // Usage: dtlab-bench-cuda [--gemm | --gpt] [--model SPEC] [--batch B] [--steps N] [--cpu-steps N] [--world N]
+//                         [--precision fp32|bf16|fp16]
 //   --gemm is a preset (--model mlp:4096,16384,16384,4096 --batch 8192 --steps 10; explicit flags win);
 //   --gpt one too (--model gpt2-124m --batch 8 --steps 10 --world 0);
 //   --world 0 skips the all-reduce; --cpu-steps 0 skips the CPU reference (skipped by default when a
@@ -85,7 +90,7 @@ struct StepTimes {
 // (download of the loss stats, the trainer's one wait per step).
 // A GPT reads `tok` (B x T ids; x is empty) and its rows are its positions.
 StepTimes time_steps(Device& dev, const ModelSpec& spec, const std::vector<float>& x, const std::vector<int64_t>& y,
-                     const std::vector<int64_t>& tok, int64_t B, int64_t warmup, int64_t steps) {
+                     const std::vector<int64_t>& tok, int64_t B, int64_t warmup, int64_t steps, Precision precision) {
   const int64_t D = spec.in_features(), K = spec.out_features(), R = B * spec.rows_per_sample();
   const bool gpt = spec.is_gpt();
   OptimizerConfig oc;
@@ -95,6 +100,10 @@ StepTimes time_steps(Device& dev, const ModelSpec& spec, const std::vector<float
   MemoryTracker mem;
   Model model(spec, &mem, 0, dev);
   Optimizer opt(oc, model.num_params(), &mem, dev);
+  if (is_mixed(precision)) {  // the model's .to(dtype), its fp32 master copy in the optimizer
+    model.set_precision(precision);
+    opt.init_master(model.params16(), model.half_format());
+  }
   // The CPU reads the host vectors where they are; a GPU gets them uploaded once.
   Tensor gx, gy;
   const float* xp = x.data();
@@ -122,7 +131,8 @@ StepTimes time_steps(Device& dev, const ModelSpec& spec, const std::vector<float
     dev.cross_entropy_forward(probs.f32(), s, logits, yp, R, K);
     dev.cross_entropy_backward(dlogits.f32(), probs.f32(), yp, R, K, 1.0f / float(R));
     model.backward(dlogits.f32());
-    opt.step(model.params(), model.grads());
+    if (model.mixed()) opt.step_mixed(model.params16(), model.grads16(), 1.0f);
+    else opt.step(model.params(), model.grads());
     double h[kLossStatsDoubles];
     dev.download(h, s, sizeof h);  // a step ends when the device has finished it
     const double dt = seconds_since(t0);
@@ -134,9 +144,10 @@ StepTimes time_steps(Device& dev, const ModelSpec& spec, const std::vector<float
 }
 
 // PyTorch on the same GPU, same model, init, data and optimizer (bench/torch_step.py cuda).
-nlohmann::json torch_step(const ModelSpec& spec, int64_t B, int64_t steps, int64_t warmup) {
+nlohmann::json torch_step(const ModelSpec& spec, int64_t B, int64_t steps, int64_t warmup, Precision precision) {
   const std::string cmd = "/usr/bin/python3 " DTLAB_SOURCE_DIR "/bench/torch_step.py " + spec.str() + " " + std::to_string(B) +
-                          " " + std::to_string(steps) + " " + std::to_string(warmup) + " 1 cuda 2>/dev/null";
+                          " " + std::to_string(steps) + " " + std::to_string(warmup) + " 1 cuda " + precision_name(precision) +
+                          " 2>/dev/null";
   std::string out;
   if (FILE* f = popen(cmd.c_str(), "r")) {
     char buf[512];
@@ -147,7 +158,7 @@ nlohmann::json torch_step(const ModelSpec& spec, int64_t B, int64_t steps, int64
 }
 
 // 1. One training step: the GPU, PyTorch on the GPU, and the CPU engine when asked or cheap.
-void bench_step(const ModelSpec& spec, int64_t B, int64_t steps, int64_t cpu_steps) {
+void bench_step(const ModelSpec& spec, int64_t B, int64_t steps, int64_t cpu_steps, Precision precision) {
   const double flops = step_flops(spec, B);
   // A GEMM-bound step warms up in two (cuBLAS picks its kernels on the first); small ones take five.
   const int64_t D = spec.in_features(), K = spec.out_features(), warmup = flops > 1e12 ? 2 : 5;
@@ -168,19 +179,19 @@ void bench_step(const ModelSpec& spec, int64_t B, int64_t steps, int64_t cpu_ste
   StepTimes g;
   {
     std::unique_ptr<Device> gpu = cuda::make_device(0, 0);
-    g = time_steps(*gpu, spec, x, y, tok, B, warmup, steps);
+    g = time_steps(*gpu, spec, x, y, tok, B, warmup, steps, precision);
   }  // its memory goes back before PyTorch runs on the same GPU
   const double gs = median(g.seconds);
-  std::printf("train step of %s, batch %lld, adamw, median of %lld steps after %lld warm-up (%.1f GFLOP of GEMMs per step)\n",
-              spec.str().c_str(), static_cast<long long>(B), static_cast<long long>(steps), static_cast<long long>(warmup),
-              flops / 1e9);
+  std::printf("train step of %s, batch %lld, adamw, %s, median of %lld steps after %lld warm-up (%.1f GFLOP of GEMMs per step)\n",
+              spec.str().c_str(), static_cast<long long>(B), precision_name(precision), static_cast<long long>(steps),
+              static_cast<long long>(warmup), flops / 1e9);
   std::printf("  gpu   %9.3f ms/step  %10.0f samples/s  %7.2f TFLOP/s  first loss %.6f\n", 1e3 * gs, double(B) / gs,
               flops / gs / 1e12, g.first_loss);
   std::printf("  device memory: %s charged to the rank (parameters, gradients, AdamW state, activations)\n",
               human_bytes(g.tracked_bytes).c_str());
 
   if (cpu_steps > 0) {
-    const StepTimes c = time_steps(cpu_device(), spec, x, y, tok, B, 1, cpu_steps);
+    const StepTimes c = time_steps(cpu_device(), spec, x, y, tok, B, 1, cpu_steps, precision);
     const double cs = median(c.seconds);
     std::printf("  cpu   %9.3f ms/step  %10.0f samples/s  %7.2f TFLOP/s  first loss %.6f  (%d BLAS threads)\n", 1e3 * cs,
                 double(B) / cs, flops / cs / 1e12, c.first_loss, compute_threads());
@@ -190,13 +201,15 @@ void bench_step(const ModelSpec& spec, int64_t B, int64_t steps, int64_t cpu_ste
     std::printf("  cpu   not measured (%.0f GFLOP per step; --cpu-steps N measures it)\n", flops / 1e9);
   }
 
-  const nlohmann::json j = torch_step(spec, B, steps, warmup);
+  const nlohmann::json j = torch_step(spec, B, steps, warmup, precision);
   if (j.is_discarded() || !j.is_object() || j.contains("error") || !j.contains("median_ms")) {
     std::printf("  pytorch (cuda) not measured: %s\n",
                 j.is_object() && j.contains("error") ? j["error"].get<std::string>().c_str() : "/usr/bin/python3 with torch is not available");
     return;
   }
   const double ts = j["median_ms"].get<double>() / 1e3;
+  if (is_mixed(precision))
+    std::printf("  (pytorch runs forward and loss under torch.autocast(%s): fp32 parameters, 16-bit GEMMs)\n", precision_name(precision));
   std::printf("  pytorch (cuda) %9.3f ms/step  %10.0f samples/s  %7.2f TFLOP/s  first loss %.6f  (torch %s)\n", 1e3 * ts,
               double(B) / ts, flops / ts / 1e12, j["first_loss"].get<double>(), j["torch"].get<std::string>().c_str());
   std::printf("  ratio dtlab/torch on the GPU: %.3f (below 1: dtlab's step is faster); first-loss difference %.2g\n", gs / ts,
@@ -288,14 +301,16 @@ int main(int argc, char** argv) {
   int64_t B = 0, steps = 0, cpu_steps = -1;  // 0 / empty: the preset's; cpu_steps -1: 20 when cheap, else 0
   int world = -1;  // -1: the preset's (4, or 0 under --gpt)
   bool gemm = false, gpt = false;
+  Precision precision = Precision::FP32;
   for (int i = 1; i < argc; i++) {
     const std::string k = argv[i];
     if (k == "--gemm" || k == "--gpt") {
       (k == "--gemm" ? gemm : gpt) = true;
       continue;
     }
-    if (k != "--model" && k != "--batch" && k != "--steps" && k != "--cpu-steps" && k != "--world") {
-      std::fprintf(stderr, "dtlab-bench-cuda: unknown flag %s; flags are --gemm --gpt --model --batch --steps --cpu-steps --world\n",
+    if (k != "--model" && k != "--batch" && k != "--steps" && k != "--cpu-steps" && k != "--world" && k != "--precision") {
+      std::fprintf(stderr,
+                   "dtlab-bench-cuda: unknown flag %s; flags are --gemm --gpt --model --batch --steps --cpu-steps --world --precision\n",
                    k.c_str());
       return 2;
     }
@@ -305,7 +320,15 @@ int main(int argc, char** argv) {
     }
     const std::string v = argv[++i];
     char* end = nullptr;
-    const int64_t n = std::strtoll(v.c_str(), &end, 10);  // every flag but --model takes a whole number
+    if (k == "--precision") {
+      if (v != "fp32" && v != "bf16" && v != "fp16") {
+        std::fprintf(stderr, "dtlab-bench-cuda: --precision %s is not a precision; use fp32, bf16 or fp16\n", v.c_str());
+        return 2;
+      }
+      precision = parse_precision(v.c_str());
+      continue;
+    }
+    const int64_t n = std::strtoll(v.c_str(), &end, 10);  // every flag but --model and --precision takes a whole number
     if (k != "--model" && (v.empty() || *end != '\0')) {
       std::fprintf(stderr, "dtlab-bench-cuda: %s %s is not a whole number\n", k.c_str(), v.c_str());
       return 2;
@@ -335,7 +358,7 @@ int main(int argc, char** argv) {
     if (spec.is_gpt() && spec.gpt.vocab == 0) spec.gpt.vocab = 65;  // shakespeare_char's, as dtlab-bench-step
     if (cpu_steps < 0) cpu_steps = step_flops(spec, B) <= 200e9 ? 20 : 0;
     std::printf("%s\n", cuda::runtime_summary().c_str());
-    bench_step(spec, B, steps, cpu_steps);
+    bench_step(spec, B, steps, cpu_steps, precision);
     if (world > 0 && bench_allreduce(world) > 0) {
       std::fprintf(stderr, "dtlab-bench-cuda: the all-reduce gave wrong values (#wrong above)\n");
       return 1;

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """PyTorch reference for bench/bench_step.cpp: the same model, init, data and optimizer, timed the
 same way; with DEVICE cuda, the reference for bench/bench_cuda.cpp on the GPU (each step ends when
-the GPU finished it). Prints one JSON object. Usage: torch_step.py SPEC BATCH STEPS WARMUP THREADS [DEVICE]"""
+the GPU finished it). PRECISION bf16 or fp16 runs forward and loss under torch.autocast in that dtype
+(fp32 parameters, gradients and AdamW state, PyTorch's usual 16-bit training; fp16 scales the loss by
+GradScaler's 65536 and unscales before the step). Prints one JSON object.
+Usage: torch_step.py SPEC BATCH STEPS WARMUP THREADS [DEVICE [PRECISION]]"""
 import json, math, sys, time
 
 try:
@@ -12,6 +15,31 @@ except ImportError:
 
 spec, batch, steps, warmup, threads = sys.argv[1], *map(int, sys.argv[2:6])
 device = sys.argv[6] if len(sys.argv) > 6 else "cpu"
+precision = sys.argv[7] if len(sys.argv) > 7 else "fp32"
+amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+scaler = torch.cuda.amp.GradScaler() if precision == "fp16" and device == "cuda" else None
+
+
+def step(opt, compute_loss):
+    """One optimizer step: forward and loss under autocast when asked, backward, (unscale,) step."""
+    opt.zero_grad(set_to_none=False)
+    if amp_dtype is None:
+        loss = compute_loss()
+        loss.backward()
+        opt.step()
+        return loss
+    with torch.autocast(device_type=device, dtype=amp_dtype):
+        loss = compute_loss()
+    if scaler is None:
+        loss.backward()
+        opt.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    return loss
+
+
 if device == "cuda" and not torch.cuda.is_available():
     print(json.dumps({"error": "torch sees no CUDA device"}))
     sys.exit(0)
@@ -33,10 +61,7 @@ if spec.startswith("gpt:"):  # nanoGPT's GPT (tests/nanogpt_torch.py) on tokens 
     times, first_loss = [], None
     for i in range(warmup + steps):
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=False)
-        loss = model(idx, tgt)
-        loss.backward()
-        opt.step()
+        loss = step(opt, lambda: model(idx, tgt))
         if device == "cuda":
             torch.cuda.synchronize()
         if first_loss is None:
@@ -45,7 +70,7 @@ if spec.startswith("gpt:"):  # nanoGPT's GPT (tests/nanogpt_torch.py) on tokens 
             times.append(time.perf_counter() - t0)
     times.sort()
     print(json.dumps({"median_ms": 1e3 * times[len(times) // 2], "min_ms": 1e3 * times[0], "first_loss": first_loss,
-                      "torch": torch.__version__, "threads": torch.get_num_threads(), "device": device}))
+                      "torch": torch.__version__, "threads": torch.get_num_threads(), "device": device, "precision": precision}))
     sys.exit(0)
 dims = [int(d) for d in spec.split(":")[1].split(",")]
 torch.manual_seed(0)
@@ -66,10 +91,7 @@ loss_fn = torch.nn.CrossEntropyLoss()
 times, first_loss = [], None
 for i in range(warmup + steps):
     t0 = time.perf_counter()
-    opt.zero_grad(set_to_none=False)
-    loss = loss_fn(model(x), y)
-    loss.backward()
-    opt.step()
+    loss = step(opt, lambda: loss_fn(model(x), y))
     if device == "cuda":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
@@ -79,4 +101,4 @@ for i in range(warmup + steps):
         times.append(dt)
 times.sort()
 print(json.dumps({"median_ms": 1e3 * times[len(times) // 2], "min_ms": 1e3 * times[0],
-                  "first_loss": first_loss, "torch": torch.__version__, "threads": torch.get_num_threads(), "device": device}))
+                  "first_loss": first_loss, "torch": torch.__version__, "threads": torch.get_num_threads(), "device": device, "precision": precision}))

@@ -41,7 +41,9 @@
 #         d. bench       build-gpu/bin/dtlab-bench-cuda (GPU step vs CPU step vs PyTorch on the same GPU, ring
 #                        all-reduce busbw), then dtlab-bench-cuda --gemm (mlp:4096,16384,16384,4096 at batch
 #                        8192, TFLOP/s against torch's; bench-gemm, run last), and dtlab-bench-cuda --gpt (GPT-2
-#                        small, batch 8 x 1024, fp32, against PyTorch eager; bench-gpt);
+#                        small, batch 8 x 1024, fp32, against PyTorch eager; bench-gpt), and the bench model in bf16
+#                        (dtlab-bench-cuda --precision bf16: dtlab's 16-bit layout against torch.autocast(bf16);
+#                        bench-bf16);
 #                        when the bench's /usr/bin/python3 has no torch, bench/torch_step.py runs with the
 #                        python3 on PATH instead;
 #         e. screens     lab screenshots of a GPU run (dtlab --device cuda --strategy ddp --world 4 --run
@@ -60,7 +62,8 @@
 #   --build-only        unpack, configure, build and verify-prefix only
 #   --skip-screens      no screenshots (the step is shown "off" and does not count)
 #   --quick             fewer train rows, a smaller GEMM bench, one screenshot, a shorter time budget
-#   --only STEPS        after the (incremental) build, run only these of gpu-info,tests,train,bench,bench-gpt,screens,bench-gemm
+#   --only STEPS        after the (incremental) build, run only these of gpu-info,tests,train,bench,bench-bf16,bench-gpt,screens,
+#                       bench-gemm
 #   --verify-prefix     only the verify-prefix check of an existing build dir (exit 1 if anything resolved
 #                       outside the prefix)
 #   --build-dir DIR     build there instead of build-gpu/ (also DTLAB_GPU_BUILD_DIR)
@@ -116,7 +119,7 @@ while (($#)); do
       extra_cmake=$2; shift ;;
     --cmake-args=*) extra_cmake=${1#*=} ;;
     --only)
-      (($# >= 2)) || { echo "$me: --only needs a list of steps; use --only tests,train (steps: gpu-info tests train bench bench-gpt screens bench-gemm)" >&2; exit 2; }
+      (($# >= 2)) || { echo "$me: --only needs a list of steps; use --only tests,train (steps: gpu-info tests train bench bench-bf16 bench-gpt screens bench-gemm)" >&2; exit 2; }
       only=$2; shift ;;
     --only=*) only=${1#*=} ;;
     -h|--help) sed -n '2,/^set -uo pipefail/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -125,8 +128,8 @@ while (($#)); do
   shift
 done
 for o in ${only//,/ }; do
-  case $o in gpu-info|tests|train|bench|bench-gpt|screens|bench-gemm) ;;
-    *) echo "$me: --only: unknown step '$o'; the steps are gpu-info, tests, train, bench, bench-gpt, screens, bench-gemm" >&2; exit 2 ;;
+  case $o in gpu-info|tests|train|bench|bench-bf16|bench-gpt|screens|bench-gemm) ;;
+    *) echo "$me: --only: unknown step '$o'; the steps are gpu-info, tests, train, bench, bench-bf16, bench-gpt, screens, bench-gemm" >&2; exit 2 ;;
   esac
 done
 if ((with_mesa)) && [[ $mode != fetch ]]; then
@@ -754,7 +757,7 @@ step_bench() {
   bw=$(awk '$3 == "float" && $4 == "sum" {if ($7 + 0 > m) m = $7 + 0} END {if (m) printf "%.1f", m}' "$log")
   # The bench asks /usr/bin/python3 for torch; the GPU image's torch may be another python3's on PATH.
   if [[ -z $t ]] && grep -q 'pytorch (cuda) not measured' "$log" && ((gpu)) && python3 -c 'import torch' 2>/dev/null; then
-    local spec=mlp:256,1024,1024,10 batch=256 steps=50 a
+    local spec=mlp:256,1024,1024,10 batch=256 steps=50 prec=fp32 a
     local args=("$@")
     # --gemm is dtlab-bench-cuda's preset (bench/bench_cuda.cpp); explicit flags after it win there too.
     for a in "${args[@]}"; do
@@ -762,11 +765,14 @@ step_bench() {
       [[ $a == --gpt ]] && spec=gpt:layers=12,heads=12,embd=768,ctx=1024,vocab=50257 batch=8 steps=10
     done
     for ((a = 0; a + 1 < ${#args[@]}; a++)); do
-      case ${args[$a]} in --model) spec=${args[$((a + 1))]} ;; --batch) batch=${args[$((a + 1))]} ;; --steps) steps=${args[$((a + 1))]} ;; esac
+      case ${args[$a]} in
+        --model) spec=${args[$((a + 1))]} ;; --batch) batch=${args[$((a + 1))]} ;; --steps) steps=${args[$((a + 1))]} ;;
+        --precision) prec=${args[$((a + 1))]} ;;
+      esac
     done
-    echo "== PyTorch with the python3 on PATH ($(command -v python3)): bench/torch_step.py $spec $batch $steps 5 1 cuda" >>"$log"
+    echo "== PyTorch with the python3 on PATH ($(command -v python3)): bench/torch_step.py $spec $batch $steps 5 1 cuda $prec" >>"$log"
     local j="" tl; tl=$(limit_for 120)
-    ((tl > 0)) && j=$(timeout -k 10 "$tl" python3 "$root/bench/torch_step.py" "$spec" "$batch" "$steps" 5 1 cuda 2>>"$log")
+    ((tl > 0)) && j=$(timeout -k 10 "$tl" python3 "$root/bench/torch_step.py" "$spec" "$batch" "$steps" 5 1 cuda "$prec" 2>>"$log")
     echo "$j" >>"$log"
     t=$(sed -n 's/.*"median_ms": *\([0-9.eE+-]*\).*/\1/p' <<<"$j")
     [[ -n $t && -n $g ]] && r=$(awk -v g="$g" -v t="$t" 'BEGIN {printf "%.3f", g / t}')
@@ -934,6 +940,8 @@ wanted gpu-info && step_gpu_info
 wanted tests && step_tests
 wanted train && step_train
 wanted bench && step_bench bench 150
+# The bench model in bf16: dtlab's 16-bit layout (--precision) against torch.autocast(bf16) on the same GPU.
+wanted bench-bf16 && step_bench bench-bf16 90 --precision bf16 --world 0
 # dtlab-bench-cuda --gpt: GPT-2 small (gpt2-124m) at batch 8 x 1024, fp32, against PyTorch eager.
 if wanted bench-gpt; then
   gptb=(--gpt)
