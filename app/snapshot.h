@@ -248,6 +248,7 @@ struct RunConfigView {
   std::string backend = "threads";        // threads | socket (a launched world) | cuda | nccl
   std::string attached;                   // HOST:PORT of the launched run's monitor; "" for a run in this window
   Precision precision = Precision::FP32;  // --precision (mixed: 16-bit parameters/gradients, fp32 master weights)
+  Precision amp = Precision::FP32;        // --amp (torch.autocast: fp32 parameters/gradients, 16-bit activations)
   bool reduce_fp32 = false;               // --reduce-dtype fp32: gradients reduce in float32 (DDP buckets, FSDP)
   GptSpec gpt;                            // a GPT's shape, its vocabulary the data's (empty for an MLP)
   bool activation_checkpointing = false;  // --activation-checkpointing

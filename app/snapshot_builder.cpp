@@ -364,6 +364,7 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.sized_first_iteration = config.ddp.sized_first_iteration;
   c.comm_hook = config.ddp.comm_hook;
   c.precision = config.precision;
+  c.amp = config.amp;
   c.reduce_fp32 = config.reduce_fp32;
   c.settings = changed_settings(config);
   // Read before the run starts (FSDP releases the model's storage then; the counts stay).

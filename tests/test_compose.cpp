@@ -1,4 +1,5 @@
-// Issue 34's combination test: every combination of strategy x precision x --tp x LoRA x
+// Issue 34's combination test: every combination of strategy x precision (--precision, or --amp's
+// autocast) x --tp x LoRA x
 // activation checkpointing x device present either trains 3 steps or is refused with the
 // capability table's own sentence (engine/train/strategy.cpp, engine/train/compose.cpp; listed in
 // docs/composition.md). Where a reference exists the run meets it:
@@ -35,13 +36,14 @@ namespace {
 struct Combo {
   Strategy strategy = Strategy::Single;
   Precision precision = Precision::FP32;
+  bool amp = false;  // the 16-bit dtype as --amp (torch.autocast) instead of --precision
   int tp = 1;
   int lora = 0;
   bool recompute = false;
-  auto key() const { return std::make_tuple(static_cast<int>(strategy), static_cast<int>(precision), tp, lora, recompute); }
+  auto key() const { return std::make_tuple(static_cast<int>(strategy), static_cast<int>(precision), amp, tp, lora, recompute); }
   bool operator<(const Combo& o) const { return key() < o.key(); }
   std::string str() const {
-    return std::string(strategy_name(strategy)) + " " + precision_name(precision) + " tp " + std::to_string(tp) + " lora " +
+    return std::string(strategy_name(strategy)) + " " + (amp ? "amp " : "") + precision_name(precision) + " tp " + std::to_string(tp) + " lora " +
            std::to_string(lora) + (recompute ? " recompute" : "");
   }
 };
@@ -57,7 +59,7 @@ TrainConfig config_of(const Combo& k, const std::string& device) {
   if (device == "cuda") c.backend = "cuda";  // ranks share the GPU
   c.optimizer = default_optimizer_config(OptimizerKind::SGD);
   c.optimizer.lr = 0.1;
-  c.precision = k.precision;
+  (k.amp ? c.amp : c.precision) = k.precision;
   c.tp = k.tp;
   c.lora.rank = k.lora;
   c.activation_checkpointing = k.recompute;
@@ -108,10 +110,12 @@ void check_every_combination(const std::string& device) {
   int refused = 0;
   for (const StrategyTraits& st : strategy_table())
     for (Precision p : precisions)
+     for (bool amp : {false, true})
       for (int tp : {1, 2})
         for (int lora : {0, 4})
           for (bool recompute : {false, true}) {
-            const Combo k{st.kind, p, tp, lora, recompute};
+            if (amp && p == Precision::FP32) continue;  // autocast to float32 is no autocast
+            const Combo k{st.kind, p, amp, tp, lora, recompute};
             CAPTURE(k.str());
             const TrainConfig c = config_of(k, device);
             const std::string refusal = table_refusal(c);
@@ -150,11 +154,13 @@ void check_every_combination(const std::string& device) {
         ref.run();
         const std::vector<float> want = ref.result_model().merged_params();
         REQUIRE(want.size() == res.params.size());
-        if (k.tp > 1 && is_mixed(k.precision)) {
-          // A TP group sums 16-bit partial outputs the one-rank model never forms (Megatron under bf16):
-          // equal within the dtype's rounding at each tensor's scale.
+        if ((k.tp > 1 && is_mixed(k.precision)) || k.amp) {
+          // A TP group sums 16-bit partial outputs the one-rank model never forms (Megatron under bf16),
+          // and under autocast each replica's weight gradient is rounded to 16 bits before the float32
+          // sum over replicas (torch's replicas cast their own): equal within the dtype's rounding at
+          // each tensor's scale.
           TrainConfig c32 = c;
-          c32.precision = Precision::FP32;
+          c32.precision = c32.amp = Precision::FP32;
           Trainer exact(c32);
           exact.run();
           const std::string why = test::differs_at_tensor_scale(c.model, res.params, want, exact.result_model().merged_params(),

@@ -191,12 +191,50 @@ bool draw_rank_bar(ImDrawList* dl, const Snapshot& s, int r, const BarLayout& la
   return row_hovered;
 }
 
+// The grey "other" bar of a 16-bit run (--precision or --amp) is real memory too: name it, so nobody reads it as a leak.
+void draw_scratch_note(const Snapshot& s, int r) {
+  const RunConfigView& rc = s.config;
+  const MemoryStats& st = s.memory[static_cast<size_t>(r)].stats;
+  const int64_t scratch = st.current_of(MemCategory::Other);
+  if (scratch > 0) {
+    ImGui::PushTextWrapPos(0.0f);
+    ImGui::TextDisabled("other %s: the float32 scratch a 16-bit op runs in (its widened operands and result, sized "
+                        "by the largest %s; 16-bit GEMM kernels keep these in registers, which this engine does not use "
+                        "yet). Without it "
+                        "rank %d holds %s: the figure to set beside an fp32 run's.",
+                        human_bytes(scratch).c_str(), rc.gpt.empty() ? "layer" : "op (the logits, the attention scores)", r,
+                        human_bytes(st.total_current - scratch).c_str());
+    ImGui::PopTextWrapPos();
+  }
+}
+
 // Mixed precision: what rank `r` holds per parameter, from its live bytes over Ψ, as the ZeRO paper
 // counts it (2 + 2 + 4 + 8 = 16 for AdamW; docs/course_sources.md §6d). Not under LoRA, where the
 // frozen base has no gradients or state and one Ψ does not divide them all. A pipeline rank holds
 // only its stages: its Ψ is the parameters it holds (its 16-bit parameters' bytes / 2).
 void draw_bytes_per_param(const Snapshot& s, int r) {
   const RunConfigView& rc = s.config;
+  if (is_mixed(rc.amp) && rc.num_params > 0 && rc.frozen_params == 0) {  // autocast: the other layout, side by side
+    const MemoryStats& st = s.memory[static_cast<size_t>(r)].stats;
+    const double psi = static_cast<double>(rc.num_params);
+    const double p = static_cast<double>(st.current_of(MemCategory::Parameters)) / psi;
+    const double g = static_cast<double>(st.current_of(MemCategory::Gradients)) / psi;
+    const double o = static_cast<double>(st.current_of(MemCategory::OptimizerState)) / psi;
+    ImGui::Text("bytes per parameter (autocast %s, rank %d): parameters %.3g + gradients %.3g + optimizer state %.3g = %.3g; "
+                "activations in 16 bits",
+                precision_name(rc.amp), r, p, g, o, p + g + o);
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip("torch.autocast keeps parameters, gradients and AdamW's m and v in float32 (4 + 4 + 8) and casts\n"
+                        "each Linear's operands to 16 bits: the activations are what halves. --precision %s is the other\n"
+                        "layout (Megatron's, FSDP MixedPrecision's): 2 + 2 + 4 (fp32 master) + 8 = 16 bytes, 16-bit\n"
+                        "gradients, and DDP all-reduces half the bytes.",
+                        precision_name(rc.amp));
+    ImGui::TextDisabled("against --precision %s's layout: parameters 2 + gradients 2 + master weights 4 + optimizer state 8 = 16; "
+                        "DDP here all-reduces float32 gradients (a comm hook halves them)",
+                        precision_name(rc.amp));
+    draw_scratch_note(s, r);
+    return;
+  }
   if (!is_mixed(rc.precision) || rc.num_params <= 0 || rc.frozen_params > 0) return;
   const MemoryStats& st = s.memory[static_cast<size_t>(r)].stats;
   const bool stages = rc.strategy == Strategy::Pipeline;
@@ -211,17 +249,7 @@ void draw_bytes_per_param(const Snapshot& s, int r) {
     ImGui::SetTooltip("Each category's bytes now over the %s parameters %s.\n16-bit parameters and gradients, an fp32 master "
                       "copy the optimizer updates,\nand AdamW's fp32 m and v: the ZeRO paper's 2 + 2 + K with K = 12.",
                       param_count_str(psi).c_str(), stages ? "this rank's stages hold" : "of the model");
-  // The grey "other" bar of a mixed run is real memory too: name it, so nobody reads it as a leak.
-  const int64_t scratch = st.current_of(MemCategory::Other);
-  if (scratch > 0) {
-    ImGui::PushTextWrapPos(0.0f);
-    ImGui::TextDisabled("other %s: the float32 scratch a 16-bit op runs in on the CPU (its widened operands and "
-                        "result, sized by the largest %s; a GPU's tensor cores keep these in registers). Without it "
-                        "rank %d holds %s: the figure to set beside an fp32 run's.",
-                        human_bytes(scratch).c_str(), rc.gpt.empty() ? "layer" : "op (the logits, the attention scores)", r,
-                        human_bytes(st.total_current - scratch).c_str());
-    ImGui::PopTextWrapPos();
-  }
+  draw_scratch_note(s, r);
 }
 
 // The live bars: what each rank holds now. `reserve_h` is kept free below them (the comparison).
@@ -592,8 +620,9 @@ void draw_strategies_compared(const Snapshot& s, MemoryViewState& view) {
   std::string title = "your model: " + param_count_str(in.params) + " parameters" +
                       (lora ? " frozen + " + param_count_str(in.lora_params) + " LoRA" : "") + ", " +
                       std::to_string(in.world) + (in.world == 1 ? " rank" : " ranks");
-  std::string subtitle = std::string(mixed ? precision_name(rc.precision) : "fp32") + (mixed ? " mixed precision, " : ", ") + opt +
-                         "; this run: ";
+  std::string subtitle = (is_mixed(rc.amp) ? std::string("fp32 under autocast ") + precision_name(rc.amp)
+                                            : std::string(mixed ? precision_name(rc.precision) : "fp32")) +
+                         (mixed ? " mixed precision, " : ", ") + opt + "; this run: ";
   if (single) subtitle += "single, one rank: nothing to shard, every strategy holds it all";
   else if (rc.strategy == Strategy::Ddp) subtitle += "ddp = NO_SHARD (every rank a full replica)";
   else if (rc.strategy == Strategy::Dp) subtitle += "dp: rank 0 as NO_SHARD; the others hold a replica only inside an iteration";

@@ -323,7 +323,7 @@ void Model::layer_forward(int i, float* out, const float* in, int64_t B) {
 }
 
 void Model::forward_layer_as(int i, float* out, const float* in, int64_t B, ComputeKind kind) {
-  DTLAB_CHECK(!mixed(), "layer_forward() on a mixed-precision model; it runs through forward()");
+  DTLAB_CHECK(!half_acts(), "layer_forward() on a model with 16-bit activations; it runs through forward()");
   DTLAB_CHECK(!sequence_parallel(),
               "layer_forward() runs tensor parallelism without sequence parallelism; a sequence-parallel model "
               "runs through forward()");
@@ -347,7 +347,7 @@ void Model::forward_layer_as(int i, float* out, const float* in, int64_t B, Comp
 void Model::layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out,
                            int64_t B) {
   DTLAB_CHECK(!sequence_parallel(), "layer_backward() with sequence parallelism; it runs through backward()");
-  DTLAB_CHECK(!mixed(), "layer_backward() on a mixed-precision model; it runs through backward()");
+  DTLAB_CHECK(!half_acts(), "layer_backward() on a model with 16-bit activations; it runs through backward()");
   const Layer& L = layer(i);
   {
     ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
@@ -528,16 +528,16 @@ void Model::ensure_activations(int64_t B) {
     const Layer& L = layer(i);
     const int64_t rows_in = sequence_parallel() ? sp_rows(i, false) : B;
     const int64_t rows_out = sequence_parallel() ? sp_rows(i, true) : B;
-    acts_.push_back(keeps_output(i) ? Tensor({rows_out, L.out_features}, MemCategory::Activations, tracker_, param_dtype(), device_)
+    acts_.push_back(keeps_output(i) ? Tensor({rows_out, L.out_features}, MemCategory::Activations, tracker_, act_dtype(), device_)
                                     : Tensor());
     if (checkpointing_) recompute_width = std::max(recompute_width, rows_out * L.out_features);
     const bool gather = sequence_parallel() && L.kind == LayerKind::Linear && L.tp == TpRole::Column;
-    sp_gathered_.push_back(gather ? Tensor({padded_, L.in_features}, MemCategory::Activations, tracker_, param_dtype(), device_)
+    sp_gathered_.push_back(gather ? Tensor({padded_, L.in_features}, MemCategory::Activations, tracker_, act_dtype(), device_)
                                   : Tensor());
     widest = std::max({widest, rows_in * L.in_features, rows_out * L.out_features});
   }
-  for (auto& d : dbuf_) d = Tensor({widest}, MemCategory::Activations, tracker_, param_dtype(), device_);
-  if (recompute_width > 0) recompute_ = Tensor({recompute_width}, MemCategory::Activations, tracker_, param_dtype(), device_);
+  for (auto& d : dbuf_) d = Tensor({widest}, MemCategory::Activations, tracker_, act_dtype(), device_);
+  if (recompute_width > 0) recompute_ = Tensor({recompute_width}, MemCategory::Activations, tracker_, act_dtype(), device_);
   capacity_ = B;
   checkpointed_alloc_ = checkpointing_;
 }
@@ -579,7 +579,7 @@ void Model::gpt_backward_weight(GptCore& acts) { acts.backward_weight(gpt_params
 
 const float* Model::forward(const float* x, int64_t B) {
   DTLAB_CHECK(gpt_ == nullptr, "a GPT's forward takes tokens: forward_tokens()");
-  if (mixed()) return half_forward(x, B);
+  if (half_acts()) return half_forward(x, B);
   ensure_activations(B);
   input_ = x;
   layer_in_.assign(layers_.size(), nullptr);
@@ -612,7 +612,7 @@ void Model::backward(const float* dlogits, const GradReadyHook& on_grad_ready) {
     return;
   }
   DTLAB_CHECK(input_ != nullptr, "backward() called before forward()");
-  if (mixed()) return half_backward(dlogits, on_grad_ready);
+  if (half_acts()) return half_backward(dlogits, on_grad_ready);
   const bool sp = sequence_parallel();
   const float* dout = sp ? sp_split_rows(sp_dlogits_, dlogits, layer(num_layers() - 1).out_features) : dlogits;
   int first = 0;  // the first computed layer needs no input gradient (its input is the data)

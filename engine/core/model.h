@@ -294,7 +294,7 @@ class Model {
   // before the first forward, for a layer the branch bypassed, and under mixed precision (16-bit).
   const float* last_input() const { return input_; }
   const float* layer_output(int i) const {
-    return input_ && !mixed() && !layer_skipped(i) && keeps_output(i) ? acts_[static_cast<size_t>(i)].f32() : nullptr;
+    return input_ && !half_acts() && !layer_skipped(i) && keeps_output(i) ? acts_[static_cast<size_t>(i)].f32() : nullptr;
   }
   // Rows of layer_output(i): batch() unless sequence parallel, where a layer inside a pair (a
   // column-parallel Linear and its ReLU) holds the padded batch and every other layer this rank's
@@ -339,7 +339,18 @@ class Model {
   void set_precision(Precision p);
   Precision precision() const { return precision_; }
   bool mixed() const { return is_mixed(precision_); }
-  HalfFormat half_format() const { return half_format_of(precision_); }
+  // torch.autocast(dtype) (--amp bf16|fp16; docs/course_sources.md §6e): parameters, gradients and the
+  // optimizer's state stay float32. Each Linear runs on 16-bit casts of its input, weight and bias (each
+  // rounded once from float32), accumulates in float32 and rounds its output to 16 bits, so the
+  // activations are 16-bit tensors and ReLU runs on them; the loss widens the logits (cross_entropy is
+  // on autocast's float32 list). A Linear's weight and bias gradients come out of its 16-bit backward
+  // rounded to 16 bits and are added to the float32 .grad (the cast's backward widens them exactly).
+  // Set once, before training, on a model that is not set_precision()'s.
+  void set_amp(Precision p);
+  bool amp() const { return is_mixed(amp_); }
+  bool half_acts() const { return mixed() || amp(); }  // the activations are 16-bit tensors
+  DType act_dtype() const;                              // their dtype
+  HalfFormat half_format() const { return half_format_of(mixed() ? precision_ : amp_); }
   DType param_dtype() const;  // F32, BF16 or F16
   uint16_t* params16() { return mixed() && !flat_params_.empty() ? flat_params_.u16() : nullptr; }
   const uint16_t* params16() const { return mixed() && !flat_params_.empty() ? flat_params_.u16() : nullptr; }
@@ -387,6 +398,9 @@ class Model {
   uint16_t* half_scratch(Tensor& t, int64_t n);  // n 16-bit elements of the model's dtype
   void add_to_grad16(Parameter& p, const float* add);      // grad16 = round(grad16 + add), torch's .grad +=
   float* widen(Tensor& t, const uint16_t* src, int64_t n);  // src as float32 in scratch `t`
+  // A parameter as a 16-bit Linear reads it, in float32 scratch `t`: the 16-bit value widened, or under
+  // autocast the float32 value rounded to 16 bits (its cast).
+  const float* operand(Tensor& t, const Parameter& p, int64_t n);
   float* f32_scratch(Tensor& t, int64_t n);                  // n floats of fp32 compute scratch
   // enable_lora()'s GPT part (engine/core/gpt.h's GptAdapters).
   void enable_gpt_lora(uint64_t seed);
@@ -439,6 +453,7 @@ class Model {
   Tensor sp_x_, sp_dlogits_, sp_logits_;  // this rank's rows of the input and dlogits; all logits
   Tensor scratch_, grad_scratch_, ones_;   // partial sums, partial gradients, a column of ones
   Precision precision_ = Precision::FP32;
+  Precision amp_ = Precision::FP32;  // set_amp's dtype
   // Mixed precision: the batch in 16 bits, the widened logits, each layer's 16-bit input, and the
   // float32 operands and results of the layer running now (the GEMM's fp32 side, "other" memory).
   Tensor x16_, logits32_;

@@ -18,6 +18,21 @@ DType Model::param_dtype() const {
   return precision_ == Precision::BF16 ? DType::BF16 : precision_ == Precision::FP16 ? DType::F16 : DType::F32;
 }
 
+DType Model::act_dtype() const {
+  if (!half_acts()) return DType::F32;
+  return half_format() == HalfFormat::BF16 ? DType::BF16 : DType::F16;
+}
+
+void Model::set_amp(Precision p) {
+  if (!is_mixed(p)) return;
+  if (mixed()) throw Error("--amp with --precision: autocast keeps float32 parameters, --precision makes them 16-bit; choose one");
+  DTLAB_CHECK(!gpt_, "set_amp() on a GPT: its layers' autocast is not built");
+  amp_ = p;
+  acts_.clear();  // allocated again in 16 bits by the next forward
+  for (auto& d : dbuf_) d = Tensor();
+  capacity_ = 0;
+}
+
 void Model::set_precision(Precision p) {
   if (p == precision_) return;
   const std::string flag = std::string("--precision ") + precision_name(p);
@@ -62,6 +77,14 @@ float* Model::f32_scratch(Tensor& t, int64_t n) {
   return t.f32();
 }
 
+const float* Model::operand(Tensor& t, const Parameter& p, int64_t n) {
+  if (!amp()) return widen(t, p.data16, n);
+  float* dst = f32_scratch(t, n);
+  device_.copy(dst, p.data, n * static_cast<int64_t>(sizeof(float)));
+  device_.round_half(dst, n, half_format());  // autocast's weight.to(dtype)
+  return dst;
+}
+
 float* Model::widen(Tensor& t, const uint16_t* src, int64_t n) {
   float* dst = f32_scratch(t, n);
   device_.widen_half(dst, src, n, half_format());
@@ -72,7 +95,7 @@ const float* Model::half_forward(const float* x, int64_t B) {
   ensure_activations(B);
   input_ = x;
   const int64_t D = spec_.dims[static_cast<size_t>(first_linear_)];
-  if (x16_.numel() < B * D) x16_ = Tensor({B * D}, MemCategory::Activations, tracker_, param_dtype(), device_);
+  if (x16_.numel() < B * D) x16_ = Tensor({B * D}, MemCategory::Activations, tracker_, act_dtype(), device_);
   device_.narrow_half(x16_.u16(), x, B * D, half_format());  // the batch as x.to(dtype)
   layer_in16_.assign(layers_.size(), nullptr);
   const bool sp = sequence_parallel();
@@ -97,7 +120,7 @@ const float* Model::half_forward(const float* x, int64_t B) {
   int64_t rows = B;
   if (sp) {  // every rank's rows of the logits (padded_ rows, as the float32 forward returns them)
     uint16_t* all = half_scratch(sp_logits16_, padded_ * C);
-    tp_comm().all_gather(all, in, padded_ / tp_.degree * C, param_dtype(), last.seq_index);
+    tp_comm().all_gather(all, in, padded_ / tp_.degree * C, act_dtype(), last.seq_index);
     in = all;
     rows = padded_;
   }
@@ -116,8 +139,8 @@ void Model::half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t
     ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, B));
     if (L.kind == LayerKind::ReLU) return half_relu_forward(out, in, n_out);
     const float* x = widen(fa_, in, B * L.in_features);
-    const float* w = widen(fb_, weight_of(L).data16, L.out_features * L.in_features);
-    b = widen(fc_, bias_of(L).data16, L.out_features);
+    const float* w = operand(fb_, weight_of(L), L.out_features * L.in_features);
+    b = operand(fc_, bias_of(L), L.out_features);
     float* y = f32_scratch(fd_, n_out);
     device_.linear_forward(y, x, w, row ? nullptr : b, B, L.in_features, L.out_features);
     device_.narrow_half(out, y, n_out, half_format());
@@ -125,7 +148,7 @@ void Model::half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t
   }
   if (!row) return;
   // g: the 16-bit partial outputs summed over the TP group, then the bias added once (model.cpp).
-  tp_comm().all_reduce(out, n_out, param_dtype(), L.seq_index);
+  tp_comm().all_reduce(out, n_out, act_dtype(), L.seq_index);
   half_add_bias_rows(out, b, B, L.out_features);
 }
 
@@ -153,14 +176,14 @@ void Model::half_relu_backward(uint16_t* dinp, const uint16_t* dout, const uint1
 }
 
 uint16_t* Model::half_scratch(Tensor& t, int64_t n) {
-  if (t.numel() < n || t.dtype() != param_dtype()) t = Tensor({n}, MemCategory::Activations, tracker_, param_dtype(), device_);
+  if (t.numel() < n || t.dtype() != act_dtype()) t = Tensor({n}, MemCategory::Activations, tracker_, act_dtype(), device_);
   return t.u16();
 }
 
 const float* Model::half_all_reduce_partial(const float* partial, int64_t n, int layer) {
   uint16_t* h = half_scratch(h16b_, n);
   device_.narrow_half(h, partial, n, half_format());
-  tp_comm().all_reduce(h, n, param_dtype(), layer);
+  tp_comm().all_reduce(h, n, act_dtype(), layer);
   return widen(ff_, h, n);
 }
 
@@ -183,11 +206,11 @@ void Model::half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, Comp
     ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, sp_rows(i, true)));
     return half_relu_forward(out, in, n);
   }
-  const float* w = widen(fb_, weight_of(L).data16, L.out_features * L.in_features);
-  const float* b = widen(fc_, bias_of(L).data16, L.out_features);
+  const float* w = operand(fb_, weight_of(L), L.out_features * L.in_features);
+  const float* b = operand(fc_, bias_of(L), L.out_features);
   if (L.tp == TpRole::Column) {
     uint16_t* gathered = sp_gathered_[static_cast<size_t>(i)].u16();
-    tp_comm().all_gather(gathered, in, local * L.in_features, param_dtype(), L.seq_index);
+    tp_comm().all_gather(gathered, in, local * L.in_features, act_dtype(), L.seq_index);
     ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, all));
     float* y = f32_scratch(fd_, all * L.out_features);
     const float* x = widen(fa_, gathered, all * L.in_features);
@@ -204,7 +227,7 @@ void Model::half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, Comp
       device_.narrow_half(partial, y, all * L.out_features, f);
       if (L.lora_a >= 0) half_lora_forward(L, partial, x, all);  // its partial sum rides g
     }
-    tp_comm().reduce_scatter(out, partial, local * L.out_features, param_dtype(), L.seq_index);
+    tp_comm().reduce_scatter(out, partial, local * L.out_features, act_dtype(), L.seq_index);
     half_add_bias_rows(out, b, local, L.out_features);
   } else {
     ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, local));
@@ -236,7 +259,7 @@ void Model::half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, 
   const uint16_t* gout16 = dout;
   if (L.tp == TpRole::Row) {
     uint16_t* gathered = half_scratch(h16a_, all * L.out_features);
-    tp_comm().all_gather(gathered, dout, local * L.out_features, param_dtype(), L.seq_index);
+    tp_comm().all_gather(gathered, dout, local * L.out_features, act_dtype(), L.seq_index);
     gout16 = gathered;
   }
   float* dx = dinp ? f32_scratch(fe_, rows * L.in_features) : nullptr;  // the column layer's: every row
@@ -246,7 +269,7 @@ void Model::half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, 
     ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, rows, dinp != nullptr));
     const float* gout = widen(fa_, gout16, rows * L.out_features);
     const float* x = widen(fb_, L.tp == TpRole::Column ? sp_gathered_[static_cast<size_t>(i)].u16() : in, rows * L.in_features);
-    const float* wv = dinp ? widen(fc_, w.data16, nw) : nullptr;
+    const float* wv = dinp ? operand(fc_, w, nw) : nullptr;
     if (L.tp == TpRole::Row) {
       device_.linear_backward(dx, dw, nullptr, gout, x, wv, all, L.in_features, L.out_features);
       // The bias gradient from this rank's rows only: summed over the group below.
@@ -263,7 +286,7 @@ void Model::half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, 
   if (dinp && L.tp == TpRole::Column) {
     uint16_t* full = half_scratch(h16a_, all * L.in_features);
     device_.narrow_half(full, dx, all * L.in_features, f);
-    tp_comm().reduce_scatter(dinp, full, local * L.in_features, param_dtype(), L.seq_index);
+    tp_comm().reduce_scatter(dinp, full, local * L.in_features, act_dtype(), L.seq_index);
   } else if (dinp) {
     device_.narrow_half(dinp, dx, rows * L.in_features, f);
   }
@@ -280,8 +303,8 @@ void Model::half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, 
 void Model::half_lora_forward(const Layer& L, uint16_t* out, const float* x, int64_t B) {
   const HalfFormat f = half_format();
   const int64_t r = lora_.rank, n_out = B * L.out_features;
-  const float* a = widen(lora_a32_, params_[static_cast<size_t>(L.lora_a)].data16, r * L.in_features);
-  const float* bm = widen(lora_b32_, params_[static_cast<size_t>(L.lora_b)].data16, L.out_features * r);
+  const float* a = operand(lora_a32_, params_[static_cast<size_t>(L.lora_a)], r * L.in_features);
+  const float* bm = operand(lora_b32_, params_[static_cast<size_t>(L.lora_b)], L.out_features * r);
   float* t = f32_scratch(lora_t_, 2 * B * r);
   device_.linear_forward(t, x, a, nullptr, B, L.in_features, r);
   device_.round_half(t, B * r, f);
@@ -304,8 +327,8 @@ void Model::half_lora_backward(const Layer& L, float* dx, const float* dy, const
   const int64_t r = lora_.rank, n_out = B * L.out_features;
   Parameter& A = params_[static_cast<size_t>(L.lora_a)];
   Parameter& Bm = params_[static_cast<size_t>(L.lora_b)];
-  const float* a = widen(lora_a32_, A.data16, A.numel);
-  const float* bm = widen(lora_b32_, Bm.data16, Bm.numel);
+  const float* a = operand(lora_a32_, A, A.numel);
+  const float* bm = operand(lora_b32_, Bm, Bm.numel);
   float* t = f32_scratch(lora_t_, 2 * B * r);  // recomputed, as lora_backward does
   float* dt = t + B * r;
   if (weights) {
@@ -336,6 +359,13 @@ void Model::half_lora_backward(const Layer& L, float* dx, const float* dy, const
 }
 
 void Model::add_to_grad16(Parameter& p, const float* add) {
+  if (amp()) {  // the 16-bit gradient (rounded once) widened by the cast's backward into the float32 .grad
+    float* g = f32_scratch(fh_, p.numel);
+    device_.copy(g, add, p.numel * static_cast<int64_t>(sizeof(float)));
+    device_.round_half(g, p.numel, half_format());
+    device_.accumulate(p.grad, g, p.numel, false);
+    return;
+  }
   float* g = widen(fh_, p.grad16, p.numel);
   device_.accumulate(g, add, p.numel, false);
   device_.narrow_half(p.grad16, g, p.numel, half_format());
@@ -403,7 +433,7 @@ void Model::half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, con
     const int64_t nw = L.out_features * L.in_features;
     const float* dy = widen(fa_, dout, n_out);
     const float* x = widen(fb_, in, B * L.in_features);
-    const float* w = dinp ? widen(fc_, weight_of(L).data16, nw) : nullptr;
+    const float* w = dinp ? operand(fc_, weight_of(L), nw) : nullptr;
     float* dw = lora() ? nullptr : f32_scratch(fd_, nw + L.out_features);  // dW, then db; none for a frozen base
     if (dw) device_.fill_zero(dw, (nw + L.out_features) * static_cast<int64_t>(sizeof(float)));
     float* dx = dinp ? f32_scratch(fe_, B * L.in_features) : nullptr;
@@ -416,7 +446,7 @@ void Model::half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, con
     if (dinp) device_.narrow_half(dinp, dx, B * L.in_features, f);
   }
   // f backward: the column-parallel Linear's 16-bit input gradient summed over the TP group.
-  if (dinp && L.tp == TpRole::Column) tp_comm().all_reduce(dinp, B * L.in_features, param_dtype(), L.seq_index);
+  if (dinp && L.tp == TpRole::Column) tp_comm().all_reduce(dinp, B * L.in_features, act_dtype(), L.seq_index);
   if (lora_split(L)) half_sum_lora_grad(L);
 }
 
@@ -440,13 +470,13 @@ void Model::layer_backward_input16(int i, uint16_t* dinp, const uint16_t* dout, 
                        layer_backward_flops(i, B, true) - layer_backward_flops(i, B, false));
     if (L.kind == LayerKind::ReLU) return half_relu_backward(dinp, dout, out, B * L.out_features);
     const float* dy = widen(fa_, dout, B * L.out_features);
-    const float* w = widen(fc_, weight_of(L).data16, L.out_features * L.in_features);
+    const float* w = operand(fc_, weight_of(L), L.out_features * L.in_features);
     float* dx = f32_scratch(fe_, B * L.in_features);
     device_.linear_backward(dx, nullptr, nullptr, dy, nullptr, w, B, L.in_features, L.out_features);
     if (L.lora_a >= 0) half_lora_backward(L, dx, dy, nullptr, B, false);
     device_.narrow_half(dinp, dx, B * L.in_features, f);
   }
-  if (L.tp == TpRole::Column) tp_comm().all_reduce(dinp, B * L.in_features, param_dtype(), L.seq_index);
+  if (L.tp == TpRole::Column) tp_comm().all_reduce(dinp, B * L.in_features, act_dtype(), L.seq_index);
 }
 
 // Its weight half (W): the parameter gradients half_layer_backward adds, from the same operands.

@@ -466,9 +466,11 @@ void FullyShardedDataParallel::step() {
 }
 
 bool FullyShardedDataParallel::unscale_shard_grads(float inv_scale) {
-  DTLAB_CHECK(mixed(), "unscale_shard_grads() is mixed precision's");
-  float* g = shard_grads_.f32();
-  const int64_t n = shard_grads_.numel();
+  // The float32 gradients this rank steps: its shard (or --precision's fp32 copy of what it owns), or
+  // under --amp with NO_SHARD and ZeRO-1 the model's own.
+  const bool own = mixed() || sharded();
+  float* g = own ? shard_grads_.f32() : model_.grads();
+  const int64_t n = own ? shard_grads_.numel() : model_.num_params();
   dev().scale(g, n, inv_scale);
   return !dev().all_finite(g, n);
 }

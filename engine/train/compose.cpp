@@ -16,18 +16,25 @@ struct Combination {
   const char* why;
   const char* fix;
   bool pending;  // the engine does not run it yet
+  const char* flag = nullptr;  // what the sentence calls the feature, when not its usual flag ("--amp")
 };
 
 const Combination kCombinations[] = {
     {Feature::SequenceParallel, "--strategy pipeline and an mlp model",
      [](const TrainConfig& c) { return c.strategy == Strategy::Pipeline && !c.model.is_gpt(); },
      "an MLP's stages send whole activations between ranks (a GPT's send their positions)", "drop --sequence-parallel, or use --model gpt", true},
+    {Feature::MixedPrecision, "--strategy pipeline", [](const TrainConfig& c) { return is_mixed(c.amp) && c.strategy == Strategy::Pipeline; },
+     "a pipeline stage's sends and schedule run --precision's 16-bit layout only", "use --precision bf16, or --strategy ddp or fsdp with --amp", true,
+     "--amp"},
+    {Feature::MixedPrecision, "--model gpt", [](const TrainConfig& c) { return is_mixed(c.amp) && c.model.is_gpt(); },
+     "the GPT's layers run --precision's 16-bit layout only", "use --precision bf16, or an mlp model with --amp", true, "--amp"},
     {Feature::SkipLayer, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
      "it bypasses one of the MLP's Linear layers (DDP's unused-parameters lesson)", "drop --skip-layer, or use an mlp model", false},
 };
 
 // What a refusal calls the feature in its sentence.
 std::string flag_text(const TrainConfig& c, Feature f) {
+  if (f == Feature::MixedPrecision && is_mixed(c.amp)) return std::string("--amp ") + precision_name(c.amp);
   if (f == Feature::MixedPrecision) return std::string("--precision ") + (is_mixed(c.precision) ? precision_name(c.precision) : "bf16");
   return feature_flag(f);
 }
@@ -47,7 +54,7 @@ std::vector<Feature> features_used(const TrainConfig& c) {
   if (c.tp > 1) f.push_back(Feature::TensorParallel);
   if (c.sequence_parallel) f.push_back(Feature::SequenceParallel);
   if (c.lora.rank > 0) f.push_back(Feature::Lora);
-  if (is_mixed(c.precision)) f.push_back(Feature::MixedPrecision);
+  if (is_mixed(c.precision) || is_mixed(c.amp)) f.push_back(Feature::MixedPrecision);
   if (c.activation_checkpointing) f.push_back(Feature::Recompute);
   if (c.accum > 1) f.push_back(Feature::Accumulation);
   if (!c.save_sharded_path.empty()) f.push_back(Feature::SaveSharded);
@@ -84,7 +91,8 @@ std::vector<RefusalLine> all_refusals() {
                      sentence(feature_flag(f), (std::string("--strategy ") + t.name).c_str(), s.why, s.fix, s.pending), s.pending});
     }
   for (const Combination& k : kCombinations)
-    out.push_back({std::string(feature_flag(k.feature)) + " x " + k.with, sentence(feature_flag(k.feature), k.with, k.why, k.fix, k.pending),
+    out.push_back({std::string(k.flag ? k.flag : feature_flag(k.feature)) + " x " + k.with,
+                   sentence(k.flag ? k.flag : feature_flag(k.feature), k.with, k.why, k.fix, k.pending),
                    k.pending});
   return out;
 }

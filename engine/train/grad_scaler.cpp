@@ -17,6 +17,18 @@ bool GradScaler::agree(Communicator* comm, bool found_inf, Device& dev) {
   return all_reduce_value(*comm, found_inf ? 1.0f : 0.0f, ReduceOp::Max, dev) != 0.0f;
 }
 
+bool GradScaler::unscale_grads(Model& model) {
+  if (model.mixed()) return local_found_inf(model);
+  Device& dev = model.device();
+  bool found = false;
+  for (const Parameter& p : model.parameters()) {
+    if (!p.grad || p.numel == 0) continue;
+    dev.scale(p.grad, p.numel, inv_scale());
+    found = found || !dev.all_finite(p.grad, p.numel);
+  }
+  return found;
+}
+
 bool ShardedGradScaler::unscale_grads(Model&) { return fsdp_.unscale_shard_grads(inv_scale()); }
 
 std::unique_ptr<GradScaler> make_grad_scaler(FullyShardedDataParallel* fsdp) {

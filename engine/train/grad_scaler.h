@@ -38,7 +38,8 @@ class GradScaler {
   // torch's _unscale_grads_: does this rank's part of the gradients hold an inf or NaN? Here the
   // model's 16-bit gradients, whose division by the scale Optimizer::step_mixed fuses into the update.
   // Call before update(): the division uses the scale the gradients carry.
-  virtual bool unscale_grads(Model& model) { return local_found_inf(model); }
+  // Under --amp the float32 gradients are multiplied by 1 / scale in place first, as torch's unscale_ does.
+  virtual bool unscale_grads(Model& model);
   // Every rank's finding combined: an all-reduce MAX of one float on `comm` (null: this rank alone).
   // A collective: every rank calls it once per step.
   static bool agree(Communicator* comm, bool found_inf, Device& dev);

@@ -361,6 +361,11 @@ std::vector<Setting> make_settings() {
                         "fp32 | bf16 | fp16: mixed precision keeps parameters, activations and gradients in 16 bits and fp32 master "
                         "weights and optimizer state (fp16 adds a loss scaler)", 0, 0, true, "bf16"),
                     DTLAB_FIELD(precision), precision_name, [](const std::string& t) { return parse_precision(t.c_str()); }));
+  s.push_back(named(row("--amp", "amp", T::Choice, G::Precision, kBoth,
+                        "fp32 | bf16 | fp16: torch.autocast: parameters, gradients and optimizer state stay fp32, each Linear runs "
+                        "on 16-bit casts and the activations are 16-bit (fp16 adds GradScaler); not with --precision",
+                        0, 0, true, "bf16"),
+                    DTLAB_FIELD(amp), precision_name, [](const std::string& t) { return parse_precision(t.c_str()); }));
   s.push_back(converted(row("--reduce-dtype", "reduce_fp32", T::Choice, G::Precision, kBoth,
                             "Mixed precision: the dtype gradients are reduced in (DDP's buckets, FSDP's reduce-scatter): the "
                             "training dtype (default) or fp32", 0, 0, false, "fp32"),

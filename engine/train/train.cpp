@@ -84,6 +84,16 @@ void validate_lora(const TrainConfig& c) {
 }
 
 void validate_precision(const TrainConfig& c) {
+  if (is_mixed(c.amp) && is_mixed(c.precision))
+    throw Error("--amp with --precision: autocast keeps float32 parameters, --precision makes them 16-bit; choose one");
+  if (is_mixed(c.amp)) {
+    if (c.reduce_fp32) throw Error("--reduce-dtype fp32 applies to --precision's 16-bit gradients; under --amp they are float32 already");
+    if (!c.inject_overflow_steps.empty() && c.amp != Precision::FP16)
+      throw Error("--inject-overflow makes fp16 gradients overflow (bf16 has float32's range); use --amp fp16");
+    for (int64_t step : c.inject_overflow_steps)
+      if (step < 1) throw Error("--inject-overflow " + std::to_string(step) + " names no step: steps count from 1; pick steps 1 to N");
+    return;
+  }
   if (!is_mixed(c.precision)) {
     if (!c.inject_overflow_steps.empty())
       throw Error("--inject-overflow makes fp16 gradients overflow; add --precision fp16");
@@ -441,6 +451,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
     }
     // torch's model.to(torch.bfloat16) after construction (and --init): the 16-bit copy replaces the float32 one.
     if (is_mixed(config_.precision)) models_.back()->set_precision(config_.precision);
+    models_.back()->set_amp(config_.amp);  // torch.autocast around the forward (fp32 parameters)
     models_.back()->set_observer(in_world ? &world_->threads().context(r) : ctx_.get());
   }
 }

@@ -115,6 +115,10 @@ struct TrainConfig {
   // --precision bf16/fp16: mixed precision (Model::set_precision, Optimizer::step_mixed; FSDP's fp32
   // master shards); single, ddp and fsdp (every sharding) on the CPU engine, threads or dtlab-cli launch.
   Precision precision = Precision::FP32;
+  // --amp bf16/fp16: torch.autocast (Model::set_amp): float32 parameters, gradients and optimizer state,
+  // 16-bit Linear operands and activations; fp16 adds torch's GradScaler on the float32 gradients.
+  // Not with --precision (two layouts of 16-bit training).
+  Precision amp = Precision::FP32;
   // --reduce-dtype fp32: 16-bit gradients are reduced in float32 (DDP's buckets, FSDP's reduce-scatter;
   // torch's MixedPrecision reduce_dtype); otherwise in the training dtype.
   bool reduce_fp32 = false;

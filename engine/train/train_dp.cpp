@@ -62,7 +62,7 @@ class DataParallelRank final : public RankStrategy {
     // A 16-bit module: the one process keeps the fp32 master weights, and under fp16 one GradScaler
     // (torch.cuda.amp.GradScaler in the single process DataParallel runs in: nothing to agree on).
     if (model_.mixed()) opt_->init_master(model_.params16(), model_.half_format());
-    if (c_.precision == Precision::FP16) scaler_ = make_grad_scaler(nullptr);
+    if (c_.precision == Precision::FP16 || c_.amp == Precision::FP16) scaler_ = make_grad_scaler(nullptr);
     TrainConfig loader = c_;
     loader.batch = G_;
     data_ = std::make_unique<RankBatches>(loader, t_.dataset(), 1, 0);

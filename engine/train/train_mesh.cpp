@@ -92,6 +92,7 @@ void Trainer::build_tp_models(int first_rank, int end_rank, bool in_world) {
     // torch's model.to(torch.bfloat16): each shard's 16-bit copy is cut from the same float32 values
     // the one-rank model rounds, so the shards fit together as its 16-bit parameters do.
     if (is_mixed(config_.precision)) models_.back()->set_precision(config_.precision);
+    models_.back()->set_amp(config_.amp);
     models_.back()->set_activation_checkpointing(config_.activation_checkpointing);  // replays f and g (model.h)
     models_.back()->set_observer(in_world ? &world_->threads().context(r) : ctx_.get());
   }

@@ -132,7 +132,7 @@ class ReplicaRank : public RankStrategy {
   // the step's buffers, in the order the rank's memory timeline shows them.
   void ready() {
     // fp16: torch's GradScaler, or for FSDP its ShardedGradScaler (engine/train/grad_scaler.h).
-    if (c_.precision == Precision::FP16) scaler_ = make_grad_scaler(sharded());
+    if (c_.precision == Precision::FP16 || c_.amp == Precision::FP16) scaler_ = make_grad_scaler(sharded());
     // FSDP's fp32 shards are its own master weights.
     if (model_.mixed() && !sharded()) opt_.init_master(model_.params16(), model_.half_format());
     buf_ = std::make_unique<StepBuffers>(c_.batch * c_.model.rows_per_sample(), c_.model.in_features(), c_.model.out_features(),
