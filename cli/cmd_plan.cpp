@@ -350,6 +350,14 @@ void print_header(const PlanArgs& a, const MemoryPlanInput& in, const std::vecto
          << b.gradients << " (" << precision << "), optimizer state " << b.optimizer_state << " ("
          << optimizer_state_note(in) << ")\n";
   print_lora_and_payload(a, in, b, io);
+  // The other 16-bit layout, torch.autocast (dtlab-cli train --amp), side by side with this one.
+  if (is_half(in.dtype) && in.lora_params <= 0 && !in.half_optimizer_state && !a.mesh()) {
+    const BytesPerParam f = bytes_per_param(PlanDType::Fp32, in.optimizer, in.sgd_momentum, false);
+    io.out << "torch.autocast instead (--amp " << precision << "): parameters " << f.parameters << ", gradients " << f.gradients
+           << ", optimizer state " << f.optimizer_state << " (fp32, no master copy: " << f.parameters + f.gradients + f.optimizer_state
+           << " bytes in all); gradients per step " << human_decimal(a.params * f.gradients) << " (Ψ x " << f.gradients
+           << ", fp32 .grad, unless a comm hook casts it); activations 16-bit in both layouts\n";
+  }
   const int dp = mesh ? mesh->mesh.dp : a.world;
   if (mesh)
     io.out << "Mesh: " << describe_mesh(mesh->mesh) << " (torch init_device_mesh order, tp fastest); each rank holds Ψ/(t·p) = "

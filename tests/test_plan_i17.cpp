@@ -86,6 +86,11 @@ TEST_CASE("plan: gradients per step at 7B are 28 GB in fp32, 14 GB in bf16, 14 M
   const test::CliResult r = plan_cli({"--params", "7B", "--world", "8", "--precision", "bf16", "--lora-params", "7M"});
   CHECK(r.out.find("Gradients per step: 14.00 MB (Ψ_L x 2 bytes") != std::string::npos);
   CHECK(r.out.find("Ψ_L = 7,000,000 trainable parameters (0.1% of Ψ)") != std::string::npos);
+  // The other 16-bit layout beside this one: torch.autocast (train --amp) keeps fp32 gradients.
+  const test::CliResult amp = plan_cli({"--params", "7B", "--world", "8", "--precision", "bf16"});
+  CHECK(amp.out.find("torch.autocast instead (--amp bf16): parameters 4, gradients 4, optimizer state 8 (fp32, no master copy: 16 "
+                     "bytes in all); gradients per step 28.00 GB (Ψ x 4, fp32 .grad, unless a comm hook casts it)") != std::string::npos);
+  CHECK(r.out.find("torch.autocast instead") == std::string::npos);  // LoRA's run: not this comparison
 }
 
 TEST_CASE("plan: the course's 56 GB full fine-tuning against LoRA, and the paper's 16 bytes beside it") {
