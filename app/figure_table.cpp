@@ -433,6 +433,8 @@ std::vector<Entry> bucket_entries() {
        return -1.0; }},
     {"bucket[I].bytes", "n", "its size in bytes", [d](S s, A a) { return d(bucket(s, a[0]).bytes); }},
     {"bucket[I].params", "n", "parameters in it", [](S s, A a) { return double(bucket(s, a[0]).params.size()); }},
+    {"bucket[I].sent", "n", "bytes its collectives moved in its last pass (a comm hook's compressed bytes; its own bytes without one)",
+     [d](S s, A a) { return d(bucket(s, a[0]).wire_bytes); }},
     {"bucket[I].ready", "n", "1 once every gradient in it is ready (ready, launched, reducing or done)", [b](S s, A a) { return b(bucket(s, a[0]).state >= BucketState::Ready); }},
     {"bucket[I].launched", "n", "1 once its all-reduce is issued", [b](S s, A a) { return b(bucket(s, a[0]).state >= BucketState::Launched); }},
     {"bucket[I].done", "n", "1 once its all-reduce finished", [b](S s, A a) { return b(bucket(s, a[0]).state == BucketState::Done); }},

@@ -569,7 +569,7 @@ TEST_CASE("fp16 FSDP NO_SHARD, ZeRO-1 and HYBRID_SHARD: an overflow on one rank 
 
 // --amp (issue 37, item 1): torch.autocast's layout beside --precision's. tests/amp_torch.py holds its
 // values to torch.autocast(bf16) on the CPU; here the layout, the bytes, the loss curve and the scaler.
-TEST_CASE("--amp: float32 parameters, gradients and state, 16-bit activations; DDP and FSDP reduce float32; the spiral trains as in fp32" *
+TEST_CASE("--amp: float32 parameters, gradients and state, 16-bit activations, DDP and FSDP reduce float32, the spiral trains as in fp32" *
           doctest::test_suite("ddp")) {
   // Memory: 4 + 4 + 8 bytes per parameter (AdamW) and no master copy, against --precision's 2 + 2 + 4 + 8;
   // the activations in 2 bytes, half of fp32's.
@@ -648,7 +648,7 @@ TEST_CASE("--amp: float32 parameters, gradients and state, 16-bit activations; D
   }
 }
 
-TEST_CASE("--amp fp16: GradScaler on the float32 gradients skips an overflow on every rank; --amp's refusals are sentences") {
+TEST_CASE("--amp fp16: GradScaler on the float32 gradients skips an overflow on every rank, and --amp refusals are sentences") {
   TrainConfig c = test::demo_config("ddp", 2, 32, 4);
   c.amp = Precision::FP16;
   c.inject_overflow_steps = {2};
