@@ -246,7 +246,14 @@ double max_param_diff(const std::string& a_path, const std::string& b_path) {
 // (launched, threads).
 std::pair<std::string, std::string> check_launch_equals_threads(const std::string& flags) {
   test::TempDir dir("dtlab_launch");
-  ShellResult launched = cli_shell("launch --nproc-per-node 2 -- train " + flags + " --log-every 1 --save " + dir.file("A.safetensors"));
+  // The launcher picks a free MASTER_PORT before rank 0 binds it (as torchrun does); under a parallel
+  // CTest another test can take it in between, which rank 0 reports in one sentence. Then the launch
+  // is tried again on a new port (at most twice more): the race is the machine's, not the run's.
+  ShellResult launched;
+  for (int attempt = 0; attempt < 3; attempt++) {
+    launched = cli_shell("launch --nproc-per-node 2 -- train " + flags + " --log-every 1 --save " + dir.file("A.safetensors"));
+    if (launched.code == 0 || !contains(launched.out, "(Address already in use); choose another MASTER_PORT")) break;
+  }
   INFO("launch output:\n", launched.out);
   ShellResult threads = cli_shell("train --world 2 " + flags + " --log-every 1 --save " + dir.file("B.safetensors"));
   INFO("threads output:\n", threads.out);
