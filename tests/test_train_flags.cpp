@@ -109,6 +109,7 @@ TEST_SUITE("train flags") {
         {{"--proto", "ll64"}, "--proto ll64 is not a protocol; use auto, simple, ll or ll128"},
         {{"--algo", "nvls", "--profile", "nvlink8"}, "--algo nvls needs a profile whose switch reduces (NVLink SHARP or SHARP), and nvlink8 has none"},
         {{"--device", "tpu"}, "--device tpu is not a device; use cpu or cuda"},
+        {{"--amp", "fp8"}, "--amp fp8 is not a dtype; use bf16 or fp16 (fp32: no autocast)"},
         {{"--backend", "pigeon"}, "--backend pigeon is not a backend"},
         {{"--bogus", "1"}, "--bogus"},
     };

@@ -365,7 +365,10 @@ std::vector<Setting> make_settings() {
                         "fp32 | bf16 | fp16: torch.autocast: parameters, gradients and optimizer state stay fp32, each Linear runs "
                         "on 16-bit casts and the activations are 16-bit (fp16 adds GradScaler); not with --precision",
                         0, 0, true, "bf16"),
-                    DTLAB_FIELD(amp), precision_name, [](const std::string& t) { return parse_precision(t.c_str()); }));
+                    DTLAB_FIELD(amp), precision_name, [](const std::string& t) {
+                      if (t != "fp32" && t != "bf16" && t != "fp16") throw Error("--amp " + t + " is not a dtype; use bf16 or fp16 (fp32: no autocast)");
+                      return parse_precision(t.c_str());
+                    }));
   s.push_back(converted(row("--reduce-dtype", "reduce_fp32", T::Choice, G::Precision, kBoth,
                             "Mixed precision: the dtype gradients are reduced in (DDP's buckets, FSDP's reduce-scatter): the "
                             "training dtype (default) or fp32", 0, 0, false, "fp32"),
