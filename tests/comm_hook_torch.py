@@ -15,7 +15,7 @@ defaults (error feedback, warm start, random_seed 0), within 1e-4: the factors' 
 vectorised randn differ from dtlab's in the last bits. Each is also held apart from the plain run.
 Usage: comm_hook_torch.py PATH/TO/dtlab-cli
 """
-import datetime, json, math, os, socket, sys, tempfile
+import datetime, json, math, os, socket, sys, tempfile, time
 
 from torch_common import check, cli, failures, load_safetensors, np, sequential, torch  # noqa: F401 (exits 77 without torch)
 
@@ -124,6 +124,20 @@ def rank_main(rank, port, hook, data, out):
     dist.destroy_process_group()
 
 
+def spawn_bounded(fn, args, limit_s=90):
+    """mp.spawn with a wall-clock limit: gloo's own timeout does not cover every wait (a rank left
+    connected nowhere after another process took the port), so a run past `limit_s` is killed and
+    raised as a failure, which the caller retries once."""
+    ctx = mp.start_processes(fn, args=args, nprocs=WORLD, join=False, start_method="spawn")
+    deadline = time.monotonic() + limit_s
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            raise RuntimeError(f"torch's ranks ran past {limit_s} s; killed")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -150,7 +164,7 @@ if __name__ == "__main__":
             ref = os.path.join(tmp, f"{hook.replace(':', '_')}.pt")
             for attempt in (1, 2):  # a run that failed (a port taken, a gloo timeout) gets one more try
                 try:
-                    mp.spawn(rank_main, args=(free_port(), hook, data, ref), nprocs=WORLD)
+                    spawn_bounded(rank_main, (free_port(), hook, data, ref))
                     break
                 except Exception as e:  # noqa: BLE001 (torch.multiprocessing raises its own kinds)
                     print(f"torch's run with --comm-hook {hook} failed (attempt {attempt}): {e}")
