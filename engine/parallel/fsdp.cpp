@@ -23,6 +23,56 @@ FlatShard flat_shard(int64_t numel, int world) {
   return s;
 }
 
+int64_t Dim0Shard::real_rows(int rank) const {
+  return std::clamp<int64_t>(rows - static_cast<int64_t>(rank) * chunk_rows, 0, chunk_rows);
+}
+
+Dim0Shard dim0_shard(const Shape& shape, int world) {
+  DTLAB_CHECK(!shape.empty() && world >= 1, "dim0_shard needs a shape and world >= 1");
+  Dim0Shard d;
+  d.rows = shape[0];
+  d.cols = shape_numel(shape) / std::max<int64_t>(shape[0], 1);
+  d.world = world;
+  d.chunk_rows = padded_chunk(d.rows, world);  // torch.chunk's first chunk: every shard is padded to it
+  return d;
+}
+
+std::string reshard_after_forward_text(int r) {
+  return r == kReshardTrue ? "true" : r == 0 ? "false" : std::to_string(r);
+}
+
+int parse_reshard_after_forward(std::string_view t) {
+  if (t == "true") return kReshardTrue;
+  if (t == "false") return 0;
+  int n = 0;
+  for (char ch : t) {
+    if (ch < '0' || ch > '9' || n > 100000) { n = -1; break; }
+    n = n * 10 + (ch - '0');
+  }
+  if (t.empty() || n < 1)
+    throw Error("--reshard-after-forward " + std::string(t) +
+                " is not a choice; use true (free after forward), false (keep until backward) or N (keep a 1/N shard over N ranks)");
+  return n;
+}
+
+FsdpLayoutBytes fsdp_layout_bytes(const std::vector<std::vector<Shape>>& units, int world) {
+  FsdpLayoutBytes b;
+  for (const auto& shapes : units) {
+    int64_t numel = 0, shard2 = 0;
+    for (const Shape& sh : shapes) {
+      numel += shape_numel(sh);
+      shard2 += dim0_shard(sh, world).shard_numel();
+    }
+    const FlatShard f = flat_shard(numel, world);
+    b.real_elems += numel;
+    b.fsdp1_shard_elems += f.chunk;
+    b.fsdp1_gather_elems += f.padded;
+    b.fsdp2_shard_elems += shard2;
+    b.fsdp2_gather_elems += shard2 * world;
+  }
+  return b;
+}
+
 BackwardPrefetch parse_backward_prefetch(std::string_view t) {
   if (t == "none") return BackwardPrefetch::None;
   if (t == "pre") return BackwardPrefetch::Pre;
@@ -81,7 +131,22 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
       shard_rank_(comm.rank()) {
   gather_dtype_ = model_.param_dtype();
   reduce_dtype_ = mixed() && !reduce_fp32 ? model_.param_dtype() : DType::F32;
+  DTLAB_CHECK(opt_.api == 1 || (opt_.api == 2 && (opt_.sharding == Sharding::FullShard || opt_.sharding == Sharding::Hybrid)),
+              "fully_shard (FSDP2) shards fully or as HSDP; the run's validation refuses the rest");
   if (opt_.sharding == Sharding::Hybrid) make_groups();
+  if (api2()) make_post_forward_group();
+  // Gradient averaging. FSDP1 divides by f before the reduction and by W / f after (f ~ sqrt W). FSDP2
+  // (_get_gradient_divide_factors) reduces float32 and bfloat16 with ReduceOp.AVG, which NCCL runs on
+  // floating types as a sum of inputs pre-multiplied by 1 / size (HSDP: 1 / K in the shard group, then
+  // 1 / (W / K) across, here one multiply by 1 / W: the same numbers for power-of-two groups); float16
+  // keeps FSDP1's split to avoid overflow (docs/course_sources.md §11b).
+  if (api2() && reduce_dtype_ != DType::F16) {
+    pre_scale_ = 1.0f / static_cast<float>(world_);
+  } else {
+    const int f = fsdp_predivide_factor(world_);
+    pre_scale_ = 1.0f / static_cast<float>(f);
+    post_scale_ = static_cast<float>(f) / static_cast<float>(world_);
+  }
   MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
   // Every rank starts from rank 0's parameters (sync_module_states), in the dtype the model holds.
   void* const own = mixed() ? static_cast<void*>(model_.params16()) : static_cast<void*>(model_.params());
@@ -118,7 +183,26 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
       n += ps[static_cast<size_t>(p)].numel;
       names += (names.empty() ? "" : ", ") + ps[static_cast<size_t>(p)].name;
     }
-    u.split = flat_shard(n, shard_world_);
+    if (api2()) {
+      // fully_shard: each parameter split on dim 0 on its own; the unit's shard is their padded chunks
+      // in order, and its unsharded buffer their padded all-gather outputs in order.
+      u.offsets.clear();
+      int64_t at = 0, padded = 0;
+      for (int p : u.params) {
+        const Dim0Shard d = dim0_shard(ps[static_cast<size_t>(p)].shape, shard_world_);
+        u.dim0.push_back(d);
+        u.shard_at.push_back(at);
+        u.offsets.push_back(padded);
+        at += d.shard_numel();
+        padded += d.padded_numel();
+      }
+      u.split.numel = n;
+      u.split.world = shard_world_;
+      u.split.chunk = at;
+      u.split.padded = padded;
+    } else {
+      u.split = flat_shard(n, shard_world_);
+    }
     u.shard_offset = shard_numel_;
     shard_numel_ += u.split.chunk;
     u.label = ctx_ && ctx_->recorder() ? ctx_->recorder()->intern(names) : -1;
@@ -137,6 +221,18 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
     shard_params_.zero();
     shard_grads_.zero();
     for (Unit& u : units_) {
+      if (api2()) {
+        for (size_t k = 0; k < u.params.size(); k++) {
+          const Dim0Shard& d = u.dim0[k];
+          const int64_t real = d.real_rows(shard_rank_) * d.cols;
+          if (real <= 0) continue;
+          const int64_t at = ps[static_cast<size_t>(u.params[k])].offset + shard_rank_ * d.shard_numel();
+          float* shard = shard_params_.f32() + u.shard_offset + u.shard_at[k];
+          if (mixed()) dev().widen_half(shard, model_.params16() + at, real, model_.half_format());
+          else dev().copy(shard, model_.params() + at, real * kF32);
+        }
+        continue;
+      }
       const int64_t at = ps[static_cast<size_t>(u.params.front())].offset + shard_rank_ * u.split.chunk;
       const int64_t real = u.split.real(shard_rank_);
       float* shard = shard_params_.f32() + u.shard_offset;
@@ -183,6 +279,48 @@ void FullyShardedDataParallel::make_groups() {
   shard_rank_ = rank_ % K;
 }
 
+void FullyShardedDataParallel::make_post_forward_group() {
+  const int n = opt_.reshard_after_forward;
+  if (n == kReshardTrue || n == 0 || n == 1 || n == shard_world_) return;  // 1 keeps everything: False's memory
+  if (n > shard_world_ || shard_world_ % n != 0)
+    throw Error("--reshard-after-forward " + std::to_string(n) + " must divide the " + std::to_string(shard_world_) +
+                " ranks a parameter is sharded over (fully_shard's post-forward mesh); use a divisor, true or false");
+  // torch views the shard mesh as (-1, N): groups of N consecutive ranks.
+  pf_size_ = n;
+  pf_rank_ = shard_rank_ % n;
+  const int first = rank_ - pf_rank_;
+  std::vector<int> members;
+  for (int i = 0; i < n; i++) members.push_back(first + i);
+  if (!group_executor_) group_executor_ = std::make_shared<GroupExecutor>();
+  if (!node_group_) {
+    // One rank's group operations must run on one executor in program order (engine/comm/group.h), so
+    // the shard group's collectives move off the world's worker to a group of every rank, beside these.
+    std::vector<int> all;
+    for (int i = 0; i < world_; i++) all.push_back(i);
+    node_group_ = new_group(comm_, all, 1 << 20, group_executor_, dev(), "shard");
+    shard_comm_ = node_group_.get();
+  }
+  pf_group_ = new_group(comm_, members, (1 << 22) + 2 * (first / n) * 1024, group_executor_, dev(),
+                        "post-forward" + std::to_string(first / n));
+}
+
+void FullyShardedDataParallel::chunk_copy(const Unit& u, void* per_param, void* blocks, int groups, int only, bool to_blocks,
+                                          DType dt) {
+  const int64_t elem = dtype_size(dt);
+  const int64_t block = u.split.padded / groups;  // one rank's share of every parameter
+  for (int j = 0; j < groups; j++) {
+    if (only >= 0 && j != only) continue;
+    char* b = static_cast<char*>(blocks) + (only >= 0 ? 0 : j * block) * elem;
+    for (size_t k = 0; k < u.params.size(); k++) {
+      const int64_t piece = u.dim0[k].padded_numel() / groups;  // whole rows: groups divides chunk_rows * W
+      char* pp = static_cast<char*>(per_param) + (u.offsets[k] + j * piece) * elem;
+      char* bp = b + u.shard_at[k] * (u.split.world / groups) * elem;
+      if (to_blocks) dev().copy(bp, pp, piece * elem);
+      else dev().copy(pp, bp, piece * elem);
+    }
+  }
+}
+
 int FullyShardedDataParallel::unit_of_layer(int layer) const { return layer_unit_[static_cast<size_t>(layer)]; }
 
 void FullyShardedDataParallel::record(int unit, FsdpVerb verb, uint64_t seq) {
@@ -225,9 +363,19 @@ void FullyShardedDataParallel::bind(Unit& u, void* base, bool grads) {
 void FullyShardedDataParallel::unshard(int unit) {
   if (unit < 0 || unit >= num_units()) return;  // nothing to prefetch past either end
   Unit& u = units_[static_cast<size_t>(unit)];
-  if (!u.gathered.empty()) return;
+  if (!u.gathered.empty() || u.gathering) return;
   MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
-  u.gathered = Tensor({u.split.padded}, MemCategory::GatheredParameters, mem, gather_dtype_, dev());
+  if (api2() && !u.pf_shard.empty()) {
+    // reshard_after_forward=N: the backward's all-gather runs in the group of N that kept the shards.
+    u.ag_out = Tensor({u.split.padded}, MemCategory::CommBuffers, mem, gather_dtype_, dev());
+    u.gathering = pf_group_->all_gather(u.ag_out.raw(), u.pf_shard.raw(), u.split.padded / pf_size_, gather_dtype_);
+    record(unit, FsdpVerb::Unshard);
+    return;
+  }
+  // FSDP1 gathers straight into the flat parameter; FSDP2 into an all-gather output it copies out of
+  // (foreach_all_gather_copy_out) into each parameter's padded unsharded tensor.
+  Tensor& out = api2() ? u.ag_out : u.gathered;
+  out = Tensor({u.split.padded}, api2() ? MemCategory::CommBuffers : MemCategory::GatheredParameters, mem, gather_dtype_, dev());
   const float* shard = shard_params_.f32() + u.shard_offset;
   const void* send = shard;
   if (mixed()) {
@@ -239,7 +387,7 @@ void FullyShardedDataParallel::unshard(int unit) {
   }
   const bool world_op = shard_comm_ == &comm_;
   const uint64_t seq = world_op ? comm_.collectives_issued() : UINT64_MAX;
-  u.gathering = shard_comm_->all_gather(u.gathered.raw(), send, u.split.chunk, gather_dtype_);
+  u.gathering = shard_comm_->all_gather(out.raw(), send, u.split.chunk, gather_dtype_);
   record(unit, FsdpVerb::Unshard, seq);
 }
 
@@ -251,14 +399,29 @@ void FullyShardedDataParallel::wait_for_unshard(int unit) {
     u.gathering->wait();
     u.gathering.reset();
     u.low_shard = Tensor();
+    if (api2()) {
+      MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
+      u.gathered = Tensor({u.split.padded}, MemCategory::GatheredParameters, mem, gather_dtype_, dev());
+      const int groups = u.pf_shard.empty() ? u.split.world : pf_size_;
+      chunk_copy(u, u.gathered.raw(), u.ag_out.raw(), groups, -1, false, gather_dtype_);
+      u.ag_out = Tensor();
+      u.pf_shard = Tensor();
+    }
     record(unit, FsdpVerb::Unsharded);
   }
   bind(u, u.gathered.raw(), false);
 }
 
-void FullyShardedDataParallel::reshard(int unit) {
+void FullyShardedDataParallel::reshard(int unit, bool post_forward) {
   Unit& u = units_[static_cast<size_t>(unit)];
   if (u.gathered.empty()) return;
+  if (post_forward && api2() && opt_.reshard_after_forward == 1) return;  // a "group" of one keeps it all
+  if (post_forward && pf_size_ > 0) {
+    // torch's to_sharded_post_forward: this rank's 1/N of each padded unsharded parameter.
+    u.pf_shard = Tensor({u.split.padded / pf_size_}, MemCategory::GatheredParameters, ctx_ ? ctx_->memory() : nullptr,
+                        gather_dtype_, dev());
+    chunk_copy(u, u.gathered.raw(), u.pf_shard.raw(), pf_size_, pf_rank_, true, gather_dtype_);
+  }
   bind(u, nullptr, false);
   u.gathered = Tensor();
   record(unit, FsdpVerb::Reshard);
@@ -283,7 +446,7 @@ void FullyShardedDataParallel::before_recompute(int layer) {
 void FullyShardedDataParallel::after_recompute(int layer) {
   const int ui = unit_of_layer(layer);
   if (ui < 0 || units_[static_cast<size_t>(ui)].state != FsdpState::Forward) return;
-  if (sharded() && reshard_after_forward() && !units_[static_cast<size_t>(ui)].root) reshard(ui);
+  if (sharded() && reshard_after_forward() && !units_[static_cast<size_t>(ui)].root) reshard(ui, true);
   set_state(ui, FsdpState::Idle);
 }
 
@@ -293,7 +456,7 @@ void FullyShardedDataParallel::after_forward(int layer) {
   // FULL_SHARD reshards after forward; the root unit (the whole model, or a GPT's embeddings and
   // head) keeps its parameters for the backward that follows, as torch's root FSDP instance does
   // (FSDP1's _post_forward_reshard frees only non-root handles).
-  if (sharded() && reshard_after_forward() && !units_[static_cast<size_t>(ui)].root) reshard(ui);
+  if (sharded() && reshard_after_forward() && !units_[static_cast<size_t>(ui)].root) reshard(ui, true);
   set_state(ui, FsdpState::Idle);
 }
 
@@ -322,11 +485,19 @@ void FullyShardedDataParallel::after_backward(int layer) {
 
 void FullyShardedDataParallel::post_backward(int unit) {
   Unit& u = units_[static_cast<size_t>(unit)];
-  const float pre = 1.0f / static_cast<float>(fsdp_predivide_factor(world_));
+  const float pre = pre_scale_;
   auto& ps = model_.parameters();
   const uint64_t seq = shard_comm_ == &comm_ ? comm_.collectives_issued() : UINT64_MAX;
   if (sharded()) {
     MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
+    if (api2()) {
+      // foreach_reduce's copy-in (chunk_cat): rank j's block is every parameter's j-th padded chunk;
+      // the unsharded gradients are freed once copied.
+      bind(u, nullptr, true);
+      Tensor in({u.split.padded}, MemCategory::CommBuffers, mem, u.full_grad.dtype(), dev());
+      chunk_copy(u, u.full_grad.raw(), in.raw(), u.split.world, -1, true, u.full_grad.dtype());
+      u.full_grad = std::move(in);
+    }
     void* send = u.full_grad.raw();
     if (u.full_grad.dtype() != reduce_dtype_) {
       // reduce_dtype float32: torch's grad.to(reduce_dtype) replaces the 16-bit gradient.
@@ -391,8 +562,7 @@ void FullyShardedDataParallel::zero_grad() {
 }
 
 void FullyShardedDataParallel::finalize_backward() {
-  const int f = fsdp_predivide_factor(world_);
-  const float post = static_cast<float>(f) / static_cast<float>(world_);
+  const float post = post_scale_;
   for (int ui = 0; ui < num_units(); ui++) {
     Unit& u = units_[static_cast<size_t>(ui)];
     if (!u.reduce) continue;  // a unit the forward skipped: its gradient stays zero
@@ -435,6 +605,7 @@ void FullyShardedDataParallel::finalize_backward() {
 }
 
 void FullyShardedDataParallel::step() {
+  for (Unit& u : units_) u.pf_shard = Tensor();  // a forward with no backward left one; the step outdates it
   switch (opt_.sharding) {
     case Sharding::NoShard:
       if (!mixed()) return optimizer_->step(model_.params(), model_.grads());
@@ -490,6 +661,16 @@ std::vector<OwnedSlice> FullyShardedDataParallel::owned(bool grads) const {
   if (sharded() && attached_) {
     if (rank_ / shard_world_ != 0) return out;  // HYBRID_SHARD: the other nodes hold copies
     for (const Unit& u : units_) {
+      const float* base = (grads ? shard_grads_ : shard_params_).f32() + u.shard_offset;
+      if (api2()) {
+        // Each parameter's dim-0 chunk is a contiguous run of its flattened values.
+        for (size_t k = 0; k < u.params.size(); k++) {
+          const Dim0Shard& d = u.dim0[k];
+          const int64_t real = d.real_rows(shard_rank_) * d.cols;
+          if (real > 0) out.push_back({u.params[k], shard_rank_ * d.shard_numel(), real, base + u.shard_at[k]});
+        }
+        continue;
+      }
       const int64_t begin = shard_rank_ * u.split.chunk;
       cut(u.params, u.offsets, begin, begin + u.split.real(shard_rank_), (grads ? shard_grads_ : shard_params_).f32() + u.shard_offset);
     }
@@ -528,7 +709,17 @@ void FullyShardedDataParallel::materialize() {
   for (int ui = 0; ui < num_units(); ui++) {
     Unit& u = units_[static_cast<size_t>(ui)];
     wait_for_unshard(ui);
-    dev().copy(static_cast<char*>(full.raw()) + base * elem, u.gathered.raw(), u.split.numel * elem);
+    if (api2()) {
+      // Each parameter's rows, its all-gather output's padding dropped (the unsharded view).
+      const auto& ps = model_.parameters();
+      for (size_t k = 0; k < u.params.size(); k++) {
+        const Parameter& p = ps[static_cast<size_t>(u.params[k])];
+        dev().copy(static_cast<char*>(full.raw()) + p.offset * elem, static_cast<const char*>(u.gathered.raw()) + u.offsets[k] * elem,
+                   p.numel * elem);
+      }
+    } else {
+      dev().copy(static_cast<char*>(full.raw()) + base * elem, u.gathered.raw(), u.split.numel * elem);
+    }
     base += u.split.numel;
     reshard(ui);
   }

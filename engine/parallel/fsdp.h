@@ -1,4 +1,5 @@
-// FullyShardedDataParallel, FSDP1-style (torch/distributed/fsdp, flat parameters), and ZeRO-1:
+// FullyShardedDataParallel, FSDP1-style (torch/distributed/fsdp, flat parameters), FSDP2's fully_shard
+// (per-parameter shards, below) and ZeRO-1:
 //   - units: one per Linear layer (auto-wrap; a GPT: one per block and the root's embeddings, ln_f
 //     and tied head, Model::wrap_units) or the whole model; each unit's parameters are
 //     flattened into one buffer of N elements, split in W chunks of ceil(N/W) with zero padding at
@@ -12,6 +13,13 @@
 //     nodes among the ranks holding the same shard (process groups: engine/comm/group.h);
 //   - ZeRO-1: parameters replicated, gradients all-reduced, optimizer state sharded: each rank
 //     updates its slice of the flat parameters, then an all-gather brings everyone the result.
+// FSDP2 (FsdpOptions::api 2, torch's fully_shard, docs/course_sources.md §11b): the same units, but
+// each parameter is split on dim 0 on its own (Dim0Shard: torch.chunk's rows, padded to chunk 0's);
+// a unit's shard is its parameters' padded chunks one after another, the all-gather output W such
+// blocks rank by rank, copied out into each parameter's padded unsharded tensor; the gradients are
+// copied in the other way (chunk_cat) before the reduce-scatter. reshard_after_forward true / false /
+// N (keep a 1/N shard, all-gathered in backward over N consecutive ranks); HYBRID_SHARD is HSDP's
+// (replicate, shard) mesh. float32 and bfloat16 gradients are averaged as ReduceOp.AVG does.
 // Each unit runs FSDP2's state machine (IDLE -> FORWARD -> IDLE -> PRE_BACKWARD -> POST_BACKWARD
 // -> IDLE) through verbs named as in torch (unshard, wait_for_unshard, reshard, post_backward);
 // every verb is recorded as an FsdpUnit event, so views draw who holds what, live.
@@ -38,6 +46,7 @@
 #include <memory>
 #include <optional>
 #include <utility>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -63,7 +72,39 @@ struct FsdpOptions {
   BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;  // torch's default
   bool forward_prefetch = false;
   int node_size = 0;  // HYBRID_SHARD: ranks per shard group; must divide the world (> 0 for hybrid)
+  // 1: FullyShardedDataParallel (FSDP1, flat parameters); 2: fully_shard (FSDP2, each parameter its own
+  // Shard(0) DTensor; sharding FullShard or Hybrid, the latter as HSDP's (replicate, shard) mesh).
+  int api = 1;
+  // FSDP2's reshard_after_forward: kReshardTrue frees a unit's parameters after its forward, 0 (False)
+  // keeps them until its backward, N keeps a 1/N shard over groups of N consecutive ranks (the node)
+  // so the backward's all-gather runs inside that group. The root unit never reshards after forward.
+  int reshard_after_forward = -1;
 };
+inline constexpr int kReshardTrue = -1;
+// "true" | "false" | N; the text parse_reshard_after_forward() takes back.
+std::string reshard_after_forward_text(int r);
+int parse_reshard_after_forward(std::string_view text);  // throws Error naming the flag
+
+// FSDP2's split of one parameter of `rows` x `cols` (dim 0 and the rest) over W ranks: torch.chunk's
+// ceil(rows / W) rows a rank, the last ranks' chunks padded (or all padding) to that size; the
+// unsharded all-gather output is W chunks, so it holds chunk * W rows, padding last.
+struct Dim0Shard {
+  int64_t rows = 0, cols = 1, chunk_rows = 0;
+  int world = 1;
+  int64_t shard_numel() const { return chunk_rows * cols; }             // padded, every rank
+  int64_t padded_numel() const { return shard_numel() * world; }        // the all-gather output
+  int64_t real_rows(int rank) const;                                     // unpadded rows on `rank`
+};
+Dim0Shard dim0_shard(const Shape& shape, int world);
+
+// Per-rank parameter bytes (float32 shards, padding included) of one model under FSDP1's flat split of
+// each unit and FSDP2's per-parameter dim-0 split; what the lab's FSDP1/FSDP2 comparison draws.
+struct FsdpLayoutBytes {
+  int64_t fsdp1_shard_elems = 0, fsdp2_shard_elems = 0;  // per rank, all units
+  int64_t fsdp1_gather_elems = 0, fsdp2_gather_elems = 0;  // all-gather output per forward, all units
+  int64_t real_elems = 0;                                   // the model's parameters
+};
+FsdpLayoutBytes fsdp_layout_bytes(const std::vector<std::vector<Shape>>& units, int world);
 
 // A piece of one model parameter that a rank owns: what its sharded checkpoint file stores.
 using OwnedSlice = ParamSlice;
@@ -159,21 +200,34 @@ class FullyShardedDataParallel : public LayerHooks {
     WorkPtr replicate;             // HYBRID_SHARD: the shard gradient's all-reduce across nodes
     FsdpState state = FsdpState::Idle;
     int32_t label = -1;            // "0.weight, 0.bias" in the recorder
+    // FSDP2 (api 2): offsets are each parameter's place in the padded unsharded buffer (its dim-0
+    // all-gather output), and the shard is the parameters' padded chunks one after another.
+    std::vector<Dim0Shard> dim0;   // each parameter's split
+    std::vector<int64_t> shard_at; // each parameter's chunk in the unit's shard
+    Tensor ag_out;                 // the all-gather's rank-major output, until copied out (gather dtype)
+    Tensor pf_shard;               // reshard_after_forward=N: this rank's 1/N of `gathered`, until its backward
   };
   bool sharded() const {
     return opt_.sharding == Sharding::FullShard || opt_.sharding == Sharding::ShardGradOp ||
            opt_.sharding == Sharding::Hybrid;
   }
+  bool api2() const { return opt_.api == 2; }
   bool reshard_after_forward() const {
+    if (api2()) return opt_.reshard_after_forward != 0 && opt_.wrap_layers;
     return (opt_.sharding == Sharding::FullShard || opt_.sharding == Sharding::Hybrid) && opt_.wrap_layers;
   }
+  // FSDP2's chunk_cat and its inverse: between the per-parameter padded buffer at `per_param` (the
+  // unit's `offsets`) and G rank-major blocks at `blocks` (block j holds each parameter's j-th
+  // 1/G, one after another); `only` >= 0 moves that block alone, `blocks` then holding just it.
+  void chunk_copy(const Unit& u, void* per_param, void* blocks, int groups, int only, bool to_blocks, DType dt);
   Device& dev() const { return model_.device(); }  // where the shards, gathers and gradients live
   int unit_of_layer(int layer) const;
   // torch's verbs: unshard issues the all-gather (if not yet), wait_for_unshard binds the full
   // parameters, reshard frees them, post_backward reduces the gradient.
   void unshard(int unit);
   void wait_for_unshard(int unit);
-  void reshard(int unit);
+  // post_forward: after a forward, FSDP2's reshard_after_forward=N keeps this rank's 1/N.
+  void reshard(int unit, bool post_forward = false);
   void post_backward(int unit);
   void set_state(int unit, FsdpState to);
   void record(int unit, FsdpVerb verb, uint64_t seq = UINT64_MAX);
@@ -182,6 +236,7 @@ class FullyShardedDataParallel : public LayerHooks {
   void bind(Unit& u, void* base, bool grads);
   bool mixed() const { return model_.mixed(); }
   void make_groups();  // HYBRID_SHARD's node group and cross-node group
+  void make_post_forward_group();  // FSDP2 reshard_after_forward=N's group of N ranks
   std::vector<OwnedSlice> owned(bool grads) const;  // owned_slices of the parameters or the gradients
   // torch's _cast_grad_to_param_dtype onto an fp32 gradient: dst = src, or dst += src with `add`
   // (accumulation); src is in `dt`, 16 bits widened exactly.
@@ -196,6 +251,13 @@ class FullyShardedDataParallel : public LayerHooks {
   // Where the flat parameters are split: the world, or HYBRID_SHARD's node group.
   std::shared_ptr<GroupExecutor> group_executor_;
   std::unique_ptr<Communicator> node_group_, replica_group_;
+  // FSDP2 reshard_after_forward=N: the N consecutive ranks of this rank's shard group that hold a
+  // unit's parameters between its forward and its backward; pf_size_ 0 when there is none.
+  std::unique_ptr<Communicator> pf_group_;
+  int pf_size_ = 0, pf_rank_ = 0;
+  // Gradient averaging: multiplied before the reduction, after it (FSDP1's pre/post-divide; FSDP2's
+  // ReduceOp.AVG for float32 and bfloat16, a pre-multiplied sum).
+  float pre_scale_ = 1.0f, post_scale_ = 1.0f;
   Communicator* shard_comm_ = nullptr;
   int shard_world_ = 1, shard_rank_ = 0;
   std::vector<Unit> units_;

@@ -222,6 +222,25 @@ std::vector<Setting> make_settings() {
   s.push_back(named(row("--sharding", "fsdp.sharding", T::Choice, G::Fsdp, kBoth, "FSDP: full | grad-op | no-shard | hybrid | zero1", 0,
                         0, true, "grad-op"),
                     DTLAB_FIELD(fsdp.sharding), sharding_flag, [](const std::string& t) { return parse_sharding(t); }));
+  s.push_back(converted(row("--fsdp-api", "fsdp.api", T::Choice, G::Fsdp, kBoth,
+                            "FSDP: 1 (FullyShardedDataParallel: each unit one flat parameter) | 2 (fully_shard: each parameter "
+                            "its own Shard(0) DTensor, padded on its own)",
+                            0, 0, true, "2"),
+                        DTLAB_FIELD(fsdp.api), [](const TrainConfig& c) { return SettingValue{std::to_string(c.fsdp.api)}; },
+                        [](TrainConfig& c, const std::string& text) {
+                          if (text != "1" && text != "2")
+                            throw Error("--fsdp-api " + text + " is not an FSDP API; use 1 (FullyShardedDataParallel) or 2 (fully_shard)");
+                          c.fsdp.api = text == "1" ? 1 : 2;
+                        }));
+  s.push_back(converted(row("--reshard-after-forward", "fsdp.reshard_after_forward", T::Text, G::Fsdp, kBoth,
+                            "FSDP2: true (free a unit's parameters after its forward) | false (keep them for its backward, "
+                            "SHARD_GRAD_OP's memory) | N (keep a 1/N shard; the backward all-gathers inside groups of N ranks)",
+                            0, 0, true, "2"),
+                        DTLAB_FIELD(fsdp.reshard_after_forward),
+                        [](const TrainConfig& c) { return SettingValue{reshard_after_forward_text(c.fsdp.reshard_after_forward)}; },
+                        [](TrainConfig& c, const std::string& text) {
+                          c.fsdp.reshard_after_forward = parse_reshard_after_forward(text);
+                        }));
   s.push_back(converted(row("--node-size", "fsdp.node_size", T::Int, G::Fsdp, kBoth,
                             "FSDP hybrid: ranks per shard group (default: the profile's ranks per node)", 1, kMaxRanks, false, "2"),
                         DTLAB_FIELD(fsdp.node_size),

@@ -132,11 +132,50 @@ void validate_uneven_inputs(const TrainConfig& c) {
     throw Error("--join with --find-unused-parameters: not built yet, the join hook does not match the unused-parameter all-reduce; drop one");
 }
 
+namespace {
+
+// fully_shard's options (FSDP2): what FSDP1 spells differently is named in its words.
+void validate_fsdp_api(const TrainConfig& c) {
+  const FsdpOptions& f = c.fsdp;
+  if (f.api != 1 && f.api != 2) throw Error("--fsdp-api " + std::to_string(f.api) + " is not an FSDP API; use 1 or 2");
+  if (f.api == 1) {
+    if (f.reshard_after_forward != kReshardTrue)
+      throw Error("--reshard-after-forward is fully_shard's (FSDP2) option; add --fsdp-api 2, or with FSDP1 use --sharding full "
+                  "(reshard) or grad-op (keep)");
+    return;
+  }
+  if (c.strategy != Strategy::Fsdp) throw Error("--fsdp-api 2 selects FSDP's API; add --strategy fsdp --world N");
+  if (f.sharding == Sharding::ShardGradOp)
+    throw Error("--sharding grad-op is FSDP1's SHARD_GRAD_OP; fully_shard (--fsdp-api 2) spells it --reshard-after-forward false");
+  if (f.sharding == Sharding::NoShard || f.sharding == Sharding::Zero1)
+    throw Error(std::string("--sharding ") + sharding_flag(f.sharding) +
+                " is FSDP1's; fully_shard (--fsdp-api 2) always shards (full, or hybrid for HSDP): use --fsdp-api 1, or --strategy ddp "
+                "for replicas");
+  if (f.backward_prefetch == BackwardPrefetch::Post)
+    throw Error("--backward-prefetch post is FSDP1's BACKWARD_POST; fully_shard (--fsdp-api 2) prefetches in the pre-backward "
+                "hook: use pre (its default, as set_modules_to_backward_prefetch with the next unit) or none");
+}
+
+void validate_fsdp2_reshard(const TrainConfig& c) {
+  const int n = c.fsdp.reshard_after_forward;
+  if (c.strategy != Strategy::Fsdp || c.fsdp.api != 2 || n <= 1) return;
+  const int dp = c.tp > 1 ? c.world_size / c.tp : c.world_size;
+  const int shard = c.fsdp.sharding == Sharding::Hybrid ? c.fsdp.node_size : dp;
+  if (shard > 0 && (n > shard || shard % n != 0))
+    throw Error("--reshard-after-forward " + std::to_string(n) + " must divide the " + std::to_string(shard) +
+                " ranks each parameter is sharded over" + (c.fsdp.sharding == Sharding::Hybrid ? " (--node-size)" : "") +
+                "; use a divisor, true or false");
+}
+
+}  // namespace
+
 void validate(const TrainConfig& c) {
   // The GPT's refusals first: the MLP's checks below read its layer widths.
   if (c.model.is_gpt()) check_composition(c);
   validate_lora(c);
   validate_precision(c);
+  validate_fsdp_api(c);
+  validate_fsdp2_reshard(c);
   if (c.fsdp.node_size != 0 && (c.strategy != Strategy::Fsdp || c.fsdp.sharding != Sharding::Hybrid))
     throw Error("--node-size sets HYBRID_SHARD's shard group; use it with --strategy fsdp --sharding hybrid");
   // With --tp T, HYBRID_SHARD shards over each TP coordinate's world / T data-parallel ranks
@@ -337,6 +376,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
                   ") or a multi-node profile such as ib2x4");
     config_.fsdp.node_size = k;
   }
+  validate_fsdp2_reshard(config_);  // against the shard group, now that HYBRID_SHARD's is known
   const int N = config_.world_size;
   launched_ = config_.backend == "socket" || config_.launched;  // this process runs one rank
   const bool in_world = config_.strategy != Strategy::Single && !launched_;  // ranks as threads here
@@ -720,7 +760,9 @@ void Trainer::finish_fsdp(FullyShardedDataParallel& fsdp, const Model& model, Co
   if (!config_.save_sharded_path.empty())
     save_sharded_checkpoint(config_.save_sharded_path, model, fsdp.owned_slices(),
                             {world.rank(), world.world_size(), [&] { world.barrier()->wait(); }},
-                            start_step_ + total_steps_, sharding_name(config_.fsdp.sharding));
+                            start_step_ + total_steps_,
+                            config_.fsdp.api == 2 ? std::string("fully_shard ") + (config_.fsdp.sharding == Sharding::Hybrid ? "HSDP" : "Shard(0)")
+                                                  : std::string(sharding_name(config_.fsdp.sharding)));
   fsdp.materialize();  // every rank gathers the full parameters back (evaluation, --save)
 }
 
