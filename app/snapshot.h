@@ -119,12 +119,14 @@ struct UnitView {
   int index = 0;
   std::vector<std::string> names;       // its parameters, in flat order
   std::vector<int64_t> offsets, sizes;  // each parameter's place in the flat parameter
+  std::vector<Shape> shapes;            // each parameter's shape (FSDP2 splits dim 0)
   int64_t numel = 0, chunk = 0;         // flat elements; shard size ceil(numel / shard_world)
   int shard_world = 1;                  // ranks the flat parameter is split over (a node for HYBRID_SHARD)
   std::vector<FsdpState> state;         // per rank
   std::vector<uint8_t> gathered;        // per rank: full parameters materialized (GatheredParameters)
   std::vector<uint8_t> gathering;       // per rank: its all-gather is under way
   std::vector<uint8_t> reducing;        // per rank: its gradient's reduction is under way
+  std::vector<int16_t> post_forward;    // per rank: FSDP2 reshard_after_forward=N kept a 1/N shard (N), else 0
   uint64_t gather_seq = UINT64_MAX;     // the latest all-gather / reduction on the world (UINT64_MAX:
   uint64_t reduce_seq = UINT64_MAX;     // none yet, or a process group's)
 };
@@ -244,6 +246,8 @@ struct RunConfigView {
   int64_t largest_unit_params = 0;        // the largest unit: biggest Linear (weight + bias) or Ψ
   int units_in_flight = 1;                // 2 with BACKWARD_PRE (the next unit gathered early)
   int node_size = 0;                      // HYBRID_SHARD: ranks per shard group
+  int fsdp_api = 1;                       // 1: FullyShardedDataParallel (flat), 2: fully_shard (per-parameter Shard(0))
+  int reshard_after_forward = -1;         // FSDP2: -1 true, 0 false, N (FsdpOptions)
   std::string device = "cpu";             // where the ranks' tensors live
   std::string backend = "threads";        // threads | socket (a launched world) | cuda | nccl
   std::string attached;                   // HOST:PORT of the launched run's monitor; "" for a run in this window

@@ -342,6 +342,7 @@ void SnapshotBuilder::reset(const RunSources& run) {
   for (const auto& p : model.parameters()) {
     snap_.param_names.push_back(p.name);
     param_numel_[p.name] = p.numel;
+    param_shape_[p.name] = p.shape;
   }
   RunConfigView& c = snap_.config;
   c.strategy = config.strategy;
@@ -377,6 +378,8 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.optimizer_kind = config.optimizer.kind;
   c.sgd_momentum = config.optimizer.kind == OptimizerKind::SGD && config.optimizer.momentum > 0;
   c.wrap_layers = config.fsdp.wrap_layers;
+  c.fsdp_api = config.fsdp.api;
+  c.reshard_after_forward = config.fsdp.reshard_after_forward;
   c.largest_unit_params = c.wrap_layers ? 0 : c.num_params;
   if (c.wrap_layers)
     for (int i = 0; i < model.num_layers(); i++) {
@@ -717,6 +720,7 @@ void SnapshotBuilder::ingest_unit(const TraceRecorder& rec, int rank, const Fsdp
     u.gathered.assign(N, 0);
     u.gathering.assign(N, 0);
     u.reducing.assign(N, 0);
+    u.post_forward.assign(N, 0);
   }
   u.state[r] = f.state;
   switch (f.verb) {
@@ -730,6 +734,8 @@ void SnapshotBuilder::ingest_unit(const TraceRecorder& rec, int rank, const Fsdp
           auto it = param_numel_.find(name);
           const int64_t n = it == param_numel_.end() ? 0 : it->second;
           u.names.push_back(name);
+          auto sh = param_shape_.find(name);
+          u.shapes.push_back(sh == param_shape_.end() ? Shape{n} : sh->second);
           u.offsets.push_back(at);
           u.sizes.push_back(n);
           at += n;
@@ -740,8 +746,11 @@ void SnapshotBuilder::ingest_unit(const TraceRecorder& rec, int rank, const Fsdp
       u.gathering[r] = 1;
       if (f.seq != UINT64_MAX) u.gather_seq = f.seq;
       break;
-    case FsdpVerb::Unsharded: u.gathering[r] = 0, u.gathered[r] = 1; break;
-    case FsdpVerb::Reshard: u.gathered[r] = 0; break;
+    case FsdpVerb::Unsharded: u.gathering[r] = 0, u.gathered[r] = 1, u.post_forward[r] = 0; break;
+    case FsdpVerb::Reshard:
+      u.gathered[r] = 0;
+      u.post_forward[r] = f.seq != UINT64_MAX ? static_cast<int16_t>(f.seq) : 0;
+      break;
     case FsdpVerb::ReduceGrad:
       u.reducing[r] = 1;
       if (f.seq != UINT64_MAX) u.reduce_seq = f.seq;

@@ -128,6 +128,7 @@ class SnapshotBuilder {
   int ready_counter_ = 0, launch_counter_ = 0;
   int64_t data_epoch_ = -1;
   std::map<std::string, int64_t> param_numel_;  // parameter name -> elements (FSDP unit layouts)
+  std::map<std::string, Shape> param_shape_;     // parameter name -> shape (FSDP2's dim-0 split)
   bool data_set_epoch_built_ = true;
   PipelineTracker pipeline_;  // pipeline runs: the schedule as planned and as it ran
 };

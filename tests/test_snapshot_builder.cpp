@@ -234,6 +234,26 @@ TEST_SUITE("snapshot builder") {
     CHECK(b.units[1].gathered[0] == 1);
   }
 
+  TEST_CASE("FSDP2: a unit's parameter shapes, and the 1/N shard reshard_after_forward=N keeps") {
+    Rig rig("fsdp");
+    const int32_t names = rig.rec.intern(rig.param(2) + ", " + rig.param(3));
+    for (int r = 0; r < 4; r++) rig.record(r, unit_event(FsdpVerb::Layout, FsdpState::Idle, names));
+    rig.record(1, unit_event(FsdpVerb::Unsharded, FsdpState::Forward));
+    rig.record(1, unit_event(FsdpVerb::Reshard, FsdpState::Forward, -1, 2));  // kept 1/2
+    rig.record(2, unit_event(FsdpVerb::Reshard, FsdpState::Forward));         // freed
+    const Snapshot& a = rig.frame();
+    const UnitView& u = a.units[1];
+    REQUIRE(u.shapes.size() == 2);
+    CHECK(shape_numel(u.shapes[0]) == 24);
+    CHECK(u.shapes[0].size() == 2);  // a weight: (out, in), split on its rows
+    CHECK(u.shapes[1] == Shape{3});
+    CHECK(u.post_forward == std::vector<int16_t>{0, 2, 0, 0});
+    CHECK(u.gathered[1] == 0);
+    // Its backward's all-gather brings the full parameters back: no post-forward shard any more.
+    rig.record(1, unit_event(FsdpVerb::Unsharded, FsdpState::PreBackward));
+    CHECK(rig.frame().units[1].post_forward[1] == 0);
+  }
+
   TEST_CASE("a launched world: the collective in flight is the oldest one some rank is in") {
     Rig rig;
     rig.record(0, collective(EventKind::CollectiveIssue, 3));

@@ -5,12 +5,15 @@
 // chunk from the live ring state (how many ranks' contributions each chunk holds), so a student
 // sees the gradient shards being summed onto their owners. Everything comes from FsdpUnit events.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <string>
 
 #include "app/views/views.h"
 #include "engine/core/format.h"
+#include "engine/core/half.h"
+#include "engine/parallel/fsdp.h"
 
 namespace dtlab::app {
 
@@ -46,6 +49,7 @@ void hatch(ImDrawList* dl, ImVec2 a, ImVec2 b, ImU32 col) {
 
 struct ShardLayout {
   float label_w, bar_x, bar_w, row_h, state_w;
+  bool compact = false;  // FSDP2: the placement column in short words (a narrow window)
 };
 
 // How the shown collective touches this unit: its all-gather or its reduce-scatter, in flight or
@@ -171,6 +175,216 @@ void draw_unit(const Snapshot& s, const UnitView& u, const ShardLayout& L, doubl
   }
 }
 
+// ---- FSDP2 (--fsdp-api 2): each parameter split on dim 0 on its own, padded on its own.
+
+// What a rank holds of a unit's parameters and gradients, in DTensor's words (docs/course_sources.md §11b);
+// `compact` for a narrow window (the tooltip says it in full).
+std::string placement(const UnitView& u, int r, int K, int W, bool compact) {
+  const size_t i = static_cast<size_t>(r);
+  const bool hsdp = K < W;
+  std::string out;
+  if (u.gathered[i]) out = compact ? "full" : "full (unsharded)";
+  else if (u.post_forward[i] > 0) out = "Shard(0) over " + std::to_string(u.post_forward[i]) + (compact ? "" : " ranks");
+  else out = hsdp ? (compact ? "(R, Shard(0))" : "(Replicate(), Shard(0))") : "Shard(0)";
+  const FsdpState st = u.state[i];
+  // Between its gradient's computation and the reduce-scatter's end a rank holds a partial sum of
+  // the whole gradient (its own batch's); after it, .grad is sharded like the parameter.
+  if ((st == FsdpState::PreBackward && u.gathered[i]) || st == FsdpState::PostBackward)
+    out += compact ? " + Partial" : "  \xC2\xB7  grad Partial()";
+  return out;
+}
+
+// The placement column's widest text for this run (its mesh and reshard setting).
+std::string widest_placement(const RunConfigView& c, int K, bool compact) {
+  UnitView u;
+  u.gathered = {0};
+  u.post_forward = {static_cast<int16_t>(std::max(0, c.reshard_after_forward > 1 ? c.reshard_after_forward : 0))};
+  u.state = {FsdpState::PostBackward};
+  std::string a = placement(u, 0, K, c.world, compact);
+  u.post_forward = {0};
+  u.gathered = {1};
+  std::string b = placement(u, 0, K, c.world, compact);
+  u.gathered = {0};
+  std::string d = placement(u, 0, K, c.world, compact);
+  for (const std::string* t : {&b, &d})
+    if (ImGui::CalcTextSize(t->c_str()).x > ImGui::CalcTextSize(a.c_str()).x) a = *t;
+  return a;
+}
+
+void draw_unit_fsdp2(const Snapshot& s, const UnitView& u, const ShardLayout& L, double time) {
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const float fs = ImGui::GetFontSize();
+  const int W = s.config.world, K = std::max(1, u.shard_world);
+  const Live live = live_of(s, u);
+  const bool live_now = live != Live::None && s.collective.in_flight;
+  const size_t P = u.names.size();
+  std::vector<Dim0Shard> d(P);
+  int64_t padded = 0;
+  for (size_t i = 0; i < P; i++) {
+    d[i] = dim0_shard(i < u.shapes.size() ? u.shapes[i] : Shape{u.sizes[i]}, K);
+    padded += d[i].padded_numel();
+  }
+  ImGui::Text("unit %d", u.index);
+  char split[160];
+  std::snprintf(split, sizeof split, "%s elements, each parameter cut on dim 0 in %d chunks: %s a rank with padding", with_commas(u.numel).c_str(), K,
+                with_commas(u.chunk).c_str());
+  ImGui::PushTextWrapPos(0.0f);
+  flow(std::min(ImGui::CalcTextSize(split).x, fs * 12));
+  ImGui::TextDisabled("%s", split);
+  if (live != Live::None) {
+    const CollectiveView& cv = s.collective;
+    const CollectiveOp op = live == Live::Gather ? CollectiveOp::AllGather : CollectiveOp::ReduceScatter;
+    char what[96];
+    std::snprintf(what, sizeof what, "%s %s, step %d/%d", collective_traits(op).display_name, cv.in_flight ? "in flight" : "done",
+                  cv.steps_done, cv.steps);
+    flow(ImGui::CalcTextSize(what).x);
+    ImGui::TextColored(live == Live::Gather ? ImVec4(0.45f, 0.75f, 1.0f, 1.0f) : ImVec4(1.0f, 0.65f, 0.3f, 1.0f), "%s", what);
+  }
+  ImGui::PopTextWrapPos();
+
+  // Each parameter gets a span of the bar: its padded size's share, at least 4 em, so a bias shows.
+  std::vector<float> x0(P + 1, L.bar_x);
+  {
+    const float gap = 0.35f * fs, min_w = std::min(4.0f * fs, L.bar_w / static_cast<float>(2 * std::max<size_t>(P, 1)));
+    float fixed = 0, rest = 0;
+    for (size_t i = 0; i < P; i++) rest += static_cast<float>(d[i].padded_numel());
+    const float avail = L.bar_w - gap * static_cast<float>(P > 0 ? P - 1 : 0);
+    std::vector<float> w(P);
+    for (size_t i = 0; i < P; i++) {
+      w[i] = avail * static_cast<float>(d[i].padded_numel()) / std::max(1.0f, rest);
+      if (w[i] < min_w) fixed += min_w - w[i], w[i] = min_w;
+    }
+    // Take what the small ones gained from the large ones, in proportion.
+    float large = 0;
+    for (size_t i = 0; i < P; i++) large += w[i] > min_w ? w[i] : 0;
+    for (size_t i = 0; i < P; i++)
+      if (w[i] > min_w && large > 0) w[i] = std::max(min_w, w[i] - fixed * w[i] / large);
+    for (size_t i = 0; i < P; i++) x0[i + 1] = x0[i] + w[i] + (i + 1 < P ? gap : 0);
+  }
+  auto cell = [&](size_t i, int k, float y, float h, ImVec2* c0, ImVec2* c1) {
+    const float w = (x0[i + 1] - x0[i] - (i + 1 < P ? 0.35f * fs : 0)) / static_cast<float>(K);
+    *c0 = ImVec2(x0[i] + w * static_cast<float>(k) + 1, y + 1);
+    *c1 = ImVec2(x0[i] + w * static_cast<float>(k + 1) - 1, y + h);
+  };
+  // ---- the parameters: each one's padded all-gather output, its chunks coloured by owner
+  ImVec2 p = ImGui::GetCursorScreenPos();
+  const float h = L.row_h * 0.8f;
+  // Their names and shapes on a line of their own, above their spans.
+  for (size_t i = 0; i < P; i++) {
+    // The name and shape, or the name alone, whichever fits its span (the tooltip has both).
+    std::string lab = u.names[i] + (i < u.shapes.size() ? " " + shape_str(u.shapes[i]) : std::string());
+    const float room = x0[i + 1] - x0[i] - 4;
+    auto width = [&](const std::string& t) { return ImGui::GetFont()->CalcTextSizeA(fs * 0.85f, FLT_MAX, 0.0f, t.c_str()).x; };
+    if (width(lab) > room) lab = u.names[i];
+    if (width(lab) > room) continue;
+    dl->AddText(ImGui::GetFont(), fs * 0.85f, ImVec2(x0[i] + 2, p.y), IM_COL32(200, 200, 208, 255), lab.c_str());
+  }
+  ImGui::Dummy(ImVec2(L.label_w + L.bar_w, fs * 0.95f));
+  p = ImGui::GetCursorScreenPos();
+  dl->AddText(ImVec2(p.x, p.y), IM_COL32(170, 170, 178, 255), "params");
+  for (size_t i = 0; i < P; i++) {
+    for (int k = 0; k < K; k++) {
+      ImVec2 c0, c1;
+      cell(i, k, p.y, h, &c0, &c1);
+      dl->AddRectFilled(c0, c1, rank_color(k, W, 0.85f));
+      const int64_t real = d[i].real_rows(k);
+      if (real < d[i].chunk_rows) {
+        const float px = c0.x + (c1.x - c0.x) * static_cast<float>(real) / static_cast<float>(std::max<int64_t>(1, d[i].chunk_rows));
+        hatch(dl, ImVec2(px, c0.y), c1, IM_COL32(30, 30, 34, 200));
+      }
+    }
+  }
+  ImGui::Dummy(ImVec2(L.label_w + L.bar_w, L.row_h));
+  if (ImGui::IsItemHovered()) {
+    const float mx = ImGui::GetIO().MousePos.x;
+    for (size_t i = 0; i < P; i++)
+      if (mx >= x0[i] && mx < x0[i + 1]) {
+        ImGui::SetTooltip("%s %s: %lld rows x %lld, cut on dim 0 in %d chunks of %lld rows (torch.chunk);\n"
+                          "%lld padding rows at the end (each parameter padded on its own, no flat parameter)",
+                          u.names[i].c_str(), i < u.shapes.size() ? shape_str(u.shapes[i]).c_str() : "", static_cast<long long>(d[i].rows),
+                          static_cast<long long>(d[i].cols), K, static_cast<long long>(d[i].chunk_rows),
+                          static_cast<long long>(d[i].chunk_rows * K - d[i].rows));
+        break;
+      }
+  }
+  // ---- one row per rank
+  const float pulse = 0.55f + 0.45f * static_cast<float>(std::sin(time * 6.0));
+  for (int r = 0; r < W && r < static_cast<int>(u.state.size()); r++) {
+    p = ImGui::GetCursorScreenPos();
+    const float y = p.y;
+    if (K < W && r % K == 0 && r > 0) dl->AddLine(ImVec2(L.bar_x, y - 1), ImVec2(L.bar_x + L.bar_w, y - 1), IM_COL32(200, 200, 210, 120));
+    char lab[48];
+    if (K < W) std::snprintf(lab, sizeof lab, "rank %d (node %d)", r, r / K);
+    else std::snprintf(lab, sizeof lab, "rank %d", r);
+    dl->AddText(ImVec2(p.x, y), rank_color(r, W), lab);
+    const size_t ri = static_cast<size_t>(r);
+    const bool gathered = u.gathered[ri] != 0;
+    const int pf = u.post_forward[ri];
+    for (size_t i = 0; i < P; i++)
+      for (int k = 0; k < K; k++) {
+        ImVec2 c0, c1;
+        cell(i, k, y, h, &c0, &c1);
+        const bool own = k == r % K;
+        // reshard_after_forward=N: this rank keeps chunks [g K/N, (g+1) K/N) of each parameter, g = its place in its group.
+        const bool kept = pf > 0 && k / (K / pf) == (r % K) % pf;
+        ImU32 fill = own ? rank_color(k, W, 0.95f) : gathered ? rank_color(k, W, 0.40f) : kept ? rank_color(k, W, 0.65f) : 0;
+        if (live != Live::None && ri < s.collective.cells.size()) {
+          const int held = s.collective.cells[ri][static_cast<size_t>(k)];
+          if (live == Live::Gather) fill = held > 0 ? rank_color(k, W, own ? 0.95f : 0.55f) : 0;
+          else fill = contribution_color(held, s.collective.world);
+        }
+        dl->AddRect(c0, c1, IM_COL32(90, 92, 100, 255));
+        if (fill) dl->AddRectFilled(c0, c1, fill);
+        if (own) dl->AddRect(c0, c1, IM_COL32(255, 255, 255, 220), 0, 0, 2.0f);
+        const int64_t real = d[i].real_rows(k);
+        if (real < d[i].chunk_rows && fill) {
+          const float px = c0.x + (c1.x - c0.x) * static_cast<float>(real) / static_cast<float>(std::max<int64_t>(1, d[i].chunk_rows));
+          hatch(dl, ImVec2(px, c0.y), c1, IM_COL32(20, 20, 24, 170));
+        }
+      }
+    const ImVec2 b0(L.bar_x, y), b1(L.bar_x + L.bar_w, y + h + 1);
+    if (u.gathering[ri] && !live_now) dl->AddRect(b0, b1, with_alpha(IM_COL32(110, 190, 255, 255), pulse), 0, 0, 2.0f);
+    if (u.reducing[ri] && !live_now) dl->AddRect(b0, b1, with_alpha(IM_COL32(255, 160, 60, 255), pulse), 0, 0, 2.0f);
+    const FsdpState st = u.state[ri];
+    const std::string where = placement(u, r, K, W, L.compact);
+    dl->AddText(ImVec2(L.bar_x + L.bar_w + 0.6f * fs, y), state_color(st), where.c_str());
+    ImGui::Dummy(ImVec2(L.label_w + L.bar_w + L.state_w, L.row_h));
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip("rank %d, unit %d: %s\nholds chunk %d of every parameter%s%s", r, u.index, fsdp_state_name(st), r % K,
+                        gathered ? ", and the full parameters (copied out of the all-gather)"
+                        : pf > 0 ? ", and its 1/N of each parameter kept after forward (reshard_after_forward=N)"
+                                 : "",
+                        u.reducing[ri] ? "; gradient reduce-scatter under way" : "");
+  }
+}
+
+// FSDP1's flat split against FSDP2's per-parameter split of this run's units: what each rank keeps
+// and what one forward's all-gathers move, from the same shapes.
+void draw_api_comparison(const Snapshot& s) {
+  const RunConfigView& c = s.config;
+  const int K = std::max(1, s.units.front().shard_world);
+  std::vector<std::vector<Shape>> units;
+  for (const UnitView& u : s.units) units.push_back(u.shapes);
+  const FsdpLayoutBytes b = fsdp_layout_bytes(units, K);
+  const int64_t gather_bytes = is_mixed(c.precision) ? 2 : 4;
+  ImGui::SetNextItemOpen(true, ImGuiCond_Once);
+  if (!ImGui::CollapsingHeader("FSDP1 vs FSDP2")) return;
+  ImGui::PushTextWrapPos(0.0f);
+  auto line = [&](const char* name, int64_t shard, int64_t gather, bool mine) {
+    const std::string text = std::string(name) + (mine ? " (this run)" : "") + ": " + with_commas(shard) + " elements a rank (" +
+                             human_bytes(shard * 4) + " fp32), " + with_commas(shard * K - b.real_elems) + " of them padding over the " +
+                             std::to_string(K) + " ranks; one forward all-gathers " + human_bytes(gather * gather_bytes);
+    if (mine) ImGui::TextColored(ImVec4(1.0f, 0.85f, 0.4f, 1.0f), "%s", text.c_str());
+    else ImGui::TextUnformatted(text.c_str());
+  };
+  line("FSDP1 FlatParameter", b.fsdp1_shard_elems, b.fsdp1_gather_elems, c.fsdp_api == 1);
+  line("FSDP2 fully_shard", b.fsdp2_shard_elems, b.fsdp2_gather_elems, c.fsdp_api == 2);
+  ImGui::TextDisabled("FSDP1 pads each unit's flat parameter to a multiple of %d; FSDP2 pads every parameter's rows to one, so a "
+                      "small tensor can cost a row per rank. The reduce-scatter moves what the all-gather does.",
+                      K);
+  ImGui::PopTextWrapPos();
+}
+
 void draw_legend(float fs, int W) {
   ImDrawList* dl = ImGui::GetWindowDrawList();
   bool first = true;
@@ -214,7 +428,16 @@ void draw_shard_view(const Snapshot& s, ViewContext& ctx) {
   const RunConfigView& c = s.config;
   const int K = s.units.front().shard_world;
   ImGui::PushTextWrapPos(0.0f);
-  if (c.sharding == Sharding::NoShard || c.sharding == Sharding::Zero1) {
+  if (c.fsdp_api == 2) {
+    ImGui::TextWrapped("fully_shard (FSDP2), %d ranks%s: each parameter cut on dim 0 in %d chunks, padded on its own; rank r keeps "
+                       "chunk r. %s",
+                       c.world, K < c.world ? (", HSDP groups of " + std::to_string(K)).c_str() : "", K,
+                       c.reshard_after_forward == 0  ? "Gathered to compute, kept until backward."
+                       : c.reshard_after_forward > 1 ? ("After forward each rank keeps 1/" + std::to_string(c.reshard_after_forward) +
+                                                        ", gathered again in groups of " + std::to_string(c.reshard_after_forward) + ".")
+                                                           .c_str()
+                                                     : "Gathered to compute, freed after.");
+  } else if (c.sharding == Sharding::NoShard || c.sharding == Sharding::Zero1) {
     ImGui::TextWrapped("%s keeps the full parameters on every rank; only %s.", sharding_name(c.sharding),
                        c.sharding == Sharding::Zero1 ? "the optimizer state is split (each rank steps 1/W of the flat parameters)"
                                                      : "gradients are all-reduced, unit by unit");
@@ -234,12 +457,21 @@ void draw_shard_view(const Snapshot& s, ViewContext& ctx) {
   const ImVec2 origin = ImGui::GetCursorScreenPos();
   L.label_w = ImGui::CalcTextSize(K < c.world ? "rank 00 (node 0)  " : "flat param  ").x;
   L.state_w = ImGui::CalcTextSize("post-backward ").x + 0.6f * fs;
+  if (c.fsdp_api == 2) {
+    // FSDP2's column names the placement: in full, unless that leaves the bars under 10 em.
+    const float avail = ImGui::GetContentRegionAvail().x - L.label_w;
+    L.state_w = ImGui::CalcTextSize((widest_placement(c, K, false) + " ").c_str()).x + 0.6f * fs;
+    L.compact = avail - L.state_w < 10.0f * fs;
+    if (L.compact) L.state_w = ImGui::CalcTextSize((widest_placement(c, K, true) + " ").c_str()).x + 0.6f * fs;
+  }
   L.bar_x = origin.x + L.label_w;
   L.bar_w = std::max(4.0f * fs, ImGui::GetContentRegionAvail().x - L.label_w - L.state_w);
   L.row_h = fs * 1.15f;
+  if (c.sharding != Sharding::NoShard && c.sharding != Sharding::Zero1) draw_api_comparison(s);
   for (const UnitView& u : s.units) {
     if (u.state.empty()) continue;
-    draw_unit(s, u, L, ctx.time);
+    if (c.fsdp_api == 2) draw_unit_fsdp2(s, u, L, ctx.time);
+    else draw_unit(s, u, L, ctx.time);
     ImGui::Spacing();
   }
   ImGui::EndChild();

@@ -424,7 +424,7 @@ void FullyShardedDataParallel::reshard(int unit, bool post_forward) {
   }
   bind(u, nullptr, false);
   u.gathered = Tensor();
-  record(unit, FsdpVerb::Reshard);
+  record(unit, FsdpVerb::Reshard, u.pf_shard.empty() ? UINT64_MAX : static_cast<uint64_t>(pf_size_));
 }
 
 void FullyShardedDataParallel::before_forward(int layer) {

@@ -123,7 +123,8 @@ struct FsdpInfo {
   int16_t shard_world;  // ranks a flat parameter is split over (the node group for HYBRID_SHARD)
   int32_t label;        // Layout: "0.weight, 0.bias" (TraceRecorder label id)
   int64_t numel, chunk; // the unit's flat parameter and its shard size (ceil(numel/shard_world))
-  uint64_t seq;         // Unshard/ReduceGrad: the collective's number on the world (UINT64_MAX: a group's)
+  uint64_t seq;         // Unshard/ReduceGrad: the collective's number on the world (UINT64_MAX: a group's);
+                        // Reshard: N when FSDP2's reshard_after_forward=N kept a 1/N shard, else UINT64_MAX
 };
 
 // A pipeline action on the compute lane: from the moment its input is there (the received
