@@ -127,18 +127,22 @@ void draw_header(const Snapshot& s, float fs, bool presentation, bool key) {
         hook.kind == CommHook::PowerSgd
             ? "from iteration " + std::to_string(hook.powersgd_start) + " each gradient matrix (n x m) goes as rank-" +
                   std::to_string(hook.powersgd_rank) +
-                  " factors: the thin tensors all-reduced whole, then P = M Q, then Q = M^T P (three all-reduces), "
-                  "the rest kept as error feedback"
-        : hook.kind == CommHook::TopK
+                  " factors: the thin tensors all-reduced whole, then P = M Q, then Q = M^T P (three all-reduces), " +
+                  (hook.error_feedback ? "the rest kept as error feedback" : "the rest lost (no error feedback)")
+        : hook.kind == CommHook::TopK && hook.error_feedback
             ? std::string("each rank adds its remembered error to a bucket, keeps the ") + share +
                   " of its entries largest in magnitude and all-gathers them with their int64 indices; the rest is its new error"
+        : hook.kind == CommHook::TopK
+            ? std::string("each rank keeps the ") + share +
+                  " of a bucket's entries largest in magnitude and all-gathers them with their int64 indices; the rest is lost "
+                  "(no error feedback)"
             : std::string("each bucket cast to ") + (hook.kind == CommHook::Fp16 ? "float16" : "bfloat16") +
                   " and divided by the world size, all-reduced, cast back";
     if (wire > 0)
-      ImGui::TextWrapped("comm hook %s: %s: %s sent for %s of gradients (%.2gx smaller)", comm_hook_torch_name(hook.kind), how.c_str(),
+      ImGui::TextWrapped("comm hook %s: %s: %s sent for %s of gradients (%.2gx smaller)", comm_hook_torch_name(hook), how.c_str(),
                          human_bytes(wire).c_str(), human_bytes(held).c_str(), static_cast<double>(held) / static_cast<double>(wire));
     else
-      ImGui::TextWrapped("comm hook %s: %s", comm_hook_torch_name(hook.kind), how.c_str());
+      ImGui::TextWrapped("comm hook %s: %s", comm_hook_torch_name(hook), how.c_str());
   }
   ImGui::PopTextWrapPos();
   if (key) draw_legend(fs);
