@@ -268,6 +268,8 @@ TEST_SUITE("ddp") {
         CHECK(e.bucket.bytes == static_cast<int64_t>(std::ceil(0.05 * n)) * 12);
         checked++;
       }
+      for (const Event& e : t.recorder().events(0))
+        if (e.kind == EventKind::BucketLaunch) CHECK(e.bucket.collectives == 2);  // values, then indices
       CHECK(checked >= 2);
     }
     CHECK_THROWS_WITH_AS(parse_comm_hook("topk:ratio=0"),
@@ -294,6 +296,10 @@ TEST_SUITE("ddp") {
       }
       CHECK(before == 4 * 4547);
       CHECK(after == 4 * (64 * 2 + 64 + 64 + 3 + (64 + 64) + (3 + 64)));
+      // Each launch says how many collectives follow it (the Buckets view lists them): one plain
+      // all-reduce before iteration 2, then the whole tensors', P's and Q's.
+      for (const Event& e : t.recorder().events(0))
+        if (e.kind == EventKind::BucketLaunch) CHECK(e.bucket.collectives == (e.iteration >= 2 ? 3 : 1));
       // The rebuilt buckets (this config's small caps) are {4.weight, 4.bias, 2.bias}, {2.weight} and
       // {0.weight, 0.bias}; each all-reduces its uncompressed tensors, then P, then Q (empty ones too,
       // as torch's hook does), and the step's figures follow (4 floats).

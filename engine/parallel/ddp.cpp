@@ -343,6 +343,7 @@ void DistributedDataParallel::record_bucket(EventKind kind, int bucket, int para
     e.bucket.bytes = bk.bytes;
   }
   e.bucket.seq = seq >= 0 ? static_cast<uint64_t>(seq) : bk.work ? bk.work->seq() : 0;
+  e.bucket.collectives = kind == EventKind::BucketLaunch ? hook_collectives() : 1;
   ctx_->record(e);
 }
 
@@ -860,6 +861,14 @@ void DistributedDataParallel::power_sgd(DdpBucket& bk, int index) {
   store_floats(bk.buffer, v, hf);
   bk.sent = (nu + np + nq) * static_cast<int64_t>(sizeof(float));
   if (last) psgd_iter_++;
+}
+
+int DistributedDataParallel::hook_collectives() const {
+  switch (opt_.comm_hook.kind) {
+    case CommHook::TopK: return 2;  // the values' and the indices' all-gathers
+    case CommHook::PowerSgd: return psgd_iter_ < opt_.comm_hook.powersgd_start ? 1 : 3;  // whole tensors, P, Q
+    default: return 1;
+  }
 }
 
 DType DistributedDataParallel::bucket_dtype() const {

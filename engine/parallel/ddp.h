@@ -223,6 +223,9 @@ class DistributedDataParallel {
   void record_bucket(EventKind kind, int bucket, int param = -1, int64_t seq = -1);  // seq: the all-reduce's, before it exists
   void copy_back(const DdpBucket& bk);
   DType bucket_dtype() const;
+  // The collectives the next launched bucket issues, numbered from its launch's seq: 1, top-k's 2
+  // all-gathers, or PowerSGD's 3 all-reduces once it compresses (psgd_iter_ before its increment).
+  int hook_collectives() const;
   // A compression hook: the bucket cast into bk.compressed and divided by the world size there
   // (before its all-reduce), and the all-reduced average cast back into the bucket (after it).
   void compress(DdpBucket& bk);
