@@ -659,7 +659,10 @@ bool ddp_controls(TrainConfig& c) {
                       "iteration, then rebuilds sized buckets in the order gradients arrived. On: sized buckets from\n"
                       "the first iteration.");
   // --comm-hook: torch's register_comm_hook (the Buckets view shows the bytes sent against the bytes held).
-  static const char* const hooks[] = {"none", "fp16", "bf16", "topk:ratio=0.01", "powersgd:rank=1,start=2", "powersgd:rank=4,start=2"};
+  // Each error-feedback hook also without it, to see what the remembered error buys.
+  static const char* const hooks[] = {"none", "fp16", "bf16", "topk:ratio=0.01", "topk:ratio=0.01,error_feedback=false",
+                                      "powersgd:rank=1,start=2", "powersgd:rank=1,start=2,error_feedback=false",
+                                      "powersgd:rank=4,start=2"};
   const std::string cur = comm_hook_text(c.ddp.comm_hook);
   if (ImGui::BeginCombo("comm hook", cur.c_str())) {
     for (const char* h : hooks)
@@ -670,7 +673,8 @@ bool ddp_controls(TrainConfig& c) {
     ImGui::SetTooltip("DDP communication hook: fp16 / bf16 cast each bucket to 16 bits before its all-reduce (torch's\n"
                       "fp16_compress_hook, bf16_compress_hook); topk sends each rank's largest 1%% of entries with\n"
                       "their indices and keeps the rest as error feedback; powersgd sends each gradient matrix as\n"
-                      "rank-R factors P (n x R) and Q (m x R), three all-reduces per bucket (torch's powerSGD_hook).");
+                      "rank-R factors P (n x R) and Q (m x R), three all-reduces per bucket (torch's powerSGD_hook).\n"
+                      "error_feedback=false: nothing that was not sent is remembered, and no error buffer is held.");
   ImGui::EndDisabled();
   return changed;
 }

@@ -101,18 +101,33 @@ struct BucketParam {
   int ready_order = -1;       // 0 = first gradient produced in this pass
 };
 
+// One of the collectives a comm hook issues for a bucket when it issues several (top-k's all-gathers
+// of values and indices; PowerSGD's all-reduces of the whole tensors, P and Q).
+struct BucketCollective {
+  uint64_t seq = 0;
+  int64_t bytes = -1;  // what each rank puts in (elements x dtype); -1 until rank 0 issued it
+  bool done = false;   // rank 0 finished it
+};
+
 struct BucketView {
   int index = 0;
   int generation = 0;
   int64_t bytes = 0;
-  int64_t wire_bytes = 0;           // what its last all-reduce moved (half of `bytes` under an fp16/bf16 comm hook)
+  int64_t wire_bytes = 0;           // what its collectives moved last (half of `bytes` under an fp16/bf16 comm hook)
   bool gathered = false;            // --comm-hook topk: its collectives are all-gathers of values and indices
   std::vector<BucketParam> params;  // in bucket layout order
   BucketState state = BucketState::Empty;
   int launch_order = -1;      // order launched in this pass (always == index: torch's rule)
-  uint64_t seq = 0;           // its all-reduce, once launched
+  uint64_t seq = 0;           // its all-reduce (the first of `collectives`), once launched
+  int collectives = 1;        // a comm hook's collectives for it this pass, numbered seq, seq + 1, ...
+  std::vector<BucketCollective> parts;  // each of them when there are several (filled every frame)
   double allreduce_begin = 0, allreduce_end = 0;  // modeled seconds, once done
+  // Collective `s` is one of this pass's for the bucket.
+  bool owns(uint64_t s) const { return launch_order >= 0 && s >= seq && s < seq + static_cast<uint64_t>(collectives); }
 };
+// What part `k` of a bucket's `n` collectives carries under `hook`: "values" and "indices" (top-k), "whole
+// tensors", "P" and "Q" (PowerSGD); "" for a bucket's one collective.
+const char* bucket_part_name(CommHook hook, int k, int n);
 
 // FSDP: one unit's flat parameter and what each rank holds of it right now (from FsdpUnit events).
 struct UnitView {

@@ -254,9 +254,12 @@ std::string collective_purpose(const Snapshot& s, const GateInfo& g) {
     if (g.iteration >= 0 && g.coll == CollectiveOp::Broadcast)
       return "rank 0's gradient order, broadcast to rebuild the buckets in that order";
     for (const BucketView& b : s.buckets)
-      if (b.state >= BucketState::Launched && b.seq == static_cast<uint64_t>(g.op.seq))
-        return "bucket " + std::to_string(b.index) + "'s all-reduce (" + std::to_string(b.params.size()) +
+      if (b.state >= BucketState::Launched && b.owns(static_cast<uint64_t>(g.op.seq))) {
+        const char* part = bucket_part_name(s.config.comm_hook.kind, static_cast<int>(static_cast<uint64_t>(g.op.seq) - b.seq), b.collectives);
+        return "bucket " + std::to_string(b.index) + "'s " + (b.gathered ? "all-gather" : "all-reduce") +
+               (*part ? std::string(" of ") + part : "") + " (" + std::to_string(b.params.size()) +
                (b.params.size() == 1 ? " gradient, " : " gradients, ") + human_bytes(b.bytes) + ")";
+      }
   }
   return "";
 }
@@ -310,6 +313,12 @@ const char* bucket_state_name(BucketState s) {
     case BucketState::Done: return "done";
   }
   return "?";
+}
+
+const char* bucket_part_name(CommHook hook, int k, int n) {
+  if (hook == CommHook::TopK && n == 2) return k == 0 ? "values" : "indices";
+  if (hook == CommHook::PowerSgd && n == 3) return k == 0 ? "whole tensors" : k == 1 ? "P" : "Q";
+  return "";
 }
 
 void SnapshotBuilder::reset(const RunSources& run) {
@@ -528,6 +537,7 @@ void SnapshotBuilder::set_device_memory(int rank, int64_t used, int64_t total) {
 
 const Snapshot& SnapshotBuilder::finish_frame() {
   hold_stepped_op();
+  build_bucket_parts();
   build_collective();
   light_mesh_group();
   const CollectiveView& cv = snap_.collective;
@@ -697,14 +707,18 @@ void SnapshotBuilder::ingest_collective(int rank, const Event& e) {
     if (u.reduce_seq == e.coll.seq) u.reducing[static_cast<size_t>(rank)] = 0;
   }
   if (e.coll.group_size > 1 && algorithm_step_count(e.coll.op, e.coll.algo, N) > 0) show_latest(k, e.order);
-  // A bucket's all-reduce finished on rank 0's comm lane.
+  // A bucket's all-reduce (a hook's last collective for it) finished on rank 0's comm lane.
   if (rank == 0)
     for (BucketView& b : snap_.buckets)
-      if ((b.state == BucketState::Launched || b.state == BucketState::AllReducing) && b.seq == e.coll.seq) {
+      if ((b.state == BucketState::Launched || b.state == BucketState::AllReducing) && b.owns(e.coll.seq) &&
+          e.coll.seq + 1 == b.seq + static_cast<uint64_t>(b.collectives)) {
         b.state = BucketState::Done;
         b.allreduce_begin = e.model_begin;
         b.allreduce_end = e.model_end;
-        b.wire_bytes = e.bucket.bytes;
+        b.wire_bytes = 0;  // until the reducer's BucketAllReduce says: what each rank put into them
+        for (int k = 0; k < b.collectives; k++)
+          if (auto it = issued_.find(CollKey{0, b.seq + static_cast<uint64_t>(k)}); it != issued_.end())
+            b.wire_bytes += it->second.in_count * dtype_size(it->second.dtype);
       }
 }
 
@@ -799,6 +813,8 @@ void SnapshotBuilder::ingest_bucket(const TraceRecorder& rec, const Event& e) {
           b.state = BucketState::Empty;
           b.launch_order = -1;
           b.seq = 0;
+          b.collectives = 1;
+          b.parts.clear();
           for (BucketParam& p : b.params) p.ready = false, p.ready_order = -1;
         }
       }
@@ -813,8 +829,9 @@ void SnapshotBuilder::ingest_bucket(const TraceRecorder& rec, const Event& e) {
       } else if (e.kind == EventKind::BucketLaunch) {
         b.launch_order = launch_counter_++;
         b.seq = e.bucket.seq;
+        b.collectives = std::max(1, e.bucket.collectives);
         // The comm worker may already have finished it (its Collective event came first).
-        auto it = coll_done_.find(CollKey{0, e.bucket.seq});
+        auto it = coll_done_.find(CollKey{0, e.bucket.seq + static_cast<uint64_t>(b.collectives) - 1});
         b.state = it != coll_done_.end() && !it->second.empty() && it->second[0] ? BucketState::Done : BucketState::Launched;
       } else {
         b.state = BucketState::Done;
@@ -914,6 +931,23 @@ void SnapshotBuilder::build_collective() {
     for (auto& row : cv.cells) std::fill(row.begin(), row.end(), N);
 }
 
+// A bucket's several collectives under a comm hook: each one's bytes once issued, and whether rank 0
+// finished it.
+void SnapshotBuilder::build_bucket_parts() {
+  for (BucketView& b : snap_.buckets) {
+    b.parts.clear();
+    if (b.collectives < 2 || b.launch_order < 0) continue;
+    for (int k = 0; k < b.collectives; k++) {
+      BucketCollective c;
+      c.seq = b.seq + static_cast<uint64_t>(k);
+      if (auto it = issued_.find(CollKey{0, c.seq}); it != issued_.end()) c.bytes = it->second.in_count * dtype_size(it->second.dtype);
+      auto done = coll_done_.find(CollKey{0, c.seq});
+      c.done = done != coll_done_.end() && !done->second.empty() && done->second[0];
+      b.parts.push_back(c);
+    }
+  }
+}
+
 // What the collective is for (a DDP bucket, DataParallel, an FSDP unit, a process group), and the
 // bucket it moves.
 void SnapshotBuilder::label_collective(bool all_done) {
@@ -921,10 +955,11 @@ void SnapshotBuilder::label_collective(bool all_done) {
   cv.label.clear();
   if (cv.group != 0) return;  // buckets and units name the world's collectives; views name the group
   for (const BucketView& b : snap_.buckets)
-    if (b.seq == cv.seq && b.seq != 0) {
+    if (b.owns(cv.seq) && b.seq != 0) {
       std::string names;
       for (const BucketParam& p : b.params) names += (names.empty() ? "" : ", ") + p.name;
-      cv.label = "DDP bucket " + std::to_string(b.index) + ": " + names;
+      const char* part = bucket_part_name(snap_.config.comm_hook.kind, static_cast<int>(cv.seq - b.seq), b.collectives);
+      cv.label = "DDP bucket " + std::to_string(b.index) + (*part ? std::string(" (") + part + ")" : "") + ": " + names;
     }
   if (run_.config->strategy == Strategy::Dp) {  // DataParallel's only collectives: replicate and ReduceAddCoalesced
     if (cv.op == CollectiveOp::Broadcast) cv.label = "DataParallel replicate: every parameter from rank 0";
@@ -940,7 +975,7 @@ void SnapshotBuilder::label_collective(bool all_done) {
   // issue gate by the stepper, it is launched but not yet on the wire.
   const bool at_issue_gate = held_ && snap_.held.kind == GateKind::Collective && cv.steps_done == 0;
   for (BucketView& b : snap_.buckets)
-    if (b.state == BucketState::Launched && b.seq == cv.seq && (cv.in_flight || cv.steps_done > 0) && !all_done && !at_issue_gate)
+    if (b.state == BucketState::Launched && b.owns(cv.seq) && (cv.in_flight || cv.steps_done > 0) && !all_done && !at_issue_gate)
       b.state = BucketState::AllReducing;
 }
 

@@ -84,6 +84,7 @@ class SnapshotBuilder {
   void ingest_bucket(const TraceRecorder& rec, const Event& e);  // rank 0's reducer
   void trim_events(int32_t newest_iter);
   void build_collective();
+  void build_bucket_parts();
   void label_collective(bool all_done);
   void fill_cells();
   void fill_planned_cells();

@@ -12,7 +12,9 @@ bfloat16 is the 16-bit all-reduce's. `--comm-hook topk:ratio=0.1` is held to the
 written as a torch DDP hook (class TopK). `--comm-hook powersgd:rank=R,start=S` is held to torch's own
 powerSGD_hook with PowerSGDState(matrix_approximation_rank=R, start_powerSGD_iter=S) and its other
 defaults (error feedback, warm start, random_seed 0), within 1e-4: the factors' sums and torch's
-vectorised randn differ from dtlab's in the last bits. Each is also held apart from the plain run.
+vectorised randn differ from dtlab's in the last bits; `powersgd:rank=1,start=2,error_feedback=false`
+to PowerSGDState(use_error_feedback=False) the same way. Each is also held apart from the plain run,
+and the run without error feedback apart from the one with it.
 Usage: comm_hook_torch.py PATH/TO/dtlab-cli
 """
 import datetime, json, math, os, socket, sys, tempfile, time
@@ -27,6 +29,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 DIMS, BATCH, STEPS, SEED, WORLD = [4, 16, 16, 3], 16, 20, 3, 2
 TOPK = "topk:ratio=0.1"  # 10% of each bucket's entries per rank
 PSGD1, PSGD2 = "powersgd:rank=1,start=2", "powersgd:rank=2,start=3"  # Q of 4 entries (torch's scalar randn) and of 16
+PSGD1_NOEF = PSGD1 + ",error_feedback=false"  # PowerSGDState(use_error_feedback=False)
 
 
 def bf16_written_out(process_group, bucket):
@@ -98,7 +101,8 @@ def rank_main(rank, port, hook, data, out):
     elif hook.startswith("powersgd:"):
         args = dict(kv.split("=") for kv in hook.split(":")[1].split(","))
         state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=int(args["rank"]),
-                                       start_powerSGD_iter=int(args["start"]))
+                                       start_powerSGD_iter=int(args["start"]),
+                                       use_error_feedback=args.get("error_feedback", "true") == "true")
         model.register_comm_hook(state, powersgd.powerSGD_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     z = np.load(data)
@@ -155,7 +159,7 @@ if __name__ == "__main__":
         np.savez(data, x=x, y=y)
         spec = "mlp:" + ",".join(map(str, DIMS))
         finals = {}
-        for hook in ("none", "fp16", "bf16", TOPK, PSGD1, PSGD2):
+        for hook in ("none", "fp16", "bf16", TOPK, PSGD1, PSGD2, PSGD1_NOEF):
             ckpt = os.path.join(tmp, f"{hook.replace(':', '_')}.safetensors")
             out = cli("train", "--model", spec, "--data", data, "--strategy", "ddp", "--world", WORLD, "--batch", BATCH,
                       "--steps", STEPS, "--seed", SEED, "--threads", 1, "--optimizer", "sgd", "--lr", 0.05, "--momentum", 0.9,
@@ -173,7 +177,8 @@ if __name__ == "__main__":
             theirs = torch.load(ref)
             what = {"none": "plain DDP", "fp16": "fp16_compress_hook", "bf16": "bf16_compress_hook's steps",
                     TOPK: "a top-k hook with error feedback", PSGD1: "powerSGD_hook (rank 1, from iteration 2)",
-                    PSGD2: "powerSGD_hook (rank 2, from iteration 3)"}[hook]
+                    PSGD2: "powerSGD_hook (rank 2, from iteration 3)",
+                    PSGD1_NOEF: "powerSGD_hook (rank 1, from iteration 2, use_error_feedback=False)"}[hook]
             tol = 1e-4 if hook.startswith("powersgd") else 1e-5
             loss_diff = max(abs(a - b) for a, b in zip(ours, theirs["losses"])) if len(ours) == STEPS else float("inf")
             check(loss_diff < tol, f"--comm-hook {hook}: {STEPS} per-step losses equal torch's DDP with {what} "
@@ -184,8 +189,10 @@ if __name__ == "__main__":
             finals[hook] = sd
         # The hooks round: their runs are not the plain one (the comparisons above could not pass by
         # ignoring the flag).
-        for hook in ("fp16", "bf16", TOPK, PSGD1, PSGD2):
+        for hook in ("fp16", "bf16", TOPK, PSGD1, PSGD2, PSGD1_NOEF):
             apart = max((finals[hook][k] - v).abs().max().item() for k, v in finals["none"].items())
             check(apart > 1e-6, f"--comm-hook {hook}: the run differs from plain DDP's (by {apart:.2e}): the hook acted")
+        apart = max((finals[PSGD1_NOEF][k] - v).abs().max().item() for k, v in finals[PSGD1].items())
+        check(apart > 1e-4, f"--comm-hook {PSGD1_NOEF}: the run differs from the one with error feedback (by {apart:.2e})")
     print(f"{'FAILED' if failures else 'passed'}: DDP comm hooks against torch ({len(failures)} failures), torch {torch.__version__}")
     sys.exit(1 if failures else 0)

@@ -268,10 +268,12 @@ TEST_SUITE("ddp") {
         CHECK(e.bucket.bytes == static_cast<int64_t>(std::ceil(0.05 * n)) * 12);
         checked++;
       }
+      for (const Event& e : t.recorder().events(0))
+        if (e.kind == EventKind::BucketLaunch) CHECK(e.bucket.collectives == 2);  // values, then indices
       CHECK(checked >= 2);
     }
     CHECK_THROWS_WITH_AS(parse_comm_hook("topk:ratio=0"),
-                         "--comm-hook topk:ratio=0: write topk:ratio=F with F in (0, 1], the share of each bucket's entries a rank "
+                         "--comm-hook topk:ratio=0: write topk:ratio=F[,error_feedback=false] with F in (0, 1], the share of each bucket's entries a rank "
                          "sends, e.g. topk:ratio=0.01",
                          Error);
     // PowerSGD (rank 1 from iteration 2; values held to torch's powerSGD_hook by tests/comm_hook_torch.py):
@@ -294,6 +296,10 @@ TEST_SUITE("ddp") {
       }
       CHECK(before == 4 * 4547);
       CHECK(after == 4 * (64 * 2 + 64 + 64 + 3 + (64 + 64) + (3 + 64)));
+      // Each launch says how many collectives follow it (the Buckets view lists them): one plain
+      // all-reduce before iteration 2, then the whole tensors', P's and Q's.
+      for (const Event& e : t.recorder().events(0))
+        if (e.kind == EventKind::BucketLaunch) CHECK(e.bucket.collectives == (e.iteration >= 2 ? 3 : 1));
       // The rebuilt buckets (this config's small caps) are {4.weight, 4.bias, 2.bias}, {2.weight} and
       // {0.weight, 0.bias}; each all-reduces its uncompressed tensors, then P, then Q (empty ones too,
       // as torch's hook does), and the step's figures follow (4 floats).
@@ -307,7 +313,7 @@ TEST_SUITE("ddp") {
       CHECK(max_abs_diff(t.model(), ref.model()) > 1e-4);  // the low-rank average is not the average
     }
     CHECK_THROWS_WITH_AS(parse_comm_hook("powersgd:rank=1,start=1"),
-                         "--comm-hook powersgd:rank=1,start=1: write powersgd:rank=R[,start=S] with R >= 1 (matrix_approximation_rank) "
+                         "--comm-hook powersgd:rank=1,start=1: write powersgd:rank=R[,start=S][,error_feedback=false] with R >= 1 (matrix_approximation_rank) "
                          "and S >= 2 (start_powerSGD_iter: torch needs two plain iterations first), e.g. powersgd:rank=1,start=2",
                          Error);
     // Join (uneven inputs): the joined rank's shadow collectives match the hook's.
@@ -323,6 +329,120 @@ TEST_SUITE("ddp") {
     j.ddp.comm_hook = parse_comm_hook(hook);
     Trainer tj(j);
     CHECK(std::isfinite(train(tj).summary.eval_loss));
+    }
+  }
+
+  TEST_CASE("comm hooks without error feedback: parsed and printed, no error buffer, and top-k sends the gradient's own largest entries") {
+    // --comm-hook's text: error_feedback=false is kept, the default is left out, anything else refused.
+    CHECK(comm_hook_text(parse_comm_hook("powersgd:rank=1,start=2,error_feedback=false")) == "powersgd:rank=1,start=2,error_feedback=false");
+    CHECK(comm_hook_text(parse_comm_hook("topk:ratio=0.05,error_feedback=false")) == "topk:ratio=0.05,error_feedback=false");
+    CHECK(comm_hook_text(parse_comm_hook("topk:ratio=0.05,error_feedback=true")) == "topk:ratio=0.05");
+    CHECK(comm_hook_text(parse_comm_hook("topk:error_feedback=false")) == "topk:ratio=0.01,error_feedback=false");
+    CHECK_FALSE(parse_comm_hook("powersgd:error_feedback=false,rank=2").error_feedback);
+    CHECK(parse_comm_hook("powersgd:error_feedback=false,rank=2").powersgd_rank == 2);
+    CHECK_THROWS_WITH_AS(parse_comm_hook("powersgd:rank=1,error_feedback=off"),
+                         "--comm-hook powersgd:rank=1,error_feedback=off: error_feedback takes true or false (false: nothing that was "
+                         "not sent is remembered, torch's use_error_feedback=False), e.g. powersgd:rank=1,start=2,error_feedback=false",
+                         Error);
+    CHECK_THROWS_AS(parse_comm_hook("topk:ratio=0.1,error_feedback="), Error);
+    CHECK_THROWS_AS(parse_comm_hook("topk:ratio=0.1,"), Error);
+    CHECK_THROWS_AS(parse_comm_hook("fp16:error_feedback=false"), Error);  // a cast hook keeps no error
+
+    SUBCASE("memory: the error feedback's float32 buffer per gradient, and nothing without it") {
+      // mlp:2,64,64,3: 4547 gradients. The error is CommBuffers, beside the buckets (and top-k's
+      // values and indices, the same in both runs).
+      for (const char* hook : {"topk:ratio=0.05", "powersgd:rank=1,start=2"}) {
+        CAPTURE(hook);
+        TrainConfig on = ddp_config(2, 16, 4);
+        on.ddp.comm_hook = parse_comm_hook(hook);
+        TrainConfig off = on;
+        off.ddp.comm_hook.error_feedback = false;
+        Trainer a(on), b(off);
+        const TrainSummary sa = a.run(), sb = b.run();
+        REQUIRE(sa.rank_memory.size() == 2);
+        REQUIRE(sb.rank_memory.size() == 2);
+        for (size_t r = 0; r < 2; r++) {
+          CAPTURE(r);
+          const int64_t with = sa.rank_memory[r].current_of(MemCategory::CommBuffers), without = sb.rank_memory[r].current_of(MemCategory::CommBuffers);
+          CHECK(with - without == 4547 * 4);
+          CHECK(without >= 4547 * 4);  // the buckets themselves stay
+        }
+        CHECK(max_abs_diff(a.model(), b.model()) > 1e-5);  // the remembered error changed the steps
+      }
+    }
+
+    SUBCASE("top-k: what each rank sends is the top-k of its gradient alone, pass after pass (with feedback: of gradient + error)") {
+      // mlp:3,8,2 (50 gradients, one bucket in the first passes), ratio 0.1: 5 entries a rank. Each rank's
+      // gradients are set by hand, the same in both passes, and the hook's buffers read back.
+      for (bool feedback : {false, true}) {
+        CAPTURE(feedback);
+        ThreadsWorld w(2);
+        std::vector<std::unique_ptr<Model>> models;
+        for (int r = 0; r < 2; r++) models.push_back(std::make_unique<Model>(ModelSpec::parse("mlp:3,8,2"), &w.memory(r), 1));
+        DdpOptions opt;
+        opt.comm_hook = parse_comm_hook("topk:ratio=0.1");
+        opt.comm_hook.error_feedback = feedback;
+        std::vector<std::vector<std::vector<int64_t>>> sent_idx(2);  // per rank, per pass
+        std::vector<std::vector<std::vector<float>>> sent_val(2), want_val(2);
+        std::vector<std::vector<std::vector<int64_t>>> want_idx(2);
+        w.run([&](int r, Communicator& comm, RankContext& ctx) {
+          Model& m = *models[static_cast<size_t>(r)];
+          DistributedDataParallel ddp(m, comm, &ctx, opt);
+          // (No doctest assertion on a rank's thread: a throw ends the world and reaches the test.)
+          if (ddp.buckets().size() != 1 || ddp.buckets()[0].numel != 50 || ddp.buckets()[0].topk != 5)
+            throw Error("expected one bucket of 50 gradients, 5 of them sent");
+          const DdpBucket& bk = ddp.buckets()[0];
+          const int64_t n = bk.numel, k = bk.topk;
+          std::vector<float> error(static_cast<size_t>(n), 0.0f);  // the test's own memory, in bucket order
+          for (int pass = 0; pass < 2; pass++) {
+            std::vector<float> g(static_cast<size_t>(n));  // in bucket order
+            for (size_t s = 0; s < bk.params.size(); s++) {
+              Parameter& p = m.parameters()[static_cast<size_t>(bk.params[s])];
+              for (int64_t i = 0; i < p.numel; i++) {
+                const int64_t at = bk.offsets[s] + i;
+                p.grad[i] = std::sin(1.37f * static_cast<float>(at) + 0.5f * static_cast<float>(r));
+                g[static_cast<size_t>(at)] = p.grad[i];
+              }
+            }
+            // The reference: the k largest magnitudes of the gradient (+ the error), lower index first on a tie.
+            std::vector<float> acc = g;
+            if (feedback)
+              for (int64_t i = 0; i < n; i++) acc[static_cast<size_t>(i)] += error[static_cast<size_t>(i)];
+            std::vector<int64_t> order(static_cast<size_t>(n));
+            for (int64_t i = 0; i < n; i++) order[static_cast<size_t>(i)] = i;
+            std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return std::fabs(acc[static_cast<size_t>(a)]) > std::fabs(acc[static_cast<size_t>(b)]); });
+            std::vector<int64_t> idx(order.begin(), order.begin() + k);
+            std::sort(idx.begin(), idx.end());
+            std::vector<float> val;
+            for (int64_t i : idx) val.push_back(acc[static_cast<size_t>(i)]);
+            error = acc;
+            for (int64_t i : idx) error[static_cast<size_t>(i)] = 0.0f;
+            want_idx[static_cast<size_t>(r)].push_back(idx);
+            want_val[static_cast<size_t>(r)].push_back(val);
+
+            ddp.prepare_for_backward();
+            for (int p = static_cast<int>(m.parameters().size()) - 1; p >= 0; p--) ddp.grad_ready_hook()(p);
+            ddp.finalize_backward();
+            std::vector<int64_t> got_idx(static_cast<size_t>(k));
+            std::vector<float> got_val(static_cast<size_t>(k));
+            std::memcpy(got_idx.data(), bk.topk_indices.raw(), static_cast<size_t>(k) * sizeof(int64_t));
+            std::memcpy(got_val.data(), bk.topk_values.raw(), static_cast<size_t>(k) * sizeof(float));
+            sent_idx[static_cast<size_t>(r)].push_back(got_idx);
+            sent_val[static_cast<size_t>(r)].push_back(got_val);
+          }
+        });
+        for (size_t r = 0; r < 2; r++) {
+          CAPTURE(r);
+          for (size_t pass = 0; pass < 2; pass++) {
+            CAPTURE(pass);
+            CHECK(sent_idx[r][pass] == want_idx[r][pass]);
+            CHECK(sent_val[r][pass] == want_val[r][pass]);  // exactly: the same float adds
+          }
+          // Without feedback the same gradient sends the same entries again; with it, what was held back
+          // comes through the second time.
+          CHECK((sent_idx[r][1] == sent_idx[r][0]) == !feedback);
+        }
+      }
     }
   }
 

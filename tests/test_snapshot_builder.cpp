@@ -209,6 +209,55 @@ TEST_SUITE("snapshot builder") {
     CHECK(d.buckets[1].params[1].ready_order == 0);
   }
 
+  TEST_CASE("buckets: a PowerSGD bucket names each of its three all-reduces, and is done after the last") {
+    Rig rig;
+    rig.config.ddp.comm_hook = parse_comm_hook("powersgd:rank=1,start=2");
+    rig.builder.reset(rig.sources());
+    const int32_t last = rig.rec.intern(rig.param(2) + ", " + rig.param(3));
+    rig.record(0, bucket_event(EventKind::BucketAssigned, 0, last));
+    Event launch = bucket_event(EventKind::BucketLaunch, 0, -1, -1, 5);
+    launch.bucket.collectives = 3;
+    rig.record(0, launch, 2);
+    // The whole tensors (3 floats), then P (3 floats); Q not issued yet.
+    const int64_t counts[3] = {3, 3, 8};
+    for (uint64_t k = 0; k < 2; k++) {
+      Event issue = collective(EventKind::CollectiveIssue, 5 + k);
+      issue.coll.in_count = issue.coll.out_count = counts[k];
+      rig.record(0, issue, 2);
+    }
+    Event first = collective(EventKind::Collective, 5);
+    first.coll.in_count = first.coll.out_count = counts[0];
+    rig.record(0, first, 2);
+    const Snapshot& a = rig.frame();
+    const BucketView& b = a.buckets[0];
+    CHECK(b.state == BucketState::Launched);  // its first all-reduce is done, not the bucket
+    REQUIRE(b.parts.size() == 3);
+    CHECK(b.parts[0].seq == 5);
+    CHECK(b.parts[0].bytes == 12);
+    CHECK(b.parts[0].done);
+    CHECK(b.parts[1].bytes == 12);
+    CHECK_FALSE(b.parts[1].done);
+    CHECK(b.parts[2].seq == 7);
+    CHECK(b.parts[2].bytes == -1);  // not issued yet
+    CHECK(std::string(bucket_part_name(CommHook::PowerSgd, 1, 3)) == "P");
+
+    rig.record(0, ring_step(6, 0), 2);
+    CHECK(rig.frame(6).collective.label == "DDP bucket 0 (P): " + rig.param(2) + ", " + rig.param(3));
+    for (uint64_t k = 1; k < 3; k++) {
+      Event issue = collective(k == 2 ? EventKind::CollectiveIssue : EventKind::Collective, 5 + k);
+      issue.coll.in_count = issue.coll.out_count = counts[k];
+      rig.record(0, issue, 2);
+    }
+    CHECK(rig.frame().buckets[0].state != BucketState::Done);  // P done, Q issued: still on the wire
+    Event end = collective(EventKind::Collective, 7);
+    end.coll.in_count = end.coll.out_count = counts[2];
+    rig.record(0, end, 2);
+    const Snapshot& c = rig.frame();
+    CHECK(c.buckets[0].state == BucketState::Done);
+    CHECK(c.buckets[0].wire_bytes == (3 + 3 + 8) * 4);  // what each rank put into the three
+    CHECK(c.buckets[0].parts[2].done);
+  }
+
   TEST_CASE("FSDP: a unit's layout from its parameters' names, its all-gather from the collective") {
     Rig rig("fsdp");
     const int32_t names = rig.rec.intern(rig.param(2) + ", " + rig.param(3));

@@ -123,6 +123,10 @@ TEST_SUITE("train flags") {
         {{"--strategy", "fsdp", "--world", "4", "--fsdp-api", "2", "--backward-prefetch", "post"},
          "--backward-prefetch post is FSDP1's BACKWARD_POST"},
         {{"--backend", "pigeon"}, "--backend pigeon is not a backend"},
+        {{"--strategy", "ddp", "--comm-hook", "powersgd:rank=1,start=2,error_feedback=no"},
+         "--comm-hook powersgd:rank=1,start=2,error_feedback=no: error_feedback takes true or false"},
+        {{"--strategy", "ddp", "--comm-hook", "topk:ratio=0.01,error_feedback=0"}, "e.g. topk:ratio=0.01,error_feedback=false"},
+        {{"--strategy", "ddp", "--comm-hook", "fp16:error_feedback=false"}, "--comm-hook fp16:error_feedback=false is not a communication hook"},
         {{"--bogus", "1"}, "--bogus"},
     };
     for (const auto& c : cases) {
@@ -151,6 +155,7 @@ TEST_SUITE("train flags") {
         {"--strategy", "single", "--world", "1", "--model", "tiny", "--optimizer", "sgd", "--lr", "0.05", "--seed", "4294967295"},
         {"--strategy", "ddp", "--world", "2", "--skip-layer", "2", "--skip-every", "2", "--skip-ranks", "1", "--find-unused-parameters"},
         {"--strategy", "ddp", "--world", "2", "--fault", "delay:rank=1,collective=1,ms=1", "--timeout", "30", "--device", "cpu"},
+        {"--strategy", "ddp", "--world", "2", "--comm-hook", "powersgd:rank=1,start=2,error_feedback=false"},
     };
     for (const Args& args : cases) {
       CAPTURE(joined(args));

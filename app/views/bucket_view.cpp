@@ -127,22 +127,36 @@ void draw_header(const Snapshot& s, float fs, bool presentation, bool key) {
         hook.kind == CommHook::PowerSgd
             ? "from iteration " + std::to_string(hook.powersgd_start) + " each gradient matrix (n x m) goes as rank-" +
                   std::to_string(hook.powersgd_rank) +
-                  " factors: the thin tensors all-reduced whole, then P = M Q, then Q = M^T P (three all-reduces), "
-                  "the rest kept as error feedback"
-        : hook.kind == CommHook::TopK
+                  " factors: the thin tensors all-reduced whole, then P = M Q, then Q = M^T P (three all-reduces), " +
+                  (hook.error_feedback ? "the rest kept as error feedback" : "the rest lost (no error feedback)")
+        : hook.kind == CommHook::TopK && hook.error_feedback
             ? std::string("each rank adds its remembered error to a bucket, keeps the ") + share +
                   " of its entries largest in magnitude and all-gathers them with their int64 indices; the rest is its new error"
+        : hook.kind == CommHook::TopK
+            ? std::string("each rank keeps the ") + share +
+                  " of a bucket's entries largest in magnitude and all-gathers them with their int64 indices; the rest is lost "
+                  "(no error feedback)"
             : std::string("each bucket cast to ") + (hook.kind == CommHook::Fp16 ? "float16" : "bfloat16") +
                   " and divided by the world size, all-reduced, cast back";
     if (wire > 0)
-      ImGui::TextWrapped("comm hook %s: %s: %s sent for %s of gradients (%.2gx smaller)", comm_hook_torch_name(hook.kind), how.c_str(),
+      ImGui::TextWrapped("comm hook %s: %s: %s sent for %s of gradients (%.2gx smaller)", comm_hook_torch_name(hook), how.c_str(),
                          human_bytes(wire).c_str(), human_bytes(held).c_str(), static_cast<double>(held) / static_cast<double>(wire));
     else
-      ImGui::TextWrapped("comm hook %s: %s", comm_hook_torch_name(hook.kind), how.c_str());
+      ImGui::TextWrapped("comm hook %s: %s", comm_hook_torch_name(hook), how.c_str());
   }
   ImGui::PopTextWrapPos();
   if (key) draw_legend(fs);
   ImGui::Separator();
+}
+
+// Lines a row's header column takes: name, sizes, launch, and one per collective of a hook that issues several.
+float header_lines(const BucketView& b) { return 3.0f + static_cast<float>(b.parts.size()); }
+
+// The header's line for collective k of a bucket's several: "  #23 P · 1.0 KiB".
+std::string part_line(const BucketView& b, CommHook hook, size_t k) {
+  const BucketCollective& c = b.parts[k];
+  return "  #" + std::to_string(c.seq) + " " + bucket_part_name(hook, static_cast<int>(k), static_cast<int>(b.parts.size())) +
+         " \xC2\xB7 " + (c.bytes >= 0 ? human_bytes(c.bytes) : std::string("not issued"));
 }
 
 // ---- rows: header column, then the cells (wrapping when many small ones do not fit)
@@ -156,6 +170,9 @@ RowLayout row_layout(const Snapshot& s, float fs) {
   RowLayout lay;
   lay.fs = fs;
   lay.head_w = std::max(13.0f * fs, ImGui::CalcTextSize("launch #0 \xC2\xB7 all-reduce #000").x + fs);
+  for (const BucketView& b : s.buckets)  // a hook's collectives, each on its line
+    for (size_t k = 0; k < b.parts.size(); k++)
+      lay.head_w = std::max(lay.head_w, ImGui::CalcTextSize(part_line(b, s.config.comm_hook.kind, k).c_str()).x + 1.6f * fs);
   lay.avail_w = ImGui::GetContentRegionAvail().x;
   lay.cells_w = std::max(lay.avail_w - lay.head_w - 0.5f * fs, 6.0f * fs);
   lay.cell_h = 2.35f * fs;
@@ -201,8 +218,9 @@ struct Cell {
   ImVec2 a, b;  // relative to the row's first cell
 };
 
-// Header column: name, state, sizes, launch and all-reduce.
-void draw_row_header(ImDrawList* dl, const BucketView& b, const RowLayout& lay, ImVec2 p0, float row_h) {
+// Header column: name, state, sizes, launch and all-reduce (each of a hook's collectives on a line of
+// its own, with what it carries and the bytes each rank puts in).
+void draw_row_header(ImDrawList* dl, const BucketView& b, CommHook hook, const RowLayout& lay, ImVec2 p0, float row_h) {
   const float fs = lay.fs;
   dl->AddRectFilled(ImVec2(p0.x, p0.y), ImVec2(p0.x + 0.25f * fs, p0.y + row_h - 0.6f * fs), bucket_state_color(b.state));
   char text[128];
@@ -215,12 +233,18 @@ void draw_row_header(ImDrawList* dl, const BucketView& b, const RowLayout& lay, 
   std::snprintf(text, sizeof text, "%s \xC2\xB7 %d of %d ready", human_bytes(b.bytes).c_str(), ready_params,
                 static_cast<int>(b.params.size()));
   dl->AddText(ImVec2(tx, p0.y + 1.3f * fs), ImGui::GetColorU32(ImGuiCol_TextDisabled), text);
-  if (b.launch_order >= 0)
-    std::snprintf(text, sizeof text, "launch #%d \xC2\xB7 %s #%llu", b.launch_order, b.gathered ? "all-gather" : "all-reduce",
-                  static_cast<unsigned long long>(b.seq));
+  const char* op = b.gathered ? "all-gather" : "all-reduce";
+  if (b.launch_order >= 0 && !b.parts.empty())
+    std::snprintf(text, sizeof text, "launch #%d \xC2\xB7 %d %ss:", b.launch_order, static_cast<int>(b.parts.size()), op);
+  else if (b.launch_order >= 0)
+    std::snprintf(text, sizeof text, "launch #%d \xC2\xB7 %s #%llu", b.launch_order, op, static_cast<unsigned long long>(b.seq));
   else
     std::snprintf(text, sizeof text, "not launched yet");
   dl->AddText(ImVec2(tx, p0.y + 2.35f * fs), ImGui::GetColorU32(ImGuiCol_TextDisabled), text);
+  for (size_t k = 0; k < b.parts.size(); k++) {
+    const ImU32 col = b.parts[k].done ? bucket_state_color(BucketState::Done) : ImGui::GetColorU32(ImGuiCol_TextDisabled);
+    dl->AddText(ImVec2(tx, p0.y + (2.35f + 1.05f * static_cast<float>(k + 1)) * fs), col, part_line(b, hook, k).c_str());
+  }
 }
 
 // Cells: empty ones are outlines, ready ones take the bucket's state color.
@@ -262,7 +286,8 @@ void draw_allreduce_stripes(ImDrawList* dl, const std::vector<Cell>& cells, ImVe
   }
 }
 
-void draw_bucket_row(ImDrawList* dl, const BucketView& b, const RowLayout& lay, double time, bool window_hovered, Hovered& hovered) {
+void draw_bucket_row(ImDrawList* dl, const BucketView& b, CommHook hook, const RowLayout& lay, double time, bool window_hovered,
+                     Hovered& hovered) {
   const float fs = lay.fs;
   const ImVec2 p0 = ImGui::GetCursorScreenPos();
   // Lay the cells out first, so the row knows its height.
@@ -277,10 +302,10 @@ void draw_bucket_row(ImDrawList* dl, const BucketView& b, const RowLayout& lay, 
   }
   const float bar_h = 0.4f * fs;
   const float cells_h = y + lay.cell_h + 0.3f * fs + bar_h;
-  const float row_h = std::max(cells_h, 3.4f * fs) + 0.6f * fs;
+  const float row_h = std::max(cells_h, (1.05f * header_lines(b) + 0.25f) * fs) + 0.6f * fs;
   const ImVec2 c0(p0.x + lay.head_w, p0.y + 0.3f * fs);
 
-  draw_row_header(dl, b, lay, p0, row_h);
+  draw_row_header(dl, b, hook, lay, p0, row_h);
   if (window_hovered && ImGui::IsMouseHoveringRect(p0, ImVec2(p0.x + lay.head_w, p0.y + row_h))) hovered.bucket = &b;
   draw_cells(dl, b, cells, c0, fs, window_hovered, hovered);
   if (b.state == BucketState::AllReducing) draw_allreduce_stripes(dl, cells, c0, fs, time);
@@ -313,15 +338,23 @@ void param_tooltip(const BucketParam& p, const BucketView& b) {
   ImGui::EndTooltip();
 }
 
-void bucket_tooltip(const BucketView& b) {
+void bucket_tooltip(const BucketView& b, CommHook hook) {
   ImGui::BeginTooltip();
   ImGui::Text("bucket %d \xC2\xB7 generation %d \xC2\xB7 %s", b.index, b.generation, human_bytes(b.bytes).c_str());
   ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(bucket_state_color(b.state)), "%s", bucket_state_name(b.state));
   ImGui::SameLine();
   ImGui::TextDisabled("%s", state_meaning(b.state));
-  if (b.launch_order >= 0)
+  if (b.launch_order >= 0 && !b.parts.empty()) {
+    ImGui::Text("launched #%d as %d %s, each waited for in turn:", b.launch_order, static_cast<int>(b.parts.size()),
+                b.gathered ? "all-gathers" : "all-reduces");
+    for (size_t k = 0; k < b.parts.size(); k++)
+      ImGui::BulletText("#%llu: %s, %s per rank%s", static_cast<unsigned long long>(b.parts[k].seq),
+                        bucket_part_name(hook, static_cast<int>(k), static_cast<int>(b.parts.size())),
+                        b.parts[k].bytes >= 0 ? human_bytes(b.parts[k].bytes).c_str() : "not issued yet", b.parts[k].done ? " (done)" : "");
+  } else if (b.launch_order >= 0) {
     ImGui::Text("launched #%d as %s #%llu", b.launch_order, b.gathered ? "all-gathers (values, indices) from" : "all-reduce",
                 static_cast<unsigned long long>(b.seq));
+  }
   if (b.wire_bytes > 0 && b.wire_bytes != b.bytes)
     ImGui::Text("the comm hook sent %s of it (%.2gx smaller)", human_bytes(b.wire_bytes).c_str(),
                 static_cast<double>(b.bytes) / static_cast<double>(b.wire_bytes));
@@ -352,9 +385,10 @@ void draw_bucket_view(const Snapshot& s, ViewContext& ctx) {
   const RowLayout lay = row_layout(s, fs);
   const bool window_hovered = ImGui::IsWindowHovered();
   Hovered hovered;
-  for (const BucketView& b : s.buckets) draw_bucket_row(dl, b, lay, ctx.time, window_hovered, hovered);
+  const CommHook hook = s.config.comm_hook.kind;
+  for (const BucketView& b : s.buckets) draw_bucket_row(dl, b, hook, lay, ctx.time, window_hovered, hovered);
   if (hovered.param) param_tooltip(*hovered.param, *hovered.param_bucket);
-  else if (hovered.bucket) bucket_tooltip(*hovered.bucket);
+  else if (hovered.bucket) bucket_tooltip(*hovered.bucket, hook);
   ImGui::EndChild();
 }
 

@@ -115,19 +115,56 @@ const char* comm_hook_name(CommHook h) {
   return h == CommHook::Fp16 ? "fp16" : h == CommHook::Bf16 ? "bf16" : h == CommHook::TopK ? "topk" : h == CommHook::PowerSgd ? "powersgd" : "none";
 }
 
-const char* comm_hook_torch_name(CommHook h) {
-  return h == CommHook::Fp16 ? "fp16_compress_hook" : h == CommHook::Bf16 ? "bf16_compress_hook"
-       : h == CommHook::TopK ? "topk (error feedback)" : h == CommHook::PowerSgd ? "powerSGD_hook" : "allreduce";
+const char* comm_hook_torch_name(const CommHookSpec& h) {
+  switch (h.kind) {
+    case CommHook::Fp16: return "fp16_compress_hook";
+    case CommHook::Bf16: return "bf16_compress_hook";
+    case CommHook::TopK: return h.error_feedback ? "topk (error feedback)" : "topk (no error feedback)";
+    case CommHook::PowerSgd: return h.error_feedback ? "powerSGD_hook" : "powerSGD_hook (use_error_feedback=False)";
+    case CommHook::None: break;
+  }
+  return "allreduce";
 }
 
 std::string comm_hook_text(const CommHookSpec& h) {
+  const std::string off = h.error_feedback ? "" : ",error_feedback=false";  // (a cast hook keeps none to switch off)
   if (h.kind == CommHook::PowerSgd)
-    return "powersgd:rank=" + std::to_string(h.powersgd_rank) + ",start=" + std::to_string(h.powersgd_start);
+    return "powersgd:rank=" + std::to_string(h.powersgd_rank) + ",start=" + std::to_string(h.powersgd_start) + off;
   if (h.kind != CommHook::TopK) return comm_hook_name(h.kind);
   char ratio[32];
   std::snprintf(ratio, sizeof ratio, "%g", h.topk_ratio);
-  return std::string("topk:ratio=") + ratio;
+  return std::string("topk:ratio=") + ratio + off;
 }
+
+namespace {
+
+// A hook's arguments after its colon in `text` ("topk:ratio=0.1,error_feedback=false"), as key=value
+// pairs. error_feedback=true|false is taken into `h` here (anything else refused with the fix, after
+// `example`); every other pair goes to `take` (false: refused with `usage`, as is a pair without '='
+// or a trailing comma).
+template <class Take>
+void parse_hook_args(const std::string& text, CommHookSpec& h, const std::string& usage, const char* example, Take take) {
+  const size_t colon = text.find(':');
+  std::string rest = colon == std::string::npos ? std::string() : text.substr(colon + 1);
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string kv = rest.substr(0, comma);
+    rest = comma == std::string::npos ? std::string() : rest.substr(comma + 1);
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || (comma != std::string::npos && rest.empty())) throw Error(usage);
+    const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+    if (key == "error_feedback") {
+      if (value != "true" && value != "false")
+        throw Error("--comm-hook " + text + ": error_feedback takes true or false (false: nothing that was not sent is remembered, "
+                    "torch's use_error_feedback=False), e.g. " + example);
+      h.error_feedback = value == "true";
+    } else if (!take(key, value)) {
+      throw Error(usage);
+    }
+  }
+}
+
+}  // namespace
 
 CommHookSpec parse_comm_hook(const std::string& text) {
   CommHookSpec h;
@@ -138,39 +175,36 @@ CommHookSpec parse_comm_hook(const std::string& text) {
   }
   if (text == "topk" || text.rfind("topk:", 0) == 0) {
     h.kind = CommHook::TopK;
-    if (text == "topk") return h;
-    const std::string arg = text.substr(5);
-    char* end = nullptr;
-    const double r = arg.rfind("ratio=", 0) == 0 ? std::strtod(arg.c_str() + 6, &end) : 0.0;
-    if (arg.rfind("ratio=", 0) != 0 || end == arg.c_str() + 6 || *end != '\0' || !(r > 0 && r <= 1))
-      throw Error("--comm-hook " + text + ": write topk:ratio=F with F in (0, 1], the share of each bucket's entries a rank "
-                  "sends, e.g. topk:ratio=0.01");
-    h.topk_ratio = r;
+    const std::string usage = "--comm-hook " + text + ": write topk:ratio=F[,error_feedback=false] with F in (0, 1], the share of each "
+                              "bucket's entries a rank sends, e.g. topk:ratio=0.01";
+    parse_hook_args(text, h, usage, "topk:ratio=0.01,error_feedback=false", [&](const std::string& key, const std::string& val) {
+      char* end = nullptr;
+      const double r = std::strtod(val.c_str(), &end);
+      if (key != "ratio" || val.empty() || *end != '\0' || !(r > 0 && r <= 1)) return false;
+      h.topk_ratio = r;
+      return true;
+    });
     return h;
   }
   if (text == "powersgd" || text.rfind("powersgd:", 0) == 0) {
     h.kind = CommHook::PowerSgd;
-    const std::string usage = "--comm-hook " + text + ": write powersgd:rank=R[,start=S] with R >= 1 (matrix_approximation_rank) and "
-                              "S >= 2 (start_powerSGD_iter: torch needs two plain iterations first), e.g. powersgd:rank=1,start=2";
-    std::string rest = text == "powersgd" ? std::string() : text.substr(9);
-    while (!rest.empty()) {
-      const size_t comma = rest.find(',');
-      const std::string kv = rest.substr(0, comma);
-      rest = comma == std::string::npos ? std::string() : rest.substr(comma + 1);
-      const size_t eq = kv.find('=');
-      if (eq == std::string::npos || (comma != std::string::npos && rest.empty())) throw Error(usage);
-      const std::string key = kv.substr(0, eq), val = kv.substr(eq + 1);
+    const std::string usage = "--comm-hook " + text + ": write powersgd:rank=R[,start=S][,error_feedback=false] with R >= 1 "
+                              "(matrix_approximation_rank) and S >= 2 (start_powerSGD_iter: torch needs two plain iterations first), "
+                              "e.g. powersgd:rank=1,start=2";
+    parse_hook_args(text, h, usage, "powersgd:rank=1,start=2,error_feedback=false", [&](const std::string& key, const std::string& val) {
       char* end = nullptr;
       const long long v = std::strtoll(val.c_str(), &end, 10);
-      if (val.empty() || *end != '\0') throw Error(usage);
+      if (val.empty() || *end != '\0') return false;
       if (key == "rank" && v >= 1 && v <= 1024) h.powersgd_rank = static_cast<int>(v);
       else if (key == "start" && v >= 2 && v <= 1000000000) h.powersgd_start = v;
-      else throw Error(usage);
-    }
+      else return false;
+      return true;
+    });
     return h;
   }
   throw Error("--comm-hook " + text + " is not a communication hook; choose none, fp16 (torch's fp16_compress_hook), bf16 "
-              "(bf16_compress_hook), topk:ratio=F (top-k with error feedback) or powersgd:rank=R,start=S (powerSGD_hook)");
+              "(bf16_compress_hook), topk:ratio=F (top-k with error feedback) or powersgd:rank=R,start=S (powerSGD_hook), "
+              "each of the last two with ,error_feedback=false to drop what was not sent");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -309,6 +343,7 @@ void DistributedDataParallel::record_bucket(EventKind kind, int bucket, int para
     e.bucket.bytes = bk.bytes;
   }
   e.bucket.seq = seq >= 0 ? static_cast<uint64_t>(seq) : bk.work ? bk.work->seq() : 0;
+  e.bucket.collectives = kind == EventKind::BucketLaunch ? hook_collectives() : 1;
   ctx_->record(e);
 }
 
@@ -559,15 +594,17 @@ void DistributedDataParallel::decompress(DdpBucket& bk) {
 
 // Top-k with error feedback (Stich et al. 2018's memory, kept in gradient units: a hook sees no
 // learning rate). On the host, as the cast hooks; the error stays float32 whatever the bucket's dtype.
+// Without error feedback no error exists: the top-k of the gradient alone, the rest dropped.
 void DistributedDataParallel::sparsify(DdpBucket& bk) {
   const auto& ps = model_.parameters();
-  if (error_.empty()) {
+  const bool feedback = opt_.comm_hook.error_feedback;
+  if (feedback && error_.empty()) {
     error_ = Tensor({model_.num_params()}, MemCategory::CommBuffers, ctx_ ? ctx_->memory() : nullptr, DType::F32, cpu_device());
     error_.zero();
   }
   std::vector<float> v = host_floats(bk.buffer, model_.half_format());
-  float* err = error_.f32();
-  for (size_t s = 0; s < bk.params.size(); s++) {
+  float* err = feedback ? error_.f32() : nullptr;
+  for (size_t s = 0; s < bk.params.size() && err; s++) {
     const Parameter& p = ps[static_cast<size_t>(bk.params[s])];
     for (int64_t i = 0; i < p.numel; i++) v[static_cast<size_t>(bk.offsets[s] + i)] += err[p.offset + i];
   }
@@ -585,7 +622,7 @@ void DistributedDataParallel::sparsify(DdpBucket& bk) {
     values[j] = v[static_cast<size_t>(kept[j])];
     v[static_cast<size_t>(kept[j])] = 0.0f;  // sent: no longer part of the error
   }
-  for (size_t s = 0; s < bk.params.size(); s++) {
+  for (size_t s = 0; s < bk.params.size() && err; s++) {
     const Parameter& p = ps[static_cast<size_t>(bk.params[s])];
     for (int64_t i = 0; i < p.numel; i++) err[p.offset + i] = v[static_cast<size_t>(bk.offsets[s] + i)];
   }
@@ -704,13 +741,15 @@ void DistributedDataParallel::power_sgd(DdpBucket& bk, int index) {
   }
   if (psgd_.size() <= static_cast<size_t>(index)) psgd_.resize(static_cast<size_t>(index) + 1);
   PowerSgdBucket& st = psgd_[static_cast<size_t>(index)];
-  // Error feedback: the remembered error added in, and what the rank then holds kept.
-  if (st.error.empty()) {
+  // Error feedback: the remembered error added in, and what the rank then holds kept. Without it
+  // (use_error_feedback=False) torch keeps no error_dict entry: nothing is added, allocated or stored.
+  const bool feedback = opt_.comm_hook.error_feedback;
+  if (feedback && st.error.empty()) {
     st.error = Tensor({bk.numel}, MemCategory::CommBuffers, mem, DType::F32, cpu_device());
     st.error.zero();
   }
-  float* err = st.error.f32();
-  for (int64_t i = 0; i < bk.numel; i++) v[static_cast<size_t>(i)] += err[i];
+  float* err = feedback ? st.error.f32() : nullptr;
+  for (int64_t i = 0; i < bk.numel && err; i++) v[static_cast<size_t>(i)] += err[i];
   const std::vector<float> held = v;
   // Which tensors are worth compressing, as n x m matrices (tensor.view(shape[0], -1)).
   struct Mat {
@@ -818,10 +857,18 @@ void DistributedDataParallel::power_sgd(DdpBucket& bk, int index) {
       }
     po += a.n * a.r, qo += a.m * a.r;
   }
-  for (int64_t i = 0; i < bk.numel; i++) err[i] = held[static_cast<size_t>(i)] - v[static_cast<size_t>(i)];
+  for (int64_t i = 0; i < bk.numel && err; i++) err[i] = held[static_cast<size_t>(i)] - v[static_cast<size_t>(i)];
   store_floats(bk.buffer, v, hf);
   bk.sent = (nu + np + nq) * static_cast<int64_t>(sizeof(float));
   if (last) psgd_iter_++;
+}
+
+int DistributedDataParallel::hook_collectives() const {
+  switch (opt_.comm_hook.kind) {
+    case CommHook::TopK: return 2;  // the values' and the indices' all-gathers
+    case CommHook::PowerSgd: return psgd_iter_ < opt_.comm_hook.powersgd_start ? 1 : 3;  // whole tensors, P, Q
+    default: return 1;
+  }
 }
 
 DType DistributedDataParallel::bucket_dtype() const {

@@ -94,18 +94,24 @@ std::vector<std::string> describe_bucket_assignment(const Model& model, const Bu
 // randn under a seed from numpy's RandomState(0) the first time) orthogonalized, P = M Q all-reduced
 // (a sum) and orthogonalized, Q = M^T P all-reduced and divided by the world size, M = P Q^T; the error
 // is what the rank held minus that average. (n + m) r floats per matrix instead of n m.
+// error_feedback=false (TopK, PowerSgd; torch's PowerSGDState(use_error_feedback=False)): no error is
+// kept, added or charged; top-k keeps the largest entries of the gradient alone and the rest is lost.
 enum class CommHook : uint8_t { None, Fp16, Bf16, TopK, PowerSgd };
 struct CommHookSpec {
   CommHook kind = CommHook::None;
   double topk_ratio = 0.01;  // TopK: the share of each bucket's entries a rank sends
   int powersgd_rank = 1;            // PowerSgd: matrix_approximation_rank
   int64_t powersgd_start = 1000;    // PowerSgd: start_powerSGD_iter (torch's default; > 1)
+  bool error_feedback = true;       // TopK, PowerSgd: remember what was not sent (use_error_feedback)
   bool operator==(const CommHookSpec&) const = default;
 };
 const char* comm_hook_name(CommHook h);        // "none", "fp16", "bf16", "topk", "powersgd"
-// "allreduce", "fp16_compress_hook", "bf16_compress_hook", "topk (error feedback)", "powerSGD_hook"
-const char* comm_hook_torch_name(CommHook h);
-std::string comm_hook_text(const CommHookSpec& h);  // what --comm-hook takes: "fp16", "topk:ratio=0.01", "powersgd:rank=1,start=2"
+// "allreduce", "fp16_compress_hook", "bf16_compress_hook", "topk (error feedback)", "powerSGD_hook"; without
+// error feedback "topk (no error feedback)", "powerSGD_hook (use_error_feedback=False)"
+const char* comm_hook_torch_name(const CommHookSpec& h);
+// What --comm-hook takes: "fp16", "topk:ratio=0.01", "powersgd:rank=1,start=2", with
+// ",error_feedback=false" when it is off.
+std::string comm_hook_text(const CommHookSpec& h);
 // dtlab::Error naming the choices for anything else.
 CommHookSpec parse_comm_hook(const std::string& text);
 
@@ -217,6 +223,9 @@ class DistributedDataParallel {
   void record_bucket(EventKind kind, int bucket, int param = -1, int64_t seq = -1);  // seq: the all-reduce's, before it exists
   void copy_back(const DdpBucket& bk);
   DType bucket_dtype() const;
+  // The collectives the next launched bucket issues, numbered from its launch's seq: 1, top-k's 2
+  // all-gathers, or PowerSGD's 3 all-reduces once it compresses (psgd_iter_ before its increment).
+  int hook_collectives() const;
   // A compression hook: the bucket cast into bk.compressed and divided by the world size there
   // (before its all-reduce), and the all-reduced average cast back into the bucket (after it).
   void compress(DdpBucket& bk);
@@ -227,7 +236,7 @@ class DistributedDataParallel {
   // bk.work is the last one.
   void power_sgd(DdpBucket& bk, int index);
   struct PowerSgdBucket {
-    Tensor error;                 // the rank's remembered error, float32 on the host (the Memory view's)
+    Tensor error;                 // the rank's remembered error, float32 on the host (the Memory view's; none without error feedback)
     std::vector<float> p, q;      // the warm-started factors, every compressed matrix's in bucket order
     bool started = false;
   };
@@ -236,7 +245,7 @@ class DistributedDataParallel {
   std::mt19937 psgd_rng_{0};          // numpy's RandomState(0) (random_seed): MT19937 seeded as init_genrand(0)
   bool casts() const { return opt_.comm_hook.kind == CommHook::Fp16 || opt_.comm_hook.kind == CommHook::Bf16; }
   Tensor wide_;                    // mixed precision: one parameter's gradient widened to float32 for its division
-  Tensor error_;                   // TopK: the remembered error, float32, flat in parameters() order
+  Tensor error_;                   // TopK: the remembered error, float32, flat in parameters() order (none without error feedback)
 
   Model& model_;
   Communicator& comm_;

@@ -29,7 +29,7 @@ enum class EventKind : uint8_t {
   BucketAssigned,  // a bucket of the current assignment (instant; at construction and rebuild)
   GradReady,       // a parameter's gradient is final for this backward pass (instant)
   BucketReady,     // every gradient of the bucket is in it (instant)
-  BucketLaunch,    // the bucket's all-reduce is issued (instant, just before the call; `seq` names the collective)
+  BucketLaunch,    // the bucket's all-reduce is issued (instant, just before the call; `seq` names the collective, the first of `collectives`)
   BucketAllReduce, // the bucket's all-reduce on the comm lane, [begin, end]
   // FSDP's units (engine/parallel/fsdp.h); `fsdp`
   FsdpUnit,        // a unit's verb (layout, unshard, reshard, reduce) and its state after it (instant)
@@ -100,6 +100,9 @@ struct BucketInfo {
   int32_t num_params;   // parameters in the bucket
   int64_t bytes;        // GradReady: the parameter's gradient bytes; else the bucket's
   uint64_t seq;         // BucketLaunch / BucketAllReduce: the all-reduce's collective number
+  // BucketLaunch: the collectives a comm hook issues for the bucket, numbered seq, seq + 1, ... (top-k: 2
+  // all-gathers; PowerSGD: 3 all-reduces once it compresses); 0 or 1: the one all-reduce.
+  int32_t collectives;
 };
 
 // FSDP2's per-unit training state (torch TrainingState) and the verbs that move it.

@@ -199,7 +199,8 @@ std::vector<Setting> make_settings() {
                         "bf16_compress_hook: each bucket cast to 16 bits, divided by the world size, all-reduced, cast back) | "
                         "topk:ratio=F (top-k sparsification with error feedback: each rank all-gathers its ceil(F n) largest "
                         "entries and their indices) | powersgd:rank=R,start=S (powerSGD_hook: each gradient matrix all-reduced "
-                        "as rank-R factors P and Q from iteration S, with error feedback)",
+                        "as rank-R factors P and Q from iteration S, with error feedback); add ,error_feedback=false to topk or "
+                        "powersgd to drop what was not sent (torch's use_error_feedback=False)",
                         0, 0, false, "fp16"),
                     DTLAB_FIELD(ddp.comm_hook), comm_hook_text, parse_comm_hook));
   s.push_back(field(row("--find-unused-parameters", "ddp.find_unused_parameters", T::Flag, G::Ddp, kBoth,
