@@ -123,7 +123,7 @@ struct BucketView {
   std::vector<BucketCollective> parts;  // each of them when there are several (filled every frame)
   double allreduce_begin = 0, allreduce_end = 0;  // modeled seconds, once done
   // Collective `s` is one of this pass's for the bucket.
-  bool owns(uint64_t s) const { return launch_order >= 0 && s >= seq && s < seq + static_cast<uint64_t>(collectives); }
+  bool owns(uint64_t s) const { return state >= BucketState::Launched && s >= seq && s < seq + static_cast<uint64_t>(collectives); }
 };
 // What part `k` of a bucket's `n` collectives carries under `hook`: "values" and "indices" (top-k), "whole
 // tensors", "P" and "Q" (PowerSGD); "" for a bucket's one collective.

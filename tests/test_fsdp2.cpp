@@ -192,6 +192,33 @@ TEST_SUITE("fsdp2") {
     CHECK(counts[2] == 65);
   }
 
+  TEST_CASE("explicit prefetch: two units ahead issue unit 2's all-gather before unit 1's lands, and train the same") {
+    std::vector<float> params[3];
+    for (int p : {1, 2}) {
+      TrainConfig c = fsdp2_config(4, 3);
+      c.fsdp.forward_prefetch = true;
+      c.fsdp.prefetch = p;
+      Trainer t(c);
+      t.run();
+      params[p].assign(t.model().params(), t.model().params() + t.model().num_params());
+      // Iteration 1's forward on rank 0: where unit 2's unshard is issued against unit 1's landing.
+      int at = 0, issue2 = -1, landed1 = -1;
+      for (const Event& e : t.recorder().events(0)) {
+        if (e.kind != EventKind::FsdpUnit || e.iteration != 1) continue;  // the forward comes first
+        if (e.fsdp.unit == 2 && e.fsdp.verb == FsdpVerb::Unshard && issue2 < 0) issue2 = at;
+        if (e.fsdp.unit == 1 && e.fsdp.verb == FsdpVerb::Unsharded && landed1 < 0) landed1 = at;
+        at++;
+      }
+      CAPTURE(p);
+      REQUIRE(issue2 >= 0);
+      REQUIRE(landed1 >= 0);
+      // One ahead: unit 1's forward waits for its own parameters, then issues unit 2's. Two ahead: unit
+      // 0's forward issued both.
+      CHECK((issue2 < landed1) == (p == 2));
+    }
+    CHECK(test::max_abs_diff(params[1], params[2]) == 0);
+  }
+
   TEST_CASE("a distributed checkpoint saved by FSDP2 on 4 ranks loads on 2, into FSDP1 and FSDP2") {
     test::TempDir dir;
     TrainConfig save = fsdp2_config(4, 4);

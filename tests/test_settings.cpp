@@ -44,6 +44,7 @@ Args context_of(const Setting& s) {
   if (s.group == SettingGroup::Pipeline) a = {"--strategy", "pipeline"};
   if (s.group == SettingGroup::Lora && flag != setting_group(SettingGroup::Lora).gate_flag) a = {"--lora-rank", "2"};
   if (flag == "--node-size") a.insert(a.end(), {"--sharding", "hybrid"});
+  if (flag == "--reshard-after-forward" || flag == "--prefetch") a.insert(a.end(), {"--fsdp-api", "2"});
   if (flag == "--merge-lora") a.insert(a.end(), {"--save", "merged.safetensors"});
   if (flag == "--reduce-dtype") a.insert(a.end(), {"--precision", "bf16"});
   if (flag == "--momentum") a.insert(a.end(), {"--optimizer", "sgd"});

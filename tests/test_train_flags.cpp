@@ -120,6 +120,9 @@ TEST_SUITE("train flags") {
         {{"--strategy", "fsdp", "--world", "4", "--fsdp-api", "2", "--sharding", "grad-op"},
          "--sharding grad-op is FSDP1's SHARD_GRAD_OP; fully_shard (--fsdp-api 2) spells it --reshard-after-forward false"},
         {{"--strategy", "fsdp", "--world", "4", "--fsdp-api", "2", "--sharding", "zero1"}, "--sharding zero1 is FSDP1's"},
+        {{"--strategy", "fsdp", "--world", "4", "--prefetch", "2"},
+         "--prefetch is fully_shard's explicit prefetch (FSDP2); FSDP1 gathers one unit ahead: add --fsdp-api 2 or drop --prefetch"},
+        {{"--strategy", "fsdp", "--world", "4", "--fsdp-api", "2", "--prefetch", "0"}, "--prefetch: 0 is out of range; use 1 to 64"},
         {{"--strategy", "fsdp", "--world", "4", "--fsdp-api", "2", "--backward-prefetch", "post"},
          "--backward-prefetch post is FSDP1's BACKWARD_POST"},
         {{"--backend", "pigeon"}, "--backend pigeon is not a backend"},
@@ -149,7 +152,7 @@ TEST_SUITE("train flags") {
     const Args cases[] = {
         {"--strategy", "ddp", "--world", "2", "--bucket-cap-mb", "0.004", "--first-bucket-mb", "0.001", "--sized-first-iteration"},
         {"--strategy", "fsdp", "--world", "4", "--sharding", "hybrid", "--node-size", "2", "--wrap", "model", "--backward-prefetch", "post"},
-        {"--strategy", "fsdp", "--world", "4", "--fsdp-api", "2", "--reshard-after-forward", "2", "--forward-prefetch"},
+        {"--strategy", "fsdp", "--world", "4", "--fsdp-api", "2", "--reshard-after-forward", "2", "--forward-prefetch", "--prefetch", "2"},
         {"--strategy", "fsdp", "--world", "4", "--fsdp-api", "2", "--sharding", "hybrid", "--node-size", "2", "--reshard-after-forward", "false"},
         {"--strategy", "pipeline", "--stages", "2", "--microbatches", "4", "--schedule", "zb-h1", "--unit-costs", "--profile", "ideal"},
         {"--strategy", "single", "--world", "1", "--model", "tiny", "--optimizer", "sgd", "--lr", "0.05", "--seed", "4294967295"},

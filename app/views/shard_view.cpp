@@ -64,6 +64,23 @@ Live live_of(const Snapshot& s, const UnitView& u) {
   return Live::None;
 }
 
+// A unit's split, and the shown collective when it is this unit's all-gather or reduce-scatter.
+void draw_unit_title(const Snapshot& s, const char* split, Live live) {
+  ImGui::PushTextWrapPos(0.0f);
+  flow(std::min(ImGui::CalcTextSize(split).x, ImGui::GetFontSize() * 12));
+  ImGui::TextDisabled("%s", split);
+  if (live != Live::None) {
+    const CollectiveView& cv = s.collective;
+    const CollectiveOp op = live == Live::Gather ? CollectiveOp::AllGather : CollectiveOp::ReduceScatter;
+    char what[96];
+    std::snprintf(what, sizeof what, "%s %s, step %d/%d", collective_traits(op).display_name, cv.in_flight ? "in flight" : "done",
+                  cv.steps_done, cv.steps);
+    flow(ImGui::CalcTextSize(what).x);
+    ImGui::TextColored(live == Live::Gather ? ImVec4(0.45f, 0.75f, 1.0f, 1.0f) : ImVec4(1.0f, 0.65f, 0.3f, 1.0f), "%s", what);
+  }
+  ImGui::PopTextWrapPos();
+}
+
 void draw_unit(const Snapshot& s, const UnitView& u, const ShardLayout& L, double time) {
   ImDrawList* dl = ImGui::GetWindowDrawList();
   const float fs = ImGui::GetFontSize();
@@ -79,19 +96,7 @@ void draw_unit(const Snapshot& s, const UnitView& u, const ShardLayout& L, doubl
   char split[256];
   std::snprintf(split, sizeof split, "%s  \xC2\xB7  %s elements -> %d chunks of %s", names.c_str(), with_commas(u.numel).c_str(), K,
                 with_commas(u.chunk).c_str());
-  ImGui::PushTextWrapPos(0.0f);
-  flow(std::min(ImGui::CalcTextSize(split).x, ImGui::GetFontSize() * 12));
-  ImGui::TextDisabled("%s", split);
-  if (live != Live::None) {
-    const CollectiveView& cv = s.collective;
-    const CollectiveOp op = live == Live::Gather ? CollectiveOp::AllGather : CollectiveOp::ReduceScatter;
-    char what[96];
-    std::snprintf(what, sizeof what, "%s %s, step %d/%d", collective_traits(op).display_name, cv.in_flight ? "in flight" : "done",
-                  cv.steps_done, cv.steps);
-    flow(ImGui::CalcTextSize(what).x);
-    ImGui::TextColored(live == Live::Gather ? ImVec4(0.45f, 0.75f, 1.0f, 1.0f) : ImVec4(1.0f, 0.65f, 0.3f, 1.0f), "%s", what);
-  }
-  ImGui::PopTextWrapPos();
+  draw_unit_title(s, split, live);
 
   // ---- the flat parameter: owners' colors, parameter boundaries, padding
   const float seg_w = L.bar_w / static_cast<float>(K);
@@ -228,19 +233,7 @@ void draw_unit_fsdp2(const Snapshot& s, const UnitView& u, const ShardLayout& L,
   char split[160];
   std::snprintf(split, sizeof split, "%s elements, each parameter cut on dim 0 in %d chunks: %s a rank with padding", with_commas(u.numel).c_str(), K,
                 with_commas(u.chunk).c_str());
-  ImGui::PushTextWrapPos(0.0f);
-  flow(std::min(ImGui::CalcTextSize(split).x, fs * 12));
-  ImGui::TextDisabled("%s", split);
-  if (live != Live::None) {
-    const CollectiveView& cv = s.collective;
-    const CollectiveOp op = live == Live::Gather ? CollectiveOp::AllGather : CollectiveOp::ReduceScatter;
-    char what[96];
-    std::snprintf(what, sizeof what, "%s %s, step %d/%d", collective_traits(op).display_name, cv.in_flight ? "in flight" : "done",
-                  cv.steps_done, cv.steps);
-    flow(ImGui::CalcTextSize(what).x);
-    ImGui::TextColored(live == Live::Gather ? ImVec4(0.45f, 0.75f, 1.0f, 1.0f) : ImVec4(1.0f, 0.65f, 0.3f, 1.0f), "%s", what);
-  }
-  ImGui::PopTextWrapPos();
+  draw_unit_title(s, split, live);
 
   // Each parameter gets a span of the bar: its padded size's share, at least 4 em, so a bias shows.
   std::vector<float> x0(P + 1, L.bar_x);
@@ -367,7 +360,6 @@ void draw_api_comparison(const Snapshot& s) {
   for (const UnitView& u : s.units) units.push_back(u.shapes);
   const FsdpLayoutBytes b = fsdp_layout_bytes(units, K);
   const int64_t gather_bytes = is_mixed(c.precision) ? 2 : 4;
-  ImGui::SetNextItemOpen(true, ImGuiCond_Once);
   if (!ImGui::CollapsingHeader("FSDP1 vs FSDP2")) return;
   ImGui::PushTextWrapPos(0.0f);
   auto line = [&](const char* name, int64_t shard, int64_t gather, bool mine) {

@@ -433,7 +433,10 @@ void FullyShardedDataParallel::before_forward(int layer) {
   set_state(ui, FsdpState::Forward);
   if (!sharded()) return;
   wait_for_unshard(ui);
-  if (opt_.forward_prefetch) unshard(ui + 1);  // the next unit's parameters arrive during this forward
+  // The next unit's parameters arrive during this forward (FSDP2: the next opt_.prefetch units, as
+  // set_modules_to_forward_prefetch names them).
+  if (opt_.forward_prefetch)
+    for (int k = 1; k <= opt_.prefetch; k++) unshard(ui + k);
 }
 
 void FullyShardedDataParallel::before_recompute(int layer) {
@@ -468,7 +471,8 @@ void FullyShardedDataParallel::before_backward(int layer) {
   Unit& u = units_[static_cast<size_t>(ui)];
   wait_for_unshard(ui);  // FULL_SHARD gathers again; SHARD_GRAD_OP still holds the forward's copy
   // BACKWARD_PRE: the next unit's all-gather goes out before this unit's gradients are computed.
-  if (opt_.backward_prefetch == BackwardPrefetch::Pre) unshard(ui - 1);
+  if (opt_.backward_prefetch == BackwardPrefetch::Pre)
+    for (int k = 1; k <= opt_.prefetch; k++) unshard(ui - k);  // FSDP2: set_modules_to_backward_prefetch
   u.full_grad = Tensor({u.split.padded}, MemCategory::Gradients, ctx_ ? ctx_->memory() : nullptr, model_.param_dtype(), dev());
   u.full_grad.zero();
   bind(u, u.full_grad.raw(), true);

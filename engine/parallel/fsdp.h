@@ -79,6 +79,9 @@ struct FsdpOptions {
   // keeps them until its backward, N keeps a 1/N shard over groups of N consecutive ranks (the node)
   // so the backward's all-gather runs inside that group. The root unit never reshards after forward.
   int reshard_after_forward = -1;
+  // FSDP2's explicit prefetch (set_modules_to_forward_prefetch / set_modules_to_backward_prefetch with
+  // the next N units): how many units ahead forward_prefetch and BACKWARD_PRE gather; FSDP1 gathers one.
+  int prefetch = 1;
 };
 inline constexpr int kReshardTrue = -1;
 // "true" | "false" | N; the text parse_reshard_after_forward() takes back.

@@ -242,6 +242,11 @@ std::vector<Setting> make_settings() {
                         [](TrainConfig& c, const std::string& text) {
                           c.fsdp.reshard_after_forward = parse_reshard_after_forward(text);
                         }));
+  s.push_back(field(row("--prefetch", "fsdp.prefetch", T::Int, G::Fsdp, kBoth,
+                        "FSDP2: units gathered ahead, as set_modules_to_forward_prefetch / set_modules_to_backward_prefetch "
+                        "name them (forward with --forward-prefetch; backward with --backward-prefetch pre)",
+                        1, 64, true, "2"),
+                    DTLAB_FIELD(fsdp.prefetch)));
   s.push_back(converted(row("--node-size", "fsdp.node_size", T::Int, G::Fsdp, kBoth,
                             "FSDP hybrid: ranks per shard group (default: the profile's ranks per node)", 1, kMaxRanks, false, "2"),
                         DTLAB_FIELD(fsdp.node_size),

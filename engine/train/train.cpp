@@ -132,13 +132,13 @@ void validate_uneven_inputs(const TrainConfig& c) {
     throw Error("--join with --find-unused-parameters: not built yet, the join hook does not match the unused-parameter all-reduce; drop one");
 }
 
-namespace {
-
 // fully_shard's options (FSDP2): what FSDP1 spells differently is named in its words.
 void validate_fsdp_api(const TrainConfig& c) {
   const FsdpOptions& f = c.fsdp;
   if (f.api != 1 && f.api != 2) throw Error("--fsdp-api " + std::to_string(f.api) + " is not an FSDP API; use 1 or 2");
   if (f.api == 1) {
+    if (f.prefetch != 1)
+      throw Error("--prefetch is fully_shard's explicit prefetch (FSDP2); FSDP1 gathers one unit ahead: add --fsdp-api 2 or drop --prefetch");
     if (f.reshard_after_forward != kReshardTrue)
       throw Error("--reshard-after-forward is fully_shard's (FSDP2) option; add --fsdp-api 2, or with FSDP1 use --sharding full "
                   "(reshard) or grad-op (keep)");
@@ -167,15 +167,12 @@ void validate_fsdp2_reshard(const TrainConfig& c) {
                 "; use a divisor, true or false");
 }
 
-}  // namespace
-
 void validate(const TrainConfig& c) {
   // The GPT's refusals first: the MLP's checks below read its layer widths.
   if (c.model.is_gpt()) check_composition(c);
   validate_lora(c);
   validate_precision(c);
-  validate_fsdp_api(c);
-  validate_fsdp2_reshard(c);
+  check_fsdp_options(c);
   if (c.fsdp.node_size != 0 && (c.strategy != Strategy::Fsdp || c.fsdp.sharding != Sharding::Hybrid))
     throw Error("--node-size sets HYBRID_SHARD's shard group; use it with --strategy fsdp --sharding hybrid");
   // With --tp T, HYBRID_SHARD shards over each TP coordinate's world / T data-parallel ranks
@@ -253,6 +250,11 @@ void validate(const TrainConfig& c) {
 }
 
 }  // namespace
+
+void check_fsdp_options(const TrainConfig& c) {
+  validate_fsdp_api(c);
+  validate_fsdp2_reshard(c);
+}
 
 void check_data_fits_model(const Dataset& ds, const ModelSpec& spec) {
   if (spec.is_gpt() != ds.is_tokens())

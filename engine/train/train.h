@@ -203,6 +203,10 @@ struct EvalResult {
 // receives (n, classes) outputs.
 EvalResult evaluate(Model& model, const Dataset& data, int64_t batch, float* logits = nullptr);
 
+// --fsdp-api and --reshard-after-forward against the rest of `c` (FSDP1's options named in FSDP1's
+// words); dtlab::Error, one sentence. The run's validation calls it, and so do both front ends' flags.
+void check_fsdp_options(const TrainConfig& c);
+
 // Checks the configuration and prepares everything (data, model, optimizer); throws dtlab::Error
 // with one sentence for any bad input before a single step runs.
 class Trainer {
