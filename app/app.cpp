@@ -682,8 +682,28 @@ bool ddp_controls(TrainConfig& c) {
 // FSDP's options (torch's names).
 bool fsdp_controls(TrainConfig& c) {
   bool changed = false;
+  const char* apis[] = {"FSDP1 (flat)", "FSDP2 fully_shard"};
+  int api = c.fsdp.api == 2 ? 1 : 0;
+  if (ImGui::Combo("API", &api, apis, 2)) {
+    c.fsdp.api = api + 1, changed = true;
+    if (c.fsdp.api == 2) {
+      // fully_shard has no SHARD_GRAD_OP, NO_SHARD, ZeRO-1 or BACKWARD_POST: their nearest FSDP2 settings.
+      if (c.fsdp.sharding == Sharding::ShardGradOp) c.fsdp.reshard_after_forward = 0;
+      if (c.fsdp.sharding != Sharding::Hybrid) c.fsdp.sharding = Sharding::FullShard;
+      if (c.fsdp.backward_prefetch == BackwardPrefetch::Post) c.fsdp.backward_prefetch = BackwardPrefetch::Pre;
+    } else {
+      c.fsdp.reshard_after_forward = kReshardTrue;
+      c.fsdp.prefetch = 1;
+    }
+  }
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip("FSDP1: FullyShardedDataParallel, each unit one flat parameter cut in W chunks\n"
+                      "FSDP2: fully_shard, each parameter cut on dim 0 on its own (a DTensor, Shard(0))");
+  const bool fsdp2 = c.fsdp.api == 2;
   if (ImGui::BeginCombo("sharding", sharding_name(c.fsdp.sharding))) {
     for (Sharding sh : kAllShardings) {
+      const bool refused = fsdp2 && sh != Sharding::FullShard && sh != Sharding::Hybrid;
+      Refused r(refused ? "FSDP1's; fully_shard shards fully or as HSDP (its reshard setting below is SHARD_GRAD_OP's)" : "");
       if (ImGui::Selectable(sharding_name(sh), c.fsdp.sharding == sh) && c.fsdp.sharding != sh) {
         c.fsdp.sharding = sh, changed = true;
         // HYBRID_SHARD needs node groups: start with two nodes when the world splits evenly.
@@ -691,6 +711,26 @@ bool fsdp_controls(TrainConfig& c) {
       }
     }
     ImGui::EndCombo();
+  }
+  if (fsdp2) {
+    // reshard_after_forward: true, false, or a divisor of the ranks a parameter is sharded over.
+    const int shard = c.fsdp.sharding == Sharding::Hybrid && c.fsdp.node_size > 0 ? c.fsdp.node_size : c.world_size;
+    if (c.fsdp.reshard_after_forward > 1 && shard % c.fsdp.reshard_after_forward != 0) c.fsdp.reshard_after_forward = kReshardTrue;
+    if (ImGui::BeginCombo("reshard", reshard_after_forward_text(c.fsdp.reshard_after_forward).c_str())) {
+      std::vector<int> choices = {kReshardTrue, 0};
+      for (int n = 2; n < shard; n++)
+        if (shard % n == 0) choices.push_back(n);
+      for (int n : choices)
+        if (ImGui::Selectable(reshard_after_forward_text(n).c_str(), c.fsdp.reshard_after_forward == n) && c.fsdp.reshard_after_forward != n)
+          c.fsdp.reshard_after_forward = n, changed = true;
+      ImGui::EndCombo();
+    }
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip("reshard_after_forward: true frees a unit after its forward, false keeps it to its backward,\n"
+                        "N keeps a 1/N shard so the backward all-gathers inside groups of N ranks");
+    int ahead = c.fsdp.prefetch;
+    ImGui::SliderInt("prefetch units", &ahead, 1, 4);
+    if (ImGui::IsItemDeactivatedAfterEdit()) c.fsdp.prefetch = ahead, changed = true;
   }
   if (c.fsdp.sharding == Sharding::Hybrid) {
     // Only divisors of the world make equal node groups.
@@ -715,9 +755,11 @@ bool fsdp_controls(TrainConfig& c) {
     ImGui::SetTooltip("backward_prefetch: when the next unit's all-gather is issued in backward\n"
                       "(BACKWARD_PRE: before this unit's gradient computation; BACKWARD_POST: after it)");
   if (open) {
-    for (BackwardPrefetch bp : prefetches)
+    for (BackwardPrefetch bp : prefetches) {
+      Refused r(fsdp2 && bp == BackwardPrefetch::Post ? "FSDP1's; fully_shard prefetches in the pre-backward hook" : "");
       if (ImGui::Selectable(backward_prefetch_name(bp), c.fsdp.backward_prefetch == bp) && c.fsdp.backward_prefetch != bp)
         c.fsdp.backward_prefetch = bp, changed = true;
+    }
     ImGui::EndCombo();
   }
   if (ImGui::Checkbox("forward prefetch", &c.fsdp.forward_prefetch)) changed = true;

@@ -695,6 +695,10 @@ step_train() {
     train_row fsdp-no-shard "--strategy fsdp --world 4 --sharding no-shard"
     train_row fsdp-hybrid "--strategy fsdp --world 4 --sharding hybrid --node-size 2"
     train_row fsdp-zero1 "--strategy fsdp --world 4 --sharding zero1"
+    # FSDP2 (fully_shard): per-parameter dim-0 shards, reshard to groups of 2, HSDP; not yet run on a GPU.
+    train_row fsdp2-full "--strategy fsdp --world 4 --fsdp-api 2"
+    train_row fsdp2-reshard2 "--strategy fsdp --world 4 --fsdp-api 2 --reshard-after-forward 2 --forward-prefetch --prefetch 2"
+    train_row fsdp2-hsdp "--strategy fsdp --world 4 --fsdp-api 2 --sharding hybrid --node-size 2"
     train_row pipe-gpipe "$pipe --schedule gpipe"
   fi
   train_row pipe-1f1b "$pipe --schedule 1f1b"
