@@ -212,6 +212,19 @@ using test::ShellResult;
 // dtlab-cli with stdout and stderr together; `timeout` keeps a hang from stalling the suite.
 ShellResult cli_shell(const std::string& args) { return test::shell("timeout 60 " DTLAB_CLI_PATH " " + args); }
 
+// `dtlab-cli launch ...`, tried again on a new port (at most twice more) when rank 0 lost the
+// MASTER_PORT the launcher picked: the launcher frees its pick before rank 0 binds it (as torchrun
+// does), and under a parallel CTest another test's connection can take the port in between. That
+// race is the machine's, not the run's; rank 0 says it in one sentence, which is what is matched.
+ShellResult launch_shell(const std::string& args) {
+  ShellResult r;
+  for (int attempt = 0; attempt < 3; attempt++) {
+    r = cli_shell(args);
+    if (r.out.find("(Address already in use); choose another MASTER_PORT") == std::string::npos) break;
+  }
+  return r;
+}
+
 std::vector<std::string> losses(const std::string& text) {
   std::vector<std::string> v;
   static const std::regex step(R"(^step +\d+/\d+ .* loss ([0-9.]+))");
@@ -249,11 +262,7 @@ std::pair<std::string, std::string> check_launch_equals_threads(const std::strin
   // The launcher picks a free MASTER_PORT before rank 0 binds it (as torchrun does); under a parallel
   // CTest another test can take it in between, which rank 0 reports in one sentence. Then the launch
   // is tried again on a new port (at most twice more): the race is the machine's, not the run's.
-  ShellResult launched;
-  for (int attempt = 0; attempt < 3; attempt++) {
-    launched = cli_shell("launch --nproc-per-node 2 -- train " + flags + " --log-every 1 --save " + dir.file("A.safetensors"));
-    if (launched.code == 0 || !contains(launched.out, "(Address already in use); choose another MASTER_PORT")) break;
-  }
+  ShellResult launched = launch_shell("launch --nproc-per-node 2 -- train " + flags + " --log-every 1 --save " + dir.file("A.safetensors"));
   INFO("launch output:\n", launched.out);
   ShellResult threads = cli_shell("train --world 2 " + flags + " --log-every 1 --save " + dir.file("B.safetensors"));
   INFO("threads output:\n", threads.out);
@@ -558,7 +567,7 @@ TEST_CASE("launch: a 2-process pipeline equals the in-process run, and its summa
 
 TEST_CASE("launch: a rank that fails stops the run with its sentence and its exit code") {
   auto t0 = Clock::now();
-  ShellResult r = cli_shell("launch --nproc-per-node 2 -- train --strategy ddp --model mlp:2,x,3");
+  ShellResult r = launch_shell("launch --nproc-per-node 2 -- train --strategy ddp --model mlp:2,x,3");
   INFO(r.out);
   CHECK(r.code == 2);
   CHECK(seconds_since(t0) < 20);
@@ -572,8 +581,8 @@ TEST_CASE("launch: a rank that skips a collective (fault injection) is named by 
   auto t0 = Clock::now();
   const std::string cmd = "launch --nproc-per-node 2 -- train --strategy ddp --model mlp:2,8,3 --steps 3 --timeout 2 "
                           "--fault skip:rank=1,collective=2";
-  auto other = std::async(std::launch::async, [&] { return cli_shell(cmd); });
-  for (ShellResult r : {cli_shell(cmd), other.get()}) {
+  auto other = std::async(std::launch::async, [&] { return launch_shell(cmd); });
+  for (ShellResult r : {launch_shell(cmd), other.get()}) {
     INFO(r.out);
     CHECK(r.code == 3);
     const size_t last = r.out.rfind("dtlab-cli: launch: ");
@@ -585,7 +594,7 @@ TEST_CASE("launch: a rank that skips a collective (fault injection) is named by 
   }
   CHECK(seconds_since(t0) < 30);
   // A delayed rank only arrives late: the run finishes.
-  ShellResult r = cli_shell("launch --nproc-per-node 2 -- train --strategy ddp --model mlp:2,8,3 --steps 2 --fault delay:rank=1,collective=2,ms=300");
+  ShellResult r = launch_shell("launch --nproc-per-node 2 -- train --strategy ddp --model mlp:2,8,3 --steps 2 --fault delay:rank=1,collective=2,ms=300");
   CHECK(r.code == 0);
 }
 
@@ -594,7 +603,7 @@ TEST_CASE("launch: a rank stopped by SIGSTOP is named by the launcher, and the r
   // stop (waitpid WUNTRACED), names it, then ends it.
   const std::string tag = "--steps 80000000 --seed " + std::to_string(::getpid());  // this test's ranks
   auto launched = std::async(std::launch::async, [&] {
-    return cli_shell("launch --nproc-per-node 3 -- train --strategy ddp --model mlp:2,8,3 --timeout 2 " + tag);
+    return launch_shell("launch --nproc-per-node 3 -- train --strategy ddp --model mlp:2,8,3 --timeout 2 " + tag);
   });
   pid_t rank1 = -1;
   for (int tries = 0; tries < 200 && rank1 < 0; tries++) {
@@ -902,13 +911,13 @@ TEST_CASE("train --backend socket against a fake MASTER_PORT: one sentence, exit
 
 TEST_CASE("launch --timeout: under 1 s is refused with its reason, and a run that finishes is never failed by it") {
   // Through the real binary: in process, a launch that was not refused would start this test program.
-  ShellResult refused = cli_shell("launch --nproc-per-node 2 --timeout 0.001 -- train --steps 1");
+  ShellResult refused = launch_shell("launch --nproc-per-node 2 --timeout 0.001 -- train --steps 1");
   CHECK(refused.code == 2);
   CHECK(refused.out == "dtlab-cli: launch --timeout 0.001 s is shorter than the ranks of a finished run take to exit one after another "
                "(closing their connections, writing their outputs); use at least 1 s (train's own --timeout, after --, bounds "
                "each collective)\n");
   const auto t0 = Clock::now();
-  ShellResult r = cli_shell("launch --nproc-per-node 2 --timeout 1 -- train --strategy ddp --model mlp:2,8,3 --steps 2 --batch 8");
+  ShellResult r = launch_shell("launch --nproc-per-node 2 --timeout 1 -- train --strategy ddp --model mlp:2,8,3 --steps 2 --batch 8");
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(!contains(r.out, "did not exit"));
