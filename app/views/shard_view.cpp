@@ -64,6 +64,16 @@ Live live_of(const Snapshot& s, const UnitView& u) {
   return Live::None;
 }
 
+// A rank row's label ("rank 2 (node 1)" under HYBRID_SHARD), and a line above each node's first rank.
+void draw_rank_label(const ShardLayout& L, ImVec2 p, int r, int K, int W) {
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  if (K < W && r % K == 0 && r > 0) dl->AddLine(ImVec2(L.bar_x, p.y - 1), ImVec2(L.bar_x + L.bar_w, p.y - 1), IM_COL32(200, 200, 210, 120));
+  char lab[48];
+  if (K < W) std::snprintf(lab, sizeof lab, "rank %d (node %d)", r, r / K);
+  else std::snprintf(lab, sizeof lab, "rank %d", r);
+  dl->AddText(p, rank_color(r, W), lab);
+}
+
 // A unit's split, and the shown collective when it is this unit's all-gather or reduce-scatter.
 void draw_unit_title(const Snapshot& s, const char* split, Live live) {
   ImGui::PushTextWrapPos(0.0f);
@@ -137,11 +147,7 @@ void draw_unit(const Snapshot& s, const UnitView& u, const ShardLayout& L, doubl
   for (int r = 0; r < W && r < static_cast<int>(u.state.size()); r++) {
     p = ImGui::GetCursorScreenPos();
     const float y = p.y;
-    if (K < W && r % K == 0 && r > 0) dl->AddLine(ImVec2(L.bar_x, y - 1), ImVec2(L.bar_x + L.bar_w, y - 1), IM_COL32(200, 200, 210, 120));
-    char lab[48];
-    if (K < W) std::snprintf(lab, sizeof lab, "rank %d (node %d)", r, r / K);
-    else std::snprintf(lab, sizeof lab, "rank %d", r);
-    dl->AddText(ImVec2(p.x, y), rank_color(r, W), lab);
+    draw_rank_label(L, p, r, K, W);
     const bool gathered = u.gathered[static_cast<size_t>(r)] != 0, gathering = u.gathering[static_cast<size_t>(r)] != 0;
     const bool reducing = u.reducing[static_cast<size_t>(r)] != 0;
     for (int k = 0; k < K; k++) {
@@ -305,11 +311,7 @@ void draw_unit_fsdp2(const Snapshot& s, const UnitView& u, const ShardLayout& L,
   for (int r = 0; r < W && r < static_cast<int>(u.state.size()); r++) {
     p = ImGui::GetCursorScreenPos();
     const float y = p.y;
-    if (K < W && r % K == 0 && r > 0) dl->AddLine(ImVec2(L.bar_x, y - 1), ImVec2(L.bar_x + L.bar_w, y - 1), IM_COL32(200, 200, 210, 120));
-    char lab[48];
-    if (K < W) std::snprintf(lab, sizeof lab, "rank %d (node %d)", r, r / K);
-    else std::snprintf(lab, sizeof lab, "rank %d", r);
-    dl->AddText(ImVec2(p.x, y), rank_color(r, W), lab);
+    draw_rank_label(L, p, r, K, W);
     const size_t ri = static_cast<size_t>(r);
     const bool gathered = u.gathered[ri] != 0;
     const int pf = u.post_forward[ri];
