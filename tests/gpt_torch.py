@@ -17,26 +17,9 @@ Usage: gpt_torch.py PATH/TO/dtlab-cli
 """
 import copy, json, math, os, struct, sys, tempfile
 
-from torch_common import CLI, check, cli, failures, load_safetensors, np, torch  # noqa: F401 (exits 77 without torch)
+from torch_common import CLI, check, cli, failures, load_safetensors, np, params, save_safetensors, torch  # noqa: F401 (exits 77 without torch)
 
 from nanogpt_torch import GPT  # noqa: E402
-
-
-def save_safetensors(path, sd):
-    header, blobs, off = {}, [], 0
-    for k, v in sd.items():
-        b = v.detach().contiguous().numpy().astype(np.float32).tobytes()
-        header[k] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
-def params(model):  # named_parameters(): the tied weight once, as transformer.wte.weight
-    return {k: v.detach() for k, v in model.named_parameters()}
 
 
 def torch_train(model, windows, batch, steps, seed, make_opt, world, bf16=False):

@@ -49,25 +49,69 @@ class MLP(torch.nn.Module):
         return self.c_proj(self.gelu(self.c_fc(x)))
 
 
+class MoE(torch.nn.Module):
+    """Megatron-core's MoE layer as dtlab's --moe follows it (docs/course_sources.md §6i): a router
+    without bias, the top-k logits (ties to the lower expert index), softmax over them in float32,
+    capacity ceil(N K / E x F) per expert with the pairs past it dropped in token order (drop policy
+    "position"), each expert nanoGPT's MLP, outputs weighted by the kept probabilities and summed,
+    and switch_load_balancing_loss_func's E coeff / (K N^2) sum_e P_e f_e (f_e counted before capacity)."""
+
+    def __init__(self, C, E, K, capacity=0.0, aux=0.01):
+        super().__init__()
+        self.router = torch.nn.Linear(C, E, bias=False)
+        self.experts = torch.nn.ModuleList([MLP(C) for _ in range(E)])
+        self.E, self.K, self.capacity, self.aux = E, K, capacity, aux
+
+    def forward(self, x):
+        B, T, C = x.size()
+        x2 = x.reshape(-1, C)
+        N, E, K = x2.size(0), self.E, self.K
+        logits = self.router(x2)
+        order = torch.sort(logits, dim=1, descending=True, stable=True).indices  # equal logits: the lower index first
+        idx = order[:, :K]
+        probs = torch.softmax(logits.gather(1, idx), dim=-1, dtype=torch.float32).type_as(logits)
+        onehot = F.one_hot(idx.reshape(-1), E)  # (N K, E), token-major: the order capacity counts in
+        kept = torch.ones(N, K, dtype=torch.bool)
+        if self.capacity > 0:
+            cap = math.ceil(N * K / E * self.capacity)
+            pos = (torch.cumsum(onehot, 0) * onehot).sum(1)
+            kept = (pos <= cap).view(N, K)
+        final = probs * kept
+        scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        aux = (scores.sum(0) * onehot.sum(0)).sum() * (E * self.aux / (K * N * N))
+        out = torch.zeros_like(x2)
+        for e in range(E):
+            tok, k = ((idx == e) & kept).nonzero(as_tuple=True)
+            if len(tok):
+                out = out.index_add(0, tok, self.experts[e](x2[tok]) * final[tok, k].unsqueeze(1))
+        return out.view(B, T, C), aux
+
+
 class Block(torch.nn.Module):
-    def __init__(self, C, H, T):
+    def __init__(self, C, H, T, moe=None):
         super().__init__()
         self.ln_1 = LayerNorm(C)
         self.attn = CausalSelfAttention(C, H, T)
         self.ln_2 = LayerNorm(C)
-        self.mlp = MLP(C)
+        self.mlp = MoE(C, **moe) if moe else MLP(C)
+        self.aux = None  # an MoE block's load-balancing loss of the last forward
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
+        if isinstance(self.mlp, MoE):
+            m, self.aux = self.mlp(self.ln_2(x))
+            return x + m
         return x + self.mlp(self.ln_2(x))
 
 
 class GPT(torch.nn.Module):
-    def __init__(self, L, H, C, T, V):
+    def __init__(self, L, H, C, T, V, moe=None, moe_every=1):
+        """moe: MoE's arguments (E, K, capacity, aux) for blocks l with l % moe_every == 0."""
         super().__init__()
         self.transformer = torch.nn.ModuleDict(dict(
             wte=torch.nn.Embedding(V, C), wpe=torch.nn.Embedding(T, C), drop=torch.nn.Dropout(0.0),
-            h=torch.nn.ModuleList([Block(C, H, T) for _ in range(L)]), ln_f=LayerNorm(C)))
+            h=torch.nn.ModuleList([Block(C, H, T, moe if moe and l % moe_every == 0 else None) for l in range(L)]),
+            ln_f=LayerNorm(C)))
         self.lm_head = torch.nn.Linear(C, V, bias=False)
         self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
@@ -90,3 +134,6 @@ class GPT(torch.nn.Module):
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    def aux_loss(self):  # the MoE blocks' load-balancing losses of the last forward (0 without MoE)
+        return sum(b.aux for b in self.transformer.h if b.aux is not None) if any(b.aux is not None for b in self.transformer.h) else 0.0

@@ -31,12 +31,7 @@ namespace dtlab {
 namespace {
 
 std::string parse_error(const std::string& text) {
-  try {
-    ModelSpec::parse(text);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return test::error_sentence([&] { ModelSpec::parse(text); });
 }
 
 // The mean cross-entropy over every position of a GPT's forward.
@@ -263,7 +258,7 @@ TEST_SUITE("gpt") {
       next = at + n;
     }
     CHECK(next == s.num_params());
-    CHECK(gpt_parameters(s)[GptParamIndex::ln_f_bias(1)].offset == 5 * 16 + 8 * 16 + 16);
+    CHECK(gpt_parameters(s)[GptParamIndex::ln_f_bias(s)].offset == 5 * 16 + 8 * 16 + 16);
     CHECK(names == std::vector<std::string>{
                        "transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight", "transformer.h.0.ln_1.bias",
                        "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.bias", "transformer.h.0.attn.c_proj.weight",
@@ -279,10 +274,10 @@ TEST_SUITE("gpt") {
       return std::sqrt(sq / static_cast<double>(ps[static_cast<size_t>(i)].numel));
     };
     using P = GptParamIndex;
-    CHECK(v[static_cast<size_t>(ps[P::block(0, P::Ln1W)].offset)] == 1.0f);
-    CHECK(v[static_cast<size_t>(ps[P::block(0, P::AttnB)].offset)] == 0.0f);
-    CHECK(stddev(P::block(0, P::AttnW)) == doctest::Approx(0.02).epsilon(0.1));
-    CHECK(stddev(P::block(0, P::FcProjW)) == doctest::Approx(0.02 / std::sqrt(2.0)).epsilon(0.1));
+    CHECK(v[static_cast<size_t>(ps[P::block(s, 0, P::Ln1W)].offset)] == 1.0f);
+    CHECK(v[static_cast<size_t>(ps[P::block(s, 0, P::AttnB)].offset)] == 0.0f);
+    CHECK(stddev(P::block(s, 0, P::AttnW)) == doctest::Approx(0.02).epsilon(0.1));
+    CHECK(stddev(P::block(s, 0, P::FcProjW)) == doctest::Approx(0.02 / std::sqrt(2.0)).epsilon(0.1));
   }
 
   TEST_CASE("gpt backward equals finite differences of the loss, with the tied embedding's two uses summed") {
@@ -300,7 +295,7 @@ TEST_SUITE("gpt") {
     m.backward(dlogits.data(), [&](int p) { order.push_back(p); });
     // Every parameter reported once, ln_f first, the tied wte last.
     CHECK(order.size() == m.parameters().size());
-    CHECK(order.front() == GptParamIndex::ln_f_bias(2));
+    CHECK(order.front() == GptParamIndex::ln_f_bias(spec.gpt));
     CHECK(order.back() == GptParamIndex::kWte);
     const std::vector<float> grads(m.grads(), m.grads() + m.num_params());
     int checked = 0;

@@ -36,6 +36,23 @@ def load_safetensors(path):  # docs/cli.md's snippet
             for k, v in header.items() if k != "__metadata__"}
 
 
+def save_safetensors(path, sd):  # float32 tensors, as dtlab-cli --init reads them
+    header, blobs, off = {}, [], 0
+    for k, v in sd.items():
+        b = v.detach().contiguous().numpy().astype(np.float32).tobytes()
+        header[k] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def params(model):  # named_parameters(): a tied weight once (nanoGPT's transformer.wte.weight)
+    return {k: v.detach() for k, v in model.named_parameters()}
+
+
 def sequential(dims):
     """dtlab's mlp:D0,...,Dk as torch.nn.Sequential: Linear, ReLU, ..., Linear."""
     layers = []

@@ -41,6 +41,11 @@ WorkPtr Communicator::send_recv(const void* send_buf, int64_t send_count, int to
   return std::make_shared<PairWork>(std::move(s), std::move(r));
 }
 
+WorkPtr Communicator::all_to_all_v(void*, const std::vector<int64_t>&, const void*, const std::vector<int64_t>&, DType) {
+  throw Error(std::string("all_to_all_v with split sizes runs in a process group; the ") + backend_name() +
+              " world communicator has none: make one with new_group over every rank");
+}
+
 float all_reduce_value(Communicator& comm, float value, ReduceOp op, Device& dev) {
   Tensor t({1}, MemCategory::Other, nullptr, DType::F32, dev);
   dev.upload(t.f32(), &value, sizeof value);

@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "engine/core/check.h"
 #include "engine/core/collective.h"  // CollectiveOp, ReduceOp, Algorithm
@@ -83,6 +84,12 @@ class Communicator {
   virtual WorkPtr send(const void* buf, int64_t count, DType dtype, int peer, int tag = 0) = 0;
   virtual WorkPtr recv(void* buf, int64_t count, DType dtype, int peer, int tag = 0) = 0;
   virtual WorkPtr all_to_all(void* out, const void* in, int64_t count_per_rank, DType dtype) = 0;
+  // torch's all_to_all_single with split sizes (MoE's token dispatch): send_counts[j] elements of
+  // `in` (packed in rank order) to rank j, recv_counts[i] elements from rank i into `out` (packed).
+  // Process groups (new_group) run it as pairwise exchange, one step per distance; a world
+  // communicator refuses it (make a group of every rank).
+  virtual WorkPtr all_to_all_v(void* out, const std::vector<int64_t>& recv_counts, const void* in,
+                               const std::vector<int64_t>& send_counts, DType dtype);
   // A send to `to` and a receive from `from` that must progress together, as one operation: the
   // Work completes when both have. Backends whose sends are buffered just issue the two (this
   // default); NCCL's sends wait for the peer's receive, so it posts both in one ncclGroupStart/End

@@ -247,6 +247,43 @@ class GroupComm : public Communicator {
       }
     });
   }
+  WorkPtr all_to_all_v(void* out, const std::vector<int64_t>& recv_counts, const void* in, const std::vector<int64_t>& send_counts,
+                       DType dt) override {
+    check(dt, Algorithm::Default, CollectiveOp::AllToAll);
+    const int n = world_size();
+    if (static_cast<int>(recv_counts.size()) != n || static_cast<int>(send_counts.size()) != n)
+      throw Error("all_to_all_v needs one send and one receive count per rank of the group of " + std::to_string(n));
+    for (size_t i = 0; i < send_counts.size(); i++)
+      if (send_counts[i] < 0 || recv_counts[i] < 0) throw Error("all_to_all_v's counts cannot be negative");
+    // The call's count: the elements this rank sends (its in), as torch's input split sizes sum.
+    int64_t total = 0;
+    for (int64_t c : send_counts) total += c;
+    CollDesc d{CollectiveOp::AllToAll, Algorithm::Naive, ReduceOp::Sum, dt, total};
+    return run(d, [=, this] {
+      std::vector<int64_t> sat(static_cast<size_t>(n) + 1, 0), rat(static_cast<size_t>(n) + 1, 0);  // where each rank's block starts
+      for (int r = 0; r < n; r++) {
+        sat[static_cast<size_t>(r) + 1] = sat[static_cast<size_t>(r)] + send_counts[static_cast<size_t>(r)];
+        rat[static_cast<size_t>(r) + 1] = rat[static_cast<size_t>(r)] + recv_counts[static_cast<size_t>(r)];
+      }
+      DTLAB_CHECK(send_counts[static_cast<size_t>(me_)] == recv_counts[static_cast<size_t>(me_)],
+                  "all_to_all_v: a rank's block to itself must have the same count both ways");
+      dev_.copy(elems_at(out, rat[static_cast<size_t>(me_)], dt), elems_at(in, sat[static_cast<size_t>(me_)], dt),
+                send_counts[static_cast<size_t>(me_)] * dtype_size(dt));
+      // Pairwise exchange: round k sends to me + k and receives from me - k (each pair's own sizes).
+      for (int k = 1; k < n; k++) {
+        const int to = ring_mod(me_ + k, n), from = ring_mod(me_ - k, n);
+        p2p_exchange(elems_at(in, sat[static_cast<size_t>(to)], dt), send_counts[static_cast<size_t>(to)], to,
+                     elems_at(out, rat[static_cast<size_t>(from)], dt), recv_counts[static_cast<size_t>(from)], from, dt, RingPhase::None,
+                     from);
+      }
+    }, [&](CollectiveInfo& info) {
+      int64_t received = 0;
+      for (int64_t c : recv_counts) received += c;
+      info.in_count = total;
+      info.out_count = received;
+      info.bytes = (total - send_counts[static_cast<size_t>(me_)]) * dtype_size(dt);  // what leaves this rank
+    });
+  }
   WorkPtr send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf, int64_t recv_count,
                     int from, int recv_tag, DType dt) override {
     check_root(to);
@@ -304,10 +341,12 @@ class GroupComm : public Communicator {
 
   // The executor thread enqueues on the rank's device: it binds the device first. The issue is
   // recorded on the calling (compute) thread, the Collective span once its steps ran.
-  WorkPtr run(const CollDesc& d, std::function<void()> fn) {
+  // `adjust`: a call whose sizes the CollDesc cannot say (all_to_all_v) sets its counts and bytes.
+  WorkPtr run(const CollDesc& d, std::function<void()> fn, const std::function<void(CollectiveInfo&)>& adjust = {}) {
     const uint64_t seq = seq_++;
     OpTrace op;
     op.info = info_of(d, seq);
+    if (adjust) adjust(op.info);
     op.steps = steps_of(d.op, world_size());
     if (ctx_) {
       op.iteration = ctx_->iteration();
@@ -425,12 +464,17 @@ class GroupComm : public Communicator {
   // lone send there waits for the peer's receive, and every rank of a ring would wait on its own).
   void p2p_exchange(const void* send_buf, int to, void* recv_buf, int from, int64_t count, DType dt, RingPhase phase,
                     int chunk) {
+    p2p_exchange(send_buf, count, to, recv_buf, count, from, dt, phase, chunk);
+  }
+  // The same with a size each way (all_to_all_v); the step's event carries the bytes received.
+  void p2p_exchange(const void* send_buf, int64_t send_count, int to, void* recv_buf, int64_t recv_count, int from, DType dt,
+                    RingPhase phase, int chunk) {
     const int step = op_.next_step++;
     step_gate(step, 0);
-    WorkPtr w = parent_.send_recv(send_buf, count, global(to), tag_ | kGroupStepTag, recv_buf, count, global(from),
+    WorkPtr w = parent_.send_recv(send_buf, send_count, global(to), tag_ | kGroupStepTag, recv_buf, recv_count, global(from),
                                   tag_ | kGroupStepTag, dt);
     w->wait();
-    record_step(w, phase, chunk, global(from), global(me_), count * dtype_size(dt), step);
+    record_step(w, phase, chunk, global(from), global(me_), recv_count * dtype_size(dt), step);
   }
 
   // in: n blocks of `count`; out: block me_ reduced over the group, in ring_order.h's order (each

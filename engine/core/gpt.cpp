@@ -27,20 +27,15 @@ GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, Gp
               "a GPT tensor-parallel shard needs heads (and, sequence parallel, ctx) divisible by its degree");
   DTLAB_CHECK(r_.first >= 0 && r_.end <= spec.layers + 2 && r_.first_block() < r_.end_block(spec),
               "a GPT stage holds at least one block");
-  const int L = static_cast<int>(spec.layers);
-  if (r_.whole(spec)) {  // gpt_parameters()' indices
-    block0_ = GptParamIndex::block(0, GptParamIndex::Ln1W);
-    lnf_w_ = GptParamIndex::ln_f_weight(L);
-    lnf_b_ = GptParamIndex::ln_f_bias(L);
-    head_ = GptParamIndex::kWte;
-    return;
-  }
-  const int blocks = r_.end_block(spec) - r_.first_block();
-  block0_ = r_.embeds() ? 2 : 0;
+  DTLAB_CHECK(!spec.moe.on() || tp.degree == 1, "a GPT with MoE blocks runs without tensor parallelism");
+  using P = GptParamIndex;
+  block0_ = r_.embeds() ? 2 : 0;  // (the whole model's parameters keep wte and wpe first, too)
+  for (int l = r_.first_block(); l < r_.end_block(spec); l++) boff_.push_back(block0_ + P::blocks_between(spec, r_.first_block(), l));
+  const int after = block0_ + P::blocks_between(spec, r_.first_block(), r_.end_block(spec));
   if (r_.heads(spec)) {
-    lnf_w_ = block0_ + GptParamIndex::kPerBlock * blocks;
-    lnf_b_ = lnf_w_ + 1;
-    head_ = r_.embeds() ? GptParamIndex::kWte : lnf_b_ + 1;
+    lnf_w_ = after;
+    lnf_b_ = after + 1;
+    head_ = r_.embeds() ? P::kWte : lnf_b_ + 1;
   }
 }
 
@@ -114,7 +109,10 @@ std::array<std::vector<Tensor>*, 13> GptCore::per_block() {
 
 void GptCore::release() {
   for (auto* v : per_block()) v->clear();
-  for (Tensor* t : {&encoded_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dbuf_, &dqkv_, &dfch_, &datt_, &full_, &perm_,
+  for (auto* v : {&moe_logits_, &moe_x_, &moe_y_}) v->clear();
+  routes_.clear();
+  moe_stats_.clear();
+  for (Tensor* t : {&moe_dx_, &encoded_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dbuf_, &dqkv_, &dfch_, &datt_, &full_, &perm_,
                     &dfull_, &dloc_, &lnf_full_, &dlogits_local_, &part_, &wte_part_, &dlogits_kept_, &lora_t_, &lora_u_,
                     &lora_dx_, &lora_part_, &tokens_, &logits32_, &dlogits16_})
     *t = Tensor();
@@ -139,9 +137,16 @@ void GptCore::ensure(int64_t B) {
   encoded_ = r_.embeds() ? act({R, C}) : Tensor();
   // (Not counted as activations: torch's input tensor is the caller's too.)
   tokens_ = r_.embeds() ? Tensor({BT}, MemCategory::Activations, nullptr, DType::I64, dev_) : Tensor();
+  for (auto* v : {&moe_logits_, &moe_x_, &moe_y_}) v->clear();
+  // MoE blocks: their experts' rows are the (token, expert) pairs, B x T x K at most.
+  const int64_t E = s_.moe.experts, N = BT * s_.moe.top_k;
+  bool any_moe = false, any_dense = false;
+  for (int l = r_.first_block(); l < r_.end_block(s_); l++) (moe_block(l) ? any_moe : any_dense) = true;
   for (int64_t l = 0; l < L; l++) {
     res3_.push_back(act({R, C}));
     if (checkpointing_ && l > 0) continue;  // one set of the blocks' inner buffers, shared
+    const bool m = checkpointing_ ? any_moe : moe_block(r_.first_block() + static_cast<int>(l));
+    const bool d = checkpointing_ ? any_dense : !m;
     ln1_.push_back(act({R, C}));
     ln1_mean_.push_back(stat({R}));
     ln1_rstd_.push_back(stat({R}));
@@ -152,9 +157,17 @@ void GptCore::ensure(int64_t B) {
     ln2_.push_back(act({R, C}));
     ln2_mean_.push_back(stat({R}));
     ln2_rstd_.push_back(stat({R}));
-    fch_.push_back(act({BT, 4 * Ct}));
-    fch_gelu_.push_back(act({BT, 4 * Ct}));
+    const int64_t rows = std::max(d ? BT : 0, m ? N : 0);
+    fch_.push_back(act({rows, 4 * Ct}));
+    fch_gelu_.push_back(act({rows, 4 * Ct}));
+    moe_logits_.push_back(m ? act({BT, E}) : Tensor());
+    moe_x_.push_back(m ? act({N, C}) : Tensor());
+    moe_y_.push_back(m ? act({N, C}) : Tensor());
   }
+  routes_.clear();
+  routes_.resize(moe_logits_.size());
+  moe_stats_.assign(static_cast<size_t>(L), MoeRouting{});
+  moe_dx_ = any_moe ? act({N, C}) : Tensor();
   if (r_.heads(s_)) {
     lnf_ = act({R, C});
     lnf_mean_ = stat({R});
@@ -166,7 +179,7 @@ void GptCore::ensure(int64_t B) {
   dres_ = act({R, C});
   dbuf_ = act({BT, C});
   dqkv_ = act({BT, 3 * Ct});
-  dfch_ = act({BT, 4 * Ct});
+  dfch_ = act({any_moe ? std::max(BT, N) : BT, 4 * Ct});
   datt_ = stat({T, T});
   if (sp()) {
     full_ = act({BT, C});
@@ -236,7 +249,337 @@ double GptCore::layer_flops(int layer, int64_t B) const {
   // c_attn, c_proj, c_fc, c_proj: 2 BT (3C^2 + C^2 + 4C^2 + 4C^2); attention: q.k and a.v over the
   // causal half, 2 x 2 x B x T x T/2 x C. A TP shard does 1/t of both.
   const double t = tp_.degree;
+  if (moe_block(layer - 1)) {  // c_attn, c_proj and attention; the router; each token's K experts (before drops)
+    const double E = static_cast<double>(s_.moe.experts), K = static_cast<double>(s_.moe.top_k);
+    return 2.0 * BT * 4.0 * C * C + 2.0 * BT * T * C + 2.0 * BT * C * E + 2.0 * BT * K * 8.0 * C * C + 16.0 * BT * C;
+  }
   return (2.0 * BT * 12.0 * C * C + 2.0 * BT * T * C) / t + 16.0 * BT * C;
+}
+
+// ---- mixture of experts (MoeSpec; Megatron-core's router and token dispatcher) ----
+
+const GptCore::MoeRouting* GptCore::moe_routing(int l) const {
+  if (l < r_.first_block() || l >= r_.end_block(s_) || !moe_block(l) || local(l) >= moe_stats_.size()) return nullptr;
+  const MoeRouting& m = moe_stats_[local(l)];
+  return m.tokens > 0 ? &m : nullptr;
+}
+
+double GptCore::aux_loss() const {
+  double sum = 0;
+  for (const MoeRouting& m : moe_stats_) sum += m.aux_loss;
+  return sum;
+}
+
+void GptCore::route(MoeRoute& rt, MoeRouting& st, const float* logits, int64_t BT) {
+  const int64_t E = s_.moe.experts, K = s_.moe.top_k;
+  rt.expert.assign(static_cast<size_t>(BT * K), 0);
+  rt.prob.assign(static_cast<size_t>(BT * K), 0.0f);
+  rt.kept.assign(static_cast<size_t>(BT * K), 1);
+  rt.scores.assign(static_cast<size_t>(BT * E), 0.0f);
+  st = MoeRouting{};
+  st.tokens = BT;
+  st.routed.assign(static_cast<size_t>(E), 0);
+  st.kept.assign(static_cast<size_t>(E), 0);
+  std::vector<int32_t> order(static_cast<size_t>(E));
+  for (int64_t t = 0; t < BT; t++) {
+    const float* z = logits + t * E;
+    // torch.topk(logits, K): the K largest, a tie to the lower index.
+    for (int32_t e = 0; e < E; e++) order[static_cast<size_t>(e)] = e;
+    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
+    // softmax over the K chosen logits, in float32 (moe_router_pre_softmax off).
+    const float top = z[order[0]];
+    float sum = 0;
+    for (int64_t k = 0; k < K; k++) sum += rt.prob[static_cast<size_t>(t * K + k)] = std::exp(z[order[static_cast<size_t>(k)]] - top);
+    for (int64_t k = 0; k < K; k++) {
+      rt.prob[static_cast<size_t>(t * K + k)] /= sum;
+      rt.expert[static_cast<size_t>(t * K + k)] = order[static_cast<size_t>(k)];
+      st.routed[static_cast<size_t>(order[static_cast<size_t>(k)])]++;
+    }
+    // softmax over all E logits: the aux loss's router probabilities.
+    float mx = z[0];
+    for (int64_t e = 1; e < E; e++) mx = std::max(mx, z[e]);
+    float all = 0;
+    float* sc = rt.scores.data() + t * E;
+    for (int64_t e = 0; e < E; e++) all += sc[e] = std::exp(z[e] - mx);
+    for (int64_t e = 0; e < E; e++) sc[e] /= all;
+  }
+  // Capacity (Megatron's get_capacity over the B x T x K choices), the tokens past it dropped in
+  // token order (drop policy "position"): their probability is zeroed, not spread over the others.
+  st.capacity = s_.moe.capacity > 0 ? static_cast<int64_t>(std::ceil(static_cast<double>(BT * K) / static_cast<double>(E) * s_.moe.capacity)) : 0;
+  std::vector<int64_t> taken(static_cast<size_t>(E), 0);
+  for (int64_t i = 0; i < BT * K; i++) {
+    const size_t e = static_cast<size_t>(rt.expert[static_cast<size_t>(i)]);
+    if (st.capacity > 0 && taken[e] >= st.capacity) {
+      rt.kept[static_cast<size_t>(i)] = 0;
+      st.dropped++;
+      continue;
+    }
+    taken[e]++;
+  }
+  st.kept = taken;
+  // The permutation: each expert's rows together, in token order (Megatron's permute).
+  rt.offset.assign(static_cast<size_t>(E + 1), 0);
+  for (int64_t e = 0; e < E; e++) rt.offset[static_cast<size_t>(e + 1)] = rt.offset[static_cast<size_t>(e)] + taken[static_cast<size_t>(e)];
+  rt.row.assign(static_cast<size_t>(rt.offset.back()), 0);
+  std::vector<int64_t> fill(rt.offset.begin(), rt.offset.end() - 1);
+  for (int64_t i = 0; i < BT * K; i++)
+    if (rt.kept[static_cast<size_t>(i)]) rt.row[static_cast<size_t>(fill[static_cast<size_t>(rt.expert[static_cast<size_t>(i)])]++)] = static_cast<int32_t>(i);
+  // Switch's load-balancing loss (switch_load_balancing_loss_func): E x A / (K x T^2) x sum_e P_e x f_e,
+  // P_e the router probabilities summed over the tokens, f_e the tokens routed before capacity.
+  double sum = 0;
+  for (int64_t e = 0; e < E; e++) {
+    double pe = 0;
+    for (int64_t t = 0; t < BT; t++) pe += rt.scores[static_cast<size_t>(t * E + e)];
+    sum += pe * static_cast<double>(st.routed[static_cast<size_t>(e)]);
+  }
+  st.aux_loss = sum * static_cast<double>(E) * s_.moe.aux / (static_cast<double>(K) * static_cast<double>(BT) * static_cast<double>(BT));
+}
+
+std::vector<int64_t> GptCore::send_rows(const MoeRoute& rt) const {
+  const int64_t El = s_.moe.local_experts();
+  std::vector<int64_t> n(static_cast<size_t>(s_.moe.ep));
+  for (int64_t j = 0; j < s_.moe.ep; j++) n[static_cast<size_t>(j)] = rt.offset[static_cast<size_t>((j + 1) * El)] - rt.offset[static_cast<size_t>(j * El)];
+  return n;
+}
+
+std::vector<int64_t> GptCore::recv_rows(const MoeRoute& rt) const {
+  const int64_t El = s_.moe.local_experts();
+  std::vector<int64_t> n(static_cast<size_t>(s_.moe.ep), 0);
+  for (int64_t i = 0; i < s_.moe.ep; i++)
+    for (int64_t e = 0; e < El; e++) n[static_cast<size_t>(i)] += rt.from[static_cast<size_t>(i * El + e)];
+  return n;
+}
+
+void GptCore::regroup(void* dst, const void* src, const MoeRoute& rt, int64_t width, bool to_expert) {
+  const int64_t El = s_.moe.local_experts(), ep = s_.moe.ep;
+  int64_t at_rank = 0;  // the row where rank i's rows start, in rank order
+  std::vector<int64_t> fill(rt.eoff.begin(), rt.eoff.end() - 1);  // the next row of each expert, in expert order
+  for (int64_t i = 0; i < ep; i++)
+    for (int64_t e = 0; e < El; e++) {
+      const int64_t n = rt.from[static_cast<size_t>(i * El + e)];
+      const int64_t r = at_rank, x = fill[static_cast<size_t>(e)];
+      if (n > 0) {
+        if (to_expert) dev_.copy(at(dst, x * width), at(src, r * width), n * width * esz());
+        else dev_.copy(at(dst, r * width), at(src, x * width), n * width * esz());
+      }
+      at_rank += n;
+      fill[static_cast<size_t>(e)] += n;
+    }
+}
+
+const void* GptCore::moe_forward(std::vector<Parameter>& p, int l, const void* a) {
+  const int64_t BT = B_ * s_.ctx, C = s_.embd, E = s_.moe.experts, K = s_.moe.top_k, El = s_.moe.local_experts();
+  const size_t k = slot(l);
+  MoeRoute& rt = routes_[k];
+  void* logits = moe_logits_[k].raw();
+  dev_.linear_forward(wr(logits, BT * E), rd(a, BT * C), pw(p[static_cast<size_t>(pr(l))]), nullptr, BT, C, E);  // the router
+  route(rt, moe_stats_[local(l)], rd(logits, BT * E), BT);
+  // Dispatch: each kept (token, expert) pair's input row, grouped by expert.
+  void* x = moe_x_[k].raw();
+  for (size_t n = 0; n < rt.row.size(); n++) dev_.copy(at(x, static_cast<int64_t>(n) * C), at(a, (rt.row[n] / K) * C), C * esz());
+  void* y = moe_y_[k].raw();
+  // The rows this rank's experts run, in expert order: its own (no EP), or every group rank's.
+  const void* xr = x;
+  void* hr = fch_[k].raw();
+  void* gr = fch_gelu_[k].raw();
+  void* yr = y;
+  Tensor back;  // EP: the outputs in rank order, sent back
+  if (!ep()) {
+    rt.eoff = rt.offset;
+  } else {
+    DTLAB_CHECK(ep_comm_ != nullptr, "an expert-parallel GPT runs only after set_ep_comm()");
+    const int layer = 1 + l;
+    // The counts first (Megatron's all-to-all of tokens per expert), then the rows.
+    Tensor mine({E}, MemCategory::Other, nullptr, DType::I64, dev_), theirs({E}, MemCategory::Other, nullptr, DType::I64, dev_);
+    std::vector<int64_t> n(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; e++) n[static_cast<size_t>(e)] = rt.offset[static_cast<size_t>(e + 1)] - rt.offset[static_cast<size_t>(e)];
+    dev_.upload(mine.raw(), n.data(), E * static_cast<int64_t>(sizeof(int64_t)));
+    ep_comm_->all_to_all(theirs.raw(), mine.raw(), El, DType::I64, layer);
+    rt.from.assign(static_cast<size_t>(E), 0);
+    dev_.download(rt.from.data(), theirs.raw(), E * static_cast<int64_t>(sizeof(int64_t)));
+    rt.eoff.assign(static_cast<size_t>(El + 1), 0);
+    for (int64_t e = 0; e < El; e++) {
+      int64_t rows = 0;
+      for (int64_t i = 0; i < s_.moe.ep; i++) rows += rt.from[static_cast<size_t>(i * El + e)];
+      rt.eoff[static_cast<size_t>(e + 1)] = rt.eoff[static_cast<size_t>(e)] + rows;
+    }
+    const int64_t R = rt.eoff.back();
+    auto act = [&](int64_t w) { return Tensor({std::max<int64_t>(R, 1), w}, MemCategory::Activations, tracker_, adt_, dev_); };
+    std::vector<int64_t> sc = send_rows(rt), rc = recv_rows(rt);
+    for (auto& v : sc) v *= C;
+    for (auto& v : rc) v *= C;
+    back = Tensor({std::max<int64_t>(R, 1), C}, MemCategory::Other, nullptr, adt_, dev_);
+    ep_comm_->all_to_all_v(back.raw(), rc, x, sc, adt_, layer);
+    rt.ex_x = act(C);
+    regroup(rt.ex_x.raw(), back.raw(), rt, C, true);
+    rt.ex_h = act(4 * C);
+    rt.ex_g = act(4 * C);
+    xr = rt.ex_x.raw();
+    hr = rt.ex_h.raw();
+    gr = rt.ex_g.raw();
+    yr = back.raw();  // (the received inputs are in ex_x now: back takes the outputs, in expert order)
+  }
+  for (int64_t e = 0; e < El; e++) {  // each of this rank's experts: nanoGPT's MLP on its rows
+    const int64_t r0 = rt.eoff[static_cast<size_t>(e)], n = rt.eoff[static_cast<size_t>(e + 1)] - r0;
+    if (n == 0) continue;
+    auto w = [&](GptParamIndex::Expert j) -> const Parameter& { return p[static_cast<size_t>(pe(l, static_cast<int>(e), j))]; };
+    dev_.linear_forward(wr(at(hr, r0 * 4 * C), n * 4 * C), rd(at(xr, r0 * C), n * C), pw(w(GptParamIndex::ExFcW)),
+                        pw(w(GptParamIndex::ExFcB)), n, C, 4 * C);
+    dev_.gelu_forward(wr(at(gr, r0 * 4 * C), n * 4 * C), rd(at(hr, r0 * 4 * C), n * 4 * C), n * 4 * C);
+    dev_.linear_forward(wr(at(yr, r0 * C), n * C), rd(at(gr, r0 * 4 * C), n * 4 * C), pw(w(GptParamIndex::ExProjW)),
+                        pw(w(GptParamIndex::ExProjB)), n, 4 * C, C);
+  }
+  if (ep()) {  // the outputs (expert order in `back`) to their ranks, in rank order, into y: this rank's permuted rows
+    std::vector<int64_t> sc = send_rows(rt), rc = recv_rows(rt);
+    for (auto& v : sc) v *= C;
+    for (auto& v : rc) v *= C;
+    Tensor ranked({std::max<int64_t>(rt.eoff.back(), 1), C}, MemCategory::Other, nullptr, adt_, dev_);
+    regroup(ranked.raw(), back.raw(), rt, C, false);
+    ep_comm_->all_to_all_v(y, sc, ranked.raw(), rc, adt_, 1 + l);
+  }
+  // Combine: each token's kept outputs weighted by their probabilities, summed in expert order
+  // (Megatron's unpermute: scatter_add of probs x rows); a dropped pair adds nothing.
+  const int64_t rows = static_cast<int64_t>(rt.row.size());
+  void* out = dbuf_.raw();
+  {
+    F32 o = wr(out, BT * C);
+    F32 yy = rd(y, rows * C);
+    std::fill_n(static_cast<float*>(o), BT * C, 0.0f);
+    for (int64_t n = 0; n < rows; n++) {
+      const int32_t i = rt.row[static_cast<size_t>(n)];
+      const float pr_ = rt.prob[static_cast<size_t>(i)];
+      float* dst = static_cast<float*>(o) + (i / K) * C;
+      const float* src = static_cast<float*>(yy) + n * C;
+      for (int64_t c = 0; c < C; c++) dst[c] += pr_ * src[c];
+    }
+  }
+  return out;
+}
+
+void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, const void* dout, const std::function<void(int)>& ready) {
+  using P = GptParamIndex;
+  const int64_t BT = B_ * s_.ctx, C = s_.embd, E = s_.moe.experts, K = s_.moe.top_k;
+  const size_t k = slot(l);
+  MoeRoute& rt = routes_[k];
+  const MoeRouting& st = moe_stats_[local(l)];
+  const int64_t rows = static_cast<int64_t>(rt.row.size());
+  void* y = moe_y_[k].raw();
+  // d prob for each kept pair (dout . its expert's output), then y's buffer takes prob x dout.
+  std::vector<float> dprob(static_cast<size_t>(BT * K), 0.0f);
+  {
+    F32 d = rd(dout, BT * C);
+    F32 yy = acc(y, rows * C);
+    for (int64_t n = 0; n < rows; n++) {
+      const int32_t i = rt.row[static_cast<size_t>(n)];
+      const float* dt = static_cast<float*>(d) + (i / K) * C;
+      float* yr = static_cast<float*>(yy) + n * C;
+      double dot = 0;
+      for (int64_t c = 0; c < C; c++) dot += static_cast<double>(dt[c]) * yr[c];
+      dprob[static_cast<size_t>(i)] = static_cast<float>(dot);
+      const float pr_ = rt.prob[static_cast<size_t>(i)];
+      for (int64_t c = 0; c < C; c++) yr[c] = pr_ * dt[c];
+    }
+  }
+  // This rank's experts' rows (expert order): its own, or under EP every group rank's, whose output
+  // gradients come over as the outputs went back, and whose input gradients return as the inputs came.
+  void* dx = moe_dx_.raw();
+  const void* xr = moe_x_[k].raw();
+  const void* hr = fch_[k].raw();
+  const void* gr = fch_gelu_[k].raw();
+  void* dyr = y;
+  void* dxr = dx;
+  const int64_t R = rt.eoff.back();
+  Tensor ranked, dy_ex, dx_ex;
+  std::vector<int64_t> sc, rc;
+  if (ep()) {
+    sc = send_rows(rt);
+    rc = recv_rows(rt);
+    for (auto& v : sc) v *= C;
+    for (auto& v : rc) v *= C;
+    auto scratch = [&](int64_t w) { return Tensor({std::max<int64_t>(R, 1), w}, MemCategory::Other, nullptr, adt_, dev_); };
+    ranked = scratch(C);
+    ep_comm_->all_to_all_v(ranked.raw(), rc, y, sc, adt_, 1 + l);
+    dy_ex = scratch(C);
+    regroup(dy_ex.raw(), ranked.raw(), rt, C, true);
+    dx_ex = scratch(C);
+    xr = rt.ex_x.raw();
+    hr = rt.ex_h.raw();
+    gr = rt.ex_g.raw();
+    dyr = dy_ex.raw();
+    dxr = dx_ex.raw();
+  }
+  Tensor dh_big;  // c_proj's input gradient: dfch_ holds B x T x K rows, EP may bring more
+  void* dh = dfch_.raw();
+  if (R > dfch_.numel() / (4 * C)) {
+    dh_big = Tensor({R, 4 * C}, MemCategory::Other, nullptr, adt_, dev_);
+    dh = dh_big.raw();
+  }
+  auto grad = [&](int i) { return &p[static_cast<size_t>(i)]; };
+  for (int64_t e = s_.moe.local_experts() - 1; e >= 0; e--) {  // from the last: c_proj, GELU, c_fc
+    const int64_t r0 = rt.eoff[static_cast<size_t>(e)], n = rt.eoff[static_cast<size_t>(e + 1)] - r0;
+    const int ie = static_cast<int>(e);
+    if (n > 0) {
+      const Parameter& wp = p[static_cast<size_t>(pe(l, ie, P::ExProjW))];
+      const Parameter& wf = p[static_cast<size_t>(pe(l, ie, P::ExFcW))];
+      dev_.linear_backward(wr(dh, n * 4 * C), pg(grad(pe(l, ie, P::ExProjW))), pg(grad(pe(l, ie, P::ExProjB))), rd(at(dyr, r0 * C), n * C),
+                           rd(at(gr, r0 * 4 * C), n * 4 * C), pw(wp), n, 4 * C, C);
+      dev_.gelu_backward(wr(dh, n * 4 * C), rd(dh, n * 4 * C), rd(at(hr, r0 * 4 * C), n * 4 * C), n * 4 * C);
+      dev_.linear_backward(wr(at(dxr, r0 * C), n * C), pg(grad(pe(l, ie, P::ExFcW))), pg(grad(pe(l, ie, P::ExFcB))), rd(dh, n * 4 * C),
+                           rd(at(xr, r0 * C), n * C), pw(wf), n, C, 4 * C);
+    }
+    if (ready) {  // (an expert no token reached has a zero gradient, final too)
+      for (P::Expert j : {P::ExProjB, P::ExProjW, P::ExFcB, P::ExFcW}) ready(pe(l, ie, j));
+    }
+  }
+  if (ep()) {  // the input gradients back to their ranks: this rank's permuted rows' into moe_dx_
+    regroup(ranked.raw(), dx_ex.raw(), rt, C, false);
+    ep_comm_->all_to_all_v(dx, sc, ranked.raw(), rc, adt_, 1 + l);
+  }
+  // The router's logits' gradient: the top-k softmax's (a dropped pair's probability was masked, so
+  // its gradient is zero), plus the aux loss's through the softmax over all experts.
+  std::vector<float> dz(static_cast<size_t>(BT * E), 0.0f);
+  const double coef = static_cast<double>(E) * s_.moe.aux / (static_cast<double>(K) * static_cast<double>(BT) * static_cast<double>(BT)) *
+                      static_cast<double>(aux_grad_scale_);
+  for (int64_t t = 0; t < BT; t++) {
+    float* dzt = dz.data() + t * E;
+    double dot = 0;
+    for (int64_t j = 0; j < K; j++) {
+      const size_t i = static_cast<size_t>(t * K + j);
+      if (!rt.kept[i]) dprob[i] = 0;
+      dot += static_cast<double>(rt.prob[i]) * dprob[i];
+    }
+    for (int64_t j = 0; j < K; j++) {
+      const size_t i = static_cast<size_t>(t * K + j);
+      dzt[rt.expert[i]] += static_cast<float>(rt.prob[i] * (dprob[i] - dot));
+    }
+    if (s_.moe.aux > 0) {
+      const float* sc = rt.scores.data() + t * E;
+      double sg = 0;
+      for (int64_t e = 0; e < E; e++) sg += static_cast<double>(sc[e]) * coef * static_cast<double>(st.routed[static_cast<size_t>(e)]);
+      for (int64_t e = 0; e < E; e++)
+        dzt[e] += static_cast<float>(sc[e] * (coef * static_cast<double>(st.routed[static_cast<size_t>(e)]) - sg));
+    }
+  }
+  void* dlog = moe_logits_[k].raw();  // (the logits are spent: their buffer takes their gradient)
+  {
+    F32 d = wr(dlog, BT * E);
+    std::copy(dz.begin(), dz.end(), static_cast<float*>(d));
+  }
+  // The gradient of `a`: the experts' input gradients added back to their tokens, then the router's.
+  void* da = dbuf_.raw();
+  {
+    F32 o = wr(da, BT * C);
+    F32 xs = rd(dx, rows * C);
+    std::fill_n(static_cast<float*>(o), BT * C, 0.0f);
+    for (int64_t n = 0; n < rows; n++) {
+      float* dst = static_cast<float*>(o) + (rt.row[static_cast<size_t>(n)] / K) * C;
+      const float* src = static_cast<float*>(xs) + n * C;
+      for (int64_t c = 0; c < C; c++) dst[c] += src[c];
+    }
+  }
+  dev_.linear_backward(wr(dx, BT * C), pg(grad(pr(l))), nullptr, rd(dlog, BT * E), rd(a, BT * C), pw(p[static_cast<size_t>(pr(l))]), BT, C, E);
+  dev_.accumulate(acc(da, BT * C), rd(dx, BT * C), BT * C, false);
+  if (ready) ready(pr(l));
 }
 
 const float* GptCore::attention(int l, int64_t b, int64_t h) const {
@@ -341,9 +684,13 @@ void GptCore::block_forward(std::vector<Parameter>& p, int l, const void* x) {
   dev_.add(wr(r2, R * C), rd(x, R * C), rd(proj, R * C), R * C);
   dev_.layernorm_forward(wr(ln2_[k]), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), rd(r2, R * C), pw(w(P::Ln2W)), pw(w(P::Ln2B)), R, C);
   a = sp() ? seq_gather(full_.raw(), ln2_[k].raw(), C, layer) : ln2_[k].raw();
-  dev_.linear_forward(wr(fch_[k]), rd(a, BT * C), pw(w(P::FcW)), pw(w(P::FcB)), BT, C, 4 * Ct);
-  dev_.gelu_forward(wr(fch_gelu_[k]), rd(fch_[k]), BT * 4 * Ct);
-  proj = row_parallel(fch_gelu_[k].raw(), w(P::FcProjW), w(P::FcProjB), 4 * Ct, layer);
+  if (moe_block(l)) {
+    proj = moe_forward(p, l, a);
+  } else {
+    dev_.linear_forward(wr(fch_[k].raw(), BT * 4 * Ct), rd(a, BT * C), pw(w(P::FcW)), pw(w(P::FcB)), BT, C, 4 * Ct);
+    dev_.gelu_forward(wr(fch_gelu_[k].raw(), BT * 4 * Ct), rd(fch_[k].raw(), BT * 4 * Ct), BT * 4 * Ct);
+    proj = row_parallel(fch_gelu_[k].raw(), w(P::FcProjW), w(P::FcProjB), 4 * Ct, layer);
+  }
   dev_.add(wr(res3_[local(l)]), rd(r2, R * C), rd(proj, R * C), R * C);
 }
 
@@ -512,18 +859,26 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
     void* dfch = dfch_.raw();
     std::array<Tensor, 4>* kept = input_only ? &douts_[u] : nullptr;  // mlp.c_proj, c_fc, attn.c_proj, c_attn
     const void* dy = sp() ? seq_gather(dfull_.raw(), dres, C, layer) : dres;  // g's backward
-    dev_.linear_backward(wr(dfch, BT * 4 * Ct), pg(lg(pi(l, P::FcProjW))), pg(sp() ? nullptr : lg(pi(l, P::FcProjB))), rd(dy, BT * C),
-                         rd(fch_gelu_[k]), pw(w(pi(l, P::FcProjW))), BT, 4 * Ct, C);
-    if (kept && !frozen()) keep((*kept)[0], dy, BT * C);  // (under LoRA W needs c_attn's alone)
-    if (sp()) row_bias_grad(pi(l, P::FcProjB));
-    linear_done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
-    dev_.gelu_backward(wr(dfch, BT * 4 * Ct), rd(dfch, BT * 4 * Ct), rd(fch_[k]), BT * 4 * Ct);  // (elementwise: reads its own copy)
-    if (kept && !frozen()) keep((*kept)[1], dfch, BT * 4 * Ct);
-    const void* a = sp() ? seq_gather(full_.raw(), ln2_[k].raw(), C, layer) : ln2_[k].raw();  // gathered again
-    dev_.linear_backward(wr(dbuf, BT * C), pg(lg(pi(l, P::FcW))), pg(lg(pi(l, P::FcB))), rd(dfch, BT * 4 * Ct), rd(a, BT * C),
-                         pw(w(pi(l, P::FcW))), BT, C, 4 * Ct);
-    const void* dln = column_input_grad(dbuf, layer);  // f's backward
-    linear_done({pi(l, P::FcB), pi(l, P::FcW)});
+    const void* a = nullptr;
+    const void* dln = nullptr;
+    if (moe_block(l)) {  // (ZB's I computes the experts' and the router's gradients too: W is left the attention)
+      a = ln2_[k].raw();  // (no sequence parallelism with MoE)
+      moe_backward(p, l, a, dy, [&](int i) { done({i}); });
+      dln = dbuf;
+    } else {
+      dev_.linear_backward(wr(dfch, BT * 4 * Ct), pg(lg(pi(l, P::FcProjW))), pg(sp() ? nullptr : lg(pi(l, P::FcProjB))), rd(dy, BT * C),
+                           rd(fch_gelu_[k].raw(), BT * 4 * Ct), pw(w(pi(l, P::FcProjW))), BT, 4 * Ct, C);
+      if (kept && !frozen()) keep((*kept)[0], dy, BT * C);  // (under LoRA W needs c_attn's alone)
+      if (sp()) row_bias_grad(pi(l, P::FcProjB));
+      linear_done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
+      dev_.gelu_backward(wr(dfch, BT * 4 * Ct), rd(dfch, BT * 4 * Ct), rd(fch_[k].raw(), BT * 4 * Ct), BT * 4 * Ct);  // (elementwise: reads its own copy)
+      if (kept && !frozen()) keep((*kept)[1], dfch, BT * 4 * Ct);
+      a = sp() ? seq_gather(full_.raw(), ln2_[k].raw(), C, layer) : ln2_[k].raw();  // gathered again
+      dev_.linear_backward(wr(dbuf, BT * C), pg(lg(pi(l, P::FcW))), pg(lg(pi(l, P::FcB))), rd(dfch, BT * 4 * Ct), rd(a, BT * C),
+                           pw(w(pi(l, P::FcW))), BT, C, 4 * Ct);
+      dln = column_input_grad(dbuf, layer);  // f's backward
+      linear_done({pi(l, P::FcB), pi(l, P::FcW)});
+    }
     ln_backward(p, dres, pi(l, P::Ln2W), pi(l, P::Ln2B), dln, res2_[k].raw(), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), layer);
     done({pi(l, P::Ln2B), pi(l, P::Ln2W)});
     dy = sp() ? seq_gather(dfull_.raw(), dres, C, layer) : dres;
@@ -627,14 +982,16 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
     const int layer = 1 + l;
     // Under sequence parallelism the row layers' biases were summed in I, and the column layers read
     // their LayerNorm's output gathered once more.
-    if (base) {
-      dev_.linear_backward(nullptr, pg(g(pi(l, P::FcProjW))), pg(sp() ? nullptr : g(pi(l, P::FcProjB))), rd(d[0]), rd(fch_gelu_[k]),
-                           pw(w(pi(l, P::FcProjW))), BT, 4 * Ct, C);
+    if (base && !moe_block(l)) {  // (an MoE block's MLP gradients came in I)
+      dev_.linear_backward(nullptr, pg(g(pi(l, P::FcProjW))), pg(sp() ? nullptr : g(pi(l, P::FcProjB))), rd(d[0]),
+                           rd(fch_gelu_[k].raw(), BT * 4 * Ct), pw(w(pi(l, P::FcProjW))), BT, 4 * Ct, C);
       done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
       const void* a = sp() ? seq_gather(full_.raw(), ln2_[k].raw(), C, layer) : ln2_[k].raw();
       dev_.linear_backward(nullptr, pg(g(pi(l, P::FcW))), pg(g(pi(l, P::FcB))), rd(d[1]), rd(a, BT * C), pw(w(pi(l, P::FcW))), BT, C,
                            4 * Ct);
       done({pi(l, P::FcB), pi(l, P::FcW)});
+    }
+    if (base) {
       dev_.linear_backward(nullptr, pg(g(pi(l, P::AttnProjW))), pg(sp() ? nullptr : g(pi(l, P::AttnProjB))), rd(d[2]), rd(atty_[k]),
                            pw(w(pi(l, P::AttnProjW))), BT, Ct, C);
       done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});

@@ -11,6 +11,7 @@
 // runs a range of its layers (GptRange). On a GPU the same code runs engine/cuda/gpt_kernels.cu.
 #pragma once
 #include <array>
+#include <functional>
 #include <initializer_list>
 #include <utility>
 #include <cstdint>
@@ -22,14 +23,30 @@
 
 namespace dtlab {
 
-// Indices into the parameter list (nanoGPT's named_parameters() order).
+// Indices into the parameter list (nanoGPT's named_parameters() order). A dense block holds 12
+// parameters; an MoE block (MoeSpec) holds its first 8 (ln_1, attn, ln_2), then mlp.router.weight, then
+// each expert's c_fc weight and bias and c_proj weight and bias.
 struct GptParamIndex {
   static constexpr int kWte = 0, kWpe = 1;
-  static constexpr int kPerBlock = 12;
+  static constexpr int kPerBlock = 12;  // a dense block's
   enum Block : int { Ln1W, Ln1B, AttnW, AttnB, AttnProjW, AttnProjB, Ln2W, Ln2B, FcW, FcB, FcProjW, FcProjB };
-  static int block(int l, Block k) { return 2 + kPerBlock * l + k; }
-  static int ln_f_weight(int layers) { return 2 + kPerBlock * layers; }
-  static int ln_f_bias(int layers) { return 3 + kPerBlock * layers; }
+  enum Expert : int { ExFcW, ExFcB, ExProjW, ExProjB };
+  static constexpr int kRouter = 8;  // an MoE block's router, after Ln2B
+  static int per_block(const GptSpec& s, int64_t l) {
+    return s.moe.in_block(l) ? 9 + 4 * static_cast<int>(s.moe.local_experts()) : kPerBlock;
+  }
+  // Block l's first parameter, counted from block `from`'s.
+  static int blocks_between(const GptSpec& s, int from, int l) {
+    int n = 0;
+    for (int b = from; b < l; b++) n += per_block(s, b);
+    return n;
+  }
+  static int block(const GptSpec& s, int l, Block k) { return 2 + blocks_between(s, 0, l) + k; }
+  static int router(const GptSpec& s, int l) { return 2 + blocks_between(s, 0, l) + kRouter; }
+  // e: this rank's expert e (global number first_expert() + e).
+  static int expert(const GptSpec& s, int l, int e, Expert k) { return router(s, l) + 1 + 4 * e + k; }
+  static int ln_f_weight(const GptSpec& s) { return 2 + blocks_between(s, 0, static_cast<int>(s.layers)); }
+  static int ln_f_bias(const GptSpec& s) { return ln_f_weight(s) + 1; }
 };
 
 // The parameter table (names, shapes, offsets in the flat buffers; data and grad left null). `tp`: a
@@ -177,7 +194,67 @@ class GptCore {
   // 1/t of the matmuls and attention), multiply-adds counted twice (the backward is twice that).
   double layer_flops(int layer, int64_t B) const;
 
+  // Mixture of experts (GptSpec::moe; Megatron-core's MoE layer, MoeSpec says which parts). The
+  // load-balancing loss's gradient is `aux_grad_scale` x its own, the factor the caller gives the
+  // cross-entropy's mean (1 / accum, times fp16's loss scale: Megatron's MoEAuxLossAutoScaler).
+  void set_aux_grad_scale(float s) { aux_grad_scale_ = s; }
+  // Expert parallelism (MoeSpec::ep > 1; required before a pass then): the group's all-to-alls
+  // (Megatron's MoEAlltoAllTokenDispatcher). Each MoE block's forward routes its own tokens, sends the
+  // rows of each expert to the rank holding it (after the counts, so each rank knows what it receives),
+  // runs its own experts on the rows of every rank, and sends the outputs back; the backward sends the
+  // output gradients the same way and the input gradients back. The experts' weight gradients are
+  // then sums over the EP group's tokens (DDP reduces them over the expert-data-parallel group).
+  void set_ep_comm(ExpertParallelComm* comm) { ep_comm_ = comm; }
+  ExpertParallelComm* ep_comm() const { return ep_comm_; }
+  // What the router did in the last forward of block l (nullptr for a dense block or before a forward).
+  struct MoeRouting {
+    int64_t tokens = 0;                 // B x T
+    int64_t capacity = 0;               // per expert (0: dropless)
+    std::vector<int64_t> routed;        // E: tokens that chose each expert (before capacity)
+    std::vector<int64_t> kept;          // E: of them, the ones the expert computed
+    int64_t dropped = 0;                // (token, expert) pairs past capacity
+    double aux_loss = 0;                // this block's load-balancing loss (coefficient included)
+  };
+  const MoeRouting* moe_routing(int l) const;
+  // The load-balancing losses of the last forward, summed over this stage's MoE blocks.
+  double aux_loss() const;
+
  private:
+  // One MoE block's routing, kept for its backward (Megatron's probs, routing_map and permutation).
+  struct MoeRoute {
+    std::vector<int32_t> expert;   // (BT, K): token t's k-th choice, by logit, ties to the lower index
+    std::vector<float> prob;       // (BT, K): softmax over the K chosen logits
+    std::vector<uint8_t> kept;     // (BT, K): within the expert's capacity
+    std::vector<float> scores;     // (BT, E): softmax over all logits (the aux loss's P)
+    std::vector<int64_t> offset;   // E + 1: each expert's first row in the permuted buffers
+    std::vector<int32_t> row;      // per permuted row: t x K + k
+    // Expert parallelism: rows from each group rank for each of this rank's experts ((ep, E/ep),
+    // what the counts' all-to-all gave), and each local expert's first row among the received rows
+    // in expert order (E/ep + 1; without EP: offset).
+    std::vector<int64_t> from;
+    std::vector<int64_t> eoff;
+    // The received rows in expert order: input, c_fc's output and GELU's (held for the backward).
+    Tensor ex_x, ex_h, ex_g;
+  };
+  bool ep() const { return s_.moe.ep > 1; }
+  // The rows for group rank j: send_rows()[j] (this rank's permuted rows of j's experts); received
+  // from rank i: recv_rows()[i]; both in rows (x C elements).
+  std::vector<int64_t> send_rows(const MoeRoute& rt) const;
+  std::vector<int64_t> recv_rows(const MoeRoute& rt) const;
+  // Received rows between rank order (rank i's rows for each of my experts) and expert order (expert
+  // e's rows from each rank): `to_expert` true copies rank order into expert order.
+  void regroup(void* dst, const void* src, const MoeRoute& rt, int64_t width, bool to_expert);
+  bool moe_block(int l) const { return s_.moe.in_block(l); }
+  // The router and the dispatch: logits, top-k, softmax, capacity, the aux loss, the permutation.
+  void route(MoeRoute& rt, MoeRouting& stats, const float* logits, int64_t BT);
+  // Block l's MoE MLP on `a` (BT x C, ln_2's output) into dbuf_ (BT x C).
+  const void* moe_forward(std::vector<Parameter>& p, int l, const void* a);
+  // Its backward: dout (BT x C) in, the gradient of `a` into dbuf_ (BT x C); the experts' and the
+  // router's gradients accumulate (and are reported to `ready`, experts from the last, then the router).
+  void moe_backward(std::vector<Parameter>& p, int l, const void* a, const void* dout, const std::function<void(int)>& ready);
+  int pr(int l) const { return pi(l, GptParamIndex::Ln2B) + 1; }  // the router's index
+  int pe(int l, int e, GptParamIndex::Expert k) const { return pr(l) + 1 + 4 * e + k; }
+
   void ensure(int64_t B);
   const void* run_backward(std::vector<Parameter>& p, const void* dlogits, const Model::GradReadyHook& ready, ComputeObserver* obs,
                             LayerGate* gate, LayerHooks* hooks, bool input_only);
@@ -260,7 +337,8 @@ class GptCore {
   // only the weights (its W).
   void lora_backward(int l, void* dinp, const void* dout, const void* in, bool weights, int layer);
   // Indices into the stage's parameters.
-  int pi(int l, GptParamIndex::Block k) const { return block0_ + GptParamIndex::kPerBlock * (l - r_.first_block()) + k; }
+  int pi(int l, GptParamIndex::Block k) const { return boff_[local(l)] + k; }
+  std::vector<int> boff_;  // each of the stage's blocks' first parameter
   bool checkpointing_ = false;
   bool checkpointed_alloc_ = false;  // the layout the buffers were allocated for
   GptSpec s_;
@@ -299,6 +377,15 @@ class GptCore {
   // adapter's input gradient (B*T x C), and A's partial gradient under TP (r x C).
   Tensor lora_t_, lora_u_, lora_dx_, lora_part_;
   Tensor tokens_;  // the last forward's token ids (B x T), copied: idx_ points here
+  // MoE blocks (per slot, as the other saved tensors): the router's logits (BT, E), and the permuted
+  // rows (BT x K at most): each expert's input (x), c_fc's output and GELU's (fch_, fch_gelu_ at that
+  // size) and its output (y). moe_dx_: the backward's permuted input gradient (BT x K, C).
+  std::vector<Tensor> moe_logits_, moe_x_, moe_y_;
+  std::vector<MoeRoute> routes_;         // per slot
+  std::vector<MoeRouting> moe_stats_;    // per block of the stage (empty for a dense one)
+  Tensor moe_dx_;
+  float aux_grad_scale_ = 1.0f;
+  ExpertParallelComm* ep_comm_ = nullptr;
   // ZB's I keeps, per block, the output gradients of mlp.c_proj, c_fc, attn.c_proj and c_attn, and
   // the head's dlogits, for W.
   std::vector<std::array<Tensor, 4>> douts_;

@@ -3,6 +3,8 @@
 // (engine/core/gpt.h; the model itself is engine/core/gpt.cpp).
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <random>
 #include <string>
@@ -27,9 +29,88 @@ bool GptSpec::names_gpt(std::string_view text) {
   return text.substr(0, 4) == "gpt:" || text == "gpt-tiny" || text == "gpt2-124m";
 }
 
+int64_t GptSpec::block_params(int64_t l) const {
+  const int64_t C = embd;
+  if (!moe.in_block(l)) return 12 * C * C + 13 * C;
+  return 4 * C * C + 8 * C + moe.experts * C + moe.local_experts() * (8 * C * C + 5 * C);
+}
+
 int64_t GptSpec::num_params() const {
   const int64_t C = embd;
-  return vocab * C + ctx * C + layers * (12 * C * C + 13 * C) + 2 * C;
+  int64_t n = vocab * C + ctx * C + 2 * C;
+  for (int64_t l = 0; l < layers; l++) n += block_params(l);
+  return n;
+}
+
+std::string MoeSpec::str() const {
+  if (!on()) return "";
+  std::string s = "experts=" + std::to_string(experts) + ",top_k=" + std::to_string(top_k);
+  auto num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return std::string(buf);
+  };
+  if (capacity > 0) s += ",capacity=" + num(capacity);
+  if (every != 1) s += ",every=" + std::to_string(every);
+  s += ",aux=" + num(aux);
+  return s;
+}
+
+MoeSpec MoeSpec::parse(std::string_view text) {
+  static constexpr std::string_view kHow =
+      "; write it as experts=E,top_k=K[,capacity=F][,every=N][,aux=A] (e.g. --moe experts=4,top_k=2,capacity=1.25)";
+  const std::string whole(text);
+  MoeSpec m;
+  bool seen[5] = {};
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view part = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    const size_t eq = part.find('=');
+    static constexpr std::string_view kKeys[5] = {"experts", "top_k", "capacity", "every", "aux"};
+    const std::string_view key = part.substr(0, eq);
+    const int k = static_cast<int>(std::find(kKeys, kKeys + 5, key) - kKeys);
+    if (eq == std::string_view::npos || k == 5)
+      throw Error("--moe '" + whole + "' has '" + std::string(part) + "' where experts=, top_k=, capacity=, every= or aux= belongs" +
+                  std::string(kHow));
+    if (seen[k]) throw Error("--moe '" + whole + "' gives " + std::string(key) + " twice; give each once");
+    seen[k] = true;
+    const std::string val(part.substr(eq + 1));
+    char* end = nullptr;
+    const double v = val.empty() ? std::nan("") : std::strtod(val.c_str(), &end);
+    const bool whole_number = k == 0 || k == 1 || k == 3;
+    if (val.empty() || end != val.c_str() + val.size() || !std::isfinite(v) || (whole_number && v != std::floor(v)))
+      throw Error("--moe '" + whole + "' has " + std::string(key) + "='" + val + "', which is not " +
+                  (whole_number ? "a whole number" : "a number") + std::string(kHow));
+    switch (k) {
+      case 0:
+        if (v < 2 || v > 256) throw Error("--moe '" + whole + "' has experts=" + val + "; use 2 to 256 experts");
+        m.experts = static_cast<int64_t>(v);
+        break;
+      case 1:
+        if (v < 1) throw Error("--moe '" + whole + "' has top_k=" + val + "; each token goes to at least 1 expert");
+        m.top_k = static_cast<int64_t>(v);
+        break;
+      case 2:
+        if (v <= 0 || v > 64)
+          throw Error("--moe '" + whole + "' has capacity=" + val + "; the capacity factor is above 0 (1.0: an even share) and at most 64");
+        m.capacity = v;
+        break;
+      case 3:
+        if (v < 1 || v > 1024) throw Error("--moe '" + whole + "' has every=" + val + "; use every=1 (each block) or more");
+        m.every = static_cast<int64_t>(v);
+        break;
+      default:
+        if (v < 0 || v > 100) throw Error("--moe '" + whole + "' has aux=" + val + "; the loss coefficient is from 0 to 100 (Switch uses 0.01)");
+        m.aux = v;
+    }
+  }
+  if (!seen[0] || !seen[1]) throw Error("--moe '" + whole + "' does not give " + (seen[0] ? "top_k" : "experts") + std::string(kHow));
+  if (m.top_k > m.experts)
+    throw Error("--moe '" + whole + "' has top_k=" + std::to_string(m.top_k) + " with " + std::to_string(m.experts) +
+                " experts; a token picks at most every expert once, so use top_k of at most " + std::to_string(m.experts));
+  return m;
 }
 
 std::string GptSpec::str() const {
@@ -118,6 +199,17 @@ std::vector<Parameter> gpt_parameters(const GptSpec& s, int tp) {
     add(h + "attn.c_proj.bias", {C});
     add(h + "ln_2.weight", {C});
     add(h + "ln_2.bias", {C});
+    if (s.moe.in_block(l)) {  // the router, then each expert's MLP (whole: MoE refuses --tp)
+      add(h + "mlp.router.weight", {s.moe.experts, C});
+      for (int64_t e = s.moe.first_expert(); e < s.moe.first_expert() + s.moe.local_experts(); e++) {  // this rank's
+        const std::string x = h + "mlp.experts." + std::to_string(e) + ".";
+        add(x + "c_fc.weight", {4 * C, C});
+        add(x + "c_fc.bias", {4 * C});
+        add(x + "c_proj.weight", {C, 4 * C});
+        add(x + "c_proj.bias", {C});
+      }
+      continue;
+    }
     add(h + "mlp.c_fc.weight", {4 * Ct, C});  // column-parallel
     add(h + "mlp.c_fc.bias", {4 * Ct});
     add(h + "mlp.c_proj.weight", {C, 4 * Ct});  // row-parallel
@@ -191,25 +283,24 @@ std::vector<Parameter> gpt_stage_parameters(const GptSpec& s, GptRange r, int tp
     offset += q.numel;
   };
   using P = GptParamIndex;
-  const int L = static_cast<int>(s.layers);
   if (r.embeds()) {
     take(full[P::kWte], full[P::kWte].name);
     take(full[P::kWpe], full[P::kWpe].name);
   }
   for (int l = r.first_block(); l < r.end_block(s); l++)
-    for (int k = 0; k < P::kPerBlock; k++) {
-      const Parameter& q = full[static_cast<size_t>(P::block(l, static_cast<P::Block>(k)))];
+    for (int k = 0; k < P::per_block(s, l); k++) {
+      const Parameter& q = full[static_cast<size_t>(P::block(s, l, static_cast<P::Block>(k)))];
       take(q, q.name);
     }
   if (r.heads(s)) {
-    for (int i : {P::ln_f_weight(L), P::ln_f_bias(L)}) take(full[static_cast<size_t>(i)], full[static_cast<size_t>(i)].name);
+    for (int i : {P::ln_f_weight(s), P::ln_f_bias(s)}) take(full[static_cast<size_t>(i)], full[static_cast<size_t>(i)].name);
     if (!r.embeds()) take(full[P::kWte], "lm_head.weight");
   }
   return ps;
 }
 
 std::vector<int64_t> gpt_stage_sources(const GptSpec& s, GptRange r) {
-  const std::vector<Parameter> whole = gpt_parameters(s);
+  const std::vector<Parameter> whole = gpt_parameters(s.whole());
   std::vector<int64_t> out;
   for (const Parameter& p : gpt_stage_parameters(s, r)) {
     const std::string name = p.name == "lm_head.weight" ? "transformer.wte.weight" : p.name;
@@ -227,7 +318,8 @@ void gpt_init_draws(const GptSpec& s, std::mt19937& gen, std::vector<float>& v);
 
 }  // namespace
 
-std::vector<float> gpt_init_values(const GptSpec& s, uint64_t seed) {
+std::vector<float> gpt_init_values(const GptSpec& spec, uint64_t seed) {
+  const GptSpec s = spec.whole();
   DTLAB_CHECK(s.vocab >= 2, "gpt_init_values: the vocabulary must be known");
   std::vector<float> v(static_cast<size_t>(s.num_params()));
   std::mt19937 gen(static_cast<uint32_t>(seed));
@@ -235,7 +327,8 @@ std::vector<float> gpt_init_values(const GptSpec& s, uint64_t seed) {
   return v;
 }
 
-std::vector<float> gpt_lora_init_values(const GptSpec& s, const LoraSpec& lora, uint64_t seed, int first_block, int end_block) {
+std::vector<float> gpt_lora_init_values(const GptSpec& spec, const LoraSpec& lora, uint64_t seed, int first_block, int end_block) {
+  const GptSpec s = spec.whole();
   std::vector<float> base(static_cast<size_t>(s.num_params()));
   std::mt19937 gen(static_cast<uint32_t>(seed));
   gpt_init_draws(s, gen, base);  // the model's own draws come first
@@ -269,32 +362,62 @@ void gpt_init_draws(const GptSpec& s, std::mt19937& gen, std::vector<float>& v) 
     const double bb = 1.0 / std::sqrt(static_cast<double>(fan_in));
     torch_uniform_range(gen, at(b), numel(b), -bb, bb);
   };
+  auto blk = [&](int l, P::Block k) { return P::block(s, l, k); };
+  auto ex = [&](int l, int e, P::Expert k) { return P::expert(s, l, e, k); };
+  const int E = static_cast<int>(s.moe.experts);
   for (int l = 0; l < L; l++) {
-    linear_ctor(P::block(l, P::AttnW), P::block(l, P::AttnB), C);
-    linear_ctor(P::block(l, P::AttnProjW), P::block(l, P::AttnProjB), C);
-    linear_ctor(P::block(l, P::FcW), P::block(l, P::FcB), C);
-    linear_ctor(P::block(l, P::FcProjW), P::block(l, P::FcProjB), 4 * C);
+    linear_ctor(blk(l, P::AttnW), blk(l, P::AttnB), C);
+    linear_ctor(blk(l, P::AttnProjW), blk(l, P::AttnProjB), C);
+    if (s.moe.in_block(l)) {  // nn.Linear(C, E, bias=False), then each expert's MLP
+      const int r = P::router(s, l);
+      torch_uniform_range(gen, at(r), numel(r), -linear_kaiming_bound(C), linear_kaiming_bound(C));
+      for (int e = 0; e < E; e++) {
+        linear_ctor(ex(l, e, P::ExFcW), ex(l, e, P::ExFcB), C);
+        linear_ctor(ex(l, e, P::ExProjW), ex(l, e, P::ExProjB), 4 * C);
+      }
+      continue;
+    }
+    linear_ctor(blk(l, P::FcW), blk(l, P::FcB), C);
+    linear_ctor(blk(l, P::FcProjW), blk(l, P::FcProjB), 4 * C);
   }
   for (int l = 0; l < L; l++)
-    for (P::Block k : {P::Ln1W, P::Ln2W}) std::fill_n(at(P::block(l, k)), C, 1.0f);
-  std::fill_n(at(P::ln_f_weight(L)), C, 1.0f);
+    for (P::Block k : {P::Ln1W, P::Ln2W}) std::fill_n(at(blk(l, k)), C, 1.0f);
+  std::fill_n(at(P::ln_f_weight(s)), C, 1.0f);
   // lm_head = nn.Linear(C, V, bias=False): its kaiming draws, into the weight wte is then tied to.
   torch_uniform_range(gen, at(P::kWte), numel(P::kWte), -linear_kaiming_bound(C), linear_kaiming_bound(C));
-  // self.apply(self._init_weights): children first, so wte, wpe, each block's Linears, then lm_head.
+  // self.apply(self._init_weights): children first, so wte, wpe, each block's Linears (an MoE block's
+  // router, then its experts' c_fc and c_proj), then lm_head.
   torch_normal(gen, at(P::kWte), numel(P::kWte), 0.0f, 0.02f);
   torch_normal(gen, at(P::kWpe), numel(P::kWpe), 0.0f, 0.02f);
-  static constexpr std::pair<P::Block, P::Block> kLinears[] = {
-      {P::AttnW, P::AttnB}, {P::AttnProjW, P::AttnProjB}, {P::FcW, P::FcB}, {P::FcProjW, P::FcProjB}};
-  for (int l = 0; l < L; l++)
-    for (const auto& [w, b] : kLinears) {
-      torch_normal(gen, at(P::block(l, w)), numel(P::block(l, w)), 0.0f, 0.02f);
-      std::fill_n(at(P::block(l, b)), numel(P::block(l, b)), 0.0f);
+  auto linear_init = [&](int w, int b) {
+    torch_normal(gen, at(w), numel(w), 0.0f, 0.02f);
+    if (b >= 0) std::fill_n(at(b), numel(b), 0.0f);
+  };
+  for (int l = 0; l < L; l++) {
+    linear_init(blk(l, P::AttnW), blk(l, P::AttnB));
+    linear_init(blk(l, P::AttnProjW), blk(l, P::AttnProjB));
+    if (s.moe.in_block(l)) {
+      linear_init(P::router(s, l), -1);
+      for (int e = 0; e < E; e++) {
+        linear_init(ex(l, e, P::ExFcW), ex(l, e, P::ExFcB));
+        linear_init(ex(l, e, P::ExProjW), ex(l, e, P::ExProjB));
+      }
+      continue;
     }
+    linear_init(blk(l, P::FcW), blk(l, P::FcB));
+    linear_init(blk(l, P::FcProjW), blk(l, P::FcProjB));
+  }
   torch_normal(gen, at(P::kWte), numel(P::kWte), 0.0f, 0.02f);  // lm_head's weight: the tied one
-  // The residual projections again, in named_parameters() order (GPT-2's scaled init).
+  // The residual projections again (every name ending in c_proj.weight, the experts' too), in
+  // named_parameters() order (GPT-2's scaled init).
   const float proj_std = static_cast<float>(0.02 / std::sqrt(2.0 * static_cast<double>(L)));
-  for (int l = 0; l < L; l++)
-    for (P::Block k : {P::AttnProjW, P::FcProjW}) torch_normal(gen, at(P::block(l, k)), numel(P::block(l, k)), 0.0f, proj_std);
+  for (int l = 0; l < L; l++) {
+    torch_normal(gen, at(blk(l, P::AttnProjW)), numel(blk(l, P::AttnProjW)), 0.0f, proj_std);
+    if (s.moe.in_block(l))
+      for (int e = 0; e < E; e++) torch_normal(gen, at(ex(l, e, P::ExProjW)), numel(ex(l, e, P::ExProjW)), 0.0f, proj_std);
+    else
+      torch_normal(gen, at(blk(l, P::FcProjW)), numel(blk(l, P::FcProjW)), 0.0f, proj_std);
+  }
 }
 
 }  // namespace

@@ -8,19 +8,61 @@
 
 namespace dtlab {
 
+// A mixture of experts in place of chosen blocks' MLP (`--moe experts=E,top_k=K[,capacity=F][,every=N][,aux=A]`;
+// docs/strategies.md, "Mixture of experts"). Megatron-core's MoE layer is the reference
+// (docs/course_sources.md §6i): a linear router without bias, top-k of its logits with ties to the lower
+// expert index, softmax over the k chosen logits (moe_router_pre_softmax off), capacity
+// ceil(tokens x K / E x F) per expert with the tokens past it dropped in token order (drop policy
+// "position"; F 0: no capacity, nothing dropped), and the Switch Transformer's load-balancing loss
+// E x A / (K x T^2) x sum_e (sum_t softmax(logits)_te) x tokens_e, per micro-batch. Each expert is
+// nanoGPT's MLP (c_fc, GELU, c_proj, with biases). Blocks l with l % every == 0 take it (moe_layer_freq).
+struct MoeSpec {
+  int64_t experts = 0;    // E (0: no MoE)
+  int64_t top_k = 0;      // K
+  double capacity = 0;    // F (0: dropless)
+  int64_t every = 1;      // 1: every block; 2: blocks 0, 2, 4, ...
+  double aux = 0.01;      // the load-balancing loss's coefficient (Switch Transformer's alpha)
+  // Expert parallelism (--ep; not part of str()): the experts split over `ep` ranks, expert-parallel
+  // rank `ep_rank` holding experts [ep_rank E/ep, (ep_rank + 1) E/ep) of each MoE block. A spec is
+  // one rank's model: its parameter table lists only those experts (under their global numbers).
+  int64_t ep = 1;
+  int64_t ep_rank = 0;
+
+  bool on() const { return experts > 0; }
+  int64_t local_experts() const { return experts / ep; }
+  int64_t first_expert() const { return ep_rank * local_experts(); }
+  bool in_block(int64_t l) const { return on() && l % every == 0; }
+  std::string str() const;  // "experts=4,top_k=2,capacity=1.25,every=2,aux=0.01" (capacity and every left out at 0 and 1)
+  // Parses --moe's text; dtlab::Error with one sentence naming the wrong part and how to write it.
+  static MoeSpec parse(std::string_view text);
+};
+
 struct GptSpec {
   int64_t layers = 0;  // n_layer
   int64_t heads = 0;   // n_head
   int64_t embd = 0;    // n_embd (C)
   int64_t ctx = 0;     // block_size (T): tokens per sample
   int64_t vocab = 0;   // vocab_size (V); 0: taken from the data
+  MoeSpec moe = {};    // MoE blocks (off unless --moe)
 
   bool empty() const { return layers == 0; }
   int64_t head_size() const { return heads ? embd / heads : 0; }
   // nanoGPT's parameter count with the tied lm_head counted once (what named_parameters() lists):
-  // wte V*C, wpe T*C, per block 12C^2 + 13C, ln_f 2C.
+  // wte V*C, wpe T*C, per block 12C^2 + 13C (an MoE block: 4C^2 + 8C, the router EC, and E experts
+  // of 8C^2 + 5C), ln_f 2C.
   int64_t num_params() const;
-  std::string str() const;  // "gpt:layers=4,heads=4,embd=128,ctx=64,vocab=65" (vocab left out when 0)
+  // Parameters of block l (the per-block part of num_params()).
+  int64_t block_params(int64_t l) const;
+  // The whole model: this spec with every expert (ep 1).
+  GptSpec whole() const {
+    GptSpec w = *this;
+    w.moe.ep = 1;
+    w.moe.ep_rank = 0;
+    return w;
+  }
+  // "gpt:layers=4,heads=4,embd=128,ctx=64,vocab=65" (vocab left out when 0). The MoE is not part of it
+  // (it is --moe's, MoeSpec::str()).
+  std::string str() const;
 
   // Parses the text after "gpt:" (or a whole preset name: "gpt-tiny", "gpt2-124m"); dtlab::Error with
   // one sentence naming the wrong part and how to write it.

@@ -146,10 +146,11 @@ std::vector<Model::WrapUnit> Model::wrap_units() const {
   }
   if (gpt_) {
     const int L = static_cast<int>(spec_.gpt.layers);
-    units.push_back({{GptParamIndex::kWte, GptParamIndex::kWpe, GptParamIndex::ln_f_weight(L), GptParamIndex::ln_f_bias(L)}, {0, L + 1}, true});
+    const GptSpec& g = spec_.gpt;
+    units.push_back({{GptParamIndex::kWte, GptParamIndex::kWpe, GptParamIndex::ln_f_weight(g), GptParamIndex::ln_f_bias(g)}, {0, L + 1}, true});
     for (int l = 0; l < L; l++) {
       WrapUnit u;
-      for (int k = 0; k < GptParamIndex::kPerBlock; k++) u.params.push_back(GptParamIndex::block(l, static_cast<GptParamIndex::Block>(k)));
+      for (int k = 0; k < GptParamIndex::per_block(g, l); k++) u.params.push_back(GptParamIndex::block(g, l, static_cast<GptParamIndex::Block>(k)));
       u.layers = {1 + l};
       units.push_back(std::move(u));
     }
@@ -553,6 +554,7 @@ std::unique_ptr<GptCore> Model::gpt_activations() const {
   auto core = std::make_unique<GptCore>(spec_.gpt, tracker_, device_, gpt_range_, tp_);
   core->set_checkpointing(checkpointing_);
   core->set_tp_comm(tp_comm_);
+  core->set_ep_comm(ep_comm_);
   core->set_lora(gpt_->lora());
   core->set_precision(precision_);
   return core;
@@ -567,11 +569,25 @@ const void* Model::gpt_forward(GptCore& acts, const int64_t* idx, const void* x,
   return acts.forward(gpt_params(), idx, B, observer_, gate_, hooks_, x);
 }
 
+void Model::set_expert_parallel_comm(ExpertParallelComm* c) {
+  ep_comm_ = c;
+  if (gpt_) gpt_->set_ep_comm(c);
+}
+
+void Model::set_aux_grad_scale(float s) {
+  aux_grad_scale_ = s;
+  if (gpt_) gpt_->set_aux_grad_scale(s);
+}
+
+double Model::aux_loss() const { return gpt_ ? gpt_->aux_loss() : 0.0; }
+
 const void* Model::gpt_backward(GptCore& acts, const void* dout, const GradReadyHook& on_grad_ready) {
+  acts.set_aux_grad_scale(aux_grad_scale_);
   return acts.backward(gpt_params(), dout, on_grad_ready, observer_, gate_, hooks_);
 }
 
 const void* Model::gpt_backward_input(GptCore& acts, const void* dout) {
+  acts.set_aux_grad_scale(aux_grad_scale_);
   return acts.backward_input(gpt_params(), dout, {}, observer_, gate_, hooks_);
 }
 
@@ -830,10 +846,12 @@ void upload_gpt_whole_values(Model& model, const float* whole) {
   const GptRange range = model.gpt_range();
   std::vector<float> mine;
   const float* values = whole;
-  if (!range.whole(g)) {  // the stage's parameters (the head's copy: wte's values)
+  if (!range.whole(g) || g.moe.ep > 1) {  // the stage's parameters (the head's copy: wte's values; this rank's experts)
     const std::vector<Parameter> stage = gpt_stage_parameters(g, range);
     const std::vector<int64_t> from = gpt_stage_sources(g, range);
-    mine.resize(static_cast<size_t>(stage.back().offset + stage.back().numel));
+    int64_t n = 0;  // (the stage's whole values: a TP shard cuts its own out of them below)
+    for (const Parameter& q : stage) n = std::max(n, q.offset + q.numel);
+    mine.resize(static_cast<size_t>(n));
     for (size_t k = 0; k < stage.size(); k++) std::copy_n(whole + from[k], stage[k].numel, mine.begin() + stage[k].offset);
     values = mine.data();
   }

@@ -87,6 +87,19 @@ class TensorParallelComm {
   void reduce_scatter(float* out, const float* in, int64_t n, int layer) { reduce_scatter(out, in, n, DType::F32, layer); }
 };
 
+// An MoE layer's expert-parallel group (GptCore; MoeSpec::ep): its dispatch and combine, implemented
+// above the core (engine/parallel/expert_parallel.h) over a process group. all_to_all: block j of `in`
+// (count elements) to group rank j, block i of `out` from rank i. all_to_all_v: send_counts[j]
+// elements of `in` (packed in rank order) to rank j, recv_counts[i] from rank i into `out` (packed).
+// `layer` names the block that asks (events and labels).
+class ExpertParallelComm {
+ public:
+  virtual ~ExpertParallelComm() = default;
+  virtual void all_to_all(void* out, const void* in, int64_t count, DType dtype, int layer) = 0;
+  virtual void all_to_all_v(void* out, const std::vector<int64_t>& recv_counts, const void* in,
+                            const std::vector<int64_t>& send_counts, DType dtype, int layer) = 0;
+};
+
 // Called around every layer's forward and backward (FSDP gathers a unit's parameters before its
 // first layer runs and frees or reduce-scatters after its last).
 class LayerHooks {
@@ -187,6 +200,8 @@ class Model {
   // adapted weight is merged, W + scaling * B A (peft's merge_and_unload), the biases as they are.
   std::vector<float> merged_params() const;
   void set_tensor_parallel_comm(TensorParallelComm* c);
+  // An expert-parallel GPT's EP group (GptCore::set_ep_comm; the spec's moe.ep > 1).
+  void set_expert_parallel_comm(ExpertParallelComm* c);
 
   Device& device() const { return device_; }
   // All parameters, flat in parameters() order, to or from host memory (P floats).
@@ -289,6 +304,11 @@ class Model {
   const void* gpt_backward_input(GptCore& acts, const void* dout);
   void gpt_backward_weight(GptCore& acts);
   void backward(const float* dlogits, const GradReadyHook& on_grad_ready = {});
+  // A GPT with MoE blocks: the factor its load-balancing losses' gradients take, the one the caller
+  // gives the cross-entropy's mean (1 / accumulation steps, times fp16's loss scale; GptCore says
+  // more), and their sum in the last forward (0 without MoE).
+  void set_aux_grad_scale(float s);
+  double aux_loss() const;
   int64_t batch() const { return batch_; }
   // The last forward()'s input (device memory, batch() rows) and layer i's output there; null
   // before the first forward, for a layer the branch bypassed, and under mixed precision (16-bit).
@@ -418,6 +438,8 @@ class Model {
   LoraPartial lora_partial(const Layer& L) const;
   void sum_lora_grad(const Layer& L);  // TP: all-reduce the partial gradient, add it
   ModelSpec spec_;
+  float aux_grad_scale_ = 1.0f;
+  ExpertParallelComm* ep_comm_ = nullptr;
   std::unique_ptr<GptCore> gpt_;  // a GPT's layers (engine/core/gpt.h); null for the MLP
   GptRange gpt_range_;            // its layers: the whole model, or a pipeline stage's
   TensorParallelSpec tp_;

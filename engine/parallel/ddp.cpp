@@ -218,16 +218,48 @@ DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& com
               "gradient_as_bucket_view with float32 buckets for 16-bit gradients; drop one of them");
   const auto& ps = model_.parameters();
   for (const auto& p : ps) param_label_.push_back(ctx_ && ctx_->recorder() ? ctx_->recorder()->intern(p.name) : -1);
+  kept_at_.assign(ps.size(), 0);
+  for (int i : opt_.ignored) {
+    DTLAB_CHECK(i >= 0 && i < static_cast<int>(ps.size()), "DDP: an ignored parameter index is out of range");
+    kept_at_[static_cast<size_t>(i)] = -1;
+  }
+  for (int i = 0; i < static_cast<int>(ps.size()); i++)
+    if (kept_at_[static_cast<size_t>(i)] >= 0) {
+      kept_at_[static_cast<size_t>(i)] = static_cast<int>(kept_.size());
+      kept_.push_back(i);
+    }
   if (ctx_) ctx_->set_activity("constructing DDP: checking parameter shapes across ranks");
   verify_shapes();
-  // Every rank starts from rank 0's parameters (torch's _sync_module_states).
+  // Every rank starts from rank 0's parameters (torch's _sync_module_states): all at once, or each run
+  // of the parameters it does not ignore.
   if (ctx_) ctx_->set_activity("constructing DDP: broadcasting parameters from rank 0");
-  void* const params = model_.mixed() ? static_cast<void*>(model_.params16()) : static_cast<void*>(model_.params());
-  comm_.broadcast(params, model_.num_params(), model_.param_dtype(), 0)->wait();
+  char* const params = model_.mixed() ? reinterpret_cast<char*>(model_.params16()) : reinterpret_cast<char*>(model_.params());
+  const int64_t elem = dtype_size(model_.param_dtype());
+  if (opt_.ignored.empty()) {
+    comm_.broadcast(params, model_.num_params(), model_.param_dtype(), 0)->wait();
+  } else {
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    std::vector<int> by_offset = kept_;
+    std::sort(by_offset.begin(), by_offset.end(), [&](int a, int b) { return ps[static_cast<size_t>(a)].offset < ps[static_cast<size_t>(b)].offset; });
+    for (int i : by_offset) {
+      const Parameter& q = ps[static_cast<size_t>(i)];
+      if (!runs.empty() && runs.back().second == q.offset) runs.back().second += q.numel;
+      else runs.push_back({q.offset, q.offset + q.numel});
+    }
+    for (const auto& [b, e] : runs) comm_.broadcast(params + b * elem, e - b, model_.param_dtype(), 0)->wait();
+  }
 
-  assign(construction_bucket_assignment(parameter_bytes(model_), opt_));
+  std::vector<int64_t> bytes;
+  for (int i : kept_) bytes.push_back(parameter_bytes(model_)[static_cast<size_t>(i)]);
+  assign(from_kept(construction_bucket_assignment(bytes, opt_)));
   hook_ = [this](int p) { mark_ready(p); };
   if (ctx_) ctx_->set_activity("running");
+}
+
+BucketAssignment DistributedDataParallel::from_kept(BucketAssignment a) const {
+  for (auto& b : a.buckets)
+    for (int& p : b) p = kept_[static_cast<size_t>(p)];
+  return a;
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -302,13 +334,14 @@ void DistributedDataParallel::assign(const BucketAssignment& a) {
     bk.label = ctx_ && ctx_->recorder() ? ctx_->recorder()->intern(bk.names) : -1;
   }
   for (size_t p = 0; p < ps.size(); p++)
-    DTLAB_CHECK(bucket_of_[p] >= 0, "parameter " + ps[p].name + " is in no bucket");
+    DTLAB_CHECK(bucket_of_[p] >= 0 || ignored(static_cast<int>(p)), "parameter " + ps[p].name + " is in no bucket");
   if (opt_.gradient_as_bucket_view) {
     // Each .grad becomes its slice of the bucket, keeping what it holds (torch copies the old
     // gradient into the new view on a rebuild). Mixed precision: the buckets are in the gradients'
     // 16-bit dtype (torch's buckets take their gradients' dtype), so grad16 is the view.
     const int64_t elem = dtype_size(bucket_dtype());
     for (size_t p = 0; p < ps.size(); p++) {
+      if (ignored(static_cast<int>(p))) continue;
       DdpBucket& bk = fresh[static_cast<size_t>(bucket_of_[p])];
       void* view = static_cast<char*>(bk.buffer.raw()) + bk.offsets[static_cast<size_t>(slot_of_[p])] * elem;
       void* old = model_.mixed() ? static_cast<void*>(ps[p].grad16) : static_cast<void*>(ps[p].grad);
@@ -352,10 +385,10 @@ void DistributedDataParallel::before_forward() {
   if (!rebuild_due_) return;
   rebuild_due_ = false;
   // Rank 0's gradient-ready order decides, broadcast to every rank (torch's sync_bucket_indices).
-  const int P = static_cast<int>(model_.parameters().size());
+  const int P = static_cast<int>(kept_.size());  // (the order of the parameters DDP reduces, as their kept_ positions)
   if (ctx_) ctx_->set_activity("rebuilding DDP buckets: broadcasting rank 0's gradient order");
   std::vector<int64_t> order(static_cast<size_t>(P), -1);
-  for (size_t i = 0; i < ready_order_.size() && i < order.size(); i++) order[i] = ready_order_[i];
+  for (size_t i = 0; i < ready_order_.size() && i < order.size(); i++) order[i] = kept_at_[static_cast<size_t>(ready_order_[i])];
   Device& dev = model_.device();
   Tensor staged({P}, MemCategory::Other, nullptr, DType::I64, dev);
   dev.upload(staged.raw(), order.data(), staged.nbytes());
@@ -367,7 +400,9 @@ void DistributedDataParallel::before_forward() {
   for (int i = 0; i < P; i++)
     DTLAB_CHECK(sorted[static_cast<size_t>(i)] == i, "rank 0's gradient-ready order misses a parameter");
   generation_++;
-  assign(rebuilt_bucket_assignment(parameter_bytes(model_), ready, opt_.first_bucket_bytes, opt_.bucket_cap_bytes));
+  std::vector<int64_t> bytes;
+  for (int i : kept_) bytes.push_back(parameter_bytes(model_)[static_cast<size_t>(i)]);
+  assign(from_kept(rebuilt_bucket_assignment(bytes, ready, opt_.first_bucket_bytes, opt_.bucket_cap_bytes)));
   if (ctx_) ctx_->set_activity("running");
 }
 
@@ -388,12 +423,12 @@ void DistributedDataParallel::prepare_for_backward(bool sync) {
   if (opt_.find_unused_parameters) {
     // torch walks the autograd graph from the outputs; what it cannot reach is ready at once.
     for (int p = 0; p < static_cast<int>(model_.parameters().size()); p++)
-      if (!model_.parameter_used(p)) mark_ready(p);
+      if (!model_.parameter_used(p) && !ignored(p)) mark_ready(p);
   }
 }
 
 void DistributedDataParallel::mark_ready(int p) {
-  if (!syncing_) return;  // no_sync: gradients accumulate in .grad
+  if (!syncing_ || ignored(p)) return;  // no_sync: gradients accumulate in .grad; an ignored one is not DDP's
   DTLAB_CHECK(!ready_[static_cast<size_t>(p)],
               "DDP: parameter " + model_.parameters()[static_cast<size_t>(p)].name +
                   " was marked ready twice in one backward pass");
@@ -542,7 +577,7 @@ void DistributedDataParallel::finalize_backward() {
     if (!opt_.gradient_as_bucket_view) copy_back(bk);
   }
   if (generation_ == 0 && opt_.rebuild_buckets && !opt_.find_unused_parameters &&
-      ready_order_.size() == model_.parameters().size())
+      ready_order_.size() == kept_.size())
     rebuild_due_ = true;
 }
 

@@ -125,6 +125,10 @@ struct DdpOptions {
   // labeled as such; older torch releases behaved this way).
   bool sized_first_iteration = false;
   CommHookSpec comm_hook;  // --comm-hook
+  // Parameters DDP leaves alone (torch's _ddp_params_and_buffers_to_ignore): not broadcast at
+  // construction, in no bucket, never averaged; expert parallelism reduces its experts itself
+  // (engine/parallel/expert_parallel.h). Indices into model.parameters().
+  std::vector<int> ignored;
 };
 
 struct DdpBucket {
@@ -256,6 +260,12 @@ class DistributedDataParallel {
   std::vector<DdpBucket> buckets_;
   BucketAssignment assignment_;           // what buckets_ was built from
   std::vector<int> bucket_of_, slot_of_;  // per parameter
+  // The parameters DDP reduces (all but DdpOptions::ignored), and each parameter's place among them
+  // (-1: ignored): the bucket assignments walk only these, as torch's reducer never sees the others.
+  std::vector<int> kept_, kept_at_;
+  bool ignored(int p) const { return kept_at_[static_cast<size_t>(p)] < 0; }
+  // An assignment over kept_ positions, in parameter indices.
+  BucketAssignment from_kept(BucketAssignment a) const;
   std::vector<int32_t> param_label_;
   std::vector<char> ready_;               // per parameter, this pass
   int next_launch_ = 0;

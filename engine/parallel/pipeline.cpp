@@ -619,6 +619,7 @@ Tensor PipelineRank::gpt_backward(int stage, int mb, Tensor dout, bool input_onl
     device_.cross_entropy_backward(dout.f32(), st.probs.f32(), y_ + st.offset * T, R, V, loss_scale_);
   }
   st.probs = Tensor();
+  model.set_aux_grad_scale(loss_scale_ * static_cast<float>(R));  // MoE's loss weighs as this micro-batch's mean cross-entropy
   // ZB-H1's I leaves the Linear layers' weight gradients to W, which releases the activations.
   const void* dinp = input_only ? model.gpt_backward_input(*st.gpt, dout.raw()) : model.gpt_backward(*st.gpt, dout.raw());
   Tensor out;

@@ -28,6 +28,19 @@ const Combination kCombinations[] = {
      "--amp"},
     {Feature::MixedPrecision, "--model gpt", [](const TrainConfig& c) { return is_mixed(c.amp) && c.model.is_gpt(); },
      "the GPT's layers run --precision's 16-bit layout only", "use --precision bf16, or an mlp model with --amp", true, "--amp"},
+    {Feature::Moe, "an mlp model", [](const TrainConfig& c) { return !c.model.is_gpt(); },
+     "it replaces a transformer block's MLP with experts behind a router", "use --model gpt (e.g. gpt-tiny)", false},
+    {Feature::Moe, "--tp", [](const TrainConfig& c) { return c.tp > 1; },
+     "the experts are whole on each rank (Megatron's expert tensor parallelism is not in this engine)", "drop --tp", true},
+    {Feature::Moe, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
+     "the router and the token dispatch run on the host", "use --device cpu", true},
+    {Feature::ExpertParallel, "--clip-grad-norm", [](const TrainConfig& c) { return c.clip_grad_norm > 0; },
+     "the norm would sum each EP group's experts once beside the replicated parameters", "drop --clip-grad-norm", true},
+    {Feature::ExpertParallel, "--save-sharded", [](const TrainConfig& c) { return !c.save_sharded_path.empty(); },
+     "each rank's shard file would hold its own experts beside the replicated parameters, which the index does not describe",
+     "use --save (rank 0 writes the whole model, every expert gathered)", true},
+    {Feature::ExpertParallel, "--merge-lora", [](const TrainConfig& c) { return c.merge_lora; },
+     "the merged model would need every rank's experts gathered into the frozen base", "save the adapters (drop --merge-lora)", true},
     {Feature::SkipLayer, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
      "it bypasses one of the MLP's Linear layers (DDP's unused-parameters lesson)", "drop --skip-layer, or use an mlp model", false},
 };
@@ -61,6 +74,8 @@ std::vector<Feature> features_used(const TrainConfig& c) {
   if (c.skip_layer >= 0) f.push_back(Feature::SkipLayer);
   if (!c.faults.empty()) f.push_back(Feature::Faults);
   if (c.clip_grad_norm > 0) f.push_back(Feature::ClipGradNorm);
+  if (c.moe.on()) f.push_back(Feature::Moe);
+  if (c.ep > 1) f.push_back(Feature::ExpertParallel);
   return f;
 }
 

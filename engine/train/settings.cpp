@@ -343,6 +343,18 @@ std::vector<Setting> make_settings() {
                         "With --tp: activations outside the Linear pairs split by rows; the all-reduces become reduce-scatter + "
                         "all-gather", 0, 0, false, "true"),
                     DTLAB_FIELD(sequence_parallel)));
+  s.push_back(named(row("--moe", "moe", T::Text, G::Mesh, kBoth,
+                            "A GPT's MLP as a mixture of experts (Megatron-core's router): experts=E,top_k=K[,capacity=F]"
+                            "[,every=N][,aux=A]; capacity F drops the tokens past ceil(tokens x K / E x F) per expert, every=2 "
+                            "puts it in blocks 0, 2, ...; aux is the load-balancing loss's coefficient (0.01)",
+                            0, 0, false, "experts=4,top_k=2"),
+                    DTLAB_FIELD(moe), [](const MoeSpec& m) { return m.str(); },
+                    [](const std::string& text) { return text.empty() ? MoeSpec{} : MoeSpec::parse(text); }));
+  s.push_back(field(row("--ep", "ep", T::Int, G::Mesh, kBoth,
+                        "Expert parallelism (with --moe, --strategy ddp): each MoE block's experts split over groups of EP consecutive "
+                        "ranks; tokens reach their experts by all-to-all, expert gradients are reduced over the ranks holding the same "
+                        "experts", 1, kMaxRanks, true, "2"),
+                    DTLAB_FIELD(ep)));
 
   s.push_back(field(row("--seed", "seed", T::Int, G::Run, kBoth, "Seed for the model init (torch.manual_seed) and the sampler", 0,
                         4294967295.0, true, "7"),

@@ -37,10 +37,12 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*Faults*/ no("faults are injected into the ranks' collectives, and one rank makes none", "use --strategy ddp (or fsdp) --world N"),
          /*Gpt*/ kOk,
          /*ClipGradNorm*/ kOk,
+         /*Moe*/ kOk,
+         /*ExpertParallel*/ no("one rank holds every expert", "use --strategy ddp --world N --ep N"),
      }}},
     {Strategy::Ddp, "ddp", "DistributedDataParallel",
      "replicas on N ranks, gradients all-reduced in buckets during backward",
-     {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, /*SaveSharded*/ kOk, kOk, kOk, /*Gpt*/ kOk, /*ClipGradNorm*/ kOk}}},
+     {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, /*SaveSharded*/ kOk, kOk, kOk, /*Gpt*/ kOk, /*ClipGradNorm*/ kOk, /*Moe*/ kOk}}},
     {Strategy::Dp, "dp", "DataParallel",
      "one process drives N devices: scatter the batch, replicate the module, gather the outputs",
      {{
@@ -59,6 +61,10 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*Faults*/ kOk,
          /*Gpt*/ kOk,
          /*ClipGradNorm*/ kOk,
+         /*Moe*/ no("torch.nn.DataParallel throws its module replicas away after forward, so the load-balancing loss each "
+                    "replica's router computes never reaches the loss (Megatron-core's MoE trains under DDP)",
+                    "use --strategy ddp (or fsdp)"),
+         /*ExpertParallel*/ no("torch.nn.DataParallel has no process groups to split the experts over", "use --strategy ddp with --ep"),
      }}},
     {Strategy::Fsdp, "fsdp", "FullyShardedDataParallel",
      "parameters, gradients and optimizer state sharded over N ranks (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, ZeRO-1)",
@@ -70,6 +76,9 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          kOk, kOk, kOk, kOk, kOk, kOk,
          /*Gpt*/ kOk,
          /*ClipGradNorm*/ kOk,
+         /*Moe*/ kOk,
+         /*ExpertParallel*/ todo("FSDP would need its experts sharded over the expert-data-parallel group, apart from the rest",
+                                 "use --strategy ddp with --ep"),
      }}},
     {Strategy::Pipeline, "pipeline", "torch.distributed.pipelining",
      "the model cut into stages on p ranks, micro-batches flowing through a schedule (GPipe, 1F1B, interleaved, ZB-H1)",
@@ -86,12 +95,14 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          kOk,
          /*Gpt*/ kOk,
          /*ClipGradNorm*/ kOk,
+         /*Moe*/ kOk,
+         /*ExpertParallel*/ todo("a stage's experts would need an EP group inside each stage", "use --strategy ddp with --ep"),
      }}},
 }};
 
 constexpr const char* kFeatureFlags[kFeatureCount] = {
     "--tp", "--sequence-parallel", "--precision", "--lora-rank", "--activation-checkpointing", "--accum",
-    "--world", "dtlab-cli launch", "--device cuda", "--save-sharded", "--skip-layer", "--fault", "--model gpt", "--clip-grad-norm",
+    "--world", "dtlab-cli launch", "--device cuda", "--save-sharded", "--skip-layer", "--fault", "--model gpt", "--clip-grad-norm", "--moe", "--ep",
 };
 
 }  // namespace

@@ -43,8 +43,10 @@ enum class Feature : uint8_t {
   Faults,            // --fault
   Gpt,               // --model gpt (nanoGPT's GPT, engine/core/gpt.h)
   ClipGradNorm,      // --clip-grad-norm
+  Moe,               // --moe (a GPT's mixture of experts)
+  ExpertParallel,    // --ep > 1
 };
-inline constexpr int kFeatureCount = 14;
+inline constexpr int kFeatureCount = 16;
 
 // A feature's support: ok, or the reason it is refused and what to do instead (two clauses
 // of the sentence "FLAG with --strategy S: WHY; FIX").

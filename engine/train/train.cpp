@@ -167,6 +167,19 @@ void validate_fsdp2_reshard(const TrainConfig& c) {
                 "; use a divisor, true or false");
 }
 
+// --ep against --moe and the world (one sentence each); what it runs with is compose.cpp's.
+void validate_expert_parallel(const TrainConfig& c) {
+  if (c.ep == 1) return;
+  if (c.ep < 1) throw Error("--ep " + std::to_string(c.ep) + " is not a group size; use 1 (off) or more");
+  if (!c.moe.on()) throw Error("--ep " + std::to_string(c.ep) + " splits the MoE blocks' experts over ranks; add --moe experts=E,top_k=K");
+  if (c.world_size % c.ep != 0)
+    throw Error("--ep " + std::to_string(c.ep) + " does not divide --world " + std::to_string(c.world_size) +
+                "; expert-parallel groups are runs of --ep consecutive ranks, so pick an --ep that divides the world");
+  if (c.moe.experts % c.ep != 0)
+    throw Error("--ep " + std::to_string(c.ep) + " gives each rank experts/ep experts, but --moe has " + std::to_string(c.moe.experts) +
+                " experts, which do not divide by " + std::to_string(c.ep) + "; use an --ep that divides the experts");
+}
+
 void validate(const TrainConfig& c) {
   // The GPT's refusals first: the MLP's checks below read its layer widths.
   if (c.model.is_gpt()) check_composition(c);
@@ -242,6 +255,7 @@ void validate(const TrainConfig& c) {
     if (c.ddp.first_bucket_bytes < 1) throw Error("--first-bucket-mb is too small: a bucket must hold at least 1 byte");
   }
   validate_tensor_parallel(c);
+  validate_expert_parallel(c);
   if (!c.save_path.empty()) check_output_path("--save", c.save_path);
   if (!c.save_sharded_path.empty()) {
     check_sharded_output_dir("--save-sharded", c.save_sharded_path);
@@ -430,6 +444,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   if (ds.n == 0) throw Error("data " + config_.data + " holds no samples");
   // vocab= left out: the data's vocabulary (a text's distinct characters).
   if (spec.is_gpt() && ds.is_tokens() && config_.model.gpt.vocab == 0) config_.model.gpt.vocab = std::max<int64_t>(ds.num_classes, 2);
+  if (spec.is_gpt()) config_.model.gpt.moe = config_.moe;  // (check_composition refused --moe for an MLP)
   check_data_fits_model(ds, spec);
   // Same count a DataLoader over this rank's DistributedSampler gives.
   // DataParallel has one loader, rank 0's, whose batches hold every device's piece.
@@ -477,14 +492,26 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
     MemoryTracker* mem = pipeline ? nullptr : in_world ? &world_->threads().memory(r) : memory_.get();
     Device& dev = pipeline ? cpu_device() : device(r);  // the pipeline's full copy stays on the host
     dev.bind_thread();
-    models_.push_back(std::make_unique<Model>(spec, mem, config_.seed + static_cast<uint64_t>(r), dev));
+    // Expert parallelism: rank r holds its EP rank's experts, from the seed every rank uses, so the
+    // ranks holding the same experts start equal (Megatron's expert-parallel RNG); DDP broadcasts the rest.
+    ModelSpec mine = spec;
+    if (config_.ep > 1) {
+      mine.gpt.moe.ep = config_.ep;
+      mine.gpt.moe.ep_rank = r % config_.ep;
+    }
+    models_.push_back(std::make_unique<Model>(mine, mem, config_.seed + (config_.ep > 1 ? 0 : static_cast<uint64_t>(r)), dev));
     models_.back()->set_activation_checkpointing(config_.activation_checkpointing && !pipeline);
     if (config_.skip_layer >= 0) {
       models_.back()->set_skipped_layer(config_.skip_layer);  // validates the layer
       models_.back()->set_skipped_layer(-1);
     }
-    if (!config_.init_path.empty())
+    if (!config_.init_path.empty() && config_.ep > 1) {  // the file holds every expert: this rank takes its own
+      Model whole(spec, nullptr, config_.seed);
+      start_step_ = load_model_checkpoint(config_.init_path, whole).step;
+      upload_gpt_whole_values(*models_.back(), whole.host_params().data());
+    } else if (!config_.init_path.empty()) {
       start_step_ = load_model_checkpoint(config_.init_path, *models_.back()).step;
+    }
     if (config_.lora.rank > 0) {
       // The frozen base is the same pretrained model on every rank (torch's DDP broadcasts frozen
       // parameters too); the adapters start from seed + r like any replica's parameters.

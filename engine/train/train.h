@@ -82,6 +82,12 @@ struct TrainConfig {
   // Tensor parallelism (Megatron's MLP split, engine/core/mesh.h): ranks per TP group, composed with
   // every strategy; world = dp x stages x tp, laid out as torch's init_device_mesh (tp fastest).
   int tp = 1;
+  // Mixture of experts in a GPT's blocks (--moe; engine/core/gpt_spec.h's MoeSpec): copied into
+  // model.gpt.moe when the trainer builds the model, so --model and --moe may come in either order.
+  MoeSpec moe;
+  // Expert parallelism (--ep): each MoE block's experts split over groups of `ep` consecutive ranks
+  // (engine/parallel/expert_parallel.h); DDP only.
+  int ep = 1;
   bool sequence_parallel = false;  // --sequence-parallel: g/f as reduce-scatter/all-gather
   // ddp
   DdpOptions ddp;

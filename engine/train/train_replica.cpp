@@ -11,7 +11,9 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/comm/group.h"
 #include "engine/core/check.h"
+#include "engine/parallel/expert_parallel.h"
 #include "engine/train/grad_clip.h"
 #include "engine/train/mesh_rank.h"
 #include "engine/train/nonfinite.h"
@@ -165,8 +167,9 @@ class ReplicaRank : public RankStrategy {
       const int64_t rows = B * c_.model.rows_per_sample();
       const auto [tok, y] = buf_->place_tokens(batch, rows);
       before_forward(sync);
-      buf_->loss(env_.obs, model_.forward_tokens(tok, B), y, rows, C, c_.accum,
-                 scaler_ ? t_.loss_scale_for(*scaler_, step, rank_) : 1.0f);
+      const float loss_scale = scaler_ ? t_.loss_scale_for(*scaler_, step, rank_) : 1.0f;
+      buf_->loss(env_.obs, model_.forward_tokens(tok, B), y, rows, C, c_.accum, loss_scale);
+      model_.set_aux_grad_scale(loss_scale / static_cast<float>(c_.accum));  // MoE's loss weighs as the micro-batch's mean
       t.samples += rows;
       prepare_backward(sync);
       model_.backward(buf_->dlogits.f32(), gradient_ready());
@@ -294,7 +297,32 @@ class ReplicaRank : public RankStrategy {
 class DdpRank final : public ReplicaRank {
  public:
   explicit DdpRank(const RankEnv& env) : ReplicaRank(env) {
-    if (dp_comm_) ddp_ = std::make_unique<DistributedDataParallel>(model_, *dp_comm_, env.ctx, c_.ddp, c_.reduce_fp32);
+    DdpOptions opt = c_.ddp;
+    if (c_.ep > 1) {  // the EP group's all-to-alls, and the experts reduced apart from DDP's buckets
+      const int W = env.comm->world_size();
+      ep_exec_ = std::make_shared<GroupExecutor>();
+      ep_group_ = new_group(*env.comm, ep_group_ranks(rank_, c_.ep), kExpertTag, ep_exec_, env.dev, "ep" + std::to_string(rank_ / c_.ep));
+      if (W > c_.ep)
+        expert_dp_ = new_group(*env.comm, expert_dp_group_ranks(rank_, c_.ep, W), kExpertTag + 1, ep_exec_, env.dev,
+                               "edp" + std::to_string(rank_ % c_.ep));
+      ep_comm_ = std::make_unique<GroupExpertParallelComm>(*ep_group_);
+      model_.set_expert_parallel_comm(ep_comm_.get());
+      opt.ignored = expert_parameters(model_);
+    }
+    if (dp_comm_) ddp_ = std::make_unique<DistributedDataParallel>(model_, *dp_comm_, env.ctx, opt, c_.reduce_fp32);
+  }
+  ~DdpRank() override {
+    if (ep_exec_) ep_exec_->drain();
+  }
+  // Under --ep rank 0 returns the whole model: every EP rank's experts put together.
+  const Model& finish(TrainSummary& sum) override {
+    const Model& mine = ReplicaRank::finish(sum);
+    if (c_.ep == 1 || expert_parameters(model_).empty()) return mine;  // (LoRA: the adapters hold no expert)
+    const std::vector<float> whole = gather_expert_parallel_params(model_, *ep_group_, env_.dev);
+    if (rank_ != 0) return mine;
+    t_.full_model_ = std::make_unique<Model>(ModelSpec{{}, model_.spec().gpt.whole()}, nullptr, c_.seed);
+    t_.full_model_->upload_params(whole.data());
+    return *t_.full_model_;
   }
   void annotate(StepReport& r, const StepSums& s) override {
     ReplicaRank::annotate(r, s);
@@ -337,11 +365,15 @@ class DdpRank final : public ReplicaRank {
  protected:
   // no_sync() for the first accum - 1 micro-batches.
   void prepare_backward(bool sync) override {
+    synced_ = sync;
     if (ddp_) ddp_->prepare_for_backward(sync);
   }
   Model::GradReadyHook gradient_ready() override { return ddp_ ? ddp_->grad_ready_hook() : Model::GradReadyHook{}; }
   void after_backward() override {
     if (ddp_) ddp_->finalize_backward();
+    // The experts: 1 / world, summed over the ranks holding the same experts (once per optimizer step,
+    // as DDP's buckets: not inside no_sync's micro-batches).
+    if (c_.ep > 1 && synced_) reduce_expert_gradients(model_, expert_dp_.get(), env_.comm->world_size());
   }
   void optimizer_step() override {
     if (ddp_ && !model_.mixed()) opt_.step(ddp_->optimizer_segments());
@@ -365,6 +397,13 @@ class DdpRank final : public ReplicaRank {
   }
 
  private:
+  // Expert parallelism (--ep): the EP group, the expert-data-parallel group (null when it is one
+  // rank), their executor, and the GPT's view of the EP group.
+  static constexpr int kExpertTag = 1 << 20;
+  std::shared_ptr<GroupExecutor> ep_exec_;
+  std::unique_ptr<Communicator> ep_group_, expert_dp_;
+  std::unique_ptr<GroupExpertParallelComm> ep_comm_;
+  bool synced_ = true;  // this micro-batch's backward reduces (the last of --accum)
   std::unique_ptr<DistributedDataParallel> ddp_;  // null when the mesh has one replica
   bool shadowed_ = false;  // --join: this rank's data ran out and it shadowed the others (not a last joiner)
   double overlap_total_ = 0;

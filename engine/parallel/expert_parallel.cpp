@@ -1,0 +1,94 @@
+#include "engine/parallel/expert_parallel.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "engine/core/check.h"
+#include "engine/core/device.h"
+#include "engine/core/gpt.h"
+
+namespace dtlab {
+
+void GroupExpertParallelComm::all_to_all(void* out, const void* in, int64_t count, DType dtype, int) {
+  group_.all_to_all(out, in, count, dtype)->wait();
+}
+
+void GroupExpertParallelComm::all_to_all_v(void* out, const std::vector<int64_t>& recv_counts, const void* in,
+                                           const std::vector<int64_t>& send_counts, DType dtype, int) {
+  group_.all_to_all_v(out, recv_counts, in, send_counts, dtype)->wait();
+}
+
+std::vector<int> ep_group_ranks(int rank, int ep) {
+  std::vector<int> r;
+  for (int i = 0; i < ep; i++) r.push_back(rank / ep * ep + i);
+  return r;
+}
+
+std::vector<int> expert_dp_group_ranks(int rank, int ep, int world) {
+  std::vector<int> r;
+  for (int i = rank % ep; i < world; i += ep) r.push_back(i);
+  return r;
+}
+
+std::vector<int> expert_parameters(const Model& model) {
+  std::vector<int> ids;
+  const auto& ps = model.parameters();
+  for (int i = 0; i < static_cast<int>(ps.size()); i++)
+    if (ps[static_cast<size_t>(i)].name.find(".mlp.experts.") != std::string::npos) ids.push_back(i);
+  return ids;
+}
+
+void reduce_expert_gradients(Model& model, Communicator* expert_dp, int world) {
+  std::vector<std::pair<int64_t, int64_t>> runs;  // [offset, end) in the flat gradients, merged where adjacent
+  std::vector<int> ids = expert_parameters(model);
+  std::sort(ids.begin(), ids.end(), [&](int a, int b) { return model.parameters()[static_cast<size_t>(a)].offset < model.parameters()[static_cast<size_t>(b)].offset; });
+  for (int i : ids) {
+    const Parameter& p = model.parameters()[static_cast<size_t>(i)];
+    if (!runs.empty() && runs.back().second == p.offset) runs.back().second += p.numel;
+    else runs.push_back({p.offset, p.offset + p.numel});
+  }
+  Device& dev = model.device();
+  const float scale = 1.0f / static_cast<float>(world);
+  for (const auto& [begin, end] : runs) {
+    const int64_t n = end - begin;
+    if (model.mixed()) {  // divided in float, rounded once, then summed in 16 bits (as DDP's 16-bit buckets)
+      uint16_t* g = model.grads16() + begin;
+      Tensor wide({n}, MemCategory::Other, nullptr, DType::F32, dev);
+      dev.widen_half(wide.f32(), g, n, model.half_format());
+      dev.scale(wide.f32(), n, scale);
+      dev.narrow_half(g, wide.f32(), n, model.half_format());
+      if (expert_dp) expert_dp->all_reduce(g, n, model.param_dtype(), ReduceOp::Sum)->wait();
+    } else {
+      float* g = model.grads() + begin;
+      dev.scale(g, n, scale);
+      if (expert_dp) expert_dp->all_reduce(g, n, DType::F32, ReduceOp::Sum)->wait();
+    }
+  }
+}
+
+std::vector<float> gather_expert_parallel_params(const Model& model, Communicator& ep_group, Device& dev) {
+  const GptSpec& g = model.spec().gpt;
+  const std::vector<float> mine = model.host_params();
+  const int64_t n = static_cast<int64_t>(mine.size());  // the same on every member: the same shapes
+  const int ep = ep_group.world_size();
+  Tensor in({n}, MemCategory::Other, nullptr, DType::F32, dev), out({n * ep}, MemCategory::Other, nullptr, DType::F32, dev);
+  dev.upload(in.raw(), mine.data(), n * static_cast<int64_t>(sizeof(float)));
+  ep_group.all_gather(out.raw(), in.raw(), n, DType::F32)->wait();
+  std::vector<float> all(static_cast<size_t>(n * ep));
+  dev.download(all.data(), out.raw(), n * ep * static_cast<int64_t>(sizeof(float)));
+  const GptSpec whole = g.whole();
+  const std::vector<Parameter> to = gpt_parameters(whole);
+  std::vector<float> values(static_cast<size_t>(whole.num_params()));
+  for (int r = 0; r < ep; r++) {  // member r's parameters, by name, into the whole layout (the replicated ones agree)
+    GptSpec theirs = g;
+    theirs.moe.ep_rank = r;
+    for (const Parameter& p : gpt_parameters(theirs)) {
+      const auto q = std::find_if(to.begin(), to.end(), [&](const Parameter& w) { return w.name == p.name; });
+      DTLAB_CHECK(q != to.end() && q->numel == p.numel, "an expert-parallel rank's parameter is not the whole model's");
+      std::copy_n(all.begin() + r * n + p.offset, p.numel, values.begin() + q->offset);
+    }
+  }
+  return values;
+}
+
+}  // namespace dtlab
