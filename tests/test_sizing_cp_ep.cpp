@@ -1,15 +1,17 @@
 // Context and expert parallelism in the sizing calculator (engine/parallel/context_plan.h, moe_plan.h,
-// rank_order.h through sizing.h): bytes per rank worked out by hand for a small layout (ring, zigzag,
-// Ulysses; an MoE with experts over ep), the causal imbalance and Megatron-core's rank order (its own
-// docstring's example).
+// rank_order.h through sizing.h) and `dtlab-cli plan --cp/--ep/--experts`: bytes per rank worked out by
+// hand for a small layout (ring, zigzag, Ulysses; an MoE with experts over ep), the causal imbalance,
+// Megatron-core's rank order (its own docstring's example), and the refusals, one sentence and exit 2.
 // Sources: docs/course_sources.md §6h.
 #include <doctest/doctest.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "engine/core/check.h"
 #include "engine/parallel/sizing.h"
+#include "tests/cli_util.h"
 
 // A named namespace: in a unity batch, this file's helpers sit beside the other plan tests'.
 namespace dtlab::test::plan_cp_ep {
@@ -31,6 +33,20 @@ SizingInput small_moe() {
   in.cp = 1, in.dp = 8, in.global_batch = 8;
   in.moe = MoeConfig{.experts = 8, .top_k = 2, .ep = 2, .capacity_factor = 1.0, .moe_every = 2};
   return in;
+}
+
+test::CliResult plan_cli(std::vector<std::string> args) {
+  args.insert(args.begin(), "plan");
+  return test::run_cli(args);
+}
+
+const std::vector<std::string> kShape = {"--params", "1M", "--layers", "4", "--hidden", "64", "--heads", "8", "--seq", "128",
+                                         "--precision", "bf16"};
+
+std::vector<std::string> shape_with(std::vector<std::string> extra) {
+  std::vector<std::string> v = kShape;
+  v.insert(v.end(), extra.begin(), extra.end());
+  return v;
 }
 
 }  // namespace
@@ -125,6 +141,50 @@ TEST_SUITE("plan_cp_ep") {
     CHECK(sizing_line(p, "cp.spanning").value == 8);
     CHECK(sizing_line(p, "cp.spanning").formula == "2 ranks 8 apart: 8 of 8 groups cross nodes (InfiniBand)");
     CHECK(p.cp_seconds == doctest::Approx(p.cp_bytes / 50e9));
+  }
+
+  TEST_CASE("plan --cp/--ep: the CLI prints and exports the figures, a spec string carries them to sizing(...)") {
+    const test::CliResult r = plan_cli(shape_with({"--global-batch", "2", "--dp", "2", "--cp", "4", "--cp-layout", "zigzag"}));
+    INFO("stderr: ", r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("Layout: dp 2 x tp 1 x cp 4 x pp 1 = 8 GPUs") != std::string::npos);
+    CHECK(r.out.find("zigzag layout, 32 tokens per rank") != std::string::npos);
+    CHECK(r.out.find("294.91 kB  (L/p)·m · 3·2(c-1) · b·(s/c)·h · e") != std::string::npos);
+    const test::CliResult j = plan_cli(shape_with({"--global-batch", "8", "--dp", "8", "--experts", "8", "--ep", "2", "--moe-every", "2", "--json"}));
+    REQUIRE(j.code == 0);
+    const nlohmann::json f = nlohmann::json::parse(j.out)["sizing"]["figures"];
+    CHECK(f["ep.bytes"]["value"] == 131072);
+    CHECK(f["moe.edp"]["value"] == 4);
+    CHECK(f["ep.spanning"]["formula"] == "2 ranks 1 apart: inside a node (NVSwitch)");
+    const SizingInput back = parse_sizing_spec(sizing_spec(small_moe()));
+    CHECK(plan_sizing(back).ep_bytes == plan_sizing(small_moe()).ep_bytes);
+    CHECK(parse_sizing_spec("cp=4 cp_layout=ulysses").cp_layout == CpLayout::Ulysses);
+  }
+
+  TEST_CASE("plan --cp/--ep: layouts that describe no run are one sentence, exit 2") {
+    struct Refusal {
+      std::vector<std::string> flags;
+      std::string says;
+    };
+    const std::vector<Refusal> refusals = {
+        {{"--global-batch", "2", "--dp", "2", "--cp", "16", "--cp-layout", "ulysses"},
+         "Ulysses gives each of the --cp 16 ranks whole attention heads, but 8 heads do not divide by 16"},
+        {{"--global-batch", "2", "--cp-layout", "zigzag"}, "--cp-layout chooses how a context-parallel group splits attention; add --cp 2"},
+        {{"--global-batch", "2", "--cp", "3"}, "sequence length 128 does not split into 3 equal chunks for --cp 3"},
+        {{"--global-batch", "2", "--cp", "128", "--cp-layout", "zigzag"}, "does not split into 256 equal chunks"},
+        {{"--global-batch", "2", "--cp", "2", "--cp-layout", "spiral"}, "--cp-layout 'spiral' is not known; use ring, zigzag or ulysses"},
+        {{"--global-batch", "8", "--dp", "8", "--experts", "8", "--ep", "3"}, "--experts 8 do not split evenly over --ep 3"},
+        {{"--global-batch", "8", "--dp", "8", "--experts", "8", "--top-k", "9"}, "--top-k 9 routes each token to more experts than the 8"},
+        {{"--global-batch", "8", "--dp", "8", "--ep", "2"}, "--ep describes a mixture of experts; add --experts E"},
+        {{"--global-batch", "4", "--dp", "4", "--experts", "16", "--ep", "16"}, "--ep 16 does not divide dp x cp = 4"},
+        {{"--global-batch", "8", "--dp", "8", "--experts", "8", "--moe-every", "3"}, "--moe-every 3 does not divide the 4 layers"},
+    };
+    for (const Refusal& refusal : refusals) {
+      const test::CliResult r = plan_cli(shape_with(refusal.flags));
+      INFO("expected: ", refusal.says, "\nstderr: ", r.err);
+      CHECK(test::one_sentence_usage_error(r));
+      CHECK(r.err.find(refusal.says) != std::string::npos);
+    }
   }
 }
 
