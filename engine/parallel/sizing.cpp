@@ -261,7 +261,8 @@ SizingPlan plan_sizing(const SizingInput& in) {
   };
   const std::string mfu_text = in.compute_seconds > 0 ? "given (--compute-time)" : "(model + recompute FLOPs) / (GPUs · peak · MFU)";
   const double achieved = p.model_flops / (p.world * p.peak_flops * p.compute_seconds);
-  const std::string dp_note = in.cp > 1 ? " (d = dp·cp: CP ranks reduce their gradients with DP)" : "";
+  const std::string dp_note = std::string(moe ? ", the non-expert Ψ_n only" : "") +
+                              (in.cp > 1 ? " (d = dp·cp: CP ranks reduce their gradients with DP)" : "");
   std::string imbalance_text = "no context parallelism";
   if (in.cp > 1)
     imbalance_text = in.cp_layout == CpLayout::Ring ? "2c/(c+1): contiguous ring, the last rank's queries see c blocks, the first's 1"
