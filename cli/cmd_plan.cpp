@@ -2,8 +2,8 @@
 // (engine/parallel/memory_plan.h), as one table or one JSON object; with --tp/--stages the 3-D mesh
 // (engine/parallel/mesh_plan.h): the model split over tp x pp first, then the same table over dp,
 // and each dimension's traffic per step with its formula and, on a --profile, the link it crosses.
-// With --global-batch (or --dp, --pp, --zero, --recompute, --mfu, --compute-time) it sizes a whole
-// run instead (engine/parallel/sizing.h, printed by cli/plan_sizing.cpp).
+// With --global-batch (or --dp, --pp, --zero, --recompute, --mfu, --compute-time, --cp, --experts, ...)
+// it sizes a whole run instead (engine/parallel/sizing.h, printed by cli/plan_sizing.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -50,6 +50,12 @@ struct PlanArgs {
   bool recompute = false;
   double mfu = 0.4, compute_time = 0;
   CLI::Option *dp_opt = nullptr, *pp_opt = nullptr;
+  // Context and expert parallelism (sizing only): engine/parallel/context_plan.h, moe_plan.h.
+  int cp = 1, kv_heads = 0, ep = 1, experts = 0, top_k = 2, moe_every = 1;
+  std::string cp_layout = "ring";
+  double capacity_factor = 1.0;
+  CLI::Option* cp_layout_opt = nullptr;
+  std::vector<CLI::Option*> moe_opts;  // --ep, --top-k, --capacity-factor, --moe-every: meaningless without --experts
   std::vector<CLI::Option*> sizing_opts;
   bool sizing() const {
     return std::any_of(sizing_opts.begin(), sizing_opts.end(), [](CLI::Option* o) { return o->count() > 0; });
@@ -481,14 +487,25 @@ SizingInput sizing_input(const PlanArgs& a) {
   in.tp = a.tp;
   in.pp = a.stages_opt->count() ? a.stages : a.pp;
   in.dp = a.dp;
+  in.cp = a.cp;
+  if (a.cp_layout_opt->count() && a.cp < 2)
+    throw Error("--cp-layout chooses how a context-parallel group splits attention; add --cp 2 or more");
+  in.cp_layout = parse_cp_layout(a.cp_layout);
+  in.kv_heads = a.kv_heads;
+  for (CLI::Option* o : a.moe_opts)
+    if (o->count() && a.experts == 0)
+      throw Error(o->get_name() + " describes a mixture of experts; add --experts E (the expert MLPs per MoE layer)");
+  in.moe = MoeConfig{.experts = a.experts, .top_k = a.top_k, .ep = a.ep, .capacity_factor = a.capacity_factor, .moe_every = a.moe_every};
   if (a.world_opt->count()) {
-    const int model = in.tp * in.pp;
+    const int model = in.tp * in.cp * in.pp;
+    const std::string names = in.cp > 1 ? "tp x cp x pp" : "tp x pp";
     if (!a.dp_opt->count()) {
       if (a.world % model != 0)
-        throw Error("--world " + std::to_string(a.world) + " is not a multiple of tp x pp = " + std::to_string(model) + "; give --dp instead");
+        throw Error("--world " + std::to_string(a.world) + " is not a multiple of " + names + " = " + std::to_string(model) + "; give --dp instead");
       in.dp = a.world / model;
     } else if (a.world != in.dp * model) {
-      throw Error("--world " + std::to_string(a.world) + " is not dp x tp x pp = " + std::to_string(in.dp * model) + "; leave --world out or make it their product");
+      throw Error("--world " + std::to_string(a.world) + " is not dp x " + names + " = " + std::to_string(in.dp * model) +
+                  "; leave --world out or make it their product");
     }
   }
   in.precision = parse_plan_dtype(a.precision);
@@ -591,7 +608,25 @@ Runner add_plan_command(CLI::App& app) {
       app.add_option("--mfu", a->mfu, "Sizing: model FLOPs utilization, 0 to 1 (default 0.4)")->check(CLI::Range(1e-6, 1.0)),
       app.add_option("--compute-time", a->compute_time, "Sizing: take forward + backward as this many seconds instead of FLOPs / MFU")
           ->check(CLI::Range(1e-9, 1e9)),
+      app.add_option("--cp", a->cp, "Sizing: context-parallel degree c, the sequence split over c ranks (world = dp x tp x cp x pp)")
+          ->check(whole_number(1, 1 << 16)),
+      a->cp_layout_opt = app.add_option("--cp-layout", a->cp_layout,
+                                        "Sizing: ring (K/V blocks around the ring, contiguous chunks) | zigzag (the ring, causal work balanced) | "
+                                        "ulysses (all-to-alls to a head split; heads must divide by tp x cp)")
+                             ->capture_default_str(),
+      app.add_option("--kv-heads", a->kv_heads, "Sizing: K/V heads under grouped-query attention (default: --heads)")->check(whole_number(1, 1 << 20)),
+      app.add_option("--experts", a->experts, "Sizing: experts E per MoE layer (each an MLP of 8·h²); --params stays the dense model's count")
+          ->check(whole_number(1, 1 << 20)),
   };
+  a->moe_opts = {
+      app.add_option("--ep", a->ep, "Sizing: expert-parallel degree e, E/e experts per GPU; divides dp x cp (Megatron)")
+          ->check(whole_number(1, 1 << 20)),
+      app.add_option("--top-k", a->top_k, "Sizing: experts per token (default 2, GShard's; Switch Transformer's 1)")->check(whole_number(1, 1 << 20)),
+      app.add_option("--capacity-factor", a->capacity_factor, "Sizing: F, each expert takes at most F·k·T/E tokens (default 1.0)")
+          ->check(CLI::Range(1e-6, 1e6)),
+      app.add_option("--moe-every", a->moe_every, "Sizing: every M-th layer is an MoE layer (default 1: all; GShard's 2)")->check(whole_number(1, 1 << 20)),
+  };
+  a->sizing_opts.insert(a->sizing_opts.end(), a->moe_opts.begin(), a->moe_opts.end());
   app.add_flag("--json", a->json, "Print one JSON object");
   return [a](Streams& io) { return run_plan(*a, io); };
 }

@@ -47,18 +47,35 @@ void print_sizing(const SizingInput& in, const SizingPlan& p, bool json, Streams
     io.out << nlohmann::json{{"sizing", j}}.dump() << "\n";
     return;
   }
-  char head[512];
+  char layout[96];
+  if (in.cp > 1) std::snprintf(layout, sizeof layout, "dp %d x tp %d x cp %d x pp %d", in.dp, in.tp, in.cp, in.pp);
+  else std::snprintf(layout, sizeof layout, "dp %d x tp %d x pp %d", in.dp, in.tp, in.pp);
+  char head[640];
   std::snprintf(head, sizeof head,
                 "Sizing: %s parameters (L = %d, h = %lld, a = %d, s = %lld), global batch B = %lld sequences of b = %lld per "
-                "micro-batch\nLayout: dp %d x tp %d x pp %d = %d GPUs on %s, %s, ZeRO-%d, %s%s, %s\n",
+                "micro-batch\nLayout: %s = %d GPUs on %s, %s, ZeRO-%d, %s%s, %s\n",
                 param_count_str(in.params).c_str(), in.layers, static_cast<long long>(in.hidden), in.heads,
                 static_cast<long long>(in.seq), static_cast<long long>(in.global_batch), static_cast<long long>(in.micro_batch),
-                in.dp, in.tp, in.pp, p.world, in.profile.c_str(), plan_dtype_name(in.precision), in.zero,
+                layout, p.world, in.profile.c_str(), plan_dtype_name(in.precision), in.zero,
                 in.recompute ? "full recomputation" : "no recomputation",
                 in.tp > 1 ? (in.sequence_parallel ? ", sequence parallel" : ", no sequence parallelism") : "",
                 in.compute_seconds > 0 ? "compute time given" : ("MFU " + format_sizing_value(in.mfu, SizingUnit::Share) +
                                                                 " of " + format_sizing_value(p.peak_flops, SizingUnit::Flops) + "/s per GPU").c_str());
   io.out << head;
+  if (in.cp > 1)
+    io.out << "Context parallel: c = " << in.cp << ", " << cp_layout_name(in.cp_layout) << " layout, " << in.seq / in.cp
+           << " tokens per rank; parameters, gradients and optimizer states stay replicated over the CP group (ZeRO shards them "
+              "over dp x cp), activations split by c\n";
+  if (in.moe.experts > 0) {
+    char moe[320];
+    std::snprintf(moe, sizeof moe,
+                  "Mixture of experts: E = %d experts (8·h² each) in %s, top-%d, capacity factor %g; ep %d: %d expert%s "
+                  "per GPU, expert-data-parallel size d·c/ep = %d; %s of %s parameters active per token\n",
+                  in.moe.experts, in.moe.moe_every > 1 ? ("one layer in every " + std::to_string(in.moe.moe_every)).c_str() : "every layer", in.moe.top_k,
+                  in.moe.capacity_factor, in.moe.ep, in.moe.experts / in.moe.ep, in.moe.experts / in.moe.ep == 1 ? "" : "s", p.expert_dp, param_count_str(p.moe.active).c_str(),
+                  param_count_str(p.moe.total).c_str());
+    io.out << moe;
+  }
   size_t wl = 0, wv = 0;
   for (const SizingLine& l : p.lines) {
     wl = std::max(wl, columns(l.label));
@@ -73,7 +90,9 @@ void print_sizing(const SizingInput& in, const SizingPlan& p, bool json, Streams
     io.out << "  " << pad(l.label, wl, false) << "  " << pad(format_sizing_value(l.value, l.unit), wv, true) << "  " << l.formula << "\n";
   }
   io.out << "\nN = Ψ parameters, B global batch, s sequence, b micro-batch, m micro-batches, L layers, h hidden, a heads, "
-            "d = dp, t = tp, p = pp; bytes per GPU, FLOPs of all GPUs together\n";
+            "d = dp, t = tp, p = pp" << (in.cp > 1 || in.moe.experts > 0 ? ", c = cp, e bytes per activation element" : "")
+         << (in.moe.experts > 0 ? ", E experts, k top-k, F capacity factor, M = --moe-every, Ψ_n non-expert and Ψ_x expert parameters" : "")
+         << "; bytes per GPU, FLOPs of all GPUs together\n";
   if (!p.fits)
     io.out << "Does not fit: " << format_sizing_value(p.total, SizingUnit::Bytes) << " per GPU, the GPU holds "
            << format_sizing_value(in.gpu_memory, SizingUnit::Bytes) << "\n";

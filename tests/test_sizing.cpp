@@ -163,11 +163,15 @@ TEST_SUITE("plan_sizing") {
     const SizingPlan p = plan_sizing(in);
     CHECK(p.world == 512);
     CHECK(p.micro_batches == 8);
-    const DimTraffic& tp = p.mesh.traffic[static_cast<size_t>(MeshDim::TP)];
-    const DimTraffic& dp = p.mesh.traffic[static_cast<size_t>(MeshDim::DP)];
-    CHECK(tp.groups_spanning_nodes == 0);
+    // Placed in Megatron-core's order (the placement lines, tp first and the dp x cp group third).
+    REQUIRE(p.placement.size() == 4);
+    const SizingGroup& tp = p.placement[0];
+    const SizingGroup& dp = p.placement[2];
+    CHECK(tp.place.spanning == 0);
+    CHECK(sizing_line(p, "tp.spanning").value == 0);
     CHECK(tp.link == "NVSwitch");
     CHECK(dp.link == "InfiniBand");
+    CHECK(sizing_line(p, "dp.spanning").formula == "64 ranks 8 apart: 8 of 8 groups cross nodes (InfiniBand)");
     CHECK(p.tp_seconds == doctest::Approx(p.tp_bytes / 370e9));
     CHECK(p.dp_seconds == doctest::Approx(p.dp_bytes / 50e9));
     // ZeRO-1 over 64: reduce-scatter + all-gather of the rank's 70B/8 bf16 gradients, 2(d-1)/d of them.

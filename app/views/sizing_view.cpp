@@ -147,10 +147,11 @@ void draw_memory_bar(const SizingPlan& p, const SizingInput& in) {
 }
 
 // Whether a line is worth a row: not the layout (the header says it), not the memory (the bar
-// shows it), not a dimension or a cost this layout does not have.
+// shows it), not a dimension or a cost this layout does not have (its formula says "no ...": "no
+// pipeline", "no context parallelism", whose imbalance is 1, not 0).
 bool shown(const SizingLine& l) {
   if (l.section == "Layout" || l.section == "Memory per GPU") return false;
-  return l.value != 0 || l.formula.rfind("no ", 0) != 0;
+  return l.formula.rfind("no ", 0) != 0;
 }
 
 // One table of `sections`: label, value and (with `formulas`) the formula; the overhead in red

@@ -4,13 +4,18 @@
 // dimension's traffic on its link and the communication-to-computation ratio. One function computes it
 // all, and every figure carries its formula, so `dtlab-cli plan --global-batch`, the lab's Sizing view
 // and the lessons' `sizing(...)` figures print the same numbers. Builds on plan_mesh (mesh_plan.h) for
-// the per-rank states and traffic. Sources: docs/course_sources.md §6f.
+// the per-rank states and traffic, context_plan.h and moe_plan.h for context and expert parallelism,
+// and places every group in Megatron-core's rank order (rank_order.h). Sources: docs/course_sources.md
+// §6f, §6h.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "engine/parallel/context_plan.h"
 #include "engine/parallel/mesh_plan.h"
+#include "engine/parallel/moe_plan.h"
+#include "engine/parallel/rank_order.h"
 
 namespace dtlab {
 
@@ -31,6 +36,11 @@ struct SizingInput {
   double mfu = 0.4;          // model FLOPs utilization: model FLOPs / (GPUs x peak x time)
   double compute_seconds = 0;  // > 0: take forward + backward as this long (the course's premise), not FLOPs / MFU
   double gpu_memory = 80e9;  // bytes of one GPU's memory (H100 and A100 80 GB)
+  int cp = 1;                // c: context parallelism, the sequence split over c ranks (world = dp·tp·cp·pp)
+  CpLayout cp_layout = CpLayout::Ring;
+  int kv_heads = 0;          // a_kv: K/V heads under grouped-query attention; 0: as many as heads
+  MoeConfig moe;             // experts = 0: a dense model; ep carves its groups out of dp x cp
+  int kv_heads_or_heads() const { return kv_heads > 0 ? kv_heads : heads; }
 };
 
 enum class SizingUnit : uint8_t { Bytes, Seconds, Flops, Share, Count };
@@ -44,8 +54,16 @@ struct SizingLine {
   std::string formula;
 };
 
+// One kind of group placed on the profile's nodes in Megatron-core's order (tp-cp-ep-dp-pp).
+struct SizingGroup {
+  ParallelGroup group = ParallelGroup::TP;
+  GroupPlacement place;
+  std::string link;         // "NVSwitch" inside a node, the network's fabric across nodes
+  double beta = 0;          // that link's seconds per byte
+};
+
 struct SizingPlan {
-  int world = 1;            // dp x tp x pp GPUs
+  int world = 1;            // dp x tp x cp x pp GPUs
   int64_t micro_batches = 1;  // m = B / (dp·b): per replica per step (accumulation or the pipeline's)
   double tokens = 0;        // B·s per step
   // Bytes per GPU.
@@ -59,6 +77,16 @@ struct SizingPlan {
   double dp_bytes = 0, tp_bytes = 0, pp_bytes = 0;         // per GPU per step (tp with recompute's extra forward)
   double dp_seconds = 0, tp_seconds = 0, pp_seconds = 0;   // at each dimension's link bandwidth
   double comm_seconds = 0, step_seconds = 0;               // without overlap: compute + bubble + comm
+  // Context parallelism: bytes per GPU per step on the CP group, the busiest rank's causal attention
+  // work over the mean, and the time the others wait for it.
+  double cp_bytes = 0, cp_seconds = 0, cp_imbalance = 1, cp_wait_seconds = 0;
+  // Mixture of experts: the parameters (total, active per token), what one GPU holds before ZeRO, the
+  // expert-data-parallel size d·c/e, the EP all-to-alls and the experts' gradient reduction over edp.
+  MoeParams moe;
+  double rank_params = 0;
+  int expert_dp = 1;
+  double ep_bytes = 0, ep_seconds = 0, edp_bytes = 0, edp_seconds = 0;
+  std::vector<SizingGroup> placement;  // tp, cp, dp x cp, pp, then ep and edp with experts
   double ratio = 0;          // comm / compute
   double overhead = 0;       // comm / (compute + comm): the course's 36%
   double grad_bytes = 0;     // N·g: the whole model's gradients (the course's 140 GB at 70B in fp16)
@@ -76,7 +104,8 @@ const SizingLine& sizing_line(const SizingPlan& p, const std::string& key);
 std::string format_sizing_value(double value, SizingUnit unit);
 
 // "params=70B layers=80 hidden=8192 heads=64 seq=4096 global_batch=512 micro_batch=1 dp=64 tp=8 pp=1
-// precision=bf16 zero=1 recompute=0 sp=1 profile=dgx-h100x2 mfu=0.4 compute_s=10 gpu_gb=80": any
+// precision=bf16 zero=1 recompute=0 sp=1 profile=dgx-h100x2 mfu=0.4 compute_s=10 gpu_gb=80 cp=2
+// cp_layout=zigzag kv_heads=8 ep=8 experts=64 top_k=2 capacity=1.25 moe_every=2": any
 // subset, over SizingInput's defaults. dtlab::Error (one sentence) for an unknown key or a bad value.
 SizingInput parse_sizing_spec(const std::string& spec);
 // The spec that parse_sizing_spec reads back as `in` (every key).
