@@ -45,13 +45,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kTopology, kSweep, kMesh, kSizing, kNumViews };
+enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kTopology, kSweep, kMesh, kSizing, kRoofline, kNumViews };
 // With --open the lab shows imported traces in its own four panels instead (app/views/trace_view.cpp).
 enum TraceViewId { kTraceTimeline, kTraceCollectives, kTraceBreakdown, kTraceCompare, kNumTraceViews };
 const char* kTraceViewTitles[kNumTraceViews] = {"Timeline", "Collectives", "Breakdown", "Compare"};
 const char* kTraceViewNames[kNumTraceViews] = {"timeline", "collectives", "breakdown", "compare"};
-const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline", "Topology", "Bus bandwidth", "Mesh", "Sizing"};
-const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep", "mesh", "sizing"};
+const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline", "Topology", "Bus bandwidth", "Mesh", "Sizing", "Roofline"};
+const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep", "mesh", "sizing", "roofline"};
 
 // The pipeline controls (Run panel, pipeline view) in and out of a run configuration.
 PipelineRequest pipeline_request_of(const TrainConfig& c) {
@@ -122,6 +122,7 @@ class App : public ScriptRunner::Host {
   void start_choice(StartChoice choice, bool step_iterations);
   std::string start_off_path() const;  // its file says "do not show the start screen at start"
   void set_modeled_clock(bool on) override { ctx_.modeled_clock = on; }
+  void set_peak_colours(bool on) override { timeline_view_.by_peak = on; }
   void set_data_set_epoch(bool on) override;
   std::string generate_text(const std::string& prompt) override;
   void refresh_attention();
@@ -940,6 +941,7 @@ void App::views() {
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // sweep: shown alone (view sweep), never tiled
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // mesh: shown alone (view mesh), never tiled
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // sizing: shown alone (view sizing), never tiled
+      {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // roofline: shown alone (view roofline), never tiled
   };
   const Rect run_tile = {x0, top, 0.20f * W, 0.42f * H};
   // Presentation, all views: the four pictures a class reads from the back of the room, each with
@@ -1004,7 +1006,7 @@ void App::views() {
     // the ring's tile, the memory view (activations per stage) grows into the buckets'.
     if (solo_ < 0 && ((v == kRing && pipeline) || (v == kPipeline && !pipeline) || (v == kBuckets && pipeline))) continue;
     // No tile of their own: a picture of the machine, and a plot over sizes, want the whole window.
-    if (solo_ < 0 && (v == kTopology || v == kSweep || v == kMesh || v == kSizing)) continue;
+    if (solo_ < 0 && (v == kTopology || v == kSweep || v == kMesh || v == kSizing || v == kRoofline)) continue;
     if (stage && (v == kInspector || v == kData)) continue;
     if (comparing && !compare_inline && !compared(v)) continue;  // a number key away
     if (comparing && stage && pipeline && v == kMemory) continue;   // the table has its tile
@@ -1051,6 +1053,7 @@ void App::views() {
       case kSweep: draw_sweep_view(s, ctx_); break;
       case kMesh: draw_mesh_view(s, ctx_); break;
       case kSizing: draw_sizing_view(s, ctx_, sizing_view_); break;
+      case kRoofline: draw_roofline_view(s, ctx_); break;
     }
     ImGui::End();
   }

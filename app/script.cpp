@@ -21,8 +21,8 @@ namespace {
 const char* kUsage =
     "commands: step ring|collective|layer|bucket|iteration|action [N], focus rank R|group NAME|none, run [SECONDS]s, "
     "pause, wait SECONDSs, "
-    "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|sizing|all, sizing KEY=VALUE ...|run, screenshot PATH.png, speed X, "
-    "presentation on|off, fullscreen on|off, start on|off|ddp|fsdp|pipeline|course, check layout, clock modeled|wall, set_epoch on|off, generate TEXT, reset, quit, "
+    "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|sizing|roofline|all, sizing KEY=VALUE ...|run, screenshot PATH.png, speed X, "
+    "presentation on|off, fullscreen on|off, start on|off|ddp|fsdp|pipeline|course, check layout, clock modeled|wall, colour kind|peak, set_epoch on|off, generate TEXT, reset, quit, "
     "pin, unpin, compare --FLAG VALUE ... (run B with those settings beside the pinned A), "
     "lesson open NAME|next|back|goto N|answer X|check|play|demo|close; with --open: wait trace|compare [SECONDS]s, "
     "select collective K, compare [PROFILE], zoom all|iteration N|collective K, view collectives|breakdown|compare";
@@ -54,7 +54,7 @@ bool read_text_file(const std::string& path, std::string& out, size_t max_bytes)
 }
 
 const std::vector<std::string>& view_names() {
-  static const std::vector<std::string> names = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep", "mesh", "sizing", "all",
+  static const std::vector<std::string> names = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep", "mesh", "sizing", "roofline", "all",
                                                  kTraceViews[0], kTraceViews[1], kTraceViews[2]};
   return names;
 }
@@ -189,7 +189,7 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       c.kind = k == "pause" ? ScriptCommand::Pause : k == "quit" ? ScriptCommand::Quit : ScriptCommand::Reset;
     } else if (k == "view") {
       if (w.size() != 2 || std::find(view_names().begin(), view_names().end(), w[1]) == view_names().end())
-        fail("view takes one of ring, buckets, timeline, memory, inspector, data, shards, pipeline, topology, sweep, mesh, sizing, all (with --open: timeline, "
+        fail("view takes one of ring, buckets, timeline, memory, inspector, data, shards, pipeline, topology, sweep, mesh, sizing, roofline, all (with --open: timeline, "
              "collectives, breakdown, compare, all)");
       c.kind = ScriptCommand::View;
       c.arg = w[1];
@@ -237,6 +237,11 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
     } else if (k == "clock") {
       if (w.size() != 2 || (w[1] != "modeled" && w[1] != "wall")) fail("clock takes modeled or wall");
       c.kind = ScriptCommand::Clock;
+      c.arg = w[1];
+    } else if (k == "colour") {
+      if (w.size() != 2 || (w[1] != "kind" && w[1] != "peak"))
+        fail("colour takes kind (the timeline's spans by kind) or peak (by their fraction of the device's roof)");
+      c.kind = ScriptCommand::Colour;
       c.arg = w[1];
     } else if (k == "lesson") {
       c.kind = ScriptCommand::Lesson;

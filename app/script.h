@@ -29,7 +29,8 @@ struct ScriptCommand {
               CompareRun,  // `compare --FLAG VALUE ...`: B, the run with those settings changed (pins A first when none is)
               Sizing,      // `sizing KEY=VALUE ...`: the Sizing view's settings (engine/parallel/sizing.h's spec), arg the spec;
                            // `sizing run`: its "Run it scaled down", arg "run"
-              Generate };  // `generate TEXT`: a GPT run continues TEXT in the data view (arg the text)
+              Generate,    // `generate TEXT`: a GPT run continues TEXT in the data view (arg the text)
+              Colour };    // `colour kind|peak`: the timeline's spans by kind, or by their fraction of the roof
   Kind kind = Quit;
   int count = 1;        // step commands: how many
   double seconds = 0;   // run / wait: how long (run 0 = run on)

@@ -211,6 +211,7 @@ bool ScriptRunner::run(const ScriptCommand& c) {
       break;
     }
     case ScriptCommand::Clock: host_.set_modeled_clock(c.arg == "modeled"); break;
+    case ScriptCommand::Colour: host_.set_peak_colours(c.arg == "peak"); break;
     case ScriptCommand::SetEpoch: host_.set_data_set_epoch(c.arg == "on"); break;
     case ScriptCommand::Generate:
       if (const std::string why = host_.generate_text(c.arg); !why.empty()) return failure(c.line, why, 2);

@@ -38,6 +38,7 @@ class ScriptRunner {
     // run it starts paused; the runner then steps its iterations.
     virtual void start_screen(const std::string& what) = 0;
     virtual void set_modeled_clock(bool on) = 0;
+    virtual void set_peak_colours(bool on) = 0;  // `colour peak`: the timeline's "% of peak"
     virtual void set_data_set_epoch(bool on) = 0;
     // `generate TEXT`: the data view's Generate box asks a GPT run to continue TEXT; "" or why not.
     virtual std::string generate_text(const std::string& prompt) = 0;

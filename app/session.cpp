@@ -123,6 +123,9 @@ void Session::reset_builder() {
   run.backend = client_ ? client_->backend() : config_.backend;
   run.attached = client_ ? client_->address() : std::string();
   run.node_size = client_ ? config_.fsdp.node_size : trainer_->config().fsdp.node_size;
+  // An attached run's ranks are processes of their own: one BLAS thread each on the CPU; a GPU the
+  // lab cannot name from here has no roof.
+  run.roof = !client_ ? trainer_->roof() : config_.device == "cpu" ? cpu_roof(this_machine_profile(), 1) : gpu_roof("a GPU of the attached run");
   builder_.reset(run);
 }
 

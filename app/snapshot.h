@@ -21,6 +21,7 @@
 #include "engine/parallel/pipeline_schedule.h"
 #include "engine/trace/event.h"
 #include "engine/trace/cost_model.h"
+#include "engine/trace/roofline.h"
 #include "engine/trace/stepper.h"
 #include "engine/trace/trace_import.h"
 
@@ -264,6 +265,7 @@ struct RunConfigView {
   int fsdp_api = 1;                       // 1: FullyShardedDataParallel (flat), 2: fully_shard (per-parameter Shard(0))
   int reshard_after_forward = -1;         // FSDP2: -1 true, 0 false, N (FsdpOptions)
   std::string device = "cpu";             // where the ranks' tensors live
+  Roof roof;                              // one rank's compute ceiling and memory slope (the Roofline view)
   std::string backend = "threads";        // threads | socket (a launched world) | cuda | nccl
   std::string attached;                   // HOST:PORT of the launched run's monitor; "" for a run in this window
   Precision precision = Precision::FP32;  // --precision (mixed: 16-bit parameters/gradients, fp32 master weights)

@@ -366,6 +366,7 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.accum = config.accum;
   c.steps = run.total_steps;
   c.device = config.device;
+  c.roof = run.roof;
   c.backend = run.backend;
   c.attached = run.attached;
   c.bucket_cap_bytes = config.ddp.bucket_cap_bytes;

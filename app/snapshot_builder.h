@@ -45,6 +45,7 @@ struct RunSources {
   std::string backend;                     // threads | socket | cuda | nccl
   std::string attached;                    // HOST:PORT of a launched run's monitor; "" for a run here
   int node_size = 0;                       // HYBRID_SHARD: ranks per shard group
+  Roof roof;                               // what a rank's kernels are held to (engine/trace/roofline.h)
 };
 
 // At kHistoryExact + kHistoryThinned points (app/snapshot.h), the points older than the newest

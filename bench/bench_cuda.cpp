@@ -6,18 +6,19 @@
 //     8192) and prints achieved TFLOP/s for both, so cuBLAS against torch is what the ratio measures;
 //     --gpt times nanoGPT's GPT-2 small (gpt2-124m, batch 8 x 1024 tokens, fp32) against PyTorch eager
 //     running tests/nanogpt_torch.py's GPT on the same GPU (tokens (b T + t) 7 % V, targets the next);
-//  2. ring all-reduce of N ranks sharing the GPU (the cuda backend), nccl-tests columns (#wrong, algbw,
-//     busbw = algbw * 2(n-1)/n), against the device's own device-to-device copy bandwidth.
+//  2. ring all-reduce of N ranks sharing the GPU (the cuda backend), 1 KiB to 1 GiB, nccl-tests columns
+//     (#wrong, algbw, busbw = algbw * 2(n-1)/n) per rank and summed over the ranks, against the device's
+//     own device-to-device copy bandwidth measured in the same run.
 // Without a CUDA device (or built without CUDA) it prints one line and exits 0.
 //  --precision bf16|fp16 runs dtlab's 16-bit layout (16-bit parameters, gradients and activations, fp32 master
 //     weights: --precision) against PyTorch's usual 16-bit training on the same GPU, torch.autocast with fp32
 //     parameters (and GradScaler's scale for fp16; the two layouts differ, as docs/gpu.md says); the losses then
 //     agree to the 16-bit format's rounding only.
-// Usage: dtlab-bench-cuda [--gemm | --gpt] [--model SPEC] [--batch B] [--steps N] [--cpu-steps N] [--world N]
+// Usage: dtlab-bench-cuda [--gemm | --gpt | --ring] [--model SPEC] [--batch B] [--steps N] [--cpu-steps N] [--world N]
 //                         [--precision fp32|bf16|fp16]
 //   --gemm is a preset (--model mlp:4096,16384,16384,4096 --batch 8192 --steps 10; explicit flags win);
 //   --gpt one too (--model gpt2-124m --batch 8 --steps 10 --world 0);
-//   --world 0 skips the all-reduce; --cpu-steps 0 skips the CPU reference (skipped by default when a
+//   --ring runs the all-reduce alone (no step); --world 0 skips the all-reduce; --cpu-steps 0 skips the CPU reference (skipped by default when a
 //   step is over 200 GFLOP of GEMMs).
 #include <cstdio>
 #include <string>
@@ -242,55 +243,63 @@ double d2d_bandwidth(int64_t bytes) {
   return double(bytes) / median(t);
 }
 
-// 2. Ring all-reduce on the cuda backend, nccl-tests style, inputs checked (#wrong).
+// 2. Ring all-reduce on the cuda backend, nccl-tests style, inputs checked (#wrong), at 1 KiB to 1 GiB.
+// Each ring step is one fused reduce-copy kernel (plan.h's RingStepWork). The ranks share one GPU's
+// memory, so beside each rank's busbw the table sums the n ranks' against the device copy measured
+// here: a reduce step reads two chunks and writes one, a copy step reads one and writes one, so at
+// memcpy's own efficiency the summed busbw is 4/5 of the copy bandwidth (docs/gpu.md).
 int64_t bench_allreduce(int n) {  // returns #wrong over all sizes
   const double copy_bw = d2d_bandwidth(int64_t{256} << 20);
-  std::printf("\nring all-reduce, cuda backend, %d ranks sharing GPU 0 (%s)\n", n, cuda::device_info(0).name.c_str());
-  std::printf("  device-to-device copy bandwidth (reference): %.1f GB/s\n", copy_bw / 1e9);
-  std::printf("  %12s %12s %6s %6s %10s %10s %10s %8s %7s %9s\n", "size(B)", "count", "type", "redop", "time(us)",
-              "algbw", "busbw", "#wrong", "/copy", "n*/copy");
+  std::printf("\nring all-reduce, cuda backend (fused reduce-copy steps), %d ranks sharing GPU 0 (%s)\n", n,
+              cuda::device_info(0).name.c_str());
+  std::printf("  device-to-device copy bandwidth (reference, 256 MiB): %.1f GB/s\n", copy_bw / 1e9);
+  std::printf("  %12s %12s %10s %10s %12s %12s %8s %9s %9s\n", "size(B)", "count", "time(us)", "algbw", "busbw/rank",
+              "busbw summed", "#wrong", "rank/copy", "sum/copy");
   WorldOptions o;
   o.record = false;
   o.trace_capacity = 16;
-  o.timeout_s = 120;
+  o.timeout_s = 300;
   std::unique_ptr<RankWorld> w = cuda::make_cuda_world(n, o);
   int64_t total_wrong = 0;
-  for (int64_t count : {int64_t{1} << 18, int64_t{1} << 22, int64_t{1} << 24, int64_t{1} << 26}) {
+  double ratio_256m = 0, summed_256m = 0;
+  for (int64_t count = int64_t{1} << 8; count <= int64_t{1} << 28; count <<= 2) {  // 1 KiB .. 1 GiB of floats
+    const int iters = count >= (int64_t{1} << 26) ? 6 : 12;
     std::vector<double> times;
     std::vector<int64_t> wrong(size_t(n), 0);
     w->run([&](int r, Communicator& c, RankContext& ctx, Device& dev) {
+      Tensor init({count}, MemCategory::CommBuffers, ctx.memory(), DType::F32, dev);
       Tensor buf({count}, MemCategory::CommBuffers, ctx.memory(), DType::F32, dev);
       std::vector<float> host(static_cast<size_t>(count));
-      for (int it = 0; it < 12; it++) {
-        for (int64_t i = 0; i < count; i++) host[size_t(i)] = float((r + 1) * ((i % 7) + 1));  // small integers: exact sums
-        dev.upload(buf.raw(), host.data(), buf.nbytes());
-        dev.synchronize();  // the upload is not part of the timed collective
+      for (int64_t i = 0; i < count; i++) host[size_t(i)] = float((r + 1) * ((i % 7) + 1));  // small integers: exact sums
+      dev.upload(init.raw(), host.data(), init.nbytes());
+      for (int it = 0; it < iters; it++) {
+        dev.copy(buf.raw(), init.raw(), buf.nbytes());  // every iteration sums the same inputs
+        dev.synchronize();  // the reset is not part of the timed collective
         c.barrier()->wait();
         const auto t0 = Clock::now();
         c.all_reduce(buf.f32(), count, DType::F32, ReduceOp::Sum, Algorithm::Ring)->wait();
         const double t = seconds_since(t0);
         if (r == 0 && it >= 2) times.push_back(t);
-        if (it == 11) {
-          dev.download(host.data(), buf.raw(), buf.nbytes());
-          for (int64_t i = 0; i < count; i++)
-            wrong[size_t(r)] += host[size_t(i)] != float(n * (n + 1) / 2 * ((i % 7) + 1));
-        }
       }
+      dev.download(host.data(), buf.raw(), buf.nbytes());
+      for (int64_t i = 0; i < count; i++) wrong[size_t(r)] += host[size_t(i)] != float(n * (n + 1) / 2 * ((i % 7) + 1));
     });
     int64_t bad = 0;
     for (int64_t v : wrong) bad += v;
     total_wrong += bad;
     const double t = median(times), bytes = double(count) * 4;
     const double algbw = bytes / t, busbw = algbw * bus_bandwidth_factor(CollectiveOp::AllReduce, n);
-    std::printf("  %12.0f %12lld %6s %6s %10.1f %10.2f %10.2f %8lld %6.0f%% %8.0f%%\n", bytes, static_cast<long long>(count),
-                "float", "sum", t * 1e6, algbw / 1e9, busbw / 1e9, static_cast<long long>(bad), 100.0 * busbw / copy_bw,
-                100.0 * n * busbw / copy_bw);
+    std::printf("  %12.0f %12lld %10.1f %10.2f %12.2f %12.2f %8lld %9.3f %9.3f\n", bytes, static_cast<long long>(count),
+                t * 1e6, algbw / 1e9, busbw / 1e9, n * busbw / 1e9, static_cast<long long>(bad), busbw / copy_bw,
+                n * busbw / copy_bw);
+    if (count == int64_t{1} << 26) ratio_256m = n * busbw / copy_bw, summed_256m = n * busbw;
   }
-  std::printf("  busbw = algbw * %s (nccl-tests); every step is a device copy or a reduction kernel\n"
-              "  plus a host synchronization, so small sizes measure the stepping, large ones the memory;\n"
-              "  n*/copy: the %d ranks share one GPU's memory, so their busbw summed is what the copy bandwidth\n"
-              "  bounds (one rank's busbw cannot pass 1/%d of it even with free reductions)\n",
+  std::printf("  busbw = algbw * %s (nccl-tests); each step one fused reduce-copy kernel plus a host\n"
+              "  synchronization, so small sizes measure the stepping, large ones the memory; summed: the %d\n"
+              "  ranks share one GPU's memory, so one rank's busbw cannot pass 1/%d of what they reach together\n",
               collective_traits(CollectiveOp::AllReduce).busbw_formula(), n, n);
+  std::printf("fused ring at 256 MiB: summed busbw %.1f GB/s = %.3f x the device copy (%.1f GB/s); at memcpy's efficiency 0.8\n",
+              summed_256m / 1e9, ratio_256m, copy_bw / 1e9);
   return total_wrong;
 }
 
@@ -300,7 +309,7 @@ int main(int argc, char** argv) {
   std::string spec_text;
   int64_t B = 0, steps = 0, cpu_steps = -1;  // 0 / empty: the preset's; cpu_steps -1: 20 when cheap, else 0
   int world = -1;  // -1: the preset's (4, or 0 under --gpt)
-  bool gemm = false, gpt = false;
+  bool gemm = false, gpt = false, ring_only = false;
   Precision precision = Precision::FP32;
   for (int i = 1; i < argc; i++) {
     const std::string k = argv[i];
@@ -308,9 +317,13 @@ int main(int argc, char** argv) {
       (k == "--gemm" ? gemm : gpt) = true;
       continue;
     }
+    if (k == "--ring") {
+      ring_only = true;
+      continue;
+    }
     if (k != "--model" && k != "--batch" && k != "--steps" && k != "--cpu-steps" && k != "--world" && k != "--precision") {
       std::fprintf(stderr,
-                   "dtlab-bench-cuda: unknown flag %s; flags are --gemm --gpt --model --batch --steps --cpu-steps --world --precision\n",
+                   "dtlab-bench-cuda: unknown flag %s; flags are --gemm --gpt --ring --model --batch --steps --cpu-steps --world --precision\n",
                    k.c_str());
       return 2;
     }
@@ -358,7 +371,7 @@ int main(int argc, char** argv) {
     if (spec.is_gpt() && spec.gpt.vocab == 0) spec.gpt.vocab = 65;  // shakespeare_char's, as dtlab-bench-step
     if (cpu_steps < 0) cpu_steps = step_flops(spec, B) <= 200e9 ? 20 : 0;
     std::printf("%s\n", cuda::runtime_summary().c_str());
-    bench_step(spec, B, steps, cpu_steps, precision);
+    if (!ring_only) bench_step(spec, B, steps, cpu_steps, precision);
     if (world > 0 && bench_allreduce(world) > 0) {
       std::fprintf(stderr, "dtlab-bench-cuda: the all-reduce gave wrong values (#wrong above)\n");
       return 1;

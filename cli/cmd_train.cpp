@@ -133,6 +133,14 @@ void print_header(const TrainArgs& a, std::ostream& out, const Trainer& trainer)
   for (const std::string& line : trainer.describe_mesh_lines()) out << "  " << line << "\n";
   if (!c.init_path.empty()) out << "  initialized from " << c.init_path << "\n";
   out << "  device " << c.device << ", backend " << c.backend << " (" << a.device_why << ")\n";
+  if (const double peak = trainer.peak_flops(); peak > 0) {  // what each step's MFU divides by
+    const Roof r = trainer.roof();
+    out << "  MFU: model FLOPs (6 N per " << (c.model.is_gpt() ? "token + 12 L C T" : "sample")
+        << ", PaLM's) / step time / " << si_text(peak, "FLOP/s") << " (" << r.device << ": " << si_text(r.flops_per_s, "FLOP/s")
+        << ", " << r.source << ")\n";
+  } else {
+    out << "  MFU: not shown, " << trainer.roof().source << "\n";
+  }
   if (c.profile == "this") {  // the modeled clock's figures, and where they come from
     const std::string dir = this_profile_cache_dir();
     out << "  modeled clock: " << this_machine_profile().description
@@ -156,7 +164,13 @@ struct StepPrinter {
   int64_t every = 1;
   bool one_first_bucket = false;  // DDP's iteration 1 all-reduces one bucket after backward (nothing to overlap)
   const char* unit = "samples";   // a GPT counts positions: "tokens"
+  const Trainer* trainer = nullptr;  // MFU: its model FLOPs per step over the peak of the hardware
+  double peak = 0;                   // trainer->peak_flops(); 0: no MFU (a GPU the peak table lacks)
   std::chrono::steady_clock::time_point last_draw{};
+
+  double step_mfu(const StepReport& r) const {
+    return trainer && peak > 0 ? mfu(trainer->model_flops(static_cast<double>(r.samples)), r.step_seconds, peak) : -1;
+  }
 
   void operator()(const StepReport& r) {
     if (json) return print_json(r);
@@ -167,6 +181,10 @@ struct StepPrinter {
                     static_cast<long long>(r.step), static_cast<long long>(r.total_steps),
                     static_cast<long long>(r.epoch), r.loss, 100.0 * r.accuracy,
                     with_commas(static_cast<int64_t>(std::llround(r.samples_per_sec))).c_str(), unit);
+      if (const double m = step_mfu(r); m >= 0) {
+        const size_t len = std::strlen(line);
+        std::snprintf(line + len, sizeof line - len, "  MFU %.1f%%", 100.0 * m);
+      }
       if (r.overlap >= 0) {
         const size_t len = std::strlen(line);
         std::snprintf(line + len, sizeof line - len, "  overlap %3.0f%%%s", 100.0 * r.overlap,
@@ -205,6 +223,7 @@ struct StepPrinter {
                         {"batch", r.batch_size},  {"samples", r.samples},
                         {"samples_per_sec", r.samples_per_sec},
                         {"step_ms", r.step_seconds * 1e3}};
+    if (const double m = step_mfu(r); m >= 0) j["mfu"] = m;
     if (r.overlap >= 0) j["overlap"] = r.overlap;
     if (branch) j["branch_taken"] = r.branch_taken;
     if (!r.bubble.empty()) j["bubble"] = r.bubble;
@@ -404,6 +423,8 @@ int report_run(TrainArgs& a, Streams& given, Trainer& trainer) {
   StepPrinter printer{io, a.json, io.terminal && !a.json, c.skip_layer >= 0,
                       a.log_every > 0 ? a.log_every : std::max<int64_t>(1, trainer.total_steps() / 20)};
   if (c.model.is_gpt()) printer.unit = "tokens";
+  printer.trainer = &trainer;
+  printer.peak = trainer.peak_flops();
   printer.one_first_bucket = c.strategy == Strategy::Ddp && c.accum == 1 && !c.ddp.find_unused_parameters &&
                              !c.ddp.sized_first_iteration && c.ddp.rebuild_buckets;
   TrainSummary s = trainer.run(printer);

@@ -255,19 +255,24 @@ TEST_CASE("this machine's figures are measured once per machine and cached with 
   const HardwareProfile first = dtlab::load_or_measure_this_profile(dirs);
   REQUIRE(std::filesystem::exists(file));
   nlohmann::json j = nlohmann::json::parse(std::ifstream(file));
-  CHECK(j.at("format") == "dtlab this-profile 1");
+  CHECK(j.at("format") == "dtlab this-profile 2");
   CHECK(!j.at("machine").get<std::string>().empty());
   CHECK(j.at("measured").get<std::string>() == first.measured);
   CHECK(first.measured.size() == std::string("2026-11-29 17:05 UTC").size());
   CHECK(first.description.find("(measured " + first.measured + ")") != std::string::npos);
   CHECK(j.at("flops_per_s").get<double>() == first.flops_per_s);
+  // The CPU roofline's ceiling: one BLAS thread's sgemm, cached beside the rest.
+  CHECK(j.at("sgemm_1thread_flops_per_s").get<double>() == first.sgemm_flops_per_thread);
+  CHECK(first.sgemm_flops_per_thread > 0);
   // A second launch reads the file: the planted figures come back exactly, not a new measurement.
   j["flops_per_s"] = 1.5e9;
+  j["sgemm_1thread_flops_per_s"] = 0.75e9;
   j["alpha_s"] = 7.25e-6;
   j["measured"] = "2020-01-02 03:04 UTC";
   std::ofstream(file) << j.dump();
   const HardwareProfile cached = dtlab::load_or_measure_this_profile(dirs);
   CHECK(cached.flops_per_s == 1.5e9);
+  CHECK(cached.sgemm_flops_per_thread == 0.75e9);
   CHECK(cached.intra.alpha == 7.25e-6);
   CHECK(cached.inter.alpha == 7.25e-6);
   CHECK(cached.gamma == first.gamma);

@@ -265,8 +265,9 @@ TEST_SUITE("gui") {
   const char* kEveryView =
       "view ring; check layout; view buckets; check layout; view shards; check layout; view pipeline; check layout; "
       "view timeline; check layout; view memory; check layout; view inspector; check layout; view data; check layout; "
-      "view topology; check layout; view sweep; check layout; view mesh; check layout; view sizing; check layout; view all; check layout";
-  constexpr int kChecksPerMode = 13;
+      "view topology; check layout; view sweep; check layout; view mesh; check layout; view sizing; check layout; "
+      "view roofline; check layout; view all; check layout";
+  constexpr int kChecksPerMode = 14;
 
   // Runs the lab on a screen of `screen` with `args` and `script`; every `check layout` it printed
   // must say nothing is cut off. Returns how many did.

@@ -5,8 +5,10 @@
 #include <doctest/doctest.h>
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
+#include "engine/comm/data_mover.h"
 #include "engine/comm/group.h"
 #include "engine/comm/plan.h"
 #include "engine/comm/ring_order.h"
@@ -58,9 +60,89 @@ void check_ring_events(ThreadsWorld& w, int r, int n, int steps, RingPhase first
   CHECK(seen == steps);
 }
 
+// A DataMover that keeps every fused ring step (reduce_copy) it is given and does it with the host's
+// loops: the calls the cuda backend's one kernel receives, with the same arguments, on the CPU. One
+// call per step, as on a device (no cache-sized slices).
+class StepSpy : public DataMover {
+ public:
+  struct Call {
+    int rank;
+    const void *dst, *src;
+    int64_t count;
+    bool reduce;
+    int finish_n;
+  };
+  std::mutex mu;
+  std::vector<Call> calls;
+  std::shared_ptr<DataMover> host = host_mover();
+  const char* device_name() const override { return "spy"; }
+  bool slice_ring_steps() const override { return false; }
+  void copy(int r, void* d, const void* s, int64_t b) override { host->copy(r, d, s, b); }
+  void reduce_into(int r, void* d, const void* s, int64_t n, DType dt, ReduceOp op) override { host->reduce_into(r, d, s, n, dt, op); }
+  void reduce_to(int r, void* d, const void* a, const void* b, int64_t n, DType dt, ReduceOp op) override {
+    host->reduce_to(r, d, a, b, n, dt, op);
+  }
+  void finish_avg(int r, void* b, int64_t n, DType dt, ReduceOp op, int w) override { host->finish_avg(r, b, n, dt, op, w); }
+  std::unique_ptr<CommScratch> scratch(int r, int64_t b, MemoryTracker* t) override { return host->scratch(r, b, t); }
+  void reduce_copy(int r, void* d, const void* s, int64_t n, DType dt, ReduceOp op, bool reduce, int finish_n) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      calls.push_back({r, d, s, n, reduce, finish_n});
+    }
+    DataMover::reduce_copy(r, d, s, n, dt, op, reduce, finish_n);
+  }
+};
+
 }  // namespace
 
 TEST_SUITE("comm") {
+  TEST_CASE("the fused ring step (one reduce-copy a step, as the cuda kernel runs it) is the CPU ring's plan, step for step") {
+    for (int n = 2; n <= 6; n++) {
+      CAPTURE(n);
+      const int64_t count = 7 * n + 3;  // uneven chunks
+      // The plan's ring all-reduce is ring_allreduce_step's transfers, and Avg divides where the chunk is final.
+      for (int s = 0; s < 2 * (n - 1); s++)
+        for (int r = 0; r < n; r++) {
+          const RingStepWork w = ring_allreduce_step(r, s, n);
+          const std::vector<StepTransfer> plan = algorithm_step_plan(CollectiveOp::AllReduce, Algorithm::Ring, n, 0, s);
+          REQUIRE(plan.size() == static_cast<size_t>(n));
+          const StepTransfer& t = plan[static_cast<size_t>(r)];
+          CHECK(t.dst == r);
+          CHECK((w.transfer.src == t.src && w.transfer.chunk == t.chunk && w.transfer.phase == t.phase && w.transfer.reduce == t.reduce));
+          CHECK(w.finishes == (s == n - 2));
+        }
+      // What the threads ring hands its mover: per rank and step, the plan's chunk of the predecessor's
+      // buffer into the same chunk of its own, reduced or copied, with Avg's division on the final step.
+      auto spy = std::make_shared<StepSpy>();
+      WorldOptions o;
+      o.mover = spy;
+      ThreadsWorld world(n, o);
+      std::vector<std::vector<float>> bufs(static_cast<size_t>(n));
+      for (int r = 0; r < n; r++)
+        for (int64_t i = 0; i < count; i++) bufs[size_t(r)].push_back(static_cast<float>(r + 1) * 0.25f + static_cast<float>(i));
+      world.run([&](int r, Communicator& comm, RankContext&) {
+        comm.all_reduce(bufs[size_t(r)].data(), count, DType::F32, ReduceOp::Avg, Algorithm::Ring)->wait();
+      });
+      std::vector<int> step(static_cast<size_t>(n), 0);
+      REQUIRE(spy->calls.size() == static_cast<size_t>(n * 2 * (n - 1)));
+      for (const StepSpy::Call& c : spy->calls) {  // each rank's calls in its own order
+        const int s = step[size_t(c.rank)]++;
+        const RingStepWork w = ring_allreduce_step(c.rank, s, n);
+        const auto [lo, hi] = transfer_elements(w.transfer, count);
+        CHECK(c.dst == bufs[size_t(c.rank)].data() + lo);
+        CHECK(c.src == bufs[size_t(w.transfer.src)].data() + lo);
+        CHECK(c.count == hi - lo);
+        CHECK(c.reduce == w.transfer.reduce);
+        CHECK(c.finish_n == (w.finishes ? n : 0));
+      }
+      // And the average it computes is the average.
+      for (int r = 0; r < n; r++)
+        for (int64_t i = 0; i < count; i += 5)
+          CHECK(bufs[size_t(r)][size_t(i)] == doctest::Approx(0.25 * (n + 1) / 2.0 + static_cast<double>(i)));
+    }
+  }
+
+
   TEST_CASE("the step plan is the schedule the threads backend runs") {
     const std::vector<Case> cases = {
         {CollectiveOp::AllReduce, Algorithm::Ring, 0},    {CollectiveOp::AllReduce, Algorithm::Tree, 0},

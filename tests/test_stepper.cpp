@@ -569,7 +569,7 @@ TEST_CASE("a relayed stepper forwards its gates, reports the remote hold as paus
 // A GPU rank's device timer stands in: it counts the flushes a wait asks for.
 struct CountingTimer : DeviceTimer {
   std::atomic<int> flushes{0};
-  void compute_begin(ComputeKind, int, double) override {}
+  void compute_begin(ComputeKind, int, OpCost) override {}
   void compute_end() override {}
   int flush() override { return ++flushes; }
 };

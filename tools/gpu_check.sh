@@ -46,11 +46,17 @@
 #                        bench-bf16);
 #                        when the bench's /usr/bin/python3 has no torch, bench/torch_step.py runs with the
 #                        python3 on PATH instead;
-#         e. screens     lab screenshots of a GPU run (dtlab --device cuda --strategy ddp --world 4 --run
+#         ring-fused     dtlab-bench-cuda --ring --world 4: the fused reduce-copy ring, 1 KiB to 1 GiB; passes at
+#                        #wrong 0 and, at 256 MiB, the 4 ranks' busbw summed >= 0.8 x the device copy bandwidth;
+#         mfu            dtlab-cli train --device cuda (DDP 4): the roof it names (the peak table's row for this
+#                        GPU) and step 20's MFU from GPU-timed spans;
+#         e. screens     lab screenshots of a GPU run, its Roofline view and its timeline coloured by % of peak
+#                        (dtlab --device cuda --strategy ddp --world 4 --run
 #                        "...; screenshot ...") under the unpacked Xvfb, with Mesa's software GL when there
 #                        is one (the prefix's from .deps-gl, or the machine's), else skipped with the reason;
 #       and ends with ONE summary table (step | result | figure | seconds | log) on stdout and in
-#       build-gpu/gpu_check/summary.md. When $OUT is set (the device tool), summary.md, up to 3 screenshots
+#       build-gpu/gpu_check/summary.md; on a GPU it also writes that table, dated and with the GPU's name,
+#       into docs/gpu.md between its gpu_check markers (and $OUT/gpu.md). When $OUT is set (the device tool), summary.md, up to 5 screenshots
 #       and gpu_check_logs.tgz (every log) are copied there. Exit code 0 only when every step passed (steps
 #       turned off by a flag do not count); 1 otherwise; 2 for a bad flag.
 #       Without a GPU (no nvidia-smi, or it lists no device) it says so in one sentence, builds and runs what
@@ -62,7 +68,7 @@
 #   --build-only        unpack, configure, build and verify-prefix only
 #   --skip-screens      no screenshots (the step is shown "off" and does not count)
 #   --quick             fewer train rows, a smaller GEMM bench, one screenshot, a shorter time budget
-#   --only STEPS        after the (incremental) build, run only these of gpu-info,tests,train,bench,bench-bf16,bench-gpt,screens,
+#   --only STEPS        after the (incremental) build, run only these of gpu-info,tests,train,bench,ring,mfu,bench-bf16,bench-gpt,screens,
 #                       bench-gemm
 #   --verify-prefix     only the verify-prefix check of an existing build dir (exit 1 if anything resolved
 #                       outside the prefix)
@@ -119,7 +125,7 @@ while (($#)); do
       extra_cmake=$2; shift ;;
     --cmake-args=*) extra_cmake=${1#*=} ;;
     --only)
-      (($# >= 2)) || { echo "$me: --only needs a list of steps; use --only tests,train (steps: gpu-info tests train bench bench-bf16 bench-gpt screens bench-gemm)" >&2; exit 2; }
+      (($# >= 2)) || { echo "$me: --only needs a list of steps; use --only tests,train (steps: gpu-info tests train bench ring mfu bench-bf16 bench-gpt screens bench-gemm)" >&2; exit 2; }
       only=$2; shift ;;
     --only=*) only=${1#*=} ;;
     -h|--help) sed -n '2,/^set -uo pipefail/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -128,8 +134,8 @@ while (($#)); do
   shift
 done
 for o in ${only//,/ }; do
-  case $o in gpu-info|tests|train|bench|bench-bf16|bench-gpt|screens|bench-gemm) ;;
-    *) echo "$me: --only: unknown step '$o'; the steps are gpu-info, tests, train, bench, bench-bf16, bench-gpt, screens, bench-gemm" >&2; exit 2 ;;
+  case $o in gpu-info|tests|train|bench|ring|mfu|bench-bf16|bench-gpt|screens|bench-gemm) ;;
+    *) echo "$me: --only: unknown step '$o'; the steps are gpu-info, tests, train, bench, ring, mfu, bench-bf16, bench-gpt, screens, bench-gemm" >&2; exit 2 ;;
   esac
 done
 if ((with_mesa)) && [[ $mode != fetch ]]; then
@@ -758,7 +764,8 @@ step_bench() {
   c=$(sed -n 's/^  cpu  *\([0-9.]*\) ms\/step.*/\1/p' "$log" | head -1)
   t=$(sed -n 's/^  pytorch (cuda) *\([0-9.]*\) ms\/step.*/\1/p' "$log" | head -1)
   r=$(sed -n 's/.*ratio dtlab\/torch on the GPU: \([0-9.]*\).*/\1/p' "$log" | head -1)
-  bw=$(awk '$3 == "float" && $4 == "sum" {if ($7 + 0 > m) m = $7 + 0} END {if (m) printf "%.1f", m}' "$log")
+  # The ring table's per-rank busbw column (bench_cuda.cpp: size, count, time, algbw, busbw/rank, summed, ...).
+  bw=$(awk '/^ring all-reduce/ {t = 1} t && $1 ~ /^[0-9]+$/ && NF == 9 {if ($5 + 0 > m) m = $5 + 0} END {if (m) printf "%.1f", m}' "$log")
   # The bench asks /usr/bin/python3 for torch; the GPU image's torch may be another python3's on PATH.
   if [[ -z $t ]] && grep -q 'pytorch (cuda) not measured' "$log" && ((gpu)) && python3 -c 'import torch' 2>/dev/null; then
     local spec=mlp:256,1024,1024,10 batch=256 steps=50 prec=fp32 a
@@ -795,6 +802,75 @@ step_bench() {
   else
     record "$name" FAIL "exit $rc; $fig" $((SECONDS - t0)) "$log"
   fi
+}
+
+# The fused ring (each step one reduce-copy kernel): dtlab-bench-cuda --ring, 4 ranks sharing the GPU,
+# 1 KiB to 1 GiB. Passes when every size's #wrong is 0 and, at 256 MiB, the 4 ranks' busbw summed is
+# at least 0.8 x the device copy measured in the same run (a reduce step moves 3 chunk-sizes of memory,
+# a copy step 2: 0.8 is memcpy's own efficiency; docs/gpu.md).
+step_ring() {
+  local log=$logs/ring-fused.log
+  : >"$log"
+  if [[ ! -x $bin/dtlab-bench-cuda ]]; then record ring-fused FAIL "no $(rel "$bin")/dtlab-bench-cuda" 0 "$log"; return; fi
+  local t0=$SECONDS
+  run_logged "$log" "$(limit_for 120)" "$bin/dtlab-bench-cuda" --ring --world 4
+  local rc=$?
+  local line ratio
+  line=$(grep -m1 '^fused ring at 256 MiB' "$log" | cut -c1-150)
+  ratio=$(sed -n 's/^fused ring at 256 MiB: .* = \([0-9.]*\) x the device copy.*/\1/p' "$log" | head -1)
+  if ((!gpu)); then
+    record ring-fused "$gpu_skip" "$(output_of "$log" | grep -m1 -E 'skipped' | cut -c1-120)" $((SECONDS - t0)) "$log"
+  elif ((rc == 0)) && [[ -n $ratio ]] && awk -v r="$ratio" 'BEGIN {exit !(r >= 0.8)}'; then
+    record ring-fused pass "$line" $((SECONDS - t0)) "$log"
+  else
+    record ring-fused FAIL "exit $rc; ${line:-no 256 MiB line}; wants >= 0.8" $((SECONDS - t0)) "$log"
+  fi
+}
+
+# The roofline on the GPU: dtlab-cli train --device cuda prints the roof it divides by (the peak table's
+# row for this GPU, docs/course_sources.md §6j) and each step's MFU, from GPU-timed spans.
+step_mfu() {
+  local log=$logs/mfu.log
+  : >"$log"
+  local t0=$SECONDS
+  run_logged "$log" "$(limit_for 60)" "$bin/dtlab-cli" train --device cuda --strategy ddp --world 4 --model mlp:256,1024,1024,10 \
+    --data spiral --batch 256 --steps 20 --log-every 10
+  local rc=$?
+  local head mfu
+  head=$(grep -m1 '^  MFU' "$log" | cut -c1-150)
+  mfu=$(grep -m1 -o 'MFU [0-9.]*%' <(grep '^step 20/20' "$log"))
+  if ((!gpu)); then
+    record mfu "$gpu_skip" "" $((SECONDS - t0)) "$log"
+  elif ((rc == 0)) && [[ $head == *"FLOP/s ("* && -n $mfu ]]; then
+    record mfu pass "step 20: $mfu;${head#  MFU:}" $((SECONDS - t0)) "$log"
+  else
+    record mfu FAIL "exit $rc; ${head:-no MFU header} ${mfu:-no MFU on step 20}" $((SECONDS - t0)) "$log"
+  fi
+}
+
+# The run's table into docs/gpu.md, between its two gpu_check markers, with the date and the GPU's name:
+# the page always shows what the last GPU session measured (only a run on a GPU writes it).
+write_gpu_doc() {
+  local doc=$root/docs/gpu.md f=$logs/summary.md
+  ((gpu)) && [[ -f $doc && -f $f ]] || return 0
+  local name; name=$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  python3 - "$doc" "$f" "${name:-unknown GPU}" "$(date -u '+%Y-%m-%d')" <<'PYEOF' || echo "$me: could not write docs/gpu.md's table" >&2
+import sys
+doc, summary, gpu, day = sys.argv[1:5]
+begin, end = "<!-- gpu_check:begin -->", "<!-- gpu_check:end -->"
+lines = open(summary).read().splitlines()
+table = [l for l in lines if l.startswith("|")]
+tail = [l for l in lines if " passed, " in l]
+block = [begin, "", f"**Last `tools/gpu_check.sh` run: {day} on {gpu}** (written by the script).", ""] + table + [""] + tail + ["", end]
+text = open(doc).read()
+if begin in text and end in text:
+    text = text[:text.index(begin)] + "\n".join(block) + text[text.index(end) + len(end):]
+else:
+    text = text.rstrip("\n") + "\n\n## The last gpu_check run\n\n" + "\n".join(block) + "\n"
+open(doc, "w").write(text)
+PYEOF
+  if [[ -n ${OUT:-} && -d ${OUT:-} ]]; then cp "$doc" "$OUT/gpu.md"; fi  # the device tool brings back $OUT only
+  echo "wrote the table to $(rel "$doc") (${name:-unknown GPU}, $(date -u '+%Y-%m-%d'))"
 }
 
 # Xvfb from the prefix. Its GLX needs Mesa's swrast_dri.so (LIBGL_DRIVERS_PATH: the prefix's, else the
@@ -868,6 +944,7 @@ step_screens() {
   local cfg; cfg=$(mktemp -d)
   local script="step collective 2; step ring 2; screenshot $shots/lab_${device}_ddp4.png"
   ((quick)) || script+="; view memory; screenshot $shots/memory_${device}_ddp4.png; view timeline; screenshot $shots/timeline_${device}_ddp4.png"
+  ((quick)) || script+="; step iteration 1; view roofline; screenshot $shots/roofline_${device}_ddp4.png; colour peak; view timeline; screenshot $shots/timeline_peak_${device}_ddp4.png"
   script+="; quit"
   local vendor ok=0 lim
   for vendor in mesa nvidia; do
@@ -904,6 +981,7 @@ step_screens() {
 finish() {
   stop_xvfb
   local f; f=$(write_summary)
+  [[ $mode == run ]] && write_gpu_doc
   echo
   echo "== summary ($(rel "$f"))"
   sed -n '5,$p' "$f"
@@ -911,7 +989,7 @@ finish() {
     local png n=0
     for png in "$logs"/screens/*.png; do
       [[ -e $png ]] || continue
-      ((n < 3)) && cp "$png" "$OUT/" && n=$((n + 1))
+      ((n < 5)) && cp "$png" "$OUT/" && n=$((n + 1))
     done
     tar -czf "$OUT/gpu_check_logs.tgz" --exclude='*.png' -C "$build" gpu_check 2>/dev/null
     echo "copied summary.md, gpu_check_logs.tgz and $n screenshot(s) to \$OUT"
@@ -944,6 +1022,8 @@ wanted gpu-info && step_gpu_info
 wanted tests && step_tests
 wanted train && step_train
 wanted bench && step_bench bench 150
+wanted ring && step_ring
+wanted mfu && step_mfu
 # The bench model in bf16: dtlab's 16-bit layout (--precision) against torch.autocast(bf16) on the same GPU.
 wanted bench-bf16 && step_bench bench-bf16 90 --precision bf16 --world 0
 # dtlab-bench-cuda --gpt: GPT-2 small (gpt2-124m) at batch 8 x 1024, fp32, against PyTorch eager.

@@ -185,6 +185,26 @@ ImU32 contribution_color(int held, int world) {
   return lerp_color(kFew, kMost, t);
 }
 
+ImU32 roofline_kind_color(RooflineKind k) {
+  switch (k) {
+    case RooflineKind::Gemm: return work_color(Work::Forward);
+    case RooflineKind::Elementwise: return IM_COL32(120, 210, 120, 255);
+    case RooflineKind::Optimizer: return IM_COL32(226, 128, 226, 255);  // apart from the element-wise green
+    case RooflineKind::Collective: return work_color(Work::Communication);
+  }
+  return IM_COL32_WHITE;
+}
+
+ImU32 roof_fraction_color(double f) {
+  // Dark red (far under the roof) through amber to bright green (at it): readable on the dark theme
+  // and, at its ends, by the red-green colour-blind as dark against light.
+  const float t = static_cast<float>(std::clamp(f, 0.0, 1.0));
+  const ImVec4 lo(0.55f, 0.10f, 0.12f, 1), mid(0.95f, 0.62f, 0.15f, 1), hi(0.55f, 0.95f, 0.45f, 1);
+  const float u = t < 0.5f ? t * 2 : (t - 0.5f) * 2;
+  const ImVec4 a = t < 0.5f ? lo : mid, b = t < 0.5f ? mid : hi;
+  return ImGui::ColorConvertFloat4ToU32(ImVec4(a.x + (b.x - a.x) * u, a.y + (b.y - a.y) * u, a.z + (b.z - a.z) * u, 1));
+}
+
 ImU32 side_color(bool a) { return a ? IM_COL32(120, 200, 255, 255) : IM_COL32(255, 196, 90, 255); }
 
 void flow(float w, float spacing) {

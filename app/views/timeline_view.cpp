@@ -137,7 +137,15 @@ struct RowCtx {
   Hover& hover;
   int rank;
   float text_size;
+  const Roof* roof = nullptr;  // colour spans by their fraction of it (the toolbar's "% of peak"); null: by kind
 };
+
+// A compute or collective span's colour under "% of peak": its achieved rate over the roof at its
+// intensity (roofline.h), on the palette's red-to-green ramp; spans with no cost keep `fallback`.
+ImU32 peak_color(const Event& e, const Roof& roof, ImU32 fallback) {
+  RooflinePoint p;
+  return roofline_point(e, p) ? roof_fraction_color(fraction_of_roof(p, roof)) : fallback;
+}
 
 // Draws one row of spans in [y0, y1]. Spans under a pixel merge with their neighbours into one
 // block, and a run of them is skipped with a binary search, so a zoomed-out view of thousands of
@@ -322,7 +330,10 @@ void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int ra
   const double t0 = ax.t(ax.x0 - 4), t1 = ax.t(ax.x1 + 4);
   // Compute lane: ops, then instants in the strip under them.
   const float bar0 = yc + L.op0, bar1 = yc + L.op1;
-  draw_row(rc, visible_spans(c.compute, t0, t1), bar0, bar1, [](const RowSpan&, const Event& e) { return compute_color(e.compute.kind); },
+  draw_row(rc, visible_spans(c.compute, t0, t1), bar0, bar1,
+           [&rc](const RowSpan&, const Event& e) {
+             return rc.roof ? peak_color(e, *rc.roof, kOtherCompute) : compute_color(e.compute.kind);
+           },
            [](const RowSpan&, const Event& e, char* l, size_t ln, char* sh, size_t sn) {
              const ComputeInfo& ci = e.compute;
              if (ci.layer >= 0) {
@@ -354,7 +365,10 @@ void draw_rank(const Snapshot& s, const RankRows& c, const FrameSpans& d, int ra
     else std::snprintf(l, ln, "%s %s #%llu %s", op, group.c_str(), seq, algorithm_name(e.coll.algo));
     std::snprintf(sh, sn, "%s #%llu", group.c_str(), seq);
   };
-  auto coll_color = [](const RowSpan&, const Event&) { return work_color(Work::Communication); };
+  auto coll_color = [&rc](const RowSpan& sp, const Event& e) {
+    return rc.roof && e.kind == EventKind::Collective && !sp.in_flight ? peak_color(e, *rc.roof, work_color(Work::Communication))
+                                                                       : work_color(Work::Communication);
+  };
   draw_row(rc, visible_spans(c.coll, t0, t1), ym + L.co0, ym + L.co1, coll_color, coll_label);
   draw_row(rc, SpanRange{d.coll_tail.data(), d.coll_tail.data() + d.coll_tail.size()}, ym + L.co0, ym + L.co1, coll_color,
            coll_label);
@@ -531,6 +545,15 @@ void tip_row(const char* key, const char* fmt, ...) {
   va_end(args);
 }
 
+// The span's achieved rate and its share of the roof, on the wall clock (what the device really did).
+void tip_roof(const Snapshot& s, const Event& e) {
+  RooflinePoint p;
+  if (!s.config.roof.valid() || !roofline_point(e, p)) return;
+  tip_row("achieved", "%s, %s", si_text(p.flops_per_s(), "FLOP/s").c_str(), si_text(p.bytes_per_s(), "B/s").c_str());
+  tip_row("of peak", "%.1f%% (%s)", 100 * fraction_of_roof(p, s.config.roof),
+          p.flops > 0 && p.intensity() >= s.config.roof.ridge() ? "FLOP/s ceiling" : "memory bandwidth");
+}
+
 void tip_times(const Event& e) {
   const bool instant = e.model_begin == e.model_end && e.wall_begin_ns == e.wall_end_ns;
   const double wb = static_cast<double>(e.wall_begin_ns) * 1e-9, we = static_cast<double>(e.wall_end_ns) * 1e-9;
@@ -641,11 +664,14 @@ void event_tooltip(const Snapshot& s, const Hover& h, float fs) {
         tip_row("op", "%s", compute_kind_name(e.compute.kind));
         if (e.compute.layer >= 0) tip_row("layer", "%d", e.compute.layer);
         tip_row("cost", "%s", fmt_flops(e.compute.flops).c_str());
+        if (e.compute.bytes > 0) tip_row("bytes", "%s (%.3g FLOP/byte)", si_text(e.compute.bytes, "B").c_str(), e.compute.flops / e.compute.bytes);
+        tip_roof(s, e);
         break;
       case EventKind::Collective:
       case EventKind::CollectiveIssue:
         if (e.coll.group != 0) tip_row("group", "%s", describe_group_label(label_of(s, e.coll.group - 1)).c_str());
         tip_collective(e.coll);
+        if (e.kind == EventKind::Collective) tip_roof(s, e);
         if (!bucket_span && e.coll.group == 0)  // a DDP bucket's all-reduce says which bucket it carries
           for (auto it = evs.rbegin(); it != evs.rend(); ++it)
             if (it->kind == EventKind::BucketLaunch && it->bucket.seq == e.coll.seq) {
@@ -712,7 +738,7 @@ void legend_item(ImU32 col, const char* text, bool& first, int glyph = 0) {
 }
 
 // `no_key`: the spans' colors are keyed elsewhere (A's side above B's in an A/B comparison).
-void draw_toolbar(TimelineViewState& view, ViewContext& ctx, bool fp16, bool no_key) {
+void draw_toolbar(TimelineViewState& view, ViewContext& ctx, bool fp16, bool no_key, const Roof& roof) {
   ImGui::Checkbox("Follow", &view.follow);
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("Keep the last two iterations in view (double-click the timeline to return here)");
   ImGui::SameLine();
@@ -721,6 +747,20 @@ void draw_toolbar(TimelineViewState& view, ViewContext& ctx, bool fp16, bool no_
   ImGui::SameLine();
   if (ImGui::RadioButton("wall clock", !ctx.modeled_clock)) ctx.modeled_clock = false;
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("Time as this machine's threads really took it");
+  // In presentation a tiled timeline has no line to spare: the box shows where it and the span in view
+  // fit beside the clock (alone on the screen they do; `colour peak` sets it from a script either way).
+  const float peak_w = ImGui::CalcTextSize("% of peak").x + ImGui::GetFrameHeight() + ImGui::GetStyle().ItemInnerSpacing.x;
+  const float room = ImGui::GetWindowPos().x + ImGui::GetContentRegionMax().x - ImGui::GetItemRectMax().x - ImGui::GetStyle().ItemSpacing.x;
+  const float span_w = ImGui::CalcTextSize((time_text(view.t1 - view.t0) + " in view (?)").c_str()).x + 2 * ImGui::GetStyle().ItemSpacing.x;
+  if (roof.valid() && (!ctx.presentation || peak_w + span_w <= room)) {
+    flow(peak_w);
+    ImGui::Checkbox("% of peak", &view.by_peak);
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip("Colour each layer and collective by its achieved rate over the roof of %s\n"
+                        "(FLOP/s for GEMMs, bandwidth for element-wise ops and collectives; wall clock)", roof.device.c_str());
+  } else if (!roof.valid()) {
+    view.by_peak = false;
+  }
   const std::string span = time_text(view.t1 - view.t0) + " in view (?)";
   flow(ImGui::CalcTextSize(span.c_str()).x + ImGui::GetStyle().ItemSpacing.x);  // a narrow tile: the next line
   ImGui::TextDisabled("%s in view", time_text(view.t1 - view.t0).c_str());
@@ -729,6 +769,18 @@ void draw_toolbar(TimelineViewState& view, ViewContext& ctx, bool fp16, bool no_
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip("Wheel: zoom around the cursor.  Drag (left or middle): pan.\nDouble-click: follow the latest iterations again.\n"
                       "Hover a span for its details.");
+  if (view.by_peak && !no_key) {  // the ramp is the only key the colours have: shown in presentation too
+    bool first = true;
+    for (int pct : {0, 25, 50, 75, 100}) {
+      char t[16];
+      std::snprintf(t, sizeof t, "%d%%", pct);
+      legend_item(roof_fraction_color(pct / 100.0), t, first);
+    }
+    const char* of = "of the roof";
+    flow(ImGui::CalcTextSize(of).x);
+    ImGui::TextDisabled("%s", of);
+    return;
+  }
   // Presentation: fewer words; the spans carry their own labels ("forward 2", "backward 2") and the
   // legend's 13 keys took a third of the tile.
   if ((ctx.presentation && !fp16) || no_key) return;
@@ -769,7 +821,7 @@ void draw_lanes(const Snapshot& s, TimelineViewState& view, const TimelineCanvas
     const std::vector<Event>& evs = s.events[static_cast<size_t>(r)];
     const RankRows& rows = view.index.ranks[static_cast<size_t>(r)];
     derive_frame(rows, evs, clock, t_lo, t_hi, view.frame);
-    RowCtx rc{dl, ax, evs, mouse, c.canvas_hovered, hover, r, fs};
+    RowCtx rc{dl, ax, evs, mouse, c.canvas_hovered, hover, r, fs, view.by_peak && s.config.roof.valid() ? &s.config.roof : nullptr};
     draw_rank(s, rows, view.frame, r, y, L, rc);
   }
   if (c.hovered()) vline(dl, mouse.x, cp.y, cp.y + total_h, IM_COL32(255, 255, 255, 90));
@@ -891,7 +943,7 @@ void draw_timeline_view(const Snapshot& s, TimelineViewState& view, ViewContext&
 
   // A side of an A/B comparison has no toolbar: the clock is the toolbar's (M), a double-click follows
   // again, and side A's caption keys nothing the spans' labels do not say.
-  if (ctx.compare_side == 0) draw_toolbar(view, ctx, s.config.precision == Precision::FP16, false);
+  if (ctx.compare_side == 0) draw_toolbar(view, ctx, s.config.precision == Precision::FP16, false, s.config.roof);
 
   const float ruler_h = 1.45f * fs, strip_h = 1.35f * fs, header_h = ruler_h + strip_h;
   const float natural = std::max(ranks, 1) * make_layout(fs, 1.0f).rank_h;

@@ -9,6 +9,7 @@ namespace dtlab::app {
 struct TimelineViewState {
   bool follow = true;   // track the latest iterations until the user zooms or pans
   bool modeled = true;  // the clock t0/t1 are in
+  bool by_peak = false; // colour compute and collective spans by their fraction of the device's roof
   double t0 = 0, t1 = 1e-3;
   TimelineIndex index;  // every rank's rows, extended each frame with the new events
   FrameSpans frame;     // one rank's spans derived for the range in view (kept for its capacity)

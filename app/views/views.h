@@ -69,6 +69,9 @@ void draw_topology_view(const Snapshot& s, ViewContext& ctx);
 void draw_sweep_view(const Snapshot& s, ViewContext& ctx);
 // The DP x PP x TP mesh (mesh_view.cpp): ranks by coordinates, the latest collective's group lit.
 void draw_mesh_view(const Snapshot& s, ViewContext& ctx);
+// The roofline (roofline_view.cpp): the last finished iteration's layers and collectives of the focus
+// rank (else rank 0) against the device's roof, log-log, one dot per span coloured by its kind.
+void draw_roofline_view(const Snapshot& s, ViewContext& ctx);
 
 // The Sizing view (sizing_view.cpp): the calculator's settings, which the app keeps and a `sizing
 // SPEC` script or lesson action sets; `ran`: its last "Run it scaled down" was this view's.
@@ -168,6 +171,9 @@ ImU32 link_load_color(RingPhase phase, int load);
 ImU32 algorithm_color(Algorithm a);
 // A cell holding `held` of `world` contributions: partial sums warm up towards the final color.
 ImU32 contribution_color(int held, int world);
+// The Roofline view's kinds of point, and a span's fraction of the roof (0..1) from dark red to green.
+ImU32 roofline_kind_color(RooflineKind k);
+ImU32 roof_fraction_color(double fraction);
 // The A/B comparison's two sides (app/compare_view.h): A, the pinned run, sky blue; B, the live one, amber.
 ImU32 side_color(bool a);
 

@@ -4,6 +4,13 @@
 
 namespace dtlab {
 
+void DataMover::reduce_copy(int rank, void* dst, const void* src, int64_t count, DType dt, ReduceOp op, bool reduce,
+                            int finish_n) {
+  if (reduce) reduce_into(rank, dst, src, count, dt, op);
+  else if (count > 0 && dst != src) copy(rank, dst, src, count * static_cast<int64_t>(dtype_size(dt)));
+  if (finish_n > 0) finish_avg(rank, dst, count, dt, op, finish_n);
+}
+
 namespace {
 
 class HostScratch : public CommScratch {

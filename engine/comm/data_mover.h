@@ -35,6 +35,13 @@ class DataMover {
                          ReduceOp op) = 0;
   // Avg is a sum followed by this on the rank holding the final value (a no-op otherwise).
   virtual void finish_avg(int rank, void* buf, int64_t count, DType dt, ReduceOp op, int world_size) = 0;
+  // One ring step in one pass, as NCCL's reduce-copy primitives: dst = dst op src (`reduce`) or
+  // dst = src, and when `finish_n` > 0 (the chunk is final: plan.h's RingStepWork::finishes)
+  // finish_avg over finish_n ranks, with the same roundings as those calls one after another. Here
+  // they are those calls (host memory gains nothing from fusing); the cuda mover runs one kernel that
+  // reads the peer's chunk from its device buffer and writes the result in place.
+  virtual void reduce_copy(int rank, void* dst, const void* src, int64_t count, DType dt, ReduceOp op, bool reduce,
+                           int finish_n);
   virtual std::unique_ptr<CommScratch> scratch(int rank, int64_t bytes, MemoryTracker* tracker) = 0;
   // Host memory: cut ring steps into cache-sized slices. A device gains nothing from it and would
   // pay a launch and a synchronization per slice.

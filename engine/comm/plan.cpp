@@ -106,6 +106,15 @@ std::pair<int, int> fine_chunks(const StepTransfer& t, int chunks) {
   return {t.chunk * per, (t.chunk + 1) * per};
 }
 
+RingStepWork ring_allreduce_step(int r, int s, int n) {
+  const bool rs = s < n - 1;
+  RingStepWork w;
+  w.transfer = {ring_pred(r, n), r, ring_allreduce_recv_chunk(r, s, n), rs ? RingPhase::ReduceScatter : RingPhase::AllGather,
+                rs, n};
+  w.finishes = s == n - 2;
+  return w;
+}
+
 int hierarchical_node_size(int n, int node_size) { return node_size <= 0 || node_size >= n ? n : node_size; }
 
 int algorithm_step_count(CollectiveOp op, Algorithm algo, int n, int node_size) {
@@ -143,8 +152,7 @@ std::vector<StepTransfer> algorithm_step_plan(CollectiveOp op, Algorithm algo, i
       } else if (algo == Algorithm::InNetwork) {
         in_network(out, n, s);
       } else if (algo == Algorithm::Ring) {
-        const bool rs = s < n - 1;
-        ring(out, n, rs ? RingPhase::ReduceScatter : RingPhase::AllGather, rs, ring_allreduce_recv_chunk, s);
+        for (int r = 0; r < n; r++) out.push_back(ring_allreduce_step(r, s, n).transfer);
       } else if (algo == Algorithm::Naive) {
         // Rank 0 gathers and reduces every buffer, then sends the result to each rank in turn.
         if (s < n - 1) out.push_back({s + 1, 0, -1, RingPhase::Gather, true});

@@ -45,6 +45,18 @@ int algorithm_step_count(CollectiveOp op, Algorithm algo, int world, int node_si
 std::vector<StepTransfer> algorithm_step_plan(CollectiveOp op, Algorithm algo, int world, int root, int step,
                                               int node_size = 0);
 
+// Rank r's part of step s of the ring all-reduce on n ranks, done as one fused reduce-copy (NCCL's
+// recvReduceCopy / recvCopySend primitives; docs/course_sources.md §6): the plan's transfer into r (its
+// predecessor's chunk ring_allreduce_recv_chunk, reduced in the reduce-scatter, copied in the
+// all-gather) and whether that chunk becomes final there (the last reduce-scatter step, where Avg
+// divides in the same pass). algorithm_step_plan's ring all-reduce, the threads ring and the cuda
+// backend's fused kernel all take their steps from it.
+struct RingStepWork {
+  StepTransfer transfer;
+  bool finishes = false;
+};
+RingStepWork ring_allreduce_step(int r, int s, int n);
+
 // The ranks per node the hierarchical all-reduce groups: node_size, or world when node_size is 0 or
 // at least world (one node).
 int hierarchical_node_size(int world, int node_size);

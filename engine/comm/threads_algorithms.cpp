@@ -99,19 +99,18 @@ void ring_allreduce(Call& c) {
   const T* theirs = as<T>(rv.buf[static_cast<size_t>(pred)]);
   for (int s = 0; s < rv.steps; s++) {
     int64_t wall0 = st.begin(s);
-    const bool rs = s < n - 1;
-    const int k = ring_allreduce_recv_chunk(r, s, n);
-    const int64_t lo = chunk_begin(count, n, k), hi = chunk_begin(count, n, k + 1);
+    // The plan's step (plan.h), one fused reduce-copy per slice: reduce (or, in the all-gather, copy)
+    // the predecessor's chunk in place, dividing for Avg in the same pass where the chunk is final.
+    const RingStepWork work = ring_allreduce_step(r, s, n);
+    const bool rs = work.transfer.reduce;
+    const int k = work.transfer.chunk;
+    const auto [lo, hi] = transfer_elements(work.transfer, count);
     for (int j = 0; j < J; j++) {
       const int64_t unit = static_cast<int64_t>(s) * J + j;
       st.w.ring_wait_ready(c, unit);
       const int64_t a = std::min(hi, lo + j * slice), b = std::min(hi, a + slice);
-      if (rs) {
-        reduce_into(c, mine + a, theirs + a, b - a, rv.desc.reduce);
-        if (s == n - 2) finish_avg(c, mine + a, b - a, rv.desc.reduce, n);  // chunk r is now final
-      } else {
-        copy_elems(c, mine + a, theirs + a, b - a);
-      }
+      if (b > a) c.world->mover_->reduce_copy(c.rank, mine + a, theirs + a, b - a, dtype_of<T>(), rv.desc.reduce, rs,
+                                              work.finishes ? n : 0);
       st.w.ring_mark_done(c, unit);
     }
     st.w.finish_step(c, s, rs ? RingPhase::ReduceScatter : RingPhase::AllGather, k, pred, r,

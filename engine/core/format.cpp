@@ -14,6 +14,17 @@ std::string human_bytes(int64_t b) {
   return buf;
 }
 
+std::string si_text(double v, const char* unit) {
+  static const char* const prefixes[] = {"", "k", "M", "G", "T", "P", "E"};
+  int i = 0;
+  double x = v;
+  while (i < 6 && (x >= 999.5 || x <= -999.5)) x /= 1000, i++;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.*f %s%s", x >= 99.95 || x <= -99.95 || x == 0 ? 0 : x >= 9.995 || x <= -9.995 ? 1 : 2, x,
+                prefixes[i], unit);
+  return buf;
+}
+
 std::string seconds_text(double s) {
   std::ostringstream os;
   os << s << " s";

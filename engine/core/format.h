@@ -11,6 +11,8 @@ namespace dtlab {
 std::string human_bytes(int64_t bytes);
 // "1,048,576"
 std::string with_commas(int64_t v);
+// A rate or amount with an SI prefix and three significant figures: "45.2 GFLOP/s", "3.35 TB/s", "812 FLOP".
+std::string si_text(double v, const char* unit);
 // "0.5 s", "30 s": a timeout as diagnoses print it.
 std::string seconds_text(double s);
 // "a", "a or b", "a, b or c": the choices a message offers.

@@ -582,6 +582,28 @@ void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, cons
   if (ready) ready(pr(l));
 }
 
+OpCost GptCore::layer_cost(int layer, int64_t B) const {
+  const double BT = static_cast<double>(B * s_.ctx), C = static_cast<double>(s_.embd), T = static_cast<double>(s_.ctx);
+  const double V = static_cast<double>(s_.vocab), t = tp_.degree, H = static_cast<double>(s_.heads) / t;
+  double elems;
+  if (layer == 0) elems = 2 * BT * C + T * C + 2 * BT;  // wte rows and wpe read, the sum written; the ids (int64)
+  else if (layer == s_.layers + 1) elems = 3 * BT * C + V * C + BT * V;  // ln_f, then lm_head's input, W and logits
+  // ln_1, c_attn, attention (q k v in, y out; the scores written, softmaxed in place and read by a.v),
+  // c_proj, the residual add, ln_2, c_fc, GELU, c_proj, the residual add; a TP shard's share of the
+  // split ones.
+  else if (moe_block(layer - 1)) {
+    // The same attention half; then the router (C in, E logits out), the dispatch and combine copies
+    // (K rows each way), and each token's K experts' c_fc, GELU and c_proj as a dense block's MLP;
+    // the weights: attention's 4C^2, the router's EC and every expert's 8C^2 (one pass reads them all).
+    const double E = static_cast<double>(s_.moe.experts), K = static_cast<double>(s_.moe.top_k);
+    elems = BT * C * (14 + 6) + BT * (C + E) + K * BT * C * (18 + 4) + 4 * C * C + E * C + E * 8 * C * C +
+            4 * static_cast<double>(B) * H * T * T;
+  } else {
+    elems = BT * C * (14 + 24 / t) + 12 * C * C / t + 4 * static_cast<double>(B) * H * T * T;
+  }
+  return {layer_flops(layer, B), kCostElemBytes * elems};
+}
+
 const float* GptCore::attention(int l, int64_t b, int64_t h) const {
   const int64_t H = s_.heads / tp_.degree, mine = h - tp_.rank * H;  // this rank's heads are [rank H, rank H + H)
   if (B_ == 0 || checkpointing_ || l < r_.first_block() || l >= r_.end_block(s_) || b < 0 || b >= B_ || mine < 0 || mine >= H)
@@ -718,7 +740,7 @@ const void* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int6
   if (r_.embeds()) {
     enter(0);
     {
-      ComputeScope scope(obs, ComputeKind::LayerForward, 0, layer_flops(0, B));
+      ComputeScope scope(obs, ComputeKind::LayerForward, 0, layer_cost(0, B));
       dev_.embedding_forward(wr(encoded_), pw(w(P::kWte)), pw(w(P::kWpe)), idx, R, Tl, T, t0, C);
     }
     if (hooks) hooks->after_forward(0);
@@ -726,7 +748,7 @@ const void* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int6
   const void* x = r_.embeds() ? encoded_.raw() : x_in;
   for (int l = r_.first_block(); l < r_.end_block(s_); l++) {
     enter(1 + l);
-    std::optional<ComputeScope> scope(std::in_place, obs, ComputeKind::LayerForward, 1 + l, layer_flops(1 + l, B));
+    std::optional<ComputeScope> scope(std::in_place, obs, ComputeKind::LayerForward, 1 + l, layer_cost(1 + l, B));
     block_forward(p, l, x);
     x = res3_[local(l)].raw();
     scope.reset();  // the hooks' collectives (FSDP's reshard) follow the layer, outside its span
@@ -738,7 +760,7 @@ const void* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int6
   }
   enter(L + 1);
   {
-    ComputeScope scope(obs, ComputeKind::LayerForward, L + 1, layer_flops(L + 1, B));
+    ComputeScope scope(obs, ComputeKind::LayerForward, L + 1, layer_cost(L + 1, B));
     dev_.layernorm_forward(wr(lnf_), lnf_mean_.f32(), lnf_rstd_.f32(), rd(x, R * C), pw(w(lnf_w_)), pw(w(lnf_b_)), R, C);
     // Under sequence parallelism every rank's positions are gathered first: the logits are whole.
     const void* a = sp() ? seq_gather(lnf_full_.raw(), lnf_.raw(), C, L + 1) : lnf_.raw();
@@ -807,7 +829,7 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
     const void* last = res3_.back().raw();
     enter(L + 1);
     {
-      ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, 2 * layer_flops(L + 1, B));
+      ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, 2 * layer_cost(L + 1, B));
       if (!sp()) {
         dev_.linear_backward(wr(dbuf, BT * C), pg(lg(head_)), nullptr, rd(dlogits, BT * V), rd(lnf_), pw(w(head_)), BT, C, V);
         if (!frozen()) keep(dlogits_kept_, dlogits, BT * V);  // (a frozen head has no W)
@@ -838,13 +860,13 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
     if (checkpointing_) {  // the block's forward again, from its kept input, before its backward needs it
       if (hooks) hooks->before_recompute(1 + l);
       {
-        ComputeScope scope(obs, ComputeKind::Recompute, 1 + l, layer_flops(1 + l, B));
+        ComputeScope scope(obs, ComputeKind::Recompute, 1 + l, layer_cost(1 + l, B));
         block_forward(p, l, block_in);
       }
       if (hooks) hooks->after_recompute(1 + l);
     }
     enter(1 + l);
-    std::optional<ComputeScope> scope(std::in_place, obs, ComputeKind::LayerBackward, 1 + l, 2 * layer_flops(1 + l, B));
+    std::optional<ComputeScope> scope(std::in_place, obs, ComputeKind::LayerBackward, 1 + l, 2 * layer_cost(1 + l, B));
     const int layer = 1 + l;
     // A row-parallel Linear's bias under sequence parallelism saw this rank's positions: its gradient
     // is summed over the group (without, the whole output gradient gives every rank the whole sum).
@@ -912,7 +934,7 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
   }
   enter(0);
   if (!frozen()) {  // (a frozen LoRA base: nothing to compute for the embeddings)
-    ComputeScope scope(obs, ComputeKind::LayerBackward, 0, 2 * layer_flops(0, B));
+    ComputeScope scope(obs, ComputeKind::LayerBackward, 0, 2 * layer_cost(0, B));
     // Under sequence parallelism this rank's positions give partial sums (wte's already holds the
     // head's), summed over the group before they are added.
     if (!sp()) {
@@ -959,7 +981,7 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
   if (r_.heads(s_) && !sp() && base) {
     enter(L + 1);
     {
-      ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, layer_flops(L + 1, B));
+      ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, layer_cost(L + 1, B));
       dev_.linear_backward(nullptr, pg(g(head_)), nullptr, rd(dlogits_kept_), rd(lnf_), pw(w(head_)), BT, C, V);
       if (!r_.embeds()) done({head_});
     }
@@ -972,12 +994,12 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
     const bool work = base || adapter(l) >= 0;
     if (checkpointing_ && work) {  // the block's inputs again: its forward once more, from its kept input
       if (hooks) hooks->before_recompute(1 + l);
-      ComputeScope scope(obs, ComputeKind::Recompute, 1 + l, layer_flops(1 + l, B));
+      ComputeScope scope(obs, ComputeKind::Recompute, 1 + l, layer_cost(1 + l, B));
       block_forward(p, l, l > fb ? res3_[u - 1].raw() : input);
     }
     if (checkpointing_ && work && hooks) hooks->after_recompute(1 + l);
     enter(1 + l);
-    ComputeScope scope(obs, ComputeKind::LayerBackward, 1 + l, layer_flops(1 + l, B));
+    ComputeScope scope(obs, ComputeKind::LayerBackward, 1 + l, layer_cost(1 + l, B));
     std::array<Tensor, 4>& d = douts_[u];
     const int layer = 1 + l;
     // Under sequence parallelism the row layers' biases were summed in I, and the column layers read

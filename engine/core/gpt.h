@@ -193,6 +193,9 @@ class GptCore {
   // FLOPs of one forward of layer `layer` (0..L+1) for B samples on this rank (a TP shard's blocks do
   // 1/t of the matmuls and attention), multiply-adds counted twice (the backward is twice that).
   double layer_flops(int layer, int64_t B) const;
+  // Those FLOPs with the bytes the layer's kernels move (op_cost.h), each operand read and each result
+  // written once: a block's LayerNorms, GEMMs, attention scores, GELU and residual adds.
+  OpCost layer_cost(int layer, int64_t B) const;
 
   // Mixture of experts (GptSpec::moe; Megatron-core's MoE layer, MoeSpec says which parts). The
   // load-balancing loss's gradient is `aux_grad_scale` x its own, the factor the caller gives the

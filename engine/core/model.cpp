@@ -291,6 +291,21 @@ double Model::layer_backward_flops(int i, int64_t B, bool input_grad) const {
          static_cast<double>(B * L.out_features);
 }
 
+OpCost Model::layer_forward_cost(int i, int64_t B) const {
+  const Layer& L = layer(i);
+  const double bytes = L.kind == LayerKind::ReLU ? relu_forward_cost(B * L.out_features).bytes
+                                                 : linear_forward_cost(B, L.in_features, L.out_features).bytes;
+  return {layer_forward_flops(i, B), bytes};
+}
+
+OpCost Model::layer_backward_cost(int i, int64_t B, bool input_grad) const {
+  const Layer& L = layer(i);
+  double bytes = 0;
+  if (L.kind == LayerKind::Linear) bytes = linear_backward_cost(B, L.in_features, L.out_features, input_grad).bytes;
+  else if (input_grad) bytes = relu_backward_cost(B * L.out_features).bytes;
+  return {layer_backward_flops(i, B, input_grad), bytes};
+}
+
 TensorParallelComm& Model::tp_comm() const {
   DTLAB_CHECK(tp_comm_ != nullptr, "a tensor-parallel model runs only after set_tensor_parallel_comm()");
   return *tp_comm_;
@@ -331,7 +346,7 @@ void Model::forward_layer_as(int i, float* out, const float* in, int64_t B, Comp
   const Layer& L = layer(i);
   const bool row = L.kind == LayerKind::Linear && L.tp == TpRole::Row;
   {
-    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, B));
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_cost(i, B));
     if (L.kind == LayerKind::Linear) {
       device_.linear_forward(out, in, weight_of(L).data, row ? nullptr : bias_of(L).data, B, L.in_features,
                              L.out_features);
@@ -352,7 +367,7 @@ void Model::layer_backward(int i, float* dinp, const float* dout, const float* i
   const Layer& L = layer(i);
   {
     ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
-                       layer_backward_flops(i, B, dinp != nullptr));
+                       layer_backward_cost(i, B, dinp != nullptr));
     if (L.kind == LayerKind::Linear) {
       device_.linear_backward(dinp, weight_of(L).grad, bias_of(L).grad, dout, in, weight_of(L).data, B,
                               L.in_features, L.out_features);
@@ -372,7 +387,7 @@ void Model::layer_backward_input(int i, float* dinp, const float* dout, const fl
   const Layer& L = layer(i);
   {
     ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
-                       layer_backward_flops(i, B, true) - layer_backward_flops(i, B, false));
+                       layer_backward_cost(i, B, true) - layer_backward_cost(i, B, false));
     if (L.kind == LayerKind::Linear) {
       device_.linear_backward(dinp, nullptr, nullptr, dout, nullptr, weight_of(L).data, B, L.in_features,
                               L.out_features);
@@ -388,7 +403,7 @@ void Model::layer_backward_weight(int i, const float* dout, const float* in, int
   DTLAB_CHECK(!sequence_parallel(), "layer_backward_weight() with sequence parallelism; it runs through backward()");
   const Layer& L = layer(i);
   if (L.kind != LayerKind::Linear) return;  // a ReLU has no weights
-  ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, B, false));
+  ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_cost(i, B, false));
   if (lora()) {  // the frozen base has no gradient; the adapters' is the weight half
     if (L.lora_a >= 0) lora_backward(L, nullptr, dout, in, B, true);
     if (lora_split(L)) sum_lora_grad(L);
@@ -429,7 +444,7 @@ void Model::sp_layer_forward(int i, float* out, const float* in, ComputeKind kin
   const Layer& L = layer(i);
   const int64_t all = padded_, local = padded_ / tp_.degree;
   if (L.kind == LayerKind::ReLU) {
-    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, sp_rows(i, true)));
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_cost(i, sp_rows(i, true)));
     device_.relu_forward(out, in, sp_rows(i, true) * L.out_features);
     return;
   }
@@ -440,20 +455,20 @@ void Model::sp_layer_forward(int i, float* out, const float* in, ComputeKind kin
     // in backward (less memory, one more all-gather); keeping them makes SP move exactly TP's bytes.
     float* gathered = sp_gathered_[static_cast<size_t>(i)].f32();
     tp_comm().all_gather(gathered, in, local * L.in_features, L.seq_index);
-    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, all));
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_cost(i, all));
     device_.linear_forward(out, gathered, w.data, b.data, all, L.in_features, L.out_features);
     if (L.lora_a >= 0) lora_forward(L, out, gathered, all);
   } else if (L.tp == TpRole::Row) {
     float* partial = scratch(scratch_, all * L.out_features);
     {
-      ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, all));
+      ComputeScope scope(observer_, kind, L.seq_index, layer_forward_cost(i, all));
       device_.linear_forward(partial, in, w.data, nullptr, all, L.in_features, L.out_features);
       if (L.lora_a >= 0) lora_forward(L, partial, in, all);  // its partial sum rides g
     }
     tp_comm().reduce_scatter(out, partial, local * L.out_features, L.seq_index);
     add_bias_rows(out, b.data, local, L.out_features);
   } else {
-    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, local));
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_cost(i, local));
     device_.linear_forward(out, in, w.data, b.data, local, L.in_features, L.out_features);
     if (L.lora_a >= 0) lora_forward(L, out, in, local);
   }
@@ -464,7 +479,7 @@ void Model::sp_layer_backward(int i, float* dinp, const float* dout, const float
   if (L.kind == LayerKind::Linear) return sp_linear_backward(i, dinp, dout, in);
   if (!dinp) return;
   const int64_t rows = sp_rows(i, true);
-  ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, rows, true));
+  ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_cost(i, rows, true));
   device_.relu_backward(dinp, dout, out, rows * L.out_features);
 }
 
@@ -492,7 +507,7 @@ void Model::sp_linear_backward(int i, float* dinp, const float* dout, const floa
   float* partial = partial_n ? scratch(grad_scratch_, partial_n) : nullptr;
   if (partial) device_.fill_zero(partial, partial_n * static_cast<int64_t>(sizeof(float)));
   {
-    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, rows, dinp != nullptr));
+    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_cost(i, rows, dinp != nullptr));
     const float* x = L.tp == TpRole::Column ? sp_gathered_[static_cast<size_t>(i)].f32() : in;
     if (L.tp == TpRole::Column) {
       device_.linear_backward(full_dinp, frozen ? nullptr : w.grad, frozen ? nullptr : b.grad, gout, x, w.data, all,

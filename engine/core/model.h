@@ -382,6 +382,9 @@ class Model {
   // FLOPs the cost model charges (multiply-adds count 2).
   double layer_forward_flops(int i, int64_t B) const;
   double layer_backward_flops(int i, int64_t B, bool input_grad) const;
+  // Those FLOPs with the bytes the layer moves (op_cost.h): what its compute span reports.
+  OpCost layer_forward_cost(int i, int64_t B) const;
+  OpCost layer_backward_cost(int i, int64_t B, bool input_grad) const;
 
  private:
   void ensure_activations(int64_t B);

@@ -136,7 +136,7 @@ void Model::half_layer_forward(int i, uint16_t* out, const uint16_t* in, int64_t
   const bool row = L.kind == LayerKind::Linear && L.tp == TpRole::Row;
   const float* b = nullptr;
   {
-    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, B));
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_cost(i, B));
     if (L.kind == LayerKind::ReLU) return half_relu_forward(out, in, n_out);
     const float* x = widen(fa_, in, B * L.in_features);
     const float* w = operand(fb_, weight_of(L), L.out_features * L.in_features);
@@ -203,7 +203,7 @@ void Model::half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, Comp
   const HalfFormat f = half_format();
   if (L.kind == LayerKind::ReLU) {
     const int64_t n = sp_rows(i, true) * L.out_features;
-    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, sp_rows(i, true)));
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_cost(i, sp_rows(i, true)));
     return half_relu_forward(out, in, n);
   }
   const float* w = operand(fb_, weight_of(L), L.out_features * L.in_features);
@@ -211,7 +211,7 @@ void Model::half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, Comp
   if (L.tp == TpRole::Column) {
     uint16_t* gathered = sp_gathered_[static_cast<size_t>(i)].u16();
     tp_comm().all_gather(gathered, in, local * L.in_features, act_dtype(), L.seq_index);
-    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, all));
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_cost(i, all));
     float* y = f32_scratch(fd_, all * L.out_features);
     const float* x = widen(fa_, gathered, all * L.in_features);
     device_.linear_forward(y, x, w, b, all, L.in_features, L.out_features);
@@ -220,7 +220,7 @@ void Model::half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, Comp
   } else if (L.tp == TpRole::Row) {
     uint16_t* partial = half_scratch(h16a_, all * L.out_features);
     {
-      ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, all));
+      ComputeScope scope(observer_, kind, L.seq_index, layer_forward_cost(i, all));
       float* y = f32_scratch(fd_, all * L.out_features);
       const float* x = widen(fa_, in, all * L.in_features);
       device_.linear_forward(y, x, w, nullptr, all, L.in_features, L.out_features);
@@ -230,7 +230,7 @@ void Model::half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, Comp
     tp_comm().reduce_scatter(out, partial, local * L.out_features, act_dtype(), L.seq_index);
     half_add_bias_rows(out, b, local, L.out_features);
   } else {
-    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_flops(i, local));
+    ComputeScope scope(observer_, kind, L.seq_index, layer_forward_cost(i, local));
     float* y = f32_scratch(fd_, local * L.out_features);
     const float* x = widen(fa_, in, local * L.in_features);
     device_.linear_forward(y, x, w, b, local, L.in_features, L.out_features);
@@ -248,7 +248,7 @@ void Model::half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, 
   if (L.kind == LayerKind::ReLU) {
     if (!dinp) return;
     const int64_t rows = sp_rows(i, true), n = rows * L.out_features;
-    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, rows, true));
+    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_cost(i, rows, true));
     return half_relu_backward(dinp, dout, out, n);
   }
   const int64_t all = padded_, local = padded_ / tp_.degree;
@@ -266,7 +266,7 @@ void Model::half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, 
   float* dw = frozen ? nullptr : f32_scratch(fd_, nw + L.out_features);  // dW, then db (partial where noted)
   if (dw) device_.fill_zero(dw, (nw + L.out_features) * static_cast<int64_t>(sizeof(float)));
   {
-    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, rows, dinp != nullptr));
+    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_cost(i, rows, dinp != nullptr));
     const float* gout = widen(fa_, gout16, rows * L.out_features);
     const float* x = widen(fb_, L.tp == TpRole::Column ? sp_gathered_[static_cast<size_t>(i)].u16() : in, rows * L.in_features);
     const float* wv = dinp ? operand(fc_, w, nw) : nullptr;
@@ -425,7 +425,7 @@ void Model::half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, con
   const HalfFormat f = half_format();
   const int64_t n_out = B * L.out_features;
   {
-    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, B, dinp != nullptr));
+    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_cost(i, B, dinp != nullptr));
     if (L.kind == LayerKind::ReLU) {
       if (dinp) half_relu_backward(dinp, dout, out, n_out);
       return;
@@ -467,7 +467,7 @@ void Model::layer_backward_input16(int i, uint16_t* dinp, const uint16_t* dout, 
   const HalfFormat f = half_format();
   {
     ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index,
-                       layer_backward_flops(i, B, true) - layer_backward_flops(i, B, false));
+                       layer_backward_cost(i, B, true) - layer_backward_cost(i, B, false));
     if (L.kind == LayerKind::ReLU) return half_relu_backward(dinp, dout, out, B * L.out_features);
     const float* dy = widen(fa_, dout, B * L.out_features);
     const float* w = operand(fc_, weight_of(L), L.out_features * L.in_features);
@@ -484,7 +484,7 @@ void Model::layer_backward_weight16(int i, const uint16_t* dout, const uint16_t*
   DTLAB_CHECK(mixed() && !sequence_parallel(), "layer_backward_weight16() runs a mixed-precision model without sequence parallelism");
   const Layer& L = layer(i);
   if (L.kind != LayerKind::Linear) return;  // a ReLU has no weights
-  ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_flops(i, B, false));
+  ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_cost(i, B, false));
   const float* dy = widen(fa_, dout, B * L.out_features);
   const float* x = widen(fb_, in, B * L.in_features);
   if (lora()) {  // the frozen base has no gradient; the adapters' is the weight half

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "engine/core/op_cost.h"
+
 namespace dtlab {
 
 // Recompute: a layer's forward run again in backward (activation checkpointing), charged as a forward.
@@ -11,8 +13,9 @@ enum class ComputeKind : uint8_t { LayerForward, LayerBackward, Loss, LossBackwa
 class ComputeObserver {
  public:
   virtual ~ComputeObserver() = default;
-  // `layer`: torch Sequential index or -1; `flops`: what the op costs, for the modeled clock.
-  virtual void compute_begin(ComputeKind kind, int layer, double flops) = 0;
+  // `layer`: torch Sequential index or -1; `cost`: its FLOPs (the modeled clock charges them) and the
+  // bytes it moves (with the FLOPs, its place on the roofline).
+  virtual void compute_begin(ComputeKind kind, int layer, OpCost cost) = 0;
   virtual void compute_end() = 0;
 };
 
@@ -27,8 +30,8 @@ class LayerGate {
 // RAII pair of compute_begin/compute_end; a null observer costs one branch.
 class ComputeScope {
  public:
-  ComputeScope(ComputeObserver* obs, ComputeKind kind, int layer, double flops) : obs_(obs) {
-    if (obs_) obs_->compute_begin(kind, layer, flops);
+  ComputeScope(ComputeObserver* obs, ComputeKind kind, int layer, OpCost cost) : obs_(obs) {
+    if (obs_) obs_->compute_begin(kind, layer, cost);
   }
   ~ComputeScope() {
     if (obs_) obs_->compute_end();

@@ -45,12 +45,12 @@ cudaEvent_t DeviceComputeTimer::take_event() {
   return e;
 }
 
-void DeviceComputeTimer::compute_begin(ComputeKind kind, int layer, double flops) {
+void DeviceComputeTimer::compute_begin(ComputeKind kind, int layer, OpCost cost) {
   DTLAB_CHECK(!open_, "compute ops do not nest; close the open one with compute_end first");
   const std::string name = compute_op_name(kind, layer);
   nvtxRangePushA(name.c_str());
   const double model = ctx_ ? ctx_->compute_clock() : 0.0;
-  pending_.push_back({ComputeInfo{kind, static_cast<int16_t>(layer), flops}, take_event(), take_event(),
+  pending_.push_back({ComputeInfo{kind, static_cast<int16_t>(layer), cost.flops, cost.bytes}, take_event(), take_event(),
                       model, model, ctx_ ? ctx_->iteration() : -1});
   DTLAB_CUDA_CHECK(cudaEventRecord(pending_.back().begin, stream_));
   if (ctx_) ctx_->set_activity(name);

@@ -36,7 +36,7 @@ class DeviceComputeTimer : public DeviceTimer {
   DeviceComputeTimer(const DeviceComputeTimer&) = delete;
   DeviceComputeTimer& operator=(const DeviceComputeTimer&) = delete;
 
-  void compute_begin(ComputeKind kind, int layer, double flops) override;
+  void compute_begin(ComputeKind kind, int layer, OpCost cost) override;
   void compute_end() override;
   // Waits for the ops timed so far and records their events; returns how many.
   int flush() override;

@@ -74,6 +74,17 @@ class CudaMover : public DataMover {
                               static_cast<const int64_t*>(b), count, max);
     sync(d);
   }
+  // The ring's step as one kernel on float32 (reduce or copy, and Avg's division where the chunk is
+  // final); the other types keep their reduction kernel or copy, which is one pass already.
+  void reduce_copy(int rank, void* dst, const void* src, int64_t count, DType dt, ReduceOp op, bool reduce,
+                   int finish_n) override {
+    if (dt != DType::F32) return DataMover::reduce_copy(rank, dst, src, count, dt, op, reduce, finish_n);
+    const RankDevice& d = dev(rank);
+    const float scale = op == ReduceOp::Avg && finish_n > 1 ? 1.0f / static_cast<float>(finish_n) : 1.0f;
+    cuda::launch_reduce_copy_f32(d.comm(), static_cast<float*>(dst), static_cast<const float*>(src), count, reduce,
+                                 op == ReduceOp::Max, scale);
+    sync(d);
+  }
   void finish_avg(int rank, void* buf, int64_t count, DType dt, ReduceOp op, int n) override {
     if (dt != DType::F32 || op != ReduceOp::Avg || n == 1) return;
     const RankDevice& d = dev(rank);

@@ -27,11 +27,13 @@ class DeviceGuard {
 
 }  // namespace
 
-CudaDevice::CudaDevice(const RankDevice& rank) : rank_(rank) {}
-CudaDevice::CudaDevice(std::unique_ptr<RankDevice> owned) : owned_(std::move(owned)), rank_(*owned_) {}
+CudaDevice::CudaDevice(const RankDevice& rank) : rank_(rank), staging_(std::make_unique<PinnedStaging>(rank.compute())) {}
+CudaDevice::CudaDevice(std::unique_ptr<RankDevice> owned)
+    : owned_(std::move(owned)), rank_(*owned_), staging_(std::make_unique<PinnedStaging>(rank_.compute())) {}
 CudaDevice::~CudaDevice() {
   loss_scratch_ = Tensor();  // frees on the stream before the stream goes
   attention_scratch_ = Tensor();
+  staging_.reset();  // waits for its last copies before the stream goes
   if (owned_) cudaStreamSynchronize(rank_.compute());
 }
 
@@ -60,9 +62,10 @@ void CudaDevice::copy(void* dst, const void* src, int64_t bytes) {
 }
 
 void CudaDevice::upload(void* dst, const void* host_src, int64_t bytes) {
-  // From pageable memory the runtime stages the bytes before it returns, so `host_src` may change at
-  // once (CUDA's API synchronization rules for cudaMemcpyAsync); the copy itself stays in stream order.
-  if (bytes > 0)
+  // A micro-batch's bytes go through the rank's pinned slots: the host returns at once. Larger ones
+  // go from pageable memory, where the runtime stages the bytes before it returns, so `host_src` may
+  // change at once either way (CUDA's API synchronization rules); the copy stays in stream order.
+  if (bytes > 0 && !staging_->upload(dst, host_src, bytes))
     DTLAB_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, rank_.compute()));
 }
 

@@ -10,6 +10,7 @@
 
 #include "engine/core/device.h"
 #include "engine/core/tensor.h"
+#include "engine/cuda/pinned_staging.h"
 #include "engine/cuda/rank_device.h"
 
 namespace dtlab::cuda {
@@ -82,6 +83,7 @@ class CudaDevice final : public Device {
   const RankDevice& rank_;
   Tensor loss_scratch_;  // (B + 1,) per-row losses, then hits; the last element the mean loss
   Tensor attention_scratch_;
+  std::unique_ptr<PinnedStaging> staging_;  // uploads go through pinned slots (pinned_staging.h)
   Tensor flag_;  // one int: half_all_finite's answer  // (NH, T, T): the attention backward's score gradients, every head of a sample at once
 };
 

@@ -70,6 +70,10 @@ void launch_reduce_half(cudaStream_t s, uint16_t* dst, const uint16_t* a, const 
 // devices (peer access enabled).
 void launch_reduce_f32(cudaStream_t s, float* dst, const float* a, const float* b, int64_t n, bool max);
 void launch_reduce_i64(cudaStream_t s, int64_t* dst, const int64_t* a, const int64_t* b, int64_t n, bool max);
+// One fused ring step (plan.h's RingStepWork): dst = (reduce ? dst op src : src) * scale in one pass,
+// src read in place on the peer's buffer; scale 1 except on Avg's last reduce-scatter step (1 / n),
+// rounding as launch_reduce_f32 followed by launch_scale.
+void launch_reduce_copy_f32(cudaStream_t s, float* dst, const float* src, int64_t n, bool reduce, bool max, float scale);
 void launch_scale(cudaStream_t s, float* buf, float factor, int64_t n);  // Avg's last step
 void launch_scale_copy(cudaStream_t s, float* dst, const float* src, float factor, int64_t n);  // dst = src * factor
 

@@ -14,6 +14,7 @@
 namespace dtlab::cuda {
 
 bool available() { return cuda_available(); }  // the rest of platform.h's queries are device.cpp's
+std::string device_name(int device) { return device_info(device).name; }
 
 namespace {
 

@@ -16,6 +16,7 @@ bool available();                  // a CUDA device is present (decided once per
 std::string unavailable_reason();  // "no CUDA device (cudaGetDeviceCount: ...)"; empty when available
 std::string runtime_summary();     // "CUDA runtime 13.0, driver 13.0; device 0: NVIDIA H100 ..."
 int device_count();                // 0 without a driver or a device
+std::string device_name(int device);  // "NVIDIA H200" (the roofline's peak table is keyed by it)
 
 // Ranks as threads sharing device 0 (the cuda backend), or one GPU per rank (nccl, built with NCCL).
 std::unique_ptr<RankWorld> make_cuda_world(int world_size, WorldOptions options);

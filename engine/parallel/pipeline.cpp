@@ -603,7 +603,7 @@ const Tensor* PipelineRank::gpt_forward(int stage, int mb) {
     return &st.gpt->output();
   }
   st.probs = Tensor({R, V}, MemCategory::Activations, memory_, DType::F32, device_);
-  ComputeScope scope(observer_, ComputeKind::Loss, -1, 5.0 * static_cast<double>(R * V));
+  ComputeScope scope(observer_, ComputeKind::Loss, -1, cross_entropy_forward_cost(R, V));
   device_.cross_entropy_forward(st.probs.f32(), stats_.f64(), static_cast<const float*>(out), y_ + st.offset * T, R, V);
   it_.samples += static_cast<double>(R);  // positions: the loss is their mean
   return nullptr;
@@ -615,7 +615,7 @@ Tensor PipelineRank::gpt_backward(int stage, int mb, Tensor dout, bool input_onl
   const int64_t T = spec_.gpt.ctx, V = spec_.gpt.vocab, R = st.rows * T;
   if (stage + 1 == static_cast<int>(plan_.stages.size())) {
     dout = Tensor({R, V}, MemCategory::Activations, memory_, DType::F32, device_);
-    ComputeScope scope(observer_, ComputeKind::LossBackward, -1, 2.0 * static_cast<double>(R * V));
+    ComputeScope scope(observer_, ComputeKind::LossBackward, -1, cross_entropy_backward_cost(R, V));
     device_.cross_entropy_backward(dout.f32(), st.probs.f32(), y_ + st.offset * T, R, V, loss_scale_);
   }
   st.probs = Tensor();
@@ -662,7 +662,7 @@ const Tensor* PipelineRank::forward(int stage, int mb) {
     device_.widen_half(widened.f32(), static_cast<const uint16_t*>(in), st.rows * C, model.half_format());
     logits = widened.f32();
   }
-  ComputeScope scope(observer_, ComputeKind::Loss, -1, 5.0 * st.rows * C);
+  ComputeScope scope(observer_, ComputeKind::Loss, -1, cross_entropy_forward_cost(st.rows, C));
   // The loss and correct count accumulate on the device; run_iteration reads them once at its end.
   device_.cross_entropy_forward(st.probs.f32(), stats_.f64(), logits, y_ + st.offset, st.rows, C);
   it_.samples += static_cast<double>(st.rows);
@@ -676,7 +676,7 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
   if (stage + 1 == static_cast<int>(plan_.stages.size())) {
     const int64_t C = spec_.out_features();
     dout = Tensor({st.rows, C}, MemCategory::Activations, memory_, DType::F32, device_);
-    ComputeScope scope(observer_, ComputeKind::LossBackward, -1, 2.0 * st.rows * C);
+    ComputeScope scope(observer_, ComputeKind::LossBackward, -1, cross_entropy_backward_cost(st.rows, C));
     device_.cross_entropy_backward(dout.f32(), st.probs.f32(), y_ + st.offset, st.rows, C, loss_scale_);
     if (mixed()) {  // the (scaled) loss gradient rounded to 16 bits, as Model::backward takes it
       Tensor d16 = activation(st.rows, C);

@@ -31,10 +31,11 @@ void RankContext::record(Event& e) {
   recorder_->record(e);
 }
 
-void RankContext::compute_begin(ComputeKind kind, int layer, double flops) {
+void RankContext::compute_begin(ComputeKind kind, int layer, OpCost cost) {
   open_kind_ = kind;
   open_layer_ = layer;
-  open_flops_ = flops;
+  open_flops_ = cost.flops;
+  open_bytes_ = cost.bytes;
   open_wall_ = recorder_ ? recorder_->now_ns() : 0;
   open_model_ = compute_clock();
   set_activity(std::string(compute_kind_name(kind)) + (layer >= 0 ? " " + std::to_string(layer) : ""));
@@ -50,7 +51,7 @@ void RankContext::compute_end() {
   }
   if (recorder_ && recorder_->enabled()) {
     Event e(EventKind::Compute, Lane::Compute, open_wall_, recorder_->now_ns(), open_model_, end);
-    e.compute = ComputeInfo{open_kind_, static_cast<int16_t>(open_layer_), open_flops_};
+    e.compute = ComputeInfo{open_kind_, static_cast<int16_t>(open_layer_), open_flops_, open_bytes_};
     record(e);
   }
 }

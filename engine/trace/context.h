@@ -34,7 +34,7 @@ class RankContext : public ComputeObserver, public LayerGate {
   MemoryTracker* memory() const { return memory_; }
 
   // ComputeObserver: records a Compute event and advances the compute lane's modeled clock.
-  void compute_begin(ComputeKind kind, int layer, double flops) override;
+  void compute_begin(ComputeKind kind, int layer, OpCost cost) override;
   void compute_end() override;
 
   // The stepper's gates on this rank (engine/trace/stepper.h); each returns false if the run was
@@ -119,7 +119,7 @@ class RankContext : public ComputeObserver, public LayerGate {
   // the open compute op (compute ops do not nest) and iteration
   ComputeKind open_kind_ = ComputeKind::Other;
   int open_layer_ = -1;
-  double open_flops_ = 0;
+  double open_flops_ = 0, open_bytes_ = 0;
   int64_t open_wall_ = 0;
   double open_model_ = 0;
   int64_t iter_wall_ = 0;

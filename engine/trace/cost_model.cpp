@@ -27,6 +27,12 @@
 #include "engine/core/format.h"
 #include "engine/io/atomic_file.h"
 
+extern "C" {
+// OpenBLAS extensions (declared in its cblas.h, but not in every cblas.h the alternatives may pick).
+void openblas_set_num_threads(int num_threads);
+int openblas_get_num_threads(void);
+}
+
 namespace dtlab {
 
 namespace {
@@ -239,8 +245,18 @@ double measure_sgemm_flops() {
   return 2.0 * n * n * n / positive(best);
 }
 
+// The same sgemm on one BLAS thread: a rank's ceiling when several ranks share the cores (one BLAS
+// thread each, train.cpp), and the unit the CPU roofline multiplies by a rank's threads.
+double measure_sgemm_flops_one_thread() {
+  const int before = openblas_get_num_threads();
+  openblas_set_num_threads(1);
+  const double flops = measure_sgemm_flops();
+  openblas_set_num_threads(before);
+  return flops;
+}
+
 // The "this" profile from its four measured figures and the day they were measured.
-HardwareProfile this_profile_from(const Link& link, double gamma, double flops, const std::string& measured) {
+HardwareProfile this_profile_from(const Link& link, double gamma, double flops, double flops_1t, const std::string& measured) {
   // Ranks are threads sharing one memory: one "node" with room for any world the GUI offers.
   HardwareProfile p;
   p.name = "this";
@@ -250,6 +266,7 @@ HardwareProfile this_profile_from(const Link& link, double gamma, double flops, 
   p.inter = link;
   p.gamma = gamma;
   p.flops_per_s = flops;
+  p.sgemm_flops_per_thread = flops_1t;
   p.intra_fabric = p.inter_fabric = Fabric::SharedMemory;
   p.rails = p.gpus_per_node;
   p.measured = measured;
@@ -273,12 +290,13 @@ HardwareProfile measure_this_machine() {
   const double gamma = measure_reduce_gamma(src.data(), src.data() + kFloats / 2, dst.data(),
                                             kFloats / 2);
   const double flops = measure_sgemm_flops();
+  const double flops_1t = measure_sgemm_flops_one_thread();
   char day[32] = "";
   const std::time_t now = std::time(nullptr);
   std::tm utc{};
   gmtime_r(&now, &utc);
   std::strftime(day, sizeof day, "%Y-%m-%d %H:%M UTC", &utc);
-  return this_profile_from(link, gamma, flops, day);
+  return this_profile_from(link, gamma, flops, flops_1t, day);
 }
 
 // What the cached figures belong to: the CPU's model name and the number of hardware threads. A
@@ -301,7 +319,8 @@ std::string this_machine_key() {
   return model + ", " + std::to_string(std::thread::hardware_concurrency()) + " threads";
 }
 
-constexpr const char* kThisProfileFormat = "dtlab this-profile 1";
+// 2: adds the one-thread sgemm rate (the CPU roofline); a version-1 file is measured again.
+constexpr const char* kThisProfileFormat = "dtlab this-profile 2";
 
 // The cached profile in `path`, if it is whole, ours, for this machine and every figure is a
 // positive finite number; nothing otherwise (then the caller measures and rewrites it).
@@ -317,9 +336,10 @@ std::optional<HardwareProfile> read_this_profile(const std::string& path) {
     link.beta = j.at("beta_s_per_byte").get<double>();
     const double gamma = j.at("gamma_s_per_byte").get<double>();
     const double flops = j.at("flops_per_s").get<double>();
-    for (double x : {link.alpha, link.beta, gamma, flops})
+    const double flops_1t = j.at("sgemm_1thread_flops_per_s").get<double>();
+    for (double x : {link.alpha, link.beta, gamma, flops, flops_1t})
       if (!(x > 0) || !std::isfinite(x)) return std::nullopt;
-    return this_profile_from(link, gamma, flops, j.at("measured").get<std::string>());
+    return this_profile_from(link, gamma, flops, flops_1t, j.at("measured").get<std::string>());
   } catch (const std::exception&) {
     return std::nullopt;  // truncated, not JSON, a field missing or of another type
   }
@@ -330,7 +350,8 @@ void write_this_profile(const std::string& dir, const HardwareProfile& p) {
   std::filesystem::create_directories(dir, ec);
   nlohmann::json j = {{"format", kThisProfileFormat}, {"machine", this_machine_key()}, {"measured", p.measured},
                       {"alpha_s", p.intra.alpha}, {"beta_s_per_byte", p.intra.beta},
-                      {"gamma_s_per_byte", p.gamma}, {"flops_per_s", p.flops_per_s}};
+                      {"gamma_s_per_byte", p.gamma}, {"flops_per_s", p.flops_per_s},
+                      {"sgemm_1thread_flops_per_s", p.sgemm_flops_per_thread}};
   const std::string text = j.dump(2) + "\n";
   try {
     AtomicFile f(dir + "/this-profile.json");

@@ -35,6 +35,9 @@ struct HardwareProfile {
   Link inter;               // between nodes: one NIC (rail) of a node into the network
   double gamma = 0;         // seconds per byte reduced (one read-add of a float stream)
   double flops_per_s = 0;   // compute rate of one rank
+  // "this": one thread's OpenBLAS sgemm rate, the CPU roofline's ceiling per BLAS thread (roofline.h);
+  // 0 on the built-in profiles.
+  double sgemm_flops_per_thread = 0;
   Fabric intra_fabric = Fabric::NVLink;
   Fabric inter_fabric = Fabric::InfiniBand;
   int rails = 1;            // NICs per node; local GPU g sends off-node through NIC g % rails
@@ -47,7 +50,7 @@ struct HardwareProfile {
 // The built-in profiles (seed figures from docs/course_sources.md §6), in display order.
 const std::vector<HardwareProfile>& builtin_profiles();
 // Measures this machine once (memcpy bandwidth, a thread hand-off latency, reduction bandwidth,
-// sgemm rate; well under a second) and keeps the figures in this_profile_cache_dir()'s
+// sgemm rate with the library's threads and with one; well under a second) and keeps the figures in this_profile_cache_dir()'s
 // this-profile.json, so every launch on this machine predicts with the same figures (a measurement
 // per launch moved with the load: 11.1 us one launch, 7.2 us the next, for one all-gather). The file
 // names the CPU and the date; DTLAB_REMEASURE=1 (or deleting the file) measures again. Read once

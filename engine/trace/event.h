@@ -60,6 +60,7 @@ struct ComputeInfo {
   ComputeKind kind;
   int16_t layer;   // Sequential index, or -1
   double flops;    // what the cost model charges
+  double bytes;    // what the op reads and writes at least once (engine/core/op_cost.h); 0: not counted
 };
 
 struct CollectiveInfo {

@@ -134,6 +134,7 @@ void compute_event(JsonOut& j, const Event& e, Span s) {
   span_head(j, name, "compute", e.rank, kComputeTid, s).open("args");
   if (e.compute.layer >= 0) j.field("layer", e.compute.layer);
   j.field("flops", e.compute.flops);
+  if (e.compute.bytes > 0) j.field("bytes", e.compute.bytes);
   if (e.iteration >= 0) j.field("iteration", e.iteration);
   j.close().close();
 }

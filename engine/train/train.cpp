@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <limits>
 #include <filesystem>
+#include <thread>
 
 #include "engine/core/check.h"
 #include "engine/core/gpt.h"
@@ -550,6 +551,32 @@ std::string Trainer::describe_placement() const {
 #else
   return where;
 #endif
+}
+
+Roof Trainer::roof() const {
+  if (config_.device == "cpu") return cpu_roof(this_machine_profile(), compute_threads());
+#if DTLAB_HAVE_CUDA
+  return gpu_roof(cuda::device_name(launched_ ? config_.socket.local_rank : 0));
+#else
+  return gpu_roof("a GPU this build cannot name");
+#endif
+}
+
+double Trainer::model_flops(double samples) const {
+  return model_flops_per_step(static_cast<double>(config_.model.num_params()), samples, config_.model.gpt);
+}
+
+double Trainer::peak_flops() const {
+  const Roof r = roof();
+  if (config_.device == "cpu") {
+    // Ranks in this process share its cores; a launched rank counts its own threads only.
+    const int ranks = launched_ ? 1 : config_.world_size;
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    return this_machine_profile().sgemm_flops_per_thread * std::min(cores, ranks * std::max(1, compute_threads()));
+  }
+  // The cuda backend's ranks share device 0; nccl gives every rank its GPU (one per process when launched).
+  const int gpus = config_.strategy == Strategy::Single || config_.backend == "cuda" || launched_ ? 1 : config_.world_size;
+  return r.flops_per_s * gpus;
 }
 
 void Trainer::abort(const std::string& reason) {

@@ -40,6 +40,7 @@
 #include "engine/parallel/fsdp.h"
 #include "engine/parallel/pipeline_stats.h"
 #include "engine/trace/context.h"
+#include "engine/trace/roofline.h"
 #include "engine/monitor/step_report.h"
 #include "engine/train/grad_scaler.h"
 #include "engine/train/strategy.h"
@@ -246,6 +247,14 @@ class Trainer {
   // One line (or two) saying where the ranks run: "cpu, 4 ranks as threads" or the CUDA runtime,
   // devices and backend.
   std::string describe_placement() const;
+  // The roof one rank's kernels are held to (engine/trace/roofline.h): its GPU's datasheet row, or
+  // this CPU's measured one-thread sgemm and memcpy times the rank's BLAS threads.
+  Roof roof() const;
+  // MFU's two figures: the model FLOPs of a step over `samples` (tokens for a GPT; PaLM's 6 N + 12 L C T
+  // per token) and the peak FLOP/s of the hardware every rank together runs on (the GPUs they use, or
+  // the cores their BLAS threads occupy). 0 when the GPU is not in the peak table.
+  double model_flops(double samples) const;
+  double peak_flops() const;
   // Ends a run in progress from another thread: every wait returns and run() throws CommError.
   void abort(const std::string& reason);
   // ddp: the initial bucket assignment, one line per bucket (known before run()).

@@ -88,7 +88,7 @@ class DataParallelRank final : public RankStrategy {
     reduce_s_ = overlapped_s_ = 0;
     if (!module_) return;
     loss_stats_.zero();
-    ComputeScope scope(env_.obs, ComputeKind::ZeroGrad, -1, 0.0);
+    ComputeScope scope(env_.obs, ComputeKind::ZeroGrad, -1, zero_grad_cost(model_.num_params()));
     model_.zero_grad();
   }
 
@@ -125,11 +125,11 @@ class DataParallelRank final : public RankStrategy {
     Device& dev = env_.dev;
     if (module_) {
       {
-        ComputeScope scope(env_.obs, ComputeKind::Loss, -1, 5.0 * rows * C);
+        ComputeScope scope(env_.obs, ComputeKind::Loss, -1, cross_entropy_forward_cost(rows, C));
         dev.cross_entropy_forward(probs_.f32(), loss_stats_.f64(), logits, y, rows, C);
       }
       // The mean over the whole batch, divided by the number of micro-batches (loss / accum).
-      ComputeScope scope(env_.obs, ComputeKind::LossBackward, -1, 2.0 * rows * C);
+      ComputeScope scope(env_.obs, ComputeKind::LossBackward, -1, cross_entropy_backward_cost(rows, C));
       // fp16: scaler.scale(loss). The one process computes the whole loss, so --inject-overflow
       // overflows it whichever rank --inject-overflow-rank names.
       const float scale = scaler_ ? t_.loss_scale_for(*scaler_, step, c_.inject_overflow_rank) : 1.0f;
@@ -159,7 +159,7 @@ class DataParallelRank final : public RankStrategy {
       in.unscale = unscale;
       clip_ = clip_grad_norm(in, c_.clip_grad_norm, env_.dev, env_.ctx);
     }
-    ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, 10.0 * model_.num_params());
+    ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, optimizer_step_cost(model_.num_params()));
     if (model_.mixed()) opt_->step_mixed(model_.params16(), model_.grads16(), unscale * clip_.coef);
     else opt_->step(model_.params(), model_.grads());
     return true;

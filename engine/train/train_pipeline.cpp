@@ -65,7 +65,7 @@ class PipelineTrainRank final : public RankStrategy {
   }
 
   void zero_grad(int64_t) override {
-    ComputeScope scope(env_.obs, ComputeKind::ZeroGrad, -1, 0.0);
+    ComputeScope scope(env_.obs, ComputeKind::ZeroGrad, -1, zero_grad_cost(pipe_.num_params()));
     pipe_.zero_grad();
   }
 
@@ -115,7 +115,7 @@ class PipelineTrainRank final : public RankStrategy {
     const float unscale = scaler_ ? 1.0f / scale_ : 1.0f;
     clip_ = {};
     if (c_.clip_grad_norm > 0) clip_ = clip_grad_norm(clip_input(unscale), c_.clip_grad_norm, env_.dev, env_.ctx);
-    ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, 10.0 * static_cast<double>(pipe_.num_params()));
+    ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, optimizer_step_cost(pipe_.num_params()));
     pipe_.step(unscale * clip_.coef);  // 16-bit stages: the coefficient rides with the unscale
     return true;
   }

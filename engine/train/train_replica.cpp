@@ -92,11 +92,11 @@ struct StepBuffers {
             float loss_scale = 1.0f) {
     Device& dev = probs.device();
     {
-      ComputeScope scope(obs, ComputeKind::Loss, -1, 5.0 * B * C);
+      ComputeScope scope(obs, ComputeKind::Loss, -1, cross_entropy_forward_cost(B, C));
       dev.cross_entropy_forward(probs.f32(), loss_stats.f64(), logits, y, B, C);
     }
     // The mean over the micro-batch, divided by the number of micro-batches (loss / accum).
-    ComputeScope scope(obs, ComputeKind::LossBackward, -1, 2.0 * B * C);
+    ComputeScope scope(obs, ComputeKind::LossBackward, -1, cross_entropy_backward_cost(B, C));
     const float mean = 1.0f / static_cast<float>(B * accum);
     dev.cross_entropy_backward(dlogits.f32(), probs.f32(), y, B, C, loss_scale == 1.0f ? mean : mean * loss_scale);
   }
@@ -154,7 +154,7 @@ class ReplicaRank : public RankStrategy {
               (c_.skip_ranks.empty() || std::count(c_.skip_ranks.begin(), c_.skip_ranks.end(), rank_) > 0);
     model_.set_skipped_layer(branch_ ? c_.skip_layer : -1);
     buf_->loss_stats.zero();
-    ComputeScope scope(env_.obs, ComputeKind::ZeroGrad, -1, 0.0);
+    ComputeScope scope(env_.obs, ComputeKind::ZeroGrad, -1, zero_grad_cost(model_.num_params()));
     zero_grad_hook();
   }
 
@@ -193,7 +193,7 @@ class ReplicaRank : public RankStrategy {
     clip_ = {};
     if (ok && c_.clip_grad_norm > 0) clip_ = clip_grad_norm(clip_input(), c_.clip_grad_norm, env_.dev, env_.ctx);
     if (ok) {
-      ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, 10.0 * model_.num_params());
+      ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, optimizer_step_cost(model_.num_params()));
       optimizer_step();
     } else {
       t_.rank_skipped_[static_cast<size_t>(rank_)].push_back(step);
