@@ -24,7 +24,7 @@ using Clock = std::chrono::steady_clock;
 
 // The ops the sweep knows how to fill and check; --op takes their short names ("reducescatter").
 constexpr CollectiveOp kBenchedOps[] = {CollectiveOp::AllReduce, CollectiveOp::ReduceScatter, CollectiveOp::AllGather,
-                                        CollectiveOp::Broadcast};
+                                        CollectiveOp::Broadcast, CollectiveOp::AllToAll};
 
 std::vector<std::string> benched_names() {
   std::vector<std::string> names;
@@ -56,6 +56,7 @@ WorkPtr issue(Communicator& c, CollectiveOp op, Algorithm algo, float* in, float
     case CollectiveOp::AllReduce: return c.all_reduce(out, count, DType::F32, ReduceOp::Sum, algo);
     case CollectiveOp::ReduceScatter: return c.reduce_scatter(out, in, count, DType::F32, ReduceOp::Sum, algo);
     case CollectiveOp::AllGather: return c.all_gather(out, in, count, DType::F32, algo);
+    case CollectiveOp::AllToAll: return c.all_to_all(out, in, count, DType::F32);  // (pairwise exchange: one algorithm)
     default: return c.broadcast(out, count, DType::F32, root, algo);
   }
 }
@@ -117,6 +118,9 @@ int64_t BenchRun::check(Algorithm algo, int64_t S) {
         for (int q = 0; q < n; q++) want += fill_value(q, r * per + i);
         wrong += out[static_cast<size_t>(i)] != want;
       }
+    } else if (op_ == CollectiveOp::AllToAll) {  // block r of rank q's input is block q of rank r's output
+      for (int q = 0; q < n; q++)
+        for (int64_t i = 0; i < per; i++) wrong += out[static_cast<size_t>(q * per + i)] != fill_value(q, r * per + i);
     } else {
       for (int q = 0; q < n; q++)
         for (int64_t i = 0; i < per; i++) wrong += out[static_cast<size_t>(q * per + i)] != fill_value(q, i);

@@ -208,6 +208,18 @@ TEST_SUITE("moe") {
       CHECK(bytes[4] == bytes[2]);       // backward: the input gradients go back as the outputs did
       CHECK(rows > 0);
     }
+    // clip_grad_norm_ over the whole model: the dense gradients once, every rank's experts once.
+    c.clip_grad_norm = 0.05;
+    c.ep = 1;
+    Trainer clipped_ref(c);
+    const TrainSummary cr = clipped_ref.run();
+    c.ep = 2;
+    Trainer clipped(c);
+    const TrainSummary cs = clipped.run();
+    CHECK(cs.steps == 3);
+    CHECK(std::abs(cs.eval_loss - cr.eval_loss) < 1e-5);
+    CHECK(test::max_abs_diff(clipped.result_model(), clipped_ref.result_model()) < 1e-5);
+    c.clip_grad_norm = 0;
     // Refusals that name what to do instead.
     TrainConfig odd = c;
     odd.ep = 3;

@@ -34,8 +34,6 @@ const Combination kCombinations[] = {
      "the experts are whole on each rank (Megatron's expert tensor parallelism is not in this engine)", "drop --tp", true},
     {Feature::Moe, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
      "the router and the token dispatch run on the host", "use --device cpu", true},
-    {Feature::ExpertParallel, "--clip-grad-norm", [](const TrainConfig& c) { return c.clip_grad_norm > 0; },
-     "the norm would sum each EP group's experts once beside the replicated parameters", "drop --clip-grad-norm", true},
     {Feature::ExpertParallel, "--save-sharded", [](const TrainConfig& c) { return !c.save_sharded_path.empty(); },
      "each rank's shard file would hold its own experts beside the replicated parameters, which the index does not describe",
      "use --save (rank 0 writes the whole model, every expert gathered)", true},

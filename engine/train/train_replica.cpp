@@ -381,6 +381,24 @@ class DdpRank final : public ReplicaRank {
     else ReplicaRank::optimizer_step();
   }
   double overlap() const override { return ddp_ ? ddp_->last_stats().overlap() : -1; }
+  // Under --ep the ranks of an EP group hold the same dense gradients (DDP's average) and each its own
+  // experts: the dense ones count on the group's first rank, every rank's experts on it, and the EP
+  // group's sum is the whole model's squared norm (Megatron sums the expert-parallel norms apart).
+  GradClipInput clip_input() override {
+    GradClipInput in = ReplicaRank::clip_input();
+    if (c_.ep == 1) return in;
+    in.pieces.clear();
+    const auto& ps = model_.parameters();
+    std::vector<char> expert(ps.size(), 0);
+    for (int i : expert_parameters(model_)) expert[static_cast<size_t>(i)] = 1;
+    for (size_t k = 0; k < ps.size(); k++) {
+      if (!expert[k] && rank_ % c_.ep != 0) continue;
+      const Parameter& p = ps[k];
+      in.pieces.push_back(model_.mixed() ? GradPiece{nullptr, p.grad16, p.numel} : GradPiece{p.grad, nullptr, p.numel});
+    }
+    in.sum_over = {ep_group_.get()};
+    return in;
+  }
   void finish_hook(TrainSummary& sum) override {
     // Join.__exit__: the last count (every rank has joined: 0), then DDP's post-hook gives every rank
     // the last joiners' model.
