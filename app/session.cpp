@@ -127,6 +127,7 @@ void Session::reset_builder() {
   // lab cannot name from here has no roof.
   run.roof = !client_ ? trainer_->roof() : config_.device == "cpu" ? cpu_roof(this_machine_profile(), 1) : gpu_roof("a GPU of the attached run");
   builder_.reset(run);
+  experts_key_ = 0;
 }
 
 void Session::run(double speed) {
@@ -209,6 +210,29 @@ bool Session::attention(int layer, int head, std::vector<float>& probs, std::str
   return true;
 }
 
+bool Session::read_experts(ExpertsView& v) const {
+  if (!trainer_ || !v.moe || !settled()) return false;
+  const int L = static_cast<int>(config_.model.gpt.layers);
+  v.ranks.assign(static_cast<size_t>(config_.world_size), {});
+  for (int r = 0; r < config_.world_size; r++) {
+    const GptCore* g = trainer_->rank_model(r).gpt();
+    for (int l = 0; g && l < L; l++) {
+      const GptCore::MoeRouting* m = g->moe_routing(l);
+      if (!m) continue;  // a dense block, another stage's, or no forward yet
+      ExpertsBlockView b;
+      b.layer = l;
+      b.tokens = m->tokens, b.capacity = m->capacity, b.dropped = m->dropped, b.aux_loss = m->aux_loss;
+      b.routed = m->routed, b.kept = m->kept;
+      if (const auto* h = g->moe_history(l))
+        for (const GptCore::MoePoint& p : *h) b.imbalance_history.push_back(p.imbalance), b.aux_history.push_back(p.aux_loss);
+      v.ranks[static_cast<size_t>(r)].push_back(std::move(b));
+    }
+  }
+  v.read = true;
+  v.at_step = builder_.snapshot().step;
+  return true;
+}
+
 bool Session::settled() const {
   if (finished()) return true;
   StepperState st = stepper_state();
@@ -266,7 +290,19 @@ const Snapshot& Session::update() {
   StepperState st = stepper_state();
   const size_t gates = static_cast<size_t>(kStepperLanes * config_.world_size);
   if (client_ && st.gates.size() != gates) st.gates.assign(gates, RankGateState{});
+  const uint64_t generation = st.generation;
   builder_.set_stepper(std::move(st));
+  // The Experts view reads every rank's router once each time the world stands still at a new place.
+  if (!client_ && builder_.snapshot().experts.moe) {
+    const uint64_t key = finished() ? UINT64_MAX : generation + 1;
+    if (key != experts_key_) {
+      ExpertsView v = builder_.snapshot().experts;
+      if (read_experts(v)) {
+        builder_.set_experts(std::move(v));
+        experts_key_ = key;
+      }
+    }
+  }
   if (client_) {  // the run's reports and end, as they came over the wire
     std::vector<StepReport> fresh_reports;
     if (client_->report_count() > client_reports_) fresh_reports = client_->reports_since(client_reports_);

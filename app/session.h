@@ -77,6 +77,10 @@ class Session {
   // text into `text`. Only while nothing moves; false when there is none (not a GPT, no forward yet,
   // the run moving, or an index out of range).
   bool attention(int layer, int head, std::vector<float>& probs, std::string& text) const;
+  // An MoE run's routing on every rank (GptCore::moe_routing and moe_history): fills `v.ranks` and
+  // sets `v.read`. Only while nothing moves; false when the run moves or is attached (its models live
+  // in its processes).
+  bool read_experts(ExpertsView& v) const;
 
  private:
   Session() = default;  // attach()
@@ -101,6 +105,7 @@ class Session {
   std::unique_ptr<PipelinePlan> plan_pipeline_;
   std::unique_ptr<CostModel> plan_cost_;
   std::unique_ptr<Model> sample_model_;  // generate(): the copy it samples from
+  uint64_t experts_key_ = 0;  // update(): the stepper generation (+1, finished: UINT64_MAX) the Experts view was read at
   uint64_t command_generation_ = 0;  // attached: the stepper state's generation when the last command went
   std::thread worker_;
   std::atomic<bool> done_{false};

@@ -304,6 +304,57 @@ struct MeshView {
   MeshGroup group;                 // the shown collective's group (label "tp0: 0,1", or the world), or the held send/recv's pair
 };
 
+// The All-to-all view: the newest all-to-all of the run (the one running, else the last), as an n x n
+// matrix over its group (an EP group "ep0: 0,1", or the world) from its events: each receiver's
+// RingStep names the sender and the bytes received; a rank's block to itself is a local copy, the
+// part of what it put in (its issue's in_count) that did not leave it (its bytes).
+struct AllToAllView {
+  bool valid = false;
+  bool in_flight = false;      // some member has not finished it
+  uint64_t seq = 0;            // the group's counter (the world's for group 0)
+  int32_t group = 0;           // CollectiveInfo::group; 0: the world
+  std::string group_name;      // "ep0"; "" for the world
+  std::vector<int> members;    // global ranks in group order (0 .. world-1 for the world)
+  DType dtype = DType::F32;
+  int n = 0;                   // members.size()
+  int steps = 0;               // pairwise exchange: n - 1 (step k - 1 sends to r + k)
+  int steps_done = 0;          // steps every member finished
+  int newest_step = -1;        // the highest step any member finished (the cells lit as just moved)
+  // (n, n), row: the sender's group rank, column: the receiver's. -1: not yet moved (unknown).
+  std::vector<int64_t> bytes;
+  std::vector<int64_t> sent;   // n: what each member put in for the others (from its issue); -1 before it
+  int64_t total = 0;           // every pair's bytes moved so far between different ranks
+  std::string label;           // "ep0 #3 all_to_all of float32, 4.1 kB"
+  int64_t at(int src, int dst) const { return bytes[static_cast<size_t>(src * n + dst)]; }
+  // The step that moves src -> dst: (dst - src) mod n, minus 1; -1 for the diagonal (a local copy).
+  int step_of(int src, int dst) const { return src == dst ? -1 : ((dst - src) % n + n) % n - 1; }
+};
+
+// The Experts view (--moe): what each MoE block's router did in a rank's last forward
+// (GptCore::moe_routing) and its trend over the last forwards (GptCore::moe_history). Read by the
+// Session while the run stands still (like the attention grid); `read` false until then.
+struct ExpertsBlockView {
+  int layer = 0;                       // the block
+  int64_t tokens = 0, capacity = 0;    // capacity per expert; 0: dropless
+  std::vector<int64_t> routed, kept;   // (E): tokens that chose each expert, and the ones it computed
+  int64_t dropped = 0;
+  double aux_loss = 0;
+  std::vector<float> imbalance_history, aux_history;  // oldest first
+};
+struct ExpertsView {
+  bool moe = false;                    // the run's GPT has MoE blocks
+  int64_t experts = 0, top_k = 0;
+  double capacity_factor = 0;          // --moe capacity=F (0: dropless)
+  int ep = 1;                          // --ep: ranks an EP group spreads each block's experts over
+  bool read = false;
+  int64_t at_step = 0;                 // the run's step when it was read
+  std::vector<std::vector<ExpertsBlockView>> ranks;  // per world rank, its MoE blocks in order
+  // The global rank holding expert e for rank `rank`'s tokens: its EP group's member (e / (E / ep)).
+  int owner(int rank, int64_t e) const {
+    return ep > 1 ? rank / ep * ep + static_cast<int>(e / (experts / ep)) : rank;
+  }
+};
+
 struct Snapshot {
   uint64_t frame = 0;
   // An imported PyTorch profiler trace (dtlab --open), once fully loaded; null otherwise. Immutable:
@@ -344,6 +395,8 @@ struct Snapshot {
   int64_t last_skipped_step = -1;    // fp16: the last of them (1-based; -1: none)
   DataView data;
   std::vector<std::string> param_names;  // model parameters
+  AllToAllView alltoall;             // the newest all-to-all (the All-to-all view)
+  ExpertsView experts;               // MoE routing, read while the run stands still (the Experts view)
 };
 
 }  // namespace dtlab::app

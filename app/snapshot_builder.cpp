@@ -341,6 +341,7 @@ void SnapshotBuilder::reset(const RunSources& run) {
   shown_seq_ = UINT64_MAX;
   shown_group_ = 0;
   shown_order_ = 0;
+  alltoall_.reset();
   bucket_iteration_ = -1;
   ready_counter_ = launch_counter_ = 0;
   data_epoch_ = -1;
@@ -374,6 +375,12 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.find_unused_parameters = config.ddp.find_unused_parameters;
   c.sized_first_iteration = config.ddp.sized_first_iteration;
   c.comm_hook = config.ddp.comm_hook;
+  ExpertsView& ex = snap_.experts;
+  ex.moe = config.model.is_gpt() && config.moe.on();
+  ex.experts = config.moe.experts;
+  ex.top_k = config.moe.top_k;
+  ex.capacity_factor = config.moe.capacity;
+  ex.ep = std::max(1, config.ep);
   c.precision = config.precision;
   c.amp = config.amp;
   c.reduce_fp32 = config.reduce_fp32;
@@ -541,6 +548,7 @@ const Snapshot& SnapshotBuilder::finish_frame() {
   build_bucket_parts();
   build_collective();
   light_mesh_group();
+  alltoall_.build(group_ranks_, group_names_, world_, snap_.alltoall);
   const CollectiveView& cv = snap_.collective;
   snap_.topology = build_topology(cv.group != 0 && cv.valid ? in_world_ranks(cv) : cv, run_.cost);
   build_data();
@@ -633,6 +641,7 @@ void SnapshotBuilder::ingest(const TraceRecorder& rec, int rank, const Event& e)
     case EventKind::PipelineAction: pipeline_.ingest(rank, e); break;
     default: break;
   }
+  if (e.kind == EventKind::CollectiveIssue || e.kind == EventKind::Collective || e.kind == EventKind::RingStep) alltoall_.ingest(rank, e);
   if (rank == 0) ingest_bucket(rec, e);
 }
 

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "app/alltoall_tracker.h"
 #include "app/pipeline_tracker.h"
 #include "app/snapshot.h"
 #include "engine/monitor/monitor.h"
@@ -75,6 +76,8 @@ class SnapshotBuilder {
   void set_activities(std::vector<std::string> compute, std::vector<std::string> comm);
   void set_memory(int rank, const MemoryStats& stats);
   void set_device_memory(int rank, int64_t used, int64_t total);  // -1: not a GPU
+  // MoE runs: the routing the Session read while the run stood still (the Experts view).
+  void set_experts(ExpertsView v) { snap_.experts = std::move(v); }
   // Derives the shown collective, the data's owners and the pipeline's rows.
   const Snapshot& finish_frame();
 
@@ -133,6 +136,7 @@ class SnapshotBuilder {
   std::map<std::string, Shape> param_shape_;     // parameter name -> shape (FSDP2's dim-0 split)
   bool data_set_epoch_built_ = true;
   PipelineTracker pipeline_;  // pipeline runs: the schedule as planned and as it ran
+  AllToAllTracker alltoall_;  // the newest all-to-alls, pair by pair
 };
 
 }  // namespace dtlab::app

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include "app/snapshot_builder.h"
+#include "engine/core/format.h"
 
 using namespace dtlab;
 using namespace dtlab::app;
@@ -517,6 +518,67 @@ TEST_SUITE("snapshot builder") {
     CHECK(s.pipeline.row(1).done.size() == 2);
   }
   // The toolbar's "Next:" line: what the held item is for, and which key does what from here.
+  TEST_CASE("all-to-all: an EP group's pairwise exchange becomes the matrix of bytes per pair, step by step") {
+    Rig rig("ddp", 4);
+    const int32_t group = 1 + rig.rec.intern(group_label("ep0", {1, 2, 3}));
+    // Elements group rank i sends to group rank j (all_to_all_v's split sizes); float32.
+    const int64_t S[3][3] = {{5, 7, 2}, {3, 4, 9}, {6, 1, 8}};
+    auto issue = [&](EventKind kind, int i) {
+      Event e = collective(kind, 3, CollectiveOp::AllToAll);
+      e.coll.group = group;
+      e.coll.group_size = 3;
+      e.coll.in_count = S[i][0] + S[i][1] + S[i][2];
+      e.coll.bytes = (e.coll.in_count - S[i][i]) * 4;  // what leaves the rank
+      rig.record(1 + i, e);
+    };
+    auto step = [&](int i, int s) {  // step s: group rank i receives from i - (s + 1)
+      const int from = (i + 2 - s) % 3;
+      Event e = ring_step(3, s);
+      e.step.group = group;
+      e.step.steps = 2;
+      e.step.src = static_cast<int16_t>(1 + from);
+      e.step.dst = static_cast<int16_t>(1 + i);
+      e.step.bytes = S[from][i] * 4;
+      rig.record(1 + i, e);
+    };
+    for (int i = 0; i < 3; i++) issue(EventKind::CollectiveIssue, i);
+    const Snapshot& held = rig.frame();
+    REQUIRE(held.alltoall.valid);
+    CHECK(held.alltoall.members == std::vector<int>{1, 2, 3});
+    CHECK(held.alltoall.steps == 2);
+    CHECK(held.alltoall.steps_done == 0);
+    CHECK(held.alltoall.in_flight);
+    CHECK(held.alltoall.at(1, 1) == 16);       // its own block: a local copy
+    CHECK(held.alltoall.sent[2] == (6 + 1) * 4);
+    CHECK(held.alltoall.at(0, 1) == -1);       // nothing moved yet
+    for (int i = 0; i < 3; i++) step(i, 0);
+    const Snapshot& one = rig.frame();
+    CHECK(one.alltoall.steps_done == 1);
+    CHECK(one.alltoall.newest_step == 0);
+    CHECK(one.alltoall.at(0, 1) == 7 * 4);     // step 0 moves i -> i + 1
+    CHECK(one.alltoall.at(1, 2) == 9 * 4);
+    CHECK(one.alltoall.at(2, 0) == 6 * 4);
+    CHECK(one.alltoall.at(0, 2) == -1);        // step 1's pairs are still to come
+    CHECK(one.alltoall.step_of(0, 2) == 1);
+    for (int i = 0; i < 3; i++) step(i, 1), issue(EventKind::Collective, i);
+    const AllToAllView& a = rig.frame().alltoall;
+    CHECK_FALSE(a.in_flight);
+    CHECK(a.steps_done == 2);
+    int64_t total = 0;
+    for (int i = 0; i < 3; i++)
+      for (int j = 0; j < 3; j++) {
+        CHECK(a.at(i, j) == S[i][j] * 4);
+        if (i != j) total += S[i][j] * 4;
+      }
+    CHECK(a.total == total);
+    CHECK(a.label == "ep0 #3 all_to_all of float32, " + human_bytes(total));
+    // A newer all-to-all of the world replaces it; the world's ranks are its members.
+    Event w = collective(EventKind::CollectiveIssue, 0, CollectiveOp::AllToAll);
+    rig.record(0, w);
+    CHECK(rig.frame().alltoall.group == 0);
+    CHECK(rig.frame().alltoall.n == 4);
+  }
+
   TEST_CASE("next_hint names the paused item's purpose and the keys that move on from it") {
     Snapshot s;
     s.config.strategy = Strategy::Ddp;

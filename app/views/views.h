@@ -72,6 +72,14 @@ void draw_mesh_view(const Snapshot& s, ViewContext& ctx);
 // The roofline (roofline_view.cpp): the last finished iteration's layers and collectives of the focus
 // rank (else rank 0) against the device's roof, log-log, one dot per span coloured by its kind.
 void draw_roofline_view(const Snapshot& s, ViewContext& ctx);
+// The newest all-to-all as a sender x receiver matrix of bytes, lit step by step (alltoall_view.cpp).
+void draw_alltoall_view(const Snapshot& s, ViewContext& ctx);
+// MoE routing per block: tokens per expert, kept and dropped, capacity, owners, imbalance and aux
+// loss with their trend (experts_view.cpp). `rank`: whose tokens, when no rank has the stepper's focus.
+struct ExpertsViewState {
+  int rank = 0;
+};
+void draw_experts_view(const Snapshot& s, ViewContext& ctx, ExpertsViewState& state);
 
 // The Sizing view (sizing_view.cpp): the calculator's settings, which the app keeps and a `sizing
 // SPEC` script or lesson action sets; `ran`: its last "Run it scaled down" was this view's.

@@ -167,6 +167,7 @@ void GptCore::ensure(int64_t B) {
   routes_.clear();
   routes_.resize(moe_logits_.size());
   moe_stats_.assign(static_cast<size_t>(L), MoeRouting{});
+  if (moe_history_.size() != static_cast<size_t>(L)) moe_history_.assign(static_cast<size_t>(L), {});  // kept over a reallocation
   moe_dx_ = any_moe ? act({N, C}) : Tensor();
   if (r_.heads(s_)) {
     lnf_ = act({R, C});
@@ -262,6 +263,11 @@ const GptCore::MoeRouting* GptCore::moe_routing(int l) const {
   if (l < r_.first_block() || l >= r_.end_block(s_) || !moe_block(l) || local(l) >= moe_stats_.size()) return nullptr;
   const MoeRouting& m = moe_stats_[local(l)];
   return m.tokens > 0 ? &m : nullptr;
+}
+
+const std::vector<GptCore::MoePoint>* GptCore::moe_history(int l) const {
+  if (l < r_.first_block() || l >= r_.end_block(s_) || !moe_block(l) || local(l) >= moe_history_.size()) return nullptr;
+  return &moe_history_[local(l)];
 }
 
 double GptCore::aux_loss() const {
@@ -374,6 +380,14 @@ const void* GptCore::moe_forward(std::vector<Parameter>& p, int l, const void* a
   void* logits = moe_logits_[k].raw();
   dev_.linear_forward(wr(logits, BT * E), rd(a, BT * C), pw(p[static_cast<size_t>(pr(l))]), nullptr, BT, C, E);  // the router
   route(rt, moe_stats_[local(l)], rd(logits, BT * E), BT);
+  if (!recomputing_) {
+    const MoeRouting& st = moe_stats_[local(l)];
+    const double mean = static_cast<double>(BT * K) / static_cast<double>(E);
+    const int64_t most = *std::max_element(st.routed.begin(), st.routed.end());
+    std::vector<MoePoint>& h = moe_history_[local(l)];
+    if (h.size() == kMoeHistory) h.erase(h.begin());
+    h.push_back({static_cast<float>(static_cast<double>(most) / mean), static_cast<float>(st.aux_loss)});
+  }
   // Dispatch: each kept (token, expert) pair's input row, grouped by expert.
   void* x = moe_x_[k].raw();
   for (size_t n = 0; n < rt.row.size(); n++) dev_.copy(at(x, static_cast<int64_t>(n) * C), at(a, (rt.row[n] / K) * C), C * esz());
@@ -861,7 +875,9 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
       if (hooks) hooks->before_recompute(1 + l);
       {
         ComputeScope scope(obs, ComputeKind::Recompute, 1 + l, layer_cost(1 + l, B));
+        recomputing_ = true;
         block_forward(p, l, block_in);
+        recomputing_ = false;
       }
       if (hooks) hooks->after_recompute(1 + l);
     }
@@ -995,7 +1011,9 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
     if (checkpointing_ && work) {  // the block's inputs again: its forward once more, from its kept input
       if (hooks) hooks->before_recompute(1 + l);
       ComputeScope scope(obs, ComputeKind::Recompute, 1 + l, layer_cost(1 + l, B));
+      recomputing_ = true;
       block_forward(p, l, l > fb ? res3_[u - 1].raw() : input);
+      recomputing_ = false;
     }
     if (checkpointing_ && work && hooks) hooks->after_recompute(1 + l);
     enter(1 + l);

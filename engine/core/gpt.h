@@ -219,6 +219,14 @@ class GptCore {
     double aux_loss = 0;                // this block's load-balancing loss (coefficient included)
   };
   const MoeRouting* moe_routing(int l) const;
+  // Block l's last kMoeHistory forwards (oldest first; a recomputation under checkpointing is not a
+  // new forward), what the lab's Experts view draws as a trend: nullptr for a dense block.
+  struct MoePoint {
+    float imbalance = 0;  // max over experts of routed / their mean (tokens x K / E): 1 is even
+    float aux_loss = 0;   // the block's load-balancing loss
+  };
+  static constexpr size_t kMoeHistory = 128;
+  const std::vector<MoePoint>* moe_history(int l) const;
   // The load-balancing losses of the last forward, summed over this stage's MoE blocks.
   double aux_loss() const;
 
@@ -386,6 +394,8 @@ class GptCore {
   std::vector<Tensor> moe_logits_, moe_x_, moe_y_;
   std::vector<MoeRoute> routes_;         // per slot
   std::vector<MoeRouting> moe_stats_;    // per block of the stage (empty for a dense one)
+  std::vector<std::vector<MoePoint>> moe_history_;  // per block of the stage: at most kMoeHistory, oldest first
+  bool recomputing_ = false;             // a checkpointed block's forward again, inside the backward
   Tensor moe_dx_;
   float aux_grad_scale_ = 1.0f;
   ExpertParallelComm* ep_comm_ = nullptr;
