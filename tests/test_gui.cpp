@@ -266,8 +266,8 @@ TEST_SUITE("gui") {
       "view ring; check layout; view buckets; check layout; view shards; check layout; view pipeline; check layout; "
       "view timeline; check layout; view memory; check layout; view inspector; check layout; view data; check layout; "
       "view topology; check layout; view sweep; check layout; view mesh; check layout; view sizing; check layout; "
-      "view roofline; check layout; view all; check layout";
-  constexpr int kChecksPerMode = 14;
+      "view roofline; check layout; view experts; check layout; view alltoall; check layout; view all; check layout";
+  constexpr int kChecksPerMode = 16;
 
   // Runs the lab on a screen of `screen` with `args` and `script`; every `check layout` it printed
   // must say nothing is cut off. Returns how many did.
@@ -309,6 +309,18 @@ TEST_SUITE("gui") {
     const std::string script = "step collective 6; " + views + "; presentation on; " + views;
     CHECK(layout_clean(dir, "1280x720", "--strategy fsdp --world 4 --fsdp-api 2 --reshard-after-forward 2", script) == 2);
     CHECK(layout_clean(dir, "1600x900", "--strategy fsdp --world 4 --fsdp-api 2 --sharding hybrid --node-size 2", script) == 2);
+  }
+  // The Experts and All-to-all views with something to draw: an expert-parallel GPT paused inside a
+  // dispatch all-to-all (the matrix half filled, two MoE blocks of bars).
+  TEST_CASE("under Xvfb: the Experts and All-to-all views of an --ep run fit at 1280x720 and 1920x1080") {
+    DTLAB_REQUIRE_XVFB();
+    test::TempDir dir;
+    const std::string views = "view experts; check layout; view alltoall; check layout";
+    const std::string script = "step collective 31; step ring 1; " + views + "; presentation on; " + views;
+    const std::string run = "--strategy ddp --world 4 --model gpt:layers=2,heads=2,embd=32,ctx=16 --data text "
+                            "--moe experts=4,top_k=2,capacity=1.25 --ep 2";
+    CHECK(layout_clean(dir, "1280x720", run, script) == 4);
+    CHECK(layout_clean(dir, "1920x1080", run, script) == 4);
   }
   TEST_CASE("under Xvfb: layout gate at 1600x900: every view, normal and presentation, DDP, FSDP and a pipeline") {
     DTLAB_REQUIRE_XVFB();

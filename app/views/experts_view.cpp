@@ -17,7 +17,14 @@ namespace {
 // A sparkline of `v` in [a, b] with its name and last value above it.
 void sparkline(ImDrawList* dl, ImVec2 a, ImVec2 b, const std::vector<float>& v, const char* name, ImU32 col) {
   dl->AddRect(a, b, IM_COL32(255, 255, 255, 40));
-  if (v.size() < 2) return;
+  if (v.empty()) return;
+  if (v.size() == 1) {  // one forward so far: its value, and a dot where the line will start
+    char t[96];
+    std::snprintf(t, sizeof t, "%s %.3g", name, v[0]);
+    dl->AddText(ImVec2(a.x + 2, a.y + 1), kDim, fit_text(t, b.x - a.x - 4).c_str());
+    dl->AddCircleFilled(ImVec2(a.x + 4, (a.y + b.y) * 0.5f), 3.0f, col);
+    return;
+  }
   const auto [lo_it, hi_it] = std::minmax_element(v.begin(), v.end());
   const float lo = *lo_it, hi = std::max(*hi_it, lo + 1e-6f);
   std::vector<ImVec2> pts;
@@ -68,9 +75,11 @@ void draw_experts_view(const Snapshot& s, ViewContext& ctx, ExpertsViewState& st
     const double mean = static_cast<double>(b.tokens * x.top_k) / static_cast<double>(E);
     const int64_t most = *std::max_element(b.routed.begin(), b.routed.end());
     char line[200];
-    std::snprintf(line, sizeof line, "block %d: imbalance %.2f (busiest / mean load), aux loss %.4g, dropped %lld of %lld", b.layer,
+    // (The capacity is named here, not beside its red line, which can run along the top of the bars.)
+    std::snprintf(line, sizeof line, "block %d: imbalance %.2f (busiest / mean load), aux loss %.4g, dropped %lld of %lld%s", b.layer,
                   mean > 0 ? static_cast<double>(most) / mean : 0.0, b.aux_loss, static_cast<long long>(b.dropped),
-                  static_cast<long long>(b.tokens * x.top_k));
+                  static_cast<long long>(b.tokens * x.top_k),
+                  b.capacity > 0 ? (", capacity " + std::to_string(b.capacity) + " (red line)").c_str() : "");
     const ImVec2 p0 = ImGui::GetCursorScreenPos();
     const float w = avail.x;
     ImGui::InvisibleButton(("##block" + std::to_string(b.layer)).c_str(), ImVec2(std::max(1.0f, w), block_h));
@@ -100,8 +109,6 @@ void draw_experts_view(const Snapshot& s, ViewContext& ctx, ExpertsViewState& st
     if (b.capacity > 0) {
       const float yc = y_of(static_cast<double>(b.capacity));
       dl->AddLine(ImVec2(p0.x, yc), ImVec2(p0.x + bars_w, yc), IM_COL32(240, 90, 90, 255), 2);
-      const std::string c = "capacity " + std::to_string(b.capacity);
-      dl->AddText(ImVec2(p0.x + bars_w - ImGui::CalcTextSize(c.c_str()).x, yc - fs - 1), IM_COL32(240, 120, 120, 255), c.c_str());
     }
     // The rank holding each run of experts: "experts 2-3 on rank 1".
     const int64_t per = x.ep > 1 ? E / x.ep : E;
