@@ -312,7 +312,7 @@ TEST_SUITE("gui") {
   }
   // The Experts and All-to-all views with something to draw: an expert-parallel GPT paused inside a
   // dispatch all-to-all (the matrix half filled, two MoE blocks of bars).
-  TEST_CASE("under Xvfb: the Experts and All-to-all views of an --ep run fit at 1280x720 and 1920x1080") {
+  TEST_CASE("under Xvfb: the Experts and All-to-all views of an --ep run fit at 1280x720") {
     DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
     const std::string views = "view experts; check layout; view alltoall; check layout";
@@ -320,7 +320,6 @@ TEST_SUITE("gui") {
     const std::string run = "--strategy ddp --world 4 --model gpt:layers=2,heads=2,embd=32,ctx=16 --data text "
                             "--moe experts=4,top_k=2,capacity=1.25 --ep 2";
     CHECK(layout_clean(dir, "1280x720", run, script) == 4);
-    CHECK(layout_clean(dir, "1920x1080", run, script) == 4);
   }
   TEST_CASE("under Xvfb: layout gate at 1600x900: every view, normal and presentation, DDP, FSDP and a pipeline") {
     DTLAB_REQUIRE_XVFB();

@@ -45,7 +45,9 @@ TEST_SUITE("roofline") {
       const double weight_bytes = 4 * (B * L.out + B * L.in + 2 * L.in * L.out + 2 * L.out);  // dy, x; dW, db read and written
       CHECK(b.bytes == (L.layer == 0 ? weight_bytes : weight_bytes + 4 * (L.in * L.out + B * L.in)));  // W read, dx written
     }
-    for (const auto& [layer, n] : {std::pair{1, 64.0}, std::pair{3, 32.0}}) {
+    for (const auto& ln : {std::pair{1, 64.0}, std::pair{3, 32.0}}) {
+      const int layer = ln.first;  // (not a structured binding: clang 14 refuses one inside CAPTURE's lambda)
+      const double n = ln.second;
       CAPTURE(layer);
       CHECK(spans.at({ComputeKind::LayerForward, layer}).flops == B * n);
       CHECK(spans.at({ComputeKind::LayerForward, layer}).bytes == 4 * 2 * B * n);

@@ -136,7 +136,7 @@ if [[ $mode == test ]]; then
   # lessons played in the lab (label "lesson", about 120 s of the 2 cores here): what they drive is the
   # lesson host, which the app suite runs here and the lesson fuzzer reads, and engine paths the
   # other suites run here; their point is that each lesson's figures come out, which Release checks.
-  asan_skip='layout gate at (1600x900|1920x1080|content scale 2)|^ddp_buckets_torch$|^torch_parity$|^lora_torch$|^gpt_torch$|^moe_torch$'
+  asan_skip='layout gate at (1600x900|1920x1080|content scale 2)|^ddp_buckets_torch$|^torch_parity$|^lora_torch$|^gpt_torch$|^moe_torch$|^comm_hook_torch$|^amp_torch$'
   asan_skip+='|^bf16 and fp16 train the spiral demo|^the quick start.s headless demo|^this machine.s figures are measured once'
   echo "== running tests under ASan+UBSan (all but the lessons and: $asan_skip) [${SECONDS} s]"
   (cd "$asan" && DTLAB_TEST_QUICK=1 ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:detect_stack_use_after_return=0$sym" \
