@@ -17,7 +17,7 @@ Usage: gpt_torch.py PATH/TO/dtlab-cli
 """
 import copy, json, math, os, struct, sys, tempfile
 
-from torch_common import CLI, check, cli, failures, load_safetensors, np, params, save_safetensors, torch  # noqa: F401 (exits 77 without torch)
+from torch_common import CLI, check, cli, ddp_steps, failures, load_safetensors, np, params, save_safetensors, torch  # noqa: F401 (exits 77 without torch)
 
 from nanogpt_torch import GPT  # noqa: E402
 
@@ -46,39 +46,28 @@ def torch_train(model, windows, batch, steps, seed, make_opt, world, bf16=False)
         logits = run.lm_head(run.transformer.ln_f(x)).float()
         return torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
 
-    samplers = [torch.utils.data.distributed.DistributedSampler(range(len(windows)), num_replicas=world, rank=r,
-                                                                shuffle=True, seed=seed) for r in range(world)]
-    losses, epoch = [], 0
-    while len(losses) < steps:
-        orders = []
-        for s in samplers:
-            s.set_epoch(epoch)
-            orders.append(list(iter(s)))
-        per_rank = len(orders[0])
-        for start in range(0, per_rank, batch):
-            if bf16:
-                for _, p in named:
-                    p.grad = None
-            else:
-                opt.zero_grad()
-            total = 0.0
-            for r in range(world):
-                rows = windows[orders[r][start:start + batch]]
-                loss = loss_of(rows[:, :-1].contiguous(), rows[:, 1:].contiguous()) / world
-                loss.backward()
-                total += loss.item()
-            if bf16:
+    losses = []
+    for shards in ddp_steps(len(windows), world, batch, seed, steps):
+        if bf16:
+            for _, p in named:
+                p.grad = None
+        else:
+            opt.zero_grad()
+        total = 0.0
+        for r in range(world):
+            rows = windows[shards[r]]
+            loss = loss_of(rows[:, :-1].contiguous(), rows[:, 1:].contiguous()) / world
+            loss.backward()
+            total += loss.item()
+        if bf16:
+            for q, (_, p) in zip(master, named):
+                q.grad = p.grad.float()
+        opt.step()
+        if bf16:
+            with torch.no_grad():
                 for q, (_, p) in zip(master, named):
-                    q.grad = p.grad.float()
-            opt.step()
-            if bf16:
-                with torch.no_grad():
-                    for q, (_, p) in zip(master, named):
-                        p.copy_(q)
-            losses.append(total)
-            if len(losses) == steps:
-                break
-        epoch += 1
+                    p.copy_(q)
+        losses.append(total)
     return (losses, run) if bf16 else losses
 
 

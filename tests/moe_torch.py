@@ -16,7 +16,7 @@ Usage: moe_torch.py PATH/TO/dtlab-cli
 """
 import json, os, sys, tempfile
 
-from torch_common import check, cli, failures, load_safetensors, params, save_safetensors, torch  # noqa: F401 (exits 77 without torch)
+from torch_common import check, cli, ddp_steps, failures, load_safetensors, params, save_safetensors, torch  # noqa: F401 (exits 77 without torch)
 from nanogpt_torch import GPT  # noqa: E402
 
 
@@ -27,29 +27,19 @@ def torch_train(model, windows, batch, steps, seed, make_opt, world, micro=1):
     tokens, their losses weighed by their share of the batch (Megatron computes the aux loss per
     micro-batch and scales it by 1 / micro-batches). Returns the per-step mean cross-entropy."""
     opt = make_opt(model.parameters())
-    samplers = [torch.utils.data.distributed.DistributedSampler(range(len(windows)), num_replicas=world, rank=r,
-                                                                shuffle=True, seed=seed) for r in range(world)]
-    losses, epoch = [], 0
-    while len(losses) < steps:
-        orders = []
-        for s in samplers:
-            s.set_epoch(epoch)
-            orders.append(list(iter(s)))
-        for start in range(0, len(orders[0]), batch):
-            opt.zero_grad()
-            total = 0.0
-            for r in range(world):
-                rows = windows[orders[r][start:start + batch]]
-                for mb in torch.tensor_split(rows, micro):
-                    ce = model(mb[:, :-1].contiguous(), mb[:, 1:].contiguous())
-                    share = len(mb) / len(rows) / world
-                    ((ce + model.aux_loss()) * share).backward()
-                    total += ce.item() * share
-            opt.step()
-            losses.append(total)
-            if len(losses) == steps:
-                break
-        epoch += 1
+    losses = []
+    for shards in ddp_steps(len(windows), world, batch, seed, steps):
+        opt.zero_grad()
+        total = 0.0
+        for r in range(world):
+            rows = windows[shards[r]]
+            for mb in torch.tensor_split(rows, micro):
+                ce = model(mb[:, :-1].contiguous(), mb[:, 1:].contiguous())
+                share = len(mb) / len(rows) / world
+                ((ce + model.aux_loss()) * share).backward()
+                total += ce.item() * share
+        opt.step()
+        losses.append(total)
     return losses
 
 

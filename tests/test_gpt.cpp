@@ -298,30 +298,10 @@ TEST_SUITE("gpt") {
     CHECK(order.front() == GptParamIndex::ln_f_bias(spec.gpt));
     CHECK(order.back() == GptParamIndex::kWte);
     const std::vector<float> grads(m.grads(), m.grads() + m.num_params());
-    int checked = 0;
-    double worst = 0;
-    std::string worst_at;
-    for (const Parameter& p : m.parameters())
-      for (int64_t k : {int64_t{0}, p.numel / 2, p.numel - 1}) {
-        float* w = p.data + k;
-        const float keep = *w;
-        const float h = 1e-3f;  // LayerNorm divides by a 0.02-wide spread: larger steps leave the linear regime
-        *w = keep + h;
-        const double up = gpt_loss(m, idx, tgt, B);
-        *w = keep - h;
-        const double down = gpt_loss(m, idx, tgt, B);
-        *w = keep;
-        const double fd = (up - down) / (2.0 * h);
-        const double g = grads[static_cast<size_t>(p.offset + k)];
-        const double rel = std::fabs(fd - g) / std::max(1e-2, std::fabs(fd));
-        if (rel > worst) {
-          worst = rel;
-          worst_at = p.name + "[" + std::to_string(k) + "]: analytic " + std::to_string(g) + ", numeric " + std::to_string(fd);
-        }
-        checked++;
-      }
-    MESSAGE(checked << " gradients checked, worst relative difference " << worst << " at " << worst_at);
-    CHECK(worst < 2e-2);
+    // (h 1e-3: LayerNorm divides by a 0.02-wide spread, so larger steps leave the linear regime.)
+    const test::FiniteDifferenceCheck fd = test::finite_differences(m, grads, [&] { return gpt_loss(m, idx, tgt, B); });
+    MESSAGE(fd.checked << " gradients checked, worst relative difference " << fd.worst << " at " << fd.at);
+    CHECK(fd.worst < 2e-2);
   }
 
   TEST_CASE("text data: the sorted characters are the vocabulary, a sample is T tokens and the next T") {

@@ -147,28 +147,9 @@ TEST_SUITE("moe") {
     CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
     CHECK(order.size() == m.parameters().size());  // every parameter reported once, the experts and the router too
     const std::vector<float> grads(m.grads(), m.grads() + m.num_params());
-    double worst = 0;
-    std::string worst_at;
-    for (const Parameter& p : m.parameters())
-      for (int64_t k : {int64_t{0}, p.numel / 2, p.numel - 1}) {
-        float* w = p.data + k;
-        const float keep = *w;
-        const float h = 1e-3f;
-        *w = keep + h;
-        const double up = moe_loss(m, idx, tgt, B);
-        *w = keep - h;
-        const double down = moe_loss(m, idx, tgt, B);
-        *w = keep;
-        const double fd = (up - down) / (2.0 * h);
-        const double an = grads[static_cast<size_t>(p.offset + k)];
-        const double rel = std::fabs(fd - an) / std::max(1e-2, std::fabs(fd));
-        if (rel > worst) {
-          worst = rel;
-          worst_at = p.name + "[" + std::to_string(k) + "]: analytic " + std::to_string(an) + ", numeric " + std::to_string(fd);
-        }
-      }
-    MESSAGE("worst relative difference " << worst << " at " << worst_at);
-    CHECK(worst < 2e-2);
+    const test::FiniteDifferenceCheck fd = test::finite_differences(m, grads, [&] { return moe_loss(m, idx, tgt, B); });
+    MESSAGE(fd.checked << " gradients checked, worst relative difference " << fd.worst << " at " << fd.at);
+    CHECK(fd.worst < 2e-2);
   }
 
   TEST_CASE("expert parallelism: tokens cross by all-to-alls of the routed rows, and the run equals ddp without it") {

@@ -53,6 +53,26 @@ def params(model):  # named_parameters(): a tied weight once (nanoGPT's transfor
     return {k: v.detach() for k, v in model.named_parameters()}
 
 
+def ddp_steps(n, world, batch, seed, steps):
+    """The rows each of `world` DDP ranks trains on, step by step, for `steps` steps over `n` samples:
+    each rank's DistributedSampler shard (shuffle, `seed`, set_epoch each epoch) cut into batches, an
+    epoch's last (short) batch included, as dtlab's loader does. Yields a list of index lists, rank by rank."""
+    samplers = [torch.utils.data.distributed.DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=True, seed=seed)
+                for r in range(world)]
+    done, epoch = 0, 0
+    while done < steps:
+        orders = []
+        for s in samplers:
+            s.set_epoch(epoch)
+            orders.append(list(iter(s)))
+        for start in range(0, len(orders[0]), batch):
+            yield [o[start:start + batch] for o in orders]
+            done += 1
+            if done == steps:
+                return
+        epoch += 1
+
+
 def sequential(dims):
     """dtlab's mlp:D0,...,Dk as torch.nn.Sequential: Linear, ReLU, ..., Linear."""
     layers = []

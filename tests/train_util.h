@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -166,5 +167,37 @@ class BackgroundRun {
   std::atomic<bool> done_{false};
   std::thread thread_;
 };
+
+// The model's analytic gradients `grads` (flat, taken at its current values) against central finite
+// differences of `loss` (step h) at the first, middle and last element of every parameter: how many
+// were checked, the worst relative difference (|fd - g| / max(0.01, |fd|)) and where it was.
+struct FiniteDifferenceCheck {
+  int checked = 0;
+  double worst = 0;
+  std::string at;
+};
+inline FiniteDifferenceCheck finite_differences(Model& m, const std::vector<float>& grads, const std::function<double()>& loss,
+                                                float h = 1e-3f) {
+  FiniteDifferenceCheck r;
+  for (const Parameter& p : m.parameters())
+    for (int64_t k : {int64_t{0}, p.numel / 2, p.numel - 1}) {
+      float* w = p.data + k;
+      const float keep = *w;
+      *w = keep + h;
+      const double up = loss();
+      *w = keep - h;
+      const double down = loss();
+      *w = keep;
+      const double fd = (up - down) / (2.0 * h);
+      const double g = grads[static_cast<size_t>(p.offset + k)];
+      const double rel = std::fabs(fd - g) / std::max(1e-2, std::fabs(fd));
+      if (rel > r.worst) {
+        r.worst = rel;
+        r.at = p.name + "[" + std::to_string(k) + "]: analytic " + std::to_string(g) + ", numeric " + std::to_string(fd);
+      }
+      r.checked++;
+    }
+  return r;
+}
 
 }  // namespace dtlab::test

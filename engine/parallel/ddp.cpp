@@ -249,11 +249,17 @@ DistributedDataParallel::DistributedDataParallel(Model& model, Communicator& com
     for (const auto& [b, e] : runs) comm_.broadcast(params + b * elem, e - b, model_.param_dtype(), 0)->wait();
   }
 
-  std::vector<int64_t> bytes;
-  for (int i : kept_) bytes.push_back(parameter_bytes(model_)[static_cast<size_t>(i)]);
+  const std::vector<int64_t> bytes = kept_bytes();
   assign(from_kept(construction_bucket_assignment(bytes, opt_)));
   hook_ = [this](int p) { mark_ready(p); };
   if (ctx_) ctx_->set_activity("running");
+}
+
+std::vector<int64_t> DistributedDataParallel::kept_bytes() const {
+  const std::vector<int64_t> all = parameter_bytes(model_);
+  std::vector<int64_t> bytes;
+  for (int i : kept_) bytes.push_back(all[static_cast<size_t>(i)]);
+  return bytes;
 }
 
 BucketAssignment DistributedDataParallel::from_kept(BucketAssignment a) const {
@@ -400,8 +406,7 @@ void DistributedDataParallel::before_forward() {
   for (int i = 0; i < P; i++)
     DTLAB_CHECK(sorted[static_cast<size_t>(i)] == i, "rank 0's gradient-ready order misses a parameter");
   generation_++;
-  std::vector<int64_t> bytes;
-  for (int i : kept_) bytes.push_back(parameter_bytes(model_)[static_cast<size_t>(i)]);
+  const std::vector<int64_t> bytes = kept_bytes();
   assign(from_kept(rebuilt_bucket_assignment(bytes, ready, opt_.first_bucket_bytes, opt_.bucket_cap_bytes)));
   if (ctx_) ctx_->set_activity("running");
 }

@@ -266,6 +266,7 @@ class DistributedDataParallel {
   bool ignored(int p) const { return kept_at_[static_cast<size_t>(p)] < 0; }
   // An assignment over kept_ positions, in parameter indices.
   BucketAssignment from_kept(BucketAssignment a) const;
+  std::vector<int64_t> kept_bytes() const;  // parameter_bytes() of kept_, in its order
   std::vector<int32_t> param_label_;
   std::vector<char> ready_;               // per parameter, this pass
   int next_launch_ = 0;
