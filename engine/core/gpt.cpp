@@ -28,6 +28,14 @@ GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, Gp
   DTLAB_CHECK(r_.first >= 0 && r_.end <= spec.layers + 2 && r_.first_block() < r_.end_block(spec),
               "a GPT stage holds at least one block");
   DTLAB_CHECK(!spec.moe.on() || tp.degree == 1, "a GPT with MoE blocks runs without tensor parallelism");
+  if (spec.cp.on()) {
+    const int64_t c = spec.cp.degree, chunks = spec.cp.layout == CpLayout::Zigzag ? 2 * c : c;
+    DTLAB_CHECK(spec.cp.rank >= 0 && spec.cp.rank < c && spec.ctx % chunks == 0 && (!sp() || (spec.ctx / c) % tp.degree == 0),
+                "a context-parallel GPT needs ctx divisible by its chunks (and its T/c by tp under sequence parallelism)");
+    DTLAB_CHECK(spec.cp.layout != CpLayout::Ulysses || (spec.heads / tp.degree) % c == 0, "Ulysses needs the heads divisible by cp");
+    DTLAB_CHECK(!spec.moe.on() && r_.whole(spec), "a context-parallel GPT is a whole model without MoE blocks");
+    for (int64_t r = 0; r < c; r++) cp_pos_.push_back(spec.cp.positions_of(r, spec.ctx));
+  }
   using P = GptParamIndex;
   block0_ = r_.embeds() ? 2 : 0;  // (the whole model's parameters keep wte and wpe first, too)
   for (int l = r_.first_block(); l < r_.end_block(spec); l++) boff_.push_back(block0_ + P::blocks_between(spec, r_.first_block(), l));
@@ -109,10 +117,10 @@ std::array<std::vector<Tensor>*, 13> GptCore::per_block() {
 
 void GptCore::release() {
   for (auto* v : per_block()) v->clear();
-  for (auto* v : {&moe_logits_, &moe_x_, &moe_y_}) v->clear();
+  for (auto* v : {&moe_logits_, &moe_x_, &moe_y_, &cp_lse_, &cp_qkv_}) v->clear();
   routes_.clear();
   moe_stats_.clear();
-  for (Tensor* t : {&moe_dx_, &encoded_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dbuf_, &dqkv_, &dfch_, &datt_, &full_, &perm_,
+  for (Tensor* t : {&cp_a_, &cp_b_, &cp_c_, &cp_d_, &cp_y_, &moe_dx_, &encoded_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dbuf_, &dqkv_, &dfch_, &datt_, &full_, &perm_,
                     &dfull_, &dloc_, &lnf_full_, &dlogits_local_, &part_, &wte_part_, &dlogits_kept_, &lora_t_, &lora_u_,
                     &lora_dx_, &lora_part_, &tokens_, &logits32_, &dlogits16_})
     *t = Tensor();
@@ -128,15 +136,19 @@ void GptCore::release() {
 void GptCore::ensure(int64_t B) {
   B_ = B;
   if (B <= capacity_ && checkpointed_alloc_ == checkpointing_) return;
-  const int64_t T = s_.ctx, C = s_.embd, BT = B * T, L = r_.end_block(s_) - r_.first_block();
+  // T: this rank's positions per sample (all of them, or T/c under context parallelism).
+  const int64_t T = seq_rows(), C = s_.embd, BT = B * T, L = r_.end_block(s_) - r_.first_block();
   const int64_t R = residual_rows(B), Ct = C / tp_.degree, H = s_.heads / tp_.degree;  // this rank's rows, width, heads
+  const int64_t Tw = s_.ctx, c = s_.cp.degree;  // the whole sequence, the CP degree
   // In the layers' dtype, but LayerNorm's statistics (float32 in every precision).
   auto act = [&](Shape shape) { return Tensor(std::move(shape), MemCategory::Activations, tracker_, adt_, dev_); };
   auto stat = [&](Shape shape) { return Tensor(std::move(shape), MemCategory::Activations, tracker_, DType::F32, dev_); };
   for (auto* v : per_block()) v->clear();
   encoded_ = r_.embeds() ? act({R, C}) : Tensor();
   // (Not counted as activations: torch's input tensor is the caller's too.)
-  tokens_ = r_.embeds() ? Tensor({BT}, MemCategory::Activations, nullptr, DType::I64, dev_) : Tensor();
+  tokens_ = r_.embeds() ? Tensor({B * Tw}, MemCategory::Activations, nullptr, DType::I64, dev_) : Tensor();
+  cp_lse_.clear();
+  cp_qkv_.clear();
   for (auto* v : {&moe_logits_, &moe_x_, &moe_y_}) v->clear();
   // MoE blocks: their experts' rows are the (token, expert) pairs, B x T x K at most.
   const int64_t E = s_.moe.experts, N = BT * s_.moe.top_k;
@@ -151,7 +163,17 @@ void GptCore::ensure(int64_t B) {
     ln1_mean_.push_back(stat({R}));
     ln1_rstd_.push_back(stat({R}));
     qkv_.push_back(act({BT, 3 * Ct}));
-    att_.push_back(act({B, H, T, T}));
+    // The attention probabilities: (B, H, T, T); ring attention keeps each query's log-sum-exp instead,
+    // Ulysses the probabilities of its H/c heads over the whole sequence and those heads' q, k, v.
+    if (!cp()) {
+      att_.push_back(act({B, H, T, T}));
+    } else if (s_.cp.ring()) {
+      att_.push_back(Tensor());
+      cp_lse_.push_back(stat({B, H, T}));
+    } else {
+      att_.push_back(act({B, H / c, Tw, Tw}));
+      cp_qkv_.push_back(act({B * Tw, 3 * Ct / c}));
+    }
     atty_.push_back(act({BT, Ct}));
     res2_.push_back(act({R, C}));
     ln2_.push_back(act({R, C}));
@@ -181,14 +203,30 @@ void GptCore::ensure(int64_t B) {
   dbuf_ = act({BT, C});
   dqkv_ = act({BT, 3 * Ct});
   dfch_ = act({any_moe ? std::max(BT, N) : BT, 4 * Ct});
-  datt_ = stat({T, T});
+  datt_ = stat({Tw, Tw});
+  // Context parallelism's travelling blocks (ring: K/V and dK/dV, (B, T/c, 2C/t) each, twice) or
+  // all-to-all buffers (Ulysses: (B, T/c, 3C/t) each way, and the head split's output (B, T, C/tc)).
+  for (Tensor* t : {&cp_a_, &cp_b_, &cp_c_, &cp_d_, &cp_y_}) *t = Tensor();
+  if (cp()) {
+    auto comm = [&](int64_t n) { return Tensor({n}, MemCategory::CommBuffers, tracker_, adt_, dev_); };
+    const int64_t w = s_.cp.ring() ? 2 * Ct : 3 * Ct;
+    cp_a_ = comm(BT * w);
+    cp_b_ = comm(BT * w);
+    if (s_.cp.ring()) {
+      cp_c_ = comm(BT * w);
+      cp_d_ = comm(BT * w);
+    } else {
+      cp_y_ = act({B * Tw, Ct / c});
+    }
+  }
+  cp_passes_.assign(static_cast<size_t>(L), CpPass{});
   if (sp()) {
     full_ = act({BT, C});
     perm_ = act({BT, C});
     dfull_ = act({BT, C});
     dloc_ = act({R, C});
     auto scratch = [&](int64_t n) { return Tensor({n}, MemCategory::Gradients, tracker_, adt_, dev_); };
-    part_ = scratch(std::max(r_.embeds() ? s_.ctx * C : 0, 2 * C));
+    part_ = scratch(std::max(r_.embeds() ? Tw * C : 0, 2 * C));
     if (r_.heads(s_)) {
       lnf_full_ = act({BT, C});
       dlogits_local_ = act({R, s_.vocab});
@@ -212,7 +250,7 @@ void GptCore::lora_forward(int l, void* out, const void* in) {
   const std::vector<Parameter>& ad = *lora_.params;
   const Parameter& A = ad[static_cast<size_t>(adapter(l))];
   const Parameter& Bm = ad[static_cast<size_t>(adapter(l) + 1)];
-  const int64_t BT = B_ * s_.ctx, C = s_.embd, O = 3 * C / tp_.degree, r = lora_.rank;
+  const int64_t BT = B_ * seq_rows(), C = s_.embd, O = 3 * C / tp_.degree, r = lora_.rank;
   void* t = lora_t_.raw();
   void* u = lora_u_.raw();
   dev_.linear_forward(wr(t, BT * r), rd(in, BT * C), pw(A), nullptr, BT, C, r);
@@ -225,7 +263,7 @@ void GptCore::lora_backward(int l, void* dinp, const void* dout, const void* in,
   const std::vector<Parameter>& ad = *lora_.params;
   const Parameter& A = ad[static_cast<size_t>(adapter(l))];
   const Parameter& Bm = ad[static_cast<size_t>(adapter(l) + 1)];
-  const int64_t BT = B_ * s_.ctx, C = s_.embd, O = 3 * C / tp_.degree, r = lora_.rank;
+  const int64_t BT = B_ * seq_rows(), C = s_.embd, O = 3 * C / tp_.degree, r = lora_.rank;
   // Every rank's dt covers its own heads' outputs: under TP, A's gradient is a partial sum.
   const bool part = weights && tp();
   if (part) dev_.fill_zero(lora_part_.raw(), lora_part_.nbytes());
@@ -244,7 +282,8 @@ void GptCore::lora_backward(int l, void* dinp, const void* dout, const void* in,
 }
 
 double GptCore::layer_flops(int layer, int64_t B) const {
-  const double BT = static_cast<double>(B * s_.ctx), C = static_cast<double>(s_.embd), T = static_cast<double>(s_.ctx);
+  // (Context parallelism: this rank's B T/c queries against the whole sequence's keys.)
+  const double BT = static_cast<double>(B * seq_rows()), C = static_cast<double>(s_.embd), T = static_cast<double>(s_.ctx);
   if (layer == 0) return BT * C;  // the embedding sum
   if (layer == s_.layers + 1) return 2.0 * BT * C * static_cast<double>(s_.vocab) + 8.0 * BT * C;
   // c_attn, c_proj, c_fc, c_proj: 2 BT (3C^2 + C^2 + 4C^2 + 4C^2); attention: q.k and a.v over the
@@ -374,7 +413,7 @@ void GptCore::regroup(void* dst, const void* src, const MoeRoute& rt, int64_t wi
 }
 
 const void* GptCore::moe_forward(std::vector<Parameter>& p, int l, const void* a) {
-  const int64_t BT = B_ * s_.ctx, C = s_.embd, E = s_.moe.experts, K = s_.moe.top_k, El = s_.moe.local_experts();
+  const int64_t BT = B_ * seq_rows(), C = s_.embd, E = s_.moe.experts, K = s_.moe.top_k, El = s_.moe.local_experts();
   const size_t k = slot(l);
   MoeRoute& rt = routes_[k];
   void* logits = moe_logits_[k].raw();
@@ -472,7 +511,7 @@ const void* GptCore::moe_forward(std::vector<Parameter>& p, int l, const void* a
 
 void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, const void* dout, const std::function<void(int)>& ready) {
   using P = GptParamIndex;
-  const int64_t BT = B_ * s_.ctx, C = s_.embd, E = s_.moe.experts, K = s_.moe.top_k;
+  const int64_t BT = B_ * seq_rows(), C = s_.embd, E = s_.moe.experts, K = s_.moe.top_k;
   const size_t k = slot(l);
   MoeRoute& rt = routes_[k];
   const MoeRouting& st = moe_stats_[local(l)];
@@ -597,7 +636,8 @@ void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, cons
 }
 
 OpCost GptCore::layer_cost(int layer, int64_t B) const {
-  const double BT = static_cast<double>(B * s_.ctx), C = static_cast<double>(s_.embd), T = static_cast<double>(s_.ctx);
+  // (Context parallelism: this rank's B T/c queries against the whole sequence's keys.)
+  const double BT = static_cast<double>(B * seq_rows()), C = static_cast<double>(s_.embd), T = static_cast<double>(s_.ctx);
   const double V = static_cast<double>(s_.vocab), t = tp_.degree, H = static_cast<double>(s_.heads) / t;
   double elems;
   if (layer == 0) elems = 2 * BT * C + T * C + 2 * BT;  // wte rows and wpe read, the sum written; the ids (int64)
@@ -620,7 +660,7 @@ OpCost GptCore::layer_cost(int layer, int64_t B) const {
 
 const float* GptCore::attention(int l, int64_t b, int64_t h) const {
   const int64_t H = s_.heads / tp_.degree, mine = h - tp_.rank * H;  // this rank's heads are [rank H, rank H + H)
-  if (B_ == 0 || checkpointing_ || l < r_.first_block() || l >= r_.end_block(s_) || b < 0 || b >= B_ || mine < 0 || mine >= H)
+  if (B_ == 0 || checkpointing_ || cp() || l < r_.first_block() || l >= r_.end_block(s_) || b < 0 || b >= B_ || mine < 0 || mine >= H)
     return nullptr;
   const int64_t TT = s_.ctx * s_.ctx, first = (b * H + mine) * TT;
   if (!half()) return att_[local(l)].f32() + first;
@@ -630,7 +670,7 @@ const float* GptCore::attention(int l, int64_t b, int64_t h) const {
 }
 
 const void* GptCore::seq_gather(void* full, const void* local, int64_t w, int layer) {
-  const int64_t t = tp_.degree, B = B_, T = s_.ctx, Tl = T / t;
+  const int64_t t = tp_.degree, B = B_, T = seq_rows(), Tl = T / t;
   void* g = perm_.raw();  // rank r's rows of every sample, then rank r + 1's
   comm_->all_gather(g, local, B * Tl * w, adt_, layer);
   for (int64_t r = 0; r < t; r++)
@@ -639,7 +679,7 @@ const void* GptCore::seq_gather(void* full, const void* local, int64_t w, int la
 }
 
 void GptCore::seq_reduce_scatter(void* local, const void* full, int64_t w, int layer) {
-  const int64_t t = tp_.degree, B = B_, T = s_.ctx, Tl = T / t;
+  const int64_t t = tp_.degree, B = B_, T = seq_rows(), Tl = T / t;
   void* g = perm_.raw();
   for (int64_t r = 0; r < t; r++)
     for (int64_t b = 0; b < B; b++) dev_.copy(at(g, (r * B + b) * Tl * w), at(full, (b * T + r * Tl) * w), Tl * w * esz());
@@ -647,13 +687,13 @@ void GptCore::seq_reduce_scatter(void* local, const void* full, int64_t w, int l
 }
 
 void GptCore::seq_rows(void* local, const void* full, int64_t w, int64_t es) const {
-  const int64_t B = B_, T = s_.ctx, Tl = T / tp_.degree;
+  const int64_t B = B_, T = seq_rows(), Tl = T / tp_.degree;
   for (int64_t b = 0; b < B; b++)
     dev_.copy(static_cast<char*>(local) + b * Tl * w * es, static_cast<const char*>(full) + (b * T + tp_.rank * Tl) * w * es, Tl * w * es);
 }
 
 const void* GptCore::row_parallel(const void* in, const Parameter& w, const Parameter& b, int64_t width, int layer) {
-  const int64_t BT = B_ * s_.ctx, C = s_.embd, R = residual_rows(B_);
+  const int64_t BT = B_ * seq_rows(), C = s_.embd, R = residual_rows(B_);
   void* out = dbuf_.raw();
   if (!tp()) {
     dev_.linear_forward(wr(out, BT * C), rd(in, BT * width), pw(w), pw(b), BT, width, C);
@@ -670,7 +710,7 @@ const void* GptCore::row_parallel(const void* in, const Parameter& w, const Para
 const void* GptCore::column_input_grad(void* d, int layer) {
   if (!tp()) return d;
   if (!sp()) {
-    comm_->all_reduce(d, B_ * s_.ctx * s_.embd, adt_, layer);
+    comm_->all_reduce(d, B_ * seq_rows() * s_.embd, adt_, layer);
     return d;
   }
   seq_reduce_scatter(dloc_.raw(), d, s_.embd, layer);
@@ -704,9 +744,21 @@ void GptCore::add_group_sum(void* part, int layer, std::initializer_list<std::pa
   }
 }
 
+template <class Fn>
+void GptCore::position_runs(Fn fn) const {
+  const int64_t Tl = residual_rows(B_) / B_, t0 = sp() ? tp_.rank * Tl : 0;
+  const std::vector<int64_t>& pos = cp_pos_[static_cast<size_t>(s_.cp.rank)];
+  for (int64_t i = 0; i < Tl;) {
+    int64_t n = 1;
+    while (i + n < Tl && pos[static_cast<size_t>(t0 + i + n)] == pos[static_cast<size_t>(t0 + i)] + n) n++;
+    for (int64_t b = 0; b < B_; b++) fn(b, b * Tl + i, n, pos[static_cast<size_t>(t0 + i)]);
+    i += n;
+  }
+}
+
 void GptCore::block_forward(std::vector<Parameter>& p, int l, const void* x) {
   using P = GptParamIndex;
-  const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T, R = residual_rows(B), Ct = C / tp_.degree;
+  const int64_t B = B_, T = seq_rows(), C = s_.embd, BT = B * T, R = residual_rows(B), Ct = C / tp_.degree;
   auto w = [&](P::Block b) -> const Parameter& { return p[static_cast<size_t>(pi(l, b))]; };
   const size_t k = slot(l);
   const int layer = 1 + l;
@@ -714,7 +766,9 @@ void GptCore::block_forward(std::vector<Parameter>& p, int l, const void* x) {
   const void* a = sp() ? seq_gather(full_.raw(), ln1_[k].raw(), C, layer) : ln1_[k].raw();  // f
   dev_.linear_forward(wr(qkv_[k]), rd(a, BT * C), pw(w(P::AttnW)), pw(w(P::AttnB)), BT, C, 3 * Ct);
   if (adapter(l) >= 0) lora_forward(l, qkv_[k].raw(), a);
-  dev_.attention_forward(wr(atty_[k]), wr(att_[k]), rd(qkv_[k]), B, T, Ct, s_.heads / tp_.degree);
+  if (s_.cp.ring()) ring_attention_forward(k, l);
+  else if (cp()) ulysses_forward(k, l);
+  else dev_.attention_forward(wr(atty_[k]), wr(att_[k]), rd(qkv_[k]), B, T, Ct, s_.heads / tp_.degree);
   const void* proj = row_parallel(atty_[k].raw(), w(P::AttnProjW), w(P::AttnProjB), Ct, layer);  // g
   void* r2 = res2_[k].raw();
   dev_.add(wr(r2, R * C), rd(x, R * C), rd(proj, R * C), R * C);
@@ -737,13 +791,14 @@ const void* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int6
   DTLAB_CHECK(!tp() || comm_ != nullptr, "a GPT tensor-parallel shard runs only after set_tp_comm()");
   ensure(B);
   if (r_.embeds()) {  // a copy: backward, attention() and tokens() never read a caller's buffer that is gone
-    dev_.copy(tokens_.raw(), idx, B * s_.ctx * static_cast<int64_t>(sizeof(int64_t)));
+    dev_.copy(tokens_.raw(), idx, B * s_.ctx * static_cast<int64_t>(sizeof(int64_t)));  // (every position, under CP too)
     idx = tokens_.i64();
   }
   idx_ = idx;
   x_ = x_in;
-  const int64_t T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab, R = residual_rows(B);
-  // This rank's positions: all, or under sequence parallelism [rank T/t, rank T/t + T/t) of each sample.
+  const int64_t T = s_.ctx, C = s_.embd, BT = B * seq_rows(), V = s_.vocab, R = residual_rows(B);
+  // This rank's positions: all, or under sequence parallelism [rank T/t, rank T/t + T/t) of each sample
+  // (under context parallelism, of the CP rank's positions).
   const int64_t Tl = R / B, t0 = sp() ? tp_.rank * Tl : 0;
   const int L = static_cast<int>(s_.layers);
   auto w = [&](int i) -> const Parameter& { return p[static_cast<size_t>(i)]; };  // read after the layer's hooks (FSDP binds)
@@ -755,7 +810,15 @@ const void* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int6
     enter(0);
     {
       ComputeScope scope(obs, ComputeKind::LayerForward, 0, layer_cost(0, B));
-      dev_.embedding_forward(wr(encoded_), pw(w(P::kWte)), pw(w(P::kWpe)), idx, R, Tl, T, t0, C);
+      if (!cp()) {
+        dev_.embedding_forward(wr(encoded_), pw(w(P::kWte)), pw(w(P::kWpe)), idx, R, Tl, T, t0, C);
+      } else {  // each run of consecutive positions (zigzag's two chunks: two per sample)
+        F32 x = wr(encoded_);
+        F32 wte = pw(w(P::kWte)), wpe = pw(w(P::kWpe));
+        position_runs([&](int64_t b, int64_t row, int64_t n, int64_t pos) {
+          dev_.embedding_forward(static_cast<float*>(x) + row * C, wte, wpe, idx + b * T, n, n, T, pos, C);
+        });
+      }
     }
     if (hooks) hooks->after_forward(0);
   }
@@ -800,7 +863,7 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
                                   ComputeObserver* obs, LayerGate* gate, LayerHooks* hooks, bool input_only) {
   using P = GptParamIndex;
   DTLAB_CHECK(idx_ != nullptr || x_ != nullptr, "backward() called before forward()");
-  const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab, R = residual_rows(B), Ct = C / tp_.degree;
+  const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * seq_rows(), V = s_.vocab, R = residual_rows(B), Ct = C / tp_.degree;
   const int64_t Tl = R / B, t0 = sp() ? tp_.rank * Tl : 0;
   const int L = static_cast<int>(s_.layers);
   auto w = [&](int i) -> const Parameter& { return p[static_cast<size_t>(i)]; };
@@ -925,7 +988,9 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
     if (kept && !frozen()) keep((*kept)[2], dy, BT * C);
     if (sp()) row_bias_grad(pi(l, P::AttnProjB));
     linear_done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
-    dev_.attention_backward(wr(dqkv_), datt_.f32(), rd(dbuf, BT * Ct), rd(qkv_[k]), rd(att_[k]), B, T, Ct, s_.heads / tp_.degree);
+    if (s_.cp.ring()) ring_attention_backward(k, l, dbuf);
+    else if (cp()) ulysses_backward(k, l, dbuf);
+    else dev_.attention_backward(wr(dqkv_), datt_.f32(), rd(dbuf, BT * Ct), rd(qkv_[k]), rd(att_[k]), B, T, Ct, s_.heads / tp_.degree);
     if (kept && (!frozen() || adapter(l) >= 0)) keep((*kept)[3], dqkv_.raw(), BT * 3 * Ct);
     a = sp() ? seq_gather(full_.raw(), ln1_[k].raw(), C, layer) : ln1_[k].raw();
     dev_.linear_backward(wr(dbuf, BT * C), pg(lg(pi(l, P::AttnW))), pg(lg(pi(l, P::AttnB))), rd(dqkv_), rd(a, BT * C),
@@ -953,14 +1018,28 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
     ComputeScope scope(obs, ComputeKind::LayerBackward, 0, 2 * layer_cost(0, B));
     // Under sequence parallelism this rank's positions give partial sums (wte's already holds the
     // head's), summed over the group before they are added.
-    if (!sp()) {
+    if (cp() && !sp()) {
+      F32 dwte = pg(g(P::kWte)), dwpe = pg(g(P::kWpe));
+      F32 dx = rd(dres, R * C);
+      position_runs([&](int64_t b, int64_t row, int64_t n, int64_t pos) {
+        dev_.embedding_backward(dwte, dwpe, static_cast<const float*>(dx) + row * C, idx_ + b * T, n, n, T, pos, C);
+      });
+    } else if (!sp()) {
       dev_.embedding_backward(pg(g(P::kWte)), pg(g(P::kWpe)), rd(dres, R * C), idx_, R, Tl, T, t0, C);
     } else {
       void* dwte = wte_part_.raw();
       void* dwpe = part_.raw();
       dev_.fill_zero(dwpe, T * C * esz());
       if (!r_.heads(s_)) dev_.fill_zero(dwte, V * C * esz());  // a first stage: no head's share
-      dev_.embedding_backward(acc(dwte, V * C), acc(dwpe, T * C), rd(dres, R * C), idx_, R, Tl, T, t0, C);
+      if (!cp()) {
+        dev_.embedding_backward(acc(dwte, V * C), acc(dwpe, T * C), rd(dres, R * C), idx_, R, Tl, T, t0, C);
+      } else {
+        F32 dw = acc(dwte, V * C), dp = acc(dwpe, T * C);
+        F32 dx = rd(dres, R * C);
+        position_runs([&](int64_t b, int64_t row, int64_t n, int64_t pos) {
+          dev_.embedding_backward(dw, dp, static_cast<const float*>(dx) + row * C, idx_ + b * T, n, n, T, pos, C);
+        });
+      }
       add_group_sum(dwpe, 0, {{g(P::kWpe), T * C}});
       add_group_sum(dwte, 0, {{g(P::kWte), V * C}});
     }
@@ -975,7 +1054,7 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
 void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyHook& ready, ComputeObserver* obs, LayerGate* gate,
                               LayerHooks* hooks) {
   using P = GptParamIndex;
-  const int64_t B = B_, T = s_.ctx, C = s_.embd, BT = B * T, V = s_.vocab, Ct = C / tp_.degree;
+  const int64_t B = B_, T = seq_rows(), C = s_.embd, BT = B * T, V = s_.vocab, Ct = C / tp_.degree;
   const int L = static_cast<int>(s_.layers);
   DTLAB_CHECK(douts_.size() == static_cast<size_t>(r_.end_block(s_) - r_.first_block()), "W ran before its I; the schedule is wrong");
   auto w = [&](int i) -> const Parameter& { return p[static_cast<size_t>(i)]; };

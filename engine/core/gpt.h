@@ -130,8 +130,8 @@ class GptCore {
   int block_param(int l, GptParamIndex::Block k) const { return pi(l, k); }
   const TensorParallelSpec& tensor_parallel() const { return tp_; }
   // Residual-stream rows this rank holds: B x T, or B x T/t under sequence parallelism (what a
-  // pipeline stage receives and sends, and what output() holds).
-  int64_t residual_rows(int64_t B) const { return sp() ? B * (s_.ctx / tp_.degree) : B * s_.ctx; }
+  // pipeline stage receives and sends, and what output() holds); T/c for T under context parallelism.
+  int64_t residual_rows(int64_t B) const { return sp() ? B * (seq_rows() / tp_.degree) : B * seq_rows(); }
   // idx: B x T token ids on the host, each in [0, vocab) (checked by the caller). Returns the logits
   // (B*T, V, float32 in every precision), owned here. A stage without the embeddings reads `x`
   // (B*T, C, in dtype()), the previous stage's output, instead (kept by the caller until backward);
@@ -209,6 +209,39 @@ class GptCore {
   // then sums over the EP group's tokens (DDP reduces them over the expert-data-parallel group).
   void set_ep_comm(ExpertParallelComm* comm) { ep_comm_ = comm; }
   ExpertParallelComm* ep_comm() const { return ep_comm_; }
+  // Context parallelism (GptSpec::cp; docs/strategies.md, "Context parallelism"; required before a
+  // pass when the degree is above 1). This rank holds seq_rows() positions of every sample
+  // (ContextParallelSpec::positions: the residual stream, the MLPs, the embeddings and the loss see
+  // only those) and attention meets the others' keys:
+  //   ring, zigzag  ring attention (Liu et al. 2023): the rank keeps its queries; its K/V block and
+  //                 then the others' travel the ring (step s holds group rank r-s's), each met with the
+  //                 causal mask of the global positions and merged by the online softmax (running max
+  //                 and sum, as flash attention). Backward runs the ring the other way: K/V blocks
+  //                 travel to rank r-1 with their dK/dV accumulators (in the activations' dtype), which
+  //                 a last step returns to their owner. A block no query of this rank may see is
+  //                 passed on without compute.
+  //   ulysses       DeepSpeed-Ulysses (Jacobs et al. 2023): an all-to-all trades the sequence split
+  //                 of q, k and v for a head split (H/c heads of every position), attention runs
+  //                 whole, and an all-to-all sends each rank's positions of the output back; the
+  //                 backward mirrors both.
+  void set_cp_comm(ContextParallelComm* comm) { cp_comm_ = comm; }
+  const ContextParallelSpec& context_parallel() const { return s_.cp; }
+  int64_t seq_rows() const { return s_.ctx / s_.cp.degree; }  // positions per sample on this rank
+  // Block l's last ring pass (forward, or backward once it ran), for the lab's Context view and the
+  // tests; nullptr without ring attention or before a pass.
+  struct CpPass {
+    bool backward = false;
+    int steps_done = 0;               // ring steps whose compute finished (degree when the pass is done)
+    std::vector<int> held;            // per step: the group rank whose K/V block this rank met
+    std::vector<int64_t> pairs;       // per step: (query, key) pairs under the causal mask, per sample and head
+    std::vector<int64_t> sent_bytes;  // per step: the bytes this rank sent after it (0: none)
+    int64_t blocks() const;           // steps with any pair: the blocks this rank computed
+    int64_t total_pairs() const;
+  };
+  const CpPass* cp_pass(int l) const;
+  // Causal (query, key) pairs between group rank `qr`'s positions and rank `kr`'s, per sample and head.
+  static int64_t causal_pairs(const std::vector<int64_t>& qpos, const std::vector<int64_t>& kpos);
+
   // What the router did in the last forward of block l (nullptr for a dense block or before a forward).
   struct MoeRouting {
     int64_t tokens = 0;                 // B x T
@@ -399,6 +432,24 @@ class GptCore {
   Tensor moe_dx_;
   float aux_grad_scale_ = 1.0f;
   ExpertParallelComm* ep_comm_ = nullptr;
+  // Context parallelism (gpt_context.cpp): this rank's positions, the group's, each block's saved
+  // log-sum-exp (ring: (B, H, T/c) float32) or gathered q, k, v (Ulysses: (B, T, 3C/c)), and the
+  // travelling blocks and all-to-all buffers.
+  ContextParallelComm* cp_comm_ = nullptr;
+  std::vector<std::vector<int64_t>> cp_pos_;  // group rank -> its positions
+  std::vector<Tensor> cp_lse_, cp_qkv_;
+  Tensor cp_a_, cp_b_, cp_c_, cp_d_, cp_y_;
+  std::vector<CpPass> cp_passes_;  // per block of the stage
+  bool cp() const { return s_.cp.on(); }
+  CpPass start_ring(size_t k, bool backward);  // the own K/V into cp_a_, and an empty record
+  void ring_attention_forward(size_t k, int l);
+  void ring_attention_backward(size_t k, int l, const void* dy);  // into dqkv_
+  void ulysses_forward(size_t k, int l);
+  void ulysses_backward(size_t k, int l, const void* dy);  // into dqkv_
+  // The rank's residual rows in runs of consecutive positions: fn(first row of a sample's rows, rows,
+  // first position), in row order (one run unless zigzag's two chunks both fall in the rows).
+  template <class Fn>
+  void position_runs(Fn fn) const;
   // ZB's I keeps, per block, the output gradients of mlp.c_proj, c_fc, attn.c_proj and c_attn, and
   // the head's dlogits, for W.
   std::vector<std::array<Tensor, 4>> douts_;

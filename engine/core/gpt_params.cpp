@@ -42,6 +42,39 @@ int64_t GptSpec::num_params() const {
   return n;
 }
 
+CpLayout parse_cp_layout(std::string_view name) {
+  if (name == "ring") return CpLayout::Ring;
+  if (name == "zigzag") return CpLayout::Zigzag;
+  if (name == "ulysses") return CpLayout::Ulysses;
+  throw Error("--cp-layout '" + std::string(name) + "' is not known; use ring, zigzag or ulysses");
+}
+
+const char* cp_layout_name(CpLayout l) {
+  switch (l) {
+    case CpLayout::Ring: return "ring";
+    case CpLayout::Zigzag: return "zigzag";
+    case CpLayout::Ulysses: return "ulysses";
+  }
+  return "?";
+}
+
+std::vector<int64_t> ContextParallelSpec::positions_of(int64_t r, int64_t T) const {
+  std::vector<int64_t> pos;
+  if (degree <= 1) {
+    for (int64_t t = 0; t < T; t++) pos.push_back(t);
+    return pos;
+  }
+  if (layout == CpLayout::Zigzag) {
+    const int64_t c = T / (2 * degree);
+    for (int64_t chunk : {r, 2 * degree - 1 - r})
+      for (int64_t t = 0; t < c; t++) pos.push_back(chunk * c + t);
+    return pos;
+  }
+  const int64_t n = T / degree;
+  for (int64_t t = 0; t < n; t++) pos.push_back(r * n + t);
+  return pos;
+}
+
 std::string MoeSpec::str() const {
   if (!on()) return "";
   std::string s = "experts=" + std::to_string(experts) + ",top_k=" + std::to_string(top_k);

@@ -5,8 +5,32 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace dtlab {
+
+// Context parallelism's layouts (--cp-layout; docs/strategies.md, "Context parallelism"; sources in
+// docs/course_sources.md §6h). Ring: rank r keeps positions [r T/c, (r+1) T/c) of every sample and the
+// K/V blocks travel the ring. Zigzag: the same ring with the sequence cut in 2c chunks, rank r keeping
+// chunks r and 2c-1-r so the causal work balances. Ulysses: all-to-alls turn the sequence split into a
+// head split around attention (DeepSpeed-Ulysses).
+enum class CpLayout : uint8_t { Ring, Zigzag, Ulysses };
+CpLayout parse_cp_layout(std::string_view name);  // "ring" | "zigzag" | "ulysses"; dtlab::Error otherwise
+const char* cp_layout_name(CpLayout l);
+
+// One rank's place in a context-parallel group (--cp; not part of GptSpec::str()): the sequence of
+// every sample split over `degree` ranks, this rank holding T/degree positions in layout order.
+struct ContextParallelSpec {
+  int64_t degree = 1;
+  int64_t rank = 0;
+  CpLayout layout = CpLayout::Ring;
+  bool on() const { return degree > 1; }
+  bool ring() const { return on() && layout != CpLayout::Ulysses; }  // ring or zigzag: K/V blocks travel
+  // The positions (of T) group rank `r` holds, in the order of its rows: [r T/c, (r+1) T/c), or
+  // zigzag's chunk r then chunk 2c-1-r (each T/2c).
+  std::vector<int64_t> positions_of(int64_t r, int64_t T) const;
+  std::vector<int64_t> positions(int64_t T) const { return positions_of(rank, T); }
+};
 
 // A mixture of experts in place of chosen blocks' MLP (`--moe experts=E,top_k=K[,capacity=F][,every=N][,aux=A]`;
 // docs/strategies.md, "Mixture of experts"). Megatron-core's MoE layer is the reference
@@ -44,6 +68,7 @@ struct GptSpec {
   int64_t ctx = 0;     // block_size (T): tokens per sample
   int64_t vocab = 0;   // vocab_size (V); 0: taken from the data
   MoeSpec moe = {};    // MoE blocks (off unless --moe)
+  ContextParallelSpec cp = {};  // this rank's share of the sequence (--cp; the whole sequence by default)
 
   bool empty() const { return layers == 0; }
   int64_t head_size() const { return heads ? embd / heads : 0; }
@@ -53,11 +78,12 @@ struct GptSpec {
   int64_t num_params() const;
   // Parameters of block l (the per-block part of num_params()).
   int64_t block_params(int64_t l) const;
-  // The whole model: this spec with every expert (ep 1).
+  // The whole model: this spec with every expert (ep 1) and the whole sequence (no cp).
   GptSpec whole() const {
     GptSpec w = *this;
     w.moe.ep = 1;
     w.moe.ep_rank = 0;
+    w.cp = {};
     return w;
   }
   // "gpt:layers=4,heads=4,embd=128,ctx=64,vocab=65" (vocab left out when 0). The MoE is not part of it

@@ -570,6 +570,7 @@ std::unique_ptr<GptCore> Model::gpt_activations() const {
   core->set_checkpointing(checkpointing_);
   core->set_tp_comm(tp_comm_);
   core->set_ep_comm(ep_comm_);
+  core->set_cp_comm(cp_comm_);
   core->set_lora(gpt_->lora());
   core->set_precision(precision_);
   return core;
@@ -587,6 +588,28 @@ const void* Model::gpt_forward(GptCore& acts, const int64_t* idx, const void* x,
 void Model::set_expert_parallel_comm(ExpertParallelComm* c) {
   ep_comm_ = c;
   if (gpt_) gpt_->set_ep_comm(c);
+}
+
+void Model::set_context_parallel_comm(ContextParallelComm* c) {
+  cp_comm_ = c;
+  if (gpt_) gpt_->set_cp_comm(c);
+}
+
+void Model::set_context_parallel(const ContextParallelSpec& cp) {
+  DTLAB_CHECK(gpt_ != nullptr, "set_context_parallel() on a model that is not a GPT");
+  spec_.gpt.cp = cp;
+  std::unique_ptr<GptCore> core = gpt_activations();
+  core->set_aux_grad_scale(aux_grad_scale_);
+  if (gpt_->context_parallel().on()) {
+    gpt_->release();
+    gpt_->set_cp_comm(nullptr);
+    last_cp_ = std::move(gpt_);
+  }
+  gpt_ = std::move(core);
+}
+
+const GptCore* Model::context_parallel_core() const {
+  return gpt_ && gpt_->context_parallel().on() ? gpt_.get() : last_cp_.get();
 }
 
 void Model::set_aux_grad_scale(float s) {

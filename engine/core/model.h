@@ -100,6 +100,18 @@ class ExpertParallelComm {
                             const std::vector<int64_t>& send_counts, DType dtype, int layer) = 0;
 };
 
+// A GPT's context-parallel group (GptCore; GptSpec::cp): ring attention's K/V steps and Ulysses'
+// all-to-alls, implemented above the core (engine/parallel/context_parallel.h) over a process group.
+// send_recv: `n` elements of `send` to group rank `to` and `n` from rank `from` into `recv`, as one
+// step (every rank of the ring makes its own at the same time). all_to_all: block j of `in` (count
+// elements) to group rank j, block i of `out` from rank i.
+class ContextParallelComm {
+ public:
+  virtual ~ContextParallelComm() = default;
+  virtual void send_recv(void* recv, int from, const void* send, int to, int64_t n, DType dtype, int layer) = 0;
+  virtual void all_to_all(void* out, const void* in, int64_t count, DType dtype, int layer) = 0;
+};
+
 // Called around every layer's forward and backward (FSDP gathers a unit's parameters before its
 // first layer runs and frees or reduce-scatters after its last).
 class LayerHooks {
@@ -202,6 +214,14 @@ class Model {
   void set_tensor_parallel_comm(TensorParallelComm* c);
   // An expert-parallel GPT's EP group (GptCore::set_ep_comm; the spec's moe.ep > 1).
   void set_expert_parallel_comm(ExpertParallelComm* c);
+  // A context-parallel GPT's CP group (GptCore::set_cp_comm; the spec's cp.degree > 1).
+  void set_context_parallel_comm(ContextParallelComm* c);
+  // A GPT's share of the sequence (GptSpec::cp): the layers rebuilt for it, the parameters unchanged
+  // (the trainer splits a replica's sequence, and makes it whole again for evaluation).
+  void set_context_parallel(const ContextParallelSpec& cp);
+  // The layers of the last context-parallel split: the live ones, or after the split was dropped
+  // those it ran with (their ring passes kept, activations freed) for the lab and the tests.
+  const GptCore* context_parallel_core() const;
 
   Device& device() const { return device_; }
   // All parameters, flat in parameters() order, to or from host memory (P floats).
@@ -443,6 +463,8 @@ class Model {
   ModelSpec spec_;
   float aux_grad_scale_ = 1.0f;
   ExpertParallelComm* ep_comm_ = nullptr;
+  ContextParallelComm* cp_comm_ = nullptr;
+  std::unique_ptr<GptCore> last_cp_;  // set_context_parallel's previous split's layers
   std::unique_ptr<GptCore> gpt_;  // a GPT's layers (engine/core/gpt.h); null for the MLP
   GptRange gpt_range_;            // its layers: the whole model, or a pipeline stage's
   TensorParallelSpec tp_;

@@ -4,22 +4,6 @@
 
 namespace dtlab {
 
-CpLayout parse_cp_layout(std::string_view name) {
-  if (name == "ring") return CpLayout::Ring;
-  if (name == "zigzag") return CpLayout::Zigzag;
-  if (name == "ulysses") return CpLayout::Ulysses;
-  throw Error("--cp-layout '" + std::string(name) + "' is not known; use ring, zigzag or ulysses");
-}
-
-const char* cp_layout_name(CpLayout l) {
-  switch (l) {
-    case CpLayout::Ring: return "ring";
-    case CpLayout::Zigzag: return "zigzag";
-    case CpLayout::Ulysses: return "ulysses";
-  }
-  return "?";
-}
-
 void check_context_parallel(const CpShape& s) {
   if (s.cp < 1) throw Error("--cp must be at least 1");
   if (s.cp == 1) return;

@@ -8,14 +8,11 @@
 #include <string>
 #include <string_view>
 
+#include "engine/core/gpt_spec.h"
+
 namespace dtlab {
 
-// Ring: rank r keeps tokens [r·s/c, (r+1)·s/c) and K/V blocks travel the ring. Zigzag: the same ring
-// with the sequence cut in 2c chunks, rank r keeping chunks r and 2c-1-r so causal work balances.
-// Ulysses: all-to-alls turn the sequence split into a head split around attention.
-enum class CpLayout : uint8_t { Ring, Zigzag, Ulysses };
-CpLayout parse_cp_layout(std::string_view name);  // "ring" | "zigzag" | "ulysses"; dtlab::Error otherwise
-const char* cp_layout_name(CpLayout l);
+// CpLayout (ring, zigzag, ulysses) is the engine's: engine/core/gpt_spec.h.
 
 struct CpShape {
   int cp = 1;

@@ -39,6 +39,13 @@ const Combination kCombinations[] = {
      "use --save (rank 0 writes the whole model, every expert gathered)", true},
     {Feature::ExpertParallel, "--merge-lora", [](const TrainConfig& c) { return c.merge_lora; },
      "the merged model would need every rank's experts gathered into the frozen base", "save the adapters (drop --merge-lora)", true},
+    {Feature::ContextParallel, "an mlp model", [](const TrainConfig& c) { return !c.model.is_gpt(); },
+     "it splits a sequence's positions, and an MLP's samples have none", "use --model gpt (e.g. gpt-tiny)", false},
+    {Feature::ContextParallel, "--moe", [](const TrainConfig& c) { return c.moe.on(); },
+     "the router's load-balancing loss would count each rank's positions apart (Megatron sums it over the CP group)",
+     "drop --moe, or --cp", true},
+    {Feature::ContextParallel, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
+     "ring attention's online softmax and Ulysses' regrouping run on the host", "use --device cpu", true},
     {Feature::SkipLayer, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
      "it bypasses one of the MLP's Linear layers (DDP's unused-parameters lesson)", "drop --skip-layer, or use an mlp model", false},
 };
@@ -74,6 +81,7 @@ std::vector<Feature> features_used(const TrainConfig& c) {
   if (c.clip_grad_norm > 0) f.push_back(Feature::ClipGradNorm);
   if (c.moe.on()) f.push_back(Feature::Moe);
   if (c.ep > 1) f.push_back(Feature::ExpertParallel);
+  if (c.cp > 1) f.push_back(Feature::ContextParallel);
   return f;
 }
 

@@ -355,6 +355,16 @@ std::vector<Setting> make_settings() {
                         "ranks; tokens reach their experts by all-to-all, expert gradients are reduced over the ranks holding the same "
                         "experts", 1, kMaxRanks, true, "2"),
                     DTLAB_FIELD(ep)));
+  s.push_back(field(row("--cp", "cp", T::Int, G::Mesh, kBoth,
+                        "Context parallelism (a GPT, --strategy ddp or fsdp): each sample's positions split over groups of CP ranks "
+                        "that read the same batches; attention meets the others' keys by ring steps or all-to-alls (--cp-layout)",
+                        1, kMaxRanks, true, "2"),
+                    DTLAB_FIELD(cp)));
+  s.push_back(named(row("--cp-layout", "cp_layout", T::Choice, G::Mesh, kBoth,
+                        "With --cp: ring (contiguous chunks, K/V blocks around the ring) | zigzag (chunks r and 2c-1-r: the causal "
+                        "work balanced) | ulysses (all-to-alls to a head split; heads must divide by cp)",
+                        0, 0, false, "zigzag"),
+                    DTLAB_FIELD(cp_layout), cp_layout_name, [](const std::string& t) { return parse_cp_layout(t); }));
 
   s.push_back(field(row("--seed", "seed", T::Int, G::Run, kBoth, "Seed for the model init (torch.manual_seed) and the sampler", 0,
                         4294967295.0, true, "7"),

@@ -39,10 +39,12 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*ClipGradNorm*/ kOk,
          /*Moe*/ kOk,
          /*ExpertParallel*/ no("one rank holds every expert", "use --strategy ddp --world N --ep N"),
+         /*ContextParallel*/ no("one rank holds the whole sequence", "use --strategy ddp --world N --cp N"),
      }}},
     {Strategy::Ddp, "ddp", "DistributedDataParallel",
      "replicas on N ranks, gradients all-reduced in buckets during backward",
-     {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, /*SaveSharded*/ kOk, kOk, kOk, /*Gpt*/ kOk, /*ClipGradNorm*/ kOk, /*Moe*/ kOk}}},
+     {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, /*SaveSharded*/ kOk, kOk, kOk, /*Gpt*/ kOk, /*ClipGradNorm*/ kOk, /*Moe*/ kOk, /*ExpertParallel*/ kOk,
+      /*ContextParallel*/ kOk}}},
     {Strategy::Dp, "dp", "DataParallel",
      "one process drives N devices: scatter the batch, replicate the module, gather the outputs",
      {{
@@ -65,6 +67,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
                     "replica's router computes never reaches the loss (Megatron-core's MoE trains under DDP)",
                     "use --strategy ddp (or fsdp)"),
          /*ExpertParallel*/ no("torch.nn.DataParallel has no process groups to split the experts over", "use --strategy ddp with --ep"),
+         /*ContextParallel*/ no("torch.nn.DataParallel has no process groups for the ring's sends", "use --strategy ddp (or fsdp) with --cp"),
      }}},
     {Strategy::Fsdp, "fsdp", "FullyShardedDataParallel",
      "parameters, gradients and optimizer state sharded over N ranks (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, ZeRO-1)",
@@ -79,6 +82,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*Moe*/ kOk,
          /*ExpertParallel*/ todo("FSDP would need its experts sharded over the expert-data-parallel group, apart from the rest",
                                  "use --strategy ddp with --ep"),
+         /*ContextParallel*/ kOk,
      }}},
     {Strategy::Pipeline, "pipeline", "torch.distributed.pipelining",
      "the model cut into stages on p ranks, micro-batches flowing through a schedule (GPipe, 1F1B, interleaved, ZB-H1)",
@@ -97,12 +101,14 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*ClipGradNorm*/ kOk,
          /*Moe*/ kOk,
          /*ExpertParallel*/ todo("a stage's experts would need an EP group inside each stage", "use --strategy ddp with --ep"),
+         /*ContextParallel*/ todo("a stage would send its CP rank's positions to the next stage's same CP rank, and the schedule "
+                                  "does not pair them", "use --strategy ddp (or fsdp) with --cp"),
      }}},
 }};
 
 constexpr const char* kFeatureFlags[kFeatureCount] = {
     "--tp", "--sequence-parallel", "--precision", "--lora-rank", "--activation-checkpointing", "--accum",
-    "--world", "dtlab-cli launch", "--device cuda", "--save-sharded", "--skip-layer", "--fault", "--model gpt", "--clip-grad-norm", "--moe", "--ep",
+    "--world", "dtlab-cli launch", "--device cuda", "--save-sharded", "--skip-layer", "--fault", "--model gpt", "--clip-grad-norm", "--moe", "--ep", "--cp",
 };
 
 }  // namespace

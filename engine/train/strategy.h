@@ -45,8 +45,9 @@ enum class Feature : uint8_t {
   ClipGradNorm,      // --clip-grad-norm
   Moe,               // --moe (a GPT's mixture of experts)
   ExpertParallel,    // --ep > 1
+  ContextParallel,   // --cp > 1
 };
-inline constexpr int kFeatureCount = 16;
+inline constexpr int kFeatureCount = 17;
 
 // A feature's support: ok, or the reason it is refused and what to do instead (two clauses
 // of the sentence "FLAG with --strategy S: WHY; FIX").

@@ -181,6 +181,28 @@ void validate_expert_parallel(const TrainConfig& c) {
                 " experts, which do not divide by " + std::to_string(c.ep) + "; use an --ep that divides the experts");
 }
 
+// --cp against the model and the world (one sentence each); what it runs with is compose.cpp's.
+void validate_context_parallel(const TrainConfig& c) {
+  if (c.cp == 1) return;
+  const std::string cp = "--cp " + std::to_string(c.cp);
+  if (c.cp < 1) throw Error(cp + " is not a group size; use 1 (off) or more");
+  const int tp = std::max(c.tp, 1);
+  if (c.world_size % (c.cp * tp) != 0)
+    throw Error(cp + " does not divide the " + std::to_string(c.world_size / tp) + " data-parallel ranks (--world" + (tp > 1 ? " / --tp" : "") +
+                "); context-parallel groups are runs of --cp of them, so pick a --cp that divides " + std::to_string(c.world_size / tp));
+  if (!c.model.is_gpt()) return;  // (compose.cpp's refusal names it)
+  const GptSpec& g = c.model.gpt;
+  const int64_t chunks = c.cp_layout == CpLayout::Zigzag ? 2 * c.cp : c.cp;
+  if (g.ctx % chunks != 0 || (c.sequence_parallel && (g.ctx / c.cp) % tp != 0))
+    throw Error(cp + (c.cp_layout == CpLayout::Zigzag ? " with --cp-layout zigzag cuts each sample's " : " cuts each sample's ") +
+                std::to_string(g.ctx) + " positions into " + std::to_string(chunks) + " equal chunks" +
+                (c.sequence_parallel ? " (and each rank's T/cp over --tp for sequence parallelism)" : "") +
+                ", which do not divide it; use a ctx that divides, or another --cp");
+  if (c.cp_layout == CpLayout::Ulysses && (g.heads / tp) % c.cp != 0)
+    throw Error(cp + " --cp-layout ulysses gives each rank whole attention heads, but the " + std::to_string(g.heads / tp) + " heads" +
+                (tp > 1 ? " of a TP rank" : "") + " do not divide by " + std::to_string(c.cp) + "; use --cp-layout ring or zigzag, or a --cp that divides them");
+}
+
 void validate(const TrainConfig& c) {
   // The GPT's refusals first: the MLP's checks below read its layer widths.
   if (c.model.is_gpt()) check_composition(c);
@@ -257,6 +279,7 @@ void validate(const TrainConfig& c) {
   }
   validate_tensor_parallel(c);
   validate_expert_parallel(c);
+  validate_context_parallel(c);
   if (!c.save_path.empty()) check_output_path("--save", c.save_path);
   if (!c.save_sharded_path.empty()) {
     check_sharded_output_dir("--save-sharded", c.save_sharded_path);

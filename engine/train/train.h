@@ -89,6 +89,10 @@ struct TrainConfig {
   // Expert parallelism (--ep): each MoE block's experts split over groups of `ep` consecutive ranks
   // (engine/parallel/expert_parallel.h); DDP only.
   int ep = 1;
+  // Context parallelism (--cp, --cp-layout): a GPT's sequence split over groups of `cp` ranks that
+  // read the same batches (engine/parallel/context_parallel.h); ddp and fsdp, with --tp too.
+  int cp = 1;
+  CpLayout cp_layout = CpLayout::Ring;
   bool sequence_parallel = false;  // --sequence-parallel: g/f as reduce-scatter/all-gather
   // ddp
   DdpOptions ddp;

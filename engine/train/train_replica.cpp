@@ -13,6 +13,7 @@
 
 #include "engine/comm/group.h"
 #include "engine/core/check.h"
+#include "engine/parallel/context_parallel.h"
 #include "engine/parallel/expert_parallel.h"
 #include "engine/train/grad_clip.h"
 #include "engine/train/mesh_rank.h"
@@ -126,9 +127,12 @@ class ReplicaRank : public RankStrategy {
         dp_comm_(mesh_ ? Trainer::mesh_dp_group(*mesh_) : env.comm),
         opt_(c_.optimizer, model_.num_params(), &env.mem, env.dev),
         at_(mesh_coord(t_.mesh_, env.rank)),
-        data_(c_, t_.dataset(), t_.mesh_.dp, at_.dp) {  // a TP group's ranks read their replica's batches
+        // A TP group's ranks read their replica's batches, and so do a CP group's (--cp: the mesh's dp
+        // dimension is replicas x cp, cp fastest).
+        data_(c_, t_.dataset(), t_.mesh_.dp / c_.cp, at_.dp / c_.cp) {
     model_.set_observer(env.obs);
     model_.set_layer_gate(env.ctx);  // a stepped run pauses before each layer
+    if (c_.cp > 1) join_context_parallel();
   }
   // After the strategy's own parts exist (DDP's buckets, FSDP's shards): the fp32 master weights and
   // the step's buffers, in the order the rank's memory timeline shows them.
@@ -141,6 +145,8 @@ class ReplicaRank : public RankStrategy {
                                          env_.mem, env_.dev, c_.model.is_gpt());
   }
   ~ReplicaRank() override {
+    if (cp_comm_) model_.set_context_parallel_comm(nullptr);
+    if (cp_exec_) cp_exec_->drain();
     model_.set_observer(model_obs_);
     model_.set_layer_gate(nullptr);
     model_.set_skipped_layer(-1);
@@ -165,12 +171,16 @@ class ReplicaRank : public RankStrategy {
     const int64_t B = t.last_batch = batch.size;
     if (model_.is_gpt()) {  // the loss over every position: B x T rows of logits
       const int64_t rows = B * c_.model.rows_per_sample();
-      const auto [tok, y] = buf_->place_tokens(batch, rows);
+      const auto placed = buf_->place_tokens(batch, rows);
+      const int64_t* tok = placed.first;
+      // Under --cp the logits are this rank's positions' (B x T/c rows): their targets, in its order.
+      const int64_t* y = cp_comm_ ? local_targets(placed.second, B) : placed.second;
+      const int64_t out_rows = cp_comm_ ? B * model_.gpt()->seq_rows() : rows;
       before_forward(sync);
       const float loss_scale = scaler_ ? t_.loss_scale_for(*scaler_, step, rank_) : 1.0f;
-      buf_->loss(env_.obs, model_.forward_tokens(tok, B), y, rows, C, c_.accum, loss_scale);
+      buf_->loss(env_.obs, model_.forward_tokens(tok, B), y, out_rows, C, c_.accum, loss_scale);
       model_.set_aux_grad_scale(loss_scale / static_cast<float>(c_.accum));  // MoE's loss weighs as the micro-batch's mean
-      t.samples += rows;
+      t.samples += out_rows;
       prepare_backward(sync);
       model_.backward(buf_->dlogits.f32(), gradient_ready());
       after_backward();
@@ -236,6 +246,10 @@ class ReplicaRank : public RankStrategy {
   int64_t epochs_started() const override { return data_.epochs_started(); }
 
   const Model& finish(TrainSummary& sum) override {
+    if (cp_comm_) {  // the same parameters, now a model of the whole sequence (evaluation, --save, the views)
+      model_.set_context_parallel_comm(nullptr);
+      model_.set_context_parallel({});
+    }
     if (scaler_ && rank_ == 0) t_.loss_scale_ = scaler_->scale();
     model_.set_skipped_layer(-1);
     finish_hook(sum);
@@ -272,6 +286,32 @@ class ReplicaRank : public RankStrategy {
   virtual FullyShardedDataParallel* sharded() { return nullptr; }
   virtual void finish_hook(TrainSummary& sum) { (void)sum; }
 
+  // --cp: the rank's CP group (cp_group_ranks), and its model's sequence split.
+  void join_context_parallel() {
+    static constexpr int kContextTag = 1 << 25;
+    const int cr = cp_rank_of(t_.mesh_, c_.cp, rank_);
+    const std::vector<int> ranks = cp_group_ranks(t_.mesh_, c_.cp, rank_);
+    cp_exec_ = std::make_shared<GroupExecutor>();
+    const int index = (at_.dp / c_.cp) * t_.mesh_.pp * t_.mesh_.tp + at_.pp * t_.mesh_.tp + at_.tp;
+    cp_group_ = new_group(*env_.comm, ranks, kContextTag, cp_exec_, env_.dev, "cp" + std::to_string(index));
+    cp_comm_ = std::make_unique<GroupContextParallelComm>(*cp_group_);
+    ContextParallelSpec spec;
+    spec.degree = c_.cp;
+    spec.rank = cr;
+    spec.layout = c_.cp_layout;
+    model_.set_context_parallel(spec);
+    model_.set_context_parallel_comm(cp_comm_.get());
+    cp_positions_ = spec.positions(c_.model.gpt.ctx);
+  }
+  // The targets of this rank's positions of each of B samples (host memory: --cp runs on the CPU).
+  const int64_t* local_targets(const int64_t* y, int64_t B) {
+    const int64_t T = c_.model.gpt.ctx, Tq = static_cast<int64_t>(cp_positions_.size());
+    cp_targets_.resize(static_cast<size_t>(B * Tq));
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t i = 0; i < Tq; i++) cp_targets_[static_cast<size_t>(b * Tq + i)] = y[b * T + cp_positions_[static_cast<size_t>(i)]];
+    return cp_targets_.data();
+  }
+
   // The ranks agree over the DP group: all skip together.
   bool scaler_allows_step() { return dtlab::scaler_allows_step(*scaler_, model_, dp_comm_, env_.ctx); }
 
@@ -292,6 +332,12 @@ class ReplicaRank : public RankStrategy {
   float scale_ = 0;
   GradClipResult clip_;  // this step's clipping; total_norm -1: none
   double overlap_sum_step_ = 0;
+  // Context parallelism (--cp): the CP group, its executor, the model's view of it, this rank's
+  // positions and their targets.
+  std::shared_ptr<GroupExecutor> cp_exec_;
+  std::unique_ptr<Communicator> cp_group_;
+  std::unique_ptr<GroupContextParallelComm> cp_comm_;
+  std::vector<int64_t> cp_positions_, cp_targets_;
 };
 
 class DdpRank final : public ReplicaRank {

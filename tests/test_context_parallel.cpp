@@ -1,0 +1,194 @@
+// Context parallelism (--cp): the GPT's sequence split over a CP group equals the same GPT on one
+// rank after 20 steps in every layout (ring, zigzag, Ulysses) and degree 2 and 4, alone, with data
+// parallelism and with tensor parallelism; each ring send and all-to-all moves the bytes of its
+// formula; the contiguous layout's causal work is 1, 2, ..., c blocks and zigzag's is equal; and the
+// refusals name what to do instead.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/core/gpt.h"
+#include "engine/parallel/context_parallel.h"
+#include "engine/train/train.h"
+#include "tests/train_util.h"
+
+namespace dtlab {
+
+namespace {
+
+// gpt (2 blocks, 4 heads, C 16, T 16) on the text data, AdamW, 20 steps of `batch` samples per CP group.
+TrainConfig cp_config(int world, int cp, CpLayout layout, int64_t batch, int64_t steps = 20) {
+  TrainConfig c = test::demo_config("ddp", world, batch, steps);
+  c.model = ModelSpec::parse("gpt:layers=2,heads=4,embd=16,ctx=16");
+  c.data = "text";
+  c.cp = cp;
+  c.cp_layout = layout;
+  return c;
+}
+
+// The one-rank GPT of the same samples per step.
+TrainConfig reference(const TrainConfig& c, int64_t batch) {
+  TrainConfig r = test::single_like(c, batch);
+  r.cp = 1;
+  r.tp = 1;
+  r.sequence_parallel = false;
+  return r;
+}
+
+}  // namespace
+
+TEST_SUITE("context_parallel") {
+  TEST_CASE("context parallelism equals the one-rank GPT in every layout, alone, with DDP, with TP and under FSDP") {
+    // SGD with momentum: every parameter within 1e-5 of the one-rank GPT after 20 steps. AdamW divides
+    // by sqrt(v), so a gradient that is rounding noise around zero (the key bias's: a constant added to
+    // every key leaves the softmax unchanged) moves its parameter by up to lr either way whatever the
+    // split; at nanoGPT's shakespeare_char lr, 1e-3, the parameters stay within 1e-4 and the loss within
+    // 1e-5, the TP test's bound (test_gpt.cpp). The sanitizer runs (quick) take degree 2 with SGD.
+    auto sgd = [](TrainConfig c) {
+      c.optimizer = default_optimizer_config(OptimizerKind::SGD);
+      c.optimizer.lr = 0.05;
+      c.optimizer.momentum = 0.9;
+      return c;
+    };
+    auto adamw = [](TrainConfig c) {
+      c.optimizer.lr = 1e-3;
+      return c;
+    };
+    // `c` against the one-rank GPT on `batch` samples a step.
+    auto check = [](const TrainConfig& c, int64_t batch, double tol) {
+      Trainer ref(reference(c, batch));
+      const TrainSummary rs = ref.run();
+      Trainer t(c);
+      const TrainSummary ts = t.run();
+      CHECK(ts.steps == c.steps);
+      CHECK(test::max_abs_diff(t.result_model(), ref.result_model()) < tol);
+      CHECK(std::abs(ts.eval_loss - rs.eval_loss) < 1e-5);
+    };
+    for (CpLayout layout : {CpLayout::Ring, CpLayout::Zigzag, CpLayout::Ulysses}) {
+      const std::string name = cp_layout_name(layout);
+      CAPTURE(name);
+      for (int cp : {2, 4}) {
+        if (cp == 4 && test::quick()) continue;
+        CAPTURE(cp);
+        // Alone: one CP group of cp ranks reads the reference's batches.
+        check(sgd(cp_config(cp, cp, layout, 2)), 2, 1e-5);
+        if (!test::quick()) check(adamw(cp_config(cp, cp, layout, 2)), 2, 1e-4);
+      }
+      if (test::quick()) continue;
+      // With data parallelism: 2 replicas x cp 2, the reference on both replicas' samples.
+      check(sgd(cp_config(4, 2, layout, 2)), 4, 1e-5);
+      check(adamw(cp_config(4, 2, layout, 2)), 4, 1e-4);
+      // With tensor parallelism, sequence parallel: tp 2 x cp 2 (cp next to tp: ranks 0 and 2 share a
+      // CP group, and each TP rank holds half of its CP rank's positions).
+      TrainConfig p = cp_config(4, 2, layout, 2);
+      p.tp = 2;
+      p.sequence_parallel = true;
+      check(sgd(p), 2, 1e-5);
+      check(adamw(p), 2, 1e-4);
+      // FSDP over the dp x cp ranks: its reduce-scatter averages as DDP's all-reduce does.
+      TrainConfig f = cp_config(2, 2, layout, 2);
+      f.strategy = Strategy::Fsdp;
+      check(sgd(f), 2, 1e-5);
+    }
+  }
+
+  TEST_CASE("ring attention's sends and Ulysses' all-to-alls move the bytes of their formulas") {
+    // B 2, T 16, C 16, float32, 2 blocks, cp 4: a K/V block is 2 x 2 x 4 x 16 x 4 = 1 KiB.
+    const int64_t block = ring_attention_block_bytes(2, 16, 16, 4, 1, 4);
+    CHECK(block == 1024);
+    for (CpLayout layout : {CpLayout::Ring, CpLayout::Zigzag}) {
+      const std::string name = cp_layout_name(layout);
+      CAPTURE(name);
+      TrainConfig c = cp_config(4, 4, layout, 2, 2);
+      Trainer t(c);
+      t.run();
+      for (int rank = 0; rank < 4; rank++) {
+        CAPTURE(rank);
+        std::vector<int64_t> sends;
+        for (const Event& e : t.recorder().events(rank))
+          if (e.kind == EventKind::Collective && e.iteration == 1 && e.coll.op == CollectiveOp::Send) sends.push_back(e.coll.bytes);
+        // Per block: c-1 K/V sends forward; backward c-1 K/V sends and c dK/dV sends.
+        REQUIRE(sends.size() == static_cast<size_t>(2 * (3 + 3 + 4)));
+        for (int64_t b : sends) CHECK(b == block);
+      }
+    }
+    // Ulysses: per block two all-to-alls forward (q, k, v: 3 x B x T/c x C elements; the output: 1 x)
+    // and two backward (the output's gradient, then q, k and v's), each keeping 1/c at home.
+    TrainConfig u = cp_config(4, 4, CpLayout::Ulysses, 2, 2);
+    Trainer t(u);
+    t.run();
+    const int64_t rows = 2 * 16 / 4 * 16 * 4;  // B x T/c x C x 4 bytes
+    for (int rank = 0; rank < 4; rank++) {
+      CAPTURE(rank);
+      std::vector<int64_t> bytes;
+      std::map<std::string, int> groups;
+      for (const Event& e : t.recorder().events(rank)) {
+        if (e.kind != EventKind::Collective || e.iteration != 1 || e.coll.op != CollectiveOp::AllToAll) continue;
+        bytes.push_back(e.coll.bytes);
+        groups[t.recorder().label(e.coll.group - 1)]++;
+      }
+      CHECK(groups == std::map<std::string, int>{{"cp0: 0,1,2,3", 8}});
+      REQUIRE(bytes.size() == 8);
+      CHECK(bytes == std::vector<int64_t>{3 * rows, rows, 3 * rows, rows, rows, 3 * rows, rows, 3 * rows});
+    }
+  }
+
+  TEST_CASE("causal work: the contiguous ring's ranks compute 1, 2, ..., c blocks, zigzag's the same pairs each") {
+    const int c = 4;
+    TrainConfig ring = cp_config(c, c, CpLayout::Ring, 1, 1);
+    Trainer rt(ring);
+    rt.run();
+    TrainConfig zig = cp_config(c, c, CpLayout::Zigzag, 1, 1);
+    Trainer zt(zig);
+    zt.run();
+    std::vector<int64_t> ring_pairs, zig_pairs;
+    for (int r = 0; r < c; r++) {
+      CAPTURE(r);
+      const GptCore::CpPass* p = rt.rank_model(r).context_parallel_core()->cp_pass(0);
+      REQUIRE(p != nullptr);
+      CHECK(p->backward);
+      CHECK(p->blocks() == r + 1);
+      // Step s holds rank r + s's block going backward (the other way round); only blocks at or
+      // before the rank's own are computed.
+      for (int s = 0; s < c; s++) CHECK(p->held[static_cast<size_t>(s)] == (r + s) % c);
+      ring_pairs.push_back(p->total_pairs());
+      const GptCore::CpPass* z = zt.rank_model(r).context_parallel_core()->cp_pass(0);
+      REQUIRE(z != nullptr);
+      CHECK(z->blocks() == c);
+      zig_pairs.push_back(z->total_pairs());
+    }
+    // T 16 over 4 ranks: 4 positions each; rank r's queries see 16 r + 10 keys in all (per sample and head).
+    CHECK(ring_pairs == std::vector<int64_t>{10, 26, 42, 58});
+    // Zigzag: 8 chunks of 2; every rank (2c - 1) 4 + 2 x 3 = 34 pairs.
+    CHECK(zig_pairs == std::vector<int64_t>{34, 34, 34, 34});
+    CHECK(ContextParallelSpec{4, 1, CpLayout::Zigzag}.positions(16) == std::vector<int64_t>{2, 3, 12, 13});
+  }
+
+  TEST_CASE("context parallelism's refusals name what to do instead") {
+    TrainConfig c = cp_config(4, 3, CpLayout::Ring, 2);
+    CHECK(test::error_of(c) ==
+          "--cp 3 does not divide the 4 data-parallel ranks (--world); context-parallel groups are runs of --cp of them, so pick a --cp that divides 4");
+    c = cp_config(4, 4, CpLayout::Zigzag, 2);
+    c.model = ModelSpec::parse("gpt:layers=2,heads=4,embd=16,ctx=12");
+    CHECK(test::error_of(c) ==
+          "--cp 4 with --cp-layout zigzag cuts each sample's 12 positions into 8 equal chunks, which do not divide it; use a ctx that divides, or another --cp");
+    c = cp_config(4, 4, CpLayout::Ulysses, 2);
+    c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=16");
+    CHECK(test::error_of(c) ==
+          "--cp 4 --cp-layout ulysses gives each rank whole attention heads, but the 2 heads do not divide by 4; use --cp-layout ring or zigzag, or a --cp that divides them");
+    c = cp_config(2, 2, CpLayout::Ring, 2);
+    c.strategy = Strategy::Pipeline;
+    CHECK(test::error_of(c).rfind("--cp with --strategy pipeline: not built yet", 0) == 0);
+    c = cp_config(2, 2, CpLayout::Ring, 2);
+    c.strategy = Strategy::Dp;
+    CHECK(test::error_of(c) == "--cp with --strategy dp: torch.nn.DataParallel has no process groups for the ring's sends; use --strategy ddp (or fsdp) with --cp");
+    c = cp_config(2, 2, CpLayout::Ring, 2);
+    c.model = ModelSpec::parse("mlp:2,8,3");
+    c.data = "spiral";
+    CHECK(test::error_of(c) == "--cp with an mlp model: it splits a sequence's positions, and an MLP's samples have none; use --model gpt (e.g. gpt-tiny)");
+  }
+}
+
+}  // namespace dtlab
