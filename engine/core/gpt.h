@@ -217,9 +217,11 @@ class GptCore {
   //                 then the others' travel the ring (step s holds group rank r-s's), each met with the
   //                 causal mask of the global positions and merged by the online softmax (running max
   //                 and sum, as flash attention). Backward runs the ring the other way: K/V blocks
-  //                 travel to rank r-1 with their dK/dV accumulators (in the activations' dtype), which
-  //                 a last step returns to their owner. A block no query of this rank may see is
-  //                 passed on without compute.
+  //                 travel to rank r-1 again, and each block's dK/dV (in the activations' dtype) one
+  //                 step behind it, every rank adding its share, until the last share reaches the
+  //                 owner, which kept its own (TransformerEngine's AttnFuncWithCPAndKVP2P: c-1 sends
+  //                 of K/V and c-1 of dK/dV). A block no query of this rank may see is passed on
+  //                 without compute.
   //   ulysses       DeepSpeed-Ulysses (Jacobs et al. 2023): an all-to-all trades the sequence split
   //                 of q, k and v for a head split (H/c heads of every position), attention runs
   //                 whole, and an all-to-all sends each rank's positions of the output back; the

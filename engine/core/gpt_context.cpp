@@ -187,7 +187,7 @@ void GptCore::ring_attention_backward(size_t k, int l, const void* dy) {
   const int64_t c = s_.cp.degree, me = s_.cp.rank, n = B * Tq * 2 * Ct;
   // The other way round: blocks go to rank r - 1, and come from r + 1.
   const int next = static_cast<int>((me + 1) % c), prev = static_cast<int>((me + c - 1) % c);
-  std::vector<float> dq(static_cast<size_t>(B * Tq * Ct), 0.0f), dkv(static_cast<size_t>(n), 0.0f);
+  std::vector<float> dq(static_cast<size_t>(B * Tq * Ct), 0.0f), dkv(static_cast<size_t>(n), 0.0f), own(dkv.size(), 0.0f);
   std::vector<float> delta(static_cast<size_t>(B * H * Tq), 0.0f);
   CpPass pass = start_ring(k, true);
   const std::vector<int64_t>& qpos = cp_pos_[static_cast<size_t>(me)];
@@ -213,29 +213,34 @@ void GptCore::ring_attention_backward(size_t k, int l, const void* dy) {
       const int64_t j = (me + s) % c;
       const std::vector<int64_t>& kpos = cp_pos_[static_cast<size_t>(j)];
       const int64_t pairs = causal_pairs(qpos, kpos);
+      // Step 0 is the rank's own block: its share stays here. The others' shares of a block pass from
+      // rank to rank one step behind it, each adding its own, and the last reaches the owner.
+      std::vector<float>& into = s == 0 ? own : dkv;
       if (pairs > 0) {
         F32 kv = rd(cur, n);
         ring_block_backward({B, Tq, H, hs, Ct, 3 * Ct, 1.0f / std::sqrt(static_cast<float>(hs)), qpos, kpos}, q, kv, dout,
-                            cp_lse_[k].f32(), delta.data(), dq.data(), dkv.data());
+                            cp_lse_[k].f32(), delta.data(), dq.data(), into.data());
       }
       pass.held[static_cast<size_t>(s)] = static_cast<int>(j);
       pass.pairs[static_cast<size_t>(s)] = pairs;
       pass.steps_done = static_cast<int>(s) + 1;
+      if (s + 1 < c) pass.sent_bytes[static_cast<size_t>(s)] += n * esz();
+      if (s > 0) pass.sent_bytes[static_cast<size_t>(s)] += n * esz();
       cp_passes_[local(l)] = pass;
-      if (s + 1 < c) {  // the block on, then its dK/dV with it
+      if (s + 1 < c) {  // the block on to rank r - 1
         cp_comm_->send_recv(nxt, next, cur, prev, n, adt_, 1 + l);
         std::swap(cur, nxt);
       }
-      // The block's dK/dV so far go with it; the last step returns each block's to its owner.
-      if (half()) dev_.narrow_half(static_cast<uint16_t*>(dsend), dkv.data(), n, hf_);
-      else dev_.copy(dsend, dkv.data(), n * static_cast<int64_t>(sizeof(float)));
-      cp_comm_->send_recv(drecv, next, dsend, prev, n, adt_, 1 + l);
-      pass.sent_bytes[static_cast<size_t>(s)] = (s + 1 < c ? 2 : 1) * n * esz();
-      cp_passes_[local(l)] = pass;
-      if (half()) dev_.widen_half(dkv.data(), static_cast<const uint16_t*>(drecv), n, hf_);
-      else dev_.copy(dkv.data(), drecv, n * static_cast<int64_t>(sizeof(float)));
+      if (s > 0) {  // its dK/dV so far after it; from rank r + 1, the shares of the block held next (last: of this rank's)
+        if (half()) dev_.narrow_half(static_cast<uint16_t*>(dsend), dkv.data(), n, hf_);
+        else dev_.copy(dsend, dkv.data(), n * static_cast<int64_t>(sizeof(float)));
+        cp_comm_->send_recv(drecv, next, dsend, prev, n, adt_, 1 + l);
+        if (half()) dev_.widen_half(dkv.data(), static_cast<const uint16_t*>(drecv), n, hf_);
+        else dev_.copy(dkv.data(), drecv, n * static_cast<int64_t>(sizeof(float)));
+      }
     }
   }
+  for (size_t i = 0; i < dkv.size(); i++) dkv[i] += own[i];
   // dkv: this rank's own block's dK and dV, every rank's queries summed in; dq: its queries'.
   F32 d = wr(dqkv_);
   float* out = d;

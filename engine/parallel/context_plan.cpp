@@ -31,7 +31,8 @@ CpTraffic cp_layer_traffic(const CpShape& s) {
     // q and the output are h wide, k and v h_kv; each all-to-all keeps 1/c of a rank's buffer at home.
     t.forward = (c - 1) / c * rows * (2 * width + 2 * kv_width) * s.element_bytes;
     t.backward = t.forward;
-    t.what = "4 all-to-alls forward (q, k, v to heads; output back to the sequence), 4 backward";
+    t.what = "all-to-alls forward (q, k, v to heads: one all-to-all in dtlab's engine, three in DeepSpeed's; the output back "
+             "to the sequence), the same backward";
     t.formula = std::string(s.recompute ? "3" : "2") + "·(c-1)/c · b·(s/c)·(2h + 2" + kv + ")" + per_tp + " · e";
   } else {
     t.forward = 2 * (c - 1) * rows * kv_width * s.element_bytes;

@@ -30,9 +30,11 @@ void check_context_parallel(const CpShape& s);
 
 // Bytes one rank sends along its CP group per transformer layer and micro-batch (it receives as many).
 // Ring and zigzag: its K and V blocks, 2·b·(s/c)·h_kv/t·e, sent c-1 times in forward; in backward the
-// K/V blocks go round again (the forward kept none of the others') and dK/dV the other way: twice the
-// forward. Ulysses: 4 all-to-alls in forward (q, k, v to the head split, the output back), each sending
-// (c-1)/c of the rank's b·(s/c)·width/t elements, and 4 in backward. Recomputation adds one forward.
+// K/V blocks go round again (the forward kept none of the others') and each block's dK/dV one step
+// behind it, c-1 sends each: twice the forward (what the engine's --cp sends, GptCore). Ulysses: q, k,
+// v to the head split and the output back in forward (DeepSpeed's 4 all-to-alls; the engine's 2, q, k
+// and v in one), each sending (c-1)/c of the rank's b·(s/c)·width/t elements, the same in backward.
+// Recomputation adds one forward.
 struct CpTraffic {
   double forward = 0, backward = 0, recompute = 0;
   double per_layer() const { return forward + backward + recompute; }
