@@ -45,13 +45,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kTopology, kSweep, kMesh, kSizing, kRoofline, kExperts, kAllToAll, kNumViews };
+enum ViewId { kRing, kBuckets, kTimeline, kMemory, kInspector, kData, kShards, kPipeline, kTopology, kSweep, kMesh, kSizing, kRoofline, kExperts, kAllToAll, kContext, kNumViews };
 // With --open the lab shows imported traces in its own four panels instead (app/views/trace_view.cpp).
 enum TraceViewId { kTraceTimeline, kTraceCollectives, kTraceBreakdown, kTraceCompare, kNumTraceViews };
 const char* kTraceViewTitles[kNumTraceViews] = {"Timeline", "Collectives", "Breakdown", "Compare"};
 const char* kTraceViewNames[kNumTraceViews] = {"timeline", "collectives", "breakdown", "compare"};
-const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline", "Topology", "Bus bandwidth", "Mesh", "Sizing", "Roofline", "Experts", "All-to-all"};
-const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep", "mesh", "sizing", "roofline", "experts", "alltoall"};
+const char* kViewTitles[kNumViews] = {"Ring", "Buckets", "Timeline", "Memory", "Collective", "Data", "Shards", "Pipeline", "Topology", "Bus bandwidth", "Mesh", "Sizing", "Roofline", "Experts", "All-to-all", "Context"};
+const char* kViewNames[kNumViews] = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep", "mesh", "sizing", "roofline", "experts", "alltoall", "context"};
 
 // The pipeline controls (Run panel, pipeline view) in and out of a run configuration.
 PipelineRequest pipeline_request_of(const TrainConfig& c) {
@@ -945,6 +945,7 @@ void App::views() {
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // roofline: shown alone (view roofline), never tiled
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // experts: shown alone (view experts), never tiled
       {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // all-to-all: shown alone (view alltoall), never tiled
+      {x0 + 0.20f * W, top, 0.40f * W, 0.56f * H},             // context: shown alone (view context), never tiled
   };
   const Rect run_tile = {x0, top, 0.20f * W, 0.42f * H};
   // Presentation, all views: the four pictures a class reads from the back of the room, each with
@@ -1009,7 +1010,7 @@ void App::views() {
     // the ring's tile, the memory view (activations per stage) grows into the buckets'.
     if (solo_ < 0 && ((v == kRing && pipeline) || (v == kPipeline && !pipeline) || (v == kBuckets && pipeline))) continue;
     // No tile of their own: a picture of the machine, and a plot over sizes, want the whole window.
-    if (solo_ < 0 && (v == kTopology || v == kSweep || v == kMesh || v == kSizing || v == kRoofline || v == kExperts || v == kAllToAll)) continue;
+    if (solo_ < 0 && (v == kTopology || v == kSweep || v == kMesh || v == kSizing || v == kRoofline || v == kExperts || v == kAllToAll || v == kContext)) continue;
     if (stage && (v == kInspector || v == kData)) continue;
     if (comparing && !compare_inline && !compared(v)) continue;  // a number key away
     if (comparing && stage && pipeline && v == kMemory) continue;   // the table has its tile
@@ -1059,6 +1060,7 @@ void App::views() {
       case kRoofline: draw_roofline_view(s, ctx_); break;
       case kExperts: draw_experts_view(s, ctx_, experts_view_); break;
       case kAllToAll: draw_alltoall_view(s, ctx_); break;
+      case kContext: draw_context_view(s, ctx_); break;
     }
     ImGui::End();
   }

@@ -21,7 +21,7 @@ namespace {
 const char* kUsage =
     "commands: step ring|collective|layer|bucket|iteration|action [N], focus rank R|group NAME|none, run [SECONDS]s, "
     "pause, wait SECONDSs, "
-    "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|sizing|roofline|experts|alltoall|all, sizing KEY=VALUE ...|run, screenshot PATH.png, speed X, "
+    "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|sizing|roofline|experts|alltoall|context|all, sizing KEY=VALUE ...|run, screenshot PATH.png, speed X, "
     "presentation on|off, fullscreen on|off, start on|off|ddp|fsdp|pipeline|course, check layout, clock modeled|wall, colour kind|peak, set_epoch on|off, generate TEXT, reset, quit, "
     "pin, unpin, compare --FLAG VALUE ... (run B with those settings beside the pinned A), "
     "lesson open NAME|next|back|goto N|answer X|check|play|demo|close; with --open: wait trace|compare [SECONDS]s, "
@@ -54,7 +54,7 @@ bool read_text_file(const std::string& path, std::string& out, size_t max_bytes)
 }
 
 const std::vector<std::string>& view_names() {
-  static const std::vector<std::string> names = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep", "mesh", "sizing", "roofline", "experts", "alltoall", "all",
+  static const std::vector<std::string> names = {"ring", "buckets", "timeline", "memory", "inspector", "data", "shards", "pipeline", "topology", "sweep", "mesh", "sizing", "roofline", "experts", "alltoall", "context", "all",
                                                  kTraceViews[0], kTraceViews[1], kTraceViews[2]};
   return names;
 }
@@ -189,7 +189,7 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       c.kind = k == "pause" ? ScriptCommand::Pause : k == "quit" ? ScriptCommand::Quit : ScriptCommand::Reset;
     } else if (k == "view") {
       if (w.size() != 2 || std::find(view_names().begin(), view_names().end(), w[1]) == view_names().end())
-        fail("view takes one of ring, buckets, timeline, memory, inspector, data, shards, pipeline, topology, sweep, mesh, sizing, roofline, experts, alltoall, all (with --open: timeline, "
+        fail("view takes one of ring, buckets, timeline, memory, inspector, data, shards, pipeline, topology, sweep, mesh, sizing, roofline, experts, alltoall, context, all (with --open: timeline, "
              "collectives, breakdown, compare, all)");
       c.kind = ScriptCommand::View;
       c.arg = w[1];

@@ -8,6 +8,7 @@
 
 #include "engine/core/check.h"
 #include "engine/core/gpt.h"
+#include "engine/parallel/context_parallel.h"
 #include "engine/parallel/tensor_parallel.h"
 #include "engine/train/config_json.h"
 
@@ -128,6 +129,7 @@ void Session::reset_builder() {
   run.roof = !client_ ? trainer_->roof() : config_.device == "cpu" ? cpu_roof(this_machine_profile(), 1) : gpu_roof("a GPU of the attached run");
   builder_.reset(run);
   experts_key_ = 0;
+  context_key_ = 0;
 }
 
 void Session::run(double speed) {
@@ -233,6 +235,38 @@ bool Session::read_experts(ExpertsView& v) const {
   return true;
 }
 
+bool Session::read_context(ContextView& v) const {
+  if (!trainer_ || !v.cp || !settled()) return false;
+  const int N = config_.world_size;
+  v.groups.clear();
+  v.ranks.assign(static_cast<size_t>(N), {});
+  std::vector<char> placed(static_cast<size_t>(N), 0);
+  for (int r = 0; r < N; r++) {
+    ContextRankView& out = v.ranks[static_cast<size_t>(r)];
+    out.rank = r;
+    const GptCore* g = trainer_->rank_model(r).context_parallel_core();
+    if (!g) continue;
+    const ContextParallelSpec& cp = g->context_parallel();
+    out.positions = cp.positions(v.ctx);
+    if (!placed[static_cast<size_t>(r)]) {  // its group: the ranks of its mesh coordinates but dp's, in CP order
+      v.groups.push_back(cp_group_ranks(trainer_->mesh(), v.degree, r));
+      for (int m : v.groups.back()) placed[static_cast<size_t>(m)] = 1;
+    }
+    const GptCore::CpPass* p = g->cp_block() >= 0 ? g->cp_pass(g->cp_block()) : nullptr;
+    if (!p) continue;
+    out.block = g->cp_block();
+    out.backward = p->backward;
+    out.steps_done = p->steps_done;
+    out.held = p->held;
+    out.pairs = p->pairs;
+    out.sent_bytes = p->sent_bytes;
+    out.sending = p->sending;
+  }
+  v.read = true;
+  v.at_step = builder_.snapshot().step;
+  return true;
+}
+
 bool Session::settled() const {
   if (finished()) return true;
   StepperState st = stepper_state();
@@ -300,6 +334,16 @@ const Snapshot& Session::update() {
       if (read_experts(v)) {
         builder_.set_experts(std::move(v));
         experts_key_ = key;
+      }
+    }
+  }
+  if (!client_ && builder_.snapshot().context.cp) {  // the Context view: the same, for every rank's ring pass
+    const uint64_t key = finished() ? UINT64_MAX : generation + 1;
+    if (key != context_key_) {
+      ContextView v = builder_.snapshot().context;
+      if (read_context(v)) {
+        builder_.set_context(std::move(v));
+        context_key_ = key;
       }
     }
   }

@@ -81,6 +81,8 @@ class Session {
   // sets `v.read`. Only while nothing moves; false when the run moves or is attached (its models live
   // in its processes).
   bool read_experts(ExpertsView& v) const;
+  // The Context view's chunks and ring passes, read from every rank's model while the run stands still.
+  bool read_context(ContextView& v) const;
 
  private:
   Session() = default;  // attach()
@@ -105,6 +107,7 @@ class Session {
   std::unique_ptr<PipelinePlan> plan_pipeline_;
   std::unique_ptr<CostModel> plan_cost_;
   std::unique_ptr<Model> sample_model_;  // generate(): the copy it samples from
+  uint64_t context_key_ = 0;  // the same for the Context view
   uint64_t experts_key_ = 0;  // update(): the stepper generation (+1, finished: UINT64_MAX) the Experts view was read at
   uint64_t command_generation_ = 0;  // attached: the stepper state's generation when the last command went
   std::thread worker_;

@@ -355,6 +355,38 @@ struct ExpertsView {
   }
 };
 
+// The Context view (--cp): each CP rank's share of the sequence and, for ring attention, the pass it
+// runs now or ran last (GptCore::cp_pass of GptCore::cp_block): per ring step whose K/V block it met
+// and the causal (query, key) pairs it computed. Read by the Session while the run stands still.
+struct ContextRankView {
+  int rank = 0;                        // world rank
+  std::vector<int64_t> positions;      // the positions it holds, in its order
+  int block = -1;                      // the GPT block of the pass (-1: none yet)
+  bool backward = false;
+  int steps_done = 0;                  // ring steps computed; the block in flight follows the last
+  std::vector<int> held;               // per step: the CP rank whose K/V block it met
+  std::vector<int64_t> pairs;          // per step: causal pairs per sample and head
+  std::vector<int64_t> sent_bytes;     // per step: bytes it sent after the step
+  bool sending = false;                // in (or held before) the sends after its last computed step
+};
+struct ContextView {
+  bool cp = false;                     // the run splits the sequence (--cp > 1)
+  int degree = 1;
+  CpLayout layout = CpLayout::Ring;
+  int64_t ctx = 0, heads = 0;          // T, and the heads a TP rank holds
+  bool read = false;
+  int64_t at_step = 0;
+  std::vector<std::vector<int>> groups;  // every CP group's world ranks, in CP-rank order
+  std::vector<ContextRankView> ranks;    // per world rank
+  // The CP group holding world rank r.
+  const std::vector<int>* group_of(int r) const {
+    for (const auto& g : groups)
+      for (int m : g)
+        if (m == r) return &g;
+    return nullptr;
+  }
+};
+
 struct Snapshot {
   uint64_t frame = 0;
   // An imported PyTorch profiler trace (dtlab --open), once fully loaded; null otherwise. Immutable:
@@ -397,6 +429,7 @@ struct Snapshot {
   std::vector<std::string> param_names;  // model parameters
   AllToAllView alltoall;             // the newest all-to-all (the All-to-all view)
   ExpertsView experts;               // MoE routing, read while the run stands still (the Experts view)
+  ContextView context;               // context parallelism's chunks and ring passes (the Context view)
 };
 
 }  // namespace dtlab::app

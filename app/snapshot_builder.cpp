@@ -381,6 +381,13 @@ void SnapshotBuilder::reset(const RunSources& run) {
   ex.top_k = config.moe.top_k;
   ex.capacity_factor = config.moe.capacity;
   ex.ep = std::max(1, config.ep);
+  ContextView& cx = snap_.context;
+  cx = ContextView{};
+  cx.cp = config.model.is_gpt() && config.cp > 1;
+  cx.degree = std::max(1, config.cp);
+  cx.layout = config.cp_layout;
+  cx.ctx = config.model.gpt.ctx;
+  cx.heads = config.model.gpt.heads / std::max(1, config.tp);
   c.precision = config.precision;
   c.amp = config.amp;
   c.reduce_fp32 = config.reduce_fp32;

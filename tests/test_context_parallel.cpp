@@ -5,6 +5,7 @@
 // refusals name what to do instead.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "engine/core/gpt.h"
 #include "engine/parallel/context_parallel.h"
 #include "engine/train/train.h"
+#include "tests/test_util.h"
 #include "tests/train_util.h"
 
 namespace dtlab {
@@ -35,6 +37,26 @@ TrainConfig reference(const TrainConfig& c, int64_t batch) {
   r.tp = 1;
   r.sequence_parallel = false;
   return r;
+}
+
+// Runs `c` paused, stepping by `kind` to its end, and hands `seen` each item iteration 1 stops at.
+template <class Seen>
+void step_through(TrainConfig c, GateKind kind, Seen seen) {
+  using Clock = std::chrono::steady_clock;
+  c.start_paused = true;
+  c.timeout_s = 30;
+  Trainer t(c);
+  test::BackgroundRun runner(t);
+  Stepper& st = t.stepper();
+  const auto give_up = Clock::now() + std::chrono::seconds(120);
+  while (!runner.done() && Clock::now() < give_up) {
+    if (!st.wait_until_settled(std::chrono::milliseconds(100))) continue;
+    const PendingItem p = st.state().pending;
+    if (p.valid && p.gate.iteration == 1) seen(p);
+    st.step(kind);
+  }
+  REQUIRE_MESSAGE(runner.finish(std::chrono::seconds(0)), "the stepped run did not end: " << st.state().waiting);
+  CHECK(runner.error() == "");
 }
 
 }  // namespace
@@ -132,6 +154,40 @@ TEST_SUITE("context_parallel") {
       CHECK(groups == std::map<std::string, int>{{"cp0: 0,1,2,3", 8}});
       REQUIRE(bytes.size() == 8);
       CHECK(bytes == std::vector<int64_t>{3 * rows, rows, 3 * rows, rows, rows, 3 * rows, rows, 3 * rows});
+    }
+  }
+
+  TEST_CASE("the stepper pauses before every ring step's send and every Ulysses all-to-all, and steps an all-to-all round by round") {
+    // Ring, cp 4: per block, 3 K/V sends forward, 3 K/V and 3 dK/dV sends backward; each ring step is
+    // one stop of the whole group (every rank's send fused with its receive, as on NCCL).
+    int sends = 0;
+    step_through(cp_config(4, 4, CpLayout::Ring, 1, 2), GateKind::Collective, [&](const PendingItem& p) {
+      if (p.kind != GateKind::Collective || !p.gate.op.p2p) return;
+      CAPTURE(p.gate.label);
+      CHECK(p.gate.label.find(" with recv ") != std::string::npos);
+      CHECK(p.members == std::vector<int>{0, 1, 2, 3});
+      CHECK(p.missing.empty());
+      CHECK(p.gate.bytes == ring_attention_block_bytes(1, 16, 16, 4, 1, 4));
+      sends++;
+    });
+    CHECK(sends == 2 * (3 + 3 + 3));
+    // Ulysses, cp 4: 4 all-to-alls per block of the group cp0, each stepped in its 3 rounds.
+    std::map<int64_t, std::vector<int>> rounds;  // all-to-all (its group seq) -> the rounds stepped
+    step_through(cp_config(4, 4, CpLayout::Ulysses, 1, 2), GateKind::RingStep, [&](const PendingItem& p) {
+      // (A ring step's gate names its operation in its label; the carries the op.)
+      if (p.gate.op.p2p || p.gate.label.find("all_to_all") == std::string::npos) return;
+      CAPTURE(p.gate.label);
+      CHECK(p.gate.label.rfind("cp0 ", 0) == 0);
+      CHECK(p.missing.empty());
+      if (p.kind == GateKind::Collective) CHECK(p.gate.coll == CollectiveOp::AllToAll);
+      if (p.kind == GateKind::Collective) rounds[p.gate.op.seq];
+      if (p.kind == GateKind::RingStep) rounds[p.gate.op.seq].push_back(p.gate.step);
+    });
+    CHECK(rounds.size() == 8);
+    for (const auto& r : rounds) {
+      std::string got;
+      for (int k : r.second) got += std::to_string(k) + " ";
+      CHECK(got == "0 1 2 ");
     }
   }
 

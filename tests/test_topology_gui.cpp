@@ -16,7 +16,7 @@ using namespace dtlab;
 TEST_SUITE("gui") {
   TEST_CASE("script: view topology parses, the lab offers every profile") {
     CHECK(test::script_error("view topology").empty());
-    CHECK(test::script_error("view sideways").find("shards, pipeline, topology, sweep, mesh, sizing, roofline, experts, alltoall, all") != std::string::npos);
+    CHECK(test::script_error("view sideways").find("shards, pipeline, topology, sweep, mesh, sizing, roofline, experts, alltoall, context, all") != std::string::npos);
   }
 
   TEST_CASE("under Xvfb: the topology view lights the links of a step, red where they are shared") {

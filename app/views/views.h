@@ -74,6 +74,9 @@ void draw_mesh_view(const Snapshot& s, ViewContext& ctx);
 void draw_roofline_view(const Snapshot& s, ViewContext& ctx);
 // The newest all-to-all as a sender x receiver matrix of bytes, lit step by step (alltoall_view.cpp).
 void draw_alltoall_view(const Snapshot& s, ViewContext& ctx);
+// Context parallelism's CP group: each rank's chunks of the sequence, the causal mask it met at each
+// ring step with the pairs it computed, and the K/V blocks in flight (context_view.cpp).
+void draw_context_view(const Snapshot& s, ViewContext& ctx);
 // MoE routing per block: tokens per expert, kept and dropped, capacity, owners, imbalance and aux
 // loss with their trend (experts_view.cpp). `rank`: whose tokens, when no rank has the stepper's focus.
 struct ExpertsViewState {

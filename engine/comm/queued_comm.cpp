@@ -224,7 +224,7 @@ WorkPtr QueuedCommunicator::p2p(CollectiveOp op, void* buf, int64_t count, DType
 }
 
 WorkPtr QueuedCommunicator::fused_send_recv(const void* send_buf, int64_t send_count, int to, int send_tag,
-                                            void* recv_buf, int64_t recv_count, int from, DType dt) {
+                                            void* recv_buf, int64_t recv_count, int from, DType dt, int recv_tag) {
   check_rank(from, "recv peer");
   if (recv_count < 0) throw Error("a send or recv count cannot be negative");
   if (from == rank_) throw Error("rank " + std::to_string(rank_) + " cannot send to or receive from itself");
@@ -234,6 +234,7 @@ WorkPtr QueuedCommunicator::fused_send_recv(const void* send_buf, int64_t send_c
   j.buf = recv_buf;
   j.recv_peer = from;
   j.recv_count = recv_count;
+  j.recv_tag = recv_tag;
   return enqueue(std::move(j));
 }
 

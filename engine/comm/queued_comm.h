@@ -60,7 +60,7 @@ struct CommJob {
   // A send fused with a receive (send_recv on a backend that runs them as one job): the send is
   // `in` to `peer`, the receive `buf` from `recv_peer`.
   bool fused = false;
-  int recv_peer = -1;
+  int recv_peer = -1, recv_tag = 0;
   int64_t recv_count = 0;
   double issue_model = 0;  // compute lane's modeled clock at issue
   int32_t iteration = -1;  // compute lane's iteration at issue
@@ -109,8 +109,9 @@ class QueuedCommunicator : public Communicator {
   // "#5 allreduce of ..." or "send #2 with rank 1".
   static std::string job_name(const CommJob& j);
   // For backends that override send_recv() with one job: queues a Send job carrying the receive.
+  // `recv_tag`: the receive's (NCCL has no tags; the threads backend's mailboxes do).
   WorkPtr fused_send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf,
-                          int64_t recv_count, int from, DType dt);
+                          int64_t recv_count, int from, DType dt, int recv_tag = 0);
 
  private:
   void check_rank(int r, const char* what) const;

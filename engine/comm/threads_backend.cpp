@@ -74,6 +74,13 @@ class RankComm : public QueuedCommunicator {
   }
   ~RankComm() override { stop_worker(); }
   const char* backend_name() const override { return "threads"; }
+  // One job, as NCCL's group: the stepper gates the send and the receive together, so the ranks of a
+  // ring (context parallelism's K/V steps) each waiting at theirs are released together; as a send
+  // then a receive, each would wait at its send for the peer held at its own.
+  WorkPtr send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf, int64_t recv_count, int from,
+                    int recv_tag, DType dt) override {
+    return fused_send_recv(send_buf, send_count, to, send_tag, recv_buf, recv_count, from, dt, recv_tag);
+  }
 
  private:
   void check_runs(const CollDesc& d) const override {
@@ -156,22 +163,27 @@ class RankComm : public QueuedCommunicator {
       World::Message msg;
       msg.data.resize(bytes);
       msg.model_sent = begin;
-      if (bytes) w_->mover_->copy(rank_, msg.data.data(), j.buf, static_cast<int64_t>(bytes));
+      if (bytes) w_->mover_->copy(rank_, msg.data.data(), j.fused ? j.in : j.buf, static_cast<int64_t>(bytes));
       std::lock_guard<std::mutex> lock(w_->mu_);
       w_->mailbox_[{rank_, j.peer, j.tag}].push_back(std::move(msg));
       w_->cv_.notify_all();
-    } else {
-      std::string what = "recv #" + std::to_string(j.seq) + " of " + std::to_string(j.desc.count) +
-                         " elements from rank " + std::to_string(j.peer) + " (tag " + std::to_string(j.tag) + ")";
+    }
+    if (j.desc.op != CollectiveOp::Send || j.fused) {  // a receive, or a send_recv's receive after its send
+      const int peer = j.fused ? j.recv_peer : j.peer, tag = j.fused ? j.recv_tag : j.tag;
+      const int64_t count = j.fused ? j.recv_count : j.desc.count;
+      bytes = static_cast<size_t>(count * dtype_size(j.desc.dtype));
+      const Link& in = w_->cost_->link(peer, rank_);
+      std::string what = "recv #" + std::to_string(j.seq) + " of " + std::to_string(count) +
+                         " elements from rank " + std::to_string(peer) + " (tag " + std::to_string(tag) + ")";
       w_->set_comm_activity(rank_, "in " + what);
       std::unique_lock<std::mutex> lock(w_->mu_);
-      auto key = std::make_tuple(j.peer, rank_, j.tag);
+      auto key = std::make_tuple(peer, rank_, tag);
       // Its send was released at or before this receive's gate; a paused world stops the watchdog's clock.
       Deadline deadline(w_->opt_.timeout_s, w_->stepper_.get());
       bool ok = wait_under(w_->cv_, lock, deadline, [&] { return w_->aborted_ || !w_->mailbox_[key].empty(); });
       if (w_->aborted_) throw CommError(w_->abort_reason_);
       if (!ok) {
-        std::string msg = diagnose_recv(what, rank_, w_->opt_.timeout_s, w_->doing(j.peer));
+        std::string msg = diagnose_recv(what, rank_, w_->opt_.timeout_s, w_->doing(peer));
         lock.unlock();
         w_->fail(msg);
       }
@@ -179,10 +191,10 @@ class RankComm : public QueuedCommunicator {
       w_->mailbox_[key].pop_front();
       lock.unlock();
       std::vector<uint8_t>& msg = m.data;
-      end = std::max(begin, m.model_sent) + link.alpha + static_cast<double>(bytes) * link.beta;
+      end = std::max(end, std::max(begin, m.model_sent) + in.alpha + static_cast<double>(bytes) * in.beta);
       if (msg.size() != bytes) {
         w_->fail("recv on rank " + std::to_string(rank_) + " expected " + std::to_string(bytes) +
-                 " bytes from rank " + std::to_string(j.peer) + " (tag " + std::to_string(j.tag) +
+                 " bytes from rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
                  ") but the matching send carried " + std::to_string(msg.size()));
       }
       if (bytes) w_->mover_->copy(rank_, j.buf, msg.data(), static_cast<int64_t>(bytes));

@@ -237,10 +237,12 @@ class GptCore {
     std::vector<int> held;            // per step: the group rank whose K/V block this rank met
     std::vector<int64_t> pairs;       // per step: (query, key) pairs under the causal mask, per sample and head
     std::vector<int64_t> sent_bytes;  // per step: the bytes this rank sent after it (0: none)
+    bool sending = false;             // in (or held before) the sends after step steps_done - 1
     int64_t blocks() const;           // steps with any pair: the blocks this rank computed
     int64_t total_pairs() const;
   };
   const CpPass* cp_pass(int l) const;
+  int cp_block() const { return cp_block_; }  // the block whose ring pass runs now or ran last (-1: none yet)
   // Causal (query, key) pairs between group rank `qr`'s positions and rank `kr`'s, per sample and head.
   static int64_t causal_pairs(const std::vector<int64_t>& qpos, const std::vector<int64_t>& kpos);
 
@@ -442,6 +444,7 @@ class GptCore {
   std::vector<Tensor> cp_lse_, cp_qkv_;
   Tensor cp_a_, cp_b_, cp_c_, cp_d_, cp_y_;
   std::vector<CpPass> cp_passes_;  // per block of the stage
+  int cp_block_ = -1;
   bool cp() const { return s_.cp.on(); }
   CpPass start_ring(size_t k, bool backward);  // the own K/V into cp_a_, and an empty record
   void ring_attention_forward(size_t k, int l);

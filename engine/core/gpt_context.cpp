@@ -146,6 +146,7 @@ void GptCore::ring_attention_forward(size_t k, int l) {
   std::vector<double> sum(m.size(), 0.0);
   CpPass& pass = cp_passes_[local(l)];
   pass = start_ring(k, false);
+  cp_block_ = l;
   const std::vector<int64_t>& qpos = cp_pos_[static_cast<size_t>(me)];
   void* cur = cp_a_.raw();
   void* nxt = cp_b_.raw();
@@ -164,7 +165,9 @@ void GptCore::ring_attention_forward(size_t k, int l) {
       pass.steps_done = static_cast<int>(s) + 1;
       if (s + 1 < c) {  // pass the block on; receive the one before it
         pass.sent_bytes[static_cast<size_t>(s)] = n * esz();
+        pass.sending = true;
         cp_comm_->send_recv(nxt, prev, cur, next, n, adt_, 1 + l);
+        pass.sending = false;
         std::swap(cur, nxt);
       }
     }
@@ -190,6 +193,7 @@ void GptCore::ring_attention_backward(size_t k, int l, const void* dy) {
   std::vector<float> dq(static_cast<size_t>(B * Tq * Ct), 0.0f), dkv(static_cast<size_t>(n), 0.0f), own(dkv.size(), 0.0f);
   std::vector<float> delta(static_cast<size_t>(B * H * Tq), 0.0f);
   CpPass pass = start_ring(k, true);
+  cp_block_ = l;
   const std::vector<int64_t>& qpos = cp_pos_[static_cast<size_t>(me)];
   void* cur = cp_a_.raw();
   void* nxt = cp_b_.raw();
@@ -226,6 +230,7 @@ void GptCore::ring_attention_backward(size_t k, int l, const void* dy) {
       pass.steps_done = static_cast<int>(s) + 1;
       if (s + 1 < c) pass.sent_bytes[static_cast<size_t>(s)] += n * esz();
       if (s > 0) pass.sent_bytes[static_cast<size_t>(s)] += n * esz();
+      pass.sending = true;
       cp_passes_[local(l)] = pass;
       if (s + 1 < c) {  // the block on to rank r - 1
         cp_comm_->send_recv(nxt, next, cur, prev, n, adt_, 1 + l);
@@ -238,6 +243,8 @@ void GptCore::ring_attention_backward(size_t k, int l, const void* dy) {
         if (half()) dev_.widen_half(dkv.data(), static_cast<const uint16_t*>(drecv), n, hf_);
         else dev_.copy(dkv.data(), drecv, n * static_cast<int64_t>(sizeof(float)));
       }
+      pass.sending = false;
+      cp_passes_[local(l)] = pass;
     }
   }
   for (size_t i = 0; i < dkv.size(); i++) dkv[i] += own[i];
