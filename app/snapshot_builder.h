@@ -78,6 +78,7 @@ class SnapshotBuilder {
   void set_device_memory(int rank, int64_t used, int64_t total);  // -1: not a GPU
   // MoE runs: the routing the Session read while the run stood still (the Experts view).
   void set_experts(ExpertsView v) { snap_.experts = std::move(v); }
+  void set_experts_current(bool current) { snap_.experts.current = current; }
   // Derives the shown collective, the data's owners and the pipeline's rows.
   const Snapshot& finish_frame();
 
