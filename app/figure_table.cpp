@@ -11,6 +11,7 @@
 
 #include "engine/comm/plan.h"
 #include "engine/core/check.h"
+#include "engine/core/format.h"
 #include "engine/parallel/memory_plan.h"
 #include "engine/parallel/pipeline_schedule.h"
 #include "engine/parallel/sizing.h"
@@ -234,6 +235,74 @@ double cross_node_bytes(const Snapshot& s, int from) {
       if ((from < 0 || static_cast<int>(i) == from) && cost.node_of(static_cast<int>(i)) != cost.node_of(static_cast<int>(j)))
         b += m[i][j];
   return b;
+}
+
+// The Experts view's routing (Session::read_experts), read each time the world stands still.
+const ExpertsView& experts(const Snapshot& s) {
+  if (!s.experts.moe) throw_sentence("this run has no mixture of experts; start a GPT with --moe experts=E,top_k=K");
+  if (!s.experts.read)
+    throw_sentence("the routing is read when the run stands still after a forward (and not from an attached run); step or pause it first");
+  if (!s.experts.current)
+    throw_sentence("the routing was read at step " + std::to_string(s.experts.at_step) +
+                   " and the run has moved on since; pause or step it, and the lab reads every rank's router again");
+  return s.experts;
+}
+
+// Rank R's MoE block L (the GPT's block number) in its last forward.
+const ExpertsBlockView& moe_block(const Snapshot& s, const Arg& r, const Arg& l) {
+  const ExpertsView& x = experts(s);
+  const auto& blocks = x.ranks[static_cast<size_t>(index_of(r, x.ranks.size(), "rank"))];
+  std::vector<std::string> names;
+  for (const ExpertsBlockView& b : blocks) {
+    if (b.layer == l.num) return b;
+    names.push_back(std::to_string(b.layer));
+  }
+  throw_sentence("rank " + format_figure(r.num) + " has no MoE block " + format_figure(l.num) + " in its last forward" +
+                 (names.empty() ? std::string(" (it ran none yet)") : " (its MoE blocks: " + join(names, ", ") + ")"));
+}
+
+int64_t moe_expert(const Snapshot& s, const Arg& e) { return index_of(e, static_cast<size_t>(experts(s).experts), "expert"); }
+
+// Rows each rank's experts computed in block L's last forward: the kept (token, expert) pairs of
+// every rank whose tokens they serve (its EP group under --ep, else itself), by expert ownership.
+// Ranks that do not run block L (another pipeline stage's) are left out: NaN.
+std::vector<double> moe_rows(const Snapshot& s, const Arg& l) {
+  const ExpertsView& x = experts(s);
+  std::vector<double> rows(x.ranks.size(), std::nan(""));
+  bool any = false;
+  for (size_t r = 0; r < x.ranks.size(); r++)
+    for (const ExpertsBlockView& b : x.ranks[r]) {
+      if (b.layer != l.num) continue;
+      any = true;
+      for (int64_t e = 0; e < x.experts; e++) {
+        const size_t owner = static_cast<size_t>(x.owner(static_cast<int>(r), e));
+        if (owner >= rows.size()) continue;
+        if (std::isnan(rows[owner])) rows[owner] = 0;
+        rows[owner] += static_cast<double>(b.kept[static_cast<size_t>(e)]);
+      }
+    }
+  if (!any) moe_block(s, Arg{0, "", false}, l);  // says which blocks there are
+  return rows;
+}
+
+// The ranks' rows without the ones that do not run the block.
+std::vector<double> moe_rows_run(const Snapshot& s, const Arg& l) {
+  std::vector<double> rows = moe_rows(s, l);
+  rows.erase(std::remove_if(rows.begin(), rows.end(), [](double v) { return std::isnan(v); }), rows.end());
+  return rows;
+}
+
+// The newest all-to-all (the All-to-all view's), and group member `r` of it named by its global rank.
+const AllToAllView& alltoall(const Snapshot& s) {
+  if (!s.alltoall.valid) throw_sentence("no all-to-all has been issued yet (an --ep run's MoE blocks issue them in forward and backward)");
+  return s.alltoall;
+}
+int alltoall_member(const AllToAllView& a, const Arg& r) {
+  const auto it = std::find(a.members.begin(), a.members.end(), static_cast<int>(r.num));
+  if (r.num != std::floor(r.num) || it == a.members.end())
+    throw_sentence("rank " + format_figure(r.num) + " is not in the newest all-to-all's group (" +
+                   (a.group_name.empty() ? std::string("the world") : a.group_name) + ")");
+  return static_cast<int>(it - a.members.begin());
 }
 
 // Float32 values rank `rank`'s file holds in a --save-sharded of this run, by the engine's rule
@@ -627,6 +696,43 @@ std::vector<Entry> traffic_entries() {
   };
 }
 
+// Mixture of experts: the routers' last forward (the Experts view) and the newest all-to-all (the All-to-all view)
+std::vector<Entry> moe_entries() {
+  auto d = [](int64_t x) { return static_cast<double>(x); };
+  return {
+    {"moe.tokens(R, L)", "nn", "tokens rank R's MoE block L routed in its last forward (its micro-batch's B x T)", [d](S s, A a) { return d(moe_block(s, a[0], a[1]).tokens); }},
+    {"moe.capacity(R, L)", "nn", "its capacity per expert: ceil(tokens x top_k / experts x capacity factor) (0: dropless)", [d](S s, A a) { return d(moe_block(s, a[0], a[1]).capacity); }},
+    {"moe.routed(R, L, E)", "nnn", "(token, expert) pairs of rank R's tokens whose top-k chose expert E in block L, before capacity", [d](S s, A a) {
+       return d(moe_block(s, a[0], a[1]).routed[static_cast<size_t>(moe_expert(s, a[2]))]); }},
+    {"moe.kept(R, L, E)", "nnn", "of them, the ones expert E computed (within its capacity)", [d](S s, A a) {
+       return d(moe_block(s, a[0], a[1]).kept[static_cast<size_t>(moe_expert(s, a[2]))]); }},
+    {"moe.dropped(R, L)", "nn", "(token, expert) pairs of rank R's tokens past capacity in block L (they pass through the residual alone)", [d](S s, A a) { return d(moe_block(s, a[0], a[1]).dropped); }},
+    {"moe.aux_loss(R, L)", "nn", "block L's load-balancing loss on rank R's tokens (the coefficient included)", [](S s, A a) { return moe_block(s, a[0], a[1]).aux_loss; }},
+    {"moe.rows(R, L)", "nn", "rows rank R's experts computed in block L's last forward: the kept pairs every rank of its EP group (itself without --ep) routed to the experts R holds", [](S s, A a) {
+       const std::vector<double> rows = moe_rows(s, a[1]);
+       const double v = rows[static_cast<size_t>(index_of(a[0], rows.size(), "rank"))];
+       if (std::isnan(v)) throw_sentence("rank " + format_figure(a[0].num) + " does not run MoE block " + format_figure(a[1].num));
+       return v; }},
+    {"moe.rows_max(L)", "n", "the most rows any rank's experts computed in block L: the slowest rank's expert work", [](S s, A a) {
+       const std::vector<double> rows = moe_rows_run(s, a[0]);
+       return *std::max_element(rows.begin(), rows.end()); }},
+    {"moe.rows_mean(L)", "n", "the mean over the ranks of those rows (what each would compute with a perfectly even router)", [](S s, A a) {
+       const std::vector<double> rows = moe_rows_run(s, a[0]);
+       return std::accumulate(rows.begin(), rows.end(), 0.0) / static_cast<double>(rows.size()); }},
+    {"alltoall.sent(R)", "n", "bytes that leave rank R in the newest all-to-all: what it put in for the other ranks (its block to itself is a local copy), known from its issue", [](S s, A a) {
+       const AllToAllView& t = alltoall(s);
+       const int64_t b = t.sent[static_cast<size_t>(alltoall_member(t, a[0]))];
+       if (b < 0) throw_sentence("rank " + format_figure(a[0].num) + " has not issued the newest all-to-all yet");
+       return double(b); }},
+    {"alltoall.bytes(SRC, DST)", "nn", "bytes rank SRC sent rank DST in it so far (SRC = DST: its block to itself, copied locally)", [](S s, A a) {
+       const AllToAllView& t = alltoall(s);
+       const int i = alltoall_member(t, a[0]), j = alltoall_member(t, a[1]);
+       if (t.at(i, j) < 0) throw_sentence("rank " + format_figure(a[0].num) + "'s block for rank " + format_figure(a[1].num) + " has not moved yet; step the all-to-all (step ring)");
+       return double(t.at(i, j)); }},
+    {"alltoall.total", "", "bytes every pair of different ranks moved in it so far", [d](S s, A) { return d(alltoall(s).total); }},
+  };
+}
+
 // The live pipeline run
 std::vector<Entry> pipeline_entries() {
   return {
@@ -704,7 +810,7 @@ const std::vector<Entry>& entries() {
     std::vector<Entry> t;
     for (auto section : {&run_entries, &collective_entries, &bucket_entries, &memory_entries, &history_entries, &precision_entries,
                          &data_entries, &unit_entries, &checkpoint_entries, &trace_entries, &traffic_entries,
-                         &pipeline_entries, &formula_entries, &arithmetic_entries})
+                         &moe_entries, &pipeline_entries, &formula_entries, &arithmetic_entries})
       for (Entry& e : section()) t.push_back(std::move(e));
     return t;
   }();

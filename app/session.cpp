@@ -326,7 +326,8 @@ const Snapshot& Session::update() {
   if (client_ && st.gates.size() != gates) st.gates.assign(gates, RankGateState{});
   const uint64_t generation = st.generation;
   builder_.set_stepper(std::move(st));
-  // The Experts view reads every rank's router once each time the world stands still at a new place.
+  // The Experts view reads every rank's router once each time the world stands still at a new place;
+  // the moe.* figures read the same data, and only while it is current (a moving run's is stale).
   if (!client_ && builder_.snapshot().experts.moe) {
     const uint64_t key = finished() ? UINT64_MAX : generation + 1;
     if (key != experts_key_) {
@@ -336,6 +337,7 @@ const Snapshot& Session::update() {
         experts_key_ = key;
       }
     }
+    builder_.set_experts_current(key == experts_key_);
   }
   if (!client_ && builder_.snapshot().context.cp) {  // the Context view: the same, for every rank's ring pass
     const uint64_t key = finished() ? UINT64_MAX : generation + 1;

@@ -347,6 +347,7 @@ struct ExpertsView {
   double capacity_factor = 0;          // --moe capacity=F (0: dropless)
   int ep = 1;                          // --ep: ranks an EP group spreads each block's experts over
   bool read = false;
+  bool current = false;                // read at the world's present stand-still (false once it moves on)
   int64_t at_step = 0;                 // the run's step when it was read
   std::vector<std::vector<ExpertsBlockView>> ranks;  // per world rank, its MoE blocks in order
   // The global rank holding expert e for rank `rank`'s tokens: its EP group's member (e / (E / ep)).

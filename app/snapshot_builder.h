@@ -78,6 +78,7 @@ class SnapshotBuilder {
   void set_device_memory(int rank, int64_t used, int64_t total);  // -1: not a GPU
   // MoE runs: the routing the Session read while the run stood still (the Experts view).
   void set_experts(ExpertsView v) { snap_.experts = std::move(v); }
+  void set_experts_current(bool current) { snap_.experts.current = current; }
   // --cp runs: the chunks and ring passes the Session read while the run stood still (the Context view).
   void set_context(ContextView v) { snap_.context = std::move(v); }
   // Derives the shown collective, the data's owners and the pipeline's rows.

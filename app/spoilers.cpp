@@ -33,6 +33,12 @@ std::vector<std::string> views_drawing(const std::string& sig) {
   if (starts("pipeline")) return {"pipeline", "timeline"};
   // The tuning model's predictions: the busbw plot prints the crossovers, the inspector the why.
   if (starts("tune.")) return {"sweep", "inspector"};
+  // Mixture of experts: the Experts view draws each rank's routing (bars, capacity, drops, aux
+  // loss); the rows a rank's experts computed are also the columns of the dispatch's All-to-all
+  // matrix, which prints each pair's bytes and what each rank sends.
+  if (starts("moe.rows")) return {"experts", "alltoall"};
+  if (starts("moe.")) return {"experts"};
+  if (starts("alltoall.")) return {"alltoall"};
   // The calculator's figures: the Sizing view prints every one of them for its own settings.
   if (starts("sizing")) return {"sizing"};
   // An imported trace's panels (app/views/trace_view.cpp) print its collectives, arrivals and

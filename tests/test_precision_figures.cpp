@@ -6,6 +6,7 @@
 #include "app/figures.h"
 #include "app/snapshot.h"
 #include "engine/core/check.h"
+#include "tests/figure_util.h"
 
 using namespace dtlab;
 using namespace dtlab::app;
@@ -19,15 +20,6 @@ Event loss_scale_event(int32_t iteration, float scale, bool found, bool skipped)
   return e;
 }
 
-std::string eval_error(const std::string& text, const Snapshot& s) {
-  try {
-    Figure::parse(text).eval(FigureScope{&s, nullptr});
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST_SUITE("lessons") {
@@ -37,7 +29,7 @@ TEST_SUITE("lessons") {
     const FigureScope sc{&s, nullptr};
     auto eval = [&](const char* t) { return Figure::parse(t).eval(sc); };
     CHECK(eval("run.precision_bytes") == 4);
-    CHECK(eval_error("scaler.found_inf(0, 2)", s) == "scaler.found_inf(): this run has no loss scaler; train with --precision fp16");
+    CHECK(test::figure_error("scaler.found_inf(0, 2)", s) == "scaler.found_inf(): this run has no loss scaler; train with --precision fp16");
     s.config.precision = Precision::BF16;
     CHECK(eval("run.precision_bytes") == 2);
     s.memory.resize(2);
@@ -69,9 +61,9 @@ TEST_SUITE("lessons") {
     CHECK(eval("scaler.skipped(0, 3) + scaler.skipped(1, 3)") == 2);
     CHECK(eval("scaler.skipped(0, 2)") == 0);
     CHECK(eval("scaler.next_scale(1, 3)") == 16384);
-    CHECK(eval_error("scaler.skipped(0, 1)", s) ==
+    CHECK(test::figure_error("scaler.skipped(0, 1)", s) ==
           "scaler.skipped(): rank 0 has no loss-scale decision for iteration 1 (not run yet, or older than the last few iterations)");
-    CHECK(eval_error("scaler.skipped(2, 3)", s) == "scaler.skipped(): rank 2 does not exist (there are 2)");
+    CHECK(test::figure_error("scaler.skipped(2, 3)", s) == "scaler.skipped(): rank 2 does not exist (there are 2)");
   }
 }
 #endif  // DTLAB_HAVE_GUI
