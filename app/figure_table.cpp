@@ -248,6 +248,24 @@ const ExpertsView& experts(const Snapshot& s) {
   return s.experts;
 }
 
+// The Context view's chunks and ring passes (Session::read_context), read each time the world stands still.
+const ContextView& context(const Snapshot& s) {
+  if (!s.context.cp) throw_sentence("this run keeps every sample's sequence on each rank; start a GPT with --strategy ddp --world N --cp N");
+  if (!s.context.read) throw_sentence("the CP ranks' ring passes are read when the run stands still; step or pause it first");
+  return s.context;
+}
+
+// Rank R's latest ring pass of block L (its forward, or its backward once that ran): ring and zigzag only.
+const ContextPassView& cp_pass_of(const Snapshot& s, const Arg& r, const Arg& l) {
+  const ContextView& x = context(s);
+  if (x.layout == CpLayout::Ulysses)
+    throw_sentence("Ulysses runs attention whole over an all-to-all, with no ring steps; use --cp-layout ring or zigzag");
+  const ContextRankView& v = x.ranks[static_cast<size_t>(index_of(r, x.ranks.size(), "rank"))];
+  const ContextPassView& p = v.passes[static_cast<size_t>(index_of(l, v.passes.size(), "block"))];
+  if (!p.valid) throw_sentence("rank " + format_figure(r.num) + " ran no ring pass of block " + format_figure(l.num) + " yet; step into its attention first");
+  return p;
+}
+
 // Rank R's MoE block L (the GPT's block number) in its last forward.
 const ExpertsBlockView& moe_block(const Snapshot& s, const Arg& r, const Arg& l) {
   const ExpertsView& x = experts(s);
@@ -733,6 +751,27 @@ std::vector<Entry> moe_entries() {
   };
 }
 
+// Context parallelism: each CP rank's ring pass, running or last (the Context view)
+std::vector<Entry> cp_entries() {
+  return {
+    {"cp.pairs(R, L)", "nn", "causal (query, key) pairs rank R computed in block L's latest ring pass so far, per sample and head", [](S s, A a) {
+       const ContextPassView& v = cp_pass_of(s, a[0], a[1]);
+       int64_t n = 0;
+       for (int st = 0; st < v.steps_done; st++) n += v.pairs[static_cast<size_t>(st)];
+       return double(n); }},
+    {"cp.blocks(R, L)", "nn", "K/V blocks rank R computed in that pass so far: the ring steps with any pair under the causal mask", [](S s, A a) {
+       const ContextPassView& v = cp_pass_of(s, a[0], a[1]);
+       int n = 0;
+       for (int st = 0; st < v.steps_done; st++) n += v.pairs[static_cast<size_t>(st)] > 0;
+       return double(n); }},
+    {"cp.steps_done(R, L)", "nn", "ring steps that pass has computed (the CP degree once it is done)", [](S s, A a) { return double(cp_pass_of(s, a[0], a[1]).steps_done); }},
+    {"cp.sent(R, L, S)", "nnn", "bytes rank R sent after ring step S of that pass (forward: its K/V block; backward: K/V and dK/dV)", [](S s, A a) {
+       const ContextPassView& v = cp_pass_of(s, a[0], a[1]);
+       return double(v.sent_bytes[static_cast<size_t>(index_of(a[2], v.sent_bytes.size(), "ring step"))]); }},
+    {"cp.backward(R, L)", "nn", "1 when that pass is a backward one, 0 for a forward", [](S s, A a) { return cp_pass_of(s, a[0], a[1]).backward ? 1.0 : 0.0; }},
+  };
+}
+
 // The live pipeline run
 std::vector<Entry> pipeline_entries() {
   return {
@@ -810,7 +849,7 @@ const std::vector<Entry>& entries() {
     std::vector<Entry> t;
     for (auto section : {&run_entries, &collective_entries, &bucket_entries, &memory_entries, &history_entries, &precision_entries,
                          &data_entries, &unit_entries, &checkpoint_entries, &trace_entries, &traffic_entries,
-                         &moe_entries, &pipeline_entries, &formula_entries, &arithmetic_entries})
+                         &moe_entries, &cp_entries, &pipeline_entries, &formula_entries, &arithmetic_entries})
       for (Entry& e : section()) t.push_back(std::move(e));
     return t;
   }();

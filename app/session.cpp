@@ -252,15 +252,20 @@ bool Session::read_context(ContextView& v) const {
       v.groups.push_back(cp_group_ranks(trainer_->mesh(), v.degree, r));
       for (int m : v.groups.back()) placed[static_cast<size_t>(m)] = 1;
     }
-    const GptCore::CpPass* p = g->cp_block() >= 0 ? g->cp_pass(g->cp_block()) : nullptr;
-    if (!p) continue;
     out.block = g->cp_block();
-    out.backward = p->backward;
-    out.steps_done = p->steps_done;
-    out.held = p->held;
-    out.pairs = p->pairs;
-    out.sent_bytes = p->sent_bytes;
-    out.sending = p->sending;
+    for (int l = 0; l < static_cast<int>(config_.model.gpt.layers); l++) {
+      ContextPassView pv;
+      if (const GptCore::CpPass* p = g->cp_pass(l)) {
+        pv.valid = true;
+        pv.backward = p->backward;
+        pv.steps_done = p->steps_done;
+        pv.held = p->held;
+        pv.pairs = p->pairs;
+        pv.sent_bytes = p->sent_bytes;
+        pv.sending = p->sending;
+      }
+      out.passes.push_back(std::move(pv));
+    }
   }
   v.read = true;
   v.at_step = builder_.snapshot().step;

@@ -359,16 +359,24 @@ struct ExpertsView {
 // The Context view (--cp): each CP rank's share of the sequence and, for ring attention, the pass it
 // runs now or ran last (GptCore::cp_pass of GptCore::cp_block): per ring step whose K/V block it met
 // and the causal (query, key) pairs it computed. Read by the Session while the run stands still.
-struct ContextRankView {
-  int rank = 0;                        // world rank
-  std::vector<int64_t> positions;      // the positions it holds, in its order
-  int block = -1;                      // the GPT block of the pass (-1: none yet)
+struct ContextPassView {
+  bool valid = false;                  // false: no pass of this block yet
   bool backward = false;
   int steps_done = 0;                  // ring steps computed; the block in flight follows the last
   std::vector<int> held;               // per step: the CP rank whose K/V block it met
   std::vector<int64_t> pairs;          // per step: causal pairs per sample and head
   std::vector<int64_t> sent_bytes;     // per step: bytes it sent after the step
   bool sending = false;                // in (or held before) the sends after its last computed step
+};
+struct ContextRankView {
+  int rank = 0;                        // world rank
+  std::vector<int64_t> positions;      // the positions it holds, in its order
+  int block = -1;                      // the GPT block of the pass running now or last (-1: none yet)
+  std::vector<ContextPassView> passes; // per GPT block: its latest pass (forward, or backward once it ran)
+  const ContextPassView& pass() const {
+    static const ContextPassView none;
+    return block >= 0 && block < static_cast<int>(passes.size()) ? passes[static_cast<size_t>(block)] : none;
+  }
 };
 struct ContextView {
   bool cp = false;                     // the run splits the sequence (--cp > 1)

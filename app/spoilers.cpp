@@ -39,6 +39,8 @@ std::vector<std::string> views_drawing(const std::string& sig) {
   if (starts("moe.rows")) return {"experts", "alltoall"};
   if (starts("moe.")) return {"experts"};
   if (starts("alltoall.")) return {"alltoall"};
+  // Context parallelism: the Context view draws each rank's ring steps, pairs, blocks and sends.
+  if (starts("cp.")) return {"context"};
   // The calculator's figures: the Sizing view prints every one of them for its own settings.
   if (starts("sizing")) return {"sizing"};
   // An imported trace's panels (app/views/trace_view.cpp) print its collectives, arrivals and

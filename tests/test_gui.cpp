@@ -321,6 +321,15 @@ TEST_SUITE("gui") {
                             "--moe experts=4,top_k=2,capacity=1.25 --ep 2";
     CHECK(layout_clean(dir, "1280x720", run, script) == 4);
   }
+  // The Context view with a ring pass held at its send (zigzag: every cell has work), normal and presentation.
+  TEST_CASE("under Xvfb: the Context view of a --cp run fits at 1280x720") {
+    DTLAB_REQUIRE_XVFB();
+    test::TempDir dir;
+    const std::string views = "view context; check layout";
+    const std::string script = "step collective 4; " + views + "; presentation on; " + views;
+    const std::string run = "--strategy ddp --world 4 --model gpt:layers=2,heads=4,embd=32,ctx=16 --data text --cp 4 --cp-layout zigzag";
+    CHECK(layout_clean(dir, "1280x720", run, script) == 2);
+  }
   TEST_CASE("under Xvfb: layout gate at 1600x900: every view, normal and presentation, DDP, FSDP and a pipeline") {
     DTLAB_REQUIRE_XVFB();
     layout_gate("1600x900");

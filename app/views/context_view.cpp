@@ -88,13 +88,14 @@ void draw_context_view(const Snapshot& s, ViewContext& ctx) {
   const std::vector<int>* focus = s.stepper.focus_rank >= 0 ? x.group_of(s.stepper.focus_rank) : nullptr;
   const std::vector<int>& group = focus ? *focus : x.groups.front();
   const int c = static_cast<int>(group.size());
-  const ContextRankView& first = x.ranks[static_cast<size_t>(group.front())];
+  const ContextRankView& first_rank = x.ranks[static_cast<size_t>(group.front())];
+  const ContextPassView& first = first_rank.pass();
   std::string members;
   for (int m : group) members += (members.empty() ? "" : ",") + std::to_string(m);
   const bool ring = x.layout != CpLayout::Ulysses;
   std::string pass = "no pass yet";
-  if (ring && first.block >= 0)
-    pass = std::string("block ") + std::to_string(first.block) + (first.backward ? " backward" : " forward") + ", ring step " +
+  if (ring && first.valid)
+    pass = std::string("block ") + std::to_string(first_rank.block) + (first.backward ? " backward" : " forward") + ", ring step " +
            std::to_string(first.steps_done) + " of " + std::to_string(c) + (first.steps_done == c ? " (done)" : "");
   ImGui::TextWrapped("cp %d, %s layout, T %lld: ranks %s; %s; at step %lld", c, cp_layout_name(x.layout),
                      static_cast<long long>(x.ctx), members.c_str(), ring ? pass.c_str() : "attention by all-to-alls",
@@ -138,12 +139,13 @@ void draw_context_view(const Snapshot& s, ViewContext& ctx) {
   y += fs * 1.2f;
   std::vector<int64_t> totals(static_cast<size_t>(c), 0);
   for (int i = 0; i < c; i++)
-    for (int64_t p : x.ranks[static_cast<size_t>(group[static_cast<size_t>(i)])].pairs) totals[static_cast<size_t>(i)] += p;
+    for (int64_t p : x.ranks[static_cast<size_t>(group[static_cast<size_t>(i)])].pass().pairs) totals[static_cast<size_t>(i)] += p;
   const int64_t most = std::max<int64_t>(1, *std::max_element(totals.begin(), totals.end()));
   for (int i = 0; i < c; i++) {
-    const ContextRankView& r = x.ranks[static_cast<size_t>(group[static_cast<size_t>(i)])];
+    const ContextRankView& rv = x.ranks[static_cast<size_t>(group[static_cast<size_t>(i)])];
+    const ContextPassView& r = rv.pass();
     const float ry = y + cell * static_cast<float>(i);
-    dl->AddText(ImVec2(p0.x, ry + (cell - fs) / 2), kText, fit_text("rank " + std::to_string(r.rank), label_w).c_str());
+    dl->AddText(ImVec2(p0.x, ry + (cell - fs) / 2), kText, fit_text("rank " + std::to_string(rv.rank), label_w).c_str());
     int blocks = 0;
     for (int st = 0; st < c; st++) {
       const ImVec2 a(p0.x + label_w + cell * static_cast<float>(st) + 2, ry + 2), b(a.x + cell - 4, ry + cell - 4);
@@ -154,7 +156,7 @@ void draw_context_view(const Snapshot& s, ViewContext& ctx) {
       const int j = r.held[static_cast<size_t>(st)];
       const int holder = group[static_cast<size_t>(j)];
       const int64_t pairs = r.pairs[static_cast<size_t>(st)];
-      mask_cell(dl, a, b, r.positions, x.ranks[static_cast<size_t>(holder)].positions, rank_color(holder, world, done ? 0.9f : 0.25f));
+      mask_cell(dl, a, b, rv.positions, x.ranks[static_cast<size_t>(holder)].positions, rank_color(holder, world, done ? 0.9f : 0.25f));
       if (done && pairs > 0) blocks++;
       if (done && st == r.steps_done - 1 && r.steps_done < c) dl->AddRect(a, b, IM_COL32(255, 220, 90, 255), 0, 0, 3);  // the step just computed
       centered_text(dl, ImVec2((a.x + b.x) / 2, b.y - fs * 0.6f), pairs > 0 ? kText : kDim,
@@ -163,7 +165,7 @@ void draw_context_view(const Snapshot& s, ViewContext& ctx) {
     // The row's work: bar of its pairs over the busiest rank's.
     const float bx = p0.x + label_w + cell * static_cast<float>(c) + fs * 0.5f, bw = fs * 8.5f;
     const float fill = bw * static_cast<float>(totals[static_cast<size_t>(i)]) / static_cast<float>(most);
-    dl->AddRectFilled(ImVec2(bx, ry + cell * 0.3f), ImVec2(bx + fill, ry + cell * 0.7f), rank_color(r.rank, world));
+    dl->AddRectFilled(ImVec2(bx, ry + cell * 0.3f), ImVec2(bx + fill, ry + cell * 0.7f), rank_color(rv.rank, world));
     dl->AddRect(ImVec2(bx, ry + cell * 0.3f), ImVec2(bx + bw, ry + cell * 0.7f), with_alpha(kBoxEdge, 0.6f));
     dl->AddText(ImVec2(bx, ry + cell * 0.7f), kDim,
                 fit_text(std::to_string(blocks) + (blocks == 1 ? " block, " : " blocks, ") + std::to_string(totals[static_cast<size_t>(i)]) +
@@ -183,7 +185,7 @@ void draw_context_view(const Snapshot& s, ViewContext& ctx) {
     return ImVec2(centre.x + rad * std::cos(t), centre.y + rad * std::sin(t));
   };
   for (int i = 0; i < c; i++) {
-    const ContextRankView& r = x.ranks[static_cast<size_t>(group[static_cast<size_t>(i)])];
+    const ContextPassView& r = x.ranks[static_cast<size_t>(group[static_cast<size_t>(i)])].pass();
     if (!r.sending || r.steps_done < 1) continue;
     const int st = r.steps_done - 1, to = r.backward ? (i + c - 1) % c : (i + 1) % c;
     const int blk = r.held[static_cast<size_t>(st)];

@@ -99,6 +99,14 @@ class Communicator {
                             int64_t recv_count, int from, int recv_tag, DType dtype);
   // True when send_recv() is one operation of this backend (NCCL), not a send and a receive.
   virtual bool send_recv_fused() const { return false; }
+  // send_recv as one operation for the stepper too: a step of a ring where every rank sends to the
+  // next and receives from the previous at once (context parallelism's K/V blocks). As a send then a
+  // receive, each rank of a stepped ring would wait at its send for its peer, held at its own; the
+  // threads backend fuses the two into one gated job, as NCCL's send_recv is (this default).
+  virtual WorkPtr ring_send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf,
+                                 int64_t recv_count, int from, int recv_tag, DType dtype) {
+    return send_recv(send_buf, send_count, to, send_tag, recv_buf, recv_count, from, recv_tag, dtype);
+  }
 
   // float32 conveniences
   WorkPtr all_reduce(float* buf, int64_t count, ReduceOp op = ReduceOp::Sum,

@@ -292,6 +292,13 @@ class GroupComm : public Communicator {
                              recv_count, ranks_[static_cast<size_t>(from)], tag_ + 1 + recv_tag, dt);
   }
   bool send_recv_fused() const override { return parent_.send_recv_fused(); }
+  WorkPtr ring_send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf, int64_t recv_count,
+                         int from, int recv_tag, DType dt) override {
+    check_root(to);
+    check_root(from);
+    return parent_.ring_send_recv(send_buf, send_count, ranks_[static_cast<size_t>(to)], tag_ + 1 + send_tag, recv_buf,
+                                  recv_count, ranks_[static_cast<size_t>(from)], tag_ + 1 + recv_tag, dt);
+  }
 
  private:
   // float32 and the 16-bit dtypes (mixed-precision HYBRID_SHARD); copies also int64 (DDP all-gathers

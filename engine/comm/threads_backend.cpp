@@ -75,10 +75,10 @@ class RankComm : public QueuedCommunicator {
   ~RankComm() override { stop_worker(); }
   const char* backend_name() const override { return "threads"; }
   // One job, as NCCL's group: the stepper gates the send and the receive together, so the ranks of a
-  // ring (context parallelism's K/V steps) each waiting at theirs are released together; as a send
-  // then a receive, each would wait at its send for the peer held at its own.
-  WorkPtr send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf, int64_t recv_count, int from,
-                    int recv_tag, DType dt) override {
+  // ring (context parallelism's K/V steps) each waiting at theirs are released together. (send_recv
+  // stays a send and a receive: the pipeline's stepping releases a stage's receive with its action.)
+  WorkPtr ring_send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf, int64_t recv_count, int from,
+                         int recv_tag, DType dt) override {
     return fused_send_recv(send_buf, send_count, to, send_tag, recv_buf, recv_count, from, dt, recv_tag);
   }
 

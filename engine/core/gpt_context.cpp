@@ -23,7 +23,7 @@ int64_t GptCore::CpPass::total_pairs() const {
 }
 
 const GptCore::CpPass* GptCore::cp_pass(int l) const {
-  if (!s_.cp.ring() || l < r_.first_block() || l >= r_.end_block(s_)) return nullptr;
+  if (!s_.cp.ring() || l < r_.first_block() || l >= r_.end_block(s_) || local(l) >= cp_passes_.size()) return nullptr;
   const CpPass& p = cp_passes_[local(l)];
   return p.held.empty() ? nullptr : &p;
 }

@@ -3,7 +3,7 @@
 namespace dtlab {
 
 void GroupContextParallelComm::send_recv(void* recv, int from, const void* send, int to, int64_t n, DType dtype, int) {
-  group_.send_recv(send, n, to, 0, recv, n, from, 0, dtype)->wait();
+  group_.ring_send_recv(send, n, to, 0, recv, n, from, 0, dtype)->wait();
 }
 
 void GroupContextParallelComm::all_to_all(void* out, const void* in, int64_t count, DType dtype, int) {
