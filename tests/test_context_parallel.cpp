@@ -34,6 +34,7 @@ TrainConfig cp_config(int world, int cp, CpLayout layout, int64_t batch, int64_t
 TrainConfig reference(const TrainConfig& c, int64_t batch) {
   TrainConfig r = test::single_like(c, batch);
   r.cp = 1;
+  r.cp_layout = CpLayout::Ring;
   r.tp = 1;
   r.sequence_parallel = false;
   return r;
@@ -223,7 +224,9 @@ TEST_SUITE("context_parallel") {
   }
 
   TEST_CASE("context parallelism's refusals name what to do instead") {
-    TrainConfig c = cp_config(4, 3, CpLayout::Ring, 2);
+    TrainConfig c = cp_config(4, 1, CpLayout::Zigzag, 2);
+    CHECK(test::error_of(c) == "--cp-layout zigzag chooses how a context-parallel group splits attention; add --cp 2 or more");
+    c = cp_config(4, 3, CpLayout::Ring, 2);
     CHECK(test::error_of(c) ==
           "--cp 3 does not divide the 4 data-parallel ranks (--world); context-parallel groups are runs of --cp of them, so pick a --cp that divides 4");
     c = cp_config(4, 4, CpLayout::Zigzag, 2);

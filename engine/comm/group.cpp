@@ -286,18 +286,12 @@ class GroupComm : public Communicator {
   }
   WorkPtr send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf, int64_t recv_count,
                     int from, int recv_tag, DType dt) override {
-    check_root(to);
-    check_root(from);
-    return parent_.send_recv(send_buf, send_count, ranks_[static_cast<size_t>(to)], tag_ + 1 + send_tag, recv_buf,
-                             recv_count, ranks_[static_cast<size_t>(from)], tag_ + 1 + recv_tag, dt);
+    return parent_exchange(false, send_buf, send_count, to, send_tag, recv_buf, recv_count, from, recv_tag, dt);
   }
   bool send_recv_fused() const override { return parent_.send_recv_fused(); }
   WorkPtr ring_send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf, int64_t recv_count,
                          int from, int recv_tag, DType dt) override {
-    check_root(to);
-    check_root(from);
-    return parent_.ring_send_recv(send_buf, send_count, ranks_[static_cast<size_t>(to)], tag_ + 1 + send_tag, recv_buf,
-                                  recv_count, ranks_[static_cast<size_t>(from)], tag_ + 1 + recv_tag, dt);
+    return parent_exchange(true, send_buf, send_count, to, send_tag, recv_buf, recv_count, from, recv_tag, dt);
   }
 
  private:
@@ -451,6 +445,16 @@ class GroupComm : public Communicator {
       return dev_.accumulate(static_cast<float*>(acc), static_cast<const float*>(x), n, op == ReduceOp::Max);
     dev_.accumulate_half(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(x), n, op == ReduceOp::Max,
                          dt == DType::BF16 ? HalfFormat::BF16 : HalfFormat::FP16);
+  }
+
+  // A program's send_recv (or ring step) between group ranks: the parent's, in its ranks and tags.
+  WorkPtr parent_exchange(bool ring, const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf, int64_t recv_count,
+                          int from, int recv_tag, DType dt) {
+    check_root(to);
+    check_root(from);
+    const int gto = ranks_[static_cast<size_t>(to)], gfrom = ranks_[static_cast<size_t>(from)];
+    return ring ? parent_.ring_send_recv(send_buf, send_count, gto, tag_ + 1 + send_tag, recv_buf, recv_count, gfrom, tag_ + 1 + recv_tag, dt)
+                : parent_.send_recv(send_buf, send_count, gto, tag_ + 1 + send_tag, recv_buf, recv_count, gfrom, tag_ + 1 + recv_tag, dt);
   }
 
   // Sends are eager on every backend (see communicator.h), so send-then-receive never deadlocks.

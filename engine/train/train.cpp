@@ -183,6 +183,9 @@ void validate_expert_parallel(const TrainConfig& c) {
 
 // --cp against the model and the world (one sentence each); what it runs with is compose.cpp's.
 void validate_context_parallel(const TrainConfig& c) {
+  if (c.cp == 1 && c.cp_layout != CpLayout::Ring)
+    throw Error(std::string("--cp-layout ") + cp_layout_name(c.cp_layout) +
+                " chooses how a context-parallel group splits attention; add --cp 2 or more");
   if (c.cp == 1) return;
   const std::string cp = "--cp " + std::to_string(c.cp);
   if (c.cp < 1) throw Error(cp + " is not a group size; use 1 (off) or more");
