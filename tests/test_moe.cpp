@@ -13,6 +13,7 @@
 
 #include "engine/core/gpt.h"
 #include "engine/core/ops.h"
+#include "engine/parallel/tensor_parallel.h"
 #include "engine/train/train.h"
 #include "tests/test_util.h"
 #include "tests/train_util.h"
@@ -42,6 +43,89 @@ double moe_loss(Model& m, const std::vector<int64_t>& idx, const std::vector<int
 }  // namespace
 
 TEST_SUITE("moe") {
+  TEST_CASE("moe with tensor and context parallelism: each rank routes its own positions, and the run equals ddp without them") {
+    // Megatron-core trains an MoE layer tensor-parallel only with sequence parallelism: each TP rank
+    // routes its own positions to whole experts, whose gradients (and the router's) are summed over
+    // the TP group; under CP each rank routes its positions too. The aux loss's counts are the TP and
+    // CP group's (tokens_per_expert over tp_cp). Dropless, with a large aux coefficient so that its
+    // gradient weighs in the router's; SGD with momentum, every parameter within 1e-5 of DDP's.
+    auto config = [](const char* strategy, int world) {
+      TrainConfig c = test::demo_config(strategy, world, 4, 3);
+      c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=8");
+      c.data = "text";
+      c.moe = MoeSpec::parse("experts=4,top_k=2,aux=0.5");
+      c.optimizer = default_optimizer_config(OptimizerKind::SGD);
+      c.optimizer.lr = 0.05;
+      c.optimizer.momentum = 0.9;
+      return c;
+    };
+    Trainer ref(config("ddp", 2));  // two replicas of 4 samples a step
+    const TrainSummary rs = ref.run();
+    struct Case {
+      const char* strategy;
+      int world, tp, cp, ep;
+    };
+    std::vector<Case> cases = {{"ddp", 4, 2, 1, 1}, {"ddp", 4, 1, 2, 1}};
+    if (!test::quick()) cases.insert(cases.end(), {{"fsdp", 4, 2, 1, 1}, {"ddp", 4, 1, 2, 2}, {"ddp", 8, 2, 2, 1}});
+    for (const Case& k : cases) {
+      const std::string strategy = k.strategy;
+      CAPTURE(strategy);
+      CAPTURE(k.tp);
+      CAPTURE(k.cp);
+      CAPTURE(k.ep);
+      TrainConfig c = config(k.strategy, k.world);
+      c.tp = k.tp;
+      c.sequence_parallel = k.tp > 1;
+      c.cp = k.cp;
+      c.ep = k.ep;
+      Trainer t(c);
+      const TrainSummary s = t.run();
+      CHECK(s.steps == 3);
+      CHECK(test::max_abs_diff(t.result_model(), ref.result_model()) < 1e-5);
+      CHECK(std::abs(s.eval_loss - rs.eval_loss) < 1e-5);
+    }
+    // Every TP collective of an iteration, in order and with its bytes (one replica of 2 ranks, its
+    // blocks recomputed): an MoE block's forward sums the router's counts and probabilities (2E floats)
+    // instead of gathering ln_2's positions; its backward sums each expert's gradients and the router's.
+    TrainConfig c = config("ddp", 2);
+    c.tp = 2;
+    c.sequence_parallel = true;
+    c.activation_checkpointing = true;
+    c.moe = MoeSpec::parse("experts=4,top_k=2,every=2");
+    Trainer t(c);
+    t.run();
+    const GptSpec& g = t.model().spec().gpt;
+    const std::vector<TpCollective> want = gpt_tp_collectives(g, GptRange::all(g), TensorParallelSpec{2, 0, true}, c.batch, true);
+    CHECK(std::count_if(want.begin(), want.end(), [](const TpCollective& w) { return w.bytes == 2 * 4 * 4; }) == 2);  // forward, recompute
+    for (int rank = 0; rank < 2; rank++) {
+      CAPTURE(rank);
+      const std::vector<Event> events = t.recorder().events(rank);
+      std::vector<const Event*> got;
+      for (const Event& e : events)
+        if (e.kind == EventKind::Collective && e.iteration == 1 && e.coll.dtype == DType::F32) got.push_back(&e);
+      REQUIRE(got.size() == want.size() + 1);  // then the step's 4 figures
+      for (size_t i = 0; i < want.size(); i++) {
+        CAPTURE(i);
+        CAPTURE(want[i].what);
+        CHECK(got[i]->coll.op == want[i].op);
+        CHECK(got[i]->coll.bytes == want[i].bytes);
+      }
+      // Each TP rank routed its own half of the 4 x 8 positions.
+      const GptCore::MoeRouting* r = t.rank_model(rank).gpt()->moe_routing(0);
+      REQUIRE(r != nullptr);
+      CHECK(r->tokens == 16);
+    }
+    // Megatron's refusal, and the fix it names.
+    c.sequence_parallel = false;
+    CHECK(test::error_of(c) ==
+          "--moe with --tp and no --sequence-parallel: Megatron-core's MoELayer refuses to train tensor-parallel without sequence "
+          "parallelism (each TP rank routes its own positions to whole experts); add --sequence-parallel");
+    c.sequence_parallel = true;
+    c.world_size = 4;
+    c.ep = 2;
+    CHECK(test::error_of(c).rfind("--ep with --tp: not built yet", 0) == 0);
+  }
+
   TEST_CASE("moe specs: Megatron's options in one flag, and one sentence for each mistake") {
     const MoeSpec m = MoeSpec::parse("experts=8,top_k=2,capacity=1.25,every=2,aux=0.001");
     CHECK(m.experts == 8);

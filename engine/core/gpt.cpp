@@ -27,13 +27,15 @@ GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, Gp
               "a GPT tensor-parallel shard needs heads (and, sequence parallel, ctx) divisible by its degree");
   DTLAB_CHECK(r_.first >= 0 && r_.end <= spec.layers + 2 && r_.first_block() < r_.end_block(spec),
               "a GPT stage holds at least one block");
-  DTLAB_CHECK(!spec.moe.on() || tp.degree == 1, "a GPT with MoE blocks runs without tensor parallelism");
+  // (Megatron-core's MoELayer refuses to train tensor-parallel without sequence parallelism: each TP rank
+  // then routes its own positions to whole experts.)
+  DTLAB_CHECK(!spec.moe.on() || tp.degree == 1 || sp(), "a tensor-parallel GPT with MoE blocks needs sequence parallelism");
   if (spec.cp.on()) {
     const int64_t c = spec.cp.degree, chunks = spec.cp.layout == CpLayout::Zigzag ? 2 * c : c;
     DTLAB_CHECK(spec.cp.rank >= 0 && spec.cp.rank < c && spec.ctx % chunks == 0 && (!sp() || (spec.ctx / c) % tp.degree == 0),
                 "a context-parallel GPT needs ctx divisible by its chunks (and its T/c by tp under sequence parallelism)");
     DTLAB_CHECK(spec.cp.layout != CpLayout::Ulysses || (spec.heads / tp.degree) % c == 0, "Ulysses needs the heads divisible by cp");
-    DTLAB_CHECK(!spec.moe.on() && r_.whole(spec), "a context-parallel GPT is a whole model without MoE blocks");
+    DTLAB_CHECK(r_.whole(spec), "a context-parallel GPT is a whole model");
     for (int64_t r = 0; r < c; r++) cp_pos_.push_back(spec.cp.positions_of(r, spec.ctx));
   }
   using P = GptParamIndex;
@@ -121,7 +123,7 @@ void GptCore::release() {
   routes_.clear();
   moe_stats_.clear();
   for (Tensor* t : {&cp_a_, &cp_b_, &cp_c_, &cp_d_, &cp_y_, &moe_dx_, &encoded_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dbuf_, &dqkv_, &dfch_, &datt_, &full_, &perm_,
-                    &dfull_, &dloc_, &lnf_full_, &dlogits_local_, &part_, &wte_part_, &dlogits_kept_, &lora_t_, &lora_u_,
+                    &dfull_, &dloc_, &lnf_full_, &dlogits_local_, &part_, &wte_part_, &moe_part_, &dlogits_kept_, &lora_t_, &lora_u_,
                     &lora_dx_, &lora_part_, &tokens_, &logits32_, &dlogits16_})
     *t = Tensor();
   douts_.clear();
@@ -150,8 +152,9 @@ void GptCore::ensure(int64_t B) {
   cp_lse_.clear();
   cp_qkv_.clear();
   for (auto* v : {&moe_logits_, &moe_x_, &moe_y_}) v->clear();
-  // MoE blocks: their experts' rows are the (token, expert) pairs, B x T x K at most.
-  const int64_t E = s_.moe.experts, N = BT * s_.moe.top_k;
+  // MoE blocks: their experts' rows are the (token, expert) pairs, R x K at most (the router sees this
+  // rank's residual rows: its positions under sequence parallelism).
+  const int64_t E = s_.moe.experts, N = R * s_.moe.top_k;
   bool any_moe = false, any_dense = false;
   for (int l = r_.first_block(); l < r_.end_block(s_); l++) (moe_block(l) ? any_moe : any_dense) = true;
   for (int64_t l = 0; l < L; l++) {
@@ -179,10 +182,12 @@ void GptCore::ensure(int64_t B) {
     ln2_.push_back(act({R, C}));
     ln2_mean_.push_back(stat({R}));
     ln2_rstd_.push_back(stat({R}));
-    const int64_t rows = std::max(d ? BT : 0, m ? N : 0);
-    fch_.push_back(act({rows, 4 * Ct}));
-    fch_gelu_.push_back(act({rows, 4 * Ct}));
-    moe_logits_.push_back(m ? act({BT, E}) : Tensor());
+    // c_fc's output: this rank's 4C/t columns of every row, or each routed pair's whole expert (4C);
+    // in elements, x 4.
+    const int64_t hidden = std::max(d ? BT * Ct : 0, m ? N * C : 0);
+    fch_.push_back(act({hidden, 4}));
+    fch_gelu_.push_back(act({hidden, 4}));
+    moe_logits_.push_back(m ? act({R, E}) : Tensor());
     moe_x_.push_back(m ? act({N, C}) : Tensor());
     moe_y_.push_back(m ? act({N, C}) : Tensor());
   }
@@ -202,7 +207,7 @@ void GptCore::ensure(int64_t B) {
   dres_ = act({R, C});
   dbuf_ = act({BT, C});
   dqkv_ = act({BT, 3 * Ct});
-  dfch_ = act({any_moe ? std::max(BT, N) : BT, 4 * Ct});
+  dfch_ = act({any_moe ? std::max(BT * Ct, N * C) : BT * Ct, 4});
   datt_ = stat({Tw, Tw});
   // Context parallelism's travelling blocks (ring: K/V and dK/dV, (B, T/c, 2C/t) each, twice) or
   // all-to-all buffers (Ulysses: (B, T/c, 3C/t) each way, and the head split's output (B, T, C/tc)).
@@ -227,6 +232,9 @@ void GptCore::ensure(int64_t B) {
     dloc_ = act({R, C});
     auto scratch = [&](int64_t n) { return Tensor({n}, MemCategory::Gradients, tracker_, adt_, dev_); };
     part_ = scratch(std::max(r_.embeds() ? Tw * C : 0, 2 * C));
+    // An MoE block's router and experts are whole on every TP rank and saw its positions: their
+    // gradients are summed over the group, the router's and each expert's in turn.
+    moe_part_ = any_moe ? scratch(std::max(E * C, 8 * C * C + 5 * C)) : Tensor();
     if (r_.heads(s_)) {
       lnf_full_ = act({BT, C});
       dlogits_local_ = act({R, s_.vocab});
@@ -290,8 +298,9 @@ double GptCore::layer_flops(int layer, int64_t B) const {
   // causal half, 2 x 2 x B x T x T/2 x C. A TP shard does 1/t of both.
   const double t = tp_.degree;
   if (moe_block(layer - 1)) {  // c_attn, c_proj and attention; the router; each token's K experts (before drops)
+    // (Under TP, sequence parallel: 1/t of the heads, and the router and experts on 1/t of the positions.)
     const double E = static_cast<double>(s_.moe.experts), K = static_cast<double>(s_.moe.top_k);
-    return 2.0 * BT * 4.0 * C * C + 2.0 * BT * T * C + 2.0 * BT * C * E + 2.0 * BT * K * 8.0 * C * C + 16.0 * BT * C;
+    return (2.0 * BT * 4.0 * C * C + 2.0 * BT * T * C + 2.0 * BT * C * E + 2.0 * BT * K * 8.0 * C * C + 16.0 * BT * C) / t;
   }
   return (2.0 * BT * 12.0 * C * C + 2.0 * BT * T * C) / t + 16.0 * BT * C;
 }
@@ -370,14 +379,52 @@ void GptCore::route(MoeRoute& rt, MoeRouting& st, const float* logits, int64_t B
   for (int64_t i = 0; i < BT * K; i++)
     if (rt.kept[static_cast<size_t>(i)]) rt.row[static_cast<size_t>(fill[static_cast<size_t>(rt.expert[static_cast<size_t>(i)])]++)] = static_cast<int32_t>(i);
   // Switch's load-balancing loss (switch_load_balancing_loss_func): E x A / (K x T^2) x sum_e P_e x f_e,
-  // P_e the router probabilities summed over the tokens, f_e the tokens routed before capacity.
-  double sum = 0;
+  // P_e the router probabilities summed over the tokens, f_e the tokens routed before capacity. Under
+  // TP (sequence parallel) and CP each rank routes its own positions: moe_group_sums() makes f_e and
+  // T the group's (Megatron's tp_cp group), as the same model on one rank counts them.
+  rt.prob_sum.assign(static_cast<size_t>(E), 0.0);
+  rt.group_routed.assign(static_cast<size_t>(E), 0.0);
   for (int64_t e = 0; e < E; e++) {
     double pe = 0;
     for (int64_t t = 0; t < BT; t++) pe += rt.scores[static_cast<size_t>(t * E + e)];
-    sum += pe * static_cast<double>(st.routed[static_cast<size_t>(e)]);
+    rt.prob_sum[static_cast<size_t>(e)] = pe;
+    rt.group_routed[static_cast<size_t>(e)] = static_cast<double>(st.routed[static_cast<size_t>(e)]);
   }
-  st.aux_loss = sum * static_cast<double>(E) * s_.moe.aux / (static_cast<double>(K) * static_cast<double>(BT) * static_cast<double>(BT));
+  rt.group_tokens = static_cast<double>(BT);
+  st.aux_loss = aux_loss_of(rt, rt.prob_sum);
+}
+
+double GptCore::aux_loss_of(const MoeRoute& rt, const std::vector<double>& prob_sum) const {
+  const double E = static_cast<double>(s_.moe.experts), K = static_cast<double>(s_.moe.top_k), T = rt.group_tokens;
+  double sum = 0;
+  for (size_t e = 0; e < prob_sum.size(); e++) sum += prob_sum[e] * rt.group_routed[e];
+  return sum * E * s_.moe.aux / (K * T * T);
+}
+
+void GptCore::moe_group_sums(MoeRoute& rt, MoeRouting& st, int layer) {
+  // One all-reduce of 2E floats over the TP group, then one over the CP group: each expert's routed
+  // tokens (the aux loss's f_e, which its gradient uses) and router probabilities (its value).
+  const int64_t E = s_.moe.experts;
+  std::vector<float> v(static_cast<size_t>(2 * E));
+  for (int64_t e = 0; e < E; e++) {
+    v[static_cast<size_t>(e)] = static_cast<float>(st.routed[static_cast<size_t>(e)]);
+    v[static_cast<size_t>(E + e)] = static_cast<float>(rt.prob_sum[static_cast<size_t>(e)]);
+  }
+  Tensor buf({2 * E}, MemCategory::Other, nullptr, DType::F32, dev_);
+  dev_.upload(buf.raw(), v.data(), 2 * E * static_cast<int64_t>(sizeof(float)));
+  if (tp()) comm_->all_reduce(buf.raw(), 2 * E, DType::F32, layer);
+  if (cp()) {
+    DTLAB_CHECK(cp_comm_ != nullptr, "a context-parallel GPT runs only after set_cp_comm()");
+    cp_comm_->all_reduce(buf.raw(), 2 * E, DType::F32, layer);
+  }
+  dev_.download(v.data(), buf.raw(), 2 * E * static_cast<int64_t>(sizeof(float)));
+  std::vector<double> probs(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; e++) {
+    rt.group_routed[static_cast<size_t>(e)] = v[static_cast<size_t>(e)];
+    probs[static_cast<size_t>(e)] = v[static_cast<size_t>(E + e)];
+  }
+  rt.group_tokens *= static_cast<double>(tp_.degree * s_.cp.degree);
+  st.aux_loss = aux_loss_of(rt, probs);
 }
 
 std::vector<int64_t> GptCore::send_rows(const MoeRoute& rt) const {
@@ -413,12 +460,13 @@ void GptCore::regroup(void* dst, const void* src, const MoeRoute& rt, int64_t wi
 }
 
 const void* GptCore::moe_forward(std::vector<Parameter>& p, int l, const void* a) {
-  const int64_t BT = B_ * seq_rows(), C = s_.embd, E = s_.moe.experts, K = s_.moe.top_k, El = s_.moe.local_experts();
+  const int64_t BT = residual_rows(B_), C = s_.embd, E = s_.moe.experts, K = s_.moe.top_k, El = s_.moe.local_experts();
   const size_t k = slot(l);
   MoeRoute& rt = routes_[k];
   void* logits = moe_logits_[k].raw();
   dev_.linear_forward(wr(logits, BT * E), rd(a, BT * C), pw(p[static_cast<size_t>(pr(l))]), nullptr, BT, C, E);  // the router
   route(rt, moe_stats_[local(l)], rd(logits, BT * E), BT);
+  if (tp() || cp()) moe_group_sums(rt, moe_stats_[local(l)], 1 + l);
   if (!recomputing_) {
     const MoeRouting& st = moe_stats_[local(l)];
     const double mean = static_cast<double>(BT * K) / static_cast<double>(E);
@@ -511,10 +559,9 @@ const void* GptCore::moe_forward(std::vector<Parameter>& p, int l, const void* a
 
 void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, const void* dout, const std::function<void(int)>& ready) {
   using P = GptParamIndex;
-  const int64_t BT = B_ * seq_rows(), C = s_.embd, E = s_.moe.experts, K = s_.moe.top_k;
+  const int64_t BT = residual_rows(B_), C = s_.embd, E = s_.moe.experts, K = s_.moe.top_k;
   const size_t k = slot(l);
   MoeRoute& rt = routes_[k];
-  const MoeRouting& st = moe_stats_[local(l)];
   const int64_t rows = static_cast<int64_t>(rt.row.size());
   void* y = moe_y_[k].raw();
   // d prob for each kept pair (dout . its expert's output), then y's buffer takes prob x dout.
@@ -568,18 +615,34 @@ void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, cons
     dh = dh_big.raw();
   }
   auto grad = [&](int i) { return &p[static_cast<size_t>(i)]; };
+  const int layer = 1 + l;
+  // Under TP (sequence parallel) the router and the experts are whole on every rank of the group and
+  // saw its positions only: each one's gradient is computed apart and summed over the group (as the
+  // LayerNorms' are; Megatron reduces them over the expert-data-parallel group, which holds the TP ranks).
+  const bool frozen_experts = half() ? !p[static_cast<size_t>(pr(l))].grad16 : !p[static_cast<size_t>(pr(l))].grad;  // (LoRA)
+  const bool summed = tp() && !frozen_experts;
   for (int64_t e = s_.moe.local_experts() - 1; e >= 0; e--) {  // from the last: c_proj, GELU, c_fc
     const int64_t r0 = rt.eoff[static_cast<size_t>(e)], n = rt.eoff[static_cast<size_t>(e + 1)] - r0;
     const int ie = static_cast<int>(e);
+    const Parameter* g[4] = {grad(pe(l, ie, P::ExProjW)), grad(pe(l, ie, P::ExProjB)), grad(pe(l, ie, P::ExFcW)), grad(pe(l, ie, P::ExFcB))};
+    void* part = moe_part_.raw();  // under TP: c_proj's weight and bias, then c_fc's
+    const int64_t len[4] = {4 * C * C, C, 4 * C * C, 4 * C};
+    if (summed) dev_.fill_zero(part, (8 * C * C + 5 * C) * esz());
+    auto into = [&](int j) -> F32 {
+      if (!summed) return pg(g[j]);
+      int64_t off = 0;
+      for (int i = 0; i < j; i++) off += len[i];
+      return acc(at(part, off), len[j]);
+    };
     if (n > 0) {
       const Parameter& wp = p[static_cast<size_t>(pe(l, ie, P::ExProjW))];
       const Parameter& wf = p[static_cast<size_t>(pe(l, ie, P::ExFcW))];
-      dev_.linear_backward(wr(dh, n * 4 * C), pg(grad(pe(l, ie, P::ExProjW))), pg(grad(pe(l, ie, P::ExProjB))), rd(at(dyr, r0 * C), n * C),
-                           rd(at(gr, r0 * 4 * C), n * 4 * C), pw(wp), n, 4 * C, C);
+      dev_.linear_backward(wr(dh, n * 4 * C), into(0), into(1), rd(at(dyr, r0 * C), n * C), rd(at(gr, r0 * 4 * C), n * 4 * C), pw(wp), n,
+                           4 * C, C);
       dev_.gelu_backward(wr(dh, n * 4 * C), rd(dh, n * 4 * C), rd(at(hr, r0 * 4 * C), n * 4 * C), n * 4 * C);
-      dev_.linear_backward(wr(at(dxr, r0 * C), n * C), pg(grad(pe(l, ie, P::ExFcW))), pg(grad(pe(l, ie, P::ExFcB))), rd(dh, n * 4 * C),
-                           rd(at(xr, r0 * C), n * C), pw(wf), n, C, 4 * C);
+      dev_.linear_backward(wr(at(dxr, r0 * C), n * C), into(2), into(3), rd(dh, n * 4 * C), rd(at(xr, r0 * C), n * C), pw(wf), n, C, 4 * C);
     }
+    if (summed) add_group_sum(part, layer, {{g[0], len[0]}, {g[1], len[1]}, {g[2], len[2]}, {g[3], len[3]}});
     if (ready) {  // (an expert no token reached has a zero gradient, final too)
       for (P::Expert j : {P::ExProjB, P::ExProjW, P::ExFcB, P::ExFcW}) ready(pe(l, ie, j));
     }
@@ -590,9 +653,12 @@ void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, cons
   }
   // The router's logits' gradient: the top-k softmax's (a dropped pair's probability was masked, so
   // its gradient is zero), plus the aux loss's through the softmax over all experts.
+  // The aux loss's f_e and token count are the TP and CP group's (moe_group_sums). Each CP rank's
+  // gradient is its share of the group's, which the data-parallel average over dp x cp divides by cp
+  // (the cross-entropy's is its positions' mean, cp times its share): it is multiplied back here.
   std::vector<float> dz(static_cast<size_t>(BT * E), 0.0f);
-  const double coef = static_cast<double>(E) * s_.moe.aux / (static_cast<double>(K) * static_cast<double>(BT) * static_cast<double>(BT)) *
-                      static_cast<double>(aux_grad_scale_);
+  const double coef = static_cast<double>(E) * s_.moe.aux / (static_cast<double>(K) * rt.group_tokens * rt.group_tokens) *
+                      static_cast<double>(aux_grad_scale_) * static_cast<double>(s_.cp.degree);
   for (int64_t t = 0; t < BT; t++) {
     float* dzt = dz.data() + t * E;
     double dot = 0;
@@ -608,9 +674,8 @@ void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, cons
     if (s_.moe.aux > 0) {
       const float* sc = rt.scores.data() + t * E;
       double sg = 0;
-      for (int64_t e = 0; e < E; e++) sg += static_cast<double>(sc[e]) * coef * static_cast<double>(st.routed[static_cast<size_t>(e)]);
-      for (int64_t e = 0; e < E; e++)
-        dzt[e] += static_cast<float>(sc[e] * (coef * static_cast<double>(st.routed[static_cast<size_t>(e)]) - sg));
+      for (int64_t e = 0; e < E; e++) sg += static_cast<double>(sc[e]) * coef * rt.group_routed[static_cast<size_t>(e)];
+      for (int64_t e = 0; e < E; e++) dzt[e] += static_cast<float>(sc[e] * (coef * rt.group_routed[static_cast<size_t>(e)] - sg));
     }
   }
   void* dlog = moe_logits_[k].raw();  // (the logits are spent: their buffer takes their gradient)
@@ -630,7 +695,14 @@ void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, cons
       for (int64_t c = 0; c < C; c++) dst[c] += src[c];
     }
   }
-  dev_.linear_backward(wr(dx, BT * C), pg(grad(pr(l))), nullptr, rd(dlog, BT * E), rd(a, BT * C), pw(p[static_cast<size_t>(pr(l))]), BT, C, E);
+  if (summed) {
+    void* part = moe_part_.raw();
+    dev_.fill_zero(part, E * C * esz());
+    dev_.linear_backward(wr(dx, BT * C), acc(part, E * C), nullptr, rd(dlog, BT * E), rd(a, BT * C), pw(p[static_cast<size_t>(pr(l))]), BT, C, E);
+    add_group_sum(part, layer, {{grad(pr(l)), E * C}});
+  } else {
+    dev_.linear_backward(wr(dx, BT * C), pg(grad(pr(l))), nullptr, rd(dlog, BT * E), rd(a, BT * C), pw(p[static_cast<size_t>(pr(l))]), BT, C, E);
+  }
   dev_.accumulate(acc(da, BT * C), rd(dx, BT * C), BT * C, false);
   if (ready) ready(pr(l));
 }
@@ -650,7 +722,7 @@ OpCost GptCore::layer_cost(int layer, int64_t B) const {
     // (K rows each way), and each token's K experts' c_fc, GELU and c_proj as a dense block's MLP;
     // the weights: attention's 4C^2, the router's EC and every expert's 8C^2 (one pass reads them all).
     const double E = static_cast<double>(s_.moe.experts), K = static_cast<double>(s_.moe.top_k);
-    elems = BT * C * (14 + 6) + BT * (C + E) + K * BT * C * (18 + 4) + 4 * C * C + E * C + E * 8 * C * C +
+    elems = (BT * C * (14 + 6) + BT * (C + E) + K * BT * C * (18 + 4) + 4 * C * C) / t + E * C + E * 8 * C * C +
             4 * static_cast<double>(B) * H * T * T;
   } else {
     elems = BT * C * (14 + 24 / t) + 12 * C * C / t + 4 * static_cast<double>(B) * H * T * T;
@@ -773,10 +845,10 @@ void GptCore::block_forward(std::vector<Parameter>& p, int l, const void* x) {
   void* r2 = res2_[k].raw();
   dev_.add(wr(r2, R * C), rd(x, R * C), rd(proj, R * C), R * C);
   dev_.layernorm_forward(wr(ln2_[k]), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), rd(r2, R * C), pw(w(P::Ln2W)), pw(w(P::Ln2B)), R, C);
-  a = sp() ? seq_gather(full_.raw(), ln2_[k].raw(), C, layer) : ln2_[k].raw();
   if (moe_block(l)) {
-    proj = moe_forward(p, l, a);
+    proj = moe_forward(p, l, ln2_[k].raw());  // (sequence parallel: this rank's positions, whole experts)
   } else {
+    a = sp() ? seq_gather(full_.raw(), ln2_[k].raw(), C, layer) : ln2_[k].raw();
     dev_.linear_forward(wr(fch_[k].raw(), BT * 4 * Ct), rd(a, BT * C), pw(w(P::FcW)), pw(w(P::FcB)), BT, C, 4 * Ct);
     dev_.gelu_forward(wr(fch_gelu_[k].raw(), BT * 4 * Ct), rd(fch_[k].raw(), BT * 4 * Ct), BT * 4 * Ct);
     proj = row_parallel(fch_gelu_[k].raw(), w(P::FcProjW), w(P::FcProjB), 4 * Ct, layer);
@@ -959,14 +1031,15 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
     };
     void* dfch = dfch_.raw();
     std::array<Tensor, 4>* kept = input_only ? &douts_[u] : nullptr;  // mlp.c_proj, c_fc, attn.c_proj, c_attn
-    const void* dy = sp() ? seq_gather(dfull_.raw(), dres, C, layer) : dres;  // g's backward
+    const void* dy = nullptr;
     const void* a = nullptr;
     const void* dln = nullptr;
     if (moe_block(l)) {  // (ZB's I computes the experts' and the router's gradients too: W is left the attention)
-      a = ln2_[k].raw();  // (no sequence parallelism with MoE)
-      moe_backward(p, l, a, dy, [&](int i) { done({i}); });
+      a = ln2_[k].raw();  // (sequence parallel: this rank's positions, as in the forward)
+      moe_backward(p, l, a, dres, [&](int i) { done({i}); });
       dln = dbuf;
     } else {
+      dy = sp() ? seq_gather(dfull_.raw(), dres, C, layer) : dres;  // g's backward
       dev_.linear_backward(wr(dfch, BT * 4 * Ct), pg(lg(pi(l, P::FcProjW))), pg(sp() ? nullptr : lg(pi(l, P::FcProjB))), rd(dy, BT * C),
                            rd(fch_gelu_[k].raw(), BT * 4 * Ct), pw(w(pi(l, P::FcProjW))), BT, 4 * Ct, C);
       if (kept && !frozen()) keep((*kept)[0], dy, BT * C);  // (under LoRA W needs c_attn's alone)

@@ -274,6 +274,11 @@ class GptCore {
     std::vector<float> prob;       // (BT, K): softmax over the K chosen logits
     std::vector<uint8_t> kept;     // (BT, K): within the expert's capacity
     std::vector<float> scores;     // (BT, E): softmax over all logits (the aux loss's P)
+    std::vector<double> prob_sum;  // E: this rank's scores summed over its tokens
+    // The aux loss's f_e (tokens routed to each expert before capacity) and token count: this rank's,
+    // or under TP and CP the group's (moe_group_sums).
+    std::vector<double> group_routed;
+    double group_tokens = 0;
     std::vector<int64_t> offset;   // E + 1: each expert's first row in the permuted buffers
     std::vector<int32_t> row;      // per permuted row: t x K + k
     // Expert parallelism: rows from each group rank for each of this rank's experts ((ep, E/ep),
@@ -295,9 +300,13 @@ class GptCore {
   bool moe_block(int l) const { return s_.moe.in_block(l); }
   // The router and the dispatch: logits, top-k, softmax, capacity, the aux loss, the permutation.
   void route(MoeRoute& rt, MoeRouting& stats, const float* logits, int64_t BT);
-  // Block l's MoE MLP on `a` (BT x C, ln_2's output) into dbuf_ (BT x C).
+  double aux_loss_of(const MoeRoute& rt, const std::vector<double>& prob_sum) const;
+  // Under TP and CP: the routed counts and router probabilities summed over the groups (Megatron's
+  // tokens_per_expert over the tp_cp group), and the block's aux loss from them.
+  void moe_group_sums(MoeRoute& rt, MoeRouting& stats, int layer);
+  // Block l's MoE MLP on `a` (R x C: ln_2's output, this rank's residual rows) into dbuf_ (R x C).
   const void* moe_forward(std::vector<Parameter>& p, int l, const void* a);
-  // Its backward: dout (BT x C) in, the gradient of `a` into dbuf_ (BT x C); the experts' and the
+  // Its backward: dout (R x C) in, the gradient of `a` into dbuf_ (R x C); the experts' and the
   // router's gradients accumulate (and are reported to `ready`, experts from the last, then the router).
   void moe_backward(std::vector<Parameter>& p, int l, const void* a, const void* dout, const std::function<void(int)>& ready);
   int pr(int l) const { return pi(l, GptParamIndex::Ln2B) + 1; }  // the router's index
@@ -420,7 +429,7 @@ class GptCore {
   // (t, B, T/t, C), a gathered output gradient, this rank's rows of a sum, ln_f's gathered output,
   // this rank's rows of dlogits, and the partial parameter gradients (wte's kept from the head to the
   // embedding).
-  Tensor full_, perm_, dfull_, dloc_, lnf_full_, dlogits_local_, part_, wte_part_;
+  Tensor full_, perm_, dfull_, dloc_, lnf_full_, dlogits_local_, part_, wte_part_, moe_part_;
   // LoRA: x A^T and its gradient (2 x B*T x r), the scaled output (or its gradient), B*T x 3C/t, the
   // adapter's input gradient (B*T x C), and A's partial gradient under TP (r x C).
   Tensor lora_t_, lora_u_, lora_dx_, lora_part_;

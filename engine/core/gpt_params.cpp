@@ -232,7 +232,7 @@ std::vector<Parameter> gpt_parameters(const GptSpec& s, int tp) {
     add(h + "attn.c_proj.bias", {C});
     add(h + "ln_2.weight", {C});
     add(h + "ln_2.bias", {C});
-    if (s.moe.in_block(l)) {  // the router, then each expert's MLP (whole: MoE refuses --tp)
+    if (s.moe.in_block(l)) {  // the router, then each expert's MLP (whole on every TP rank: each routes its own positions)
       add(h + "mlp.router.weight", {s.moe.experts, C});
       for (int64_t e = s.moe.first_expert(); e < s.moe.first_expert() + s.moe.local_experts(); e++) {  // this rank's
         const std::string x = h + "mlp.experts." + std::to_string(e) + ".";

@@ -825,7 +825,8 @@ std::vector<TpPiece> gpt_tp_pieces(const Model& model, int tp_rank) {
     } else if (n.ends_with("mlp.c_fc.weight") || n.ends_with("mlp.c_fc.bias")) {
       whole.row_begin = tp_rank * rows / t, whole.row_end = (tp_rank + 1) * rows / t;
       pieces.push_back(whole);
-    } else if (n.ends_with("c_proj.weight")) {  // attn's and mlp's: their input columns
+    } else if (n.ends_with("c_proj.weight") && n.find(".experts.") == std::string_view::npos) {  // attn's and mlp's: their input columns
+      // (an MoE block's experts are whole on every TP rank, as its router is)
       whole.col_begin = tp_rank * cols / t, whole.col_end = (tp_rank + 1) * cols / t;
       pieces.push_back(whole);
     } else {

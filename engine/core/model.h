@@ -110,6 +110,8 @@ class ContextParallelComm {
   virtual ~ContextParallelComm() = default;
   virtual void send_recv(void* recv, int from, const void* send, int to, int64_t n, DType dtype, int layer) = 0;
   virtual void all_to_all(void* out, const void* in, int64_t count, DType dtype, int layer) = 0;
+  // A sum over the group in place (an MoE router's token counts: Megatron's tp_cp group).
+  virtual void all_reduce(void* data, int64_t n, DType dtype, int layer) = 0;
 };
 
 // Called around every layer's forward and backward (FSDP gathers a unit's parameters before its

@@ -10,6 +10,10 @@ void GroupContextParallelComm::all_to_all(void* out, const void* in, int64_t cou
   group_.all_to_all(out, in, count, dtype)->wait();
 }
 
+void GroupContextParallelComm::all_reduce(void* data, int64_t n, DType dtype, int) {
+  group_.all_reduce(data, n, dtype, ReduceOp::Sum)->wait();
+}
+
 std::vector<int> cp_group_ranks(const MeshShape& m, int cp, int rank) {
   MeshCoord at = mesh_coord(m, rank);
   const int first = at.dp / cp * cp;

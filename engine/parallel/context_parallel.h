@@ -20,6 +20,7 @@ class GroupContextParallelComm : public ContextParallelComm {
   explicit GroupContextParallelComm(Communicator& group) : group_(group) {}
   void send_recv(void* recv, int from, const void* send, int to, int64_t n, DType dtype, int layer) override;
   void all_to_all(void* out, const void* in, int64_t count, DType dtype, int layer) override;
+  void all_reduce(void* data, int64_t n, DType dtype, int layer) override;
   Communicator& group() const { return group_; }
 
  private:

@@ -160,6 +160,11 @@ std::vector<TpCollective> gpt_tp_collectives(const GptSpec& g, GptRange r, const
     }
     add(CollectiveOp::AllGather, layer, again, Nl * C, again ? "recompute: f again" : "f: gather ln_1's positions for c_attn");
     add(CollectiveOp::ReduceScatter, layer, again, Nl * C, again ? "recompute: g again" : "g: sum attn.c_proj's outputs, keep this rank's positions");
+    if (g.moe.in_block(layer - 1)) {  // the router and the experts run on this rank's positions, whole
+      add(CollectiveOp::AllReduce, layer, again, 2 * g.moe.experts,
+          again ? "recompute: the router's counts again" : "sum the router's token counts and probabilities (the aux loss's)");
+      return;
+    }
     add(CollectiveOp::AllGather, layer, again, Nl * C, again ? "recompute: f again" : "f: gather ln_2's positions for c_fc");
     add(CollectiveOp::ReduceScatter, layer, again, Nl * C, again ? "recompute: g again" : "g: sum mlp.c_proj's outputs, keep this rank's positions");
   };
@@ -177,11 +182,18 @@ std::vector<TpCollective> gpt_tp_collectives(const GptSpec& g, GptRange r, const
       add(CollectiveOp::AllReduce, layer, true, N * C, "f backward: sum c_attn's input gradient");
       continue;
     }
-    add(CollectiveOp::AllGather, layer, true, Nl * C, "g backward: gather mlp.c_proj's output gradient");
-    add(CollectiveOp::AllReduce, layer, true, C, "sum mlp.c_proj.bias' gradient over the positions");
-    add(CollectiveOp::AllGather, layer, true, Nl * C, "gather ln_2's output again for c_fc's weight gradient");
-    add(CollectiveOp::ReduceScatter, layer, true, Nl * C, "f backward: sum c_fc's input gradient, keep this rank's positions");
-    add(CollectiveOp::AllReduce, layer, true, 2 * C, "sum ln_2's gradients over the positions");
+    if (g.moe.in_block(l)) {
+      for (int64_t e = g.moe.local_experts() - 1; e >= 0; e--)
+        add(CollectiveOp::AllReduce, layer, true, 8 * C * C + 5 * C, "sum an expert's gradients over the positions");
+      add(CollectiveOp::AllReduce, layer, true, g.moe.experts * C, "sum the router's gradient over the positions");
+      add(CollectiveOp::AllReduce, layer, true, 2 * C, "sum ln_2's gradients over the positions");
+    } else {
+      add(CollectiveOp::AllGather, layer, true, Nl * C, "g backward: gather mlp.c_proj's output gradient");
+      add(CollectiveOp::AllReduce, layer, true, C, "sum mlp.c_proj.bias' gradient over the positions");
+      add(CollectiveOp::AllGather, layer, true, Nl * C, "gather ln_2's output again for c_fc's weight gradient");
+      add(CollectiveOp::ReduceScatter, layer, true, Nl * C, "f backward: sum c_fc's input gradient, keep this rank's positions");
+      add(CollectiveOp::AllReduce, layer, true, 2 * C, "sum ln_2's gradients over the positions");
+    }
     add(CollectiveOp::AllGather, layer, true, Nl * C, "g backward: gather attn.c_proj's output gradient");
     add(CollectiveOp::AllReduce, layer, true, C, "sum attn.c_proj.bias' gradient over the positions");
     add(CollectiveOp::AllGather, layer, true, Nl * C, "gather ln_1's output again for c_attn's weight gradient");
