@@ -101,7 +101,7 @@ struct Sweep {
 std::vector<Algorithm> sweep_algorithms(const BenchArgs& a, CollectiveOp op) {
   const CollectiveTraits& t = collective_traits(op);
   if (a.algo != "default" && a.algo != "auto") {
-    const Algorithm one = parse_algorithm_choice(a.algo);
+    const Algorithm one = parse_algorithm_choice(a.algo, op);
     check_algorithm(op, one);
     return {one};
   }

@@ -56,7 +56,7 @@ WorkPtr issue(Communicator& c, CollectiveOp op, Algorithm algo, float* in, float
     case CollectiveOp::AllReduce: return c.all_reduce(out, count, DType::F32, ReduceOp::Sum, algo);
     case CollectiveOp::ReduceScatter: return c.reduce_scatter(out, in, count, DType::F32, ReduceOp::Sum, algo);
     case CollectiveOp::AllGather: return c.all_gather(out, in, count, DType::F32, algo);
-    case CollectiveOp::AllToAll: return c.all_to_all(out, in, count, DType::F32);  // (pairwise exchange: one algorithm)
+    case CollectiveOp::AllToAll: return c.all_to_all(out, in, count, DType::F32, algo);  // pairwise or grouped
     default: return c.broadcast(out, count, DType::F32, root, algo);
   }
 }
@@ -152,7 +152,7 @@ namespace {
 
 int run_bench(const BenchArgs& a, Streams& io) {
   const CollectiveOp op = parse_bench_op(a.op);
-  const Algorithm algo = a.algo == "default" ? Algorithm::Default : parse_algorithm_choice(a.algo);
+  const Algorithm algo = a.algo == "default" ? Algorithm::Default : parse_algorithm_choice(a.algo, op);
   const bool tuned = a.algo == "auto";
   check_algorithm(op, algo);
   const CollectiveTraits& t = collective_traits(op);
@@ -246,7 +246,8 @@ Runner add_bench_command(CLI::App& app) {
   for (const std::string& name : benched_names()) ops += (ops.empty() ? "" : " | ") + name;
   coll->add_option("--op", a->op, ops)->capture_default_str();
   coll->add_option("--algo", a->algo, "ring | tree | naive | dbtree | hierarchical | nvls | auto (the tuning model's pick per "
-                                      "size) | default (ring; tree for broadcast); with --sweep: only this one")->capture_default_str();
+                                      "size) | default (ring; tree for broadcast; pairwise for alltoall); alltoall: pairwise | "
+                                      "grouped; with --sweep: only this one")->capture_default_str();
   coll->add_option("--proto", a->proto, "Protocol (NCCL_PROTO): auto | simple | ll | ll128")->capture_default_str();
   CLI::Option* world = coll->add_option("--world", a->world, "Number of ranks (--sweep: the profile's, up to 16)")
                            ->check(whole_number(1, 64))->capture_default_str();

@@ -24,7 +24,8 @@ namespace {
 const std::vector<CollectiveOp> kAllOps = {CollectiveOp::AllReduce, CollectiveOp::ReduceScatter, CollectiveOp::AllGather,
                                            CollectiveOp::Broadcast, CollectiveOp::Reduce,        CollectiveOp::Barrier,
                                            CollectiveOp::Send,      CollectiveOp::Recv,          CollectiveOp::AllToAll};
-const std::vector<Algorithm> kAllAlgorithms = {Algorithm::Default, Algorithm::Ring, Algorithm::Tree, Algorithm::Naive};
+const std::vector<Algorithm> kAllAlgorithms = {Algorithm::Default, Algorithm::Ring, Algorithm::Tree, Algorithm::Naive,
+                                               Algorithm::Pairwise, Algorithm::Grouped};
 
 }  // namespace
 
@@ -103,8 +104,10 @@ TEST_SUITE("collective_table") {
         case CollectiveOp::ReduceScatter:
         case CollectiveOp::AllGather: return a == A::Ring;
         case CollectiveOp::Broadcast:
-        case CollectiveOp::Reduce: return a != A::Ring;
-        default: return true;  // all-reduce runs all three; the others have one schedule and ignore the choice
+        case CollectiveOp::Reduce: return a == A::Tree || a == A::Naive;
+        case CollectiveOp::AllReduce: return a == A::Ring || a == A::Tree || a == A::Naive;
+        case CollectiveOp::AllToAll: return a == A::Pairwise || a == A::Grouped;
+        default: return true;  // the others have one schedule and ignore the choice
       }
     };
     for (CollectiveOp op : kAllOps)
@@ -123,10 +126,13 @@ TEST_SUITE("collective_table") {
     CHECK_THROWS_WITH(dtlab::check_algorithm(CollectiveOp::Reduce, A::Ring),
                       "reduce does not run the ring algorithm; use tree or naive");
     CHECK(dtlab::algorithm_choices(collective_traits(CollectiveOp::AllReduce)) == "ring, tree, naive, dbtree, hierarchical or nvls");
-    // Defaults: tree for broadcast and reduce, ring for the rest; the communicator's the same.
+    CHECK_THROWS_WITH(dtlab::check_algorithm(CollectiveOp::AllToAll, A::Ring),
+                      "all_to_all does not run the ring algorithm; use pairwise or grouped");
+    // Defaults: tree for broadcast and reduce, pairwise for all-to-all, ring for the rest; the
+    // communicator's the same.
     for (CollectiveOp op : kAllOps) {
       const bool rooted = op == CollectiveOp::Broadcast || op == CollectiveOp::Reduce;
-      CHECK(collective_traits(op).default_algorithm == (rooted ? A::Tree : A::Ring));
+      CHECK(collective_traits(op).default_algorithm == (rooted ? A::Tree : op == CollectiveOp::AllToAll ? A::Pairwise : A::Ring));
       CHECK(collective_traits(op).has_root == rooted);
     }
     const dtlab::AlgorithmDefaults defaults;

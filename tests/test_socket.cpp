@@ -143,6 +143,9 @@ void every_collective(int r, int n, Communicator& c, std::vector<uint8_t>& out) 
     std::vector<float> a2a_in = socket_inputs(r, count * n), a2a(static_cast<size_t>(count * n));
     c.all_to_all(a2a.data(), a2a_in.data(), count, DType::F32)->wait();
     keep(out, a2a);
+    std::vector<float> grouped(static_cast<size_t>(count * n));  // NCCL's way: every block in one step
+    c.all_to_all(grouped.data(), a2a_in.data(), count, DType::F32, Algorithm::Grouped)->wait();
+    keep(out, grouped);
   }
   std::vector<int64_t> big = {int64_t{1} << 60, r + 1, -7 * r}, gathered(3 * static_cast<size_t>(n));
   c.all_reduce(big.data(), 3, DType::I64, ReduceOp::Sum)->wait();

@@ -119,8 +119,9 @@ TEST_SUITE("trace") {
     CHECK(parse_algorithm("tree") == Algorithm::Tree);
     CHECK(parse_algorithm("naive") == Algorithm::Naive);
     CHECK(parse_algorithm("default") == Algorithm::Default);
-    CHECK_THROWS_WITH_AS(parse_algorithm("butterfly"), "algorithm 'butterfly' is not known; use ring, tree, naive, dbtree, hierarchical or nvls",
-                         dtlab::Error);
+    CHECK(parse_algorithm("grouped") == Algorithm::Grouped);
+    CHECK_THROWS_WITH_AS(parse_algorithm("butterfly"),
+                         "algorithm 'butterfly' is not known; use ring, tree, naive, dbtree, hierarchical, nvls, pairwise or grouped", dtlab::Error);
   }
 
   TEST_CASE("recorder: order is monotonic per rank and unique across 4 threads") {

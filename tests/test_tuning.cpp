@@ -94,7 +94,7 @@ TEST_CASE("tuning: on two nodes dbtree beats ring below the crossover and loses 
 TEST_CASE("tuning: availability follows the profile") {
   const HardwareProfile nv = find_profile("nvlink8");
   std::vector<Prediction> all = predict_all(nv, 8, CollectiveOp::AllReduce, 4096);
-  CHECK(all.size() == std::size(kAlgorithms) * std::size(kProtocols));
+  CHECK(all.size() == 6 * std::size(kProtocols));  // the all-reduce's six algorithms
   for (const Prediction& p : all) {
     CAPTURE(algorithm_name(p.algo));
     if (p.algo == Algorithm::InNetwork) CHECK(p.why_not == "nvls needs a switch that reduces (NVLink SHARP or SHARP), and profile nvlink8 has none");
@@ -182,6 +182,10 @@ TEST_CASE("tuning: --algo and --proto names") {
   CHECK(algorithm_choice_name(Algorithm::Default) == "auto");
   CHECK_THROWS_WITH(parse_algorithm_choice("rign"),
                     "--algo rign is not an algorithm; use auto, ring, tree, naive, dbtree, hierarchical or nvls");
+  CHECK_THROWS_WITH(parse_algorithm_choice("grouped"),
+                    "--algo grouped is not an all-reduce algorithm; use auto, ring, tree, naive, dbtree, hierarchical or nvls");
+  CHECK(parse_algorithm_choice("grouped", CollectiveOp::AllToAll) == Algorithm::Grouped);
+  CHECK_THROWS_WITH(parse_algorithm_choice("ring", CollectiveOp::AllToAll), "--algo ring is not an all-to-all algorithm; use auto, pairwise or grouped");
   CHECK(parse_protocol_choice("ll128") == Protocol::LL128);
   CHECK(parse_protocol_choice("auto") == Protocol::Default);
   CHECK(protocol_choice_name(Protocol::Default) == "auto");

@@ -83,13 +83,17 @@ class Communicator {
   virtual WorkPtr barrier() = 0;
   virtual WorkPtr send(const void* buf, int64_t count, DType dtype, int peer, int tag = 0) = 0;
   virtual WorkPtr recv(void* buf, int64_t count, DType dtype, int peer, int tag = 0) = 0;
-  virtual WorkPtr all_to_all(void* out, const void* in, int64_t count_per_rank, DType dtype) = 0;
+  // `algo`: Pairwise or Grouped (collective.h); Default: the communicator's alltoall_default().
+  virtual WorkPtr all_to_all(void* out, const void* in, int64_t count_per_rank, DType dtype,
+                             Algorithm algo = Algorithm::Default) = 0;
   // torch's all_to_all_single with split sizes (MoE's token dispatch): send_counts[j] elements of
   // `in` (packed in rank order) to rank j, recv_counts[i] elements from rank i into `out` (packed).
-  // Process groups (new_group) run it as pairwise exchange, one step per distance; a world
-  // communicator refuses it (make a group of every rank).
+  // Process groups (new_group) run it as pairwise exchange, one step per distance, or grouped, every
+  // pair in one step; a world communicator refuses it (make a group of every rank).
   virtual WorkPtr all_to_all_v(void* out, const std::vector<int64_t>& recv_counts, const void* in,
-                               const std::vector<int64_t>& send_counts, DType dtype);
+                               const std::vector<int64_t>& send_counts, DType dtype, Algorithm algo = Algorithm::Default);
+  // The all-to-all algorithm a call with Algorithm::Default runs (a process group: its parent's).
+  virtual Algorithm alltoall_default() const { return collective_traits(CollectiveOp::AllToAll).default_algorithm; }
   // A send to `to` and a receive from `from` that must progress together, as one operation: the
   // Work completes when both have. Backends whose sends are buffered just issue the two (this
   // default); NCCL's sends wait for the peer's receive, so it posts both in one ncclGroupStart/End
@@ -99,6 +103,18 @@ class Communicator {
                             int64_t recv_count, int from, int recv_tag, DType dtype);
   // True when send_recv() is one operation of this backend (NCCL), not a send and a receive.
   virtual bool send_recv_fused() const { return false; }
+  // Many sends and receives as one operation, every pair posted before any completes (torch's
+  // batch_isend_irecv; NCCL's ncclGroupStart/End around them): a grouped all-to-all in a process
+  // group. Backends whose sends are buffered issue the sends, then the receives (this default).
+  struct P2PPair {
+    const void* send = nullptr;
+    int64_t send_count = 0;
+    int to = -1;
+    void* recv = nullptr;
+    int64_t recv_count = 0;
+    int from = -1;
+  };
+  virtual WorkPtr group_send_recv(const std::vector<P2PPair>& pairs, int tag, DType dtype);
   // send_recv as one operation for the stepper too: a step of a ring where every rank sends to the
   // next and receives from the previous at once (context parallelism's K/V blocks). As a send then a
   // receive, each rank of a stepped ring would wait at its send for its peer, held at its own; the

@@ -235,11 +235,26 @@ class GroupComm : public Communicator {
     check_root(peer);
     return parent_.recv(buf, count, dt, ranks_[static_cast<size_t>(peer)], tag_ + 1 + tag);
   }
-  WorkPtr all_to_all(void* out, const void* in, int64_t count, DType dt) override {
+  Algorithm alltoall_default() const override { return parent_.alltoall_default(); }
+  WorkPtr group_send_recv(const std::vector<P2PPair>& pairs, int tag, DType dt) override {
+    std::vector<P2PPair> mapped = pairs;  // in the parent's ranks and tags
+    for (P2PPair& p : mapped) {
+      check_root(p.to);
+      check_root(p.from);
+      p.to = global(p.to);
+      p.from = global(p.from);
+    }
+    return parent_.group_send_recv(mapped, tag_ + 1 + tag, dt);
+  }
+  WorkPtr all_to_all(void* out, const void* in, int64_t count, DType dt, Algorithm algo) override {
     check(dt, Algorithm::Default, CollectiveOp::AllToAll);
-    return run({CollectiveOp::AllToAll, Algorithm::Naive, ReduceOp::Sum, dt, count}, [=, this] {
+    const Algorithm a = alltoall_algo(algo);
+    return run({CollectiveOp::AllToAll, a, ReduceOp::Sum, dt, count}, [=, this] {
       const int n = world_size();
       dev_.copy(elems_at(out, me_ * count, dt), elems_at(in, me_ * count, dt), count * dtype_size(dt));
+      std::vector<int64_t> sat(static_cast<size_t>(n) + 1), counts(static_cast<size_t>(n), count);
+      for (int r = 0; r <= n; r++) sat[static_cast<size_t>(r)] = r * count;
+      if (a == Algorithm::Grouped) return grouped_exchange(out, sat, counts, in, sat, counts, dt);
       // Round k: send to me + k, receive from me - k, paired (a ring shift of distance k).
       for (int k = 1; k < n; k++) {
         const int to = ring_mod(me_ + k, n), from = ring_mod(me_ - k, n);
@@ -248,8 +263,9 @@ class GroupComm : public Communicator {
     });
   }
   WorkPtr all_to_all_v(void* out, const std::vector<int64_t>& recv_counts, const void* in, const std::vector<int64_t>& send_counts,
-                       DType dt) override {
+                       DType dt, Algorithm algo) override {
     check(dt, Algorithm::Default, CollectiveOp::AllToAll);
+    const Algorithm a = alltoall_algo(algo);
     const int n = world_size();
     if (static_cast<int>(recv_counts.size()) != n || static_cast<int>(send_counts.size()) != n)
       throw Error("all_to_all_v needs one send and one receive count per rank of the group of " + std::to_string(n));
@@ -258,7 +274,7 @@ class GroupComm : public Communicator {
     // The call's count: the elements this rank sends (its in), as torch's input split sizes sum.
     int64_t total = 0;
     for (int64_t c : send_counts) total += c;
-    CollDesc d{CollectiveOp::AllToAll, Algorithm::Naive, ReduceOp::Sum, dt, total};
+    CollDesc d{CollectiveOp::AllToAll, a, ReduceOp::Sum, dt, total};
     return run(d, [=, this] {
       std::vector<int64_t> sat(static_cast<size_t>(n) + 1, 0), rat(static_cast<size_t>(n) + 1, 0);  // where each rank's block starts
       for (int r = 0; r < n; r++) {
@@ -269,6 +285,7 @@ class GroupComm : public Communicator {
                   "all_to_all_v: a rank's block to itself must have the same count both ways");
       dev_.copy(elems_at(out, rat[static_cast<size_t>(me_)], dt), elems_at(in, sat[static_cast<size_t>(me_)], dt),
                 send_counts[static_cast<size_t>(me_)] * dtype_size(dt));
+      if (a == Algorithm::Grouped) return grouped_exchange(out, rat, recv_counts, in, sat, send_counts, dt);
       // Pairwise exchange: round k sends to me + k and receives from me - k (each pair's own sizes).
       for (int k = 1; k < n; k++) {
         const int to = ring_mod(me_ + k, n), from = ring_mod(me_ - k, n);
@@ -335,9 +352,15 @@ class GroupComm : public Communicator {
     info.group = group_;
     return info;
   }
-  static int steps_of(CollectiveOp op, int n) {
+  static int steps_of(CollectiveOp op, Algorithm algo, int n) {
     if (op == CollectiveOp::AllReduce) return 2 * (n - 1);
+    if (op == CollectiveOp::AllToAll && algo == Algorithm::Grouped) return n > 1 ? 1 : 0;
     return n - 1;
+  }
+  Algorithm alltoall_algo(Algorithm algo) const {
+    const Algorithm a = algo == Algorithm::Default ? alltoall_default() : algo;
+    check_algorithm(CollectiveOp::AllToAll, a);
+    return a;
   }
 
   // The executor thread enqueues on the rank's device: it binds the device first. The issue is
@@ -348,7 +371,7 @@ class GroupComm : public Communicator {
     OpTrace op;
     op.info = info_of(d, seq);
     if (adjust) adjust(op.info);
-    op.steps = steps_of(d.op, world_size());
+    op.steps = steps_of(d.op, d.algo, world_size());
     if (ctx_) {
       op.iteration = ctx_->iteration();
       const int64_t now = ctx_->recorder() ? ctx_->recorder()->now_ns() : 0;
@@ -445,6 +468,28 @@ class GroupComm : public Communicator {
       return dev_.accumulate(static_cast<float*>(acc), static_cast<const float*>(x), n, op == ReduceOp::Max);
     dev_.accumulate_half(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(x), n, op == ReduceOp::Max,
                          dt == DType::BF16 ? HalfFormat::BF16 : HalfFormat::FP16);
+  }
+
+  // A grouped all-to-all's one step: every send and receive posted together (the parent's
+  // group_send_recv: NCCL's ncclGroupStart/End), one RingStep per block received. `rat`/`sat`: where
+  // each rank's block starts in out/in (n + 1 offsets), `rc`/`sc` its length.
+  void grouped_exchange(void* out, const std::vector<int64_t>& rat, const std::vector<int64_t>& rc, const void* in,
+                        const std::vector<int64_t>& sat, const std::vector<int64_t>& sc, DType dt) {
+    const int n = world_size();
+    if (n == 1) return;
+    step_gate(0, 0);
+    std::vector<P2PPair> pairs;
+    for (int k = 1; k < n; k++) {
+      const int to = ring_mod(me_ + k, n), from = ring_mod(me_ - k, n);
+      const auto t = static_cast<size_t>(to), f = static_cast<size_t>(from);
+      pairs.push_back({elems_at(in, sat[t], dt), sc[t], global(to), elems_at(out, rat[f], dt), rc[f], global(from)});
+    }
+    WorkPtr w = parent_.group_send_recv(pairs, tag_ | kGroupStepTag, dt);
+    w->wait();
+    for (int k = 1; k < n; k++) {
+      const int from = ring_mod(me_ - k, n);
+      record_step(w, RingPhase::None, from, global(from), global(me_), rc[static_cast<size_t>(from)] * dtype_size(dt), 0);
+    }
   }
 
   // A program's send_recv (or ring step) between group ranks: the parent's, in its ranks and tags.

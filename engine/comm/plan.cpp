@@ -132,8 +132,8 @@ int algorithm_step_count(CollectiveOp op, Algorithm algo, int n, int node_size) 
         default: return 2 * (n - 1);
       }
     case CollectiveOp::ReduceScatter:
-    case CollectiveOp::AllGather:
-    case CollectiveOp::AllToAll: return n - 1;
+    case CollectiveOp::AllGather: return n - 1;
+    case CollectiveOp::AllToAll: return algo == Algorithm::Grouped ? 1 : n - 1;
     case CollectiveOp::Broadcast:
     case CollectiveOp::Reduce: return algo == Algorithm::Naive ? n - 1 : ceil_log2(n);
     default: return 0;
@@ -178,6 +178,11 @@ std::vector<StepTransfer> algorithm_step_plan(CollectiveOp op, Algorithm algo, i
       else tree_reduce(out, n, root, s);
       break;
     case CollectiveOp::AllToAll:
+      if (algo == Algorithm::Grouped) {  // one step: every rank receives its block from each other rank
+        for (int r = 0; r < n; r++)
+          for (int k = 1; k < n; k++) out.push_back({ring_mod(r - k, n), r, ring_mod(r - k, n), RingPhase::None, false, n});
+        break;
+      }
       for (int r = 0; r < n; r++) out.push_back({ring_mod(r - (s + 1), n), r, ring_mod(r - (s + 1), n), RingPhase::None, false, n});
       break;
     default: break;

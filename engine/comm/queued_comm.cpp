@@ -149,8 +149,8 @@ WorkPtr QueuedCommunicator::reduce(void* buf, int64_t count, DType dt, ReduceOp 
 WorkPtr QueuedCommunicator::barrier() {
   return collective({CollectiveOp::Barrier, Algorithm::Ring, ReduceOp::Sum, DType::F32, 0, -1}, nullptr, nullptr);
 }
-WorkPtr QueuedCommunicator::all_to_all(void* out, const void* in, int64_t count, DType dt) {
-  return collective({CollectiveOp::AllToAll, Algorithm::Naive, ReduceOp::Sum, dt, count, -1}, out, in);
+WorkPtr QueuedCommunicator::all_to_all(void* out, const void* in, int64_t count, DType dt, Algorithm algo) {
+  return collective({CollectiveOp::AllToAll, resolve(CollectiveOp::AllToAll, algo), ReduceOp::Sum, dt, count, -1}, out, in);
 }
 WorkPtr QueuedCommunicator::send(const void* buf, int64_t count, DType dt, int peer, int tag) {
   return p2p(CollectiveOp::Send, const_cast<void*>(buf), count, dt, peer, tag);
@@ -170,6 +170,7 @@ Algorithm QueuedCommunicator::resolve(CollectiveOp op, Algorithm a) const {
     if (op == CollectiveOp::AllReduce) a = defaults_.allreduce;  // Default again: auto, tune() picks
     else if (op == CollectiveOp::Broadcast) a = defaults_.broadcast;
     else if (op == CollectiveOp::Reduce) a = defaults_.reduce;
+    else if (op == CollectiveOp::AllToAll) a = defaults_.alltoall;
     else a = collective_traits(op).default_algorithm;
   }
   check_algorithm(op, a);
@@ -235,6 +236,24 @@ WorkPtr QueuedCommunicator::fused_send_recv(const void* send_buf, int64_t send_c
   j.recv_peer = from;
   j.recv_count = recv_count;
   j.recv_tag = recv_tag;
+  return enqueue(std::move(j));
+}
+
+WorkPtr QueuedCommunicator::grouped_send_recv(const std::vector<P2PPair>& pairs, int tag, DType dt) {
+  DTLAB_CHECK(!pairs.empty(), "grouped_send_recv needs at least one pair");
+  for (const P2PPair& p : pairs) {
+    check_rank(p.from, "recv peer");
+    if (p.from == rank_ || p.to == rank_) throw Error("rank " + std::to_string(rank_) + " cannot send to or receive from itself");
+    if (p.send_count < 0 || p.recv_count < 0) throw Error("a send or recv count cannot be negative");
+  }
+  CommJob j = p2p_job(CollectiveOp::Send, pairs.front().send_count, dt, pairs.front().to, tag);
+  j.fused = true;
+  j.in = pairs.front().send;
+  j.buf = pairs.front().recv;
+  j.recv_peer = pairs.front().from;
+  j.recv_count = pairs.front().recv_count;
+  j.recv_tag = tag;
+  j.group = pairs;
   return enqueue(std::move(j));
 }
 

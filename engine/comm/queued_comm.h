@@ -44,6 +44,7 @@ struct AlgorithmDefaults {
   Algorithm broadcast = collective_traits(CollectiveOp::Broadcast).default_algorithm;
   Algorithm reduce = collective_traits(CollectiveOp::Reduce).default_algorithm;
   Protocol protocol = Protocol::Default;
+  Algorithm alltoall = collective_traits(CollectiveOp::AllToAll).default_algorithm;
 };
 
 class AsyncWork;
@@ -62,6 +63,8 @@ struct CommJob {
   bool fused = false;
   int recv_peer = -1, recv_tag = 0;
   int64_t recv_count = 0;
+  // group_send_recv on a backend that posts them as one group (NCCL): every pair's send and receive.
+  std::vector<Communicator::P2PPair> group;
   double issue_model = 0;  // compute lane's modeled clock at issue
   int32_t iteration = -1;  // compute lane's iteration at issue
 };
@@ -86,7 +89,8 @@ class QueuedCommunicator : public Communicator {
   WorkPtr barrier() override;
   WorkPtr send(const void* buf, int64_t count, DType dtype, int peer, int tag) override;
   WorkPtr recv(void* buf, int64_t count, DType dtype, int peer, int tag) override;
-  WorkPtr all_to_all(void* out, const void* in, int64_t count_per_rank, DType dtype) override;
+  WorkPtr all_to_all(void* out, const void* in, int64_t count_per_rank, DType dtype, Algorithm algo) override;
+  Algorithm alltoall_default() const override { return defaults_.alltoall; }
   using Communicator::all_reduce;
 
  protected:
@@ -112,6 +116,8 @@ class QueuedCommunicator : public Communicator {
   // `recv_tag`: the receive's (NCCL has no tags; the threads backend's mailboxes do).
   WorkPtr fused_send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf,
                           int64_t recv_count, int from, DType dt, int recv_tag = 0);
+  // group_send_recv as one job (CommJob::group) for such a backend.
+  WorkPtr grouped_send_recv(const std::vector<P2PPair>& pairs, int tag, DType dt);
 
  private:
   void check_rank(int r, const char* what) const;

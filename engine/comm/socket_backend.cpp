@@ -147,7 +147,9 @@ struct SocketCommunicator::Call {
   }
 
   // Charges one step on the modeled clock and records it (as the threads backend's finish_step).
-  void finish_step(int step, const std::vector<StepTransfer>& plan, const StepTransfer* in, int64_t bytes_in,
+  // `ins`: the transfers this rank received (one event each; one empty event when none), `bytes_in`
+  // the bytes of each.
+  void finish_step(int step, const std::vector<StepTransfer>& plan, const std::vector<const StepTransfer*>& ins, int64_t bytes_in,
                    double model_bytes, int64_t wall0) {
     if (!ctx) return;
     std::vector<std::pair<int, int>> pairs;
@@ -156,12 +158,16 @@ struct SocketCommunicator::Call {
     const bool reduce = !plan.empty() && plan.front().reduce;
     const double dt = ctx->cost() ? ctx->cost()->step_time(pairs, model_bytes, reduce) : 0.0;
     const int64_t now = ctx->recorder() ? ctx->recorder()->now_ns() : 0;
-    Event e(EventKind::RingStep, Lane::Comm, wall0, now, model_t, model_t + dt);
-    e.step = RingStepInfo{job.seq, phase, static_cast<int16_t>(step), static_cast<int16_t>(steps),
-                          static_cast<int16_t>(in ? in->chunk : -1), static_cast<int16_t>(in ? in->src : -1),
-                          static_cast<int16_t>(in ? rank : -1), bytes_in, 0};
-    e.iteration = job.iteration;
-    ctx->record(e);
+    auto record = [&](const StepTransfer* in) {
+      Event e(EventKind::RingStep, Lane::Comm, wall0, now, model_t, model_t + dt);
+      e.step = RingStepInfo{job.seq, phase, static_cast<int16_t>(step), static_cast<int16_t>(steps),
+                            static_cast<int16_t>(in ? in->chunk : -1), static_cast<int16_t>(in ? in->src : -1),
+                            static_cast<int16_t>(in ? rank : -1), in ? bytes_in : 0, 0};
+      e.iteration = job.iteration;
+      ctx->record(e);
+    };
+    if (ins.empty()) record(nullptr);
+    for (const StepTransfer* in : ins) record(in);
     model_t += dt;
   }
 
@@ -246,16 +252,18 @@ void run_plan(SocketCommunicator::Call& c) {
     c.step_gate(s);
     const int64_t wall0 = c.now();
     const std::vector<StepTransfer> plan = algorithm_step_plan(d.op, d.algo, n, d.root, s);
-    const StepTransfer* mine = nullptr;  // every schedule gives a rank at most one receive per step
+    // Every schedule gives a rank at most one receive per step, but the grouped all-to-all's, which
+    // receives a block from each other rank.
+    std::vector<const StepTransfer*> mine;
     for (const StepTransfer& t : plan) {
       if (t.src == r) c.send(t.dst, s, outgoing(t, s), ring_ar ? chunk_len(t.chunk) : count);
-      if (t.dst == r) mine = &t;
+      if (t.dst == r) mine.push_back(&t);
     }
     int64_t bytes_in = 0;
-    if (mine) {
-      const int64_t len = ring_ar ? chunk_len(mine->chunk) : count;
-      WireMessage m = c.recv(mine->src, s, len);
-      incoming(*mine, s, as<T>(static_cast<const void*>(m.payload.data())));
+    for (const StepTransfer* in : mine) {
+      const int64_t len = ring_ar ? chunk_len(in->chunk) : count;
+      WireMessage m = c.recv(in->src, s, len);
+      incoming(*in, s, as<T>(static_cast<const void*>(m.payload.data())));
       bytes_in = len * esize;
     }
     if (s == gathered_at && r == avg_root && d.op != CollectiveOp::ReduceScatter) finish_avg(buf, count, d.reduce, n);

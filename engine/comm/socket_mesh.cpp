@@ -80,7 +80,7 @@ std::string header_problem(const WireHeader& h, int peer, int n) {
   if (h.src != peer) return "a message signed by rank " + std::to_string(h.src);
   if (h.kind == WireKind::Abort)
     return h.bytes > kMaxSentenceBytes ? "an abort reason of " + std::to_string(h.bytes) + " bytes" : "";
-  if (h.op > CollectiveOp::AllToAll || h.algo > Algorithm::InNetwork || h.reduce > ReduceOp::Max || h.dtype > DType::F16 ||
+  if (h.op > CollectiveOp::AllToAll || h.algo > kLastAlgorithm || h.reduce > ReduceOp::Max || h.dtype > DType::F16 ||
       h.proto > Protocol::LL128)
     return "a call no dtlab rank makes (operation " + std::to_string(static_cast<int>(h.op)) + ", algorithm " +
            std::to_string(static_cast<int>(h.algo)) + ", reduction " + std::to_string(static_cast<int>(h.reduce)) +

@@ -274,6 +274,8 @@ void naive_send_steps(Call& c, int root, int first_step) {
   naive_steps<T>(c, root, false, false, first_step);
 }
 
+// Pairwise exchange: round s, every rank sends to r + s and receives from r - s. Grouped (NCCL's
+// one group of sends and receives): one step in which every block moves.
 template <class T>
 void all_to_all(Call& c) {
   Stepper_ st(c);
@@ -282,6 +284,16 @@ void all_to_all(Call& c) {
   const int64_t count = rv.desc.count;
   T* out = as<T>(rv.buf[static_cast<size_t>(r)]);
   copy_elems(c, out + r * count, as<T>(rv.in[static_cast<size_t>(r)]) + r * count, count);
+  if (rv.desc.algo == Algorithm::Grouped) {
+    const int64_t wall0 = st.begin(0);
+    for (int k = 1; k < n; k++) {
+      const int src = ring_mod(r - k, n);
+      copy_elems(c, out + src * count, as<T>(rv.in[static_cast<size_t>(src)]) + r * count, count);
+    }
+    st.w.step_barrier(c);
+    st.w.finish_plan_step(c, 0, algorithm_step_plan(CollectiveOp::AllToAll, Algorithm::Grouped, n, -1, 0), wall0);
+    return;
+  }
   for (int s = 1; s < n; s++) {
     int64_t wall0 = st.begin(s - 1);
     const int src = ring_mod(r - s, n);

@@ -68,7 +68,7 @@ class RankComm : public QueuedCommunicator {
  public:
   RankComm(World* w, int rank)
       : QueuedCommunicator(rank, w->n_, w->ctx_[static_cast<size_t>(rank)].get(),
-                           {w->opt_.allreduce_algo, w->opt_.broadcast_algo, w->opt_.reduce_algo, w->opt_.protocol}),
+                           {w->opt_.allreduce_algo, w->opt_.broadcast_algo, w->opt_.reduce_algo, w->opt_.protocol, w->opt_.alltoall_algo}),
         w_(w), rank_(rank) {
     start_worker();
   }
@@ -517,6 +517,7 @@ void World::finish_step(Call& c, int step, RingPhase phase, int chunk, int src, 
 
 void World::finish_plan_step(Call& c, int step, const std::vector<StepTransfer>& plan, int64_t wall_begin) {
   const int64_t count = c.rv->desc.count, esize = dtype_size(c.rv->desc.dtype);
+  const bool blocks = c.rv->desc.op == CollectiveOp::AllToAll;  // each transfer moves a whole block of `count`
   std::vector<std::pair<int, int>> pairs;
   std::vector<StepRecord> records;
   bool reduce = false;
@@ -524,12 +525,13 @@ void World::finish_plan_step(Call& c, int step, const std::vector<StepTransfer>&
     pairs.push_back({t.src, t.dst});
     reduce = reduce || t.reduce;
     if (t.dst != c.rank && !(t.src == c.rank && t.dst == kNetworkSwitch)) continue;
-    const auto [lo, hi] = transfer_elements(t, count);
+    const auto [lo, hi] = blocks ? std::pair<int64_t, int64_t>{0, count} : transfer_elements(t, count);
     records.push_back({t.phase, t.chunk, t.src, t.dst, (hi - lo) * esize});
   }
   if (records.empty()) records.push_back({plan.empty() ? RingPhase::None : plan.front().phase, -1, -1, -1, 0});
   // Every transfer of a step moves one chunk of the same size (up to an element): the model's S / chunks.
-  const double model_bytes = plan.empty() ? 0.0 : static_cast<double>(count * esize) / std::max(1, plan.front().chunks);
+  const double model_bytes = plan.empty() ? 0.0 : blocks ? static_cast<double>(count * esize)
+                                                         : static_cast<double>(count * esize) / std::max(1, plan.front().chunks);
   record_step(*this, c, step, records, cost_->step_time(pairs, model_bytes, reduce), wall_begin);
 }
 

@@ -41,6 +41,7 @@ struct WorldOptions {
   Algorithm broadcast_algo = collective_traits(CollectiveOp::Broadcast).default_algorithm;
   Algorithm reduce_algo = collective_traits(CollectiveOp::Reduce).default_algorithm;
   Protocol protocol = Protocol::Default;
+  Algorithm alltoall_algo = collective_traits(CollectiveOp::AllToAll).default_algorithm;  // pairwise or grouped
   double timeout_s = 30;          // watchdog: a collective not complete by then fails, diagnosed
   std::vector<Fault> faults;
   std::string profile = "nvlink8";  // hardware profile of the modeled clock

@@ -25,6 +25,8 @@ const char* algorithm_name(Algorithm a) {
     case Algorithm::DoubleTree: return "dbtree";
     case Algorithm::Hierarchical: return "hierarchical";
     case Algorithm::InNetwork: return "nvls";
+    case Algorithm::Pairwise: return "pairwise";
+    case Algorithm::Grouped: return "grouped";
   }
   return "?";
 }
@@ -34,6 +36,8 @@ const char* algorithm_display_name(Algorithm a) {
     case Algorithm::Tree: return "binomial tree";
     case Algorithm::DoubleTree: return "double binary tree";
     case Algorithm::InNetwork: return "in-network (NVLS/SHARP)";
+    case Algorithm::Pairwise: return "pairwise exchange";
+    case Algorithm::Grouped: return "grouped send/recv";
     default: return algorithm_name(a);
   }
 }

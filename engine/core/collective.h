@@ -38,10 +38,14 @@ enum class CollectiveOp : uint8_t {
 //                 the same shard, all-gather inside each node;
 //   InNetwork     NVLS / SHARP: every rank sends its buffer to a switch that reduces it and sends the
 //                 result back (transfers to or from the switch name kNetworkSwitch as their peer).
-enum class Algorithm : uint8_t { Default, Ring, Tree, Naive, DoubleTree, Hierarchical, InNetwork };
+// All-to-all runs Pairwise (n-1 rounds; in round k rank r sends to r+k and receives from r-k, one
+// pair per rank at a time) or Grouped (NCCL's: every send and receive posted in one group, all pairs
+// moving at once; nccl-tests' alltoall.cu).
+enum class Algorithm : uint8_t { Default, Ring, Tree, Naive, DoubleTree, Hierarchical, InNetwork, Pairwise, Grouped };
 // Every Algorithm but Default, in display order.
 inline constexpr Algorithm kAlgorithms[] = {Algorithm::Ring, Algorithm::Tree, Algorithm::Naive, Algorithm::DoubleTree,
-                                            Algorithm::Hierarchical, Algorithm::InNetwork};
+                                            Algorithm::Hierarchical, Algorithm::InNetwork, Algorithm::Pairwise, Algorithm::Grouped};
+inline constexpr Algorithm kLastAlgorithm = Algorithm::Grouped;
 // The peer of a transfer that goes to or comes from the in-network reducing switch (not a rank; -1
 // stays "no peer").
 inline constexpr int kNetworkSwitch = -2;
@@ -58,10 +62,10 @@ enum class Elements : uint8_t { Zero, Count, CountTimesWorld };
 // nccl-tests' bus bandwidth factors (doc/PERFORMANCE.md): busbw = algbw x factor, n ranks.
 enum class BusBw : uint8_t { One, NMinus1OverN, TwoNMinus1OverN };
 
-constexpr uint8_t algorithm_bit(Algorithm a) { return static_cast<uint8_t>(1u << static_cast<unsigned>(a)); }
-constexpr uint8_t kRingTreeNaive =
+constexpr uint16_t algorithm_bit(Algorithm a) { return static_cast<uint16_t>(1u << static_cast<unsigned>(a)); }
+constexpr uint16_t kRingTreeNaive =
     algorithm_bit(Algorithm::Ring) | algorithm_bit(Algorithm::Tree) | algorithm_bit(Algorithm::Naive);
-constexpr uint8_t kAllReduceAlgorithms = kRingTreeNaive | algorithm_bit(Algorithm::DoubleTree) |
+constexpr uint16_t kAllReduceAlgorithms = kRingTreeNaive | algorithm_bit(Algorithm::DoubleTree) |
                                          algorithm_bit(Algorithm::Hierarchical) | algorithm_bit(Algorithm::InNetwork);
 
 struct CollectiveTraits {
@@ -70,7 +74,7 @@ struct CollectiveTraits {
   const char* display_name;  // prose: "all-reduce", "reduce-scatter"
   const char* short_name;    // one word, NCCL's op name in lower case: "reducescatter" (bench --op)
   const char* nccl_call;     // what the nccl backend calls: "ncclReduceScatter"
-  uint8_t algorithms;        // algorithm_bit set of those it runs; 0: one fixed schedule, any choice is ignored
+  uint16_t algorithms;       // algorithm_bit set of those it runs; 0: one fixed schedule, any choice is ignored
   Algorithm default_algorithm;  // what Default means unless the communicator is configured otherwise
   Elements in, out;          // input and output lengths (for one-buffer ops both are that buffer's)
   Elements payload;          // S, nccl-tests' size: the bytes algbw divides by the time
@@ -131,7 +135,7 @@ inline constexpr CollectiveTraits kCollectiveTable[] = {
      0, Algorithm::Ring, Elements::Count, Elements::Count, Elements::Count, false, false, false,
      BusBw::One, "point to point: the buffer is filled from one peer"},
     {CollectiveOp::AllToAll, "all_to_all", "all-to-all", "alltoall", "ncclSend/ncclRecv (one group)",
-     0, Algorithm::Ring, Elements::CountTimesWorld, Elements::CountTimesWorld, Elements::CountTimesWorld,
+     static_cast<uint16_t>(algorithm_bit(Algorithm::Pairwise) | algorithm_bit(Algorithm::Grouped)), Algorithm::Pairwise, Elements::CountTimesWorld, Elements::CountTimesWorld, Elements::CountTimesWorld,
      true, false, false,
      BusBw::NMinus1OverN, "block j of rank i's input lands in block i of rank j's output"},
 };

@@ -88,8 +88,18 @@ WorkPtr IssueRecordingComm::send_recv(const void* send_buf, int64_t send_count, 
     return inner_.send_recv(send_buf, send_count, to, send_tag, recv_buf, recv_count, from, recv_tag, dt);
   });
 }
-WorkPtr IssueRecordingComm::all_to_all(void* out, const void* in, int64_t count, DType dt) {
-  return issue([&] { return inner_.all_to_all(out, in, count, dt); });
+WorkPtr IssueRecordingComm::all_to_all(void* out, const void* in, int64_t count, DType dt, Algorithm algo) {
+  return issue([&] { return inner_.all_to_all(out, in, count, dt, algo); });
+}
+WorkPtr IssueRecordingComm::ring_send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf,
+                                           int64_t recv_count, int from, int recv_tag, DType dt) {
+  return issue([&] {
+    return inner_.ring_send_recv(send_buf, send_count, to, send_tag, recv_buf, recv_count, from, recv_tag, dt);
+  });
+}
+WorkPtr IssueRecordingComm::group_send_recv(const std::vector<P2PPair>& pairs, int tag, DType dt) {
+  if (!inner_.send_recv_fused()) return Communicator::group_send_recv(pairs, tag, dt);
+  return issue([&] { return inner_.group_send_recv(pairs, tag, dt); });
 }
 
 }  // namespace dtlab::cuda

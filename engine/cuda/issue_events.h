@@ -53,11 +53,17 @@ class IssueRecordingComm : public Communicator {
   WorkPtr barrier() override;
   WorkPtr send(const void* buf, int64_t count, DType dt, int peer, int tag) override;
   WorkPtr recv(void* buf, int64_t count, DType dt, int peer, int tag) override;
-  WorkPtr all_to_all(void* out, const void* in, int64_t count, DType dt) override;
+  WorkPtr all_to_all(void* out, const void* in, int64_t count, DType dt, Algorithm algo) override;
+  Algorithm alltoall_default() const override { return inner_.alltoall_default(); }
   // One event when the inner backend runs it as one job (NCCL); else a send and a receive, an event each.
   WorkPtr send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf, int64_t recv_count,
                     int from, int recv_tag, DType dt) override;
   bool send_recv_fused() const override { return inner_.send_recv_fused(); }
+  // The inner backend's one gated job (the threads backend's fused ring step), one event.
+  WorkPtr ring_send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf, int64_t recv_count,
+                         int from, int recv_tag, DType dt) override;
+  // One event when the inner backend posts them as one group (NCCL); else its sends and receives.
+  WorkPtr group_send_recv(const std::vector<P2PPair>& pairs, int tag, DType dt) override;
   using Communicator::all_reduce;
 
  private:

@@ -91,6 +91,8 @@ class NcclRankComm : public QueuedCommunicator {
                     int from, int recv_tag, DType dt) override {
     return fused_send_recv(send_buf, send_count, to, send_tag, recv_buf, recv_count, from, dt);
   }
+  // A process group's grouped all-to-all: every send and receive in one ncclGroupStart/End.
+  WorkPtr group_send_recv(const std::vector<P2PPair>& pairs, int tag, DType dt) override { return grouped_send_recv(pairs, tag, dt); }
 
  private:
   WorkTimes run_job(CommJob& j) override {
@@ -158,7 +160,14 @@ class NcclRankComm : public QueuedCommunicator {
       case CollectiveOp::Reduce: DTLAB_NCCL_CHECK(ncclReduce(j.buf, j.buf, c, t, op, root, comm_, s)); break;
       case CollectiveOp::Barrier: DTLAB_NCCL_CHECK(ncclAllReduce(barrier_, barrier_, 1, ncclFloat32, ncclSum, comm_, s)); break;
       case CollectiveOp::Send:
-        if (j.fused) {  // send_recv: both in one group, so neither waits for the other's peer first
+        if (!j.group.empty()) {  // group_send_recv: every pair in one group
+          DTLAB_NCCL_CHECK(ncclGroupStart());
+          for (const P2PPair& p : j.group) {
+            DTLAB_NCCL_CHECK(ncclSend(p.send, static_cast<size_t>(p.send_count), t, p.to, comm_, s));
+            DTLAB_NCCL_CHECK(ncclRecv(p.recv, static_cast<size_t>(p.recv_count), t, p.from, comm_, s));
+          }
+          DTLAB_NCCL_CHECK(ncclGroupEnd());
+        } else if (j.fused) {  // send_recv: both in one group, so neither waits for the other's peer first
           DTLAB_NCCL_CHECK(ncclGroupStart());
           DTLAB_NCCL_CHECK(ncclSend(j.in, c, t, j.peer, comm_, s));
           DTLAB_NCCL_CHECK(ncclRecv(j.buf, static_cast<size_t>(j.recv_count), t, j.recv_peer, comm_, s));
@@ -168,12 +177,26 @@ class NcclRankComm : public QueuedCommunicator {
         }
         break;
       case CollectiveOp::Recv: DTLAB_NCCL_CHECK(ncclRecv(j.buf, c, t, j.peer, comm_, s)); break;
-      case CollectiveOp::AllToAll: {  // one group of n sends and n receives (NCCL's all-to-all)
+      case CollectiveOp::AllToAll: {
         const size_t block = c * static_cast<size_t>(dtype_size(j.desc.dtype));
+        const int n = world_size(), me = rank();
+        auto in_at = [&](int p) { return static_cast<const char*>(j.in) + p * block; };
+        auto out_at = [&](int p) { return static_cast<char*>(j.buf) + p * block; };
+        if (j.desc.algo == Algorithm::Pairwise) {  // n - 1 rounds: round k sends to me + k, receives from me - k
+          DTLAB_CUDA_CHECK(cudaMemcpyAsync(out_at(me), in_at(me), block, cudaMemcpyDeviceToDevice, s));
+          for (int k = 1; k < n; k++) {
+            DTLAB_NCCL_CHECK(ncclGroupStart());
+            DTLAB_NCCL_CHECK(ncclSend(in_at((me + k) % n), c, t, (me + k) % n, comm_, s));
+            DTLAB_NCCL_CHECK(ncclRecv(out_at((me - k + n) % n), c, t, (me - k + n) % n, comm_, s));
+            DTLAB_NCCL_CHECK(ncclGroupEnd());
+          }
+          break;
+        }
+        // Grouped, NCCL's own all-to-all: one group of n sends and n receives.
         DTLAB_NCCL_CHECK(ncclGroupStart());
-        for (int p = 0; p < world_size(); p++) {
-          DTLAB_NCCL_CHECK(ncclSend(static_cast<const char*>(j.in) + p * block, c, t, p, comm_, s));
-          DTLAB_NCCL_CHECK(ncclRecv(static_cast<char*>(j.buf) + p * block, c, t, p, comm_, s));
+        for (int p = 0; p < n; p++) {
+          DTLAB_NCCL_CHECK(ncclSend(in_at(p), c, t, p, comm_, s));
+          DTLAB_NCCL_CHECK(ncclRecv(out_at(p), c, t, p, comm_, s));
         }
         DTLAB_NCCL_CHECK(ncclGroupEnd());
         break;
@@ -301,7 +324,8 @@ NcclWorld::NcclWorld(int world_size, WorldOptions options) : impl_(std::make_uni
     throw Error("the nccl backend needs one GPU per rank: world size " + std::to_string(world_size) + " but " +
                 (have == 0 ? cuda::unavailable_reason() : "this machine has " + std::to_string(have) + " CUDA devices") +
                 " (NCCL refuses two ranks on one GPU; the cuda backend runs up to 16 ranks on one)");
-  const AlgorithmDefaults defaults{options.allreduce_algo, options.broadcast_algo, options.reduce_algo, options.protocol};
+  const AlgorithmDefaults defaults{options.allreduce_algo, options.broadcast_algo, options.reduce_algo, options.protocol,
+                                   options.alltoall_algo};
   const double timeout_s = options.timeout_s;
   const std::vector<Fault> faults = options.faults;
   impl_->world = std::make_unique<ThreadsWorld>(world_size, std::move(options));

@@ -643,7 +643,14 @@ double CostModel::collective_time(CollectiveOp op, Algorithm algo, double bytes)
       return l.alpha + S * l.beta;
     }
     case CollectiveOp::AllToAll: {
-      // Each rank sends a block of S/p to each of the p-1 others, one after another.
+      if (algo == Algorithm::Grouped) {  // every block at once: one latency, each rank's p-1 blocks share its links
+        std::vector<std::pair<int, int>> all;
+        for (int src = 0; src < p; src++)
+          for (int dst = 0; dst < p; dst++)
+            if (src != dst) all.push_back({src, dst});
+        return step_time(all, S / p, false);
+      }
+      // Pairwise: each rank sends a block of S/p to each of the p-1 others, one after another.
       const Link l = slowest_link(*this);
       return (p - 1) * (l.alpha + S / p * l.beta);
     }

@@ -120,6 +120,21 @@ Cost ring_cost(const Topology& t, CollectiveOp op, Protocol proto) {
   return c;
 }
 
+// All-to-all: each rank sends (n-1)/n of its buffer either way. Pairwise takes n-1 rounds, a hop's
+// latency each (the rounds that cross nodes at the inter-node hop's); grouped posts every send and
+// receive at once, so one hop's latency (the slowest link's) covers them all.
+Cost all_to_all_cost(const Topology& t, Algorithm algo, Protocol proto) {
+  const int nsteps = t.n - 1;
+  const int inter = !t.uses_inter() ? 0 : std::min(nsteps, t.n - t.ppn);  // the rounds whose partner is on another node
+  Cost c;
+  if (algo == Algorithm::Grouped)
+    c.latency = t.base(kRingFamily, proto) + (inter > 0 ? t.inter_hop(kRingFamily, proto) : t.intra_hop(kRingFamily, proto));
+  else
+    c.latency = t.base(kRingFamily, proto) + (nsteps - inter) * t.intra_hop(kRingFamily, proto) + inter * t.inter_hop(kRingFamily, proto);
+  c.beta = t.spread_beta() * nsteps / t.n;
+  return c;
+}
+
 Cost double_tree_cost(const Topology& t, Protocol proto) {
   Cost c;
   c.latency = t.base(kTreeFamily, proto) + 2 * ((t.ppn - 1) * t.intra_hop(kTreeFamily, proto) +
@@ -211,6 +226,7 @@ Prediction predict(const HardwareProfile& profile, int world, CollectiveOp op, A
   else if (algo == Algorithm::Hierarchical) c = t.uses_inter() ? hierarchical_cost(t, proto) : ring_cost(t, op, proto);
   else if (algo == Algorithm::InNetwork) c = in_network_cost(t, proto);
   else if (algo == Algorithm::Tree || algo == Algorithm::Naive) c = whole_buffer_cost(t, op, algo, proto);
+  else if (op == CollectiveOp::AllToAll) c = all_to_all_cost(t, algo, proto);
   else c = ring_cost(t, op, proto);
   const double beta = c.beta / wire_efficiency(proto);
   const double factor = bus_bandwidth_factor(op, t.n, algo);
@@ -288,13 +304,20 @@ void check_forced_choice(const HardwareProfile& profile, CollectiveOp op, Algori
 
 std::string algorithm_choice_name(Algorithm a) { return a == Algorithm::Default ? "auto" : algorithm_name(a); }
 
-Algorithm parse_algorithm_choice(std::string_view text) {
+Algorithm parse_algorithm_choice(std::string_view text, CollectiveOp op) {
   if (text == "auto") return Algorithm::Default;
+  const CollectiveTraits& t = collective_traits(op);
   std::vector<std::string> names = {"auto"};
+  bool known = false;
   for (Algorithm a : kAlgorithms) {
+    known = known || text == algorithm_name(a);
+    if (t.algorithms != 0 && !t.runs(a)) continue;
     if (text == algorithm_name(a)) return a;
     names.push_back(algorithm_name(a));
   }
+  if (known)
+    throw Error("--algo " + std::string(text) + " is not " + (std::string("aeiou").find(t.display_name[0]) != std::string::npos ? "an " : "a ") +
+                t.display_name + " algorithm; use " + choice_list(names));
   throw Error("--algo " + std::string(text) + " is not an algorithm; use " + choice_list(names));
 }
 

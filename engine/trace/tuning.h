@@ -48,9 +48,10 @@ std::string explain(const HardwareProfile& profile, int world, CollectiveOp op, 
 void check_forced_choice(const HardwareProfile& profile, CollectiveOp op, Algorithm algo, Protocol proto);
 
 // --algo's and --proto's words with "auto" for Default: "auto", "ring", "dbtree", ...; "auto",
-// "simple", "ll", "ll128" (also in NCCL_PROTO's case: LL128). The parsers throw dtlab::Error listing the choices.
+// "simple", "ll", "ll128" (also in NCCL_PROTO's case: LL128). The parsers throw dtlab::Error listing the
+// choices: for --algo those of `op` (dtlab-cli train's --algo is the all-reduce's; bench's its --op's).
 std::string algorithm_choice_name(Algorithm a);
-Algorithm parse_algorithm_choice(std::string_view text);
+Algorithm parse_algorithm_choice(std::string_view text, CollectiveOp op = CollectiveOp::AllReduce);
 std::string protocol_choice_name(Protocol p);
 Protocol parse_protocol_choice(std::string_view text);
 

@@ -333,6 +333,15 @@ std::vector<Setting> make_settings() {
   s.push_back(named(row("--proto", "proto", T::Choice, G::Comm, kBoth,
                         "Protocol (NCCL_PROTO): auto (default: the tuning model's pick) | simple | ll | ll128", 0, 0, false, "ll128"),
                     DTLAB_FIELD(proto), protocol_choice_name, [](const std::string& t) { return parse_protocol_choice(t); }));
+  s.push_back(named(row("--alltoall", "alltoall", T::Choice, G::Comm, kBoth,
+                        "All-to-all algorithm (--ep's dispatch and combine, Ulysses'): pairwise (default: n-1 rounds, each rank "
+                        "sending to one peer a round, a step each) | grouped (NCCL's: every send and receive in one group, one step)",
+                        0, 0, false, "grouped"),
+                    DTLAB_FIELD(alltoall_algo), algorithm_name, [](const std::string& t) {
+                      if (t == "pairwise" || t == "default") return Algorithm::Pairwise;
+                      if (t == "grouped") return Algorithm::Grouped;
+                      throw Error("--alltoall '" + t + "' is not an all-to-all algorithm; use pairwise or grouped");
+                    }));
 
   // Mesh
   s.push_back(field(row("--tp", "tp", T::Int, G::Mesh, kBoth,

@@ -438,6 +438,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
     wo.profile = config_.profile;
     wo.allreduce_algo = config_.algo;
     wo.protocol = config_.proto;
+    wo.alltoall_algo = config_.alltoall_algo;
     wo.start_paused = config_.start_paused;
     wo.faults = config_.faults;
     world_ = make_world(config_.backend, N, wo);
@@ -674,6 +675,7 @@ void Trainer::run_launched_rank(TrainSummary& sum, const std::function<void(cons
   so.timeout_s = config_.timeout_s;
   so.algorithms.allreduce = config_.algo;
   so.algorithms.protocol = config_.proto;
+  so.algorithms.alltoall = config_.alltoall_algo;
   so.faults = config_.faults;
   const int rank = so.rank;
   // With --monitor, rank 0 serves a viewer and the other ranks feed it; rank 0's stepper decides

@@ -71,6 +71,9 @@ struct TrainConfig {
   // unless asked, so a run's pictures stay those of the lessons.
   Algorithm algo = collective_traits(CollectiveOp::AllReduce).default_algorithm;
   Protocol proto = Protocol::Default;
+  // The all-to-alls' (expert parallelism's dispatch and combine, Ulysses'): pairwise (n-1 rounds, a
+  // step each) or grouped (NCCL's one group of sends and receives: one step).
+  Algorithm alltoall_algo = collective_traits(CollectiveOp::AllToAll).default_algorithm;
   int64_t accum = 1;        // gradient accumulation: micro-batches per optimizer step (no_sync)
   // The model's branch (unused-parameters lesson): on every `skip_every`-th step the forward
   // bypasses the square Linear at Sequential index `skip_layer` (and its ReLU). -1: no branch.
