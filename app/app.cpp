@@ -170,6 +170,7 @@ class App : public ScriptRunner::Host {
   PipelineViewState pipeline_view_;
   SizingViewState sizing_view_;  // the calculator's settings (view sizing)
   ExpertsViewState experts_view_;  // whose tokens the Experts view shows without a focus
+  AllToAllViewState alltoall_view_;  // the group the All-to-all view shows when the stepper holds none of its
   CompareState compare_;       // A/B: the pinned run and A's view states (app/compare_view.h)
   double start_time_ = 0;
   bool show_lessons_ = false;  // the lesson panel on the left
@@ -1059,7 +1060,7 @@ void App::views() {
       case kSizing: draw_sizing_view(s, ctx_, sizing_view_); break;
       case kRoofline: draw_roofline_view(s, ctx_); break;
       case kExperts: draw_experts_view(s, ctx_, experts_view_); break;
-      case kAllToAll: draw_alltoall_view(s, ctx_); break;
+      case kAllToAll: draw_alltoall_view(s, ctx_, alltoall_view_); break;
       case kContext: draw_context_view(s, ctx_); break;
     }
     ImGui::End();

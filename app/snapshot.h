@@ -316,13 +316,15 @@ struct AllToAllView {
   std::string group_name;      // "ep0"; "" for the world
   std::vector<int> members;    // global ranks in group order (0 .. world-1 for the world)
   DType dtype = DType::F32;
+  bool split_sizes = false;    // all_to_all_v (a size per pair); else the plain one, equal blocks
   int n = 0;                   // members.size()
   int steps = 0;               // pairwise exchange: n - 1 (step k - 1 sends to r + k)
   int steps_done = 0;          // steps every member finished
   int newest_step = -1;        // the highest step any member finished (the cells lit as just moved)
-  // (n, n), row: the sender's group rank, column: the receiver's. -1: not yet moved (unknown).
+  // (n, n), row: the sender's group rank, column: the receiver's. -1: not yet moved (unknown). The
+  // diagonal is each member's own block, kept (copied locally, never sent), known from its issue.
   std::vector<int64_t> bytes;
-  std::vector<int64_t> sent;   // n: what each member put in for the others (from its issue); -1 before it
+  std::vector<int64_t> sent;   // n: what each member sends the others (from its issue, its own block left out); -1 before it
   int64_t total = 0;           // every pair's bytes moved so far between different ranks
   std::string label;           // "ep0 #3 all_to_all of float32, 4.1 kB"
   int64_t at(int src, int dst) const { return bytes[static_cast<size_t>(src * n + dst)]; }
@@ -436,7 +438,12 @@ struct Snapshot {
   int64_t last_skipped_step = -1;    // fp16: the last of them (1-based; -1: none)
   DataView data;
   std::vector<std::string> param_names;  // model parameters
-  AllToAllView alltoall;             // the newest all-to-all (the All-to-all view)
+  // The All-to-all view's: every process group's newest all-to-all, the newest first (its group
+  // combo), and the one it shows unless the user picks a group: the newest of the group of the
+  // operation the stepper holds (`alltoall_held`) when that group has had one, else the newest of all.
+  std::vector<AllToAllView> alltoall_groups;
+  AllToAllView alltoall;
+  bool alltoall_held = false;
   ExpertsView experts;               // MoE routing, read while the run stands still (the Experts view)
   ContextView context;               // context parallelism's chunks and ring passes (the Context view)
 };

@@ -330,6 +330,16 @@ TEST_SUITE("gui") {
     const std::string run = "--strategy ddp --world 4 --model gpt:layers=2,heads=4,embd=32,ctx=16 --data text --cp 4 --cp-layout zigzag";
     CHECK(layout_clean(dir, "1280x720", run, script) == 2);
   }
+  // Ulysses on 4 ranks with --cp 2: two CP groups' all-to-alls, the group combo (greyed while the
+  // stepper holds one of them, free after an iteration), normal and presentation.
+  TEST_CASE("under Xvfb: the All-to-all view of a Ulysses run with two CP groups fits at 1280x720") {
+    DTLAB_REQUIRE_XVFB();
+    test::TempDir dir;
+    const std::string views = "view alltoall; check layout; step iteration 1; check layout";
+    const std::string script = "step collective 6; " + views + "; presentation on; " + views;
+    const std::string run = "--strategy ddp --world 4 --model gpt:layers=2,heads=4,embd=32,ctx=16 --data text --cp 2 --cp-layout ulysses";
+    CHECK(layout_clean(dir, "1280x720", run, script) == 4);
+  }
   TEST_CASE("under Xvfb: layout gate at 1600x900: every view, normal and presentation, DDP, FSDP and a pipeline") {
     DTLAB_REQUIRE_XVFB();
     layout_gate("1600x900");

@@ -6,6 +6,7 @@
 
 #include <chrono>
 
+#include "app/alltoall_tracker.h"  // pick_alltoall
 #include "app/options.h"
 #include "app/session.h"
 #include "tests/session_util.h"
@@ -278,6 +279,48 @@ TEST_SUITE("app") {
     CHECK(c.batch == 66);  // the nearest multiple of 6
     CHECK(c.model.str() == "mlp:2,256,256,256,256,256,256,256,3");  // 8 Linear layers for 4 x 2 stages
     CHECK(c.pipeline.split.empty());  // 2 counts cannot cut 8 stages
+  }
+
+  // Ulysses (--world 4 --cp 2): plain all-to-alls of equal blocks in cp0 and cp1. Each rank keeps one
+  // block of two and sends the other; the view follows the group of the all-to-all the stepper holds.
+  TEST_CASE("a Ulysses run's all-to-alls: each rank's own block kept, one block sent, the held group followed") {
+    TrainConfig c = lab_config(4);
+    c.model = ModelSpec::parse("gpt:layers=2,heads=4,embd=16,ctx=16");
+    c.data = "text";
+    c.cp = 2;
+    c.cp_layout = CpLayout::Ulysses;
+    c.batch = 2;
+    Session session(c);
+    const Snapshot* s = &step(session, GateKind::Collective);
+    for (int i = 0; i < 30 && !(s->held.valid && s->held.gate.coll == CollectiveOp::AllToAll); i++) s = &step(session, GateKind::Collective);
+    REQUIRE(s->held.gate.coll == CollectiveOp::AllToAll);
+    const int32_t first = s->held.gate.trace_group;
+    REQUIRE(s->alltoall.valid);
+    CHECK(s->alltoall_held);
+    CHECK(s->alltoall.group == first);
+    CHECK_FALSE(s->alltoall.split_sizes);
+    const int64_t block = s->held.gate.bytes / 2;  // the payload is both blocks
+    REQUIRE(block > 0);
+    for (int i = 0; i < 2; i++) {
+      CAPTURE(i);
+      CHECK(s->alltoall.at(i, i) == block);   // kept
+      CHECK(s->alltoall.sent[static_cast<size_t>(i)] == block);  // the other block, not the whole buffer
+    }
+    // R enters it: held before its one round, nothing moved yet, the cells to move outlined.
+    s = &step(session, GateKind::RingStep);
+    REQUIRE(s->held.kind == GateKind::RingStep);
+    CHECK(s->alltoall.group == s->held.gate.trace_group);
+    CHECK(s->alltoall.in_flight);
+    CHECK(s->alltoall.steps_done == 0);
+    CHECK(s->alltoall.at(0, 1) == -1);
+    // Stepping on reaches the other CP group's all-to-all: the view goes with it.
+    for (int i = 0; i < 30 && !(s->held.valid && s->held.gate.coll == CollectiveOp::AllToAll && s->held.gate.trace_group != first); i++)
+      s = &step(session, GateKind::Collective);
+    REQUIRE(s->held.gate.trace_group != first);
+    CHECK(s->alltoall_held);
+    CHECK(s->alltoall.group == s->held.gate.trace_group);
+    CHECK(s->alltoall_groups.size() == 2);
+    CHECK(pick_alltoall(*s, first).group == s->held.gate.trace_group);  // a pick waits while a held one is shown
   }
 }
 #endif  // DTLAB_HAVE_GUI

@@ -72,8 +72,13 @@ void draw_mesh_view(const Snapshot& s, ViewContext& ctx);
 // The roofline (roofline_view.cpp): the last finished iteration's layers and collectives of the focus
 // rank (else rank 0) against the device's roof, log-log, one dot per span coloured by its kind.
 void draw_roofline_view(const Snapshot& s, ViewContext& ctx);
-// The newest all-to-all as a sender x receiver matrix of bytes, lit step by step (alltoall_view.cpp).
-void draw_alltoall_view(const Snapshot& s, ViewContext& ctx);
+// An all-to-all as a sender x receiver matrix of bytes, lit step by step (alltoall_view.cpp): the held
+// operation's group's newest, else the newest of the group picked in its combo (`group`; -1: the newest
+// of all).
+struct AllToAllViewState {
+  int32_t group = -1;  // CollectiveInfo::group (0: the world)
+};
+void draw_alltoall_view(const Snapshot& s, ViewContext& ctx, AllToAllViewState& state);
 // Context parallelism's CP group: each rank's chunks of the sequence, the causal mask it met at each
 // ring step with the pairs it computed, and the K/V blocks in flight (context_view.cpp).
 void draw_context_view(const Snapshot& s, ViewContext& ctx);
