@@ -315,11 +315,12 @@ TEST_SUITE("gui") {
   TEST_CASE("under Xvfb: the Experts and All-to-all views of an --ep run fit at 1280x720") {
     DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
-    const std::string views = "view experts; check layout; view alltoall; check layout";
+    // The Experts view with its "Tokens of" slider, and with a rank focus that replaces it by a line.
+    const std::string views = "view experts; check layout; view alltoall; check layout; focus rank 2; view experts; check layout; focus none";
     const std::string script = "step collective 31; step ring 1; " + views + "; presentation on; " + views;
     const std::string run = "--strategy ddp --world 4 --model gpt:layers=2,heads=2,embd=32,ctx=16 --data text "
                             "--moe experts=4,top_k=2,capacity=1.25 --ep 2";
-    CHECK(layout_clean(dir, "1280x720", run, script) == 4);
+    CHECK(layout_clean(dir, "1280x720", run, script) == 6);
   }
   // The Context view with a ring pass held at its send (zigzag: every cell has work), normal and presentation.
   TEST_CASE("under Xvfb: the Context view of a --cp run fits at 1280x720") {
