@@ -375,9 +375,19 @@ struct ContextRankView {
   std::vector<int64_t> positions;      // the positions it holds, in its order
   int block = -1;                      // the GPT block of the pass running now or last (-1: none yet)
   std::vector<ContextPassView> passes; // per GPT block: its latest pass (forward, or backward once it ran)
+  std::vector<ContextPassView> earlier;  // per GPT block: its last pass the other way (finished; invalid: none)
   const ContextPassView& pass() const {
     static const ContextPassView none;
     return block >= 0 && block < static_cast<int>(passes.size()) ? passes[static_cast<size_t>(block)] : none;
+  }
+  // Block `l`'s last pass that way: its latest, or the earlier one; invalid when it has none.
+  const ContextPassView& pass(int l, bool backward) const {
+    static const ContextPassView none;
+    if (l < 0 || l >= static_cast<int>(passes.size())) return none;
+    const ContextPassView& latest = passes[static_cast<size_t>(l)];
+    if (latest.valid && latest.backward == backward) return latest;
+    const ContextPassView& e = l < static_cast<int>(earlier.size()) ? earlier[static_cast<size_t>(l)] : none;
+    return e.valid && e.backward == backward ? e : none;
   }
 };
 struct ContextView {

@@ -322,5 +322,39 @@ TEST_SUITE("app") {
     CHECK(s->alltoall_groups.size() == 2);
     CHECK(pick_alltoall(*s, first).group == s->held.gate.trace_group);  // a pick waits while a held one is shown
   }
+
+  // Ring attention's passes: after an iteration each block's backward is its latest pass, and its
+  // forward is still there for the Context view's block selector.
+  TEST_CASE("the Context view keeps each block's forward pass beside its backward") {
+    TrainConfig c = lab_config(4);
+    c.model = ModelSpec::parse("gpt:layers=2,heads=4,embd=16,ctx=16");
+    c.data = "text";
+    c.cp = 2;
+    c.batch = 2;
+    Session session(c);
+    const Snapshot& s = step(session, GateKind::Iteration, 2);  // the setup, then iteration 0
+    REQUIRE(s.context.read);
+    for (int r = 0; r < 4; r++) {
+      const std::vector<int>* g = s.context.group_of(r);
+      REQUIRE(g != nullptr);
+      const int q = static_cast<int>(std::find(g->begin(), g->end(), r) - g->begin());  // its CP rank
+      const ContextRankView& rv = s.context.ranks[static_cast<size_t>(r)];
+      for (int l = 0; l < 2; l++) {
+        CAPTURE(r);
+        CAPTURE(l);
+        const ContextPassView& f = rv.pass(l, false);
+        const ContextPassView& b = rv.pass(l, true);
+        REQUIRE(f.valid);
+        REQUIRE(b.valid);
+        CHECK_FALSE(f.backward);
+        CHECK(b.backward);
+        CHECK(b.steps_done == 2);
+        // Forward: step s meets rank q - s's block; backward the other way round.
+        CHECK(f.held[1] == (q + 1) % 2);
+        CHECK(b.held[0] == q);
+        CHECK(f.pairs[static_cast<size_t>(0)] == b.pairs[static_cast<size_t>(0)]);  // its own block, the same causal pairs
+      }
+    }
+  }
 }
 #endif  // DTLAB_HAVE_GUI

@@ -80,8 +80,14 @@ struct AllToAllViewState {
 };
 void draw_alltoall_view(const Snapshot& s, ViewContext& ctx, AllToAllViewState& state);
 // Context parallelism's CP group: each rank's chunks of the sequence, the causal mask it met at each
-// ring step with the pairs it computed, and the K/V blocks in flight (context_view.cpp).
-void draw_context_view(const Snapshot& s, ViewContext& ctx);
+// ring step with the pairs it computed, and the K/V blocks in flight (context_view.cpp). Which ring
+// pass: the one running now (or the last) while `follow`, else block `block`'s last pass that way.
+struct ContextViewState {
+  bool follow = true;
+  int block = 0;          // a GPT block
+  bool backward = false;  // its backward pass, else its forward
+};
+void draw_context_view(const Snapshot& s, ViewContext& ctx, ContextViewState& state);
 // MoE routing per block: tokens per expert, kept and dropped, capacity, owners, imbalance and aux
 // loss with their trend (experts_view.cpp). `rank`: whose tokens, when no rank has the stepper's focus.
 struct ExpertsViewState {
