@@ -319,7 +319,7 @@ const AllToAllView& alltoall(const Snapshot& s) {
 int alltoall_member(const AllToAllView& a, const Arg& r) {
   const auto it = std::find(a.members.begin(), a.members.end(), static_cast<int>(r.num));
   if (r.num != std::floor(r.num) || it == a.members.end())
-    throw_sentence("rank " + format_figure(r.num) + " is not in the shown all-to-all's group (" +
+    throw_sentence("rank " + format_figure(r.num) + " is not in the all-to-all's group (" +
                    (a.group_name.empty() ? std::string("the world") : a.group_name) + ")");
   return static_cast<int>(it - a.members.begin());
 }
@@ -715,7 +715,7 @@ std::vector<Entry> traffic_entries() {
   };
 }
 
-// Mixture of experts: the routers' last forward (the Experts view) and the newest all-to-all (the All-to-all view)
+// Mixture of experts: the routers' last forward (the Experts view) and the All-to-all view's all-to-all
 std::vector<Entry> moe_entries() {
   auto d = [](int64_t x) { return static_cast<double>(x); };
   return {
@@ -741,7 +741,7 @@ std::vector<Entry> moe_entries() {
     {"alltoall.sent(R)", "n", "bytes that leave rank R in the All-to-all view's all-to-all (the held operation's group's newest, else the newest): what it sends the other ranks (its own block is kept, a local copy), known from its issue", [](S s, A a) {
        const AllToAllView& t = alltoall(s);
        const int64_t b = t.sent[static_cast<size_t>(alltoall_member(t, a[0]))];
-       if (b < 0) throw_sentence("rank " + format_figure(a[0].num) + " has not issued that all-to-all yet");
+       if (b < 0) throw_sentence("rank " + format_figure(a[0].num) + " has not issued the all-to-all yet");
        return double(b); }},
     {"alltoall.bytes(SRC, DST)", "nn", "bytes rank SRC sent rank DST in it so far (SRC = DST: its own block, kept: copied locally)", [](S s, A a) {
        const AllToAllView& t = alltoall(s);

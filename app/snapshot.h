@@ -304,10 +304,10 @@ struct MeshView {
   MeshGroup group;                 // the shown collective's group (label "tp0: 0,1", or the world), or the held send/recv's pair
 };
 
-// The All-to-all view: the newest all-to-all of the run (the one running, else the last), as an n x n
-// matrix over its group (an EP group "ep0: 0,1", or the world) from its events: each receiver's
-// RingStep names the sender and the bytes received; a rank's block to itself is a local copy, the
-// part of what it put in (its issue's in_count) that did not leave it (its bytes).
+// The All-to-all view: one group's newest all-to-all (the one running, else the last), as an n x n
+// matrix over its group (an EP group "ep0: 0,1", a CP group, or the world) from its events: each
+// receiver's RingStep names the sender and the bytes received; a rank's block to itself is kept, a
+// local copy, its issue's kept_count (the plain all_to_all's one block of n, or all_to_all_v's own count).
 struct AllToAllView {
   bool valid = false;
   bool in_flight = false;      // some member has not finished it
