@@ -9,9 +9,7 @@ namespace dtlab::app {
 
 void AllToAllTracker::reset() {
   tracks_.clear();
-  newest_ = {0, 0};
-  newest_order_ = 0;
-  any_ = false;
+  newest_.clear();
 }
 
 void AllToAllTracker::ingest(int rank, const Event& e) {
@@ -23,16 +21,21 @@ void AllToAllTracker::ingest(int rank, const Event& e) {
     if (fresh) {
       t.order = e.order;
       t.dtype = e.coll.dtype;
-      if (!any_ || e.order > newest_order_) newest_ = k, newest_order_ = e.order, any_ = true;
-      // Forget the oldest beyond kKept (never the newest).
-      while (tracks_.size() > kKept) {
-        auto oldest = std::min_element(tracks_.begin(), tracks_.end(),
-                                       [](const auto& a, const auto& b) { return a.second.order < b.second.order; });
+      t.split_sizes = e.coll.split_sizes;
+      auto nw = newest_.find(k.first);
+      if (nw == newest_.end() || tracks_.at(nw->second).order < e.order) newest_[k.first] = k;
+      // Forget the oldest beyond kKept, never a group's newest.
+      while (tracks_.size() > kKept + newest_.size()) {
+        auto oldest = tracks_.end();
+        for (auto c = tracks_.begin(); c != tracks_.end(); ++c)
+          if (newest_.at(c->first.first) != c->first && (oldest == tracks_.end() || c->second.order < oldest->second.order)) oldest = c;
+        if (oldest == tracks_.end()) break;
         tracks_.erase(oldest);
       }
     }
-    t.in_bytes[rank] = e.coll.in_count * dtype_size(e.coll.dtype);
-    t.out_bytes[rank] = e.coll.bytes;
+    const int64_t size = dtype_size(e.coll.dtype);
+    t.kept_bytes[rank] = e.coll.kept_count * size;
+    t.sent_bytes[rank] = (e.coll.in_count - e.coll.kept_count) * size;
     if (e.kind == EventKind::Collective) t.done[rank] = true;
     return;
   }
@@ -45,27 +48,25 @@ void AllToAllTracker::ingest(int rank, const Event& e) {
   s = std::max(s, static_cast<int>(e.step.step) + 1);
 }
 
-void AllToAllTracker::build(const std::map<int32_t, std::vector<int>>& group_ranks,
-                            const std::map<int32_t, std::string>& group_names, int world, AllToAllView& out) const {
+bool AllToAllTracker::view_of(const Key& k, const Track& t, const std::map<int32_t, std::vector<int>>& group_ranks,
+                              const std::map<int32_t, std::string>& group_names, int world, AllToAllView& out) const {
   out = AllToAllView{};
-  auto it = tracks_.find(newest_);
-  if (!any_ || it == tracks_.end()) return;
-  const Track& t = it->second;
   std::vector<int> members;
-  if (newest_.first != 0) {
-    auto g = group_ranks.find(newest_.first);
-    if (g == group_ranks.end()) return;  // its label not read yet
+  if (k.first != 0) {
+    auto g = group_ranks.find(k.first);
+    if (g == group_ranks.end()) return false;  // its label not read yet
     members = g->second;
   } else {
     for (int r = 0; r < world; r++) members.push_back(r);
   }
   const int n = static_cast<int>(members.size());
   out.valid = true;
-  out.seq = newest_.second;
-  out.group = newest_.first;
-  if (auto nm = group_names.find(newest_.first); nm != group_names.end()) out.group_name = nm->second;
+  out.seq = k.second;
+  out.group = k.first;
+  if (auto nm = group_names.find(k.first); nm != group_names.end()) out.group_name = nm->second;
   out.members = members;
   out.dtype = t.dtype;
+  out.split_sizes = t.split_sizes;
   out.n = n;
   out.steps = n - 1;
   out.bytes.assign(static_cast<size_t>(n * n), -1);
@@ -74,14 +75,9 @@ void AllToAllTracker::build(const std::map<int32_t, std::vector<int>>& group_ran
   bool all_done = true;
   for (int i = 0; i < n; i++) {
     const int g = members[static_cast<size_t>(i)];
-    auto in = t.in_bytes.find(g);
-    auto left = t.out_bytes.find(g);
-    if (in != t.in_bytes.end() && left != t.out_bytes.end()) {
-      out.sent[static_cast<size_t>(i)] = left->second;
-      // A rank's own block never leaves it: all_to_all_v's bytes count only what leaves.
-      const int64_t self = in->second - left->second;
-      if (self >= 0) out.bytes[static_cast<size_t>(i * n + i)] = self;
-    }
+    // A rank's own block never leaves it: its issue says how large it is and what goes to the others.
+    if (auto kept = t.kept_bytes.find(g); kept != t.kept_bytes.end()) out.bytes[static_cast<size_t>(i * n + i)] = kept->second;
+    if (auto sent = t.sent_bytes.find(g); sent != t.sent_bytes.end()) out.sent[static_cast<size_t>(i)] = sent->second;
     auto d = t.done.find(g);
     const bool done = d != t.done.end() && d->second;
     all_done = all_done && done;
@@ -99,7 +95,41 @@ void AllToAllTracker::build(const std::map<int32_t, std::vector<int>>& group_ran
   }
   out.in_flight = !all_done;
   out.label = (out.group_name.empty() ? std::string("world") : out.group_name) + " #" + std::to_string(out.seq) +
-              " all_to_all of " + dtype_word(out.dtype) + ", " + human_bytes(out.total) + (out.in_flight ? " so far" : "");
+              (out.split_sizes ? " all_to_all_v of " : " all_to_all of ") + dtype_word(out.dtype) + ", " + human_bytes(out.total) +
+              (out.in_flight ? " so far" : "");
+  return true;
+}
+
+void AllToAllTracker::build(const std::map<int32_t, std::vector<int>>& group_ranks, const std::map<int32_t, std::string>& group_names,
+                            int world, const PendingItem& held, std::vector<AllToAllView>& groups, AllToAllView& shown,
+                            bool& follows_held) const {
+  groups.clear();
+  shown = AllToAllView{};
+  follows_held = false;
+  std::vector<std::pair<uint64_t, Key>> by_age;  // (order, key), the newest first
+  for (const auto& [group, k] : newest_) by_age.emplace_back(tracks_.at(k).order, k);
+  std::sort(by_age.begin(), by_age.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [order, k] : by_age) {
+    AllToAllView v;
+    if (view_of(k, tracks_.at(k), group_ranks, group_names, world, v)) groups.push_back(std::move(v));
+  }
+  if (groups.empty()) return;
+  shown = groups.front();
+  const bool held_collective = held.valid && (held.kind == GateKind::Collective || held.kind == GateKind::RingStep) &&
+                               !held.gate.op.p2p && !held.gate.op2.p2p;
+  if (!held_collective) return;
+  for (const AllToAllView& v : groups)
+    if (v.group == held.gate.trace_group) {
+      shown = v;
+      follows_held = true;
+    }
+}
+
+const AllToAllView& pick_alltoall(const Snapshot& s, int32_t group) {
+  if (!s.alltoall_held && group >= 0)
+    for (const AllToAllView& v : s.alltoall_groups)
+      if (v.group == group) return v;
+  return s.alltoall;
 }
 
 }  // namespace dtlab::app

@@ -116,6 +116,7 @@ class App : public ScriptRunner::Host {
   void restart(const TrainConfig& c) override;
   void show_view(const std::string& name) override;
   void set_sizing(const std::string& spec) override;
+  void set_context_block(int block, bool backward) override;
   void set_presentation(bool on) override;
   void set_fullscreen(bool on) override { fullscreen_.set(win_, on), relayout_ = true; }
   void start_screen(const std::string& what) override;
@@ -170,6 +171,8 @@ class App : public ScriptRunner::Host {
   PipelineViewState pipeline_view_;
   SizingViewState sizing_view_;  // the calculator's settings (view sizing)
   ExpertsViewState experts_view_;  // whose tokens the Experts view shows without a focus
+  AllToAllViewState alltoall_view_;  // the group the All-to-all view shows when the stepper holds none of its
+  ContextViewState context_view_;    // the Context view's block: the running pass, or one chosen
   CompareState compare_;       // A/B: the pinned run and A's view states (app/compare_view.h)
   double start_time_ = 0;
   bool show_lessons_ = false;  // the lesson panel on the left
@@ -1059,8 +1062,8 @@ void App::views() {
       case kSizing: draw_sizing_view(s, ctx_, sizing_view_); break;
       case kRoofline: draw_roofline_view(s, ctx_); break;
       case kExperts: draw_experts_view(s, ctx_, experts_view_); break;
-      case kAllToAll: draw_alltoall_view(s, ctx_); break;
-      case kContext: draw_context_view(s, ctx_); break;
+      case kAllToAll: draw_alltoall_view(s, ctx_, alltoall_view_); break;
+      case kContext: draw_context_view(s, ctx_, context_view_); break;
     }
     ImGui::End();
   }
@@ -1205,6 +1208,12 @@ void App::show_view(const std::string& name) {
       if (name == kViewNames[v]) solo_ = v;
   }
   relayout_ = true;
+}
+
+void App::set_context_block(int block, bool backward) {
+  context_view_.follow = block < 0;
+  if (block >= 0) context_view_.block = block, context_view_.backward = backward;
+  show_view("context");
 }
 
 void App::set_sizing(const std::string& spec) {

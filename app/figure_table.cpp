@@ -310,7 +310,8 @@ std::vector<double> moe_rows_run(const Snapshot& s, const Arg& l) {
   return rows;
 }
 
-// The newest all-to-all (the All-to-all view's), and group member `r` of it named by its global rank.
+// The All-to-all view's all-to-all unless a group is picked there (the held operation's group's newest,
+// else the newest of all), and group member `r` of it named by its global rank.
 const AllToAllView& alltoall(const Snapshot& s) {
   if (!s.alltoall.valid) throw_sentence("no all-to-all has been issued yet (an --ep run's MoE blocks issue them in forward and backward)");
   return s.alltoall;
@@ -318,7 +319,7 @@ const AllToAllView& alltoall(const Snapshot& s) {
 int alltoall_member(const AllToAllView& a, const Arg& r) {
   const auto it = std::find(a.members.begin(), a.members.end(), static_cast<int>(r.num));
   if (r.num != std::floor(r.num) || it == a.members.end())
-    throw_sentence("rank " + format_figure(r.num) + " is not in the newest all-to-all's group (" +
+    throw_sentence("rank " + format_figure(r.num) + " is not in the all-to-all's group (" +
                    (a.group_name.empty() ? std::string("the world") : a.group_name) + ")");
   return static_cast<int>(it - a.members.begin());
 }
@@ -714,7 +715,7 @@ std::vector<Entry> traffic_entries() {
   };
 }
 
-// Mixture of experts: the routers' last forward (the Experts view) and the newest all-to-all (the All-to-all view)
+// Mixture of experts: the routers' last forward (the Experts view) and the All-to-all view's all-to-all
 std::vector<Entry> moe_entries() {
   auto d = [](int64_t x) { return static_cast<double>(x); };
   return {
@@ -737,12 +738,12 @@ std::vector<Entry> moe_entries() {
     {"moe.rows_mean(L)", "n", "the mean over the ranks of those rows (what each would compute with a perfectly even router)", [](S s, A a) {
        const std::vector<double> rows = moe_rows_run(s, a[0]);
        return std::accumulate(rows.begin(), rows.end(), 0.0) / static_cast<double>(rows.size()); }},
-    {"alltoall.sent(R)", "n", "bytes that leave rank R in the newest all-to-all: what it put in for the other ranks (its block to itself is a local copy), known from its issue", [](S s, A a) {
+    {"alltoall.sent(R)", "n", "bytes that leave rank R in the All-to-all view's all-to-all (the held operation's group's newest, else the newest): what it sends the other ranks (its own block is kept, a local copy), known from its issue", [](S s, A a) {
        const AllToAllView& t = alltoall(s);
        const int64_t b = t.sent[static_cast<size_t>(alltoall_member(t, a[0]))];
-       if (b < 0) throw_sentence("rank " + format_figure(a[0].num) + " has not issued the newest all-to-all yet");
+       if (b < 0) throw_sentence("rank " + format_figure(a[0].num) + " has not issued the all-to-all yet");
        return double(b); }},
-    {"alltoall.bytes(SRC, DST)", "nn", "bytes rank SRC sent rank DST in it so far (SRC = DST: its block to itself, copied locally)", [](S s, A a) {
+    {"alltoall.bytes(SRC, DST)", "nn", "bytes rank SRC sent rank DST in it so far (SRC = DST: its own block, kept: copied locally)", [](S s, A a) {
        const AllToAllView& t = alltoall(s);
        const int i = alltoall_member(t, a[0]), j = alltoall_member(t, a[1]);
        if (t.at(i, j) < 0) throw_sentence("rank " + format_figure(a[0].num) + "'s block for rank " + format_figure(a[1].num) + " has not moved yet; step the all-to-all (step ring)");

@@ -38,7 +38,7 @@ const std::vector<std::string> kNotScenario = {"--script", "--run", "--screensho
 const std::vector<std::string> kQuestionKeys = {"ask", "choice", "answer", "expect", "tolerance", "unit", "topic", "reveal", "explain"};
 const std::vector<std::string> kActionWords = {"step", "focus", "run", "pause", "wait", "view", "clock", "set_epoch", "speed",
                                                "presentation", "reset", "set", "inject", "scenario", "mark", "expect",
-                                               "select", "compare", "zoom", "sizing"};  // select, compare, zoom: an opened trace's
+                                               "select", "compare", "zoom", "sizing", "context"};  // select, compare, zoom: an opened trace's
 
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 

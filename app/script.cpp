@@ -21,7 +21,7 @@ namespace {
 const char* kUsage =
     "commands: step ring|collective|layer|bucket|iteration|action [N], focus rank R|group NAME|none, run [SECONDS]s, "
     "pause, wait SECONDSs, "
-    "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|sizing|roofline|experts|alltoall|context|all, sizing KEY=VALUE ...|run, screenshot PATH.png, speed X, "
+    "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|sizing|roofline|experts|alltoall|context|all, sizing KEY=VALUE ...|run, context block L [forward|backward]|follow, screenshot PATH.png, speed X, "
     "presentation on|off, fullscreen on|off, start on|off|ddp|fsdp|pipeline|course, check layout, clock modeled|wall, colour kind|peak, set_epoch on|off, generate TEXT, reset, quit, "
     "pin, unpin, compare --FLAG VALUE ... (run B with those settings beside the pinned A), "
     "lesson open NAME|next|back|goto N|answer X|check|play|demo|close; with --open: wait trace|compare [SECONDS]s, "
@@ -207,6 +207,21 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       }
       c.kind = ScriptCommand::Sizing;
       c.arg = spec;
+    } else if (k == "context") {
+      // The Context view's block: `context block L [forward|backward]` holds it there, `context follow`
+      // goes back to the pass running now.
+      double n = 0;
+      c.kind = ScriptCommand::Context;
+      if (w.size() == 2 && w[1] == "follow") {
+        c.count = -1;
+        c.arg = "follow";
+      } else if ((w.size() == 3 || w.size() == 4) && w[1] == "block" && parse_double(w[2], n, false) && n <= 1023 && n == std::floor(n) &&
+                 (w.size() == 3 || w[3] == "forward" || w[3] == "backward")) {
+        c.count = static_cast<int>(n);
+        c.arg = w.size() == 4 ? w[3] : "forward";
+      } else {
+        fail("context takes 'block L' (a GPT block from 0) with forward (the default) or backward, or 'follow'");
+      }
     } else if (k == "generate") {
       c.kind = ScriptCommand::Generate;
       c.arg = line.substr(line.find("generate") + 8);

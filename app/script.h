@@ -30,7 +30,9 @@ struct ScriptCommand {
               Sizing,      // `sizing KEY=VALUE ...`: the Sizing view's settings (engine/parallel/sizing.h's spec), arg the spec;
                            // `sizing run`: its "Run it scaled down", arg "run"
               Generate,    // `generate TEXT`: a GPT run continues TEXT in the data view (arg the text)
-              Colour };    // `colour kind|peak`: the timeline's spans by kind, or by their fraction of the roof
+              Colour,      // `colour kind|peak`: the timeline's spans by kind, or by their fraction of the roof
+              Context };   // `context block L [forward|backward]`: the Context view's block (count L, arg the way);
+                           // `context follow`: back to the pass running now (count -1, arg "follow")
   Kind kind = Quit;
   int count = 1;        // step commands: how many
   double seconds = 0;   // run / wait: how long (run 0 = run on)

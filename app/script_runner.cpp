@@ -188,6 +188,7 @@ bool ScriptRunner::run(const ScriptCommand& c) {
       start_settle(GateKind::Collective, 0);
       break;
     case ScriptCommand::Sizing: host_.set_sizing(c.arg); break;
+    case ScriptCommand::Context: host_.set_context_block(c.count, c.arg == "backward"); break;
     case ScriptCommand::View:
       if (trace_command(c)) return failure(c.line, "view " + c.arg + " is a panel of imported traces; open them with dtlab --open DIR");
       host_.show_view(c.arg);

@@ -32,6 +32,9 @@ class ScriptRunner {
     virtual ~Host() = default;
     virtual void show_view(const std::string& name) = 0;  // `view NAME`: one view alone, or "all"
     virtual void set_sizing(const std::string& spec) = 0;  // `sizing SPEC`: the Sizing view's settings, and the view alone; "run": its button
+    // `context block L forward|backward`: the Context view shows that block's pass, and the view alone;
+    // block -1: it follows the pass running now again.
+    virtual void set_context_block(int block, bool backward) = 0;
     virtual void set_presentation(bool on) = 0;
     virtual void set_fullscreen(bool on) = 0;
     // The start screen: "on", "off", "course", or a scenario's word (parse_start_scenario), whose

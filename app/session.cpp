@@ -253,18 +253,22 @@ bool Session::read_context(ContextView& v) const {
       for (int m : v.groups.back()) placed[static_cast<size_t>(m)] = 1;
     }
     out.block = g->cp_block();
-    for (int l = 0; l < static_cast<int>(config_.model.gpt.layers); l++) {
+    auto view = [](const GptCore::CpPass* p) {
       ContextPassView pv;
-      if (const GptCore::CpPass* p = g->cp_pass(l)) {
-        pv.valid = true;
-        pv.backward = p->backward;
-        pv.steps_done = p->steps_done;
-        pv.held = p->held;
-        pv.pairs = p->pairs;
-        pv.sent_bytes = p->sent_bytes;
-        pv.sending = p->sending;
-      }
-      out.passes.push_back(std::move(pv));
+      if (!p) return pv;
+      pv.valid = true;
+      pv.backward = p->backward;
+      pv.steps_done = p->steps_done;
+      pv.held = p->held;
+      pv.pairs = p->pairs;
+      pv.sent_bytes = p->sent_bytes;
+      pv.sending = p->sending;
+      return pv;
+    };
+    for (int l = 0; l < static_cast<int>(config_.model.gpt.layers); l++) {
+      const GptCore::CpPass* latest = g->cp_pass(l);
+      out.passes.push_back(view(latest));
+      out.earlier.push_back(view(latest ? g->cp_pass(l, !latest->backward) : nullptr));  // the block's pass the other way
     }
   }
   v.read = true;

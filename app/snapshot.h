@@ -304,10 +304,10 @@ struct MeshView {
   MeshGroup group;                 // the shown collective's group (label "tp0: 0,1", or the world), or the held send/recv's pair
 };
 
-// The All-to-all view: the newest all-to-all of the run (the one running, else the last), as an n x n
-// matrix over its group (an EP group "ep0: 0,1", or the world) from its events: each receiver's
-// RingStep names the sender and the bytes received; a rank's block to itself is a local copy, the
-// part of what it put in (its issue's in_count) that did not leave it (its bytes).
+// The All-to-all view: one group's newest all-to-all (the one running, else the last), as an n x n
+// matrix over its group (an EP group "ep0: 0,1", a CP group, or the world) from its events: each
+// receiver's RingStep names the sender and the bytes received; a rank's block to itself is kept, a
+// local copy, its issue's kept_count (the plain all_to_all's one block of n, or all_to_all_v's own count).
 struct AllToAllView {
   bool valid = false;
   bool in_flight = false;      // some member has not finished it
@@ -316,13 +316,15 @@ struct AllToAllView {
   std::string group_name;      // "ep0"; "" for the world
   std::vector<int> members;    // global ranks in group order (0 .. world-1 for the world)
   DType dtype = DType::F32;
+  bool split_sizes = false;    // all_to_all_v (a size per pair); else the plain one, equal blocks
   int n = 0;                   // members.size()
   int steps = 0;               // pairwise exchange: n - 1 (step k - 1 sends to r + k)
   int steps_done = 0;          // steps every member finished
   int newest_step = -1;        // the highest step any member finished (the cells lit as just moved)
-  // (n, n), row: the sender's group rank, column: the receiver's. -1: not yet moved (unknown).
+  // (n, n), row: the sender's group rank, column: the receiver's. -1: not yet moved (unknown). The
+  // diagonal is each member's own block, kept (copied locally, never sent), known from its issue.
   std::vector<int64_t> bytes;
-  std::vector<int64_t> sent;   // n: what each member put in for the others (from its issue); -1 before it
+  std::vector<int64_t> sent;   // n: what each member sends the others (from its issue, its own block left out); -1 before it
   int64_t total = 0;           // every pair's bytes moved so far between different ranks
   std::string label;           // "ep0 #3 all_to_all of float32, 4.1 kB"
   int64_t at(int src, int dst) const { return bytes[static_cast<size_t>(src * n + dst)]; }
@@ -373,9 +375,19 @@ struct ContextRankView {
   std::vector<int64_t> positions;      // the positions it holds, in its order
   int block = -1;                      // the GPT block of the pass running now or last (-1: none yet)
   std::vector<ContextPassView> passes; // per GPT block: its latest pass (forward, or backward once it ran)
+  std::vector<ContextPassView> earlier;  // per GPT block: its last pass the other way (finished; invalid: none)
   const ContextPassView& pass() const {
     static const ContextPassView none;
     return block >= 0 && block < static_cast<int>(passes.size()) ? passes[static_cast<size_t>(block)] : none;
+  }
+  // Block `l`'s last pass that way: its latest, or the earlier one; invalid when it has none.
+  const ContextPassView& pass(int l, bool backward) const {
+    static const ContextPassView none;
+    if (l < 0 || l >= static_cast<int>(passes.size())) return none;
+    const ContextPassView& latest = passes[static_cast<size_t>(l)];
+    if (latest.valid && latest.backward == backward) return latest;
+    const ContextPassView& e = l < static_cast<int>(earlier.size()) ? earlier[static_cast<size_t>(l)] : none;
+    return e.valid && e.backward == backward ? e : none;
   }
 };
 struct ContextView {
@@ -436,7 +448,12 @@ struct Snapshot {
   int64_t last_skipped_step = -1;    // fp16: the last of them (1-based; -1: none)
   DataView data;
   std::vector<std::string> param_names;  // model parameters
-  AllToAllView alltoall;             // the newest all-to-all (the All-to-all view)
+  // The All-to-all view's: every process group's newest all-to-all, the newest first (its group
+  // combo), and the one it shows unless the user picks a group: the newest of the group of the
+  // operation the stepper holds (`alltoall_held`) when that group has had one, else the newest of all.
+  std::vector<AllToAllView> alltoall_groups;
+  AllToAllView alltoall;
+  bool alltoall_held = false;
   ExpertsView experts;               // MoE routing, read while the run stands still (the Experts view)
   ContextView context;               // context parallelism's chunks and ring passes (the Context view)
 };

@@ -555,7 +555,7 @@ const Snapshot& SnapshotBuilder::finish_frame() {
   build_bucket_parts();
   build_collective();
   light_mesh_group();
-  alltoall_.build(group_ranks_, group_names_, world_, snap_.alltoall);
+  alltoall_.build(group_ranks_, group_names_, world_, snap_.held, snap_.alltoall_groups, snap_.alltoall, snap_.alltoall_held);
   const CollectiveView& cv = snap_.collective;
   snap_.topology = build_topology(cv.group != 0 && cv.valid ? in_world_ranks(cv) : cv, run_.cost);
   build_data();

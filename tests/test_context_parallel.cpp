@@ -192,7 +192,7 @@ TEST_SUITE("context_parallel") {
     }
   }
 
-  TEST_CASE("causal work: the contiguous ring's ranks compute 1, 2, ..., c blocks, zigzag's the same pairs each") {
+  TEST_CASE("causal work: the contiguous ring's ranks compute 1, 2, ..., c blocks, zigzag's the same pairs each, forward and backward") {
     const int c = 4;
     TrainConfig ring = cp_config(c, c, CpLayout::Ring, 1, 1);
     Trainer rt(ring);
@@ -210,6 +210,14 @@ TEST_SUITE("context_parallel") {
       // Step s holds rank r + s's block going backward (the other way round); only blocks at or
       // before the rank's own are computed.
       for (int s = 0; s < c; s++) CHECK(p->held[static_cast<size_t>(s)] == (r + s) % c);
+      // The block's forward is kept beside it (the lab draws either): step s held rank r - s's block.
+      const GptCore::CpPass* f = rt.rank_model(r).context_parallel_core()->cp_pass(0, false);
+      REQUIRE(f != nullptr);
+      CHECK_FALSE(f->backward);
+      CHECK(f->steps_done == c);
+      for (int s = 0; s < c; s++) CHECK(f->held[static_cast<size_t>(s)] == (r - s + c) % c);
+      CHECK(f->total_pairs() == p->total_pairs());
+      CHECK(rt.rank_model(r).context_parallel_core()->cp_pass(0, true) == p);
       ring_pairs.push_back(p->total_pairs());
       const GptCore::CpPass* z = zt.rank_model(r).context_parallel_core()->cp_pass(0);
       REQUIRE(z != nullptr);

@@ -342,3 +342,46 @@ TEST_CASE("a process group all-reduces, reduce-scatters and all-gathers bf16 and
     });
   }
 }
+
+// An all-to-all's events say what each rank keeps and what leaves it, for both kinds (the lab's
+// All-to-all view draws them): the plain one's equal blocks, count elements to each rank and its own
+// block kept, and all_to_all_v's split sizes, its own count kept.
+TEST_CASE("all-to-all events: the plain one's equal blocks and all_to_all_v's split sizes, the own block kept") {
+  const int n = 3;
+  const int64_t S[3][3] = {{5, 7, 2}, {3, 4, 9}, {6, 1, 8}};  // elements group rank i sends j (all_to_all_v)
+  ThreadsWorld w(n);
+  w.run([&](int rank, Communicator& comm, RankContext&) {
+    auto ex = std::make_shared<GroupExecutor>();
+    auto g = new_group(comm, {0, 1, 2}, 64, ex, cpu_device(), "ep0");
+    std::vector<float> in(32, static_cast<float>(rank)), out(32, -1.0f);
+    g->all_to_all(out.data(), in.data(), 2, DType::F32)->wait();
+    for (int j = 0; j < n; j++) CHECK(out[static_cast<size_t>(2 * j)] == static_cast<float>(j));
+    std::vector<int64_t> send(n), recv(n);
+    for (int j = 0; j < n; j++) send[static_cast<size_t>(j)] = S[rank][j], recv[static_cast<size_t>(j)] = S[j][rank];
+    g->all_to_all_v(out.data(), recv, in.data(), send, DType::F32)->wait();
+    comm.all_to_all(out.data(), in.data(), 3, DType::F32)->wait();
+  });
+  for (int r = 0; r < n; r++) {
+    CAPTURE(r);
+    int seen = 0;
+    for (const Event& e : w.recorder().events(r)) {
+      if ((e.kind != EventKind::CollectiveIssue && e.kind != EventKind::Collective) || e.coll.op != CollectiveOp::AllToAll) continue;
+      seen++;
+      if (e.coll.group == 0) {  // the world's plain all_to_all, 3 elements a block
+        CHECK_FALSE(e.coll.split_sizes);
+        CHECK(e.coll.in_count == 3 * n);
+        CHECK(e.coll.kept_count == 3);
+      } else if (e.coll.seq == 0) {  // the group's plain one, 2 elements a block
+        CHECK_FALSE(e.coll.split_sizes);
+        CHECK(e.coll.in_count == 2 * n);
+        CHECK(e.coll.kept_count == 2);
+      } else {  // all_to_all_v: what it sends in all, its own count kept, the rest leaves
+        CHECK(e.coll.split_sizes);
+        CHECK(e.coll.in_count == S[r][0] + S[r][1] + S[r][2]);
+        CHECK(e.coll.kept_count == S[r][r]);
+        CHECK(e.coll.bytes == (e.coll.in_count - S[r][r]) * 4);
+      }
+    }
+    CHECK(seen == 6);  // three all-to-alls, each issued and run
+  }
+}

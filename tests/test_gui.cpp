@@ -62,6 +62,18 @@ TEST_SUITE("gui") {
     CHECK(f[4].kind == app::ScriptCommand::StepBucket);
     CHECK(test::script_error("focus rank").find("focus takes 'rank R' (a rank from 0), 'group NAME' (tp1, dp0, world...) or 'none'") !=
           std::string::npos);
+    // The Context view's block: a block and a way (forward unless told), or back to following.
+    const std::vector<app::ScriptCommand> cx = app::parse_script("context block 1 backward; context block 0; context follow", "--run");
+    REQUIRE(cx.size() == 3);
+    CHECK((cx[0].kind == app::ScriptCommand::Context && cx[0].count == 1 && cx[0].arg == "backward"));
+    CHECK((cx[1].kind == app::ScriptCommand::Context && cx[1].count == 0 && cx[1].arg == "forward"));
+    CHECK((cx[2].kind == app::ScriptCommand::Context && cx[2].count == -1 && cx[2].arg == "follow"));
+    for (const char* bad : {"context block", "context block x", "context block 1 sideways", "context block -1", "context"}) {
+      const std::string b = bad;
+      CAPTURE(b);
+      CHECK(test::script_error(bad).find("context takes 'block L' (a GPT block from 0) with forward (the default) or backward, or 'follow'") !=
+            std::string::npos);
+    }
     CHECK(test::script_error("step ring 0").find("the count must be a whole number from 1") != std::string::npos);
     CHECK(test::script_error("step ring 1e10").find("the count must be a whole number from 1") != std::string::npos);  // found by fuzz/script
     CHECK(test::script_error("view sideways").find("view takes one of ring, buckets") != std::string::npos);
@@ -315,20 +327,32 @@ TEST_SUITE("gui") {
   TEST_CASE("under Xvfb: the Experts and All-to-all views of an --ep run fit at 1280x720") {
     DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
-    const std::string views = "view experts; check layout; view alltoall; check layout";
+    // The Experts view with its "Tokens of" slider, and with a rank focus that replaces it by a line.
+    const std::string views = "view experts; check layout; view alltoall; check layout; focus rank 2; view experts; check layout; focus none";
     const std::string script = "step collective 31; step ring 1; " + views + "; presentation on; " + views;
     const std::string run = "--strategy ddp --world 4 --model gpt:layers=2,heads=2,embd=32,ctx=16 --data text "
                             "--moe experts=4,top_k=2,capacity=1.25 --ep 2";
-    CHECK(layout_clean(dir, "1280x720", run, script) == 4);
+    CHECK(layout_clean(dir, "1280x720", run, script) == 6);
   }
   // The Context view with a ring pass held at its send (zigzag: every cell has work), normal and presentation.
   TEST_CASE("under Xvfb: the Context view of a --cp run fits at 1280x720") {
     DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
-    const std::string views = "view context; check layout";
+    // Following the running pass, then block 1's backward picked (not run yet), then block 0's forward.
+    const std::string views = "view context; check layout; context block 1 backward; check layout; context block 0; check layout; context follow";
     const std::string script = "step collective 4; " + views + "; presentation on; " + views;
     const std::string run = "--strategy ddp --world 4 --model gpt:layers=2,heads=4,embd=32,ctx=16 --data text --cp 4 --cp-layout zigzag";
-    CHECK(layout_clean(dir, "1280x720", run, script) == 2);
+    CHECK(layout_clean(dir, "1280x720", run, script) == 6);
+  }
+  // Ulysses on 4 ranks with --cp 2: two CP groups' all-to-alls, the group combo (greyed while the
+  // stepper holds one of them, free after an iteration), normal and presentation.
+  TEST_CASE("under Xvfb: the All-to-all view of a Ulysses run with two CP groups fits at 1280x720") {
+    DTLAB_REQUIRE_XVFB();
+    test::TempDir dir;
+    const std::string views = "view alltoall; check layout; step iteration 1; check layout";
+    const std::string script = "step collective 6; " + views + "; presentation on; " + views;
+    const std::string run = "--strategy ddp --world 4 --model gpt:layers=2,heads=4,embd=32,ctx=16 --data text --cp 2 --cp-layout ulysses";
+    CHECK(layout_clean(dir, "1280x720", run, script) == 4);
   }
   TEST_CASE("under Xvfb: layout gate at 1600x900: every view, normal and presentation, DDP, FSDP and a pipeline") {
     DTLAB_REQUIRE_XVFB();

@@ -84,7 +84,7 @@ TEST_SUITE("lessons") {
     CHECK(eval("moe.rows_mean(1)") == 14);
     CHECK(test::figure_error("moe.rows_max(0)", s) == "moe.rows_max(): rank 0 has no MoE block 0 in its last forward (its MoE blocks: 1)");
 
-    // The newest all-to-all: ep1's over ranks 2 and 3, rank 2 issued (96 bytes leave it), step 0 half moved.
+    // The All-to-all view's all-to-all (here the newest): ep1's over ranks 2 and 3, rank 2 issued (96 bytes leave it), step 0 half moved.
     CHECK(test::figure_error("alltoall.total", s) ==
           "alltoall.total: no all-to-all has been issued yet (an --ep run's MoE blocks issue them in forward and backward)");
     AllToAllView& a = s.alltoall;
@@ -93,8 +93,8 @@ TEST_SUITE("lessons") {
     a.sent = {96, -1};
     a.total = 96;
     CHECK(eval("alltoall.sent(2)") == 96);
-    CHECK(test::figure_error("alltoall.sent(3)", s) == "alltoall.sent(): rank 3 has not issued the newest all-to-all yet");
-    CHECK(test::figure_error("alltoall.sent(0)", s) == "alltoall.sent(): rank 0 is not in the newest all-to-all's group (ep1)");
+    CHECK(test::figure_error("alltoall.sent(3)", s) == "alltoall.sent(): rank 3 has not issued the all-to-all yet");
+    CHECK(test::figure_error("alltoall.sent(0)", s) == "alltoall.sent(): rank 0 is not in the all-to-all's group (ep1)");
     CHECK(eval("alltoall.bytes(2, 3)") == 96);
     CHECK(eval("alltoall.bytes(2, 2)") == 32);
     CHECK(test::figure_error("alltoall.bytes(3, 2)", s) ==

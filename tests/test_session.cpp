@@ -6,6 +6,7 @@
 
 #include <chrono>
 
+#include "app/alltoall_tracker.h"  // pick_alltoall
 #include "app/options.h"
 #include "app/session.h"
 #include "tests/session_util.h"
@@ -278,6 +279,82 @@ TEST_SUITE("app") {
     CHECK(c.batch == 66);  // the nearest multiple of 6
     CHECK(c.model.str() == "mlp:2,256,256,256,256,256,256,256,3");  // 8 Linear layers for 4 x 2 stages
     CHECK(c.pipeline.split.empty());  // 2 counts cannot cut 8 stages
+  }
+
+  // Ulysses (--world 4 --cp 2): plain all-to-alls of equal blocks in cp0 and cp1. Each rank keeps one
+  // block of two and sends the other; the view follows the group of the all-to-all the stepper holds.
+  TEST_CASE("a Ulysses run's all-to-alls: each rank's own block kept, one block sent, the held group followed") {
+    TrainConfig c = lab_config(4);
+    c.model = ModelSpec::parse("gpt:layers=2,heads=4,embd=16,ctx=16");
+    c.data = "text";
+    c.cp = 2;
+    c.cp_layout = CpLayout::Ulysses;
+    c.batch = 2;
+    Session session(c);
+    const Snapshot* s = &step(session, GateKind::Collective);
+    for (int i = 0; i < 30 && !(s->held.valid && s->held.gate.coll == CollectiveOp::AllToAll); i++) s = &step(session, GateKind::Collective);
+    REQUIRE(s->held.gate.coll == CollectiveOp::AllToAll);
+    const int32_t first = s->held.gate.trace_group;
+    REQUIRE(s->alltoall.valid);
+    CHECK(s->alltoall_held);
+    CHECK(s->alltoall.group == first);
+    CHECK_FALSE(s->alltoall.split_sizes);
+    const int64_t block = s->held.gate.bytes / 2;  // the payload is both blocks
+    REQUIRE(block > 0);
+    for (int i = 0; i < 2; i++) {
+      CAPTURE(i);
+      CHECK(s->alltoall.at(i, i) == block);   // kept
+      CHECK(s->alltoall.sent[static_cast<size_t>(i)] == block);  // the other block, not the whole buffer
+    }
+    // R enters it: held before its one round, nothing moved yet, the cells to move outlined.
+    s = &step(session, GateKind::RingStep);
+    REQUIRE(s->held.kind == GateKind::RingStep);
+    CHECK(s->alltoall.group == s->held.gate.trace_group);
+    CHECK(s->alltoall.in_flight);
+    CHECK(s->alltoall.steps_done == 0);
+    CHECK(s->alltoall.at(0, 1) == -1);
+    // Stepping on reaches the other CP group's all-to-all: the view goes with it.
+    for (int i = 0; i < 30 && !(s->held.valid && s->held.gate.coll == CollectiveOp::AllToAll && s->held.gate.trace_group != first); i++)
+      s = &step(session, GateKind::Collective);
+    REQUIRE(s->held.gate.trace_group != first);
+    CHECK(s->alltoall_held);
+    CHECK(s->alltoall.group == s->held.gate.trace_group);
+    CHECK(s->alltoall_groups.size() == 2);
+    CHECK(pick_alltoall(*s, first).group == s->held.gate.trace_group);  // a pick waits while a held one is shown
+  }
+
+  // Ring attention's passes: after an iteration each block's backward is its latest pass, and its
+  // forward is still there for the Context view's block selector.
+  TEST_CASE("the Context view keeps each block's forward pass beside its backward") {
+    TrainConfig c = lab_config(4);
+    c.model = ModelSpec::parse("gpt:layers=2,heads=4,embd=16,ctx=16");
+    c.data = "text";
+    c.cp = 2;
+    c.batch = 2;
+    Session session(c);
+    const Snapshot& s = step(session, GateKind::Iteration, 2);  // the setup, then iteration 0
+    REQUIRE(s.context.read);
+    for (int r = 0; r < 4; r++) {
+      const std::vector<int>* g = s.context.group_of(r);
+      REQUIRE(g != nullptr);
+      const int q = static_cast<int>(std::find(g->begin(), g->end(), r) - g->begin());  // its CP rank
+      const ContextRankView& rv = s.context.ranks[static_cast<size_t>(r)];
+      for (int l = 0; l < 2; l++) {
+        CAPTURE(r);
+        CAPTURE(l);
+        const ContextPassView& f = rv.pass(l, false);
+        const ContextPassView& b = rv.pass(l, true);
+        REQUIRE(f.valid);
+        REQUIRE(b.valid);
+        CHECK_FALSE(f.backward);
+        CHECK(b.backward);
+        CHECK(b.steps_done == 2);
+        // Forward: step s meets rank q - s's block; backward the other way round.
+        CHECK(f.held[1] == (q + 1) % 2);
+        CHECK(b.held[0] == q);
+        CHECK(f.pairs[static_cast<size_t>(0)] == b.pairs[static_cast<size_t>(0)]);  // its own block, the same causal pairs
+      }
+    }
   }
 }
 #endif  // DTLAB_HAVE_GUI

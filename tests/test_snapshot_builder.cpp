@@ -5,7 +5,10 @@
 #ifdef DTLAB_HAVE_GUI
 #include <doctest/doctest.h>
 
+#include "app/alltoall_tracker.h"  // pick_alltoall
 #include "app/snapshot_builder.h"
+#include "engine/comm/group.h"
+#include "engine/comm/threads_backend.h"
 #include "engine/core/format.h"
 
 using namespace dtlab;
@@ -59,10 +62,12 @@ struct Rig {
     e.iteration = iteration;
     rec.record(e);
   }
-  // Pulls the recorded events; `in_flight`: the world's oldest collective still running.
-  const Snapshot& frame(int64_t in_flight = -1, std::vector<int> missing = {}) {
+  // Pulls the recorded events; `in_flight`: the world's oldest collective still running; `stepper`:
+  // what the stepper holds (none: an empty state, as while the world runs).
+  const Snapshot& frame(int64_t in_flight = -1, std::vector<int> missing = {}, const StepperState& stepper = {}) {
     builder.begin_frame(nullptr);
     builder.add_events(rec);
+    builder.set_stepper(stepper);
     WorldStatus ws;
     ws.compute_activity.assign(static_cast<size_t>(config.world_size), "idle");
     ws.comm_activity.assign(static_cast<size_t>(config.world_size), "idle");
@@ -529,6 +534,8 @@ TEST_SUITE("snapshot builder") {
       e.coll.group_size = 3;
       e.coll.in_count = S[i][0] + S[i][1] + S[i][2];
       e.coll.bytes = (e.coll.in_count - S[i][i]) * 4;  // what leaves the rank
+      e.coll.kept_count = S[i][i];
+      e.coll.split_sizes = true;
       rig.record(1 + i, e);
     };
     auto step = [&](int i, int s) {  // step s: group rank i receives from i - (s + 1)
@@ -571,12 +578,172 @@ TEST_SUITE("snapshot builder") {
         if (i != j) total += S[i][j] * 4;
       }
     CHECK(a.total == total);
-    CHECK(a.label == "ep0 #3 all_to_all of float32, " + human_bytes(total));
+    CHECK(a.label == "ep0 #3 all_to_all_v of float32, " + human_bytes(total));
+    for (int i = 0; i < 3; i++) CHECK(a.sent[static_cast<size_t>(i)] == (S[i][0] + S[i][1] + S[i][2] - S[i][i]) * 4);
     // A newer all-to-all of the world replaces it; the world's ranks are its members.
     Event w = collective(EventKind::CollectiveIssue, 0, CollectiveOp::AllToAll);
     rig.record(0, w);
     CHECK(rig.frame().alltoall.group == 0);
     CHECK(rig.frame().alltoall.n == 4);
+  }
+
+  // Ulysses' all-to-alls (and EP's counts) are plain: count elements to each rank, the rank's own block
+  // kept. As the engine records it: in_count is the whole buffer (n blocks), kept_count one block.
+  TEST_CASE("all-to-all: a plain all_to_all keeps its own block and sends count elements to each other rank") {
+    Rig rig("ddp", 4);
+    const int32_t group = 1 + rig.rec.intern(group_label("cp0", {0, 1, 2, 3}));
+    const int64_t count = 8192;  // elements per block
+    auto issue = [&](EventKind kind, int r) {
+      Event e = collective(kind, 4, CollectiveOp::AllToAll);
+      e.coll.group = group;
+      e.coll.in_count = e.coll.out_count = count * 4;
+      e.coll.bytes = count * 4 * 4;  // nccl-tests' S: the whole buffer
+      e.coll.kept_count = count;
+      rig.record(r, e);
+    };
+    for (int r = 0; r < 4; r++) issue(EventKind::CollectiveIssue, r);
+    const AllToAllView held = rig.frame().alltoall;
+    REQUIRE(held.valid);
+    CHECK_FALSE(held.split_sizes);
+    for (int r = 0; r < 4; r++) {
+      CAPTURE(r);
+      CHECK(held.at(r, r) == count * 4);           // kept: one block, not 0
+      CHECK(held.sent[static_cast<size_t>(r)] == 3 * count * 4);  // three blocks leave, not the whole buffer
+    }
+    for (int s = 0; s < 3; s++)
+      for (int r = 0; r < 4; r++) {  // step s: rank r receives count elements from r - (s + 1)
+        Event e = ring_step(4, s);
+        e.step.group = group;
+        e.step.steps = 3;
+        e.step.src = static_cast<int16_t>((r + 3 - s) % 4);
+        e.step.dst = static_cast<int16_t>(r);
+        e.step.bytes = count * 4;
+        rig.record(r, e);
+      }
+    for (int r = 0; r < 4; r++) issue(EventKind::Collective, r);
+    const AllToAllView& a = rig.frame().alltoall;
+    CHECK_FALSE(a.in_flight);
+    for (int i = 0; i < 4; i++)
+      for (int j = 0; j < 4; j++) {
+        CAPTURE(i);
+        CAPTURE(j);
+        CHECK(a.at(i, j) == count * 4);  // every block is count elements, moved or kept
+      }
+    CHECK(a.total == 12 * count * 4);  // what moved: the 12 pairs of different ranks
+    CHECK(a.label == "cp0 #4 all_to_all of float32, " + human_bytes(12 * count * 4));
+  }
+
+  // What a real group records, fed to the tracker: a plain all_to_all of 2 elements a block and an
+  // all_to_all_v of split sizes S on 3 ranks, their matrices whole once they ran.
+  TEST_CASE("all-to-all: the matrices of a real group's plain all_to_all and all_to_all_v") {
+    const int n = 3;
+    const int64_t S[3][3] = {{5, 7, 2}, {3, 4, 9}, {6, 1, 8}};
+    ThreadsWorld w(n);
+    w.run([&](int rank, Communicator& comm, RankContext&) {
+      auto ex = std::make_shared<GroupExecutor>();
+      auto g = new_group(comm, {0, 1, 2}, 64, ex, cpu_device(), "ep0");
+      std::vector<float> in(32, 1.0f), out(32);
+      g->all_to_all(out.data(), in.data(), 2, DType::F32)->wait();
+      std::vector<int64_t> send(n), recv(n);
+      for (int j = 0; j < n; j++) send[static_cast<size_t>(j)] = S[rank][j], recv[static_cast<size_t>(j)] = S[j][rank];
+      g->all_to_all_v(out.data(), recv, in.data(), send, DType::F32)->wait();
+    });
+    std::map<int32_t, std::vector<int>> ranks;
+    std::map<int32_t, std::string> names;
+    for (size_t i = 0; i < w.recorder().labels().size(); i++) {
+      std::string name;
+      std::vector<int> members;
+      if (parse_group_label(w.recorder().labels()[i], name, members))
+        ranks[static_cast<int32_t>(i + 1)] = members, names[static_cast<int32_t>(i + 1)] = name;
+    }
+    auto matrix_of = [&](uint64_t seq) {  // the tracker fed the group's all-to-all `seq` alone
+      AllToAllTracker t;
+      for (int r = 0; r < n; r++)
+        for (const Event& e : w.recorder().events(r)) {
+          const bool coll = e.kind == EventKind::CollectiveIssue || e.kind == EventKind::Collective;
+          if ((coll && e.coll.seq == seq) || (e.kind == EventKind::RingStep && e.step.seq == seq)) t.ingest(r, e);
+        }
+      std::vector<AllToAllView> groups;
+      AllToAllView shown;
+      bool held = false;
+      t.build(ranks, names, n, PendingItem{}, groups, shown, held);
+      return shown;
+    };
+    const AllToAllView plain = matrix_of(0);
+    REQUIRE(plain.valid);
+    CHECK(plain.group_name == "ep0");
+    CHECK_FALSE(plain.split_sizes);
+    CHECK_FALSE(plain.in_flight);
+    for (int i = 0; i < n; i++) {
+      CHECK(plain.sent[static_cast<size_t>(i)] == 2 * 2 * 4);
+      for (int j = 0; j < n; j++) CHECK(plain.at(i, j) == 2 * 4);
+    }
+    const AllToAllView v = matrix_of(1);
+    REQUIRE(v.valid);
+    CHECK(v.seq == 1);
+    CHECK(v.split_sizes);
+    for (int i = 0; i < n; i++) {
+      CHECK(v.sent[static_cast<size_t>(i)] == (S[i][0] + S[i][1] + S[i][2] - S[i][i]) * 4);
+      for (int j = 0; j < n; j++) CHECK(v.at(i, j) == S[i][j] * 4);
+    }
+  }
+
+  // Two CP groups (--world 4 --cp 2): each group's newest is listed, the newest first; the view
+  // follows the group of the operation the stepper holds, else shows the group picked, else the newest.
+  TEST_CASE("all-to-all: several groups, the held operation's group followed, else the one picked, else the newest") {
+    Rig rig("ddp", 4);
+    const int32_t cp0 = 1 + rig.rec.intern(group_label("cp0", {0, 1}));
+    const int32_t cp1 = 1 + rig.rec.intern(group_label("cp1", {2, 3}));
+    auto issue = [&](int32_t group, uint64_t seq, int r) {
+      Event e = collective(EventKind::CollectiveIssue, seq, CollectiveOp::AllToAll);
+      e.coll.group = group;
+      e.coll.group_size = 2;
+      e.coll.in_count = e.coll.out_count = 64;
+      e.coll.kept_count = 32;
+      rig.record(r, e);
+    };
+    for (int r : {0, 1}) issue(cp0, 0, r);
+    for (int r : {2, 3}) issue(cp1, 0, r);
+    for (int r : {0, 1}) issue(cp0, 1, r);  // cp0's second: the newest of all
+    const Snapshot& s = rig.frame();
+    REQUIRE(s.alltoall_groups.size() == 2);
+    CHECK(s.alltoall_groups[0].group == cp0);
+    CHECK(s.alltoall_groups[0].seq == 1);  // each group's newest
+    CHECK(s.alltoall_groups[1].group == cp1);
+    CHECK(s.alltoall_groups[1].members == std::vector<int>{2, 3});
+    CHECK(s.alltoall.group == cp0);  // nothing held: the newest of all
+    CHECK_FALSE(s.alltoall_held);
+    CHECK(pick_alltoall(s, -1).group == cp0);
+    CHECK(pick_alltoall(s, cp1).group == cp1);  // the combo's pick
+    CHECK(pick_alltoall(s, 77).group == cp0);   // a group without all-to-alls: the newest
+    // The stepper holds cp1's next operation: the view follows cp1, whatever was picked.
+    StepperState st;
+    st.paused = true;
+    st.pending.valid = true;
+    st.pending.kind = GateKind::Collective;
+    st.pending.gate.coll = CollectiveOp::AllToAll;
+    st.pending.gate.trace_group = cp1;
+    st.pending.gate.op.seq = 1;
+    st.pending.members = {2, 3};
+    const Snapshot& h = rig.frame(-1, {}, st);
+    CHECK(h.alltoall_held);
+    CHECK(h.alltoall.group == cp1);
+    CHECK(h.alltoall.seq == 0);
+    CHECK(pick_alltoall(h, cp0).group == cp1);
+    // A held world all-reduce: the world has had no all-to-all, so nothing to follow.
+    st.pending.gate.coll = CollectiveOp::AllReduce;
+    st.pending.gate.trace_group = 0;
+    const Snapshot& w = rig.frame(-1, {}, st);
+    CHECK_FALSE(w.alltoall_held);
+    CHECK(w.alltoall.group == cp0);
+    CHECK(pick_alltoall(w, cp1).group == cp1);
+    // Many newer all-to-alls of cp0 do not push cp1's newest out.
+    for (uint64_t q = 2; q < 30; q++)
+      for (int r : {0, 1}) issue(cp0, q, r);
+    const Snapshot& many = rig.frame();
+    REQUIRE(many.alltoall_groups.size() == 2);
+    CHECK(many.alltoall_groups[1].group == cp1);
+    CHECK(many.alltoall_groups[0].seq == 29);
   }
 
   TEST_CASE("next_hint names the paused item's purpose and the keys that move on from it") {

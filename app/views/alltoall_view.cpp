@@ -1,24 +1,59 @@
-// The All-to-all view: the newest all-to-all of the run (the one running, else the last) as an n x n
-// matrix over its group, rows the senders and columns the receivers (group ranks, named by their
-// global rank), each cell the bytes that pair moved, from the receivers' RingStep events. Pairwise
-// exchange moves one diagonal per step (step k - 1: every rank to the rank k after it), so the cells
-// light up a diagonal at a time: the step just taken bright, the next one outlined. The diagonal of
-// the matrix is each rank's own block, a local copy. Totals per row (sent) and column (received).
+// The All-to-all view: one all-to-all (the one running, else the last) as an n x n matrix over its
+// group, rows the senders and columns the receivers (group ranks, named by their global rank), each cell
+// the bytes that pair moved, from the receivers' RingStep events. Pairwise exchange moves one diagonal
+// per step (step k - 1: every rank to the rank k after it), so the cells light up a diagonal at a time:
+// the step just taken bright, the next one outlined. The diagonal of the matrix is each rank's own
+// block, kept: a local copy, never sent. Totals per row (sent) and column (received). Which one: the
+// held operation's group's newest, else the newest of the group picked in the combo (else of all).
 #include <algorithm>
 #include <string>
+#include <vector>
 
+#include "app/alltoall_tracker.h"  // pick_alltoall
 #include "app/views/views.h"
 #include "engine/core/format.h"
 
 namespace dtlab::app {
 
-void draw_alltoall_view(const Snapshot& s, ViewContext& ctx) {
-  const AllToAllView& a = s.alltoall;
+namespace {
+
+std::string group_word(const AllToAllView& v) { return v.group_name.empty() ? std::string("world") : v.group_name; }
+
+// Several groups have had all-to-alls (cp0 and cp1, ep0 and ep1): which one to show. While the stepper
+// holds an operation of one of them, that one, and the combo says so, greyed.
+void group_combo(const Snapshot& s, AllToAllViewState& state, const AllToAllView& shown) {
+  if (s.alltoall_groups.size() < 2) return;
+  ImGui::AlignTextToFramePadding();
+  ImGui::TextUnformatted("group");
+  ImGui::SameLine();
+  const std::string newest = "newest (" + group_word(s.alltoall_groups.front()) + ")";
+  const std::string preview = s.alltoall_held ? group_word(shown) + " (the held operation's)" : state.group < 0 ? newest : group_word(shown);
+  const float w = std::max(ImGui::CalcTextSize(preview.c_str()).x, ImGui::CalcTextSize(newest.c_str()).x) + ImGui::GetFrameHeight() * 2;
+  ImGui::SetNextItemWidth(std::min(w, ImGui::GetContentRegionAvail().x));
+  ImGui::BeginDisabled(s.alltoall_held);
+  if (ImGui::BeginCombo("##a2a_group", preview.c_str())) {
+    if (ImGui::Selectable(newest.c_str(), state.group < 0)) state.group = -1;
+    std::vector<const AllToAllView*> by_name;  // a steady order, whichever ran last
+    for (const AllToAllView& v : s.alltoall_groups) by_name.push_back(&v);
+    std::sort(by_name.begin(), by_name.end(), [](const AllToAllView* a, const AllToAllView* b) { return group_word(*a) < group_word(*b); });
+    for (const AllToAllView* v : by_name)
+      if (ImGui::Selectable(group_word(*v).c_str(), state.group == v->group)) state.group = v->group;
+    ImGui::EndCombo();
+  }
+  ImGui::EndDisabled();
+}
+
+}  // namespace
+
+void draw_alltoall_view(const Snapshot& s, ViewContext& ctx, AllToAllViewState& state) {
+  const AllToAllView& a = pick_alltoall(s, state.group);
   if (!a.valid) {
     ImGui::TextWrapped("No all-to-all has run yet. Expert parallelism makes them: a GPT with --moe experts=4,top_k=2 and "
-                       "--strategy ddp --ep 2 sends each token to the rank holding its expert, and back.");
+                       "--strategy ddp --ep 2 sends each token to the rank holding its expert, and back; so does --cp 2 "
+                       "--cp-layout ulysses around attention.");
     return;
   }
+  group_combo(s, state, a);
   ImGui::TextWrapped("%s", a.label.c_str());
   ImGui::TextWrapped("%s", (a.in_flight ? "step " + std::to_string(a.steps_done) + " of " + std::to_string(a.steps) +
                                               " done; the outlined cells move next"
@@ -26,7 +61,8 @@ void draw_alltoall_view(const Snapshot& s, ViewContext& ctx) {
                                .c_str());
   if (!ctx.presentation)
     ImGui::TextWrapped("Row: the rank that sends; column: the rank that receives. At step k each rank sends to the rank k "
-                       "after it, so one diagonal moves per step; the grey diagonal is a rank's own tokens, copied locally.");
+                       "after it, so one diagonal moves per step; the grey diagonal is each rank's own block, kept: copied "
+                       "locally, never sent.");
   const int n = a.n;
   const ImVec2 p0 = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
   const float fs = ImGui::GetFontSize();
@@ -56,7 +92,13 @@ void draw_alltoall_view(const Snapshot& s, ViewContext& ctx) {
       if (i != j && b >= 0 && step == a.newest_step && a.in_flight) dl->AddRect(c0, c1, lit, 0, 0, 3);
       if (i != j && a.in_flight && step == a.steps_done) dl->AddRect(c0, c1, next, 0, 0, 2);
       const std::string t = b < 0 ? "?" : human_bytes(b);
-      centered_text(dl, ImVec2((c0.x + c1.x) / 2, (c0.y + c1.y) / 2), b < 0 ? kDim : ink_on(fill), fit_text(t, cell - 6));
+      const ImVec2 mid((c0.x + c1.x) / 2, (c0.y + c1.y) / 2);
+      if (i == j && b >= 0 && cell > fs * 3) {  // the own block: its bytes, and that they stay
+        centered_text(dl, ImVec2(mid.x, mid.y - fs * 0.55f), ink_on(fill), fit_text(t, cell - 6));
+        centered_text(dl, ImVec2(mid.x, mid.y + fs * 0.55f), ink_on(fill), fit_text("kept", cell - 6));
+      } else {
+        centered_text(dl, mid, b < 0 ? kDim : ink_on(fill), fit_text(i == j && b >= 0 ? t + " kept" : t, cell - 6));
+      }
       if (ImGui::IsMouseHoveringRect(c0, c1)) hovered = i * n + j;
     }
   }
@@ -78,7 +120,7 @@ void draw_alltoall_view(const Snapshot& s, ViewContext& ctx) {
     const int i = hovered / n, j = hovered % n;
     const int64_t b = a.at(i, j);
     ImGui::SetTooltip("%s", (rank_name(i) + " -> " + rank_name(j) + ": " +
-                             (i == j ? (b < 0 ? "its own block" : human_bytes(b) + ", its own block, copied locally")
+                             (i == j ? (b < 0 ? "its own block" : human_bytes(b) + ", its own block, kept: copied locally, never sent")
                                      : (b < 0 ? "not moved yet" : human_bytes(b)) + " at step " + std::to_string(a.step_of(i, j) + 1) +
                                            " of " + std::to_string(a.steps)))
                                 .c_str());

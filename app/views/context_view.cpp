@@ -71,9 +71,33 @@ void arrow(ImDrawList* dl, ImVec2 a, ImVec2 b, ImU32 col, float thick) {
                         ImVec2(b.x - ux * s + uy * s * 0.6f, b.y - uy * s - ux * s * 0.6f), col);
 }
 
+// The block controls: follow the running pass, or pick a block and a way. While following they show
+// the running one; touching them stops following.
+void block_controls(ContextViewState& state, int layers, int run_block, bool run_backward) {
+  if (state.follow) state.block = std::max(run_block, 0), state.backward = run_backward;
+  const ImGuiStyle& st = ImGui::GetStyle();
+  const float box = ImGui::GetFrameHeight() + st.ItemInnerSpacing.x;
+  const char* kFollow = "follow the running pass";
+  ImGui::Checkbox(kFollow, &state.follow);
+  const std::string name = "block " + std::to_string(state.block);
+  const float combo_w = ImGui::CalcTextSize(("block " + std::to_string(std::max(layers - 1, 0))).c_str()).x + ImGui::GetFrameHeight() * 1.6f;
+  flow(combo_w);
+  ImGui::SetNextItemWidth(combo_w);
+  if (ImGui::BeginCombo("##context_block", name.c_str())) {
+    for (int l = 0; l < layers; l++)
+      if (ImGui::Selectable(("block " + std::to_string(l)).c_str(), l == state.block)) state.block = l, state.follow = false;
+    ImGui::EndCombo();
+  }
+  for (const bool back : {false, true}) {
+    const char* word = back ? "backward" : "forward";
+    flow(box + ImGui::CalcTextSize(word).x);
+    if (ImGui::RadioButton(word, state.backward == back)) state.backward = back, state.follow = false;
+  }
+}
+
 }  // namespace
 
-void draw_context_view(const Snapshot& s, ViewContext& ctx) {
+void draw_context_view(const Snapshot& s, ViewContext& ctx, ContextViewState& state) {
   const ContextView& x = s.context;
   if (!x.cp) {
     ImGui::TextWrapped("This run keeps every sample's sequence on each rank: start a GPT with --strategy ddp --world 4 --cp 4 "
@@ -89,13 +113,22 @@ void draw_context_view(const Snapshot& s, ViewContext& ctx) {
   const std::vector<int>& group = focus ? *focus : x.groups.front();
   const int c = static_cast<int>(group.size());
   const ContextRankView& first_rank = x.ranks[static_cast<size_t>(group.front())];
-  const ContextPassView& first = first_rank.pass();
+  const bool ring = x.layout != CpLayout::Ulysses;
+  const int layers = static_cast<int>(first_rank.passes.size());
+  if (ring && layers > 0) block_controls(state, layers, first_rank.block, first_rank.pass().valid && first_rank.pass().backward);
+  // Each rank's pass drawn: the one it runs now (or ran last), else the chosen block's that way.
+  auto pass_of = [&](const ContextRankView& rv) -> const ContextPassView& {
+    return state.follow ? rv.pass() : rv.pass(state.block, state.backward);
+  };
+  const ContextPassView& first = pass_of(first_rank);
+  const int shown_block = state.follow ? first_rank.block : state.block;
   std::string members;
   for (int m : group) members += (members.empty() ? "" : ",") + std::to_string(m);
-  const bool ring = x.layout != CpLayout::Ulysses;
-  std::string pass = "no pass yet";
+  std::string pass = state.follow ? "no pass yet"
+                     : state.block >= layers ? "no block " + std::to_string(state.block) + " (the model has " + std::to_string(layers) + ")"
+                                             : "block " + std::to_string(state.block) + (state.backward ? " backward" : " forward") + ": not run yet";
   if (ring && first.valid)
-    pass = std::string("block ") + std::to_string(first_rank.block) + (first.backward ? " backward" : " forward") + ", ring step " +
+    pass = std::string("block ") + std::to_string(shown_block) + (first.backward ? " backward" : " forward") + ", ring step " +
            std::to_string(first.steps_done) + " of " + std::to_string(c) + (first.steps_done == c ? " (done)" : "");
   ImGui::TextWrapped("cp %d, %s layout, T %lld: ranks %s; %s; at step %lld", c, cp_layout_name(x.layout),
                      static_cast<long long>(x.ctx), members.c_str(), ring ? pass.c_str() : "attention by all-to-alls",
@@ -139,11 +172,11 @@ void draw_context_view(const Snapshot& s, ViewContext& ctx) {
   y += fs * 1.2f;
   std::vector<int64_t> totals(static_cast<size_t>(c), 0);
   for (int i = 0; i < c; i++)
-    for (int64_t p : x.ranks[static_cast<size_t>(group[static_cast<size_t>(i)])].pass().pairs) totals[static_cast<size_t>(i)] += p;
+    for (int64_t p : pass_of(x.ranks[static_cast<size_t>(group[static_cast<size_t>(i)])]).pairs) totals[static_cast<size_t>(i)] += p;
   const int64_t most = std::max<int64_t>(1, *std::max_element(totals.begin(), totals.end()));
   for (int i = 0; i < c; i++) {
     const ContextRankView& rv = x.ranks[static_cast<size_t>(group[static_cast<size_t>(i)])];
-    const ContextPassView& r = rv.pass();
+    const ContextPassView& r = pass_of(rv);
     const float ry = y + cell * static_cast<float>(i);
     dl->AddText(ImVec2(p0.x, ry + (cell - fs) / 2), kText, fit_text("rank " + std::to_string(rv.rank), label_w).c_str());
     int blocks = 0;
@@ -185,7 +218,7 @@ void draw_context_view(const Snapshot& s, ViewContext& ctx) {
     return ImVec2(centre.x + rad * std::cos(t), centre.y + rad * std::sin(t));
   };
   for (int i = 0; i < c; i++) {
-    const ContextPassView& r = x.ranks[static_cast<size_t>(group[static_cast<size_t>(i)])].pass();
+    const ContextPassView& r = pass_of(x.ranks[static_cast<size_t>(group[static_cast<size_t>(i)])]);
     if (!r.sending || r.steps_done < 1) continue;
     const int st = r.steps_done - 1, to = r.backward ? (i + c - 1) % c : (i + 1) % c;
     const int blk = r.held[static_cast<size_t>(st)];

@@ -58,9 +58,18 @@ void draw_experts_view(const Snapshot& s, ViewContext& ctx, ExpertsViewState& st
                 x.capacity_factor > 0 ? (std::to_string(x.capacity_factor).substr(0, 4)).c_str() : "",
                 static_cast<long long>(x.at_step));
   ImGui::TextWrapped("%s", head);
-  if (world > 1) {
-    ImGui::SetNextItemWidth(std::min(ImGui::GetContentRegionAvail().x, ImGui::GetFontSize() * 12));
-    if (ImGui::SliderInt("rank's tokens", &rank, 0, world - 1)) state.rank = rank;
+  // Whose tokens: the focus's (said, not a slider that would not move), else the slider's, labelled on
+  // its left so the label stays on screen however narrow the window.
+  const bool focused = s.stepper.focus_rank >= 0 && s.stepper.focus_rank < world;
+  if (focused) {
+    ImGui::TextWrapped("Tokens of rank %d (the stepper's focus).", rank);
+  } else if (world > 1) {
+    ImGui::AlignTextToFramePadding();
+    ImGui::TextUnformatted("Tokens of");
+    const float w = std::max(ImGui::GetFontSize() * 6, std::min(ImGui::GetContentRegionAvail().x, ImGui::GetFontSize() * 12));
+    flow(w);
+    ImGui::SetNextItemWidth(w);
+    if (ImGui::SliderInt("##experts_rank", &rank, 0, world - 1, "rank %d")) state.rank = rank;
   }
   const auto& blocks = x.ranks[static_cast<size_t>(rank)];
   if (blocks.empty()) {

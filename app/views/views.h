@@ -72,11 +72,22 @@ void draw_mesh_view(const Snapshot& s, ViewContext& ctx);
 // The roofline (roofline_view.cpp): the last finished iteration's layers and collectives of the focus
 // rank (else rank 0) against the device's roof, log-log, one dot per span coloured by its kind.
 void draw_roofline_view(const Snapshot& s, ViewContext& ctx);
-// The newest all-to-all as a sender x receiver matrix of bytes, lit step by step (alltoall_view.cpp).
-void draw_alltoall_view(const Snapshot& s, ViewContext& ctx);
+// An all-to-all as a sender x receiver matrix of bytes, lit step by step (alltoall_view.cpp): the held
+// operation's group's newest, else the newest of the group picked in its combo (`group`; -1: the newest
+// of all).
+struct AllToAllViewState {
+  int32_t group = -1;  // CollectiveInfo::group (0: the world)
+};
+void draw_alltoall_view(const Snapshot& s, ViewContext& ctx, AllToAllViewState& state);
 // Context parallelism's CP group: each rank's chunks of the sequence, the causal mask it met at each
-// ring step with the pairs it computed, and the K/V blocks in flight (context_view.cpp).
-void draw_context_view(const Snapshot& s, ViewContext& ctx);
+// ring step with the pairs it computed, and the K/V blocks in flight (context_view.cpp). Which ring
+// pass: the one running now (or the last) while `follow`, else block `block`'s last pass that way.
+struct ContextViewState {
+  bool follow = true;
+  int block = 0;          // a GPT block
+  bool backward = false;  // its backward pass, else its forward
+};
+void draw_context_view(const Snapshot& s, ViewContext& ctx, ContextViewState& state);
 // MoE routing per block: tokens per expert, kept and dropped, capacity, owners, imbalance and aux
 // loss with their trend (experts_view.cpp). `rank`: whose tokens, when no rank has the stepper's focus.
 struct ExpertsViewState {

@@ -299,6 +299,8 @@ class GroupComm : public Communicator {
       info.in_count = total;
       info.out_count = received;
       info.bytes = (total - send_counts[static_cast<size_t>(me_)]) * dtype_size(dt);  // what leaves this rank
+      info.kept_count = send_counts[static_cast<size_t>(me_)];
+      info.split_sizes = true;
     });
   }
   WorkPtr send_recv(const void* send_buf, int64_t send_count, int to, int send_tag, void* recv_buf, int64_t recv_count,
@@ -350,6 +352,7 @@ class GroupComm : public Communicator {
     info.bytes = payload_bytes(d, n);
     info.proto = Protocol::Default;
     info.group = group_;
+    if (d.op == CollectiveOp::AllToAll) info.kept_count = d.count;  // the plain one's equal blocks; all_to_all_v sets its own
     return info;
   }
   static int steps_of(CollectiveOp op, Algorithm algo, int n) {

@@ -342,6 +342,7 @@ void QueuedCommunicator::fill_info(CollectiveInfo& info, const CommJob& j) const
   info.in_count = collective_traits(j.desc.op).in_count(c, n);
   info.out_count = collective_traits(j.desc.op).out_count(c, n);
   info.bytes = payload_bytes(j.desc, j.p2p ? 1 : n);
+  info.kept_count = j.desc.op == CollectiveOp::AllToAll ? c : 0;  // its own block, copied locally
 }
 
 WorkTimes QueuedCommunicator::finish_job(const CommJob& j, int64_t wall0, double begin, double end) {

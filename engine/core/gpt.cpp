@@ -225,6 +225,7 @@ void GptCore::ensure(int64_t B) {
     }
   }
   cp_passes_.assign(static_cast<size_t>(L), CpPass{});
+  cp_prev_passes_.assign(static_cast<size_t>(L), CpPass{});
   if (sp()) {
     full_ = act({BT, C});
     perm_ = act({BT, C});

@@ -242,6 +242,9 @@ class GptCore {
     int64_t total_pairs() const;
   };
   const CpPass* cp_pass(int l) const;
+  // Block l's last pass the given way: the latest if it went that way, else the one before it (a
+  // finished pass); nullptr before one. The lab draws a block's forward after its backward ran.
+  const CpPass* cp_pass(int l, bool backward) const;
   int cp_block() const { return cp_block_; }  // the block whose ring pass runs now or ran last (-1: none yet)
   // Causal (query, key) pairs between group rank `qr`'s positions and rank `kr`'s, per sample and head.
   static int64_t causal_pairs(const std::vector<int64_t>& qpos, const std::vector<int64_t>& kpos);
@@ -453,6 +456,7 @@ class GptCore {
   std::vector<Tensor> cp_lse_, cp_qkv_;
   Tensor cp_a_, cp_b_, cp_c_, cp_d_, cp_y_;
   std::vector<CpPass> cp_passes_;  // per block of the stage
+  std::vector<CpPass> cp_prev_passes_;  // per block of the stage: its pass before the latest
   int cp_block_ = -1;
   bool cp() const { return s_.cp.on(); }
   CpPass start_ring(size_t k, bool backward);  // the own K/V into cp_a_, and an empty record

@@ -28,6 +28,13 @@ const GptCore::CpPass* GptCore::cp_pass(int l) const {
   return p.held.empty() ? nullptr : &p;
 }
 
+const GptCore::CpPass* GptCore::cp_pass(int l, bool backward) const {
+  const CpPass* p = cp_pass(l);
+  if (!p || p->backward == backward) return p;
+  const CpPass& prev = cp_prev_passes_[local(l)];
+  return prev.held.empty() || prev.backward != backward ? nullptr : &prev;
+}
+
 int64_t GptCore::causal_pairs(const std::vector<int64_t>& qpos, const std::vector<int64_t>& kpos) {
   int64_t n = 0;
   for (int64_t q : qpos)
@@ -144,6 +151,7 @@ void GptCore::ring_attention_forward(size_t k, int l) {
   const int next = static_cast<int>((me + 1) % c), prev = static_cast<int>((me + c - 1) % c);
   std::vector<float> o(static_cast<size_t>(B * Tq * Ct), 0.0f), m(static_cast<size_t>(B * H * Tq), -std::numeric_limits<float>::infinity());
   std::vector<double> sum(m.size(), 0.0);
+  cp_prev_passes_[local(l)] = std::move(cp_passes_[local(l)]);
   CpPass& pass = cp_passes_[local(l)];
   pass = start_ring(k, false);
   cp_block_ = l;
@@ -193,6 +201,7 @@ void GptCore::ring_attention_backward(size_t k, int l, const void* dy) {
   std::vector<float> dq(static_cast<size_t>(B * Tq * Ct), 0.0f), dkv(static_cast<size_t>(n), 0.0f), own(dkv.size(), 0.0f);
   std::vector<float> delta(static_cast<size_t>(B * H * Tq), 0.0f);
   CpPass pass = start_ring(k, true);
+  cp_prev_passes_[local(l)] = cp_passes_[local(l)];
   cp_block_ = l;
   const std::vector<int64_t>& qpos = cp_pos_[static_cast<size_t>(me)];
   void* cur = cp_a_.raw();

@@ -72,11 +72,17 @@ struct CollectiveInfo {
   int16_t group_size;
   uint64_t seq;    // per-rank collective sequence number (same on every rank for one collective)
   int64_t in_count, out_count;  // elements ("In msg nelems", "Out msg nelems")
-  int64_t bytes;   // payload size S used for algbw (nccl-tests convention)
+  int64_t bytes;   // payload size S used for algbw (nccl-tests convention); all_to_all_v: what leaves the rank
   Protocol proto;  // what the tuning model picked or the run forced (Default: not tuned)
+  // All-to-all: true for all_to_all_v (a size per pair, `in_count` the elements it sends in all);
+  // false for the plain one (equal blocks: in_count / group_size elements to each rank).
+  bool split_sizes;
   // The process group it ran in: 0 for the whole world, else 1 + the TraceRecorder label id of its
   // name and global ranks ("tp0: 0,1"). A group's `seq` counts that group's collectives.
   int32_t group;
+  // All-to-all: the elements of this rank's block to itself, which it copies locally and never sends
+  // (in_count - kept_count leave it); 0 for the other ops.
+  int64_t kept_count;
 };
 
 struct RingStepInfo {
