@@ -544,9 +544,11 @@ TEST_SUITE("cli") {
     check_usage_error({"bench", "collectives", "--op", "gather"}, "--op gather is not benchmarked");
     check_usage_error({"bench", "collectives", "--algo", "fast"}, "--algo fast is not an algorithm; use auto, ring, tree");
     check_usage_error({"bench", "collectives", "--op", "reducescatter", "--algo", "tree"},
-                      "reduce_scatter does not run the tree algorithm; use ring");
+                      "--algo tree is not a reduce-scatter algorithm; use auto or ring");
     check_usage_error({"bench", "collectives", "--op", "broadcast", "--algo", "ring"},
-                      "broadcast does not run the ring algorithm; use tree or naive");
+                      "--algo ring is not a broadcast algorithm; use auto, tree or naive");
+    check_usage_error({"bench", "collectives", "--op", "alltoall", "--algo", "ring"},
+                      "--algo ring is not an all-to-all algorithm; use auto, pairwise or grouped");
     check_usage_error({"bench", "collectives", "--min-bytes", "100", "--max-bytes", "10"}, "is larger than --max-bytes");
     check_usage_error({"bench", "collectives", "--fault", "skip:rank=9,collective=1"}, "fault names rank 9");
     check_usage_error({"bench", "collectives", "--world", "0"}, "run 'dtlab-cli bench collectives --help'");
