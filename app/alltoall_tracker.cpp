@@ -22,6 +22,7 @@ void AllToAllTracker::ingest(int rank, const Event& e) {
       t.order = e.order;
       t.dtype = e.coll.dtype;
       t.split_sizes = e.coll.split_sizes;
+      t.algo = e.coll.algo;
       auto nw = newest_.find(k.first);
       if (nw == newest_.end() || tracks_.at(nw->second).order < e.order) newest_[k.first] = k;
       // Forget the oldest beyond kKept, never a group's newest.
@@ -68,7 +69,8 @@ bool AllToAllTracker::view_of(const Key& k, const Track& t, const std::map<int32
   out.dtype = t.dtype;
   out.split_sizes = t.split_sizes;
   out.n = n;
-  out.steps = n - 1;
+  out.algo = t.algo;
+  out.steps = t.algo == Algorithm::Grouped ? std::min(n - 1, 1) : n - 1;
   out.bytes.assign(static_cast<size_t>(n * n), -1);
   out.sent.assign(static_cast<size_t>(n), -1);
   out.steps_done = out.steps;

@@ -33,6 +33,7 @@ class AllToAllTracker {
     uint64_t order = 0;  // the recorder order of its first issue seen
     DType dtype = DType::F32;
     bool split_sizes = false;                      // all_to_all_v
+    Algorithm algo = Algorithm::Pairwise;          // pairwise or grouped
     std::map<int, int64_t> kept_bytes, sent_bytes;  // global rank: its own block (a local copy), what leaves it
     std::map<std::pair<int, int>, int64_t> pairs;   // (global src, global dst): bytes received
     std::map<int, int> steps;                       // global rank: steps finished

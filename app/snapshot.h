@@ -318,7 +318,8 @@ struct AllToAllView {
   DType dtype = DType::F32;
   bool split_sizes = false;    // all_to_all_v (a size per pair); else the plain one, equal blocks
   int n = 0;                   // members.size()
-  int steps = 0;               // pairwise exchange: n - 1 (step k - 1 sends to r + k)
+  Algorithm algo = Algorithm::Pairwise;  // pairwise exchange or grouped send/recv (collective.h)
+  int steps = 0;               // pairwise exchange: n - 1 (step k - 1 sends to r + k); grouped: 1
   int steps_done = 0;          // steps every member finished
   int newest_step = -1;        // the highest step any member finished (the cells lit as just moved)
   // (n, n), row: the sender's group rank, column: the receiver's. -1: not yet moved (unknown). The
@@ -328,8 +329,11 @@ struct AllToAllView {
   int64_t total = 0;           // every pair's bytes moved so far between different ranks
   std::string label;           // "ep0 #3 all_to_all of float32, 4.1 kB"
   int64_t at(int src, int dst) const { return bytes[static_cast<size_t>(src * n + dst)]; }
-  // The step that moves src -> dst: (dst - src) mod n, minus 1; -1 for the diagonal (a local copy).
-  int step_of(int src, int dst) const { return src == dst ? -1 : ((dst - src) % n + n) % n - 1; }
+  // The step that moves src -> dst: (dst - src) mod n, minus 1 (grouped: 0, every pair at once); -1
+  // for the diagonal (a local copy).
+  int step_of(int src, int dst) const {
+    return src == dst ? -1 : algo == Algorithm::Grouped ? 0 : ((dst - src) % n + n) % n - 1;
+  }
 };
 
 // The Experts view (--moe): what each MoE block's router did in a rank's last forward

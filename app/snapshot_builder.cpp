@@ -286,8 +286,9 @@ std::string next_hint(const Snapshot& s) {
       std::string op = label;  // "world #2 allreduce of ... (sum, ring), step 0": the operation
       if (const size_t at = op.rfind(", step "); at != std::string::npos) op.resize(at);
       if (cv.valid && cv.steps > 0)
-        return "Next: step " + std::to_string(cv.steps_done + 1) + " of " + std::to_string(cv.steps) + " (" +
-               ring_phase_name(cv.phase) + ") of " + op + ".  R runs it; C finishes the collective";
+        return "Next: step " + std::to_string(cv.steps_done + 1) + " of " + std::to_string(cv.steps) +
+               (cv.phase == RingPhase::None ? std::string() : std::string(" (") + ring_phase_name(cv.phase) + ")") + " of " + op +
+               ".  R runs it; C finishes the collective";
       return "Next: " + label + ".  R runs the next step; C finishes the collective";
     }
     case GateKind::Iteration:

@@ -647,6 +647,7 @@ TEST_SUITE("snapshot builder") {
       std::vector<int64_t> send(n), recv(n);
       for (int j = 0; j < n; j++) send[static_cast<size_t>(j)] = S[rank][j], recv[static_cast<size_t>(j)] = S[j][rank];
       g->all_to_all_v(out.data(), recv, in.data(), send, DType::F32)->wait();
+      g->all_to_all_v(out.data(), recv, in.data(), send, DType::F32, Algorithm::Grouped)->wait();  // NCCL's: one step
     });
     std::map<int32_t, std::vector<int>> ranks;
     std::map<int32_t, std::string> names;
@@ -686,6 +687,19 @@ TEST_SUITE("snapshot builder") {
       CHECK(v.sent[static_cast<size_t>(i)] == (S[i][0] + S[i][1] + S[i][2] - S[i][i]) * 4);
       for (int j = 0; j < n; j++) CHECK(v.at(i, j) == S[i][j] * 4);
     }
+    CHECK(v.algo == Algorithm::Pairwise);
+    CHECK(v.steps == n - 1);
+    CHECK(v.step_of(0, 2) == 1);
+    // Grouped: the same matrix, moved in one step (every pair's step 0).
+    const AllToAllView gr = matrix_of(2);
+    REQUIRE(gr.valid);
+    CHECK(gr.algo == Algorithm::Grouped);
+    CHECK(gr.steps == 1);
+    CHECK(gr.steps_done == 1);
+    CHECK(gr.step_of(0, 2) == 0);
+    CHECK(gr.step_of(1, 1) == -1);
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < n; j++) CHECK(gr.at(i, j) == S[i][j] * 4);
   }
 
   // Two CP groups (--world 4 --cp 2): each group's newest is listed, the newest first; the view

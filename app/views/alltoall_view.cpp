@@ -60,9 +60,13 @@ void draw_alltoall_view(const Snapshot& s, ViewContext& ctx, AllToAllViewState& 
                                         : "done in " + std::to_string(a.steps) + (a.steps == 1 ? " step" : " steps"))
                                .c_str());
   if (!ctx.presentation)
-    ImGui::TextWrapped("Row: the rank that sends; column: the rank that receives. At step k each rank sends to the rank k "
-                       "after it, so one diagonal moves per step; the grey diagonal is each rank's own block, kept: copied "
-                       "locally, never sent.");
+    ImGui::TextWrapped("%s", a.algo == Algorithm::Grouped
+                                 ? "Row: the rank that sends; column: the rank that receives. Grouped (NCCL's all-to-all): every "
+                                   "send and receive is posted at once, so every cell moves in one step and the pairs share the "
+                                   "links; the grey diagonal is each rank's own block, kept: copied locally, never sent."
+                                 : "Row: the rank that sends; column: the rank that receives. Pairwise exchange: at step k each rank "
+                                   "sends to the rank k after it, so one diagonal moves per step; the grey diagonal is each rank's "
+                                   "own block, kept: copied locally, never sent.");
   const int n = a.n;
   const ImVec2 p0 = ImGui::GetCursorScreenPos(), avail = ImGui::GetContentRegionAvail();
   const float fs = ImGui::GetFontSize();
