@@ -374,9 +374,10 @@ void print_summary(std::ostream& out, const Trainer& trainer, const TrainSummary
   const TrainConfig& c = trainer.config();
   char line[256];
   std::snprintf(line, sizeof line,
-                "done: %lld step%s in %s (%s %s/s); training set: loss %.4f, accuracy %.1f%% (%lld/%lld)",
+                "done: %lld step%s in %s (%s %s/s); %s: loss %.4f, accuracy %.1f%% (%lld/%lld)",
                 static_cast<long long>(s.steps), s.steps == 1 ? "" : "s", human_seconds(s.seconds).c_str(),
                 with_commas(static_cast<int64_t>(std::llround(s.samples_per_sec))).c_str(), c.model.is_gpt() ? "tokens" : "samples",
+                c.eval_samples > 0 ? ("the training set's first " + std::to_string(c.eval_samples) + " samples").c_str() : "training set",
                 s.eval_loss, 100.0 * s.eval_accuracy, static_cast<long long>(s.eval_correct),
                 static_cast<long long>(s.eval_samples));
   out << line << "\n";

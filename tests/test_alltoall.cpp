@@ -156,6 +156,7 @@ TEST_SUITE("comm") {
     TrainConfig c = test::demo_config("ddp", 4, 4, 2);
     c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=8");
     c.data = "text";
+    c.eval_samples = 256;  // (the final evaluation: the whole text is 12k samples, most of a test run)
     c.moe = MoeSpec::parse("experts=4,top_k=2");
     c.ep = 2;
     Trainer pairwise(c);

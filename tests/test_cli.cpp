@@ -710,7 +710,7 @@ TEST_SUITE("cli") {
                                                         {"--model", gpt, "--batch", "4", "--precision", "bf16", "--lora-rank", "4"},
                                                         {"--model", gpt, "--batch", "4", "--strategy", "dp", "--world", "2", "--precision", "fp16"}};
     for (const std::vector<std::string>& extra : runs) {
-      std::vector<std::string> args = {"train", "--steps", "1", "--activation-checkpointing"};
+      std::vector<std::string> args = {"train", "--steps", "1", "--activation-checkpointing", "--eval-samples", "256"};
       args.insert(args.end(), extra.begin(), extra.end());
       CliResult r = run(args);
       REQUIRE(r.code == 0);

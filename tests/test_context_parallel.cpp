@@ -25,6 +25,7 @@ TrainConfig cp_config(int world, int cp, CpLayout layout, int64_t batch, int64_t
   TrainConfig c = test::demo_config("ddp", world, batch, steps);
   c.model = ModelSpec::parse("gpt:layers=2,heads=4,embd=16,ctx=16");
   c.data = "text";
+  c.eval_samples = 256;  // (the final evaluation: the whole text is 12k samples, most of a test run)
   c.cp = cp;
   c.cp_layout = layout;
   return c;

@@ -127,6 +127,7 @@ TEST_SUITE("fsdp2") {
       TrainConfig f2 = fsdp2_config(4, 4, reshard);
       f2.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=8");
       f2.data = "text";
+      f2.eval_samples = 256;  // (the final evaluation: the whole text is 12k samples, most of a test run)
       f2.batch = 8;
       TrainConfig f1 = f2;
       f1.fsdp.api = 1;

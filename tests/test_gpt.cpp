@@ -53,6 +53,7 @@ TrainConfig gpt_config(const std::string& strategy, int world, int layers) {
   TrainConfig c = test::demo_config(strategy, world, 4, 3);
   c.model = ModelSpec::parse("gpt:layers=" + std::to_string(layers) + ",heads=2,embd=16,ctx=8");
   c.data = "text";
+  c.eval_samples = 256;  // (the final evaluation: the whole text is 12k samples, most of a test run)
   return c;
 }
 
@@ -650,6 +651,7 @@ TEST_SUITE("gpt") {
       TrainConfig c = test::demo_config(strategy, 2, 4, 3);
       c.model = ModelSpec::parse("gpt:layers=3,heads=2,embd=16,ctx=8");
       c.data = "text";
+      c.eval_samples = 256;  // (the final evaluation: the whole text is 12k samples, most of a test run)
       Trainer plain(c);
       const TrainSummary a = plain.run();
       c.activation_checkpointing = true;
@@ -728,6 +730,7 @@ TEST_SUITE("gpt") {
     TrainConfig c = test::demo_config("ddp", 2, 4, 3);
     c.model = ModelSpec::parse("gpt:layers=1,heads=2,embd=16,ctx=8");
     c.data = "text";
+    c.eval_samples = 256;  // (the final evaluation: the whole text is 12k samples, most of a test run)
     Trainer t(c);
     const TrainSummary s = t.run();
     CHECK(s.steps == 3);

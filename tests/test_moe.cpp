@@ -53,6 +53,7 @@ TEST_SUITE("moe") {
       TrainConfig c = test::demo_config(strategy, world, 4, 3);
       c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=8");
       c.data = "text";
+      c.eval_samples = 256;  // (the final evaluation: the whole text is 12k samples, most of a test run)
       c.moe = MoeSpec::parse("experts=4,top_k=2,aux=0.5");
       c.optimizer = default_optimizer_config(OptimizerKind::SGD);
       c.optimizer.lr = 0.05;
@@ -240,6 +241,7 @@ TEST_SUITE("moe") {
     TrainConfig c = test::demo_config("ddp", 4, 4, 3);
     c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=8");
     c.data = "text";
+    c.eval_samples = 256;  // (the final evaluation: the whole text is 12k samples, most of a test run)
     c.moe = MoeSpec::parse("experts=4,top_k=2,capacity=1.25,every=2");
     c.optimizer.kind = OptimizerKind::AdamW;
     Trainer ref(c);

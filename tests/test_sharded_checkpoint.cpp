@@ -374,7 +374,7 @@ TEST_SUITE("sharded_checkpoint") {
       TrainConfig c = fsdp_config(1, Sharding::FullShard, 2);
       c.strategy = Strategy::Pipeline;
       c.model = ModelSpec::parse(k.model);
-      if (c.model.is_gpt()) c.data = "text", c.batch = 4;
+      if (c.model.is_gpt()) c.data = "text", c.batch = 4, c.eval_samples = 256;
       c.pipeline.stages = k.chunks > 1 ? 1 : 2;
       c.pipeline.chunks = k.chunks;
       c.pipeline.schedule = k.chunks > 1 ? ScheduleKind::Interleaved1F1B : ScheduleKind::OneFOneB;

@@ -315,6 +315,10 @@ std::vector<Setting> make_settings() {
                         "Ranks whose forward takes the --skip-layer branch, e.g. 1,3 (default: every rank)", 0, kMaxRanks - 1, false,
                         "1,3"),
                     DTLAB_FIELD(skip_ranks)));
+  s.push_back(field(row("--eval-samples", "eval_samples", T::Int, G::Run, kBoth,
+                        "The final evaluation's samples: the training set's first N (default 0: every one)", 0,
+                        static_cast<double>(int64_t{1} << 40), false, "256"),
+                    DTLAB_FIELD(eval_samples)));
   s.push_back(field(row("--allow-nonfinite", "allow_nonfinite", T::Flag, G::Run, kBoth,
                         "Train on when the loss becomes NaN or infinite (default: stop at that step, naming the rank and the first "
                         "non-finite layer)", 0, 0, false, "true"),

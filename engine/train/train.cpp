@@ -323,9 +323,9 @@ namespace {
 
 // The GPT over every window of the token data: the mean cross-entropy and next-token accuracy over
 // all n x T positions.
-EvalResult evaluate_tokens(Model& model, const Dataset& ds, int64_t batch, float* logits_out) {
+EvalResult evaluate_tokens(Model& model, const Dataset& ds, int64_t batch, float* logits_out, int64_t n) {
   const int64_t T = ds.ctx, V = model.spec().out_features();
-  const int64_t rows = std::min(batch, std::max<int64_t>(ds.n, 1));
+  const int64_t rows = std::min(batch, std::max<int64_t>(n, 1));
   Tensor probs({rows * T, V}, MemCategory::Activations, nullptr);
   std::vector<int64_t> tok(static_cast<size_t>(rows * T)), tgt(static_cast<size_t>(rows * T));
   // A device model reads its tokens from device memory and hands its logits back to the host.
@@ -338,8 +338,8 @@ EvalResult evaluate_tokens(Model& model, const Dataset& ds, int64_t batch, float
   }
   EvalResult r;
   double loss_sum = 0;
-  for (int64_t i = 0; i < ds.n; i += batch) {
-    const int64_t B = std::min(batch, ds.n - i);
+  for (int64_t i = 0; i < n; i += batch) {
+    const int64_t B = std::min(batch, n - i);
     for (int64_t k = 0; k < B * T; k++) {
       tok[static_cast<size_t>(k)] = ds.tokens[static_cast<size_t>(i * T + k)];
       tgt[static_cast<size_t>(k)] = ds.tokens[static_cast<size_t>(i * T + k + 1)];
@@ -356,7 +356,7 @@ EvalResult evaluate_tokens(Model& model, const Dataset& ds, int64_t batch, float
     r.correct += count_correct(logits, tgt.data(), B * T, V);
     if (logits_out) std::copy(logits, logits + B * T * V, logits_out + i * T * V);
   }
-  const int64_t positions = ds.n * T;
+  const int64_t positions = n * T;
   r.samples = positions;
   r.loss = positions > 0 ? static_cast<float>(loss_sum / static_cast<double>(positions)) : 0.0f;
   r.accuracy = positions > 0 ? static_cast<double>(r.correct) / static_cast<double>(positions) : 0.0;
@@ -365,11 +365,12 @@ EvalResult evaluate_tokens(Model& model, const Dataset& ds, int64_t batch, float
 
 }  // namespace
 
-EvalResult evaluate(Model& model, const Dataset& ds, int64_t batch, float* logits_out) {
-  if (model.is_gpt()) return evaluate_tokens(model, ds, batch, logits_out);
+EvalResult evaluate(Model& model, const Dataset& ds, int64_t batch, float* logits_out, int64_t limit) {
+  const int64_t n = limit > 0 ? std::min(limit, ds.n) : ds.n;
+  if (model.is_gpt()) return evaluate_tokens(model, ds, batch, logits_out, n);
   const int64_t C = model.spec().out_features();
   DTLAB_CHECK(batch > 0, "evaluate() needs a positive batch");
-  const int64_t rows = std::min(batch, std::max<int64_t>(ds.n, 1));
+  const int64_t rows = std::min(batch, std::max<int64_t>(n, 1));
   Tensor probs({rows, C}, MemCategory::Activations, nullptr);
   // A device model reads its inputs from device memory and hands its logits back to the host.
   Device& dev = model.device();
@@ -381,8 +382,8 @@ EvalResult evaluate(Model& model, const Dataset& ds, int64_t batch, float* logit
   }
   EvalResult r;
   double loss_sum = 0;
-  for (int64_t i = 0; i < ds.n; i += batch) {
-    int64_t B = std::min(batch, ds.n - i);
+  for (int64_t i = 0; i < n; i += batch) {
+    int64_t B = std::min(batch, n - i);
     const float* x = ds.x.data() + i * ds.d;
     if (!dev.is_host()) {
       dev.upload(x_dev.f32(), x, B * ds.d * static_cast<int64_t>(sizeof(float)));
@@ -397,9 +398,9 @@ EvalResult evaluate(Model& model, const Dataset& ds, int64_t batch, float* logit
     r.correct += count_correct(logits, ds.y.data() + i, B, C);
     if (logits_out) std::copy(logits, logits + B * C, logits_out + i * C);
   }
-  r.samples = ds.n;
-  r.loss = ds.n > 0 ? static_cast<float>(loss_sum / static_cast<double>(ds.n)) : 0.0f;
-  r.accuracy = ds.n > 0 ? static_cast<double>(r.correct) / static_cast<double>(ds.n) : 0.0;
+  r.samples = n;
+  r.loss = n > 0 ? static_cast<float>(loss_sum / static_cast<double>(n)) : 0.0f;
+  r.accuracy = n > 0 ? static_cast<double>(r.correct) / static_cast<double>(n) : 0.0;
   return r;
 }
 
@@ -913,7 +914,7 @@ EvalResult Trainer::final_evaluation() {
   Model& model = result_model();
   ComputeObserver* obs = model.observer();
   model.set_observer(nullptr);  // evaluation is not part of the training trace
-  EvalResult ev = evaluate(model, dataset(), config_.batch);
+  EvalResult ev = evaluate(model, dataset(), config_.batch, nullptr, config_.eval_samples);
   model.set_observer(obs);
   return ev;
 }

@@ -71,6 +71,8 @@ struct TrainConfig {
   // unless asked, so a run's pictures stay those of the lessons.
   Algorithm algo = collective_traits(CollectiveOp::AllReduce).default_algorithm;
   Protocol proto = Protocol::Default;
+  // The final evaluation's samples: the training set's first eval_samples (0: every one).
+  int64_t eval_samples = 0;
   // The all-to-alls' (expert parallelism's dispatch and combine, Ulysses'): pairwise (n-1 rounds, a
   // step each) or grouped (NCCL's one group of sends and receives: one step).
   Algorithm alltoall_algo = collective_traits(CollectiveOp::AllToAll).default_algorithm;
@@ -212,10 +214,10 @@ struct EvalResult {
   int64_t correct = 0, samples = 0;
 };
 
-// Forward over the whole data set in chunks of `batch` rows (activations sized once), on the model's
-// device (the loss and accuracy are computed on the host from the logits). When `logits` is given it
-// receives (n, classes) outputs.
-EvalResult evaluate(Model& model, const Dataset& data, int64_t batch, float* logits = nullptr);
+// Forward over the whole data set (or its first `limit` samples, when above 0) in chunks of `batch`
+// rows (activations sized once), on the model's device (the loss and accuracy are computed on the host
+// from the logits). When `logits` is given it receives (n, classes) outputs.
+EvalResult evaluate(Model& model, const Dataset& data, int64_t batch, float* logits = nullptr, int64_t limit = 0);
 
 // --fsdp-api and --reshard-after-forward against the rest of `c` (FSDP1's options named in FSDP1's
 // words); dtlab::Error, one sentence. The run's validation calls it, and so do both front ends' flags.
