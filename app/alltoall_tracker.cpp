@@ -25,14 +25,18 @@ void AllToAllTracker::ingest(int rank, const Event& e) {
       t.algo = e.coll.algo;
       auto nw = newest_.find(k.first);
       if (nw == newest_.end() || tracks_.at(nw->second).order < e.order) newest_[k.first] = k;
-      // Forget the oldest beyond kKept, never a group's newest.
+      // Forget the oldest beyond kKept, never a group's newest. That may be this one (a rank's old
+      // issue read after newer ones): then there is nothing left to record it in.
+      bool forgotten = false;
       while (tracks_.size() > kKept + newest_.size()) {
         auto oldest = tracks_.end();
         for (auto c = tracks_.begin(); c != tracks_.end(); ++c)
           if (newest_.at(c->first.first) != c->first && (oldest == tracks_.end() || c->second.order < oldest->second.order)) oldest = c;
         if (oldest == tracks_.end()) break;
+        forgotten = forgotten || oldest == it;
         tracks_.erase(oldest);
       }
+      if (forgotten) return;
     }
     const int64_t size = dtype_size(e.coll.dtype);
     t.kept_bytes[rank] = e.coll.kept_count * size;
