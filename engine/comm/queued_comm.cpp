@@ -242,6 +242,7 @@ WorkPtr QueuedCommunicator::fused_send_recv(const void* send_buf, int64_t send_c
 WorkPtr QueuedCommunicator::grouped_send_recv(const std::vector<P2PPair>& pairs, int tag, DType dt) {
   DTLAB_CHECK(!pairs.empty(), "grouped_send_recv needs at least one pair");
   for (const P2PPair& p : pairs) {
+    check_rank(p.to, "send peer");
     check_rank(p.from, "recv peer");
     if (p.from == rank_ || p.to == rank_) throw Error("rank " + std::to_string(rank_) + " cannot send to or receive from itself");
     if (p.send_count < 0 || p.recv_count < 0) throw Error("a send or recv count cannot be negative");

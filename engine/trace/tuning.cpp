@@ -121,11 +121,12 @@ Cost ring_cost(const Topology& t, CollectiveOp op, Protocol proto) {
 }
 
 // All-to-all: each rank sends (n-1)/n of its buffer either way. Pairwise takes n-1 rounds, a hop's
-// latency each (the rounds that cross nodes at the inter-node hop's); grouped posts every send and
-// receive at once, so one hop's latency (the slowest link's) covers them all.
+// latency each; across nodes every round has a rank whose partner is on another node (round k: the
+// node's last rank sends to the next node's k-th), so each pays the inter-node hop. Grouped posts
+// every send and receive at once, so one hop's latency (the slowest link's) covers them all.
 Cost all_to_all_cost(const Topology& t, Algorithm algo, Protocol proto) {
   const int nsteps = t.n - 1;
-  const int inter = !t.uses_inter() ? 0 : std::min(nsteps, t.n - t.ppn);  // the rounds whose partner is on another node
+  const int inter = t.uses_inter() ? nsteps : 0;
   Cost c;
   if (algo == Algorithm::Grouped)
     c.latency = t.base(kRingFamily, proto) + (inter > 0 ? t.inter_hop(kRingFamily, proto) : t.intra_hop(kRingFamily, proto));
