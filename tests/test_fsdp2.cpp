@@ -100,7 +100,8 @@ TEST_SUITE("fsdp2") {
         CAPTURE(r.world);
         CAPTURE(reshard_after_forward_text(r.reshard));
         CAPTURE(r.hybrid);
-        TrainConfig f2 = fsdp2_config(r.world, 20, r.reshard);
+        // 20 steps; 5 under the sanitizers (DTLAB_TEST_QUICK), where this case was the slowest of the suite.
+        TrainConfig f2 = fsdp2_config(r.world, test::quick() ? 5 : 20, r.reshard);
         f2.optimizer = default_optimizer_config(kind);
         if (kind == OptimizerKind::SGD) f2.optimizer.momentum = 0.9;
         if (r.hybrid) f2.fsdp.sharding = Sharding::Hybrid, f2.fsdp.node_size = r.world / 2;

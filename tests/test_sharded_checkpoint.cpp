@@ -442,7 +442,7 @@ TEST_SUITE("sharded_checkpoint") {
       CHECK_THROWS_WITH_AS(read_sharded_tensors(dir.file("s")), doctest::Contains(why), Error);
       CHECK(same_params(m, before));
     };
-    for (const nlohmann::json v : {nlohmann::json(3), nlohmann::json(0), nlohmann::json("2"), nlohmann::json(1.5)}) {
+    for (const nlohmann::json& v : {nlohmann::json(3), nlohmann::json(0), nlohmann::json("2"), nlohmann::json(1.5)}) {
       CAPTURE(v.dump());
       nlohmann::json j = good;
       j["version"] = v;

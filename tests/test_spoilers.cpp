@@ -502,7 +502,9 @@ TEST_SUITE("app") {
     // A drawn lesson repeats an earlier one only when it does under every draw: parse the course
     // with a few seeds and keep the repeats every one of them finds.
     std::map<std::string, int> seen;  // "later <- earlier: why" -> how many seeds found it
-    const std::vector<uint64_t> seeds = {1, 2, 3, 4, 5, 6, 7, 8};
+    // Under the sanitizers (DTLAB_TEST_QUICK) two seeds, for the memory of the parser and the repeat
+    // finder: what the course says is the same there, and the Release run checks it under all eight.
+    const std::vector<uint64_t> seeds = test::quick() ? std::vector<uint64_t>{1, 2} : std::vector<uint64_t>{1, 2, 3, 4, 5, 6, 7, 8};
     for (uint64_t seed : seeds) {
       std::vector<Lesson> course;
       for (const std::string& p : lesson_paths(std::string(DTLAB_SOURCE_DIR) + "/lessons")) course.push_back(load_lesson(p, seed));
@@ -514,7 +516,7 @@ TEST_SUITE("app") {
     for (const auto& entry : seen) {  // no structured binding: clang 14 cannot capture one (CAPTURE is a lambda)
       const std::string& repeat = entry.first;
       CAPTURE(repeat);
-      CHECK(entry.second < static_cast<int>(seeds.size()));
+      if (!test::quick()) CHECK(entry.second < static_cast<int>(seeds.size()));
     }
   }
 }

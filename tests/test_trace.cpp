@@ -41,7 +41,7 @@ Event span(EventKind kind, int rank, int iteration, int64_t b_ns, int64_t e_ns, 
 
 Event compute(int rank, int it, ComputeKind k, int layer, int64_t b_ns, int64_t e_ns, double mb = 0, double me = 0) {
   Event e = span(EventKind::Compute, rank, it, b_ns, e_ns, mb, me);
-  e.compute = ComputeInfo{k, static_cast<int16_t>(layer), 1e6};
+  e.compute = ComputeInfo{k, static_cast<int16_t>(layer), 1e6, 0};
   return e;
 }
 
@@ -50,7 +50,7 @@ Event collective(int rank, int it, CollectiveOp op, uint64_t seq, int64_t count,
   Event e = span(EventKind::Collective, rank, it, b_ns, e_ns);
   e.lane = Lane::Comm;
   e.coll = CollectiveInfo{op, Algorithm::Ring, ReduceOp::Sum, dtype, static_cast<int16_t>(root), 2, seq,
-                          count, count, count * dtype_size(dtype), Protocol::Default};
+                          count, count, count * dtype_size(dtype), Protocol::Default, false, 0, 0};
   return e;
 }
 
@@ -58,7 +58,7 @@ Event ring_step(int rank, int it, uint64_t seq, RingPhase phase, int step, int64
   Event e = span(EventKind::RingStep, rank, it, b_ns, e_ns);
   e.lane = Lane::Comm;
   e.step = RingStepInfo{seq, phase, static_cast<int16_t>(step), 2, static_cast<int16_t>(step),
-                        static_cast<int16_t>(1 - rank), static_cast<int16_t>(1 - rank), bytes};
+                        static_cast<int16_t>(1 - rank), static_cast<int16_t>(1 - rank), bytes, 0};
   return e;
 }
 

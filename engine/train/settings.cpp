@@ -44,10 +44,23 @@ FaultKind parse_fault_kind(const std::string& kind) {
   return kind == "skip" ? FaultKind::Skip : FaultKind::Delay;
 }
 
+using G = SettingGroup;
+using T = SettingType;
+constexpr SettingScope kBoth = SettingScope::Both, kCli = SettingScope::Cli, kJson = SettingScope::Json;
+
+// One row's declaration: flag, JSON key, type, group, scope, help; then range, default shown, example.
+Setting row(const char* flag, const char* key, T type, G group, SettingScope scope, std::string help, double min = 0,
+            double max = 0, bool show_default = false, const char* example = "") {
+  Setting s{};
+  s.flag = flag, s.key = key, s.type = type, s.group = group, s.scope = scope, s.help = std::move(help);
+  s.min = min, s.max = max, s.show_default = show_default, s.example = example;
+  return s;
+}
+
 Setting faults_row() {
-  Setting s{"--fault", "faults", SettingType::TextList, SettingGroup::Faults, SettingScope::Both,
-            "Inject a fault: skip:rank=R,collective=K or delay:rank=R,collective=K,ms=M (repeatable)"};
-  s.example = "delay:rank=1,collective=2,ms=500";
+  Setting s = row("--fault", "faults", T::TextList, G::Faults, kBoth,
+                  "Inject a fault: skip:rank=R,collective=K or delay:rank=R,collective=K,ms=M (repeatable)", 0, 0, false,
+                  "delay:rank=1,collective=2,ms=500");
   s.get = [](const TrainConfig& c) {
     SettingValue v;
     for (const Fault& f : c.faults) v.push_back(fault_text(f));
@@ -82,10 +95,10 @@ Setting faults_row() {
 
 // --unit-costs sets pipeline.fixed_costs; JSON carries any fixed costs (tests set unequal ones).
 Setting unit_costs_row() {
-  Setting s{"--unit-costs", "pipeline.fixed_costs", SettingType::Flag, SettingGroup::Pipeline, SettingScope::Both,
-            "Pipeline: every F, B, I and W costs 1 ms of modeled time (equal stages; with --profile ideal the measured "
-            "bubbles equal the formulas)"};
-  s.example = "true";
+  Setting s = row("--unit-costs", "pipeline.fixed_costs", T::Flag, G::Pipeline, kBoth,
+                  "Pipeline: every F, B, I and W costs 1 ms of modeled time (equal stages; with --profile ideal the "
+                  "measured bubbles equal the formulas)",
+                  0, 0, false, "true");
   s.get = [](const TrainConfig& c) { return SettingValue{c.pipeline.fixed_costs ? "true" : "false"}; };
   s.set = [](TrainConfig& c, const SettingValue& v) {
     if (from_text<bool>("--unit-costs", one_item("--unit-costs", v)))
@@ -115,18 +128,6 @@ std::string strategy_help() {
   std::string help = "Parallel strategy:";  // the strategies' table rows (engine/train/strategy.h)
   for (const StrategyTraits& t : strategy_table()) help += std::string("\n  ") + t.name + ": " + t.summary + " (" + t.torch + ")";
   return help;
-}
-
-using G = SettingGroup;
-using T = SettingType;
-constexpr SettingScope kBoth = SettingScope::Both, kCli = SettingScope::Cli, kJson = SettingScope::Json;
-
-// One row's declaration: flag, JSON key, type, group, scope, help; then range, default shown, example.
-Setting row(const char* flag, const char* key, T type, G group, SettingScope scope, std::string help, double min = 0,
-            double max = 0, bool show_default = false, const char* example = "") {
-  Setting s{flag, key, type, group, scope, std::move(help), min, max, show_default};
-  s.example = example;
-  return s;
 }
 
 std::vector<Setting> make_settings() {
