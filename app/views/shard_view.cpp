@@ -230,11 +230,7 @@ void draw_unit_fsdp2(const Snapshot& s, const UnitView& u, const ShardLayout& L,
   const bool live_now = live != Live::None && s.collective.in_flight;
   const size_t P = u.names.size();
   std::vector<Dim0Shard> d(P);
-  int64_t padded = 0;
-  for (size_t i = 0; i < P; i++) {
-    d[i] = dim0_shard(i < u.shapes.size() ? u.shapes[i] : Shape{u.sizes[i]}, K);
-    padded += d[i].padded_numel();
-  }
+  for (size_t i = 0; i < P; i++) d[i] = dim0_shard(i < u.shapes.size() ? u.shapes[i] : Shape{u.sizes[i]}, K);
   ImGui::Text("unit %d", u.index);
   char split[160];
   std::snprintf(split, sizeof split, "%s elements, each parameter cut on dim 0 in %d chunks: %s a rank with padding", with_commas(u.numel).c_str(), K,

@@ -576,7 +576,7 @@ void DistributedDataParallel::finalize_backward() {
     if (ctx_ && ctx_->recorder()) {
       Event e(EventKind::BucketAllReduce, Lane::Comm, t.wall_begin_ns, t.wall_end_ns, t.model_begin, t.model_end);
       e.bucket = BucketInfo{static_cast<int16_t>(b), static_cast<int16_t>(buckets_.size()), -1, bk.label,
-                            generation_, static_cast<int32_t>(bk.params.size()), moved, bk.work->seq()};
+                            generation_, static_cast<int32_t>(bk.params.size()), moved, bk.work->seq(), 0};
       ctx_->record(e);
     }
     if (!opt_.gradient_as_bucket_view) copy_back(bk);

@@ -113,7 +113,7 @@ std::vector<SizingGroup> place_groups(const SizingInput& in, const HardwareProfi
   if (in.moe.experts > 0) kinds.insert(kinds.end(), {ParallelGroup::EP, ParallelGroup::EDP});
   std::vector<SizingGroup> out;
   for (ParallelGroup g : kinds) {
-    SizingGroup sg{.group = g, .place = place_group(megatron_layout(in), g, profile.gpus_per_node)};
+    SizingGroup sg{.group = g, .place = place_group(megatron_layout(in), g, profile.gpus_per_node), .link = "", .beta = 0};
     const bool inter = sg.place.crosses_nodes();
     sg.link = fabric_name(inter ? profile.inter_fabric : profile.intra_fabric);
     sg.beta = (inter ? profile.inter : profile.intra).beta;

@@ -79,7 +79,7 @@ HardwareProfile make_profile(const char* name, const char* description, int node
   return HardwareProfile{.name = name, .description = description, .gpus_per_node = gpus_per_node, .nodes = nodes,
                          .intra = intra, .inter = inter, .gamma = kHbmGamma, .flops_per_s = kGpuFlops,
                          .intra_fabric = t.intra_fabric, .inter_fabric = t.inter_fabric, .rails = t.rails,
-                         .switch_reduces = t.switch_reduces};
+                         .switch_reduces = t.switch_reduces, .measured = ""};
 }
 
 HardwareProfile h100_profile(const char* name, const char* description, int nodes) {
