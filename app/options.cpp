@@ -262,7 +262,7 @@ void deepen_for_pipeline(TrainConfig& c) {
 
 void fit_pipeline(TrainConfig& c) {
   PipelineOptions& o = c.pipeline;
-  c.world_size = o.stages * o.dp;
+  c.world_size = o.stages * o.dp * std::max(c.cp, 1) * std::max(c.tp, 1);  // a rank per stage, CP rank, TP rank and replica
   c.accum = 1;
   if (c.batch % o.microbatches != 0)
     c.batch = std::max<int64_t>(1, (c.batch + o.microbatches / 2) / o.microbatches) * o.microbatches;

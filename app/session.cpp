@@ -217,22 +217,32 @@ bool Session::read_experts(ExpertsView& v) const {
   const int L = static_cast<int>(config_.model.gpt.layers);
   v.ranks.assign(static_cast<size_t>(config_.world_size), {});
   for (int r = 0; r < config_.world_size; r++) {
-    const GptCore* g = trainer_->rank_model(r).gpt();
-    for (int l = 0; g && l < L; l++) {
-      const GptCore::MoeRouting* m = g->moe_routing(l);
-      if (!m) continue;  // a dense block, another stage's, or no forward yet
-      ExpertsBlockView b;
-      b.layer = l;
-      b.tokens = m->tokens, b.capacity = m->capacity, b.dropped = m->dropped, b.aux_loss = m->aux_loss;
-      b.routed = m->routed, b.kept = m->kept;
-      if (const auto* h = g->moe_history(l))
-        for (const GptCore::MoePoint& p : *h) b.imbalance_history.push_back(p.imbalance), b.aux_history.push_back(p.aux_loss);
-      v.ranks[static_cast<size_t>(r)].push_back(std::move(b));
+    for (const GptCore* g : view_cores(r, false)) {
+      for (int l = 0; l < L; l++) {
+        const GptCore::MoeRouting* m = g->moe_routing(l);
+        if (!m) continue;  // a dense block, another stage's, or no forward yet
+        ExpertsBlockView b;
+        b.layer = l;
+        b.tokens = m->tokens, b.capacity = m->capacity, b.dropped = m->dropped, b.aux_loss = m->aux_loss;
+        b.routed = m->routed, b.kept = m->kept;
+        if (const auto* h = g->moe_history(l))
+          for (const GptCore::MoePoint& p : *h) b.imbalance_history.push_back(p.imbalance), b.aux_history.push_back(p.aux_loss);
+        v.ranks[static_cast<size_t>(r)].push_back(std::move(b));
+      }
     }
   }
   v.read = true;
   v.at_step = builder_.snapshot().step;
   return true;
+}
+
+// The GPT activations the Experts (context false) and Context views read for rank r: its model's, or a
+// pipeline rank's stages', the one that ran last first.
+std::vector<const GptCore*> Session::view_cores(int r, bool context) const {
+  if (trainer_->pipeline_plan()) return trainer_->pipeline_view_cores(r);
+  const Model& m = trainer_->rank_model(r);
+  const GptCore* g = context ? m.context_parallel_core() : m.gpt();
+  return g ? std::vector<const GptCore*>{g} : std::vector<const GptCore*>{};
 }
 
 bool Session::read_context(ContextView& v) const {
@@ -244,8 +254,9 @@ bool Session::read_context(ContextView& v) const {
   for (int r = 0; r < N; r++) {
     ContextRankView& out = v.ranks[static_cast<size_t>(r)];
     out.rank = r;
-    const GptCore* g = trainer_->rank_model(r).context_parallel_core();
-    if (!g) continue;
+    const std::vector<const GptCore*> cores = view_cores(r, true);
+    if (cores.empty()) continue;
+    const GptCore* g = cores.front();  // (a pipeline rank's stages: the one that ran last)
     const ContextParallelSpec& cp = g->context_parallel();
     out.positions = cp.positions(v.ctx);
     if (!placed[static_cast<size_t>(r)]) {  // its group: the ranks of its mesh coordinates but dp's, in CP order
@@ -266,9 +277,12 @@ bool Session::read_context(ContextView& v) const {
       return pv;
     };
     for (int l = 0; l < static_cast<int>(config_.model.gpt.layers); l++) {
-      const GptCore::CpPass* latest = g->cp_pass(l);
+      const GptCore* at = g;  // the stage holding block l (a pipeline rank's other stages: another core)
+      for (const GptCore* c : cores)
+        if (c->cp_pass(l)) at = c;
+      const GptCore::CpPass* latest = at->cp_pass(l);
       out.passes.push_back(view(latest));
-      out.earlier.push_back(view(latest ? g->cp_pass(l, !latest->backward) : nullptr));  // the block's pass the other way
+      out.earlier.push_back(view(latest ? at->cp_pass(l, !latest->backward) : nullptr));  // the block's pass the other way
     }
   }
   v.read = true;

@@ -86,6 +86,8 @@ class Session {
 
  private:
   Session() = default;  // attach()
+  // The GPT activations the Experts (context false) and Context views read for a rank of this process.
+  std::vector<const GptCore*> view_cores(int rank, bool context) const;
   // What the views need of the run, wherever it runs.
   const Model& model() const;
   const Dataset& dataset() const;

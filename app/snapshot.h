@@ -178,6 +178,7 @@ struct PipelineView {
   bool valid = false;
   ScheduleKind kind = ScheduleKind::OneFOneB;
   int p = 1, m = 1, v = 1, dp = 1, tp = 1;
+  int cp = 1;  // --cp: dp counts data-parallel indices, each replica's CP ranks (cp fastest)
   bool unit_costs = false;            // every action costs the same fixed modeled time
   PipelineSchedule plan;              // make_schedule(kind, p, m, v): [pipeline rank][time step]
   int32_t iteration = -1;             // shown: the one under way, else the last finished

@@ -418,6 +418,7 @@ void SnapshotBuilder::reset(const RunSources& run) {
   c.node_size = run.node_size;
   snap_.total_steps = c.steps;
   pipeline_.reset(run.pipeline, N, config.tp, snap_.pipeline);
+  snap_.pipeline.cp = std::max(config.cp, 1);  // (the plan's dp counts each replica's CP ranks)
   reset_mesh(config, model.spec().gpt, snap_.mesh);
 }
 

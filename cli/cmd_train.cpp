@@ -13,6 +13,7 @@
 #include "engine/core/check.h"
 #include "engine/core/format.h"
 #include "engine/io/checkpoint.h"
+#include "engine/parallel/context_parallel.h"
 #include "engine/parallel/memory_plan.h"
 #include "engine/trace/cost_model.h"
 #include "engine/train/train.h"
@@ -96,6 +97,29 @@ void print_strategy_lines(std::ostream& out, const Trainer& trainer) {
         << (lora ? "adapters' " + human_bytes(adapters) + " of gradients" : std::string("gradients"))
         << " onto rank 0, which alone steps\n";
   }
+  if (c.cp > 1 && c.model.is_gpt()) {  // the CP groups and what each rank holds of a sample
+    const int64_t T = c.model.gpt.ctx;
+    std::vector<std::string> groups;
+    std::vector<char> seen(static_cast<size_t>(c.world_size), 0);
+    for (int r = 0; r < c.world_size; r++) {
+      if (seen[static_cast<size_t>(r)]) continue;
+      std::string g = "cp" + std::to_string(groups.size());
+      const std::vector<int> ranks = cp_group_ranks(trainer.mesh(), c.cp, r);
+      for (size_t i = 0; i < ranks.size(); i++) {
+        g += (i ? "," : " ") + std::to_string(ranks[i]);
+        seen[static_cast<size_t>(ranks[i])] = 1;
+      }
+      groups.push_back(g);
+    }
+    std::string joined;
+    for (size_t i = 0; i < groups.size(); i++) joined += (i ? ", " : "") + groups[i];
+    out << "  context parallelism: " << cp_layout_name(c.cp_layout) << ", groups " << joined << "; each rank holds " << T / c.cp
+        << " of every sample's " << T << " positions"
+        << (c.cp_layout == CpLayout::Zigzag ? " (chunks r and " + std::to_string(2 * c.cp - 1) + "-r of " + std::to_string(2 * c.cp) + ")"
+            : c.cp_layout == CpLayout::Ulysses ? " (attention on " + std::to_string(c.model.gpt.heads / std::max(c.tp, 1) / c.cp) + " heads of every position, between two all-to-alls)"
+                                               : " (one contiguous chunk; K/V blocks travel the ring)")
+        << "\n";
+  }
   if (c.strategy == Strategy::Fsdp)
     out << "  FSDP: " << sharding_name(c.fsdp.sharding)
         << (c.fsdp.sharding == Sharding::Hybrid
@@ -121,8 +145,9 @@ void print_header(const TrainArgs& a, std::ostream& out, const Trainer& trainer)
   if (c.strategy == Strategy::Pipeline) print_pipeline_header(out, trainer), pipeline_printed = true;
   if (!pipeline_printed && (c.accum > 1 || c.world_size > 1))
     out << "  effective batch " << trainer.effective_batch() << " = " << c.batch
-        << (c.tp > 1 ? " per replica x " + std::to_string(trainer.mesh().dp) + (trainer.mesh().dp == 1 ? " replica" : " replicas")
-                     : " per rank x " + std::to_string(c.world_size) + (c.world_size == 1 ? " rank" : " ranks"))
+        << (c.tp > 1 || c.cp > 1
+                ? " per replica x " + std::to_string(trainer.data_replicas()) + (trainer.data_replicas() == 1 ? " replica" : " replicas")
+                : " per rank x " + std::to_string(c.world_size) + (c.world_size == 1 ? " rank" : " ranks"))
         << " x " << c.accum
         << " accumulation " << (c.accum == 1 ? "step" : "steps") << "\n";
   if (c.skip_layer >= 0)

@@ -117,7 +117,7 @@ void finish_train_flags(const TrainFlags& f, TrainConfig& c) {
   // A GPT reads text: the shipped one unless --data says which (an explicit spiral is refused by the run).
   if (c.model.is_gpt() && !f.given("--data")) c.data = "text";
   check_fsdp_options(c);
-  if (c.strategy == Strategy::Pipeline && !f.given("--world")) c.world_size = c.pipeline.stages * c.pipeline.dp * c.tp;
+  if (c.strategy == Strategy::Pipeline && !f.given("--world")) c.world_size = c.pipeline.stages * c.pipeline.dp * c.cp * c.tp;
   if (c.strategy == Strategy::Single) {
     if (f.given("--world") && c.world_size != 1)
       throw Error("--strategy single runs one rank, but --world is " + std::to_string(c.world_size) +

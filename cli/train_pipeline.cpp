@@ -2,6 +2,7 @@
 
 #include "cli/text_table.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -35,14 +36,18 @@ void print_pipeline_header(std::ostream& out, const Trainer& trainer) {
   const TrainConfig& c = trainer.config();
   const PipelineOptions& o = plan.options;
   const MeshShape& mesh = trainer.mesh();
-  // With --tp each pipeline rank is a TP group of neighbouring world ranks (engine/core/mesh.h).
-  const std::string layout = mesh.tp == 1 ? "rank = replica x " + std::to_string(o.stages) + " + stage rank"
-                                          : "rank = (replica x " + std::to_string(o.stages) + " + stage rank) x " +
+  // With --tp each pipeline rank is a TP group of neighbouring world ranks (engine/core/mesh.h); with
+  // --cp each replica of a stage is a CP group of neighbouring data-parallel indices.
+  const int cp = std::max(c.cp, 1), replicas = trainer.data_replicas();
+  const std::string dp_index = cp == 1 ? "replica" : "(replica x " + std::to_string(cp) + " + cp rank)";
+  const std::string layout = mesh.tp == 1 ? "rank = " + dp_index + " x " + std::to_string(o.stages) + " + stage rank"
+                                          : "rank = (" + dp_index + " x " + std::to_string(o.stages) + " + stage rank) x " +
                                                 std::to_string(mesh.tp) + " + tp rank";
   out << "  pipeline: " << plan.schedule.name << ", " << plan.stages.size() << " stages on " << o.stages
       << (o.stages == 1 ? " rank" : " ranks") << (o.chunks > 1 ? " (" + std::to_string(o.chunks) + " per rank)" : "")
       << (mesh.tp > 1 ? ", each a tp group of " + std::to_string(mesh.tp) + " ranks" : "") << ", " << o.microbatches
-      << " micro-batches of " << c.batch / o.microbatches << " samples, " << o.dp << (o.dp == 1 ? " replica" : " replicas")
+      << " micro-batches of " << c.batch / o.microbatches << " samples, " << replicas << (replicas == 1 ? " replica" : " replicas")
+      << (cp > 1 ? " of " + std::to_string(cp) + " context-parallel ranks a stage (--cp-layout " + cp_layout_name(c.cp_layout) + ")" : "")
       << (o.dp > 1 || mesh.tp > 1 ? " (" + layout + ")" : "") << "; effective batch " << trainer.effective_batch() << "\n";
   // A stage lives on its pipeline rank's TP group in every replica.
   for (size_t s = 0; s < plan.stages.size(); s++)

@@ -356,5 +356,44 @@ TEST_SUITE("app") {
       }
     }
   }
+
+  // A pipeline's ranks hold their stages' activations per micro-batch: the Context and Experts views
+  // read the micro-batch each stage ran last, on every rank, and after the run the last ones.
+  TEST_CASE("under a pipeline the Context and Experts views read each rank's stages, during and after the run") {
+    TrainConfig c = lab_config(4);
+    c.strategy = Strategy::Pipeline;
+    c.pipeline.stages = 2;
+    c.pipeline.microbatches = 2;
+    c.model = ModelSpec::parse("gpt:layers=2,heads=4,embd=16,ctx=16");
+    c.data = "text";
+    c.eval_samples = 16;
+    c.cp = 2;
+    c.moe = MoeSpec::parse("experts=4,top_k=2");
+    c.batch = 4;
+    c.steps = 2;
+    Session session(c);
+    auto check_views = [](const Snapshot& s) {
+      REQUIRE(s.context.read);
+      REQUIRE(s.experts.read);
+      for (int r = 0; r < 4; r++) {
+        CAPTURE(r);
+        const int block = r % 2;  // rank = cp rank x 2 + stage rank: stage s holds block s
+        const ContextRankView& rv = s.context.ranks[static_cast<size_t>(r)];
+        CHECK(rv.positions.size() == 8);  // T / cp
+        CHECK(rv.pass(block, false).valid);
+        CHECK(rv.pass(block, true).valid);
+        CHECK_FALSE(rv.pass(1 - block, false).valid);  // the other stage's block
+        const auto& routed = s.experts.ranks[static_cast<size_t>(r)];
+        REQUIRE(routed.size() == 1);
+        CHECK(routed[0].layer == block);
+        CHECK(routed[0].tokens == 2 * 8);  // a micro-batch of 2 samples, this CP rank's 8 positions each
+      }
+    };
+    check_views(step(session, GateKind::Iteration, 2));  // the setup, then iteration 0
+    session.run();
+    REQUIRE(session.wait_settled(std::chrono::seconds(60)));
+    REQUIRE(session.finished());
+    check_views(session.update());
+  }
 }
 #endif  // DTLAB_HAVE_GUI

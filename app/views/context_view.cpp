@@ -226,13 +226,20 @@ void draw_context_view(const Snapshot& s, ViewContext& ctx, ContextViewState& st
     // with its dK/dV so far (but after the first step: a rank keeps its own block's share).
     const std::string what = !r.backward ? "K/V " : st == 0 ? "K/V " : st == c - 1 ? "dK/dV " : "K/V+dK/dV ";
     const ImVec2 a = at(i), b = at(to);
-    const float k = fs * 1.1f / std::max(1.0f, std::sqrt((b.x - a.x) * (b.x - a.x) + (b.y - a.y) * (b.y - a.y)));
-    const ImVec2 s0(a.x + (b.x - a.x) * k, a.y + (b.y - a.y) * k), s1(b.x - (b.x - a.x) * k, b.y - (b.y - a.y) * k);
+    const float len = std::max(1.0f, std::sqrt((b.x - a.x) * (b.x - a.x) + (b.y - a.y) * (b.y - a.y)));
+    const float k = fs * 1.1f / len;
+    // Two ranks send each other their blocks along one line: each arrow keeps to its right-hand side,
+    // its label beyond it, so the two neither cross nor share a place.
+    const ImVec2 n = c == 2 ? ImVec2(-(b.y - a.y) / len, (b.x - a.x) / len) : ImVec2(0, 0);
+    const ImVec2 s0(a.x + (b.x - a.x) * k + n.x * fs * 0.7f, a.y + (b.y - a.y) * k + n.y * fs * 0.7f),
+        s1(b.x - (b.x - a.x) * k + n.x * fs * 0.7f, b.y - (b.y - a.y) * k + n.y * fs * 0.7f);
     const ImU32 col = rank_color(group[static_cast<size_t>(blk)], world);
     arrow(dl, s0, s1, col, ctx.presentation ? 4.0f : 3.0f);
     const ImVec2 mid((s0.x + s1.x) / 2, (s0.y + s1.y) / 2);
-    const float ox = (mid.x - centre.x) * 0.3f, oy = (mid.y - centre.y) * 0.3f;
-    centered_text(dl, ImVec2(mid.x + ox, mid.y + oy), kText, what + std::to_string(group[static_cast<size_t>(blk)]));
+    const std::string label = what + std::to_string(group[static_cast<size_t>(blk)]);
+    const float half = ImGui::CalcTextSize(label.c_str()).x / 2 + fs * 0.6f;
+    const float ox = c == 2 ? n.x * half : (mid.x - centre.x) * 0.3f, oy = c == 2 ? n.y * fs * 1.2f : (mid.y - centre.y) * 0.3f;
+    centered_text(dl, ImVec2(mid.x + ox, mid.y + oy), kText, label);
   }
   for (int i = 0; i < c; i++) {
     const ImVec2 q = at(i);

@@ -389,7 +389,11 @@ void draw_header(const PipelineView& pv, ViewContext& ctx, PipelineViewState::Im
   if (pv.iteration < 0) ImGui::TextDisabled("- no action has run yet");
   else if (pv.complete) ImGui::TextDisabled("- iteration %d, finished", pv.iteration);
   else ImGui::TextDisabled("- iteration %d: %d of %d actions done", pv.iteration, done, total);
-  if (pv.dp > 1)
+  if (pv.dp > 1 && pv.cp > 1)
+    ImGui::TextDisabled("%d replica%s x cp %d: showing replica %d's CP rank %d (%s)%s", pv.dp / pv.cp, pv.dp / pv.cp == 1 ? "" : "s", pv.cp,
+                        pv.replica / pv.cp, pv.replica % pv.cp, pv.replica_ranks.c_str(),
+                        pv.replica == 0 ? "; focus another rank to show its pipeline" : ", the focused rank's");
+  else if (pv.dp > 1)
     ImGui::TextDisabled("%d data-parallel replicas: showing replica %d (%s)%s", pv.dp, pv.replica, pv.replica_ranks.c_str(),
                         pv.replica == 0 ? "; focus a rank of another replica to show it" : ", the focused rank's");
   // The controls: a new schedule or size restarts the run.

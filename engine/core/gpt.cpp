@@ -35,7 +35,6 @@ GptCore::GptCore(const GptSpec& spec, MemoryTracker* tracker, Device& device, Gp
     DTLAB_CHECK(spec.cp.rank >= 0 && spec.cp.rank < c && spec.ctx % chunks == 0 && (!sp() || (spec.ctx / c) % tp.degree == 0),
                 "a context-parallel GPT needs ctx divisible by its chunks (and its T/c by tp under sequence parallelism)");
     DTLAB_CHECK(spec.cp.layout != CpLayout::Ulysses || (spec.heads / tp.degree) % c == 0, "Ulysses needs the heads divisible by cp");
-    DTLAB_CHECK(r_.whole(spec), "a context-parallel GPT is a whole model");
     for (int64_t r = 0; r < c; r++) cp_pos_.push_back(spec.cp.positions_of(r, spec.ctx));
   }
   using P = GptParamIndex;
@@ -120,8 +119,7 @@ std::array<std::vector<Tensor>*, 13> GptCore::per_block() {
 void GptCore::release() {
   for (auto* v : per_block()) v->clear();
   for (auto* v : {&moe_logits_, &moe_x_, &moe_y_, &cp_lse_, &cp_qkv_}) v->clear();
-  routes_.clear();
-  moe_stats_.clear();
+  routes_.clear();  // (moe_stats_ stay: the Experts view reads a released micro-batch's routing)
   for (Tensor* t : {&cp_a_, &cp_b_, &cp_c_, &cp_d_, &cp_y_, &moe_dx_, &encoded_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dbuf_, &dqkv_, &dfch_, &datt_, &full_, &perm_,
                     &dfull_, &dloc_, &lnf_full_, &dlogits_local_, &part_, &wte_part_, &moe_part_, &dlogits_kept_, &lora_t_, &lora_u_,
                     &lora_dx_, &lora_part_, &tokens_, &logits32_, &dlogits16_})

@@ -11,6 +11,7 @@
 #include "engine/core/format.h"
 #include "engine/core/gpt.h"
 #include "engine/core/ops.h"
+#include "engine/parallel/context_parallel.h"
 #include "engine/parallel/tensor_parallel.h"
 
 namespace dtlab {
@@ -22,6 +23,7 @@ namespace {
 constexpr int kActivationTag = 1 << 24;
 constexpr int kGatherTag = 1 << 23;  // + stage: the parameters gathered to rank 0 after training
 constexpr int kReplicaTag = 1 << 22;  // + 4 * pipeline rank: the data-parallel group of that rank
+constexpr int kContextTag = 1 << 25;  // the CP groups (a rank is in one; its pairs share a pipeline rank)
 
 int64_t linear_params(const ModelSpec& spec, int l) { return spec.dims[l + 1] * spec.dims[l] + spec.dims[l + 1]; }
 
@@ -241,6 +243,20 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
     tp_comm_ = std::make_unique<GroupTensorParallelComm>(*group);
   }
   sequence_parallel_ = setup.sequence_parallel && tp > 1;
+  ContextParallelSpec cp = setup.cp;
+  if (cp.on()) {  // the CP group: `degree` neighbouring data-parallel indices of this pipeline rank and TP index
+    DTLAB_CHECK(spec.is_gpt() && plan.options.dp % cp.degree == 0 && device.is_host(),
+                "a pipeline's context parallelism splits a GPT's sequence over data-parallel indices, on the CPU");
+    cp_ = static_cast<int>(cp.degree);
+    cp.rank = replica_ % cp_;
+    std::vector<int> ranks;
+    for (int c = 0; c < cp_; c++) ranks.push_back(world_rank(replica_ - static_cast<int>(cp.rank) + c, pipe_rank_));
+    cp_exec_ = std::make_shared<GroupExecutor>();
+    cp_group_ = new_group(comm, ranks, kContextTag, cp_exec_, device_,
+                          "cp" + std::to_string((replica_ / cp_ * plan.ranks() + pipe_rank_) * tp + tp_rank_));
+    cp_comm_ = std::make_unique<GroupContextParallelComm>(*cp_group_);
+    cp_positions_ = cp.positions(spec.gpt.ctx);
+  }
   for (int s : stage_ids_) {
     const StageRange r = plan.stages[static_cast<size_t>(s)];
     models_.push_back(std::make_unique<Model>(spec, memory, seed, r.first, r.end, device,
@@ -251,6 +267,10 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
     if (setup.init) load_stage(*models_.back(), r, *setup.init);
     if (setup.lora.rank > 0) models_.back()->enable_lora(setup.lora, seed);
     models_.back()->set_activation_checkpointing(setup.activation_checkpointing);
+    if (cp_comm_) {
+      models_.back()->set_context_parallel(cp);
+      models_.back()->set_context_parallel_comm(cp_comm_.get());
+    }
     // model.to(dtype) after LoRA and --init, as Trainer does for one rank; the optimizer keeps the
     // fp32 master copy of the stage's (trainable) parameters.
     if (is_mixed(precision_)) models_.back()->set_precision(precision_);
@@ -258,6 +278,7 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
     if (is_mixed(precision_)) optimizers_.back()->init_master(models_.back()->params16(), models_.back()->half_format());
   }
   mbs_.resize(stage_ids_.size() * static_cast<size_t>(plan.options.microbatches));
+  shown_.assign(stage_ids_.size(), nullptr);
   // Megatron's embedding group: the ranks of a replica holding the first and the last stage.
   const int p = plan.ranks();
   if (spec.is_gpt() && p > 1 && (pipe_rank_ == 0 || pipe_rank_ == p - 1)) {
@@ -289,6 +310,7 @@ PipelineRank::~PipelineRank() {
     } catch (const std::exception&) {
     }
   }
+  if (cp_exec_) cp_exec_->drain();  // a ring step of a failed pass may still hold the stages' buffers
 }
 
 int64_t PipelineRank::num_params() const {
@@ -496,6 +518,26 @@ void PipelineRank::gather_parameters(Model* full) {
   if (full->mixed()) full->upload_params(widened.data());
 }
 
+std::vector<const GptCore*> PipelineRank::view_cores() const {
+  std::vector<const GptCore*> out;
+  if (shown_last_ < shown_.size() && shown_[shown_last_]) out.push_back(shown_[shown_last_]);
+  for (size_t k = 0; k < shown_.size(); k++)
+    if (k != shown_last_ && shown_[k]) out.push_back(shown_[k]);
+  return out;
+}
+
+std::vector<std::unique_ptr<GptCore>> PipelineRank::take_view_cores() {
+  std::vector<std::unique_ptr<GptCore>> out;
+  for (const GptCore* g : view_cores())
+    for (MicroBatch& st : mbs_)
+      if (g && st.gpt.get() == g) {
+        st.gpt->release();  // (an aborted iteration's: its tensors go now)
+        out.push_back(std::move(st.gpt));
+      }
+  std::fill(shown_.begin(), shown_.end(), nullptr);
+  return out;
+}
+
 void PipelineRank::scatter_gpt_stage(StageRange r, const float* values, const Model& full, float* flat) const {
   DTLAB_CHECK(full.num_params() == spec_.num_params(), "the GPT's stages gather into the whole model");
   const std::vector<Parameter> ps = gpt_stage_parameters(spec_.gpt, {r.first, r.end});
@@ -506,7 +548,8 @@ void PipelineRank::scatter_gpt_stage(StageRange r, const float* values, const Mo
 
 int64_t PipelineRank::boundary_rows(const MicroBatch& st) const {
   if (!spec_.is_gpt()) return st.rows;
-  return st.rows * spec_.gpt.ctx / (sequence_parallel_ ? tp_ : 1);  // this TP rank's positions under sequence parallelism
+  // This rank's positions: T / cp of each sample, and of those this TP rank's under sequence parallelism.
+  return st.rows * (spec_.gpt.ctx / cp_) / (sequence_parallel_ ? tp_ : 1);
 }
 int64_t PipelineRank::in_width(const Model& m) const { return spec_.is_gpt() ? spec_.gpt.embd : m.layer(0).in_features; }
 int64_t PipelineRank::out_width(const Model& m) const {
@@ -594,7 +637,10 @@ const Tensor* PipelineRank::gpt_forward(int stage, int mb) {
   MicroBatch& st = state(stage, mb);
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
   if (!st.gpt) st.gpt = model.gpt_activations();
-  const int64_t T = spec_.gpt.ctx, V = spec_.gpt.vocab, R = st.rows * T;
+  shown_[shown_last_ = static_cast<size_t>(stage / plan_.ranks())] = st.gpt.get();
+  // Tq: this rank's positions per sample (T / cp). The first stage reads every token of its samples,
+  // the last stage's logits and targets are its positions'.
+  const int64_t T = spec_.gpt.ctx, Tq = T / cp_, V = spec_.gpt.vocab, R = st.rows * Tq;
   // (Under --precision the stages pass 16-bit tensors; the logits come back in float32.)
   const void* out = model.gpt_forward(*st.gpt, stage == 0 ? tok_ + st.offset * T : nullptr,
                                       stage == 0 ? nullptr : st.input.raw(), st.rows);
@@ -604,7 +650,7 @@ const Tensor* PipelineRank::gpt_forward(int stage, int mb) {
   }
   st.probs = Tensor({R, V}, MemCategory::Activations, memory_, DType::F32, device_);
   ComputeScope scope(observer_, ComputeKind::Loss, -1, cross_entropy_forward_cost(R, V));
-  device_.cross_entropy_forward(st.probs.f32(), stats_.f64(), static_cast<const float*>(out), y_ + st.offset * T, R, V);
+  device_.cross_entropy_forward(st.probs.f32(), stats_.f64(), static_cast<const float*>(out), y_ + st.offset * Tq, R, V);
   it_.samples += static_cast<double>(R);  // positions: the loss is their mean
   return nullptr;
 }
@@ -612,14 +658,17 @@ const Tensor* PipelineRank::gpt_forward(int stage, int mb) {
 Tensor PipelineRank::gpt_backward(int stage, int mb, Tensor dout, bool input_only) {
   MicroBatch& st = state(stage, mb);
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
-  const int64_t T = spec_.gpt.ctx, V = spec_.gpt.vocab, R = st.rows * T;
+  const int64_t Tq = spec_.gpt.ctx / cp_, V = spec_.gpt.vocab, R = st.rows * Tq;
+  shown_[shown_last_ = static_cast<size_t>(stage / plan_.ranks())] = st.gpt.get();
   if (stage + 1 == static_cast<int>(plan_.stages.size())) {
     dout = Tensor({R, V}, MemCategory::Activations, memory_, DType::F32, device_);
     ComputeScope scope(observer_, ComputeKind::LossBackward, -1, cross_entropy_backward_cost(R, V));
-    device_.cross_entropy_backward(dout.f32(), st.probs.f32(), y_ + st.offset * T, R, V, loss_scale_);
+    device_.cross_entropy_backward(dout.f32(), st.probs.f32(), y_ + st.offset * Tq, R, V, loss_scale_);
   }
   st.probs = Tensor();
-  model.set_aux_grad_scale(loss_scale_ * static_cast<float>(R));  // MoE's loss weighs as this micro-batch's mean cross-entropy
+  // MoE's loss weighs as this micro-batch's mean cross-entropy over this rank's positions (under --cp
+  // GptCore multiplies each rank's share of its CP group's aux gradient back by cp, as under DDP).
+  model.set_aux_grad_scale(loss_scale_ * static_cast<float>(R));
   // ZB-H1's I leaves the Linear layers' weight gradients to W, which releases the activations.
   const void* dinp = input_only ? model.gpt_backward_input(*st.gpt, dout.raw()) : model.gpt_backward(*st.gpt, dout.raw());
   Tensor out;
@@ -770,6 +819,13 @@ PipelineRankIteration PipelineRank::run_iteration(const float* x, const int64_t*
   x_ = x;
   tok_ = tok;
   y_ = y;
+  if (cp_ > 1) {  // the targets of this rank's positions of each sample, in its rows' order (host memory)
+    const int64_t T = spec_.gpt.ctx, Tq = static_cast<int64_t>(cp_positions_.size());
+    cp_targets_.resize(static_cast<size_t>(B * Tq));
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t i = 0; i < Tq; i++) cp_targets_[static_cast<size_t>(b * Tq + i)] = y[b * T + cp_positions_[static_cast<size_t>(i)]];
+    y_ = cp_targets_.data();
+  }
   loss_scale_ = loss_scale;
   it_ = {};
   stats_.zero();

@@ -101,6 +101,13 @@ struct StageSetup {
   // sample in its LayerNorm regions, and the stages send each other those positions only (Megatron's
   // pipeline under sequence parallelism sends the sequence-sharded tensor).
   bool sequence_parallel = false;
+  // --cp (a GPT's stages; degree 1: off): each stage holds its CP rank's positions of every sample and
+  // meets the others' keys through ring attention or Ulysses (GptCore), and the stages send each other
+  // those positions only (Megatron's pipeline under context parallelism). A CP group is `degree`
+  // neighbouring data-parallel indices of one pipeline rank and TP index: the pipeline's dp dimension
+  // is replicas x cp, cp fastest, as the mesh's (engine/parallel/context_parallel.h). Its ranks read
+  // the same batch; the rank is filled in by PipelineRank.
+  ContextParallelSpec cp;
 };
 
 class PipelineRank {
@@ -151,6 +158,12 @@ class PipelineRank {
   // with tp > 1 each TP group first gathers its stages' shards (a collective of replica 0's ranks).
   // Under LoRA the parameters are the adapters, and `full` is the one-rank LoRA model.
   void gather_parameters(Model* full);
+  // The lab's views of a GPT's stages (the Context and Experts views): per stage this rank holds, the
+  // activations of its micro-batch that ran F or B last, whose ring passes and routing they show
+  // (their tensors freed after B; null before any). Read while the rank waits at a gate.
+  std::vector<const GptCore*> view_cores() const;  // the stage that ran last first
+  // Hands those over to outlive the run (the views keep showing its last micro-batches).
+  std::vector<std::unique_ptr<GptCore>> take_view_cores();
 
  private:
   struct MicroBatch;
@@ -192,6 +205,7 @@ class PipelineRank {
   DType dtype_ = DType::F32;  // of the activations, messages and gradients: F32, BF16 or F16
   int rank_, tp_, pipe_rank_, replica_, tp_rank_;
   bool sequence_parallel_ = false;  // a GPT's stages send this TP rank's positions only
+  int cp_ = 1;                      // --cp: the stages hold T / cp_ positions of every sample
   Communicator& comm_;
   RankContext* ctx_;
   MemoryTracker* memory_;
@@ -202,6 +216,8 @@ class PipelineRank {
   std::vector<std::unique_ptr<Model>> models_;
   std::vector<std::unique_ptr<Optimizer>> optimizers_;
   std::vector<MicroBatch> mbs_;              // [k * m + mb] for the k-th stage held
+  std::vector<const GptCore*> shown_;        // view_cores(): per stage held, mbs_'s core that ran last
+  size_t shown_last_ = 0;                    // the stage among them that ran last
   std::vector<std::pair<WorkPtr, Tensor>> sends_;  // input gradients in flight, kept until sent
   std::map<int, Tensor> local_;              // hand-offs between two stages of this rank (p = 1)
   Tensor recompute_;                         // checkpointing: (rows, widest Linear output), grown on demand
@@ -220,6 +236,13 @@ class PipelineRank {
   std::unique_ptr<Communicator> tp_group_;   // tp > 1 and a world of more than one TP group
   std::unique_ptr<TensorParallelComm> tp_comm_;  // the stages' f and g, over tp_group_ or the world
   std::unique_ptr<Communicator> emb_group_;  // a GPT's embedding group (first and last pipeline rank)
+  // --cp: the CP group (ring attention's sends, Ulysses' all-to-alls), on its own executor: a ring
+  // step inside a stage's forward must not queue behind the TP group's collectives.
+  std::shared_ptr<GroupExecutor> cp_exec_;
+  std::unique_ptr<Communicator> cp_group_;
+  std::unique_ptr<ContextParallelComm> cp_comm_;
+  std::vector<int64_t> cp_positions_;  // this rank's positions of T, in its rows' order
+  std::vector<int64_t> cp_targets_;    // the batch's targets at those positions (B x T / cp_)
   Communicator* emb_comm_ = nullptr;         // emb_group_, or the world when it is those two ranks
   // the current iteration
   const float* x_ = nullptr;

@@ -288,7 +288,7 @@ std::vector<Setting> make_settings() {
                         kMaxRanks, true, "2"),
                     DTLAB_FIELD(pipeline.chunks)));
   s.push_back(field(row("--dp", "pipeline.dp", T::Int, G::Pipeline, kBoth,
-                        "Pipeline: data-parallel replicas, D (world = stages x dp x tp; rank = (replica x p + stage rank) x tp + tp rank)",
+                        "Pipeline: data-parallel replicas, D (world = stages x dp x cp x tp; rank = ((replica x cp + cp rank) x p + stage rank) x tp + tp rank)",
                         1, kMaxRanks, true, "2"),
                     DTLAB_FIELD(pipeline.dp)));
   s.push_back(converted(row("--split", "pipeline.split", T::Text, G::Pipeline, kBoth,
@@ -370,7 +370,7 @@ std::vector<Setting> make_settings() {
                         "experts", 1, kMaxRanks, true, "2"),
                     DTLAB_FIELD(ep)));
   s.push_back(field(row("--cp", "cp", T::Int, G::Mesh, kBoth,
-                        "Context parallelism (a GPT, --strategy ddp or fsdp): each sample's positions split over groups of CP ranks "
+                        "Context parallelism (a GPT, --strategy ddp, fsdp or pipeline): each sample's positions split over groups of CP ranks "
                         "that read the same batches; attention meets the others' keys by ring steps or all-to-alls (--cp-layout)",
                         1, kMaxRanks, true, "2"),
                     DTLAB_FIELD(cp)));

@@ -101,8 +101,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*ClipGradNorm*/ kOk,
          /*Moe*/ kOk,
          /*ExpertParallel*/ todo("a stage's experts would need an EP group inside each stage", "use --strategy ddp with --ep"),
-         /*ContextParallel*/ todo("a stage would send its CP rank's positions to the next stage's same CP rank, and the schedule "
-                                  "does not pair them", "use --strategy ddp (or fsdp) with --cp"),
+         /*ContextParallel*/ kOk,
      }}},
 }};
 

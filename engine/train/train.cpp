@@ -67,10 +67,12 @@ void validate_tensor_parallel(const TrainConfig& c) {
   if (c.tp == 1) return;  // (a pipeline's world is checked against its stages by plan_pipeline)
   const bool pipeline = c.strategy == Strategy::Pipeline;
   const MeshShape m = resolve_mesh(c.world_size, c.tp, pipeline ? c.pipeline.stages : 1);
-  if (pipeline && m.dp != c.pipeline.dp)
-    throw Error("--world " + std::to_string(c.world_size) + " with --tp " + std::to_string(c.tp) + " and --stages " +
-                std::to_string(c.pipeline.stages) + " leaves " + std::to_string(m.dp) + " data-parallel replicas, but --dp is " +
-                std::to_string(c.pipeline.dp) + "; set --dp " + std::to_string(m.dp) + " or drop --world");
+  const int cp = std::max(c.cp, 1);  // (--cp: each replica's CP ranks are data-parallel indices too)
+  if (pipeline && m.dp != c.pipeline.dp * cp && m.dp % cp == 0)
+    throw Error("--world " + std::to_string(c.world_size) + " with --tp " + std::to_string(c.tp) + (cp > 1 ? ", --cp " + std::to_string(cp) : "") +
+                " and --stages " + std::to_string(c.pipeline.stages) + " leaves " + std::to_string(m.dp / cp) +
+                " data-parallel replicas, but --dp is " + std::to_string(c.pipeline.dp) + "; set --dp " + std::to_string(m.dp / cp) +
+                " or drop --world");
   if (c.model.is_gpt()) check_gpt_tp(c.model.gpt, c.tp, c.sequence_parallel);  // whole heads per rank
   else if (!pipeline) check_tp_widths(c.model.dims, 0, static_cast<int>(c.model.dims.size()) - 1, c.tp);
 }
@@ -190,9 +192,14 @@ void validate_context_parallel(const TrainConfig& c) {
   const std::string cp = "--cp " + std::to_string(c.cp);
   if (c.cp < 1) throw Error(cp + " is not a group size; use 1 (off) or more");
   const int tp = std::max(c.tp, 1);
-  if (c.world_size % (c.cp * tp) != 0)
-    throw Error(cp + " does not divide the " + std::to_string(c.world_size / tp) + " data-parallel ranks (--world" + (tp > 1 ? " / --tp" : "") +
-                "); context-parallel groups are runs of --cp of them, so pick a --cp that divides " + std::to_string(c.world_size / tp));
+  // A pipeline's data-parallel ranks are its replicas of every stage: --world / (--tp x --stages).
+  const bool pipe = c.strategy == Strategy::Pipeline;
+  const int per = tp * (pipe ? std::max(c.pipeline.stages, 1) : 1);
+  if (c.world_size % per == 0 && (c.world_size / per) % c.cp != 0) {
+    const std::string over = std::string(" (--world") + (tp > 1 ? " / --tp" : "") + (pipe ? " / --stages" : "") + ")";
+    throw Error(cp + " does not divide the " + std::to_string(c.world_size / per) + " data-parallel ranks" + over +
+                "; context-parallel groups are runs of --cp of them, so pick a --cp that divides " + std::to_string(c.world_size / per));
+  }
   if (!c.model.is_gpt()) return;  // (compose.cpp's refusal names it)
   const GptSpec& g = c.model.gpt;
   const int64_t chunks = c.cp_layout == CpLayout::Zigzag ? 2 * c.cp : c.cp;
@@ -426,8 +433,20 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   const bool in_world = config_.strategy != Strategy::Single && !launched_;  // ranks as threads here
   const int me = launched_ ? config_.socket.rank : 0;
   const bool pipeline = config_.strategy == Strategy::Pipeline;
-  if (pipeline)  // a TP group runs each pipeline rank's part: the pipeline sees dp x stages ranks
-    pipeline_ = std::make_unique<PipelinePlan>(plan_pipeline(config_.model, config_.pipeline, config_.batch, N / config_.tp));
+  if (pipeline) {  // a TP group runs each pipeline rank's part: the pipeline sees dp x stages ranks
+    // --cp: each replica of every stage is a CP group of cp ranks, which the pipeline's runtime places
+    // as cp neighbouring data-parallel indices (the mesh's dp dimension, replicas x cp, cp fastest).
+    PipelineOptions o = config_.pipeline;
+    if (config_.cp > 1) {
+      const int want = o.stages * o.dp * config_.cp * config_.tp;
+      if (N != want)
+        throw Error("--world " + std::to_string(N) + " is not --stages " + std::to_string(o.stages) + " x --dp " + std::to_string(o.dp) +
+                    " x --cp " + std::to_string(config_.cp) + (config_.tp > 1 ? " x --tp " + std::to_string(config_.tp) : std::string()) +
+                    " = " + std::to_string(want) + "; a pipeline run has one rank per stage per CP rank per replica (drop --world)");
+      o.dp *= config_.cp;
+    }
+    pipeline_ = std::make_unique<PipelinePlan>(plan_pipeline(config_.model, o, config_.batch, N / config_.tp));
+  }
   mesh_ = resolve_mesh(N, config_.tp, pipeline ? config_.pipeline.stages : 1);
   if (pipeline && config_.tp > 1 && !config_.model.is_gpt())  // Megatron pairs the Linear layers of each stage
     for (const StageRange& s : pipeline_->stages) check_tp_widths(config_.model.dims, s.first, s.end, config_.tp);
@@ -481,7 +500,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
   const int64_t loader_batch = dp ? config_.batch * N : config_.batch;
   SamplerConfig sc;
   sc.n = ds.n;
-  sc.world_size = dp ? 1 : mesh_.dp;  // a pipeline's or a TP group's ranks share their replica's shard
+  sc.world_size = dp ? 1 : data_replicas();  // a pipeline's, a TP group's or a CP group's ranks share their replica's shard
   // torch's DistributedSampler pads every rank's shard by repeating rows (its drop_last stays False;
   // --drop-last is the DataLoader's). With fewer rows than ranks a rank would train on nothing but a
   // row another rank has, which --drop-last asks not to do.

@@ -23,7 +23,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "engine/core/memory.h"
 #include "engine/core/mesh.h"
@@ -236,11 +238,19 @@ class Trainer {
   // The model evaluated and saved at the end: rank 0's, or with --tp the full model gathered from the shards.
   Model& result_model() { return full_model_ ? *full_model_ : *models_[0]; }
   Model& rank_model(int rank) { return *models_.at(static_cast<size_t>(rank)); }
+  // The GPT activations a pipeline rank's Context and Experts views read (a rank of this process): per
+  // stage it holds, those of its micro-batch that ran F or B last; after the run, the last ones. Empty
+  // for another strategy (rank_model(rank).gpt() is its) or before the rank starts. Read while the
+  // world stands still.
+  std::vector<const GptCore*> pipeline_view_cores(int rank) const;
   int64_t total_steps() const { return total_steps_; }
   int64_t batches_per_epoch() const { return batches_per_epoch_; }  // per rank (dp: rank 0's loader)
   int64_t effective_batch() const {
-    return config_.batch * mesh_.dp * config_.accum;  // a pipeline's or TP group's ranks share one batch
+    return config_.batch * data_replicas() * config_.accum;  // a pipeline's, TP group's or CP group's ranks share one batch
   }
+  // The replicas that read different batches: the mesh's dp dimension, whose CP groups (--cp, the
+  // dimension's runs of cp) each read one.
+  int data_replicas() const { return mesh_.dp / std::max(config_.cp, 1); }
   const PipelinePlan* pipeline_plan() const { return pipeline_.get(); }  // pipeline: stages and schedule; else null
   MemoryTracker& memory() { return *mem0_; }  // rank 0
   TraceRecorder& recorder() { return *recorder0_; }
@@ -329,6 +339,10 @@ class Trainer {
   RankContext* ctx0_ = nullptr;
   std::unique_ptr<Dataset> dataset_;
   std::unique_ptr<PipelinePlan> pipeline_;  // pipeline: models_[0] is the full model, untracked, gathered at the end
+  // pipeline_view_cores(): each rank's PipelineRank while it runs, then the activations it handed over.
+  mutable std::mutex pipeline_views_mu_;
+  std::vector<const PipelineRank*> pipeline_live_;
+  std::vector<std::vector<std::unique_ptr<GptCore>>> pipeline_kept_;
   std::vector<std::unique_ptr<Model>> models_;
   MeshShape mesh_;
   std::unique_ptr<Model> full_model_;  // --tp: the unsplit model on the host, on no rank's tracker

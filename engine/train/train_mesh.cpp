@@ -167,6 +167,12 @@ std::vector<std::string> Trainer::describe_mesh_lines() const {
 
 std::string Trainer::describe_mesh_rank(int rank) const {
   const MeshCoord c = mesh_coord(mesh_, rank);
+  // Its data-parallel index: a replica, or under --cp a replica's CP rank (cp fastest).
+  const int cp = std::max(config_.cp, 1);
+  auto replica_text = [&](int dp) {
+    return "replica " + std::to_string(dp / cp) + " of " + std::to_string(mesh_.dp / cp) +
+           (cp > 1 ? ", CP rank " + std::to_string(dp % cp) + " of " + std::to_string(cp) : std::string());
+  };
   if (config_.model.is_gpt()) {
     const GptSpec& g = config_.model.gpt;
     std::vector<std::string> holds;
@@ -185,7 +191,7 @@ std::string Trainer::describe_mesh_rank(int rank) const {
       holds.push_back("TP shard " + std::to_string(c.tp) + " of " + std::to_string(t) + ": heads " +
                       index_span(c.tp * g.heads / t, (c.tp + 1) * g.heads / t) + ", MLP columns " +
                       index_span(c.tp * 4 * g.embd / t, (c.tp + 1) * 4 * g.embd / t));
-    if (mesh_.dp > 1) holds.push_back("replica " + std::to_string(c.dp) + " of " + std::to_string(mesh_.dp));
+    if (mesh_.dp > 1) holds.push_back(replica_text(c.dp));
     return "rank " + std::to_string(rank) + ": dp " + std::to_string(c.dp) + ", pp " + std::to_string(c.pp) + ", tp " +
            std::to_string(c.tp) + " -- " + join(holds, ", ");
   }
@@ -214,7 +220,7 @@ std::string Trainer::describe_mesh_rank(int rank) const {
     for (TpRole role : tp_roles(s.first, s.end, mesh_.tp)) split |= role != TpRole::Replicated;
   if (mesh_.tp > 1)
     holds.push_back(split ? "TP shard " + std::to_string(c.tp) + " of " + std::to_string(mesh_.tp) : std::string("replicated in its TP group"));
-  if (mesh_.dp > 1) holds.push_back("replica " + std::to_string(c.dp) + " of " + std::to_string(mesh_.dp));
+  if (mesh_.dp > 1) holds.push_back(replica_text(c.dp));
   return "rank " + std::to_string(rank) + ": dp " + std::to_string(c.dp) + ", pp " + std::to_string(c.pp) + ", tp " +
          std::to_string(c.tp) + " -- " + join(holds, ", ");
 }

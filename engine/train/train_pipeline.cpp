@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "engine/core/check.h"
+#include "engine/core/gpt.h"
 #include "engine/io/sharded_checkpoint.h"
 #include "engine/train/grad_clip.h"
 #include "engine/train/grad_scaler.h"
@@ -34,6 +35,16 @@ std::vector<PipelineRankIteration> tp_leaders(const std::vector<PipelineRankIter
 
 }  // namespace
 
+std::vector<const GptCore*> Trainer::pipeline_view_cores(int rank) const {
+  std::lock_guard<std::mutex> lock(pipeline_views_mu_);
+  const size_t r = static_cast<size_t>(rank);
+  if (r < pipeline_live_.size() && pipeline_live_[r]) return pipeline_live_[r]->view_cores();
+  std::vector<const GptCore*> out;
+  if (r < pipeline_kept_.size())
+    for (const auto& g : pipeline_kept_[r]) out.push_back(g.get());
+  return out;
+}
+
 // The pipeline's hooks of the one per-rank loop (engine/train/rank_strategy.h). World rank =
 // (replica * p + pipeline rank) * tp + tp rank (engine/core/mesh.h). Every rank of a replica reads
 // the same batches (its replica's DistributedSampler shard); the first stage takes the inputs, the
@@ -46,7 +57,9 @@ class PipelineTrainRank final : public RankStrategy {
         pipe_(plan_, c_.model, env.rank, *env.comm, env.ctx, &env.mem, c_.seed, c_.optimizer, env.dev,
               env.timer, c_.tp, stage_setup(t_)),
         meter_(plan_, c_.tp),
-        data_(c_, t_.dataset(), plan_.options.dp, pipe_.replica()),  // a replica's ranks share its shard
+        // A replica's ranks share its shard, and so do a CP group's (--cp: the pipeline's dp dimension
+        // is replicas x cp, cp fastest).
+        data_(c_, t_.dataset(), plan_.options.dp / c_.cp, pipe_.replica() / c_.cp),
         gathered_({kRecordFloats * N_}, MemCategory::Other, nullptr, DType::F32, env.dev),
         mine_dev_({kRecordFloats}, MemCategory::Other, nullptr, DType::F32, env.dev),
         all_(static_cast<size_t>(kRecordFloats * N_)), records_(static_cast<size_t>(N_)) {
@@ -62,6 +75,16 @@ class PipelineTrainRank final : public RankStrategy {
     // gradients and the whole world agrees (Megatron all-reduces found_inf over the model-parallel
     // ranks; docs/course_sources.md §6e), so every stage of every replica skips the same steps.
     if (c_.precision == Precision::FP16) scaler_ = make_grad_scaler(nullptr);
+    std::lock_guard<std::mutex> lock(t_.pipeline_views_mu_);  // the lab's views of this rank's stages
+    t_.pipeline_live_.resize(static_cast<size_t>(N_), nullptr);
+    t_.pipeline_kept_.resize(static_cast<size_t>(N_));
+    t_.pipeline_live_[static_cast<size_t>(env.rank)] = &pipe_;
+    t_.pipeline_kept_[static_cast<size_t>(env.rank)].clear();
+  }
+  ~PipelineTrainRank() override {
+    std::lock_guard<std::mutex> lock(t_.pipeline_views_mu_);
+    t_.pipeline_kept_[static_cast<size_t>(env_.rank)] = pipe_.take_view_cores();
+    t_.pipeline_live_[static_cast<size_t>(env_.rank)] = nullptr;
   }
 
   void zero_grad(int64_t) override {
@@ -74,8 +97,9 @@ class PipelineTrainRank final : public RankStrategy {
     const Batch& batch = data_.next();
     t.last_batch = batch.size;
     // Every replica's batch has batch.size samples (the sampler pads), so the step's mean loss
-    // weighs each sample 1 / (D x batch.size) (a GPT's each position 1 / (D x batch.size x T)).
-    const float scale = 1.0f / static_cast<float>(batch.size * c_.model.rows_per_sample() * plan_.options.dp) *
+    // weighs each sample 1 / (D x batch.size) (a GPT's each position 1 / (D x batch.size x T); under
+    // --cp D counts replicas, not their CP ranks, each of which holds T / cp of the positions).
+    const float scale = 1.0f / static_cast<float>(batch.size * c_.model.rows_per_sample() * (plan_.options.dp / c_.cp)) *
                         (scaler_ ? t_.loss_scale_for(*scaler_, step_, env_.rank) : 1.0f);
     const float* x = batch.x.data();
     const int64_t* y = batch.y.data();
@@ -255,6 +279,8 @@ class PipelineTrainRank final : public RankStrategy {
     s.activation_checkpointing = t.config_.activation_checkpointing;
     s.precision = t.config_.precision;
     s.sequence_parallel = t.config_.sequence_parallel;
+    s.cp.degree = t.config_.cp;
+    s.cp.layout = t.config_.cp_layout;
     return s;
   }
   Trainer& t_;
