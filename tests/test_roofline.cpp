@@ -81,6 +81,14 @@ TEST_SUITE("roofline") {
     // PaLM's model FLOPs per token: 6 N + 12 L C T, over every position of the step.
     const double N = static_cast<double>(t.config().model.num_params());
     CHECK(t.model_flops(BT) == doctest::Approx((6 * N + 12 * 2 * C * T) * BT));
+    // An MoE block runs top_k of its experts a token: the model FLOPs count those (4 experts, top 2:
+    // each block's 2 idle experts, 8 C^2 + 5 C each, left out), not every expert.
+    TrainConfig moe = t.config();
+    moe.moe = MoeSpec::parse("experts=4,top_k=2");
+    moe.steps = 1;
+    Trainer m(moe);
+    const double all = static_cast<double>(m.config().model.num_params());
+    CHECK(m.model_flops(BT) == doctest::Approx((6 * (all - 2 * 2 * (8 * C * C + 5 * C)) + 12 * 2 * C * T) * BT));
   }
 
   TEST_CASE("the roof: min(ceiling, intensity x bandwidth), a span's fraction of it, the datasheet table") {

@@ -610,7 +610,14 @@ Roof Trainer::roof() const {
 }
 
 double Trainer::model_flops(double samples) const {
-  return model_flops_per_step(static_cast<double>(config_.model.num_params()), samples, config_.model.gpt);
+  // An MoE block runs top_k of its E experts per token: the model FLOPs count the active parameters
+  // (the dense ones and top_k experts a block), as MoE papers report MFU; every expert would count
+  // E / top_k times the work done.
+  double params = static_cast<double>(config_.model.num_params());
+  const GptSpec& g = config_.model.gpt;
+  for (int64_t l = 0; l < g.layers && g.moe.on(); l++)
+    if (g.moe.in_block(l)) params -= static_cast<double>((g.moe.experts - g.moe.top_k) * (8 * g.embd * g.embd + 5 * g.embd));
+  return model_flops_per_step(params, samples, g);
 }
 
 double Trainer::peak_flops() const {
