@@ -301,6 +301,66 @@ TEST_SUITE("moe") {
           "--ep with --strategy fsdp: not built yet, FSDP would need its experts sharded over the expert-data-parallel group, apart "
           "from the rest; use --strategy ddp with --ep");
   }
+
+  TEST_CASE("expert parallelism under a pipeline: an EP group inside each stage, and the run equals the pipeline without it") {
+    // p 2 stages x dp replicas; --ep 2 splits each stage's experts over pairs of replicas. Every MoE
+    // block (every=1) routes over its stage's EP group; the dense gradients are summed over the
+    // stage's replicas, the experts' over the replicas holding them. SGD with momentum and a large aux
+    // coefficient, 1F1B and ZB-H1 (the experts' weight gradients in W), clipping, and dp 4 (an
+    // expert-data-parallel group of 2): every parameter of the gathered model within 1e-5.
+    auto config = [](int dp, const char* schedule) {
+      TrainConfig c = test::demo_config("pipeline", 2 * dp, 4, 4);
+      c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=8");
+      c.data = "text";
+      c.eval_samples = 256;
+      c.moe = MoeSpec::parse("experts=4,top_k=2,capacity=1.25,aux=0.5");
+      c.pipeline.stages = 2;
+      c.pipeline.dp = dp;
+      c.pipeline.microbatches = 2;
+      c.pipeline.schedule = parse_schedule_kind(schedule);
+      c.optimizer = default_optimizer_config(OptimizerKind::SGD);
+      c.optimizer.lr = 0.05;
+      c.optimizer.momentum = 0.9;
+      return c;
+    };
+    auto check = [](TrainConfig c) {
+      Trainer ref(c);
+      const TrainSummary rs = ref.run();
+      c.ep = 2;
+      Trainer t(c);
+      const TrainSummary ts = t.run();
+      CHECK(ts.steps == c.steps);
+      CHECK(test::max_abs_diff(t.result_model(), ref.result_model()) < 1e-5);
+      CHECK(std::abs(ts.eval_loss - rs.eval_loss) < 1e-5);
+    };
+    for (const char* schedule : {"1f1b", "zb-h1"}) {
+      CAPTURE(std::string(schedule));
+      check(config(2, schedule));
+    }
+    TrainConfig clipped = config(2, "1f1b");
+    clipped.clip_grad_norm = 0.05;
+    check(clipped);
+    if (!test::quick()) check(config(4, "1f1b"));
+    // Each stage's all-to-alls run on its own EP group: ranks (replica, stage) = 2 x replica + stage.
+    TrainConfig c = config(2, "1f1b");
+    c.ep = 2;
+    Trainer t(c);
+    t.run();
+    for (int rank = 0; rank < 4; rank++) {
+      CAPTURE(rank);
+      std::map<std::string, int> groups;
+      for (const Event& e : t.recorder().events(rank))
+        if (e.kind == EventKind::Collective && e.iteration == 2 && e.coll.op == CollectiveOp::AllToAll) groups[t.recorder().label(e.coll.group - 1)]++;
+      // Its stage's one MoE block, per micro-batch: 3 all-to-alls forward and 2 backward.
+      CHECK(groups == std::map<std::string, int>{{rank % 2 == 0 ? "ep0: 0,2" : "ep1: 1,3", 2 * 5}});
+    }
+    // An EP group of a stage is --ep of its replicas.
+    TrainConfig odd = config(3, "1f1b");
+    odd.ep = 2;
+    CHECK(test::error_of(odd) ==
+          "--ep 2 does not divide the 3 data-parallel ranks of a stage (--world / --stages); a stage's expert-parallel groups are runs "
+          "of --ep of them, so pick an --ep that divides 3 (--dp)");
+  }
 }
 
 }  // namespace dtlab

@@ -12,6 +12,7 @@
 #include "engine/core/gpt.h"
 #include "engine/core/ops.h"
 #include "engine/parallel/context_parallel.h"
+#include "engine/parallel/expert_parallel.h"
 #include "engine/parallel/tensor_parallel.h"
 
 namespace dtlab {
@@ -24,6 +25,7 @@ constexpr int kActivationTag = 1 << 24;
 constexpr int kGatherTag = 1 << 23;  // + stage: the parameters gathered to rank 0 after training
 constexpr int kReplicaTag = 1 << 22;  // + 4 * pipeline rank: the data-parallel group of that rank
 constexpr int kContextTag = 1 << 25;  // the CP groups (a rank is in one; its pairs share a pipeline rank)
+constexpr int kExpertTag = 1 << 21;   // the EP groups, + 1: the expert-data-parallel groups
 
 int64_t linear_params(const ModelSpec& spec, int l) { return spec.dims[l + 1] * spec.dims[l] + spec.dims[l + 1]; }
 
@@ -257,10 +259,32 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
     cp_comm_ = std::make_unique<GroupContextParallelComm>(*cp_group_);
     cp_positions_ = cp.positions(spec.gpt.ctx);
   }
+  // --ep: the stages hold this rank's experts (the same seed as every rank: the ranks holding the same
+  // experts start equal, and equal to the whole model's), and talk over the stage's EP group.
+  ModelSpec stage_spec = spec;
+  if (setup.ep > 1) {
+    const int dp = plan.options.dp;
+    DTLAB_CHECK(spec.is_gpt() && spec.gpt.moe.on() && dp % setup.ep == 0 && tp == 1,
+                "a pipeline's expert parallelism splits a GPT's experts over data-parallel indices, without TP");
+    ep_ = setup.ep;
+    ep_rank_ = replica_ % ep_;
+    std::vector<int> ranks, same;
+    for (int e = 0; e < ep_; e++) ranks.push_back(world_rank(replica_ - ep_rank_ + e, pipe_rank_));
+    for (int d = ep_rank_; d < dp; d += ep_) same.push_back(world_rank(d, pipe_rank_));
+    ep_exec_ = std::make_shared<GroupExecutor>();
+    const int index = replica_ / ep_ * plan.ranks() + pipe_rank_;
+    ep_group_ = new_group(comm, ranks, kExpertTag, ep_exec_, device_, "ep" + std::to_string(index));
+    if (dp > ep_)
+      edp_group_ = new_group(comm, same, kExpertTag + 1, ep_exec_, device_, "edp" + std::to_string(ep_rank_ * plan.ranks() + pipe_rank_));
+    ep_comm_ = std::make_unique<GroupExpertParallelComm>(*ep_group_);
+    stage_spec.gpt.moe.ep = ep_;
+    stage_spec.gpt.moe.ep_rank = ep_rank_;
+  }
   for (int s : stage_ids_) {
     const StageRange r = plan.stages[static_cast<size_t>(s)];
-    models_.push_back(std::make_unique<Model>(spec, memory, seed, r.first, r.end, device,
+    models_.push_back(std::make_unique<Model>(stage_spec, memory, seed, r.first, r.end, device,
                                               TensorParallelSpec{tp, tp_rank_, setup.sequence_parallel}));
+    if (ep_comm_) models_.back()->set_expert_parallel_comm(ep_comm_.get());
     models_.back()->set_observer(observer_);
     models_.back()->set_layer_gate(ctx_);  // a stepped run pauses before each layer's F and B
     models_.back()->set_tensor_parallel_comm(tp_comm_.get());
@@ -311,6 +335,7 @@ PipelineRank::~PipelineRank() {
     }
   }
   if (cp_exec_) cp_exec_->drain();  // a ring step of a failed pass may still hold the stages' buffers
+  if (ep_exec_) ep_exec_->drain();
 }
 
 int64_t PipelineRank::num_params() const {
@@ -384,15 +409,69 @@ bool PipelineRank::grads_nonfinite() const {
 
 // In the stages' dtype: a 16-bit pipeline all-reduces its 16-bit gradients (DDP over a bf16 module).
 void PipelineRank::reduce_gradients() {
-  if (dp_group_) {
-    std::vector<WorkPtr> works;
-    for (auto& m : models_)
+  std::vector<WorkPtr> works;
+  for (auto& m : models_) {
+    if (m->num_params() == 0) continue;
+    // --ep: the dense parameters over the stage's replicas, then the experts over the replicas
+    // holding the same ones (each expert's gradient already sums its EP group's tokens).
+    const bool split = ep_ > 1 && !expert_parameters(*m).empty();
+    if (dp_group_ && !split)
       works.push_back(dp_group_->all_reduce(m->mixed() ? static_cast<void*>(m->grads16()) : m->grads(), m->num_params(), dtype_,
                                             ReduceOp::Sum));
-    for (auto& w : works) w->wait();
+    else if (dp_group_)
+      reduce_runs(*m, *dp_group_, false, works);
   }
+  for (auto& w : works) w->wait();
+  // Only then the experts': the two groups share rank pairs (a replica and the next holding the same
+  // experts), whose messages must not interleave in different orders on the two ranks.
+  works.clear();
+  for (auto& m : models_)
+    if (ep_ > 1 && edp_group_ && m->num_params() > 0 && !expert_parameters(*m).empty()) reduce_runs(*m, *edp_group_, true, works);
+  for (auto& w : works) w->wait();
   // (Under LoRA the tied weight is frozen: nothing to sum.)
   if (spec_.is_gpt() && plan_.stages.size() > 1 && !models_.front()->lora()) reduce_embedding_grads();
+}
+
+void PipelineRank::reduce_runs(Model& m, Communicator& group, bool experts, std::vector<WorkPtr>& works) {
+  std::vector<char> expert(m.parameters().size(), 0);
+  for (int i : expert_parameters(m)) expert[static_cast<size_t>(i)] = 1;
+  std::vector<std::pair<int64_t, int64_t>> runs;  // [offset, end) in the flat gradients, adjacent ones merged
+  std::vector<const Parameter*> ps;
+  for (size_t k = 0; k < m.parameters().size(); k++)
+    if (static_cast<bool>(expert[k]) == experts) ps.push_back(&m.parameters()[k]);
+  std::sort(ps.begin(), ps.end(), [](const Parameter* a, const Parameter* b) { return a->offset < b->offset; });
+  for (const Parameter* p : ps) {
+    if (!runs.empty() && runs.back().second == p->offset) runs.back().second += p->numel;
+    else runs.push_back({p->offset, p->offset + p->numel});
+  }
+  for (const auto& [begin, end] : runs) {
+    void* g = m.mixed() ? static_cast<void*>(m.grads16() + begin) : static_cast<void*>(m.grads() + begin);
+    works.push_back(group.all_reduce(g, end - begin, dtype_, ReduceOp::Sum));
+  }
+}
+
+std::vector<float> PipelineRank::gather_stage_experts(const Model& m, StageRange r) const {
+  const GptSpec& mine = m.spec().gpt;
+  const GptRange range{r.first, r.end};
+  const std::vector<float> values = m.host_params();  // (16 bits: widened, exactly)
+  const int64_t n = static_cast<int64_t>(values.size());  // the same on every member: the same shapes
+  Tensor in({n}, MemCategory::Other, nullptr, DType::F32, device_), out({n * ep_}, MemCategory::Other, nullptr, DType::F32, device_);
+  device_.upload(in.raw(), values.data(), n * static_cast<int64_t>(sizeof(float)));
+  ep_group_->all_gather(out.raw(), in.raw(), n, DType::F32)->wait();
+  std::vector<float> all(static_cast<size_t>(n * ep_));
+  device_.download(all.data(), out.raw(), n * ep_ * static_cast<int64_t>(sizeof(float)));
+  const std::vector<Parameter> to = gpt_stage_parameters(mine.whole(), range);
+  std::vector<float> whole(static_cast<size_t>(stage_num_params(spec_, r)));
+  for (int e = 0; e < ep_; e++) {  // member e's parameters, by name (the dense ones agree)
+    GptSpec theirs = mine;
+    theirs.moe.ep_rank = e;
+    for (const Parameter& p : gpt_stage_parameters(theirs, range)) {
+      const auto q = std::find_if(to.begin(), to.end(), [&](const Parameter& w) { return w.name == p.name; });
+      DTLAB_CHECK(q != to.end() && q->numel == p.numel, "an expert-parallel stage's parameter is not the whole stage's");
+      std::copy_n(all.begin() + e * n + p.offset, p.numel, whole.begin() + q->offset);
+    }
+  }
+  return whole;
 }
 
 // After the data-parallel sum, as Megatron's finalize_model_grads runs _allreduce_embedding_grads
@@ -461,7 +540,8 @@ FlatSlice stage_slice(const Model& full, StageRange r) {
 }  // namespace
 
 void PipelineRank::gather_parameters(Model* full) {
-  if (replica_ != 0) return;  // the replicas hold the same parameters
+  // The replicas hold the same parameters; under --ep replica 0's EP group puts its experts together.
+  if (replica_ != 0 && !(ep_ > 1 && replica_ < ep_)) return;
   DTLAB_CHECK(rank_ != 0 || full, "rank 0 gathers the stages into a full model; pass it");
   const int S = static_cast<int>(plan_.stages.size());
   // A 16-bit full model (Trainer's one-rank model under --precision) has no float32 parameters: the
@@ -474,11 +554,15 @@ void PipelineRank::gather_parameters(Model* full) {
     const Model& m = *models_[k];
     if (m.num_params() == 0) continue;  // LoRA left this stage's layers unadapted
     if (spec_.is_gpt() && !m.lora()) {  // the stage whole (its TP group's shards put together), placed by name on rank 0
-      const std::vector<float> values = tp_ > 1 ? gather_tensor_parallel_params(m, tp_group_ ? *tp_group_ : comm_) : m.host_params();
+      const std::vector<float> values = ep_ > 1 && !expert_parameters(m).empty() ? gather_stage_experts(m, plan_.stages[static_cast<size_t>(s)])
+                                        : tp_ > 1                               ? gather_tensor_parallel_params(m, tp_group_ ? *tp_group_ : comm_)
+                                                                                : m.host_params();
+      if (replica_ != 0) continue;  // (an EP member of replica 0's group: its experts went into the gather)
       if (rank_ == 0) scatter_gpt_stage(plan_.stages[static_cast<size_t>(s)], values.data(), *full, flat);
       else if (tp_rank_ == 0) comm_.send(values.data(), static_cast<int64_t>(values.size()), DType::F32, 0, kGatherTag + s)->wait();
       continue;
     }
+    if (replica_ != 0) continue;
     float* dst = rank_ == 0 ? flat + stage_slice(*full, plan_.stages[static_cast<size_t>(s)]).offset : nullptr;
     if (tp_ > 1) {  // the TP group puts its shards together; its first rank sends the stage on
       const std::vector<float> stage = gather_tensor_parallel_params(m, tp_group_ ? *tp_group_ : comm_);

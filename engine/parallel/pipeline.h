@@ -108,6 +108,12 @@ struct StageSetup {
   // is replicas x cp, cp fastest, as the mesh's (engine/parallel/context_parallel.h). Its ranks read
   // the same batch; the rank is filled in by PipelineRank.
   ContextParallelSpec cp;
+  // --ep (a GPT with --moe; 1: off): each MoE block's experts split over `ep` neighbouring
+  // data-parallel indices of one pipeline rank (an EP group per stage, as Megatron's expert-parallel
+  // ranks sit inside each pipeline stage); dispatch and combine are all-to-alls of that group. The
+  // dense parameters' gradients are summed over the stage's replicas, the experts' over the replicas
+  // holding the same experts (the expert-data-parallel group).
+  int ep = 1;
 };
 
 class PipelineRank {
@@ -152,6 +158,7 @@ class PipelineRank {
   // multiplied by inv_scale first (fp16's GradScaler unscales them).
   void step(float inv_scale = 1.0f);
   bool mixed() const { return is_mixed(precision_); }
+  int ep_rank() const { return ep_rank_; }  // --ep: this rank's place in its EP group (0 without)
   // Does any of its stages' 16-bit gradients hold an inf or NaN? (GradScaler's check, every stage.)
   bool grads_nonfinite() const;
   // Replica 0 sends its stages' parameters to rank 0, which writes them into `full`, a host model (null elsewhere);
@@ -184,6 +191,12 @@ class PipelineRank {
   const Tensor* gpt_forward(int stage, int mb);
   Tensor gpt_backward(int stage, int mb, Tensor dout, bool input_only);
   void reduce_embedding_grads();
+  // --ep: all-reduces (sum) of a stage's gradient runs over `group`: its experts' (experts true) or
+  // everything else's, each run of adjacent parameters one collective.
+  void reduce_runs(Model& m, Communicator& group, bool experts, std::vector<WorkPtr>& works);
+  // --ep: the stage's parameters with every expert (its EP group's, by name), in the whole model's
+  // stage layout: a collective of the EP group.
+  std::vector<float> gather_stage_experts(const Model& m, StageRange r) const;
   // What crosses a stage boundary per micro-batch: rows x width (the GPT: its B*T positions x C).
   int64_t boundary_rows(const MicroBatch& st) const;
   int64_t in_width(const Model& m) const;
@@ -206,6 +219,7 @@ class PipelineRank {
   int rank_, tp_, pipe_rank_, replica_, tp_rank_;
   bool sequence_parallel_ = false;  // a GPT's stages send this TP rank's positions only
   int cp_ = 1;                      // --cp: the stages hold T / cp_ positions of every sample
+  int ep_ = 1, ep_rank_ = 0;        // --ep: the EP group's size, and this rank's place (its experts)
   Communicator& comm_;
   RankContext* ctx_;
   MemoryTracker* memory_;
@@ -243,6 +257,10 @@ class PipelineRank {
   std::unique_ptr<ContextParallelComm> cp_comm_;
   std::vector<int64_t> cp_positions_;  // this rank's positions of T, in its rows' order
   std::vector<int64_t> cp_targets_;    // the batch's targets at those positions (B x T / cp_)
+  // --ep: the EP group and the expert-data-parallel group (null when ep = dp), on their own executor.
+  std::shared_ptr<GroupExecutor> ep_exec_;
+  std::unique_ptr<Communicator> ep_group_, edp_group_;
+  std::unique_ptr<ExpertParallelComm> ep_comm_;
   Communicator* emb_comm_ = nullptr;         // emb_group_, or the world when it is those two ranks
   // the current iteration
   const float* x_ = nullptr;

@@ -100,7 +100,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*Gpt*/ kOk,
          /*ClipGradNorm*/ kOk,
          /*Moe*/ kOk,
-         /*ExpertParallel*/ todo("a stage's experts would need an EP group inside each stage", "use --strategy ddp with --ep"),
+         /*ExpertParallel*/ kOk,
          /*ContextParallel*/ kOk,
      }}},
 }};

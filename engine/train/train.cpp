@@ -178,6 +178,12 @@ void validate_expert_parallel(const TrainConfig& c) {
   if (c.world_size % c.ep != 0)
     throw Error("--ep " + std::to_string(c.ep) + " does not divide --world " + std::to_string(c.world_size) +
                 "; expert-parallel groups are runs of --ep consecutive ranks, so pick an --ep that divides the world");
+  // A pipeline's EP groups are runs of --ep data-parallel indices of one stage: --world / --stages of them.
+  const int stages = std::max(c.pipeline.stages, 1);
+  if (c.strategy == Strategy::Pipeline && c.world_size % stages == 0 && (c.world_size / stages) % c.ep != 0)
+    throw Error("--ep " + std::to_string(c.ep) + " does not divide the " + std::to_string(c.world_size / stages) +
+                " data-parallel ranks of a stage (--world / --stages); a stage's expert-parallel groups are runs of --ep of them, so pick "
+                "an --ep that divides " + std::to_string(c.world_size / stages) + " (--dp)");
   if (c.moe.experts % c.ep != 0)
     throw Error("--ep " + std::to_string(c.ep) + " gives each rank experts/ep experts, but --moe has " + std::to_string(c.moe.experts) +
                 " experts, which do not divide by " + std::to_string(c.ep) + "; use an --ep that divides the experts");
@@ -543,7 +549,7 @@ Trainer::Trainer(const TrainConfig& config) : config_(config) {
     // Expert parallelism: rank r holds its EP rank's experts, from the seed every rank uses, so the
     // ranks holding the same experts start equal (Megatron's expert-parallel RNG); DDP broadcasts the rest.
     ModelSpec mine = spec;
-    if (config_.ep > 1) {
+    if (config_.ep > 1 && !pipeline) {  // (a pipeline's full copy holds every expert; its stages split them)
       mine.gpt.moe.ep = config_.ep;
       mine.gpt.moe.ep_rank = r % config_.ep;
     }

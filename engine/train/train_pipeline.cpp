@@ -10,6 +10,7 @@
 #include "engine/core/check.h"
 #include "engine/core/gpt.h"
 #include "engine/io/sharded_checkpoint.h"
+#include "engine/parallel/expert_parallel.h"
 #include "engine/train/grad_clip.h"
 #include "engine/train/grad_scaler.h"
 #include "engine/train/iteration_gate.h"
@@ -153,6 +154,20 @@ class PipelineTrainRank final : public RankStrategy {
     in.unscale = unscale;
     in.sum_over = {env_.comm};
     in.copies = plan_.options.dp;
+    if (c_.ep > 1) {  // --ep: each expert on dp / ep replicas, so the dense parameters count on EP rank 0's only
+      in.pieces.clear();
+      for (size_t k = 0; k < pipe_.stage_ids().size(); k++) {
+        const Model& m = pipe_.stage_model(static_cast<int>(k));
+        std::vector<char> expert(m.parameters().size(), 0);
+        for (int i : expert_parameters(m)) expert[static_cast<size_t>(i)] = 1;
+        for (size_t j = 0; j < m.parameters().size(); j++) {
+          const Parameter& p = m.parameters()[j];
+          if ((!expert[j] && pipe_.ep_rank() != 0) || p.name == "lm_head.weight") continue;  // (the first stage's wte counts the tied weight)
+          in.pieces.push_back(m.mixed() ? GradPiece{nullptr, p.grad16, p.numel} : GradPiece{p.grad, nullptr, p.numel});
+        }
+      }
+      in.copies = plan_.options.dp / c_.ep;
+    }
     return in;
   }
 
@@ -280,6 +295,7 @@ class PipelineTrainRank final : public RankStrategy {
     s.precision = t.config_.precision;
     s.sequence_parallel = t.config_.sequence_parallel;
     s.cp.degree = t.config_.cp;
+    s.ep = t.config_.ep;
     s.cp.layout = t.config_.cp_layout;
     return s;
   }
