@@ -14,6 +14,7 @@
 #include "engine/core/format.h"
 #include "engine/io/checkpoint.h"
 #include "engine/parallel/context_parallel.h"
+#include "engine/parallel/expert_parallel.h"
 #include "engine/parallel/memory_plan.h"
 #include "engine/trace/cost_model.h"
 #include "engine/train/train.h"
@@ -119,6 +120,30 @@ void print_strategy_lines(std::ostream& out, const Trainer& trainer) {
             : c.cp_layout == CpLayout::Ulysses ? " (attention on " + std::to_string(c.model.gpt.heads / std::max(c.tp, 1) / c.cp) + " heads of every position, between two all-to-alls)"
                                                : " (one contiguous chunk; K/V blocks travel the ring)")
         << "\n";
+  }
+  if (c.ep > 1 && c.moe.on()) {  // the EP groups and which experts each rank holds
+    const int64_t per = c.moe.experts / c.ep;
+    out << "  expert parallelism: " << per << " of every MoE block's " << c.moe.experts << " experts per rank ("
+        << (per == 1 ? std::string("EP rank e holds expert e")
+                     : "EP rank e holds experts " + std::to_string(per) + "e to " + std::to_string(per) + "e + " + std::to_string(per - 1))
+        << "), dispatch and combine all-to-alls over ";
+    if (c.strategy == Strategy::Pipeline) {
+      out << "runs of " << c.ep << " of each stage's ranks" << (c.tp > 1 ? " (TP ranks first)" : "") << "\n";
+    } else {
+      std::string groups, edp;
+      for (int g = 0; g < c.world_size / c.ep; g++) {
+        const std::vector<int> r = ep_group_ranks(g * c.ep, c.ep);
+        groups += (g ? ", ep" : "ep") + std::to_string(g) + " " + std::to_string(r.front()) + "-" + std::to_string(r.back());
+      }
+      for (int e = 0; e < c.ep && c.world_size > c.ep; e++) {
+        std::string ranks;
+        for (int r : expert_dp_group_ranks(e, c.ep, c.world_size)) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+        edp += (e ? ", edp" : "edp") + std::to_string(e) + " " + ranks;
+      }
+      out << groups << (c.tp > 1 ? " (runs of " + std::to_string(c.ep) + " ranks, TP ranks first: Megatron's MoE parallel folding)" : "");
+      if (!edp.empty()) out << "; each expert's gradients summed over " << edp;
+      out << "\n";
+    }
   }
   if (c.strategy == Strategy::Fsdp)
     out << "  FSDP: " << sharding_name(c.fsdp.sharding)

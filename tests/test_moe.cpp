@@ -121,10 +121,71 @@ TEST_SUITE("moe") {
     CHECK(test::error_of(c) ==
           "--moe with --tp and no --sequence-parallel: Megatron-core's MoELayer refuses to train tensor-parallel without sequence "
           "parallelism (each TP rank routes its own positions to whole experts); add --sequence-parallel");
-    c.sequence_parallel = true;
-    c.world_size = 4;
-    c.ep = 2;
-    CHECK(test::error_of(c).rfind("--ep with --tp: not built yet", 0) == 0);
+  }
+
+  TEST_CASE("expert parallelism with tensor parallelism: EP groups take the TP ranks first, and the run equals one without EP") {
+    // Megatron's MoE parallel folding with expert TP 1: each TP rank routes its own positions (sequence
+    // parallel) and holds whole experts, and an EP group is a run of --ep ranks, TP ranks first. With
+    // tp 2 on 4 ranks, --ep 2 makes each TP group an EP group (the experts' gradients summed over the
+    // replicas holding them, ranks 0,2 and 1,3) and --ep 4 puts every expert on one rank. Dropless SGD
+    // with momentum and a large aux coefficient, then clipping: every parameter within 1e-5.
+    auto config = [](int world) {
+      TrainConfig c = test::demo_config("ddp", world, 4, 3);
+      c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=8");
+      c.data = "text";
+      c.eval_samples = 256;
+      c.moe = MoeSpec::parse("experts=4,top_k=2,aux=0.5");
+      c.optimizer = default_optimizer_config(OptimizerKind::SGD);
+      c.optimizer.lr = 0.05;
+      c.optimizer.momentum = 0.9;
+      c.tp = 2;
+      c.sequence_parallel = true;
+      return c;
+    };
+    for (double clip : {0.0, 0.05}) {
+      TrainConfig c = config(4);
+      c.clip_grad_norm = clip;
+      Trainer ref(c);  // two replicas of a TP pair, every expert on every rank
+      std::vector<double> ref_norms, norms;
+      const TrainSummary rs = ref.run([&](const StepReport& r) { ref_norms.push_back(r.grad_norm); });
+      for (int ep : {2, 4}) {
+        if (clip > 0 && ep == 4) continue;
+        CAPTURE(clip);
+        CAPTURE(ep);
+        c.ep = ep;
+        Trainer t(c);
+        norms.clear();
+        const TrainSummary s = t.run([&](const StepReport& r) { norms.push_back(r.grad_norm); });
+        CHECK(s.steps == 3);
+        CHECK(test::max_abs_diff(t.result_model(), ref.result_model()) < 1e-5);
+        CHECK(std::abs(s.eval_loss - rs.eval_loss) < 1e-5);
+        REQUIRE(norms.size() == ref_norms.size());  // the whole model's norm (-1 unclipped)
+        for (size_t i = 0; i < norms.size(); i++) CHECK(std::abs(norms[i] - ref_norms[i]) < 1e-5);
+        if (ep != 2 || clip > 0) continue;
+        // The all-to-alls run on the TP pairs; each rank routed its 16 positions of 4 x 8.
+        for (int rank = 0; rank < 4; rank++) {
+          CAPTURE(rank);
+          std::map<std::string, int> groups;
+          for (const Event& e : t.recorder().events(rank))
+            if (e.kind == EventKind::Collective && e.iteration == 2 && e.coll.op == CollectiveOp::AllToAll)
+              groups[t.recorder().label(e.coll.group - 1)]++;
+          CHECK(groups == std::map<std::string, int>{{rank < 2 ? "ep0: 0,1" : "ep1: 2,3", 2 * 5}});
+          const GptCore::MoeRouting* r = t.rank_model(rank).gpt()->moe_routing(0);
+          REQUIRE(r != nullptr);
+          CHECK(r->tokens == 16);
+        }
+      }
+    }
+    if (!test::quick()) {  // with context parallelism too: 2 replicas x cp 2 x tp 2, an EP group of 4
+      TrainConfig c = config(8);
+      c.cp = 2;
+      Trainer ref(c);
+      ref.run();
+      c.ep = 4;
+      Trainer t(c);
+      t.run();
+      CHECK(test::max_abs_diff(t.result_model(), ref.result_model()) < 1e-5);
+    }
   }
 
   TEST_CASE("moe specs: Megatron's options in one flag, and one sentence for each mistake") {
@@ -323,10 +384,10 @@ TEST_SUITE("moe") {
       c.optimizer.momentum = 0.9;
       return c;
     };
-    auto check = [](TrainConfig c) {
+    auto check = [](TrainConfig c, int ep = 2) {
       Trainer ref(c);
       const TrainSummary rs = ref.run();
-      c.ep = 2;
+      c.ep = ep;
       Trainer t(c);
       const TrainSummary ts = t.run();
       CHECK(ts.steps == c.steps);
@@ -341,6 +402,16 @@ TEST_SUITE("moe") {
     clipped.clip_grad_norm = 0.05;
     check(clipped);
     if (!test::quick()) check(config(4, "1f1b"));
+    // With --tp 2 (sequence parallel): a stage's EP groups take its TP ranks first, as under ddp.
+    for (int ep : {2, 4}) {
+      CAPTURE(ep);
+      TrainConfig c = config(2, "1f1b");
+      c.world_size = 8;
+      c.tp = 2;
+      c.sequence_parallel = true;
+      c.clip_grad_norm = ep == 4 ? 0.05 : 0;
+      check(c, ep);
+    }
     // Each stage's all-to-alls run on its own EP group: ranks (replica, stage) = 2 x replica + stage.
     TrainConfig c = config(2, "1f1b");
     c.ep = 2;
@@ -358,7 +429,7 @@ TEST_SUITE("moe") {
     TrainConfig odd = config(3, "1f1b");
     odd.ep = 2;
     CHECK(test::error_of(odd) ==
-          "--ep 2 does not divide the 3 data-parallel ranks of a stage (--world / --stages); a stage's expert-parallel groups are runs "
+          "--ep 2 does not divide the 3 ranks of a stage (--world / --stages); a stage's expert-parallel groups are runs "
           "of --ep of them, so pick an --ep that divides 3 (--dp)");
   }
 }

@@ -618,17 +618,18 @@ void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, cons
   // Under TP (sequence parallel) the router and the experts are whole on every rank of the group and
   // saw its positions only: each one's gradient is computed apart and summed over the group (as the
   // LayerNorms' are; Megatron reduces them over the expert-data-parallel group, which holds the TP ranks).
+  // Under EP as well the TP ranks hold different experts: the trainer sums each over its holders.
   const bool frozen_experts = half() ? !p[static_cast<size_t>(pr(l))].grad16 : !p[static_cast<size_t>(pr(l))].grad;  // (LoRA)
-  const bool summed = tp() && !frozen_experts;
+  const bool summed = tp() && !frozen_experts, experts_summed = summed && !ep();
   for (int64_t e = s_.moe.local_experts() - 1; e >= 0; e--) {  // from the last: c_proj, GELU, c_fc
     const int64_t r0 = rt.eoff[static_cast<size_t>(e)], n = rt.eoff[static_cast<size_t>(e + 1)] - r0;
     const int ie = static_cast<int>(e);
     const Parameter* g[4] = {grad(pe(l, ie, P::ExProjW)), grad(pe(l, ie, P::ExProjB)), grad(pe(l, ie, P::ExFcW)), grad(pe(l, ie, P::ExFcB))};
     void* part = moe_part_.raw();  // under TP: c_proj's weight and bias, then c_fc's
     const int64_t len[4] = {4 * C * C, C, 4 * C * C, 4 * C};
-    if (summed) dev_.fill_zero(part, (8 * C * C + 5 * C) * esz());
+    if (experts_summed) dev_.fill_zero(part, (8 * C * C + 5 * C) * esz());
     auto into = [&](int j) -> F32 {
-      if (!summed) return pg(g[j]);
+      if (!experts_summed) return pg(g[j]);
       int64_t off = 0;
       for (int i = 0; i < j; i++) off += len[i];
       return acc(at(part, off), len[j]);
@@ -641,7 +642,7 @@ void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, cons
       dev_.gelu_backward(wr(dh, n * 4 * C), rd(dh, n * 4 * C), rd(at(hr, r0 * 4 * C), n * 4 * C), n * 4 * C);
       dev_.linear_backward(wr(at(dxr, r0 * C), n * C), into(2), into(3), rd(dh, n * 4 * C), rd(at(xr, r0 * C), n * C), pw(wf), n, C, 4 * C);
     }
-    if (summed) add_group_sum(part, layer, {{g[0], len[0]}, {g[1], len[1]}, {g[2], len[2]}, {g[3], len[3]}});
+    if (experts_summed) add_group_sum(part, layer, {{g[0], len[0]}, {g[1], len[1]}, {g[2], len[2]}, {g[3], len[3]}});
     if (ready) {  // (an expert no token reached has a zero gradient, final too)
       for (P::Expert j : {P::ExProjB, P::ExProjW, P::ExFcB, P::ExFcW}) ready(pe(l, ie, j));
     }

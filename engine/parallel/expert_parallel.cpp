@@ -6,6 +6,7 @@
 #include "engine/core/check.h"
 #include "engine/core/device.h"
 #include "engine/core/gpt.h"
+#include "engine/parallel/tensor_parallel.h"
 
 namespace dtlab {
 
@@ -68,27 +69,45 @@ void reduce_expert_gradients(Model& model, Communicator* expert_dp, int world) {
 
 std::vector<float> gather_expert_parallel_params(const Model& model, Communicator& ep_group, Device& dev) {
   const GptSpec& g = model.spec().gpt;
-  const std::vector<float> mine = model.host_params();
-  const int64_t n = static_cast<int64_t>(mine.size());  // the same on every member: the same shapes
+  const GptRange range = model.gpt_range();
+  const int t = model.tensor_parallel().degree;
+  const std::vector<float> mine = model.host_params();  // (16 bits: widened, exactly)
+  const int64_t n = static_cast<int64_t>(mine.size());   // the same on every member: the same shapes
   const int ep = ep_group.world_size();
   Tensor in({n}, MemCategory::Other, nullptr, DType::F32, dev), out({n * ep}, MemCategory::Other, nullptr, DType::F32, dev);
   dev.upload(in.raw(), mine.data(), n * static_cast<int64_t>(sizeof(float)));
   ep_group.all_gather(out.raw(), in.raw(), n, DType::F32)->wait();
   std::vector<float> all(static_cast<size_t>(n * ep));
   dev.download(all.data(), out.raw(), n * ep * static_cast<int64_t>(sizeof(float)));
-  const GptSpec whole = g.whole();
-  const std::vector<Parameter> to = gpt_parameters(whole);
-  std::vector<float> values(static_cast<size_t>(whole.num_params()));
-  for (int r = 0; r < ep; r++) {  // member r's parameters, by name, into the whole layout (the replicated ones agree)
+  const std::vector<Parameter> to = gpt_stage_parameters(g.whole(), range, t);
+  int64_t total = 0;
+  for (const Parameter& p : to) total = std::max(total, p.offset + p.numel);
+  std::vector<float> values(static_cast<size_t>(total));
+  auto place = [&](const Parameter& p, const float* from) {  // by name into the whole layout
+    const auto q = std::find_if(to.begin(), to.end(), [&](const Parameter& w) { return w.name == p.name; });
+    DTLAB_CHECK(q != to.end() && q->numel == p.numel, "an expert-parallel rank's parameter is not the whole model's");
+    std::copy_n(from + p.offset, p.numel, values.begin() + q->offset);
+  };
+  const auto is_expert = [](const Parameter& p) { return p.name.find(".mlp.experts.") != std::string::npos; };
+  for (const Parameter& p : gpt_stage_parameters(g, range, t))
+    if (!is_expert(p)) place(p, mine.data());
+  for (int r = 0; r < ep; r++) {  // member r's experts
     GptSpec theirs = g;
     theirs.moe.ep_rank = r;
-    for (const Parameter& p : gpt_parameters(theirs)) {
-      const auto q = std::find_if(to.begin(), to.end(), [&](const Parameter& w) { return w.name == p.name; });
-      DTLAB_CHECK(q != to.end() && q->numel == p.numel, "an expert-parallel rank's parameter is not the whole model's");
-      std::copy_n(all.begin() + r * n + p.offset, p.numel, values.begin() + q->offset);
-    }
+    for (const Parameter& p : gpt_stage_parameters(theirs, range, t))
+      if (is_expert(p)) place(p, all.data() + r * n);
   }
   return values;
+}
+
+std::vector<float> gather_expert_tensor_parallel_params(const Model& model, const std::vector<float>& values, Communicator& tp_group) {
+  // A shard of the whole() spec holding `values` (float32: a 16-bit model's were widened exactly), which
+  // the TP gather reads as any shard's parameters.
+  const GptRange range = model.gpt_range();
+  Model shard(ModelSpec{{}, model.spec().gpt.whole()}, nullptr, 0, range.first, range.end, model.device(), model.tensor_parallel());
+  DTLAB_CHECK(static_cast<int64_t>(values.size()) == shard.num_params(), "gather_expert_tensor_parallel_params() takes gather_expert_parallel_params' values");
+  shard.upload_params(values.data());
+  return gather_tensor_parallel_params(shard, tp_group);
 }
 
 }  // namespace dtlab

@@ -41,8 +41,15 @@ std::vector<int> expert_parameters(const Model& model);
 // parameters that lie side by side in the flat gradients.
 void reduce_expert_gradients(Model& model, Communicator* expert_dp, int world);
 
-// Collective over the EP group (every member calls it): the whole model's parameters (every expert, in
-// the layout of the spec's whole()), float32 on the host, on every member.
+// Collective over the EP group (every member calls it): the model's (or pipeline stage's) parameters
+// with every expert, float32 on the host, in the layout of the spec's whole() (GptSpec::whole, the
+// same GptRange and TP degree): the experts from the members that hold them, the rest the caller's
+// own (a TP shard: the members may be different TP ranks, whose dense shards differ).
 std::vector<float> gather_expert_parallel_params(const Model& model, Communicator& ep_group, Device& dev);
+
+// Under --tp as well: `values` (gather_expert_parallel_params' on each rank of `tp_group`) put together
+// over the TP group (every member calls it), the whole model (or stage) on every member, in the
+// layout gather_tensor_parallel_params gives a model without --ep.
+std::vector<float> gather_expert_tensor_parallel_params(const Model& model, const std::vector<float>& values, Communicator& tp_group);
 
 }  // namespace dtlab

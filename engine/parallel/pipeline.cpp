@@ -260,21 +260,25 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
     cp_positions_ = cp.positions(spec.gpt.ctx);
   }
   // --ep: the stages hold this rank's experts (the same seed as every rank: the ranks holding the same
-  // experts start equal, and equal to the whole model's), and talk over the stage's EP group.
+  // experts start equal, and equal to the whole model's), and talk over the stage's EP group: runs of
+  // `ep` of the stage's ranks in the order (replica, TP rank), TP ranks first (Megatron's MoE parallel
+  // folding with expert TP 1: under --tp the TP ranks route their own positions, sequence parallel).
   ModelSpec stage_spec = spec;
   if (setup.ep > 1) {
-    const int dp = plan.options.dp;
-    DTLAB_CHECK(spec.is_gpt() && spec.gpt.moe.on() && dp % setup.ep == 0 && tp == 1,
-                "a pipeline's expert parallelism splits a GPT's experts over data-parallel indices, without TP");
+    const int dp = plan.options.dp, D = dp * tp;  // the stage's ranks
+    DTLAB_CHECK(spec.is_gpt() && spec.gpt.moe.on() && D % setup.ep == 0,
+                "a pipeline's expert parallelism splits a GPT's experts over a stage's ranks, --ep dividing them");
     ep_ = setup.ep;
-    ep_rank_ = replica_ % ep_;
+    const int i = expert_index();
+    ep_rank_ = i % ep_;
+    auto at = [&](int j) { return (j / tp * plan.ranks() + pipe_rank_) * tp + j % tp; };  // stage index j's world rank
     std::vector<int> ranks, same;
-    for (int e = 0; e < ep_; e++) ranks.push_back(world_rank(replica_ - ep_rank_ + e, pipe_rank_));
-    for (int d = ep_rank_; d < dp; d += ep_) same.push_back(world_rank(d, pipe_rank_));
+    for (int e = 0; e < ep_; e++) ranks.push_back(at(i - ep_rank_ + e));
+    for (int j = ep_rank_; j < D; j += ep_) same.push_back(at(j));
     ep_exec_ = std::make_shared<GroupExecutor>();
-    const int index = replica_ / ep_ * plan.ranks() + pipe_rank_;
+    const int index = i / ep_ * plan.ranks() + pipe_rank_;
     ep_group_ = new_group(comm, ranks, kExpertTag, ep_exec_, device_, "ep" + std::to_string(index));
-    if (dp > ep_)
+    if (D > ep_)
       edp_group_ = new_group(comm, same, kExpertTag + 1, ep_exec_, device_, "edp" + std::to_string(ep_rank_ * plan.ranks() + pipe_rank_));
     ep_comm_ = std::make_unique<GroupExpertParallelComm>(*ep_group_);
     stage_spec.gpt.moe.ep = ep_;
@@ -450,30 +454,6 @@ void PipelineRank::reduce_runs(Model& m, Communicator& group, bool experts, std:
   }
 }
 
-std::vector<float> PipelineRank::gather_stage_experts(const Model& m, StageRange r) const {
-  const GptSpec& mine = m.spec().gpt;
-  const GptRange range{r.first, r.end};
-  const std::vector<float> values = m.host_params();  // (16 bits: widened, exactly)
-  const int64_t n = static_cast<int64_t>(values.size());  // the same on every member: the same shapes
-  Tensor in({n}, MemCategory::Other, nullptr, DType::F32, device_), out({n * ep_}, MemCategory::Other, nullptr, DType::F32, device_);
-  device_.upload(in.raw(), values.data(), n * static_cast<int64_t>(sizeof(float)));
-  ep_group_->all_gather(out.raw(), in.raw(), n, DType::F32)->wait();
-  std::vector<float> all(static_cast<size_t>(n * ep_));
-  device_.download(all.data(), out.raw(), n * ep_ * static_cast<int64_t>(sizeof(float)));
-  const std::vector<Parameter> to = gpt_stage_parameters(mine.whole(), range);
-  std::vector<float> whole(static_cast<size_t>(stage_num_params(spec_, r)));
-  for (int e = 0; e < ep_; e++) {  // member e's parameters, by name (the dense ones agree)
-    GptSpec theirs = mine;
-    theirs.moe.ep_rank = e;
-    for (const Parameter& p : gpt_stage_parameters(theirs, range)) {
-      const auto q = std::find_if(to.begin(), to.end(), [&](const Parameter& w) { return w.name == p.name; });
-      DTLAB_CHECK(q != to.end() && q->numel == p.numel, "an expert-parallel stage's parameter is not the whole stage's");
-      std::copy_n(all.begin() + e * n + p.offset, p.numel, whole.begin() + q->offset);
-    }
-  }
-  return whole;
-}
-
 // After the data-parallel sum, as Megatron's finalize_model_grads runs _allreduce_embedding_grads
 // (docs/course_sources.md §6c): wte's gradient holds the embedding's use, lm_head's copy the head's;
 // their sum is the tied weight's gradient, which both copies then step with.
@@ -540,8 +520,9 @@ FlatSlice stage_slice(const Model& full, StageRange r) {
 }  // namespace
 
 void PipelineRank::gather_parameters(Model* full) {
-  // The replicas hold the same parameters; under --ep replica 0's EP group puts its experts together.
-  if (replica_ != 0 && !(ep_ > 1 && replica_ < ep_)) return;
+  // The replicas hold the same parameters; under --ep the EP groups of replica 0's ranks put their
+  // experts together.
+  if (replica_ != 0 && !(ep_ > 1 && expert_index() / ep_ * ep_ < tp_)) return;
   DTLAB_CHECK(rank_ != 0 || full, "rank 0 gathers the stages into a full model; pass it");
   const int S = static_cast<int>(plan_.stages.size());
   // A 16-bit full model (Trainer's one-rank model under --precision) has no float32 parameters: the
@@ -554,10 +535,16 @@ void PipelineRank::gather_parameters(Model* full) {
     const Model& m = *models_[k];
     if (m.num_params() == 0) continue;  // LoRA left this stage's layers unadapted
     if (spec_.is_gpt() && !m.lora()) {  // the stage whole (its TP group's shards put together), placed by name on rank 0
-      const std::vector<float> values = ep_ > 1 && !expert_parameters(m).empty() ? gather_stage_experts(m, plan_.stages[static_cast<size_t>(s)])
-                                        : tp_ > 1                               ? gather_tensor_parallel_params(m, tp_group_ ? *tp_group_ : comm_)
-                                                                                : m.host_params();
-      if (replica_ != 0) continue;  // (an EP member of replica 0's group: its experts went into the gather)
+      Communicator& tp_group = tp_group_ ? *tp_group_ : comm_;
+      std::vector<float> values;
+      if (ep_ > 1 && !expert_parameters(m).empty()) {  // the stage's experts put together, then its TP shards
+        values = gather_expert_parallel_params(m, *ep_group_, device_);
+        if (replica_ != 0) continue;  // (an EP member of replica 0's groups: its experts went into the gather)
+        if (tp_ > 1) values = gather_expert_tensor_parallel_params(m, values, tp_group);
+      } else {
+        if (replica_ != 0) continue;
+        values = tp_ > 1 ? gather_tensor_parallel_params(m, tp_group) : m.host_params();
+      }
       if (rank_ == 0) scatter_gpt_stage(plan_.stages[static_cast<size_t>(s)], values.data(), *full, flat);
       else if (tp_rank_ == 0) comm_.send(values.data(), static_cast<int64_t>(values.size()), DType::F32, 0, kGatherTag + s)->wait();
       continue;

@@ -159,6 +159,9 @@ class PipelineRank {
   void step(float inv_scale = 1.0f);
   bool mixed() const { return is_mixed(precision_); }
   int ep_rank() const { return ep_rank_; }  // --ep: this rank's place in its EP group (0 without)
+  // This rank's index among its stage's dp x tp ranks, (replica, TP rank), TP fastest: --ep's groups
+  // are runs of `ep` of them.
+  int expert_index() const { return replica_ * tp_ + tp_rank_; }
   // Does any of its stages' 16-bit gradients hold an inf or NaN? (GradScaler's check, every stage.)
   bool grads_nonfinite() const;
   // Replica 0 sends its stages' parameters to rank 0, which writes them into `full`, a host model (null elsewhere);
@@ -194,9 +197,6 @@ class PipelineRank {
   // --ep: all-reduces (sum) of a stage's gradient runs over `group`: its experts' (experts true) or
   // everything else's, each run of adjacent parameters one collective.
   void reduce_runs(Model& m, Communicator& group, bool experts, std::vector<WorkPtr>& works);
-  // --ep: the stage's parameters with every expert (its EP group's, by name), in the whole model's
-  // stage layout: a collective of the EP group.
-  std::vector<float> gather_stage_experts(const Model& m, StageRange r) const;
   // What crosses a stage boundary per micro-batch: rows x width (the GPT: its B*T positions x C).
   int64_t boundary_rows(const MicroBatch& st) const;
   int64_t in_width(const Model& m) const;

@@ -183,7 +183,7 @@ std::vector<TpCollective> gpt_tp_collectives(const GptSpec& g, GptRange r, const
       continue;
     }
     if (g.moe.in_block(l)) {
-      for (int64_t e = g.moe.local_experts() - 1; e >= 0; e--)
+      for (int64_t e = g.moe.local_experts() - 1; e >= 0 && g.moe.ep == 1; e--)  // (under EP: the trainer's, over their holders)
         add(CollectiveOp::AllReduce, layer, true, 8 * C * C + 5 * C, "sum an expert's gradients over the positions");
       add(CollectiveOp::AllReduce, layer, true, g.moe.experts * C, "sum the router's gradient over the positions");
       add(CollectiveOp::AllReduce, layer, true, 2 * C, "sum ln_2's gradients over the positions");

@@ -36,10 +36,6 @@ const Combination kCombinations[] = {
      "add --sequence-parallel", false},
     {Feature::Moe, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
      "the router and the token dispatch run on the host", "use --device cpu", true},
-    {Feature::ExpertParallel, "--tp", [](const TrainConfig& c) { return c.tp > 1; },
-     "the experts are whole on every TP rank, so an EP group would be ranks of one TP index in several replicas, which "
-     "the groups and the final gather of the experts do not form",
-     "drop --ep (every TP rank then holds every expert), or --tp", true},
     {Feature::ExpertParallel, "--save-sharded", [](const TrainConfig& c) { return !c.save_sharded_path.empty(); },
      "each rank's shard file would hold its own experts beside the replicated parameters, which the index does not describe",
      "use --save (rank 0 writes the whole model, every expert gathered)", true},

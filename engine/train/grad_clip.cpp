@@ -8,6 +8,7 @@
 #include "engine/core/device.h"
 #include "engine/core/model.h"
 #include "engine/core/tensor.h"
+#include "engine/parallel/expert_parallel.h"
 #include "engine/trace/context.h"
 
 namespace dtlab {
@@ -98,6 +99,21 @@ void add_model_grads(GradClipInput& in, const Model& model) {
     // (Megatron leaves shared parameters out of the norm on all but one stage).
     if (p.name == "lm_head.weight") continue;
     in.pieces.push_back(model.mixed() ? GradPiece{nullptr, p.grad16, p.numel} : GradPiece{p.grad, nullptr, p.numel});
+  }
+  if (model.mixed()) in.format = model.half_format();
+}
+
+void add_expert_parallel_grads(GradClipInput& in, const Model& model, bool first_replica, bool first_ep_group) {
+  const std::vector<bool> counted = tp_counted_params(model);
+  const auto& ps = model.parameters();
+  std::vector<char> expert(ps.size(), 0);
+  for (int i : expert_parameters(model)) expert[static_cast<size_t>(i)] = 1;
+  for (size_t k = 0; k < ps.size(); k++) {
+    const Parameter& p = ps[k];
+    if (!model.mixed()) in.scaled.push_back({p.grad, p.numel});
+    // (An expert is whole on its rank, and under --tp the TP ranks hold different ones.)
+    const bool count = expert[k] ? first_ep_group : first_replica && counted[k] && p.name != "lm_head.weight";
+    if (count) in.pieces.push_back(model.mixed() ? GradPiece{nullptr, p.grad16, p.numel} : GradPiece{p.grad, nullptr, p.numel});
   }
   if (model.mixed()) in.format = model.half_format();
 }

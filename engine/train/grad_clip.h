@@ -69,4 +69,10 @@ std::vector<bool> tp_counted_params(const Model& model);
 // DDP bucket's view, or the flat buffer); with --tp a replicated parameter counts on TP rank 0 only.
 void add_model_grads(GradClipInput& in, const Model& model);
 
+// add_model_grads under --ep, for a norm summed over the whole world: each parameter counted on one
+// rank, a dense one on the first replica (on TP rank 0 when it is whole on its TP group; never
+// lm_head's copy of the tied weight), an expert on the first EP group (Megatron sums the
+// expert-parallel parameters' squares apart, over their own groups: the same total).
+void add_expert_parallel_grads(GradClipInput& in, const Model& model, bool first_replica, bool first_ep_group);
+
 }  // namespace dtlab

@@ -19,6 +19,7 @@
 #include "engine/io/checkpoint.h"
 #include "engine/io/sharded_checkpoint.h"
 #include "engine/monitor/monitor.h"
+#include "engine/parallel/expert_parallel.h"
 #include "engine/train/compose.h"
 #include "engine/train/config_json.h"
 #include "engine/train/iteration_gate.h"
@@ -178,12 +179,12 @@ void validate_expert_parallel(const TrainConfig& c) {
   if (c.world_size % c.ep != 0)
     throw Error("--ep " + std::to_string(c.ep) + " does not divide --world " + std::to_string(c.world_size) +
                 "; expert-parallel groups are runs of --ep consecutive ranks, so pick an --ep that divides the world");
-  // A pipeline's EP groups are runs of --ep data-parallel indices of one stage: --world / --stages of them.
+  // A pipeline's EP groups are runs of --ep of one stage's ranks (--world / --stages of them: dp x tp).
   const int stages = std::max(c.pipeline.stages, 1);
   if (c.strategy == Strategy::Pipeline && c.world_size % stages == 0 && (c.world_size / stages) % c.ep != 0)
     throw Error("--ep " + std::to_string(c.ep) + " does not divide the " + std::to_string(c.world_size / stages) +
-                " data-parallel ranks of a stage (--world / --stages); a stage's expert-parallel groups are runs of --ep of them, so pick "
-                "an --ep that divides " + std::to_string(c.world_size / stages) + " (--dp)");
+                " ranks of a stage (--world / --stages); a stage's expert-parallel groups are runs of --ep of them, so pick "
+                "an --ep that divides " + std::to_string(c.world_size / stages) + (c.tp > 1 ? " (--dp x --tp)" : " (--dp)"));
   if (c.moe.experts % c.ep != 0)
     throw Error("--ep " + std::to_string(c.ep) + " gives each rank experts/ep experts, but --moe has " + std::to_string(c.moe.experts) +
                 " experts, which do not divide by " + std::to_string(c.ep) + "; use an --ep that divides the experts");
@@ -651,7 +652,22 @@ Trainer::~Trainer() {
 std::vector<std::string> Trainer::planned_buckets() const {
   if (config_.strategy != Strategy::Ddp) return {};
   const Model& m = *models_[0];
-  return describe_bucket_assignment(m, construction_bucket_assignment(parameter_bytes(m), config_.ddp));
+  // Under --ep DDP leaves the experts out of its buckets (DdpOptions::ignored): the walk skips them.
+  std::vector<char> ignored(m.parameters().size(), 0);
+  if (config_.ep > 1)
+    for (int i : expert_parameters(m)) ignored[static_cast<size_t>(i)] = 1;
+  const std::vector<int64_t> all = parameter_bytes(m);
+  std::vector<int> kept;
+  std::vector<int64_t> bytes;
+  for (size_t i = 0; i < all.size(); i++)
+    if (!ignored[i]) {
+      kept.push_back(static_cast<int>(i));
+      bytes.push_back(all[i]);
+    }
+  BucketAssignment a = construction_bucket_assignment(bytes, config_.ddp);
+  for (auto& b : a.buckets)
+    for (int& p : b) p = kept[static_cast<size_t>(p)];
+  return describe_bucket_assignment(m, a);
 }
 
 TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step) {

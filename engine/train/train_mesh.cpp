@@ -80,9 +80,20 @@ void Trainer::build_tp_models(int first_rank, int end_rank, bool in_world) {
     dev.bind_thread();
     // A replica's TP ranks cut one model (seed + its dp index), so their shards fit together; the
     // replicas differ until DDP broadcasts replica 0's, as they do without --tp.
+    // --ep: rank r holds the experts of EP rank r % ep (the EP groups are runs of --ep ranks, TP ranks
+    // first: Megatron's MoE parallel folding with expert TP 1), every rank from the same seed, so the
+    // ranks holding the same experts start equal (DDP leaves the experts alone).
     const TensorParallelSpec tp{config_.tp, at.tp, config_.sequence_parallel};
-    models_.push_back(std::make_unique<Model>(spec, mem, config_.seed + static_cast<uint64_t>(at.dp), 0, n_linear, dev, tp));
-    if (!config_.init_path.empty() || lora) {
+    ModelSpec mine = spec;
+    if (config_.ep > 1) {
+      mine.gpt.moe.ep = config_.ep;
+      mine.gpt.moe.ep_rank = r % config_.ep;
+    }
+    const uint64_t seed = config_.seed + (config_.ep > 1 ? 0 : static_cast<uint64_t>(at.dp));
+    models_.push_back(std::make_unique<Model>(mine, mem, seed, 0, n_linear, dev, tp));
+    if (config_.ep > 1 && (!config_.init_path.empty() || lora)) {
+      upload_gpt_whole_values(*models_.back(), start.data());  // this rank's experts, then its TP shard of them
+    } else if (!config_.init_path.empty() || lora) {
       std::vector<float> local(static_cast<size_t>(models_.back()->num_params()));
       shard_full_params(*models_.back(), start.data(), local.data());
       models_.back()->upload_params(local.data());

@@ -10,7 +10,6 @@
 #include "engine/core/check.h"
 #include "engine/core/gpt.h"
 #include "engine/io/sharded_checkpoint.h"
-#include "engine/parallel/expert_parallel.h"
 #include "engine/train/grad_clip.h"
 #include "engine/train/grad_scaler.h"
 #include "engine/train/iteration_gate.h"
@@ -150,24 +149,15 @@ class PipelineTrainRank final : public RankStrategy {
   // replicas holds the same gradients, so the world's sum counts every element D times.
   GradClipInput clip_input(float unscale) {
     GradClipInput in;
-    for (size_t k = 0; k < pipe_.stage_ids().size(); k++) add_model_grads(in, pipe_.stage_model(static_cast<int>(k)));
+    for (size_t k = 0; k < pipe_.stage_ids().size(); k++) {
+      const Model& m = pipe_.stage_model(static_cast<int>(k));
+      // --ep: an expert is on (dp x tp) / ep ranks, a dense parameter on dp: each counts on one rank.
+      if (c_.ep > 1) add_expert_parallel_grads(in, m, pipe_.replica() == 0, pipe_.expert_index() < c_.ep);
+      else add_model_grads(in, m);
+    }
     in.unscale = unscale;
     in.sum_over = {env_.comm};
-    in.copies = plan_.options.dp;
-    if (c_.ep > 1) {  // --ep: each expert on dp / ep replicas, so the dense parameters count on EP rank 0's only
-      in.pieces.clear();
-      for (size_t k = 0; k < pipe_.stage_ids().size(); k++) {
-        const Model& m = pipe_.stage_model(static_cast<int>(k));
-        std::vector<char> expert(m.parameters().size(), 0);
-        for (int i : expert_parameters(m)) expert[static_cast<size_t>(i)] = 1;
-        for (size_t j = 0; j < m.parameters().size(); j++) {
-          const Parameter& p = m.parameters()[j];
-          if ((!expert[j] && pipe_.ep_rank() != 0) || p.name == "lm_head.weight") continue;  // (the first stage's wte counts the tied weight)
-          in.pieces.push_back(m.mixed() ? GradPiece{nullptr, p.grad16, p.numel} : GradPiece{p.grad, nullptr, p.numel});
-        }
-      }
-      in.copies = plan_.options.dp / c_.ep;
-    }
+    in.copies = c_.ep > 1 ? 1 : plan_.options.dp;
     return in;
   }
 

@@ -255,7 +255,7 @@ class ReplicaRank : public RankStrategy {
     finish_hook(sum);
     // Every replica holds the whole model (or its TP piece): --save-sharded writes each parameter once.
     if (!sharded()) t_.save_replicated_sharded(model_, env_.comm, at_.dp, t_.mesh_.dp);
-    if (mesh_) t_.gather_full_model(rank_, *mesh_, model_);  // rank 0's full_model_ gets every shard
+    if (mesh_) gather_full_model();  // rank 0's full_model_ gets every shard
     return mesh_ && rank_ == 0 ? *t_.full_model_ : model_;
   }
 
@@ -284,6 +284,8 @@ class ReplicaRank : public RankStrategy {
   }
   virtual double overlap() const { return -1; }
   virtual FullyShardedDataParallel* sharded() { return nullptr; }
+  // --tp: the TP group's shards put together into rank 0's full model (collective over the TP group).
+  virtual void gather_full_model() { t_.gather_full_model(rank_, *mesh_, model_); }
   virtual void finish_hook(TrainSummary& sum) { (void)sum; }
 
   // --cp: the rank's CP group (cp_group_ranks), and its model's sequence split.
@@ -360,10 +362,11 @@ class DdpRank final : public ReplicaRank {
   ~DdpRank() override {
     if (ep_exec_) ep_exec_->drain();
   }
-  // Under --ep rank 0 returns the whole model: every EP rank's experts put together.
+  // Under --ep rank 0 returns the whole model: every EP rank's experts put together (under --tp by
+  // gather_full_model below).
   const Model& finish(TrainSummary& sum) override {
     const Model& mine = ReplicaRank::finish(sum);
-    if (c_.ep == 1 || expert_parameters(model_).empty()) return mine;  // (LoRA: the adapters hold no expert)
+    if (c_.ep == 1 || expert_parameters(model_).empty() || mesh_) return mine;  // (LoRA: the adapters hold no expert)
     const std::vector<float> whole = gather_expert_parallel_params(model_, *ep_group_, env_.dev);
     if (rank_ != 0) return mine;
     t_.full_model_ = std::make_unique<Model>(ModelSpec{{}, model_.spec().gpt.whole()}, nullptr, c_.seed);
@@ -419,7 +422,7 @@ class DdpRank final : public ReplicaRank {
     if (ddp_) ddp_->finalize_backward();
     // The experts: 1 / world, summed over the ranks holding the same experts (once per optimizer step,
     // as DDP's buckets: not inside no_sync's micro-batches).
-    if (c_.ep > 1 && synced_) reduce_expert_gradients(model_, expert_dp_.get(), env_.comm->world_size());
+    if (c_.ep > 1 && synced_) reduce_expert_gradients(model_, expert_dp_.get(), t_.mesh_.dp);
   }
   void optimizer_step() override {
     if (ddp_ && !model_.mixed()) opt_.step(ddp_->optimizer_segments());
@@ -427,23 +430,24 @@ class DdpRank final : public ReplicaRank {
     else ReplicaRank::optimizer_step();
   }
   double overlap() const override { return ddp_ ? ddp_->last_stats().overlap() : -1; }
-  // Under --ep the ranks of an EP group hold the same dense gradients (DDP's average) and each its own
-  // experts: the dense ones count on the group's first rank, every rank's experts on it, and the EP
-  // group's sum is the whole model's squared norm (Megatron sums the expert-parallel norms apart).
+  // Under --ep the replicas hold the same dense gradients (DDP's average) and each EP group every
+  // expert once: the dense ones count on the first replica, the experts on the first EP group, and
+  // the world's sum is the whole model's squared norm.
   GradClipInput clip_input() override {
-    GradClipInput in = ReplicaRank::clip_input();
-    if (c_.ep == 1) return in;
-    in.pieces.clear();
-    const auto& ps = model_.parameters();
-    std::vector<char> expert(ps.size(), 0);
-    for (int i : expert_parameters(model_)) expert[static_cast<size_t>(i)] = 1;
-    for (size_t k = 0; k < ps.size(); k++) {
-      if (!expert[k] && rank_ % c_.ep != 0) continue;
-      const Parameter& p = ps[k];
-      in.pieces.push_back(model_.mixed() ? GradPiece{nullptr, p.grad16, p.numel} : GradPiece{p.grad, nullptr, p.numel});
-    }
-    in.sum_over = {ep_group_.get()};
+    if (c_.ep == 1) return ReplicaRank::clip_input();
+    GradClipInput in;
+    add_expert_parallel_grads(in, model_, at_.dp == 0, rank_ < c_.ep);
+    in.unscale = scaler_ ? 1.0f / scale_ : 1.0f;
+    in.sum_over = {env_.comm};
     return in;
+  }
+  // --tp with --ep: each rank's shard with every expert of its EP group (whose members may be other TP
+  // ranks), then the TP group's shards put together.
+  void gather_full_model() override {
+    if (c_.ep == 1 || expert_parameters(model_).empty()) return ReplicaRank::gather_full_model();
+    const std::vector<float> mine = gather_expert_parallel_params(model_, *ep_group_, env_.dev);
+    const std::vector<float> full = gather_expert_tensor_parallel_params(model_, mine, *mesh_->tp);
+    if (rank_ == 0) t_.full_model_->upload_params(full.data());
   }
   void finish_hook(TrainSummary& sum) override {
     // Join.__exit__: the last count (every rank has joined: 0), then DDP's post-hook gives every rank
