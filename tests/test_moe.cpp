@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "engine/core/gpt.h"
 #include "engine/core/ops.h"
+#include "engine/io/checkpoint.h"
 #include "engine/parallel/tensor_parallel.h"
 #include "engine/train/train.h"
 #include "tests/test_util.h"
@@ -361,6 +363,40 @@ TEST_SUITE("moe") {
     CHECK(test::error_of(fsdp) ==
           "--ep with --strategy fsdp: not built yet, FSDP would need its experts sharded over the expert-data-parallel group, apart "
           "from the rest; use --strategy ddp with --ep");
+  }
+
+  TEST_CASE("expert parallelism with LoRA: the result is the whole frozen base with the adapters, and --merge-lora writes it merged") {
+    // LoRA freezes every expert (its adapters are on c_attn): rank 0's result is the one-rank base (the
+    // seed's, every expert) with its adapters. It hung before: rank 0 evaluated its expert-parallel
+    // shard alone, its all-to-alls waiting for a rank that had moved on. Without and with --tp.
+    test::TempDir dir("dtlab_moe_lora");
+    auto run = [&](int world, int tp, int ep, const std::string& file) {
+      TrainConfig c = test::demo_config("ddp", world, 4, 2);
+      c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=8");
+      c.data = "text";
+      c.eval_samples = 256;
+      c.moe = MoeSpec::parse("experts=4,top_k=2");
+      c.lora.rank = 4;
+      c.tp = tp;
+      c.sequence_parallel = tp > 1;
+      c.ep = ep;
+      c.save_path = dir.file(file);
+      c.merge_lora = true;
+      Trainer t(c);
+      const TrainSummary s = t.run();
+      Model merged(ModelSpec{{}, t.result_model().spec().gpt.whole()}, nullptr, 99);
+      load_checkpoint(c.save_path, merged);
+      return std::make_pair(s.eval_loss, merged.host_params());
+    };
+    const auto [ref_loss, ref] = run(2, 1, 1, "ref.safetensors");
+    std::vector<std::array<int, 3>> cases = {{2, 1, 2}};
+    if (!test::quick()) cases.push_back({4, 2, 2});
+    for (const auto& k : cases) {
+      CAPTURE(k[1]);
+      const auto [loss, got] = run(k[0], k[1], k[2], "ep.safetensors");
+      CHECK(std::abs(loss - ref_loss) < 1e-5);
+      CHECK(test::max_abs_diff(got, ref) < 1e-5);
+    }
   }
 
   TEST_CASE("expert parallelism under a pipeline: an EP group inside each stage, and the run equals the pipeline without it") {

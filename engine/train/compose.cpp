@@ -39,8 +39,6 @@ const Combination kCombinations[] = {
     {Feature::ExpertParallel, "--save-sharded", [](const TrainConfig& c) { return !c.save_sharded_path.empty(); },
      "each rank's shard file would hold its own experts beside the replicated parameters, which the index does not describe",
      "use --save (rank 0 writes the whole model, every expert gathered)", true},
-    {Feature::ExpertParallel, "--merge-lora", [](const TrainConfig& c) { return c.merge_lora; },
-     "the merged model would need every rank's experts gathered into the frozen base", "save the adapters (drop --merge-lora)", true},
     {Feature::ContextParallel, "an mlp model", [](const TrainConfig& c) { return !c.model.is_gpt(); },
      "it splits a sequence's positions, and an MLP's samples have none", "use --model gpt (e.g. gpt-tiny)", false},
     {Feature::ContextParallel, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },

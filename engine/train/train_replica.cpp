@@ -13,6 +13,7 @@
 
 #include "engine/comm/group.h"
 #include "engine/core/check.h"
+#include "engine/io/checkpoint.h"
 #include "engine/parallel/context_parallel.h"
 #include "engine/parallel/expert_parallel.h"
 #include "engine/train/grad_clip.h"
@@ -366,7 +367,16 @@ class DdpRank final : public ReplicaRank {
   // gather_full_model below).
   const Model& finish(TrainSummary& sum) override {
     const Model& mine = ReplicaRank::finish(sum);
-    if (c_.ep == 1 || expert_parameters(model_).empty() || mesh_) return mine;  // (LoRA: the adapters hold no expert)
+    if (c_.ep == 1 || mesh_) return mine;
+    if (model_.lora()) {  // the base (every expert) is frozen: the whole one-rank base with rank 0's adapters
+      if (rank_ != 0) return mine;
+      t_.full_model_ = std::make_unique<Model>(ModelSpec{{}, model_.spec().gpt.whole()}, nullptr, c_.seed);
+      if (!c_.init_path.empty()) load_model_checkpoint(c_.init_path, *t_.full_model_);
+      t_.full_model_->enable_lora(c_.lora, c_.seed);
+      if (is_mixed(c_.precision)) t_.full_model_->set_precision(c_.precision);
+      t_.full_model_->upload_params(model_.host_params().data());
+      return *t_.full_model_;
+    }
     const std::vector<float> whole = gather_expert_parallel_params(model_, *ep_group_, env_.dev);
     if (rank_ != 0) return mine;
     t_.full_model_ = std::make_unique<Model>(ModelSpec{{}, model_.spec().gpt.whole()}, nullptr, c_.seed);
