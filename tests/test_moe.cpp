@@ -399,6 +399,47 @@ TEST_SUITE("moe") {
     }
   }
 
+  TEST_CASE("expert parallelism and --save-sharded: each expert written once, by one of the ranks holding it") {
+    // The dense parameters are deduped over the replicas as without --ep; an expert over the ranks
+    // holding it (its expert-data-parallel group; under --tp the TP ranks may hold different experts, so
+    // the TP rule "a whole piece is written by the lowest TP rank" does not apply to it). The index
+    // then covers every element once (the loader checks) and loads into the one-rank model equal to
+    // the run's --save. ddp, ddp with --tp, and a pipeline with --tp.
+    test::TempDir dir("dtlab_moe_sharded");
+    struct Case {
+      const char* strategy;
+      int world, tp, ep;
+    };
+    std::vector<Case> cases = {{"ddp", 4, 1, 2}, {"ddp", 4, 2, 2}};
+    if (!test::quick()) cases.push_back({"pipeline", 8, 2, 4});
+    for (const Case& k : cases) {
+      CAPTURE(std::string(k.strategy));
+      CAPTURE(k.tp);
+      TrainConfig c = test::demo_config(k.strategy, k.world, 4, 2);
+      c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=8");
+      c.data = "text";
+      c.eval_samples = 256;
+      c.moe = MoeSpec::parse("experts=4,top_k=2");
+      c.tp = k.tp;
+      c.sequence_parallel = k.tp > 1;
+      c.ep = k.ep;
+      if (c.strategy == Strategy::Pipeline) {
+        c.pipeline.stages = 2;
+        c.pipeline.dp = k.world / 2 / k.tp;
+      }
+      c.save_path = dir.file("whole.safetensors");
+      c.save_sharded_path = dir.file("sharded");
+      Trainer t(c);
+      t.run();
+      const ModelSpec whole{{}, t.result_model().spec().gpt.whole()};
+      Model saved(whole, nullptr, 7), sharded(whole, nullptr, 8);
+      load_model_checkpoint(c.save_path, saved);
+      load_model_checkpoint(c.save_sharded_path, sharded);
+      CHECK(test::max_abs_diff(sharded, saved) == 0);
+      CHECK(test::max_abs_diff(saved, t.result_model()) == 0);
+    }
+  }
+
   TEST_CASE("expert parallelism under a pipeline: an EP group inside each stage, and the run equals the pipeline without it") {
     // p 2 stages x dp replicas; --ep 2 splits each stage's experts over pairs of replicas. Every MoE
     // block (every=1) routes over its stage's EP group; the dense gradients are summed over the

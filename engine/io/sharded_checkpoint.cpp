@@ -217,7 +217,10 @@ std::vector<SavedParam> saved_params(const Model& model) {
       std::tie(b.offsets, b.sizes) = box(q);
       b.local_begin = q.local_offset - params[i].offset;
       b.local_end = b.local_begin + (q.row_end - q.row_begin) * (q.col_end - q.col_begin);
-      for (int t = 0; t < tp.rank; t++)
+      // (Under --ep an expert is whole on its rank and the TP ranks may hold different ones: which of
+      // its holders writes it is the caller's choice, params_this_rank_writes.)
+      const bool expert = model.spec().gpt.moe.ep > 1 && params[i].name.find(".mlp.experts.") != std::string::npos;
+      for (int t = 0; t < tp.rank && !expert; t++)
         for (const TpPiece& o : of_rank[static_cast<size_t>(t)][i]) b.held_lower |= box(o) == box(q);
       if (b.sizes == out[i].shape) b.offsets.clear(), b.sizes.clear();  // whole: no box
       out[i].boxes.push_back(std::move(b));
@@ -237,6 +240,23 @@ std::vector<int> dedup_replicated_params(const std::vector<int64_t>& bytes, int 
     *least += std::max<int64_t>(bytes[k], 1);
   }
   return owner;
+}
+
+std::vector<bool> params_this_rank_writes(const std::vector<int64_t>& bytes, const std::vector<bool>& expert, int replicas, int replica,
+                                          int expert_replicas, int expert_replica) {
+  std::vector<bool> writes(bytes.size(), false);
+  for (const bool experts : {false, true}) {
+    std::vector<int64_t> kind;
+    std::vector<size_t> at;
+    for (size_t k = 0; k < bytes.size(); k++)
+      if (expert[k] == experts) {
+        kind.push_back(bytes[k]);
+        at.push_back(k);
+      }
+    const std::vector<int> owner = dedup_replicated_params(kind, experts ? expert_replicas : replicas);
+    for (size_t i = 0; i < at.size(); i++) writes[at[i]] = owner[i] == (experts ? expert_replica : replica);
+  }
+  return writes;
 }
 
 void save_sharded_checkpoint(const std::string& dir, const Model& model, const std::vector<ParamSlice>& given,

@@ -67,6 +67,12 @@ void save_sharded_checkpoint(const std::string& dir, const std::vector<SavedPart
 // order, to the plan with the fewest bytes planned so far, the lowest rank on a tie
 // (docs/course_sources.md §13). `bytes[k]`: what parameter k's pieces on this rank hold.
 std::vector<int> dedup_replicated_params(const std::vector<int64_t>& bytes, int replicas);
+// The same when some parameters are on fewer ranks (--ep: an expert, `expert[k]`, lives on the ranks of
+// its expert-data-parallel group, the rest on every replica): each kind deduped apart over its own
+// holders, this rank being `replica` of `replicas` and `expert_replica` of `expert_replicas`.
+// Whether this rank writes each parameter.
+std::vector<bool> params_this_rank_writes(const std::vector<int64_t>& bytes, const std::vector<bool>& expert, int replicas, int replica,
+                                          int expert_replicas, int expert_replica);
 
 // Checks, before any work starts, that DIR can take a sharded save: a directory (or a new name)
 // whose parent exists and is writable, holding nothing but a sharded checkpoint's files (the save

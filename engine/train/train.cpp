@@ -904,12 +904,18 @@ void Trainer::save_replicated_sharded(const Model& model, Communicator* world, i
   const std::vector<Parameter>& ps = model.parameters();
   std::vector<int64_t> bytes;
   for (const Parameter& p : ps) bytes.push_back(p.numel * static_cast<int64_t>(sizeof(float)));
-  const std::vector<int> owner = dedup_replicated_params(bytes, replicas);
+  // --ep: an expert is on the world / ep ranks of its expert-data-parallel group (rank r is the
+  // (r / ep)-th of them), the rest on every replica.
+  std::vector<bool> expert(ps.size(), false);
+  if (config_.ep > 1)
+    for (int i : expert_parameters(model)) expert[static_cast<size_t>(i)] = true;
+  const int W = world ? world->world_size() : 1, r = world ? world->rank() : 0;
+  const std::vector<bool> writes = params_this_rank_writes(bytes, expert, replicas, replica, W / config_.ep, r / config_.ep);
   // A 16-bit model's values are written widened to float32, as --save writes them (a host model).
   const std::vector<float> widened = model.mixed() ? model.host_params() : std::vector<float>();
   std::vector<ParamSlice> owned;
   for (size_t k = 0; k < ps.size(); k++)
-    if (owner[k] == replica)
+    if (writes[k])
       owned.push_back({static_cast<int>(k), 0, ps[k].numel, model.mixed() ? widened.data() + ps[k].offset : ps[k].data});
   save_sharded_checkpoint(config_.save_sharded_path, model, owned,
                           {world ? world->rank() : 0, world ? world->world_size() : 1,

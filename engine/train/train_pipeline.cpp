@@ -222,6 +222,7 @@ class PipelineTrainRank final : public RankStrategy {
     const int chunks = static_cast<int>(pipe_.stage_ids().size());
     std::vector<std::vector<float>> widened(static_cast<size_t>(chunks));  // 16-bit stages: their values in float32
     std::vector<int64_t> bytes;
+    std::vector<bool> expert;  // --ep: an expert is on (dp x tp) / ep of the stage's ranks, the rest on dp
     std::vector<std::pair<int, int>> where;  // (stage model, parameter) of each entry of `bytes`
     for (int k = 0; k < chunks; k++) {
       const Model& m = pipe_.stage_model(k);
@@ -230,14 +231,17 @@ class PipelineTrainRank final : public RankStrategy {
       for (size_t j = 0; j < ps.size(); j++) {
         if (ps[j].name == "lm_head.weight") continue;
         bytes.push_back(ps[j].numel * static_cast<int64_t>(sizeof(float)));
+        expert.push_back(c_.ep > 1 && ps[j].name.find(".mlp.experts.") != std::string::npos);
         where.emplace_back(k, static_cast<int>(j));
       }
     }
-    const std::vector<int> owner = dedup_replicated_params(bytes, plan_.options.dp);
+    const int D = plan_.options.dp;
+    const std::vector<bool> writes =
+        params_this_rank_writes(bytes, expert, D, pipe_.replica(), D * c_.tp / c_.ep, pipe_.expert_index() / c_.ep);
     std::vector<SavedPart> parts;
     for (int k = 0; k < chunks; k++) parts.push_back({&pipe_.stage_model(k), {}});
     for (size_t i = 0; i < where.size(); i++) {
-      if (owner[i] != pipe_.replica()) continue;
+      if (!writes[i]) continue;
       const auto [k, j] = where[i];
       const Model& m = pipe_.stage_model(k);
       const Parameter& p = m.parameters()[static_cast<size_t>(j)];
