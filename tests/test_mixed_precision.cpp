@@ -667,8 +667,10 @@ TEST_CASE("--amp fp16: GradScaler on the float32 gradients skips an overflow on 
   bf.amp = Precision::BF16;
   bf.inject_overflow_steps = {1};
   CHECK(test::error_of(bf) == "--inject-overflow makes fp16 gradients overflow (bf16 has float32's range); use --amp fp16");
-  TrainConfig pipe = test::demo_config("pipeline", 2, 32, 2);
-  pipe.amp = Precision::BF16;
-  CHECK(test::error_of(pipe) == feature_refusal(pipe, Feature::MixedPrecision));
-  CHECK(test::error_of(pipe).rfind("--amp bf16 with --strategy pipeline: not built yet", 0) == 0);
+  TrainConfig gpt = test::demo_config("ddp", 2, 32, 2);
+  gpt.model = ModelSpec::parse("gpt:layers=1,heads=2,embd=8,ctx=4");
+  gpt.data = "text";
+  gpt.amp = Precision::BF16;
+  CHECK(test::error_of(gpt) == feature_refusal(gpt, Feature::MixedPrecision));
+  CHECK(test::error_of(gpt).rfind("--amp bf16 with --model gpt: not built yet", 0) == 0);
 }

@@ -509,6 +509,58 @@ TEST_SUITE("pipeline") {
     for (const auto& skipped : r.summary.rank_skipped_steps) CHECK(skipped == std::vector<int64_t>{2});
   }
 
+  TEST_CASE("--amp in a pipeline: float32 stages under autocast train like one autocast rank, with 16-bit messages") {
+    // torch.autocast inside each stage: float32 parameters, gradients and optimizer (no master copy),
+    // 16-bit activations, so the stages send each other 16-bit tensors. Each micro-batch's weight
+    // gradient is rounded to 16 bits before it adds into the float32 .grad, one rank's batch once:
+    // the runs agree within the dtype's rounding at each tensor's scale, as the --precision pipelines.
+    std::vector<Precision> amps{Precision::BF16};
+    if (!test::quick()) amps.push_back(Precision::FP16);
+    for (Precision p : amps)
+      for (ScheduleKind kind : {ScheduleKind::OneFOneB, ScheduleKind::ZBH1}) {
+        const std::string what = std::string(precision_name(p)) + " " + schedule_kind_name(kind);
+        CAPTURE(what);
+        TrainConfig c = pipeline_config(kModel4, kind, 2, 4, 16);
+        c.steps = 3;
+        c.amp = p;
+        c.optimizer = default_optimizer_config(OptimizerKind::SGD);
+        c.optimizer.lr = 0.1;
+        TrainConfig one_c = single_like(c, 16);
+        Trainer one(one_c);
+        const Run want = train(one);
+        one_c.amp = Precision::FP32;
+        Trainer exact(one_c);
+        exact.run();
+        Trainer pipe(c);
+        const Run got = train(pipe);
+        CHECK(!pipe.model().mixed());
+        const double rtol = p == Precision::BF16 ? 1.6e-2 : 1e-3;
+        const std::string why = test::differs_at_tensor_scale(c.model, pipe.result_model().host_params(), one.result_model().host_params(),
+                                                              exact.result_model().host_params(), rtol);
+        CHECK_MESSAGE(why.empty(), why);
+        REQUIRE(got.steps.size() == want.steps.size());
+        for (size_t s = 0; s < got.steps.size(); s++) CHECK(std::fabs(got.steps[s].loss - want.steps[s].loss) <= 1e-5 + rtol * std::fabs(want.steps[s].loss));
+        // Stage 0's F sends 4 rows of 16 activations in 16 bits; the gradients stay float32 (4 bytes each).
+        for (const Event& e : pipe.recorder().all_events())
+          if (e.kind == EventKind::PipelineAction && e.pipe.stage == 0 && e.pipe.type == ActionType::Forward) CHECK(e.pipe.bytes == 4 * 16 * 2);
+        const MemoryStats& m = got.summary.rank_memory[0];
+        CHECK(m.current_of(MemCategory::Parameters) == 4 * stage_num_params(pipe.config().model, pipe.pipeline_plan()->stages[0]));  // float32
+      }
+    // fp16: GradScaler on the float32 gradients; an overflow on the last stage skips step 2 everywhere.
+    TrainConfig c = pipeline_config(kModel4, ScheduleKind::OneFOneB, 2, 4, 16);
+    c.steps = 3;
+    c.amp = Precision::FP16;
+    c.inject_overflow_steps = {2};
+    c.inject_overflow_rank = 1;
+    Trainer t(c);
+    const Run r = train(t);
+    REQUIRE(r.steps.size() == 3);
+    CHECK(!r.steps[0].step_skipped);
+    CHECK(r.steps[1].step_skipped);
+    CHECK(r.steps[2].loss_scale == 32768.0f);
+    for (const auto& skipped : r.summary.rank_skipped_steps) CHECK(skipped == std::vector<int64_t>{2});
+  }
+
   TEST_CASE("every action is an event on the compute lane, and the trace shows them by PyTorch's names") {
     test::TempDir dir;
     TrainConfig c = pipeline_config(kModel4, ScheduleKind::ZBH1, 2, 4, 16);

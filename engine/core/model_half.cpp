@@ -451,18 +451,18 @@ void Model::half_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, con
 }
 
 void Model::layer_forward16(int i, uint16_t* out, const uint16_t* in, int64_t B, bool recompute) {
-  DTLAB_CHECK(mixed() && !sequence_parallel(), "layer_forward16() runs a mixed-precision model without sequence parallelism");
+  DTLAB_CHECK(half_acts() && !sequence_parallel(), "layer_forward16() runs a 16-bit model without sequence parallelism");
   half_layer_forward(i, out, in, B, recompute ? ComputeKind::Recompute : ComputeKind::LayerForward);
 }
 
 void Model::layer_backward16(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out, int64_t B) {
-  DTLAB_CHECK(mixed() && !sequence_parallel(), "layer_backward16() runs a mixed-precision model without sequence parallelism");
+  DTLAB_CHECK(half_acts() && !sequence_parallel(), "layer_backward16() runs a 16-bit model without sequence parallelism");
   half_layer_backward(i, dinp, dout, in, out, B);
 }
 
 // half_layer_backward's input half (zero bubble's I): the same input gradient, rounded the same way.
 void Model::layer_backward_input16(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* out, int64_t B) {
-  DTLAB_CHECK(mixed() && !sequence_parallel(), "layer_backward_input16() runs a mixed-precision model without sequence parallelism");
+  DTLAB_CHECK(half_acts() && !sequence_parallel(), "layer_backward_input16() runs a 16-bit model without sequence parallelism");
   const Layer& L = layer(i);
   const HalfFormat f = half_format();
   {
@@ -481,7 +481,7 @@ void Model::layer_backward_input16(int i, uint16_t* dinp, const uint16_t* dout, 
 
 // Its weight half (W): the parameter gradients half_layer_backward adds, from the same operands.
 void Model::layer_backward_weight16(int i, const uint16_t* dout, const uint16_t* in, int64_t B) {
-  DTLAB_CHECK(mixed() && !sequence_parallel(), "layer_backward_weight16() runs a mixed-precision model without sequence parallelism");
+  DTLAB_CHECK(half_acts() && !sequence_parallel(), "layer_backward_weight16() runs a 16-bit model without sequence parallelism");
   const Layer& L = layer(i);
   if (L.kind != LayerKind::Linear) return;  // a ReLU has no weights
   ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_cost(i, B, false));

@@ -225,6 +225,7 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
                            Device& device, ComputeObserver* observer, int tp, const StageSetup& setup)
     : plan_(plan), spec_(spec), precision_(setup.precision),
       dtype_(setup.precision == Precision::BF16 ? DType::BF16 : setup.precision == Precision::FP16 ? DType::F16 : DType::F32),
+      act_dtype_(is_mixed(setup.amp) ? (setup.amp == Precision::BF16 ? DType::BF16 : DType::F16) : dtype_),
       rank_(rank), tp_(tp), pipe_rank_(rank / tp % plan.ranks()),
       replica_(rank / tp / plan.ranks()), tp_rank_(rank % tp),
       comm_(comm), ctx_(ctx), memory_(memory), device_(device),
@@ -302,6 +303,7 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
     // model.to(dtype) after LoRA and --init, as Trainer does for one rank; the optimizer keeps the
     // fp32 master copy of the stage's (trainable) parameters.
     if (is_mixed(precision_)) models_.back()->set_precision(precision_);
+    models_.back()->set_amp(setup.amp);  // (torch.autocast: the parameters stay float32)
     optimizers_.push_back(std::make_unique<Optimizer>(optimizer, models_.back()->num_params(), memory, device));
     if (is_mixed(precision_)) optimizers_.back()->init_master(models_.back()->params16(), models_.back()->half_format());
   }
@@ -402,13 +404,6 @@ void PipelineRank::step(float inv_scale) {
     if (m.mixed()) optimizers_[k]->step_mixed(m.params16(), m.grads16(), inv_scale);
     else optimizers_[k]->step(m.params(), m.grads());
   }
-}
-
-bool PipelineRank::grads_nonfinite() const {
-  for (const auto& m : models_)
-    for (const Parameter& p : m->parameters())
-      if (!m->device().half_all_finite(p.grad16, p.numel, m->half_format())) return true;
-  return false;
 }
 
 // In the stages' dtype: a 16-bit pipeline all-reduces its 16-bit gradients (DDP over a bf16 module).
@@ -644,7 +639,7 @@ Tensor PipelineRank::receive(int stage, int mb, Dir dir, int64_t rows, int64_t w
     return t;
   }
   Tensor t = activation(rows, width);
-  comm_.recv(t.raw(), rows * width, dtype_, from, tag)->wait();  // bounded by the watchdog
+  comm_.recv(t.raw(), rows * width, act_dtype_, from, tag)->wait();  // bounded by the watchdog
   return t;
 }
 
@@ -672,34 +667,34 @@ WorkPtr PipelineRank::send(int stage, int mb, Dir dir, const Tensor& data, const
       const int64_t rows = boundary_rows(state(next->stage, next->mb));
       const int64_t width = fwd ? in_width(m) : out_width(m);
       Prefetched p{tag_of(next->stage, next->mb, fwd ? kForward : kBackward), activation(rows, width), nullptr};
-      p.work = comm_.send_recv(data.raw(), data.numel(), to, tag, p.data.raw(), rows * width, from, p.tag, dtype_);
+      p.work = comm_.send_recv(data.raw(), data.numel(), to, tag, p.data.raw(), rows * width, from, p.tag, act_dtype_);
       WorkPtr w = p.work;
       prefetched_ = std::move(p);
       return w;
     }
   }
-  return comm_.send(data.raw(), data.numel(), dtype_, to, tag);
+  return comm_.send(data.raw(), data.numel(), act_dtype_, to, tag);
 }
 
 // Layer i's input in a micro-batch's forward: the previous layer's output, or the stage's input. Null
 // where checkpointing dropped it: only a ReLU's, whose backward reads its output instead.
 // A 16-bit first stage reads its micro-batch's rows rounded to 16 bits (x.to(dtype)), kept in `input`.
 const void* PipelineRank::layer_input(const MicroBatch& st, int stage, int i) const {
-  if (i == 0) return stage == 0 && !mixed() ? static_cast<const void*>(x_ + st.offset * spec_.in_features()) : st.input.raw();
+  if (i == 0) return stage == 0 && !half_acts() ? static_cast<const void*>(x_ + st.offset * spec_.in_features()) : st.input.raw();
   return st.outs[static_cast<size_t>(i - 1)].raw();
 }
 
 void* PipelineRank::recompute_buffer(int64_t n) {
-  if (recompute_.numel() < n) recompute_ = Tensor({n}, MemCategory::Activations, memory_, dtype_, device_);
+  if (recompute_.numel() < n) recompute_ = Tensor({n}, MemCategory::Activations, memory_, act_dtype_, device_);
   return recompute_.raw();
 }
 
 Tensor PipelineRank::activation(int64_t rows, int64_t width) const {
-  return Tensor({rows, width}, MemCategory::Activations, memory_, dtype_, device_);
+  return Tensor({rows, width}, MemCategory::Activations, memory_, act_dtype_, device_);
 }
 
 void PipelineRank::layer_forward(Model& m, int i, void* out, const void* in, int64_t rows, bool recompute) {
-  if (m.mixed()) m.layer_forward16(i, static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in), rows, recompute);
+  if (m.half_acts()) m.layer_forward16(i, static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in), rows, recompute);
   else if (recompute) m.layer_recompute(i, static_cast<float*>(out), static_cast<const float*>(in), rows);
   else m.layer_forward(i, static_cast<float*>(out), static_cast<const float*>(in), rows);
 }
@@ -755,7 +750,7 @@ const Tensor* PipelineRank::forward(int stage, int mb) {
   if (spec_.is_gpt()) return gpt_forward(stage, mb);
   MicroBatch& st = state(stage, mb);
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
-  if (stage == 0 && mixed()) {  // the batch as x.to(dtype), as the one-rank 16-bit model rounds it
+  if (stage == 0 && half_acts()) {  // the batch as x.to(dtype), as the one-rank 16-bit model rounds it
     const int64_t D = spec_.in_features();
     st.input = activation(st.rows, D);
     device_.narrow_half(st.input.u16(), x_ + st.offset * D, st.rows * D, model.half_format());
@@ -777,7 +772,7 @@ const Tensor* PipelineRank::forward(int stage, int mb) {
   st.probs = Tensor({st.rows, C}, MemCategory::Activations, memory_, DType::F32, device_);
   const float* logits = static_cast<const float*>(in);
   Tensor widened;  // 16 bits: the logits widened, so the loss runs in float32 (Model::forward's way)
-  if (mixed()) {
+  if (half_acts()) {
     widened = Tensor({st.rows, C}, MemCategory::Activations, memory_, DType::F32, device_);
     device_.widen_half(widened.f32(), static_cast<const uint16_t*>(in), st.rows * C, model.half_format());
     logits = widened.f32();
@@ -798,7 +793,7 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
     dout = Tensor({st.rows, C}, MemCategory::Activations, memory_, DType::F32, device_);
     ComputeScope scope(observer_, ComputeKind::LossBackward, -1, cross_entropy_backward_cost(st.rows, C));
     device_.cross_entropy_backward(dout.f32(), st.probs.f32(), y_ + st.offset, st.rows, C, loss_scale_);
-    if (mixed()) {  // the (scaled) loss gradient rounded to 16 bits, as Model::backward takes it
+    if (half_acts()) {  // the (scaled) loss gradient rounded to 16 bits, as Model::backward takes it
       Tensor d16 = activation(st.rows, C);
       device_.narrow_half(d16.u16(), dout.f32(), st.rows * C, model.half_format());
       dout = std::move(d16);
@@ -822,7 +817,7 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
       out = buf;
     }
     model.gate_layer(i, true);
-    if (st.rows > 0 && model.mixed()) {
+    if (st.rows > 0 && model.half_acts()) {
       using u16 = uint16_t;
       if (!input_only) model.layer_backward16(i, static_cast<u16*>(dinp.raw()), static_cast<const u16*>(dout.raw()), static_cast<const u16*>(in),
                                               static_cast<const u16*>(out), st.rows);
@@ -851,7 +846,7 @@ void PipelineRank::backward_weight(int stage, int mb) {
   DTLAB_CHECK(st.douts.size() == static_cast<size_t>(model.num_layers()), "W ran before its I; the schedule is wrong");
   for (int i = 0; i < model.num_layers() && st.rows > 0; i++) {
     const void* dout = st.douts[static_cast<size_t>(i)].raw();
-    if (model.mixed())
+    if (model.half_acts())
       model.layer_backward_weight16(i, static_cast<const uint16_t*>(dout), static_cast<const uint16_t*>(layer_input(st, stage, i)), st.rows);
     else
       model.layer_backward_weight(i, static_cast<const float*>(dout), static_cast<const float*>(layer_input(st, stage, i)), st.rows);

@@ -97,6 +97,9 @@ struct StageSetup {
   // gradients and activations, 16-bit messages between the stages (half float32's bytes), and the
   // optimizer's fp32 master weights (Optimizer::step_mixed), as Megatron runs a bf16 pipeline.
   Precision precision = Precision::FP32;
+  // --amp bf16/fp16 (an MLP's stages; Model::set_amp): torch.autocast inside each stage: float32
+  // parameters, gradients and optimizer, 16-bit activations, so 16-bit messages between the stages.
+  Precision amp = Precision::FP32;
   // --sequence-parallel (a GPT's stages, with --tp): each TP rank's stage keeps T/t positions of every
   // sample in its LayerNorm regions, and the stages send each other those positions only (Megatron's
   // pipeline under sequence parallelism sends the sequence-sharded tensor).
@@ -162,8 +165,6 @@ class PipelineRank {
   // This rank's index among its stage's dp x tp ranks, (replica, TP rank), TP fastest: --ep's groups
   // are runs of `ep` of them.
   int expert_index() const { return replica_ * tp_ + tp_rank_; }
-  // Does any of its stages' 16-bit gradients hold an inf or NaN? (GradScaler's check, every stage.)
-  bool grads_nonfinite() const;
   // Replica 0 sends its stages' parameters to rank 0, which writes them into `full`, a host model (null elsewhere);
   // with tp > 1 each TP group first gathers its stages' shards (a collective of replica 0's ranks).
   // Under LoRA the parameters are the adapters, and `full` is the one-rank LoRA model.
@@ -215,7 +216,9 @@ class PipelineRank {
   const PipelinePlan& plan_;
   ModelSpec spec_;
   Precision precision_ = Precision::FP32;
-  DType dtype_ = DType::F32;  // of the activations, messages and gradients: F32, BF16 or F16
+  DType dtype_ = DType::F32;      // of the parameters and gradients: F32, BF16 or F16
+  DType act_dtype_ = DType::F32;  // of the activations and messages: 16 bits under --precision and --amp
+  bool half_acts() const { return act_dtype_ != DType::F32; }
   int rank_, tp_, pipe_rank_, replica_, tp_rank_;
   bool sequence_parallel_ = false;  // a GPT's stages send this TP rank's positions only
   int cp_ = 1;                      // --cp: the stages hold T / cp_ positions of every sample

@@ -74,7 +74,7 @@ class PipelineTrainRank final : public RankStrategy {
     // fp16: torch's GradScaler. The last stages scale the loss; every rank checks its stages'
     // gradients and the whole world agrees (Megatron all-reduces found_inf over the model-parallel
     // ranks; docs/course_sources.md §6e), so every stage of every replica skips the same steps.
-    if (c_.precision == Precision::FP16) scaler_ = make_grad_scaler(nullptr);
+    if (c_.precision == Precision::FP16 || c_.amp == Precision::FP16) scaler_ = make_grad_scaler(nullptr);
     std::lock_guard<std::mutex> lock(t_.pipeline_views_mu_);  // the lab's views of this rank's stages
     t_.pipeline_live_.resize(static_cast<size_t>(N_), nullptr);
     t_.pipeline_kept_.resize(static_cast<size_t>(N_));
@@ -130,13 +130,17 @@ class PipelineTrainRank final : public RankStrategy {
 
   bool step(int64_t step) override {
     scale_ = scaler_ ? scaler_->scale() : 0.0f;
-    if (scaler_ && !scaler_allows_step(*scaler_, pipe_.grads_nonfinite(), env_.dev, env_.comm, env_.ctx)) {
+    // GradScaler.unscale_: 16-bit stages are checked (the optimizer unscales as it widens); --amp's
+    // float32 gradients are multiplied by 1 / scale in place and checked.
+    bool found = false;
+    for (size_t k = 0; scaler_ && k < pipe_.stage_ids().size(); k++) found = scaler_->unscale_grads(pipe_.stage_model(static_cast<int>(k))) || found;
+    if (scaler_ && !scaler_allows_step(*scaler_, found, env_.dev, env_.comm, env_.ctx)) {
       t_.rank_skipped_[static_cast<size_t>(env_.rank)].push_back(step);
       skipped_ = true;
       return false;
     }
     skipped_ = false;
-    const float unscale = scaler_ ? 1.0f / scale_ : 1.0f;
+    const float unscale = scaler_ && pipe_.mixed() ? 1.0f / scale_ : 1.0f;  // (--amp's are unscaled)
     clip_ = {};
     if (c_.clip_grad_norm > 0) clip_ = clip_grad_norm(clip_input(unscale), c_.clip_grad_norm, env_.dev, env_.ctx);
     ComputeScope scope(env_.obs, ComputeKind::OptimizerStep, -1, optimizer_step_cost(pipe_.num_params()));
@@ -287,6 +291,7 @@ class PipelineTrainRank final : public RankStrategy {
     s.lora = t.config_.lora;
     s.activation_checkpointing = t.config_.activation_checkpointing;
     s.precision = t.config_.precision;
+    s.amp = t.config_.amp;
     s.sequence_parallel = t.config_.sequence_parallel;
     s.cp.degree = t.config_.cp;
     s.ep = t.config_.ep;
