@@ -188,7 +188,19 @@ bool ScriptRunner::run(const ScriptCommand& c) {
       start_settle(GateKind::Collective, 0);
       break;
     case ScriptCommand::Sizing: host_.set_sizing(c.arg); break;
-    case ScriptCommand::Context: host_.set_context_block(c.count, c.arg == "backward"); break;
+    case ScriptCommand::Context: {
+      const ModelSpec& m = session_->config().model;
+      if (c.count >= 0 && !m.is_gpt())
+        return failure(c.line, "context block " + std::to_string(c.count) + " names a GPT block, and this run trains " + m.str() +
+                                   "; run a GPT (--model gpt-tiny --cp 2) or drop the command",
+                       2);
+      if (c.count >= m.gpt.layers)
+        return failure(c.line, "context block " + std::to_string(c.count) + " is not a block of this GPT of " + std::to_string(m.gpt.layers) +
+                                   "; blocks are 0 to " + std::to_string(m.gpt.layers - 1),
+                       2);
+      host_.set_context_block(c.count, c.arg == "backward");
+      break;
+    }
     case ScriptCommand::View:
       if (trace_command(c)) return failure(c.line, "view " + c.arg + " is a panel of imported traces; open them with dtlab --open DIR");
       host_.show_view(c.arg);

@@ -141,6 +141,9 @@ TEST_SUITE("gui") {
       r = test::run_app("--world 4 --model tiny --run 'focus rank 9; quit'", dir);  // a rank this world lacks: bad input
       CHECK(r.code == 2);
       CHECK(r.out.find("focus rank 9 is not a rank of this world of 4; ranks are 0 to 3") != std::string::npos);
+      r = test::run_app("--world 2 --model gpt:layers=2,heads=2,embd=16,ctx=8 --data text --cp 2 --run 'context block 2; quit'", dir);
+      CHECK(r.code == 2);  // a block this GPT lacks
+      CHECK(r.out.find("context block 2 is not a block of this GPT of 2; blocks are 0 to 1") != std::string::npos);
     }
     // A launched run's configuration is its ranks': a run flag beside --attach is refused, not ignored.
     r = shell(std::string(DTLAB_APP_PATH) + " --attach 127.0.0.1:9 --strategy fsdp");
