@@ -85,7 +85,7 @@ void check_args(const LaunchArgs& a) {
 }
 
 // Forks and execs one rank. Rank 0 writes to our own stdout and stderr; the others to pipes.
-Child spawn(const std::string& exe, const LaunchArgs& a, int local, int world, int port) {
+Child spawn(const std::string& exe, const LaunchArgs& a, int local, int world, int port, int master_fd) {
   Child c;
   c.rank = a.node_rank * a.nproc + local;
   int out[2] = {-1, -1}, err[2] = {-1, -1};
@@ -109,6 +109,12 @@ Child spawn(const std::string& exe, const LaunchArgs& a, int local, int world, i
       ::dup2(err[1], STDERR_FILENO);
     }
     for (const auto& [k, v] : env) ::setenv(k, v.c_str(), 1);
+    if (c.rank == 0 && master_fd >= 0) {  // rank 0 accepts on the socket the launcher bound: nobody can take the port
+      ::fcntl(master_fd, F_SETFD, 0);
+      ::setenv(kMasterFdEnv, std::to_string(master_fd).c_str(), 1);
+    } else {
+      ::unsetenv(kMasterFdEnv);
+    }
     // As torchrun: one compute thread per process unless the user says otherwise, since the
     // processes already share the cores.
     if (a.nproc > 1) ::setenv("OMP_NUM_THREADS", "1", 0);
@@ -186,18 +192,24 @@ int run_launch(LaunchArgs& a, Streams& io) {
   // depends on the environment launch gives the ranks).
   if (io.mode == Mode::CheckConfig) return run_cli(a.command, {io.out, io.err, false, Mode::CheckFlags});
   const int world = a.nnodes * a.nproc;
-  const int port = a.port_opt->count() ? a.master_port : pick_free_port(a.master_addr);
+  // A port of our own choosing stays bound from the pick to rank 0's accept: the launcher listens on
+  // it and rank 0 inherits the socket (torchrun's pick-then-bind leaves a window another process can
+  // take the port in, which once failed a launch here with "Address already in use").
+  int port = a.master_port, master_fd = -1;
+  if (!a.port_opt->count()) master_fd = listen_on_free_port(a.master_addr, world, port);
   const std::string exe = self_exe();
   io.out.flush();
   io.err.flush();
   std::vector<Child> children;
   try {
-    for (int local = 0; local < a.nproc; local++) children.push_back(spawn(exe, a, local, world, port));
+    for (int local = 0; local < a.nproc; local++) children.push_back(spawn(exe, a, local, world, port, master_fd));
   } catch (...) {
+    if (master_fd >= 0) ::close(master_fd);
     signal_all(children, SIGKILL);
     for (Child& c : children) ::waitpid(c.pid, nullptr, 0);
     throw;
   }
+  if (master_fd >= 0) ::close(master_fd);  // rank 0 holds it now
 
   // Relay output and reap children until all are gone. The first failure stops the others; once
   // one rank has ended, the rest get --timeout seconds (their own watchdogs fire well before).

@@ -6,6 +6,8 @@
 // save the parameters and print the losses of the in-process run.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -455,6 +457,52 @@ TEST_CASE("rendezvous: nobody comes, or the ranks disagree on the world size") {
   t.join();
   for (const std::string& e : {err0, err1})
     check_mentions(e, {"rank 1 joined with WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2; give every rank the same WORLD_SIZE"});
+}
+
+TEST_CASE("rendezvous on the launcher's socket: rank 0 accepts on the inherited fd, so the port is never free to take") {
+  // dtlab-cli launch binds the port it picks and hands the listening socket to rank 0 (kMasterFdEnv).
+  // Binding that port again fails (EADDRINUSE): the rendezvous below works only through the fd.
+  int port = 0;
+  const int fd = listen_on_free_port("127.0.0.1", 2, port);
+  ::setenv(kMasterFdEnv, std::to_string(fd).c_str(), 1);
+  std::string err1;
+  std::thread t([&] {
+    try {
+      SocketCommunicator c(options(1, 2, port, 5), nullptr);
+    } catch (const Error& e) {
+      err1 = e.what();
+    }
+  });
+  std::string err0;
+  try {
+    SocketCommunicator c(options(0, 2, port, 5), nullptr);
+  } catch (const Error& e) {
+    err0 = e.what();
+  }
+  t.join();
+  ::unsetenv(kMasterFdEnv);
+  CHECK(err0.empty());
+  CHECK(err1.empty());
+  CHECK(::fcntl(fd, F_GETFD) < 0);  // rank 0 closed it after the rendezvous
+  // A variable naming no listening socket on MASTER_PORT is ignored: rank 0 binds the port itself.
+  const int port2 = pick_free_port("127.0.0.1");
+  ::setenv(kMasterFdEnv, "0", 1);
+  std::thread t2([&] {
+    try {
+      SocketCommunicator c(options(1, 2, port2, 5), nullptr);
+    } catch (const Error& e) {
+      err1 = e.what();
+    }
+  });
+  try {
+    SocketCommunicator c(options(0, 2, port2, 5), nullptr);
+  } catch (const Error& e) {
+    err0 = e.what();
+  }
+  t2.join();
+  ::unsetenv(kMasterFdEnv);
+  CHECK(err0.empty());
+  CHECK(err1.empty());
 }
 
 TEST_CASE("socket_options_from_env reads torchrun's variables and names what is missing or malformed") {

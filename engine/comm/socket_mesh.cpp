@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "engine/core/check.h"
@@ -139,6 +140,37 @@ int pick_free_port(const std::string& host) {
   return port;
 }
 
+int listen_on_free_port(const std::string& host, int backlog, int& port) {
+  port = 0;
+  std::string why;
+  const int fd = listen_on(resolve_ipv4(host), port, backlog, why);
+  if (fd < 0) throw Error("cannot find a free TCP port on " + host + " (" + why + "); pass --master-port");
+  return fd;
+}
+
+namespace {
+
+// Rank 0 under dtlab-cli launch: the listening socket the launcher bound on MASTER_PORT (kMasterFdEnv),
+// or -1 when there is none or it is not a socket listening on `port` (then rank 0 binds it itself).
+int inherited_master_fd(int port) {
+  const char* text = std::getenv(kMasterFdEnv);
+  if (!text || !*text) return -1;
+  char* end = nullptr;
+  const long fd = std::strtol(text, &end, 10);
+  if (*end != '\0' || fd < 0 || fd > 1 << 20 || ::fcntl(static_cast<int>(fd), F_GETFD) < 0) return -1;
+  int listening = 0;
+  socklen_t len = sizeof listening;
+  sockaddr_in a{};
+  socklen_t alen = sizeof a;
+  if (::getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening ||
+      ::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&a), &alen) != 0 || ntohs(a.sin_port) != port)
+    return -1;
+  ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);  // (not into this rank's own children)
+  return static_cast<int>(fd);
+}
+
+}  // namespace
+
 SocketMesh::SocketMesh(const MeshOptions& opt) : opt_(opt) {
   const int n = opt_.world_size, r = opt_.rank;
   if (n < 1 || n > 1024) throw Error("WORLD_SIZE " + std::to_string(n) + " is out of range; use 1 to 1024");
@@ -159,7 +191,8 @@ SocketMesh::SocketMesh(const MeshOptions& opt) : opt_(opt) {
     int port = r == 0 ? opt_.master_port : 0;
     // Rank 0 listens where everyone looks for it; the others on any port of any interface, which
     // they announce to rank 0 with the address their route to rank 0 used.
-    int listen_fd = listen_on(r == 0 ? opt_.master_addr : "0.0.0.0", port, n, why);
+    int listen_fd = r == 0 ? inherited_master_fd(port) : -1;
+    if (listen_fd < 0) listen_fd = listen_on(r == 0 ? opt_.master_addr : "0.0.0.0", port, n, why);
     if (listen_fd < 0)
       throw Error("rank " + std::to_string(r) + " cannot listen on " +
                   (r == 0 ? opt_.master_addr + ":" + std::to_string(port) : "a TCP port") + " (" + why +

@@ -136,5 +136,11 @@ std::string resolve_ipv4(const std::string& host);
 // A TCP port on `host` that nobody listens on right now (bound, read, closed: another process may
 // still take it, which the launcher accepts as torchrun does).
 int pick_free_port(const std::string& host);
+// dtlab-cli launch's way around that race: a socket already listening on a free port of `host`
+// (backlog `backlog`), which the launcher hands to rank 0 (kMasterFdEnv names the inherited fd); rank
+// 0's SocketMesh accepts on it instead of binding MASTER_PORT itself, so no other process can take
+// the port between the pick and the bind. Sets `port`; dtlab::Error when no port can be had.
+int listen_on_free_port(const std::string& host, int backlog, int& port);
+inline constexpr const char* kMasterFdEnv = "DTLAB_MASTER_FD";
 
 }  // namespace dtlab
