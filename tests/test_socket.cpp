@@ -82,6 +82,26 @@ SocketOptions options(int rank, int n, int port, double timeout_s = 20) {
   return o;
 }
 
+// Rank 0 of a world of `world0` and rank 1 of `world1` meet on `port` (rank 1 on a thread): their
+// errors, empty when the rendezvous worked.
+std::pair<std::string, std::string> rendezvous(int port, int world0, int world1) {
+  std::string err0, err1;
+  std::thread t([&] {
+    try {
+      SocketCommunicator c(options(1, world1, port, 5), nullptr);
+    } catch (const Error& e) {
+      err1 = e.what();
+    }
+  });
+  try {
+    SocketCommunicator c(options(0, world0, port, 5), nullptr);
+  } catch (const Error& e) {
+    err0 = e.what();
+  }
+  t.join();
+  return {err0, err1};
+}
+
 // Runs fn on n threads, each joining one socket world on a fresh port; returns each rank's error.
 std::vector<std::string> run_socket(int n, double timeout_s,
                                     const std::function<void(int, SocketCommunicator&)>& fn) {
@@ -440,21 +460,7 @@ TEST_CASE("rendezvous: nobody comes, or the ranks disagree on the world size") {
   }
   CHECK(seconds_since(t0) < 3);
 
-  const int port2 = pick_free_port("127.0.0.1");
-  std::string err0, err1;
-  std::thread t([&] {
-    try {
-      SocketCommunicator c(options(1, 3, port2, 5), nullptr);
-    } catch (const Error& e) {
-      err1 = e.what();
-    }
-  });
-  try {
-    SocketCommunicator c(options(0, 2, port2, 5), nullptr);
-  } catch (const Error& e) {
-    err0 = e.what();
-  }
-  t.join();
+  const auto [err0, err1] = rendezvous(pick_free_port("127.0.0.1"), 2, 3);
   for (const std::string& e : {err0, err1})
     check_mentions(e, {"rank 1 joined with WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2; give every rank the same WORLD_SIZE"});
 }
@@ -465,44 +471,17 @@ TEST_CASE("rendezvous on the launcher's socket: rank 0 accepts on the inherited 
   int port = 0;
   const int fd = listen_on_free_port("127.0.0.1", 2, port);
   ::setenv(kMasterFdEnv, std::to_string(fd).c_str(), 1);
-  std::string err1;
-  std::thread t([&] {
-    try {
-      SocketCommunicator c(options(1, 2, port, 5), nullptr);
-    } catch (const Error& e) {
-      err1 = e.what();
-    }
-  });
-  std::string err0;
-  try {
-    SocketCommunicator c(options(0, 2, port, 5), nullptr);
-  } catch (const Error& e) {
-    err0 = e.what();
-  }
-  t.join();
+  const auto [err0, err1] = rendezvous(port, 2, 2);
   ::unsetenv(kMasterFdEnv);
   CHECK(err0.empty());
   CHECK(err1.empty());
   CHECK(::fcntl(fd, F_GETFD) < 0);  // rank 0 closed it after the rendezvous
   // A variable naming no listening socket on MASTER_PORT is ignored: rank 0 binds the port itself.
-  const int port2 = pick_free_port("127.0.0.1");
   ::setenv(kMasterFdEnv, "0", 1);
-  std::thread t2([&] {
-    try {
-      SocketCommunicator c(options(1, 2, port2, 5), nullptr);
-    } catch (const Error& e) {
-      err1 = e.what();
-    }
-  });
-  try {
-    SocketCommunicator c(options(0, 2, port2, 5), nullptr);
-  } catch (const Error& e) {
-    err0 = e.what();
-  }
-  t2.join();
+  const auto [e0, e1] = rendezvous(pick_free_port("127.0.0.1"), 2, 2);
   ::unsetenv(kMasterFdEnv);
-  CHECK(err0.empty());
-  CHECK(err1.empty());
+  CHECK(e0.empty());
+  CHECK(e1.empty());
 }
 
 TEST_CASE("socket_options_from_env reads torchrun's variables and names what is missing or malformed") {
