@@ -392,19 +392,22 @@ void print_checkpointing(std::ostream& out, const TrainConfig& c, const TrainSum
 // model's parameter count: a sharded rank shows ZeRO's 16 / N), and fp16's loss scale and skipped
 // steps. A pipeline rank holds only its stages, so it divides by the parameters it holds (its
 // 16-bit parameters' bytes / 2).
+// --amp (torch.autocast) prints the same figures: float32 parameters, no master copy.
 void print_precision(std::ostream& out, const TrainConfig& c, const TrainSummary& s) {
-  const bool stages = c.strategy == Strategy::Pipeline;
-  const double P = stages ? static_cast<double>(s.memory.current_of(MemCategory::Parameters)) / 2.0
+  const bool stages = c.strategy == Strategy::Pipeline, amp = is_mixed(c.amp);
+  const Precision p = amp ? c.amp : c.precision;
+  const double P = stages ? static_cast<double>(s.memory.current_of(MemCategory::Parameters)) / (amp ? 4.0 : 2.0)
                           : static_cast<double>(c.model.num_params());
   auto per = [&](MemCategory k) { return P > 0 ? static_cast<double>(s.memory.current_of(k)) / P : 0.0; };
   char line[288];
-  std::snprintf(line, sizeof line, "mixed precision %s: bytes per parameter%s: parameters %g, gradients %g, master weights %g, "
-                "optimizer state %g (total %g)", precision_name(c.precision), stages ? " of rank 0's stages" : "",
+  std::snprintf(line, sizeof line, "%s %s%s: bytes per parameter%s: parameters %g, gradients %g, master weights %g, "
+                "optimizer state %g (total %g)", amp ? "autocast" : "mixed precision", precision_name(p),
+                amp ? " (16-bit activations, float32 parameters)" : "", stages ? " of rank 0's stages" : "",
                 per(MemCategory::Parameters), per(MemCategory::Gradients),
                 per(MemCategory::MasterWeights), per(MemCategory::OptimizerState),
                 per(MemCategory::Parameters) + per(MemCategory::Gradients) + per(MemCategory::MasterWeights) + per(MemCategory::OptimizerState));
   out << line << "\n";
-  if (c.precision != Precision::FP16 || s.rank_skipped_steps.empty()) return;
+  if (p != Precision::FP16 || s.rank_skipped_steps.empty()) return;
   const std::vector<int64_t>& skipped = s.rank_skipped_steps.front();
   // Launched, this process (rank 0) ran one rank and knows its own skips only: every rank took the
   // same decision from the all-reduced found-inf flag, but only rank 0's is printed as measured.
@@ -454,7 +457,7 @@ void print_summary(std::ostream& out, const Trainer& trainer, const TrainSummary
   if (c.strategy == Strategy::Pipeline) print_pipeline_summary(out, trainer, s);
   print_memory(out, c, s);
   if (c.activation_checkpointing) print_checkpointing(out, c, s);
-  if (is_mixed(c.precision)) print_precision(out, c, s);
+  if (is_mixed(c.precision) || is_mixed(c.amp)) print_precision(out, c, s);
   if (!c.trace_path.empty()) out << "trace written to " << c.trace_path << " (open it in ui.perfetto.dev)\n";
   if (!c.save_path.empty())
     out << "saved " << c.save_path << " (step " << s.start_step + s.steps << ")\n";
