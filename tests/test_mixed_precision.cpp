@@ -608,6 +608,12 @@ TEST_CASE("--amp: float32 parameters, gradients and state, 16-bit activations, D
   double worst = 0;
   for (size_t i = 0; i < a.size(); i++) worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
   CHECK(worst < 1e-5);
+  // Under --tp the gathered model evaluates under autocast too (it evaluated in float32).
+  TrainConfig tp = amp;
+  tp.tp = 2;
+  Trainer ttp(tp);
+  ttp.run();
+  CHECK(ttp.result_model().amp());
 
   // The spiral trains to >= 95% in bf16 and fp16 autocast, its loss curve within 2% of fp32's.
   const int64_t steps = test::quick() ? 120 : 300;

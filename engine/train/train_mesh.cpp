@@ -73,6 +73,7 @@ void Trainer::build_tp_models(int first_rank, int end_rank, bool in_world) {
   if (lora) full_model_->enable_lora(config_.lora, config_.seed);
   // It receives the 16-bit shards and evaluates as the one-rank 16-bit model does.
   if (is_mixed(config_.precision)) full_model_->set_precision(config_.precision);
+  full_model_->set_amp(config_.amp);  // and evaluates under autocast, as the one-rank --amp model does
   for (int r = first_rank; r < end_rank; r++) {
     const MeshCoord at = mesh_coord(mesh_, r);
     MemoryTracker* mem = in_world ? &world_->threads().memory(r) : memory_.get();
