@@ -380,6 +380,7 @@ LessonRunner::Result LessonRunner::exec(const std::string& command, Session& ses
   auto settle_question = [&](int j) {
     if (has_question(j) && !answers_[static_cast<size_t>(j)].revealed) {
       if (!answers_[static_cast<size_t>(j)].asked) r.then.push_back(lesson_cmd("_ask " + std::to_string(j)));
+      r.then.push_back(lesson_cmd("_precheck " + std::to_string(j)));  // the screen as the learner checks (--check-spoilers)
       actions(lesson_.steps[static_cast<size_t>(j)].question->reveal, j, 'r', r.then);
       r.then.push_back(lesson_cmd("_reveal " + std::to_string(j)));
     }
@@ -469,6 +470,8 @@ LessonRunner::Result LessonRunner::exec(const std::string& command, Session& ses
     if (has_question(arg(1))) ask(arg(1), session);
   } else if (k == "_reveal") {
     return reveal(arg(1), session);
+  } else if (k == "_precheck") {
+    // Nothing to do here: the script runner reads the screen at this point, before the reveal's actions.
   } else if (k == "_guard") {
     const Snapshot& s = session.update();
     const LessonStep& st = lesson_.steps[static_cast<size_t>(arg(1))];

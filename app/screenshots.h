@@ -44,8 +44,8 @@ std::string run_state_text(const Snapshot& s);
 
 class SpoilerCheck {
  public:
-  // `lesson _reveal J`: true the first time, when the step's screen is to be read before the
-  // reveal: the app draws one more frame of it and runs the command again.
+  // `lesson _precheck J` (before the question's reveal actions): true the first time, when the step's
+  // screen is to be read: the app draws one more frame of it and runs the command again.
   bool capture_before(int step);
   // After ImGui::Render: reads the screen when a capture was asked for.
   void after_render(const ImDrawData& data);

@@ -296,9 +296,10 @@ bool ScriptRunner::lesson_command(const ScriptCommand& c) {
     lessons_.close();
     return true;
   }
-  if (spoilers_ && lessons_.runner() && c.arg.rfind("_reveal ", 0) == 0) {
-    // Draw one frame of the step as the learner sees it, read it, then reveal.
-    if (spoilers_->capture_before(std::atoi(c.arg.c_str() + 8))) {
+  if (spoilers_ && lessons_.runner() && c.arg.rfind("_precheck ", 0) == 0) {
+    // Draw one frame of the step as the learner sees it when checking, read it; then the reveal's
+    // actions run (a view they open shows the answer after the check, not before).
+    if (spoilers_->capture_before(std::atoi(c.arg.c_str() + 10))) {
       queue_.push_front(c);
       return true;
     }

@@ -5,7 +5,9 @@
 #ifdef DTLAB_HAVE_GUI
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <deque>
 #include <fstream>
 #include <set>
@@ -341,6 +343,21 @@ TEST_SUITE("lessons") {
       CHECK(r.answer(1).live == doctest::Approx(1.5 * static_cast<double>(snap.buckets[0].bytes)).epsilon(0.01));
       CHECK(r.answer(2).live_choice == 1);
       CHECK(r.answer_text(2) == "all-reduce");
+    }
+    SUBCASE("--check-spoilers reads the screen as the learner checks: before the reveal's actions") {
+      Session s(lesson_options(l).train);
+      LessonRunner r(l, false, "");
+      REQUIRE(drive(r, s, {"start", "answer 6", "check", "next", "answer 1"}) == "");
+      const LessonRunner::Result res = r.exec("check", s);
+      auto at = [&](const std::function<bool(const ScriptCommand&)>& is) {
+        return std::find_if(res.then.begin(), res.then.end(), is) - res.then.begin();
+      };
+      const auto capture = at([](const ScriptCommand& c) { return c.arg == "_precheck 1"; });
+      const auto ring = at([](const ScriptCommand& c) { return c.kind == ScriptCommand::StepRing; });  // the reveal's step ring 7
+      const auto reveal = at([](const ScriptCommand& c) { return c.arg == "_reveal 1"; });
+      CHECK(capture < ring);
+      CHECK(ring < reveal);
+      CHECK(reveal < static_cast<std::ptrdiff_t>(res.then.size()));
     }
     SUBCASE("a learner answers, checks, goes back") {
       Session s(lesson_options(l).train);
