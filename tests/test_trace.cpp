@@ -278,6 +278,20 @@ TEST_SUITE("trace") {
       }
     }
     CHECK(seen == 3);
+    // An all_to_all_v: its split and the elements its own block keeps (they never leave the rank).
+    Event a2a = collective(0, 1, CollectiveOp::AllToAll, 9, 96, 13 * kMs, 14 * kMs);
+    a2a.coll.split_sizes = true;
+    a2a.coll.kept_count = 40;
+    const json one = json::parse(chrome_trace_json({a2a}, {}));
+    int alltoalls = 0;
+    for (const json& x : one["traceEvents"])
+      if (x.value("cat", "") == "collective") {
+        CHECK(x["args"]["split"] == "per pair");
+        CHECK(x["args"]["kept nelems"] == 40);
+        CHECK(x["args"]["In msg nelems"] == 96);
+        alltoalls++;
+      }
+    CHECK(alltoalls == 1);
     std::set<int> pids;
     for (const json& x : t["traceEvents"])
       if (x.value("cat", "") == "collective" && x["name"] == "allreduce") pids.insert(x["pid"].get<int>());

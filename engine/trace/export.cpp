@@ -166,6 +166,9 @@ void collective_event(JsonOut& j, const Event& e, Span s, const TraceExportOptio
       .field("seq", c.seq)
       .field("bytes", c.bytes);
   if (collective_traits(c.op).reduces) j.field("reduce_op", reduce_op_name(c.reduce));
+  // All-to-all: equal blocks or a size per pair (all_to_all_v), and the elements of the rank's own
+  // block, copied locally and never sent (In msg nelems - kept nelems leave the rank).
+  if (c.op == CollectiveOp::AllToAll) j.field("split", c.split_sizes ? "per pair" : "equal").field("kept nelems", c.kept_count);
   if (c.root >= 0) j.field("root", c.root);
   if (e.iteration >= 0) j.field("iteration", e.iteration);
   group_args(j, c.group, opt);
