@@ -166,6 +166,13 @@ void print_header(const TrainArgs& a, std::ostream& out, const Trainer& trainer)
       << ", " << total << (total == 1 ? " step (" : " steps (") << trainer.batches_per_epoch() << " batches per epoch), "
       << c.optimizer.str() << ", seed " << c.seed << ", shuffle "
       << (c.shuffle ? "on" : "off") << (c.drop_last ? ", drop_last" : "") << "\n";
+  if (is_mixed(c.precision))
+    out << "  precision " << precision_name(c.precision) << ": 16-bit parameters, gradients and activations, a float32 master copy for "
+        << "the optimizer (model.to(torch." << (c.precision == Precision::BF16 ? "bfloat16" : "float16") << "))"
+        << (c.precision == Precision::FP16 ? ", the loss scaled by GradScaler" : "") << "\n";
+  if (is_mixed(c.amp))
+    out << "  autocast " << precision_name(c.amp) << ": float32 parameters, gradients and optimizer, 16-bit activations (torch.autocast)"
+        << (c.amp == Precision::FP16 ? ", the loss scaled by GradScaler" : "") << "\n";
   bool pipeline_printed = false;
   if (c.strategy == Strategy::Pipeline) print_pipeline_header(out, trainer), pipeline_printed = true;
   if (!pipeline_printed && (c.accum > 1 || c.world_size > 1))
