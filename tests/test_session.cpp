@@ -372,7 +372,9 @@ TEST_SUITE("app") {
     c.batch = 4;
     c.steps = 2;
     Session session(c);
-    auto check_views = [](const Snapshot& s) {
+    // `forwards`: the stage's MoE history holds every micro-batch's forward (its slots share it; it
+    // held one slot's, every other forward).
+    auto check_views = [](const Snapshot& s, size_t forwards) {
       REQUIRE(s.context.read);
       REQUIRE(s.experts.read);
       for (int r = 0; r < 4; r++) {
@@ -387,13 +389,15 @@ TEST_SUITE("app") {
         REQUIRE(routed.size() == 1);
         CHECK(routed[0].layer == block);
         CHECK(routed[0].tokens == 2 * 8);  // a micro-batch of 2 samples, this CP rank's 8 positions each
+        CHECK(routed[0].imbalance_history.size() == forwards);
+        CHECK(routed[0].aux_history.size() == forwards);
       }
     };
-    check_views(step(session, GateKind::Iteration, 2));  // the setup, then iteration 0
+    check_views(step(session, GateKind::Iteration, 2), 4);  // two iterations of 2 micro-batches
     session.run();
     REQUIRE(session.wait_settled(std::chrono::seconds(60)));
     REQUIRE(session.finished());
-    check_views(session.update());
+    check_views(session.update(), 4);
   }
 }
 #endif  // DTLAB_HAVE_GUI

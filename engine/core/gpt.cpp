@@ -192,7 +192,7 @@ void GptCore::ensure(int64_t B) {
   routes_.clear();
   routes_.resize(moe_logits_.size());
   moe_stats_.assign(static_cast<size_t>(L), MoeRouting{});
-  if (moe_history_.size() != static_cast<size_t>(L)) moe_history_.assign(static_cast<size_t>(L), {});  // kept over a reallocation
+  if (moe_history_->size() != static_cast<size_t>(L)) moe_history_->assign(static_cast<size_t>(L), {});  // kept over a reallocation
   moe_dx_ = any_moe ? act({N, C}) : Tensor();
   if (r_.heads(s_)) {
     lnf_ = act({R, C});
@@ -313,8 +313,8 @@ const GptCore::MoeRouting* GptCore::moe_routing(int l) const {
 }
 
 const std::vector<GptCore::MoePoint>* GptCore::moe_history(int l) const {
-  if (l < r_.first_block() || l >= r_.end_block(s_) || !moe_block(l) || local(l) >= moe_history_.size()) return nullptr;
-  return &moe_history_[local(l)];
+  if (l < r_.first_block() || l >= r_.end_block(s_) || !moe_block(l) || local(l) >= moe_history_->size()) return nullptr;
+  return &(*moe_history_)[local(l)];
 }
 
 double GptCore::aux_loss() const {
@@ -470,7 +470,7 @@ const void* GptCore::moe_forward(std::vector<Parameter>& p, int l, const void* a
     const MoeRouting& st = moe_stats_[local(l)];
     const double mean = static_cast<double>(BT * K) / static_cast<double>(E);
     const int64_t most = *std::max_element(st.routed.begin(), st.routed.end());
-    std::vector<MoePoint>& h = moe_history_[local(l)];
+    std::vector<MoePoint>& h = (*moe_history_)[local(l)];
     if (h.size() == kMoeHistory) h.erase(h.begin());
     h.push_back({static_cast<float>(static_cast<double>(most) / mean), static_cast<float>(st.aux_loss)});
   }

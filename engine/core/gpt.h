@@ -15,6 +15,7 @@
 #include <initializer_list>
 #include <utility>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "engine/core/gpt_spec.h"
@@ -267,6 +268,9 @@ class GptCore {
   };
   static constexpr size_t kMoeHistory = 128;
   const std::vector<MoePoint>* moe_history(int l) const;
+  // Appends its forwards to `owner`'s history from now on: a pipeline stage's micro-batch cores
+  // (Model::gpt_activations) share their model's, so the history is the stage's, not one slot's.
+  void share_moe_history(const GptCore& owner) { moe_history_ = owner.moe_history_; }
   // The load-balancing losses of the last forward, summed over this stage's MoE blocks.
   double aux_loss() const;
 
@@ -443,7 +447,8 @@ class GptCore {
   std::vector<Tensor> moe_logits_, moe_x_, moe_y_;
   std::vector<MoeRoute> routes_;         // per slot
   std::vector<MoeRouting> moe_stats_;    // per block of the stage (empty for a dense one)
-  std::vector<std::vector<MoePoint>> moe_history_;  // per block of the stage: at most kMoeHistory, oldest first
+  // Per block of the stage: at most kMoeHistory, oldest first (shared: share_moe_history).
+  std::shared_ptr<std::vector<std::vector<MoePoint>>> moe_history_ = std::make_shared<std::vector<std::vector<MoePoint>>>();
   bool recomputing_ = false;             // a checkpointed block's forward again, inside the backward
   Tensor moe_dx_;
   float aux_grad_scale_ = 1.0f;
