@@ -104,7 +104,7 @@ std::vector<std::string> SpoilerCheck::check(const LessonRunner* lesson) {
     const double live = lesson->answer(j).live;
     // A whole number asked without a tolerance must be given exactly: "4.4 KiB" does not give 4544.
     const bool exact = st.question && live == std::floor(live) && st.question->tol_abs < 0 && st.question->tol_rel < 0;
-    std::string where = st.question && st.question->choices.empty() ? find_spoiler(it->second, answer_spellings(live, exact)) : "";
+    std::string where = st.question && st.question->choices.empty() ? find_spoiler(it->second, answer_spellings(live, exact), st.question->unit) : "";
     std::string fix = "open that view in the question's reveal: or ask what the screen does not show";
     if (where.empty()) {
       // The lesson's own text (earlier steps and the header included) and the earlier answers.

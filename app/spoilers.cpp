@@ -190,11 +190,11 @@ bool counts_another_unit(const std::string& t, size_t end, const std::string& un
 
 }  // namespace
 
-std::string find_spoiler(const std::vector<ScreenLine>& lines, const std::vector<std::string>& spellings) {
+std::string find_spoiler(const std::vector<ScreenLine>& lines, const std::vector<std::string>& spellings, const std::string& unit) {
   for (const ScreenLine& l : lines)
     for (const std::string& sp : spellings)
       for (size_t at = l.text.find(sp); at != std::string::npos; at = l.text.find(sp, at + 1))
-        if (whole_token(l.text, at, sp.size())) return l.window + ": '" + l.text + "'";
+        if (whole_token(l.text, at, sp.size()) && !counts_another_unit(l.text, at + sp.size(), unit)) return l.window + ": '" + l.text + "'";
   return "";
 }
 

@@ -33,8 +33,9 @@ std::vector<ScreenLine> screen_text(const ImDrawData& data);
 // tolerance), so a rounded spelling such as "4.4 KiB" gives nothing away and is left out.
 std::vector<std::string> answer_spellings(double v, bool exact = false);
 // The first line that shows one of `spellings` as a whole token (not inside a longer number), as
-// "Buckets: 'bucket 0: 4,547 B'"; "" when none does.
-std::string find_spoiler(const std::vector<ScreenLine>& lines, const std::vector<std::string>& spellings);
+// "Buckets: 'bucket 0: 4,547 B'"; "" when none does. A number followed by another unit than the
+// question's `unit` ("73.1 KiB" for an answer in GB) is another quantity, as in the text check.
+std::string find_spoiler(const std::vector<ScreenLine>& lines, const std::vector<std::string>& spellings, const std::string& unit = "");
 
 // The lesson's own text, which no view covers: what a learner has read of it before question `step`
 // is checked. The title and the summary, every step's heading and prose up to this one, the earlier

@@ -104,6 +104,12 @@ TEST_SUITE("app") {
     CHECK(find_spoiler({lines[0]}, {"0.75"}) == "");
     CHECK(find_spoiler({lines[1]}, {"4,547"}) == "Memory: 'total 4,547, then'");
     CHECK(find_spoiler({lines[1]}, {"4,54"}) == "");
+    // Another unit after the number is another quantity: the drill's 73.12 GB against a Memory view's
+    // "peak 73.1 KiB" (seed 24); the same unit, or none, still counts.
+    const std::vector<ScreenLine> memory = {{"Memory", "rank 4 7.1 KiB 24.6 KiB 38.8 KiB peak 73.1 KiB"}};
+    CHECK(find_spoiler(memory, {"73.1"}, "GB") == "");
+    CHECK(find_spoiler(memory, {"73.1"}, "KiB") != "");
+    CHECK(find_spoiler(memory, {"73.1"}) != "");
   }
 
   TEST_CASE("lesson answers: fractions, percentages and plain numbers, as a learner types a share") {
