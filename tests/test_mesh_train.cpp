@@ -229,6 +229,69 @@ TEST_SUITE("mesh") {
     }
   }
 
+  TEST_CASE("--sequence-parallel in an MLP pipeline trains as the pipeline without it, each stage sending its TP rank's rows") {
+    // Megatron's sequence parallelism inside each stage (engine/core/model.h, sp_stage_*): the stages
+    // exchange each TP rank's rows of a micro-batch (padded to a multiple of tp), the column layers'
+    // gathered inputs are kept per micro-batch in flight, and ZB-H1's W reads the gathered output
+    // gradient its I kept. Batch 12 in 4 micro-batches of 3 rows: each padded to 4, 2 per TP rank.
+    struct Case {
+      ScheduleKind schedule;
+      int64_t batch;
+      bool recompute;
+      int lora;
+      OptimizerKind opt;
+    };
+    const Case cases[] = {{ScheduleKind::GPipe, 16, false, 0, OptimizerKind::AdamW},  {ScheduleKind::OneFOneB, 12, false, 0, OptimizerKind::SGD},
+                          {ScheduleKind::ZBH1, 16, false, 0, OptimizerKind::AdamW},   {ScheduleKind::ZBH1, 12, true, 0, OptimizerKind::SGD},
+                          {ScheduleKind::OneFOneB, 16, true, 4, OptimizerKind::SGD},  {ScheduleKind::ZBH1, 12, false, 4, OptimizerKind::AdamW}};
+    for (const Case& k : cases) {
+      TrainConfig c = mesh_config("pipeline", 4, 2, k.opt);
+      c.pipeline.stages = 2;
+      c.pipeline.microbatches = 4;
+      c.pipeline.schedule = k.schedule;
+      c.batch = k.batch;
+      c.activation_checkpointing = k.recompute;
+      c.lora.rank = k.lora;
+      const std::string what = std::string(schedule_kind_name(k.schedule)) + " batch " + std::to_string(k.batch) +
+                               (k.recompute ? " recompute" : "") + " lora " + std::to_string(k.lora);
+      CAPTURE(what);
+      Trainer ref(c);
+      ref.run();
+      c.sequence_parallel = true;
+      Trainer sp(c);
+      sp.run();
+      CHECK(test::max_abs_diff(sp.result_model().merged_params(), ref.result_model().merged_params()) <= 1e-5);
+      if (k.batch != 16) continue;
+      // Stage 0's F sends its TP rank's 2 of the micro-batch's 4 rows of 32 floats: half the bytes.
+      int sends = 0;
+      for (const Event& e : sp.recorder().all_events())
+        if (e.kind == EventKind::PipelineAction && e.pipe.stage == 0 && e.pipe.type == ActionType::Forward) {
+          CHECK(e.pipe.bytes == 2 * 32 * 4);
+          sends++;
+        }
+      CHECK(sends == 20 * 4 * 2);  // 20 steps x 4 micro-batches x the 2 ranks of stage 0
+    }
+  }
+
+  TEST_CASE("--sequence-parallel in a 16-bit MLP pipeline: ZB-H1 equals 1F1B bit for bit, and both train as one 16-bit rank") {
+    for (bool amp : {false, true}) {
+      for (int lora : {0, 4}) {
+        CAPTURE(amp);
+        CAPTURE(lora);
+        TrainConfig c = mesh_config("pipeline", 4, 2, OptimizerKind::SGD);
+        c.pipeline.stages = 2;
+        c.pipeline.microbatches = 1;  // one micro-batch per stage: I then W add what B adds
+        c.sequence_parallel = true;
+        c.steps = 3;
+        c.lora.rank = lora;
+        (amp ? c.amp : c.precision) = Precision::BF16;
+        test::zb_h1_equals_1f1b(c);
+        Trainer pipe(c);
+        test::check_16bit_like_one_rank(c, pipe);  // and one 16-bit rank on the same batch
+      }
+    }
+  }
+
   TEST_CASE("--save writes the full unsharded state dict with torch.nn.Sequential names from every layout") {
     const std::string dir = std::filesystem::temp_directory_path() / ("dtlab_mesh_save_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);

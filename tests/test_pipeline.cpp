@@ -75,6 +75,8 @@ double check_equals_single(const TrainConfig& c, Trainer& one, const Run& want) 
   return diff;
 }
 
+using test::check_16bit_like_one_rank;
+
 using test::CliResult;
 using test::run_cli;
 
@@ -420,13 +422,8 @@ TEST_SUITE("pipeline") {
 
   TEST_CASE("bf16 and fp16 pipelines train like one 16-bit rank, and their messages carry half of fp32's bytes") {
     // Megatron's bf16 pipeline: 16-bit stages, 16-bit activations and gradients between them, fp32
-    // master weights. The micro-batches' 16-bit gradients add up in another order than one rank's
-    // batch, so after 3 SGD steps the runs agree within the dtype's rounding at each tensor's scale
-    // (test::differs_at_tensor_scale, as TP in 16 bits), and their losses within torch.testing's
-    // tolerances for the dtype. Quick runs (the sanitizers) leave out fp16 and LoRA.
-    const auto close = [](double a, double b, Precision p) {
-      return std::fabs(a - b) <= 1e-5 + (p == Precision::BF16 ? 1.6e-2 : 1e-3) * std::fabs(b);
-    };
+    // master weights; 3 SGD steps against one 16-bit rank (check_16bit_like_one_rank). Quick runs (the
+    // sanitizers) leave out fp16 and LoRA.
     std::vector<Precision> precisions{Precision::BF16};
     std::vector<int> loras{0};
     if (!test::quick()) precisions.push_back(Precision::FP16), loras.push_back(4);
@@ -443,20 +440,9 @@ TEST_SUITE("pipeline") {
           c.lora.rank = lora;
           c.optimizer = default_optimizer_config(OptimizerKind::SGD);
           c.optimizer.lr = 0.1;
-          TrainConfig one_c = single_like(c, 16);
-          Trainer one(one_c);
-          const Run want = train(one);
-          one_c.precision = Precision::FP32;
-          Trainer exact(one_c);
-          exact.run();
           Trainer pipe(c);
-          const Run got = train(pipe);
+          check_16bit_like_one_rank(c, pipe);
           REQUIRE(pipe.model().mixed());
-          const std::string why = test::differs_at_tensor_scale(c.model, pipe.result_model().merged_params(), one.result_model().merged_params(),
-                                                                exact.result_model().merged_params(), p == Precision::BF16 ? 1.6e-2 : 1e-3);
-          CHECK_MESSAGE(why.empty(), why);
-          REQUIRE(got.steps.size() == want.steps.size());
-          for (size_t s = 0; s < got.steps.size(); s++) CHECK(close(got.steps[s].loss, want.steps[s].loss, p));
           runs++;
           if (kind != ScheduleKind::GPipe || lora != 0) continue;
           // Stage 0's F sends 4 rows of 16 activations in 16 bits: half of float32's 256 bytes.
@@ -480,14 +466,7 @@ TEST_SUITE("pipeline") {
       c.steps = 3;
       c.precision = Precision::BF16;
       c.lora.rank = lora;
-      Trainer full(c);
-      full.run();
-      c.pipeline.schedule = ScheduleKind::ZBH1;
-      Trainer split(c);
-      split.run();
-      const std::vector<float> a = full.result_model().merged_params(), b = split.result_model().merged_params();
-      REQUIRE(a.size() == b.size());
-      for (size_t i = 0; i < a.size(); i++) REQUIRE(a[i] == b[i]);
+      test::zb_h1_equals_1f1b(c);
     }
     // fp16: rank 1 (the last stage) scales its loss by a further 2^24 on step 2 (counted from 1, as
     // --inject-overflow counts); its gradients and the ones it sends back overflow, every rank of both
@@ -525,21 +504,9 @@ TEST_SUITE("pipeline") {
         c.amp = p;
         c.optimizer = default_optimizer_config(OptimizerKind::SGD);
         c.optimizer.lr = 0.1;
-        TrainConfig one_c = single_like(c, 16);
-        Trainer one(one_c);
-        const Run want = train(one);
-        one_c.amp = Precision::FP32;
-        Trainer exact(one_c);
-        exact.run();
         Trainer pipe(c);
-        const Run got = train(pipe);
+        const Run got = check_16bit_like_one_rank(c, pipe);
         CHECK(!pipe.model().mixed());
-        const double rtol = p == Precision::BF16 ? 1.6e-2 : 1e-3;
-        const std::string why = test::differs_at_tensor_scale(c.model, pipe.result_model().host_params(), one.result_model().host_params(),
-                                                              exact.result_model().host_params(), rtol);
-        CHECK_MESSAGE(why.empty(), why);
-        REQUIRE(got.steps.size() == want.steps.size());
-        for (size_t s = 0; s < got.steps.size(); s++) CHECK(std::fabs(got.steps[s].loss - want.steps[s].loss) <= 1e-5 + rtol * std::fabs(want.steps[s].loss));
         // Stage 0's F sends 4 rows of 16 activations in 16 bits; the gradients stay float32 (4 bytes each).
         for (const Event& e : pipe.recorder().all_events())
           if (e.kind == EventKind::PipelineAction && e.pipe.stage == 0 && e.pipe.type == ActionType::Forward) CHECK(e.pipe.bytes == 4 * 16 * 2);

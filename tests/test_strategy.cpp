@@ -50,7 +50,7 @@ TEST_SUITE("strategy") {
       // DDP runs with everything it can hold (--moe and --cp need a GPT, and this run's model is an MLP).
       if (f != Feature::SaveSharded && f != Feature::Moe && f != Feature::ContextParallel) CHECK(feature_refusal(c, f).empty());
     }
-    // A combination's refusal holds whatever the strategy: sequence parallelism in an MLP's pipeline.
+    // A combination's refusal holds whatever the strategy: autocast on the GPT.
     c.device = "cuda";
     c.backend = "nccl";
     CHECK(feature_refusal(c, Feature::TensorParallel).empty());  // TP runs on GPUs
@@ -59,7 +59,11 @@ TEST_SUITE("strategy") {
     c.strategy = Strategy::Pipeline;
     c.tp = 2;
     c.sequence_parallel = true;
-    CHECK(feature_refusal(c, Feature::SequenceParallel).rfind("--sequence-parallel with --strategy pipeline and an mlp model: not built yet", 0) == 0);
+    CHECK(feature_refusal(c, Feature::SequenceParallel).empty());  // an MLP's stages send their TP rank's rows
+    c.model = ModelSpec::parse("gpt-tiny");
+    c.precision = Precision::FP32;
+    c.amp = Precision::BF16;
+    CHECK(feature_refusal(c, Feature::MixedPrecision).rfind("--amp bf16 with --model gpt: not built yet", 0) == 0);
   }
 
   TEST_CASE("validation throws the table's sentence, the first feature the run turns on") {

@@ -34,6 +34,21 @@ inline double max_abs_diff(const Model& a, const Model& b) {
   return d;
 }
 
+// A pipeline's 1F1B and ZB-H1 runs of `c` (its schedule is replaced): with one micro-batch per stage,
+// I then W add the same gradients as B, so the two end bit for bit equal. Returns ZB-H1's (merged) parameters.
+inline std::vector<float> zb_h1_equals_1f1b(TrainConfig c) {
+  c.pipeline.schedule = ScheduleKind::OneFOneB;
+  Trainer full(c);
+  full.run();
+  c.pipeline.schedule = ScheduleKind::ZBH1;
+  Trainer split(c);
+  split.run();
+  const std::vector<float> a = full.result_model().merged_params(), b = split.result_model().merged_params();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); i++) REQUIRE(a[i] == b[i]);
+  return b;
+}
+
 // Two 16-bit runs that round at different places (a TP group sums 16-bit partial outputs the one-rank
 // model never forms) agree "within the dtype's rounding" at each tensor's scale: in every parameter
 // tensor, the largest difference is at most rtol (torch.testing's for the dtype: bf16 1.6e-2, fp16
@@ -198,6 +213,31 @@ inline FiniteDifferenceCheck finite_differences(Model& m, const std::vector<floa
       r.checked++;
     }
   return r;
+}
+
+// A 16-bit pipeline (`c` with --precision or --amp) against one rank of the same batch in the same
+// dtype: the micro-batches' 16-bit gradients add up in another order than one rank's batch, so the
+// parameters agree within the dtype's rounding at each tensor's scale (test::differs_at_tensor_scale,
+// the float32 rank giving the rounding the 16-bit one already carries), and every step's loss within
+// torch.testing's tolerance for the dtype. Trains `pipe` (built from `c`) and returns its run.
+inline Trained check_16bit_like_one_rank(const TrainConfig& c, Trainer& pipe) {
+  const Precision p = is_mixed(c.amp) ? c.amp : c.precision;
+  const double rtol = p == Precision::BF16 ? 1.6e-2 : 1e-3;
+  TrainConfig one_c = single_like(c, c.batch * c.pipeline.dp);
+  one_c.tp = 1;  // (the one rank holds the whole model)
+  one_c.sequence_parallel = false;
+  Trainer one(one_c);
+  const Trained want = train(one);
+  one_c.amp = one_c.precision = Precision::FP32;
+  Trainer exact(one_c);
+  exact.run();
+  const Trained got = train(pipe);
+  const std::string why = differs_at_tensor_scale(c.model, pipe.result_model().merged_params(), one.result_model().merged_params(),
+                                                  exact.result_model().merged_params(), rtol);
+  CHECK_MESSAGE(why.empty(), why);
+  REQUIRE(got.steps.size() == want.steps.size());
+  for (size_t s = 0; s < got.steps.size(); s++) CHECK(std::fabs(got.steps[s].loss - want.steps[s].loss) <= 1e-5 + rtol * std::fabs(want.steps[s].loss));
+  return got;
 }
 
 }  // namespace dtlab::test

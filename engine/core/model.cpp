@@ -429,13 +429,73 @@ int64_t Model::layer_output_rows(int i) const { return sequence_parallel() ? sp_
 // This rank's rows of `src` (batch_ rows of `width`), zero-padded: Megatron's
 // scatter_to_sequence_parallel_region, a split without communication.
 const float* Model::sp_split_rows(Tensor& dst, const float* src, int64_t width) {
+  float* d = scratch(dst, padded_ / tp_.degree * width);
+  sp_stage_split(d, src, width);
+  return d;
+}
+
+void Model::sp_stage_split(void* dst, const void* src, int64_t width) {
+  if (half_acts()) return half_sp_split_rows(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), width);
   const int64_t local = padded_ / tp_.degree, begin = tp_.rank * local;
   const int64_t n = std::clamp<int64_t>(batch_ - begin, 0, local);
-  float* d = scratch(dst, local * width);
+  float* d = static_cast<float*>(dst);
   const int64_t row_bytes = width * static_cast<int64_t>(sizeof(float));
-  if (n > 0) device_.copy(d, src + begin * width, n * row_bytes);
+  if (n > 0) device_.copy(d, static_cast<const float*>(src) + begin * width, n * row_bytes);
   if (n < local) device_.fill_zero(d + n * width, (local - n) * row_bytes);
-  return d;
+}
+
+void Model::sp_stage_begin(int64_t B, std::vector<Tensor>* gathered) {
+  DTLAB_CHECK(sequence_parallel() && gpt_ == nullptr, "sp_stage_begin() on a model without sequence parallelism (or a GPT)");
+  batch_ = B;
+  padded_ = (B + tp_.degree - 1) / tp_.degree * tp_.degree;
+  stage_gathered_ = gathered;
+  if (gathered->size() == layers_.size()) return;  // this micro-batch's, allocated at its forward
+  gathered->clear();
+  for (const Layer& L : layers_) {
+    const bool gather = L.kind == LayerKind::Linear && L.tp == TpRole::Column;
+    gathered->push_back(gather ? Tensor({padded_, L.in_features}, MemCategory::Activations, tracker_, act_dtype(), device_) : Tensor());
+  }
+}
+
+void Model::sp_stage_gather(void* dst, const void* src, int64_t width, int seq_index) {
+  tp_comm().all_gather(dst, src, padded_ / tp_.degree * width, act_dtype(), seq_index);
+}
+
+void Model::sp_stage_forward(int i, void* out, const void* in, bool recompute) {
+  const ComputeKind kind = recompute ? ComputeKind::Recompute : ComputeKind::LayerForward;
+  if (half_acts()) half_sp_layer_forward(i, static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in), kind);
+  else sp_layer_forward(i, static_cast<float*>(out), static_cast<const float*>(in), kind);
+}
+
+void Model::sp_stage_backward(int i, void* dinp, const void* dout, const void* in, const void* out) {
+  if (half_acts())
+    half_sp_layer_backward(i, static_cast<uint16_t*>(dinp), static_cast<const uint16_t*>(dout), static_cast<const uint16_t*>(in),
+                           static_cast<const uint16_t*>(out));
+  else
+    sp_layer_backward(i, static_cast<float*>(dinp), static_cast<const float*>(dout), static_cast<const float*>(in),
+                      static_cast<const float*>(out));
+}
+
+void Model::sp_stage_backward_input(int i, void* dinp, const void* dout, const void* out, void* gout) {
+  if (half_acts())
+    half_sp_layer_backward(i, static_cast<uint16_t*>(dinp), static_cast<const uint16_t*>(dout), nullptr, static_cast<const uint16_t*>(out),
+                           true, false, static_cast<uint16_t*>(gout));
+  else
+    sp_layer_backward(i, static_cast<float*>(dinp), static_cast<const float*>(dout), nullptr, static_cast<const float*>(out), true, false,
+                      static_cast<float*>(gout));
+}
+
+void Model::sp_stage_backward_weight(int i, const void* dout, const void* in) {
+  // A row-parallel Linear's `dout` is the gathered output gradient its I kept.
+  const Layer& L = layer(i);
+  const bool kept = L.kind == LayerKind::Linear && L.tp == TpRole::Row;
+  if (half_acts()) {
+    auto* g = static_cast<uint16_t*>(const_cast<void*>(dout));
+    half_sp_layer_backward(i, nullptr, kept ? nullptr : g, static_cast<const uint16_t*>(in), nullptr, false, true, kept ? g : nullptr);
+  } else {
+    auto* g = static_cast<float*>(const_cast<void*>(dout));
+    sp_layer_backward(i, nullptr, kept ? nullptr : g, static_cast<const float*>(in), nullptr, false, true, kept ? g : nullptr);
+  }
 }
 
 // f becomes an all-gather of the rows before the column-parallel Linear, g a reduce-scatter of the
@@ -453,7 +513,7 @@ void Model::sp_layer_forward(int i, float* out, const float* in, ComputeKind kin
   if (L.tp == TpRole::Column) {
     // Kept for the weight gradient. Megatron keeps this rank's rows instead and all-gathers them again
     // in backward (less memory, one more all-gather); keeping them makes SP move exactly TP's bytes.
-    float* gathered = sp_gathered_[static_cast<size_t>(i)].f32();
+    float* gathered = sp_gathered(i).f32();
     tp_comm().all_gather(gathered, in, local * L.in_features, L.seq_index);
     ComputeScope scope(observer_, kind, L.seq_index, layer_forward_cost(i, all));
     device_.linear_forward(out, gathered, w.data, b.data, all, L.in_features, L.out_features);
@@ -474,10 +534,11 @@ void Model::sp_layer_forward(int i, float* out, const float* in, ComputeKind kin
   }
 }
 
-void Model::sp_layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out) {
+void Model::sp_layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out, bool input, bool weights,
+                              float* gout) {
   const Layer& L = layer(i);
-  if (L.kind == LayerKind::Linear) return sp_linear_backward(i, dinp, dout, in);
-  if (!dinp) return;
+  if (L.kind == LayerKind::Linear) return sp_linear_backward(i, input ? dinp : nullptr, dout, in, input, weights, gout);
+  if (!dinp || !input) return;
   const int64_t rows = sp_rows(i, true);
   ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_cost(i, rows, true));
   device_.relu_backward(dinp, dout, out, rows * L.out_features);
@@ -487,43 +548,51 @@ void Model::sp_layer_backward(int i, float* dinp, const float* dout, const float
 // output gradient all-gathered (g). Parameters that saw only this rank's rows (the row layer's bias, a
 // replicated Linear) get partial gradients: computed apart, all-reduced over the TP group, then added
 // to the gradient (which may hold earlier micro-batches' sums), as Megatron all-reduces
-// sequence-parallel parameters' gradients.
-void Model::sp_linear_backward(int i, float* dinp, const float* dout, const float* in) {
+// sequence-parallel parameters' gradients. ZB-H1 runs the input half (I) and the weight half (W) apart:
+// I gathers the row layer's output gradient into `gout`, W reads it there.
+void Model::sp_linear_backward(int i, float* dinp, const float* dout, const float* in, bool input, bool weights, float* gout) {
   const Layer& L = layer(i);
-  const int64_t all = padded_, local = padded_ / tp_.degree;
+  const int64_t all = padded_, local = padded_ / tp_.degree, OC = L.out_features;
   // Under LoRA the base is frozen: no weight or bias gradient, partial or not; the adapters' follow.
-  const bool frozen = lora();
+  const bool frozen = lora() || !weights;
   const Parameter& w = weight_of(L);
   const Parameter& b = bias_of(L);
   const int64_t rows = L.tp == TpRole::Replicated ? local : all;
-  const float* gout = dout;
+  const float* g = dout;     // the output gradient of every row the layer computed
+  const float* mine = dout;  // this rank's rows of it
   if (L.tp == TpRole::Row) {
-    float* gathered = scratch(scratch_, all * L.out_features);
-    tp_comm().all_gather(gathered, dout, local * L.out_features, L.seq_index);
-    gout = gathered;
+    if (!input && gout) {
+      g = gout;
+      mine = gout + tp_.rank * local * OC;
+    } else {
+      float* gathered = gout ? gout : scratch(scratch_, all * OC);
+      tp_comm().all_gather(gathered, dout, local * OC, L.seq_index);
+      g = gathered;
+    }
   }
   float* full_dinp = L.tp == TpRole::Column && dinp ? scratch(scratch_, all * L.in_features) : dinp;
   const int64_t partial_n = frozen ? 0 : L.tp == TpRole::Row ? b.numel : L.tp == TpRole::Replicated ? w.numel + b.numel : 0;
   float* partial = partial_n ? scratch(grad_scratch_, partial_n) : nullptr;
   if (partial) device_.fill_zero(partial, partial_n * static_cast<int64_t>(sizeof(float)));
   {
-    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_cost(i, rows, dinp != nullptr));
-    const float* x = L.tp == TpRole::Column ? sp_gathered_[static_cast<size_t>(i)].f32() : in;
+    const OpCost cost = !weights ? layer_backward_cost(i, rows, true) - layer_backward_cost(i, rows, false)
+                                 : layer_backward_cost(i, rows, dinp != nullptr);
+    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, cost);
+    const float* x = !weights ? nullptr : L.tp == TpRole::Column ? sp_gathered(i).f32() : in;
+    const float* wd = dinp ? w.data : nullptr;
     if (L.tp == TpRole::Column) {
-      device_.linear_backward(full_dinp, frozen ? nullptr : w.grad, frozen ? nullptr : b.grad, gout, x, w.data, all,
-                              L.in_features, L.out_features);
+      device_.linear_backward(full_dinp, frozen ? nullptr : w.grad, frozen ? nullptr : b.grad, g, x, wd, all, L.in_features, OC);
     } else if (L.tp == TpRole::Row) {
-      device_.linear_backward(dinp, frozen ? nullptr : w.grad, nullptr, gout, in, w.data, all, L.in_features, L.out_features);
-      if (partial) device_.linear_backward(nullptr, nullptr, partial, dout, nullptr, nullptr, local, L.in_features, L.out_features);
+      device_.linear_backward(dinp, frozen ? nullptr : w.grad, nullptr, g, x, wd, all, L.in_features, OC);
+      if (partial) device_.linear_backward(nullptr, nullptr, partial, mine, nullptr, nullptr, local, L.in_features, OC);
     } else {
-      device_.linear_backward(dinp, partial, partial ? partial + w.numel : nullptr, dout, in, w.data, local, L.in_features,
-                              L.out_features);
+      device_.linear_backward(dinp, partial, partial ? partial + w.numel : nullptr, dout, x, wd, local, L.in_features, OC);
     }
     // The adapters see the rows the base layer saw (the gathered ones, or this rank's).
-    if (L.lora_a >= 0) lora_backward(L, L.tp == TpRole::Column ? full_dinp : dinp, gout, x, L.tp == TpRole::Replicated ? local : all, true);
+    if (L.lora_a >= 0) lora_backward(L, full_dinp, g, x, rows, weights);
   }
   if (L.tp == TpRole::Column && dinp) tp_comm().reduce_scatter(dinp, full_dinp, local * L.in_features, L.seq_index);
-  if (lora_split(L)) sum_lora_grad(L);
+  if (weights && lora_split(L)) sum_lora_grad(L);
   if (!partial) return;
   tp_comm().all_reduce(partial, partial_n, L.seq_index);
   if (L.tp == TpRole::Replicated) device_.accumulate(w.grad, partial, w.numel, false);
@@ -533,6 +602,7 @@ void Model::sp_linear_backward(int i, float* dinp, const float* dout, const floa
 void Model::ensure_activations(int64_t B) {
   batch_ = B;
   padded_ = sequence_parallel() ? (B + tp_.degree - 1) / tp_.degree * tp_.degree : B;
+  stage_gathered_ = nullptr;  // the model's own from here (a pipeline stage's micro-batch's before)
   // A smaller (last) batch reuses the buffers.
   if (B <= capacity_ && !acts_.empty() && checkpointed_alloc_ == checkpointing_) return;
   acts_.clear();

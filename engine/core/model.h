@@ -305,6 +305,24 @@ class Model {
   void layer_backward16(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out, int64_t B);
   void layer_backward_input16(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* out, int64_t B);
   void layer_backward_weight16(int i, const uint16_t* dout, const uint16_t* in, int64_t B);
+  // Sequence parallelism in a pipeline stage (engine/parallel/pipeline.cpp), one micro-batch of B rows at a
+  // time with several in flight: sp_stage_begin() sets the rows and where the column-parallel Linears'
+  // gathered inputs live from the micro-batch's forward to its backward (`gathered`, one per layer, the
+  // micro-batch's own; allocated here the first time). The layers then run as forward() and backward() run
+  // them, in act_dtype(): outside the pairs each takes and gives this TP rank's rows (sp_stage_rows), so a
+  // stage sends the next one its rows only, as Megatron's pipeline sends a sequence-parallel region's.
+  void sp_stage_begin(int64_t B, std::vector<Tensor>* gathered);
+  int64_t sp_stage_rows(int i, bool output) const { return sp_rows(i, output); }
+  int64_t sp_stage_local_rows() const { return padded_ / tp_.degree; }
+  int64_t sp_stage_padded_rows() const { return padded_; }
+  void sp_stage_split(void* dst, const void* src, int64_t width);                  // this rank's rows of B, zero-padded
+  void sp_stage_gather(void* dst, const void* src, int64_t width, int seq_index);  // every rank's: the padded rows
+  void sp_stage_forward(int i, void* out, const void* in, bool recompute);
+  void sp_stage_backward(int i, void* dinp, const void* dout, const void* in, const void* out);
+  // ZB-H1's halves of it. I gives the input gradient and, for a row-parallel Linear, keeps the output gradient
+  // it all-gathered in `gout` (padded rows x out; null for the others), which W then takes as its `dout`.
+  void sp_stage_backward_input(int i, void* dinp, const void* dout, const void* out, void* gout);
+  void sp_stage_backward_weight(int i, const void* dout, const void* in);
 
   // Whole model with activations owned here (tracked as activations; they grow to the largest
   // batch seen and are reused for smaller ones). `x` (B, D0) must stay alive until backward() returns.
@@ -419,8 +437,12 @@ class Model {
   float* scratch(Tensor& t, int64_t n);       // grows `t` to n floats on the model's device
   void add_bias_rows(float* out, const float* bias, int64_t B, int64_t OC);
   void sp_layer_forward(int i, float* out, const float* in, ComputeKind kind = ComputeKind::LayerForward);
-  void sp_layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out);
-  void sp_linear_backward(int i, float* dinp, const float* dout, const float* in);
+  // `input`/`weights`: which halves run (both: backward's; ZB-H1's I and W one each). `gout`: the row
+  // layer's gathered output gradient, kept by I (written) for W (read, in place of all-gathering `dout`).
+  void sp_layer_backward(int i, float* dinp, const float* dout, const float* in, const float* out, bool input = true,
+                         bool weights = true, float* gout = nullptr);
+  void sp_linear_backward(int i, float* dinp, const float* dout, const float* in, bool input, bool weights, float* gout);
+  Tensor& sp_gathered(int i) { return stage_gathered_ ? (*stage_gathered_)[static_cast<size_t>(i)] : sp_gathered_[static_cast<size_t>(i)]; }
   const float* sp_split_rows(Tensor& dst, const float* src, int64_t width);
   // Mixed precision (model_half.cpp).
   const float* half_forward(const float* x, int64_t B);
@@ -432,7 +454,8 @@ class Model {
   // weights false: only dx's adapter part (x may be null), as lora_backward's `weights`.
   void half_lora_backward(const Layer& L, float* dx, const float* dy, const float* x, int64_t B, bool weights = true);
   void half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, ComputeKind kind);
-  void half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out);
+  void half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out,
+                              bool input = true, bool weights = true, uint16_t* gout = nullptr);
   void half_sp_split_rows(uint16_t* dst, const uint16_t* src, int64_t width);  // sp_split_rows in 16 bits
   void half_add_bias_rows(uint16_t* out, const float* bias, int64_t rows, int64_t OC);
   void half_relu_forward(uint16_t* out, const uint16_t* in, int64_t n);
@@ -499,6 +522,7 @@ class Model {
   int64_t capacity_ = 0;  // rows the activation buffers hold
   int64_t padded_ = 0;    // sequence parallel: batch_ rounded up to a multiple of the TP degree
   std::vector<Tensor> sp_gathered_;  // sequence parallel: each column-parallel Linear's gathered input
+  std::vector<Tensor>* stage_gathered_ = nullptr;  // a pipeline stage's: the micro-batch's (sp_stage_begin)
   Tensor sp_x_, sp_dlogits_, sp_logits_;  // this rank's rows of the input and dlogits; all logits
   Tensor scratch_, grad_scratch_, ones_;   // partial sums, partial gradients, a column of ones
   Precision precision_ = Precision::FP32;

@@ -209,7 +209,7 @@ void Model::half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, Comp
   const float* w = operand(fb_, weight_of(L), L.out_features * L.in_features);
   const float* b = operand(fc_, bias_of(L), L.out_features);
   if (L.tp == TpRole::Column) {
-    uint16_t* gathered = sp_gathered_[static_cast<size_t>(i)].u16();
+    uint16_t* gathered = sp_gathered(i).u16();
     tp_comm().all_gather(gathered, in, local * L.in_features, act_dtype(), L.seq_index);
     ComputeScope scope(observer_, kind, L.seq_index, layer_forward_cost(i, all));
     float* y = f32_scratch(fd_, all * L.out_features);
@@ -242,46 +242,54 @@ void Model::half_sp_layer_forward(int i, uint16_t* out, const uint16_t* in, Comp
 // model.cpp's sp_linear_backward in 16 bits: the row layer gathers its 16-bit output gradient rows,
 // the column layer reduce-scatters its 16-bit input gradient, and the parameters that saw only this
 // rank's rows (the row layer's bias, a replicated Linear) sum their 16-bit partial gradients.
-void Model::half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out) {
+void Model::half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, const uint16_t* in, const uint16_t* out, bool input,
+                                   bool weights, uint16_t* gout) {
   const Layer& L = layer(i);
   const HalfFormat f = half_format();
+  if (!input) dinp = nullptr;
   if (L.kind == LayerKind::ReLU) {
     if (!dinp) return;
     const int64_t rows = sp_rows(i, true), n = rows * L.out_features;
     ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_cost(i, rows, true));
     return half_relu_backward(dinp, dout, out, n);
   }
-  const int64_t all = padded_, local = padded_ / tp_.degree;
+  const int64_t all = padded_, local = padded_ / tp_.degree, OC = L.out_features;
   const int64_t rows = L.tp == TpRole::Replicated ? local : all;
-  const int64_t nw = L.out_features * L.in_features;
-  const bool frozen = lora();  // LoRA: the base has no gradient; the adapters' follow the base layer's rows
+  const int64_t nw = OC * L.in_features;
+  const bool frozen = lora() || !weights;  // LoRA: the base has no gradient; the adapters' follow the base layer's rows
   const Parameter& w = weight_of(L);
-  const uint16_t* gout16 = dout;
+  const uint16_t* gout16 = dout;  // every row the layer computed (ZB-H1's W: as its I kept it in `gout`)
+  const uint16_t* mine16 = dout;  // this rank's rows
   if (L.tp == TpRole::Row) {
-    uint16_t* gathered = half_scratch(h16a_, all * L.out_features);
-    tp_comm().all_gather(gathered, dout, local * L.out_features, act_dtype(), L.seq_index);
-    gout16 = gathered;
+    if (!input && gout) {
+      gout16 = gout;
+      mine16 = gout + tp_.rank * local * OC;
+    } else {
+      uint16_t* gathered = gout ? gout : half_scratch(h16a_, all * OC);
+      tp_comm().all_gather(gathered, dout, local * OC, act_dtype(), L.seq_index);
+      gout16 = gathered;
+    }
   }
   float* dx = dinp ? f32_scratch(fe_, rows * L.in_features) : nullptr;  // the column layer's: every row
-  float* dw = frozen ? nullptr : f32_scratch(fd_, nw + L.out_features);  // dW, then db (partial where noted)
-  if (dw) device_.fill_zero(dw, (nw + L.out_features) * static_cast<int64_t>(sizeof(float)));
+  float* dw = frozen ? nullptr : f32_scratch(fd_, nw + OC);               // dW, then db (partial where noted)
+  if (dw) device_.fill_zero(dw, (nw + OC) * static_cast<int64_t>(sizeof(float)));
   {
-    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, layer_backward_cost(i, rows, dinp != nullptr));
-    const float* gout = widen(fa_, gout16, rows * L.out_features);
-    const float* x = widen(fb_, L.tp == TpRole::Column ? sp_gathered_[static_cast<size_t>(i)].u16() : in, rows * L.in_features);
+    const OpCost cost = !weights ? layer_backward_cost(i, rows, true) - layer_backward_cost(i, rows, false)
+                                 : layer_backward_cost(i, rows, dinp != nullptr);
+    ComputeScope scope(observer_, ComputeKind::LayerBackward, L.seq_index, cost);
+    const float* g = widen(fa_, gout16, rows * OC);
+    const float* x = weights ? widen(fb_, L.tp == TpRole::Column ? sp_gathered(i).u16() : in, rows * L.in_features) : nullptr;
     const float* wv = dinp ? operand(fc_, w, nw) : nullptr;
     if (L.tp == TpRole::Row) {
-      device_.linear_backward(dx, dw, nullptr, gout, x, wv, all, L.in_features, L.out_features);
+      device_.linear_backward(dx, dw, nullptr, g, x, wv, all, L.in_features, OC);
       // The bias gradient from this rank's rows only: summed over the group below.
-      if (dw)
-        device_.linear_backward(nullptr, nullptr, dw + nw, widen(ff_, dout, local * L.out_features), nullptr, nullptr, local,
-                                L.in_features, L.out_features);
+      if (dw) device_.linear_backward(nullptr, nullptr, dw + nw, widen(ff_, mine16, local * OC), nullptr, nullptr, local, L.in_features, OC);
     } else {
-      device_.linear_backward(dx, dw, dw ? dw + nw : nullptr, gout, x, wv, rows, L.in_features, L.out_features);
+      device_.linear_backward(dx, dw, dw ? dw + nw : nullptr, g, x, wv, rows, L.in_features, OC);
     }
     if (dw && L.tp != TpRole::Replicated) add_to_grad16(params_[static_cast<size_t>(L.weight)], dw);
     if (dw && L.tp == TpRole::Column) add_to_grad16(params_[static_cast<size_t>(L.bias)], dw + nw);
-    if (L.lora_a >= 0) half_lora_backward(L, dx, gout, x, rows);
+    if (L.lora_a >= 0) half_lora_backward(L, dx, g, x, rows, weights);
   }
   if (dinp && L.tp == TpRole::Column) {
     uint16_t* full = half_scratch(h16a_, all * L.in_features);
@@ -290,10 +298,10 @@ void Model::half_sp_layer_backward(int i, uint16_t* dinp, const uint16_t* dout, 
   } else if (dinp) {
     device_.narrow_half(dinp, dx, rows * L.in_features, f);
   }
-  if (lora_split(L)) half_sum_lora_grad(L);
+  if (weights && lora_split(L)) half_sum_lora_grad(L);
   if (!dw || L.tp == TpRole::Column) return;
   const bool both = L.tp == TpRole::Replicated;
-  const float* sum = half_all_reduce_partial(both ? dw : dw + nw, both ? nw + L.out_features : L.out_features, L.seq_index);
+  const float* sum = half_all_reduce_partial(both ? dw : dw + nw, both ? nw + OC : OC, L.seq_index);
   if (both) add_to_grad16(params_[static_cast<size_t>(L.weight)], sum);
   add_to_grad16(params_[static_cast<size_t>(L.bias)], sum + (both ? nw : 0));
 }

@@ -211,8 +211,10 @@ struct PipelineRank::MicroBatch {
   Tensor probs;                  // last stage: the softmax (rows, C), from F to B
   std::vector<Tensor> douts;     // after I: the gradient at each layer's output, until W
   std::unique_ptr<GptCore> gpt;  // a GPT stage: this micro-batch's saved activations (B*T rows)
+  std::vector<Tensor> gathered;  // an MLP under sequence parallelism: the column Linears' gathered inputs
   void release() {
     if (gpt) gpt->release();
+    gathered.clear();
     input = Tensor();
     outs.clear();
     probs = Tensor();
@@ -613,7 +615,8 @@ void PipelineRank::scatter_gpt_stage(StageRange r, const float* values, const Mo
 }
 
 int64_t PipelineRank::boundary_rows(const MicroBatch& st) const {
-  if (!spec_.is_gpt()) return st.rows;
+  // An MLP under sequence parallelism: this TP rank's rows of the micro-batch padded to a multiple of tp.
+  if (!spec_.is_gpt()) return sequence_parallel_ ? (st.rows + tp_ - 1) / tp_ : st.rows;
   // This rank's positions: T / cp of each sample, and of those this TP rank's under sequence parallelism.
   return st.rows * (spec_.gpt.ctx / cp_) / (sequence_parallel_ ? tp_ : 1);
 }
@@ -680,7 +683,7 @@ WorkPtr PipelineRank::send(int stage, int mb, Dir dir, const Tensor& data, const
 // where checkpointing dropped it: only a ReLU's, whose backward reads its output instead.
 // A 16-bit first stage reads its micro-batch's rows rounded to 16 bits (x.to(dtype)), kept in `input`.
 const void* PipelineRank::layer_input(const MicroBatch& st, int stage, int i) const {
-  if (i == 0) return stage == 0 && !half_acts() ? static_cast<const void*>(x_ + st.offset * spec_.in_features()) : st.input.raw();
+  if (i == 0) return stage == 0 && !half_acts() && !sequence_parallel_ ? static_cast<const void*>(x_ + st.offset * spec_.in_features()) : st.input.raw();
   return st.outs[static_cast<size_t>(i - 1)].raw();
 }
 
@@ -750,26 +753,41 @@ const Tensor* PipelineRank::forward(int stage, int mb) {
   if (spec_.is_gpt()) return gpt_forward(stage, mb);
   MicroBatch& st = state(stage, mb);
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
-  if (stage == 0 && half_acts()) {  // the batch as x.to(dtype), as the one-rank 16-bit model rounds it
+  const bool sp = sequence_parallel_;  // (Model::forward's sequence parallelism, layer by layer)
+  if (sp) model.sp_stage_begin(st.rows, &st.gathered);
+  if (stage == 0 && (half_acts() || sp)) {  // the batch as x.to(dtype), as the one-rank 16-bit model rounds it
     const int64_t D = spec_.in_features();
-    st.input = activation(st.rows, D);
-    device_.narrow_half(st.input.u16(), x_ + st.offset * D, st.rows * D, model.half_format());
+    Tensor whole = half_acts() ? activation(st.rows, D) : Tensor();
+    if (half_acts()) device_.narrow_half(whole.u16(), x_ + st.offset * D, st.rows * D, model.half_format());
+    if (sp) {  // this TP rank's rows of it (scatter_to_sequence_parallel_region)
+      st.input = activation(boundary_rows(st), D);
+      model.sp_stage_split(st.input.raw(), half_acts() ? whole.raw() : static_cast<const void*>(x_ + st.offset * D), D);
+    } else {
+      st.input = std::move(whole);
+    }
   }
   const void* in = layer_input(st, stage, 0);
   for (int i = 0; i < model.num_layers(); i++) {
-    const int64_t width = model.layer(i).out_features;
+    const int64_t width = model.layer(i).out_features, rows = sp ? model.sp_stage_rows(i, true) : st.rows;
     // Checkpointing: a Linear inside a block writes to the shared buffer its ReLU reads at once.
     const bool keep = model.keeps_output(i);
-    st.outs.push_back(keep ? activation(st.rows, width) : Tensor());
-    void* out = keep ? st.outs.back().raw() : recompute_buffer(st.rows * width);
+    st.outs.push_back(keep ? activation(rows, width) : Tensor());
+    void* out = keep ? st.outs.back().raw() : recompute_buffer(rows * width);
     model.gate_layer(i, false);
-    if (st.rows > 0) layer_forward(model, i, out, in, st.rows);
+    if (st.rows > 0 && sp) model.sp_stage_forward(i, out, in, false);
+    else if (st.rows > 0) layer_forward(model, i, out, in, st.rows);
     in = out;
   }
   // The output stays here until this stage's backward, long after the next stage received it.
   if (stage + 1 < static_cast<int>(plan_.stages.size())) return &st.outs.back();
   const int64_t C = spec_.out_features();
   st.probs = Tensor({st.rows, C}, MemCategory::Activations, memory_, DType::F32, device_);
+  Tensor gathered;  // sequence parallel: every TP rank's rows of the logits (gather_from_sequence_parallel_region)
+  if (sp && st.rows > 0) {
+    gathered = activation(model.sp_stage_padded_rows(), C);
+    model.sp_stage_gather(gathered.raw(), in, C, model.layer(model.num_layers() - 1).seq_index);
+    in = gathered.raw();
+  }
   const float* logits = static_cast<const float*>(in);
   Tensor widened;  // 16 bits: the logits widened, so the loss runs in float32 (Model::forward's way)
   if (half_acts()) {
@@ -788,6 +806,8 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
   if (spec_.is_gpt()) return gpt_backward(stage, mb, std::move(dout), input_only);
   MicroBatch& st = state(stage, mb);
   Model& model = *models_[static_cast<size_t>(stage / plan_.ranks())];
+  const bool sp = sequence_parallel_;
+  if (sp) model.sp_stage_begin(st.rows, &st.gathered);
   if (stage + 1 == static_cast<int>(plan_.stages.size())) {
     const int64_t C = spec_.out_features();
     dout = Tensor({st.rows, C}, MemCategory::Activations, memory_, DType::F32, device_);
@@ -798,6 +818,11 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
       device_.narrow_half(d16.u16(), dout.f32(), st.rows * C, model.half_format());
       dout = std::move(d16);
     }
+    if (sp) {  // this TP rank's rows of it, as Model::backward splits them
+      Tensor mine = activation(boundary_rows(st), C);
+      model.sp_stage_split(mine.raw(), dout.raw(), C);
+      dout = std::move(mine);
+    }
   }
   st.probs = Tensor();
   const int n = model.num_layers();
@@ -805,19 +830,32 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
   for (int i = n - 1; i >= 0; i--) {
     const Layer& L = model.layer(i);
     const bool input_grad = i > 0 || stage > 0;  // the model's first layer has no input gradient
-    Tensor dinp = input_grad ? activation(st.rows, L.in_features) : Tensor();
+    const int64_t rows_in = sp ? model.sp_stage_rows(i, false) : st.rows, rows_out = sp ? model.sp_stage_rows(i, true) : st.rows;
+    Tensor dinp = input_grad ? activation(rows_in, L.in_features) : Tensor();
     const void* in = layer_input(st, stage, i);
     const void* out = st.outs[static_cast<size_t>(i)].raw();
     if (model.activation_checkpointing() && model.keeps_output(i)) {
       // torch.utils.checkpoint: backward reaching a block runs its forward again first (as
       // Model::backward does): the Linear from the block's kept input, the ReLU in place after it.
       const int first = L.kind == LayerKind::ReLU ? i - 1 : i;
-      void* buf = recompute_buffer(st.rows * L.out_features);
-      for (int j = first; j <= i && st.rows > 0; j++) layer_forward(model, j, buf, j == first ? layer_input(st, stage, j) : buf, st.rows, true);
+      void* buf = recompute_buffer(rows_out * L.out_features);
+      for (int j = first; j <= i && st.rows > 0; j++) {
+        const void* from = j == first ? layer_input(st, stage, j) : buf;
+        if (sp) model.sp_stage_forward(j, buf, from, true);
+        else layer_forward(model, j, buf, from, st.rows, true);
+      }
       out = buf;
     }
     model.gate_layer(i, true);
-    if (st.rows > 0 && model.half_acts()) {
+    Tensor gout;  // ZB-H1 under sequence parallelism: a row-parallel Linear's gathered output gradient, for its W
+    if (st.rows > 0 && sp) {
+      if (!input_only) {
+        model.sp_stage_backward(i, dinp.raw(), dout.raw(), in, out);
+      } else {
+        if (L.kind == LayerKind::Linear && L.tp == TpRole::Row) gout = activation(model.sp_stage_padded_rows(), L.out_features);
+        if (input_grad || !gout.empty()) model.sp_stage_backward_input(i, dinp.raw(), dout.raw(), out, gout.raw());
+      }
+    } else if (st.rows > 0 && model.half_acts()) {
       using u16 = uint16_t;
       if (!input_only) model.layer_backward16(i, static_cast<u16*>(dinp.raw()), static_cast<const u16*>(dout.raw()), static_cast<const u16*>(in),
                                               static_cast<const u16*>(out), st.rows);
@@ -827,7 +865,7 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
       if (!input_only) model.layer_backward(i, dinp.f32(), dout.f32(), static_cast<const float*>(in), static_cast<const float*>(out), st.rows);
       else if (input_grad) model.layer_backward_input(i, dinp.f32(), dout.f32(), static_cast<const float*>(out), st.rows);
     }
-    if (input_only) st.douts[static_cast<size_t>(i)] = std::move(dout);  // W needs it
+    if (input_only) st.douts[static_cast<size_t>(i)] = gout.empty() ? std::move(dout) : std::move(gout);  // W needs it
     dout = std::move(dinp);
   }
   if (!input_only) st.release();
@@ -844,9 +882,12 @@ void PipelineRank::backward_weight(int stage, int mb) {
     return;
   }
   DTLAB_CHECK(st.douts.size() == static_cast<size_t>(model.num_layers()), "W ran before its I; the schedule is wrong");
+  if (sequence_parallel_) model.sp_stage_begin(st.rows, &st.gathered);
   for (int i = 0; i < model.num_layers() && st.rows > 0; i++) {
     const void* dout = st.douts[static_cast<size_t>(i)].raw();
-    if (model.half_acts())
+    if (sequence_parallel_)
+      model.sp_stage_backward_weight(i, dout, layer_input(st, stage, i));
+    else if (model.half_acts())
       model.layer_backward_weight16(i, static_cast<const uint16_t*>(dout), static_cast<const uint16_t*>(layer_input(st, stage, i)), st.rows);
     else
       model.layer_backward_weight(i, static_cast<const float*>(dout), static_cast<const float*>(layer_input(st, stage, i)), st.rows);

@@ -20,9 +20,6 @@ struct Combination {
 };
 
 const Combination kCombinations[] = {
-    {Feature::SequenceParallel, "--strategy pipeline and an mlp model",
-     [](const TrainConfig& c) { return c.strategy == Strategy::Pipeline && !c.model.is_gpt(); },
-     "an MLP's stages send whole activations between ranks (a GPT's send their positions)", "drop --sequence-parallel, or use --model gpt", true},
     {Feature::MixedPrecision, "--model gpt", [](const TrainConfig& c) { return is_mixed(c.amp) && c.model.is_gpt(); },
      "the GPT's layers run --precision's 16-bit layout only", "use --precision bf16, or an mlp model with --amp", true, "--amp"},
     {Feature::Moe, "an mlp model", [](const TrainConfig& c) { return !c.model.is_gpt(); },
