@@ -39,15 +39,23 @@ std::vector<int> expert_parameters(const Model& model) {
   return ids;
 }
 
-void reduce_expert_gradients(Model& model, Communicator* expert_dp, int world) {
-  std::vector<std::pair<int64_t, int64_t>> runs;  // [offset, end) in the flat gradients, merged where adjacent
-  std::vector<int> ids = expert_parameters(model);
-  std::sort(ids.begin(), ids.end(), [&](int a, int b) { return model.parameters()[static_cast<size_t>(a)].offset < model.parameters()[static_cast<size_t>(b)].offset; });
-  for (int i : ids) {
-    const Parameter& p = model.parameters()[static_cast<size_t>(i)];
-    if (!runs.empty() && runs.back().second == p.offset) runs.back().second += p.numel;
-    else runs.push_back({p.offset, p.offset + p.numel});
+std::vector<std::pair<int64_t, int64_t>> parameter_runs(const Model& model, bool experts) {
+  std::vector<char> expert(model.parameters().size(), 0);
+  for (int i : expert_parameters(model)) expert[static_cast<size_t>(i)] = 1;
+  std::vector<const Parameter*> ps;
+  for (size_t k = 0; k < model.parameters().size(); k++)
+    if (static_cast<bool>(expert[k]) == experts) ps.push_back(&model.parameters()[k]);
+  std::sort(ps.begin(), ps.end(), [](const Parameter* a, const Parameter* b) { return a->offset < b->offset; });
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (const Parameter* p : ps) {
+    if (!runs.empty() && runs.back().second == p->offset) runs.back().second += p->numel;
+    else runs.push_back({p->offset, p->offset + p->numel});
   }
+  return runs;
+}
+
+void reduce_expert_gradients(Model& model, Communicator* expert_dp, int world) {
+  const std::vector<std::pair<int64_t, int64_t>> runs = parameter_runs(model, true);
   Device& dev = model.device();
   const float scale = 1.0f / static_cast<float>(world);
   for (const auto& [begin, end] : runs) {

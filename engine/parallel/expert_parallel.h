@@ -6,6 +6,7 @@
 // them); scaled by 1 / (data-parallel world) and summed over the expert-data-parallel group it is the
 // same average DDP gives every replicated parameter (Megatron's expert_gradient_scaling_factor).
 #pragma once
+#include <utility>
 #include <vector>
 
 #include "engine/comm/communicator.h"
@@ -35,6 +36,10 @@ std::vector<int> expert_dp_group_ranks(int rank, int ep, int world);
 // leaves out of its buckets (torch's _ddp_params_and_buffers_to_ignore), reduced by
 // reduce_expert_gradients instead.
 std::vector<int> expert_parameters(const Model& model);
+
+// The ranges [offset, end) of the flat gradients that hold the experts (experts true) or every other
+// parameter, adjacent parameters merged: what one collective each reduces.
+std::vector<std::pair<int64_t, int64_t>> parameter_runs(const Model& model, bool experts);
 
 // After backward: each expert gradient multiplied by 1 / world (the data-parallel world) and summed
 // over `expert_dp` (null: a group of one, the scaling alone); one all-reduce per run of expert

@@ -434,18 +434,7 @@ void PipelineRank::reduce_gradients() {
 }
 
 void PipelineRank::reduce_runs(Model& m, Communicator& group, bool experts, std::vector<WorkPtr>& works) {
-  std::vector<char> expert(m.parameters().size(), 0);
-  for (int i : expert_parameters(m)) expert[static_cast<size_t>(i)] = 1;
-  std::vector<std::pair<int64_t, int64_t>> runs;  // [offset, end) in the flat gradients, adjacent ones merged
-  std::vector<const Parameter*> ps;
-  for (size_t k = 0; k < m.parameters().size(); k++)
-    if (static_cast<bool>(expert[k]) == experts) ps.push_back(&m.parameters()[k]);
-  std::sort(ps.begin(), ps.end(), [](const Parameter* a, const Parameter* b) { return a->offset < b->offset; });
-  for (const Parameter* p : ps) {
-    if (!runs.empty() && runs.back().second == p->offset) runs.back().second += p->numel;
-    else runs.push_back({p->offset, p->offset + p->numel});
-  }
-  for (const auto& [begin, end] : runs) {
+  for (const auto& [begin, end] : parameter_runs(m, experts)) {
     void* g = m.mixed() ? static_cast<void*>(m.grads16() + begin) : static_cast<void*>(m.grads() + begin);
     works.push_back(group.all_reduce(g, end - begin, dtype_, ReduceOp::Sum));
   }
