@@ -110,6 +110,10 @@ struct RingCurve {
   }
 };
 
+// Two ranks share one spoke through the ring's center; their edges bulge this much (of the spoke's
+// length, so half of it in radii at the middle) to each side.
+constexpr float kTwoRankBulge = 0.22f;
+
 RingCurve make_curve(ImVec2 a, ImVec2 b, float bulge, float trim_a, float trim_b) {
   RingCurve c;
   c.a = a;
@@ -477,13 +481,17 @@ void draw_hint(ImDrawList* dl, const RingLayout& L, int N, float room, float wid
   dl->AddText(font, fs, tp, ImGui::GetColorU32(ImGuiCol_Text), hint.c_str(), nullptr, wrap);
 }
 
-// The step counter, the phase, and who the world waits for (or the wall time once done).
-void draw_step_counter(ImDrawList* dl, const RingLayout& L, const CollectiveView& cv, float room, float fs, float dy) {
+// The step counter, the phase, and who the world waits for (or the wall time once done). `aside`: the
+// middle of the ring is taken by edges crossing it (two ranks: their spoke runs through the center,
+// bulging `aside` x the radius to each side), so the block sits left of them inside the ring where it
+// fits, else left of the ring (the view's left edge at `left`).
+void draw_step_counter(ImDrawList* dl, const RingLayout& L, const CollectiveView& cv, float room, float fs, float dy, float aside,
+                       float left) {
   char big[32];
   if (cv.steps_done < cv.steps) std::snprintf(big, sizeof big, "step %d/%d", cv.steps_done + 1, cv.steps);
   else std::snprintf(big, sizeof big, "done");
-  const float bs = std::min(fs * 1.6f, room / 6.0f);
-  if (bs < fs * 0.8f) return;
+  float bs = std::min(fs * 1.6f, room / 6.0f);
+  if (bs < fs * 0.8f && aside <= 0) return;
   // Lines of the center block, on a translucent plate so edges crossing it stay out of the way.
   struct Line {
     std::string text;
@@ -503,12 +511,29 @@ void draw_step_counter(ImDrawList* dl, const RingLayout& L, const CollectiveView
   }
   ImFont* font = ImGui::GetFont();
   float w = 0, h = 0;
-  for (const Line& l : lines) {
-    w = std::max(w, font->CalcTextSizeA(l.size, FLT_MAX, 0.0f, l.text.c_str()).x);
-    h += l.size;
-  }
-  ImVec2 p(L.center.x, L.center.y - h * 0.5f + dy);
+  auto measure = [&] {
+    w = h = 0;
+    for (const Line& l : lines) {
+      w = std::max(w, font->CalcTextSizeA(l.size, FLT_MAX, 0.0f, l.text.c_str()).x);
+      h += l.size;
+    }
+  };
+  measure();
   const ImVec2 m(fs * 0.5f, fs * 0.25f);
+  float x = L.center.x;
+  if (aside > 0) {
+    const float inside = aside * L.radius + fs * 0.6f + m.x + w * 0.5f;  // clear of the edges and their arrowheads
+    if (bs >= fs * 0.8f && inside + w * 0.5f + m.x <= L.radius - fs * 0.3f) {
+      x -= inside;
+    } else {  // left of the ring, at full size
+      lines[0].size = bs = fs * 1.6f;
+      measure();
+      const float beyond = L.radius + fs + m.x + w * 0.5f;  // clear of the ring
+      if (L.center.x - beyond - w * 0.5f - m.x < left) return;
+      x -= beyond;
+    }
+  }
+  ImVec2 p(x, L.center.y - h * 0.5f + dy);
   dl->AddRectFilled(ImVec2(p.x - w * 0.5f - m.x, p.y - m.y), ImVec2(p.x + w * 0.5f + m.x, p.y + h + m.y),
                     ImGui::GetColorU32(ImGuiCol_WindowBg, 0.8f), fs * 0.4f);
   for (const Line& l : lines) {
@@ -773,12 +798,12 @@ void draw_ring_view(const Snapshot& s, ViewContext& ctx, RingViewState& state) {
   if (N > 1 || !valid) {
     const float room = N > 1 ? (L.radius - L.node_r) * 1.6f : size.x;
     if (!valid) draw_hint(dl, L, N, room, size.x, fs);
-    else draw_step_counter(dl, L, cv, room, fs, hub ? hub_half + fs * 3.0f : 0.0f);
+    else draw_step_counter(dl, L, cv, room, fs, hub ? hub_half + fs * 3.0f : 0.0f, N == 2 && !hub ? kTwoRankBulge : 0.0f, p0.x);
   }
 
   std::vector<Chunk> chunks;
   if (valid && N > 1) {
-    const Edges edges{L, N == 2 ? 0.22f : (ring ? 0.1f : 0.07f), L.node_r + std::max(3.0f, fs * 0.25f),
+    const Edges edges{L, N == 2 ? kTwoRankBulge : (ring ? 0.1f : 0.07f), L.node_r + std::max(3.0f, fs * 0.25f),
                       hub ? hub_half * 1.1f : 0.0f};
     draw_edges(dl, edges, cv, N, ring, fs);
     if (hub) draw_switch(dl, L.center, hub_half, fs, !cv.pending.empty());
