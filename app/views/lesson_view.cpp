@@ -295,7 +295,9 @@ std::vector<std::string> draw_lesson_view(const LessonPanel& panel, LessonViewSt
   const int j = std::max(0, r.step());
   const LessonStep& st = l.steps[static_cast<size_t>(j)];
   ImGui::SetWindowFontScale(1.15f);
+  ImGui::PushTextWrapPos(0.0f);  // a long title wraps at the panel's edge (1280 x 720: "...not the batch")
   ImGui::TextUnformatted(l.title.c_str());
+  ImGui::PopTextWrapPos();
   ImGui::SetWindowFontScale(1.0f);
   char progress[128];
   std::snprintf(progress, sizeof progress, "step %d of %d%s", j + 1, r.steps(), r.finished() ? " — done" : "");
@@ -333,8 +335,12 @@ std::vector<std::string> draw_lesson_view(const LessonPanel& panel, LessonViewSt
   ImGui::EndDisabled();
   ImGui::SameLine();
   if (ImGui::Button("Close")) out.push_back("close");
+  // The key's hint, the longest form that fits the row (a narrow panel: none).
+  const char* hint = panel.busy ? "running…" : "N: next demo step";
   ImGui::SameLine();
-  ImGui::TextDisabled(panel.busy ? "running…" : ctx.presentation ? "N: next" : "N: next demo step");
+  const float room = ImGui::GetContentRegionAvail().x;
+  if (!panel.busy && (ctx.presentation || ImGui::CalcTextSize(hint).x > room)) hint = "N: next";
+  if (ImGui::CalcTextSize(hint).x <= room) ImGui::TextDisabled("%s", hint);
   return out;
 }
 

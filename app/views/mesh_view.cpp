@@ -106,24 +106,31 @@ void rank_panel(ImDrawList* dl, const MeshView& mv, int rank, ImVec2 at, bool ho
   }
 }
 
+// TextDisabled, wrapped at the window's edge (presentation mode's larger font at 1280 x 720).
+void dim_wrapped(const char* text) {
+  ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+  ImGui::TextWrapped("%s", text);
+  ImGui::PopStyleColor();
+}
+
 void header(const Snapshot& s, const MeshGroup& g) {
   const MeshView& mv = s.mesh;
   ImGui::TextWrapped("%s (torch init_device_mesh order: rank = (dp x %d + pp) x %d + tp, tp fastest)%s",
                      describe_mesh(mv.shape).c_str(), mv.shape.pp, mv.shape.tp, mv.sequence_parallel ? ", sequence parallel" : "");
   if (!mv.error.empty()) ImGui::TextColored(ImVec4(1.0f, 0.55f, 0.45f, 1.0f), "%s", mv.error.c_str());
   if (!g.valid) {
-    ImGui::TextDisabled("No collective yet: step one (C) to light its group. Hover a rank for its slice of each weight.");
+    dim_wrapped("No collective yet: step one (C) to light its group. Hover a rank for its slice of each weight.");
     return;
   }
   std::vector<std::string> ranks;
   for (int r : g.ranks) ranks.push_back(std::to_string(r));
   const bool held = s.held.valid && (s.held.kind == GateKind::Collective || s.held.kind == GateKind::RingStep);
   const bool pair = g.name.rfind("send", 0) == 0 || g.name.rfind("recv", 0) == 0;
-  if (pair) ImGui::Text("paused before %s (ranks %s)", g.name.c_str(), join(ranks, ", ").c_str());
-  else ImGui::Text("%s collective: %s in %s (ranks %s)", held ? "paused before" : "latest", collective_name(g.op), g.name.c_str(),
+  if (pair) ImGui::TextWrapped("paused before %s (ranks %s)", g.name.c_str(), join(ranks, ", ").c_str());
+  else ImGui::TextWrapped("%s collective: %s in %s (ranks %s)", held ? "paused before" : "latest", collective_name(g.op), g.name.c_str(),
                    join(ranks, ", ").c_str());
   draw_focus_line(s);
-  ImGui::TextDisabled("Click a rank (or a tp group's title) to follow it in every view; click it again to let go.");
+  dim_wrapped("Click a rank (or a tp group's title) to follow it in every view; click it again to let go.");
 }
 
 // Where the line from a cell's centre toward `to` leaves the cell (so a link never crosses the text).
