@@ -861,7 +861,8 @@ void run_summary(const RunConfigView& rc) {
 }
 
 void App::config_panel() {
-  ImGui::Begin("Run");
+  // A narrow tile (all views beside a lesson at 1280 x 720) scrolls sideways to the labels, not cuts them.
+  ImGui::Begin("Run", nullptr, ImGuiWindowFlags_HorizontalScrollbar);
   // Room on the right for the longest label: a pipeline's "micro-batches m" (FSDP's "bwd prefetch" is shorter).
   // (The window's inner rectangle, which leaves out the scrollbar whether or not it was shown last frame.)
   ImGuiWindow* run_window = ImGui::GetCurrentWindow();

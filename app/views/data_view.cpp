@@ -284,7 +284,12 @@ void draw_scatter(const Snapshot& s, ViewContext& ctx, DataViewState& st, ImVec2
   }
   dl->AddRect(pos, ImVec2(pos.x + size.x, pos.y + size.y), ImGui::GetColorU32(ImGuiCol_Border));
   const ImU32 dim_text = ImGui::GetColorU32(ImGuiCol_TextDisabled);
-  dl->AddText(ImVec2(pos.x + font * 0.4f, pos.y + size.y - font * 1.4f), dim_text, "x: feature 0   y: feature 1");
+  // The axes' names on a plate of their own, so the points under them (a small tile) do not garble them.
+  const char* axes = ImGui::CalcTextSize("x: feature 0   y: feature 1").x + font <= size.x ? "x: feature 0   y: feature 1" : "x: f0  y: f1";
+  const ImVec2 at(pos.x + font * 0.4f, pos.y + size.y - font * 1.4f), tsz = ImGui::CalcTextSize(axes);
+  dl->AddRectFilled(ImVec2(at.x - font * 0.2f, at.y - font * 0.1f), ImVec2(at.x + tsz.x + font * 0.2f, at.y + tsz.y + font * 0.1f),
+                    ImGui::GetColorU32(ImGuiCol_WindowBg, 0.8f), font * 0.2f);
+  dl->AddText(at, dim_text, axes);
   if (!tex) dl->AddText(ImVec2(pos.x + font * 0.4f, pos.y + font * 0.3f), dim_text, "(drawn without the points shader)");
 
   if (!hovered || st.vertices.empty()) return;
@@ -677,7 +682,9 @@ void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
   const float font = ImGui::GetFontSize();
 
   // ---- controls ----
-  ImGui::Checkbox("set_epoch(epoch) each epoch", &ctx.data_set_epoch);
+  // The long label where it fits (a narrow tile of "all views" at 1280 x 720 cut it).
+  const bool room = ImGui::GetContentRegionAvail().x >= ImGui::CalcTextSize("set_epoch(epoch) each epoch").x + ImGui::GetFrameHeight() * 1.5f;
+  ImGui::Checkbox(room ? "set_epoch(epoch) each epoch###set_epoch" : "set_epoch(epoch)###set_epoch", &ctx.data_set_epoch);
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip("sampler.set_epoch(epoch) reseeds the DistributedSampler's shuffle every epoch.\n"
                       "Without it every epoch repeats epoch 0's split and order.");
@@ -702,10 +709,13 @@ void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
   // ---- what the split is ----
   const ImVec4 kWarn(1.0f, 0.72f, 0.3f, 1.0f);
   ImGui::Text("Epoch %lld", static_cast<long long>(d.epoch));
-  ImGui::SameLine(0, font);
-  // The data set's short name; its parameters in the tooltip.
+  // The data set's short name (its parameters in the tooltip), beside the epoch where it fits.
   const std::string short_name = d.name.substr(0, d.name.find(':'));
-  ImGui::TextDisabled("%s: %lld samples, %d classes", short_name.c_str(), static_cast<long long>(d.n), d.classes);
+  char about[160];
+  std::snprintf(about, sizeof about, "%s: %lld samples, %d classes", short_name.c_str(), static_cast<long long>(d.n), d.classes);
+  flow(ImGui::CalcTextSize(about).x, font);
+  ImGui::PushTextWrapPos(0.0f);
+  ImGui::TextDisabled("%s", about);
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", d.name.c_str());
   if (!d.set_epoch) ImGui::TextColored(kWarn, "set_epoch off: every epoch reuses epoch 0's split");
   if (st.moved >= 0 && st.prev_epoch >= 0 && st.prev_epoch != d.epoch) {
@@ -718,6 +728,7 @@ void draw_data_view(const Snapshot& s, DataViewState& st, ViewContext& ctx) {
                   static_cast<long long>(st.moved), static_cast<long long>(d.n),
                   100.0 * static_cast<double>(st.moved) / static_cast<double>(d.n), owner);
   }
+  ImGui::PopTextWrapPos();
   draw_legend(s, st);
   ImGui::Spacing();
 

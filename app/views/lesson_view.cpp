@@ -193,7 +193,17 @@ void draw_question(const LessonRunner& r, int j, const Snapshot& s, bool busy, L
     for (size_t i = 0; i < q.choices.size(); i++) {
       const bool right_one = a.revealed && a.live_choice == static_cast<int>(i);
       if (right_one) ImGui::PushStyleColor(ImGuiCol_Text, kGood);
-      if (ImGui::RadioButton(q.choices[i].text.c_str(), &pick, static_cast<int>(i))) out.push_back("answer " + std::to_string(i + 1));
+      // The button, then its text wrapped at the box's edge (a long choice on a narrow panel), which
+      // picks it too.
+      ImGui::PushID(static_cast<int>(i));
+      bool picked = ImGui::RadioButton("##choice", &pick, static_cast<int>(i));
+      ImGui::SameLine(0, ImGui::GetStyle().ItemInnerSpacing.x);
+      ImGui::PushTextWrapPos(right - ImGui::GetWindowPos().x);
+      ImGui::TextUnformatted(q.choices[i].text.c_str());
+      ImGui::PopTextWrapPos();
+      picked = picked || (ImGui::IsItemClicked() && !a.revealed && !busy);
+      ImGui::PopID();
+      if (picked) out.push_back("answer " + std::to_string(i + 1));
       if (right_one) ImGui::PopStyleColor();
     }
   } else {

@@ -92,6 +92,7 @@ struct BarLayout {
   float bar_h = 0, gap = 0;
   float bar_x0 = 0, bar_x1 = 0, px_per_byte = 0, rows_bottom = 0;
   bool compact = false;  // the peak alone beside each bar (the bar itself is what the rank holds now)
+  bool numbers = true;   // false: no room beside the bars (a narrow panel); their tooltips say it
   float x_of(double bytes) const { return bar_x0 + static_cast<float>(bytes) * px_per_byte; }
 };
 
@@ -99,13 +100,16 @@ struct BarLayout {
 void draw_byte_grid(ImDrawList* dl, const BarLayout& lay, int64_t scale_bytes) {
   const float font = ImGui::GetFontSize();
   const double step = nice_byte_step(static_cast<double>(scale_bytes), std::max(2, static_cast<int>((lay.bar_x1 - lay.bar_x0) / (font * 7))));
+  float free_from = -FLT_MAX;  // a label that would touch the one before it is left out (a narrow bar)
   for (double b = 0; b <= static_cast<double>(scale_bytes) * 1.0001; b += step) {
     const float x = std::floor(lay.x_of(b)) + 0.5f;
     dl->AddLine(ImVec2(x, lay.origin.y), ImVec2(x, lay.rows_bottom + font * 0.25f), kMemoryGrid, 1.0f);
     const std::string t = human_bytes(static_cast<int64_t>(b));
     const float tw = ImGui::CalcTextSize(t.c_str()).x;
-    const float tx = std::clamp(x - tw * 0.5f, lay.origin.x, lay.bar_x1 - tw);
+    const float tx = std::clamp(x - tw * 0.5f, lay.origin.x, std::max(lay.origin.x, lay.bar_x1 - tw));
+    if (tx < free_from) continue;
     dl->AddText(ImVec2(tx, lay.rows_bottom + font * 0.3f), ImGui::GetColorU32(ImGuiCol_TextDisabled), t.c_str());
+    free_from = tx + tw + font * 0.6f;
   }
 }
 
@@ -185,7 +189,7 @@ bool draw_rank_bar(ImDrawList* dl, const Snapshot& s, int r, const BarLayout& la
     std::snprintf(numbers + len, sizeof numbers - len, "  GPU %s / %s", human_bytes(rm.device_used).c_str(),
                   human_bytes(rm.device_total).c_str());
   }
-  dl->AddText(ImVec2(bar_x1 + font * 0.6f, text_y), ImGui::GetColorU32(ImGuiCol_Text), numbers);
+  if (lay.numbers) dl->AddText(ImVec2(bar_x1 + font * 0.6f, text_y), ImGui::GetColorU32(ImGuiCol_Text), numbers);
 
   if (row_hovered) rank_bar_tooltip(rm, r, std::fabs(mouse.x - x_peak) <= std::max(4.0f, font * 0.3f), hovered_cat);
   return row_hovered;
@@ -295,12 +299,16 @@ void draw_live_bars(const Snapshot& s, MemoryViewState& view, float reserve_h, V
   const float font = ImGui::GetFontSize();
   const ImGuiStyle& style = ImGui::GetStyle();
   const float label_w = ImGui::CalcTextSize("rank 00").x + font * 0.6f;
-  const float numbers_w = ImGui::CalcTextSize(compact ? "peak 000.0 MiB" : "000.0 MiB  peak 000.0 MiB").x + font * 0.8f;
+  float numbers_w = ImGui::CalcTextSize(compact ? "peak 000.0 MiB" : "000.0 MiB  peak 000.0 MiB").x + font * 0.8f;
   const float axis_h = ImGui::GetTextLineHeight() + font * 0.6f;
   const float footer_h = compact ? 0 : ImGui::GetTextLineHeightWithSpacing();
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   BarLayout lay;
   lay.compact = compact;
+  if (avail.x < label_w + numbers_w + font * (compact ? 4 : 8)) {  // the bars first; the numbers in their tooltips
+    lay.numbers = false;
+    numbers_w = font * 0.5f;
+  }
   lay.gap = std::max(3.0f, font * (compact ? 0.25f : 0.35f));
   const float fit_h = (avail.y - reserve_h - axis_h - footer_h - style.ItemSpacing.y) / static_cast<float>(world) - lay.gap;
   lay.bar_h = std::clamp(fit_h, font * (compact ? 0.5f : 0.9f), font * 2.2f);
