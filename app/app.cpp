@@ -1028,7 +1028,10 @@ void App::views() {
       ImGui::SetNextWindowPos(ImVec2(t.x, t.y), cond);
       ImGui::SetNextWindowSize(ImVec2(t.w, t.h), cond);
     }
-    ImGui::Begin(kViewTitles[v], nullptr, solo_ == v ? ImGuiWindowFlags_NoSavedSettings : 0);
+    // The Collective inspector's key/value rows in a narrow tile (all views beside a lesson at 1280 x 720)
+    // scroll sideways rather than wrap a glyph a line.
+    const ImGuiWindowFlags scroll = v == kInspector && solo_ != v ? ImGuiWindowFlags_HorizontalScrollbar : 0;
+    ImGui::Begin(kViewTitles[v], nullptr, (solo_ == v ? ImGuiWindowFlags_NoSavedSettings : 0) | scroll);
     if (hidden[v]) {  // the view would show the answer of the question waiting for Check
       cover_view();
       ImGui::End();

@@ -130,6 +130,9 @@ std::vector<TextFault> text_faults() {
     std::map<std::pair<int, int>, std::vector<int>> cells;
     for (int i = 0; i < static_cast<int>(glyphs.size()); i++) {
       if (copy[static_cast<size_t>(i)]) continue;
+      // A glyph mostly scrolled out of its region (a code block's line under its scrollbar's thumb):
+      // the slivers left of two neighbours are not text over text.
+      if (glyphs[static_cast<size_t>(i)].GetArea() < 0.5f * whole[static_cast<size_t>(i)].GetArea()) continue;
       const ImRect& r = glyphs[static_cast<size_t>(i)];
       for (int cx = static_cast<int>(r.Min.x) / 32; cx <= static_cast<int>(r.Max.x) / 32; cx++)
         for (int cy = static_cast<int>(r.Min.y) / 32; cy <= static_cast<int>(r.Max.y) / 32; cy++) cells[{cx, cy}].push_back(i);

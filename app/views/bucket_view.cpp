@@ -79,7 +79,9 @@ void draw_no_buckets(const Snapshot& s) {
     ImGui::TextUnformatted("One replica: every rank is in the one tensor-parallel group (--tp = --world).");
     ImGui::TextDisabled("No gradient is averaged across replicas, so DDP has no buckets; add ranks (--world 2 x --tp) for data parallelism.");
   } else {
+    ImGui::PushTextWrapPos(0.0f);
     ImGui::TextDisabled("Waiting for DDP to assign its buckets...");
+    ImGui::PopTextWrapPos();
   }
 }
 

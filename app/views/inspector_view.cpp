@@ -294,7 +294,10 @@ void clipped(const std::string& text) {
 void gate_cell(const StepperState& st, int rank, int lane, bool running, bool compact = false) {
   const size_t i = static_cast<size_t>(rank * kStepperLanes + lane);
   if (i >= st.gates.size() || !st.gates[i].blocked) {
-    if (!compact) ImGui::TextColored(dim(), "%s", i >= st.gates.size() || !running ? "-" : st.paused ? "not at a gate" : "running");
+    if (compact) return;
+    ImGui::PushStyleColor(ImGuiCol_Text, dim());
+    clipped(i >= st.gates.size() || !running ? "-" : st.paused ? "not at a gate" : "running");
+    ImGui::PopStyleColor();
     return;
   }
   const GateInfo& g = st.gates[i].gate;
@@ -304,13 +307,10 @@ void gate_cell(const StepperState& st, int rank, int lane, bool running, bool co
     case GateKind::Iteration: text = "iteration " + std::to_string(g.iteration); break;
     default: text = g.label; break;
   }
-  if (compact) {  // cut to the cell with "..." (whole on hover)
-    ImGui::PushStyleColor(ImGuiCol_Text, kAmber);
-    clipped(text);
-    ImGui::PopStyleColor();
-  } else {
-    ImGui::TextColored(kAmber, "%s", text.c_str());
-  }
+  // Cut to the cell with "..." (whole on hover).
+  ImGui::PushStyleColor(ImGuiCol_Text, kAmber);
+  clipped(text);
+  ImGui::PopStyleColor();
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip("rank %d's %s waits at a %s gate: %s\nuntil a step or run command opens it", rank, lane_name(lane),
                       gate_kind_name(g.kind), g.label.c_str());
@@ -413,8 +413,10 @@ void draw_ranks(const Snapshot& s, const CollectiveView& cv) {
     ImGui::TableSetupColumn("steps", ImGuiTableColumnFlags_WidthFixed);
     ImGui::TableSetupColumn("compute thread", ImGuiTableColumnFlags_WidthStretch, 1.0f);
     ImGui::TableSetupColumn("comm worker", ImGuiTableColumnFlags_WidthStretch, 1.0f);
-    ImGui::TableSetupColumn("compute gate", ImGuiTableColumnFlags_WidthFixed);
-    ImGui::TableSetupColumn("comm gate", ImGuiTableColumnFlags_WidthFixed);
+    // (The gates stretch too, their labels cut to the cell: fitted to their text, "world #0 allgather of
+    // 2 int64 (ring)" pushed the last column past a 1280 x 720 panel's edge.)
+    ImGui::TableSetupColumn("compute gate", ImGuiTableColumnFlags_WidthStretch, 0.8f);
+    ImGui::TableSetupColumn("comm gate", ImGuiTableColumnFlags_WidthStretch, 0.8f);
     ImGui::TableHeadersRow();
     for (int r = 0; r < N; r++) {
       begin_rank_row(cv, r, N);

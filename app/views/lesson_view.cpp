@@ -120,8 +120,25 @@ void draw_prose(const Prose& prose, const LessonRunner* r, const Snapshot& s, fl
         const ImVec2 p = ImGui::GetCursorScreenPos(), sz = ImGui::CalcTextSize(code.c_str());
         const float pad = ImGui::GetFontSize() * 0.4f;
         ImGui::GetWindowDrawList()->AddRectFilled(p, ImVec2(right, p.y + sz.y + 2 * pad), kCodeBg, 4);
-        ImGui::GetWindowDrawList()->AddText(ImVec2(p.x + pad, p.y + pad), kCode, code.c_str());
-        ImGui::Dummy(ImVec2(right - left, sz.y + 2 * pad));
+        if (sz.x + 2 * pad <= right - left) {
+          ImGui::GetWindowDrawList()->AddText(ImVec2(p.x + pad, p.y + pad), kCode, code.c_str());
+          ImGui::Dummy(ImVec2(right - left, sz.y + 2 * pad));
+          break;
+        }
+        // Wider than the panel: the block scrolls sideways, as a code block on a web page does (a
+        // command's flags are not wrapped into another meaning).
+        const float bar = ImGui::GetStyle().ScrollbarSize;
+        ImGui::GetWindowDrawList()->AddRectFilled(p, ImVec2(right, p.y + sz.y + 2 * pad + bar), kCodeBg, 4);
+        ImGui::PushStyleColor(ImGuiCol_ChildBg, IM_COL32(0, 0, 0, 0));
+        ImGui::PushStyleVar(ImGuiStyleVar_WindowPadding, ImVec2(pad, pad));
+        ImGui::BeginChild(ImGui::GetID(&b), ImVec2(right - left, sz.y + 2 * pad + bar), false,
+                          ImGuiWindowFlags_HorizontalScrollbar | ImGuiWindowFlags_AlwaysUseWindowPadding);
+        ImGui::PushStyleColor(ImGuiCol_Text, kCode);
+        ImGui::TextUnformatted(code.c_str());
+        ImGui::PopStyleColor();
+        ImGui::EndChild();
+        ImGui::PopStyleVar();
+        ImGui::PopStyleColor();
         break;
       }
       case Block::Rule: ImGui::Separator(); break;

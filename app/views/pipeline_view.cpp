@@ -377,18 +377,22 @@ namespace {
 
 void draw_header(const PipelineView& pv, ViewContext& ctx, PipelineViewState::Impl& st) {
   const PipelineSchedule& s = pv.plan;
+  // Wrapped at the window's edge: a tile of all views at 1280 x 720 cut these lines.
+  ImGui::PushTextWrapPos(0.0f);
   ImGui::Text("%s: %d stages on %d ranks%s%s, %d micro-batches", s.name.c_str(), s.stages, pv.p,
               pv.v > 1 ? (" (" + std::to_string(pv.v) + " per rank)").c_str() : "",
               pv.tp > 1 ? (", each a tp group of " + std::to_string(pv.tp) + " ranks").c_str() : "", pv.m);
-  ImGui::SameLine();
   int done = 0, total = 0;
   for (int r = 0; r < pv.p; r++) {
     done += static_cast<int>(pv.row(r).done.size());
     for (const auto& a : pv.plan.order[static_cast<size_t>(r)]) total += a.has_value();
   }
-  if (pv.iteration < 0) ImGui::TextDisabled("- no action has run yet");
-  else if (pv.complete) ImGui::TextDisabled("- iteration %d, finished", pv.iteration);
-  else ImGui::TextDisabled("- iteration %d: %d of %d actions done", pv.iteration, done, total);
+  char status[96];
+  if (pv.iteration < 0) std::snprintf(status, sizeof status, "- no action has run yet");
+  else if (pv.complete) std::snprintf(status, sizeof status, "- iteration %d, finished", pv.iteration);
+  else std::snprintf(status, sizeof status, "- iteration %d: %d of %d actions done", pv.iteration, done, total);
+  flow(ImGui::CalcTextSize(status).x);
+  ImGui::TextDisabled("%s", status);
   if (pv.dp > 1 && pv.cp > 1)
     ImGui::TextDisabled("%d replica%s x cp %d: showing replica %d's CP rank %d (%s)%s", pv.dp / pv.cp, pv.dp / pv.cp == 1 ? "" : "s", pv.cp,
                         pv.replica / pv.cp, pv.replica % pv.cp, pv.replica_ranks.c_str(),
@@ -396,6 +400,7 @@ void draw_header(const PipelineView& pv, ViewContext& ctx, PipelineViewState::Im
   else if (pv.dp > 1)
     ImGui::TextDisabled("%d data-parallel replicas: showing replica %d (%s)%s", pv.dp, pv.replica, pv.replica_ranks.c_str(),
                         pv.replica == 0 ? "; focus a rank of another replica to show it" : ", the focused rank's");
+  ImGui::PopTextWrapPos();
   // The controls: a new schedule or size restarts the run.
   const PipelineRequest cur{pv.kind, pv.p, pv.m, pv.v, pv.unit_costs};
   if (!(cur == st.seen)) st.edit = st.seen = cur;
@@ -672,7 +677,9 @@ void draw_pipeline_view(const Snapshot& s, ViewContext& ctx, PipelineViewState& 
 
   const bool have_time = pv.costs_measured || pv.unit_costs;
   if (!have_time) {
+    ImGui::PushTextWrapPos(0.0f);
     ImGui::TextDisabled("No action has run yet: step the run (A: one time step, I: an iteration) to see it on the clock.");
+    ImGui::PopTextWrapPos();
     ImGui::EndChild();
     return;
   }

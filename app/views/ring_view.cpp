@@ -327,20 +327,25 @@ void draw_header(const CollectiveView& cv, bool presentation) {
 const char* moves_next_text(bool ring) { return ring ? "moves next (number: chunk index)" : "moves next"; }
 
 // Whether the legend's two parts (the contribution scale, the moving chunk) fit on one line `width` wide.
-bool legend_one_line(int world, float fs, bool ring, float width) {
+// The contribution scale's width with its long or short label ("held:", for a narrow canvas).
+float legend_scale_width(int world, float fs, bool short_label) {
   ImFont* font = ImGui::GetFont();
   char buf[48];
   std::snprintf(buf, sizeof buf, "0 .. %d (final)", world);
   const float sw = fs * 0.8f;
-  const float w = font->CalcTextSizeA(fs, FLT_MAX, 0.0f, "contributions held:").x + static_cast<float>(world + 1) * (sw + 2.0f) +
-                  font->CalcTextSizeA(fs, FLT_MAX, 0.0f, buf).x + sw + font->CalcTextSizeA(fs, FLT_MAX, 0.0f, moves_next_text(ring)).x +
-                  fs * 2.4f;
-  return w <= width;
+  return font->CalcTextSizeA(fs, FLT_MAX, 0.0f, short_label ? "held:" : "contributions held:").x + static_cast<float>(world + 1) * (sw + 2.0f) +
+         font->CalcTextSizeA(fs, FLT_MAX, 0.0f, buf).x + fs * 1.1f;
+}
+
+bool legend_one_line(int world, float fs, bool ring, float width) {
+  const float sw = fs * 0.8f;
+  return legend_scale_width(world, fs, false) + sw + ImGui::GetFont()->CalcTextSizeA(fs, FLT_MAX, 0.0f, moves_next_text(ring)).x + fs * 1.3f <=
+         width;
 }
 
 // Legend along the bottom of the canvas: the contribution scale and the moving chunk, on a second
 // line when the canvas is narrower than both.
-void draw_legend(ImDrawList* dl, ImVec2 p, int world, float fs, bool ring, bool one_line) {
+void draw_legend(ImDrawList* dl, ImVec2 p, int world, float fs, bool ring, bool one_line, float width) {
   ImFont* font = ImGui::GetFont();
   const float x0 = p.x;
   const ImU32 text = ImGui::GetColorU32(ImGuiCol_TextDisabled);
@@ -349,7 +354,7 @@ void draw_legend(ImDrawList* dl, ImVec2 p, int world, float fs, bool ring, bool 
     dl->AddText(font, fs, ImVec2(p.x, p.y + (sw - fs) * 0.5f), text, s);
     p.x += font->CalcTextSizeA(fs, FLT_MAX, 0.0f, s).x + fs * 0.3f;
   };
-  label("contributions held:");
+  label(legend_scale_width(world, fs, false) <= width ? "contributions held:" : "held:");
   for (int h = 0; h <= world; h++) {
     const ImU32 c = h == 0 ? ImGui::GetColorU32(ImGuiCol_FrameBg) : contribution_color(h, world);
     dl->AddRectFilled(p, p + ImVec2(sw, sw), c, sw * 0.2f);
@@ -814,7 +819,8 @@ void draw_ring_view(const Snapshot& s, ViewContext& ctx, RingViewState& state) {
   }
   draw_nodes(dl, L, cv, N, valid, chunks, fs, ctx.time);
 
-  if (valid && N > 1) draw_legend(dl, ImVec2(p0.x + fs * 0.3f, p0.y + size.y - legend_h + fs * 0.25f), N, fs, ring, legend_line);
+  if (valid && N > 1)
+    draw_legend(dl, ImVec2(p0.x + fs * 0.3f, p0.y + size.y - legend_h + fs * 0.25f), N, fs, ring, legend_line, size.x - fs * 0.6f);
   if (valid && N > 1) draw_algorithm_key(dl, p0 + ImVec2(fs * 0.3f, fs * 0.3f), cv, fs);
   dl->PopClipRect();
   if (hovered) ring_tooltips(s, L, chunks, N, valid, mouse);

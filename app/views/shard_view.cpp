@@ -412,7 +412,9 @@ void draw_shard_view(const Snapshot& s, ViewContext& ctx) {
     return;
   }
   if (s.units.empty()) {
+    ImGui::PushTextWrapPos(0.0f);
     ImGui::TextDisabled("Waiting for FSDP to lay out its units...");
+    ImGui::PopTextWrapPos();
     return;
   }
   const RunConfigView& c = s.config;
