@@ -68,21 +68,19 @@ void draw_legend(float fs) {
 }
 
 void draw_no_buckets(const Snapshot& s) {
+  ImGui::PushTextWrapPos(0.0f);  // every line wraps at the window's edge (a tile at 1280 x 720 cut them)
   if (s.config.strategy != Strategy::Ddp) {
     ImGui::TextUnformatted("Buckets exist with --strategy ddp.");
     ImGui::TextDisabled("This run uses --strategy %s: no gradient is all-reduced in buckets.", strategy_name(s.config.strategy));
-    ImGui::PushTextWrapPos(0.0f);
     ImGui::TextDisabled("DDP packs gradients into buckets in reverse layer order and all-reduces each bucket as "
                         "soon as backward has filled it, overlapping communication with the rest of backward.");
-    ImGui::PopTextWrapPos();
   } else if (s.mesh.shape.tp > 1 && s.mesh.shape.dp == 1) {
     ImGui::TextUnformatted("One replica: every rank is in the one tensor-parallel group (--tp = --world).");
     ImGui::TextDisabled("No gradient is averaged across replicas, so DDP has no buckets; add ranks (--world 2 x --tp) for data parallelism.");
   } else {
-    ImGui::PushTextWrapPos(0.0f);
     ImGui::TextDisabled("Waiting for DDP to assign its buckets...");
-    ImGui::PopTextWrapPos();
   }
+  ImGui::PopTextWrapPos();
 }
 
 // ---- header: which assignment, why this order, the state legend

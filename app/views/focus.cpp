@@ -32,11 +32,15 @@ std::string focus_caption(const Snapshot& s) {
 void draw_focus_line(const Snapshot& s) {
   const std::string f = focus_caption(s);
   if (f.empty()) return;
+  // Wrapped at the window's edge; the next gate beside the caption where it fits.
+  ImGui::PushTextWrapPos(0.0f);
   ImGui::TextColored(ImVec4(0.55f, 0.85f, 1.0f, 1.0f), "%s", f.c_str());
   if (s.stepper.focused.valid) {
-    ImGui::SameLine();
-    ImGui::TextDisabled("next: %s", s.stepper.focused.gate.label.c_str());
+    const std::string next = "next: " + s.stepper.focused.gate.label;
+    flow(ImGui::CalcTextSize(next.c_str()).x);
+    ImGui::TextDisabled("%s", next.c_str());
   }
+  ImGui::PopTextWrapPos();
 }
 
 }  // namespace dtlab::app

@@ -105,7 +105,9 @@ void draw_prose(const Prose& prose, const LessonRunner* r, const Snapshot& s, fl
       case Block::Item: {
         const float at = left + indent * static_cast<float>(b.level - 1);
         ImGui::GetWindowDrawList()->AddText(ImVec2(at, ImGui::GetCursorScreenPos().y), kLessonDim, b.bullet.c_str());
-        draw_spans(b.spans, r, s, at + indent, right, kLessonText);
+        // (A list's "10." is wider than the indent: its text starts after it.)
+        const float mark = std::max(indent, ImGui::CalcTextSize(b.bullet.c_str()).x + ImGui::GetFontSize() * 0.35f);
+        draw_spans(b.spans, r, s, at + mark, right, kLessonText);
         break;
       }
       case Block::Quote: {

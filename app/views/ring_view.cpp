@@ -774,6 +774,15 @@ void draw_ring_view(const Snapshot& s, ViewContext& ctx, RingViewState& state) {
 
   if (valid) draw_header(cv, ctx.presentation);
   else ImGui::TextDisabled("ring view: %d rank%s", N, N == 1 ? "" : "s");
+  // No collective yet: the hint in the ring's middle, or where the ring is too small to hold it (a tile
+  // in presentation mode at 1280 x 720 put it over the ranks), on a line above it.
+  const ImVec2 room_left = ImGui::GetContentRegionAvail();
+  const bool hint_above = !valid && N > 1 && std::min(room_left.x, room_left.y) < fs * 22;
+  if (hint_above) {
+    ImGui::PushTextWrapPos(0.0f);
+    ImGui::TextUnformatted("No collective yet: press C (next collective) or Space (run)");
+    ImGui::PopTextWrapPos();
+  }
 
   // Canvas: the rest of the window; an invisible button owns the mouse.
   const ImVec2 p0 = ImGui::GetCursorScreenPos();
@@ -802,7 +811,7 @@ void draw_ring_view(const Snapshot& s, ViewContext& ctx, RingViewState& state) {
   // view (below the switch when there is one).
   if (N > 1 || !valid) {
     const float room = N > 1 ? (L.radius - L.node_r) * 1.6f : size.x;
-    if (!valid) draw_hint(dl, L, N, room, size.x, fs);
+    if (!valid && !hint_above) draw_hint(dl, L, N, room, size.x, fs);
     else draw_step_counter(dl, L, cv, room, fs, hub ? hub_half + fs * 3.0f : 0.0f, N == 2 && !hub ? kTwoRankBulge : 0.0f, p0.x);
   }
 
