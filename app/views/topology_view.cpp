@@ -99,15 +99,25 @@ Bands bands(float y0, float y1, bool network, float fs) {
   Bands b{};
   const float h = y1 - y0;
   const float unit = std::clamp(h / (network ? 24.0f : 14.0f), fs * 0.9f, fs * 2.2f);
+  // The boxes keep their heights; the gaps the links run in (GPUs to fabric, NICs to the network) shrink
+  // to fit a short window (presentation mode at 1280 x 720 cut the switch off the bottom).
+  const float gpu_h = std::max(unit * 2.2f, fs * 2.2f), fabric_h = std::max(unit * 1.6f, fs * 1.6f);
+  const float nic_h = std::max(unit * 2.4f, fs * 2.6f), net_h = std::max(unit * 1.8f, fs * 1.6f), nic_gap = unit * 1.2f;
+  float up = unit * (network ? 5.0f : 7.0f), down = network ? unit * 5.0f : 0.0f;
+  const float fixed = fs * 1.6f + gpu_h + fabric_h + (network ? nic_gap + nic_h + net_h : fs * 2.0f);
+  if (up + down > h - fixed) {
+    const float k = std::max(h - fixed, fs * 2.5f) / (up + down);
+    up *= k, down *= k;
+  }
   b.title = y0 + unit * 0.2f;
   b.gpu0 = y0 + fs * 1.6f;
-  b.gpu1 = b.gpu0 + std::max(unit * 2.2f, fs * 2.2f);
-  b.fabric0 = b.gpu1 + unit * (network ? 5.0f : 7.0f);
-  b.fabric1 = b.fabric0 + std::max(unit * 1.6f, fs * 1.6f);
-  b.nic0 = b.fabric1 + unit * 1.2f;
-  b.nic1 = b.nic0 + std::max(unit * 2.4f, fs * 2.6f);
-  b.net0 = b.nic1 + unit * 5.0f;
-  b.net1 = std::min(b.net0 + std::max(unit * 1.8f, fs * 1.6f), y1);
+  b.gpu1 = b.gpu0 + gpu_h;
+  b.fabric0 = b.gpu1 + up;
+  b.fabric1 = b.fabric0 + fabric_h;
+  b.nic0 = b.fabric1 + nic_gap;
+  b.nic1 = b.nic0 + nic_h;
+  b.net0 = b.nic1 + down;
+  b.net1 = std::min(b.net0 + net_h, y1);
   return b;
 }
 
@@ -174,7 +184,9 @@ void header(const TopologyView& t, int nodes) {
   if (nodes > 1)
     links += "; " + std::string(fabric_name(P.inter_fabric)) + " " + link_text(P.inter) + " per NIC each way, " +
              std::to_string(std::max(1, P.rails)) + (P.rails == 1 ? " NIC" : " NICs") + " per node";
+  ImGui::PushTextWrapPos(0.0f);
   ImGui::TextDisabled("%s", links.c_str());
+  ImGui::PopTextWrapPos();
   if (t.step < 0) {
     ImGui::TextWrapped("No collective step to show yet: step a collective (C, or R for one step) to light its links.");
     return;
