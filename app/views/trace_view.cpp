@@ -678,8 +678,10 @@ void draw_trace_collectives(const TraceSnapshot& t, TraceUi& ui, ViewContext& ct
   }
   if (ui.selected >= n) ui.selected = -1;
   const float fs = ImGui::GetFontSize(), row_h = ImGui::GetTextLineHeightWithSpacing();
+  ImGui::PushTextWrapPos(0.0f);  // (a tile at 1280 x 720 cut it)
   ImGui::TextColored(dim(), "%d collective%s on %d rank%s. Click one to see it on every rank.", n, n == 1 ? "" : "s", world,
                      world == 1 ? "" : "s");
+  ImGui::PopTextWrapPos();
   const float detail_h = ui.selected >= 0 ? (static_cast<float>(world) + 3.6f) * (row_h + 2) : 0;
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const float table_h = std::max(avail.y - detail_h, 6 * row_h);
@@ -799,7 +801,9 @@ void draw_trace_breakdown(const TraceSnapshot& t, TraceUi& ui, ViewContext& ctx)
   const ImportedTrace& tr = t.trace->trace;
   const int world = static_cast<int>(tr.ranks.size());
   const float fs = ImGui::GetFontSize();
+  ImGui::PushTextWrapPos(0.0f);
   ImGui::TextColored(dim(), "Each rank's time from its first to its last profiled step:");
+  ImGui::PopTextWrapPos();
   for (const Part& p : kParts) legend_item(p.color, p.name, p.hatch ? 3 : 0, &p == &kParts[0]);
   int most = 0;
   for (const RankBreakdown& b : tr.breakdown) most = std::max(most, b.straggled);
@@ -911,10 +915,10 @@ void draw_trace_compare(const TraceSnapshot& t, TraceUi& ui, ViewContext& ctx) {
     ImGui::EndCombo();
   }
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("The hardware profile dtlab's cost model charges the all-reduces on");
-  ImGui::SameLine();
   char* model = ui.model_text;
   if (!ImGui::IsAnyItemActive() || std::string(model).empty()) std::snprintf(model, sizeof ui.model_text, "%s", ui.model.c_str());
   const float button_w = ImGui::CalcTextSize("Compare").x + 2 * ImGui::GetStyle().FramePadding.x + ImGui::GetStyle().ItemSpacing.x;
+  flow(6 * fs + button_w);  // the model and the button beside the profile where they fit, else below it
   ImGui::SetNextItemWidth(std::max(6 * fs, ImGui::GetContentRegionAvail().x - button_w));
   if (ImGui::InputTextWithHint("##model", "model, e.g. mlp:2,512,512,3", model, sizeof ui.model_text)) ui.model = model;
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("The traced model as dtlab builds it (--trace-model, or dtlab.json's \"model\")");
