@@ -13,6 +13,7 @@
 #include <future>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "app/display.h"
 #include "app/options.h"
@@ -356,6 +357,28 @@ TEST_SUITE("gui") {
     const std::string script = "step collective 6; " + views + "; presentation on; " + views;
     const std::string run = "--strategy ddp --world 4 --model gpt:layers=2,heads=4,embd=32,ctx=16 --data text --cp 2 --cp-layout ulysses";
     CHECK(layout_clean(dir, "1280x720", run, script) == 4);
+  }
+  // A lesson open beside the views at 1280 x 720, as a class sees it on a projector: a question's long
+  // choices, a code block wider than the panel, the Run, Data and Memory tiles of "all views" (lesson
+  // 3); a run with no bucket and no collective yet (6, a DataParallel run); the Topology view in
+  // presentation mode (19); a pipeline mesh's header and the narrow Collective tile (21); a lesson's
+  // numbered list past 9 (27); a focused rank's line (29). (Steps whose ring animates are left out: a
+  // moving chunk may cross a label at the moment of the check.)
+  TEST_CASE("under Xvfb: lessons at 1280x720, the lesson panel beside the views, normal and presentation") {
+    DTLAB_REQUIRE_XVFB();
+    test::TempDir dir;
+    const std::string both = "check layout; presentation on; check layout";
+    for (const auto& [lesson, script, checks] :
+         std::vector<std::tuple<std::string, std::string, int>>{{"03_why_allreduce", "lesson goto 2; " + both, 2},
+                                                                {"06_dataparallel_vs_ddp", "lesson goto 1; " + both, 2},
+                                                                {"19_ring_or_tree", "lesson goto 3; " + both, 2},
+                                                                {"21_3d_parallelism", "lesson goto 2; check layout", 1},
+                                                                {"27_one_iteration", "lesson goto 4; " + both, 2},
+                                                                {"28_uneven_inputs_clipping", "lesson goto 2; check layout", 1},
+                                                                {"29_transformer_mesh", "lesson goto 2; " + both, 2}}) {
+      CAPTURE(lesson);
+      CHECK(layout_clean(dir, "1280x720", "--lesson " DTLAB_SOURCE_DIR "/lessons/" + lesson + ".md", script) == checks);
+    }
   }
   TEST_CASE("under Xvfb: layout gate at 1600x900: every view, normal and presentation, DDP, FSDP and a pipeline") {
     DTLAB_REQUIRE_XVFB();
