@@ -143,7 +143,15 @@ LessonError::LessonError(std::string f, int l, std::string s)
     : Error(f + (l > 0 ? ":" + std::to_string(l) : "") + ": " + s), file(std::move(f)), line(l), sentence(std::move(s)) {}
 
 std::string Question::answer_hint() const {
-  if (unit.empty()) return "0.25, 1/4 or 25%";  // a share or a plain ratio
+  if (unit.empty()) {  // a share, a ratio or a count, as the question words it
+    std::string a;
+    for (char c : ask) a += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    auto has = [&](const char* w) { return a.find(w) != std::string::npos; };
+    if (has("share") || has("fraction") || has("(0 to 1)")) return "0.25, 1/4 or 25%";
+    if (has("how many times") || has("factor") || has(" / ")) return "e.g. 2.5 or 5/2";
+    if (has("how many")) return "e.g. 12";  // (lesson 1's parameter count showed "0.25, 1/4 or 25%")
+    return "0.25, 1/4 or 25%";
+  }
   if (unit == "%") return "e.g. 25";
   if (unit.rfind("bytes", 0) == 0 || unit == "B") return "e.g. 4096 or 1.5e6";
   if (unit == "steps" || unit == "samples" || unit == "ranks" || unit == "messages" || unit == "buckets") return "e.g. 12";

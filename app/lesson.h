@@ -95,7 +95,9 @@ struct Question {
   // "1,500", "3e9". False when it is not a number.
   bool parse_answer(const std::string& text, double& out) const;
   // The answer box's grey example, in the question's unit: "e.g. 4096 or 1.5e6" for bytes,
-  // "e.g. 12" for counts, "e.g. 2.5" for times and sizes in GB, "0.25, 1/4 or 25%" for a share.
+  // "e.g. 12" for counts, "e.g. 2.5" for times and sizes in GB; with no unit, as the question words
+  // it: "0.25, 1/4 or 25%" for a share, "e.g. 2.5 or 5/2" for a ratio ("how many times"), "e.g. 12"
+  // for a count ("how many").
   std::string answer_hint() const;
 };
 

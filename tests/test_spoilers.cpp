@@ -139,6 +139,17 @@ TEST_SUITE("app") {
   TEST_CASE("lesson answers: the answer box's example is written in the question's unit") {
     Question q;
     CHECK(q.answer_hint() == "0.25, 1/4 or 25%");  // no unit: a share
+    // No unit: as the question words it (lesson 1's parameter count showed the share's example).
+    q.ask = "How many parameters (weights and biases) does mlp:2,64,64,3 have?";
+    CHECK(q.answer_hint() == "e.g. 12");
+    q.ask = "For 16 ranks, how many times more does naive's busiest rank send than a ring rank?";
+    CHECK(q.answer_hint() == "e.g. 2.5 or 5/2");
+    q.ask = "What share of the samples stay with the rank they had in epoch 0?";
+    CHECK(q.answer_hint() == "0.25, 1/4 or 25%");
+    double v = 0;
+    CHECK(q.parse_answer("5/2", v));
+    CHECK(v == 2.5);
+    q.ask.clear();
     q.unit = "bytes";
     CHECK(q.answer_hint() == "e.g. 4096 or 1.5e6");
     q.unit = "bytes per parameter";

@@ -725,7 +725,8 @@ void draw_gpt_blocks(const Snapshot& s) {
   const ImGuiTableFlags flags = ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_BordersInnerH | ImGuiTableFlags_RowBg;
   if (ImGui::BeginTable("##gpt_block", 3, flags)) {
     const float num_w = ImGui::CalcTextSize("000.0 KiB").x + ImGui::GetFontSize() * 0.5f;
-    ImGui::TableSetupColumn("tensor kept for backward");
+    // The names take what the numbers leave, wrapped (presentation at 1280 x 720 cut the last column).
+    ImGui::TableSetupColumn("tensor kept for backward", ImGuiTableColumnFlags_WidthStretch);
     ImGui::TableSetupColumn("Megatron, 16-bit", 0, std::max(num_w, ImGui::CalcTextSize("Megatron, 16-bit").x));
     const char* ours = half ? (c.precision == Precision::BF16 ? "this engine, bf16" : "this engine, fp16") : "this engine, fp32";
     ImGui::TableSetupColumn(ours, 0, std::max(num_w, ImGui::CalcTextSize(ours).x));
@@ -737,7 +738,9 @@ void draw_gpt_blocks(const Snapshot& s) {
       engine += t.engine;
       ImGui::TableNextRow();
       ImGui::TableNextColumn();
+      ImGui::PushTextWrapPos(0.0f);
       ImGui::TextUnformatted(t.tensor.c_str());
+      ImGui::PopTextWrapPos();
       if (!t.why.empty() && ImGui::IsItemHovered()) ImGui::SetTooltip("%s", t.why.c_str());
       ImGui::TableNextColumn();
       if (t.korthikanti > 0) ImGui::TextUnformatted(plan_bytes(t.korthikanti, false).c_str());
@@ -748,9 +751,11 @@ void draw_gpt_blocks(const Snapshot& s) {
     }
     ImGui::TableNextRow();
     ImGui::TableNextColumn();
+    ImGui::PushTextWrapPos(0.0f);
     ImGui::TextUnformatted(tp.degree == 1 ? "a block: s·b·h·(34 + 5·a·s/h)"
                            : sp           ? "a block: s·b·h/t·(34 + 5·a·s/h)"
                                           : "a block: s·b·h·(10 + 24/t + 5·a·s/(h·t))");
+    ImGui::PopTextWrapPos();
     ImGui::TableNextColumn();
     ImGui::TextUnformatted(plan_bytes(korthikanti, false).c_str());
     ImGui::TableNextColumn();
