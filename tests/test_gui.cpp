@@ -368,7 +368,8 @@ TEST_SUITE("gui") {
     DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
     const std::string both = "check layout; presentation on; check layout";
-    for (const auto& [lesson, script, checks] :
+    // (Not a structured binding: clang 14 cannot capture one in CAPTURE's lambda.)
+    for (const std::tuple<std::string, std::string, int>& t :
          std::vector<std::tuple<std::string, std::string, int>>{{"03_why_allreduce", "lesson goto 2; " + both, 2},
                                                                 {"06_dataparallel_vs_ddp", "lesson goto 1; " + both, 2},
                                                                 {"19_ring_or_tree", "lesson goto 3; " + both, 2},
@@ -376,6 +377,8 @@ TEST_SUITE("gui") {
                                                                 {"27_one_iteration", "lesson goto 4; " + both, 2},
                                                                 {"28_uneven_inputs_clipping", "lesson goto 2; check layout", 1},
                                                                 {"29_transformer_mesh", "lesson goto 2; " + both, 2}}) {
+      const std::string lesson = std::get<0>(t), script = std::get<1>(t);
+      const int checks = std::get<2>(t);
       CAPTURE(lesson);
       CHECK(layout_clean(dir, "1280x720", "--lesson " DTLAB_SOURCE_DIR "/lessons/" + lesson + ".md", script) == checks);
     }
