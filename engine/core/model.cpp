@@ -553,7 +553,8 @@ void Model::sp_layer_backward(int i, float* dinp, const float* dout, const float
 void Model::sp_linear_backward(int i, float* dinp, const float* dout, const float* in, bool input, bool weights, float* gout) {
   const Layer& L = layer(i);
   const int64_t all = padded_, local = padded_ / tp_.degree, OC = L.out_features;
-  // Under LoRA the base is frozen: no weight or bias gradient, partial or not; the adapters' follow.
+  // No weight or bias gradient, partial or not: under LoRA (the base is frozen; the adapters' follow) and
+  // in ZB-H1's I (the input half).
   const bool frozen = lora() || !weights;
   const Parameter& w = weight_of(L);
   const Parameter& b = bias_of(L);

@@ -686,7 +686,8 @@ Tensor PipelineRank::activation(int64_t rows, int64_t width) const {
 }
 
 void PipelineRank::layer_forward(Model& m, int i, void* out, const void* in, int64_t rows, bool recompute) {
-  if (m.half_acts()) m.layer_forward16(i, static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in), rows, recompute);
+  if (sequence_parallel_) m.sp_stage_forward(i, out, in, recompute);  // (an MLP's: the rows sp_stage_begin set)
+  else if (m.half_acts()) m.layer_forward16(i, static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in), rows, recompute);
   else if (recompute) m.layer_recompute(i, static_cast<float*>(out), static_cast<const float*>(in), rows);
   else m.layer_forward(i, static_cast<float*>(out), static_cast<const float*>(in), rows);
 }
@@ -763,8 +764,7 @@ const Tensor* PipelineRank::forward(int stage, int mb) {
     st.outs.push_back(keep ? activation(rows, width) : Tensor());
     void* out = keep ? st.outs.back().raw() : recompute_buffer(rows * width);
     model.gate_layer(i, false);
-    if (st.rows > 0 && sp) model.sp_stage_forward(i, out, in, false);
-    else if (st.rows > 0) layer_forward(model, i, out, in, st.rows);
+    if (st.rows > 0) layer_forward(model, i, out, in, st.rows);
     in = out;
   }
   // The output stays here until this stage's backward, long after the next stage received it.
@@ -828,11 +828,7 @@ Tensor PipelineRank::backward(int stage, int mb, Tensor dout, bool input_only) {
       // Model::backward does): the Linear from the block's kept input, the ReLU in place after it.
       const int first = L.kind == LayerKind::ReLU ? i - 1 : i;
       void* buf = recompute_buffer(rows_out * L.out_features);
-      for (int j = first; j <= i && st.rows > 0; j++) {
-        const void* from = j == first ? layer_input(st, stage, j) : buf;
-        if (sp) model.sp_stage_forward(j, buf, from, true);
-        else layer_forward(model, j, buf, from, st.rows, true);
-      }
+      for (int j = first; j <= i && st.rows > 0; j++) layer_forward(model, j, buf, j == first ? layer_input(st, stage, j) : buf, st.rows, true);
       out = buf;
     }
     model.gate_layer(i, true);
