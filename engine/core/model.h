@@ -313,7 +313,6 @@ class Model {
   // stage sends the next one its rows only, as Megatron's pipeline sends a sequence-parallel region's.
   void sp_stage_begin(int64_t B, std::vector<Tensor>* gathered);
   int64_t sp_stage_rows(int i, bool output) const { return sp_rows(i, output); }
-  int64_t sp_stage_local_rows() const { return padded_ / tp_.degree; }
   int64_t sp_stage_padded_rows() const { return padded_; }
   void sp_stage_split(void* dst, const void* src, int64_t width);                  // this rank's rows of B, zero-padded
   void sp_stage_gather(void* dst, const void* src, int64_t width, int seq_index);  // every rank's: the padded rows
