@@ -85,11 +85,23 @@ def topk_hook(state, bucket):  # DDP passes the state registered with the hook
     return state(bucket)
 
 
-def rank_main(rank, port, hook, data, out):
+def rank_main(rank, port, hooks, data, outdir):
+    """Every hook's run, one after another in the same 2 processes (one torch start-up for all)."""
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
-    # Every gloo call fails after 60 s instead of waiting forever (the caller retries the run once).
+    # Every gloo call fails after 60 s instead of waiting forever (the caller retries the runs once).
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+    for hook in hooks:
+        run_hook(rank, hook, data, os.path.join(outdir, ref_name(hook)))
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def ref_name(hook):
+    return f"{hook.replace(':', '_')}.pt"
+
+
+def run_hook(rank, hook, data, out):
     torch.manual_seed(SEED)
     model = torch.nn.parallel.DistributedDataParallel(sequential(DIMS))
     if hook == "fp16":
@@ -125,7 +137,6 @@ def rank_main(rank, port, hook, data, out):
         epoch += 1
     if rank == 0:
         torch.save({"losses": losses, "state": model.module.state_dict()}, out)
-    dist.destroy_process_group()
 
 
 def spawn_bounded(fn, args, limit_s=90):
@@ -159,21 +170,22 @@ if __name__ == "__main__":
         np.savez(data, x=x, y=y)
         spec = "mlp:" + ",".join(map(str, DIMS))
         finals = {}
-        for hook in ("none", "fp16", "bf16", TOPK, PSGD1, PSGD2, PSGD1_NOEF):
+        hooks = ("none", "fp16", "bf16", TOPK, PSGD1, PSGD2, PSGD1_NOEF)
+        for attempt in (1, 2):  # a run that failed (a port taken, a gloo timeout) gets one more try
+            try:
+                spawn_bounded(rank_main, (free_port(), hooks, data, tmp), limit_s=180)
+                break
+            except Exception as e:  # noqa: BLE001 (torch.multiprocessing raises its own kinds)
+                print(f"torch's runs of the hooks failed (attempt {attempt}): {e}")
+                if attempt == 2:
+                    raise
+        for hook in hooks:
             ckpt = os.path.join(tmp, f"{hook.replace(':', '_')}.safetensors")
             out = cli("train", "--model", spec, "--data", data, "--strategy", "ddp", "--world", WORLD, "--batch", BATCH,
                       "--steps", STEPS, "--seed", SEED, "--threads", 1, "--optimizer", "sgd", "--lr", 0.05, "--momentum", 0.9,
                       "--comm-hook", hook, "--save", ckpt, "--json")
             ours = [json.loads(l)["loss"] for l in out.splitlines() if '"step"' in l]
-            ref = os.path.join(tmp, f"{hook.replace(':', '_')}.pt")
-            for attempt in (1, 2):  # a run that failed (a port taken, a gloo timeout) gets one more try
-                try:
-                    spawn_bounded(rank_main, (free_port(), hook, data, ref))
-                    break
-                except Exception as e:  # noqa: BLE001 (torch.multiprocessing raises its own kinds)
-                    print(f"torch's run with --comm-hook {hook} failed (attempt {attempt}): {e}")
-                    if attempt == 2:
-                        raise
+            ref = os.path.join(tmp, ref_name(hook))
             theirs = torch.load(ref)
             what = {"none": "plain DDP", "fp16": "fp16_compress_hook", "bf16": "bf16_compress_hook's steps",
                     TOPK: "a top-k hook with error feedback", PSGD1: "powerSGD_hook (rank 1, from iteration 2)",

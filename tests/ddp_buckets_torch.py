@@ -61,10 +61,8 @@ class Branchy(torch.nn.Module):
         return x
 
 
-def worker(rank, world, port, kwargs, mode, out):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+def run_case(kwargs, mode):
+    """One DDP run of ITERATIONS iterations: its bucket log, and the error that ended it ("" if none)."""
     torch.manual_seed(0)
     model = Branchy() if mode == "skip" else sequential()
     ddp = torch.nn.parallel.DistributedDataParallel(model, **kwargs)
@@ -87,42 +85,57 @@ def worker(rank, world, port, kwargs, mode, out):
             ddp(x).sum().backward()
     except RuntimeError as e:
         error = str(e).split("\n")[0]
+    return {"log": log, "error": error, "error_iteration": it[0]}
+
+
+def worker(rank, world, port, cases, out):
+    """Every case, one after another in the same 2 processes (one torch start-up for all); a case that
+    ends in an error (the skipped layer's) must come last: its reduction is left abandoned."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    results = []
+    for kwargs, mode in cases:
+        results.append(run_case(kwargs, mode))
+        if results[-1]["error"]:
+            break
+        dist.barrier()
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({"log": log, "error": error, "error_iteration": it[0]}, f)
-    if not error:
-        dist.barrier()
+            json.dump(results, f)
     # Leave without tearing gloo down: its teardown can stall (or abort, with an abandoned reduction).
     sys.stdout.flush()
     os._exit(0)
 
 
-def torch_run(kwargs, mode="plain"):
+def torch_run(cases):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "rank0.json")
         with socket.socket() as sock:  # a free port for this run's rendezvous
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        mp.spawn(worker, args=(2, port, kwargs, mode, out), nprocs=2, join=True)
+        mp.spawn(worker, args=(2, port, cases, out), nprocs=2, join=True)
         with open(out) as f:
             return json.load(f)
 
 
-def torch_case(kwargs, mode="plain"):
-    """torch_run in a fresh interpreter: back-to-back spawns in one process can stall gloo."""
-    # Its own session, so a stalled run's spawned ranks are ended with it, not left spinning.
-    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--torch-case", json.dumps([kwargs, mode])],
+def torch_cases(cases):
+    """torch_run in a fresh interpreter, its own session, so a stalled run's spawned ranks are ended
+    with it, not left spinning."""
+    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--torch-cases", json.dumps(cases)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        out, err = p.communicate(timeout=120)
+        out, err = p.communicate(timeout=180)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate()
-        raise SystemExit(f"torch run {kwargs} {mode} took more than 120 s (gloo stalled); its processes were ended")
-    p = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+        raise SystemExit(f"torch's runs {cases} took more than 180 s (gloo stalled); its processes were ended")
     if p.returncode != 0:
-        raise SystemExit(f"torch run {kwargs} {mode} failed: {p.stderr[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+        raise SystemExit(f"torch's runs {cases} failed: {err[-2000:]}")
+    results = json.loads(out.strip().splitlines()[-1])
+    if len(results) != len(cases):
+        raise SystemExit(f"torch's runs {cases}: only {len(results)} came back ({results[-1]['error'] if results else ''})")
+    return results
 
 
 def per_iteration(log):
@@ -161,14 +174,16 @@ def main():
         ("find_unused_parameters=True", {"find_unused_parameters": True}, ["--find-unused-parameters"]),
         ("bucket_cap_mb=1 given explicitly", {"bucket_cap_mb": 1}, ["--bucket-cap-mb", "1"]),
     ]
-    for name, kwargs, flags in CASES:
-        want = per_iteration(torch_case(kwargs)["log"])
+    # torch's runs of every case in one start-up, the skipped layer's last (it ends in an error).
+    theirs = torch_cases([[kwargs, "plain"] for _, kwargs, _ in CASES] + [[{}, "skip"]])
+    for (name, kwargs, flags), run in zip(CASES, theirs):
+        want = per_iteration(run["log"])
         got = dtlab_run(flags)
         check(got == want, f"{name}: bucket bytes per iteration, torch {want}, dtlab {got}", failures)
         if not kwargs.get("find_unused_parameters"):
             check(len(want[0]) == 1 and len(want[1]) > 1, f"{name}: one bucket in iteration 1, sized buckets after the rebuild", failures)
 
-    skipped = torch_case({}, "skip")
+    skipped = theirs[-1]
     check("Expected to have finished reduction in the prior iteration" in skipped["error"] and skipped["error_iteration"] == 2,
           f"torch: a layer skipped on every rank in iteration 2 raises at iteration 3's forward ({skipped['error'][:80]!r})", failures)
     p = subprocess.run([CLI, "train", "--strategy", "ddp", "--world", "2", "--model", "mlp:" + ",".join(map(str, DIMS)),
@@ -180,7 +195,7 @@ def main():
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--torch-case":
-        print(json.dumps(torch_run(*json.loads(sys.argv[2]))))
+    if len(sys.argv) == 3 and sys.argv[1] == "--torch-cases":
+        print(json.dumps(torch_run(json.loads(sys.argv[2]))))
         sys.exit(0)
     sys.exit(main())
