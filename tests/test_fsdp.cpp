@@ -154,6 +154,41 @@ TEST_SUITE("fsdp") {
     }
   }
 
+  // torch frees a unit's unsharded gradient once its reduce-scatter has run (the post-backward stream's
+  // record_stream), not at the end of the backward: a rank holds its gradient shard plus at most two
+  // units' full gradients (the one being reduced, the next one being computed). Holding every unit's
+  // until the end put FSDP's gradient peak above DDP's whole model.
+  TEST_CASE("a unit's full-size gradient is freed once its reduce-scatter has run") {
+    // mlp:2,64,64,64,64,64,64,3: units of 192, 5 x 4160 and 195 elements. The shard of a rank: FSDP1
+    // splits each flat unit, FSDP2 each parameter's rows (the last Linear's 3 rows padded to a row a rank).
+    const int64_t unit = 4160;
+    for (Sharding sh : {Sharding::FullShard, Sharding::ShardGradOp, Sharding::Hybrid}) {
+      for (int api : {1, 2}) {
+        if (api == 2 && sh == Sharding::ShardGradOp) continue;  // fully_shard: reshard_after_forward=False instead
+        CAPTURE(name(sh));
+        CAPTURE(api);
+        TrainConfig c = config("fsdp", 4, 3);
+        c.model = ModelSpec::parse("mlp:2,64,64,64,64,64,64,3");
+        c.fsdp.sharding = sh;
+        c.fsdp.api = api;
+        if (sh == Sharding::Hybrid) c.fsdp.node_size = 2;  // shards of 2 ranks: twice the elements
+        Trainer t(c);
+        const TrainSummary s = t.run();
+        const bool hybrid = sh == Sharding::Hybrid;
+        const int64_t mine = api == 1 ? (hybrid ? 96 + 5 * 2080 + 98 : 48 + 5 * 1040 + 49)
+                                      : (hybrid ? 96 + 5 * 2080 + 130 : 48 + 5 * 1040 + 65);
+        // FSDP1 reduce-scatters from the unit's gradient itself, so it stays until the reduce-scatter
+        // has run (two units: the previous one's reduction overlaps this one's backward); FSDP2 copies
+        // it into the reduce-scatter's input (chunk_cat) and frees it at once.
+        const int64_t held = api == 1 ? 2 * unit : unit;
+        for (int r = 0; r < 4; r++) {
+          CAPTURE(r);
+          CHECK(s.rank_memory[static_cast<size_t>(r)].peak_of(MemCategory::Gradients) == (mine + held) * 4);
+        }
+      }
+    }
+  }
+
   // Issue 34: --accum was refused with FSDP. As torch's FSDP without no_sync(), every micro-batch's
   // backward reduce-scatters and the reduced shards add up; the step then equals DDP's with the
   // same accumulation (which all-reduces only the last micro-batch's bucket sums).

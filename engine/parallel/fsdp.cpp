@@ -525,6 +525,11 @@ void FullyShardedDataParallel::post_backward(int unit) {
     bind(u, nullptr, true);
     record(unit, FsdpVerb::ReduceGrad, seq);
     reshard(unit);
+    // The units reduced before this one: their reduce-scatters ran while this unit's backward computed;
+    // waited for now, their full-size gradients go, so a rank holds at most two (this unit's, in
+    // flight, and the next one's as it is computed) instead of every unit's until the backward ends.
+    for (Unit& before : units_)
+      if (&before != &u && before.reduce) land_reduced(before);
   } else if (mixed()) {
     // NO_SHARD and ZeRO-1: torch's _reduce_grad_no_shard all-reduces the unit's 16-bit gradient in the
     // reduce dtype (widened first for reduce_dtype float32).
@@ -565,28 +570,36 @@ void FullyShardedDataParallel::zero_grad() {
   backwards_ = 0;
 }
 
+void FullyShardedDataParallel::land_reduced(Unit& u) {
+  u.reduce->wait();
+  u.reduce.reset();
+  if (u.replicate) u.replicate->wait(), u.replicate.reset();
+  float* shard = shard_grads_.f32() + u.shard_offset;
+  if (!u.reduce_out.empty()) {
+    // Post-divide in the reduce dtype, then torch's _cast_grad_to_param_dtype: the fp32 shard the
+    // optimizer steps (docs/course_sources.md §6e); accumulating, added to what it holds.
+    scale_in(u.reduce_out.raw(), u.split.chunk, reduce_dtype_, post_scale_, dev(), ctx_ ? ctx_->memory() : nullptr);
+    land_f32(shard, u.reduce_out.raw(), u.split.chunk, reduce_dtype_, reduce_dtype_ == DType::F32 || backwards_ > 0);
+    u.reduce_out = Tensor();
+  } else {
+    dev().scale(shard, u.split.chunk, post_scale_);
+  }
+  u.full_grad = Tensor();
+  u.reduce_in = Tensor();
+  u.landed = true;
+}
+
 void FullyShardedDataParallel::finalize_backward() {
   const float post = post_scale_;
   for (int ui = 0; ui < num_units(); ui++) {
     Unit& u = units_[static_cast<size_t>(ui)];
-    if (!u.reduce) continue;  // a unit the forward skipped: its gradient stays zero
-    u.reduce->wait();
-    u.reduce.reset();
-    if (u.replicate) u.replicate->wait(), u.replicate.reset();
+    if (!u.reduce && !u.landed) continue;  // a unit the forward skipped: its gradient stays zero
     if (sharded()) {
-      float* shard = shard_grads_.f32() + u.shard_offset;
-      if (!u.reduce_out.empty()) {
-        // Post-divide in the reduce dtype, then torch's _cast_grad_to_param_dtype: the fp32 shard the
-        // optimizer steps (docs/course_sources.md §6e); accumulating, added to what it holds.
-        scale_in(u.reduce_out.raw(), u.split.chunk, reduce_dtype_, post, dev(), ctx_ ? ctx_->memory() : nullptr);
-        land_f32(shard, u.reduce_out.raw(), u.split.chunk, reduce_dtype_, reduce_dtype_ == DType::F32 || backwards_ > 0);
-        u.reduce_out = Tensor();
-      } else {
-        dev().scale(shard, u.split.chunk, post);
-      }
-      u.full_grad = Tensor();
-      u.reduce_in = Tensor();
+      if (u.reduce) land_reduced(u);
+      u.landed = false;
     } else if (mixed()) {
+      u.reduce->wait();
+      u.reduce.reset();
       // Post-divide in the reduce dtype, then the part this rank steps goes to its fp32 gradient (added
       // to earlier backwards'); the 16-bit gradient is spent, so the next backward starts from zero.
       Parameter& first = model_.parameters()[static_cast<size_t>(u.params.front())];
@@ -600,6 +613,8 @@ void FullyShardedDataParallel::finalize_backward() {
       dev().fill_zero(first.grad16, u.split.numel * 2);
       u.reduce_in = Tensor();
     } else {
+      u.reduce->wait();
+      u.reduce.reset();
       dev().scale(model_.parameters()[static_cast<size_t>(u.params.front())].grad, u.split.numel, post);
     }
     set_state(ui, FsdpState::Idle);

@@ -201,6 +201,7 @@ class FullyShardedDataParallel : public LayerHooks {
     Tensor reduce_out;             // 16-bit reduction: the reduced shard (chunk), until cast to float32
     WorkPtr reduce;                // its gradient's reduce-scatter (or all-reduce)
     WorkPtr replicate;             // HYBRID_SHARD: the shard gradient's all-reduce across nodes
+    bool landed = false;           // its reduced gradient is in the shard; finalize_backward ends its backward
     FsdpState state = FsdpState::Idle;
     int32_t label = -1;            // "0.weight, 0.bias" in the recorder
     // FSDP2 (api 2): offsets are each parameter's place in the padded unsharded buffer (its dim-0
@@ -244,6 +245,11 @@ class FullyShardedDataParallel : public LayerHooks {
   // torch's _cast_grad_to_param_dtype onto an fp32 gradient: dst = src, or dst += src with `add`
   // (accumulation); src is in `dt`, 16 bits widened exactly.
   void land_f32(float* dst, const void* src, int64_t n, DType dt, bool add);
+  // A sharded unit's gradient reduction waited for and landed in the gradient shard (post-divided,
+  // cast to float32), its unsharded gradient and staging freed. post_backward does it for the units
+  // reduced before (torch frees an unsharded gradient once its reduce-scatter has run, not at the end
+  // of the backward), finalize_backward for the rest.
+  void land_reduced(Unit& u);
 
   Model& model_;
   Communicator& comm_;
