@@ -331,10 +331,11 @@ void print_memory(std::ostream& out, const TrainConfig& c, const TrainSummary& s
     out << "memory (each of the " << s.rank_memory.size() << " ranks, peak of the last iteration):";
   else
     out << "memory (rank 0, peak of the last iteration):";
+  const char* sep = " ";  // the first category shown may not be the first (sharded bf16: no "parameters")
   for (int i = 0; i < kNumMemCategories; i++) {
     if (s.memory.peak[i] == 0) continue;
-    out << (i ? ", " : " ") << mem_category_name(static_cast<MemCategory>(i)) << " "
-        << human_bytes(s.memory.peak[i]);
+    out << sep << mem_category_name(static_cast<MemCategory>(i)) << " " << human_bytes(s.memory.peak[i]);
+    sep = ", ";
   }
   out << "; total " << human_bytes(s.memory.total_peak) << "\n";
   if (c.strategy == Strategy::Dp && s.rank_memory.size() > 1) {  // a replica: nothing of the model between iterations

@@ -388,6 +388,15 @@ TEST_SUITE("cli") {
     }
   }
 
+  // A sharded bf16 rank holds no "parameters" (its fp32 shard is the master weights): the line began
+  // "iteration):, gradients".
+  TEST_CASE("the memory line lists the categories a rank holds, whichever comes first") {
+    CliResult r = run({"train", "--strategy", "fsdp", "--world", "2", "--precision", "bf16", "--steps", "2"});
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("peak of the last iteration): gradients ") != std::string::npos);
+    CHECK(r.out.find("iteration):,") == std::string::npos);
+  }
+
   TEST_CASE("checkpoint flow: train --save, eval --init, train --init") {
     TempDir dir;
     const std::string ckpt = dir.file("a.safetensors");
