@@ -65,7 +65,7 @@ std::string run_state_text(const Snapshot& sn) {
     state += "; collective " + (cv.group_name.empty() ? std::string("world") : cv.group_name) + " #" + std::to_string(cv.seq) + " " +
              collective_name(cv.op) + " " + algorithm_name(cv.algo) +
              ", " + std::to_string(cv.steps_done) + " of " + std::to_string(cv.steps) + " steps done";
-    if (cv.steps_done < cv.steps) state += ", next " + std::string(ring_phase_name(cv.phase));
+    if (cv.steps_done < cv.steps && cv.phase != RingPhase::None) state += ", next " + std::string(ring_phase_name(cv.phase));
   }
   if (sn.held.valid) state += "; paused before " + pending_text(sn.held);
   if (!sn.buckets.empty()) {

@@ -225,9 +225,11 @@ void draw_collective(const CollectiveView& cv) {
     // Short of the cell's edge, like the wrapped values (key): a bar to the edge widens the table.
     ImGui::ProgressBar(frac, ImVec2(value_width(), 0), overlay);
     if (cv.steps_done < cv.steps) {
-      ImGui::TextColored(dim(), "next: step %d,", cv.steps_done + 1);
-      flow(ImGui::CalcTextSize(ring_phase_name(cv.phase)).x);
-      ImGui::TextUnformatted(ring_phase_name(cv.phase));
+      ImGui::TextColored(dim(), cv.phase != RingPhase::None ? "next: step %d," : "next: step %d", cv.steps_done + 1);
+      if (cv.phase != RingPhase::None) {  // an all-to-all has no phases
+        flow(ImGui::CalcTextSize(ring_phase_name(cv.phase)).x);
+        ImGui::TextUnformatted(ring_phase_name(cv.phase));
+      }
     }
   }
   key("predicted");

@@ -275,11 +275,13 @@ void draw_header(const CollectiveView& cv, bool presentation) {
     next("no steps: one rank");
     ImGui::TextColored(dim, "no steps: one rank");
   } else {
-    const std::string phase = std::string("phase: ") + ring_phase_name(cv.phase);
-    next(phase.c_str());
-    ImGui::TextColored(dim, "phase:");
-    ImGui::SameLine();
-    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(phase_color(cv.phase)), "%s", ring_phase_name(cv.phase));
+    if (cv.phase != RingPhase::None) {  // an all-to-all or a broadcast has no phases: no "phase: none"
+      const std::string phase = std::string("phase: ") + ring_phase_name(cv.phase);
+      next(phase.c_str());
+      ImGui::TextColored(dim, "phase:");
+      ImGui::SameLine();
+      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(phase_color(cv.phase)), "%s", ring_phase_name(cv.phase));
+    }
     char step[64];
     if (cv.schematic_step >= 0) std::snprintf(step, sizeof step, "step %d of %d (schematic)", cv.schematic_step + 1, cv.steps);
     else if (cv.steps_done < cv.steps) std::snprintf(step, sizeof step, "step %d of %d", cv.steps_done + 1, cv.steps);
@@ -503,7 +505,8 @@ void draw_step_counter(ImDrawList* dl, const RingLayout& L, const CollectiveView
     float size;
     ImU32 color;
   };
-  std::vector<Line> lines = {{big, bs, ImGui::GetColorU32(ImGuiCol_Text)}, {ring_phase_name(cv.phase), fs, phase_color(cv.phase)}};
+  std::vector<Line> lines = {{big, bs, ImGui::GetColorU32(ImGuiCol_Text)}};
+  if (cv.phase != RingPhase::None) lines.push_back({ring_phase_name(cv.phase), fs, phase_color(cv.phase)});
   if (cv.in_flight && !cv.missing.empty()) {
     std::string w = "waiting for rank";
     if (cv.missing.size() > 1) w += "s";
