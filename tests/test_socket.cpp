@@ -955,3 +955,10 @@ TEST_CASE("launch --timeout: under 1 s is refused with its reason, and a run tha
 }
 
 }  // TEST_SUITE
+
+// Under --ep a process holds only its experts, and their all-to-alls end with the run: rank 1 crashed
+// (its model still pointed at the freed EP group) when it evaluated its part after training. Only rank
+// 0, holding the whole model gathered over the EP group, evaluates and reports.
+TEST_CASE("launch: a 2-process GPT with its experts split over the processes (--ep 2) equals the in-process run") {
+  check_launch_equals_threads("--strategy ddp --model gpt:layers=2,heads=2,embd=16,ctx=8 --moe experts=4,top_k=2 --ep 2 --steps 20 --batch 4");
+}

@@ -699,8 +699,11 @@ TrainSummary Trainer::run(const std::function<void(const StepReport&)>& on_step)
   sum.rank_skipped_steps = rank_skipped_;
   sum.loss_scale = loss_scale_;
 
-  const EvalResult ev = final_eval_ ? *final_eval_ : final_evaluation();
-  check_final_loss(ev);
+  // A launched rank other than 0 reports nothing (its output is quiet) and may hold a part of the model
+  // (its experts under --ep, whose all-to-alls ended with the run): only rank 0 evaluates the result.
+  const bool reports = !launched_ || ctx0_->rank() == 0;
+  const EvalResult ev = final_eval_ ? *final_eval_ : reports ? final_evaluation() : EvalResult{};
+  if (reports) check_final_loss(ev);
   sum.eval_loss = ev.loss;
   sum.eval_accuracy = ev.accuracy;
   sum.eval_correct = ev.correct;

@@ -361,6 +361,7 @@ class DdpRank final : public ReplicaRank {
     if (dp_comm_) ddp_ = std::make_unique<DistributedDataParallel>(model_, *dp_comm_, env.ctx, opt, c_.reduce_fp32);
   }
   ~DdpRank() override {
+    if (ep_comm_) model_.set_expert_parallel_comm(nullptr);  // the model outlives the group it dispatched over
     if (ep_exec_) ep_exec_->drain();
   }
   // Under --ep rank 0 returns the whole model: every EP rank's experts put together (under --tp by
