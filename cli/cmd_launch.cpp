@@ -3,7 +3,8 @@
 // LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Rank 0's output passes
 // through untouched (so `launch -- train` prints like `train`); the other ranks' lines get a
 // "[rank N] " prefix. When one rank fails the others are stopped (SIGTERM, then SIGKILL) and the
-// launcher exits with the failed rank's code; nothing waits forever.
+// launcher exits with the failed rank's code; nothing waits forever. The train flags are checked once
+// first, as rank 0 will check them: bad ones are one sentence and exit 2 before any rank starts.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -15,6 +16,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -186,6 +188,32 @@ std::vector<int> signal_all(std::vector<Child>& children, int sig) {
 constexpr double kFailureGraceS = 1.0;
 constexpr double kTermGraceS = 3.0;  // SIGTERM, then SIGKILL
 
+// The command's configuration checked once, here, as rank 0 will check it (the launch environment set
+// for the check, then restored): bad train flags are one sentence and exit 2 before any process starts,
+// instead of the same sentence from every rank. Returns run_cli's code (0: accepted).
+int check_command(const LaunchArgs& a, int world, int port, Streams& io) {
+  const std::vector<std::pair<const char*, std::string>> env = {
+      {"RANK", "0"},                         {"LOCAL_RANK", "0"},
+      {"WORLD_SIZE", std::to_string(world)}, {"LOCAL_WORLD_SIZE", std::to_string(a.nproc)},
+      {"MASTER_ADDR", a.master_addr},        {"MASTER_PORT", std::to_string(port)}};
+  std::vector<std::pair<const char*, std::optional<std::string>>> saved;
+  for (const auto& [k, v] : env) {
+    const char* was = std::getenv(k);
+    saved.push_back({k, was ? std::optional<std::string>(was) : std::nullopt});
+    ::setenv(k, v.c_str(), 1);
+  }
+  std::vector<std::string> args = a.command;
+  args.insert(args.end(), {"--backend", "socket"});
+  std::ostringstream out, err;
+  const int rc = run_cli(args, {out, err, false, Mode::CheckConfig});
+  for (const auto& [k, v] : saved) {
+    if (v) ::setenv(k, v->c_str(), 1);
+    else ::unsetenv(k);
+  }
+  if (rc != 0) io.err << err.str() << std::flush;
+  return rc;
+}
+
 int run_launch(LaunchArgs& a, Streams& io) {
   check_args(a);
   // Checked, not run: the command's flags as each rank's train would parse them (its configuration
@@ -197,6 +225,10 @@ int run_launch(LaunchArgs& a, Streams& io) {
   // take the port in, which once failed a launch here with "Address already in use").
   int port = a.master_port, master_fd = -1;
   if (!a.port_opt->count()) master_fd = listen_on_free_port(a.master_addr, world, port);
+  if (const int rc = check_command(a, world, port, io); rc != 0) {
+    if (master_fd >= 0) ::close(master_fd);
+    return rc;
+  }
   const std::string exe = self_exe();
   io.out.flush();
   io.err.flush();

@@ -595,13 +595,34 @@ TEST_CASE("launch: a 2-process pipeline equals the in-process run, and its summa
   CHECK(!contains(a[1], " 0 B "));  // stage 1's parameters, from rank 1's process
 }
 
+// A failure only a running rank meets: tests/data/nan_x.npz's row 41 is in rank 1's second batch.
 TEST_CASE("launch: a rank that fails stops the run with its sentence and its exit code") {
   auto t0 = Clock::now();
-  ShellResult r = launch_shell("launch --nproc-per-node 2 -- train --strategy ddp --model mlp:2,x,3");
+  ShellResult r = launch_shell("launch --nproc-per-node 2 -- train --strategy ddp --model mlp:2,16,16,3 --data " +
+                               std::string(DTLAB_SOURCE_DIR) + "/tests/data/nan_x.npz --batch 16 --steps 4 --no-shuffle");
   INFO(r.out);
   CHECK(r.code == 2);
   CHECK(seconds_since(t0) < 20);
-  check_mentions(r.out, {"dtlab-cli: ", "mlp:2,x,3", "dtlab-cli: launch: rank ", "exited with code 2"});
+  // Every rank stops with the same sentence (the loss is summed over them); the launcher names the one it saw end first.
+  check_mentions(r.out, {"[rank 1] dtlab-cli: training stopped at step 2 on rank 1: its input batch holds non-finite values",
+                         "dtlab-cli: launch: rank ", " exited with code 2"});
+}
+
+// Bad train flags are the launcher's to refuse, once, before any rank starts: every rank used to print
+// the same sentence ("[rank 1] dtlab-cli: ...", "[rank 2] ...") and the launcher its exit code.
+TEST_CASE("launch: bad train flags are one sentence and exit 2, before any rank starts") {
+  for (const char* flags : {"--strategy ddp --model mlp:2,x,3",
+                            "--strategy pipeline --stages 2 --model mlp:2,8,8,3",  // 4 processes, 2 stages and no --dp
+                            "--strategy ddp --world 3"}) {
+    CAPTURE(flags);
+    ShellResult r = launch_shell(std::string("launch --nproc-per-node 4 -- train ") + flags);
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(!contains(r.out, "[rank "));
+    CHECK(!contains(r.out, "launch: rank"));
+    CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+    CHECK(r.out.rfind("dtlab-cli: ", 0) == 0);
+  }
 }
 
 TEST_CASE("launch: a rank that skips a collective (fault injection) is named by every rank and the launcher") {
