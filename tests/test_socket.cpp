@@ -601,11 +601,13 @@ TEST_CASE("launch: a rank that fails stops the run with its sentence and its exi
   ShellResult r = launch_shell("launch --nproc-per-node 2 -- train --strategy ddp --model mlp:2,16,16,3 --data " +
                                std::string(DTLAB_SOURCE_DIR) + "/tests/data/nan_x.npz --batch 16 --steps 4 --no-shuffle");
   INFO(r.out);
-  CHECK(r.code == 2);
+  // Rank 1 exits 2 with its sentence; rank 0 either meets the same loss (2) or, still in a collective,
+  // hears of rank 1's failure from the socket mesh (3, a comm failure naming rank 1). The launcher
+  // exits with the code of the rank it saw end first.
+  CHECK((r.code == 2 || r.code == 3));
   CHECK(seconds_since(t0) < 20);
-  // Every rank stops with the same sentence (the loss is summed over them); the launcher names the one it saw end first.
   check_mentions(r.out, {"[rank 1] dtlab-cli: training stopped at step 2 on rank 1: its input batch holds non-finite values",
-                         "dtlab-cli: launch: rank ", " exited with code 2"});
+                         "dtlab-cli: launch: rank ", " exited with code " + std::to_string(r.code)});
 }
 
 // Bad train flags are the launcher's to refuse, once, before any rank starts: every rank used to print
