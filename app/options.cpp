@@ -295,6 +295,12 @@ int parse_app_options(int argc, char** argv, AppOptions& o, std::string* error) 
   } catch (const CLI::CallForVersion&) {
     std::printf("dtlab 0.1.0\n");
     return -1;
+  } catch (const CLI::ExtrasError& e) {
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    const std::string text = cli::unknown_flag_text(e, args, app);
+    if (error) *error = text;
+    else std::fprintf(stderr, "dtlab: %s; run 'dtlab --help' for the list of flags\n", tidy_sentence(text).c_str());
+    return 2;
   } catch (const CLI::ParseError& e) {
     if (error) *error = e.what();
     else std::fprintf(stderr, "dtlab: %s\n", tidy_sentence(cli::parse_error_sentence(e, "dtlab --help")).c_str());

@@ -5,6 +5,7 @@
 
 #include "cli/cli.h"
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "engine/core/format.h"
 #include "engine/comm/communicator.h"
 #include "engine/core/check.h"
@@ -78,6 +79,18 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
       return 2;
     }
     io.err << "dtlab-cli: " << tidy_sentence(explain(e, command)) << "\n";
+    return 2;
+  } catch (const CLI::ExtrasError& e) {
+    const CLI::App* sub = nullptr;
+    for (const CLI::App* a = &app; a != nullptr;) {  // the innermost command parsed (bench collectives)
+      const auto subs = a->get_subcommands();
+      if (subs.empty()) break;
+      sub = a = subs.front();
+    }
+    io.err << "dtlab-cli: "
+           << tidy_sentence(sub ? unknown_flag_text(e, args, *sub) + "; run 'dtlab-cli " + command + " --help' for the list of flags"
+                                : explain(e, command))
+           << "\n";
     return 2;
   } catch (const CLI::ParseError& e) {
     io.err << "dtlab-cli: " << tidy_sentence(explain(e, command)) << "\n";

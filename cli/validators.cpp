@@ -1,10 +1,12 @@
 #include "cli/validators.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
+#include <vector>
 
 namespace dtlab::cli {
 
@@ -70,6 +72,53 @@ std::string parse_error_sentence(const CLI::ParseError& e, const std::string& he
   std::string msg = e.what();
   while (!msg.empty() && (msg.back() == '\n' || msg.back() == '.')) msg.pop_back();
   return msg + "; run '" + help_command + "' for the list of flags";
+}
+
+namespace {
+
+// Edit distance with adjacent swaps counted once (optimal string alignment): "--stpes" is one swap
+// from "--steps".
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); i++) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); j++) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); i++)
+    for (size_t j = 1; j <= b.size(); j++) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+}  // namespace
+
+std::string unknown_flag_text(const CLI::ParseError& e, const std::vector<std::string>& args, const CLI::App& cmd) {
+  std::vector<std::string> known;
+  for (const CLI::Option* o : cmd.get_options())
+    for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
+  // A subcommand's flags come after its name; the window's (no parent) anywhere.
+  bool mine = cmd.get_parent() == nullptr;
+  for (const std::string& a : args) {
+    if (a == "--") break;  // launch: what follows is the command it starts
+    if (a == cmd.get_name()) mine = true;
+    if (!mine || a.size() < 3 || a.rfind("--", 0) != 0) continue;
+    const std::string flag = a.substr(0, a.find('='));
+    if (std::find(known.begin(), known.end(), flag) != known.end()) continue;
+    std::string best;
+    size_t best_d = std::string::npos;
+    for (const std::string& k : known) {
+      // One flag's name inside the other's ("--batchsize" for --batch, "--world-size" for --world) is a typo too.
+      const bool inside = k.size() > 4 && flag.size() > 4 && (flag.rfind(k, 0) == 0 || k.rfind(flag, 0) == 0);
+      const size_t d = inside ? 1 : edit_distance(flag, k);
+      if (d < best_d) best_d = d, best = k;
+    }
+    // Close: at most a third of the typed name's letters wrong (a typo, not another flag).
+    const bool close = !best.empty() && best_d <= std::max<size_t>(1, (flag.size() - 2) / 3);
+    return flag + " is not a flag" + (close ? " (did you mean " + best + "?)" : "");
+  }
+  std::string msg = e.what();
+  while (!msg.empty() && (msg.back() == '\n' || msg.back() == '.')) msg.pop_back();
+  return msg;
 }
 
 }  // namespace dtlab::cli

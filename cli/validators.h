@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dtlab::cli {
 
@@ -20,5 +21,11 @@ CLI::Validator output_path();
 // CLI11's message, accurate but terse, as one sentence ending with where to look:
 // "--world: 0 is out of range; use 1 to 64; run 'dtlab --help' for the list of flags".
 std::string parse_error_sentence(const CLI::ParseError& e, const std::string& help_command);
+
+// An argument CLI11 did not expect (its ExtrasError), as the words before "; run '... --help'": the first
+// flag among `args` that `cmd` (the command parsed: dtlab-cli's subcommand, or the dtlab window's app)
+// does not have, with its nearest flag when that is close enough to be a typo ("--stpes is not a flag
+// (did you mean --steps?)"). Stray values, not flags: CLI11's own words.
+std::string unknown_flag_text(const CLI::ParseError& e, const std::vector<std::string>& args, const CLI::App& cmd);
 
 }  // namespace dtlab::cli

@@ -110,7 +110,9 @@ TEST_SUITE("cli") {
   }
 
   TEST_CASE("unknown flag and stray argument") {
-    check_usage_error({"train", "--bogus"}, "--bogus");
+    check_usage_error({"train", "--bogus"}, "--bogus is not a flag; run 'dtlab-cli train --help'");
+    check_usage_error({"bench", "collectives", "--opp", "allreduce"}, "--opp is not a flag (did you mean --op?); run 'dtlab-cli bench collectives --help'");
+    check_usage_error({"launch", "--nproc-per-node", "2", "--", "train", "--stpes", "2"}, "--stpes is not a flag (did you mean --steps?); run 'dtlab-cli train --help'");
     check_usage_error({"train", "--bogus"}, "run 'dtlab-cli train --help'");
     check_usage_error({"train", "extra"}, "not expected: extra");
     check_usage_error({"sampler", "--n", "10", "--bogus"}, "run 'dtlab-cli sampler --help'");

@@ -130,7 +130,10 @@ TEST_SUITE("train flags") {
          "--comm-hook powersgd:rank=1,start=2,error_feedback=no: error_feedback takes true or false"},
         {{"--strategy", "ddp", "--comm-hook", "topk:ratio=0.01,error_feedback=0"}, "e.g. topk:ratio=0.01,error_feedback=false"},
         {{"--strategy", "ddp", "--comm-hook", "fp16:error_feedback=false"}, "--comm-hook fp16:error_feedback=false is not a communication hook"},
-        {{"--bogus", "1"}, "--bogus"},
+        {{"--bogus", "1"}, "--bogus is not a flag"},
+        {{"--stpes", "3"}, "--stpes is not a flag (did you mean --steps?)"},  // a swap
+        {{"--batchsize", "3"}, "--batchsize is not a flag (did you mean --batch?)"},
+        {{"--world-size", "3"}, "--world-size is not a flag (did you mean --world?)"},
     };
     for (const auto& c : cases) {
       CAPTURE(joined(c.args));
