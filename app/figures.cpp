@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "app/figure_table.h"
+#include "cli/validators.h"
 #include "engine/core/check.h"
 
 namespace dtlab::app {
@@ -359,22 +360,7 @@ std::string format_figure(double v) {
 }
 
 std::string closest_word(const std::string& word, const std::vector<std::string>& options) {
-  auto distance = [](const std::string& a, const std::string& b) {
-    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); j++) prev[j] = j;
-    for (size_t i = 1; i <= a.size(); i++) {
-      cur[0] = i;
-      for (size_t j = 1; j <= b.size(); j++)
-        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      std::swap(prev, cur);
-    }
-    return prev[b.size()];
-  };
-  std::string best;
-  size_t best_d = SIZE_MAX;
-  for (const std::string& o : options)
-    if (const size_t dd = distance(word, o); dd < best_d) best = o, best_d = dd;
-  return best_d <= std::max<size_t>(1, word.size() / 3) ? best : "";
+  return cli::closest_word(word, options);
 }
 
 }  // namespace dtlab::app

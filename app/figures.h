@@ -59,7 +59,7 @@ const std::vector<FigureInfo>& figure_vocabulary();
 // 6, 0.75, 4547, 1.2e+10: integers in full, others with 4 significant digits.
 std::string format_figure(double v);
 
-// The option closest to `word` by edit distance (at most a third of its letters wrong), or "".
+// The option closest to `word` when it is close enough to be a typo of it, or "" (cli::closest_word).
 std::string closest_word(const std::string& word, const std::vector<std::string>& options);
 
 }  // namespace dtlab::app

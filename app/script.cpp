@@ -7,6 +7,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "app/figures.h"
 #include "app/lesson.h"
 #include "app/text.h"
 #include "engine/core/check.h"
@@ -100,8 +101,14 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
     if (auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
     std::vector<std::string> w = words(line);
     if (w.empty()) continue;
+    // A known command's error names what it takes; an unknown one's lists every command (kUsage).
     auto fail = [&](const std::string& what) -> void {
-      throw Error(origin + " command " + std::to_string(line_no) + " '" + line + "': " + what + "; " + kUsage);
+      throw Error(origin + " command " + std::to_string(line_no) + " '" + line + "': " + what);
+    };
+    // " (did you mean 'collective'?)" when `word` looks like a typo of one of `options`.
+    auto near = [](const std::string& word, const std::vector<std::string>& options) -> std::string {
+      const std::string n = closest_word(word, options);
+      return n.empty() ? "" : " (did you mean '" + n + "'?)";
     };
     ScriptCommand c;
     c.line = line_no;
@@ -114,7 +121,7 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       else if (w[1] == "action") c.kind = ScriptCommand::StepAction;
       else if (w[1] == "layer") c.kind = ScriptCommand::StepLayer;
       else if (w[1] == "bucket") c.kind = ScriptCommand::StepBucket;
-      else fail("step takes ring, collective, layer, bucket, iteration or action");
+      else fail("step takes ring, collective, layer, bucket, iteration or action" + near(w[1], {"ring", "collective", "layer", "bucket", "iteration", "action"}));
       if (w.size() == 3) {
         double n = 0;
         // Range first: converting 1e10 to int would be undefined behaviour.
@@ -190,7 +197,7 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
     } else if (k == "view") {
       if (w.size() != 2 || std::find(view_names().begin(), view_names().end(), w[1]) == view_names().end())
         fail("view takes one of ring, buckets, timeline, memory, inspector, data, shards, pipeline, topology, sweep, mesh, sizing, roofline, experts, alltoall, context, all (with --open: timeline, "
-             "collectives, breakdown, compare, all)");
+             "collectives, breakdown, compare, all)" + (w.size() == 2 ? near(w[1], view_names()) : std::string()));
       c.kind = ScriptCommand::View;
       c.arg = w[1];
     } else if (k == "sizing") {
@@ -265,7 +272,11 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
       c.arg.erase(c.arg.find_last_not_of(" \t\r") + 1);
       if (const std::string why = check_lesson_command(c.arg); !why.empty()) fail(why);
     } else {
-      fail("unknown command '" + k + "'");
+      static const std::vector<std::string> kCommands = {"step", "focus", "run", "pause", "wait", "view", "sizing", "context", "screenshot",
+                                                         "speed", "presentation", "fullscreen", "start", "check", "clock", "colour",
+                                                         "set_epoch", "generate", "reset", "quit", "pin", "unpin", "compare", "lesson",
+                                                         "select", "zoom"};
+      fail("unknown command '" + k + "'" + near(k, kCommands) + "; " + kUsage);
     }
     out.push_back(c);
   }

@@ -92,29 +92,32 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+std::string closest_word(const std::string& word, const std::vector<std::string>& options) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const std::string& o : options) {
+    // One name inside the other ("batchsize" for batch, "world-size" for world) is a typo too.
+    const bool inside = o.size() > 2 && word.size() > 2 && (word.rfind(o, 0) == 0 || o.rfind(word, 0) == 0);
+    if (const size_t d = inside ? 1 : edit_distance(word, o); d < best_d) best = o, best_d = d;
+  }
+  // Close: at most a third of the letters wrong (a typo, not another word).
+  return best_d <= std::max<size_t>(1, word.size() / 3) ? best : "";
+}
+
 std::string unknown_flag_text(const CLI::ParseError& e, const std::vector<std::string>& args, const CLI::App& cmd) {
-  std::vector<std::string> known;
+  std::vector<std::string> known;  // long names, without "--"
   for (const CLI::Option* o : cmd.get_options())
-    for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
+    for (const std::string& n : o->get_lnames()) known.push_back(n);
   // A subcommand's flags come after its name; the window's (no parent) anywhere.
   bool mine = cmd.get_parent() == nullptr;
   for (const std::string& a : args) {
     if (a == "--") break;  // launch: what follows is the command it starts
     if (a == cmd.get_name()) mine = true;
     if (!mine || a.size() < 3 || a.rfind("--", 0) != 0) continue;
-    const std::string flag = a.substr(0, a.find('='));
-    if (std::find(known.begin(), known.end(), flag) != known.end()) continue;
-    std::string best;
-    size_t best_d = std::string::npos;
-    for (const std::string& k : known) {
-      // One flag's name inside the other's ("--batchsize" for --batch, "--world-size" for --world) is a typo too.
-      const bool inside = k.size() > 4 && flag.size() > 4 && (flag.rfind(k, 0) == 0 || k.rfind(flag, 0) == 0);
-      const size_t d = inside ? 1 : edit_distance(flag, k);
-      if (d < best_d) best_d = d, best = k;
-    }
-    // Close: at most a third of the typed name's letters wrong (a typo, not another flag).
-    const bool close = !best.empty() && best_d <= std::max<size_t>(1, (flag.size() - 2) / 3);
-    return flag + " is not a flag" + (close ? " (did you mean " + best + "?)" : "");
+    const std::string name = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    const std::string near = closest_word(name, known);
+    return "--" + name + " is not a flag" + (near.empty() ? "" : " (did you mean --" + near + "?)");
   }
   std::string msg = e.what();
   while (!msg.empty() && (msg.back() == '\n' || msg.back() == '.')) msg.pop_back();

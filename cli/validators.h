@@ -26,6 +26,11 @@ std::string parse_error_sentence(const CLI::ParseError& e, const std::string& he
 // flag among `args` that `cmd` (the command parsed: dtlab-cli's subcommand, or the dtlab window's app)
 // does not have, with its nearest flag when that is close enough to be a typo ("--stpes is not a flag
 // (did you mean --steps?)"). Stray values, not flags: CLI11's own words.
+// The option nearest `word` when it is close enough to be a typo of it (edit distance, a swap counted
+// once, or one inside the other, within a third of the letters), else "". Flags, script commands, lesson
+// words and figure names all suggest with it.
+std::string closest_word(const std::string& word, const std::vector<std::string>& options);
+
 std::string unknown_flag_text(const CLI::ParseError& e, const std::vector<std::string>& args, const CLI::App& cmd);
 
 }  // namespace dtlab::cli

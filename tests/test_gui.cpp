@@ -52,7 +52,12 @@ TEST_SUITE("gui") {
     CHECK(cmds[2].seconds == doctest::Approx(0.5));
     CHECK(cmds[3].arg == "ring");
     CHECK(cmds[4].arg == "a.png");
-    CHECK(test::script_error("stepp ring").rfind("--run command 1 'stepp ring': unknown command 'stepp'; commands: step ring|collective|layer|bucket|iteration|action", 0) == 0);
+    CHECK(test::script_error("stepp ring").rfind("--run command 1 'stepp ring': unknown command 'stepp' (did you mean 'step'?); commands: step ring|collective|layer|bucket|iteration|action", 0) == 0);
+    CHECK(test::script_error("frobnicate").rfind("--run command 1 'frobnicate': unknown command 'frobnicate'; commands: step ring|", 0) == 0);
+    // A known command's error names what it takes (and a near word), not every command.
+    CHECK(test::script_error("step colective 1") == "--run command 1 'step colective 1': step takes ring, collective, layer, bucket, iteration or action (did you mean 'collective'?)");
+    CHECK(test::script_error("view memroy").find("(did you mean 'memory'?)") != std::string::npos);
+    CHECK(test::script_error("view memroy").find("commands:") == std::string::npos);
     // Focus (issue 32): a rank, a group or none.
     const std::vector<app::ScriptCommand> f = app::parse_script("focus rank 5; focus group tp1; focus none; step layer 2; step bucket", "--run");
     REQUIRE(f.size() == 5);
