@@ -78,6 +78,15 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
         io.err << "dtlab-cli: give a subcommand (train, eval, bench, sampler, plan, schedule, launch or trace); run 'dtlab-cli --help' for usage\n";
       return 2;
     }
+    // CLI11 checks the required flags before the stray ones: a mistyped required flag ('plan --param
+    // 7e9') is the unknown one, which is what to name.
+    for (const CLI::App* sub : app.get_subcommands()) {
+      while (!sub->get_subcommands().empty()) sub = sub->get_subcommands().front();
+      if (const std::string typo = unknown_flag(args, *sub); !typo.empty()) {
+        io.err << "dtlab-cli: " << tidy_sentence(typo + "; run 'dtlab-cli " + command + " --help' for the list of flags") << "\n";
+        return 2;
+      }
+    }
     io.err << "dtlab-cli: " << tidy_sentence(explain(e, command)) << "\n";
     return 2;
   } catch (const CLI::ExtrasError& e) {

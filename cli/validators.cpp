@@ -105,6 +105,13 @@ std::string closest_word(const std::string& word, const std::vector<std::string>
 }
 
 std::string unknown_flag_text(const CLI::ParseError& e, const std::vector<std::string>& args, const CLI::App& cmd) {
+  if (std::string text = unknown_flag(args, cmd); !text.empty()) return text;
+  std::string msg = e.what();
+  while (!msg.empty() && (msg.back() == '\n' || msg.back() == '.')) msg.pop_back();
+  return msg;
+}
+
+std::string unknown_flag(const std::vector<std::string>& args, const CLI::App& cmd) {
   std::vector<std::string> known;  // long names, without "--"
   for (const CLI::Option* o : cmd.get_options())
     for (const std::string& n : o->get_lnames()) known.push_back(n);
@@ -119,9 +126,7 @@ std::string unknown_flag_text(const CLI::ParseError& e, const std::vector<std::s
     const std::string near = closest_word(name, known);
     return "--" + name + " is not a flag" + (near.empty() ? "" : " (did you mean --" + near + "?)");
   }
-  std::string msg = e.what();
-  while (!msg.empty() && (msg.back() == '\n' || msg.back() == '.')) msg.pop_back();
-  return msg;
+  return "";
 }
 
 }  // namespace dtlab::cli

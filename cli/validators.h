@@ -32,5 +32,7 @@ std::string parse_error_sentence(const CLI::ParseError& e, const std::string& he
 std::string closest_word(const std::string& word, const std::vector<std::string>& options);
 
 std::string unknown_flag_text(const CLI::ParseError& e, const std::vector<std::string>& args, const CLI::App& cmd);
+// The same words for the first unknown flag among `args`, or "" when every flag is `cmd`'s.
+std::string unknown_flag(const std::vector<std::string>& args, const CLI::App& cmd);
 
 }  // namespace dtlab::cli

@@ -111,6 +111,10 @@ TEST_SUITE("cli") {
 
   TEST_CASE("unknown flag and stray argument") {
     check_usage_error({"train", "--bogus"}, "--bogus is not a flag; run 'dtlab-cli train --help'");
+    // A mistyped required flag: CLI11 finds the required one missing first, but the typo is the news.
+    check_usage_error({"plan", "--param", "7e9"}, "--param is not a flag (did you mean --params?); run 'dtlab-cli plan --help'");
+    check_usage_error({"launch", "--nproc", "2", "--", "train"}, "--nproc is not a flag (did you mean --nproc-per-node?)");
+    check_usage_error({"plan", "--world", "8"}, "--params is required");  // no typo: CLI11's own sentence
     check_usage_error({"bench", "collectives", "--opp", "allreduce"}, "--opp is not a flag (did you mean --op?); run 'dtlab-cli bench collectives --help'");
     check_usage_error({"launch", "--nproc-per-node", "2", "--", "train", "--stpes", "2"}, "--stpes is not a flag (did you mean --steps?); run 'dtlab-cli train --help'");
     check_usage_error({"train", "--bogus"}, "run 'dtlab-cli train --help'");
