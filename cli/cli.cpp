@@ -18,6 +18,17 @@ std::string explain(const CLI::ParseError& e, const std::string& command) {
   return parse_error_sentence(e, command.empty() ? "dtlab-cli --help" : "dtlab-cli " + command + " --help");
 }
 
+// An unknown flag of the innermost command parsed (bench collectives) when the arguments hold one, with
+// its nearest flag; else explain()'s sentence.
+std::string explain_typo(const CLI::ParseError& e, const std::vector<std::string>& args, const CLI::App& app, const std::string& command) {
+  const CLI::App* sub = &app;
+  while (!sub->get_subcommands().empty()) sub = sub->get_subcommands().front();
+  if (sub != &app)
+    if (const std::string typo = unknown_flag(args, *sub); !typo.empty())
+      return typo + "; run 'dtlab-cli " + command + " --help' for the list of flags";
+  return explain(e, command);
+}
+
 }  // namespace
 
 int run_cli(const std::vector<std::string>& args, Streams io) {
@@ -80,26 +91,10 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
     }
     // CLI11 checks the required flags before the stray ones: a mistyped required flag ('plan --param
     // 7e9') is the unknown one, which is what to name.
-    for (const CLI::App* sub : app.get_subcommands()) {
-      while (!sub->get_subcommands().empty()) sub = sub->get_subcommands().front();
-      if (const std::string typo = unknown_flag(args, *sub); !typo.empty()) {
-        io.err << "dtlab-cli: " << tidy_sentence(typo + "; run 'dtlab-cli " + command + " --help' for the list of flags") << "\n";
-        return 2;
-      }
-    }
-    io.err << "dtlab-cli: " << tidy_sentence(explain(e, command)) << "\n";
+    io.err << "dtlab-cli: " << tidy_sentence(explain_typo(e, args, app, command)) << "\n";
     return 2;
   } catch (const CLI::ExtrasError& e) {
-    const CLI::App* sub = nullptr;
-    for (const CLI::App* a = &app; a != nullptr;) {  // the innermost command parsed (bench collectives)
-      const auto subs = a->get_subcommands();
-      if (subs.empty()) break;
-      sub = a = subs.front();
-    }
-    io.err << "dtlab-cli: "
-           << tidy_sentence(sub ? unknown_flag_text(e, args, *sub) + "; run 'dtlab-cli " + command + " --help' for the list of flags"
-                                : explain(e, command))
-           << "\n";
+    io.err << "dtlab-cli: " << tidy_sentence(explain_typo(e, args, app, command)) << "\n";
     return 2;
   } catch (const CLI::ParseError& e) {
     io.err << "dtlab-cli: " << tidy_sentence(explain(e, command)) << "\n";

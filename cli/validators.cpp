@@ -68,10 +68,19 @@ CLI::Validator existing_file() {
       "FILE");
 }
 
-std::string parse_error_sentence(const CLI::ParseError& e, const std::string& help_command) {
+namespace {
+
+// CLI11's message without its final newline and period.
+std::string parse_error_words(const CLI::ParseError& e) {
   std::string msg = e.what();
   while (!msg.empty() && (msg.back() == '\n' || msg.back() == '.')) msg.pop_back();
-  return msg + "; run '" + help_command + "' for the list of flags";
+  return msg;
+}
+
+}  // namespace
+
+std::string parse_error_sentence(const CLI::ParseError& e, const std::string& help_command) {
+  return parse_error_words(e) + "; run '" + help_command + "' for the list of flags";
 }
 
 namespace {
@@ -106,9 +115,7 @@ std::string closest_word(const std::string& word, const std::vector<std::string>
 
 std::string unknown_flag_text(const CLI::ParseError& e, const std::vector<std::string>& args, const CLI::App& cmd) {
   if (std::string text = unknown_flag(args, cmd); !text.empty()) return text;
-  std::string msg = e.what();
-  while (!msg.empty() && (msg.back() == '\n' || msg.back() == '.')) msg.pop_back();
-  return msg;
+  return parse_error_words(e);
 }
 
 std::string unknown_flag(const std::vector<std::string>& args, const CLI::App& cmd) {
