@@ -358,11 +358,91 @@ TEST_SUITE("moe") {
     TrainConfig no_moe = c;
     no_moe.moe = {};
     CHECK(test::error_of(no_moe) == "--ep 2 splits the MoE blocks' experts over ranks; add --moe experts=E,top_k=K");
-    TrainConfig fsdp = c;
-    fsdp.strategy = Strategy::Fsdp;
-    CHECK(test::error_of(fsdp) ==
-          "--ep with --strategy fsdp: not built yet, FSDP would need its experts sharded over the expert-data-parallel group, apart "
-          "from the rest; use --strategy ddp with --ep");
+    TrainConfig hybrid = c;
+    hybrid.strategy = Strategy::Fsdp;
+    hybrid.fsdp.sharding = Sharding::Hybrid;
+    hybrid.fsdp.node_size = 2;
+    CHECK(test::error_of(hybrid) ==
+          "--ep with --strategy fsdp --sharding hybrid, no-shard or zero1: not built yet, FSDP shards each block's experts over "
+          "their expert-data-parallel group in the fully sharded layouts only; use --sharding full or grad-op (or --fsdp-api 2), "
+          "or --strategy ddp");
+    TrainConfig whole = c;
+    whole.strategy = Strategy::Fsdp;
+    whole.fsdp.wrap_layers = false;
+    CHECK(test::error_of(whole).rfind("--ep with --strategy fsdp --wrap model: each block's experts are a unit of their own", 0) == 0);
+  }
+
+  TEST_CASE("expert parallelism under fsdp: each block's experts a unit sharded over their expert-data-parallel group, and the run equals ddp") {
+    // torchtitan's layout: an MoE block's experts are an FSDP unit of their own, beside the block's,
+    // sharded over the ranks that hold the same experts (world / ep of them; one when ep = world) and
+    // averaged over the data-parallel world, so the run is DDP's with --ep, which equals DDP without it.
+    // FSDP1 FULL_SHARD and SHARD_GRAD_OP, fully_shard (FSDP2) with forward prefetch, clipping (the
+    // norm's pieces: the dense shards once, every expert's once), --tp with --sequence-parallel, and
+    // --save-sharded (each expert written once, by the rank owning its shard).
+    test::TempDir dir("dtlab_moe_fsdp");
+    struct Case {
+      int world, tp, ep, api;
+      Sharding sharding;
+      double clip;
+    };
+    std::vector<Case> cases = {{4, 1, 2, 1, Sharding::FullShard, 0}, {2, 1, 2, 1, Sharding::ShardGradOp, 0.05}};
+    if (!test::quick()) {
+      cases.push_back({4, 1, 2, 2, Sharding::FullShard, 0.05});
+      cases.push_back({4, 2, 2, 1, Sharding::FullShard, 0});
+    }
+    for (const Case& k : cases) {
+      CAPTURE(k.world);
+      CAPTURE(k.tp);
+      CAPTURE(k.api);
+      TrainConfig c = test::demo_config("ddp", k.world, 4, 3);
+      c.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=8");
+      c.data = "text";
+      c.eval_samples = 256;
+      c.moe = MoeSpec::parse("experts=4,top_k=2,capacity=1.25,every=2");
+      c.optimizer.kind = OptimizerKind::AdamW;
+      c.clip_grad_norm = k.clip;
+      c.tp = k.tp;
+      c.sequence_parallel = k.tp > 1;
+      Trainer ref(c);
+      const TrainSummary rs = ref.run();
+      c.strategy = Strategy::Fsdp;
+      c.fsdp.sharding = k.sharding;
+      c.fsdp.api = k.api;
+      c.fsdp.forward_prefetch = k.api == 2;
+      c.ep = k.ep;
+      c.save_path = dir.file("whole.safetensors");
+      c.save_sharded_path = dir.file("sharded");
+      Trainer t(c);
+      const TrainSummary s = t.run();
+      CHECK(s.steps == 3);
+      CHECK(std::abs(s.eval_loss - rs.eval_loss) < 1e-5);
+      CHECK(test::max_abs_diff(t.result_model(), ref.result_model()) < 1e-5);
+      const ModelSpec whole{{}, t.result_model().spec().gpt.whole()};
+      Model saved(whole, nullptr, 7), sharded(whole, nullptr, 8);
+      load_model_checkpoint(c.save_path, saved);
+      load_model_checkpoint(c.save_sharded_path, sharded);
+      CHECK(test::max_abs_diff(sharded, saved) == 0);
+      // Units: the root, block 0's and its experts', block 1's (dense). The experts' unit is split over
+      // the expert-data-parallel group, gathered and reduced on it (FULL_SHARD: twice and once an
+      // iteration), its shard world / ep ranks wide.
+      const int edp = k.world / k.ep;
+      for (int rank = 0; rank < k.world; rank++) {
+        CAPTURE(rank);
+        std::map<int, int> shard_world;
+        int gathers = 0, reduces = 0;
+        for (const Event& e : t.recorder().events(rank)) {
+          if (e.kind == EventKind::FsdpUnit && e.fsdp.verb == FsdpVerb::Layout) shard_world[e.fsdp.unit] = e.fsdp.shard_world;
+          if (e.kind != EventKind::Collective || e.iteration != 1 || e.coll.group == 0) continue;
+          const std::string g = t.recorder().label(e.coll.group - 1);
+          if (g.rfind("edp", 0) != 0) continue;
+          gathers += e.coll.op == CollectiveOp::AllGather;
+          reduces += e.coll.op == CollectiveOp::ReduceScatter;
+        }
+        CHECK(shard_world == std::map<int, int>{{0, k.world / k.tp}, {1, k.world / k.tp}, {2, edp}, {3, k.world / k.tp}});
+        CHECK(gathers == (k.sharding == Sharding::FullShard ? 2 : 1));
+        CHECK(reduces == 1);
+      }
+    }
   }
 
   TEST_CASE("expert parallelism with LoRA: the result is the whole frozen base with the adapters, and --merge-lora writes it merged") {

@@ -6,6 +6,7 @@
 #include "engine/comm/ring_order.h"  // padded_chunk: the shard is one reduce-scatter block
 #include "engine/core/check.h"
 #include "engine/core/half.h"
+#include "engine/parallel/expert_parallel.h"
 
 namespace dtlab {
 
@@ -147,23 +148,60 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
     pre_scale_ = 1.0f / static_cast<float>(f);
     post_scale_ = static_cast<float>(f) / static_cast<float>(world_);
   }
+  // --ep: the experts' units over the expert-data-parallel group, averaged over the data-parallel world
+  // (FSDP2's ReduceOp.AVG as a pre-multiply; FSDP1's pre- and post-divide of that world).
+  const std::vector<int> expert_ids = opt_.expert_group && !model_.lora() ? expert_parameters(model_) : std::vector<int>();
+  const bool experts = !expert_ids.empty();
+  groups_[0] = {shard_comm_, shard_world_, shard_rank_, pre_scale_, post_scale_, replica_group_.get()};
+  if (experts) {
+    DTLAB_CHECK(opt_.wrap_layers && (opt_.sharding == Sharding::FullShard || opt_.sharding == Sharding::ShardGradOp),
+                "FSDP shards experts in a fully sharded layout with a unit per block; the run's validation refuses the rest");
+    ShardGroup& e = groups_[1];
+    e.comm = opt_.expert_group;
+    e.world = opt_.expert_group->world_size();
+    e.rank = opt_.expert_group->rank();
+    const int d = std::max(1, opt_.expert_divide);
+    if (api2() && reduce_dtype_ != DType::F16) {
+      e.pre = 1.0f / static_cast<float>(d);
+    } else {
+      const int f = fsdp_predivide_factor(d);
+      e.pre = 1.0f / static_cast<float>(f);
+      e.post = static_cast<float>(f) / static_cast<float>(d);
+    }
+  }
   MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
-  // Every rank starts from rank 0's parameters (sync_module_states), in the dtype the model holds.
+  // Every rank starts from rank 0's parameters (sync_module_states), in the dtype the model holds; under
+  // --ep the experts from the first rank holding the same ones (each EP rank holds others).
   void* const own = mixed() ? static_cast<void*>(model_.params16()) : static_cast<void*>(model_.params());
-  comm_.broadcast(own, model_.num_params(), model_.param_dtype(), 0)->wait();
+  if (!experts) {
+    comm_.broadcast(own, model_.num_params(), model_.param_dtype(), 0)->wait();
+  } else {
+    const int64_t elem = dtype_size(model_.param_dtype());
+    for (const bool ex : {false, true})
+      for (const auto& [a, b] : parameter_runs(model_, ex))
+        (ex ? *opt_.expert_group : comm_).broadcast(static_cast<char*>(own) + a * elem, b - a, model_.param_dtype(), 0)->wait();
+  }
   const auto& ps = model_.parameters();
+  std::vector<char> is_expert(ps.size(), 0);
+  for (int i : expert_ids) is_expert[static_cast<size_t>(i)] = 1;
   layer_unit_.assign(static_cast<size_t>(model_.hook_layers()), -1);
   if (opt_.wrap_layers) {
     // The model's auto-wrap units: one per Linear, or a GPT's root (embeddings, ln_f, the tied head)
-    // and one per block.
+    // and one per block; under --ep an MoE block's experts (its last parameters) follow it as a unit
+    // of their own, as torchtitan wraps moe.experts before the block.
     for (Model::WrapUnit& w : model_.wrap_units()) {
-      Unit u;
-      u.params = std::move(w.params);
-      u.first_layer = w.layers.front();
-      u.last_layer = w.layers.back();
+      Unit u, ex;
+      for (int p : w.params) (is_expert[static_cast<size_t>(p)] ? ex : u).params.push_back(p);
+      u.first_layer = ex.first_layer = w.layers.front();
+      u.last_layer = ex.last_layer = w.layers.back();
       u.root = w.root;
       for (int layer : w.layers) layer_unit_[static_cast<size_t>(layer)] = static_cast<int>(units_.size());
+      if (!ex.params.empty()) {
+        ex.group = 1;
+        u.experts = static_cast<int>(units_.size()) + 1;
+      }
       units_.push_back(std::move(u));
+      if (!ex.params.empty()) units_.push_back(std::move(ex));
     }
   } else {
     Unit u;
@@ -173,8 +211,19 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
     for (int i = 0; i < model_.hook_layers(); i++) layer_unit_[static_cast<size_t>(i)] = 0;
     units_.push_back(std::move(u));
   }
+  primary_at_.assign(units_.size(), 0);
+  for (int i = 0; i < num_units(); i++) {
+    const Unit& u = units_[static_cast<size_t>(i)];
+    if (u.group != 0) {
+      primary_at_[static_cast<size_t>(i)] = primary_at_[static_cast<size_t>(i - 1)];  // the block's, just before
+      continue;
+    }
+    primary_at_[static_cast<size_t>(i)] = static_cast<int>(primary_.size());
+    primary_.push_back(i);
+  }
   // A unit's parameters are contiguous in the model's flat buffer, so its flat parameter is that range.
   for (Unit& u : units_) {
+    const ShardGroup& g = group_of(u);
     const int64_t base = ps[static_cast<size_t>(u.params.front())].offset;
     int64_t n = 0;
     std::string names;
@@ -189,7 +238,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
       u.offsets.clear();
       int64_t at = 0, padded = 0;
       for (int p : u.params) {
-        const Dim0Shard d = dim0_shard(ps[static_cast<size_t>(p)].shape, shard_world_);
+        const Dim0Shard d = dim0_shard(ps[static_cast<size_t>(p)].shape, g.world);
         u.dim0.push_back(d);
         u.shard_at.push_back(at);
         u.offsets.push_back(padded);
@@ -197,11 +246,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
         padded += d.padded_numel();
       }
       u.split.numel = n;
-      u.split.world = shard_world_;
+      u.split.world = g.world;
       u.split.chunk = at;
       u.split.padded = padded;
     } else {
-      u.split = flat_shard(n, shard_world_);
+      u.split = flat_shard(n, g.world);
     }
     u.shard_offset = shard_numel_;
     shard_numel_ += u.split.chunk;
@@ -221,20 +270,21 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
     shard_params_.zero();
     shard_grads_.zero();
     for (Unit& u : units_) {
+      const int shard_rank = group_of(u).rank;
       if (api2()) {
         for (size_t k = 0; k < u.params.size(); k++) {
           const Dim0Shard& d = u.dim0[k];
-          const int64_t real = d.real_rows(shard_rank_) * d.cols;
+          const int64_t real = d.real_rows(shard_rank) * d.cols;
           if (real <= 0) continue;
-          const int64_t at = ps[static_cast<size_t>(u.params[k])].offset + shard_rank_ * d.shard_numel();
+          const int64_t at = ps[static_cast<size_t>(u.params[k])].offset + shard_rank * d.shard_numel();
           float* shard = shard_params_.f32() + u.shard_offset + u.shard_at[k];
           if (mixed()) dev().widen_half(shard, model_.params16() + at, real, model_.half_format());
           else dev().copy(shard, model_.params() + at, real * kF32);
         }
         continue;
       }
-      const int64_t at = ps[static_cast<size_t>(u.params.front())].offset + shard_rank_ * u.split.chunk;
-      const int64_t real = u.split.real(shard_rank_);
+      const int64_t at = ps[static_cast<size_t>(u.params.front())].offset + shard_rank * u.split.chunk;
+      const int64_t real = u.split.real(shard_rank);
       float* shard = shard_params_.f32() + u.shard_offset;
       if (real <= 0) continue;
       // A mixed model was cast to 16 bits when built (as DDP's master weights, the shard starts from
@@ -269,7 +319,7 @@ void FullyShardedDataParallel::make_groups() {
   std::vector<int> in_node, across;
   for (int i = 0; i < K; i++) in_node.push_back(node * K + i);
   for (int j = 0; j < world_ / K; j++) across.push_back(j * K + rank_ % K);
-  group_executor_ = std::make_shared<GroupExecutor>();
+  group_executor_ = opt_.executor ? opt_.executor : std::make_shared<GroupExecutor>();
   // Tags above anything the rest of the engine sends with; one per group.
   node_group_ = new_group(comm_, in_node, (1 << 20) + 2 * node * 1024, group_executor_, dev(), "shard" + std::to_string(node));
   replica_group_ = new_group(comm_, across, (1 << 21) + 2 * (rank_ % K) * 1024, group_executor_, dev(),
@@ -291,17 +341,20 @@ void FullyShardedDataParallel::make_post_forward_group() {
   const int first = rank_ - pf_rank_;
   std::vector<int> members;
   for (int i = 0; i < n; i++) members.push_back(first + i);
-  if (!group_executor_) group_executor_ = std::make_shared<GroupExecutor>();
-  if (!node_group_) {
-    // One rank's group operations must run on one executor in program order (engine/comm/group.h), so
-    // the shard group's collectives move off the world's worker to a group of every rank, beside these.
-    std::vector<int> all;
-    for (int i = 0; i < world_; i++) all.push_back(i);
-    node_group_ = new_group(comm_, all, 1 << 20, group_executor_, dev(), "shard");
-    shard_comm_ = node_group_.get();
-  }
+  if (!group_executor_) group_executor_ = opt_.executor ? opt_.executor : std::make_shared<GroupExecutor>();
+  // One rank's group operations must run on one executor in program order (engine/comm/group.h), so
+  // the shard group's collectives move off the world's worker to a group of every rank, beside these.
+  if (!node_group_) shard_over_group();
   pf_group_ = new_group(comm_, members, (1 << 22) + 2 * (first / n) * 1024, group_executor_, dev(),
                         "post-forward" + std::to_string(first / n));
+}
+
+void FullyShardedDataParallel::shard_over_group() {
+  if (!group_executor_) group_executor_ = opt_.executor ? opt_.executor : std::make_shared<GroupExecutor>();
+  std::vector<int> all;
+  for (int i = 0; i < world_; i++) all.push_back(i);
+  node_group_ = new_group(comm_, all, 1 << 20, group_executor_, dev(), "shard");
+  shard_comm_ = node_group_.get();
 }
 
 void FullyShardedDataParallel::chunk_copy(const Unit& u, void* per_param, void* blocks, int groups, int only, bool to_blocks,
@@ -330,7 +383,7 @@ void FullyShardedDataParallel::record(int unit, FsdpVerb verb, uint64_t seq) {
   const double t = ctx_->compute_clock();
   Event e(EventKind::FsdpUnit, Lane::Compute, now, now, t, t);
   e.fsdp = FsdpInfo{static_cast<int16_t>(unit), static_cast<int16_t>(units_.size()), u.state, verb,
-                    static_cast<int16_t>(shard_world_), u.label, u.split.numel, u.split.chunk, seq};
+                    static_cast<int16_t>(group_of(u).world), u.label, u.split.numel, u.split.chunk, seq};
   ctx_->record(e);
 }
 
@@ -385,9 +438,14 @@ void FullyShardedDataParallel::unshard(int unit) {
     dev().narrow_half(u.low_shard.u16(), shard, u.split.chunk, model_.half_format());
     send = u.low_shard.raw();
   }
-  const bool world_op = shard_comm_ == &comm_;
-  const uint64_t seq = world_op ? comm_.collectives_issued() : UINT64_MAX;
-  u.gathering = shard_comm_->all_gather(out.raw(), send, u.split.chunk, gather_dtype_);
+  Communicator* const over = group_of(u).comm;
+  const uint64_t seq = over == &comm_ ? comm_.collectives_issued() : UINT64_MAX;
+  u.gathering = over->all_gather(out.raw(), send, u.split.chunk, gather_dtype_);
+  // An expert unit's collectives run on the rank's group executor, while the rank itself goes on
+  // issuing the world's (the other units', a CP ring's sends): left in flight, they would reach the
+  // world's comm worker (one queue per rank, a stream) in a different order on different ranks and
+  // could wait on each other. So they are waited for as issued, as the EP all-to-alls are.
+  if (u.group != 0) u.gathering->wait();
   record(unit, FsdpVerb::Unshard, seq);
 }
 
@@ -416,7 +474,7 @@ void FullyShardedDataParallel::reshard(int unit, bool post_forward) {
   Unit& u = units_[static_cast<size_t>(unit)];
   if (u.gathered.empty()) return;
   if (post_forward && api2() && opt_.reshard_after_forward == 1) return;  // a "group" of one keeps it all
-  if (post_forward && pf_size_ > 0) {
+  if (post_forward && pf_size_ > 0 && u.group == 0) {  // an expert unit reshards fully: its group is not the shard group
     // torch's to_sharded_post_forward: this rank's 1/N of each padded unsharded parameter.
     u.pf_shard = Tensor({u.split.padded / pf_size_}, MemCategory::GatheredParameters, ctx_ ? ctx_->memory() : nullptr,
                         gather_dtype_, dev());
@@ -427,30 +485,49 @@ void FullyShardedDataParallel::reshard(int unit, bool post_forward) {
   record(unit, FsdpVerb::Reshard, u.pf_shard.empty() ? UINT64_MAX : static_cast<uint64_t>(pf_size_));
 }
 
+void FullyShardedDataParallel::unshard_next(int ui, int k) {
+  const int at = primary_at_[static_cast<size_t>(ui)] + k;
+  if (at < 0 || at >= static_cast<int>(primary_.size())) return;  // nothing to prefetch past either end
+  const int next = primary_[static_cast<size_t>(at)];
+  unshard(next);
+  if (units_[static_cast<size_t>(next)].experts >= 0) unshard(units_[static_cast<size_t>(next)].experts);
+}
+
+// Each hook acts on the layer's unit and then on its experts' unit (--ep), the same way; prefetch
+// gathers both of the next block's.
 void FullyShardedDataParallel::before_forward(int layer) {
   const int ui = unit_of_layer(layer);
   if (ui < 0 || layer != units_[static_cast<size_t>(ui)].first_layer) return;
-  set_state(ui, FsdpState::Forward);
+  for (const int v : {ui, units_[static_cast<size_t>(ui)].experts}) {
+    if (v < 0) continue;
+    set_state(v, FsdpState::Forward);
+    if (sharded()) wait_for_unshard(v);
+  }
   if (!sharded()) return;
-  wait_for_unshard(ui);
   // The next unit's parameters arrive during this forward (FSDP2: the next opt_.prefetch units, as
   // set_modules_to_forward_prefetch names them).
   if (opt_.forward_prefetch)
-    for (int k = 1; k <= opt_.prefetch; k++) unshard(ui + k);
+    for (int k = 1; k <= opt_.prefetch; k++) unshard_next(ui, k);
 }
 
 void FullyShardedDataParallel::before_recompute(int layer) {
   const int ui = unit_of_layer(layer);
   if (ui < 0 || units_[static_cast<size_t>(ui)].state != FsdpState::Idle) return;
-  set_state(ui, FsdpState::Forward);
-  if (sharded()) wait_for_unshard(ui);
+  for (const int v : {ui, units_[static_cast<size_t>(ui)].experts}) {
+    if (v < 0) continue;
+    set_state(v, FsdpState::Forward);
+    if (sharded()) wait_for_unshard(v);
+  }
 }
 
 void FullyShardedDataParallel::after_recompute(int layer) {
   const int ui = unit_of_layer(layer);
   if (ui < 0 || units_[static_cast<size_t>(ui)].state != FsdpState::Forward) return;
-  if (sharded() && reshard_after_forward() && !units_[static_cast<size_t>(ui)].root) reshard(ui, true);
-  set_state(ui, FsdpState::Idle);
+  for (const int v : {ui, units_[static_cast<size_t>(ui)].experts}) {
+    if (v < 0) continue;
+    if (sharded() && reshard_after_forward() && !units_[static_cast<size_t>(v)].root) reshard(v, true);
+    set_state(v, FsdpState::Idle);
+  }
 }
 
 void FullyShardedDataParallel::after_forward(int layer) {
@@ -459,39 +536,55 @@ void FullyShardedDataParallel::after_forward(int layer) {
   // FULL_SHARD reshards after forward; the root unit (the whole model, or a GPT's embeddings and
   // head) keeps its parameters for the backward that follows, as torch's root FSDP instance does
   // (FSDP1's _post_forward_reshard frees only non-root handles).
-  if (sharded() && reshard_after_forward() && !units_[static_cast<size_t>(ui)].root) reshard(ui, true);
-  set_state(ui, FsdpState::Idle);
+  for (const int v : {ui, units_[static_cast<size_t>(ui)].experts}) {
+    if (v < 0) continue;
+    if (sharded() && reshard_after_forward() && !units_[static_cast<size_t>(v)].root) reshard(v, true);
+    set_state(v, FsdpState::Idle);
+  }
 }
 
 void FullyShardedDataParallel::before_backward(int layer) {
   const int ui = unit_of_layer(layer);
   if (ui < 0 || layer != units_[static_cast<size_t>(ui)].last_layer) return;
-  set_state(ui, FsdpState::PreBackward);
+  const int ex = units_[static_cast<size_t>(ui)].experts;
+  for (const int v : {ui, ex})
+    if (v >= 0) set_state(v, FsdpState::PreBackward);
   if (!sharded()) return;
-  Unit& u = units_[static_cast<size_t>(ui)];
-  wait_for_unshard(ui);  // FULL_SHARD gathers again; SHARD_GRAD_OP still holds the forward's copy
+  // FULL_SHARD gathers again; SHARD_GRAD_OP still holds the forward's copy.
+  for (const int v : {ui, ex})
+    if (v >= 0) wait_for_unshard(v);
   // BACKWARD_PRE: the next unit's all-gather goes out before this unit's gradients are computed.
   if (opt_.backward_prefetch == BackwardPrefetch::Pre)
-    for (int k = 1; k <= opt_.prefetch; k++) unshard(ui - k);  // FSDP2: set_modules_to_backward_prefetch
-  u.full_grad = Tensor({u.split.padded}, MemCategory::Gradients, ctx_ ? ctx_->memory() : nullptr, model_.param_dtype(), dev());
-  u.full_grad.zero();
-  bind(u, u.full_grad.raw(), true);
+    for (int k = 1; k <= opt_.prefetch; k++) unshard_next(ui, -k);  // FSDP2: set_modules_to_backward_prefetch
+  for (const int v : {ui, ex}) {
+    if (v < 0) continue;
+    Unit& u = units_[static_cast<size_t>(v)];
+    u.full_grad = Tensor({u.split.padded}, MemCategory::Gradients, ctx_ ? ctx_->memory() : nullptr, model_.param_dtype(), dev());
+    u.full_grad.zero();
+    bind(u, u.full_grad.raw(), true);
+  }
 }
 
 void FullyShardedDataParallel::after_backward(int layer) {
   const int ui = unit_of_layer(layer);
   if (ui < 0 || layer != units_[static_cast<size_t>(ui)].first_layer) return;
-  set_state(ui, FsdpState::PostBackward);
+  const int ex = units_[static_cast<size_t>(ui)].experts;
+  for (const int v : {ui, ex})
+    if (v >= 0) set_state(v, FsdpState::PostBackward);
   // BACKWARD_POST: after this unit's gradients, before its reduce-scatter.
-  if (sharded() && opt_.backward_prefetch == BackwardPrefetch::Post) unshard(ui - 1);
+  if (sharded() && opt_.backward_prefetch == BackwardPrefetch::Post) unshard_next(ui, -1);
+  // The experts' gradients are done first (autograd reaches the MLP before the attention), so their
+  // reduce-scatter goes out first.
+  if (ex >= 0) post_backward(ex);
   post_backward(ui);
 }
 
 void FullyShardedDataParallel::post_backward(int unit) {
   Unit& u = units_[static_cast<size_t>(unit)];
-  const float pre = pre_scale_;
+  const ShardGroup& g = group_of(u);
+  const float pre = g.pre;
   auto& ps = model_.parameters();
-  const uint64_t seq = shard_comm_ == &comm_ ? comm_.collectives_issued() : UINT64_MAX;
+  const uint64_t seq = g.comm == &comm_ ? comm_.collectives_issued() : UINT64_MAX;
   if (sharded()) {
     MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
     if (api2()) {
@@ -518,10 +611,11 @@ void FullyShardedDataParallel::post_backward(int unit) {
       u.reduce_out = Tensor({u.split.chunk}, MemCategory::CommBuffers, mem, reduce_dtype_, dev());
       out = u.reduce_out.raw();
     }
-    u.reduce = shard_comm_->reduce_scatter(out, send, u.split.chunk, reduce_dtype_, ReduceOp::Sum);
+    u.reduce = g.comm->reduce_scatter(out, send, u.split.chunk, reduce_dtype_, ReduceOp::Sum);
     // HYBRID_SHARD: the node's reduced shard is then summed over the nodes holding the same shard
     // (queued behind the reduce-scatter on the same group executor).
-    if (replica_group_) u.replicate = replica_group_->all_reduce(out, u.split.chunk, reduce_dtype_, ReduceOp::Sum);
+    if (g.replicate) u.replicate = g.replicate->all_reduce(out, u.split.chunk, reduce_dtype_, ReduceOp::Sum);
+    if (u.group != 0) u.reduce->wait();  // an expert unit's: waited for as issued (unshard says why)
     bind(u, nullptr, true);
     record(unit, FsdpVerb::ReduceGrad, seq);
     reshard(unit);
@@ -578,11 +672,11 @@ void FullyShardedDataParallel::land_reduced(Unit& u) {
   if (!u.reduce_out.empty()) {
     // Post-divide in the reduce dtype, then torch's _cast_grad_to_param_dtype: the fp32 shard the
     // optimizer steps (docs/course_sources.md §6e); accumulating, added to what it holds.
-    scale_in(u.reduce_out.raw(), u.split.chunk, reduce_dtype_, post_scale_, dev(), ctx_ ? ctx_->memory() : nullptr);
+    scale_in(u.reduce_out.raw(), u.split.chunk, reduce_dtype_, group_of(u).post, dev(), ctx_ ? ctx_->memory() : nullptr);
     land_f32(shard, u.reduce_out.raw(), u.split.chunk, reduce_dtype_, reduce_dtype_ == DType::F32 || backwards_ > 0);
     u.reduce_out = Tensor();
   } else {
-    dev().scale(shard, u.split.chunk, post_scale_);
+    dev().scale(shard, u.split.chunk, group_of(u).post);
   }
   u.full_grad = Tensor();
   u.reduce_in = Tensor();
@@ -678,20 +772,23 @@ std::vector<OwnedSlice> FullyShardedDataParallel::owned(bool grads) const {
     }
   };
   if (sharded() && attached_) {
-    if (rank_ / shard_world_ != 0) return out;  // HYBRID_SHARD: the other nodes hold copies
     for (const Unit& u : units_) {
+      if (u.group == 0 && rank_ / shard_world_ != 0) continue;  // HYBRID_SHARD: the other nodes hold copies
+      // (An expert unit's shards are its expert-data-parallel group's: together with the other EP
+      // ranks', whose experts are others, every expert once.)
+      const int shard_rank = group_of(u).rank;
       const float* base = (grads ? shard_grads_ : shard_params_).f32() + u.shard_offset;
       if (api2()) {
         // Each parameter's dim-0 chunk is a contiguous run of its flattened values.
         for (size_t k = 0; k < u.params.size(); k++) {
           const Dim0Shard& d = u.dim0[k];
-          const int64_t real = d.real_rows(shard_rank_) * d.cols;
-          if (real > 0) out.push_back({u.params[k], shard_rank_ * d.shard_numel(), real, base + u.shard_at[k]});
+          const int64_t real = d.real_rows(shard_rank) * d.cols;
+          if (real > 0) out.push_back({u.params[k], shard_rank * d.shard_numel(), real, base + u.shard_at[k]});
         }
         continue;
       }
-      const int64_t begin = shard_rank_ * u.split.chunk;
-      cut(u.params, u.offsets, begin, begin + u.split.real(shard_rank_), (grads ? shard_grads_ : shard_params_).f32() + u.shard_offset);
+      const int64_t begin = shard_rank * u.split.chunk;
+      cut(u.params, u.offsets, begin, begin + u.split.real(shard_rank), (grads ? shard_grads_ : shard_params_).f32() + u.shard_offset);
     }
     return out;
   }

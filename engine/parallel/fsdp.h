@@ -82,6 +82,19 @@ struct FsdpOptions {
   // FSDP2's explicit prefetch (set_modules_to_forward_prefetch / set_modules_to_backward_prefetch with
   // the next N units): how many units ahead forward_prefetch and BACKWARD_PRE gather; FSDP1 gathers one.
   int prefetch = 1;
+  // Expert parallelism (--ep; torchtitan's apply_fsdp, docs/course_sources.md §6i): each MoE block's
+  // experts are a unit of their own, sharded over `expert_group` (the ranks holding the same experts: the
+  // expert-data-parallel group, one rank or more) beside the block's unit over the FSDP group, gathered
+  // and reduced with it in the same hooks. Their gradients are averaged over `expert_divide` ranks (the
+  // data-parallel world, as torchtitan's set_gradient_divide_factor and Megatron's expert gradient
+  // scaling), so an expert's step is the one DDP with --ep takes. Fully sharded layouts only (FULL_SHARD,
+  // SHARD_GRAD_OP, fully_shard); an expert unit reshards fully after forward. Null: no expert units.
+  Communicator* expert_group = nullptr;
+  int expert_divide = 1;
+  // Where FSDP's own process groups (HYBRID_SHARD's, reshard_after_forward=N's) run: an executor the
+  // rank's other groups share (one rank's group operations run in program order on one executor), or
+  // null for one of FSDP's own.
+  std::shared_ptr<GroupExecutor> executor;
 };
 inline constexpr int kReshardTrue = -1;
 // "true" | "false" | N; the text parse_reshard_after_forward() takes back.
@@ -186,8 +199,18 @@ class FullyShardedDataParallel : public LayerHooks {
   void after_recompute(int layer) override;
 
  private:
+  // The ranks a unit's flat parameter is split over and how its gradient is averaged: the FSDP group
+  // (or HYBRID_SHARD's node group, with its replica group), or the experts' group.
+  struct ShardGroup {
+    Communicator* comm = nullptr;
+    int world = 1, rank = 0;
+    float pre = 1.0f, post = 1.0f;          // multiplied before the reduction, after it
+    Communicator* replicate = nullptr;      // HYBRID_SHARD: the shard gradient's all-reduce across nodes
+  };
   struct Unit {
     std::vector<int> params;       // indices into model.parameters(), model order
+    int group = 0;                 // groups_: 0 the FSDP group's, 1 an MoE block's experts
+    int experts = -1;              // a block unit: its experts' unit, gathered and reduced beside it (-1: none)
     std::vector<int64_t> offsets;  // each parameter's offset in the flat buffer
     int first_layer = 0, last_layer = 0;
     bool root = false;             // keeps its parameters from forward to backward (a GPT's root unit)
@@ -216,6 +239,10 @@ class FullyShardedDataParallel : public LayerHooks {
            opt_.sharding == Sharding::Hybrid;
   }
   bool api2() const { return opt_.api == 2; }
+  const ShardGroup& group_of(const Unit& u) const { return groups_[static_cast<size_t>(u.group)]; }
+  // The units of the k-th primary unit after (k < 0: before) unit `ui`'s, its experts' unit included
+  // (prefetch counts blocks, as torch's does modules); unshard() both.
+  void unshard_next(int ui, int k);
   bool reshard_after_forward() const {
     if (api2()) return opt_.reshard_after_forward != 0 && opt_.wrap_layers;
     return (opt_.sharding == Sharding::FullShard || opt_.sharding == Sharding::Hybrid) && opt_.wrap_layers;
@@ -241,6 +268,7 @@ class FullyShardedDataParallel : public LayerHooks {
   bool mixed() const { return model_.mixed(); }
   void make_groups();  // HYBRID_SHARD's node group and cross-node group
   void make_post_forward_group();  // FSDP2 reshard_after_forward=N's group of N ranks
+  void shard_over_group();  // the shard group: a group of every rank on group_executor_, not the world itself
   std::vector<OwnedSlice> owned(bool grads) const;  // owned_slices of the parameters or the gradients
   // torch's _cast_grad_to_param_dtype onto an fp32 gradient: dst = src, or dst += src with `add`
   // (accumulation); src is in `dt`, 16 bits widened exactly.
@@ -270,7 +298,10 @@ class FullyShardedDataParallel : public LayerHooks {
   Communicator* shard_comm_ = nullptr;
   int shard_world_ = 1, shard_rank_ = 0;
   std::vector<Unit> units_;
-  std::vector<int> layer_unit_;   // per model layer: its unit, or -1 (ReLU)
+  std::vector<int> layer_unit_;   // per model layer: its unit, or -1 (ReLU); a block's, not its experts'
+  std::vector<int> primary_;      // the units that are no block's experts, in order
+  std::vector<int> primary_at_;   // per unit: its place in primary_ (experts: their block's)
+  ShardGroup groups_[2];
   int64_t shard_numel_ = 0;
   int64_t backwards_ = 0;  // backwards finalized since zero_grad(): from 1 on, reductions add
   // float32: this rank's shards of every unit (sharded strategies); mixed NO_SHARD and ZeRO-1: the

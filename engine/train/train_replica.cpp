@@ -148,6 +148,8 @@ class ReplicaRank : public RankStrategy {
   ~ReplicaRank() override {
     if (cp_comm_) model_.set_context_parallel_comm(nullptr);
     if (cp_exec_) cp_exec_->drain();
+    if (ep_comm_) model_.set_expert_parallel_comm(nullptr);  // the model outlives the group it dispatched over
+    if (ep_exec_) ep_exec_->drain();
     model_.set_observer(model_obs_);
     model_.set_layer_gate(nullptr);
     model_.set_skipped_layer(-1);
@@ -257,6 +259,7 @@ class ReplicaRank : public RankStrategy {
     // Every replica holds the whole model (or its TP piece): --save-sharded writes each parameter once.
     if (!sharded()) t_.save_replicated_sharded(model_, env_.comm, at_.dp, t_.mesh_.dp);
     if (mesh_) gather_full_model();  // rank 0's full_model_ gets every shard
+    if (ep_group_ && !mesh_) return gather_experts();
     return mesh_ && rank_ == 0 ? *t_.full_model_ : model_;
   }
 
@@ -285,16 +288,64 @@ class ReplicaRank : public RankStrategy {
   }
   virtual double overlap() const { return -1; }
   virtual FullyShardedDataParallel* sharded() { return nullptr; }
-  // --tp: the TP group's shards put together into rank 0's full model (collective over the TP group).
-  virtual void gather_full_model() { t_.gather_full_model(rank_, *mesh_, model_); }
+  // --tp: the TP group's shards put together into rank 0's full model (collective over the TP group);
+  // with --ep each rank's shard with every expert of its EP group (whose members may be other TP
+  // ranks) first.
+  void gather_full_model() {
+    if (!ep_group_ || expert_parameters(model_).empty()) return t_.gather_full_model(rank_, *mesh_, model_);
+    const std::vector<float> mine = gather_expert_parallel_params(model_, *ep_group_, env_.dev);
+    const std::vector<float> full = gather_expert_tensor_parallel_params(model_, mine, *mesh_->tp);
+    if (rank_ == 0) t_.full_model_->upload_params(full.data());
+  }
+  // --ep without --tp: rank 0 returns the whole model, every EP rank's experts put together (collective
+  // over the EP group); the others their own.
+  const Model& gather_experts() {
+    if (model_.lora()) {  // the base (every expert) is frozen: the whole one-rank base with rank 0's adapters
+      if (rank_ != 0) return model_;
+      t_.full_model_ = std::make_unique<Model>(ModelSpec{{}, model_.spec().gpt.whole()}, nullptr, c_.seed);
+      if (!c_.init_path.empty()) load_model_checkpoint(c_.init_path, *t_.full_model_);
+      t_.full_model_->enable_lora(c_.lora, c_.seed);
+      if (is_mixed(c_.precision)) t_.full_model_->set_precision(c_.precision);
+      t_.full_model_->upload_params(model_.host_params().data());
+      return *t_.full_model_;
+    }
+    const std::vector<float> whole = gather_expert_parallel_params(model_, *ep_group_, env_.dev);
+    if (rank_ != 0) return model_;
+    t_.full_model_ = std::make_unique<Model>(ModelSpec{{}, model_.spec().gpt.whole()}, nullptr, c_.seed);
+    t_.full_model_->upload_params(whole.data());
+    return *t_.full_model_;
+  }
+  // --ep: the EP group (ep consecutive ranks: the GPT's dispatch and combine) and the expert-data-
+  // parallel group (the ranks holding the same experts), on one executor. `edp_of_one`: make the latter
+  // even when it is this rank alone (FSDP shards the experts over it); DDP then scales them alone.
+  void join_expert_parallel(bool edp_of_one) {
+    // Tags apart from FSDP's groups (1 << 20 .. 1 << 22) and CP's (1 << 25).
+    static constexpr int kExpertTag = 1 << 23;
+    const int W = env_.comm->world_size();
+    ep_exec_ = group_executor();
+    ep_group_ = new_group(*env_.comm, ep_group_ranks(rank_, c_.ep), kExpertTag, ep_exec_, env_.dev, "ep" + std::to_string(rank_ / c_.ep));
+    if (W > c_.ep || edp_of_one)
+      expert_dp_ = new_group(*env_.comm, expert_dp_group_ranks(rank_, c_.ep, W), kExpertTag + 1, ep_exec_, env_.dev,
+                             "edp" + std::to_string(rank_ % c_.ep));
+    ep_comm_ = std::make_unique<GroupExpertParallelComm>(*ep_group_);
+    model_.set_expert_parallel_comm(ep_comm_.get());
+  }
   virtual void finish_hook(TrainSummary& sum) { (void)sum; }
 
+  // The executor of every process group this rank makes (the mesh's, or one of its own): one rank's
+  // group operations run in program order on one thread, since two would feed the world's comm worker
+  // in different orders on different ranks and could wait on each other (engine/comm/group.h).
+  std::shared_ptr<GroupExecutor> group_executor() {
+    if (mesh_ && mesh_->executor) return mesh_->executor;
+    if (!own_exec_) own_exec_ = std::make_shared<GroupExecutor>();
+    return own_exec_;
+  }
   // --cp: the rank's CP group (cp_group_ranks), and its model's sequence split.
   void join_context_parallel() {
     static constexpr int kContextTag = 1 << 25;
     const int cr = cp_rank_of(t_.mesh_, c_.cp, rank_);
     const std::vector<int> ranks = cp_group_ranks(t_.mesh_, c_.cp, rank_);
-    cp_exec_ = std::make_shared<GroupExecutor>();
+    cp_exec_ = group_executor();
     const int index = (at_.dp / c_.cp) * t_.mesh_.pp * t_.mesh_.tp + at_.pp * t_.mesh_.tp + at_.tp;
     cp_group_ = new_group(*env_.comm, ranks, kContextTag, cp_exec_, env_.dev, "cp" + std::to_string(index));
     cp_comm_ = std::make_unique<GroupContextParallelComm>(*cp_group_);
@@ -337,10 +388,16 @@ class ReplicaRank : public RankStrategy {
   double overlap_sum_step_ = 0;
   // Context parallelism (--cp): the CP group, its executor, the model's view of it, this rank's
   // positions and their targets.
+  std::shared_ptr<GroupExecutor> own_exec_;  // group_executor() without a mesh executor
   std::shared_ptr<GroupExecutor> cp_exec_;
   std::unique_ptr<Communicator> cp_group_;
   std::unique_ptr<GroupContextParallelComm> cp_comm_;
   std::vector<int64_t> cp_positions_, cp_targets_;
+  // Expert parallelism (--ep): the EP group, the expert-data-parallel group (DDP: null when it is one
+  // rank), their executor, and the GPT's view of the EP group.
+  std::shared_ptr<GroupExecutor> ep_exec_;
+  std::unique_ptr<Communicator> ep_group_, expert_dp_;
+  std::unique_ptr<GroupExpertParallelComm> ep_comm_;
 };
 
 class DdpRank final : public ReplicaRank {
@@ -348,41 +405,10 @@ class DdpRank final : public ReplicaRank {
   explicit DdpRank(const RankEnv& env) : ReplicaRank(env) {
     DdpOptions opt = c_.ddp;
     if (c_.ep > 1) {  // the EP group's all-to-alls, and the experts reduced apart from DDP's buckets
-      const int W = env.comm->world_size();
-      ep_exec_ = std::make_shared<GroupExecutor>();
-      ep_group_ = new_group(*env.comm, ep_group_ranks(rank_, c_.ep), kExpertTag, ep_exec_, env.dev, "ep" + std::to_string(rank_ / c_.ep));
-      if (W > c_.ep)
-        expert_dp_ = new_group(*env.comm, expert_dp_group_ranks(rank_, c_.ep, W), kExpertTag + 1, ep_exec_, env.dev,
-                               "edp" + std::to_string(rank_ % c_.ep));
-      ep_comm_ = std::make_unique<GroupExpertParallelComm>(*ep_group_);
-      model_.set_expert_parallel_comm(ep_comm_.get());
+      join_expert_parallel(false);
       opt.ignored = expert_parameters(model_);
     }
     if (dp_comm_) ddp_ = std::make_unique<DistributedDataParallel>(model_, *dp_comm_, env.ctx, opt, c_.reduce_fp32);
-  }
-  ~DdpRank() override {
-    if (ep_comm_) model_.set_expert_parallel_comm(nullptr);  // the model outlives the group it dispatched over
-    if (ep_exec_) ep_exec_->drain();
-  }
-  // Under --ep rank 0 returns the whole model: every EP rank's experts put together (under --tp by
-  // gather_full_model below).
-  const Model& finish(TrainSummary& sum) override {
-    const Model& mine = ReplicaRank::finish(sum);
-    if (c_.ep == 1 || mesh_) return mine;
-    if (model_.lora()) {  // the base (every expert) is frozen: the whole one-rank base with rank 0's adapters
-      if (rank_ != 0) return mine;
-      t_.full_model_ = std::make_unique<Model>(ModelSpec{{}, model_.spec().gpt.whole()}, nullptr, c_.seed);
-      if (!c_.init_path.empty()) load_model_checkpoint(c_.init_path, *t_.full_model_);
-      t_.full_model_->enable_lora(c_.lora, c_.seed);
-      if (is_mixed(c_.precision)) t_.full_model_->set_precision(c_.precision);
-      t_.full_model_->upload_params(model_.host_params().data());
-      return *t_.full_model_;
-    }
-    const std::vector<float> whole = gather_expert_parallel_params(model_, *ep_group_, env_.dev);
-    if (rank_ != 0) return mine;
-    t_.full_model_ = std::make_unique<Model>(ModelSpec{{}, model_.spec().gpt.whole()}, nullptr, c_.seed);
-    t_.full_model_->upload_params(whole.data());
-    return *t_.full_model_;
   }
   void annotate(StepReport& r, const StepSums& s) override {
     ReplicaRank::annotate(r, s);
@@ -452,14 +478,6 @@ class DdpRank final : public ReplicaRank {
     in.sum_over = {env_.comm};
     return in;
   }
-  // --tp with --ep: each rank's shard with every expert of its EP group (whose members may be other TP
-  // ranks), then the TP group's shards put together.
-  void gather_full_model() override {
-    if (c_.ep == 1 || expert_parameters(model_).empty()) return ReplicaRank::gather_full_model();
-    const std::vector<float> mine = gather_expert_parallel_params(model_, *ep_group_, env_.dev);
-    const std::vector<float> full = gather_expert_tensor_parallel_params(model_, mine, *mesh_->tp);
-    if (rank_ == 0) t_.full_model_->upload_params(full.data());
-  }
   void finish_hook(TrainSummary& sum) override {
     // Join.__exit__: the last count (every rank has joined: 0), then DDP's post-hook gives every rank
     // the last joiners' model.
@@ -476,12 +494,6 @@ class DdpRank final : public ReplicaRank {
   }
 
  private:
-  // Expert parallelism (--ep): the EP group, the expert-data-parallel group (null when it is one
-  // rank), their executor, and the GPT's view of the EP group.
-  static constexpr int kExpertTag = 1 << 20;
-  std::shared_ptr<GroupExecutor> ep_exec_;
-  std::unique_ptr<Communicator> ep_group_, expert_dp_;
-  std::unique_ptr<GroupExpertParallelComm> ep_comm_;
   bool synced_ = true;  // this micro-batch's backward reduces (the last of --accum)
   std::unique_ptr<DistributedDataParallel> ddp_;  // null when the mesh has one replica
   bool shadowed_ = false;  // --join: this rank's data ran out and it shadowed the others (not a last joiner)
@@ -492,7 +504,16 @@ class DdpRank final : public ReplicaRank {
 class FsdpRank final : public ReplicaRank {
  public:
   explicit FsdpRank(const RankEnv& env) : ReplicaRank(env) {
-    if (dp_comm_) fsdp_ = std::make_unique<FullyShardedDataParallel>(model_, *dp_comm_, env.ctx, c_.fsdp, c_.optimizer, c_.reduce_fp32);
+    FsdpOptions opt = c_.fsdp;
+    if (c_.ep > 1) {
+      // torchtitan's FSDP with EP: each block's experts a unit of their own, sharded over the ranks that
+      // hold the same experts and averaged over the data-parallel world, as DDP with --ep averages them.
+      join_expert_parallel(true);
+      opt.expert_group = expert_dp_.get();
+      opt.expert_divide = t_.mesh_.dp;
+      opt.executor = ep_exec_;
+    }
+    if (dp_comm_) fsdp_ = std::make_unique<FullyShardedDataParallel>(model_, *dp_comm_, env.ctx, opt, c_.optimizer, c_.reduce_fp32);
   }
 
  protected:
@@ -516,7 +537,9 @@ class FsdpRank final : public ReplicaRank {
   GradClipInput clip_input() override {
     if (!fsdp_) return ReplicaRank::clip_input();
     GradClipInput in;
-    const std::vector<bool> counted = tp_counted_params(model_);
+    std::vector<bool> counted = tp_counted_params(model_);
+    if (c_.ep > 1)  // an expert is whole on its rank, and under --tp the TP ranks hold different ones
+      for (int i : expert_parameters(model_)) counted[static_cast<size_t>(i)] = true;
     for (const OwnedSlice& s : fsdp_->owned_grad_slices())
       if (counted[static_cast<size_t>(s.param)]) in.pieces.push_back({s.data, nullptr, s.length});
     const auto [grads, n] = fsdp_->step_grads();
