@@ -4,6 +4,7 @@
 // comes from what the engine really did. Plain data: no engine object is reachable from here, no
 // lock is needed to read it.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -138,6 +139,10 @@ struct UnitView {
   std::vector<Shape> shapes;            // each parameter's shape (FSDP2 splits dim 0)
   int64_t numel = 0, chunk = 0;         // flat elements; shard size ceil(numel / shard_world)
   int shard_world = 1;                  // ranks the flat parameter is split over (a node for HYBRID_SHARD)
+  // Rank r owns chunk (r / owner_stride) % shard_world: 1 for the FSDP group (a HYBRID_SHARD node's
+  // ranks in turn); --ep for an MoE block's experts, whose group is every ep-th rank (edp).
+  int owner_stride = 1;
+  int owned_chunk(int r) const { return (r / std::max(1, owner_stride)) % std::max(1, shard_world); }
   std::vector<FsdpState> state;         // per rank
   std::vector<uint8_t> gathered;        // per rank: full parameters materialized (GatheredParameters)
   std::vector<uint8_t> gathering;       // per rank: its all-gather is under way

@@ -773,6 +773,9 @@ void SnapshotBuilder::ingest_unit(const TraceRecorder& rec, int rank, const Fsdp
           u.sizes.push_back(n);
           at += n;
         }
+        // An MoE block's experts under --ep: their own unit, sharded over the ranks holding them.
+        if (snap_.experts.ep > 1 && !u.names.empty() && u.names.front().find(".mlp.experts.") != std::string::npos)
+          u.owner_stride = snap_.experts.ep;
       }
       break;
     case FsdpVerb::Unshard:

@@ -64,12 +64,15 @@ Live live_of(const Snapshot& s, const UnitView& u) {
   return Live::None;
 }
 
-// A rank row's label ("rank 2 (node 1)" under HYBRID_SHARD), and a line above each node's first rank.
-void draw_rank_label(const ShardLayout& L, ImVec2 p, int r, int K, int W) {
+// A rank row's label ("rank 2 (node 1)" under HYBRID_SHARD, "rank 3 (EP rank 1)" for an expert unit,
+// whose experts are that EP rank's), and a line above each node's first rank.
+void draw_rank_label(const ShardLayout& L, ImVec2 p, int r, int K, int W, int stride = 1) {
   ImDrawList* dl = ImGui::GetWindowDrawList();
-  if (K < W && r % K == 0 && r > 0) dl->AddLine(ImVec2(L.bar_x, p.y - 1), ImVec2(L.bar_x + L.bar_w, p.y - 1), IM_COL32(200, 200, 210, 120));
+  if (stride == 1 && K < W && r % K == 0 && r > 0)
+    dl->AddLine(ImVec2(L.bar_x, p.y - 1), ImVec2(L.bar_x + L.bar_w, p.y - 1), IM_COL32(200, 200, 210, 120));
   char lab[48];
-  if (K < W) std::snprintf(lab, sizeof lab, "rank %d (node %d)", r, r / K);
+  if (stride > 1) std::snprintf(lab, sizeof lab, "rank %d (EP rank %d)", r, r % stride);
+  else if (K < W) std::snprintf(lab, sizeof lab, "rank %d (node %d)", r, r / K);
   else std::snprintf(lab, sizeof lab, "rank %d", r);
   dl->AddText(p, rank_color(r, W), lab);
 }
@@ -147,13 +150,13 @@ void draw_unit(const Snapshot& s, const UnitView& u, const ShardLayout& L, doubl
   for (int r = 0; r < W && r < static_cast<int>(u.state.size()); r++) {
     p = ImGui::GetCursorScreenPos();
     const float y = p.y;
-    draw_rank_label(L, p, r, K, W);
+    draw_rank_label(L, p, r, K, W, u.owner_stride);
     const bool gathered = u.gathered[static_cast<size_t>(r)] != 0, gathering = u.gathering[static_cast<size_t>(r)] != 0;
     const bool reducing = u.reducing[static_cast<size_t>(r)] != 0;
     for (int k = 0; k < K; k++) {
       const float a = L.bar_x + seg_w * static_cast<float>(k);
       const ImVec2 c0(a + 1, y + 1), c1(a + seg_w - 1, y + h);
-      const bool own = k == r % K;
+      const bool own = k == u.owned_chunk(r);
       ImU32 fill = 0;
       if (own) fill = rank_color(k, W, 0.95f);
       else if (gathered) fill = rank_color(k, W, 0.40f);
@@ -180,7 +183,7 @@ void draw_unit(const Snapshot& s, const UnitView& u, const ShardLayout& L, doubl
     dl->AddText(ImVec2(L.bar_x + L.bar_w + 0.6f * fs, y), state_color(st), state_short(st));
     ImGui::Dummy(ImVec2(L.label_w + L.bar_w + L.state_w, L.row_h));
     if (ImGui::IsItemHovered())
-      ImGui::SetTooltip("rank %d, unit %d: %s\nholds its shard (chunk %d)%s%s%s", r, u.index, fsdp_state_name(st), r % K,
+      ImGui::SetTooltip("rank %d, unit %d: %s\nholds its shard (chunk %d)%s%s%s", r, u.index, fsdp_state_name(st), u.owned_chunk(r),
                         gathered ? ", and the full parameters (gathered)" : "", gathering ? "; all-gather under way" : "",
                         reducing ? "; gradient reduce-scatter under way" : "");
   }
@@ -192,7 +195,7 @@ void draw_unit(const Snapshot& s, const UnitView& u, const ShardLayout& L, doubl
 // `compact` for a narrow window (the tooltip says it in full).
 std::string placement(const UnitView& u, int r, int K, int W, bool compact) {
   const size_t i = static_cast<size_t>(r);
-  const bool hsdp = K < W;
+  const bool hsdp = K < W && u.owner_stride == 1;  // an expert unit: Shard(0) over the ranks holding its experts
   std::string out;
   if (u.gathered[i]) out = compact ? "full" : "full (unsharded)";
   else if (u.post_forward[i] > 0) out = "Shard(0) over " + std::to_string(u.post_forward[i]) + (compact ? "" : " ranks");
@@ -307,7 +310,7 @@ void draw_unit_fsdp2(const Snapshot& s, const UnitView& u, const ShardLayout& L,
   for (int r = 0; r < W && r < static_cast<int>(u.state.size()); r++) {
     p = ImGui::GetCursorScreenPos();
     const float y = p.y;
-    draw_rank_label(L, p, r, K, W);
+    draw_rank_label(L, p, r, K, W, u.owner_stride);
     const size_t ri = static_cast<size_t>(r);
     const bool gathered = u.gathered[ri] != 0;
     const int pf = u.post_forward[ri];
@@ -315,9 +318,9 @@ void draw_unit_fsdp2(const Snapshot& s, const UnitView& u, const ShardLayout& L,
       for (int k = 0; k < K; k++) {
         ImVec2 c0, c1;
         cell(i, k, y, h, &c0, &c1);
-        const bool own = k == r % K;
+        const bool own = k == u.owned_chunk(r);
         // reshard_after_forward=N: this rank keeps chunks [g K/N, (g+1) K/N) of each parameter, g = its place in its group.
-        const bool kept = pf > 0 && k / (K / pf) == (r % K) % pf;
+        const bool kept = pf > 0 && k / (K / pf) == u.owned_chunk(r) % pf;
         ImU32 fill = own ? rank_color(k, W, 0.95f) : gathered ? rank_color(k, W, 0.40f) : kept ? rank_color(k, W, 0.65f) : 0;
         if (live != Live::None && ri < s.collective.cells.size()) {
           const int held = s.collective.cells[ri][static_cast<size_t>(k)];
@@ -341,7 +344,7 @@ void draw_unit_fsdp2(const Snapshot& s, const UnitView& u, const ShardLayout& L,
     dl->AddText(ImVec2(L.bar_x + L.bar_w + 0.6f * fs, y), state_color(st), where.c_str());
     ImGui::Dummy(ImVec2(L.label_w + L.bar_w + L.state_w, L.row_h));
     if (ImGui::IsItemHovered())
-      ImGui::SetTooltip("rank %d, unit %d: %s\nholds chunk %d of every parameter%s%s", r, u.index, fsdp_state_name(st), r % K,
+      ImGui::SetTooltip("rank %d, unit %d: %s\nholds chunk %d of every parameter%s%s", r, u.index, fsdp_state_name(st), u.owned_chunk(r),
                         gathered ? ", and the full parameters (copied out of the all-gather)"
                         : pf > 0 ? ", and its 1/N of each parameter kept after forward (reshard_after_forward=N)"
                                  : "",
@@ -440,6 +443,13 @@ void draw_shard_view(const Snapshot& s, ViewContext& ctx) {
                        K, K < c.world ? " of its node" : "",
                        c.sharding == Sharding::ShardGradOp ? " and stays until its backward" : ", then is freed");
   }
+  // --ep: an MoE block's experts are a unit of their own, split over fewer ranks than the rest.
+  int expert_stride = 1;
+  for (const UnitView& u : s.units) expert_stride = std::max(expert_stride, u.owner_stride);
+  if (expert_stride > 1)
+    ImGui::TextWrapped("--ep %d: each MoE block's experts are a unit of their own (torchtitan's layout), split over the %d ranks "
+                       "holding the same experts (rank r, r + %d, ...); the same unit holds other experts on each EP rank.",
+                       expert_stride, std::max(1, c.world / expert_stride), expert_stride);
   ImGui::PopTextWrapPos();
   draw_legend(fs, c.world);
   ImGui::Separator();
@@ -447,7 +457,7 @@ void draw_shard_view(const Snapshot& s, ViewContext& ctx) {
   ImGui::BeginChild("##list_units", ImVec2(0, 0), false);  // one block per unit: a list that scrolls
   ShardLayout L;
   const ImVec2 origin = ImGui::GetCursorScreenPos();
-  L.label_w = ImGui::CalcTextSize(K < c.world ? "rank 00 (node 0)  " : "flat param  ").x;
+  L.label_w = ImGui::CalcTextSize(expert_stride > 1 ? "rank 00 (EP rank 0)  " : K < c.world ? "rank 00 (node 0)  " : "flat param  ").x;
   L.state_w = ImGui::CalcTextSize("post-backward ").x + 0.6f * fs;
   if (c.fsdp_api == 2) {
     // FSDP2's column names the placement: in full, unless that leaves the bars under 10 em.
