@@ -141,7 +141,13 @@ void print_strategy_lines(std::ostream& out, const Trainer& trainer) {
         edp += (e ? ", edp" : "edp") + std::to_string(e) + " " + ranks;
       }
       out << groups << (c.tp > 1 ? " (runs of " + std::to_string(c.ep) + " ranks, TP ranks first: Megatron's MoE parallel folding)" : "");
-      if (!edp.empty()) out << "; each expert's gradients summed over " << edp;
+      if (c.strategy == Strategy::Fsdp && c.fsdp.sharding == Sharding::Hybrid)
+        out << "; each block's experts an FSDP unit, sharded inside a node over the ranks holding them (" << c.fsdp.node_size / c.ep
+            << " a node) and copied across nodes";
+      else if (c.strategy == Strategy::Fsdp)
+        out << "; each block's experts an FSDP unit, sharded over " << (edp.empty() ? "the one rank holding them" : edp);
+      else if (!edp.empty())
+        out << "; each expert's gradients summed over " << edp;
       out << "\n";
     }
   }

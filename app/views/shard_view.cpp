@@ -444,12 +444,13 @@ void draw_shard_view(const Snapshot& s, ViewContext& ctx) {
                        c.sharding == Sharding::ShardGradOp ? " and stays until its backward" : ", then is freed");
   }
   // --ep: an MoE block's experts are a unit of their own, split over fewer ranks than the rest.
-  int expert_stride = 1;
-  for (const UnitView& u : s.units) expert_stride = std::max(expert_stride, u.owner_stride);
+  int expert_stride = 1, expert_split = 1;
+  for (const UnitView& u : s.units)
+    if (u.owner_stride > 1) expert_stride = u.owner_stride, expert_split = u.shard_world;
   if (expert_stride > 1)
     ImGui::TextWrapped("--ep %d: each MoE block's experts are a unit of their own (torchtitan's layout), split over the %d ranks "
-                       "holding the same experts (rank r, r + %d, ...); the same unit holds other experts on each EP rank.",
-                       expert_stride, std::max(1, c.world / expert_stride), expert_stride);
+                       "holding the same experts (rank r, r + %d, ...)%s; the same unit holds other experts on each EP rank.",
+                       expert_stride, expert_split, expert_stride, c.sharding == Sharding::Hybrid ? " in each node, copied across nodes" : "");
   ImGui::PopTextWrapPos();
   draw_legend(fs, c.world);
   ImGui::Separator();

@@ -154,12 +154,14 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
   const bool experts = !expert_ids.empty();
   groups_[0] = {shard_comm_, shard_world_, shard_rank_, pre_scale_, post_scale_, replica_group_.get()};
   if (experts) {
-    DTLAB_CHECK(opt_.wrap_layers && (opt_.sharding == Sharding::FullShard || opt_.sharding == Sharding::ShardGradOp),
-                "FSDP shards experts in a fully sharded layout with a unit per block; the run's validation refuses the rest");
+    DTLAB_CHECK(opt_.wrap_layers && sharded() && (opt_.sharding == Sharding::Hybrid) == (opt_.expert_replicate != nullptr),
+                "FSDP shards experts in a sharded layout with a unit per block (HSDP: and a replica group); the run's validation "
+                "refuses the rest");
     ShardGroup& e = groups_[1];
     e.comm = opt_.expert_group;
     e.world = opt_.expert_group->world_size();
     e.rank = opt_.expert_group->rank();
+    e.replicate = opt_.expert_replicate;
     const int d = std::max(1, opt_.expert_divide);
     if (api2() && reduce_dtype_ != DType::F16) {
       e.pre = 1.0f / static_cast<float>(d);
@@ -615,7 +617,10 @@ void FullyShardedDataParallel::post_backward(int unit) {
     // HYBRID_SHARD: the node's reduced shard is then summed over the nodes holding the same shard
     // (queued behind the reduce-scatter on the same group executor).
     if (g.replicate) u.replicate = g.replicate->all_reduce(out, u.split.chunk, reduce_dtype_, ReduceOp::Sum);
-    if (u.group != 0) u.reduce->wait();  // an expert unit's: waited for as issued (unshard says why)
+    if (u.group != 0) {  // an expert unit's: waited for as issued (unshard says why)
+      u.reduce->wait();
+      if (u.replicate) u.replicate->wait();
+    }
     bind(u, nullptr, true);
     record(unit, FsdpVerb::ReduceGrad, seq);
     reshard(unit);
@@ -773,9 +778,9 @@ std::vector<OwnedSlice> FullyShardedDataParallel::owned(bool grads) const {
   };
   if (sharded() && attached_) {
     for (const Unit& u : units_) {
-      if (u.group == 0 && rank_ / shard_world_ != 0) continue;  // HYBRID_SHARD: the other nodes hold copies
-      // (An expert unit's shards are its expert-data-parallel group's: together with the other EP
-      // ranks', whose experts are others, every expert once.)
+      if (rank_ / shard_world_ != 0) continue;  // HYBRID_SHARD: the other nodes hold copies (of the experts too)
+      // (An expert unit's shards are its expert group's: together with the other EP ranks', whose
+      // experts are others, every expert once.)
       const int shard_rank = group_of(u).rank;
       const float* base = (grads ? shard_grads_ : shard_params_).f32() + u.shard_offset;
       if (api2()) {

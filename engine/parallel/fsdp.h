@@ -91,6 +91,9 @@ struct FsdpOptions {
   // SHARD_GRAD_OP, fully_shard); an expert unit reshards fully after forward. Null: no expert units.
   Communicator* expert_group = nullptr;
   int expert_divide = 1;
+  // HYBRID_SHARD (HSDP): `expert_group` is then the node's ranks holding this rank's experts, and the
+  // experts' shard is all-reduced over `expert_replicate` (the ranks at this rank's place in every node).
+  Communicator* expert_replicate = nullptr;
   // Where FSDP's own process groups (HYBRID_SHARD's, reshard_after_forward=N's) run: an executor the
   // rank's other groups share (one rank's group operations run in program order on one executor), or
   // null for one of FSDP's own.

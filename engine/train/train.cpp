@@ -188,6 +188,12 @@ void validate_expert_parallel(const TrainConfig& c) {
   if (c.moe.experts % c.ep != 0)
     throw Error("--ep " + std::to_string(c.ep) + " gives each rank experts/ep experts, but --moe has " + std::to_string(c.moe.experts) +
                 " experts, which do not divide by " + std::to_string(c.ep) + "; use an --ep that divides the experts");
+  // HSDP: the ranks holding the same experts shard them inside each node and replicate them across
+  // nodes, so an EP group (--ep consecutive ranks) must lie inside a node.
+  if (c.strategy == Strategy::Fsdp && c.fsdp.sharding == Sharding::Hybrid && c.fsdp.node_size > 0 && c.fsdp.node_size % c.ep != 0)
+    throw Error("--ep " + std::to_string(c.ep) + " with --sharding hybrid: an expert-parallel group of " + std::to_string(c.ep) +
+                " consecutive ranks must lie inside a node of --node-size " + std::to_string(c.fsdp.node_size) +
+                " ranks; use a --node-size that is a multiple of --ep");
 }
 
 // --cp against the model and the world (one sentence each); what it runs with is compose.cpp's.

@@ -512,6 +512,22 @@ class FsdpRank final : public ReplicaRank {
       opt.expert_group = expert_dp_.get();
       opt.expert_divide = t_.mesh_.dp;
       opt.executor = ep_exec_;
+      if (c_.fsdp.sharding == Sharding::Hybrid) {
+        // HSDP (torchtitan's (replicate, shard) mesh for the experts too): inside this rank's node the
+        // ranks holding its experts shard them; across the nodes the ranks at its place hold copies.
+        // (No --tp here: data-parallel ranks are the world's, and an EP group lies inside a node.)
+        const int K = c_.fsdp.node_size, W = env.comm->world_size(), node = rank_ / K;
+        std::vector<int> shard, across;
+        for (int j = rank_ % c_.ep; j < K; j += c_.ep) shard.push_back(node * K + j);
+        for (int n = 0; n < W / K; n++) across.push_back(n * K + rank_ % K);
+        static constexpr int kHsdpTag = (1 << 23) + 2;  // beside join_expert_parallel's two, one per group
+        expert_shard_ = new_group(*env.comm, shard, kHsdpTag + 2 * (node * K + rank_ % c_.ep), ep_exec_, env.dev,
+                                  "eshard" + std::to_string(node) + "." + std::to_string(rank_ % c_.ep));
+        expert_replicate_ = new_group(*env.comm, across, kHsdpTag + 2 * (rank_ % K) + 1, ep_exec_, env.dev,
+                                      "ereplicate" + std::to_string(rank_ % K));
+        opt.expert_group = expert_shard_.get();
+        opt.expert_replicate = expert_replicate_.get();
+      }
     }
     if (dp_comm_) fsdp_ = std::make_unique<FullyShardedDataParallel>(model_, *dp_comm_, env.ctx, opt, c_.optimizer, c_.reduce_fp32);
   }
@@ -549,6 +565,7 @@ class FsdpRank final : public ReplicaRank {
   }
 
  private:
+  std::unique_ptr<Communicator> expert_shard_, expert_replicate_;  // HSDP with --ep: the experts' node and replica groups
   std::unique_ptr<FullyShardedDataParallel> fsdp_;
 };
 
