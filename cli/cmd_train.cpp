@@ -144,6 +144,8 @@ void print_strategy_lines(std::ostream& out, const Trainer& trainer) {
       if (c.strategy == Strategy::Fsdp && c.fsdp.sharding == Sharding::Hybrid)
         out << "; each block's experts an FSDP unit, sharded inside a node over the ranks holding them (" << c.fsdp.node_size / c.ep
             << " a node) and copied across nodes";
+      else if (c.strategy == Strategy::Fsdp && c.fsdp.sharding == Sharding::NoShard)
+        out << "; each block's experts an FSDP unit, its gradient all-reduced over " << (edp.empty() ? "the one rank holding them" : edp);
       else if (c.strategy == Strategy::Fsdp)
         out << "; each block's experts an FSDP unit, sharded over " << (edp.empty() ? "the one rank holding them" : edp);
       else if (!edp.empty())

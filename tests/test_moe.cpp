@@ -358,13 +358,14 @@ TEST_SUITE("moe") {
     TrainConfig no_moe = c;
     no_moe.moe = {};
     CHECK(test::error_of(no_moe) == "--ep 2 splits the MoE blocks' experts over ranks; add --moe experts=E,top_k=K");
-    TrainConfig replicated = c;
-    replicated.strategy = Strategy::Fsdp;
-    replicated.fsdp.sharding = Sharding::NoShard;
-    CHECK(test::error_of(replicated) ==
-          "--ep with --strategy fsdp --sharding no-shard or zero1, or hybrid with --tp: not built yet, FSDP gives each block's "
-          "experts a unit of their own in the sharded layouts only (FULL_SHARD, SHARD_GRAD_OP, and HYBRID_SHARD on a world "
-          "without --tp); use --sharding full, grad-op or hybrid (without --tp), or --strategy ddp");
+    TrainConfig zero1 = c;
+    zero1.strategy = Strategy::Fsdp;
+    zero1.fsdp.sharding = Sharding::Zero1;
+    CHECK(test::error_of(zero1) ==
+          "--ep with --strategy fsdp --sharding zero1, or hybrid with --tp: not built yet, ZeRO-1 splits its optimizer over the "
+          "whole flat parameter vector, in which each EP rank's experts are other parameters, and HYBRID_SHARD beside --tp would "
+          "need the experts' node groups inside the mesh; use --sharding full, grad-op, no-shard or hybrid (without --tp), or "
+          "--strategy ddp");
     TrainConfig hybrid = c;
     hybrid.strategy = Strategy::Fsdp;
     hybrid.fsdp.sharding = Sharding::Hybrid;
@@ -382,8 +383,9 @@ TEST_SUITE("moe") {
     // torchtitan's layout: an MoE block's experts are an FSDP unit of their own, beside the block's,
     // sharded over the ranks that hold the same experts (world / ep of them; one when ep = world) and
     // averaged over the data-parallel world, so the run is DDP's with --ep, which equals DDP without it.
-    // FSDP1 FULL_SHARD and SHARD_GRAD_OP, fully_shard (FSDP2) with forward prefetch, HSDP (the experts
-    // sharded inside a node and replicated across nodes, as the rest), clipping (the norm's pieces: the
+    // FSDP1 FULL_SHARD, SHARD_GRAD_OP and NO_SHARD (the experts' unit all-reduced over its group), fully_shard
+    // (FSDP2) with forward prefetch, HSDP (the experts sharded inside a node and replicated across nodes,
+    // as the rest), clipping (the norm's pieces: the
     // dense shards once, every expert's once), --tp with --sequence-parallel, and --save-sharded (each
     // expert written once, by the rank owning its shard).
     test::TempDir dir("dtlab_moe_fsdp");
@@ -394,7 +396,7 @@ TEST_SUITE("moe") {
       int node = 0;  // HYBRID_SHARD's node size
     };
     std::vector<Case> cases = {{4, 1, 2, 1, Sharding::FullShard, 0}, {2, 1, 2, 1, Sharding::ShardGradOp, 0.05},
-                               {4, 1, 2, 2, Sharding::Hybrid, 0, 2}};
+                               {4, 1, 2, 2, Sharding::Hybrid, 0, 2}, {4, 1, 2, 1, Sharding::NoShard, 0.05}};
     if (!test::quick()) {
       cases.push_back({4, 1, 2, 2, Sharding::FullShard, 0.05});
       cases.push_back({4, 2, 2, 1, Sharding::FullShard, 0});
@@ -453,12 +455,12 @@ TEST_SUITE("moe") {
           const std::string g = t.recorder().label(e.coll.group - 1);
           if (g.rfind(k.node ? "eshard" : "edp", 0) == 0) {
             gathers += e.coll.op == CollectiveOp::AllGather;
-            reduces += e.coll.op == CollectiveOp::ReduceScatter;
+            reduces += e.coll.op == (k.sharding == Sharding::NoShard ? CollectiveOp::AllReduce : CollectiveOp::ReduceScatter);
           }
           if (g.rfind("ereplicate", 0) == 0) replicas += e.coll.op == CollectiveOp::AllReduce;
         }
         CHECK(shard_world == std::map<int, int>{{0, dense}, {1, dense}, {2, edp}, {3, dense}});
-        CHECK(gathers == (k.sharding == Sharding::ShardGradOp ? 1 : 2));
+        CHECK(gathers == (k.sharding == Sharding::NoShard ? 0 : k.sharding == Sharding::ShardGradOp ? 1 : 2));
         CHECK(reduces == 1);
         CHECK(replicas == (k.node ? 1 : 0));
       }

@@ -154,9 +154,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
   const bool experts = !expert_ids.empty();
   groups_[0] = {shard_comm_, shard_world_, shard_rank_, pre_scale_, post_scale_, replica_group_.get()};
   if (experts) {
-    DTLAB_CHECK(opt_.wrap_layers && sharded() && (opt_.sharding == Sharding::Hybrid) == (opt_.expert_replicate != nullptr),
-                "FSDP shards experts in a sharded layout with a unit per block (HSDP: and a replica group); the run's validation "
-                "refuses the rest");
+    DTLAB_CHECK(opt_.wrap_layers && opt_.sharding != Sharding::Zero1 &&
+                    (opt_.sharding == Sharding::Hybrid) == (opt_.expert_replicate != nullptr),
+                "FSDP gives experts a unit per block in every layout but ZeRO-1 (HSDP: with a replica group); the run's "
+                "validation refuses the rest");
     ShardGroup& e = groups_[1];
     e.comm = opt_.expert_group;
     e.world = opt_.expert_group->world_size();
@@ -640,12 +641,15 @@ void FullyShardedDataParallel::post_backward(int unit) {
       g = u.reduce_in.raw();
     }
     scale_in(g, u.split.numel, reduce_dtype_, pre, dev(), ctx_ ? ctx_->memory() : nullptr);
-    u.reduce = comm_.all_reduce(g, u.split.numel, reduce_dtype_, ReduceOp::Sum);
+    // (An expert unit's over its group: waited for as issued, as in unshard.)
+    u.reduce = group_of(u).comm->all_reduce(g, u.split.numel, reduce_dtype_, ReduceOp::Sum);
+    if (u.group != 0) u.reduce->wait();
     record(unit, FsdpVerb::ReduceGrad, seq);
   } else {
     float* g = ps[static_cast<size_t>(u.params.front())].grad;
     dev().scale(g, u.split.numel, pre);
-    u.reduce = comm_.all_reduce(g, u.split.numel, ReduceOp::Sum);
+    u.reduce = group_of(u).comm->all_reduce(g, u.split.numel, ReduceOp::Sum);
+    if (u.group != 0) u.reduce->wait();
     record(unit, FsdpVerb::ReduceGrad, seq);
   }
 }
@@ -689,9 +693,9 @@ void FullyShardedDataParallel::land_reduced(Unit& u) {
 }
 
 void FullyShardedDataParallel::finalize_backward() {
-  const float post = post_scale_;
   for (int ui = 0; ui < num_units(); ui++) {
     Unit& u = units_[static_cast<size_t>(ui)];
+    const float post = group_of(u).post;
     if (!u.reduce && !u.landed) continue;  // a unit the forward skipped: its gradient stays zero
     if (sharded()) {
       if (u.reduce) land_reduced(u);
@@ -797,13 +801,29 @@ std::vector<OwnedSlice> FullyShardedDataParallel::owned(bool grads) const {
     }
     return out;
   }
-  std::vector<int> all;
-  std::vector<int64_t> offsets;
-  for (int p = 0; p < static_cast<int>(ps.size()); p++) all.push_back(p), offsets.push_back(ps[static_cast<size_t>(p)].offset);
   const int64_t begin = rank_ * zero1_split_.chunk;
   // Mixed precision: the fp32 master (all of it under NO_SHARD, the slice under ZeRO-1).
   const float* from = mixed() ? (grads ? shard_grads_ : shard_params_).f32() + (begin - owned_begin_)
                               : (grads ? model_.grads() : model_.params()) + begin;
+  if (groups_[1].comm && attached_) {
+    // NO_SHARD with --ep: the rest as below, unit by unit, and each experts' unit split over its group
+    // (the other EP ranks' slices cover their own experts), so every parameter once over the world.
+    const float* flat = from - begin;  // the model's flat layout (NO_SHARD's master covers all of it)
+    for (const Unit& u : units_) {
+      std::vector<int64_t> at;
+      for (int p : u.params) at.push_back(ps[static_cast<size_t>(p)].offset);
+      if (u.group == 0) {
+        cut(u.params, at, begin, begin + zero1_split_.real(rank_), from);
+      } else {
+        const int64_t b = at.front() + group_of(u).rank * u.split.chunk;
+        cut(u.params, at, b, b + u.split.real(group_of(u).rank), flat + b);
+      }
+    }
+    return out;
+  }
+  std::vector<int> all;
+  std::vector<int64_t> offsets;
+  for (int p = 0; p < static_cast<int>(ps.size()); p++) all.push_back(p), offsets.push_back(ps[static_cast<size_t>(p)].offset);
   cut(all, offsets, begin, begin + zero1_split_.real(rank_), from);
   return out;
 }

@@ -34,14 +34,14 @@ const Combination kCombinations[] = {
      "it splits a sequence's positions, and an MLP's samples have none", "use --model gpt (e.g. gpt-tiny)", false},
     {Feature::ContextParallel, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
      "ring attention's online softmax and Ulysses' regrouping run on the host", "use --device cpu", true},
-    {Feature::ExpertParallel, "--strategy fsdp --sharding no-shard or zero1, or hybrid with --tp",
+    {Feature::ExpertParallel, "--strategy fsdp --sharding zero1, or hybrid with --tp",
      [](const TrainConfig& c) {
        const Sharding s = c.fsdp.sharding;
-       return c.strategy == Strategy::Fsdp && (s == Sharding::NoShard || s == Sharding::Zero1 || (s == Sharding::Hybrid && c.tp > 1));
+       return c.strategy == Strategy::Fsdp && (s == Sharding::Zero1 || (s == Sharding::Hybrid && c.tp > 1));
      },
-     "FSDP gives each block's experts a unit of their own in the sharded layouts only (FULL_SHARD, SHARD_GRAD_OP, and "
-     "HYBRID_SHARD on a world without --tp)",
-     "use --sharding full, grad-op or hybrid (without --tp), or --strategy ddp", true},
+     "ZeRO-1 splits its optimizer over the whole flat parameter vector, in which each EP rank's experts are other "
+     "parameters, and HYBRID_SHARD beside --tp would need the experts' node groups inside the mesh",
+     "use --sharding full, grad-op, no-shard or hybrid (without --tp), or --strategy ddp", true},
     {Feature::ExpertParallel, "--strategy fsdp --wrap model", [](const TrainConfig& c) { return c.strategy == Strategy::Fsdp && !c.fsdp.wrap_layers; },
      "each block's experts are a unit of their own, sharded over other ranks than the rest (torchtitan wraps moe.experts apart), "
      "which a whole-model unit cannot be",
