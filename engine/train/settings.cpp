@@ -365,9 +365,9 @@ std::vector<Setting> make_settings() {
                     DTLAB_FIELD(moe), [](const MoeSpec& m) { return m.str(); },
                     [](const std::string& text) { return text.empty() ? MoeSpec{} : MoeSpec::parse(text); }));
   s.push_back(field(row("--ep", "ep", T::Int, G::Mesh, kBoth,
-                        "Expert parallelism (with --moe, --strategy ddp or pipeline): each MoE block's experts split over groups of EP "
-                        "consecutive ranks (a pipeline: of a stage's replicas); tokens reach their experts by all-to-all, expert gradients "
-                        "are reduced over the ranks holding the same experts", 1, kMaxRanks, true, "2"),
+                        "Expert parallelism (with --moe, --strategy ddp, fsdp or pipeline): each MoE block's experts split over groups of "
+                        "EP consecutive ranks (a pipeline: of a stage's replicas); tokens reach their experts by all-to-all, expert "
+                        "gradients are reduced over the ranks holding the same experts (fsdp: which shard them)", 1, kMaxRanks, true, "2"),
                     DTLAB_FIELD(ep)));
   s.push_back(field(row("--cp", "cp", T::Int, G::Mesh, kBoth,
                         "Context parallelism (a GPT, --strategy ddp, fsdp or pipeline): each sample's positions split over groups of CP ranks "
