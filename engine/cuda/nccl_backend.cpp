@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/comm/data_mover.h"  // job_label
+#include "engine/core/check.h"
 #include "engine/comm/socket_mesh.h"
 #include "engine/comm/watchdog.h"
 #include "engine/cuda/compute_timer.h"  // NvtxRange
@@ -58,7 +59,19 @@ class NcclWatch {
   std::vector<std::string> activity_;
 };
 
-ncclDataType_t nccl_type(DType d) { return d == DType::F32 ? ncclFloat32 : ncclInt64; }
+// NCCL's element type for each of ours: a 16-bit bucket is summed as bfloat16 or float16 (NCCL 2.10+),
+// not as the int64 words its bytes would fill.
+ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
+    case DType::I64: return ncclInt64;
+  }
+  DTLAB_CHECK(false, "nccl_type: a dtype NCCL is not given");
+  return ncclInt64;
+}
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   if (op == ReduceOp::Max) return ncclMax;
