@@ -526,6 +526,38 @@ TEST_SUITE("ddp") {
       CHECK(r.steps.back().loss < r.steps.front().loss);
       for (int k = 1; k < 2; k++) CHECK(max_abs_diff(t.rank_model(k), t.model()) == 0.0);
     }
+    SUBCASE("with find_unused_parameters the local-used map is all-reduced after the last bucket") {
+      // torch's Reducer::all_reduce_local_used_map: one all-reduce of a 4-byte count per parameter
+      // (int32 there, carried in float32 here) once every bucket has launched, each synchronised
+      // backward; a parameter no rank used keeps its .grad untouched.
+      c.ddp.find_unused_parameters = true;
+      c.steps = 3;
+      Trainer t(c);
+      t.run();
+      const int64_t P = static_cast<int64_t>(t.model().parameters().size());
+      for (int rank = 0; rank < 2; rank++) {
+        CAPTURE(rank);
+        int64_t buckets = 0, maps = 0, after_last_bucket = 0;
+        uint64_t last_bucket_seq = 0;
+        for (const Event& e : t.recorder().events(rank)) {
+          if (e.iteration != 2) continue;
+          if (e.kind == EventKind::BucketAllReduce) {
+            buckets++;
+            last_bucket_seq = std::max(last_bucket_seq, e.bucket.seq);
+          }
+        }
+        for (const Event& e : t.recorder().events(rank)) {
+          if (e.iteration != 2 || e.kind != EventKind::Collective || e.coll.op != CollectiveOp::AllReduce) continue;
+          if (e.coll.in_count == P && e.coll.bytes == 4 * P) {
+            maps++;
+            after_last_bucket += e.coll.seq == last_bucket_seq + 1;
+          }
+        }
+        CHECK(buckets >= 2);
+        CHECK(maps == 1);
+        CHECK(after_last_bucket == 1);
+      }
+    }
   }
 
   TEST_CASE("reducer events: gradients ready in backward order, buckets launched in index order") {

@@ -412,6 +412,11 @@ void DistributedDataParallel::before_forward() {
 }
 
 void DistributedDataParallel::prepare_for_backward(bool sync) {
+  if (opt_.find_unused_parameters) {  // every forward's use counts, no_sync's included (autograd_hook)
+    used_local_.resize(kept_.size(), 0.0f);
+    for (size_t k = 0; k < kept_.size(); k++)
+      if (model_.parameter_used(kept_[k])) used_local_[k] = 1.0f;
+  }
   syncing_ = sync;
   if (!sync) return;
   std::fill(ready_.begin(), ready_.end(), 0);
@@ -505,6 +510,15 @@ void DistributedDataParallel::launch_ready_buckets() {
     }
     next_launch_++;
   }
+  if (opt_.find_unused_parameters && next_launch_ == static_cast<int>(buckets_.size())) launch_used_map();
+}
+
+void DistributedDataParallel::launch_used_map() {
+  const int64_t n = static_cast<int64_t>(kept_.size());
+  used_local_.resize(static_cast<size_t>(n), 0.0f);
+  if (used_map_.numel() != n) used_map_ = Tensor({n}, MemCategory::CommBuffers, nullptr, DType::F32, model_.device());
+  model_.device().upload(used_map_.raw(), used_local_.data(), used_map_.nbytes());
+  used_work_ = comm_.all_reduce(used_map_.f32(), n, DType::F32, ReduceOp::Sum);
 }
 
 void DistributedDataParallel::shadow_backward() {
@@ -539,6 +553,12 @@ void DistributedDataParallel::shadow_backward() {
     works.push_back(comm_.all_reduce(zeros.back().raw(), bk.numel, dt, ReduceOp::Sum));
   }
   for (WorkPtr& w : works) w->wait();
+  if (opt_.find_unused_parameters) {  // _match_unused_params_allreduce: this rank used nothing
+    std::fill(used_local_.begin(), used_local_.end(), 0.0f);
+    launch_used_map();
+    used_work_->wait();
+    used_work_.reset();
+  }
 }
 
 void DistributedDataParallel::sync_final_model(bool last_joiner) {
@@ -552,6 +572,14 @@ void DistributedDataParallel::finalize_backward() {
   if (!syncing_) return;
   syncing_ = false;
   stats_.backward_end = ctx_ ? ctx_->compute_clock() : 0;
+  used_global_.clear();
+  if (used_work_) {  // every bucket launched, and the local-used map after them
+    used_work_->wait();
+    used_work_.reset();
+    used_global_.resize(kept_.size());
+    model_.device().download(used_global_.data(), used_map_.raw(), used_map_.nbytes());
+    std::fill(used_local_.begin(), used_local_.end(), 0.0f);  // the next synchronised pass starts a new map
+  }
   for (int b = 0; b < static_cast<int>(buckets_.size()); b++) {
     DdpBucket& bk = buckets_[static_cast<size_t>(b)];
     if (!bk.launched) {
@@ -919,6 +947,9 @@ DType DistributedDataParallel::bucket_dtype() const {
 void DistributedDataParallel::copy_back(const DdpBucket& bk) {
   auto& ps = model_.parameters();
   for (size_t s = 0; s < bk.params.size(); s++) {
+    // "If a parameter is globally unused, we keep its grad untouched" (the reducer's
+    // copy_bucket_to_grad): no rank's forward used it since the last synchronised backward.
+    if (!used_global_.empty() && used_global_[static_cast<size_t>(kept_at_[static_cast<size_t>(bk.params[s])])] == 0.0f) continue;
     Parameter& prm = ps[static_cast<size_t>(bk.params[s])];
     const int64_t at = bk.offsets[s];
     if (!model_.mixed())

@@ -185,7 +185,8 @@ class DistributedDataParallel {
   // rebuilds the buckets once, when due (a collective on every rank).
   void before_forward();
   // Before each backward; sync = false inside no_sync() (gradients accumulate locally). With
-  // find_unused_parameters, marks the parameters the last forward did not use as ready.
+  // find_unused_parameters, marks the parameters the last forward did not use as ready, and notes
+  // which it used (the local-used map, whose all-reduce follows the last bucket's).
   void prepare_for_backward(bool sync = true);
   // Pass to Model::backward().
   const Model::GradReadyHook& grad_ready_hook() const { return hook_; }
@@ -199,7 +200,9 @@ class DistributedDataParallel {
   // whose data ran out. shadow_backward() is _match_all_reduce_for_bwd_pass: one all-reduce of zeros
   // per bucket, in bucket order, all launched and then waited, matching the bucket all-reduces of the
   // ranks still training (their average still divides by the whole world: torch's default
-  // divide_by_initial_world_size=True); this rank's gradients are untouched.
+  // divide_by_initial_world_size=True); this rank's gradients are untouched. With
+  // find_unused_parameters it then all-reduces a map of zeros (_match_unused_params_allreduce):
+  // it used no parameter.
   void shadow_backward();
   // The join hook's post-hook, _sync_final_model, once every rank has joined: the ranks agree on the
   // highest rank among the last joiners (an all-reduce MAX) and broadcast its parameters, so a rank
@@ -269,6 +272,17 @@ class DistributedDataParallel {
   std::vector<int64_t> kept_bytes() const;  // parameter_bytes() of kept_, in its order
   std::vector<int32_t> param_label_;
   std::vector<char> ready_;               // per parameter, this pass
+  // find_unused_parameters: torch's local_used_map. Which kept parameters this rank's forwards used
+  // since the last synchronised backward (no_sync's micro-batches included), all-reduced once the
+  // last bucket has launched (Reducer::all_reduce_local_used_map) and read in finalize_backward: a
+  // parameter no rank used keeps its .grad untouched. torch's map is int32; this one carries the same
+  // counts (at most the world size, exact) in float32, 4 bytes each as there, because the
+  // process-group communicators reduce floating-point types only.
+  void launch_used_map();
+  std::vector<float> used_local_;         // per kept parameter: 1 if used
+  Tensor used_map_;                       // its device copy, the all-reduce's buffer
+  WorkPtr used_work_;                     // the map's all-reduce in flight (null when none)
+  std::vector<float> used_global_;        // after finalize: how many ranks used each kept parameter
   int next_launch_ = 0;
   bool syncing_ = false;                  // inside a synchronised backward
   int generation_ = 0;
