@@ -12,6 +12,7 @@
 #include "engine/comm/communicator.h"
 #include "engine/core/ops.h"
 #include "engine/trace/export.h"
+#include "engine/train/compose.h"
 #include "engine/train/grad_clip.h"
 #include "engine/train/train.h"
 #include "tests/cli_util.h"
@@ -283,16 +284,92 @@ TEST_SUITE("clip_join") {
   }
 
   TEST_CASE("--join and --uneven-rank are DDP's, and refused with one sentence elsewhere") {
-    TrainConfig c = uneven_config(true);
+    TrainConfig c = uneven_config(false);
     c.strategy = Strategy::Fsdp;
     CHECK(test::error_of(c).find("--uneven-rank is DDP's") != std::string::npos);
+    c.join = true;  // the capability table's rule: FSDP is not Joinable
+    CHECK(test::error_of(c) == feature_refusal(c, Feature::Join));
+    CHECK(test::error_of(c).rfind("--join with --strategy fsdp: torch's Join shadows the collectives of a Joinable", 0) == 0);
     TrainConfig far = uneven_config(true);
     far.uneven_rank = 4;
     CHECK(test::error_of(far).find("is not a rank of this world") != std::string::npos);
-    TrainConfig mixed = uneven_config(true);
-    mixed.precision = Precision::BF16;
-    CHECK(test::error_of(mixed).find("--join with --precision") != std::string::npos);
     const test::CliResult r = test::run_cli({"train", "--strategy", "fsdp", "--world", "2", "--steps", "2", "--join"});
     CHECK(test::one_sentence_usage_error(r));
+    // The experts' all-to-alls are not DDP's: a joined rank would leave its EP group waiting.
+    const test::CliResult e = test::run_cli({"train", "--model", "gpt-tiny", "--moe", "experts=4,top_k=2", "--strategy", "ddp", "--world", "2", "--ep", "2",
+                                             "--steps", "2", "--uneven-rank", "1", "--join"});
+    CHECK(test::one_sentence_usage_error(e));
+    CHECK(e.err.find("--join with --ep: the experts' all-to-alls need a token count from every rank") != std::string::npos);
+  }
+
+  TEST_CASE("--join composes: a replica under --tp or --cp runs out whole; 16-bit gradients and find_unused_parameters are shadowed too") {
+    // Under --tp 2 (or --cp 2) on 4 ranks, --uneven-rank 1 is replica 0's rank: ranks 0 and 1 read
+    // the same batches, so both run out, and each shadows DDP over its own DP group. Step 3 then
+    // averages (0 + g1) / 2: what 2 DDP ranks with --uneven-rank 0 compute.
+    // 2 DDP ranks, rank 0 running out, against 4 ranks in 2 replicas of 2 (tp or cp), rank 1 running out.
+    auto joined_like_two_ranks = [](TrainConfig ref, int tp, int cp) {
+      ref.world_size = 2;
+      ref.uneven_rank = 0;
+      Trainer r(ref);
+      r.run();
+      TrainConfig c = ref;
+      c.world_size = 4;
+      c.tp = tp;
+      c.sequence_parallel = tp > 1;
+      c.cp = cp;
+      c.uneven_rank = 1;
+      Trainer t(c);
+      const test::Trained run = test::train(t);
+      REQUIRE(run.steps.size() == 3);
+      CHECK(run.steps[2].samples == c.batch * c.model.rows_per_sample());  // one replica of two trained the last step
+      CHECK(test::max_abs_diff(t.result_model().merged_params(), r.result_model().merged_params()) < 1e-5);
+    };
+    SUBCASE("--tp 2: the replica's TP ranks join together, and end with the last joiners' shards") {
+      TrainConfig ref = uneven_config(true);
+      ref.model = ModelSpec::parse("mlp:2,32,32,32,32,3");
+      joined_like_two_ranks(ref, 2, 1);
+    }
+    SUBCASE("--cp 2: the CP group's ranks join together (a GPT)") {
+      TrainConfig ref = uneven_config(true);
+      ref.model = ModelSpec::parse("gpt:layers=2,heads=2,embd=16,ctx=8");
+      ref.data = "text";
+      ref.eval_samples = 256;
+      ref.batch = 4;
+      joined_like_two_ranks(ref, 1, 2);
+    }
+    SUBCASE("bf16 and fp16: every rank ends with the last joiners' 16-bit model, within the dtype's rounding of float32's") {
+      TrainConfig f32 = uneven_config(true);
+      Trainer exact(f32);
+      exact.run();
+      for (Precision p : {Precision::BF16, Precision::FP16}) {
+        CAPTURE(precision_name(p));
+        TrainConfig c = uneven_config(true);
+        c.precision = p;
+        Trainer t(c);
+        t.run();
+        const std::vector<float> mine = t.rank_model(0).host_params();
+        for (int r = 1; r < 4; r++) CHECK(test::max_abs_diff(t.rank_model(r).host_params(), mine) == 0.0);  // the rank that joined early (3) too
+        CHECK(test::max_abs_diff(mine, exact.rank_model(0).host_params()) <= (p == Precision::BF16 ? 2e-2 : 2e-3));
+      }
+    }
+    SUBCASE("find_unused_parameters: the joined rank all-reduces a map of zeros after the buckets, and the numbers do not change") {
+      Trainer plain(uneven_config(true));
+      plain.run();
+      TrainConfig c = uneven_config(true);
+      c.ddp.find_unused_parameters = true;
+      Trainer t(c);
+      t.run();
+      // (Sized buckets from the start, so each element's ring sum may run in another order: the last bit.)
+      for (int r = 0; r < 4; r++) CHECK(test::max_abs_diff(t.rank_model(r).host_params(), plain.rank_model(r).host_params()) <= 1e-7);
+      const int64_t P = static_cast<int64_t>(t.model().parameters().size());
+      for (int r = 0; r < 4; r++) {
+        CAPTURE(r);
+        int maps = 0;
+        for (const Event& e : t.recorder().events(r))
+          maps += e.kind == EventKind::Collective && e.iteration == 2 && e.coll.op == CollectiveOp::AllReduce && e.coll.in_count == P &&
+                  e.coll.bytes == 4 * P;
+        CHECK(maps == 1);  // rank 3's is the join hook's zeros
+      }
+    }
   }
 }

@@ -46,6 +46,10 @@ const Combination kCombinations[] = {
      "each block's experts are a unit of their own, sharded over other ranks than the rest (torchtitan wraps moe.experts apart), "
      "which a whole-model unit cannot be",
      "drop --wrap model", false},
+    {Feature::Join, "--ep", [](const TrainConfig& c) { return c.ep > 1; },
+     "the experts' all-to-alls need a token count from every rank of the expert group, and the join hook shadows DDP's "
+     "all-reduces only, so the others would wait for the joined rank in their next dispatch (torch's Join hangs there too)",
+     "drop --join, or --ep", false},
     {Feature::SkipLayer, "--model gpt", [](const TrainConfig& c) { return c.model.is_gpt(); },
      "it bypasses one of the MLP's Linear layers (DDP's unused-parameters lesson)", "drop --skip-layer, or use an mlp model", false},
 };
@@ -82,6 +86,7 @@ std::vector<Feature> features_used(const TrainConfig& c) {
   if (c.moe.on()) f.push_back(Feature::Moe);
   if (c.ep > 1) f.push_back(Feature::ExpertParallel);
   if (c.cp > 1) f.push_back(Feature::ContextParallel);
+  if (c.join) f.push_back(Feature::Join);
   return f;
 }
 

@@ -205,11 +205,12 @@ std::vector<Setting> make_settings() {
                         0, 0, false, "fp16"),
                     DTLAB_FIELD(ddp.comm_hook), comm_hook_text, parse_comm_hook));
   s.push_back(field(row("--find-unused-parameters", "ddp.find_unused_parameters", T::Flag, G::Ddp, kBoth,
-                        "DDP marks parameters the forward did not use as ready", 0, 0, false, "true"),
+                        "DDP marks parameters the forward did not use as ready, and all-reduces which ones each rank used", 0, 0,
+                        false, "true"),
                     DTLAB_FIELD(ddp.find_unused_parameters)));
   s.push_back(converted(row("--uneven-rank", "uneven_rank", T::Int, G::Ddp, kBoth,
-                            "Uneven inputs: this rank's data runs out one step before the others' (without --join the others "
-                            "wait in their next all-reduce until --timeout)",
+                            "Uneven inputs: this rank's data runs out one step before the others' (under --tp or --cp its whole "
+                            "replica's; without --join the others wait in their next all-reduce until --timeout)",
                             0, kMaxRanks - 1, false, "1"),
                         DTLAB_FIELD(uneven_rank),
                         [](const TrainConfig& c) { return c.uneven_rank >= 0 ? SettingValue{std::to_string(c.uneven_rank)} : SettingValue{}; },

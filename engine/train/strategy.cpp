@@ -17,6 +17,10 @@ constexpr Support todo(const char* why, const char* fix) { return {false, why, f
 // The GPT under the strategies that cut the model by layers or replicate it from one process: the
 // next parts of the transformer work.
 constexpr Support kSkipIsDdps = no("it is DDP's unused-parameters lesson", "drop it, or use --strategy ddp");
+// torch.distributed.algorithms.Join runs the join hooks of Joinable objects: DDP and
+// ZeroRedundancyOptimizer are; FSDP and the pipeline schedules are not (docs/course_sources.md §19).
+constexpr Support kJoinIsDdps = no("torch's Join shadows the collectives of a Joinable, and only DDP (and ZeroRedundancyOptimizer) is one",
+                                   "use --strategy ddp --world N");
 
 // The rows, in Strategy's order. Each column is one Feature, in Feature's order.
 const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
@@ -40,11 +44,12 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*Moe*/ kOk,
          /*ExpertParallel*/ no("one rank holds every expert", "use --strategy ddp --world N --ep N"),
          /*ContextParallel*/ no("one rank holds the whole sequence", "use --strategy ddp --world N --cp N"),
+         /*Join*/ no("one rank has nobody to wait for when its data runs out", "use --strategy ddp --world N"),
      }}},
     {Strategy::Ddp, "ddp", "DistributedDataParallel",
      "replicas on N ranks, gradients all-reduced in buckets during backward",
      {{kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, kOk, /*SaveSharded*/ kOk, kOk, kOk, /*Gpt*/ kOk, /*ClipGradNorm*/ kOk, /*Moe*/ kOk, /*ExpertParallel*/ kOk,
-      /*ContextParallel*/ kOk}}},
+      /*ContextParallel*/ kOk, /*Join*/ kOk}}},
     {Strategy::Dp, "dp", "DataParallel",
      "one process drives N devices: scatter the batch, replicate the module, gather the outputs",
      {{
@@ -68,6 +73,8 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
                     "use --strategy ddp (or fsdp)"),
          /*ExpertParallel*/ no("torch.nn.DataParallel has no process groups to split the experts over", "use --strategy ddp with --ep"),
          /*ContextParallel*/ no("torch.nn.DataParallel has no process groups for the ring's sends", "use --strategy ddp (or fsdp) with --cp"),
+         /*Join*/ no("torch.nn.DataParallel splits one batch from one process, so no rank's data runs out before another's",
+                     "use --strategy ddp --world N"),
      }}},
     {Strategy::Fsdp, "fsdp", "FullyShardedDataParallel",
      "parameters, gradients and optimizer state sharded over N ranks (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, ZeRO-1)",
@@ -82,6 +89,7 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*Moe*/ kOk,
          /*ExpertParallel*/ kOk,
          /*ContextParallel*/ kOk,
+         /*Join*/ kJoinIsDdps,
      }}},
     {Strategy::Pipeline, "pipeline", "torch.distributed.pipelining",
      "the model cut into stages on p ranks, micro-batches flowing through a schedule (GPipe, 1F1B, interleaved, ZB-H1)",
@@ -101,12 +109,13 @@ const std::array<StrategyTraits, kStrategyCount> kStrategyTable = {{
          /*Moe*/ kOk,
          /*ExpertParallel*/ kOk,
          /*ContextParallel*/ kOk,
+         /*Join*/ kJoinIsDdps,
      }}},
 }};
 
 constexpr const char* kFeatureFlags[kFeatureCount] = {
     "--tp", "--sequence-parallel", "--precision", "--lora-rank", "--activation-checkpointing", "--accum",
-    "--world", "dtlab-cli launch", "--device cuda", "--save-sharded", "--skip-layer", "--fault", "--model gpt", "--clip-grad-norm", "--moe", "--ep", "--cp",
+    "--world", "dtlab-cli launch", "--device cuda", "--save-sharded", "--skip-layer", "--fault", "--model gpt", "--clip-grad-norm", "--moe", "--ep", "--cp", "--join",
 };
 
 }  // namespace

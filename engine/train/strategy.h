@@ -46,8 +46,9 @@ enum class Feature : uint8_t {
   Moe,               // --moe (a GPT's mixture of experts)
   ExpertParallel,    // --ep > 1
   ContextParallel,   // --cp > 1
+  Join,              // --join (torch's Join with DDP's join hook, for --uneven-rank)
 };
-inline constexpr int kFeatureCount = 17;
+inline constexpr int kFeatureCount = 18;
 
 // A feature's support: ok, or the reason it is refused and what to do instead (two clauses
 // of the sentence "FLAG with --strategy S: WHY; FIX").

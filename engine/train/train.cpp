@@ -121,19 +121,12 @@ void validate_precision(const TrainConfig& c) {
 // --uneven-rank and --join: DDP's lesson (torch's Join here is DDP's join hook), on a world of
 // several ranks, where the rank that runs out still trains at least one step.
 void validate_uneven_inputs(const TrainConfig& c) {
-  if (c.uneven_rank < 0 && !c.join) return;
-  const char* flag = c.uneven_rank >= 0 ? "--uneven-rank" : "--join";
+  if (c.uneven_rank < 0) return;  // --join's own strategy and combinations are the composition table's
   if (c.strategy != Strategy::Ddp || c.world_size < 2)
-    throw Error(std::string(flag) + " is DDP's uneven-inputs lesson (torch's Join with DDP's join hook); use --strategy ddp --world N");
+    throw Error("--uneven-rank is DDP's uneven-inputs lesson (torch's Join with DDP's join hook); use --strategy ddp --world N");
   if (c.uneven_rank >= c.world_size)
     throw Error("--uneven-rank " + std::to_string(c.uneven_rank) + " is not a rank of this world; pick 0 to " + std::to_string(c.world_size - 1));
-  if (c.uneven_rank >= 0 && c.steps == 1) throw Error("--uneven-rank needs at least 2 steps: its rank runs one step fewer than the others");
-  if (!c.join) return;
-  if (c.tp > 1) throw Error("--join with --tp: not built yet, the join hook shadows DDP's buckets only, not the TP group's collectives; drop --tp");
-  if (is_mixed(c.precision))
-    throw Error("--join with --precision: not built yet, the joined rank's final model sync covers float32 parameters only; use --precision fp32");
-  if (c.ddp.find_unused_parameters)
-    throw Error("--join with --find-unused-parameters: not built yet, the join hook does not match the unused-parameter all-reduce; drop one");
+  if (c.steps == 1) throw Error("--uneven-rank needs at least 2 steps: its rank runs one step fewer than the others");
 }
 
 // fully_shard's options (FSDP2): what FSDP1 spells differently is named in its words.
@@ -859,8 +852,11 @@ void Trainer::run_rank(int rank, Communicator* comm, RankContext* ctx, MemoryTra
                                                                            : make_replica_rank(env);
   // --uneven-rank: this rank's data runs out one step early (lesson 28). It leaves the loop, as a
   // plain torch loop would, and the others wait in their next all-reduce until the watchdog stops the
-  // run; with --join it shadows the others' steps instead.
-  const int64_t own_steps = rank == config_.uneven_rank ? total_steps_ - 1 : total_steps_;
+  // run; with --join it shadows the others' steps instead. Under --tp or --cp the rank's whole
+  // replica runs out with it: its TP and CP group read the same batches.
+  const auto replica = [&](int r) { return mesh_coord(mesh_, r).dp / std::max(config_.cp, 1); };
+  const bool runs_out = config_.uneven_rank >= 0 && replica(rank) == replica(config_.uneven_rank);
+  const int64_t own_steps = runs_out ? total_steps_ - 1 : total_steps_;
   for (int64_t step = 1; step <= total_steps_; step++) {
     if (step > own_steps && !config_.join) return;
     enter_iteration(ctx, rank, static_cast<int32_t>(step - 1));

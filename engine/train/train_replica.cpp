@@ -446,6 +446,9 @@ class DdpRank final : public ReplicaRank {
       ddp_->before_forward();
       if (all_reduce_value(*dp_comm_, 0.0f, ReduceOp::Sum, env_.dev) > 0) ddp_->shadow_backward();
     }
+    // fp16: the ranks still training agree on found_inf over the DP group (the lab's all-reduce MAX,
+    // for --inject-overflow-rank); this rank found none.
+    if (scaler_) GradScaler::agree(dp_comm_, false, env_.dev);
   }
 
  protected:
