@@ -143,6 +143,10 @@ struct UnitView {
   // ranks in turn); --ep for an MoE block's experts, whose group is every ep-th rank (edp).
   int owner_stride = 1;
   int owned_chunk(int r) const { return (r / std::max(1, owner_stride)) % std::max(1, shard_world); }
+  // NO_SHARD and ZeRO-1 keep the unit whole on every rank; per rank, the elements [first, second) of
+  // it that rank steps: all of them (NO_SHARD), or where its ZeRO-1 slice of the whole flat parameter
+  // vector (under --ep: of its group's parameters) falls in this unit. Empty for the sharded layouts.
+  std::vector<std::pair<int64_t, int64_t>> steps;
   std::vector<FsdpState> state;         // per rank
   std::vector<uint8_t> gathered;        // per rank: full parameters materialized (GatheredParameters)
   std::vector<uint8_t> gathering;       // per rank: its all-gather is under way

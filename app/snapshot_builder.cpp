@@ -777,6 +777,7 @@ void SnapshotBuilder::ingest_unit(const TraceRecorder& rec, int rank, const Fsdp
         if (snap_.experts.ep > 1 && !u.names.empty() && u.names.front().find(".mlp.experts.") != std::string::npos)
           u.owner_stride = snap_.experts.ep;
       }
+      lay_out_replicated_units();
       break;
     case FsdpVerb::Unshard:
       u.gathering[r] = 1;
@@ -793,6 +794,37 @@ void SnapshotBuilder::ingest_unit(const TraceRecorder& rec, int rank, const Fsdp
       break;
     case FsdpVerb::GradReduced: u.reducing[r] = 0; break;
     case FsdpVerb::State: break;  // the state above is all it says
+  }
+}
+
+void SnapshotBuilder::lay_out_replicated_units() {
+  auto& units = snap_.units;
+  const Sharding sh = snap_.config.sharding;
+  if (snap_.config.fsdp_api != 1 || (sh != Sharding::NoShard && sh != Sharding::Zero1)) return;
+  for (const UnitView& u : units)
+    if (u.state.empty() || u.numel == 0) return;  // a unit not laid out yet
+  const size_t N = static_cast<size_t>(world_);
+  // ZeRO-1 splits the concatenation of a group's units (the FSDP group's, and under --ep each block's
+  // experts over the ranks holding them) in chunks of ceil(n / group size); rank r steps chunk
+  // owned_chunk(r). The units are in flat order, so a group's concatenation is its units in order.
+  int64_t total[2] = {0, 0};
+  for (const UnitView& u : units) total[u.owner_stride > 1] += u.numel;
+  int64_t before[2] = {0, 0};
+  for (UnitView& u : units) {
+    const int g = u.owner_stride > 1;
+    u.steps.assign(N, {0, 0});
+    const int K = std::max(1, u.shard_world);
+    const int64_t chunk = (total[g] + K - 1) / K;
+    for (size_t r = 0; r < N; r++) {
+      if (sh == Sharding::NoShard) {
+        u.steps[r] = {0, u.numel};
+        continue;
+      }
+      const int64_t lo = u.owned_chunk(static_cast<int>(r)) * chunk, hi = std::min(total[g], lo + chunk);
+      const int64_t a = std::max(lo, before[g]), b = std::min(hi, before[g] + u.numel);
+      if (a < b) u.steps[r] = {a - before[g], b - before[g]};
+    }
+    before[g] += u.numel;
   }
 }
 

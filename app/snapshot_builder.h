@@ -88,6 +88,7 @@ class SnapshotBuilder {
   void ingest(const TraceRecorder& rec, int rank, const Event& e);
   void ingest_collective(int rank, const Event& e);
   void ingest_unit(const TraceRecorder& rec, int rank, const FsdpInfo& f);
+  void lay_out_replicated_units();  // UnitView::steps, once the units' sizes are known
   void ingest_bucket(const TraceRecorder& rec, const Event& e);  // rank 0's reducer
   void trim_events(int32_t newest_iter);
   void build_collective();

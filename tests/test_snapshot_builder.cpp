@@ -289,6 +289,41 @@ TEST_SUITE("snapshot builder") {
     CHECK(b.units[1].gathered[0] == 1);
   }
 
+  TEST_CASE("FSDP ZeRO-1: each rank steps its slice of the whole flat parameter vector, across the units' edges") {
+    // mlp:2,8,3's units: 0.weight + 0.bias (24) and 2.weight + 2.bias (27): 51 elements in chunks of
+    // ceil(51 / 4) = 13, so rank 0 steps unit 0's first 13, rank 1 unit 0's last 11 and unit 1's first
+    // 2, rank 3 unit 1's last 12. NO_SHARD: every rank steps everything.
+    for (const Sharding sh : {Sharding::Zero1, Sharding::NoShard}) {
+      CAPTURE(sharding_flag(sh));
+      Rig rig("fsdp");
+      rig.config.fsdp.sharding = sh;
+      rig.builder.reset(rig.sources());
+      const int32_t first = rig.rec.intern(rig.param(0) + ", " + rig.param(1));
+      const int32_t second = rig.rec.intern(rig.param(2) + ", " + rig.param(3));
+      for (int r = 0; r < 4; r++)
+        for (int unit = 0; unit < 2; unit++) {
+          Event e = unit_event(FsdpVerb::Layout, FsdpState::Idle, unit == 0 ? first : second);
+          e.fsdp.unit = unit;
+          e.fsdp.numel = unit == 0 ? 24 : 27;
+          e.fsdp.chunk = unit == 0 ? 6 : 7;
+          rig.record(r, e);
+        }
+      const Snapshot& a = rig.frame();
+      REQUIRE(a.units.size() == 2);
+      using Runs = std::vector<std::pair<int64_t, int64_t>>;
+      if (sh == Sharding::Zero1) {
+        CHECK(a.units[0].steps == Runs{{0, 13}, {13, 24}, {0, 0}, {0, 0}});
+        CHECK(a.units[1].steps == Runs{{0, 0}, {0, 2}, {2, 15}, {15, 27}});
+      } else {
+        CHECK(a.units[0].steps == Runs(4, {0, 24}));
+        CHECK(a.units[1].steps == Runs(4, {0, 27}));
+      }
+    }
+    Rig full("fsdp");  // FULL_SHARD's units are drawn by chunk, not by stepped slice
+    full.record(0, unit_event(FsdpVerb::Layout, FsdpState::Idle));
+    CHECK(full.frame().units[1].steps.empty());
+  }
+
   TEST_CASE("FSDP2: a unit's parameter shapes, and the 1/N shard reshard_after_forward=N keeps") {
     Rig rig("fsdp");
     const int32_t names = rig.rec.intern(rig.param(2) + ", " + rig.param(3));

@@ -106,7 +106,7 @@ void draw_unit(const Snapshot& s, const UnitView& u, const ShardLayout& L, doubl
   for (const std::string& n : u.names) names += (names.empty() ? "" : ", ") + n;
   // Its parts on one line when they fit, wrapping between them (and inside the long one) when not.
   ImGui::Text("unit %d", u.index);
-  char split[256];
+  char split[1024];  // a GPT block names a dozen parameters
   std::snprintf(split, sizeof split, "%s  \xC2\xB7  %s elements -> %d chunks of %s", names.c_str(), with_commas(u.numel).c_str(), K,
                 with_commas(u.chunk).c_str());
   draw_unit_title(s, split, live);
@@ -186,6 +186,78 @@ void draw_unit(const Snapshot& s, const UnitView& u, const ShardLayout& L, doubl
       ImGui::SetTooltip("rank %d, unit %d: %s\nholds its shard (chunk %d)%s%s%s", r, u.index, fsdp_state_name(st), u.owned_chunk(r),
                         gathered ? ", and the full parameters (gathered)" : "", gathering ? "; all-gather under way" : "",
                         reducing ? "; gradient reduce-scatter under way" : "");
+  }
+}
+
+// ---- NO_SHARD and ZeRO-1: the unit whole on every rank; ZeRO-1 marks the part of it each rank steps
+// (its slice of the whole flat parameter vector, which need not follow the units' edges).
+void draw_unit_replicated(const Snapshot& s, const UnitView& u, const ShardLayout& L, double time) {
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const float fs = ImGui::GetFontSize();
+  const int W = s.config.world;
+  const bool zero1 = s.config.sharding == Sharding::Zero1;
+  std::string names;
+  for (const std::string& n : u.names) names += (names.empty() ? "" : ", ") + n;
+  ImGui::Text("unit %d", u.index);
+  char split[1024];  // a GPT block names a dozen parameters
+  std::snprintf(split, sizeof split, "%s  \xC2\xB7  %s elements, whole on every rank%s", names.c_str(), with_commas(u.numel).c_str(),
+                zero1 ? "; each rank steps its slice" : "");
+  draw_unit_title(s, split, Live::None);
+  auto x_of = [&](int64_t element) { return L.bar_x + L.bar_w * static_cast<float>(element) / std::max<float>(1.0f, static_cast<float>(u.numel)); };
+  // ---- the flat parameter: under ZeRO-1 each stretch in the colour of the rank that steps it
+  ImVec2 p = ImGui::GetCursorScreenPos();
+  const float y0 = p.y, h = L.row_h * 0.8f;
+  dl->AddText(ImVec2(p.x, y0), IM_COL32(170, 170, 178, 255), "flat param");
+  dl->AddRectFilled(ImVec2(L.bar_x + 1, y0), ImVec2(L.bar_x + L.bar_w - 1, y0 + h), IM_COL32(120, 122, 132, 255));
+  if (zero1)
+    for (int r = 0; r < W && r < static_cast<int>(u.steps.size()); r++) {
+      const auto [a, b] = u.steps[static_cast<size_t>(r)];
+      if (a >= b) continue;  // (the ranks sharing a chunk, an expert group's, paint the same stretch)
+      dl->AddRectFilled(ImVec2(x_of(a) + 1, y0), ImVec2(x_of(b) - 1, y0 + h), rank_color(u.owned_chunk(r), W, 0.85f));
+    }
+  for (size_t i = 1; i < u.offsets.size(); i++) {
+    const float x = x_of(u.offsets[i]);
+    dl->AddLine(ImVec2(x, y0 - 2), ImVec2(x, y0 + h + 2), IM_COL32(255, 255, 255, 230), 2.0f);
+  }
+  ImGui::Dummy(ImVec2(L.label_w + L.bar_w, L.row_h));
+  if (ImGui::IsItemHovered()) {
+    const int64_t el = static_cast<int64_t>((ImGui::GetIO().MousePos.x - L.bar_x) / L.bar_w * static_cast<float>(u.numel));
+    std::string what, who;
+    for (size_t i = 0; i < u.offsets.size() && what.empty(); i++)
+      if (el >= u.offsets[i] && el < u.offsets[i] + u.sizes[i]) what = u.names[i] + " element " + std::to_string(el - u.offsets[i]);
+    for (int r = 0; r < W && r < static_cast<int>(u.steps.size()); r++)
+      if (el >= u.steps[static_cast<size_t>(r)].first && el < u.steps[static_cast<size_t>(r)].second)
+        who += (who.empty() ? "" : ", ") + std::to_string(r);
+    if (el >= 0 && el < u.numel)
+      ImGui::SetTooltip("flat element %lld: %s\n%s", static_cast<long long>(el), what.c_str(),
+                        zero1 ? ("stepped by rank " + who + " (the optimizer state for it lives there)").c_str()
+                              : "every rank steps it (NO_SHARD: the optimizer state is whole on each)");
+  }
+  // ---- one row per rank: the full parameters, the part it steps outlined
+  const float pulse = 0.55f + 0.45f * static_cast<float>(std::sin(time * 6.0));
+  for (int r = 0; r < W && r < static_cast<int>(u.state.size()); r++) {
+    p = ImGui::GetCursorScreenPos();
+    const float y = p.y;
+    draw_rank_label(L, p, r, std::max(1, u.shard_world), W, u.owner_stride);
+    const size_t ri = static_cast<size_t>(r);
+    const ImVec2 b0(L.bar_x + 1, y + 1), b1(L.bar_x + L.bar_w - 1, y + h);
+    dl->AddRectFilled(b0, b1, rank_color(r, W, 0.40f));
+    const auto [a, b] = ri < u.steps.size() ? u.steps[ri] : std::pair<int64_t, int64_t>{0, 0};
+    if (a < b) {
+      const ImVec2 c0(x_of(a) + 1, y + 1), c1(x_of(b) - 1, y + h);
+      dl->AddRectFilled(c0, c1, rank_color(r, W, 0.95f));
+      dl->AddRect(c0, c1, IM_COL32(255, 255, 255, 220), 0, 0, 2.0f);
+    }
+    if (u.reducing[ri]) dl->AddRect(ImVec2(L.bar_x, y), ImVec2(L.bar_x + L.bar_w, y + h + 1), with_alpha(IM_COL32(255, 160, 60, 255), pulse), 0, 0, 2.0f);
+    const FsdpState st = u.state[ri];
+    dl->AddText(ImVec2(L.bar_x + L.bar_w + 0.6f * fs, y), state_color(st), state_short(st));
+    ImGui::Dummy(ImVec2(L.label_w + L.bar_w + L.state_w, L.row_h));
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip("rank %d, unit %d: %s\nholds the full parameters; %s%s", r, u.index, fsdp_state_name(st),
+                        !zero1 ? "steps all of them"
+                        : a < b ? ("steps elements " + with_commas(a) + " to " + with_commas(b - 1) + " of them (its ZeRO-1 slice)").c_str()
+                                : "steps none of them (its ZeRO-1 slice lies in other units)",
+                        u.reducing[ri] ? "; gradient all-reduce under way" : "");
   }
 }
 
@@ -378,7 +450,7 @@ void draw_api_comparison(const Snapshot& s) {
   ImGui::PopTextWrapPos();
 }
 
-void draw_legend(float fs, int W) {
+void draw_legend(float fs, int W, bool replicated) {
   ImDrawList* dl = ImGui::GetWindowDrawList();
   bool first = true;
   auto swatch = [&](ImU32 col, bool outline, const char* text) {
@@ -391,11 +463,16 @@ void draw_legend(float fs, int W) {
     ImGui::SameLine(0, 0.2f * fs);
     ImGui::TextDisabled("%s", text);
   };
-  swatch(rank_color(0, W, 0.95f), true, "its own shard");
-  swatch(rank_color(0, W, 0.40f), false, "gathered copy");
-  swatch(contribution_color(1, 4), false, "partial sum");
-  swatch(contribution_color(4, 4), false, "reduced");
-  const char* lines = "white lines: parameter boundaries; hatched: zero padding";
+  if (replicated) {  // NO_SHARD, ZeRO-1: nothing is gathered or scattered; the optimizer state may be split
+    swatch(rank_color(0, W, 0.95f), true, "what it steps (its optimizer state)");
+    swatch(rank_color(0, W, 0.40f), false, "the full parameters it holds");
+  } else {
+    swatch(rank_color(0, W, 0.95f), true, "its own shard");
+    swatch(rank_color(0, W, 0.40f), false, "gathered copy");
+    swatch(contribution_color(1, 4), false, "partial sum");
+    swatch(contribution_color(4, 4), false, "reduced");
+  }
+  const char* lines = replicated ? "white lines: parameter boundaries" : "white lines: parameter boundaries; hatched: zero padding";
   flow(ImGui::CalcTextSize(lines).x, 0.9f * fs);
   ImGui::PushTextWrapPos(0.0f);
   ImGui::TextDisabled("%s", lines);
@@ -434,7 +511,9 @@ void draw_shard_view(const Snapshot& s, ViewContext& ctx) {
                                                      : "Gathered to compute, freed after.");
   } else if (c.sharding == Sharding::NoShard || c.sharding == Sharding::Zero1) {
     ImGui::TextWrapped("%s keeps the full parameters on every rank; only %s.", sharding_name(c.sharding),
-                       c.sharding == Sharding::Zero1 ? "the optimizer state is split (each rank steps 1/W of the flat parameters)"
+                       c.sharding == Sharding::Zero1 ? "the optimizer state is split: each rank steps 1/W of the whole flat parameter "
+                                                       "vector (under --ep: of the dense parameters, and 1/(W/ep) of its experts), "
+                                                       "then all-gathers the updated slices"
                                                      : "gradients are all-reduced, unit by unit");
   } else {
     ImGui::TextWrapped("%s over %d ranks%s: each unit's flat parameter is split in %d chunks; rank r keeps chunk r%s. "
@@ -452,7 +531,7 @@ void draw_shard_view(const Snapshot& s, ViewContext& ctx) {
                        "holding the same experts (rank r, r + %d, ...)%s; the same unit holds other experts on each EP rank.",
                        expert_stride, expert_split, expert_stride, c.sharding == Sharding::Hybrid ? " in each node, copied across nodes" : "");
   ImGui::PopTextWrapPos();
-  draw_legend(fs, c.world);
+  draw_legend(fs, c.world, c.fsdp_api == 1 && (c.sharding == Sharding::NoShard || c.sharding == Sharding::Zero1));
   ImGui::Separator();
 
   ImGui::BeginChild("##list_units", ImVec2(0, 0), false);  // one block per unit: a list that scrolls
@@ -474,6 +553,7 @@ void draw_shard_view(const Snapshot& s, ViewContext& ctx) {
   for (const UnitView& u : s.units) {
     if (u.state.empty()) continue;
     if (c.fsdp_api == 2) draw_unit_fsdp2(s, u, L, ctx.time);
+    else if (!u.steps.empty()) draw_unit_replicated(s, u, L, ctx.time);
     else draw_unit(s, u, L, ctx.time);
     ImGui::Spacing();
   }
