@@ -358,14 +358,16 @@ TEST_SUITE("moe") {
     TrainConfig no_moe = c;
     no_moe.moe = {};
     CHECK(test::error_of(no_moe) == "--ep 2 splits the MoE blocks' experts over ranks; add --moe experts=E,top_k=K");
-    TrainConfig zero1 = c;
-    zero1.strategy = Strategy::Fsdp;
-    zero1.fsdp.sharding = Sharding::Zero1;
-    CHECK(test::error_of(zero1) ==
-          "--ep with --strategy fsdp --sharding zero1, or hybrid with --tp: not built yet, ZeRO-1 splits its optimizer over the "
-          "whole flat parameter vector, in which each EP rank's experts are other parameters, and HYBRID_SHARD beside --tp would "
-          "need the experts' node groups inside the mesh; use --sharding full, grad-op, no-shard or hybrid (without --tp), or "
-          "--strategy ddp");
+    TrainConfig hsdp_tp = c;
+    hsdp_tp.world_size = 8;
+    hsdp_tp.strategy = Strategy::Fsdp;
+    hsdp_tp.fsdp.sharding = Sharding::Hybrid;
+    hsdp_tp.fsdp.node_size = 4;
+    hsdp_tp.tp = 2;
+    hsdp_tp.sequence_parallel = true;
+    CHECK(test::error_of(hsdp_tp) ==
+          "--ep with --strategy fsdp --sharding hybrid and --tp: not built yet, HYBRID_SHARD beside --tp would need the experts' "
+          "node groups inside the mesh's data-parallel groups; use --sharding full, grad-op, no-shard or zero1, or hybrid without --tp");
     TrainConfig hybrid = c;
     hybrid.strategy = Strategy::Fsdp;
     hybrid.fsdp.sharding = Sharding::Hybrid;
@@ -396,7 +398,8 @@ TEST_SUITE("moe") {
       int node = 0;  // HYBRID_SHARD's node size
     };
     std::vector<Case> cases = {{4, 1, 2, 1, Sharding::FullShard, 0}, {2, 1, 2, 1, Sharding::ShardGradOp, 0.05},
-                               {4, 1, 2, 2, Sharding::Hybrid, 0, 2}, {4, 1, 2, 1, Sharding::NoShard, 0.05}};
+                               {4, 1, 2, 2, Sharding::Hybrid, 0, 2}, {4, 1, 2, 1, Sharding::NoShard, 0.05},
+                               {4, 1, 2, 1, Sharding::Zero1, 0.05}};
     if (!test::quick()) {
       cases.push_back({4, 1, 2, 2, Sharding::FullShard, 0.05});
       cases.push_back({4, 2, 2, 1, Sharding::FullShard, 0});
@@ -455,12 +458,14 @@ TEST_SUITE("moe") {
           const std::string g = t.recorder().label(e.coll.group - 1);
           if (g.rfind(k.node ? "eshard" : "edp", 0) == 0) {
             gathers += e.coll.op == CollectiveOp::AllGather;
-            reduces += e.coll.op == (k.sharding == Sharding::NoShard ? CollectiveOp::AllReduce : CollectiveOp::ReduceScatter);
+            const bool whole = k.sharding == Sharding::NoShard || k.sharding == Sharding::Zero1;
+            reduces += e.coll.op == (whole ? CollectiveOp::AllReduce : CollectiveOp::ReduceScatter);
           }
           if (g.rfind("ereplicate", 0) == 0) replicas += e.coll.op == CollectiveOp::AllReduce;
         }
         CHECK(shard_world == std::map<int, int>{{0, dense}, {1, dense}, {2, edp}, {3, dense}});
-        CHECK(gathers == (k.sharding == Sharding::NoShard ? 0 : k.sharding == Sharding::ShardGradOp ? 1 : 2));
+        // (ZeRO-1: the step's all-gather of the experts' slices, over the same group.)
+        CHECK(gathers == (k.sharding == Sharding::NoShard ? 0 : k.sharding == Sharding::ShardGradOp || k.sharding == Sharding::Zero1 ? 1 : 2));
         CHECK(reduces == 1);
         CHECK(replicas == (k.node ? 1 : 0));
       }

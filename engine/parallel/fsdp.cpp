@@ -154,10 +154,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
   const bool experts = !expert_ids.empty();
   groups_[0] = {shard_comm_, shard_world_, shard_rank_, pre_scale_, post_scale_, replica_group_.get()};
   if (experts) {
-    DTLAB_CHECK(opt_.wrap_layers && opt_.sharding != Sharding::Zero1 &&
-                    (opt_.sharding == Sharding::Hybrid) == (opt_.expert_replicate != nullptr),
-                "FSDP gives experts a unit per block in every layout but ZeRO-1 (HSDP: with a replica group); the run's "
-                "validation refuses the rest");
+    DTLAB_CHECK(opt_.wrap_layers && (opt_.sharding == Sharding::Hybrid) == (opt_.expert_replicate != nullptr),
+                "FSDP gives experts a unit per block (HSDP: with a replica group); the run's validation refuses the rest");
     ShardGroup& e = groups_[1];
     e.comm = opt_.expert_group;
     e.world = opt_.expert_group->world_size();
@@ -260,10 +258,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
     u.label = ctx_ && ctx_->recorder() ? ctx_->recorder()->intern(names) : -1;
   }
   zero1_split_ = flat_shard(model_.num_params(), world_);
+  if (zero1_by_group()) zero1_layout();
   // Sharded strategies step their shards (padding included: it stays zero); ZeRO-1 its slice of the
-  // flat parameters; NO_SHARD everything.
-  const int64_t owned = sharded() ? shard_numel_
-                        : opt_.sharding == Sharding::Zero1 ? zero1_split_.real(rank_) : model_.num_params();
+  // flat parameters (under --ep its slice of each group's); NO_SHARD everything.
+  int64_t owned = sharded() ? shard_numel_ : opt_.sharding == Sharding::Zero1 ? zero1_split_.real(rank_) : model_.num_params();
+  if (zero1_by_group()) owned = runs_.empty() ? 0 : runs_.back().at + runs_.back().length;
   optimizer_.emplace(optimizer, owned, mem, dev());
   if (sharded()) {
     // Mixed precision: the fp32 shard is both FSDP's sharded parameter and the master copy the optimizer
@@ -303,7 +302,12 @@ FullyShardedDataParallel::FullyShardedDataParallel(Model& model, Communicator& c
     owned_begin_ = opt_.sharding == Sharding::Zero1 ? rank_ * zero1_split_.chunk : 0;
     shard_params_ = Tensor({owned}, MemCategory::MasterWeights, mem, DType::F32, dev());
     shard_grads_ = Tensor({owned}, MemCategory::Gradients, mem, DType::F32, dev());
-    if (owned > 0) dev().widen_half(shard_params_.f32(), model_.params16() + owned_begin_, owned, model_.half_format());
+    if (zero1_by_group()) {
+      for (const OwnedRun& r : runs_)
+        dev().widen_half(shard_params_.f32() + r.at, model_.params16() + r.begin, r.length, model_.half_format());
+    } else if (owned > 0) {
+      dev().widen_half(shard_params_.f32(), model_.params16() + owned_begin_, owned, model_.half_format());
+    }
   }
   for (int u = 0; u < num_units(); u++) record(u, FsdpVerb::Layout);
   model_.set_layer_hooks(this);
@@ -708,11 +712,14 @@ void FullyShardedDataParallel::finalize_backward() {
       Parameter& first = model_.parameters()[static_cast<size_t>(u.params.front())];
       void* reduced = u.reduce_in.empty() ? static_cast<void*>(first.grad16) : u.reduce_in.raw();
       scale_in(reduced, u.split.numel, reduce_dtype_, post, dev(), ctx_ ? ctx_->memory() : nullptr);
-      const int64_t base = first.offset, owned_end = owned_begin_ + shard_grads_.numel();
-      const int64_t a = std::max(base, owned_begin_), b = std::min(base + u.split.numel, owned_end);
-      if (a < b)
-        land_f32(shard_grads_.f32() + (a - owned_begin_), static_cast<const char*>(reduced) + (a - base) * dtype_size(reduce_dtype_),
-                 b - a, reduce_dtype_, backwards_ > 0);
+      const int64_t base = first.offset;
+      const std::vector<OwnedRun> whole{{0, owned_begin_, shard_grads_.numel(), 0}};
+      for (const OwnedRun& r : zero1_by_group() ? runs_ : whole) {
+        const int64_t a = std::max(base, r.begin), b = std::min(base + u.split.numel, r.begin + r.length);
+        if (a < b)
+          land_f32(shard_grads_.f32() + r.at + (a - r.begin), static_cast<const char*>(reduced) + (a - base) * dtype_size(reduce_dtype_),
+                   b - a, reduce_dtype_, backwards_ > 0);
+      }
       dev().fill_zero(first.grad16, u.split.numel * 2);
       u.reduce_in = Tensor();
     } else {
@@ -736,6 +743,7 @@ void FullyShardedDataParallel::step() {
       dev().narrow_half(model_.params16(), shard_params_.f32(), model_.num_params(), model_.half_format());
       return;
     case Sharding::Zero1: {
+      if (zero1_by_group()) return zero1_step_by_group();
       // Update this rank's slice with its optimizer shard, then everyone gathers the slices; mixed
       // precision steps the fp32 master slice and gathers its 16-bit cast (the param dtype's bytes).
       const int64_t c = zero1_split_.chunk, real = zero1_split_.real(rank_);
@@ -755,6 +763,70 @@ void FullyShardedDataParallel::step() {
       return;
     }
     default: optimizer_->step(shard_params_.f32(), shard_grads_.f32()); return;
+  }
+}
+
+void FullyShardedDataParallel::zero1_layout() {
+  for (int g = 0; g < 2; g++) {
+    Zero1Group& z = zero1_groups_[g];
+    z.segments = parameter_runs(model_, g == 1);
+    int64_t n = 0;
+    for (const auto& [a, b] : z.segments) n += b - a;
+    z.split = flat_shard(n, groups_[g].world);
+    // This rank's part of the group's concatenated parameters, as runs of the flat ones.
+    const int64_t lo = groups_[g].rank * z.split.chunk, hi = lo + z.split.real(groups_[g].rank);
+    int64_t v = 0;
+    for (const auto& [a, b] : z.segments) {
+      const int64_t s = std::max(lo, v), e = std::min(hi, v + (b - a));
+      if (s < e) {
+        const int64_t at = runs_.empty() ? 0 : runs_.back().at + runs_.back().length;
+        runs_.push_back({g, a + (s - v), e - s, at});
+      }
+      v += b - a;
+    }
+  }
+}
+
+void FullyShardedDataParallel::zero1_step_by_group() {
+  // Each rank steps its runs (mixed precision: their fp32 master), then each group all-gathers its
+  // members' slices of its parameters and writes them back where they sit in the flat vector.
+  MemoryTracker* mem = ctx_ ? ctx_->memory() : nullptr;
+  const int64_t owned = runs_.empty() ? 0 : runs_.back().at + runs_.back().length;
+  Tensor staged;  // float32 without mixed precision: the runs side by side, stepped, copied back
+  if (mixed()) {
+    if (owned > 0) optimizer_->step(shard_params_.f32(), shard_grads_.f32());
+  } else if (owned > 0) {
+    staged = Tensor({2 * owned}, MemCategory::Other, mem, DType::F32, dev());
+    float* p = staged.f32();
+    float* g = p + owned;
+    for (const OwnedRun& r : runs_) {
+      dev().copy(p + r.at, model_.params() + r.begin, r.length * kF32);
+      dev().copy(g + r.at, model_.grads() + r.begin, r.length * kF32);
+    }
+    optimizer_->step(p, g);
+    for (const OwnedRun& r : runs_) dev().copy(model_.params() + r.begin, p + r.at, r.length * kF32);
+  }
+  const int64_t elem = dtype_size(gather_dtype_);
+  char* const own = static_cast<char*>(mixed() ? static_cast<void*>(model_.params16()) : static_cast<void*>(model_.params()));
+  for (int gi = 0; gi < 2; gi++) {
+    const Zero1Group& z = zero1_groups_[gi];
+    if (z.split.numel == 0) continue;
+    Tensor mine({z.split.chunk}, MemCategory::CommBuffers, mem, gather_dtype_, dev());
+    int64_t at = 0;
+    for (const OwnedRun& r : runs_) {
+      if (r.group != gi) continue;
+      char* dst = static_cast<char*>(mine.raw()) + at * elem;
+      if (mixed()) dev().narrow_half(reinterpret_cast<uint16_t*>(dst), shard_params_.f32() + r.at, r.length, model_.half_format());
+      else dev().copy(dst, own + r.begin * elem, r.length * elem);
+      at += r.length;
+    }
+    Tensor all({z.split.padded}, MemCategory::CommBuffers, mem, gather_dtype_, dev());
+    groups_[gi].comm->all_gather(all.raw(), mine.raw(), z.split.chunk, gather_dtype_)->wait();
+    int64_t v = 0;
+    for (const auto& [a, b] : z.segments) {
+      dev().copy(own + a * elem, static_cast<const char*>(all.raw()) + v * elem, (b - a) * elem);
+      v += b - a;
+    }
   }
 }
 
@@ -798,6 +870,18 @@ std::vector<OwnedSlice> FullyShardedDataParallel::owned(bool grads) const {
       }
       const int64_t begin = shard_rank * u.split.chunk;
       cut(u.params, u.offsets, begin, begin + u.split.real(shard_rank), (grads ? shard_grads_ : shard_params_).f32() + u.shard_offset);
+    }
+    return out;
+  }
+  if (zero1_by_group() && attached_) {
+    // ZeRO-1 with --ep: the runs this rank steps, each group's parameters once over that group (the
+    // other EP ranks' runs cover their own experts), so every parameter once over the world.
+    std::vector<int> all;
+    std::vector<int64_t> offsets;
+    for (int p = 0; p < static_cast<int>(ps.size()); p++) all.push_back(p), offsets.push_back(ps[static_cast<size_t>(p)].offset);
+    for (const OwnedRun& r : runs_) {
+      const float* from = mixed() ? (grads ? shard_grads_ : shard_params_).f32() + r.at : (grads ? model_.grads() : model_.params()) + r.begin;
+      cut(all, offsets, r.begin, r.begin + r.length, from);
     }
     return out;
   }

@@ -313,6 +313,25 @@ class FullyShardedDataParallel : public LayerHooks {
   int64_t owned_begin_ = 0;
   std::optional<Optimizer> optimizer_;  // over what this rank owns; built once the units are known
   FlatShard zero1_split_;         // ZeRO-1: the whole flat parameter vector's split
+  // ZeRO-1 with --ep: each group's parameters (the FSDP group's dense ones, the experts' over their
+  // expert group) are split over that group apart, as Megatron-core's distributed optimizer (its ZeRO-1)
+  // shards the expert-parallel buffers over the expert-data-parallel group (docs/course_sources.md
+  // §6i): `segments` the flat runs the group's
+  // parameters occupy, `split` their concatenation's split. `runs_` is what this rank steps, group 0's
+  // first, each at `at` in the owned buffers (the optimizer's order).
+  struct Zero1Group {
+    std::vector<std::pair<int64_t, int64_t>> segments;  // [begin, end) in the flat parameters
+    FlatShard split;
+  };
+  struct OwnedRun {
+    int group = 0;
+    int64_t begin = 0, length = 0, at = 0;
+  };
+  Zero1Group zero1_groups_[2];
+  std::vector<OwnedRun> runs_;
+  bool zero1_by_group() const { return opt_.sharding == Sharding::Zero1 && groups_[1].comm != nullptr; }
+  void zero1_layout();      // zero1_groups_ and runs_
+  void zero1_step_by_group();
   bool attached_ = true;
 };
 
