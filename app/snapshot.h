@@ -139,9 +139,11 @@ struct UnitView {
   std::vector<Shape> shapes;            // each parameter's shape (FSDP2 splits dim 0)
   int64_t numel = 0, chunk = 0;         // flat elements; shard size ceil(numel / shard_world)
   int shard_world = 1;                  // ranks the flat parameter is split over (a node for HYBRID_SHARD)
-  // Rank r owns chunk (r / owner_stride) % shard_world: 1 for the FSDP group (a HYBRID_SHARD node's
-  // ranks in turn); --ep for an MoE block's experts, whose group is every ep-th rank (edp).
+  // Rank r owns chunk (r / owner_stride) % shard_world: --tp for the FSDP group (1 without it: each TP
+  // rank's slice is sharded over the data-parallel ranks, every tp-th rank; a HYBRID_SHARD node's in
+  // turn); --ep for an MoE block's experts, whose group is every ep-th rank (edp).
   int owner_stride = 1;
+  bool experts = false;                 // an MoE block's experts (--ep), a unit of their own
   int owned_chunk(int r) const { return (r / std::max(1, owner_stride)) % std::max(1, shard_world); }
   // NO_SHARD and ZeRO-1 keep the unit whole on every rank; per rank, the elements [first, second) of
   // it that rank steps: all of them (NO_SHARD), or where its ZeRO-1 slice of the whole flat parameter

@@ -774,8 +774,8 @@ void SnapshotBuilder::ingest_unit(const TraceRecorder& rec, int rank, const Fsdp
           at += n;
         }
         // An MoE block's experts under --ep: their own unit, sharded over the ranks holding them.
-        if (snap_.experts.ep > 1 && !u.names.empty() && u.names.front().find(".mlp.experts.") != std::string::npos)
-          u.owner_stride = snap_.experts.ep;
+        u.experts = snap_.experts.ep > 1 && !u.names.empty() && u.names.front().find(".mlp.experts.") != std::string::npos;
+        u.owner_stride = u.experts ? snap_.experts.ep : std::max(1, snap_.mesh.shape.tp);
       }
       lay_out_replicated_units();
       break;
@@ -808,10 +808,10 @@ void SnapshotBuilder::lay_out_replicated_units() {
   // experts over the ranks holding them) in chunks of ceil(n / group size); rank r steps chunk
   // owned_chunk(r). The units are in flat order, so a group's concatenation is its units in order.
   int64_t total[2] = {0, 0};
-  for (const UnitView& u : units) total[u.owner_stride > 1] += u.numel;
+  for (const UnitView& u : units) total[u.experts] += u.numel;
   int64_t before[2] = {0, 0};
   for (UnitView& u : units) {
-    const int g = u.owner_stride > 1;
+    const int g = u.experts;
     u.steps.assign(N, {0, 0});
     const int K = std::max(1, u.shard_world);
     const int64_t chunk = (total[g] + K - 1) / K;

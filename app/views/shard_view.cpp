@@ -64,15 +64,20 @@ Live live_of(const Snapshot& s, const UnitView& u) {
   return Live::None;
 }
 
-// A rank row's label ("rank 2 (node 1)" under HYBRID_SHARD, "rank 3 (EP rank 1)" for an expert unit,
-// whose experts are that EP rank's), and a line above each node's first rank.
-void draw_rank_label(const ShardLayout& L, ImVec2 p, int r, int K, int W, int stride = 1) {
+// A rank row's label ("rank 2 (node 1)" under HYBRID_SHARD, "rank 5 (node 1, TP 1)" beside --tp,
+// "rank 3 (EP rank 1)" for an expert unit, whose experts are that EP rank's), and a line above each
+// node's first rank. A node is K data-parallel ranks, each with its TP ranks: K x tp consecutive ranks.
+void draw_rank_label(const ShardLayout& L, ImVec2 p, int r, const UnitView& u, const Snapshot& s) {
   ImDrawList* dl = ImGui::GetWindowDrawList();
-  if (stride == 1 && K < W && r % K == 0 && r > 0)
+  const int W = s.config.world, T = std::max(1, s.mesh.shape.tp), D = std::max(1, W / T), K = std::max(1, u.shard_world);
+  const bool hybrid = !u.experts && K < D;
+  if (hybrid && r % (K * T) == 0 && r > 0)
     dl->AddLine(ImVec2(L.bar_x, p.y - 1), ImVec2(L.bar_x + L.bar_w, p.y - 1), IM_COL32(200, 200, 210, 120));
   char lab[48];
-  if (stride > 1) std::snprintf(lab, sizeof lab, "rank %d (EP rank %d)", r, r % stride);
-  else if (K < W) std::snprintf(lab, sizeof lab, "rank %d (node %d)", r, r / K);
+  if (u.experts) std::snprintf(lab, sizeof lab, "rank %d (EP rank %d)", r, r % std::max(1, u.owner_stride));
+  else if (hybrid && T > 1) std::snprintf(lab, sizeof lab, "rank %d (node %d, TP %d)", r, r / (K * T), r % T);
+  else if (hybrid) std::snprintf(lab, sizeof lab, "rank %d (node %d)", r, r / K);
+  else if (T > 1) std::snprintf(lab, sizeof lab, "rank %d (TP %d)", r, r % T);
   else std::snprintf(lab, sizeof lab, "rank %d", r);
   dl->AddText(p, rank_color(r, W), lab);
 }
@@ -150,7 +155,7 @@ void draw_unit(const Snapshot& s, const UnitView& u, const ShardLayout& L, doubl
   for (int r = 0; r < W && r < static_cast<int>(u.state.size()); r++) {
     p = ImGui::GetCursorScreenPos();
     const float y = p.y;
-    draw_rank_label(L, p, r, K, W, u.owner_stride);
+    draw_rank_label(L, p, r, u, s);
     const bool gathered = u.gathered[static_cast<size_t>(r)] != 0, gathering = u.gathering[static_cast<size_t>(r)] != 0;
     const bool reducing = u.reducing[static_cast<size_t>(r)] != 0;
     for (int k = 0; k < K; k++) {
@@ -238,7 +243,7 @@ void draw_unit_replicated(const Snapshot& s, const UnitView& u, const ShardLayou
   for (int r = 0; r < W && r < static_cast<int>(u.state.size()); r++) {
     p = ImGui::GetCursorScreenPos();
     const float y = p.y;
-    draw_rank_label(L, p, r, std::max(1, u.shard_world), W, u.owner_stride);
+    draw_rank_label(L, p, r, u, s);
     const size_t ri = static_cast<size_t>(r);
     const ImVec2 b0(L.bar_x + 1, y + 1), b1(L.bar_x + L.bar_w - 1, y + h);
     dl->AddRectFilled(b0, b1, rank_color(r, W, 0.40f));
@@ -267,7 +272,8 @@ void draw_unit_replicated(const Snapshot& s, const UnitView& u, const ShardLayou
 // `compact` for a narrow window (the tooltip says it in full).
 std::string placement(const UnitView& u, int r, int K, int W, bool compact) {
   const size_t i = static_cast<size_t>(r);
-  const bool hsdp = K < W && u.owner_stride == 1;  // an expert unit: Shard(0) over the ranks holding its experts
+  // (W / stride: the data-parallel ranks; an expert unit is Shard(0) over the ranks holding its experts)
+  const bool hsdp = !u.experts && K < W / std::max(1, u.owner_stride);
   std::string out;
   if (u.gathered[i]) out = compact ? "full" : "full (unsharded)";
   else if (u.post_forward[i] > 0) out = "Shard(0) over " + std::to_string(u.post_forward[i]) + (compact ? "" : " ranks");
@@ -382,7 +388,7 @@ void draw_unit_fsdp2(const Snapshot& s, const UnitView& u, const ShardLayout& L,
   for (int r = 0; r < W && r < static_cast<int>(u.state.size()); r++) {
     p = ImGui::GetCursorScreenPos();
     const float y = p.y;
-    draw_rank_label(L, p, r, K, W, u.owner_stride);
+    draw_rank_label(L, p, r, u, s);
     const size_t ri = static_cast<size_t>(r);
     const bool gathered = u.gathered[ri] != 0;
     const int pf = u.post_forward[ri];
@@ -499,11 +505,16 @@ void draw_shard_view(const Snapshot& s, ViewContext& ctx) {
   }
   const RunConfigView& c = s.config;
   const int K = s.units.front().shard_world;
+  // Beside --tp each TP rank's slice of the model is sharded over the D = world / tp data-parallel ranks.
+  const int T = std::max(1, s.mesh.shape.tp), D = std::max(1, c.world / T);
+  const std::string over = T > 1 ? std::to_string(c.world) + " ranks (" + std::to_string(D) + " data-parallel x --tp " + std::to_string(T) +
+                                       ": each TP rank's slice sharded over its " + std::to_string(D) + ")"
+                                 : std::to_string(c.world) + " ranks";
+  const char* keeper = T > 1 ? "data-parallel rank d keeps chunk d" : "rank r keeps chunk r";
   ImGui::PushTextWrapPos(0.0f);
   if (c.fsdp_api == 2) {
-    ImGui::TextWrapped("fully_shard (FSDP2), %d ranks%s: each parameter cut on dim 0 in %d chunks, padded on its own; rank r keeps "
-                       "chunk r. %s",
-                       c.world, K < c.world ? (", HSDP groups of " + std::to_string(K)).c_str() : "", K,
+    ImGui::TextWrapped("fully_shard (FSDP2), %s%s: each parameter cut on dim 0 in %d chunks, padded on its own; %s. %s",
+                       over.c_str(), K < D ? (", HSDP groups of " + std::to_string(K)).c_str() : "", K, keeper,
                        c.reshard_after_forward == 0  ? "Gathered to compute, kept until backward."
                        : c.reshard_after_forward > 1 ? ("After forward each rank keeps 1/" + std::to_string(c.reshard_after_forward) +
                                                         ", gathered again in groups of " + std::to_string(c.reshard_after_forward) + ".")
@@ -516,16 +527,17 @@ void draw_shard_view(const Snapshot& s, ViewContext& ctx) {
                                                        "then all-gathers the updated slices"
                                                      : "gradients are all-reduced, unit by unit");
   } else {
-    ImGui::TextWrapped("%s over %d ranks%s: each unit's flat parameter is split in %d chunks; rank r keeps chunk r%s. "
+    ImGui::TextWrapped("%s over %s%s: each unit's flat parameter is split in %d chunks; %s%s. "
                        "An all-gather rebuilds a unit before it computes%s; its gradient is reduce-scattered back to the owners.",
-                       sharding_name(c.sharding), c.world, K < c.world ? (" in node groups of " + std::to_string(K)).c_str() : "",
-                       K, K < c.world ? " of its node" : "",
+                       sharding_name(c.sharding), over.c_str(),
+                       K < D ? (" in node groups of " + std::to_string(K) + (T > 1 ? " data-parallel ranks" : "")).c_str() : "", K, keeper,
+                       K < D ? " of its node" : "",
                        c.sharding == Sharding::ShardGradOp ? " and stays until its backward" : ", then is freed");
   }
   // --ep: an MoE block's experts are a unit of their own, split over fewer ranks than the rest.
   int expert_stride = 1, expert_split = 1;
   for (const UnitView& u : s.units)
-    if (u.owner_stride > 1) expert_stride = u.owner_stride, expert_split = u.shard_world;
+    if (u.experts) expert_stride = u.owner_stride, expert_split = u.shard_world;
   if (expert_stride > 1)
     ImGui::TextWrapped("--ep %d: each MoE block's experts are a unit of their own (torchtitan's layout), split over the %d ranks "
                        "holding the same experts (rank r, r + %d, ...)%s; the same unit holds other experts on each EP rank.",
@@ -537,7 +549,11 @@ void draw_shard_view(const Snapshot& s, ViewContext& ctx) {
   ImGui::BeginChild("##list_units", ImVec2(0, 0), false);  // one block per unit: a list that scrolls
   ShardLayout L;
   const ImVec2 origin = ImGui::GetCursorScreenPos();
-  L.label_w = ImGui::CalcTextSize(expert_stride > 1 ? "rank 00 (EP rank 0)  " : K < c.world ? "rank 00 (node 0)  " : "flat param  ").x;
+  // The widest rank label this run draws (draw_rank_label).
+  L.label_w = ImGui::CalcTextSize("flat param  ").x;
+  for (const char* lab : {expert_stride > 1 ? "rank 00 (EP rank 0)  " : "", K < D && T > 1 ? "rank 00 (node 0, TP 0)  " : "",
+                          K < D ? "rank 00 (node 0)  " : "", T > 1 ? "rank 00 (TP 0)  " : ""})
+    L.label_w = std::max(L.label_w, ImGui::CalcTextSize(lab).x);
   L.state_w = ImGui::CalcTextSize("post-backward ").x + 0.6f * fs;
   if (c.fsdp_api == 2) {
     // FSDP2's column names the placement: in full, unless that leaves the bars under 10 em.
