@@ -365,16 +365,19 @@ TEST_SUITE("moe") {
     hsdp_tp.fsdp.node_size = 4;
     hsdp_tp.tp = 2;
     hsdp_tp.sequence_parallel = true;
+    CHECK(test::error_of(hsdp_tp).empty());  // a node: 4 data-parallel ranks x tp 2, two EP groups inside it
+    hsdp_tp.fsdp.node_size = 1;
+    hsdp_tp.ep = 4;
     CHECK(test::error_of(hsdp_tp) ==
-          "--ep with --strategy fsdp --sharding hybrid and --tp: not built yet, HYBRID_SHARD beside --tp would need the experts' "
-          "node groups inside the mesh's data-parallel groups; use --sharding full, grad-op, no-shard or zero1, or hybrid without --tp");
+          "--ep 4 with --sharding hybrid: an expert-parallel group of 4 consecutive ranks must lie inside a node of 2 ranks "
+          "(--node-size 1 x --tp 2); use a --node-size that makes it a multiple of --ep");
     TrainConfig hybrid = c;
     hybrid.strategy = Strategy::Fsdp;
     hybrid.fsdp.sharding = Sharding::Hybrid;
     hybrid.fsdp.node_size = 1;
     CHECK(test::error_of(hybrid) ==
           "--ep 2 with --sharding hybrid: an expert-parallel group of 2 consecutive ranks must lie inside a node of --node-size 1 "
-          "ranks; use a --node-size that is a multiple of --ep");
+          "ranks; use a --node-size that makes it a multiple of --ep");
     TrainConfig whole = c;
     whole.strategy = Strategy::Fsdp;
     whole.fsdp.wrap_layers = false;
@@ -404,6 +407,7 @@ TEST_SUITE("moe") {
       cases.push_back({4, 1, 2, 2, Sharding::FullShard, 0.05});
       cases.push_back({4, 2, 2, 1, Sharding::FullShard, 0});
       cases.push_back({8, 1, 2, 1, Sharding::Hybrid, 0.05, 4});
+      cases.push_back({8, 2, 2, 1, Sharding::Hybrid, 0.05, 2});  // a node: 2 data-parallel ranks x tp 2
     }
     for (const Case& k : cases) {
       CAPTURE(k.world);
@@ -447,7 +451,7 @@ TEST_SUITE("moe") {
       // the expert-data-parallel group, gathered and reduced on it (FULL_SHARD: twice and once an
       // iteration), its shard world / ep ranks wide; under HSDP the node's share of them (node / ep),
       // the reduced shard then all-reduced over the nodes.
-      const int dense = k.node ? k.node : k.world / k.tp, edp = k.node ? k.node / k.ep : k.world / k.ep;
+      const int dense = k.node ? k.node : k.world / k.tp, edp = k.node ? k.node * k.tp / k.ep : k.world / k.ep;
       for (int rank = 0; rank < k.world; rank++) {
         CAPTURE(rank);
         std::map<int, int> shard_world;

@@ -34,10 +34,6 @@ const Combination kCombinations[] = {
      "it splits a sequence's positions, and an MLP's samples have none", "use --model gpt (e.g. gpt-tiny)", false},
     {Feature::ContextParallel, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
      "ring attention's online softmax and Ulysses' regrouping run on the host", "use --device cpu", true},
-    {Feature::ExpertParallel, "--strategy fsdp --sharding hybrid and --tp",
-     [](const TrainConfig& c) { return c.strategy == Strategy::Fsdp && c.fsdp.sharding == Sharding::Hybrid && c.tp > 1; },
-     "HYBRID_SHARD beside --tp would need the experts' node groups inside the mesh's data-parallel groups",
-     "use --sharding full, grad-op, no-shard or zero1, or hybrid without --tp", true},
     {Feature::ExpertParallel, "--strategy fsdp --wrap model", [](const TrainConfig& c) { return c.strategy == Strategy::Fsdp && !c.fsdp.wrap_layers; },
      "each block's experts are a unit of their own, sharded over other ranks than the rest (torchtitan wraps moe.experts apart), "
      "which a whole-model unit cannot be",

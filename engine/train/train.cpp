@@ -183,10 +183,16 @@ void validate_expert_parallel(const TrainConfig& c) {
                 " experts, which do not divide by " + std::to_string(c.ep) + "; use an --ep that divides the experts");
   // HSDP: the ranks holding the same experts shard them inside each node and replicate them across
   // nodes, so an EP group (--ep consecutive ranks) must lie inside a node.
-  if (c.strategy == Strategy::Fsdp && c.fsdp.sharding == Sharding::Hybrid && c.fsdp.node_size > 0 && c.fsdp.node_size % c.ep != 0)
+  // A node of --node-size data-parallel ranks is node-size x tp consecutive ranks (tp fastest); an EP
+  // group (ep consecutive ranks, the TP ranks first) must lie inside one.
+  const int node_ranks = c.fsdp.node_size * std::max(c.tp, 1);
+  if (c.strategy == Strategy::Fsdp && c.fsdp.sharding == Sharding::Hybrid && c.fsdp.node_size > 0 && node_ranks % c.ep != 0)
     throw Error("--ep " + std::to_string(c.ep) + " with --sharding hybrid: an expert-parallel group of " + std::to_string(c.ep) +
-                " consecutive ranks must lie inside a node of --node-size " + std::to_string(c.fsdp.node_size) +
-                " ranks; use a --node-size that is a multiple of --ep");
+                " consecutive ranks must lie inside a node of " +
+                (c.tp > 1 ? std::to_string(node_ranks) + " ranks (--node-size " + std::to_string(c.fsdp.node_size) + " x --tp " +
+                                std::to_string(c.tp) + ")"
+                          : "--node-size " + std::to_string(c.fsdp.node_size) + " ranks") +
+                "; use a --node-size that makes it a multiple of --ep");
 }
 
 // --cp against the model and the world (one sentence each); what it runs with is compose.cpp's.

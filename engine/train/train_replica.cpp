@@ -517,9 +517,10 @@ class FsdpRank final : public ReplicaRank {
       opt.executor = ep_exec_;
       if (c_.fsdp.sharding == Sharding::Hybrid) {
         // HSDP (torchtitan's (replicate, shard) mesh for the experts too): inside this rank's node the
-        // ranks holding its experts shard them; across the nodes the ranks at its place hold copies.
-        // (No --tp here: data-parallel ranks are the world's, and an EP group lies inside a node.)
-        const int K = c_.fsdp.node_size, W = env.comm->world_size(), node = rank_ / K;
+        // ranks holding its experts shard them; across the nodes the ranks at its place hold copies. A
+        // node is --node-size data-parallel ranks, each with its --tp ranks: K consecutive world ranks
+        // (tp fastest), inside which an EP group lies.
+        const int K = c_.fsdp.node_size * std::max(c_.tp, 1), W = env.comm->world_size(), node = rank_ / K;
         std::vector<int> shard, across;
         for (int j = rank_ % c_.ep; j < K; j += c_.ep) shard.push_back(node * K + j);
         for (int n = 0; n < W / K; n++) across.push_back(n * K + rank_ % K);
