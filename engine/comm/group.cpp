@@ -275,6 +275,7 @@ class GroupComm : public Communicator {
     int64_t total = 0;
     for (int64_t c : send_counts) total += c;
     CollDesc d{CollectiveOp::AllToAll, a, ReduceOp::Sum, dt, total};
+    d.split_sizes = true;
     return run(d, [=, this] {
       std::vector<int64_t> sat(static_cast<size_t>(n) + 1, 0), rat(static_cast<size_t>(n) + 1, 0);  // where each rank's block starts
       for (int r = 0; r < n; r++) {

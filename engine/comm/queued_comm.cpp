@@ -21,7 +21,9 @@ const char* dtype_word(DType d) {
 std::string describe(const CollDesc& d, uint64_t seq) {
   std::string s = "#" + std::to_string(seq) + " " + collective_name(d.op);
   if (d.op == CollectiveOp::Barrier) return s;
-  s += " of " + std::to_string(d.count) + " " + dtype_word(d.dtype) + " (";
+  s += " of " + std::to_string(d.count) + " " + dtype_word(d.dtype);
+  if (d.op == CollectiveOp::AllToAll) s += d.split_sizes ? " in all" : " to each rank";  // the count's meaning differs
+  s += " (";
   if (collective_traits(d.op).reduces) s += std::string(reduce_op_name(d.reduce)) + ", ";
   if (d.root >= 0) s += "root " + std::to_string(d.root) + ", ";
   return s + algorithm_name(d.algo) + ")";

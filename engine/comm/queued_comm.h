@@ -31,6 +31,9 @@ struct CollDesc {
   // forced (--proto); Default when the rank has no cost model. NCCL's protocols change how bytes go
   // over the wire, not what a step computes: here it names the choice the views and trace show.
   Protocol proto = Protocol::Default;
+  // All-to-all: true for all_to_all_v, whose count is what the rank sends in all (its input split
+  // sizes summed); a plain all_to_all's count is one block, sent to each rank.
+  bool split_sizes = false;
   bool operator==(const CollDesc&) const = default;
 };
 std::string describe(const CollDesc& d, uint64_t seq);  // "#5 allreduce of 1000 float32 (sum, ring)"
