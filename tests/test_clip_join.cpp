@@ -302,7 +302,7 @@ TEST_SUITE("clip_join") {
     CHECK(e.err.find("--join with --ep: the experts' all-to-alls need a token count from every rank") != std::string::npos);
   }
 
-  TEST_CASE("--join composes: a replica under --tp or --cp runs out whole; 16-bit gradients and find_unused_parameters are shadowed too") {
+  TEST_CASE("--join composes: a replica under --tp or --cp runs out whole, and 16-bit gradients and find_unused_parameters are shadowed too") {
     // Under --tp 2 (or --cp 2) on 4 ranks, --uneven-rank 1 is replica 0's rank: ranks 0 and 1 read
     // the same batches, so both run out, and each shadows DDP over its own DP group. Step 3 then
     // averages (0 + g1) / 2: what 2 DDP ranks with --uneven-rank 0 compute.
