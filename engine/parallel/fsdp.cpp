@@ -502,14 +502,29 @@ void FullyShardedDataParallel::unshard_next(int ui, int k) {
 
 // Each hook acts on the layer's unit and then on its experts' unit (--ep), the same way; prefetch
 // gathers both of the next block's.
-void FullyShardedDataParallel::before_forward(int layer) {
-  const int ui = unit_of_layer(layer);
-  if (ui < 0 || layer != units_[static_cast<size_t>(ui)].first_layer) return;
-  for (const int v : {ui, units_[static_cast<size_t>(ui)].experts}) {
+void FullyShardedDataParallel::begin_forward(int ui) {
+  for (const int v : with_experts(ui)) {
     if (v < 0) continue;
     set_state(v, FsdpState::Forward);
     if (sharded()) wait_for_unshard(v);
   }
+}
+
+// FULL_SHARD reshards after forward; the root unit (the whole model, or a GPT's embeddings and head)
+// keeps its parameters for the backward that follows, as torch's root FSDP instance does (FSDP1's
+// _post_forward_reshard frees only non-root handles).
+void FullyShardedDataParallel::end_forward(int ui) {
+  for (const int v : with_experts(ui)) {
+    if (v < 0) continue;
+    if (sharded() && reshard_after_forward() && !units_[static_cast<size_t>(v)].root) reshard(v, true);
+    set_state(v, FsdpState::Idle);
+  }
+}
+
+void FullyShardedDataParallel::before_forward(int layer) {
+  const int ui = unit_of_layer(layer);
+  if (ui < 0 || layer != units_[static_cast<size_t>(ui)].first_layer) return;
+  begin_forward(ui);
   if (!sharded()) return;
   // The next unit's parameters arrive during this forward (FSDP2: the next opt_.prefetch units, as
   // set_modules_to_forward_prefetch names them).
@@ -519,51 +534,32 @@ void FullyShardedDataParallel::before_forward(int layer) {
 
 void FullyShardedDataParallel::before_recompute(int layer) {
   const int ui = unit_of_layer(layer);
-  if (ui < 0 || units_[static_cast<size_t>(ui)].state != FsdpState::Idle) return;
-  for (const int v : {ui, units_[static_cast<size_t>(ui)].experts}) {
-    if (v < 0) continue;
-    set_state(v, FsdpState::Forward);
-    if (sharded()) wait_for_unshard(v);
-  }
+  if (ui >= 0 && units_[static_cast<size_t>(ui)].state == FsdpState::Idle) begin_forward(ui);
 }
 
 void FullyShardedDataParallel::after_recompute(int layer) {
   const int ui = unit_of_layer(layer);
-  if (ui < 0 || units_[static_cast<size_t>(ui)].state != FsdpState::Forward) return;
-  for (const int v : {ui, units_[static_cast<size_t>(ui)].experts}) {
-    if (v < 0) continue;
-    if (sharded() && reshard_after_forward() && !units_[static_cast<size_t>(v)].root) reshard(v, true);
-    set_state(v, FsdpState::Idle);
-  }
+  if (ui >= 0 && units_[static_cast<size_t>(ui)].state == FsdpState::Forward) end_forward(ui);
 }
 
 void FullyShardedDataParallel::after_forward(int layer) {
   const int ui = unit_of_layer(layer);
-  if (ui < 0 || layer != units_[static_cast<size_t>(ui)].last_layer) return;
-  // FULL_SHARD reshards after forward; the root unit (the whole model, or a GPT's embeddings and
-  // head) keeps its parameters for the backward that follows, as torch's root FSDP instance does
-  // (FSDP1's _post_forward_reshard frees only non-root handles).
-  for (const int v : {ui, units_[static_cast<size_t>(ui)].experts}) {
-    if (v < 0) continue;
-    if (sharded() && reshard_after_forward() && !units_[static_cast<size_t>(v)].root) reshard(v, true);
-    set_state(v, FsdpState::Idle);
-  }
+  if (ui >= 0 && layer == units_[static_cast<size_t>(ui)].last_layer) end_forward(ui);
 }
 
 void FullyShardedDataParallel::before_backward(int layer) {
   const int ui = unit_of_layer(layer);
   if (ui < 0 || layer != units_[static_cast<size_t>(ui)].last_layer) return;
-  const int ex = units_[static_cast<size_t>(ui)].experts;
-  for (const int v : {ui, ex})
+  for (const int v : with_experts(ui))
     if (v >= 0) set_state(v, FsdpState::PreBackward);
   if (!sharded()) return;
   // FULL_SHARD gathers again; SHARD_GRAD_OP still holds the forward's copy.
-  for (const int v : {ui, ex})
+  for (const int v : with_experts(ui))
     if (v >= 0) wait_for_unshard(v);
   // BACKWARD_PRE: the next unit's all-gather goes out before this unit's gradients are computed.
   if (opt_.backward_prefetch == BackwardPrefetch::Pre)
     for (int k = 1; k <= opt_.prefetch; k++) unshard_next(ui, -k);  // FSDP2: set_modules_to_backward_prefetch
-  for (const int v : {ui, ex}) {
+  for (const int v : with_experts(ui)) {
     if (v < 0) continue;
     Unit& u = units_[static_cast<size_t>(v)];
     u.full_grad = Tensor({u.split.padded}, MemCategory::Gradients, ctx_ ? ctx_->memory() : nullptr, model_.param_dtype(), dev());
@@ -576,7 +572,7 @@ void FullyShardedDataParallel::after_backward(int layer) {
   const int ui = unit_of_layer(layer);
   if (ui < 0 || layer != units_[static_cast<size_t>(ui)].first_layer) return;
   const int ex = units_[static_cast<size_t>(ui)].experts;
-  for (const int v : {ui, ex})
+  for (const int v : with_experts(ui))
     if (v >= 0) set_state(v, FsdpState::PostBackward);
   // BACKWARD_POST: after this unit's gradients, before its reduce-scatter.
   if (sharded() && opt_.backward_prefetch == BackwardPrefetch::Post) unshard_next(ui, -1);

@@ -42,6 +42,7 @@
 //   - ZeRO-1: as NO_SHARD, but the fp32 master, gradient and optimizer state are this rank's slice;
 //     the updated slice is cast to 16 bits and all-gathered in the param dtype.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -246,6 +247,10 @@ class FullyShardedDataParallel : public LayerHooks {
   // The units of the k-th primary unit after (k < 0: before) unit `ui`'s, its experts' unit included
   // (prefetch counts blocks, as torch's does modules); unshard() both.
   void unshard_next(int ui, int k);
+  // A layer's unit and its experts' unit (--ep; -1 when there is none): every hook acts on both.
+  std::array<int, 2> with_experts(int ui) const { return {ui, units_[static_cast<size_t>(ui)].experts}; }
+  void begin_forward(int ui);  // forward or recompute: FORWARD, and the parameters gathered
+  void end_forward(int ui);    // after it: resharded (unless the root, or SHARD_GRAD_OP) and IDLE
   bool reshard_after_forward() const {
     if (api2()) return opt_.reshard_after_forward != 0 && opt_.wrap_layers;
     return (opt_.sharding == Sharding::FullShard || opt_.sharding == Sharding::Hybrid) && opt_.wrap_layers;
