@@ -418,7 +418,9 @@ void print_precision(std::ostream& out, const TrainConfig& c, const TrainSummary
   char line[288];
   std::snprintf(line, sizeof line, "%s %s%s: bytes per parameter%s: parameters %g, gradients %g, master weights %g, "
                 "optimizer state %g (total %g)", amp ? "autocast" : "mixed precision", precision_name(p),
-                amp ? " (16-bit activations, float32 parameters)" : "", stages ? " of rank 0's stages" : "",
+                !amp ? "" : c.model.is_gpt() ? " (16-bit matmul outputs, held in float32 memory; float32 parameters)"
+                                             : " (16-bit activations, float32 parameters)",
+                stages ? " of rank 0's stages" : "",
                 per(MemCategory::Parameters), per(MemCategory::Gradients),
                 per(MemCategory::MasterWeights), per(MemCategory::OptimizerState),
                 per(MemCategory::Parameters) + per(MemCategory::Gradients) + per(MemCategory::MasterWeights) + per(MemCategory::OptimizerState));

@@ -17,7 +17,7 @@ Usage: gpt_torch.py PATH/TO/dtlab-cli
 """
 import copy, json, math, os, struct, sys, tempfile
 
-from torch_common import CLI, check, cli, ddp_steps, failures, load_safetensors, np, params, save_safetensors, torch  # noqa: F401 (exits 77 without torch)
+from torch_common import CLI, char_windows, check, cli, ddp_steps, failures, load_safetensors, np, params, save_safetensors, torch  # noqa: F401 (exits 77 without torch)
 
 from nanogpt_torch import GPT  # noqa: E402
 
@@ -72,17 +72,10 @@ def torch_train(model, windows, batch, steps, seed, make_opt, world, bf16=False)
 
 
 torch.set_num_threads(1)
-src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "shakespeare_sonnets.txt")
 with tempfile.TemporaryDirectory() as tmp:
-    text = open(src, encoding="utf-8").read()[:6000]
-    text_path = os.path.join(tmp, "t.txt")
-    open(text_path, "w", encoding="utf-8").write(text)
-    chars = sorted(set(text))
-    tokens = torch.tensor([chars.index(c) for c in text], dtype=torch.int64)
-    L, H, C, T, V = 2, 4, 32, 16, len(chars)  # 4 heads: a TP group of 4 holds one each
+    L, H, C, T = 2, 4, 32, 16  # 4 heads: a TP group of 4 holds one each
+    text_path, V, windows = char_windows(tmp, 6000, T)
     spec = f"gpt:layers={L},heads={H},embd={C},ctx={T}"
-    n = (len(tokens) - 1) // T
-    windows = torch.stack([tokens[i * T:i * T + T + 1] for i in range(n)])
     common = ["--model", spec, "--data", "text:" + text_path, "--threads", 1]
 
     # 1. The initial values for a seed (an SGD step of lr 1e-12 moves no value by more than 1e-11).

@@ -16,7 +16,7 @@ Usage: moe_torch.py PATH/TO/dtlab-cli
 """
 import json, os, sys, tempfile
 
-from torch_common import check, cli, ddp_steps, failures, load_safetensors, params, save_safetensors, torch  # noqa: F401 (exits 77 without torch)
+from torch_common import char_windows, check, cli, ddp_steps, failures, load_safetensors, params, save_safetensors, torch  # noqa: F401 (exits 77 without torch)
 from nanogpt_torch import GPT  # noqa: E402
 
 
@@ -44,17 +44,10 @@ def torch_train(model, windows, batch, steps, seed, make_opt, world, micro=1):
 
 
 torch.set_num_threads(1)
-src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "shakespeare_sonnets.txt")
 with tempfile.TemporaryDirectory() as tmp:
-    text = open(src, encoding="utf-8").read()[:4000]
-    text_path = os.path.join(tmp, "t.txt")
-    open(text_path, "w", encoding="utf-8").write(text)
-    chars = sorted(set(text))
-    tokens = torch.tensor([chars.index(c) for c in text], dtype=torch.int64)
-    L, H, C, T, V = 2, 2, 16, 8, len(chars)
+    L, H, C, T = 2, 2, 16, 8
+    text_path, V, windows = char_windows(tmp, 4000, T)
     spec = f"gpt:layers={L},heads={H},embd={C},ctx={T}"
-    n = (len(tokens) - 1) // T
-    windows = torch.stack([tokens[i * T:i * T + T + 1] for i in range(n)])
     common = ["--model", spec, "--data", "text:" + text_path, "--threads", 1]
 
     # 1. Initial values: 4 experts, top 2, every block.

@@ -49,6 +49,21 @@ def save_safetensors(path, sd):  # float32 tensors, as dtlab-cli --init reads th
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
+def char_windows(tmp, chars_of_text, T):
+    """The shipped text's first `chars_of_text` characters as dtlab-cli's --data text:PATH reads them:
+    written to tmp/t.txt; the sorted characters are the vocabulary; sample i is tokens[i T .. i T + T]
+    and the next T (non-overlapping windows of T + 1). Returns (path, vocabulary size, windows)."""
+    import os
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "shakespeare_sonnets.txt")
+    text = open(src, encoding="utf-8").read()[:chars_of_text]
+    path = os.path.join(tmp, "t.txt")
+    open(path, "w", encoding="utf-8").write(text)
+    chars = sorted(set(text))
+    tokens = torch.tensor([chars.index(c) for c in text], dtype=torch.int64)
+    n = (len(tokens) - 1) // T
+    return path, len(chars), torch.stack([tokens[i * T:i * T + T + 1] for i in range(n)])
+
+
 def params(model):  # named_parameters(): a tied weight once (nanoGPT's transformer.wte.weight)
     return {k: v.detach() for k, v in model.named_parameters()}
 

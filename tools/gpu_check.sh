@@ -36,7 +36,7 @@
 #         c. train-*     dtlab-cli train --device cuda against the same run with --device cpu, 20 steps, for
 #                        single, DDP, every FSDP sharding and every pipeline schedule, DataParallel, TP (with DDP,
 #                        and with SP under FSDP), and the GPT (gpt-*: single, DDP, FSDP, ZB-H1, LoRA under DDP, DP,
-#                        TP + SP, the dp x pp x tp mesh), and bf16/fp16 under DDP, TP, FSDP, DP and pipelines (rtol 1.6e-2 / 1e-3); a row passes when the GPU's final training-set loss (--json summary's
+#                        TP + SP, the dp x pp x tp mesh; autocast, --amp bf16, under DDP and TP + SP), and bf16/fp16 under DDP, TP, FSDP, DP and pipelines (rtol 1.6e-2 / 1e-3); a row passes when the GPU's final training-set loss (--json summary's
 #                        train_loss) equals the CPU's within |gpu - cpu| <= 1e-5 * max(1, |cpu|) (the GPT's 1e-4);
 #         d. bench       build-gpu/bin/dtlab-bench-cuda (GPU step vs CPU step vs PyTorch on the same GPU, ring
 #                        all-reduce busbw), then dtlab-bench-cuda --gemm (mlp:4096,16384,16384,4096 at batch
@@ -743,6 +743,9 @@ step_train() {
   ((quick)) || train_row gpt-bf16-fsdp2 "$gpt $sgd --strategy fsdp --world 2 --sharding full --precision bf16" "" 1.6e-2
   ((quick)) || train_row gpt-bf16-pipe-zb-h1 "$gpt $sgd --strategy pipeline --stages 2 --microbatches 4 --schedule zb-h1 --precision bf16" "" 1.6e-2
   ((quick)) || train_row gpt-bf16-tp2-sp "$gpt $sgd --strategy ddp --world 4 --tp 2 --sequence-parallel --precision bf16" "" 1.6e-2
+  # Autocast (GptCore::set_amp): float32 parameters, 16-bit matmul outputs, bf16 TP sums.
+  train_row gpt-amp-ddp2 "$gpt $sgd --strategy ddp --world 2 --amp bf16" "" 1.6e-2
+  ((quick)) || train_row gpt-amp-tp2-sp "$gpt $sgd --strategy ddp --world 4 --tp 2 --sequence-parallel --amp bf16" "" 1.6e-2
   ((quick)) || train_row gpt-mesh-2x2x2 "$gpt $sgd --strategy pipeline --dp 2 --stages 2 --tp 2 --microbatches 4 --schedule 1f1b" "" 1e-4
 }
 

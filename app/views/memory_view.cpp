@@ -200,7 +200,13 @@ void draw_scratch_note(const Snapshot& s, int r) {
   const RunConfigView& rc = s.config;
   const MemoryStats& st = s.memory[static_cast<size_t>(r)].stats;
   const int64_t scratch = st.current_of(MemCategory::Other);
-  if (scratch > 0) {
+  if (scratch > 0 && is_mixed(rc.amp) && !rc.gpt.empty()) {  // the GPT under autocast (GptCore::set_amp)
+    ImGui::PushTextWrapPos(0.0f);
+    ImGui::TextDisabled("other %s: autocast's 16-bit copies of an op's weights and float32 inputs (x.to(dtype); torch caches "
+                        "the weights' casts too), held in float32 memory and freed after each pass. Without it rank %d holds %s.",
+                        human_bytes(scratch).c_str(), r, human_bytes(st.total_current - scratch).c_str());
+    ImGui::PopTextWrapPos();
+  } else if (scratch > 0) {
     ImGui::PushTextWrapPos(0.0f);
     ImGui::TextDisabled("other %s: the float32 scratch a 16-bit op runs in (its widened operands and result, sized "
                         "by the largest %s; 16-bit GEMM kernels keep these in registers, which this engine does not use "
@@ -224,9 +230,10 @@ void draw_bytes_per_param(const Snapshot& s, int r) {
     const double p = static_cast<double>(st.current_of(MemCategory::Parameters)) / psi;
     const double g = static_cast<double>(st.current_of(MemCategory::Gradients)) / psi;
     const double o = static_cast<double>(st.current_of(MemCategory::OptimizerState)) / psi;
-    ImGui::Text("bytes per parameter (autocast %s, rank %d): parameters %.3g + gradients %.3g + optimizer state %.3g = %.3g; "
-                "activations in 16 bits",
-                precision_name(rc.amp), r, p, g, o, p + g + o);
+    // (The GPT keeps its 16-bit tensors in float32 memory holding 16-bit values: GptCore::set_amp.)
+    ImGui::Text("bytes per parameter (autocast %s, rank %d): parameters %.3g + gradients %.3g + optimizer state %.3g = %.3g; %s",
+                precision_name(rc.amp), r, p, g, o, p + g + o,
+                rc.gpt.empty() ? "activations in 16 bits" : "the matmuls' 16-bit outputs held in float32 memory (torch holds 2 bytes each)");
     if (ImGui::IsItemHovered())
       ImGui::SetTooltip("torch.autocast keeps parameters, gradients and AdamW's m and v in float32 (4 + 4 + 8) and casts\n"
                         "each Linear's operands to 16 bits: the activations are what halves. --precision %s is the other\n"

@@ -73,7 +73,7 @@ void draw_rank_label(const ShardLayout& L, ImVec2 p, int r, const UnitView& u, c
   const bool hybrid = !u.experts && K < D;
   if (hybrid && r % (K * T) == 0 && r > 0)
     dl->AddLine(ImVec2(L.bar_x, p.y - 1), ImVec2(L.bar_x + L.bar_w, p.y - 1), IM_COL32(200, 200, 210, 120));
-  char lab[48];
+  char lab[64];
   if (u.experts) std::snprintf(lab, sizeof lab, "rank %d (EP rank %d)", r, r % std::max(1, u.owner_stride));
   else if (hybrid && T > 1) std::snprintf(lab, sizeof lab, "rank %d (node %d, TP %d)", r, r / (K * T), r % T);
   else if (hybrid) std::snprintf(lab, sizeof lab, "rank %d (node %d)", r, r / K);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -56,6 +57,15 @@ void GptCore::set_precision(Precision p) {
   hf_ = half_format_of(p);
 }
 
+void GptCore::set_amp(Precision p) {
+  DTLAB_CHECK(!is_mixed(p) || !half(), "set_amp() on a GPT with 16-bit parameters: autocast keeps them float32");
+  if (is_mixed(p) == amp_ && (!amp_ || amp_hf_ == half_format_of(p))) return;
+  release();
+  amp_ = is_mixed(p);
+  amp_hf_ = half_format_of(p);
+  amp_dt_ = p == Precision::FP16 ? DType::F16 : DType::BF16;
+}
+
 // ---- float32 operands of 16-bit memory (set_precision) ----
 
 int GptCore::claim(int64_t n) {
@@ -101,9 +111,60 @@ GptCore::F32 GptCore::acc(void* p, int64_t n) {
   return F32(this, slot, f, p, n);
 }
 
-void GptCore::finish(int slot, float* f, void* back, int64_t n) {
-  if (back) dev_.narrow_half(static_cast<uint16_t*>(back), f, n, hf_);  // rounded once
-  busy_[static_cast<size_t>(slot)] = 0;
+void GptCore::finish(int slot, float* f, void* back, int64_t n, F32::Fin fin) {
+  if (fin == F32::Fin::Narrow) {
+    if (back) dev_.narrow_half(static_cast<uint16_t*>(back), f, n, hf_);  // rounded once
+  } else {
+    dev_.round_half(f, n, amp_hf_);  // the 16-bit op's result, rounded once
+    if (fin == F32::Fin::RoundAdd) dev_.accumulate(static_cast<float*>(back), f, n, false);  // the cast's backward, into float32
+  }
+  if (slot >= 0) busy_[static_cast<size_t>(slot)] = 0;
+}
+
+GptCore::F32 GptCore::out16(void* p, int64_t n) {
+  if (!amp_ || !p) return wr(p, n);
+  return F32(this, -1, static_cast<float*>(p), nullptr, n, F32::Fin::Round);
+}
+
+GptCore::F32 GptCore::upd16(void* p, int64_t n) {
+  if (!amp_ || !p) return acc(p, n);
+  return F32(this, -1, static_cast<float*>(p), nullptr, n, F32::Fin::Round);
+}
+
+GptCore::F32 GptCore::cast16(const void* p, int64_t n) {
+  if (!amp_ || !p) return rd(p, n);
+  const int slot = claim(n);
+  float* f = pool_[static_cast<size_t>(slot)].f32();
+  dev_.copy(f, p, n * kF32);
+  dev_.round_half(f, n, amp_hf_);  // x.to(dtype)
+  return F32(this, slot, f, nullptr, n);
+}
+
+GptCore::F32 GptCore::cg(const Parameter* q) {
+  if (!amp_ || !q || !q->grad) return pg(q);
+  return cacc(q->grad, q->numel);
+}
+
+GptCore::F32 GptCore::cacc(void* p, int64_t n) {
+  if (!amp_ || !p) return acc(p, n);
+  const int slot = claim(n);
+  float* f = pool_[static_cast<size_t>(slot)].f32();
+  dev_.fill_zero(f, n * kF32);
+  return F32(this, slot, f, p, n, F32::Fin::RoundAdd);
+}
+
+void GptCore::wire16(void* dst, int64_t nd, const void* src, int64_t ns, const std::function<void(void*, const void*, DType)>& op) {
+  if (!amp_) {
+    op(dst, src, adt_);
+    return;
+  }
+  const bool in_place = dst == src;
+  Tensor s({std::max<int64_t>(ns, 1)}, MemCategory::CommBuffers, tracker_, amp_dt_, dev_);
+  Tensor d = in_place ? Tensor() : Tensor({std::max<int64_t>(nd, 1)}, MemCategory::CommBuffers, tracker_, amp_dt_, dev_);
+  if (ns > 0) dev_.narrow_half(s.u16(), static_cast<const float*>(src), ns, amp_hf_);  // exact: the values are 16-bit ones
+  void* d16 = in_place ? s.raw() : d.raw();
+  op(d16, s.raw(), amp_dt_);
+  if (nd > 0) dev_.widen_half(static_cast<float*>(dst), static_cast<const uint16_t*>(d16), nd, amp_hf_);
 }
 
 void GptCore::drop_scratch() {
@@ -122,7 +183,7 @@ void GptCore::release() {
   routes_.clear();  // (moe_stats_ stay: the Experts view reads a released micro-batch's routing)
   for (Tensor* t : {&cp_a_, &cp_b_, &cp_c_, &cp_d_, &cp_y_, &moe_dx_, &encoded_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &dres_, &dbuf_, &dqkv_, &dfch_, &datt_, &full_, &perm_,
                     &dfull_, &dloc_, &lnf_full_, &dlogits_local_, &part_, &wte_part_, &moe_part_, &dlogits_kept_, &lora_t_, &lora_u_,
-                    &lora_dx_, &lora_part_, &tokens_, &logits32_, &dlogits16_})
+                    &lora_dx_, &lora_part_, &tokens_, &logits32_, &dlogits16_, &dy16_})
     *t = Tensor();
   douts_.clear();
   pool_.clear();
@@ -200,9 +261,10 @@ void GptCore::ensure(int64_t B) {
     lnf_rstd_ = stat({R});
     logits_ = act({BT, s_.vocab});
     logits32_ = half() ? stat({BT, s_.vocab}) : Tensor();  // the loss's float32 copy
-    dlogits16_ = half() ? act({BT, s_.vocab}) : Tensor();  // the loss's gradient rounded (backward)
+    dlogits16_ = half() || amp_ ? act({BT, s_.vocab}) : Tensor();  // the loss's gradient rounded (backward)
   }
   dres_ = act({R, C});
+  dy16_ = amp_ ? act({R, C}) : Tensor();
   dbuf_ = act({BT, C});
   dqkv_ = act({BT, 3 * Ct});
   dfch_ = act({any_moe ? std::max(BT * Ct, N * C) : BT * Ct, 4});
@@ -260,10 +322,10 @@ void GptCore::lora_forward(int l, void* out, const void* in) {
   const int64_t BT = B_ * seq_rows(), C = s_.embd, O = 3 * C / tp_.degree, r = lora_.rank;
   void* t = lora_t_.raw();
   void* u = lora_u_.raw();
-  dev_.linear_forward(wr(t, BT * r), rd(in, BT * C), pw(A), nullptr, BT, C, r);
-  dev_.linear_forward(wr(u, BT * O), rd(t, BT * r), pw(Bm), nullptr, BT, r, O);
-  dev_.scale(acc(u, BT * O), BT * O, lora_.scaling);
-  dev_.accumulate(acc(out, BT * O), rd(u, BT * O), BT * O, false);
+  dev_.linear_forward(out16(t, BT * r), cast16(in, BT * C), cw(A), nullptr, BT, C, r);
+  dev_.linear_forward(out16(u, BT * O), rd(t, BT * r), cw(Bm), nullptr, BT, r, O);
+  dev_.scale(upd16(u, BT * O), BT * O, lora_.scaling);
+  dev_.accumulate(upd16(out, BT * O), rd(u, BT * O), BT * O, false);
 }
 
 void GptCore::lora_backward(int l, void* dinp, const void* dout, const void* in, bool weights, int layer) {
@@ -276,14 +338,14 @@ void GptCore::lora_backward(int l, void* dinp, const void* dout, const void* in,
   if (part) dev_.fill_zero(lora_part_.raw(), lora_part_.nbytes());
   void* t = lora_t_.raw();
   void* dt = at(t, BT * r);
-  if (weights) dev_.linear_forward(wr(t, BT * r), rd(in, BT * C), pw(A), nullptr, BT, C, r);
+  if (weights) dev_.linear_forward(out16(t, BT * r), cast16(in, BT * C), cw(A), nullptr, BT, C, r);
   void* ds = lora_u_.raw();
-  dev_.scale_copy(wr(ds, BT * O), rd(dout, BT * O), BT * O, lora_.scaling);
-  dev_.linear_backward(wr(dt, BT * r), pg(weights ? &Bm : nullptr), nullptr, rd(ds, BT * O), rd(weights ? t : nullptr, BT * r),
-                       pw(Bm), BT, r, O);
+  dev_.scale_copy(out16(ds, BT * O), rd(dout, BT * O), BT * O, lora_.scaling);
+  dev_.linear_backward(out16(dt, BT * r), cg(weights ? &Bm : nullptr), nullptr, rd(ds, BT * O), rd(weights ? t : nullptr, BT * r),
+                       cw(Bm), BT, r, O);
   void* dx = dinp ? lora_dx_.raw() : nullptr;
-  dev_.linear_backward(wr(dx, BT * C), part ? acc(lora_part_) : pg(weights ? &A : nullptr), nullptr, rd(dt, BT * r),
-                       rd(weights ? in : nullptr, BT * C), pw(A), BT, C, r);
+  dev_.linear_backward(out16(dx, BT * C), part ? cacc(lora_part_.raw(), lora_part_.numel()) : cg(weights ? &A : nullptr), nullptr,
+                       rd(dt, BT * r), cast16(weights ? in : nullptr, BT * C), cw(A), BT, C, r);
   if (dx) dev_.accumulate(acc(dinp, BT * C), rd(dx, BT * C), BT * C, false);
   if (part) add_group_sum(lora_part_.raw(), layer, {{&A, r * C}});
 }
@@ -463,7 +525,7 @@ const void* GptCore::moe_forward(std::vector<Parameter>& p, int l, const void* a
   const size_t k = slot(l);
   MoeRoute& rt = routes_[k];
   void* logits = moe_logits_[k].raw();
-  dev_.linear_forward(wr(logits, BT * E), rd(a, BT * C), pw(p[static_cast<size_t>(pr(l))]), nullptr, BT, C, E);  // the router
+  dev_.linear_forward(out16(logits, BT * E), cast16(a, BT * C), cw(p[static_cast<size_t>(pr(l))]), nullptr, BT, C, E);  // the router
   route(rt, moe_stats_[local(l)], rd(logits, BT * E), BT);
   if (tp() || cp()) moe_group_sums(rt, moe_stats_[local(l)], 1 + l);
   if (!recomputing_) {
@@ -523,11 +585,11 @@ const void* GptCore::moe_forward(std::vector<Parameter>& p, int l, const void* a
     const int64_t r0 = rt.eoff[static_cast<size_t>(e)], n = rt.eoff[static_cast<size_t>(e + 1)] - r0;
     if (n == 0) continue;
     auto w = [&](GptParamIndex::Expert j) -> const Parameter& { return p[static_cast<size_t>(pe(l, static_cast<int>(e), j))]; };
-    dev_.linear_forward(wr(at(hr, r0 * 4 * C), n * 4 * C), rd(at(xr, r0 * C), n * C), pw(w(GptParamIndex::ExFcW)),
-                        pw(w(GptParamIndex::ExFcB)), n, C, 4 * C);
-    dev_.gelu_forward(wr(at(gr, r0 * 4 * C), n * 4 * C), rd(at(hr, r0 * 4 * C), n * 4 * C), n * 4 * C);
-    dev_.linear_forward(wr(at(yr, r0 * C), n * C), rd(at(gr, r0 * 4 * C), n * 4 * C), pw(w(GptParamIndex::ExProjW)),
-                        pw(w(GptParamIndex::ExProjB)), n, 4 * C, C);
+    dev_.linear_forward(out16(at(hr, r0 * 4 * C), n * 4 * C), cast16(at(xr, r0 * C), n * C), cw(w(GptParamIndex::ExFcW)),
+                        cw(w(GptParamIndex::ExFcB)), n, C, 4 * C);
+    dev_.gelu_forward(out16(at(gr, r0 * 4 * C), n * 4 * C), rd(at(hr, r0 * 4 * C), n * 4 * C), n * 4 * C);
+    dev_.linear_forward(out16(at(yr, r0 * C), n * C), rd(at(gr, r0 * 4 * C), n * 4 * C), cw(w(GptParamIndex::ExProjW)),
+                        cw(w(GptParamIndex::ExProjB)), n, 4 * C, C);
   }
   if (ep()) {  // the outputs (expert order in `back`) to their ranks, in rank order, into y: this rank's permuted rows
     std::vector<int64_t> sc = send_rows(rt), rc = recv_rows(rt);
@@ -535,7 +597,8 @@ const void* GptCore::moe_forward(std::vector<Parameter>& p, int l, const void* a
     for (auto& v : rc) v *= C;
     Tensor ranked({std::max<int64_t>(rt.eoff.back(), 1), C}, MemCategory::Other, nullptr, adt_, dev_);
     regroup(ranked.raw(), back.raw(), rt, C, false);
-    ep_comm_->all_to_all_v(y, sc, ranked.raw(), rc, adt_, 1 + l);
+    const int64_t ns = std::accumulate(rc.begin(), rc.end(), int64_t{0}), nd = std::accumulate(sc.begin(), sc.end(), int64_t{0});
+    wire16(y, nd, ranked.raw(), ns, [&](void* d, const void* s, DType dt) { ep_comm_->all_to_all_v(d, sc, s, rc, dt, 1 + l); });
   }
   // Combine: each token's kept outputs weighted by their probabilities, summed in expert order
   // (Megatron's unpermute: scatter_add of probs x rows); a dropped pair adds nothing.
@@ -579,6 +642,7 @@ void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, cons
       for (int64_t c = 0; c < C; c++) yr[c] = pr_ * dt[c];
     }
   }
+  if (amp_) dev_.round_half(static_cast<float*>(y), rows * C, amp_hf_);  // the gradient reaching the experts' 16-bit outputs
   // This rank's experts' rows (expert order): its own, or under EP every group rank's, whose output
   // gradients come over as the outputs went back, and whose input gradients return as the inputs came.
   void* dx = moe_dx_.raw();
@@ -597,7 +661,8 @@ void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, cons
     for (auto& v : rc) v *= C;
     auto scratch = [&](int64_t w) { return Tensor({std::max<int64_t>(R, 1), w}, MemCategory::Other, nullptr, adt_, dev_); };
     ranked = scratch(C);
-    ep_comm_->all_to_all_v(ranked.raw(), rc, y, sc, adt_, 1 + l);
+    const int64_t nd = std::accumulate(rc.begin(), rc.end(), int64_t{0}), ns = std::accumulate(sc.begin(), sc.end(), int64_t{0});
+    wire16(ranked.raw(), nd, y, ns, [&](void* d, const void* s, DType dt) { ep_comm_->all_to_all_v(d, rc, s, sc, dt, 1 + l); });
     dy_ex = scratch(C);
     regroup(dy_ex.raw(), ranked.raw(), rt, C, true);
     dx_ex = scratch(C);
@@ -629,18 +694,19 @@ void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, cons
     const int64_t len[4] = {4 * C * C, C, 4 * C * C, 4 * C};
     if (experts_summed) dev_.fill_zero(part, (8 * C * C + 5 * C) * esz());
     auto into = [&](int j) -> F32 {
-      if (!experts_summed) return pg(g[j]);
+      if (!experts_summed) return cg(g[j]);
       int64_t off = 0;
       for (int i = 0; i < j; i++) off += len[i];
-      return acc(at(part, off), len[j]);
+      return cacc(at(part, off), len[j]);
     };
     if (n > 0) {
       const Parameter& wp = p[static_cast<size_t>(pe(l, ie, P::ExProjW))];
       const Parameter& wf = p[static_cast<size_t>(pe(l, ie, P::ExFcW))];
-      dev_.linear_backward(wr(dh, n * 4 * C), into(0), into(1), rd(at(dyr, r0 * C), n * C), rd(at(gr, r0 * 4 * C), n * 4 * C), pw(wp), n,
-                           4 * C, C);
-      dev_.gelu_backward(wr(dh, n * 4 * C), rd(dh, n * 4 * C), rd(at(hr, r0 * 4 * C), n * 4 * C), n * 4 * C);
-      dev_.linear_backward(wr(at(dxr, r0 * C), n * C), into(2), into(3), rd(dh, n * 4 * C), rd(at(xr, r0 * C), n * C), pw(wf), n, C, 4 * C);
+      dev_.linear_backward(out16(dh, n * 4 * C), into(0), into(1), rd(at(dyr, r0 * C), n * C), rd(at(gr, r0 * 4 * C), n * 4 * C), cw(wp),
+                           n, 4 * C, C);
+      dev_.gelu_backward(out16(dh, n * 4 * C), rd(dh, n * 4 * C), rd(at(hr, r0 * 4 * C), n * 4 * C), n * 4 * C);
+      dev_.linear_backward(out16(at(dxr, r0 * C), n * C), into(2), into(3), rd(dh, n * 4 * C), cast16(at(xr, r0 * C), n * C), cw(wf), n, C,
+                           4 * C);
     }
     if (experts_summed) add_group_sum(part, layer, {{g[0], len[0]}, {g[1], len[1]}, {g[2], len[2]}, {g[3], len[3]}});
     if (ready) {  // (an expert no token reached has a zero gradient, final too)
@@ -680,7 +746,7 @@ void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, cons
   }
   void* dlog = moe_logits_[k].raw();  // (the logits are spent: their buffer takes their gradient)
   {
-    F32 d = wr(dlog, BT * E);
+    F32 d = out16(dlog, BT * E);  // (autocast: the 16-bit logits' gradient)
     std::copy(dz.begin(), dz.end(), static_cast<float*>(d));
   }
   // The gradient of `a`: the experts' input gradients added back to their tokens, then the router's.
@@ -698,10 +764,12 @@ void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, cons
   if (summed) {
     void* part = moe_part_.raw();
     dev_.fill_zero(part, E * C * esz());
-    dev_.linear_backward(wr(dx, BT * C), acc(part, E * C), nullptr, rd(dlog, BT * E), rd(a, BT * C), pw(p[static_cast<size_t>(pr(l))]), BT, C, E);
+    dev_.linear_backward(out16(dx, BT * C), cacc(part, E * C), nullptr, rd(dlog, BT * E), cast16(a, BT * C), cw(p[static_cast<size_t>(pr(l))]),
+                         BT, C, E);
     add_group_sum(part, layer, {{grad(pr(l)), E * C}});
   } else {
-    dev_.linear_backward(wr(dx, BT * C), pg(grad(pr(l))), nullptr, rd(dlog, BT * E), rd(a, BT * C), pw(p[static_cast<size_t>(pr(l))]), BT, C, E);
+    dev_.linear_backward(out16(dx, BT * C), cg(grad(pr(l))), nullptr, rd(dlog, BT * E), cast16(a, BT * C), cw(p[static_cast<size_t>(pr(l))]),
+                         BT, C, E);
   }
   dev_.accumulate(acc(da, BT * C), rd(dx, BT * C), BT * C, false);
   if (ready) ready(pr(l));
@@ -741,21 +809,25 @@ const float* GptCore::attention(int l, int64_t b, int64_t h) const {
   return att_view_.data();
 }
 
-const void* GptCore::seq_gather(void* full, const void* local, int64_t w, int layer) {
+const void* GptCore::seq_gather(void* full, const void* local, int64_t w, int layer, bool is16) {
   const int64_t t = tp_.degree, B = B_, T = seq_rows(), Tl = T / t;
   void* g = perm_.raw();  // rank r's rows of every sample, then rank r + 1's
-  comm_->all_gather(g, local, B * Tl * w, adt_, layer);
+  const auto gather = [&](void* d, const void* s, DType dt) { comm_->all_gather(d, s, B * Tl * w, dt, layer); };
+  if (is16) wire16(g, t * B * Tl * w, local, B * Tl * w, gather);
+  else gather(g, local, adt_);
   for (int64_t r = 0; r < t; r++)
     for (int64_t b = 0; b < B; b++) dev_.copy(at(full, (b * T + r * Tl) * w), at(g, (r * B + b) * Tl * w), Tl * w * esz());
   return full;
 }
 
-void GptCore::seq_reduce_scatter(void* local, const void* full, int64_t w, int layer) {
+void GptCore::seq_reduce_scatter(void* local, const void* full, int64_t w, int layer, bool is16) {
   const int64_t t = tp_.degree, B = B_, T = seq_rows(), Tl = T / t;
   void* g = perm_.raw();
   for (int64_t r = 0; r < t; r++)
     for (int64_t b = 0; b < B; b++) dev_.copy(at(g, (r * B + b) * Tl * w), at(full, (b * T + r * Tl) * w), Tl * w * esz());
-  comm_->reduce_scatter(local, g, B * Tl * w, adt_, layer);
+  const auto scatter = [&](void* d, const void* s, DType dt) { comm_->reduce_scatter(d, s, B * Tl * w, dt, layer); };
+  if (is16) wire16(local, B * Tl * w, g, t * B * Tl * w, scatter);
+  else scatter(local, g, adt_);
 }
 
 void GptCore::seq_rows(void* local, const void* full, int64_t w, int64_t es) const {
@@ -768,14 +840,15 @@ const void* GptCore::row_parallel(const void* in, const Parameter& w, const Para
   const int64_t BT = B_ * seq_rows(), C = s_.embd, R = residual_rows(B_);
   void* out = dbuf_.raw();
   if (!tp()) {
-    dev_.linear_forward(wr(out, BT * C), rd(in, BT * width), pw(w), pw(b), BT, width, C);
+    dev_.linear_forward(out16(out, BT * C), rd(in, BT * width), cw(w), cw(b), BT, width, C);
     return out;
   }
-  dev_.linear_forward(wr(out, BT * C), rd(in, BT * width), pw(w), nullptr, BT, width, C);  // this rank's partial sums
+  dev_.linear_forward(out16(out, BT * C), rd(in, BT * width), cw(w), nullptr, BT, width, C);  // this rank's partial sums
   void* y = out;
-  if (sp()) seq_reduce_scatter(y = dloc_.raw(), out, C, layer);
-  else comm_->all_reduce(out, BT * C, adt_, layer);
-  dev_.add_rows(acc(y, R * C), pw(b), R, C);  // RowParallelLinear adds the bias after the sum
+  if (sp()) seq_reduce_scatter(y = dloc_.raw(), out, C, layer, true);
+  else wire16(out, BT * C, out, BT * C, [&](void* d, const void*, DType dt) { comm_->all_reduce(d, BT * C, dt, layer); });
+  // RowParallelLinear adds the bias after the sum (autocast: output_ + bias, a float32 add).
+  dev_.add_rows(acc(y, R * C), pw(b), R, C);
   return y;
 }
 
@@ -836,11 +909,11 @@ void GptCore::block_forward(std::vector<Parameter>& p, int l, const void* x) {
   const int layer = 1 + l;
   dev_.layernorm_forward(wr(ln1_[k]), ln1_mean_[k].f32(), ln1_rstd_[k].f32(), rd(x, R * C), pw(w(P::Ln1W)), pw(w(P::Ln1B)), R, C);
   const void* a = sp() ? seq_gather(full_.raw(), ln1_[k].raw(), C, layer) : ln1_[k].raw();  // f
-  dev_.linear_forward(wr(qkv_[k]), rd(a, BT * C), pw(w(P::AttnW)), pw(w(P::AttnB)), BT, C, 3 * Ct);
+  dev_.linear_forward(out16(qkv_[k]), cast16(a, BT * C), cw(w(P::AttnW)), cw(w(P::AttnB)), BT, C, 3 * Ct);
   if (adapter(l) >= 0) lora_forward(l, qkv_[k].raw(), a);
   if (s_.cp.ring()) ring_attention_forward(k, l);
   else if (cp()) ulysses_forward(k, l);
-  else dev_.attention_forward(wr(atty_[k]), wr(att_[k]), rd(qkv_[k]), B, T, Ct, s_.heads / tp_.degree);
+  else dev_.attention_forward(out16(atty_[k]), out16(att_[k]), rd(qkv_[k]), B, T, Ct, s_.heads / tp_.degree);
   const void* proj = row_parallel(atty_[k].raw(), w(P::AttnProjW), w(P::AttnProjB), Ct, layer);  // g
   void* r2 = res2_[k].raw();
   dev_.add(wr(r2, R * C), rd(x, R * C), rd(proj, R * C), R * C);
@@ -849,8 +922,8 @@ void GptCore::block_forward(std::vector<Parameter>& p, int l, const void* x) {
     proj = moe_forward(p, l, ln2_[k].raw());  // (sequence parallel: this rank's positions, whole experts)
   } else {
     a = sp() ? seq_gather(full_.raw(), ln2_[k].raw(), C, layer) : ln2_[k].raw();
-    dev_.linear_forward(wr(fch_[k].raw(), BT * 4 * Ct), rd(a, BT * C), pw(w(P::FcW)), pw(w(P::FcB)), BT, C, 4 * Ct);
-    dev_.gelu_forward(wr(fch_gelu_[k].raw(), BT * 4 * Ct), rd(fch_[k].raw(), BT * 4 * Ct), BT * 4 * Ct);
+    dev_.linear_forward(out16(fch_[k].raw(), BT * 4 * Ct), cast16(a, BT * C), cw(w(P::FcW)), cw(w(P::FcB)), BT, C, 4 * Ct);
+    dev_.gelu_forward(out16(fch_gelu_[k].raw(), BT * 4 * Ct), rd(fch_[k].raw(), BT * 4 * Ct), BT * 4 * Ct);
     proj = row_parallel(fch_gelu_[k].raw(), w(P::FcProjW), w(P::FcProjB), 4 * Ct, layer);
   }
   dev_.add(wr(res3_[local(l)]), rd(r2, R * C), rd(proj, R * C), R * C);
@@ -913,7 +986,7 @@ const void* GptCore::forward(std::vector<Parameter>& p, const int64_t* idx, int6
     dev_.layernorm_forward(wr(lnf_), lnf_mean_.f32(), lnf_rstd_.f32(), rd(x, R * C), pw(w(lnf_w_)), pw(w(lnf_b_)), R, C);
     // Under sequence parallelism every rank's positions are gathered first: the logits are whole.
     const void* a = sp() ? seq_gather(lnf_full_.raw(), lnf_.raw(), C, L + 1) : lnf_.raw();
-    dev_.linear_forward(wr(logits_), rd(a, BT * C), pw(w(head_)), nullptr, BT, C, V);  // lm_head, tied
+    dev_.linear_forward(out16(logits_), cast16(a, BT * C), cw(w(head_)), nullptr, BT, C, V);  // lm_head, tied
     if (half()) dev_.widen_half(logits32_.f32(), logits_.u16(), BT * V, hf_);  // output.float(): the loss in float32
   }
   if (hooks) hooks->after_forward(L + 1);
@@ -969,6 +1042,10 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
   if (half() && r_.heads(s_)) {
     dev_.narrow_half(dlogits16_.u16(), static_cast<const float*>(dlogits_in), BT * V, hf_);
     dlogits = dlogits16_.raw();
+  } else if (amp_ && r_.heads(s_)) {  // autocast: the loss's float32 gradient reaching the 16-bit logits
+    dev_.copy(dlogits16_.raw(), dlogits_in, BT * V * kF32);
+    dev_.round_half(dlogits16_.f32(), BT * V, amp_hf_);
+    dlogits = dlogits16_.raw();
   }
   void* dres = dres_.raw();
   void* dbuf = dbuf_.raw();
@@ -980,14 +1057,14 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
     {
       ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, 2 * layer_cost(L + 1, B));
       if (!sp()) {
-        dev_.linear_backward(wr(dbuf, BT * C), pg(lg(head_)), nullptr, rd(dlogits, BT * V), rd(lnf_), pw(w(head_)), BT, C, V);
+        dev_.linear_backward(out16(dbuf, BT * C), cg(lg(head_)), nullptr, rd(dlogits, BT * V), cast16(lnf_), cw(w(head_)), BT, C, V);
         if (!frozen()) keep(dlogits_kept_, dlogits, BT * V);  // (a frozen head has no W)
       } else {  // this rank's positions only: the gather's backward is a split, the weight's gradient partial
         void* dl = dlogits_local_.raw();
         seq_rows(dl, dlogits, V, esz());
         void* part = frozen() ? nullptr : wte_part_.raw();
         if (part) dev_.fill_zero(part, V * C * esz());
-        dev_.linear_backward(wr(dbuf, R * C), acc(part, V * C), nullptr, rd(dl, R * V), rd(lnf_), pw(w(head_)), R, C, V);
+        dev_.linear_backward(out16(dbuf, R * C), cacc(part, V * C), nullptr, rd(dl, R * V), cast16(lnf_), cw(w(head_)), R, C, V);
         if (part && !r_.embeds()) {  // a last stage's own copy: complete now
           add_group_sum(part, L + 1, {{g(head_), V * C}});
         }
@@ -1029,6 +1106,17 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
       dev_.sum_rows(acc(part, C), rd(dres, R * C), R, C);
       add_group_sum(part, layer, {{&q, C}});
     };
+    // The gradient reaching a 16-bit output (c_proj's) from the float32 residual stream: under
+    // autocast rounded (the add's backward casts it to the output's dtype), then gathered in 16 bits.
+    auto out_grad = [&]() -> const void* {
+      const void* d = dres;
+      if (amp_) {
+        dev_.copy(dy16_.raw(), dres, R * C * kF32);
+        dev_.round_half(dy16_.f32(), R * C, amp_hf_);
+        d = dy16_.raw();
+      }
+      return sp() ? seq_gather(dfull_.raw(), d, C, layer, true) : d;  // g's backward
+    };
     void* dfch = dfch_.raw();
     std::array<Tensor, 4>* kept = input_only ? &douts_[u] : nullptr;  // mlp.c_proj, c_fc, attn.c_proj, c_attn
     const void* dy = nullptr;
@@ -1039,35 +1127,35 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
       moe_backward(p, l, a, dres, [&](int i) { done({i}); });
       dln = dbuf;
     } else {
-      dy = sp() ? seq_gather(dfull_.raw(), dres, C, layer) : dres;  // g's backward
-      dev_.linear_backward(wr(dfch, BT * 4 * Ct), pg(lg(pi(l, P::FcProjW))), pg(sp() ? nullptr : lg(pi(l, P::FcProjB))), rd(dy, BT * C),
-                           rd(fch_gelu_[k].raw(), BT * 4 * Ct), pw(w(pi(l, P::FcProjW))), BT, 4 * Ct, C);
+      dy = out_grad();
+      dev_.linear_backward(out16(dfch, BT * 4 * Ct), cg(lg(pi(l, P::FcProjW))), cg(sp() ? nullptr : lg(pi(l, P::FcProjB))), rd(dy, BT * C),
+                           rd(fch_gelu_[k].raw(), BT * 4 * Ct), cw(w(pi(l, P::FcProjW))), BT, 4 * Ct, C);
       if (kept && !frozen()) keep((*kept)[0], dy, BT * C);  // (under LoRA W needs c_attn's alone)
       if (sp()) row_bias_grad(pi(l, P::FcProjB));
       linear_done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
-      dev_.gelu_backward(wr(dfch, BT * 4 * Ct), rd(dfch, BT * 4 * Ct), rd(fch_[k].raw(), BT * 4 * Ct), BT * 4 * Ct);  // (elementwise: reads its own copy)
+      dev_.gelu_backward(out16(dfch, BT * 4 * Ct), rd(dfch, BT * 4 * Ct), rd(fch_[k].raw(), BT * 4 * Ct), BT * 4 * Ct);  // (elementwise: reads its own copy)
       if (kept && !frozen()) keep((*kept)[1], dfch, BT * 4 * Ct);
       a = sp() ? seq_gather(full_.raw(), ln2_[k].raw(), C, layer) : ln2_[k].raw();  // gathered again
-      dev_.linear_backward(wr(dbuf, BT * C), pg(lg(pi(l, P::FcW))), pg(lg(pi(l, P::FcB))), rd(dfch, BT * 4 * Ct), rd(a, BT * C),
-                           pw(w(pi(l, P::FcW))), BT, C, 4 * Ct);
+      dev_.linear_backward(out16(dbuf, BT * C), cg(lg(pi(l, P::FcW))), cg(lg(pi(l, P::FcB))), rd(dfch, BT * 4 * Ct), cast16(a, BT * C),
+                           cw(w(pi(l, P::FcW))), BT, C, 4 * Ct);
       dln = column_input_grad(dbuf, layer);  // f's backward
       linear_done({pi(l, P::FcB), pi(l, P::FcW)});
     }
     ln_backward(p, dres, pi(l, P::Ln2W), pi(l, P::Ln2B), dln, res2_[k].raw(), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), layer);
     done({pi(l, P::Ln2B), pi(l, P::Ln2W)});
-    dy = sp() ? seq_gather(dfull_.raw(), dres, C, layer) : dres;
-    dev_.linear_backward(wr(dbuf, BT * Ct), pg(lg(pi(l, P::AttnProjW))), pg(sp() ? nullptr : lg(pi(l, P::AttnProjB))), rd(dy, BT * C),
-                         rd(atty_[k]), pw(w(pi(l, P::AttnProjW))), BT, Ct, C);
+    dy = out_grad();
+    dev_.linear_backward(out16(dbuf, BT * Ct), cg(lg(pi(l, P::AttnProjW))), cg(sp() ? nullptr : lg(pi(l, P::AttnProjB))), rd(dy, BT * C),
+                         rd(atty_[k]), cw(w(pi(l, P::AttnProjW))), BT, Ct, C);
     if (kept && !frozen()) keep((*kept)[2], dy, BT * C);
     if (sp()) row_bias_grad(pi(l, P::AttnProjB));
     linear_done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
     if (s_.cp.ring()) ring_attention_backward(k, l, dbuf);
     else if (cp()) ulysses_backward(k, l, dbuf);
-    else dev_.attention_backward(wr(dqkv_), datt_.f32(), rd(dbuf, BT * Ct), rd(qkv_[k]), rd(att_[k]), B, T, Ct, s_.heads / tp_.degree);
+    else dev_.attention_backward(out16(dqkv_), datt_.f32(), rd(dbuf, BT * Ct), rd(qkv_[k]), rd(att_[k]), B, T, Ct, s_.heads / tp_.degree);
     if (kept && (!frozen() || adapter(l) >= 0)) keep((*kept)[3], dqkv_.raw(), BT * 3 * Ct);
     a = sp() ? seq_gather(full_.raw(), ln1_[k].raw(), C, layer) : ln1_[k].raw();
-    dev_.linear_backward(wr(dbuf, BT * C), pg(lg(pi(l, P::AttnW))), pg(lg(pi(l, P::AttnB))), rd(dqkv_), rd(a, BT * C),
-                         pw(w(pi(l, P::AttnW))), BT, C, 3 * Ct);
+    dev_.linear_backward(out16(dbuf, BT * C), cg(lg(pi(l, P::AttnW))), cg(lg(pi(l, P::AttnB))), rd(dqkv_), cast16(a, BT * C),
+                         cw(w(pi(l, P::AttnW))), BT, C, 3 * Ct);
     if (adapter(l) >= 0) {  // peft's lora_B then lora_A; their input gradient joins c_attn's before f sums it
       lora_backward(l, dbuf, dqkv_.raw(), a, !input_only, layer);
       if (ready && !input_only) {
@@ -1150,7 +1238,7 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
     enter(L + 1);
     {
       ComputeScope scope(obs, ComputeKind::LayerBackward, L + 1, layer_cost(L + 1, B));
-      dev_.linear_backward(nullptr, pg(g(head_)), nullptr, rd(dlogits_kept_), rd(lnf_), pw(w(head_)), BT, C, V);
+      dev_.linear_backward(nullptr, cg(g(head_)), nullptr, rd(dlogits_kept_), cast16(lnf_), cw(w(head_)), BT, C, V);
       if (!r_.embeds()) done({head_});
     }
     if (hooks) hooks->after_backward(L + 1);
@@ -1175,22 +1263,22 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
     // Under sequence parallelism the row layers' biases were summed in I, and the column layers read
     // their LayerNorm's output gathered once more.
     if (base && !moe_block(l)) {  // (an MoE block's MLP gradients came in I)
-      dev_.linear_backward(nullptr, pg(g(pi(l, P::FcProjW))), pg(sp() ? nullptr : g(pi(l, P::FcProjB))), rd(d[0]),
-                           rd(fch_gelu_[k].raw(), BT * 4 * Ct), pw(w(pi(l, P::FcProjW))), BT, 4 * Ct, C);
+      dev_.linear_backward(nullptr, cg(g(pi(l, P::FcProjW))), cg(sp() ? nullptr : g(pi(l, P::FcProjB))), rd(d[0]),
+                           rd(fch_gelu_[k].raw(), BT * 4 * Ct), cw(w(pi(l, P::FcProjW))), BT, 4 * Ct, C);
       done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
       const void* a = sp() ? seq_gather(full_.raw(), ln2_[k].raw(), C, layer) : ln2_[k].raw();
-      dev_.linear_backward(nullptr, pg(g(pi(l, P::FcW))), pg(g(pi(l, P::FcB))), rd(d[1]), rd(a, BT * C), pw(w(pi(l, P::FcW))), BT, C,
+      dev_.linear_backward(nullptr, cg(g(pi(l, P::FcW))), cg(g(pi(l, P::FcB))), rd(d[1]), cast16(a, BT * C), cw(w(pi(l, P::FcW))), BT, C,
                            4 * Ct);
       done({pi(l, P::FcB), pi(l, P::FcW)});
     }
     if (base) {
-      dev_.linear_backward(nullptr, pg(g(pi(l, P::AttnProjW))), pg(sp() ? nullptr : g(pi(l, P::AttnProjB))), rd(d[2]), rd(atty_[k]),
-                           pw(w(pi(l, P::AttnProjW))), BT, Ct, C);
+      dev_.linear_backward(nullptr, cg(g(pi(l, P::AttnProjW))), cg(sp() ? nullptr : g(pi(l, P::AttnProjB))), rd(d[2]), rd(atty_[k]),
+                           cw(w(pi(l, P::AttnProjW))), BT, Ct, C);
       done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
     }
     const void* a = work ? (sp() ? seq_gather(full_.raw(), ln1_[k].raw(), C, layer) : ln1_[k].raw()) : nullptr;
     if (base) {
-      dev_.linear_backward(nullptr, pg(g(pi(l, P::AttnW))), pg(g(pi(l, P::AttnB))), rd(d[3]), rd(a, BT * C), pw(w(pi(l, P::AttnW))), BT,
+      dev_.linear_backward(nullptr, cg(g(pi(l, P::AttnW))), cg(g(pi(l, P::AttnB))), rd(d[3]), cast16(a, BT * C), cw(w(pi(l, P::AttnW))), BT,
                            C, 3 * Ct);
       done({pi(l, P::AttnB), pi(l, P::AttnW)});
     }

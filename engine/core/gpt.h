@@ -173,6 +173,17 @@ class GptCore {
   // parallel collectives move the 16-bit tensors.
   void set_precision(Precision p);
   DType dtype() const { return adt_; }
+  // torch.autocast (--amp bf16|fp16, Model::set_amp; docs/course_sources.md §6e) over nanoGPT's GPT:
+  // float32 parameters and gradients; each Linear (and the attention's matmuls, GELU and softmax) runs
+  // on 16-bit operands (its input and its weight and bias cast: x.to(dtype)) and gives a 16-bit output;
+  // the embeddings, the LayerNorms, the residual adds and the loss stay float32, as torch 1.13's CPU
+  // autocast runs them. The 16-bit tensors are kept in float32 memory holding 16-bit values (what the
+  // Memory view counts: 4 bytes each, where torch holds 2); their collectives (TP's row-parallel
+  // sums, SP's output-gradient gather, CP's K/V and Ulysses' all-to-alls, EP's combine) move them in
+  // 16 bits. A 16-bit op's gradient is 16-bit too: rounded once, then widened by the cast's backward
+  // (a Linear's input gradient) or added into the float32 .grad (its weight's and bias's).
+  void set_amp(Precision p);
+  bool amp() const { return amp_; }
   const GptRange& range() const { return r_; }
   // A stage's last block output (B*T, C) after forward; what the next stage receives.
   const Tensor& output() const { return res3_.back(); }
@@ -330,11 +341,16 @@ class GptCore {
   // statement ends (the temporary's destructor). Null stays null.
   class F32 {
    public:
-    F32(GptCore* core, int slot, float* f, void* back, int64_t n) : core_(core), slot_(slot), f_(f), back_(back), n_(n) {}
+    // How the statement's end treats the values: Narrow rounds them into `back`'s 16-bit memory (when
+    // there is one); Round rounds them in place (autocast's 16-bit output); RoundAdd rounds them, then
+    // adds them into `back`'s float32 memory (autocast's 16-bit gradient into a float32 .grad).
+    enum class Fin : uint8_t { Narrow, Round, RoundAdd };
+    F32(GptCore* core, int slot, float* f, void* back, int64_t n, Fin fin = Fin::Narrow)
+        : core_(core), slot_(slot), f_(f), back_(back), n_(n), fin_(fin) {}
     F32(const F32&) = delete;
     F32& operator=(const F32&) = delete;
     ~F32() {
-      if (core_) core_->finish(slot_, f_, back_, n_);
+      if (core_) core_->finish(slot_, f_, back_, n_, fin_);
     }
     operator float*() const { return f_; }
 
@@ -344,6 +360,7 @@ class GptCore {
     float* f_;
     void* back_;
     int64_t n_;
+    Fin fin_;
   };
   F32 rd(const void* p, int64_t n);  // read
   F32 wr(void* p, int64_t n);        // written whole
@@ -357,7 +374,20 @@ class GptCore {
     if (!q) return F32(nullptr, -1, nullptr, nullptr, 0);
     return half() ? acc(q->grad16, q->numel) : F32(nullptr, -1, q->grad, nullptr, 0);
   }
-  void finish(int slot, float* f, void* back, int64_t n);
+  void finish(int slot, float* f, void* back, int64_t n, F32::Fin fin);
+  // Autocast's operands and results (set_amp; without it, the plain views above).
+  F32 out16(void* p, int64_t n);        // an op's output autocast makes 16-bit: rounded when the statement ends
+  F32 out16(Tensor& t) { return out16(t.raw(), t.numel()); }
+  F32 upd16(void* p, int64_t n);        // a 16-bit tensor updated in place (read, then rounded)
+  F32 cast16(const void* p, int64_t n);  // a float32 operand autocast casts to 16 bits: a rounded copy
+  F32 cast16(const Tensor& t) { return cast16(t.raw(), t.numel()); }
+  F32 cw(const Parameter& q) { return amp_ ? cast16(q.data, q.numel) : pw(q); }  // a Linear's weight or bias
+  F32 cg(const Parameter* q);           // its gradient: computed apart, rounded once, added into .grad
+  F32 cacc(void* p, int64_t n);         // the same into float32 partial sums (acc without autocast)
+  // A collective `op(dst, src, dtype)` on a tensor autocast makes 16-bit: moved in 16 bits (narrowed
+  // into a 16-bit buffer, widened back into dst's nd floats); without autocast op runs on dst and src.
+  void wire16(void* dst, int64_t nd, const void* src, int64_t ns, const std::function<void(void*, const void*, DType)>& op);
+  int64_t wire_esz() const { return amp_ ? 2 : esz(); }  // bytes per element of such a tensor on the wire
   int claim(int64_t n);  // a free float32 scratch slot of at least n floats
   // Frees the scratch at the end of each pass: a pipeline's micro-batches in flight each hold a
   // GptCore, and none keeps float32 scratch between its passes.
@@ -375,8 +405,9 @@ class GptCore {
   // Sequence parallelism's moves between this rank's positions (B x T/t rows, each `w` wide) and all
   // of them (B x T rows): the all-gather into `full`, the reduce-scatter of `full`'s partial sums into
   // `local`, and this rank's rows of a whole tensor.
-  const void* seq_gather(void* full, const void* local, int64_t w, int layer);
-  void seq_reduce_scatter(void* local, const void* full, int64_t w, int layer);
+  // (`is16`: a tensor autocast makes 16-bit, moved in 16 bits; see wire16.)
+  const void* seq_gather(void* full, const void* local, int64_t w, int layer, bool is16 = false);
+  void seq_reduce_scatter(void* local, const void* full, int64_t w, int layer, bool is16 = false);
   void seq_rows(void* local, const void* full, int64_t w, int64_t esz) const;
   // A row-parallel Linear's output (g): the matmul of this rank's columns, summed over the TP group
   // (all-reduce, or reduce-scatter under sequence parallelism), then the bias; residual_rows() x C.
@@ -414,11 +445,15 @@ class GptCore {
   const void* x_ = nullptr;  // a stage's input (B*T, C), when it does not embed
   DType adt_ = DType::F32;   // the saved tensors' dtype (16 bits under mixed precision)
   HalfFormat hf_ = HalfFormat::BF16;
+  bool amp_ = false;  // autocast (set_amp): its 16-bit format and dtype
+  HalfFormat amp_hf_ = HalfFormat::BF16;
+  DType amp_dt_ = DType::BF16;
   // Mixed precision: float32 scratch for the operands of one op (busy while an F32 holds it), the
   // logits widened for the loss, dlogits rounded, and attention()'s widened copy.
   std::vector<Tensor> pool_;
   std::vector<char> busy_;
-  Tensor logits32_, dlogits16_;
+  Tensor logits32_, dlogits16_;  // (autocast: dlogits16_ holds the rounded values in float32)
+  Tensor dy16_;                  // autocast: the residual gradient rounded, as it reaches a 16-bit output
   mutable std::vector<float> att_view_;
   MemoryTracker* tracker_;
   Device& dev_;

@@ -172,16 +172,16 @@ void GptCore::ring_attention_forward(size_t k, int l) {
       pass.pairs[static_cast<size_t>(s)] = pairs;
       pass.steps_done = static_cast<int>(s) + 1;
       if (s + 1 < c) {  // pass the block on; receive the one before it
-        pass.sent_bytes[static_cast<size_t>(s)] = n * esz();
+        pass.sent_bytes[static_cast<size_t>(s)] = n * wire_esz();
         pass.sending = true;
-        cp_comm_->send_recv(nxt, prev, cur, next, n, adt_, 1 + l);
+        wire16(nxt, n, cur, n, [&](void* d, const void* src, DType dt) { cp_comm_->send_recv(d, prev, src, next, n, dt, 1 + l); });
         pass.sending = false;
         std::swap(cur, nxt);
       }
     }
   }
   // o / l, and the log-sum-exp the backward rebuilds the probabilities from.
-  F32 y = wr(atty_[k]);
+  F32 y = out16(atty_[k]);
   float* lse = cp_lse_[k].f32();
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++)
@@ -237,18 +237,19 @@ void GptCore::ring_attention_backward(size_t k, int l, const void* dy) {
       pass.held[static_cast<size_t>(s)] = static_cast<int>(j);
       pass.pairs[static_cast<size_t>(s)] = pairs;
       pass.steps_done = static_cast<int>(s) + 1;
-      if (s + 1 < c) pass.sent_bytes[static_cast<size_t>(s)] += n * esz();
-      if (s > 0) pass.sent_bytes[static_cast<size_t>(s)] += n * esz();
+      if (s + 1 < c) pass.sent_bytes[static_cast<size_t>(s)] += n * wire_esz();
+      if (s > 0) pass.sent_bytes[static_cast<size_t>(s)] += n * wire_esz();
       pass.sending = true;
       cp_passes_[local(l)] = pass;
       if (s + 1 < c) {  // the block on to rank r - 1
-        cp_comm_->send_recv(nxt, next, cur, prev, n, adt_, 1 + l);
+        wire16(nxt, n, cur, n, [&](void* d, const void* src, DType dt) { cp_comm_->send_recv(d, next, src, prev, n, dt, 1 + l); });
         std::swap(cur, nxt);
       }
       if (s > 0) {  // its dK/dV so far after it; from rank r + 1, the shares of the block held next (last: of this rank's)
         if (half()) dev_.narrow_half(static_cast<uint16_t*>(dsend), dkv.data(), n, hf_);
         else dev_.copy(dsend, dkv.data(), n * static_cast<int64_t>(sizeof(float)));
-        cp_comm_->send_recv(drecv, next, dsend, prev, n, adt_, 1 + l);
+        // (Autocast: dK and dV travel in 16 bits, rounded at each hop, as in --precision.)
+        wire16(drecv, n, dsend, n, [&](void* d, const void* src, DType dt) { cp_comm_->send_recv(d, next, src, prev, n, dt, 1 + l); });
         if (half()) dev_.widen_half(dkv.data(), static_cast<const uint16_t*>(drecv), n, hf_);
         else dev_.copy(dkv.data(), drecv, n * static_cast<int64_t>(sizeof(float)));
       }
@@ -258,7 +259,7 @@ void GptCore::ring_attention_backward(size_t k, int l, const void* dy) {
   }
   for (size_t i = 0; i < dkv.size(); i++) dkv[i] += own[i];
   // dkv: this rank's own block's dK and dV, every rank's queries summed in; dq: its queries'.
-  F32 d = wr(dqkv_);
+  F32 d = out16(dqkv_);
   float* out = d;
   for (int64_t row = 0; row < B * Tq; row++) {
     std::copy_n(dq.data() + row * Ct, Ct, out + row * 3 * Ct);
@@ -275,18 +276,22 @@ void GptCore::ulysses_forward(size_t k, int l) {
     for (int64_t row = 0; row < B * Tq; row++)
       for (int64_t part = 0; part < 3; part++)
         dev_.copy(at(cp_a_.raw(), ((j * B * Tq + row) * 3 + part) * Cu), at(qkv_[k].raw(), row * 3 * Ct + part * Ct + j * Cu), Cu * e);
-  cp_comm_->all_to_all(cp_b_.raw(), cp_a_.raw(), B * Tq * 3 * Cu, adt_, 1 + l);
+  const auto a2a = [&](int64_t per_rank) {  // cp_a_ to cp_b_, per_rank elements to each rank (16-bit under autocast)
+    wire16(cp_b_.raw(), c * per_rank, cp_a_.raw(), c * per_rank,
+           [&](void* d, const void* src, DType dt) { cp_comm_->all_to_all(d, src, per_rank, dt, 1 + l); });
+  };
+  a2a(B * Tq * 3 * Cu);
   // From rank i: its positions of this rank's heads; in position order, (B, T, 3 C/tc).
   void* full = cp_qkv_[k].raw();
   for (int64_t i = 0; i < c; i++)
     for (int64_t b = 0; b < B; b++)
       dev_.copy(at(full, (b * T + i * Tq) * 3 * Cu), at(cp_b_.raw(), (i * B + b) * Tq * 3 * Cu), Tq * 3 * Cu * e);
-  dev_.attention_forward(wr(cp_y_), wr(att_[k]), rd(cp_qkv_[k]), B, T, Cu, Hu);
+  dev_.attention_forward(out16(cp_y_), out16(att_[k]), rd(cp_qkv_[k]), B, T, Cu, Hu);
   // Back to the sequence split: rank j's positions of this rank's heads' output.
   for (int64_t j = 0; j < c; j++)
     for (int64_t b = 0; b < B; b++)
       dev_.copy(at(cp_a_.raw(), (j * B + b) * Tq * Cu), at(cp_y_.raw(), (b * T + j * Tq) * Cu), Tq * Cu * e);
-  cp_comm_->all_to_all(cp_b_.raw(), cp_a_.raw(), B * Tq * Cu, adt_, 1 + l);
+  a2a(B * Tq * Cu);
   for (int64_t i = 0; i < c; i++)
     for (int64_t row = 0; row < B * Tq; row++)
       dev_.copy(at(atty_[k].raw(), row * Ct + i * Cu), at(cp_b_.raw(), (i * B * Tq + row) * Cu), Cu * e);
@@ -299,19 +304,23 @@ void GptCore::ulysses_backward(size_t k, int l, const void* dy) {
   for (int64_t j = 0; j < c; j++)
     for (int64_t row = 0; row < B * Tq; row++)
       dev_.copy(at(cp_a_.raw(), (j * B * Tq + row) * Cu), at(dy, row * Ct + j * Cu), Cu * e);
-  cp_comm_->all_to_all(cp_b_.raw(), cp_a_.raw(), B * Tq * Cu, adt_, 1 + l);
+  const auto a2a = [&](int64_t per_rank) {  // as ulysses_forward's
+    wire16(cp_b_.raw(), c * per_rank, cp_a_.raw(), c * per_rank,
+           [&](void* d, const void* src, DType dt) { cp_comm_->all_to_all(d, src, per_rank, dt, 1 + l); });
+  };
+  a2a(B * Tq * Cu);
   for (int64_t i = 0; i < c; i++)
     for (int64_t b = 0; b < B; b++)
       dev_.copy(at(cp_y_.raw(), (b * T + i * Tq) * Cu), at(cp_b_.raw(), (i * B + b) * Tq * Cu), Tq * Cu * e);
   // Whole attention's backward over the head split, into the gathered layout (cp_qkv_ is read, the
   // gradient goes to cp_a_'s room first: (B, T, 3 C/tc) is what one all-to-all's buffer holds).
   Tensor dfull({B * T * 3 * Cu}, MemCategory::Activations, tracker_, adt_, dev_);
-  dev_.attention_backward(wr(dfull), datt_.f32(), rd(cp_y_), rd(cp_qkv_[k]), rd(att_[k]), B, T, Cu, Hu);
+  dev_.attention_backward(out16(dfull), datt_.f32(), rd(cp_y_), rd(cp_qkv_[k]), rd(att_[k]), B, T, Cu, Hu);
   // Back to the sequence split: rank j's positions of dq, dk, dv for this rank's heads.
   for (int64_t j = 0; j < c; j++)
     for (int64_t b = 0; b < B; b++)
       dev_.copy(at(cp_a_.raw(), (j * B + b) * Tq * 3 * Cu), at(dfull.raw(), (b * T + j * Tq) * 3 * Cu), Tq * 3 * Cu * e);
-  cp_comm_->all_to_all(cp_b_.raw(), cp_a_.raw(), B * Tq * 3 * Cu, adt_, 1 + l);
+  a2a(B * Tq * 3 * Cu);
   for (int64_t i = 0; i < c; i++)
     for (int64_t row = 0; row < B * Tq; row++)
       for (int64_t part = 0; part < 3; part++)

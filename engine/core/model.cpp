@@ -644,6 +644,7 @@ std::unique_ptr<GptCore> Model::gpt_activations() const {
   core->set_cp_comm(cp_comm_);
   core->set_lora(gpt_->lora());
   core->set_precision(precision_);
+  core->set_amp(amp_);
   core->share_moe_history(*gpt_);  // (a pipeline's micro-batches: one history for the stage)
   return core;
 }

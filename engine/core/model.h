@@ -404,10 +404,13 @@ class Model {
   // activations are 16-bit tensors and ReLU runs on them; the loss widens the logits (cross_entropy is
   // on autocast's float32 list). A Linear's weight and bias gradients come out of its 16-bit backward
   // rounded to 16 bits and are added to the float32 .grad (the cast's backward widens them exactly).
-  // Set once, before training, on a model that is not set_precision()'s.
+  // A GPT runs nanoGPT's layers under autocast's rules (GptCore::set_amp). Set once, before training,
+  // on a model that is not set_precision()'s.
   void set_amp(Precision p);
   bool amp() const { return is_mixed(amp_); }
-  bool half_acts() const { return mixed() || amp(); }  // the activations are 16-bit tensors
+  // The activations between layers are 16-bit tensors (a GPT's under autocast are not: its residual
+  // stream, what a pipeline stage passes on, stays float32).
+  bool half_acts() const { return mixed() || (amp() && !gpt_); }
   DType act_dtype() const;                              // their dtype
   HalfFormat half_format() const { return half_format_of(mixed() ? precision_ : amp_); }
   DType param_dtype() const;  // F32, BF16 or F16

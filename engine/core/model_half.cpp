@@ -26,8 +26,8 @@ DType Model::act_dtype() const {
 void Model::set_amp(Precision p) {
   if (!is_mixed(p)) return;
   if (mixed()) throw Error("--amp with --precision: autocast keeps float32 parameters, --precision makes them 16-bit; choose one");
-  DTLAB_CHECK(!gpt_, "set_amp() on a GPT: its layers' autocast is not built");
   amp_ = p;
+  if (gpt_) gpt_->set_amp(p);  // its layers' autocast (engine/core/gpt.h)
   acts_.clear();  // allocated again in 16 bits by the next forward
   for (auto& d : dbuf_) d = Tensor();
   capacity_ = 0;

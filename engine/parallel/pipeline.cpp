@@ -227,7 +227,8 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
                            Device& device, ComputeObserver* observer, int tp, const StageSetup& setup)
     : plan_(plan), spec_(spec), precision_(setup.precision),
       dtype_(setup.precision == Precision::BF16 ? DType::BF16 : setup.precision == Precision::FP16 ? DType::F16 : DType::F32),
-      act_dtype_(is_mixed(setup.amp) ? (setup.amp == Precision::BF16 ? DType::BF16 : DType::F16) : dtype_),
+      // (Autocast: an MLP's stages pass 16-bit outputs on; a GPT's pass its float32 residual stream.)
+      act_dtype_(is_mixed(setup.amp) && !spec.is_gpt() ? (setup.amp == Precision::BF16 ? DType::BF16 : DType::F16) : dtype_),
       rank_(rank), tp_(tp), pipe_rank_(rank / tp % plan.ranks()),
       replica_(rank / tp / plan.ranks()), tp_rank_(rank % tp),
       comm_(comm), ctx_(ctx), memory_(memory), device_(device),

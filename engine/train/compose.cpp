@@ -16,12 +16,9 @@ struct Combination {
   const char* why;
   const char* fix;
   bool pending;  // the engine does not run it yet
-  const char* flag = nullptr;  // what the sentence calls the feature, when not its usual flag ("--amp")
 };
 
 const Combination kCombinations[] = {
-    {Feature::MixedPrecision, "--model gpt", [](const TrainConfig& c) { return is_mixed(c.amp) && c.model.is_gpt(); },
-     "the GPT's layers run --precision's 16-bit layout only", "use --precision bf16, or an mlp model with --amp", true, "--amp"},
     {Feature::Moe, "an mlp model", [](const TrainConfig& c) { return !c.model.is_gpt(); },
      "it replaces a transformer block's MLP with experts behind a router", "use --model gpt (e.g. gpt-tiny)", false},
     {Feature::Moe, "--tp and no --sequence-parallel", [](const TrainConfig& c) { return c.tp > 1 && !c.sequence_parallel; },
@@ -109,8 +106,8 @@ std::vector<RefusalLine> all_refusals() {
                      sentence(feature_flag(f), (std::string("--strategy ") + t.name).c_str(), s.why, s.fix, s.pending), s.pending});
     }
   for (const Combination& k : kCombinations)
-    out.push_back({std::string(k.flag ? k.flag : feature_flag(k.feature)) + " x " + k.with,
-                   sentence(k.flag ? k.flag : feature_flag(k.feature), k.with, k.why, k.fix, k.pending),
+    out.push_back({std::string(feature_flag(k.feature)) + " x " + k.with,
+                   sentence(feature_flag(k.feature), k.with, k.why, k.fix, k.pending),
                    k.pending});
   return out;
 }
