@@ -967,11 +967,11 @@ TEST_CASE("the transformer's ops (LayerNorm, GELU, causal attention, embeddings,
     const std::vector<float> qkv = random_floats(static_cast<size_t>(N * 3 * C), 7);
     std::vector<float> out(static_cast<size_t>(N * C)), att(static_cast<size_t>(B * NH * T * T)), datt(static_cast<size_t>(T * T));
     std::vector<float> dqkv(qkv.size());
-    cpu.attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-    cpu.attention_backward(dqkv.data(), datt.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH);
+    cpu.attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, nullptr);
+    cpu.attention_backward(dqkv.data(), datt.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH, nullptr);
     Tensor gqkv = both(qkv), gout = both(out), gatt = both(att), gdqkv = both(dqkv), gdatt = both(datt), gdy = both(dy);
-    gpu->attention_forward(gout.f32(), gatt.f32(), gqkv.f32(), B, T, C, NH);
-    gpu->attention_backward(gdqkv.f32(), gdatt.f32(), gdy.f32(), gqkv.f32(), gatt.f32(), B, T, C, NH);
+    gpu->attention_forward(gout.f32(), gatt.f32(), gqkv.f32(), B, T, C, NH, nullptr);
+    gpu->attention_backward(gdqkv.f32(), gdatt.f32(), gdy.f32(), gqkv.f32(), gatt.f32(), B, T, C, NH, nullptr);
     CHECK(max_diff(on_host(gatt), att, "attention forward: softmax (zeros above the diagonal)") < kTol);
     CHECK(max_diff(on_host(gout), out, "attention forward: output") < kTol);
     CHECK(max_diff(on_host(gdqkv), dqkv, "attention backward: dq, dk, dv") < kTol);

@@ -3,10 +3,12 @@
 // 16-bit tensor move 2 bytes an element. tests/gpt_amp_torch.py holds it to torch.autocast itself.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "engine/core/device.h"
 #include "engine/core/gpt.h"
 #include "engine/core/half.h"
 #include "engine/core/ops.h"
@@ -90,6 +92,43 @@ TEST_SUITE("gpt") {
         else CHECK(exact < p.numel);
       }
     }
+  }
+
+  TEST_CASE("autocast's attention: q k^T and the scaling rounded apart, and att v reads the rounded probabilities") {
+    // nanoGPT's unfused attention under autocast: att = softmax(round(round(q k^T) * scale)) rounded,
+    // then y = att v from that att (what the backward differentiates).
+    const int64_t B = 1, T = 5, C = 8, NH = 2, hs = C / NH;
+    std::vector<float> qkv(static_cast<size_t>(B * T * 3 * C));
+    for (size_t i = 0; i < qkv.size(); i++) qkv[i] = round_to_half(std::sin(0.37f * static_cast<float>(i)) * 1.3f, HalfFormat::BF16);
+    std::vector<float> out(static_cast<size_t>(B * T * C)), att(static_cast<size_t>(B * NH * T * T));
+    const HalfFormat bf = HalfFormat::BF16;
+    cpu_device().attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, &bf);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    for (int64_t h = 0; h < NH; h++)
+      for (int64_t t = 0; t < T; t++) {
+        // The row's scores as torch rounds them, then its softmax in float, rounded.
+        std::vector<float> z(static_cast<size_t>(t + 1));
+        for (int64_t u = 0; u <= t; u++) {
+          float dot = 0;
+          for (int64_t d = 0; d < hs; d++) dot += qkv[static_cast<size_t>(t * 3 * C + h * hs + d)] * qkv[static_cast<size_t>(u * 3 * C + C + h * hs + d)];
+          z[static_cast<size_t>(u)] = round_to_half(round_to_half(dot, bf) * scale, bf);
+        }
+        const float mx = *std::max_element(z.begin(), z.end());
+        double sum = 0;
+        for (float v : z) sum += std::exp(static_cast<double>(v - mx));
+        for (int64_t u = 0; u < T; u++) {
+          const float got = att[static_cast<size_t>((h * T + t) * T + u)];
+          CHECK(round_to_half(got, bf) == got);
+          if (u > t) CHECK(got == 0.0f);
+          else CHECK(got == doctest::Approx(std::exp(static_cast<double>(z[static_cast<size_t>(u)] - mx)) / sum).epsilon(1e-2));
+        }
+        for (int64_t d = 0; d < hs; d++) {  // y = att v, from the rounded probabilities
+          double y = 0;
+          for (int64_t u = 0; u <= t; u++)
+            y += double(att[static_cast<size_t>((h * T + t) * T + u)]) * qkv[static_cast<size_t>(u * 3 * C + 2 * C + h * hs + d)];
+          CHECK(out[static_cast<size_t>(t * C + h * hs + d)] == doctest::Approx(y).epsilon(1e-6));
+        }
+      }
   }
 
   TEST_CASE("gpt under autocast: every strategy, TP, SP, recompute, CP, LoRA and the experts equal one autocast rank within bf16 rounding") {

@@ -94,12 +94,13 @@ class CpuDevice final : public Device {
   }
   void gelu_forward(float* out, const float* inp, int64_t N) override { dtlab::gelu_forward(out, inp, N); }
   void gelu_backward(float* d, const float* dout, const float* inp, int64_t N) override { dtlab::gelu_backward(d, dout, inp, N); }
-  void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) override {
-    dtlab::attention_forward(out, att, qkv, B, T, C, NH);
+  void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
+                         const HalfFormat* round16) override {
+    dtlab::attention_forward(out, att, qkv, B, T, C, NH, round16);
   }
   void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int64_t B, int64_t T,
-                          int64_t C, int64_t NH) override {
-    dtlab::attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+                          int64_t C, int64_t NH, const HalfFormat* round16) override {
+    dtlab::attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH, round16);
   }
   void embedding_forward(float* x, const float* wte, const float* wpe, const int64_t* idx, int64_t R, int64_t Tl, int64_t T,
                          int64_t t0, int64_t C) override {

@@ -91,9 +91,14 @@ class Device {
   virtual void gelu_backward(float* d, const float* dout, const float* inp, int64_t N) = 0;
   // Causal self-attention on the fused qkv (B*T, 3C) of NH heads: out (B*T, C), att (B, NH, T, T) the
   // softmax; the backward overwrites dqkv, and datt is T x T floats of scratch (a device may use its own).
-  virtual void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
+  // `round16` (autocast's 16-bit attention; null: float32 inside): each op of nanoGPT's unfused
+  // attention rounds its result as torch's bf16/fp16 ops do: q k^T, the scaling, the softmax (which
+  // att v then reads); backward dy v^T, the softmax's backward and the scaling's. The caller rounds
+  // out and dqkv.
+  virtual void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
+                                 const HalfFormat* round16) = 0;
   virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att,
-                                  int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
+                                  int64_t B, int64_t T, int64_t C, int64_t NH, const HalfFormat* round16) = 0;
   // Token and position embeddings of R rows: row i is sample i / Tl's position t0 + i % Tl (of T),
   // idx (samples x T) on the device; the backward adds each row into its token's and position's rows.
   virtual void embedding_forward(float* x, const float* wte, const float* wpe, const int64_t* idx, int64_t R, int64_t Tl,

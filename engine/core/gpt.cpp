@@ -913,7 +913,7 @@ void GptCore::block_forward(std::vector<Parameter>& p, int l, const void* x) {
   if (adapter(l) >= 0) lora_forward(l, qkv_[k].raw(), a);
   if (s_.cp.ring()) ring_attention_forward(k, l);
   else if (cp()) ulysses_forward(k, l);
-  else dev_.attention_forward(out16(atty_[k]), out16(att_[k]), rd(qkv_[k]), B, T, Ct, s_.heads / tp_.degree);
+  else dev_.attention_forward(out16(atty_[k]), out16(att_[k]), rd(qkv_[k]), B, T, Ct, s_.heads / tp_.degree, round16());
   const void* proj = row_parallel(atty_[k].raw(), w(P::AttnProjW), w(P::AttnProjB), Ct, layer);  // g
   void* r2 = res2_[k].raw();
   dev_.add(wr(r2, R * C), rd(x, R * C), rd(proj, R * C), R * C);
@@ -1098,9 +1098,15 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
     const int layer = 1 + l;
     // A row-parallel Linear's bias under sequence parallelism saw this rank's positions: its gradient
     // is summed over the group (without, the whole output gradient gives every rank the whole sum).
+    // Under autocast without SP, RowParallelLinear's bias add (output_ + bias) is float32: its
+    // gradient is the float32 row sum of the residual's gradient, not the 16-bit matmul's.
     auto row_bias_grad = [&](int bi) {
       const Parameter& q = p[static_cast<size_t>(bi)];
       if (half() ? !q.grad16 : !q.grad) return;  // frozen
+      if (!sp()) {
+        dev_.sum_rows(pg(&q), rd(dres, R * C), R, C);
+        return;
+      }
       void* part = part_.raw();
       dev_.fill_zero(part, C * esz());
       dev_.sum_rows(acc(part, C), rd(dres, R * C), R, C);
@@ -1128,10 +1134,10 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
       dln = dbuf;
     } else {
       dy = out_grad();
-      dev_.linear_backward(out16(dfch, BT * 4 * Ct), cg(lg(pi(l, P::FcProjW))), cg(sp() ? nullptr : lg(pi(l, P::FcProjB))), rd(dy, BT * C),
+      dev_.linear_backward(out16(dfch, BT * 4 * Ct), cg(lg(pi(l, P::FcProjW))), cg(row_bias_apart() ? nullptr : lg(pi(l, P::FcProjB))), rd(dy, BT * C),
                            rd(fch_gelu_[k].raw(), BT * 4 * Ct), cw(w(pi(l, P::FcProjW))), BT, 4 * Ct, C);
       if (kept && !frozen()) keep((*kept)[0], dy, BT * C);  // (under LoRA W needs c_attn's alone)
-      if (sp()) row_bias_grad(pi(l, P::FcProjB));
+      if (row_bias_apart()) row_bias_grad(pi(l, P::FcProjB));
       linear_done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
       dev_.gelu_backward(out16(dfch, BT * 4 * Ct), rd(dfch, BT * 4 * Ct), rd(fch_[k].raw(), BT * 4 * Ct), BT * 4 * Ct);  // (elementwise: reads its own copy)
       if (kept && !frozen()) keep((*kept)[1], dfch, BT * 4 * Ct);
@@ -1144,14 +1150,15 @@ const void* GptCore::run_backward(std::vector<Parameter>& p, const void* dlogits
     ln_backward(p, dres, pi(l, P::Ln2W), pi(l, P::Ln2B), dln, res2_[k].raw(), ln2_mean_[k].f32(), ln2_rstd_[k].f32(), layer);
     done({pi(l, P::Ln2B), pi(l, P::Ln2W)});
     dy = out_grad();
-    dev_.linear_backward(out16(dbuf, BT * Ct), cg(lg(pi(l, P::AttnProjW))), cg(sp() ? nullptr : lg(pi(l, P::AttnProjB))), rd(dy, BT * C),
+    dev_.linear_backward(out16(dbuf, BT * Ct), cg(lg(pi(l, P::AttnProjW))), cg(row_bias_apart() ? nullptr : lg(pi(l, P::AttnProjB))), rd(dy, BT * C),
                          rd(atty_[k]), cw(w(pi(l, P::AttnProjW))), BT, Ct, C);
     if (kept && !frozen()) keep((*kept)[2], dy, BT * C);
-    if (sp()) row_bias_grad(pi(l, P::AttnProjB));
+    if (row_bias_apart()) row_bias_grad(pi(l, P::AttnProjB));
     linear_done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
     if (s_.cp.ring()) ring_attention_backward(k, l, dbuf);
     else if (cp()) ulysses_backward(k, l, dbuf);
-    else dev_.attention_backward(out16(dqkv_), datt_.f32(), rd(dbuf, BT * Ct), rd(qkv_[k]), rd(att_[k]), B, T, Ct, s_.heads / tp_.degree);
+    else dev_.attention_backward(out16(dqkv_), datt_.f32(), rd(dbuf, BT * Ct), rd(qkv_[k]), rd(att_[k]), B, T, Ct, s_.heads / tp_.degree,
+                                 round16());
     if (kept && (!frozen() || adapter(l) >= 0)) keep((*kept)[3], dqkv_.raw(), BT * 3 * Ct);
     a = sp() ? seq_gather(full_.raw(), ln1_[k].raw(), C, layer) : ln1_[k].raw();
     dev_.linear_backward(out16(dbuf, BT * C), cg(lg(pi(l, P::AttnW))), cg(lg(pi(l, P::AttnB))), rd(dqkv_), cast16(a, BT * C),
@@ -1260,10 +1267,10 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
     ComputeScope scope(obs, ComputeKind::LayerBackward, 1 + l, layer_cost(1 + l, B));
     std::array<Tensor, 4>& d = douts_[u];
     const int layer = 1 + l;
-    // Under sequence parallelism the row layers' biases were summed in I, and the column layers read
+    // Under sequence parallelism (and under autocast with TP) the row layers' biases were summed in I, and the column layers read
     // their LayerNorm's output gathered once more.
     if (base && !moe_block(l)) {  // (an MoE block's MLP gradients came in I)
-      dev_.linear_backward(nullptr, cg(g(pi(l, P::FcProjW))), cg(sp() ? nullptr : g(pi(l, P::FcProjB))), rd(d[0]),
+      dev_.linear_backward(nullptr, cg(g(pi(l, P::FcProjW))), cg(row_bias_apart() ? nullptr : g(pi(l, P::FcProjB))), rd(d[0]),
                            rd(fch_gelu_[k].raw(), BT * 4 * Ct), cw(w(pi(l, P::FcProjW))), BT, 4 * Ct, C);
       done({pi(l, P::FcProjB), pi(l, P::FcProjW)});
       const void* a = sp() ? seq_gather(full_.raw(), ln2_[k].raw(), C, layer) : ln2_[k].raw();
@@ -1272,7 +1279,7 @@ void GptCore::backward_weight(std::vector<Parameter>& p, const Model::GradReadyH
       done({pi(l, P::FcB), pi(l, P::FcW)});
     }
     if (base) {
-      dev_.linear_backward(nullptr, cg(g(pi(l, P::AttnProjW))), cg(sp() ? nullptr : g(pi(l, P::AttnProjB))), rd(d[2]), rd(atty_[k]),
+      dev_.linear_backward(nullptr, cg(g(pi(l, P::AttnProjW))), cg(row_bias_apart() ? nullptr : g(pi(l, P::AttnProjB))), rd(d[2]), rd(atty_[k]),
                            cw(w(pi(l, P::AttnProjW))), BT, Ct, C);
       done({pi(l, P::AttnProjB), pi(l, P::AttnProjW)});
     }

@@ -388,6 +388,9 @@ class GptCore {
   // into a 16-bit buffer, widened back into dst's nd floats); without autocast op runs on dst and src.
   void wire16(void* dst, int64_t nd, const void* src, int64_t ns, const std::function<void(void*, const void*, DType)>& op);
   int64_t wire_esz() const { return amp_ ? 2 : esz(); }  // bytes per element of such a tensor on the wire
+  // The 16-bit format the attention's inner ops round to under autocast, or null (--precision's
+  // attention computes in float32 between its 16-bit q, k, v and its rounded outputs).
+  const HalfFormat* round16() const { return amp_ ? &amp_hf_ : nullptr; }
   int claim(int64_t n);  // a free float32 scratch slot of at least n floats
   // Frees the scratch at the end of each pass: a pipeline's micro-batches in flight each hold a
   // GptCore, and none keeps float32 scratch between its passes.
@@ -402,6 +405,9 @@ class GptCore {
   size_t slot(int l) const { return checkpointing_ ? 0 : local(l); }
   bool tp() const { return tp_.degree > 1; }
   bool sp() const { return tp_.degree > 1 && tp_.sequence_parallel; }
+  // A row-parallel Linear's bias gradient comes apart from its matmul's (in I, from the residual's
+  // gradient): summed over the group under SP, a float32 sum under autocast (the add after the sum).
+  bool row_bias_apart() const { return sp() || (amp_ && tp()); }
   // Sequence parallelism's moves between this rank's positions (B x T/t rows, each `w` wide) and all
   // of them (B x T rows): the all-gather into `full`, the reduce-scatter of `full`'s partial sums into
   // `local`, and this rank's rows of a whole tensor.

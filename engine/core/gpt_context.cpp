@@ -286,7 +286,7 @@ void GptCore::ulysses_forward(size_t k, int l) {
   for (int64_t i = 0; i < c; i++)
     for (int64_t b = 0; b < B; b++)
       dev_.copy(at(full, (b * T + i * Tq) * 3 * Cu), at(cp_b_.raw(), (i * B + b) * Tq * 3 * Cu), Tq * 3 * Cu * e);
-  dev_.attention_forward(out16(cp_y_), out16(att_[k]), rd(cp_qkv_[k]), B, T, Cu, Hu);
+  dev_.attention_forward(out16(cp_y_), out16(att_[k]), rd(cp_qkv_[k]), B, T, Cu, Hu, round16());
   // Back to the sequence split: rank j's positions of this rank's heads' output.
   for (int64_t j = 0; j < c; j++)
     for (int64_t b = 0; b < B; b++)
@@ -315,7 +315,7 @@ void GptCore::ulysses_backward(size_t k, int l, const void* dy) {
   // Whole attention's backward over the head split, into the gathered layout (cp_qkv_ is read, the
   // gradient goes to cp_a_'s room first: (B, T, 3 C/tc) is what one all-to-all's buffer holds).
   Tensor dfull({B * T * 3 * Cu}, MemCategory::Activations, tracker_, adt_, dev_);
-  dev_.attention_backward(out16(dfull), datt_.f32(), rd(cp_y_), rd(cp_qkv_[k]), rd(att_[k]), B, T, Cu, Hu);
+  dev_.attention_backward(out16(dfull), datt_.f32(), rd(cp_y_), rd(cp_qkv_[k]), rd(att_[k]), B, T, Cu, Hu, round16());
   // Back to the sequence split: rank j's positions of dq, dk, dv for this rank's heads.
   for (int64_t j = 0; j < c; j++)
     for (int64_t b = 0; b < B; b++)

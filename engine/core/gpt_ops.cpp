@@ -83,17 +83,21 @@ void gelu_backward(float* d, const float* dout, const float* inp, int64_t N) {
 // att (B, NH, T, T) keeps the softmax (zeros above the diagonal); out (BT, C) the heads side by side.
 // Per (sample, head) two GEMMs read the heads in place (leading dimension 3C), as torch's batched
 // matmuls do: scores = q k^T, then y = att v; the mask and softmax run on the rows in between.
-void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
+void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
+                       const HalfFormat* round16) {
   const int64_t hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < NH; h++) {
       const float* q = qkv + b * T * C3 + h * hs;
       float* a = att + (b * NH + h) * T * T;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hs, scale, q, (int)C3, q + C, (int)C3, 0.0f, a,
-                  (int)T);
+      // (Autocast: q k^T rounded, then times the scale, rounded again: nanoGPT's two ops.)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hs, round16 ? 1.0f : scale, q, (int)C3, q + C,
+                  (int)C3, 0.0f, a, (int)T);
       for (int64_t t = 0; t < T; t++) {
         float* row = a + t * T;
+        if (round16)
+          for (int64_t t2 = 0; t2 <= t; t2++) row[t2] = round_to_half(round_to_half(row[t2], *round16) * scale, *round16);
         float maxv = -INFINITY;
         for (int64_t t2 = 0; t2 <= t; t2++) maxv = std::max(maxv, row[t2]);
         for (int64_t t2 = 0; t2 <= t; t2++) row[t2] = exp_vec(row[t2] - maxv);  // vectorized
@@ -101,6 +105,8 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
         for (int64_t t2 = 0; t2 <= t; t2++) sum += row[t2];
         const float inv = static_cast<float>(1.0 / sum);
         for (int64_t t2 = 0; t2 <= t; t2++) row[t2] *= inv;
+        if (round16)  // the softmax's 16-bit output, which att v reads
+          for (int64_t t2 = 0; t2 <= t; t2++) row[t2] = round_to_half(row[t2], *round16);
         for (int64_t t2 = t + 1; t2 < T; t2++) row[t2] = 0;
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f, a, (int)T, q + 2 * C, (int)C3, 0.0f,
@@ -112,7 +118,7 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
 // att = softmax(scale q k^T): dv = att^T dy, datt = dy v^T, dpre = att (datt - rowsum(att datt)),
 // dq = scale dpre k, dk = scale dpre^T q.
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int64_t B,
-                        int64_t T, int64_t C, int64_t NH) {
+                        int64_t T, int64_t C, int64_t NH, const HalfFormat* round16) {
   const int64_t hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (int64_t b = 0; b < B; b++)
@@ -128,10 +134,15 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
       for (int64_t t = 0; t < T; t++) {
         const float* ar = a + t * T;
         float* dr = datt + t * T;
+        if (round16)  // dy v^T, a 16-bit matmul's output
+          for (int64_t t2 = 0; t2 <= t; t2++) dr[t2] = round_to_half(dr[t2], *round16);
         double dot = 0;
         for (int64_t t2 = 0; t2 <= t; t2++) dot += static_cast<double>(ar[t2]) * dr[t2];
         const float s = static_cast<float>(dot);
-        for (int64_t t2 = 0; t2 <= t; t2++) dr[t2] = ar[t2] * (dr[t2] - s) * scale;
+        if (round16)  // the softmax's backward, then the scaling's, each rounded
+          for (int64_t t2 = 0; t2 <= t; t2++) dr[t2] = round_to_half(round_to_half(ar[t2] * (dr[t2] - s), *round16) * scale, *round16);
+        else
+          for (int64_t t2 = 0; t2 <= t; t2++) dr[t2] = ar[t2] * (dr[t2] - s) * scale;
         for (int64_t t2 = t + 1; t2 < T; t2++) dr[t2] = 0;
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f, datt, (int)T, q + C, (int)C3, 0.0f, dq,

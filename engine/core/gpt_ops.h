@@ -6,6 +6,8 @@
 #pragma once
 #include <cstdint>
 
+#include "engine/core/half.h"
+
 namespace dtlab {
 
 inline constexpr float kLayerNormEps = 1e-5f;
@@ -17,9 +19,11 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
                         const float* mean, const float* rstd, int64_t N, int64_t C);
 void gelu_forward(float* out, const float* inp, int64_t N);
 void gelu_backward(float* d, const float* dout, const float* inp, int64_t N);
-void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH);
+// round16: autocast's roundings inside (engine/core/device.h); null: float32 throughout.
+void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
+                       const HalfFormat* round16 = nullptr);
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int64_t B,
-                        int64_t T, int64_t C, int64_t NH);
+                        int64_t T, int64_t C, int64_t NH, const HalfFormat* round16 = nullptr);
 // x[i] = wte[idx[s T + t]] + wpe[t] for row i of sample s = i / Tl at position t = t0 + i % Tl.
 void embedding_forward(float* x, const float* wte, const float* wpe, const int64_t* idx, int64_t R, int64_t Tl, int64_t T,
                        int64_t t0, int64_t C);

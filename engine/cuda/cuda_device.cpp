@@ -65,6 +65,8 @@ void CudaDevice::upload(void* dst, const void* host_src, int64_t bytes) {
   // A micro-batch's bytes go through the rank's pinned slots: the host returns at once. Larger ones
   // go from pageable memory, where the runtime stages the bytes before it returns, so `host_src` may
   // change at once either way (CUDA's API synchronization rules); the copy stays in stream order.
+  // (On this rank's GPU: a staging slot's event is created on the current device.)
+  DeviceGuard on(rank_.device());
   if (bytes > 0 && !staging_->upload(dst, host_src, bytes))
     DTLAB_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, rank_.compute()));
 }
@@ -172,16 +174,17 @@ void CudaDevice::gelu_backward(float* d, const float* dout, const float* inp, in
   DTLAB_CUDA_CHECK_LAUNCH();
 }
 
-void CudaDevice::attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  cuda::attention_forward(rank_, out, att, qkv, B, T, C, NH);
+void CudaDevice::attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
+                                   const HalfFormat* round16) {
+  cuda::attention_forward(rank_, out, att, qkv, B, T, C, NH, round16);
 }
 
 void CudaDevice::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int64_t B,
-                                    int64_t T, int64_t C, int64_t NH) {
+                                    int64_t T, int64_t C, int64_t NH, const HalfFormat* round16) {
   (void)datt;  // one head's T x T: every head of a sample runs at once here
   if (attention_scratch_.numel() < NH * T * T)
     attention_scratch_ = Tensor({NH, T, T}, MemCategory::Other, nullptr, DType::F32, *this);
-  cuda::attention_backward(rank_, dqkv, attention_scratch_.f32(), dout, qkv, att, B, T, C, NH);
+  cuda::attention_backward(rank_, dqkv, attention_scratch_.f32(), dout, qkv, att, B, T, C, NH, round16);
 }
 
 void CudaDevice::embedding_forward(float* x, const float* wte, const float* wpe, const int64_t* idx, int64_t R, int64_t Tl,

@@ -57,9 +57,10 @@ class CudaDevice final : public Device {
                           const float* mean, const float* rstd, int64_t N, int64_t C) override;
   void gelu_forward(float* out, const float* inp, int64_t N) override;
   void gelu_backward(float* d, const float* dout, const float* inp, int64_t N) override;
-  void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH) override;
+  void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
+                         const HalfFormat* round16) override;
   void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int64_t B, int64_t T,
-                          int64_t C, int64_t NH) override;
+                          int64_t C, int64_t NH, const HalfFormat* round16) override;
   void embedding_forward(float* x, const float* wte, const float* wpe, const int64_t* idx, int64_t R, int64_t Tl, int64_t T,
                          int64_t t0, int64_t C) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dx, const int64_t* idx, int64_t R, int64_t Tl, int64_t T,

@@ -89,16 +89,23 @@ void batched(const RankDevice& dev, cublasOperation_t ta, cublasOperation_t tb, 
 }  // namespace
 
 void attention_forward(const RankDevice& dev, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
-                       int64_t NH) {
-  const int64_t hs = C / NH, C3 = 3 * C;
+                       int64_t NH, const HalfFormat* round16) {
+  const int64_t hs = C / NH, C3 = 3 * C, n = B * NH * T * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (int64_t b = 0; b < B; b++) {
     const float* q = qkv + b * T * C3;
     float* a = att + b * NH * T * T;
-    // scores (T, T) = scale q k^T
-    batched(dev, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, q + C, C3, hs, q, C3, hs, a, T, T * T, NH, "cublasSgemmStridedBatched (q k^T)");
+    // scores (T, T) = scale q k^T (autocast: q k^T rounded, then scaled and rounded)
+    batched(dev, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, round16 ? 1.0f : scale, q + C, C3, hs, q, C3, hs, a, T, T * T, NH,
+            "cublasSgemmStridedBatched (q k^T)");
+  }
+  if (round16) {  // (the masked entries above the diagonal are rounded too; the softmax zeroes them)
+    launch_round_half(dev.compute(), att, n, *round16);
+    launch_scale(dev.compute(), att, scale, n);
+    launch_round_half(dev.compute(), att, n, *round16);
   }
   launch_causal_softmax(dev.compute(), att, B * NH * T, T);
+  if (round16) launch_round_half(dev.compute(), att, n, *round16);  // the 16-bit probabilities att v reads
   for (int64_t b = 0; b < B; b++) {
     const float* q = qkv + b * T * C3;
     // y (T, hs) = att v, the heads side by side in out (B T, C)
@@ -109,7 +116,7 @@ void attention_forward(const RankDevice& dev, float* out, float* att, const floa
 }
 
 void attention_backward(const RankDevice& dev, float* dqkv, float* scratch, const float* dout, const float* qkv,
-                        const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
+                        const float* att, int64_t B, int64_t T, int64_t C, int64_t NH, const HalfFormat* round16) {
   const int64_t hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (int64_t b = 0; b < B; b++) {
@@ -123,7 +130,16 @@ void attention_backward(const RankDevice& dev, float* dqkv, float* scratch, cons
     // datt (T, T) = dy v^T
     batched(dev, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, q + 2 * C, C3, hs, dy, C, hs, scratch, T, T * T, NH,
             "cublasSgemmStridedBatched (dy v^T)");
-    launch_causal_softmax_backward(dev.compute(), scratch, a, NH * T, T, scale);
+    if (!round16) {
+      launch_causal_softmax_backward(dev.compute(), scratch, a, NH * T, T, scale);
+    } else {  // dy v^T, the softmax's backward and the scaling's, each rounded (the CPU's order)
+      const int64_t n = NH * T * T;
+      launch_round_half(dev.compute(), scratch, n, *round16);
+      launch_causal_softmax_backward(dev.compute(), scratch, a, NH * T, T, 1.0f);
+      launch_round_half(dev.compute(), scratch, n, *round16);
+      launch_scale(dev.compute(), scratch, scale, n);
+      launch_round_half(dev.compute(), scratch, n, *round16);
+    }
     // dq (T, hs) = dpre k
     batched(dev, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, q + C, C3, hs, scratch, T, T * T, dq, C3, hs, NH,
             "cublasSgemmStridedBatched (dpre k)");

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 
+#include "engine/core/half.h"
 #include "engine/cuda/rank_device.h"
 
 namespace dtlab::cuda {
@@ -34,9 +35,10 @@ void cross_entropy_backward(const RankDevice& dev, float* dlogits, const float* 
 // Causal self-attention (engine/core/gpt_ops.h's attention_forward/backward): per sample, cuBLAS
 // strided-batched GEMMs over the NH heads read q, k and v in place in the fused qkv (leading
 // dimension 3C); the softmax and its backward are kernels. `scratch` holds NH x T x T floats.
+// round16: autocast's roundings between the ops (engine/core/device.h), as the CPU's.
 void attention_forward(const RankDevice& dev, float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
-                       int64_t NH);
+                       int64_t NH, const HalfFormat* round16);
 void attention_backward(const RankDevice& dev, float* dqkv, float* scratch, const float* dout, const float* qkv,
-                        const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);
+                        const float* att, int64_t B, int64_t T, int64_t C, int64_t NH, const HalfFormat* round16);
 
 }  // namespace dtlab::cuda
