@@ -63,8 +63,7 @@ void finish_config(TrainArgs& a) {
   if (c.backend == "socket") {  // one rank of a world of processes: rank and world from the launcher
     c.socket = socket_options_from_env();
     if (!a.flags.given("--world")) c.world_size = c.socket.world_size;
-    const char* local = std::getenv("LOCAL_WORLD_SIZE");
-    ranks_on_node = local ? std::max(1, std::atoi(local)) : 1;
+    ranks_on_node = c.socket.local_world_size;
   }
   // Where the ranks run: what was asked, else the defaults of engine/train/device_select.h.
   a.device_why = choose_device(a.flags, c, ranks_on_node);

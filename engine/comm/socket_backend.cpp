@@ -44,6 +44,7 @@ SocketOptions socket_options_from_env() {
   o.master_port = static_cast<int>(env_int("MASTER_PORT", 1, 65535));
   o.master_addr = std::getenv("MASTER_ADDR");
   if (std::getenv("LOCAL_RANK")) o.local_rank = static_cast<int>(env_int("LOCAL_RANK", 0, 1023));
+  if (std::getenv("LOCAL_WORLD_SIZE")) o.local_world_size = static_cast<int>(env_int("LOCAL_WORLD_SIZE", 1, 1024));
   return o;
 }
 

@@ -22,6 +22,7 @@ class SocketMesh;
 struct SocketOptions {
   int rank = 0, world_size = 1;
   int local_rank = 0;                     // rank within this node (LOCAL_RANK)
+  int local_world_size = 1;               // ranks this node runs (LOCAL_WORLD_SIZE)
   std::string master_addr = "127.0.0.1";  // where rank 0 listens (MASTER_ADDR)
   int master_port = 29500;                // (MASTER_PORT)
   double timeout_s = 30;                  // every connect, accept and message wait

@@ -89,7 +89,9 @@ struct FsdpOptions {
   // and reduced with it in the same hooks. Their gradients are averaged over `expert_divide` ranks (the
   // data-parallel world, as torchtitan's set_gradient_divide_factor and Megatron's expert gradient
   // scaling), so an expert's step is the one DDP with --ep takes. Fully sharded layouts only (FULL_SHARD,
-  // SHARD_GRAD_OP, fully_shard); an expert unit reshards fully after forward. Null: no expert units.
+  // SHARD_GRAD_OP, fully_shard); an expert unit reshards after forward as the others do, but fully where
+  // fully_shard's reshard_after_forward=N would keep a post-forward group's share (its group is not the
+  // shard group). Null: no expert units.
   Communicator* expert_group = nullptr;
   int expert_divide = 1;
   // HYBRID_SHARD (HSDP): `expert_group` is then the node's ranks holding this rank's experts, and the

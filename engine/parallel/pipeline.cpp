@@ -512,6 +512,19 @@ void PipelineRank::gather_parameters(Model* full) {
   if (replica_ != 0 && !(ep_ > 1 && expert_index() / ep_ * ep_ < tp_)) return;
   DTLAB_CHECK(rank_ != 0 || full, "rank 0 gathers the stages into a full model; pass it");
   const int S = static_cast<int>(plan_.stages.size());
+  // The communicator moves the device's memory (NCCL nothing else): host values go through it.
+  const auto send_host = [&](const float* v, int64_t n, int tag) {
+    if (device_.is_host()) return comm_.send(v, n, DType::F32, 0, tag)->wait();
+    Tensor staged({n}, MemCategory::Other, nullptr, DType::F32, device_);
+    device_.upload(staged.f32(), v, n * static_cast<int64_t>(sizeof(float)));
+    comm_.send(staged.f32(), n, DType::F32, 0, tag)->wait();
+  };
+  const auto recv_host = [&](float* v, int64_t n, int from, int tag) {
+    if (device_.is_host()) return comm_.recv(v, n, DType::F32, from, tag)->wait();
+    Tensor staged({n}, MemCategory::Other, nullptr, DType::F32, device_);
+    comm_.recv(staged.f32(), n, DType::F32, from, tag)->wait();
+    device_.download(v, staged.f32(), n * static_cast<int64_t>(sizeof(float)));
+  };
   // A 16-bit full model (Trainer's one-rank model under --precision) has no float32 parameters: the
   // stages land in a float32 copy of them, uploaded (rounded back, exactly) at the end.
   std::vector<float> widened;
@@ -533,7 +546,7 @@ void PipelineRank::gather_parameters(Model* full) {
         values = tp_ > 1 ? gather_tensor_parallel_params(m, tp_group) : m.host_params();
       }
       if (rank_ == 0) scatter_gpt_stage(plan_.stages[static_cast<size_t>(s)], values.data(), *full, flat);
-      else if (tp_rank_ == 0) comm_.send(values.data(), static_cast<int64_t>(values.size()), DType::F32, 0, kGatherTag + s)->wait();
+      else if (tp_rank_ == 0) send_host(values.data(), static_cast<int64_t>(values.size()), kGatherTag + s);
       continue;
     }
     if (replica_ != 0) continue;
@@ -541,12 +554,12 @@ void PipelineRank::gather_parameters(Model* full) {
     if (tp_ > 1) {  // the TP group puts its shards together; its first rank sends the stage on
       const std::vector<float> stage = gather_tensor_parallel_params(m, tp_group_ ? *tp_group_ : comm_);
       if (rank_ == 0) std::copy(stage.begin(), stage.end(), dst);
-      else if (tp_rank_ == 0) comm_.send(stage.data(), static_cast<int64_t>(stage.size()), DType::F32, 0, kGatherTag + s)->wait();
+      else if (tp_rank_ == 0) send_host(stage.data(), static_cast<int64_t>(stage.size()), kGatherTag + s);
     } else if (rank_ == 0) {
       m.download_params(dst);  // a host buffer
     } else if (m.mixed()) {  // its 16-bit values, widened (exact): rank 0 rounds them back
       const std::vector<float> values = m.host_params();
-      comm_.send(values.data(), m.num_params(), DType::F32, 0, kGatherTag + s)->wait();
+      send_host(values.data(), m.num_params(), kGatherTag + s);
     } else {
       comm_.send(m.params(), m.num_params(), DType::F32, 0, kGatherTag + s)->wait();
     }
@@ -557,21 +570,14 @@ void PipelineRank::gather_parameters(Model* full) {
       if (peer_of(s) == 0) continue;
       const StageRange r = plan_.stages[static_cast<size_t>(s)];
       std::vector<float> values(static_cast<size_t>(stage_num_params(spec_, r)));
-      comm_.recv(values.data(), static_cast<int64_t>(values.size()), DType::F32, peer_of(s), kGatherTag + s)->wait();
+      recv_host(values.data(), static_cast<int64_t>(values.size()), peer_of(s), kGatherTag + s);
       scatter_gpt_stage(r, values.data(), *full, flat);
       continue;
     }
     const FlatSlice slice = stage_slice(*full, plan_.stages[static_cast<size_t>(s)]);
     if (peer_of(s) == 0 || slice.numel == 0) continue;
     const int64_t n = slice.numel;
-    float* dst = flat + slice.offset;
-    if (device_.is_host()) {
-      comm_.recv(dst, n, DType::F32, peer_of(s), kGatherTag + s)->wait();
-    } else {  // the communicator moves device memory: receive there, then bring it to the host
-      Tensor staged({n}, MemCategory::Other, nullptr, DType::F32, device_);
-      comm_.recv(staged.f32(), n, DType::F32, peer_of(s), kGatherTag + s)->wait();
-      device_.download(dst, staged.f32(), n * static_cast<int64_t>(sizeof(float)));
-    }
+    recv_host(flat + slice.offset, n, peer_of(s), kGatherTag + s);
   }
   if (full->mixed()) full->upload_params(widened.data());
 }

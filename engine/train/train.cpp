@@ -634,14 +634,18 @@ double Trainer::model_flops(double samples) const {
 
 double Trainer::peak_flops() const {
   const Roof r = roof();
+  // The step's model FLOPs are every rank's (its samples are summed over the world, launched or
+  // not), so the peak is the whole world's hardware.
   if (config_.device == "cpu") {
-    // Ranks in this process share its cores; a launched rank counts its own threads only.
-    const int ranks = launched_ ? 1 : config_.world_size;
+    // Ranks on one machine share its cores: this process's ranks, or under launch LOCAL_WORLD_SIZE
+    // processes on each of world / local machines, each counted as this one.
+    const int local = launched_ ? std::max(1, config_.socket.local_world_size) : config_.world_size;
+    const int machines = launched_ ? std::max(1, config_.world_size / local) : 1;
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    return this_machine_profile().sgemm_flops_per_thread * std::min(cores, ranks * std::max(1, compute_threads()));
+    return this_machine_profile().sgemm_flops_per_thread * std::min(cores, local * std::max(1, compute_threads())) * machines;
   }
   // The cuda backend's ranks share device 0; nccl gives every rank its GPU (one per process when launched).
-  const int gpus = config_.strategy == Strategy::Single || config_.backend == "cuda" || launched_ ? 1 : config_.world_size;
+  const int gpus = config_.strategy == Strategy::Single || config_.backend == "cuda" ? 1 : config_.world_size;
   return r.flops_per_s * gpus;
 }
 

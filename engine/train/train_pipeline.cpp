@@ -271,7 +271,12 @@ class PipelineTrainRank final : public RankStrategy {
     std::copy(m.peak.begin(), m.peak.end(), mine.begin() + K);
     mine[2 * K] = m.total_current;
     mine[2 * K + 1] = m.total_peak;
-    env_.comm->all_gather(all.data(), mine.data(), static_cast<int64_t>(W), DType::I64)->wait();
+    // Through the rank's device memory: NCCL moves device buffers only.
+    Tensor dm({static_cast<int64_t>(W)}, MemCategory::Other, nullptr, DType::I64, env_.dev);
+    Tensor da({static_cast<int64_t>(all.size())}, MemCategory::Other, nullptr, DType::I64, env_.dev);
+    env_.dev.upload(dm.raw(), mine.data(), static_cast<int64_t>(W * sizeof(int64_t)));
+    env_.comm->all_gather(da.raw(), dm.raw(), static_cast<int64_t>(W), DType::I64)->wait();
+    env_.dev.download(all.data(), da.raw(), static_cast<int64_t>(all.size() * sizeof(int64_t)));
     for (int r = 0; r < N_; r++) {
       MemoryStats& o = t_.rank_memory_[static_cast<size_t>(r)];
       const int64_t* v = all.data() + static_cast<size_t>(r) * W;
