@@ -138,4 +138,22 @@ TEST_SUITE("roofline") {
     CHECK(t.model_flops(16) == 6.0 * static_cast<double>(cfg.model.num_params()) * 16);
     CHECK(mfu(t.model_flops(16), 0.5, 1e9) == doctest::Approx(t.model_flops(16) / 0.5 / 1e9));
   }
+
+  TEST_CASE("MFU's peak is the whole world's hardware, launched or not: the step's model FLOPs are every rank's") {
+    TrainConfig c = test::demo_config("ddp", 8, 8, 1);
+    c.device = "cuda";
+    c.backend = "nccl";
+    CHECK(world_peak_flops(c, false, 1e15, 0, 16, 1) == 8e15);
+    CHECK(world_peak_flops(c, true, 1e15, 0, 16, 1) == 8e15);  // one process a rank, a GPU each (it once read 1e15)
+    c.backend = "cuda";                                          // every rank on device 0
+    CHECK(world_peak_flops(c, false, 1e15, 0, 16, 1) == 1e15);
+    c.device = "cpu";
+    c.backend = "threads";  // 8 ranks of 1 thread on one 2-core machine
+    CHECK(world_peak_flops(c, false, 0, 1e9, 2, 1) == 2e9);
+    c.backend = "socket";  // launched: 2 machines of 4 processes, 2 cores each
+    c.socket.local_world_size = 4;
+    CHECK(world_peak_flops(c, true, 0, 1e9, 2, 1) == 4e9);
+    c.socket.local_world_size = 1;  // a process a machine, 2 threads each
+    CHECK(world_peak_flops(c, true, 0, 1e9, 2, 2) == 16e9);
+  }
 }

@@ -636,17 +636,21 @@ double Trainer::peak_flops() const {
   const Roof r = roof();
   // The step's model FLOPs are every rank's (its samples are summed over the world, launched or
   // not), so the peak is the whole world's hardware.
-  if (config_.device == "cpu") {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return world_peak_flops(config_, launched_, r.flops_per_s, this_machine_profile().sgemm_flops_per_thread, cores, compute_threads());
+}
+
+double world_peak_flops(const TrainConfig& c, bool launched, double gpu_flops, double flops_per_thread, int cores, int threads) {
+  if (c.device == "cpu") {
     // Ranks on one machine share its cores: this process's ranks, or under launch LOCAL_WORLD_SIZE
     // processes on each of world / local machines, each counted as this one.
-    const int local = launched_ ? std::max(1, config_.socket.local_world_size) : config_.world_size;
-    const int machines = launched_ ? std::max(1, config_.world_size / local) : 1;
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    return this_machine_profile().sgemm_flops_per_thread * std::min(cores, local * std::max(1, compute_threads())) * machines;
+    const int local = launched ? std::max(1, c.socket.local_world_size) : c.world_size;
+    const int machines = launched ? std::max(1, c.world_size / local) : 1;
+    return flops_per_thread * std::min(std::max(1, cores), local * std::max(1, threads)) * machines;
   }
   // The cuda backend's ranks share device 0; nccl gives every rank its GPU (one per process when launched).
-  const int gpus = config_.strategy == Strategy::Single || config_.backend == "cuda" ? 1 : config_.world_size;
-  return r.flops_per_s * gpus;
+  const int gpus = c.strategy == Strategy::Single || c.backend == "cuda" ? 1 : c.world_size;
+  return gpu_flops * gpus;
 }
 
 void Trainer::abort(const std::string& reason) {

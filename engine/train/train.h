@@ -161,6 +161,12 @@ struct TrainConfig {
 // seed and shuffle, torch's padding (sampler drop_last false; the loader's --drop-last is separate).
 SamplerConfig rank_sampler_config(const TrainConfig& c, int64_t n, int world, int rank);
 
+// The peak FLOP/s of the hardware a run's ranks together use, which MFU divides a step's model FLOPs
+// (every rank's samples) by: on GPUs `gpu_flops` each (the cuda backend's ranks share one; launched,
+// a GPU a rank); on the CPU `flops_per_thread` times the BLAS threads the ranks of each machine can
+// run at once (`cores` a machine; launched, LOCAL_WORLD_SIZE ranks a machine, world / local machines).
+double world_peak_flops(const TrainConfig& c, bool launched, double gpu_flops, double flops_per_thread, int cores, int threads);
+
 // One rank's batches as a training loop takes them: the sampler and DataLoader above, moving to the
 // next epoch (the loop's sampler.set_epoch(epoch + 1)) when one runs out. Not movable: the loader
 // holds the sampler.
