@@ -106,6 +106,15 @@ std::vector<std::string> SpoilerCheck::check(const LessonRunner* lesson) {
     const bool exact = st.question && live == std::floor(live) && st.question->tol_abs < 0 && st.question->tol_rel < 0;
     std::string where = st.question && st.question->choices.empty() ? find_spoiler(it->second, answer_spellings(live, exact), st.question->unit) : "";
     std::string fix = "open that view in the question's reveal: or ask what the screen does not show";
+    if (const std::string guess = st.question ? bare_guess(*st.question, live) : ""; where.empty() && !guess.empty()) {
+      const std::string why = lesson->lesson().path + ":" + std::to_string(st.question->line) + ": step " + std::to_string(j + 1) +
+                              " '" + st.title + "' takes the guess " + guess +
+                              " as its answer, which a learner gets right without reasoning; ask for an amount between none and all";
+      std::fprintf(stderr, "dtlab: %s\n", why.c_str());
+      found.push_back(why);
+      it = before_check_.erase(it);
+      continue;
+    }
     if (where.empty()) {
       // The lesson's own text (earlier steps and the header included) and the earlier answers.
       std::vector<double> earlier;

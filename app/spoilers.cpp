@@ -366,6 +366,23 @@ double value_without_run(const Figure& f) {
   }
 }
 
+std::string bare_guess(const Question& q, double v) {
+  if (!q.choices.empty() || !std::isfinite(v)) return "";
+  const auto takes = [&](double guess) { return guess == v || q.close(guess, v); };
+  if (takes(0)) return "'none' (0)";
+  // A share or a ratio: no unit (or %), and an ask that says so.
+  std::string ask = q.ask;
+  std::transform(ask.begin(), ask.end(), ask.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  bool ratio = false;
+  for (const std::string w : {"share", "fraction", "how many times", "ratio", "(0 to 1)"})
+    for (size_t at = ask.find(w); at != std::string::npos; at = ask.find(w, at + 1))
+      ratio |= at == 0 || !std::isalpha(static_cast<unsigned char>(ask[at - 1]));  // "iteration" is no ratio
+  if (!ratio) return "";
+  if (q.unit.empty() && takes(1)) return "'all' or 'the same' (1)";
+  if (q.unit == "%" && takes(100)) return "'all' (100%)";
+  return "";
+}
+
 std::string find_text_spoiler(const Lesson& lesson, int step, double v, const std::vector<double>& earlier) {
   if (step < 0 || step >= static_cast<int>(lesson.steps.size())) return "";
   const std::optional<Question>& q = lesson.steps[static_cast<size_t>(step)].question;

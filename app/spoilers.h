@@ -62,6 +62,15 @@ std::vector<std::string> text_spellings(double v, bool exact, const std::string&
 //   the number rules do not apply to choices.
 std::string find_text_spoiler(const Lesson& lesson, int step, double v, const std::vector<double>& earlier);
 
+// A question whose answer is a bare guess: "none" (0), or "all" / "the same" (1 for a share or a
+// ratio with no unit, 100 in %), where the question would take that guess as right. A learner who
+// guesses that nothing changes, or everything does, is right without reasoning, and the text before
+// such a question has usually just said the rule that makes it so ("switch set_epoch off" before
+// "what share stays?", "TP inside a node" before "how many TP groups span two nodes?"). Returns the
+// guess as a learner would say it ("'none' (0)"), or "". Choice questions are left out: there the
+// alternatives are on screen, and "none" is one answer among them.
+std::string bare_guess(const Question& q, double v);
+
 // A figure's value when it needs no run: the planner's and the cost model's formulas (plan.*,
 // algo.*, cost.*, ...) and plain arithmetic; NaN for a figure the engine reveals live.
 double value_without_run(const Figure& f);

@@ -267,6 +267,26 @@ const char* kOldTraceLastBucket =
     "choice: All three layers' gradients = 4 * (3 * 512 + 3 + 512 * 512 + 512 + 2 * 512 + 512)\n"
     "answer: trace.bytes(trace.bucket_collective(0, trace.buckets(0) - 1))\nexpect: 4 * (2 * 512 + 512)\n```\n";
 
+// The review's "trivial from the text above" (issue 38): lesson 2's set_epoch question and lesson
+// 21's first question as they stood (lessons/02_data_parallel.md:81-98 and
+// lessons/21_3d_parallelism.md:8-28 at bfe2bc5). The text had just said the rule, and the answer
+// was the guess "all" or "none".
+const char* kOldNoSetEpoch =
+    "---\ntitle: Data parallelism\nminutes: 10\nstrategy: ddp\nworld: 4\nmodel: small\n---\n"
+    "## Forgetting set_epoch\n\nSwitch `set_epoch` off: the data view now shows the split that a loop which never calls\n"
+    "`sampler.set_epoch(epoch)` would use in this epoch.\n\n```action\nset_epoch off\n```\n\n"
+    "```question\nask: Without set_epoch, what share of the samples stay with the rank they had in epoch 0?\n"
+    "answer: data.same_owner(\"epoch0\") / data.n\nexpect: 1\ntolerance: 0.01\n```\n";
+
+const char* kOldTpSpanning =
+    "---\ntitle: \"3-D parallelism: which link carries what\"\nminutes: 14\n"
+    "scenario: --strategy pipeline --world 8 --stages 2 --dp 2 --tp 2 --model mlp:2,64,64,64,64,3 --split 2,3 --microbatches 4 --batch 32 --profile ib2x4\n---\n"
+    "## Three ways to split one job\n\nThe course's example trains on 64 GPUs as 4-way tensor parallelism x 4-way pipeline\n"
+    "parallelism x 4-way data parallelism, numbered row-major with tp fastest. So a TP group is 4 neighbouring ranks.\n\n"
+    "```question\nask: On DGX H100 nodes of 8 GPUs, how many of the example's 16 TP groups span two nodes?\n"
+    "answer: plan.mesh(\"spanning:tp\", \"params=7B world=64 tp=4 stages=4 layers=32 hidden=4096 seq=2048 micro_batch=1 "
+    "micro_batches=8 dtype=mixed profile=dgx-h100x2\")\nexpect: 0\n```\n";
+
 int step_titled(const Lesson& l, const std::string& title) {
   for (size_t k = 0; k < l.steps.size(); k++)
     if (l.steps[k].title == title) return static_cast<int>(k);
@@ -535,5 +555,60 @@ TEST_SUITE("app") {
       CAPTURE(repeat);
       if (!test::quick()) CHECK(entry.second < static_cast<int>(seeds.size()));
     }
+  }
+}
+
+TEST_SUITE("app") {
+  TEST_CASE("spoilers: an answer that is the guess 'none' or 'all' needs no reasoning, on the passages the review found") {
+    {
+      const Lesson l = parse_lesson(kOldNoSetEpoch, "lessons/02_data_parallel.md");
+      REQUIRE(l.steps[0].question);
+      CHECK(bare_guess(*l.steps[0].question, 1.0) == "'all' or 'the same' (1)");  // every sample stays
+      CHECK(bare_guess(*l.steps[0].question, 0.995) != "");                      // within its tolerance
+      CHECK(bare_guess(*l.steps[0].question, 0.25).empty());                      // with set_epoch: one in 4
+    }
+    {
+      const Lesson l = parse_lesson(kOldTpSpanning, "lessons/21_3d_parallelism.md");
+      REQUIRE(l.steps[0].question);
+      const double v = value_without_run(l.steps[0].question->answer);  // the planner's count, no run
+      CHECK(v == 0);
+      CHECK(bare_guess(*l.steps[0].question, v) == "'none' (0)");
+    }
+    // A count of 1 is not a guess (one bucket in DDP's first iteration is the point); 1 in a unit is
+    // an amount; a choice question shows its alternatives.
+    Question q;
+    q.ask = "How many bucket all-reduces does it launch?";
+    CHECK(bare_guess(q, 1).empty());
+    CHECK(bare_guess(q, 0) == "'none' (0)");
+    q.ask = "How many all-reduces in iteration 0?";  // "iteration" is not "ratio"
+    CHECK(bare_guess(q, 1).empty());
+    q.ask = "What share of it hides?";
+    q.unit = "%";
+    CHECK(bare_guess(q, 100) == "'all' (100%)");
+    CHECK(bare_guess(q, 1).empty());
+    q.unit = "GB";
+    CHECK(bare_guess(q, 1).empty());
+    q.choices.push_back({"none", Figure::parse("0")});
+    CHECK(bare_guess(q, 0).empty());
+  }
+
+  TEST_CASE("spoilers: no question of the course is answered by guessing 'none' or 'all'") {
+    // The plays (CTest's lesson_<name>) check every live answer; this checks, wherever the tests run,
+    // the answers the lessons' own `expect:` states as plain arithmetic or the planner computes.
+    int checked = 0;
+    for (const std::string& p : lesson_paths(std::string(DTLAB_SOURCE_DIR) + "/lessons")) {
+      const Lesson l = load_lesson(p);
+      for (const LessonStep& st : l.steps) {
+        if (!st.question || !st.question->choices.empty()) continue;
+        double v = value_without_run(st.question->answer);
+        if (!std::isfinite(v) && !st.question->expect.empty()) v = value_without_run(st.question->expect);
+        if (!std::isfinite(v)) continue;
+        CAPTURE(p);
+        CAPTURE(st.title);
+        CHECK(bare_guess(*st.question, v) == "");
+        checked++;
+      }
+    }
+    CHECK(checked >= 60);
   }
 }
