@@ -36,7 +36,8 @@
 #         c. train-*     dtlab-cli train --device cuda against the same run with --device cpu, 20 steps, for
 #                        single, DDP, every FSDP sharding and every pipeline schedule, DataParallel, TP (with DDP,
 #                        and with SP under FSDP), and the GPT (gpt-*: single, DDP, FSDP, ZB-H1, LoRA under DDP, DP,
-#                        TP + SP, the dp x pp x tp mesh; autocast, --amp bf16, under DDP and TP + SP), and bf16/fp16 under DDP, TP, FSDP, DP and pipelines (rtol 1.6e-2 / 1e-3); a row passes when the GPU's final training-set loss (--json summary's
+#                        TP + SP, the dp x pp x tp mesh; autocast, --amp bf16, under DDP and TP + SP; --cp in its three layouts,
+#                        --moe with --ep 2, and MoE x CP x TP + SP), and bf16/fp16 under DDP, TP, FSDP, DP and pipelines (rtol 1.6e-2 / 1e-3); a row passes when the GPU's final training-set loss (--json summary's
 #                        train_loss) equals the CPU's within |gpu - cpu| <= 1e-5 * max(1, |cpu|) (the GPT's 1e-4);
 #         d. bench       build-gpu/bin/dtlab-bench-cuda (GPU step vs CPU step vs PyTorch on the same GPU, ring
 #                        all-reduce busbw), then dtlab-bench-cuda --gemm (mlp:4096,16384,16384,4096 at batch
@@ -747,6 +748,13 @@ step_train() {
   train_row gpt-amp-ddp2 "$gpt $sgd --strategy ddp --world 2 --amp bf16" "" 1.6e-2
   ((quick)) || train_row gpt-amp-tp2-sp "$gpt $sgd --strategy ddp --world 4 --tp 2 --sequence-parallel --amp bf16" "" 1.6e-2
   ((quick)) || train_row gpt-mesh-2x2x2 "$gpt $sgd --strategy pipeline --dp 2 --stages 2 --tp 2 --microbatches 4 --schedule 1f1b" "" 1e-4
+  # Context parallelism and the experts (ring attention's online softmax, the router and the combine
+  # run as host loops over copies of device memory, GptCore::Host; Ulysses and the dispatch on the device).
+  train_row gpt-cp2-ring "$gpt $sgd --strategy ddp --world 2 --cp 2" "" 1e-4
+  ((quick)) || train_row gpt-cp2-zigzag "$gpt $sgd --strategy ddp --world 2 --cp 2 --cp-layout zigzag" "" 1e-4
+  ((quick)) || train_row gpt-cp2-ulysses "$gpt $sgd --strategy ddp --world 2 --cp 2 --cp-layout ulysses" "" 1e-4
+  train_row gpt-moe-ep2 "$gpt $sgd --strategy ddp --world 2 --moe experts=4,top_k=2 --ep 2" "" 1e-4
+  ((quick)) || train_row gpt-moe-cp2-tp2 "$gpt $sgd --strategy ddp --world 4 --cp 2 --tp 2 --sequence-parallel --moe experts=4,top_k=2" "" 1e-4
 }
 
 # bench NAME WANT_SECONDS [bench flags...]

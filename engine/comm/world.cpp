@@ -1,5 +1,7 @@
 #include "engine/comm/world.h"
 
+#include <atomic>
+
 namespace dtlab {
 
 namespace {
@@ -20,6 +22,13 @@ class HostWorld final : public RankWorld {
 };
 
 }  // namespace
+
+namespace {
+std::atomic<TestWorldFactory> g_test_world{nullptr};
+}  // namespace
+
+void set_test_world(TestWorldFactory f) { g_test_world.store(f); }
+TestWorldFactory test_world() { return g_test_world.load(); }
 
 std::unique_ptr<RankWorld> make_threads_world(int world_size, WorldOptions options) {
   return std::make_unique<HostWorld>(world_size, std::move(options));

@@ -33,4 +33,11 @@ class RankWorld {
 // The CPU world: ThreadsWorld with the host device.
 std::unique_ptr<RankWorld> make_threads_world(int world_size, WorldOptions options);
 
+// A test's seam: while set, the trainer makes its in-process worlds with this instead of its
+// backend's (tests/hostless.h: ranks whose memory the host cannot read, so a host loop over device
+// memory fails on the CPU as it would on a GPU). Null in the programs.
+using TestWorldFactory = std::unique_ptr<RankWorld> (*)(int world_size, WorldOptions options);
+void set_test_world(TestWorldFactory f);
+TestWorldFactory test_world();
+
 }  // namespace dtlab

@@ -89,6 +89,18 @@ int GptCore::claim(int64_t n) {
   return slot;
 }
 
+GptCore::Host::Host(Device& dev, const float* p, int64_t n, bool in, bool out)
+    : dev_(dev), p_(const_cast<float*>(p)), n_(n), out_(out && !dev.is_host()), h_(p_) {
+  if (dev.is_host()) return;
+  buf_.resize(static_cast<size_t>(n));
+  h_ = buf_.data();
+  if (in && n > 0) dev.download(h_, p, n * static_cast<int64_t>(sizeof(float)));
+}
+
+GptCore::Host::~Host() {
+  if (out_ && n_ > 0) dev_.upload(p_, h_, n_ * static_cast<int64_t>(sizeof(float)));
+}
+
 GptCore::F32 GptCore::rd(const void* p, int64_t n) {
   if (!half() || !p) return F32(nullptr, -1, static_cast<float*>(const_cast<void*>(p)), nullptr, 0);
   const int slot = claim(n);
@@ -526,7 +538,10 @@ const void* GptCore::moe_forward(std::vector<Parameter>& p, int l, const void* a
   MoeRoute& rt = routes_[k];
   void* logits = moe_logits_[k].raw();
   dev_.linear_forward(out16(logits, BT * E), cast16(a, BT * C), cw(p[static_cast<size_t>(pr(l))]), nullptr, BT, C, E);  // the router
-  route(rt, moe_stats_[local(l)], rd(logits, BT * E), BT);
+  {
+    F32 z = rd(logits, BT * E);
+    route(rt, moe_stats_[local(l)], Host(dev_, z, BT * E, true, false), BT);
+  }
   if (tp() || cp()) moe_group_sums(rt, moe_stats_[local(l)], 1 + l);
   if (!recomputing_) {
     const MoeRouting& st = moe_stats_[local(l)];
@@ -605,8 +620,9 @@ const void* GptCore::moe_forward(std::vector<Parameter>& p, int l, const void* a
   const int64_t rows = static_cast<int64_t>(rt.row.size());
   void* out = dbuf_.raw();
   {
-    F32 o = wr(out, BT * C);
-    F32 yy = rd(y, rows * C);
+    F32 o32 = wr(out, BT * C);
+    F32 yy32 = rd(y, rows * C);
+    Host o(dev_, o32, BT * C, false, true), yy(dev_, yy32, rows * C, true, false);
     std::fill_n(static_cast<float*>(o), BT * C, 0.0f);
     for (int64_t n = 0; n < rows; n++) {
       const int32_t i = rt.row[static_cast<size_t>(n)];
@@ -629,8 +645,9 @@ void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, cons
   // d prob for each kept pair (dout . its expert's output), then y's buffer takes prob x dout.
   std::vector<float> dprob(static_cast<size_t>(BT * K), 0.0f);
   {
-    F32 d = rd(dout, BT * C);
-    F32 yy = acc(y, rows * C);
+    F32 d32 = rd(dout, BT * C);
+    F32 yy32 = acc(y, rows * C);
+    Host d(dev_, d32, BT * C, true, false), yy(dev_, yy32, rows * C, true, true);
     for (int64_t n = 0; n < rows; n++) {
       const int32_t i = rt.row[static_cast<size_t>(n)];
       const float* dt = static_cast<float*>(d) + (i / K) * C;
@@ -747,13 +764,14 @@ void GptCore::moe_backward(std::vector<Parameter>& p, int l, const void* a, cons
   void* dlog = moe_logits_[k].raw();  // (the logits are spent: their buffer takes their gradient)
   {
     F32 d = out16(dlog, BT * E);  // (autocast: the 16-bit logits' gradient)
-    std::copy(dz.begin(), dz.end(), static_cast<float*>(d));
+    dev_.upload(d, dz.data(), BT * E * static_cast<int64_t>(sizeof(float)));
   }
   // The gradient of `a`: the experts' input gradients added back to their tokens, then the router's.
   void* da = dbuf_.raw();
   {
-    F32 o = wr(da, BT * C);
-    F32 xs = rd(dx, rows * C);
+    F32 o32 = wr(da, BT * C);
+    F32 xs32 = rd(dx, rows * C);
+    Host o(dev_, o32, BT * C, false, true), xs(dev_, xs32, rows * C, true, false);
     std::fill_n(static_cast<float*>(o), BT * C, 0.0f);
     for (int64_t n = 0; n < rows; n++) {
       float* dst = static_cast<float*>(o) + (rt.row[static_cast<size_t>(n)] / K) * C;

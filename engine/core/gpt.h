@@ -362,6 +362,29 @@ class GptCore {
     int64_t n_;
     Fin fin_;
   };
+  // Float32 values the host loops read or write (ring attention's online softmax, the router, the
+  // experts' combine): on the CPU the device's memory itself; on a GPU a host copy, downloaded first
+  // when `in`, uploaded back when the view ends when `out`. Declared after the F32 view it stages,
+  // so it uploads before that view's finish rounds or narrows.
+  class Host {
+   public:
+    Host(Device& dev, const float* p, int64_t n, bool in, bool out);
+    ~Host();
+    Host(const Host&) = delete;
+    Host& operator=(const Host&) = delete;
+    operator float*() const { return h_; }
+
+   private:
+    Device& dev_;
+    float* p_;
+    int64_t n_;
+    bool out_;
+    std::vector<float> buf_;
+    float* h_;
+  };
+  Host host_in(const float* p, int64_t n) { return Host(dev_, p, n, true, false); }
+  Host host_out(float* p, int64_t n) { return Host(dev_, p, n, false, true); }
+  Host host_inout(float* p, int64_t n) { return Host(dev_, p, n, true, true); }
   F32 rd(const void* p, int64_t n);  // read
   F32 wr(void* p, int64_t n);        // written whole
   F32 acc(void* p, int64_t n);       // read, then added into or updated in place

@@ -1,7 +1,8 @@
 // Context parallelism in the GPT's attention (GptCore; docs/strategies.md, "Context parallelism";
 // sources in docs/course_sources.md §6h): ring attention over the CP group's K/V blocks with the
 // online softmax (contiguous and zigzag layouts), and DeepSpeed-Ulysses' all-to-alls around whole
-// attention. Host loops: the engine refuses --cp on a GPU device (engine/train/compose.cpp).
+// attention. Ring attention's online softmax runs in host loops (on a GPU over host copies, GptCore::Host);
+// Ulysses' regrouping and attention are the device's copies and kernels.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -159,13 +160,15 @@ void GptCore::ring_attention_forward(size_t k, int l) {
   void* cur = cp_a_.raw();
   void* nxt = cp_b_.raw();
   {
-    F32 q = rd(qkv_[k]);
+    F32 q32 = rd(qkv_[k]);
+    Host q(dev_, q32, B * Tq * 3 * Ct, true, false);
     for (int64_t s = 0; s < c; s++) {
       const int64_t j = (me - s + c) % c;  // whose block this rank holds at step s
       const std::vector<int64_t>& kpos = cp_pos_[static_cast<size_t>(j)];
       const int64_t pairs = causal_pairs(qpos, kpos);
       if (pairs > 0) {
-        F32 kv = rd(cur, n);
+        F32 kv32 = rd(cur, n);
+        Host kv(dev_, kv32, n, true, false);
         ring_block_forward({B, Tq, H, hs, Ct, 3 * Ct, 1.0f / std::sqrt(static_cast<float>(hs)), qpos, kpos}, q, kv, o.data(), m.data(), sum.data());
       }
       pass.held[static_cast<size_t>(s)] = static_cast<int>(j);
@@ -181,8 +184,8 @@ void GptCore::ring_attention_forward(size_t k, int l) {
     }
   }
   // o / l, and the log-sum-exp the backward rebuilds the probabilities from.
-  F32 y = out16(atty_[k]);
-  float* lse = cp_lse_[k].f32();
+  F32 y32 = out16(atty_[k]);
+  Host y(dev_, y32, B * Tq * Ct, false, true), lse(dev_, cp_lse_[k].f32(), B * H * Tq, false, true);
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++)
       for (int64_t i = 0; i < Tq; i++) {
@@ -209,10 +212,13 @@ void GptCore::ring_attention_backward(size_t k, int l, const void* dy) {
   void* dsend = cp_c_.raw();
   void* drecv = cp_d_.raw();
   {
-    F32 q = rd(qkv_[k]);
-    F32 dout = rd(dy, B * Tq * Ct);
+    F32 q32 = rd(qkv_[k]);
+    F32 dout32 = rd(dy, B * Tq * Ct);
+    Host q(dev_, q32, B * Tq * 3 * Ct, true, false), dout(dev_, dout32, B * Tq * Ct, true, false);
+    Host lse(dev_, cp_lse_[k].f32(), B * H * Tq, true, false);
     {
-      F32 y = rd(atty_[k]);
+      F32 y32 = rd(atty_[k]);
+      Host y(dev_, y32, B * Tq * Ct, true, false);
       for (int64_t b = 0; b < B; b++)  // rowsum(dO O) per query and head
         for (int64_t h = 0; h < H; h++)
           for (int64_t i = 0; i < Tq; i++) {
@@ -230,9 +236,10 @@ void GptCore::ring_attention_backward(size_t k, int l, const void* dy) {
       // rank to rank one step behind it, each adding its own, and the last reaches the owner.
       std::vector<float>& into = s == 0 ? own : dkv;
       if (pairs > 0) {
-        F32 kv = rd(cur, n);
+        F32 kv32 = rd(cur, n);
+        Host kv(dev_, kv32, n, true, false);
         ring_block_backward({B, Tq, H, hs, Ct, 3 * Ct, 1.0f / std::sqrt(static_cast<float>(hs)), qpos, kpos}, q, kv, dout,
-                            cp_lse_[k].f32(), delta.data(), dq.data(), into.data());
+                            lse, delta.data(), dq.data(), into.data());
       }
       pass.held[static_cast<size_t>(s)] = static_cast<int>(j);
       pass.pairs[static_cast<size_t>(s)] = pairs;
@@ -246,12 +253,12 @@ void GptCore::ring_attention_backward(size_t k, int l, const void* dy) {
         std::swap(cur, nxt);
       }
       if (s > 0) {  // its dK/dV so far after it; from rank r + 1, the shares of the block held next (last: of this rank's)
-        if (half()) dev_.narrow_half(static_cast<uint16_t*>(dsend), dkv.data(), n, hf_);
-        else dev_.copy(dsend, dkv.data(), n * static_cast<int64_t>(sizeof(float)));
+        if (half()) upload_half(dev_, static_cast<uint16_t*>(dsend), dkv.data(), n, hf_);
+        else dev_.upload(dsend, dkv.data(), n * static_cast<int64_t>(sizeof(float)));
         // (Autocast: dK and dV travel in 16 bits, rounded at each hop, as in --precision.)
         wire16(drecv, n, dsend, n, [&](void* d, const void* src, DType dt) { cp_comm_->send_recv(d, next, src, prev, n, dt, 1 + l); });
-        if (half()) dev_.widen_half(dkv.data(), static_cast<const uint16_t*>(drecv), n, hf_);
-        else dev_.copy(dkv.data(), drecv, n * static_cast<int64_t>(sizeof(float)));
+        if (half()) download_half(dev_, dkv.data(), static_cast<const uint16_t*>(drecv), n, hf_);
+        else dev_.download(dkv.data(), drecv, n * static_cast<int64_t>(sizeof(float)));
       }
       pass.sending = false;
       cp_passes_[local(l)] = pass;
@@ -260,7 +267,7 @@ void GptCore::ring_attention_backward(size_t k, int l, const void* dy) {
   for (size_t i = 0; i < dkv.size(); i++) dkv[i] += own[i];
   // dkv: this rank's own block's dK and dV, every rank's queries summed in; dq: its queries'.
   F32 d = out16(dqkv_);
-  float* out = d;
+  Host out(dev_, d, B * Tq * 3 * Ct, false, true);
   for (int64_t row = 0; row < B * Tq; row++) {
     std::copy_n(dq.data() + row * Ct, Ct, out + row * 3 * Ct);
     std::copy_n(dkv.data() + row * 2 * Ct, 2 * Ct, out + row * 3 * Ct + Ct);

@@ -251,8 +251,8 @@ PipelineRank::PipelineRank(const PipelinePlan& plan, const ModelSpec& spec, int 
   sequence_parallel_ = setup.sequence_parallel && tp > 1;
   ContextParallelSpec cp = setup.cp;
   if (cp.on()) {  // the CP group: `degree` neighbouring data-parallel indices of this pipeline rank and TP index
-    DTLAB_CHECK(spec.is_gpt() && plan.options.dp % cp.degree == 0 && device.is_host(),
-                "a pipeline's context parallelism splits a GPT's sequence over data-parallel indices, on the CPU");
+    DTLAB_CHECK(spec.is_gpt() && plan.options.dp % cp.degree == 0,
+                "a pipeline's context parallelism splits a GPT's sequence over data-parallel indices");
     cp_ = static_cast<int>(cp.degree);
     cp.rank = replica_ % cp_;
     std::vector<int> ranks;
@@ -918,12 +918,23 @@ PipelineRankIteration PipelineRank::run_iteration(const float* x, const int64_t*
   x_ = x;
   tok_ = tok;
   y_ = y;
-  if (cp_ > 1) {  // the targets of this rank's positions of each sample, in its rows' order (host memory)
-    const int64_t T = spec_.gpt.ctx, Tq = static_cast<int64_t>(cp_positions_.size());
+  if (cp_ > 1) {  // the targets of this rank's positions of each sample, in its rows' order, picked on the host
+    const int64_t T = spec_.gpt.ctx, Tq = static_cast<int64_t>(cp_positions_.size()), I64 = sizeof(int64_t);
+    const int64_t* all = y;
+    if (!device_.is_host()) {
+      cp_all_.resize(static_cast<size_t>(B * T));
+      device_.download(cp_all_.data(), y, B * T * I64);
+      all = cp_all_.data();
+    }
     cp_targets_.resize(static_cast<size_t>(B * Tq));
     for (int64_t b = 0; b < B; b++)
-      for (int64_t i = 0; i < Tq; i++) cp_targets_[static_cast<size_t>(b * Tq + i)] = y[b * T + cp_positions_[static_cast<size_t>(i)]];
+      for (int64_t i = 0; i < Tq; i++) cp_targets_[static_cast<size_t>(b * Tq + i)] = all[b * T + cp_positions_[static_cast<size_t>(i)]];
     y_ = cp_targets_.data();
+    if (!device_.is_host()) {
+      if (cp_targets_dev_.numel() < B * Tq) cp_targets_dev_ = Tensor({B * Tq}, MemCategory::Other, nullptr, DType::I64, device_);
+      device_.upload(cp_targets_dev_.raw(), cp_targets_.data(), B * Tq * I64);
+      y_ = cp_targets_dev_.i64();
+    }
   }
   loss_scale_ = loss_scale;
   it_ = {};

@@ -259,7 +259,9 @@ class PipelineRank {
   std::unique_ptr<Communicator> cp_group_;
   std::unique_ptr<ContextParallelComm> cp_comm_;
   std::vector<int64_t> cp_positions_;  // this rank's positions of T, in its rows' order
-  std::vector<int64_t> cp_targets_;    // the batch's targets at those positions (B x T / cp_)
+  std::vector<int64_t> cp_targets_;    // the batch's targets at those positions (B x T / cp_), on the host
+  std::vector<int64_t> cp_all_;        // a GPU's: the batch's targets read back, B x T
+  Tensor cp_targets_dev_;              // a GPU's: cp_targets_ uploaded
   // --ep: the EP group and the expert-data-parallel group (null when ep = dp), on their own executor.
   std::shared_ptr<GroupExecutor> ep_exec_;
   std::unique_ptr<Communicator> ep_group_, edp_group_;

@@ -25,12 +25,8 @@ const Combination kCombinations[] = {
      "Megatron-core's MoELayer refuses to train tensor-parallel without sequence parallelism (each TP rank routes its own positions "
      "to whole experts)",
      "add --sequence-parallel", false},
-    {Feature::Moe, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
-     "the router and the token dispatch run on the host", "use --device cpu", true},
     {Feature::ContextParallel, "an mlp model", [](const TrainConfig& c) { return !c.model.is_gpt(); },
      "it splits a sequence's positions, and an MLP's samples have none", "use --model gpt (e.g. gpt-tiny)", false},
-    {Feature::ContextParallel, "--device cuda", [](const TrainConfig& c) { return c.device == "cuda"; },
-     "ring attention's online softmax and Ulysses' regrouping run on the host", "use --device cpu", true},
     {Feature::ExpertParallel, "--strategy fsdp --wrap model", [](const TrainConfig& c) { return c.strategy == Strategy::Fsdp && !c.fsdp.wrap_layers; },
      "each block's experts are a unit of their own, sharded over other ranks than the rest (torchtitan wraps moe.experts apart), "
      "which a whole-model unit cannot be",

@@ -44,6 +44,7 @@ double seconds_since(Clock::time_point t0) {
 
 // The in-process world of `backend`: threads on the CPU, or a GPU world from the CUDA build.
 std::unique_ptr<RankWorld> make_world(const std::string& backend, int n, const WorldOptions& wo) {
+  if (TestWorldFactory test = test_world()) return test(n, wo);
   if (backend == "threads") return make_threads_world(n, wo);
 #if DTLAB_HAVE_CUDA
   if (backend == "cuda") return cuda::make_cuda_world(n, wo);

@@ -80,12 +80,13 @@ struct StepBuffers {
     dev.upload(y_dev.raw(), batch.y.data(), B * static_cast<int64_t>(sizeof(int64_t)));
     return {x_dev.f32(), y_dev.i64()};
   }
-  // A GPT's batch: its tokens and targets (rows each), uploaded to a GPU.
-  std::pair<const int64_t*, const int64_t*> place_tokens(const Batch& batch, int64_t rows) {
-    if (x_dev.raw() == nullptr) return {batch.tok.data(), batch.y.data()};
+  // A GPT's batch: its tokens (rows) and the targets of its logits' rows (y, y_rows: the batch's, or
+  // under --cp this rank's positions'), host memory uploaded to a GPU.
+  std::pair<const int64_t*, const int64_t*> place_tokens(const Batch& batch, int64_t rows, const int64_t* y, int64_t y_rows) {
+    if (x_dev.raw() == nullptr) return {batch.tok.data(), y};
     Device& dev = x_dev.device();
     dev.upload(x_dev.raw(), batch.tok.data(), rows * static_cast<int64_t>(sizeof(int64_t)));
-    dev.upload(y_dev.raw(), batch.y.data(), rows * static_cast<int64_t>(sizeof(int64_t)));
+    dev.upload(y_dev.raw(), y, y_rows * static_cast<int64_t>(sizeof(int64_t)));
     return {x_dev.i64(), y_dev.i64()};
   }
   // Cross-entropy of `logits` (B, C) against `y` into loss_stats, and its gradient into dlogits.
@@ -174,11 +175,12 @@ class ReplicaRank : public RankStrategy {
     const int64_t B = t.last_batch = batch.size;
     if (model_.is_gpt()) {  // the loss over every position: B x T rows of logits
       const int64_t rows = B * c_.model.rows_per_sample();
-      const auto placed = buf_->place_tokens(batch, rows);
-      const int64_t* tok = placed.first;
-      // Under --cp the logits are this rank's positions' (B x T/c rows): their targets, in its order.
-      const int64_t* y = cp_comm_ ? local_targets(placed.second, B) : placed.second;
+      // Under --cp the logits are this rank's positions' (B x T/c rows): their targets, in its order,
+      // picked on the host before the upload.
       const int64_t out_rows = cp_comm_ ? B * model_.gpt()->seq_rows() : rows;
+      const auto placed = buf_->place_tokens(batch, rows, cp_comm_ ? local_targets(batch.y.data(), B) : batch.y.data(), out_rows);
+      const int64_t* tok = placed.first;
+      const int64_t* y = placed.second;
       before_forward(sync);
       const float loss_scale = scaler_ ? t_.loss_scale_for(*scaler_, step, rank_) : 1.0f;
       buf_->loss(env_.obs, model_.forward_tokens(tok, B), y, out_rows, C, c_.accum, loss_scale);
@@ -357,7 +359,7 @@ class ReplicaRank : public RankStrategy {
     model_.set_context_parallel_comm(cp_comm_.get());
     cp_positions_ = spec.positions(c_.model.gpt.ctx);
   }
-  // The targets of this rank's positions of each of B samples (host memory: --cp runs on the CPU).
+  // The targets of this rank's positions of each of B samples, from the batch's (host memory).
   const int64_t* local_targets(const int64_t* y, int64_t B) {
     const int64_t T = c_.model.gpt.ctx, Tq = static_cast<int64_t>(cp_positions_.size());
     cp_targets_.resize(static_cast<size_t>(B * Tq));
