@@ -190,23 +190,16 @@ bool Session::attention(int layer, int head, std::vector<float>& probs, std::str
   // Under --tp the head's TP rank of replica 0 computed it (rank = tp index there: tp varies fastest).
   const int holder = config_.tp > 1 ? head / static_cast<int>(config_.model.gpt.heads / config_.tp) : 0;
   const GptCore* g = trainer_->rank_model(holder).gpt();
-  const float* a = g ? g->attention(layer, 0, head) : nullptr;
   const int64_t* tok = g ? g->tokens(0) : nullptr;
-  if (!a || !tok) return false;
+  if (!tok) return false;
+  // The run is paused: a GPU's copies are read back, on this thread bound to the rank's device.
+  Device& dev = g->device();
+  dev.bind_thread();
+  if (!g->attention(layer, 0, head, probs)) return false;
   const int64_t T = config_.model.gpt.ctx;
-  std::vector<int32_t> ids(static_cast<size_t>(T));
-  if (g->device().is_host()) {
-    probs.assign(a, a + T * T);
-    std::copy(tok, tok + T, ids.begin());
-  } else {  // the run is paused: the GPU's copies are read back
-    Device& dev = g->device();
-    dev.bind_thread();
-    probs.resize(static_cast<size_t>(T * T));
-    std::vector<int64_t> tok64(static_cast<size_t>(T));
-    dev.download(probs.data(), a, T * T * static_cast<int64_t>(sizeof(float)));
-    dev.download(tok64.data(), tok, T * static_cast<int64_t>(sizeof(int64_t)));
-    std::copy(tok64.begin(), tok64.end(), ids.begin());
-  }
+  std::vector<int64_t> tok64(static_cast<size_t>(T));
+  dev.download(tok64.data(), tok, T * static_cast<int64_t>(sizeof(int64_t)));
+  const std::vector<int32_t> ids(tok64.begin(), tok64.end());
   const Dataset& ds = trainer_->dataset();
   text = ds.chars.empty() ? std::string() : decode_tokens(ds.chars, ids.data(), T);
   return true;

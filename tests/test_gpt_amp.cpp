@@ -71,9 +71,9 @@ TEST_SUITE("gpt") {
       // lm_head's output and the attention probabilities: 16-bit under autocast; the last block's
       // output (x + mlp(ln_2(x)), a float32 add) is not.
       CHECK((bf16_values(logits, BT * V) == BT * V) == amp);
-      const float* att = m.gpt()->attention(1, 2, 1);
-      REQUIRE(att != nullptr);
-      CHECK((bf16_values(att, T * T) == T * T) == amp);
+      std::vector<float> att;
+      REQUIRE(m.gpt()->attention(1, 2, 1, att));
+      CHECK((bf16_values(att.data(), T * T) == T * T) == amp);
       const Tensor& out = m.gpt()->output();
       CHECK(bf16_values(out.f32(), out.numel()) < out.numel() / 2);
       std::vector<float> probs(static_cast<size_t>(BT * V)), dlogits(probs.size());

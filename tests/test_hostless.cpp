@@ -58,6 +58,7 @@ std::vector<float> trained(const TrainConfig& c, const char* device) {
 
 void same_on_both(const TrainConfig& c, const std::string& what) {
   CAPTURE(what);
+  if (!test::kHostlessFaults) return;
   const std::vector<float> cpu = trained(c, "cpu");
   std::vector<float> dev;
   {
@@ -74,6 +75,10 @@ void same_on_both(const TrainConfig& c, const std::string& what) {
 
 TEST_SUITE("hostless") {
   TEST_CASE("hostless: the GPT's strategies and mesh dimensions on ranks the host cannot read end where the CPU ends") {
+    if (!test::kHostlessFaults) {
+      MESSAGE("skipped: a tagged address does not fault on this machine (tests/hostless.h needs x86-64)");
+      return;
+    }
     const TrainConfig g = gpt_base();
     std::vector<std::string> runs = {
         "--strategy ddp --world 2",
@@ -105,6 +110,15 @@ TEST_SUITE("hostless") {
                                   "--strategy ddp --world 2 --precision fp16 --inject-overflow 1",
                                   "--strategy ddp --world 2 --clip-grad-norm 0.5 --accum 2",
                                   "--strategy ddp --world 2 --uneven-rank 1 --join --cp 2 --world 4",
+                                  // The experts' combine and router over 16-bit scratch (the Host view uploads before it narrows).
+                                  "--strategy ddp --world 2 --moe experts=4,top_k=2 --ep 2 --precision bf16",
+                                  "--strategy ddp --world 2 --moe experts=4,top_k=2,capacity=1.0 --precision fp16",
+                                  "--strategy ddp --world 4 --moe experts=4,top_k=2 --tp 2 --sequence-parallel --cp 2",
+                                  "--strategy ddp --world 2 --moe experts=4,top_k=2 --ep 2 --activation-checkpointing",
+                                  "--strategy ddp --world 2 --moe experts=4,top_k=2 --cp 2 --lora-rank 2",
+                                  "--strategy pipeline --world 4 --stages 2 --dp 2 --microbatches 2 --moe experts=4,top_k=2 --ep 2",
+                                  "--strategy ddp --world 2 --cp 2 --cp-layout ulysses --amp fp16",
+                                  "--strategy ddp --world 2 --cp 2 --cp-layout zigzag --precision bf16 --activation-checkpointing",
                               });
     for (const std::string& r : runs) same_on_both(with_flags(g, r), r);
   }
@@ -159,6 +173,7 @@ std::map<std::string, std::string> saved(TrainConfig c, const std::filesystem::p
 
 TEST_SUITE("hostless") {
   TEST_CASE("hostless: checkpoints saved from ranks the host cannot read, whole and sharded, are the CPU's bytes, and load back") {
+    if (!test::kHostlessFaults) return;
     for (const std::string& r : {std::string("--strategy fsdp --world 2"), std::string("--strategy fsdp --world 2 --precision bf16"),
                                  std::string("--strategy ddp --world 2 --tp 2 --sequence-parallel")}) {
       CAPTURE(r);
@@ -172,10 +187,10 @@ TEST_SUITE("hostless") {
       }
       CHECK(!cpu.empty());
       CHECK(dev.size() == cpu.size());
-      for (const auto& [name, bytes] : cpu) {
-        CAPTURE(name);
-        REQUIRE(dev.count(name) == 1);
-        CHECK(dev.at(name) == bytes);
+      for (const auto& file : cpu) {
+        CAPTURE(file.first);
+        REQUIRE(dev.count(file.first) == 1);
+        CHECK(dev.at(file.first) == file.second);
       }
       // A run that starts from the saved model (--init: read into each rank's device memory; a sharded
       // checkpoint's directory under fsdp) ends where the CPU's does.

@@ -9,6 +9,7 @@
 #include "app/alltoall_tracker.h"  // pick_alltoall
 #include "app/options.h"
 #include "app/session.h"
+#include "tests/hostless.h"
 #include "tests/session_util.h"
 #include "tests/test_util.h"
 
@@ -76,6 +77,35 @@ TEST_SUITE("app") {
     CHECK(b.buckets[0].launch_order == 0);
     CHECK(b.memory.size() == 4);
     CHECK(b.memory[3].stats.current_of(MemCategory::CommBuffers) == 4547 * 4);
+  }
+
+  TEST_CASE("a paused GPT run whose ranks the host cannot read (a GPU's) shows the CPU's attention and text, in 16 bits too") {
+    if (!test::kHostlessFaults) return;  // tests/hostless.h
+    for (const Precision p : {Precision::FP32, Precision::BF16}) {
+      CAPTURE(static_cast<int>(p));
+      TrainConfig c = lab_config(2);
+      c.model = ModelSpec::parse("gpt:layers=1,heads=2,embd=16,ctx=16");
+      c.data = "text";
+      c.precision = p;
+      std::vector<float> want, got;
+      std::string want_text, got_text, want_gen, got_gen;
+      {
+        Session s(c);
+        step(s, GateKind::Iteration, 2);
+        REQUIRE(s.attention(0, 1, want, want_text));
+        want_gen = s.generate("Shall I", 30);
+      }
+      {
+        test::HostlessWorlds hostless;
+        Session s(c);
+        step(s, GateKind::Iteration, 2);
+        REQUIRE(s.attention(0, 1, got, got_text));
+        got_gen = s.generate("Shall I", 30);
+      }
+      CHECK(got == want);
+      CHECK(got_text == want_text);
+      CHECK(got_gen == want_gen);
+    }
   }
 
   TEST_CASE("a paused GPT run writes text from its current weights, and says why when it cannot") {

@@ -816,15 +816,15 @@ OpCost GptCore::layer_cost(int layer, int64_t B) const {
   return {layer_flops(layer, B), kCostElemBytes * elems};
 }
 
-const float* GptCore::attention(int l, int64_t b, int64_t h) const {
+bool GptCore::attention(int l, int64_t b, int64_t h, std::vector<float>& probs) const {
   const int64_t H = s_.heads / tp_.degree, mine = h - tp_.rank * H;  // this rank's heads are [rank H, rank H + H)
   if (B_ == 0 || checkpointing_ || cp() || l < r_.first_block() || l >= r_.end_block(s_) || b < 0 || b >= B_ || mine < 0 || mine >= H)
-    return nullptr;
+    return false;
   const int64_t TT = s_.ctx * s_.ctx, first = (b * H + mine) * TT;
-  if (!half()) return att_[local(l)].f32() + first;
-  att_view_.resize(static_cast<size_t>(TT));
-  download_half(dev_, att_view_.data(), att_[local(l)].u16() + first, TT, hf_);
-  return att_view_.data();
+  probs.resize(static_cast<size_t>(TT));
+  if (half()) download_half(dev_, probs.data(), att_[local(l)].u16() + first, TT, hf_);
+  else dev_.download(probs.data(), att_[local(l)].f32() + first, TT * static_cast<int64_t>(sizeof(float)));
+  return true;
 }
 
 const void* GptCore::seq_gather(void* full, const void* local, int64_t w, int layer, bool is16) {

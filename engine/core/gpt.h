@@ -195,12 +195,12 @@ class GptCore {
   void set_checkpointing(bool on) { checkpointing_ = on; }
   bool checkpointing() const { return checkpointing_; }
   // The attention probabilities of the last forward: block l, sample b, head h (of the whole model),
-  // (T, T) row-major with zeros above the diagonal (in 16 bits: widened into a float32 copy held here,
-  // which the next call overwrites; one thread at a time).
-  // Null before a forward, while checkpointing (no block keeps it), and for a head another TP rank computes.
-  const float* attention(int l, int64_t b, int64_t h) const;
+  // (T, T) row-major with zeros above the diagonal, read into `probs` (host memory: a GPU's are read
+  // back, 16 bits widened; a GPU's thread must be bound). False before a forward, while checkpointing
+  // (no block keeps it), under --cp (ring attention keeps none), and for a head another TP rank computes.
+  bool attention(int l, int64_t b, int64_t h, std::vector<float>& probs) const;
   // The last forward's input tokens of sample b (T ids; null before a forward).
-  Device& device() const { return dev_; }  // where attention() and tokens() point
+  Device& device() const { return dev_; }  // where tokens() points
   const int64_t* tokens(int64_t b) const { return idx_ && b >= 0 && b < B_ ? idx_ + b * s_.ctx : nullptr; }
   // FLOPs of one forward of layer `layer` (0..L+1) for B samples on this rank (a TP shard's blocks do
   // 1/t of the matmuls and attention), multiply-adds counted twice (the backward is twice that).
@@ -382,9 +382,6 @@ class GptCore {
     std::vector<float> buf_;
     float* h_;
   };
-  Host host_in(const float* p, int64_t n) { return Host(dev_, p, n, true, false); }
-  Host host_out(float* p, int64_t n) { return Host(dev_, p, n, false, true); }
-  Host host_inout(float* p, int64_t n) { return Host(dev_, p, n, true, true); }
   F32 rd(const void* p, int64_t n);  // read
   F32 wr(void* p, int64_t n);        // written whole
   F32 acc(void* p, int64_t n);       // read, then added into or updated in place
@@ -483,7 +480,6 @@ class GptCore {
   std::vector<char> busy_;
   Tensor logits32_, dlogits16_;  // (autocast: dlogits16_ holds the rounded values in float32)
   Tensor dy16_;                  // autocast: the residual gradient rounded, as it reaches a 16-bit output
-  mutable std::vector<float> att_view_;
   MemoryTracker* tracker_;
   Device& dev_;
   int64_t B_ = 0, capacity_ = 0;

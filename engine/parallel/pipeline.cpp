@@ -913,15 +913,15 @@ void PipelineRank::record_action(const Action& a, int step, int index, int64_t w
 }
 
 PipelineRankIteration PipelineRank::run_iteration(const float* x, const int64_t* y, int64_t B, float loss_scale,
-                                                  const int64_t* tok) {
+                                                  const int64_t* tok, const int64_t* y_host) {
   DTLAB_CHECK(!spec_.is_gpt() || tok, "a GPT pipeline reads token ids");
   x_ = x;
   tok_ = tok;
   y_ = y;
   if (cp_ > 1) {  // the targets of this rank's positions of each sample, in its rows' order, picked on the host
     const int64_t T = spec_.gpt.ctx, Tq = static_cast<int64_t>(cp_positions_.size()), I64 = sizeof(int64_t);
-    const int64_t* all = y;
-    if (!device_.is_host()) {
+    const int64_t* all = device_.is_host() ? y : y_host;
+    if (!all) {
       cp_all_.resize(static_cast<size_t>(B * T));
       device_.download(cp_all_.data(), y, B * T * I64);
       all = cp_all_.data();

@@ -149,8 +149,10 @@ class PipelineRank {
   // sample's loss weighs loss_scale (1 / the step's samples over every replica), so the gradients
   // accumulated over the micro-batches are those of the mean loss.
   // A GPT reads `tok` (B x T token ids) on its first stage instead of x, and y holds B x T targets.
+  // `y_host`: the same targets in host memory where the device's are not (under --cp this rank picks
+  // its positions' on the host; without it they are read back).
   PipelineRankIteration run_iteration(const float* x, const int64_t* y, int64_t B, float loss_scale,
-                                      const int64_t* tok = nullptr);
+                                      const int64_t* tok = nullptr, const int64_t* y_host = nullptr);
   // Data parallelism: sums each stage's gradients over the D replicas that hold it (a process group
   // of those ranks). With loss_scale over every replica's samples that sum is the average.
   // A GPT then sums the tied embedding's two gradients, the first stage's wte and the last stage's

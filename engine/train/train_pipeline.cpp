@@ -118,7 +118,7 @@ class PipelineTrainRank final : public RankStrategy {
       dev.upload(y_dev_.raw(), y, rows * I64);
       y = y_dev_.i64();
     }
-    mine_ = pipe_.run_iteration(x, y, batch.size, scale, tok);
+    mine_ = pipe_.run_iteration(x, y, batch.size, scale, tok, batch.y.data());
     // Non-finite input stops the step even if the loss comes out finite. A stage that computes no
     // loss reports NaN for it instead of 0, so every rank learns which replica's batch was bad.
     // (Token ids are always finite.)
