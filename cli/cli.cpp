@@ -86,7 +86,7 @@ int run_cli(const std::vector<std::string>& args, Streams io) {
       else if (command.empty() && !args.empty())
         io.err << "dtlab-cli: '" << tidy_sentence(args[0]) << "' is not a subcommand; use train, eval, generate, bench, sampler, plan, schedule, launch or trace (see 'dtlab-cli --help')\n";
       else
-        io.err << "dtlab-cli: give a subcommand (train, eval, bench, sampler, plan, schedule, launch or trace); run 'dtlab-cli --help' for usage\n";
+        io.err << "dtlab-cli: give a subcommand (train, eval, generate, bench, sampler, plan, schedule, launch or trace); run 'dtlab-cli --help' for usage\n";
       return 2;
     }
     // CLI11 checks the required flags before the stray ones: a mistyped required flag ('plan --param

@@ -34,6 +34,7 @@ int run_eval(const EvalArgs& a, Streams& io) {
   if (spec_text.empty())
     throw Error(a.init + " does not say which model it holds; give --model mlp:D0,...,Dk or gpt:layers=L,heads=H,embd=C,ctx=T");
   ModelSpec spec = ModelSpec::parse(spec_text);
+  if (spec.is_gpt() && a.model.empty() && !info.moe.empty()) spec.gpt.moe = MoeSpec::parse(info.moe);  // the checkpoint's experts
   // Without --data: spiral, or for a GPT the shipped text; its vocabulary is the data's unless given.
   const std::string data = !a.data.empty() ? a.data : spec.is_gpt() ? "text" : "spiral";
   Dataset ds = make_dataset(data, spec.in_features(), spec.out_features());

@@ -28,7 +28,8 @@ int run_generate(const GenerateArgs& a, Streams& io) {
   if (info.model_spec.empty() || !GptSpec::names_gpt(info.model_spec))
     throw Error(a.init + " holds " + (info.model_spec.empty() ? std::string("no model name") : info.model_spec) +
                 ", not a GPT; train one with dtlab-cli train --model gpt-tiny --save PATH.safetensors");
-  const ModelSpec spec = ModelSpec::parse(info.model_spec);
+  ModelSpec spec = ModelSpec::parse(info.model_spec);
+  if (!info.moe.empty()) spec.gpt.moe = MoeSpec::parse(info.moe);  // a mixture of experts: the checkpoint's
   if (spec.gpt.vocab == 0) throw Error(a.init + " does not give its GPT's vocabulary size; it was not written by dtlab-cli train");
   // The characters behind the token ids: the checkpoint's own, else the text it was trained on.
   std::u32string chars;

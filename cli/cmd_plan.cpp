@@ -501,7 +501,8 @@ SizingInput sizing_input(const PlanArgs& a) {
     const std::string names = in.cp > 1 ? "tp x cp x pp" : "tp x pp";
     if (!a.dp_opt->count()) {
       if (a.world % model != 0)
-        throw Error("--world " + std::to_string(a.world) + " is not a multiple of " + names + " = " + std::to_string(model) + "; give --dp instead");
+        throw Error("--world " + std::to_string(a.world) + " is not a multiple of " + names + " = " + std::to_string(model) +
+                    "; make --world a multiple of " + std::to_string(model) + " (or smaller degrees), or give --dp D instead of --world");
       in.dp = a.world / model;
     } else if (a.world != in.dp * model) {
       throw Error("--world " + std::to_string(a.world) + " is not dp x " + names + " = " + std::to_string(in.dp * model) +

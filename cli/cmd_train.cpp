@@ -53,12 +53,15 @@ std::string with_commas(int64_t v) {
 // setting (cli/train_flags.h), and where the ranks run.
 void finish_config(TrainArgs& a) {
   TrainConfig& c = a.cfg;
-  // Continuing from a checkpoint without --model: take the model the checkpoint holds.
+  // Continuing from a checkpoint without --model: take the model the checkpoint holds, its experts too.
+  std::string file_moe;
   if (a.flags.given("--init") && !a.flags.given("--model")) {
     CheckpointInfo info = read_checkpoint_info(a.flags.text("--init"));
     if (!info.model_spec.empty()) c.model = ModelSpec::parse(info.model_spec);
+    file_moe = info.moe;
   }
   finish_train_flags(a.flags, c);
+  if (!file_moe.empty() && !a.flags.given("--moe")) c.moe = MoeSpec::parse(file_moe);
   int ranks_on_node = c.world_size;
   if (c.backend == "socket") {  // one rank of a world of processes: rank and world from the launcher
     c.socket = socket_options_from_env();

@@ -107,6 +107,8 @@ void finish_train_flags(const TrainFlags& f, TrainConfig& c) {
   }
   for (const auto& [group, o] : f.grouped)
     if (o->count() > 0) refuse_outside_group(c, group, o->get_name());
+  // (An empty --moe reads as "off" in a config's JSON; given as a flag it is a slip.)
+  if (f.given("--moe") && !c.moe.on()) throw Error("--moe was given no experts; write it as --moe experts=E,top_k=K (e.g. experts=4,top_k=2)");
   // Naming "this" profile measures the machine (about 0.3 s; a second under ASan): only when a
   // forced algorithm needs its figures, so a refused flag still answers at once.
   if (c.algo == Algorithm::InNetwork || c.profile != "this") check_forced_choice(find_profile(c.profile), CollectiveOp::AllReduce, c.algo, c.proto);

@@ -70,10 +70,20 @@ CLI::Validator existing_file() {
 
 namespace {
 
-// CLI11's message without its final newline and period.
+// CLI11's message without its final newline and period; its counts of a flag's values in words
+// ("--cp: At Most 1 required but received 2": the flag given twice; "--cp: 1 required INT missing":
+// no value after it).
 std::string parse_error_words(const CLI::ParseError& e) {
   std::string msg = e.what();
   while (!msg.empty() && (msg.back() == '\n' || msg.back() == '.')) msg.pop_back();
+  if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) == nullptr) return msg;
+  const size_t colon = msg.find(": ");
+  if (colon == std::string::npos || msg.rfind("-", 0) != 0) return msg;
+  const std::string flag = msg.substr(0, colon), rest = msg.substr(colon + 2);
+  const std::string at_most = "At Most 1 required but received ";
+  if (rest.rfind(at_most, 0) == 0) return flag + " is given " + rest.substr(at_most.size()) + " times; give it once";
+  if (rest.rfind("1 required ", 0) == 0 && rest.size() > 8 && rest.compare(rest.size() - 8, 8, " missing") == 0)
+    return flag + " needs a value after it";
   return msg;
 }
 

@@ -319,7 +319,10 @@ TEST_SUITE("context_parallel") {
     c.strategy = Strategy::Pipeline;
     c.pipeline.stages = 2;
     CHECK(test::error_of(c) ==
-          "--cp 4 does not divide the 2 data-parallel ranks (--world / --stages); context-parallel groups are runs of --cp of them, so pick a --cp that divides 2");
+          "--cp 4 needs --cp x --stages = 8 ranks, but --world is 4; raise --world to 8 (or a multiple of it)");
+    c.world_size = 12;  // 6 data-parallel ranks a stage: enough for a group, not a whole number of them
+    CHECK(test::error_of(c) ==
+          "--cp 4 does not divide the 6 data-parallel ranks (--world / --stages); context-parallel groups are runs of --cp of them, so pick a --cp that divides 6");
     c = cp_config(2, 2, CpLayout::Ring, 2);
     c.strategy = Strategy::Dp;
     CHECK(test::error_of(c) == "--cp with --strategy dp: torch.nn.DataParallel has no process groups for the ring's sends; use --strategy ddp (or fsdp) with --cp");

@@ -368,7 +368,7 @@ TEST_SUITE("data_parallel") {
       CHECK(r.err.find(expect) != std::string::npos);
     };
     usage({"train", "--strategy", "dp", "--world", "2", "--steps", "1", "--sharding", "full"}, "configures FSDP");
-    usage({"train", "--strategy", "dp", "--world", "2", "--steps", "1", "--bucket-cap-mb", "1"}, "configures DDP's buckets");
+    usage({"train", "--strategy", "dp", "--world", "2", "--steps", "1", "--bucket-cap-mb", "1"}, "configures DDP");
     usage({"train", "--strategy", "dp", "--world", "2", "--steps", "1", "--skip-layer", "2"}, "--skip-layer with --strategy dp: it is DDP's unused-parameters lesson");
     usage({"train", "--strategy", "dp", "--world", "4", "--steps", "1", "--data", "spiral:points=323", "--batch", "16"},
           "without a replica");

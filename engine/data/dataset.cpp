@@ -193,8 +193,9 @@ Dataset make_blobs(int64_t dim, int64_t classes, int64_t points_per_class, float
 }
 
 Dataset make_dataset(const std::string& spec, int64_t default_dim, int64_t default_classes) {
-  if (ends_with_npz(spec)) return load_npz(spec, default_dim);
+  // text:PATH is a text file whatever its name ends with.
   if (spec == "text" || spec.starts_with("text:")) return make_text_dataset(spec, default_dim > 0 ? default_dim : 64);
+  if (ends_with_npz(spec)) return load_npz(spec, default_dim);
   const int64_t dim = default_dim > 0 ? default_dim : 2;
   const int64_t classes = default_classes > 0 ? default_classes : 3;
   const size_t colon = spec.find(':');

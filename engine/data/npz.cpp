@@ -381,7 +381,7 @@ Dataset load_npz(const std::string& path, int64_t ctx) {
     const bool relative = std::filesystem::path(path).is_relative();
     z.fail_file(std::string("does not exist") +
                 (relative ? " (relative to " + std::filesystem::current_path(ec).string() + ")" : "") +
-                "; check the path, or use --data spiral or blobs");
+                "; check the path, or use the built-in data (--data text for a GPT, spiral or blobs for an MLP)");
   }
   if (std::filesystem::is_directory(path, ec)) z.fail_file("is a directory, not a .npz file");
   if (const std::string why = not_a_regular_file(path); !why.empty()) z.fail_file(why);

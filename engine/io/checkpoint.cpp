@@ -1,6 +1,8 @@
 #include "engine/io/checkpoint.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -30,10 +32,38 @@ CheckpointInfo checkpoint_info_from(const std::string& path, const std::map<std:
       fail_at(path, "metadata \"model\" is '" + it->second + "', not a model spec like mlp:2,64,3; the file is corrupt");
     }
   }
+  if (auto it = metadata.find("moe"); it != metadata.end()) {
+    try {
+      info.moe = MoeSpec::parse(it->second).str();
+    } catch (const Error&) {
+      fail_at(path, "metadata \"moe\" is '" + it->second + "', not --moe's experts=E,top_k=K; the file is corrupt");
+    }
+  }
   if (model && !info.model_spec.empty() && info.model_spec != model->spec().str())
     fail_at(path, "holds a checkpoint of " + info.model_spec + " but the model is " + model->spec().str() +
                    "; rerun with --model " + info.model_spec + " to load it");
+  if (model && model->spec().is_gpt()) check_experts_match(path, info.moe, {}, model->spec().gpt.moe);
   return info;
+}
+
+void check_experts_match(const std::string& path, const std::string& file_moe, const std::vector<std::string>& names,
+                         const MoeSpec& model_moe) {
+  // What the file holds: its "moe" metadata, and its tensor names where known (an expert's
+  // "transformer.h.L.mlp.experts.E.c_fc.weight").
+  const MoeSpec said = file_moe.empty() ? MoeSpec{} : MoeSpec::parse(file_moe);
+  int64_t experts = said.experts;
+  for (const std::string& n : names)
+    if (const size_t at = n.find(".mlp.experts."); at != std::string::npos)
+      experts = std::max<int64_t>(experts, std::atoll(n.c_str() + at + 13) + 1);
+  const std::string theirs = file_moe.empty() ? "experts=" + std::to_string(experts) + ",top_k=K" : file_moe;
+  if (experts > 0 && !model_moe.on())
+    fail_at(path, "holds a mixture of experts (" + (file_moe.empty() ? std::to_string(experts) + " experts a block" : "--moe " + file_moe) +
+                      ") but the model has none; add --moe " + theirs + " to load it");
+  if (experts == 0 && model_moe.on() && !names.empty())
+    fail_at(path, "holds a model without experts, but --moe " + model_moe.str() + " asks for them; drop --moe to load it");
+  if (experts > 0 && model_moe.on() && (experts != model_moe.experts || (said.on() && said.every != model_moe.every)))
+    fail_at(path, "holds " + std::to_string(experts) + " experts a block" + (said.on() ? " (--moe " + file_moe + ")" : "") + ", but --moe " +
+                      model_moe.str() + " asks for " + std::to_string(model_moe.experts) + "; use --moe " + theirs + " to load it");
 }
 
 namespace {
@@ -41,11 +71,12 @@ namespace {
 std::map<std::string, std::string> checkpoint_metadata(const Model& model, int64_t step,
                                                        const std::map<std::string, std::string>& extra) {
   std::map<std::string, std::string> metadata = extra;
-  for (const char* key : {"format", "step", "model"})
+  for (const char* key : {"format", "step", "model", "moe"})
     DTLAB_CHECK(!extra.contains(key), std::string("checkpoint metadata key '") + key + "' is reserved; pick another name");
   metadata["format"] = "dtlab";
   metadata["step"] = std::to_string(step);
   metadata["model"] = model.spec().str();
+  if (model.spec().is_gpt() && model.spec().gpt.moe.on()) metadata["moe"] = model.spec().gpt.moe.str();  // --moe, which "model" leaves out
   return metadata;
 }
 
@@ -97,6 +128,11 @@ CheckpointInfo load_checkpoint(const std::string& path, Model& model) {
   SafetensorsFile file = load_safetensors(path);
   CheckpointInfo info = checkpoint_info_from(path, file.metadata, &model);
   const std::string spec = model.spec().str();
+  if (model.spec().is_gpt()) {
+    std::vector<std::string> names;
+    for (const SafetensorsEntry& e : file.entries) names.push_back(e.name);
+    check_experts_match(path, info.moe, names, model.spec().gpt.moe);
+  }
 
   std::vector<const SafetensorsEntry*> sources;
   for (const Parameter& p : model.parameters()) {
@@ -134,6 +170,12 @@ void check_checkpoint_size(const std::string& path, const ModelSpec& spec) {
   if (!info.model_spec.empty() && info.model_spec != spec.str())
     fail_at(path, "holds a checkpoint of " + info.model_spec + " but the model is " + spec.str() +
                    "; rerun with --model " + info.model_spec + " to load it");
+  // ... a mixture of experts into a model without (or the reverse) names the --moe that loads it ...
+  if (spec.is_gpt()) {
+    std::vector<std::string> names;
+    for (const SafetensorsEntry& e : header.entries) names.push_back(e.name);
+    check_experts_match(path, info.moe, names, spec.gpt.moe);
+  }
   // ... and one too small for the model it is to fill is refused before that model is allocated.
   int64_t values = 0;
   for (const SafetensorsEntry& e : header.entries) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "engine/core/model.h"
 
@@ -13,6 +14,7 @@ namespace dtlab {
 struct CheckpointInfo {
   int64_t step = 0;        // 0 when the file has no "step" (e.g. saved by PyTorch)
   std::string model_spec;  // empty when the file has no "model"
+  std::string moe;         // a GPT's --moe (MoeSpec::str(), which model_spec leaves out); empty: none, or not said
   std::map<std::string, std::string> metadata;  // everything in "__metadata__", the above included
 };
 
@@ -46,6 +48,12 @@ CheckpointInfo read_checkpoint_info(const std::string& path);
 // checked here): dtlab::Error when the file holds fewer values than the model has parameters, so a
 // small file whose metadata names a huge model is refused at once, not after allocating the model.
 void check_checkpoint_size(const std::string& path, const ModelSpec& spec);
+
+// A GPT's experts against a checkpoint's (its "moe" metadata, and `names`, its tensors, where known): a
+// mixture of experts loaded without --moe, a plain model with it, or other experts, get the sentence
+// naming the --moe that loads it (dtlab::Error).
+void check_experts_match(const std::string& path, const std::string& file_moe, const std::vector<std::string>& names,
+                         const MoeSpec& model_moe);
 
 // "step" and "model" from a checkpoint's metadata, validated (errors name `path`); the spec comes
 // back normalized (ModelSpec::str()). With `model`, a checkpoint of another model is refused.

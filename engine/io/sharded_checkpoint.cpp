@@ -65,7 +65,7 @@ Index read_index(const std::string& dir) {
                         std::to_string(kVersion) + "); load it with the dtlab that saved it");
     idx.version = static_cast<int>(v.get<int64_t>());
   }
-  for (const char* key : {"format", "step", "model", "world", "strategy", "lora_rank", "lora_alpha"}) {
+  for (const char* key : {"format", "step", "model", "moe", "world", "strategy", "lora_rank", "lora_alpha"}) {
     if (!j.contains(key)) continue;
     const json& v = j[key];
     idx.metadata[key] = v.is_string() ? v.get<std::string>() : v.dump();
@@ -360,6 +360,7 @@ void save_sharded_checkpoint(const std::string& dir, const std::vector<SavedPart
               {"world", world},    {"strategy", strategy}, {"params", ps}};
     if (model.lora())  // the metadata the full adapter file carries
       for (const auto& [key, value] : lora_metadata(model.lora_spec())) j[key] = value;
+    if (model.spec().is_gpt() && model.spec().gpt.moe.on()) j["moe"] = model.spec().gpt.moe.str();  // --moe, which "model" leaves out
     const std::string text = j.dump(1) + "\n";
     AtomicFile f(join(staging, kIndex));
     f.write(text.data(), text.size());

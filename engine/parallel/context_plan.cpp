@@ -13,11 +13,18 @@ void check_context_parallel(const CpShape& s) {
                 (s.layout == CpLayout::Zigzag ? " with the zigzag layout (2·c chunks)" : "") + "; pick a multiple of " + std::to_string(chunks));
   if (s.layout != CpLayout::Ulysses) return;
   const int64_t split = int64_t(s.tp) * s.cp;
-  if (s.heads % split != 0 || s.kv_heads % split != 0)
-    throw Error("Ulysses gives each of the --cp " + std::to_string(s.cp) + " ranks whole attention heads, but " +
-                std::to_string(s.heads % split != 0 ? s.heads : s.kv_heads) + (s.heads % split != 0 ? " heads" : " K/V heads") +
-                (s.tp > 1 ? " over tp " + std::to_string(s.tp) : "") + " do not divide by " + std::to_string(split) +
-                "; pick a --cp that divides the heads or use --cp-layout ring");
+  if (s.heads % split != 0 || s.kv_heads % split != 0) {
+    const int64_t h = s.heads % split != 0 ? s.heads : s.kv_heads;
+    const std::string what = s.heads % split != 0 ? " heads" : " K/V heads";
+    const std::string start = "Ulysses gives each of the --cp " + std::to_string(s.cp) + " ranks whole attention heads, but ";
+    // A TP rank's heads are what the CP group divides: name them, and the --cp that would do.
+    if (s.tp > 1 && h % s.tp == 0)
+      throw Error(start + "the " + std::to_string(h / s.tp) + what + " of a TP rank (" + std::to_string(h) + " over tp " + std::to_string(s.tp) +
+                  ") do not divide by " + std::to_string(s.cp) + "; pick a --cp that divides " + std::to_string(h / s.tp) +
+                  " or use --cp-layout ring");
+    throw Error(start + std::to_string(h) + what + (s.tp > 1 ? " over tp " + std::to_string(s.tp) : "") + " do not divide by " +
+                std::to_string(split) + "; pick a --cp that divides the heads or use --cp-layout ring");
+  }
 }
 
 CpTraffic cp_layer_traffic(const CpShape& s) {

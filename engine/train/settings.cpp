@@ -559,7 +559,7 @@ bool strategy_is(const TrainConfig& c, Strategy s) { return c.strategy == s; }
 const SettingGroupInfo kGroups[] = {
     {G::Run, "Run", nullptr, "", ""},
     {G::Ddp, "DDP", [](const TrainConfig& c) { return strategy_is(c, Strategy::Ddp); },
-     " configures DDP's buckets; add --strategy ddp --world N", ""},
+     " configures DDP; add --strategy ddp --world N", ""},
     {G::Fsdp, "FSDP", [](const TrainConfig& c) { return strategy_is(c, Strategy::Fsdp); }, " configures FSDP; add --strategy fsdp --world N",
      ""},
     {G::Pipeline, "Pipeline", [](const TrainConfig& c) { return strategy_is(c, Strategy::Pipeline); },

@@ -77,7 +77,7 @@ struct SettingGroupInfo {
   SettingGroup group;
   const char* title;  // --help's section: "DDP"
   // Whether the group's flags apply to `c`, and the refusal's end after the flag's name when not
-  // (" configures DDP's buckets; add --strategy ddp --world N"). Null: always open.
+  // (" configures DDP; add --strategy ddp --world N"). Null: always open.
   bool (*open)(const TrainConfig& c);
   const char* refusal;
   const char* gate_flag;  // the flag that opens it, itself never refused ("--lora-rank"); "" for none

@@ -10,7 +10,10 @@
 #include <filesystem>
 #include <thread>
 
+#include <unistd.h>
+
 #include "engine/core/check.h"
+#include "engine/core/format.h"
 #include "engine/core/gpt.h"
 #include "engine/core/ops.h"
 #include "engine/data/loader.h"
@@ -128,6 +131,41 @@ void validate_uneven_inputs(const TrainConfig& c) {
   if (c.uneven_rank >= c.world_size)
     throw Error("--uneven-rank " + std::to_string(c.uneven_rank) + " is not a rank of this world; pick 0 to " + std::to_string(c.world_size - 1));
   if (c.steps == 1) throw Error("--uneven-rank needs at least 2 steps: its rank runs one step fewer than the others");
+  // A TP or CP group reads its replica's batches, so the whole group runs out with the rank: with one
+  // replica the whole world would (nothing left to be uneven against, nor for --join to shadow).
+  const int tp = std::max(c.tp, 1), cp = std::max(c.cp, 1), group = tp * cp;
+  if (group > 1 && c.world_size % group == 0 && c.world_size / group < 2) {
+    const std::string dims = tp > 1 && cp > 1 ? "tp " + std::to_string(tp) + " x cp " + std::to_string(cp)
+                             : tp > 1         ? "tp " + std::to_string(tp)
+                                              : "cp " + std::to_string(cp);
+    throw Error("--uneven-rank needs at least 2 data-parallel replicas, but --world " + std::to_string(c.world_size) + " is one replica of " +
+                dims + "; raise --world to " + std::to_string(2 * group));
+  }
+}
+
+// A model this machine cannot train: a sentence before minutes of allocating (Linux overcommits, so
+// the allocations succeed, and the machine then swaps, or the kernel kills the run). A lower bound of
+// what the threads of this process hold: float32 parameters and gradients and the optimizer's state
+// for every replica (a TP group's ranks hold one replica between them), one copy when sharded. The
+// GPU's memory is its own, and a launched process holds one rank (its own check is its allocations).
+void validate_host_memory(const TrainConfig& c) {
+  if (c.device != "cpu" || c.backend != "threads") return;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;
+  const double machine = static_cast<double>(pages) * static_cast<double>(page);
+  const bool adamw = c.optimizer.kind == OptimizerKind::AdamW;
+  const int state = adamw ? 8 : c.optimizer.momentum > 0 ? 4 : 0;
+  const bool replicas = c.strategy == Strategy::Ddp || c.strategy == Strategy::Dp || c.strategy == Strategy::Single;
+  const int copies = replicas ? std::max(1, c.world_size / std::max(c.tp, 1)) : 1;
+  const double psi = static_cast<double>(c.model.num_params());
+  const double need = psi * (8 + state) * copies;
+  if (need <= machine) return;
+  const std::string per = std::to_string(8 + state) + " bytes a parameter: float32 parameters and gradients" +
+                          (adamw ? " and AdamW's two moments" : state ? " and SGD's momentum" : "");
+  throw Error("--model " + c.model.str() + " has " + with_commas(c.model.num_params()) + " parameters; training " +
+              (copies > 1 ? std::to_string(copies) + " replicas of it" : std::string("it")) + " holds at least " +
+              human_bytes(static_cast<int64_t>(need)) + " (" + per + "), but this machine has " +
+              human_bytes(static_cast<int64_t>(machine)) + "; use a smaller model" + (copies > 1 ? " or fewer replicas" : ""));
 }
 
 // fully_shard's options (FSDP2): what FSDP1 spells differently is named in its words.
@@ -169,12 +207,15 @@ void validate_fsdp2_reshard(const TrainConfig& c) {
 void validate_expert_parallel(const TrainConfig& c) {
   if (c.ep == 1) return;
   if (c.ep < 1) throw Error("--ep " + std::to_string(c.ep) + " is not a group size; use 1 (off) or more");
-  if (!c.moe.on()) throw Error("--ep " + std::to_string(c.ep) + " splits the MoE blocks' experts over ranks; add --moe experts=E,top_k=K");
   if (c.world_size % c.ep != 0)
     throw Error("--ep " + std::to_string(c.ep) + " does not divide --world " + std::to_string(c.world_size) +
                 "; expert-parallel groups are runs of --ep consecutive ranks, so pick an --ep that divides the world");
   // A pipeline's EP groups are runs of --ep of one stage's ranks (--world / --stages of them: dp x tp).
   const int stages = std::max(c.pipeline.stages, 1);
+  if (c.strategy == Strategy::Pipeline && c.world_size % stages == 0 && c.world_size / stages < c.ep)  // no stage has a group
+    throw Error("--ep " + std::to_string(c.ep) + " groups " + std::to_string(c.ep) + " ranks of one stage, but a stage has " +
+                std::to_string(c.world_size / stages) + (c.tp > 1 ? " (--dp x --tp)" : " (--dp)") +
+                "; raise --dp so that a stage's ranks are a multiple of --ep");
   if (c.strategy == Strategy::Pipeline && c.world_size % stages == 0 && (c.world_size / stages) % c.ep != 0)
     throw Error("--ep " + std::to_string(c.ep) + " does not divide the " + std::to_string(c.world_size / stages) +
                 " ranks of a stage (--world / --stages); a stage's expert-parallel groups are runs of --ep of them, so pick "
@@ -208,6 +249,11 @@ void validate_context_parallel(const TrainConfig& c) {
   // A pipeline's data-parallel ranks are its replicas of every stage: --world / (--tp x --stages).
   const bool pipe = c.strategy == Strategy::Pipeline;
   const int per = tp * (pipe ? std::max(c.pipeline.stages, 1) : 1);
+  if (c.world_size % per == 0 && c.world_size / per < c.cp) {  // too few ranks for one group: the world is what to raise
+    const std::string dims = std::string(pipe ? " x --stages" : "") + (tp > 1 ? " x --tp" : "");
+    throw Error(cp + " needs --cp" + dims + " = " + std::to_string(c.cp * per) + " ranks, but --world is " + std::to_string(c.world_size) +
+                "; raise --world to " + std::to_string(c.cp * per) + " (or a multiple of it)");
+  }
   if (c.world_size % per == 0 && (c.world_size / per) % c.cp != 0) {
     const std::string over = std::string(" (--world") + (tp > 1 ? " / --tp" : "") + (pipe ? " / --stages" : "") + ")";
     throw Error(cp + " does not divide the " + std::to_string(c.world_size / per) + " data-parallel ranks" + over +
@@ -227,6 +273,10 @@ void validate_context_parallel(const TrainConfig& c) {
 }
 
 void validate(const TrainConfig& c) {
+  // --ep without experts first: the table's sentence for --ep (its strategies) would be a step too early.
+  if (c.ep > 1 && !c.moe.on())
+    throw Error("--ep " + std::to_string(c.ep) + " splits the MoE blocks' experts over ranks; add --moe experts=E,top_k=K" +
+                (c.model.is_gpt() ? "" : " and a GPT to hold them (--model gpt-tiny)"));
   // The GPT's refusals first: the MLP's checks below read its layer widths.
   if (c.model.is_gpt()) check_composition(c);
   validate_lora(c);
@@ -296,6 +346,7 @@ void validate(const TrainConfig& c) {
                   std::to_string(c.world_size - 1) + "; pick ranks in that range");
   if (!(c.timeout_s > 0)) throw Error("--timeout must be greater than 0 seconds");
   validate_uneven_inputs(c);
+  validate_host_memory(c);
   if (c.strategy == Strategy::Ddp) {
     if (c.ddp.bucket_cap_bytes < 1) throw Error("--bucket-cap-mb is too small: a bucket must hold at least 1 byte");
     if (c.ddp.first_bucket_bytes < 1) throw Error("--first-bucket-mb is too small: a bucket must hold at least 1 byte");
