@@ -109,28 +109,50 @@ TEST_SUITE("cli") {
   TEST_CASE("a mixture of experts' checkpoint carries its --moe: --init takes it, and a model without it, or other experts, are told which") {
     test::TempDir dir;
     const std::string moe = dir.file("moe.safetensors"), dense = dir.file("dense.safetensors"), sharded = dir.file("moe_sharded");
-    REQUIRE(test::run_cli(train_args({"--moe", "experts=4,top_k=1", "--save", moe})).code == 0);
-    REQUIRE(test::run_cli(train_args({"--save", dense})).code == 0);
-    REQUIRE(test::run_cli(train_args({"--moe", "experts=4,top_k=1", "--strategy", "fsdp", "--world", "2", "--save-sharded", sharded})).code == 0);
+    // A short text, so that eval's and the runs' final evaluations take no time.
+    const std::string text = dir.file("verse.txt");
+    {
+      std::ofstream out(text);
+      for (int i = 0; i < 8; i++) out << "Rough winds do shake the darling buds of May, and summer's lease hath all too short a date.\n";
+    }
+    const std::string data = "text:" + text;
+    const auto run = [&](std::vector<std::string> more) {
+      std::vector<std::string> args = {"train", "--model", "gpt:layers=2,heads=2,embd=16,ctx=8", "--data", data, "--steps", "2"};
+      args.insert(args.end(), more.begin(), more.end());
+      return test::run_cli(args);
+    };
+    const test::CliResult saved = run({"--moe", "experts=4,top_k=1", "--save", moe});
+    REQUIRE(saved.code == 0);
+    REQUIRE(run({"--save", dense}).code == 0);
+    REQUIRE(run({"--moe", "experts=4,top_k=1", "--strategy", "fsdp", "--world", "2", "--save-sharded", sharded}).code == 0);
+    const std::string count = saved.out.substr(saved.out.find(" ("), saved.out.find(" parameters)") - saved.out.find(" ("));  // " (N"
     // --init without --model: the checkpoint's model, its experts too (a file and a sharded directory).
     for (const std::string& from : {moe, sharded}) {
-      const test::CliResult r = test::run_cli({"train", "--data", "text", "--steps", "1", "--init", from});
+      const test::CliResult r = test::run_cli({"train", "--data", data, "--steps", "1", "--init", from});
       INFO("stderr: ", r.err);
       CHECK(r.code == 0);
-      CHECK(r.out.find("20,608 parameters") != std::string::npos);  // 4 experts a block (dense: 7,712)
+      CHECK(r.out.find(count + " parameters)") != std::string::npos);  // 4 experts a block, as saved
     }
     // --model without --moe, the reverse, and other experts: the --moe that loads it.
-    CHECK(refusal(train_args({"--init", moe})) == "dtlab-cli: " + moe + ": holds a mixture of experts (--moe experts=4,top_k=1,aux=0.01) but "
-                                                  "the model has none; add --moe experts=4,top_k=1,aux=0.01 to load it\n");
-    CHECK(refusal(train_args({"--init", sharded})).find("holds a mixture of experts (--moe experts=4,top_k=1,aux=0.01) but the model has none") !=
+    const auto refused = [&](std::vector<std::string> more) {
+      const test::CliResult r = run(more);
+      INFO("stderr: ", r.err);
+      CHECK(test::one_sentence_usage_error(r));
+      return r.err;
+    };
+    CHECK(refused({"--init", moe}) == "dtlab-cli: " + moe + ": holds a mixture of experts (--moe experts=4,top_k=1,aux=0.01) but the model has "
+                                      "none; add --moe experts=4,top_k=1,aux=0.01 to load it\n");
+    CHECK(refused({"--init", sharded}).find("holds a mixture of experts (--moe experts=4,top_k=1,aux=0.01) but the model has none") !=
           std::string::npos);
-    CHECK(refusal(train_args({"--moe", "experts=2,top_k=1", "--init", dense})) ==
+    CHECK(refused({"--moe", "experts=2,top_k=1", "--init", dense}) ==
           "dtlab-cli: " + dense + ": holds a model without experts, but --moe experts=2,top_k=1,aux=0.01 asks for them; drop --moe to load it\n");
-    CHECK(refusal(train_args({"--moe", "experts=2,top_k=1", "--init", moe})) ==
+    CHECK(refused({"--moe", "experts=2,top_k=1", "--init", moe}) ==
           "dtlab-cli: " + moe + ": holds 4 experts a block (--moe experts=4,top_k=1,aux=0.01), but --moe experts=2,top_k=1,aux=0.01 asks for 2; "
                                 "use --moe experts=4,top_k=1,aux=0.01 to load it\n");
     // eval and generate read the experts from the checkpoint.
-    CHECK(test::run_cli({"eval", "--init", moe}).code == 0);
+    const test::CliResult e = test::run_cli({"eval", "--init", moe, "--data", data});
+    INFO("eval stderr: ", e.err);
+    CHECK(e.code == 0);
     const test::CliResult g = test::run_cli({"generate", "--init", moe, "--tokens", "8"});
     INFO("stderr: ", g.err);
     CHECK(g.code == 0);
