@@ -1254,6 +1254,8 @@ void App::refresh_attention() {
                : c.activation_checkpointing
                    ? "Activation checkpointing keeps no block's attention probabilities (the backward computes them again); run "
                      "without it to see the pattern."
+               : c.cp > 1
+                   ? "--cp splits each sample over ranks: the Context view draws each one's part."  // rank 0 holds its queries' rows only
                    : "";
   if (!a.why_none.empty()) {
     a.probs.clear();

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -374,7 +375,13 @@ LessonRunner::Result LessonRunner::exec(const std::string& command, Session& ses
   if (w.empty()) return r;
   const std::string& k = w[0];
   const int n = steps();
-  auto arg = [&](size_t i) { return i < w.size() ? std::atoi(w[i].c_str()) : -1; };
+  // A step number, whole or not at all ("1e3" and "2abc" are no step): -1 where it is not one.
+  auto arg = [&](size_t i) {
+    int v = -1;
+    if (i >= w.size()) return -1;
+    const auto [end, ec] = std::from_chars(w[i].data(), w[i].data() + w[i].size(), v);
+    return ec == std::errc() && end == w[i].data() + w[i].size() ? v : -1;
+  };
   auto has_question = [&](int j) { return j >= 0 && j < n && lesson_.steps[static_cast<size_t>(j)].question.has_value(); };
   // Reveal a question that was left unanswered, so later steps see the engine where they expect it.
   auto settle_question = [&](int j) {
@@ -426,11 +433,13 @@ LessonRunner::Result LessonRunner::exec(const std::string& command, Session& ses
   } else if (k == "back") {
     if (step_ > 0) replay_to(step_ - 1);
   } else if (k == "goto") {
-    if (arg(1) < 1 || arg(1) > n) r.failure = lesson_.path + ": lesson goto " + w[1] + ": the lesson has steps 1 to " + std::to_string(n);
+    // (The script's fault, not the lesson's: exit 2, as every bad input.)
+    if (arg(1) < 1 || arg(1) > n) r.failure = lesson_.path + ": lesson goto " + w[1] + ": the lesson has steps 1 to " + std::to_string(n), r.code = 2;
     else replay_to(arg(1) - 1);
   } else if (k == "answer" || k == "check") {
     if (!has_question(step_)) {
       r.failure = where(step_, step_ >= 0 ? lesson_.steps[static_cast<size_t>(step_)].line : 0) + "lesson " + k + ": this step asks no question";
+      r.code = 2;
       return r;
     }
     const Question& q = *lesson_.steps[static_cast<size_t>(step_)].question;
@@ -440,12 +449,12 @@ LessonRunner::Result LessonRunner::exec(const std::string& command, Session& ses
       double v = 0;
       const bool number = q.parse_answer(text, v);
       if (q.choices.empty() && !number)
-        r.failure = where(step_, q.line) + "lesson answer: '" + text + "' is not a number; write it as 0.25, 1/4 or 25%";
+        r.failure = where(step_, q.line) + "lesson answer: '" + text + "' is not a number; write it as 0.25, 1/4 or 25%", r.code = 2;
       else if (!q.choices.empty() && (!number || v < 1 || v > static_cast<double>(q.choices.size())))
-        r.failure = where(step_, q.line) + "lesson answer: give a choice number from 1 to " + std::to_string(q.choices.size());
+        r.failure = where(step_, q.line) + "lesson answer: give a choice number from 1 to " + std::to_string(q.choices.size()), r.code = 2;
       else a.given = true, a.number = v, a.choice = static_cast<int>(v) - 1;
     } else if (!a.given) {
-      r.failure = where(step_, q.line) + "lesson check: answer first (lesson answer X)";
+      r.failure = where(step_, q.line) + "lesson check: answer first (lesson answer X)", r.code = 2;
     } else if (a.revealed) {  // checked again: against the answer revealed, never read again
       grade(step_);
       save();

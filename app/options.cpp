@@ -202,6 +202,8 @@ void read_script(const CLI::App& app, AppOptions& o, const LabFlags& f) {
   if (!o.screenshot.empty() && !o.script.empty()) throw Error("--screenshot is a one-shot; inside a script use the screenshot command");
   if (o.play && !o.script.empty()) throw Error("--play plays the whole lesson; to stop at a step, drop --play and script `lesson goto N`");
   if (app.count("--screenshot") > 0 && o.screenshot.size() < 5) throw Error("--screenshot needs a PATH.png");
+  if (!o.screenshot.empty())
+    if (const std::string why = screenshot_path_problem(o.screenshot, "--screenshot"); !why.empty()) throw Error(why);
 }
 
 // Everything after parsing, in the order the sentences should win when several flags are wrong.

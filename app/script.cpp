@@ -11,6 +11,8 @@
 #include "app/lesson.h"
 #include "app/text.h"
 #include "engine/core/check.h"
+#include "engine/core/format.h"
+#include "engine/io/atomic_file.h"
 #include "engine/parallel/sizing.h"
 #include "engine/trace/cost_model.h"
 #include "engine/train/settings.h"
@@ -22,7 +24,9 @@ namespace {
 const char* kUsage =
     "commands: step ring|collective|layer|bucket|iteration|action [N], focus rank R|group NAME|none, run [SECONDS]s, "
     "pause, wait SECONDSs, "
-    "view ring|buckets|timeline|memory|inspector|data|shards|pipeline|topology|sweep|mesh|sizing|roofline|experts|alltoall|context|all, sizing KEY=VALUE ...|run, context block L [forward|backward]|follow, screenshot PATH.png, speed X, "
+    // (The views spelled with spaces: printed sentences shorten any word of over 120 characters.)
+    "view ring | buckets | timeline | memory | inspector | data | shards | pipeline | topology | sweep | mesh | sizing | roofline | "
+    "experts | alltoall | context | all, sizing KEY=VALUE ...|run, context block L [forward|backward]|follow, screenshot PATH.png, speed X, "
     "presentation on|off, fullscreen on|off, start on|off|ddp|fsdp|pipeline|course, check layout, clock modeled|wall, colour kind|peak, set_epoch on|off, generate TEXT, reset, quit, "
     "pin, unpin, compare --FLAG VALUE ... (run B with those settings beside the pinned A), "
     "lesson open NAME|next|back|goto N|answer X|check|play|demo|close; with --open: wait trace|compare [SECONDS]s, "
@@ -102,8 +106,11 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
     std::vector<std::string> w = words(line);
     if (w.empty()) continue;
     // A known command's error names what it takes; an unknown one's lists every command (kUsage).
+    // (The command as written, its blanks trimmed and its bytes made printable: a NUL would end the
+    // exception's text there.)
     auto fail = [&](const std::string& what) -> void {
-      throw Error(origin + " command " + std::to_string(line_no) + " '" + line + "': " + what);
+      const size_t b = line.find_first_not_of(" \t\r"), e = line.find_last_not_of(" \t\r");
+      throw Error(tidy_sentence(origin + " command " + std::to_string(line_no) + " '" + line.substr(b, e - b + 1) + "': " + what));
     };
     // " (did you mean 'collective'?)" when `word` looks like a typo of one of `options`.
     auto near = [](const std::string& word, const std::vector<std::string>& options) -> std::string {
@@ -281,6 +288,18 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
     out.push_back(c);
   }
   return out;
+}
+
+std::string screenshot_path_problem(const std::string& path, const std::string& what) {
+  std::string ext = path.size() >= 4 ? path.substr(path.size() - 4) : "";
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  if (ext != ".png") return what + " " + path + ": the lab writes PNG images; give a name ending in .png";
+  try {
+    check_output_path(what, path);  // the directory exists, and the name is no directory
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace dtlab::app

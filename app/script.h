@@ -53,6 +53,10 @@ bool trace_command(const ScriptCommand& c);
 // Parses commands separated by newlines or ';'. Throws dtlab::Error naming the line and the fix.
 std::vector<ScriptCommand> parse_script(const std::string& text, const std::string& origin);
 
+// Where `screenshot PATH` (or --screenshot PATH) cannot write: a name that is not .png, a directory
+// that does not exist, a directory in its place (one sentence naming the fix); "" when it can.
+std::string screenshot_path_problem(const std::string& path, const std::string& what);
+
 // A script or lesson file, read whole when it holds at most `max_bytes` (a device like /dev/zero
 // never ends): false when it is larger. Throws nothing; `out` holds what was read.
 inline constexpr size_t kMaxTextFileBytes = size_t{1} << 20;

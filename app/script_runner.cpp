@@ -206,6 +206,7 @@ bool ScriptRunner::run(const ScriptCommand& c) {
       host_.show_view(c.arg);
       break;
     case ScriptCommand::Screenshot:
+      if (const std::string why = screenshot_path_problem(c.arg, "screenshot"); !why.empty()) return failure(c.line, why, 2);
       shots_.request(c.arg, 3);  // let the layout and the views' render targets settle first
       break;
     case ScriptCommand::CheckLayout: shots_.request_layout_check(3); break;
@@ -273,11 +274,13 @@ bool ScriptRunner::run_on_traces(const ScriptCommand& c) {
 void ScriptRunner::open_lesson(const std::string& name) {
   host_.lesson_opened();
   if (!lessons_.open(name)) {  // the panel shows the sentence; the app goes on
+    lesson_failed_ = true;
     std::fprintf(stderr, "dtlab: %s\n", tidy_sentence(lessons_.error()).c_str());
     if (scripted_) outcome_.exit_code = 2;  // the script goes on (a screenshot shows the panel), and fails at the end
     if (play_) outcome_.quit = true;
     return;
   }
+  lesson_failed_ = false;
   ScriptCommand c;
   c.kind = ScriptCommand::Lesson;
   c.arg = play_ ? "play" : "start";
@@ -306,7 +309,8 @@ bool ScriptRunner::lesson_command(const ScriptCommand& c) {
   }
   LessonRunner::Result r;
   if (LessonRunner* lesson = lessons_.runner()) r = lesson->exec(c.arg, *session_);
-  else r.failure = "lesson " + c.arg + ": no lesson is open; open one first (lesson open NAME)";
+  else if (lesson_failed_) return true;  // its open failed, which said so once: no sentence per command after it
+  else r.failure = "lesson " + c.arg + ": no lesson is open; open one first (lesson open NAME)", r.code = 2;
   host_.lesson_ran();
   if (!r.failure.empty()) {
     std::fprintf(stderr, "dtlab: %s\n", r.failure.c_str());

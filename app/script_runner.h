@@ -98,6 +98,7 @@ class ScriptRunner {
   bool play_ = false;
   std::deque<ScriptCommand> queue_;
   bool scripted_ = false;
+  bool lesson_failed_ = false;  // the last `lesson open` (or --lesson) failed: the lesson commands after it are moot
   // `wait N s` and `run N s` (running: pause when the time is up)
   bool waiting_ = false, running_ = false;
   Clock::time_point until_{};

@@ -54,6 +54,11 @@ TEST_SUITE("gui") {
     CHECK(cmds[4].arg == "a.png");
     CHECK(test::script_error("stepp ring").rfind("--run command 1 'stepp ring': unknown command 'stepp' (did you mean 'step'?); commands: step ring|collective|layer|bucket|iteration|action", 0) == 0);
     CHECK(test::script_error("frobnicate").rfind("--run command 1 'frobnicate': unknown command 'frobnicate'; commands: step ring|", 0) == 0);
+    // Every view is listed whole (a word over 120 characters would be shortened in print), the command
+    // is quoted without its blanks, and a NUL byte in it is shown, not the end of the sentence.
+    CHECK(test::script_error("frobnicate").find("sizing | roofline | experts | alltoall | context | all,") != std::string::npos);
+    CHECK(test::script_error("view ring;   frob  ").rfind("--run command 2 'frob': ", 0) == 0);
+    CHECK(test::script_error(std::string("view ring\0garbage", 17)).rfind("--run command 1 'view ring\\x00garbage': view takes one of ring, ", 0) == 0);
     // A known command's error names what it takes (and a near word), not every command.
     CHECK(test::script_error("step colective 1") == "--run command 1 'step colective 1': step takes ring, collective, layer, bucket, iteration or action (did you mean 'collective'?)");
     CHECK(test::script_error("view memroy").find("(did you mean 'memory'?)") != std::string::npos);
@@ -160,6 +165,24 @@ TEST_SUITE("gui") {
       CHECK(r.code == 2);
       CHECK(r.out.find("no lesson 'nosuchlesson'; the lessons are ") != std::string::npos);
       CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+      // The lesson commands after it say nothing more: one sentence.
+      r = test::run_app("--lesson nosuchlesson --run 'lesson goto 1; lesson next; quit'", dir);
+      CHECK(r.code == 2);
+      CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+    }
+    // A script's bad input found as it runs is exit 2 too (1 is for checks that fail: check layout,
+    // a lesson's figures): a screenshot path that cannot be written, a step number that is no step.
+    if (test::have_xvfb()) {
+      r = test::run_app("--world 2 --model tiny --run 'screenshot " + dir.file("nodir") + "/x.png; quit'", dir);
+      CHECK(r.code == 2);
+      CHECK(r.out.find("does not exist; create it first") != std::string::npos);
+      r = test::run_app("--world 2 --model tiny --run 'screenshot " + dir.file("x.jpg") + "; quit'", dir);
+      CHECK(r.code == 2);
+      CHECK(r.out.find("x.jpg: the lab writes PNG images; give a name ending in .png") != std::string::npos);
+      CHECK(!std::filesystem::exists(dir.file("x.jpg")));
+      r = test::run_app("--run 'lesson open why_allreduce; lesson goto 1e3; quit'", dir);
+      CHECK(r.code == 2);
+      CHECK(r.out.find("lesson goto 1e3: the lesson has steps 1 to ") != std::string::npos);
     }
   }
 
@@ -348,10 +371,13 @@ TEST_SUITE("gui") {
     DTLAB_REQUIRE_XVFB();
     test::TempDir dir;
     // Following the running pass, then block 1's backward picked (not run yet), then block 0's forward.
-    const std::string views = "view context; check layout; context block 1 backward; check layout; context block 0; check layout; context follow";
+    // First every view tiled: a GPT's Data tile (its Generate box and attention sliders, and why a
+    // --cp run has no attention grid) was cut on the right at this size.
+    const std::string views = "view all; check layout; view context; check layout; context block 1 backward; check layout; context block 0; "
+                              "check layout; context follow";
     const std::string script = "step collective 4; " + views + "; presentation on; " + views;
     const std::string run = "--strategy ddp --world 4 --model gpt:layers=2,heads=4,embd=32,ctx=16 --data text --cp 4 --cp-layout zigzag";
-    CHECK(layout_clean(dir, "1280x720", run, script) == 6);
+    CHECK(layout_clean(dir, "1280x720", run, script) == 8);
   }
   // Ulysses on 4 ranks with --cp 2: two CP groups' all-to-alls, the group combo (greyed while the
   // stepper holds one of them, free after an iteration), normal and presentation.

@@ -609,12 +609,17 @@ void draw_history(const Snapshot& s, DataViewState& st, ImVec2 size) {
 // two characters.
 void draw_attention(AttentionBox& a) {
   ImGui::Separator();
-  ImGui::TextUnformatted("Attention: one head's pattern on the batch's first sample (pause first)");
+  ImGui::TextWrapped("Attention of one head (pause first)");
+  if (ImGui::IsItemHovered()) ImGui::SetTooltip("One head's causal attention pattern on the batch's first sample.");
   if (a.layers > 0) {
-    ImGui::SetNextItemWidth(8.0f * ImGui::GetFontSize());
+    // Two sliders on a line, each up to 8 characters wide: narrower where the panel is (a tiled layout).
+    const ImGuiStyle& style = ImGui::GetStyle();
+    const float labels = ImGui::CalcTextSize("block").x + ImGui::CalcTextSize("head").x + 3 * style.ItemInnerSpacing.x + style.ItemSpacing.x;
+    const float w = std::clamp((ImGui::GetContentRegionAvail().x - labels) / 2, 3.0f * ImGui::GetFontSize(), 8.0f * ImGui::GetFontSize());
+    ImGui::SetNextItemWidth(w);
     ImGui::SliderInt("block", &a.layer, 0, a.layers - 1);
     ImGui::SameLine();
-    ImGui::SetNextItemWidth(8.0f * ImGui::GetFontSize());
+    ImGui::SetNextItemWidth(w);
     ImGui::SliderInt("head", &a.head, 0, a.heads - 1);
   }
   const int64_t T = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(a.probs.size()))));
@@ -624,8 +629,10 @@ void draw_attention(AttentionBox& a) {
     ImGui::PopTextWrapPos();
     return;
   }
+  ImGui::PushTextWrapPos(0.0f);
   ImGui::TextDisabled("after step %lld: row = query position, column = the position it reads (the mask leaves the upper right empty)",
                       static_cast<long long>(a.at_step));
+  ImGui::PopTextWrapPos();
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   // Fill what is left of the window, but no cell smaller than half a character: at a projector the
   // view scrolls rather than shrink the grid to a smudge.
@@ -659,7 +666,8 @@ void draw_text_data(const DataView& d, DataViewState& st) {
   ImGui::TextWrapped("%s: %lld windows of text, a vocabulary of %d characters; the loss is over every position.",
                      d.name.c_str(), static_cast<long long>(d.n), d.classes);
   ImGui::Separator();
-  ImGui::TextUnformatted("Generate: what the model writes now (pause first)");
+  ImGui::TextWrapped("Generate text (pause first)");
+  if (ImGui::IsItemHovered()) ImGui::SetTooltip("What the model writes now, from the prompt: nanoGPT's sample.py on the live weights.");
   ImGui::SetNextItemWidth(std::max(8.0f * ImGui::GetFontSize(), ImGui::GetContentRegionAvail().x - 7.0f * ImGui::GetFontSize()));
   ImGui::InputText("##prompt", st.generate.prompt, sizeof st.generate.prompt);
   ImGui::SameLine();

@@ -136,7 +136,7 @@ void check_output_path(const std::string& flag, const std::string& path) {
   if (path.empty()) throw Error(flag + " needs a file path");
   if (fs::is_directory(path, ec) || path.back() == '/')
     throw Error(flag + " " + path + " is a directory; give a file path such as " +
-                (fs::path(path) / "out").string());
+                (fs::path(path) / ("out" + fs::path(path).filename().extension().string())).string());  // out.png in sub.png/
   if (const std::string what = not_a_regular_output(path); !what.empty()) throw Error(flag + " " + path + " " + what);
   fs::path dir = fs::path(path).parent_path();
   if (dir.empty()) dir = ".";
