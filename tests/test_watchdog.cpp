@@ -52,14 +52,25 @@ TEST_CASE("watchdog: paused time does not count, and the clock runs again after 
   CHECK(d.expired());
 }
 
-TEST_CASE("watchdog: a paused stepper stops the deadline, without a stepper it is a plain deadline") {
+TEST_CASE("watchdog: a stepper holding a rank at a gate stops the deadline; paused holding none, or none, it is a plain deadline") {
   Stepper stepper(2, /*start_paused=*/true);
+  // Paused, but no rank at a gate: whoever waits is not waiting on the user's pause (a TP replica's
+  // peer that left the loop under --uneven-rank waited 20 s for the lab's settle, past --timeout).
+  Deadline idle(0.2, &stepper);
+  sleep_s(0.3);
+  CHECK(idle.expired());
+  GateInfo g;
+  g.kind = GateKind::Iteration;
+  std::thread rank0([&] { stepper.gate(0, kComputeLane, g); });
+  for (int i = 0; i < 500 && !stepper.holding(); i++) sleep_s(0.01);
+  REQUIRE(stepper.holding());
   Deadline held(0.2, &stepper);
   Deadline plain(0.2, static_cast<const Stepper*>(nullptr));
   sleep_s(0.3);
   CHECK(!held.expired());
   CHECK(plain.expired());
   stepper.run();
+  rank0.join();
   sleep_s(0.3);
   CHECK(held.expired());
 }

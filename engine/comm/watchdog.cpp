@@ -16,7 +16,7 @@ Deadline::Clock::duration clock_duration(double seconds) {
 
 std::function<bool()> stepper_paused(const Stepper* stepper) {
   if (!stepper) return nullptr;
-  return [stepper] { return stepper->paused(); };
+  return [stepper] { return stepper->holding(); };
 }
 
 std::string rank_list(const std::vector<int>& v) {  // "0, 2, 3"

@@ -648,6 +648,15 @@ bool Stepper::paused() const {
   return paused_;
 }
 
+bool Stepper::holding() const {
+  if (GateRelay* r = relay_.load()) return r->holding();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!paused_) return false;
+  for (const Lane& l : lanes_)
+    if (l.blocked) return true;
+  return false;
+}
+
 bool Stepper::aborted() const {
   std::lock_guard<std::mutex> lock(mu_);
   return aborted_;

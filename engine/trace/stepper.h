@@ -192,6 +192,10 @@ class Stepper {
 
   StepperState state() const;
   bool paused() const;  // with a relay: one of this process's gates is held by the deciding stepper
+  // Paused with a rank held at a gate: what can make a peer's wait as long as the user likes. The
+  // watchdog's clock stops only then (paused with every rank inside a wait or finished, the waits are
+  // hung: a peer that left the loop, not the user's pause).
+  bool holding() const;
   bool aborted() const;
   int world_size() const { return world_size_; }
   // Waits until the world has settled (a pending item is known), every rank is done, or `timeout`
