@@ -121,7 +121,8 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
     c.line = line_no;
     const std::string& k = w[0];
     if (k == "step") {
-      if (w.size() < 2 || w.size() > 3) fail("step needs what to step");
+      if (w.size() < 2) fail("step needs what to step: step ring|collective|layer|bucket|iteration|action [N]");
+      if (w.size() > 3) fail("step takes what to step and one count, as in step collective 3");
       if (w[1] == "ring") c.kind = ScriptCommand::StepRing;
       else if (w[1] == "collective") c.kind = ScriptCommand::StepCollective;
       else if (w[1] == "iteration") c.kind = ScriptCommand::StepIteration;

@@ -98,8 +98,10 @@ bool ScriptRunner::poll_settle(bool& ok) {
   }
   if (settle_.done < settle_.count) {
     if (session_->finished()) {  // nothing left to step: say so once, instead of stepping nothing c.count times
-      std::fprintf(stderr, "dtlab: %s%d: the run %s after %d of the %d steps asked for; the rest do nothing\n", where().c_str(),
-                   settle_.cmd.line, session_->update().error.empty() ? "finished" : "failed", settle_.done, settle_.count);
+      // (Counted in the command's moves, each to the next gate of its kind: the first reaches the run's first.)
+      std::fprintf(stderr, "dtlab: %s%d: the run %s at move %d of the %d asked for (each to the next %s); the rest do nothing\n",
+                   where().c_str(), settle_.cmd.line, session_->update().error.empty() ? "finished" : "failed", settle_.done, settle_.count,
+                   gate_kind_name(settle_.kind));
       settle_.done = settle_.count;
     } else {
       session_->step(settle_.kind);

@@ -58,6 +58,12 @@ TEST_SUITE("gui") {
     // is quoted without its blanks, and a NUL byte in it is shown, not the end of the sentence.
     CHECK(test::script_error("frobnicate").find("sizing | roofline | experts | alltoall | context | all,") != std::string::npos);
     CHECK(test::script_error("view ring;   frob  ").rfind("--run command 2 'frob': ", 0) == 0);
+    CHECK(test::script_error("step collective 1 2") == "--run command 1 'step collective 1 2': step takes what to step and one count, as in step collective 3");
+    // The Sizing view's settings out of range fail where they are written, not as a red line in the view.
+    CHECK(test::script_error("sizing dp=0").find("sizing: dp=0 must be at least 1") != std::string::npos);
+    CHECK(test::script_error("sizing mfu=2").find("sizing: mfu=2 is a share of the GPUs' peak; give one in (0, 1]") != std::string::npos);
+    CHECK(test::script_error("sizing gpu_gb=-5").find("give more than 0") != std::string::npos);
+    CHECK(test::script_error("sizing zero=4").find("is not a ZeRO stage") != std::string::npos);
     CHECK(test::script_error(std::string("view ring\0garbage", 17)).rfind("--run command 1 'view ring\\x00garbage': view takes one of ring, ", 0) == 0);
     // A known command's error names what it takes (and a near word), not every command.
     CHECK(test::script_error("step colective 1") == "--run command 1 'step colective 1': step takes ring, collective, layer, bucket, iteration or action (did you mean 'collective'?)");
@@ -147,8 +153,8 @@ TEST_SUITE("gui") {
     if (test::have_xvfb()) {  // stepping past the end of the run returns at once and says so
       r = test::run_app("--world 2 --model tiny --steps 3 --run 'step collective 100000; quit'", dir);
       CHECK(r.code == 0);
-      CHECK(r.out.find("the run finished after ") != std::string::npos);
-      CHECK(r.out.find("of the 100000 steps asked for; the rest do nothing") != std::string::npos);
+      CHECK(r.out.find("the run finished at move ") != std::string::npos);
+      CHECK(r.out.find("of the 100000 asked for (each to the next operation); the rest do nothing") != std::string::npos);
       r = test::run_app("--world 4 --model tiny --run 'focus rank 9; quit'", dir);  // a rank this world lacks: bad input
       CHECK(r.code == 2);
       CHECK(r.out.find("focus rank 9 is not a rank of this world of 4; ranks are 0 to 3") != std::string::npos);

@@ -52,7 +52,7 @@ TEST_CASE("watchdog: paused time does not count, and the clock runs again after 
   CHECK(d.expired());
 }
 
-TEST_CASE("watchdog: a stepper holding a rank at a gate stops the deadline; paused holding none, or none, it is a plain deadline") {
+TEST_CASE("watchdog: a stepper holding a rank at a gate stops the deadline, paused holding none (or no stepper) it is a plain deadline") {
   Stepper stepper(2, /*start_paused=*/true);
   // Paused, but no rank at a gate: whoever waits is not waiting on the user's pause (a TP replica's
   // peer that left the loop under --uneven-rank waited 20 s for the lab's settle, past --timeout).

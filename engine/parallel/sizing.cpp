@@ -457,25 +457,39 @@ SizingInput parse_sizing_spec(const std::string& spec) {
       if (n > (1 << 30)) throw Error("sizing: " + k + "=" + v + " is too large");
       return static_cast<int>(n);
     };
+    // A degree, a count of layers or heads, a size: at least 1 (a 0 would read as a run of nothing).
+    auto positive = [&](int64_t n) {
+      if (n < 1) throw Error("sizing: " + k + "=" + v + " must be at least 1");
+      return n;
+    };
     if (k == "params") in.params = parse_param_count(v);
-    else if (k == "layers") in.layers = small();
-    else if (k == "hidden") in.hidden = whole();
-    else if (k == "heads") in.heads = small();
-    else if (k == "seq") in.seq = whole();
-    else if (k == "global_batch") in.global_batch = whole();
-    else if (k == "micro_batch") in.micro_batch = whole();
-    else if (k == "dp") in.dp = small();
-    else if (k == "tp") in.tp = small();
-    else if (k == "pp") in.pp = small();
+    else if (k == "layers") in.layers = static_cast<int>(positive(small()));
+    else if (k == "hidden") in.hidden = positive(whole());
+    else if (k == "heads") in.heads = static_cast<int>(positive(small()));
+    else if (k == "seq") in.seq = positive(whole());
+    else if (k == "global_batch") in.global_batch = positive(whole());
+    else if (k == "micro_batch") in.micro_batch = positive(whole());
+    else if (k == "dp") in.dp = static_cast<int>(positive(small()));
+    else if (k == "tp") in.tp = static_cast<int>(positive(small()));
+    else if (k == "pp") in.pp = static_cast<int>(positive(small()));
     else if (k == "precision") in.precision = parse_plan_dtype(v);
-    else if (k == "zero") in.zero = small();
+    else if (k == "zero") {
+      in.zero = small();
+      if (in.zero > 3) throw Error("sizing: zero=" + v + " is not a ZeRO stage; use 0 (DDP), 1, 2 or 3");
+    }
     else if (k == "recompute") in.recompute = whole() != 0;
     else if (k == "sp") in.sequence_parallel = whole() != 0;
     else if (k == "profile") in.profile = v;
-    else if (k == "mfu") in.mfu = number();
+    else if (k == "mfu") {
+      in.mfu = number();
+      if (!(in.mfu > 0 && in.mfu <= 1)) throw Error("sizing: mfu=" + v + " is a share of the GPUs' peak; give one in (0, 1], e.g. mfu=0.4");
+    }
     else if (k == "compute_s") in.compute_seconds = number();
-    else if (k == "gpu_gb") in.gpu_memory = number() * 1e9;
-    else if (k == "cp") in.cp = small();
+    else if (k == "gpu_gb") {
+      in.gpu_memory = number() * 1e9;
+      if (!(in.gpu_memory > 0)) throw Error("sizing: gpu_gb=" + v + " is a GPU's memory in GB; give more than 0, e.g. gpu_gb=80");
+    }
+    else if (k == "cp") in.cp = static_cast<int>(positive(small()));
     else if (k == "cp_layout") in.cp_layout = parse_cp_layout(v);
     else if (k == "kv_heads") in.kv_heads = small();
     else if (k == "ep") in.moe.ep = small();
